@@ -1,1 +1,295 @@
+//! Map key and value types shared by the kernel programs (`proxy-ebpf`) and the
+//! userspace agent (`proxy-user`).
+//!
+//! Rules every type here follows:
+//! - `#[repr(C)]`, every padding byte spelled out as a `_pad` field, so the
+//!   layout is the same on both sides and `bytemuck::Pod` is sound;
+//! - no `bool`, enum or `Option` inside a map type: flags and protocol numbers
+//!   are plain integers;
+//! - a field in network byte order says so with a `_be` suffix, everything else
+//!   is host order;
+//! - a compile-time size assertion per type, so a change that moves a field
+//!   fails the build instead of corrupting a map.
+//!
+//! The layout follows the idea of Cilium's `lb4_*` maps: a frontend map keyed by
+//! (address, port, protocol, backend slot) whose slot 0 describes the service
+//! and whose slots 1..=count name backends by id; backends in their own map; an
+//! LRU connection-tracking map; a reverse-NAT map by service id; per-CPU
+//! counters per service.
 #![no_std]
+
+use core::mem::size_of;
+
+/// Map names. They are also the file names under the pin root.
+/// The `_v1` suffix is the layout version: a layout change gets a new name so an
+/// agent never reads a pinned map written with another layout.
+pub mod names {
+    pub const FRONTENDS: &str = "SB_FE_V1";
+    pub const BACKENDS: &str = "SB_BE_V1";
+    pub const CONNTRACK: &str = "SB_CT_V1";
+    pub const REVNAT: &str = "SB_RNAT_V1";
+    pub const SERVICE_STATS: &str = "SB_SVC_STATS_V1";
+    pub const GLOBAL_STATS: &str = "SB_STATS_V1";
+    /// Every map, in the order the CLI reports them.
+    pub const ALL: [&str; 6] = [
+        FRONTENDS,
+        BACKENDS,
+        CONNTRACK,
+        REVNAT,
+        SERVICE_STATS,
+        GLOBAL_STATS,
+    ];
+}
+
+/// Program names (the symbols the loader looks up).
+pub mod programs {
+    /// tc ingress on the host side of a pod's veth: packets leaving the pod.
+    pub const TC_FROM_POD: &str = "sb_from_pod";
+    /// tc egress on the host side of a pod's veth: packets going into the pod.
+    pub const TC_TO_POD: &str = "sb_to_pod";
+}
+
+/// Default map capacities. The agent may override them at load time.
+pub mod capacity {
+    /// Frontend map entries: one per service port plus one per backend slot.
+    pub const FRONTENDS: u32 = 65_536;
+    pub const BACKENDS: u32 = 65_536;
+    pub const CONNTRACK: u32 = 262_144;
+    /// Service ids are indices into the per-service counters and the reverse-NAT
+    /// map, so this bounds the number of service ports. Id 0 is never used.
+    pub const SERVICES: u32 = 16_384;
+    /// The data path walks at most this many slots (it never loops; this bounds
+    /// the random pick), so it also bounds the backends one service port can have.
+    pub const MAX_BACKENDS_PER_SERVICE: u16 = 4_096;
+}
+
+/// IP protocol numbers as they appear in the IPv4 header.
+pub mod proto {
+    pub const TCP: u8 = 6;
+    pub const UDP: u8 = 17;
+}
+
+/// Key of the frontend map.
+///
+/// Slot 0 is the service entry (its value carries the backend count and the
+/// service id); slots `1..=count` carry one backend id each.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
+pub struct FrontendKey {
+    pub addr_be: u32,
+    pub port_be: u16,
+    /// IP protocol number ([`proto`]).
+    pub proto: u8,
+    pub _pad0: u8,
+    pub slot: u16,
+    pub _pad1: [u8; 2],
+}
+
+/// Value of the frontend map.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
+pub struct Frontend {
+    /// Slot > 0: the backend id in this slot. Slot 0: 0.
+    pub backend_id: u32,
+    /// The same in every slot of one frontend; indexes [`SvcStats`] and the
+    /// reverse-NAT map.
+    pub service_id: u32,
+    /// Slot 0: how many slots follow (0 = no endpoints: drop and count).
+    pub backend_count: u16,
+    /// [`frontend_flags`].
+    pub flags: u16,
+    /// `sessionAffinity: ClientIP` timeout in seconds (0 = no affinity).
+    /// Recorded for the CLI; the data path does not implement affinity yet.
+    pub affinity_timeout_s: u32,
+}
+
+pub mod frontend_flags {
+    /// Service has `sessionAffinity: ClientIP` (recorded only, see README).
+    pub const AFFINITY_CLIENT_IP: u16 = 1 << 0;
+}
+
+/// Value of the backend map (key: backend id, `u32`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
+pub struct Backend {
+    pub addr_be: u32,
+    pub port_be: u16,
+    pub proto: u8,
+    pub flags: u8,
+}
+
+/// Direction marker in [`CtKey::dir`].
+pub mod ct_dir {
+    /// Client → service, keyed as the client sent it (daddr = frontend).
+    pub const FORWARD: u8 = 0;
+    /// Backend → client, keyed as the backend sent it (saddr = backend).
+    pub const REPLY: u8 = 1;
+}
+
+/// Key of the connection-tracking LRU map. Addresses and ports are as they
+/// appear in the packet the entry is looked up with.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
+pub struct CtKey {
+    pub saddr_be: u32,
+    pub daddr_be: u32,
+    pub sport_be: u16,
+    pub dport_be: u16,
+    pub proto: u8,
+    /// [`ct_dir`].
+    pub dir: u8,
+    pub _pad: [u8; 2],
+}
+
+/// Value of the connection-tracking LRU map.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
+pub struct CtEntry {
+    /// Forward entries: the backend the flow was given.
+    pub backend_id: u32,
+    /// Both directions: the service the flow belongs to (reply entries take the
+    /// address to restore from the reverse-NAT map under this id).
+    pub service_id: u32,
+    /// `bpf_ktime_get_ns()` when the entry was created.
+    pub created_ns: u64,
+}
+
+/// Value of the reverse-NAT map (key: service id, `u32`): the frontend a reply
+/// must appear to come from.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
+pub struct RevNat {
+    pub addr_be: u32,
+    pub port_be: u16,
+    pub proto: u8,
+    pub _pad: u8,
+}
+
+/// Per-CPU counters per service id.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
+pub struct SvcStats {
+    /// Packets to the frontend that were rewritten to a backend.
+    pub packets: u64,
+    pub bytes: u64,
+    /// New flows (connection-tracking entries created).
+    pub new_flows: u64,
+    /// Packets dropped because the frontend had no backends.
+    pub drops_no_backend: u64,
+}
+
+/// Indices of the global per-CPU counter array (value: `u64`).
+pub mod stat {
+    /// Packets that were not IPv4 TCP/UDP to a frontend or from a tracked backend.
+    pub const PASS_NOT_OURS: u32 = 0;
+    /// Too short for the headers they announce; passed untouched.
+    pub const MALFORMED: u32 = 1;
+    /// IPv4 fragments; never rewritten (no port to look up), passed untouched.
+    pub const FRAGMENT: u32 = 2;
+    /// Frontend packets dropped because no backend was available.
+    pub const DROP_NO_BACKEND: u32 = 3;
+    /// A slot or backend entry was missing mid-update; packet dropped.
+    pub const DROP_INCONSISTENT: u32 = 4;
+    /// A connection-tracking insert failed (map full and not LRU-evictable).
+    pub const CT_INSERT_FAILED: u32 = 5;
+    /// Rewriting the packet failed in a helper; packet dropped.
+    pub const DROP_REWRITE_FAILED: u32 = 6;
+    /// Requests rewritten to a backend.
+    pub const FORWARDED: u32 = 7;
+    /// Replies rewritten back to the frontend address.
+    pub const REVERSED: u32 = 8;
+    /// A tracked flow whose backend had gone was given a new backend.
+    pub const CT_RESELECTED: u32 = 9;
+    pub const COUNT: u32 = 10;
+    /// Names, by index, for the CLI and metrics.
+    pub const NAMES: [&str; COUNT as usize] = [
+        "pass_not_ours",
+        "malformed",
+        "fragment",
+        "drop_no_backend",
+        "drop_inconsistent",
+        "ct_insert_failed",
+        "drop_rewrite_failed",
+        "forwarded",
+        "reversed",
+        "ct_reselected",
+    ];
+}
+
+// Safety: every type below is `#[repr(C)]`, has no implicit padding (the size
+// assertions that follow check it) and is valid for any bit pattern.
+#[cfg(feature = "user")]
+mod aya_pod {
+    use super::*;
+    unsafe impl aya::Pod for FrontendKey {}
+    unsafe impl aya::Pod for Frontend {}
+    unsafe impl aya::Pod for Backend {}
+    unsafe impl aya::Pod for CtKey {}
+    unsafe impl aya::Pod for CtEntry {}
+    unsafe impl aya::Pod for RevNat {}
+    unsafe impl aya::Pod for SvcStats {}
+}
+
+const _: () = assert!(size_of::<FrontendKey>() == 12);
+const _: () = assert!(size_of::<Frontend>() == 16);
+const _: () = assert!(size_of::<Backend>() == 8);
+const _: () = assert!(size_of::<CtKey>() == 16);
+const _: () = assert!(size_of::<CtEntry>() == 16);
+const _: () = assert!(size_of::<RevNat>() == 8);
+const _: () = assert!(size_of::<SvcStats>() == 32);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use core::mem::{align_of, offset_of};
+
+    #[test]
+    fn frontend_key_layout_is_packed_without_holes() {
+        assert_eq!(offset_of!(FrontendKey, addr_be), 0);
+        assert_eq!(offset_of!(FrontendKey, port_be), 4);
+        assert_eq!(offset_of!(FrontendKey, proto), 6);
+        assert_eq!(offset_of!(FrontendKey, slot), 8);
+        assert_eq!(align_of::<FrontendKey>(), 4);
+    }
+
+    #[test]
+    fn ct_key_layout_matches_kernel_side_expectation() {
+        assert_eq!(offset_of!(CtKey, saddr_be), 0);
+        assert_eq!(offset_of!(CtKey, daddr_be), 4);
+        assert_eq!(offset_of!(CtKey, sport_be), 8);
+        assert_eq!(offset_of!(CtKey, dport_be), 10);
+        assert_eq!(offset_of!(CtKey, proto), 12);
+        assert_eq!(offset_of!(CtKey, dir), 13);
+    }
+
+    #[test]
+    fn stat_names_cover_every_counter() {
+        assert_eq!(stat::NAMES.len() as u32, stat::COUNT);
+        assert_eq!(stat::NAMES[stat::FORWARDED as usize], "forwarded");
+    }
+
+    #[cfg(feature = "user")]
+    #[test]
+    fn pod_roundtrip_keeps_network_byte_order_fields() {
+        let key = FrontendKey {
+            addr_be: u32::from_ne_bytes([10, 96, 0, 10]),
+            port_be: 80u16.to_be(),
+            proto: proto::TCP,
+            slot: 3,
+            ..Default::default()
+        };
+        let bytes = bytemuck::bytes_of(&key);
+        assert_eq!(&bytes[0..4], &[10, 96, 0, 10]);
+        assert_eq!(&bytes[4..6], &[0, 80]);
+        assert_eq!(bytes[6], 6);
+        let back: FrontendKey = bytemuck::pod_read_unaligned(bytes);
+        assert_eq!(back, key);
+    }
+}
