@@ -1,0 +1,328 @@
+//! `sb-echo`: the tiny pod server of the demo and the end-to-end tests, plus a
+//! client mode that the tests and the demo run from the client namespace.
+//!
+//! Server: `sb-echo --name NAME --tcp PORT --udp PORT`
+//! - TCP: on accept, writes `NAME <peer-ip>:<peer-port>\n`; then, for every line
+//!   received, writes the same line again, until the client closes.
+//! - UDP: answers every datagram with `NAME <peer-ip>:<peer-port>\n`.
+//!
+//! Client: `sb-echo client (--tcp ADDR | --udp ADDR) [--count N | --duration-ms MS]
+//! [--interval-ms MS] [--timeout-ms MS] [--hold SECS]`
+//! prints one line per attempt:
+//! - `ok <start-unix-ms> <pod-name> <peer-the-pod-saw> <peer-the-client-saw>`
+//! - `err <start-unix-ms> <message>`
+//!
+//! and exits 1 if any attempt failed. `--hold SECS` keeps one TCP connection
+//! open, sends a line every 100 ms and fails on the first missing reply.
+//!
+//! The process asks the kernel to kill it when its parent dies, so a crashed
+//! test or demo leaves no servers behind.
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::process::ExitCode;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "sb-echo", about = "switchboard test pod server (and client)")]
+#[command(args_conflicts_with_subcommands = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Cmd>,
+    #[command(flatten)]
+    server: ServerArgs,
+}
+
+#[derive(Args)]
+struct ServerArgs {
+    /// Name this pod answers with.
+    #[arg(long)]
+    name: Option<String>,
+    /// TCP port to listen on (all addresses).
+    #[arg(long)]
+    tcp: Option<u16>,
+    /// UDP port to listen on (all addresses).
+    #[arg(long)]
+    udp: Option<u16>,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Connect to a server and print who answered.
+    #[command(hide = true)]
+    Client(ClientArgs),
+}
+
+#[derive(Args)]
+struct ClientArgs {
+    /// TCP address to connect to (new connection per attempt).
+    #[arg(long, conflicts_with = "udp")]
+    tcp: Option<SocketAddr>,
+    /// UDP address to send to (new socket, so new source port, per attempt).
+    #[arg(long)]
+    udp: Option<SocketAddr>,
+    /// Number of attempts.
+    #[arg(long, default_value_t = 1)]
+    count: u32,
+    /// Instead of --count: keep making attempts until this many milliseconds
+    /// have passed.
+    #[arg(long)]
+    duration_ms: Option<u64>,
+    /// Pause between attempts, in milliseconds.
+    #[arg(long, default_value_t = 0)]
+    interval_ms: u64,
+    /// Connect and read timeout per attempt, in milliseconds.
+    #[arg(long, default_value_t = 1000)]
+    timeout_ms: u64,
+    /// Keep one TCP connection for this many seconds, sending a line every 100 ms.
+    #[arg(long, requires = "tcp")]
+    hold: Option<f64>,
+}
+
+fn main() -> ExitCode {
+    die_with_parent();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Some(Cmd::Client(args)) => client(args),
+        None => server(cli.server).map(|()| true),
+    };
+    match result {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("sb-echo: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// Ask for SIGKILL when the parent exits (tests and the demo kill us anyway;
+/// this covers a parent that crashed or was killed).
+fn die_with_parent() {
+    // SAFETY: prctl(PR_SET_PDEATHSIG) takes a signal number; no pointers.
+    unsafe {
+        libc::prctl(
+            libc::PR_SET_PDEATHSIG,
+            libc::SIGKILL as libc::c_ulong,
+            0,
+            0,
+            0,
+        );
+    }
+    // If the parent already died before prctl, we were reparented to init.
+    // SAFETY: getppid has no preconditions.
+    if unsafe { libc::getppid() } == 1 {
+        std::process::exit(1);
+    }
+}
+
+fn server(args: ServerArgs) -> Result<()> {
+    let Some(name) = args.name else {
+        bail!("--name is required in server mode (or use `sb-echo client ...`)");
+    };
+    if args.tcp.is_none() && args.udp.is_none() {
+        bail!("give --tcp PORT and/or --udp PORT");
+    }
+    let mut threads = Vec::new();
+    if let Some(port) = args.udp {
+        let socket =
+            UdpSocket::bind(("0.0.0.0", port)).with_context(|| format!("bind udp {port}"))?;
+        let name = name.clone();
+        threads.push(std::thread::spawn(move || udp_server(socket, &name)));
+    }
+    if let Some(port) = args.tcp {
+        let listener =
+            TcpListener::bind(("0.0.0.0", port)).with_context(|| format!("bind tcp {port}"))?;
+        let name = name.clone();
+        threads.push(std::thread::spawn(move || tcp_server(listener, name)));
+    }
+    eprintln!(
+        "sb-echo: {name} listening (tcp {:?}, udp {:?})",
+        args.tcp, args.udp
+    );
+    for t in threads {
+        let _ = t.join();
+    }
+    Ok(())
+}
+
+fn udp_server(socket: UdpSocket, name: &str) {
+    let mut buf = [0u8; 2048];
+    loop {
+        match socket.recv_from(&mut buf) {
+            Ok((_, peer)) => {
+                let reply = format!("{name} {peer}\n");
+                if let Err(e) = socket.send_to(reply.as_bytes(), peer) {
+                    eprintln!("sb-echo: udp send to {peer}: {e}");
+                }
+            }
+            Err(e) => {
+                eprintln!("sb-echo: udp recv: {e}");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+    }
+}
+
+fn tcp_server(listener: TcpListener, name: String) {
+    for conn in listener.incoming() {
+        match conn {
+            Ok(stream) => {
+                let name = name.clone();
+                std::thread::spawn(move || {
+                    let _ = tcp_conn(stream, &name);
+                });
+            }
+            Err(e) => {
+                eprintln!("sb-echo: accept: {e}");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+    }
+}
+
+fn tcp_conn(stream: TcpStream, name: &str) -> std::io::Result<()> {
+    stream.set_nodelay(true)?;
+    let peer = stream.peer_addr()?;
+    let line = format!("{name} {peer}\n");
+    let mut writer = stream.try_clone()?;
+    writer.write_all(line.as_bytes())?;
+    let mut reader = BufReader::new(stream);
+    let mut buf = String::new();
+    loop {
+        buf.clear();
+        if reader.read_line(&mut buf)? == 0 {
+            return Ok(());
+        }
+        writer.write_all(line.as_bytes())?;
+    }
+}
+
+fn now_ms() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis())
+        .unwrap_or(0)
+}
+
+/// Parses `NAME ADDR\n` as sent by the server.
+fn parse_reply(line: &str) -> Result<(String, String)> {
+    let mut parts = line.split_whitespace();
+    match (parts.next(), parts.next(), parts.next()) {
+        (Some(name), Some(addr), None) => Ok((name.to_string(), addr.to_string())),
+        _ => bail!("unexpected reply {line:?}"),
+    }
+}
+
+fn client(args: ClientArgs) -> Result<bool> {
+    let timeout = Duration::from_millis(args.timeout_ms.max(1));
+    if let (Some(addr), Some(secs)) = (args.tcp, args.hold) {
+        return Ok(hold(addr, Duration::from_secs_f64(secs), timeout));
+    }
+    let mut all_ok = true;
+    let stdout = std::io::stdout();
+    let began = Instant::now();
+    let mut i = 0u64;
+    loop {
+        let more = match args.duration_ms {
+            Some(ms) => began.elapsed() < Duration::from_millis(ms),
+            None => i < u64::from(args.count),
+        };
+        if !more {
+            break;
+        }
+        i += 1;
+        if i > 1 && args.interval_ms > 0 {
+            std::thread::sleep(Duration::from_millis(args.interval_ms));
+        }
+        let start = now_ms();
+        let result = match (args.tcp, args.udp) {
+            (Some(addr), _) => tcp_once(addr, timeout),
+            (None, Some(addr)) => udp_once(addr, timeout),
+            (None, None) => bail!("give --tcp ADDR or --udp ADDR"),
+        };
+        let mut out = stdout.lock();
+        match result {
+            Ok((name, pod_saw, client_saw)) => {
+                writeln!(out, "ok {start} {name} {pod_saw} {client_saw}")?
+            }
+            Err(e) => {
+                all_ok = false;
+                writeln!(out, "err {start} {e:#}")?
+            }
+        }
+        out.flush()?;
+    }
+    Ok(all_ok)
+}
+
+fn tcp_once(addr: SocketAddr, timeout: Duration) -> Result<(String, String, SocketAddr)> {
+    let stream = TcpStream::connect_timeout(&addr, timeout).context("connect")?;
+    stream.set_read_timeout(Some(timeout))?;
+    let client_saw = stream.peer_addr()?;
+    let mut line = String::new();
+    BufReader::new(&stream)
+        .read_line(&mut line)
+        .context("read greeting")?;
+    let (name, pod_saw) = parse_reply(&line)?;
+    Ok((name, pod_saw, client_saw))
+}
+
+fn udp_once(addr: SocketAddr, timeout: Duration) -> Result<(String, String, SocketAddr)> {
+    let socket = UdpSocket::bind("0.0.0.0:0").context("bind")?;
+    socket.set_read_timeout(Some(timeout))?;
+    socket.send_to(b"hello\n", addr).context("send")?;
+    let mut buf = [0u8; 512];
+    let (n, client_saw) = socket.recv_from(&mut buf).context("recv")?;
+    let (name, pod_saw) = parse_reply(&String::from_utf8_lossy(&buf[..n]))?;
+    Ok((name, pod_saw, client_saw))
+}
+
+/// One long-lived TCP connection: a line every 100 ms, each must be answered.
+fn hold(addr: SocketAddr, duration: Duration, timeout: Duration) -> bool {
+    let start = now_ms();
+    let mut replies = 0u32;
+    let result = (|| -> Result<(String, String, SocketAddr)> {
+        let stream = TcpStream::connect_timeout(&addr, timeout).context("connect")?;
+        stream.set_nodelay(true)?;
+        stream.set_read_timeout(Some(timeout))?;
+        let client_saw = stream.peer_addr()?;
+        let mut writer = stream.try_clone()?;
+        let mut reader = BufReader::new(stream);
+        let mut greeting = String::new();
+        reader.read_line(&mut greeting).context("read greeting")?;
+        let (name, pod_saw) = parse_reply(&greeting)?;
+        let began = Instant::now();
+        while began.elapsed() < duration {
+            std::thread::sleep(Duration::from_millis(100));
+            writer
+                .write_all(b"ping\n")
+                .with_context(|| format!("send after {replies} replies"))?;
+            let mut line = String::new();
+            let n = reader
+                .read_line(&mut line)
+                .with_context(|| format!("reply missing after {replies} replies"))?;
+            if n == 0 {
+                bail!("connection closed after {replies} replies");
+            }
+            if line != greeting {
+                bail!("reply {line:?} differs from greeting {greeting:?}");
+            }
+            replies += 1;
+        }
+        Ok((name, pod_saw, client_saw))
+    })();
+    match result {
+        Ok((name, pod_saw, client_saw)) => {
+            println!("ok {start} {name} {pod_saw} {client_saw} replies={replies}");
+            true
+        }
+        Err(e) => {
+            println!("err {start} {e:#} (replies={replies})");
+            false
+        }
+    }
+}

@@ -1,0 +1,142 @@
+//! `cargo xtask demo`: the whole path with real packets, in a netns sandbox.
+//!
+//! A client namespace sends 30 TCP connections and 30 UDP requests to the
+//! ClusterIP 10.96.0.10 of `manifests/demo/`; the agent in the node namespace
+//! spreads them over pod1..pod3. Prints the spread, the peer the client saw
+//! and the `switchboard services` table, then removes the sandbox.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+
+use crate::sandbox::{find, pod_name, purge_tag, ClientRun, Sandbox, CLUSTER_IP, DEMO_TAG, PODS};
+use crate::util::{is_root, repo_root};
+
+const REQUESTS: u32 = 30;
+
+pub fn run() -> Result<()> {
+    if !is_root() {
+        bail!("demo: run as root (it creates network namespaces and loads eBPF programs)");
+    }
+    crate::setup::run()?;
+    let bins = crate::build::run()?;
+
+    // Ctrl-C / SIGTERM: remove the sandbox before exiting. (A run killed with
+    // SIGKILL is cleaned up by the next run, which purges the `sbx` tag first.)
+    ctrlc::set_handler(|| {
+        eprintln!("\ndemo: interrupted, cleaning up");
+        if let Err(e) = purge_tag(DEMO_TAG) {
+            eprintln!("demo: cleanup: {e:#}");
+        }
+        std::process::exit(130);
+    })
+    .context("install Ctrl-C handler")?;
+
+    println!("demo: creating sandbox {DEMO_TAG} (namespaces {DEMO_TAG}-node, {DEMO_TAG}-cli, {DEMO_TAG}-p1..p{PODS})");
+    let mut sb = Sandbox::new(DEMO_TAG)?;
+    let result = demo_in(&mut sb, &bins.switchboard, &bins.sb_echo);
+    println!("demo: cleaning up");
+    let cleanup = sb.cleanup();
+    result?;
+    cleanup?;
+    println!("demo: done");
+    Ok(())
+}
+
+fn demo_in(sb: &mut Sandbox, switchboard: &Path, sb_echo: &Path) -> Result<()> {
+    sb.copy_manifests(&repo_root().join("manifests/demo"))?;
+    println!("demo: starting pods pod1..pod{PODS} (sb-echo, TCP 8080, UDP 5353)");
+    sb.start_pods(sb_echo)?;
+    println!(
+        "demo: starting agent: ip netns exec {} switchboard agent --source dir:{} --pin-root {}",
+        sb.node_ns(),
+        sb.manifest_dir().display(),
+        sb.pin_dir.display()
+    );
+    sb.start_agent(switchboard)?;
+    sb.wait_services(
+        switchboard,
+        Duration::from_secs(10),
+        "demo/echo:http and demo/echo:dns with 3 backends each",
+        |f| {
+            ["demo/echo:http", "demo/echo:dns"]
+                .iter()
+                .all(|s| find(f, s).is_some_and(|fe| fe.backends.len() == PODS))
+        },
+    )?;
+    println!("demo: agent programmed the Service");
+
+    let count = REQUESTS.to_string();
+    let tcp_addr = format!("{CLUSTER_IP}:80");
+    let udp_addr = format!("{CLUSTER_IP}:53");
+    println!("demo: {REQUESTS} TCP connections to {tcp_addr} from the client namespace");
+    let tcp = sb.client(sb_echo, &["--tcp", &tcp_addr, "--count", &count])?;
+    println!("demo: {REQUESTS} UDP requests to {udp_addr} from the client namespace");
+    let udp = sb.client(sb_echo, &["--udp", &udp_addr, "--count", &count])?;
+
+    println!();
+    print_spread(&tcp, &udp);
+    println!();
+    println!("switchboard services:");
+    print!("{}", sb.services_raw(switchboard, false)?);
+    println!();
+
+    if !tcp.all_ok() || !udp.all_ok() {
+        bail!(
+            "demo: some requests failed\nTCP:\n{}UDP:\n{}--- agent log ---\n{}",
+            tcp.raw,
+            udp.raw,
+            sb.agent_log()
+        );
+    }
+    for (run, want) in [(&tcp, &tcp_addr), (&udp, &udp_addr)] {
+        if run.client_saw() != vec![want.clone()] {
+            bail!(
+                "demo: the client saw peers {:?}, expected only {want}",
+                run.client_saw()
+            );
+        }
+    }
+    Ok(())
+}
+
+fn print_spread(tcp: &ClientRun, udp: &ClientRun) {
+    let (ts, us) = (tcp.spread(), udp.spread());
+    let mut names: Vec<String> = (1..=PODS).map(pod_name).collect();
+    for n in ts.keys().chain(us.keys()) {
+        if !names.contains(n) {
+            names.push(n.clone());
+        }
+    }
+    let get = |m: &BTreeMap<String, usize>, n: &str| m.get(n).copied().unwrap_or(0);
+    println!("{:<8} {:>10} {:>10}", "POD", "TCP :80", "UDP :53");
+    for n in &names {
+        println!("{:<8} {:>10} {:>10}", n, get(&ts, n), get(&us, n));
+    }
+    println!(
+        "{:<8} {:>10} {:>10}",
+        "failed",
+        tcp.failures(),
+        udp.failures()
+    );
+    println!(
+        "peer the client saw: TCP {}  UDP {}",
+        tcp.client_saw().join(","),
+        udp.client_saw().join(",")
+    );
+    let pod_saw: Vec<String> = tcp
+        .attempts
+        .iter()
+        .filter_map(|a| match a {
+            crate::sandbox::Attempt::Ok { pod_saw, .. } => {
+                Some(pod_saw.split(':').next().unwrap_or_default().to_string())
+            }
+            _ => None,
+        })
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    println!("peer the pods saw (TCP): {}", pod_saw.join(","));
+}

@@ -1,0 +1,11 @@
+//! Build, demo and test orchestration for switchboard (`cargo xtask ...`).
+//!
+//! The library half is shared by the `xtask` binary and the netns end-to-end
+//! tests in `xtask/tests/e2e.rs`.
+
+pub mod build;
+pub mod demo;
+pub mod sandbox;
+pub mod setup;
+pub mod testcmd;
+pub mod util;

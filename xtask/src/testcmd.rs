@@ -1,0 +1,146 @@
+//! `cargo xtask test`: the one command that runs every test (`.ci/run` calls
+//! it). setup → build → `cargo test --release --workspace` (one test thread:
+//! the netns e2e tests load eBPF programs and measure sub-second reactions) →
+//! clippy → a closing `test: N passed, M failed` line.
+
+use std::io::{BufRead, BufReader};
+use std::process::Stdio;
+
+use anyhow::{bail, Context, Result};
+
+use crate::util::{cargo, repo_root, run_inherit, show};
+
+#[derive(Default, Debug, PartialEq, Eq)]
+pub struct Counts {
+    pub passed: u64,
+    pub failed: u64,
+    pub ignored: u64,
+}
+
+/// Adds up libtest's `test result: ok. 5 passed; 0 failed; 1 ignored; ...` line.
+pub fn add_result_line(counts: &mut Counts, line: &str) -> bool {
+    let Some(rest) = line.trim().strip_prefix("test result: ") else {
+        return false;
+    };
+    for part in rest.split(';') {
+        let mut words = part.split_whitespace().rev();
+        let (Some(kind), Some(n)) = (words.next(), words.next()) else {
+            continue;
+        };
+        let Ok(n) = n.parse::<u64>() else { continue };
+        match kind {
+            "passed" => counts.passed += n,
+            "failed" => counts.failed += n,
+            "ignored" => counts.ignored += n,
+            _ => {}
+        }
+    }
+    true
+}
+
+pub fn run() -> Result<()> {
+    if !crate::util::is_root() {
+        bail!(
+            "test: must run as root: the end-to-end tests create network namespaces, \
+             mount bpffs and load eBPF programs (try `sudo -E cargo xtask test`)"
+        );
+    }
+    crate::setup::run()?;
+    let bins = crate::build::run()?;
+    if let Err(e) = crate::sandbox::cleanup_stale() {
+        eprintln!("test: cleaning stale sandboxes: {e:#}");
+    }
+
+    let mut cmd = cargo();
+    cmd.current_dir(repo_root())
+        .args([
+            "test",
+            "--release",
+            "--workspace",
+            "--exclude",
+            "proxy-ebpf",
+        ])
+        .args(["--", "--test-threads=1"])
+        .env("SWITCHBOARD_BIN", &bins.switchboard)
+        .env("SB_ECHO_BIN", &bins.sb_echo)
+        .stdout(Stdio::piped());
+    println!("test: {}", show(&cmd));
+    let mut child = cmd.spawn().context("start cargo test")?;
+    let mut counts = Counts::default();
+    let stdout = child.stdout.take().expect("piped");
+    for line in BufReader::new(stdout).lines() {
+        let line = line?;
+        println!("{line}");
+        add_result_line(&mut counts, &line);
+    }
+    let status = child.wait()?;
+
+    println!("test: cargo clippy --workspace --all-targets -- -D warnings");
+    let clippy = run_inherit(cargo().current_dir(repo_root()).args([
+        "clippy",
+        "--workspace",
+        "--exclude",
+        "proxy-ebpf",
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+    ]));
+    if let Err(e) = &clippy {
+        println!("test: clippy failed: {e:#}");
+    }
+    let leftovers: Vec<String> = crate::sandbox::list_netns()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|ns| ns.starts_with("sbt") || ns.starts_with("sbx-"))
+        .collect();
+    if !leftovers.is_empty() {
+        println!(
+            "test: WARNING: namespaces left behind: {}",
+            leftovers.join(" ")
+        );
+    }
+
+    println!(
+        "test: {} passed, {} failed{}",
+        counts.passed,
+        counts.failed,
+        if counts.ignored > 0 {
+            format!(", {} skipped", counts.ignored)
+        } else {
+            String::new()
+        }
+    );
+    if !status.success() {
+        bail!("cargo test failed ({status})");
+    }
+    clippy?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sums_result_lines() {
+        let mut c = Counts::default();
+        assert!(add_result_line(
+            &mut c,
+            "test result: ok. 5 passed; 0 failed; 1 ignored; 0 measured; 0 filtered out; finished in 0.00s"
+        ));
+        assert!(add_result_line(
+            &mut c,
+            "test result: FAILED. 2 passed; 3 failed; 0 ignored; 0 measured; 0 filtered out; finished in 1.2s"
+        ));
+        assert!(!add_result_line(&mut c, "running 5 tests"));
+        assert_eq!(
+            c,
+            Counts {
+                passed: 7,
+                failed: 3,
+                ignored: 1
+            }
+        );
+    }
+}

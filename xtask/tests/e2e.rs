@@ -1,0 +1,408 @@
+//! Netns end-to-end tests with real sockets (root only).
+//!
+//! Each test builds its own sandbox (`sbt<pid>-<n>`: node, client and three pod
+//! namespaces), starts `sb-echo` pods and, for most tests, the `switchboard`
+//! agent on the node with the demo manifests, then drives traffic from the
+//! client namespace to the ClusterIP 10.96.0.10.
+//!
+//! The binaries come from `cargo xtask test`, which builds them and passes
+//! SWITCHBOARD_BIN and SB_ECHO_BIN. Without those the tests fail (never pass
+//! silently).
+
+use std::collections::BTreeSet;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use xtask::sandbox::{
+    find, list_netns, pod_ip, pod_name, Attempt, ClientRun, Frontend, Sandbox, CLIENT_IP,
+    CLUSTER_IP, PIN_BASE, PODS, POD_TCP_PORT, POD_UDP_PORT,
+};
+
+fn bin(var: &str) -> PathBuf {
+    let path = std::env::var_os(var).unwrap_or_else(|| {
+        panic!("{var} is not set: run the end-to-end tests with `cargo xtask test` (as root), which builds the binaries and sets it")
+    });
+    let path = PathBuf::from(path);
+    assert!(
+        path.exists(),
+        "{var}={} does not exist: run `cargo xtask test`",
+        path.display()
+    );
+    path
+}
+
+fn switchboard() -> PathBuf {
+    bin("SWITCHBOARD_BIN")
+}
+
+fn sb_echo() -> PathBuf {
+    bin("SB_ECHO_BIN")
+}
+
+fn require_root() {
+    assert!(
+        xtask::util::is_root(),
+        "the netns end-to-end tests need root: run `cargo xtask test` as root"
+    );
+}
+
+fn now_ms() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis()
+}
+
+fn demo_manifests() -> PathBuf {
+    xtask::util::repo_root().join("manifests/demo")
+}
+
+/// Replaces a manifest atomically (write elsewhere, then rename into the
+/// watched directory), the way editors and `kubectl ... > tmp && mv` do.
+fn write_manifest(sb: &Sandbox, name: &str, contents: &str) {
+    let tmp = sb.dir.join(format!(".{name}.tmp"));
+    fs::write(&tmp, contents).unwrap();
+    fs::rename(&tmp, sb.manifest_dir().join(name)).unwrap();
+}
+
+/// An EndpointSlice for `demo/echo` with the given pods (1-based) as endpoints.
+fn endpointslice_yaml(pods: &[usize]) -> String {
+    let mut s = String::from(
+        "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\naddressType: IPv4\n\
+         metadata:\n  name: echo-abc12\n  namespace: demo\n  labels:\n    kubernetes.io/service-name: echo\n\
+         endpoints:\n",
+    );
+    for &i in pods {
+        s.push_str(&format!(
+            "- addresses:\n  - {}\n  conditions:\n    ready: true\n  targetRef:\n    kind: Pod\n    name: {}\n    namespace: demo\n",
+            pod_ip(i),
+            pod_name(i)
+        ));
+    }
+    s.push_str(
+        "ports:\n- name: http\n  port: 8080\n  protocol: TCP\n- name: dns\n  port: 5353\n  protocol: UDP\n",
+    );
+    s
+}
+
+/// Sandbox + pods + agent with the demo manifests, programmed (3 backends on
+/// both ports).
+fn demo_sandbox() -> Sandbox {
+    require_root();
+    let (sw, echo) = (switchboard(), sb_echo());
+    let mut sb = Sandbox::for_test().expect("create sandbox");
+    sb.copy_manifests(&demo_manifests()).unwrap();
+    sb.start_pods(&echo).expect("start pods");
+    sb.start_agent(&sw).expect("start agent");
+    if let Err(e) = sb.wait_services(
+        &sw,
+        Duration::from_secs(10),
+        "demo/echo:http and demo/echo:dns with 3 backends",
+        |f| {
+            ["demo/echo:http", "demo/echo:dns"]
+                .iter()
+                .all(|s| find(f, s).is_some_and(|fe| fe.backends.len() == PODS))
+        },
+    ) {
+        panic!("{e:#}");
+    }
+    sb
+}
+
+fn client(sb: &Sandbox, args: &[&str]) -> ClientRun {
+    sb.client(&sb_echo(), args)
+        .unwrap_or_else(|e| panic!("{e:#}"))
+}
+
+fn pod_saw_ips(run: &ClientRun) -> BTreeSet<String> {
+    run.attempts
+        .iter()
+        .filter_map(|a| match a {
+            Attempt::Ok { pod_saw, .. } => Some(pod_saw.split(':').next().unwrap().to_string()),
+            Attempt::Err { .. } => None,
+        })
+        .collect()
+}
+
+/// The sandbox itself, without the agent: the client reaches each pod's own
+/// address over TCP and UDP, and cleanup leaves nothing behind.
+#[test]
+fn sandbox_pods_reachable_directly_and_cleaned_up() {
+    require_root();
+    let echo = sb_echo();
+    let mut sb = Sandbox::for_test().expect("create sandbox");
+    let tag = sb.tag.clone();
+    sb.start_pods(&echo).expect("start pods");
+    for i in 1..=PODS {
+        for (proto, port) in [("--tcp", POD_TCP_PORT), ("--udp", POD_UDP_PORT)] {
+            let addr = format!("{}:{port}", pod_ip(i));
+            let run = client(&sb, &[proto, &addr, "--count", "3"]);
+            assert!(run.all_ok(), "{proto} {addr}: {}", run.raw);
+            assert_eq!(run.names(), vec![pod_name(i); 3], "{}", run.raw);
+            assert_eq!(run.client_saw(), vec![addr.clone()], "{}", run.raw);
+            assert_eq!(
+                pod_saw_ips(&run),
+                BTreeSet::from([CLIENT_IP.to_string()]),
+                "{}",
+                run.raw
+            );
+        }
+    }
+    // Nothing routes the ClusterIP without the agent.
+    let run = client(
+        &sb,
+        &["--tcp", &format!("{CLUSTER_IP}:80"), "--timeout-ms", "300"],
+    );
+    assert_eq!(run.failures(), 1, "{}", run.raw);
+
+    let pin_dir = sb.pin_dir.clone();
+    assert!(xtask::sandbox::is_mountpoint(&pin_dir));
+    sb.cleanup().expect("cleanup");
+    let left: Vec<String> = list_netns()
+        .unwrap()
+        .into_iter()
+        .filter(|ns| ns.starts_with(&format!("{tag}-")))
+        .collect();
+    assert!(left.is_empty(), "namespaces left: {left:?}");
+    assert!(!xtask::sandbox::is_mountpoint(&pin_dir));
+    assert!(!Path::new(PIN_BASE).join(&tag).exists());
+}
+
+/// All three pods are reached over TCP and UDP through the ClusterIP; the
+/// client sees the ClusterIP as its peer and the pods see the client's own
+/// address (no SNAT).
+#[test]
+fn clusterip_reaches_all_pods_over_tcp_and_udp() {
+    let sb = demo_sandbox();
+    for (proto, port) in [("--tcp", 80), ("--udp", 53)] {
+        let addr = format!("{CLUSTER_IP}:{port}");
+        let run = client(&sb, &[proto, &addr, "--count", "60"]);
+        assert!(run.all_ok(), "{proto} {addr} had failures:\n{}", run.raw);
+        let spread = run.spread();
+        for i in 1..=PODS {
+            assert!(
+                spread.get(&pod_name(i)).copied().unwrap_or(0) > 0,
+                "{proto} {addr}: pod{i} never answered in 60 tries: {spread:?}"
+            );
+        }
+        assert_eq!(
+            run.client_saw(),
+            vec![addr.clone()],
+            "client saw other peers"
+        );
+        assert_eq!(
+            pod_saw_ips(&run),
+            BTreeSet::from([CLIENT_IP.to_string()]),
+            "pods saw other peers"
+        );
+    }
+}
+
+/// Removing an endpoint from the EndpointSlice stops new connections to it
+/// within 1 s, while the other pods keep answering.
+#[test]
+fn removed_endpoint_gets_no_new_connections_within_1s() {
+    let sb = demo_sandbox();
+    let addr = format!("{CLUSTER_IP}:80");
+    let t0 = now_ms();
+    write_manifest(&sb, "endpointslice.yaml", &endpointslice_yaml(&[1, 2]));
+    let run = client(
+        &sb,
+        &[
+            "--tcp",
+            &addr,
+            "--duration-ms",
+            "2500",
+            "--interval-ms",
+            "5",
+        ],
+    );
+    assert!(
+        run.all_ok(),
+        "connections failed while an endpoint was removed:\n{}",
+        run.raw
+    );
+    let late: Vec<&Attempt> = run
+        .attempts
+        .iter()
+        .filter(|a| a.start_ms() >= t0 + 1000)
+        .collect();
+    assert!(
+        late.len() >= 60,
+        "only {} connections after 1 s:\n{}",
+        late.len(),
+        run.raw
+    );
+    let late_names: BTreeSet<&str> = late.iter().filter_map(|a| a.name()).collect();
+    assert!(
+        !late_names.contains("pod3"),
+        "pod3 still got new connections more than 1 s after its removal:\n{}",
+        run.raw
+    );
+    assert_eq!(
+        late_names,
+        BTreeSet::from(["pod1", "pod2"]),
+        "the remaining pods should both answer"
+    );
+    let services = sb.services(&switchboard()).unwrap();
+    let http = find(&services, "demo/echo:http").expect("demo/echo:http");
+    assert_eq!(
+        http.backend_addrs(),
+        vec!["10.244.1.2:8080", "10.244.2.2:8080"]
+    );
+}
+
+/// Deleting the Service file stops forwarding within ~1 s.
+#[test]
+fn deleted_service_stops_forwarding() {
+    let mut sb = demo_sandbox();
+    let addr = format!("{CLUSTER_IP}:80");
+    let before = client(&sb, &["--tcp", &addr, "--count", "3"]);
+    assert!(before.all_ok(), "{}", before.raw);
+
+    let t0 = now_ms();
+    fs::remove_file(sb.manifest_dir().join("service.yaml")).unwrap();
+    let run = client(
+        &sb,
+        &[
+            "--tcp",
+            &addr,
+            "--duration-ms",
+            "2000",
+            "--interval-ms",
+            "20",
+            "--timeout-ms",
+            "200",
+        ],
+    );
+    let late: Vec<&Attempt> = run
+        .attempts
+        .iter()
+        .filter(|a| a.start_ms() >= t0 + 1000)
+        .collect();
+    assert!(late.len() >= 3, "too few attempts after 1 s:\n{}", run.raw);
+    assert!(
+        late.iter().all(|a| matches!(a, Attempt::Err { .. })),
+        "connections to {addr} still answered more than 1 s after the Service was deleted:\n{}",
+        run.raw
+    );
+    let udp = client(
+        &sb,
+        &[
+            "--udp",
+            &format!("{CLUSTER_IP}:53"),
+            "--count",
+            "3",
+            "--timeout-ms",
+            "300",
+        ],
+    );
+    assert_eq!(udp.failures(), 3, "UDP still answered:\n{}", udp.raw);
+    sb.wait_services(
+        &switchboard(),
+        Duration::from_secs(2),
+        "no demo/echo frontends",
+        |f| !f.iter().any(|fe| fe.service.starts_with("demo/echo:")),
+    )
+    .unwrap_or_else(|e| panic!("{e:#}"));
+}
+
+/// A long-lived TCP connection (a line every 100 ms) gets every reply while
+/// another Service is added.
+#[test]
+fn long_lived_connection_survives_unrelated_change() {
+    let mut sb = demo_sandbox();
+    let sw = switchboard();
+    let hold = sb
+        .client_spawn(
+            &sb_echo(),
+            &["--tcp", &format!("{CLUSTER_IP}:80"), "--hold", "3"],
+        )
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(800));
+    write_manifest(
+        &sb,
+        "other.yaml",
+        "apiVersion: v1\nkind: Service\nmetadata:\n  name: other\n  namespace: demo\n\
+         spec:\n  clusterIP: 10.96.0.11\n  ports:\n  - name: http\n    port: 80\n    protocol: TCP\n    targetPort: 8080\n\
+         ---\n\
+         apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\naddressType: IPv4\n\
+         metadata:\n  name: other-x1\n  namespace: demo\n  labels:\n    kubernetes.io/service-name: other\n\
+         endpoints:\n- addresses:\n  - 10.244.1.2\n  conditions:\n    ready: true\n\
+         ports:\n- name: http\n  port: 8080\n  protocol: TCP\n",
+    );
+    let result = sb.wait_services(&sw, Duration::from_secs(2), "demo/other:http", |f| {
+        find(f, "demo/other:http").is_some_and(|fe| fe.backends.len() == 1)
+    });
+    let out = hold.wait_with_output().unwrap();
+    let raw = String::from_utf8_lossy(&out.stdout).into_owned();
+    if let Err(e) = result {
+        panic!("{e:#}");
+    }
+    assert!(
+        out.status.success(),
+        "the long-lived connection lost replies: {raw}"
+    );
+    let replies: u32 = raw
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("replies="))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    assert!(replies >= 20, "only {replies} replies in 3 s: {raw}");
+    // The new Service works too.
+    let run = client(&sb, &["--tcp", "10.96.0.11:80", "--count", "3"]);
+    assert!(run.all_ok(), "{}", run.raw);
+    assert_eq!(run.names(), vec!["pod1"; 3]);
+}
+
+/// `switchboard services -o json` matches the manifests, also after the agent
+/// has stopped (it reads the pinned maps).
+#[test]
+fn services_json_matches_manifests() {
+    let mut sb = demo_sandbox();
+    let sw = switchboard();
+    let check = |frontends: &[Frontend]| {
+        let mut names: Vec<&str> = frontends.iter().map(|f| f.service.as_str()).collect();
+        names.sort();
+        assert_eq!(
+            names,
+            vec!["demo/echo:dns", "demo/echo:http"],
+            "{frontends:#?}"
+        );
+        let http = find(frontends, "demo/echo:http").unwrap();
+        assert_eq!(
+            (http.address.as_str(), http.port, http.protocol.as_str()),
+            (CLUSTER_IP, 80, "TCP")
+        );
+        assert_eq!(
+            http.backend_addrs(),
+            (1..=PODS)
+                .map(|i| format!("{}:{POD_TCP_PORT}", pod_ip(i)))
+                .collect::<Vec<_>>()
+        );
+        let dns = find(frontends, "demo/echo:dns").unwrap();
+        assert_eq!(
+            (dns.address.as_str(), dns.port, dns.protocol.as_str()),
+            (CLUSTER_IP, 53, "UDP")
+        );
+        assert_eq!(
+            dns.backend_addrs(),
+            (1..=PODS)
+                .map(|i| format!("{}:{POD_UDP_PORT}", pod_ip(i)))
+                .collect::<Vec<_>>()
+        );
+    };
+    check(&sb.services(&sw).unwrap());
+
+    let table = sb.services_raw(&sw, false).unwrap();
+    for needle in ["demo/echo:http", "demo/echo:dns", CLUSTER_IP, "10.244.3.2"] {
+        assert!(table.contains(needle), "table lacks {needle}:\n{table}");
+    }
+
+    sb.stop_agent().expect("stop agent");
+    check(
+        &sb.services(&sw)
+            .expect("`services` should read the pinned maps with the agent stopped"),
+    );
+}
