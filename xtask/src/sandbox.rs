@@ -492,6 +492,8 @@ impl Sandbox {
         if let Err(e) = remove_dir_if_exists(&tag_dir) {
             errors.push(format!("{e:#}"));
         }
+        // Only succeeds when no other sandbox uses it.
+        let _ = fs::remove_dir(PIN_BASE);
         if std::env::var_os("SB_KEEP_LOGS").is_none() {
             let _ = fs::remove_dir_all(&self.dir);
         } else {
