@@ -1,0 +1,10 @@
+//! switchboard's userspace: the agent (source → model → sync → maps), the
+//! loader and attach logic, and the CLI.
+pub mod agent;
+pub mod attach;
+pub mod cli;
+pub mod ebpf;
+pub mod maps;
+pub mod model;
+pub mod source;
+pub mod sync;

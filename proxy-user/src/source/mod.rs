@@ -1,0 +1,7 @@
+//! Where Services and EndpointSlices come from.
+//!
+//! `dir`: a directory of YAML/JSON manifests, followed as it changes.
+
+pub mod dir;
+
+pub use dir::{load_file, watch_dir, ManifestError, Snapshot};
