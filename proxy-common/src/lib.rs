@@ -160,15 +160,32 @@ pub struct CtEntry {
 }
 
 /// Value of the reverse-NAT map (key: service id, `u32`): the frontend a reply
-/// must appear to come from.
+/// must appear to come from, and the service port's name for the CLI.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
 pub struct RevNat {
     pub addr_be: u32,
     pub port_be: u16,
     pub proto: u8,
     pub _pad: u8,
+    /// `namespace/name:port`, NUL-padded, cut at [`REVNAT_NAME_LEN`] bytes.
+    /// Not read by the data path.
+    pub name: [u8; REVNAT_NAME_LEN],
+}
+
+pub const REVNAT_NAME_LEN: usize = 56;
+
+impl Default for RevNat {
+    fn default() -> Self {
+        Self {
+            addr_be: 0,
+            port_be: 0,
+            proto: 0,
+            _pad: 0,
+            name: [0; REVNAT_NAME_LEN],
+        }
+    }
 }
 
 /// Per-CPU counters per service id.
@@ -242,7 +259,7 @@ const _: () = assert!(size_of::<Frontend>() == 16);
 const _: () = assert!(size_of::<Backend>() == 8);
 const _: () = assert!(size_of::<CtKey>() == 16);
 const _: () = assert!(size_of::<CtEntry>() == 16);
-const _: () = assert!(size_of::<RevNat>() == 8);
+const _: () = assert!(size_of::<RevNat>() == 64);
 const _: () = assert!(size_of::<SvcStats>() == 32);
 
 #[cfg(test)]

@@ -215,8 +215,8 @@ fn try_to_pod(ctx: &TcContext) -> Result<i32, Skip> {
         None => return Err(Skip::NotOurs),
     };
     // The service is gone: its flows are no longer ours to translate.
-    let rnat = match unsafe { SB_RNAT_V1.get(&service_id) } {
-        Some(rnat) => *rnat,
+    let (rnat_addr_be, rnat_port_be) = match unsafe { SB_RNAT_V1.get(&service_id) } {
+        Some(rnat) => (rnat.addr_be, rnat.port_be),
         None => return Err(Skip::NotOurs),
     };
     if rewrite(
@@ -224,9 +224,9 @@ fn try_to_pod(ctx: &TcContext) -> Result<i32, Skip> {
         &flow,
         Side::Source,
         flow.saddr_be,
-        rnat.addr_be,
+        rnat_addr_be,
         flow.sport_be,
-        rnat.port_be,
+        rnat_port_be,
     )
     .is_err()
     {

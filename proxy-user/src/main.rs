@@ -1,1 +1,99 @@
-fn main(){}
+//! The `switchboard` binary: agent and CLI.
+use std::path::PathBuf;
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand, ValueEnum};
+use proxy_user::{
+    agent::{self, AgentConfig, Source},
+    cli,
+    ebpf::Capacities,
+};
+use tracing_subscriber::EnvFilter;
+
+const DEFAULT_PIN_ROOT: &str = "/sys/fs/bpf/switchboard";
+
+#[derive(Parser)]
+#[command(name = "switchboard", version, about = "eBPF Service load balancer (kube-proxy replacement)")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Load the programs, attach them to pod interfaces and keep the maps in
+    /// step with the Services and EndpointSlices of the source.
+    Agent {
+        /// `dir:PATH` (a directory of YAML manifests, followed as it changes)
+        /// or `cluster` (the Kubernetes API; not implemented yet).
+        #[arg(long, default_value = "cluster")]
+        source: Source,
+        /// Where the maps are pinned (bpffs is mounted there if missing).
+        #[arg(long, default_value = DEFAULT_PIN_ROOT, env = "SWITCHBOARD_PIN_ROOT")]
+        pin_root: PathBuf,
+        /// Capacity of the frontend map (one entry per service port plus one per backend).
+        #[arg(long, default_value_t = Capacities::default().frontends)]
+        max_frontend_entries: u32,
+        /// Capacity of the backend map.
+        #[arg(long, default_value_t = Capacities::default().backends)]
+        max_backends: u32,
+        /// Capacity of the connection-tracking map (two entries per flow).
+        #[arg(long, default_value_t = Capacities::default().conntrack)]
+        max_conntrack: u32,
+        /// Number of service ports (service ids).
+        #[arg(long, default_value_t = Capacities::default().services)]
+        max_services: u32,
+    },
+    /// Print every frontend and its backends from the pinned maps.
+    Services {
+        #[arg(long, default_value = DEFAULT_PIN_ROOT, env = "SWITCHBOARD_PIN_ROOT")]
+        pin_root: PathBuf,
+        #[arg(short, long, value_enum, default_value_t = Output::Table)]
+        output: Output,
+    },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Output {
+    Table,
+    Json,
+}
+
+fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")))
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Agent {
+            source,
+            pin_root,
+            max_frontend_entries,
+            max_backends,
+            max_conntrack,
+            max_services,
+        } => {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .context("starting the async runtime")?;
+            runtime.block_on(agent::run(AgentConfig {
+                source,
+                pin_root,
+                capacities: Capacities {
+                    frontends: max_frontend_entries,
+                    backends: max_backends,
+                    conntrack: max_conntrack,
+                    services: max_services,
+                },
+            }))
+        }
+        Command::Services { pin_root, output } => {
+            let text = cli::services(&pin_root, matches!(output, Output::Json))?;
+            print!("{text}");
+            Ok(())
+        }
+    }
+}

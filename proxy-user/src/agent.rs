@@ -1,0 +1,143 @@
+//! `switchboard agent`: load and pin the programs, attach them to pod
+//! interfaces as they appear, and keep the maps in step with the source.
+use std::{path::PathBuf, sync::Arc, time::Duration};
+
+use anyhow::{bail, Context as _};
+use futures::StreamExt as _;
+use netlink_sys::{AsyncSocket as _, SocketAddr};
+use tokio::signal::unix::{signal, SignalKind};
+use tracing::{error, info, warn};
+
+use crate::{
+    attach::{self, Attacher},
+    ebpf::{self, Capacities},
+    maps::PinnedMaps,
+    model,
+    source::dir::{self, Snapshot},
+    sync::Syncer,
+};
+
+/// Where the agent learns Services and EndpointSlices from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Source {
+    /// A directory of YAML manifests (standalone mode).
+    Dir(PathBuf),
+    /// The Kubernetes API server.
+    Cluster,
+}
+
+impl std::str::FromStr for Source {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.split_once(':') {
+            Some(("dir", path)) if !path.is_empty() => Ok(Self::Dir(PathBuf::from(path))),
+            None if s == "cluster" => Ok(Self::Cluster),
+            _ => Err(format!(
+                "unknown source {s:?}: expected dir:PATH or cluster"
+            )),
+        }
+    }
+}
+
+pub struct AgentConfig {
+    pub source: Source,
+    pub pin_root: PathBuf,
+    pub capacities: Capacities,
+}
+
+/// How often interfaces are listed again in case a netlink event was missed.
+const RESCAN: Duration = Duration::from_secs(2);
+
+pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
+    let dir = match &config.source {
+        Source::Dir(dir) => dir.clone(),
+        Source::Cluster => {
+            bail!("the Kubernetes API source is not implemented yet; run with --source dir:PATH")
+        }
+    };
+    let mut ebpf =
+        ebpf::load(&config.pin_root, &config.capacities).context("loading the eBPF programs")?;
+    let maps = PinnedMaps::take(&mut ebpf).context("opening the maps")?;
+    let mut syncer = Syncer::adopt(maps, config.capacities);
+    info!(
+        pin_root = %config.pin_root.display(),
+        adopted = syncer.programmed().count(),
+        "maps loaded"
+    );
+
+    let (mut connection, handle, mut link_events) =
+        rtnetlink::new_connection().context("opening a netlink socket")?;
+    connection
+        .socket_mut()
+        .socket_mut()
+        .bind(&SocketAddr::new(0, rtnetlink::constants::RTMGRP_LINK))
+        .context("subscribing to link events")?;
+    tokio::spawn(connection);
+    let mut attacher = Attacher::default();
+    rescan(&handle, &mut attacher, &mut ebpf).await;
+
+    let mut snapshots = dir::watch_dir(dir.clone())
+        .await
+        .with_context(|| format!("watching {}", dir.display()))?;
+    let initial = snapshots.borrow_and_update().clone();
+    sync(&mut syncer, &initial);
+
+    let mut terminate = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
+    let mut interrupt = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
+    let mut tick = tokio::time::interval(RESCAN);
+    loop {
+        tokio::select! {
+            changed = snapshots.changed() => {
+                if changed.is_err() {
+                    error!("the manifest watcher stopped; keeping what is programmed");
+                    bail!("manifest watcher stopped");
+                }
+                let snapshot = snapshots.borrow_and_update().clone();
+                sync(&mut syncer, &snapshot);
+            }
+            Some(_) = link_events.next() => rescan(&handle, &mut attacher, &mut ebpf).await,
+            _ = tick.tick() => rescan(&handle, &mut attacher, &mut ebpf).await,
+            _ = terminate.recv() => break,
+            _ = interrupt.recv() => break,
+        }
+    }
+    // Programs stay attached and maps stay pinned: traffic keeps flowing until
+    // the next agent adopts them.
+    info!("agent stopping; programs and maps stay in place");
+    Ok(())
+}
+
+async fn rescan(handle: &rtnetlink::Handle, attacher: &mut Attacher, ebpf: &mut aya::Ebpf) {
+    match attach::pod_interfaces(handle).await {
+        Ok(interfaces) => attacher.reconcile(ebpf, &interfaces),
+        Err(error) => warn!(error = %anyhow::Error::from(error), "listing interfaces failed"),
+    }
+}
+
+fn sync<S: crate::maps::MapStore>(syncer: &mut Syncer<S>, snapshot: &Arc<Snapshot>) {
+    let (desired, warnings) = model::build(&snapshot.services, &snapshot.endpoint_slices);
+    for warning in &warnings {
+        warn!(object = %warning.object, problem = %warning.problem, "manifest problem");
+    }
+    let report = syncer.apply(&desired);
+    for failed in &report.failed {
+        error!(
+            service = %failed.service,
+            frontend = %failed.frontend,
+            reason = %failed.reason,
+            "service not programmed"
+        );
+    }
+    if report.added + report.updated + report.removed > 0 || !report.failed.is_empty() {
+        info!(
+            frontends = desired.frontends.len(),
+            added = report.added,
+            updated = report.updated,
+            removed = report.removed,
+            unchanged = report.unchanged,
+            writes = report.writes,
+            conntrack_purged = report.conntrack_purged,
+            "maps synced"
+        );
+    }
+}

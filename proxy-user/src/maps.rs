@@ -1,0 +1,225 @@
+//! Typed handles on switchboard's maps, either taken from a freshly loaded
+//! object (the agent) or opened from their pins (the CLI, whether or not an
+//! agent runs).
+//!
+//! [`MapStore`] is the narrow set of writes the sync engine needs; the sync
+//! logic is unit-tested against an in-memory store and runs against
+//! [`PinnedMaps`] for real.
+use std::path::{Path, PathBuf};
+
+use aya::{
+    maps::{HashMap, Map, MapData, MapError, PerCpuArray},
+    Ebpf,
+};
+use proxy_common::{names, stat, Backend, CtEntry, CtKey, Frontend, FrontendKey, RevNat, SvcStats};
+
+#[derive(Debug, thiserror::Error)]
+pub enum MapsError {
+    #[error("map {name} is not pinned at {path} (is the agent running with this --pin-root?)")]
+    NotPinned { name: &'static str, path: PathBuf },
+    #[error("opening pinned map {path}")]
+    Open { path: PathBuf, source: MapError },
+    #[error("map {name} is missing from the loaded object")]
+    Missing { name: &'static str },
+    #[error("map {name} has an unexpected type or layout")]
+    Layout {
+        name: &'static str,
+        source: MapError,
+    },
+}
+
+/// A map write failed. `Full` is told apart so the caller can report the
+/// service that did not fit and carry on with the rest.
+#[derive(Debug, thiserror::Error)]
+pub enum WriteError {
+    #[error("map {map} is full")]
+    Full { map: &'static str },
+    #[error("writing map {map}")]
+    Other { map: &'static str, source: MapError },
+}
+
+/// The writes and reads the sync engine performs.
+pub trait MapStore {
+    fn put_frontend(&mut self, key: FrontendKey, value: Frontend) -> Result<(), WriteError>;
+    fn delete_frontend(&mut self, key: FrontendKey) -> Result<(), WriteError>;
+    fn put_backend(&mut self, id: u32, value: Backend) -> Result<(), WriteError>;
+    fn delete_backend(&mut self, id: u32) -> Result<(), WriteError>;
+    fn put_revnat(&mut self, service_id: u32, value: RevNat) -> Result<(), WriteError>;
+    fn delete_revnat(&mut self, service_id: u32) -> Result<(), WriteError>;
+    /// Removes every connection-tracking entry `doomed` selects; returns how many.
+    fn purge_conntrack(&mut self, doomed: &dyn Fn(&CtKey, &CtEntry) -> bool) -> usize;
+    /// Everything in the frontend, backend and reverse-NAT maps, for adopting
+    /// what an earlier agent programmed.
+    fn dump(&self) -> Dump;
+}
+
+/// A copy of the frontend, backend and reverse-NAT maps.
+#[derive(Clone, Debug, Default)]
+pub struct Dump {
+    pub frontends: Vec<(FrontendKey, Frontend)>,
+    pub backends: Vec<(u32, Backend)>,
+    pub revnat: Vec<(u32, RevNat)>,
+}
+
+pub struct PinnedMaps {
+    pub frontends: HashMap<MapData, FrontendKey, Frontend>,
+    pub backends: HashMap<MapData, u32, Backend>,
+    pub conntrack: HashMap<MapData, CtKey, CtEntry>,
+    pub revnat: HashMap<MapData, u32, RevNat>,
+    pub service_stats: PerCpuArray<MapData, SvcStats>,
+    pub stats: PerCpuArray<MapData, u64>,
+}
+
+fn open_pinned(pin_root: &Path, name: &'static str) -> Result<Map, MapsError> {
+    let path = pin_root.join(name);
+    if !path.exists() {
+        return Err(MapsError::NotPinned { name, path });
+    }
+    let data = MapData::from_pin(&path).map_err(|source| MapsError::Open {
+        path: path.clone(),
+        source,
+    })?;
+    Map::from_map_data(data).map_err(|source| MapsError::Open { path, source })
+}
+
+macro_rules! typed {
+    ($name:expr, $map:expr) => {
+        $map.try_into().map_err(|source| MapsError::Layout {
+            name: $name,
+            source,
+        })?
+    };
+}
+
+impl PinnedMaps {
+    /// Opens the maps pinned under `pin_root`.
+    pub fn open(pin_root: &Path) -> Result<Self, MapsError> {
+        Ok(Self {
+            frontends: typed!(names::FRONTENDS, open_pinned(pin_root, names::FRONTENDS)?),
+            backends: typed!(names::BACKENDS, open_pinned(pin_root, names::BACKENDS)?),
+            conntrack: typed!(names::CONNTRACK, open_pinned(pin_root, names::CONNTRACK)?),
+            revnat: typed!(names::REVNAT, open_pinned(pin_root, names::REVNAT)?),
+            service_stats: typed!(
+                names::SERVICE_STATS,
+                open_pinned(pin_root, names::SERVICE_STATS)?
+            ),
+            stats: typed!(
+                names::GLOBAL_STATS,
+                open_pinned(pin_root, names::GLOBAL_STATS)?
+            ),
+        })
+    }
+
+    /// Takes the maps out of a loaded object.
+    pub fn take(ebpf: &mut Ebpf) -> Result<Self, MapsError> {
+        let mut take = |name: &'static str| ebpf.take_map(name).ok_or(MapsError::Missing { name });
+        Ok(Self {
+            frontends: typed!(names::FRONTENDS, take(names::FRONTENDS)?),
+            backends: typed!(names::BACKENDS, take(names::BACKENDS)?),
+            conntrack: typed!(names::CONNTRACK, take(names::CONNTRACK)?),
+            revnat: typed!(names::REVNAT, take(names::REVNAT)?),
+            service_stats: typed!(names::SERVICE_STATS, take(names::SERVICE_STATS)?),
+            stats: typed!(names::GLOBAL_STATS, take(names::GLOBAL_STATS)?),
+        })
+    }
+
+    /// Per-service counters summed over CPUs (zero when absent).
+    pub fn service_stats(&self, service_id: u32) -> SvcStats {
+        let mut total = SvcStats::default();
+        if let Ok(per_cpu) = self.service_stats.get(&service_id, 0) {
+            for s in per_cpu.iter() {
+                total.packets += s.packets;
+                total.bytes += s.bytes;
+                total.new_flows += s.new_flows;
+                total.drops_no_backend += s.drops_no_backend;
+            }
+        }
+        total
+    }
+
+    /// Global counters summed over CPUs, by name.
+    pub fn global_stats(&self) -> Vec<(&'static str, u64)> {
+        stat::NAMES
+            .iter()
+            .enumerate()
+            .map(|(index, name)| {
+                let total = self
+                    .stats
+                    .get(&(index as u32), 0)
+                    .map(|per_cpu| per_cpu.iter().sum())
+                    .unwrap_or(0);
+                (*name, total)
+            })
+            .collect()
+    }
+
+    /// Number of connection-tracking entries (both directions).
+    pub fn conntrack_len(&self) -> usize {
+        self.conntrack.keys().filter(Result::is_ok).count()
+    }
+}
+
+/// `E2BIG` is what a hash map insert returns when the map is full.
+fn write_error(map: &'static str, source: MapError) -> WriteError {
+    if let MapError::SyscallError(syscall) = &source {
+        if syscall.io_error.raw_os_error() == Some(libc::E2BIG) {
+            return WriteError::Full { map };
+        }
+    }
+    WriteError::Other { map, source }
+}
+
+/// Deleting a key that is already gone is not an error for the sync engine.
+fn delete_result(map: &'static str, result: Result<(), MapError>) -> Result<(), WriteError> {
+    match result {
+        Ok(()) | Err(MapError::KeyNotFound) => Ok(()),
+        Err(source) => Err(WriteError::Other { map, source }),
+    }
+}
+
+impl MapStore for PinnedMaps {
+    fn put_frontend(&mut self, key: FrontendKey, value: Frontend) -> Result<(), WriteError> {
+        self.frontends
+            .insert(key, value, 0)
+            .map_err(|e| write_error(names::FRONTENDS, e))
+    }
+    fn delete_frontend(&mut self, key: FrontendKey) -> Result<(), WriteError> {
+        delete_result(names::FRONTENDS, self.frontends.remove(&key))
+    }
+    fn put_backend(&mut self, id: u32, value: Backend) -> Result<(), WriteError> {
+        self.backends
+            .insert(id, value, 0)
+            .map_err(|e| write_error(names::BACKENDS, e))
+    }
+    fn delete_backend(&mut self, id: u32) -> Result<(), WriteError> {
+        delete_result(names::BACKENDS, self.backends.remove(&id))
+    }
+    fn put_revnat(&mut self, service_id: u32, value: RevNat) -> Result<(), WriteError> {
+        self.revnat
+            .insert(service_id, value, 0)
+            .map_err(|e| write_error(names::REVNAT, e))
+    }
+    fn delete_revnat(&mut self, service_id: u32) -> Result<(), WriteError> {
+        delete_result(names::REVNAT, self.revnat.remove(&service_id))
+    }
+    fn purge_conntrack(&mut self, doomed: &dyn Fn(&CtKey, &CtEntry) -> bool) -> usize {
+        let victims: Vec<CtKey> = self
+            .conntrack
+            .iter()
+            .filter_map(Result::ok)
+            .filter(|(key, entry)| doomed(key, entry))
+            .map(|(key, _)| key)
+            .collect();
+        victims
+            .iter()
+            .filter(|key| self.conntrack.remove(key).is_ok())
+            .count()
+    }
+    fn dump(&self) -> Dump {
+        Dump {
+            frontends: self.frontends.iter().filter_map(Result::ok).collect(),
+            backends: self.backends.iter().filter_map(Result::ok).collect(),
+            revnat: self.revnat.iter().filter_map(Result::ok).collect(),
+        }
+    }
+}

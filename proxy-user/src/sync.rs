@@ -1,0 +1,1055 @@
+//! Sync: turn the desired state (from the model) into the smallest set of map
+//! writes, ordered so that a lookup in the data path never meets a half-written
+//! service.
+//!
+//! Write order for one frontend:
+//! 1. reverse-NAT entry and backend entries (invisible until a slot names them);
+//! 2. backend slots `1..=n` that changed (survivors keep their slot, so a
+//!    change rewrites only the slots that really change);
+//! 3. slot 0 with the new count: the moment the new set becomes visible;
+//! 4. slots past the new count are deleted, then backends nobody uses.
+//!
+//! A removed frontend loses slot 0 first (new packets stop matching at once),
+//! then its slots, its reverse-NAT entry and its connection-tracking entries.
+//! UDP flows pinned to a backend that left a service are forgotten, so the next
+//! datagram picks a live backend (the stale-DNS-flow problem).
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::net::Ipv4Addr;
+
+use proxy_common::{
+    capacity, proto, Backend, CtEntry, CtKey, Frontend as FrontendValue, FrontendKey, RevNat,
+    REVNAT_NAME_LEN,
+};
+use tracing::{debug, warn};
+
+use crate::{
+    ebpf::Capacities,
+    maps::{MapStore, WriteError},
+    model::{BackendAddr, DesiredState, Frontend, FrontendAddr, Protocol},
+};
+
+/// What one frontend looks like in the maps.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Programmed {
+    service_id: u32,
+    name: String,
+    /// Backend id per slot, slot 1 first.
+    slots: Vec<u32>,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct BackendRef {
+    id: u32,
+    refs: u32,
+}
+
+/// A frontend the sync could not program, and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Unprogrammed {
+    pub frontend: FrontendAddr,
+    pub service: String,
+    pub reason: String,
+}
+
+/// What one [`Syncer::apply`] did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SyncReport {
+    pub added: usize,
+    pub updated: usize,
+    pub removed: usize,
+    pub unchanged: usize,
+    /// Map entries written or deleted.
+    pub writes: usize,
+    /// Connection-tracking entries removed.
+    pub conntrack_purged: usize,
+    pub failed: Vec<Unprogrammed>,
+}
+
+pub struct Syncer<S: MapStore> {
+    store: S,
+    caps: Capacities,
+    programmed: BTreeMap<FrontendAddr, Programmed>,
+    backends: HashMap<(BackendAddr, Protocol), BackendRef>,
+    backend_addrs: HashMap<u32, (BackendAddr, Protocol)>,
+    service_ids: BTreeSet<u32>,
+    next_service_id: u32,
+    next_backend_id: u32,
+    /// Frontend map entries in use (slot 0 plus one per backend, per frontend).
+    frontend_entries: usize,
+}
+
+/// Connection-tracking entries to drop once an apply has finished.
+#[derive(Default)]
+struct Purge {
+    services: HashSet<u32>,
+    udp_backends: HashSet<(u32, u32)>,
+}
+
+pub fn frontend_key(addr: &FrontendAddr, slot: u16) -> FrontendKey {
+    FrontendKey {
+        addr_be: u32::from_ne_bytes(addr.ip.octets()),
+        port_be: addr.port.to_be(),
+        proto: proto_number(addr.protocol),
+        _pad0: 0,
+        slot,
+        _pad1: [0; 2],
+    }
+}
+
+pub fn proto_number(protocol: Protocol) -> u8 {
+    match protocol {
+        Protocol::Tcp => proto::TCP,
+        Protocol::Udp => proto::UDP,
+    }
+}
+
+pub fn protocol_from_number(number: u8) -> Option<Protocol> {
+    match number {
+        proto::TCP => Some(Protocol::Tcp),
+        proto::UDP => Some(Protocol::Udp),
+        _ => None,
+    }
+}
+
+/// The frontend a key names (slot ignored), if its protocol is one of ours.
+pub fn frontend_addr(key: &FrontendKey) -> Option<FrontendAddr> {
+    Some(FrontendAddr {
+        ip: Ipv4Addr::from(key.addr_be.to_ne_bytes()),
+        port: u16::from_be(key.port_be),
+        protocol: protocol_from_number(key.proto)?,
+    })
+}
+
+pub fn backend_addr(backend: &Backend) -> BackendAddr {
+    BackendAddr {
+        ip: Ipv4Addr::from(backend.addr_be.to_ne_bytes()),
+        port: u16::from_be(backend.port_be),
+    }
+}
+
+pub fn revnat_name(rnat: &RevNat) -> String {
+    let end = rnat
+        .name
+        .iter()
+        .position(|b| *b == 0)
+        .unwrap_or(rnat.name.len());
+    String::from_utf8_lossy(&rnat.name[..end]).into_owned()
+}
+
+fn revnat_value(addr: &FrontendAddr, name: &str) -> RevNat {
+    let mut value = RevNat {
+        addr_be: u32::from_ne_bytes(addr.ip.octets()),
+        port_be: addr.port.to_be(),
+        proto: proto_number(addr.protocol),
+        ..RevNat::default()
+    };
+    // Cut on a character boundary so the CLI never shows a broken character.
+    let mut len = name.len().min(REVNAT_NAME_LEN - 1);
+    while !name.is_char_boundary(len) {
+        len -= 1;
+    }
+    value.name[..len].copy_from_slice(&name.as_bytes()[..len]);
+    value
+}
+
+impl<S: MapStore> Syncer<S> {
+    /// Starts from what the maps already hold (a restarted agent adopts the
+    /// pinned state instead of flushing it). Entries that belong to no complete
+    /// frontend are removed.
+    pub fn adopt(store: S, caps: Capacities) -> Self {
+        let mut syncer = Self {
+            store,
+            caps,
+            programmed: BTreeMap::new(),
+            backends: HashMap::new(),
+            backend_addrs: HashMap::new(),
+            service_ids: BTreeSet::new(),
+            next_service_id: 1,
+            next_backend_id: 1,
+            frontend_entries: 0,
+        };
+        syncer.reload();
+        syncer
+    }
+
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+
+    /// Rebuilds the in-memory view from the maps and removes orphans.
+    fn reload(&mut self) {
+        let dump = self.store.dump();
+        self.programmed.clear();
+        self.backends.clear();
+        self.backend_addrs.clear();
+        self.service_ids.clear();
+        self.frontend_entries = 0;
+
+        let backends: HashMap<u32, Backend> = dump.backends.iter().copied().collect();
+        let revnat: HashMap<u32, RevNat> = dump.revnat.iter().copied().collect();
+        let slots: HashMap<FrontendKey, FrontendValue> = dump.frontends.iter().copied().collect();
+        let mut keep_slots: HashSet<FrontendKey> = HashSet::new();
+        let mut keep_backends: HashSet<u32> = HashSet::new();
+
+        for (key, head) in dump.frontends.iter().filter(|(k, _)| k.slot == 0) {
+            let Some(addr) = frontend_addr(key) else {
+                continue;
+            };
+            let mut ids = Vec::with_capacity(usize::from(head.backend_count));
+            let mut complete = true;
+            for slot in 1..=head.backend_count {
+                let slot_key = FrontendKey { slot, ..*key };
+                match slots.get(&slot_key) {
+                    Some(v) if backends.contains_key(&v.backend_id) => ids.push(v.backend_id),
+                    _ => complete = false,
+                }
+            }
+            if !complete || head.service_id == 0 {
+                // Half-written by a crash: drop it; the next apply rewrites it.
+                warn!(frontend = %addr, "adopting maps: incomplete frontend entry removed");
+                continue;
+            }
+            keep_slots.insert(*key);
+            for slot in 1..=head.backend_count {
+                keep_slots.insert(FrontendKey { slot, ..*key });
+            }
+            for id in &ids {
+                keep_backends.insert(*id);
+                let backend = backends[id];
+                let entry = (backend_addr(&backend), addr.protocol);
+                self.backends
+                    .entry(entry)
+                    .and_modify(|r| r.refs += 1)
+                    .or_insert(BackendRef { id: *id, refs: 1 });
+                self.backend_addrs.insert(*id, entry);
+            }
+            let name = revnat
+                .get(&head.service_id)
+                .map(revnat_name)
+                .unwrap_or_default();
+            self.service_ids.insert(head.service_id);
+            self.frontend_entries += 1 + ids.len();
+            self.programmed.insert(
+                addr,
+                Programmed {
+                    service_id: head.service_id,
+                    name,
+                    slots: ids,
+                },
+            );
+        }
+        // Orphans: slots of dropped frontends, unused backends and rev-NAT entries.
+        for key in slots.keys().filter(|k| !keep_slots.contains(k)) {
+            log_write(self.store.delete_frontend(*key));
+        }
+        for id in backends.keys().filter(|id| !keep_backends.contains(id)) {
+            log_write(self.store.delete_backend(*id));
+        }
+        for id in revnat.keys().filter(|id| !self.service_ids.contains(id)) {
+            log_write(self.store.delete_revnat(*id));
+        }
+        self.next_service_id = self.service_ids.last().map_or(1, |id| id + 1);
+        self.next_backend_id = self.backend_addrs.keys().max().map_or(1, |id| id + 1);
+    }
+
+    /// The frontends programmed now, with their service name and backends.
+    pub fn programmed(&self) -> impl Iterator<Item = (&FrontendAddr, &str, Vec<BackendAddr>)> {
+        self.programmed.iter().map(|(addr, p)| {
+            let backends = p
+                .slots
+                .iter()
+                .filter_map(|id| self.backend_addrs.get(id).map(|(b, _)| *b))
+                .collect();
+            (addr, p.name.as_str(), backends)
+        })
+    }
+
+    /// Brings the maps to `desired`, writing only what differs.
+    pub fn apply(&mut self, desired: &DesiredState) -> SyncReport {
+        let mut report = SyncReport::default();
+        let mut purge = Purge::default();
+        let mut failed_write = false;
+
+        let gone: Vec<FrontendAddr> = self
+            .programmed
+            .keys()
+            .filter(|addr| !desired.frontends.contains_key(addr))
+            .copied()
+            .collect();
+        for addr in gone {
+            match self.remove(&addr, &mut purge, &mut report.writes) {
+                Ok(()) => report.removed += 1,
+                Err(error) => {
+                    failed_write = true;
+                    warn!(frontend = %addr, %error, "removing frontend failed");
+                }
+            }
+        }
+
+        for (addr, frontend) in &desired.frontends {
+            let name = frontend.service.to_string();
+            match self.upsert(frontend, &name, &mut purge, &mut report) {
+                Ok(()) => {}
+                Err(UpsertError::Capacity(reason)) => report.failed.push(Unprogrammed {
+                    frontend: *addr,
+                    service: name,
+                    reason,
+                }),
+                Err(UpsertError::Write(error)) => {
+                    failed_write = true;
+                    let reason = match &error {
+                        WriteError::Full { map } => format!("map {map} is full"),
+                        WriteError::Other { .. } => error.to_string(),
+                    };
+                    report.failed.push(Unprogrammed {
+                        frontend: *addr,
+                        service: name,
+                        reason,
+                    });
+                }
+            }
+        }
+
+        if !purge.services.is_empty() || !purge.udp_backends.is_empty() {
+            report.conntrack_purged =
+                self.store.purge_conntrack(&|key: &CtKey, entry: &CtEntry| {
+                    purge.services.contains(&entry.service_id)
+                        || (key.proto == proto::UDP
+                            && purge
+                                .udp_backends
+                                .contains(&(entry.service_id, entry.backend_id)))
+                });
+        }
+        if failed_write {
+            // Some write failed half-way: believe the maps, not our bookkeeping.
+            self.reload();
+        }
+        report
+    }
+
+    fn remove(
+        &mut self,
+        addr: &FrontendAddr,
+        purge: &mut Purge,
+        writes: &mut usize,
+    ) -> Result<(), WriteError> {
+        let Some(programmed) = self.programmed.get(addr).cloned() else {
+            return Ok(());
+        };
+        self.store.delete_frontend(frontend_key(addr, 0))?;
+        *writes += 1;
+        for slot in 1..=programmed.slots.len() {
+            self.store
+                .delete_frontend(frontend_key(addr, slot as u16))?;
+            *writes += 1;
+        }
+        self.store.delete_revnat(programmed.service_id)?;
+        *writes += 1;
+        for id in &programmed.slots {
+            *writes += self.release_backend(*id)?;
+        }
+        purge.services.insert(programmed.service_id);
+        self.service_ids.remove(&programmed.service_id);
+        self.frontend_entries -= 1 + programmed.slots.len();
+        self.programmed.remove(addr);
+        debug!(frontend = %addr, "frontend removed");
+        Ok(())
+    }
+
+    fn upsert(
+        &mut self,
+        frontend: &Frontend,
+        name: &str,
+        purge: &mut Purge,
+        report: &mut SyncReport,
+    ) -> Result<(), UpsertError> {
+        let addr = &frontend.addr;
+        let old = self.programmed.get(addr).cloned();
+        let mut wanted: Vec<BackendAddr> = frontend.backends.clone();
+        wanted.sort();
+        wanted.dedup();
+        let limit = usize::from(capacity::MAX_BACKENDS_PER_SERVICE);
+        if wanted.len() > limit {
+            return Err(UpsertError::Capacity(format!(
+                "{} endpoints, more than the {limit} one service port can have",
+                wanted.len()
+            )));
+        }
+
+        // Unchanged? Compare backend sets, not slot order.
+        if let Some(old) = &old {
+            let mut current: Vec<BackendAddr> = old
+                .slots
+                .iter()
+                .filter_map(|id| self.backend_addrs.get(id).map(|(b, _)| *b))
+                .collect();
+            current.sort();
+            if current == wanted && old.name == name {
+                report.unchanged += 1;
+                return Ok(());
+            }
+        }
+
+        // Capacity, checked before any write so a frontend that does not fit
+        // leaves the maps as they were.
+        let old_entries = old.as_ref().map_or(0, |o| 1 + o.slots.len());
+        let new_entries = 1 + wanted.len();
+        if self.frontend_entries - old_entries + new_entries > self.caps.frontends as usize {
+            return Err(UpsertError::Capacity(format!(
+                "frontend map full ({} entries)",
+                self.caps.frontends
+            )));
+        }
+        let new_backends = wanted
+            .iter()
+            .filter(|b| !self.backends.contains_key(&(**b, addr.protocol)))
+            .count();
+        if self.backends.len() + new_backends > self.caps.backends as usize {
+            return Err(UpsertError::Capacity(format!(
+                "backend map full ({} entries)",
+                self.caps.backends
+            )));
+        }
+
+        let service_id = match &old {
+            Some(old) => old.service_id,
+            None => self.allocate_service_id().ok_or_else(|| {
+                UpsertError::Capacity(format!(
+                    "service id space full ({} service ports)",
+                    self.caps.services - 1
+                ))
+            })?,
+        };
+        if old.as_ref().is_none_or(|o| o.name != name) {
+            self.store
+                .put_revnat(service_id, revnat_value(addr, name))?;
+            report.writes += 1;
+        }
+
+        // Take references on the new set before dropping the old one, so a
+        // backend that stays is never deleted in between.
+        let mut wanted_ids = Vec::with_capacity(wanted.len());
+        for backend in &wanted {
+            let (id, written) = self.acquire_backend(*backend, addr.protocol)?;
+            report.writes += written;
+            wanted_ids.push(id);
+        }
+        let old_slots = old.as_ref().map(|o| o.slots.clone()).unwrap_or_default();
+        let slots = place(&old_slots, &wanted_ids);
+
+        for (index, id) in slots.iter().enumerate() {
+            if old_slots.get(index) != Some(id) {
+                self.store.put_frontend(
+                    frontend_key(addr, index as u16 + 1),
+                    FrontendValue {
+                        backend_id: *id,
+                        service_id,
+                        ..FrontendValue::default()
+                    },
+                )?;
+                report.writes += 1;
+            }
+        }
+        self.store.put_frontend(
+            frontend_key(addr, 0),
+            FrontendValue {
+                backend_id: 0,
+                service_id,
+                backend_count: slots.len() as u16,
+                flags: 0,
+                affinity_timeout_s: 0,
+            },
+        )?;
+        report.writes += 1;
+        for slot in slots.len() + 1..=old_slots.len() {
+            self.store
+                .delete_frontend(frontend_key(addr, slot as u16))?;
+            report.writes += 1;
+        }
+        for id in &old_slots {
+            if addr.protocol == Protocol::Udp && !slots.contains(id) {
+                purge.udp_backends.insert((service_id, *id));
+            }
+            report.writes += self.release_backend(*id)?;
+        }
+
+        self.frontend_entries = self.frontend_entries - old_entries + new_entries;
+        if old.is_some() {
+            report.updated += 1;
+        } else {
+            report.added += 1;
+        }
+        self.programmed.insert(
+            *addr,
+            Programmed {
+                service_id,
+                name: name.to_owned(),
+                slots,
+            },
+        );
+        Ok(())
+    }
+
+    fn allocate_service_id(&mut self) -> Option<u32> {
+        let max = self.caps.services.saturating_sub(1);
+        if self.service_ids.len() as u32 >= max {
+            return None;
+        }
+        // Walk forward from the cursor so a freed id is not reused at once.
+        let mut id = self.next_service_id;
+        loop {
+            if id == 0 || id > max {
+                id = 1;
+            }
+            if !self.service_ids.contains(&id) {
+                self.service_ids.insert(id);
+                self.next_service_id = id + 1;
+                return Some(id);
+            }
+            id += 1;
+        }
+    }
+
+    /// A reference on the backend id for `backend`, creating the entry if it is
+    /// new. Returns the id and the number of map writes.
+    fn acquire_backend(
+        &mut self,
+        backend: BackendAddr,
+        protocol: Protocol,
+    ) -> Result<(u32, usize), WriteError> {
+        if let Some(existing) = self.backends.get_mut(&(backend, protocol)) {
+            existing.refs += 1;
+            return Ok((existing.id, 0));
+        }
+        let mut id = self.next_backend_id.max(1);
+        while self.backend_addrs.contains_key(&id) {
+            id = id.wrapping_add(1).max(1);
+        }
+        self.store.put_backend(
+            id,
+            Backend {
+                addr_be: u32::from_ne_bytes(backend.ip.octets()),
+                port_be: backend.port.to_be(),
+                proto: proto_number(protocol),
+                flags: 0,
+            },
+        )?;
+        self.next_backend_id = id.wrapping_add(1).max(1);
+        self.backends
+            .insert((backend, protocol), BackendRef { id, refs: 1 });
+        self.backend_addrs.insert(id, (backend, protocol));
+        Ok((id, 1))
+    }
+
+    /// Drops one reference; the entry goes when nobody uses it.
+    fn release_backend(&mut self, id: u32) -> Result<usize, WriteError> {
+        let Some(entry) = self.backend_addrs.get(&id).copied() else {
+            return Ok(0);
+        };
+        let Some(backend) = self.backends.get_mut(&entry) else {
+            return Ok(0);
+        };
+        backend.refs -= 1;
+        if backend.refs > 0 {
+            return Ok(0);
+        }
+        self.store.delete_backend(id)?;
+        self.backends.remove(&entry);
+        self.backend_addrs.remove(&id);
+        Ok(1)
+    }
+}
+
+enum UpsertError {
+    /// Would not fit; nothing was written.
+    Capacity(String),
+    Write(WriteError),
+}
+
+impl From<WriteError> for UpsertError {
+    fn from(error: WriteError) -> Self {
+        Self::Write(error)
+    }
+}
+
+fn log_write(result: Result<(), WriteError>) {
+    if let Err(error) = result {
+        warn!(%error, "removing an orphaned map entry failed");
+    }
+}
+
+/// New slot layout: backends that stay keep their slot; newcomers fill the
+/// holes, then the end; on shrinking, the tail moves into the holes.
+fn place(old: &[u32], wanted: &[u32]) -> Vec<u32> {
+    let wanted_set: HashSet<u32> = wanted.iter().copied().collect();
+    let mut slots: Vec<Option<u32>> = old
+        .iter()
+        .map(|id| wanted_set.contains(id).then_some(*id))
+        .collect();
+    let placed: HashSet<u32> = slots.iter().flatten().copied().collect();
+    let mut newcomers = wanted.iter().filter(|id| !placed.contains(id)).copied();
+    for slot in slots.iter_mut().filter(|s| s.is_none()) {
+        match newcomers.next() {
+            Some(id) => *slot = Some(id),
+            None => break,
+        }
+    }
+    slots.extend(newcomers.map(Some));
+    // Compact: move entries from the end into the remaining holes.
+    let mut result: Vec<Option<u32>> = slots;
+    let mut hole = 0;
+    while hole < result.len() {
+        if result[hole].is_none() {
+            while matches!(result.last(), Some(None)) {
+                result.pop();
+            }
+            if hole >= result.len() {
+                break;
+            }
+            if let Some(last) = result.pop() {
+                result[hole] = last;
+            }
+        }
+        hole += 1;
+    }
+    result.into_iter().flatten().collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::maps::Dump;
+    use crate::model::ServicePortName;
+
+    /// An in-memory stand-in for the kernel maps, counting writes.
+    #[derive(Default)]
+    struct MemStore {
+        frontends: BTreeMap<(u32, u16, u8, u16), FrontendValue>,
+        backends: BTreeMap<u32, Backend>,
+        revnat: BTreeMap<u32, RevNat>,
+        conntrack: Vec<(CtKey, CtEntry)>,
+        writes: usize,
+        frontend_limit: Option<usize>,
+    }
+
+    fn k(key: &FrontendKey) -> (u32, u16, u8, u16) {
+        (key.addr_be, key.port_be, key.proto, key.slot)
+    }
+
+    impl MapStore for MemStore {
+        fn put_frontend(
+            &mut self,
+            key: FrontendKey,
+            value: FrontendValue,
+        ) -> Result<(), WriteError> {
+            if let Some(limit) = self.frontend_limit {
+                if self.frontends.len() >= limit && !self.frontends.contains_key(&k(&key)) {
+                    return Err(WriteError::Full { map: "frontends" });
+                }
+            }
+            self.writes += 1;
+            self.frontends.insert(k(&key), value);
+            Ok(())
+        }
+        fn delete_frontend(&mut self, key: FrontendKey) -> Result<(), WriteError> {
+            self.writes += 1;
+            self.frontends.remove(&k(&key));
+            Ok(())
+        }
+        fn put_backend(&mut self, id: u32, value: Backend) -> Result<(), WriteError> {
+            self.writes += 1;
+            self.backends.insert(id, value);
+            Ok(())
+        }
+        fn delete_backend(&mut self, id: u32) -> Result<(), WriteError> {
+            self.writes += 1;
+            self.backends.remove(&id);
+            Ok(())
+        }
+        fn put_revnat(&mut self, id: u32, value: RevNat) -> Result<(), WriteError> {
+            self.writes += 1;
+            self.revnat.insert(id, value);
+            Ok(())
+        }
+        fn delete_revnat(&mut self, id: u32) -> Result<(), WriteError> {
+            self.writes += 1;
+            self.revnat.remove(&id);
+            Ok(())
+        }
+        fn purge_conntrack(&mut self, doomed: &dyn Fn(&CtKey, &CtEntry) -> bool) -> usize {
+            let before = self.conntrack.len();
+            self.conntrack.retain(|(key, entry)| !doomed(key, entry));
+            before - self.conntrack.len()
+        }
+        fn dump(&self) -> Dump {
+            Dump {
+                frontends: self
+                    .frontends
+                    .iter()
+                    .map(|(&(addr_be, port_be, proto, slot), v)| {
+                        (
+                            FrontendKey {
+                                addr_be,
+                                port_be,
+                                proto,
+                                slot,
+                                ..FrontendKey::default()
+                            },
+                            *v,
+                        )
+                    })
+                    .collect(),
+                backends: self.backends.iter().map(|(k, v)| (*k, *v)).collect(),
+                revnat: self.revnat.iter().map(|(k, v)| (*k, *v)).collect(),
+            }
+        }
+    }
+
+    impl MemStore {
+        /// The backends the data path would choose from, per frontend.
+        fn view(&self, addr: &FrontendAddr) -> Option<Vec<BackendAddr>> {
+            let head = self.frontends.get(&k(&frontend_key(addr, 0)))?;
+            let mut out = Vec::new();
+            for slot in 1..=head.backend_count {
+                let v = self.frontends.get(&k(&frontend_key(addr, slot)))?;
+                out.push(backend_addr(self.backends.get(&v.backend_id)?));
+            }
+            out.sort();
+            Some(out)
+        }
+    }
+
+    fn fe(
+        ip: [u8; 4],
+        port: u16,
+        protocol: Protocol,
+        name: &str,
+        backends: &[(u8, u16)],
+    ) -> Frontend {
+        Frontend {
+            addr: FrontendAddr {
+                ip: Ipv4Addr::from(ip),
+                port,
+                protocol,
+            },
+            service: ServicePortName {
+                namespace: "default".into(),
+                name: name.into(),
+                port: String::new(),
+            },
+            backends: backends
+                .iter()
+                .map(|(last, port)| BackendAddr {
+                    ip: Ipv4Addr::new(10, 244, 0, *last),
+                    port: *port,
+                })
+                .collect(),
+            kind: crate::model::FrontendKind::ClusterIp,
+            affinity_timeout_s: None,
+            local_only: false,
+            health_check_node_port: None,
+            terminating_fallback: false,
+            topology: None,
+        }
+    }
+
+    fn state(frontends: Vec<Frontend>) -> DesiredState {
+        DesiredState {
+            frontends: frontends.into_iter().map(|f| (f.addr, f)).collect(),
+        }
+    }
+
+    fn caps() -> Capacities {
+        Capacities::default()
+    }
+
+    #[test]
+    fn new_service_is_written_with_slot_zero_holding_count_and_id() {
+        let mut s = Syncer::adopt(MemStore::default(), caps());
+        let web = fe(
+            [10, 96, 0, 10],
+            80,
+            Protocol::Tcp,
+            "web",
+            &[(1, 8080), (2, 8080)],
+        );
+        let report = s.apply(&state(vec![web.clone()]));
+        assert_eq!(report.added, 1);
+        assert!(report.failed.is_empty());
+        let store = s.store();
+        let head = store.frontends[&k(&frontend_key(&web.addr, 0))];
+        assert_eq!(head.backend_count, 2);
+        assert_ne!(head.service_id, 0);
+        assert_eq!(store.view(&web.addr), Some(web.backends.clone()));
+        assert_eq!(revnat_name(&store.revnat[&head.service_id]), "default/web");
+        assert_eq!(store.revnat[&head.service_id].port_be, 80u16.to_be());
+    }
+
+    #[test]
+    fn applying_the_same_state_twice_writes_nothing() {
+        let mut s = Syncer::adopt(MemStore::default(), caps());
+        let desired = state(vec![fe(
+            [10, 96, 0, 10],
+            80,
+            Protocol::Tcp,
+            "web",
+            &[(1, 80), (2, 80)],
+        )]);
+        s.apply(&desired);
+        let report = s.apply(&desired);
+        assert_eq!(report.writes, 0);
+        assert_eq!(report.unchanged, 1);
+    }
+
+    #[test]
+    fn removing_one_backend_rewrites_only_what_changes() {
+        let mut s = Syncer::adopt(MemStore::default(), caps());
+        let three = fe(
+            [10, 96, 0, 10],
+            80,
+            Protocol::Tcp,
+            "web",
+            &[(1, 80), (2, 80), (3, 80)],
+        );
+        s.apply(&state(vec![three]));
+        let before = s.store().writes;
+        let two = fe(
+            [10, 96, 0, 10],
+            80,
+            Protocol::Tcp,
+            "web",
+            &[(1, 80), (3, 80)],
+        );
+        let report = s.apply(&state(vec![two.clone()]));
+        assert_eq!(report.updated, 1);
+        // slot 2 takes backend 3, slot 0 shrinks, slot 3 goes, backend 2 goes.
+        assert_eq!(s.store().writes - before, 4);
+        assert_eq!(report.writes, 4);
+        assert_eq!(s.store().view(&two.addr), Some(two.backends.clone()));
+        assert_eq!(s.store().backends.len(), 2);
+    }
+
+    #[test]
+    fn removed_service_leaves_no_entries_and_purges_its_flows() {
+        let mut store = MemStore::default();
+        let web = fe([10, 96, 0, 10], 80, Protocol::Tcp, "web", &[(1, 80)]);
+        let dns = fe([10, 96, 0, 53], 53, Protocol::Udp, "dns", &[(5, 53)]);
+        store.conntrack.push((
+            CtKey::default(),
+            CtEntry {
+                backend_id: 1,
+                service_id: 1,
+                created_ns: 0,
+            },
+        ));
+        let mut s = Syncer::adopt(store, caps());
+        s.apply(&state(vec![web.clone(), dns.clone()]));
+        let web_id = s.programmed[&web.addr].service_id;
+        s.store.conntrack = vec![
+            (
+                CtKey::default(),
+                CtEntry {
+                    backend_id: 1,
+                    service_id: web_id,
+                    created_ns: 0,
+                },
+            ),
+            (
+                CtKey {
+                    proto: proto::UDP,
+                    ..CtKey::default()
+                },
+                CtEntry {
+                    backend_id: 9,
+                    service_id: 99,
+                    created_ns: 0,
+                },
+            ),
+        ];
+        let report = s.apply(&state(vec![dns.clone()]));
+        assert_eq!(report.removed, 1);
+        assert_eq!(report.conntrack_purged, 1);
+        assert_eq!(s.store().view(&web.addr), None);
+        assert!(s.store().frontends.keys().all(|key| key.1 == 53u16.to_be()));
+        assert_eq!(s.store().revnat.len(), 1);
+        assert_eq!(s.store().conntrack.len(), 1);
+    }
+
+    #[test]
+    fn udp_flows_to_a_departed_backend_are_forgotten_tcp_flows_are_kept() {
+        let mut s = Syncer::adopt(MemStore::default(), caps());
+        let dns = fe(
+            [10, 96, 0, 53],
+            53,
+            Protocol::Udp,
+            "dns",
+            &[(1, 53), (2, 53)],
+        );
+        s.apply(&state(vec![dns.clone()]));
+        let id = s.programmed[&dns.addr].service_id;
+        let gone = s.backends[&(dns.backends[1], Protocol::Udp)].id;
+        let stays = s.backends[&(dns.backends[0], Protocol::Udp)].id;
+        let udp = CtKey {
+            proto: proto::UDP,
+            ..CtKey::default()
+        };
+        s.store.conntrack = vec![
+            (
+                udp,
+                CtEntry {
+                    backend_id: gone,
+                    service_id: id,
+                    created_ns: 0,
+                },
+            ),
+            (
+                udp,
+                CtEntry {
+                    backend_id: stays,
+                    service_id: id,
+                    created_ns: 0,
+                },
+            ),
+        ];
+        let report = s.apply(&state(vec![fe(
+            [10, 96, 0, 53],
+            53,
+            Protocol::Udp,
+            "dns",
+            &[(1, 53)],
+        )]));
+        assert_eq!(report.conntrack_purged, 1);
+        assert_eq!(s.store().conntrack[0].1.backend_id, stays);
+    }
+
+    #[test]
+    fn backends_shared_by_two_services_are_stored_once_and_kept_while_used() {
+        let mut s = Syncer::adopt(MemStore::default(), caps());
+        let a = fe([10, 96, 0, 1], 80, Protocol::Tcp, "a", &[(1, 80)]);
+        let b = fe([10, 96, 0, 2], 80, Protocol::Tcp, "b", &[(1, 80)]);
+        s.apply(&state(vec![a.clone(), b.clone()]));
+        assert_eq!(s.store().backends.len(), 1);
+        s.apply(&state(vec![b.clone()]));
+        assert_eq!(s.store().backends.len(), 1);
+        assert_eq!(s.store().view(&b.addr), Some(b.backends.clone()));
+        s.apply(&DesiredState::default());
+        assert!(s.store().backends.is_empty());
+        assert!(s.store().frontends.is_empty());
+    }
+
+    #[test]
+    fn service_without_endpoints_keeps_a_zero_count_entry() {
+        let mut s = Syncer::adopt(MemStore::default(), caps());
+        let empty = fe([10, 96, 0, 10], 80, Protocol::Tcp, "web", &[]);
+        s.apply(&state(vec![empty.clone()]));
+        let head = s.store().frontends[&k(&frontend_key(&empty.addr, 0))];
+        assert_eq!(head.backend_count, 0);
+        assert_eq!(s.store().view(&empty.addr), Some(vec![]));
+    }
+
+    #[test]
+    fn a_restarted_syncer_adopts_the_maps_without_rewriting_them() {
+        let mut s = Syncer::adopt(MemStore::default(), caps());
+        let desired = state(vec![
+            fe(
+                [10, 96, 0, 10],
+                80,
+                Protocol::Tcp,
+                "web",
+                &[(1, 80), (2, 80)],
+            ),
+            fe([10, 96, 0, 53], 53, Protocol::Udp, "dns", &[(1, 53)]),
+        ]);
+        s.apply(&desired);
+        let mut store = std::mem::take(&mut s.store);
+        store.writes = 0;
+        let mut restarted = Syncer::adopt(store, caps());
+        assert_eq!(restarted.store().writes, 0);
+        let report = restarted.apply(&desired);
+        assert_eq!(report.writes, 0, "{report:?}");
+        assert_eq!(report.unchanged, 2);
+    }
+
+    #[test]
+    fn adoption_removes_half_written_frontends_and_orphans() {
+        let mut store = MemStore::default();
+        let addr = FrontendAddr {
+            ip: Ipv4Addr::new(10, 96, 0, 9),
+            port: 80,
+            protocol: Protocol::Tcp,
+        };
+        // slot 0 says 2 backends but slot 2 is missing; backend 7 is unused.
+        store.frontends.insert(
+            k(&frontend_key(&addr, 0)),
+            FrontendValue {
+                service_id: 4,
+                backend_count: 2,
+                ..Default::default()
+            },
+        );
+        store.frontends.insert(
+            k(&frontend_key(&addr, 1)),
+            FrontendValue {
+                backend_id: 1,
+                service_id: 4,
+                ..Default::default()
+            },
+        );
+        store.backends.insert(1, Backend::default());
+        store.backends.insert(7, Backend::default());
+        let s = Syncer::adopt(store, caps());
+        assert!(s.store().frontends.is_empty());
+        assert!(s.store().backends.is_empty());
+        assert_eq!(s.programmed().count(), 0);
+    }
+
+    #[test]
+    fn a_service_that_does_not_fit_is_reported_by_name_and_the_rest_is_programmed() {
+        let small = Capacities {
+            frontends: 4,
+            ..Capacities::default()
+        };
+        let mut s = Syncer::adopt(MemStore::default(), small);
+        let a = fe([10, 96, 0, 1], 80, Protocol::Tcp, "a", &[(1, 80), (2, 80)]);
+        let b = fe([10, 96, 0, 2], 80, Protocol::Tcp, "b", &[(3, 80), (4, 80)]);
+        let report = s.apply(&state(vec![a.clone(), b.clone()]));
+        assert_eq!(report.added, 1);
+        assert_eq!(report.failed.len(), 1);
+        assert_eq!(report.failed[0].service, "default/b");
+        assert!(
+            report.failed[0].reason.contains("full"),
+            "{}",
+            report.failed[0].reason
+        );
+        assert_eq!(s.store().view(&a.addr), Some(a.backends.clone()));
+        assert_eq!(s.store().view(&b.addr), None);
+    }
+
+    #[test]
+    fn a_full_map_mid_write_keeps_the_old_state_visible() {
+        let mut s = Syncer::adopt(MemStore::default(), caps());
+        let a = fe([10, 96, 0, 1], 80, Protocol::Tcp, "a", &[(1, 80)]);
+        s.apply(&state(vec![a.clone()]));
+        s.store.frontend_limit = Some(2);
+        let grown = fe(
+            [10, 96, 0, 1],
+            80,
+            Protocol::Tcp,
+            "a",
+            &[(1, 80), (2, 80), (3, 80)],
+        );
+        let report = s.apply(&state(vec![grown]));
+        assert_eq!(report.failed.len(), 1);
+        assert_eq!(s.store().view(&a.addr), Some(a.backends.clone()));
+    }
+
+    #[test]
+    fn place_keeps_survivors_in_their_slots() {
+        assert_eq!(place(&[1, 2, 3], &[1, 3]), vec![1, 3]);
+        assert_eq!(place(&[1, 2, 3], &[1, 3, 4]), vec![1, 4, 3]);
+        assert_eq!(place(&[1, 2, 3], &[3]), vec![3]);
+        assert_eq!(place(&[], &[5, 6]), vec![5, 6]);
+        assert_eq!(place(&[1, 2], &[1, 2, 7]), vec![1, 2, 7]);
+        assert_eq!(place(&[1, 2, 3, 4], &[4, 1]), vec![1, 4]);
+    }
+}
