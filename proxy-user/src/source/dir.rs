@@ -88,15 +88,25 @@ pub enum ManifestError {
         problem: String,
     },
     /// A Service or EndpointSlice that does not match the Kubernetes schema.
-    #[error("{}: {}: {kind} {}: {error}", .path.display(), Location(*.document, *.item), .name.as_deref().unwrap_or("(without a name)"))]
-    Invalid {
-        path: PathBuf,
-        document: usize,
-        item: Option<usize>,
-        kind: String,
-        name: Option<String>,
-        error: serde_json::Error,
-    },
+    #[error("{0}")]
+    Invalid(Box<InvalidObject>),
+}
+
+/// The details of [`ManifestError::Invalid`].
+#[derive(Debug, thiserror::Error)]
+#[error("{}: {}: {kind} {}: {field}: {error}", .path.display(), Location(*.document, *.item), .name.as_deref().unwrap_or("(without a name)"))]
+pub struct InvalidObject {
+    pub path: PathBuf,
+    /// 1-based.
+    pub document: usize,
+    /// 0-based index within the (innermost) List, for List items.
+    pub item: Option<usize>,
+    /// `Service` or `EndpointSlice`.
+    pub kind: String,
+    pub name: Option<String>,
+    /// Where in the object, e.g. `spec.ports[0].port` (`.` for the object itself).
+    pub field: String,
+    pub error: serde_json::Error,
 }
 
 impl ManifestError {
@@ -105,8 +115,8 @@ impl ManifestError {
         match self {
             ManifestError::Read { path, .. }
             | ManifestError::Syntax { path, .. }
-            | ManifestError::NotAnObject { path, .. }
-            | ManifestError::Invalid { path, .. } => path,
+            | ManifestError::NotAnObject { path, .. } => path,
+            ManifestError::Invalid(inv) => &inv.path,
         }
     }
 }
@@ -244,23 +254,27 @@ impl Collector<'_> {
                 .unwrap_or("default");
             format!("{ns}/{}", name.as_deref().unwrap_or("(without a name)"))
         };
-        let invalid = |error: serde_json::Error| ManifestError::Invalid {
-            path: self.path.to_path_buf(),
-            document,
-            item,
-            kind: kind.clone(),
-            name: name.clone(),
-            error,
+        let invalid = |e: serde_path_to_error::Error<serde_json::Error>| {
+            ManifestError::Invalid(Box::new(InvalidObject {
+                path: self.path.to_path_buf(),
+                document,
+                item,
+                kind: kind.clone(),
+                name: name.clone(),
+                field: e.path().to_string(),
+                error: e.into_inner(),
+            }))
         };
 
         match (api_version.as_str(), kind.as_str()) {
             ("v1", "Service") => {
-                let mut svc: Service = serde_json::from_value(value).map_err(invalid)?;
+                let mut svc: Service = serde_path_to_error::deserialize(value).map_err(invalid)?;
                 default_namespace(&mut svc.metadata);
                 self.services.push(svc);
             }
             ("discovery.k8s.io/v1", "EndpointSlice") => {
-                let mut slice: EndpointSlice = serde_json::from_value(value).map_err(invalid)?;
+                let mut slice: EndpointSlice =
+                    serde_path_to_error::deserialize(value).map_err(invalid)?;
                 default_namespace(&mut slice.metadata);
                 self.slices.push(slice);
             }
@@ -746,4 +760,488 @@ fn follow(
         }
     }
     debug!(dir = %state.dir.display(), "manifest directory watch stopped");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    fn parse(name: &str, text: &str) -> Result<FileObjects, ManifestError> {
+        parse_manifests(Path::new(name), text.as_bytes())
+    }
+
+    fn names<T: k8s_openapi::Metadata<Ty = ObjectMeta>>(objs: &[T]) -> Vec<String> {
+        objs.iter()
+            .map(|o| {
+                let m = o.metadata();
+                format!(
+                    "{}/{}",
+                    m.namespace.as_deref().unwrap_or("?"),
+                    m.name.as_deref().unwrap_or("?")
+                )
+            })
+            .collect()
+    }
+
+    const SERVICE: &str = "apiVersion: v1\nkind: Service\nmetadata: {name: web}\nspec: {clusterIP: 10.96.0.10, ports: [{port: 80}]}\n";
+    const SLICE: &str = "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: web-1, namespace: shop, labels: {kubernetes.io/service-name: web}}\naddressType: IPv4\nports: [{port: 8080}]\nendpoints: [{addresses: [10.244.1.2]}]\n";
+
+    #[test]
+    fn multi_document_file_with_empty_documents() {
+        let text = format!(
+            "# leading comment\n---\n{SERVICE}---\n---\n# only a comment\n---\n{SLICE}---\n"
+        );
+        let (services, slices, notes) = parse("a.yaml", &text).expect("parses");
+        assert_eq!(
+            names(&services),
+            ["default/web"],
+            "namespace defaults to default"
+        );
+        assert_eq!(names(&slices), ["shop/web-1"]);
+        assert!(notes.is_empty(), "{notes:?}");
+        let spec = services[0].spec.as_ref().expect("spec");
+        assert_eq!(spec.cluster_ip.as_deref(), Some("10.96.0.10"));
+    }
+
+    #[test]
+    fn empty_file_is_fine() {
+        let (services, slices, notes) = parse("empty.yaml", "").expect("parses");
+        assert!(services.is_empty() && slices.is_empty() && notes.is_empty());
+        let (services, ..) = parse("comments.yaml", "# nothing here\n").expect("parses");
+        assert!(services.is_empty());
+    }
+
+    #[test]
+    fn kubectl_list_is_expanded_and_feeds_the_model() {
+        let text = include_str!("../../tests/fixtures/manifests/kubectl-get-list.yaml");
+        let (services, slices, notes) = parse("list.yaml", text).expect("parses");
+        assert_eq!(names(&services), ["shop/web"]);
+        assert_eq!(names(&slices), ["shop/web-x7k2p"]);
+        assert_eq!(
+            notes,
+            ["list.yaml: document 1, List item 2: skipped ConfigMap shop/web-config (only Services and EndpointSlices are read)"]
+        );
+        let (state, warnings) = crate::model::build(&services, &slices);
+        assert!(warnings.is_empty(), "{warnings:?}");
+        let lines: Vec<String> = state.frontends.values().map(ToString::to_string).collect();
+        assert_eq!(
+            lines,
+            [
+                "10.96.0.10:7/UDP ClusterIP shop/web:echo -> 10.244.1.2:7007",
+                "10.96.0.10:80/TCP ClusterIP shop/web:http -> 10.244.1.2:8080",
+            ]
+        );
+    }
+
+    #[test]
+    fn typed_list_items_get_kind_and_api_version() {
+        let text = r#"
+apiVersion: v1
+kind: ServiceList
+items:
+- metadata: {name: a, namespace: x}
+  spec: {clusterIP: 10.96.0.1}
+- metadata: {name: b}
+  spec: {clusterIP: 10.96.0.2}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSliceList
+items:
+- metadata: {name: a-1, namespace: x, labels: {kubernetes.io/service-name: a}}
+  addressType: IPv4
+  endpoints: null
+---
+apiVersion: v1
+kind: List
+items: []
+"#;
+        let (services, slices, notes) = parse("typed.yaml", text).expect("parses");
+        assert_eq!(names(&services), ["x/a", "default/b"]);
+        assert_eq!(names(&slices), ["x/a-1"]);
+        assert!(slices[0].endpoints.is_empty());
+        assert!(notes.is_empty(), "{notes:?}");
+    }
+
+    #[test]
+    fn other_kinds_are_skipped_with_a_note() {
+        let text = r#"
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: settings}
+data: {a: b}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: web, namespace: shop}
+spec: {}
+---
+apiVersion: v1
+kind: Endpoints
+metadata: {name: web}
+---
+apiVersion: discovery.k8s.io/v1beta1
+kind: EndpointSlice
+metadata: {name: old}
+addressType: IPv4
+endpoints: []
+---
+apiVersion: v1
+kind: List
+items:
+- {apiVersion: v1, kind: Secret, metadata: {name: s}}
+"#;
+        let (services, slices, notes) = parse("mixed.yaml", text).expect("parses");
+        assert!(services.is_empty() && slices.is_empty());
+        assert_eq!(
+            notes,
+            [
+                "mixed.yaml: document 1: skipped ConfigMap default/settings (only Services and EndpointSlices are read)",
+                "mixed.yaml: document 2: skipped Deployment shop/web (only Services and EndpointSlices are read)",
+                "mixed.yaml: document 3: skipped Endpoints default/web: switchboard reads EndpointSlices (discovery.k8s.io/v1), not Endpoints",
+                "mixed.yaml: document 4: skipped EndpointSlice default/old: apiVersion discovery.k8s.io/v1beta1 is not supported (use discovery.k8s.io/v1)",
+                "mixed.yaml: document 5, List item 0: skipped Secret default/s (only Services and EndpointSlices are read)",
+            ]
+        );
+    }
+
+    #[test]
+    fn json_files() {
+        let text = r#"{"apiVersion": "v1", "kind": "List", "items": [
+            {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"},
+             "spec": {"clusterIP": "10.96.0.10", "ports": [{"port": 80}]}}]}
+            {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web2"}}"#;
+        let (services, ..) = parse("objs.json", text).expect("parses");
+        assert_eq!(names(&services), ["default/web", "default/web2"]);
+
+        let err = parse("bad.json", "{\"kind\": ").expect_err("truncated JSON");
+        assert!(
+            matches!(
+                err,
+                ManifestError::Syntax {
+                    document: 1,
+                    error: SyntaxError::Json(_),
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn malformed_files_name_the_file_and_the_problem() {
+        // YAML syntax error in the second document.
+        let err = parse(
+            "dir/broken.yaml",
+            &format!("{SERVICE}---\nkind: Service\n  bad: [indent\n"),
+        )
+        .expect_err("syntax");
+        assert!(
+            matches!(
+                err,
+                ManifestError::Syntax {
+                    document: 2,
+                    error: SyntaxError::Yaml(_),
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        assert_eq!(err.path(), Path::new("dir/broken.yaml"));
+        let msg = err.to_string();
+        assert!(
+            msg.starts_with("dir/broken.yaml: document 2: syntax error: "),
+            "{msg}"
+        );
+
+        // A Service that does not match the schema: names kind and name.
+        let err = parse(
+            "bad-svc.yaml",
+            "apiVersion: v1\nkind: Service\nmetadata: {name: web}\nspec: {ports: [{port: eighty}]}\n",
+        )
+        .expect_err("schema");
+        match &err {
+            ManifestError::Invalid(inv) => {
+                assert_eq!(
+                    (
+                        inv.document,
+                        inv.item,
+                        inv.kind.as_str(),
+                        inv.name.as_deref(),
+                        inv.field.as_str()
+                    ),
+                    (1, None, "Service", Some("web"), "spec.ports[0].port")
+                );
+            }
+            other => panic!("wrong error {other:?}"),
+        }
+        assert_eq!(
+            err.to_string(),
+            "bad-svc.yaml: document 1: Service web: spec.ports[0].port: invalid type: string \"eighty\", expected i32"
+        );
+
+        // Inside a List: the item is named.
+        let err = parse(
+            "bad-list.yaml",
+            "apiVersion: v1\nkind: List\nitems:\n- {apiVersion: discovery.k8s.io/v1, kind: EndpointSlice, metadata: {name: s}, addressType: IPv4, endpoints: [{addresses: 5}]}\n",
+        )
+        .expect_err("schema in list");
+        assert!(
+            err.to_string().starts_with(
+                "bad-list.yaml: document 1, List item 0: EndpointSlice s: endpoints[0].addresses: "
+            ),
+            "{err}"
+        );
+
+        // Not Kubernetes objects at all.
+        let err = parse("scalar.yaml", "just a string\n").expect_err("scalar");
+        assert_eq!(
+            err.to_string(),
+            "scalar.yaml: document 1: is not a mapping (a Kubernetes object)"
+        );
+        let err =
+            parse("nokind.yaml", "apiVersion: v1\nmetadata: {name: x}\n").expect_err("no kind");
+        assert_eq!(err.to_string(), "nokind.yaml: document 1: has no kind");
+        let err =
+            parse("noapi.yaml", "kind: Service\nmetadata: {name: x}\n").expect_err("no apiVersion");
+        assert_eq!(
+            err.to_string(),
+            "noapi.yaml: document 1: Service has no apiVersion"
+        );
+
+        // Not UTF-8, and a file that is not there.
+        let err = parse_manifests(Path::new("bin.yaml"), b"\xff\xfe").expect_err("not utf-8");
+        assert!(
+            matches!(err, ManifestError::Read { .. })
+                && err
+                    .to_string()
+                    .starts_with("bin.yaml: cannot read the file: ")
+        );
+        let err = load_file(Path::new("/nonexistent/switchboard/x.yaml")).expect_err("missing");
+        assert!(
+            err.to_string()
+                .starts_with("/nonexistent/switchboard/x.yaml: cannot read the file: "),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn manifest_names() {
+        for ok in ["a.yaml", "b.yml", "c.json", "d.YAML"] {
+            assert!(is_manifest_name(Path::new(ok)), "{ok}");
+        }
+        for no in [
+            ".a.yaml",
+            ".a.yaml.swp",
+            "a.yaml~",
+            "a.txt",
+            "..data",
+            "yaml",
+            "4913",
+        ] {
+            assert!(!is_manifest_name(Path::new(no)), "{no}");
+        }
+    }
+
+    /// A fresh directory under the system temp dir, removed on drop.
+    struct TempDir(PathBuf);
+
+    impl TempDir {
+        fn new(tag: &str) -> TempDir {
+            static N: AtomicUsize = AtomicUsize::new(0);
+            let nanos = SystemTime::now()
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or_default();
+            let dir = std::env::temp_dir().join(format!(
+                "switchboard-test-{tag}-{}-{nanos}-{}",
+                std::process::id(),
+                N.fetch_add(1, Ordering::Relaxed)
+            ));
+            std::fs::create_dir_all(&dir).expect("create temp dir");
+            TempDir(dir)
+        }
+    }
+
+    impl Drop for TempDir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    #[test]
+    fn same_object_in_two_files_first_path_wins() {
+        let tmp = TempDir::new("dup");
+        std::fs::write(
+            tmp.0.join("b.yaml"),
+            SERVICE.replace("10.96.0.10", "10.96.0.99"),
+        )
+        .expect("write");
+        std::fs::write(tmp.0.join("a.yaml"), SERVICE).expect("write");
+        let mut state = DirState::new(tmp.0.clone());
+        assert!(state.scan(true));
+        let snap = state.snapshot();
+        assert_eq!(snap.services.len(), 1);
+        let ip = snap.services[0]
+            .spec
+            .as_ref()
+            .and_then(|s| s.cluster_ip.clone());
+        assert_eq!(ip.as_deref(), Some("10.96.0.10"));
+        assert!(!state.scan(true), "nothing changed");
+        assert!(!state.scan(false), "nothing changed");
+    }
+
+    fn service_ips(snap: &Snapshot) -> Vec<String> {
+        let mut ips: Vec<String> = snap
+            .services
+            .iter()
+            .filter_map(|s| s.spec.as_ref()?.cluster_ip.clone())
+            .collect();
+        ips.sort();
+        ips
+    }
+
+    /// Waits (at most `limit`) until the snapshot satisfies `want`.
+    async fn observe(
+        rx: &mut watch::Receiver<Arc<Snapshot>>,
+        limit: Duration,
+        what: &str,
+        want: impl Fn(&Snapshot) -> bool,
+    ) {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            if want(&rx.borrow_and_update()) {
+                return;
+            }
+            match tokio::time::timeout_at(deadline, rx.changed()).await {
+                Ok(Ok(())) => continue,
+                Ok(Err(_)) => panic!("{what}: the watcher stopped"),
+                Err(_) => panic!(
+                    "{what}: not observed within {limit:?}; snapshot has services {:?}",
+                    service_ips(&rx.borrow())
+                ),
+            }
+        }
+    }
+
+    fn svc(ip: &str) -> String {
+        SERVICE.replace("10.96.0.10", ip)
+    }
+
+    #[tokio::test]
+    async fn watch_dir_follows_add_edit_break_fix_rename_delete() {
+        let tmp = TempDir::new("watch");
+        let dir = tmp.0.clone();
+        std::fs::write(
+            dir.join("a.yaml"),
+            format!("{}---\n{SLICE}", svc("10.96.0.1")),
+        )
+        .expect("write");
+        std::fs::write(dir.join("notes.txt"), "not a manifest").expect("write");
+
+        let mut rx = watch_dir(dir.clone()).await.expect("watch_dir");
+        {
+            let snap = rx.borrow_and_update();
+            assert_eq!(
+                service_ips(&snap),
+                ["10.96.0.1"],
+                "the initial snapshot is there at once"
+            );
+            assert_eq!(snap.endpoint_slices.len(), 1);
+        }
+        let second = Duration::from_secs(1);
+
+        // Add a file (the Service name differs, so both stay).
+        std::fs::write(
+            dir.join("b.yml"),
+            svc("10.96.0.2").replace("name: web", "name: web2"),
+        )
+        .expect("write");
+        observe(&mut rx, second, "added file", |s| {
+            service_ips(s) == ["10.96.0.1", "10.96.0.2"]
+        })
+        .await;
+
+        // Edit it.
+        std::fs::write(
+            dir.join("b.yml"),
+            svc("10.96.0.3").replace("name: web", "name: web2"),
+        )
+        .expect("write");
+        observe(&mut rx, second, "edited file", |s| {
+            service_ips(s) == ["10.96.0.1", "10.96.0.3"]
+        })
+        .await;
+
+        // Break it: the last good objects stay (give the watcher time to have read it).
+        std::fs::write(
+            dir.join("b.yml"),
+            "apiVersion: v1\nkind: Service\nmetadata: {name: [oops\n",
+        )
+        .expect("write");
+        tokio::time::sleep(DEBOUNCE * 5).await;
+        assert_eq!(
+            service_ips(&rx.borrow_and_update()),
+            ["10.96.0.1", "10.96.0.3"]
+        );
+
+        // Fix it again, atomically (write a hidden temporary file, rename over).
+        let tmp_file = dir.join(".b.yml.tmp");
+        std::fs::write(
+            &tmp_file,
+            svc("10.96.0.4").replace("name: web", "name: web2"),
+        )
+        .expect("write");
+        std::fs::rename(&tmp_file, dir.join("b.yml")).expect("rename");
+        observe(&mut rx, second, "fixed by rename", |s| {
+            service_ips(s) == ["10.96.0.1", "10.96.0.4"]
+        })
+        .await;
+
+        // Delete a file: its objects go away (the broken-then-fixed one too).
+        std::fs::remove_file(dir.join("a.yaml")).expect("remove");
+        observe(&mut rx, second, "deleted file", |s| {
+            service_ips(s) == ["10.96.0.4"] && s.endpoint_slices.is_empty()
+        })
+        .await;
+
+        // A file that is broken from the start contributes nothing, the rest stays.
+        std::fs::write(dir.join("c.yaml"), "kind: [\n").expect("write");
+        tokio::time::sleep(DEBOUNCE * 5).await;
+        assert_eq!(service_ips(&rx.borrow_and_update()), ["10.96.0.4"]);
+
+        std::fs::remove_file(dir.join("b.yml")).expect("remove");
+        observe(&mut rx, second, "last file deleted", |s| {
+            s.services.is_empty()
+        })
+        .await;
+        drop(rx);
+    }
+
+    #[tokio::test]
+    async fn watch_dir_rejects_a_missing_directory() {
+        let err = watch_dir(PathBuf::from("/nonexistent/switchboard-manifests"))
+            .await
+            .expect_err("missing dir");
+        assert!(
+            format!("{err:#}").contains("/nonexistent/switchboard-manifests"),
+            "{err:#}"
+        );
+    }
+
+    /// The fallback rescan alone (no file-system events) picks up changes.
+    #[test]
+    fn periodic_rescan_sees_metadata_changes() {
+        let tmp = TempDir::new("rescan");
+        let path = tmp.0.join("a.yaml");
+        std::fs::write(&path, svc("10.96.0.1")).expect("write");
+        let mut state = DirState::new(tmp.0.clone());
+        assert!(state.scan(false));
+        std::fs::write(&path, svc("10.96.0.2")).expect("write");
+        assert!(state.scan(false));
+        assert_eq!(service_ips(&state.snapshot()), ["10.96.0.2"]);
+        std::fs::remove_file(&path).expect("remove");
+        assert!(state.scan(false));
+        assert!(state.snapshot().services.is_empty());
+    }
 }

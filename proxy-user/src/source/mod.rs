@@ -4,4 +4,4 @@
 
 pub mod dir;
 
-pub use dir::{load_file, watch_dir, ManifestError, Snapshot};
+pub use dir::{load_file, watch_dir, InvalidObject, ManifestError, Snapshot};
