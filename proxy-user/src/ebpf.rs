@@ -97,14 +97,23 @@ pub fn ensure_bpffs(pin_root: &Path) -> Result<(), LoadError> {
 /// Loads the object: maps pinned (or reused) under `pin_root`, both tc
 /// programs loaded into the kernel (not yet attached).
 pub fn load(pin_root: &Path, caps: &Capacities) -> Result<Ebpf, LoadError> {
+    ensure_bpffs(pin_root)?;
+    load_with(Some(pin_root), caps)
+}
+
+/// Loads the object with private, unpinned maps (packet fixtures, benchmarks).
+pub fn load_unpinned(caps: &Capacities) -> Result<Ebpf, LoadError> {
+    load_with(None, caps)
+}
+
+fn load_with(pin_root: Option<&Path>, caps: &Capacities) -> Result<Ebpf, LoadError> {
     if OBJECT.is_empty() {
         return Err(LoadError::NoObject);
     }
-    ensure_bpffs(pin_root)?;
-    let pins: Vec<(&str, PathBuf)> = names::ALL
-        .iter()
-        .map(|name| (*name, pin_root.join(name)))
-        .collect();
+    let pins: Vec<(&str, PathBuf)> = match pin_root {
+        Some(root) => names::ALL.iter().map(|name| (*name, root.join(name))).collect(),
+        None => Vec::new(),
+    };
     let mut loader = EbpfLoader::new();
     loader
         .map_max_entries(names::FRONTENDS, caps.frontends)
@@ -116,7 +125,7 @@ pub fn load(pin_root: &Path, caps: &Capacities) -> Result<Ebpf, LoadError> {
         loader.map_pin_path(name, path.as_path());
     }
     let mut ebpf = loader.load(OBJECT).map_err(|source| LoadError::Load {
-        pin_root: pin_root.to_owned(),
+        pin_root: pin_root.map(Path::to_owned).unwrap_or_default(),
         source: Box::new(source),
     })?;
     for name in [programs::TC_FROM_POD, programs::TC_TO_POD] {

@@ -6,5 +6,6 @@ pub mod cli;
 pub mod ebpf;
 pub mod maps;
 pub mod model;
+pub mod packet;
 pub mod source;
 pub mod sync;

@@ -1,0 +1,405 @@
+//! Packet fixtures through BPF_PROG_TEST_RUN: each case feeds a frame to one
+//! of the tc programs and checks the verdict and the exact output frame
+//! (checksums included), the way Katran's tests do. Needs root (CAP_BPF).
+use std::net::Ipv4Addr;
+
+use aya::{
+    programs::{SchedClassifier, TestRun as _, TestRunOptions},
+    Ebpf,
+};
+use proxy_common::programs;
+use proxy_user::{
+    ebpf::{self, Capacities},
+    maps::{MapStore, PinnedMaps},
+    model::{BackendAddr, DesiredState, Frontend, FrontendAddr, FrontendKind, Protocol, ServicePortName},
+    packet::{checksums_valid, PacketSpec},
+    sync::Syncer,
+};
+
+const TC_ACT_OK: u32 = 0;
+const TC_ACT_SHOT: u32 = 2;
+/// TC_ACT_UNSPEC (-1): "not ours, let the next program decide".
+const TC_ACT_UNSPEC: u32 = u32::MAX;
+
+const CLIENT: Ipv4Addr = Ipv4Addr::new(10, 244, 100, 2);
+const VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
+const EMPTY_VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 99);
+const POD1: Ipv4Addr = Ipv4Addr::new(10, 244, 1, 2);
+const POD2: Ipv4Addr = Ipv4Addr::new(10, 244, 2, 2);
+const POD3: Ipv4Addr = Ipv4Addr::new(10, 244, 3, 2);
+
+fn require_root() {
+    assert!(
+        unsafe { libc::geteuid() } == 0,
+        "data-path fixtures load eBPF programs: run them as root (`cargo xtask test`)"
+    );
+}
+
+fn frontend(ip: Ipv4Addr, port: u16, protocol: Protocol, name: &str, backends: &[(Ipv4Addr, u16)]) -> Frontend {
+    Frontend {
+        addr: FrontendAddr { ip, port, protocol },
+        service: ServicePortName {
+            namespace: "test".into(),
+            name: name.into(),
+            port: String::new(),
+        },
+        backends: backends.iter().map(|(ip, port)| BackendAddr { ip: *ip, port: *port }).collect(),
+        kind: FrontendKind::ClusterIp,
+        affinity_timeout_s: None,
+        local_only: false,
+        health_check_node_port: None,
+        terminating_fallback: false,
+        topology: None,
+    }
+}
+
+struct Fixture {
+    ebpf: Ebpf,
+    syncer: Syncer<PinnedMaps>,
+}
+
+impl Fixture {
+    /// One backend per frontend, so every rewrite is predictable; plus a
+    /// frontend without endpoints.
+    fn single_backend() -> Self {
+        Self::with(vec![
+            frontend(VIP, 80, Protocol::Tcp, "web", &[(POD1, 8080)]),
+            frontend(VIP, 53, Protocol::Udp, "dns", &[(POD1, 5353)]),
+            frontend(EMPTY_VIP, 80, Protocol::Tcp, "empty", &[]),
+        ])
+    }
+
+    fn with(frontends: Vec<Frontend>) -> Self {
+        require_root();
+        let caps = Capacities {
+            frontends: 1024,
+            backends: 1024,
+            conntrack: 4096,
+            services: 64,
+        };
+        let mut ebpf = ebpf::load_unpinned(&caps).expect("load eBPF object");
+        let maps = PinnedMaps::take(&mut ebpf).expect("maps");
+        let mut syncer = Syncer::adopt(maps, caps);
+        let desired = DesiredState {
+            frontends: frontends.into_iter().map(|f| (f.addr, f)).collect(),
+        };
+        let report = syncer.apply(&desired);
+        assert!(report.failed.is_empty(), "{report:?}");
+        Self { ebpf, syncer }
+    }
+
+    fn run(&mut self, program: &str, frame: &[u8]) -> (u32, Vec<u8>) {
+        let prog: &mut SchedClassifier = self
+            .ebpf
+            .program_mut(program)
+            .expect("program present")
+            .try_into()
+            .expect("tc program");
+        let mut out = vec![0u8; 2048];
+        let result = prog
+            .test_run(TestRunOptions {
+                data_in: Some(frame),
+                data_out: Some(&mut out),
+                ..TestRunOptions::default()
+            })
+            .expect("BPF_PROG_TEST_RUN");
+        out.truncate(result.data_size_out as usize);
+        (result.return_value, out)
+    }
+
+    fn stat(&self, name: &str) -> u64 {
+        self.syncer
+            .store()
+            .global_stats()
+            .into_iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, v)| v)
+            .expect("known counter")
+    }
+}
+
+struct Case {
+    name: &'static str,
+    program: &'static str,
+    input: Vec<u8>,
+    verdict: u32,
+    output: Vec<u8>,
+}
+
+fn rewritten(spec: &PacketSpec, f: impl FnOnce(&mut PacketSpec)) -> Vec<u8> {
+    let mut out = spec.clone();
+    f(&mut out);
+    out.build()
+}
+
+fn truncated(mut frame: Vec<u8>, len: usize) -> Vec<u8> {
+    frame.truncate(len);
+    frame
+}
+
+#[test]
+fn request_and_malformed_fixtures() {
+    let mut fx = Fixture::single_backend();
+    let syn = PacketSpec::tcp(CLIENT, 40000, VIP, 80);
+    let udp = PacketSpec::udp(CLIENT, 40001, VIP, 53);
+    let udp_nocsum = PacketSpec {
+        udp_zero_checksum: true,
+        ..PacketSpec::udp(CLIENT, 40002, VIP, 53)
+    };
+    let options = PacketSpec {
+        ip_option_words: 3,
+        ..PacketSpec::tcp(CLIENT, 40003, VIP, 80)
+    };
+    let first_fragment = PacketSpec {
+        frag_off: 0x2000,
+        ..PacketSpec::udp(CLIENT, 40004, VIP, 53)
+    };
+    let later_fragment = PacketSpec {
+        frag_off: 0x0010,
+        ..PacketSpec::udp(CLIENT, 40005, VIP, 53)
+    };
+    let other_host = PacketSpec::tcp(CLIENT, 40006, POD2, 8080);
+    let other_port = PacketSpec::tcp(CLIENT, 40007, VIP, 443);
+    let icmp = PacketSpec {
+        proto: 1,
+        payload: vec![8, 0, 0xf7, 0xff, 0, 0, 0, 0],
+        ..PacketSpec::tcp(CLIENT, 0, VIP, 0)
+    };
+    let mut arp = vec![0xff; 6];
+    arp.extend_from_slice(&[2, 0, 0, 0, 0, 1, 0x08, 0x06]);
+    arp.extend_from_slice(&[0u8; 28]);
+    let mut ipv6 = PacketSpec::tcp(CLIENT, 40008, VIP, 80).build();
+    ipv6[12..14].copy_from_slice(&0x86ddu16.to_be_bytes());
+    // Claims more bytes than it has: the TCP header is cut short.
+    let cut_tcp = truncated(syn.build(), 14 + 20 + 10);
+    // (A frame cut inside the IPv4 header cannot be fed: BPF_PROG_TEST_RUN
+    // itself rejects IPv4 frames shorter than 20 bytes of IP header.)
+    let mut bad_ihl = PacketSpec::tcp(CLIENT, 40009, VIP, 80).build();
+    bad_ihl[14] = 0x43;
+    let mut short_total = PacketSpec::tcp(CLIENT, 40010, VIP, 80).build();
+    short_total[16..18].copy_from_slice(&24u16.to_be_bytes());
+
+    let cases = vec![
+        Case {
+            name: "TCP SYN to the ClusterIP is DNATed to the backend",
+            program: programs::TC_FROM_POD,
+            input: syn.build(),
+            verdict: TC_ACT_OK,
+            output: rewritten(&syn, |p| {
+                p.dst = POD1;
+                p.dport = 8080;
+            }),
+        },
+        Case {
+            name: "UDP to the ClusterIP is DNATed with its checksum fixed",
+            program: programs::TC_FROM_POD,
+            input: udp.build(),
+            verdict: TC_ACT_OK,
+            output: rewritten(&udp, |p| {
+                p.dst = POD1;
+                p.dport = 5353;
+            }),
+        },
+        Case {
+            name: "UDP without checksum keeps checksum 0",
+            program: programs::TC_FROM_POD,
+            input: udp_nocsum.build(),
+            verdict: TC_ACT_OK,
+            output: rewritten(&udp_nocsum, |p| {
+                p.dst = POD1;
+                p.dport = 5353;
+            }),
+        },
+        Case {
+            name: "IPv4 options: ports found after the options, header checksum fixed",
+            program: programs::TC_FROM_POD,
+            input: options.build(),
+            verdict: TC_ACT_OK,
+            output: rewritten(&options, |p| {
+                p.dst = POD1;
+                p.dport = 8080;
+            }),
+        },
+        Case {
+            name: "first fragment is passed untouched",
+            program: programs::TC_FROM_POD,
+            input: first_fragment.build(),
+            verdict: TC_ACT_UNSPEC,
+            output: first_fragment.build(),
+        },
+        Case {
+            name: "later fragment is passed untouched",
+            program: programs::TC_FROM_POD,
+            input: later_fragment.build(),
+            verdict: TC_ACT_UNSPEC,
+            output: later_fragment.build(),
+        },
+        Case {
+            name: "traffic to a pod IP is not ours",
+            program: programs::TC_FROM_POD,
+            input: other_host.build(),
+            verdict: TC_ACT_UNSPEC,
+            output: other_host.build(),
+        },
+        Case {
+            name: "a port the Service does not have is not ours",
+            program: programs::TC_FROM_POD,
+            input: other_port.build(),
+            verdict: TC_ACT_UNSPEC,
+            output: other_port.build(),
+        },
+        Case {
+            name: "ICMP to the ClusterIP is not ours",
+            program: programs::TC_FROM_POD,
+            input: icmp.build(),
+            verdict: TC_ACT_UNSPEC,
+            output: icmp.build(),
+        },
+        Case {
+            name: "ARP passes",
+            program: programs::TC_FROM_POD,
+            input: arp.clone(),
+            verdict: TC_ACT_UNSPEC,
+            output: arp,
+        },
+        Case {
+            name: "IPv6 passes",
+            program: programs::TC_FROM_POD,
+            input: ipv6.clone(),
+            verdict: TC_ACT_UNSPEC,
+            output: ipv6,
+        },
+        Case {
+            name: "truncated TCP header passes untouched",
+            program: programs::TC_FROM_POD,
+            input: cut_tcp.clone(),
+            verdict: TC_ACT_UNSPEC,
+            output: cut_tcp,
+        },
+        Case {
+            name: "IHL below 5 passes untouched",
+            program: programs::TC_FROM_POD,
+            input: bad_ihl.clone(),
+            verdict: TC_ACT_UNSPEC,
+            output: bad_ihl,
+        },
+        Case {
+            name: "total length shorter than the headers passes untouched",
+            program: programs::TC_FROM_POD,
+            input: short_total.clone(),
+            verdict: TC_ACT_UNSPEC,
+            output: short_total,
+        },
+        Case {
+            name: "a frontend without endpoints drops",
+            program: programs::TC_FROM_POD,
+            input: PacketSpec::tcp(CLIENT, 40011, EMPTY_VIP, 80).build(),
+            verdict: TC_ACT_SHOT,
+            output: PacketSpec::tcp(CLIENT, 40011, EMPTY_VIP, 80).build(),
+        },
+    ];
+
+    let mut failures = Vec::new();
+    for case in &cases {
+        let (verdict, output) = fx.run(case.program, &case.input);
+        if verdict != case.verdict || output != case.output {
+            failures.push(format!(
+                "{}: verdict {verdict:#x} (want {:#x}); output {}",
+                case.name,
+                case.verdict,
+                if output == case.output { "as expected" } else { "differs" }
+            ));
+        }
+        if verdict == TC_ACT_OK {
+            assert!(checksums_valid(&output), "{}: checksums invalid", case.name);
+        }
+    }
+    assert!(failures.is_empty(), "failing fixtures:\n{}", failures.join("\n"));
+
+    assert_eq!(fx.stat("fragment"), 2);
+    assert_eq!(fx.stat("malformed"), 3);
+    assert_eq!(fx.stat("drop_no_backend"), 1);
+    assert_eq!(fx.stat("forwarded"), 4);
+    let rows = proxy_user::cli::read_services(fx.syncer.store());
+    let empty = rows.iter().find(|r| r.service == "test/empty").expect("empty service row");
+    assert_eq!(empty.drops_no_backend, 1);
+    let web = rows.iter().find(|r| r.service == "test/web").expect("web row");
+    assert_eq!((web.packets, web.new_flows), (2, 2));
+}
+
+#[test]
+fn replies_are_reverse_natted_only_for_tracked_flows() {
+    let mut fx = Fixture::single_backend();
+    for (request, reply) in [
+        (
+            PacketSpec::tcp(CLIENT, 41000, VIP, 80),
+            PacketSpec { tcp_flags: 0x12, ..PacketSpec::tcp(POD1, 8080, CLIENT, 41000) },
+        ),
+        (
+            PacketSpec::udp(CLIENT, 41001, VIP, 53),
+            PacketSpec::udp(POD1, 5353, CLIENT, 41001),
+        ),
+    ] {
+        // Before the request: nothing is tracked, the reply is not ours.
+        let (verdict, output) = fx.run(programs::TC_TO_POD, &reply.build());
+        assert_eq!((verdict, &output), (TC_ACT_UNSPEC, &reply.build()));
+
+        let (verdict, _) = fx.run(programs::TC_FROM_POD, &request.build());
+        assert_eq!(verdict, TC_ACT_OK);
+        let (verdict, output) = fx.run(programs::TC_TO_POD, &reply.build());
+        assert_eq!(verdict, TC_ACT_OK);
+        let expected = rewritten(&reply, |p| {
+            p.src = VIP;
+            p.sport = request.dport;
+        });
+        assert_eq!(output, expected, "reply rewritten to the Service address");
+        assert!(checksums_valid(&output));
+    }
+    // A packet to the client from the backend on another port is not a reply.
+    let stray = PacketSpec::tcp(POD1, 9999, CLIENT, 41000);
+    assert_eq!(fx.run(programs::TC_TO_POD, &stray.build()), (TC_ACT_UNSPEC, stray.build()));
+    assert_eq!(fx.stat("reversed"), 2);
+}
+
+#[test]
+fn new_flows_spread_over_all_backends_and_a_flow_keeps_its_backend() {
+    let backends = [(POD1, 8080), (POD2, 8080), (POD3, 8080)];
+    let mut fx = Fixture::with(vec![frontend(VIP, 80, Protocol::Tcp, "web", &backends)]);
+    let mut hits = [0u32; 3];
+    for port in 0..300u16 {
+        let (verdict, out) = fx.run(programs::TC_FROM_POD, &PacketSpec::tcp(CLIENT, 20000 + port, VIP, 80).build());
+        assert_eq!(verdict, TC_ACT_OK);
+        let dst = Ipv4Addr::new(out[30], out[31], out[32], out[33]);
+        let index = backends.iter().position(|(ip, _)| *ip == dst).expect("a known backend");
+        hits[index] += 1;
+    }
+    // Uniform would be 100 each; 50 is far outside random variation.
+    assert!(hits.iter().all(|h| *h >= 50), "uneven spread: {hits:?}");
+
+    let flow = PacketSpec::tcp(CLIENT, 33333, VIP, 80).build();
+    let (_, first) = fx.run(programs::TC_FROM_POD, &flow);
+    for _ in 0..20 {
+        let (_, again) = fx.run(programs::TC_FROM_POD, &flow);
+        assert_eq!(again[30..34], first[30..34], "a tracked flow stays on its backend");
+    }
+}
+
+#[test]
+fn a_flow_whose_backend_left_the_service_is_given_a_live_one() {
+    let mut fx = Fixture::with(vec![frontend(VIP, 53, Protocol::Udp, "dns", &[(POD1, 5353)])]);
+    let query = PacketSpec::udp(CLIENT, 42000, VIP, 53).build();
+    let (_, out) = fx.run(programs::TC_FROM_POD, &query);
+    assert_eq!(out[30..34], POD1.octets());
+    let desired = DesiredState {
+        frontends: [frontend(VIP, 53, Protocol::Udp, "dns", &[(POD2, 5353)])]
+            .into_iter()
+            .map(|f| (f.addr, f))
+            .collect(),
+    };
+    let report = fx.syncer.apply(&desired);
+    assert!(report.conntrack_purged >= 1, "{report:?}");
+    let (verdict, out) = fx.run(programs::TC_FROM_POD, &query);
+    assert_eq!(verdict, TC_ACT_OK);
+    assert_eq!(out[30..34], POD2.octets(), "the same UDP flow now reaches the live backend");
+    assert!(fx.syncer.store().dump().backends.len() == 1);
+}
