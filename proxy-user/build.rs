@@ -15,7 +15,20 @@ fn main() -> anyhow::Result<()> {
     println!("cargo:rerun-if-env-changed=AYA_BUILD_SKIP");
     println!("cargo:rerun-if-env-changed=PATH");
     let skip = env::var("AYA_BUILD_SKIP").is_ok_and(|v| v == "1" || v.eq_ignore_ascii_case("true"));
-    if skip || which_bpf_linker().is_none() {
+    let linker = which_bpf_linker();
+    if linker.is_none() {
+        // Watch where bpf-linker would appear: cargo treats a missing file as
+        // changed, so once `cargo xtask setup` installs it the stub is rebuilt
+        // into the real object instead of staying cached.
+        if let Some(home) = env::var_os("CARGO_HOME").or_else(|| env::var_os("HOME").map(|h| {
+            let mut p = PathBuf::from(h);
+            p.push(".cargo");
+            p.into_os_string()
+        })) {
+            println!("cargo:rerun-if-changed={}", PathBuf::from(home).join("bin/bpf-linker").display());
+        }
+    }
+    if skip || linker.is_none() {
         println!(
             "cargo:warning=bpf-linker not found or AYA_BUILD_SKIP set: building without the eBPF object (run `cargo xtask setup`)"
         );
