@@ -682,6 +682,15 @@ impl Builder<'_> {
                             format!("nodePort {np}/{protocol} not programmed: this node's addresses are unknown"),
                         ),
                     }
+                } else if kind == FrontendKind::NodePort {
+                    // The API server always allocates one; a hand-written manifest may lack it.
+                    self.warn(
+                        &object,
+                        format!(
+                            "port {}: type NodePort without a nodePort; only the other frontends are programmed (set spec.ports[].nodePort)",
+                            spn.port_or_number(port)
+                        ),
+                    );
                 }
             }
 
@@ -1799,6 +1808,22 @@ endpoints: [{addresses: [10.244.1.2]}]
                     "203.0.113.10:30080/TCP NodePort default/web -> 10.244.1.2:8080",
                 ],
                 warnings: &[],
+            },
+            Case {
+                name: "NodePort Service port without a nodePort (hand-written manifest) is reported",
+                node: NodeSel::A,
+                proxy_name: None,
+                yaml: r#"
+apiVersion: v1
+kind: Service
+metadata: {name: web}
+spec:
+  type: NodePort
+  clusterIP: 10.96.0.10
+  ports: [{name: http, port: 80}]
+"#,
+                frontends: &["10.96.0.10:80/TCP ClusterIP default/web:http -> (none)"],
+                warnings: &["Service default/web: port \"http\": type NodePort without a nodePort; only the other frontends are programmed (set spec.ports[].nodePort)"],
             },
             Case {
                 name: "NodePort without node addresses is reported, the ClusterIP still works",
