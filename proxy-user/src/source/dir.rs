@@ -246,13 +246,18 @@ impl Collector<'_> {
             .and_then(|m| m.get("name"))
             .and_then(Value::as_str)
             .map(str::to_owned);
+        // For notes: the name as written (`ns/name`, or just `name` when the
+        // object has no namespace, as cluster-scoped kinds do).
         let namespaced_name = {
-            let ns = meta
+            let name = name.as_deref().unwrap_or("(without a name)");
+            match meta
                 .and_then(|m| m.get("namespace"))
                 .and_then(Value::as_str)
                 .filter(|ns| !ns.is_empty())
-                .unwrap_or("default");
-            format!("{ns}/{}", name.as_deref().unwrap_or("(without a name)"))
+            {
+                Some(ns) => format!("{ns}/{name}"),
+                None => name.to_string(),
+            }
         };
         let invalid = |e: serde_path_to_error::Error<serde_json::Error>| {
             ManifestError::Invalid(Box::new(InvalidObject {
@@ -896,11 +901,11 @@ items:
         assert_eq!(
             notes,
             [
-                "mixed.yaml: document 1: skipped ConfigMap default/settings (only Services and EndpointSlices are read)",
+                "mixed.yaml: document 1: skipped ConfigMap settings (only Services and EndpointSlices are read)",
                 "mixed.yaml: document 2: skipped Deployment shop/web (only Services and EndpointSlices are read)",
-                "mixed.yaml: document 3: skipped Endpoints default/web: switchboard reads EndpointSlices (discovery.k8s.io/v1), not Endpoints",
-                "mixed.yaml: document 4: skipped EndpointSlice default/old: apiVersion discovery.k8s.io/v1beta1 is not supported (use discovery.k8s.io/v1)",
-                "mixed.yaml: document 5, List item 0: skipped Secret default/s (only Services and EndpointSlices are read)",
+                "mixed.yaml: document 3: skipped Endpoints web: switchboard reads EndpointSlices (discovery.k8s.io/v1), not Endpoints",
+                "mixed.yaml: document 4: skipped EndpointSlice old: apiVersion discovery.k8s.io/v1beta1 is not supported (use discovery.k8s.io/v1)",
+                "mixed.yaml: document 5, List item 0: skipped Secret s (only Services and EndpointSlices are read)",
             ]
         );
     }
