@@ -33,6 +33,8 @@ fn main() -> anyhow::Result<()> {
             "cargo:warning=bpf-linker not found or AYA_BUILD_SKIP set: building without the eBPF object (run `cargo xtask setup`)"
         );
         fs::write(&object, b"").context("writing the empty eBPF stub")?;
+        // The benchmarks' floor object (proxy-ebpf's `sb-empty` bin).
+        fs::write(out_dir.join("sb-empty"), b"").context("writing the empty sb-empty stub")?;
         println!("cargo:rustc-cfg=switchboard_no_ebpf");
         println!("cargo::rustc-check-cfg=cfg(switchboard_no_ebpf)");
         return Ok(());
