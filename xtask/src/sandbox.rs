@@ -743,24 +743,41 @@ fn is_role(role: &str) -> bool {
 
 /// Removes everything a sandbox with this tag may have left: its namespaces
 /// (and the processes in them), its pin mount and directories.
+/// Best effort: carries on past errors and reports them all at the end.
 pub fn purge_tag(tag: &str) -> Result<()> {
+    let mut errors = Vec::new();
     for ns in list_netns()? {
         if let Some((t, role)) = ns.rsplit_once('-') {
             if t == tag && is_role(role) {
                 println!("sandbox: removing leftover namespace {ns}");
-                delete_netns(&ns)?;
+                if let Err(e) = delete_netns(&ns) {
+                    errors.push(format!("{e:#}"));
+                }
             }
         }
     }
     let tag_dir = Path::new(PIN_BASE).join(tag);
     let pin_dir = tag_dir.join("bpf");
-    while is_mountpoint(&pin_dir) {
+    for _ in 0..8 {
+        if !is_mountpoint(&pin_dir) {
+            break;
+        }
         println!("sandbox: unmounting leftover {}", pin_dir.display());
-        umount(&pin_dir)?;
+        if let Err(e) = umount(&pin_dir) {
+            errors.push(format!("{e:#}"));
+            break;
+        }
     }
-    remove_dir_if_exists(&tag_dir)?;
+    if let Err(e) = remove_dir_if_exists(&tag_dir) {
+        errors.push(format!("{e:#}"));
+    }
+    let _ = fs::remove_dir(PIN_BASE);
     let _ = fs::remove_dir_all(std::env::temp_dir().join(format!("switchboard-{tag}")));
-    Ok(())
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(anyhow!("removing sandbox {tag}: {}", errors.join("; ")))
+    }
 }
 
 /// Names from `ip netns list`.
@@ -791,8 +808,12 @@ fn delete_netns(ns: &str) -> Result<()> {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    run_capture(Command::new("ip").args(["netns", "delete", ns]))
-        .with_context(|| format!("delete namespace {ns}"))?;
+    if let Err(e) = run_capture(Command::new("ip").args(["netns", "delete", ns])) {
+        // Someone else (a signal handler, a parallel cleanup) may have won.
+        if list_netns()?.iter().any(|n| n == ns) {
+            return Err(e.context(format!("delete namespace {ns}")));
+        }
+    }
     Ok(())
 }
 
