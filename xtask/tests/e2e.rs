@@ -223,6 +223,16 @@ fn removed_endpoint_gets_no_new_connections_within_1s() {
         "connections failed while an endpoint was removed:\n{}",
         run.raw
     );
+    let last_pod3 = run
+        .attempts
+        .iter()
+        .filter(|a| a.name() == Some("pod3"))
+        .map(|a| a.start_ms() as i128 - t0 as i128)
+        .max();
+    eprintln!(
+        "{} connections; last one to pod3 started at {last_pod3:?} ms after the write",
+        run.attempts.len()
+    );
     let late: Vec<&Attempt> = run
         .attempts
         .iter()
@@ -281,6 +291,16 @@ fn deleted_service_stops_forwarding() {
         .iter()
         .filter(|a| a.start_ms() >= t0 + 1000)
         .collect();
+    let last_ok = run
+        .attempts
+        .iter()
+        .filter(|a| a.name().is_some())
+        .map(|a| a.start_ms() as i128 - t0 as i128)
+        .max();
+    eprintln!(
+        "{} attempts; last answered one started at {last_ok:?} ms after the delete",
+        run.attempts.len()
+    );
     assert!(late.len() >= 3, "too few attempts after 1 s:\n{}", run.raw);
     assert!(
         late.iter().all(|a| matches!(a, Attempt::Err { .. })),
