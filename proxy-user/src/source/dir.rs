@@ -57,6 +57,9 @@ pub const RESCAN_INTERVAL: Duration = Duration::from_secs(1);
 pub struct Snapshot {
     pub services: Vec<Service>,
     pub endpoint_slices: Vec<EndpointSlice>,
+    /// This node, when the source knows it (the cluster source watches it;
+    /// a directory has none, so no NodePort frontends and no `Local` policies).
+    pub node: Option<crate::model::NodeInfo>,
 }
 
 /// What one file holds: `(services, endpoint slices, notes about skipped objects)`.
@@ -158,16 +161,11 @@ pub fn parse_manifests(path: &Path, bytes: &[u8]) -> Result<FileObjects, Manifes
         path: path.to_path_buf(),
         error: io::Error::new(io::ErrorKind::InvalidData, format!("not UTF-8 text: {e}")),
     })?;
-    let mut out = Collector {
-        path,
-        services: Vec::new(),
-        slices: Vec::new(),
-        notes: Vec::new(),
-    };
     let is_json = path
         .extension()
         .is_some_and(|e| e.eq_ignore_ascii_case("json"));
-    if is_json {
+    let out = if is_json {
+        let mut out = Collector::new(path);
         let stream = serde_json::Deserializer::from_str(text).into_iter::<Value>();
         for (i, doc) in stream.enumerate() {
             let document = i + 1;
@@ -176,27 +174,140 @@ pub fn parse_manifests(path: &Path, bytes: &[u8]) -> Result<FileObjects, Manifes
                 document,
                 error: SyntaxError::Json(e),
             })?;
+            out.documents = document;
             out.value(value, document, None)?;
         }
+        out
     } else {
-        for (i, doc) in serde_yaml::Deserializer::from_str(text).enumerate() {
-            let document = i + 1;
-            let value = Value::deserialize(doc).map_err(|e| ManifestError::Syntax {
-                path: path.to_path_buf(),
-                document,
-                error: SyntaxError::Yaml(e),
-            })?;
-            out.value(value, document, None)?;
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(8));
+        let parallel = if text.len() >= PARALLEL_MIN_BYTES && threads > 1 {
+            parse_yaml_parallel(path, text, threads)
+        } else {
+            None
+        };
+        match parallel {
+            Some(out) => out,
+            None => parse_yaml(path, text)?,
+        }
+    };
+    let notes = out
+        .notes
+        .into_iter()
+        .map(|n| {
+            format!(
+                "{}: {}: {}",
+                path.display(),
+                Location(n.document, n.item),
+                n.text
+            )
+        })
+        .collect();
+    Ok((out.services, out.slices, notes))
+}
+
+/// YAML files at least this large are parsed on several threads.
+const PARALLEL_MIN_BYTES: usize = 1 << 20;
+
+fn parse_yaml<'p>(path: &'p Path, text: &str) -> Result<Collector<'p>, ManifestError> {
+    let mut out = Collector::new(path);
+    for (i, doc) in serde_yaml::Deserializer::from_str(text).enumerate() {
+        let document = i + 1;
+        let value = Value::deserialize(doc).map_err(|e| ManifestError::Syntax {
+            path: path.to_path_buf(),
+            document,
+            error: SyntaxError::Yaml(e),
+        })?;
+        out.documents = document;
+        out.value(value, document, None)?;
+    }
+    Ok(out)
+}
+
+/// Parses a large multi-document YAML text in up to `parts` pieces at once,
+/// cut at document-start (`---`) lines, which YAML forbids inside any
+/// content. Gives up (`None`, and the caller parses the usual way, which also
+/// gives the exact error) on anything unusual: directives (`%` lines), a piece
+/// that fails to parse, too few documents to cut.
+fn parse_yaml_parallel<'p>(path: &'p Path, text: &str, parts: usize) -> Option<Collector<'p>> {
+    let mut starts = Vec::new();
+    let mut line_start = 0;
+    for line in text.split_inclusive('\n') {
+        if line.starts_with('%') {
+            return None;
+        }
+        if let Some(rest) = line.strip_prefix("---") {
+            if rest.is_empty() || rest.starts_with([' ', '\t', '\r', '\n']) {
+                starts.push(line_start);
+            }
+        }
+        line_start += line.len();
+    }
+    let mut cuts = vec![0];
+    for k in 1..parts {
+        let target = text.len() * k / parts;
+        let last = cuts.last().copied().unwrap_or_default();
+        if let Some(&cut) = starts.iter().find(|&&s| s >= target && s > last) {
+            cuts.push(cut);
         }
     }
-    Ok((out.services, out.slices, out.notes))
+    cuts.push(text.len());
+    cuts.dedup();
+    if cuts.len() < 3 {
+        return None;
+    }
+    let pieces: Vec<Option<Collector<'p>>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = cuts
+            .windows(2)
+            .map(|w| {
+                let piece = text.get(w[0]..w[1]).unwrap_or_default();
+                scope.spawn(move || parse_yaml(path, piece).ok())
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().ok().flatten())
+            .collect()
+    });
+    let mut out = Collector::new(path);
+    for piece in pieces {
+        let piece = piece?;
+        out.notes.extend(piece.notes.into_iter().map(|mut n| {
+            n.document += out.documents;
+            n
+        }));
+        out.services.extend(piece.services);
+        out.slices.extend(piece.slices);
+        out.documents += piece.documents;
+    }
+    Some(out)
+}
+
+#[derive(Debug, PartialEq)]
+struct Note {
+    document: usize,
+    item: Option<usize>,
+    text: String,
 }
 
 struct Collector<'p> {
     path: &'p Path,
     services: Vec<Service>,
     slices: Vec<EndpointSlice>,
-    notes: Vec<String>,
+    notes: Vec<Note>,
+    /// Documents seen so far.
+    documents: usize,
+}
+
+impl<'p> Collector<'p> {
+    fn new(path: &'p Path) -> Collector<'p> {
+        Collector {
+            path,
+            services: Vec::new(),
+            slices: Vec::new(),
+            notes: Vec::new(),
+            documents: 0,
+        }
+    }
 }
 
 impl Collector<'_> {
@@ -331,11 +442,11 @@ impl Collector<'_> {
     }
 
     fn note(&mut self, document: usize, item: Option<usize>, text: String) {
-        self.notes.push(format!(
-            "{}: {}: {text}",
-            self.path.display(),
-            Location(document, item)
-        ));
+        self.notes.push(Note {
+            document,
+            item,
+            text,
+        });
     }
 }
 
@@ -1026,6 +1137,92 @@ items:
         assert!(
             err.to_string()
                 .starts_with("/nonexistent/switchboard/x.yaml: cannot read the file: "),
+            "{err}"
+        );
+    }
+
+    /// A long manifest with every kind of document: leading comment, empty
+    /// documents, `...` ends, markers with content, Lists, skipped kinds.
+    fn long_manifest(services: usize, pad: usize) -> String {
+        let padding = "x".repeat(pad);
+        let mut text = String::from("# header comment\n");
+        for i in 0..services {
+            text += &format!(
+                "---\n{}",
+                svc(&format!("10.96.{}.{}", i / 250, i % 250)).replace(
+                    "name: web}",
+                    &format!("name: web{i}, annotations: {{pad: p{padding}}}}}")
+                )
+            );
+            if i % 7 == 0 {
+                text += "---\n# an empty document\n";
+            }
+            if i % 11 == 0 {
+                text += "--- {apiVersion: v1, kind: ConfigMap, metadata: {name: c}}\n";
+            }
+            if i % 13 == 0 {
+                text += &format!(
+                    "---\napiVersion: v1\nkind: List\nitems:\n- {{apiVersion: v1, kind: Secret, metadata: {{name: s{i}}}}}\n"
+                );
+            }
+            if i % 5 == 0 {
+                text += "...\n";
+            }
+            text += &format!(
+                "---\n{}",
+                SLICE.replace("name: web-1", &format!("name: web-{i}"))
+            );
+        }
+        text
+    }
+
+    #[test]
+    fn parallel_parse_matches_sequential() {
+        let text = long_manifest(60, 0);
+        let path = Path::new("big.yaml");
+        let seq = parse_yaml(path, &text).expect("sequential");
+        assert_eq!(seq.services.len(), 60);
+        assert!(seq.notes.len() > 10);
+        for parts in [2, 3, 7, 64] {
+            let par = parse_yaml_parallel(path, &text, parts).expect("parallel");
+            assert_eq!(par.documents, seq.documents, "{parts} parts");
+            assert_eq!(par.services, seq.services, "{parts} parts");
+            assert_eq!(par.slices, seq.slices, "{parts} parts");
+            assert_eq!(par.notes, seq.notes, "{parts} parts");
+        }
+        // A broken piece: the parallel parse gives up; the usual parse names the error.
+        let broken = format!("{text}---\nkind: Service\n  bad: [\n");
+        assert!(parse_yaml_parallel(path, &broken, 3).is_none());
+        // Directives: not cut.
+        assert!(parse_yaml_parallel(path, &format!("%YAML 1.2\n{text}"), 3).is_none());
+    }
+
+    #[test]
+    fn large_files_parse_the_same_through_the_public_entry() {
+        let text = long_manifest(1500, 700);
+        assert!(text.len() > PARALLEL_MIN_BYTES, "{}", text.len());
+        let path = Path::new("large.yaml");
+        let (services, slices, notes) = parse_manifests(path, text.as_bytes()).expect("parses");
+        let seq = parse_yaml(path, &text).expect("sequential");
+        assert_eq!(services, seq.services);
+        assert_eq!(slices, seq.slices);
+        assert_eq!(notes.len(), seq.notes.len());
+        let last = seq.notes.last().expect("notes");
+        assert_eq!(
+            notes.last().map(String::as_str),
+            Some(
+                format!(
+                    "large.yaml: {}: {}",
+                    Location(last.document, last.item),
+                    last.text
+                )
+                .as_str()
+            )
+        );
+        let broken = format!("{text}---\nkind: Service\n  bad: [\n");
+        let err = parse_manifests(path, broken.as_bytes()).expect_err("broken");
+        assert!(
+            matches!(err, ManifestError::Syntax { document, .. } if document == seq.documents + 1),
             "{err}"
         );
     }
