@@ -105,9 +105,23 @@ pub struct Frontend {
     pub affinity_timeout_s: u32,
 }
 
+/// Bits of [`Frontend::flags`] (slot 0). They record what the model decided
+/// about the frontend; the data path does not act on them yet (see README),
+/// but the CLI and `bpftool` show them.
 pub mod frontend_flags {
-    /// Service has `sessionAffinity: ClientIP` (recorded only, see README).
+    /// `sessionAffinity: ClientIP` (timeout in `affinity_timeout_s`).
     pub const AFFINITY_CLIENT_IP: u16 = 1 << 0;
+    /// The governing traffic policy is `Local`: only this node's endpoints.
+    pub const LOCAL_ONLY: u16 = 1 << 1;
+    /// No endpoint was ready: these are serving, terminating ones.
+    pub const TERMINATING_FALLBACK: u16 = 1 << 2;
+    /// Frontend kind, in bits 8..=9.
+    pub const KIND_SHIFT: u16 = 8;
+    pub const KIND_MASK: u16 = 0b11 << KIND_SHIFT;
+    pub const KIND_CLUSTER_IP: u16 = 0 << KIND_SHIFT;
+    pub const KIND_NODE_PORT: u16 = 1 << KIND_SHIFT;
+    pub const KIND_LOAD_BALANCER: u16 = 2 << KIND_SHIFT;
+    pub const KIND_EXTERNAL_IP: u16 = 3 << KIND_SHIFT;
 }
 
 /// Value of the backend map (key: backend id, `u32`).

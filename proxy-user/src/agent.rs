@@ -13,7 +13,7 @@ use crate::{
     ebpf::{self, Capacities},
     maps::PinnedMaps,
     model,
-    source::dir::{self, Snapshot},
+    source::{cluster, dir, Snapshot},
     sync::Syncer,
 };
 
@@ -43,17 +43,28 @@ pub struct AgentConfig {
     pub source: Source,
     pub pin_root: PathBuf,
     pub capacities: Capacities,
+    /// For the cluster source: a kubeconfig file instead of inference.
+    pub kubeconfig: Option<PathBuf>,
+    /// This node's name (NodePort addresses, `Local` policies, topology).
+    pub node_name: String,
+    /// Our `service.kubernetes.io/service-proxy-name`; Services naming another
+    /// proxy are skipped.
+    pub proxy_name: Option<String>,
 }
 
 /// How often interfaces are listed again in case a netlink event was missed.
 const RESCAN: Duration = Duration::from_secs(2);
 
 pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
-    let dir = match &config.source {
-        Source::Dir(dir) => dir.clone(),
-        Source::Cluster => {
-            bail!("the Kubernetes API source is not implemented yet; run with --source dir:PATH")
-        }
+    // Reach the source before touching the kernel: a bad kubeconfig should
+    // not leave anything half set up.
+    let cluster_client = match &config.source {
+        Source::Cluster => Some(
+            cluster::client(config.kubeconfig.as_ref())
+                .await
+                .context("connecting to the Kubernetes API")?,
+        ),
+        Source::Dir(_) => None,
     };
     let mut ebpf =
         ebpf::load(&config.pin_root, &config.capacities).context("loading the eBPF programs")?;
@@ -76,11 +87,25 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
     let mut attacher = Attacher::default();
     rescan(&handle, &mut attacher, &mut ebpf).await;
 
-    let mut snapshots = dir::watch_dir(dir.clone())
-        .await
-        .with_context(|| format!("watching {}", dir.display()))?;
+    let mut snapshots = match (&config.source, cluster_client) {
+        (Source::Dir(dir), _) => dir::watch_dir(dir.clone())
+            .await
+            .with_context(|| format!("watching {}", dir.display()))?,
+        (Source::Cluster, Some(client)) => {
+            info!(node = %config.node_name, "watching the Kubernetes API");
+            let mut rx = cluster::watch_cluster(client, config.node_name.clone()).await;
+            // The first snapshot is published once every watch has listed;
+            // until then, what is pinned keeps forwarding untouched.
+            rx.changed()
+                .await
+                .context("the cluster watch stopped before its first list")?;
+            rx
+        }
+        (Source::Cluster, None) => bail!("no Kubernetes client"),
+    };
+    let proxy_name = config.proxy_name.as_deref();
     let initial = snapshots.borrow_and_update().clone();
-    sync(&mut syncer, &initial);
+    sync(&mut syncer, &initial, proxy_name);
 
     let mut terminate = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
     let mut interrupt = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
@@ -89,11 +114,11 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
         tokio::select! {
             changed = snapshots.changed() => {
                 if changed.is_err() {
-                    error!("the manifest watcher stopped; keeping what is programmed");
-                    bail!("manifest watcher stopped");
+                    error!("the source stopped; what is programmed stays in place");
+                    bail!("source stopped");
                 }
                 let snapshot = snapshots.borrow_and_update().clone();
-                sync(&mut syncer, &snapshot);
+                sync(&mut syncer, &snapshot, proxy_name);
             }
             Some(_) = link_events.next() => rescan(&handle, &mut attacher, &mut ebpf).await,
             _ = tick.tick() => rescan(&handle, &mut attacher, &mut ebpf).await,
@@ -114,8 +139,18 @@ async fn rescan(handle: &rtnetlink::Handle, attacher: &mut Attacher, ebpf: &mut 
     }
 }
 
-fn sync<S: crate::maps::MapStore>(syncer: &mut Syncer<S>, snapshot: &Arc<Snapshot>) {
-    let (desired, warnings) = model::build(&snapshot.services, &snapshot.endpoint_slices);
+fn sync<S: crate::maps::MapStore>(
+    syncer: &mut Syncer<S>,
+    snapshot: &Arc<Snapshot>,
+    proxy_name: Option<&str>,
+) {
+    let started = std::time::Instant::now();
+    let (desired, warnings) = model::build_for_node(
+        &snapshot.services,
+        &snapshot.endpoint_slices,
+        snapshot.node.as_ref(),
+        proxy_name,
+    );
     for warning in &warnings {
         warn!(object = %warning.object, problem = %warning.problem, "manifest problem");
     }
@@ -137,6 +172,7 @@ fn sync<S: crate::maps::MapStore>(syncer: &mut Syncer<S>, snapshot: &Arc<Snapsho
             unchanged = report.unchanged,
             writes = report.writes,
             conntrack_purged = report.conntrack_purged,
+            elapsed_ms = started.elapsed().as_secs_f64() * 1e3,
             "maps synced"
         );
     }

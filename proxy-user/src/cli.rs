@@ -2,7 +2,7 @@
 //! whether or not an agent is running.
 use std::{collections::BTreeMap, fmt::Write as _, path::Path};
 
-use proxy_common::{Frontend as FrontendValue, FrontendKey};
+use proxy_common::{frontend_flags as ff, Frontend as FrontendValue, FrontendKey};
 use serde::Serialize;
 
 use crate::{
@@ -18,6 +18,15 @@ pub struct ServiceRow {
     pub address: String,
     pub port: u16,
     pub protocol: String,
+    /// ClusterIP, NodePort, LoadBalancer or ExternalIP.
+    pub kind: &'static str,
+    /// Only this node's endpoints (`Local` traffic policy).
+    pub local_only: bool,
+    /// No endpoint was ready; these are serving, terminating ones.
+    pub terminating_fallback: bool,
+    /// `sessionAffinity: ClientIP` timeout. Recorded in the map; the data path
+    /// does not apply affinity yet.
+    pub affinity_timeout_s: Option<u32>,
     pub backends: Vec<BackendRow>,
     /// Slots that name a backend id absent from the backend map (should be 0).
     pub missing_backends: usize,
@@ -94,6 +103,16 @@ pub fn read_services(maps: &PinnedMaps) -> Vec<ServiceRow> {
             address: addr.ip.to_string(),
             port: addr.port,
             protocol: addr.protocol.to_string(),
+            kind: match head.flags & ff::KIND_MASK {
+                ff::KIND_NODE_PORT => "NodePort",
+                ff::KIND_LOAD_BALANCER => "LoadBalancer",
+                ff::KIND_EXTERNAL_IP => "ExternalIP",
+                _ => "ClusterIP",
+            },
+            local_only: head.flags & ff::LOCAL_ONLY != 0,
+            terminating_fallback: head.flags & ff::TERMINATING_FALLBACK != 0,
+            affinity_timeout_s: (head.flags & ff::AFFINITY_CLIENT_IP != 0)
+                .then_some(head.affinity_timeout_s),
             backends,
             missing_backends: missing,
             packets: stats.packets,
@@ -105,31 +124,30 @@ pub fn read_services(maps: &PinnedMaps) -> Vec<ServiceRow> {
     rows
 }
 
+/// Notes on a row's recorded attributes, e.g. `local, affinity 10800s (recorded only)`.
+fn attributes(row: &ServiceRow) -> String {
+    let mut notes = Vec::new();
+    if row.local_only {
+        notes.push("local endpoints only".to_owned());
+    }
+    if row.terminating_fallback {
+        notes.push("terminating fallback".to_owned());
+    }
+    if let Some(timeout) = row.affinity_timeout_s {
+        notes.push(format!(
+            "ClientIP affinity {timeout}s (recorded; not applied yet)"
+        ));
+    }
+    notes.join(", ")
+}
+
 /// The table `switchboard services` prints.
 pub fn render_table(rows: &[ServiceRow]) -> String {
-    let mut out = String::new();
-    let frontends: Vec<String> = rows
-        .iter()
-        .map(|r| format!("{}:{}/{}", r.address, r.port, r.protocol))
-        .collect();
-    let fe_width = frontends
-        .iter()
-        .map(String::len)
-        .max()
-        .unwrap_or(0)
-        .max("FRONTEND".len());
-    let svc_width = rows
-        .iter()
-        .map(|r| r.service.len())
-        .max()
-        .unwrap_or(0)
-        .max("SERVICE".len());
-    let _ = writeln!(
-        out,
-        "{:<svc_width$}  {:>4}  {:<fe_width$}  {:>8}  {:>8}  {:>7}  BACKENDS",
-        "SERVICE", "ID", "FRONTEND", "PACKETS", "FLOWS", "DROPS"
-    );
-    for (row, frontend) in rows.iter().zip(&frontends) {
+    let header = [
+        "SERVICE", "ID", "KIND", "FRONTEND", "PACKETS", "FLOWS", "DROPS", "BACKENDS",
+    ];
+    let mut table: Vec<[String; 8]> = vec![header.map(str::to_owned)];
+    for row in rows {
         let backends = if row.backends.is_empty() {
             "(none: packets are dropped)".to_owned()
         } else {
@@ -139,23 +157,49 @@ pub fn render_table(rows: &[ServiceRow]) -> String {
                 .collect::<Vec<_>>()
                 .join(", ")
         };
-        let _ = writeln!(
-            out,
-            "{:<svc_width$}  {:>4}  {:<fe_width$}  {:>8}  {:>8}  {:>7}  {}",
-            row.service,
-            row.id,
-            frontend,
-            row.packets,
-            row.new_flows,
-            row.drops_no_backend,
-            backends
-        );
-        if row.missing_backends > 0 {
-            let _ = writeln!(
-                out,
-                "  warning: {} slot(s) name a missing backend",
-                row.missing_backends
-            );
+        table.push([
+            row.service.clone(),
+            row.id.to_string(),
+            row.kind.to_owned(),
+            format!("{}:{}/{}", row.address, row.port, row.protocol),
+            row.packets.to_string(),
+            row.new_flows.to_string(),
+            row.drops_no_backend.to_string(),
+            backends,
+        ]);
+    }
+    let mut widths = [0usize; 8];
+    for line in &table {
+        for (width, cell) in widths.iter_mut().zip(line) {
+            *width = (*width).max(cell.len());
+        }
+    }
+    let mut out = String::new();
+    for (index, line) in table.iter().enumerate() {
+        let mut text = String::new();
+        for (column, cell) in line.iter().enumerate() {
+            let width = widths[column];
+            if column == line.len() - 1 {
+                text.push_str(cell);
+            } else if (1..=1).contains(&column) || (4..=6).contains(&column) {
+                let _ = write!(text, "{cell:>width$}  ");
+            } else {
+                let _ = write!(text, "{cell:<width$}  ");
+            }
+        }
+        let _ = writeln!(out, "{}", text.trim_end());
+        if let Some(row) = index.checked_sub(1).and_then(|i| rows.get(i)) {
+            let notes = attributes(row);
+            if !notes.is_empty() {
+                let _ = writeln!(out, "    {notes}");
+            }
+            if row.missing_backends > 0 {
+                let _ = writeln!(
+                    out,
+                    "    warning: {} slot(s) name a missing backend",
+                    row.missing_backends
+                );
+            }
         }
     }
     if rows.is_empty() {
@@ -179,5 +223,59 @@ pub fn services(pin_root: &Path, json: bool) -> anyhow::Result<String> {
         Ok(serde_json::to_string_pretty(&rows)? + "\n")
     } else {
         Ok(render_table(&rows))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(service: &str, backends: usize) -> ServiceRow {
+        ServiceRow {
+            service: service.to_owned(),
+            id: 7,
+            address: "10.96.0.10".to_owned(),
+            port: 80,
+            protocol: "TCP".to_owned(),
+            kind: "ClusterIP",
+            local_only: false,
+            terminating_fallback: false,
+            affinity_timeout_s: None,
+            backends: (0..backends)
+                .map(|i| BackendRow {
+                    id: i as u32 + 1,
+                    address: format!("10.244.{}.2", i + 1),
+                    port: 8080,
+                })
+                .collect(),
+            missing_backends: 0,
+            packets: 12,
+            bytes: 900,
+            new_flows: 3,
+            drops_no_backend: 0,
+        }
+    }
+
+    #[test]
+    fn table_lists_frontend_backends_and_counters() {
+        let text = render_table(&[row("demo/echo:http", 2)]);
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(lines[0].starts_with("SERVICE"));
+        assert!(lines[1].contains("demo/echo:http"));
+        assert!(lines[1].contains("10.96.0.10:80/TCP"));
+        assert!(lines[1].contains("10.244.1.2:8080, 10.244.2.2:8080"));
+        assert!(lines[1].contains("12"));
+    }
+
+    #[test]
+    fn table_says_what_happens_without_endpoints_and_marks_recorded_only_features() {
+        let mut r = row("demo/empty", 0);
+        r.affinity_timeout_s = Some(10800);
+        r.local_only = true;
+        let text = render_table(&[r]);
+        assert!(text.contains("(none: packets are dropped)"));
+        assert!(text.contains("local endpoints only"));
+        assert!(text.contains("not applied yet"));
+        assert!(render_table(&[]).contains("no frontends programmed"));
     }
 }

@@ -13,7 +13,11 @@ use tracing_subscriber::EnvFilter;
 const DEFAULT_PIN_ROOT: &str = "/sys/fs/bpf/switchboard";
 
 #[derive(Parser)]
-#[command(name = "switchboard", version, about = "eBPF Service load balancer (kube-proxy replacement)")]
+#[command(
+    name = "switchboard",
+    version,
+    about = "eBPF Service load balancer (kube-proxy replacement)"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -25,7 +29,7 @@ enum Command {
     /// step with the Services and EndpointSlices of the source.
     Agent {
         /// `dir:PATH` (a directory of YAML manifests, followed as it changes)
-        /// or `cluster` (the Kubernetes API; not implemented yet).
+        /// or `cluster` (the Kubernetes API server).
         #[arg(long, default_value = "cluster")]
         source: Source,
         /// Where the maps are pinned (bpffs is mounted there if missing).
@@ -43,6 +47,17 @@ enum Command {
         /// Number of service ports (service ids).
         #[arg(long, default_value_t = Capacities::default().services)]
         max_services: u32,
+        /// Kubeconfig for `--source cluster` (default: in-cluster service
+        /// account, then KUBECONFIG, then ~/.kube/config).
+        #[arg(long)]
+        kubeconfig: Option<PathBuf>,
+        /// This node's name (default: $NODE_NAME, then the hostname).
+        #[arg(long, env = "NODE_NAME")]
+        node_name: Option<String>,
+        /// Serve Services labelled `service.kubernetes.io/service-proxy-name`
+        /// with this value (Services naming any other proxy are skipped).
+        #[arg(long)]
+        proxy_name: Option<String>,
     },
     /// Print every frontend and its backends from the pinned maps.
     Services {
@@ -78,7 +93,17 @@ fn main() -> anyhow::Result<()> {
             max_backends,
             max_conntrack,
             max_services,
+            kubeconfig,
+            node_name,
+            proxy_name,
         } => {
+            let node_name = match node_name {
+                Some(name) => name,
+                None => nix::unistd::gethostname()
+                    .context("reading the hostname for --node-name")?
+                    .to_string_lossy()
+                    .into_owned(),
+            };
             let runtime = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
                 .enable_all()
@@ -93,6 +118,9 @@ fn main() -> anyhow::Result<()> {
                     conntrack: max_conntrack,
                     services: max_services,
                 },
+                kubeconfig,
+                node_name,
+                proxy_name,
             }))
         }
         Command::Services { pin_root, output } => {

@@ -17,15 +17,15 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::Ipv4Addr;
 
 use proxy_common::{
-    capacity, proto, Backend, CtEntry, CtKey, Frontend as FrontendValue, FrontendKey, RevNat,
-    REVNAT_NAME_LEN,
+    capacity, frontend_flags, proto, Backend, CtEntry, CtKey, Frontend as FrontendValue,
+    FrontendKey, RevNat, REVNAT_NAME_LEN,
 };
 use tracing::{debug, warn};
 
 use crate::{
     ebpf::Capacities,
     maps::{MapStore, WriteError},
-    model::{BackendAddr, DesiredState, Frontend, FrontendAddr, Protocol},
+    model::{BackendAddr, DesiredState, Frontend, FrontendAddr, FrontendKind, Protocol},
 };
 
 /// What one frontend looks like in the maps.
@@ -33,6 +33,9 @@ use crate::{
 struct Programmed {
     service_id: u32,
     name: String,
+    /// [`frontend_flags`] and the affinity timeout written in slot 0.
+    flags: u16,
+    affinity_timeout_s: u32,
     /// Backend id per slot, slot 1 first.
     slots: Vec<u32>,
 }
@@ -234,6 +237,8 @@ impl<S: MapStore> Syncer<S> {
                 Programmed {
                     service_id: head.service_id,
                     name,
+                    flags: head.flags,
+                    affinity_timeout_s: head.affinity_timeout_s,
                     slots: ids,
                 },
             );
@@ -368,6 +373,7 @@ impl<S: MapStore> Syncer<S> {
         let mut wanted: Vec<BackendAddr> = frontend.backends.clone();
         wanted.sort();
         wanted.dedup();
+        let (flags, affinity_timeout_s) = slot_zero_attributes(frontend);
         let limit = usize::from(capacity::MAX_BACKENDS_PER_SERVICE);
         if wanted.len() > limit {
             return Err(UpsertError::Capacity(format!(
@@ -384,7 +390,11 @@ impl<S: MapStore> Syncer<S> {
                 .filter_map(|id| self.backend_addrs.get(id).map(|(b, _)| *b))
                 .collect();
             current.sort();
-            if current == wanted && old.name == name {
+            if current == wanted
+                && old.name == name
+                && old.flags == flags
+                && old.affinity_timeout_s == affinity_timeout_s
+            {
                 report.unchanged += 1;
                 return Ok(());
             }
@@ -456,8 +466,8 @@ impl<S: MapStore> Syncer<S> {
                 backend_id: 0,
                 service_id,
                 backend_count: slots.len() as u16,
-                flags: 0,
-                affinity_timeout_s: 0,
+                flags,
+                affinity_timeout_s,
             },
         )?;
         report.writes += 1;
@@ -484,6 +494,8 @@ impl<S: MapStore> Syncer<S> {
             Programmed {
                 service_id,
                 name: name.to_owned(),
+                flags,
+                affinity_timeout_s,
                 slots,
             },
         );
@@ -576,6 +588,30 @@ fn log_write(result: Result<(), WriteError>) {
     if let Err(error) = result {
         warn!(%error, "removing an orphaned map entry failed");
     }
+}
+
+/// The flags and affinity timeout slot 0 records for `frontend`.
+pub fn slot_zero_attributes(frontend: &Frontend) -> (u16, u32) {
+    let mut flags = match frontend.kind {
+        FrontendKind::ClusterIp => frontend_flags::KIND_CLUSTER_IP,
+        FrontendKind::NodePort => frontend_flags::KIND_NODE_PORT,
+        FrontendKind::LoadBalancer => frontend_flags::KIND_LOAD_BALANCER,
+        FrontendKind::ExternalIp => frontend_flags::KIND_EXTERNAL_IP,
+    };
+    if frontend.local_only {
+        flags |= frontend_flags::LOCAL_ONLY;
+    }
+    if frontend.terminating_fallback {
+        flags |= frontend_flags::TERMINATING_FALLBACK;
+    }
+    let timeout = match frontend.affinity_timeout_s {
+        Some(timeout) => {
+            flags |= frontend_flags::AFFINITY_CLIENT_IP;
+            timeout
+        }
+        None => 0,
+    };
+    (flags, timeout)
 }
 
 /// New slot layout: backends that stay keep their slot; newcomers fill the
@@ -1041,6 +1077,34 @@ mod tests {
         let report = s.apply(&state(vec![grown]));
         assert_eq!(report.failed.len(), 1);
         assert_eq!(s.store().view(&a.addr), Some(a.backends.clone()));
+    }
+
+    #[test]
+    fn kind_policy_and_affinity_are_recorded_in_slot_zero_and_a_change_rewrites_it() {
+        let mut s = Syncer::adopt(MemStore::default(), caps());
+        let mut np = fe([192, 168, 50, 1], 30080, Protocol::Tcp, "web", &[(1, 80)]);
+        np.kind = FrontendKind::NodePort;
+        np.local_only = true;
+        np.affinity_timeout_s = Some(10800);
+        s.apply(&state(vec![np.clone()]));
+        let head = s.store().frontends[&k(&frontend_key(&np.addr, 0))];
+        assert_eq!(
+            head.flags & frontend_flags::KIND_MASK,
+            frontend_flags::KIND_NODE_PORT
+        );
+        assert_ne!(head.flags & frontend_flags::LOCAL_ONLY, 0);
+        assert_ne!(head.flags & frontend_flags::AFFINITY_CLIENT_IP, 0);
+        assert_eq!(head.affinity_timeout_s, 10800);
+
+        np.affinity_timeout_s = None;
+        let report = s.apply(&state(vec![np.clone()]));
+        assert_eq!((report.updated, report.writes), (1, 1), "{report:?}");
+        let head = s.store().frontends[&k(&frontend_key(&np.addr, 0))];
+        assert_eq!(head.flags & frontend_flags::AFFINITY_CLIENT_IP, 0);
+        // Adopted state carries the attributes: no rewrite after a restart.
+        let store = std::mem::take(&mut s.store);
+        let mut restarted = Syncer::adopt(store, caps());
+        assert_eq!(restarted.apply(&state(vec![np])).writes, 0);
     }
 
     #[test]
