@@ -1,6 +1,9 @@
 //! `switchboard agent`: load and pin the programs, attach them to pod
 //! interfaces as they appear, and keep the maps in step with the source.
-use std::{path::PathBuf, sync::Arc, time::Duration};
+use std::{
+    path::{Path, PathBuf},
+    time::Duration,
+};
 
 use anyhow::{bail, Context as _};
 use futures::StreamExt as _;
@@ -11,10 +14,11 @@ use tracing::{error, info, warn};
 use crate::{
     attach::{self, Attacher},
     ebpf::{self, Capacities},
-    maps::PinnedMaps,
-    model,
+    maps::{MapStore, PinnedMaps},
+    model::{self, ModelWarning},
     source::{cluster, dir, Snapshot},
-    sync::Syncer,
+    status::{self, AgentStatus, UnprogrammedService},
+    sync::{Syncer, Unprogrammed},
 };
 
 /// Where the agent learns Services and EndpointSlices from.
@@ -69,7 +73,7 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
     let mut ebpf =
         ebpf::load(&config.pin_root, &config.capacities).context("loading the eBPF programs")?;
     let maps = PinnedMaps::take(&mut ebpf).context("opening the maps")?;
-    let mut syncer = Syncer::adopt(maps, config.capacities);
+    let syncer = Syncer::adopt(maps, config.capacities);
     info!(
         pin_root = %config.pin_root.display(),
         adopted = syncer.programmed().count(),
@@ -103,9 +107,19 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
         }
         (Source::Cluster, None) => bail!("no Kubernetes client"),
     };
-    let proxy_name = config.proxy_name.as_deref();
+    let mut sync = SyncLoop {
+        syncer,
+        proxy_name: config.proxy_name.as_deref(),
+        pin_root: &config.pin_root,
+        source: match &config.source {
+            Source::Dir(dir) => format!("dir:{}", dir.display()),
+            Source::Cluster => "cluster".to_owned(),
+        },
+        last_warnings: Vec::new(),
+        last_failed: Vec::new(),
+    };
     let initial = snapshots.borrow_and_update().clone();
-    sync(&mut syncer, &initial, proxy_name);
+    sync.on_snapshot(&initial);
 
     let mut terminate = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
     let mut interrupt = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
@@ -118,7 +132,7 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
                     bail!("source stopped");
                 }
                 let snapshot = snapshots.borrow_and_update().clone();
-                sync(&mut syncer, &snapshot, proxy_name);
+                sync.on_snapshot(&snapshot);
             }
             Some(_) = link_events.next() => rescan(&handle, &mut attacher, &mut ebpf).await,
             _ = tick.tick() => rescan(&handle, &mut attacher, &mut ebpf).await,
@@ -139,41 +153,79 @@ async fn rescan(handle: &rtnetlink::Handle, attacher: &mut Attacher, ebpf: &mut 
     }
 }
 
-fn sync<S: crate::maps::MapStore>(
-    syncer: &mut Syncer<S>,
-    snapshot: &Arc<Snapshot>,
-    proxy_name: Option<&str>,
-) {
-    let started = std::time::Instant::now();
-    let (desired, warnings) = model::build_for_node(
-        &snapshot.services,
-        &snapshot.endpoint_slices,
-        snapshot.node.as_ref(),
-        proxy_name,
-    );
-    for warning in &warnings {
-        warn!(object = %warning.object, problem = %warning.problem, "manifest problem");
-    }
-    let report = syncer.apply(&desired);
-    for failed in &report.failed {
-        error!(
-            service = %failed.service,
-            frontend = %failed.frontend,
-            reason = %failed.reason,
-            "service not programmed"
+/// Turns snapshots into map writes, logging what changed and keeping the
+/// status file the CLI reads up to date.
+struct SyncLoop<'a, S: MapStore> {
+    syncer: Syncer<S>,
+    proxy_name: Option<&'a str>,
+    pin_root: &'a Path,
+    source: String,
+    /// Logged once when they appear, not again on every sync.
+    last_warnings: Vec<ModelWarning>,
+    last_failed: Vec<Unprogrammed>,
+}
+
+impl<S: MapStore> SyncLoop<'_, S> {
+    fn on_snapshot(&mut self, snapshot: &Snapshot) {
+        let started = std::time::Instant::now();
+        let (desired, warnings) = model::build_for_node(
+            &snapshot.services,
+            &snapshot.endpoint_slices,
+            snapshot.node.as_ref(),
+            self.proxy_name,
         );
-    }
-    if report.added + report.updated + report.removed > 0 || !report.failed.is_empty() {
-        info!(
-            frontends = desired.frontends.len(),
-            added = report.added,
-            updated = report.updated,
-            removed = report.removed,
-            unchanged = report.unchanged,
-            writes = report.writes,
-            conntrack_purged = report.conntrack_purged,
-            elapsed_ms = started.elapsed().as_secs_f64() * 1e3,
-            "maps synced"
-        );
+        for warning in warnings.iter().filter(|w| !self.last_warnings.contains(w)) {
+            warn!(object = %warning.object, problem = %warning.problem, "input problem");
+        }
+        let report = self.syncer.apply(&desired);
+        for failed in report
+            .failed
+            .iter()
+            .filter(|f| !self.last_failed.contains(f))
+        {
+            error!(
+                service = %failed.service,
+                frontend = %failed.frontend,
+                reason = %failed.reason,
+                "service not programmed; everything else is"
+            );
+        }
+        if report.added + report.updated + report.removed > 0 || !report.failed.is_empty() {
+            info!(
+                frontends = desired.frontends.len(),
+                added = report.added,
+                updated = report.updated,
+                removed = report.removed,
+                unchanged = report.unchanged,
+                failed = report.failed.len(),
+                writes = report.writes,
+                conntrack_purged = report.conntrack_purged,
+                elapsed_ms = started.elapsed().as_secs_f64() * 1e3,
+                "maps synced"
+            );
+        }
+        let status = AgentStatus {
+            pid: std::process::id(),
+            updated_unix_s: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+            source: self.source.clone(),
+            frontends_desired: desired.frontends.len(),
+            unprogrammed: report
+                .failed
+                .iter()
+                .map(|f| UnprogrammedService {
+                    service: f.service.clone(),
+                    frontend: f.frontend.to_string(),
+                    reason: f.reason.clone(),
+                })
+                .collect(),
+            warnings: warnings.iter().map(ToString::to_string).collect(),
+        };
+        if let Err(error) = status::write(self.pin_root, &status) {
+            warn!(%error, path = %status::status_path(self.pin_root).display(), "writing the status file failed");
+        }
+        self.last_warnings = warnings;
+        self.last_failed = report.failed;
     }
 }

@@ -208,6 +208,31 @@ pub fn render_table(rows: &[ServiceRow]) -> String {
     out
 }
 
+/// What the agent could not program, and whether it is running.
+pub fn render_status(status: &crate::status::AgentStatus) -> String {
+    let mut out = String::new();
+    if !status.agent_alive() {
+        let _ = writeln!(
+            out,
+            "\nThe agent (pid {}) is not running: the maps above keep forwarding, but nothing follows changes.",
+            status.pid
+        );
+    }
+    if !status.unprogrammed.is_empty() {
+        let _ = writeln!(out, "\nNOT PROGRAMMED ({}):", status.unprogrammed.len());
+        for u in &status.unprogrammed {
+            let _ = writeln!(out, "  {}  {}  {}", u.service, u.frontend, u.reason);
+        }
+    }
+    if !status.warnings.is_empty() {
+        let _ = writeln!(out, "\nINPUT PROBLEMS ({}):", status.warnings.len());
+        for w in &status.warnings {
+            let _ = writeln!(out, "  {w}");
+        }
+    }
+    out
+}
+
 /// Runs `switchboard services`.
 pub fn services(pin_root: &Path, json: bool) -> anyhow::Result<String> {
     let maps = match PinnedMaps::open(pin_root) {
@@ -220,10 +245,13 @@ pub fn services(pin_root: &Path, json: bool) -> anyhow::Result<String> {
     };
     let rows = read_services(&maps);
     if json {
-        Ok(serde_json::to_string_pretty(&rows)? + "\n")
-    } else {
-        Ok(render_table(&rows))
+        return Ok(serde_json::to_string_pretty(&rows)? + "\n");
     }
+    let mut text = render_table(&rows);
+    if let Some(status) = crate::status::read(pin_root) {
+        text.push_str(&render_status(&status));
+    }
+    Ok(text)
 }
 
 #[cfg(test)]

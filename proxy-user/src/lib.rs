@@ -8,4 +8,5 @@ pub mod maps;
 pub mod model;
 pub mod packet;
 pub mod source;
+pub mod status;
 pub mod sync;

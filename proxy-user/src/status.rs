@@ -1,0 +1,105 @@
+//! The agent's own view of what it could not do, for the CLI: Services that
+//! did not fit in the maps, and problems in the input. Kept as a small JSON
+//! file next to the pins' name (bpffs holds only BPF objects), rewritten after
+//! every sync.
+use std::{
+    fs, io,
+    path::{Path, PathBuf},
+};
+
+use serde::{Deserialize, Serialize};
+
+/// Where status files live; one per pin root, so two agents on one machine
+/// keep theirs apart.
+pub const STATUS_DIR: &str = "/run/switchboard/status";
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentStatus {
+    pub pid: u32,
+    /// Seconds since the epoch of the last write.
+    pub updated_unix_s: u64,
+    pub source: String,
+    pub frontends_desired: usize,
+    pub unprogrammed: Vec<UnprogrammedService>,
+    /// Input problems (`object: problem`), as the model reported them.
+    pub warnings: Vec<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnprogrammedService {
+    pub service: String,
+    pub frontend: String,
+    pub reason: String,
+}
+
+impl AgentStatus {
+    /// Whether the agent that wrote this is still running.
+    pub fn agent_alive(&self) -> bool {
+        Path::new("/proc").join(self.pid.to_string()).exists()
+    }
+}
+
+/// The status file for `pin_root`: its path with `/` turned into `_`.
+pub fn status_path(pin_root: &Path) -> PathBuf {
+    let name: String = pin_root
+        .to_string_lossy()
+        .chars()
+        .map(|c| if c == '/' { '_' } else { c })
+        .collect();
+    Path::new(STATUS_DIR).join(format!("{name}.json"))
+}
+
+/// Writes the status atomically (a reader never sees half a file).
+pub fn write(pin_root: &Path, status: &AgentStatus) -> io::Result<()> {
+    let path = status_path(pin_root);
+    if let Some(dir) = path.parent() {
+        fs::create_dir_all(dir)?;
+    }
+    let tmp = path.with_extension(format!("json.{}", std::process::id()));
+    let json = serde_json::to_vec_pretty(status).map_err(io::Error::other)?;
+    fs::write(&tmp, json)?;
+    fs::rename(&tmp, &path)
+}
+
+/// Reads the status for `pin_root`, if an agent ever wrote one.
+pub fn read(pin_root: &Path) -> Option<AgentStatus> {
+    let bytes = fs::read(status_path(pin_root)).ok()?;
+    serde_json::from_slice(&bytes).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_paths_differ_per_pin_root() {
+        let a = status_path(Path::new("/sys/fs/bpf/switchboard"));
+        let b = status_path(Path::new("/run/x/bpf"));
+        assert_ne!(a, b);
+        assert_eq!(
+            a,
+            Path::new("/run/switchboard/status/_sys_fs_bpf_switchboard.json")
+        );
+    }
+
+    #[test]
+    fn status_survives_a_json_roundtrip() {
+        let status = AgentStatus {
+            pid: 1,
+            updated_unix_s: 2,
+            source: "dir:/x".into(),
+            frontends_desired: 3,
+            unprogrammed: vec![UnprogrammedService {
+                service: "a/b:http".into(),
+                frontend: "10.96.0.1:80/TCP".into(),
+                reason: "frontend map full (4 entries)".into(),
+            }],
+            warnings: vec!["Service a/c: SCTP is not supported".into()],
+        };
+        let json = serde_json::to_string(&status).expect("serialize");
+        assert_eq!(
+            serde_json::from_str::<AgentStatus>(&json).expect("parse"),
+            status
+        );
+    }
+}
