@@ -174,21 +174,11 @@ pub fn parse_manifests(path: &Path, bytes: &[u8]) -> Result<FileObjects, Manifes
                 document,
                 error: SyntaxError::Json(e),
             })?;
-            out.documents = document;
             out.value(value, document, None)?;
         }
         out
     } else {
-        let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(8));
-        let parallel = if text.len() >= PARALLEL_MIN_BYTES && threads > 1 {
-            parse_yaml_parallel(path, text, threads)
-        } else {
-            None
-        };
-        match parallel {
-            Some(out) => out,
-            None => parse_yaml(path, text)?,
-        }
+        parse_yaml(path, text)?
     };
     let notes = out
         .notes
@@ -205,9 +195,6 @@ pub fn parse_manifests(path: &Path, bytes: &[u8]) -> Result<FileObjects, Manifes
     Ok((out.services, out.slices, notes))
 }
 
-/// YAML files at least this large are parsed on several threads.
-const PARALLEL_MIN_BYTES: usize = 1 << 20;
-
 fn parse_yaml<'p>(path: &'p Path, text: &str) -> Result<Collector<'p>, ManifestError> {
     let mut out = Collector::new(path);
     for (i, doc) in serde_yaml::Deserializer::from_str(text).enumerate() {
@@ -217,72 +204,11 @@ fn parse_yaml<'p>(path: &'p Path, text: &str) -> Result<Collector<'p>, ManifestE
             document,
             error: SyntaxError::Yaml(e),
         })?;
-        out.documents = document;
         out.value(value, document, None)?;
     }
     Ok(out)
 }
 
-/// Parses a large multi-document YAML text in up to `parts` pieces at once,
-/// cut at document-start (`---`) lines, which YAML forbids inside any
-/// content. Gives up (`None`, and the caller parses the usual way, which also
-/// gives the exact error) on anything unusual: directives (`%` lines), a piece
-/// that fails to parse, too few documents to cut.
-fn parse_yaml_parallel<'p>(path: &'p Path, text: &str, parts: usize) -> Option<Collector<'p>> {
-    let mut starts = Vec::new();
-    let mut line_start = 0;
-    for line in text.split_inclusive('\n') {
-        if line.starts_with('%') {
-            return None;
-        }
-        if let Some(rest) = line.strip_prefix("---") {
-            if rest.is_empty() || rest.starts_with([' ', '\t', '\r', '\n']) {
-                starts.push(line_start);
-            }
-        }
-        line_start += line.len();
-    }
-    let mut cuts = vec![0];
-    for k in 1..parts {
-        let target = text.len() * k / parts;
-        let last = cuts.last().copied().unwrap_or_default();
-        if let Some(&cut) = starts.iter().find(|&&s| s >= target && s > last) {
-            cuts.push(cut);
-        }
-    }
-    cuts.push(text.len());
-    cuts.dedup();
-    if cuts.len() < 3 {
-        return None;
-    }
-    let pieces: Vec<Option<Collector<'p>>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = cuts
-            .windows(2)
-            .map(|w| {
-                let piece = text.get(w[0]..w[1]).unwrap_or_default();
-                scope.spawn(move || parse_yaml(path, piece).ok())
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().ok().flatten())
-            .collect()
-    });
-    let mut out = Collector::new(path);
-    for piece in pieces {
-        let piece = piece?;
-        out.notes.extend(piece.notes.into_iter().map(|mut n| {
-            n.document += out.documents;
-            n
-        }));
-        out.services.extend(piece.services);
-        out.slices.extend(piece.slices);
-        out.documents += piece.documents;
-    }
-    Some(out)
-}
-
-#[derive(Debug, PartialEq)]
 struct Note {
     document: usize,
     item: Option<usize>,
@@ -294,8 +220,6 @@ struct Collector<'p> {
     services: Vec<Service>,
     slices: Vec<EndpointSlice>,
     notes: Vec<Note>,
-    /// Documents seen so far.
-    documents: usize,
 }
 
 impl<'p> Collector<'p> {
@@ -305,7 +229,6 @@ impl<'p> Collector<'p> {
             services: Vec::new(),
             slices: Vec::new(),
             notes: Vec::new(),
-            documents: 0,
         }
     }
 }
@@ -1137,92 +1060,6 @@ items:
         assert!(
             err.to_string()
                 .starts_with("/nonexistent/switchboard/x.yaml: cannot read the file: "),
-            "{err}"
-        );
-    }
-
-    /// A long manifest with every kind of document: leading comment, empty
-    /// documents, `...` ends, markers with content, Lists, skipped kinds.
-    fn long_manifest(services: usize, pad: usize) -> String {
-        let padding = "x".repeat(pad);
-        let mut text = String::from("# header comment\n");
-        for i in 0..services {
-            text += &format!(
-                "---\n{}",
-                svc(&format!("10.96.{}.{}", i / 250, i % 250)).replace(
-                    "name: web}",
-                    &format!("name: web{i}, annotations: {{pad: p{padding}}}}}")
-                )
-            );
-            if i % 7 == 0 {
-                text += "---\n# an empty document\n";
-            }
-            if i % 11 == 0 {
-                text += "--- {apiVersion: v1, kind: ConfigMap, metadata: {name: c}}\n";
-            }
-            if i % 13 == 0 {
-                text += &format!(
-                    "---\napiVersion: v1\nkind: List\nitems:\n- {{apiVersion: v1, kind: Secret, metadata: {{name: s{i}}}}}\n"
-                );
-            }
-            if i % 5 == 0 {
-                text += "...\n";
-            }
-            text += &format!(
-                "---\n{}",
-                SLICE.replace("name: web-1", &format!("name: web-{i}"))
-            );
-        }
-        text
-    }
-
-    #[test]
-    fn parallel_parse_matches_sequential() {
-        let text = long_manifest(60, 0);
-        let path = Path::new("big.yaml");
-        let seq = parse_yaml(path, &text).expect("sequential");
-        assert_eq!(seq.services.len(), 60);
-        assert!(seq.notes.len() > 10);
-        for parts in [2, 3, 7, 64] {
-            let par = parse_yaml_parallel(path, &text, parts).expect("parallel");
-            assert_eq!(par.documents, seq.documents, "{parts} parts");
-            assert_eq!(par.services, seq.services, "{parts} parts");
-            assert_eq!(par.slices, seq.slices, "{parts} parts");
-            assert_eq!(par.notes, seq.notes, "{parts} parts");
-        }
-        // A broken piece: the parallel parse gives up; the usual parse names the error.
-        let broken = format!("{text}---\nkind: Service\n  bad: [\n");
-        assert!(parse_yaml_parallel(path, &broken, 3).is_none());
-        // Directives: not cut.
-        assert!(parse_yaml_parallel(path, &format!("%YAML 1.2\n{text}"), 3).is_none());
-    }
-
-    #[test]
-    fn large_files_parse_the_same_through_the_public_entry() {
-        let text = long_manifest(1500, 700);
-        assert!(text.len() > PARALLEL_MIN_BYTES, "{}", text.len());
-        let path = Path::new("large.yaml");
-        let (services, slices, notes) = parse_manifests(path, text.as_bytes()).expect("parses");
-        let seq = parse_yaml(path, &text).expect("sequential");
-        assert_eq!(services, seq.services);
-        assert_eq!(slices, seq.slices);
-        assert_eq!(notes.len(), seq.notes.len());
-        let last = seq.notes.last().expect("notes");
-        assert_eq!(
-            notes.last().map(String::as_str),
-            Some(
-                format!(
-                    "large.yaml: {}: {}",
-                    Location(last.document, last.item),
-                    last.text
-                )
-                .as_str()
-            )
-        );
-        let broken = format!("{text}---\nkind: Service\n  bad: [\n");
-        let err = parse_manifests(path, broken.as_bytes()).expect_err("broken");
-        assert!(
-            matches!(err, ManifestError::Syntax { document, .. } if document == seq.documents + 1),
             "{err}"
         );
     }
