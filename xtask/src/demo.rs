@@ -82,6 +82,7 @@ fn demo_in(sb: &mut Sandbox, switchboard: &Path, sb_echo: &Path) -> Result<()> {
     println!("switchboard services:");
     print!("{}", sb.services_raw(switchboard, false)?);
     println!();
+    print_frontend_dump(sb);
 
     if !tcp.all_ok() || !udp.all_ok() {
         bail!(
@@ -139,4 +140,53 @@ fn print_spread(tcp: &ClientRun, udp: &ClientRun) {
         .into_iter()
         .collect();
     println!("peer the pods saw (TCP): {}", pod_saw.join(","));
+}
+
+/// Shows that the pinned maps carry BTF: the slot 0 entry of one frontend as
+/// `bpftool map lookup` prints it, with field names.
+fn print_frontend_dump(sb: &Sandbox) {
+    let map = sb.pin_dir.join("SB_FE_V1");
+    let bpftool = |args: &[&str]| -> Result<String> {
+        let out = std::process::Command::new("bpftool")
+            .args(args)
+            .output()
+            .context("run bpftool")?;
+        if !out.status.success() {
+            bail!("{}", String::from_utf8_lossy(&out.stderr).trim());
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+    let map_s = map.to_string_lossy().into_owned();
+    let result = (|| -> Result<String> {
+        // -j gives the raw key bytes next to the BTF-formatted fields.
+        let dump = bpftool(&["-j", "map", "dump", "pinned", &map_s])?;
+        let entries: Vec<serde_json::Value> = serde_json::from_str(&dump)?;
+        let entry = entries
+            .iter()
+            .find(|e| e["formatted"]["key"]["slot"] == 0)
+            .context("no slot 0 entry")?;
+        let key: Vec<String> = entry["key"]
+            .as_array()
+            .context("no raw key")?
+            .iter()
+            .filter_map(|b| b.as_str().map(str::to_string))
+            .collect();
+        let mut args = vec!["map", "lookup", "pinned", &map_s, "key", "hex"];
+        let key_hex: Vec<&str> = key.iter().map(|b| b.trim_start_matches("0x")).collect();
+        args.extend(key_hex);
+        let shown = bpftool(&args)?;
+        Ok(format!(
+            "bpftool map lookup pinned {map_s} key hex {} (slot 0 of one of {} entries):\n{shown}",
+            key.iter()
+                .map(|b| b.trim_start_matches("0x"))
+                .collect::<Vec<_>>()
+                .join(" "),
+            entries.len()
+        ))
+    })();
+    match result {
+        Ok(text) => println!("{}", text.trim_end()),
+        Err(e) => println!("bpftool on {map_s}: {e:#}"),
+    }
+    println!();
 }
