@@ -154,6 +154,7 @@ fn frontend(ip: Ipv4Addr, port: u16, name: &str, backends: Vec<BackendAddr>) -> 
             port: String::new(),
         },
         backends,
+        external_backends: None,
         kind: FrontendKind::ClusterIp,
         affinity_timeout_s: None,
         local_only: false,

@@ -179,34 +179,70 @@ impl fmt::Display for TopologyMode {
 pub struct Frontend {
     pub addr: FrontendAddr,
     pub service: ServicePortName,
-    /// Sorted, deduplicated. Empty means: drop (and count) this frontend's traffic.
+    /// Where traffic that originates on this node (its pods, the host) goes:
+    /// what the data path programs today. Sorted, deduplicated. Empty means:
+    /// drop (and count) this frontend's traffic.
+    ///
+    /// For a ClusterIP frontend this follows `internalTrafficPolicy` (only this
+    /// node's endpoints when it is `Local`). For an external frontend (NodePort,
+    /// LoadBalancer, external IP) it is always the cluster-wide set, also under
+    /// `externalTrafficPolicy: Local`: kube-proxy short-circuits traffic from
+    /// pods and from the host to those addresses to its cluster endpoints (as
+    /// if it had gone out to the load balancer and come back), and applies the
+    /// Local policy only to traffic from outside the node (see
+    /// [`external_backends`](Self::external_backends)).
     pub backends: Vec<BackendAddr>,
+    /// Where traffic from outside the node goes, when that differs by policy
+    /// from [`backends`](Self::backends): `Some` exactly for external frontends
+    /// whose `externalTrafficPolicy: Local` is in effect, and then it holds only
+    /// this node's endpoints (ready ones, else serving-and-terminating ones;
+    /// possibly none, and then such traffic is dropped). It may happen to equal
+    /// `backends` (every endpoint is local). `None`: outside traffic gets
+    /// `backends`. Recorded for the external path (NodePort from outside, XDP);
+    /// the data path does not use it yet.
+    pub external_backends: Option<Vec<BackendAddr>>,
     pub kind: FrontendKind,
     /// `sessionAffinity: ClientIP`, with its timeout in seconds.
     pub affinity_timeout_s: Option<u32>,
-    /// The governing traffic policy is `Local`: `backends` holds only endpoints
-    /// on this node (possibly none, and then traffic is dropped, as kube-proxy does).
+    /// The traffic policy that governs this frontend is `Local`: for a
+    /// ClusterIP frontend (`internalTrafficPolicy`) that makes
+    /// [`backends`](Self::backends) local-only; for an external frontend
+    /// (`externalTrafficPolicy`) it makes
+    /// [`external_backends`](Self::external_backends) local-only (and `Some`),
+    /// while `backends` stays cluster-wide.
     pub local_only: bool,
     /// `spec.healthCheckNodePort` of a LoadBalancer Service with
     /// `externalTrafficPolicy: Local` (kube-proxy serves a health check there).
     pub health_check_node_port: Option<u16>,
     /// No endpoint was ready, so `backends` are the serving-and-terminating
     /// ones (kube-proxy's fallback that lets connections drain during rollouts).
+    /// Describes `backends` only (`external_backends` falls back the same way
+    /// among this node's endpoints).
     pub terminating_fallback: bool,
-    /// Topology hints narrowed `backends` (only when every ready endpoint has hints).
+    /// Topology hints narrowed `backends` (only when every ready endpoint has
+    /// hints; never for a local-only set).
     pub topology: Option<TopologyMode>,
 }
 
 impl fmt::Display for Frontend {
-    /// One line: `10.96.0.10:80/TCP ClusterIP default/web:http -> 10.244.1.2:8080, 10.244.1.3:8080`
-    /// followed by ` [..]` listing whichever of the optional attributes are set.
+    /// One line: `10.96.0.10:80/TCP ClusterIP default/web:http -> 10.244.1.2:8080, 10.244.1.3:8080`,
+    /// then `; from outside -> ..` when `external_backends` is set, then ` [..]`
+    /// listing whichever of the optional attributes are set.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} {} {} ->", self.addr, self.kind, self.service)?;
-        if self.backends.is_empty() {
-            f.write_str(" (none)")?;
+        fn list(f: &mut fmt::Formatter<'_>, backends: &[BackendAddr]) -> fmt::Result {
+            if backends.is_empty() {
+                f.write_str(" (none)")?;
+            }
+            for (i, b) in backends.iter().enumerate() {
+                write!(f, "{}{b}", if i == 0 { " " } else { ", " })?;
+            }
+            Ok(())
         }
-        for (i, b) in self.backends.iter().enumerate() {
-            write!(f, "{}{b}", if i == 0 { " " } else { ", " })?;
+        write!(f, "{} {} {} ->", self.addr, self.kind, self.service)?;
+        list(f, &self.backends)?;
+        if let Some(external) = &self.external_backends {
+            f.write_str("; from outside ->")?;
+            list(f, external)?;
         }
         let mut extras = Vec::new();
         if let Some(t) = self.affinity_timeout_s {
@@ -695,12 +731,22 @@ impl Builder<'_> {
             }
 
             for (fkind, ip, fport) in addrs {
-                let local_only = if fkind.is_external() {
-                    external_local
+                // Traffic from this node's pods and the host: ClusterIP follows
+                // internalTrafficPolicy; external addresses are short-circuited
+                // to the cluster-wide set whatever externalTrafficPolicy says
+                // (kube-proxy: "pod traffic for .. external destinations" and
+                // "route LOCAL traffic .. to service chain" in the EXT chain;
+                // UsesClusterEndpoints is true for every externally accessible
+                // Service, even with both policies Local). Only traffic from
+                // outside the node is held to externalTrafficPolicy: Local.
+                let (local_only, sel, external_backends) = if fkind.is_external() {
+                    let external = external_local.then(|| local.backends.clone());
+                    (external_local, &cluster, external)
+                } else if internal_local {
+                    (true, &local, None)
                 } else {
-                    internal_local
+                    (false, &cluster, None)
                 };
-                let sel = if local_only { &local } else { &cluster };
                 let fe = Frontend {
                     addr: FrontendAddr {
                         ip,
@@ -709,6 +755,7 @@ impl Builder<'_> {
                     },
                     service: spn.clone(),
                     backends: sel.backends.clone(),
+                    external_backends,
                     kind: fkind,
                     affinity_timeout_s,
                     local_only,
@@ -1045,6 +1092,22 @@ mod tests {
                     "{}: backends not sorted+deduplicated",
                     c.name
                 );
+                if let Some(external) = &f.external_backends {
+                    let mut sorted = external.clone();
+                    sorted.sort();
+                    sorted.dedup();
+                    assert_eq!(
+                        &sorted, external,
+                        "{}: external backends not sorted+deduplicated",
+                        c.name
+                    );
+                }
+                assert_eq!(
+                    f.external_backends.is_some(),
+                    f.local_only && f.kind.is_external(),
+                    "{}: external_backends is set exactly for Local external frontends",
+                    c.name
+                );
             }
             let got: Vec<String> = state.frontends.values().map(ToString::to_string).collect();
             let got_w: Vec<String> = warnings.iter().map(ToString::to_string).collect();
@@ -1114,6 +1177,7 @@ endpoints:
                             port: 8080,
                         },
                     ],
+                    external_backends: None,
                     kind: FrontendKind::ClusterIp,
                     affinity_timeout_s: None,
                     local_only: false,
@@ -2142,7 +2206,7 @@ endpoints:
     fn traffic_policy_rules() {
         run(&[
             Case {
-                name: "externalTrafficPolicy Local: external frontends use local endpoints, ClusterIP all; health check port recorded",
+                name: "externalTrafficPolicy Local: outside traffic to external frontends gets local endpoints, node traffic (pods, host) all; ClusterIP all; health check port recorded",
                 node: NodeSel::A,
                 proxy_name: None,
                 yaml: with_slice(
@@ -2161,9 +2225,9 @@ status: {loadBalancer: {ingress: [{ip: 198.51.100.7}]}}
                 ),
                 frontends: &[
                     "10.96.0.10:80/TCP ClusterIP default/web -> 10.244.1.2:8080, 10.244.2.2:8080 [healthCheckNodePort 32000]",
-                    "192.168.1.10:30080/TCP NodePort default/web -> 10.244.1.2:8080 [local-only, healthCheckNodePort 32000]",
-                    "198.51.100.7:80/TCP LoadBalancer default/web -> 10.244.1.2:8080 [local-only, healthCheckNodePort 32000]",
-                    "203.0.113.10:30080/TCP NodePort default/web -> 10.244.1.2:8080 [local-only, healthCheckNodePort 32000]",
+                    "192.168.1.10:30080/TCP NodePort default/web -> 10.244.1.2:8080, 10.244.2.2:8080; from outside -> 10.244.1.2:8080 [local-only, healthCheckNodePort 32000]",
+                    "198.51.100.7:80/TCP LoadBalancer default/web -> 10.244.1.2:8080, 10.244.2.2:8080; from outside -> 10.244.1.2:8080 [local-only, healthCheckNodePort 32000]",
+                    "203.0.113.10:30080/TCP NodePort default/web -> 10.244.1.2:8080, 10.244.2.2:8080; from outside -> 10.244.1.2:8080 [local-only, healthCheckNodePort 32000]",
                 ],
                 warnings: &[],
             },
@@ -2207,7 +2271,58 @@ spec:
                 ),
                 frontends: &[
                     "10.96.0.10:80/TCP ClusterIP default/web -> 10.244.1.2:8080, 10.244.2.2:8080",
-                    "198.51.100.20:80/TCP ExternalIP default/web -> 10.244.1.2:8080 [local-only]",
+                    "198.51.100.20:80/TCP ExternalIP default/web -> 10.244.1.2:8080, 10.244.2.2:8080; from outside -> 10.244.1.2:8080 [local-only]",
+                ],
+                warnings: &[],
+            },
+            Case {
+                name: "both policies Local: ClusterIP local-only, external frontends still cluster-wide for node traffic (kube-proxy keeps cluster endpoints for the short-circuit)",
+                node: NodeSel::A,
+                proxy_name: None,
+                yaml: with_slice(
+                    r#"
+apiVersion: v1
+kind: Service
+metadata: {name: web}
+spec:
+  type: NodePort
+  clusterIP: 10.96.0.10
+  internalTrafficPolicy: Local
+  externalTrafficPolicy: Local
+  ports: [{port: 80, nodePort: 30080}]
+"#,
+                ),
+                frontends: &[
+                    "10.96.0.10:80/TCP ClusterIP default/web -> 10.244.1.2:8080 [local-only]",
+                    "192.168.1.10:30080/TCP NodePort default/web -> 10.244.1.2:8080, 10.244.2.2:8080; from outside -> 10.244.1.2:8080 [local-only]",
+                    "203.0.113.10:30080/TCP NodePort default/web -> 10.244.1.2:8080, 10.244.2.2:8080; from outside -> 10.244.1.2:8080 [local-only]",
+                ],
+                warnings: &[],
+            },
+            Case {
+                name: "externalTrafficPolicy Local with no local endpoint: node traffic still reaches the cluster, outside traffic none",
+                node: NodeSel::A,
+                proxy_name: None,
+                yaml: r#"
+apiVersion: v1
+kind: Service
+metadata: {name: web}
+spec:
+  clusterIP: 10.96.0.10
+  externalTrafficPolicy: Local
+  externalIPs: [198.51.100.20]
+  ports: [{port: 80}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-1, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{port: 8080}]
+endpoints: [{addresses: [10.244.2.2], nodeName: node-b}]
+"#,
+                frontends: &[
+                    "10.96.0.10:80/TCP ClusterIP default/web -> 10.244.2.2:8080",
+                    "198.51.100.20:80/TCP ExternalIP default/web -> 10.244.2.2:8080; from outside -> (none) [local-only]",
                 ],
                 warnings: &[],
             },
@@ -2294,6 +2409,28 @@ spec:
                 ),
                 frontends: &["10.96.0.10:80/TCP ClusterIP default/web -> 10.244.1.2:8080, 10.244.2.2:8080"],
                 warnings: &["Service default/web: internalTrafficPolicy is Local but this node is unknown (no node name); treated as Cluster"],
+            },
+            Case {
+                name: "externalTrafficPolicy Local without node knowledge is reported; outside traffic gets all endpoints",
+                node: NodeSel::Unknown,
+                proxy_name: None,
+                yaml: with_slice(
+                    r#"
+apiVersion: v1
+kind: Service
+metadata: {name: web}
+spec:
+  clusterIP: 10.96.0.10
+  externalTrafficPolicy: Local
+  externalIPs: [198.51.100.20]
+  ports: [{port: 80}]
+"#,
+                ),
+                frontends: &[
+                    "10.96.0.10:80/TCP ClusterIP default/web -> 10.244.1.2:8080, 10.244.2.2:8080",
+                    "198.51.100.20:80/TCP ExternalIP default/web -> 10.244.1.2:8080, 10.244.2.2:8080",
+                ],
+                warnings: &["Service default/web: externalTrafficPolicy is Local but this node is unknown (no node name); treated as Cluster"],
             },
         ]);
     }

@@ -780,6 +780,7 @@ mod tests {
                     port: *port,
                 })
                 .collect(),
+            external_backends: None,
             kind: crate::model::FrontendKind::ClusterIp,
             affinity_timeout_s: None,
             local_only: false,

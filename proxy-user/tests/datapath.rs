@@ -44,6 +44,7 @@ fn frontend(ip: Ipv4Addr, port: u16, protocol: Protocol, name: &str, backends: &
             port: String::new(),
         },
         backends: backends.iter().map(|(ip, port)| BackendAddr { ip: *ip, port: *port }).collect(),
+        external_backends: None,
         kind: FrontendKind::ClusterIp,
         affinity_timeout_s: None,
         local_only: false,
