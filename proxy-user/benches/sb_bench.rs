@@ -46,7 +46,7 @@ use aya::{
     maps::{HashMap as AyaHashMap, IterableMap as _, Map, MapData},
     programs::{
         tc::{NlOptions, TcAttachOptions},
-        SchedClassifier, TcAttachType, TestRun as _, TestRunAttrs, TestRunOptions, Xdp,
+        LinkOrder, SchedClassifier, TcAttachType, TestRun as _, TestRunAttrs, TestRunOptions, Xdp,
     },
     Ebpf, EbpfLoader,
 };
@@ -73,6 +73,7 @@ const TC_ACT_UNSPEC: u32 = u32::MAX;
 const CLIENT: Ipv4Addr = Ipv4Addr::new(10, 244, 100, 2);
 const VIP_A: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
 const VIP_B: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 11);
+const VIP_SELF: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 12);
 const POD: Ipv4Addr = Ipv4Addr::new(10, 244, 1, 2);
 const CLIENT_PORT: u16 = 40000;
 /// Frame size of every per-packet case: 14 + 20 + 20 + 20 bytes, the size of a
@@ -88,7 +89,10 @@ struct Args {
 
 fn parse_args() -> Result<Args> {
     // `cargo bench` passes `--bench`; ignore it.
-    let raw: Vec<String> = std::env::args().skip(1).filter(|a| a != "--bench").collect();
+    let raw: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| a != "--bench")
+        .collect();
     let mut mode = None;
     let mut quick = false;
     let mut out = None;
@@ -97,7 +101,11 @@ fn parse_args() -> Result<Args> {
     while let Some(arg) = it.next() {
         match arg.as_str() {
             "--quick" => quick = true,
-            "--out" => out = Some(PathBuf::from(it.next().ok_or_else(|| anyhow!("--out needs a path"))?)),
+            "--out" => {
+                out = Some(PathBuf::from(
+                    it.next().ok_or_else(|| anyhow!("--out needs a path"))?,
+                ))
+            }
             "perpacket" | "sync" | "fwd" if mode.is_none() => mode = Some(arg),
             _ => rest.push(arg),
         }
@@ -106,7 +114,12 @@ fn parse_args() -> Result<Args> {
         // A bare `cargo bench`: say how to run it rather than doing nothing silently.
         bail!("usage: sb_bench (perpacket | sync | fwd ...) [--quick] [--out FILE]; `cargo xtask bench` runs all of them");
     };
-    Ok(Args { mode, quick, out, rest })
+    Ok(Args {
+        mode,
+        quick,
+        out,
+        rest,
+    })
 }
 
 fn main() -> Result<()> {
@@ -127,7 +140,9 @@ fn main() -> Result<()> {
     };
     let text = serde_json::to_string_pretty(&result)?;
     match args.out {
-        Some(path) => fs::write(&path, text).with_context(|| format!("write {}", path.display()))?,
+        Some(path) => {
+            fs::write(&path, text).with_context(|| format!("write {}", path.display()))?
+        }
         None => println!("{text}"),
     }
     Ok(())
@@ -183,11 +198,21 @@ fn xdp<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut Xdp> {
 }
 
 fn load_empty() -> Result<Ebpf> {
-    let mut ebpf = EbpfLoader::new().load(EMPTY_OBJECT).context("loading sb-empty")?;
-    tc(&mut ebpf, "sb_empty_tc")?.load().context("loading sb_empty_tc")?;
-    xdp(&mut ebpf, "sb_empty_xdp")?.load().context("loading sb_empty_xdp")?;
-    xdp(&mut ebpf, "sb_sink_xdp")?.load().context("loading sb_sink_xdp")?;
-    xdp(&mut ebpf, "sb_gen_xdp")?.load().context("loading sb_gen_xdp")?;
+    let mut ebpf = EbpfLoader::new()
+        .load(EMPTY_OBJECT)
+        .context("loading sb-empty")?;
+    tc(&mut ebpf, "sb_empty_tc")?
+        .load()
+        .context("loading sb_empty_tc")?;
+    xdp(&mut ebpf, "sb_empty_xdp")?
+        .load()
+        .context("loading sb_empty_xdp")?;
+    xdp(&mut ebpf, "sb_sink_xdp")?
+        .load()
+        .context("loading sb_sink_xdp")?;
+    xdp(&mut ebpf, "sb_gen_xdp")?
+        .load()
+        .context("loading sb_gen_xdp")?;
     Ok(ebpf)
 }
 
@@ -248,10 +273,13 @@ fn frame_tcp(src: Ipv4Addr, sport: u16, dst: Ipv4Addr, dport: u16, flags: u8) ->
 }
 
 /// Desired state: the ping-pong pair A ⇄ B (A with `target_backends` backends:
-/// B's address first, then dummies) plus `services - 2` filler services with
-/// one backend each.
+/// B's address first, then dummies), a self-loop service (diagnostic) and
+/// `services - 3` filler services with one backend each.
 fn perpacket_state(services: u32, target_backends: u32) -> DesiredState {
-    let mut a_backends = vec![BackendAddr { ip: VIP_B, port: 80 }];
+    let mut a_backends = vec![BackendAddr {
+        ip: VIP_B,
+        port: 80,
+    }];
     for j in 1..target_backends {
         a_backends.push(BackendAddr {
             ip: nth_ip(Ipv4Addr::new(10, 210, 0, 0), j),
@@ -260,9 +288,29 @@ fn perpacket_state(services: u32, target_backends: u32) -> DesiredState {
     }
     let mut frontends = vec![
         frontend(VIP_A, 80, "a", a_backends),
-        frontend(VIP_B, 80, "b", vec![BackendAddr { ip: VIP_A, port: 80 }]),
+        frontend(
+            VIP_B,
+            80,
+            "b",
+            vec![BackendAddr {
+                ip: VIP_A,
+                port: 80,
+            }],
+        ),
+        // Diagnostic: a service whose only backend is itself, so the rewrite
+        // helpers are skipped (old == new): lookups and conntrack without the
+        // packet rewrite.
+        frontend(
+            VIP_SELF,
+            80,
+            "self",
+            vec![BackendAddr {
+                ip: VIP_SELF,
+                port: 80,
+            }],
+        ),
     ];
-    for i in 0..services.saturating_sub(2) {
+    for i in 0..services.saturating_sub(3) {
         frontends.push(frontend(
             nth_ip(Ipv4Addr::new(10, 100, 0, 0), i),
             80,
@@ -303,7 +351,11 @@ impl PerPacket {
         let started = Instant::now();
         let report = self.syncer.apply(desired);
         let took = started.elapsed();
-        ensure!(report.failed.is_empty(), "sync failed: {:?}", report.failed.first());
+        ensure!(
+            report.failed.is_empty(),
+            "sync failed: {:?}",
+            report.failed.first()
+        );
         Ok(took)
     }
 
@@ -339,7 +391,9 @@ impl PerPacket {
         let (svc_a, be_b) = self.ids(VIP_A, VIP_B, 80)?;
         let (svc_b, be_a) = self.ids(VIP_B, VIP_A, 80)?;
         let addr = |ip: Ipv4Addr| u32::from_ne_bytes(ip.octets());
-        for (vip, other, service_id, backend_id) in [(VIP_A, VIP_B, svc_a, be_b), (VIP_B, VIP_A, svc_b, be_a)] {
+        for (vip, other, service_id, backend_id) in
+            [(VIP_A, VIP_B, svc_a, be_b), (VIP_B, VIP_A, svc_b, be_a)]
+        {
             let entry = CtEntry {
                 backend_id,
                 service_id,
@@ -387,7 +441,10 @@ fn measure_repeat(
     for _ in 0..rounds {
         let prog = tc(&mut pp.ebpf, program)?;
         let (ret, ns) = run_repeat(prog, frame, repeat)?;
-        ensure!(ret == verdict, "{program}: verdict {ret:#x}, expected {verdict:#x}");
+        ensure!(
+            ret == verdict,
+            "{program}: verdict {ret:#x}, expected {verdict:#x}"
+        );
         samples.push(ns);
     }
     if let (Some(c), Some(before)) = (counter, before) {
@@ -402,18 +459,29 @@ fn measure_repeat(
 }
 
 /// Median kernel-timed ns of `repeat = 1` runs, one frame per call.
-fn measure_single(prog: &SchedClassifier, frames: impl Iterator<Item = Vec<u8>>, verdict: u32) -> Result<f64> {
+fn measure_single(
+    prog: &SchedClassifier,
+    frames: impl Iterator<Item = Vec<u8>>,
+    verdict: u32,
+) -> Result<f64> {
     let mut samples = Vec::new();
     for frame in frames {
         let (ret, ns) = run_repeat(prog, &frame, 1)?;
-        ensure!(ret == verdict, "single-shot verdict {ret:#x}, expected {verdict:#x}");
+        ensure!(
+            ret == verdict,
+            "single-shot verdict {ret:#x}, expected {verdict:#x}"
+        );
         samples.push(ns);
     }
     Ok(median(&mut samples))
 }
 
 fn perpacket(quick: bool) -> Result<Value> {
-    let sizes: &[u32] = if quick { &[1, 10_000] } else { &[1, 1_000, 10_000, 100_000] };
+    let sizes: &[u32] = if quick {
+        &[1, 10_000]
+    } else {
+        &[1, 1_000, 10_000, 100_000]
+    };
     let backend_counts: &[u32] = &[1, 1000];
     let repeat: u32 = if quick { 200_000 } else { 2_000_000 };
     let rounds = if quick { 3 } else { 5 };
@@ -480,15 +548,61 @@ fn perpacket(quick: bool) -> Result<Value> {
             let non_service = frame_tcp(CLIENT, CLIENT_PORT, POD, 8080, 0x10);
             let to_pod_other = frame_tcp(POD, 8080, CLIENT, 50000, 0x10);
 
-            let hit = measure_repeat(&mut pp, programs::TC_FROM_POD, &existing, TC_ACT_OK, Some("forwarded"), repeat, rounds)?;
-            let pass = measure_repeat(&mut pp, programs::TC_FROM_POD, &non_service, TC_ACT_UNSPEC, Some("pass_not_ours"), repeat, rounds)?;
-            let rev = measure_repeat(&mut pp, programs::TC_TO_POD, &reply, TC_ACT_OK, Some("reversed"), repeat, rounds)?;
-            let to_pod_pass = measure_repeat(&mut pp, programs::TC_TO_POD, &to_pod_other, TC_ACT_UNSPEC, Some("pass_not_ours"), repeat, rounds)?;
+            let hit = measure_repeat(
+                &mut pp,
+                programs::TC_FROM_POD,
+                &existing,
+                TC_ACT_OK,
+                Some("forwarded"),
+                repeat,
+                rounds,
+            )?;
+            let self_frame = frame_tcp(CLIENT, CLIENT_PORT, VIP_SELF, 80, 0x10);
+            let no_rewrite = measure_repeat(
+                &mut pp,
+                programs::TC_FROM_POD,
+                &self_frame,
+                TC_ACT_OK,
+                Some("forwarded"),
+                repeat,
+                rounds,
+            )?;
+            let pass = measure_repeat(
+                &mut pp,
+                programs::TC_FROM_POD,
+                &non_service,
+                TC_ACT_UNSPEC,
+                Some("pass_not_ours"),
+                repeat,
+                rounds,
+            )?;
+            let rev = measure_repeat(
+                &mut pp,
+                programs::TC_TO_POD,
+                &reply,
+                TC_ACT_OK,
+                Some("reversed"),
+                repeat,
+                rounds,
+            )?;
+            let to_pod_pass = measure_repeat(
+                &mut pp,
+                programs::TC_TO_POD,
+                &to_pod_other,
+                TC_ACT_UNSPEC,
+                Some("pass_not_ours"),
+                repeat,
+                rounds,
+            )?;
 
             // Single-shot: new flows (fresh source port per call; the source
             // address moves on every 60k calls so no flow is ever reused), and
             // the existing flow measured the same way for comparison.
-            let new_before = pp.syncer.store().service_stats(pp.ids(VIP_A, VIP_B, 80)?.0).new_flows;
+            let new_before = pp
+                .syncer
+                .store()
+                .service_stats(pp.ids(VIP_A, VIP_B, 80)?.0)
+                .new_flows;
             let frames: Vec<Vec<u8>> = (0..singles)
                 .map(|_| {
                     next_sport += 1;
@@ -496,8 +610,16 @@ fn perpacket(quick: bool) -> Result<Value> {
                     frame_tcp(src, 1024 + (next_sport % 60_000) as u16, VIP_A, 80, 0x02)
                 })
                 .collect();
-            let new_flow = measure_single(tc(&mut pp.ebpf, programs::TC_FROM_POD)?, frames.into_iter(), TC_ACT_OK)?;
-            let new_after = pp.syncer.store().service_stats(pp.ids(VIP_A, VIP_B, 80)?.0).new_flows;
+            let new_flow = measure_single(
+                tc(&mut pp.ebpf, programs::TC_FROM_POD)?,
+                frames.into_iter(),
+                TC_ACT_OK,
+            )?;
+            let new_after = pp
+                .syncer
+                .store()
+                .service_stats(pp.ids(VIP_A, VIP_B, 80)?.0)
+                .new_flows;
             ensure!(
                 new_after - new_before == u64::from(singles),
                 "new-flow case created {} flows, expected {singles}",
@@ -509,7 +631,7 @@ fn perpacket(quick: bool) -> Result<Value> {
                 TC_ACT_OK,
             )?;
             progress(&format!(
-                "perpacket: {services} services, {backends} backends/target: from_pod hit {hit:.1} ns, non-service {pass:.1} ns, to_pod reply {rev:.1} ns, to_pod other {to_pod_pass:.1} ns; single-shot new {new_flow:.1} / hit {hit_single:.1} / empty {empty_single:.1} ns"
+                "perpacket: {services} services, {backends} backends/target: from_pod hit {hit:.1} ns (no rewrite {no_rewrite:.1}), non-service {pass:.1} ns, to_pod reply {rev:.1} ns, to_pod other {to_pod_pass:.1} ns; single-shot new {new_flow:.1} / hit {hit_single:.1} / empty {empty_single:.1} ns"
             ));
             rows.push(json!({
                 "services": desired.frontends.len(),
@@ -517,6 +639,7 @@ fn perpacket(quick: bool) -> Result<Value> {
                 "target_backends": backends,
                 "sync_ms": sync_time.as_secs_f64() * 1e3,
                 "from_pod_service_existing_ns": hit,
+                "from_pod_service_existing_no_rewrite_ns": no_rewrite,
                 "from_pod_non_service_ns": pass,
                 "to_pod_reply_ns": rev,
                 "to_pod_non_service_ns": to_pod_pass,
@@ -599,8 +722,16 @@ fn sync_bench(quick: bool) -> Result<Value> {
         let started = Instant::now();
         let (desired, warnings) = model::build(&services, &slices);
         let model_time = started.elapsed();
-        ensure!(warnings.is_empty(), "model warnings: {:?}", warnings.first());
-        ensure!(desired.frontends.len() == count as usize, "model built {} frontends", desired.frontends.len());
+        ensure!(
+            warnings.is_empty(),
+            "model warnings: {:?}",
+            warnings.first()
+        );
+        ensure!(
+            desired.frontends.len() == count as usize,
+            "model built {} frontends",
+            desired.frontends.len()
+        );
 
         let entries = count * (endpoints + 1);
         let caps = Capacities {
@@ -615,7 +746,11 @@ fn sync_bench(quick: bool) -> Result<Value> {
         let started = Instant::now();
         let report = syncer.apply(&desired);
         let apply_time = started.elapsed();
-        ensure!(report.failed.is_empty(), "sync failed: {:?}", report.failed.first());
+        ensure!(
+            report.failed.is_empty(),
+            "sync failed: {:?}",
+            report.failed.first()
+        );
         ensure!(report.added == count as usize, "added {}", report.added);
         let writes = report.writes;
         let started = Instant::now();
@@ -644,7 +779,10 @@ fn sync_bench(quick: bool) -> Result<Value> {
             let t1 = Instant::now();
             let report = syncer.apply(&desired);
             let t2 = Instant::now();
-            ensure!(report.updated == 1 && report.failed.is_empty(), "change {k}: {report:?}");
+            ensure!(
+                report.updated == 1 && report.failed.is_empty(),
+                "change {k}: {report:?}"
+            );
             model_ms.push((t1 - t0).as_secs_f64() * 1e3);
             apply_ms.push((t2 - t1).as_secs_f64() * 1e3);
             total_ms.push((t2 - t0).as_secs_f64() * 1e3);
@@ -656,7 +794,9 @@ fn sync_bench(quick: bool) -> Result<Value> {
             "apply": stats_ms(apply_ms),
             "writes_per_change_median": median(&mut change_writes),
         });
-        progress(&format!("sync: one EndpointSlice change at {count} services: {change}"));
+        progress(&format!(
+            "sync: one EndpointSlice change at {count} services: {change}"
+        ));
         runs.push(json!({
             "services": count,
             "endpoints_per_service": endpoints,
@@ -721,7 +861,8 @@ fn mac(name: &str) -> Result<[u8; 6]> {
 fn in_netns<T>(ns: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
     use nix::sched::{setns, CloneFlags};
     let home = fs::File::open("/proc/thread-self/ns/net")?;
-    let target = fs::File::open(format!("/run/netns/{ns}")).with_context(|| format!("open netns {ns}"))?;
+    let target =
+        fs::File::open(format!("/run/netns/{ns}")).with_context(|| format!("open netns {ns}"))?;
     setns(target.as_fd(), CloneFlags::CLONE_NEWNET).context("setns into pod")?;
     let result = f();
     setns(home.as_fd(), CloneFlags::CLONE_NEWNET).context("setns back")?;
@@ -746,7 +887,12 @@ fn pin_to_cpu(cpu: usize) -> Result<()> {
 fn hooks(ingress: &str, pods: &[PodIf]) -> Vec<(String, TcAttachType)> {
     std::iter::once(ingress.to_string())
         .chain(pods.iter().map(|p| p.host_if.clone()))
-        .flat_map(|iface| [(iface.clone(), TcAttachType::Ingress), (iface, TcAttachType::Egress)])
+        .flat_map(|iface| {
+            [
+                (iface.clone(), TcAttachType::Ingress),
+                (iface, TcAttachType::Egress),
+            ]
+        })
         .collect()
 }
 
@@ -807,10 +953,14 @@ fn fwd(rest: &[String]) -> Result<Value> {
         sink_links.push(link);
     }
 
-    let template_map: aya::maps::Array<MapData, [u8; 64]> =
-        empty.take_map("SB_GEN_FRAME").ok_or_else(|| anyhow!("SB_GEN_FRAME missing"))?.try_into()?;
-    let sink_count: aya::maps::PerCpuArray<MapData, u64> =
-        empty.take_map("SB_SINK_COUNT").ok_or_else(|| anyhow!("SB_SINK_COUNT missing"))?.try_into()?;
+    let mut template_map: aya::maps::Array<MapData, [u8; 64]> = empty
+        .take_map("SB_GEN_FRAME")
+        .ok_or_else(|| anyhow!("SB_GEN_FRAME missing"))?
+        .try_into()?;
+    let sink_count: aya::maps::PerCpuArray<MapData, u64> = empty
+        .take_map("SB_SINK_COUNT")
+        .ok_or_else(|| anyhow!("SB_SINK_COUNT missing"))?
+        .try_into()?;
     let in_idx = ifindex(&ingress)?;
     let in_mac = mac(&ingress)?;
     let udp_frame = |dst: Ipv4Addr, dport: u16| -> Vec<u8> {
@@ -825,7 +975,22 @@ fn fwd(rest: &[String]) -> Result<Value> {
     let pod_port = 9;
 
     let mut rows = Vec::new();
-    for setup in ["kernel forwarding, no program", "empty tc program (only forwards)", "switchboard tc (ClusterIP DNAT)"] {
+    // The agent attaches with netlink (cls_bpf on a clsact qdisc); the TCX
+    // rows (bpf_link, kernel >= 6.6) show what that choice costs.
+    for (setup, tcx) in [
+        ("kernel forwarding, no program", false),
+        ("empty tc program (only forwards), netlink clsact as the agent attaches", false),
+        ("switchboard tc (ClusterIP DNAT), netlink clsact as the agent attaches", false),
+        ("empty tc program (only forwards), TCX link", true),
+        ("switchboard tc (ClusterIP DNAT), TCX link", true),
+    ] {
+        let attach_opts = || {
+            if tcx {
+                TcAttachOptions::TcxOrder(LinkOrder::default())
+            } else {
+                netlink()
+            }
+        };
         let mut sb: Option<(Ebpf, Syncer<PinnedMaps>)> = None;
         let mut empty_links = Vec::new();
         let frame;
@@ -837,7 +1002,7 @@ fn fwd(rest: &[String]) -> Result<Value> {
                 let prog = tc(&mut empty, "sb_empty_tc")?;
                 for (iface, hook) in hooks(&ingress, &pods) {
                     let _ = aya::programs::tc::qdisc_add_clsact(&iface);
-                    empty_links.push(prog.attach_with_options(&iface, hook, netlink())?);
+                    empty_links.push(prog.attach_with_options(&iface, hook, attach_opts())?);
                 }
                 frame = udp_frame(pods[0].ip, pod_port);
             }
@@ -846,7 +1011,17 @@ fn fwd(rest: &[String]) -> Result<Value> {
                 let mut ebpf = ebpf::load_unpinned(&caps)?;
                 let maps = PinnedMaps::take(&mut ebpf)?;
                 let mut syncer = Syncer::adopt(maps, caps);
-                let mut f = frontend(vip, vip_port, "fwd", pods.iter().map(|p| BackendAddr { ip: p.ip, port: pod_port }).collect());
+                let mut f = frontend(
+                    vip,
+                    vip_port,
+                    "fwd",
+                    pods.iter()
+                        .map(|p| BackendAddr {
+                            ip: p.ip,
+                            port: pod_port,
+                        })
+                        .collect(),
+                );
                 f.addr.protocol = Protocol::Udp;
                 let report = syncer.apply(&DesiredState {
                     frontends: [(f.addr, f)].into_iter().collect(),
@@ -860,7 +1035,7 @@ fn fwd(rest: &[String]) -> Result<Value> {
                         _ => programs::TC_TO_POD,
                     };
                     let _ = aya::programs::tc::qdisc_add_clsact(&iface);
-                    tc(&mut ebpf, name)?.attach_with_options(&iface, hook, netlink())?;
+                    tc(&mut ebpf, name)?.attach_with_options(&iface, hook, attach_opts())?;
                 }
                 sb = Some((ebpf, syncer));
                 frame = udp_frame(vip, vip_port);
@@ -869,7 +1044,9 @@ fn fwd(rest: &[String]) -> Result<Value> {
 
         let mut template = [0u8; 64];
         template[..frame.len()].copy_from_slice(&frame);
-        template_map.set(0, template, 0).context("writing the generator's frame")?;
+        template_map
+            .set(0, template, 0)
+            .context("writing the generator's frame")?;
         let fwd_before = sb.as_ref().map(|(_, s)| stat(s.store(), "forwarded"));
         let mut md = XdpMd {
             ingress_ifindex: in_idx,
@@ -877,7 +1054,10 @@ fn fwd(rest: &[String]) -> Result<Value> {
         };
         md.data_end = frame.len() as u32;
         let ctx: &[u8] = unsafe {
-            std::slice::from_raw_parts((&md as *const XdpMd).cast::<u8>(), std::mem::size_of::<XdpMd>())
+            std::slice::from_raw_parts(
+                (&md as *const XdpMd).cast::<u8>(),
+                std::mem::size_of::<XdpMd>(),
+            )
         };
         let gen = xdp(&mut empty, "sb_gen_xdp")?;
         // Warm-up (neighbour entries, caches), then the measured run.
@@ -902,7 +1082,9 @@ fn fwd(rest: &[String]) -> Result<Value> {
             .context("XDP live-frame run")?;
         let wall = started.elapsed();
         let delivered = sink_total(&sink_count)? - sink_mid;
-        let forwarded = sb.as_ref().map(|(_, s)| stat(s.store(), "forwarded") - fwd_before.unwrap_or(0));
+        let forwarded = sb
+            .as_ref()
+            .map(|(_, s)| stat(s.store(), "forwarded") - fwd_before.unwrap_or(0));
         let mpps = delivered as f64 / wall.as_secs_f64() / 1e6;
         progress(&format!(
             "fwd: {setup}: {count} frames in {:.3} s, {delivered} reached the pods' sinks, {mpps:.3} Mpps",
@@ -915,6 +1097,7 @@ fn fwd(rest: &[String]) -> Result<Value> {
         rows.push(json!({
             "path": "tc",
             "setup": setup,
+            "attach": if setup.starts_with("kernel") { "none" } else if tcx { "tcx" } else { "netlink" },
             "frames": count,
             "wall_s": wall.as_secs_f64(),
             "kernel_ns_per_frame": r.duration.as_nanos() as f64,

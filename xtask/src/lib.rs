@@ -3,6 +3,7 @@
 //! The library half is shared by the `xtask` binary and the netns end-to-end
 //! tests in `xtask/tests/e2e.rs`.
 
+pub mod bench;
 pub mod build;
 pub mod demo;
 pub mod sandbox;

@@ -18,6 +18,16 @@ enum Cmd {
     Demo,
     /// setup + build + every test (unit, fixtures, netns e2e) + clippy. Needs root.
     Test,
+    /// Benchmarks against kube-proxy-style iptables/nftables and a direct
+    /// path; writes xtask/results/<timestamp>/report.md. Needs root.
+    Bench {
+        /// Fewer sizes and shorter runs (under two minutes; the CI smoke test).
+        #[arg(long)]
+        quick: bool,
+        /// Write the report here instead of xtask/results/<timestamp>/.
+        #[arg(long)]
+        out: Option<std::path::PathBuf>,
+    },
     /// Remove test sandboxes (namespaces, pin mounts) left by dead processes,
     /// and the demo sandbox.
     CleanupStale,
@@ -29,6 +39,7 @@ fn main() -> Result<()> {
         Cmd::Build => xtask::build::run().map(|_| ()),
         Cmd::Demo => xtask::demo::run(),
         Cmd::Test => xtask::testcmd::run(),
+        Cmd::Bench { quick, out } => xtask::bench::run(xtask::bench::Options { quick, out }),
         Cmd::CleanupStale => {
             xtask::sandbox::cleanup_stale()?;
             xtask::sandbox::purge_tag(xtask::sandbox::DEMO_TAG)

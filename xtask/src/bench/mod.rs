@@ -1,0 +1,738 @@
+//! `cargo xtask bench [--quick] [--out DIR]`: switchboard against its
+//! baselines, on this machine, in one run, written to
+//! `xtask/results/<timestamp>/` (report.md, results.json, SVG plots) and
+//! copied to `xtask/results/latest/`.
+//!
+//! Steps (each prints a progress line):
+//! 1. per-packet cost (`sb_bench perpacket`, BPF_PROG_TEST_RUN);
+//! 2. control plane (`sb_bench sync`: model + map writes at 10k × 10);
+//! 3. forwarding rate on one core (`sb_bench fwd` in a sandbox: XDP live
+//!    frames into the node's stack through the tc path);
+//! 4. end to end in netns sandboxes, one fresh sandbox per path so nothing of
+//!    one path (conntrack hooks, rules, tc filters) stays for the next: direct
+//!    to a pod, switchboard, kube-proxy-style iptables, kube-proxy-style
+//!    nftables, each at 1, 1k, 10k Services: new TCP connections per second
+//!    and latency (wrk, `Connection: close`), UDP request/response rate, one
+//!    TCP stream's throughput; plus the time to program 10k Services × 10
+//!    endpoints with each (iptables-restore, `nft -f`, agent);
+//! 5. agent resident memory at 1k, 10k, 100k Services (a real `switchboard
+//!    agent --source dir:` in a sandbox);
+//! 6. the report, with every ratio computed from this run's figures.
+//!
+//! Every sandbox uses a fixed `sbb…` tag: a new run first removes what an
+//! interrupted one left, and Ctrl-C removes them before exiting. Rules and
+//! traffic exist only inside the sandbox namespaces.
+
+pub mod kubeproxy;
+pub mod report;
+pub mod workload;
+
+use std::fs;
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, ensure, Context, Result};
+use serde_json::{json, Value};
+
+use crate::sandbox::{self, Sandbox};
+use crate::util::{cargo, is_root, release_bin, repo_root, run_capture, show};
+
+/// Sandbox tags used by the benchmark (one sandbox at a time).
+const TAGS: [&str; 6] = ["sbbfwd", "sbbdir", "sbbsw", "sbbipt", "sbbnft", "sbbrss"];
+
+pub struct Options {
+    pub quick: bool,
+    pub out: Option<PathBuf>,
+}
+
+/// What one run measures; `--quick` shrinks it to stay under two minutes.
+struct Plan {
+    quick: bool,
+    e2e_sizes: Vec<u32>,
+    rss_sizes: Vec<u32>,
+    wrk_secs: u32,
+    udp_ms: u32,
+    bulk_ms: u32,
+    fwd_frames: u32,
+    /// Services × 10 endpoints for the "time to program" comparison.
+    program_size: u32,
+}
+
+impl Plan {
+    fn new(quick: bool) -> Plan {
+        if quick {
+            Plan {
+                quick,
+                e2e_sizes: vec![1, 1000],
+                rss_sizes: vec![1000],
+                wrk_secs: 2,
+                udp_ms: 1000,
+                bulk_ms: 1000,
+                fwd_frames: 1_000_000,
+                program_size: 1000,
+            }
+        } else {
+            Plan {
+                quick,
+                e2e_sizes: vec![1, 1000, 10_000],
+                rss_sizes: vec![1000, 10_000, 100_000],
+                wrk_secs: 6,
+                udp_ms: 3000,
+                bulk_ms: 3000,
+                fwd_frames: 5_000_000,
+                program_size: 10_000,
+            }
+        }
+    }
+}
+
+static STEP: AtomicUsize = AtomicUsize::new(0);
+static TOTAL: AtomicUsize = AtomicUsize::new(0);
+static STARTED: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+
+/// The progress line: `bench [3/17 0:42] …`.
+fn progress(msg: &str) {
+    let step = STEP.fetch_add(1, Ordering::SeqCst) + 1;
+    let total = TOTAL.load(Ordering::SeqCst);
+    let secs = STARTED.get_or_init(Instant::now).elapsed().as_secs();
+    println!("bench [{step}/{total} {}:{:02}] {msg}", secs / 60, secs % 60);
+}
+
+fn note(msg: &str) {
+    println!("bench        {msg}");
+}
+
+pub fn run(opts: Options) -> Result<()> {
+    if !is_root() {
+        bail!("cargo xtask bench needs root (it loads eBPF programs and builds network namespaces)");
+    }
+    let plan = Plan::new(opts.quick);
+    STARTED.get_or_init(Instant::now);
+    TOTAL.store(
+        3 + 1 + 3 * plan.e2e_sizes.len() + plan.rss_sizes.len() + 1,
+        Ordering::SeqCst,
+    );
+
+    ctrlc::set_handler(|| {
+        eprintln!("\nbench: interrupted, removing the benchmark sandboxes");
+        for tag in TAGS {
+            if let Err(e) = sandbox::purge_tag(tag) {
+                eprintln!("bench: cleanup {tag}: {e:#}");
+            }
+        }
+        std::process::exit(130);
+    })
+    .context("install Ctrl-C handler")?;
+
+    crate::setup::run()?;
+    let bins = crate::build::run()?;
+    let sb_http = release_bin("sb-http");
+    ensure!(sb_http.exists(), "{} missing after the build", sb_http.display());
+    let sb_bench = build_bench()?;
+    for tag in TAGS {
+        sandbox::purge_tag(tag)?;
+    }
+
+    let stamp = timestamp()?;
+    let results_root = repo_root().join("xtask/results");
+    let dir = opts.out.clone().unwrap_or_else(|| results_root.join(&stamp));
+    fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
+    println!("bench: writing to {}", dir.display());
+
+    let mut results = json!({
+        "meta": meta(&stamp, plan.quick)?,
+    });
+
+    let quick = if plan.quick { vec!["--quick"] } else { vec![] };
+
+    progress("per-packet cost: BPF_PROG_TEST_RUN of sb_from_pod / sb_to_pod at each Services count, next to the empty programs");
+    results["perpacket"] = run_json(&sb_bench, &[&["perpacket"], quick.as_slice()].concat(), &dir.join("perpacket.json"))?;
+
+    progress("control plane: model + Syncer::apply of Services x 10 endpoints into kernel maps; one EndpointSlice change");
+    results["sync"] = run_json(&sb_bench, &[&["sync"], quick.as_slice()].concat(), &dir.join("sync.json"))?;
+
+    progress("forwarding rate on one core: XDP live frames through the node's tc path");
+    results["fwd"] = fwd(&sb_bench, &plan, &dir)?;
+
+    let mut e2e = Vec::new();
+    let mut programming = Vec::new();
+    e2e.extend(e2e_direct(&plan, &sb_http)?);
+    let (rows, prog) = e2e_switchboard(&plan, &sb_http, &bins.switchboard)?;
+    e2e.extend(rows);
+    programming.extend(prog);
+    let (rows, prog) = e2e_rules(&plan, &sb_http, RuleSet::Iptables, &dir)?;
+    e2e.extend(rows);
+    programming.extend(prog);
+    let (rows, prog) = e2e_rules(&plan, &sb_http, RuleSet::Nftables, &dir)?;
+    e2e.extend(rows);
+    programming.extend(prog);
+    results["e2e"] = Value::Array(e2e);
+    results["programming"] = Value::Array(programming);
+
+    results["rss"] = Value::Array(agent_rss(&plan, &sb_http, &bins.switchboard)?);
+
+    progress("report: tables, ratios and plots");
+    fs::write(dir.join("results.json"), serde_json::to_string_pretty(&results)?)?;
+    let table = report::write(&results, &dir)?;
+    if opts.out.is_none() {
+        let latest = results_root.join("latest");
+        let _ = fs::remove_dir_all(&latest);
+        fs::create_dir_all(&latest)?;
+        for entry in fs::read_dir(&dir)? {
+            let entry = entry?;
+            fs::copy(entry.path(), latest.join(entry.file_name()))?;
+        }
+    }
+    println!("\n{table}");
+    println!("bench: report in {}", dir.join("report.md").display());
+    let leftover: Vec<String> = sandbox::list_netns()?
+        .into_iter()
+        .filter(|ns| TAGS.iter().any(|t| ns.starts_with(&format!("{t}-"))))
+        .collect();
+    ensure!(leftover.is_empty(), "namespaces left behind: {leftover:?}");
+    Ok(())
+}
+
+/// `cargo bench -p proxy-user --bench sb_bench --no-run`; the executable's path.
+fn build_bench() -> Result<PathBuf> {
+    println!("build: cargo bench -p proxy-user --bench sb_bench --no-run");
+    let mut c = cargo();
+    c.current_dir(repo_root())
+        .args(["bench", "-p", "proxy-user", "--bench", "sb_bench", "--no-run", "--message-format=json"])
+        .stderr(std::process::Stdio::inherit());
+    let out = c.output().with_context(|| format!("start `{}`", show(&c)))?;
+    ensure!(out.status.success(), "`{}` failed ({}); its errors are above", show(&c), out.status);
+    let text = String::from_utf8_lossy(&out.stdout);
+    for line in text.lines() {
+        let Ok(msg) = serde_json::from_str::<Value>(line) else { continue };
+        if msg["reason"] == "compiler-artifact" && msg["target"]["name"] == "sb_bench" {
+            if let Some(exe) = msg["executable"].as_str() {
+                return Ok(PathBuf::from(exe));
+            }
+        }
+    }
+    bail!("cargo bench --no-run did not report the sb_bench executable")
+}
+
+fn timestamp() -> Result<String> {
+    let out = run_capture(Command::new("date").args(["-u", "+%Y%m%dT%H%M%SZ"]))?;
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+fn capture(program: &str, args: &[&str]) -> String {
+    Command::new(program)
+        .args(args)
+        .output()
+        .map(|o| {
+            let mut s = String::from_utf8_lossy(&o.stdout).trim().to_string();
+            if s.is_empty() {
+                s = String::from_utf8_lossy(&o.stderr).trim().to_string();
+            }
+            s
+        })
+        .unwrap_or_default()
+}
+
+fn meta(stamp: &str, quick: bool) -> Result<Value> {
+    let cpuinfo = fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let cpu = cpuinfo
+        .lines()
+        .find(|l| l.starts_with("model name"))
+        .and_then(|l| l.split_once(':'))
+        .map(|(_, v)| v.trim().to_string())
+        .unwrap_or_default();
+    let cpus = cpuinfo.lines().filter(|l| l.starts_with("processor")).count();
+    let mem_kb: u64 = fs::read_to_string("/proc/meminfo")
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with("MemTotal:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let root = repo_root();
+    let root = root.to_string_lossy();
+    let commit = capture("git", &["-C", &root, "rev-parse", "--short=12", "HEAD"]);
+    let dirty = !capture("git", &["-C", &root, "status", "--porcelain", "--untracked-files=no"]).is_empty();
+    Ok(json!({
+        "timestamp": stamp,
+        "mode": if quick { "quick" } else { "full" },
+        "cpu": cpu,
+        "cpus": cpus,
+        "memory_gib": mem_kb as f64 / 1024.0 / 1024.0,
+        "kernel": capture("uname", &["-r"]),
+        "commit": commit,
+        "dirty": dirty,
+        "iptables": capture("iptables", &["--version"]),
+        "nft": capture("nft", &["--version"]),
+        "wrk": capture("wrk", &["--version"]).lines().next().unwrap_or_default().to_string(),
+    }))
+}
+
+/// Runs `sb_bench <args> --out <file>` (inheriting stderr, which carries its
+/// own progress) and parses the JSON it wrote.
+fn run_json(sb_bench: &Path, args: &[&str], file: &Path) -> Result<Value> {
+    let mut c = Command::new(sb_bench);
+    c.args(args).arg("--out").arg(file);
+    let status = c.status().with_context(|| format!("start `{}`", show(&c)))?;
+    ensure!(status.success(), "`{}` failed: {status}", show(&c));
+    read_json(file)
+}
+
+fn read_json(file: &Path) -> Result<Value> {
+    let text = fs::read_to_string(file).with_context(|| format!("read {}", file.display()))?;
+    serde_json::from_str(&text).with_context(|| format!("parse {}", file.display()))
+}
+
+fn pod_ips() -> Vec<Ipv4Addr> {
+    (1..=sandbox::PODS)
+        .map(|i| sandbox::pod_ip(i).parse().expect("valid pod address"))
+        .collect()
+}
+
+// ---------------------------------------------------------------------------
+// Forwarding rate
+// ---------------------------------------------------------------------------
+
+fn fwd(sb_bench: &Path, plan: &Plan, dir: &Path) -> Result<Value> {
+    let sb = Sandbox::new("sbbfwd")?;
+    let file = dir.join("fwd.json");
+    let bin = sb_bench.to_string_lossy().into_owned();
+    let file_s = file.to_string_lossy().into_owned();
+    let frames = plan.fwd_frames.to_string();
+    let pods: Vec<String> = (1..=sandbox::PODS)
+        .map(|i| format!("{}:{}:{}", sb.pod_if(i), sb.pod_ns(i), sandbox::pod_ip(i)))
+        .collect();
+    let client_if = sb.client_if();
+    let mut args: Vec<&str> = vec![&bin, "fwd", "--ingress", &client_if, "--count", &frames, "--out", &file_s];
+    for p in &pods {
+        args.extend(["--pod", p.as_str()]);
+    }
+    let mut c = sb.command(&sb.node_ns(), &args);
+    let status = c.status().with_context(|| format!("start `{}`", show(&c)))?;
+    drop(sb);
+    ensure!(status.success(), "`{}` failed: {status}", show(&c));
+    read_json(&file)
+}
+
+// ---------------------------------------------------------------------------
+// End to end
+// ---------------------------------------------------------------------------
+
+fn start_http_pods(sb: &mut Sandbox, sb_http: &Path) -> Result<()> {
+    let bin = sb_http.to_string_lossy().into_owned();
+    for i in 1..=sandbox::PODS {
+        let (ns, name) = (sb.pod_ns(i), sandbox::pod_name(i));
+        sb.spawn(
+            &name,
+            &ns,
+            &[
+                &bin,
+                "serve",
+                "--name",
+                &name,
+                "--http",
+                &workload::POD_HTTP_PORT.to_string(),
+                "--udp",
+                &workload::POD_UDP_PORT.to_string(),
+                "--bulk",
+                &workload::POD_BULK_PORT.to_string(),
+            ],
+        )?;
+    }
+    // Each pod answers UDP on its own address from the client.
+    for ip in pod_ips() {
+        let addr = format!("{ip}:{}", workload::POD_UDP_PORT);
+        wait_udp(sb, sb_http, &addr)?;
+    }
+    Ok(())
+}
+
+fn wait_udp(sb: &Sandbox, sb_http: &Path, addr: &str) -> Result<()> {
+    let bin = sb_http.to_string_lossy().into_owned();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let out = sb.exec_status(&sb.client_ns(), &[&bin, "udp", "--addr", addr, "--flows", "1", "--duration-ms", "200"])?;
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+        if v["requests"].as_u64().unwrap_or(0) > 0 {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "{addr} does not answer UDP from the client namespace: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// wrk's figures: requests (= connections, with `Connection: close`) per
+/// second and latency percentiles in microseconds.
+#[derive(Debug, Default)]
+struct Wrk {
+    rps: f64,
+    p50_us: f64,
+    p99_us: f64,
+    requests: u64,
+    errors: u64,
+}
+
+fn parse_duration_us(s: &str) -> Option<f64> {
+    let s = s.trim();
+    let (num, mult) = if let Some(v) = s.strip_suffix("us") {
+        (v, 1.0)
+    } else if let Some(v) = s.strip_suffix("ms") {
+        (v, 1e3)
+    } else if let Some(v) = s.strip_suffix('m') {
+        (v, 60e6)
+    } else if let Some(v) = s.strip_suffix('s') {
+        (v, 1e6)
+    } else {
+        return None;
+    };
+    num.parse::<f64>().ok().map(|n| n * mult)
+}
+
+fn parse_wrk(text: &str) -> Result<Wrk> {
+    let mut w = Wrk::default();
+    for line in text.lines() {
+        let t = line.trim();
+        if let Some(v) = t.strip_prefix("Requests/sec:") {
+            w.rps = v.trim().parse()?;
+        } else if let Some(v) = t.strip_prefix("50%") {
+            w.p50_us = parse_duration_us(v).ok_or_else(|| anyhow!("bad wrk line {t}"))?;
+        } else if let Some(v) = t.strip_prefix("99%") {
+            w.p99_us = parse_duration_us(v).ok_or_else(|| anyhow!("bad wrk line {t}"))?;
+        } else if t.contains(" requests in ") {
+            w.requests = t.split_whitespace().next().unwrap_or("0").parse().unwrap_or(0);
+        } else if let Some(v) = t.strip_prefix("Socket errors:") {
+            // "connect 0, read 0, write 0, timeout 0"
+            w.errors += v
+                .split(',')
+                .filter_map(|kv| kv.split_whitespace().nth(1))
+                .filter_map(|n| n.parse::<u64>().ok())
+                .sum::<u64>();
+        } else if let Some(v) = t.strip_prefix("Non-2xx or 3xx responses:") {
+            w.errors += v.trim().parse::<u64>().unwrap_or(0);
+        }
+    }
+    ensure!(w.rps > 0.0 && w.requests > 0, "wrk made no request:\n{text}");
+    Ok(w)
+}
+
+/// wrk threads and connections: two client threads on this 2-core machine;
+/// 32 connections keep the three pods busy without queueing in accept.
+const WRK_THREADS: &str = "2";
+const WRK_CONNECTIONS: &str = "32";
+
+fn wrk(sb: &Sandbox, url: &str, secs: u32) -> Result<Wrk> {
+    let d = format!("{secs}s");
+    let out = sb.exec(
+        &sb.client_ns(),
+        &["wrk", "-t", WRK_THREADS, "-c", WRK_CONNECTIONS, "-d", &d, "--latency", "-H", "Connection: close", url],
+    )?;
+    parse_wrk(&String::from_utf8_lossy(&out.stdout))
+}
+
+/// Everything measured over one path at one size.
+fn measure(sb: &Sandbox, sb_http: &Path, plan: &Plan, host: &str, ports: (u16, u16, u16)) -> Result<Value> {
+    let bin = sb_http.to_string_lossy().into_owned();
+    let url = format!("http://{host}:{}/", ports.0);
+    if !plan.quick {
+        wrk(sb, &url, 1)?; // warm-up (neighbours, caches, conntrack)
+    }
+    let w = wrk(sb, &url, plan.wrk_secs)?;
+    let udp_addr = format!("{host}:{}", ports.1);
+    let udp_ms = plan.udp_ms.to_string();
+    let out = sb.exec(&sb.client_ns(), &[&bin, "udp", "--addr", &udp_addr, "--flows", "8", "--duration-ms", &udp_ms])?;
+    let udp: Value = serde_json::from_slice(&out.stdout).context("sb-http udp output")?;
+    ensure!(udp["requests"].as_u64().unwrap_or(0) > 0, "no UDP answer from {udp_addr}: {udp}");
+    let bulk_addr = format!("{host}:{}", ports.2);
+    let bulk_ms = plan.bulk_ms.to_string();
+    let out = sb.exec(&sb.client_ns(), &[&bin, "bulk", "--addr", &bulk_addr, "--duration-ms", &bulk_ms])?;
+    let bulk: Value = serde_json::from_slice(&out.stdout).context("sb-http bulk output")?;
+    note(&format!(
+        "{:.0} conn/s (p50 {:.0} us, p99 {:.0} us, {} errors); UDP {:.0} req/s (p99 {} us); one TCP stream {:.2} Gbit/s",
+        w.rps, w.p50_us, w.p99_us, w.errors, udp["rate"].as_f64().unwrap_or(0.0), udp["p99_us"], bulk["gbit_s"].as_f64().unwrap_or(0.0)
+    ));
+    Ok(json!({
+        "conn_per_s": w.rps,
+        "p50_us": w.p50_us,
+        "p99_us": w.p99_us,
+        "requests": w.requests,
+        "errors": w.errors,
+        "udp": udp,
+        "bulk": bulk,
+    }))
+}
+
+fn service_ports() -> (u16, u16, u16) {
+    (workload::HTTP_PORT, workload::UDP_PORT, workload::BULK_PORT)
+}
+
+fn e2e_direct(plan: &Plan, sb_http: &Path) -> Result<Vec<Value>> {
+    progress("end to end: direct to a pod IP (no load balancer: the limit)");
+    let mut sb = Sandbox::new("sbbdir")?;
+    start_http_pods(&mut sb, sb_http)?;
+    let pod = sandbox::pod_ip(1);
+    let m = measure(&sb, sb_http, plan, &pod, (workload::POD_HTTP_PORT, workload::POD_UDP_PORT, workload::POD_BULK_PORT))?;
+    sb.cleanup()?;
+    Ok(vec![json!({"path": "direct", "services": Value::Null, "m": m})])
+}
+
+/// Writes the manifests for `count` Services into the sandbox's manifest
+/// directory (replacing what is there).
+fn write_manifests(sb: &Sandbox, count: u32) -> Result<usize> {
+    let dir = sb.manifest_dir();
+    for entry in fs::read_dir(&dir)? {
+        fs::remove_file(entry?.path())?;
+    }
+    let services = workload::services(count, &pod_ips());
+    // Write into a hidden staging name first (the dir source ignores hidden
+    // files), then rename, so the agent never reads a half-written file.
+    for (name, text) in workload::manifest_files(&services, 1000) {
+        let staging = dir.join(format!(".{name}"));
+        fs::write(&staging, text)?;
+        fs::rename(&staging, dir.join(&name))?;
+    }
+    Ok(workload::frontends(&services))
+}
+
+/// Agent capacity flags large enough for `services` × 10 endpoints.
+fn agent_caps(services: u32) -> Vec<String> {
+    let entries = (u64::from(services) * 11 + 4096).next_power_of_two().max(65_536);
+    let backends = (u64::from(services) * 10 + 4096).next_power_of_two().max(65_536);
+    let ids = (u64::from(services) + 1024).next_power_of_two().max(16_384);
+    vec![
+        "--max-frontend-entries".into(),
+        entries.to_string(),
+        "--max-backends".into(),
+        backends.to_string(),
+        "--max-services".into(),
+        ids.to_string(),
+    ]
+}
+
+fn start_agent(sb: &mut Sandbox, switchboard: &Path, max_services: u32) -> Result<u32> {
+    let bin = switchboard.to_string_lossy().into_owned();
+    let source = format!("dir:{}", sb.manifest_dir().display());
+    let pin = sb.pin_dir.to_string_lossy().into_owned();
+    let caps = agent_caps(max_services);
+    let mut args: Vec<&str> = vec![&bin, "agent", "--source", &source, "--pin-root", &pin];
+    args.extend(caps.iter().map(String::as_str));
+    let node = sb.node_ns();
+    sb.spawn("agent", &node, &args)
+}
+
+/// Waits until the agent's log has a `maps synced` line with `frontends=N`
+/// after `skip` bytes of log; returns when it appeared.
+fn wait_synced(sb: &mut Sandbox, frontends: usize, skip: usize, timeout: Duration) -> Result<Instant> {
+    let want = format!("frontends={frontends} ");
+    let deadline = Instant::now() + timeout;
+    loop {
+        let log = sb.agent_log();
+        let fresh = log.get(skip..).unwrap_or_default();
+        if fresh.lines().any(|l| l.contains("maps synced") && l.contains(&want)) {
+            return Ok(Instant::now());
+        }
+        if !sb.agent_running() {
+            bail!("the agent exited:\n{log}");
+        }
+        if Instant::now() > deadline {
+            bail!("the agent did not sync {frontends} frontends within {timeout:?}:\n{}", tail(&log, 30));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn tail(text: &str, lines: usize) -> String {
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+fn e2e_switchboard(plan: &Plan, sb_http: &Path, switchboard: &Path) -> Result<(Vec<Value>, Vec<Value>)> {
+    let mut sb = Sandbox::new("sbbsw")?;
+    start_http_pods(&mut sb, sb_http)?;
+    let max = *plan.e2e_sizes.iter().max().unwrap_or(&1);
+    let mut rows = Vec::new();
+    let mut programming = Vec::new();
+    let mut started_agent = false;
+    for &n in &plan.e2e_sizes {
+        progress(&format!("end to end: switchboard, {n} Services"));
+        let skip = sb.agent_log().len();
+        let t0 = Instant::now();
+        let frontends = write_manifests(&sb, n)?;
+        if !started_agent {
+            start_agent(&mut sb, switchboard, max.max(plan.program_size))?;
+            started_agent = true;
+        }
+        let synced = wait_synced(&mut sb, frontends, skip, Duration::from_secs(120))?;
+        let secs = (synced - t0).as_secs_f64();
+        note(&format!("agent programmed {frontends} frontends {secs:.2} s after the manifests were written"));
+        if n == plan.program_size {
+            programming.push(json!({"tool": "switchboard agent (YAML written → maps synced)", "services": n, "seconds": secs}));
+        }
+        let m = measure(&sb, sb_http, plan, &workload::TARGET_IP.to_string(), service_ports())?;
+        rows.push(json!({"path": "switchboard", "services": n, "m": m, "agent_sync_s": secs}));
+    }
+    if !plan.e2e_sizes.contains(&plan.program_size) {
+        let skip = sb.agent_log().len();
+        let t0 = Instant::now();
+        let frontends = write_manifests(&sb, plan.program_size)?;
+        let synced = wait_synced(&mut sb, frontends, skip, Duration::from_secs(120))?;
+        programming.push(json!({"tool": "switchboard agent (YAML written → maps synced)", "services": plan.program_size, "seconds": (synced - t0).as_secs_f64()}));
+    }
+    sb.stop_agent()?;
+    sb.cleanup()?;
+    Ok((rows, programming))
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum RuleSet {
+    Iptables,
+    Nftables,
+}
+
+impl RuleSet {
+    fn name(self) -> &'static str {
+        match self {
+            RuleSet::Iptables => "iptables",
+            RuleSet::Nftables => "nftables",
+        }
+    }
+    fn tag(self) -> &'static str {
+        match self {
+            RuleSet::Iptables => "sbbipt",
+            RuleSet::Nftables => "sbbnft",
+        }
+    }
+    fn render(self, services: &[workload::Svc]) -> String {
+        match self {
+            RuleSet::Iptables => kubeproxy::iptables(services),
+            RuleSet::Nftables => kubeproxy::nftables(services),
+        }
+    }
+    /// Loads `file` into the node namespace; returns the wall time of the
+    /// loading command.
+    fn load(self, sb: &Sandbox, file: &Path) -> Result<f64> {
+        let f = file.to_string_lossy().into_owned();
+        let node = sb.node_ns();
+        let t0 = Instant::now();
+        match self {
+            // iptables-restore replaces the tables named in the file (nat, filter).
+            RuleSet::Iptables => {
+                let mut c = sb.command(&node, &["sh", "-c", "exec iptables-restore < \"$0\"", &f]);
+                run_capture(&mut c)?;
+            }
+            RuleSet::Nftables => {
+                sb.exec(&node, &["nft", "-f", &f])?;
+            }
+        }
+        Ok(t0.elapsed().as_secs_f64())
+    }
+}
+
+fn e2e_rules(plan: &Plan, sb_http: &Path, set: RuleSet, dir: &Path) -> Result<(Vec<Value>, Vec<Value>)> {
+    let mut sb = Sandbox::new(set.tag())?;
+    start_http_pods(&mut sb, sb_http)?;
+    let mut rows = Vec::new();
+    let mut programming = Vec::new();
+    let node = sb.node_ns();
+    let mut sizes = plan.e2e_sizes.clone();
+    if !sizes.contains(&plan.program_size) {
+        sizes.push(plan.program_size);
+    }
+    for &n in &sizes {
+        let measured = plan.e2e_sizes.contains(&n);
+        if measured {
+            progress(&format!("end to end: kube-proxy-style {} rules, {n} Services", set.name()));
+        }
+        let services = workload::services(n, &pod_ips());
+        let file = sb.dir.join(format!("{}-{n}.rules", set.name()));
+        let text = set.render(&services);
+        fs::write(&file, &text)?;
+        let secs = set.load(&sb, &file)?;
+        let rules = text.lines().filter(|l| l.starts_with("-A ") || l.trim_start().starts_with("chain ")).count();
+        note(&format!("{} loaded {n} Services x {} endpoints in {secs:.2} s ({} lines)", set.name(), workload::FILLER_ENDPOINTS, text.lines().count()));
+        if n == plan.program_size {
+            programming.push(json!({
+                "tool": match set { RuleSet::Iptables => "iptables-restore", RuleSet::Nftables => "nft -f" },
+                "services": n,
+                "seconds": secs,
+                "rules_or_chains": rules,
+            }));
+            if n == *sizes.iter().max().unwrap_or(&0) && !plan.quick {
+                // Keep the largest file next to the report, for inspection? Too
+                // big for a results folder: only its head.
+                let head: String = text.lines().take(60).collect::<Vec<_>>().join("\n");
+                fs::write(dir.join(format!("{}-head.txt", set.name())), head)?;
+            }
+        }
+        if measured {
+            // Forget the previous size's connections (conntrack is per namespace).
+            let _ = sb.exec_status(&node, &["conntrack", "-F"]);
+            let m = measure(&sb, sb_http, plan, &workload::TARGET_IP.to_string(), service_ports())?;
+            rows.push(json!({"path": set.name(), "services": n, "m": m, "load_s": secs}));
+        }
+    }
+    sb.cleanup()?;
+    Ok((rows, programming))
+}
+
+// ---------------------------------------------------------------------------
+// Agent memory
+// ---------------------------------------------------------------------------
+
+fn status_kb(pid: u32, key: &str) -> Result<u64> {
+    let text = fs::read_to_string(format!("/proc/{pid}/status"))?;
+    text.lines()
+        .find(|l| l.starts_with(key))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| anyhow!("{key} missing from /proc/{pid}/status"))
+}
+
+fn agent_rss(plan: &Plan, sb_http: &Path, switchboard: &Path) -> Result<Vec<Value>> {
+    let _ = sb_http;
+    let mut rows = Vec::new();
+    for &n in &plan.rss_sizes {
+        progress(&format!("agent memory: a fresh `switchboard agent --source dir:` with {n} Services x 10 endpoints"));
+        // A fresh sandbox each time: fresh pins, so the agent programs
+        // everything instead of adopting.
+        let mut sb = Sandbox::new("sbbrss")?;
+        let frontends = write_manifests(&sb, n)?;
+        let t0 = Instant::now();
+        let pid = start_agent(&mut sb, switchboard, n)?;
+        let synced = wait_synced(&mut sb, frontends, 0, Duration::from_secs(600))?;
+        let startup = (synced - t0).as_secs_f64();
+        // Let the allocator settle after the initial sync.
+        std::thread::sleep(Duration::from_millis(500));
+        let rss = status_kb(pid, "VmRSS:")?;
+        let hwm = status_kb(pid, "VmHWM:")?;
+        let yaml_bytes: u64 = fs::read_dir(sb.manifest_dir())?
+            .filter_map(|e| e.ok()?.metadata().ok())
+            .map(|m| m.len())
+            .sum();
+        note(&format!(
+            "{n} Services: RSS {:.1} MiB (peak {:.1} MiB), start → maps synced {startup:.2} s, manifests {:.1} MiB",
+            rss as f64 / 1024.0,
+            hwm as f64 / 1024.0,
+            yaml_bytes as f64 / 1048576.0
+        ));
+        rows.push(json!({
+            "services": n,
+            "endpoints_per_service": workload::FILLER_ENDPOINTS,
+            "rss_mib": rss as f64 / 1024.0,
+            "peak_rss_mib": hwm as f64 / 1024.0,
+            "startup_to_synced_s": startup,
+            "manifest_mib": yaml_bytes as f64 / 1048576.0,
+        }));
+        sb.stop_agent()?;
+        sb.cleanup()?;
+    }
+    Ok(rows)
+}

@@ -1,0 +1,476 @@
+//! The benchmark report: `report.md` (machine, kernel, commit, every figure,
+//! the goals with the ratios computed from this run's numbers) and SVG plots
+//! drawn with plotters.
+
+use std::fmt::Write as _;
+use std::fs;
+use std::path::Path;
+
+use anyhow::Result;
+use plotters::prelude::*;
+use serde_json::Value;
+
+fn f(v: &Value) -> Option<f64> {
+    v.as_f64()
+}
+
+fn fmt_opt(v: Option<f64>, digits: usize) -> String {
+    match v {
+        Some(x) if x.is_finite() => format!("{x:.digits$}"),
+        _ => "–".into(),
+    }
+}
+
+fn size_label(n: u64) -> String {
+    match n {
+        n if n >= 1000 && n % 1000 == 0 => format!("{}k", n / 1000),
+        n => n.to_string(),
+    }
+}
+
+struct Goal {
+    what: String,
+    goal: String,
+    measured: String,
+    met: Option<bool>,
+}
+
+fn verdict(met: Option<bool>) -> &'static str {
+    match met {
+        Some(true) => "**met**",
+        Some(false) => "**not met**",
+        None => "not measured",
+    }
+}
+
+fn e2e_row<'a>(e2e: &'a [Value], path: &str, services: Option<u64>) -> Option<&'a Value> {
+    e2e.iter()
+        .find(|r| r["path"] == path && (services.is_none() || r["services"].as_u64() == services))
+}
+
+fn conn(e2e: &[Value], path: &str, services: Option<u64>) -> Option<f64> {
+    e2e_row(e2e, path, services).and_then(|r| f(&r["m"]["conn_per_s"]))
+}
+
+/// Writes report.md and the plots into `dir`; returns the headline table
+/// (also printed at the end of the run).
+pub fn write(results: &Value, dir: &Path) -> Result<String> {
+    let meta = &results["meta"];
+    let pp = &results["perpacket"];
+    let pp_rows = pp["rows"].as_array().cloned().unwrap_or_default();
+    let sync_runs = results["sync"]["runs"].as_array().cloned().unwrap_or_default();
+    let fwd_rows = results["fwd"]["rows"].as_array().cloned().unwrap_or_default();
+    let e2e = results["e2e"].as_array().cloned().unwrap_or_default();
+    let programming = results["programming"].as_array().cloned().unwrap_or_default();
+    let rss = results["rss"].as_array().cloned().unwrap_or_default();
+
+    let empty_tc = f(&pp["empty_tc_ns"]);
+    let sizes: Vec<u64> = {
+        let mut v: Vec<u64> = pp_rows.iter().filter_map(|r| r["services_nominal"].as_u64()).collect();
+        v.dedup();
+        v
+    };
+    let pp_at = |nominal: u64, backends: u64, key: &str| -> Option<f64> {
+        pp_rows
+            .iter()
+            .find(|r| r["services_nominal"].as_u64() == Some(nominal) && r["target_backends"].as_u64() == Some(backends))
+            .and_then(|r| f(&r[key]))
+    };
+    let smallest = sizes.first().copied().unwrap_or(1);
+    let largest = sizes.last().copied().unwrap_or(1);
+
+    // ---- goals ----
+    let mut goals = Vec::new();
+    let hit_small = pp_at(smallest, 1, "from_pod_service_existing_ns");
+    let hit_large = pp_at(largest, 1, "from_pod_service_existing_ns");
+    let flat = hit_small.zip(hit_large).map(|(a, b)| b / a);
+    goals.push(Goal {
+        what: format!("per-packet cost, {} ÷ {} Services (sb_from_pod, existing flow)", size_label(largest), size_label(smallest)),
+        goal: "≤ 1.1".into(),
+        measured: format!("{} ({} ns ÷ {} ns)", fmt_opt(flat, 2), fmt_opt(hit_large, 0), fmt_opt(hit_small, 0)),
+        met: flat.map(|r| r <= 1.1),
+    });
+    let ratio_empty = hit_large.zip(empty_tc).map(|(a, b)| a / b);
+    goals.push(Goal {
+        what: format!("switchboard ÷ empty tc program ({} Services, sb_from_pod, existing flow)", size_label(largest)),
+        goal: "≤ 3".into(),
+        measured: format!("{} ({} ns ÷ {} ns)", fmt_opt(ratio_empty, 2), fmt_opt(hit_large, 0), fmt_opt(empty_tc, 0)),
+        met: ratio_empty.map(|r| r <= 3.0),
+    });
+    let reply_large = pp_at(largest, 1, "to_pod_reply_ns");
+    let ratio_reply = reply_large.zip(empty_tc).map(|(a, b)| a / b);
+    goals.push(Goal {
+        what: format!("switchboard ÷ empty tc program ({} Services, sb_to_pod, reply)", size_label(largest)),
+        goal: "≤ 3".into(),
+        measured: format!("{} ({} ns ÷ {} ns)", fmt_opt(ratio_reply, 2), fmt_opt(reply_large, 0), fmt_opt(empty_tc, 0)),
+        met: ratio_reply.map(|r| r <= 3.0),
+    });
+    goals.push(Goal {
+        what: "switchboard ÷ empty XDP program".into(),
+        goal: "≤ 3".into(),
+        measured: format!("not implemented yet (empty XDP: {} ns)", fmt_opt(f(&pp["empty_xdp_ns"]), 0)),
+        met: None,
+    });
+    let e2e_sizes: Vec<u64> = {
+        let mut v: Vec<u64> = e2e.iter().filter_map(|r| r["services"].as_u64()).collect();
+        v.sort_unstable();
+        v.dedup();
+        v
+    };
+    let e2e_max = e2e_sizes.last().copied();
+    let direct = conn(&e2e, "direct", None);
+    let sw = conn(&e2e, "switchboard", e2e_max);
+    let ipt = conn(&e2e, "iptables", e2e_max);
+    let nft = conn(&e2e, "nftables", e2e_max);
+    let at = e2e_max.map(size_label).unwrap_or_default();
+    for (other, name, goal) in [(direct, "direct to a pod", 0.95), (ipt, "iptables", 3.0), (nft, "nftables", 1.0)] {
+        let r = sw.zip(other).map(|(a, b)| a / b);
+        goals.push(Goal {
+            what: format!("new TCP connections/s at {at} Services, switchboard ÷ {name}"),
+            goal: format!("≥ {goal}"),
+            measured: format!("{} ({} ÷ {})", fmt_opt(r, 2), fmt_opt(sw, 0), fmt_opt(other, 0)),
+            met: r.map(|r| r >= goal),
+        });
+    }
+    let sync_main = sync_runs.iter().max_by_key(|r| r["services"].as_u64().unwrap_or(0));
+    if let Some(run) = sync_main {
+        let apply = f(&run["apply_ms"]).map(|ms| ms / 1000.0);
+        goals.push(Goal {
+            what: format!(
+                "program {} Services × {} endpoints (Syncer::apply into kernel maps)",
+                size_label(run["services"].as_u64().unwrap_or(0)),
+                run["endpoints_per_service"]
+            ),
+            goal: "< 0.5 s".into(),
+            measured: format!("{} s (+ {} s to build the model)", fmt_opt(apply, 3), fmt_opt(f(&run["model_ms"]).map(|m| m / 1000.0), 3)),
+            met: apply.map(|s| s < 0.5),
+        });
+    }
+
+    let mut md = String::new();
+    let _ = writeln!(md, "# switchboard benchmark — {}\n", meta["timestamp"].as_str().unwrap_or(""));
+    let _ = writeln!(
+        md,
+        "- mode: {} (`cargo xtask bench{}`)\n- machine: {} × {}, {:.1} GiB\n- kernel: {}\n- commit: {}{}\n- tools: {}; {}; {}\n",
+        meta["mode"].as_str().unwrap_or(""),
+        if meta["mode"] == "quick" { " --quick" } else { "" },
+        meta["cpus"],
+        meta["cpu"].as_str().unwrap_or(""),
+        f(&meta["memory_gib"]).unwrap_or(0.0),
+        meta["kernel"].as_str().unwrap_or(""),
+        meta["commit"].as_str().unwrap_or(""),
+        if meta["dirty"] == true { " (with uncommitted changes)" } else { "" },
+        meta["iptables"].as_str().unwrap_or(""),
+        meta["nft"].as_str().unwrap_or(""),
+        meta["wrk"].as_str().unwrap_or(""),
+    );
+    md.push_str("Every figure below was measured in this run; ratios are computed from them.\n\n");
+
+    let mut headline = String::new();
+    let _ = writeln!(headline, "| goal | target | measured | |\n|---|---|---|---|");
+    for g in &goals {
+        let _ = writeln!(headline, "| {} | {} | {} | {} |", g.what, g.goal, g.measured, verdict(g.met));
+    }
+    md.push_str("## Goals\n\n");
+    md.push_str(&headline);
+
+    // ---- end to end ----
+    md.push_str("\n## End to end (netns sandbox: client → node → 3 pods)\n\n");
+    md.push_str("New TCP connections per second: wrk, 2 threads, 32 connections, `Connection: close` (one request per connection). Latency is wrk's per-request latency (request written → response read; the TCP handshake is not in it). UDP: 8 flows, request/response in lockstep. Bulk: one TCP stream. Each path runs in its own fresh sandbox; the target Service sits in the middle of the Service list.\n\n");
+    let mut table = String::new();
+    let _ = writeln!(table, "| path | Services | conn/s | p50 | p99 | UDP req/s | UDP p99 | 1 TCP stream | errors |\n|---|---|---|---|---|---|---|---|---|");
+    for r in &e2e {
+        let m = &r["m"];
+        let _ = writeln!(
+            table,
+            "| {} | {} | {} | {} µs | {} µs | {} | {} µs | {} Gbit/s | {} |",
+            r["path"].as_str().unwrap_or(""),
+            r["services"].as_u64().map(size_label).unwrap_or_else(|| "–".into()),
+            fmt_opt(f(&m["conn_per_s"]), 0),
+            fmt_opt(f(&m["p50_us"]), 0),
+            fmt_opt(f(&m["p99_us"]), 0),
+            fmt_opt(f(&m["udp"]["rate"]), 0),
+            fmt_opt(f(&m["udp"]["p99_us"]), 0),
+            fmt_opt(f(&m["bulk"]["gbit_s"]), 2),
+            m["errors"].as_u64().unwrap_or(0),
+        );
+    }
+    md.push_str(&table);
+    md.push_str("\nRatios (switchboard ÷ other, new connections/s, same Services count):\n\n| Services | ÷ direct | ÷ iptables | ÷ nftables |\n|---|---|---|---|\n");
+    for &n in &e2e_sizes {
+        let s = conn(&e2e, "switchboard", Some(n));
+        let r = |o: Option<f64>| fmt_opt(s.zip(o).map(|(a, b)| a / b), 2);
+        let _ = writeln!(md, "| {} | {} | {} | {} |", size_label(n), r(direct), r(conn(&e2e, "iptables", Some(n))), r(conn(&e2e, "nftables", Some(n))));
+    }
+    md.push_str("\n![new connections per second](conn_per_s.svg)\n");
+
+    // ---- per packet ----
+    let _ = writeln!(
+        md,
+        "\n## Per-packet cost (BPF_PROG_TEST_RUN, {}-byte TCP frame, repeat {}, median of {} runs)\n",
+        pp["frame_bytes"], pp["repeat"], pp["rounds"]
+    );
+    let _ = writeln!(
+        md,
+        "Floors on the same frame: empty tc program **{} ns**, empty XDP program **{} ns**. switchboard's XDP data path: {}.\n",
+        fmt_opt(empty_tc, 0),
+        fmt_opt(f(&pp["empty_xdp_ns"]), 0),
+        pp["xdp_note"].as_str().unwrap_or("not implemented yet")
+    );
+    md.push_str("\"existing flow\": the two ping-pong Services A ⇄ B (see proxy-user/benches/sb_bench.rs) make every repetition a full lookup + conntrack hit + DNAT with checksum updates; the data path's own counters are checked to grow by exactly the repetitions. \"no rewrite\": a Service whose backend is itself (lookups and conntrack, rewrite helpers skipped). Single-shot columns: `repeat = 1` per call (median of many), which includes the kernel timer's overhead — compare them only with each other (\"empty\" is the empty tc program measured the same way).\n\n");
+    md.push_str("| Services | backends (target) | from_pod existing flow | from_pod no rewrite | from_pod non-service | to_pod reply | to_pod non-service | single-shot: new flow | existing | empty |\n|---|---|---|---|---|---|---|---|---|---|\n");
+    for r in &pp_rows {
+        let ss = &r["single_shot"];
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} ns | {} ns | {} ns | {} ns | {} ns | {} ns | {} ns | {} ns |",
+            size_label(r["services_nominal"].as_u64().unwrap_or(0)),
+            r["target_backends"],
+            fmt_opt(f(&r["from_pod_service_existing_ns"]), 0),
+            fmt_opt(f(&r["from_pod_service_existing_no_rewrite_ns"]), 0),
+            fmt_opt(f(&r["from_pod_non_service_ns"]), 0),
+            fmt_opt(f(&r["to_pod_reply_ns"]), 0),
+            fmt_opt(f(&r["to_pod_non_service_ns"]), 0),
+            fmt_opt(f(&ss["from_pod_service_new_ns"]), 0),
+            fmt_opt(f(&ss["from_pod_service_existing_ns"]), 0),
+            fmt_opt(f(&ss["empty_tc_ns"]), 0),
+        );
+    }
+    md.push_str("\nRatios:\n\n| case | ");
+    let _ = writeln!(md, "{} ÷ {} Services | ÷ empty tc (at {}) |\n|---|---|---|", size_label(largest), size_label(smallest), size_label(largest));
+    for (key, name) in [
+        ("from_pod_service_existing_ns", "sb_from_pod, Service packet, existing flow"),
+        ("from_pod_service_existing_no_rewrite_ns", "sb_from_pod, existing flow, no rewrite"),
+        ("from_pod_non_service_ns", "sb_from_pod, non-service packet"),
+        ("to_pod_reply_ns", "sb_to_pod, reply"),
+        ("to_pod_non_service_ns", "sb_to_pod, non-service packet"),
+    ] {
+        let a = pp_at(smallest, 1, key);
+        let b = pp_at(largest, 1, key);
+        let _ = writeln!(
+            md,
+            "| {name} | {} | {} |",
+            fmt_opt(a.zip(b).map(|(a, b)| b / a), 2),
+            fmt_opt(b.zip(empty_tc).map(|(b, e)| b / e), 2)
+        );
+    }
+    md.push_str("\n![per-packet cost](perpacket.svg)\n");
+
+    // ---- control plane ----
+    md.push_str("\n## Control plane\n\n| what | Services × endpoints | time |\n|---|---|---|\n");
+    for run in &sync_runs {
+        let n = size_label(run["services"].as_u64().unwrap_or(0));
+        let e = &run["endpoints_per_service"];
+        let _ = writeln!(md, "| switchboard: model (k8s objects → desired state) | {n} × {e} | {} ms |", fmt_opt(f(&run["model_ms"]), 1));
+        let _ = writeln!(md, "| switchboard: Syncer::apply into kernel maps ({} map writes) | {n} × {e} | {} ms |", run["map_writes"], fmt_opt(f(&run["apply_ms"]), 1));
+        let _ = writeln!(md, "| switchboard: apply again, nothing changed | {n} × {e} | {} ms |", fmt_opt(f(&run["noop_apply_ms"]), 1));
+    }
+    for p in &programming {
+        let _ = writeln!(
+            md,
+            "| {} | {} × 10 | {} ms |",
+            p["tool"].as_str().unwrap_or(""),
+            size_label(p["services"].as_u64().unwrap_or(0)),
+            fmt_opt(f(&p["seconds"]).map(|s| s * 1000.0), 0)
+        );
+    }
+    md.push_str("\nOne EndpointSlice change (one endpoint replaced) → maps written, as the agent does it today (rebuild the model from every object, then apply):\n\n| Services | total p50 | total p99 | model p50 | apply p50 | apply p99 | map writes |\n|---|---|---|---|---|---|---|\n");
+    for run in &sync_runs {
+        let c = &run["one_slice_change"];
+        let _ = writeln!(
+            md,
+            "| {} | {} ms | {} ms | {} ms | {} ms | {} ms | {} |",
+            size_label(run["services"].as_u64().unwrap_or(0)),
+            fmt_opt(f(&c["total"]["p50_ms"]), 2),
+            fmt_opt(f(&c["total"]["p99_ms"]), 2),
+            fmt_opt(f(&c["model"]["p50_ms"]), 2),
+            fmt_opt(f(&c["apply"]["p50_ms"]), 2),
+            fmt_opt(f(&c["apply"]["p99_ms"]), 2),
+            c["writes_per_change_median"],
+        );
+    }
+    md.push_str("\nAgent resident memory (a real `switchboard agent --source dir:` in a sandbox, fresh pins, Services × 10 endpoints as YAML):\n\n| Services | RSS | peak RSS | start → maps synced | manifests |\n|---|---|---|---|---|\n");
+    for r in &rss {
+        let _ = writeln!(
+            md,
+            "| {} | {} MiB | {} MiB | {} s | {} MiB |",
+            size_label(r["services"].as_u64().unwrap_or(0)),
+            fmt_opt(f(&r["rss_mib"]), 1),
+            fmt_opt(f(&r["peak_rss_mib"]), 1),
+            fmt_opt(f(&r["startup_to_synced_s"]), 2),
+            fmt_opt(f(&r["manifest_mib"]), 1),
+        );
+    }
+
+    // ---- forwarding ----
+    let fmeta = &results["fwd"]["meta"];
+    let _ = writeln!(
+        md,
+        "\n## Forwarding rate, one core (CPU {})\n\n{}. Frames: {} bytes UDP.\n\n| hook | setup | Mpps | ns/packet | frames reaching the pods |\n|---|---|---|---|---|",
+        fmeta["cpu"],
+        fmeta["generator"].as_str().unwrap_or(""),
+        fmeta["frame_bytes"]
+    );
+    for r in &fwd_rows {
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {} |",
+            r["path"].as_str().unwrap_or(""),
+            r["setup"].as_str().unwrap_or(""),
+            fmt_opt(f(&r["mpps"]), 3),
+            fmt_opt(f(&r["ns_per_packet"]), 0),
+            r.get("reached_pods").map(|v| format!("{v} of {}", r["frames"])).unwrap_or_else(|| r["note"].as_str().unwrap_or("").to_string()),
+        );
+    }
+    md.push('\n');
+    fs::write(dir.join("report.md"), &md)?;
+
+    // ---- plots ----
+    if let Err(e) = plot_conn(&e2e, &e2e_sizes, direct, &dir.join("conn_per_s.svg")) {
+        eprintln!("bench: plot conn_per_s.svg: {e}");
+    }
+    if let Err(e) = plot_perpacket(&pp_rows, &sizes, empty_tc, &dir.join("perpacket.svg")) {
+        eprintln!("bench: plot perpacket.svg: {e}");
+    }
+    Ok(headline + "\n" + &table)
+}
+
+const COLORS: [RGBColor; 5] = [
+    RGBColor(0x1f, 0x77, 0xb4),
+    RGBColor(0xd6, 0x27, 0x28),
+    RGBColor(0x2c, 0xa0, 0x2c),
+    RGBColor(0xff, 0x7f, 0x0e),
+    RGBColor(0x94, 0x67, 0xbd),
+];
+
+fn plot_conn(e2e: &[Value], sizes: &[u64], direct: Option<f64>, path: &Path) -> Result<(), Box<dyn std::error::Error>> {
+    let root = SVGBackend::new(path, (800, 480)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let ymax = e2e
+        .iter()
+        .filter_map(|r| f(&r["m"]["conn_per_s"]))
+        .fold(0.0f64, f64::max)
+        * 1.15;
+    let n = sizes.len().max(1);
+    let labels: Vec<String> = sizes.iter().map(|s| size_label(*s)).collect();
+    let mut chart = ChartBuilder::on(&root)
+        .caption("New TCP connections per second (higher is better)", ("sans-serif", 20))
+        .margin(15)
+        .x_label_area_size(40)
+        .y_label_area_size(70)
+        .build_cartesian_2d(-0.3f64..(n as f64 - 0.7), 0f64..ymax.max(1.0))?;
+    chart
+        .configure_mesh()
+        .x_labels(n)
+        .x_label_formatter(&|x| {
+            let i = x.round();
+            if (x - i).abs() < 0.01 && i >= 0.0 {
+                labels.get(i as usize).cloned().unwrap_or_default()
+            } else {
+                String::new()
+            }
+        })
+        .x_desc("Services")
+        .y_desc("connections/s")
+        .draw()?;
+    if let Some(d) = direct {
+        chart
+            .draw_series(LineSeries::new(vec![(-0.3, d), (n as f64 - 0.7, d)], COLORS[4].stroke_width(2)))?
+            .label("direct to a pod (the limit)")
+            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], COLORS[4]));
+    }
+    for (i, path) in ["switchboard", "iptables", "nftables"].iter().enumerate() {
+        let pts: Vec<(f64, f64)> = sizes
+            .iter()
+            .enumerate()
+            .filter_map(|(x, s)| conn(e2e, path, Some(*s)).map(|v| (x as f64, v)))
+            .collect();
+        let color = COLORS[i];
+        chart
+            .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))?
+            .label(*path)
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+        chart.draw_series(pts.iter().map(|p| Circle::new(*p, 4, color.filled())))?;
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::LowerLeft)
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()?;
+    root.present()?;
+    Ok(())
+}
+
+fn plot_perpacket(rows: &[Value], sizes: &[u64], empty: Option<f64>, path: &Path) -> Result<(), Box<dyn std::error::Error>> {
+    let root = SVGBackend::new(path, (800, 480)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let keys = [
+        ("from_pod_service_existing_ns", "sb_from_pod, Service, existing flow"),
+        ("from_pod_non_service_ns", "sb_from_pod, non-service"),
+        ("to_pod_reply_ns", "sb_to_pod, reply"),
+        ("to_pod_non_service_ns", "sb_to_pod, non-service"),
+    ];
+    let ymax = rows
+        .iter()
+        .flat_map(|r| keys.iter().filter_map(move |(k, _)| f(&r[*k])))
+        .fold(empty.unwrap_or(0.0), f64::max)
+        * 1.2;
+    let n = sizes.len().max(1);
+    let labels: Vec<String> = sizes.iter().map(|s| size_label(*s)).collect();
+    let mut chart = ChartBuilder::on(&root)
+        .caption("Per-packet cost, tc (lower is better; 1 backend per Service)", ("sans-serif", 20))
+        .margin(15)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d(-0.3f64..(n as f64 - 0.7), 0f64..ymax.max(1.0))?;
+    chart
+        .configure_mesh()
+        .x_labels(n)
+        .x_label_formatter(&|x| {
+            let i = x.round();
+            if (x - i).abs() < 0.01 && i >= 0.0 {
+                labels.get(i as usize).cloned().unwrap_or_default()
+            } else {
+                String::new()
+            }
+        })
+        .x_desc("Services loaded")
+        .y_desc("ns per packet")
+        .draw()?;
+    for (i, (key, name)) in keys.iter().enumerate() {
+        let pts: Vec<(f64, f64)> = sizes
+            .iter()
+            .enumerate()
+            .filter_map(|(x, s)| {
+                rows.iter()
+                    .find(|r| r["services_nominal"].as_u64() == Some(*s) && r["target_backends"].as_u64() == Some(1))
+                    .and_then(|r| f(&r[*key]))
+                    .map(|v| (x as f64, v))
+            })
+            .collect();
+        let color = COLORS[i];
+        chart
+            .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))?
+            .label(*name)
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+        chart.draw_series(pts.iter().map(|p| Circle::new(*p, 4, color.filled())))?;
+    }
+    if let Some(e) = empty {
+        chart
+            .draw_series(LineSeries::new(vec![(-0.3, e), (n as f64 - 0.7, e)], COLORS[4].stroke_width(2)))?
+            .label("empty tc program (floor)")
+            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], COLORS[4]));
+        chart.draw_series(LineSeries::new(vec![(-0.3, 3.0 * e), (n as f64 - 0.7, 3.0 * e)], BLACK.mix(0.4).stroke_width(1)))?
+            .label("3 × empty (goal)")
+            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK.mix(0.4)));
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()?;
+    root.present()?;
+    Ok(())
+}

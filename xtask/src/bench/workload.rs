@@ -1,0 +1,207 @@
+//! The Services every path of the end-to-end benchmark is given: one target
+//! Service whose endpoints are the sandbox's three pods, plus filler Services
+//! with ten endpoints each (addresses nobody answers on; no traffic goes
+//! there). The same list is rendered as YAML for switchboard, as
+//! iptables-restore input and as an `nft -f` file in kube-proxy's layouts
+//! (see `kubeproxy.rs`).
+
+use std::fmt::Write as _;
+use std::net::Ipv4Addr;
+
+/// The target Service's ClusterIP (the demo's address).
+pub const TARGET_IP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
+pub const HTTP_PORT: u16 = 80;
+pub const POD_HTTP_PORT: u16 = 8080;
+pub const UDP_PORT: u16 = 53;
+pub const POD_UDP_PORT: u16 = 5353;
+pub const BULK_PORT: u16 = 5201;
+pub const POD_BULK_PORT: u16 = 5201;
+/// Endpoints per filler Service.
+pub const FILLER_ENDPOINTS: u32 = 10;
+/// The pods' network (kube-proxy's `--cluster-cidr`).
+pub const CLUSTER_CIDR: &str = "10.244.0.0/16";
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Proto {
+    Tcp,
+    Udp,
+}
+
+impl Proto {
+    pub fn lower(self) -> &'static str {
+        match self {
+            Proto::Tcp => "tcp",
+            Proto::Udp => "udp",
+        }
+    }
+    pub fn upper(self) -> &'static str {
+        match self {
+            Proto::Tcp => "TCP",
+            Proto::Udp => "UDP",
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct Port {
+    pub name: String,
+    pub port: u16,
+    pub target: u16,
+    pub proto: Proto,
+}
+
+#[derive(Clone, Debug)]
+pub struct Svc {
+    pub namespace: String,
+    pub name: String,
+    pub cluster_ip: Ipv4Addr,
+    pub ports: Vec<Port>,
+    pub endpoints: Vec<Ipv4Addr>,
+}
+
+fn nth_ip(base: Ipv4Addr, n: u32) -> Ipv4Addr {
+    Ipv4Addr::from(u32::from(base) + n)
+}
+
+/// `count` Services in total: `count - 1` fillers and the target, which sits
+/// in the middle of the list (kube-proxy's iptables mode matches Services one
+/// rule after another, so a Service's position matters; the middle is the
+/// average case).
+pub fn services(count: u32, pods: &[Ipv4Addr]) -> Vec<Svc> {
+    let fillers = count.saturating_sub(1);
+    let mut all: Vec<Svc> = (0..fillers)
+        .map(|i| Svc {
+            namespace: "bench".into(),
+            name: format!("fill-{i}"),
+            cluster_ip: nth_ip(Ipv4Addr::new(10, 100, 0, 0), i),
+            ports: vec![Port {
+                name: "http".into(),
+                port: HTTP_PORT,
+                target: POD_HTTP_PORT,
+                proto: Proto::Tcp,
+            }],
+            endpoints: (0..FILLER_ENDPOINTS)
+                .map(|j| nth_ip(Ipv4Addr::new(10, 128, 0, 0), i * FILLER_ENDPOINTS + j))
+                .collect(),
+        })
+        .collect();
+    let target = Svc {
+        namespace: "bench".into(),
+        name: "target".into(),
+        cluster_ip: TARGET_IP,
+        ports: vec![
+            Port {
+                name: "http".into(),
+                port: HTTP_PORT,
+                target: POD_HTTP_PORT,
+                proto: Proto::Tcp,
+            },
+            Port {
+                name: "udp".into(),
+                port: UDP_PORT,
+                target: POD_UDP_PORT,
+                proto: Proto::Udp,
+            },
+            Port {
+                name: "bulk".into(),
+                port: BULK_PORT,
+                target: POD_BULK_PORT,
+                proto: Proto::Tcp,
+            },
+        ],
+        endpoints: pods.to_vec(),
+    };
+    let middle = all.len() / 2;
+    all.insert(middle, target);
+    all
+}
+
+/// Number of frontends (service ports) in `services`.
+pub fn frontends(services: &[Svc]) -> usize {
+    services.iter().map(|s| s.ports.len()).sum()
+}
+
+/// One Service and its EndpointSlice as YAML documents, in the shape
+/// `kubectl get -o yaml` prints them.
+pub fn yaml(svc: &Svc, out: &mut String) {
+    let _ = write!(
+        out,
+        "---\napiVersion: v1\nkind: Service\nmetadata:\n  name: {name}\n  namespace: {ns}\nspec:\n  type: ClusterIP\n  clusterIP: {ip}\n  clusterIPs:\n  - {ip}\n  selector:\n    app: {name}\n  ports:\n",
+        name = svc.name,
+        ns = svc.namespace,
+        ip = svc.cluster_ip
+    );
+    for p in &svc.ports {
+        let _ = write!(
+            out,
+            "  - name: {}\n    port: {}\n    protocol: {}\n    targetPort: {}\n",
+            p.name,
+            p.port,
+            p.proto.upper(),
+            p.target
+        );
+    }
+    let _ = write!(
+        out,
+        "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\naddressType: IPv4\nmetadata:\n  name: {name}-abcde\n  namespace: {ns}\n  labels:\n    kubernetes.io/service-name: {name}\nendpoints:\n",
+        name = svc.name,
+        ns = svc.namespace
+    );
+    for ep in &svc.endpoints {
+        let _ = write!(
+            out,
+            "- addresses:\n  - {ep}\n  conditions:\n    ready: true\n    serving: true\n    terminating: false\n"
+        );
+    }
+    out.push_str("ports:\n");
+    for p in &svc.ports {
+        let _ = write!(
+            out,
+            "- name: {}\n  port: {}\n  protocol: {}\n",
+            p.name,
+            p.target,
+            p.proto.upper()
+        );
+    }
+}
+
+/// The Services as manifest files of at most `per_file` Services each:
+/// `(file name, contents)`.
+pub fn manifest_files(services: &[Svc], per_file: usize) -> Vec<(String, String)> {
+    services
+        .chunks(per_file.max(1))
+        .enumerate()
+        .map(|(i, chunk)| {
+            let mut text = String::with_capacity(chunk.len() * 1200);
+            for svc in chunk {
+                yaml(svc, &mut text);
+            }
+            (format!("services-{i:04}.yaml"), text)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn target_is_in_the_middle_and_counts_add_up() {
+        let pods = [Ipv4Addr::new(10, 244, 1, 2)];
+        let s = services(1001, &pods);
+        assert_eq!(s.len(), 1001);
+        assert_eq!(s[500].name, "target");
+        assert_eq!(frontends(&s), 1000 + 3);
+        assert_eq!(services(1, &pods).len(), 1);
+    }
+
+    #[test]
+    fn yaml_has_both_kinds() {
+        let pods = [Ipv4Addr::new(10, 244, 1, 2)];
+        let files = manifest_files(&services(3, &pods), 2);
+        assert_eq!(files.len(), 2);
+        assert!(files[0].1.contains("kind: Service\n"));
+        assert!(files[0].1.contains("kind: EndpointSlice\n"));
+        assert!(files[0].1.contains("kubernetes.io/service-name: fill-0"));
+    }
+}
