@@ -20,12 +20,17 @@ fn main() -> anyhow::Result<()> {
         // Watch where bpf-linker would appear: cargo treats a missing file as
         // changed, so once `cargo xtask setup` installs it the stub is rebuilt
         // into the real object instead of staying cached.
-        if let Some(home) = env::var_os("CARGO_HOME").or_else(|| env::var_os("HOME").map(|h| {
-            let mut p = PathBuf::from(h);
-            p.push(".cargo");
-            p.into_os_string()
-        })) {
-            println!("cargo:rerun-if-changed={}", PathBuf::from(home).join("bin/bpf-linker").display());
+        if let Some(home) = env::var_os("CARGO_HOME").or_else(|| {
+            env::var_os("HOME").map(|h| {
+                let mut p = PathBuf::from(h);
+                p.push(".cargo");
+                p.into_os_string()
+            })
+        }) {
+            println!(
+                "cargo:rerun-if-changed={}",
+                PathBuf::from(home).join("bin/bpf-linker").display()
+            );
         }
     }
     if skip || linker.is_none() {

@@ -111,7 +111,10 @@ fn load_with(pin_root: Option<&Path>, caps: &Capacities) -> Result<Ebpf, LoadErr
         return Err(LoadError::NoObject);
     }
     let pins: Vec<(&str, PathBuf)> = match pin_root {
-        Some(root) => names::ALL.iter().map(|name| (*name, root.join(name))).collect(),
+        Some(root) => names::ALL
+            .iter()
+            .map(|name| (*name, root.join(name)))
+            .collect(),
         None => Vec::new(),
     };
     let mut loader = EbpfLoader::new();

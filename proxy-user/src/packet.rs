@@ -145,15 +145,25 @@ pub fn checksum(data: &[u8], initial: u32) -> u16 {
 /// Whether the IPv4 header checksum and the TCP/UDP checksum of `frame` are
 /// valid (a UDP checksum of 0 means "none" and is valid).
 pub fn checksums_valid(frame: &[u8]) -> bool {
-    let Some(ip) = frame.get(ETH_HLEN..) else { return false };
-    let Some(&version_ihl) = ip.first() else { return false };
+    let Some(ip) = frame.get(ETH_HLEN..) else {
+        return false;
+    };
+    let Some(&version_ihl) = ip.first() else {
+        return false;
+    };
     let ihl = usize::from(version_ihl & 0x0f) * 4;
-    let (Some(header), Some(&proto)) = (ip.get(..ihl), ip.get(9)) else { return false };
+    let (Some(header), Some(&proto)) = (ip.get(..ihl), ip.get(9)) else {
+        return false;
+    };
     if checksum(header, 0) != 0 {
         return false;
     }
-    let total = ip.get(2..4).map_or(0, |b| usize::from(u16::from_be_bytes([b[0], b[1]])));
-    let Some(segment) = ip.get(ihl..total) else { return false };
+    let total = ip
+        .get(2..4)
+        .map_or(0, |b| usize::from(u16::from_be_bytes([b[0], b[1]])));
+    let Some(segment) = ip.get(ihl..total) else {
+        return false;
+    };
     if proto == 17 && segment.get(6..8) == Some(&[0, 0]) {
         return true;
     }

@@ -11,7 +11,9 @@ use proxy_common::programs;
 use proxy_user::{
     ebpf::{self, Capacities},
     maps::{MapStore, PinnedMaps},
-    model::{BackendAddr, DesiredState, Frontend, FrontendAddr, FrontendKind, Protocol, ServicePortName},
+    model::{
+        BackendAddr, DesiredState, Frontend, FrontendAddr, FrontendKind, Protocol, ServicePortName,
+    },
     packet::{checksums_valid, PacketSpec},
     sync::Syncer,
 };
@@ -35,7 +37,13 @@ fn require_root() {
     );
 }
 
-fn frontend(ip: Ipv4Addr, port: u16, protocol: Protocol, name: &str, backends: &[(Ipv4Addr, u16)]) -> Frontend {
+fn frontend(
+    ip: Ipv4Addr,
+    port: u16,
+    protocol: Protocol,
+    name: &str,
+    backends: &[(Ipv4Addr, u16)],
+) -> Frontend {
     Frontend {
         addr: FrontendAddr { ip, port, protocol },
         service: ServicePortName {
@@ -43,7 +51,13 @@ fn frontend(ip: Ipv4Addr, port: u16, protocol: Protocol, name: &str, backends: &
             name: name.into(),
             port: String::new(),
         },
-        backends: backends.iter().map(|(ip, port)| BackendAddr { ip: *ip, port: *port }).collect(),
+        backends: backends
+            .iter()
+            .map(|(ip, port)| BackendAddr {
+                ip: *ip,
+                port: *port,
+            })
+            .collect(),
         external_backends: None,
         kind: FrontendKind::ClusterIp,
         affinity_timeout_s: None,
@@ -308,23 +322,37 @@ fn request_and_malformed_fixtures() {
                 "{}: verdict {verdict:#x} (want {:#x}); output {}",
                 case.name,
                 case.verdict,
-                if output == case.output { "as expected" } else { "differs" }
+                if output == case.output {
+                    "as expected"
+                } else {
+                    "differs"
+                }
             ));
         }
         if verdict == TC_ACT_OK {
             assert!(checksums_valid(&output), "{}: checksums invalid", case.name);
         }
     }
-    assert!(failures.is_empty(), "failing fixtures:\n{}", failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "failing fixtures:\n{}",
+        failures.join("\n")
+    );
 
     assert_eq!(fx.stat("fragment"), 2);
     assert_eq!(fx.stat("malformed"), 3);
     assert_eq!(fx.stat("drop_no_backend"), 1);
     assert_eq!(fx.stat("forwarded"), 4);
     let rows = proxy_user::cli::read_services(fx.syncer.store());
-    let empty = rows.iter().find(|r| r.service == "test/empty").expect("empty service row");
+    let empty = rows
+        .iter()
+        .find(|r| r.service == "test/empty")
+        .expect("empty service row");
     assert_eq!(empty.drops_no_backend, 1);
-    let web = rows.iter().find(|r| r.service == "test/web").expect("web row");
+    let web = rows
+        .iter()
+        .find(|r| r.service == "test/web")
+        .expect("web row");
     assert_eq!((web.packets, web.new_flows), (2, 2));
 }
 
@@ -334,7 +362,10 @@ fn replies_are_reverse_natted_only_for_tracked_flows() {
     for (request, reply) in [
         (
             PacketSpec::tcp(CLIENT, 41000, VIP, 80),
-            PacketSpec { tcp_flags: 0x12, ..PacketSpec::tcp(POD1, 8080, CLIENT, 41000) },
+            PacketSpec {
+                tcp_flags: 0x12,
+                ..PacketSpec::tcp(POD1, 8080, CLIENT, 41000)
+            },
         ),
         (
             PacketSpec::udp(CLIENT, 41001, VIP, 53),
@@ -358,7 +389,10 @@ fn replies_are_reverse_natted_only_for_tracked_flows() {
     }
     // A packet to the client from the backend on another port is not a reply.
     let stray = PacketSpec::tcp(POD1, 9999, CLIENT, 41000);
-    assert_eq!(fx.run(programs::TC_TO_POD, &stray.build()), (TC_ACT_UNSPEC, stray.build()));
+    assert_eq!(
+        fx.run(programs::TC_TO_POD, &stray.build()),
+        (TC_ACT_UNSPEC, stray.build())
+    );
     assert_eq!(fx.stat("reversed"), 2);
 }
 
@@ -368,10 +402,16 @@ fn new_flows_spread_over_all_backends_and_a_flow_keeps_its_backend() {
     let mut fx = Fixture::with(vec![frontend(VIP, 80, Protocol::Tcp, "web", &backends)]);
     let mut hits = [0u32; 3];
     for port in 0..300u16 {
-        let (verdict, out) = fx.run(programs::TC_FROM_POD, &PacketSpec::tcp(CLIENT, 20000 + port, VIP, 80).build());
+        let (verdict, out) = fx.run(
+            programs::TC_FROM_POD,
+            &PacketSpec::tcp(CLIENT, 20000 + port, VIP, 80).build(),
+        );
         assert_eq!(verdict, TC_ACT_OK);
         let dst = Ipv4Addr::new(out[30], out[31], out[32], out[33]);
-        let index = backends.iter().position(|(ip, _)| *ip == dst).expect("a known backend");
+        let index = backends
+            .iter()
+            .position(|(ip, _)| *ip == dst)
+            .expect("a known backend");
         hits[index] += 1;
     }
     // Uniform would be 100 each; 50 is far outside random variation.
@@ -381,13 +421,23 @@ fn new_flows_spread_over_all_backends_and_a_flow_keeps_its_backend() {
     let (_, first) = fx.run(programs::TC_FROM_POD, &flow);
     for _ in 0..20 {
         let (_, again) = fx.run(programs::TC_FROM_POD, &flow);
-        assert_eq!(again[30..34], first[30..34], "a tracked flow stays on its backend");
+        assert_eq!(
+            again[30..34],
+            first[30..34],
+            "a tracked flow stays on its backend"
+        );
     }
 }
 
 #[test]
 fn a_flow_whose_backend_left_the_service_is_given_a_live_one() {
-    let mut fx = Fixture::with(vec![frontend(VIP, 53, Protocol::Udp, "dns", &[(POD1, 5353)])]);
+    let mut fx = Fixture::with(vec![frontend(
+        VIP,
+        53,
+        Protocol::Udp,
+        "dns",
+        &[(POD1, 5353)],
+    )]);
     let query = PacketSpec::udp(CLIENT, 42000, VIP, 53).build();
     let (_, out) = fx.run(programs::TC_FROM_POD, &query);
     assert_eq!(out[30..34], POD1.octets());
@@ -401,6 +451,10 @@ fn a_flow_whose_backend_left_the_service_is_given_a_live_one() {
     assert!(report.conntrack_purged >= 1, "{report:?}");
     let (verdict, out) = fx.run(programs::TC_FROM_POD, &query);
     assert_eq!(verdict, TC_ACT_OK);
-    assert_eq!(out[30..34], POD2.octets(), "the same UDP flow now reaches the live backend");
+    assert_eq!(
+        out[30..34],
+        POD2.octets(),
+        "the same UDP flow now reaches the live backend"
+    );
     assert!(fx.syncer.store().dump().backends.len() == 1);
 }
