@@ -1,0 +1,148 @@
+//! `sb-apiserver`: the fake Kubernetes API server, for use by hand.
+//!
+//! ```text
+//! sb-apiserver --listen 127.0.0.1:6443 --kubeconfig /tmp/fake.kubeconfig -f manifests/demo/
+//! KUBECONFIG=/tmp/fake.kubeconfig switchboard agent --source cluster
+//! curl -s localhost:6443/api/v1/services
+//! curl -sN 'localhost:6443/api/v1/services?watch=true&allowWatchBookmarks=true'
+//! curl -s -XPOST -H 'content-type: application/json' -d @svc.json localhost:6443/api/v1/namespaces/default/services
+//! curl -s -XDELETE localhost:6443/api/v1/namespaces/default/services/web
+//! ```
+//!
+//! Runs until interrupted.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::Parser;
+use serde::Deserialize;
+use serde_json::Value;
+use xtask::fake_apiserver::{Config, FakeApiServer, Kind};
+
+#[derive(Parser)]
+#[command(
+    name = "sb-apiserver",
+    about = "Fake Kubernetes API server (services, endpointslices, nodes) for switchboard tests"
+)]
+struct Args {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:6443")]
+    listen: String,
+    /// Create the listening socket inside this network namespace (/run/netns/NAME).
+    #[arg(long)]
+    netns: Option<String>,
+    /// Write a kubeconfig pointing at the server to this path.
+    #[arg(long)]
+    kubeconfig: Option<PathBuf>,
+    /// YAML/JSON manifests (files or directories) to load at start-up;
+    /// objects of other kinds are skipped.
+    #[arg(short = 'f', long = "file")]
+    files: Vec<PathBuf>,
+    /// Events of history kept for resuming watches.
+    #[arg(long, default_value_t = 100_000)]
+    history: usize,
+    /// Seconds between watch bookmarks.
+    #[arg(long, default_value_t = 1.0)]
+    bookmark_interval: f64,
+    /// Log each request to stderr.
+    #[arg(short, long)]
+    verbose: bool,
+}
+
+fn load(server: &FakeApiServer, path: &Path) -> Result<usize> {
+    if path.is_dir() {
+        let mut entries: Vec<_> = std::fs::read_dir(path)?
+            .filter_map(|e| e.ok())
+            .map(|e| e.path())
+            .collect();
+        entries.sort();
+        let mut n = 0;
+        for p in entries {
+            let ext = p.extension().and_then(|e| e.to_str()).unwrap_or("");
+            if p.is_dir() || matches!(ext, "yaml" | "yml" | "json") {
+                n += load(server, &p)?;
+            }
+        }
+        return Ok(n);
+    }
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let mut n = 0;
+    for doc in serde_yaml::Deserializer::from_str(&text) {
+        let v = Value::deserialize(doc).with_context(|| format!("parsing {}", path.display()))?;
+        let items = match v.get("items").and_then(Value::as_array) {
+            Some(items)
+                if v.get("kind")
+                    .and_then(Value::as_str)
+                    .is_some_and(|k| k.ends_with("List")) =>
+            {
+                items.clone()
+            }
+            _ => vec![v],
+        };
+        for obj in items {
+            if obj.is_null() {
+                continue;
+            }
+            if Kind::of(&obj).is_some() {
+                server
+                    .apply(&obj)
+                    .with_context(|| format!("applying an object from {}", path.display()))?;
+                n += 1;
+            }
+        }
+    }
+    Ok(n)
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    let config = Config {
+        history_limit: args.history,
+        bookmark_interval: Duration::from_secs_f64(args.bookmark_interval),
+        ..Config::default()
+    };
+    let server = FakeApiServer::start_with(config, args.netns.as_deref(), &args.listen)?;
+    let mut loaded = 0;
+    for f in &args.files {
+        loaded += load(&server, f)?;
+    }
+    if let Some(k) = &args.kubeconfig {
+        server.write_kubeconfig(k)?;
+        eprintln!("kubeconfig: {}", k.display());
+    }
+    eprintln!(
+        "fake apiserver on {}{} ({loaded} objects loaded, resourceVersion {})",
+        server.url(),
+        args.netns
+            .as_deref()
+            .map(|n| format!(" in netns {n}"))
+            .unwrap_or_default(),
+        server.resource_version()
+    );
+    let (tx, rx) = std::sync::mpsc::channel();
+    ctrlc::set_handler(move || {
+        let _ = tx.send(());
+    })?;
+    let mut seen = 0;
+    loop {
+        if rx.recv_timeout(Duration::from_millis(200)).is_ok() {
+            break;
+        }
+        if args.verbose {
+            let reqs = server.requests();
+            for r in &reqs[seen..] {
+                let q = if r.query.is_empty() {
+                    String::new()
+                } else {
+                    format!("?{}", r.query)
+                };
+                eprintln!("{} {}{} -> {}", r.method, r.path, q, r.status);
+            }
+            seen = reqs.len();
+        }
+    }
+    server.stop();
+    Ok(())
+}
