@@ -30,14 +30,16 @@ pub mod names {
     pub const REVNAT: &str = "SB_RNAT_V1";
     pub const SERVICE_STATS: &str = "SB_SVC_STATS_V1";
     pub const GLOBAL_STATS: &str = "SB_STATS_V1";
+    pub const AFFINITY: &str = "SB_AFFINITY_V1";
     /// Every map, in the order the CLI reports them.
-    pub const ALL: [&str; 6] = [
+    pub const ALL: [&str; 7] = [
         FRONTENDS,
         BACKENDS,
         CONNTRACK,
         REVNAT,
         SERVICE_STATS,
         GLOBAL_STATS,
+        AFFINITY,
     ];
 }
 
@@ -55,6 +57,8 @@ pub mod capacity {
     pub const FRONTENDS: u32 = 65_536;
     pub const BACKENDS: u32 = 65_536;
     pub const CONNTRACK: u32 = 262_144;
+    /// Session-affinity entries (one per client address and service port).
+    pub const AFFINITY: u32 = 65_536;
     /// Service ids are indices into the per-service counters and the reverse-NAT
     /// map, so this bounds the number of service ports. Id 0 is never used.
     pub const SERVICES: u32 = 16_384;
@@ -100,14 +104,14 @@ pub struct Frontend {
     pub backend_count: u16,
     /// [`frontend_flags`].
     pub flags: u16,
-    /// `sessionAffinity: ClientIP` timeout in seconds (0 = no affinity).
-    /// Recorded for the CLI; the data path does not implement affinity yet.
+    /// `sessionAffinity: ClientIP` timeout in seconds (with the
+    /// `AFFINITY_CLIENT_IP` flag).
     pub affinity_timeout_s: u32,
 }
 
-/// Bits of [`Frontend::flags`] (slot 0). They record what the model decided
-/// about the frontend; the data path does not act on them yet (see README),
-/// but the CLI and `bpftool` show them.
+/// Bits of [`Frontend::flags`] (slot 0): what the model decided about the
+/// frontend. The data path applies `AFFINITY_CLIENT_IP`; the others are
+/// recorded for the CLI and `bpftool` (see README).
 pub mod frontend_flags {
     /// `sessionAffinity: ClientIP` (timeout in `affinity_timeout_s`).
     pub const AFFINITY_CLIENT_IP: u16 = 1 << 0;
@@ -202,6 +206,29 @@ impl Default for RevNat {
     }
 }
 
+/// Key of the session-affinity LRU map: one client of one service port.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
+pub struct AffinityKey {
+    pub client_addr_be: u32,
+    pub service_id: u32,
+}
+
+/// Value of the session-affinity LRU map: the backend the client's last new
+/// flow got, and when. The data path uses it only while the slot still names
+/// that backend and `affinity_timeout_s` has not passed since `last_used_ns`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
+pub struct AffinityEntry {
+    pub backend_id: u32,
+    pub slot: u16,
+    pub _pad: [u8; 2],
+    /// `bpf_ktime_get_ns()` of the client's last new flow to this service.
+    pub last_used_ns: u64,
+}
+
 /// Per-CPU counters per service id.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -238,7 +265,9 @@ pub mod stat {
     pub const REVERSED: u32 = 8;
     /// A tracked flow whose backend had gone was given a new backend.
     pub const CT_RESELECTED: u32 = 9;
-    pub const COUNT: u32 = 10;
+    /// A new flow went to the client's affinity backend.
+    pub const AFFINITY_HIT: u32 = 10;
+    pub const COUNT: u32 = 11;
     /// Names, by index, for the CLI and metrics.
     pub const NAMES: [&str; COUNT as usize] = [
         "pass_not_ours",
@@ -251,6 +280,7 @@ pub mod stat {
         "forwarded",
         "reversed",
         "ct_reselected",
+        "affinity_hit",
     ];
 }
 
@@ -266,6 +296,8 @@ mod aya_pod {
     unsafe impl aya::Pod for CtEntry {}
     unsafe impl aya::Pod for RevNat {}
     unsafe impl aya::Pod for SvcStats {}
+    unsafe impl aya::Pod for AffinityKey {}
+    unsafe impl aya::Pod for AffinityEntry {}
 }
 
 const _: () = assert!(size_of::<FrontendKey>() == 12);
@@ -275,6 +307,8 @@ const _: () = assert!(size_of::<CtKey>() == 16);
 const _: () = assert!(size_of::<CtEntry>() == 16);
 const _: () = assert!(size_of::<RevNat>() == 64);
 const _: () = assert!(size_of::<SvcStats>() == 32);
+const _: () = assert!(size_of::<AffinityKey>() == 8);
+const _: () = assert!(size_of::<AffinityEntry>() == 16);
 
 #[cfg(test)]
 mod tests {

@@ -24,24 +24,24 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use proxy_common::{
-    capacity, ct_dir, proto, stat, Backend, CtEntry, CtKey, Frontend, FrontendKey, RevNat,
-    SvcStats,
+    capacity, ct_dir, frontend_flags, proto, stat, AffinityEntry, AffinityKey, Backend, CtEntry,
+    CtKey, Frontend, FrontendKey, RevNat, SvcStats,
 };
 
 // Map sizes here are defaults; the agent sets the real capacities at load time.
 #[btf_map]
-static SB_FE_V1: HashMap<FrontendKey, Frontend, { capacity::FRONTENDS as usize }> =
-    HashMap::new();
+static SB_FE_V1: HashMap<FrontendKey, Frontend, { capacity::FRONTENDS as usize }> = HashMap::new();
 #[btf_map]
 static SB_BE_V1: HashMap<u32, Backend, { capacity::BACKENDS as usize }> = HashMap::new();
 #[btf_map]
-static SB_CT_V1: LruHashMap<CtKey, CtEntry, { capacity::CONNTRACK as usize }> =
-    LruHashMap::new();
+static SB_CT_V1: LruHashMap<CtKey, CtEntry, { capacity::CONNTRACK as usize }> = LruHashMap::new();
 #[btf_map]
 static SB_RNAT_V1: HashMap<u32, RevNat, { capacity::SERVICES as usize }> = HashMap::new();
 #[btf_map]
-static SB_SVC_STATS_V1: PerCpuArray<SvcStats, { capacity::SERVICES as usize }> =
-    PerCpuArray::new();
+static SB_SVC_STATS_V1: PerCpuArray<SvcStats, { capacity::SERVICES as usize }> = PerCpuArray::new();
+#[btf_map]
+static SB_AFFINITY_V1: LruHashMap<AffinityKey, AffinityEntry, { capacity::AFFINITY as usize }> =
+    LruHashMap::new();
 #[btf_map]
 static SB_STATS_V1: PerCpuArray<u64, { stat::COUNT as usize }> = PerCpuArray::new();
 
@@ -168,7 +168,7 @@ fn try_from_pod(ctx: &TcContext) -> Result<i32, Skip> {
     let backend = match tracked_backend(&ct_key, svc.service_id) {
         Some(backend) => backend,
         None => {
-            let Some((id, backend)) = pick_backend(fe_key, &svc) else {
+            let Some((id, backend)) = choose_backend(fe_key, &svc, flow.saddr_be) else {
                 return drop_counted(stat::DROP_INCONSISTENT);
             };
             track(&ct_key, &flow, id, &backend, svc.service_id);
@@ -255,15 +255,71 @@ fn tracked_backend(key: &CtKey, service_id: u32) -> Option<Backend> {
     }
 }
 
+/// The backend for a new flow: the client's affinity backend when the
+/// frontend has `sessionAffinity: ClientIP` and it is still valid, else one
+/// picked at random (and remembered for affinity).
+#[inline(always)]
+fn choose_backend(key: FrontendKey, svc: &Frontend, client_be: u32) -> Option<(u32, Backend)> {
+    if svc.flags & frontend_flags::AFFINITY_CLIENT_IP == 0 {
+        return pick_backend(key, svc).map(|(id, backend, _)| (id, backend));
+    }
+    let affinity_key = AffinityKey {
+        client_addr_be: client_be,
+        service_id: svc.service_id,
+    };
+    let now = unsafe { bpf_ktime_get_ns() };
+    let (id, backend, slot) = match affinity_backend(key, svc, &affinity_key, now) {
+        Some(found) => {
+            count(stat::AFFINITY_HIT);
+            found
+        }
+        None => pick_backend(key, svc)?,
+    };
+    let entry = AffinityEntry {
+        backend_id: id,
+        slot,
+        _pad: [0; 2],
+        last_used_ns: now,
+    };
+    // LRU: an insert evicts rather than fails; a failure only costs affinity.
+    if SB_AFFINITY_V1.insert(&affinity_key, &entry, 0).is_err() {
+        count(stat::CT_INSERT_FAILED);
+    }
+    Some((id, backend))
+}
+
+/// The client's remembered backend, if it has not timed out and its slot
+/// still names it (a backend that left the service is never reused).
+#[inline(always)]
+fn affinity_backend(
+    mut key: FrontendKey,
+    svc: &Frontend,
+    affinity_key: &AffinityKey,
+    now: u64,
+) -> Option<(u32, Backend, u16)> {
+    let entry = unsafe { SB_AFFINITY_V1.get(affinity_key) }?;
+    let (backend_id, slot, last_used_ns) = (entry.backend_id, entry.slot, entry.last_used_ns);
+    let timeout_ns = u64::from(svc.affinity_timeout_s) * 1_000_000_000;
+    if now.wrapping_sub(last_used_ns) > timeout_ns || slot == 0 || slot > svc.backend_count {
+        return None;
+    }
+    key.slot = slot;
+    if unsafe { SB_FE_V1.get(&key) }?.backend_id != backend_id {
+        return None;
+    }
+    let backend = unsafe { SB_BE_V1.get(&backend_id) }?;
+    Some((backend_id, *backend, slot))
+}
+
 /// Picks a backend at random among the frontend's slots `1..=backend_count`.
 #[inline(always)]
-fn pick_backend(mut key: FrontendKey, svc: &Frontend) -> Option<(u32, Backend)> {
+fn pick_backend(mut key: FrontendKey, svc: &Frontend) -> Option<(u32, Backend, u16)> {
     let count = u32::from(svc.backend_count).min(u32::from(capacity::MAX_BACKENDS_PER_SERVICE));
     let random = unsafe { bpf_get_prandom_u32() };
     key.slot = (random % count) as u16 + 1;
     let backend_id = unsafe { SB_FE_V1.get(&key) }?.backend_id;
     let backend = unsafe { SB_BE_V1.get(&backend_id) }?;
-    Some((backend_id, *backend))
+    Some((backend_id, *backend, key.slot))
 }
 
 /// Records both directions of a new flow. A failed insert is counted; the
@@ -284,7 +340,8 @@ fn track(fwd: &CtKey, flow: &Flow, backend_id: u32, backend: &Backend, service_i
         dir: ct_dir::REPLY,
         _pad: [0; 2],
     };
-    let inserted = SB_CT_V1.insert(fwd, &entry, 0).is_ok() && SB_CT_V1.insert(&reply, &entry, 0).is_ok();
+    let inserted =
+        SB_CT_V1.insert(fwd, &entry, 0).is_ok() && SB_CT_V1.insert(&reply, &entry, 0).is_ok();
     if inserted {
         count_service(service_id, |s| s.new_flows += 1);
     } else {
@@ -403,7 +460,12 @@ fn rewrite(
             u64::from(new_addr_be),
             u64::from(BPF_F_PSEUDO_HDR) | l4_flags | 4,
         )?;
-        ctx.l3_csum_replace(IP_CSUM_OFF, u64::from(old_addr_be), u64::from(new_addr_be), 4)?;
+        ctx.l3_csum_replace(
+            IP_CSUM_OFF,
+            u64::from(old_addr_be),
+            u64::from(new_addr_be),
+            4,
+        )?;
         ctx.store(addr_off, &new_addr_be, 0)?;
     }
     if old_port_be != new_port_be {

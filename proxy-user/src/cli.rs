@@ -24,8 +24,7 @@ pub struct ServiceRow {
     pub local_only: bool,
     /// No endpoint was ready; these are serving, terminating ones.
     pub terminating_fallback: bool,
-    /// `sessionAffinity: ClientIP` timeout. Recorded in the map; the data path
-    /// does not apply affinity yet.
+    /// `sessionAffinity: ClientIP` timeout (the data path applies it).
     pub affinity_timeout_s: Option<u32>,
     pub backends: Vec<BackendRow>,
     /// Slots that name a backend id absent from the backend map (should be 0).
@@ -124,7 +123,7 @@ pub fn read_services(maps: &PinnedMaps) -> Vec<ServiceRow> {
     rows
 }
 
-/// Notes on a row's recorded attributes, e.g. `local, affinity 10800s (recorded only)`.
+/// Notes on a row's attributes, e.g. `local endpoints only, ClientIP affinity 10800s`.
 fn attributes(row: &ServiceRow) -> String {
     let mut notes = Vec::new();
     if row.local_only {
@@ -134,9 +133,7 @@ fn attributes(row: &ServiceRow) -> String {
         notes.push("terminating fallback".to_owned());
     }
     if let Some(timeout) = row.affinity_timeout_s {
-        notes.push(format!(
-            "ClientIP affinity {timeout}s (recorded; not applied yet)"
-        ));
+        notes.push(format!("ClientIP affinity {timeout}s"));
     }
     notes.join(", ")
 }
@@ -296,14 +293,14 @@ mod tests {
     }
 
     #[test]
-    fn table_says_what_happens_without_endpoints_and_marks_recorded_only_features() {
+    fn table_says_what_happens_without_endpoints_and_shows_attributes() {
         let mut r = row("demo/empty", 0);
         r.affinity_timeout_s = Some(10800);
         r.local_only = true;
         let text = render_table(&[r]);
         assert!(text.contains("(none: packets are dropped)"));
         assert!(text.contains("local endpoints only"));
-        assert!(text.contains("not applied yet"));
+        assert!(text.contains("ClientIP affinity 10800s"));
         assert!(render_table(&[]).contains("no frontends programmed"));
     }
 }

@@ -458,3 +458,66 @@ fn a_flow_whose_backend_left_the_service_is_given_a_live_one() {
     );
     assert!(fx.syncer.store().dump().backends.len() == 1);
 }
+
+#[test]
+fn client_ip_affinity_sends_a_clients_new_flows_to_one_backend_until_it_leaves() {
+    let backends = [(POD1, 8080), (POD2, 8080), (POD3, 8080)];
+    let mut sticky = frontend(VIP, 80, Protocol::Tcp, "sticky", &backends);
+    sticky.affinity_timeout_s = Some(10800);
+    let mut fx = Fixture::with(vec![sticky.clone()]);
+    let dst = |out: &[u8]| Ipv4Addr::new(out[30], out[31], out[32], out[33]);
+
+    let (_, first) = fx.run(
+        programs::TC_FROM_POD,
+        &PacketSpec::tcp(CLIENT, 50000, VIP, 80).build(),
+    );
+    let chosen = dst(&first);
+    for port in 1..40u16 {
+        let (verdict, out) = fx.run(
+            programs::TC_FROM_POD,
+            &PacketSpec::tcp(CLIENT, 50000 + port, VIP, 80).build(),
+        );
+        assert_eq!(verdict, TC_ACT_OK);
+        assert_eq!(
+            dst(&out),
+            chosen,
+            "new flow {port} of the same client left its affinity backend"
+        );
+    }
+    assert_eq!(fx.stat("affinity_hit"), 39);
+
+    // Other clients are spread as usual.
+    let mut seen = std::collections::BTreeSet::new();
+    for last in 1..=60u8 {
+        let other = Ipv4Addr::new(10, 244, 200, last);
+        let (_, out) = fx.run(
+            programs::TC_FROM_POD,
+            &PacketSpec::tcp(other, 40000, VIP, 80).build(),
+        );
+        seen.insert(dst(&out));
+    }
+    assert_eq!(
+        seen.len(),
+        3,
+        "60 clients should reach all 3 backends: {seen:?}"
+    );
+
+    // The affinity backend leaves the service: the client's next flow goes elsewhere.
+    sticky.backends.retain(|b| b.ip != chosen);
+    let desired = DesiredState {
+        frontends: [(sticky.addr, sticky.clone())].into_iter().collect(),
+    };
+    assert!(fx.syncer.apply(&desired).failed.is_empty());
+    for port in 0..20u16 {
+        let (verdict, out) = fx.run(
+            programs::TC_FROM_POD,
+            &PacketSpec::tcp(CLIENT, 51000 + port, VIP, 80).build(),
+        );
+        assert_eq!(verdict, TC_ACT_OK);
+        assert_ne!(
+            dst(&out),
+            chosen,
+            "a backend that left the service must not be reused by affinity"
+        );
+    }
+}
