@@ -979,8 +979,14 @@ fn fwd(rest: &[String]) -> Result<Value> {
     // rows (bpf_link, kernel >= 6.6) show what that choice costs.
     for (setup, tcx) in [
         ("kernel forwarding, no program", false),
-        ("empty tc program (only forwards), netlink clsact as the agent attaches", false),
-        ("switchboard tc (ClusterIP DNAT), netlink clsact as the agent attaches", false),
+        (
+            "empty tc program (only forwards), netlink clsact as the agent attaches",
+            false,
+        ),
+        (
+            "switchboard tc (ClusterIP DNAT), netlink clsact as the agent attaches",
+            false,
+        ),
         ("empty tc program (only forwards), TCX link", true),
         ("switchboard tc (ClusterIP DNAT), TCX link", true),
     ] {

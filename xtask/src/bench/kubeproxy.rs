@@ -56,7 +56,11 @@ fn hash16(data: &str) -> String {
     let (a, b) = (fnv(data), fnv(&format!("{data}#")));
     let mut out = String::with_capacity(16);
     for i in 0..16 {
-        let word = if i < 12 { a >> (i * 5) } else { b >> ((i - 12) * 5) };
+        let word = if i < 12 {
+            a >> (i * 5)
+        } else {
+            b >> ((i - 12) * 5)
+        };
         out.push(ALPHABET[(word & 31) as usize] as char);
     }
     out
@@ -90,7 +94,10 @@ pub fn iptables(services: &[Svc]) -> String {
             );
             let n = svc.endpoints.len();
             for (i, ep) in svc.endpoints.iter().enumerate() {
-                let sep = format!("KUBE-SEP-{}", hash16(&format!("{id}{proto}{ep}:{}", port.target)));
+                let sep = format!(
+                    "KUBE-SEP-{}",
+                    hash16(&format!("{id}{proto}{ep}:{}", port.target))
+                );
                 let _ = writeln!(chains, ":{sep} - [0:0]");
                 if i + 1 < n {
                     let probability = 1.0 / (n - i) as f64;
@@ -106,7 +113,10 @@ pub fn iptables(services: &[Svc]) -> String {
                         port.target
                     );
                 }
-                let _ = writeln!(rules, "-A {sep} -m comment --comment {id} -s {ep}/32 -j KUBE-MARK-MASQ");
+                let _ = writeln!(
+                    rules,
+                    "-A {sep} -m comment --comment {id} -s {ep}/32 -j KUBE-MARK-MASQ"
+                );
                 let _ = writeln!(
                     rules,
                     "-A {sep} -m comment --comment {id} -m {proto} -p {proto} -j DNAT --to-destination {ep}:{}",
@@ -117,14 +127,20 @@ pub fn iptables(services: &[Svc]) -> String {
     }
     let mut out = String::with_capacity(chains.len() + rules.len() + svc_rules.len() + 1024);
     out.push_str("*filter\n:KUBE-FORWARD - [0:0]\n");
-    out.push_str("-A FORWARD -m comment --comment \"kubernetes forwarding rules\" -j KUBE-FORWARD\n");
+    out.push_str(
+        "-A FORWARD -m comment --comment \"kubernetes forwarding rules\" -j KUBE-FORWARD\n",
+    );
     out.push_str("-A KUBE-FORWARD -m conntrack --ctstate INVALID -j DROP\n");
     out.push_str("-A KUBE-FORWARD -m comment --comment \"kubernetes forwarding rules\" -m mark --mark 0x4000/0x4000 -j ACCEPT\n");
     out.push_str("-A KUBE-FORWARD -m comment --comment \"kubernetes forwarding conntrack rule\" -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT\n");
     out.push_str("COMMIT\n*nat\n");
     out.push_str(&chains);
-    out.push_str("-A PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n");
-    out.push_str("-A OUTPUT -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n");
+    out.push_str(
+        "-A PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n",
+    );
+    out.push_str(
+        "-A OUTPUT -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n",
+    );
     out.push_str("-A POSTROUTING -m comment --comment \"kubernetes postrouting rules\" -j KUBE-POSTROUTING\n");
     out.push_str("-A KUBE-MARK-MASQ -j MARK --or-mark 0x4000\n");
     out.push_str("-A KUBE-POSTROUTING -m mark ! --mark 0x4000/0x4000 -j RETURN\n");
@@ -147,7 +163,10 @@ pub fn nftables(services: &[Svc]) -> String {
             let proto = port.proto.lower();
             let id = format!("{}/{}/{proto}/{}", svc.namespace, svc.name, port.name);
             let svc_chain = format!("service-{}-{id}", &hash16(&id)[..8]);
-            elements.push(format!("{} . {proto} . {} : goto {svc_chain}", svc.cluster_ip, port.port));
+            elements.push(format!(
+                "{} . {proto} . {} : goto {svc_chain}",
+                svc.cluster_ip, port.port
+            ));
             let mut vmap = Vec::new();
             let mut ep_chains = String::new();
             for (i, ep) in svc.endpoints.iter().enumerate() {
@@ -166,7 +185,12 @@ pub fn nftables(services: &[Svc]) -> String {
                 svc.cluster_ip, port.port
             );
             if !vmap.is_empty() {
-                let _ = writeln!(chains, "\t\tnumgen random mod {} vmap {{ {} }}", vmap.len(), vmap.join(", "));
+                let _ = writeln!(
+                    chains,
+                    "\t\tnumgen random mod {} vmap {{ {} }}",
+                    vmap.len(),
+                    vmap.join(", ")
+                );
             }
             chains.push_str("\t}\n");
             chains.push_str(&ep_chains);
@@ -188,7 +212,9 @@ pub fn nftables(services: &[Svc]) -> String {
         let _ = writeln!(out, "\t\telements = {{ {} }}", elements.join(",\n\t\t\t"));
     }
     out.push_str("\t}\n");
-    out.push_str("\tchain services {\n\t\tip daddr . meta l4proto . th dport vmap @service-ips\n\t}\n");
+    out.push_str(
+        "\tchain services {\n\t\tip daddr . meta l4proto . th dport vmap @service-ips\n\t}\n",
+    );
     out.push_str(&chains);
     out.push_str("}\n");
     out
@@ -202,16 +228,28 @@ mod tests {
 
     #[test]
     fn iptables_layout_matches_kube_proxy() {
-        let pods = [Ipv4Addr::new(10, 244, 1, 2), Ipv4Addr::new(10, 244, 2, 2), Ipv4Addr::new(10, 244, 3, 2)];
+        let pods = [
+            Ipv4Addr::new(10, 244, 1, 2),
+            Ipv4Addr::new(10, 244, 2, 2),
+            Ipv4Addr::new(10, 244, 3, 2),
+        ];
         let rules = iptables(&services(1, &pods));
-        assert!(rules.contains("-A PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES"));
+        assert!(rules.contains(
+            "-A PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES"
+        ));
         assert!(rules.contains("-d 10.96.0.10/32 --dport 80 -j KUBE-SVC-"));
         assert!(rules.contains("--probability 0.3333333333 -j KUBE-SEP-"));
         assert!(rules.contains("--probability 0.5000000000 -j KUBE-SEP-"));
         assert!(rules.contains("-j DNAT --to-destination 10.244.3.2:8080"));
         assert_eq!(rules.matches("COMMIT").count(), 2);
         // 3 ports x 3 endpoints: 9 endpoint chains.
-        assert_eq!(rules.lines().filter(|l| l.starts_with(":KUBE-SEP-")).count(), 9);
+        assert_eq!(
+            rules
+                .lines()
+                .filter(|l| l.starts_with(":KUBE-SEP-"))
+                .count(),
+            9
+        );
     }
 
     #[test]

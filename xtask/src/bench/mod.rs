@@ -57,8 +57,8 @@ struct Plan {
     udp_ms: u32,
     bulk_ms: u32,
     fwd_frames: u32,
-    /// Services × 10 endpoints for the "time to program" comparison.
-    program_size: u32,
+    /// Interleaved rounds per size (the report takes the median).
+    rounds: usize,
 }
 
 impl Plan {
@@ -72,18 +72,18 @@ impl Plan {
                 udp_ms: 1000,
                 bulk_ms: 1000,
                 fwd_frames: 1_000_000,
-                program_size: 1000,
+                rounds: 1,
             }
         } else {
             Plan {
                 quick,
                 e2e_sizes: vec![1, 1000, 10_000],
                 rss_sizes: vec![1000, 10_000, 100_000],
-                wrk_secs: 6,
-                udp_ms: 3000,
-                bulk_ms: 3000,
+                wrk_secs: 5,
+                udp_ms: 2000,
+                bulk_ms: 2000,
                 fwd_frames: 5_000_000,
-                program_size: 10_000,
+                rounds: 3,
             }
         }
     }
@@ -98,7 +98,11 @@ fn progress(msg: &str) {
     let step = STEP.fetch_add(1, Ordering::SeqCst) + 1;
     let total = TOTAL.load(Ordering::SeqCst);
     let secs = STARTED.get_or_init(Instant::now).elapsed().as_secs();
-    println!("bench [{step}/{total} {}:{:02}] {msg}", secs / 60, secs % 60);
+    println!(
+        "bench [{step}/{total} {}:{:02}] {msg}",
+        secs / 60,
+        secs % 60
+    );
 }
 
 fn note(msg: &str) {
@@ -107,12 +111,14 @@ fn note(msg: &str) {
 
 pub fn run(opts: Options) -> Result<()> {
     if !is_root() {
-        bail!("cargo xtask bench needs root (it loads eBPF programs and builds network namespaces)");
+        bail!(
+            "cargo xtask bench needs root (it loads eBPF programs and builds network namespaces)"
+        );
     }
     let plan = Plan::new(opts.quick);
     STARTED.get_or_init(Instant::now);
     TOTAL.store(
-        3 + 1 + 3 * plan.e2e_sizes.len() + plan.rss_sizes.len() + 1,
+        3 + 1 + plan.e2e_sizes.len() * (1 + 4 * plan.rounds) + plan.rss_sizes.len() + 1,
         Ordering::SeqCst,
     );
 
@@ -130,7 +136,11 @@ pub fn run(opts: Options) -> Result<()> {
     crate::setup::run()?;
     let bins = crate::build::run()?;
     let sb_http = release_bin("sb-http");
-    ensure!(sb_http.exists(), "{} missing after the build", sb_http.display());
+    ensure!(
+        sb_http.exists(),
+        "{} missing after the build",
+        sb_http.display()
+    );
     let sb_bench = build_bench()?;
     for tag in TAGS {
         sandbox::purge_tag(tag)?;
@@ -138,7 +148,10 @@ pub fn run(opts: Options) -> Result<()> {
 
     let stamp = timestamp()?;
     let results_root = repo_root().join("xtask/results");
-    let dir = opts.out.clone().unwrap_or_else(|| results_root.join(&stamp));
+    let dir = opts
+        .out
+        .clone()
+        .unwrap_or_else(|| results_root.join(&stamp));
     fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
     println!("bench: writing to {}", dir.display());
 
@@ -149,33 +162,33 @@ pub fn run(opts: Options) -> Result<()> {
     let quick = if plan.quick { vec!["--quick"] } else { vec![] };
 
     progress("per-packet cost: BPF_PROG_TEST_RUN of sb_from_pod / sb_to_pod at each Services count, next to the empty programs");
-    results["perpacket"] = run_json(&sb_bench, &[&["perpacket"], quick.as_slice()].concat(), &dir.join("perpacket.json"))?;
+    results["perpacket"] = run_json(
+        &sb_bench,
+        &[&["perpacket"], quick.as_slice()].concat(),
+        &dir.join("perpacket.json"),
+    )?;
 
     progress("control plane: model + Syncer::apply of Services x 10 endpoints into kernel maps; one EndpointSlice change");
-    results["sync"] = run_json(&sb_bench, &[&["sync"], quick.as_slice()].concat(), &dir.join("sync.json"))?;
+    results["sync"] = run_json(
+        &sb_bench,
+        &[&["sync"], quick.as_slice()].concat(),
+        &dir.join("sync.json"),
+    )?;
 
     progress("forwarding rate on one core: XDP live frames through the node's tc path");
     results["fwd"] = fwd(&sb_bench, &plan, &dir)?;
 
-    let mut e2e = Vec::new();
-    let mut programming = Vec::new();
-    e2e.extend(e2e_direct(&plan, &sb_http)?);
-    let (rows, prog) = e2e_switchboard(&plan, &sb_http, &bins.switchboard)?;
-    e2e.extend(rows);
-    programming.extend(prog);
-    let (rows, prog) = e2e_rules(&plan, &sb_http, RuleSet::Iptables, &dir)?;
-    e2e.extend(rows);
-    programming.extend(prog);
-    let (rows, prog) = e2e_rules(&plan, &sb_http, RuleSet::Nftables, &dir)?;
-    e2e.extend(rows);
-    programming.extend(prog);
+    let (e2e, programming) = e2e_all(&plan, &sb_http, &bins.switchboard, &dir)?;
     results["e2e"] = Value::Array(e2e);
     results["programming"] = Value::Array(programming);
 
     results["rss"] = Value::Array(agent_rss(&plan, &sb_http, &bins.switchboard)?);
 
     progress("report: tables, ratios and plots");
-    fs::write(dir.join("results.json"), serde_json::to_string_pretty(&results)?)?;
+    fs::write(
+        dir.join("results.json"),
+        serde_json::to_string_pretty(&results)?,
+    )?;
     let table = report::write(&results, &dir)?;
     if opts.out.is_none() {
         let latest = results_root.join("latest");
@@ -201,13 +214,30 @@ fn build_bench() -> Result<PathBuf> {
     println!("build: cargo bench -p proxy-user --bench sb_bench --no-run");
     let mut c = cargo();
     c.current_dir(repo_root())
-        .args(["bench", "-p", "proxy-user", "--bench", "sb_bench", "--no-run", "--message-format=json"])
+        .args([
+            "bench",
+            "-p",
+            "proxy-user",
+            "--bench",
+            "sb_bench",
+            "--no-run",
+            "--message-format=json",
+        ])
         .stderr(std::process::Stdio::inherit());
-    let out = c.output().with_context(|| format!("start `{}`", show(&c)))?;
-    ensure!(out.status.success(), "`{}` failed ({}); its errors are above", show(&c), out.status);
+    let out = c
+        .output()
+        .with_context(|| format!("start `{}`", show(&c)))?;
+    ensure!(
+        out.status.success(),
+        "`{}` failed ({}); its errors are above",
+        show(&c),
+        out.status
+    );
     let text = String::from_utf8_lossy(&out.stdout);
     for line in text.lines() {
-        let Ok(msg) = serde_json::from_str::<Value>(line) else { continue };
+        let Ok(msg) = serde_json::from_str::<Value>(line) else {
+            continue;
+        };
         if msg["reason"] == "compiler-artifact" && msg["target"]["name"] == "sb_bench" {
             if let Some(exe) = msg["executable"].as_str() {
                 return Ok(PathBuf::from(exe));
@@ -244,7 +274,10 @@ fn meta(stamp: &str, quick: bool) -> Result<Value> {
         .and_then(|l| l.split_once(':'))
         .map(|(_, v)| v.trim().to_string())
         .unwrap_or_default();
-    let cpus = cpuinfo.lines().filter(|l| l.starts_with("processor")).count();
+    let cpus = cpuinfo
+        .lines()
+        .filter(|l| l.starts_with("processor"))
+        .count();
     let mem_kb: u64 = fs::read_to_string("/proc/meminfo")
         .unwrap_or_default()
         .lines()
@@ -255,7 +288,11 @@ fn meta(stamp: &str, quick: bool) -> Result<Value> {
     let root = repo_root();
     let root = root.to_string_lossy();
     let commit = capture("git", &["-C", &root, "rev-parse", "--short=12", "HEAD"]);
-    let dirty = !capture("git", &["-C", &root, "status", "--porcelain", "--untracked-files=no"]).is_empty();
+    let dirty = !capture(
+        "git",
+        &["-C", &root, "status", "--porcelain", "--untracked-files=no"],
+    )
+    .is_empty();
     Ok(json!({
         "timestamp": stamp,
         "mode": if quick { "quick" } else { "full" },
@@ -276,7 +313,9 @@ fn meta(stamp: &str, quick: bool) -> Result<Value> {
 fn run_json(sb_bench: &Path, args: &[&str], file: &Path) -> Result<Value> {
     let mut c = Command::new(sb_bench);
     c.args(args).arg("--out").arg(file);
-    let status = c.status().with_context(|| format!("start `{}`", show(&c)))?;
+    let status = c
+        .status()
+        .with_context(|| format!("start `{}`", show(&c)))?;
     ensure!(status.success(), "`{}` failed: {status}", show(&c));
     read_json(file)
 }
@@ -306,12 +345,23 @@ fn fwd(sb_bench: &Path, plan: &Plan, dir: &Path) -> Result<Value> {
         .map(|i| format!("{}:{}:{}", sb.pod_if(i), sb.pod_ns(i), sandbox::pod_ip(i)))
         .collect();
     let client_if = sb.client_if();
-    let mut args: Vec<&str> = vec![&bin, "fwd", "--ingress", &client_if, "--count", &frames, "--out", &file_s];
+    let mut args: Vec<&str> = vec![
+        &bin,
+        "fwd",
+        "--ingress",
+        &client_if,
+        "--count",
+        &frames,
+        "--out",
+        &file_s,
+    ];
     for p in &pods {
         args.extend(["--pod", p.as_str()]);
     }
     let mut c = sb.command(&sb.node_ns(), &args);
-    let status = c.status().with_context(|| format!("start `{}`", show(&c)))?;
+    let status = c
+        .status()
+        .with_context(|| format!("start `{}`", show(&c)))?;
     drop(sb);
     ensure!(status.success(), "`{}` failed: {status}", show(&c));
     read_json(&file)
@@ -354,7 +404,19 @@ fn wait_udp(sb: &Sandbox, sb_http: &Path, addr: &str) -> Result<()> {
     let bin = sb_http.to_string_lossy().into_owned();
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let out = sb.exec_status(&sb.client_ns(), &[&bin, "udp", "--addr", addr, "--flows", "1", "--duration-ms", "200"])?;
+        let out = sb.exec_status(
+            &sb.client_ns(),
+            &[
+                &bin,
+                "udp",
+                "--addr",
+                addr,
+                "--flows",
+                "1",
+                "--duration-ms",
+                "200",
+            ],
+        )?;
         let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
         if v["requests"].as_u64().unwrap_or(0) > 0 {
             return Ok(());
@@ -408,7 +470,12 @@ fn parse_wrk(text: &str) -> Result<Wrk> {
         } else if let Some(v) = t.strip_prefix("99%") {
             w.p99_us = parse_duration_us(v).ok_or_else(|| anyhow!("bad wrk line {t}"))?;
         } else if t.contains(" requests in ") {
-            w.requests = t.split_whitespace().next().unwrap_or("0").parse().unwrap_or(0);
+            w.requests = t
+                .split_whitespace()
+                .next()
+                .unwrap_or("0")
+                .parse()
+                .unwrap_or(0);
         } else if let Some(v) = t.strip_prefix("Socket errors:") {
             // "connect 0, read 0, write 0, timeout 0"
             w.errors += v
@@ -420,7 +487,10 @@ fn parse_wrk(text: &str) -> Result<Wrk> {
             w.errors += v.trim().parse::<u64>().unwrap_or(0);
         }
     }
-    ensure!(w.rps > 0.0 && w.requests > 0, "wrk made no request:\n{text}");
+    ensure!(
+        w.rps > 0.0 && w.requests > 0,
+        "wrk made no request:\n{text}"
+    );
     Ok(w)
 }
 
@@ -433,13 +503,31 @@ fn wrk(sb: &Sandbox, url: &str, secs: u32) -> Result<Wrk> {
     let d = format!("{secs}s");
     let out = sb.exec(
         &sb.client_ns(),
-        &["wrk", "-t", WRK_THREADS, "-c", WRK_CONNECTIONS, "-d", &d, "--latency", "-H", "Connection: close", url],
+        &[
+            "wrk",
+            "-t",
+            WRK_THREADS,
+            "-c",
+            WRK_CONNECTIONS,
+            "-d",
+            &d,
+            "--latency",
+            "-H",
+            "Connection: close",
+            url,
+        ],
     )?;
     parse_wrk(&String::from_utf8_lossy(&out.stdout))
 }
 
 /// Everything measured over one path at one size.
-fn measure(sb: &Sandbox, sb_http: &Path, plan: &Plan, host: &str, ports: (u16, u16, u16)) -> Result<Value> {
+fn measure(
+    sb: &Sandbox,
+    sb_http: &Path,
+    plan: &Plan,
+    host: &str,
+    ports: (u16, u16, u16),
+) -> Result<Value> {
     let bin = sb_http.to_string_lossy().into_owned();
     let url = format!("http://{host}:{}/", ports.0);
     if !plan.quick {
@@ -448,12 +536,37 @@ fn measure(sb: &Sandbox, sb_http: &Path, plan: &Plan, host: &str, ports: (u16, u
     let w = wrk(sb, &url, plan.wrk_secs)?;
     let udp_addr = format!("{host}:{}", ports.1);
     let udp_ms = plan.udp_ms.to_string();
-    let out = sb.exec(&sb.client_ns(), &[&bin, "udp", "--addr", &udp_addr, "--flows", "8", "--duration-ms", &udp_ms])?;
+    let out = sb.exec(
+        &sb.client_ns(),
+        &[
+            &bin,
+            "udp",
+            "--addr",
+            &udp_addr,
+            "--flows",
+            "8",
+            "--duration-ms",
+            &udp_ms,
+        ],
+    )?;
     let udp: Value = serde_json::from_slice(&out.stdout).context("sb-http udp output")?;
-    ensure!(udp["requests"].as_u64().unwrap_or(0) > 0, "no UDP answer from {udp_addr}: {udp}");
+    ensure!(
+        udp["requests"].as_u64().unwrap_or(0) > 0,
+        "no UDP answer from {udp_addr}: {udp}"
+    );
     let bulk_addr = format!("{host}:{}", ports.2);
     let bulk_ms = plan.bulk_ms.to_string();
-    let out = sb.exec(&sb.client_ns(), &[&bin, "bulk", "--addr", &bulk_addr, "--duration-ms", &bulk_ms])?;
+    let out = sb.exec(
+        &sb.client_ns(),
+        &[
+            &bin,
+            "bulk",
+            "--addr",
+            &bulk_addr,
+            "--duration-ms",
+            &bulk_ms,
+        ],
+    )?;
     let bulk: Value = serde_json::from_slice(&out.stdout).context("sb-http bulk output")?;
     note(&format!(
         "{:.0} conn/s (p50 {:.0} us, p99 {:.0} us, {} errors); UDP {:.0} req/s (p99 {} us); one TCP stream {:.2} Gbit/s",
@@ -472,16 +585,6 @@ fn measure(sb: &Sandbox, sb_http: &Path, plan: &Plan, host: &str, ports: (u16, u
 
 fn service_ports() -> (u16, u16, u16) {
     (workload::HTTP_PORT, workload::UDP_PORT, workload::BULK_PORT)
-}
-
-fn e2e_direct(plan: &Plan, sb_http: &Path) -> Result<Vec<Value>> {
-    progress("end to end: direct to a pod IP (no load balancer: the limit)");
-    let mut sb = Sandbox::new("sbbdir")?;
-    start_http_pods(&mut sb, sb_http)?;
-    let pod = sandbox::pod_ip(1);
-    let m = measure(&sb, sb_http, plan, &pod, (workload::POD_HTTP_PORT, workload::POD_UDP_PORT, workload::POD_BULK_PORT))?;
-    sb.cleanup()?;
-    Ok(vec![json!({"path": "direct", "services": Value::Null, "m": m})])
 }
 
 /// Writes the manifests for `count` Services into the sandbox's manifest
@@ -504,8 +607,12 @@ fn write_manifests(sb: &Sandbox, count: u32) -> Result<usize> {
 
 /// Agent capacity flags large enough for `services` × 10 endpoints.
 fn agent_caps(services: u32) -> Vec<String> {
-    let entries = (u64::from(services) * 11 + 4096).next_power_of_two().max(65_536);
-    let backends = (u64::from(services) * 10 + 4096).next_power_of_two().max(65_536);
+    let entries = (u64::from(services) * 11 + 4096)
+        .next_power_of_two()
+        .max(65_536);
+    let backends = (u64::from(services) * 10 + 4096)
+        .next_power_of_two()
+        .max(65_536);
     let ids = (u64::from(services) + 1024).next_power_of_two().max(16_384);
     vec![
         "--max-frontend-entries".into(),
@@ -530,20 +637,31 @@ fn start_agent(sb: &mut Sandbox, switchboard: &Path, max_services: u32) -> Resul
 
 /// Waits until the agent's log has a `maps synced` line with `frontends=N`
 /// after `skip` bytes of log; returns when it appeared.
-fn wait_synced(sb: &mut Sandbox, frontends: usize, skip: usize, timeout: Duration) -> Result<Instant> {
+fn wait_synced(
+    sb: &mut Sandbox,
+    frontends: usize,
+    skip: usize,
+    timeout: Duration,
+) -> Result<Instant> {
     let want = format!("frontends={frontends} ");
     let deadline = Instant::now() + timeout;
     loop {
         let log = sb.agent_log();
         let fresh = log.get(skip..).unwrap_or_default();
-        if fresh.lines().any(|l| l.contains("maps synced") && l.contains(&want)) {
+        if fresh
+            .lines()
+            .any(|l| l.contains("maps synced") && l.contains(&want))
+        {
             return Ok(Instant::now());
         }
         if !sb.agent_running() {
             bail!("the agent exited:\n{log}");
         }
         if Instant::now() > deadline {
-            bail!("the agent did not sync {frontends} frontends within {timeout:?}:\n{}", tail(&log, 30));
+            bail!(
+                "the agent did not sync {frontends} frontends within {timeout:?}:\n{}",
+                tail(&log, 30)
+            );
         }
         std::thread::sleep(Duration::from_millis(10));
     }
@@ -552,43 +670,6 @@ fn wait_synced(sb: &mut Sandbox, frontends: usize, skip: usize, timeout: Duratio
 fn tail(text: &str, lines: usize) -> String {
     let all: Vec<&str> = text.lines().collect();
     all[all.len().saturating_sub(lines)..].join("\n")
-}
-
-fn e2e_switchboard(plan: &Plan, sb_http: &Path, switchboard: &Path) -> Result<(Vec<Value>, Vec<Value>)> {
-    let mut sb = Sandbox::new("sbbsw")?;
-    start_http_pods(&mut sb, sb_http)?;
-    let max = *plan.e2e_sizes.iter().max().unwrap_or(&1);
-    let mut rows = Vec::new();
-    let mut programming = Vec::new();
-    let mut started_agent = false;
-    for &n in &plan.e2e_sizes {
-        progress(&format!("end to end: switchboard, {n} Services"));
-        let skip = sb.agent_log().len();
-        let t0 = Instant::now();
-        let frontends = write_manifests(&sb, n)?;
-        if !started_agent {
-            start_agent(&mut sb, switchboard, max.max(plan.program_size))?;
-            started_agent = true;
-        }
-        let synced = wait_synced(&mut sb, frontends, skip, Duration::from_secs(120))?;
-        let secs = (synced - t0).as_secs_f64();
-        note(&format!("agent programmed {frontends} frontends {secs:.2} s after the manifests were written"));
-        if n == plan.program_size {
-            programming.push(json!({"tool": "switchboard agent (YAML written → maps synced)", "services": n, "seconds": secs}));
-        }
-        let m = measure(&sb, sb_http, plan, &workload::TARGET_IP.to_string(), service_ports())?;
-        rows.push(json!({"path": "switchboard", "services": n, "m": m, "agent_sync_s": secs}));
-    }
-    if !plan.e2e_sizes.contains(&plan.program_size) {
-        let skip = sb.agent_log().len();
-        let t0 = Instant::now();
-        let frontends = write_manifests(&sb, plan.program_size)?;
-        let synced = wait_synced(&mut sb, frontends, skip, Duration::from_secs(120))?;
-        programming.push(json!({"tool": "switchboard agent (YAML written → maps synced)", "services": plan.program_size, "seconds": (synced - t0).as_secs_f64()}));
-    }
-    sb.stop_agent()?;
-    sb.cleanup()?;
-    Ok((rows, programming))
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -604,10 +685,10 @@ impl RuleSet {
             RuleSet::Nftables => "nftables",
         }
     }
-    fn tag(self) -> &'static str {
+    fn load_command(self) -> &'static str {
         match self {
-            RuleSet::Iptables => "sbbipt",
-            RuleSet::Nftables => "sbbnft",
+            RuleSet::Iptables => "iptables-restore",
+            RuleSet::Nftables => "nft -f",
         }
     }
     fn render(self, services: &[workload::Svc]) -> String {
@@ -636,50 +717,165 @@ impl RuleSet {
     }
 }
 
-fn e2e_rules(plan: &Plan, sb_http: &Path, set: RuleSet, dir: &Path) -> Result<(Vec<Value>, Vec<Value>)> {
-    let mut sb = Sandbox::new(set.tag())?;
-    start_http_pods(&mut sb, sb_http)?;
+/// Median of the numbers at `key` (a JSON pointer) over `runs`.
+fn median_of(runs: &[Value], key: &str) -> Value {
+    let mut v: Vec<f64> = runs
+        .iter()
+        .filter_map(|r| r.pointer(key).and_then(Value::as_f64))
+        .collect();
+    if v.is_empty() {
+        return Value::Null;
+    }
+    v.sort_by(f64::total_cmp);
+    json!(v[v.len() / 2])
+}
+
+/// The four paths, each in its own sandbox (so nothing of one path, such as
+/// the conntrack hooks that iptables/nftables NAT rules switch on, touches
+/// another), all alive at once so that the measurements can be interleaved:
+/// for each size, every round measures every path, starting with a different
+/// one each round, and the report takes the median over rounds. On a small
+/// machine shared with other work this keeps slow drifts from favouring
+/// whichever path happened to run in a quiet moment.
+fn e2e_all(
+    plan: &Plan,
+    sb_http: &Path,
+    switchboard: &Path,
+    dir: &Path,
+) -> Result<(Vec<Value>, Vec<Value>)> {
+    progress("end to end: four sandboxes (direct, switchboard, iptables, nftables) with three sb-http pods each");
+    let mut direct = Sandbox::new("sbbdir")?;
+    start_http_pods(&mut direct, sb_http)?;
+    let mut sw = Sandbox::new("sbbsw")?;
+    start_http_pods(&mut sw, sb_http)?;
+    let mut ipt = Sandbox::new("sbbipt")?;
+    start_http_pods(&mut ipt, sb_http)?;
+    let mut nft = Sandbox::new("sbbnft")?;
+    start_http_pods(&mut nft, sb_http)?;
+    let max = *plan.e2e_sizes.iter().max().unwrap_or(&1);
     let mut rows = Vec::new();
     let mut programming = Vec::new();
-    let node = sb.node_ns();
-    let mut sizes = plan.e2e_sizes.clone();
-    if !sizes.contains(&plan.program_size) {
-        sizes.push(plan.program_size);
-    }
-    for &n in &sizes {
-        let measured = plan.e2e_sizes.contains(&n);
-        if measured {
-            progress(&format!("end to end: kube-proxy-style {} rules, {n} Services", set.name()));
+    let mut agent_started = false;
+    let paths = ["direct", "switchboard", "iptables", "nftables"];
+    for &n in &plan.e2e_sizes {
+        progress(&format!(
+            "end to end at {n} Services: programming switchboard, iptables, nftables"
+        ));
+        // switchboard: the agent follows its manifest directory.
+        let skip = sw.agent_log().len();
+        let t0 = Instant::now();
+        let frontends = write_manifests(&sw, n)?;
+        if !agent_started {
+            start_agent(&mut sw, switchboard, max)?;
+            agent_started = true;
         }
-        let services = workload::services(n, &pod_ips());
-        let file = sb.dir.join(format!("{}-{n}.rules", set.name()));
-        let text = set.render(&services);
-        fs::write(&file, &text)?;
-        let secs = set.load(&sb, &file)?;
-        let rules = text.lines().filter(|l| l.starts_with("-A ") || l.trim_start().starts_with("chain ")).count();
-        note(&format!("{} loaded {n} Services x {} endpoints in {secs:.2} s ({} lines)", set.name(), workload::FILLER_ENDPOINTS, text.lines().count()));
-        if n == plan.program_size {
-            programming.push(json!({
-                "tool": match set { RuleSet::Iptables => "iptables-restore", RuleSet::Nftables => "nft -f" },
-                "services": n,
-                "seconds": secs,
-                "rules_or_chains": rules,
-            }));
-            if n == *sizes.iter().max().unwrap_or(&0) && !plan.quick {
-                // Keep the largest file next to the report, for inspection? Too
-                // big for a results folder: only its head.
-                let head: String = text.lines().take(60).collect::<Vec<_>>().join("\n");
-                fs::write(dir.join(format!("{}-head.txt", set.name())), head)?;
+        let synced = wait_synced(&mut sw, frontends, skip, Duration::from_secs(300))?;
+        let agent_s = (synced - t0).as_secs_f64();
+        note(&format!("switchboard agent: {frontends} frontends programmed {agent_s:.2} s after the manifests were written"));
+        let mut loads = serde_json::Map::new();
+        loads.insert("switchboard".into(), json!(agent_s));
+        for (set, sb) in [(RuleSet::Iptables, &ipt), (RuleSet::Nftables, &nft)] {
+            let services = workload::services(n, &pod_ips());
+            let text = set.render(&services);
+            let file = sb.dir.join(format!("{}-{n}.rules", set.name()));
+            fs::write(&file, &text)?;
+            let secs = set.load(sb, &file)?;
+            let _ = fs::remove_file(&file);
+            note(&format!(
+                "{}: {n} Services (x {} endpoints) loaded in {secs:.2} s ({} lines)",
+                set.load_command(),
+                workload::FILLER_ENDPOINTS,
+                text.lines().count()
+            ));
+            loads.insert(set.name().into(), json!(secs));
+            if n == max {
+                programming
+                    .push(json!({"tool": set.load_command(), "services": n, "seconds": secs}));
+                if !plan.quick {
+                    let head: String = text.lines().take(80).collect::<Vec<_>>().join("\n");
+                    fs::write(
+                        dir.join(format!("{}-rules-head.txt", set.name())),
+                        head + "\n",
+                    )?;
+                }
             }
         }
-        if measured {
-            // Forget the previous size's connections (conntrack is per namespace).
-            let _ = sb.exec_status(&node, &["conntrack", "-F"]);
-            let m = measure(&sb, sb_http, plan, &workload::TARGET_IP.to_string(), service_ports())?;
-            rows.push(json!({"path": set.name(), "services": n, "m": m, "load_s": secs}));
+        if n == max {
+            programming.push(json!({"tool": "switchboard agent (YAML written → maps synced)", "services": n, "seconds": agent_s}));
+        }
+        let mut runs: Vec<Vec<Value>> = vec![Vec::new(); paths.len()];
+        for round in 0..plan.rounds {
+            for k in 0..paths.len() {
+                let i = (k + round) % paths.len();
+                let path = paths[i];
+                progress(&format!(
+                    "end to end at {n} Services, round {}/{}: {path}",
+                    round + 1,
+                    plan.rounds
+                ));
+                let m = match path {
+                    "direct" => measure(
+                        &direct,
+                        sb_http,
+                        plan,
+                        &sandbox::pod_ip(1),
+                        (
+                            workload::POD_HTTP_PORT,
+                            workload::POD_UDP_PORT,
+                            workload::POD_BULK_PORT,
+                        ),
+                    )?,
+                    "switchboard" => measure(
+                        &sw,
+                        sb_http,
+                        plan,
+                        &workload::TARGET_IP.to_string(),
+                        service_ports(),
+                    )?,
+                    _ => {
+                        let sb = if path == "iptables" { &ipt } else { &nft };
+                        // Forget earlier connections (conntrack is per namespace).
+                        let _ = sb.exec_status(&sb.node_ns(), &["conntrack", "-F"]);
+                        measure(
+                            sb,
+                            sb_http,
+                            plan,
+                            &workload::TARGET_IP.to_string(),
+                            service_ports(),
+                        )?
+                    }
+                };
+                runs[i].push(m);
+            }
+        }
+        for (i, path) in paths.iter().enumerate() {
+            let r = &runs[i];
+            let m = json!({
+                "conn_per_s": median_of(r, "/conn_per_s"),
+                "p50_us": median_of(r, "/p50_us"),
+                "p99_us": median_of(r, "/p99_us"),
+                "errors": r.iter().filter_map(|m| m["errors"].as_u64()).sum::<u64>(),
+                "udp": {"rate": median_of(r, "/udp/rate"), "p50_us": median_of(r, "/udp/p50_us"), "p99_us": median_of(r, "/udp/p99_us")},
+                "bulk": {"gbit_s": median_of(r, "/bulk/gbit_s")},
+                "conn_per_s_rounds": r.iter().map(|m| m["conn_per_s"].clone()).collect::<Vec<_>>(),
+            });
+            note(&format!(
+                "{path} at {n} Services: median {} conn/s over {} rounds {}",
+                m["conn_per_s"],
+                r.len(),
+                m["conn_per_s_rounds"]
+            ));
+            rows.push(json!({"path": path, "services": n, "m": m, "program_s": loads.get(*path).cloned().unwrap_or(Value::Null)}));
         }
     }
-    sb.cleanup()?;
+    sw.stop_agent()?;
+    let mut errors = Vec::new();
+    for mut sb in [direct, sw, ipt, nft] {
+        if let Err(e) = sb.cleanup() {
+            errors.push(format!("{e:#}"));
+        }
+    }
+    ensure!(errors.is_empty(), "cleanup: {}", errors.join("; "));
     Ok((rows, programming))
 }
 

@@ -58,22 +58,37 @@ pub fn write(results: &Value, dir: &Path) -> Result<String> {
     let meta = &results["meta"];
     let pp = &results["perpacket"];
     let pp_rows = pp["rows"].as_array().cloned().unwrap_or_default();
-    let sync_runs = results["sync"]["runs"].as_array().cloned().unwrap_or_default();
-    let fwd_rows = results["fwd"]["rows"].as_array().cloned().unwrap_or_default();
+    let sync_runs = results["sync"]["runs"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let fwd_rows = results["fwd"]["rows"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
     let e2e = results["e2e"].as_array().cloned().unwrap_or_default();
-    let programming = results["programming"].as_array().cloned().unwrap_or_default();
+    let programming = results["programming"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
     let rss = results["rss"].as_array().cloned().unwrap_or_default();
 
     let empty_tc = f(&pp["empty_tc_ns"]);
     let sizes: Vec<u64> = {
-        let mut v: Vec<u64> = pp_rows.iter().filter_map(|r| r["services_nominal"].as_u64()).collect();
+        let mut v: Vec<u64> = pp_rows
+            .iter()
+            .filter_map(|r| r["services_nominal"].as_u64())
+            .collect();
         v.dedup();
         v
     };
     let pp_at = |nominal: u64, backends: u64, key: &str| -> Option<f64> {
         pp_rows
             .iter()
-            .find(|r| r["services_nominal"].as_u64() == Some(nominal) && r["target_backends"].as_u64() == Some(backends))
+            .find(|r| {
+                r["services_nominal"].as_u64() == Some(nominal)
+                    && r["target_backends"].as_u64() == Some(backends)
+            })
             .and_then(|r| f(&r[key]))
     };
     let smallest = sizes.first().copied().unwrap_or(1);
@@ -85,30 +100,58 @@ pub fn write(results: &Value, dir: &Path) -> Result<String> {
     let hit_large = pp_at(largest, 1, "from_pod_service_existing_ns");
     let flat = hit_small.zip(hit_large).map(|(a, b)| b / a);
     goals.push(Goal {
-        what: format!("per-packet cost, {} ÷ {} Services (sb_from_pod, existing flow)", size_label(largest), size_label(smallest)),
+        what: format!(
+            "per-packet cost, {} ÷ {} Services (sb_from_pod, existing flow)",
+            size_label(largest),
+            size_label(smallest)
+        ),
         goal: "≤ 1.1".into(),
-        measured: format!("{} ({} ns ÷ {} ns)", fmt_opt(flat, 2), fmt_opt(hit_large, 0), fmt_opt(hit_small, 0)),
+        measured: format!(
+            "{} ({} ns ÷ {} ns)",
+            fmt_opt(flat, 2),
+            fmt_opt(hit_large, 0),
+            fmt_opt(hit_small, 0)
+        ),
         met: flat.map(|r| r <= 1.1),
     });
     let ratio_empty = hit_large.zip(empty_tc).map(|(a, b)| a / b);
     goals.push(Goal {
-        what: format!("switchboard ÷ empty tc program ({} Services, sb_from_pod, existing flow)", size_label(largest)),
+        what: format!(
+            "switchboard ÷ empty tc program ({} Services, sb_from_pod, existing flow)",
+            size_label(largest)
+        ),
         goal: "≤ 3".into(),
-        measured: format!("{} ({} ns ÷ {} ns)", fmt_opt(ratio_empty, 2), fmt_opt(hit_large, 0), fmt_opt(empty_tc, 0)),
+        measured: format!(
+            "{} ({} ns ÷ {} ns)",
+            fmt_opt(ratio_empty, 2),
+            fmt_opt(hit_large, 0),
+            fmt_opt(empty_tc, 0)
+        ),
         met: ratio_empty.map(|r| r <= 3.0),
     });
     let reply_large = pp_at(largest, 1, "to_pod_reply_ns");
     let ratio_reply = reply_large.zip(empty_tc).map(|(a, b)| a / b);
     goals.push(Goal {
-        what: format!("switchboard ÷ empty tc program ({} Services, sb_to_pod, reply)", size_label(largest)),
+        what: format!(
+            "switchboard ÷ empty tc program ({} Services, sb_to_pod, reply)",
+            size_label(largest)
+        ),
         goal: "≤ 3".into(),
-        measured: format!("{} ({} ns ÷ {} ns)", fmt_opt(ratio_reply, 2), fmt_opt(reply_large, 0), fmt_opt(empty_tc, 0)),
+        measured: format!(
+            "{} ({} ns ÷ {} ns)",
+            fmt_opt(ratio_reply, 2),
+            fmt_opt(reply_large, 0),
+            fmt_opt(empty_tc, 0)
+        ),
         met: ratio_reply.map(|r| r <= 3.0),
     });
     goals.push(Goal {
         what: "switchboard ÷ empty XDP program".into(),
         goal: "≤ 3".into(),
-        measured: format!("not implemented yet (empty XDP: {} ns)", fmt_opt(f(&pp["empty_xdp_ns"]), 0)),
+        measured: format!(
+            "not implemented yet (empty XDP: {} ns)",
+            fmt_opt(f(&pp["empty_xdp_ns"]), 0)
+        ),
         met: None,
     });
     let e2e_sizes: Vec<u64> = {
@@ -118,21 +161,32 @@ pub fn write(results: &Value, dir: &Path) -> Result<String> {
         v
     };
     let e2e_max = e2e_sizes.last().copied();
-    let direct = conn(&e2e, "direct", None);
+    let direct = conn(&e2e, "direct", e2e_max);
     let sw = conn(&e2e, "switchboard", e2e_max);
     let ipt = conn(&e2e, "iptables", e2e_max);
     let nft = conn(&e2e, "nftables", e2e_max);
     let at = e2e_max.map(size_label).unwrap_or_default();
-    for (other, name, goal) in [(direct, "direct to a pod", 0.95), (ipt, "iptables", 3.0), (nft, "nftables", 1.0)] {
+    for (other, name, goal) in [
+        (direct, "direct to a pod", 0.95),
+        (ipt, "iptables", 3.0),
+        (nft, "nftables", 1.0),
+    ] {
         let r = sw.zip(other).map(|(a, b)| a / b);
         goals.push(Goal {
             what: format!("new TCP connections/s at {at} Services, switchboard ÷ {name}"),
             goal: format!("≥ {goal}"),
-            measured: format!("{} ({} ÷ {})", fmt_opt(r, 2), fmt_opt(sw, 0), fmt_opt(other, 0)),
+            measured: format!(
+                "{} ({} ÷ {})",
+                fmt_opt(r, 2),
+                fmt_opt(sw, 0),
+                fmt_opt(other, 0)
+            ),
             met: r.map(|r| r >= goal),
         });
     }
-    let sync_main = sync_runs.iter().max_by_key(|r| r["services"].as_u64().unwrap_or(0));
+    let sync_main = sync_runs
+        .iter()
+        .max_by_key(|r| r["services"].as_u64().unwrap_or(0));
     if let Some(run) = sync_main {
         let apply = f(&run["apply_ms"]).map(|ms| ms / 1000.0);
         goals.push(Goal {
@@ -142,13 +196,21 @@ pub fn write(results: &Value, dir: &Path) -> Result<String> {
                 run["endpoints_per_service"]
             ),
             goal: "< 0.5 s".into(),
-            measured: format!("{} s (+ {} s to build the model)", fmt_opt(apply, 3), fmt_opt(f(&run["model_ms"]).map(|m| m / 1000.0), 3)),
+            measured: format!(
+                "{} s (+ {} s to build the model)",
+                fmt_opt(apply, 3),
+                fmt_opt(f(&run["model_ms"]).map(|m| m / 1000.0), 3)
+            ),
             met: apply.map(|s| s < 0.5),
         });
     }
 
     let mut md = String::new();
-    let _ = writeln!(md, "# switchboard benchmark — {}\n", meta["timestamp"].as_str().unwrap_or(""));
+    let _ = writeln!(
+        md,
+        "# switchboard benchmark — {}\n",
+        meta["timestamp"].as_str().unwrap_or("")
+    );
     let _ = writeln!(
         md,
         "- mode: {} (`cargo xtask bench{}`)\n- machine: {} × {}, {:.1} GiB\n- kernel: {}\n- commit: {}{}\n- tools: {}; {}; {}\n",
@@ -167,16 +229,26 @@ pub fn write(results: &Value, dir: &Path) -> Result<String> {
     md.push_str("Every figure below was measured in this run; ratios are computed from them.\n\n");
 
     let mut headline = String::new();
-    let _ = writeln!(headline, "| goal | target | measured | |\n|---|---|---|---|");
+    let _ = writeln!(
+        headline,
+        "| goal | target | measured | |\n|---|---|---|---|"
+    );
     for g in &goals {
-        let _ = writeln!(headline, "| {} | {} | {} | {} |", g.what, g.goal, g.measured, verdict(g.met));
+        let _ = writeln!(
+            headline,
+            "| {} | {} | {} | {} |",
+            g.what,
+            g.goal,
+            g.measured,
+            verdict(g.met)
+        );
     }
     md.push_str("## Goals\n\n");
     md.push_str(&headline);
 
     // ---- end to end ----
     md.push_str("\n## End to end (netns sandbox: client → node → 3 pods)\n\n");
-    md.push_str("New TCP connections per second: wrk, 2 threads, 32 connections, `Connection: close` (one request per connection). Latency is wrk's per-request latency (request written → response read; the TCP handshake is not in it). UDP: 8 flows, request/response in lockstep. Bulk: one TCP stream. Each path runs in its own fresh sandbox; the target Service sits in the middle of the Service list.\n\n");
+    md.push_str("New TCP connections per second: wrk, 2 threads, 32 connections, `Connection: close` (one request per connection). Latency is wrk's per-request latency (request written → response read; the TCP handshake is not in it). UDP: 8 flows, request/response in lockstep. Bulk: one TCP stream. Each path has its own sandbox (so the conntrack hooks that NAT rules switch on stay out of the others); all four live at once and are measured in interleaved rounds (a different path first in each round); figures are medians over the rounds, and the conn/s of every round is in results.json. The target Service sits in the middle of the Service list (kube-proxy's iptables mode matches Services in order). \"direct\" (wrk to one pod's address, no Service) does not depend on the Services count; it is measured at every size as a reference for the noise.\n\n");
     let mut table = String::new();
     let _ = writeln!(table, "| path | Services | conn/s | p50 | p99 | UDP req/s | UDP p99 | 1 TCP stream | errors |\n|---|---|---|---|---|---|---|---|---|");
     for r in &e2e {
@@ -185,7 +257,10 @@ pub fn write(results: &Value, dir: &Path) -> Result<String> {
             table,
             "| {} | {} | {} | {} µs | {} µs | {} | {} µs | {} Gbit/s | {} |",
             r["path"].as_str().unwrap_or(""),
-            r["services"].as_u64().map(size_label).unwrap_or_else(|| "–".into()),
+            r["services"]
+                .as_u64()
+                .map(size_label)
+                .unwrap_or_else(|| "–".into()),
             fmt_opt(f(&m["conn_per_s"]), 0),
             fmt_opt(f(&m["p50_us"]), 0),
             fmt_opt(f(&m["p99_us"]), 0),
@@ -200,7 +275,14 @@ pub fn write(results: &Value, dir: &Path) -> Result<String> {
     for &n in &e2e_sizes {
         let s = conn(&e2e, "switchboard", Some(n));
         let r = |o: Option<f64>| fmt_opt(s.zip(o).map(|(a, b)| a / b), 2);
-        let _ = writeln!(md, "| {} | {} | {} | {} |", size_label(n), r(direct), r(conn(&e2e, "iptables", Some(n))), r(conn(&e2e, "nftables", Some(n))));
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} |",
+            size_label(n),
+            r(conn(&e2e, "direct", Some(n))),
+            r(conn(&e2e, "iptables", Some(n))),
+            r(conn(&e2e, "nftables", Some(n)))
+        );
     }
     md.push_str("\n![new connections per second](conn_per_s.svg)\n");
 
@@ -237,10 +319,22 @@ pub fn write(results: &Value, dir: &Path) -> Result<String> {
         );
     }
     md.push_str("\nRatios:\n\n| case | ");
-    let _ = writeln!(md, "{} ÷ {} Services | ÷ empty tc (at {}) |\n|---|---|---|", size_label(largest), size_label(smallest), size_label(largest));
+    let _ = writeln!(
+        md,
+        "{} ÷ {} Services | ÷ empty tc (at {}) |\n|---|---|---|",
+        size_label(largest),
+        size_label(smallest),
+        size_label(largest)
+    );
     for (key, name) in [
-        ("from_pod_service_existing_ns", "sb_from_pod, Service packet, existing flow"),
-        ("from_pod_service_existing_no_rewrite_ns", "sb_from_pod, existing flow, no rewrite"),
+        (
+            "from_pod_service_existing_ns",
+            "sb_from_pod, Service packet, existing flow",
+        ),
+        (
+            "from_pod_service_existing_no_rewrite_ns",
+            "sb_from_pod, existing flow, no rewrite",
+        ),
         ("from_pod_non_service_ns", "sb_from_pod, non-service packet"),
         ("to_pod_reply_ns", "sb_to_pod, reply"),
         ("to_pod_non_service_ns", "sb_to_pod, non-service packet"),
@@ -261,9 +355,22 @@ pub fn write(results: &Value, dir: &Path) -> Result<String> {
     for run in &sync_runs {
         let n = size_label(run["services"].as_u64().unwrap_or(0));
         let e = &run["endpoints_per_service"];
-        let _ = writeln!(md, "| switchboard: model (k8s objects → desired state) | {n} × {e} | {} ms |", fmt_opt(f(&run["model_ms"]), 1));
-        let _ = writeln!(md, "| switchboard: Syncer::apply into kernel maps ({} map writes) | {n} × {e} | {} ms |", run["map_writes"], fmt_opt(f(&run["apply_ms"]), 1));
-        let _ = writeln!(md, "| switchboard: apply again, nothing changed | {n} × {e} | {} ms |", fmt_opt(f(&run["noop_apply_ms"]), 1));
+        let _ = writeln!(
+            md,
+            "| switchboard: model (k8s objects → desired state) | {n} × {e} | {} ms |",
+            fmt_opt(f(&run["model_ms"]), 1)
+        );
+        let _ = writeln!(
+            md,
+            "| switchboard: Syncer::apply into kernel maps ({} map writes) | {n} × {e} | {} ms |",
+            run["map_writes"],
+            fmt_opt(f(&run["apply_ms"]), 1)
+        );
+        let _ = writeln!(
+            md,
+            "| switchboard: apply again, nothing changed | {n} × {e} | {} ms |",
+            fmt_opt(f(&run["noop_apply_ms"]), 1)
+        );
     }
     for p in &programming {
         let _ = writeln!(
@@ -319,14 +426,16 @@ pub fn write(results: &Value, dir: &Path) -> Result<String> {
             r["setup"].as_str().unwrap_or(""),
             fmt_opt(f(&r["mpps"]), 3),
             fmt_opt(f(&r["ns_per_packet"]), 0),
-            r.get("reached_pods").map(|v| format!("{v} of {}", r["frames"])).unwrap_or_else(|| r["note"].as_str().unwrap_or("").to_string()),
+            r.get("reached_pods")
+                .map(|v| format!("{v} of {}", r["frames"]))
+                .unwrap_or_else(|| r["note"].as_str().unwrap_or("").to_string()),
         );
     }
     md.push('\n');
     fs::write(dir.join("report.md"), &md)?;
 
     // ---- plots ----
-    if let Err(e) = plot_conn(&e2e, &e2e_sizes, direct, &dir.join("conn_per_s.svg")) {
+    if let Err(e) = plot_conn(&e2e, &e2e_sizes, &dir.join("conn_per_s.svg")) {
         eprintln!("bench: plot conn_per_s.svg: {e}");
     }
     if let Err(e) = plot_perpacket(&pp_rows, &sizes, empty_tc, &dir.join("perpacket.svg")) {
@@ -343,7 +452,7 @@ const COLORS: [RGBColor; 5] = [
     RGBColor(0x94, 0x67, 0xbd),
 ];
 
-fn plot_conn(e2e: &[Value], sizes: &[u64], direct: Option<f64>, path: &Path) -> Result<(), Box<dyn std::error::Error>> {
+fn plot_conn(e2e: &[Value], sizes: &[u64], path: &Path) -> Result<(), Box<dyn std::error::Error>> {
     let root = SVGBackend::new(path, (800, 480)).into_drawing_area();
     root.fill(&WHITE)?;
     let ymax = e2e
@@ -354,7 +463,10 @@ fn plot_conn(e2e: &[Value], sizes: &[u64], direct: Option<f64>, path: &Path) -> 
     let n = sizes.len().max(1);
     let labels: Vec<String> = sizes.iter().map(|s| size_label(*s)).collect();
     let mut chart = ChartBuilder::on(&root)
-        .caption("New TCP connections per second (higher is better)", ("sans-serif", 20))
+        .caption(
+            "New TCP connections per second (higher is better)",
+            ("sans-serif", 20),
+        )
         .margin(15)
         .x_label_area_size(40)
         .y_label_area_size(70)
@@ -373,13 +485,10 @@ fn plot_conn(e2e: &[Value], sizes: &[u64], direct: Option<f64>, path: &Path) -> 
         .x_desc("Services")
         .y_desc("connections/s")
         .draw()?;
-    if let Some(d) = direct {
-        chart
-            .draw_series(LineSeries::new(vec![(-0.3, d), (n as f64 - 0.7, d)], COLORS[4].stroke_width(2)))?
-            .label("direct to a pod (the limit)")
-            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], COLORS[4]));
-    }
-    for (i, path) in ["switchboard", "iptables", "nftables"].iter().enumerate() {
+    for (i, path) in ["switchboard", "iptables", "nftables", "direct"]
+        .iter()
+        .enumerate()
+    {
         let pts: Vec<(f64, f64)> = sizes
             .iter()
             .enumerate()
@@ -388,7 +497,11 @@ fn plot_conn(e2e: &[Value], sizes: &[u64], direct: Option<f64>, path: &Path) -> 
         let color = COLORS[i];
         chart
             .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))?
-            .label(*path)
+            .label(if *path == "direct" {
+                "direct to a pod (no Service: the limit)"
+            } else {
+                *path
+            })
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
         chart.draw_series(pts.iter().map(|p| Circle::new(*p, 4, color.filled())))?;
     }
@@ -402,11 +515,19 @@ fn plot_conn(e2e: &[Value], sizes: &[u64], direct: Option<f64>, path: &Path) -> 
     Ok(())
 }
 
-fn plot_perpacket(rows: &[Value], sizes: &[u64], empty: Option<f64>, path: &Path) -> Result<(), Box<dyn std::error::Error>> {
+fn plot_perpacket(
+    rows: &[Value],
+    sizes: &[u64],
+    empty: Option<f64>,
+    path: &Path,
+) -> Result<(), Box<dyn std::error::Error>> {
     let root = SVGBackend::new(path, (800, 480)).into_drawing_area();
     root.fill(&WHITE)?;
     let keys = [
-        ("from_pod_service_existing_ns", "sb_from_pod, Service, existing flow"),
+        (
+            "from_pod_service_existing_ns",
+            "sb_from_pod, Service, existing flow",
+        ),
         ("from_pod_non_service_ns", "sb_from_pod, non-service"),
         ("to_pod_reply_ns", "sb_to_pod, reply"),
         ("to_pod_non_service_ns", "sb_to_pod, non-service"),
@@ -419,7 +540,10 @@ fn plot_perpacket(rows: &[Value], sizes: &[u64], empty: Option<f64>, path: &Path
     let n = sizes.len().max(1);
     let labels: Vec<String> = sizes.iter().map(|s| size_label(*s)).collect();
     let mut chart = ChartBuilder::on(&root)
-        .caption("Per-packet cost, tc (lower is better; 1 backend per Service)", ("sans-serif", 20))
+        .caption(
+            "Per-packet cost, tc (lower is better; 1 backend per Service)",
+            ("sans-serif", 20),
+        )
         .margin(15)
         .x_label_area_size(40)
         .y_label_area_size(60)
@@ -444,7 +568,10 @@ fn plot_perpacket(rows: &[Value], sizes: &[u64], empty: Option<f64>, path: &Path
             .enumerate()
             .filter_map(|(x, s)| {
                 rows.iter()
-                    .find(|r| r["services_nominal"].as_u64() == Some(*s) && r["target_backends"].as_u64() == Some(1))
+                    .find(|r| {
+                        r["services_nominal"].as_u64() == Some(*s)
+                            && r["target_backends"].as_u64() == Some(1)
+                    })
                     .and_then(|r| f(&r[*key]))
                     .map(|v| (x as f64, v))
             })
@@ -458,10 +585,17 @@ fn plot_perpacket(rows: &[Value], sizes: &[u64], empty: Option<f64>, path: &Path
     }
     if let Some(e) = empty {
         chart
-            .draw_series(LineSeries::new(vec![(-0.3, e), (n as f64 - 0.7, e)], COLORS[4].stroke_width(2)))?
+            .draw_series(LineSeries::new(
+                vec![(-0.3, e), (n as f64 - 0.7, e)],
+                COLORS[4].stroke_width(2),
+            ))?
             .label("empty tc program (floor)")
             .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], COLORS[4]));
-        chart.draw_series(LineSeries::new(vec![(-0.3, 3.0 * e), (n as f64 - 0.7, 3.0 * e)], BLACK.mix(0.4).stroke_width(1)))?
+        chart
+            .draw_series(LineSeries::new(
+                vec![(-0.3, 3.0 * e), (n as f64 - 0.7, 3.0 * e)],
+                BLACK.mix(0.4).stroke_width(1),
+            ))?
             .label("3 × empty (goal)")
             .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK.mix(0.4)));
     }
