@@ -1,7 +1,8 @@
 //! `cargo xtask bench [--quick] [--out DIR]`: switchboard against its
 //! baselines, on this machine, in one run, written to
 //! `xtask/results/<timestamp>/` (report.md, results.json, SVG plots) and
-//! copied to `xtask/results/latest/`.
+//! copied to `xtask/results/latest/` (a `--quick` run writes
+//! `<timestamp>-quick/` and leaves `latest/` alone).
 //!
 //! Steps (each prints a progress line):
 //! 1. per-packet cost (`sb_bench perpacket`, BPF_PROG_TEST_RUN);
@@ -148,10 +149,14 @@ pub fn run(opts: Options) -> Result<()> {
 
     let stamp = timestamp()?;
     let results_root = repo_root().join("xtask/results");
-    let dir = opts
-        .out
-        .clone()
-        .unwrap_or_else(|| results_root.join(&stamp));
+    // Quick runs (smoke tests) get their own folders and leave latest/ to
+    // the newest full run.
+    let folder = if plan.quick {
+        format!("{stamp}-quick")
+    } else {
+        stamp.clone()
+    };
+    let dir = opts.out.clone().unwrap_or_else(|| results_root.join(folder));
     fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
     println!("bench: writing to {}", dir.display());
 
@@ -190,7 +195,7 @@ pub fn run(opts: Options) -> Result<()> {
         serde_json::to_string_pretty(&results)?,
     )?;
     let table = report::write(&results, &dir)?;
-    if opts.out.is_none() {
+    if opts.out.is_none() && !plan.quick {
         let latest = results_root.join("latest");
         let _ = fs::remove_dir_all(&latest);
         fs::create_dir_all(&latest)?;
