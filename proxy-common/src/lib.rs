@@ -26,7 +26,7 @@ use core::mem::size_of;
 pub mod names {
     pub const FRONTENDS: &str = "SB_FE_V1";
     pub const BACKENDS: &str = "SB_BE_V1";
-    pub const CONNTRACK: &str = "SB_CT_V1";
+    pub const CONNTRACK: &str = "SB_CT_V2";
     pub const REVNAT: &str = "SB_RNAT_V1";
     pub const SERVICE_STATS: &str = "SB_SVC_STATS_V1";
     pub const GLOBAL_STATS: &str = "SB_STATS_V1";
@@ -164,6 +164,12 @@ pub struct CtKey {
 }
 
 /// Value of the connection-tracking LRU map.
+///
+/// A forward entry carries the backend's address itself, so an established
+/// TCP connection keeps reaching its backend after the endpoint leaves the
+/// Service (connection draining, as kube-proxy's conntrack does). New TCP
+/// connections and UDP datagrams only use an entry whose backend is still
+/// in the backend map at the same address.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
@@ -173,6 +179,10 @@ pub struct CtEntry {
     /// Both directions: the service the flow belongs to (reply entries take the
     /// address to restore from the reverse-NAT map under this id).
     pub service_id: u32,
+    /// Forward entries: the backend's address and port.
+    pub backend_addr_be: u32,
+    pub backend_port_be: u16,
+    pub _pad: [u8; 2],
     /// `bpf_ktime_get_ns()` when the entry was created.
     pub created_ns: u64,
 }
@@ -304,7 +314,7 @@ const _: () = assert!(size_of::<FrontendKey>() == 12);
 const _: () = assert!(size_of::<Frontend>() == 16);
 const _: () = assert!(size_of::<Backend>() == 8);
 const _: () = assert!(size_of::<CtKey>() == 16);
-const _: () = assert!(size_of::<CtEntry>() == 16);
+const _: () = assert!(size_of::<CtEntry>() == 24);
 const _: () = assert!(size_of::<RevNat>() == 64);
 const _: () = assert!(size_of::<SvcStats>() == 32);
 const _: () = assert!(size_of::<AffinityKey>() == 8);

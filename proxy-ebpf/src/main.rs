@@ -34,7 +34,7 @@ static SB_FE_V1: HashMap<FrontendKey, Frontend, { capacity::FRONTENDS as usize }
 #[btf_map]
 static SB_BE_V1: HashMap<u32, Backend, { capacity::BACKENDS as usize }> = HashMap::new();
 #[btf_map]
-static SB_CT_V1: LruHashMap<CtKey, CtEntry, { capacity::CONNTRACK as usize }> = LruHashMap::new();
+static SB_CT_V2: LruHashMap<CtKey, CtEntry, { capacity::CONNTRACK as usize }> = LruHashMap::new();
 #[btf_map]
 static SB_RNAT_V1: HashMap<u32, RevNat, { capacity::SERVICES as usize }> = HashMap::new();
 #[btf_map]
@@ -80,8 +80,22 @@ struct Flow {
     sport_be: u16,
     dport_be: u16,
     proto: u8,
+    /// TCP flags byte (0 for UDP).
+    tcp_flags: u8,
     /// Offset of the TCP/UDP header from the start of the frame.
     l4_off: usize,
+}
+
+const TCP_FLAG_SYN: u8 = 0x02;
+const TCP_FLAG_ACK: u8 = 0x10;
+
+impl Flow {
+    /// A TCP SYN without ACK opens a new connection; a UDP datagram has no
+    /// connection to keep. Both must reach a backend that is still live.
+    #[inline(always)]
+    fn needs_live_backend(&self) -> bool {
+        self.proto == proto::UDP || self.tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK) == TCP_FLAG_SYN
+    }
 }
 
 /// Why a packet is not rewritten. Each maps to one explicit action.
@@ -165,7 +179,7 @@ fn try_from_pod(ctx: &TcContext) -> Result<i32, Skip> {
         dir: ct_dir::FORWARD,
         _pad: [0; 2],
     };
-    let backend = match tracked_backend(&ct_key, svc.service_id) {
+    let backend = match tracked_backend(&ct_key, &flow, svc.service_id) {
         Some(backend) => backend,
         None => {
             let Some((id, backend)) = choose_backend(fe_key, &svc, flow.saddr_be) else {
@@ -210,7 +224,7 @@ fn try_to_pod(ctx: &TcContext) -> Result<i32, Skip> {
         dir: ct_dir::REPLY,
         _pad: [0; 2],
     };
-    let service_id = match unsafe { SB_CT_V1.get(&key) } {
+    let service_id = match unsafe { SB_CT_V2.get(&key) } {
         Some(entry) => entry.service_id,
         None => return Err(Skip::NotOurs),
     };
@@ -236,19 +250,33 @@ fn try_to_pod(ctx: &TcContext) -> Result<i32, Skip> {
     Ok(TC_ACT_OK as i32)
 }
 
-/// The backend an existing flow was given, if the flow is tracked, belongs to
-/// this service and its backend still exists. A flow whose backend has gone is
-/// given a new one (counted), so a deleted pod does not black-hole a UDP flow.
+/// The backend an existing flow was given, if the flow is tracked and belongs
+/// to this service. An established TCP connection keeps its backend even after
+/// the endpoint left the service (it drains, as under kube-proxy). A new
+/// connection or a UDP datagram whose tracked backend has gone (or whose id now
+/// names another address) gets a new one, counted: a deleted pod never
+/// black-holes a reused port or a long-lived UDP "flow" such as DNS.
 #[inline(always)]
-fn tracked_backend(key: &CtKey, service_id: u32) -> Option<Backend> {
-    let entry = unsafe { SB_CT_V1.get(key) }?;
+fn tracked_backend(key: &CtKey, flow: &Flow, service_id: u32) -> Option<Backend> {
+    let entry = unsafe { SB_CT_V2.get(key) }?;
     let (backend_id, entry_service) = (entry.backend_id, entry.service_id);
+    let tracked = Backend {
+        addr_be: entry.backend_addr_be,
+        port_be: entry.backend_port_be,
+        proto: flow.proto,
+        flags: 0,
+    };
     if entry_service != service_id {
         return None;
     }
+    if !flow.needs_live_backend() {
+        return Some(tracked);
+    }
     match unsafe { SB_BE_V1.get(&backend_id) } {
-        Some(backend) => Some(*backend),
-        None => {
+        Some(live) if live.addr_be == tracked.addr_be && live.port_be == tracked.port_be => {
+            Some(tracked)
+        }
+        _ => {
             count(stat::CT_RESELECTED);
             None
         }
@@ -329,6 +357,9 @@ fn track(fwd: &CtKey, flow: &Flow, backend_id: u32, backend: &Backend, service_i
     let entry = CtEntry {
         backend_id,
         service_id,
+        backend_addr_be: backend.addr_be,
+        backend_port_be: backend.port_be,
+        _pad: [0; 2],
         created_ns: unsafe { bpf_ktime_get_ns() },
     };
     let reply = CtKey {
@@ -341,7 +372,7 @@ fn track(fwd: &CtKey, flow: &Flow, backend_id: u32, backend: &Backend, service_i
         _pad: [0; 2],
     };
     let inserted =
-        SB_CT_V1.insert(fwd, &entry, 0).is_ok() && SB_CT_V1.insert(&reply, &entry, 0).is_ok();
+        SB_CT_V2.insert(fwd, &entry, 0).is_ok() && SB_CT_V2.insert(&reply, &entry, 0).is_ok();
     if inserted {
         count_service(service_id, |s| s.new_flows += 1);
     } else {
@@ -421,12 +452,18 @@ fn parse(ctx: &TcContext) -> Result<Flow, Skip> {
     ensure_linear(ctx, l4_off + l4_min)?;
     let ports = ptr_at::<[u16; 2]>(ctx, l4_off)?;
     let (sport_be, dport_be) = unsafe { ((*ports)[0], (*ports)[1]) };
+    let tcp_flags = if ip_proto == proto::TCP {
+        unsafe { *ptr_at::<u8>(ctx, l4_off + 13)? }
+    } else {
+        0
+    };
     Ok(Flow {
         saddr_be,
         daddr_be,
         sport_be,
         dport_be,
         proto: ip_proto,
+        tcp_flags,
         l4_off,
     })
 }

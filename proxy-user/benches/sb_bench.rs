@@ -397,7 +397,9 @@ impl PerPacket {
             let entry = CtEntry {
                 backend_id,
                 service_id,
-                created_ns: 0,
+                backend_addr_be: addr(other),
+                backend_port_be: 80u16.to_be(),
+                ..CtEntry::default()
             };
             let fwd = CtKey {
                 saddr_be: addr(CLIENT),

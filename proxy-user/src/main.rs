@@ -66,6 +66,13 @@ enum Command {
         #[arg(short, long, value_enum, default_value_t = Output::Table)]
         output: Output,
     },
+    /// Print the data path's counters (summed over CPUs) and map fill levels.
+    Stats {
+        #[arg(long, default_value = DEFAULT_PIN_ROOT, env = "SWITCHBOARD_PIN_ROOT")]
+        pin_root: PathBuf,
+        #[arg(short, long, value_enum, default_value_t = Output::Table)]
+        output: Output,
+    },
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -125,6 +132,11 @@ fn main() -> anyhow::Result<()> {
         }
         Command::Services { pin_root, output } => {
             let text = cli::services(&pin_root, matches!(output, Output::Json))?;
+            print!("{text}");
+            Ok(())
+        }
+        Command::Stats { pin_root, output } => {
+            let text = cli::stats(&pin_root, matches!(output, Output::Json))?;
             print!("{text}");
             Ok(())
         }

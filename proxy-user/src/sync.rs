@@ -876,7 +876,7 @@ mod tests {
             CtEntry {
                 backend_id: 1,
                 service_id: 1,
-                created_ns: 0,
+                ..CtEntry::default()
             },
         ));
         let mut s = Syncer::adopt(store, caps());
@@ -888,7 +888,7 @@ mod tests {
                 CtEntry {
                     backend_id: 1,
                     service_id: web_id,
-                    created_ns: 0,
+                    ..CtEntry::default()
                 },
             ),
             (
@@ -899,7 +899,7 @@ mod tests {
                 CtEntry {
                     backend_id: 9,
                     service_id: 99,
-                    created_ns: 0,
+                    ..CtEntry::default()
                 },
             ),
         ];
@@ -936,7 +936,7 @@ mod tests {
                 CtEntry {
                     backend_id: gone,
                     service_id: id,
-                    created_ns: 0,
+                    ..CtEntry::default()
                 },
             ),
             (
@@ -944,7 +944,7 @@ mod tests {
                 CtEntry {
                     backend_id: stays,
                     service_id: id,
-                    created_ns: 0,
+                    ..CtEntry::default()
                 },
             ),
         ];

@@ -354,6 +354,15 @@ fn request_and_malformed_fixtures() {
         .find(|r| r.service == "test/web")
         .expect("web row");
     assert_eq!((web.packets, web.new_flows), (2, 2));
+    let stats = proxy_user::cli::read_stats(fx.syncer.store());
+    assert_eq!(stats.counters["forwarded"], 4);
+    let fe = &stats.maps[0];
+    // web and dns: slot 0 + one backend each; empty: slot 0 only.
+    assert_eq!((fe.map, fe.entries, fe.capacity), ("SB_FE_V1", 5, 1024));
+    assert_eq!(
+        stats.maps[2].entries, 8,
+        "two CT entries per new flow: {stats:?}"
+    );
 }
 
 #[test]
@@ -520,4 +529,45 @@ fn client_ip_affinity_sends_a_clients_new_flows_to_one_backend_until_it_leaves()
             "a backend that left the service must not be reused by affinity"
         );
     }
+}
+
+#[test]
+fn an_established_tcp_connection_drains_to_its_departed_backend_a_new_one_does_not() {
+    let mut fx = Fixture::with(vec![frontend(
+        VIP,
+        80,
+        Protocol::Tcp,
+        "web",
+        &[(POD1, 8080)],
+    )]);
+    let syn = PacketSpec::tcp(CLIENT, 43000, VIP, 80);
+    let ack = PacketSpec {
+        tcp_flags: 0x10,
+        ..syn.clone()
+    };
+    let (_, out) = fx.run(programs::TC_FROM_POD, &syn.build());
+    assert_eq!(out[30..34], POD1.octets());
+    // The endpoint leaves; POD2 takes over.
+    let desired = DesiredState {
+        frontends: [frontend(VIP, 80, Protocol::Tcp, "web", &[(POD2, 8080)])]
+            .into_iter()
+            .map(|f| (f.addr, f))
+            .collect(),
+    };
+    assert!(fx.syncer.apply(&desired).failed.is_empty());
+    // Segments of the established connection still reach POD1, rewritten
+    // exactly as before.
+    let (verdict, out) = fx.run(programs::TC_FROM_POD, &ack.build());
+    assert_eq!(verdict, TC_ACT_OK);
+    assert_eq!(
+        out,
+        rewritten(&ack, |p| {
+            p.dst = POD1;
+            p.dport = 8080;
+        })
+    );
+    // A new connection reusing the same ports goes to the live backend.
+    let (_, out) = fx.run(programs::TC_FROM_POD, &syn.build());
+    assert_eq!(out[30..34], POD2.octets());
+    assert_eq!(fx.stat("ct_reselected"), 1);
 }
