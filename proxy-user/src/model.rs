@@ -224,6 +224,29 @@ pub struct Frontend {
     pub topology: Option<TopologyMode>,
 }
 
+impl Frontend {
+    /// A plain ClusterIP frontend: no policies, no affinity, no topology.
+    /// Tests, benchmarks and fixtures start from this.
+    pub fn cluster_ip(
+        addr: FrontendAddr,
+        service: ServicePortName,
+        backends: Vec<BackendAddr>,
+    ) -> Self {
+        Self {
+            addr,
+            service,
+            backends,
+            external_backends: None,
+            kind: FrontendKind::ClusterIp,
+            affinity_timeout_s: None,
+            local_only: false,
+            health_check_node_port: None,
+            terminating_fallback: false,
+            topology: None,
+        }
+    }
+}
+
 impl fmt::Display for Frontend {
     /// One line: `10.96.0.10:80/TCP ClusterIP default/web:http -> 10.244.1.2:8080, 10.244.1.3:8080`,
     /// then `; from outside -> ..` when `external_backends` is set, then ` [..]`

@@ -762,32 +762,25 @@ mod tests {
         name: &str,
         backends: &[(u8, u16)],
     ) -> Frontend {
-        Frontend {
-            addr: FrontendAddr {
+        Frontend::cluster_ip(
+            FrontendAddr {
                 ip: Ipv4Addr::from(ip),
                 port,
                 protocol,
             },
-            service: ServicePortName {
+            ServicePortName {
                 namespace: "default".into(),
                 name: name.into(),
                 port: String::new(),
             },
-            backends: backends
+            backends
                 .iter()
                 .map(|(last, port)| BackendAddr {
                     ip: Ipv4Addr::new(10, 244, 0, *last),
                     port: *port,
                 })
                 .collect(),
-            external_backends: None,
-            kind: crate::model::FrontendKind::ClusterIp,
-            affinity_timeout_s: None,
-            local_only: false,
-            health_check_node_port: None,
-            terminating_fallback: false,
-            topology: None,
-        }
+        )
     }
 
     fn state(frontends: Vec<Frontend>) -> DesiredState {

@@ -11,9 +11,7 @@ use proxy_common::programs;
 use proxy_user::{
     ebpf::{self, Capacities},
     maps::{MapStore, PinnedMaps},
-    model::{
-        BackendAddr, DesiredState, Frontend, FrontendAddr, FrontendKind, Protocol, ServicePortName,
-    },
+    model::{BackendAddr, DesiredState, Frontend, FrontendAddr, Protocol, ServicePortName},
     packet::{checksums_valid, PacketSpec},
     sync::Syncer,
 };
@@ -44,28 +42,21 @@ fn frontend(
     name: &str,
     backends: &[(Ipv4Addr, u16)],
 ) -> Frontend {
-    Frontend {
-        addr: FrontendAddr { ip, port, protocol },
-        service: ServicePortName {
+    Frontend::cluster_ip(
+        FrontendAddr { ip, port, protocol },
+        ServicePortName {
             namespace: "test".into(),
             name: name.into(),
             port: String::new(),
         },
-        backends: backends
+        backends
             .iter()
             .map(|(ip, port)| BackendAddr {
                 ip: *ip,
                 port: *port,
             })
             .collect(),
-        external_backends: None,
-        kind: FrontendKind::ClusterIp,
-        affinity_timeout_s: None,
-        local_only: false,
-        health_check_node_port: None,
-        terminating_fallback: false,
-        topology: None,
-    }
+    )
 }
 
 struct Fixture {
