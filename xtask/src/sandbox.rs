@@ -492,6 +492,7 @@ impl Sandbox {
         if let Err(e) = remove_dir_if_exists(&tag_dir) {
             errors.push(format!("{e:#}"));
         }
+        remove_status_file(&self.pin_dir);
         // Only succeeds when no other sandbox uses it.
         let _ = fs::remove_dir(PIN_BASE);
         if std::env::var_os("SB_KEEP_LOGS").is_none() {
@@ -706,6 +707,15 @@ pub fn cleanup_stale() -> Result<()> {
             }
         }
     }
+    // Agent status files of test sandboxes (named after their pin roots).
+    if let Ok(entries) = fs::read_dir(STATUS_DIR) {
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if let Some(tag) = status_file_tag(&name) {
+                tags.push(tag.to_string());
+            }
+        }
+    }
     tags.sort();
     tags.dedup();
     for tag in tags {
@@ -716,6 +726,14 @@ pub fn cleanup_stale() -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The test tag of an agent status file name
+/// (`_run_switchboard-test_sbt<pid>-<n>_bpf.json` → `sbt<pid>-<n>`).
+fn status_file_tag(name: &str) -> Option<&str> {
+    let prefix = format!("{}_", PIN_BASE.replace('/', "_"));
+    let tag = name.strip_prefix(&prefix)?.strip_suffix("_bpf.json")?;
+    test_tag_pid(tag).map(|_| tag)
 }
 
 /// `sbt<pid>-<n>` → pid.
@@ -771,6 +789,7 @@ pub fn purge_tag(tag: &str) -> Result<()> {
     if let Err(e) = remove_dir_if_exists(&tag_dir) {
         errors.push(format!("{e:#}"));
     }
+    remove_status_file(&pin_dir);
     let _ = fs::remove_dir(PIN_BASE);
     let _ = fs::remove_dir_all(std::env::temp_dir().join(format!("switchboard-{tag}")));
     if errors.is_empty() {
@@ -778,6 +797,26 @@ pub fn purge_tag(tag: &str) -> Result<()> {
     } else {
         Err(anyhow!("removing sandbox {tag}: {}", errors.join("; ")))
     }
+}
+
+/// Where the agent writes its status files (proxy-user's `status::STATUS_DIR`).
+const STATUS_DIR: &str = "/run/switchboard/status";
+
+/// The agent's status file for `pin_dir` (proxy-user's `status::status_path`:
+/// `/run/switchboard/status/<pin root with / as _>.json`).
+pub fn status_file(pin_dir: &Path) -> PathBuf {
+    let name: String = pin_dir
+        .to_string_lossy()
+        .chars()
+        .map(|c| if c == '/' { '_' } else { c })
+        .collect();
+    Path::new(STATUS_DIR).join(format!("{name}.json"))
+}
+
+/// Removes the agent's status file for `pin_dir`, if any (never the directory,
+/// which other agents on the machine may use).
+fn remove_status_file(pin_dir: &Path) {
+    let _ = fs::remove_file(status_file(pin_dir));
 }
 
 /// Names from `ip netns list`.
@@ -932,6 +971,19 @@ mod tests {
         // pid_max is at most 2^22 = 4194304 (7 digits).
         let tag = "sbt4194304-99";
         assert!(tag.len() + 2 <= 15);
+    }
+
+    #[test]
+    fn status_file_matches_the_agent() {
+        let path = status_file(&Path::new(PIN_BASE).join("sbt12-0").join("bpf"));
+        assert_eq!(
+            path,
+            Path::new("/run/switchboard/status/_run_switchboard-test_sbt12-0_bpf.json")
+        );
+        let name = path.file_name().unwrap().to_str().unwrap();
+        assert_eq!(status_file_tag(name), Some("sbt12-0"));
+        assert_eq!(status_file_tag("_run_switchboard-test_sbx_bpf.json"), None);
+        assert_eq!(status_file_tag("_sys_fs_bpf_switchboard.json"), None);
     }
 
     #[test]
