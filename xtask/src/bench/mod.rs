@@ -156,7 +156,10 @@ pub fn run(opts: Options) -> Result<()> {
     } else {
         stamp.clone()
     };
-    let dir = opts.out.clone().unwrap_or_else(|| results_root.join(folder));
+    let dir = opts
+        .out
+        .clone()
+        .unwrap_or_else(|| results_root.join(folder));
     fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
     println!("bench: writing to {}", dir.display());
 
