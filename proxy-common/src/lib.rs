@@ -115,7 +115,11 @@ pub struct Frontend {
 pub mod frontend_flags {
     /// `sessionAffinity: ClientIP` (timeout in `affinity_timeout_s`).
     pub const AFFINITY_CLIENT_IP: u16 = 1 << 0;
-    /// The governing traffic policy is `Local`: only this node's endpoints.
+    /// The governing traffic policy is `Local`. On a ClusterIP frontend
+    /// (`internalTrafficPolicy`) the slots hold only this node's endpoints. On
+    /// NodePort, LoadBalancer and external-IP frontends (`externalTrafficPolicy`)
+    /// the slots hold every endpoint, which is what traffic from this node's pods
+    /// gets; the local set applies to traffic from outside, not intercepted yet.
     pub const LOCAL_ONLY: u16 = 1 << 1;
     /// No endpoint was ready: these are serving, terminating ones.
     pub const TERMINATING_FALLBACK: u16 = 1 << 2;

@@ -21,7 +21,9 @@ pub struct ServiceRow {
     pub protocol: String,
     /// ClusterIP, NodePort, LoadBalancer or ExternalIP.
     pub kind: &'static str,
-    /// Only this node's endpoints (`Local` traffic policy).
+    /// The governing traffic policy is `Local`: `internalTrafficPolicy` on a
+    /// ClusterIP frontend (its backends are this node's), `externalTrafficPolicy`
+    /// on the others (recorded; their backends serve pod traffic, cluster-wide).
     pub local_only: bool,
     /// No endpoint was ready; these are serving, terminating ones.
     pub terminating_fallback: bool,
@@ -128,7 +130,14 @@ pub fn read_services(maps: &PinnedMaps) -> Vec<ServiceRow> {
 fn attributes(row: &ServiceRow) -> String {
     let mut notes = Vec::new();
     if row.local_only {
-        notes.push("local endpoints only".to_owned());
+        notes.push(if row.kind == "ClusterIP" {
+            "internalTrafficPolicy Local: this node's endpoints only".to_owned()
+        } else {
+            // Pod traffic gets every endpoint (kube-proxy's short-circuit); the
+            // local set is for traffic from outside, not intercepted yet.
+            "externalTrafficPolicy Local (recorded; traffic from outside the node is not handled yet)"
+                .to_owned()
+        });
     }
     if row.terminating_fallback {
         notes.push("terminating fallback".to_owned());
@@ -390,7 +399,11 @@ mod tests {
         r.local_only = true;
         let text = render_table(&[r]);
         assert!(text.contains("(none: packets are dropped)"));
-        assert!(text.contains("local endpoints only"));
+        assert!(text.contains("this node's endpoints only"));
+        let mut lb = row("demo/lb", 1);
+        lb.kind = "LoadBalancer";
+        lb.local_only = true;
+        assert!(render_table(&[lb]).contains("externalTrafficPolicy Local (recorded"));
         assert!(text.contains("ClientIP affinity 10800s"));
         assert!(render_table(&[]).contains("no frontends programmed"));
     }

@@ -10,4 +10,5 @@ pub mod fake_apiserver;
 pub mod sandbox;
 pub mod setup;
 pub mod testcmd;
+pub mod testenv;
 pub mod util;

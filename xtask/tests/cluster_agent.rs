@@ -4,31 +4,16 @@
 //!
 //! The fake server's listening socket lives in the sandbox's node namespace,
 //! where the agent runs, so the agent reaches it at 127.0.0.1.
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use xtask::fake_apiserver::{FakeApiServer, Kind};
 use xtask::sandbox::{find, pod_ip, Frontend, Sandbox, CLUSTER_IP};
+use xtask::testenv::{sb_echo, switchboard};
 
 const NODE_NAME: &str = "node-a";
 const NODE_IP: &str = "10.244.100.1";
 const NODE_PORT: u16 = 30080;
-
-fn bin(var: &str) -> PathBuf {
-    let path = std::env::var_os(var).unwrap_or_else(|| {
-        panic!("{var} is not set: run these tests with `cargo xtask test` (as root)")
-    });
-    PathBuf::from(path)
-}
-
-fn switchboard() -> PathBuf {
-    bin("SWITCHBOARD_BIN")
-}
-
-fn sb_echo() -> PathBuf {
-    bin("SB_ECHO_BIN")
-}
 
 fn node() -> Value {
     json!({
@@ -86,7 +71,7 @@ impl Cluster {
     /// Sandbox with pods, the fake API server in the node namespace holding
     /// this node, and the agent watching it.
     fn start(pods: &[usize]) -> Cluster {
-        assert!(xtask::util::is_root(), "needs root: run `cargo xtask test`");
+        xtask::testenv::require_root();
         let mut sb = Sandbox::for_test().expect("sandbox");
         sb.start_pods(&sb_echo()).expect("pods");
         let api = FakeApiServer::start_in_netns(Some(&sb.node_ns()), "127.0.0.1:0")

@@ -18,34 +18,7 @@ use xtask::sandbox::{
     find, list_netns, pod_ip, pod_name, Attempt, ClientRun, Frontend, Sandbox, CLIENT_IP,
     CLUSTER_IP, PIN_BASE, PODS, POD_TCP_PORT, POD_UDP_PORT,
 };
-
-fn bin(var: &str) -> PathBuf {
-    let path = std::env::var_os(var).unwrap_or_else(|| {
-        panic!("{var} is not set: run the end-to-end tests with `cargo xtask test` (as root), which builds the binaries and sets it")
-    });
-    let path = PathBuf::from(path);
-    assert!(
-        path.exists(),
-        "{var}={} does not exist: run `cargo xtask test`",
-        path.display()
-    );
-    path
-}
-
-fn switchboard() -> PathBuf {
-    bin("SWITCHBOARD_BIN")
-}
-
-fn sb_echo() -> PathBuf {
-    bin("SB_ECHO_BIN")
-}
-
-fn require_root() {
-    assert!(
-        xtask::util::is_root(),
-        "the netns end-to-end tests need root: run `cargo xtask test` as root"
-    );
-}
+use xtask::testenv::{require_root, sb_echo, switchboard};
 
 fn now_ms() -> u128 {
     SystemTime::now()

@@ -19,13 +19,13 @@
 
 use std::collections::BTreeSet;
 use std::fs;
-use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::Value;
 use xtask::sandbox::{
     pod_ip, pod_name, Attempt, ClientRun, Sandbox, CLUSTER_IP, PODS, POD_TCP_PORT,
 };
+use xtask::testenv::{require_root, sb_echo, switchboard};
 
 /// How fast the traffic must follow a change.
 const FOLLOW_LIMIT: Duration = Duration::from_secs(1);
@@ -35,34 +35,6 @@ const GIVE_UP: Duration = Duration::from_secs(3);
 const FILE: &str = "echo.yaml";
 /// Second port every pod listens on (for the moved-port test).
 const ALT_PORT: u16 = 9090;
-
-fn bin(var: &str) -> PathBuf {
-    let path = std::env::var_os(var).unwrap_or_else(|| {
-        panic!("{var} is not set: run the end-to-end tests with `cargo xtask test` (as root), which builds the binaries and sets it")
-    });
-    let path = PathBuf::from(path);
-    assert!(
-        path.exists(),
-        "{var}={} does not exist: run `cargo xtask test`",
-        path.display()
-    );
-    path
-}
-
-fn switchboard() -> PathBuf {
-    bin("SWITCHBOARD_BIN")
-}
-
-fn sb_echo() -> PathBuf {
-    bin("SB_ECHO_BIN")
-}
-
-fn require_root() {
-    assert!(
-        xtask::util::is_root(),
-        "the netns end-to-end tests need root: run `cargo xtask test` as root"
-    );
-}
 
 /// The Service address under test.
 fn svc_addr() -> String {
