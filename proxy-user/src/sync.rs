@@ -1,12 +1,14 @@
 //! Sync: turn the desired state (from the model) into the smallest set of map
-//! writes, ordered so that a lookup in the data path never meets a half-written
-//! service.
+//! writes, ordered so that every slot a lookup can reach names a backend that
+//! exists (no lookup meets a missing slot or backend).
 //!
 //! Write order for one frontend:
 //! 1. reverse-NAT entry and backend entries (invisible until a slot names them);
 //! 2. backend slots `1..=n` that changed (survivors keep their slot, so a
 //!    change rewrites only the slots that really change);
-//! 3. slot 0 with the new count: the moment the new set becomes visible;
+//! 3. slot 0 with the new count (slots added past the old count become
+//!    visible here, all at once; a changed slot below it was overwritten in
+//!    place in step 2, so it is visible a moment earlier);
 //! 4. slots past the new count are deleted, then backends nobody uses.
 //!
 //! A removed frontend loses slot 0 first (new packets stop matching at once),
