@@ -55,10 +55,7 @@ use proxy_common::{ct_dir, programs, proto, CtEntry, CtKey};
 use proxy_user::{
     ebpf::{self, Capacities},
     maps::{MapStore as _, PinnedMaps},
-    model::{
-        self, BackendAddr, DesiredState, Frontend, FrontendAddr, FrontendKind, Protocol,
-        ServicePortName,
-    },
+    model::{self, BackendAddr, DesiredState, Frontend, FrontendAddr, Protocol, ServicePortName},
     packet::PacketSpec,
     sync::{frontend_key, Syncer},
 };
@@ -161,26 +158,19 @@ fn progress(msg: &str) {
 // ---------------------------------------------------------------------------
 
 fn frontend(ip: Ipv4Addr, port: u16, name: &str, backends: Vec<BackendAddr>) -> Frontend {
-    Frontend {
-        addr: FrontendAddr {
+    Frontend::cluster_ip(
+        FrontendAddr {
             ip,
             port,
             protocol: Protocol::Tcp,
         },
-        service: ServicePortName {
+        ServicePortName {
             namespace: "bench".into(),
             name: name.into(),
             port: String::new(),
         },
         backends,
-        external_backends: None,
-        kind: FrontendKind::ClusterIp,
-        affinity_timeout_s: None,
-        local_only: false,
-        health_check_node_port: None,
-        terminating_fallback: false,
-        topology: None,
-    }
+    )
 }
 
 fn nth_ip(base: Ipv4Addr, n: u32) -> Ipv4Addr {
