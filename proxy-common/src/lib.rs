@@ -269,7 +269,8 @@ pub mod stat {
     pub const DROP_NO_BACKEND: u32 = 3;
     /// A slot or backend entry was missing mid-update; packet dropped.
     pub const DROP_INCONSISTENT: u32 = 4;
-    /// A connection-tracking insert failed (map full and not LRU-evictable).
+    /// A connection-tracking or session-affinity insert failed (both maps are
+    /// LRU, so this means a kernel allocation failure, not a full map).
     pub const CT_INSERT_FAILED: u32 = 5;
     /// Rewriting the packet failed in a helper; packet dropped.
     pub const DROP_REWRITE_FAILED: u32 = 6;
