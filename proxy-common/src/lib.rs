@@ -15,7 +15,8 @@
 //! (address, port, protocol, backend slot) whose slot 0 describes the service
 //! and whose slots 1..=count name backends by id; backends in their own map; an
 //! LRU connection-tracking map; a reverse-NAT map by service id; per-CPU
-//! counters per service.
+//! counters per service. The socket layer (cgroup hooks) adds an LRU map of
+//! per-socket translations and one of per-network-namespace affinity.
 #![no_std]
 
 use core::mem::size_of;
@@ -26,13 +27,22 @@ use core::mem::size_of;
 pub mod names {
     pub const FRONTENDS: &str = "SB_FE_V1";
     pub const BACKENDS: &str = "SB_BE_V1";
-    pub const CONNTRACK: &str = "SB_CT_V2";
+    /// V3: the entry carries the address the packet is rewritten to in both
+    /// directions (`nat_addr_be`), so a reply needs no reverse-NAT lookup.
+    pub const CONNTRACK: &str = "SB_CT_V3";
     pub const REVNAT: &str = "SB_RNAT_V1";
     pub const SERVICE_STATS: &str = "SB_SVC_STATS_V1";
-    pub const GLOBAL_STATS: &str = "SB_STATS_V1";
+    /// V2: no per-packet "not ours" counter; socket-layer counters added.
+    pub const GLOBAL_STATS: &str = "SB_STATS_V2";
     pub const AFFINITY: &str = "SB_AFFINITY_V1";
+    /// Socket layer: per-socket translations ([`super::SockKey`]).
+    pub const SOCKETS: &str = "SB_SOCK_V1";
+    /// Socket layer: session affinity per network namespace.
+    pub const SOCK_AFFINITY: &str = "SB_SOCK_AFFINITY_V1";
+    /// One [`super::Config`] entry the agent writes at start-up.
+    pub const CONFIG: &str = "SB_CONFIG_V1";
     /// Every map, in the order the CLI reports them.
-    pub const ALL: [&str; 7] = [
+    pub const ALL: [&str; 10] = [
         FRONTENDS,
         BACKENDS,
         CONNTRACK,
@@ -40,6 +50,9 @@ pub mod names {
         SERVICE_STATS,
         GLOBAL_STATS,
         AFFINITY,
+        SOCKETS,
+        SOCK_AFFINITY,
+        CONFIG,
     ];
 }
 
@@ -49,6 +62,21 @@ pub mod programs {
     pub const TC_FROM_POD: &str = "sb_from_pod";
     /// tc egress on the host side of a pod's veth: packets going into the pod.
     pub const TC_TO_POD: &str = "sb_to_pod";
+    /// cgroup `connect4`: TCP and connected UDP sockets get a backend at connect.
+    pub const SOCK_CONNECT4: &str = "sb_sock_connect4";
+    /// cgroup `sendmsg4`: every unconnected UDP datagram to a frontend.
+    pub const SOCK_SENDMSG4: &str = "sb_sock_sendmsg4";
+    /// cgroup `recvmsg4`: UDP replies show the frontend as their source.
+    pub const SOCK_RECVMSG4: &str = "sb_sock_recvmsg4";
+    /// cgroup `getpeername4`: a balanced socket's peer is the frontend.
+    pub const SOCK_GETPEERNAME4: &str = "sb_sock_getpeername4";
+    /// The socket-layer programs, in the order they are attached.
+    pub const SOCKET_LB: [&str; 4] = [
+        SOCK_GETPEERNAME4,
+        SOCK_RECVMSG4,
+        SOCK_SENDMSG4,
+        SOCK_CONNECT4,
+    ];
 }
 
 /// Default map capacities. The agent may override them at load time.
@@ -57,6 +85,9 @@ pub mod capacity {
     pub const FRONTENDS: u32 = 65_536;
     pub const BACKENDS: u32 = 65_536;
     pub const CONNTRACK: u32 = 262_144;
+    /// Socket-layer translations: two per balanced UDP socket and service, one
+    /// per connected socket (LRU: the oldest go first).
+    pub const SOCKETS: u32 = 262_144;
     /// Session-affinity entries (one per client address and service port).
     pub const AFFINITY: u32 = 65_536;
     /// Service ids are indices into the per-service counters and the reverse-NAT
@@ -169,30 +200,33 @@ pub struct CtKey {
 
 /// Value of the connection-tracking LRU map.
 ///
-/// A forward entry carries the backend's address itself, so an established
-/// TCP connection keeps reaching its backend after the endpoint leaves the
-/// Service (connection draining, as kube-proxy's conntrack does). New TCP
-/// connections and UDP datagrams only use an entry whose backend is still
-/// in the backend map at the same address.
+/// Each entry carries the address and port its direction is rewritten to:
+/// a forward entry the backend's, a reply entry the frontend's. So an
+/// established TCP connection keeps reaching its backend after the endpoint
+/// leaves the Service (connection draining, as kube-proxy's conntrack does),
+/// and a reply is translated with this one lookup. New TCP connections and UDP
+/// datagrams only use an entry whose backend is still in the backend map at
+/// the same address.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
 pub struct CtEntry {
     /// Forward entries: the backend the flow was given.
     pub backend_id: u32,
-    /// Both directions: the service the flow belongs to (reply entries take the
-    /// address to restore from the reverse-NAT map under this id).
+    /// Both directions: the service the flow belongs to.
     pub service_id: u32,
-    /// Forward entries: the backend's address and port.
-    pub backend_addr_be: u32,
-    pub backend_port_be: u16,
+    /// Forward entries: the backend's address and port. Reply entries: the
+    /// frontend's, which the reply's source becomes.
+    pub nat_addr_be: u32,
+    pub nat_port_be: u16,
     pub _pad: [u8; 2],
     /// `bpf_ktime_get_ns()` when the entry was created.
     pub created_ns: u64,
 }
 
-/// Value of the reverse-NAT map (key: service id, `u32`): the frontend a reply
-/// must appear to come from, and the service port's name for the CLI.
+/// Value of the reverse-NAT map (key: service id, `u32`): the frontend of a
+/// service id and the service port's name, for the CLI and `bpftool` (the data
+/// path restores addresses from connection tracking and the socket map).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
@@ -243,6 +277,70 @@ pub struct AffinityEntry {
     pub last_used_ns: u64,
 }
 
+/// Direction marker in [`SockKey::dir`].
+pub mod sock_dir {
+    /// Keyed by the frontend a socket sent to; the value names its backend.
+    pub const FORWARD: u8 = 0;
+    /// Keyed by the backend a socket talks to; the value names the frontend.
+    pub const REVERSE: u8 = 1;
+}
+
+/// Key of the socket-layer LRU map: one socket (its cookie) and one address
+/// it sends to or hears from.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
+pub struct SockKey {
+    /// `bpf_get_socket_cookie()`: unique per socket for the boot.
+    pub cookie: u64,
+    pub addr_be: u32,
+    pub port_be: u16,
+    pub proto: u8,
+    /// [`sock_dir`].
+    pub dir: u8,
+}
+
+/// Value of the socket-layer LRU map: where the socket's datagrams to the key's
+/// frontend go (`FORWARD`), or which frontend the key's backend stands for
+/// (`REVERSE`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
+pub struct SockEntry {
+    pub addr_be: u32,
+    pub port_be: u16,
+    pub _pad: [u8; 2],
+    /// `FORWARD`: the backend id, checked against the backend map on every
+    /// datagram so a departed backend is never used again.
+    pub backend_id: u32,
+    pub service_id: u32,
+}
+
+/// Key of the socket-layer session-affinity map: the socket layer sees no
+/// client address at connect time, so a client is its network namespace (a
+/// pod, or the host).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
+pub struct SockAffinityKey {
+    /// `bpf_get_netns_cookie()` of the socket's namespace.
+    pub netns_cookie: u64,
+    pub service_id: u32,
+    pub _pad: [u8; 4],
+}
+
+/// The single entry (key 0) of the config array, written by the agent before
+/// it attaches anything.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
+pub struct Config {
+    /// Network-namespace cookie of the node (the agent's namespace). Connected
+    /// UDP sockets there are balanced at connect time; elsewhere (pods) the tc
+    /// layer balances them per datagram, so a departed backend is left at once.
+    pub host_netns_cookie: u64,
+}
+
 /// Per-CPU counters per service id.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -251,7 +349,8 @@ pub struct SvcStats {
     /// Packets to the frontend that were rewritten to a backend.
     pub packets: u64,
     pub bytes: u64,
-    /// New flows (connection-tracking entries created).
+    /// New flows: connection-tracking entries created (tc), sockets connected
+    /// and UDP sockets given a backend (socket layer).
     pub new_flows: u64,
     /// Packets dropped because the frontend had no backends.
     pub drops_no_backend: u64,
@@ -259,8 +358,10 @@ pub struct SvcStats {
 
 /// Indices of the global per-CPU counter array (value: `u64`).
 pub mod stat {
-    /// Packets that were not IPv4 TCP/UDP to a frontend or from a tracked backend.
-    pub const PASS_NOT_OURS: u32 = 0;
+    /// Packets that are not ours are not counted: that would cost every packet
+    /// of the node a map update. Index 0 is left unused on purpose, so a
+    /// zeroed index never counts anything.
+    pub const UNUSED: u32 = 0;
     /// Too short for the headers they announce; passed untouched.
     pub const MALFORMED: u32 = 1;
     /// IPv4 fragments; never rewritten (no port to look up), passed untouched.
@@ -269,8 +370,8 @@ pub mod stat {
     pub const DROP_NO_BACKEND: u32 = 3;
     /// A slot or backend entry was missing mid-update; packet dropped.
     pub const DROP_INCONSISTENT: u32 = 4;
-    /// A connection-tracking or session-affinity insert failed (both maps are
-    /// LRU, so this means a kernel allocation failure, not a full map).
+    /// A connection-tracking, session-affinity or socket-map insert failed (the
+    /// maps are LRU, so this means a kernel allocation failure, not a full map).
     pub const CT_INSERT_FAILED: u32 = 5;
     /// Rewriting the packet failed in a helper; packet dropped.
     pub const DROP_REWRITE_FAILED: u32 = 6;
@@ -282,10 +383,22 @@ pub mod stat {
     pub const CT_RESELECTED: u32 = 9;
     /// A new flow went to the client's affinity backend.
     pub const AFFINITY_HIT: u32 = 10;
-    pub const COUNT: u32 = 11;
+    /// Socket layer: a `connect()` to a frontend was given a backend.
+    pub const SOCK_CONNECT: u32 = 11;
+    /// Socket layer: an unconnected UDP datagram to a frontend was sent to a
+    /// backend.
+    pub const SOCK_SENDMSG: u32 = 12;
+    /// Socket layer: `recvmsg`/`getpeername` showed the frontend for a backend.
+    pub const SOCK_REVERSED: u32 = 13;
+    /// Socket layer: a connect or send to a frontend without backends was
+    /// refused (`ECONNREFUSED`).
+    pub const SOCK_NO_BACKEND: u32 = 14;
+    /// Socket layer: a UDP socket's backend had gone; it was given a new one.
+    pub const SOCK_RESELECTED: u32 = 15;
+    pub const COUNT: u32 = 16;
     /// Names, by index, for the CLI and metrics.
     pub const NAMES: [&str; COUNT as usize] = [
-        "pass_not_ours",
+        "unused",
         "malformed",
         "fragment",
         "drop_no_backend",
@@ -296,10 +409,15 @@ pub mod stat {
         "reversed",
         "ct_reselected",
         "affinity_hit",
+        "sock_connect",
+        "sock_sendmsg",
+        "sock_reversed",
+        "sock_no_backend",
+        "sock_reselected",
     ];
 }
 
-// Safety: every type below is `#[repr(C)]`, has no implicit padding (the size
+// SAFETY: every type below is `#[repr(C)]`, has no implicit padding (the size
 // assertions that follow check it) and is valid for any bit pattern.
 #[cfg(feature = "user")]
 mod aya_pod {
@@ -313,6 +431,10 @@ mod aya_pod {
     unsafe impl aya::Pod for SvcStats {}
     unsafe impl aya::Pod for AffinityKey {}
     unsafe impl aya::Pod for AffinityEntry {}
+    unsafe impl aya::Pod for SockKey {}
+    unsafe impl aya::Pod for SockEntry {}
+    unsafe impl aya::Pod for SockAffinityKey {}
+    unsafe impl aya::Pod for Config {}
 }
 
 const _: () = assert!(size_of::<FrontendKey>() == 12);
@@ -324,6 +446,10 @@ const _: () = assert!(size_of::<RevNat>() == 64);
 const _: () = assert!(size_of::<SvcStats>() == 32);
 const _: () = assert!(size_of::<AffinityKey>() == 8);
 const _: () = assert!(size_of::<AffinityEntry>() == 16);
+const _: () = assert!(size_of::<SockKey>() == 16);
+const _: () = assert!(size_of::<SockEntry>() == 16);
+const _: () = assert!(size_of::<SockAffinityKey>() == 16);
+const _: () = assert!(size_of::<Config>() == 8);
 
 #[cfg(test)]
 mod tests {

@@ -391,9 +391,14 @@ impl PerPacket {
             let entry = CtEntry {
                 backend_id,
                 service_id,
-                backend_addr_be: addr(other),
-                backend_port_be: 80u16.to_be(),
+                nat_addr_be: addr(other),
+                nat_port_be: 80u16.to_be(),
                 ..CtEntry::default()
+            };
+            // The reply entry carries the frontend the reply must come from.
+            let reply_entry = CtEntry {
+                nat_addr_be: addr(vip),
+                ..entry
             };
             let fwd = CtKey {
                 saddr_be: addr(CLIENT),
@@ -414,7 +419,7 @@ impl PerPacket {
                 _pad: [0; 2],
             };
             self.conntrack.insert(fwd, entry, 0)?;
-            self.conntrack.insert(reply, entry, 0)?;
+            self.conntrack.insert(reply, reply_entry, 0)?;
         }
         Ok(())
     }
@@ -568,7 +573,8 @@ fn perpacket(quick: bool) -> Result<Value> {
                 programs::TC_FROM_POD,
                 &non_service,
                 TC_ACT_UNSPEC,
-                Some("pass_not_ours"),
+                // Not counted: packets that are not ours cost no map update.
+                None,
                 repeat,
                 rounds,
             )?;
@@ -586,7 +592,8 @@ fn perpacket(quick: bool) -> Result<Value> {
                 programs::TC_TO_POD,
                 &to_pod_other,
                 TC_ACT_UNSPEC,
-                Some("pass_not_ours"),
+                // Not counted: packets that are not ours cost no map update.
+                None,
                 repeat,
                 rounds,
             )?;

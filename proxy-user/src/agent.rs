@@ -16,6 +16,7 @@ use crate::{
     ebpf::{self, Capacities},
     maps::{MapStore, PinnedMaps},
     model::{self, ModelWarning},
+    sockdiag, socketlb,
     source::{cluster, dir, Snapshot},
     status::{self, AgentStatus, UnprogrammedService},
     sync::{Syncer, Unprogrammed},
@@ -54,6 +55,9 @@ pub struct AgentConfig {
     /// Our `service.kubernetes.io/service-proxy-name`; Services naming another
     /// proxy are skipped.
     pub proxy_name: Option<String>,
+    /// The cgroup the socket-layer programs attach to; `None` turns the socket
+    /// layer off (and removes what an earlier agent attached).
+    pub socket_lb_cgroup: Option<PathBuf>,
 }
 
 /// How often interfaces are listed again in case a netlink event was missed.
@@ -72,7 +76,9 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
     };
     let mut ebpf =
         ebpf::load(&config.pin_root, &config.capacities).context("loading the eBPF programs")?;
-    let maps = PinnedMaps::take(&mut ebpf).context("opening the maps")?;
+    let mut maps = PinnedMaps::take(&mut ebpf).context("opening the maps")?;
+    maps.set_config(socketlb::datapath_config().context("reading the node's network namespace")?)
+        .context("writing the data-path configuration")?;
     let syncer = Syncer::adopt(maps, config.capacities);
     info!(
         pin_root = %config.pin_root.display(),
@@ -117,9 +123,19 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
         },
         last_warnings: Vec::new(),
         last_failed: Vec::new(),
+        close_sockets: config.socket_lb_cgroup.is_some(),
     };
     let initial = snapshots.borrow_and_update().clone();
     sync.on_snapshot(&initial);
+    // After the first sync, so the socket layer never balances from maps the
+    // source has not filled yet.
+    match &config.socket_lb_cgroup {
+        Some(cgroup) => socketlb::attach(&mut ebpf, cgroup, &config.pin_root)
+            .context("attaching the socket layer (--socket-lb=false turns it off)")?,
+        None => {
+            socketlb::detach(&config.pin_root).context("detaching the socket layer")?;
+        }
+    }
 
     let mut terminate = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
     let mut interrupt = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
@@ -163,6 +179,9 @@ struct SyncLoop<'a, S: MapStore> {
     /// Logged once when they appear, not again on every sync.
     last_warnings: Vec<ModelWarning>,
     last_failed: Vec<Unprogrammed>,
+    /// The socket layer is on: connected UDP sockets whose backend left are
+    /// closed.
+    close_sockets: bool,
 }
 
 impl<S: MapStore> SyncLoop<'_, S> {
@@ -204,6 +223,9 @@ impl<S: MapStore> SyncLoop<'_, S> {
                 "maps synced"
             );
         }
+        if self.close_sockets && !report.udp_sockets_left.is_empty() {
+            close_departed_udp_sockets(&report.udp_sockets_left);
+        }
         let status = AgentStatus {
             pid: std::process::id(),
             updated_unix_s: std::time::SystemTime::now()
@@ -227,5 +249,32 @@ impl<S: MapStore> SyncLoop<'_, S> {
         }
         self.last_warnings = warnings;
         self.last_failed = report.failed;
+    }
+}
+
+/// Closes the node's connected UDP sockets whose backend left (see
+/// [`sockdiag`]); a failure is logged, the sync itself stands.
+fn close_departed_udp_sockets(left: &[(u64, model::BackendAddr)]) {
+    let doomed = left.iter().copied().collect();
+    match sockdiag::close_udp_sockets(&doomed) {
+        Ok(closed) => {
+            if closed.closed > 0 {
+                info!(
+                    closed = closed.closed,
+                    "closed connected UDP sockets whose backend left"
+                );
+            }
+            for (cookie, error) in closed.refused {
+                warn!(
+                    cookie,
+                    ?error,
+                    "the kernel refused to close a UDP socket whose backend left"
+                );
+            }
+        }
+        Err(error) => warn!(
+            error = %anyhow::Error::from(error),
+            "could not close UDP sockets whose backend left; they stay pinned to it until they close"
+        ),
     }
 }

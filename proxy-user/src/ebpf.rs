@@ -9,7 +9,7 @@ use std::{
 };
 
 use aya::{
-    programs::{ProgramError, SchedClassifier},
+    programs::{CgroupSockAddr, ProgramError, SchedClassifier},
     Ebpf, EbpfError, EbpfLoader,
 };
 use proxy_common::{capacity, names, programs};
@@ -94,8 +94,8 @@ pub fn ensure_bpffs(pin_root: &Path) -> Result<(), LoadError> {
     })
 }
 
-/// Loads the object: maps pinned (or reused) under `pin_root`, both tc
-/// programs loaded into the kernel (not yet attached).
+/// Loads the object: maps pinned (or reused) under `pin_root`, the tc and the
+/// socket-layer programs loaded into the kernel (not yet attached).
 pub fn load(pin_root: &Path, caps: &Capacities) -> Result<Ebpf, LoadError> {
     ensure_bpffs(pin_root)?;
     load_with(Some(pin_root), caps)
@@ -122,6 +122,8 @@ fn load_with(pin_root: Option<&Path>, caps: &Capacities) -> Result<Ebpf, LoadErr
         .map_max_entries(names::FRONTENDS, caps.frontends)
         .map_max_entries(names::BACKENDS, caps.backends)
         .map_max_entries(names::CONNTRACK, caps.conntrack)
+        // One socket-layer entry per balanced socket: sized like conntrack.
+        .map_max_entries(names::SOCKETS, caps.conntrack)
         .map_max_entries(names::REVNAT, caps.services)
         .map_max_entries(names::SERVICE_STATS, caps.services);
     for (name, path) in &pins {
@@ -133,6 +135,16 @@ fn load_with(pin_root: Option<&Path>, caps: &Capacities) -> Result<Ebpf, LoadErr
     })?;
     for name in [programs::TC_FROM_POD, programs::TC_TO_POD] {
         let program: &mut SchedClassifier = ebpf
+            .program_mut(name)
+            .ok_or(LoadError::MissingProgram { name })?
+            .try_into()
+            .map_err(|source| LoadError::Program { name, source })?;
+        program
+            .load()
+            .map_err(|source| LoadError::Program { name, source })?;
+    }
+    for name in programs::SOCKET_LB {
+        let program: &mut CgroupSockAddr = ebpf
             .program_mut(name)
             .ok_or(LoadError::MissingProgram { name })?
             .try_into()

@@ -7,6 +7,8 @@ pub mod ebpf;
 pub mod maps;
 pub mod model;
 pub mod packet;
+pub mod sockdiag;
+pub mod socketlb;
 pub mod source;
 pub mod status;
 pub mod sync;

@@ -58,6 +58,17 @@ enum Command {
         /// with this value (Services naming any other proxy are skipped).
         #[arg(long)]
         proxy_name: Option<String>,
+        /// Balance at the socket layer (cgroup connect/sendmsg/recvmsg/
+        /// getpeername hooks): clients in the node's network namespace reach
+        /// ClusterIPs, and balanced flows need no per-packet NAT.
+        /// `--socket-lb=false` turns it off and detaches what is attached.
+        #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+        socket_lb: bool,
+        /// The cgroup the socket layer attaches to (default: the host's cgroup2
+        /// mount, found in /proc/self/mountinfo). Every process in it and below
+        /// is balanced.
+        #[arg(long)]
+        cgroup_root: Option<PathBuf>,
     },
     /// Print every frontend and its backends from the pinned maps.
     Services {
@@ -103,7 +114,17 @@ fn main() -> anyhow::Result<()> {
             kubeconfig,
             node_name,
             proxy_name,
+            socket_lb,
+            cgroup_root,
         } => {
+            let socket_lb_cgroup = match (socket_lb, cgroup_root) {
+                (false, _) => None,
+                (true, Some(root)) => Some(root),
+                (true, None) => Some(
+                    proxy_user::socketlb::find_cgroup_root()
+                        .context("finding the cgroup root for the socket layer")?,
+                ),
+            };
             let node_name = match node_name {
                 Some(name) => name,
                 None => nix::unistd::gethostname()
@@ -128,6 +149,7 @@ fn main() -> anyhow::Result<()> {
                 kubeconfig,
                 node_name,
                 proxy_name,
+                socket_lb_cgroup,
             }))
         }
         Command::Services { pin_root, output } => {

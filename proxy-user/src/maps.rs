@@ -8,10 +8,13 @@
 use std::path::{Path, PathBuf};
 
 use aya::{
-    maps::{HashMap, Map, MapData, MapError, PerCpuArray},
+    maps::{Array, HashMap, Map, MapData, MapError, PerCpuArray},
     Ebpf,
 };
-use proxy_common::{names, stat, Backend, CtEntry, CtKey, Frontend, FrontendKey, RevNat, SvcStats};
+use proxy_common::{
+    names, stat, Backend, Config, CtEntry, CtKey, Frontend, FrontendKey, RevNat, SockEntry,
+    SockKey, SvcStats,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum MapsError {
@@ -48,6 +51,8 @@ pub trait MapStore {
     fn delete_revnat(&mut self, service_id: u32) -> Result<(), WriteError>;
     /// Removes every connection-tracking entry `doomed` selects; returns how many.
     fn purge_conntrack(&mut self, doomed: &dyn Fn(&CtKey, &CtEntry) -> bool) -> usize;
+    /// Removes every socket-layer entry `doomed` selects; returns their keys.
+    fn purge_sockets(&mut self, doomed: &dyn Fn(&SockKey, &SockEntry) -> bool) -> Vec<SockKey>;
     /// Everything in the frontend, backend and reverse-NAT maps, for adopting
     /// what an earlier agent programmed.
     fn dump(&self) -> Dump;
@@ -68,6 +73,8 @@ pub struct PinnedMaps {
     pub revnat: HashMap<MapData, u32, RevNat>,
     pub service_stats: PerCpuArray<MapData, SvcStats>,
     pub stats: PerCpuArray<MapData, u64>,
+    pub sockets: HashMap<MapData, SockKey, SockEntry>,
+    pub config: Array<MapData, Config>,
 }
 
 fn open_pinned(pin_root: &Path, name: &'static str) -> Result<Map, MapsError> {
@@ -107,6 +114,8 @@ impl PinnedMaps {
                 names::GLOBAL_STATS,
                 open_pinned(pin_root, names::GLOBAL_STATS)?
             ),
+            sockets: typed!(names::SOCKETS, open_pinned(pin_root, names::SOCKETS)?),
+            config: typed!(names::CONFIG, open_pinned(pin_root, names::CONFIG)?),
         })
     }
 
@@ -120,7 +129,24 @@ impl PinnedMaps {
             revnat: typed!(names::REVNAT, take(names::REVNAT)?),
             service_stats: typed!(names::SERVICE_STATS, take(names::SERVICE_STATS)?),
             stats: typed!(names::GLOBAL_STATS, take(names::GLOBAL_STATS)?),
+            sockets: typed!(names::SOCKETS, take(names::SOCKETS)?),
+            config: typed!(names::CONFIG, take(names::CONFIG)?),
         })
+    }
+
+    /// Writes the data path's configuration (before anything is attached).
+    pub fn set_config(&mut self, config: Config) -> Result<(), WriteError> {
+        self.config
+            .set(0, config, 0)
+            .map_err(|source| WriteError::Other {
+                map: names::CONFIG,
+                source,
+            })
+    }
+
+    /// Number of socket-layer entries.
+    pub fn sockets_len(&self) -> usize {
+        self.sockets.keys().filter(Result::is_ok).count()
     }
 
     /// Per-service counters summed over CPUs (zero when absent).
@@ -214,6 +240,19 @@ impl MapStore for PinnedMaps {
             .iter()
             .filter(|key| self.conntrack.remove(key).is_ok())
             .count()
+    }
+    fn purge_sockets(&mut self, doomed: &dyn Fn(&SockKey, &SockEntry) -> bool) -> Vec<SockKey> {
+        let victims: Vec<SockKey> = self
+            .sockets
+            .iter()
+            .filter_map(Result::ok)
+            .filter(|(key, entry)| doomed(key, entry))
+            .map(|(key, _)| key)
+            .collect();
+        victims
+            .into_iter()
+            .filter(|key| self.sockets.remove(key).is_ok())
+            .collect()
     }
     fn dump(&self) -> Dump {
         Dump {

@@ -14,13 +14,16 @@
 //! A removed frontend loses slot 0 first (new packets stop matching at once),
 //! then its slots, its reverse-NAT entry and its connection-tracking entries.
 //! UDP flows pinned to a backend that left a service are forgotten, so the next
-//! datagram picks a live backend (the stale-DNS-flow problem).
+//! datagram picks a live backend (the stale-DNS-flow problem). The same goes
+//! for the socket layer's per-socket entries; the connected UDP sockets among
+//! them are reported ([`SyncReport::udp_sockets_left`]) so the agent can close
+//! them, since no hook runs on their later sends.
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::Ipv4Addr;
 
 use proxy_common::{
-    capacity, frontend_flags, proto, Backend, CtEntry, CtKey, Frontend as FrontendValue,
-    FrontendKey, RevNat, REVNAT_NAME_LEN,
+    capacity, frontend_flags, proto, sock_dir, Backend, CtEntry, CtKey, Frontend as FrontendValue,
+    FrontendKey, RevNat, SockEntry, SockKey, REVNAT_NAME_LEN,
 };
 use tracing::{debug, warn};
 
@@ -67,6 +70,11 @@ pub struct SyncReport {
     pub writes: usize,
     /// Connection-tracking entries removed.
     pub conntrack_purged: usize,
+    /// Socket-layer entries removed.
+    pub sockets_purged: usize,
+    /// Sockets the socket layer had balanced to a UDP backend that has now left
+    /// its service: (socket cookie, backend). A connected one must be closed.
+    pub udp_sockets_left: Vec<(u64, BackendAddr)>,
     pub failed: Vec<Unprogrammed>,
 }
 
@@ -326,6 +334,27 @@ impl<S: MapStore> Syncer<S> {
                                 .udp_backends
                                 .contains(&(entry.service_id, entry.backend_id)))
                 });
+            let purged = self
+                .store
+                .purge_sockets(&|key: &SockKey, entry: &SockEntry| {
+                    purge.services.contains(&entry.service_id)
+                        || (key.proto == proto::UDP
+                            && purge
+                                .udp_backends
+                                .contains(&(entry.service_id, entry.backend_id)))
+                });
+            report.sockets_purged = purged.len();
+            report.udp_sockets_left = purged
+                .iter()
+                .filter(|key| key.proto == proto::UDP && key.dir == sock_dir::REVERSE)
+                .map(|key| {
+                    let backend = BackendAddr {
+                        ip: Ipv4Addr::from(key.addr_be.to_ne_bytes()),
+                        port: u16::from_be(key.port_be),
+                    };
+                    (key.cookie, backend)
+                })
+                .collect();
         }
         if failed_write {
             // Some write failed half-way: believe the maps, not our bookkeeping.
@@ -666,6 +695,7 @@ mod tests {
         backends: BTreeMap<u32, Backend>,
         revnat: BTreeMap<u32, RevNat>,
         conntrack: Vec<(CtKey, CtEntry)>,
+        sockets: Vec<(SockKey, SockEntry)>,
         writes: usize,
         frontend_limit: Option<usize>,
     }
@@ -718,6 +748,14 @@ mod tests {
             let before = self.conntrack.len();
             self.conntrack.retain(|(key, entry)| !doomed(key, entry));
             before - self.conntrack.len()
+        }
+        fn purge_sockets(&mut self, doomed: &dyn Fn(&SockKey, &SockEntry) -> bool) -> Vec<SockKey> {
+            let (gone, kept) = self
+                .sockets
+                .drain(..)
+                .partition(|(key, entry)| doomed(key, entry));
+            self.sockets = kept;
+            gone.into_iter().map(|(key, _)| key).collect::<Vec<_>>()
         }
         fn dump(&self) -> Dump {
             Dump {
@@ -952,6 +990,55 @@ mod tests {
         )]));
         assert_eq!(report.conntrack_purged, 1);
         assert_eq!(s.store().conntrack[0].1.backend_id, stays);
+    }
+
+    #[test]
+    fn sockets_balanced_to_a_departed_udp_backend_are_purged_and_reported() {
+        let mut s = Syncer::adopt(MemStore::default(), caps());
+        let dns = fe(
+            [10, 96, 0, 53],
+            53,
+            Protocol::Udp,
+            "dns",
+            &[(1, 53), (2, 53)],
+        );
+        s.apply(&state(vec![dns.clone()]));
+        let id = s.programmed[&dns.addr].service_id;
+        let gone_addr = dns.backends[1];
+        let gone = s.backends[&(gone_addr, Protocol::Udp)].id;
+        let stays = s.backends[&(dns.backends[0], Protocol::Udp)].id;
+        let sock = |cookie: u64, dir: u8, backend: u32, addr: &BackendAddr| {
+            (
+                SockKey {
+                    cookie,
+                    addr_be: u32::from_ne_bytes(addr.ip.octets()),
+                    port_be: addr.port.to_be(),
+                    proto: proto::UDP,
+                    dir,
+                },
+                SockEntry {
+                    backend_id: backend,
+                    service_id: id,
+                    ..SockEntry::default()
+                },
+            )
+        };
+        s.store.sockets = vec![
+            sock(7, sock_dir::REVERSE, gone, &gone_addr),
+            sock(7, sock_dir::FORWARD, gone, &gone_addr),
+            sock(8, sock_dir::REVERSE, stays, &dns.backends[0]),
+        ];
+        let report = s.apply(&state(vec![fe(
+            [10, 96, 0, 53],
+            53,
+            Protocol::Udp,
+            "dns",
+            &[(1, 53)],
+        )]));
+        assert_eq!(report.sockets_purged, 2);
+        assert_eq!(report.udp_sockets_left, vec![(7, gone_addr)]);
+        assert_eq!(s.store().sockets.len(), 1);
+        assert_eq!(s.store().sockets[0].0.cookie, 8);
     }
 
     #[test]

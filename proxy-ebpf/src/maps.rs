@@ -1,0 +1,68 @@
+//! The maps, shared by the tc and the socket-layer programs, and the counters.
+//!
+//! Sizes here are defaults; the agent sets the real capacities at load time.
+use aya_ebpf::{
+    btf_maps::{Array, HashMap, LruHashMap, PerCpuArray},
+    macros::btf_map,
+};
+use proxy_common::{
+    capacity, stat, AffinityEntry, AffinityKey, Backend, Config, CtEntry, CtKey, Frontend,
+    FrontendKey, RevNat, SockAffinityKey, SockEntry, SockKey, SvcStats,
+};
+
+/// Capacity type parameter shared by both affinity maps, so one selection
+/// function serves both.
+pub const AFFINITY_ENTRIES: usize = capacity::AFFINITY as usize;
+
+#[btf_map]
+pub static SB_FE_V1: HashMap<FrontendKey, Frontend, { capacity::FRONTENDS as usize }> =
+    HashMap::new();
+#[btf_map]
+pub static SB_BE_V1: HashMap<u32, Backend, { capacity::BACKENDS as usize }> = HashMap::new();
+#[btf_map]
+pub static SB_CT_V3: LruHashMap<CtKey, CtEntry, { capacity::CONNTRACK as usize }> =
+    LruHashMap::new();
+/// Read by the CLI only; kept here so it is created and pinned with the rest.
+#[btf_map]
+pub static SB_RNAT_V1: HashMap<u32, RevNat, { capacity::SERVICES as usize }> = HashMap::new();
+#[btf_map]
+pub static SB_SVC_STATS_V1: PerCpuArray<SvcStats, { capacity::SERVICES as usize }> =
+    PerCpuArray::new();
+#[btf_map]
+pub static SB_AFFINITY_V1: LruHashMap<AffinityKey, AffinityEntry, AFFINITY_ENTRIES> =
+    LruHashMap::new();
+#[btf_map]
+pub static SB_SOCK_AFFINITY_V1: LruHashMap<SockAffinityKey, AffinityEntry, AFFINITY_ENTRIES> =
+    LruHashMap::new();
+#[btf_map]
+pub static SB_SOCK_V1: LruHashMap<SockKey, SockEntry, { capacity::SOCKETS as usize }> =
+    LruHashMap::new();
+#[btf_map]
+pub static SB_CONFIG_V1: Array<Config, 1> = Array::new();
+#[btf_map]
+pub static SB_STATS_V2: PerCpuArray<u64, { stat::COUNT as usize }> = PerCpuArray::new();
+
+/// Adds one to a global counter.
+#[inline(always)]
+pub fn count(index: u32) {
+    if let Some(counter) = SB_STATS_V2.get_ptr_mut(index) {
+        // SAFETY: the pointer is this CPU's slot of a per-CPU array entry that
+        // the lookup just returned; nothing else writes it while we run here.
+        unsafe { *counter += 1 };
+    }
+}
+
+/// Updates one service's counters.
+#[inline(always)]
+pub fn count_service(service_id: u32, update: impl FnOnce(&mut SvcStats)) {
+    if let Some(stats) = SB_SVC_STATS_V1.get_ptr_mut(service_id) {
+        // SAFETY: as in `count`: this CPU's own slot, valid for the program run.
+        update(unsafe { &mut *stats });
+    }
+}
+
+/// The agent's configuration (zeroed until the agent writes it).
+#[inline(always)]
+pub fn config() -> Config {
+    SB_CONFIG_V1.get(0).copied().unwrap_or_default()
+}

@@ -1,0 +1,257 @@
+//! The socket layer's attachment: the four cgroup `sock_addr` programs on the
+//! cgroup root, as BPF links pinned under the pin root so they outlive the
+//! agent (a restart keeps balancing host clients).
+//!
+//! A new agent attaches its links first and only then drops the old ones:
+//! while both run, the first rewrites a frontend to a backend and the second
+//! sees a backend (not a frontend) and leaves it, so no call is missed or
+//! translated twice.
+use std::{
+    fs, io,
+    os::fd::AsRawFd as _,
+    path::{Path, PathBuf},
+};
+
+use aya::{
+    programs::{
+        links::{FdLink, LinkError},
+        CgroupAttachMode, CgroupSockAddr, ProgramError,
+    },
+    Ebpf,
+};
+use proxy_common::{programs, Config};
+use tracing::{debug, info};
+
+/// Directory under the pin root that holds the pinned links.
+const LINK_DIR: &str = "links";
+
+#[derive(Debug, thiserror::Error)]
+pub enum SocketLbError {
+    #[error("reading {path} to find the cgroup2 mount")]
+    Mountinfo { path: PathBuf, source: io::Error },
+    #[error("no cgroup2 file system is mounted (see /proc/self/mountinfo); pass --cgroup-root or --socket-lb=false")]
+    NoCgroup2,
+    #[error("opening cgroup {path}")]
+    OpenCgroup { path: PathBuf, source: io::Error },
+    #[error("program {0} is missing from the loaded object")]
+    MissingProgram(&'static str),
+    #[error("attaching {program} to cgroup {cgroup}")]
+    Attach {
+        program: &'static str,
+        cgroup: PathBuf,
+        source: ProgramError,
+    },
+    #[error("the kernel attached {program} without a BPF link (needs Linux 5.7+)")]
+    NoLink {
+        program: &'static str,
+        source: LinkError,
+    },
+    #[error("pinning the link of {program} at {path}")]
+    Pin {
+        program: &'static str,
+        path: PathBuf,
+        source: aya::pin::PinError,
+    },
+    #[error("replacing the pinned link {path}")]
+    Replace { path: PathBuf, source: io::Error },
+    #[error("removing the pinned link {path}")]
+    Remove { path: PathBuf, source: io::Error },
+    #[error("reading this network namespace's cookie (SO_NETNS_COOKIE, Linux 5.14+)")]
+    NetnsCookie(#[source] io::Error),
+}
+
+/// The mount point of the first cgroup2 file system in `mountinfo` text.
+pub fn cgroup2_mount_in(mountinfo: &str) -> Option<PathBuf> {
+    mountinfo.lines().find_map(|line| {
+        // `id parent major:minor root mountpoint options... - fstype source opts`
+        let (before, after) = line.split_once(" - ")?;
+        if after.split_whitespace().next()? != "cgroup2" {
+            return None;
+        }
+        let mount_point = before.split_whitespace().nth(4)?;
+        Some(PathBuf::from(unescape_mountinfo(mount_point)))
+    })
+}
+
+/// mountinfo escapes space, tab, newline and backslash as `\ooo` octal.
+fn unescape_mountinfo(field: &str) -> String {
+    let bytes = field.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'\\' && i + 3 < bytes.len() {
+            let digits = std::str::from_utf8(&bytes[i + 1..i + 4]).ok();
+            if let Some(code) = digits.and_then(|d| u8::from_str_radix(d, 8).ok()) {
+                out.push(code);
+                i += 4;
+                continue;
+            }
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The host's cgroup2 mount, found in this process's mount table.
+pub fn find_cgroup_root() -> Result<PathBuf, SocketLbError> {
+    let path = PathBuf::from("/proc/self/mountinfo");
+    let text = fs::read_to_string(&path).map_err(|source| SocketLbError::Mountinfo {
+        path: path.clone(),
+        source,
+    })?;
+    cgroup2_mount_in(&text).ok_or(SocketLbError::NoCgroup2)
+}
+
+/// The data-path configuration for this agent's network namespace.
+pub fn datapath_config() -> Result<Config, SocketLbError> {
+    Ok(Config {
+        host_netns_cookie: netns_cookie().map_err(SocketLbError::NetnsCookie)?,
+    })
+}
+
+/// The cookie of the current network namespace (what `bpf_get_netns_cookie`
+/// returns for a socket created here).
+fn netns_cookie() -> io::Result<u64> {
+    let socket = std::net::UdpSocket::bind(("127.0.0.1", 0))
+        .or_else(|_| std::net::UdpSocket::bind(("0.0.0.0", 0)))?;
+    let mut cookie: u64 = 0;
+    let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
+    // SAFETY: the fd is a live socket for the duration of the call, and
+    // `cookie`/`len` point to a u64 and its size, as SO_NETNS_COOKIE expects.
+    let rc = unsafe {
+        libc::getsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_NETNS_COOKIE,
+            (&mut cookie as *mut u64).cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(cookie)
+}
+
+fn link_path(pin_root: &Path, program: &str) -> PathBuf {
+    pin_root.join(LINK_DIR).join(program)
+}
+
+/// Attaches the socket-layer programs to `cgroup`, replacing the links an
+/// earlier agent pinned under `pin_root`.
+pub fn attach(ebpf: &mut Ebpf, cgroup: &Path, pin_root: &Path) -> Result<(), SocketLbError> {
+    let cgroup_dir = fs::File::open(cgroup).map_err(|source| SocketLbError::OpenCgroup {
+        path: cgroup.to_owned(),
+        source,
+    })?;
+    let dir = pin_root.join(LINK_DIR);
+    fs::create_dir_all(&dir).map_err(|source| SocketLbError::Replace {
+        path: dir.clone(),
+        source,
+    })?;
+    for program in programs::SOCKET_LB {
+        let prog: &mut CgroupSockAddr = ebpf
+            .program_mut(program)
+            .ok_or(SocketLbError::MissingProgram(program))?
+            .try_into()
+            .map_err(|source| SocketLbError::Attach {
+                program,
+                cgroup: cgroup.to_owned(),
+                source,
+            })?;
+        let attach_error = |source| SocketLbError::Attach {
+            program,
+            cgroup: cgroup.to_owned(),
+            source,
+        };
+        let link_id = prog
+            .attach(&cgroup_dir, CgroupAttachMode::Single)
+            .map_err(attach_error)?;
+        let link = prog.take_link(link_id).map_err(attach_error)?;
+        let link =
+            FdLink::try_from(link).map_err(|source| SocketLbError::NoLink { program, source })?;
+        let path = link_path(pin_root, program);
+        let fresh = path.with_extension("new");
+        remove_if_present(&fresh)?;
+        // Pinned under a temporary name first, then moved over the old pin:
+        // the old link is released (and detached) only once ours is attached.
+        let pinned = link.pin(&fresh).map_err(|source| SocketLbError::Pin {
+            program,
+            path: fresh.clone(),
+            source,
+        })?;
+        fs::rename(&fresh, &path).map_err(|source| SocketLbError::Replace {
+            path: path.clone(),
+            source,
+        })?;
+        // The pin keeps the link (and the attachment) alive after we exit.
+        drop(pinned);
+        debug!(program, cgroup = %cgroup.display(), "socket-layer program attached");
+    }
+    info!(cgroup = %cgroup.display(), "socket-layer balancing attached");
+    Ok(())
+}
+
+/// Removes the socket-layer links an earlier agent pinned (`--socket-lb=false`).
+/// Returns how many there were.
+pub fn detach(pin_root: &Path) -> Result<usize, SocketLbError> {
+    let mut removed = 0;
+    for program in programs::SOCKET_LB {
+        if remove_if_present(&link_path(pin_root, program))? {
+            removed += 1;
+        }
+    }
+    if removed > 0 {
+        info!(
+            removed,
+            "socket-layer balancing detached (--socket-lb=false)"
+        );
+    }
+    Ok(removed)
+}
+
+fn remove_if_present(path: &Path) -> Result<bool, SocketLbError> {
+    match fs::remove_file(path) {
+        Ok(()) => Ok(true),
+        Err(error) if error.kind() == io::ErrorKind::NotFound => Ok(false),
+        Err(source) => Err(SocketLbError::Remove {
+            path: path.to_owned(),
+            source,
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_the_cgroup2_mount_not_cgroup1() {
+        let mountinfo = "\
+24 31 0:22 / /sys rw,nosuid,nodev,noexec,relatime shared:7 - sysfs sysfs rw
+30 24 0:26 / /sys/fs/cgroup ro,nosuid shared:9 - tmpfs tmpfs ro,mode=755
+31 30 0:27 / /sys/fs/cgroup/cpu rw,nosuid shared:10 - cgroup cgroup rw,cpu
+32 30 0:28 / /sys/fs/cgroup/unified rw,nosuid,nodev,noexec,relatime shared:11 - cgroup2 cgroup2 rw,nsdelegate
+";
+        assert_eq!(
+            cgroup2_mount_in(mountinfo),
+            Some(PathBuf::from("/sys/fs/cgroup/unified"))
+        );
+    }
+
+    #[test]
+    fn no_cgroup2_mount_is_none() {
+        let mountinfo = "24 31 0:22 / /sys rw shared:7 - sysfs sysfs rw\n";
+        assert_eq!(cgroup2_mount_in(mountinfo), None);
+    }
+
+    #[test]
+    fn escaped_mount_points_are_unescaped() {
+        let mountinfo = "40 30 0:30 / /run/my\\040cgroup rw - cgroup2 cgroup2 rw\n";
+        assert_eq!(
+            cgroup2_mount_in(mountinfo),
+            Some(PathBuf::from("/run/my cgroup"))
+        );
+    }
+}
