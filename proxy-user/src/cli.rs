@@ -313,6 +313,11 @@ pub fn read_stats(maps: &PinnedMaps) -> StatsReport {
                 maps.revnat.keys().filter(Result::is_ok).count(),
                 capacity(maps.revnat.map().info()),
             ),
+            fill(
+                proxy_common::names::SOCKETS,
+                maps.sockets_len(),
+                capacity(maps.sockets.map().info()),
+            ),
         ],
     }
 }

@@ -172,7 +172,8 @@ pub fn attach(ebpf: &mut Ebpf, cgroup: &Path, pin_root: &Path) -> Result<(), Soc
         let link =
             FdLink::try_from(link).map_err(|source| SocketLbError::NoLink { program, source })?;
         let path = link_path(pin_root, program);
-        let fresh = path.with_extension("new");
+        // bpffs refuses names with a dot.
+        let fresh = path.with_file_name(format!("{program}_new"));
         remove_if_present(&fresh)?;
         // Pinned under a temporary name first, then moved over the old pin:
         // the old link is released (and detached) only once ours is attached.

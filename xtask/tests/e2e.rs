@@ -11,14 +11,16 @@
 
 use std::collections::BTreeSet;
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use xtask::sandbox::{
     find, list_netns, pod_ip, pod_name, Attempt, ClientRun, Frontend, Sandbox, CLIENT_IP,
     CLUSTER_IP, PIN_BASE, PODS, POD_TCP_PORT, POD_UDP_PORT,
 };
-use xtask::testenv::{require_root, sb_echo, switchboard};
+use xtask::testenv::{
+    demo_sandbox_with, endpointslice_yaml, require_root, sb_echo, switchboard, write_manifest,
+};
 
 fn now_ms() -> u128 {
     SystemTime::now()
@@ -27,60 +29,10 @@ fn now_ms() -> u128 {
         .as_millis()
 }
 
-fn demo_manifests() -> PathBuf {
-    xtask::util::repo_root().join("manifests/demo")
-}
-
-/// Replaces a manifest atomically (write elsewhere, then rename into the
-/// watched directory), the way editors and `kubectl ... > tmp && mv` do.
-fn write_manifest(sb: &Sandbox, name: &str, contents: &str) {
-    let tmp = sb.dir.join(format!(".{name}.tmp"));
-    fs::write(&tmp, contents).unwrap();
-    fs::rename(&tmp, sb.manifest_dir().join(name)).unwrap();
-}
-
-/// An EndpointSlice for `demo/echo` with the given pods (1-based) as endpoints.
-fn endpointslice_yaml(pods: &[usize]) -> String {
-    let mut s = String::from(
-        "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\naddressType: IPv4\n\
-         metadata:\n  name: echo-abc12\n  namespace: demo\n  labels:\n    kubernetes.io/service-name: echo\n\
-         endpoints:\n",
-    );
-    for &i in pods {
-        s.push_str(&format!(
-            "- addresses:\n  - {}\n  conditions:\n    ready: true\n  targetRef:\n    kind: Pod\n    name: {}\n    namespace: demo\n",
-            pod_ip(i),
-            pod_name(i)
-        ));
-    }
-    s.push_str(
-        "ports:\n- name: http\n  port: 8080\n  protocol: TCP\n- name: dns\n  port: 5353\n  protocol: UDP\n",
-    );
-    s
-}
-
 /// Sandbox + pods + agent with the demo manifests, programmed (3 backends on
 /// both ports).
 fn demo_sandbox() -> Sandbox {
-    require_root();
-    let (sw, echo) = (switchboard(), sb_echo());
-    let mut sb = Sandbox::for_test().expect("create sandbox");
-    sb.copy_manifests(&demo_manifests()).unwrap();
-    sb.start_pods(&echo).expect("start pods");
-    sb.start_agent(&sw).expect("start agent");
-    if let Err(e) = sb.wait_services(
-        &sw,
-        Duration::from_secs(10),
-        "demo/echo:http and demo/echo:dns with 3 backends",
-        |f| {
-            ["demo/echo:http", "demo/echo:dns"]
-                .iter()
-                .all(|s| find(f, s).is_some_and(|fe| fe.backends.len() == PODS))
-        },
-    ) {
-        panic!("{e:#}");
-    }
-    sb
+    demo_sandbox_with(&[])
 }
 
 fn client(sb: &Sandbox, args: &[&str]) -> ClientRun {

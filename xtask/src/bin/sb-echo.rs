@@ -7,13 +7,17 @@
 //! - UDP: answers every datagram with `NAME <peer-ip>:<peer-port>\n`.
 //!
 //! Client: `sb-echo client (--tcp ADDR | --udp ADDR) [--count N | --duration-ms MS]
-//! [--interval-ms MS] [--timeout-ms MS] [--hold SECS]`
+//! [--interval-ms MS] [--timeout-ms MS] [--hold SECS] [--udp-mode MODE]`
 //! prints one line per attempt:
 //! - `ok <start-unix-ms> <pod-name> <peer-the-pod-saw> <peer-the-client-saw>`
 //! - `err <start-unix-ms> <message>`
 //!
 //! and exits 1 if any attempt failed. `--hold SECS` keeps one TCP connection
 //! open, sends a line every 100 ms and fails on the first missing reply.
+//! `--udp-mode` picks how UDP attempts use sockets: `fresh` (a new socket per
+//! attempt, the default), `shared` (one unconnected socket for every attempt)
+//! or `connected` (one connected socket, replaced by a new one after an error,
+//! as a stub resolver does; the peer shown is `getpeername`'s).
 //!
 //! The process asks the kernel to kill it when its parent dies, so a crashed
 //! test or demo leaves no servers behind.
@@ -80,6 +84,19 @@ struct ClientArgs {
     /// Keep one TCP connection for this many seconds, sending a line every 100 ms.
     #[arg(long, requires = "tcp")]
     hold: Option<f64>,
+    /// How UDP attempts use sockets.
+    #[arg(long, value_enum, default_value_t = UdpMode::Fresh)]
+    udp_mode: UdpMode,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum UdpMode {
+    /// A new unconnected socket per attempt.
+    Fresh,
+    /// One unconnected socket for every attempt.
+    Shared,
+    /// One connected socket, replaced after an error.
+    Connected,
 }
 
 fn main() -> ExitCode {
@@ -225,6 +242,7 @@ fn client(args: ClientArgs) -> Result<bool> {
     let mut all_ok = true;
     let stdout = std::io::stdout();
     let began = Instant::now();
+    let mut udp = UdpClient::new(args.udp_mode);
     let mut i = 0u64;
     loop {
         let more = match args.duration_ms {
@@ -241,7 +259,7 @@ fn client(args: ClientArgs) -> Result<bool> {
         let start = now_ms();
         let result = match (args.tcp, args.udp) {
             (Some(addr), _) => tcp_once(addr, timeout),
-            (None, Some(addr)) => udp_once(addr, timeout),
+            (None, Some(addr)) => udp.once(addr, timeout),
             (None, None) => bail!("give --tcp ADDR or --udp ADDR"),
         };
         let mut out = stdout.lock();
@@ -271,14 +289,56 @@ fn tcp_once(addr: SocketAddr, timeout: Duration) -> Result<(String, String, Sock
     Ok((name, pod_saw, client_saw))
 }
 
-fn udp_once(addr: SocketAddr, timeout: Duration) -> Result<(String, String, SocketAddr)> {
-    let socket = UdpSocket::bind("0.0.0.0:0").context("bind")?;
-    socket.set_read_timeout(Some(timeout))?;
-    socket.send_to(b"hello\n", addr).context("send")?;
-    let mut buf = [0u8; 512];
-    let (n, client_saw) = socket.recv_from(&mut buf).context("recv")?;
-    let (name, pod_saw) = parse_reply(&String::from_utf8_lossy(&buf[..n]))?;
-    Ok((name, pod_saw, client_saw))
+/// UDP attempts, with the socket kept between them as `--udp-mode` says.
+struct UdpClient {
+    mode: UdpMode,
+    socket: Option<UdpSocket>,
+}
+
+impl UdpClient {
+    fn new(mode: UdpMode) -> Self {
+        Self { mode, socket: None }
+    }
+
+    fn once(
+        &mut self,
+        addr: SocketAddr,
+        timeout: Duration,
+    ) -> Result<(String, String, SocketAddr)> {
+        let result = self.exchange(addr, timeout);
+        if result.is_err() || self.mode == UdpMode::Fresh {
+            // A resolver opens a new socket after an error.
+            self.socket = None;
+        }
+        result
+    }
+
+    fn exchange(
+        &mut self,
+        addr: SocketAddr,
+        timeout: Duration,
+    ) -> Result<(String, String, SocketAddr)> {
+        if self.socket.is_none() {
+            let socket = UdpSocket::bind("0.0.0.0:0").context("bind")?;
+            socket.set_read_timeout(Some(timeout))?;
+            if self.mode == UdpMode::Connected {
+                socket.connect(addr).context("connect")?;
+            }
+            self.socket = Some(socket);
+        }
+        let socket = self.socket.as_ref().context("no socket")?;
+        let mut buf = [0u8; 512];
+        let (n, client_saw) = if self.mode == UdpMode::Connected {
+            socket.send(b"hello\n").context("send")?;
+            let n = socket.recv(&mut buf).context("recv")?;
+            (n, socket.peer_addr().context("getpeername")?)
+        } else {
+            socket.send_to(b"hello\n", addr).context("send")?;
+            socket.recv_from(&mut buf).context("recv")?
+        };
+        let (name, pod_saw) = parse_reply(&String::from_utf8_lossy(&buf[..n]))?;
+        Ok((name, pod_saw, client_saw))
+    }
 }
 
 /// One long-lived TCP connection: a line every 100 ms, each must be answered.

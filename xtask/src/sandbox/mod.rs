@@ -22,10 +22,12 @@
 //! the directories. `Sandbox::new` first removes leftovers of the same tag, and
 //! `cleanup_stale` removes test sandboxes (`sbt<pid>-<n>`) whose process died.
 
-use std::collections::BTreeMap;
-use std::ffi::CString;
+mod cgroup;
+mod cleanup;
+mod output;
+mod sys;
+
 use std::fs;
-use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -33,9 +35,15 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
-use serde::Deserialize;
+
+pub use cgroup::TestCgroup;
+pub use cleanup::{cleanup_stale, list_netns, purge_tag, status_file};
+pub use output::{find, Attempt, Backend, ClientRun, Frontend};
+pub use sys::is_mountpoint;
 
 use crate::util::{run_capture, show};
+use cleanup::remove_status_file;
+use sys::{delete_netns, die_with_parent, ip, mount_bpffs, remove_dir_if_exists, signal, umount};
 
 /// The ClusterIP of the demo Service (`manifests/demo/service.yaml`).
 pub const CLUSTER_IP: &str = "10.96.0.10";
@@ -68,6 +76,9 @@ pub struct Sandbox {
     pub dir: PathBuf,
     /// The bpffs mount used as the agent's `--pin-root`.
     pub pin_dir: PathBuf,
+    /// The cgroup the agent's socket layer attaches to (`--cgroup-root`) and
+    /// that clients join with [`Sandbox::client_in_cgroup`].
+    pub cgroup: Option<TestCgroup>,
     namespaces: Vec<String>,
     children: Vec<(String, Child)>,
     agent_log: Option<PathBuf>,
@@ -105,6 +116,7 @@ impl Sandbox {
             tag: tag.to_string(),
             dir: std::env::temp_dir().join(format!("switchboard-{tag}")),
             pin_dir: Path::new(PIN_BASE).join(tag).join("bpf"),
+            cgroup: None,
             namespaces: Vec::new(),
             children: Vec::new(),
             agent_log: None,
@@ -193,7 +205,13 @@ impl Sandbox {
             .with_context(|| format!("create {}", self.pin_dir.display()))?;
         mount_bpffs(&self.pin_dir)?;
         self.mounted = true;
+        self.cgroup = Some(TestCgroup::create(&self.tag, &self.cgroup_bind())?);
         Ok(())
+    }
+
+    /// Where the sandbox's cgroup is bind-mounted (under its `/run` directory).
+    fn cgroup_bind(&self) -> PathBuf {
+        Path::new(PIN_BASE).join(&self.tag).join("cgroup")
     }
 
     /// Runs `cmd` inside namespace `ns`, waits, and returns its output; fails
@@ -304,19 +322,39 @@ impl Sandbox {
     }
 
     /// Starts `switchboard agent --source dir:<manifest dir> --pin-root <pin
-    /// dir>` in the node namespace with RUST_LOG=info, logging to `agent.log`.
+    /// dir> --cgroup-root <the sandbox's cgroup>` in the node namespace with
+    /// RUST_LOG=info, logging to `agent.log`.
     pub fn start_agent(&mut self, switchboard: &Path) -> Result<u32> {
+        self.start_agent_with(switchboard, &[])
+    }
+
+    /// `start_agent` with extra agent arguments (e.g. `--socket-lb=false`).
+    pub fn start_agent_with(&mut self, switchboard: &Path, extra: &[&str]) -> Result<u32> {
         let bin = switchboard.to_string_lossy().into_owned();
         let source = format!("dir:{}", self.manifest_dir().display());
         let pin = self.pin_dir.to_string_lossy().into_owned();
+        // Never the host's cgroup root: always the sandbox's own cgroup.
+        let cgroup = self
+            .cgroup
+            .as_ref()
+            .ok_or_else(|| anyhow!("sandbox has no cgroup"))?
+            .bound
+            .to_string_lossy()
+            .into_owned();
         let node = self.node_ns();
         let rust_log = std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into());
-        let pid = self.spawn_env(
+        let mut args = vec![
+            bin.as_str(),
             "agent",
-            &node,
-            &[&bin, "agent", "--source", &source, "--pin-root", &pin],
-            &[("RUST_LOG", &rust_log)],
-        )?;
+            "--source",
+            &source,
+            "--pin-root",
+            &pin,
+            "--cgroup-root",
+            &cgroup,
+        ];
+        args.extend_from_slice(extra);
+        let pid = self.spawn_env("agent", &node, &args, &[("RUST_LOG", &rust_log)])?;
         self.agent_log = Some(self.log_path("agent"));
         Ok(pid)
     }
@@ -433,6 +471,62 @@ impl Sandbox {
         ClientRun::parse(&raw)
     }
 
+    /// Runs `sb-echo client <args>` in namespace `ns` as a member of the
+    /// sandbox's cgroup (so the socket layer balances it) and parses its
+    /// output. `ns` is the node's namespace for a host client.
+    pub fn client_in_cgroup(&self, sb_echo: &Path, ns: &str, args: &[&str]) -> Result<ClientRun> {
+        let child = self.client_in_cgroup_spawn(sb_echo, ns, args)?;
+        let out = child
+            .wait_with_output()
+            .context("wait for sb-echo client")?;
+        if out.status.code() == Some(2) || out.status.code().is_none() {
+            bail!(
+                "sb-echo client {args:?} failed: {} {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        ClientRun::parse(&String::from_utf8_lossy(&out.stdout))
+    }
+
+    /// `client_in_cgroup` without waiting (stdout piped).
+    pub fn client_in_cgroup_spawn(&self, sb_echo: &Path, ns: &str, args: &[&str]) -> Result<Child> {
+        let procs = self
+            .cgroup
+            .as_ref()
+            .ok_or_else(|| anyhow!("sandbox has no cgroup"))?
+            .procs_file();
+        let procs = std::ffi::CString::new(procs.as_os_str().as_encoded_bytes())
+            .map_err(|_| anyhow!("cgroup path with NUL byte"))?;
+        let bin = sb_echo.to_string_lossy().into_owned();
+        let mut cmd = vec![bin.as_str(), "client"];
+        cmd.extend_from_slice(args);
+        let mut c = self.command(ns, &cmd);
+        // SAFETY: between fork and exec only open/write/close, which are
+        // async-signal-safe; the path was prepared before the fork. Joining
+        // the cgroup here, before `ip netns exec` remounts /sys, is what puts
+        // the client under the socket layer.
+        unsafe {
+            c.pre_exec(move || {
+                let fd = libc::open(procs.as_ptr(), libc::O_WRONLY);
+                if fd < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                let written = libc::write(fd, b"0".as_ptr().cast(), 1);
+                libc::close(fd);
+                if written != 1 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        c.stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        c.spawn()
+            .with_context(|| format!("could not start `{}`", show(&c)))
+    }
+
     /// Starts `sb-echo client <args>` in the client namespace without waiting
     /// (stdout piped); parse with `ClientRun::parse` after `wait_with_output`.
     pub fn client_spawn(&self, sb_echo: &Path, args: &[&str]) -> Result<Child> {
@@ -482,6 +576,11 @@ impl Sandbox {
                 errors.push(format!("{e:#}"));
             }
         }
+        if let Some(cgroup) = self.cgroup.take() {
+            if let Err(e) = cgroup.remove() {
+                errors.push(format!("{e:#}"));
+            }
+        }
         if self.mounted {
             if let Err(e) = umount(&self.pin_dir) {
                 errors.push(format!("{e:#}"));
@@ -527,431 +626,9 @@ impl Drop for Sandbox {
     }
 }
 
-/// One `switchboard services -o json` entry.
-#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
-pub struct Frontend {
-    pub service: String,
-    #[serde(default)]
-    pub id: u64,
-    pub address: String,
-    pub port: u16,
-    pub protocol: String,
-    #[serde(default)]
-    pub backends: Vec<Backend>,
-}
-
-#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
-pub struct Backend {
-    #[serde(default)]
-    pub id: u64,
-    pub address: String,
-    pub port: u16,
-}
-
-impl Frontend {
-    /// Backends as sorted `address:port` strings.
-    pub fn backend_addrs(&self) -> Vec<String> {
-        let mut v: Vec<String> = self
-            .backends
-            .iter()
-            .map(|b| format!("{}:{}", b.address, b.port))
-            .collect();
-        v.sort();
-        v
-    }
-}
-
-/// Finds the frontend for `service` (e.g. `demo/echo:http`).
-pub fn find<'a>(frontends: &'a [Frontend], service: &str) -> Option<&'a Frontend> {
-    frontends.iter().find(|f| f.service == service)
-}
-
-/// One attempt of `sb-echo client`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Attempt {
-    Ok {
-        start_ms: u128,
-        /// Which pod answered.
-        name: String,
-        /// The peer address the pod saw (the client's address).
-        pod_saw: String,
-        /// The peer address the client saw (should be the ClusterIP).
-        client_saw: String,
-    },
-    Err {
-        start_ms: u128,
-        message: String,
-    },
-}
-
-impl Attempt {
-    pub fn start_ms(&self) -> u128 {
-        match self {
-            Attempt::Ok { start_ms, .. } | Attempt::Err { start_ms, .. } => *start_ms,
-        }
-    }
-    pub fn name(&self) -> Option<&str> {
-        match self {
-            Attempt::Ok { name, .. } => Some(name),
-            Attempt::Err { .. } => None,
-        }
-    }
-}
-
-/// Parsed output of one `sb-echo client` run.
-#[derive(Debug, Clone)]
-pub struct ClientRun {
-    pub attempts: Vec<Attempt>,
-    pub raw: String,
-}
-
-impl ClientRun {
-    pub fn parse(raw: &str) -> Result<ClientRun> {
-        let mut attempts = Vec::new();
-        for line in raw.lines().filter(|l| !l.trim().is_empty()) {
-            let mut parts = line.splitn(3, ' ');
-            let kind = parts.next().unwrap_or_default();
-            let start_ms: u128 = parts
-                .next()
-                .and_then(|s| s.parse().ok())
-                .ok_or_else(|| anyhow!("bad client line {line:?}"))?;
-            let rest = parts.next().unwrap_or_default();
-            attempts.push(match kind {
-                "ok" => {
-                    let f: Vec<&str> = rest.split_whitespace().collect();
-                    if f.len() < 3 {
-                        bail!("bad client line {line:?}");
-                    }
-                    Attempt::Ok {
-                        start_ms,
-                        name: f[0].to_string(),
-                        pod_saw: f[1].to_string(),
-                        client_saw: f[2].to_string(),
-                    }
-                }
-                "err" => Attempt::Err {
-                    start_ms,
-                    message: rest.to_string(),
-                },
-                _ => bail!("bad client line {line:?}"),
-            });
-        }
-        Ok(ClientRun {
-            attempts,
-            raw: raw.to_string(),
-        })
-    }
-
-    pub fn all_ok(&self) -> bool {
-        !self.attempts.is_empty()
-            && self
-                .attempts
-                .iter()
-                .all(|a| matches!(a, Attempt::Ok { .. }))
-    }
-
-    pub fn failures(&self) -> usize {
-        self.attempts
-            .iter()
-            .filter(|a| matches!(a, Attempt::Err { .. }))
-            .count()
-    }
-
-    /// Names of the pods that answered, in order.
-    pub fn names(&self) -> Vec<String> {
-        self.attempts
-            .iter()
-            .filter_map(|a| a.name().map(str::to_string))
-            .collect()
-    }
-
-    /// How many answers each pod gave.
-    pub fn spread(&self) -> BTreeMap<String, usize> {
-        let mut m = BTreeMap::new();
-        for n in self.names() {
-            *m.entry(n).or_insert(0) += 1;
-        }
-        m
-    }
-
-    /// Distinct peer addresses the client saw.
-    pub fn client_saw(&self) -> Vec<String> {
-        let mut v: Vec<String> = self
-            .attempts
-            .iter()
-            .filter_map(|a| match a {
-                Attempt::Ok { client_saw, .. } => Some(client_saw.clone()),
-                Attempt::Err { .. } => None,
-            })
-            .collect();
-        v.sort();
-        v.dedup();
-        v
-    }
-}
-
-/// Removes test sandboxes (`sbt<pid>-<n>-*` namespaces and pin mounts) whose
-/// process is gone. Sandboxes of live processes are left alone.
-pub fn cleanup_stale() -> Result<()> {
-    let mut tags: Vec<String> = Vec::new();
-    for ns in list_netns()? {
-        if let Some(tag) = test_tag_of(&ns) {
-            tags.push(tag);
-        }
-    }
-    if let Ok(entries) = fs::read_dir(PIN_BASE) {
-        for entry in entries.flatten() {
-            let name = entry.file_name().to_string_lossy().into_owned();
-            if test_tag_pid(&name).is_some() {
-                tags.push(name);
-            }
-        }
-    }
-    // Agent status files of test sandboxes (named after their pin roots).
-    if let Ok(entries) = fs::read_dir(STATUS_DIR) {
-        for entry in entries.flatten() {
-            let name = entry.file_name().to_string_lossy().into_owned();
-            if let Some(tag) = status_file_tag(&name) {
-                tags.push(tag.to_string());
-            }
-        }
-    }
-    tags.sort();
-    tags.dedup();
-    for tag in tags {
-        let pid = test_tag_pid(&tag).expect("filtered above");
-        if !Path::new(&format!("/proc/{pid}")).exists() {
-            println!("sandbox: removing stale sandbox {tag} (process {pid} is gone)");
-            purge_tag(&tag)?;
-        }
-    }
-    Ok(())
-}
-
-/// The test tag of an agent status file name
-/// (`_run_switchboard-test_sbt<pid>-<n>_bpf.json` → `sbt<pid>-<n>`).
-fn status_file_tag(name: &str) -> Option<&str> {
-    let prefix = format!("{}_", PIN_BASE.replace('/', "_"));
-    let tag = name.strip_prefix(&prefix)?.strip_suffix("_bpf.json")?;
-    test_tag_pid(tag).map(|_| tag)
-}
-
-/// `sbt<pid>-<n>` → pid.
-fn test_tag_pid(tag: &str) -> Option<u32> {
-    let rest = tag.strip_prefix("sbt")?;
-    let (pid, n) = rest.split_once('-')?;
-    n.parse::<u32>().ok()?;
-    pid.parse().ok()
-}
-
-/// `sbt<pid>-<n>-<role>` → `sbt<pid>-<n>` if role is one a sandbox creates.
-fn test_tag_of(ns: &str) -> Option<String> {
-    let (tag, role) = ns.rsplit_once('-')?;
-    test_tag_pid(tag)?;
-    is_role(role).then(|| tag.to_string())
-}
-
-fn is_role(role: &str) -> bool {
-    role == "node"
-        || role == "cli"
-        || role
-            .strip_prefix('p')
-            .is_some_and(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()))
-}
-
-/// Removes everything a sandbox with this tag may have left: its namespaces
-/// (and the processes in them), its pin mount and directories.
-/// Best effort: carries on past errors and reports them all at the end.
-pub fn purge_tag(tag: &str) -> Result<()> {
-    let mut errors = Vec::new();
-    for ns in list_netns()? {
-        if let Some((t, role)) = ns.rsplit_once('-') {
-            if t == tag && is_role(role) {
-                println!("sandbox: removing leftover namespace {ns}");
-                if let Err(e) = delete_netns(&ns) {
-                    errors.push(format!("{e:#}"));
-                }
-            }
-        }
-    }
-    let tag_dir = Path::new(PIN_BASE).join(tag);
-    let pin_dir = tag_dir.join("bpf");
-    for _ in 0..8 {
-        if !is_mountpoint(&pin_dir) {
-            break;
-        }
-        println!("sandbox: unmounting leftover {}", pin_dir.display());
-        if let Err(e) = umount(&pin_dir) {
-            errors.push(format!("{e:#}"));
-            break;
-        }
-    }
-    if let Err(e) = remove_dir_if_exists(&tag_dir) {
-        errors.push(format!("{e:#}"));
-    }
-    remove_status_file(&pin_dir);
-    let _ = fs::remove_dir(PIN_BASE);
-    let _ = fs::remove_dir_all(std::env::temp_dir().join(format!("switchboard-{tag}")));
-    if errors.is_empty() {
-        Ok(())
-    } else {
-        Err(anyhow!("removing sandbox {tag}: {}", errors.join("; ")))
-    }
-}
-
-/// Where the agent writes its status files (proxy-user's `status::STATUS_DIR`).
-const STATUS_DIR: &str = "/run/switchboard/status";
-
-/// The agent's status file for `pin_dir` (proxy-user's `status::status_path`:
-/// `/run/switchboard/status/<pin root with / as _>.json`).
-pub fn status_file(pin_dir: &Path) -> PathBuf {
-    let name: String = pin_dir
-        .to_string_lossy()
-        .chars()
-        .map(|c| if c == '/' { '_' } else { c })
-        .collect();
-    Path::new(STATUS_DIR).join(format!("{name}.json"))
-}
-
-/// Removes the agent's status file for `pin_dir`, if any (never the directory,
-/// which other agents on the machine may use).
-fn remove_status_file(pin_dir: &Path) {
-    let _ = fs::remove_file(status_file(pin_dir));
-}
-
-/// Names from `ip netns list`.
-pub fn list_netns() -> Result<Vec<String>> {
-    let out = run_capture(Command::new("ip").args(["netns", "list"]))?;
-    Ok(String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| l.split_whitespace().next().map(str::to_string))
-        .collect())
-}
-
-/// Kills every process in `ns`, then deletes it (its veths go with it).
-fn delete_netns(ns: &str) -> Result<()> {
-    for _ in 0..3 {
-        let out = Command::new("ip").args(["netns", "pids", ns]).output();
-        let pids: Vec<i32> = match out {
-            Ok(o) => String::from_utf8_lossy(&o.stdout)
-                .split_whitespace()
-                .filter_map(|p| p.parse().ok())
-                .collect(),
-            Err(_) => Vec::new(),
-        };
-        if pids.is_empty() {
-            break;
-        }
-        for pid in pids {
-            signal(pid, libc::SIGKILL);
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    if let Err(e) = run_capture(Command::new("ip").args(["netns", "delete", ns])) {
-        // Someone else (a signal handler, a parallel cleanup) may have won.
-        if list_netns()?.iter().any(|n| n == ns) {
-            return Err(e.context(format!("delete namespace {ns}")));
-        }
-    }
-    Ok(())
-}
-
-fn ip(args: &[&str]) -> Result<()> {
-    run_capture(Command::new("ip").args(args)).map(|_| ())
-}
-
-fn signal(pid: i32, sig: libc::c_int) {
-    if pid > 0 {
-        // SAFETY: kill(2) with a positive pid of a process we started or that
-        // runs inside one of our namespaces.
-        unsafe {
-            libc::kill(pid, sig);
-        }
-    }
-}
-
-/// Children get SIGKILL if the thread that started them dies, so a crashed
-/// test or demo leaves no servers or agents running.
-fn die_with_parent(cmd: &mut Command) {
-    // SAFETY: only calls async-signal-safe prctl between fork and exec.
-    unsafe {
-        cmd.pre_exec(|| {
-            libc::prctl(
-                libc::PR_SET_PDEATHSIG,
-                libc::SIGKILL as libc::c_ulong,
-                0,
-                0,
-                0,
-            );
-            Ok(())
-        });
-    }
-}
-
-fn cstr(path: &Path) -> Result<CString> {
-    CString::new(path.as_os_str().as_bytes()).map_err(|_| anyhow!("path with NUL byte"))
-}
-
-fn mount_bpffs(dir: &Path) -> Result<()> {
-    let target = cstr(dir)?;
-    let fstype = CString::new("bpf").expect("no NUL");
-    // SAFETY: valid NUL-terminated strings; no data argument.
-    let rc = unsafe {
-        libc::mount(
-            fstype.as_ptr(),
-            target.as_ptr(),
-            fstype.as_ptr(),
-            0,
-            std::ptr::null(),
-        )
-    };
-    if rc != 0 {
-        bail!(
-            "mount -t bpf bpf {}: {}",
-            dir.display(),
-            std::io::Error::last_os_error()
-        );
-    }
-    Ok(())
-}
-
-fn umount(dir: &Path) -> Result<()> {
-    let target = cstr(dir)?;
-    // SAFETY: valid NUL-terminated path.
-    let rc = unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) };
-    if rc != 0 {
-        let err = std::io::Error::last_os_error();
-        if err.raw_os_error() != Some(libc::EINVAL) && err.raw_os_error() != Some(libc::ENOENT) {
-            bail!("umount {}: {err}", dir.display());
-        }
-    }
-    Ok(())
-}
-
-/// Whether `dir` is a mount point (per /proc/self/mounts).
-pub fn is_mountpoint(dir: &Path) -> bool {
-    let Ok(mounts) = fs::read_to_string("/proc/self/mounts") else {
-        return false;
-    };
-    let want = dir.to_string_lossy();
-    mounts
-        .lines()
-        .filter_map(|l| l.split_whitespace().nth(1))
-        .any(|m| m == want)
-}
-
-fn remove_dir_if_exists(dir: &Path) -> Result<()> {
-    if !dir.exists() {
-        return Ok(());
-    }
-    if is_mountpoint(dir) || is_mountpoint(&dir.join("bpf")) {
-        bail!("{} still has a mount, not removing it", dir.display());
-    }
-    fs::remove_dir_all(dir).with_context(|| format!("remove {}", dir.display()))
-}
-
 #[cfg(test)]
 mod tests {
+    use super::cleanup::{is_role, status_file_tag, test_tag_of, test_tag_pid};
     use super::*;
 
     #[test]

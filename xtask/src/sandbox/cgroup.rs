@@ -1,0 +1,107 @@
+//! The sandbox's own cgroup for the socket layer.
+//!
+//! The agent's cgroup hooks go on a cgroup the sandbox creates under the
+//! host's cgroup2 mount (never on the root cgroup: a bug there would break
+//! every connection on the machine). `ip netns exec` remounts `/sys`, which
+//! hides the cgroup2 mount inside the namespace, so the cgroup is also
+//! bind-mounted under the sandbox's `/run` directory, where the agent (inside
+//! a namespace) and the test (outside) both see it. Clients join it before
+//! they enter a namespace.
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context, Result};
+
+use super::sys::{bind_mount, is_mountpoint, signal, umount};
+use crate::util::run_capture;
+
+/// Prefix of the cgroups sandboxes create, so leftovers can be found.
+const PREFIX: &str = "switchboard-test-";
+
+/// The host's cgroup2 mount point, as `findmnt` reports it.
+pub fn cgroup2_mount() -> Result<PathBuf> {
+    let out = run_capture(Command::new("findmnt").args(["-n", "-t", "cgroup2", "-o", "TARGET"]))
+        .context("finding the cgroup2 mount (findmnt -t cgroup2)")?;
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::trim)
+        .find(|line| !line.is_empty())
+        .map(PathBuf::from)
+        .ok_or_else(|| anyhow!("no cgroup2 file system is mounted"))
+}
+
+/// A cgroup created for one sandbox, and its bind mount.
+pub struct TestCgroup {
+    /// Where the cgroup lives in the cgroup2 hierarchy.
+    pub real: PathBuf,
+    /// The bind mount (what the agent gets as `--cgroup-root`).
+    pub bound: PathBuf,
+}
+
+impl TestCgroup {
+    /// Creates `<cgroup2>/switchboard-test-<tag>` and binds it to `bound`.
+    pub fn create(tag: &str, bound: &Path) -> Result<TestCgroup> {
+        let real = cgroup2_mount()?.join(format!("{PREFIX}{tag}"));
+        fs::create_dir_all(&real).with_context(|| format!("create cgroup {}", real.display()))?;
+        fs::create_dir_all(bound).with_context(|| format!("create {}", bound.display()))?;
+        bind_mount(&real, bound)?;
+        Ok(TestCgroup {
+            real,
+            bound: bound.to_owned(),
+        })
+    }
+
+    /// The file a process writes its pid to in order to join.
+    pub fn procs_file(&self) -> PathBuf {
+        self.real.join("cgroup.procs")
+    }
+
+    /// Kills what is left in the cgroup, unmounts the bind and removes both.
+    pub fn remove(&self) -> Result<()> {
+        if is_mountpoint(&self.bound) {
+            umount(&self.bound)?;
+        }
+        let _ = fs::remove_dir(&self.bound);
+        remove_cgroup(&self.real)
+    }
+}
+
+/// Kills every process in the cgroup `dir`, then removes it.
+fn remove_cgroup(dir: &Path) -> Result<()> {
+    if !dir.exists() {
+        return Ok(());
+    }
+    for _ in 0..50 {
+        let procs = fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
+        let pids: Vec<i32> = procs
+            .lines()
+            .filter_map(|p| p.trim().parse().ok())
+            .collect();
+        for pid in &pids {
+            signal(*pid, libc::SIGKILL);
+        }
+        match fs::remove_dir(dir) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            // EBUSY while the killed processes exit.
+            Err(_) => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+    bail!(
+        "cgroup {} still busy after killing its processes",
+        dir.display()
+    )
+}
+
+/// Removes the cgroup a sandbox with this tag may have left.
+pub fn purge(tag: &str, bound: &Path) -> Result<()> {
+    if is_mountpoint(bound) {
+        umount(bound)?;
+    }
+    match cgroup2_mount() {
+        Ok(root) => remove_cgroup(&root.join(format!("{PREFIX}{tag}"))),
+        Err(_) => Ok(()),
+    }
+}

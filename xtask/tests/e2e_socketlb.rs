@@ -1,0 +1,288 @@
+//! Netns end-to-end tests of the socket layer (root only).
+//!
+//! The agent attaches its cgroup hooks to a cgroup the sandbox created (never
+//! the host's root cgroup); clients that should be balanced at the socket
+//! join it before entering a namespace. A "host client" runs in the node's
+//! namespace (like a node process or a hostNetwork pod): nothing but the
+//! socket layer can balance it. A "pod client" runs in the client namespace,
+//! whose veth also carries the tc programs, so both layers see its flows.
+
+use std::collections::BTreeSet;
+use std::fs;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use xtask::sandbox::{pod_name, Attempt, ClientRun, Sandbox, CLIENT_IP, PODS};
+use xtask::testenv::{demo_sandbox_with, endpointslice_yaml, sb_echo, switchboard, write_manifest};
+
+const HTTP: &str = "10.96.0.10:80";
+const DNS: &str = "10.96.0.10:53";
+
+fn in_cgroup(sb: &Sandbox, ns: &str, args: &[&str]) -> ClientRun {
+    sb.client_in_cgroup(&sb_echo(), ns, args)
+        .unwrap_or_else(|e| panic!("{e:#}"))
+}
+
+/// The agent's global counters (`switchboard stats -o json`).
+fn counters(sb: &Sandbox) -> Value {
+    let bin = switchboard().to_string_lossy().into_owned();
+    let pin = sb.pin_dir.to_string_lossy().into_owned();
+    let out = sb
+        .exec(
+            &sb.node_ns(),
+            &[&bin, "stats", "--pin-root", &pin, "-o", "json"],
+        )
+        .expect("switchboard stats");
+    let report: Value = serde_json::from_slice(&out.stdout).expect("stats JSON");
+    report["counters"].clone()
+}
+
+fn counter(values: &Value, name: &str) -> u64 {
+    values[name]
+        .as_u64()
+        .unwrap_or_else(|| panic!("counter {name} missing in {values}"))
+}
+
+fn all_pods() -> BTreeSet<String> {
+    (1..=PODS).map(pod_name).collect()
+}
+
+fn pod_saw_ips(run: &ClientRun) -> BTreeSet<String> {
+    run.attempts
+        .iter()
+        .filter_map(|a| match a {
+            Attempt::Ok { pod_saw, .. } => pod_saw.split(':').next().map(str::to_string),
+            Attempt::Err { .. } => None,
+        })
+        .collect()
+}
+
+/// A host client and a pod client reach the ClusterIP over TCP and UDP through
+/// the socket layer, spread over every pod, and see the Service address as
+/// their peer (getpeername for TCP, recvmsg's source for UDP). The tc layer
+/// does not translate those flows a second time, and still serves a client
+/// outside the cgroup.
+#[test]
+fn host_and_pod_clients_reach_the_cluster_ip_through_the_socket_layer() {
+    let sb = demo_sandbox_with(&[]);
+    let before = counters(&sb);
+    for (who, ns) in [("host", sb.node_ns()), ("pod", sb.client_ns())] {
+        for (proto, addr) in [("--tcp", HTTP), ("--udp", DNS)] {
+            let run = in_cgroup(&sb, &ns, &[proto, addr, "--count", "30"]);
+            assert!(run.all_ok(), "{who} {proto}: {}", run.raw);
+            let reached: BTreeSet<String> = run.names().into_iter().collect();
+            assert_eq!(reached, all_pods(), "{who} {proto} spread: {}", run.raw);
+            assert_eq!(run.client_saw(), vec![addr.to_string()], "{who} {proto}");
+            let saw = pod_saw_ips(&run);
+            if who == "pod" {
+                assert_eq!(saw, BTreeSet::from([CLIENT_IP.to_string()]), "{}", run.raw);
+            } else {
+                // The node's own address on each pod's link.
+                let node_addrs: BTreeSet<String> =
+                    (1..=PODS).map(|i| format!("10.244.{i}.1")).collect();
+                assert!(saw.is_subset(&node_addrs), "host client seen as {saw:?}");
+            }
+        }
+    }
+    let after = counters(&sb);
+    let grew = |name: &str| counter(&after, name) - counter(&before, name);
+    assert_eq!(grew("sock_connect"), 60, "one per TCP connection: {after}");
+    assert_eq!(grew("sock_sendmsg"), 60, "one per UDP datagram: {after}");
+    assert!(grew("sock_reversed") >= 120, "getpeername/recvmsg: {after}");
+    assert_eq!(
+        grew("forwarded"),
+        0,
+        "tc translated a socket-balanced flow: {after}"
+    );
+    assert_eq!(
+        grew("reversed"),
+        0,
+        "tc reversed a socket-balanced flow: {after}"
+    );
+
+    // Outside the cgroup, the same pod namespace is served by tc.
+    let run = sb
+        .client(&sb_echo(), &["--tcp", HTTP, "--count", "10"])
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    assert!(run.all_ok(), "{}", run.raw);
+    assert_eq!(run.client_saw(), vec![HTTP.to_string()]);
+    let tc = counters(&sb);
+    assert!(
+        counter(&tc, "forwarded") > counter(&after, "forwarded"),
+        "{tc}"
+    );
+    assert_eq!(
+        counter(&tc, "sock_connect"),
+        counter(&after, "sock_connect")
+    );
+}
+
+/// Unconnected UDP: every datagram of one socket goes to the same backend.
+/// `sessionAffinity: ClientIP`: every new connection of one client (its
+/// network namespace) goes to the same backend.
+#[test]
+fn socket_layer_keeps_a_udp_socket_on_one_backend_and_honours_affinity() {
+    let sb = demo_sandbox_with(&[]);
+    let node = sb.node_ns();
+    let shared = in_cgroup(
+        &sb,
+        &node,
+        &["--udp", DNS, "--count", "20", "--udp-mode", "shared"],
+    );
+    assert!(shared.all_ok(), "{}", shared.raw);
+    assert_eq!(
+        shared.spread().len(),
+        1,
+        "one socket, one backend: {}",
+        shared.raw
+    );
+    assert_eq!(shared.client_saw(), vec![DNS.to_string()]);
+
+    // Without affinity, new connections spread.
+    let spread = in_cgroup(&sb, &node, &["--tcp", HTTP, "--count", "30"]);
+    assert_eq!(spread.spread().len(), PODS, "{}", spread.raw);
+
+    let service = fs::read_to_string(sb.manifest_dir().join("service.yaml")).unwrap();
+    let with_affinity = service.replace(
+        "sessionAffinity: None",
+        "sessionAffinity: ClientIP\n  sessionAffinityConfig:\n    clientIP:\n      timeoutSeconds: 60",
+    );
+    assert_ne!(
+        service, with_affinity,
+        "the demo Service names its affinity"
+    );
+    write_manifest(&sb, "service.yaml", &with_affinity);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let text = sb.services_raw(&switchboard(), true).unwrap();
+        if text.contains("\"affinity_timeout_s\": 60") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "affinity not programmed: {text}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for (who, ns) in [("host", sb.node_ns()), ("pod", sb.client_ns())] {
+        let run = in_cgroup(&sb, &ns, &["--tcp", HTTP, "--count", "20"]);
+        assert!(run.all_ok(), "{}", run.raw);
+        assert_eq!(run.spread().len(), 1, "{who}: affinity broken: {}", run.raw);
+    }
+}
+
+/// A host client's connected UDP socket (a resolver's) whose backend is
+/// deleted is closed by the agent; the client opens a new one and reaches a
+/// live backend within a second.
+#[test]
+fn connected_udp_client_moves_to_a_live_backend_within_a_second() {
+    let sb = demo_sandbox_with(&[]);
+    let node = sb.node_ns();
+    let child = sb
+        .client_in_cgroup_spawn(
+            &sb_echo(),
+            &node,
+            &[
+                "--udp",
+                DNS,
+                "--udp-mode",
+                "connected",
+                "--duration-ms",
+                "3000",
+                "--interval-ms",
+                "20",
+                "--timeout-ms",
+                "200",
+            ],
+        )
+        .expect("start the connected UDP client");
+    std::thread::sleep(Duration::from_millis(700));
+    // Keep only the last pod: unless the client was already on it, its
+    // backend is gone.
+    let keep = PODS;
+    let removed_at = now_ms();
+    write_manifest(&sb, "endpointslice.yaml", &endpointslice_yaml(&[keep]));
+    let out = child.wait_with_output().expect("client output");
+    let run = ClientRun::parse(&String::from_utf8_lossy(&out.stdout)).unwrap();
+    let before: Vec<&Attempt> = run
+        .attempts
+        .iter()
+        .filter(|a| a.start_ms() < removed_at)
+        .collect();
+    assert!(
+        before.iter().all(|a| matches!(a, Attempt::Ok { .. })),
+        "failures before the change: {}",
+        run.raw
+    );
+    let first_pod = before
+        .first()
+        .and_then(|a| a.name())
+        .expect("answers before")
+        .to_string();
+    assert!(
+        before.iter().all(|a| a.name() == Some(first_pod.as_str())),
+        "a connected socket changed backend on its own: {}",
+        run.raw
+    );
+    let live = pod_name(keep);
+    // After a second, every attempt is answered by the live pod.
+    let late: Vec<&Attempt> = run
+        .attempts
+        .iter()
+        .filter(|a| a.start_ms() > removed_at + 1000)
+        .collect();
+    assert!(!late.is_empty(), "{}", run.raw);
+    assert!(
+        late.iter().all(|a| a.name() == Some(live.as_str())),
+        "still not on the live backend 1 s after the change (was on {first_pod}): {}",
+        run.raw
+    );
+    if first_pod != live {
+        assert!(
+            sb.agent_log()
+                .contains("closed connected UDP sockets whose backend left"),
+            "{}",
+            sb.agent_log()
+        );
+    }
+}
+
+/// `--socket-lb=false`: nothing balances a host client, and an earlier agent's
+/// socket layer is detached.
+#[test]
+fn socket_lb_false_detaches_the_socket_layer() {
+    let mut sb = demo_sandbox_with(&[]);
+    let node = sb.node_ns();
+    let run = in_cgroup(&sb, &node, &["--tcp", HTTP, "--count", "3"]);
+    assert!(run.all_ok(), "{}", run.raw);
+    sb.stop_agent().expect("stop agent");
+    // The pinned links outlive the agent: host clients are still balanced.
+    let run = in_cgroup(&sb, &node, &["--tcp", HTTP, "--count", "3"]);
+    assert!(run.all_ok(), "after the agent stopped: {}", run.raw);
+    sb.start_agent_with(&switchboard(), &["--socket-lb=false"])
+        .expect("restart agent");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while sb.pin_dir.join("links").join("sb_sock_connect4").exists() {
+        assert!(
+            Instant::now() < deadline,
+            "links still pinned: {}",
+            sb.agent_log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let run = in_cgroup(
+        &sb,
+        &node,
+        &["--tcp", HTTP, "--count", "1", "--timeout-ms", "300"],
+    );
+    assert_eq!(
+        run.failures(),
+        1,
+        "a host client was balanced with the socket layer off: {}",
+        run.raw
+    );
+}
+
+fn now_ms() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis()
+}
