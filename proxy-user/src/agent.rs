@@ -12,7 +12,7 @@ use tokio::signal::unix::{signal, SignalKind};
 use tracing::{error, info, warn};
 
 use crate::{
-    attach::{self, Attacher},
+    attach::{self, Attacher, TcMode},
     ebpf::{self, Capacities},
     maps::{MapStore, PinnedMaps},
     model::{self, ModelWarning},
@@ -58,6 +58,8 @@ pub struct AgentConfig {
     /// The cgroup the socket-layer programs attach to; `None` turns the socket
     /// layer off (and removes what an earlier agent attached).
     pub socket_lb_cgroup: Option<PathBuf>,
+    /// How the tc programs attach to pod interfaces.
+    pub tc_mode: TcMode,
 }
 
 /// How often interfaces are listed again in case a netlink event was missed.
@@ -94,7 +96,7 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
         .bind(&SocketAddr::new(0, rtnetlink::constants::RTMGRP_LINK))
         .context("subscribing to link events")?;
     tokio::spawn(connection);
-    let mut attacher = Attacher::default();
+    let mut attacher = Attacher::new(config.tc_mode, &config.pin_root);
     rescan(&handle, &mut attacher, &mut ebpf).await;
 
     let mut snapshots = match (&config.source, cluster_client) {

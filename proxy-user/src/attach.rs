@@ -2,14 +2,23 @@
 //!
 //! A pod interface is a veth in the agent's namespace whose peer lives in
 //! another namespace (the kernel reports the peer's namespace id on such links).
-//! Both programs are attached with netlink (clsact), which outlives the agent:
-//! traffic keeps flowing while the agent restarts, and a new agent replaces the
-//! filters the old one left.
-use std::collections::HashMap;
+//!
+//! Both programs are attached with TCX (Linux 6.6+) as BPF links pinned under
+//! the pin root, or, where TCX is missing, as netlink clsact filters. Either
+//! outlives the agent, so traffic keeps flowing while it restarts. A new agent
+//! swaps its programs into the pinned TCX links atomically (`bpf_link_update`:
+//! no packet sees neither program, none sees both), or replaces the filters
+//! the old one left.
+use std::{
+    collections::HashMap,
+    fs, io,
+    path::{Path, PathBuf},
+};
 
 use aya::programs::{
-    tc::{self, NlOptions, TcAttachOptions, TcError},
-    ProgramError, SchedClassifier, TcAttachType,
+    links::{FdLink, PinnedLink},
+    tc::{self, NlOptions, SchedClassifierLink, TcAttachOptions, TcError},
+    LinkOrder, ProgramError, SchedClassifier, TcAttachType,
 };
 use aya::Ebpf;
 use futures::TryStreamExt as _;
@@ -33,6 +42,37 @@ pub enum AttachError {
     },
     #[error("program {0} is missing from the loaded object")]
     MissingProgram(&'static str),
+    #[error("the TCX attach of {program} on {iface} gave no BPF link")]
+    NotALink {
+        iface: String,
+        program: &'static str,
+        source: aya::programs::links::LinkError,
+    },
+    #[error("pinning the TCX link of {program} on {iface} at {path}")]
+    Pin {
+        iface: String,
+        program: &'static str,
+        path: PathBuf,
+        source: io::Error,
+    },
+}
+
+/// How the tc programs are attached (`--tc-attach`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum TcMode {
+    /// TCX where the kernel has it (6.6+), netlink clsact otherwise.
+    Auto,
+    /// TCX only (fails on older kernels).
+    Tcx,
+    /// Netlink clsact filters only.
+    Netlink,
+}
+
+/// What an interface was attached with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Attached {
+    Tcx,
+    Netlink,
 }
 
 /// A veth whose peer is in another namespace.
@@ -81,14 +121,24 @@ pub async fn pod_interfaces(handle: &rtnetlink::Handle) -> Result<Vec<PodInterfa
 }
 
 /// Keeps track of which interfaces carry our programs.
-#[derive(Default)]
 pub struct Attacher {
     /// Interface name → index it had when we attached (a veth re-created
     /// under the same name gets a new index and is attached again).
     attached: HashMap<String, u32>,
+    mode: TcMode,
+    /// Where TCX links are pinned (`<pin root>/links`).
+    link_dir: PathBuf,
 }
 
 impl Attacher {
+    pub fn new(mode: TcMode, pin_root: &Path) -> Self {
+        Self {
+            attached: HashMap::new(),
+            mode,
+            link_dir: pin_root.join("links"),
+        }
+    }
+
     /// Attaches to every pod interface not yet attached; forgets interfaces
     /// that are gone. Errors on one interface are logged and do not stop
     /// the others.
@@ -98,13 +148,14 @@ impl Attacher {
                 .iter()
                 .any(|i| &i.name == name && i.index == *index)
         });
+        self.forget_gone_links(interfaces);
         for iface in interfaces {
             if self.attached.get(&iface.name) == Some(&iface.index) {
                 continue;
             }
-            match attach(ebpf, &iface.name) {
-                Ok(()) => {
-                    info!(iface = %iface.name, "programs attached");
+            match attach(ebpf, iface, self.mode, &self.link_dir) {
+                Ok(how) => {
+                    info!(iface = %iface.name, mode = ?how, "programs attached");
                     self.attached.insert(iface.name.clone(), iface.index);
                 }
                 Err(error) => {
@@ -117,10 +168,172 @@ impl Attacher {
     pub fn attached(&self) -> usize {
         self.attached.len()
     }
+
+    /// Removes the pins of TCX links whose interface is gone (the kernel has
+    /// already detached them; the pin would only hold a dead link).
+    fn forget_gone_links(&self, interfaces: &[PodInterface]) {
+        let Ok(entries) = fs::read_dir(&self.link_dir) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let Some(index) = name.to_str().and_then(tcx_pin_index) else {
+                continue;
+            };
+            if interfaces.iter().all(|i| i.index != index) {
+                match fs::remove_file(entry.path()) {
+                    Ok(()) => {
+                        debug!(pin = %entry.path().display(), "removed the link pin of a gone interface")
+                    }
+                    Err(error) => {
+                        warn!(pin = %entry.path().display(), %error, "removing a stale link pin failed")
+                    }
+                }
+            }
+        }
+    }
 }
 
-/// Attaches both programs to `iface`, replacing filters an earlier agent left.
-pub fn attach(ebpf: &mut Ebpf, iface: &str) -> Result<(), AttachError> {
+/// Pin name of the TCX link of `program` on interface `index` (bpffs names
+/// may not contain dots).
+fn tcx_pin_name(index: u32, program: &str) -> String {
+    format!("tcx_{index}_{program}")
+}
+
+/// The interface index a TCX pin name carries.
+fn tcx_pin_index(name: &str) -> Option<u32> {
+    name.strip_prefix("tcx_")?.split('_').next()?.parse().ok()
+}
+
+/// Attaches both programs to `iface` as `mode` says, replacing what an
+/// earlier agent left.
+pub fn attach(
+    ebpf: &mut Ebpf,
+    iface: &PodInterface,
+    mode: TcMode,
+    link_dir: &Path,
+) -> Result<Attached, AttachError> {
+    if mode != TcMode::Netlink {
+        match attach_tcx(ebpf, iface, link_dir) {
+            Ok(()) => {
+                // A filter an earlier (netlink) agent left would run after
+                // ours and see only translated packets; remove it anyway.
+                remove_netlink_filters(&iface.name);
+                return Ok(Attached::Tcx);
+            }
+            Err(error) if mode == TcMode::Auto => {
+                debug!(iface = %iface.name, error = %anyhow::Error::from(error), "TCX attach failed; using netlink clsact")
+            }
+            Err(error) => return Err(error),
+        }
+    }
+    remove_tcx_pins(iface.index, link_dir);
+    attach_netlink(ebpf, &iface.name)?;
+    Ok(Attached::Netlink)
+}
+
+/// Removes the TCX links an earlier agent pinned for interface `index`.
+fn remove_tcx_pins(index: u32, link_dir: &Path) {
+    for name in [programs::TC_FROM_POD, programs::TC_TO_POD] {
+        let path = link_dir.join(tcx_pin_name(index, name));
+        if fs::remove_file(&path).is_ok() {
+            debug!(pin = %path.display(), "removed an earlier TCX link");
+        }
+    }
+}
+
+fn program<'a>(
+    ebpf: &'a mut Ebpf,
+    name: &'static str,
+    iface: &str,
+) -> Result<&'a mut SchedClassifier, AttachError> {
+    ebpf.program_mut(name)
+        .ok_or(AttachError::MissingProgram(name))?
+        .try_into()
+        .map_err(|source| AttachError::Attach {
+            iface: iface.to_owned(),
+            program: name,
+            source,
+        })
+}
+
+/// TCX: swap our program into the pinned link of an earlier agent, or attach
+/// a new link and pin it.
+fn attach_tcx(ebpf: &mut Ebpf, iface: &PodInterface, link_dir: &Path) -> Result<(), AttachError> {
+    let pin_error = |program, path: &Path, source| AttachError::Pin {
+        iface: iface.name.clone(),
+        program,
+        path: path.to_owned(),
+        source,
+    };
+    fs::create_dir_all(link_dir).map_err(|e| pin_error("-", link_dir, e))?;
+    for (name, hook) in [
+        (programs::TC_FROM_POD, TcAttachType::Ingress),
+        (programs::TC_TO_POD, TcAttachType::Egress),
+    ] {
+        let attach_error = |source| AttachError::Attach {
+            iface: iface.name.clone(),
+            program: name,
+            source,
+        };
+        let path = link_dir.join(tcx_pin_name(iface.index, name));
+        let prog = program(ebpf, name, &iface.name)?;
+        if let Some(existing) = pinned_tc_link(&path) {
+            match prog.attach_to_link(existing) {
+                Ok(link_id) => {
+                    // The pin holds the link; our handle may go.
+                    let link = prog.take_link(link_id).map_err(attach_error)?;
+                    drop(link);
+                    continue;
+                }
+                Err(error) => {
+                    debug!(pin = %path.display(), %error, "pinned TCX link unusable; attaching anew");
+                    fs::remove_file(&path).map_err(|e| pin_error(name, &path, e))?;
+                }
+            }
+        }
+        let link_id = prog
+            .attach_with_options(
+                &iface.name,
+                hook,
+                TcAttachOptions::TcxOrder(LinkOrder::default()),
+            )
+            .map_err(attach_error)?;
+        let link = prog.take_link(link_id).map_err(attach_error)?;
+        let link = FdLink::try_from(link).map_err(|source| AttachError::NotALink {
+            iface: iface.name.clone(),
+            program: name,
+            source,
+        })?;
+        let pinned = link
+            .pin(&path)
+            .map_err(|e| pin_error(name, &path, io::Error::other(e.to_string())))?;
+        drop(pinned);
+    }
+    Ok(())
+}
+
+/// The TCX link pinned at `path`, if there is one.
+fn pinned_tc_link(path: &Path) -> Option<SchedClassifierLink> {
+    let pinned = PinnedLink::from_pin(path).ok()?;
+    SchedClassifierLink::try_from(FdLink::from(pinned)).ok()
+}
+
+/// Removes our netlink filters from `iface`, if any.
+fn remove_netlink_filters(iface: &str) {
+    for (name, hook) in [
+        (programs::TC_FROM_POD, TcAttachType::Ingress),
+        (programs::TC_TO_POD, TcAttachType::Egress),
+    ] {
+        if tc::qdisc_detach_program(iface, hook, name).is_ok() {
+            debug!(iface, program = name, "removed an earlier netlink filter");
+        }
+    }
+}
+
+/// Netlink clsact: both programs as filters, replacing filters an earlier
+/// agent left.
+fn attach_netlink(ebpf: &mut Ebpf, iface: &str) -> Result<(), AttachError> {
     match tc::qdisc_add_clsact(iface) {
         Ok(()) => {}
         Err(TcError::NetlinkError(e)) if e.raw_os_error() == Some(libc::EEXIST) => {}
@@ -140,15 +353,7 @@ pub fn attach(ebpf: &mut Ebpf, iface: &str) -> Result<(), AttachError> {
             Ok(()) => debug!(iface, program = name, "replaced an earlier filter"),
             Err(error) => debug!(iface, program = name, %error, "no earlier filter"),
         }
-        let program: &mut SchedClassifier = ebpf
-            .program_mut(name)
-            .ok_or(AttachError::MissingProgram(name))?
-            .try_into()
-            .map_err(|source| AttachError::Attach {
-                iface: iface.to_owned(),
-                program: name,
-                source,
-            })?;
+        let program = program(ebpf, name, iface)?;
         let link_id = program
             .attach_with_options(iface, hook, TcAttachOptions::Netlink(NlOptions::default()))
             .map_err(|source| AttachError::Attach {

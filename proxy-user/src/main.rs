@@ -5,6 +5,7 @@ use anyhow::Context as _;
 use clap::{Parser, Subcommand, ValueEnum};
 use proxy_user::{
     agent::{self, AgentConfig, Source},
+    attach::TcMode,
     cli,
     ebpf::Capacities,
 };
@@ -69,6 +70,11 @@ enum Command {
         /// is balanced.
         #[arg(long)]
         cgroup_root: Option<PathBuf>,
+        /// How the tc programs attach to pod interfaces: TCX links (Linux
+        /// 6.6+, pinned under the pin root), netlink clsact filters, or TCX
+        /// where the kernel has it.
+        #[arg(long, value_enum, default_value_t = TcMode::Auto)]
+        tc_attach: TcMode,
     },
     /// Print every frontend and its backends from the pinned maps.
     Services {
@@ -116,6 +122,7 @@ fn main() -> anyhow::Result<()> {
             proxy_name,
             socket_lb,
             cgroup_root,
+            tc_attach,
         } => {
             let socket_lb_cgroup = match (socket_lb, cgroup_root) {
                 (false, _) => None,
@@ -150,6 +157,7 @@ fn main() -> anyhow::Result<()> {
                 node_name,
                 proxy_name,
                 socket_lb_cgroup,
+                tc_mode: tc_attach,
             }))
         }
         Command::Services { pin_root, output } => {

@@ -489,8 +489,23 @@ impl Sandbox {
         ClientRun::parse(&String::from_utf8_lossy(&out.stdout))
     }
 
-    /// `client_in_cgroup` without waiting (stdout piped).
+    /// `client_in_cgroup` without waiting (stdout and stderr piped).
     pub fn client_in_cgroup_spawn(&self, sb_echo: &Path, ns: &str, args: &[&str]) -> Result<Child> {
+        let bin = sb_echo.to_string_lossy().into_owned();
+        let mut cmd = vec![bin.as_str(), "client"];
+        cmd.extend_from_slice(args);
+        let mut c = self.command_in_cgroup(ns, &cmd)?;
+        c.stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        c.spawn()
+            .with_context(|| format!("could not start `{}`", show(&c)))
+    }
+
+    /// `ip netns exec <ns> <cmd...>` run as a member of the sandbox's cgroup,
+    /// so the agent's socket layer balances it (`ns` is the node's namespace
+    /// for a host client).
+    pub fn command_in_cgroup(&self, ns: &str, cmd: &[&str]) -> Result<Command> {
         let procs = self
             .cgroup
             .as_ref()
@@ -498,14 +513,11 @@ impl Sandbox {
             .procs_file();
         let procs = std::ffi::CString::new(procs.as_os_str().as_encoded_bytes())
             .map_err(|_| anyhow!("cgroup path with NUL byte"))?;
-        let bin = sb_echo.to_string_lossy().into_owned();
-        let mut cmd = vec![bin.as_str(), "client"];
-        cmd.extend_from_slice(args);
-        let mut c = self.command(ns, &cmd);
+        let mut c = self.command(ns, cmd);
         // SAFETY: between fork and exec only open/write/close, which are
         // async-signal-safe; the path was prepared before the fork. Joining
         // the cgroup here, before `ip netns exec` remounts /sys, is what puts
-        // the client under the socket layer.
+        // the command under the socket layer.
         unsafe {
             c.pre_exec(move || {
                 let fd = libc::open(procs.as_ptr(), libc::O_WRONLY);
@@ -520,11 +532,7 @@ impl Sandbox {
                 Ok(())
             });
         }
-        c.stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        c.spawn()
-            .with_context(|| format!("could not start `{}`", show(&c)))
+        Ok(c)
     }
 
     /// Starts `sb-echo client <args>` in the client namespace without waiting
