@@ -374,3 +374,18 @@ fn attach_netlink(ebpf: &mut Ebpf, iface: &str) -> Result<(), AttachError> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tcx_pin_names_carry_the_interface_index_and_no_dot() {
+        let name = tcx_pin_name(42, programs::TC_FROM_POD);
+        assert_eq!(name, "tcx_42_sb_from_pod");
+        assert!(!name.contains('.'), "bpffs refuses dotted names");
+        assert_eq!(tcx_pin_index(&name), Some(42));
+        assert_eq!(tcx_pin_index("sb_sock_connect4"), None);
+        assert_eq!(tcx_pin_index("tcx_x_sb_to_pod"), None);
+    }
+}

@@ -351,3 +351,75 @@ fn services_json_matches_manifests() {
             .expect("`services` should read the pinned maps with the agent stopped"),
     );
 }
+
+/// The tc programs attach as pinned TCX links by default; a restarted agent
+/// takes the links over, `--tc-attach netlink` replaces them with clsact
+/// filters (and drops the links), and going back to TCX removes the filters:
+/// at every step each pod interface carries exactly one copy of the programs
+/// and the ClusterIP answers with the Service as the peer.
+#[test]
+fn tc_attach_modes_replace_each_other_across_restarts() {
+    let mut sb = demo_sandbox();
+    let sw = switchboard();
+    let links = sb.pin_dir.join("links");
+    let tcx_pins = || -> usize {
+        fs::read_dir(&links)
+            .map(|d| {
+                d.flatten()
+                    .filter(|e| e.file_name().to_string_lossy().starts_with("tcx_"))
+                    .count()
+            })
+            .unwrap_or(0)
+    };
+    let netlink_filters = |sb: &Sandbox| -> usize {
+        let out = sb
+            .exec(
+                &sb.node_ns(),
+                &["tc", "filter", "show", "dev", &sb.pod_if(1), "ingress"],
+            )
+            .expect("tc filter show");
+        // One line per filter, which names the program (twice).
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|line| line.contains("sb_from_pod"))
+            .count()
+    };
+    let answers = |sb: &Sandbox, step: &str| {
+        let run = client(sb, &["--tcp", &format!("{CLUSTER_IP}:80"), "--count", "6"]);
+        assert!(run.all_ok(), "{step}: {}", run.raw);
+        assert_eq!(run.client_saw(), vec![format!("{CLUSTER_IP}:80")], "{step}");
+    };
+    // Client and three pods, two programs each.
+    let interfaces = PODS + 1;
+    assert_eq!(tcx_pins(), 2 * interfaces, "default attach is TCX");
+    assert_eq!(netlink_filters(&sb), 0);
+    answers(&sb, "tcx");
+
+    sb.stop_agent().expect("stop agent");
+    answers(&sb, "agent stopped: the pinned links keep forwarding");
+    sb.start_agent_with(&sw, &["--tc-attach", "netlink"])
+        .expect("restart with netlink");
+    wait_until(&sb, "netlink filters replace the TCX links", || {
+        tcx_pins() == 0 && netlink_filters(&sb) == 1
+    });
+    answers(&sb, "netlink");
+
+    sb.stop_agent().expect("stop agent");
+    sb.start_agent(&sw).expect("restart with TCX");
+    wait_until(&sb, "TCX links replace the netlink filters", || {
+        tcx_pins() == 2 * interfaces && netlink_filters(&sb) == 0
+    });
+    answers(&sb, "tcx again");
+}
+
+fn wait_until(sb: &Sandbox, what: &str, done: impl Fn() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !done() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what}: not within 5 s\n{}",
+            sb.agent_log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
