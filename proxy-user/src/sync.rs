@@ -189,6 +189,12 @@ impl<S: MapStore> Syncer<S> {
         &self.store
     }
 
+    /// The map store, for tests that set up kernel state directly. Writes here
+    /// bypass the sync's bookkeeping.
+    pub fn store_mut(&mut self) -> &mut S {
+        &mut self.store
+    }
+
     /// Rebuilds the in-memory view from the maps and removes orphans.
     fn reload(&mut self) {
         let dump = self.store.dump();

@@ -396,6 +396,45 @@ fn replies_are_reverse_natted_only_for_tracked_flows() {
     assert_eq!(fx.stat("reversed"), 2);
 }
 
+/// A reply is translated from its connection-tracking entry alone: with the
+/// reverse-NAT map emptied, the reply still gets the frontend as its source.
+#[test]
+fn a_reply_needs_only_its_conntrack_entry() {
+    let mut fx = Fixture::single_backend();
+    let request = PacketSpec::tcp(CLIENT, 42000, VIP, 80);
+    let reply = PacketSpec {
+        tcp_flags: 0x12,
+        ..PacketSpec::tcp(POD1, 8080, CLIENT, 42000)
+    };
+    assert_eq!(fx.run(programs::TC_FROM_POD, &request.build()).0, TC_ACT_OK);
+    let ids: Vec<u32> = fx
+        .syncer
+        .store()
+        .dump()
+        .revnat
+        .iter()
+        .map(|(id, _)| *id)
+        .collect();
+    assert!(!ids.is_empty());
+    for id in ids {
+        fx.syncer
+            .store_mut()
+            .revnat
+            .remove(&id)
+            .expect("remove rev-NAT entry");
+    }
+    let (verdict, output) = fx.run(programs::TC_TO_POD, &reply.build());
+    assert_eq!(verdict, TC_ACT_OK);
+    assert_eq!(
+        output,
+        rewritten(&reply, |p| {
+            p.src = VIP;
+            p.sport = 80;
+        })
+    );
+    assert!(checksums_valid(&output));
+}
+
 #[test]
 fn new_flows_spread_over_all_backends_and_a_flow_keeps_its_backend() {
     let backends = [(POD1, 8080), (POD2, 8080), (POD3, 8080)];
