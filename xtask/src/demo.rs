@@ -2,8 +2,10 @@
 //!
 //! A client namespace sends 30 TCP connections and 30 UDP requests to the
 //! ClusterIP 10.96.0.10 of `manifests/demo/`; the agent in the node namespace
-//! spreads them over pod1..pod3. Prints the spread, the peer the client saw
-//! and the `switchboard services` table, then removes the sandbox.
+//! spreads them over pod1..pod3 (tc layer). Then a client in the node's own
+//! namespace does the same, balanced by the socket layer on the sandbox's
+//! cgroup. Prints each spread, the peers the clients saw, which layer did the
+//! work and the `switchboard services` table, then removes the sandbox.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -68,22 +70,47 @@ fn demo_in(sb: &mut Sandbox, switchboard: &Path, sb_echo: &Path) -> Result<()> {
     )?;
     println!("demo: agent programmed the Service");
 
-    let count = REQUESTS.to_string();
-    let tcp_addr = format!("{CLUSTER_IP}:80");
-    let udp_addr = format!("{CLUSTER_IP}:53");
-    println!("demo: {REQUESTS} TCP connections to {tcp_addr} from the client namespace");
-    let tcp = sb.client(sb_echo, &["--tcp", &tcp_addr, "--count", &count])?;
-    println!("demo: {REQUESTS} UDP requests to {udp_addr} from the client namespace");
-    let udp = sb.client(sb_echo, &["--udp", &udp_addr, "--count", &count])?;
-
-    println!();
-    print_spread(&tcp, &udp);
-    println!();
+    let pod_client = run_clients("the client namespace (a pod: tc layer)", |args| {
+        sb.client(sb_echo, args)
+    })?;
+    let node = sb.node_ns();
+    let host_client = run_clients(
+        "the node's namespace (a host process: socket layer)",
+        |args| sb.client_in_cgroup(sb_echo, &node, args),
+    )?;
+    print_layers(sb, switchboard)?;
     println!("switchboard services:");
     print!("{}", sb.services_raw(switchboard, false)?);
     println!();
     print_frontend_dump(sb);
 
+    for (tcp, udp) in [&pod_client, &host_client] {
+        check(sb, tcp, udp)?;
+    }
+    Ok(())
+}
+
+/// Sends the TCP connections and UDP requests with `client` and prints how
+/// they spread.
+fn run_clients(
+    from: &str,
+    client: impl Fn(&[&str]) -> Result<ClientRun>,
+) -> Result<(ClientRun, ClientRun)> {
+    let count = REQUESTS.to_string();
+    let tcp_addr = format!("{CLUSTER_IP}:80");
+    let udp_addr = format!("{CLUSTER_IP}:53");
+    println!("demo: {REQUESTS} TCP connections to {tcp_addr} and {REQUESTS} UDP requests to {udp_addr} from {from}");
+    let tcp = client(&["--tcp", &tcp_addr, "--count", &count])?;
+    let udp = client(&["--udp", &udp_addr, "--count", &count])?;
+    println!();
+    print_spread(&tcp, &udp);
+    println!();
+    Ok((tcp, udp))
+}
+
+/// Fails the demo if a request failed or a client saw a peer other than the
+/// Service.
+fn check(sb: &Sandbox, tcp: &ClientRun, udp: &ClientRun) -> Result<()> {
     if !tcp.all_ok() || !udp.all_ok() {
         bail!(
             "demo: some requests failed\nTCP:\n{}UDP:\n{}--- agent log ---\n{}",
@@ -92,7 +119,10 @@ fn demo_in(sb: &mut Sandbox, switchboard: &Path, sb_echo: &Path) -> Result<()> {
             sb.agent_log()
         );
     }
-    for (run, want) in [(&tcp, &tcp_addr), (&udp, &udp_addr)] {
+    for (run, want) in [
+        (tcp, format!("{CLUSTER_IP}:80")),
+        (udp, format!("{CLUSTER_IP}:53")),
+    ] {
         if run.client_saw() != vec![want.clone()] {
             bail!(
                 "demo: the client saw peers {:?}, expected only {want}",
@@ -100,6 +130,30 @@ fn demo_in(sb: &mut Sandbox, switchboard: &Path, sb_echo: &Path) -> Result<()> {
             );
         }
     }
+    Ok(())
+}
+
+/// Which layer did the work: the data path's counters.
+fn print_layers(sb: &Sandbox, switchboard: &Path) -> Result<()> {
+    let bin = switchboard.to_string_lossy().into_owned();
+    let pin = sb.pin_dir.to_string_lossy().into_owned();
+    let out = sb.exec(&sb.node_ns(), &[&bin, "stats", "--pin-root", &pin])?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    println!("switchboard stats (the layers' counters):");
+    for line in text.lines().filter(|l| {
+        [
+            "forwarded",
+            "reversed",
+            "sock_connect",
+            "sock_sendmsg",
+            "sock_reversed",
+        ]
+        .iter()
+        .any(|name| l.trim_start().starts_with(name))
+    }) {
+        println!("{line}");
+    }
+    println!();
     Ok(())
 }
 
