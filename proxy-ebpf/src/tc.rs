@@ -2,11 +2,12 @@
 //! it on the replies, with connection tracking in between.
 //!
 //! Per packet of an existing flow this is one frontend lookup, one
-//! connection-tracking lookup, the address, port and IPv4 checksum written
-//! directly into the packet, and two L4 checksum helper calls (the kernel must
-//! do those: only it knows whether the skb carries a full checksum or a
-//! partial one to be finished by the device, `CHECKSUM_PARTIAL`). A reply is
-//! one lookup: its connection-tracking entry carries the frontend address.
+//! connection-tracking lookup, and at most four helper calls: one store of
+//! both addresses with the IPv4 checksum computed here, one of the port, and
+//! two L4 checksum updates (the kernel must do those: only it knows whether
+//! the skb carries a full checksum or a partial one to be finished by the
+//! device, `CHECKSUM_PARTIAL`). A reply is one lookup: its connection-tracking
+//! entry carries the frontend address.
 use core::mem::size_of;
 
 use aya_ebpf::{
@@ -25,8 +26,6 @@ const ETH_HLEN: usize = 14;
 const ETH_P_IP_BE: u16 = 0x0800u16.to_be();
 const IPV4_MIN_HLEN: usize = 20;
 const IP_CSUM_OFF: usize = ETH_HLEN + 10;
-const IP_SADDR_OFF: usize = ETH_HLEN + 12;
-const IP_DADDR_OFF: usize = ETH_HLEN + 16;
 /// More-fragments flag and fragment offset, host order.
 const IP_FRAG_MASK: u16 = 0x3fff;
 const TCP_HLEN: usize = 20;
@@ -277,12 +276,12 @@ fn ensure_linear(ctx: &TcContext, len: usize) -> Result<(), Skip> {
 
 /// A bounds-checked pointer into the linear packet data.
 #[inline(always)]
-fn ptr_at<T>(ctx: &TcContext, off: usize) -> Result<*mut T, Skip> {
+fn ptr_at<T>(ctx: &TcContext, off: usize) -> Result<*const T, Skip> {
     let start = ctx.data();
     if start + off + size_of::<T>() > ctx.data_end() {
         return Err(Skip::Malformed);
     }
-    Ok((start + off) as *mut T)
+    Ok((start + off) as *const T)
 }
 
 #[inline(always)]
@@ -362,10 +361,19 @@ fn csum_replace4(csum: u16, old: u32, new: u32) -> u16 {
     !(sum as u16)
 }
 
-/// Rewrites one address and port of the packet. The address, the port and the
-/// IPv4 header checksum are written in place; the TCP/UDP checksum goes
-/// through the kernel's helper, which updates the pseudo-header sum of a
-/// `CHECKSUM_PARTIAL` skb correctly. A UDP checksum of zero ("none") stays zero.
+/// Rewrites one address and port of the packet.
+///
+/// Every write goes through a helper, never a direct packet store: a program
+/// that stores into the packet directly makes the verifier unclone every
+/// cloned skb it sees on entry, which would copy the headers of every TCP
+/// segment a pod sends (TCP transmits clones), ours or not. The helpers make
+/// only the packets we rewrite writable.
+///
+/// The IPv4 header checksum is computed here and written in the same store as
+/// both addresses (bytes 10..20 of the header: one helper call for the whole
+/// L3 change); the TCP/UDP checksum goes through the kernel's helper, which
+/// updates the pseudo-header sum of a `CHECKSUM_PARTIAL` skb correctly. A UDP
+/// checksum of zero ("none") stays zero.
 #[inline(always)]
 fn rewrite(
     ctx: &TcContext,
@@ -374,27 +382,29 @@ fn rewrite(
     new_addr_be: u32,
     new_port_be: u16,
 ) -> Result<(), RewriteFailed> {
-    let (old_addr_be, old_port_be, addr_off, port_off) = match side {
-        Side::Source => (flow.saddr_be, flow.sport_be, IP_SADDR_OFF, flow.l4_off),
-        Side::Destination => (flow.daddr_be, flow.dport_be, IP_DADDR_OFF, flow.l4_off + 2),
+    let (old_addr_be, old_port_be, port_off) = match side {
+        Side::Source => (flow.saddr_be, flow.sport_be, flow.l4_off),
+        Side::Destination => (flow.daddr_be, flow.dport_be, flow.l4_off + 2),
     };
-    let csum_ptr = ptr_at::<u16>(ctx, IP_CSUM_OFF).map_err(|_| RewriteFailed)?;
-    let addr_ptr = ptr_at::<u32>(ctx, addr_off).map_err(|_| RewriteFailed)?;
-    let port_ptr = ptr_at::<u16>(ctx, port_off).map_err(|_| RewriteFailed)?;
-    // SAFETY: `ptr_at` checked each field lies inside the linear packet data,
-    // and tc programs may write there (the verifier unclones the skb first).
-    // No helper that moves packet data has run since the checks.
-    unsafe {
-        *csum_ptr = csum_replace4(*csum_ptr, old_addr_be, new_addr_be);
-        *addr_ptr = new_addr_be;
-        *port_ptr = new_port_be;
-    }
     let (csum_off, l4_flags) = if flow.proto == proto::TCP {
         (flow.l4_off + TCP_CSUM_OFF, 0)
     } else {
         (flow.l4_off + UDP_CSUM_OFF, u64::from(BPF_F_MARK_MANGLED_0))
     };
     if old_addr_be != new_addr_be {
+        let csum_ptr = ptr_at::<u16>(ctx, IP_CSUM_OFF).map_err(|_| RewriteFailed)?;
+        // SAFETY: `ptr_at` checked the field lies inside the packet; a read.
+        let old_csum = unsafe { *csum_ptr };
+        let (saddr_be, daddr_be) = match side {
+            Side::Source => (new_addr_be, flow.daddr_be),
+            Side::Destination => (flow.saddr_be, new_addr_be),
+        };
+        let csum = csum_replace4(old_csum, old_addr_be, new_addr_be).to_ne_bytes();
+        let (s, d) = (saddr_be.to_ne_bytes(), daddr_be.to_ne_bytes());
+        let l3: [u8; 10] = [
+            csum[0], csum[1], s[0], s[1], s[2], s[3], d[0], d[1], d[2], d[3],
+        ];
+        ctx.store(IP_CSUM_OFF, &l3, 0).map_err(|_| RewriteFailed)?;
         ctx.l4_csum_replace(
             csum_off,
             u64::from(old_addr_be),
@@ -404,6 +414,8 @@ fn rewrite(
         .map_err(|_| RewriteFailed)?;
     }
     if old_port_be != new_port_be {
+        ctx.store(port_off, &new_port_be, 0)
+            .map_err(|_| RewriteFailed)?;
         ctx.l4_csum_replace(
             csum_off,
             u64::from(old_port_be),
