@@ -70,7 +70,9 @@ pub mod programs {
     pub const SOCK_RECVMSG4: &str = "sb_sock_recvmsg4";
     /// cgroup `getpeername4`: a balanced socket's peer is the frontend.
     pub const SOCK_GETPEERNAME4: &str = "sb_sock_getpeername4";
-    /// The socket-layer programs, in the order they are attached.
+    /// cgroup `sock_release`: a closing socket's entry in the socket map goes.
+    pub const SOCK_RELEASE: &str = "sb_sock_release";
+    /// The socket-layer `sock_addr` programs, in the order they are attached.
     pub const SOCKET_LB: [&str; 4] = [
         SOCK_GETPEERNAME4,
         SOCK_RECVMSG4,
@@ -395,7 +397,9 @@ pub mod stat {
     pub const SOCK_NO_BACKEND: u32 = 14;
     /// Socket layer: a UDP socket's backend had gone; it was given a new one.
     pub const SOCK_RESELECTED: u32 = 15;
-    pub const COUNT: u32 = 16;
+    /// Socket layer: a balanced socket closed and its entry was removed.
+    pub const SOCK_RELEASED: u32 = 16;
+    pub const COUNT: u32 = 17;
     /// Names, by index, for the CLI and metrics.
     pub const NAMES: [&str; COUNT as usize] = [
         "unused",
@@ -414,6 +418,7 @@ pub mod stat {
         "sock_reversed",
         "sock_no_backend",
         "sock_reselected",
+        "sock_released",
     ];
 }
 

@@ -7,7 +7,7 @@
 //! - cgroup socket hooks ([`sock`]): `connect4`, `sendmsg4`, `recvmsg4` and
 //!   `getpeername4` balance a socket once, when it connects or sends, so its
 //!   packets need no NAT; this is what serves clients in the node's own
-//!   network namespace.
+//!   network namespace. `sock_release` forgets a closing socket.
 //!
 //! Both layers pick backends the same way ([`lb`]) from the same maps
 //! ([`maps`]). A flow balanced by the socket layer carries a backend address,
@@ -26,8 +26,8 @@ mod sock;
 mod tc;
 
 use aya_ebpf::{
-    macros::{cgroup_sock_addr, classifier},
-    programs::{SockAddrContext, TcContext},
+    macros::{cgroup_sock, cgroup_sock_addr, classifier},
+    programs::{SockAddrContext, SockContext, TcContext},
 };
 
 #[classifier]
@@ -64,6 +64,11 @@ pub fn sb_sock_recvmsg4(ctx: SockAddrContext) -> i32 {
 #[cgroup_sock_addr(getpeername4)]
 pub fn sb_sock_getpeername4(ctx: SockAddrContext) -> i32 {
     sock::restore_peer(&ctx)
+}
+
+#[cgroup_sock(sock_release)]
+pub fn sb_sock_release(ctx: SockContext) -> i32 {
+    sock::release(&ctx)
 }
 
 #[cfg(not(test))]

@@ -7,9 +7,9 @@
 //! long-lived DNS socket is never pinned to a departed backend. In the node's
 //! namespace the agent destroys connected UDP sockets whose backend left.
 use aya_ebpf::{
-    bindings::bpf_sock_addr,
+    bindings::{bpf_sock, bpf_sock_addr},
     helpers::{bpf_get_netns_cookie, bpf_get_socket_cookie, bpf_set_retval},
-    programs::SockAddrContext,
+    programs::{SockAddrContext, SockContext},
     EbpfContext as _,
 };
 use proxy_common::{
@@ -268,6 +268,45 @@ pub fn restore_peer(ctx: &SockAddrContext) -> i32 {
     if let Some(entry) = unsafe { SB_SOCK_V1.get(&key) }.copied() {
         write_addr(ctx, entry.addr_be, entry.port_be);
         count(stat::SOCK_REVERSED);
+    }
+    ALLOW
+}
+
+/// `AF_INET`, as `bpf_sock::family` reports it.
+const AF_INET: u32 = 2;
+
+/// A socket closes: the entry that maps its backend back to the frontend
+/// goes, so the socket map holds live sockets rather than waiting for the LRU
+/// to push out dead ones (a node opening thousands of connections a second
+/// would otherwise keep it full). An unconnected UDP socket's per-frontend
+/// entries cannot be found from here; the LRU ages them out.
+#[inline(always)]
+pub fn release(ctx: &SockContext) -> i32 {
+    let sk: *const bpf_sock = ctx.sock;
+    // SAFETY: the kernel hands a valid `bpf_sock`; these fields are readable
+    // in `sock_release` (the verifier checks each access).
+    let (family, protocol, dst_ip4, dst_port_be) =
+        unsafe { ((*sk).family, (*sk).protocol, (*sk).dst_ip4, (*sk).dst_port) };
+    let proto = match protocol {
+        6 => proto::TCP,
+        17 => proto::UDP,
+        _ => return ALLOW,
+    };
+    if family != AF_INET || dst_ip4 == 0 {
+        return ALLOW;
+    }
+    let key = SockKey {
+        // SAFETY: the helper accepts a `sock_release` context (Linux 5.10+).
+        cookie: unsafe { bpf_get_socket_cookie(ctx.as_ptr()) },
+        addr_be: dst_ip4,
+        port_be: dst_port_be,
+        proto,
+        dir: sock_dir::REVERSE,
+    };
+    // Most closing sockets were never balanced: a missing key is the rule,
+    // and there is nothing else to do about it.
+    if SB_SOCK_V1.remove(&key).is_ok() {
+        count(stat::SOCK_RELEASED);
     }
     ALLOW
 }

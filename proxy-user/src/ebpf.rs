@@ -9,7 +9,7 @@ use std::{
 };
 
 use aya::{
-    programs::{CgroupSockAddr, ProgramError, SchedClassifier},
+    programs::{CgroupSock, CgroupSockAddr, ProgramError, SchedClassifier},
     Ebpf, EbpfError, EbpfLoader,
 };
 use proxy_common::{capacity, names, programs};
@@ -153,5 +153,14 @@ fn load_with(pin_root: Option<&Path>, caps: &Capacities) -> Result<Ebpf, LoadErr
             .load()
             .map_err(|source| LoadError::Program { name, source })?;
     }
+    let name = programs::SOCK_RELEASE;
+    let program: &mut CgroupSock = ebpf
+        .program_mut(name)
+        .ok_or(LoadError::MissingProgram { name })?
+        .try_into()
+        .map_err(|source| LoadError::Program { name, source })?;
+    program
+        .load()
+        .map_err(|source| LoadError::Program { name, source })?;
     Ok(ebpf)
 }

@@ -15,7 +15,7 @@ use std::{
 use aya::{
     programs::{
         links::{FdLink, LinkError},
-        CgroupAttachMode, CgroupSockAddr, ProgramError,
+        CgroupAttachMode, CgroupSock, CgroupSockAddr, ProgramError,
     },
     Ebpf,
 };
@@ -150,47 +150,71 @@ pub fn attach(ebpf: &mut Ebpf, cgroup: &Path, pin_root: &Path) -> Result<(), Soc
         path: dir.clone(),
         source,
     })?;
-    for program in programs::SOCKET_LB {
-        let prog: &mut CgroupSockAddr = ebpf
-            .program_mut(program)
-            .ok_or(SocketLbError::MissingProgram(program))?
-            .try_into()
-            .map_err(|source| SocketLbError::Attach {
-                program,
-                cgroup: cgroup.to_owned(),
-                source,
-            })?;
-        let attach_error = |source| SocketLbError::Attach {
-            program,
-            cgroup: cgroup.to_owned(),
-            source,
-        };
-        let link_id = prog
-            .attach(&cgroup_dir, CgroupAttachMode::Single)
-            .map_err(attach_error)?;
-        let link = prog.take_link(link_id).map_err(attach_error)?;
-        let link =
-            FdLink::try_from(link).map_err(|source| SocketLbError::NoLink { program, source })?;
-        let path = link_path(pin_root, program);
-        // bpffs refuses names with a dot.
-        let fresh = path.with_file_name(format!("{program}_new"));
-        remove_if_present(&fresh)?;
-        // Pinned under a temporary name first, then moved over the old pin:
-        // the old link is released (and detached) only once ours is attached.
-        let pinned = link.pin(&fresh).map_err(|source| SocketLbError::Pin {
-            program,
-            path: fresh.clone(),
-            source,
-        })?;
-        fs::rename(&fresh, &path).map_err(|source| SocketLbError::Replace {
-            path: path.clone(),
-            source,
-        })?;
-        // The pin keeps the link (and the attachment) alive after we exit.
-        drop(pinned);
+    for program in all_programs() {
+        let link = attach_one(ebpf, program, &cgroup_dir, cgroup)?;
+        pin_replacing(link, program, &link_path(pin_root, program))?;
         debug!(program, cgroup = %cgroup.display(), "socket-layer program attached");
     }
     info!(cgroup = %cgroup.display(), "socket-layer balancing attached");
+    Ok(())
+}
+
+/// Every socket-layer program: the four `sock_addr` hooks and `sock_release`.
+fn all_programs() -> impl Iterator<Item = &'static str> {
+    programs::SOCKET_LB
+        .into_iter()
+        .chain([programs::SOCK_RELEASE])
+}
+
+/// Attaches one program to the cgroup as a BPF link.
+fn attach_one(
+    ebpf: &mut Ebpf,
+    program: &'static str,
+    cgroup_dir: &fs::File,
+    cgroup: &Path,
+) -> Result<FdLink, SocketLbError> {
+    let attach_error = |source| SocketLbError::Attach {
+        program,
+        cgroup: cgroup.to_owned(),
+        source,
+    };
+    let no_link = |source| SocketLbError::NoLink { program, source };
+    let prog = ebpf
+        .program_mut(program)
+        .ok_or(SocketLbError::MissingProgram(program))?;
+    if program == programs::SOCK_RELEASE {
+        let prog: &mut CgroupSock = prog.try_into().map_err(attach_error)?;
+        let id = prog
+            .attach(cgroup_dir, CgroupAttachMode::Single)
+            .map_err(attach_error)?;
+        FdLink::try_from(prog.take_link(id).map_err(attach_error)?).map_err(no_link)
+    } else {
+        let prog: &mut CgroupSockAddr = prog.try_into().map_err(attach_error)?;
+        let id = prog
+            .attach(cgroup_dir, CgroupAttachMode::Single)
+            .map_err(attach_error)?;
+        FdLink::try_from(prog.take_link(id).map_err(attach_error)?).map_err(no_link)
+    }
+}
+
+/// Pins `link` at `path`, replacing the link an earlier agent pinned there.
+/// Pinned under a temporary name first, then moved over the old pin: the old
+/// link is released (and detached) only once ours is attached. The pin keeps
+/// the link, and the attachment, alive after we exit.
+fn pin_replacing(link: FdLink, program: &'static str, path: &Path) -> Result<(), SocketLbError> {
+    // bpffs refuses names with a dot.
+    let fresh = path.with_file_name(format!("{program}_new"));
+    remove_if_present(&fresh)?;
+    let pinned = link.pin(&fresh).map_err(|source| SocketLbError::Pin {
+        program,
+        path: fresh.clone(),
+        source,
+    })?;
+    fs::rename(&fresh, path).map_err(|source| SocketLbError::Replace {
+        path: path.to_owned(),
+        source,
+    })?;
+    drop(pinned);
     Ok(())
 }
 
@@ -198,7 +222,7 @@ pub fn attach(ebpf: &mut Ebpf, cgroup: &Path, pin_root: &Path) -> Result<(), Soc
 /// Returns how many there were.
 pub fn detach(pin_root: &Path) -> Result<usize, SocketLbError> {
     let mut removed = 0;
-    for program in programs::SOCKET_LB {
+    for program in all_programs() {
         if remove_if_present(&link_path(pin_root, program))? {
             removed += 1;
         }

@@ -89,6 +89,8 @@ fn host_and_pod_clients_reach_the_cluster_ip_through_the_socket_layer() {
     assert_eq!(grew("sock_connect"), 60, "one per TCP connection: {after}");
     assert_eq!(grew("sock_sendmsg"), 60, "one per UDP datagram: {after}");
     assert!(grew("sock_reversed") >= 120, "getpeername/recvmsg: {after}");
+    // Every balanced TCP socket's entry went when it closed.
+    assert_eq!(grew("sock_released"), 60, "sock_release: {after}");
     assert_eq!(
         grew("forwarded"),
         0,
