@@ -42,6 +42,20 @@ struct Picked {
     service_id: u32,
 }
 
+impl Picked {
+    /// A socket-map entry naming `addr_be:port_be` for this pick.
+    #[inline(always)]
+    fn entry(&self, addr_be: u32, port_be: u16) -> SockEntry {
+        SockEntry {
+            addr_be,
+            port_be,
+            _pad: [0; 2],
+            backend_id: self.backend_id,
+            service_id: self.service_id,
+        }
+    }
+}
+
 /// Why a connect or send to a frontend cannot go ahead.
 enum Refuse {
     /// The frontend has no endpoints.
@@ -140,14 +154,10 @@ fn remember_reverse(cookie: u64, dst: &SockAddr, picked: &Picked) {
         proto: dst.proto,
         dir: sock_dir::REVERSE,
     };
-    let entry = SockEntry {
-        addr_be: dst.addr_be,
-        port_be: dst.port_be,
-        _pad: [0; 2],
-        backend_id: picked.backend_id,
-        service_id: picked.service_id,
-    };
-    if SB_SOCK_V1.insert(&key, &entry, 0).is_err() {
+    if SB_SOCK_V1
+        .insert(&key, &picked.entry(dst.addr_be, dst.port_be), 0)
+        .is_err()
+    {
         count(stat::CT_INSERT_FAILED);
     }
 }
@@ -238,13 +248,7 @@ fn kept_backend(forward_key: &SockKey, svc: &Frontend) -> Option<Picked> {
 
 #[inline(always)]
 fn remember_forward(forward_key: &SockKey, picked: &Picked) {
-    let entry = SockEntry {
-        addr_be: picked.addr_be,
-        port_be: picked.port_be,
-        _pad: [0; 2],
-        backend_id: picked.backend_id,
-        service_id: picked.service_id,
-    };
+    let entry = picked.entry(picked.addr_be, picked.port_be);
     if SB_SOCK_V1.insert(forward_key, &entry, 0).is_err() {
         count(stat::CT_INSERT_FAILED);
     }

@@ -9,7 +9,7 @@ use std::{
 };
 
 use aya::{
-    programs::{CgroupSock, CgroupSockAddr, ProgramError, SchedClassifier},
+    programs::{CgroupSock, CgroupSockAddr, Program, ProgramError, SchedClassifier},
     Ebpf, EbpfError, EbpfLoader,
 };
 use proxy_common::{capacity, names, programs};
@@ -134,33 +134,26 @@ fn load_with(pin_root: Option<&Path>, caps: &Capacities) -> Result<Ebpf, LoadErr
         source: Box::new(source),
     })?;
     for name in [programs::TC_FROM_POD, programs::TC_TO_POD] {
-        let program: &mut SchedClassifier = ebpf
-            .program_mut(name)
-            .ok_or(LoadError::MissingProgram { name })?
-            .try_into()
-            .map_err(|source| LoadError::Program { name, source })?;
-        program
-            .load()
-            .map_err(|source| LoadError::Program { name, source })?;
+        let result = typed::<SchedClassifier>(&mut ebpf, name)?.load();
+        result.map_err(|source| LoadError::Program { name, source })?;
     }
     for name in programs::SOCKET_LB {
-        let program: &mut CgroupSockAddr = ebpf
-            .program_mut(name)
-            .ok_or(LoadError::MissingProgram { name })?
-            .try_into()
-            .map_err(|source| LoadError::Program { name, source })?;
-        program
-            .load()
-            .map_err(|source| LoadError::Program { name, source })?;
+        let result = typed::<CgroupSockAddr>(&mut ebpf, name)?.load();
+        result.map_err(|source| LoadError::Program { name, source })?;
     }
     let name = programs::SOCK_RELEASE;
-    let program: &mut CgroupSock = ebpf
-        .program_mut(name)
+    let result = typed::<CgroupSock>(&mut ebpf, name)?.load();
+    result.map_err(|source| LoadError::Program { name, source })?;
+    Ok(ebpf)
+}
+
+/// Program `name` of the object as its aya type `T`.
+fn typed<'a, T>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut T, LoadError>
+where
+    &'a mut T: TryFrom<&'a mut Program, Error = ProgramError>,
+{
+    ebpf.program_mut(name)
         .ok_or(LoadError::MissingProgram { name })?
         .try_into()
-        .map_err(|source| LoadError::Program { name, source })?;
-    program
-        .load()
-        .map_err(|source| LoadError::Program { name, source })?;
-    Ok(ebpf)
+        .map_err(|source| LoadError::Program { name, source })
 }

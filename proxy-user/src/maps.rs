@@ -185,6 +185,23 @@ impl PinnedMaps {
     }
 }
 
+/// Removes every entry of `map` that `doomed` selects; returns the keys removed.
+fn purge<K: aya::Pod, V: aya::Pod>(
+    map: &mut HashMap<MapData, K, V>,
+    doomed: &dyn Fn(&K, &V) -> bool,
+) -> Vec<K> {
+    let victims: Vec<K> = map
+        .iter()
+        .filter_map(Result::ok)
+        .filter(|(key, entry)| doomed(key, entry))
+        .map(|(key, _)| key)
+        .collect();
+    victims
+        .into_iter()
+        .filter(|key| map.remove(key).is_ok())
+        .collect()
+}
+
 /// `E2BIG` is what a hash map insert returns when the map is full.
 fn write_error(map: &'static str, source: MapError) -> WriteError {
     if let MapError::SyscallError(syscall) = &source {
@@ -229,30 +246,10 @@ impl MapStore for PinnedMaps {
         delete_result(names::REVNAT, self.revnat.remove(&service_id))
     }
     fn purge_conntrack(&mut self, doomed: &dyn Fn(&CtKey, &CtEntry) -> bool) -> usize {
-        let victims: Vec<CtKey> = self
-            .conntrack
-            .iter()
-            .filter_map(Result::ok)
-            .filter(|(key, entry)| doomed(key, entry))
-            .map(|(key, _)| key)
-            .collect();
-        victims
-            .iter()
-            .filter(|key| self.conntrack.remove(key).is_ok())
-            .count()
+        purge(&mut self.conntrack, doomed).len()
     }
     fn purge_sockets(&mut self, doomed: &dyn Fn(&SockKey, &SockEntry) -> bool) -> Vec<SockKey> {
-        let victims: Vec<SockKey> = self
-            .sockets
-            .iter()
-            .filter_map(Result::ok)
-            .filter(|(key, entry)| doomed(key, entry))
-            .map(|(key, _)| key)
-            .collect();
-        victims
-            .into_iter()
-            .filter(|key| self.sockets.remove(key).is_ok())
-            .collect()
+        purge(&mut self.sockets, doomed)
     }
     fn dump(&self) -> Dump {
         Dump {
