@@ -184,6 +184,16 @@ pub mod ct_dir {
     pub const REPLY: u8 = 1;
 }
 
+/// Bits of [`CtEntry::flags`].
+pub mod ct_flags {
+    /// A FIN or RST of this TCP connection was seen. Packets of the closing
+    /// connection are still translated, but a SYN-ACK is not: the addresses
+    /// and ports now belong to a new connection, which may not be a Service's
+    /// (a client that reuses its port to reach the pod directly). A new SYN
+    /// through the frontend starts a new flow.
+    pub const CLOSING: u8 = 1 << 0;
+}
+
 /// Key of the connection-tracking LRU map. Addresses and ports are as they
 /// appear in the packet the entry is looked up with.
 #[repr(C)]
@@ -221,7 +231,9 @@ pub struct CtEntry {
     /// frontend's, which the reply's source becomes.
     pub nat_addr_be: u32,
     pub nat_port_be: u16,
-    pub _pad: [u8; 2],
+    /// [`ct_flags`].
+    pub flags: u8,
+    pub _pad: u8,
     /// `bpf_ktime_get_ns()` when the entry was created.
     pub created_ns: u64,
 }
@@ -399,7 +411,11 @@ pub mod stat {
     pub const SOCK_RESELECTED: u32 = 15;
     /// Socket layer: a balanced socket closed and its entry was removed.
     pub const SOCK_RELEASED: u32 = 16;
-    pub const COUNT: u32 = 17;
+    /// A SYN-ACK met the reply entry of a closed connection: the entry was
+    /// dropped and the packet passed untouched (its ports were reused by a
+    /// connection that is not a Service's).
+    pub const CT_STALE: u32 = 17;
+    pub const COUNT: u32 = 18;
     /// Names, by index, for the CLI and metrics.
     pub const NAMES: [&str; COUNT as usize] = [
         "unused",
@@ -419,6 +435,7 @@ pub mod stat {
         "sock_no_backend",
         "sock_reselected",
         "sock_released",
+        "ct_stale",
     ];
 }
 

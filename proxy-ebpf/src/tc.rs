@@ -15,7 +15,7 @@ use aya_ebpf::{
     helpers::bpf_ktime_get_ns,
     programs::TcContext,
 };
-use proxy_common::{ct_dir, proto, stat, AffinityKey, Backend, CtEntry, CtKey};
+use proxy_common::{ct_dir, ct_flags, proto, stat, AffinityKey, Backend, CtEntry, CtKey};
 
 use crate::{
     lb::{backend_is_live, choose_backend, frontend_key, lookup_frontend},
@@ -32,7 +32,9 @@ const TCP_HLEN: usize = 20;
 const UDP_HLEN: usize = 8;
 const TCP_CSUM_OFF: usize = 16;
 const UDP_CSUM_OFF: usize = 6;
+const TCP_FLAG_FIN: u8 = 0x01;
 const TCP_FLAG_SYN: u8 = 0x02;
+const TCP_FLAG_RST: u8 = 0x04;
 const TCP_FLAG_ACK: u8 = 0x10;
 
 /// The fixed part of an IPv4 header, as laid out on the wire.
@@ -68,7 +70,26 @@ impl Flow {
     /// connection to keep. Both must reach a backend that is still live.
     #[inline(always)]
     fn needs_live_backend(&self) -> bool {
-        self.proto == proto::UDP || self.tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK) == TCP_FLAG_SYN
+        self.proto == proto::UDP || self.opens_connection()
+    }
+
+    /// A TCP SYN without ACK: a client opening a connection.
+    #[inline(always)]
+    fn opens_connection(&self) -> bool {
+        self.proto == proto::TCP && self.tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK) == TCP_FLAG_SYN
+    }
+
+    /// A TCP SYN-ACK: a server accepting a connection.
+    #[inline(always)]
+    fn accepts_connection(&self) -> bool {
+        let both = TCP_FLAG_SYN | TCP_FLAG_ACK;
+        self.proto == proto::TCP && self.tcp_flags & both == both
+    }
+
+    /// A TCP FIN or RST: the connection is ending.
+    #[inline(always)]
+    fn ends_connection(&self) -> bool {
+        self.proto == proto::TCP && self.tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST) != 0
     }
 
     #[inline(always)]
@@ -179,11 +200,36 @@ pub fn try_from_pod(ctx: &TcContext) -> Result<i32, Skip> {
 #[inline(always)]
 pub fn try_to_pod(ctx: &TcContext) -> Result<i32, Skip> {
     let flow = parse(ctx)?;
-    // SAFETY: the fields are copied out at once.
-    let (nat_addr_be, nat_port_be) = match unsafe { SB_CT_V3.get(&flow.ct_key(ct_dir::REPLY)) } {
-        Some(entry) => (entry.nat_addr_be, entry.nat_port_be),
-        None => return Err(Skip::NotOurs),
+    let key = flow.ct_key(ct_dir::REPLY);
+    let Some(entry_ptr) = SB_CT_V3.get_ptr_mut(&key) else {
+        return Err(Skip::NotOurs);
     };
+    // SAFETY: a value of the LRU map, valid for this program run; copied out.
+    let entry = unsafe { *entry_ptr };
+    let (nat_addr_be, nat_port_be) = (entry.nat_addr_be, entry.nat_port_be);
+    if flow.accepts_connection() && entry.flags & ct_flags::CLOSING != 0 {
+        // The flow this entry was made for has closed and its ports were
+        // reused by a connection that did not go through the frontend.
+        if SB_CT_V3.remove(&key).is_ok() {
+            count(stat::CT_STALE);
+        }
+        return Err(Skip::NotOurs);
+    }
+    if flow.ends_connection() {
+        mark_closing(entry_ptr);
+        let forward = CtKey {
+            saddr_be: flow.daddr_be,
+            daddr_be: nat_addr_be,
+            sport_be: flow.dport_be,
+            dport_be: nat_port_be,
+            proto: flow.proto,
+            dir: ct_dir::FORWARD,
+            _pad: [0; 2],
+        };
+        if let Some(forward_ptr) = SB_CT_V3.get_ptr_mut(&forward) {
+            mark_closing(forward_ptr);
+        }
+    }
     if rewrite(ctx, &flow, Side::Source, nat_addr_be, nat_port_be).is_err() {
         return drop_counted(stat::DROP_REWRITE_FAILED);
     }
@@ -197,25 +243,61 @@ pub fn try_to_pod(ctx: &TcContext) -> Result<i32, Skip> {
 /// connection or a UDP datagram whose tracked backend has gone (or whose id now
 /// names another address) gets a new one, counted: a deleted pod never
 /// black-holes a reused port or a long-lived UDP "flow" such as DNS.
+///
+/// A SYN on the ports of a connection that has closed starts a new flow; a
+/// FIN or RST marks both entries of the flow as closing.
 #[inline(always)]
 fn tracked_backend(key: &CtKey, flow: &Flow, service_id: u32) -> Option<Backend> {
-    // SAFETY: the fields are copied out at once.
-    let entry = unsafe { SB_CT_V3.get(key) }?;
-    let (backend_id, entry_service) = (entry.backend_id, entry.service_id);
+    let entry_ptr = SB_CT_V3.get_ptr_mut(key)?;
+    // SAFETY: a value of the LRU map, valid for this program run; copied out.
+    let entry = unsafe { *entry_ptr };
     let tracked = Backend {
         addr_be: entry.nat_addr_be,
         port_be: entry.nat_port_be,
         proto: flow.proto,
         flags: 0,
     };
-    if entry_service != service_id {
+    if entry.service_id != service_id {
         return None;
     }
-    if !flow.needs_live_backend() || backend_is_live(backend_id, tracked.addr_be, tracked.port_be) {
+    if flow.opens_connection() && entry.flags & ct_flags::CLOSING != 0 {
+        return None;
+    }
+    if flow.ends_connection() {
+        mark_closing(entry_ptr);
+        if let Some(reply_ptr) = SB_CT_V3.get_ptr_mut(reply_key(flow, &tracked)) {
+            mark_closing(reply_ptr);
+        }
+    }
+    if !flow.needs_live_backend()
+        || backend_is_live(entry.backend_id, tracked.addr_be, tracked.port_be)
+    {
         return Some(tracked);
     }
     count(stat::CT_RESELECTED);
     None
+}
+
+/// Marks a connection-tracking entry as belonging to a closing connection.
+#[inline(always)]
+fn mark_closing(entry: *mut CtEntry) {
+    // SAFETY: a value pointer the map lookup just returned, valid for this
+    // program run; the only concurrent writes set the same bit.
+    unsafe { (*entry).flags |= ct_flags::CLOSING };
+}
+
+/// The key a backend's replies to this flow are looked up with.
+#[inline(always)]
+fn reply_key(flow: &Flow, backend: &Backend) -> CtKey {
+    CtKey {
+        saddr_be: backend.addr_be,
+        daddr_be: flow.saddr_be,
+        sport_be: backend.port_be,
+        dport_be: flow.sport_be,
+        proto: flow.proto,
+        dir: ct_dir::REPLY,
+        _pad: [0; 2],
+    }
 }
 
 /// Records both directions of a new flow: the forward entry names the backend,
@@ -230,7 +312,8 @@ fn track(fwd: &CtKey, flow: &Flow, backend_id: u32, backend: &Backend, service_i
         service_id,
         nat_addr_be: backend.addr_be,
         nat_port_be: backend.port_be,
-        _pad: [0; 2],
+        flags: 0,
+        _pad: 0,
         created_ns,
     };
     let reply = CtEntry {
@@ -238,17 +321,8 @@ fn track(fwd: &CtKey, flow: &Flow, backend_id: u32, backend: &Backend, service_i
         nat_port_be: flow.dport_be,
         ..forward
     };
-    let reply_key = CtKey {
-        saddr_be: backend.addr_be,
-        daddr_be: flow.saddr_be,
-        sport_be: backend.port_be,
-        dport_be: flow.sport_be,
-        proto: flow.proto,
-        dir: ct_dir::REPLY,
-        _pad: [0; 2],
-    };
-    let inserted =
-        SB_CT_V3.insert(fwd, &forward, 0).is_ok() && SB_CT_V3.insert(&reply_key, &reply, 0).is_ok();
+    let inserted = SB_CT_V3.insert(fwd, &forward, 0).is_ok()
+        && SB_CT_V3.insert(reply_key(flow, backend), &reply, 0).is_ok();
     if inserted {
         count_service(service_id, |s| s.new_flows += 1);
     } else {

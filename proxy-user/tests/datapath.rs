@@ -396,6 +396,73 @@ fn replies_are_reverse_natted_only_for_tracked_flows() {
     assert_eq!(fx.stat("reversed"), 2);
 }
 
+/// A closed connection's entries do not capture a later connection that
+/// reuses its ports without going through the frontend: after a FIN, a
+/// SYN-ACK from the backend to the same client port passes untouched. A new
+/// SYN through the frontend on those ports is a new flow again.
+#[test]
+fn a_closed_connection_does_not_capture_a_direct_one_on_the_same_ports() {
+    for closer in ["client", "backend"] {
+        let mut fx = Fixture::single_backend();
+        let syn = PacketSpec {
+            tcp_flags: 0x02,
+            ..PacketSpec::tcp(CLIENT, 43000, VIP, 80)
+        };
+        let fin_from_client = PacketSpec {
+            tcp_flags: 0x11,
+            ..PacketSpec::tcp(CLIENT, 43000, VIP, 80)
+        };
+        let fin_from_backend = PacketSpec {
+            tcp_flags: 0x11,
+            ..PacketSpec::tcp(POD1, 8080, CLIENT, 43000)
+        };
+        let syn_ack = PacketSpec {
+            tcp_flags: 0x12,
+            ..PacketSpec::tcp(POD1, 8080, CLIENT, 43000)
+        };
+        let to_vip = |p: &PacketSpec| {
+            rewritten(p, |p| {
+                p.src = VIP;
+                p.sport = 80;
+            })
+        };
+        assert_eq!(fx.run(programs::TC_FROM_POD, &syn.build()).0, TC_ACT_OK);
+        assert_eq!(
+            fx.run(programs::TC_TO_POD, &syn_ack.build()),
+            (TC_ACT_OK, to_vip(&syn_ack)),
+            "the service connection's SYN-ACK is translated"
+        );
+        if closer == "client" {
+            assert_eq!(
+                fx.run(programs::TC_FROM_POD, &fin_from_client.build()).0,
+                TC_ACT_OK
+            );
+        }
+        // The closing connection's own packets are still translated.
+        assert_eq!(
+            fx.run(programs::TC_TO_POD, &fin_from_backend.build()),
+            (TC_ACT_OK, to_vip(&fin_from_backend)),
+            "{closer} closed: the backend's FIN"
+        );
+        // A direct connection from the same client port to the pod.
+        assert_eq!(
+            fx.run(programs::TC_TO_POD, &syn_ack.build()),
+            (TC_ACT_UNSPEC, syn_ack.build()),
+            "{closer} closed: a direct connection's SYN-ACK must pass untouched"
+        );
+        assert_eq!(fx.stat("ct_stale"), 1);
+        // The same ports through the frontend again: a new flow, translated.
+        let (verdict, out) = fx.run(programs::TC_FROM_POD, &syn.build());
+        assert_eq!(verdict, TC_ACT_OK);
+        assert!(checksums_valid(&out));
+        assert_eq!(
+            fx.run(programs::TC_TO_POD, &syn_ack.build()),
+            (TC_ACT_OK, to_vip(&syn_ack)),
+            "{closer} closed: a new flow through the frontend"
+        );
+    }
+}
+
 /// A reply is translated from its connection-tracking entry alone: with the
 /// reverse-NAT map emptied, the reply still gets the frontend as its source.
 #[test]
