@@ -41,8 +41,11 @@ pub mod names {
     pub const SOCK_AFFINITY: &str = "SB_SOCK_AFFINITY_V1";
     /// One [`super::Config`] entry the agent writes at start-up.
     pub const CONFIG: &str = "SB_CONFIG_V1";
+    /// The tc layer's tail calls: slot [`super::tail::REWRITE`] holds
+    /// `sb_rewrite`. Pinned, so the slot stays filled while no agent runs.
+    pub const TAIL_CALLS: &str = "SB_TAIL_V1";
     /// Every map, in the order the CLI reports them.
-    pub const ALL: [&str; 10] = [
+    pub const ALL: [&str; 11] = [
         FRONTENDS,
         BACKENDS,
         CONNTRACK,
@@ -53,6 +56,7 @@ pub mod names {
         SOCKETS,
         SOCK_AFFINITY,
         CONFIG,
+        TAIL_CALLS,
     ];
 }
 
@@ -70,6 +74,8 @@ pub mod programs {
     pub const SOCK_RECVMSG4: &str = "sb_sock_recvmsg4";
     /// cgroup `getpeername4`: a balanced socket's peer is the frontend.
     pub const SOCK_GETPEERNAME4: &str = "sb_sock_getpeername4";
+    /// tc, tail-called by both tc programs: writes the rewrite they decided on.
+    pub const TC_REWRITE: &str = "sb_rewrite";
     /// cgroup `sock_release`: a closing socket's entry in the socket map goes.
     pub const SOCK_RELEASE: &str = "sb_sock_release";
     /// The socket-layer `sock_addr` programs, in the order they are attached.
@@ -98,6 +104,12 @@ pub mod capacity {
     /// The data path walks at most this many slots (it never loops; this bounds
     /// the random pick), so it also bounds the backends one service port can have.
     pub const MAX_BACKENDS_PER_SERVICE: u16 = 4_096;
+}
+
+/// Slots of the tail-call program array.
+pub mod tail {
+    /// `sb_rewrite`.
+    pub const REWRITE: u32 = 0;
 }
 
 /// IP protocol numbers as they appear in the IPv4 header.
@@ -415,7 +427,10 @@ pub mod stat {
     /// dropped and the packet passed untouched (its ports were reused by a
     /// connection that is not a Service's).
     pub const CT_STALE: u32 = 17;
-    pub const COUNT: u32 = 18;
+    /// The tail call into the rewrite program failed (the program array was
+    /// not filled yet); the packet was rewritten with the slower helper path.
+    pub const TAIL_CALL_MISSED: u32 = 18;
+    pub const COUNT: u32 = 19;
     /// Names, by index, for the CLI and metrics.
     pub const NAMES: [&str; COUNT as usize] = [
         "unused",
@@ -436,6 +451,7 @@ pub mod stat {
         "sock_reselected",
         "sock_released",
         "ct_stale",
+        "tail_call_missed",
     ];
 }
 

@@ -46,6 +46,13 @@ pub fn sb_to_pod(ctx: TcContext) -> i32 {
     }
 }
 
+/// Tail-called by `sb_from_pod` and `sb_to_pod` for the packets they rewrite:
+/// the only program that stores into packets directly (see `tc::rewrite_in_place`).
+#[classifier]
+pub fn sb_rewrite(ctx: TcContext) -> i32 {
+    tc::rewrite_in_place(&ctx)
+}
+
 #[cgroup_sock_addr(connect4)]
 pub fn sb_sock_connect4(ctx: SockAddrContext) -> i32 {
     sock::connect4(&ctx)

@@ -2,7 +2,7 @@
 //!
 //! Sizes here are defaults; the agent sets the real capacities at load time.
 use aya_ebpf::{
-    btf_maps::{Array, HashMap, LruHashMap, PerCpuArray},
+    btf_maps::{Array, HashMap, LruHashMap, PerCpuArray, ProgramArray},
     macros::btf_map,
 };
 use proxy_common::{
@@ -39,6 +39,8 @@ pub static SB_SOCK_V1: LruHashMap<SockKey, SockEntry, { capacity::SOCKETS as usi
     LruHashMap::new();
 #[btf_map]
 pub static SB_CONFIG_V1: Array<Config, 1> = Array::new();
+#[btf_map]
+pub static SB_TAIL_V1: ProgramArray<1> = ProgramArray::new();
 #[btf_map]
 pub static SB_STATS_V2: PerCpuArray<u64, { stat::COUNT as usize }> = PerCpuArray::new();
 

@@ -1,13 +1,14 @@
 //! The tc layer: DNAT of packets a pod sends to a frontend, and the reverse of
 //! it on the replies, with connection tracking in between.
 //!
-//! Per packet of an existing flow this is one frontend lookup, one
-//! connection-tracking lookup, and at most four helper calls: one store of
-//! both addresses with the IPv4 checksum computed here, one of the port, and
-//! two L4 checksum updates (the kernel must do those: only it knows whether
-//! the skb carries a full checksum or a partial one to be finished by the
-//! device, `CHECKSUM_PARTIAL`). A reply is one lookup: its connection-tracking
-//! entry carries the frontend address.
+//! Per packet of an existing flow this is one frontend lookup and one
+//! connection-tracking lookup in `sb_from_pod`, then a tail call into
+//! `sb_rewrite`, which stores the address, the port and the IPv4 checksum
+//! directly and makes at most two L4 checksum helper calls (the kernel must do
+//! those: only it knows whether the skb carries a full checksum or a partial
+//! one to be finished by the device, `CHECKSUM_PARTIAL`). A reply is one
+//! lookup: its connection-tracking entry carries the frontend address. Should
+//! the tail call fail, the programs rewrite with helper stores themselves.
 use core::mem::size_of;
 
 use aya_ebpf::{
@@ -15,11 +16,11 @@ use aya_ebpf::{
     helpers::bpf_ktime_get_ns,
     programs::TcContext,
 };
-use proxy_common::{ct_dir, ct_flags, proto, stat, AffinityKey, Backend, CtEntry, CtKey};
+use proxy_common::{ct_dir, ct_flags, proto, stat, tail, AffinityKey, Backend, CtEntry, CtKey};
 
 use crate::{
     lb::{backend_is_live, choose_backend, frontend_key, lookup_frontend},
-    maps::{count, count_service, SB_AFFINITY_V1, SB_CT_V3},
+    maps::{count, count_service, SB_AFFINITY_V1, SB_CT_V3, SB_TAIL_V1},
 };
 
 const ETH_HLEN: usize = 14;
@@ -175,6 +176,16 @@ pub fn try_from_pod(ctx: &TcContext) -> Result<i32, Skip> {
         }
     };
 
+    let todo = Rewrite {
+        side: Side::Destination,
+        new_addr_be: backend.addr_be,
+        new_port_be: backend.port_be,
+        service_id: svc.service_id,
+        l4_off: flow.l4_off,
+        proto: flow.proto,
+    };
+    hand_over(ctx, &todo);
+    // The tail call did not happen: rewrite here, with helpers.
     if rewrite(
         ctx,
         &flow,
@@ -186,12 +197,7 @@ pub fn try_from_pod(ctx: &TcContext) -> Result<i32, Skip> {
     {
         return drop_counted(stat::DROP_REWRITE_FAILED);
     }
-    let len = u64::from(ctx.len());
-    count_service(svc.service_id, |s| {
-        s.packets += 1;
-        s.bytes += len;
-    });
-    count(stat::FORWARDED);
+    count_rewritten(ctx, &todo);
     Ok(TC_ACT_OK as i32)
 }
 
@@ -230,11 +236,174 @@ pub fn try_to_pod(ctx: &TcContext) -> Result<i32, Skip> {
             mark_closing(forward_ptr);
         }
     }
+    let todo = Rewrite {
+        side: Side::Source,
+        new_addr_be: nat_addr_be,
+        new_port_be: nat_port_be,
+        service_id: entry.service_id,
+        l4_off: flow.l4_off,
+        proto: flow.proto,
+    };
+    hand_over(ctx, &todo);
+    // The tail call did not happen: rewrite here, with helpers.
     if rewrite(ctx, &flow, Side::Source, nat_addr_be, nat_port_be).is_err() {
         return drop_counted(stat::DROP_REWRITE_FAILED);
     }
-    count(stat::REVERSED);
+    count_rewritten(ctx, &todo);
     Ok(TC_ACT_OK as i32)
+}
+
+/// A rewrite decided by `sb_from_pod` or `sb_to_pod`, carried to `sb_rewrite`
+/// in the skb's control buffer.
+struct Rewrite {
+    side: Side,
+    new_addr_be: u32,
+    new_port_be: u16,
+    /// For the per-service counters (forward direction).
+    service_id: u32,
+    l4_off: usize,
+    proto: u8,
+}
+
+/// Where the control buffer words go: cb[0] the new address, cb[1] the new
+/// port, cb[2] the service id, cb[3] `l4_off | proto << 8 | side << 16`.
+const SIDE_BIT: u32 = 1 << 16;
+
+impl Rewrite {
+    #[inline(always)]
+    fn store(&self, ctx: &TcContext) {
+        let side = match self.side {
+            Side::Source => 0,
+            Side::Destination => SIDE_BIT,
+        };
+        let skb = ctx.skb.skb;
+        // SAFETY: `cb` is the program's own scratch space in `__sk_buff`,
+        // writable by tc programs and kept across a tail call.
+        unsafe {
+            (*skb).cb[0] = self.new_addr_be;
+            (*skb).cb[1] = u32::from(self.new_port_be);
+            (*skb).cb[2] = self.service_id;
+            (*skb).cb[3] = (self.l4_off as u32) | u32::from(self.proto) << 8 | side;
+        }
+    }
+
+    #[inline(always)]
+    fn load(ctx: &TcContext) -> Rewrite {
+        let skb = ctx.skb.skb;
+        // SAFETY: reads of the program's scratch space in `__sk_buff`.
+        let cb = unsafe { (*skb).cb };
+        Rewrite {
+            side: if cb[3] & SIDE_BIT != 0 {
+                Side::Destination
+            } else {
+                Side::Source
+            },
+            new_addr_be: cb[0],
+            new_port_be: cb[1] as u16,
+            service_id: cb[2],
+            l4_off: (cb[3] & 0xff) as usize,
+            proto: (cb[3] >> 8) as u8,
+        }
+    }
+}
+
+/// Tail-calls `sb_rewrite` with the rewrite in the control buffer. Returns only
+/// if the call failed (the agent has not filled the program array yet).
+#[inline(always)]
+fn hand_over(ctx: &TcContext, todo: &Rewrite) {
+    todo.store(ctx);
+    // SAFETY: a tail call with our own context and program array; on success
+    // it does not return.
+    unsafe { SB_TAIL_V1.tail_call(ctx, tail::REWRITE) };
+    count(stat::TAIL_CALL_MISSED);
+}
+
+/// Counts a rewritten packet.
+#[inline(always)]
+fn count_rewritten(ctx: &TcContext, todo: &Rewrite) {
+    match todo.side {
+        Side::Destination => {
+            let len = u64::from(ctx.len());
+            count_service(todo.service_id, |s| {
+                s.packets += 1;
+                s.bytes += len;
+            });
+            count(stat::FORWARDED);
+        }
+        Side::Source => count(stat::REVERSED),
+    }
+}
+
+/// `sb_rewrite`: writes the rewrite `sb_from_pod` or `sb_to_pod` decided on.
+///
+/// It is a program of its own because it stores into the packet directly: the
+/// verifier makes such a program unclone a cloned skb on entry (copying its
+/// headers), and every TCP segment a pod sends is a clone. Here that happens
+/// only to packets we rewrite, which need a private copy anyway; the two
+/// programs that see every packet only read.
+#[inline(always)]
+pub fn rewrite_in_place(ctx: &TcContext) -> i32 {
+    let todo = Rewrite::load(ctx);
+    if todo.l4_off < ETH_HLEN + IPV4_MIN_HLEN
+        || todo.l4_off > ETH_HLEN + 60
+        || (todo.proto != proto::TCP && todo.proto != proto::UDP)
+    {
+        count(stat::DROP_REWRITE_FAILED);
+        return TC_ACT_SHOT as i32;
+    }
+    if store_in_place(ctx, &todo).is_err() {
+        count(stat::DROP_REWRITE_FAILED);
+        return TC_ACT_SHOT as i32;
+    }
+    count_rewritten(ctx, &todo);
+    TC_ACT_OK as i32
+}
+
+/// The address, port and IPv4 checksum stored directly, then the L4 checksum
+/// through the kernel's helper (see [`rewrite`]).
+#[inline(always)]
+fn store_in_place(ctx: &TcContext, todo: &Rewrite) -> Result<(), RewriteFailed> {
+    let (addr_off, port_off) = match todo.side {
+        Side::Source => (ETH_HLEN + 12, todo.l4_off),
+        Side::Destination => (ETH_HLEN + 16, todo.l4_off + 2),
+    };
+    let csum_ptr = ptr_at::<u16>(ctx, IP_CSUM_OFF).map_err(|_| RewriteFailed)? as *mut u16;
+    let addr_ptr = ptr_at::<u32>(ctx, addr_off).map_err(|_| RewriteFailed)? as *mut u32;
+    let port_ptr = ptr_at::<u16>(ctx, port_off).map_err(|_| RewriteFailed)? as *mut u16;
+    // SAFETY: `ptr_at` checked each field lies inside the linear packet data;
+    // this program may store there (the verifier unclones the skb on entry).
+    // No helper that moves packet data runs before the last store.
+    let (old_addr_be, old_port_be) = unsafe {
+        let old = (*addr_ptr, *port_ptr);
+        *csum_ptr = csum_replace4(*csum_ptr, old.0, todo.new_addr_be);
+        *addr_ptr = todo.new_addr_be;
+        *port_ptr = todo.new_port_be;
+        old
+    };
+    let (csum_off, l4_flags) = if todo.proto == proto::TCP {
+        (todo.l4_off + TCP_CSUM_OFF, 0)
+    } else {
+        (todo.l4_off + UDP_CSUM_OFF, u64::from(BPF_F_MARK_MANGLED_0))
+    };
+    if old_addr_be != todo.new_addr_be {
+        ctx.l4_csum_replace(
+            csum_off,
+            u64::from(old_addr_be),
+            u64::from(todo.new_addr_be),
+            u64::from(BPF_F_PSEUDO_HDR) | l4_flags | 4,
+        )
+        .map_err(|_| RewriteFailed)?;
+    }
+    if old_port_be != todo.new_port_be {
+        ctx.l4_csum_replace(
+            csum_off,
+            u64::from(old_port_be),
+            u64::from(todo.new_port_be),
+            l4_flags | 2,
+        )
+        .map_err(|_| RewriteFailed)?;
+    }
+    Ok(())
 }
 
 /// The backend an existing flow was given, if the flow is tracked and belongs

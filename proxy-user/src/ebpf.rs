@@ -9,10 +9,11 @@ use std::{
 };
 
 use aya::{
+    maps::{MapData, ProgramArray},
     programs::{CgroupSock, CgroupSockAddr, Program, ProgramError, SchedClassifier},
     Ebpf, EbpfError, EbpfLoader,
 };
-use proxy_common::{capacity, names, programs};
+use proxy_common::{capacity, names, programs, tail};
 use tracing::info;
 
 /// The eBPF object built from `proxy-ebpf` by `build.rs` (empty when built
@@ -39,6 +40,10 @@ pub enum LoadError {
     },
     #[error("program {name} is missing from the eBPF object")]
     MissingProgram { name: &'static str },
+    #[error("map {name} is missing from the eBPF object")]
+    MissingMap { name: &'static str },
+    #[error("filling the tail-call program array")]
+    TailCalls { source: aya::maps::MapError },
     #[error("loading program {name} into the kernel")]
     Program {
         name: &'static str,
@@ -133,10 +138,15 @@ fn load_with(pin_root: Option<&Path>, caps: &Capacities) -> Result<Ebpf, LoadErr
         pin_root: pin_root.map(Path::to_owned).unwrap_or_default(),
         source: Box::new(source),
     })?;
-    for name in [programs::TC_FROM_POD, programs::TC_TO_POD] {
+    for name in [
+        programs::TC_FROM_POD,
+        programs::TC_TO_POD,
+        programs::TC_REWRITE,
+    ] {
         let result = typed::<SchedClassifier>(&mut ebpf, name)?.load();
         result.map_err(|source| LoadError::Program { name, source })?;
     }
+    install_tail_calls(&mut ebpf)?;
     for name in programs::SOCKET_LB {
         let result = typed::<CgroupSockAddr>(&mut ebpf, name)?.load();
         result.map_err(|source| LoadError::Program { name, source })?;
@@ -145,6 +155,28 @@ fn load_with(pin_root: Option<&Path>, caps: &Capacities) -> Result<Ebpf, LoadErr
     let result = typed::<CgroupSock>(&mut ebpf, name)?.load();
     result.map_err(|source| LoadError::Program { name, source })?;
     Ok(ebpf)
+}
+
+/// Puts `sb_rewrite` in its slot of the tail-call array (pinned, so an
+/// earlier agent's programs, still attached, call the new one at once).
+fn install_tail_calls(ebpf: &mut Ebpf) -> Result<(), LoadError> {
+    let name = programs::TC_REWRITE;
+    let fd = typed::<SchedClassifier>(ebpf, name)?
+        .fd()
+        .map_err(|source| LoadError::Program { name, source })?
+        .try_clone()
+        .map_err(|source| LoadError::TailCalls {
+            source: aya::maps::MapError::from(source),
+        })?;
+    let map = ebpf
+        .map_mut(names::TAIL_CALLS)
+        .ok_or(LoadError::MissingMap {
+            name: names::TAIL_CALLS,
+        })?;
+    let mut tail: ProgramArray<&mut MapData> =
+        ProgramArray::try_from(map).map_err(|source| LoadError::TailCalls { source })?;
+    tail.set(tail::REWRITE, &fd, 0)
+        .map_err(|source| LoadError::TailCalls { source })
 }
 
 /// Program `name` of the object as its aya type `T`.

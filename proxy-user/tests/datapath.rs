@@ -394,6 +394,8 @@ fn replies_are_reverse_natted_only_for_tracked_flows() {
         (TC_ACT_UNSPEC, stray.build())
     );
     assert_eq!(fx.stat("reversed"), 2);
+    // Both directions were rewritten by the tail-called `sb_rewrite`.
+    assert_eq!(fx.stat("tail_call_missed"), 0);
 }
 
 /// A closed connection's entries do not capture a later connection that
