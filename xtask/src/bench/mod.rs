@@ -9,13 +9,16 @@
 //! 2. control plane (`sb_bench sync`: model + map writes at 10k × 10);
 //! 3. forwarding rate on one core (`sb_bench fwd` in a sandbox: XDP live
 //!    frames into the node's stack through the tc path);
-//! 4. end to end in netns sandboxes, one fresh sandbox per path so nothing of
-//!    one path (conntrack hooks, rules, tc filters) stays for the next: direct
-//!    to a pod, switchboard, kube-proxy-style iptables, kube-proxy-style
-//!    nftables, each at 1, 1k, 10k Services: new TCP connections per second
-//!    and latency (wrk, `Connection: close`), UDP request/response rate, one
-//!    TCP stream's throughput; plus the time to program 10k Services × 10
-//!    endpoints with each (iptables-restore, `nft -f`, agent);
+//! 4. end to end in netns sandboxes, one fresh sandbox per setup so nothing
+//!    of one (conntrack hooks, rules, tc filters, cgroup hooks) touches
+//!    another: direct to the three pods (from a pod and from the host),
+//!    switchboard (tc with a pod client outside the sandbox's cgroup; socket
+//!    layer with pod and host clients inside it), kube-proxy-style iptables,
+//!    kube-proxy-style nftables, each at 1, 1k, 10k Services, measured in
+//!    interleaved rounds: new TCP connections per second and latency (three
+//!    wrk in parallel, `Connection: close`), UDP request/response rate (three
+//!    clients), one TCP stream's throughput; plus the time to program 10k
+//!    Services × 10 endpoints with each (iptables-restore, `nft -f`, agent);
 //! 5. agent resident memory at 1k, 10k, 100k Services (a real `switchboard
 //!    agent --source dir:` in a sandbox);
 //! 6. the report, with every ratio computed from this run's figures.
@@ -31,7 +34,7 @@ pub mod workload;
 use std::fs;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Output, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
@@ -119,7 +122,7 @@ pub fn run(opts: Options) -> Result<()> {
     let plan = Plan::new(opts.quick);
     STARTED.get_or_init(Instant::now);
     TOTAL.store(
-        3 + 1 + plan.e2e_sizes.len() * (1 + 4 * plan.rounds) + plan.rss_sizes.len() + 1,
+        3 + 1 + plan.e2e_sizes.len() * (1 + PATHS.len() * plan.rounds) + plan.rss_sizes.len() + 1,
         Ordering::SeqCst,
     );
 
@@ -186,7 +189,8 @@ pub fn run(opts: Options) -> Result<()> {
     progress("forwarding rate on one core: XDP live frames through the node's tc path");
     results["fwd"] = fwd(&sb_bench, &plan, &dir)?;
 
-    let (e2e, programming) = e2e_all(&plan, &sb_http, &bins.switchboard, &dir)?;
+    let (paths, e2e, programming) = e2e_all(&plan, &sb_http, &bins.switchboard, &dir)?;
+    results["e2e_paths"] = Value::Array(paths);
     results["e2e"] = Value::Array(e2e);
     results["programming"] = Value::Array(programming);
 
@@ -379,6 +383,236 @@ fn fwd(sb_bench: &Path, plan: &Plan, dir: &Path) -> Result<Value> {
 // End to end
 // ---------------------------------------------------------------------------
 
+/// Where a benchmark client runs: which namespace, and whether it is a member
+/// of the sandbox's cgroup (the one the agent's socket layer is attached to).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Client {
+    /// The client namespace (a pod), outside the cgroup: Service traffic is
+    /// translated per packet (switchboard's tc programs, or the NAT rules).
+    Pod,
+    /// The client namespace, inside the cgroup: the socket layer picks the
+    /// backend at `connect()`.
+    PodInCgroup,
+    /// The node namespace (the host), inside the cgroup.
+    HostInCgroup,
+    /// The node namespace, outside the cgroup.
+    Host,
+}
+
+impl Client {
+    fn ns(self, sb: &Sandbox) -> String {
+        match self {
+            Client::Pod | Client::PodInCgroup => sb.client_ns(),
+            Client::Host | Client::HostInCgroup => sb.node_ns(),
+        }
+    }
+
+    fn in_cgroup(self) -> bool {
+        matches!(self, Client::PodInCgroup | Client::HostInCgroup)
+    }
+
+    /// `cmd` run as this client (stdin closed, stdout and stderr piped).
+    fn command(self, sb: &Sandbox, cmd: &[&str]) -> Result<Command> {
+        let ns = self.ns(sb);
+        let mut c = if self.in_cgroup() {
+            sb.command_in_cgroup(&ns, cmd)?
+        } else {
+            sb.command(&ns, cmd)
+        };
+        c.stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        Ok(c)
+    }
+
+    fn describe(self) -> &'static str {
+        match self {
+            Client::Pod => "client namespace, outside the sandbox's cgroup",
+            Client::PodInCgroup => "client namespace, inside the sandbox's cgroup",
+            Client::HostInCgroup => "node namespace, inside the sandbox's cgroup",
+            Client::Host => "node namespace, outside the sandbox's cgroup",
+        }
+    }
+}
+
+/// Where the clients send to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Target {
+    /// Each client to its own pod (pod1, pod2, pod3), on the pods' ports.
+    Pods,
+    /// Every client to the target Service's ClusterIP and ports.
+    Service,
+}
+
+impl Target {
+    /// One destination address per client: the pods, or the Service for each.
+    fn hosts(self) -> Vec<String> {
+        (1..=CLIENTS)
+            .map(|i| match self {
+                Target::Pods => sandbox::pod_ip(i),
+                Target::Service => workload::TARGET_IP.to_string(),
+            })
+            .collect()
+    }
+
+    /// HTTP, UDP and bulk ports.
+    fn ports(self) -> (u16, u16, u16) {
+        match self {
+            Target::Pods => (
+                workload::POD_HTTP_PORT,
+                workload::POD_UDP_PORT,
+                workload::POD_BULK_PORT,
+            ),
+            Target::Service => (workload::HTTP_PORT, workload::UDP_PORT, workload::BULK_PORT),
+        }
+    }
+
+    fn describe(self) -> String {
+        let (http, udp, bulk) = self.ports();
+        match self {
+            Target::Pods => format!(
+                "pod1, pod2, pod3: one client each ({}–{}, ports {http}, {udp}); the stream to pod1:{bulk}",
+                sandbox::pod_ip(1),
+                sandbox::pod_ip(CLIENTS)
+            ),
+            Target::Service => format!(
+                "the Service {}: all clients (ports {http}, {udp}); the stream to :{bulk}",
+                workload::TARGET_IP
+            ),
+        }
+    }
+}
+
+/// Which of the four sandboxes a path runs in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Setup {
+    Direct,
+    Switchboard,
+    Iptables,
+    Nftables,
+}
+
+impl Setup {
+    fn tag(self) -> &'static str {
+        match self {
+            Setup::Direct => "sbbdir",
+            Setup::Switchboard => "sbbsw",
+            Setup::Iptables => "sbbipt",
+            Setup::Nftables => "sbbnft",
+        }
+    }
+}
+
+/// One end-to-end path: a sandbox, where its clients run and where they send.
+struct E2ePath {
+    /// The `path` of its rows in results.json.
+    key: &'static str,
+    label: &'static str,
+    setup: Setup,
+    client: Client,
+    target: Target,
+    /// What spreads the connections over the pods.
+    balancer: &'static str,
+    /// The client namespace's ephemeral ports while this path is measured
+    /// (`net.ipv4.ip_local_port_range`), when not the default.
+    local_ports: Option<&'static str>,
+}
+
+/// Keys of the end-to-end paths in results.json (the report looks them up).
+pub const DIRECT: &str = "direct";
+pub const DIRECT_HOST: &str = "direct_host";
+pub const SW_TC: &str = "switchboard";
+pub const SW_SOCK_POD: &str = "socketlb_pod";
+pub const SW_SOCK_HOST: &str = "socketlb_host";
+pub const IPTABLES: &str = "iptables";
+pub const NFTABLES: &str = "nftables";
+
+/// The tc row and the socket-LB pod row share the switchboard sandbox's client
+/// namespace, so they stand for two pods with disjoint ephemeral port ranges.
+/// Sharing ports would make them collide in the pods' TCP stacks, as any two
+/// clients would that reach a pod once through DNAT and once directly from
+/// the same address and port within a minute: the server closes first
+/// (`Connection: close`), so the pod keeps the tuple (pod port, client port)
+/// in TIME_WAIT for 60 s; a direct connection reusing it carries TCP
+/// timestamps with another per-destination offset, the pod's TIME_WAIT socket
+/// rejects its SYN (PAWS) and the connection only opens on a SYN retransmit,
+/// a second later. (switchboard itself no longer captures such a connection:
+/// a SYN-ACK meeting a closed flow's entry passes untouched.)
+const TC_LOCAL_PORTS: &str = "32768 46999";
+const SOCKET_LB_LOCAL_PORTS: &str = "47000 60999";
+
+const SOCKET_LB: &str = "switchboard's socket layer (cgroup connect4/sendmsg4/recvmsg4/getpeername4): the backend is chosen once per connect(), packets carry pod addresses and tc leaves them alone";
+
+/// Every end-to-end path, in the order of the first round.
+const PATHS: [E2ePath; 7] = [
+    E2ePath {
+        key: DIRECT,
+        label: "direct (pod client)",
+        setup: Setup::Direct,
+        client: Client::Pod,
+        target: Target::Pods,
+        balancer: "none (no Service): the limit for pod clients",
+        local_ports: None,
+    },
+    E2ePath {
+        key: DIRECT_HOST,
+        label: "direct (host client)",
+        setup: Setup::Direct,
+        client: Client::Host,
+        target: Target::Pods,
+        balancer: "none (no Service): the limit for host clients",
+        local_ports: None,
+    },
+    E2ePath {
+        key: SW_TC,
+        label: "switchboard (tc, pod client)",
+        setup: Setup::Switchboard,
+        client: Client::Pod,
+        target: Target::Service,
+        balancer: "switchboard's tc programs on the node's veths (per-packet DNAT and connection tracking)",
+        local_ports: Some(TC_LOCAL_PORTS),
+    },
+    E2ePath {
+        key: SW_SOCK_POD,
+        label: "switchboard socket-LB (pod client)",
+        setup: Setup::Switchboard,
+        client: Client::PodInCgroup,
+        target: Target::Service,
+        balancer: SOCKET_LB,
+        local_ports: Some(SOCKET_LB_LOCAL_PORTS),
+    },
+    E2ePath {
+        key: SW_SOCK_HOST,
+        label: "switchboard socket-LB (host client)",
+        setup: Setup::Switchboard,
+        client: Client::HostInCgroup,
+        target: Target::Service,
+        balancer: SOCKET_LB,
+        local_ports: None,
+    },
+    E2ePath {
+        key: IPTABLES,
+        label: "iptables",
+        setup: Setup::Iptables,
+        client: Client::Pod,
+        target: Target::Service,
+        balancer: "kube-proxy-style iptables NAT rules in the node namespace (conntrack)",
+        local_ports: None,
+    },
+    E2ePath {
+        key: NFTABLES,
+        label: "nftables",
+        setup: Setup::Nftables,
+        client: Client::Pod,
+        target: Target::Service,
+        balancer: "kube-proxy-style nftables NAT rules in the node namespace (conntrack)",
+        local_ports: None,
+    },
+];
+
+/// Clients run in parallel per measurement (wrk and UDP): one per pod.
+const CLIENTS: usize = sandbox::PODS;
+
 fn start_http_pods(sb: &mut Sandbox, sb_http: &Path) -> Result<()> {
     let bin = sb_http.to_string_lossy().into_owned();
     for i in 1..=sandbox::PODS {
@@ -449,6 +683,8 @@ struct Wrk {
     p99_us: f64,
     requests: u64,
     errors: u64,
+    /// Connections/s of each client (several wrk run in parallel).
+    per_client: Vec<f64>,
 }
 
 fn parse_duration_us(s: &str) -> Option<f64> {
@@ -502,70 +738,178 @@ fn parse_wrk(text: &str) -> Result<Wrk> {
     Ok(w)
 }
 
-/// wrk threads and connections: two client threads on this 2-core machine;
-/// 32 connections keep the three pods busy without queueing in accept.
-const WRK_THREADS: &str = "2";
-const WRK_CONNECTIONS: &str = "32";
+/// wrk per client: one thread, 11 connections; with the three clients, 33
+/// connections keep the three pods busy without queueing in accept.
+const WRK_CONNECTIONS: &str = "11";
+/// UDP flows per client (sockets doing request/response in lockstep).
+const UDP_FLOWS: &str = "3";
 
-fn wrk(sb: &Sandbox, url: &str, secs: u32) -> Result<Wrk> {
-    let d = format!("{secs}s");
-    let out = sb.exec(
-        &sb.client_ns(),
-        &[
-            "wrk",
-            "-t",
-            WRK_THREADS,
-            "-c",
-            WRK_CONNECTIONS,
-            "-d",
-            &d,
-            "--latency",
-            "-H",
-            "Connection: close",
-            url,
-        ],
-    )?;
-    parse_wrk(&String::from_utf8_lossy(&out.stdout))
+/// Starts every command, then waits for all of them; fails if one failed.
+fn run_parallel(cmds: Vec<Command>) -> Result<Vec<Output>> {
+    let mut children = Vec::new();
+    for mut c in cmds {
+        match c.spawn() {
+            Ok(child) => children.push((show(&c), child)),
+            Err(e) => {
+                for (_, mut child) in children {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                }
+                return Err(e).with_context(|| format!("could not start `{}`", show(&c)));
+            }
+        }
+    }
+    let mut outs = Vec::new();
+    let mut failed = Vec::new();
+    for (what, child) in children {
+        let out = child
+            .wait_with_output()
+            .with_context(|| format!("wait for `{what}`"))?;
+        if !out.status.success() {
+            failed.push(format!(
+                "`{what}` failed ({}): {}{}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim(),
+                String::from_utf8_lossy(&out.stdout).trim()
+            ));
+        }
+        outs.push(out);
+    }
+    ensure!(failed.is_empty(), "{}", failed.join("; "));
+    Ok(outs)
 }
 
-/// Everything measured over one path at one size.
+fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// One wrk per URL, in parallel, each `-t 1 -c 11`, `Connection: close`.
+/// Connections/s, requests and errors are summed; p50 is the median of the
+/// clients' p50s, p99 the largest of their p99s.
+fn wrk(sb: &Sandbox, client: Client, urls: &[String], secs: u32) -> Result<Wrk> {
+    let d = format!("{secs}s");
+    let cmds = urls
+        .iter()
+        .map(|url| {
+            client.command(
+                sb,
+                &[
+                    "wrk",
+                    "-t",
+                    "1",
+                    "-c",
+                    WRK_CONNECTIONS,
+                    "-d",
+                    &d,
+                    "--latency",
+                    "-H",
+                    "Connection: close",
+                    url,
+                ],
+            )
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let each = run_parallel(cmds)?
+        .iter()
+        .map(|out| parse_wrk(&String::from_utf8_lossy(&out.stdout)))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Wrk {
+        rps: each.iter().map(|w| w.rps).sum(),
+        p50_us: median(each.iter().map(|w| w.p50_us).collect()),
+        p99_us: each.iter().map(|w| w.p99_us).fold(0.0, f64::max),
+        requests: each.iter().map(|w| w.requests).sum(),
+        errors: each.iter().map(|w| w.errors).sum(),
+        per_client: each.iter().map(|w| w.rps).collect(),
+    })
+}
+
+/// One `sb-http udp` per address, in parallel, [`UDP_FLOWS`] flows each:
+/// rates, requests and timeouts summed, p50 the median of the clients' p50s,
+/// p99 the largest of their p99s.
+fn udp(sb: &Sandbox, client: Client, sb_http: &str, addrs: &[String], ms: u32) -> Result<Value> {
+    let ms = ms.to_string();
+    let cmds = addrs
+        .iter()
+        .map(|addr| {
+            client.command(
+                sb,
+                &[
+                    sb_http,
+                    "udp",
+                    "--addr",
+                    addr,
+                    "--flows",
+                    UDP_FLOWS,
+                    "--duration-ms",
+                    &ms,
+                ],
+            )
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let mut runs = Vec::new();
+    for (addr, out) in addrs.iter().zip(run_parallel(cmds)?) {
+        let run: Value = serde_json::from_slice(&out.stdout).with_context(|| {
+            format!(
+                "sb-http udp output: {}",
+                String::from_utf8_lossy(&out.stdout)
+            )
+        })?;
+        ensure!(
+            run["requests"].as_u64().unwrap_or(0) > 0,
+            "no UDP answer from {addr}: {run}"
+        );
+        runs.push(run);
+    }
+    let nums = |key: &str| -> Vec<f64> { runs.iter().filter_map(|r| r[key].as_f64()).collect() };
+    Ok(json!({
+        "requests": runs.iter().filter_map(|r| r["requests"].as_u64()).sum::<u64>(),
+        "timeouts": runs.iter().filter_map(|r| r["timeouts"].as_u64()).sum::<u64>(),
+        "rate": nums("rate").iter().sum::<f64>(),
+        "p50_us": median(nums("p50_us")),
+        "p99_us": nums("p99_us").into_iter().fold(0.0, f64::max),
+        "clients": runs,
+    }))
+}
+
+/// switchboard's counters, read between the phases of a measurement.
+type Counters<'a> = &'a dyn Fn() -> Result<Value>;
+
+/// Everything measured over one path at one size: three wrk clients, three
+/// UDP clients, one TCP stream (to the first address). With `counters`, the
+/// growth of switchboard's counters over each phase goes into `datapath`, and
+/// the wrk phase is checked against the path's label ([`check_datapath`]).
 fn measure(
     sb: &Sandbox,
+    path: &E2ePath,
     sb_http: &Path,
     plan: &Plan,
-    host: &str,
-    ports: (u16, u16, u16),
+    counters: Option<Counters>,
 ) -> Result<Value> {
+    let snap = || counters.map(|read| read()).transpose();
     let bin = sb_http.to_string_lossy().into_owned();
-    let url = format!("http://{host}:{}/", ports.0);
+    let hosts = path.target.hosts();
+    let (http, udp_port, bulk_port) = path.target.ports();
+    let urls: Vec<String> = hosts
+        .iter()
+        .map(|h| format!("http://{h}:{http}/"))
+        .collect();
     if !plan.quick {
-        wrk(sb, &url, 1)?; // warm-up (neighbours, caches, conntrack)
+        wrk(sb, path.client, &urls, 1)?; // warm-up (neighbours, caches, conntrack)
     }
-    let w = wrk(sb, &url, plan.wrk_secs)?;
-    let udp_addr = format!("{host}:{}", ports.1);
-    let udp_ms = plan.udp_ms.to_string();
-    let out = sb.exec(
-        &sb.client_ns(),
-        &[
-            &bin,
-            "udp",
-            "--addr",
-            &udp_addr,
-            "--flows",
-            "8",
-            "--duration-ms",
-            &udp_ms,
-        ],
-    )?;
-    let udp: Value = serde_json::from_slice(&out.stdout).context("sb-http udp output")?;
-    ensure!(
-        udp["requests"].as_u64().unwrap_or(0) > 0,
-        "no UDP answer from {udp_addr}: {udp}"
-    );
-    let bulk_addr = format!("{host}:{}", ports.2);
+    let c0 = snap()?;
+    let w = wrk(sb, path.client, &urls, plan.wrk_secs)?;
+    let c1 = snap()?;
+    let udp_addrs: Vec<String> = hosts.iter().map(|h| format!("{h}:{udp_port}")).collect();
+    let udp = udp(sb, path.client, &bin, &udp_addrs, plan.udp_ms)?;
+    let c2 = snap()?;
+    let bulk_addr = format!("{}:{bulk_port}", hosts[0]);
     let bulk_ms = plan.bulk_ms.to_string();
-    let out = sb.exec(
-        &sb.client_ns(),
+    let out = run_capture(&mut path.client.command(
+        sb,
         &[
             &bin,
             "bulk",
@@ -574,25 +918,83 @@ fn measure(
             "--duration-ms",
             &bulk_ms,
         ],
-    )?;
+    )?)?;
     let bulk: Value = serde_json::from_slice(&out.stdout).context("sb-http bulk output")?;
+    let c3 = snap()?;
+    let datapath = match (c0, c1, c2, c3) {
+        (Some(c0), Some(c1), Some(c2), Some(c3)) => {
+            let http = growth(&c0, &c1);
+            check_datapath(path, &http, w.requests)?;
+            json!({"http": http, "udp": growth(&c1, &c2), "bulk": growth(&c2, &c3)})
+        }
+        _ => Value::Null,
+    };
+    let per_client: Vec<String> = w.per_client.iter().map(|r| format!("{r:.0}")).collect();
     note(&format!(
-        "{:.0} conn/s (p50 {:.0} us, p99 {:.0} us, {} errors); UDP {:.0} req/s (p99 {} us); one TCP stream {:.2} Gbit/s",
-        w.rps, w.p50_us, w.p99_us, w.errors, udp["rate"].as_f64().unwrap_or(0.0), udp["p99_us"], bulk["gbit_s"].as_f64().unwrap_or(0.0)
+        "{:.0} conn/s ({}; p50 {:.0} us, p99 {:.0} us, {} errors); UDP {:.0} req/s (p99 {} us); one TCP stream {:.2} Gbit/s",
+        w.rps, per_client.join(" + "), w.p50_us, w.p99_us, w.errors, udp["rate"].as_f64().unwrap_or(0.0), udp["p99_us"], bulk["gbit_s"].as_f64().unwrap_or(0.0)
     ));
     Ok(json!({
         "conn_per_s": w.rps,
+        "conn_per_s_clients": w.per_client,
         "p50_us": w.p50_us,
         "p99_us": w.p99_us,
         "requests": w.requests,
         "errors": w.errors,
         "udp": udp,
         "bulk": bulk,
+        "datapath": datapath,
     }))
 }
 
-fn service_ports() -> (u16, u16, u16) {
-    (workload::HTTP_PORT, workload::UDP_PORT, workload::BULK_PORT)
+/// switchboard's global data-path counters (`switchboard stats -o json`).
+fn sb_counters(sb: &Sandbox, switchboard: &Path) -> Result<Value> {
+    let bin = switchboard.to_string_lossy().into_owned();
+    let pin = sb.pin_dir.to_string_lossy().into_owned();
+    let out = sb.exec(
+        &sb.node_ns(),
+        &[&bin, "stats", "--pin-root", &pin, "-o", "json"],
+    )?;
+    let v: Value = serde_json::from_slice(&out.stdout).context("`switchboard stats -o json`")?;
+    Ok(v["counters"].clone())
+}
+
+/// How much switchboard's data-path counters grew between two readings.
+fn growth(before: &Value, after: &Value) -> Value {
+    let grew = |k: &str| {
+        after[k]
+            .as_u64()
+            .unwrap_or(0)
+            .saturating_sub(before[k].as_u64().unwrap_or(0))
+    };
+    json!({
+        "tc_forwarded": grew("forwarded"),
+        "sock_connect": grew("sock_connect"),
+        "sock_sendmsg": grew("sock_sendmsg"),
+    })
+}
+
+/// Checks, from the counters' growth over the wrk phase, that a switchboard
+/// row measured the data path it is labelled with: the socket layer gave
+/// every connection its backend and tc rewrote nothing, or the reverse.
+fn check_datapath(path: &E2ePath, http: &Value, requests: u64) -> Result<()> {
+    let forwarded = http["tc_forwarded"].as_u64().unwrap_or(0);
+    let connects = http["sock_connect"].as_u64().unwrap_or(0);
+    let (ok, layer) = if path.client.in_cgroup() {
+        // A stray retransmission of an earlier tc flow may still pass tc.
+        (
+            connects >= requests && forwarded <= requests / 1000,
+            "the socket layer",
+        )
+    } else {
+        (connects == 0 && forwarded >= requests, "tc")
+    };
+    ensure!(
+        ok,
+        "{}: during wrk the socket layer balanced {connects} connects and tc rewrote {forwarded} packets for {requests} HTTP requests: the clients are not balanced by {layer} alone",
+        path.label
+    );
+    Ok(())
 }
 
 /// Writes the manifests for `count` Services into the sandbox's manifest
@@ -633,14 +1035,11 @@ fn agent_caps(services: u32) -> Vec<String> {
 }
 
 fn start_agent(sb: &mut Sandbox, switchboard: &Path, max_services: u32) -> Result<u32> {
-    let bin = switchboard.to_string_lossy().into_owned();
-    let source = format!("dir:{}", sb.manifest_dir().display());
-    let pin = sb.pin_dir.to_string_lossy().into_owned();
+    // The sandbox's own agent command: its socket layer goes on the
+    // sandbox's cgroup, never on the host's cgroup root (the agent's default).
     let caps = agent_caps(max_services);
-    let mut args: Vec<&str> = vec![&bin, "agent", "--source", &source, "--pin-root", &pin];
-    args.extend(caps.iter().map(String::as_str));
-    let node = sb.node_ns();
-    sb.spawn("agent", &node, &args)
+    let caps: Vec<&str> = caps.iter().map(String::as_str).collect();
+    sb.start_agent_with(switchboard, &caps)
 }
 
 /// Waits until the agent's log has a `maps synced` line with `frontends=N`
@@ -738,33 +1137,38 @@ fn median_of(runs: &[Value], key: &str) -> Value {
     json!(v[v.len() / 2])
 }
 
-/// The four paths, each in its own sandbox (so nothing of one path, such as
-/// the conntrack hooks that iptables/nftables NAT rules switch on, touches
-/// another), all alive at once so that the measurements can be interleaved:
-/// for each size, every round measures every path, starting with a different
-/// one each round, and the report takes the median over rounds. On a small
-/// machine shared with other work this keeps slow drifts from favouring
-/// whichever path happened to run in a quiet moment.
+/// The paths of [`PATHS`] over four sandboxes (direct, switchboard, iptables,
+/// nftables), so that nothing of one setup, such as the conntrack hooks that
+/// iptables/nftables NAT rules switch on, touches another. The switchboard
+/// sandbox's one agent serves its three paths (tc with clients outside its
+/// cgroup, socket layer with pod and host clients inside). All sandboxes are
+/// alive at once so that the measurements can be interleaved: for each size,
+/// every round measures every path, starting with a different one each round,
+/// and the report takes the median over rounds. On a small machine shared
+/// with other work this keeps slow drifts from favouring whichever path
+/// happened to run in a quiet moment.
 fn e2e_all(
     plan: &Plan,
     sb_http: &Path,
     switchboard: &Path,
     dir: &Path,
-) -> Result<(Vec<Value>, Vec<Value>)> {
-    progress("end to end: four sandboxes (direct, switchboard, iptables, nftables) with three sb-http pods each");
-    let mut direct = Sandbox::new("sbbdir")?;
+) -> Result<(Vec<Value>, Vec<Value>, Vec<Value>)> {
+    progress(&format!(
+        "end to end: four sandboxes (direct, switchboard, iptables, nftables) with three sb-http pods each; {} paths",
+        PATHS.len()
+    ));
+    let mut direct = Sandbox::new(Setup::Direct.tag())?;
     start_http_pods(&mut direct, sb_http)?;
-    let mut sw = Sandbox::new("sbbsw")?;
+    let mut sw = Sandbox::new(Setup::Switchboard.tag())?;
     start_http_pods(&mut sw, sb_http)?;
-    let mut ipt = Sandbox::new("sbbipt")?;
+    let mut ipt = Sandbox::new(Setup::Iptables.tag())?;
     start_http_pods(&mut ipt, sb_http)?;
-    let mut nft = Sandbox::new("sbbnft")?;
+    let mut nft = Sandbox::new(Setup::Nftables.tag())?;
     start_http_pods(&mut nft, sb_http)?;
     let max = *plan.e2e_sizes.iter().max().unwrap_or(&1);
     let mut rows = Vec::new();
     let mut programming = Vec::new();
     let mut agent_started = false;
-    let paths = ["direct", "switchboard", "iptables", "nftables"];
     for &n in &plan.e2e_sizes {
         progress(&format!(
             "end to end at {n} Services: programming switchboard, iptables, nftables"
@@ -780,8 +1184,8 @@ fn e2e_all(
         let synced = wait_synced(&mut sw, frontends, skip, Duration::from_secs(300))?;
         let agent_s = (synced - t0).as_secs_f64();
         note(&format!("switchboard agent: {frontends} frontends programmed {agent_s:.2} s after the manifests were written"));
-        let mut loads = serde_json::Map::new();
-        loads.insert("switchboard".into(), json!(agent_s));
+        let mut ipt_s = 0.0;
+        let mut nft_s = 0.0;
         for (set, sb) in [(RuleSet::Iptables, &ipt), (RuleSet::Nftables, &nft)] {
             let services = workload::services(n, &pod_ips());
             let text = set.render(&services);
@@ -795,7 +1199,10 @@ fn e2e_all(
                 workload::FILLER_ENDPOINTS,
                 text.lines().count()
             ));
-            loads.insert(set.name().into(), json!(secs));
+            match set {
+                RuleSet::Iptables => ipt_s = secs,
+                RuleSet::Nftables => nft_s = secs,
+            }
             if n == max {
                 programming
                     .push(json!({"tool": set.load_command(), "services": n, "seconds": secs}));
@@ -811,53 +1218,45 @@ fn e2e_all(
         if n == max {
             programming.push(json!({"tool": "switchboard agent (YAML written → maps synced)", "services": n, "seconds": agent_s}));
         }
-        let mut runs: Vec<Vec<Value>> = vec![Vec::new(); paths.len()];
+        let mut runs: Vec<Vec<Value>> = vec![Vec::new(); PATHS.len()];
         for round in 0..plan.rounds {
-            for k in 0..paths.len() {
-                let i = (k + round) % paths.len();
-                let path = paths[i];
+            for k in 0..PATHS.len() {
+                let i = (k + round) % PATHS.len();
+                let path = &PATHS[i];
                 progress(&format!(
-                    "end to end at {n} Services, round {}/{}: {path}",
+                    "end to end at {n} Services, round {}/{}: {}",
                     round + 1,
-                    plan.rounds
+                    plan.rounds,
+                    path.label
                 ));
-                let m = match path {
-                    "direct" => measure(
-                        &direct,
-                        sb_http,
-                        plan,
-                        &sandbox::pod_ip(1),
-                        (
-                            workload::POD_HTTP_PORT,
-                            workload::POD_UDP_PORT,
-                            workload::POD_BULK_PORT,
-                        ),
-                    )?,
-                    "switchboard" => measure(
-                        &sw,
-                        sb_http,
-                        plan,
-                        &workload::TARGET_IP.to_string(),
-                        service_ports(),
-                    )?,
-                    _ => {
-                        let sb = if path == "iptables" { &ipt } else { &nft };
-                        // Forget earlier connections (conntrack is per namespace).
-                        let _ = sb.exec_status(&sb.node_ns(), &["conntrack", "-F"]);
-                        measure(
-                            sb,
-                            sb_http,
-                            plan,
-                            &workload::TARGET_IP.to_string(),
-                            service_ports(),
-                        )?
-                    }
+                let sb = match path.setup {
+                    Setup::Direct => &direct,
+                    Setup::Switchboard => &sw,
+                    Setup::Iptables => &ipt,
+                    Setup::Nftables => &nft,
                 };
+                if matches!(path.setup, Setup::Iptables | Setup::Nftables) {
+                    // Forget earlier connections (conntrack is per namespace).
+                    let _ = sb.exec_status(&sb.node_ns(), &["conntrack", "-F"]);
+                }
+                if let Some(range) = path.local_ports {
+                    let ns = path.client.ns(sb);
+                    sb.exec(
+                        &ns,
+                        &[
+                            "sysctl",
+                            "-qw",
+                            &format!("net.ipv4.ip_local_port_range={range}"),
+                        ],
+                    )?;
+                }
+                let read = || sb_counters(sb, switchboard);
+                let counters = (path.setup == Setup::Switchboard).then_some(&read as Counters);
+                let m = measure(sb, path, sb_http, plan, counters)?;
                 runs[i].push(m);
             }
         }
-        for (i, path) in paths.iter().enumerate() {
-            let r = &runs[i];
+        for (path, r) in PATHS.iter().zip(&runs) {
             let m = json!({
                 "conn_per_s": median_of(r, "/conn_per_s"),
                 "p50_us": median_of(r, "/p50_us"),
@@ -866,14 +1265,23 @@ fn e2e_all(
                 "udp": {"rate": median_of(r, "/udp/rate"), "p50_us": median_of(r, "/udp/p50_us"), "p99_us": median_of(r, "/udp/p99_us")},
                 "bulk": {"gbit_s": median_of(r, "/bulk/gbit_s")},
                 "conn_per_s_rounds": r.iter().map(|m| m["conn_per_s"].clone()).collect::<Vec<_>>(),
+                "conn_per_s_clients_rounds": r.iter().map(|m| m["conn_per_s_clients"].clone()).collect::<Vec<_>>(),
+                "datapath_rounds": r.iter().map(|m| m["datapath"].clone()).filter(|d| !d.is_null()).collect::<Vec<_>>(),
             });
             note(&format!(
-                "{path} at {n} Services: median {} conn/s over {} rounds {}",
+                "{} at {n} Services: median {} conn/s over {} rounds {}",
+                path.label,
                 m["conn_per_s"],
                 r.len(),
                 m["conn_per_s_rounds"]
             ));
-            rows.push(json!({"path": path, "services": n, "m": m, "program_s": loads.get(*path).cloned().unwrap_or(Value::Null)}));
+            let program_s = match path.setup {
+                Setup::Direct => Value::Null,
+                Setup::Switchboard => json!(agent_s),
+                Setup::Iptables => json!(ipt_s),
+                Setup::Nftables => json!(nft_s),
+            };
+            rows.push(json!({"path": path.key, "label": path.label, "services": n, "m": m, "program_s": program_s}));
         }
     }
     sw.stop_agent()?;
@@ -884,7 +1292,21 @@ fn e2e_all(
         }
     }
     ensure!(errors.is_empty(), "cleanup: {}", errors.join("; "));
-    Ok((rows, programming))
+    let paths = PATHS
+        .iter()
+        .map(|p| {
+            json!({
+                "path": p.key,
+                "label": p.label,
+                "sandbox": p.setup.tag(),
+                "client": p.client.describe(),
+                "target": p.target.describe(),
+                "balancer": p.balancer,
+                "client_local_ports": p.local_ports,
+            })
+        })
+        .collect();
+    Ok((paths, rows, programming))
 }
 
 // ---------------------------------------------------------------------------
