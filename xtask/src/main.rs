@@ -27,6 +27,10 @@ enum Cmd {
         /// Write the report here instead of xtask/results/<timestamp>/.
         #[arg(long)]
         out: Option<std::path::PathBuf>,
+        /// Measure nothing: write report.md and the plots again from the
+        /// results.json in this folder (after a change to the report).
+        #[arg(long, conflicts_with_all = ["quick", "out"])]
+        report_only: Option<std::path::PathBuf>,
     },
     /// Remove test sandboxes (namespaces, pin mounts) left by dead processes,
     /// and the demo sandbox.
@@ -39,7 +43,11 @@ fn main() -> Result<()> {
         Cmd::Build => xtask::build::run().map(|_| ()),
         Cmd::Demo => xtask::demo::run(),
         Cmd::Test => xtask::testcmd::run(),
-        Cmd::Bench { quick, out } => xtask::bench::run(xtask::bench::Options { quick, out }),
+        Cmd::Bench {
+            report_only: Some(dir),
+            ..
+        } => xtask::bench::report_again(&dir),
+        Cmd::Bench { quick, out, .. } => xtask::bench::run(xtask::bench::Options { quick, out }),
         Cmd::CleanupStale => {
             xtask::sandbox::cleanup_stale()?;
             xtask::sandbox::purge_tag(xtask::sandbox::DEMO_TAG)

@@ -221,6 +221,16 @@ pub fn run(opts: Options) -> Result<()> {
     Ok(())
 }
 
+/// `cargo xtask bench --report-only DIR`: report.md and the plots again from
+/// DIR/results.json, measuring nothing.
+pub fn report_again(dir: &Path) -> Result<()> {
+    let results = read_json(&dir.join("results.json"))?;
+    let table = report::write(&results, dir)?;
+    println!("{table}");
+    println!("bench: report in {}", dir.join("report.md").display());
+    Ok(())
+}
+
 /// `cargo bench -p proxy-user --bench sb_bench --no-run`; the executable's path.
 fn build_bench() -> Result<PathBuf> {
     println!("build: cargo bench -p proxy-user --bench sb_bench --no-run");

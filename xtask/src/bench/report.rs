@@ -279,6 +279,7 @@ pub fn write(results: &Value, dir: &Path) -> Result<String> {
     }
     md.push_str("## Goals\n\n");
     md.push_str(&headline);
+    md.push_str(&limits(&e2e, e2e_max, &pp_rows, largest, empty_tc));
 
     // ---- end to end ----
     md.push_str("\n## End to end (netns sandbox: client → node → 3 pods)\n\n");
@@ -688,4 +689,72 @@ fn plot_perpacket(
         .draw()?;
     root.present()?;
     Ok(())
+}
+
+/// What limits the goals, computed from this run's figures: how the per-packet
+/// cost splits, and whether a conn/s target is reachable at all below the
+/// direct (no load balancer) limit measured in the same run.
+fn limits(
+    e2e: &[Value],
+    at: Option<u64>,
+    pp_rows: &[Value],
+    largest: u64,
+    empty_tc: Option<f64>,
+) -> String {
+    let mut out = String::from("\nWhat limits them, from this run's figures:\n\n");
+    let row = pp_rows.iter().find(|r| {
+        r["services_nominal"].as_u64() == Some(largest) && r["target_backends"].as_u64() == Some(1)
+    });
+    if let (Some(row), Some(empty)) = (row, empty_tc) {
+        let ns = |key: &str| f(&row[key]).unwrap_or(f64::NAN);
+        let (hit, plain, miss, reply) = (
+            ns("from_pod_service_existing_ns"),
+            ns("from_pod_service_existing_no_rewrite_ns"),
+            ns("from_pod_non_service_ns"),
+            ns("to_pod_reply_ns"),
+        );
+        let _ = writeln!(
+            out,
+            "- per packet ({} Services): the empty program is {empty:.0} ns; parsing and one frontend-map miss bring a non-service packet to {miss:.0} ns; the frontend hit, the conntrack hit, the counters and the tail call bring a Service packet to {plain:.0} ns ({:.2} × empty) before any byte is written; the rewrite (stores and the L4 checksum helper) adds {:.0} ns. A reply is one conntrack lookup plus the rewrite: {reply:.0} ns. Under 3 × needs fewer lookups per packet (for instance one combined flow lookup for established flows), not a cheaper rewrite alone.",
+            size_label(largest),
+            plain / empty,
+            hit - plain,
+        );
+    }
+    let label = at.map(size_label).unwrap_or_default();
+    if let Some(direct) = conn(e2e, DIRECT, at) {
+        for (other, name, factor) in [(IPTABLES, "iptables", 3.0), (NFTABLES, "nftables", 1.2)] {
+            if let Some(base) = conn(e2e, other, at) {
+                let need = base * factor;
+                let _ = writeln!(
+                    out,
+                    "- {factor} × {name} at {label} Services would be {need:.0} conn/s: {:.2} × the direct limit ({direct:.0} conn/s, no load balancer at all){}.",
+                    need / direct,
+                    if need > direct {
+                        ", so no load balancer can reach it on this machine; the ratio is bounded by direct ÷ "
+                            .to_string()
+                            + name
+                            + &format!(" = {:.2}", direct / base)
+                    } else {
+                        String::new()
+                    }
+                );
+            }
+        }
+        let rounds = e2e_row(e2e, DIRECT, at)
+            .and_then(|r| r["m"]["conn_per_s_rounds"].as_array().cloned())
+            .unwrap_or_default();
+        let v: Vec<f64> = rounds.iter().filter_map(Value::as_f64).collect();
+        if let (Some(lo), Some(hi)) = (
+            v.iter().copied().reduce(f64::min),
+            v.iter().copied().reduce(f64::max),
+        ) {
+            let _ = writeln!(
+                out,
+                "- ÷ direct: the direct limit itself moved between {lo:.0} and {hi:.0} conn/s over the rounds ({:.0} % of its median), which is as large as the 5 % the target allows. The socket-LB and tc rows' packets also cross switchboard's tc programs on the pod veths (the non-service cost above, on every packet), which the direct sandbox does not have.",
+                (hi - lo) / direct * 100.0
+            );
+        }
+    }
+    out
 }
