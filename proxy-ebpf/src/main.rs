@@ -3,7 +3,8 @@
 //! - tc (clsact or TCX) on the host side of every pod veth ([`tc`]):
 //!   `sb_from_pod` (ingress: packets the pod sends) rewrites a packet to a
 //!   Service frontend to a backend; `sb_to_pod` (egress: packets delivered to
-//!   the pod) rewrites the backend's replies back to the frontend.
+//!   the pod) rewrites the backend's replies back to the frontend. Both only
+//!   read; they tail-call `sb_rewrite` to store the rewrite into the packet.
 //! - cgroup socket hooks ([`sock`]): `connect4`, `sendmsg4`, `recvmsg4` and
 //!   `getpeername4` balance a socket once, when it connects or sends, so its
 //!   packets need no NAT; this is what serves clients in the node's own

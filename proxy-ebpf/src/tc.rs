@@ -186,15 +186,7 @@ pub fn try_from_pod(ctx: &TcContext) -> Result<i32, Skip> {
     };
     hand_over(ctx, &todo);
     // The tail call did not happen: rewrite here, with helpers.
-    if rewrite(
-        ctx,
-        &flow,
-        Side::Destination,
-        backend.addr_be,
-        backend.port_be,
-    )
-    .is_err()
-    {
+    if rewrite_with_helpers(ctx, &flow, &todo).is_err() {
         return drop_counted(stat::DROP_REWRITE_FAILED);
     }
     count_rewritten(ctx, &todo);
@@ -246,7 +238,7 @@ pub fn try_to_pod(ctx: &TcContext) -> Result<i32, Skip> {
     };
     hand_over(ctx, &todo);
     // The tail call did not happen: rewrite here, with helpers.
-    if rewrite(ctx, &flow, Side::Source, nat_addr_be, nat_port_be).is_err() {
+    if rewrite_with_helpers(ctx, &flow, &todo).is_err() {
         return drop_counted(stat::DROP_REWRITE_FAILED);
     }
     count_rewritten(ctx, &todo);
@@ -360,7 +352,7 @@ pub fn rewrite_in_place(ctx: &TcContext) -> i32 {
 }
 
 /// The address, port and IPv4 checksum stored directly, then the L4 checksum
-/// through the kernel's helper (see [`rewrite`]).
+/// through the kernel's helper ([`l4_checksum`]).
 #[inline(always)]
 fn store_in_place(ctx: &TcContext, todo: &Rewrite) -> Result<(), RewriteFailed> {
     let (addr_off, port_off) = match todo.side {
@@ -380,30 +372,7 @@ fn store_in_place(ctx: &TcContext, todo: &Rewrite) -> Result<(), RewriteFailed> 
         *port_ptr = todo.new_port_be;
         old
     };
-    let (csum_off, l4_flags) = if todo.proto == proto::TCP {
-        (todo.l4_off + TCP_CSUM_OFF, 0)
-    } else {
-        (todo.l4_off + UDP_CSUM_OFF, u64::from(BPF_F_MARK_MANGLED_0))
-    };
-    if old_addr_be != todo.new_addr_be {
-        ctx.l4_csum_replace(
-            csum_off,
-            u64::from(old_addr_be),
-            u64::from(todo.new_addr_be),
-            u64::from(BPF_F_PSEUDO_HDR) | l4_flags | 4,
-        )
-        .map_err(|_| RewriteFailed)?;
-    }
-    if old_port_be != todo.new_port_be {
-        ctx.l4_csum_replace(
-            csum_off,
-            u64::from(old_port_be),
-            u64::from(todo.new_port_be),
-            l4_flags | 2,
-        )
-        .map_err(|_| RewriteFailed)?;
-    }
-    Ok(())
+    l4_checksum(ctx, todo, old_addr_be, old_port_be)
 }
 
 /// The backend an existing flow was given, if the flow is tracked and belongs
@@ -604,65 +573,69 @@ fn csum_replace4(csum: u16, old: u32, new: u32) -> u16 {
     !(sum as u16)
 }
 
-/// Rewrites one address and port of the packet.
-///
-/// Every write goes through a helper, never a direct packet store: a program
-/// that stores into the packet directly makes the verifier unclone every
-/// cloned skb it sees on entry, which would copy the headers of every TCP
-/// segment a pod sends (TCP transmits clones), ours or not. The helpers make
-/// only the packets we rewrite writable.
-///
-/// The IPv4 header checksum is computed here and written in the same store as
-/// both addresses (bytes 10..20 of the header: one helper call for the whole
-/// L3 change); the TCP/UDP checksum goes through the kernel's helper, which
-/// updates the pseudo-header sum of a `CHECKSUM_PARTIAL` skb correctly. A UDP
-/// checksum of zero ("none") stays zero.
+/// The fallback when the tail call into `sb_rewrite` fails: the same
+/// rewrite, with every write through a helper (a direct store would make the
+/// verifier unclone every cloned skb this program sees, ours or not). Both
+/// addresses and the IPv4 checksum (computed here) go in one 10-byte store.
 #[inline(always)]
-fn rewrite(
-    ctx: &TcContext,
-    flow: &Flow,
-    side: Side,
-    new_addr_be: u32,
-    new_port_be: u16,
-) -> Result<(), RewriteFailed> {
-    let (old_addr_be, old_port_be, port_off) = match side {
+fn rewrite_with_helpers(ctx: &TcContext, flow: &Flow, todo: &Rewrite) -> Result<(), RewriteFailed> {
+    let (old_addr_be, old_port_be, port_off) = match todo.side {
         Side::Source => (flow.saddr_be, flow.sport_be, flow.l4_off),
         Side::Destination => (flow.daddr_be, flow.dport_be, flow.l4_off + 2),
     };
-    let (csum_off, l4_flags) = if flow.proto == proto::TCP {
-        (flow.l4_off + TCP_CSUM_OFF, 0)
-    } else {
-        (flow.l4_off + UDP_CSUM_OFF, u64::from(BPF_F_MARK_MANGLED_0))
-    };
-    if old_addr_be != new_addr_be {
+    if old_addr_be != todo.new_addr_be {
         let csum_ptr = ptr_at::<u16>(ctx, IP_CSUM_OFF).map_err(|_| RewriteFailed)?;
         // SAFETY: `ptr_at` checked the field lies inside the packet; a read.
         let old_csum = unsafe { *csum_ptr };
-        let (saddr_be, daddr_be) = match side {
-            Side::Source => (new_addr_be, flow.daddr_be),
-            Side::Destination => (flow.saddr_be, new_addr_be),
+        let (saddr_be, daddr_be) = match todo.side {
+            Side::Source => (todo.new_addr_be, flow.daddr_be),
+            Side::Destination => (flow.saddr_be, todo.new_addr_be),
         };
-        let csum = csum_replace4(old_csum, old_addr_be, new_addr_be).to_ne_bytes();
+        let csum = csum_replace4(old_csum, old_addr_be, todo.new_addr_be).to_ne_bytes();
         let (s, d) = (saddr_be.to_ne_bytes(), daddr_be.to_ne_bytes());
         let l3: [u8; 10] = [
             csum[0], csum[1], s[0], s[1], s[2], s[3], d[0], d[1], d[2], d[3],
         ];
         ctx.store(IP_CSUM_OFF, &l3, 0).map_err(|_| RewriteFailed)?;
+    }
+    if old_port_be != todo.new_port_be {
+        ctx.store(port_off, &todo.new_port_be, 0)
+            .map_err(|_| RewriteFailed)?;
+    }
+    l4_checksum(ctx, todo, old_addr_be, old_port_be)
+}
+
+/// Updates the TCP/UDP checksum for a rewrite from `old_addr_be:old_port_be`.
+/// Through the kernel's helper, which alone knows whether the skb carries a
+/// full checksum or a partial one for the device to finish
+/// (`CHECKSUM_PARTIAL`: only the address, part of the pseudo-header, may
+/// change it then). A UDP checksum of zero ("none") stays zero.
+#[inline(always)]
+fn l4_checksum(
+    ctx: &TcContext,
+    todo: &Rewrite,
+    old_addr_be: u32,
+    old_port_be: u16,
+) -> Result<(), RewriteFailed> {
+    let (csum_off, l4_flags) = if todo.proto == proto::TCP {
+        (todo.l4_off + TCP_CSUM_OFF, 0)
+    } else {
+        (todo.l4_off + UDP_CSUM_OFF, u64::from(BPF_F_MARK_MANGLED_0))
+    };
+    if old_addr_be != todo.new_addr_be {
         ctx.l4_csum_replace(
             csum_off,
             u64::from(old_addr_be),
-            u64::from(new_addr_be),
+            u64::from(todo.new_addr_be),
             u64::from(BPF_F_PSEUDO_HDR) | l4_flags | 4,
         )
         .map_err(|_| RewriteFailed)?;
     }
-    if old_port_be != new_port_be {
-        ctx.store(port_off, &new_port_be, 0)
-            .map_err(|_| RewriteFailed)?;
+    if old_port_be != todo.new_port_be {
         ctx.l4_csum_replace(
             csum_off,
             u64::from(old_port_be),
-            u64::from(new_port_be),
+            u64::from(todo.new_port_be),
             l4_flags | 2,
         )
         .map_err(|_| RewriteFailed)?;

@@ -53,8 +53,12 @@ pub enum AttachError {
         iface: String,
         program: &'static str,
         path: PathBuf,
-        source: io::Error,
+        source: aya::pin::PinError,
     },
+    #[error("replacing the unusable pinned TCX link {path}")]
+    Unpin { path: PathBuf, source: io::Error },
+    #[error("creating the link directory {path}")]
+    LinkDir { path: PathBuf, source: io::Error },
 }
 
 /// How the tc programs are attached (`--tc-attach`).
@@ -260,13 +264,10 @@ fn program<'a>(
 /// TCX: swap our program into the pinned link of an earlier agent, or attach
 /// a new link and pin it.
 fn attach_tcx(ebpf: &mut Ebpf, iface: &PodInterface, link_dir: &Path) -> Result<(), AttachError> {
-    let pin_error = |program, path: &Path, source| AttachError::Pin {
-        iface: iface.name.clone(),
-        program,
-        path: path.to_owned(),
+    fs::create_dir_all(link_dir).map_err(|source| AttachError::LinkDir {
+        path: link_dir.to_owned(),
         source,
-    };
-    fs::create_dir_all(link_dir).map_err(|e| pin_error("-", link_dir, e))?;
+    })?;
     for (name, hook) in [
         (programs::TC_FROM_POD, TcAttachType::Ingress),
         (programs::TC_TO_POD, TcAttachType::Egress),
@@ -288,7 +289,10 @@ fn attach_tcx(ebpf: &mut Ebpf, iface: &PodInterface, link_dir: &Path) -> Result<
                 }
                 Err(error) => {
                     debug!(pin = %path.display(), %error, "pinned TCX link unusable; attaching anew");
-                    fs::remove_file(&path).map_err(|e| pin_error(name, &path, e))?;
+                    fs::remove_file(&path).map_err(|source| AttachError::Unpin {
+                        path: path.clone(),
+                        source,
+                    })?;
                 }
             }
         }
@@ -305,9 +309,12 @@ fn attach_tcx(ebpf: &mut Ebpf, iface: &PodInterface, link_dir: &Path) -> Result<
             program: name,
             source,
         })?;
-        let pinned = link
-            .pin(&path)
-            .map_err(|e| pin_error(name, &path, io::Error::other(e.to_string())))?;
+        let pinned = link.pin(&path).map_err(|source| AttachError::Pin {
+            iface: iface.name.clone(),
+            program: name,
+            path: path.clone(),
+            source,
+        })?;
         drop(pinned);
     }
     Ok(())

@@ -168,6 +168,8 @@ impl PinnedMaps {
         stat::NAMES
             .iter()
             .enumerate()
+            // Index 0 is never counted.
+            .filter(|(index, _)| *index as u32 != stat::UNUSED)
             .map(|(index, name)| {
                 let total = self
                     .stats

@@ -54,6 +54,8 @@ pub enum SocketLbError {
     },
     #[error("replacing the pinned link {path}")]
     Replace { path: PathBuf, source: io::Error },
+    #[error("creating the link directory {path}")]
+    LinkDir { path: PathBuf, source: io::Error },
     #[error("removing the pinned link {path}")]
     Remove { path: PathBuf, source: io::Error },
     #[error("reading this network namespace's cookie (SO_NETNS_COOKIE, Linux 5.14+)")]
@@ -146,7 +148,7 @@ pub fn attach(ebpf: &mut Ebpf, cgroup: &Path, pin_root: &Path) -> Result<(), Soc
         source,
     })?;
     let dir = pin_root.join(LINK_DIR);
-    fs::create_dir_all(&dir).map_err(|source| SocketLbError::Replace {
+    fs::create_dir_all(&dir).map_err(|source| SocketLbError::LinkDir {
         path: dir.clone(),
         source,
     })?;
