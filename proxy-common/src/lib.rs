@@ -19,6 +19,8 @@
 //! per-socket translations and one of per-network-namespace affinity.
 #![no_std]
 
+pub mod hash;
+
 use core::mem::size_of;
 
 /// Map names. They are also the file names under the pin root.
@@ -29,11 +31,13 @@ pub mod names {
     pub const BACKENDS: &str = "SB_BE_V1";
     /// V3: the entry carries the address the packet is rewritten to in both
     /// directions (`nat_addr_be`), so a reply needs no reverse-NAT lookup.
-    pub const CONNTRACK: &str = "SB_CT_V3";
+    /// V4: entries of flows from outside the node to a backend on another
+    /// node also carry the source NAT (`snat_addr_be`, `snat_port_be`).
+    pub const CONNTRACK: &str = "SB_CT_V4";
     pub const REVNAT: &str = "SB_RNAT_V1";
     pub const SERVICE_STATS: &str = "SB_SVC_STATS_V1";
-    /// V2: no per-packet "not ours" counter; socket-layer counters added.
-    pub const GLOBAL_STATS: &str = "SB_STATS_V2";
+    /// V3: counters of the uplink (north-south) programs added.
+    pub const GLOBAL_STATS: &str = "SB_STATS_V3";
     pub const AFFINITY: &str = "SB_AFFINITY_V1";
     /// Socket layer: per-socket translations ([`super::SockKey`]).
     pub const SOCKETS: &str = "SB_SOCK_V1";
@@ -44,8 +48,12 @@ pub mod names {
     /// The tc layer's tail calls: slot [`super::tail::REWRITE`] holds
     /// `sb_rewrite`. Pinned, so the slot stays filled while no agent runs.
     pub const TAIL_CALLS: &str = "SB_TAIL_V1";
+    /// The node's uplinks by interface index ([`super::Uplink`]): where
+    /// traffic from outside arrives, and the address flows to a backend on
+    /// another node are source-NATed to.
+    pub const UPLINKS: &str = "SB_UPLINK_V1";
     /// Every map, in the order the CLI reports them.
-    pub const ALL: [&str; 11] = [
+    pub const ALL: [&str; 12] = [
         FRONTENDS,
         BACKENDS,
         CONNTRACK,
@@ -57,6 +65,7 @@ pub mod names {
         SOCK_AFFINITY,
         CONFIG,
         TAIL_CALLS,
+        UPLINKS,
     ];
 }
 
@@ -78,6 +87,17 @@ pub mod programs {
     pub const TC_REWRITE: &str = "sb_rewrite";
     /// cgroup `sock_release`: a closing socket's entry in the socket map goes.
     pub const SOCK_RELEASE: &str = "sb_sock_release";
+    /// XDP on each uplink: traffic from outside the node to NodePorts,
+    /// LoadBalancer IPs and external IPs, and the replies of flows it
+    /// source-NATed to a backend on another node.
+    pub const XDP_UPLINK: &str = "sb_xdp_uplink";
+    /// tc ingress on each uplink: the same as [`XDP_UPLINK`], for
+    /// `--xdp-mode off`.
+    pub const TC_FROM_UPLINK: &str = "sb_from_uplink";
+    /// tc egress on each uplink: a local backend's replies to a client outside
+    /// the node get the frontend as their source again (the same program as
+    /// [`TC_TO_POD`]: one reverse-NAT lookup).
+    pub const TC_TO_UPLINK: &str = TC_TO_POD;
     /// The socket-layer `sock_addr` programs, in the order they are attached.
     pub const SOCKET_LB: [&str; 4] = [
         SOCK_GETPEERNAME4,
@@ -101,6 +121,8 @@ pub mod capacity {
     /// Service ids are indices into the per-service counters and the reverse-NAT
     /// map, so this bounds the number of service ports. Id 0 is never used.
     pub const SERVICES: u32 = 16_384;
+    /// Uplink interfaces per node.
+    pub const UPLINKS: u32 = 64;
     /// The data path walks at most this many slots (it never loops; this bounds
     /// the random pick), so it also bounds the backends one service port can have.
     pub const MAX_BACKENDS_PER_SERVICE: u16 = 4_096;
@@ -110,6 +132,28 @@ pub mod capacity {
 pub mod tail {
     /// `sb_rewrite`.
     pub const REWRITE: u32 = 0;
+}
+
+/// Source ports flows from outside to a backend on another node are
+/// source-NATed to: above Linux's default ephemeral range (32768–60999), so
+/// they never collide with the node's own connections.
+pub mod snat {
+    pub const PORT_MIN: u16 = 61_000;
+    pub const PORT_MAX: u16 = 65_535;
+    /// Ports tried for a new flow before it is dropped (and counted).
+    pub const ATTEMPTS: u32 = 4;
+}
+
+/// [`FrontendKey::scope`]: which backend set a key's slots hold.
+pub mod scope {
+    /// Traffic from this node (its pods and the host), and from outside when
+    /// the frontend has no external set.
+    pub const INTERNAL: u8 = 0;
+    /// Traffic from outside the node to a NodePort, LoadBalancer or external
+    /// IP frontend under `externalTrafficPolicy: Local`: this node's endpoints
+    /// only. Present exactly when the internal slot 0 has
+    /// [`super::frontend_flags::LOCAL_ONLY`] and an external kind.
+    pub const EXTERNAL: u8 = 1;
 }
 
 /// IP protocol numbers as they appear in the IPv4 header.
@@ -130,7 +174,8 @@ pub struct FrontendKey {
     pub port_be: u16,
     /// IP protocol number ([`proto`]).
     pub proto: u8,
-    pub _pad0: u8,
+    /// [`scope`]: the internal or the external backend set.
+    pub scope: u8,
     pub slot: u16,
     pub _pad1: [u8; 2],
 }
@@ -164,7 +209,8 @@ pub mod frontend_flags {
     /// (`internalTrafficPolicy`) the slots hold only this node's endpoints. On
     /// NodePort, LoadBalancer and external-IP frontends (`externalTrafficPolicy`)
     /// the slots hold every endpoint, which is what traffic from this node's pods
-    /// gets; the local set applies to traffic from outside, not intercepted yet.
+    /// gets; traffic from outside gets the local set, under [`super::scope::EXTERNAL`],
+    /// and is never source-NATed (the pod sees the client's address).
     pub const LOCAL_ONLY: u16 = 1 << 1;
     /// No endpoint was ready: these are serving, terminating ones.
     pub const TERMINATING_FALLBACK: u16 = 1 << 2;
@@ -198,6 +244,10 @@ pub mod ct_dir {
 
 /// Bits of [`CtEntry::flags`].
 pub mod ct_flags {
+    /// The flow came from outside the node and goes to a backend on another
+    /// node: its source is rewritten too (`snat_addr_be:snat_port_be`), and
+    /// the reply entry is keyed by that address.
+    pub const SNAT: u8 = 1 << 1;
     /// A FIN or RST of this TCP connection was seen. Packets of the closing
     /// connection are still translated, but a SYN-ACK is not: the addresses
     /// and ports now belong to a new connection, which may not be a Service's
@@ -246,8 +296,25 @@ pub struct CtEntry {
     /// [`ct_flags`].
     pub flags: u8,
     pub _pad: u8,
+    /// With [`ct_flags::SNAT`]: forward entries, the node address and port
+    /// the source becomes; reply entries, the client address and port the
+    /// destination is restored to. Zero otherwise.
+    pub snat_addr_be: u32,
+    pub snat_port_be: u16,
+    pub _pad2: [u8; 2],
     /// `bpf_ktime_get_ns()` when the entry was created.
     pub created_ns: u64,
+}
+
+/// Value of the uplink map (key: interface index, `u32`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
+pub struct Uplink {
+    /// The interface's IPv4 address: flows from outside to a backend on
+    /// another node leave with it as their source.
+    pub addr_be: u32,
+    pub _pad: [u8; 4],
 }
 
 /// Value of the reverse-NAT map (key: service id, `u32`): the frontend of a
@@ -430,7 +497,23 @@ pub mod stat {
     /// The tail call into the rewrite program failed (the program array was
     /// not filled yet); the packet was rewritten with the slower helper path.
     pub const TAIL_CALL_MISSED: u32 = 18;
-    pub const COUNT: u32 = 19;
+    /// Uplink: a packet from outside to a frontend was rewritten to a backend
+    /// on this node.
+    pub const EXT_LOCAL: u32 = 19;
+    /// Uplink: a packet from outside was rewritten to a backend on another
+    /// node, its source NATed to this node, and sent out again.
+    pub const EXT_REMOTE: u32 = 20;
+    /// Uplink: a reply of a source-NATed flow was rewritten back and sent to
+    /// the client.
+    pub const EXT_REPLY: u32 = 21;
+    /// Uplink: no source port was free for a new flow to a remote backend;
+    /// dropped.
+    pub const SNAT_EXHAUSTED: u32 = 22;
+    /// Uplink (XDP): the route lookup could not give the next hop's address
+    /// (no neighbour entry yet); the rewritten packet went to the kernel's
+    /// stack to be forwarded.
+    pub const FIB_TO_STACK: u32 = 23;
+    pub const COUNT: u32 = 24;
     /// Names, by index, for the CLI and metrics.
     pub const NAMES: [&str; COUNT as usize] = [
         "unused",
@@ -452,6 +535,11 @@ pub mod stat {
         "sock_released",
         "ct_stale",
         "tail_call_missed",
+        "ext_local",
+        "ext_remote",
+        "ext_reply",
+        "snat_exhausted",
+        "fib_to_stack",
     ];
 }
 
@@ -473,13 +561,14 @@ mod aya_pod {
     unsafe impl aya::Pod for SockEntry {}
     unsafe impl aya::Pod for SockAffinityKey {}
     unsafe impl aya::Pod for Config {}
+    unsafe impl aya::Pod for Uplink {}
 }
 
 const _: () = assert!(size_of::<FrontendKey>() == 12);
 const _: () = assert!(size_of::<Frontend>() == 16);
 const _: () = assert!(size_of::<Backend>() == 8);
 const _: () = assert!(size_of::<CtKey>() == 16);
-const _: () = assert!(size_of::<CtEntry>() == 24);
+const _: () = assert!(size_of::<CtEntry>() == 32);
 const _: () = assert!(size_of::<RevNat>() == 64);
 const _: () = assert!(size_of::<SvcStats>() == 32);
 const _: () = assert!(size_of::<AffinityKey>() == 8);
@@ -488,6 +577,7 @@ const _: () = assert!(size_of::<SockKey>() == 16);
 const _: () = assert!(size_of::<SockEntry>() == 16);
 const _: () = assert!(size_of::<SockAffinityKey>() == 16);
 const _: () = assert!(size_of::<Config>() == 8);
+const _: () = assert!(size_of::<Uplink>() == 8);
 
 #[cfg(test)]
 mod tests {
@@ -499,6 +589,7 @@ mod tests {
         assert_eq!(offset_of!(FrontendKey, addr_be), 0);
         assert_eq!(offset_of!(FrontendKey, port_be), 4);
         assert_eq!(offset_of!(FrontendKey, proto), 6);
+        assert_eq!(offset_of!(FrontendKey, scope), 7);
         assert_eq!(offset_of!(FrontendKey, slot), 8);
         assert_eq!(align_of::<FrontendKey>(), 4);
     }

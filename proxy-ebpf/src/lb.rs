@@ -4,18 +4,18 @@ use aya_ebpf::{
     btf_maps::LruHashMap,
     helpers::{bpf_get_prandom_u32, bpf_ktime_get_ns},
 };
-use proxy_common::{capacity, frontend_flags, stat, AffinityEntry, Backend, Frontend, FrontendKey};
+use proxy_common::{capacity, frontend_flags, scope, stat, AffinityEntry, Backend, Frontend, FrontendKey};
 
 use crate::maps::{count, AFFINITY_ENTRIES, SB_BE_V1, SB_FE_V1};
 
-/// The slot-0 key of a frontend.
+/// The slot-0 key of a frontend's internal backend set.
 #[inline(always)]
 pub fn frontend_key(addr_be: u32, port_be: u16, proto: u8) -> FrontendKey {
     FrontendKey {
         addr_be,
         port_be,
         proto,
-        _pad0: 0,
+        scope: scope::INTERNAL,
         slot: 0,
         _pad1: [0; 2],
     }

@@ -5,6 +5,12 @@
 //!   Service frontend to a backend; `sb_to_pod` (egress: packets delivered to
 //!   the pod) rewrites the backend's replies back to the frontend. Both only
 //!   read; they tail-call `sb_rewrite` to store the rewrite into the packet.
+//! - XDP on each uplink ([`xdp`], deciding with [`nodeport`]):
+//!   `sb_xdp_uplink` serves NodePorts, LoadBalancer IPs and external IPs to
+//!   clients outside the node, source-NATing flows to backends on other nodes
+//!   and sending them (and their replies) straight back out; `sb_from_uplink`
+//!   is its tc twin for `--xdp-mode off`. The uplink's tc egress carries
+//!   `sb_to_pod`, which reverses a local backend's replies.
 //! - cgroup socket hooks ([`sock`]): `connect4`, `sendmsg4`, `recvmsg4` and
 //!   `getpeername4` balance a socket once, when it connects or sends, so its
 //!   packets need no NAT; this is what serves clients in the node's own
@@ -23,12 +29,15 @@
 
 mod lb;
 mod maps;
+mod nodeport;
+mod packet;
 mod sock;
 mod tc;
+mod xdp;
 
 use aya_ebpf::{
-    macros::{cgroup_sock, cgroup_sock_addr, classifier},
-    programs::{SockAddrContext, SockContext, TcContext},
+    macros::{cgroup_sock, cgroup_sock_addr, classifier, xdp},
+    programs::{SockAddrContext, SockContext, TcContext, XdpContext},
 };
 
 #[classifier]
@@ -52,6 +61,24 @@ pub fn sb_to_pod(ctx: TcContext) -> i32 {
 #[classifier]
 pub fn sb_rewrite(ctx: TcContext) -> i32 {
     tc::rewrite_in_place(&ctx)
+}
+
+/// XDP on each uplink: traffic from outside the node ([`nodeport`]).
+#[xdp]
+pub fn sb_xdp_uplink(ctx: XdpContext) -> u32 {
+    match xdp::try_uplink(&ctx) {
+        Ok(action) => action,
+        Err(skip) => xdp::pass(skip),
+    }
+}
+
+/// tc ingress on each uplink when XDP is off: the same as `sb_xdp_uplink`.
+#[classifier]
+pub fn sb_from_uplink(ctx: TcContext) -> i32 {
+    match tc::try_from_uplink(&ctx) {
+        Ok(action) => action,
+        Err(skip) => tc::pass(skip),
+    }
 }
 
 #[cgroup_sock_addr(connect4)]

@@ -7,7 +7,7 @@ use aya_ebpf::{
 };
 use proxy_common::{
     capacity, stat, AffinityEntry, AffinityKey, Backend, Config, CtEntry, CtKey, Frontend,
-    FrontendKey, RevNat, SockAffinityKey, SockEntry, SockKey, SvcStats,
+    FrontendKey, RevNat, SockAffinityKey, SockEntry, SockKey, SvcStats, Uplink,
 };
 
 /// Capacity type parameter shared by both affinity maps, so one selection
@@ -20,7 +20,7 @@ pub static SB_FE_V1: HashMap<FrontendKey, Frontend, { capacity::FRONTENDS as usi
 #[btf_map]
 pub static SB_BE_V1: HashMap<u32, Backend, { capacity::BACKENDS as usize }> = HashMap::new();
 #[btf_map]
-pub static SB_CT_V3: LruHashMap<CtKey, CtEntry, { capacity::CONNTRACK as usize }> =
+pub static SB_CT_V4: LruHashMap<CtKey, CtEntry, { capacity::CONNTRACK as usize }> =
     LruHashMap::new();
 /// Read by the CLI only; kept here so it is created and pinned with the rest.
 #[btf_map]
@@ -42,12 +42,14 @@ pub static SB_CONFIG_V1: Array<Config, 1> = Array::new();
 #[btf_map]
 pub static SB_TAIL_V1: ProgramArray<1> = ProgramArray::new();
 #[btf_map]
-pub static SB_STATS_V2: PerCpuArray<u64, { stat::COUNT as usize }> = PerCpuArray::new();
+pub static SB_UPLINK_V1: HashMap<u32, Uplink, { capacity::UPLINKS as usize }> = HashMap::new();
+#[btf_map]
+pub static SB_STATS_V3: PerCpuArray<u64, { stat::COUNT as usize }> = PerCpuArray::new();
 
 /// Adds one to a global counter.
 #[inline(always)]
 pub fn count(index: u32) {
-    if let Some(counter) = SB_STATS_V2.get_ptr_mut(index) {
+    if let Some(counter) = SB_STATS_V3.get_ptr_mut(index) {
         // SAFETY: the pointer is this CPU's slot of a per-CPU array entry that
         // the lookup just returned; nothing else writes it while we run here.
         unsafe { *counter += 1 };

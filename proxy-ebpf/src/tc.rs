@@ -9,7 +9,7 @@
 //! one to be finished by the device, `CHECKSUM_PARTIAL`). A reply is one
 //! lookup: its connection-tracking entry carries the frontend address. Should
 //! the tail call fail, the programs rewrite with helper stores themselves.
-use core::mem::size_of;
+use core::{ffi::c_void, mem::size_of};
 
 use aya_ebpf::{
     bindings::{BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR, TC_ACT_OK, TC_ACT_SHOT, TC_ACT_UNSPEC},
@@ -19,113 +19,24 @@ use aya_ebpf::{
 use proxy_common::{ct_dir, ct_flags, proto, stat, tail, AffinityKey, Backend, CtEntry, CtKey};
 
 use crate::{
+    nodeport::{self, NotTranslated, Translation},
+    packet::{
+        csum_replace4, Flow, Ipv4Hdr, Skip, ETH_HLEN, ETH_P_IP_BE, IPV4_MIN_HLEN, IP_CSUM_OFF,
+        IP_FRAG_MASK, TCP_CSUM_OFF, TCP_HLEN, UDP_CSUM_OFF, UDP_HLEN,
+    },
     lb::{backend_is_live, choose_backend, frontend_key, lookup_frontend},
-    maps::{count, count_service, SB_AFFINITY_V1, SB_CT_V3, SB_TAIL_V1},
+    maps::{count, count_service, SB_AFFINITY_V1, SB_CT_V4, SB_TAIL_V1},
 };
-
-const ETH_HLEN: usize = 14;
-const ETH_P_IP_BE: u16 = 0x0800u16.to_be();
-const IPV4_MIN_HLEN: usize = 20;
-const IP_CSUM_OFF: usize = ETH_HLEN + 10;
-/// More-fragments flag and fragment offset, host order.
-const IP_FRAG_MASK: u16 = 0x3fff;
-const TCP_HLEN: usize = 20;
-const UDP_HLEN: usize = 8;
-const TCP_CSUM_OFF: usize = 16;
-const UDP_CSUM_OFF: usize = 6;
-const TCP_FLAG_FIN: u8 = 0x01;
-const TCP_FLAG_SYN: u8 = 0x02;
-const TCP_FLAG_RST: u8 = 0x04;
-const TCP_FLAG_ACK: u8 = 0x10;
-
-/// The fixed part of an IPv4 header, as laid out on the wire.
-#[repr(C)]
-struct Ipv4Hdr {
-    version_ihl: u8,
-    tos: u8,
-    tot_len_be: u16,
-    id_be: u16,
-    frag_off_be: u16,
-    ttl: u8,
-    proto: u8,
-    csum_be: u16,
-    saddr_be: u32,
-    daddr_be: u32,
-}
-
-/// The addresses and ports of one TCP or UDP packet.
-struct Flow {
-    saddr_be: u32,
-    daddr_be: u32,
-    sport_be: u16,
-    dport_be: u16,
-    proto: u8,
-    /// TCP flags byte (0 for UDP).
-    tcp_flags: u8,
-    /// Offset of the TCP/UDP header from the start of the frame.
-    l4_off: usize,
-}
-
-impl Flow {
-    /// A TCP SYN without ACK opens a new connection; a UDP datagram has no
-    /// connection to keep. Both must reach a backend that is still live.
-    #[inline(always)]
-    fn needs_live_backend(&self) -> bool {
-        self.proto == proto::UDP || self.opens_connection()
-    }
-
-    /// A TCP SYN without ACK: a client opening a connection.
-    #[inline(always)]
-    fn opens_connection(&self) -> bool {
-        self.proto == proto::TCP && self.tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK) == TCP_FLAG_SYN
-    }
-
-    /// A TCP SYN-ACK: a server accepting a connection.
-    #[inline(always)]
-    fn accepts_connection(&self) -> bool {
-        let both = TCP_FLAG_SYN | TCP_FLAG_ACK;
-        self.proto == proto::TCP && self.tcp_flags & both == both
-    }
-
-    /// A TCP FIN or RST: the connection is ending.
-    #[inline(always)]
-    fn ends_connection(&self) -> bool {
-        self.proto == proto::TCP && self.tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST) != 0
-    }
-
-    #[inline(always)]
-    fn ct_key(&self, dir: u8) -> CtKey {
-        CtKey {
-            saddr_be: self.saddr_be,
-            daddr_be: self.daddr_be,
-            sport_be: self.sport_be,
-            dport_be: self.dport_be,
-            proto: self.proto,
-            dir,
-            _pad: [0; 2],
-        }
-    }
-}
-
-/// Why a packet is not rewritten. Each maps to one explicit action.
-pub enum Skip {
-    /// Not IPv4 TCP/UDP, or not a frontend / tracked reply.
-    NotOurs,
-    /// Shorter than the headers it announces.
-    Malformed,
-    /// An IPv4 fragment: no ports to look up in it.
-    Fragment,
-}
 
 /// Which side of the packet a rewrite touches.
 #[derive(Clone, Copy)]
-enum Side {
+pub(crate) enum Side {
     Source,
     Destination,
 }
 
 /// A rewrite helper failed half-way; the packet must not go on.
-struct RewriteFailed;
+pub(crate) struct RewriteFailed;
 
 /// Lets a packet we leave alone continue untouched, counting only the odd
 /// ones: counting every packet of the node would cost each a map update.
@@ -141,7 +52,7 @@ pub fn pass(skip: Skip) -> i32 {
 
 /// Drops a packet, counting why.
 #[inline(always)]
-fn drop_counted(stat_index: u32) -> Result<i32, Skip> {
+pub(crate) fn drop_counted(stat_index: u32) -> Result<i32, Skip> {
     count(stat_index);
     Ok(TC_ACT_SHOT as i32)
 }
@@ -199,7 +110,7 @@ pub fn try_from_pod(ctx: &TcContext) -> Result<i32, Skip> {
 pub fn try_to_pod(ctx: &TcContext) -> Result<i32, Skip> {
     let flow = parse(ctx)?;
     let key = flow.ct_key(ct_dir::REPLY);
-    let Some(entry_ptr) = SB_CT_V3.get_ptr_mut(&key) else {
+    let Some(entry_ptr) = SB_CT_V4.get_ptr_mut(&key) else {
         return Err(Skip::NotOurs);
     };
     // SAFETY: a value of the LRU map, valid for this program run; copied out.
@@ -208,7 +119,7 @@ pub fn try_to_pod(ctx: &TcContext) -> Result<i32, Skip> {
     if flow.accepts_connection() && entry.flags & ct_flags::CLOSING != 0 {
         // The flow this entry was made for has closed and its ports were
         // reused by a connection that did not go through the frontend.
-        if SB_CT_V3.remove(&key).is_ok() {
+        if SB_CT_V4.remove(&key).is_ok() {
             count(stat::CT_STALE);
         }
         return Err(Skip::NotOurs);
@@ -224,7 +135,7 @@ pub fn try_to_pod(ctx: &TcContext) -> Result<i32, Skip> {
             dir: ct_dir::FORWARD,
             _pad: [0; 2],
         };
-        if let Some(forward_ptr) = SB_CT_V3.get_ptr_mut(&forward) {
+        if let Some(forward_ptr) = SB_CT_V4.get_ptr_mut(&forward) {
             mark_closing(forward_ptr);
         }
     }
@@ -245,16 +156,99 @@ pub fn try_to_pod(ctx: &TcContext) -> Result<i32, Skip> {
     Ok(TC_ACT_OK as i32)
 }
 
+/// `sb_from_uplink` (`--xdp-mode off`): a packet from outside the node, as
+/// the XDP program would treat it ([`nodeport::classify`]), rewritten with
+/// helper stores; the kernel's stack then delivers or forwards it.
+#[inline(always)]
+pub fn try_from_uplink(ctx: &TcContext) -> Result<i32, Skip> {
+    let flow = parse(ctx)?;
+    // SAFETY: `ctx.skb.skb` is the kernel's `__sk_buff` for this run; a read.
+    let ingress = unsafe { (*ctx.skb.skb).ingress_ifindex };
+    let translation = match nodeport::classify(ctx.skb.skb as *mut c_void, ingress, &flow) {
+        Ok(translation) => translation,
+        Err(NotTranslated::Pass(skip)) => return Err(skip),
+        Err(NotTranslated::Drop(counter)) => return drop_counted(counter),
+    };
+    let (src, dst, service_id, counter) = match translation {
+        Translation::Local { backend, service_id } => (
+            None,
+            Some((backend.addr_be, backend.port_be)),
+            service_id,
+            stat::EXT_LOCAL,
+        ),
+        Translation::Remote {
+            backend,
+            snat_addr_be,
+            snat_port_be,
+            service_id,
+        } => (
+            Some((snat_addr_be, snat_port_be)),
+            Some((backend.addr_be, backend.port_be)),
+            service_id,
+            stat::EXT_REMOTE,
+        ),
+        Translation::Reply {
+            src_addr_be,
+            src_port_be,
+            dst_addr_be,
+            dst_port_be,
+        } => (
+            Some((src_addr_be, src_port_be)),
+            Some((dst_addr_be, dst_port_be)),
+            0,
+            stat::EXT_REPLY,
+        ),
+    };
+    let mut now = flow;
+    if let Some((addr_be, port_be)) = dst {
+        let todo = Rewrite {
+            side: Side::Destination,
+            new_addr_be: addr_be,
+            new_port_be: port_be,
+            service_id,
+            l4_off: flow.l4_off,
+            proto: flow.proto,
+        };
+        if rewrite_with_helpers(ctx, &now, &todo).is_err() {
+            return drop_counted(stat::DROP_REWRITE_FAILED);
+        }
+        now.daddr_be = addr_be;
+        now.dport_be = port_be;
+    }
+    if let Some((addr_be, port_be)) = src {
+        let todo = Rewrite {
+            side: Side::Source,
+            new_addr_be: addr_be,
+            new_port_be: port_be,
+            service_id,
+            l4_off: flow.l4_off,
+            proto: flow.proto,
+        };
+        if rewrite_with_helpers(ctx, &now, &todo).is_err() {
+            return drop_counted(stat::DROP_REWRITE_FAILED);
+        }
+    }
+    if service_id != 0 {
+        let len = u64::from(ctx.len());
+        count_service(service_id, |s| {
+            s.packets += 1;
+            s.bytes += len;
+        });
+    }
+    count(counter);
+    Ok(TC_ACT_OK as i32)
+}
+
 /// A rewrite decided by `sb_from_pod` or `sb_to_pod`, carried to `sb_rewrite`
 /// in the skb's control buffer.
-struct Rewrite {
-    side: Side,
-    new_addr_be: u32,
-    new_port_be: u16,
+pub(crate) struct Rewrite {
+    pub(crate) side: Side,
+    pub(crate) new_addr_be: u32,
+    pub(crate) new_port_be: u16,
     /// For the per-service counters (forward direction).
-    service_id: u32,
-    l4_off: usize,
-    proto: u8,
+    pub(crate) service_id: u32,
+    pub(crate) l4_off: usize,
+    pub(crate) proto: u8,
 }
 
 /// Where the control buffer words go: cb[0] the new address, cb[1] the new
@@ -312,7 +306,7 @@ fn hand_over(ctx: &TcContext, todo: &Rewrite) {
 
 /// Counts a rewritten packet.
 #[inline(always)]
-fn count_rewritten(ctx: &TcContext, todo: &Rewrite) {
+pub(crate) fn count_rewritten(ctx: &TcContext, todo: &Rewrite) {
     match todo.side {
         Side::Destination => {
             let len = u64::from(ctx.len());
@@ -385,16 +379,22 @@ fn store_in_place(ctx: &TcContext, todo: &Rewrite) -> Result<(), RewriteFailed> 
 /// A SYN on the ports of a connection that has closed starts a new flow; a
 /// FIN or RST marks both entries of the flow as closing.
 #[inline(always)]
-fn tracked_backend(key: &CtKey, flow: &Flow, service_id: u32) -> Option<Backend> {
-    let entry_ptr = SB_CT_V3.get_ptr_mut(key)?;
-    // SAFETY: a value of the LRU map, valid for this program run; copied out.
-    let entry = unsafe { *entry_ptr };
-    let tracked = Backend {
+pub(crate) fn tracked_backend(key: &CtKey, flow: &Flow, service_id: u32) -> Option<Backend> {
+    tracked_entry(key, flow, service_id).map(|entry| Backend {
         addr_be: entry.nat_addr_be,
         port_be: entry.nat_port_be,
         proto: flow.proto,
         flags: 0,
-    };
+    })
+}
+
+/// [`tracked_backend`]'s entry, whole (the uplink layer also needs its
+/// source NAT).
+#[inline(always)]
+pub(crate) fn tracked_entry(key: &CtKey, flow: &Flow, service_id: u32) -> Option<CtEntry> {
+    let entry_ptr = SB_CT_V4.get_ptr_mut(key)?;
+    // SAFETY: a value of the LRU map, valid for this program run; copied out.
+    let entry = unsafe { *entry_ptr };
     if entry.service_id != service_id {
         return None;
     }
@@ -403,22 +403,42 @@ fn tracked_backend(key: &CtKey, flow: &Flow, service_id: u32) -> Option<Backend>
     }
     if flow.ends_connection() {
         mark_closing(entry_ptr);
-        if let Some(reply_ptr) = SB_CT_V3.get_ptr_mut(reply_key(flow, &tracked)) {
+        if let Some(reply_ptr) = SB_CT_V4.get_ptr_mut(reply_key_of(flow, &entry)) {
             mark_closing(reply_ptr);
         }
     }
     if !flow.needs_live_backend()
-        || backend_is_live(entry.backend_id, tracked.addr_be, tracked.port_be)
+        || backend_is_live(entry.backend_id, entry.nat_addr_be, entry.nat_port_be)
     {
-        return Some(tracked);
+        return Some(entry);
     }
     count(stat::CT_RESELECTED);
     None
 }
 
+/// The reply key of a tracked flow from its forward entry: replies of a
+/// source-NATed flow come back to the node's address and port.
+#[inline(always)]
+fn reply_key_of(flow: &Flow, forward: &CtEntry) -> CtKey {
+    let (daddr_be, dport_be) = if forward.flags & ct_flags::SNAT != 0 {
+        (forward.snat_addr_be, forward.snat_port_be)
+    } else {
+        (flow.saddr_be, flow.sport_be)
+    };
+    CtKey {
+        saddr_be: forward.nat_addr_be,
+        daddr_be,
+        sport_be: forward.nat_port_be,
+        dport_be,
+        proto: flow.proto,
+        dir: ct_dir::REPLY,
+        _pad: [0; 2],
+    }
+}
+
 /// Marks a connection-tracking entry as belonging to a closing connection.
 #[inline(always)]
-fn mark_closing(entry: *mut CtEntry) {
+pub(crate) fn mark_closing(entry: *mut CtEntry) {
     // SAFETY: a value pointer the map lookup just returned, valid for this
     // program run; the only concurrent writes set the same bit.
     unsafe { (*entry).flags |= ct_flags::CLOSING };
@@ -426,7 +446,7 @@ fn mark_closing(entry: *mut CtEntry) {
 
 /// The key a backend's replies to this flow are looked up with.
 #[inline(always)]
-fn reply_key(flow: &Flow, backend: &Backend) -> CtKey {
+pub(crate) fn reply_key(flow: &Flow, backend: &Backend) -> CtKey {
     CtKey {
         saddr_be: backend.addr_be,
         daddr_be: flow.saddr_be,
@@ -442,7 +462,7 @@ fn reply_key(flow: &Flow, backend: &Backend) -> CtKey {
 /// the reply entry the frontend the reply must come from. A failed insert is
 /// counted; the packet is still forwarded (the next packet picks again).
 #[inline(always)]
-fn track(fwd: &CtKey, flow: &Flow, backend_id: u32, backend: &Backend, service_id: u32) {
+pub(crate) fn track(fwd: &CtKey, flow: &Flow, backend_id: u32, backend: &Backend, service_id: u32) {
     // SAFETY: a helper without preconditions.
     let created_ns = unsafe { bpf_ktime_get_ns() };
     let forward = CtEntry {
@@ -452,6 +472,9 @@ fn track(fwd: &CtKey, flow: &Flow, backend_id: u32, backend: &Backend, service_i
         nat_port_be: backend.port_be,
         flags: 0,
         _pad: 0,
+        snat_addr_be: 0,
+        snat_port_be: 0,
+        _pad2: [0; 2],
         created_ns,
     };
     let reply = CtEntry {
@@ -459,8 +482,8 @@ fn track(fwd: &CtKey, flow: &Flow, backend_id: u32, backend: &Backend, service_i
         nat_port_be: flow.dport_be,
         ..forward
     };
-    let inserted = SB_CT_V3.insert(fwd, &forward, 0).is_ok()
-        && SB_CT_V3.insert(reply_key(flow, backend), &reply, 0).is_ok();
+    let inserted = SB_CT_V4.insert(fwd, &forward, 0).is_ok()
+        && SB_CT_V4.insert(reply_key(flow, backend), &reply, 0).is_ok();
     if inserted {
         count_service(service_id, |s| s.new_flows += 1);
     } else {
@@ -471,7 +494,7 @@ fn track(fwd: &CtKey, flow: &Flow, backend_id: u32, backend: &Backend, service_i
 /// Makes sure the first `len` bytes of the frame are in the linear area,
 /// pulling them in if the packet is long enough but not linear.
 #[inline(always)]
-fn ensure_linear(ctx: &TcContext, len: usize) -> Result<(), Skip> {
+pub(crate) fn ensure_linear(ctx: &TcContext, len: usize) -> Result<(), Skip> {
     if ctx.data() + len <= ctx.data_end() {
         return Ok(());
     }
@@ -488,7 +511,7 @@ fn ensure_linear(ctx: &TcContext, len: usize) -> Result<(), Skip> {
 
 /// A bounds-checked pointer into the linear packet data.
 #[inline(always)]
-fn ptr_at<T>(ctx: &TcContext, off: usize) -> Result<*const T, Skip> {
+pub(crate) fn ptr_at<T>(ctx: &TcContext, off: usize) -> Result<*const T, Skip> {
     let start = ctx.data();
     if start + off + size_of::<T>() > ctx.data_end() {
         return Err(Skip::Malformed);
@@ -497,7 +520,7 @@ fn ptr_at<T>(ctx: &TcContext, off: usize) -> Result<*const T, Skip> {
 }
 
 #[inline(always)]
-fn parse(ctx: &TcContext) -> Result<Flow, Skip> {
+pub(crate) fn parse(ctx: &TcContext) -> Result<Flow, Skip> {
     if (ctx.len() as usize) < ETH_HLEN + 2 {
         return Err(Skip::NotOurs);
     }
@@ -560,25 +583,12 @@ fn parse(ctx: &TcContext) -> Result<Flow, Skip> {
     })
 }
 
-/// The IPv4 header checksum after a 32-bit field changed from `old` to `new`
-/// (RFC 1624, eqn. 3). All values as they are in the packet: one's-complement
-/// sums do not depend on byte order as long as every word uses the same.
-#[inline(always)]
-fn csum_replace4(csum: u16, old: u32, new: u32) -> u16 {
-    let mut sum = u32::from(!csum);
-    sum += (!old >> 16) + (!old & 0xffff);
-    sum += (new >> 16) + (new & 0xffff);
-    sum = (sum & 0xffff) + (sum >> 16);
-    sum = (sum & 0xffff) + (sum >> 16);
-    !(sum as u16)
-}
-
 /// The fallback when the tail call into `sb_rewrite` fails: the same
 /// rewrite, with every write through a helper (a direct store would make the
 /// verifier unclone every cloned skb this program sees, ours or not). Both
 /// addresses and the IPv4 checksum (computed here) go in one 10-byte store.
 #[inline(always)]
-fn rewrite_with_helpers(ctx: &TcContext, flow: &Flow, todo: &Rewrite) -> Result<(), RewriteFailed> {
+pub(crate) fn rewrite_with_helpers(ctx: &TcContext, flow: &Flow, todo: &Rewrite) -> Result<(), RewriteFailed> {
     let (old_addr_be, old_port_be, port_off) = match todo.side {
         Side::Source => (flow.saddr_be, flow.sport_be, flow.l4_off),
         Side::Destination => (flow.daddr_be, flow.dport_be, flow.l4_off + 2),

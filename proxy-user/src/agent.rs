@@ -14,12 +14,14 @@ use tracing::{error, info, warn};
 use crate::{
     attach::{self, Attacher, TcMode},
     ebpf::{self, Capacities},
+    healthcheck::{self, HealthServers},
     maps::{MapStore, PinnedMaps},
     model::{self, ModelWarning},
     sockdiag, socketlb,
     source::{cluster, dir, Snapshot},
     status::{self, AgentStatus, UnprogrammedService},
     sync::{Syncer, Unprogrammed},
+    uplink::{self, Uplink, UplinkError, XdpMode},
 };
 
 /// Where the agent learns Services and EndpointSlices from.
@@ -60,6 +62,11 @@ pub struct AgentConfig {
     pub socket_lb_cgroup: Option<PathBuf>,
     /// How the tc programs attach to pod interfaces.
     pub tc_mode: TcMode,
+    /// `--uplink`: the interfaces traffic from outside arrives on (empty:
+    /// found from the node's addresses or the default route).
+    pub uplinks: Vec<String>,
+    /// How the uplink program runs.
+    pub xdp_mode: XdpMode,
 }
 
 /// How often interfaces are listed again in case a netlink event was missed.
@@ -97,10 +104,9 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
         .context("subscribing to link events")?;
     tokio::spawn(connection);
     let mut attacher = Attacher::new(config.tc_mode, &config.pin_root);
-    rescan(&handle, &mut attacher, &mut ebpf).await;
 
     let mut snapshots = match (&config.source, cluster_client) {
-        (Source::Dir(dir), _) => dir::watch_dir(dir.clone())
+        (Source::Dir(dir), _) => dir::watch_dir(dir.clone(), config.node_name.clone())
             .await
             .with_context(|| format!("watching {}", dir.display()))?,
         (Source::Cluster, Some(client)) => {
@@ -126,9 +132,21 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
         last_warnings: Vec::new(),
         last_failed: Vec::new(),
         close_sockets: config.socket_lb_cgroup.is_some(),
+        health: HealthServers::new(healthcheck::DEFAULT_BIND),
     };
     let initial = snapshots.borrow_and_update().clone();
     sync.on_snapshot(&initial);
+    // Interfaces after the first sync, so no program runs on maps the source
+    // has not filled yet (a restart adopts pinned links that keep running).
+    let node_addrs = initial
+        .node
+        .as_ref()
+        .map(|n| n.addresses.clone())
+        .unwrap_or_default();
+    let uplinks = setup_uplinks(&handle, &config, &node_addrs, &mut ebpf, sync.syncer.store_mut())
+        .await?;
+    attacher.set_uplinks(uplinks.iter().map(|u| u.index).collect());
+    rescan(&handle, &mut attacher, &mut ebpf).await;
     // After the first sync, so the socket layer never balances from maps the
     // source has not filled yet.
     match &config.socket_lb_cgroup {
@@ -164,6 +182,42 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Finds the uplinks, records their addresses in the uplink map and attaches
+/// their programs. Explicit `--uplink`s that cannot be used are an error;
+/// when none is given and none is found, the node has no north-south path
+/// (said in the log) and everything else works.
+async fn setup_uplinks(
+    handle: &rtnetlink::Handle,
+    config: &AgentConfig,
+    node_addrs: &[std::net::Ipv4Addr],
+    ebpf: &mut aya::Ebpf,
+    maps: &mut PinnedMaps,
+) -> anyhow::Result<Vec<Uplink>> {
+    let uplinks = match uplink::resolve(handle, &config.uplinks, node_addrs).await {
+        Ok(found) => found,
+        Err(UplinkError::NotFound) if config.uplinks.is_empty() => {
+            warn!("no uplink found (no --uplink, no node address on an interface, no default route): traffic from outside the node is not balanced");
+            Vec::new()
+        }
+        Err(error) => return Err(error).context("finding the uplinks (--uplink)"),
+    };
+    let entries: Vec<(u32, std::net::Ipv4Addr)> = uplinks.iter().map(|u| (u.index, u.addr)).collect();
+    maps.set_uplinks(&entries).context("writing the uplink map")?;
+    let link_dir = config.pin_root.join("links");
+    for up in &uplinks {
+        let attached = uplink::attach(ebpf, up, config.xdp_mode, config.tc_mode, &link_dir);
+        match attached {
+            Err(error) if config.xdp_mode == XdpMode::Native => {
+                warn!(iface = %up.name, error = %anyhow::Error::from(error), "native XDP failed; using generic XDP");
+                uplink::attach(ebpf, up, XdpMode::Generic, config.tc_mode, &link_dir)
+                    .with_context(|| format!("attaching the uplink programs to {}", up.name))?;
+            }
+            other => other.with_context(|| format!("attaching the uplink programs to {}", up.name))?,
+        }
+    }
+    Ok(uplinks)
+}
+
 async fn rescan(handle: &rtnetlink::Handle, attacher: &mut Attacher, ebpf: &mut aya::Ebpf) {
     match attach::pod_interfaces(handle).await {
         Ok(interfaces) => attacher.reconcile(ebpf, &interfaces),
@@ -184,6 +238,8 @@ struct SyncLoop<'a, S: MapStore> {
     /// The socket layer is on: connected UDP sockets whose backend left are
     /// closed.
     close_sockets: bool,
+    /// The healthCheckNodePort servers (tasks on the agent's runtime).
+    health: HealthServers,
 }
 
 impl<S: MapStore> SyncLoop<'_, S> {
@@ -198,6 +254,7 @@ impl<S: MapStore> SyncLoop<'_, S> {
         for warning in warnings.iter().filter(|w| !self.last_warnings.contains(w)) {
             warn!(object = %warning.object, problem = %warning.problem, "input problem");
         }
+        self.health.update(&desired);
         let report = self.syncer.apply(&desired);
         for failed in report
             .failed

@@ -132,6 +132,9 @@ pub struct Attacher {
     mode: TcMode,
     /// Where TCX links are pinned (`<pin root>/links`).
     link_dir: PathBuf,
+    /// Uplink interface indices: not pod interfaces, and their link pins
+    /// (attached by [`crate::uplink`]) are not ours to forget.
+    uplinks: Vec<u32>,
 }
 
 impl Attacher {
@@ -140,13 +143,26 @@ impl Attacher {
             attached: HashMap::new(),
             mode,
             link_dir: pin_root.join("links"),
+            uplinks: Vec::new(),
         }
+    }
+
+    /// Names the uplinks, which [`reconcile`](Self::reconcile) leaves alone.
+    pub fn set_uplinks(&mut self, indices: Vec<u32>) {
+        self.uplinks = indices;
     }
 
     /// Attaches to every pod interface not yet attached; forgets interfaces
     /// that are gone. Errors on one interface are logged and do not stop
     /// the others.
     pub fn reconcile(&mut self, ebpf: &mut Ebpf, interfaces: &[PodInterface]) {
+        let uplinks = self.uplinks.clone();
+        let interfaces: Vec<PodInterface> = interfaces
+            .iter()
+            .filter(|i| !uplinks.contains(&i.index))
+            .cloned()
+            .collect();
+        let interfaces = interfaces.as_slice();
         self.attached.retain(|name, index| {
             interfaces
                 .iter()
@@ -184,7 +200,7 @@ impl Attacher {
             let Some(index) = name.to_str().and_then(tcx_pin_index) else {
                 continue;
             };
-            if interfaces.iter().all(|i| i.index != index) {
+            if interfaces.iter().all(|i| i.index != index) && !self.uplinks.contains(&index) {
                 match fs::remove_file(entry.path()) {
                     Ok(()) => {
                         debug!(pin = %entry.path().display(), "removed the link pin of a gone interface")
@@ -200,7 +216,7 @@ impl Attacher {
 
 /// Pin name of the TCX link of `program` on interface `index` (bpffs names
 /// may not contain dots).
-fn tcx_pin_name(index: u32, program: &str) -> String {
+pub fn tcx_pin_name(index: u32, program: &str) -> String {
     format!("tcx_{index}_{program}")
 }
 
@@ -209,7 +225,16 @@ fn tcx_pin_index(name: &str) -> Option<u32> {
     name.strip_prefix("tcx_")?.split('_').next()?.parse().ok()
 }
 
-/// Attaches both programs to `iface` as `mode` says, replacing what an
+/// A tc program and the hook it goes on.
+pub type Hook = (&'static str, TcAttachType);
+
+/// The programs of a pod interface.
+pub const POD_HOOKS: [Hook; 2] = [
+    (programs::TC_FROM_POD, TcAttachType::Ingress),
+    (programs::TC_TO_POD, TcAttachType::Egress),
+];
+
+/// Attaches both pod programs to `iface` as `mode` says, replacing what an
 /// earlier agent left.
 pub fn attach(
     ebpf: &mut Ebpf,
@@ -217,12 +242,24 @@ pub fn attach(
     mode: TcMode,
     link_dir: &Path,
 ) -> Result<Attached, AttachError> {
+    attach_hooks(ebpf, iface, mode, link_dir, &POD_HOOKS)
+}
+
+/// Attaches `hooks` to `iface` as `mode` says, replacing what an earlier
+/// agent left on those hooks.
+pub fn attach_hooks(
+    ebpf: &mut Ebpf,
+    iface: &PodInterface,
+    mode: TcMode,
+    link_dir: &Path,
+    hooks: &[Hook],
+) -> Result<Attached, AttachError> {
     if mode != TcMode::Netlink {
-        match attach_tcx(ebpf, iface, link_dir) {
+        match attach_tcx(ebpf, iface, link_dir, hooks) {
             Ok(()) => {
                 // A filter an earlier (netlink) agent left would run after
                 // ours and see only translated packets; remove it anyway.
-                remove_netlink_filters(&iface.name);
+                remove_netlink_filters(&iface.name, hooks);
                 return Ok(Attached::Tcx);
             }
             Err(error) if mode == TcMode::Auto => {
@@ -231,14 +268,21 @@ pub fn attach(
             Err(error) => return Err(error),
         }
     }
-    remove_tcx_pins(iface.index, link_dir);
-    attach_netlink(ebpf, &iface.name)?;
+    remove_tcx_pins(iface.index, link_dir, hooks);
+    attach_netlink(ebpf, &iface.name, hooks)?;
     Ok(Attached::Netlink)
 }
 
+/// Removes `hooks` from `iface` whichever way an earlier agent attached
+/// them (TCX pins and netlink filters).
+pub fn detach_hooks(iface: &PodInterface, link_dir: &Path, hooks: &[Hook]) {
+    remove_tcx_pins(iface.index, link_dir, hooks);
+    remove_netlink_filters(&iface.name, hooks);
+}
+
 /// Removes the TCX links an earlier agent pinned for interface `index`.
-fn remove_tcx_pins(index: u32, link_dir: &Path) {
-    for name in [programs::TC_FROM_POD, programs::TC_TO_POD] {
+fn remove_tcx_pins(index: u32, link_dir: &Path, hooks: &[Hook]) {
+    for (name, _) in hooks {
         let path = link_dir.join(tcx_pin_name(index, name));
         if fs::remove_file(&path).is_ok() {
             debug!(pin = %path.display(), "removed an earlier TCX link");
@@ -263,15 +307,17 @@ fn program<'a>(
 
 /// TCX: swap our program into the pinned link of an earlier agent, or attach
 /// a new link and pin it.
-fn attach_tcx(ebpf: &mut Ebpf, iface: &PodInterface, link_dir: &Path) -> Result<(), AttachError> {
+fn attach_tcx(
+    ebpf: &mut Ebpf,
+    iface: &PodInterface,
+    link_dir: &Path,
+    hooks: &[Hook],
+) -> Result<(), AttachError> {
     fs::create_dir_all(link_dir).map_err(|source| AttachError::LinkDir {
         path: link_dir.to_owned(),
         source,
     })?;
-    for (name, hook) in [
-        (programs::TC_FROM_POD, TcAttachType::Ingress),
-        (programs::TC_TO_POD, TcAttachType::Egress),
-    ] {
+    for &(name, hook) in hooks {
         let attach_error = |source| AttachError::Attach {
             iface: iface.name.clone(),
             program: name,
@@ -326,21 +372,18 @@ fn pinned_tc_link(path: &Path) -> Option<SchedClassifierLink> {
     SchedClassifierLink::try_from(FdLink::from(pinned)).ok()
 }
 
-/// Removes our netlink filters from `iface`, if any.
-fn remove_netlink_filters(iface: &str) {
-    for (name, hook) in [
-        (programs::TC_FROM_POD, TcAttachType::Ingress),
-        (programs::TC_TO_POD, TcAttachType::Egress),
-    ] {
+/// Removes our netlink filters of `hooks` from `iface`, if any.
+fn remove_netlink_filters(iface: &str, hooks: &[Hook]) {
+    for &(name, hook) in hooks {
         if tc::qdisc_detach_program(iface, hook, name).is_ok() {
             debug!(iface, program = name, "removed an earlier netlink filter");
         }
     }
 }
 
-/// Netlink clsact: both programs as filters, replacing filters an earlier
+/// Netlink clsact: the programs as filters, replacing filters an earlier
 /// agent left.
-fn attach_netlink(ebpf: &mut Ebpf, iface: &str) -> Result<(), AttachError> {
+fn attach_netlink(ebpf: &mut Ebpf, iface: &str, hooks: &[Hook]) -> Result<(), AttachError> {
     match tc::qdisc_add_clsact(iface) {
         Ok(()) => {}
         Err(TcError::NetlinkError(e)) if e.raw_os_error() == Some(libc::EEXIST) => {}
@@ -351,10 +394,7 @@ fn attach_netlink(ebpf: &mut Ebpf, iface: &str) -> Result<(), AttachError> {
             })
         }
     }
-    for (name, hook) in [
-        (programs::TC_FROM_POD, TcAttachType::Ingress),
-        (programs::TC_TO_POD, TcAttachType::Egress),
-    ] {
+    for &(name, hook) in hooks {
         // A previous agent's filter (same program name): remove it first.
         match tc::qdisc_detach_program(iface, hook, name) {
             Ok(()) => debug!(iface, program = name, "replaced an earlier filter"),

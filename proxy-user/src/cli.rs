@@ -3,12 +3,12 @@
 use std::{collections::BTreeMap, fmt::Write as _, path::Path};
 
 use aya::maps::IterableMap as _;
-use proxy_common::{frontend_flags as ff, Frontend as FrontendValue, FrontendKey};
+use proxy_common::{frontend_flags as ff, scope, Frontend as FrontendValue, FrontendKey};
 use serde::Serialize;
 
 use crate::{
     maps::{MapsError, PinnedMaps},
-    sync::{backend_addr, frontend_addr, revnat_name},
+    sync::{backend_addr, frontend_addr, has_external_set, revnat_name},
 };
 
 #[derive(Debug, Serialize, PartialEq, Eq)]
@@ -23,13 +23,17 @@ pub struct ServiceRow {
     pub kind: &'static str,
     /// The governing traffic policy is `Local`: `internalTrafficPolicy` on a
     /// ClusterIP frontend (its backends are this node's), `externalTrafficPolicy`
-    /// on the others (recorded; their backends serve pod traffic, cluster-wide).
+    /// on the others (their backends serve pod traffic, cluster-wide; traffic
+    /// from outside gets `external_backends`).
     pub local_only: bool,
     /// No endpoint was ready; these are serving, terminating ones.
     pub terminating_fallback: bool,
     /// `sessionAffinity: ClientIP` timeout (the data path applies it).
     pub affinity_timeout_s: Option<u32>,
     pub backends: Vec<BackendRow>,
+    /// Under `externalTrafficPolicy: Local`: the backends traffic from
+    /// outside the node gets (this node's endpoints).
+    pub external_backends: Option<Vec<BackendRow>>,
     /// Slots that name a backend id absent from the backend map (should be 0).
     pub missing_backends: usize,
     pub packets: u64,
@@ -65,34 +69,27 @@ pub fn read_services(maps: &PinnedMaps) -> Vec<ServiceRow> {
         .collect();
     let mut rows = Vec::new();
     for ((_, _, _, slot), (key, head)) in &entries {
-        if *slot != 0 {
+        if *slot != 0 || key.scope != scope::INTERNAL {
             continue;
         }
         let Some(addr) = frontend_addr(key) else {
             continue;
         };
-        let mut backends = Vec::new();
-        let mut missing = 0;
-        for slot in 1..=head.backend_count {
-            let slot_key = FrontendKey { slot, ..*key };
-            let backend = maps.frontends.get(&slot_key, 0).ok().and_then(|v| {
-                maps.backends
-                    .get(&v.backend_id, 0)
-                    .ok()
-                    .map(|b| (v.backend_id, b))
-            });
-            match backend {
-                Some((id, b)) => {
-                    let b = backend_addr(&b);
-                    backends.push(BackendRow {
-                        id,
-                        address: b.ip.to_string(),
-                        port: b.port,
-                    });
+        let (backends, mut missing) = read_slots(maps, key, head);
+        let external_backends = has_external_set(head.flags).then(|| {
+            let ext_key = FrontendKey {
+                scope: scope::EXTERNAL,
+                ..*key
+            };
+            match maps.frontends.get(&ext_key, 0) {
+                Ok(ext_head) => {
+                    let (rows, ext_missing) = read_slots(maps, &ext_key, &ext_head);
+                    missing += ext_missing;
+                    rows
                 }
-                None => missing += 1,
+                Err(_) => Vec::new(),
             }
-        }
+        });
         let service = maps
             .revnat
             .get(&head.service_id, 0)
@@ -116,6 +113,7 @@ pub fn read_services(maps: &PinnedMaps) -> Vec<ServiceRow> {
             affinity_timeout_s: (head.flags & ff::AFFINITY_CLIENT_IP != 0)
                 .then_some(head.affinity_timeout_s),
             backends,
+            external_backends,
             missing_backends: missing,
             packets: stats.packets,
             bytes: stats.bytes,
@@ -126,6 +124,34 @@ pub fn read_services(maps: &PinnedMaps) -> Vec<ServiceRow> {
     rows
 }
 
+/// The backends in slots `1..=count` of the set whose slot 0 is `head`, and
+/// how many slots name no backend.
+fn read_slots(maps: &PinnedMaps, key: &FrontendKey, head: &FrontendValue) -> (Vec<BackendRow>, usize) {
+    let mut backends = Vec::new();
+    let mut missing = 0;
+    for slot in 1..=head.backend_count {
+        let slot_key = FrontendKey { slot, ..*key };
+        let backend = maps.frontends.get(&slot_key, 0).ok().and_then(|v| {
+            maps.backends
+                .get(&v.backend_id, 0)
+                .ok()
+                .map(|b| (v.backend_id, b))
+        });
+        match backend {
+            Some((id, b)) => {
+                let b = backend_addr(&b);
+                backends.push(BackendRow {
+                    id,
+                    address: b.ip.to_string(),
+                    port: b.port,
+                });
+            }
+            None => missing += 1,
+        }
+    }
+    (backends, missing)
+}
+
 /// Notes on a row's attributes, e.g. `local endpoints only, ClientIP affinity 10800s`.
 fn attributes(row: &ServiceRow) -> String {
     let mut notes = Vec::new();
@@ -133,10 +159,15 @@ fn attributes(row: &ServiceRow) -> String {
         notes.push(if row.kind == "ClusterIP" {
             "internalTrafficPolicy Local: this node's endpoints only".to_owned()
         } else {
-            // Pod traffic gets every endpoint (kube-proxy's short-circuit); the
-            // local set is for traffic from outside, not intercepted yet.
-            "externalTrafficPolicy Local (recorded; traffic from outside the node is not handled yet)"
-                .to_owned()
+            // Pod traffic gets every endpoint (kube-proxy's short-circuit);
+            // traffic from outside gets the local set.
+            let local = row.external_backends.as_deref().unwrap_or_default();
+            if local.is_empty() {
+                "externalTrafficPolicy Local: no local endpoint, traffic from outside is dropped".to_owned()
+            } else {
+                let list: Vec<String> = local.iter().map(|b| format!("{}:{}", b.address, b.port)).collect();
+                format!("externalTrafficPolicy Local: from outside -> {}", list.join(", "))
+            }
         });
     }
     if row.terminating_fallback {
@@ -378,6 +409,7 @@ mod tests {
                     port: 8080,
                 })
                 .collect(),
+            external_backends: None,
             missing_backends: 0,
             packets: 12,
             bytes: 900,
@@ -408,7 +440,16 @@ mod tests {
         let mut lb = row("demo/lb", 1);
         lb.kind = "LoadBalancer";
         lb.local_only = true;
-        assert!(render_table(&[lb]).contains("externalTrafficPolicy Local (recorded"));
+        assert!(render_table(&[lb]).contains("externalTrafficPolicy Local: no local endpoint"));
+        let mut lb = row("demo/lb", 2);
+        lb.kind = "LoadBalancer";
+        lb.local_only = true;
+        lb.external_backends = Some(vec![BackendRow {
+            id: 1,
+            address: "10.244.1.2".to_owned(),
+            port: 8080,
+        }]);
+        assert!(render_table(&[lb]).contains("from outside -> 10.244.1.2:8080"));
         assert!(text.contains("ClientIP affinity 10800s"));
         assert!(render_table(&[]).contains("no frontends programmed"));
     }

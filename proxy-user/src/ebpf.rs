@@ -10,7 +10,7 @@ use std::{
 
 use aya::{
     maps::{MapData, ProgramArray},
-    programs::{CgroupSock, CgroupSockAddr, Program, ProgramError, SchedClassifier},
+    programs::{CgroupSock, CgroupSockAddr, Program, ProgramError, SchedClassifier, Xdp},
     Ebpf, EbpfError, EbpfLoader,
 };
 use proxy_common::{capacity, names, programs, tail};
@@ -99,7 +99,7 @@ pub fn ensure_bpffs(pin_root: &Path) -> Result<(), LoadError> {
     })
 }
 
-/// Loads the object: maps pinned (or reused) under `pin_root`, the tc and the
+/// Loads the object: maps pinned (or reused) under `pin_root`, the tc, XDP and
 /// socket-layer programs loaded into the kernel (not yet attached).
 pub fn load(pin_root: &Path, caps: &Capacities) -> Result<Ebpf, LoadError> {
     ensure_bpffs(pin_root)?;
@@ -142,11 +142,15 @@ fn load_with(pin_root: Option<&Path>, caps: &Capacities) -> Result<Ebpf, LoadErr
         programs::TC_FROM_POD,
         programs::TC_TO_POD,
         programs::TC_REWRITE,
+        programs::TC_FROM_UPLINK,
     ] {
         let result = typed::<SchedClassifier>(&mut ebpf, name)?.load();
         result.map_err(|source| LoadError::Program { name, source })?;
     }
     install_tail_calls(&mut ebpf)?;
+    let name = programs::XDP_UPLINK;
+    let result = typed::<Xdp>(&mut ebpf, name)?.load();
+    result.map_err(|source| LoadError::Program { name, source })?;
     for name in programs::SOCKET_LB {
         let result = typed::<CgroupSockAddr>(&mut ebpf, name)?.load();
         result.map_err(|source| LoadError::Program { name, source })?;
@@ -180,7 +184,7 @@ fn install_tail_calls(ebpf: &mut Ebpf) -> Result<(), LoadError> {
 }
 
 /// Program `name` of the object as its aya type `T`.
-fn typed<'a, T>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut T, LoadError>
+pub fn typed<'a, T>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut T, LoadError>
 where
     &'a mut T: TryFrom<&'a mut Program, Error = ProgramError>,
 {

@@ -8,6 +8,7 @@ use proxy_user::{
     attach::TcMode,
     cli,
     ebpf::Capacities,
+    uplink::XdpMode,
 };
 use tracing_subscriber::EnvFilter;
 
@@ -75,6 +76,18 @@ enum Command {
         /// where the kernel has it.
         #[arg(long, value_enum, default_value_t = TcMode::Auto)]
         tc_attach: TcMode,
+        /// An interface traffic from outside the node arrives on (repeat for
+        /// several). Default: the interfaces holding the Node's InternalIP or
+        /// ExternalIP, else the default route's interface. NodePorts,
+        /// LoadBalancer IPs and external IPs are served there.
+        #[arg(long = "uplink", value_name = "IFACE")]
+        uplinks: Vec<String>,
+        /// How the uplink program runs: `native` (in the driver; veth
+        /// included; falls back to generic where the driver has no XDP),
+        /// `generic` (the kernel's generic XDP hook), or `off` (a tc ingress
+        /// program instead).
+        #[arg(long, value_enum, default_value_t = XdpMode::Native)]
+        xdp_mode: XdpMode,
     },
     /// Print every frontend and its backends from the pinned maps.
     Services {
@@ -123,6 +136,8 @@ fn main() -> anyhow::Result<()> {
             socket_lb,
             cgroup_root,
             tc_attach,
+            uplinks,
+            xdp_mode,
         } => {
             let socket_lb_cgroup = match (socket_lb, cgroup_root) {
                 (false, _) => None,
@@ -158,6 +173,8 @@ fn main() -> anyhow::Result<()> {
                 proxy_name,
                 socket_lb_cgroup,
                 tc_mode: tc_attach,
+                uplinks,
+                xdp_mode,
             }))
         }
         Command::Services { pin_root, output } => {

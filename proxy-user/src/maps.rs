@@ -13,7 +13,7 @@ use aya::{
 };
 use proxy_common::{
     names, stat, Backend, Config, CtEntry, CtKey, Frontend, FrontendKey, RevNat, SockEntry,
-    SockKey, SvcStats,
+    SockKey, SvcStats, Uplink,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -75,6 +75,7 @@ pub struct PinnedMaps {
     pub stats: PerCpuArray<MapData, u64>,
     pub sockets: HashMap<MapData, SockKey, SockEntry>,
     pub config: Array<MapData, Config>,
+    pub uplinks: HashMap<MapData, u32, Uplink>,
 }
 
 fn open_pinned(pin_root: &Path, name: &'static str) -> Result<Map, MapsError> {
@@ -116,6 +117,7 @@ impl PinnedMaps {
             ),
             sockets: typed!(names::SOCKETS, open_pinned(pin_root, names::SOCKETS)?),
             config: typed!(names::CONFIG, open_pinned(pin_root, names::CONFIG)?),
+            uplinks: typed!(names::UPLINKS, open_pinned(pin_root, names::UPLINKS)?),
         })
     }
 
@@ -131,6 +133,7 @@ impl PinnedMaps {
             stats: typed!(names::GLOBAL_STATS, take(names::GLOBAL_STATS)?),
             sockets: typed!(names::SOCKETS, take(names::SOCKETS)?),
             config: typed!(names::CONFIG, take(names::CONFIG)?),
+            uplinks: typed!(names::UPLINKS, take(names::UPLINKS)?),
         })
     }
 
@@ -142,6 +145,38 @@ impl PinnedMaps {
                 map: names::CONFIG,
                 source,
             })
+    }
+
+    /// Makes the uplink map hold exactly `uplinks` (interface index →
+    /// address): new ones are written before old ones are deleted.
+    pub fn set_uplinks(&mut self, uplinks: &[(u32, std::net::Ipv4Addr)]) -> Result<(), WriteError> {
+        for (index, addr) in uplinks {
+            let value = Uplink {
+                addr_be: u32::from_ne_bytes(addr.octets()),
+                _pad: [0; 4],
+            };
+            self.uplinks
+                .insert(index, value, 0)
+                .map_err(|source| WriteError::Other {
+                    map: names::UPLINKS,
+                    source,
+                })?;
+        }
+        let stale: Vec<u32> = self
+            .uplinks
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|k| uplinks.iter().all(|(index, _)| index != k))
+            .collect();
+        for index in stale {
+            self.uplinks
+                .remove(&index)
+                .map_err(|source| WriteError::Other {
+                    map: names::UPLINKS,
+                    source,
+                })?;
+        }
+        Ok(())
     }
 
     /// Number of socket-layer entries.

@@ -22,7 +22,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::Ipv4Addr;
 
 use proxy_common::{
-    capacity, frontend_flags, proto, sock_dir, Backend, CtEntry, CtKey, Frontend as FrontendValue,
+    capacity, frontend_flags, proto, scope, sock_dir, Backend, CtEntry, CtKey, Frontend as FrontendValue,
     FrontendKey, RevNat, SockEntry, SockKey, REVNAT_NAME_LEN,
 };
 use tracing::{debug, warn};
@@ -43,6 +43,17 @@ struct Programmed {
     affinity_timeout_s: u32,
     /// Backend id per slot, slot 1 first.
     slots: Vec<u32>,
+    /// The external (local-only) set's backend ids per slot, under
+    /// [`scope::EXTERNAL`]: `Some` exactly when the frontend has one
+    /// (`externalTrafficPolicy: Local`).
+    external: Option<Vec<u32>>,
+}
+
+impl Programmed {
+    /// Frontend map entries this frontend uses.
+    fn entries(&self) -> usize {
+        1 + self.slots.len() + self.external.as_ref().map_or(0, |e| 1 + e.len())
+    }
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -98,12 +109,18 @@ struct Purge {
     udp_backends: HashSet<(u32, u32)>,
 }
 
+/// The key of `slot` of a frontend's internal backend set.
 pub fn frontend_key(addr: &FrontendAddr, slot: u16) -> FrontendKey {
+    scoped_key(addr, scope::INTERNAL, slot)
+}
+
+/// The key of `slot` of a frontend's backend set `scope` ([`scope`]).
+pub fn scoped_key(addr: &FrontendAddr, scope: u8, slot: u16) -> FrontendKey {
     FrontendKey {
         addr_be: u32::from_ne_bytes(addr.ip.octets()),
         port_be: addr.port.to_be(),
         proto: proto_number(addr.protocol),
-        _pad0: 0,
+        scope,
         slot,
         _pad1: [0; 2],
     }
@@ -210,54 +227,67 @@ impl<S: MapStore> Syncer<S> {
         let mut keep_slots: HashSet<FrontendKey> = HashSet::new();
         let mut keep_backends: HashSet<u32> = HashSet::new();
 
-        for (key, head) in dump.frontends.iter().filter(|(k, _)| k.slot == 0) {
+        for (key, head) in dump
+            .frontends
+            .iter()
+            .filter(|(k, _)| k.slot == 0 && k.scope == scope::INTERNAL)
+        {
             let Some(addr) = frontend_addr(key) else {
                 continue;
             };
-            let mut ids = Vec::with_capacity(usize::from(head.backend_count));
-            let mut complete = true;
-            for slot in 1..=head.backend_count {
-                let slot_key = FrontendKey { slot, ..*key };
-                match slots.get(&slot_key) {
-                    Some(v) if backends.contains_key(&v.backend_id) => ids.push(v.backend_id),
-                    _ => complete = false,
-                }
-            }
-            if !complete || head.service_id == 0 {
+            let ids = complete_slots(&slots, &backends, key, head);
+            let external = if has_external_set(head.flags) {
+                let ext_key = FrontendKey {
+                    scope: scope::EXTERNAL,
+                    ..*key
+                };
+                slots
+                    .get(&ext_key)
+                    .map(|ext_head| complete_slots(&slots, &backends, &ext_key, ext_head))
+            } else {
+                Some(Some(Vec::new()))
+            };
+            let (Some(ids), Some(Some(external))) = (ids, external) else {
                 // Half-written by a crash: drop it; the next apply rewrites it.
                 warn!(frontend = %addr, "adopting maps: incomplete frontend entry removed");
                 continue;
+            };
+            if head.service_id == 0 {
+                warn!(frontend = %addr, "adopting maps: incomplete frontend entry removed");
+                continue;
             }
-            keep_slots.insert(*key);
-            for slot in 1..=head.backend_count {
-                keep_slots.insert(FrontendKey { slot, ..*key });
-            }
-            for id in &ids {
-                keep_backends.insert(*id);
-                let backend = backends[id];
-                let entry = (backend_addr(&backend), addr.protocol);
-                self.backends
-                    .entry(entry)
-                    .and_modify(|r| r.refs += 1)
-                    .or_insert(BackendRef { id: *id, refs: 1 });
-                self.backend_addrs.insert(*id, entry);
+            let external = has_external_set(head.flags).then_some(external);
+            for (scope, set) in [(scope::INTERNAL, Some(&ids)), (scope::EXTERNAL, external.as_ref())] {
+                let Some(set) = set else { continue };
+                for slot in 0..=set.len() as u16 {
+                    keep_slots.insert(FrontendKey { scope, slot, ..*key });
+                }
+                for id in set {
+                    keep_backends.insert(*id);
+                    let backend = backends[id];
+                    let entry = (backend_addr(&backend), addr.protocol);
+                    self.backends
+                        .entry(entry)
+                        .and_modify(|r| r.refs += 1)
+                        .or_insert(BackendRef { id: *id, refs: 1 });
+                    self.backend_addrs.insert(*id, entry);
+                }
             }
             let name = revnat
                 .get(&head.service_id)
                 .map(revnat_name)
                 .unwrap_or_default();
             self.service_ids.insert(head.service_id);
-            self.frontend_entries += 1 + ids.len();
-            self.programmed.insert(
-                addr,
-                Programmed {
-                    service_id: head.service_id,
-                    name,
-                    flags: head.flags,
-                    affinity_timeout_s: head.affinity_timeout_s,
-                    slots: ids,
-                },
-            );
+            let programmed = Programmed {
+                service_id: head.service_id,
+                name,
+                flags: head.flags,
+                affinity_timeout_s: head.affinity_timeout_s,
+                slots: ids,
+                external,
+            };
+            self.frontend_entries += programmed.entries();
+            self.programmed.insert(addr, programmed);
         }
         // Orphans: slots of dropped frontends, unused backends and rev-NAT entries.
         for key in slots.keys().filter(|k| !keep_slots.contains(k)) {
@@ -385,14 +415,17 @@ impl<S: MapStore> Syncer<S> {
                 .delete_frontend(frontend_key(addr, slot as u16))?;
             *writes += 1;
         }
+        if let Some(external) = &programmed.external {
+            *writes += self.delete_external_set(addr, external.len())?;
+        }
         self.store.delete_revnat(programmed.service_id)?;
         *writes += 1;
-        for id in &programmed.slots {
+        for id in programmed.slots.iter().chain(programmed.external.iter().flatten()) {
             *writes += self.release_backend(*id)?;
         }
         purge.services.insert(programmed.service_id);
         self.service_ids.remove(&programmed.service_id);
-        self.frontend_entries -= 1 + programmed.slots.len();
+        self.frontend_entries -= programmed.entries();
         self.programmed.remove(addr);
         debug!(frontend = %addr, "frontend removed");
         Ok(())
@@ -407,10 +440,10 @@ impl<S: MapStore> Syncer<S> {
     ) -> Result<(), UpsertError> {
         let addr = &frontend.addr;
         let old = self.programmed.get(addr).cloned();
-        let mut wanted: Vec<BackendAddr> = frontend.backends.clone();
-        wanted.sort();
-        wanted.dedup();
+        let wanted = sorted_set(&frontend.backends);
         let (flags, affinity_timeout_s) = slot_zero_attributes(frontend);
+        let wanted_external = has_external_set(flags)
+            .then(|| sorted_set(frontend.external_backends.as_deref().unwrap_or_default()));
         let limit = usize::from(capacity::MAX_BACKENDS_PER_SERVICE);
         if wanted.len() > limit {
             return Err(UpsertError::Capacity(format!(
@@ -421,13 +454,8 @@ impl<S: MapStore> Syncer<S> {
 
         // Unchanged? Compare backend sets, not slot order.
         if let Some(old) = &old {
-            let mut current: Vec<BackendAddr> = old
-                .slots
-                .iter()
-                .filter_map(|id| self.backend_addrs.get(id).map(|(b, _)| *b))
-                .collect();
-            current.sort();
-            if current == wanted
+            if self.addrs_of(&old.slots) == wanted
+                && old.external.as_ref().map(|e| self.addrs_of(e)) == wanted_external
                 && old.name == name
                 && old.flags == flags
                 && old.affinity_timeout_s == affinity_timeout_s
@@ -439,8 +467,8 @@ impl<S: MapStore> Syncer<S> {
 
         // Capacity, checked before any write so a frontend that does not fit
         // leaves the maps as they were.
-        let old_entries = old.as_ref().map_or(0, |o| 1 + o.slots.len());
-        let new_entries = 1 + wanted.len();
+        let old_entries = old.as_ref().map_or(0, Programmed::entries);
+        let new_entries = 1 + wanted.len() + wanted_external.as_ref().map_or(0, |e| 1 + e.len());
         if self.frontend_entries - old_entries + new_entries > self.caps.frontends as usize {
             return Err(UpsertError::Capacity(format!(
                 "frontend map full ({} entries)",
@@ -449,6 +477,9 @@ impl<S: MapStore> Syncer<S> {
         }
         let new_backends = wanted
             .iter()
+            .chain(wanted_external.iter().flatten())
+            .collect::<HashSet<_>>()
+            .into_iter()
             .filter(|b| !self.backends.contains_key(&(**b, addr.protocol)))
             .count();
         if self.backends.len() + new_backends > self.caps.backends as usize {
@@ -473,48 +504,32 @@ impl<S: MapStore> Syncer<S> {
             report.writes += 1;
         }
 
-        // Take references on the new set before dropping the old one, so a
+        // Take references on the new sets before dropping the old ones, so a
         // backend that stays is never deleted in between.
-        let mut wanted_ids = Vec::with_capacity(wanted.len());
-        for backend in &wanted {
-            let (id, written) = self.acquire_backend(*backend, addr.protocol)?;
-            report.writes += written;
-            wanted_ids.push(id);
-        }
+        let wanted_ids = self.acquire_all(&wanted, addr.protocol, &mut report.writes)?;
+        let wanted_external_ids = match &wanted_external {
+            Some(set) => Some(self.acquire_all(set, addr.protocol, &mut report.writes)?),
+            None => None,
+        };
         let old_slots = old.as_ref().map(|o| o.slots.clone()).unwrap_or_default();
+        let old_external = old.as_ref().and_then(|o| o.external.clone());
         let slots = place(&old_slots, &wanted_ids);
+        let external = wanted_external_ids
+            .as_ref()
+            .map(|ids| place(old_external.as_deref().unwrap_or_default(), ids));
 
-        for (index, id) in slots.iter().enumerate() {
-            if old_slots.get(index) != Some(id) {
-                self.store.put_frontend(
-                    frontend_key(addr, index as u16 + 1),
-                    FrontendValue {
-                        backend_id: *id,
-                        service_id,
-                        ..FrontendValue::default()
-                    },
-                )?;
-                report.writes += 1;
-            }
+        // The external set first: slot 0 of the internal set announces it.
+        if let Some(external) = &external {
+            let old = old_external.as_deref().unwrap_or_default();
+            report.writes += self.write_set(addr, scope::EXTERNAL, service_id, old, external, (flags, affinity_timeout_s))?;
         }
-        self.store.put_frontend(
-            frontend_key(addr, 0),
-            FrontendValue {
-                backend_id: 0,
-                service_id,
-                backend_count: slots.len() as u16,
-                flags,
-                affinity_timeout_s,
-            },
-        )?;
-        report.writes += 1;
-        for slot in slots.len() + 1..=old_slots.len() {
-            self.store
-                .delete_frontend(frontend_key(addr, slot as u16))?;
-            report.writes += 1;
+        report.writes += self.write_set(addr, scope::INTERNAL, service_id, &old_slots, &slots, (flags, affinity_timeout_s))?;
+        if let (Some(old), None) = (&old_external, &external) {
+            report.writes += self.delete_external_set(addr, old.len())?;
         }
-        for id in &old_slots {
-            if addr.protocol == Protocol::Udp && !slots.contains(id) {
+        let kept: HashSet<u32> = slots.iter().chain(external.iter().flatten()).copied().collect();
+        for id in old_slots.iter().chain(old_external.iter().flatten()) {
+            if addr.protocol == Protocol::Udp && !kept.contains(id) {
                 purge.udp_backends.insert((service_id, *id));
             }
             report.writes += self.release_backend(*id)?;
@@ -534,9 +549,90 @@ impl<S: MapStore> Syncer<S> {
                 flags,
                 affinity_timeout_s,
                 slots,
+                external,
             },
         );
         Ok(())
+    }
+
+    /// The addresses of backend ids, sorted.
+    fn addrs_of(&self, ids: &[u32]) -> Vec<BackendAddr> {
+        let mut addrs: Vec<BackendAddr> = ids
+            .iter()
+            .filter_map(|id| self.backend_addrs.get(id).map(|(b, _)| *b))
+            .collect();
+        addrs.sort();
+        addrs
+    }
+
+    /// A reference on each backend of `set`, creating entries as needed.
+    fn acquire_all(
+        &mut self,
+        set: &[BackendAddr],
+        protocol: Protocol,
+        writes: &mut usize,
+    ) -> Result<Vec<u32>, WriteError> {
+        let mut ids = Vec::with_capacity(set.len());
+        for backend in set {
+            let (id, written) = self.acquire_backend(*backend, protocol)?;
+            *writes += written;
+            ids.push(id);
+        }
+        Ok(ids)
+    }
+
+    /// Writes one backend set of a frontend: the slots that changed, then
+    /// slot 0 with the new count, then deletes the slots past it. Returns the
+    /// number of writes.
+    fn write_set(
+        &mut self,
+        addr: &FrontendAddr,
+        scope: u8,
+        service_id: u32,
+        old_slots: &[u32],
+        slots: &[u32],
+        (flags, affinity_timeout_s): (u16, u32),
+    ) -> Result<usize, WriteError> {
+        let mut writes = 0;
+        for (index, id) in slots.iter().enumerate() {
+            if old_slots.get(index) != Some(id) {
+                self.store.put_frontend(
+                    scoped_key(addr, scope, index as u16 + 1),
+                    FrontendValue {
+                        backend_id: *id,
+                        service_id,
+                        ..FrontendValue::default()
+                    },
+                )?;
+                writes += 1;
+            }
+        }
+        self.store.put_frontend(
+            scoped_key(addr, scope, 0),
+            FrontendValue {
+                backend_id: 0,
+                service_id,
+                backend_count: slots.len() as u16,
+                flags,
+                affinity_timeout_s,
+            },
+        )?;
+        writes += 1;
+        for slot in slots.len() + 1..=old_slots.len() {
+            self.store
+                .delete_frontend(scoped_key(addr, scope, slot as u16))?;
+            writes += 1;
+        }
+        Ok(writes)
+    }
+
+    /// Deletes a frontend's external set (slot 0 first). Returns the writes.
+    fn delete_external_set(&mut self, addr: &FrontendAddr, len: usize) -> Result<usize, WriteError> {
+        for slot in 0..=len {
+            self.store
+                .delete_frontend(scoped_key(addr, scope::EXTERNAL, slot as u16))?;
+        }
+        Ok(len + 1)
     }
 
     fn allocate_service_id(&mut self) -> Option<u32> {
@@ -627,6 +723,40 @@ fn log_write(result: Result<(), WriteError>) {
     }
 }
 
+/// Whether slot 0 with these flags announces an external (local-only) set:
+/// `externalTrafficPolicy: Local` on a NodePort, LoadBalancer or external-IP
+/// frontend.
+pub fn has_external_set(flags: u16) -> bool {
+    flags & frontend_flags::LOCAL_ONLY != 0
+        && flags & frontend_flags::KIND_MASK != frontend_flags::KIND_CLUSTER_IP
+}
+
+/// Sorted, deduplicated.
+fn sorted_set(backends: &[BackendAddr]) -> Vec<BackendAddr> {
+    let mut set = backends.to_vec();
+    set.sort();
+    set.dedup();
+    set
+}
+
+/// The backend ids of slots `1..=count` of the set whose slot 0 is `head`, if
+/// every slot is present and names a backend.
+fn complete_slots(
+    slots: &HashMap<FrontendKey, FrontendValue>,
+    backends: &HashMap<u32, Backend>,
+    key: &FrontendKey,
+    head: &FrontendValue,
+) -> Option<Vec<u32>> {
+    (1..=head.backend_count)
+        .map(|slot| {
+            slots
+                .get(&FrontendKey { slot, ..*key })
+                .map(|v| v.backend_id)
+                .filter(|id| backends.contains_key(id))
+        })
+        .collect()
+}
+
 /// The flags and affinity timeout slot 0 records for `frontend`.
 pub fn slot_zero_attributes(frontend: &Frontend) -> (u16, u32) {
     let mut flags = match frontend.kind {
@@ -697,7 +827,9 @@ mod tests {
     /// An in-memory stand-in for the kernel maps, counting writes.
     #[derive(Default)]
     struct MemStore {
-        frontends: BTreeMap<(u32, u16, u8, u16), FrontendValue>,
+        frontends: BTreeMap<(u32, u16, u8, u8, u16), FrontendValue>,
+        /// Frontend writes in order (`put`/`delete` and the key).
+        log: Vec<String>,
         backends: BTreeMap<u32, Backend>,
         revnat: BTreeMap<u32, RevNat>,
         conntrack: Vec<(CtKey, CtEntry)>,
@@ -706,8 +838,8 @@ mod tests {
         frontend_limit: Option<usize>,
     }
 
-    fn k(key: &FrontendKey) -> (u32, u16, u8, u16) {
-        (key.addr_be, key.port_be, key.proto, key.slot)
+    fn k(key: &FrontendKey) -> (u32, u16, u8, u8, u16) {
+        (key.addr_be, key.port_be, key.proto, key.scope, key.slot)
     }
 
     impl MapStore for MemStore {
@@ -722,11 +854,13 @@ mod tests {
                 }
             }
             self.writes += 1;
+            self.log.push(format!("put {:?}", k(&key)));
             self.frontends.insert(k(&key), value);
             Ok(())
         }
         fn delete_frontend(&mut self, key: FrontendKey) -> Result<(), WriteError> {
             self.writes += 1;
+            self.log.push(format!("delete {:?}", k(&key)));
             self.frontends.remove(&k(&key));
             Ok(())
         }
@@ -768,12 +902,13 @@ mod tests {
                 frontends: self
                     .frontends
                     .iter()
-                    .map(|(&(addr_be, port_be, proto, slot), v)| {
+                    .map(|(&(addr_be, port_be, proto, scope, slot), v)| {
                         (
                             FrontendKey {
                                 addr_be,
                                 port_be,
                                 proto,
+                                scope,
                                 slot,
                                 ..FrontendKey::default()
                             },
@@ -1174,6 +1309,7 @@ mod tests {
         let mut np = fe([192, 168, 50, 1], 30080, Protocol::Tcp, "web", &[(1, 80)]);
         np.kind = FrontendKind::NodePort;
         np.local_only = true;
+        np.external_backends = Some(np.backends.clone());
         np.affinity_timeout_s = Some(10800);
         s.apply(&state(vec![np.clone()]));
         let head = s.store().frontends[&k(&frontend_key(&np.addr, 0))];
@@ -1187,13 +1323,61 @@ mod tests {
 
         np.affinity_timeout_s = None;
         let report = s.apply(&state(vec![np.clone()]));
-        assert_eq!((report.updated, report.writes), (1, 1), "{report:?}");
+        // Slot 0 of both sets: traffic from outside has affinity too.
+        assert_eq!((report.updated, report.writes), (1, 2), "{report:?}");
         let head = s.store().frontends[&k(&frontend_key(&np.addr, 0))];
         assert_eq!(head.flags & frontend_flags::AFFINITY_CLIENT_IP, 0);
         // Adopted state carries the attributes: no rewrite after a restart.
         let store = std::mem::take(&mut s.store);
         let mut restarted = Syncer::adopt(store, caps());
         assert_eq!(restarted.apply(&state(vec![np])).writes, 0);
+    }
+
+    #[test]
+    fn external_local_set_is_written_before_it_is_announced_and_removed_after() {
+        let mut s = Syncer::adopt(MemStore::default(), caps());
+        let mut np = fe([192, 168, 50, 1], 30080, Protocol::Tcp, "web", &[(1, 80), (2, 80), (3, 80)]);
+        np.kind = FrontendKind::NodePort;
+        np.local_only = true;
+        np.external_backends = Some(vec![np.backends[1]]);
+        s.apply(&state(vec![np.clone()]));
+        let ext = |s: &Syncer<MemStore>, slot| {
+            s.store()
+                .frontends
+                .get(&k(&scoped_key(&np.addr, scope::EXTERNAL, slot)))
+                .copied()
+        };
+        let head = ext(&s, 0).expect("external slot 0");
+        assert_eq!(head.backend_count, 1);
+        let internal = s.store().frontends[&k(&frontend_key(&np.addr, 0))];
+        assert_eq!(head.service_id, internal.service_id, "one service id for both sets");
+        assert_eq!(internal.backend_count, 3, "pods and the host keep every endpoint");
+        let id = ext(&s, 1).expect("external slot 1").backend_id;
+        assert_eq!(backend_addr(&s.store().backends[&id]), np.backends[1]);
+        // The write order: the external set before the slot 0 that announces it.
+        let order = s.store().log.clone();
+        let ext_head = order.iter().position(|w| w == &format!("put {:?}", k(&scoped_key(&np.addr, scope::EXTERNAL, 0))));
+        let int_head = order.iter().position(|w| w == &format!("put {:?}", k(&frontend_key(&np.addr, 0))));
+        assert!(ext_head < int_head, "{order:?}");
+
+        // A restart adopts both sets without a write.
+        let store = std::mem::take(&mut s.store);
+        let mut restarted = Syncer::adopt(store, caps());
+        let report = restarted.apply(&state(vec![np.clone()]));
+        assert_eq!((report.unchanged, report.writes), (1, 0), "{report:?}");
+
+        // No local endpoint left: the set stays, empty (outside traffic is dropped).
+        np.external_backends = Some(Vec::new());
+        restarted.apply(&state(vec![np.clone()]));
+        assert_eq!(ext(&restarted, 0).map(|h| h.backend_count), Some(0));
+        assert_eq!(ext(&restarted, 1), None);
+
+        // Back to Cluster: slot 0 stops announcing it, then it goes.
+        np.local_only = false;
+        np.external_backends = None;
+        restarted.apply(&state(vec![np.clone()]));
+        assert_eq!(ext(&restarted, 0), None);
+        assert_eq!(restarted.store().frontends.len(), 4);
     }
 
     #[test]

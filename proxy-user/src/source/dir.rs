@@ -1,5 +1,5 @@
-//! The standalone source, `--source dir:PATH`: Services and EndpointSlices
-//! read from a directory of manifests, and followed as files are added,
+//! The standalone source, `--source dir:PATH`: Services, EndpointSlices and
+//! Nodes read from a directory of manifests, and followed as files are added,
 //! edited and deleted.
 //!
 //! * Files: `*.yaml`, `*.yml`, `*.json` directly in the directory (not in
@@ -8,16 +8,24 @@
 //! * Documents: a file holds one or more documents separated by `---` (JSON
 //!   files: one or more JSON values). Empty documents are ignored. `kind: List`
 //!   (what `kubectl get -o yaml` prints for several objects) and typed lists
-//!   (`ServiceList`, `EndpointSliceList`) are expanded.
-//! * Kinds: `v1` `Service` and `discovery.k8s.io/v1` `EndpointSlice`, read with
-//!   the k8s-openapi types the cluster source uses. Other kinds are skipped with
-//!   a note. An object without a namespace is put in `default`.
+//!   (`ServiceList`, `EndpointSliceList`, `NodeList`) are expanded.
+//! * Kinds: `v1` `Service`, `discovery.k8s.io/v1` `EndpointSlice` and `v1`
+//!   `Node`, read with the k8s-openapi types the cluster source uses. Other
+//!   kinds are skipped with a note. A Service or EndpointSlice without a
+//!   namespace is put in `default`; a Node is cluster-scoped (a namespace on it
+//!   is ignored).
+//! * This node: the snapshot's `node` comes from the Node whose `metadata.name`
+//!   is the agent's node name (NodePort frontends, `Local` traffic policies,
+//!   topology). Nodes with other names are read and kept but not used, so one
+//!   directory can serve several nodes. Without a matching Node there is none,
+//!   as before: no NodePort frontends, and `Local` policies act as `Cluster`.
 //! * Errors: a file that cannot be read or parsed is reported (naming the file,
 //!   the document and the problem) and, while it stays broken, the objects it
 //!   last held when it was good stay in the snapshot. The file is all or nothing:
 //!   one bad document keeps the whole file at its last good state.
-//! * The same object (kind, namespace, name) in two files: the one in the file
-//!   whose path sorts first is used; the other is reported and ignored.
+//! * The same object (kind, namespace, name; kind and name for a Node) in two
+//!   files: the one in the file whose path sorts first is used; the other is
+//!   reported and ignored.
 
 #![cfg_attr(
     not(test),
@@ -36,7 +44,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::Context as _;
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use notify::event::{AccessKind, AccessMode};
@@ -46,24 +54,35 @@ use serde_json::Value;
 use tokio::sync::watch;
 use tracing::{debug, error, info, warn};
 
+use crate::model::NodeInfo;
+
 /// How long to wait after a file-system event for more to arrive before rescanning.
 pub const DEBOUNCE: Duration = Duration::from_millis(100);
 /// The fallback rescan, in case an event is missed (it compares file metadata,
 /// and reads only files whose size, modification time or inode changed).
 pub const RESCAN_INTERVAL: Duration = Duration::from_secs(1);
 
-/// All Services and EndpointSlices currently in the directory.
+/// All Services and EndpointSlices currently in the directory, and this node.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Snapshot {
     pub services: Vec<Service>,
     pub endpoint_slices: Vec<EndpointSlice>,
-    /// This node, when the source knows it (the cluster source watches it;
-    /// a directory has none, so no NodePort frontends and no `Local` policies).
-    pub node: Option<crate::model::NodeInfo>,
+    /// This node, when the source knows it (the cluster source watches it; a
+    /// directory has it when it holds a Node of this node's name). Without it:
+    /// no NodePort frontends and no `Local` policies.
+    pub node: Option<NodeInfo>,
 }
 
-/// What one file holds: `(services, endpoint slices, notes about skipped objects)`.
-pub type FileObjects = (Vec<Service>, Vec<EndpointSlice>, Vec<String>);
+/// What one manifest file holds.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct FileObjects {
+    pub services: Vec<Service>,
+    pub endpoint_slices: Vec<EndpointSlice>,
+    /// Nodes of any name (only the one named like this node is used).
+    pub nodes: Vec<Node>,
+    /// Notes about skipped objects, each naming the file and the document.
+    pub notes: Vec<String>,
+}
 
 /// Why a manifest file was rejected. Every message names the file, and
 /// (after the file could be read) the 1-based document number in it.
@@ -90,7 +109,7 @@ pub enum ManifestError {
         item: Option<usize>,
         problem: String,
     },
-    /// A Service or EndpointSlice that does not match the Kubernetes schema.
+    /// A Service, EndpointSlice or Node that does not match the Kubernetes schema.
     #[error("{0}")]
     Invalid(Box<InvalidObject>),
 }
@@ -104,7 +123,7 @@ pub struct InvalidObject {
     pub document: usize,
     /// 0-based index within the (innermost) List, for List items.
     pub item: Option<usize>,
-    /// `Service` or `EndpointSlice`.
+    /// `Service`, `EndpointSlice` or `Node`.
     pub kind: String,
     pub name: Option<String>,
     /// Where in the object, e.g. `spec.ports[0].port` (`.` for the object itself).
@@ -192,7 +211,12 @@ pub fn parse_manifests(path: &Path, bytes: &[u8]) -> Result<FileObjects, Manifes
             )
         })
         .collect();
-    Ok((out.services, out.slices, notes))
+    Ok(FileObjects {
+        services: out.services,
+        endpoint_slices: out.slices,
+        nodes: out.nodes,
+        notes,
+    })
 }
 
 fn parse_yaml<'p>(path: &'p Path, text: &str) -> Result<Collector<'p>, ManifestError> {
@@ -219,6 +243,7 @@ struct Collector<'p> {
     path: &'p Path,
     services: Vec<Service>,
     slices: Vec<EndpointSlice>,
+    nodes: Vec<Node>,
     notes: Vec<Note>,
 }
 
@@ -228,6 +253,7 @@ impl<'p> Collector<'p> {
             path,
             services: Vec::new(),
             slices: Vec::new(),
+            nodes: Vec::new(),
             notes: Vec::new(),
         }
     }
@@ -317,6 +343,11 @@ impl Collector<'_> {
                 default_namespace(&mut slice.metadata);
                 self.slices.push(slice);
             }
+            ("v1", "Node") => {
+                let mut node: Node = serde_path_to_error::deserialize(value).map_err(invalid)?;
+                node.metadata.namespace = None; // cluster-scoped
+                self.nodes.push(node);
+            }
             (_, list_kind) if list_kind.ends_with("List") && obj.contains_key("items") => {
                 // `kind: List` holds complete objects; typed lists (ServiceList, as
                 // the API returns them) may leave kind and apiVersion out of items.
@@ -340,8 +371,8 @@ impl Collector<'_> {
                     self.value(it, document, Some(i))?;
                 }
             }
-            (_, "Service") | (_, "EndpointSlice") => {
-                let want = if kind == "Service" { "v1" } else { "discovery.k8s.io/v1" };
+            (_, "Service" | "EndpointSlice" | "Node") => {
+                let want = if kind == "EndpointSlice" { "discovery.k8s.io/v1" } else { "v1" };
                 self.note(
                     document,
                     item,
@@ -358,7 +389,7 @@ impl Collector<'_> {
             _ => self.note(
                 document,
                 item,
-                format!("skipped {kind} {namespaced_name} (only Services and EndpointSlices are read)"),
+                format!("skipped {kind} {namespaced_name} (only Services, EndpointSlices and Nodes are read)"),
             ),
         }
         Ok(())
@@ -423,8 +454,8 @@ fn content_hash(bytes: &[u8]) -> u64 {
 struct FileState {
     fingerprint: Option<Fingerprint>,
     content_hash: Option<u64>,
-    /// The objects from the last time this file parsed.
-    good: Option<(Vec<Service>, Vec<EndpointSlice>)>,
+    /// The objects from the last time this file parsed (without the notes).
+    good: Option<FileObjects>,
     /// The current problem, if the file is broken (logged once per change).
     error: Option<String>,
 }
@@ -432,6 +463,8 @@ struct FileState {
 /// The directory as last read.
 struct DirState {
     dir: PathBuf,
+    /// The agent's node name: the Node of this name is the snapshot's `node`.
+    node_name: String,
     files: BTreeMap<PathBuf, FileState>,
     /// The directory's identity, to notice it being replaced (then the watch is renewed).
     dir_id: Option<(u64, u64)>,
@@ -439,9 +472,10 @@ struct DirState {
 }
 
 impl DirState {
-    fn new(dir: PathBuf) -> DirState {
+    fn new(dir: PathBuf, node_name: String) -> DirState {
         DirState {
             dir,
+            node_name,
             files: BTreeMap::new(),
             dir_id: None,
             dir_error: None,
@@ -535,14 +569,15 @@ impl DirState {
                 f.content_hash = Some(hash);
             }
             match parse_manifests(&path, &bytes) {
-                Ok((services, slices, notes)) => {
-                    for note in &notes {
+                Ok(mut objects) => {
+                    for note in std::mem::take(&mut objects.notes) {
                         info!("{note}");
                     }
                     info!(
                         file = %path.display(),
-                        services = services.len(),
-                        endpoint_slices = slices.len(),
+                        services = objects.services.len(),
+                        endpoint_slices = objects.endpoint_slices.len(),
+                        nodes = objects.nodes.len(),
                         "manifest file loaded"
                     );
                     let f = self.files.entry(path.clone()).or_insert_with(|| FileState {
@@ -551,7 +586,7 @@ impl DirState {
                         good: None,
                         error: None,
                     });
-                    let objects = Some((services, slices));
+                    let objects = Some(objects);
                     if f.good != objects {
                         f.good = objects;
                         changed = true;
@@ -598,10 +633,11 @@ impl DirState {
         let msg = err.to_string();
         if f.error.as_deref() != Some(msg.as_str()) {
             match &f.good {
-                Some((svcs, slices)) => error!(
-                    "{msg}; keeping this file's last good objects ({} Services, {} EndpointSlices)",
-                    svcs.len(),
-                    slices.len()
+                Some(good) => error!(
+                    "{msg}; keeping this file's last good objects ({} Services, {} EndpointSlices, {} Nodes)",
+                    good.services.len(),
+                    good.endpoint_slices.len(),
+                    good.nodes.len()
                 ),
                 None => error!("{msg}; nothing from this file is used"),
             }
@@ -610,22 +646,30 @@ impl DirState {
     }
 
     /// All good objects, files in path order; an object defined again in a
-    /// later file is reported and left out.
+    /// later file is reported and left out. The Node named like this node
+    /// becomes the snapshot's `node`.
     fn snapshot(&self) -> Snapshot {
         let mut snap = Snapshot::default();
         let mut owner: BTreeMap<(&str, String, String), &Path> = BTreeMap::new();
         for (path, f) in &self.files {
-            let Some((services, slices)) = &f.good else {
+            let Some(good) = &f.good else {
                 continue;
             };
-            for svc in services {
+            for svc in &good.services {
                 if claim(&mut owner, "Service", &svc.metadata, path) {
                     snap.services.push(svc.clone());
                 }
             }
-            for slice in slices {
+            for slice in &good.endpoint_slices {
                 if claim(&mut owner, "EndpointSlice", &slice.metadata, path) {
                     snap.endpoint_slices.push(slice.clone());
+                }
+            }
+            for node in &good.nodes {
+                if claim(&mut owner, "Node", &node.metadata, path)
+                    && node.metadata.name.as_deref() == Some(self.node_name.as_str())
+                {
+                    snap.node = Some(NodeInfo::from_node(node));
                 }
             }
         }
@@ -650,8 +694,14 @@ fn claim<'a>(
     let name = meta.name.clone().unwrap_or_default();
     match owner.get(&(kind, ns.clone(), name.clone())) {
         Some(first) => {
+            // Cluster-scoped objects (Nodes) have no namespace to show.
+            let shown = if ns.is_empty() {
+                name.clone()
+            } else {
+                format!("{ns}/{name}")
+            };
             warn!(
-                "{}: {kind} {ns}/{name} is also defined in {}; this copy is ignored",
+                "{}: {kind} {shown} is also defined in {}; this copy is ignored",
                 path.display(),
                 first.display()
             );
@@ -695,8 +745,12 @@ fn relevant(ev: &notify::Result<notify::Event>) -> bool {
 /// this returns, so the receiver starts with its current contents. Changes
 /// show up within [`DEBOUNCE`] of a file-system event, or within
 /// [`RESCAN_INTERVAL`] if an event is missed. The watch stops when every
-/// receiver is dropped.
-pub async fn watch_dir(dir: PathBuf) -> anyhow::Result<watch::Receiver<Arc<Snapshot>>> {
+/// receiver is dropped. `node_name` is the agent's node: the Node of that
+/// name becomes the snapshots' `node`.
+pub async fn watch_dir(
+    dir: PathBuf,
+    node_name: String,
+) -> anyhow::Result<watch::Receiver<Arc<Snapshot>>> {
     let meta = tokio::fs::metadata(&dir)
         .await
         .with_context(|| format!("manifest directory {}", dir.display()))?;
@@ -704,7 +758,7 @@ pub async fn watch_dir(dir: PathBuf) -> anyhow::Result<watch::Receiver<Arc<Snaps
 
     let (ev_tx, ev_rx) = mpsc::channel();
     let (state, watcher, ev_tx) = tokio::task::spawn_blocking(move || {
-        let mut state = DirState::new(dir);
+        let mut state = DirState::new(dir, node_name);
         // Watch first, then read: a change in between is then not lost.
         let watcher = match new_watcher(&state.dir, &ev_tx) {
             Ok(w) => Some(w),
@@ -724,7 +778,9 @@ pub async fn watch_dir(dir: PathBuf) -> anyhow::Result<watch::Receiver<Arc<Snaps
     .await
     .context("reading the manifest directory")?;
 
-    let (tx, rx) = watch::channel(Arc::new(state.snapshot()));
+    let snap = state.snapshot();
+    log_node_change(&state, None, snap.node.as_ref(), true);
+    let (tx, rx) = watch::channel(Arc::new(snap));
     std::thread::Builder::new()
         .name("dir-source".into())
         .spawn(move || follow(state, watcher, ev_tx, ev_rx, tx))
@@ -777,7 +833,7 @@ fn follow(
                 endpoint_slices = snap.endpoint_slices.len(),
                 "manifest snapshot updated"
             );
-            tx.send_replace(Arc::new(snap));
+            publish(&state, &tx, snap);
         }
         // Renew the watch if the directory was replaced (or the watch never started).
         let id = state.current_dir_id();
@@ -789,7 +845,7 @@ fn follow(
                     state.dir_id = id;
                     // Something may have changed before the new watch took hold.
                     if state.scan(true) {
-                        tx.send_replace(Arc::new(state.snapshot()));
+                        publish(&state, &tx, state.snapshot());
                     }
                 }
                 Err(e) => {
@@ -799,6 +855,32 @@ fn follow(
         }
     }
     debug!(dir = %state.dir.display(), "manifest directory watch stopped");
+}
+
+/// Sends a new snapshot, saying so when this node's Node appeared, changed or went.
+fn publish(state: &DirState, tx: &watch::Sender<Arc<Snapshot>>, snap: Snapshot) {
+    let old = tx.send_replace(Arc::new(snap));
+    log_node_change(state, old.node.as_ref(), tx.borrow().node.as_ref(), false);
+}
+
+/// Logs this node's Node appearing, changing or going (at start: whether it is there).
+fn log_node_change(state: &DirState, old: Option<&NodeInfo>, new: Option<&NodeInfo>, start: bool) {
+    if old == new && !start {
+        return;
+    }
+    match new {
+        Some(node) => info!(
+            node = %node.name,
+            addresses = ?node.addresses,
+            zone = node.zone.as_deref().unwrap_or(""),
+            "this node's Node read from the manifest directory"
+        ),
+        None => info!(
+            node = %state.node_name,
+            dir = %state.dir.display(),
+            "no Node of this node's name in the manifest directory: no NodePort frontends, Local traffic policies act as Cluster"
+        ),
+    }
 }
 
 #[cfg(test)]
@@ -831,7 +913,12 @@ mod tests {
         let text = format!(
             "# leading comment\n---\n{SERVICE}---\n---\n# only a comment\n---\n{SLICE}---\n"
         );
-        let (services, slices, notes) = parse("a.yaml", &text).expect("parses");
+        let FileObjects {
+            services,
+            endpoint_slices: slices,
+            notes,
+            ..
+        } = parse("a.yaml", &text).expect("parses");
         assert_eq!(
             names(&services),
             ["default/web"],
@@ -845,21 +932,32 @@ mod tests {
 
     #[test]
     fn empty_file_is_fine() {
-        let (services, slices, notes) = parse("empty.yaml", "").expect("parses");
+        let FileObjects {
+            services,
+            endpoint_slices: slices,
+            notes,
+            ..
+        } = parse("empty.yaml", "").expect("parses");
         assert!(services.is_empty() && slices.is_empty() && notes.is_empty());
-        let (services, ..) = parse("comments.yaml", "# nothing here\n").expect("parses");
+        let FileObjects { services, .. } =
+            parse("comments.yaml", "# nothing here\n").expect("parses");
         assert!(services.is_empty());
     }
 
     #[test]
     fn kubectl_list_is_expanded_and_feeds_the_model() {
         let text = include_str!("../../tests/fixtures/manifests/kubectl-get-list.yaml");
-        let (services, slices, notes) = parse("list.yaml", text).expect("parses");
+        let FileObjects {
+            services,
+            endpoint_slices: slices,
+            notes,
+            ..
+        } = parse("list.yaml", text).expect("parses");
         assert_eq!(names(&services), ["shop/web"]);
         assert_eq!(names(&slices), ["shop/web-x7k2p"]);
         assert_eq!(
             notes,
-            ["list.yaml: document 1, List item 2: skipped ConfigMap shop/web-config (only Services and EndpointSlices are read)"]
+            ["list.yaml: document 1, List item 2: skipped ConfigMap shop/web-config (only Services, EndpointSlices and Nodes are read)"]
         );
         let (state, warnings) = crate::model::build(&services, &slices);
         assert!(warnings.is_empty(), "{warnings:?}");
@@ -895,7 +993,12 @@ apiVersion: v1
 kind: List
 items: []
 "#;
-        let (services, slices, notes) = parse("typed.yaml", text).expect("parses");
+        let FileObjects {
+            services,
+            endpoint_slices: slices,
+            notes,
+            ..
+        } = parse("typed.yaml", text).expect("parses");
         assert_eq!(names(&services), ["x/a", "default/b"]);
         assert_eq!(names(&slices), ["x/a-1"]);
         assert!(slices[0].endpoints.is_empty());
@@ -930,16 +1033,21 @@ kind: List
 items:
 - {apiVersion: v1, kind: Secret, metadata: {name: s}}
 "#;
-        let (services, slices, notes) = parse("mixed.yaml", text).expect("parses");
+        let FileObjects {
+            services,
+            endpoint_slices: slices,
+            notes,
+            ..
+        } = parse("mixed.yaml", text).expect("parses");
         assert!(services.is_empty() && slices.is_empty());
         assert_eq!(
             notes,
             [
-                "mixed.yaml: document 1: skipped ConfigMap settings (only Services and EndpointSlices are read)",
-                "mixed.yaml: document 2: skipped Deployment shop/web (only Services and EndpointSlices are read)",
+                "mixed.yaml: document 1: skipped ConfigMap settings (only Services, EndpointSlices and Nodes are read)",
+                "mixed.yaml: document 2: skipped Deployment shop/web (only Services, EndpointSlices and Nodes are read)",
                 "mixed.yaml: document 3: skipped Endpoints web: switchboard reads EndpointSlices (discovery.k8s.io/v1), not Endpoints",
                 "mixed.yaml: document 4: skipped EndpointSlice old: apiVersion discovery.k8s.io/v1beta1 is not supported (use discovery.k8s.io/v1)",
-                "mixed.yaml: document 5, List item 0: skipped Secret s (only Services and EndpointSlices are read)",
+                "mixed.yaml: document 5, List item 0: skipped Secret s (only Services, EndpointSlices and Nodes are read)",
             ]
         );
     }
@@ -950,7 +1058,7 @@ items:
             {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"},
              "spec": {"clusterIP": "10.96.0.10", "ports": [{"port": 80}]}}]}
             {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web2"}}"#;
-        let (services, ..) = parse("objs.json", text).expect("parses");
+        let FileObjects { services, .. } = parse("objs.json", text).expect("parses");
         assert_eq!(names(&services), ["default/web", "default/web2"]);
 
         let err = parse("bad.json", "{\"kind\": ").expect_err("truncated JSON");
@@ -1117,7 +1225,7 @@ items:
         )
         .expect("write");
         std::fs::write(tmp.0.join("a.yaml"), SERVICE).expect("write");
-        let mut state = DirState::new(tmp.0.clone());
+        let mut state = DirState::new(tmp.0.clone(), "node-a".to_string());
         assert!(state.scan(true));
         let snap = state.snapshot();
         assert_eq!(snap.services.len(), 1);
@@ -1128,6 +1236,134 @@ items:
         assert_eq!(ip.as_deref(), Some("10.96.0.10"));
         assert!(!state.scan(true), "nothing changed");
         assert!(!state.scan(false), "nothing changed");
+    }
+
+    const NODE_A: &str = "apiVersion: v1\nkind: Node\nmetadata:\n  name: node-a\n  labels: {topology.kubernetes.io/zone: zone-1}\nstatus:\n  addresses:\n  - {type: Hostname, address: node-a}\n  - {type: ExternalIP, address: 203.0.113.7}\n  - {type: InternalIP, address: 192.168.1.10}\n  - {type: InternalIP, address: 'fd00::10'}\n";
+
+    fn node_b() -> String {
+        NODE_A
+            .replace("node-a", "node-b")
+            .replace("192.168.1.10", "192.168.1.11")
+    }
+
+    #[test]
+    fn nodes_are_read_cluster_scoped() {
+        let text = format!(
+            "{NODE_A}---\n{}",
+            node_b().replace("name: node-b", "name: node-b\n  namespace: shop")
+        );
+        let FileObjects { nodes, notes, .. } = parse("nodes.yaml", &text).expect("parses");
+        let names: Vec<_> = nodes
+            .iter()
+            .map(|n| (n.metadata.name.as_deref(), n.metadata.namespace.as_deref()))
+            .collect();
+        assert_eq!(names, [(Some("node-a"), None), (Some("node-b"), None)]);
+        assert!(notes.is_empty(), "{notes:?}");
+
+        let text = "apiVersion: v1\nkind: NodeList\nitems:\n- metadata: {name: n1}\n";
+        let FileObjects { nodes, .. } = parse("nodelist.yaml", text).expect("parses");
+        assert_eq!(nodes.len(), 1);
+
+        let FileObjects { nodes, notes, .. } = parse(
+            "old.yaml",
+            "apiVersion: v2\nkind: Node\nmetadata: {name: n1}\n",
+        )
+        .expect("parses");
+        assert!(nodes.is_empty());
+        assert_eq!(
+            notes,
+            ["old.yaml: document 1: skipped Node n1: apiVersion v2 is not supported (use v1)"]
+        );
+    }
+
+    #[test]
+    fn the_node_of_this_name_fills_node() {
+        let tmp = TempDir::new("node");
+        std::fs::write(
+            tmp.0.join("nodes.yaml"),
+            format!("{}---\n{NODE_A}", node_b()),
+        )
+        .expect("write");
+        std::fs::write(tmp.0.join("svc.yaml"), SERVICE).expect("write");
+        let mut state = DirState::new(tmp.0.clone(), "node-a".to_string());
+        assert!(state.scan(true));
+        let snap = state.snapshot();
+        assert_eq!(snap.services.len(), 1);
+        assert_eq!(
+            snap.node,
+            Some(NodeInfo {
+                name: "node-a".to_string(),
+                // InternalIP first, then ExternalIP; IPv6 and Hostname left out.
+                addresses: vec![
+                    std::net::Ipv4Addr::new(192, 168, 1, 10),
+                    std::net::Ipv4Addr::new(203, 0, 113, 7)
+                ],
+                zone: Some("zone-1".to_string()),
+            })
+        );
+    }
+
+    #[test]
+    fn another_nodes_node_is_not_used() {
+        let tmp = TempDir::new("other-node");
+        std::fs::write(tmp.0.join("node-b.yaml"), node_b()).expect("write");
+        let mut state = DirState::new(tmp.0.clone(), "node-a".to_string());
+        assert!(state.scan(true), "the Node is kept");
+        assert_eq!(state.snapshot().node, None);
+        // A directory shared by several nodes: each agent picks its own.
+        let mut b = DirState::new(tmp.0.clone(), "node-b".to_string());
+        assert!(b.scan(true));
+        assert_eq!(
+            b.snapshot().node.map(|n| n.addresses),
+            Some(vec![
+                std::net::Ipv4Addr::new(192, 168, 1, 11),
+                std::net::Ipv4Addr::new(203, 0, 113, 7)
+            ])
+        );
+    }
+
+    #[test]
+    fn same_node_in_two_files_first_path_wins() {
+        let tmp = TempDir::new("dup-node");
+        std::fs::write(
+            tmp.0.join("b.yaml"),
+            NODE_A.replace("192.168.1.10", "192.168.1.99"),
+        )
+        .expect("write");
+        std::fs::write(tmp.0.join("a.yaml"), NODE_A).expect("write");
+        let mut state = DirState::new(tmp.0.clone(), "node-a".to_string());
+        assert!(state.scan(true));
+        let addresses = state.snapshot().node.map(|n| n.addresses);
+        assert_eq!(
+            addresses.as_ref().and_then(|a| a.first()),
+            Some(&std::net::Ipv4Addr::new(192, 168, 1, 10))
+        );
+    }
+
+    #[test]
+    fn malformed_node_names_the_file_and_field() {
+        let err = parse(
+            "node.yaml",
+            "apiVersion: v1\nkind: Node\nmetadata: {name: node-a}\nstatus: {addresses: [{type: InternalIP, address: [10]}]}\n",
+        )
+        .expect_err("schema");
+        match &err {
+            ManifestError::Invalid(inv) => assert_eq!(
+                (
+                    inv.document,
+                    inv.kind.as_str(),
+                    inv.name.as_deref(),
+                    inv.field.as_str()
+                ),
+                (1, "Node", Some("node-a"), "status.addresses[0].address")
+            ),
+            other => panic!("wrong error {other:?}"),
+        }
+        assert!(
+            err.to_string()
+                .starts_with("node.yaml: document 1: Node node-a: status.addresses[0].address: invalid type: sequence"),
+            "{err}"
+        );
     }
 
     fn service_ips(snap: &Snapshot) -> Vec<String> {
@@ -1178,7 +1414,9 @@ items:
         .expect("write");
         std::fs::write(dir.join("notes.txt"), "not a manifest").expect("write");
 
-        let mut rx = watch_dir(dir.clone()).await.expect("watch_dir");
+        let mut rx = watch_dir(dir.clone(), "node-a".to_string())
+            .await
+            .expect("watch_dir");
         {
             let snap = rx.borrow_and_update();
             assert_eq!(
@@ -1258,10 +1496,32 @@ items:
     }
 
     #[tokio::test]
-    async fn watch_dir_rejects_a_missing_directory() {
-        let err = watch_dir(PathBuf::from("/nonexistent/switchboard-manifests"))
+    async fn watch_dir_follows_this_nodes_node() {
+        let tmp = TempDir::new("watch-node");
+        let dir = tmp.0.clone();
+        std::fs::write(dir.join("svc.yaml"), SERVICE).expect("write");
+        let mut rx = watch_dir(dir.clone(), "node-a".to_string())
             .await
-            .expect_err("missing dir");
+            .expect("watch_dir");
+        assert_eq!(rx.borrow_and_update().node, None);
+        let second = Duration::from_secs(1);
+        std::fs::write(dir.join("node.yaml"), NODE_A).expect("write");
+        observe(&mut rx, second, "Node added", |s| {
+            s.node.as_ref().is_some_and(|n| n.name == "node-a")
+        })
+        .await;
+        std::fs::remove_file(dir.join("node.yaml")).expect("remove");
+        observe(&mut rx, second, "Node removed", |s| s.node.is_none()).await;
+    }
+
+    #[tokio::test]
+    async fn watch_dir_rejects_a_missing_directory() {
+        let err = watch_dir(
+            PathBuf::from("/nonexistent/switchboard-manifests"),
+            "node-a".to_string(),
+        )
+        .await
+        .expect_err("missing dir");
         assert!(
             format!("{err:#}").contains("/nonexistent/switchboard-manifests"),
             "{err:#}"
@@ -1274,7 +1534,7 @@ items:
         let tmp = TempDir::new("rescan");
         let path = tmp.0.join("a.yaml");
         std::fs::write(&path, svc("10.96.0.1")).expect("write");
-        let mut state = DirState::new(tmp.0.clone());
+        let mut state = DirState::new(tmp.0.clone(), "node-a".to_string());
         assert!(state.scan(false));
         std::fs::write(&path, svc("10.96.0.2")).expect("write");
         assert!(state.scan(false));

@@ -1,0 +1,305 @@
+//! North-south: what happens to a packet that arrives on an uplink from
+//! outside the node. Shared by the XDP program and its tc twin
+//! (`--xdp-mode off`); each applies the [`Translation`] with its own tools.
+//!
+//! - To a frontend (NodePort on a node address, LoadBalancer IP, external
+//!   IP; a ClusterIP routed to the node works the same way):
+//!   - a backend on this node gets DNAT only, and the kernel delivers the
+//!     packet; the pod's reply is reversed by the tc program on the uplink's
+//!     egress (one connection-tracking lookup, as for pod clients);
+//!   - a backend on another node (the route to it leaves through an uplink)
+//!     gets DNAT plus SNAT to that uplink's address and a port of
+//!     [`snat`], so its reply comes back here;
+//!   - under `externalTrafficPolicy: Local` only this node's endpoints are
+//!     used (the [`scope::EXTERNAL`] slots), never with SNAT: the pod sees the
+//!     client's address. Without local endpoints the packet is dropped, as
+//!     kube-proxy does.
+//! - A reply to a source-NATed flow (destination port in [`snat`]'s range,
+//!   tracked) gets both translations reversed and goes back out.
+use core::{ffi::c_void, mem::size_of};
+
+use aya_ebpf::{
+    bindings::{bpf_fib_lookup as FibParams, BPF_NOEXIST},
+    helpers::{bpf_fib_lookup, bpf_get_prandom_u32, bpf_ktime_get_ns},
+};
+use proxy_common::{
+    ct_dir, ct_flags, frontend_flags, scope, snat, stat, AffinityKey, Backend, CtEntry, CtKey,
+    Frontend, FrontendKey,
+};
+
+use crate::{
+    lb::{choose_backend, frontend_key, lookup_frontend},
+    maps::{count, count_service, SB_AFFINITY_V1, SB_CT_V4, SB_UPLINK_V1},
+    packet::{Flow, Skip},
+    tc::{mark_closing, track, tracked_entry},
+};
+
+const AF_INET: u8 = 2;
+/// `bpf_fib_lookup` results that name the egress interface.
+const FIB_SUCCESS: i64 = 0;
+const FIB_NO_NEIGH: i64 = 7;
+
+/// What to do with a packet from outside that is ours.
+#[derive(Clone, Copy)]
+pub enum Translation {
+    /// To a backend on this node: the destination becomes the backend; the
+    /// kernel delivers the packet.
+    Local { backend: Backend, service_id: u32 },
+    /// To a backend on another node: destination the backend, source this
+    /// node's uplink address and a port of ours; the packet goes out again.
+    Remote {
+        backend: Backend,
+        snat_addr_be: u32,
+        snat_port_be: u16,
+        service_id: u32,
+    },
+    /// The reply of a `Remote` flow: the source becomes the frontend again and
+    /// the destination the client; the packet goes out again.
+    Reply {
+        src_addr_be: u32,
+        src_port_be: u16,
+        dst_addr_be: u32,
+        dst_port_be: u16,
+    },
+}
+
+/// Why a packet from outside is not translated.
+pub enum NotTranslated {
+    /// Not ours (or malformed, or a fragment): it continues untouched.
+    Pass(Skip),
+    /// Ours, but it cannot be delivered: drop it, counting this counter.
+    Drop(u32),
+}
+
+/// Decides what happens to a packet that arrived on uplink `ingress`.
+/// `ctx` is the program's context (`xdp_md` or `__sk_buff`), for the route
+/// lookup.
+#[inline(always)]
+pub fn classify(ctx: *mut c_void, ingress: u32, flow: &Flow) -> Result<Translation, NotTranslated> {
+    if let Some(reply) = snat_reply(flow)? {
+        return Ok(reply);
+    }
+    let fe_key = frontend_key(flow.daddr_be, flow.dport_be, flow.proto);
+    let Some(svc) = lookup_frontend(&fe_key) else {
+        return Err(NotTranslated::Pass(Skip::NotOurs));
+    };
+    let (key, svc, local_only) = backend_set(fe_key, svc);
+    if svc.backend_count == 0 {
+        count_service(svc.service_id, |s| s.drops_no_backend += 1);
+        return Err(NotTranslated::Drop(stat::DROP_NO_BACKEND));
+    }
+    let ct_key = flow.ct_key(ct_dir::FORWARD);
+    if let Some(entry) = tracked_entry(&ct_key, flow, svc.service_id) {
+        return Ok(from_tracked(&entry, flow));
+    }
+    let affinity_key = AffinityKey {
+        client_addr_be: flow.saddr_be,
+        service_id: svc.service_id,
+    };
+    let Some((id, backend)) = choose_backend(key, &svc, &SB_AFFINITY_V1, &affinity_key) else {
+        return Err(NotTranslated::Drop(stat::DROP_INCONSISTENT));
+    };
+    if !local_only {
+        if let Some(snat_addr_be) = remote_uplink_addr(ctx, ingress, flow, &backend) {
+            return new_remote_flow(&ct_key, flow, id, &backend, svc.service_id, snat_addr_be);
+        }
+    }
+    track(&ct_key, flow, id, &backend, svc.service_id);
+    Ok(Translation::Local {
+        backend,
+        service_id: svc.service_id,
+    })
+}
+
+/// The backend set traffic from outside gets: the external (local-only) one
+/// under `externalTrafficPolicy: Local`, else the frontend's own. Returns its
+/// slot-0 key, its slot-0 entry and whether it is local-only. A local-only
+/// set whose entry is missing (mid-update) counts as empty.
+#[inline(always)]
+fn backend_set(key: FrontendKey, svc: Frontend) -> (FrontendKey, Frontend, bool) {
+    let external_kind = svc.flags & frontend_flags::KIND_MASK != frontend_flags::KIND_CLUSTER_IP;
+    if svc.flags & frontend_flags::LOCAL_ONLY == 0 || !external_kind {
+        return (key, svc, false);
+    }
+    let ext_key = FrontendKey {
+        scope: scope::EXTERNAL,
+        ..key
+    };
+    let ext = lookup_frontend(&ext_key).unwrap_or(Frontend {
+        backend_count: 0,
+        ..svc
+    });
+    (ext_key, ext, true)
+}
+
+/// A tracked flow keeps its translation.
+#[inline(always)]
+fn from_tracked(entry: &CtEntry, flow: &Flow) -> Translation {
+    let backend = Backend {
+        addr_be: entry.nat_addr_be,
+        port_be: entry.nat_port_be,
+        proto: flow.proto,
+        flags: 0,
+    };
+    if entry.flags & ct_flags::SNAT != 0 {
+        Translation::Remote {
+            backend,
+            snat_addr_be: entry.snat_addr_be,
+            snat_port_be: entry.snat_port_be,
+            service_id: entry.service_id,
+        }
+    } else {
+        Translation::Local {
+            backend,
+            service_id: entry.service_id,
+        }
+    }
+}
+
+/// A reply to a flow this node source-NATed: only packets to a port of the
+/// SNAT range are looked up.
+#[inline(always)]
+fn snat_reply(flow: &Flow) -> Result<Option<Translation>, NotTranslated> {
+    if u16::from_be(flow.dport_be) < snat::PORT_MIN {
+        return Ok(None);
+    }
+    let key = flow.ct_key(ct_dir::REPLY);
+    let Some(entry_ptr) = SB_CT_V4.get_ptr_mut(&key) else {
+        return Ok(None);
+    };
+    // SAFETY: a value of the LRU map, valid for this program run; copied out.
+    let entry = unsafe { *entry_ptr };
+    if entry.flags & ct_flags::SNAT == 0 {
+        return Ok(None);
+    }
+    if flow.accepts_connection() && entry.flags & ct_flags::CLOSING != 0 {
+        // The flow has closed; nothing of ours answers on this port now.
+        if SB_CT_V4.remove(&key).is_ok() {
+            count(stat::CT_STALE);
+        }
+        return Err(NotTranslated::Pass(Skip::NotOurs));
+    }
+    if flow.ends_connection() {
+        mark_closing(entry_ptr);
+        let forward = CtKey {
+            saddr_be: entry.snat_addr_be,
+            daddr_be: entry.nat_addr_be,
+            sport_be: entry.snat_port_be,
+            dport_be: entry.nat_port_be,
+            proto: flow.proto,
+            dir: ct_dir::FORWARD,
+            _pad: [0; 2],
+        };
+        if let Some(forward_ptr) = SB_CT_V4.get_ptr_mut(&forward) {
+            mark_closing(forward_ptr);
+        }
+    }
+    Ok(Some(Translation::Reply {
+        src_addr_be: entry.nat_addr_be,
+        src_port_be: entry.nat_port_be,
+        dst_addr_be: entry.snat_addr_be,
+        dst_port_be: entry.snat_port_be,
+    }))
+}
+
+/// The address of the uplink the route to `backend` leaves through, if it
+/// leaves through one (the backend is on another node). A backend reached
+/// through any other interface (a pod veth) is local.
+#[inline(always)]
+fn remote_uplink_addr(ctx: *mut c_void, ingress: u32, flow: &Flow, backend: &Backend) -> Option<u32> {
+    let mut params = fib_params(ingress, flow.proto, flow.saddr_be, backend.addr_be);
+    // SAFETY: `params` is a valid, initialised `bpf_fib_lookup` of the size
+    // passed; `ctx` is this program's own context.
+    let rc = unsafe {
+        bpf_fib_lookup(
+            ctx,
+            &mut params,
+            size_of::<FibParams>() as i32,
+            0,
+        )
+    };
+    if rc != FIB_SUCCESS && rc != FIB_NO_NEIGH {
+        return None;
+    }
+    // SAFETY: the value is copied out at once.
+    unsafe { SB_UPLINK_V1.get(&params.ifindex) }.map(|uplink| uplink.addr_be)
+}
+
+/// Route-lookup parameters for an IPv4 packet arriving on `ifindex`.
+#[inline(always)]
+pub fn fib_params(ifindex: u32, proto: u8, saddr_be: u32, daddr_be: u32) -> FibParams {
+    // SAFETY: `bpf_fib_lookup` is plain data; all-zero is a valid value.
+    let mut params: FibParams = unsafe { core::mem::zeroed() };
+    params.family = AF_INET;
+    params.l4_protocol = proto;
+    params.ifindex = ifindex;
+    params.__bindgen_anon_3.ipv4_src = saddr_be;
+    params.__bindgen_anon_4.ipv4_dst = daddr_be;
+    params
+}
+
+/// Records a new flow to a backend on another node, with a free port of
+/// the SNAT range: the reply entry is inserted first and only where no flow
+/// holds that port yet, so two flows never share one.
+#[inline(always)]
+fn new_remote_flow(
+    fwd: &CtKey,
+    flow: &Flow,
+    backend_id: u32,
+    backend: &Backend,
+    service_id: u32,
+    snat_addr_be: u32,
+) -> Result<Translation, NotTranslated> {
+    // SAFETY: helpers without preconditions.
+    let (start, created_ns) = unsafe { (bpf_get_prandom_u32(), bpf_ktime_get_ns()) };
+    let range = u32::from(snat::PORT_MAX - snat::PORT_MIN) + 1;
+    let reply = CtEntry {
+        backend_id,
+        service_id,
+        nat_addr_be: flow.daddr_be,
+        nat_port_be: flow.dport_be,
+        flags: ct_flags::SNAT,
+        _pad: 0,
+        snat_addr_be: flow.saddr_be,
+        snat_port_be: flow.sport_be,
+        _pad2: [0; 2],
+        created_ns,
+    };
+    for attempt in 0..snat::ATTEMPTS {
+        let port = snat::PORT_MIN + (start.wrapping_add(attempt) % range) as u16;
+        let reply_key = CtKey {
+            saddr_be: backend.addr_be,
+            daddr_be: snat_addr_be,
+            sport_be: backend.port_be,
+            dport_be: port.to_be(),
+            proto: flow.proto,
+            dir: ct_dir::REPLY,
+            _pad: [0; 2],
+        };
+        if SB_CT_V4
+            .insert(&reply_key, &reply, u64::from(BPF_NOEXIST))
+            .is_err()
+        {
+            continue;
+        }
+        let forward = CtEntry {
+            nat_addr_be: backend.addr_be,
+            nat_port_be: backend.port_be,
+            snat_addr_be,
+            snat_port_be: port.to_be(),
+            ..reply
+        };
+        if SB_CT_V4.insert(fwd, &forward, 0).is_ok() {
+            count_service(service_id, |s| s.new_flows += 1);
+        } else {
+            count(stat::CT_INSERT_FAILED);
+        }
+        return Ok(Translation::Remote {
+            backend: *backend,
+            snat_addr_be,
+            snat_port_be: port.to_be(),
+            service_id,
+        });
+    }
+    Err(NotTranslated::Drop(stat::SNAT_EXHAUSTED))
+}

@@ -1,0 +1,283 @@
+//! `sb_xdp_uplink`: the north-south path at the driver, before the kernel
+//! allocates anything for the packet. It parses, asks [`nodeport::classify`]
+//! and writes the translation directly with incremental checksums (XDP has no
+//! checksum helpers; a frame at this point carries complete checksums).
+//! Packets to a local backend go up the stack (`XDP_PASS`); packets to a
+//! backend on another node, and their replies, leave again at once through the
+//! route's interface (`XDP_TX` on the same uplink, else a redirect), with the
+//! TTL decremented as a router does.
+use core::{ffi::c_void, mem::size_of};
+
+use aya_ebpf::{
+    bindings::{xdp_action, BPF_FIB_LKUP_RET_SUCCESS},
+    helpers::{bpf_fib_lookup, bpf_redirect},
+    programs::XdpContext,
+};
+use proxy_common::{proto, stat};
+
+use crate::{
+    maps::{count, count_service},
+    nodeport::{classify, fib_params, NotTranslated, Translation},
+    packet::{
+        csum_replace2, csum_replace4, Flow, Ipv4Hdr, Skip, ETH_HLEN, ETH_P_IP_BE, IPV4_MIN_HLEN,
+        IP_FRAG_MASK, TCP_CSUM_OFF, TCP_HLEN, UDP_CSUM_OFF, UDP_HLEN,
+    },
+};
+
+/// Lets a packet we leave alone continue, counting only the odd ones.
+#[inline(always)]
+pub fn pass(skip: Skip) -> u32 {
+    match skip {
+        Skip::NotOurs => {}
+        Skip::Malformed => count(stat::MALFORMED),
+        Skip::Fragment => count(stat::FRAGMENT),
+    }
+    xdp_action::XDP_PASS
+}
+
+#[inline(always)]
+pub fn try_uplink(ctx: &XdpContext) -> Result<u32, Skip> {
+    let flow = parse(ctx)?;
+    // SAFETY: `ctx.ctx` is the kernel's `xdp_md` for this run; a read.
+    let ingress = unsafe { (*ctx.ctx).ingress_ifindex };
+    let translation = match classify(ctx.ctx as *mut c_void, ingress, &flow) {
+        Ok(translation) => translation,
+        Err(NotTranslated::Pass(skip)) => return Err(skip),
+        Err(NotTranslated::Drop(counter)) => {
+            count(counter);
+            return Ok(xdp_action::XDP_DROP);
+        }
+    };
+    match translation {
+        Translation::Local {
+            backend,
+            service_id,
+        } => {
+            let to = Endpoints {
+                saddr_be: flow.saddr_be,
+                sport_be: flow.sport_be,
+                daddr_be: backend.addr_be,
+                dport_be: backend.port_be,
+            };
+            rewrite(ctx, &flow, &to)?;
+            count_forward(ctx, service_id, stat::EXT_LOCAL);
+            Ok(xdp_action::XDP_PASS)
+        }
+        Translation::Remote {
+            backend,
+            snat_addr_be,
+            snat_port_be,
+            service_id,
+        } => {
+            let to = Endpoints {
+                saddr_be: snat_addr_be,
+                sport_be: snat_port_be,
+                daddr_be: backend.addr_be,
+                dport_be: backend.port_be,
+            };
+            rewrite(ctx, &flow, &to)?;
+            count_forward(ctx, service_id, stat::EXT_REMOTE);
+            Ok(send_out(ctx, ingress, flow.proto, &to))
+        }
+        Translation::Reply {
+            src_addr_be,
+            src_port_be,
+            dst_addr_be,
+            dst_port_be,
+        } => {
+            let to = Endpoints {
+                saddr_be: src_addr_be,
+                sport_be: src_port_be,
+                daddr_be: dst_addr_be,
+                dport_be: dst_port_be,
+            };
+            rewrite(ctx, &flow, &to)?;
+            count(stat::EXT_REPLY);
+            Ok(send_out(ctx, ingress, flow.proto, &to))
+        }
+    }
+}
+
+/// Both addresses and ports a packet is rewritten to.
+struct Endpoints {
+    saddr_be: u32,
+    sport_be: u16,
+    daddr_be: u32,
+    dport_be: u16,
+}
+
+#[inline(always)]
+fn count_forward(ctx: &XdpContext, service_id: u32, counter: u32) {
+    let len = (ctx.data_end() - ctx.data()) as u64;
+    count_service(service_id, |s| {
+        s.packets += 1;
+        s.bytes += len;
+    });
+    count(counter);
+}
+
+/// A bounds-checked pointer into the frame.
+#[inline(always)]
+fn ptr_at<T>(ctx: &XdpContext, off: usize) -> Result<*mut T, Skip> {
+    let start = ctx.data();
+    if start + off + size_of::<T>() > ctx.data_end() {
+        return Err(Skip::Malformed);
+    }
+    Ok((start + off) as *mut T)
+}
+
+#[inline(always)]
+fn parse(ctx: &XdpContext) -> Result<Flow, Skip> {
+    // SAFETY: `ptr_at` checked the two bytes lie inside the frame.
+    let ethertype = unsafe { *ptr_at::<u16>(ctx, 12).map_err(|_| Skip::NotOurs)? };
+    if ethertype != ETH_P_IP_BE {
+        return Err(Skip::NotOurs);
+    }
+    let ip = ptr_at::<Ipv4Hdr>(ctx, ETH_HLEN)?;
+    // SAFETY: `ptr_at` checked the whole fixed header lies inside the frame.
+    let (version_ihl, ip_proto, frag_off_be, tot_len_be, saddr_be, daddr_be) = unsafe {
+        (
+            (*ip).version_ihl,
+            (*ip).proto,
+            (*ip).frag_off_be,
+            (*ip).tot_len_be,
+            (*ip).saddr_be,
+            (*ip).daddr_be,
+        )
+    };
+    let l4_min = match ip_proto {
+        proto::TCP => TCP_HLEN,
+        proto::UDP => UDP_HLEN,
+        _ => return Err(Skip::NotOurs),
+    };
+    if version_ihl >> 4 != 4 {
+        return Err(Skip::Malformed);
+    }
+    let ihl = usize::from(version_ihl & 0x0f) * 4;
+    if ihl < IPV4_MIN_HLEN {
+        return Err(Skip::Malformed);
+    }
+    if u16::from_be(frag_off_be) & IP_FRAG_MASK != 0 {
+        return Err(Skip::Fragment);
+    }
+    if usize::from(u16::from_be(tot_len_be)) < ihl + l4_min {
+        return Err(Skip::Malformed);
+    }
+    let l4_off = ETH_HLEN + ihl;
+    let ports = ptr_at::<[u16; 2]>(ctx, l4_off)?;
+    // SAFETY: `ptr_at` checked both ports lie inside the frame.
+    let (sport_be, dport_be) = unsafe { ((*ports)[0], (*ports)[1]) };
+    let tcp_flags = if ip_proto == proto::TCP {
+        // SAFETY: `ptr_at` checked the byte lies inside the frame.
+        unsafe { *ptr_at::<u8>(ctx, l4_off + 13)? }
+    } else {
+        0
+    };
+    Ok(Flow {
+        saddr_be,
+        daddr_be,
+        sport_be,
+        dport_be,
+        proto: ip_proto,
+        tcp_flags,
+        l4_off,
+    })
+}
+
+/// Writes `to` over the packet's addresses and ports, updating the IPv4 and
+/// the L4 checksums incrementally. A UDP checksum of zero ("none") stays zero;
+/// a computed zero is sent as 0xffff (RFC 768).
+#[inline(always)]
+fn rewrite(ctx: &XdpContext, flow: &Flow, to: &Endpoints) -> Result<(), Skip> {
+    let ip = ptr_at::<Ipv4Hdr>(ctx, ETH_HLEN)?;
+    let ports = ptr_at::<[u16; 2]>(ctx, flow.l4_off)?;
+    let csum_off = if flow.proto == proto::TCP {
+        flow.l4_off + TCP_CSUM_OFF
+    } else {
+        flow.l4_off + UDP_CSUM_OFF
+    };
+    let l4_csum = ptr_at::<u16>(ctx, csum_off)?;
+    // SAFETY: `ptr_at` checked every field lies inside the frame, which an XDP
+    // program may write; no helper that moves the frame runs in between.
+    unsafe {
+        let mut ip_csum = (*ip).csum_be;
+        ip_csum = csum_replace4(ip_csum, flow.saddr_be, to.saddr_be);
+        ip_csum = csum_replace4(ip_csum, flow.daddr_be, to.daddr_be);
+        (*ip).csum_be = ip_csum;
+        (*ip).saddr_be = to.saddr_be;
+        (*ip).daddr_be = to.daddr_be;
+
+        let old = *l4_csum;
+        if flow.proto == proto::TCP || old != 0 {
+            let mut csum = csum_replace4(old, flow.saddr_be, to.saddr_be);
+            csum = csum_replace4(csum, flow.daddr_be, to.daddr_be);
+            csum = csum_replace2(csum, flow.sport_be, to.sport_be);
+            csum = csum_replace2(csum, flow.dport_be, to.dport_be);
+            if flow.proto == proto::UDP && csum == 0 {
+                csum = 0xffff;
+            }
+            *l4_csum = csum;
+        }
+        (*ports)[0] = to.sport_be;
+        (*ports)[1] = to.dport_be;
+    }
+    Ok(())
+}
+
+/// Sends a rewritten packet on towards its new destination: the route
+/// lookup gives the interface and both MAC addresses; the TTL goes down by
+/// one. When the lookup cannot finish (no neighbour entry yet, or a TTL that
+/// would expire), the kernel's stack forwards the packet instead (and
+/// resolves the neighbour, or sends the ICMP error).
+#[inline(always)]
+fn send_out(ctx: &XdpContext, ingress: u32, proto: u8, to: &Endpoints) -> u32 {
+    let mut params = fib_params(ingress, proto, to.saddr_be, to.daddr_be);
+    // SAFETY: `params` is a valid, initialised `bpf_fib_lookup` of the size
+    // passed; `ctx.ctx` is this program's own context.
+    let rc = unsafe {
+        bpf_fib_lookup(
+            ctx.ctx as *mut c_void,
+            &mut params,
+            size_of::<aya_ebpf::bindings::bpf_fib_lookup>() as i32,
+            0,
+        )
+    };
+    if rc != i64::from(BPF_FIB_LKUP_RET_SUCCESS) || decrement_ttl(ctx).is_err() {
+        count(stat::FIB_TO_STACK);
+        return xdp_action::XDP_PASS;
+    }
+    let (Ok(dmac), Ok(smac)) = (ptr_at::<[u8; 6]>(ctx, 0), ptr_at::<[u8; 6]>(ctx, 6)) else {
+        return xdp_action::XDP_PASS;
+    };
+    // SAFETY: `ptr_at` checked both MAC addresses lie inside the frame.
+    unsafe {
+        *dmac = params.dmac;
+        *smac = params.smac;
+    }
+    if params.ifindex == ingress {
+        return xdp_action::XDP_TX;
+    }
+    // SAFETY: a helper without memory arguments.
+    unsafe { bpf_redirect(params.ifindex, 0) as u32 }
+}
+
+/// Decrements the TTL, updating the IPv4 checksum. Fails (without writing)
+/// when the TTL would reach zero: the stack then drops the packet with an
+/// ICMP time-exceeded.
+#[inline(always)]
+fn decrement_ttl(ctx: &XdpContext) -> Result<(), Skip> {
+    let ip = ptr_at::<Ipv4Hdr>(ctx, ETH_HLEN)?;
+    // SAFETY: `ptr_at` checked the header lies inside the frame.
+    unsafe {
+        let ttl = (*ip).ttl;
+        if ttl <= 1 {
+            return Err(Skip::NotOurs);
+        }
+        // The 16-bit word the TTL shares with the protocol, as in memory.
+        let old = u16::from_ne_bytes([ttl, (*ip).proto]);
+        let new = u16::from_ne_bytes([ttl - 1, (*ip).proto]);
+        (*ip).csum_be = csum_replace2((*ip).csum_be, old, new);
+        (*ip).ttl = ttl - 1;
+    }
+    Ok(())
+}

@@ -1,0 +1,615 @@
+//! The `healthCheckNodePort` servers, as kube-proxy runs them.
+//!
+//! A LoadBalancer Service with `externalTrafficPolicy: Local` gets a
+//! `spec.healthCheckNodePort`. The cloud load balancer probes that port on
+//! every node and sends traffic only to nodes that answer 200, that is, to
+//! nodes with an endpoint of the Service; the other nodes would drop it.
+//! kube-proxy (pkg/proxy/healthcheck, `hcHandler`) serves, on
+//! `0.0.0.0:<healthCheckNodePort>`, for any path and method:
+//!
+//! ```text
+//! {"service":{"namespace":"NS","name":"NAME"},"localEndpoints":N,"serviceProxyHealthy":true}
+//! ```
+//!
+//! with `Content-Type: application/json` and `X-Content-Type-Options: nosniff`,
+//! and status 200 when `N > 0`, 503 when `N == 0`. `N` is the number of this
+//! node's endpoints of the Service: here, the distinct addresses among the
+//! `external_backends` of all its frontends (all its ports).
+//!
+//! [`HealthServers::update`] follows the model: one listener per wanted port.
+//! A port whose Service (or count) changes keeps its listener; only the
+//! answer changes. Two Services on one port: the first in namespace/name order
+//! keeps it. A port that cannot be bound is logged and tried again at the next
+//! update; it never stops the agent.
+//!
+//! HTTP is hyper's (HTTP/1.1), one request per connection, with a bound on the
+//! time to read the request head and on the whole connection.
+
+#![cfg_attr(
+    not(test),
+    deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
+)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::convert::Infallible;
+use std::fmt;
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::header::{HeaderValue, CONTENT_TYPE, X_CONTENT_TYPE_OPTIONS};
+use hyper::{Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
+use tokio::sync::watch;
+use tokio::task::{JoinHandle, JoinSet};
+use tracing::{debug, info, warn};
+
+use crate::model::DesiredState;
+
+/// Where the servers listen in production: every address, as kube-proxy does.
+pub const DEFAULT_BIND: IpAddr = IpAddr::V4(Ipv4Addr::UNSPECIFIED);
+/// How long a client has to send its request head.
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long one connection may last, request and response together.
+pub const CONNECTION_TIMEOUT: Duration = Duration::from_secs(15);
+/// Pause after a failed `accept` (out of file descriptors, ...), so the loop
+/// does not spin.
+const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
+
+/// A Service, by namespace and name.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ServiceName {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl fmt::Display for ServiceName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// What one health check port answers for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServiceHealth {
+    pub service: ServiceName,
+    /// Distinct local endpoint addresses (over all the Service's ports).
+    pub local_endpoints: usize,
+}
+
+/// Two Services with the same `healthCheckNodePort`: `kept` (first in
+/// namespace/name order) is served, `ignored` is not.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct PortConflict {
+    pub port: u16,
+    pub kept: ServiceName,
+    pub ignored: ServiceName,
+}
+
+/// The ports that should be served, and the Services that lost a port to
+/// another one. Pure: the model's frontends in, no I/O.
+pub fn wanted(desired: &DesiredState) -> (BTreeMap<u16, ServiceHealth>, Vec<PortConflict>) {
+    // Per Service: its health check port and its local endpoint addresses.
+    let mut services: BTreeMap<ServiceName, (Option<u16>, BTreeSet<Ipv4Addr>)> = BTreeMap::new();
+    for fe in desired.frontends.values() {
+        let name = ServiceName {
+            namespace: fe.service.namespace.clone(),
+            name: fe.service.name.clone(),
+        };
+        let (port, local) = services.entry(name).or_default();
+        if let Some(p) = fe.health_check_node_port.filter(|p| *p != 0) {
+            port.get_or_insert(p);
+        }
+        local.extend(fe.external_backends.iter().flatten().map(|b| b.ip));
+    }
+    let mut by_port: BTreeMap<u16, ServiceHealth> = BTreeMap::new();
+    let mut conflicts = Vec::new();
+    for (service, (port, local)) in services {
+        let Some(port) = port else { continue };
+        match by_port.get(&port) {
+            Some(first) => conflicts.push(PortConflict {
+                port,
+                kept: first.service.clone(),
+                ignored: service,
+            }),
+            None => {
+                by_port.insert(
+                    port,
+                    ServiceHealth {
+                        service,
+                        local_endpoints: local.len(),
+                    },
+                );
+            }
+        }
+    }
+    (by_port, conflicts)
+}
+
+/// The running health check servers, one per port; owned by the agent.
+pub struct HealthServers {
+    bind: IpAddr,
+    servers: BTreeMap<u16, Server>,
+    /// Conflicts and bind failures already logged, so each is logged once.
+    conflicts: Vec<PortConflict>,
+    bind_errors: BTreeMap<u16, String>,
+}
+
+/// One listening port. Dropping it stops the listener and its connections.
+struct Server {
+    health: watch::Sender<ServiceHealth>,
+    task: JoinHandle<()>,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl HealthServers {
+    /// No servers yet; they listen on `bind` ([`DEFAULT_BIND`] in production).
+    pub fn new(bind: IpAddr) -> HealthServers {
+        HealthServers {
+            bind,
+            servers: BTreeMap::new(),
+            conflicts: Vec::new(),
+            bind_errors: BTreeMap::new(),
+        }
+    }
+
+    /// The ports listening now.
+    pub fn ports(&self) -> impl Iterator<Item = u16> + '_ {
+        self.servers.keys().copied()
+    }
+
+    /// Makes exactly the ports `desired` asks for listen: starts new ones,
+    /// stops those no longer wanted, and updates the answer of the others in
+    /// place. Ports that failed to bind before are tried again. Must be called
+    /// inside a tokio runtime (the servers are tasks on it).
+    pub fn update(&mut self, desired: &DesiredState) {
+        let (wanted, conflicts) = wanted(desired);
+        self.log_conflicts(conflicts);
+        self.servers.retain(|port, server| {
+            let keep = wanted.contains_key(port);
+            if !keep {
+                info!(port, service = %server.health.borrow().service, "healthCheckNodePort server stopped");
+            }
+            keep
+        });
+        self.bind_errors.retain(|port, _| wanted.contains_key(port));
+        for (port, health) in wanted {
+            match self.servers.get(&port) {
+                Some(server) => set_health(&server.health, health),
+                None => self.start(port, health),
+            }
+        }
+    }
+
+    fn log_conflicts(&mut self, conflicts: Vec<PortConflict>) {
+        for c in conflicts.iter().filter(|c| !self.conflicts.contains(c)) {
+            warn!(
+                port = c.port,
+                kept = %c.kept,
+                ignored = %c.ignored,
+                "healthCheckNodePort {} is claimed by {} and {}; {} keeps it",
+                c.port,
+                c.kept,
+                c.ignored,
+                c.kept
+            );
+        }
+        self.conflicts = conflicts;
+    }
+
+    fn start(&mut self, port: u16, health: ServiceHealth) {
+        let addr = SocketAddr::new(self.bind, port);
+        let listener = match listen(addr) {
+            Ok(listener) => listener,
+            Err(error) => {
+                let msg = error.to_string();
+                if self.bind_errors.get(&port) != Some(&msg) {
+                    warn!(
+                        port,
+                        service = %health.service,
+                        %error,
+                        "cannot serve healthCheckNodePort on {addr}; trying again at the next update"
+                    );
+                    self.bind_errors.insert(port, msg);
+                }
+                return;
+            }
+        };
+        if self.bind_errors.remove(&port).is_some() {
+            info!(port, service = %health.service, "healthCheckNodePort bound after earlier failures");
+        }
+        info!(
+            port,
+            service = %health.service,
+            local_endpoints = health.local_endpoints,
+            "serving healthCheckNodePort"
+        );
+        let (tx, rx) = watch::channel(health);
+        let task = tokio::spawn(serve(listener, rx));
+        self.servers.insert(port, Server { health: tx, task });
+    }
+}
+
+fn set_health(tx: &watch::Sender<ServiceHealth>, health: ServiceHealth) {
+    tx.send_if_modified(|current| {
+        if *current == health {
+            return false;
+        }
+        debug!(
+            service = %health.service,
+            local_endpoints = health.local_endpoints,
+            "healthCheckNodePort answer changed"
+        );
+        *current = health;
+        true
+    });
+}
+
+/// Binds and listens (synchronously, so the error is known at once). Fails
+/// with an I/O error, or when there is no tokio runtime to serve from.
+fn listen(addr: SocketAddr) -> io::Result<TcpListener> {
+    if tokio::runtime::Handle::try_current().is_err() {
+        return Err(io::Error::other("no tokio runtime to serve from"));
+    }
+    let socket = match addr {
+        SocketAddr::V4(_) => TcpSocket::new_v4()?,
+        SocketAddr::V6(_) => TcpSocket::new_v6()?,
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(1024)
+}
+
+/// The accept loop of one port. Connections are served on tasks it owns, so
+/// they end with it.
+async fn serve(listener: TcpListener, health: watch::Receiver<ServiceHealth>) {
+    let mut connections = JoinSet::new();
+    loop {
+        let accepted = listener.accept().await;
+        while connections.try_join_next().is_some() {}
+        match accepted {
+            Ok((stream, _peer)) => {
+                connections.spawn(serve_connection(stream, health.clone()));
+            }
+            Err(error) => {
+                debug!(%error, "healthCheckNodePort accept failed");
+                tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
+            }
+        }
+    }
+}
+
+/// Answers one request on `stream` and closes it.
+async fn serve_connection(stream: TcpStream, health: watch::Receiver<ServiceHealth>) {
+    let service = hyper::service::service_fn(move |_request| {
+        let answer = response(&health.borrow());
+        async move { Ok::<_, Infallible>(answer) }
+    });
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT)
+        .keep_alive(false);
+    let connection = builder.serve_connection(TokioIo::new(stream), service);
+    match tokio::time::timeout(CONNECTION_TIMEOUT, connection).await {
+        Ok(Ok(())) => {}
+        Ok(Err(error)) => debug!(%error, "healthCheckNodePort connection failed"),
+        Err(_) => debug!("healthCheckNodePort connection timed out"),
+    }
+}
+
+/// kube-proxy's body, field for field.
+#[derive(serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Payload<'a> {
+    service: PayloadService<'a>,
+    local_endpoints: usize,
+    service_proxy_healthy: bool,
+}
+
+#[derive(serde::Serialize)]
+struct PayloadService<'a> {
+    namespace: &'a str,
+    name: &'a str,
+}
+
+/// The answer for `health`: 200 with local endpoints, 503 without.
+fn response(health: &ServiceHealth) -> Response<Full<Bytes>> {
+    let payload = Payload {
+        service: PayloadService {
+            namespace: &health.service.namespace,
+            name: &health.service.name,
+        },
+        local_endpoints: health.local_endpoints,
+        service_proxy_healthy: true,
+    };
+    // Cannot fail: strings, a number and a bool.
+    let body = serde_json::to_vec(&payload).unwrap_or_default();
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = if health.local_endpoints > 0 {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    let headers = response.headers_mut();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    headers.insert(X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{
+        BackendAddr, Frontend, FrontendAddr, FrontendKind, Protocol, ServicePortName,
+    };
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+    const LOCALHOST: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
+
+    /// A port nothing listens on right now.
+    fn free_port() -> u16 {
+        let l = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind");
+        l.local_addr().expect("local addr").port()
+    }
+
+    /// A LoadBalancer frontend of `ns/name:port_name` at `lb_ip:svc_port`.
+    fn lb(
+        ns: &str,
+        name: &str,
+        lb_ip: [u8; 4],
+        svc_port: u16,
+        health_port: Option<u16>,
+        local: &[([u8; 4], u16)],
+    ) -> Frontend {
+        let mut fe = Frontend::cluster_ip(
+            FrontendAddr {
+                ip: Ipv4Addr::from(lb_ip),
+                port: svc_port,
+                protocol: Protocol::Tcp,
+            },
+            ServicePortName {
+                namespace: ns.to_string(),
+                name: name.to_string(),
+                port: svc_port.to_string(),
+            },
+            Vec::new(),
+        );
+        fe.kind = FrontendKind::LoadBalancer;
+        fe.local_only = health_port.is_some();
+        fe.health_check_node_port = health_port;
+        fe.external_backends = health_port.map(|_| {
+            local
+                .iter()
+                .map(|(ip, port)| BackendAddr {
+                    ip: Ipv4Addr::from(*ip),
+                    port: *port,
+                })
+                .collect()
+        });
+        fe
+    }
+
+    fn state(frontends: Vec<Frontend>) -> DesiredState {
+        DesiredState {
+            frontends: frontends.into_iter().map(|f| (f.addr, f)).collect(),
+        }
+    }
+
+    /// `web` in `shop` on two ports, with two local endpoints (each on both ports).
+    fn web(health_port: u16) -> Vec<Frontend> {
+        let local = [([10, 244, 1, 2], 8080), ([10, 244, 1, 3], 8080)];
+        let local_tls = [([10, 244, 1, 2], 8443), ([10, 244, 1, 3], 8443)];
+        vec![
+            lb(
+                "shop",
+                "web",
+                [203, 0, 113, 1],
+                80,
+                Some(health_port),
+                &local,
+            ),
+            lb(
+                "shop",
+                "web",
+                [203, 0, 113, 1],
+                443,
+                Some(health_port),
+                &local_tls,
+            ),
+        ]
+    }
+
+    struct Answer {
+        status: u16,
+        head: String,
+        body: String,
+    }
+
+    /// Sends a GET on `stream` and reads the answer until the server closes.
+    async fn get_on(mut stream: TcpStream) -> Answer {
+        stream
+            .write_all(b"GET /any/path HTTP/1.1\r\nHost: node\r\n\r\n")
+            .await
+            .expect("write");
+        let mut raw = Vec::new();
+        tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut raw))
+            .await
+            .expect("answer in time")
+            .expect("read");
+        let text = String::from_utf8(raw).expect("utf-8");
+        let (head, body) = text.split_once("\r\n\r\n").expect("head and body");
+        let status = head
+            .split(' ')
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .expect("status");
+        Answer {
+            status,
+            head: head.to_ascii_lowercase(),
+            body: body.to_string(),
+        }
+    }
+
+    async fn get(port: u16) -> Answer {
+        get_on(
+            TcpStream::connect((LOCALHOST, port))
+                .await
+                .expect("connect"),
+        )
+        .await
+    }
+
+    fn body(ns: &str, name: &str, n: usize) -> String {
+        format!(
+            r#"{{"service":{{"namespace":"{ns}","name":"{name}"}},"localEndpoints":{n},"serviceProxyHealthy":true}}"#
+        )
+    }
+
+    /// Waits until connecting to `port` is refused.
+    async fn refused(port: u16) {
+        for _ in 0..100 {
+            match TcpStream::connect((LOCALHOST, port)).await {
+                Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => return,
+                _ => tokio::time::sleep(Duration::from_millis(20)).await,
+            }
+        }
+        panic!("port {port} still accepts connections");
+    }
+
+    #[test]
+    fn wanted_counts_distinct_local_addresses_over_ports() {
+        let mut frontends = web(30_000);
+        // A Cluster-policy LoadBalancer and a ClusterIP: no health port.
+        frontends.push(lb("shop", "api", [203, 0, 113, 2], 80, None, &[]));
+        let (wanted, conflicts) = wanted(&state(frontends));
+        assert!(conflicts.is_empty());
+        let ports: Vec<_> = wanted
+            .iter()
+            .map(|(p, h)| (*p, h.service.to_string(), h.local_endpoints))
+            .collect();
+        assert_eq!(ports, [(30_000, "shop/web".to_string(), 2)]);
+    }
+
+    #[tokio::test]
+    async fn two_local_endpoints_answer_200() {
+        let port = free_port();
+        let mut servers = HealthServers::new(LOCALHOST);
+        servers.update(&state(web(port)));
+        assert_eq!(servers.ports().collect::<Vec<_>>(), [port]);
+        let answer = get(port).await;
+        assert_eq!(answer.status, 200, "{}", answer.head);
+        assert!(
+            answer.head.contains("content-type: application/json"),
+            "{}",
+            answer.head
+        );
+        assert!(
+            answer.head.contains("x-content-type-options: nosniff"),
+            "{}",
+            answer.head
+        );
+        assert_eq!(answer.body, body("shop", "web", 2));
+    }
+
+    #[tokio::test]
+    async fn no_local_endpoints_answer_503_on_the_same_listener() {
+        let port = free_port();
+        let mut servers = HealthServers::new(LOCALHOST);
+        servers.update(&state(web(port)));
+        assert_eq!(get(port).await.status, 200);
+
+        // A connection accepted before the change is answered after it: the
+        // listener (and its connections) was not restarted.
+        let early = TcpStream::connect((LOCALHOST, port))
+            .await
+            .expect("connect");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        servers.update(&state(vec![lb(
+            "shop",
+            "web",
+            [203, 0, 113, 1],
+            80,
+            Some(port),
+            &[],
+        )]));
+        let answer = get_on(early).await;
+        assert_eq!(answer.status, 503, "{}", answer.head);
+        assert_eq!(answer.body, body("shop", "web", 0));
+        assert_eq!(get(port).await.status, 503);
+    }
+
+    #[tokio::test]
+    async fn removed_service_closes_its_port() {
+        let port = free_port();
+        let mut servers = HealthServers::new(LOCALHOST);
+        servers.update(&state(web(port)));
+        assert_eq!(get(port).await.status, 200);
+        servers.update(&DesiredState::default());
+        assert_eq!(servers.ports().count(), 0);
+        refused(port).await;
+    }
+
+    #[tokio::test]
+    async fn two_services_on_one_port_first_keeps_it() {
+        let port = free_port();
+        let mut frontends = web(port);
+        frontends.push(lb("a-first", "db", [203, 0, 113, 9], 5432, Some(port), &[]));
+        let desired = state(frontends);
+        let (_, conflicts) = wanted(&desired);
+        assert_eq!(
+            conflicts,
+            [PortConflict {
+                port,
+                kept: ServiceName {
+                    namespace: "a-first".into(),
+                    name: "db".into()
+                },
+                ignored: ServiceName {
+                    namespace: "shop".into(),
+                    name: "web".into()
+                },
+            }]
+        );
+        let mut servers = HealthServers::new(LOCALHOST);
+        servers.update(&desired);
+        let answer = get(port).await;
+        assert_eq!(
+            (answer.status, answer.body),
+            (503, body("a-first", "db", 0))
+        );
+
+        // The first one goes: the port stays open and answers for the other.
+        servers.update(&state(web(port)));
+        let answer = get(port).await;
+        assert_eq!((answer.status, answer.body), (200, body("shop", "web", 2)));
+    }
+
+    #[tokio::test]
+    async fn a_port_in_use_is_retried_at_the_next_update() {
+        let blocker = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind");
+        let port = blocker.local_addr().expect("addr").port();
+        let mut servers = HealthServers::new(LOCALHOST);
+        servers.update(&state(web(port)));
+        assert_eq!(servers.ports().count(), 0, "the port is taken");
+        drop(blocker);
+        servers.update(&state(web(port)));
+        assert_eq!(servers.ports().collect::<Vec<_>>(), [port]);
+        assert_eq!(get(port).await.status, 200);
+    }
+
+    #[test]
+    fn without_a_runtime_nothing_listens_and_nothing_panics() {
+        let mut servers = HealthServers::new(LOCALHOST);
+        servers.update(&state(web(free_port())));
+        assert_eq!(servers.ports().count(), 0);
+    }
+}

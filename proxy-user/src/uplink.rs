@@ -1,0 +1,337 @@
+//! The node's uplinks: the interfaces traffic from outside the node arrives
+//! on. Each gets
+//! - XDP `sb_xdp_uplink` (native, or generic with `--xdp-mode generic`), or
+//!   with `--xdp-mode off` its tc twin `sb_from_uplink` on ingress;
+//! - tc egress `sb_to_pod`, which gives a local backend's replies to clients
+//!   outside the node the frontend's address again.
+//!
+//! The uplinks are `--uplink` when given; otherwise the interfaces that hold
+//! one of the node's addresses (the Node's InternalIP and ExternalIP), else
+//! the interface of the default route. Each uplink's IPv4 address goes into
+//! the uplink map: flows to a backend on another node are source-NATed to it.
+//!
+//! Links are pinned under `<pin root>/links` like the pod interfaces' ones,
+//! so they outlive the agent; a new agent swaps its program into a pinned XDP
+//! link atomically (`bpf_link_update`).
+use std::{
+    collections::HashMap,
+    fs, io,
+    net::Ipv4Addr,
+    path::{Path, PathBuf},
+};
+
+use aya::{
+    programs::{
+        links::{FdLink, PinnedLink},
+        xdp::XdpLink,
+        ProgramError, TcAttachType, Xdp, XdpMode as AyaXdpMode,
+    },
+    Ebpf,
+};
+use futures::TryStreamExt as _;
+use netlink_packet_route::{
+    address::AddressAttribute,
+    link::LinkAttribute,
+    route::{RouteAttribute, RouteMessage},
+};
+use proxy_common::programs;
+use tracing::{debug, info};
+
+use crate::attach::{self, AttachError, Hook, PodInterface, TcMode};
+
+/// How the uplink program runs (`--xdp-mode`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum XdpMode {
+    /// In the driver, before the kernel allocates the packet (veth included).
+    Native,
+    /// In the kernel's generic hook, for drivers without XDP support.
+    Generic,
+    /// No XDP: the same logic as a tc ingress program.
+    Off,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum UplinkError {
+    #[error("netlink: {0}")]
+    Netlink(#[from] rtnetlink::Error),
+    #[error("uplink {0} does not exist")]
+    NoSuchInterface(String),
+    #[error("uplink {0} has no IPv4 address to source-NAT to")]
+    NoAddress(String),
+    #[error("no uplink given (--uplink), none of the node's addresses is on an interface, and there is no default route")]
+    NotFound,
+    #[error(transparent)]
+    Tc(#[from] AttachError),
+    #[error("attaching {program} (XDP, {mode:?}) to {iface}")]
+    Xdp {
+        iface: String,
+        program: &'static str,
+        mode: XdpMode,
+        source: ProgramError,
+    },
+    #[error("the XDP attach on {iface} gave no BPF link")]
+    XdpNotALink {
+        iface: String,
+        source: aya::programs::links::LinkError,
+    },
+    #[error("pinning the XDP link of {iface} at {path}")]
+    Pin {
+        iface: String,
+        path: PathBuf,
+        source: aya::pin::PinError,
+    },
+    #[error("removing the XDP link pin {path}")]
+    Unpin { path: PathBuf, source: io::Error },
+    #[error("creating the link directory {path}")]
+    LinkDir { path: PathBuf, source: io::Error },
+}
+
+/// One uplink: its interface and the address flows are source-NATed to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Uplink {
+    pub name: String,
+    pub index: u32,
+    pub addr: Ipv4Addr,
+}
+
+/// What the interfaces of this namespace hold.
+struct Interfaces {
+    /// Name → index.
+    by_name: HashMap<String, u32>,
+    /// Index → IPv4 addresses, in the kernel's order.
+    addrs: HashMap<u32, Vec<Ipv4Addr>>,
+}
+
+impl Interfaces {
+    async fn list(handle: &rtnetlink::Handle) -> Result<Self, UplinkError> {
+        let mut by_name = HashMap::new();
+        let mut links = handle.link().get().execute();
+        while let Some(link) = links.try_next().await? {
+            for attr in &link.attributes {
+                if let LinkAttribute::IfName(name) = attr {
+                    by_name.insert(name.clone(), link.header.index);
+                }
+            }
+        }
+        let mut addrs: HashMap<u32, Vec<Ipv4Addr>> = HashMap::new();
+        let mut list = handle.address().get().execute();
+        while let Some(msg) = list.try_next().await? {
+            for attr in &msg.attributes {
+                if let AddressAttribute::Address(std::net::IpAddr::V4(ip)) = attr {
+                    addrs.entry(msg.header.index).or_default().push(*ip);
+                }
+            }
+        }
+        Ok(Self { by_name, addrs })
+    }
+
+    fn name_of(&self, index: u32) -> Option<&str> {
+        self.by_name
+            .iter()
+            .find(|(_, i)| **i == index)
+            .map(|(n, _)| n.as_str())
+    }
+
+    /// `index`'s address to source-NAT to: the first that is a node address,
+    /// else its first.
+    fn snat_addr(&self, index: u32, node_addrs: &[Ipv4Addr]) -> Option<Ipv4Addr> {
+        let addrs = self.addrs.get(&index)?;
+        addrs
+            .iter()
+            .find(|a| node_addrs.contains(a))
+            .or_else(|| addrs.first())
+            .copied()
+    }
+
+    fn uplink(&self, index: u32, node_addrs: &[Ipv4Addr]) -> Result<Uplink, UplinkError> {
+        let name = self.name_of(index).unwrap_or_default().to_owned();
+        let addr = self
+            .snat_addr(index, node_addrs)
+            .ok_or_else(|| UplinkError::NoAddress(name.clone()))?;
+        Ok(Uplink { name, index, addr })
+    }
+}
+
+/// Finds the uplinks: `names` if given, else the interfaces holding one of
+/// `node_addrs`, else the default route's interface.
+pub async fn resolve(
+    handle: &rtnetlink::Handle,
+    names: &[String],
+    node_addrs: &[Ipv4Addr],
+) -> Result<Vec<Uplink>, UplinkError> {
+    let interfaces = Interfaces::list(handle).await?;
+    if !names.is_empty() {
+        return names
+            .iter()
+            .map(|name| {
+                let index = *interfaces
+                    .by_name
+                    .get(name)
+                    .ok_or_else(|| UplinkError::NoSuchInterface(name.clone()))?;
+                interfaces.uplink(index, node_addrs)
+            })
+            .collect();
+    }
+    let mut holding: Vec<u32> = interfaces
+        .addrs
+        .iter()
+        .filter(|(_, addrs)| addrs.iter().any(|a| node_addrs.contains(a)))
+        .map(|(index, _)| *index)
+        .collect();
+    holding.sort_unstable();
+    if holding.is_empty() {
+        holding.extend(default_route_interface(handle).await?);
+    }
+    if holding.is_empty() {
+        return Err(UplinkError::NotFound);
+    }
+    holding
+        .into_iter()
+        .map(|index| interfaces.uplink(index, node_addrs))
+        .collect()
+}
+
+/// The output interface of the main table's IPv4 default route.
+async fn default_route_interface(handle: &rtnetlink::Handle) -> Result<Option<u32>, UplinkError> {
+    let mut routes = handle
+        .route()
+        .get(rtnetlink::RouteMessageBuilder::<Ipv4Addr>::new().build())
+        .execute();
+    while let Some(route) = routes.try_next().await? {
+        if route.header.destination_prefix_length == 0 {
+            if let Some(index) = output_interface(&route) {
+                return Ok(Some(index));
+            }
+        }
+    }
+    Ok(None)
+}
+
+fn output_interface(route: &RouteMessage) -> Option<u32> {
+    route.attributes.iter().find_map(|attr| match attr {
+        RouteAttribute::Oif(index) => Some(*index),
+        _ => None,
+    })
+}
+
+/// The tc hooks an uplink carries in `mode`.
+fn tc_hooks(mode: XdpMode) -> Vec<Hook> {
+    let mut hooks = vec![(programs::TC_TO_UPLINK, TcAttachType::Egress)];
+    if mode == XdpMode::Off {
+        hooks.push((programs::TC_FROM_UPLINK, TcAttachType::Ingress));
+    }
+    hooks
+}
+
+/// Attaches the uplink programs to `uplink` as `mode` says, replacing what
+/// an earlier agent left, and removing what the other modes attach.
+pub fn attach(
+    ebpf: &mut Ebpf,
+    uplink: &Uplink,
+    mode: XdpMode,
+    tc_mode: TcMode,
+    link_dir: &Path,
+) -> Result<(), UplinkError> {
+    let iface = PodInterface {
+        name: uplink.name.clone(),
+        index: uplink.index,
+    };
+    // A pod program an earlier agent may have put here before it knew this
+    // was an uplink (a veth uplink looks like a pod interface).
+    attach::detach_hooks(&iface, link_dir, &[(programs::TC_FROM_POD, TcAttachType::Ingress)]);
+    for other in [XdpMode::Native, XdpMode::Generic, XdpMode::Off] {
+        if other != mode {
+            remove_xdp_pin(&xdp_pin(link_dir, uplink.index, other))?;
+        }
+    }
+    if mode != XdpMode::Off {
+        attach::detach_hooks(&iface, link_dir, &[(programs::TC_FROM_UPLINK, TcAttachType::Ingress)]);
+        attach_xdp(ebpf, uplink, mode, link_dir)?;
+    }
+    attach::attach_hooks(ebpf, &iface, tc_mode, link_dir, &tc_hooks(mode))?;
+    info!(iface = %uplink.name, address = %uplink.addr, xdp = ?mode, "uplink programs attached");
+    Ok(())
+}
+
+/// Where the XDP link of uplink `index` in `mode` is pinned (the mode is
+/// part of the name: a pinned link keeps the mode it was created with).
+fn xdp_pin(link_dir: &Path, index: u32, mode: XdpMode) -> PathBuf {
+    let mode = match mode {
+        XdpMode::Native => "native",
+        XdpMode::Generic => "generic",
+        XdpMode::Off => "off",
+    };
+    link_dir.join(format!("xdp_{index}_{mode}"))
+}
+
+fn remove_xdp_pin(path: &Path) -> Result<(), UplinkError> {
+    match fs::remove_file(path) {
+        Ok(()) => {
+            debug!(pin = %path.display(), "removed an earlier XDP link");
+            Ok(())
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(source) => Err(UplinkError::Unpin {
+            path: path.to_owned(),
+            source,
+        }),
+    }
+}
+
+/// XDP: swap our program into the pinned link of an earlier agent, or attach
+/// a new link and pin it.
+fn attach_xdp(ebpf: &mut Ebpf, uplink: &Uplink, mode: XdpMode, link_dir: &Path) -> Result<(), UplinkError> {
+    let name = programs::XDP_UPLINK;
+    let xdp_error = |source| UplinkError::Xdp {
+        iface: uplink.name.clone(),
+        program: name,
+        mode,
+        source,
+    };
+    fs::create_dir_all(link_dir).map_err(|source| UplinkError::LinkDir {
+        path: link_dir.to_owned(),
+        source,
+    })?;
+    let path = xdp_pin(link_dir, uplink.index, mode);
+    let prog: &mut Xdp = crate::ebpf::typed(ebpf, name).map_err(|e| match e {
+        crate::ebpf::LoadError::Program { source, .. } => xdp_error(source),
+        _ => xdp_error(ProgramError::NotLoaded),
+    })?;
+    if let Some(existing) = pinned_xdp_link(&path) {
+        match prog.attach_to_link(existing) {
+            Ok(link_id) => {
+                // The pin holds the link; our handle may go.
+                drop(prog.take_link(link_id).map_err(xdp_error)?);
+                return Ok(());
+            }
+            Err(error) => {
+                debug!(pin = %path.display(), %error, "pinned XDP link unusable; attaching anew");
+                remove_xdp_pin(&path)?;
+            }
+        }
+    }
+    let aya_mode = match mode {
+        XdpMode::Generic => AyaXdpMode::Skb,
+        _ => AyaXdpMode::Driver,
+    };
+    let link_id = prog
+        .attach_to_if_index(uplink.index, aya_mode)
+        .map_err(xdp_error)?;
+    let link = prog.take_link(link_id).map_err(xdp_error)?;
+    let link = FdLink::try_from(link).map_err(|source| UplinkError::XdpNotALink {
+        iface: uplink.name.clone(),
+        source,
+    })?;
+    drop(link.pin(&path).map_err(|source| UplinkError::Pin {
+        iface: uplink.name.clone(),
+        path: path.clone(),
+        source,
+    })?);
+    Ok(())
+}
+
+/// The XDP link pinned at `path`, if there is one.
+fn pinned_xdp_link(path: &Path) -> Option<XdpLink> {
+    let pinned = PinnedLink::from_pin(path).ok()?;
+    XdpLink::try_from(FdLink::from(pinned)).ok()
+}
