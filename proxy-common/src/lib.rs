@@ -37,7 +37,9 @@ pub mod names {
     pub const REVNAT: &str = "SB_RNAT_V1";
     pub const SERVICE_STATS: &str = "SB_SVC_STATS_V1";
     /// V3: counters of the uplink (north-south) programs added.
-    pub const GLOBAL_STATS: &str = "SB_STATS_V3";
+    /// V4: `rejected` added; `frag_translated`, `frag_unknown` and
+    /// `icmp_error_translated` added.
+    pub const GLOBAL_STATS: &str = "SB_STATS_V4";
     pub const AFFINITY: &str = "SB_AFFINITY_V1";
     /// Socket layer: per-socket translations ([`super::SockKey`]).
     pub const SOCKETS: &str = "SB_SOCK_V1";
@@ -52,8 +54,15 @@ pub mod names {
     /// traffic from outside arrives, and the address flows to a backend on
     /// another node are source-NATed to.
     pub const UPLINKS: &str = "SB_UPLINK_V1";
+    /// Maglev lookup tables by service id ([`super::MaglevTable`]), for
+    /// frontends whose traffic from outside picks by consistent hashing.
+    pub const MAGLEV: &str = "SB_MAGLEV_V1";
+    /// tc pod path: the translation of a fragmented datagram, by its first
+    /// fragment's (source, destination, IP id, protocol), so its later
+    /// fragments (no ports in them) get the same address ([`super::FragKey`]).
+    pub const FRAGMENTS: &str = "SB_FRAG_V1";
     /// Every map, in the order the CLI reports them.
-    pub const ALL: [&str; 12] = [
+    pub const ALL: [&str; 14] = [
         FRONTENDS,
         BACKENDS,
         CONNTRACK,
@@ -66,6 +75,8 @@ pub mod names {
         CONFIG,
         TAIL_CALLS,
         UPLINKS,
+        MAGLEV,
+        FRAGMENTS,
     ];
 }
 
@@ -123,6 +134,12 @@ pub mod capacity {
     pub const SERVICES: u32 = 16_384;
     /// Uplink interfaces per node.
     pub const UPLINKS: u32 = 64;
+    /// Fragmented datagrams in flight whose translation is remembered (LRU).
+    pub const FRAGMENTS: u32 = 8_192;
+    /// Entries of one Maglev table: a prime (Maglev needs one), about 100×
+    /// the backends a Service usually has, so each backend's share is even
+    /// to within about 1%.
+    pub const MAGLEV_TABLE: u32 = 16_381;
     /// The data path walks at most this many slots (it never loops; this bounds
     /// the random pick), so it also bounds the backends one service port can have.
     pub const MAX_BACKENDS_PER_SERVICE: u16 = 4_096;
@@ -144,6 +161,19 @@ pub mod snat {
     pub const ATTEMPTS: u32 = 4;
 }
 
+/// Hairpin: a pod that reaches a Service and is given itself as the backend
+/// gets the packet with this source address (and its own source port), so its
+/// kernel does not see a packet from itself; kube-proxy masquerades such
+/// traffic to the node, Cilium uses a loopback address the same way. An
+/// IPv4 link-local address (169.254.42.1) that no pod or node uses; pods need
+/// no route for it (their replies go to their default gateway, the node,
+/// where `sb_from_pod` reverses them and sends them straight back in).
+pub mod hairpin {
+    /// 169.254.42.1, in network byte order (as in the packet).
+    pub const ADDR_BE: u32 = u32::from_ne_bytes(ADDR);
+    pub const ADDR: [u8; 4] = [169, 254, 42, 1];
+}
+
 /// [`FrontendKey::scope`]: which backend set a key's slots hold.
 pub mod scope {
     /// Traffic from this node (its pods and the host), and from outside when
@@ -158,6 +188,7 @@ pub mod scope {
 
 /// IP protocol numbers as they appear in the IPv4 header.
 pub mod proto {
+    pub const ICMP: u8 = 1;
     pub const TCP: u8 = 6;
     pub const UDP: u8 = 17;
 }
@@ -214,6 +245,15 @@ pub mod frontend_flags {
     pub const LOCAL_ONLY: u16 = 1 << 1;
     /// No endpoint was ready: these are serving, terminating ones.
     pub const TERMINATING_FALLBACK: u16 = 1 << 2;
+    /// How traffic from outside the node picks a backend, in bits 3..=4
+    /// (traffic from this node always picks at random).
+    pub const ALGO_SHIFT: u16 = 3;
+    pub const ALGO_MASK: u16 = 0b11 << ALGO_SHIFT;
+    pub const ALGO_RANDOM: u16 = 0 << ALGO_SHIFT;
+    /// Maglev over the 5-tuple (a table in `SB_MAGLEV_V1` by service id).
+    pub const ALGO_MAGLEV: u16 = 1 << ALGO_SHIFT;
+    /// The same table, indexed by a hash of the client address.
+    pub const ALGO_SOURCE_HASH: u16 = 2 << ALGO_SHIFT;
     /// Frontend kind, in bits 8..=9.
     pub const KIND_SHIFT: u16 = 8;
     pub const KIND_MASK: u16 = 0b11 << KIND_SHIFT;
@@ -304,6 +344,59 @@ pub struct CtEntry {
     pub _pad2: [u8; 2],
     /// `bpf_ktime_get_ns()` when the entry was created.
     pub created_ns: u64,
+}
+
+/// Value of the Maglev map (key: service id, `u32`): the backend id of each
+/// table entry. A flow from outside uses entry `hash % MAGLEV_TABLE`; the
+/// table is computed from the backends' addresses, so every node fills it
+/// alike (with its own ids).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
+pub struct MaglevTable {
+    pub backend_ids: [u32; capacity::MAGLEV_TABLE as usize],
+}
+
+/// Key of the fragment map: one fragmented datagram, as the packets the
+/// entry is looked up with carry it (before the rewrite).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
+pub struct FragKey {
+    pub saddr_be: u32,
+    pub daddr_be: u32,
+    /// The IPv4 identification field.
+    pub id_be: u16,
+    pub proto: u8,
+    /// [`ct_dir`]: `FORWARD` for `sb_from_pod` (destination rewritten),
+    /// `REPLY` for `sb_to_pod` (source rewritten).
+    pub dir: u8,
+}
+
+/// Value of the fragment map: what the datagram's first fragment was
+/// rewritten to. Later fragments get `addr_be` (as destination for `FORWARD`,
+/// as source for `REPLY`); the port lives only in the first fragment.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
+pub struct FragEntry {
+    pub addr_be: u32,
+    pub port_be: u16,
+    /// [`ct_dir`], as in the key.
+    pub dir: u8,
+    pub _pad: u8,
+    pub service_id: u32,
+    pub _pad2: [u8; 4],
+    /// `bpf_ktime_get_ns()` of the first fragment; entries older than
+    /// [`frag::TIMEOUT_NS`] are not used (the IP id may have been reused).
+    pub created_ns: u64,
+}
+
+/// Fragment tracking.
+pub mod frag {
+    /// How long a first fragment's translation serves later fragments:
+    /// Linux's default reassembly timeout (`ipfrag_time`, 30 s).
+    pub const TIMEOUT_NS: u64 = 30_000_000_000;
 }
 
 /// Value of the uplink map (key: interface index, `u32`).
@@ -457,7 +550,8 @@ pub mod stat {
     pub const UNUSED: u32 = 0;
     /// Too short for the headers they announce; passed untouched.
     pub const MALFORMED: u32 = 1;
-    /// IPv4 fragments; never rewritten (no port to look up), passed untouched.
+    /// IPv4 fragments the uplink programs see; never rewritten there, passed
+    /// untouched (the tc pod path translates fragments: `frag_*`).
     pub const FRAGMENT: u32 = 2;
     /// Frontend packets dropped because no backend was available.
     pub const DROP_NO_BACKEND: u32 = 3;
@@ -510,10 +604,31 @@ pub mod stat {
     /// dropped.
     pub const SNAT_EXHAUSTED: u32 = 22;
     /// Uplink (XDP): the route lookup could not give the next hop's address
-    /// (no neighbour entry yet); the rewritten packet went to the kernel's
-    /// stack to be forwarded.
+    /// (no neighbour entry yet) for a flow to another node, or the TTL would
+    /// expire; the packet went on untranslated to the uplink's tc program,
+    /// which forwards it with the kernel resolving the neighbour.
     pub const FIB_TO_STACK: u32 = 23;
-    pub const COUNT: u32 = 24;
+    /// A packet to a frontend without endpoints was answered with an ICMP
+    /// port unreachable from the frontend address (kube-proxy's REJECT), sent
+    /// back out of the interface it came in on. Packets that may not be
+    /// answered are dropped and count as `DROP_NO_BACKEND`.
+    pub const REJECTED: u32 = 24;
+    /// tc pod path: a later fragment (no ports) of a datagram whose first
+    /// fragment was translated got the same address rewrite.
+    pub const FRAG_TRANSLATED: u32 = 25;
+    /// tc pod path: a later fragment with no translation remembered (not a
+    /// Service's datagram, or it arrived before its first fragment); passed
+    /// untouched.
+    pub const FRAG_UNKNOWN: u32 = 26;
+    /// tc pod path: an ICMP error about a translated flow had its quoted
+    /// header (and, where it names the backend, its outer address) translated.
+    pub const ICMP_ERROR_TRANSLATED: u32 = 27;
+    /// Uplink (tc): a packet to send back out (to a backend on another node,
+    /// or a reply to the client) had a TTL of 1; dropped.
+    pub const TTL_EXCEEDED: u32 = 28;
+    /// Uplink (tc): no route to send a packet back out on; dropped.
+    pub const NO_ROUTE: u32 = 29;
+    pub const COUNT: u32 = 30;
     /// Names, by index, for the CLI and metrics.
     pub const NAMES: [&str; COUNT as usize] = [
         "unused",
@@ -540,6 +655,12 @@ pub mod stat {
         "ext_reply",
         "snat_exhausted",
         "fib_to_stack",
+        "rejected",
+        "frag_translated",
+        "frag_unknown",
+        "icmp_error_translated",
+        "ttl_exceeded",
+        "no_route",
     ];
 }
 
@@ -562,6 +683,9 @@ mod aya_pod {
     unsafe impl aya::Pod for SockAffinityKey {}
     unsafe impl aya::Pod for Config {}
     unsafe impl aya::Pod for Uplink {}
+    unsafe impl aya::Pod for MaglevTable {}
+    unsafe impl aya::Pod for FragKey {}
+    unsafe impl aya::Pod for FragEntry {}
 }
 
 const _: () = assert!(size_of::<FrontendKey>() == 12);
@@ -578,6 +702,9 @@ const _: () = assert!(size_of::<SockEntry>() == 16);
 const _: () = assert!(size_of::<SockAffinityKey>() == 16);
 const _: () = assert!(size_of::<Config>() == 8);
 const _: () = assert!(size_of::<Uplink>() == 8);
+const _: () = assert!(size_of::<FragKey>() == 12);
+const _: () = assert!(size_of::<FragEntry>() == 24);
+const _: () = assert!(size_of::<MaglevTable>() == 4 * capacity::MAGLEV_TABLE as usize);
 
 #[cfg(test)]
 mod tests {

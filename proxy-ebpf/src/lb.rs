@@ -6,7 +6,7 @@ use aya_ebpf::{
 };
 use proxy_common::{capacity, frontend_flags, scope, stat, AffinityEntry, Backend, Frontend, FrontendKey};
 
-use crate::maps::{count, AFFINITY_ENTRIES, SB_BE_V1, SB_FE_V1};
+use crate::maps::{count, AFFINITY_ENTRIES, SB_BE_V1, SB_FE_V1, SB_MAGLEV_V1};
 
 /// The slot-0 key of a frontend's internal backend set.
 #[inline(always)]
@@ -76,6 +76,24 @@ pub fn choose_backend<K>(
         count(stat::CT_INSERT_FAILED);
     }
     Some((id, backend))
+}
+
+/// The backend entry `hash` selects in the frontend's Maglev table, if it
+/// has one and the entry names a backend.
+#[inline(always)]
+pub fn maglev_backend(service_id: u32, hash: u32) -> Option<(u32, Backend)> {
+    let table = SB_MAGLEV_V1.get_ptr(&service_id)?;
+    let index = (hash % capacity::MAGLEV_TABLE) as usize;
+    // LLVM knows the remainder is in range and would drop the bounds check
+    // the verifier needs; a volatile read hides what it knows.
+    // SAFETY: reading a local.
+    let index = unsafe { core::ptr::read_volatile(&index) };
+    // SAFETY: a value of the map, valid for this program run; `get` checks
+    // the index against the array's length.
+    let backend_id = *unsafe { (*table).backend_ids.get(index) }?;
+    // SAFETY: copied out at once.
+    let backend = unsafe { SB_BE_V1.get(&backend_id) }.copied()?;
+    Some((backend_id, backend))
 }
 
 /// The client's remembered backend, if it has not timed out and its slot

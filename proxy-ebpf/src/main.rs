@@ -22,15 +22,24 @@
 //!
 //! Everything that is not ours passes untouched (`TC_ACT_UNSPEC`, so programs
 //! after us still run; socket calls are allowed unchanged). Truncated packets
-//! and fragments are counted and passed; they are never rewritten. A frontend
-//! without backends drops (tc) or refuses with `ECONNREFUSED` (sockets).
+//! are counted and passed; they are never rewritten. On the pod path the later
+//! fragments of a translated datagram follow its first ([`frag`]) and ICMP
+//! errors about translated flows are translated back ([`icmp_error`]); the
+//! uplink programs pass fragments untouched. A frontend without backends is
+//! answered with an ICMP port unreachable ([`reject`], tc and XDP) or refuses
+//! with `ECONNREFUSED` (sockets). A pod given itself as the backend is reached
+//! from the hairpin address ([`hairpin`]).
 #![no_std]
 #![no_main]
 
+mod frag;
+mod hairpin;
+mod icmp_error;
 mod lb;
 mod maps;
 mod nodeport;
 mod packet;
+mod reject;
 mod sock;
 mod tc;
 mod xdp;

@@ -6,8 +6,8 @@ use aya_ebpf::{
     macros::btf_map,
 };
 use proxy_common::{
-    capacity, stat, AffinityEntry, AffinityKey, Backend, Config, CtEntry, CtKey, Frontend,
-    FrontendKey, RevNat, SockAffinityKey, SockEntry, SockKey, SvcStats, Uplink,
+    capacity, stat, AffinityEntry, AffinityKey, Backend, Config, CtEntry, CtKey, FragEntry,
+    FragKey, Frontend, FrontendKey, MaglevTable, RevNat, SockAffinityKey, SockEntry, SockKey, SvcStats, Uplink,
 };
 
 /// Capacity type parameter shared by both affinity maps, so one selection
@@ -41,15 +41,25 @@ pub static SB_SOCK_V1: LruHashMap<SockKey, SockEntry, { capacity::SOCKETS as usi
 pub static SB_CONFIG_V1: Array<Config, 1> = Array::new();
 #[btf_map]
 pub static SB_TAIL_V1: ProgramArray<1> = ProgramArray::new();
+/// Allocated per entry (`BPF_F_NO_PREALLOC`): a table is 64 KiB and only
+/// Services with a hashing algorithm have one.
+#[btf_map]
+pub static SB_MAGLEV_V1: HashMap<u32, MaglevTable, { capacity::SERVICES as usize }, NO_PREALLOC> =
+    HashMap::new();
+const NO_PREALLOC: usize = aya_ebpf::bindings::BPF_F_NO_PREALLOC as usize;
 #[btf_map]
 pub static SB_UPLINK_V1: HashMap<u32, Uplink, { capacity::UPLINKS as usize }> = HashMap::new();
+/// The tc pod path's fragmented datagrams ([`crate::frag`]).
 #[btf_map]
-pub static SB_STATS_V3: PerCpuArray<u64, { stat::COUNT as usize }> = PerCpuArray::new();
+pub static SB_FRAG_V1: LruHashMap<FragKey, FragEntry, { capacity::FRAGMENTS as usize }> =
+    LruHashMap::new();
+#[btf_map]
+pub static SB_STATS_V4: PerCpuArray<u64, { stat::COUNT as usize }> = PerCpuArray::new();
 
 /// Adds one to a global counter.
 #[inline(always)]
 pub fn count(index: u32) {
-    if let Some(counter) = SB_STATS_V3.get_ptr_mut(index) {
+    if let Some(counter) = SB_STATS_V4.get_ptr_mut(index) {
         // SAFETY: the pointer is this CPU's slot of a per-CPU array entry that
         // the lookup just returned; nothing else writes it while we run here.
         unsafe { *counter += 1 };

@@ -23,12 +23,13 @@ use aya_ebpf::{
     helpers::{bpf_fib_lookup, bpf_get_prandom_u32, bpf_ktime_get_ns},
 };
 use proxy_common::{
+    hash::{flow_hash, source_hash},
     ct_dir, ct_flags, frontend_flags, scope, snat, stat, AffinityKey, Backend, CtEntry, CtKey,
     Frontend, FrontendKey,
 };
 
 use crate::{
-    lb::{choose_backend, frontend_key, lookup_frontend},
+    lb::{choose_backend, frontend_key, lookup_frontend, maglev_backend},
     maps::{count, count_service, SB_AFFINITY_V1, SB_CT_V4, SB_UPLINK_V1},
     packet::{Flow, Skip},
     tc::{mark_closing, track, tracked_entry},
@@ -69,6 +70,9 @@ pub enum NotTranslated {
     Pass(Skip),
     /// Ours, but it cannot be delivered: drop it, counting this counter.
     Drop(u32),
+    /// To a frontend without any endpoint: answer with an ICMP port
+    /// unreachable, as kube-proxy rejects ([`crate::reject`]).
+    Reject,
 }
 
 /// Decides what happens to a packet that arrived on uplink `ingress`.
@@ -83,20 +87,22 @@ pub fn classify(ctx: *mut c_void, ingress: u32, flow: &Flow) -> Result<Translati
     let Some(svc) = lookup_frontend(&fe_key) else {
         return Err(NotTranslated::Pass(Skip::NotOurs));
     };
+    let cluster = svc;
     let (key, svc, local_only) = backend_set(fe_key, svc);
     if svc.backend_count == 0 {
         count_service(svc.service_id, |s| s.drops_no_backend += 1);
+        // kube-proxy rejects only when the Service has no endpoint at all;
+        // `externalTrafficPolicy: Local` without a local one drops.
+        if cluster.backend_count == 0 && crate::reject::rejects(&cluster) {
+            return Err(NotTranslated::Reject);
+        }
         return Err(NotTranslated::Drop(stat::DROP_NO_BACKEND));
     }
     let ct_key = flow.ct_key(ct_dir::FORWARD);
     if let Some(entry) = tracked_entry(&ct_key, flow, svc.service_id) {
         return Ok(from_tracked(&entry, flow));
     }
-    let affinity_key = AffinityKey {
-        client_addr_be: flow.saddr_be,
-        service_id: svc.service_id,
-    };
-    let Some((id, backend)) = choose_backend(key, &svc, &SB_AFFINITY_V1, &affinity_key) else {
+    let Some((id, backend)) = pick_backend(key, &svc, flow) else {
         return Err(NotTranslated::Drop(stat::DROP_INCONSISTENT));
     };
     if !local_only {
@@ -109,6 +115,32 @@ pub fn classify(ctx: *mut c_void, ingress: u32, flow: &Flow) -> Result<Translati
         backend,
         service_id: svc.service_id,
     })
+}
+
+/// A new flow's backend: by the frontend's hashing algorithm (Maglev over
+/// the 5-tuple, or over the client address) when it has one and its table
+/// is there, else at random (with session affinity).
+#[inline(always)]
+fn pick_backend(key: FrontendKey, svc: &Frontend, flow: &Flow) -> Option<(u32, Backend)> {
+    let hashed = match svc.flags & frontend_flags::ALGO_MASK {
+        frontend_flags::ALGO_MAGLEV => Some(flow_hash(
+            flow.saddr_be,
+            flow.daddr_be,
+            flow.sport_be,
+            flow.dport_be,
+            flow.proto,
+        )),
+        frontend_flags::ALGO_SOURCE_HASH => Some(source_hash(flow.saddr_be)),
+        _ => None,
+    };
+    if let Some(found) = hashed.and_then(|hash| maglev_backend(svc.service_id, hash)) {
+        return Some(found);
+    }
+    let affinity_key = AffinityKey {
+        client_addr_be: flow.saddr_be,
+        service_id: svc.service_id,
+    };
+    choose_backend(key, svc, &SB_AFFINITY_V1, &affinity_key)
 }
 
 /// The backend set traffic from outside gets: the external (local-only) one

@@ -9,6 +9,9 @@ pub const IPV4_MIN_HLEN: usize = 20;
 pub const IP_CSUM_OFF: usize = ETH_HLEN + 10;
 /// More-fragments flag and fragment offset, host order.
 pub const IP_FRAG_MASK: u16 = 0x3fff;
+/// The fragment offset alone (host order): non-zero in every fragment but
+/// the first.
+pub const IP_OFFSET_MASK: u16 = 0x1fff;
 pub const TCP_HLEN: usize = 20;
 pub const UDP_HLEN: usize = 8;
 pub const TCP_CSUM_OFF: usize = 16;
@@ -45,6 +48,9 @@ pub struct Flow {
     pub tcp_flags: u8,
     /// Offset of the TCP/UDP header from the start of the frame.
     pub l4_off: usize,
+    /// The first fragment of a fragmented datagram (more-fragments set,
+    /// offset 0): its later fragments follow its translation ([`crate::frag`]).
+    pub first_fragment: bool,
 }
 
 impl Flow {
@@ -94,8 +100,11 @@ pub enum Skip {
     NotOurs,
     /// Shorter than the headers it announces.
     Malformed,
-    /// An IPv4 fragment: no ports to look up in it.
+    /// An IPv4 fragment: no ports to look up in it (the tc pod path: a
+    /// fragment other than the first).
     Fragment,
+    /// ICMP (the tc pod path looks at errors about translated flows).
+    Icmp,
 }
 
 /// A checksum after a 32-bit field changed from `old` to `new` (RFC 1624,

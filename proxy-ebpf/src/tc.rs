@@ -13,7 +13,7 @@ use core::{ffi::c_void, mem::size_of};
 
 use aya_ebpf::{
     bindings::{BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR, TC_ACT_OK, TC_ACT_SHOT, TC_ACT_UNSPEC},
-    helpers::bpf_ktime_get_ns,
+    helpers::{bpf_fib_lookup, bpf_ktime_get_ns, bpf_redirect_neigh},
     programs::TcContext,
 };
 use proxy_common::{ct_dir, ct_flags, proto, stat, tail, AffinityKey, Backend, CtEntry, CtKey};
@@ -22,7 +22,7 @@ use crate::{
     nodeport::{self, NotTranslated, Translation},
     packet::{
         csum_replace4, Flow, Ipv4Hdr, Skip, ETH_HLEN, ETH_P_IP_BE, IPV4_MIN_HLEN, IP_CSUM_OFF,
-        IP_FRAG_MASK, TCP_CSUM_OFF, TCP_HLEN, UDP_CSUM_OFF, UDP_HLEN,
+        IP_FRAG_MASK, IP_OFFSET_MASK, TCP_CSUM_OFF, TCP_HLEN, UDP_CSUM_OFF, UDP_HLEN,
     },
     lb::{backend_is_live, choose_backend, frontend_key, lookup_frontend},
     maps::{count, count_service, SB_AFFINITY_V1, SB_CT_V4, SB_TAIL_V1},
@@ -43,7 +43,7 @@ pub(crate) struct RewriteFailed;
 #[inline(always)]
 pub fn pass(skip: Skip) -> i32 {
     match skip {
-        Skip::NotOurs => {}
+        Skip::NotOurs | Skip::Icmp => {}
         Skip::Malformed => count(stat::MALFORMED),
         Skip::Fragment => count(stat::FRAGMENT),
     }
@@ -60,14 +60,19 @@ pub(crate) fn drop_counted(stat_index: u32) -> Result<i32, Skip> {
 /// A packet a pod sends: DNAT to a backend if it is for a frontend.
 #[inline(always)]
 pub fn try_from_pod(ctx: &TcContext) -> Result<i32, Skip> {
-    let flow = parse(ctx)?;
+    let flow = match parse(ctx) {
+        Ok(flow) => flow,
+        // Later fragments and ICMP errors of translated flows.
+        Err(skip) => return crate::frag::unparsed(ctx, skip, ct_dir::FORWARD),
+    };
     let fe_key = frontend_key(flow.daddr_be, flow.dport_be, flow.proto);
     let Some(svc) = lookup_frontend(&fe_key) else {
-        return Err(Skip::NotOurs);
+        // A pod's reply to a hairpin flow goes to the hairpin address.
+        return crate::hairpin::reply(ctx, &flow);
     };
     if svc.backend_count == 0 {
         count_service(svc.service_id, |s| s.drops_no_backend += 1);
-        return drop_counted(stat::DROP_NO_BACKEND);
+        return Ok(crate::reject::from_pod(ctx, &flow, &svc));
     }
 
     let ct_key = flow.ct_key(ct_dir::FORWARD);
@@ -82,10 +87,17 @@ pub fn try_from_pod(ctx: &TcContext) -> Result<i32, Skip> {
             else {
                 return drop_counted(stat::DROP_INCONSISTENT);
             };
-            track(&ct_key, &flow, id, &backend, svc.service_id);
+            if crate::hairpin::is_hairpin(&flow, &backend) {
+                crate::hairpin::track(&ct_key, &flow, id, &backend, svc.service_id);
+            } else {
+                track(&ct_key, &flow, id, &backend, svc.service_id);
+            }
             backend
         }
     };
+    if crate::hairpin::is_hairpin(&flow, &backend) {
+        return crate::hairpin::forward(ctx, &flow, &backend, svc.service_id);
+    }
 
     let todo = Rewrite {
         side: Side::Destination,
@@ -95,6 +107,9 @@ pub fn try_from_pod(ctx: &TcContext) -> Result<i32, Skip> {
         l4_off: flow.l4_off,
         proto: flow.proto,
     };
+    if flow.first_fragment {
+        crate::frag::remember(ctx, &flow, &todo);
+    }
     hand_over(ctx, &todo);
     // The tail call did not happen: rewrite here, with helpers.
     if rewrite_with_helpers(ctx, &flow, &todo).is_err() {
@@ -108,7 +123,11 @@ pub fn try_from_pod(ctx: &TcContext) -> Result<i32, Skip> {
 /// its source again.
 #[inline(always)]
 pub fn try_to_pod(ctx: &TcContext) -> Result<i32, Skip> {
-    let flow = parse(ctx)?;
+    let flow = match parse(ctx) {
+        Ok(flow) => flow,
+        // Later fragments and ICMP errors of translated flows.
+        Err(skip) => return crate::frag::unparsed(ctx, skip, ct_dir::REPLY),
+    };
     let key = flow.ct_key(ct_dir::REPLY);
     let Some(entry_ptr) = SB_CT_V4.get_ptr_mut(&key) else {
         return Err(Skip::NotOurs);
@@ -147,6 +166,9 @@ pub fn try_to_pod(ctx: &TcContext) -> Result<i32, Skip> {
         l4_off: flow.l4_off,
         proto: flow.proto,
     };
+    if flow.first_fragment {
+        crate::frag::remember(ctx, &flow, &todo);
+    }
     hand_over(ctx, &todo);
     // The tail call did not happen: rewrite here, with helpers.
     if rewrite_with_helpers(ctx, &flow, &todo).is_err() {
@@ -162,12 +184,17 @@ pub fn try_to_pod(ctx: &TcContext) -> Result<i32, Skip> {
 #[inline(always)]
 pub fn try_from_uplink(ctx: &TcContext) -> Result<i32, Skip> {
     let flow = parse(ctx)?;
+    if flow.first_fragment {
+        // Fragments are translated on the pod path only.
+        return Err(Skip::Fragment);
+    }
     // SAFETY: `ctx.skb.skb` is the kernel's `__sk_buff` for this run; a read.
     let ingress = unsafe { (*ctx.skb.skb).ingress_ifindex };
     let translation = match nodeport::classify(ctx.skb.skb as *mut c_void, ingress, &flow) {
         Ok(translation) => translation,
         Err(NotTranslated::Pass(skip)) => return Err(skip),
         Err(NotTranslated::Drop(counter)) => return drop_counted(counter),
+        Err(NotTranslated::Reject) => return Ok(crate::reject::tc_reject(ctx, &flow)),
     };
     let (src, dst, service_id, counter) = match translation {
         Translation::Local { backend, service_id } => (
@@ -199,6 +226,10 @@ pub fn try_from_uplink(ctx: &TcContext) -> Result<i32, Skip> {
             stat::EXT_REPLY,
         ),
     };
+    let leaves = src.is_some();
+    if leaves && ttl(ctx)? <= 1 {
+        return drop_counted(stat::TTL_EXCEEDED);
+    }
     let mut now = flow;
     if let Some((addr_be, port_be)) = dst {
         let todo = Rewrite {
@@ -227,6 +258,7 @@ pub fn try_from_uplink(ctx: &TcContext) -> Result<i32, Skip> {
         if rewrite_with_helpers(ctx, &now, &todo).is_err() {
             return drop_counted(stat::DROP_REWRITE_FAILED);
         }
+        now.saddr_be = addr_be;
     }
     if service_id != 0 {
         let len = u64::from(ctx.len());
@@ -236,8 +268,67 @@ pub fn try_from_uplink(ctx: &TcContext) -> Result<i32, Skip> {
         });
     }
     count(counter);
+    if leaves {
+        return send_out(ctx, ingress, &now);
+    }
     Ok(TC_ACT_OK as i32)
 }
+
+/// The TTL of the packet.
+#[inline(always)]
+fn ttl(ctx: &TcContext) -> Result<u8, Skip> {
+    let ip = ptr_at::<Ipv4Hdr>(ctx, ETH_HLEN)?;
+    // SAFETY: `ptr_at` checked the header lies inside the packet; a read.
+    Ok(unsafe { (*ip).ttl })
+}
+
+/// Sends a translated packet that leaves the node again (to a backend on
+/// another node, or a reply to the client) straight out of the route's
+/// interface, the kernel resolving the next hop (`bpf_redirect_neigh`), with
+/// the TTL down by one. Handing it to the stack instead would not work: it
+/// carries the node's own address as its source and would be dropped as a
+/// martian.
+#[inline(always)]
+fn send_out(ctx: &TcContext, ingress: u32, flow: &Flow) -> Result<i32, Skip> {
+    let mut params = nodeport::fib_params(ingress, flow.proto, flow.saddr_be, flow.daddr_be);
+    // SAFETY: `params` is a valid, initialised `bpf_fib_lookup` of the size
+    // passed; the context is this program's own.
+    let rc = unsafe {
+        bpf_fib_lookup(
+            ctx.skb.skb as *mut c_void,
+            &mut params,
+            size_of::<aya_ebpf::bindings::bpf_fib_lookup>() as i32,
+            0,
+        )
+    };
+    if rc != FIB_SUCCESS && rc != FIB_NO_NEIGH {
+        return drop_counted(stat::NO_ROUTE);
+    }
+    if decrement_ttl(ctx).is_err() {
+        return drop_counted(stat::DROP_REWRITE_FAILED);
+    }
+    // SAFETY: no memory is passed (the kernel looks the neighbour up).
+    let action = unsafe { bpf_redirect_neigh(params.ifindex, core::ptr::null_mut(), 0, 0) };
+    Ok(action as i32)
+}
+
+/// The TTL down by one, through helpers (the IPv4 checksum with it).
+#[inline(always)]
+fn decrement_ttl(ctx: &TcContext) -> Result<(), RewriteFailed> {
+    let ip = ptr_at::<Ipv4Hdr>(ctx, ETH_HLEN).map_err(|_| RewriteFailed)?;
+    // SAFETY: `ptr_at` checked the header lies inside the packet; reads.
+    let (ttl, proto) = unsafe { ((*ip).ttl, (*ip).proto) };
+    let old = u16::from_ne_bytes([ttl, proto]);
+    let new = u16::from_ne_bytes([ttl.wrapping_sub(1), proto]);
+    ctx.l3_csum_replace(IP_CSUM_OFF, u64::from(old), u64::from(new), 2)
+        .map_err(|_| RewriteFailed)?;
+    ctx.store(ETH_HLEN + 8, &ttl.wrapping_sub(1), 0)
+        .map_err(|_| RewriteFailed)
+}
+
+/// `bpf_fib_lookup` results that name the egress interface.
+const FIB_SUCCESS: i64 = 0;
+const FIB_NO_NEIGH: i64 = 7;
 
 /// A rewrite decided by `sb_from_pod` or `sb_to_pod`, carried to `sb_rewrite`
 /// in the skb's control buffer.
@@ -546,6 +637,7 @@ pub(crate) fn parse(ctx: &TcContext) -> Result<Flow, Skip> {
     let l4_min = match ip_proto {
         proto::TCP => TCP_HLEN,
         proto::UDP => UDP_HLEN,
+        proto::ICMP => return Err(Skip::Icmp),
         _ => return Err(Skip::NotOurs),
     };
     if version_ihl >> 4 != 4 {
@@ -555,7 +647,9 @@ pub(crate) fn parse(ctx: &TcContext) -> Result<Flow, Skip> {
     if ihl < IPV4_MIN_HLEN {
         return Err(Skip::Malformed);
     }
-    if u16::from_be(frag_off_be) & IP_FRAG_MASK != 0 {
+    let frag = u16::from_be(frag_off_be) & IP_FRAG_MASK;
+    if frag & IP_OFFSET_MASK != 0 {
+        // No ports in it: it follows its first fragment ([`crate::frag`]).
         return Err(Skip::Fragment);
     }
     if usize::from(u16::from_be(tot_len_be)) < ihl + l4_min {
@@ -580,6 +674,7 @@ pub(crate) fn parse(ctx: &TcContext) -> Result<Flow, Skip> {
         proto: ip_proto,
         tcp_flags,
         l4_off,
+        first_fragment: frag != 0,
     })
 }
 

@@ -28,7 +28,7 @@ use crate::{
 #[inline(always)]
 pub fn pass(skip: Skip) -> u32 {
     match skip {
-        Skip::NotOurs => {}
+        Skip::NotOurs | Skip::Icmp => {}
         Skip::Malformed => count(stat::MALFORMED),
         Skip::Fragment => count(stat::FRAGMENT),
     }
@@ -47,6 +47,7 @@ pub fn try_uplink(ctx: &XdpContext) -> Result<u32, Skip> {
             count(counter);
             return Ok(xdp_action::XDP_DROP);
         }
+        Err(NotTranslated::Reject) => return Ok(crate::reject::xdp_reject(ctx, &flow)),
     };
     match translation {
         Translation::Local {
@@ -75,9 +76,7 @@ pub fn try_uplink(ctx: &XdpContext) -> Result<u32, Skip> {
                 daddr_be: backend.addr_be,
                 dport_be: backend.port_be,
             };
-            rewrite(ctx, &flow, &to)?;
-            count_forward(ctx, service_id, stat::EXT_REMOTE);
-            Ok(send_out(ctx, ingress, flow.proto, &to))
+            send_out(ctx, ingress, &flow, &to, service_id, stat::EXT_REMOTE)
         }
         Translation::Reply {
             src_addr_be,
@@ -91,9 +90,7 @@ pub fn try_uplink(ctx: &XdpContext) -> Result<u32, Skip> {
                 daddr_be: dst_addr_be,
                 dport_be: dst_port_be,
             };
-            rewrite(ctx, &flow, &to)?;
-            count(stat::EXT_REPLY);
-            Ok(send_out(ctx, ingress, flow.proto, &to))
+            send_out(ctx, ingress, &flow, &to, 0, stat::EXT_REPLY)
         }
     }
 }
@@ -181,6 +178,7 @@ fn parse(ctx: &XdpContext) -> Result<Flow, Skip> {
         proto: ip_proto,
         tcp_flags,
         l4_off,
+        first_fragment: false,
     })
 }
 
@@ -224,14 +222,24 @@ fn rewrite(ctx: &XdpContext, flow: &Flow, to: &Endpoints) -> Result<(), Skip> {
     Ok(())
 }
 
-/// Sends a rewritten packet on towards its new destination: the route
-/// lookup gives the interface and both MAC addresses; the TTL goes down by
-/// one. When the lookup cannot finish (no neighbour entry yet, or a TTL that
-/// would expire), the kernel's stack forwards the packet instead (and
-/// resolves the neighbour, or sends the ICMP error).
+/// Rewrites a packet to `to` and sends it straight back out: the route
+/// lookup (done first, on the translated addresses) gives the interface and
+/// both MAC addresses; the TTL goes down by one. When the lookup cannot
+/// finish (no neighbour entry yet) or the TTL would expire, the packet goes on
+/// untranslated to the uplink's tc program, which translates it again from
+/// the same connection-tracking entry and lets the kernel resolve the
+/// neighbour (a packet the stack got translated would carry the node's own
+/// address as its source, and be dropped as a martian).
 #[inline(always)]
-fn send_out(ctx: &XdpContext, ingress: u32, proto: u8, to: &Endpoints) -> u32 {
-    let mut params = fib_params(ingress, proto, to.saddr_be, to.daddr_be);
+fn send_out(
+    ctx: &XdpContext,
+    ingress: u32,
+    flow: &Flow,
+    to: &Endpoints,
+    service_id: u32,
+    counter: u32,
+) -> Result<u32, Skip> {
+    let mut params = fib_params(ingress, flow.proto, to.saddr_be, to.daddr_be);
     // SAFETY: `params` is a valid, initialised `bpf_fib_lookup` of the size
     // passed; `ctx.ctx` is this program's own context.
     let rc = unsafe {
@@ -242,28 +250,40 @@ fn send_out(ctx: &XdpContext, ingress: u32, proto: u8, to: &Endpoints) -> u32 {
             0,
         )
     };
-    if rc != i64::from(BPF_FIB_LKUP_RET_SUCCESS) || decrement_ttl(ctx).is_err() {
+    if rc != i64::from(BPF_FIB_LKUP_RET_SUCCESS) || ttl(ctx)? <= 1 {
         count(stat::FIB_TO_STACK);
-        return xdp_action::XDP_PASS;
+        return Ok(xdp_action::XDP_PASS);
     }
-    let (Ok(dmac), Ok(smac)) = (ptr_at::<[u8; 6]>(ctx, 0), ptr_at::<[u8; 6]>(ctx, 6)) else {
-        return xdp_action::XDP_PASS;
-    };
+    rewrite(ctx, flow, to)?;
+    decrement_ttl(ctx)?;
+    let (dmac, smac) = (ptr_at::<[u8; 6]>(ctx, 0)?, ptr_at::<[u8; 6]>(ctx, 6)?);
     // SAFETY: `ptr_at` checked both MAC addresses lie inside the frame.
     unsafe {
         *dmac = params.dmac;
         *smac = params.smac;
     }
+    if service_id != 0 {
+        count_forward(ctx, service_id, counter);
+    } else {
+        count(counter);
+    }
     if params.ifindex == ingress {
-        return xdp_action::XDP_TX;
+        return Ok(xdp_action::XDP_TX);
     }
     // SAFETY: a helper without memory arguments.
-    unsafe { bpf_redirect(params.ifindex, 0) as u32 }
+    Ok(unsafe { bpf_redirect(params.ifindex, 0) as u32 })
+}
+
+/// The packet's TTL.
+#[inline(always)]
+fn ttl(ctx: &XdpContext) -> Result<u8, Skip> {
+    let ip = ptr_at::<Ipv4Hdr>(ctx, ETH_HLEN)?;
+    // SAFETY: `ptr_at` checked the header lies inside the frame; a read.
+    Ok(unsafe { (*ip).ttl })
 }
 
 /// Decrements the TTL, updating the IPv4 checksum. Fails (without writing)
-/// when the TTL would reach zero: the stack then drops the packet with an
-/// ICMP time-exceeded.
+/// when the TTL would reach zero.
 #[inline(always)]
 fn decrement_ttl(ctx: &XdpContext) -> Result<(), Skip> {
     let ip = ptr_at::<Ipv4Hdr>(ctx, ETH_HLEN)?;

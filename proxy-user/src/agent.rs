@@ -23,6 +23,7 @@ use crate::{
     sync::{Syncer, Unprogrammed},
     uplink::{self, Uplink, UplinkError, XdpMode},
 };
+use crate::cidr::Ipv4Cidr;
 
 /// Where the agent learns Services and EndpointSlices from.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -67,6 +68,11 @@ pub struct AgentConfig {
     pub uplinks: Vec<String>,
     /// How the uplink program runs.
     pub xdp_mode: XdpMode,
+    /// `--lb-algorithm`: for Services without the annotation.
+    pub lb_algorithm: model::LbAlgorithm,
+    /// `--nodeport-addresses`: NodePorts on the interface addresses in these
+    /// blocks instead of the Node's addresses.
+    pub nodeport_addresses: Vec<Ipv4Cidr>,
 }
 
 /// How often interfaces are listed again in case a netlink event was missed.
@@ -88,7 +94,8 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
     let mut maps = PinnedMaps::take(&mut ebpf).context("opening the maps")?;
     maps.set_config(socketlb::datapath_config().context("reading the node's network namespace")?)
         .context("writing the data-path configuration")?;
-    let syncer = Syncer::adopt(maps, config.capacities);
+    let mut syncer = Syncer::adopt(maps, config.capacities);
+    syncer.set_default_algorithm(config.lb_algorithm);
     info!(
         pin_root = %config.pin_root.display(),
         adopted = syncer.programmed().count(),
@@ -133,7 +140,14 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
         last_failed: Vec::new(),
         close_sockets: config.socket_lb_cgroup.is_some(),
         health: HealthServers::new(healthcheck::DEFAULT_BIND),
+        nodeports: NodePortAddresses {
+            node_name: config.node_name.clone(),
+            cidrs: config.nodeport_addresses.clone(),
+            local: Vec::new(),
+        },
+        last: None,
     };
+    sync.nodeports.refresh(&handle).await;
     let initial = snapshots.borrow_and_update().clone();
     sync.on_snapshot(&initial);
     // Interfaces after the first sync, so no program runs on maps the source
@@ -170,8 +184,14 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
                 let snapshot = snapshots.borrow_and_update().clone();
                 sync.on_snapshot(&snapshot);
             }
-            Some(_) = link_events.next() => rescan(&handle, &mut attacher, &mut ebpf).await,
-            _ = tick.tick() => rescan(&handle, &mut attacher, &mut ebpf).await,
+            Some(_) = link_events.next() => {
+                rescan(&handle, &mut attacher, &mut ebpf).await;
+                sync.on_addresses(&handle).await;
+            }
+            _ = tick.tick() => {
+                rescan(&handle, &mut attacher, &mut ebpf).await;
+                sync.on_addresses(&handle).await;
+            }
             _ = terminate.recv() => break,
             _ = interrupt.recv() => break,
         }
@@ -240,15 +260,78 @@ struct SyncLoop<'a, S: MapStore> {
     close_sockets: bool,
     /// The healthCheckNodePort servers (tasks on the agent's runtime).
     health: HealthServers,
+    /// `--nodeport-addresses` and the addresses it selects from.
+    nodeports: NodePortAddresses,
+    /// The last snapshot, to sync again when the node's addresses change.
+    last: Option<std::sync::Arc<Snapshot>>,
+}
+
+/// Where NodePorts are served under `--nodeport-addresses`.
+struct NodePortAddresses {
+    node_name: String,
+    cidrs: Vec<Ipv4Cidr>,
+    /// This namespace's interface addresses, as last listed.
+    local: Vec<std::net::Ipv4Addr>,
+}
+
+impl NodePortAddresses {
+    /// Lists the interface addresses again; true if they changed.
+    async fn refresh(&mut self, handle: &rtnetlink::Handle) -> bool {
+        if self.cidrs.is_empty() {
+            return false;
+        }
+        match uplink::local_addresses(handle).await {
+            Ok(local) if local != self.local => {
+                self.local = local;
+                true
+            }
+            Ok(_) => false,
+            Err(error) => {
+                warn!(error = %anyhow::Error::from(error), "listing addresses for --nodeport-addresses failed");
+                false
+            }
+        }
+    }
+
+    /// The node the model sees: with `--nodeport-addresses`, its addresses
+    /// are the interface addresses within the blocks.
+    fn apply(&self, node: Option<&model::NodeInfo>) -> Option<model::NodeInfo> {
+        if self.cidrs.is_empty() {
+            return node.cloned();
+        }
+        let mut node = node.cloned().unwrap_or_else(|| model::NodeInfo {
+            name: self.node_name.clone(),
+            ..model::NodeInfo::default()
+        });
+        node.addresses = self
+            .local
+            .iter()
+            .copied()
+            .filter(|a| self.cidrs.iter().any(|c| c.contains(*a)))
+            .collect();
+        Some(node)
+    }
 }
 
 impl<S: MapStore> SyncLoop<'_, S> {
-    fn on_snapshot(&mut self, snapshot: &Snapshot) {
+    /// Syncs again when `--nodeport-addresses` selects other addresses now.
+    async fn on_addresses(&mut self, handle: &rtnetlink::Handle) {
+        if self.nodeports.refresh(handle).await {
+            if let Some(last) = self.last.clone() {
+                info!(addresses = ?self.nodeports.apply(None).map(|n| n.addresses), "node addresses changed");
+                self.on_snapshot(&last);
+            }
+        }
+    }
+
+    fn on_snapshot(&mut self, snapshot: &std::sync::Arc<Snapshot>) {
         let started = std::time::Instant::now();
+        self.last = Some(std::sync::Arc::clone(snapshot));
+        let node = self.nodeports.apply(snapshot.node.as_ref());
         let (desired, warnings) = model::build_for_node(
             &snapshot.services,
             &snapshot.endpoint_slices,
-            snapshot.node.as_ref(),
+            node.as_ref(),
             self.proxy_name,
         );
         for warning in warnings.iter().filter(|w| !self.last_warnings.contains(w)) {

@@ -51,7 +51,7 @@ pub struct BackendRow {
 
 /// Reads every frontend with its backends and counters from the maps.
 pub fn read_services(maps: &PinnedMaps) -> Vec<ServiceRow> {
-    let entries: BTreeMap<(u32, u16, u8, u16), (FrontendKey, FrontendValue)> = maps
+    let entries: BTreeMap<(u32, u16, u8, u8, u16), (FrontendKey, FrontendValue)> = maps
         .frontends
         .iter()
         .filter_map(Result::ok)
@@ -61,6 +61,7 @@ pub fn read_services(maps: &PinnedMaps) -> Vec<ServiceRow> {
                     u32::from_be(k.addr_be),
                     u16::from_be(k.port_be),
                     k.proto,
+                    k.scope,
                     k.slot,
                 ),
                 (k, v),
@@ -68,7 +69,7 @@ pub fn read_services(maps: &PinnedMaps) -> Vec<ServiceRow> {
         })
         .collect();
     let mut rows = Vec::new();
-    for ((_, _, _, slot), (key, head)) in &entries {
+    for ((_, _, _, _, slot), (key, head)) in &entries {
         if *slot != 0 || key.scope != scope::INTERNAL {
             continue;
         }
@@ -348,6 +349,11 @@ pub fn read_stats(maps: &PinnedMaps) -> StatsReport {
                 proxy_common::names::SOCKETS,
                 maps.sockets_len(),
                 capacity(maps.sockets.map().info()),
+            ),
+            fill(
+                proxy_common::names::FRAGMENTS,
+                maps.fragments.keys().filter(Result::is_ok).count(),
+                capacity(maps.fragments.map().info()),
             ),
         ],
     }

@@ -2,6 +2,7 @@
 //! loader and attach logic, and the CLI.
 pub mod agent;
 pub mod attach;
+pub mod cidr;
 pub mod cli;
 pub mod ebpf;
 pub mod healthcheck;

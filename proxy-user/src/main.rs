@@ -6,8 +6,10 @@ use clap::{Parser, Subcommand, ValueEnum};
 use proxy_user::{
     agent::{self, AgentConfig, Source},
     attach::TcMode,
+    cidr::Ipv4Cidr,
     cli,
     ebpf::Capacities,
+    model::LbAlgorithm,
     uplink::XdpMode,
 };
 use tracing_subscriber::EnvFilter;
@@ -88,6 +90,17 @@ enum Command {
         /// program instead).
         #[arg(long, value_enum, default_value_t = XdpMode::Native)]
         xdp_mode: XdpMode,
+        /// How new flows from outside the node pick a backend when the Service
+        /// has no `switchboard.io/lb-algorithm` annotation: `random`, `maglev`
+        /// (consistent hashing of the 5-tuple: every node picks alike) or
+        /// `source-hash` (by client address).
+        #[arg(long, value_enum, default_value_t = LbAlgorithm::Random)]
+        lb_algorithm: LbAlgorithm,
+        /// Serve NodePorts on this node's interface addresses within these
+        /// CIDRs (comma-separated or repeated), as kube-proxy's flag does.
+        /// Default: the Node's InternalIP and ExternalIP.
+        #[arg(long, value_name = "CIDR", value_delimiter = ',')]
+        nodeport_addresses: Vec<Ipv4Cidr>,
     },
     /// Print every frontend and its backends from the pinned maps.
     Services {
@@ -138,6 +151,8 @@ fn main() -> anyhow::Result<()> {
             tc_attach,
             uplinks,
             xdp_mode,
+            lb_algorithm,
+            nodeport_addresses,
         } => {
             let socket_lb_cgroup = match (socket_lb, cgroup_root) {
                 (false, _) => None,
@@ -175,6 +190,8 @@ fn main() -> anyhow::Result<()> {
                 tc_mode: tc_attach,
                 uplinks,
                 xdp_mode,
+                lb_algorithm,
+                nodeport_addresses,
             }))
         }
         Command::Services { pin_root, output } => {

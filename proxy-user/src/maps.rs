@@ -12,8 +12,8 @@ use aya::{
     Ebpf,
 };
 use proxy_common::{
-    names, stat, Backend, Config, CtEntry, CtKey, Frontend, FrontendKey, RevNat, SockEntry,
-    SockKey, SvcStats, Uplink,
+    names, stat, Backend, Config, CtEntry, CtKey, FragEntry, FragKey, Frontend, FrontendKey, RevNat, SockEntry,
+    MaglevTable, SockKey, SvcStats, Uplink,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -49,6 +49,10 @@ pub trait MapStore {
     fn delete_backend(&mut self, id: u32) -> Result<(), WriteError>;
     fn put_revnat(&mut self, service_id: u32, value: RevNat) -> Result<(), WriteError>;
     fn delete_revnat(&mut self, service_id: u32) -> Result<(), WriteError>;
+    /// Writes service `service_id`'s Maglev table.
+    fn put_maglev(&mut self, service_id: u32, table: &MaglevTable) -> Result<(), WriteError>;
+    /// Removes service `service_id`'s Maglev table (absent is fine).
+    fn delete_maglev(&mut self, service_id: u32) -> Result<(), WriteError>;
     /// Removes every connection-tracking entry `doomed` selects; returns how many.
     fn purge_conntrack(&mut self, doomed: &dyn Fn(&CtKey, &CtEntry) -> bool) -> usize;
     /// Removes every socket-layer entry `doomed` selects; returns their keys.
@@ -76,6 +80,8 @@ pub struct PinnedMaps {
     pub sockets: HashMap<MapData, SockKey, SockEntry>,
     pub config: Array<MapData, Config>,
     pub uplinks: HashMap<MapData, u32, Uplink>,
+    pub maglev: HashMap<MapData, u32, MaglevTable>,
+    pub fragments: HashMap<MapData, FragKey, FragEntry>,
 }
 
 fn open_pinned(pin_root: &Path, name: &'static str) -> Result<Map, MapsError> {
@@ -118,6 +124,8 @@ impl PinnedMaps {
             sockets: typed!(names::SOCKETS, open_pinned(pin_root, names::SOCKETS)?),
             config: typed!(names::CONFIG, open_pinned(pin_root, names::CONFIG)?),
             uplinks: typed!(names::UPLINKS, open_pinned(pin_root, names::UPLINKS)?),
+            maglev: typed!(names::MAGLEV, open_pinned(pin_root, names::MAGLEV)?),
+            fragments: typed!(names::FRAGMENTS, open_pinned(pin_root, names::FRAGMENTS)?),
         })
     }
 
@@ -134,6 +142,8 @@ impl PinnedMaps {
             sockets: typed!(names::SOCKETS, take(names::SOCKETS)?),
             config: typed!(names::CONFIG, take(names::CONFIG)?),
             uplinks: typed!(names::UPLINKS, take(names::UPLINKS)?),
+            maglev: typed!(names::MAGLEV, take(names::MAGLEV)?),
+            fragments: typed!(names::FRAGMENTS, take(names::FRAGMENTS)?),
         })
     }
 
@@ -281,6 +291,14 @@ impl MapStore for PinnedMaps {
     }
     fn delete_revnat(&mut self, service_id: u32) -> Result<(), WriteError> {
         delete_result(names::REVNAT, self.revnat.remove(&service_id))
+    }
+    fn put_maglev(&mut self, service_id: u32, table: &MaglevTable) -> Result<(), WriteError> {
+        self.maglev
+            .insert(service_id, table, 0)
+            .map_err(|e| write_error(names::MAGLEV, e))
+    }
+    fn delete_maglev(&mut self, service_id: u32) -> Result<(), WriteError> {
+        delete_result(names::MAGLEV, self.maglev.remove(&service_id))
     }
     fn purge_conntrack(&mut self, doomed: &dyn Fn(&CtKey, &CtEntry) -> bool) -> usize {
         purge(&mut self.conntrack, doomed).len()

@@ -33,6 +33,9 @@ pub const LABEL_SERVICE_PROXY_NAME: &str = "service.kubernetes.io/service-proxy-
 pub const LABEL_HEADLESS: &str = "service.kubernetes.io/headless";
 /// Node label carrying the node's zone, used by topology hints.
 pub const LABEL_TOPOLOGY_ZONE: &str = "topology.kubernetes.io/zone";
+/// Service annotation choosing how traffic from outside the node picks a
+/// backend: `random`, `maglev` or `source-hash` ([`LbAlgorithm`]).
+pub const ANNOTATION_LB_ALGORITHM: &str = "switchboard.io/lb-algorithm";
 /// `sessionAffinityConfig.clientIP.timeoutSeconds` when absent (3 hours).
 pub const DEFAULT_AFFINITY_TIMEOUT_S: u32 = 10_800;
 /// The largest session-affinity timeout the API server accepts (1 day).
@@ -155,6 +158,48 @@ impl fmt::Display for FrontendKind {
     }
 }
 
+/// How a new flow from outside the node picks its backend.
+///
+/// IPVS's schedulers, as kube-proxy's IPVS mode offers them, and what stands
+/// for each here: `rr` → [`Random`](Self::Random) (the same even spread; an
+/// exact rotation would need a counter shared by every CPU), `sh` →
+/// [`SourceHash`](Self::SourceHash), `mh` → [`Maglev`](Self::Maglev). There is
+/// no least-connection (`lc`): it needs a live count of each backend's
+/// connections shared by every CPU and every node, which a per-node data path
+/// does not have; Maglev with per-flow connection tracking is what Katran and
+/// Cilium offer instead. Traffic from this node's pods and host always picks
+/// at random.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, clap::ValueEnum)]
+pub enum LbAlgorithm {
+    /// A random backend per new flow (kube-proxy's iptables mode).
+    #[default]
+    Random,
+    /// Maglev consistent hashing of the 5-tuple: every node sends a flow to
+    /// the same backend (ECMP in front of several nodes), and a backend that
+    /// leaves moves only its own share of flows.
+    Maglev,
+    /// Maglev's table indexed by the client address alone: a client's flows
+    /// all reach one backend, on every node (IPVS `sh`).
+    SourceHash,
+}
+
+impl LbAlgorithm {
+    /// The annotation spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LbAlgorithm::Random => "random",
+            LbAlgorithm::Maglev => "maglev",
+            LbAlgorithm::SourceHash => "source-hash",
+        }
+    }
+
+    fn from_annotation(value: &str) -> Option<Self> {
+        [Self::Random, Self::Maglev, Self::SourceHash]
+            .into_iter()
+            .find(|a| a.as_str() == value)
+    }
+}
+
 /// Topology-aware routing that narrowed a frontend's backends (kube-proxy's
 /// `PreferSameNode` / `PreferSameZone` modes, driven by EndpointSlice hints).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
@@ -222,6 +267,9 @@ pub struct Frontend {
     /// Topology hints narrowed `backends` (only when every ready endpoint has
     /// hints; never for a local-only set).
     pub topology: Option<TopologyMode>,
+    /// The Service's `switchboard.io/lb-algorithm` annotation, for traffic
+    /// from outside the node; `None`: the agent's default.
+    pub algorithm: Option<LbAlgorithm>,
 }
 
 impl Frontend {
@@ -243,6 +291,7 @@ impl Frontend {
             health_check_node_port: None,
             terminating_fallback: false,
             topology: None,
+            algorithm: None,
         }
     }
 }
@@ -282,6 +331,9 @@ impl fmt::Display for Frontend {
         }
         if let Some(t) = self.topology {
             extras.push(format!("topology {t}"));
+        }
+        if let Some(a) = self.algorithm {
+            extras.push(format!("lb-algorithm {}", a.as_str()));
         }
         if !extras.is_empty() {
             write!(f, " [{}]", extras.join(", "))?;
@@ -612,6 +664,7 @@ impl Builder<'_> {
             }
         }
 
+        let algorithm = self.lb_algorithm(&object, svc);
         let affinity_timeout_s = match spec.session_affinity.as_deref() {
             Some("ClientIP") => {
                 let raw = spec
@@ -785,10 +838,31 @@ impl Builder<'_> {
                     health_check_node_port,
                     terminating_fallback: sel.terminating_fallback,
                     topology: sel.topology,
+                    algorithm,
                 };
                 self.insert(&object, fe);
             }
         }
+    }
+
+    /// The `switchboard.io/lb-algorithm` annotation; an unknown value is
+    /// reported and the agent's default used.
+    fn lb_algorithm(&mut self, object: &str, svc: &Service) -> Option<LbAlgorithm> {
+        let value = svc
+            .metadata
+            .annotations
+            .as_ref()?
+            .get(ANNOTATION_LB_ALGORITHM)?;
+        let algorithm = LbAlgorithm::from_annotation(value);
+        if algorithm.is_none() {
+            self.warn(
+                object,
+                format!(
+                    "annotation {ANNOTATION_LB_ALGORITHM}: {value:?} is not random, maglev or source-hash; the agent's default is used"
+                ),
+            );
+        }
+        algorithm
     }
 
     fn insert(&mut self, object: &str, fe: Frontend) {
@@ -1207,6 +1281,7 @@ endpoints:
                     health_check_node_port: None,
                     terminating_fallback: false,
                     topology: None,
+                    algorithm: None,
                 },
             )]),
         };

@@ -23,6 +23,8 @@ pub struct PacketSpec {
     pub udp_zero_checksum: bool,
     /// TCP flags byte (SYN = 0x02).
     pub tcp_flags: u8,
+    /// IPv4 identification field.
+    pub ip_id: u16,
 }
 
 impl PacketSpec {
@@ -38,6 +40,7 @@ impl PacketSpec {
             frag_off: 0x4000, // DF
             udp_zero_checksum: false,
             tcp_flags: 0x02,
+            ip_id: 0x1234,
         }
     }
 
@@ -51,13 +54,31 @@ impl PacketSpec {
 
     /// The whole frame with valid IPv4 and L4 checksums.
     pub fn build(&self) -> Vec<u8> {
+        self.frame(self.frag_off, &self.segment())
+    }
+
+    /// The datagram as IPv4 fragments, each carrying at most `chunk` bytes of
+    /// it (rounded down to a multiple of 8): the first with the L4 header, all
+    /// with this spec's IP id, more-fragments set on all but the last, and
+    /// valid IPv4 checksums. The L4 checksum covers the whole datagram.
+    pub fn fragments(&self, chunk: usize) -> Vec<Vec<u8>> {
+        let chunk = (chunk / 8).max(1) * 8;
+        let segment = self.segment();
+        let pieces: Vec<&[u8]> = segment.chunks(chunk).collect();
+        pieces
+            .iter()
+            .enumerate()
+            .map(|(i, piece)| {
+                let more = if i + 1 < pieces.len() { 0x2000 } else { 0 };
+                self.frame(more | ((i * chunk / 8) as u16), piece)
+            })
+            .collect()
+    }
+
+    /// Ethernet + IPv4 header (with `frag_off`) + `data` as the IP payload.
+    fn frame(&self, frag_off: u16, data: &[u8]) -> Vec<u8> {
         let ihl = 20 + 4 * usize::from(self.ip_option_words);
-        let l4 = match self.proto {
-            6 => tcp_header(self),
-            17 => udp_header(self),
-            _ => Vec::new(),
-        };
-        let total = ihl + l4.len() + self.payload.len();
+        let total = ihl + data.len();
         let mut frame = Vec::with_capacity(ETH_HLEN + total);
         frame.extend_from_slice(&[0x02, 0, 0, 0, 0, 0x02]); // dst MAC
         frame.extend_from_slice(&[0x02, 0, 0, 0, 0, 0x01]); // src MAC
@@ -65,8 +86,8 @@ impl PacketSpec {
         let mut ip = vec![0u8; ihl];
         ip[0] = 0x40 | (ihl / 4) as u8;
         ip[2..4].copy_from_slice(&(total as u16).to_be_bytes());
-        ip[4..6].copy_from_slice(&0x1234u16.to_be_bytes());
-        ip[6..8].copy_from_slice(&self.frag_off.to_be_bytes());
+        ip[4..6].copy_from_slice(&self.ip_id.to_be_bytes());
+        ip[6..8].copy_from_slice(&frag_off.to_be_bytes());
         ip[8] = 64;
         ip[9] = self.proto;
         ip[12..16].copy_from_slice(&self.src.octets());
@@ -77,6 +98,17 @@ impl PacketSpec {
         let csum = checksum(&ip, 0);
         ip[10..12].copy_from_slice(&csum.to_be_bytes());
         frame.extend_from_slice(&ip);
+        frame.extend_from_slice(data);
+        frame
+    }
+
+    /// The L4 header and payload, with the L4 checksum.
+    fn segment(&self) -> Vec<u8> {
+        let l4 = match self.proto {
+            6 => tcp_header(self),
+            17 => udp_header(self),
+            _ => Vec::new(),
+        };
         let mut segment = l4;
         segment.extend_from_slice(&self.payload);
         let csum_at = match self.proto {
@@ -91,9 +123,50 @@ impl PacketSpec {
             }
             segment[at..at + 2].copy_from_slice(&csum.to_be_bytes());
         }
-        frame.extend_from_slice(&segment);
-        frame
+        segment
     }
+}
+
+/// An ICMP message frame from `src` to `dst`: type, code, the 4 bytes after
+/// the checksum (`rest`: the next-hop MTU in its low 16 bits for
+/// "fragmentation needed"), then `quoted` (for an error: the IPv4 header and
+/// the first bytes of the packet it is about), with valid checksums.
+pub fn icmp_frame(src: Ipv4Addr, dst: Ipv4Addr, icmp_type: u8, code: u8, rest: u32, quoted: &[u8]) -> Vec<u8> {
+    let mut message = vec![icmp_type, code, 0, 0];
+    message.extend_from_slice(&rest.to_be_bytes());
+    message.extend_from_slice(quoted);
+    let csum = checksum(&message, 0);
+    message[2..4].copy_from_slice(&csum.to_be_bytes());
+    PacketSpec {
+        proto: 1,
+        payload: message,
+        frag_off: 0,
+        ..PacketSpec::tcp(src, 0, dst, 0)
+    }
+    .build()
+}
+
+/// Whether an ICMP error frame's checksums are valid: the outer IPv4
+/// header's, the ICMP message's and the quoted IPv4 header's.
+pub fn icmp_error_checksums_valid(frame: &[u8]) -> bool {
+    let Some(ip) = frame.get(ETH_HLEN..) else {
+        return false;
+    };
+    let ihl = usize::from(ip.first().copied().unwrap_or(0) & 0x0f) * 4;
+    let total = ip
+        .get(2..4)
+        .map_or(0, |b| usize::from(u16::from_be_bytes([b[0], b[1]])));
+    let (Some(header), Some(message)) = (ip.get(..ihl), ip.get(ihl..total)) else {
+        return false;
+    };
+    let Some(quoted) = message.get(8..) else {
+        return false;
+    };
+    let inner_ihl = usize::from(quoted.first().copied().unwrap_or(0) & 0x0f) * 4;
+    let Some(inner) = quoted.get(..inner_ihl) else {
+        return false;
+    };
+    checksum(header, 0) == 0 && checksum(message, 0) == 0 && checksum(inner, 0) == 0
 }
 
 fn tcp_header(spec: &PacketSpec) -> Vec<u8> {
@@ -173,6 +246,55 @@ pub fn checksums_valid(frame: &[u8]) -> bool {
     }
     sum += u32::from(proto) + segment.len() as u32;
     checksum(segment, sum) == 0
+}
+
+/// The ICMP port unreachable (type 3, code 3) a frontend without endpoints
+/// answers `frame` (an Ethernet + IPv4 TCP/UDP frame without IP options)
+/// with, built from scratch: Ethernet addresses swapped; IPv4 from the
+/// address the client sent to, to the client, TTL 64, id 0, no flags, the
+/// original TOS; then the ICMP header and the original IPv4 header with the
+/// first 8 bytes of its payload (RFC 792). Checksums computed here.
+pub fn icmp_port_unreachable(frame: &[u8]) -> Vec<u8> {
+    let quote = &frame[ETH_HLEN..ETH_HLEN + 28];
+    let mut out = Vec::with_capacity(ETH_HLEN + 56);
+    out.extend_from_slice(&frame[6..12]);
+    out.extend_from_slice(&frame[0..6]);
+    out.extend_from_slice(&0x0800u16.to_be_bytes());
+    let mut ip = [0u8; 20];
+    ip[0] = 0x45;
+    ip[1] = quote[1];
+    ip[2..4].copy_from_slice(&56u16.to_be_bytes());
+    ip[8] = 64;
+    ip[9] = 1;
+    ip[12..16].copy_from_slice(&quote[16..20]);
+    ip[16..20].copy_from_slice(&quote[12..16]);
+    let csum = checksum(&ip, 0);
+    ip[10..12].copy_from_slice(&csum.to_be_bytes());
+    out.extend_from_slice(&ip);
+    let mut icmp = vec![3u8, 3, 0, 0, 0, 0, 0, 0];
+    icmp.extend_from_slice(quote);
+    let csum = checksum(&icmp, 0);
+    icmp[2..4].copy_from_slice(&csum.to_be_bytes());
+    out.extend_from_slice(&icmp);
+    out
+}
+
+/// Whether `frame` is an IPv4 ICMP message whose IPv4 header checksum and
+/// ICMP checksum are both valid.
+pub fn icmp_checksums_valid(frame: &[u8]) -> bool {
+    let Some(ip) = frame.get(ETH_HLEN..) else {
+        return false;
+    };
+    let ihl = usize::from(ip.first().map_or(0, |b| b & 0x0f)) * 4;
+    let total = ip
+        .get(2..4)
+        .map_or(0, |b| usize::from(u16::from_be_bytes([b[0], b[1]])));
+    match (ip.get(..ihl), ip.get(9), ip.get(ihl..total)) {
+        (Some(header), Some(1), Some(icmp)) if ihl >= 20 => {
+            checksum(header, 0) == 0 && checksum(icmp, 0) == 0
+        }
+        _ => false,
+    }
 }
 
 #[cfg(test)]

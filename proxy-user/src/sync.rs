@@ -22,7 +22,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::Ipv4Addr;
 
 use proxy_common::{
-    capacity, frontend_flags, proto, scope, sock_dir, Backend, CtEntry, CtKey, Frontend as FrontendValue,
+    capacity, frontend_flags, proto, scope, sock_dir, Backend, MaglevTable, CtEntry, CtKey, Frontend as FrontendValue,
     FrontendKey, RevNat, SockEntry, SockKey, REVNAT_NAME_LEN,
 };
 use tracing::{debug, warn};
@@ -30,7 +30,8 @@ use tracing::{debug, warn};
 use crate::{
     ebpf::Capacities,
     maps::{MapStore, WriteError},
-    model::{BackendAddr, DesiredState, Frontend, FrontendAddr, FrontendKind, Protocol},
+    maglev::{self, BackendKey},
+    model::{BackendAddr, DesiredState, Frontend, FrontendAddr, FrontendKind, LbAlgorithm, Protocol},
 };
 
 /// What one frontend looks like in the maps.
@@ -100,6 +101,8 @@ pub struct Syncer<S: MapStore> {
     next_backend_id: u32,
     /// Frontend map entries in use (slot 0 plus one per backend, per frontend).
     frontend_entries: usize,
+    /// For frontends whose Service does not choose (`switchboard.io/lb-algorithm`).
+    default_algorithm: LbAlgorithm,
 }
 
 /// Connection-tracking entries to drop once an apply has finished.
@@ -197,9 +200,15 @@ impl<S: MapStore> Syncer<S> {
             next_service_id: 1,
             next_backend_id: 1,
             frontend_entries: 0,
+            default_algorithm: LbAlgorithm::Random,
         };
         syncer.reload();
         syncer
+    }
+
+    /// The algorithm of frontends whose Service names none (`--lb-algorithm`).
+    pub fn set_default_algorithm(&mut self, algorithm: LbAlgorithm) {
+        self.default_algorithm = algorithm;
     }
 
     pub fn store(&self) -> &S {
@@ -418,6 +427,10 @@ impl<S: MapStore> Syncer<S> {
         if let Some(external) = &programmed.external {
             *writes += self.delete_external_set(addr, external.len())?;
         }
+        if programmed.flags & frontend_flags::ALGO_MASK != frontend_flags::ALGO_RANDOM {
+            self.store.delete_maglev(programmed.service_id)?;
+            *writes += 1;
+        }
         self.store.delete_revnat(programmed.service_id)?;
         *writes += 1;
         for id in programmed.slots.iter().chain(programmed.external.iter().flatten()) {
@@ -441,7 +454,7 @@ impl<S: MapStore> Syncer<S> {
         let addr = &frontend.addr;
         let old = self.programmed.get(addr).cloned();
         let wanted = sorted_set(&frontend.backends);
-        let (flags, affinity_timeout_s) = slot_zero_attributes(frontend);
+        let (flags, affinity_timeout_s) = slot_zero_attributes(frontend, self.default_algorithm);
         let wanted_external = has_external_set(flags)
             .then(|| sorted_set(frontend.external_backends.as_deref().unwrap_or_default()));
         let limit = usize::from(capacity::MAX_BACKENDS_PER_SERVICE);
@@ -518,6 +531,17 @@ impl<S: MapStore> Syncer<S> {
             .as_ref()
             .map(|ids| place(old_external.as_deref().unwrap_or_default(), ids));
 
+        // The Maglev table before either slot 0 announces the algorithm; it
+        // names only backends referenced above.
+        let hashed_set = external.as_ref().unwrap_or(&slots);
+        let old_hashed = old
+            .as_ref()
+            .is_some_and(|o| o.flags & frontend_flags::ALGO_MASK != frontend_flags::ALGO_RANDOM);
+        if flags & frontend_flags::ALGO_MASK != frontend_flags::ALGO_RANDOM {
+            let table = self.maglev_table(hashed_set, addr.protocol);
+            self.store.put_maglev(service_id, &table)?;
+            report.writes += 1;
+        }
         // The external set first: slot 0 of the internal set announces it.
         if let Some(external) = &external {
             let old = old_external.as_deref().unwrap_or_default();
@@ -526,6 +550,10 @@ impl<S: MapStore> Syncer<S> {
         report.writes += self.write_set(addr, scope::INTERNAL, service_id, &old_slots, &slots, (flags, affinity_timeout_s))?;
         if let (Some(old), None) = (&old_external, &external) {
             report.writes += self.delete_external_set(addr, old.len())?;
+        }
+        if old_hashed && flags & frontend_flags::ALGO_MASK == frontend_flags::ALGO_RANDOM {
+            self.store.delete_maglev(service_id)?;
+            report.writes += 1;
         }
         let kept: HashSet<u32> = slots.iter().chain(external.iter().flatten()).copied().collect();
         for id in old_slots.iter().chain(old_external.iter().flatten()) {
@@ -553,6 +581,38 @@ impl<S: MapStore> Syncer<S> {
             },
         );
         Ok(())
+    }
+
+    /// The Maglev table over `ids` (a frontend's backend set): computed from
+    /// the backends' addresses, so every node gets the same table, then
+    /// written with this node's ids.
+    fn maglev_table(&self, ids: &[u32], protocol: Protocol) -> Box<MaglevTable> {
+        let keys: Vec<(BackendKey, u32)> = ids
+            .iter()
+            .filter_map(|id| {
+                let (b, _) = self.backend_addrs.get(id)?;
+                Some((BackendKey::new(b.ip, b.port, proto_number(protocol)), *id))
+            })
+            .collect();
+        let canonical = maglev::canonical_backends(&keys.iter().map(|(k, _)| *k).collect::<Vec<_>>());
+        let id_of: HashMap<BackendKey, u32> = keys.into_iter().collect();
+        let mut table = Box::new(MaglevTable {
+            backend_ids: [0; capacity::MAGLEV_TABLE as usize],
+        });
+        // The size is a compile-time prime and the backend count is bounded
+        // by MAX_BACKENDS_PER_SERVICE, so the table cannot be refused; an
+        // empty set leaves every entry 0 (no backend: the data path falls
+        // back to its random pick, which finds none).
+        if let Ok(entries) = maglev::table(&canonical, capacity::MAGLEV_TABLE) {
+            for (slot, index) in table.backend_ids.iter_mut().zip(entries) {
+                *slot = canonical
+                    .get(usize::from(index))
+                    .and_then(|k| id_of.get(k))
+                    .copied()
+                    .unwrap_or(0);
+            }
+        }
+        table
     }
 
     /// The addresses of backend ids, sorted.
@@ -758,8 +818,14 @@ fn complete_slots(
 }
 
 /// The flags and affinity timeout slot 0 records for `frontend`.
-pub fn slot_zero_attributes(frontend: &Frontend) -> (u16, u32) {
-    let mut flags = match frontend.kind {
+pub fn slot_zero_attributes(frontend: &Frontend, default_algorithm: LbAlgorithm) -> (u16, u32) {
+    let algorithm = match frontend.algorithm.unwrap_or(default_algorithm) {
+        LbAlgorithm::Random => frontend_flags::ALGO_RANDOM,
+        LbAlgorithm::Maglev => frontend_flags::ALGO_MAGLEV,
+        LbAlgorithm::SourceHash => frontend_flags::ALGO_SOURCE_HASH,
+    };
+    let mut flags = algorithm
+        | match frontend.kind {
         FrontendKind::ClusterIp => frontend_flags::KIND_CLUSTER_IP,
         FrontendKind::NodePort => frontend_flags::KIND_NODE_PORT,
         FrontendKind::LoadBalancer => frontend_flags::KIND_LOAD_BALANCER,
@@ -830,6 +896,8 @@ mod tests {
         frontends: BTreeMap<(u32, u16, u8, u8, u16), FrontendValue>,
         /// Frontend writes in order (`put`/`delete` and the key).
         log: Vec<String>,
+        /// Maglev tables by service id.
+        maglev: BTreeMap<u32, Vec<u32>>,
         backends: BTreeMap<u32, Backend>,
         revnat: BTreeMap<u32, RevNat>,
         conntrack: Vec<(CtKey, CtEntry)>,
@@ -882,6 +950,16 @@ mod tests {
         fn delete_revnat(&mut self, id: u32) -> Result<(), WriteError> {
             self.writes += 1;
             self.revnat.remove(&id);
+            Ok(())
+        }
+        fn put_maglev(&mut self, id: u32, table: &MaglevTable) -> Result<(), WriteError> {
+            self.writes += 1;
+            self.maglev.insert(id, table.backend_ids.to_vec());
+            Ok(())
+        }
+        fn delete_maglev(&mut self, id: u32) -> Result<(), WriteError> {
+            self.writes += 1;
+            self.maglev.remove(&id);
             Ok(())
         }
         fn purge_conntrack(&mut self, doomed: &dyn Fn(&CtKey, &CtEntry) -> bool) -> usize {
@@ -1378,6 +1456,56 @@ mod tests {
         restarted.apply(&state(vec![np.clone()]));
         assert_eq!(ext(&restarted, 0), None);
         assert_eq!(restarted.store().frontends.len(), 4);
+    }
+
+    #[test]
+    fn maglev_tables_follow_the_external_set_and_go_with_the_algorithm() {
+        let mut s = Syncer::adopt(MemStore::default(), caps());
+        let mut lb = fe([203, 0, 113, 10], 80, Protocol::Tcp, "lb", &[(1, 80), (2, 80), (3, 80)]);
+        lb.kind = FrontendKind::LoadBalancer;
+        lb.algorithm = Some(LbAlgorithm::Maglev);
+        s.apply(&state(vec![lb.clone()]));
+        let head = s.store().frontends[&k(&frontend_key(&lb.addr, 0))];
+        assert_eq!(head.flags & frontend_flags::ALGO_MASK, frontend_flags::ALGO_MAGLEV);
+        let table = s.store().maglev[&head.service_id].clone();
+        assert_eq!(table.len(), capacity::MAGLEV_TABLE as usize);
+        let ids: BTreeSet<u32> = table.iter().copied().collect();
+        let live: BTreeSet<u32> = s.store().backends.keys().copied().collect();
+        assert_eq!(ids, live, "every entry names one of the three backends, and each appears");
+
+        // Another node with its own ids fills the same table by address.
+        let mut other = Syncer::adopt(MemStore::default(), caps());
+        let decoy = fe([10, 96, 0, 1], 80, Protocol::Tcp, "decoy", &[(9, 80)]);
+        other.apply(&state(vec![decoy.clone()]));
+        other.apply(&state(vec![decoy, lb.clone()]));
+        let other_head = other.store().frontends[&k(&frontend_key(&lb.addr, 0))];
+        let by_addr = |s: &Syncer<MemStore>, table: &[u32]| -> Vec<BackendAddr> {
+            table.iter().map(|id| backend_addr(&s.store().backends[id])).collect()
+        };
+        assert_eq!(
+            by_addr(&s, &table),
+            by_addr(&other, &other.store().maglev[&other_head.service_id]),
+            "nodes agree on every entry"
+        );
+
+        // Local policy: the table covers what traffic from outside gets.
+        lb.local_only = true;
+        lb.external_backends = Some(vec![lb.backends[0]]);
+        s.apply(&state(vec![lb.clone()]));
+        let table = s.store().maglev[&head.service_id].clone();
+        assert!(by_addr(&s, &table).iter().all(|b| *b == lb.backends[0]));
+
+        // The agent's default applies when the Service names none.
+        lb.algorithm = None;
+        s.apply(&state(vec![lb.clone()]));
+        assert!(!s.store().maglev.contains_key(&head.service_id));
+        s.set_default_algorithm(LbAlgorithm::SourceHash);
+        s.apply(&state(vec![lb.clone()]));
+        let head = s.store().frontends[&k(&frontend_key(&lb.addr, 0))];
+        assert_eq!(head.flags & frontend_flags::ALGO_MASK, frontend_flags::ALGO_SOURCE_HASH);
+        assert!(s.store().maglev.contains_key(&head.service_id));
+        s.apply(&state(vec![]));
+        assert!(s.store().maglev.is_empty(), "removed with its frontend");
     }
 
     #[test]

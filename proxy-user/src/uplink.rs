@@ -1,7 +1,11 @@
 //! The node's uplinks: the interfaces traffic from outside the node arrives
 //! on. Each gets
-//! - XDP `sb_xdp_uplink` (native, or generic with `--xdp-mode generic`), or
-//!   with `--xdp-mode off` its tc twin `sb_from_uplink` on ingress;
+//! - XDP `sb_xdp_uplink` (native, or generic with `--xdp-mode generic`;
+//!   none with `--xdp-mode off`);
+//! - tc ingress `sb_from_uplink`, its twin: with XDP it sees only what XDP
+//!   let through (what is not ours, and the packets XDP could not send out
+//!   itself because the next hop's neighbour entry is missing; it sends those
+//!   with `bpf_redirect_neigh`); without XDP it does all the work;
 //! - tc egress `sb_to_pod`, which gives a local backend's replies to clients
 //!   outside the node the frontend's address again.
 //!
@@ -61,13 +65,13 @@ pub enum UplinkError {
     #[error("no uplink given (--uplink), none of the node's addresses is on an interface, and there is no default route")]
     NotFound,
     #[error(transparent)]
-    Tc(#[from] AttachError),
+    Tc(Box<AttachError>),
     #[error("attaching {program} (XDP, {mode:?}) to {iface}")]
     Xdp {
         iface: String,
         program: &'static str,
         mode: XdpMode,
-        source: ProgramError,
+        source: Box<ProgramError>,
     },
     #[error("the XDP attach on {iface} gave no BPF link")]
     XdpNotALink {
@@ -152,6 +156,21 @@ impl Interfaces {
     }
 }
 
+/// Every IPv4 address of this namespace's interfaces, loopback excluded
+/// (the candidates for `--nodeport-addresses`).
+pub async fn local_addresses(handle: &rtnetlink::Handle) -> Result<Vec<Ipv4Addr>, UplinkError> {
+    let interfaces = Interfaces::list(handle).await?;
+    let mut all: Vec<Ipv4Addr> = interfaces
+        .addrs
+        .into_values()
+        .flatten()
+        .filter(|a| !a.is_loopback())
+        .collect();
+    all.sort_unstable();
+    all.dedup();
+    Ok(all)
+}
+
 /// Finds the uplinks: `names` if given, else the interfaces holding one of
 /// `node_addrs`, else the default route's interface.
 pub async fn resolve(
@@ -214,14 +233,11 @@ fn output_interface(route: &RouteMessage) -> Option<u32> {
     })
 }
 
-/// The tc hooks an uplink carries in `mode`.
-fn tc_hooks(mode: XdpMode) -> Vec<Hook> {
-    let mut hooks = vec![(programs::TC_TO_UPLINK, TcAttachType::Egress)];
-    if mode == XdpMode::Off {
-        hooks.push((programs::TC_FROM_UPLINK, TcAttachType::Ingress));
-    }
-    hooks
-}
+/// The tc hooks of an uplink (in every mode: see the module doc).
+const TC_HOOKS: [Hook; 2] = [
+    (programs::TC_FROM_UPLINK, TcAttachType::Ingress),
+    (programs::TC_TO_UPLINK, TcAttachType::Egress),
+];
 
 /// Attaches the uplink programs to `uplink` as `mode` says, replacing what
 /// an earlier agent left, and removing what the other modes attach.
@@ -244,11 +260,12 @@ pub fn attach(
             remove_xdp_pin(&xdp_pin(link_dir, uplink.index, other))?;
         }
     }
+    // tc first: from then on every packet XDP lets through is handled.
+    attach::attach_hooks(ebpf, &iface, tc_mode, link_dir, &TC_HOOKS)
+        .map_err(|e| UplinkError::Tc(Box::new(e)))?;
     if mode != XdpMode::Off {
-        attach::detach_hooks(&iface, link_dir, &[(programs::TC_FROM_UPLINK, TcAttachType::Ingress)]);
         attach_xdp(ebpf, uplink, mode, link_dir)?;
     }
-    attach::attach_hooks(ebpf, &iface, tc_mode, link_dir, &tc_hooks(mode))?;
     info!(iface = %uplink.name, address = %uplink.addr, xdp = ?mode, "uplink programs attached");
     Ok(())
 }
@@ -286,7 +303,7 @@ fn attach_xdp(ebpf: &mut Ebpf, uplink: &Uplink, mode: XdpMode, link_dir: &Path) 
         iface: uplink.name.clone(),
         program: name,
         mode,
-        source,
+        source: Box::new(source),
     };
     fs::create_dir_all(link_dir).map_err(|source| UplinkError::LinkDir {
         path: link_dir.to_owned(),

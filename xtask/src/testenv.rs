@@ -4,7 +4,9 @@ use std::fs;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::sandbox::{find, pod_ip, pod_name, Sandbox, PODS};
+use crate::sandbox::two_node::manifests::{EntryPoint, ExternalService, Policy, Proto};
+use crate::sandbox::two_node::{Node, Pod};
+use crate::sandbox::{find, find_at, pod_ip, pod_name, Sandbox, TwoNodeSandbox, PODS};
 
 /// A binary named by environment variable `var`. Panics with the command to
 /// run when it is unset or missing: these tests never pass silently.
@@ -90,4 +92,84 @@ pub fn endpointslice_yaml(pods: &[usize]) -> String {
         "ports:\n- name: http\n  port: 8080\n  protocol: TCP\n- name: dns\n  port: 5353\n  protocol: UDP\n",
     );
     s
+}
+
+/// A two-node sandbox (`TwoNodeSandbox::for_test`) with `sb-echo` answering
+/// in its four pods; no agents yet.
+pub fn two_node_sandbox() -> TwoNodeSandbox {
+    require_root();
+    let mut sb = TwoNodeSandbox::for_test().unwrap_or_else(|e| panic!("create the two-node sandbox: {e:#}"));
+    sb.start_pods(&sb_echo())
+        .unwrap_or_else(|e| panic!("start the pods: {e:#}"));
+    sb
+}
+
+/// A two-node sandbox with both Node manifests, every `ExternalService` under
+/// `policy` with `endpoints`, and an agent on each node (started with
+/// `agent_args` on top of the sandbox's own), each programmed (see
+/// [`wait_programmed`]) and with a program on its uplink.
+pub fn two_node_with_agents(policy: Policy, endpoints: &[Pod], agent_args: &[&str]) -> TwoNodeSandbox {
+    let mut sb = two_node_sandbox();
+    sb.write_nodes().expect("write the Node manifests");
+    sb.write_services(policy, endpoints)
+        .expect("write the Service manifests");
+    let sw = switchboard();
+    for node in Node::ALL {
+        sb.start_agent(node, &sw, agent_args)
+            .unwrap_or_else(|e| panic!("start the agent of {}: {e:#}", node.name()));
+    }
+    for node in Node::ALL {
+        wait_programmed(&mut sb, node, endpoints);
+        if let Err(e) = sb.wait_uplink_attached(node, Duration::from_secs(10)) {
+            panic!("{e:#}");
+        }
+    }
+    sb
+}
+
+/// Waits (10 s at most) until `node`'s maps hold a frontend for every
+/// entry point of every `ExternalService` through that node, each with all
+/// `endpoints` as backends or exactly `node`'s own among them (what a
+/// `Local` policy may leave for traffic from outside). Panics with the agent
+/// log otherwise.
+pub fn wait_programmed(sb: &mut TwoNodeSandbox, node: Node, endpoints: &[Pod]) {
+    let all = backend_set(endpoints.iter().copied());
+    let local = backend_set(endpoints.iter().copied().filter(|p| p.node == node));
+    let wanted: Vec<EntryPoint> = ExternalService::ALL
+        .iter()
+        .flat_map(|s| s.entry_points(node))
+        .collect();
+    let what = format!(
+        "frontends {} with backends {:?}",
+        wanted.iter().map(ToString::to_string).collect::<Vec<_>>().join(", "),
+        endpoints.iter().map(|p| p.ip()).collect::<Vec<_>>()
+    );
+    let result = sb.wait_services(node, &switchboard(), Duration::from_secs(10), &what, |f| {
+        wanted.iter().all(|e| {
+            find_at(f, &e.address, e.port, e.proto.as_str()).is_some_and(|fe| {
+                let got = fe.backend_addrs();
+                got == backends_for(&all, e.proto) || got == backends_for(&local, e.proto)
+            })
+        })
+    });
+    if let Err(e) = result {
+        panic!("{e:#}");
+    }
+}
+
+/// Pod addresses, sorted.
+fn backend_set(pods: impl Iterator<Item = Pod>) -> Vec<String> {
+    let mut v: Vec<String> = pods.map(|p| p.ip()).collect();
+    v.sort();
+    v
+}
+
+/// `ip:port` of the pods' server for `proto`, sorted (as `backend_addrs`).
+fn backends_for(ips: &[String], proto: Proto) -> Vec<String> {
+    let mut v: Vec<String> = ips
+        .iter()
+        .map(|ip| format!("{ip}:{}", proto.pod_port()))
+        .collect();
+    v.sort();
+    v
 }

@@ -264,7 +264,8 @@ enum Expect<'a> {
     /// Every new connection is answered, only by these servers, and each of
     /// them answers.
     Answers(&'a [&'a str]),
-    /// Every new connection fails (dropped: it times out).
+    /// Every new connection fails: refused at once (no endpoints: an ICMP
+    /// port unreachable from the Service address, as kube-proxy rejects).
     Dropped,
 }
 
@@ -338,7 +339,7 @@ fn follow(sb: &Sandbox, change: Change, what: &str, expect: Expect) -> Duration 
 fn followed_at(attempts: &[Attempt], expect: &Expect) -> Option<u128> {
     let good = |a: &Attempt| match (expect, a) {
         (Expect::Answers(names), Attempt::Ok { name, .. }) => names.contains(&name.as_str()),
-        (Expect::Dropped, Attempt::Err { message, .. }) => message.contains("timed out"),
+        (Expect::Dropped, Attempt::Err { message, .. }) => message.contains("Connection refused"),
         _ => false,
     };
     let start = attempts.iter().rposition(|a| !good(a)).map_or(0, |i| i + 1);
@@ -688,8 +689,9 @@ fn renamed_and_moved_port_follows_within_1s() {
 }
 
 /// A Service whose endpoints all go away, and one that never had any: new
-/// connections are dropped (they time out; kube-proxy would reject them) and
-/// the per-service `drops_no_backend` counter rises.
+/// connections are refused at once (an ICMP port unreachable from the
+/// Service address, as kube-proxy rejects; see e2e_reject.rs) and the
+/// per-service `drops_no_backend` counter rises.
 #[test]
 fn service_without_endpoints_drops_and_counts() {
     let empty = "apiVersion: v1\nkind: Service\nmetadata:\n  name: empty\n  namespace: demo\n\
@@ -727,8 +729,8 @@ fn service_without_endpoints_drops_and_counts() {
     let took = began.elapsed();
     assert_eq!(run.failures(), 4, "{}", run.raw);
     assert!(
-        run.raw.lines().all(|l| l.contains("timed out")),
-        "connections should time out (dropped), not be refused:\n{}",
+        run.raw.lines().all(|l| l.contains("Connection refused")),
+        "connections should be refused (rejected), not time out:\n{}",
         run.raw
     );
     assert!(took < Duration::from_secs(3), "4 attempts took {took:?}");
@@ -753,8 +755,8 @@ fn service_without_endpoints_drops_and_counts() {
     );
     assert_eq!(run.failures(), 4, "{}", run.raw);
     assert!(
-        run.raw.lines().all(|l| l.contains("timed out")),
-        "connections should time out (dropped), not be refused:\n{}",
+        run.raw.lines().all(|l| l.contains("Connection refused")),
+        "connections should be refused (rejected), not time out:\n{}",
         run.raw
     );
     let d2 = drops(&services_json(&sb), "demo/echo:http");

@@ -4,7 +4,8 @@
 //! Server: `sb-echo --name NAME --tcp PORT --udp PORT`
 //! - TCP: on accept, writes `NAME <peer-ip>:<peer-port>\n`; then, for every line
 //!   received, writes the same line again, until the client closes.
-//! - UDP: answers every datagram with `NAME <peer-ip>:<peer-port>\n`.
+//! - UDP: answers every datagram with `NAME <peer-ip>:<peer-port>\n`, padded
+//!   with spaces to the request's size when the request is longer.
 //!
 //! Client: `sb-echo client (--tcp ADDR | --udp ADDR) [--count N | --duration-ms MS]
 //! [--interval-ms MS] [--timeout-ms MS] [--hold SECS] [--udp-mode MODE]`
@@ -18,6 +19,10 @@
 //! attempt, the default), `shared` (one unconnected socket for every attempt)
 //! or `connected` (one connected socket, replaced by a new one after an error,
 //! as a stub resolver does; the peer shown is `getpeername`'s).
+//! `--udp-size N` sends N-byte datagrams (fragmented above the path MTU) and
+//! wants N-byte answers; `--tcp-size N` sends, after the greeting, one line
+//! of N bytes and waits for its answer (path-MTU discovery must work for a
+//! line longer than the path MTU to arrive).
 //!
 //! The process asks the kernel to kill it when its parent dies, so a crashed
 //! test or demo leaves no servers behind.
@@ -87,6 +92,13 @@ struct ClientArgs {
     /// How UDP attempts use sockets.
     #[arg(long, value_enum, default_value_t = UdpMode::Fresh)]
     udp_mode: UdpMode,
+    /// UDP: size of each datagram sent; the answer must be as long.
+    #[arg(long, requires = "udp")]
+    udp_size: Option<usize>,
+    /// TCP: after the greeting, send one line of this many bytes and wait
+    /// for its answer.
+    #[arg(long, requires = "tcp")]
+    tcp_size: Option<usize>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -167,12 +179,15 @@ fn server(args: ServerArgs) -> Result<()> {
 }
 
 fn udp_server(socket: UdpSocket, name: &str) {
-    let mut buf = [0u8; 2048];
+    let mut buf = vec![0u8; 65536];
     loop {
         match socket.recv_from(&mut buf) {
-            Ok((_, peer)) => {
-                let reply = format!("{name} {peer}\n");
-                if let Err(e) = socket.send_to(reply.as_bytes(), peer) {
+            Ok((n, peer)) => {
+                let mut reply = format!("{name} {peer}\n").into_bytes();
+                if n > reply.len() {
+                    reply.resize(n, b' ');
+                }
+                if let Err(e) = socket.send_to(&reply, peer) {
                     eprintln!("sb-echo: udp send to {peer}: {e}");
                 }
             }
@@ -242,7 +257,7 @@ fn client(args: ClientArgs) -> Result<bool> {
     let mut all_ok = true;
     let stdout = std::io::stdout();
     let began = Instant::now();
-    let mut udp = UdpClient::new(args.udp_mode);
+    let mut udp = UdpClient::new(args.udp_mode, args.udp_size);
     let mut i = 0u64;
     loop {
         let more = match args.duration_ms {
@@ -258,7 +273,7 @@ fn client(args: ClientArgs) -> Result<bool> {
         }
         let start = now_ms();
         let result = match (args.tcp, args.udp) {
-            (Some(addr), _) => tcp_once(addr, timeout),
+            (Some(addr), _) => tcp_once(addr, timeout, args.tcp_size),
             (None, Some(addr)) => udp.once(addr, timeout),
             (None, None) => bail!("give --tcp ADDR or --udp ADDR"),
         };
@@ -277,15 +292,30 @@ fn client(args: ClientArgs) -> Result<bool> {
     Ok(all_ok)
 }
 
-fn tcp_once(addr: SocketAddr, timeout: Duration) -> Result<(String, String, SocketAddr)> {
+fn tcp_once(
+    addr: SocketAddr,
+    timeout: Duration,
+    size: Option<usize>,
+) -> Result<(String, String, SocketAddr)> {
     let stream = TcpStream::connect_timeout(&addr, timeout).context("connect")?;
     stream.set_read_timeout(Some(timeout))?;
     let client_saw = stream.peer_addr()?;
     let mut line = String::new();
-    BufReader::new(&stream)
-        .read_line(&mut line)
-        .context("read greeting")?;
+    let mut reader = BufReader::new(&stream);
+    reader.read_line(&mut line).context("read greeting")?;
     let (name, pod_saw) = parse_reply(&line)?;
+    if let Some(size) = size {
+        let mut big = vec![b'x'; size.max(1)];
+        *big.last_mut().context("empty line")? = b'\n';
+        (&stream).write_all(&big).context("send the long line")?;
+        let mut answer = String::new();
+        reader
+            .read_line(&mut answer)
+            .with_context(|| format!("no answer to a line of {size} bytes"))?;
+        if answer != line {
+            bail!("answer {answer:?} differs from greeting {line:?}");
+        }
+    }
     Ok((name, pod_saw, client_saw))
 }
 
@@ -293,11 +323,21 @@ fn tcp_once(addr: SocketAddr, timeout: Duration) -> Result<(String, String, Sock
 struct UdpClient {
     mode: UdpMode,
     socket: Option<UdpSocket>,
+    /// `--udp-size`: the datagram to send, padded.
+    request: Vec<u8>,
 }
 
 impl UdpClient {
-    fn new(mode: UdpMode) -> Self {
-        Self { mode, socket: None }
+    fn new(mode: UdpMode, size: Option<usize>) -> Self {
+        let mut request = b"hello\n".to_vec();
+        if let Some(size) = size {
+            request.resize(size, b'x');
+        }
+        Self {
+            mode,
+            socket: None,
+            request,
+        }
     }
 
     fn once(
@@ -327,15 +367,18 @@ impl UdpClient {
             self.socket = Some(socket);
         }
         let socket = self.socket.as_ref().context("no socket")?;
-        let mut buf = [0u8; 512];
+        let mut buf = vec![0u8; 65536];
         let (n, client_saw) = if self.mode == UdpMode::Connected {
-            socket.send(b"hello\n").context("send")?;
+            socket.send(&self.request).context("send")?;
             let n = socket.recv(&mut buf).context("recv")?;
             (n, socket.peer_addr().context("getpeername")?)
         } else {
-            socket.send_to(b"hello\n", addr).context("send")?;
+            socket.send_to(&self.request, addr).context("send")?;
             socket.recv_from(&mut buf).context("recv")?
         };
+        if self.request.len() > 64 && n != self.request.len() {
+            bail!("answer of {n} bytes to a request of {}", self.request.len());
+        }
         let (name, pod_saw) = parse_reply(&String::from_utf8_lossy(&buf[..n]))?;
         Ok((name, pod_saw, client_saw))
     }

@@ -95,13 +95,33 @@ fn remove_cgroup(dir: &Path) -> Result<()> {
     )
 }
 
-/// Removes the cgroup a sandbox with this tag may have left.
+/// Removes the cgroups a sandbox with this tag may have left: its own
+/// (`switchboard-test-<tag>`) and those of its nodes
+/// (`switchboard-test-<tag>-<role>`, the two-node sandbox's).
 pub fn purge(tag: &str, bound: &Path) -> Result<()> {
     if is_mountpoint(bound) {
         umount(bound)?;
     }
-    match cgroup2_mount() {
-        Ok(root) => remove_cgroup(&root.join(format!("{PREFIX}{tag}"))),
-        Err(_) => Ok(()),
+    let Ok(root) = cgroup2_mount() else {
+        return Ok(());
+    };
+    remove_cgroup(&root.join(format!("{PREFIX}{tag}")))?;
+    let node_prefix = format!("{PREFIX}{tag}-");
+    let mut errors = Vec::new();
+    for entry in fs::read_dir(&root).into_iter().flatten().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let is_node = name
+            .strip_prefix(&node_prefix)
+            .is_some_and(super::cleanup::is_role);
+        if is_node {
+            if let Err(e) = remove_cgroup(&entry.path()) {
+                errors.push(format!("{e:#}"));
+            }
+        }
+    }
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        bail!("{}", errors.join("; "))
     }
 }

@@ -6,7 +6,7 @@ use std::process::Command;
 
 use anyhow::{anyhow, Result};
 
-use super::sys::{delete_netns, is_mountpoint, remove_dir_if_exists, umount};
+use super::sys::{delete_netns, mounts_below, remove_dir_if_exists, umount};
 use super::{cgroup, PIN_BASE};
 use crate::util::run_capture;
 
@@ -49,12 +49,26 @@ pub fn cleanup_stale() -> Result<()> {
 }
 
 /// The test tag of an agent status file name
-/// (`_run_switchboard-test_sbt<pid>-<n>_bpf.json` → `sbt<pid>-<n>`).
+/// (`_run_switchboard-test_sbt<pid>-<n>_bpf.json` → `sbt<pid>-<n>`, and for
+/// the per-node pin roots of a two-node sandbox
+/// `_run_switchboard-test_sbt<pid>-<n>_na_bpf.json` → `sbt<pid>-<n>`).
 pub(super) fn status_file_tag(name: &str) -> Option<&str> {
     let prefix = format!("{}_", PIN_BASE.replace('/', "_"));
-    let tag = name.strip_prefix(&prefix)?.strip_suffix("_bpf.json")?;
+    let middle = name.strip_prefix(&prefix)?.strip_suffix("_bpf.json")?;
+    let (tag, role) = match middle.split_once('_') {
+        Some((tag, role)) => (tag, Some(role)),
+        None => (middle, None),
+    };
+    if role.is_some_and(|r| !NODE_ROLES.contains(&r)) {
+        return None;
+    }
     test_tag_pid(tag).map(|_| tag)
 }
+
+/// Roles (namespace suffixes, and directory names under the tag's `/run`
+/// directory) of the two-node sandbox's nodes, which each have their own pin
+/// root `<PIN_BASE>/<tag>/<role>/bpf` and cgroup `switchboard-test-<tag>-<role>`.
+pub(super) const NODE_ROLES: [&str; 2] = ["na", "nb"];
 
 /// `sbt<pid>-<n>` → pid.
 pub(super) fn test_tag_pid(tag: &str) -> Option<u32> {
@@ -71,12 +85,20 @@ pub(super) fn test_tag_of(ns: &str) -> Option<String> {
     is_role(role).then(|| tag.to_string())
 }
 
+/// Namespace roles: the one-node sandbox's `node`, `cli` and `p<i>`, and the
+/// two-node sandbox's `lan`, `na`, `nb`, `c<i>` (clients) and `pa<i>`, `pb<i>`
+/// (pods of node A and B).
 pub(super) fn is_role(role: &str) -> bool {
-    role == "node"
-        || role == "cli"
-        || role
-            .strip_prefix('p')
+    let numbered = |prefix: &str| {
+        role.strip_prefix(prefix)
             .is_some_and(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()))
+    };
+    matches!(role, "node" | "cli" | "lan")
+        || NODE_ROLES.contains(&role)
+        || numbered("p")
+        || numbered("pa")
+        || numbered("pb")
+        || numbered("c")
 }
 
 /// Removes everything a sandbox with this tag may have left: its namespaces
@@ -95,24 +117,36 @@ pub fn purge_tag(tag: &str) -> Result<()> {
         }
     }
     let tag_dir = Path::new(PIN_BASE).join(tag);
+    // Every pin root and cgroup bind below the tag's directory (one sandbox
+    // has `bpf` and `cgroup`, a two-node one `na/bpf`, `na/cgroup`, ...);
+    // several rounds for mounts stacked on the same point.
+    for _ in 0..8 {
+        let mounts = mounts_below(&tag_dir);
+        if mounts.is_empty() {
+            break;
+        }
+        let mut failed = false;
+        for mount in mounts {
+            println!("sandbox: unmounting leftover {}", mount.display());
+            if let Err(e) = umount(&mount) {
+                errors.push(format!("{e:#}"));
+                failed = true;
+            }
+        }
+        if failed {
+            break;
+        }
+    }
     if let Err(e) = cgroup::purge(tag, &tag_dir.join("cgroup")) {
         errors.push(format!("{e:#}"));
-    }
-    let pin_dir = tag_dir.join("bpf");
-    for _ in 0..8 {
-        if !is_mountpoint(&pin_dir) {
-            break;
-        }
-        println!("sandbox: unmounting leftover {}", pin_dir.display());
-        if let Err(e) = umount(&pin_dir) {
-            errors.push(format!("{e:#}"));
-            break;
-        }
     }
     if let Err(e) = remove_dir_if_exists(&tag_dir) {
         errors.push(format!("{e:#}"));
     }
-    remove_status_file(&pin_dir);
+    remove_status_file(&tag_dir.join("bpf"));
+    for role in NODE_ROLES {
+        remove_status_file(&tag_dir.join(role).join("bpf"));
+    }
     let _ = fs::remove_dir(PIN_BASE);
     let _ = fs::remove_dir_all(std::env::temp_dir().join(format!("switchboard-{tag}")));
     if errors.is_empty() {

@@ -24,8 +24,11 @@
 
 mod cgroup;
 mod cleanup;
+mod netns;
 mod output;
+mod procs;
 mod sys;
+pub mod two_node;
 
 use std::fs;
 use std::os::unix::process::CommandExt;
@@ -38,12 +41,15 @@ use anyhow::{anyhow, bail, Context, Result};
 
 pub use cgroup::TestCgroup;
 pub use cleanup::{cleanup_stale, list_netns, purge_tag, status_file};
-pub use output::{find, Attempt, Backend, ClientRun, Frontend};
+pub use netns::{enable_gro, gro_enabled, http_get, in_netns, HttpResponse};
+pub use output::{find, find_at, Attempt, Backend, ClientRun, Frontend};
 pub use sys::is_mountpoint;
+pub use two_node::TwoNodeSandbox;
 
 use crate::util::{run_capture, show};
 use cleanup::remove_status_file;
-use sys::{delete_netns, die_with_parent, ip, mount_bpffs, remove_dir_if_exists, signal, umount};
+use procs::Children;
+use sys::{delete_netns, ip, mount_bpffs, remove_dir_if_exists, umount};
 
 /// The ClusterIP of the demo Service (`manifests/demo/service.yaml`).
 pub const CLUSTER_IP: &str = "10.96.0.10";
@@ -80,7 +86,7 @@ pub struct Sandbox {
     /// that clients join with [`Sandbox::client_in_cgroup`].
     pub cgroup: Option<TestCgroup>,
     namespaces: Vec<String>,
-    children: Vec<(String, Child)>,
+    children: Children,
     agent_log: Option<PathBuf>,
     mounted: bool,
     cleaned: bool,
@@ -88,18 +94,25 @@ pub struct Sandbox {
 
 static COUNTER: AtomicU32 = AtomicU32::new(0);
 
+/// A test tag unique to this process and call, `sbt<pid>-<n>` (shared by the
+/// one-node and the two-node sandbox). The first call also removes
+/// sandboxes left by test processes that died.
+pub(crate) fn next_test_tag() -> String {
+    static STALE: std::sync::Once = std::sync::Once::new();
+    STALE.call_once(|| {
+        if let Err(e) = cleanup_stale() {
+            eprintln!("sandbox: cleaning stale sandboxes: {e:#}");
+        }
+    });
+    let n = COUNTER.fetch_add(1, Ordering::SeqCst);
+    format!("sbt{}-{n}", std::process::id())
+}
+
 impl Sandbox {
     /// A sandbox with a tag unique to this process and call: `sbt<pid>-<n>`.
     /// Also removes sandboxes left by test processes that died.
     pub fn for_test() -> Result<Sandbox> {
-        static STALE: std::sync::Once = std::sync::Once::new();
-        STALE.call_once(|| {
-            if let Err(e) = cleanup_stale() {
-                eprintln!("sandbox: cleaning stale sandboxes: {e:#}");
-            }
-        });
-        let n = COUNTER.fetch_add(1, Ordering::SeqCst);
-        Sandbox::new(&format!("sbt{}-{n}", std::process::id()))
+        Sandbox::new(&next_test_tag())
     }
 
     /// Creates the sandbox `tag`, first removing leftovers with the same tag.
@@ -230,10 +243,7 @@ impl Sandbox {
 
     /// `ip netns exec <ns> <cmd...>`, dying with us.
     pub fn command(&self, ns: &str, cmd: &[&str]) -> Command {
-        let mut c = Command::new("ip");
-        c.args(["netns", "exec", ns]).args(cmd);
-        die_with_parent(&mut c);
-        c
+        procs::netns_command(ns, cmd)
     }
 
     /// Starts `cmd` in `ns` in the background; stdout and stderr go to
@@ -249,20 +259,10 @@ impl Sandbox {
         cmd: &[&str],
         env: &[(&str, &str)],
     ) -> Result<u32> {
-        let log_path = self.log_path(label);
-        let log = fs::File::create(&log_path)
-            .with_context(|| format!("create {}", log_path.display()))?;
         let mut c = self.command(ns, cmd);
-        c.stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .envs(env.iter().copied());
-        let child = c
-            .spawn()
-            .with_context(|| format!("could not start `{}`", show(&c)))?;
-        let pid = child.id();
-        self.children.push((label.to_string(), child));
-        Ok(pid)
+        c.envs(env.iter().copied());
+        let log = self.log_path(label);
+        procs::spawn_logged(&mut self.children, label, c, &log)
     }
 
     pub fn log_path(&self, label: &str) -> PathBuf {
@@ -361,34 +361,12 @@ impl Sandbox {
 
     /// Stops the agent with SIGTERM (SIGKILL after 5 s); returns its exit status.
     pub fn stop_agent(&mut self) -> Result<std::process::ExitStatus> {
-        let idx = self
-            .children
-            .iter()
-            .position(|(label, _)| label == "agent")
-            .ok_or_else(|| anyhow!("no agent was started"))?;
-        let (_, mut child) = self.children.remove(idx);
-        if let Ok(Some(status)) = child.try_wait() {
-            return Ok(status);
-        }
-        signal(child.id() as i32, libc::SIGTERM);
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < deadline {
-            if let Some(status) = child.try_wait()? {
-                return Ok(status);
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        child.kill()?;
-        bail!("agent did not exit within 5 s of SIGTERM (killed)");
+        procs::stop(&mut self.children, "agent")
     }
 
     /// Whether the agent process is still running.
     pub fn agent_running(&mut self) -> bool {
-        self.children
-            .iter_mut()
-            .find(|(label, _)| label == "agent")
-            .map(|(_, child)| matches!(child.try_wait(), Ok(None)))
-            .unwrap_or(false)
+        procs::is_running(&mut self.children, "agent")
     }
 
     /// The agent's log so far (empty if it was not started).
@@ -556,29 +534,7 @@ impl Sandbox {
         self.cleaned = true;
         let mut errors = Vec::new();
         // SIGTERM first so the agent can exit cleanly, then SIGKILL.
-        for (_, child) in &mut self.children {
-            if let Ok(None) = child.try_wait() {
-                signal(child.id() as i32, libc::SIGTERM);
-            }
-        }
-        let deadline = Instant::now() + Duration::from_secs(3);
-        for (label, child) in &mut self.children {
-            loop {
-                match child.try_wait() {
-                    Ok(Some(_)) => break,
-                    Ok(None) if Instant::now() < deadline => {
-                        std::thread::sleep(Duration::from_millis(20))
-                    }
-                    _ => {
-                        eprintln!("sandbox: {label} did not exit on SIGTERM, killing it");
-                        let _ = child.kill();
-                        let _ = child.wait();
-                        break;
-                    }
-                }
-            }
-        }
-        self.children.clear();
+        procs::terminate_all(&mut self.children);
         for ns in self.namespaces.drain(..) {
             if let Err(e) = delete_netns(&ns) {
                 errors.push(format!("{e:#}"));

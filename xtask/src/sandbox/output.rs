@@ -14,6 +14,10 @@ pub struct Frontend {
     pub address: String,
     pub port: u16,
     pub protocol: String,
+    /// ClusterIP, NodePort, LoadBalancer or ExternalIP (empty from an agent
+    /// that does not say).
+    #[serde(default)]
+    pub kind: String,
     #[serde(default)]
     pub backends: Vec<Backend>,
 }
@@ -42,6 +46,18 @@ impl Frontend {
 /// Finds the frontend for `service` (e.g. `demo/echo:http`).
 pub fn find<'a>(frontends: &'a [Frontend], service: &str) -> Option<&'a Frontend> {
     frontends.iter().find(|f| f.service == service)
+}
+
+/// Finds the frontend at `address:port` for `protocol` (`TCP` or `UDP`).
+pub fn find_at<'a>(
+    frontends: &'a [Frontend],
+    address: &str,
+    port: u16,
+    protocol: &str,
+) -> Option<&'a Frontend> {
+    frontends
+        .iter()
+        .find(|f| f.address == address && f.port == port && f.protocol == protocol)
 }
 
 /// One attempt of `sb-echo client`.

@@ -148,12 +148,36 @@ pub fn is_mountpoint(dir: &Path) -> bool {
         .any(|m| m == want)
 }
 
+/// Mount points at or below `dir` (per /proc/self/mounts), deepest first, so
+/// they can be unmounted in that order.
+pub(super) fn mounts_below(dir: &Path) -> Vec<std::path::PathBuf> {
+    let Ok(mounts) = fs::read_to_string("/proc/self/mounts") else {
+        return Vec::new();
+    };
+    let top = dir.to_string_lossy();
+    let below = format!("{}/", top.trim_end_matches('/'));
+    let mut found: Vec<std::path::PathBuf> = mounts
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(1))
+        .filter(|m| *m == top || m.starts_with(&below))
+        .map(std::path::PathBuf::from)
+        .collect();
+    found.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+    found.dedup();
+    found
+}
+
 pub(super) fn remove_dir_if_exists(dir: &Path) -> Result<()> {
     if !dir.exists() {
         return Ok(());
     }
-    if is_mountpoint(dir) || is_mountpoint(&dir.join("bpf")) {
-        bail!("{} still has a mount, not removing it", dir.display());
+    // Never recurse into a mounted bpffs or cgroup bind.
+    if let Some(mount) = mounts_below(dir).first() {
+        bail!(
+            "{} still has a mount ({}), not removing it",
+            dir.display(),
+            mount.display()
+        );
     }
     fs::remove_dir_all(dir).with_context(|| format!("remove {}", dir.display()))
 }

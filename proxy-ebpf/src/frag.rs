@@ -1,0 +1,138 @@
+//! Fragmented datagrams on the tc pod path (`sb_from_pod`, `sb_to_pod`).
+//!
+//! Only the first fragment of a datagram (more-fragments set, offset 0)
+//! carries the ports, so only it can be looked up as a flow. It is translated
+//! like an unfragmented packet: the L4 checksum of a fragmented datagram
+//! covers the whole datagram, and the incremental update for the changed
+//! address (pseudo-header) and port is right for it all the same. Its
+//! translation is remembered in `SB_FRAG_V1` under (source, destination, IP
+//! id, protocol, direction) as the packet carried them; the later fragments,
+//! which have the same four, get the same address (and the IPv4 checksum),
+//! nothing else: the port lives in the first fragment only.
+//!
+//! A later fragment without an entry (not a Service's datagram, or one that
+//! overtook its first fragment: Linux senders send the first one first) is
+//! passed untouched and counted as `frag_unknown`. Entries are not removed
+//! when the last fragment passes (fragments may be reordered); the LRU map
+//! evicts them, and one older than [`frag::TIMEOUT_NS`] is not used, so a
+//! reused IP id does not pick up an old translation.
+//!
+//! Not covered: hairpin flows (their first fragment is source-NATed as well)
+//! and the uplink programs, which pass every fragment (`fragment`).
+use aya_ebpf::{bindings::TC_ACT_OK, helpers::bpf_ktime_get_ns, programs::TcContext};
+use proxy_common::{ct_dir, frag, stat, FragEntry, FragKey};
+
+use crate::{
+    maps::{count, count_service, SB_FRAG_V1},
+    packet::{csum_replace4, Flow, Ipv4Hdr, Skip, ETH_HLEN, IP_CSUM_OFF},
+    tc::{drop_counted, ptr_at, Rewrite, Side},
+};
+
+/// A packet `parse` did not make a flow of: a later fragment follows its
+/// first fragment's translation, an ICMP error about a translated flow is
+/// translated too ([`crate::icmp_error`]); anything else passes as `skip`
+/// says. `dir` is `ct_dir::FORWARD` in `sb_from_pod`, `ct_dir::REPLY` in
+/// `sb_to_pod`.
+#[inline(always)]
+pub fn unparsed(ctx: &TcContext, skip: Skip, dir: u8) -> Result<i32, Skip> {
+    match skip {
+        Skip::Fragment => later(ctx, dir),
+        Skip::Icmp => crate::icmp_error::translate(ctx, dir),
+        skip => Err(skip),
+    }
+}
+
+/// Remembers the translation of a first fragment for its later fragments.
+/// A failed insert is counted; the first fragment is still translated.
+#[inline(always)]
+pub fn remember(ctx: &TcContext, flow: &Flow, todo: &Rewrite) {
+    let Ok(id_ptr) = ptr_at::<u16>(ctx, ETH_HLEN + 4) else {
+        return;
+    };
+    // SAFETY: `ptr_at` checked the field lies inside the packet; a read.
+    let id_be = unsafe { *id_ptr };
+    let dir = match todo.side {
+        Side::Destination => ct_dir::FORWARD,
+        Side::Source => ct_dir::REPLY,
+    };
+    let key = FragKey {
+        saddr_be: flow.saddr_be,
+        daddr_be: flow.daddr_be,
+        id_be,
+        proto: flow.proto,
+        dir,
+    };
+    let entry = FragEntry {
+        addr_be: todo.new_addr_be,
+        port_be: todo.new_port_be,
+        dir,
+        _pad: 0,
+        service_id: todo.service_id,
+        _pad2: [0; 4],
+        // SAFETY: a helper without preconditions.
+        created_ns: unsafe { bpf_ktime_get_ns() },
+    };
+    if SB_FRAG_V1.insert(&key, &entry, 0).is_err() {
+        count(stat::CT_INSERT_FAILED);
+    }
+}
+
+/// A fragment other than the first: the address its first fragment was
+/// given, with the IPv4 checksum, in one helper store (this program does not
+/// store into packets directly; see `tc::rewrite_with_helpers`).
+#[inline(always)]
+fn later(ctx: &TcContext, dir: u8) -> Result<i32, Skip> {
+    // `parse` made sure the fixed IPv4 header is in the linear area.
+    let ip = ptr_at::<Ipv4Hdr>(ctx, ETH_HLEN)?;
+    // SAFETY: `ptr_at` checked the whole fixed header lies inside the packet.
+    let (id_be, proto, csum_be, saddr_be, daddr_be) = unsafe {
+        (
+            (*ip).id_be,
+            (*ip).proto,
+            (*ip).csum_be,
+            (*ip).saddr_be,
+            (*ip).daddr_be,
+        )
+    };
+    let key = FragKey {
+        saddr_be,
+        daddr_be,
+        id_be,
+        proto,
+        dir,
+    };
+    // SAFETY: the value is copied out at once.
+    let Some(entry) = unsafe { SB_FRAG_V1.get(&key) }.copied() else {
+        count(stat::FRAG_UNKNOWN);
+        return Err(Skip::NotOurs);
+    };
+    // SAFETY: a helper without preconditions.
+    let now = unsafe { bpf_ktime_get_ns() };
+    if now.wrapping_sub(entry.created_ns) > frag::TIMEOUT_NS {
+        count(stat::FRAG_UNKNOWN);
+        return Err(Skip::NotOurs);
+    }
+    let forward = dir == ct_dir::FORWARD;
+    let (new_saddr_be, new_daddr_be, old_be) = if forward {
+        (saddr_be, entry.addr_be, daddr_be)
+    } else {
+        (entry.addr_be, daddr_be, saddr_be)
+    };
+    let csum = csum_replace4(csum_be, old_be, entry.addr_be).to_ne_bytes();
+    let (s, d) = (new_saddr_be.to_ne_bytes(), new_daddr_be.to_ne_bytes());
+    let l3: [u8; 10] = [
+        csum[0], csum[1], s[0], s[1], s[2], s[3], d[0], d[1], d[2], d[3],
+    ];
+    if ctx.store(IP_CSUM_OFF, &l3, 0).is_err() {
+        return drop_counted(stat::DROP_REWRITE_FAILED);
+    }
+    if forward {
+        let len = u64::from(ctx.len());
+        count_service(entry.service_id, |s| {
+            s.packets += 1;
+            s.bytes += len;
+        });
+    }
+    count(stat::FRAG_TRANSLATED);
+    Ok(TC_ACT_OK as i32)
+}

@@ -1,0 +1,1325 @@
+//! Packet fixtures for the uplink (north-south) programs through
+//! BPF_PROG_TEST_RUN: `sb_xdp_uplink` (XDP) and its tc twin `sb_from_uplink`.
+//! Each case feeds a frame as if it arrived on an uplink and checks the
+//! verdict and the exact output frame (checksums included, compared with a
+//! frame built from scratch), the way Katran's tests do. Needs root.
+//!
+//! Whether a backend is local or on another node is decided by a route lookup
+//! (`bpf_fib_lookup`), so every test runs on a thread of its own that first
+//! moves into a private network namespace (`unshare(CLONE_NEWNET)` affects the
+//! calling thread only, and the `ip` commands it spawns inherit it). There it
+//! builds a node:
+//!
+//! ```text
+//! up0  (veth, 02:00:00:00:50:01) 192.168.50.1/24, forwarding on   <- the uplink
+//!      neighbours 192.168.50.2 (gateway to other nodes) and 192.168.50.100 (client)
+//!      route 10.244.2.0/24 via 192.168.50.2   (POD_REMOTE: another node)
+//!      route 10.244.3.0/24 via 192.168.50.3   (a gateway without neighbour entry)
+//! pod0 (veth)  route 10.244.1.0/24            (POD_LOCAL: a pod on this node)
+//! ```
+//!
+//! The namespace goes away with the thread (every `ip` child is waited for).
+//! Nothing here touches the namespace the tests were started in.
+use std::{
+    ffi::CString, fs, net::Ipv4Addr, os::unix::fs::MetadataExt as _, process::Command, thread,
+};
+
+use aya::{
+    programs::{SchedClassifier, TestRun as _, TestRunOptions, Xdp},
+    Ebpf,
+};
+use proxy_common::{ct_dir, ct_flags, programs, proto, scope, snat, CtEntry, CtKey};
+use proxy_user::{
+    ebpf::{self, Capacities},
+    maps::{MapStore, PinnedMaps},
+    model::{
+        BackendAddr, DesiredState, Frontend, FrontendAddr, FrontendKind, Protocol, ServicePortName,
+    },
+    packet::{checksum, checksums_valid, PacketSpec, ETH_HLEN},
+    sync::Syncer,
+};
+
+const XDP_DROP: u32 = 1;
+const XDP_PASS: u32 = 2;
+const XDP_TX: u32 = 3;
+const TC_ACT_OK: u32 = 0;
+const TC_ACT_SHOT: u32 = 2;
+/// TC_ACT_REDIRECT: `bpf_redirect_neigh` accepted the packet.
+const TC_ACT_REDIRECT: u32 = 7;
+/// TC_ACT_UNSPEC (-1): "not ours, let the next program decide".
+const TC_ACT_UNSPEC: u32 = u32::MAX;
+
+/// The node's address on its uplink `up0`.
+const NODE: Ipv4Addr = Ipv4Addr::new(192, 168, 50, 1);
+const UPLINK_MAC: [u8; 6] = [0x02, 0, 0, 0, 0x50, 0x01];
+/// The next hop to the other nodes' pods.
+const GATEWAY: Ipv4Addr = Ipv4Addr::new(192, 168, 50, 2);
+const GATEWAY_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x02];
+/// A client outside the node, on the uplink's subnet.
+const CLIENT: Ipv4Addr = Ipv4Addr::new(192, 168, 50, 100);
+const CLIENT_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x64];
+/// A pod on this node (routed through `pod0`, not an uplink).
+const POD_LOCAL: Ipv4Addr = Ipv4Addr::new(10, 244, 1, 2);
+/// A pod on another node (routed through the uplink, via GATEWAY).
+const POD_REMOTE: Ipv4Addr = Ipv4Addr::new(10, 244, 2, 2);
+/// A pod on another node whose gateway has no neighbour entry.
+const POD_UNRESOLVED: Ipv4Addr = Ipv4Addr::new(10, 244, 3, 2);
+/// A pod of this node acting as an in-cluster client.
+const POD_CLIENT: Ipv4Addr = Ipv4Addr::new(10, 244, 1, 50);
+const LB_IP: Ipv4Addr = Ipv4Addr::new(192, 168, 60, 10);
+const EXTERNAL_IP: Ipv4Addr = Ipv4Addr::new(192, 168, 70, 10);
+const NODE_PORT: u16 = 30080;
+const POD_PORT: u16 = 8080;
+
+fn require_root() {
+    assert!(
+        unsafe { libc::geteuid() } == 0,
+        "data-path fixtures load eBPF programs and create network namespaces: run them as root"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// The private network namespace.
+
+/// The inode of the calling thread's network namespace.
+fn netns_inode() -> u64 {
+    fs::metadata("/proc/thread-self/ns/net")
+        .expect("stat /proc/thread-self/ns/net")
+        .ino()
+}
+
+fn ip(args: &[&str]) {
+    // `output` waits for the child: no process outlives the command, so none
+    // keeps the namespace alive after the thread ends.
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .expect("run `ip` (iproute2)");
+    assert!(
+        out.status.success(),
+        "ip {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn ifindex(name: &str) -> u32 {
+    let name = CString::new(name).expect("interface name");
+    // SAFETY: a NUL-terminated string; the call only reads it.
+    let index = unsafe { libc::if_nametoindex(name.as_ptr()) };
+    assert_ne!(index, 0, "no interface {name:?} in the test namespace");
+    index
+}
+
+/// The node the programs run on: see the module documentation.
+struct Node {
+    uplink: u32,
+}
+
+impl Node {
+    /// Builds the node in the calling thread's (private) namespace.
+    fn build() -> Self {
+        let mac = |m: [u8; 6]| {
+            m.iter()
+                .map(|b| format!("{b:02x}"))
+                .collect::<Vec<_>>()
+                .join(":")
+        };
+        ip(&[
+            "link",
+            "add",
+            "up0",
+            "address",
+            &mac(UPLINK_MAC),
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "up0p",
+        ]);
+        ip(&[
+            "link", "add", "pod0", "type", "veth", "peer", "name", "pod0p",
+        ]);
+        for dev in ["up0", "up0p", "pod0", "pod0p"] {
+            ip(&["link", "set", dev, "up"]);
+        }
+        ip(&["addr", "add", &format!("{NODE}/24"), "dev", "up0"]);
+        for (addr, lladdr) in [(GATEWAY, GATEWAY_MAC), (CLIENT, CLIENT_MAC)] {
+            ip(&[
+                "neigh",
+                "add",
+                &addr.to_string(),
+                "lladdr",
+                &mac(lladdr),
+                "dev",
+                "up0",
+                "nud",
+                "permanent",
+            ]);
+        }
+        ip(&[
+            "route",
+            "add",
+            "10.244.2.0/24",
+            "via",
+            &GATEWAY.to_string(),
+            "dev",
+            "up0",
+        ]);
+        ip(&[
+            "route",
+            "add",
+            "10.244.3.0/24",
+            "via",
+            "192.168.50.3",
+            "dev",
+            "up0",
+        ]);
+        ip(&["route", "add", "10.244.1.0/24", "dev", "pod0"]);
+        // bpf_fib_lookup answers only for an ingress interface that forwards.
+        // `up0` exists only in this namespace, so this cannot write elsewhere.
+        fs::write("/proc/sys/net/ipv4/conf/up0/forwarding", "1").expect("enable forwarding on up0");
+        Node {
+            uplink: ifindex("up0"),
+        }
+    }
+}
+
+/// Runs `body` on a thread of its own inside a new network namespace holding
+/// a [`Node`]; re-raises the body's panic.
+fn on_node<T: Send + 'static>(body: impl FnOnce(&Node) -> T + Send + 'static) -> T {
+    require_root();
+    let handle = thread::spawn(move || {
+        let before = netns_inode();
+        // SAFETY: unshare only changes the calling thread's namespaces.
+        let rc = unsafe { libc::unshare(libc::CLONE_NEWNET) };
+        assert_eq!(
+            rc,
+            0,
+            "unshare(CLONE_NEWNET): {}",
+            std::io::Error::last_os_error()
+        );
+        assert_ne!(
+            netns_inode(),
+            before,
+            "the thread is still in the namespace it started in: refusing to touch it"
+        );
+        let node = Node::build();
+        body(&node)
+    });
+    match handle.join() {
+        Ok(value) => value,
+        Err(panic) => std::panic::resume_unwind(panic),
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Frontends and the loaded programs.
+
+fn frontend(
+    kind: FrontendKind,
+    ip: Ipv4Addr,
+    port: u16,
+    protocol: Protocol,
+    name: &str,
+    backends: &[Ipv4Addr],
+) -> Frontend {
+    let addr = FrontendAddr { ip, port, protocol };
+    let service = ServicePortName {
+        namespace: "test".into(),
+        name: name.into(),
+        port: String::new(),
+    };
+    let backends = backends
+        .iter()
+        .map(|ip| BackendAddr {
+            ip: *ip,
+            port: POD_PORT,
+        })
+        .collect();
+    Frontend {
+        kind,
+        ..Frontend::cluster_ip(addr, service, backends)
+    }
+}
+
+/// `externalTrafficPolicy: Local` with `external` as this node's endpoints.
+fn local_policy(mut fe: Frontend, external: &[Ipv4Addr]) -> Frontend {
+    fe.local_only = true;
+    fe.external_backends = Some(
+        external
+            .iter()
+            .map(|ip| BackendAddr {
+                ip: *ip,
+                port: POD_PORT,
+            })
+            .collect(),
+    );
+    fe
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Prog {
+    Xdp,
+    Tc,
+}
+
+impl Prog {
+    const BOTH: [Prog; 2] = [Prog::Xdp, Prog::Tc];
+
+    /// The verdict of a packet that is not ours.
+    fn untouched(self) -> u32 {
+        match self {
+            Prog::Xdp => XDP_PASS,
+            Prog::Tc => TC_ACT_UNSPEC,
+        }
+    }
+
+    /// The verdict of a packet rewritten for a backend on this node.
+    fn delivered(self) -> u32 {
+        match self {
+            Prog::Xdp => XDP_PASS,
+            Prog::Tc => TC_ACT_OK,
+        }
+    }
+
+    fn dropped(self) -> u32 {
+        match self {
+            Prog::Xdp => XDP_DROP,
+            Prog::Tc => TC_ACT_SHOT,
+        }
+    }
+}
+
+struct Fixture {
+    ebpf: Ebpf,
+    syncer: Syncer<PinnedMaps>,
+    uplink: u32,
+}
+
+impl Fixture {
+    /// Loads the programs (in the calling thread's namespace), programs
+    /// `frontends` and makes `up0` the node's uplink with address NODE.
+    fn new(node: &Node, frontends: Vec<Frontend>) -> Self {
+        let caps = Capacities {
+            frontends: 1024,
+            backends: 1024,
+            conntrack: 4096,
+            services: 64,
+        };
+        let mut ebpf = ebpf::load_unpinned(&caps).expect("load eBPF object");
+        let maps = PinnedMaps::take(&mut ebpf).expect("maps");
+        let mut syncer = Syncer::adopt(maps, caps);
+        let desired = DesiredState {
+            frontends: frontends.into_iter().map(|f| (f.addr, f)).collect(),
+        };
+        let report = syncer.apply(&desired);
+        assert!(report.failed.is_empty(), "{report:?}");
+        syncer
+            .store_mut()
+            .set_uplinks(&[(node.uplink, NODE)])
+            .expect("write the uplink map");
+        Self {
+            ebpf,
+            syncer,
+            uplink: node.uplink,
+        }
+    }
+
+    /// Runs `frame` through `prog` as if it arrived on the uplink.
+    fn run(&mut self, prog: Prog, frame: &[u8]) -> (u32, Vec<u8>) {
+        let mut out = vec![0u8; 2048];
+        let result = match prog {
+            Prog::Xdp => {
+                // struct xdp_md: data, data_end, data_meta, ingress_ifindex,
+                // rx_queue_index, egress_ifindex.
+                let ctx: Vec<u8> = [0, frame.len() as u32, 0, self.uplink, 0, 0]
+                    .iter()
+                    .flat_map(|word| word.to_ne_bytes())
+                    .collect();
+                let xdp: &mut Xdp = self
+                    .ebpf
+                    .program_mut(programs::XDP_UPLINK)
+                    .expect("program present")
+                    .try_into()
+                    .expect("XDP program");
+                xdp.test_run(TestRunOptions {
+                    data_in: Some(frame),
+                    data_out: Some(&mut out),
+                    ctx_in: Some(&ctx),
+                    ..TestRunOptions::default()
+                })
+            }
+            Prog::Tc => self.run_tc(programs::TC_FROM_UPLINK, frame, &mut out),
+        }
+        .expect("BPF_PROG_TEST_RUN");
+        out.truncate(result.data_size_out as usize);
+        (result.return_value, out)
+    }
+
+    /// Runs a tc program with the uplink as the skb's device and ingress
+    /// interface.
+    fn run_tc(
+        &mut self,
+        program: &str,
+        frame: &[u8],
+        out: &mut [u8],
+    ) -> Result<aya::programs::TestRunResult, aya::programs::ProgramError> {
+        // The head of struct __sk_buff, up to `ifindex`; the kernel zero-fills
+        // the rest. ingress_ifindex is at byte 36, ifindex at byte 40.
+        let mut ctx = vec![0u8; 44];
+        ctx[36..40].copy_from_slice(&self.uplink.to_ne_bytes());
+        ctx[40..44].copy_from_slice(&self.uplink.to_ne_bytes());
+        let tc: &mut SchedClassifier = self
+            .ebpf
+            .program_mut(program)
+            .expect("program present")
+            .try_into()
+            .expect("tc program");
+        tc.test_run(TestRunOptions {
+            data_in: Some(frame),
+            data_out: Some(out),
+            ctx_in: Some(&ctx),
+            ..TestRunOptions::default()
+        })
+    }
+
+    /// A packet the uplink sends (tc egress: `sb_to_pod`, which reverses a
+    /// local backend's replies).
+    fn run_egress(&mut self, frame: &[u8]) -> (u32, Vec<u8>) {
+        let mut out = vec![0u8; 2048];
+        let result = self
+            .run_tc(programs::TC_TO_UPLINK, frame, &mut out)
+            .expect("BPF_PROG_TEST_RUN");
+        out.truncate(result.data_size_out as usize);
+        (result.return_value, out)
+    }
+
+    /// A packet a pod of this node sends (`sb_from_pod`, no context needed).
+    fn run_from_pod(&mut self, frame: &[u8]) -> (u32, Vec<u8>) {
+        let prog: &mut SchedClassifier = self
+            .ebpf
+            .program_mut(programs::TC_FROM_POD)
+            .expect("program present")
+            .try_into()
+            .expect("tc program");
+        let mut out = vec![0u8; 2048];
+        let result = prog
+            .test_run(TestRunOptions {
+                data_in: Some(frame),
+                data_out: Some(&mut out),
+                ..TestRunOptions::default()
+            })
+            .expect("BPF_PROG_TEST_RUN");
+        out.truncate(result.data_size_out as usize);
+        (result.return_value, out)
+    }
+
+    fn stat(&self, name: &str) -> u64 {
+        self.syncer
+            .store()
+            .global_stats()
+            .into_iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, v)| v)
+            .expect("known counter")
+    }
+
+    fn ct(&self, key: &CtKey) -> Option<CtEntry> {
+        self.syncer.store().conntrack.get(key, 0).ok()
+    }
+
+    fn service_row(&self, name: &str) -> proxy_user::cli::ServiceRow {
+        let rows = proxy_user::cli::read_services(self.syncer.store());
+        let names: Vec<String> = rows.iter().map(|r| r.service.clone()).collect();
+        rows.into_iter()
+            .find(|r| r.service == format!("test/{name}"))
+            .unwrap_or_else(|| panic!("no service row test/{name} among {names:?}"))
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Frames.
+
+fn be32(ip: Ipv4Addr) -> u32 {
+    u32::from_ne_bytes(ip.octets())
+}
+
+fn rewritten(spec: &PacketSpec, f: impl FnOnce(&mut PacketSpec)) -> Vec<u8> {
+    let mut out = spec.clone();
+    f(&mut out);
+    out.build()
+}
+
+/// `frame` with TTL `ttl`, its IPv4 header checksum computed from scratch.
+fn with_ttl(mut frame: Vec<u8>, ttl: u8) -> Vec<u8> {
+    let ihl = usize::from(frame[ETH_HLEN] & 0x0f) * 4;
+    frame[ETH_HLEN + 8] = ttl;
+    frame[ETH_HLEN + 10..ETH_HLEN + 12].fill(0);
+    let csum = checksum(&frame[ETH_HLEN..ETH_HLEN + ihl], 0);
+    frame[ETH_HLEN + 10..ETH_HLEN + 12].copy_from_slice(&csum.to_be_bytes());
+    frame
+}
+
+/// `frame` with new destination and source MAC addresses.
+fn with_macs(mut frame: Vec<u8>, dst: [u8; 6], src: [u8; 6]) -> Vec<u8> {
+    frame[0..6].copy_from_slice(&dst);
+    frame[6..12].copy_from_slice(&src);
+    frame
+}
+
+/// What a router sends on: TTL one less, MACs of the next hop.
+fn routed(frame: Vec<u8>, next_hop_mac: [u8; 6]) -> Vec<u8> {
+    let ttl = frame[ETH_HLEN + 8];
+    with_macs(with_ttl(frame, ttl - 1), next_hop_mac, UPLINK_MAC)
+}
+
+fn src_of(frame: &[u8]) -> (Ipv4Addr, u16) {
+    let ip = &frame[ETH_HLEN..];
+    let l4 = &ip[usize::from(ip[0] & 0x0f) * 4..];
+    (
+        Ipv4Addr::new(ip[12], ip[13], ip[14], ip[15]),
+        u16::from_be_bytes([l4[0], l4[1]]),
+    )
+}
+
+fn dst_of(frame: &[u8]) -> (Ipv4Addr, u16) {
+    let ip = &frame[ETH_HLEN..];
+    let l4 = &ip[usize::from(ip[0] & 0x0f) * 4..];
+    (
+        Ipv4Addr::new(ip[16], ip[17], ip[18], ip[19]),
+        u16::from_be_bytes([l4[2], l4[3]]),
+    )
+}
+
+fn protocol_number(protocol: Protocol) -> u8 {
+    match protocol {
+        Protocol::Tcp => proto::TCP,
+        Protocol::Udp => proto::UDP,
+    }
+}
+
+fn spec(protocol: Protocol, src: Ipv4Addr, sport: u16, dst: Ipv4Addr, dport: u16) -> PacketSpec {
+    match protocol {
+        Protocol::Tcp => PacketSpec::tcp(src, sport, dst, dport),
+        Protocol::Udp => PacketSpec::udp(src, sport, dst, dport),
+    }
+}
+
+struct Case {
+    name: String,
+    input: Vec<u8>,
+    verdict: u32,
+    output: Vec<u8>,
+}
+
+/// Runs every case through `prog`; fails listing each case that differs.
+fn check_cases(fx: &mut Fixture, prog: Prog, cases: &[Case]) {
+    let mut failures = Vec::new();
+    for case in cases {
+        let (verdict, output) = fx.run(prog, &case.input);
+        if verdict != case.verdict || output != case.output {
+            failures.push(format!(
+                "{prog:?}: {}: verdict {verdict:#x} (want {:#x}); output {}\n  got  {output:02x?}\n  want {:02x?}",
+                case.name,
+                case.verdict,
+                if output == case.output { "as expected" } else { "differs" },
+                case.output,
+            ));
+        }
+        if output != case.input && !checksums_valid(&output) {
+            failures.push(format!(
+                "{prog:?}: {}: rewritten with invalid checksums",
+                case.name
+            ));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "failing fixtures:\n{}",
+        failures.join("\n")
+    );
+}
+
+// ---------------------------------------------------------------------------
+// 1, 2: a backend on this node: DNAT only.
+
+#[test]
+fn outside_clients_reach_a_local_backend_by_dnat_only() {
+    on_node(|node| {
+        for prog in Prog::BOTH {
+            let mut fx = Fixture::new(
+                node,
+                vec![
+                    frontend(
+                        FrontendKind::NodePort,
+                        NODE,
+                        NODE_PORT,
+                        Protocol::Tcp,
+                        "np-tcp",
+                        &[POD_LOCAL],
+                    ),
+                    frontend(
+                        FrontendKind::NodePort,
+                        NODE,
+                        NODE_PORT,
+                        Protocol::Udp,
+                        "np-udp",
+                        &[POD_LOCAL],
+                    ),
+                    frontend(
+                        FrontendKind::LoadBalancer,
+                        LB_IP,
+                        443,
+                        Protocol::Tcp,
+                        "lb",
+                        &[POD_LOCAL],
+                    ),
+                    frontend(
+                        FrontendKind::ExternalIp,
+                        EXTERNAL_IP,
+                        53,
+                        Protocol::Udp,
+                        "ext",
+                        &[POD_LOCAL],
+                    ),
+                    frontend(
+                        FrontendKind::ExternalIp,
+                        EXTERNAL_IP,
+                        80,
+                        Protocol::Tcp,
+                        "ext-tcp",
+                        &[POD_LOCAL],
+                    ),
+                ],
+            );
+            let flows = [
+                (
+                    "NodePort TCP",
+                    PacketSpec::tcp(CLIENT, 40000, NODE, NODE_PORT),
+                ),
+                (
+                    "NodePort UDP",
+                    PacketSpec::udp(CLIENT, 40001, NODE, NODE_PORT),
+                ),
+                (
+                    "NodePort UDP without checksum",
+                    PacketSpec {
+                        udp_zero_checksum: true,
+                        ..PacketSpec::udp(CLIENT, 40002, NODE, NODE_PORT)
+                    },
+                ),
+                (
+                    "NodePort TCP with IPv4 options",
+                    PacketSpec {
+                        ip_option_words: 2,
+                        ..PacketSpec::tcp(CLIENT, 40003, NODE, NODE_PORT)
+                    },
+                ),
+                (
+                    "LoadBalancer IP TCP",
+                    PacketSpec::tcp(CLIENT, 40004, LB_IP, 443),
+                ),
+                (
+                    "external IP UDP",
+                    PacketSpec::udp(CLIENT, 40005, EXTERNAL_IP, 53),
+                ),
+                (
+                    "external IP TCP",
+                    PacketSpec::tcp(CLIENT, 40006, EXTERNAL_IP, 80),
+                ),
+            ];
+            let cases: Vec<Case> = flows
+                .iter()
+                .map(|(name, p)| Case {
+                    name: format!("{name} to a local backend is DNATed only"),
+                    input: p.build(),
+                    verdict: prog.delivered(),
+                    // Source, TTL and MACs stay: the kernel delivers it.
+                    output: rewritten(p, |p| {
+                        p.dst = POD_LOCAL;
+                        p.dport = POD_PORT;
+                    }),
+                })
+                .collect();
+            check_cases(&mut fx, prog, &cases);
+
+            let n = flows.len() as u64;
+            assert_eq!(fx.stat("ext_local"), n, "{prog:?}");
+            assert_eq!(fx.stat("ext_remote"), 0, "{prog:?}");
+            assert_eq!(
+                fx.stat("forwarded"),
+                0,
+                "{prog:?}: not counted as pod traffic"
+            );
+            let np = fx.service_row("np-tcp");
+            assert_eq!((np.packets, np.new_flows), (2, 2), "{prog:?}: {np:?}");
+            assert_eq!(fx.service_row("lb").packets, 1, "{prog:?}");
+            // Local flows are tracked without SNAT.
+            let fwd = fx
+                .ct(&CtKey {
+                    saddr_be: be32(CLIENT),
+                    daddr_be: be32(NODE),
+                    sport_be: 40000u16.to_be(),
+                    dport_be: NODE_PORT.to_be(),
+                    proto: proto::TCP,
+                    dir: ct_dir::FORWARD,
+                    _pad: [0; 2],
+                })
+                .expect("forward entry of the NodePort TCP flow");
+            assert_eq!(fwd.flags & ct_flags::SNAT, 0, "{prog:?}: {fwd:?}");
+            assert_eq!(
+                (fwd.nat_addr_be, fwd.nat_port_be),
+                (be32(POD_LOCAL), POD_PORT.to_be())
+            );
+
+            // The pod's reply leaves through the uplink's tc egress
+            // (`sb_to_pod`) with the NodePort as its source again.
+            let reply = PacketSpec {
+                tcp_flags: 0x12,
+                ..PacketSpec::tcp(POD_LOCAL, POD_PORT, CLIENT, 40000)
+            };
+            let (verdict, out) = fx.run_egress(&reply.build());
+            assert_eq!(verdict, TC_ACT_OK, "{prog:?}");
+            assert_eq!(
+                out,
+                rewritten(&reply, |p| {
+                    p.src = NODE;
+                    p.sport = NODE_PORT;
+                }),
+                "{prog:?}: reply from the NodePort"
+            );
+            assert!(checksums_valid(&out));
+        }
+    });
+}
+
+// ---------------------------------------------------------------------------
+// 3: externalTrafficPolicy: Local.
+
+#[test]
+fn local_policy_sends_outside_flows_only_to_local_endpoints_without_snat() {
+    on_node(|node| {
+        for prog in Prog::BOTH {
+            for protocol in [Protocol::Tcp, Protocol::Udp] {
+                let np = frontend(
+                    FrontendKind::NodePort,
+                    NODE,
+                    NODE_PORT,
+                    protocol,
+                    "local",
+                    &[POD_LOCAL, POD_REMOTE],
+                );
+                let lb = frontend(
+                    FrontendKind::LoadBalancer,
+                    LB_IP,
+                    443,
+                    protocol,
+                    "local-lb",
+                    &[POD_LOCAL, POD_REMOTE],
+                );
+                let mut fx = Fixture::new(
+                    node,
+                    vec![
+                        local_policy(np, &[POD_LOCAL]),
+                        local_policy(lb, &[POD_LOCAL]),
+                    ],
+                );
+                let mut cases = Vec::new();
+                for sport in 20000..20100u16 {
+                    for (vip, vport) in [(NODE, NODE_PORT), (LB_IP, 443)] {
+                        let p = spec(protocol, CLIENT, sport, vip, vport);
+                        cases.push(Case {
+                            name: format!("{protocol:?} {CLIENT}:{sport} -> {vip}:{vport}"),
+                            input: p.build(),
+                            verdict: prog.delivered(),
+                            // The client's address is kept: the pod sees it.
+                            output: rewritten(&p, |p| {
+                                p.dst = POD_LOCAL;
+                                p.dport = POD_PORT;
+                            }),
+                        });
+                    }
+                }
+                check_cases(&mut fx, prog, &cases);
+                assert_eq!(fx.stat("ext_local"), 200, "{prog:?} {protocol:?}");
+                assert_eq!(fx.stat("ext_remote"), 0, "{prog:?} {protocol:?}");
+
+                // Pods of this node still get the cluster-wide set.
+                let mut seen = std::collections::BTreeSet::new();
+                for sport in 0..64u16 {
+                    let (verdict, out) = fx.run_from_pod(
+                        &spec(protocol, POD_CLIENT, 30000 + sport, NODE, NODE_PORT).build(),
+                    );
+                    assert_eq!(verdict, TC_ACT_OK);
+                    seen.insert(dst_of(&out).0);
+                }
+                assert_eq!(
+                    seen,
+                    [POD_LOCAL, POD_REMOTE].into_iter().collect(),
+                    "{prog:?} {protocol:?}: pod traffic uses both endpoints"
+                );
+            }
+        }
+    });
+}
+
+#[test]
+fn local_policy_without_local_endpoints_drops_outside_traffic_only() {
+    on_node(|node| {
+        for prog in Prog::BOTH {
+            let np = frontend(
+                FrontendKind::NodePort,
+                NODE,
+                NODE_PORT,
+                Protocol::Tcp,
+                "nolocal",
+                &[POD_LOCAL, POD_REMOTE],
+            );
+            let mut fx = Fixture::new(node, vec![local_policy(np, &[])]);
+            let p = PacketSpec::tcp(CLIENT, 40000, NODE, NODE_PORT);
+            let q = PacketSpec::tcp(CLIENT, 40001, NODE, NODE_PORT);
+            check_cases(
+                &mut fx,
+                prog,
+                &[
+                    Case {
+                        name: "no local endpoint: dropped".into(),
+                        input: p.build(),
+                        verdict: prog.dropped(),
+                        output: p.build(),
+                    },
+                    Case {
+                        name: "no local endpoint: another flow dropped too".into(),
+                        input: q.build(),
+                        verdict: prog.dropped(),
+                        output: q.build(),
+                    },
+                ],
+            );
+            assert_eq!(fx.stat("drop_no_backend"), 2, "{prog:?}");
+            assert_eq!(fx.stat("ext_local") + fx.stat("ext_remote"), 0, "{prog:?}");
+            // The maps hold both sets: the internal one cluster-wide, the
+            // external one empty. (Read from the maps directly: `switchboard
+            // services` merges the two slot-0 entries, see the report.)
+            let dump = fx.syncer.store().dump();
+            let head = |scope| {
+                dump.frontends
+                    .iter()
+                    .find(|(k, _)| k.slot == 0 && k.scope == scope)
+                    .map(|(_, v)| *v)
+            };
+            let internal = head(scope::INTERNAL).expect("internal slot 0");
+            assert_eq!(internal.backend_count, 2, "{prog:?}: {internal:?}");
+            assert_eq!(
+                head(scope::EXTERNAL).map_or(0, |v| v.backend_count),
+                0,
+                "{prog:?}: external set"
+            );
+            let backend_addr = |id: u32| {
+                dump.backends
+                    .iter()
+                    .find(|(i, _)| *i == id)
+                    .map(|(_, b)| Ipv4Addr::from(u32::from_be(b.addr_be)))
+            };
+            let mut internal_set: Vec<Option<Ipv4Addr>> = dump
+                .frontends
+                .iter()
+                .filter(|(k, _)| k.scope == scope::INTERNAL && k.slot > 0)
+                .map(|(_, v)| backend_addr(v.backend_id))
+                .collect();
+            internal_set.sort();
+            assert_eq!(
+                internal_set,
+                vec![Some(POD_LOCAL), Some(POD_REMOTE)],
+                "{prog:?}"
+            );
+            assert!(
+                !dump
+                    .frontends
+                    .iter()
+                    .any(|(k, _)| k.scope == scope::EXTERNAL && k.slot > 0),
+                "{prog:?}: the external set has no slots"
+            );
+            let svc = fx.syncer.store().service_stats(internal.service_id);
+            assert_eq!(svc.drops_no_backend, 2, "{prog:?}: {svc:?}");
+            // No flow was tracked for the dropped packets.
+            assert_eq!(fx.syncer.store().conntrack_len(), 0, "{prog:?}");
+            // A pod of this node reaches the same frontend.
+            let (verdict, out) =
+                fx.run_from_pod(&PacketSpec::tcp(POD_CLIENT, 30000, NODE, NODE_PORT).build());
+            assert_eq!(verdict, TC_ACT_OK, "{prog:?}");
+            assert!(
+                [POD_LOCAL, POD_REMOTE].contains(&dst_of(&out).0),
+                "{prog:?}"
+            );
+        }
+    });
+}
+
+// ---------------------------------------------------------------------------
+// 4: a backend on another node: DNAT + SNAT, sent back out.
+
+fn forward_key(protocol: Protocol, sport: u16) -> CtKey {
+    CtKey {
+        saddr_be: be32(CLIENT),
+        daddr_be: be32(NODE),
+        sport_be: sport.to_be(),
+        dport_be: NODE_PORT.to_be(),
+        proto: protocol_number(protocol),
+        dir: ct_dir::FORWARD,
+        _pad: [0; 2],
+    }
+}
+
+fn reply_key(protocol: Protocol, snat_port: u16) -> CtKey {
+    CtKey {
+        saddr_be: be32(POD_REMOTE),
+        daddr_be: be32(NODE),
+        sport_be: POD_PORT.to_be(),
+        dport_be: snat_port.to_be(),
+        proto: protocol_number(protocol),
+        dir: ct_dir::REPLY,
+        _pad: [0; 2],
+    }
+}
+
+#[test]
+fn xdp_snats_a_flow_to_a_remote_backend_and_sends_it_and_its_reply_back_out() {
+    on_node(|node| {
+        for protocol in [Protocol::Tcp, Protocol::Udp] {
+            let mut fx = Fixture::new(
+                node,
+                vec![frontend(
+                    FrontendKind::NodePort,
+                    NODE,
+                    NODE_PORT,
+                    protocol,
+                    "remote",
+                    &[POD_REMOTE],
+                )],
+            );
+            let sport = 40000;
+            let request = spec(protocol, CLIENT, sport, NODE, NODE_PORT);
+            let (verdict, out) = fx.run(Prog::Xdp, &request.build());
+            assert_eq!(verdict, XDP_TX, "{protocol:?}: egress == ingress");
+            let (snat_addr, snat_port) = src_of(&out);
+            assert_eq!(snat_addr, NODE, "{protocol:?}: source NATed to the uplink");
+            assert!(
+                (snat::PORT_MIN..=snat::PORT_MAX).contains(&snat_port),
+                "{protocol:?}: SNAT port {snat_port}"
+            );
+            let expected = routed(
+                rewritten(&request, |p| {
+                    p.src = NODE;
+                    p.sport = snat_port;
+                    p.dst = POD_REMOTE;
+                    p.dport = POD_PORT;
+                }),
+                GATEWAY_MAC,
+            );
+            assert_eq!(out, expected, "{protocol:?}: forwarded frame");
+            assert!(checksums_valid(&out));
+            assert_eq!(out[ETH_HLEN + 8], 63, "TTL decremented");
+            assert_eq!(fx.stat("ext_remote"), 1);
+            assert_eq!(fx.stat("ext_local"), 0);
+
+            // Connection tracking: the forward entry and the reply entry.
+            let fwd = fx.ct(&forward_key(protocol, sport)).expect("forward entry");
+            assert_ne!(fwd.flags & ct_flags::SNAT, 0, "{fwd:?}");
+            assert_eq!(
+                (
+                    fwd.nat_addr_be,
+                    fwd.nat_port_be,
+                    fwd.snat_addr_be,
+                    fwd.snat_port_be
+                ),
+                (
+                    be32(POD_REMOTE),
+                    POD_PORT.to_be(),
+                    be32(NODE),
+                    snat_port.to_be()
+                ),
+                "{fwd:?}"
+            );
+            let rev = fx.ct(&reply_key(protocol, snat_port)).expect("reply entry");
+            assert_ne!(rev.flags & ct_flags::SNAT, 0, "{rev:?}");
+            assert_eq!(
+                (
+                    rev.nat_addr_be,
+                    rev.nat_port_be,
+                    rev.snat_addr_be,
+                    rev.snat_port_be
+                ),
+                (be32(NODE), NODE_PORT.to_be(), be32(CLIENT), sport.to_be()),
+                "{rev:?}"
+            );
+            assert_eq!(fx.syncer.store().conntrack_len(), 2);
+
+            // The next packet of the flow keeps its SNAT port.
+            let next = match protocol {
+                Protocol::Tcp => PacketSpec {
+                    tcp_flags: 0x10,
+                    payload: b"GET /".to_vec(),
+                    ..request.clone()
+                },
+                _ => PacketSpec {
+                    payload: b"again".to_vec(),
+                    ..request.clone()
+                },
+            };
+            let (verdict, out) = fx.run(Prog::Xdp, &next.build());
+            assert_eq!(verdict, XDP_TX);
+            assert_eq!(
+                out,
+                routed(
+                    rewritten(&next, |p| {
+                        p.src = NODE;
+                        p.sport = snat_port;
+                        p.dst = POD_REMOTE;
+                        p.dport = POD_PORT;
+                    }),
+                    GATEWAY_MAC
+                ),
+                "{protocol:?}: second packet, same SNAT port"
+            );
+            assert_eq!(fx.stat("ext_remote"), 2);
+            assert_eq!(fx.syncer.store().conntrack_len(), 2, "no new entries");
+
+            // The backend's reply goes back to the client from the NodePort.
+            let reply = match protocol {
+                Protocol::Tcp => PacketSpec {
+                    tcp_flags: 0x12,
+                    ..PacketSpec::tcp(POD_REMOTE, POD_PORT, NODE, snat_port)
+                },
+                _ => PacketSpec::udp(POD_REMOTE, POD_PORT, NODE, snat_port),
+            };
+            let (verdict, out) = fx.run(Prog::Xdp, &reply.build());
+            assert_eq!(verdict, XDP_TX, "{protocol:?}: reply");
+            assert_eq!(
+                out,
+                routed(
+                    rewritten(&reply, |p| {
+                        p.src = NODE;
+                        p.sport = NODE_PORT;
+                        p.dst = CLIENT;
+                        p.dport = sport;
+                    }),
+                    CLIENT_MAC
+                ),
+                "{protocol:?}: reply frame"
+            );
+            assert!(checksums_valid(&out));
+            assert_eq!(fx.stat("ext_reply"), 1);
+
+            // To the SNAT port, but not from the flow's backend: not ours.
+            let stranger = spec(protocol, POD_REMOTE, 9999, NODE, snat_port);
+            assert_eq!(
+                fx.run(Prog::Xdp, &stranger.build()),
+                (XDP_PASS, stranger.build()),
+                "{protocol:?}: SNAT port from another source port"
+            );
+            assert_eq!(fx.stat("ext_reply"), 1);
+            assert_eq!(fx.stat("fib_to_stack"), 0);
+        }
+    });
+}
+
+#[test]
+fn many_remote_flows_get_distinct_snat_ports() {
+    on_node(|node| {
+        let mut fx = Fixture::new(
+            node,
+            vec![frontend(
+                FrontendKind::NodePort,
+                NODE,
+                NODE_PORT,
+                Protocol::Tcp,
+                "remote",
+                &[POD_REMOTE],
+            )],
+        );
+        let mut ports = std::collections::BTreeSet::new();
+        for sport in 0..200u16 {
+            let (verdict, out) = fx.run(
+                Prog::Xdp,
+                &PacketSpec::tcp(CLIENT, 20000 + sport, NODE, NODE_PORT).build(),
+            );
+            assert_eq!(verdict, XDP_TX);
+            assert_eq!(src_of(&out).0, NODE);
+            ports.insert(src_of(&out).1);
+        }
+        assert_eq!(ports.len(), 200, "two flows share a SNAT port");
+        assert!(ports
+            .iter()
+            .all(|p| (snat::PORT_MIN..=snat::PORT_MAX).contains(p)));
+        assert_eq!(fx.stat("ext_remote"), 200);
+        assert_eq!(fx.stat("snat_exhausted"), 0);
+    });
+}
+
+/// The tc twin rewrites both directions and sends the packet straight out
+/// with `bpf_redirect_neigh` (the kernel's stack would drop a packet that
+/// arrives on the uplink with the node's own address as its source), the TTL
+/// down by one and the MAC addresses left to the neighbour lookup.
+#[test]
+fn tc_twin_snats_a_flow_to_a_remote_backend_and_restores_its_reply() {
+    on_node(|node| {
+        for protocol in [Protocol::Tcp, Protocol::Udp] {
+            let mut fx = Fixture::new(
+                node,
+                vec![frontend(
+                    FrontendKind::NodePort,
+                    NODE,
+                    NODE_PORT,
+                    protocol,
+                    "remote",
+                    &[POD_REMOTE],
+                )],
+            );
+            let sport = 40000;
+            let request = spec(protocol, CLIENT, sport, NODE, NODE_PORT);
+            let (verdict, out) = fx.run(Prog::Tc, &request.build());
+            assert_eq!(verdict, TC_ACT_REDIRECT, "{protocol:?}");
+            let (snat_addr, snat_port) = src_of(&out);
+            assert_eq!(snat_addr, NODE);
+            assert!((snat::PORT_MIN..=snat::PORT_MAX).contains(&snat_port));
+            assert_eq!(
+                out,
+                with_ttl(
+                    rewritten(&request, |p| {
+                        p.src = NODE;
+                        p.sport = snat_port;
+                        p.dst = POD_REMOTE;
+                        p.dport = POD_PORT;
+                    }),
+                    63
+                ),
+                "{protocol:?}: request frame"
+            );
+            assert!(checksums_valid(&out));
+            assert_eq!(fx.stat("ext_remote"), 1);
+            let fwd = fx.ct(&forward_key(protocol, sport)).expect("forward entry");
+            assert_ne!(fwd.flags & ct_flags::SNAT, 0);
+            assert_eq!(fwd.snat_port_be, snat_port.to_be());
+            assert!(
+                fx.ct(&reply_key(protocol, snat_port)).is_some(),
+                "reply entry"
+            );
+
+            let (_, again) = fx.run(Prog::Tc, &request.build());
+            assert_eq!(src_of(&again), (NODE, snat_port), "same SNAT port");
+
+            let reply = spec(protocol, POD_REMOTE, POD_PORT, NODE, snat_port);
+            let (verdict, out) = fx.run(Prog::Tc, &reply.build());
+            assert_eq!(verdict, TC_ACT_REDIRECT);
+            assert_eq!(
+                out,
+                with_ttl(
+                    rewritten(&reply, |p| {
+                        p.src = NODE;
+                        p.sport = NODE_PORT;
+                        p.dst = CLIENT;
+                        p.dport = sport;
+                    }),
+                    63
+                ),
+                "{protocol:?}: reply frame"
+            );
+            assert!(checksums_valid(&out));
+            assert_eq!(fx.stat("ext_reply"), 1);
+        }
+    });
+}
+
+// ---------------------------------------------------------------------------
+// 5: not ours, malformed, fragments.
+
+#[test]
+fn packets_that_are_not_ours_pass_untouched() {
+    on_node(|node| {
+        for prog in Prog::BOTH {
+            let mut fx = Fixture::new(
+                node,
+                vec![
+                    frontend(
+                        FrontendKind::NodePort,
+                        NODE,
+                        NODE_PORT,
+                        Protocol::Tcp,
+                        "np",
+                        &[POD_LOCAL],
+                    ),
+                    frontend(
+                        FrontendKind::NodePort,
+                        NODE,
+                        NODE_PORT,
+                        Protocol::Udp,
+                        "np-udp",
+                        &[POD_REMOTE],
+                    ),
+                ],
+            );
+            let mut arp = vec![0xff; 6];
+            arp.extend_from_slice(&[2, 0, 0, 0, 0, 1, 0x08, 0x06]);
+            arp.extend_from_slice(&[0u8; 28]);
+            let mut ipv6 = PacketSpec::tcp(CLIENT, 40000, NODE, NODE_PORT).build();
+            ipv6[12..14].copy_from_slice(&0x86ddu16.to_be_bytes());
+            let icmp = PacketSpec {
+                proto: 1,
+                payload: vec![8, 0, 0xf7, 0xff, 0, 0, 0, 0],
+                ..PacketSpec::tcp(CLIENT, 0, NODE, 0)
+            };
+            let other_port = PacketSpec::tcp(CLIENT, 40001, NODE, 30081);
+            let other_proto = PacketSpec::udp(CLIENT, 40002, LB_IP, NODE_PORT);
+            let snat_range = PacketSpec::tcp(POD_REMOTE, POD_PORT, NODE, 61234);
+            let snat_range_udp = PacketSpec::udp(POD_REMOTE, POD_PORT, NODE, snat::PORT_MAX);
+            let below_snat_range = PacketSpec::tcp(POD_REMOTE, POD_PORT, NODE, snat::PORT_MIN - 1);
+            let mut cut_tcp = PacketSpec::tcp(CLIENT, 40003, NODE, NODE_PORT).build();
+            cut_tcp.truncate(ETH_HLEN + 20 + 10);
+            let mut bad_ihl = PacketSpec::tcp(CLIENT, 40004, NODE, NODE_PORT).build();
+            bad_ihl[ETH_HLEN] = 0x43;
+            let mut short_total = PacketSpec::tcp(CLIENT, 40005, NODE, NODE_PORT).build();
+            short_total[ETH_HLEN + 2..ETH_HLEN + 4].copy_from_slice(&24u16.to_be_bytes());
+            let first_fragment = PacketSpec {
+                frag_off: 0x2000,
+                ..PacketSpec::udp(CLIENT, 40006, NODE, NODE_PORT)
+            };
+            let later_fragment = PacketSpec {
+                frag_off: 0x0010,
+                ..PacketSpec::tcp(CLIENT, 40007, NODE, NODE_PORT)
+            };
+            let untouched: Vec<(&str, Vec<u8>)> = vec![
+                ("ARP", arp),
+                ("IPv6", ipv6),
+                ("ICMP echo to the node", icmp.build()),
+                ("TCP to a node port that is no frontend", other_port.build()),
+                (
+                    "UDP to the LB IP on the NodePort number",
+                    other_proto.build(),
+                ),
+                (
+                    "TCP into the SNAT range without conntrack entry",
+                    snat_range.build(),
+                ),
+                (
+                    "UDP to the top of the SNAT range without entry",
+                    snat_range_udp.build(),
+                ),
+                ("TCP just below the SNAT range", below_snat_range.build()),
+                ("truncated TCP header", cut_tcp),
+                ("IHL below 5", bad_ihl),
+                ("total length shorter than the headers", short_total),
+                ("first fragment", first_fragment.build()),
+                ("later fragment", later_fragment.build()),
+            ];
+            let cases: Vec<Case> = untouched
+                .into_iter()
+                .map(|(name, frame)| Case {
+                    name: name.into(),
+                    input: frame.clone(),
+                    verdict: prog.untouched(),
+                    output: frame,
+                })
+                .collect();
+            check_cases(&mut fx, prog, &cases);
+            assert_eq!(fx.stat("malformed"), 3, "{prog:?}");
+            assert_eq!(fx.stat("fragment"), 2, "{prog:?}");
+            for counter in [
+                "ext_local",
+                "ext_remote",
+                "ext_reply",
+                "drop_no_backend",
+                "fib_to_stack",
+            ] {
+                assert_eq!(fx.stat(counter), 0, "{prog:?}: {counter}");
+            }
+            assert_eq!(fx.syncer.store().conntrack_len(), 0, "{prog:?}");
+        }
+    });
+}
+
+// ---------------------------------------------------------------------------
+// 6: what the XDP program leaves to the tc twin.
+
+/// A flow to another node with a TTL of 1 is not sent out by XDP: it goes on
+/// untranslated to the tc twin, which drops it (counted).
+#[test]
+fn xdp_leaves_a_remote_flow_with_ttl_1_to_the_tc_twin() {
+    on_node(|node| {
+        let mut fx = Fixture::new(
+            node,
+            vec![frontend(
+                FrontendKind::NodePort,
+                NODE,
+                NODE_PORT,
+                Protocol::Tcp,
+                "remote",
+                &[POD_REMOTE],
+            )],
+        );
+        let request = PacketSpec::tcp(CLIENT, 40000, NODE, NODE_PORT);
+        let dying = with_ttl(request.build(), 1);
+        for round in 1..=3 {
+            let (verdict, out) = fx.run(Prog::Xdp, &dying);
+            assert_eq!(verdict, XDP_PASS, "TTL 1 must not be sent out");
+            assert_eq!(out, dying, "passed untranslated");
+            assert_eq!(fx.stat("fib_to_stack"), round);
+        }
+        let (verdict, _) = fx.run(Prog::Tc, &dying);
+        assert_eq!(verdict, TC_ACT_SHOT);
+        assert_eq!(fx.stat("ttl_exceeded"), 1);
+        // The same flow with a live TTL is sent out.
+        let (verdict, out) = fx.run(Prog::Xdp, &request.build());
+        assert_eq!(verdict, XDP_TX);
+        assert_eq!(out[ETH_HLEN + 8], 63);
+        assert_eq!(fx.stat("fib_to_stack"), 3);
+    });
+}
+
+/// No neighbour entry for the next hop: XDP cannot fill in the MAC
+/// addresses, so the packet goes on untranslated; the tc twin translates it
+/// from the same connection-tracking entry (the same SNAT port) and lets the
+/// kernel resolve the neighbour (`bpf_redirect_neigh`).
+#[test]
+fn xdp_leaves_a_remote_flow_without_next_hop_neighbour_to_the_tc_twin() {
+    on_node(|node| {
+        let mut fx = Fixture::new(
+            node,
+            vec![frontend(
+                FrontendKind::NodePort,
+                NODE,
+                NODE_PORT,
+                Protocol::Udp,
+                "unresolved",
+                &[POD_UNRESOLVED],
+            )],
+        );
+        let request = PacketSpec::udp(CLIENT, 40000, NODE, NODE_PORT);
+        let (verdict, out) = fx.run(Prog::Xdp, &request.build());
+        assert_eq!(verdict, XDP_PASS);
+        assert_eq!(out, request.build(), "passed untranslated");
+        assert_eq!(fx.stat("fib_to_stack"), 1);
+        assert_eq!(fx.stat("ext_remote"), 0);
+        let fwd = fx.ct(&forward_key(Protocol::Udp, 40000)).expect("XDP tracked the flow");
+        let snat_port = u16::from_be(fwd.snat_port_be);
+
+        let (verdict, out) = fx.run(Prog::Tc, &request.build());
+        assert_eq!(verdict, TC_ACT_REDIRECT);
+        assert_eq!(
+            out,
+            with_ttl(
+                rewritten(&request, |p| {
+                    p.src = NODE;
+                    p.sport = snat_port;
+                    p.dst = POD_UNRESOLVED;
+                    p.dport = POD_PORT;
+                }),
+                63
+            ),
+            "the tc twin uses XDP's translation"
+        );
+        assert!(checksums_valid(&out));
+        assert_eq!(fx.stat("ext_remote"), 1);
+    });
+}

@@ -1,0 +1,174 @@
+//! Work done in-process inside one of the sandbox's network namespaces: a
+//! short-lived thread enters the namespace (`setns` changes only the calling
+//! thread), does its job and ends. Used where no command-line tool exists on
+//! these machines (there is no `ethtool`) or where a tool would be overkill (a
+//! one-request HTTP client).
+use std::fs::File;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context, Result};
+use nix::sched::{setns, CloneFlags};
+
+/// Runs `f` on a new thread that has entered network namespace `ns` (as
+/// created by `ip netns add`, i.e. `/run/netns/<ns>`). The calling thread and
+/// the rest of the process stay where they are.
+pub fn in_netns<T: Send>(ns: &str, f: impl FnOnce() -> Result<T> + Send) -> Result<T> {
+    let path = Path::new("/run/netns").join(ns);
+    let handle = File::open(&path).with_context(|| format!("open {}", path.display()))?;
+    std::thread::scope(|scope| {
+        scope
+            .spawn(move || {
+                setns(&handle, CloneFlags::CLONE_NEWNET)
+                    .with_context(|| format!("setns into network namespace {ns}"))?;
+                f()
+            })
+            .join()
+            .map_err(|_| anyhow!("the thread working in namespace {ns} panicked"))?
+    })
+}
+
+/// `SIOCETHTOOL` from `<linux/sockios.h>`.
+const SIOCETHTOOL: libc::c_ulong = 0x8946;
+/// `ETHTOOL_GGRO` / `ETHTOOL_SGRO` from `<linux/ethtool.h>`.
+const ETHTOOL_GGRO: u32 = 0x2b;
+const ETHTOOL_SGRO: u32 = 0x2c;
+
+/// `struct ethtool_value`.
+#[repr(C)]
+struct EthtoolValue {
+    cmd: u32,
+    data: u32,
+}
+
+/// `struct ifreq` with the `ifr_data` member of its union (the union is 24
+/// bytes on 64-bit Linux).
+#[repr(C)]
+struct IfreqData {
+    name: [libc::c_char; libc::IFNAMSIZ],
+    data: *mut libc::c_void,
+    _pad: [u8; 16],
+}
+
+/// One ethtool get/set-value ioctl on `ifname` in the calling thread's
+/// namespace; returns the value the kernel left in `data`.
+fn ethtool_value(ifname: &str, cmd: u32, data: u32) -> Result<u32> {
+    if ifname.len() >= libc::IFNAMSIZ {
+        bail!("interface name {ifname:?} too long");
+    }
+    let mut value = EthtoolValue { cmd, data };
+    let mut req = IfreqData {
+        name: [0; libc::IFNAMSIZ],
+        data: (&mut value as *mut EthtoolValue).cast(),
+        _pad: [0; 16],
+    };
+    for (dst, src) in req.name.iter_mut().zip(ifname.bytes()) {
+        *dst = src as libc::c_char;
+    }
+    // SAFETY: a plain datagram socket, closed below.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error()).context("socket(AF_INET, SOCK_DGRAM)");
+    }
+    // SAFETY: `req` is a valid ifreq whose data points at `value`; both
+    // outlive the call.
+    let rc = unsafe { libc::ioctl(fd, SIOCETHTOOL as _, &mut req as *mut IfreqData) };
+    let err = std::io::Error::last_os_error();
+    // SAFETY: fd was opened above.
+    unsafe { libc::close(fd) };
+    if rc < 0 {
+        return Err(err).with_context(|| format!("SIOCETHTOOL cmd {cmd:#x} on {ifname}"));
+    }
+    Ok(value.data)
+}
+
+/// Turns GRO on for `ifname` in namespace `ns` (`ethtool -K IF gro on`) and
+/// reads it back. On a veth, GRO enables NAPI, which the receiving end of an
+/// XDP_TX or XDP redirect into the veth needs.
+pub fn enable_gro(ns: &str, ifname: &str) -> Result<()> {
+    let on = in_netns(ns, || {
+        ethtool_value(ifname, ETHTOOL_SGRO, 1)?;
+        ethtool_value(ifname, ETHTOOL_GGRO, 0)
+    })
+    .with_context(|| format!("enable GRO on {ifname} in {ns}"))?;
+    if on != 1 {
+        bail!("GRO on {ifname} in {ns} reads back as off after ETHTOOL_SGRO");
+    }
+    Ok(())
+}
+
+/// Whether GRO is on for `ifname` in namespace `ns`.
+pub fn gro_enabled(ns: &str, ifname: &str) -> Result<bool> {
+    in_netns(ns, || ethtool_value(ifname, ETHTOOL_GGRO, 0))
+        .map(|v| v != 0)
+        .with_context(|| format!("read GRO of {ifname} in {ns}"))
+}
+
+/// The status and body of an HTTP response.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpResponse {
+    pub status: u16,
+    pub body: String,
+}
+
+/// `GET <path>` to `addr` over HTTP/1.1 from namespace `ns`, with
+/// `Connection: close`; `timeout` bounds the connect and every read.
+pub fn http_get(ns: &str, addr: SocketAddr, path: &str, timeout: Duration) -> Result<HttpResponse> {
+    in_netns(ns, || {
+        let mut stream = TcpStream::connect_timeout(&addr, timeout)
+            .with_context(|| format!("connect to {addr}"))?;
+        stream.set_read_timeout(Some(timeout))?;
+        stream.set_write_timeout(Some(timeout))?;
+        write!(
+            stream,
+            "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        )
+        .with_context(|| format!("send the request to {addr}"))?;
+        let mut raw = Vec::new();
+        stream
+            .read_to_end(&mut raw)
+            .with_context(|| format!("read the response from {addr}"))?;
+        parse_response(&String::from_utf8_lossy(&raw))
+    })
+    .with_context(|| format!("GET http://{addr}{path} from {ns}"))
+}
+
+/// Splits a (non-chunked) HTTP/1.x response into status and body.
+fn parse_response(raw: &str) -> Result<HttpResponse> {
+    let (head, body) = raw
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| anyhow!("response without an end of headers: {raw:?}"))?;
+    let status_line = head.lines().next().unwrap_or_default();
+    let status = status_line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| anyhow!("bad status line {status_line:?}"))?;
+    Ok(HttpResponse {
+        status,
+        body: body.to_string(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_a_response() {
+        let r = parse_response(
+            "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n\r\n{\"localEndpoints\": 0}",
+        )
+        .unwrap();
+        assert_eq!(r.status, 503);
+        assert_eq!(r.body, "{\"localEndpoints\": 0}");
+        assert!(parse_response("garbage").is_err());
+    }
+
+    #[test]
+    fn ifreq_has_the_kernel_size() {
+        assert_eq!(std::mem::size_of::<IfreqData>(), 40);
+    }
+}

@@ -1,0 +1,983 @@
+//! The two-node sandbox: two nodes on a LAN, two pods per node, and clients
+//! outside the nodes, for NodePort, LoadBalancer and external-IP traffic
+//! (tests, the demo and the benchmark).
+//!
+//! ```text
+//!                       <tag>-lan: bridge <tag>br (no address)
+//!        ┌──────────────┬──────────────┬──────────────┬──────────────┐
+//!     <tag>la        <tag>lb        <tag>c1        <tag>c2      (bridge ports,
+//!        │              │              │              │          GRO on la/lb)
+//!     <tag>ua        <tag>ub         eth0           eth0
+//!  192.168.50.1/24 192.168.50.2/24 .50.100/24     .50.101/24
+//!   <tag>-na        <tag>-nb        <tag>-c1       <tag>-c2
+//!   (node-a)        (node-b)        client 1       client 2
+//!    │<tag>a1 ── eth0 <tag>-pa1 10.244.1.2 (podA1)
+//!    │<tag>a2 ── eth0 <tag>-pa2 10.244.1.3 (podA2)
+//!                    │<tag>b1 ── eth0 <tag>-pb1 10.244.2.2 (podB1)
+//!                    │<tag>b2 ── eth0 <tag>-pb2 10.244.2.3 (podB2)
+//! ```
+//!
+//! - Nodes: `ip_forward=1`, `rp_filter=0` and `send_redirects=0` (a node
+//!   forwarding a client's packet back onto the LAN must not redirect the
+//!   client to the other node) on every interface. Each routes the other
+//!   node's pod range (`10.244.<1|2>.0/24`) via the other node's LAN address.
+//! - Pods: `eth0` holds the pod address as a /32; the pod routes its node's
+//!   gateway (`10.244.<1|2>.1`) on-link and uses it as default route. The
+//!   node-side veth holds that gateway as a /32 (the same address on each pod
+//!   veth of the node) and a /32 link route to the pod. So two pods of one
+//!   node share a /24 without sharing a link.
+//! - Clients: `eth0` on the LAN, `accept_redirects=0`; route the pod range
+//!   `10.244.0.0/16` via node A, and the Service addresses [`LB_IP`] and
+//!   [`EXTERNAL_IP`] (as /32s) via node A until
+//!   [`TwoNodeSandbox::route_services_via`] says otherwise.
+//! - GRO (hence NAPI) is on for the bridge-side ends of the uplinks
+//!   (`<tag>la`, `<tag>lb`: XDP_TX on an uplink lands there) and the pods'
+//!   `eth0` (an XDP redirect from the uplink into a pod veth lands there).
+//! - Each node has its own bpffs pin root `/run/switchboard-test/<tag>/<na|nb>/bpf`
+//!   and its own cgroup (`<cgroup2>/switchboard-test-<tag>-<na|nb>`, bound at
+//!   `/run/switchboard-test/<tag>/<na|nb>/cgroup`), and runs its own agent
+//!   ([`TwoNodeSandbox::start_agent`]) over one shared manifest directory,
+//!   which holds a Node manifest per node ([`manifests`]).
+//!
+//! Cleanup (explicit or on drop, also after a failed setup) kills the
+//! processes, deletes the namespaces (the lan namespace takes the bridge and
+//! every veth with it), removes the cgroups, unmounts the pin roots and
+//! removes the directories. `purge_tag` and `cleanup_stale` know the
+//! namespaces, mounts, cgroups and agent status files of this layout too.
+
+pub mod manifests;
+
+use std::fs;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+
+use super::cgroup::TestCgroup;
+use super::cleanup::{purge_tag, remove_status_file, NODE_ROLES};
+use super::netns::{enable_gro, HttpResponse};
+use super::procs::{self, Children};
+use super::sys::{delete_netns, ip, mount_bpffs, remove_dir_if_exists, umount};
+use super::{next_test_tag, ClientRun, Frontend, PIN_BASE, POD_TCP_PORT, POD_UDP_PORT};
+use crate::util::{run_capture, show};
+use manifests::{node_file, node_yaml, EntryPoint, ExternalService, Policy};
+
+/// Node A's LAN address (its `InternalIP`).
+pub const NODE_A_IP: &str = "192.168.50.1";
+/// Node B's LAN address (its `InternalIP`).
+pub const NODE_B_IP: &str = "192.168.50.2";
+/// Prefix length of the LAN.
+pub const LAN_PREFIX_LEN: u8 = 24;
+/// Addresses of the external clients on the LAN.
+pub const CLIENT_IPS: [&str; 2] = ["192.168.50.100", "192.168.50.101"];
+/// The LoadBalancer ingress IP of `ext/web-lb`.
+pub const LB_IP: &str = "203.0.113.10";
+/// The external IP of `ext/web-ext`.
+pub const EXTERNAL_IP: &str = "198.51.100.10";
+/// Every pod address (both nodes' pod ranges).
+pub const POD_RANGE: &str = "10.244.0.0/16";
+/// Pods per node.
+pub const PODS_PER_NODE: u8 = 2;
+
+/// One of the two nodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Node {
+    A,
+    B,
+}
+
+impl Node {
+    pub const ALL: [Node; 2] = [Node::A, Node::B];
+
+    /// The Node name the agent gets as `--node-name` (`node-a`, `node-b`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Node::A => "node-a",
+            Node::B => "node-b",
+        }
+    }
+    /// `a` or `b`.
+    pub fn letter(self) -> char {
+        match self {
+            Node::A => 'a',
+            Node::B => 'b',
+        }
+    }
+    /// LAN address.
+    pub fn ip(self) -> &'static str {
+        match self {
+            Node::A => NODE_A_IP,
+            Node::B => NODE_B_IP,
+        }
+    }
+    /// Third octet of the node's pod range.
+    fn subnet(self) -> u8 {
+        match self {
+            Node::A => 1,
+            Node::B => 2,
+        }
+    }
+    /// The node's pod range, `10.244.<1|2>.0/24`.
+    pub fn pod_cidr(self) -> String {
+        format!("10.244.{}.0/24", self.subnet())
+    }
+    /// The pods' gateway, `10.244.<1|2>.1` (on each of the node's pod veths).
+    pub fn gateway(self) -> String {
+        format!("10.244.{}.1", self.subnet())
+    }
+    pub fn other(self) -> Node {
+        match self {
+            Node::A => Node::B,
+            Node::B => Node::A,
+        }
+    }
+    /// The node's pods.
+    pub fn pods(self) -> Vec<Pod> {
+        (1..=PODS_PER_NODE).map(|n| Pod::new(self, n)).collect()
+    }
+    /// Namespace role (`na`, `nb`).
+    fn role(self) -> &'static str {
+        match self {
+            Node::A => NODE_ROLES[0],
+            Node::B => NODE_ROLES[1],
+        }
+    }
+    fn index(self) -> usize {
+        match self {
+            Node::A => 0,
+            Node::B => 1,
+        }
+    }
+}
+
+/// Pod `n` (1-based) of a node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Pod {
+    pub node: Node,
+    pub n: u8,
+}
+
+impl Pod {
+    pub fn new(node: Node, n: u8) -> Pod {
+        assert!((1..=PODS_PER_NODE).contains(&n), "pod {n} out of range");
+        Pod { node, n }
+    }
+    /// Every pod of both nodes.
+    pub fn all() -> Vec<Pod> {
+        Node::ALL.iter().flat_map(|n| n.pods()).collect()
+    }
+    /// The name it answers with: `podA1`, `podA2`, `podB1`, `podB2`.
+    pub fn name(self) -> String {
+        format!("pod{}{}", self.node.letter().to_ascii_uppercase(), self.n)
+    }
+    /// `10.244.<1|2>.<n+1>`.
+    pub fn ip(self) -> String {
+        format!("10.244.{}.{}", self.node.subnet(), self.n + 1)
+    }
+    /// `a1`, `b2`, ...: the suffix of its namespace and node-side veth.
+    fn id(self) -> String {
+        format!("{}{}", self.node.letter(), self.n)
+    }
+}
+
+/// One of the external clients on the LAN.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Client {
+    /// 192.168.50.100
+    One,
+    /// 192.168.50.101
+    Two,
+}
+
+impl Client {
+    pub const ALL: [Client; 2] = [Client::One, Client::Two];
+
+    pub fn ip(self) -> &'static str {
+        CLIENT_IPS[self.index()]
+    }
+    fn index(self) -> usize {
+        match self {
+            Client::One => 0,
+            Client::Two => 1,
+        }
+    }
+    /// `c1`, `c2`: namespace role and bridge port suffix.
+    fn id(self) -> String {
+        format!("c{}", self.index() + 1)
+    }
+}
+
+/// The two-node sandbox. See the module documentation for the layout.
+pub struct TwoNodeSandbox {
+    pub tag: String,
+    /// Temporary directory for logs and manifests.
+    pub dir: PathBuf,
+    namespaces: Vec<String>,
+    children: Children,
+    /// Pin roots mounted so far.
+    mounted: Vec<PathBuf>,
+    /// Per node (index 0 = A): its cgroup once created.
+    cgroups: [Option<TestCgroup>; 2],
+    /// Per node: whether an agent was started (for logs on failure).
+    agent_started: [bool; 2],
+    cleaned: bool,
+}
+
+impl TwoNodeSandbox {
+    /// A sandbox with a test tag unique to this process and call
+    /// (`sbt<pid>-<n>`); also removes sandboxes left by dead test processes.
+    pub fn for_test() -> Result<TwoNodeSandbox> {
+        TwoNodeSandbox::new(&next_test_tag())
+    }
+
+    /// Creates the sandbox `tag` (at most 13 characters: interface names are
+    /// `<tag>` plus two), first removing leftovers with the same tag.
+    pub fn new(tag: &str) -> Result<TwoNodeSandbox> {
+        if tag.len() + 2 > 15 {
+            bail!("sandbox tag {tag:?} too long for interface names");
+        }
+        if !crate::util::is_root() {
+            bail!("the netns sandbox needs root (CAP_NET_ADMIN, CAP_SYS_ADMIN, CAP_BPF)");
+        }
+        purge_tag(tag)?;
+        let mut sb = TwoNodeSandbox {
+            tag: tag.to_string(),
+            dir: std::env::temp_dir().join(format!("switchboard-{tag}")),
+            namespaces: Vec::new(),
+            children: Vec::new(),
+            mounted: Vec::new(),
+            cgroups: [None, None],
+            agent_started: [false, false],
+            cleaned: false,
+        };
+        // On error, Drop removes whatever was created so far.
+        sb.setup()
+            .with_context(|| format!("setting up the two-node sandbox {tag}"))?;
+        Ok(sb)
+    }
+
+    // --- names -----------------------------------------------------------
+
+    /// The LAN namespace (holds the bridge).
+    pub fn lan_ns(&self) -> String {
+        format!("{}-lan", self.tag)
+    }
+    /// `<tag>-na`, `<tag>-nb`.
+    pub fn node_ns(&self, node: Node) -> String {
+        format!("{}-{}", self.tag, node.role())
+    }
+    /// `<tag>-pa1` ... `<tag>-pb2`.
+    pub fn pod_ns(&self, pod: Pod) -> String {
+        format!("{}-p{}", self.tag, pod.id())
+    }
+    /// `<tag>-c1`, `<tag>-c2`.
+    pub fn client_ns(&self, client: Client) -> String {
+        format!("{}-{}", self.tag, client.id())
+    }
+    /// The bridge in the LAN namespace, `<tag>br`.
+    pub fn bridge(&self) -> String {
+        format!("{}br", self.tag)
+    }
+    /// The node's uplink (in the node namespace), `<tag>ua` / `<tag>ub`: what
+    /// the agent gets as `--uplink`.
+    pub fn uplink(&self, node: Node) -> String {
+        format!("{}u{}", self.tag, node.letter())
+    }
+    /// The uplink's peer, a bridge port in the LAN namespace, `<tag>la` / `<tag>lb`.
+    pub fn uplink_peer(&self, node: Node) -> String {
+        format!("{}l{}", self.tag, node.letter())
+    }
+    /// The pod's veth in its node's namespace, `<tag>a1` ... `<tag>b2`.
+    pub fn pod_if(&self, pod: Pod) -> String {
+        format!("{}{}", self.tag, pod.id())
+    }
+    /// The client's bridge port in the LAN namespace, `<tag>c1` / `<tag>c2`.
+    pub fn client_port(&self, client: Client) -> String {
+        format!("{}{}", self.tag, client.id())
+    }
+    /// Directory of the manifests both agents read (`--source dir:`).
+    pub fn manifest_dir(&self) -> PathBuf {
+        self.dir.join("manifests")
+    }
+    /// `/run/switchboard-test/<tag>/<na|nb>`.
+    fn node_run_dir(&self, node: Node) -> PathBuf {
+        Path::new(PIN_BASE).join(&self.tag).join(node.role())
+    }
+    /// The node's bpffs pin root (its agent's `--pin-root`).
+    pub fn pin_dir(&self, node: Node) -> PathBuf {
+        self.node_run_dir(node).join("bpf")
+    }
+    /// The node's cgroup, bind-mounted where the agent sees it (its
+    /// `--cgroup-root`).
+    pub fn cgroup(&self, node: Node) -> Option<&TestCgroup> {
+        self.cgroups[node.index()].as_ref()
+    }
+    fn agent_label(node: Node) -> String {
+        format!("agent-{}", node.letter())
+    }
+    pub fn log_path(&self, label: &str) -> PathBuf {
+        self.dir.join(format!("{label}.log"))
+    }
+    pub fn read_log(&self, label: &str) -> String {
+        fs::read_to_string(self.log_path(label)).unwrap_or_default()
+    }
+
+    // --- setup -----------------------------------------------------------
+
+    fn setup(&mut self) -> Result<()> {
+        fs::create_dir_all(self.manifest_dir())
+            .with_context(|| format!("create {}", self.dir.display()))?;
+        self.create_namespaces()?;
+        self.create_lan()?;
+        for node in Node::ALL {
+            self.create_uplink(node)?;
+            for pod in node.pods() {
+                self.create_pod_link(pod)?;
+            }
+            let other = node.other();
+            ip(&[
+                "-n",
+                &self.node_ns(node),
+                "route",
+                "add",
+                &other.pod_cidr(),
+                "via",
+                other.ip(),
+                "dev",
+                &self.uplink(node),
+            ])?;
+            self.node_sysctls_everywhere(node)?;
+        }
+        for client in Client::ALL {
+            self.create_client(client)?;
+        }
+        self.enable_napi()?;
+        for node in Node::ALL {
+            self.create_node_state(node)?;
+        }
+        Ok(())
+    }
+
+    fn all_namespaces(&self) -> Vec<String> {
+        let mut all = vec![self.lan_ns()];
+        all.extend(Node::ALL.iter().map(|&n| self.node_ns(n)));
+        all.extend(Pod::all().into_iter().map(|p| self.pod_ns(p)));
+        all.extend(Client::ALL.iter().map(|&c| self.client_ns(c)));
+        all
+    }
+
+    fn create_namespaces(&mut self) -> Result<()> {
+        for ns in self.all_namespaces() {
+            ip(&["netns", "add", &ns])?;
+            self.namespaces.push(ns.clone());
+            ip(&["-n", &ns, "link", "set", "lo", "up"])?;
+        }
+        for node in Node::ALL {
+            // Before any interface exists, so new ones inherit `default`.
+            self.sh(
+                &self.node_ns(node),
+                "echo 1 > /proc/sys/net/ipv4/ip_forward; \
+                 for k in all default; do \
+                   echo 0 > /proc/sys/net/ipv4/conf/$k/rp_filter; \
+                   echo 0 > /proc/sys/net/ipv4/conf/$k/send_redirects; \
+                 done",
+            )?;
+        }
+        for client in Client::ALL {
+            self.sh(
+                &self.client_ns(client),
+                "for k in all default; do echo 0 > /proc/sys/net/ipv4/conf/$k/accept_redirects; done",
+            )?;
+        }
+        Ok(())
+    }
+
+    /// `rp_filter=0`, `send_redirects=0` on every interface of the node
+    /// (also those that existed before `default` was set).
+    fn node_sysctls_everywhere(&self, node: Node) -> Result<()> {
+        self.sh(
+            &self.node_ns(node),
+            "for d in /proc/sys/net/ipv4/conf/*; do \
+               echo 0 > $d/rp_filter; echo 0 > $d/send_redirects; \
+             done",
+        )
+    }
+
+    fn sh(&self, ns: &str, script: &str) -> Result<()> {
+        self.exec(ns, &["sh", "-c", script])
+            .map(|_| ())
+            .with_context(|| format!("sysctls in {ns}"))
+    }
+
+    fn create_lan(&self) -> Result<()> {
+        let (lan, br) = (self.lan_ns(), self.bridge());
+        ip(&["-n", &lan, "link", "add", &br, "type", "bridge", "stp_state", "0"])?;
+        ip(&["-n", &lan, "link", "set", &br, "up"])
+    }
+
+    /// Adds `port` (in the LAN namespace) to the bridge and brings it up.
+    fn bridge_port_up(&self, port: &str) -> Result<()> {
+        let lan = self.lan_ns();
+        ip(&["-n", &lan, "link", "set", port, "master", &self.bridge()])?;
+        ip(&["-n", &lan, "link", "set", port, "up"])
+    }
+
+    fn create_uplink(&self, node: Node) -> Result<()> {
+        let (ns, uplink, peer) = (self.node_ns(node), self.uplink(node), self.uplink_peer(node));
+        // Created inside the node namespace with the peer directly in the
+        // LAN namespace: nothing ever appears in the root namespace.
+        ip(&[
+            "-n", &ns, "link", "add", &uplink, "type", "veth", "peer", "name", &peer, "netns",
+            &self.lan_ns(),
+        ])?;
+        let addr = format!("{}/{LAN_PREFIX_LEN}", node.ip());
+        ip(&["-n", &ns, "addr", "add", &addr, "dev", &uplink])?;
+        ip(&["-n", &ns, "link", "set", &uplink, "up"])?;
+        self.bridge_port_up(&peer)
+    }
+
+    fn create_pod_link(&self, pod: Pod) -> Result<()> {
+        let (node_ns, pod_ns, host_if) = (self.node_ns(pod.node), self.pod_ns(pod), self.pod_if(pod));
+        let gateway = pod.node.gateway();
+        let pod_ip = pod.ip();
+        ip(&[
+            "-n", &node_ns, "link", "add", &host_if, "type", "veth", "peer", "name", "eth0",
+            "netns", &pod_ns,
+        ])?;
+        ip(&["-n", &node_ns, "addr", "add", &format!("{gateway}/32"), "dev", &host_if])?;
+        ip(&["-n", &node_ns, "link", "set", &host_if, "up"])?;
+        ip(&[
+            "-n",
+            &node_ns,
+            "route",
+            "add",
+            &format!("{pod_ip}/32"),
+            "dev",
+            &host_if,
+            "scope",
+            "link",
+            "src",
+            &gateway,
+        ])?;
+        ip(&["-n", &pod_ns, "addr", "add", &format!("{pod_ip}/32"), "dev", "eth0"])?;
+        ip(&["-n", &pod_ns, "link", "set", "eth0", "up"])?;
+        ip(&["-n", &pod_ns, "route", "add", &gateway, "dev", "eth0", "scope", "link"])?;
+        ip(&["-n", &pod_ns, "route", "add", "default", "via", &gateway, "dev", "eth0"])
+    }
+
+    fn create_client(&self, client: Client) -> Result<()> {
+        let (ns, port) = (self.client_ns(client), self.client_port(client));
+        ip(&[
+            "-n", &ns, "link", "add", "eth0", "type", "veth", "peer", "name", &port, "netns",
+            &self.lan_ns(),
+        ])?;
+        let addr = format!("{}/{LAN_PREFIX_LEN}", client.ip());
+        ip(&["-n", &ns, "addr", "add", &addr, "dev", "eth0"])?;
+        ip(&["-n", &ns, "link", "set", "eth0", "up"])?;
+        self.bridge_port_up(&port)?;
+        self.route_pods_via(client, Node::A)?;
+        self.route_services_via(client, Node::A)
+    }
+
+    /// GRO (hence NAPI) where XDP sends packets into a veth: the bridge-side
+    /// ends of the uplinks (XDP_TX on an uplink) and the pods' `eth0` (XDP
+    /// redirect from an uplink into a pod veth).
+    fn enable_napi(&self) -> Result<()> {
+        for node in Node::ALL {
+            enable_gro(&self.lan_ns(), &self.uplink_peer(node))?;
+        }
+        for pod in Pod::all() {
+            enable_gro(&self.pod_ns(pod), "eth0")?;
+        }
+        Ok(())
+    }
+
+    /// The node's pin root (a bpffs) and cgroup.
+    fn create_node_state(&mut self, node: Node) -> Result<()> {
+        let pin = self.pin_dir(node);
+        fs::create_dir_all(&pin).with_context(|| format!("create {}", pin.display()))?;
+        mount_bpffs(&pin)?;
+        self.mounted.push(pin);
+        let cgroup = TestCgroup::create(
+            &format!("{}-{}", self.tag, node.role()),
+            &self.node_run_dir(node).join("cgroup"),
+        )?;
+        self.cgroups[node.index()] = Some(cgroup);
+        Ok(())
+    }
+
+    // --- routes ------------------------------------------------------------
+
+    /// Makes `client` send to the LoadBalancer IP and the external IP via
+    /// `node` (replacing the routes it had).
+    pub fn route_services_via(&self, client: Client, node: Node) -> Result<()> {
+        let ns = self.client_ns(client);
+        for service_ip in [LB_IP, EXTERNAL_IP] {
+            ip(&[
+                "-n",
+                &ns,
+                "route",
+                "replace",
+                &format!("{service_ip}/32"),
+                "via",
+                node.ip(),
+                "dev",
+                "eth0",
+            ])?;
+        }
+        Ok(())
+    }
+
+    /// Makes `client` reach the pod range (10.244.0.0/16) via `node`.
+    pub fn route_pods_via(&self, client: Client, node: Node) -> Result<()> {
+        ip(&[
+            "-n",
+            &self.client_ns(client),
+            "route",
+            "replace",
+            POD_RANGE,
+            "via",
+            node.ip(),
+            "dev",
+            "eth0",
+        ])
+    }
+
+    // --- commands ----------------------------------------------------------
+
+    /// `ip netns exec <ns> <cmd...>`, dying with us.
+    pub fn command(&self, ns: &str, cmd: &[&str]) -> Command {
+        procs::netns_command(ns, cmd)
+    }
+
+    /// Runs `cmd` in `ns`, waits, and fails if it exits non-zero.
+    pub fn exec(&self, ns: &str, cmd: &[&str]) -> Result<Output> {
+        run_capture(&mut self.command(ns, cmd))
+    }
+
+    /// Starts `cmd` in `ns` in the background with `env`; output goes to
+    /// `<dir>/<label>.log`. Cleanup kills it.
+    pub fn spawn(&mut self, label: &str, ns: &str, cmd: &[&str], env: &[(&str, &str)]) -> Result<u32> {
+        let mut c = self.command(ns, cmd);
+        c.envs(env.iter().copied());
+        let log = self.log_path(label);
+        procs::spawn_logged(&mut self.children, label, c, &log)
+    }
+
+    /// Runs `sb-echo client <args>` in namespace `ns` (a client's, a pod's or
+    /// a node's) and parses its lines. Failed attempts are not an error:
+    /// inspect the result.
+    pub fn client_in(&self, sb_echo: &Path, ns: &str, args: &[&str]) -> Result<ClientRun> {
+        let bin = sb_echo.to_string_lossy().into_owned();
+        let mut cmd = vec![bin.as_str(), "client"];
+        cmd.extend_from_slice(args);
+        let mut c = self.command(ns, &cmd);
+        let out = c
+            .stdin(Stdio::null())
+            .output()
+            .with_context(|| format!("could not start `{}`", show(&c)))?;
+        if out.status.code() == Some(2) || out.status.code().is_none() {
+            bail!(
+                "sb-echo client {args:?} in {ns} failed: {} {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        ClientRun::parse(&String::from_utf8_lossy(&out.stdout))
+    }
+
+    /// `sb-echo client <args>` from an external client.
+    pub fn client(&self, sb_echo: &Path, from: Client, args: &[&str]) -> Result<ClientRun> {
+        self.client_in(sb_echo, &self.client_ns(from), args)
+    }
+
+    /// `count` attempts from `from` to `entry` (`sb-echo client`, each
+    /// attempt with `timeout_ms`).
+    pub fn hit(
+        &self,
+        sb_echo: &Path,
+        from: Client,
+        entry: &EntryPoint,
+        count: u32,
+        timeout_ms: u64,
+    ) -> Result<ClientRun> {
+        self.client(
+            sb_echo,
+            from,
+            &[
+                entry.proto.client_flag(),
+                &entry.addr(),
+                "--count",
+                &count.to_string(),
+                "--timeout-ms",
+                &timeout_ms.to_string(),
+            ],
+        )
+    }
+
+    /// HTTP GET `http://<addr><path>` from an external client.
+    pub fn http_get(
+        &self,
+        from: Client,
+        addr: SocketAddr,
+        path: &str,
+        timeout: Duration,
+    ) -> Result<HttpResponse> {
+        super::netns::http_get(&self.client_ns(from), addr, path, timeout)
+    }
+
+    // --- pods ----------------------------------------------------------------
+
+    /// Starts `sb-echo` in every pod (named `podA1` ... `podB2`, TCP 8080,
+    /// UDP 5353) and waits until each answers client 1 at its own address
+    /// over TCP and UDP (straight through the nodes, no agent involved).
+    pub fn start_pods(&mut self, sb_echo: &Path) -> Result<()> {
+        let bin = sb_echo.to_string_lossy().into_owned();
+        for pod in Pod::all() {
+            let (ns, name) = (self.pod_ns(pod), pod.name());
+            self.spawn(
+                &name,
+                &ns,
+                &[
+                    &bin,
+                    "--name",
+                    &name,
+                    "--tcp",
+                    &POD_TCP_PORT.to_string(),
+                    "--udp",
+                    &POD_UDP_PORT.to_string(),
+                ],
+                &[],
+            )?;
+        }
+        for pod in Pod::all() {
+            self.wait_pod_answers(sb_echo, pod)?;
+        }
+        Ok(())
+    }
+
+    fn wait_pod_answers(&self, sb_echo: &Path, pod: Pod) -> Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        for (flag, port) in [("--tcp", POD_TCP_PORT), ("--udp", POD_UDP_PORT)] {
+            let addr = format!("{}:{port}", pod.ip());
+            loop {
+                let run = self.client(sb_echo, Client::One, &[flag, &addr, "--timeout-ms", "300"])?;
+                if run.all_ok() && run.names() == vec![pod.name()] {
+                    break;
+                }
+                if Instant::now() > deadline {
+                    bail!(
+                        "{} does not answer {flag} {addr} from client 1: {}\npod log:\n{}",
+                        pod.name(),
+                        run.raw,
+                        self.read_log(&pod.name())
+                    );
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        Ok(())
+    }
+
+    // --- manifests -------------------------------------------------------------
+
+    /// Writes `contents` as `name` into the manifest directory atomically
+    /// (written elsewhere, then renamed in).
+    pub fn write_manifest(&self, name: &str, contents: &str) -> Result<()> {
+        let tmp = self.dir.join(format!(".{name}.tmp"));
+        fs::write(&tmp, contents).with_context(|| format!("write {}", tmp.display()))?;
+        let dest = self.manifest_dir().join(name);
+        fs::rename(&tmp, &dest).with_context(|| format!("rename into {}", dest.display()))
+    }
+
+    /// Writes the Node manifests of both nodes.
+    pub fn write_nodes(&self) -> Result<()> {
+        for node in Node::ALL {
+            self.write_manifest(&node_file(node), &node_yaml(node))?;
+        }
+        Ok(())
+    }
+
+    /// Writes `service` under `policy` with `endpoints` as its EndpointSlice.
+    pub fn write_service(&self, service: ExternalService, policy: Policy, endpoints: &[Pod]) -> Result<()> {
+        self.write_manifest(&service.service_file(), &service.yaml(policy))?;
+        self.write_manifest(&service.slice_file(), &service.endpointslice_yaml(endpoints))
+    }
+
+    /// Writes every [`ExternalService`] under `policy`, all with `endpoints`.
+    pub fn write_services(&self, policy: Policy, endpoints: &[Pod]) -> Result<()> {
+        for service in ExternalService::ALL {
+            self.write_service(service, policy, endpoints)?;
+        }
+        Ok(())
+    }
+
+    // --- agents ------------------------------------------------------------------
+
+    /// Starts `switchboard agent --source dir:<manifests> --pin-root <node's
+    /// pin root> --cgroup-root <node's cgroup> --node-name node-a|node-b
+    /// --uplink <node's uplink> <extra...>` in the node namespace with
+    /// RUST_LOG=info (or the caller's RUST_LOG), logging to `agent-a.log` /
+    /// `agent-b.log`.
+    pub fn start_agent(&mut self, node: Node, switchboard: &Path, extra: &[&str]) -> Result<u32> {
+        let bin = switchboard.to_string_lossy().into_owned();
+        let source = format!("dir:{}", self.manifest_dir().display());
+        let pin = self.pin_dir(node).to_string_lossy().into_owned();
+        // Never the host's cgroup root: always the node's own test cgroup.
+        let cgroup = self
+            .cgroup(node)
+            .ok_or_else(|| anyhow!("{} has no cgroup", node.name()))?
+            .bound
+            .to_string_lossy()
+            .into_owned();
+        let uplink = self.uplink(node);
+        let rust_log = std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into());
+        let mut args = vec![
+            bin.as_str(),
+            "agent",
+            "--source",
+            &source,
+            "--pin-root",
+            &pin,
+            "--cgroup-root",
+            &cgroup,
+            "--node-name",
+            node.name(),
+            "--uplink",
+            &uplink,
+        ];
+        args.extend_from_slice(extra);
+        let label = Self::agent_label(node);
+        let ns = self.node_ns(node);
+        let pid = self.spawn(&label, &ns, &args, &[("RUST_LOG", &rust_log)])?;
+        self.agent_started[node.index()] = true;
+        Ok(pid)
+    }
+
+    /// Stops the node's agent with SIGTERM (SIGKILL after 5 s).
+    pub fn stop_agent(&mut self, node: Node) -> Result<ExitStatus> {
+        procs::stop(&mut self.children, &Self::agent_label(node))
+    }
+
+    /// Whether the node's agent is running.
+    pub fn agent_running(&mut self, node: Node) -> bool {
+        procs::is_running(&mut self.children, &Self::agent_label(node))
+    }
+
+    /// The node's agent log so far.
+    pub fn agent_log(&self, node: Node) -> String {
+        self.read_log(&Self::agent_label(node))
+    }
+
+    /// `switchboard services -o json --pin-root <node's pin root>` in the
+    /// node namespace, parsed.
+    pub fn services(&self, node: Node, switchboard: &Path) -> Result<Vec<Frontend>> {
+        let bin = switchboard.to_string_lossy().into_owned();
+        let pin = self.pin_dir(node).to_string_lossy().into_owned();
+        let out = self.exec(
+            &self.node_ns(node),
+            &[&bin, "services", "--pin-root", &pin, "-o", "json"],
+        )?;
+        let raw = String::from_utf8_lossy(&out.stdout);
+        serde_json::from_str(&raw)
+            .with_context(|| format!("parse `switchboard services -o json` of {}: {raw}", node.name()))
+    }
+
+    /// Polls the node's `switchboard services -o json` until `pred` holds;
+    /// on timeout (or when the agent has exited) the error carries the last
+    /// output and the agent log.
+    pub fn wait_services(
+        &mut self,
+        node: Node,
+        switchboard: &Path,
+        timeout: Duration,
+        what: &str,
+        pred: impl Fn(&[Frontend]) -> bool,
+    ) -> Result<Vec<Frontend>> {
+        let deadline = Instant::now() + timeout;
+        let mut last;
+        loop {
+            match self.services(node, switchboard) {
+                Ok(frontends) if pred(&frontends) => return Ok(frontends),
+                Ok(frontends) => last = format!("{frontends:#?}"),
+                Err(e) => last = format!("{e:#}"),
+            }
+            let running = self.agent_running(node);
+            if Instant::now() > deadline || !running {
+                let state = if running { "agent running" } else { "agent NOT running" };
+                bail!(
+                    "{}: timed out after {timeout:?} waiting for {what} ({state}); last `services -o json`: {last}\n\
+                     --- agent log of {} ---\n{}--- end agent log ---",
+                    node.name(),
+                    node.name(),
+                    self.agent_log(node)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// What `bpftool net show dev <uplink>` lists as attached to the node's
+    /// uplink (XDP and tc/TCX lines), empty before the agent attaches.
+    pub fn uplink_attachments(&self, node: Node) -> Result<Vec<String>> {
+        let uplink = self.uplink(node);
+        let out = self
+            .exec(&self.node_ns(node), &["bpftool", "net", "show", "dev", &uplink])
+            .context("bpftool net show (is bpftool installed? `cargo xtask setup` installs it)")?;
+        Ok(String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|l| l.starts_with(&format!("{uplink}(")))
+            .map(str::to_string)
+            .collect())
+    }
+
+    /// Whether the node's uplink carries the agent's programs: `bpftool net`
+    /// lists one (XDP, netlink tc), or the agent logged `uplink programs
+    /// attached ... iface=<uplink>` (bpftool before 7.3 does not list TCX
+    /// links, which is how `--xdp-mode off` attaches).
+    pub fn uplink_attached(&self, node: Node) -> bool {
+        let iface = format!("iface={}", self.uplink(node));
+        let logged = self
+            .agent_log(node)
+            .lines()
+            .any(|l| l.contains("uplink programs attached") && l.contains(&iface));
+        logged || self.uplink_attachments(node).is_ok_and(|l| !l.is_empty())
+    }
+
+    /// Waits until [`Self::uplink_attached`] (the agent attaches the uplink
+    /// programs after its first map sync); on timeout the error carries the
+    /// agent log.
+    pub fn wait_uplink_attached(&mut self, node: Node, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if self.uplink_attached(node) {
+                return Ok(());
+            }
+            let running = self.agent_running(node);
+            if Instant::now() > deadline || !running {
+                let state = if running { "agent running" } else { "agent NOT running" };
+                bail!(
+                    "{}: no program on uplink {} after {timeout:?} ({state}); bpftool: {:?}\n\
+                     --- agent log of {} ---\n{}--- end agent log ---",
+                    node.name(),
+                    self.uplink(node),
+                    self.uplink_attachments(node),
+                    node.name(),
+                    self.agent_log(node)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    // --- cleanup -------------------------------------------------------------------
+
+    /// Kills the processes, deletes the namespaces (and with them the bridge
+    /// and veths), removes the cgroups, unmounts the pin roots, removes the
+    /// directories and the agents' status files. Idempotent; Drop calls it.
+    pub fn cleanup(&mut self) -> Result<()> {
+        if self.cleaned {
+            return Ok(());
+        }
+        self.cleaned = true;
+        let mut errors = Vec::new();
+        procs::terminate_all(&mut self.children);
+        for ns in self.namespaces.drain(..).rev() {
+            if let Err(e) = delete_netns(&ns) {
+                errors.push(format!("{e:#}"));
+            }
+        }
+        for cgroup in self.cgroups.iter_mut().filter_map(Option::take) {
+            if let Err(e) = cgroup.remove() {
+                errors.push(format!("{e:#}"));
+            }
+        }
+        for pin in self.mounted.drain(..) {
+            if let Err(e) = umount(&pin) {
+                errors.push(format!("{e:#}"));
+            }
+        }
+        let tag_dir = Path::new(PIN_BASE).join(&self.tag);
+        if let Err(e) = remove_dir_if_exists(&tag_dir) {
+            errors.push(format!("{e:#}"));
+        }
+        for node in Node::ALL {
+            remove_status_file(&self.pin_dir(node));
+        }
+        // Only succeeds when no other sandbox uses it.
+        let _ = fs::remove_dir(PIN_BASE);
+        if std::env::var_os("SB_KEEP_LOGS").is_none() {
+            let _ = fs::remove_dir_all(&self.dir);
+        } else {
+            eprintln!("sandbox: logs kept in {}", self.dir.display());
+        }
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(anyhow!("sandbox {} cleanup: {}", self.tag, errors.join("; ")))
+        }
+    }
+}
+
+impl Drop for TwoNodeSandbox {
+    fn drop(&mut self) {
+        if std::thread::panicking() && !self.cleaned {
+            for node in Node::ALL {
+                if self.agent_started[node.index()] {
+                    eprintln!(
+                        "--- agent log of {} (sandbox {}) ---\n{}--- end agent log ---",
+                        node.name(),
+                        self.tag,
+                        self.agent_log(node)
+                    );
+                }
+            }
+        }
+        if let Err(e) = self.cleanup() {
+            eprintln!("{e:#}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::cleanup::{is_role, status_file_tag, test_tag_of};
+    use super::super::status_file;
+    use super::*;
+
+    #[test]
+    fn names_and_addresses() {
+        let names: Vec<String> = Pod::all().iter().map(|p| p.name()).collect();
+        assert_eq!(names, ["podA1", "podA2", "podB1", "podB2"]);
+        let ips: Vec<String> = Pod::all().iter().map(|p| p.ip()).collect();
+        assert_eq!(ips, ["10.244.1.2", "10.244.1.3", "10.244.2.2", "10.244.2.3"]);
+        assert_eq!(Node::B.gateway(), "10.244.2.1");
+        assert_eq!(Client::Two.ip(), "192.168.50.101");
+    }
+
+    #[test]
+    fn namespaces_are_found_by_the_stale_cleanup() {
+        for role in ["lan", "na", "nb", "pa1", "pb2", "c1", "c2"] {
+            assert!(is_role(role), "{role}");
+            let ns = format!("sbt4194304-99-{role}");
+            assert_eq!(test_tag_of(&ns).as_deref(), Some("sbt4194304-99"), "{ns}");
+        }
+        assert!(!is_role("pc1") && !is_role("c") && !is_role("nc"));
+    }
+
+    #[test]
+    fn node_status_files_are_found_by_the_stale_cleanup() {
+        for node in Node::ALL {
+            let pin = Path::new(PIN_BASE).join("sbt12-0").join(node.role()).join("bpf");
+            let file = status_file(&pin);
+            let name = file.file_name().unwrap().to_str().unwrap();
+            assert_eq!(status_file_tag(name), Some("sbt12-0"), "{name}");
+        }
+        assert_eq!(
+            status_file_tag("_run_switchboard-test_sbt12-0_xx_bpf.json"),
+            None
+        );
+    }
+}

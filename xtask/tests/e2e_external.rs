@@ -1,0 +1,398 @@
+//! Netns end-to-end tests of traffic from outside the nodes (root only):
+//! NodePort, LoadBalancer IP and external IP, with `externalTrafficPolicy`
+//! Cluster and Local, the healthCheckNodePort, and the XDP modes.
+//!
+//! Each test builds a two-node sandbox (`xtask::sandbox::two_node`): nodes A
+//! (192.168.50.1) and B (192.168.50.2) on a bridged LAN, pods podA1/podA2
+//! (10.244.1.2/.3) and podB1/podB2 (10.244.2.2/.3), and external clients
+//! 192.168.50.100 and .101 that send the Service addresses via node A unless
+//! a test routes them elsewhere. Every node runs its own agent over one shared
+//! manifest directory.
+//!
+//! Peer addresses asserted (what kube-proxy does):
+//! - `Cluster` policy, backend on another node: the request is SNATed to the
+//!   entry node's address, so the pod sees 192.168.50.1;
+//! - `Cluster` policy, backend on the entry node: DNAT only, the pod sees the
+//!   client's own address;
+//! - `Local` policy: the pod sees the client's own address; through a node
+//!   without local endpoints the request is dropped (the client times out).
+//!
+//! The binaries come from SWITCHBOARD_BIN and SB_ECHO_BIN (`cargo xtask test`).
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use xtask::sandbox::two_node::manifests::{
+    EntryPoint, ExternalService, Policy, Proto, HEALTH_CHECK_NODE_PORT, NODEPORT_TCP,
+    NODEPORT_UDP,
+};
+use xtask::sandbox::two_node::{Client, Node, Pod, EXTERNAL_IP, LB_IP};
+use xtask::sandbox::{
+    gro_enabled, is_mountpoint, list_netns, Attempt, ClientRun, TwoNodeSandbox, PIN_BASE,
+    POD_TCP_PORT, POD_UDP_PORT,
+};
+use xtask::testenv::{sb_echo, two_node_sandbox, two_node_with_agents};
+
+/// Attempts per entry point that must all succeed.
+const COUNT: u32 = 20;
+
+fn hit(sb: &TwoNodeSandbox, from: Client, entry: &EntryPoint, count: u32, timeout_ms: u64) -> ClientRun {
+    sb.hit(&sb_echo(), from, entry, count, timeout_ms)
+        .unwrap_or_else(|e| panic!("{e:#}"))
+}
+
+/// The IPs (without port) the pods saw as their peer.
+fn pod_saw_ips(run: &ClientRun) -> BTreeSet<String> {
+    run.attempts
+        .iter()
+        .filter_map(|a| match a {
+            Attempt::Ok { pod_saw, .. } => pod_saw.split(':').next().map(str::to_string),
+            Attempt::Err { .. } => None,
+        })
+        .collect()
+}
+
+fn names(pods: &[Pod]) -> BTreeSet<String> {
+    pods.iter().map(|p| p.name()).collect()
+}
+
+/// Every attempt of `run` (to `entry`) succeeded, was answered by one of
+/// `pods`, showed `entry` as the client's peer and `peer_ip` as the pod's.
+fn assert_answers(run: &ClientRun, entry: &EntryPoint, pods: &[Pod], peer_ip: &str, why: &str) {
+    assert!(
+        run.all_ok(),
+        "{entry}: {} of {} attempts failed ({why}):\n{}",
+        run.failures(),
+        run.attempts.len(),
+        run.raw
+    );
+    let answered: BTreeSet<String> = run.names().into_iter().collect();
+    let allowed = names(pods);
+    assert!(
+        answered.is_subset(&allowed),
+        "{entry}: answered by {answered:?}, expected only {allowed:?} ({why}):\n{}",
+        run.raw
+    );
+    assert_eq!(
+        run.client_saw(),
+        vec![entry.addr()],
+        "{entry}: the client saw another peer (replies not reverse-NATed):\n{}",
+        run.raw
+    );
+    assert_eq!(
+        pod_saw_ips(run),
+        BTreeSet::from([peer_ip.to_string()]),
+        "{entry}: the pods saw another peer address than {peer_ip} ({why}):\n{}",
+        run.raw
+    );
+}
+
+/// A timeout (the request was dropped), not a refusal or a reset.
+fn is_timeout(message: &str) -> bool {
+    message.contains("timed out") || message.contains("os error 11")
+}
+
+/// Every attempt of `run` timed out.
+fn assert_dropped(run: &ClientRun, entry: &EntryPoint, why: &str) {
+    let unexpected: Vec<&Attempt> = run
+        .attempts
+        .iter()
+        .filter(|a| !matches!(a, Attempt::Err { message, .. } if is_timeout(message)))
+        .collect();
+    assert!(
+        !run.attempts.is_empty() && unexpected.is_empty(),
+        "{entry}: expected every attempt to time out ({why}), got:\n{}",
+        run.raw
+    );
+}
+
+/// Every entry point of every external Service through `via`.
+fn entry_points(via: Node) -> Vec<EntryPoint> {
+    ExternalService::ALL
+        .iter()
+        .flat_map(|s| s.entry_points(via))
+        .collect()
+}
+
+// --- the sandbox itself ---------------------------------------------------
+
+/// Without any agent: both external clients reach all four pods at their
+/// own addresses over TCP and UDP (through node A, and through node B after
+/// re-routing), pods reach each other across and within nodes, every peer
+/// sees the other's own address, GRO is on where XDP needs NAPI, and cleanup
+/// leaves nothing behind.
+#[test]
+fn two_node_topology_routes_pods_and_nodes() {
+    let echo = sb_echo();
+    let mut sb = two_node_sandbox();
+    let tag = sb.tag.clone();
+    sb.route_pods_via(Client::Two, Node::B)
+        .expect("route client 2's pod traffic via node B");
+    for client in Client::ALL {
+        for pod in Pod::all() {
+            for (flag, port) in [("--tcp", POD_TCP_PORT), ("--udp", POD_UDP_PORT)] {
+                let addr = format!("{}:{port}", pod.ip());
+                let run = sb
+                    .client(&echo, client, &[flag, &addr, "--count", "3"])
+                    .expect("run the client");
+                assert!(run.all_ok(), "{client:?} {flag} {addr}:\n{}", run.raw);
+                assert_eq!(run.names(), vec![pod.name(); 3], "{}", run.raw);
+                assert_eq!(run.client_saw(), vec![addr.clone()], "{}", run.raw);
+                assert_eq!(
+                    pod_saw_ips(&run),
+                    BTreeSet::from([client.ip().to_string()]),
+                    "{client:?} {flag} {addr}: the pod saw another address:\n{}",
+                    run.raw
+                );
+            }
+        }
+    }
+
+    let a1 = Pod::new(Node::A, 1);
+    for target in [Pod::new(Node::B, 1), Pod::new(Node::A, 2)] {
+        for (flag, port) in [("--tcp", POD_TCP_PORT), ("--udp", POD_UDP_PORT)] {
+            let addr = format!("{}:{port}", target.ip());
+            let run = sb
+                .client_in(&echo, &sb.pod_ns(a1), &[flag, &addr, "--count", "3"])
+                .expect("run the client in podA1");
+            assert!(run.all_ok(), "podA1 → {flag} {addr}:\n{}", run.raw);
+            assert_eq!(run.names(), vec![target.name(); 3], "{}", run.raw);
+            assert_eq!(
+                pod_saw_ips(&run),
+                BTreeSet::from([a1.ip()]),
+                "podA1 → {addr}: {} saw another address:\n{}",
+                target.name(),
+                run.raw
+            );
+        }
+    }
+
+    // GRO (NAPI) on the bridge-side ends of the uplinks and the pods' eth0.
+    for node in Node::ALL {
+        let peer = sb.uplink_peer(node);
+        assert!(
+            gro_enabled(&sb.lan_ns(), &peer).expect("read GRO"),
+            "GRO is off on {peer}"
+        );
+    }
+    for pod in Pod::all() {
+        assert!(
+            gro_enabled(&sb.pod_ns(pod), "eth0").expect("read GRO"),
+            "GRO is off on {}'s eth0",
+            pod.name()
+        );
+    }
+
+    // Service routes follow route_services_via.
+    sb.route_services_via(Client::One, Node::B)
+        .expect("route services via node B");
+    for service_ip in [LB_IP, EXTERNAL_IP] {
+        let out = sb
+            .exec(&sb.client_ns(Client::One), &["ip", "route", "get", service_ip])
+            .expect("ip route get");
+        let route = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            route.contains(&format!("via {}", Node::B.ip())),
+            "{service_ip} not routed via node B: {route}"
+        );
+    }
+    // Without an agent nothing answers the Service addresses.
+    let lb = &ExternalService::LoadBalancer.entry_points(Node::B)[0];
+    let run = hit(&sb, Client::One, lb, 1, 300);
+    assert_eq!(run.failures(), 1, "{lb} answered without an agent:\n{}", run.raw);
+
+    let pins: Vec<_> = Node::ALL.iter().map(|&n| sb.pin_dir(n)).collect();
+    let cgroups: Vec<_> = Node::ALL
+        .iter()
+        .map(|&n| sb.cgroup(n).expect("node cgroup").real.clone())
+        .collect();
+    for pin in &pins {
+        assert!(is_mountpoint(pin), "{} is not a bpffs mount", pin.display());
+    }
+    sb.cleanup().expect("cleanup");
+    let left: Vec<String> = list_netns()
+        .expect("ip netns list")
+        .into_iter()
+        .filter(|ns| ns.starts_with(&format!("{tag}-")))
+        .collect();
+    assert!(left.is_empty(), "namespaces left: {left:?}");
+    for pin in &pins {
+        assert!(!is_mountpoint(pin), "{} still mounted", pin.display());
+    }
+    for cgroup in &cgroups {
+        assert!(!cgroup.exists(), "cgroup {} left", cgroup.display());
+    }
+    assert!(!std::path::Path::new(PIN_BASE).join(&tag).exists());
+}
+
+// --- what the agent does with traffic from outside (issue 8) ---------------
+
+/// Cluster policy, endpoints only on node A: through node A every request
+/// reaches a pod of node A, which sees the client's own address (DNAT only).
+#[test]
+#[ignore = "needs the uplink programs (issue 8)"]
+fn external_cluster_policy_local_backends_see_the_client() {
+    let pods = Node::A.pods();
+    let sb = two_node_with_agents(Policy::Cluster, &pods, &[]);
+    for entry in entry_points(Node::A) {
+        let run = hit(&sb, Client::One, &entry, COUNT, 1000);
+        assert_answers(
+            &run,
+            &entry,
+            &pods,
+            Client::One.ip(),
+            "Cluster policy, local backend through node A: DNAT only",
+        );
+    }
+}
+
+/// Cluster policy, endpoints only on node B: through node A every request is
+/// forwarded to a pod of node B, which sees node A's address (SNAT).
+#[test]
+#[ignore = "needs the uplink programs (issue 8)"]
+fn external_cluster_policy_remote_backends_see_the_entry_node() {
+    let pods = Node::B.pods();
+    let sb = two_node_with_agents(Policy::Cluster, &pods, &[]);
+    for entry in entry_points(Node::A) {
+        let run = hit(&sb, Client::One, &entry, COUNT, 1000);
+        assert_answers(
+            &run,
+            &entry,
+            &pods,
+            Node::A.ip(),
+            "Cluster policy, remote backend through node A: SNAT to node A",
+        );
+    }
+}
+
+/// Local policy, endpoints only on node A: through node A the pods see the
+/// client's own address.
+#[test]
+#[ignore = "needs the uplink programs (issue 8)"]
+fn external_local_policy_keeps_the_client_address() {
+    let pods = Node::A.pods();
+    let sb = two_node_with_agents(Policy::Local, &pods, &[]);
+    for entry in entry_points(Node::A) {
+        let run = hit(&sb, Client::One, &entry, COUNT, 1000);
+        assert_answers(
+            &run,
+            &entry,
+            &pods,
+            Client::One.ip(),
+            "Local policy keeps the client's address",
+        );
+    }
+}
+
+/// Local policy, endpoints only on node B: through node A (no local
+/// endpoints) every request is dropped; through node B it reaches node B's
+/// pods with the client's own address.
+#[test]
+#[ignore = "needs the uplink programs (issue 8)"]
+fn external_local_policy_drops_without_local_endpoints() {
+    let pods = Node::B.pods();
+    let sb = two_node_with_agents(Policy::Local, &pods, &[]);
+    for entry in entry_points(Node::A) {
+        let run = hit(&sb, Client::One, &entry, 3, 500);
+        assert_dropped(&run, &entry, "Local policy through node A, which has no local endpoint");
+    }
+    sb.route_services_via(Client::One, Node::B)
+        .expect("route services via node B");
+    for entry in entry_points(Node::B) {
+        let run = hit(&sb, Client::One, &entry, COUNT, 1000);
+        assert_answers(
+            &run,
+            &entry,
+            &pods,
+            Client::One.ip(),
+            "Local policy through node B, which has the endpoints",
+        );
+    }
+}
+
+/// Polls `GET http://<node>:32000/` from client 1 until it answers `status`
+/// (5 s at most); returns the body.
+fn wait_health(sb: &TwoNodeSandbox, node: Node, status: u16) -> String {
+    let addr: SocketAddr = format!("{}:{HEALTH_CHECK_NODE_PORT}", node.ip())
+        .parse()
+        .expect("valid address");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let last = sb.http_get(Client::One, addr, "/", Duration::from_millis(500));
+        match &last {
+            Ok(r) if r.status == status => return r.body.clone(),
+            _ if Instant::now() > deadline => panic!(
+                "healthCheckNodePort of {} ({addr}): expected HTTP {status}, last answer: {last:?}\n\
+                 --- agent log ---\n{}",
+                node.name(),
+                sb.agent_log(node)
+            ),
+            _ => std::thread::sleep(Duration::from_millis(100)),
+        }
+    }
+}
+
+/// `localEndpoints` of a health check answer (kube-proxy's JSON body).
+fn local_endpoints(body: &str) -> Option<u64> {
+    let v: serde_json::Value = serde_json::from_str(body.trim()).ok()?;
+    v.get("localEndpoints")?.as_u64()
+}
+
+/// healthCheckNodePort (32000) of the Local LoadBalancer Service: 200 with
+/// `"localEndpoints": 2` on node A, which has both endpoints; 503 on node B,
+/// which has none.
+#[test]
+#[ignore = "needs the uplink programs (issue 8)"]
+fn health_check_node_port_reports_local_endpoints() {
+    let pods = Node::A.pods();
+    let sb = two_node_with_agents(Policy::Local, &pods, &[]);
+    let body = wait_health(&sb, Node::A, 200);
+    assert_eq!(
+        local_endpoints(&body),
+        Some(pods.len() as u64),
+        "node A's health check body lacks \"localEndpoints\": {}: {body}",
+        pods.len()
+    );
+    let body = wait_health(&sb, Node::B, 503);
+    assert_eq!(
+        local_endpoints(&body),
+        Some(0),
+        "node B's health check body lacks \"localEndpoints\": 0: {body}"
+    );
+}
+
+/// NodePort (TCP and UDP) through node A to backends on node B, with the
+/// agents in `xdp_mode`: every request answered by node B's pods, which see
+/// node A's address.
+fn nodeport_remote_with_xdp_mode(xdp_mode: &str) {
+    let pods = Node::B.pods();
+    let sb = two_node_with_agents(Policy::Cluster, &pods, &["--xdp-mode", xdp_mode]);
+    for (port, proto) in [(NODEPORT_TCP, Proto::Tcp), (NODEPORT_UDP, Proto::Udp)] {
+        let entry = EntryPoint {
+            address: Node::A.ip().to_string(),
+            port,
+            proto,
+        };
+        let run = hit(&sb, Client::One, &entry, COUNT, 1000);
+        assert_answers(
+            &run,
+            &entry,
+            &pods,
+            Node::A.ip(),
+            &format!("--xdp-mode {xdp_mode}, remote backends through node A"),
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs the uplink programs (issue 8)"]
+fn nodeport_with_xdp_native() {
+    nodeport_remote_with_xdp_mode("native");
+}
+
+#[test]
+#[ignore = "needs the uplink programs (issue 8)"]
+fn nodeport_with_xdp_off() {
+    nodeport_remote_with_xdp_mode("off");
+}
