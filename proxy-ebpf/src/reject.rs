@@ -4,8 +4,10 @@
 //! "connection refused" and a connected UDP socket gets `ECONNREFUSED`,
 //! instead of waiting for a timeout.
 //!
-//! The packet itself becomes the answer: its first bytes are copied to the
-//! stack, the packet is cut (or grown) to [`FRAME_LEN`] bytes and rewritten as
+//! The packet itself becomes the answer: its first 42 bytes (Ethernet
+//! header, IPv4 header, 8 bytes of payload) are kept (tc: copied into the one
+//! stack buffer the answer is built in; XDP: left in place in the frame), the
+//! packet is cut (or grown) to [`FRAME_LEN`] bytes and rewritten as
 //!
 //! ```text
 //! Ethernet  addresses swapped
@@ -62,6 +64,9 @@ const QUOTE_LEN: usize = IPV4_MIN_HLEN + 8;
 const ICMP_HLEN: usize = 8;
 /// The whole answer, Ethernet header included.
 pub const FRAME_LEN: usize = ETH_HLEN + IPV4_MIN_HLEN + ICMP_HLEN + QUOTE_LEN;
+/// The bytes of the original frame the answer is made of: its Ethernet
+/// header and the quote.
+const ORIGINAL_LEN: usize = ETH_HLEN + QUOTE_LEN;
 const ICMP_OFF: usize = ETH_HLEN + IPV4_MIN_HLEN;
 const QUOTE_OFF: usize = ICMP_OFF + ICMP_HLEN;
 
@@ -101,23 +106,23 @@ pub fn tc_reject(ctx: &TcContext, flow: &Flow) -> i32 {
         return tc_drop();
     }
     let skb = ctx.skb.skb;
-    let mut eth = [0u8; 12];
-    let mut quote = [0u8; QUOTE_LEN];
-    // SAFETY: the helpers copy constant lengths into stack buffers of exactly
-    // that size; `skb` is this program's context.
+    // One buffer (stack space is scarce): the original first bytes go in
+    // first and are turned into the answer in place ([`build_in_place`]).
+    let mut frame = [0u8; FRAME_LEN];
+    // SAFETY: the helper copies a constant length into a stack buffer at
+    // least that large; `skb` is this program's context.
     let loaded = unsafe {
-        bpf_skb_load_bytes(skb as *const _, 0, eth.as_mut_ptr() as *mut _, 12) == 0
-            && bpf_skb_load_bytes(
-                skb as *const _,
-                ETH_HLEN as u32,
-                quote.as_mut_ptr() as *mut _,
-                QUOTE_LEN as u32,
-            ) == 0
+        bpf_skb_load_bytes(
+            skb as *const _,
+            0,
+            frame.as_mut_ptr() as *mut _,
+            ORIGINAL_LEN as u32,
+        ) == 0
     };
-    if !loaded || is_later_fragment(&quote) {
+    if !loaded || is_later_fragment(&frame) {
         return tc_drop();
     }
-    let frame = build(&eth, &quote);
+    build_in_place(&mut frame);
     // SAFETY: resizing helper on our own context; no packet pointer is used
     // after it.
     if unsafe { bpf_skb_change_tail(skb, FRAME_LEN as u32, 0) } != 0 {
@@ -127,7 +132,7 @@ pub fn tc_reject(ctx: &TcContext, flow: &Flow) -> i32 {
         return tc_drop();
     }
     count(stat::REJECTED);
-    // SAFETY: reads of our context, then a helper without memory arguments.
+    // SAFETY: a read of our context, then a helper without memory arguments.
     unsafe { bpf_redirect((*skb).ifindex, 0) as i32 }
 }
 
@@ -137,29 +142,26 @@ fn tc_drop() -> i32 {
     TC_ACT_SHOT as i32
 }
 
-/// `sb_xdp_uplink`: the same as [`tc_reject`], answered with `XDP_TX`.
+/// `sb_xdp_uplink`: the same as [`tc_reject`], answered with `XDP_TX`. The
+/// frame is resized first and rewritten in place: the original first bytes
+/// stay where they are, and nothing but the frame holds them.
 #[inline(always)]
 pub fn xdp_reject(ctx: &XdpContext, flow: &Flow) -> u32 {
     if !answerable(flow) {
         return xdp_drop();
     }
     let start = ctx.data();
-    if start + ETH_HLEN + QUOTE_LEN > ctx.data_end() {
+    if start + ORIGINAL_LEN > ctx.data_end() {
         return xdp_drop();
     }
-    // SAFETY: the check above covers both copies; unaligned reads of bytes.
-    let (eth, quote) = unsafe {
-        (
-            *(start as *const [u8; 12]),
-            *((start + ETH_HLEN) as *const [u8; QUOTE_LEN]),
-        )
-    };
-    if is_later_fragment(&quote) {
+    // SAFETY: the check above covers the original bytes; a read.
+    if is_later_fragment(unsafe { &*(start as *const [u8; FRAME_LEN]) }) {
         return xdp_drop();
     }
-    let frame = build(&eth, &quote);
     let delta = FRAME_LEN as i32 - (ctx.data_end() - ctx.data()) as i32;
     // SAFETY: resizing helper on our own context; pointers are taken anew.
+    // Growing keeps the bytes before the old end; shrinking those before the
+    // new one.
     if unsafe { bpf_xdp_adjust_tail(ctx.ctx, delta) } != 0 {
         return xdp_drop();
     }
@@ -168,7 +170,7 @@ pub fn xdp_reject(ctx: &XdpContext, flow: &Flow) -> u32 {
         return xdp_drop();
     }
     // SAFETY: the check above covers the whole frame; XDP may write it.
-    unsafe { *(start as *mut [u8; FRAME_LEN]) = frame };
+    build_in_place(unsafe { &mut *(start as *mut [u8; FRAME_LEN]) });
     count(stat::REJECTED);
     xdp_action::XDP_TX
 }
@@ -191,21 +193,31 @@ fn answerable(flow: &Flow) -> bool {
 }
 
 /// A fragment other than the first (its bytes after the header are not the
-/// L4 header).
+/// L4 header). `f` starts with the original frame.
 #[inline(always)]
-fn is_later_fragment(quote: &[u8; QUOTE_LEN]) -> bool {
-    u16::from_be_bytes([quote[6], quote[7]]) & IP_OFFSET_MASK != 0
+fn is_later_fragment(f: &[u8; FRAME_LEN]) -> bool {
+    u16::from_be_bytes([f[ETH_HLEN + 6], f[ETH_HLEN + 7]]) & IP_OFFSET_MASK != 0
 }
 
-/// The answer, from the original frame's two MAC addresses and its quote.
+/// Turns `f`, whose first [`ORIGINAL_LEN`] bytes are the original frame's,
+/// into the answer. Each step reads only bytes no earlier step overwrote:
+/// the quote is copied out of the way first (bytes 14..42 to 42..70), the
+/// Ethernet addresses are swapped in place, the IPv4 header is built from
+/// the quote, and the ICMP header (34..42) goes over what was left of the
+/// original.
 #[inline(always)]
-fn build(eth: &[u8; 12], quote: &[u8; QUOTE_LEN]) -> [u8; FRAME_LEN] {
-    let mut f = [0u8; FRAME_LEN];
+fn build_in_place(f: &mut [u8; FRAME_LEN]) {
+    let mut k = 0;
+    while k < QUOTE_LEN {
+        f[QUOTE_OFF + k] = f[ETH_HLEN + k];
+        k += 1;
+    }
     // Ethernet: destination = the original source and the reverse.
     let mut i = 0;
     while i < 6 {
-        f[i] = eth[6 + i];
-        f[6 + i] = eth[i];
+        let dst = f[i];
+        f[i] = f[6 + i];
+        f[6 + i] = dst;
         i += 1;
     }
     f[12] = 0x08;
@@ -214,33 +226,38 @@ fn build(eth: &[u8; 12], quote: &[u8; QUOTE_LEN]) -> [u8; FRAME_LEN] {
     let total = (IPV4_MIN_HLEN + ICMP_HLEN + QUOTE_LEN) as u16;
     let ip = ETH_HLEN;
     f[ip] = 0x45;
-    f[ip + 1] = quote[1]; // the original TOS
+    f[ip + 1] = f[QUOTE_OFF + 1]; // the original TOS
     f[ip + 2] = (total >> 8) as u8;
     f[ip + 3] = total as u8;
+    let mut z = 4;
+    while z < 12 {
+        f[ip + z] = 0; // id, flags + fragment offset, TTL, protocol, checksum
+        z += 1;
+    }
     f[ip + 8] = 64;
     f[ip + 9] = PROTO_ICMP;
     // Source: the address the client sent to; destination: the client.
     let mut j = 0;
     while j < 4 {
-        f[ip + 12 + j] = quote[16 + j];
-        f[ip + 16 + j] = quote[12 + j];
+        f[ip + 12 + j] = f[QUOTE_OFF + 16 + j];
+        f[ip + 16 + j] = f[QUOTE_OFF + 12 + j];
         j += 1;
     }
-    let csum = checksum::<ETH_HLEN, IPV4_MIN_HLEN>(&f);
+    let csum = checksum::<ETH_HLEN, IPV4_MIN_HLEN>(f);
     f[ip + 10] = csum[0];
     f[ip + 11] = csum[1];
-    // ICMP, then the quote; the checksum covers both.
+    // ICMP (type, code, checksum, 4 unused bytes); its checksum covers the
+    // quote too.
     f[ICMP_OFF] = ICMP_DEST_UNREACH;
     f[ICMP_OFF + 1] = ICMP_PORT_UNREACH;
-    let mut k = 0;
-    while k < QUOTE_LEN {
-        f[QUOTE_OFF + k] = quote[k];
-        k += 1;
+    let mut u = 2;
+    while u < ICMP_HLEN {
+        f[ICMP_OFF + u] = 0;
+        u += 1;
     }
-    let csum = checksum::<ICMP_OFF, { ICMP_HLEN + QUOTE_LEN }>(&f);
+    let csum = checksum::<ICMP_OFF, { ICMP_HLEN + QUOTE_LEN }>(f);
     f[ICMP_OFF + 2] = csum[0];
     f[ICMP_OFF + 3] = csum[1];
-    f
 }
 
 /// The Internet checksum of `N` (even) bytes of `f` from `OFF`, as the two

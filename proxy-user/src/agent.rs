@@ -111,6 +111,16 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
         .context("subscribing to link events")?;
     tokio::spawn(connection);
     let mut attacher = Attacher::new(config.tc_mode, &config.pin_root);
+    // Pod interfaces first, as before any sync (a restart keeps its pinned
+    // links anyway); named uplinks are no pod interfaces even when they are
+    // veths.
+    if !config.uplinks.is_empty() {
+        let named = uplink::resolve(&handle, &config.uplinks, &[])
+            .await
+            .context("finding the uplinks (--uplink)")?;
+        attacher.set_uplinks(named.iter().map(|u| u.index).collect());
+    }
+    rescan(&handle, &mut attacher, &mut ebpf).await;
 
     let mut snapshots = match (&config.source, cluster_client) {
         (Source::Dir(dir), _) => dir::watch_dir(dir.clone(), config.node_name.clone())
@@ -150,8 +160,7 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
     sync.nodeports.refresh(&handle).await;
     let initial = snapshots.borrow_and_update().clone();
     sync.on_snapshot(&initial);
-    // Interfaces after the first sync, so no program runs on maps the source
-    // has not filled yet (a restart adopts pinned links that keep running).
+    // Uplinks after the first sync: the Node's addresses may name them.
     let node_addrs = initial
         .node
         .as_ref()
@@ -160,7 +169,6 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
     let uplinks = setup_uplinks(&handle, &config, &node_addrs, &mut ebpf, sync.syncer.store_mut())
         .await?;
     attacher.set_uplinks(uplinks.iter().map(|u| u.index).collect());
-    rescan(&handle, &mut attacher, &mut ebpf).await;
     // After the first sync, so the socket layer never balances from maps the
     // source has not filled yet.
     match &config.socket_lb_cgroup {

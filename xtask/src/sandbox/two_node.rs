@@ -57,7 +57,7 @@ use anyhow::{anyhow, bail, Context, Result};
 
 use super::cgroup::TestCgroup;
 use super::cleanup::{purge_tag, remove_status_file, NODE_ROLES};
-use super::netns::{enable_gro, HttpResponse};
+use super::netns::{disable_tx_checksum, enable_gro, HttpResponse};
 use super::procs::{self, Children};
 use super::sys::{delete_netns, ip, mount_bpffs, remove_dir_if_exists, umount};
 use super::{next_test_tag, ClientRun, Frontend, PIN_BASE, POD_TCP_PORT, POD_UDP_PORT};
@@ -413,7 +413,17 @@ impl TwoNodeSandbox {
 
     fn create_lan(&self) -> Result<()> {
         let (lan, br) = (self.lan_ns(), self.bridge());
-        ip(&["-n", &lan, "link", "add", &br, "type", "bridge", "stp_state", "0"])?;
+        ip(&[
+            "-n",
+            &lan,
+            "link",
+            "add",
+            &br,
+            "type",
+            "bridge",
+            "stp_state",
+            "0",
+        ])?;
         ip(&["-n", &lan, "link", "set", &br, "up"])
     }
 
@@ -425,11 +435,25 @@ impl TwoNodeSandbox {
     }
 
     fn create_uplink(&self, node: Node) -> Result<()> {
-        let (ns, uplink, peer) = (self.node_ns(node), self.uplink(node), self.uplink_peer(node));
+        let (ns, uplink, peer) = (
+            self.node_ns(node),
+            self.uplink(node),
+            self.uplink_peer(node),
+        );
         // Created inside the node namespace with the peer directly in the
         // LAN namespace: nothing ever appears in the root namespace.
         ip(&[
-            "-n", &ns, "link", "add", &uplink, "type", "veth", "peer", "name", &peer, "netns",
+            "-n",
+            &ns,
+            "link",
+            "add",
+            &uplink,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            &peer,
+            "netns",
             &self.lan_ns(),
         ])?;
         let addr = format!("{}/{LAN_PREFIX_LEN}", node.ip());
@@ -439,14 +463,23 @@ impl TwoNodeSandbox {
     }
 
     fn create_pod_link(&self, pod: Pod) -> Result<()> {
-        let (node_ns, pod_ns, host_if) = (self.node_ns(pod.node), self.pod_ns(pod), self.pod_if(pod));
+        let (node_ns, pod_ns, host_if) =
+            (self.node_ns(pod.node), self.pod_ns(pod), self.pod_if(pod));
         let gateway = pod.node.gateway();
         let pod_ip = pod.ip();
         ip(&[
             "-n", &node_ns, "link", "add", &host_if, "type", "veth", "peer", "name", "eth0",
             "netns", &pod_ns,
         ])?;
-        ip(&["-n", &node_ns, "addr", "add", &format!("{gateway}/32"), "dev", &host_if])?;
+        ip(&[
+            "-n",
+            &node_ns,
+            "addr",
+            "add",
+            &format!("{gateway}/32"),
+            "dev",
+            &host_if,
+        ])?;
         ip(&["-n", &node_ns, "link", "set", &host_if, "up"])?;
         ip(&[
             "-n",
@@ -461,16 +494,38 @@ impl TwoNodeSandbox {
             "src",
             &gateway,
         ])?;
-        ip(&["-n", &pod_ns, "addr", "add", &format!("{pod_ip}/32"), "dev", "eth0"])?;
+        ip(&[
+            "-n",
+            &pod_ns,
+            "addr",
+            "add",
+            &format!("{pod_ip}/32"),
+            "dev",
+            "eth0",
+        ])?;
         ip(&["-n", &pod_ns, "link", "set", "eth0", "up"])?;
-        ip(&["-n", &pod_ns, "route", "add", &gateway, "dev", "eth0", "scope", "link"])?;
-        ip(&["-n", &pod_ns, "route", "add", "default", "via", &gateway, "dev", "eth0"])
+        ip(&[
+            "-n", &pod_ns, "route", "add", &gateway, "dev", "eth0", "scope", "link",
+        ])?;
+        ip(&[
+            "-n", &pod_ns, "route", "add", "default", "via", &gateway, "dev", "eth0",
+        ])
     }
 
     fn create_client(&self, client: Client) -> Result<()> {
         let (ns, port) = (self.client_ns(client), self.client_port(client));
         ip(&[
-            "-n", &ns, "link", "add", "eth0", "type", "veth", "peer", "name", &port, "netns",
+            "-n",
+            &ns,
+            "link",
+            "add",
+            "eth0",
+            "type",
+            "veth",
+            "peer",
+            "name",
+            &port,
+            "netns",
             &self.lan_ns(),
         ])?;
         let addr = format!("{}/{LAN_PREFIX_LEN}", client.ip());
@@ -490,6 +545,18 @@ impl TwoNodeSandbox {
         }
         for pod in Pod::all() {
             enable_gro(&self.pod_ns(pod), "eth0")?;
+        }
+        // The LAN stands for a wire: whatever crosses it carries complete
+        // checksums (see `disable_tx_checksum`). Pods' packets cross it too,
+        // forwarded by their node.
+        for pod in Pod::all() {
+            disable_tx_checksum(&self.pod_ns(pod), "eth0")?;
+        }
+        for client in Client::ALL {
+            disable_tx_checksum(&self.client_ns(client), "eth0")?;
+        }
+        for node in Node::ALL {
+            disable_tx_checksum(&self.node_ns(node), &self.uplink(node))?;
         }
         Ok(())
     }
@@ -559,7 +626,13 @@ impl TwoNodeSandbox {
 
     /// Starts `cmd` in `ns` in the background with `env`; output goes to
     /// `<dir>/<label>.log`. Cleanup kills it.
-    pub fn spawn(&mut self, label: &str, ns: &str, cmd: &[&str], env: &[(&str, &str)]) -> Result<u32> {
+    pub fn spawn(
+        &mut self,
+        label: &str,
+        ns: &str,
+        cmd: &[&str],
+        env: &[(&str, &str)],
+    ) -> Result<u32> {
         let mut c = self.command(ns, cmd);
         c.envs(env.iter().copied());
         let log = self.log_path(label);
@@ -663,7 +736,8 @@ impl TwoNodeSandbox {
         for (flag, port) in [("--tcp", POD_TCP_PORT), ("--udp", POD_UDP_PORT)] {
             let addr = format!("{}:{port}", pod.ip());
             loop {
-                let run = self.client(sb_echo, Client::One, &[flag, &addr, "--timeout-ms", "300"])?;
+                let run =
+                    self.client(sb_echo, Client::One, &[flag, &addr, "--timeout-ms", "300"])?;
                 if run.all_ok() && run.names() == vec![pod.name()] {
                     break;
                 }
@@ -701,9 +775,17 @@ impl TwoNodeSandbox {
     }
 
     /// Writes `service` under `policy` with `endpoints` as its EndpointSlice.
-    pub fn write_service(&self, service: ExternalService, policy: Policy, endpoints: &[Pod]) -> Result<()> {
+    pub fn write_service(
+        &self,
+        service: ExternalService,
+        policy: Policy,
+        endpoints: &[Pod],
+    ) -> Result<()> {
         self.write_manifest(&service.service_file(), &service.yaml(policy))?;
-        self.write_manifest(&service.slice_file(), &service.endpointslice_yaml(endpoints))
+        self.write_manifest(
+            &service.slice_file(),
+            &service.endpointslice_yaml(endpoints),
+        )
     }
 
     /// Writes every [`ExternalService`] under `policy`, all with `endpoints`.
@@ -781,8 +863,12 @@ impl TwoNodeSandbox {
             &[&bin, "services", "--pin-root", &pin, "-o", "json"],
         )?;
         let raw = String::from_utf8_lossy(&out.stdout);
-        serde_json::from_str(&raw)
-            .with_context(|| format!("parse `switchboard services -o json` of {}: {raw}", node.name()))
+        serde_json::from_str(&raw).with_context(|| {
+            format!(
+                "parse `switchboard services -o json` of {}: {raw}",
+                node.name()
+            )
+        })
     }
 
     /// Polls the node's `switchboard services -o json` until `pred` holds;
@@ -806,7 +892,11 @@ impl TwoNodeSandbox {
             }
             let running = self.agent_running(node);
             if Instant::now() > deadline || !running {
-                let state = if running { "agent running" } else { "agent NOT running" };
+                let state = if running {
+                    "agent running"
+                } else {
+                    "agent NOT running"
+                };
                 bail!(
                     "{}: timed out after {timeout:?} waiting for {what} ({state}); last `services -o json`: {last}\n\
                      --- agent log of {} ---\n{}--- end agent log ---",
@@ -824,7 +914,10 @@ impl TwoNodeSandbox {
     pub fn uplink_attachments(&self, node: Node) -> Result<Vec<String>> {
         let uplink = self.uplink(node);
         let out = self
-            .exec(&self.node_ns(node), &["bpftool", "net", "show", "dev", &uplink])
+            .exec(
+                &self.node_ns(node),
+                &["bpftool", "net", "show", "dev", &uplink],
+            )
             .context("bpftool net show (is bpftool installed? `cargo xtask setup` installs it)")?;
         Ok(String::from_utf8_lossy(&out.stdout)
             .lines()
@@ -857,7 +950,11 @@ impl TwoNodeSandbox {
             }
             let running = self.agent_running(node);
             if Instant::now() > deadline || !running {
-                let state = if running { "agent running" } else { "agent NOT running" };
+                let state = if running {
+                    "agent running"
+                } else {
+                    "agent NOT running"
+                };
                 bail!(
                     "{}: no program on uplink {} after {timeout:?} ({state}); bpftool: {:?}\n\
                      --- agent log of {} ---\n{}--- end agent log ---",
@@ -916,7 +1013,11 @@ impl TwoNodeSandbox {
         if errors.is_empty() {
             Ok(())
         } else {
-            Err(anyhow!("sandbox {} cleanup: {}", self.tag, errors.join("; ")))
+            Err(anyhow!(
+                "sandbox {} cleanup: {}",
+                self.tag,
+                errors.join("; ")
+            ))
         }
     }
 }
@@ -952,7 +1053,10 @@ mod tests {
         let names: Vec<String> = Pod::all().iter().map(|p| p.name()).collect();
         assert_eq!(names, ["podA1", "podA2", "podB1", "podB2"]);
         let ips: Vec<String> = Pod::all().iter().map(|p| p.ip()).collect();
-        assert_eq!(ips, ["10.244.1.2", "10.244.1.3", "10.244.2.2", "10.244.2.3"]);
+        assert_eq!(
+            ips,
+            ["10.244.1.2", "10.244.1.3", "10.244.2.2", "10.244.2.3"]
+        );
         assert_eq!(Node::B.gateway(), "10.244.2.1");
         assert_eq!(Client::Two.ip(), "192.168.50.101");
     }
@@ -970,7 +1074,10 @@ mod tests {
     #[test]
     fn node_status_files_are_found_by_the_stale_cleanup() {
         for node in Node::ALL {
-            let pin = Path::new(PIN_BASE).join("sbt12-0").join(node.role()).join("bpf");
+            let pin = Path::new(PIN_BASE)
+                .join("sbt12-0")
+                .join(node.role())
+                .join("bpf");
             let file = status_file(&pin);
             let name = file.file_name().unwrap().to_str().unwrap();
             assert_eq!(status_file_tag(name), Some("sbt12-0"), "{name}");

@@ -190,7 +190,9 @@ impl ExternalService {
             policy.as_str()
         );
         if self == ExternalService::LoadBalancer && policy == Policy::Local {
-            s.push_str(&format!("  healthCheckNodePort: {HEALTH_CHECK_NODE_PORT}\n"));
+            s.push_str(&format!(
+                "  healthCheckNodePort: {HEALTH_CHECK_NODE_PORT}\n"
+            ));
         }
         if self == ExternalService::ExternalIp {
             s.push_str(&format!("  externalIPs:\n  - {EXTERNAL_IP}\n"));
@@ -198,8 +200,20 @@ impl ExternalService {
         s.push_str("  ports:\n");
         let node_ports = self.node_ports();
         for (name, proto, port, target, node_port) in [
-            ("http", "TCP", SERVICE_TCP_PORT, POD_TCP_PORT, node_ports.map(|p| p.0)),
-            ("dns", "UDP", SERVICE_UDP_PORT, POD_UDP_PORT, node_ports.map(|p| p.1)),
+            (
+                "http",
+                "TCP",
+                SERVICE_TCP_PORT,
+                POD_TCP_PORT,
+                node_ports.map(|p| p.0),
+            ),
+            (
+                "dns",
+                "UDP",
+                SERVICE_UDP_PORT,
+                POD_UDP_PORT,
+                node_ports.map(|p| p.1),
+            ),
         ] {
             s.push_str(&format!(
                 "  - name: {name}\n    protocol: {proto}\n    port: {port}\n    targetPort: {target}\n"
@@ -309,9 +323,15 @@ mod tests {
     fn slices_carry_node_names() {
         let pods = [Pod::new(Node::A, 1), Pod::new(Node::B, 2)];
         let eps = parse(&ExternalService::NodePort.endpointslice_yaml(&pods));
-        assert_eq!(eps["endpoints"][0]["addresses"][0].as_str(), Some("10.244.1.2"));
+        assert_eq!(
+            eps["endpoints"][0]["addresses"][0].as_str(),
+            Some("10.244.1.2")
+        );
         assert_eq!(eps["endpoints"][0]["nodeName"].as_str(), Some("node-a"));
-        assert_eq!(eps["endpoints"][1]["addresses"][0].as_str(), Some("10.244.2.3"));
+        assert_eq!(
+            eps["endpoints"][1]["addresses"][0].as_str(),
+            Some("10.244.2.3")
+        );
         assert_eq!(eps["endpoints"][1]["nodeName"].as_str(), Some("node-b"));
         let empty = parse(&ExternalService::NodePort.endpointslice_yaml(&[]));
         assert_eq!(empty["endpoints"].as_sequence().map(Vec::len), Some(0));
@@ -321,7 +341,13 @@ mod tests {
     fn nodes_have_their_internal_ip() {
         let node = parse(&node_yaml(Node::B));
         assert_eq!(node["metadata"]["name"].as_str(), Some("node-b"));
-        assert_eq!(node["status"]["addresses"][0]["type"].as_str(), Some("InternalIP"));
-        assert_eq!(node["status"]["addresses"][0]["address"].as_str(), Some("192.168.50.2"));
+        assert_eq!(
+            node["status"]["addresses"][0]["type"].as_str(),
+            Some("InternalIP")
+        );
+        assert_eq!(
+            node["status"]["addresses"][0]["address"].as_str(),
+            Some("192.168.50.2")
+        );
     }
 }
