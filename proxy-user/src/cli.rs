@@ -49,9 +49,13 @@ pub struct BackendRow {
     pub port: u16,
 }
 
+/// Frontend map entries in display order: address, port, protocol (host
+/// order), scope, slot.
+type SortKey = (u32, u16, u8, u8, u16);
+
 /// Reads every frontend with its backends and counters from the maps.
 pub fn read_services(maps: &PinnedMaps) -> Vec<ServiceRow> {
-    let entries: BTreeMap<(u32, u16, u8, u8, u16), (FrontendKey, FrontendValue)> = maps
+    let entries: BTreeMap<SortKey, (FrontendKey, FrontendValue)> = maps
         .frontends
         .iter()
         .filter_map(Result::ok)

@@ -264,9 +264,7 @@ fn external_cluster_policy_local_backends_see_the_client() {
 #[test]
 fn external_cluster_policy_remote_backends_see_the_entry_node() {
     let pods = Node::B.pods();
-    // Generic XDP: native XDP_TX between veths loses frames here (see
-    // `nodeport_with_xdp_native`).
-    let sb = two_node_with_agents(Policy::Cluster, &pods, &["--xdp-mode", "generic"]);
+    let sb = two_node_with_agents(Policy::Cluster, &pods, &[]);
     for entry in entry_points(Node::A) {
         let run = hit(&sb, Client::One, &entry, COUNT, 1000);
         assert_answers(
@@ -405,7 +403,6 @@ fn nodeport_with_xdp_generic() {
 }
 
 #[test]
-#[ignore = "native XDP_TX between veths loses about half the frames in this sandbox (root cause open; README, limits)"]
 fn nodeport_with_xdp_native() {
     nodeport_remote_with_xdp_mode("native");
 }

@@ -121,6 +121,83 @@ pub fn disable_tx_checksum(ns: &str, ifname: &str) -> Result<()> {
     Ok(())
 }
 
+/// Attaches a two-instruction XDP program that passes every frame
+/// (`r0 = XDP_PASS; exit`) to `ifname` in namespace `ns`, natively, and
+/// returns the BPF link that holds it (it goes when the fd is closed or the
+/// interface is deleted).
+///
+/// Why: a veth delivers the frames an XDP program on its peer sends back with
+/// `XDP_TX` into its own ring, but schedules its NAPI to take them out only
+/// when it has an XDP program itself; with GRO alone they wait for the next
+/// ordinary packet to come along. A real NIC has no such peer. The LAN-side
+/// ends of the uplinks carry this program so that XDP_TX frames reach the
+/// wire at once.
+pub fn attach_xdp_pass(ns: &str, ifname: &str) -> Result<std::os::fd::OwnedFd> {
+    in_netns(ns, || {
+        let index = ifindex(ifname)?;
+        let prog = load_xdp_pass()?;
+        create_xdp_link(&prog, index)
+    })
+    .with_context(|| format!("attach an XDP_PASS program to {ifname} in {ns}"))
+}
+
+fn ifindex(ifname: &str) -> Result<u32> {
+    let name = std::ffi::CString::new(ifname).context("interface name")?;
+    // SAFETY: a NUL-terminated string that outlives the call.
+    let index = unsafe { libc::if_nametoindex(name.as_ptr()) };
+    if index == 0 {
+        return Err(std::io::Error::last_os_error()).with_context(|| format!("no interface {ifname}"));
+    }
+    Ok(index)
+}
+
+/// `bpf(2)` with an attribute buffer; a new fd on success.
+fn bpf_fd(cmd: libc::c_long, attr: &mut [u8; 128]) -> Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: `attr` is a zero-padded `union bpf_attr` of the size passed,
+    // alive for the call.
+    let fd = unsafe { libc::syscall(libc::SYS_bpf, cmd, attr.as_mut_ptr(), attr.len()) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error()).with_context(|| format!("bpf command {cmd}"));
+    }
+    // SAFETY: the kernel just returned this fd to us; nobody else owns it.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) })
+}
+
+fn load_xdp_pass() -> Result<std::os::fd::OwnedFd> {
+    const BPF_PROG_LOAD: libc::c_long = 5;
+    const BPF_PROG_TYPE_XDP: u32 = 6;
+    const BPF_XDP: u32 = 37;
+    const XDP_PASS: i32 = 2;
+    // struct bpf_insn { u8 code; u8 dst:4, src:4; s16 off; s32 imm; }
+    let mut insns = [0u8; 16];
+    insns[0] = 0xb7; // BPF_ALU64 | BPF_MOV | BPF_K: r0 = imm
+    insns[4..8].copy_from_slice(&XDP_PASS.to_ne_bytes());
+    insns[8] = 0x95; // BPF_JMP | BPF_EXIT
+    let license = b"GPL\0";
+    let mut attr = [0u8; 128];
+    attr[0..4].copy_from_slice(&BPF_PROG_TYPE_XDP.to_ne_bytes());
+    attr[4..8].copy_from_slice(&2u32.to_ne_bytes());
+    attr[8..16].copy_from_slice(&(insns.as_ptr() as u64).to_ne_bytes());
+    attr[16..24].copy_from_slice(&(license.as_ptr() as u64).to_ne_bytes());
+    attr[48..56].copy_from_slice(b"sbt_pass");
+    attr[68..72].copy_from_slice(&BPF_XDP.to_ne_bytes());
+    bpf_fd(BPF_PROG_LOAD, &mut attr)
+}
+
+fn create_xdp_link(prog: &std::os::fd::OwnedFd, ifindex: u32) -> Result<std::os::fd::OwnedFd> {
+    use std::os::fd::AsRawFd;
+    const BPF_LINK_CREATE: libc::c_long = 28;
+    const BPF_XDP: u32 = 37;
+    const XDP_FLAGS_DRV_MODE: u32 = 1 << 2;
+    let mut attr = [0u8; 128];
+    attr[0..4].copy_from_slice(&(prog.as_raw_fd() as u32).to_ne_bytes());
+    attr[4..8].copy_from_slice(&ifindex.to_ne_bytes());
+    attr[8..12].copy_from_slice(&BPF_XDP.to_ne_bytes());
+    attr[12..16].copy_from_slice(&XDP_FLAGS_DRV_MODE.to_ne_bytes());
+    bpf_fd(BPF_LINK_CREATE, &mut attr)
+}
+
 /// Whether GRO is on for `ifname` in namespace `ns`.
 pub fn gro_enabled(ns: &str, ifname: &str) -> Result<bool> {
     in_netns(ns, || ethtool_value(ifname, ETHTOOL_GGRO, 0))

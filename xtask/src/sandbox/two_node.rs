@@ -57,7 +57,7 @@ use anyhow::{anyhow, bail, Context, Result};
 
 use super::cgroup::TestCgroup;
 use super::cleanup::{purge_tag, remove_status_file, NODE_ROLES};
-use super::netns::{disable_tx_checksum, enable_gro, HttpResponse};
+use super::netns::{attach_xdp_pass, disable_tx_checksum, enable_gro, HttpResponse};
 use super::procs::{self, Children};
 use super::sys::{delete_netns, ip, mount_bpffs, remove_dir_if_exists, umount};
 use super::{next_test_tag, ClientRun, Frontend, PIN_BASE, POD_TCP_PORT, POD_UDP_PORT};
@@ -222,6 +222,9 @@ pub struct TwoNodeSandbox {
     cgroups: [Option<TestCgroup>; 2],
     /// Per node: whether an agent was started (for logs on failure).
     agent_started: [bool; 2],
+    /// The XDP_PASS links on the LAN-side uplink ends (see
+    /// `netns::attach_xdp_pass`); dropped with the sandbox.
+    xdp_links: Vec<std::os::fd::OwnedFd>,
     cleaned: bool,
 }
 
@@ -250,6 +253,7 @@ impl TwoNodeSandbox {
             mounted: Vec::new(),
             cgroups: [None, None],
             agent_started: [false, false],
+            xdp_links: Vec::new(),
             cleaned: false,
         };
         // On error, Drop removes whatever was created so far.
@@ -539,9 +543,11 @@ impl TwoNodeSandbox {
     /// GRO (hence NAPI) where XDP sends packets into a veth: the bridge-side
     /// ends of the uplinks (XDP_TX on an uplink) and the pods' `eth0` (XDP
     /// redirect from an uplink into a pod veth).
-    fn enable_napi(&self) -> Result<()> {
+    fn enable_napi(&mut self) -> Result<()> {
         for node in Node::ALL {
             enable_gro(&self.lan_ns(), &self.uplink_peer(node))?;
+            let link = attach_xdp_pass(&self.lan_ns(), &self.uplink_peer(node))?;
+            self.xdp_links.push(link);
         }
         for pod in Pod::all() {
             enable_gro(&self.pod_ns(pod), "eth0")?;
