@@ -375,7 +375,9 @@ pub struct FragKey {
 
 /// Value of the fragment map: what the datagram's first fragment was
 /// rewritten to. Later fragments get `addr_be` (as destination for `FORWARD`,
-/// as source for `REPLY`); the port lives only in the first fragment.
+/// as source for `REPLY`; for [`frag::UPLINK`] as destination, and
+/// `src_addr_be` as source when it is not 0); the port lives only in the
+/// first fragment.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
@@ -386,7 +388,10 @@ pub struct FragEntry {
     pub dir: u8,
     pub _pad: u8,
     pub service_id: u32,
-    pub _pad2: [u8; 4],
+    /// [`frag::UPLINK`] entries of flows whose source is rewritten too (to a
+    /// backend on another node, and their replies): the new source. 0
+    /// otherwise.
+    pub src_addr_be: u32,
     /// `bpf_ktime_get_ns()` of the first fragment; entries older than
     /// [`frag::TIMEOUT_NS`] are not used (the IP id may have been reused).
     pub created_ns: u64,
@@ -397,6 +402,9 @@ pub mod frag {
     /// How long a first fragment's translation serves later fragments:
     /// Linux's default reassembly timeout (`ipfrag_time`, 30 s).
     pub const TIMEOUT_NS: u64 = 30_000_000_000;
+    /// [`super::FragKey::dir`] of datagrams the uplink tc program translated
+    /// (the destination always, the source when `src_addr_be` is set).
+    pub const UPLINK: u8 = 2;
 }
 
 /// Value of the uplink map (key: interface index, `u32`).

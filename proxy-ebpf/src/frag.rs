@@ -17,8 +17,13 @@
 //! evicts them, and one older than [`frag::TIMEOUT_NS`] is not used, so a
 //! reused IP id does not pick up an old translation.
 //!
-//! Not covered: hairpin flows (their first fragment is source-NATed as well)
-//! and the uplink programs, which pass every fragment (`fragment`).
+//! The uplink's tc program (`sb_from_uplink`) does the same for datagrams
+//! from outside ([`remember_uplink`], [`later_uplink`]); its entries may
+//! carry a new source too (flows to a backend on another node, and their
+//! replies), and their later fragments leave the way their first one did.
+//! The XDP program passes every fragment on to it.
+//!
+//! Not covered: hairpin flows (their first fragment is source-NATed as well).
 use aya_ebpf::{bindings::TC_ACT_OK, helpers::bpf_ktime_get_ns, programs::TcContext};
 use proxy_common::{ct_dir, frag, stat, FragEntry, FragKey};
 
@@ -68,13 +73,115 @@ pub fn remember(ctx: &TcContext, flow: &Flow, todo: &Rewrite) {
         dir,
         _pad: 0,
         service_id: todo.service_id,
-        _pad2: [0; 4],
+        src_addr_be: 0,
         // SAFETY: a helper without preconditions.
         created_ns: unsafe { bpf_ktime_get_ns() },
     };
     if SB_FRAG_V1.insert(&key, &entry, 0).is_err() {
         count(stat::CT_INSERT_FAILED);
     }
+}
+
+/// Remembers what a first fragment from outside was rewritten to: its new
+/// destination, and its new source when that changed (`src_addr_be`, else 0).
+#[inline(always)]
+pub fn remember_uplink(ctx: &TcContext, flow: &Flow, dst_addr_be: u32, src_addr_be: u32, service_id: u32) {
+    let Ok(id_ptr) = ptr_at::<u16>(ctx, ETH_HLEN + 4) else {
+        return;
+    };
+    // SAFETY: `ptr_at` checked the field lies inside the packet; a read.
+    let id_be = unsafe { *id_ptr };
+    let key = FragKey {
+        saddr_be: flow.saddr_be,
+        daddr_be: flow.daddr_be,
+        id_be,
+        proto: flow.proto,
+        dir: frag::UPLINK,
+    };
+    let entry = FragEntry {
+        addr_be: dst_addr_be,
+        port_be: 0,
+        dir: frag::UPLINK,
+        _pad: 0,
+        service_id,
+        src_addr_be,
+        // SAFETY: a helper without preconditions.
+        created_ns: unsafe { bpf_ktime_get_ns() },
+    };
+    if SB_FRAG_V1.insert(&key, &entry, 0).is_err() {
+        count(stat::CT_INSERT_FAILED);
+    }
+}
+
+/// A later fragment from outside: the addresses its first fragment was
+/// given, with the IPv4 checksum. Returns the addresses it now carries and
+/// whether its source changed (then it must leave the node the way the first
+/// fragment did), or `Err` when it is not one of ours.
+#[inline(always)]
+pub fn later_uplink(ctx: &TcContext) -> Result<(Flow, bool), Result<i32, Skip>> {
+    let ip = ptr_at::<Ipv4Hdr>(ctx, ETH_HLEN).map_err(Err)?;
+    // SAFETY: `ptr_at` checked the whole fixed header lies inside the packet.
+    let (id_be, proto, csum_be, saddr_be, daddr_be) = unsafe {
+        (
+            (*ip).id_be,
+            (*ip).proto,
+            (*ip).csum_be,
+            (*ip).saddr_be,
+            (*ip).daddr_be,
+        )
+    };
+    let key = FragKey {
+        saddr_be,
+        daddr_be,
+        id_be,
+        proto,
+        dir: frag::UPLINK,
+    };
+    // SAFETY: the value is copied out at once.
+    let Some(entry) = unsafe { SB_FRAG_V1.get(&key) }.copied() else {
+        count(stat::FRAG_UNKNOWN);
+        return Err(Err(Skip::NotOurs));
+    };
+    // SAFETY: a helper without preconditions.
+    let now = unsafe { bpf_ktime_get_ns() };
+    if now.wrapping_sub(entry.created_ns) > frag::TIMEOUT_NS {
+        count(stat::FRAG_UNKNOWN);
+        return Err(Err(Skip::NotOurs));
+    }
+    let new_saddr_be = if entry.src_addr_be != 0 {
+        entry.src_addr_be
+    } else {
+        saddr_be
+    };
+    let mut csum = csum_replace4(csum_be, daddr_be, entry.addr_be);
+    csum = csum_replace4(csum, saddr_be, new_saddr_be);
+    let csum = csum.to_ne_bytes();
+    let (s, d) = (new_saddr_be.to_ne_bytes(), entry.addr_be.to_ne_bytes());
+    let l3: [u8; 10] = [
+        csum[0], csum[1], s[0], s[1], s[2], s[3], d[0], d[1], d[2], d[3],
+    ];
+    if ctx.store(IP_CSUM_OFF, &l3, 0).is_err() {
+        return Err(drop_counted(stat::DROP_REWRITE_FAILED));
+    }
+    if entry.service_id != 0 {
+        let len = u64::from(ctx.len());
+        count_service(entry.service_id, |s| {
+            s.packets += 1;
+            s.bytes += len;
+        });
+    }
+    count(stat::FRAG_TRANSLATED);
+    let now_flow = Flow {
+        saddr_be: new_saddr_be,
+        daddr_be: entry.addr_be,
+        sport_be: 0,
+        dport_be: 0,
+        proto,
+        tcp_flags: 0,
+        l4_off: 0,
+        first_fragment: false,
+    };
+    Ok((now_flow, entry.src_addr_be != 0))
 }
 
 /// A fragment other than the first: the address its first fragment was

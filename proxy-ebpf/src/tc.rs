@@ -183,13 +183,13 @@ pub fn try_to_pod(ctx: &TcContext) -> Result<i32, Skip> {
 /// helper stores; the kernel's stack then delivers or forwards it.
 #[inline(always)]
 pub fn try_from_uplink(ctx: &TcContext) -> Result<i32, Skip> {
-    let flow = parse(ctx)?;
-    if flow.first_fragment {
-        // Fragments are translated on the pod path only.
-        return Err(Skip::Fragment);
-    }
     // SAFETY: `ctx.skb.skb` is the kernel's `__sk_buff` for this run; a read.
     let ingress = unsafe { (*ctx.skb.skb).ingress_ifindex };
+    let flow = match parse(ctx) {
+        Ok(flow) => flow,
+        Err(Skip::Fragment) => return later_fragment_from_uplink(ctx, ingress),
+        Err(skip) => return Err(skip),
+    };
     let translation = match nodeport::classify(ctx.skb.skb as *mut c_void, ingress, &flow) {
         Ok(translation) => translation,
         Err(NotTranslated::Pass(skip)) => return Err(skip),
@@ -268,10 +268,30 @@ pub fn try_from_uplink(ctx: &TcContext) -> Result<i32, Skip> {
         });
     }
     count(counter);
+    if flow.first_fragment {
+        let src_be = if leaves { now.saddr_be } else { 0 };
+        crate::frag::remember_uplink(ctx, &flow, now.daddr_be, src_be, service_id);
+    }
     if leaves {
         return send_out(ctx, ingress, &now);
     }
     Ok(TC_ACT_OK as i32)
+}
+
+/// A later fragment from outside: translated as its first fragment was, and
+/// sent out the same way when it leaves the node again.
+#[inline(always)]
+fn later_fragment_from_uplink(ctx: &TcContext, ingress: u32) -> Result<i32, Skip> {
+    match crate::frag::later_uplink(ctx) {
+        Ok((now, true)) => {
+            if ttl(ctx)? <= 1 {
+                return drop_counted(stat::TTL_EXCEEDED);
+            }
+            send_out(ctx, ingress, &now)
+        }
+        Ok((_, false)) => Ok(TC_ACT_OK as i32),
+        Err(verdict) => verdict,
+    }
 }
 
 /// The TTL of the packet.

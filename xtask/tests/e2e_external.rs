@@ -411,3 +411,44 @@ fn nodeport_with_xdp_native() {
 fn nodeport_with_xdp_off() {
     nodeport_remote_with_xdp_mode("off");
 }
+
+/// 3000-byte UDP datagrams (two fragments each way at MTU 1500) from outside
+/// to a NodePort, answered with 3000 bytes: with local backends (DNAT only)
+/// and with remote ones (DNAT plus SNAT, sent back out), the later fragments
+/// follow their first fragment's translation both ways.
+#[test]
+fn fragmented_udp_through_a_nodeport_both_ways() {
+    for (pods, why) in [
+        (Node::A.pods(), "local backends"),
+        (Node::B.pods(), "remote backends"),
+    ] {
+        let sb = two_node_with_agents(Policy::Cluster, &pods, &[]);
+        let addr = format!("{}:{NODEPORT_UDP}", Node::A.ip());
+        let run = sb
+            .client(
+                &sb_echo(),
+                Client::One,
+                &[
+                    "--udp",
+                    &addr,
+                    "--udp-mode",
+                    "connected",
+                    "--udp-size",
+                    "3000",
+                    "--count",
+                    "10",
+                    "--timeout-ms",
+                    "1000",
+                ],
+            )
+            .unwrap_or_else(|e| panic!("{e:#}"));
+        assert!(
+            run.all_ok(),
+            "3000-byte datagrams to {addr} ({why}):\n{}",
+            run.raw
+        );
+        let answered: BTreeSet<String> = run.names().into_iter().collect();
+        assert!(answered.is_subset(&names(&pods)), "{why}: {answered:?}");
+        assert_eq!(run.client_saw(), vec![addr.clone()], "{why}: {}", run.raw);
+    }
+}

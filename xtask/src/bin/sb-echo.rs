@@ -23,6 +23,11 @@
 //! wants N-byte answers; `--tcp-size N` sends, after the greeting, one line
 //! of N bytes and waits for its answer (path-MTU discovery must work for a
 //! line longer than the path MTU to arrive).
+//! `--sport N` sends every attempt from source port N (the socket is bound
+//! to 0.0.0.0:N before it sends or connects, with SO_REUSEADDR), so a test
+//! can repeat one 5-tuple; a TCP attempt then ends with a reset
+//! (SO_LINGER 0) instead of a FIN, which leaves no TIME_WAIT behind and
+//! lets the next attempt from N connect to the same address again.
 //!
 //! The process asks the kernel to kill it when its parent dies, so a crashed
 //! test or demo leaves no servers behind.
@@ -99,6 +104,10 @@ struct ClientArgs {
     /// for its answer.
     #[arg(long, requires = "tcp")]
     tcp_size: Option<usize>,
+    /// Source port of every attempt (bind before sending or connecting);
+    /// TCP attempts then close with a reset, leaving no TIME_WAIT.
+    #[arg(long)]
+    sport: Option<u16>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -257,7 +266,7 @@ fn client(args: ClientArgs) -> Result<bool> {
     let mut all_ok = true;
     let stdout = std::io::stdout();
     let began = Instant::now();
-    let mut udp = UdpClient::new(args.udp_mode, args.udp_size);
+    let mut udp = UdpClient::new(args.udp_mode, args.udp_size, args.sport);
     let mut i = 0u64;
     loop {
         let more = match args.duration_ms {
@@ -273,7 +282,7 @@ fn client(args: ClientArgs) -> Result<bool> {
         }
         let start = now_ms();
         let result = match (args.tcp, args.udp) {
-            (Some(addr), _) => tcp_once(addr, timeout, args.tcp_size),
+            (Some(addr), _) => tcp_once(addr, timeout, args.tcp_size, args.sport),
             (None, Some(addr)) => udp.once(addr, timeout),
             (None, None) => bail!("give --tcp ADDR or --udp ADDR"),
         };
@@ -296,8 +305,12 @@ fn tcp_once(
     addr: SocketAddr,
     timeout: Duration,
     size: Option<usize>,
+    sport: Option<u16>,
 ) -> Result<(String, String, SocketAddr)> {
-    let stream = TcpStream::connect_timeout(&addr, timeout).context("connect")?;
+    let stream = match sport {
+        Some(port) => tcp_connect_from(port, addr, timeout)?,
+        None => TcpStream::connect_timeout(&addr, timeout).context("connect")?,
+    };
     stream.set_read_timeout(Some(timeout))?;
     let client_saw = stream.peer_addr()?;
     let mut line = String::new();
@@ -319,16 +332,38 @@ fn tcp_once(
     Ok((name, pod_saw, client_saw))
 }
 
+/// `--sport`: a TCP connection from 0.0.0.0:`port` (SO_REUSEADDR) that
+/// closes with a reset (SO_LINGER 0), so no TIME_WAIT blocks the next one.
+fn tcp_connect_from(port: u16, addr: SocketAddr, timeout: Duration) -> Result<TcpStream> {
+    use socket2::{Domain, Protocol, SockAddr, Socket, Type};
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))
+        .context("socket")?;
+    socket.set_reuse_address(true).context("SO_REUSEADDR")?;
+    socket
+        .set_linger(Some(Duration::ZERO))
+        .context("SO_LINGER")?;
+    let local: SocketAddr = ([0, 0, 0, 0], port).into();
+    socket
+        .bind(&SockAddr::from(local))
+        .with_context(|| format!("bind {local}"))?;
+    socket
+        .connect_timeout(&SockAddr::from(addr), timeout)
+        .context("connect")?;
+    Ok(socket.into())
+}
+
 /// UDP attempts, with the socket kept between them as `--udp-mode` says.
 struct UdpClient {
     mode: UdpMode,
     socket: Option<UdpSocket>,
+    /// `--sport`: the port to bind (else any).
+    sport: Option<u16>,
     /// `--udp-size`: the datagram to send, padded.
     request: Vec<u8>,
 }
 
 impl UdpClient {
-    fn new(mode: UdpMode, size: Option<usize>) -> Self {
+    fn new(mode: UdpMode, size: Option<usize>, sport: Option<u16>) -> Self {
         let mut request = b"hello\n".to_vec();
         if let Some(size) = size {
             request.resize(size, b'x');
@@ -336,6 +371,7 @@ impl UdpClient {
         Self {
             mode,
             socket: None,
+            sport,
             request,
         }
     }
@@ -359,7 +395,9 @@ impl UdpClient {
         timeout: Duration,
     ) -> Result<(String, String, SocketAddr)> {
         if self.socket.is_none() {
-            let socket = UdpSocket::bind("0.0.0.0:0").context("bind")?;
+            let port = self.sport.unwrap_or(0);
+            let socket = UdpSocket::bind(("0.0.0.0", port))
+                .with_context(|| format!("bind 0.0.0.0:{port}"))?;
             socket.set_read_timeout(Some(timeout))?;
             if self.mode == UdpMode::Connected {
                 socket.connect(addr).context("connect")?;
