@@ -206,3 +206,168 @@ pub fn translate(ctx: &TcContext, dir: u8) -> Result<i32, Skip> {
     count(stat::ICMP_ERROR_TRANSLATED);
     Ok(TC_ACT_OK as i32)
 }
+
+/// Where an ICMP error about a source-NATed flow from outside now goes:
+/// its outer source and destination after [`translate_snat`].
+pub struct Outer {
+    pub saddr_be: u32,
+    pub daddr_be: u32,
+}
+
+/// The uplink (`sb_from_uplink`): an ICMP error about a flow this node
+/// source-NATed to a backend on another node, arriving for this node's
+/// address and quoting the packet as it left (node:port → backend). Its reply
+/// entry, keyed by the quote reversed, names the frontend and the client: the
+/// quote becomes (client → frontend), the outer destination the client, and
+/// the outer source the frontend when the backend itself sent the error (a
+/// router keeps its own). So path-MTU discovery works for a client outside
+/// talking to a NodePort whose backend is on another node. Returns the outer
+/// addresses, for sending the error on to the client.
+#[inline(always)]
+pub fn translate_snat(ctx: &TcContext) -> Result<Outer, Skip> {
+    let ip = ptr_at::<Ipv4Hdr>(ctx, ETH_HLEN)?;
+    // SAFETY: `ptr_at` checked the whole fixed header lies inside the packet.
+    let (version_ihl, frag_off_be, outer_csum_be, outer_saddr_be, outer_daddr_be) = unsafe {
+        (
+            (*ip).version_ihl,
+            (*ip).frag_off_be,
+            (*ip).csum_be,
+            (*ip).saddr_be,
+            (*ip).daddr_be,
+        )
+    };
+    let ihl = usize::from(version_ihl & 0x0f) * 4;
+    if version_ihl >> 4 != 4 || ihl < IPV4_MIN_HLEN || u16::from_be(frag_off_be) & IP_FRAG_MASK != 0
+    {
+        return Err(Skip::NotOurs);
+    }
+    let icmp_off = ETH_HLEN + ihl;
+    if (ctx.len() as usize) < icmp_off + ICMP_HLEN {
+        return Err(Skip::NotOurs);
+    }
+    ensure_linear(ctx, icmp_off + ICMP_HLEN)?;
+    let icmp = ptr_at::<[u8; 4]>(ctx, icmp_off)?;
+    // SAFETY: `ptr_at` checked the four bytes lie inside the packet.
+    let (icmp_type, icmp_csum_be) =
+        unsafe { ((*icmp)[0], u16::from_ne_bytes([(*icmp)[2], (*icmp)[3]])) };
+    if !matches!(
+        icmp_type,
+        ICMP_DEST_UNREACH | ICMP_TIME_EXCEEDED | ICMP_PARAMETER_PROB
+    ) {
+        return Err(Skip::NotOurs);
+    }
+    let inner_off = icmp_off + ICMP_HLEN;
+    ensure_linear(ctx, inner_off + IPV4_MIN_HLEN)?;
+    let inner = ptr_at::<Ipv4Hdr>(ctx, inner_off)?;
+    // SAFETY: `ptr_at` checked the whole fixed header lies inside the packet.
+    let (inner_vihl, inner_proto, inner_frag_be, inner_csum_be, inner_saddr_be, inner_daddr_be) = unsafe {
+        (
+            (*inner).version_ihl,
+            (*inner).proto,
+            (*inner).frag_off_be,
+            (*inner).csum_be,
+            (*inner).saddr_be,
+            (*inner).daddr_be,
+        )
+    };
+    let inner_ihl = usize::from(inner_vihl & 0x0f) * 4;
+    if inner_vihl >> 4 != 4
+        || inner_ihl < IPV4_MIN_HLEN
+        || (inner_proto != proto::TCP && inner_proto != proto::UDP)
+        || u16::from_be(inner_frag_be) & IP_OFFSET_MASK != 0
+    {
+        return Err(Skip::NotOurs);
+    }
+    let inner_l4 = inner_off + inner_ihl;
+    ensure_linear(ctx, inner_l4 + QUOTED_L4)?;
+    let ports = ptr_at::<[u16; 2]>(ctx, inner_l4)?;
+    // SAFETY: `ptr_at` checked both ports lie inside the packet.
+    let (inner_sport_be, inner_dport_be) = unsafe { ((*ports)[0], (*ports)[1]) };
+    let key = CtKey {
+        saddr_be: inner_daddr_be,
+        daddr_be: inner_saddr_be,
+        sport_be: inner_dport_be,
+        dport_be: inner_sport_be,
+        proto: inner_proto,
+        dir: ct_dir::REPLY,
+        _pad: [0; 2],
+    };
+    // SAFETY: the value is copied out at once.
+    let Some(entry) = unsafe { SB_CT_V4.get(&key) }.copied() else {
+        return Err(Skip::NotOurs);
+    };
+    if entry.flags & ct_flags::SNAT == 0 || outer_daddr_be != inner_saddr_be {
+        return Err(Skip::NotOurs);
+    }
+    // The quote: (node:port → backend) becomes (client → frontend).
+    let (client_be, client_port_be) = (entry.snat_addr_be, entry.snat_port_be);
+    let (frontend_be, frontend_port_be) = (entry.nat_addr_be, entry.nat_port_be);
+
+    let l4_csum_off = if inner_proto == proto::UDP {
+        inner_l4 + UDP_CSUM_OFF
+    } else {
+        inner_l4 + TCP_CSUM_OFF
+    };
+    let mut l4_csum = None;
+    if (ctx.len() as usize) >= l4_csum_off + 2 {
+        ensure_linear(ctx, l4_csum_off + 2)?;
+        let csum_ptr = ptr_at::<u16>(ctx, l4_csum_off)?;
+        // SAFETY: `ptr_at` checked the field lies inside the packet; a read.
+        let old = unsafe { *csum_ptr };
+        if inner_proto == proto::TCP || old != 0 {
+            let mut new = csum_replace4(old, inner_saddr_be, client_be);
+            new = csum_replace4(new, inner_daddr_be, frontend_be);
+            new = csum_replace2(new, inner_sport_be, client_port_be);
+            new = csum_replace2(new, inner_dport_be, frontend_port_be);
+            if inner_proto == proto::UDP && new == 0 {
+                new = 0xffff;
+            }
+            l4_csum = Some((old, new));
+        }
+    }
+    let mut new_inner_csum_be = csum_replace4(inner_csum_be, inner_saddr_be, client_be);
+    new_inner_csum_be = csum_replace4(new_inner_csum_be, inner_daddr_be, frontend_be);
+    let mut icmp_csum = csum_replace4(icmp_csum_be, inner_saddr_be, client_be);
+    icmp_csum = csum_replace4(icmp_csum, inner_daddr_be, frontend_be);
+    icmp_csum = csum_replace2(icmp_csum, inner_csum_be, new_inner_csum_be);
+    icmp_csum = csum_replace2(icmp_csum, inner_sport_be, client_port_be);
+    icmp_csum = csum_replace2(icmp_csum, inner_dport_be, frontend_port_be);
+    if let Some((old, new)) = l4_csum {
+        icmp_csum = csum_replace2(icmp_csum, old, new);
+    }
+
+    // Every read is done: the stores below move packet data.
+    let (s, d, c) = (
+        client_be.to_ne_bytes(),
+        frontend_be.to_ne_bytes(),
+        new_inner_csum_be.to_ne_bytes(),
+    );
+    let inner_l3: [u8; 10] = [c[0], c[1], s[0], s[1], s[2], s[3], d[0], d[1], d[2], d[3]];
+    let quoted_ports = [client_port_be, frontend_port_be];
+    let stored = ctx.store(inner_off + 10, &inner_l3, 0).is_ok()
+        && ctx.store(inner_l4, &quoted_ports, 0).is_ok()
+        && l4_csum.is_none_or(|(_, new)| ctx.store(l4_csum_off, &new, 0).is_ok())
+        && ctx.store(icmp_off + 2, &icmp_csum, 0).is_ok();
+    if !stored {
+        return Err(Skip::Malformed);
+    }
+    // The outer header: to the client; from the frontend when the backend
+    // itself sent the error.
+    let outer_saddr_new = if outer_saddr_be == inner_daddr_be {
+        frontend_be
+    } else {
+        outer_saddr_be
+    };
+    let mut c = csum_replace4(outer_csum_be, outer_daddr_be, client_be);
+    c = csum_replace4(c, outer_saddr_be, outer_saddr_new);
+    let (c, s, d) = (c.to_ne_bytes(), outer_saddr_new.to_ne_bytes(), client_be.to_ne_bytes());
+    let l3: [u8; 10] = [c[0], c[1], s[0], s[1], s[2], s[3], d[0], d[1], d[2], d[3]];
+    if ctx.store(IP_CSUM_OFF, &l3, 0).is_err() {
+        return Err(Skip::Malformed);
+    }
+    count(stat::ICMP_ERROR_TRANSLATED);
+    Ok(Outer {
+        saddr_be: outer_saddr_new,
+        daddr_be: client_be,
+    })
+}

@@ -188,6 +188,7 @@ pub fn try_from_uplink(ctx: &TcContext) -> Result<i32, Skip> {
     let flow = match parse(ctx) {
         Ok(flow) => flow,
         Err(Skip::Fragment) => return later_fragment_from_uplink(ctx, ingress),
+        Err(Skip::Icmp) => return icmp_error_from_uplink(ctx, ingress),
         Err(skip) => return Err(skip),
     };
     let translation = match nodeport::classify(ctx.skb.skb as *mut c_void, ingress, &flow) {
@@ -276,6 +277,27 @@ pub fn try_from_uplink(ctx: &TcContext) -> Result<i32, Skip> {
         return send_out(ctx, ingress, &now);
     }
     Ok(TC_ACT_OK as i32)
+}
+
+/// An ICMP error about a flow source-NATed to another node: translated back
+/// ([`crate::icmp_error::translate_snat`]) and sent on to the client.
+#[inline(always)]
+fn icmp_error_from_uplink(ctx: &TcContext, ingress: u32) -> Result<i32, Skip> {
+    let outer = crate::icmp_error::translate_snat(ctx)?;
+    if ttl(ctx)? <= 1 {
+        return drop_counted(stat::TTL_EXCEEDED);
+    }
+    let now = Flow {
+        saddr_be: outer.saddr_be,
+        daddr_be: outer.daddr_be,
+        sport_be: 0,
+        dport_be: 0,
+        proto: proto::ICMP,
+        tcp_flags: 0,
+        l4_off: 0,
+        first_fragment: false,
+    };
+    send_out(ctx, ingress, &now)
 }
 
 /// A later fragment from outside: translated as its first fragment was, and
