@@ -119,35 +119,14 @@ pub fn remember_uplink(ctx: &TcContext, flow: &Flow, dst_addr_be: u32, src_addr_
 /// fragment did), or `Err` when it is not one of ours.
 #[inline(always)]
 pub fn later_uplink(ctx: &TcContext) -> Result<(Flow, bool), Result<i32, Skip>> {
-    let ip = ptr_at::<Ipv4Hdr>(ctx, ETH_HLEN).map_err(Err)?;
-    // SAFETY: `ptr_at` checked the whole fixed header lies inside the packet.
-    let (id_be, proto, csum_be, saddr_be, daddr_be) = unsafe {
-        (
-            (*ip).id_be,
-            (*ip).proto,
-            (*ip).csum_be,
-            (*ip).saddr_be,
-            (*ip).daddr_be,
-        )
-    };
-    let key = FragKey {
+    let (header, entry) = translation_of(ctx, frag::UPLINK).map_err(Err)?;
+    let Header {
+        id_be: _,
+        proto,
+        csum_be,
         saddr_be,
         daddr_be,
-        id_be,
-        proto,
-        dir: frag::UPLINK,
-    };
-    // SAFETY: the value is copied out at once.
-    let Some(entry) = unsafe { SB_FRAG_V1.get(&key) }.copied() else {
-        count(stat::FRAG_UNKNOWN);
-        return Err(Err(Skip::NotOurs));
-    };
-    // SAFETY: a helper without preconditions.
-    let now = unsafe { bpf_ktime_get_ns() };
-    if now.wrapping_sub(entry.created_ns) > frag::TIMEOUT_NS {
-        count(stat::FRAG_UNKNOWN);
-        return Err(Err(Skip::NotOurs));
-    }
+    } = header;
     let new_saddr_be = if entry.src_addr_be != 0 {
         entry.src_addr_be
     } else {
@@ -189,36 +168,13 @@ pub fn later_uplink(ctx: &TcContext) -> Result<(Flow, bool), Result<i32, Skip>> 
 /// store into packets directly; see `tc::rewrite_with_helpers`).
 #[inline(always)]
 fn later(ctx: &TcContext, dir: u8) -> Result<i32, Skip> {
-    // `parse` made sure the fixed IPv4 header is in the linear area.
-    let ip = ptr_at::<Ipv4Hdr>(ctx, ETH_HLEN)?;
-    // SAFETY: `ptr_at` checked the whole fixed header lies inside the packet.
-    let (id_be, proto, csum_be, saddr_be, daddr_be) = unsafe {
-        (
-            (*ip).id_be,
-            (*ip).proto,
-            (*ip).csum_be,
-            (*ip).saddr_be,
-            (*ip).daddr_be,
-        )
-    };
-    let key = FragKey {
+    let (header, entry) = translation_of(ctx, dir)?;
+    let Header {
+        csum_be,
         saddr_be,
         daddr_be,
-        id_be,
-        proto,
-        dir,
-    };
-    // SAFETY: the value is copied out at once.
-    let Some(entry) = unsafe { SB_FRAG_V1.get(&key) }.copied() else {
-        count(stat::FRAG_UNKNOWN);
-        return Err(Skip::NotOurs);
-    };
-    // SAFETY: a helper without preconditions.
-    let now = unsafe { bpf_ktime_get_ns() };
-    if now.wrapping_sub(entry.created_ns) > frag::TIMEOUT_NS {
-        count(stat::FRAG_UNKNOWN);
-        return Err(Skip::NotOurs);
-    }
+        ..
+    } = header;
     let forward = dir == ct_dir::FORWARD;
     let (new_saddr_be, new_daddr_be, old_be) = if forward {
         (saddr_be, entry.addr_be, daddr_be)
@@ -242,4 +198,51 @@ fn later(ctx: &TcContext, dir: u8) -> Result<i32, Skip> {
     }
     count(stat::FRAG_TRANSLATED);
     Ok(TC_ACT_OK as i32)
+}
+
+/// The fields of a fragment's IPv4 header its translation needs.
+struct Header {
+    id_be: u16,
+    proto: u8,
+    csum_be: u16,
+    saddr_be: u32,
+    daddr_be: u32,
+}
+
+/// A later fragment's header and the translation its first fragment left
+/// under `dir`, if there is one younger than [`frag::TIMEOUT_NS`] (counted as
+/// `frag_unknown` otherwise).
+#[inline(always)]
+fn translation_of(ctx: &TcContext, dir: u8) -> Result<(Header, FragEntry), Skip> {
+    // `parse` made sure the fixed IPv4 header is in the linear area.
+    let ip = ptr_at::<Ipv4Hdr>(ctx, ETH_HLEN)?;
+    // SAFETY: `ptr_at` checked the whole fixed header lies inside the packet.
+    let header = unsafe {
+        Header {
+            id_be: (*ip).id_be,
+            proto: (*ip).proto,
+            csum_be: (*ip).csum_be,
+            saddr_be: (*ip).saddr_be,
+            daddr_be: (*ip).daddr_be,
+        }
+    };
+    let key = FragKey {
+        saddr_be: header.saddr_be,
+        daddr_be: header.daddr_be,
+        id_be: header.id_be,
+        proto: header.proto,
+        dir,
+    };
+    // SAFETY: the value is copied out at once.
+    let Some(entry) = unsafe { SB_FRAG_V1.get(&key) }.copied() else {
+        count(stat::FRAG_UNKNOWN);
+        return Err(Skip::NotOurs);
+    };
+    // SAFETY: a helper without preconditions.
+    let now = unsafe { bpf_ktime_get_ns() };
+    if now.wrapping_sub(entry.created_ns) > frag::TIMEOUT_NS {
+        count(stat::FRAG_UNKNOWN);
+        return Err(Skip::NotOurs);
+    }
+    Ok((header, entry))
 }

@@ -49,67 +49,22 @@ const QUOTED_L4: usize = 8;
 /// passes untouched.
 #[inline(always)]
 pub fn translate(ctx: &TcContext, dir: u8) -> Result<i32, Skip> {
-    // `parse` made sure the fixed outer header is in the linear area.
-    let ip = ptr_at::<Ipv4Hdr>(ctx, ETH_HLEN)?;
-    // SAFETY: `ptr_at` checked the whole fixed header lies inside the packet.
-    let (version_ihl, frag_off_be, outer_csum_be, outer_saddr_be, outer_daddr_be) = unsafe {
-        (
-            (*ip).version_ihl,
-            (*ip).frag_off_be,
-            (*ip).csum_be,
-            (*ip).saddr_be,
-            (*ip).daddr_be,
-        )
-    };
-    let ihl = usize::from(version_ihl & 0x0f) * 4;
-    if version_ihl >> 4 != 4 || ihl < IPV4_MIN_HLEN || u16::from_be(frag_off_be) & IP_FRAG_MASK != 0
-    {
-        return Err(Skip::NotOurs);
-    }
-    let icmp_off = ETH_HLEN + ihl;
-    if (ctx.len() as usize) < icmp_off + ICMP_HLEN {
-        return Err(Skip::NotOurs);
-    }
-    ensure_linear(ctx, icmp_off + ICMP_HLEN)?;
-    let icmp = ptr_at::<[u8; 4]>(ctx, icmp_off)?;
-    // SAFETY: `ptr_at` checked the four bytes lie inside the packet.
-    let (icmp_type, icmp_csum_be) =
-        unsafe { ((*icmp)[0], u16::from_ne_bytes([(*icmp)[2], (*icmp)[3]])) };
-    if !matches!(
-        icmp_type,
-        ICMP_DEST_UNREACH | ICMP_TIME_EXCEEDED | ICMP_PARAMETER_PROB
-    ) {
-        return Err(Skip::NotOurs);
-    }
-
-    // The quoted header.
-    let inner_off = icmp_off + ICMP_HLEN;
-    ensure_linear(ctx, inner_off + IPV4_MIN_HLEN)?;
-    let inner = ptr_at::<Ipv4Hdr>(ctx, inner_off)?;
-    // SAFETY: `ptr_at` checked the whole fixed header lies inside the packet.
-    let (inner_vihl, inner_proto, inner_frag_be, inner_csum_be, inner_saddr_be, inner_daddr_be) = unsafe {
-        (
-            (*inner).version_ihl,
-            (*inner).proto,
-            (*inner).frag_off_be,
-            (*inner).csum_be,
-            (*inner).saddr_be,
-            (*inner).daddr_be,
-        )
-    };
-    let inner_ihl = usize::from(inner_vihl & 0x0f) * 4;
-    if inner_vihl >> 4 != 4
-        || inner_ihl < IPV4_MIN_HLEN
-        || (inner_proto != proto::TCP && inner_proto != proto::UDP)
-        || u16::from_be(inner_frag_be) & IP_OFFSET_MASK != 0
-    {
-        return Err(Skip::NotOurs);
-    }
-    let inner_l4 = inner_off + inner_ihl;
-    ensure_linear(ctx, inner_l4 + QUOTED_L4)?;
-    let ports = ptr_at::<[u16; 2]>(ctx, inner_l4)?;
-    // SAFETY: `ptr_at` checked both ports lie inside the packet.
-    let (inner_sport_be, inner_dport_be) = unsafe { ((*ports)[0], (*ports)[1]) };
+    let q = parse_error(ctx)?;
+    let Quoted {
+        icmp_off,
+        icmp_csum_be,
+        outer_csum_be,
+        outer_saddr_be,
+        outer_daddr_be,
+        inner_off,
+        inner_l4,
+        inner_proto,
+        inner_csum_be,
+        inner_saddr_be,
+        inner_daddr_be,
+        inner_sport_be,
+        inner_dport_be,
+    } = q;
 
     // The flow: the quote is a packet of it as translated, so the entry of
     // the opposite direction, keyed by the quote reversed, names what the
@@ -142,27 +97,11 @@ pub fn translate(ctx: &TcContext, dir: u8) -> Result<i32, Skip> {
     };
 
     // The quoted L4 checksum, where the quote holds it.
-    let l4_csum_off = if inner_proto == proto::UDP {
-        inner_l4 + UDP_CSUM_OFF
-    } else {
-        inner_l4 + TCP_CSUM_OFF
-    };
-    let mut l4_csum = None;
-    if (ctx.len() as usize) >= l4_csum_off + 2 {
-        ensure_linear(ctx, l4_csum_off + 2)?;
-        let csum_ptr = ptr_at::<u16>(ctx, l4_csum_off)?;
-        // SAFETY: `ptr_at` checked the field lies inside the packet; a read.
-        let old = unsafe { *csum_ptr };
-        // A UDP checksum of zero ("none") stays zero.
-        if inner_proto == proto::TCP || old != 0 {
-            let mut new = csum_replace4(old, old_addr_be, new_addr_be);
-            new = csum_replace2(new, old_port_be, new_port_be);
-            if inner_proto == proto::UDP && new == 0 {
-                new = 0xffff;
-            }
-            l4_csum = Some((old, new));
-        }
-    }
+    let (l4_csum_off, quoted_csum) = quoted_l4_csum(ctx, &q)?;
+    let l4_csum = quoted_csum.map(|old| {
+        let new = csum_replace4(old, old_addr_be, new_addr_be);
+        (old, l4_csum_fixup(inner_proto, csum_replace2(new, old_port_be, new_port_be)))
+    });
 
     let new_inner_csum_be = csum_replace4(inner_csum_be, old_addr_be, new_addr_be);
     let mut icmp_csum = csum_replace4(icmp_csum_be, old_addr_be, new_addr_be);
@@ -225,64 +164,22 @@ pub struct Outer {
 /// addresses, for sending the error on to the client.
 #[inline(always)]
 pub fn translate_snat(ctx: &TcContext) -> Result<Outer, Skip> {
-    let ip = ptr_at::<Ipv4Hdr>(ctx, ETH_HLEN)?;
-    // SAFETY: `ptr_at` checked the whole fixed header lies inside the packet.
-    let (version_ihl, frag_off_be, outer_csum_be, outer_saddr_be, outer_daddr_be) = unsafe {
-        (
-            (*ip).version_ihl,
-            (*ip).frag_off_be,
-            (*ip).csum_be,
-            (*ip).saddr_be,
-            (*ip).daddr_be,
-        )
-    };
-    let ihl = usize::from(version_ihl & 0x0f) * 4;
-    if version_ihl >> 4 != 4 || ihl < IPV4_MIN_HLEN || u16::from_be(frag_off_be) & IP_FRAG_MASK != 0
-    {
-        return Err(Skip::NotOurs);
-    }
-    let icmp_off = ETH_HLEN + ihl;
-    if (ctx.len() as usize) < icmp_off + ICMP_HLEN {
-        return Err(Skip::NotOurs);
-    }
-    ensure_linear(ctx, icmp_off + ICMP_HLEN)?;
-    let icmp = ptr_at::<[u8; 4]>(ctx, icmp_off)?;
-    // SAFETY: `ptr_at` checked the four bytes lie inside the packet.
-    let (icmp_type, icmp_csum_be) =
-        unsafe { ((*icmp)[0], u16::from_ne_bytes([(*icmp)[2], (*icmp)[3]])) };
-    if !matches!(
-        icmp_type,
-        ICMP_DEST_UNREACH | ICMP_TIME_EXCEEDED | ICMP_PARAMETER_PROB
-    ) {
-        return Err(Skip::NotOurs);
-    }
-    let inner_off = icmp_off + ICMP_HLEN;
-    ensure_linear(ctx, inner_off + IPV4_MIN_HLEN)?;
-    let inner = ptr_at::<Ipv4Hdr>(ctx, inner_off)?;
-    // SAFETY: `ptr_at` checked the whole fixed header lies inside the packet.
-    let (inner_vihl, inner_proto, inner_frag_be, inner_csum_be, inner_saddr_be, inner_daddr_be) = unsafe {
-        (
-            (*inner).version_ihl,
-            (*inner).proto,
-            (*inner).frag_off_be,
-            (*inner).csum_be,
-            (*inner).saddr_be,
-            (*inner).daddr_be,
-        )
-    };
-    let inner_ihl = usize::from(inner_vihl & 0x0f) * 4;
-    if inner_vihl >> 4 != 4
-        || inner_ihl < IPV4_MIN_HLEN
-        || (inner_proto != proto::TCP && inner_proto != proto::UDP)
-        || u16::from_be(inner_frag_be) & IP_OFFSET_MASK != 0
-    {
-        return Err(Skip::NotOurs);
-    }
-    let inner_l4 = inner_off + inner_ihl;
-    ensure_linear(ctx, inner_l4 + QUOTED_L4)?;
-    let ports = ptr_at::<[u16; 2]>(ctx, inner_l4)?;
-    // SAFETY: `ptr_at` checked both ports lie inside the packet.
-    let (inner_sport_be, inner_dport_be) = unsafe { ((*ports)[0], (*ports)[1]) };
+    let q = parse_error(ctx)?;
+    let Quoted {
+        icmp_off,
+        icmp_csum_be,
+        outer_csum_be,
+        outer_saddr_be,
+        outer_daddr_be,
+        inner_off,
+        inner_l4,
+        inner_proto,
+        inner_csum_be,
+        inner_saddr_be,
+        inner_daddr_be,
+        inner_sport_be,
+        inner_dport_be,
+    } = q;
     let key = CtKey {
         saddr_be: inner_daddr_be,
         daddr_be: inner_saddr_be,
@@ -303,28 +200,13 @@ pub fn translate_snat(ctx: &TcContext) -> Result<Outer, Skip> {
     let (client_be, client_port_be) = (entry.snat_addr_be, entry.snat_port_be);
     let (frontend_be, frontend_port_be) = (entry.nat_addr_be, entry.nat_port_be);
 
-    let l4_csum_off = if inner_proto == proto::UDP {
-        inner_l4 + UDP_CSUM_OFF
-    } else {
-        inner_l4 + TCP_CSUM_OFF
-    };
-    let mut l4_csum = None;
-    if (ctx.len() as usize) >= l4_csum_off + 2 {
-        ensure_linear(ctx, l4_csum_off + 2)?;
-        let csum_ptr = ptr_at::<u16>(ctx, l4_csum_off)?;
-        // SAFETY: `ptr_at` checked the field lies inside the packet; a read.
-        let old = unsafe { *csum_ptr };
-        if inner_proto == proto::TCP || old != 0 {
-            let mut new = csum_replace4(old, inner_saddr_be, client_be);
-            new = csum_replace4(new, inner_daddr_be, frontend_be);
-            new = csum_replace2(new, inner_sport_be, client_port_be);
-            new = csum_replace2(new, inner_dport_be, frontend_port_be);
-            if inner_proto == proto::UDP && new == 0 {
-                new = 0xffff;
-            }
-            l4_csum = Some((old, new));
-        }
-    }
+    let (l4_csum_off, quoted_csum) = quoted_l4_csum(ctx, &q)?;
+    let l4_csum = quoted_csum.map(|old| {
+        let mut new = csum_replace4(old, inner_saddr_be, client_be);
+        new = csum_replace4(new, inner_daddr_be, frontend_be);
+        new = csum_replace2(new, inner_sport_be, client_port_be);
+        (old, l4_csum_fixup(inner_proto, csum_replace2(new, inner_dport_be, frontend_port_be)))
+    });
     let mut new_inner_csum_be = csum_replace4(inner_csum_be, inner_saddr_be, client_be);
     new_inner_csum_be = csum_replace4(new_inner_csum_be, inner_daddr_be, frontend_be);
     let mut icmp_csum = csum_replace4(icmp_csum_be, inner_saddr_be, client_be);
@@ -370,4 +252,136 @@ pub fn translate_snat(ctx: &TcContext) -> Result<Outer, Skip> {
         saddr_be: outer_saddr_new,
         daddr_be: client_be,
     })
+}
+
+/// An ICMP error and the packet it quotes, as parsed.
+#[derive(Clone, Copy)]
+struct Quoted {
+    icmp_off: usize,
+    icmp_csum_be: u16,
+    outer_csum_be: u16,
+    outer_saddr_be: u32,
+    outer_daddr_be: u32,
+    inner_off: usize,
+    inner_l4: usize,
+    inner_proto: u8,
+    inner_csum_be: u16,
+    inner_saddr_be: u32,
+    inner_daddr_be: u32,
+    inner_sport_be: u16,
+    inner_dport_be: u16,
+}
+
+/// Parses an ICMP error (destination unreachable, time exceeded, parameter
+/// problem) that quotes an unfragmented-or-first TCP or UDP packet; anything
+/// else is not ours.
+#[inline(always)]
+fn parse_error(ctx: &TcContext) -> Result<Quoted, Skip> {
+    // `parse` made sure the fixed outer header is in the linear area.
+    let ip = ptr_at::<Ipv4Hdr>(ctx, ETH_HLEN)?;
+    // SAFETY: `ptr_at` checked the whole fixed header lies inside the packet.
+    let (version_ihl, frag_off_be, outer_csum_be, outer_saddr_be, outer_daddr_be) = unsafe {
+        (
+            (*ip).version_ihl,
+            (*ip).frag_off_be,
+            (*ip).csum_be,
+            (*ip).saddr_be,
+            (*ip).daddr_be,
+        )
+    };
+    let ihl = usize::from(version_ihl & 0x0f) * 4;
+    if version_ihl >> 4 != 4 || ihl < IPV4_MIN_HLEN || u16::from_be(frag_off_be) & IP_FRAG_MASK != 0
+    {
+        return Err(Skip::NotOurs);
+    }
+    let icmp_off = ETH_HLEN + ihl;
+    if (ctx.len() as usize) < icmp_off + ICMP_HLEN {
+        return Err(Skip::NotOurs);
+    }
+    ensure_linear(ctx, icmp_off + ICMP_HLEN)?;
+    let icmp = ptr_at::<[u8; 4]>(ctx, icmp_off)?;
+    // SAFETY: `ptr_at` checked the four bytes lie inside the packet.
+    let (icmp_type, icmp_csum_be) =
+        unsafe { ((*icmp)[0], u16::from_ne_bytes([(*icmp)[2], (*icmp)[3]])) };
+    if !matches!(
+        icmp_type,
+        ICMP_DEST_UNREACH | ICMP_TIME_EXCEEDED | ICMP_PARAMETER_PROB
+    ) {
+        return Err(Skip::NotOurs);
+    }
+
+    // The quoted header.
+    let inner_off = icmp_off + ICMP_HLEN;
+    ensure_linear(ctx, inner_off + IPV4_MIN_HLEN)?;
+    let inner = ptr_at::<Ipv4Hdr>(ctx, inner_off)?;
+    // SAFETY: `ptr_at` checked the whole fixed header lies inside the packet.
+    let (inner_vihl, inner_proto, inner_frag_be, inner_csum_be, inner_saddr_be, inner_daddr_be) = unsafe {
+        (
+            (*inner).version_ihl,
+            (*inner).proto,
+            (*inner).frag_off_be,
+            (*inner).csum_be,
+            (*inner).saddr_be,
+            (*inner).daddr_be,
+        )
+    };
+    let inner_ihl = usize::from(inner_vihl & 0x0f) * 4;
+    if inner_vihl >> 4 != 4
+        || inner_ihl < IPV4_MIN_HLEN
+        || (inner_proto != proto::TCP && inner_proto != proto::UDP)
+        || u16::from_be(inner_frag_be) & IP_OFFSET_MASK != 0
+    {
+        return Err(Skip::NotOurs);
+    }
+    let inner_l4 = inner_off + inner_ihl;
+    ensure_linear(ctx, inner_l4 + QUOTED_L4)?;
+    let ports = ptr_at::<[u16; 2]>(ctx, inner_l4)?;
+    // SAFETY: `ptr_at` checked both ports lie inside the packet.
+    let (inner_sport_be, inner_dport_be) = unsafe { ((*ports)[0], (*ports)[1]) };
+    Ok(Quoted {
+        icmp_off,
+        icmp_csum_be,
+        outer_csum_be,
+        outer_saddr_be,
+        outer_daddr_be,
+        inner_off,
+        inner_l4,
+        inner_proto,
+        inner_csum_be,
+        inner_saddr_be,
+        inner_daddr_be,
+        inner_sport_be,
+        inner_dport_be,
+    })
+}
+
+/// Where the quoted L4 checksum lies, and its value when the quote holds it
+/// and it is to be updated (UDP's lies in the first 8 bytes; TCP's at offset
+/// 16 only when more is quoted; a UDP checksum of zero, "none", stays zero).
+#[inline(always)]
+fn quoted_l4_csum(ctx: &TcContext, q: &Quoted) -> Result<(usize, Option<u16>), Skip> {
+    let off = if q.inner_proto == proto::UDP {
+        q.inner_l4 + UDP_CSUM_OFF
+    } else {
+        q.inner_l4 + TCP_CSUM_OFF
+    };
+    if (ctx.len() as usize) < off + 2 {
+        return Ok((off, None));
+    }
+    ensure_linear(ctx, off + 2)?;
+    let csum_ptr = ptr_at::<u16>(ctx, off)?;
+    // SAFETY: `ptr_at` checked the field lies inside the packet; a read.
+    let old = unsafe { *csum_ptr };
+    let updated = q.inner_proto == proto::TCP || old != 0;
+    Ok((off, updated.then_some(old)))
+}
+
+/// A computed UDP checksum of zero is sent as 0xffff (zero means "none").
+#[inline(always)]
+fn l4_csum_fixup(inner_proto: u8, csum: u16) -> u16 {
+    if inner_proto == proto::UDP && csum == 0 {
+        0xffff
+    } else {
+        csum
+    }
 }

@@ -200,7 +200,7 @@ pub fn try_from_uplink(ctx: &TcContext) -> Result<i32, Skip> {
     let (src, dst, service_id, counter) = match translation {
         Translation::Local { backend, service_id } => (
             None,
-            Some((backend.addr_be, backend.port_be)),
+            (backend.addr_be, backend.port_be),
             service_id,
             stat::EXT_LOCAL,
         ),
@@ -211,7 +211,7 @@ pub fn try_from_uplink(ctx: &TcContext) -> Result<i32, Skip> {
             service_id,
         } => (
             Some((snat_addr_be, snat_port_be)),
-            Some((backend.addr_be, backend.port_be)),
+            (backend.addr_be, backend.port_be),
             service_id,
             stat::EXT_REMOTE,
         ),
@@ -222,7 +222,7 @@ pub fn try_from_uplink(ctx: &TcContext) -> Result<i32, Skip> {
             dst_port_be,
         } => (
             Some((src_addr_be, src_port_be)),
-            Some((dst_addr_be, dst_port_be)),
+            (dst_addr_be, dst_port_be),
             0,
             stat::EXT_REPLY,
         ),
@@ -232,34 +232,13 @@ pub fn try_from_uplink(ctx: &TcContext) -> Result<i32, Skip> {
         return drop_counted(stat::TTL_EXCEEDED);
     }
     let mut now = flow;
-    if let Some((addr_be, port_be)) = dst {
-        let todo = Rewrite {
-            side: Side::Destination,
-            new_addr_be: addr_be,
-            new_port_be: port_be,
-            service_id,
-            l4_off: flow.l4_off,
-            proto: flow.proto,
-        };
-        if rewrite_with_helpers(ctx, &now, &todo).is_err() {
-            return drop_counted(stat::DROP_REWRITE_FAILED);
-        }
-        now.daddr_be = addr_be;
-        now.dport_be = port_be;
+    if rewrite_side(ctx, &mut now, Side::Destination, dst, service_id).is_err() {
+        return drop_counted(stat::DROP_REWRITE_FAILED);
     }
-    if let Some((addr_be, port_be)) = src {
-        let todo = Rewrite {
-            side: Side::Source,
-            new_addr_be: addr_be,
-            new_port_be: port_be,
-            service_id,
-            l4_off: flow.l4_off,
-            proto: flow.proto,
-        };
-        if rewrite_with_helpers(ctx, &now, &todo).is_err() {
+    if let Some(src) = src {
+        if rewrite_side(ctx, &mut now, Side::Source, src, service_id).is_err() {
             return drop_counted(stat::DROP_REWRITE_FAILED);
         }
-        now.saddr_be = addr_be;
     }
     if service_id != 0 {
         let len = u64::from(ctx.len());
@@ -277,6 +256,32 @@ pub fn try_from_uplink(ctx: &TcContext) -> Result<i32, Skip> {
         return send_out(ctx, ingress, &now);
     }
     Ok(TC_ACT_OK as i32)
+}
+
+/// Rewrites one side of the packet `now` describes (helper stores), and
+/// `now` with it.
+#[inline(always)]
+fn rewrite_side(
+    ctx: &TcContext,
+    now: &mut Flow,
+    side: Side,
+    (addr_be, port_be): (u32, u16),
+    service_id: u32,
+) -> Result<(), RewriteFailed> {
+    let todo = Rewrite {
+        side,
+        new_addr_be: addr_be,
+        new_port_be: port_be,
+        service_id,
+        l4_off: now.l4_off,
+        proto: now.proto,
+    };
+    rewrite_with_helpers(ctx, now, &todo)?;
+    match side {
+        Side::Source => (now.saddr_be, now.sport_be) = (addr_be, port_be),
+        Side::Destination => (now.daddr_be, now.dport_be) = (addr_be, port_be),
+    }
+    Ok(())
 }
 
 /// An ICMP error about a flow source-NATed to another node: translated back
