@@ -158,7 +158,17 @@ pub mod snat {
     pub const PORT_MIN: u16 = 61_000;
     pub const PORT_MAX: u16 = 65_535;
     /// Ports tried for a new flow before it is dropped (and counted).
-    pub const ATTEMPTS: u32 = 4;
+    pub const ATTEMPTS: u32 = 8;
+    /// Ports tried are this far apart (a prime that does not divide the
+    /// range), so a run of taken ports does not fail every attempt.
+    pub const STRIDE: u32 = 1_031;
+    /// A closed TCP flow's port is given to a new flow this long after the
+    /// close: past the backend's TIME_WAIT (60 s in Linux), so its kernel
+    /// never meets a new connection on a 4-tuple it still remembers. The
+    /// range thus sustains about 4536 / 65 s = 70 new connections per second
+    /// to one backend address and port; UDP flows' ports are freed only when
+    /// the LRU map evicts them.
+    pub const REUSE_AFTER_NS: u64 = 65_000_000_000;
 }
 
 /// Hairpin: a pod that reaches a Service and is given itself as the backend
@@ -342,7 +352,8 @@ pub struct CtEntry {
     pub snat_addr_be: u32,
     pub snat_port_be: u16,
     pub _pad2: [u8; 2],
-    /// `bpf_ktime_get_ns()` when the entry was created.
+    /// `bpf_ktime_get_ns()` when the entry was created, and again when its
+    /// TCP connection started closing ([`ct_flags::CLOSING`]).
     pub created_ns: u64,
 }
 

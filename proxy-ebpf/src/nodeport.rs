@@ -257,6 +257,42 @@ fn remote_uplink_addr(ctx: *mut c_void, ingress: u32, flow: &Flow, backend: &Bac
     unsafe { SB_UPLINK_V1.get(&params.ifindex) }.map(|uplink| uplink.addr_be)
 }
 
+/// Takes the SNAT port `reply_key` names for a new flow: free (no entry), or
+/// held by a TCP flow that closed more than [`snat::REUSE_AFTER_NS`] ago.
+/// Taking a closed flow's port overwrites its entry and reads it back: when
+/// two CPUs take the same port at the same instant (the BPF target has no
+/// compare-and-exchange here), only the one whose client the entry names
+/// keeps it, and the other tries its next port.
+#[inline(always)]
+fn claim_port(reply_key: &CtKey, reply: &CtEntry, now: u64) -> bool {
+    if SB_CT_V4
+        .insert(reply_key, reply, u64::from(BPF_NOEXIST))
+        .is_ok()
+    {
+        return true;
+    }
+    let Some(held) = SB_CT_V4.get_ptr(reply_key) else {
+        return false;
+    };
+    // SAFETY: a value of the LRU map, valid for this program run; read once.
+    let (flags, closed_ns) = unsafe { ((*held).flags, (*held).created_ns) };
+    if flags & ct_flags::CLOSING == 0 || now.wrapping_sub(closed_ns) < snat::REUSE_AFTER_NS {
+        return false;
+    }
+    if SB_CT_V4.insert(reply_key, reply, 0).is_err() {
+        return false;
+    }
+    // SAFETY: the value is copied out at once.
+    match unsafe { SB_CT_V4.get(reply_key) } {
+        Some(now_held) => {
+            now_held.snat_addr_be == reply.snat_addr_be
+                && now_held.snat_port_be == reply.snat_port_be
+                && now_held.nat_addr_be == reply.nat_addr_be
+        }
+        None => false,
+    }
+}
+
 /// Route-lookup parameters for an IPv4 packet arriving on `ifindex`.
 #[inline(always)]
 pub fn fib_params(ifindex: u32, proto: u8, saddr_be: u32, daddr_be: u32) -> FibParams {
@@ -298,7 +334,8 @@ fn new_remote_flow(
         created_ns,
     };
     for attempt in 0..snat::ATTEMPTS {
-        let port = snat::PORT_MIN + (start.wrapping_add(attempt) % range) as u16;
+        let step = start.wrapping_add(attempt.wrapping_mul(snat::STRIDE));
+        let port = snat::PORT_MIN + (step % range) as u16;
         let reply_key = CtKey {
             saddr_be: backend.addr_be,
             daddr_be: snat_addr_be,
@@ -308,10 +345,7 @@ fn new_remote_flow(
             dir: ct_dir::REPLY,
             _pad: [0; 2],
         };
-        if SB_CT_V4
-            .insert(&reply_key, &reply, u64::from(BPF_NOEXIST))
-            .is_err()
-        {
+        if !claim_port(&reply_key, &reply, created_ns) {
             continue;
         }
         let forward = CtEntry {

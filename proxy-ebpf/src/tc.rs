@@ -578,8 +578,14 @@ fn reply_key_of(flow: &Flow, forward: &CtEntry) -> CtKey {
 #[inline(always)]
 pub(crate) fn mark_closing(entry: *mut CtEntry) {
     // SAFETY: a value pointer the map lookup just returned, valid for this
-    // program run; the only concurrent writes set the same bit.
-    unsafe { (*entry).flags |= ct_flags::CLOSING };
+    // program run; the only concurrent writes set the same bit (or the same
+    // kind of time stamp, which only dates the close).
+    unsafe {
+        if (*entry).flags & ct_flags::CLOSING == 0 {
+            (*entry).flags |= ct_flags::CLOSING;
+            (*entry).created_ns = bpf_ktime_get_ns();
+        }
+    }
 }
 
 /// The key a backend's replies to this flow are looked up with.

@@ -245,18 +245,21 @@ impl<S: MapStore> Syncer<S> {
                 continue;
             };
             let ids = complete_slots(&slots, &backends, key, head);
-            let external = if has_external_set(head.flags) {
+            // Outer `None`: announced but incomplete; inner `None`: no
+            // external set.
+            let external: Option<Option<Vec<u32>>> = if has_external_set(head.flags) {
                 let ext_key = FrontendKey {
                     scope: scope::EXTERNAL,
                     ..*key
                 };
                 slots
                     .get(&ext_key)
-                    .map(|ext_head| complete_slots(&slots, &backends, &ext_key, ext_head))
+                    .and_then(|ext_head| complete_slots(&slots, &backends, &ext_key, ext_head))
+                    .map(Some)
             } else {
-                Some(Some(Vec::new()))
+                Some(None)
             };
-            let (Some(ids), Some(Some(external))) = (ids, external) else {
+            let (Some(ids), Some(external)) = (ids, external) else {
                 // Half-written by a crash: drop it; the next apply rewrites it.
                 warn!(frontend = %addr, "adopting maps: incomplete frontend entry removed");
                 continue;
@@ -265,7 +268,6 @@ impl<S: MapStore> Syncer<S> {
                 warn!(frontend = %addr, "adopting maps: incomplete frontend entry removed");
                 continue;
             }
-            let external = has_external_set(head.flags).then_some(external);
             for (scope, set) in [(scope::INTERNAL, Some(&ids)), (scope::EXTERNAL, external.as_ref())] {
                 let Some(set) = set else { continue };
                 for slot in 0..=set.len() as u16 {

@@ -306,7 +306,8 @@ impl Fixture {
         let caps = Capacities {
             frontends: 1024,
             backends: 1024,
-            conntrack: 4096,
+            // Room for every SNAT port of one backend (4536) and then some.
+            conntrack: 16384,
             services: 64,
         };
         let mut ebpf = ebpf::load_unpinned(&caps).expect("load eBPF object");
@@ -1392,5 +1393,96 @@ fn icmp_errors_about_a_remote_flow_reach_the_client_translated() {
             assert_eq!((verdict, out), (TC_ACT_UNSPEC, error));
             assert_eq!(fx.stat("icmp_error_translated"), 1);
         }
+    });
+}
+
+/// `bpf_ktime_get_ns()`'s clock (CLOCK_MONOTONIC), in ns.
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid out-pointer for the call.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    assert_eq!(rc, 0, "clock_gettime");
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Every SNAT port of node → POD_REMOTE:POD_PORT held by a flow of another
+/// client with `flags`, stamped `stamp_ns`.
+fn hold_every_snat_port(fx: &mut Fixture, flags: u8, stamp_ns: u64) {
+    let conntrack = &mut fx.syncer.store_mut().conntrack;
+    for port in snat::PORT_MIN..=snat::PORT_MAX {
+        let key = CtKey {
+            saddr_be: u32::from_ne_bytes(POD_REMOTE.octets()),
+            daddr_be: u32::from_ne_bytes(NODE.octets()),
+            sport_be: POD_PORT.to_be(),
+            dport_be: port.to_be(),
+            proto: 6,
+            dir: ct_dir::REPLY,
+            _pad: [0; 2],
+        };
+        let entry = CtEntry {
+            backend_id: 1,
+            service_id: 1,
+            nat_addr_be: u32::from_ne_bytes(NODE.octets()),
+            nat_port_be: NODE_PORT.to_be(),
+            flags,
+            snat_addr_be: u32::from_ne_bytes([192, 168, 50, 101]),
+            snat_port_be: port.to_be(),
+            created_ns: stamp_ns,
+            ..CtEntry::default()
+        };
+        conntrack.insert(key, entry, 0).expect("seed a conntrack entry");
+    }
+}
+
+/// A new flow to a remote backend takes a SNAT port held by a closed TCP
+/// flow only once the close is older than the backend's TIME_WAIT; a port of
+/// an open flow, or of one that closed just now, is never taken (the flow is
+/// dropped and counted when every port is held).
+#[test]
+fn snat_ports_of_closed_flows_are_reused_only_after_time_wait() {
+    on_node(|node| {
+        let mut fx = Fixture::new(
+            node,
+            vec![frontend(
+                FrontendKind::NodePort,
+                NODE,
+                NODE_PORT,
+                Protocol::Tcp,
+                "remote",
+                &[POD_REMOTE],
+            )],
+        );
+        let now = monotonic_ns();
+        assert!(now > 2 * snat::REUSE_AFTER_NS, "the machine has been up long enough");
+        let syn = |sport| PacketSpec::tcp(CLIENT, sport, NODE, NODE_PORT).build();
+
+        hold_every_snat_port(&mut fx, ct_flags::SNAT | ct_flags::CLOSING, now);
+        let (verdict, _) = fx.run(Prog::Xdp, &syn(40000));
+        assert_eq!(verdict, XDP_DROP, "closed just now: still in TIME_WAIT at the backend");
+        assert_eq!(fx.stat("snat_exhausted"), 1);
+
+        hold_every_snat_port(&mut fx, ct_flags::SNAT, now - 2 * snat::REUSE_AFTER_NS);
+        let (verdict, _) = fx.run(Prog::Xdp, &syn(40001));
+        assert_eq!(verdict, XDP_DROP, "open flows keep their ports, however old");
+        assert_eq!(fx.stat("snat_exhausted"), 2);
+
+        hold_every_snat_port(
+            &mut fx,
+            ct_flags::SNAT | ct_flags::CLOSING,
+            now - 2 * snat::REUSE_AFTER_NS,
+        );
+        let (verdict, out) = fx.run(Prog::Xdp, &syn(40002));
+        assert_eq!(verdict, XDP_TX, "a port closed long ago is taken");
+        let (_, port) = src_of(&out);
+        let entry = fx.ct(&reply_key(Protocol::Tcp, port)).expect("reply entry");
+        assert_eq!(
+            (entry.snat_addr_be, u16::from_be(entry.snat_port_be), entry.flags),
+            (u32::from_ne_bytes(CLIENT.octets()), 40002, ct_flags::SNAT),
+            "the entry now names the new client, open"
+        );
+        assert_eq!(fx.stat("snat_exhausted"), 2);
     });
 }

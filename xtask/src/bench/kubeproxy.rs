@@ -51,7 +51,7 @@ fn fnv(data: &str) -> u64 {
 }
 
 /// 16 base32 characters (A–Z, 2–7) of a hash of `data`.
-fn hash16(data: &str) -> String {
+pub(super) fn hash16(data: &str) -> String {
     const ALPHABET: &[u8; 32] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZ234567";
     let (a, b) = (fnv(data), fnv(&format!("{data}#")));
     let mut out = String::with_capacity(16);

@@ -21,13 +21,20 @@
 //!    Services × 10 endpoints with each (iptables-restore, `nft -f`, agent);
 //! 5. agent resident memory at 1k, 10k, 100k Services (a real `switchboard
 //!    agent --source dir:` in a sandbox);
-//! 6. the report, with every ratio computed from this run's figures.
+//! 6. north-south (`northsouth.rs`): per-packet cost of the uplink programs
+//!    (`sb_bench uplink`), then an external client to a NodePort in the
+//!    two-node sandbox with local and remote backends through XDP, tc only,
+//!    kube-proxy-style iptables NodePort rules and directly: new TCP
+//!    connections/s and a one-core UDP flood (`sb_bench flood`). Run alone
+//!    with `SB_BENCH_ONLY=north-south`;
+//! 7. the report, with every ratio computed from this run's figures.
 //!
 //! Every sandbox uses a fixed `sbb…` tag: a new run first removes what an
 //! interrupted one left, and Ctrl-C removes them before exiting. Rules and
 //! traffic exist only inside the sandbox namespaces.
 
 pub mod kubeproxy;
+pub mod northsouth;
 pub mod report;
 pub mod workload;
 
@@ -44,8 +51,25 @@ use serde_json::{json, Value};
 use crate::sandbox::{self, Sandbox};
 use crate::util::{cargo, is_root, release_bin, repo_root, run_capture, show};
 
-/// Sandbox tags used by the benchmark (one sandbox at a time).
+/// Sandbox tags used by the benchmark (the north-south part's three
+/// two-node sandboxes are in [`northsouth::TAGS`]).
 const TAGS: [&str; 6] = ["sbbfwd", "sbbdir", "sbbsw", "sbbipt", "sbbnft", "sbbrss"];
+
+/// Every tag a run may create.
+fn all_tags() -> impl Iterator<Item = &'static str> {
+    TAGS.iter().chain(northsouth::TAGS.iter()).copied()
+}
+
+/// `SB_BENCH_ONLY=north-south` runs only the north-south part (and the
+/// report); unset, everything runs.
+fn only() -> Result<Option<String>> {
+    match std::env::var("SB_BENCH_ONLY") {
+        Ok(v) if v.is_empty() => Ok(None),
+        Ok(v) if v == "north-south" => Ok(Some(v)),
+        Ok(v) => bail!("SB_BENCH_ONLY={v}: the only part that runs alone is north-south"),
+        Err(_) => Ok(None),
+    }
+}
 
 pub struct Options {
     pub quick: bool,
@@ -120,15 +144,24 @@ pub fn run(opts: Options) -> Result<()> {
         );
     }
     let plan = Plan::new(opts.quick);
+    let only = only()?;
     STARTED.get_or_init(Instant::now);
     TOTAL.store(
-        3 + 1 + plan.e2e_sizes.len() * (1 + PATHS.len() * plan.rounds) + plan.rss_sizes.len() + 1,
+        if only.is_some() {
+            northsouth::steps(&plan) + 1
+        } else {
+            3 + 1
+                + plan.e2e_sizes.len() * (1 + PATHS.len() * plan.rounds)
+                + northsouth::steps(&plan)
+                + plan.rss_sizes.len()
+                + 1
+        },
         Ordering::SeqCst,
     );
 
     ctrlc::set_handler(|| {
         eprintln!("\nbench: interrupted, removing the benchmark sandboxes");
-        for tag in TAGS {
+        for tag in all_tags() {
             if let Err(e) = sandbox::purge_tag(tag) {
                 eprintln!("bench: cleanup {tag}: {e:#}");
             }
@@ -146,7 +179,7 @@ pub fn run(opts: Options) -> Result<()> {
         sb_http.display()
     );
     let sb_bench = build_bench()?;
-    for tag in TAGS {
+    for tag in all_tags() {
         sandbox::purge_tag(tag)?;
     }
 
@@ -154,10 +187,11 @@ pub fn run(opts: Options) -> Result<()> {
     let results_root = repo_root().join("xtask/results");
     // Quick runs (smoke tests) get their own folders and leave latest/ to
     // the newest full run.
-    let folder = if plan.quick {
-        format!("{stamp}-quick")
-    } else {
-        stamp.clone()
+    let folder = match (plan.quick, &only) {
+        (true, Some(part)) => format!("{stamp}-quick-{part}"),
+        (false, Some(part)) => format!("{stamp}-{part}"),
+        (true, None) => format!("{stamp}-quick"),
+        (false, None) => stamp.clone(),
     };
     let dir = opts
         .out
@@ -172,29 +206,35 @@ pub fn run(opts: Options) -> Result<()> {
 
     let quick = if plan.quick { vec!["--quick"] } else { vec![] };
 
-    progress("per-packet cost: BPF_PROG_TEST_RUN of sb_from_pod / sb_to_pod at each Services count, next to the empty programs");
-    results["perpacket"] = run_json(
-        &sb_bench,
-        &[&["perpacket"], quick.as_slice()].concat(),
-        &dir.join("perpacket.json"),
-    )?;
+    if only.is_none() {
+        progress("per-packet cost: BPF_PROG_TEST_RUN of sb_from_pod / sb_to_pod at each Services count, next to the empty programs");
+        results["perpacket"] = run_json(
+            &sb_bench,
+            &[&["perpacket"], quick.as_slice()].concat(),
+            &dir.join("perpacket.json"),
+        )?;
 
-    progress("control plane: model + Syncer::apply of Services x 10 endpoints into kernel maps; one EndpointSlice change");
-    results["sync"] = run_json(
-        &sb_bench,
-        &[&["sync"], quick.as_slice()].concat(),
-        &dir.join("sync.json"),
-    )?;
+        progress("control plane: model + Syncer::apply of Services x 10 endpoints into kernel maps; one EndpointSlice change");
+        results["sync"] = run_json(
+            &sb_bench,
+            &[&["sync"], quick.as_slice()].concat(),
+            &dir.join("sync.json"),
+        )?;
 
-    progress("forwarding rate on one core: XDP live frames through the node's tc path");
-    results["fwd"] = fwd(&sb_bench, &plan, &dir)?;
+        progress("forwarding rate on one core: XDP live frames through the node's tc path");
+        results["fwd"] = fwd(&sb_bench, &plan, &dir)?;
 
-    let (paths, e2e, programming) = e2e_all(&plan, &sb_http, &bins.switchboard, &dir)?;
-    results["e2e_paths"] = Value::Array(paths);
-    results["e2e"] = Value::Array(e2e);
-    results["programming"] = Value::Array(programming);
+        let (paths, e2e, programming) = e2e_all(&plan, &sb_http, &bins.switchboard, &dir)?;
+        results["e2e_paths"] = Value::Array(paths);
+        results["e2e"] = Value::Array(e2e);
+        results["programming"] = Value::Array(programming);
 
-    results["rss"] = Value::Array(agent_rss(&plan, &sb_http, &bins.switchboard)?);
+        results["rss"] = Value::Array(agent_rss(&plan, &sb_http, &bins.switchboard)?);
+    }
+    if only.is_none() || only.as_deref() == Some("north-south") {
+        results["northsouth"] =
+            northsouth::run(&plan, &sb_http, &bins.switchboard, &sb_bench, &dir)?;
+    }
 
     progress("report: tables, ratios and plots");
     fs::write(
@@ -202,7 +242,7 @@ pub fn run(opts: Options) -> Result<()> {
         serde_json::to_string_pretty(&results)?,
     )?;
     let table = report::write(&results, &dir)?;
-    if opts.out.is_none() && !plan.quick {
+    if opts.out.is_none() && !plan.quick && only.is_none() {
         let latest = results_root.join("latest");
         let _ = fs::remove_dir_all(&latest);
         fs::create_dir_all(&latest)?;
@@ -215,7 +255,7 @@ pub fn run(opts: Options) -> Result<()> {
     println!("bench: report in {}", dir.join("report.md").display());
     let leftover: Vec<String> = sandbox::list_netns()?
         .into_iter()
-        .filter(|ns| TAGS.iter().any(|t| ns.starts_with(&format!("{t}-"))))
+        .filter(|ns| all_tags().any(|t| ns.starts_with(&format!("{t}-"))))
         .collect();
     ensure!(leftover.is_empty(), "namespaces left behind: {leftover:?}");
     Ok(())

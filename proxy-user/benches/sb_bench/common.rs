@@ -1,0 +1,176 @@
+//! Helpers shared by the modes: the empty programs, BPF_PROG_TEST_RUN
+//! wrappers, statistics, namespaces and CPUs.
+use std::{fs, net::Ipv4Addr, os::fd::AsFd as _};
+
+use anyhow::{anyhow, ensure, Context as _, Result};
+use aya::{
+    programs::{SchedClassifier, TestRun as _, TestRunOptions, Xdp},
+    Ebpf, EbpfLoader,
+};
+use proxy_user::{
+    maps::PinnedMaps,
+    model::{BackendAddr, Frontend, FrontendAddr, Protocol, ServicePortName},
+};
+
+/// The benchmark floor: proxy-ebpf's `sb-empty` bin (empty tc and XDP programs).
+pub(crate) static EMPTY_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/sb-empty"));
+
+pub(crate) const TC_ACT_OK: u32 = 0;
+pub(crate) const TC_ACT_UNSPEC: u32 = u32::MAX;
+
+pub(crate) const CLIENT: Ipv4Addr = Ipv4Addr::new(10, 244, 100, 2);
+pub(crate) const VIP_A: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
+pub(crate) const VIP_B: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 11);
+pub(crate) const VIP_SELF: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 12);
+pub(crate) const POD: Ipv4Addr = Ipv4Addr::new(10, 244, 1, 2);
+pub(crate) const CLIENT_PORT: u16 = 40000;
+/// Frame size of every per-packet case: 14 + 20 + 20 + 20 bytes, the size of a
+/// TCP SYN with the usual 20 bytes of options (what BRIEF.md's floor used).
+pub(crate) const FRAME_PAYLOAD: usize = 20;
+
+pub(crate) fn frontend(ip: Ipv4Addr, port: u16, name: &str, backends: Vec<BackendAddr>) -> Frontend {
+    Frontend::cluster_ip(
+        FrontendAddr {
+            ip,
+            port,
+            protocol: Protocol::Tcp,
+        },
+        ServicePortName {
+            namespace: "bench".into(),
+            name: name.into(),
+            port: String::new(),
+        },
+        backends,
+    )
+}
+
+pub(crate) fn nth_ip(base: Ipv4Addr, n: u32) -> Ipv4Addr {
+    Ipv4Addr::from(u32::from(base) + n)
+}
+
+pub(crate) fn tc<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut SchedClassifier> {
+    ebpf.program_mut(name)
+        .ok_or_else(|| anyhow!("program {name} missing"))?
+        .try_into()
+        .map_err(|e| anyhow!("{name} is not a tc program: {e}"))
+}
+
+pub(crate) fn xdp<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut Xdp> {
+    ebpf.program_mut(name)
+        .ok_or_else(|| anyhow!("program {name} missing"))?
+        .try_into()
+        .map_err(|e| anyhow!("{name} is not an XDP program: {e}"))
+}
+
+pub(crate) fn load_empty() -> Result<Ebpf> {
+    let mut ebpf = EbpfLoader::new()
+        .load(EMPTY_OBJECT)
+        .context("loading sb-empty")?;
+    tc(&mut ebpf, "sb_empty_tc")?
+        .load()
+        .context("loading sb_empty_tc")?;
+    xdp(&mut ebpf, "sb_empty_xdp")?
+        .load()
+        .context("loading sb_empty_xdp")?;
+    xdp(&mut ebpf, "sb_sink_xdp")?
+        .load()
+        .context("loading sb_sink_xdp")?;
+    xdp(&mut ebpf, "sb_gen_xdp")?
+        .load()
+        .context("loading sb_gen_xdp")?;
+    Ok(ebpf)
+}
+
+/// One `repeat` run: (return value, kernel-reported ns per repetition).
+pub(crate) fn run_repeat(prog: &SchedClassifier, frame: &[u8], repeat: u32) -> Result<(u32, f64)> {
+    let mut out = vec![0u8; frame.len() + 256];
+    let r = prog
+        .test_run(TestRunOptions {
+            data_in: Some(frame),
+            data_out: Some(&mut out),
+            repeat,
+            ..TestRunOptions::default()
+        })
+        .context("BPF_PROG_TEST_RUN")?;
+    Ok((r.return_value, r.duration.as_nanos() as f64))
+}
+
+pub(crate) fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v[v.len() / 2]
+}
+
+pub(crate) fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[idx.min(sorted.len() - 1)]
+}
+
+pub(crate) fn stat(maps: &PinnedMaps, name: &str) -> u64 {
+    maps.global_stats()
+        .into_iter()
+        .find(|(n, _)| *n == name)
+        .map_or(0, |(_, v)| v)
+}
+
+
+/// `struct xdp_md` (the context BPF_PROG_TEST_RUN takes for XDP programs).
+#[repr(C)]
+#[derive(Default, Clone, Copy)]
+pub(crate) struct XdpMd {
+    pub(crate) data: u32,
+    pub(crate) data_end: u32,
+    pub(crate) data_meta: u32,
+    pub(crate) ingress_ifindex: u32,
+    pub(crate) rx_queue_index: u32,
+    pub(crate) egress_ifindex: u32,
+}
+
+pub(crate) fn ifindex(name: &str) -> Result<u32> {
+    let c = std::ffi::CString::new(name)?;
+    let idx = unsafe { libc::if_nametoindex(c.as_ptr()) };
+    ensure!(idx != 0, "no interface {name} in this namespace");
+    Ok(idx)
+}
+
+pub(crate) fn mac(name: &str) -> Result<[u8; 6]> {
+    let text = fs::read_to_string(format!("/sys/class/net/{name}/address"))?;
+    let bytes: Vec<u8> = text
+        .trim()
+        .split(':')
+        .map(|h| u8::from_str_radix(h, 16))
+        .collect::<Result<_, _>>()?;
+    bytes.try_into().map_err(|_| anyhow!("bad MAC {text}"))
+}
+
+
+/// Runs `f` with this thread in network namespace `ns` (`/run/netns/<ns>`).
+pub(crate) fn in_netns<T>(ns: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    use nix::sched::{setns, CloneFlags};
+    let home = fs::File::open("/proc/thread-self/ns/net")?;
+    let target =
+        fs::File::open(format!("/run/netns/{ns}")).with_context(|| format!("open netns {ns}"))?;
+    setns(target.as_fd(), CloneFlags::CLONE_NEWNET).context("setns into pod")?;
+    let result = f();
+    setns(home.as_fd(), CloneFlags::CLONE_NEWNET).context("setns back")?;
+    result
+}
+
+pub(crate) fn pin_to_cpu(cpu: usize) -> Result<()> {
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        ensure!(
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0,
+            "sched_setaffinity: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+    Ok(())
+}
+
