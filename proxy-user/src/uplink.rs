@@ -331,9 +331,7 @@ fn attach_xdp(ebpf: &mut Ebpf, uplink: &Uplink, mode: XdpMode, link_dir: &Path) 
         XdpMode::Generic => AyaXdpMode::Skb,
         _ => AyaXdpMode::Driver,
     };
-    let link_id = prog
-        .attach_to_if_index(uplink.index, aya_mode)
-        .map_err(xdp_error)?;
+    let link_id = attach_when_free(prog, uplink.index, aya_mode).map_err(xdp_error)?;
     let link = prog.take_link(link_id).map_err(xdp_error)?;
     let link = FdLink::try_from(link).map_err(|source| UplinkError::XdpNotALink {
         iface: uplink.name.clone(),
@@ -345,6 +343,31 @@ fn attach_xdp(ebpf: &mut Ebpf, uplink: &Uplink, mode: XdpMode, link_dir: &Path) 
         source,
     })?);
     Ok(())
+}
+
+/// How long an XDP attach waits for a link of another mode to go.
+const OTHER_MODE_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Attaches, retrying while the interface is busy: a link of the other mode
+/// whose pin was just removed is released by the kernel asynchronously, and
+/// native and generic XDP cannot be attached to one interface at once.
+fn attach_when_free(
+    prog: &mut Xdp,
+    index: u32,
+    mode: AyaXdpMode,
+) -> Result<aya::programs::xdp::XdpLinkId, ProgramError> {
+    let deadline = std::time::Instant::now() + OTHER_MODE_GRACE;
+    loop {
+        match prog.attach_to_if_index(index, mode) {
+            Err(ProgramError::SyscallError(e))
+                if matches!(e.io_error.raw_os_error(), Some(libc::EBUSY | libc::EEXIST))
+                    && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            other => return other,
+        }
+    }
 }
 
 /// The XDP link pinned at `path`, if there is one.

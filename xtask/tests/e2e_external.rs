@@ -31,7 +31,7 @@ use xtask::sandbox::{
     gro_enabled, is_mountpoint, list_netns, Attempt, ClientRun, TwoNodeSandbox, PIN_BASE,
     POD_TCP_PORT, POD_UDP_PORT,
 };
-use xtask::testenv::{sb_echo, two_node_sandbox, two_node_with_agents};
+use xtask::testenv::{sb_echo, switchboard, two_node_sandbox, two_node_with_agents};
 
 /// Attempts per entry point that must all succeed.
 const COUNT: u32 = 20;
@@ -450,5 +450,49 @@ fn fragmented_udp_through_a_nodeport_both_ways() {
         let answered: BTreeSet<String> = run.names().into_iter().collect();
         assert!(answered.is_subset(&names(&pods)), "{why}: {answered:?}");
         assert_eq!(run.client_saw(), vec![addr.clone()], "{why}: {}", run.raw);
+    }
+}
+
+/// `ip link` of node A's uplink: which XDP hook carries a program (`xdp`
+/// is the native one, `xdpgeneric` the generic one).
+fn xdp_hook(sb: &TwoNodeSandbox) -> String {
+    let out = sb
+        .exec(&sb.node_ns(Node::A), &["ip", "-d", "link", "show", &sb.uplink(Node::A)])
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    let text = String::from_utf8_lossy(&out.stdout);
+    ["xdpgeneric", "xdp"]
+        .into_iter()
+        .find(|hook| text.contains(&format!("{hook} ")) || text.contains(&format!("prog/{hook}")))
+        .unwrap_or("none")
+        .to_owned()
+}
+
+/// A restarted agent with another `--xdp-mode` replaces the earlier mode's
+/// program (the kernel releases the old link asynchronously; the attach waits
+/// for it) and traffic to remote backends flows in each mode.
+#[test]
+fn xdp_mode_changes_across_agent_restarts() {
+    let pods = Node::B.pods();
+    let mut sb = two_node_with_agents(Policy::Cluster, &pods, &[]);
+    let entry = EntryPoint {
+        address: Node::A.ip().to_string(),
+        port: NODEPORT_TCP,
+        proto: Proto::Tcp,
+    };
+    assert_eq!(xdp_hook(&sb), "xdp", "native by default");
+    for (mode, hook) in [("generic", "xdpgeneric"), ("off", "none"), ("native", "xdp")] {
+        sb.stop_agent(Node::A).unwrap_or_else(|e| panic!("{e:#}"));
+        sb.start_agent(Node::A, &switchboard(), &["--xdp-mode", mode])
+            .unwrap_or_else(|e| panic!("{e:#}"));
+        // The old program stays attached until the new agent replaces it.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while xdp_hook(&sb) != hook && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        assert_eq!(xdp_hook(&sb), hook, "--xdp-mode {mode}:\n{}", sb.agent_log(Node::A));
+        sb.wait_uplink_attached(Node::A, Duration::from_secs(10))
+            .unwrap_or_else(|e| panic!("--xdp-mode {mode}: {e:#}"));
+        let run = hit(&sb, Client::One, &entry, 5, 1000);
+        assert_answers(&run, &entry, &pods, Node::A.ip(), &format!("--xdp-mode {mode}"));
     }
 }
