@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use xtask::sandbox::two_node::manifests::{
     EntryPoint, ExternalService, Policy, Proto, HEALTH_CHECK_NODE_PORT, NODEPORT_TCP, NODEPORT_UDP,
 };
-use xtask::sandbox::two_node::{Client, Node, Pod, EXTERNAL_IP, LB_IP};
+use xtask::sandbox::two_node::{Client, Node, Pod, CLIENT_IPS, EXTERNAL_IP, LB_IP};
 use xtask::sandbox::{
     gro_enabled, is_mountpoint, list_netns, Attempt, ClientRun, TwoNodeSandbox, PIN_BASE,
     POD_TCP_PORT, POD_UDP_PORT,
@@ -495,4 +495,48 @@ fn xdp_mode_changes_across_agent_restarts() {
         let run = hit(&sb, Client::One, &entry, 5, 1000);
         assert_answers(&run, &entry, &pods, Node::A.ip(), &format!("--xdp-mode {mode}"));
     }
+}
+
+/// `--nodeport-addresses`: NodePorts are served on the node's interface
+/// addresses within the given blocks, not only on the Node's InternalIP.
+#[test]
+fn nodeport_addresses_select_the_node_addresses_nodeports_answer_on() {
+    let pods = Node::A.pods();
+    let mut sb = two_node_with_agents(Policy::Cluster, &pods, &[]);
+    let extra_ip = "192.168.50.11";
+    sb.exec(
+        &sb.node_ns(Node::A),
+        &["ip", "addr", "add", &format!("{extra_ip}/24"), "dev", &sb.uplink(Node::A)],
+    )
+    .unwrap_or_else(|e| panic!("{e:#}"));
+    let on_extra = EntryPoint {
+        address: extra_ip.to_string(),
+        port: NODEPORT_UDP,
+        proto: Proto::Udp,
+    };
+    // Default: only the Node's InternalIP (192.168.50.1) serves the NodePort.
+    let run = hit(&sb, Client::One, &on_extra, 3, 300);
+    assert_eq!(run.failures(), 3, "{on_extra} is no NodePort address yet:\n{}", run.raw);
+
+    sb.stop_agent(Node::A).unwrap_or_else(|e| panic!("{e:#}"));
+    sb.start_agent(
+        Node::A,
+        &switchboard(),
+        &["--nodeport-addresses", "192.168.50.0/24"],
+    )
+    .unwrap_or_else(|e| panic!("{e:#}"));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut run = hit(&sb, Client::One, &on_extra, 1, 300);
+    while !run.all_ok() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+        run = hit(&sb, Client::One, &on_extra, 1, 300);
+    }
+    let run = hit(&sb, Client::One, &on_extra, COUNT, 1000);
+    assert_answers(
+        &run,
+        &on_extra,
+        &pods,
+        CLIENT_IPS[0],
+        "--nodeport-addresses 192.168.50.0/24",
+    );
 }
