@@ -152,23 +152,46 @@ pub mod tail {
 }
 
 /// Source ports flows from outside to a backend on another node are
-/// source-NATed to: above Linux's default ephemeral range (32768–60999), so
-/// they never collide with the node's own connections.
+/// source-NATed to: two blocks outside Linux's default ephemeral range
+/// (32768–60999), so the node's own connections never pick them, and outside
+/// the NodePort range (30000–32767): 1024–29999 and 61000–65535, 33512 ports
+/// per backend address and port.
 pub mod snat {
-    pub const PORT_MIN: u16 = 61_000;
-    pub const PORT_MAX: u16 = 65_535;
+    pub const LOW_MIN: u16 = 1_024;
+    pub const LOW_MAX: u16 = 29_999;
+    pub const HIGH_MIN: u16 = 61_000;
+    pub const HIGH_MAX: u16 = 65_535;
+    /// How many ports the two blocks hold.
+    pub const PORTS: u32 = (LOW_MAX - LOW_MIN) as u32 + 1 + (HIGH_MAX - HIGH_MIN) as u32 + 1;
     /// Ports tried for a new flow before it is dropped (and counted).
     pub const ATTEMPTS: u32 = 8;
     /// Ports tried are this far apart (a prime that does not divide the
-    /// range), so a run of taken ports does not fail every attempt.
+    /// number of ports), so a run of taken ports does not fail every attempt.
     pub const STRIDE: u32 = 1_031;
     /// A closed TCP flow's port is given to a new flow this long after the
     /// close: past the backend's TIME_WAIT (60 s in Linux), so its kernel
     /// never meets a new connection on a 4-tuple it still remembers. The
-    /// range thus sustains about 4536 / 65 s = 70 new connections per second
+    /// ports thus sustain about 33512 / 65 s = 515 new connections per second
     /// to one backend address and port; UDP flows' ports are freed only when
     /// the LRU map evicts them.
     pub const REUSE_AFTER_NS: u64 = 65_000_000_000;
+
+    /// The `index`-th SNAT port (`index < PORTS`).
+    #[inline(always)]
+    pub const fn port(index: u32) -> u16 {
+        let low = (LOW_MAX - LOW_MIN) as u32 + 1;
+        if index < low {
+            LOW_MIN + index as u16
+        } else {
+            HIGH_MIN + (index - low) as u16
+        }
+    }
+
+    /// Whether `port` (host order) is one flows are source-NATed to.
+    #[inline(always)]
+    pub const fn is_snat_port(port: u16) -> bool {
+        (port >= LOW_MIN && port <= LOW_MAX) || port >= HIGH_MIN
+    }
 }
 
 /// Hairpin: a pod that reaches a Service and is given itself as the backend
@@ -748,6 +771,22 @@ mod tests {
         assert_eq!(offset_of!(CtKey, dport_be), 10);
         assert_eq!(offset_of!(CtKey, proto), 12);
         assert_eq!(offset_of!(CtKey, dir), 13);
+    }
+
+    #[test]
+    fn snat_ports_cover_both_blocks_and_nothing_else() {
+        assert_eq!(snat::port(0), 1_024);
+        assert_eq!(snat::port(28_975), 29_999);
+        assert_eq!(snat::port(28_976), 61_000);
+        assert_eq!(snat::port(snat::PORTS - 1), 65_535);
+        assert_eq!(snat::PORTS, 33_512);
+        for port in [1_023, 22, 30_000, 30_080, 32_767, 32_768, 60_999] {
+            assert!(!snat::is_snat_port(port), "{port}");
+        }
+        for index in [0, 1, 28_975, 28_976, snat::PORTS - 1] {
+            assert!(snat::is_snat_port(snat::port(index)));
+        }
+        assert_ne!(snat::PORTS % snat::STRIDE, 0);
     }
 
     #[test]

@@ -192,7 +192,7 @@ fn from_tracked(entry: &CtEntry, flow: &Flow) -> Translation {
 /// SNAT range are looked up.
 #[inline(always)]
 fn snat_reply(flow: &Flow) -> Result<Option<Translation>, NotTranslated> {
-    if u16::from_be(flow.dport_be) < snat::PORT_MIN {
+    if !snat::is_snat_port(u16::from_be(flow.dport_be)) {
         return Ok(None);
     }
     let key = flow.ct_key(ct_dir::REPLY);
@@ -320,7 +320,6 @@ fn new_remote_flow(
 ) -> Result<Translation, NotTranslated> {
     // SAFETY: helpers without preconditions.
     let (start, created_ns) = unsafe { (bpf_get_prandom_u32(), bpf_ktime_get_ns()) };
-    let range = u32::from(snat::PORT_MAX - snat::PORT_MIN) + 1;
     let reply = CtEntry {
         backend_id,
         service_id,
@@ -335,7 +334,7 @@ fn new_remote_flow(
     };
     for attempt in 0..snat::ATTEMPTS {
         let step = start.wrapping_add(attempt.wrapping_mul(snat::STRIDE));
-        let port = snat::PORT_MIN + (step % range) as u16;
+        let port = snat::port(step % snat::PORTS);
         let reply_key = CtKey {
             saddr_be: backend.addr_be,
             daddr_be: snat_addr_be,

@@ -306,8 +306,8 @@ impl Fixture {
         let caps = Capacities {
             frontends: 1024,
             backends: 1024,
-            // Room for every SNAT port of one backend (4536) and then some.
-            conntrack: 16384,
+            // Room for every SNAT port of one backend (33512) and then some.
+            conntrack: 65536,
             services: 64,
         };
         let mut ebpf = ebpf::load_unpinned(&caps).expect("load eBPF object");
@@ -909,7 +909,7 @@ fn xdp_snats_a_flow_to_a_remote_backend_and_sends_it_and_its_reply_back_out() {
             let (snat_addr, snat_port) = src_of(&out);
             assert_eq!(snat_addr, NODE, "{protocol:?}: source NATed to the uplink");
             assert!(
-                (snat::PORT_MIN..=snat::PORT_MAX).contains(&snat_port),
+                snat::is_snat_port(snat_port),
                 "{protocol:?}: SNAT port {snat_port}"
             );
             let expected = routed(
@@ -1055,7 +1055,7 @@ fn many_remote_flows_get_distinct_snat_ports() {
         assert_eq!(ports.len(), 200, "two flows share a SNAT port");
         assert!(ports
             .iter()
-            .all(|p| (snat::PORT_MIN..=snat::PORT_MAX).contains(p)));
+            .all(|p| snat::is_snat_port(*p)));
         assert_eq!(fx.stat("ext_remote"), 200);
         assert_eq!(fx.stat("snat_exhausted"), 0);
     });
@@ -1086,7 +1086,7 @@ fn tc_twin_snats_a_flow_to_a_remote_backend_and_restores_its_reply() {
             assert_eq!(verdict, TC_ACT_REDIRECT, "{protocol:?}");
             let (snat_addr, snat_port) = src_of(&out);
             assert_eq!(snat_addr, NODE);
-            assert!((snat::PORT_MIN..=snat::PORT_MAX).contains(&snat_port));
+            assert!(snat::is_snat_port(snat_port));
             assert_eq!(
                 out,
                 with_ttl(
@@ -1176,8 +1176,8 @@ fn packets_that_are_not_ours_pass_untouched() {
             let other_port = PacketSpec::tcp(CLIENT, 40001, NODE, 30081);
             let other_proto = PacketSpec::udp(CLIENT, 40002, LB_IP, NODE_PORT);
             let snat_range = PacketSpec::tcp(POD_REMOTE, POD_PORT, NODE, 61234);
-            let snat_range_udp = PacketSpec::udp(POD_REMOTE, POD_PORT, NODE, snat::PORT_MAX);
-            let below_snat_range = PacketSpec::tcp(POD_REMOTE, POD_PORT, NODE, snat::PORT_MIN - 1);
+            let snat_range_udp = PacketSpec::udp(POD_REMOTE, POD_PORT, NODE, snat::HIGH_MAX);
+            let below_snat_range = PacketSpec::tcp(POD_REMOTE, POD_PORT, NODE, snat::HIGH_MIN - 1);
             let mut cut_tcp = PacketSpec::tcp(CLIENT, 40003, NODE, NODE_PORT).build();
             cut_tcp.truncate(ETH_HLEN + 20 + 10);
             let mut bad_ihl = PacketSpec::tcp(CLIENT, 40004, NODE, NODE_PORT).build();
@@ -1412,7 +1412,7 @@ fn monotonic_ns() -> u64 {
 /// client with `flags`, stamped `stamp_ns`.
 fn hold_every_snat_port(fx: &mut Fixture, flags: u8, stamp_ns: u64) {
     let conntrack = &mut fx.syncer.store_mut().conntrack;
-    for port in snat::PORT_MIN..=snat::PORT_MAX {
+    for port in (0..snat::PORTS).map(snat::port) {
         let key = CtKey {
             saddr_be: u32::from_ne_bytes(POD_REMOTE.octets()),
             daddr_be: u32::from_ne_bytes(NODE.octets()),
