@@ -294,6 +294,14 @@ pub mod frontend_flags {
     pub const KIND_NODE_PORT: u16 = 1 << KIND_SHIFT;
     pub const KIND_LOAD_BALANCER: u16 = 2 << KIND_SHIFT;
     pub const KIND_EXTERNAL_IP: u16 = 3 << KIND_SHIFT;
+
+    /// Whether a slot 0 with these flags announces an external (local-only)
+    /// set under [`super::scope::EXTERNAL`]: `externalTrafficPolicy: Local`
+    /// on a NodePort, LoadBalancer or external-IP frontend.
+    #[inline(always)]
+    pub const fn has_external_set(flags: u16) -> bool {
+        flags & LOCAL_ONLY != 0 && flags & KIND_MASK != KIND_CLUSTER_IP
+    }
 }
 
 /// Value of the backend map (key: backend id, `u32`).
@@ -648,8 +656,9 @@ pub mod stat {
     /// Uplink (XDP): the route lookup could not give the next hop's address
     /// (no neighbour entry yet) for a flow to another node, or the TTL would
     /// expire; the packet went on untranslated to the uplink's tc program,
-    /// which forwards it with the kernel resolving the neighbour.
-    pub const FIB_TO_STACK: u32 = 23;
+    /// which sends it with the kernel resolving the neighbour (or drops an
+    /// expiring one, `ttl_exceeded`).
+    pub const XDP_TO_TC: u32 = 23;
     /// A packet to a frontend without endpoints was answered with an ICMP
     /// port unreachable from the frontend address (kube-proxy's REJECT), sent
     /// back out of the interface it came in on. Packets that may not be
@@ -696,7 +705,7 @@ pub mod stat {
         "ext_remote",
         "ext_reply",
         "snat_exhausted",
-        "fib_to_stack",
+        "xdp_to_tc",
         "rejected",
         "frag_translated",
         "frag_unknown",

@@ -3,13 +3,16 @@
 //! - tc (clsact or TCX) on the host side of every pod veth ([`tc`]):
 //!   `sb_from_pod` (ingress: packets the pod sends) rewrites a packet to a
 //!   Service frontend to a backend; `sb_to_pod` (egress: packets delivered to
-//!   the pod) rewrites the backend's replies back to the frontend. Both only
-//!   read; they tail-call `sb_rewrite` to store the rewrite into the packet.
+//!   the pod) rewrites the backend's replies back to the frontend. Neither
+//!   stores into packets directly: they tail-call `sb_rewrite` for a Service
+//!   rewrite, and use store helpers for the rarer ones (hairpin, reject,
+//!   fragments, ICMP errors).
 //! - XDP on each uplink ([`xdp`], deciding with [`nodeport`]):
 //!   `sb_xdp_uplink` serves NodePorts, LoadBalancer IPs and external IPs to
 //!   clients outside the node, source-NATing flows to backends on other nodes
 //!   and sending them (and their replies) straight back out; `sb_from_uplink`
-//!   is its tc twin for `--xdp-mode off`. The uplink's tc egress carries
+//!   is its tc twin: all the work with `--xdp-mode off`, and with XDP the
+//!   packets XDP hands on (no neighbour entry yet, TTL 1, fragments, ICMP). The uplink's tc egress carries
 //!   `sb_to_pod`, which reverses a local backend's replies.
 //! - cgroup socket hooks ([`sock`]): `connect4`, `sendmsg4`, `recvmsg4` and
 //!   `getpeername4` balance a socket once, when it connects or sends, so its

@@ -149,8 +149,7 @@ fn pick_backend(key: FrontendKey, svc: &Frontend, flow: &Flow) -> Option<(u32, B
 /// set whose entry is missing (mid-update) counts as empty.
 #[inline(always)]
 fn backend_set(key: FrontendKey, svc: Frontend) -> (FrontendKey, Frontend, bool) {
-    let external_kind = svc.flags & frontend_flags::KIND_MASK != frontend_flags::KIND_CLUSTER_IP;
-    if svc.flags & frontend_flags::LOCAL_ONLY == 0 || !external_kind {
+    if !frontend_flags::has_external_set(svc.flags) {
         return (key, svc, false);
     }
     let ext_key = FrontendKey {

@@ -464,7 +464,7 @@ pub(crate) fn count_rewritten(ctx: &TcContext, todo: &Rewrite) {
 /// verifier makes such a program unclone a cloned skb on entry (copying its
 /// headers), and every TCP segment a pod sends is a clone. Here that happens
 /// only to packets we rewrite, which need a private copy anyway; the two
-/// programs that see every packet only read.
+/// programs that see every packet never store directly (only through helpers).
 #[inline(always)]
 pub fn rewrite_in_place(ctx: &TcContext) -> i32 {
     let todo = Rewrite::load(ctx);

@@ -5,7 +5,10 @@
 //! Packets to a local backend go up the stack (`XDP_PASS`); packets to a
 //! backend on another node, and their replies, leave again at once through the
 //! route's interface (`XDP_TX` on the same uplink, else a redirect), with the
-//! TTL decremented as a router does.
+//! TTL decremented as a router does. When the route lookup cannot give the
+//! next hop's address (no neighbour entry yet) or the TTL would expire, the
+//! packet goes on untranslated to the uplink's tc program (`xdp_to_tc`), and
+//! fragments always do.
 use core::{ffi::c_void, mem::size_of};
 
 use aya_ebpf::{
@@ -251,7 +254,7 @@ fn send_out(
         )
     };
     if rc != i64::from(BPF_FIB_LKUP_RET_SUCCESS) || ttl(ctx)? <= 1 {
-        count(stat::FIB_TO_STACK);
+        count(stat::XDP_TO_TC);
         return Ok(xdp_action::XDP_PASS);
     }
     rewrite(ctx, flow, to)?;

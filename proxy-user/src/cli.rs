@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use crate::{
     maps::{MapsError, PinnedMaps},
-    sync::{backend_addr, frontend_addr, has_external_set, revnat_name},
+    sync::{backend_addr, frontend_addr, revnat_name},
 };
 
 #[derive(Debug, Serialize, PartialEq, Eq)]
@@ -81,7 +81,7 @@ pub fn read_services(maps: &PinnedMaps) -> Vec<ServiceRow> {
             continue;
         };
         let (backends, mut missing) = read_slots(maps, key, head);
-        let external_backends = has_external_set(head.flags).then(|| {
+        let external_backends = ff::has_external_set(head.flags).then(|| {
             let ext_key = FrontendKey {
                 scope: scope::EXTERNAL,
                 ..*key

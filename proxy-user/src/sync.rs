@@ -247,7 +247,7 @@ impl<S: MapStore> Syncer<S> {
             let ids = complete_slots(&slots, &backends, key, head);
             // Outer `None`: announced but incomplete; inner `None`: no
             // external set.
-            let external: Option<Option<Vec<u32>>> = if has_external_set(head.flags) {
+            let external: Option<Option<Vec<u32>>> = if frontend_flags::has_external_set(head.flags) {
                 let ext_key = FrontendKey {
                     scope: scope::EXTERNAL,
                     ..*key
@@ -457,7 +457,7 @@ impl<S: MapStore> Syncer<S> {
         let old = self.programmed.get(addr).cloned();
         let wanted = sorted_set(&frontend.backends);
         let (flags, affinity_timeout_s) = slot_zero_attributes(frontend, self.default_algorithm);
-        let wanted_external = has_external_set(flags)
+        let wanted_external = frontend_flags::has_external_set(flags)
             .then(|| sorted_set(frontend.external_backends.as_deref().unwrap_or_default()));
         let limit = usize::from(capacity::MAX_BACKENDS_PER_SERVICE);
         if wanted.len() > limit {
@@ -783,14 +783,6 @@ fn log_write(result: Result<(), WriteError>) {
     if let Err(error) = result {
         warn!(%error, "removing an orphaned map entry failed");
     }
-}
-
-/// Whether slot 0 with these flags announces an external (local-only) set:
-/// `externalTrafficPolicy: Local` on a NodePort, LoadBalancer or external-IP
-/// frontend.
-pub fn has_external_set(flags: u16) -> bool {
-    flags & frontend_flags::LOCAL_ONLY != 0
-        && flags & frontend_flags::KIND_MASK != frontend_flags::KIND_CLUSTER_IP
 }
 
 /// Sorted, deduplicated.

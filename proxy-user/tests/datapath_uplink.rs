@@ -1023,7 +1023,7 @@ fn xdp_snats_a_flow_to_a_remote_backend_and_sends_it_and_its_reply_back_out() {
                 "{protocol:?}: SNAT port from another source port"
             );
             assert_eq!(fx.stat("ext_reply"), 1);
-            assert_eq!(fx.stat("fib_to_stack"), 0);
+            assert_eq!(fx.stat("xdp_to_tc"), 0);
         }
     });
 }
@@ -1243,7 +1243,7 @@ fn packets_that_are_not_ours_pass_untouched() {
                 "ext_remote",
                 "ext_reply",
                 "drop_no_backend",
-                "fib_to_stack",
+                "xdp_to_tc",
             ] {
                 assert_eq!(fx.stat(counter), 0, "{prog:?}: {counter}");
             }
@@ -1277,7 +1277,7 @@ fn xdp_leaves_a_remote_flow_with_ttl_1_to_the_tc_twin() {
             let (verdict, out) = fx.run(Prog::Xdp, &dying);
             assert_eq!(verdict, XDP_PASS, "TTL 1 must not be sent out");
             assert_eq!(out, dying, "passed untranslated");
-            assert_eq!(fx.stat("fib_to_stack"), round);
+            assert_eq!(fx.stat("xdp_to_tc"), round);
         }
         let (verdict, _) = fx.run(Prog::Tc, &dying);
         assert_eq!(verdict, TC_ACT_SHOT);
@@ -1286,7 +1286,7 @@ fn xdp_leaves_a_remote_flow_with_ttl_1_to_the_tc_twin() {
         let (verdict, out) = fx.run(Prog::Xdp, &request.build());
         assert_eq!(verdict, XDP_TX);
         assert_eq!(out[ETH_HLEN + 8], 63);
-        assert_eq!(fx.stat("fib_to_stack"), 3);
+        assert_eq!(fx.stat("xdp_to_tc"), 3);
     });
 }
 
@@ -1312,7 +1312,7 @@ fn xdp_leaves_a_remote_flow_without_next_hop_neighbour_to_the_tc_twin() {
         let (verdict, out) = fx.run(Prog::Xdp, &request.build());
         assert_eq!(verdict, XDP_PASS);
         assert_eq!(out, request.build(), "passed untranslated");
-        assert_eq!(fx.stat("fib_to_stack"), 1);
+        assert_eq!(fx.stat("xdp_to_tc"), 1);
         assert_eq!(fx.stat("ext_remote"), 0);
         let fwd = fx.ct(&forward_key(Protocol::Udp, 40000)).expect("XDP tracked the flow");
         let snat_port = u16::from_be(fwd.snat_port_be);
