@@ -393,6 +393,7 @@ impl<S: MapStore> SyncLoop<'_, S> {
                 })
                 .collect(),
             warnings: warnings.iter().map(ToString::to_string).collect(),
+            ..AgentStatus::default()
         };
         if let Err(error) = status::write(self.pin_root, &status) {
             warn!(%error, path = %status::status_path(self.pin_root).display(), "writing the status file failed");

@@ -11,6 +11,49 @@ use crate::{
     sync::{backend_addr, frontend_addr, revnat_name},
 };
 
+/// Where the agent pins its maps unless told otherwise.
+pub const DEFAULT_PIN_ROOT: &str = "/sys/fs/bpf/switchboard";
+
+/// The subcommands that read (or clean up) what an agent programmed.
+#[derive(clap::Subcommand)]
+pub enum Command {
+    /// Print every frontend and its backends from the pinned maps.
+    Services {
+        /// Where the agent pinned its maps.
+        #[arg(long, default_value = DEFAULT_PIN_ROOT, env = "SWITCHBOARD_PIN_ROOT")]
+        pin_root: std::path::PathBuf,
+        /// `table` for people, `json` for scripts.
+        #[arg(short, long, value_enum, default_value_t = Output::Table)]
+        output: Output,
+    },
+    /// Print the data path's counters (summed over CPUs) and map fill levels.
+    Stats {
+        /// Where the agent pinned its maps.
+        #[arg(long, default_value = DEFAULT_PIN_ROOT, env = "SWITCHBOARD_PIN_ROOT")]
+        pin_root: std::path::PathBuf,
+        /// `table` for people, `json` for scripts.
+        #[arg(short, long, value_enum, default_value_t = Output::Table)]
+        output: Output,
+    },
+}
+
+/// How a command prints.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Output {
+    Table,
+    Json,
+}
+
+/// Runs one of the CLI's subcommands, printing to stdout.
+pub fn run(command: Command) -> anyhow::Result<()> {
+    let text = match command {
+        Command::Services { pin_root, output } => services(&pin_root, output == Output::Json)?,
+        Command::Stats { pin_root, output } => stats(&pin_root, output == Output::Json)?,
+    };
+    print!("{text}");
+    Ok(())
+}
+
 #[derive(Debug, Serialize, PartialEq, Eq)]
 pub struct ServiceRow {
     /// `namespace/name:port` as the agent recorded it.

@@ -2,7 +2,7 @@
 use std::path::PathBuf;
 
 use anyhow::Context as _;
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{Parser, Subcommand};
 use proxy_user::{
     agent::{self, AgentConfig, Source},
     attach::TcMode,
@@ -14,7 +14,7 @@ use proxy_user::{
 };
 use tracing_subscriber::EnvFilter;
 
-const DEFAULT_PIN_ROOT: &str = "/sys/fs/bpf/switchboard";
+use proxy_user::cli::DEFAULT_PIN_ROOT;
 
 #[derive(Parser)]
 #[command(
@@ -102,26 +102,8 @@ enum Command {
         #[arg(long, value_name = "CIDR", value_delimiter = ',')]
         nodeport_addresses: Vec<Ipv4Cidr>,
     },
-    /// Print every frontend and its backends from the pinned maps.
-    Services {
-        #[arg(long, default_value = DEFAULT_PIN_ROOT, env = "SWITCHBOARD_PIN_ROOT")]
-        pin_root: PathBuf,
-        #[arg(short, long, value_enum, default_value_t = Output::Table)]
-        output: Output,
-    },
-    /// Print the data path's counters (summed over CPUs) and map fill levels.
-    Stats {
-        #[arg(long, default_value = DEFAULT_PIN_ROOT, env = "SWITCHBOARD_PIN_ROOT")]
-        pin_root: PathBuf,
-        #[arg(short, long, value_enum, default_value_t = Output::Table)]
-        output: Output,
-    },
-}
-
-#[derive(Clone, Copy, ValueEnum)]
-enum Output {
-    Table,
-    Json,
+    #[command(flatten)]
+    Ops(cli::Command),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -194,15 +176,6 @@ fn main() -> anyhow::Result<()> {
                 nodeport_addresses,
             }))
         }
-        Command::Services { pin_root, output } => {
-            let text = cli::services(&pin_root, matches!(output, Output::Json))?;
-            print!("{text}");
-            Ok(())
-        }
-        Command::Stats { pin_root, output } => {
-            let text = cli::stats(&pin_root, matches!(output, Output::Json))?;
-            print!("{text}");
-            Ok(())
-        }
+        Command::Ops(command) => cli::run(command),
     }
 }

@@ -14,15 +14,51 @@ use serde::{Deserialize, Serialize};
 pub const STATUS_DIR: &str = "/run/switchboard/status";
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct AgentStatus {
     pub pid: u32,
+    /// The agent's version (`switchboard --version`).
+    pub version: String,
+    /// Seconds since the epoch when the agent started.
+    pub started_unix_s: u64,
     /// Seconds since the epoch of the last write.
     pub updated_unix_s: u64,
+    /// `dir:PATH` or `cluster`.
     pub source: String,
+    /// `--kubeconfig`, when the cluster source was given one.
+    pub kubeconfig: Option<String>,
+    /// The node the agent serves (`--node-name` / `--hostname-override`).
+    pub node_name: String,
+    /// `--proxy-name`, if set.
+    pub proxy_name: Option<String>,
+    /// `--lb-algorithm`: the default for Services without the annotation.
+    pub lb_algorithm: String,
+    /// Seconds since the epoch of the last completed sync.
+    pub last_sync_unix_s: u64,
+    /// How long the last sync took, in microseconds.
+    pub last_sync_us: u64,
     pub frontends_desired: usize,
     pub unprogrammed: Vec<UnprogrammedService>,
     /// Input problems (`object: problem`), as the model reported them.
     pub warnings: Vec<String>,
+    /// The interfaces the agent attached programs to.
+    pub interfaces: Vec<AttachedInterface>,
+    /// The cgroup the socket layer is attached to (`None`: socket layer off).
+    pub socket_lb_cgroup: Option<String>,
+    /// `--healthz-bind-address` and `--metrics-bind-address` (empty: off).
+    pub healthz_bind: String,
+    pub metrics_bind: String,
+}
+
+/// One interface with switchboard's programs on it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AttachedInterface {
+    pub name: String,
+    pub index: u32,
+    /// `pod` (a veth to a pod) or `uplink` (traffic from outside the node).
+    pub role: String,
+    /// The hooks, e.g. `tcx ingress`, `tcx egress`, `xdp native`.
+    pub hooks: Vec<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -88,6 +124,13 @@ mod tests {
             pid: 1,
             updated_unix_s: 2,
             source: "dir:/x".into(),
+            node_name: "node-a".into(),
+            interfaces: vec![AttachedInterface {
+                name: "veth1".into(),
+                index: 4,
+                role: "pod".into(),
+                hooks: vec!["tcx ingress".into(), "tcx egress".into()],
+            }],
             frontends_desired: 3,
             unprogrammed: vec![UnprogrammedService {
                 service: "a/b:http".into(),
@@ -95,6 +138,7 @@ mod tests {
                 reason: "frontend map full (4 entries)".into(),
             }],
             warnings: vec!["Service a/c: SCTP is not supported".into()],
+            ..AgentStatus::default()
         };
         let json = serde_json::to_string(&status).expect("serialize");
         assert_eq!(
