@@ -73,6 +73,10 @@ pub struct AgentConfig {
     /// `--nodeport-addresses`: NodePorts on the interface addresses in these
     /// blocks instead of the Node's addresses.
     pub nodeport_addresses: Vec<Ipv4Cidr>,
+    /// `--healthz-bind-address`: `/healthz` and `/livez` (`None`: off).
+    pub healthz_bind: Option<std::net::SocketAddr>,
+    /// `--metrics-bind-address`: Prometheus `/metrics` (`None`: off).
+    pub metrics_bind: Option<std::net::SocketAddr>,
 }
 
 /// How often interfaces are listed again in case a netlink event was missed.

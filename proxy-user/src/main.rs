@@ -101,9 +101,28 @@ enum Command {
         /// Default: the Node's InternalIP and ExternalIP.
         #[arg(long, value_name = "CIDR", value_delimiter = ',')]
         nodeport_addresses: Vec<Ipv4Cidr>,
+        /// Serve `/healthz` and `/livez` here, as kube-proxy does on 10256
+        /// (empty: off).
+        #[arg(long, value_name = "IP:PORT", default_value = "0.0.0.0:10256", value_parser = parse_bind)]
+        healthz_bind_address: Bind,
+        /// Serve Prometheus `/metrics` here, as kube-proxy does on 10249
+        /// (empty: off).
+        #[arg(long, value_name = "IP:PORT", default_value = "127.0.0.1:10249", value_parser = parse_bind)]
+        metrics_bind_address: Bind,
     },
     #[command(flatten)]
     Ops(cli::Command),
+}
+
+/// A listen address, or none (the empty string turns the server off).
+#[derive(Clone, Copy, Debug)]
+struct Bind(Option<std::net::SocketAddr>);
+
+fn parse_bind(s: &str) -> Result<Bind, std::net::AddrParseError> {
+    if s.is_empty() {
+        return Ok(Bind(None));
+    }
+    s.parse().map(|a| Bind(Some(a)))
 }
 
 fn main() -> anyhow::Result<()> {
@@ -135,6 +154,8 @@ fn main() -> anyhow::Result<()> {
             xdp_mode,
             lb_algorithm,
             nodeport_addresses,
+            healthz_bind_address,
+            metrics_bind_address,
         } => {
             let socket_lb_cgroup = match (socket_lb, cgroup_root) {
                 (false, _) => None,
@@ -174,6 +195,8 @@ fn main() -> anyhow::Result<()> {
                 xdp_mode,
                 lb_algorithm,
                 nodeport_addresses,
+                healthz_bind: healthz_bind_address.0,
+                metrics_bind: metrics_bind_address.0,
             }))
         }
         Command::Ops(command) => cli::run(command),

@@ -371,7 +371,14 @@ pub struct NodeInfo {
     pub addresses: Vec<Ipv4Addr>,
     /// The node's `topology.kubernetes.io/zone` label, matched against `hints.forZones`.
     pub zone: Option<String>,
+    /// The Node has a deletionTimestamp (or the cluster autoscaler's
+    /// `ToBeDeletedByClusterAutoscaler` taint): `/healthz` turns unhealthy
+    /// so load balancers stop sending new traffic here, as kube-proxy does.
+    pub deleting: bool,
 }
+
+/// The taint the cluster autoscaler puts on a node it is about to delete.
+pub const TAINT_TO_BE_DELETED: &str = "ToBeDeletedByClusterAutoscaler";
 
 impl NodeInfo {
     /// From a Node object: its name, its IPv4 `InternalIP` and `ExternalIP`
@@ -400,10 +407,16 @@ impl NodeInfo {
             .and_then(|l| l.get(LABEL_TOPOLOGY_ZONE))
             .filter(|z| !z.is_empty())
             .cloned();
+        let tainted = node
+            .spec
+            .as_ref()
+            .and_then(|s| s.taints.as_ref())
+            .is_some_and(|t| t.iter().any(|t| t.key == TAINT_TO_BE_DELETED));
         NodeInfo {
             name: node.metadata.name.clone().unwrap_or_default(),
             addresses,
             zone,
+            deleting: node.metadata.deletion_timestamp.is_some() || tainted,
         }
     }
 }
@@ -1155,6 +1168,7 @@ mod tests {
                 Ipv4Addr::new(203, 0, 113, 10),
             ],
             zone: Some("zone-a".into()),
+            deleting: false,
         };
         match sel {
             NodeSel::Unknown => None,
@@ -1345,7 +1359,8 @@ status:
             NodeInfo {
                 name: "n".into(),
                 addresses: vec![],
-                zone: None
+                zone: None,
+                deleting: false,
             }
         );
     }

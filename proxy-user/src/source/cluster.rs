@@ -37,6 +37,22 @@ use tracing::{debug, info, warn};
 use super::Snapshot;
 use crate::model::NodeInfo;
 
+/// The resources the agent watches, as `(API group, plural resource)`: taken
+/// from the same k8s-openapi types the reflectors below use. The agent only
+/// lists and watches them ([`WATCH_VERBS`]); the ClusterRole in `manifests/`
+/// grants exactly that (a test holds the two equal).
+pub fn watched_resources() -> Vec<(&'static str, &'static str)> {
+    use k8s_openapi::Resource as _;
+    vec![
+        (Service::GROUP, Service::URL_PATH_SEGMENT),
+        (EndpointSlice::GROUP, EndpointSlice::URL_PATH_SEGMENT),
+        (Node::GROUP, Node::URL_PATH_SEGMENT),
+    ]
+}
+
+/// The verbs a reflector uses: an initial list, then a watch.
+pub const WATCH_VERBS: &[&str] = &["list", "watch"];
+
 /// Quiet time after the last event before a snapshot is cut.
 pub const COALESCE: Duration = Duration::from_millis(50);
 /// Longest a continuous stream of events can hold a snapshot back.

@@ -1299,6 +1299,7 @@ items:
                     std::net::Ipv4Addr::new(203, 0, 113, 7)
                 ],
                 zone: Some("zone-1".to_string()),
+                deleting: false,
             })
         );
     }
