@@ -14,6 +14,9 @@ fn main() -> anyhow::Result<()> {
     let object = out_dir.join("switchboard");
     println!("cargo:rerun-if-env-changed=AYA_BUILD_SKIP");
     println!("cargo:rerun-if-env-changed=PATH");
+    // proxy-ebpf reads it (see PROGRAM_REVISION there); the inner cargo
+    // rebuilds the object when it changes.
+    println!("cargo:rerun-if-env-changed=SB_PROGRAM_REVISION");
     let skip = env::var("AYA_BUILD_SKIP").is_ok_and(|v| v == "1" || v.eq_ignore_ascii_case("true"));
     let linker = which_bpf_linker();
     if linker.is_none() {

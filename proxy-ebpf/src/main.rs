@@ -52,8 +52,40 @@ use aya_ebpf::{
     programs::{SockAddrContext, SockContext, TcContext, XdpContext},
 };
 
+/// `SB_PROGRAM_REVISION` at build time (0 when unset). A build with another
+/// revision has pod programs whose instructions differ (one extra guard that
+/// no real packet meets: an skb is never 4 GiB) and whose behaviour does not:
+/// the lifecycle test upgrades the agent to such a build under traffic to
+/// prove that a changed program is swapped in without a lost packet.
+const PROGRAM_REVISION: u32 = parse_revision(option_env!("SB_PROGRAM_REVISION"));
+
+const fn parse_revision(text: Option<&str>) -> u32 {
+    let Some(text) = text else { return 0 };
+    let bytes = text.as_bytes();
+    let mut value: u32 = 0;
+    let mut i = 0;
+    while i < bytes.len() {
+        let digit = bytes[i].wrapping_sub(b'0');
+        if digit > 9 {
+            return 0;
+        }
+        value = value.wrapping_mul(10).wrapping_add(digit as u32);
+        i += 1;
+    }
+    value
+}
+
+/// True only in a build with a revision, and then for no real packet.
+#[inline(always)]
+fn revision_guard(len: u32) -> bool {
+    PROGRAM_REVISION != 0 && len > u32::MAX - PROGRAM_REVISION
+}
+
 #[classifier]
 pub fn sb_from_pod(ctx: TcContext) -> i32 {
+    if revision_guard(ctx.len()) {
+        return tc::pass(packet::Skip::NotOurs);
+    }
     match tc::try_from_pod(&ctx) {
         Ok(action) => action,
         Err(skip) => tc::pass(skip),
@@ -62,6 +94,9 @@ pub fn sb_from_pod(ctx: TcContext) -> i32 {
 
 #[classifier]
 pub fn sb_to_pod(ctx: TcContext) -> i32 {
+    if revision_guard(ctx.len()) {
+        return tc::pass(packet::Skip::NotOurs);
+    }
     match tc::try_to_pod(&ctx) {
         Ok(action) => action,
         Err(skip) => tc::pass(skip),

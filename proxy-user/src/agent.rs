@@ -8,13 +8,19 @@ use std::{
 use anyhow::{bail, Context as _};
 use futures::StreamExt as _;
 use netlink_sys::{AsyncSocket as _, SocketAddr};
-use tokio::signal::unix::{signal, SignalKind};
+use tokio::{
+    signal::unix::{signal, SignalKind},
+    sync::watch,
+};
 use tracing::{error, info, warn};
 
 use crate::{
     attach::{self, Attacher, TcMode},
     ebpf::{self, Capacities},
+    health::{self, ProxyHealth},
     healthcheck::{self, HealthServers},
+    metrics::{self, SyncObserver},
+    lock, resize,
     maps::{MapStore, PinnedMaps},
     model::{self, ModelWarning},
     sockdiag, socketlb,
@@ -82,30 +88,26 @@ pub struct AgentConfig {
 /// How often interfaces are listed again in case a netlink event was missed.
 const RESCAN: Duration = Duration::from_secs(2);
 
+/// Runs the agent. The start is ordered so that one that fails leaves the
+/// data path as it was: lock, pin-root and capacity checks, the source's
+/// first complete view, loading (maps created or adopted, nothing written),
+/// the first sync, and only then the programs take over (tail calls, pod
+/// interfaces, uplinks, socket layer).
 pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
-    // Reach the source before touching the kernel: a bad kubeconfig should
-    // not leave anything half set up.
-    let cluster_client = match &config.source {
-        Source::Cluster => Some(
-            cluster::client(config.kubeconfig.as_ref())
-                .await
-                .context("connecting to the Kubernetes API")?,
-        ),
-        Source::Dir(_) => None,
-    };
-    let mut ebpf =
-        ebpf::load(&config.pin_root, &config.capacities).context("loading the eBPF programs")?;
-    let mut maps = PinnedMaps::take(&mut ebpf).context("opening the maps")?;
-    maps.set_config(socketlb::datapath_config().context("reading the node's network namespace")?)
-        .context("writing the data-path configuration")?;
-    let mut syncer = Syncer::adopt(maps, config.capacities);
-    syncer.set_default_algorithm(config.lb_algorithm);
-    info!(
-        pin_root = %config.pin_root.display(),
-        adopted = syncer.programmed().count(),
-        "maps loaded"
-    );
-
+    let lock = lock::acquire(&config.pin_root)?;
+    // /healthz and /livez answer from here on, while the source lists: the
+    // start counts as a queued change (see `health`).
+    let proxy_health = ProxyHealth::new(health::HEALTH_TIMEOUT);
+    let _healthz = config.healthz_bind.map(|addr| proxy_health.serve(addr)).transpose()?;
+    let observer = SyncObserver::new(std::time::SystemTime::now());
+    ebpf::check_pin_root(&config.pin_root)?;
+    let capacities = config.capacities;
+    let mismatches = ebpf::capacity_mismatches(&config.pin_root, &capacities);
+    for mismatch in &mismatches {
+        info!(map = mismatch.map, "{mismatch}: resizing online");
+    }
+    let resize = resize::Resize::prepare(&config.pin_root, &mismatches)
+        .context("preparing to resize the pinned maps")?;
     let (mut connection, handle, mut link_events) =
         rtnetlink::new_connection().context("opening a netlink socket")?;
     connection
@@ -114,34 +116,36 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
         .bind(&SocketAddr::new(0, rtnetlink::constants::RTMGRP_LINK))
         .context("subscribing to link events")?;
     tokio::spawn(connection);
-    let mut attacher = Attacher::new(config.tc_mode, &config.pin_root);
-    // Pod interfaces first, as before any sync (a restart keeps its pinned
-    // links anyway); named uplinks are no pod interfaces even when they are
-    // veths.
-    if !config.uplinks.is_empty() {
-        let named = uplink::resolve(&handle, &config.uplinks, &[])
+    let named_uplinks = match config.uplinks.is_empty() {
+        true => Vec::new(),
+        false => uplink::resolve(&handle, &config.uplinks, &[])
             .await
-            .context("finding the uplinks (--uplink)")?;
-        attacher.set_uplinks(named.iter().map(|u| u.index).collect());
-    }
-    rescan(&handle, &mut attacher, &mut ebpf).await;
-
-    let mut snapshots = match (&config.source, cluster_client) {
-        (Source::Dir(dir), _) => dir::watch_dir(dir.clone(), config.node_name.clone())
-            .await
-            .with_context(|| format!("watching {}", dir.display()))?,
-        (Source::Cluster, Some(client)) => {
-            info!(node = %config.node_name, "watching the Kubernetes API");
-            let mut rx = cluster::watch_cluster(client, config.node_name.clone()).await;
-            // The first snapshot is published once every watch has listed;
-            // until then, what is pinned keeps forwarding untouched.
-            rx.changed()
-                .await
-                .context("the cluster watch stopped before its first list")?;
-            rx
-        }
-        (Source::Cluster, None) => bail!("no Kubernetes client"),
+            .context("finding the uplinks (--uplink)")?,
     };
+    let mut snapshots = open_source(&config).await?;
+
+    let mut ebpf = ebpf::load(&config.pin_root, &capacities, resize.maps())
+        .context("loading the eBPF programs")?;
+    if !resize.maps().is_empty() {
+        let copied = resize.copy(true).context("copying the maps being resized")?;
+        info!(?copied, "resized maps filled from the pinned ones");
+    }
+    let mut maps = PinnedMaps::take(&mut ebpf).context("opening the maps")?;
+    maps.set_config(socketlb::datapath_config().context("reading the node's network namespace")?)
+        .context("writing the data-path configuration")?;
+    let mut syncer = Syncer::adopt(maps, capacities);
+    syncer.set_default_algorithm(config.lb_algorithm);
+    info!(
+        pin_root = %config.pin_root.display(),
+        lock = %lock.path().display(),
+        adopted = syncer.programmed().count(),
+        "maps loaded"
+    );
+    // /metrics reads the maps through pins of its own, at each scrape.
+    let _metrics = config
+        .metrics_bind
+        .map(|addr| metrics::serve(addr, observer.metrics(), &config.pin_root))
+        .transpose()?;
     let mut sync = SyncLoop {
         syncer,
         proxy_name: config.proxy_name.as_deref(),
@@ -160,11 +164,21 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
             local: Vec::new(),
         },
         last: None,
+        status: status_template(&config),
+        proxy_health,
+        observer,
     };
     sync.nodeports.refresh(&handle).await;
     let initial = snapshots.borrow_and_update().clone();
     sync.on_snapshot(&initial);
-    // Uplinks after the first sync: the Node's addresses may name them.
+
+    // The maps hold the source's view: the programs may take over.
+    ebpf::install_tail_calls(&mut ebpf).context("installing the tail-call program")?;
+    let mut attacher = Attacher::new(config.tc_mode, &config.pin_root);
+    // Named uplinks are no pod interfaces, even when they are veths.
+    attacher.set_uplinks(named_uplinks.iter().map(|u| u.index).collect());
+    rescan(&handle, &mut attacher, &mut ebpf).await;
+    // The Node's addresses may name the uplinks.
     let node_addrs = initial
         .node
         .as_ref()
@@ -172,9 +186,8 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
         .unwrap_or_default();
     let uplinks = setup_uplinks(&handle, &config, &node_addrs, &mut ebpf, sync.syncer.store_mut())
         .await?;
-    attacher.set_uplinks(uplinks.iter().map(|u| u.index).collect());
-    // After the first sync, so the socket layer never balances from maps the
-    // source has not filled yet.
+    attacher.set_uplinks(uplinks.iter().map(|(u, _)| u.index).collect());
+    let uplink_status: Vec<_> = uplinks.into_iter().map(|(_, status)| status).collect();
     match &config.socket_lb_cgroup {
         Some(cgroup) => socketlb::attach(&mut ebpf, cgroup, &config.pin_root)
             .context("attaching the socket layer (--socket-lb=false turns it off)")?,
@@ -182,6 +195,13 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
             socketlb::detach(&config.pin_root).context("detaching the socket layer")?;
         }
     }
+    if !resize.maps().is_empty() {
+        // What the old programs created between the first copy and the swap.
+        let late = resize.copy(false).context("copying what changed during the resize")?;
+        info!(?late, "entries created during the resize copied");
+        resize.finish().context("pinning the resized maps")?;
+    }
+    sync.set_interfaces(attacher.interfaces(), &uplink_status);
 
     let mut terminate = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
     let mut interrupt = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
@@ -198,10 +218,12 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
             }
             Some(_) = link_events.next() => {
                 rescan(&handle, &mut attacher, &mut ebpf).await;
+                sync.set_interfaces(attacher.interfaces(), &uplink_status);
                 sync.on_addresses(&handle).await;
             }
             _ = tick.tick() => {
                 rescan(&handle, &mut attacher, &mut ebpf).await;
+                sync.set_interfaces(attacher.interfaces(), &uplink_status);
                 sync.on_addresses(&handle).await;
             }
             _ = terminate.recv() => break,
@@ -211,7 +233,64 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
     // Programs stay attached and maps stay pinned: traffic keeps flowing until
     // the next agent adopts them.
     info!("agent stopping; programs and maps stay in place");
+    drop(lock);
     Ok(())
+}
+
+/// Opens the source and waits for its first complete view. A source that
+/// cannot be read (a bad kubeconfig, a missing directory) fails here, before
+/// anything is loaded.
+async fn open_source(config: &AgentConfig) -> anyhow::Result<watch::Receiver<std::sync::Arc<Snapshot>>> {
+    match &config.source {
+        Source::Dir(dir) => dir::watch_dir(dir.clone(), config.node_name.clone())
+            .await
+            .with_context(|| format!("watching {}", dir.display())),
+        Source::Cluster => {
+            let client = cluster::client(config.kubeconfig.as_ref())
+                .await
+                .context("connecting to the Kubernetes API")?;
+            info!(node = %config.node_name, "watching the Kubernetes API");
+            let mut rx = cluster::watch_cluster(client, config.node_name.clone()).await;
+            // The first snapshot is published once every watch has listed;
+            // until then, what is pinned keeps forwarding untouched.
+            rx.changed()
+                .await
+                .context("the cluster watch stopped before its first list")?;
+            Ok(rx)
+        }
+    }
+}
+
+/// What the status file says of this agent whatever the sync does.
+fn status_template(config: &AgentConfig) -> AgentStatus {
+    let bind = |b: Option<std::net::SocketAddr>| b.map(|a| a.to_string()).unwrap_or_default();
+    AgentStatus {
+        pid: std::process::id(),
+        version: env!("CARGO_PKG_VERSION").to_owned(),
+        started_unix_s: unix_now(),
+        kubeconfig: config.kubeconfig.as_ref().map(|p| p.display().to_string()),
+        node_name: config.node_name.clone(),
+        proxy_name: config.proxy_name.clone(),
+        lb_algorithm: value_name(&config.lb_algorithm),
+        socket_lb_cgroup: config.socket_lb_cgroup.as_ref().map(|p| p.display().to_string()),
+        healthz_bind: bind(config.healthz_bind),
+        metrics_bind: bind(config.metrics_bind),
+        ..AgentStatus::default()
+    }
+}
+
+/// A flag value as it is spelled on the command line.
+fn value_name(value: &impl clap::ValueEnum) -> String {
+    value
+        .to_possible_value()
+        .map(|v| v.get_name().to_owned())
+        .unwrap_or_default()
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 /// Finds the uplinks, records their addresses in the uplink map and attaches
@@ -224,7 +303,7 @@ async fn setup_uplinks(
     node_addrs: &[std::net::Ipv4Addr],
     ebpf: &mut aya::Ebpf,
     maps: &mut PinnedMaps,
-) -> anyhow::Result<Vec<Uplink>> {
+) -> anyhow::Result<Vec<(Uplink, status::AttachedInterface)>> {
     let uplinks = match uplink::resolve(handle, &config.uplinks, node_addrs).await {
         Ok(found) => found,
         Err(UplinkError::NotFound) if config.uplinks.is_empty() => {
@@ -236,18 +315,37 @@ async fn setup_uplinks(
     let entries: Vec<(u32, std::net::Ipv4Addr)> = uplinks.iter().map(|u| (u.index, u.addr)).collect();
     maps.set_uplinks(&entries).context("writing the uplink map")?;
     let link_dir = config.pin_root.join("links");
-    for up in &uplinks {
-        let attached = uplink::attach(ebpf, up, config.xdp_mode, config.tc_mode, &link_dir);
-        match attached {
+    let mut attached = Vec::new();
+    for up in uplinks {
+        let context = || format!("attaching the uplink programs to {}", up.name);
+        let (tc, xdp) = match uplink::attach(ebpf, &up, config.xdp_mode, config.tc_mode, &link_dir) {
+            Ok(tc) => (tc, config.xdp_mode),
             Err(error) if config.xdp_mode == XdpMode::Native => {
                 warn!(iface = %up.name, error = %anyhow::Error::from(error), "native XDP failed; using generic XDP");
-                uplink::attach(ebpf, up, XdpMode::Generic, config.tc_mode, &link_dir)
-                    .with_context(|| format!("attaching the uplink programs to {}", up.name))?;
+                let tc = uplink::attach(ebpf, &up, XdpMode::Generic, config.tc_mode, &link_dir)
+                    .with_context(context)?;
+                (tc, XdpMode::Generic)
             }
-            other => other.with_context(|| format!("attaching the uplink programs to {}", up.name))?,
-        }
+            Err(error) => return Err(error).with_context(context),
+        };
+        let status = uplink_status(&up, tc, xdp);
+        attached.push((up, status));
     }
-    Ok(uplinks)
+    Ok(attached)
+}
+
+/// An uplink as the status file lists it.
+fn uplink_status(up: &Uplink, tc: attach::Attached, xdp: XdpMode) -> status::AttachedInterface {
+    let mut hooks = attach::hook_names(tc, &uplink::TC_HOOKS);
+    if xdp != XdpMode::Off {
+        hooks.push(format!("xdp {} {}", value_name(&xdp), proxy_common::programs::XDP_UPLINK));
+    }
+    status::AttachedInterface {
+        name: up.name.clone(),
+        index: up.index,
+        role: "uplink".to_owned(),
+        hooks,
+    }
 }
 
 async fn rescan(handle: &rtnetlink::Handle, attacher: &mut Attacher, ebpf: &mut aya::Ebpf) {
@@ -276,6 +374,12 @@ struct SyncLoop<'a, S: MapStore> {
     nodeports: NodePortAddresses,
     /// The last snapshot, to sync again when the node's addresses change.
     last: Option<std::sync::Arc<Snapshot>>,
+    /// The status file's fields that do not come from the sync.
+    status: AgentStatus,
+    /// `/healthz` and `/livez`: changes queued and synced, node eligibility.
+    proxy_health: ProxyHealth,
+    /// `/metrics`: sync duration, programming latency, last sync.
+    observer: SyncObserver,
 }
 
 /// Where NodePorts are served under `--nodeport-addresses`.
@@ -326,6 +430,19 @@ impl NodePortAddresses {
 }
 
 impl<S: MapStore> SyncLoop<'_, S> {
+    /// Records the attached interfaces; the status file is rewritten when
+    /// they changed.
+    fn set_interfaces(&mut self, pods: Vec<status::AttachedInterface>, uplinks: &[status::AttachedInterface]) {
+        let interfaces: Vec<_> = uplinks.iter().cloned().chain(pods).collect();
+        if interfaces == self.status.interfaces {
+            return;
+        }
+        self.status.interfaces = interfaces;
+        if let Some(last) = self.last.clone() {
+            self.on_snapshot(&last);
+        }
+    }
+
     /// Syncs again when `--nodeport-addresses` selects other addresses now.
     async fn on_addresses(&mut self, handle: &rtnetlink::Handle) {
         if self.nodeports.refresh(handle).await {
@@ -338,6 +455,9 @@ impl<S: MapStore> SyncLoop<'_, S> {
 
     fn on_snapshot(&mut self, snapshot: &std::sync::Arc<Snapshot>) {
         let started = std::time::Instant::now();
+        self.proxy_health.queued();
+        self.proxy_health
+            .set_node_eligible(!snapshot.node.as_ref().is_some_and(|n| n.deleting));
         self.last = Some(std::sync::Arc::clone(snapshot));
         let node = self.nodeports.apply(snapshot.node.as_ref());
         let (desired, warnings) = model::build_for_node(
@@ -380,11 +500,17 @@ impl<S: MapStore> SyncLoop<'_, S> {
         if self.close_sockets && !report.udp_sockets_left.is_empty() {
             close_departed_udp_sockets(&report.udp_sockets_left);
         }
+        self.observer.synced(
+            started.elapsed(),
+            &snapshot.endpoint_slices,
+            report.failed.len(),
+            std::time::SystemTime::now(),
+        );
+        self.proxy_health.updated();
+        self.status.last_sync_unix_s = unix_now();
+        self.status.last_sync_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
         let status = AgentStatus {
-            pid: std::process::id(),
-            updated_unix_s: std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_secs()),
+            updated_unix_s: unix_now(),
             source: self.source.clone(),
             frontends_desired: desired.frontends.len(),
             unprogrammed: report
@@ -397,7 +523,7 @@ impl<S: MapStore> SyncLoop<'_, S> {
                 })
                 .collect(),
             warnings: warnings.iter().map(ToString::to_string).collect(),
-            ..AgentStatus::default()
+            ..self.status.clone()
         };
         if let Err(error) = status::write(self.pin_root, &status) {
             warn!(%error, path = %status::status_path(self.pin_root).display(), "writing the status file failed");

@@ -127,8 +127,8 @@ pub async fn pod_interfaces(handle: &rtnetlink::Handle) -> Result<Vec<PodInterfa
 /// Keeps track of which interfaces carry our programs.
 pub struct Attacher {
     /// Interface name → index it had when we attached (a veth re-created
-    /// under the same name gets a new index and is attached again).
-    attached: HashMap<String, u32>,
+    /// under the same name gets a new index and is attached again), and how.
+    attached: HashMap<String, (u32, Attached)>,
     mode: TcMode,
     /// Where TCX links are pinned (`<pin root>/links`).
     link_dir: PathBuf,
@@ -163,20 +163,20 @@ impl Attacher {
             .cloned()
             .collect();
         let interfaces = interfaces.as_slice();
-        self.attached.retain(|name, index| {
+        self.attached.retain(|name, (index, _)| {
             interfaces
                 .iter()
                 .any(|i| &i.name == name && i.index == *index)
         });
         self.forget_gone_links(interfaces);
         for iface in interfaces {
-            if self.attached.get(&iface.name) == Some(&iface.index) {
+            if self.attached.get(&iface.name).map(|(index, _)| *index) == Some(iface.index) {
                 continue;
             }
             match attach(ebpf, iface, self.mode, &self.link_dir) {
                 Ok(how) => {
                     info!(iface = %iface.name, mode = ?how, "programs attached");
-                    self.attached.insert(iface.name.clone(), iface.index);
+                    self.attached.insert(iface.name.clone(), (iface.index, how));
                 }
                 Err(error) => {
                     warn!(iface = %iface.name, error = %anyhow::Error::from(error), "attach failed; will retry")
@@ -187,6 +187,22 @@ impl Attacher {
 
     pub fn attached(&self) -> usize {
         self.attached.len()
+    }
+
+    /// The pod interfaces with programs on them, for the status file.
+    pub fn interfaces(&self) -> Vec<crate::status::AttachedInterface> {
+        let mut out: Vec<_> = self
+            .attached
+            .iter()
+            .map(|(name, (index, how))| crate::status::AttachedInterface {
+                name: name.clone(),
+                index: *index,
+                role: "pod".to_owned(),
+                hooks: hook_names(*how, &POD_HOOKS),
+            })
+            .collect();
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        out
     }
 
     /// Removes the pins of TCX links whose interface is gone (the kernel has
@@ -212,6 +228,26 @@ impl Attacher {
             }
         }
     }
+}
+
+/// How `hooks` attached with `how` read in the status file, e.g.
+/// `tcx ingress sb_from_pod`.
+pub fn hook_names(how: Attached, hooks: &[Hook]) -> Vec<String> {
+    let kind = match how {
+        Attached::Tcx => "tcx",
+        Attached::Netlink => "tc",
+    };
+    hooks
+        .iter()
+        .map(|(program, hook)| {
+            let dir = match hook {
+                TcAttachType::Ingress => "ingress",
+                TcAttachType::Egress => "egress",
+                TcAttachType::Custom(_) => "custom",
+            };
+            format!("{kind} {dir} {program}")
+        })
+        .collect()
 }
 
 /// Pin name of the TCX link of `program` on interface `index` (bpffs names
@@ -268,8 +304,9 @@ pub fn attach_hooks(
             Err(error) => return Err(error),
         }
     }
-    remove_tcx_pins(iface.index, link_dir, hooks);
+    // The filters first, then the TCX links: the hooks are never empty.
     attach_netlink(ebpf, &iface.name, hooks)?;
+    remove_tcx_pins(iface.index, link_dir, hooks);
     Ok(Attached::Netlink)
 }
 
@@ -381,8 +418,16 @@ fn remove_netlink_filters(iface: &str, hooks: &[Hook]) {
     }
 }
 
-/// Netlink clsact: the programs as filters, replacing filters an earlier
-/// agent left.
+/// Priority of switchboard's netlink filters: fixed, so a new agent finds an
+/// earlier agent's filter and replaces its program in place.
+pub const NETLINK_PRIORITY: u16 = 1;
+/// Handle of switchboard's netlink filters (with [`NETLINK_PRIORITY`]).
+pub const NETLINK_HANDLE: tc::TcHandle = tc::TcHandle::new(0, 1);
+
+/// Netlink clsact: the programs as filters at a fixed priority and handle.
+/// Where an earlier agent's filter sits there, its program is replaced in
+/// place (`RTM_NEWTFILTER` without `NLM_F_CREATE`): no packet meets the hook
+/// empty, none sees both programs.
 fn attach_netlink(ebpf: &mut Ebpf, iface: &str, hooks: &[Hook]) -> Result<(), AttachError> {
     match tc::qdisc_add_clsact(iface) {
         Ok(()) => {}
@@ -395,31 +440,53 @@ fn attach_netlink(ebpf: &mut Ebpf, iface: &str, hooks: &[Hook]) -> Result<(), At
         }
     }
     for &(name, hook) in hooks {
-        // A previous agent's filter (same program name): remove it first.
-        match tc::qdisc_detach_program(iface, hook, name) {
-            Ok(()) => debug!(iface, program = name, "replaced an earlier filter"),
-            Err(error) => debug!(iface, program = name, %error, "no earlier filter"),
-        }
+        let attach_error = |source| AttachError::Attach {
+            iface: iface.to_owned(),
+            program: name,
+            source,
+        };
         let program = program(ebpf, name, iface)?;
-        let link_id = program
-            .attach_with_options(iface, hook, TcAttachOptions::Netlink(NlOptions::default()))
-            .map_err(|source| AttachError::Attach {
-                iface: iface.to_owned(),
-                program: name,
-                source,
-            })?;
+        let link_id = match earlier_filter(iface, hook) {
+            Some(earlier) => match program.attach_to_link(earlier) {
+                Ok(link_id) => {
+                    debug!(iface, program = name, "replaced an earlier filter in place");
+                    link_id
+                }
+                Err(error) => {
+                    debug!(iface, program = name, %error, "no earlier filter to replace");
+                    attach_new_filter(program, iface, hook).map_err(attach_error)?
+                }
+            },
+            None => attach_new_filter(program, iface, hook).map_err(attach_error)?,
+        };
         // Own the link and let it go without detaching: the filter stays when
         // the agent exits, so traffic survives a restart.
-        let link = program
-            .take_link(link_id)
-            .map_err(|source| AttachError::Attach {
-                iface: iface.to_owned(),
-                program: name,
-                source,
-            })?;
+        let link = program.take_link(link_id).map_err(attach_error)?;
         std::mem::forget(link);
     }
     Ok(())
+}
+
+/// A handle on the filter an earlier agent left at our priority and handle
+/// (whether one is there shows when replacing it).
+fn earlier_filter(iface: &str, hook: TcAttachType) -> Option<SchedClassifierLink> {
+    SchedClassifierLink::attached(iface, hook, NETLINK_PRIORITY, NETLINK_HANDLE, None).ok()
+}
+
+fn attach_new_filter(
+    program: &mut SchedClassifier,
+    iface: &str,
+    hook: TcAttachType,
+) -> Result<tc::SchedClassifierLinkId, ProgramError> {
+    program.attach_with_options(
+        iface,
+        hook,
+        TcAttachOptions::Netlink(NlOptions {
+            priority: NETLINK_PRIORITY,
+            handle: NETLINK_HANDLE,
+            classid: None,
+        }),
+    )
 }
 
 #[cfg(test)]

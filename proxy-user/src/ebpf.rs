@@ -14,7 +14,6 @@ use aya::{
     Ebpf, EbpfError, EbpfLoader,
 };
 use proxy_common::{capacity, names, programs, tail};
-use tracing::info;
 
 /// The eBPF object built from `proxy-ebpf` by `build.rs` (empty when built
 /// without bpf-linker).
@@ -29,8 +28,8 @@ pub enum LoadError {
     NoObject,
     #[error("cannot create pin root {path}")]
     CreatePinRoot { path: PathBuf, source: io::Error },
-    #[error("cannot mount bpffs on pin root {path}")]
-    MountBpffs { path: PathBuf, source: nix::Error },
+    #[error("pin root {path} is not on a bpffs: maps pinned there would not outlive this process's mount namespace, and a restart would reset every connection; mount one on the host (`mount -t bpf bpf /sys/fs/bpf`; the DaemonSet's init container does) or point --pin-root at one")]
+    NotBpffs { path: PathBuf },
     #[error("cannot check the filesystem of pin root {path}")]
     Statfs { path: PathBuf, source: nix::Error },
     #[error("loading the eBPF object with maps pinned under {pin_root}")]
@@ -72,8 +71,12 @@ impl Default for Capacities {
     }
 }
 
-/// Makes sure `pin_root` exists and is on a bpffs, mounting one there if not.
-pub fn ensure_bpffs(pin_root: &Path) -> Result<(), LoadError> {
+/// Makes sure `pin_root` exists on a bpffs. A plain directory is refused
+/// rather than mounted over: a bpffs mounted by the agent lives in the agent's
+/// mount namespace (under `ip netns exec` or in a container, a private one)
+/// and vanishes with it, taking every pin, so the next agent would start
+/// from empty maps and reset every connection.
+pub fn check_pin_root(pin_root: &Path) -> Result<(), LoadError> {
     fs::create_dir_all(pin_root).map_err(|source| LoadError::CreatePinRoot {
         path: pin_root.to_owned(),
         source,
@@ -85,40 +88,100 @@ pub fn ensure_bpffs(pin_root: &Path) -> Result<(), LoadError> {
     if stat.filesystem_type().0 as i64 == BPF_FS_MAGIC {
         return Ok(());
     }
-    info!(pin_root = %pin_root.display(), "mounting bpffs on the pin root");
-    nix::mount::mount(
-        Some("bpf"),
-        pin_root,
-        Some("bpf"),
-        nix::mount::MsFlags::empty(),
-        None::<&str>,
-    )
-    .map_err(|source| LoadError::MountBpffs {
+    Err(LoadError::NotBpffs {
         path: pin_root.to_owned(),
-        source,
     })
+}
+
+/// A pinned map whose capacity differs from the one asked for: the agent
+/// resizes it online (see [`crate::resize`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CapacityMismatch {
+    pub map: &'static str,
+    /// The flag that sets it.
+    pub flag: &'static str,
+    pub pinned: u32,
+    pub wanted: u32,
+}
+
+impl std::fmt::Display for CapacityMismatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "pinned map {} holds {} entries and {} asks for {}",
+            self.map, self.pinned, self.flag, self.wanted
+        )
+    }
+}
+
+/// The resizable maps: name, the flag that sizes it, and its wanted size.
+fn sized_maps(caps: &Capacities) -> [(&'static str, &'static str, u32); 6] {
+    [
+        (names::FRONTENDS, "--max-frontend-entries", caps.frontends),
+        (names::BACKENDS, "--max-backends", caps.backends),
+        (names::CONNTRACK, "--max-conntrack", caps.conntrack),
+        (names::SOCKETS, "--max-conntrack", caps.conntrack),
+        (names::REVNAT, "--max-services", caps.services),
+        (names::SERVICE_STATS, "--max-services", caps.services),
+    ]
+}
+
+/// The maps pinned under `pin_root` whose size differs from `caps` (aya
+/// would reuse them as they are).
+pub fn capacity_mismatches(pin_root: &Path, caps: &Capacities) -> Vec<CapacityMismatch> {
+    sized_maps(caps)
+        .into_iter()
+        .filter_map(|(map, flag, wanted)| {
+            let pinned = MapData::from_pin(pin_root.join(map))
+                .ok()
+                .and_then(|m| m.info().ok())
+                .map(|info| info.max_entries())?;
+            (pinned != wanted).then_some(CapacityMismatch {
+                map,
+                flag,
+                pinned,
+                wanted,
+            })
+        })
+        .collect()
 }
 
 /// Loads the object: maps pinned (or reused) under `pin_root`, the tc, XDP and
 /// socket-layer programs loaded into the kernel (not yet attached).
-pub fn load(pin_root: &Path, caps: &Capacities) -> Result<Ebpf, LoadError> {
-    ensure_bpffs(pin_root)?;
-    load_with(Some(pin_root), caps)
+///
+/// Nothing the running data path uses changes: maps are created or adopted
+/// but not written, and the tail-call slot still holds the running agent's
+/// `sb_rewrite` until [`install_tail_calls`] (called right before the
+/// programs are attached).
+///
+/// The maps named in `staged` are created fresh at their staging pins
+/// ([`crate::resize::staging_path`]) instead of adopted: they are being
+/// resized.
+pub fn load(pin_root: &Path, caps: &Capacities, staged: &[&'static str]) -> Result<Ebpf, LoadError> {
+    check_pin_root(pin_root)?;
+    load_with(Some((pin_root, staged)), caps)
 }
 
-/// Loads the object with private, unpinned maps (packet fixtures, benchmarks).
+/// Loads the object with private, unpinned maps (packet fixtures,
+/// benchmarks), tail calls installed.
 pub fn load_unpinned(caps: &Capacities) -> Result<Ebpf, LoadError> {
-    load_with(None, caps)
+    let mut ebpf = load_with(None, caps)?;
+    install_tail_calls(&mut ebpf)?;
+    Ok(ebpf)
 }
 
-fn load_with(pin_root: Option<&Path>, caps: &Capacities) -> Result<Ebpf, LoadError> {
+fn load_with(pins_at: Option<(&Path, &[&'static str])>, caps: &Capacities) -> Result<Ebpf, LoadError> {
     if OBJECT.is_empty() {
         return Err(LoadError::NoObject);
     }
-    let pins: Vec<(&str, PathBuf)> = match pin_root {
-        Some(root) => names::ALL
+    let pin_root = pins_at.map(|(root, _)| root);
+    let pins: Vec<(&str, PathBuf)> = match pins_at {
+        Some((root, staged)) => names::ALL
             .iter()
-            .map(|name| (*name, root.join(name)))
+            .map(|name| match staged.contains(name) {
+                true => (*name, crate::resize::staging_path(root, name)),
+                false => (*name, root.join(name)),
+            })
             .collect(),
         None => Vec::new(),
     };
@@ -147,7 +210,6 @@ fn load_with(pin_root: Option<&Path>, caps: &Capacities) -> Result<Ebpf, LoadErr
         let result = typed::<SchedClassifier>(&mut ebpf, name)?.load();
         result.map_err(|source| LoadError::Program { name, source })?;
     }
-    install_tail_calls(&mut ebpf)?;
     let name = programs::XDP_UPLINK;
     let result = typed::<Xdp>(&mut ebpf, name)?.load();
     result.map_err(|source| LoadError::Program { name, source })?;
@@ -163,7 +225,7 @@ fn load_with(pin_root: Option<&Path>, caps: &Capacities) -> Result<Ebpf, LoadErr
 
 /// Puts `sb_rewrite` in its slot of the tail-call array (pinned, so an
 /// earlier agent's programs, still attached, call the new one at once).
-fn install_tail_calls(ebpf: &mut Ebpf) -> Result<(), LoadError> {
+pub fn install_tail_calls(ebpf: &mut Ebpf) -> Result<(), LoadError> {
     let name = programs::TC_REWRITE;
     let fd = typed::<SchedClassifier>(ebpf, name)?
         .fd()

@@ -33,14 +33,16 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::convert::Infallible;
 use std::fmt;
+use std::future::Future;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::Full;
+use hyper::body::Incoming;
 use hyper::header::{HeaderValue, CONTENT_TYPE, X_CONTENT_TYPE_OPTIONS};
-use hyper::{Response, StatusCode};
+use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::watch;
@@ -255,7 +257,7 @@ fn set_health(tx: &watch::Sender<ServiceHealth>, health: ServiceHealth) {
 
 /// Binds and listens (synchronously, so the error is known at once). Fails
 /// with an I/O error, or when there is no tokio runtime to serve from.
-fn listen(addr: SocketAddr) -> io::Result<TcpListener> {
+pub(crate) fn listen(addr: SocketAddr) -> io::Result<TcpListener> {
     if tokio::runtime::Handle::try_current().is_err() {
         return Err(io::Error::other("no tokio runtime to serve from"));
     }
@@ -268,19 +270,34 @@ fn listen(addr: SocketAddr) -> io::Result<TcpListener> {
     socket.listen(1024)
 }
 
-/// The accept loop of one port. Connections are served on tasks it owns, so
-/// they end with it.
+/// The accept loop of one port.
 async fn serve(listener: TcpListener, health: watch::Receiver<ServiceHealth>) {
+    let handler = move |_request| {
+        let answer = response(&health.borrow());
+        async move { answer }
+    };
+    serve_http(listener, "healthCheckNodePort", handler).await;
+}
+
+/// Serves HTTP/1.1 on `listener` until the task is dropped: one request per
+/// connection, answered by `handler`. Connections are served on tasks it
+/// owns, so they end with it. `what` names the server in debug logs. Shared
+/// by the healthCheckNodePort servers, `/healthz` and `/metrics`.
+pub(crate) async fn serve_http<H, F>(listener: TcpListener, what: &'static str, handler: H)
+where
+    H: Fn(Request<Incoming>) -> F + Clone + Send + Sync + 'static,
+    F: Future<Output = Response<Full<Bytes>>> + Send + 'static,
+{
     let mut connections = JoinSet::new();
     loop {
         let accepted = listener.accept().await;
         while connections.try_join_next().is_some() {}
         match accepted {
             Ok((stream, _peer)) => {
-                connections.spawn(serve_connection(stream, health.clone()));
+                connections.spawn(serve_connection(stream, what, handler.clone()));
             }
             Err(error) => {
-                debug!(%error, "healthCheckNodePort accept failed");
+                debug!(%error, server = what, "accept failed");
                 tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
             }
         }
@@ -288,10 +305,14 @@ async fn serve(listener: TcpListener, health: watch::Receiver<ServiceHealth>) {
 }
 
 /// Answers one request on `stream` and closes it.
-async fn serve_connection(stream: TcpStream, health: watch::Receiver<ServiceHealth>) {
-    let service = hyper::service::service_fn(move |_request| {
-        let answer = response(&health.borrow());
-        async move { Ok::<_, Infallible>(answer) }
+async fn serve_connection<H, F>(stream: TcpStream, what: &'static str, handler: H)
+where
+    H: Fn(Request<Incoming>) -> F + Send + Sync + 'static,
+    F: Future<Output = Response<Full<Bytes>>> + Send + 'static,
+{
+    let service = hyper::service::service_fn(move |request| {
+        let answer = handler(request);
+        async move { Ok::<_, Infallible>(answer.await) }
     });
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder
@@ -301,9 +322,24 @@ async fn serve_connection(stream: TcpStream, health: watch::Receiver<ServiceHeal
     let connection = builder.serve_connection(TokioIo::new(stream), service);
     match tokio::time::timeout(CONNECTION_TIMEOUT, connection).await {
         Ok(Ok(())) => {}
-        Ok(Err(error)) => debug!(%error, "healthCheckNodePort connection failed"),
-        Err(_) => debug!("healthCheckNodePort connection timed out"),
+        Ok(Err(error)) => debug!(%error, server = what, "connection failed"),
+        Err(_) => debug!(server = what, "connection timed out"),
     }
+}
+
+/// A response with `body` and `content_type`, and kube-proxy's
+/// `X-Content-Type-Options: nosniff`.
+pub(crate) fn http_response(
+    status: StatusCode,
+    content_type: &'static str,
+    body: impl Into<Bytes>,
+) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(body.into()));
+    *response.status_mut() = status;
+    let headers = response.headers_mut();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    headers.insert(X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
+    response
 }
 
 /// kube-proxy's body, field for field.
@@ -333,16 +369,12 @@ fn response(health: &ServiceHealth) -> Response<Full<Bytes>> {
     };
     // Cannot fail: strings, a number and a bool.
     let body = serde_json::to_vec(&payload).unwrap_or_default();
-    let mut response = Response::new(Full::new(Bytes::from(body)));
-    *response.status_mut() = if health.local_endpoints > 0 {
+    let status = if health.local_endpoints > 0 {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE
     };
-    let headers = response.headers_mut();
-    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    headers.insert(X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
-    response
+    http_response(status, "application/json", body)
 }
 
 #[cfg(test)]

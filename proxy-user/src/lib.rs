@@ -1,14 +1,19 @@
 //! switchboard's userspace: the agent (source → model → sync → maps), the
 //! loader and attach logic, and the CLI.
 pub mod agent;
+pub mod args;
 pub mod attach;
 pub mod cidr;
 pub mod cli;
 pub mod ebpf;
+pub mod health;
 pub mod healthcheck;
+pub mod lock;
 pub mod maglev;
 pub mod maps;
+pub mod metrics;
 pub mod model;
+pub mod resize;
 pub mod packet;
 pub mod sockdiag;
 pub mod socketlb;

@@ -41,7 +41,7 @@ use netlink_packet_route::{
 use proxy_common::programs;
 use tracing::{debug, info};
 
-use crate::attach::{self, AttachError, Hook, PodInterface, TcMode};
+use crate::attach::{self, AttachError, Attached, Hook, PodInterface, TcMode};
 
 /// How the uplink program runs (`--xdp-mode`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -234,7 +234,7 @@ fn output_interface(route: &RouteMessage) -> Option<u32> {
 }
 
 /// The tc hooks of an uplink (in every mode: see the module doc).
-const TC_HOOKS: [Hook; 2] = [
+pub const TC_HOOKS: [Hook; 2] = [
     (programs::TC_FROM_UPLINK, TcAttachType::Ingress),
     (programs::TC_TO_UPLINK, TcAttachType::Egress),
 ];
@@ -247,7 +247,7 @@ pub fn attach(
     mode: XdpMode,
     tc_mode: TcMode,
     link_dir: &Path,
-) -> Result<(), UplinkError> {
+) -> Result<Attached, UplinkError> {
     let iface = PodInterface {
         name: uplink.name.clone(),
         index: uplink.index,
@@ -261,13 +261,13 @@ pub fn attach(
         }
     }
     // tc first: from then on every packet XDP lets through is handled.
-    attach::attach_hooks(ebpf, &iface, tc_mode, link_dir, &TC_HOOKS)
+    let tc = attach::attach_hooks(ebpf, &iface, tc_mode, link_dir, &TC_HOOKS)
         .map_err(|e| UplinkError::Tc(Box::new(e)))?;
     if mode != XdpMode::Off {
         attach_xdp(ebpf, uplink, mode, link_dir)?;
     }
     info!(iface = %uplink.name, address = %uplink.addr, xdp = ?mode, "uplink programs attached");
-    Ok(())
+    Ok(tc)
 }
 
 /// Where the XDP link of uplink `index` in `mode` is pinned (the mode is

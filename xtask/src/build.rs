@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context as _, Result};
 
 use crate::util::{cargo, release_bin, repo_root, run_inherit};
 
@@ -12,9 +12,30 @@ pub struct Binaries {
     pub sb_echo: PathBuf,
 }
 
+/// Builds `switchboard` as an "upgrade": `SB_PROGRAM_REVISION=1` gives its
+/// pod programs other instructions (see proxy-ebpf's `PROGRAM_REVISION`),
+/// so the lifecycle test can swap running programs for changed ones. Copied
+/// to `target/release/switchboard-upgrade`; run it before [`run`], which
+/// builds the ordinary binary again (same packages, so only proxy-user and
+/// its eBPF object are rebuilt).
+pub fn upgrade_variant() -> Result<PathBuf> {
+    println!("build: SB_PROGRAM_REVISION=1 cargo build --release -p proxy-user -p xtask --bins");
+    run_inherit(
+        cargo()
+            .current_dir(repo_root())
+            .env("SB_PROGRAM_REVISION", "1")
+            .args(["build", "--release", "-p", "proxy-user", "-p", "xtask", "--bins"]),
+    )?;
+    let dest = release_bin("switchboard-upgrade");
+    std::fs::copy(release_bin("switchboard"), &dest)
+        .with_context(|| format!("copying the upgrade build to {}", dest.display()))?;
+    println!("build: {}", dest.display());
+    Ok(dest)
+}
+
 pub fn run() -> Result<Binaries> {
     println!("build: cargo build --release -p proxy-user -p xtask --bins");
-    run_inherit(cargo().current_dir(repo_root()).args([
+    run_inherit(cargo().current_dir(repo_root()).env_remove("SB_PROGRAM_REVISION").args([
         "build",
         "--release",
         "-p",

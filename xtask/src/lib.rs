@@ -7,6 +7,7 @@ pub mod bench;
 pub mod build;
 pub mod demo;
 pub mod fake_apiserver;
+pub mod image;
 pub mod sandbox;
 pub mod setup;
 pub mod testcmd;

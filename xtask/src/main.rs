@@ -32,6 +32,16 @@ enum Cmd {
         #[arg(long, conflicts_with_all = ["quick", "out"])]
         report_only: Option<std::path::PathBuf>,
     },
+    /// Release build, then a container image of `switchboard` as an OCI image
+    /// layout (no container engine needed); push it with skopeo.
+    Image {
+        /// The layout's directory (default: target/oci/switchboard).
+        #[arg(long)]
+        out: Option<std::path::PathBuf>,
+        /// NAME:TAG (default: switchboard:<version>).
+        #[arg(long)]
+        tag: Option<String>,
+    },
     /// Remove test sandboxes (namespaces, pin mounts) left by dead processes,
     /// and the demo sandbox.
     CleanupStale,
@@ -48,6 +58,7 @@ fn main() -> Result<()> {
             ..
         } => xtask::bench::report_again(&dir),
         Cmd::Bench { quick, out, .. } => xtask::bench::run(xtask::bench::Options { quick, out }),
+        Cmd::Image { out, tag } => xtask::image::run(out, tag),
         Cmd::CleanupStale => {
             xtask::sandbox::cleanup_stale()?;
             xtask::sandbox::purge_tag(xtask::sandbox::DEMO_TAG)

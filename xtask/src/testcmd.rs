@@ -46,6 +46,7 @@ pub fn run() -> Result<()> {
         );
     }
     crate::setup::run()?;
+    let upgrade = crate::build::upgrade_variant()?;
     let bins = crate::build::run()?;
     if let Err(e) = crate::sandbox::cleanup_stale() {
         eprintln!("test: cleaning stale sandboxes: {e:#}");
@@ -63,6 +64,7 @@ pub fn run() -> Result<()> {
         .args(["--", "--test-threads=1"])
         .env("SWITCHBOARD_BIN", &bins.switchboard)
         .env("SB_ECHO_BIN", &bins.sb_echo)
+        .env("SWITCHBOARD_UPGRADE_BIN", &upgrade)
         .stdout(Stdio::piped());
     println!("test: {}", show(&cmd));
     let mut child = cmd.spawn().context("start cargo test")?;

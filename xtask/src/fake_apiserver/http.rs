@@ -221,7 +221,7 @@ fn discovery(route: Route, _path: &str) -> Response<Body> {
         }),
         Route::CoreResources => json!({
             "kind": "APIResourceList", "groupVersion": "v1",
-            "resources": [resource(Kind::Node, &["no"]), resource(Kind::Service, &["svc"])],
+            "resources": [resource(Kind::Node, &["no"]), resource(Kind::Pod, &["po"]), resource(Kind::Service, &["svc"])],
         }),
         Route::DiscoveryResources => json!({
             "kind": "APIResourceList", "apiVersion": "v1", "groupVersion": "discovery.k8s.io/v1",

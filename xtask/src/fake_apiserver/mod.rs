@@ -3,7 +3,7 @@
 //! Kubernetes cannot run on the test machines, so the agent's `--source
 //! cluster` code (kube-rs watchers and reflectors, unmodified) is tested
 //! against this server. It speaks plain HTTP/1.1 JSON like kube-apiserver for
-//! core/v1 `services` and `nodes` and discovery.k8s.io/v1 `endpointslices`:
+//! core/v1 `services`, `nodes` and `pods` and discovery.k8s.io/v1 `endpointslices`:
 //!
 //! - **list** with `labelSelector`, `fieldSelector`, `limit`/`continue`
 //!   (consistent snapshots: later pages are served as of the first page's
@@ -65,10 +65,13 @@ pub enum Kind {
     EndpointSlice,
     /// core/v1 `nodes` (cluster-scoped)
     Node,
+    /// core/v1 `pods` (namespaced): served so `switchboard doctor` can ask
+    /// which Pods a Service's selector matches.
+    Pod,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 3] = [Kind::Service, Kind::EndpointSlice, Kind::Node];
+    pub const ALL: [Kind; 4] = [Kind::Service, Kind::EndpointSlice, Kind::Node, Kind::Pod];
 
     pub fn group(self) -> &'static str {
         match self {
@@ -87,6 +90,7 @@ impl Kind {
             Kind::Service => "Service",
             Kind::EndpointSlice => "EndpointSlice",
             Kind::Node => "Node",
+            Kind::Pod => "Pod",
         }
     }
     pub fn list_kind(self) -> &'static str {
@@ -94,6 +98,7 @@ impl Kind {
             Kind::Service => "ServiceList",
             Kind::EndpointSlice => "EndpointSliceList",
             Kind::Node => "NodeList",
+            Kind::Pod => "PodList",
         }
     }
     pub fn plural(self) -> &'static str {
@@ -101,6 +106,7 @@ impl Kind {
             Kind::Service => "services",
             Kind::EndpointSlice => "endpointslices",
             Kind::Node => "nodes",
+            Kind::Pod => "pods",
         }
     }
     /// `services`, `endpointslices.discovery.k8s.io` (as in server messages).
@@ -138,7 +144,8 @@ impl FromStr for Kind {
                 Ok(Kind::EndpointSlice)
             }
             "node" | "nodes" | "no" => Ok(Kind::Node),
-            _ => bail!("unknown kind {s:?} (services, endpointslices, nodes)"),
+            "pod" | "pods" | "po" => Ok(Kind::Pod),
+            _ => bail!("unknown kind {s:?} (services, endpointslices, nodes, pods)"),
         }
     }
 }

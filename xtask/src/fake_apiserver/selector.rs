@@ -235,6 +235,7 @@ pub fn supported_fields(kind: Kind) -> &'static [&'static str] {
         ],
         Kind::EndpointSlice => &["metadata.name", "metadata.namespace", "addressType"],
         Kind::Node => &["metadata.name", "spec.unschedulable"],
+        Kind::Pod => &["metadata.name", "metadata.namespace", "spec.nodeName", "status.phase"],
     }
 }
 

@@ -364,6 +364,28 @@ impl Sandbox {
         procs::stop(&mut self.children, "agent")
     }
 
+    /// The running agent's pid.
+    pub fn agent_pid(&self) -> Option<u32> {
+        procs::pid(&self.children, "agent")
+    }
+
+    /// Kills the agent with SIGKILL; returns its exit status.
+    pub fn kill_agent(&mut self) -> Result<std::process::ExitStatus> {
+        procs::kill(&mut self.children, "agent")
+    }
+
+    /// Waits up to `timeout` for the agent to exit by itself; its status.
+    pub fn wait_agent_exit(&mut self, timeout: Duration) -> Result<std::process::ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        while self.agent_running() {
+            if Instant::now() > deadline {
+                bail!("the agent still runs after {timeout:?}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        procs::stop(&mut self.children, "agent")
+    }
+
     /// Whether the agent process is still running.
     pub fn agent_running(&mut self) -> bool {
         procs::is_running(&mut self.children, "agent")

@@ -76,6 +76,23 @@ pub(super) fn stop(children: &mut Children, label: &str) -> Result<ExitStatus> {
     bail!("{label} did not exit within 5 s of SIGTERM (killed)");
 }
 
+/// The pid of the process labelled `label`.
+pub(super) fn pid(children: &Children, label: &str) -> Option<u32> {
+    children.iter().find(|(l, _)| l == label).map(|(_, c)| c.id())
+}
+
+/// Kills the process labelled `label` with SIGKILL (no chance to clean up,
+/// as a crash or the OOM killer would) and forgets it.
+pub(super) fn kill(children: &mut Children, label: &str) -> Result<ExitStatus> {
+    let idx = children
+        .iter()
+        .position(|(l, _)| l == label)
+        .ok_or_else(|| anyhow!("no {label} was started"))?;
+    let (_, mut child) = children.remove(idx);
+    let _ = child.kill();
+    child.wait().with_context(|| format!("waiting for the killed {label}"))
+}
+
 /// SIGTERM to every process still running (so agents can exit cleanly),
 /// SIGKILL to those still there after 3 s; forgets them all.
 pub(super) fn terminate_all(children: &mut Children) {

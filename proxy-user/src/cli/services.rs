@@ -2,7 +2,6 @@
 //! whether or not an agent is running.
 use std::{collections::BTreeMap, fmt::Write as _, path::Path};
 
-use aya::maps::IterableMap as _;
 use proxy_common::{frontend_flags as ff, scope, Frontend as FrontendValue, FrontendKey};
 use serde::Serialize;
 
@@ -10,49 +9,6 @@ use crate::{
     maps::{MapsError, PinnedMaps},
     sync::{backend_addr, frontend_addr, revnat_name},
 };
-
-/// Where the agent pins its maps unless told otherwise.
-pub const DEFAULT_PIN_ROOT: &str = "/sys/fs/bpf/switchboard";
-
-/// The subcommands that read (or clean up) what an agent programmed.
-#[derive(clap::Subcommand)]
-pub enum Command {
-    /// Print every frontend and its backends from the pinned maps.
-    Services {
-        /// Where the agent pinned its maps.
-        #[arg(long, default_value = DEFAULT_PIN_ROOT, env = "SWITCHBOARD_PIN_ROOT")]
-        pin_root: std::path::PathBuf,
-        /// `table` for people, `json` for scripts.
-        #[arg(short, long, value_enum, default_value_t = Output::Table)]
-        output: Output,
-    },
-    /// Print the data path's counters (summed over CPUs) and map fill levels.
-    Stats {
-        /// Where the agent pinned its maps.
-        #[arg(long, default_value = DEFAULT_PIN_ROOT, env = "SWITCHBOARD_PIN_ROOT")]
-        pin_root: std::path::PathBuf,
-        /// `table` for people, `json` for scripts.
-        #[arg(short, long, value_enum, default_value_t = Output::Table)]
-        output: Output,
-    },
-}
-
-/// How a command prints.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum Output {
-    Table,
-    Json,
-}
-
-/// Runs one of the CLI's subcommands, printing to stdout.
-pub fn run(command: Command) -> anyhow::Result<()> {
-    let text = match command {
-        Command::Services { pin_root, output } => services(&pin_root, output == Output::Json)?,
-        Command::Stats { pin_root, output } => stats(&pin_root, output == Output::Json)?,
-    };
-    print!("{text}");
-    Ok(())
-}
 
 #[derive(Debug, Serialize, PartialEq, Eq)]
 pub struct ServiceRow {
@@ -340,106 +296,6 @@ pub fn services(pin_root: &Path, json: bool) -> anyhow::Result<String> {
     Ok(text)
 }
 
-/// What `switchboard stats` reports.
-#[derive(Debug, Serialize, PartialEq, Eq)]
-pub struct StatsReport {
-    /// Global counters by name (see `proxy_common::stat`).
-    pub counters: BTreeMap<&'static str, u64>,
-    pub maps: Vec<MapFill>,
-}
-
-/// How full a map is.
-#[derive(Debug, Serialize, PartialEq, Eq)]
-pub struct MapFill {
-    pub map: &'static str,
-    pub entries: usize,
-    pub capacity: u32,
-}
-
-fn fill(map: &'static str, entries: usize, capacity: u32) -> MapFill {
-    MapFill {
-        map,
-        entries,
-        capacity,
-    }
-}
-
-/// Reads the counters and how full the hash maps are (counting entries walks
-/// each map: fine for an on-call look, not for a hot loop).
-pub fn read_stats(maps: &PinnedMaps) -> StatsReport {
-    let capacity =
-        |info: Result<aya::maps::MapInfo, aya::maps::MapError>| info.map_or(0, |i| i.max_entries());
-    StatsReport {
-        counters: maps.global_stats().into_iter().collect(),
-        maps: vec![
-            fill(
-                proxy_common::names::FRONTENDS,
-                maps.frontends.keys().filter(Result::is_ok).count(),
-                capacity(maps.frontends.map().info()),
-            ),
-            fill(
-                proxy_common::names::BACKENDS,
-                maps.backends.keys().filter(Result::is_ok).count(),
-                capacity(maps.backends.map().info()),
-            ),
-            fill(
-                proxy_common::names::CONNTRACK,
-                maps.conntrack_len(),
-                capacity(maps.conntrack.map().info()),
-            ),
-            fill(
-                proxy_common::names::REVNAT,
-                maps.revnat.keys().filter(Result::is_ok).count(),
-                capacity(maps.revnat.map().info()),
-            ),
-            fill(
-                proxy_common::names::SOCKETS,
-                maps.sockets_len(),
-                capacity(maps.sockets.map().info()),
-            ),
-            fill(
-                proxy_common::names::FRAGMENTS,
-                maps.fragments.keys().filter(Result::is_ok).count(),
-                capacity(maps.fragments.map().info()),
-            ),
-        ],
-    }
-}
-
-pub fn render_stats(report: &StatsReport) -> String {
-    let mut out = String::new();
-    let width = report.counters.keys().map(|k| k.len()).max().unwrap_or(0);
-    let _ = writeln!(out, "COUNTERS");
-    for (name, value) in &report.counters {
-        let _ = writeln!(out, "  {name:<width$}  {value}");
-    }
-    let _ = writeln!(out, "MAPS");
-    for m in &report.maps {
-        let percent = if m.capacity == 0 {
-            0.0
-        } else {
-            m.entries as f64 * 100.0 / f64::from(m.capacity)
-        };
-        let _ = writeln!(
-            out,
-            "  {:<14}  {:>8} / {:<8} ({percent:.1}% full)",
-            m.map, m.entries, m.capacity
-        );
-    }
-    out
-}
-
-/// Runs `switchboard stats`.
-pub fn stats(pin_root: &Path, json: bool) -> anyhow::Result<String> {
-    let maps = PinnedMaps::open(pin_root)?;
-    let report = read_stats(&maps);
-    if json {
-        Ok(serde_json::to_string_pretty(&report)? + "\n")
-    } else {
-        Ok(render_stats(&report))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -505,19 +361,5 @@ mod tests {
         assert!(render_table(&[lb]).contains("from outside -> 10.244.1.2:8080"));
         assert!(text.contains("ClientIP affinity 10800s"));
         assert!(render_table(&[]).contains("no frontends programmed"));
-    }
-
-    #[test]
-    fn stats_show_counters_and_how_full_each_map_is() {
-        let report = StatsReport {
-            counters: [("forwarded", 10u64), ("malformed", 1)]
-                .into_iter()
-                .collect(),
-            maps: vec![fill("SB_FE_V1", 16384, 65536)],
-        };
-        let text = render_stats(&report);
-        assert!(text.contains("forwarded"));
-        assert!(text.contains("16384 / 65536"));
-        assert!(text.contains("25.0% full"));
     }
 }

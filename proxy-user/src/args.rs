@@ -1,0 +1,374 @@
+//! The agent's flags, an optional YAML config file with the same settings
+//! (`--config`, as kube-proxy has), and the [`AgentConfig`] they make.
+use std::{collections::BTreeMap, ffi::OsString, path::PathBuf};
+
+use anyhow::Context as _;
+
+use crate::{
+    agent::{AgentConfig, Source},
+    attach::TcMode,
+    cidr::Ipv4Cidr,
+    cli::DEFAULT_PIN_ROOT,
+    ebpf::Capacities,
+    model::LbAlgorithm,
+    uplink::XdpMode,
+};
+
+/// `switchboard agent`'s flags.
+#[derive(Clone, Debug, clap::Args)]
+pub struct AgentArgs {
+    /// A YAML file of settings (`kind: SwitchboardConfiguration`): each key is
+    /// a flag's name in camelCase (`pinRoot`, `xdpMode`, `uplink: [eth0]`).
+    /// Flags given on the command line win over the file.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Remove everything an agent attached and pinned under the pin root,
+    /// then exit (kube-proxy's `--cleanup`; same as `switchboard cleanup`).
+    #[arg(long)]
+    pub cleanup: bool,
+    /// `dir:PATH` (a directory of YAML manifests, followed as it changes)
+    /// or `cluster` (the Kubernetes API server).
+    #[arg(long, default_value = "cluster")]
+    pub source: Source,
+    /// Where the maps are pinned: a directory on a bpffs that outlives the
+    /// agent (a plain directory is refused).
+    #[arg(long, default_value = DEFAULT_PIN_ROOT, env = "SWITCHBOARD_PIN_ROOT")]
+    pub pin_root: PathBuf,
+    /// Capacity of the frontend map (one entry per service port plus one per backend).
+    #[arg(long, default_value_t = Capacities::default().frontends)]
+    pub max_frontend_entries: u32,
+    /// Capacity of the backend map.
+    #[arg(long, default_value_t = Capacities::default().backends)]
+    pub max_backends: u32,
+    /// Capacity of the connection-tracking map (two entries per flow).
+    #[arg(long, default_value_t = Capacities::default().conntrack)]
+    pub max_conntrack: u32,
+    /// Number of service ports (service ids).
+    #[arg(long, default_value_t = Capacities::default().services)]
+    pub max_services: u32,
+    /// Kubeconfig for `--source cluster` (default: in-cluster service
+    /// account, then KUBECONFIG, then ~/.kube/config).
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
+    /// This node's name (default: $NODE_NAME, then the hostname).
+    /// `--hostname-override` is kube-proxy's name for it.
+    #[arg(long, env = "NODE_NAME", visible_alias = "hostname-override")]
+    pub node_name: Option<String>,
+    /// Serve Services labelled `service.kubernetes.io/service-proxy-name`
+    /// with this value (Services naming any other proxy are skipped).
+    #[arg(long)]
+    pub proxy_name: Option<String>,
+    /// Balance at the socket layer (cgroup connect/sendmsg/recvmsg/
+    /// getpeername hooks): clients in the node's network namespace reach
+    /// ClusterIPs, and balanced flows need no per-packet NAT.
+    /// `--socket-lb=false` turns it off and detaches what is attached.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub socket_lb: bool,
+    /// The cgroup the socket layer attaches to (default: the host's cgroup2
+    /// mount, found in /proc/self/mountinfo). Every process in it and below
+    /// is balanced.
+    #[arg(long)]
+    pub cgroup_root: Option<PathBuf>,
+    /// How the tc programs attach to pod interfaces: TCX links (Linux
+    /// 6.6+, pinned under the pin root), netlink clsact filters, or TCX
+    /// where the kernel has it.
+    #[arg(long, value_enum, default_value_t = TcMode::Auto)]
+    pub tc_attach: TcMode,
+    /// An interface traffic from outside the node arrives on (repeat for
+    /// several). Default: the interfaces holding the Node's InternalIP or
+    /// ExternalIP, else the default route's interface. NodePorts,
+    /// LoadBalancer IPs and external IPs are served there.
+    #[arg(long = "uplink", value_name = "IFACE")]
+    pub uplinks: Vec<String>,
+    /// How the uplink program runs: `native` (in the driver; veth
+    /// included; falls back to generic where the driver has no XDP),
+    /// `generic` (the kernel's generic XDP hook), or `off` (a tc ingress
+    /// program instead).
+    #[arg(long, value_enum, default_value_t = XdpMode::Native)]
+    pub xdp_mode: XdpMode,
+    /// How new flows from outside the node pick a backend when the Service
+    /// has no `switchboard.io/lb-algorithm` annotation: `random`, `maglev`
+    /// (consistent hashing of the 5-tuple: every node picks alike) or
+    /// `source-hash` (by client address).
+    #[arg(long, value_enum, default_value_t = LbAlgorithm::Random)]
+    pub lb_algorithm: LbAlgorithm,
+    /// Serve NodePorts on this node's interface addresses within these
+    /// CIDRs (comma-separated or repeated), as kube-proxy's flag does.
+    /// Default: the Node's InternalIP and ExternalIP.
+    #[arg(long, value_name = "CIDR", value_delimiter = ',')]
+    pub nodeport_addresses: Vec<Ipv4Cidr>,
+    /// Serve `/healthz` and `/livez` here, as kube-proxy does on 10256
+    /// (empty: off).
+    #[arg(long, value_name = "IP:PORT", default_value = "0.0.0.0:10256", value_parser = parse_bind)]
+    pub healthz_bind_address: Bind,
+    /// Serve Prometheus `/metrics` here, as kube-proxy does on 10249
+    /// (empty: off).
+    #[arg(long, value_name = "IP:PORT", default_value = "127.0.0.1:10249", value_parser = parse_bind)]
+    pub metrics_bind_address: Bind,
+}
+
+/// A listen address, or none (the empty string turns the server off).
+#[derive(Clone, Copy, Debug)]
+pub struct Bind(pub Option<std::net::SocketAddr>);
+
+fn parse_bind(s: &str) -> Result<Bind, std::net::AddrParseError> {
+    if s.is_empty() {
+        return Ok(Bind(None));
+    }
+    s.parse().map(|a| Bind(Some(a)))
+}
+
+impl AgentArgs {
+    /// The agent's settings: defaults filled from the host (the node name
+    /// from the hostname, the cgroup root from /proc/self/mountinfo).
+    pub fn into_config(self) -> anyhow::Result<AgentConfig> {
+        let socket_lb_cgroup = match (self.socket_lb, self.cgroup_root) {
+            (false, _) => None,
+            (true, Some(root)) => Some(root),
+            (true, None) => Some(
+                crate::socketlb::find_cgroup_root()
+                    .context("finding the cgroup root for the socket layer")?,
+            ),
+        };
+        let node_name = match self.node_name {
+            Some(name) => name,
+            None => nix::unistd::gethostname()
+                .context("reading the hostname for --node-name")?
+                .to_string_lossy()
+                .into_owned(),
+        };
+        Ok(AgentConfig {
+            source: self.source,
+            pin_root: self.pin_root,
+            capacities: Capacities {
+                frontends: self.max_frontend_entries,
+                backends: self.max_backends,
+                conntrack: self.max_conntrack,
+                services: self.max_services,
+            },
+            kubeconfig: self.kubeconfig,
+            node_name,
+            proxy_name: self.proxy_name,
+            socket_lb_cgroup,
+            tc_mode: self.tc_attach,
+            uplinks: self.uplinks,
+            xdp_mode: self.xdp_mode,
+            lb_algorithm: self.lb_algorithm,
+            nodeport_addresses: self.nodeport_addresses,
+            healthz_bind: self.healthz_bind_address.0,
+            metrics_bind: self.metrics_bind_address.0,
+        })
+    }
+}
+
+/// The `kind` a config file must have.
+pub const CONFIG_KIND: &str = "SwitchboardConfiguration";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("reading the config file {path}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("config file {path} is not valid YAML")]
+    Yaml {
+        path: PathBuf,
+        source: serde_yaml::Error,
+    },
+    #[error("config file {path}: kind is {found:?}, expected {CONFIG_KIND}")]
+    Kind { path: PathBuf, found: String },
+    #[error("config file {path}: unknown setting {key:?} (settings are the agent's flags in camelCase, e.g. pinRoot)")]
+    UnknownKey { path: PathBuf, key: String },
+    #[error("config file {path}: {key} must be a string, number, boolean or a list of them")]
+    BadValue { path: PathBuf, key: String },
+    #[error("config file {path}: {key} cannot be set in a file")]
+    NotInFile { path: PathBuf, key: String },
+}
+
+/// The config file's contents.
+/// (Unknown keys land in `settings` and are checked against the flags.)
+#[derive(Debug, serde::Deserialize)]
+struct ConfigFile {
+    #[serde(rename = "apiVersion", default)]
+    _api_version: Option<String>,
+    kind: String,
+    #[serde(flatten)]
+    settings: BTreeMap<String, serde_yaml::Value>,
+}
+
+/// Inserts the settings of the `--config` file named in `argv` (after the
+/// `agent` subcommand) as flags, before the command line's own, leaving out
+/// those the command line sets: the command line wins, lists included.
+/// `long_flags` are the agent's long flag names.
+pub fn merge_config_file(argv: Vec<OsString>, long_flags: &[String]) -> Result<Vec<OsString>, ConfigError> {
+    let Some(agent_at) = argv.iter().position(|a| a == "agent") else {
+        return Ok(argv);
+    };
+    let Some(path) = config_path(&argv[agent_at + 1..]) else {
+        return Ok(argv);
+    };
+    let text = std::fs::read_to_string(&path).map_err(|source| ConfigError::Read {
+        path: path.clone(),
+        source,
+    })?;
+    let from_file = config_flags(&path, &text, long_flags)?;
+    let given: Vec<String> = argv[agent_at + 1..]
+        .iter()
+        .filter_map(|a| a.to_str())
+        .filter_map(|a| a.strip_prefix("--"))
+        .map(|a| a.split('=').next().unwrap_or(a).to_owned())
+        .collect();
+    let mut merged: Vec<OsString> = argv[..=agent_at].to_vec();
+    for (flag, value) in from_file {
+        if !given.contains(&flag) {
+            merged.push(format!("--{flag}={value}").into());
+        }
+    }
+    merged.extend_from_slice(&argv[agent_at + 1..]);
+    Ok(merged)
+}
+
+/// `--config FILE` or `--config=FILE` among the agent's arguments.
+fn config_path(args: &[OsString]) -> Option<PathBuf> {
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        let arg = arg.to_str()?;
+        if arg == "--config" {
+            return it.next().map(PathBuf::from);
+        }
+        if let Some(path) = arg.strip_prefix("--config=") {
+            return Some(PathBuf::from(path));
+        }
+    }
+    None
+}
+
+/// The file's settings as `(flag, value)` pairs, a list giving one pair per
+/// item.
+fn config_flags(path: &std::path::Path, text: &str, long_flags: &[String]) -> Result<Vec<(String, String)>, ConfigError> {
+    let file: ConfigFile = serde_yaml::from_str(text).map_err(|source| ConfigError::Yaml {
+        path: path.to_owned(),
+        source,
+    })?;
+    if file.kind != CONFIG_KIND {
+        return Err(ConfigError::Kind {
+            path: path.to_owned(),
+            found: file.kind,
+        });
+    }
+    let mut flags = Vec::new();
+    for (key, value) in file.settings {
+        let flag = kebab(&key);
+        if flag == "config" || flag == "cleanup" {
+            return Err(ConfigError::NotInFile {
+                path: path.to_owned(),
+                key,
+            });
+        }
+        if !long_flags.contains(&flag) {
+            return Err(ConfigError::UnknownKey {
+                path: path.to_owned(),
+                key,
+            });
+        }
+        let bad = || ConfigError::BadValue {
+            path: path.to_owned(),
+            key: key.clone(),
+        };
+        match value {
+            serde_yaml::Value::Sequence(items) => {
+                for item in items {
+                    flags.push((flag.clone(), scalar(&item).ok_or_else(bad)?));
+                }
+            }
+            other => flags.push((flag, scalar(&other).ok_or_else(bad)?)),
+        }
+    }
+    Ok(flags)
+}
+
+fn scalar(value: &serde_yaml::Value) -> Option<String> {
+    match value {
+        serde_yaml::Value::String(s) => Some(s.clone()),
+        serde_yaml::Value::Number(n) => Some(n.to_string()),
+        serde_yaml::Value::Bool(b) => Some(b.to_string()),
+        _ => None,
+    }
+}
+
+/// `pinRoot` → `pin-root`.
+fn kebab(key: &str) -> String {
+    let mut out = String::new();
+    for c in key.chars() {
+        if c.is_ascii_uppercase() {
+            out.push('-');
+            out.push(c.to_ascii_lowercase());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn flags() -> Vec<String> {
+        ["pin-root", "xdp-mode", "uplink", "node-name", "socket-lb"]
+            .map(String::from)
+            .to_vec()
+    }
+
+    fn argv(args: &[&str]) -> Vec<OsString> {
+        args.iter().map(OsString::from).collect()
+    }
+
+    fn with_file(text: &str, args: &[&str]) -> Result<Vec<OsString>, ConfigError> {
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let path = std::env::temp_dir().join(format!("sb-config-{}-{n}.yaml", std::process::id()));
+        std::fs::write(&path, text).expect("write");
+        let mut all = vec!["switchboard", "agent", "--config"];
+        let p = path.display().to_string();
+        all.push(&p);
+        all.extend_from_slice(args);
+        let out = merge_config_file(argv(&all), &flags());
+        let _ = std::fs::remove_file(&path);
+        out
+    }
+
+    #[test]
+    fn file_settings_become_flags_and_the_command_line_wins() {
+        let text = "apiVersion: switchboard.io/v1alpha1\nkind: SwitchboardConfiguration\npinRoot: /sys/fs/bpf/x\nxdpMode: generic\nuplink: [eth0, eth1]\nsocketLb: false\n";
+        let out = with_file(text, &["--xdp-mode", "off", "--uplink=eth9"]).expect("merge");
+        let out: Vec<&str> = out.iter().filter_map(|a| a.to_str()).collect();
+        assert_eq!(&out[..2], &["switchboard", "agent"]);
+        assert!(out.contains(&"--pin-root=/sys/fs/bpf/x"));
+        assert!(out.contains(&"--socket-lb=false"));
+        assert!(!out.contains(&"--xdp-mode=generic"), "the command line's --xdp-mode wins: {out:?}");
+        assert!(!out.iter().any(|a| a.starts_with("--uplink=eth0")), "a list on the command line replaces the file's: {out:?}");
+        assert!(out.ends_with(&["--xdp-mode", "off", "--uplink=eth9"]));
+    }
+
+    #[test]
+    fn unknown_keys_kinds_and_values_are_refused_by_name() {
+        let err = with_file("kind: SwitchboardConfiguration\npinRot: /x\n", &[]).expect_err("typo");
+        assert!(matches!(err, ConfigError::UnknownKey { ref key, .. } if key == "pinRot"), "{err}");
+        let err = with_file("kind: KubeProxyConfiguration\n", &[]).expect_err("kind");
+        assert!(matches!(err, ConfigError::Kind { .. }), "{err}");
+        let err = with_file("kind: SwitchboardConfiguration\nnodeName: {a: 1}\n", &[]).expect_err("map value");
+        assert!(matches!(err, ConfigError::BadValue { .. }), "{err}");
+        let err = with_file("kind: SwitchboardConfiguration\ncleanup: true\n", &[]).expect_err("cleanup");
+        assert!(matches!(err, ConfigError::NotInFile { .. }), "{err}");
+    }
+
+    #[test]
+    fn without_config_the_arguments_are_unchanged() {
+        let args = argv(&["switchboard", "agent", "--xdp-mode", "off"]);
+        assert_eq!(merge_config_file(args.clone(), &flags()).expect("merge"), args);
+        let args = argv(&["switchboard", "services"]);
+        assert_eq!(merge_config_file(args.clone(), &flags()).expect("merge"), args);
+    }
+}

@@ -1,0 +1,241 @@
+//! `switchboard conntrack list|flush [--service NAME]`: the connection-
+//! tracking map, both directions, named by Service.
+use std::{collections::HashMap, net::Ipv4Addr};
+
+use proxy_common::{ct_dir, ct_flags, CtEntry, CtKey};
+use serde::Serialize;
+
+use super::{table::Table, Common, Done, Output};
+use crate::{
+    maps::{MapStore as _, PinnedMaps},
+    sync::revnat_name,
+};
+
+#[derive(clap::Subcommand)]
+pub enum Action {
+    /// List the entries: both directions of every flow, with its Service,
+    /// age, flags and source-NAT fields.
+    List {
+        /// Only this Service: `namespace/name` (every port), `namespace/name:port`,
+        /// or a service id.
+        #[arg(long)]
+        service: Option<String>,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Remove entries (all, or one Service's) and say how many went. Open
+    /// connections then pick a backend anew on their next packet.
+    Flush {
+        /// Only this Service: `namespace/name` (every port), `namespace/name:port`,
+        /// or a service id.
+        #[arg(long)]
+        service: Option<String>,
+        #[command(flatten)]
+        common: Common,
+    },
+}
+
+/// One entry as `list` shows it.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct CtRow {
+    /// `forward` (client → frontend, keyed as the client sent it) or
+    /// `reply` (backend → client, keyed as the backend sent it).
+    pub direction: &'static str,
+    pub protocol: &'static str,
+    pub source: String,
+    pub destination: String,
+    /// Forward: the backend the destination becomes; reply: the frontend
+    /// the source becomes.
+    pub nat: String,
+    /// With source NAT: forward, the node address the source becomes;
+    /// reply, the client the destination is restored to.
+    pub snat: Option<String>,
+    pub service: String,
+    pub service_id: u32,
+    pub backend_id: u32,
+    pub flags: Vec<&'static str>,
+    pub age_s: f64,
+}
+
+/// What `flush` did.
+#[derive(Debug, Serialize)]
+struct Flushed {
+    removed: usize,
+    service: Option<String>,
+}
+
+pub fn run(action: Action) -> anyhow::Result<Done> {
+    match action {
+        Action::List { service, common } => list(&common, service.as_deref()),
+        Action::Flush { service, common } => flush(&common, service.as_deref()),
+    }
+}
+
+fn list(common: &Common, service: Option<&str>) -> anyhow::Result<Done> {
+    let maps = PinnedMaps::open(&common.pin_root)?;
+    let names = service_names(&maps);
+    let now = super::monotonic_ns();
+    let mut rows: Vec<CtRow> = maps
+        .conntrack
+        .iter()
+        .filter_map(Result::ok)
+        .filter(|(_, e)| selected(service, e.service_id, &names))
+        .map(|(k, e)| row(&k, &e, &names, now))
+        .collect();
+    rows.sort_by(|a, b| {
+        (&a.service, &a.source, &a.destination).cmp(&(&b.service, &b.source, &b.destination))
+    });
+    let text = match common.output {
+        Output::Json => super::to_json(&rows)?,
+        Output::Table => render(&rows),
+    };
+    Ok(Done::ok(text))
+}
+
+fn flush(common: &Common, service: Option<&str>) -> anyhow::Result<Done> {
+    let mut maps = PinnedMaps::open(&common.pin_root)?;
+    let names = service_names(&maps);
+    let removed = maps.purge_conntrack(&|_, e| selected(service, e.service_id, &names));
+    let report = Flushed {
+        removed,
+        service: service.map(str::to_owned),
+    };
+    let text = match common.output {
+        Output::Json => super::to_json(&report)?,
+        Output::Table => match service {
+            Some(s) => format!("removed {removed} connection-tracking entries of {s}\n"),
+            None => format!("removed {removed} connection-tracking entries\n"),
+        },
+    };
+    Ok(Done::ok(text))
+}
+
+fn service_names(maps: &PinnedMaps) -> HashMap<u32, String> {
+    maps.revnat
+        .iter()
+        .filter_map(Result::ok)
+        .map(|(id, r)| (id, revnat_name(&r)))
+        .collect()
+}
+
+/// Whether `--service` selects service `id`: its id, its full name
+/// (`ns/name:port`), or its Service (`ns/name`, every port).
+pub fn selected(filter: Option<&str>, id: u32, names: &HashMap<u32, String>) -> bool {
+    let Some(filter) = filter else {
+        return true;
+    };
+    if filter.parse::<u32>() == Ok(id) {
+        return true;
+    }
+    names.get(&id).is_some_and(|name| {
+        name == filter || name.strip_prefix(filter).is_some_and(|rest| rest.starts_with(':'))
+    })
+}
+
+fn endpoint(addr_be: u32, port_be: u16) -> String {
+    format!("{}:{}", Ipv4Addr::from(addr_be.to_ne_bytes()), u16::from_be(port_be))
+}
+
+pub fn row(key: &CtKey, entry: &CtEntry, names: &HashMap<u32, String>, now_ns: u64) -> CtRow {
+    let mut flags = Vec::new();
+    if entry.flags & ct_flags::CLOSING != 0 {
+        flags.push("closing");
+    }
+    if entry.flags & ct_flags::SNAT != 0 {
+        flags.push("snat");
+    }
+    CtRow {
+        direction: if key.dir == ct_dir::REPLY { "reply" } else { "forward" },
+        protocol: match key.proto {
+            proxy_common::proto::UDP => "UDP",
+            proxy_common::proto::TCP => "TCP",
+            _ => "?",
+        },
+        source: endpoint(key.saddr_be, key.sport_be),
+        destination: endpoint(key.daddr_be, key.dport_be),
+        nat: endpoint(entry.nat_addr_be, entry.nat_port_be),
+        snat: (entry.flags & ct_flags::SNAT != 0).then(|| endpoint(entry.snat_addr_be, entry.snat_port_be)),
+        service: names.get(&entry.service_id).cloned().unwrap_or_else(|| "?".into()),
+        service_id: entry.service_id,
+        backend_id: entry.backend_id,
+        flags,
+        age_s: now_ns.saturating_sub(entry.created_ns) as f64 / 1e9,
+    }
+}
+
+pub fn render(rows: &[CtRow]) -> String {
+    let mut t = Table::new(&[
+        "SERVICE", "PROTO", "DIR", "SOURCE", "DESTINATION", "NAT TO", "SNAT", "FLAGS", "AGE",
+    ])
+    .right(8);
+    for r in rows {
+        t.push(vec![
+            r.service.clone(),
+            r.protocol.to_owned(),
+            r.direction.to_owned(),
+            r.source.clone(),
+            r.destination.clone(),
+            r.nat.clone(),
+            r.snat.clone().unwrap_or_else(|| "-".into()),
+            if r.flags.is_empty() { "-".into() } else { r.flags.join(",") },
+            super::table::human_duration(r.age_s),
+        ]);
+    }
+    let mut out = t.render();
+    out.push_str(&format!("{} entries\n", rows.len()));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn service_filters_take_a_service_a_port_or_an_id() {
+        let names: HashMap<u32, String> =
+            [(1, "demo/echo:http".to_owned()), (2, "demo/echo:dns".to_owned()), (3, "demo/echoes".to_owned())]
+                .into_iter()
+                .collect();
+        assert!(selected(None, 9, &names));
+        assert!(selected(Some("demo/echo"), 1, &names));
+        assert!(selected(Some("demo/echo"), 2, &names));
+        assert!(!selected(Some("demo/echo"), 3, &names));
+        assert!(selected(Some("demo/echo:dns"), 2, &names));
+        assert!(!selected(Some("demo/echo:dns"), 1, &names));
+        assert!(selected(Some("3"), 3, &names));
+    }
+
+    #[test]
+    fn rows_show_both_directions_with_snat_and_age() {
+        let names: HashMap<u32, String> = [(4, "ext/web:http".to_owned())].into_iter().collect();
+        let key = CtKey {
+            saddr_be: u32::from_ne_bytes([10, 244, 2, 2]),
+            daddr_be: u32::from_ne_bytes([192, 168, 1, 5]),
+            sport_be: 8080u16.to_be(),
+            dport_be: 1500u16.to_be(),
+            proto: proxy_common::proto::TCP,
+            dir: ct_dir::REPLY,
+            _pad: [0; 2],
+        };
+        let entry = CtEntry {
+            service_id: 4,
+            backend_id: 2,
+            nat_addr_be: u32::from_ne_bytes([203, 0, 113, 10]),
+            nat_port_be: 80u16.to_be(),
+            flags: ct_flags::SNAT | ct_flags::CLOSING,
+            snat_addr_be: u32::from_ne_bytes([192, 0, 2, 9]),
+            snat_port_be: 40000u16.to_be(),
+            created_ns: 1_000_000_000,
+            ..CtEntry::default()
+        };
+        let r = row(&key, &entry, &names, 66_000_000_000);
+        assert_eq!(r.direction, "reply");
+        assert_eq!(r.nat, "203.0.113.10:80");
+        assert_eq!(r.snat.as_deref(), Some("192.0.2.9:40000"));
+        assert_eq!(r.flags, ["closing", "snat"]);
+        let text = render(&[r]);
+        assert!(text.contains("ext/web:http"), "{text}");
+        assert!(text.contains("1m05s"), "{text}");
+        assert!(text.ends_with("1 entries\n"), "{text}");
+    }
+}

@@ -1,0 +1,902 @@
+//! `switchboard explain IP:PORT/PROTO [--from IP[:PORT]]`: what the data
+//! path does with one flow, decided from the maps exactly as the kernel
+//! programs decide (`proxy-ebpf/src/lb.rs` and `nodeport.rs`):
+//!
+//! 1. the frontend's slot 0 (internal set); traffic from outside to a
+//!    frontend under `externalTrafficPolicy: Local` uses the external set;
+//! 2. an empty set: rejected (ICMP port unreachable) unless the Service has
+//!    endpoints elsewhere (`Local` from outside) or is an
+//!    `internalTrafficPolicy: Local` ClusterIP: then dropped;
+//! 3. a tracked flow keeps its backend while that backend is live;
+//! 4. from outside, Maglev or source hash through the Service's table;
+//! 5. `sessionAffinity: ClientIP`: the client's remembered backend while it
+//!    is valid;
+//! 6. otherwise a random slot.
+use std::{collections::HashMap, fmt::Write as _, net::Ipv4Addr, path::Path};
+
+use aya::maps::{HashMap as BpfHashMap, Map, MapData};
+use proxy_common::{
+    capacity, ct_dir, ct_flags, frontend_flags as ff, hash, names, proto, scope, AffinityEntry,
+    AffinityKey, Backend, CtEntry, CtKey, Frontend, FrontendKey,
+};
+use serde::Serialize;
+
+use super::{hooks, Common, Done, Output};
+use crate::{
+    maps::PinnedMaps,
+    status::UnprogrammedService,
+    sync::{backend_addr, revnat_name},
+};
+
+/// A flow's destination.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Target {
+    pub ip: Ipv4Addr,
+    pub port: u16,
+    /// IP protocol number.
+    pub proto: u8,
+}
+
+impl std::fmt::Display for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}/{}", self.ip, self.port, proto_name(self.proto))
+    }
+}
+
+fn proto_name(number: u8) -> &'static str {
+    match number {
+        proto::UDP => "UDP",
+        proto::TCP => "TCP",
+        _ => "?",
+    }
+}
+
+/// Parses `IP:PORT[/PROTO]` (TCP when the protocol is left out).
+pub fn parse_target(s: &str) -> Result<Target, String> {
+    let (addr, protocol) = match s.split_once('/') {
+        Some((addr, p)) => (addr, p),
+        None => (s, "TCP"),
+    };
+    let proto = match protocol.to_ascii_uppercase().as_str() {
+        "TCP" => proto::TCP,
+        "UDP" => proto::UDP,
+        other => return Err(format!("protocol {other:?}: TCP or UDP")),
+    };
+    let addr: std::net::SocketAddrV4 = addr
+        .parse()
+        .map_err(|_| format!("{addr:?} is not IPv4-ADDRESS:PORT"))?;
+    Ok(Target {
+        ip: *addr.ip(),
+        port: addr.port(),
+        proto,
+    })
+}
+
+/// Parses `IP` or `IP:PORT`.
+pub fn parse_source(s: &str) -> Result<(Ipv4Addr, Option<u16>), String> {
+    if let Ok(ip) = s.parse::<Ipv4Addr>() {
+        return Ok((ip, None));
+    }
+    let addr: std::net::SocketAddrV4 = s
+        .parse()
+        .map_err(|_| format!("{s:?} is not IPv4-ADDRESS or IPv4-ADDRESS:PORT"))?;
+    Ok((*addr.ip(), Some(addr.port())))
+}
+
+/// Where a flow comes from, as the data path tells it apart.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Scope {
+    /// From a pod of this node or the node itself (tc on the pod veths, or
+    /// the socket layer).
+    Internal,
+    /// From outside the node, arriving on an uplink (XDP / tc there).
+    External,
+}
+
+/// One question for [`explain`].
+#[derive(Clone, Debug)]
+pub struct Query {
+    pub target: Target,
+    pub src: Option<(Ipv4Addr, Option<u16>)>,
+    pub scope: Scope,
+    pub scope_reason: String,
+}
+
+/// The map contents `explain` decides from (loaded from the pins, or built
+/// by a test).
+#[derive(Clone, Debug, Default)]
+pub struct View {
+    pub frontends: HashMap<FrontendKey, Frontend>,
+    pub backends: HashMap<u32, Backend>,
+    pub names: HashMap<u32, String>,
+    /// Maglev tables by service id.
+    pub maglev: HashMap<u32, Vec<u32>>,
+    pub conntrack: HashMap<CtKey, CtEntry>,
+    pub affinity: HashMap<AffinityKey, AffinityEntry>,
+    /// `CLOCK_MONOTONIC` now, in ns (what entries are stamped with).
+    pub now_ns: u64,
+    /// What the agent could not program (from its status file).
+    pub unprogrammed: Vec<UnprogrammedService>,
+}
+
+/// What happens to the flow.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    /// Rewritten to a backend (named, or one of the set).
+    Forwarded,
+    /// Dropped (and counted as `drop_no_backend`).
+    Dropped,
+    /// Answered with ICMP port unreachable from the frontend address.
+    Rejected,
+    /// Not a frontend: passed on untouched.
+    NotHandled,
+}
+
+/// The answer.
+#[derive(Clone, Debug, Serialize)]
+pub struct Explanation {
+    pub flow: String,
+    pub scope: Scope,
+    pub scope_reason: String,
+    pub service: Option<String>,
+    pub service_id: Option<u32>,
+    /// ClusterIP, NodePort, LoadBalancer, ExternalIP.
+    pub kind: Option<&'static str>,
+    /// The backend set this flow picks from.
+    pub backend_set: Vec<String>,
+    pub verdict: Verdict,
+    /// The backend the flow gets, when it can be named.
+    pub backend: Option<String>,
+    /// Why, step by step.
+    pub reasons: Vec<String>,
+}
+
+pub fn run(
+    common: &Common,
+    target: Target,
+    from: Option<(Ipv4Addr, Option<u16>)>,
+    scope: Option<Scope>,
+) -> anyhow::Result<Done> {
+    let (scope, scope_reason) = match (scope, from) {
+        (Some(s), _) => (s, "given with --scope".to_owned()),
+        (None, None) => (Scope::Internal, "no --from: a client on this node".to_owned()),
+        (None, Some((ip, _))) => {
+            let mut net = super::block_on(async {
+                let mut handle = hooks::connect()?;
+                hooks::inspect(&mut handle).await
+            })??;
+            // An uplink may be a veth too; it is never a pod interface.
+            let listed = crate::status::read(&common.pin_root).map(|s| s.interfaces).unwrap_or_default();
+            for iface in &mut net.interfaces {
+                if listed.iter().any(|l| l.index == iface.index && l.role == "uplink") {
+                    iface.pod = false;
+                }
+            }
+            classify_source(&net, ip)
+        }
+    };
+    let query = Query {
+        target,
+        src: from,
+        scope,
+        scope_reason,
+    };
+    let maps = PinnedMaps::open(&common.pin_root)?;
+    let affinity = open_affinity(&common.pin_root);
+    let status = crate::status::read(&common.pin_root);
+    let view = load_view(&maps, affinity.as_ref(), &query, status.map(|s| s.unprogrammed).unwrap_or_default());
+    let explanation = explain(&view, &query);
+    let text = match common.output {
+        Output::Json => super::to_json(&explanation)?,
+        Output::Table => render(&explanation),
+    };
+    Ok(Done {
+        failed: explanation.verdict != Verdict::Forwarded,
+        text,
+    })
+}
+
+/// The rule `--from` follows: an address of this namespace, or one routed
+/// through a pod interface, is internal; anything else arrives on an uplink.
+pub fn classify_source(net: &hooks::NetView, ip: Ipv4Addr) -> (Scope, String) {
+    if net.addresses.contains(&ip) {
+        return (Scope::Internal, format!("{ip} is an address of this node"));
+    }
+    let Some(route) = hooks::route_to(&net.routes, ip) else {
+        return (Scope::External, format!("no route to {ip}: not a pod of this node"));
+    };
+    match net.interfaces.iter().find(|i| i.index == route.oif) {
+        Some(iface) if iface.pod => (
+            Scope::Internal,
+            format!("{ip} is routed via pod interface {}", iface.name),
+        ),
+        Some(iface) => (
+            Scope::External,
+            format!("{ip} is routed via {} (not a pod interface): it arrives on an uplink", iface.name),
+        ),
+        None => (Scope::External, format!("{ip} is routed via interface {}", route.oif)),
+    }
+}
+
+/// The affinity map (not among [`PinnedMaps`]: only `explain` reads it).
+fn open_affinity(pin_root: &Path) -> Option<BpfHashMap<MapData, AffinityKey, AffinityEntry>> {
+    let data = MapData::from_pin(pin_root.join(names::AFFINITY)).ok()?;
+    Map::from_map_data(data).ok()?.try_into().ok()
+}
+
+/// Reads what [`explain`] needs: every frontend, backend and name, and the
+/// flow's own conntrack, affinity and Maglev entries.
+fn load_view(
+    maps: &PinnedMaps,
+    affinity: Option<&BpfHashMap<MapData, AffinityKey, AffinityEntry>>,
+    query: &Query,
+    unprogrammed: Vec<UnprogrammedService>,
+) -> View {
+    let mut view = View {
+        frontends: maps.frontends.iter().filter_map(Result::ok).collect(),
+        backends: maps.backends.iter().filter_map(Result::ok).collect(),
+        names: maps
+            .revnat
+            .iter()
+            .filter_map(Result::ok)
+            .map(|(id, r)| (id, revnat_name(&r)))
+            .collect(),
+        now_ns: super::monotonic_ns(),
+        unprogrammed,
+        ..View::default()
+    };
+    let Some(head) = view.frontends.get(&head_key(&query.target, scope::INTERNAL)).copied() else {
+        return view;
+    };
+    if let Some(key) = ct_key(query) {
+        if let Ok(entry) = maps.conntrack.get(&key, 0) {
+            view.conntrack.insert(key, entry);
+        }
+    }
+    if let Ok(table) = maps.maglev.get(&head.service_id, 0) {
+        view.maglev.insert(head.service_id, table.backend_ids.to_vec());
+    }
+    if let (Some(map), Some((ip, _))) = (affinity, query.src) {
+        let key = AffinityKey {
+            client_addr_be: u32::from_ne_bytes(ip.octets()),
+            service_id: head.service_id,
+        };
+        if let Ok(entry) = map.get(&key, 0) {
+            view.affinity.insert(key, entry);
+        }
+    }
+    view
+}
+
+fn head_key(target: &Target, set: u8) -> FrontendKey {
+    FrontendKey {
+        addr_be: u32::from_ne_bytes(target.ip.octets()),
+        port_be: target.port.to_be(),
+        proto: target.proto,
+        scope: set,
+        slot: 0,
+        _pad1: [0; 2],
+    }
+}
+
+/// The forward conntrack key of the flow, when the source port is known.
+fn ct_key(query: &Query) -> Option<CtKey> {
+    let (ip, Some(port)) = query.src? else {
+        return None;
+    };
+    Some(CtKey {
+        saddr_be: u32::from_ne_bytes(ip.octets()),
+        daddr_be: u32::from_ne_bytes(query.target.ip.octets()),
+        sport_be: port.to_be(),
+        dport_be: query.target.port.to_be(),
+        proto: query.target.proto,
+        dir: ct_dir::FORWARD,
+        _pad: [0; 2],
+    })
+}
+
+fn kind_name(flags: u16) -> &'static str {
+    match flags & ff::KIND_MASK {
+        ff::KIND_NODE_PORT => "NodePort",
+        ff::KIND_LOAD_BALANCER => "LoadBalancer",
+        ff::KIND_EXTERNAL_IP => "ExternalIP",
+        _ => "ClusterIP",
+    }
+}
+
+fn addr_of(backend: &Backend) -> String {
+    backend_addr(backend).to_string()
+}
+
+/// Decides what happens to the flow, as the kernel would.
+pub fn explain(view: &View, query: &Query) -> Explanation {
+    let target = &query.target;
+    let flow = match query.src {
+        Some((ip, Some(port))) => format!("{ip}:{port} -> {target}"),
+        Some((ip, None)) => format!("{ip} -> {target}"),
+        None => format!("-> {target}"),
+    };
+    let mut e = Explanation {
+        flow,
+        scope: query.scope,
+        scope_reason: query.scope_reason.clone(),
+        service: None,
+        service_id: None,
+        kind: None,
+        backend_set: Vec::new(),
+        verdict: Verdict::NotHandled,
+        backend: None,
+        reasons: Vec::new(),
+    };
+    let Some(head) = view.frontends.get(&head_key(target, scope::INTERNAL)).copied() else {
+        e.reasons = no_frontend(view, target);
+        return e;
+    };
+    e.service = Some(view.names.get(&head.service_id).cloned().unwrap_or_default());
+    e.service_id = Some(head.service_id);
+    e.kind = Some(kind_name(head.flags));
+    e.reasons.push(format!(
+        "frontend {target} is {} {} of Service {} (id {})",
+        a_or_an(kind_name(head.flags)),
+        kind_name(head.flags),
+        e.service.as_deref().unwrap_or("?"),
+        head.service_id
+    ));
+    let (set_key, set) = backend_set(view, target, &head, query.scope, &mut e.reasons);
+    if head.flags & ff::TERMINATING_FALLBACK != 0 {
+        e.reasons.push("no endpoint is ready: the set holds serving, terminating endpoints (kube-proxy's fallback)".into());
+    }
+    let slots = slot_backends(view, &set_key, &set);
+    e.backend_set = slots.iter().map(|(_, _, b)| addr_of(b)).collect();
+    if set.backend_count == 0 {
+        empty_set(&mut e, &head, query.scope);
+        return e;
+    }
+    e.verdict = Verdict::Forwarded;
+    if tracked(view, query, &set, &mut e) {
+        return e;
+    }
+    if query.scope == Scope::External && hashed(view, query, &set, &mut e) {
+        return e;
+    }
+    if set.flags & ff::AFFINITY_CLIENT_IP != 0 && affinity(view, query, &set_key, &set, &mut e) {
+        return e;
+    }
+    e.reasons.push(format!(
+        "the first packet of each new flow picks one of the {} backends at random",
+        set.backend_count
+    ));
+    if query.scope == Scope::Internal {
+        e.reasons.push("sockets in the node's own namespace are balanced at connect()/sendmsg() by the socket layer, the same way".into());
+    }
+    e
+}
+
+fn a_or_an(word: &str) -> &'static str {
+    if word.starts_with(['E', 'A', 'I', 'O', 'U']) {
+        "an"
+    } else {
+        "a"
+    }
+}
+
+/// Why no frontend matches.
+fn no_frontend(view: &View, target: &Target) -> Vec<String> {
+    let addr_be = u32::from_ne_bytes(target.ip.octets());
+    let mut others: Vec<(u16, u8)> = view
+        .frontends
+        .keys()
+        .filter(|k| k.addr_be == addr_be && k.slot == 0 && k.scope == scope::INTERNAL)
+        .map(|k| (u16::from_be(k.port_be), k.proto))
+        .collect();
+    others.sort_unstable();
+    let mut reasons = Vec::new();
+    let listed = || {
+        others
+            .iter()
+            .map(|(p, pr)| format!("{p}/{}", proto_name(*pr)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    if others.iter().any(|(p, _)| *p == target.port) {
+        reasons.push(format!(
+            "{}:{} is a frontend over another protocol only ({}), not {}",
+            target.ip,
+            target.port,
+            listed(),
+            proto_name(target.proto)
+        ));
+    } else if !others.is_empty() {
+        reasons.push(format!(
+            "{} is a Service address, but not on port {}/{} (it serves {})",
+            target.ip,
+            target.port,
+            proto_name(target.proto),
+            listed()
+        ));
+    } else {
+        reasons.push(format!(
+            "no frontend at {}: it is not a ClusterIP, NodePort address, LoadBalancer IP or external IP switchboard programmed",
+            target.ip
+        ));
+    }
+    let wanted = target.to_string();
+    for u in view.unprogrammed.iter().filter(|u| u.frontend == wanted) {
+        reasons.push(format!("the agent could not program {} for {}: {}", u.frontend, u.service, u.reason));
+    }
+    reasons.push("the packet is not switchboard's: it goes on untouched, routed as addressed".into());
+    reasons
+}
+
+/// The backend set the flow picks from: the external (local) one for
+/// traffic from outside under `externalTrafficPolicy: Local`, else the
+/// frontend's own.
+fn backend_set(
+    view: &View,
+    target: &Target,
+    head: &Frontend,
+    from: Scope,
+    reasons: &mut Vec<String>,
+) -> (FrontendKey, Frontend) {
+    let internal = (head_key(target, scope::INTERNAL), *head);
+    let local = head.flags & ff::LOCAL_ONLY != 0;
+    match (from, ff::has_external_set(head.flags)) {
+        (Scope::External, true) => {
+            let key = head_key(target, scope::EXTERNAL);
+            let set = view.frontends.get(&key).copied().unwrap_or(Frontend {
+                backend_count: 0,
+                ..*head
+            });
+            reasons.push(format!(
+                "externalTrafficPolicy: Local: traffic from outside gets this node's endpoints only ({} of {}), and keeps its source address",
+                set.backend_count, head.backend_count
+            ));
+            (key, set)
+        }
+        (Scope::Internal, true) => {
+            reasons.push("externalTrafficPolicy: Local applies to traffic from outside only; from pods and this node every endpoint serves".into());
+            internal
+        }
+        (_, false) if local => {
+            reasons.push("internalTrafficPolicy: Local: only this node's endpoints".into());
+            internal
+        }
+        _ => internal,
+    }
+}
+
+/// Slots `1..=count` of a set: (slot, backend id, backend), skipping slots
+/// that name no backend.
+fn slot_backends(view: &View, key: &FrontendKey, set: &Frontend) -> Vec<(u16, u32, Backend)> {
+    (1..=set.backend_count)
+        .filter_map(|slot| {
+            let id = view.frontends.get(&FrontendKey { slot, ..*key })?.backend_id;
+            Some((slot, id, *view.backends.get(&id)?))
+        })
+        .collect()
+}
+
+/// An empty set: rejected, or dropped under a `Local` policy.
+fn empty_set(e: &mut Explanation, head: &Frontend, from: Scope) {
+    let local_clusterip = head.flags & ff::LOCAL_ONLY != 0 && head.flags & ff::KIND_MASK == ff::KIND_CLUSTER_IP;
+    if from == Scope::External && ff::has_external_set(head.flags) && head.backend_count > 0 {
+        e.verdict = Verdict::Dropped;
+        e.reasons.push("no endpoint of the Service runs on this node: traffic from outside is dropped (not rejected), as kube-proxy does; send it to a node that runs one, or use externalTrafficPolicy: Cluster".into());
+    } else if local_clusterip {
+        e.verdict = Verdict::Dropped;
+        e.reasons.push("internalTrafficPolicy: Local and no endpoint on this node: dropped, as kube-proxy does".into());
+    } else {
+        e.verdict = Verdict::Rejected;
+        e.reasons.push("the Service has no endpoints: answered with ICMP port unreachable (the client sees \"connection refused\"), as kube-proxy's REJECT; check its EndpointSlices and its Pods' readiness".into());
+    }
+}
+
+/// A tracked flow whose backend is live keeps it.
+fn tracked(view: &View, query: &Query, set: &Frontend, e: &mut Explanation) -> bool {
+    let Some(key) = ct_key(query) else {
+        return false;
+    };
+    let Some(entry) = view.conntrack.get(&key).filter(|c| c.service_id == set.service_id) else {
+        e.reasons.push("no connection-tracking entry for this exact flow".into());
+        return false;
+    };
+    let age = view.now_ns.saturating_sub(entry.created_ns) as f64 / 1e9;
+    let nat = addr_of(&Backend {
+        addr_be: entry.nat_addr_be,
+        port_be: entry.nat_port_be,
+        proto: query.target.proto,
+        flags: 0,
+    });
+    let live = view
+        .backends
+        .get(&entry.backend_id)
+        .is_some_and(|b| b.addr_be == entry.nat_addr_be && b.port_be == entry.nat_port_be);
+    if !live {
+        e.reasons.push(format!(
+            "tracked flow to {nat} (backend id {}), which has left: an open TCP connection drains to it; a new connection or UDP datagram picks anew",
+            entry.backend_id
+        ));
+        return false;
+    }
+    let mut line = format!("tracked flow (entry {:.0}s old): keeps backend {nat} (id {})", age, entry.backend_id);
+    if entry.flags & ct_flags::CLOSING != 0 {
+        line.push_str("; the connection is closing, so a new SYN from this port picks anew");
+    }
+    if entry.flags & ct_flags::SNAT != 0 {
+        let snat = addr_of(&Backend {
+            addr_be: entry.snat_addr_be,
+            port_be: entry.snat_port_be,
+            proto: query.target.proto,
+            flags: 0,
+        });
+        line.push_str(&format!("; source NATed to {snat} (backend on another node)"));
+    }
+    e.reasons.push(line);
+    e.backend = Some(nat);
+    true
+}
+
+/// Maglev or source hash, computed as `nodeport.rs` does.
+fn hashed(view: &View, query: &Query, set: &Frontend, e: &mut Explanation) -> bool {
+    let algorithm = set.flags & ff::ALGO_MASK;
+    let t = &query.target;
+    let daddr = u32::from_ne_bytes(t.ip.octets());
+    let hash = match (algorithm, query.src) {
+        (ff::ALGO_MAGLEV, Some((ip, Some(port)))) => {
+            hash::flow_hash(u32::from_ne_bytes(ip.octets()), daddr, port.to_be(), t.port.to_be(), t.proto)
+        }
+        (ff::ALGO_MAGLEV, _) => {
+            e.reasons.push("Maglev over the 5-tuple: the backend depends on the source port; give --from IP:PORT to name it".into());
+            return true;
+        }
+        (ff::ALGO_SOURCE_HASH, Some((ip, _))) => hash::source_hash(u32::from_ne_bytes(ip.octets())),
+        (ff::ALGO_SOURCE_HASH, None) => {
+            e.reasons.push("source hash: the backend depends on the client address; give --from IP".into());
+            return true;
+        }
+        _ => return false,
+    };
+    let name = if algorithm == ff::ALGO_MAGLEV { "Maglev (5-tuple)" } else { "source hash" };
+    let Some(table) = view.maglev.get(&set.service_id) else {
+        e.reasons.push(format!("{name} is configured but the Service has no Maglev table: falls back to a random pick"));
+        return false;
+    };
+    let index = (hash % capacity::MAGLEV_TABLE) as usize;
+    let id = table.get(index).copied().unwrap_or(0);
+    match view.backends.get(&id) {
+        Some(b) => {
+            e.reasons.push(format!(
+                "{name}: hash {hash:#010x} -> table entry {index} of {} -> backend id {id} = {}",
+                capacity::MAGLEV_TABLE,
+                addr_of(b)
+            ));
+            e.backend = Some(addr_of(b));
+            true
+        }
+        None => {
+            e.reasons.push(format!("{name}: table entry {index} names backend id {id}, which is gone: falls back to a random pick"));
+            false
+        }
+    }
+}
+
+/// Session affinity, validated as `lb.rs` validates it.
+fn affinity(view: &View, query: &Query, key: &FrontendKey, set: &Frontend, e: &mut Explanation) -> bool {
+    let timeout = set.affinity_timeout_s;
+    let fallback = format!(
+        "sessionAffinity: ClientIP ({timeout}s): the client's first new flow picks at random among {}, later ones stick to that backend",
+        set.backend_count
+    );
+    let Some((ip, _)) = query.src else {
+        e.reasons.push(fallback);
+        return true;
+    };
+    let akey = AffinityKey {
+        client_addr_be: u32::from_ne_bytes(ip.octets()),
+        service_id: set.service_id,
+    };
+    let valid = view.affinity.get(&akey).and_then(|entry| {
+        let idle_ns = view.now_ns.wrapping_sub(entry.last_used_ns);
+        if idle_ns > u64::from(timeout) * 1_000_000_000 || entry.slot == 0 || entry.slot > set.backend_count {
+            return None;
+        }
+        let slot = view.frontends.get(&FrontendKey { slot: entry.slot, ..*key })?;
+        (slot.backend_id == entry.backend_id).then_some(())?;
+        Some((view.backends.get(&entry.backend_id)?, idle_ns))
+    });
+    match valid {
+        Some((b, idle_ns)) => {
+            let idle = idle_ns as f64 / 1e9;
+            e.reasons.push(format!(
+                "sessionAffinity: ClientIP: {ip}'s last new flow went to {} {idle:.0}s ago; it sticks for {:.0}s more",
+                addr_of(b),
+                f64::from(timeout) - idle
+            ));
+            e.backend = Some(addr_of(b));
+        }
+        None => e.reasons.push(fallback),
+    }
+    true
+}
+
+pub fn render(e: &Explanation) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "Flow:      {}", e.flow);
+    let _ = writeln!(
+        out,
+        "From:      {} ({})",
+        match e.scope {
+            Scope::Internal => "inside the node",
+            Scope::External => "outside the node",
+        },
+        e.scope_reason
+    );
+    if let (Some(service), Some(kind)) = (&e.service, e.kind) {
+        let _ = writeln!(out, "Service:   {service} ({kind}, id {})", e.service_id.unwrap_or(0));
+        let set = if e.backend_set.is_empty() {
+            "(none)".to_owned()
+        } else {
+            e.backend_set.join(", ")
+        };
+        let _ = writeln!(out, "Backends:  {set}");
+    }
+    let verdict = match (e.verdict, &e.backend) {
+        (Verdict::Forwarded, Some(b)) => format!("forwarded to {b}"),
+        (Verdict::Forwarded, None) => "forwarded to one of the backends".to_owned(),
+        (Verdict::Dropped, _) => "DROPPED".to_owned(),
+        (Verdict::Rejected, _) => "REJECTED (ICMP port unreachable)".to_owned(),
+        (Verdict::NotHandled, _) => "NOT HANDLED (no frontend)".to_owned(),
+    };
+    let _ = writeln!(out, "Verdict:   {verdict}");
+    let _ = writeln!(out, "Why:");
+    for (i, r) in e.reasons.iter().enumerate() {
+        let _ = writeln!(out, "  {}. {r}", i + 1);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SVC: u32 = 7;
+
+    fn target(s: &str) -> Target {
+        parse_target(s).expect("target")
+    }
+
+    fn be(ip: [u8; 4], port: u16) -> Backend {
+        Backend {
+            addr_be: u32::from_ne_bytes(ip),
+            port_be: port.to_be(),
+            proto: proto::TCP,
+            flags: 0,
+        }
+    }
+
+    /// A view with frontend `t` holding backends ids 1..=n (10.244.i.2:8080)
+    /// and `flags`.
+    fn view(t: &Target, n: u16, flags: u16) -> View {
+        let mut v = View::default();
+        let key = head_key(t, scope::INTERNAL);
+        v.frontends.insert(
+            key,
+            Frontend {
+                service_id: SVC,
+                backend_count: n,
+                flags,
+                affinity_timeout_s: 60,
+                ..Frontend::default()
+            },
+        );
+        for i in 1..=n {
+            v.frontends.insert(
+                FrontendKey { slot: i, ..key },
+                Frontend {
+                    backend_id: u32::from(i),
+                    service_id: SVC,
+                    ..Frontend::default()
+                },
+            );
+            v.backends.insert(u32::from(i), be([10, 244, i as u8, 2], 8080));
+        }
+        v.names.insert(SVC, "demo/echo:http".into());
+        v.now_ns = 100_000_000_000;
+        v
+    }
+
+    fn query(t: Target, src: Option<(Ipv4Addr, Option<u16>)>, scope: Scope) -> Query {
+        Query {
+            target: t,
+            src,
+            scope,
+            scope_reason: "test".into(),
+        }
+    }
+
+    #[test]
+    fn parses_targets_and_sources() {
+        assert_eq!(
+            parse_target("10.96.0.10:53/udp"),
+            Ok(Target {
+                ip: Ipv4Addr::new(10, 96, 0, 10),
+                port: 53,
+                proto: proto::UDP
+            })
+        );
+        assert_eq!(target("10.96.0.10:80").proto, proto::TCP);
+        assert!(parse_target("10.96.0.10:80/SCTP").is_err());
+        assert!(parse_target("10.96.0.10").is_err());
+        assert_eq!(parse_source("10.0.0.1"), Ok((Ipv4Addr::new(10, 0, 0, 1), None)));
+        assert_eq!(parse_source("10.0.0.1:4000"), Ok((Ipv4Addr::new(10, 0, 0, 1), Some(4000))));
+        assert!(parse_source("x").is_err());
+    }
+
+    #[test]
+    fn no_frontend_other_port_and_other_protocol_are_told_apart() {
+        let t = target("10.96.0.10:80/TCP");
+        let v = view(&t, 2, 0);
+        let e = explain(&v, &query(target("10.96.0.99:80"), None, Scope::Internal));
+        assert_eq!(e.verdict, Verdict::NotHandled);
+        assert!(e.reasons[0].contains("no frontend at 10.96.0.99"), "{:?}", e.reasons);
+        let e = explain(&v, &query(target("10.96.0.10:81"), None, Scope::Internal));
+        assert!(e.reasons[0].contains("not on port 81/TCP (it serves 80/TCP)"), "{:?}", e.reasons);
+        let e = explain(&v, &query(target("10.96.0.10:80/UDP"), None, Scope::Internal));
+        assert!(e.reasons[0].contains("another protocol only (80/TCP), not UDP"), "{:?}", e.reasons);
+        let mut v = v;
+        v.unprogrammed.push(UnprogrammedService {
+            service: "demo/big:http".into(),
+            frontend: "10.96.0.99:80/TCP".into(),
+            reason: "frontend map full".into(),
+        });
+        let e = explain(&v, &query(target("10.96.0.99:80"), None, Scope::Internal));
+        assert!(e.reasons[1].contains("frontend map full"), "{:?}", e.reasons);
+    }
+
+    #[test]
+    fn empty_sets_are_rejected_or_dropped_as_the_kernel_does() {
+        let t = target("10.96.0.10:80");
+        let e = explain(&view(&t, 0, 0), &query(t, None, Scope::Internal));
+        assert_eq!(e.verdict, Verdict::Rejected);
+        let local_cip = ff::LOCAL_ONLY | ff::KIND_CLUSTER_IP;
+        let e = explain(&view(&t, 0, local_cip), &query(t, None, Scope::Internal));
+        assert_eq!(e.verdict, Verdict::Dropped);
+        // externalTrafficPolicy: Local, endpoints elsewhere only.
+        let flags = ff::LOCAL_ONLY | ff::KIND_NODE_PORT;
+        let mut v = view(&t, 2, flags);
+        v.frontends.insert(
+            head_key(&t, scope::EXTERNAL),
+            Frontend {
+                service_id: SVC,
+                backend_count: 0,
+                flags,
+                ..Frontend::default()
+            },
+        );
+        let outside = query(t, Some((Ipv4Addr::new(192, 0, 2, 9), Some(5000))), Scope::External);
+        let e = explain(&v, &outside);
+        assert_eq!(e.verdict, Verdict::Dropped);
+        assert!(e.reasons.iter().any(|r| r.contains("no endpoint of the Service runs on this node")), "{:?}", e.reasons);
+        let e = explain(&v, &query(t, None, Scope::Internal));
+        assert_eq!(e.verdict, Verdict::Forwarded);
+        assert_eq!(e.backend_set.len(), 2);
+    }
+
+    #[test]
+    fn maglev_and_source_hash_name_the_backend_the_table_gives() {
+        let t = target("203.0.113.10:80");
+        let src = Ipv4Addr::new(192, 0, 2, 9);
+        let mut v = view(&t, 3, ff::ALGO_MAGLEV | ff::KIND_LOAD_BALANCER);
+        let table: Vec<u32> = (0..capacity::MAGLEV_TABLE).map(|i| i % 3 + 1).collect();
+        v.maglev.insert(SVC, table);
+        let hash = hash::flow_hash(
+            u32::from_ne_bytes(src.octets()),
+            u32::from_ne_bytes(t.ip.octets()),
+            40000u16.to_be(),
+            80u16.to_be(),
+            proto::TCP,
+        );
+        let expected_id = (hash % capacity::MAGLEV_TABLE) % 3 + 1;
+        let e = explain(&v, &query(t, Some((src, Some(40000))), Scope::External));
+        assert_eq!(e.backend, Some(format!("10.244.{expected_id}.2:8080")), "{:?}", e.reasons);
+        // Without the source port the pick cannot be named.
+        let e = explain(&v, &query(t, Some((src, None)), Scope::External));
+        assert_eq!((e.verdict, e.backend), (Verdict::Forwarded, None));
+        // From inside the node the pick is random whatever the algorithm.
+        let e = explain(&v, &query(t, Some((src, Some(40000))), Scope::Internal));
+        assert!(e.backend.is_none() && e.reasons.last().is_some_and(|r| r.contains("socket layer")));
+        // Source hash: the client address alone.
+        let mut v = v;
+        if let Some(head) = v.frontends.get_mut(&head_key(&t, scope::INTERNAL)) {
+            head.flags = ff::ALGO_SOURCE_HASH | ff::KIND_LOAD_BALANCER;
+        }
+        let id = (hash::source_hash(u32::from_ne_bytes(src.octets())) % capacity::MAGLEV_TABLE) % 3 + 1;
+        let e = explain(&v, &query(t, Some((src, None)), Scope::External));
+        assert_eq!(e.backend, Some(format!("10.244.{id}.2:8080")));
+    }
+
+    #[test]
+    fn a_tracked_flow_and_a_valid_affinity_entry_name_the_backend() {
+        let t = target("10.96.0.10:80");
+        let src = Ipv4Addr::new(10, 244, 100, 2);
+        let mut v = view(&t, 3, ff::AFFINITY_CLIENT_IP);
+        let q = query(t, Some((src, Some(40000))), Scope::Internal);
+        let key = ct_key(&q).expect("key");
+        let b2 = be([10, 244, 2, 2], 8080);
+        v.conntrack.insert(
+            key,
+            CtEntry {
+                backend_id: 2,
+                service_id: SVC,
+                nat_addr_be: b2.addr_be,
+                nat_port_be: b2.port_be,
+                created_ns: v.now_ns - 5_000_000_000,
+                ..CtEntry::default()
+            },
+        );
+        let e = explain(&v, &q);
+        assert_eq!(e.backend.as_deref(), Some("10.244.2.2:8080"));
+        assert!(e.reasons.iter().any(|r| r.contains("tracked flow (entry 5s old)")), "{:?}", e.reasons);
+        // Another port: no conntrack entry, but affinity names slot 3's backend.
+        let q = query(t, Some((src, Some(40001))), Scope::Internal);
+        v.affinity.insert(
+            AffinityKey {
+                client_addr_be: u32::from_ne_bytes(src.octets()),
+                service_id: SVC,
+            },
+            AffinityEntry {
+                backend_id: 3,
+                slot: 3,
+                last_used_ns: v.now_ns - 10_000_000_000,
+                ..AffinityEntry::default()
+            },
+        );
+        let e = explain(&v, &q);
+        assert_eq!(e.backend.as_deref(), Some("10.244.3.2:8080"), "{:?}", e.reasons);
+        // Expired (timeout 60 s): a random pick, said as such.
+        v.now_ns += 120_000_000_000;
+        let e = explain(&v, &q);
+        assert_eq!(e.backend, None);
+        assert!(e.reasons.last().is_some_and(|r| r.contains("first new flow picks at random among 3")));
+        let text = render(&e);
+        assert!(text.contains("Service:   demo/echo:http (ClusterIP, id 7)"), "{text}");
+        assert!(text.contains("forwarded to one of the backends"), "{text}");
+    }
+
+    #[test]
+    fn sources_are_internal_when_local_or_routed_via_a_pod_interface() {
+        let net = hooks::NetView {
+            interfaces: vec![
+                hooks::IfaceHooks {
+                    name: "veth1".into(),
+                    index: 5,
+                    pod: true,
+                    ..Default::default()
+                },
+                hooks::IfaceHooks {
+                    name: "eth0".into(),
+                    index: 2,
+                    ..Default::default()
+                },
+            ],
+            routes: vec![
+                hooks::Route4 {
+                    dst: Ipv4Addr::new(10, 244, 1, 0),
+                    prefix: 24,
+                    oif: 5,
+                },
+                hooks::Route4 {
+                    dst: Ipv4Addr::UNSPECIFIED,
+                    prefix: 0,
+                    oif: 2,
+                },
+            ],
+            addresses: vec![Ipv4Addr::new(192, 168, 1, 5)],
+        };
+        assert_eq!(classify_source(&net, Ipv4Addr::new(10, 244, 1, 2)).0, Scope::Internal);
+        assert_eq!(classify_source(&net, Ipv4Addr::new(192, 168, 1, 5)).0, Scope::Internal);
+        assert_eq!(classify_source(&net, Ipv4Addr::new(8, 8, 8, 8)).0, Scope::External);
+    }
+}

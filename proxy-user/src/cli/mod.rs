@@ -1,0 +1,235 @@
+//! The operator CLI: `services`, `stats`, `status`, `explain`, `conntrack`,
+//! `doctor` and `cleanup`. Each reads the pinned maps (and the agent's
+//! status file, the network namespace it runs in, the source) directly, so
+//! it works whether or not an agent runs.
+//!
+//! Exit status of `status`, `doctor` and `explain`: 0 when all is well (for
+//! `explain`: the flow reaches a backend), 1 when a problem is listed (the
+//! flow is dropped, rejected or not handled), or when the command itself
+//! failed; clap's usage errors exit 2.
+use std::{
+    io::Write as _,
+    net::Ipv4Addr,
+    path::{Path, PathBuf},
+};
+
+mod agent_proc;
+mod cleanup;
+mod conntrack;
+mod desired;
+mod doctor;
+mod explain;
+mod hooks;
+mod kube_proxy;
+mod services;
+mod stats;
+mod status;
+mod table;
+
+pub use agent_proc::{agent_process, AgentProcess};
+pub use cleanup::{cleanup, CleanupReport};
+pub use services::{read_services, render_status, render_table, services, BackendRow, ServiceRow};
+pub use stats::{read_stats, render_stats, stats, MapFill, StatsReport};
+
+/// Where the agent pins its maps unless told otherwise.
+pub const DEFAULT_PIN_ROOT: &str = "/sys/fs/bpf/switchboard";
+
+/// What every command takes: the pin root and the output format.
+#[derive(clap::Args, Clone, Debug)]
+pub struct Common {
+    /// Where the agent pinned its maps.
+    #[arg(long, default_value = DEFAULT_PIN_ROOT, env = "SWITCHBOARD_PIN_ROOT")]
+    pub pin_root: PathBuf,
+    /// `table` for people, `json` for scripts.
+    #[arg(short, long, value_enum, default_value_t = Output::Table)]
+    pub output: Output,
+}
+
+/// The subcommands that read (or clean up) what an agent programmed.
+#[derive(clap::Subcommand)]
+pub enum Command {
+    /// Print every frontend and its backends from the pinned maps.
+    Services {
+        /// Where the agent pinned its maps.
+        #[arg(long, default_value = DEFAULT_PIN_ROOT, env = "SWITCHBOARD_PIN_ROOT")]
+        pin_root: std::path::PathBuf,
+        /// `table` for people, `json` for scripts.
+        #[arg(short, long, value_enum, default_value_t = Output::Table)]
+        output: Output,
+    },
+    /// Print the data path's counters (summed over CPUs) and map fill levels.
+    Stats {
+        /// Where the agent pinned its maps.
+        #[arg(long, default_value = DEFAULT_PIN_ROOT, env = "SWITCHBOARD_PIN_ROOT")]
+        pin_root: std::path::PathBuf,
+        /// `table` for people, `json` for scripts.
+        #[arg(short, long, value_enum, default_value_t = Output::Table)]
+        output: Output,
+    },
+    /// One screen on the node: the agent (running? version, source, node,
+    /// uptime), the interfaces and their programs (what the agent says it
+    /// attached against what is attached in this network namespace), map
+    /// fill, the last sync, and problems. Exits 1 when a problem is listed.
+    Status {
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Explain what happens to a flow to IP:PORT/PROTO: which frontend
+    /// matches, which backend the flow gets and why (conntrack, session
+    /// affinity, Maglev or source hash computed as the kernel does, or a
+    /// random pick), the traffic policy in force, or why nothing matches.
+    /// Exits 0 when the flow reaches a backend, 1 when it does not.
+    Explain {
+        /// The destination: `10.96.0.10:80/TCP` (`/TCP` when left out; `UDP`
+        /// too; case does not matter).
+        #[arg(value_name = "IP:PORT/PROTO", value_parser = explain::parse_target)]
+        target: explain::Target,
+        /// The client: `IP[:PORT]` (the port is needed to name a conntrack
+        /// entry or a Maglev pick). It counts as internal (a pod or this
+        /// node) when it is an address of this network namespace or the
+        /// route to it leaves through a pod interface (a veth whose peer is
+        /// in another namespace, and not one of the agent's uplinks); any
+        /// other source reaches the node through an uplink and counts as external (externalTrafficPolicy and the
+        /// Service's algorithm apply). Without --from: a pod of this node.
+        #[arg(long, value_name = "IP[:PORT]", value_parser = explain::parse_source)]
+        from: Option<(Ipv4Addr, Option<u16>)>,
+        /// Overrides the rule above: `internal` (from a pod or this node) or
+        /// `external` (arrived on an uplink).
+        #[arg(long, value_enum)]
+        scope: Option<explain::Scope>,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// List or flush connection-tracking entries.
+    Conntrack {
+        #[command(subcommand)]
+        action: conntrack::Action,
+    },
+    /// Check the usual causes of "my Service does not answer": a Service
+    /// without endpoints, a selector that matches no Pod, the agent not
+    /// running, rules missing (programs not attached, maps that differ from
+    /// what the source asks for), and kube-proxy leftovers. Each finding
+    /// says what to do. Exits 1 when something is wrong.
+    Doctor {
+        /// Kubeconfig for the Pod and Service lookups (default: the one the
+        /// agent was given, then in-cluster / KUBECONFIG / ~/.kube/config).
+        #[arg(long)]
+        kubeconfig: Option<PathBuf>,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Detach everything switchboard attached in this network namespace and
+    /// cgroup (pinned TCX, XDP and cgroup links; netlink clsact filters and
+    /// XDP programs of switchboard's), unpin every map, remove the pin
+    /// directory and the status file. Refuses while an agent runs.
+    Cleanup {
+        /// Also remove kube-proxy's leftovers in this network namespace: its
+        /// `KUBE-*` iptables chains (filter, nat, mangle; the jumps to them
+        /// from the built-in chains first) and its nftables tables (`ip
+        /// kube-proxy`, `ip6 kube-proxy`).
+        #[arg(long)]
+        kube_proxy: bool,
+        /// Clean up even while an agent holds the pin root (it keeps
+        /// running with nothing attached until it restarts).
+        #[arg(long)]
+        force: bool,
+        #[command(flatten)]
+        common: Common,
+    },
+}
+
+/// How a command prints.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Output {
+    Table,
+    Json,
+}
+
+/// What a command printed, and whether it found something wrong.
+pub struct Done {
+    pub text: String,
+    pub failed: bool,
+}
+
+impl Done {
+    fn ok(text: String) -> Self {
+        Self {
+            text,
+            failed: false,
+        }
+    }
+}
+
+/// Runs one of the CLI's subcommands, printing to stdout; exits 1 when the
+/// command found a problem (see the module documentation).
+pub fn run(command: Command) -> anyhow::Result<()> {
+    let done = match command {
+        Command::Services { pin_root, output } => Done::ok(services(&pin_root, output == Output::Json)?),
+        Command::Stats { pin_root, output } => Done::ok(stats(&pin_root, output == Output::Json)?),
+        Command::Status { common } => status::run(&common)?,
+        Command::Explain {
+            target,
+            from,
+            scope,
+            common,
+        } => explain::run(&common, target, from, scope)?,
+        Command::Conntrack { action } => conntrack::run(action)?,
+        Command::Doctor { kubeconfig, common } => doctor::run(&common, kubeconfig)?,
+        Command::Cleanup {
+            kube_proxy,
+            force,
+            common,
+        } => cleanup::run(&common, kube_proxy, force)?,
+    };
+    print!("{}", done.text);
+    std::io::stdout().flush()?;
+    if done.failed {
+        std::process::exit(1);
+    }
+    Ok(())
+}
+
+/// `switchboard agent --cleanup` (kube-proxy's flag): what `switchboard
+/// cleanup` does for switchboard's own state, printed as a table.
+pub fn cleanup_for_agent_flag(pin_root: &Path) -> anyhow::Result<()> {
+    let report = cleanup(pin_root, false, false)?;
+    print!("{}", cleanup::render(&report));
+    std::io::stdout().flush()?;
+    Ok(())
+}
+
+/// Runs `future` on a small runtime of its own (netlink, the Kubernetes
+/// client).
+fn block_on<F: std::future::Future>(future: F) -> anyhow::Result<F::Output> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| anyhow::anyhow!("starting the async runtime: {e}"))?;
+    Ok(runtime.block_on(future))
+}
+
+/// Seconds since the epoch.
+fn now_unix_s() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// `CLOCK_MONOTONIC` in nanoseconds: the clock `bpf_ktime_get_ns()` reads,
+/// which conntrack and affinity entries are stamped with.
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec; CLOCK_MONOTONIC always exists.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    if rc != 0 {
+        return 0;
+    }
+    (ts.tv_sec as u64).saturating_mul(1_000_000_000) + ts.tv_nsec as u64
+}
+
+fn to_json<T: serde::Serialize>(value: &T) -> anyhow::Result<String> {
+    Ok(serde_json::to_string_pretty(value)? + "\n")
+}

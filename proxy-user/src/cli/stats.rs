@@ -1,0 +1,126 @@
+//! `switchboard stats`: the data path's counters and how full each map is.
+use std::{collections::BTreeMap, fmt::Write as _, path::Path};
+
+use aya::maps::IterableMap as _;
+use serde::Serialize;
+
+use crate::maps::PinnedMaps;
+
+/// What `switchboard stats` reports.
+#[derive(Debug, Serialize, PartialEq, Eq)]
+pub struct StatsReport {
+    /// Global counters by name (see `proxy_common::stat`).
+    pub counters: BTreeMap<&'static str, u64>,
+    pub maps: Vec<MapFill>,
+}
+
+/// How full a map is.
+#[derive(Debug, Serialize, PartialEq, Eq)]
+pub struct MapFill {
+    pub map: &'static str,
+    pub entries: usize,
+    pub capacity: u32,
+}
+
+fn fill(map: &'static str, entries: usize, capacity: u32) -> MapFill {
+    MapFill {
+        map,
+        entries,
+        capacity,
+    }
+}
+
+/// Reads the counters and how full the hash maps are (counting entries walks
+/// each map: fine for an on-call look, not for a hot loop).
+pub fn read_stats(maps: &PinnedMaps) -> StatsReport {
+    let capacity =
+        |info: Result<aya::maps::MapInfo, aya::maps::MapError>| info.map_or(0, |i| i.max_entries());
+    StatsReport {
+        counters: maps.global_stats().into_iter().collect(),
+        maps: vec![
+            fill(
+                proxy_common::names::FRONTENDS,
+                maps.frontends.keys().filter(Result::is_ok).count(),
+                capacity(maps.frontends.map().info()),
+            ),
+            fill(
+                proxy_common::names::BACKENDS,
+                maps.backends.keys().filter(Result::is_ok).count(),
+                capacity(maps.backends.map().info()),
+            ),
+            fill(
+                proxy_common::names::CONNTRACK,
+                maps.conntrack_len(),
+                capacity(maps.conntrack.map().info()),
+            ),
+            fill(
+                proxy_common::names::REVNAT,
+                maps.revnat.keys().filter(Result::is_ok).count(),
+                capacity(maps.revnat.map().info()),
+            ),
+            fill(
+                proxy_common::names::SOCKETS,
+                maps.sockets_len(),
+                capacity(maps.sockets.map().info()),
+            ),
+            fill(
+                proxy_common::names::FRAGMENTS,
+                maps.fragments.keys().filter(Result::is_ok).count(),
+                capacity(maps.fragments.map().info()),
+            ),
+        ],
+    }
+}
+
+pub fn render_stats(report: &StatsReport) -> String {
+    let mut out = String::new();
+    let width = report.counters.keys().map(|k| k.len()).max().unwrap_or(0);
+    let _ = writeln!(out, "COUNTERS");
+    for (name, value) in &report.counters {
+        let _ = writeln!(out, "  {name:<width$}  {value}");
+    }
+    let _ = writeln!(out, "MAPS");
+    for m in &report.maps {
+        let percent = if m.capacity == 0 {
+            0.0
+        } else {
+            m.entries as f64 * 100.0 / f64::from(m.capacity)
+        };
+        let _ = writeln!(
+            out,
+            "  {:<14}  {:>8} / {:<8} ({percent:.1}% full)",
+            m.map, m.entries, m.capacity
+        );
+    }
+    out
+}
+
+/// Runs `switchboard stats`.
+pub fn stats(pin_root: &Path, json: bool) -> anyhow::Result<String> {
+    let maps = PinnedMaps::open(pin_root)?;
+    let report = read_stats(&maps);
+    if json {
+        Ok(serde_json::to_string_pretty(&report)? + "\n")
+    } else {
+        Ok(render_stats(&report))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stats_show_counters_and_how_full_each_map_is() {
+        let report = StatsReport {
+            counters: [("forwarded", 10u64), ("malformed", 1)]
+                .into_iter()
+                .collect(),
+            maps: vec![fill("SB_FE_V1", 16384, 65536)],
+        };
+        let text = render_stats(&report);
+        assert!(text.contains("forwarded"));
+        assert!(text.contains("16384 / 65536"));
+        assert!(text.contains("25.0% full"));
+    }
+}

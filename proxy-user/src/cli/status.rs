@@ -1,0 +1,386 @@
+//! `switchboard status`: one screen on the agent, what is attached, how
+//! full the maps are, the last sync, and what is wrong.
+use std::{fmt::Write as _, path::Path};
+
+use proxy_common::{names, programs};
+use serde::Serialize;
+
+use super::{
+    agent_process, hooks, read_stats,
+    table::{human_duration, Table},
+    AgentProcess, Common, Done, MapFill, Output,
+};
+use crate::{maps::PinnedMaps, status::AgentStatus};
+
+/// Maps whose running full loses Services (the LRU ones evict instead).
+const NOT_LRU: [&str; 3] = [names::FRONTENDS, names::BACKENDS, names::REVNAT];
+/// A non-LRU map this full is a problem.
+const FULL_PERCENT: f64 = 90.0;
+
+/// Everything `status` shows.
+#[derive(Debug, Serialize)]
+pub struct StatusReport {
+    pub pin_root: String,
+    pub agent: AgentProcess,
+    /// The agent's status file, if one was ever written for this pin root.
+    pub status: Option<AgentStatus>,
+    pub uptime_s: Option<u64>,
+    pub last_sync_age_s: Option<u64>,
+    pub interfaces: Vec<InterfaceRow>,
+    pub pinned_links: Vec<hooks::LinkPin>,
+    /// `None` when no maps are pinned.
+    pub maps: Option<Vec<MapFill>>,
+    pub problems: Vec<String>,
+}
+
+/// One interface the agent attached to, or should have.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct InterfaceRow {
+    pub name: String,
+    pub index: u32,
+    /// `pod` or `uplink`.
+    pub role: String,
+    /// The hooks it should carry, e.g. `tcx ingress sb_from_pod`.
+    pub expected: Vec<String>,
+    /// What is attached there now.
+    pub attached: String,
+    /// Expected hooks that are not attached.
+    pub missing: Vec<String>,
+    /// The interface is no longer in this namespace.
+    pub gone: bool,
+}
+
+pub fn run(common: &Common) -> anyhow::Result<Done> {
+    let report = gather(&common.pin_root)?;
+    let failed = !report.problems.is_empty();
+    let text = match common.output {
+        Output::Json => super::to_json(&report)?,
+        Output::Table => render(&report),
+    };
+    Ok(Done { text, failed })
+}
+
+fn gather(pin_root: &Path) -> anyhow::Result<StatusReport> {
+    let status = crate::status::read(pin_root);
+    let agent = agent_process(pin_root, status.as_ref());
+    let net = super::block_on(async {
+        let mut handle = hooks::connect()?;
+        hooks::inspect(&mut handle).await
+    })??;
+    let maps = PinnedMaps::open(pin_root).ok();
+    let fills = maps.as_ref().map(|m| read_stats(m).maps);
+    let interfaces = if maps.is_some() || status.is_some() {
+        interface_rows(status.as_ref(), &net.interfaces)
+    } else {
+        Vec::new()
+    };
+    let now = super::now_unix_s();
+    let mut report = StatusReport {
+        pin_root: pin_root.display().to_string(),
+        uptime_s: status
+            .as_ref()
+            .filter(|s| s.started_unix_s > 0 && agent.alive)
+            .map(|s| now.saturating_sub(s.started_unix_s)),
+        last_sync_age_s: status
+            .as_ref()
+            .filter(|s| s.last_sync_unix_s > 0)
+            .map(|s| now.saturating_sub(s.last_sync_unix_s)),
+        pinned_links: hooks::pinned_links(pin_root),
+        agent,
+        status,
+        interfaces,
+        maps: fills,
+        problems: Vec::new(),
+    };
+    report.problems = problems(&report);
+    Ok(report)
+}
+
+/// The expected hooks of a pod interface.
+fn pod_hooks() -> Vec<String> {
+    vec![
+        format!("tcx ingress {}", programs::TC_FROM_POD),
+        format!("tcx egress {}", programs::TC_TO_POD),
+    ]
+}
+
+/// The interfaces the agent says it attached to, and every pod interface
+/// of this namespace, each with what it should carry and what it carries.
+pub fn interface_rows(status: Option<&AgentStatus>, actual: &[hooks::IfaceHooks]) -> Vec<InterfaceRow> {
+    let listed = status.map(|s| s.interfaces.as_slice()).unwrap_or_default();
+    let mut rows: Vec<InterfaceRow> = listed
+        .iter()
+        .map(|i| {
+            let now = actual.iter().find(|a| a.index == i.index && a.name == i.name);
+            row(&i.name, i.index, &i.role, i.hooks.clone(), now)
+        })
+        .collect();
+    let uplink = |index: u32| listed.iter().any(|i| i.index == index && i.role == "uplink");
+    for iface in actual.iter().filter(|a| a.pod && !uplink(a.index)) {
+        if rows.iter().any(|r| r.index == iface.index) {
+            continue;
+        }
+        rows.push(row(&iface.name, iface.index, "pod", pod_hooks(), Some(iface)));
+    }
+    rows.sort_by(|a, b| (a.role != "uplink", &a.name).cmp(&(b.role != "uplink", &b.name)));
+    rows
+}
+
+fn row(name: &str, index: u32, role: &str, expected: Vec<String>, now: Option<&hooks::IfaceHooks>) -> InterfaceRow {
+    let missing = match now {
+        Some(iface) => expected.iter().filter(|h| !hook_present(iface, h)).cloned().collect(),
+        None => Vec::new(),
+    };
+    InterfaceRow {
+        name: name.to_owned(),
+        index,
+        role: role.to_owned(),
+        attached: now.map_or_else(|| "(interface gone)".to_owned(), hooks::IfaceHooks::summary),
+        expected,
+        missing,
+        gone: now.is_none(),
+    }
+}
+
+/// Whether a hook named as the status file names them (`tcx ingress
+/// sb_from_pod`, `tc egress sb_to_pod`, `xdp native sb_xdp_uplink`) is
+/// attached; TCX and netlink count alike (the agent falls back between them).
+pub fn hook_present(iface: &hooks::IfaceHooks, hook: &str) -> bool {
+    let words: Vec<&str> = hook.split_whitespace().collect();
+    match words.as_slice() {
+        ["xdp", _, program] => iface.has_xdp(program),
+        ["tcx" | "tc", "ingress", program] => iface.has_tc(program, true),
+        ["tcx" | "tc", "egress", program] => iface.has_tc(program, false),
+        _ => true,
+    }
+}
+
+fn problems(report: &StatusReport) -> Vec<String> {
+    let mut found = Vec::new();
+    match (&report.status, report.agent.alive) {
+        (_, true) => {}
+        (None, false) => found.push(format!(
+            "no agent runs for pin root {} (no lock held, no status file): start `switchboard agent`",
+            report.pin_root
+        )),
+        (Some(_), false) => found.push(format!(
+            "the agent (pid {}) is not running: the programs keep forwarding with the pinned maps, but nothing follows Service changes; start it again",
+            report.agent.pid.unwrap_or(0)
+        )),
+    }
+    if report.maps.is_none() {
+        found.push(format!("no switchboard maps are pinned under {}", report.pin_root));
+    }
+    for m in report.maps.iter().flatten() {
+        let percent = fill_percent(m);
+        if NOT_LRU.contains(&m.map) && percent >= FULL_PERCENT {
+            found.push(format!(
+                "map {} is {percent:.0}% full ({} of {}): raise its capacity (agent --max-* flags)",
+                m.map, m.entries, m.capacity
+            ));
+        }
+    }
+    for row in report.interfaces.iter().filter(|r| !r.missing.is_empty()) {
+        found.push(format!(
+            "{} ({}): not attached: {}",
+            row.name,
+            row.role,
+            row.missing.join(", ")
+        ));
+    }
+    if let Some(status) = &report.status {
+        for u in &status.unprogrammed {
+            found.push(format!("not programmed: {} {}: {}", u.service, u.frontend, u.reason));
+        }
+        for w in &status.warnings {
+            found.push(format!("input: {w}"));
+        }
+    }
+    found
+}
+
+fn fill_percent(m: &MapFill) -> f64 {
+    if m.capacity == 0 {
+        0.0
+    } else {
+        m.entries as f64 * 100.0 / f64::from(m.capacity)
+    }
+}
+
+pub fn render(report: &StatusReport) -> String {
+    let mut out = String::new();
+    render_agent(&mut out, report);
+    let _ = writeln!(out, "\nINTERFACES");
+    if report.interfaces.is_empty() {
+        let _ = writeln!(out, "  (none)");
+    } else {
+        let mut t = Table::new(&["NAME", "IFINDEX", "ROLE", "STATE", "ATTACHED"]).indent(2).right(1);
+        for r in &report.interfaces {
+            let state = if r.gone {
+                "gone".to_owned()
+            } else if r.missing.is_empty() {
+                "ok".to_owned()
+            } else {
+                format!("MISSING {}", r.missing.join(", "))
+            };
+            t.push(vec![r.name.clone(), r.index.to_string(), r.role.clone(), state, r.attached.clone()]);
+        }
+        out.push_str(&t.render());
+    }
+    let cgroup_links = report.pinned_links.iter().filter(|l| l.kind == "cgroup").count();
+    let _ = writeln!(
+        out,
+        "  pinned links: {} ({} socket-layer)",
+        report.pinned_links.len(),
+        cgroup_links
+    );
+    render_maps(&mut out, report);
+    let _ = writeln!(out, "\nPROBLEMS ({})", report.problems.len());
+    if report.problems.is_empty() {
+        let _ = writeln!(out, "  none");
+    }
+    for p in &report.problems {
+        let _ = writeln!(out, "  - {p}");
+    }
+    out
+}
+
+fn render_agent(out: &mut String, report: &StatusReport) {
+    let agent = &report.agent;
+    let state = match (agent.alive, agent.pid) {
+        (true, Some(pid)) => format!("running (pid {pid})"),
+        (false, Some(pid)) => format!("NOT RUNNING (last pid {pid})"),
+        _ => "NOT RUNNING (never ran with this pin root)".to_owned(),
+    };
+    let mut t = Table::new(&["", ""]);
+    t.push(vec!["Agent:".into(), state]);
+    if let Some(s) = &report.status {
+        let or_dash = |v: &str| if v.is_empty() { "-".to_owned() } else { v.to_owned() };
+        t.push(vec!["Version:".into(), or_dash(&s.version)]);
+        t.push(vec!["Uptime:".into(), report.uptime_s.map_or("-".into(), |u| human_duration(u as f64))]);
+        t.push(vec!["Source:".into(), or_dash(&s.source)]);
+        t.push(vec!["Node:".into(), or_dash(&s.node_name)]);
+        t.push(vec!["Proxy name:".into(), s.proxy_name.clone().unwrap_or_else(|| "-".into())]);
+        t.push(vec!["LB algorithm:".into(), or_dash(&s.lb_algorithm)]);
+        let sync = match report.last_sync_age_s {
+            Some(age) => format!(
+                "{} ago, took {:.1} ms; {} frontends desired, {} not programmed",
+                human_duration(age as f64),
+                s.last_sync_us as f64 / 1e3,
+                s.frontends_desired,
+                s.unprogrammed.len()
+            ),
+            None => "-".into(),
+        };
+        t.push(vec!["Last sync:".into(), sync]);
+        t.push(vec![
+            "Socket LB:".into(),
+            s.socket_lb_cgroup.clone().map_or("off".into(), |c| format!("cgroup {c}")),
+        ]);
+        t.push(vec!["Healthz:".into(), or_dash(&s.healthz_bind)]);
+        t.push(vec!["Metrics:".into(), or_dash(&s.metrics_bind)]);
+    }
+    t.push(vec!["Pin root:".into(), report.pin_root.clone()]);
+    // The header row is empty: skip it.
+    for line in t.render().lines().skip(1) {
+        let _ = writeln!(out, "{line}");
+    }
+}
+
+fn render_maps(out: &mut String, report: &StatusReport) {
+    let _ = writeln!(out, "\nMAPS");
+    let Some(maps) = &report.maps else {
+        let _ = writeln!(out, "  (not pinned)");
+        return;
+    };
+    let mut t = Table::new(&["MAP", "ENTRIES", "CAPACITY", "FULL"]).indent(2).right(1).right(2).right(3);
+    for m in maps {
+        t.push(vec![
+            m.map.to_owned(),
+            m.entries.to_string(),
+            m.capacity.to_string(),
+            format!("{:.1}%", fill_percent(m)),
+        ]);
+    }
+    out.push_str(&t.render());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::status::AttachedInterface;
+
+    fn iface(name: &str, index: u32, pod: bool) -> hooks::IfaceHooks {
+        hooks::IfaceHooks {
+            name: name.into(),
+            index,
+            pod,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_pod_veth_without_programs_is_missing_both_and_an_uplink_its_xdp() {
+        let mut p1 = iface("p1", 4, true);
+        p1.tcx_ingress = vec!["sb_from_pod".into()];
+        p1.tcx_egress = vec!["sb_to_pod".into()];
+        let p2 = iface("p2", 5, true);
+        let mut up = iface("eth0", 2, false);
+        up.tc_ingress = vec!["sb_from_uplink".into()];
+        up.tc_egress = vec!["sb_to_pod".into()];
+        let status = AgentStatus {
+            interfaces: vec![AttachedInterface {
+                name: "eth0".into(),
+                index: 2,
+                role: "uplink".into(),
+                hooks: vec![
+                    "tc ingress sb_from_uplink".into(),
+                    "tc egress sb_to_pod".into(),
+                    "xdp native sb_xdp_uplink".into(),
+                ],
+            }],
+            ..AgentStatus::default()
+        };
+        let rows = interface_rows(Some(&status), &[p1, p2, up, iface("lo", 1, false)]);
+        let names: Vec<&str> = rows.iter().map(|r| r.name.as_str()).collect();
+        assert_eq!(names, ["eth0", "p1", "p2"]);
+        assert_eq!(rows[0].missing, ["xdp native sb_xdp_uplink"]);
+        assert!(rows[1].missing.is_empty());
+        assert_eq!(rows[2].missing.len(), 2);
+    }
+
+    #[test]
+    fn the_table_names_the_problems() {
+        let report = StatusReport {
+            pin_root: "/sys/fs/bpf/switchboard".into(),
+            agent: AgentProcess {
+                pid: Some(42),
+                alive: false,
+                evidence: "status file",
+            },
+            status: Some(AgentStatus {
+                pid: 42,
+                source: "dir:/m".into(),
+                ..AgentStatus::default()
+            }),
+            uptime_s: None,
+            last_sync_age_s: Some(3),
+            interfaces: Vec::new(),
+            pinned_links: Vec::new(),
+            maps: Some(vec![MapFill {
+                map: names::FRONTENDS,
+                entries: 95,
+                capacity: 100,
+            }]),
+            problems: Vec::new(),
+        };
+        let problems = problems(&report);
+        assert!(problems[0].contains("pid 42) is not running"), "{problems:?}");
+        assert!(problems[1].contains("95% full"), "{problems:?}");
+        let report = StatusReport { problems, ..report };
+        let text = render(&report);
+        assert!(text.contains("NOT RUNNING (last pid 42)"), "{text}");
+        assert!(text.contains("Source:        dir:/m"), "{text}");
+        assert!(text.contains("PROBLEMS (2)"), "{text}");
+    }
+}

@@ -1,0 +1,187 @@
+//! Resizing pinned maps online, without losing flows.
+//!
+//! A pinned map keeps the size it was created with, and aya reuses a pinned
+//! map as it finds it. When a `--max-*` flag asks for another size, the agent
+//! loads its object with a fresh map of the new size pinned beside the old
+//! one (`<NAME>_resize`), copies every entry over, syncs, and attaches the
+//! programs (which use the new map from then on). It then copies again what
+//! the old programs created in the meantime (new connections between the
+//! first copy and the swap), without overwriting what the new programs wrote,
+//! and finally moves the new pin over the old name. A map shrunk below its
+//! entry count keeps what fits; the rest is counted and said.
+//!
+//! An agent that dies half-way leaves the old pin in place (the next start
+//! removes the stale `_resize` pin and starts over), so the maps a restart
+//! adopts are always the ones under their own names.
+use std::{
+    fs, io,
+    path::{Path, PathBuf},
+};
+
+use aya::{
+    maps::{HashMap, MapData, MapError, PerCpuArray, PerCpuValues},
+    Pod,
+};
+use proxy_common::{names, Backend, CtEntry, CtKey, Frontend, FrontendKey, RevNat, SockEntry, SockKey, SvcStats};
+use tracing::{info, warn};
+
+use crate::ebpf::CapacityMismatch;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ResizeError {
+    #[error("opening map {map} at {path}")]
+    Open {
+        map: &'static str,
+        path: PathBuf,
+        source: MapError,
+    },
+    #[error("removing the stale resize pin {path}")]
+    Stale { path: PathBuf, source: io::Error },
+    #[error("moving the resized map {map} over its old pin {path}")]
+    Rename {
+        map: &'static str,
+        path: PathBuf,
+        source: io::Error,
+    },
+    #[error("map {map} cannot be resized online")]
+    Unsupported { map: &'static str },
+}
+
+/// Where the new map of `map` is pinned until it replaces the old one.
+pub fn staging_path(pin_root: &Path, map: &str) -> PathBuf {
+    pin_root.join(format!("{map}_resize"))
+}
+
+/// The maps being resized, old and new, until [`Resize::finish`].
+pub struct Resize {
+    pin_root: PathBuf,
+    maps: Vec<&'static str>,
+}
+
+/// What one copy did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Copied {
+    pub copied: usize,
+    /// Entries that did not fit (the new map is smaller and full).
+    pub dropped: usize,
+}
+
+impl Resize {
+    /// Prepares resizing the maps in `mismatches`: removes a stale staging
+    /// pin an earlier, interrupted agent left. The caller loads the object
+    /// with those maps pinned at [`staging_path`].
+    pub fn prepare(pin_root: &Path, mismatches: &[CapacityMismatch]) -> Result<Self, ResizeError> {
+        let mut maps: Vec<&'static str> = mismatches.iter().map(|m| m.map).collect();
+        maps.dedup();
+        for map in &maps {
+            let path = staging_path(pin_root, map);
+            match fs::remove_file(&path) {
+                Ok(()) => warn!(pin = %path.display(), "removed the staging pin of an interrupted resize"),
+                Err(error) if error.kind() == io::ErrorKind::NotFound => {}
+                Err(source) => return Err(ResizeError::Stale { path, source }),
+            }
+        }
+        Ok(Self {
+            pin_root: pin_root.to_owned(),
+            maps,
+        })
+    }
+
+    /// The maps being resized.
+    pub fn maps(&self) -> &[&'static str] {
+        &self.maps
+    }
+
+    /// Copies every entry of the old maps into the new ones (before the
+    /// sync: the new frontend, backend and reverse-NAT maps then hold what
+    /// the syncer adopts). `overwrite: false` keeps entries already in the
+    /// new map (the second copy, after the swap).
+    pub fn copy(&self, overwrite: bool) -> Result<Vec<(&'static str, Copied)>, ResizeError> {
+        let mut done = Vec::new();
+        for &map in &self.maps {
+            let old = self.open(map, &self.pin_root.join(map))?;
+            let new = self.open(map, &staging_path(&self.pin_root, map))?;
+            let copied = copy_map(map, old, new, overwrite)?;
+            if copied.dropped > 0 {
+                warn!(map, copied = copied.copied, dropped = copied.dropped, "the resized map is too small for every entry");
+            }
+            done.push((map, copied));
+        }
+        Ok(done)
+    }
+
+    /// Moves each new map over its old pin (after the programs use them).
+    pub fn finish(self) -> Result<(), ResizeError> {
+        for map in self.maps {
+            let path = self.pin_root.join(map);
+            fs::rename(staging_path(&self.pin_root, map), &path)
+                .map_err(|source| ResizeError::Rename { map, path, source })?;
+            info!(map, "map resized");
+        }
+        Ok(())
+    }
+
+    fn open(&self, map: &'static str, path: &Path) -> Result<MapData, ResizeError> {
+        MapData::from_pin(path).map_err(|source| ResizeError::Open {
+            map,
+            path: path.to_owned(),
+            source,
+        })
+    }
+}
+
+fn copy_map(map: &'static str, old: MapData, new: MapData, overwrite: bool) -> Result<Copied, ResizeError> {
+    let open = |source| ResizeError::Open {
+        map,
+        path: PathBuf::from(map),
+        source,
+    };
+    match map {
+        names::FRONTENDS => copy_hash::<FrontendKey, Frontend>(old, new, overwrite).map_err(open),
+        names::BACKENDS => copy_hash::<u32, Backend>(old, new, overwrite).map_err(open),
+        names::CONNTRACK => copy_hash::<CtKey, CtEntry>(old, new, overwrite).map_err(open),
+        names::REVNAT => copy_hash::<u32, RevNat>(old, new, overwrite).map_err(open),
+        names::SOCKETS => copy_hash::<SockKey, SockEntry>(old, new, overwrite).map_err(open),
+        names::SERVICE_STATS => copy_per_cpu_array::<SvcStats>(old, new).map_err(open),
+        _ => Err(ResizeError::Unsupported { map }),
+    }
+}
+
+/// Copies a hash (or LRU hash) map entry by entry.
+fn copy_hash<K: Pod, V: Pod>(old: MapData, new: MapData, overwrite: bool) -> Result<Copied, MapError> {
+    let old: HashMap<MapData, K, V> = HashMap::try_from(aya::maps::Map::from_map_data(old)?)?;
+    let mut new: HashMap<MapData, K, V> = HashMap::try_from(aya::maps::Map::from_map_data(new)?)?;
+    // BPF_ANY overwrites, BPF_NOEXIST keeps what the new programs wrote.
+    let flags = if overwrite { 0 } else { 1 };
+    let mut result = Copied::default();
+    for entry in old.iter() {
+        // An entry that vanished while we walked (LRU eviction, expiry) is
+        // simply not copied.
+        let Ok((key, value)) = entry else { continue };
+        match new.insert(key, value, flags) {
+            Ok(()) => result.copied += 1,
+            Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::EEXIST) => {}
+            Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::E2BIG) => {
+                result.dropped += 1
+            }
+            Err(error) => return Err(error),
+        }
+    }
+    Ok(result)
+}
+
+/// Copies a per-CPU array index by index, as far as the smaller one reaches.
+fn copy_per_cpu_array<V: Pod>(old: MapData, new: MapData) -> Result<Copied, MapError> {
+    let old: PerCpuArray<MapData, V> = PerCpuArray::try_from(aya::maps::Map::from_map_data(old)?)?;
+    let mut new: PerCpuArray<MapData, V> = PerCpuArray::try_from(aya::maps::Map::from_map_data(new)?)?;
+    let (old_len, new_len) = (old.len(), new.len());
+    let mut result = Copied::default();
+    for index in 0..old_len.min(new_len) {
+        let values = old.get(&index, 0)?;
+        let values: Vec<V> = values.iter().copied().collect();
+        new.set(index, PerCpuValues::try_from(values)?, 0)?;
+        result.copied += 1;
+    }
+    result.dropped = old_len.saturating_sub(new_len) as usize;
+    Ok(result)
+}

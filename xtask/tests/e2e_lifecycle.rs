@@ -1,0 +1,284 @@
+//! The agent's lifecycle on a node (root only, netns sandbox): a start that
+//! fails leaves the running data path alone, one agent per pin root, a pin
+//! root must be a bpffs, and continuous TCP and UDP through a Service lose
+//! nothing while the agent is killed, restarted and upgraded to a build with
+//! changed programs, with the Service changing meanwhile.
+//!
+//! The upgrade build comes from `cargo xtask test` (SWITCHBOARD_UPGRADE_BIN:
+//! the same tree built with SB_PROGRAM_REVISION=1, whose pod programs have
+//! other instructions).
+
+use std::path::{Path, PathBuf};
+use std::process::Child;
+use std::time::{Duration, Instant};
+
+use xtask::sandbox::{find, ClientRun, Sandbox, CLUSTER_IP, PODS};
+use xtask::testenv::{demo_sandbox_with, endpointslice_yaml, sb_echo, switchboard, write_manifest};
+
+fn upgrade_binary() -> PathBuf {
+    let path = std::env::var_os("SWITCHBOARD_UPGRADE_BIN")
+        .map(PathBuf::from)
+        .expect("SWITCHBOARD_UPGRADE_BIN is not set: run the tests through `cargo xtask test`");
+    assert!(path.exists(), "{} does not exist", path.display());
+    path
+}
+
+/// The id and tag of the program in the TCX link `sb_from_pod` of the first
+/// pod interface (from the link pinned under the pin root).
+fn pod_program(sb: &Sandbox) -> (u64, String) {
+    let links = sb.pin_dir.join("links");
+    let pin = std::fs::read_dir(&links)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", links.display()))
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("tcx_") && n.ends_with("_sb_from_pod"))
+        })
+        .unwrap_or_else(|| panic!("no pinned sb_from_pod link under {}", links.display()));
+    let link = bpftool_json(&["link", "show", "pinned", &pin.to_string_lossy()]);
+    let id = link["prog_id"].as_u64().expect("prog_id in bpftool's link");
+    let prog = bpftool_json(&["prog", "show", "id", &id.to_string()]);
+    let tag = prog["tag"].as_str().expect("tag in bpftool's prog").to_owned();
+    (id, tag)
+}
+
+fn bpftool_json(args: &[&str]) -> serde_json::Value {
+    let out = std::process::Command::new("bpftool")
+        .arg("-j")
+        .args(args)
+        .output()
+        .expect("run bpftool");
+    assert!(out.status.success(), "bpftool {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("bpftool JSON")
+}
+
+/// A continuous client: a new connection (TCP) or socket (UDP) every 10 ms
+/// for `ms`, each allowed 2 s.
+fn continuous(sb: &Sandbox, proto: &str, port: u16, ms: u64) -> Child {
+    let addr = format!("{CLUSTER_IP}:{port}");
+    let ms = ms.to_string();
+    sb.client_spawn(
+        &sb_echo(),
+        &[proto, &addr, "--duration-ms", &ms, "--interval-ms", "10", "--timeout-ms", "2000"],
+    )
+    .expect("start a client")
+}
+
+fn finish(child: Child, what: &str) -> ClientRun {
+    let out = child.wait_with_output().expect("wait for the client");
+    ClientRun::parse(&String::from_utf8_lossy(&out.stdout))
+        .unwrap_or_else(|e| panic!("{what}: {e:#}"))
+}
+
+fn wait_log(sb: &Sandbox, needle: &str, timeout: Duration) {
+    let deadline = Instant::now() + timeout;
+    while !sb.agent_log().contains(needle) {
+        assert!(
+            Instant::now() < deadline,
+            "the agent log never said {needle:?}:\n{}",
+            sb.agent_log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Starts `bin` as the sandbox's agent and waits until it has attached.
+fn start_and_settle(sb: &mut Sandbox, bin: &Path) {
+    sb.start_agent(bin).expect("start the agent");
+    wait_log(sb, "programs attached", Duration::from_secs(10));
+    // One pass attaches every pod interface; the first line shows it began.
+    std::thread::sleep(Duration::from_millis(300));
+}
+
+#[test]
+fn zero_loss_across_kill_restart_upgrade_and_service_changes() {
+    let mut sb = demo_sandbox_with(&[]);
+    let (sw, upgrade) = (switchboard(), upgrade_binary());
+    let (first_id, first_tag) = pod_program(&sb);
+    let run_ms = 9000;
+    let tcp = continuous(&sb, "--tcp", 80, run_ms);
+    let udp = continuous(&sb, "--udp", 53, run_ms);
+    std::thread::sleep(Duration::from_millis(800));
+
+    // SIGKILL; the Service loses pod3 while no agent runs; a restart adopts.
+    let killed = sb.kill_agent().expect("kill the agent");
+    assert!(!killed.success(), "SIGKILL is not a clean exit: {killed:?}");
+    write_manifest(&sb, "endpointslice.yaml", &endpointslice_yaml(&[1, 2]));
+    std::thread::sleep(Duration::from_millis(500));
+    start_and_settle(&mut sb, &sw);
+    sb.wait_services(&sw, Duration::from_secs(5), "pod3 gone", |f| {
+        find(f, "demo/echo:http").is_some_and(|fe| fe.backends.len() == 2)
+    })
+    .unwrap_or_else(|e| panic!("{e:#}"));
+    std::thread::sleep(Duration::from_millis(800));
+
+    // Upgrade: SIGTERM, then the build with changed programs; pod3 returns
+    // while it starts.
+    sb.stop_agent().expect("stop the agent");
+    write_manifest(&sb, "endpointslice.yaml", &endpointslice_yaml(&[1, 2, 3]));
+    start_and_settle(&mut sb, &upgrade);
+    sb.wait_services(&sw, Duration::from_secs(5), "pod3 back", |f| {
+        find(f, "demo/echo:http").is_some_and(|fe| fe.backends.len() == PODS)
+    })
+    .unwrap_or_else(|e| panic!("{e:#}"));
+    let (upgraded_id, upgraded_tag) = pod_program(&sb);
+    assert_ne!(upgraded_id, first_id, "the upgrade swapped in a new program");
+    assert_ne!(
+        upgraded_tag, first_tag,
+        "the upgrade build's program has other instructions (SB_PROGRAM_REVISION)"
+    );
+    std::thread::sleep(Duration::from_millis(800));
+
+    // And back: SIGKILL the upgraded agent, restart the ordinary build.
+    sb.kill_agent().expect("kill the upgraded agent");
+    start_and_settle(&mut sb, &sw);
+    let (_, back_tag) = pod_program(&sb);
+    assert_eq!(back_tag, first_tag, "the ordinary build's program is back");
+
+    let tcp = finish(tcp, "tcp client");
+    let udp = finish(udp, "udp client");
+    let failed = |run: &ClientRun| run.failures();
+    println!(
+        "zero-loss: TCP {} connections, {} failed; UDP {} exchanges, {} failed \
+         (across SIGKILL + restart, upgrade to changed programs, SIGKILL + downgrade, two EndpointSlice changes)",
+        tcp.attempts.len(),
+        failed(&tcp),
+        udp.attempts.len(),
+        failed(&udp)
+    );
+    assert!(tcp.attempts.len() > 200, "too few TCP attempts to mean anything:\n{}", tcp.raw);
+    assert!(udp.attempts.len() > 200, "too few UDP attempts to mean anything:\n{}", udp.raw);
+    assert_eq!(failed(&tcp), 0, "TCP failures:\n{}", tcp.raw);
+    assert_eq!(failed(&udp), 0, "UDP failures:\n{}", udp.raw);
+    assert_eq!(tcp.spread().len(), PODS, "every pod served TCP: {:?}", tcp.spread());
+    sb.cleanup().expect("cleanup");
+}
+
+#[test]
+fn a_failed_start_leaves_the_running_data_path_alone() {
+    let mut sb = demo_sandbox_with(&[]);
+    let sw = switchboard();
+    let before = pod_program(&sb);
+    let services_before = sb.services_raw(&sw, true).expect("services");
+    sb.stop_agent().expect("stop the agent");
+    let pin = sb.pin_dir.to_string_lossy().into_owned();
+    let bin = sw.to_string_lossy().into_owned();
+    let node = sb.node_ns();
+    for (what, bad) in [
+        ("a source directory that does not exist", vec!["--source", "dir:/nonexistent/switchboard-typo"]),
+        ("an uplink that does not exist", vec!["--uplink", "nosuch0"]),
+    ] {
+        let mut args = vec![bin.as_str(), "agent", "--pin-root", &pin, "--socket-lb=false"];
+        args.extend(bad.iter().copied());
+        let out = sb.exec_status(&node, &args).expect("run the agent");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{what}: the agent must fail:\n{stderr}");
+        assert_eq!(pod_program(&sb), before, "{what}: the pod programs were replaced:\n{stderr}");
+        assert_eq!(
+            sb.services_raw(&sw, true).expect("services"),
+            services_before,
+            "{what}: the maps changed"
+        );
+        let run = sb
+            .client(&sb_echo(), &["--tcp", &format!("{CLUSTER_IP}:80"), "--count", "20"])
+            .expect("client");
+        assert!(run.all_ok(), "{what}: the Service stopped answering:\n{}", run.raw);
+        eprintln!("{what}: {}", stderr.lines().last().unwrap_or_default());
+    }
+    let out = sb
+        .exec_status(&node, &[&bin, "agent", "--pin-root", &pin, "--source", "dir:/nonexistent/switchboard-typo"])
+        .expect("run the agent");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("/nonexistent/switchboard-typo"),
+        "the error names the bad source path: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    sb.cleanup().expect("cleanup");
+}
+
+#[test]
+fn a_second_agent_on_the_same_pin_root_exits_naming_the_first() {
+    let mut sb = demo_sandbox_with(&[]);
+    let sw = switchboard().to_string_lossy().into_owned();
+    let first = sb.agent_pid().expect("the first agent's pid");
+    let pin = sb.pin_dir.to_string_lossy().into_owned();
+    let source = format!("dir:{}", sb.manifest_dir().display());
+    let out = sb
+        .exec_status(&sb.node_ns(), &[&sw, "agent", "--source", &source, "--pin-root", &pin, "--socket-lb=false"])
+        .expect("run a second agent");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "the second agent must exit:\n{stderr}");
+    assert!(
+        stderr.contains(&format!("pid {first}")),
+        "the error names the first agent's pid {first}:\n{stderr}"
+    );
+    assert!(sb.agent_running(), "the first agent keeps running");
+    let run = sb
+        .client(&sb_echo(), &["--tcp", &format!("{CLUSTER_IP}:80"), "--count", "10"])
+        .expect("client");
+    assert!(run.all_ok(), "{}", run.raw);
+    sb.cleanup().expect("cleanup");
+}
+
+#[test]
+fn a_pin_root_that_is_not_a_bpffs_is_refused() {
+    let mut sb = Sandbox::for_test().expect("sandbox");
+    sb.copy_manifests(&xtask::util::repo_root().join("manifests/demo"))
+        .expect("manifests");
+    let plain = sb.dir.join("not-bpffs");
+    std::fs::create_dir_all(&plain).expect("plain dir");
+    let sw = switchboard().to_string_lossy().into_owned();
+    let source = format!("dir:{}", sb.manifest_dir().display());
+    let out = sb
+        .exec_status(
+            &sb.node_ns(),
+            &[&sw, "agent", "--source", &source, "--pin-root", &plain.to_string_lossy(), "--socket-lb=false"],
+        )
+        .expect("run the agent");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a plain directory must be refused:\n{stderr}");
+    assert!(stderr.contains("is not on a bpffs"), "a clear error:\n{stderr}");
+    let left: Vec<_> = std::fs::read_dir(&plain).expect("read").flatten().collect();
+    assert!(left.is_empty(), "nothing may be pinned or written there: {left:?}");
+    sb.cleanup().expect("cleanup");
+}
+
+#[test]
+fn a_capacity_change_resizes_the_maps_online_and_keeps_established_flows() {
+    let mut sb = demo_sandbox_with(&["--max-conntrack", "4096"]);
+    let sw = switchboard();
+    let ct = sb.pin_dir.join("SB_CT_V4");
+    let max_entries = |path: &Path| {
+        bpftool_json(&["map", "show", "pinned", &path.to_string_lossy()])["max_entries"]
+            .as_u64()
+            .expect("max_entries")
+    };
+    assert_eq!(max_entries(&ct), 4096);
+    let hold = sb
+        .client_spawn(&sb_echo(), &["--tcp", &format!("{CLUSTER_IP}:80"), "--hold", "4"])
+        .expect("a long-lived connection");
+    std::thread::sleep(Duration::from_millis(700));
+    sb.stop_agent().expect("stop the agent");
+    sb.start_agent_with(&sw, &["--max-conntrack", "8192"])
+        .expect("restart with a bigger conntrack map");
+    wait_log(&sb, "map resized", Duration::from_secs(10));
+    assert_eq!(max_entries(&ct), 8192, "the pinned conntrack map has the new size");
+    assert!(
+        !sb.pin_dir.join("SB_CT_V4_resize").exists(),
+        "the staging pin is gone once the new map took the old name"
+    );
+    let out = hold.wait_with_output().expect("the held connection");
+    assert!(
+        out.status.success(),
+        "the connection established before the resize lost replies:\n{}\n--- agent log ---\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        sb.agent_log()
+    );
+    let run = sb
+        .client(&sb_echo(), &["--tcp", &format!("{CLUSTER_IP}:80"), "--count", "20"])
+        .expect("client");
+    assert!(run.all_ok(), "new connections after the resize:\n{}", run.raw);
+    sb.cleanup().expect("cleanup");
+}
