@@ -85,6 +85,10 @@ pub struct AgentConfig {
     pub metrics_bind: Option<std::net::SocketAddr>,
 }
 
+/// Logged once the programs have taken over, after the first sync (tests
+/// and scripts wait for it).
+pub const READY: &str = "ready: the programs took over";
+
 /// How often interfaces are listed again in case a netlink event was missed.
 const RESCAN: Duration = Duration::from_secs(2);
 
@@ -203,6 +207,11 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
     }
     sync.set_interfaces(attacher.interfaces(), &uplink_status);
 
+    info!(
+        interfaces = attacher.attached(),
+        uplinks = uplink_status.len(),
+        "{READY}"
+    );
     let mut terminate = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
     let mut interrupt = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
     let mut tick = tokio::time::interval(RESCAN);

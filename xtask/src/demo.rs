@@ -83,6 +83,7 @@ fn demo_in(sb: &mut Sandbox, switchboard: &Path, sb_echo: &Path) -> Result<()> {
     print!("{}", sb.services_raw(switchboard, false)?);
     println!();
     print_frontend_dump(sb);
+    print_troubleshooting(sb, switchboard)?;
 
     for (tcp, udp) in [&pod_client, &host_client] {
         check(sb, tcp, udp)?;
@@ -129,6 +130,33 @@ fn check(sb: &Sandbox, tcp: &ClientRun, udp: &ClientRun) -> Result<()> {
                 run.client_saw()
             );
         }
+    }
+    Ok(())
+}
+
+/// What an on-call engineer would run: `status`, `explain` for the client's
+/// flow, and `doctor` (each in the node's namespace, as on a node).
+fn print_troubleshooting(sb: &Sandbox, switchboard: &Path) -> Result<()> {
+    let bin = switchboard.to_string_lossy().into_owned();
+    let pin = sb.pin_dir.to_string_lossy().into_owned();
+    let from = format!("{}:40000", crate::sandbox::CLIENT_IP);
+    let target = format!("{CLUSTER_IP}:80/TCP");
+    for args in [
+        vec!["status"],
+        vec!["explain", target.as_str(), "--from", from.as_str()],
+        vec!["doctor"],
+    ] {
+        let mut cmd = vec![bin.as_str()];
+        cmd.extend_from_slice(&args);
+        cmd.extend(["--pin-root", pin.as_str()]);
+        println!("$ switchboard {}", args.join(" "));
+        let out = sb.exec_status(&sb.node_ns(), &cmd)?;
+        print!("{}", String::from_utf8_lossy(&out.stdout));
+        eprint!("{}", String::from_utf8_lossy(&out.stderr));
+        if !out.status.success() {
+            bail!("demo: `switchboard {}` found a problem ({})", args.join(" "), out.status);
+        }
+        println!();
     }
     Ok(())
 }

@@ -110,12 +110,35 @@ fn wait_http_backends(sb: &mut Sandbox, n: usize) {
     }
 }
 
+/// Waits until one TCP connection through the ClusterIP succeeds: the maps
+/// are filled before the programs attach, so `demo_sandbox_with` can return
+/// a moment before the data path takes traffic.
+fn wait_reachable(sb: &Sandbox) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let addr = format!("{CLUSTER_IP}:80");
+    loop {
+        let run = sb
+            .client(&sb_echo(), &["--tcp", &addr, "--timeout-ms", "300"])
+            .expect("client");
+        if run.all_ok() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{addr} unreachable: {}\n--- agent log ---\n{}",
+            run.raw,
+            sb.agent_log()
+        );
+    }
+}
+
 /// Traffic through the ClusterIP moves the per-Service counters, the data
 /// path's counters and the conntrack fill; a change moves the sync count and
 /// the last sync time. The maps' capacities are there.
 #[test]
 fn metrics_follow_traffic_and_syncs() {
     let mut sb = demo_sandbox_with(&[]);
+    wait_reachable(&sb);
     let before = scrape(&sb);
     let syncs = must(&before, "switchboard_sync_duration_seconds_count");
     assert!(syncs >= 1.0, "the first sync is counted:\n{before}");

@@ -111,10 +111,10 @@ pub async fn list_cluster(client: &Client, node_name: &str) -> anyhow::Result<In
     let lp = ListParams::default();
     let services = Api::<Service>::all(client.clone()).list(&lp).await?.items;
     let slices = Api::<EndpointSlice>::all(client.clone()).list(&lp).await?.items;
-    let node = match Api::<Node>::all(client.clone()).get_opt(node_name).await? {
-        Some(n) => Some(NodeInfo::from_node(&n)),
-        None => None,
-    };
+    let node = Api::<Node>::all(client.clone())
+        .get_opt(node_name)
+        .await?
+        .map(|n| NodeInfo::from_node(&n));
     Ok(Inputs {
         services,
         slices,

@@ -808,7 +808,6 @@ mod tests {
         let e = explain(&v, &query(t, Some((src, Some(40000))), Scope::Internal));
         assert!(e.backend.is_none() && e.reasons.last().is_some_and(|r| r.contains("socket layer")));
         // Source hash: the client address alone.
-        let mut v = v;
         if let Some(head) = v.frontends.get_mut(&head_key(&t, scope::INTERNAL)) {
             head.flags = ff::ALGO_SOURCE_HASH | ff::KIND_LOAD_BALANCER;
         }

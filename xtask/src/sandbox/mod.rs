@@ -63,6 +63,9 @@ pub const POD_UDP_PORT: u16 = 5353;
 pub const CLIENT_IP: &str = "10.244.100.2";
 /// Where pin roots of sandboxes are mounted.
 pub const PIN_BASE: &str = "/run/switchboard-test";
+/// What the agent logs once its programs took over (proxy-user's
+/// `agent::READY`).
+pub const AGENT_READY: &str = "ready: the programs took over";
 /// Tag of the demo sandbox (fixed, so a re-run cleans up an interrupted one).
 pub const DEMO_TAG: &str = "sbx";
 
@@ -391,6 +394,13 @@ impl Sandbox {
         procs::is_running(&mut self.children, "agent")
     }
 
+    /// Whether the agent started by this sandbox has logged that its
+    /// programs took over (it syncs before it attaches, so services can show
+    /// before traffic is served).
+    pub fn agent_ready(&self) -> bool {
+        self.agent_log.is_none() || self.agent_log().contains(AGENT_READY)
+    }
+
     /// The agent's log so far (empty if it was not started).
     pub fn agent_log(&self) -> String {
         self.read_log("agent")
@@ -433,7 +443,7 @@ impl Sandbox {
         let mut last;
         loop {
             match self.services(switchboard) {
-                Ok(frontends) if pred(&frontends) => return Ok(frontends),
+                Ok(frontends) if pred(&frontends) && self.agent_ready() => return Ok(frontends),
                 Ok(frontends) => last = format!("{frontends:#?}"),
                 Err(e) => last = format!("{e:#}"),
             }

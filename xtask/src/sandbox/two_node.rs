@@ -892,7 +892,9 @@ impl TwoNodeSandbox {
         let mut last;
         loop {
             match self.services(node, switchboard) {
-                Ok(frontends) if pred(&frontends) => return Ok(frontends),
+                Ok(frontends) if pred(&frontends) && self.agent_log(node).contains(super::AGENT_READY) => {
+                    return Ok(frontends)
+                }
                 Ok(frontends) => last = format!("{frontends:#?}"),
                 Err(e) => last = format!("{e:#}"),
             }
