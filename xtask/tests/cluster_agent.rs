@@ -117,9 +117,16 @@ impl Cluster {
             .sb
             .wait_services(&switchboard(), Duration::from_secs(10), what, pred)
         {
-            Ok(_) => started.elapsed(),
+            Ok(_) => {}
             Err(e) => panic!("{e:#}\n--- agent log ---\n{}", self.sb.read_log("agent")),
         }
+        // The agent syncs before its programs take over.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !self.sb.read_log("agent").contains(xtask::sandbox::AGENT_READY) {
+            assert!(Instant::now() < deadline, "the agent never got ready:\n{}", self.sb.read_log("agent"));
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        started.elapsed()
     }
 
     fn backends(
