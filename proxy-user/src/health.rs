@@ -288,7 +288,6 @@ mod tests {
     use super::*;
     use std::net::Ipv4Addr;
     use std::sync::atomic::{AtomicU64, Ordering};
-    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
     /// A clock the test moves by hand, in seconds after an arbitrary epoch.
     #[derive(Clone, Default)]
@@ -411,23 +410,9 @@ mod tests {
     }
 
     async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
-        let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
-        stream
-            .write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
-            .await
-            .expect("write");
-        let mut raw = Vec::new();
-        tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut raw))
-            .await
-            .expect("answer in time")
-            .expect("read");
-        let text = String::from_utf8(raw).expect("utf-8");
-        let status = text
-            .split(' ')
-            .nth(1)
-            .and_then(|s| s.parse().ok())
-            .expect("status");
-        (status, text)
+        let stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let answer = crate::healthcheck::test_http::get_on(stream, path).await;
+        (answer.status, answer.body)
     }
 
     #[tokio::test]

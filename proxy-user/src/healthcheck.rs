@@ -377,13 +377,56 @@ fn response(health: &ServiceHealth) -> Response<Full<Bytes>> {
     http_response(status, "application/json", body)
 }
 
+/// A raw HTTP/1.1 GET for the servers' tests.
+#[cfg(test)]
+pub(crate) mod test_http {
+    use std::time::Duration;
+
+    use tokio::{
+        io::{AsyncReadExt as _, AsyncWriteExt as _},
+        net::TcpStream,
+    };
+
+    pub(crate) struct Answer {
+        pub status: u16,
+        /// The status line and headers, lowercased.
+        pub head: String,
+        pub body: String,
+    }
+
+    /// Sends `GET path` on `stream` and reads the answer until the server
+    /// closes.
+    pub(crate) async fn get_on(mut stream: TcpStream, path: &str) -> Answer {
+        stream
+            .write_all(format!("GET {path} HTTP/1.1\r\nHost: node\r\n\r\n").as_bytes())
+            .await
+            .expect("write");
+        let mut raw = Vec::new();
+        tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut raw))
+            .await
+            .expect("answer in time")
+            .expect("read");
+        let text = String::from_utf8(raw).expect("utf-8");
+        let (head, body) = text.split_once("\r\n\r\n").expect("head and body");
+        let status = head
+            .split(' ')
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .expect("status");
+        Answer {
+            status,
+            head: head.to_ascii_lowercase(),
+            body: body.to_string(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::model::{
         BackendAddr, Frontend, FrontendAddr, FrontendKind, Protocol, ServicePortName,
     };
-    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
     const LOCALHOST: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
 
@@ -460,42 +503,14 @@ mod tests {
         ]
     }
 
-    struct Answer {
-        status: u16,
-        head: String,
-        body: String,
-    }
-
-    /// Sends a GET on `stream` and reads the answer until the server closes.
-    async fn get_on(mut stream: TcpStream) -> Answer {
-        stream
-            .write_all(b"GET /any/path HTTP/1.1\r\nHost: node\r\n\r\n")
-            .await
-            .expect("write");
-        let mut raw = Vec::new();
-        tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut raw))
-            .await
-            .expect("answer in time")
-            .expect("read");
-        let text = String::from_utf8(raw).expect("utf-8");
-        let (head, body) = text.split_once("\r\n\r\n").expect("head and body");
-        let status = head
-            .split(' ')
-            .nth(1)
-            .and_then(|s| s.parse().ok())
-            .expect("status");
-        Answer {
-            status,
-            head: head.to_ascii_lowercase(),
-            body: body.to_string(),
-        }
-    }
+    use super::test_http::{get_on, Answer};
 
     async fn get(port: u16) -> Answer {
         get_on(
             TcpStream::connect((LOCALHOST, port))
                 .await
                 .expect("connect"),
+            "/any/path",
         )
         .await
     }
@@ -573,7 +588,7 @@ mod tests {
             Some(port),
             &[],
         )]));
-        let answer = get_on(early).await;
+        let answer = get_on(early, "/any/path").await;
         assert_eq!(answer.status, 503, "{}", answer.head);
         assert_eq!(answer.body, body("shop", "web", 0));
         assert_eq!(get(port).await.status, 503);

@@ -278,31 +278,18 @@ mod tests {
     }
 
     fn row(ip: &str, port: u16, backends: &[u8]) -> ServiceRow {
+        let backends = backends
+            .iter()
+            .rev()
+            .map(|i| super::super::BackendRow {
+                id: u32::from(*i) + 40,
+                address: format!("10.244.{i}.2"),
+                port: 8080,
+            })
+            .collect();
         ServiceRow {
-            service: format!("demo/s{port}:http"),
             id: 99,
-            address: ip.into(),
-            port,
-            protocol: "TCP".into(),
-            kind: "ClusterIP",
-            local_only: false,
-            terminating_fallback: false,
-            affinity_timeout_s: None,
-            backends: backends
-                .iter()
-                .rev()
-                .map(|i| super::super::BackendRow {
-                    id: u32::from(*i) + 40,
-                    address: format!("10.244.{i}.2"),
-                    port: 8080,
-                })
-                .collect(),
-            external_backends: None,
-            missing_backends: 0,
-            packets: 0,
-            bytes: 0,
-            new_flows: 0,
-            drops_no_backend: 0,
+            ..ServiceRow::for_test(&format!("demo/s{port}:http"), ip, port, backends)
         }
     }
 

@@ -364,30 +364,14 @@ mod tests {
     use super::*;
 
     fn row(service: &str, backends: usize) -> ServiceRow {
-        ServiceRow {
-            service: service.into(),
-            id: 1,
-            address: "10.96.0.20".into(),
-            port: 80,
-            protocol: "TCP".into(),
-            kind: "ClusterIP",
-            local_only: false,
-            terminating_fallback: false,
-            affinity_timeout_s: None,
-            backends: (0..backends)
-                .map(|i| super::super::BackendRow {
-                    id: i as u32,
-                    address: "10.244.1.2".into(),
-                    port: 8080,
-                })
-                .collect(),
-            external_backends: None,
-            missing_backends: 0,
-            packets: 0,
-            bytes: 0,
-            new_flows: 0,
-            drops_no_backend: 0,
-        }
+        let backends = (0..backends)
+            .map(|i| super::super::BackendRow {
+                id: i as u32,
+                address: "10.244.1.2".into(),
+                port: 8080,
+            })
+            .collect();
+        ServiceRow::for_test(service, "10.96.0.20", 80, backends)
     }
 
     #[test]

@@ -50,21 +50,13 @@ pub struct Common {
 pub enum Command {
     /// Print every frontend and its backends from the pinned maps.
     Services {
-        /// Where the agent pinned its maps.
-        #[arg(long, default_value = DEFAULT_PIN_ROOT, env = "SWITCHBOARD_PIN_ROOT")]
-        pin_root: std::path::PathBuf,
-        /// `table` for people, `json` for scripts.
-        #[arg(short, long, value_enum, default_value_t = Output::Table)]
-        output: Output,
+        #[command(flatten)]
+        common: Common,
     },
     /// Print the data path's counters (summed over CPUs) and map fill levels.
     Stats {
-        /// Where the agent pinned its maps.
-        #[arg(long, default_value = DEFAULT_PIN_ROOT, env = "SWITCHBOARD_PIN_ROOT")]
-        pin_root: std::path::PathBuf,
-        /// `table` for people, `json` for scripts.
-        #[arg(short, long, value_enum, default_value_t = Output::Table)]
-        output: Output,
+        #[command(flatten)]
+        common: Common,
     },
     /// One screen on the node: the agent (running? version, source, node,
     /// uptime), the interfaces and their programs (what the agent says it
@@ -164,8 +156,8 @@ impl Done {
 /// command found a problem (see the module documentation).
 pub fn run(command: Command) -> anyhow::Result<()> {
     let done = match command {
-        Command::Services { pin_root, output } => Done::ok(services(&pin_root, output == Output::Json)?),
-        Command::Stats { pin_root, output } => Done::ok(stats(&pin_root, output == Output::Json)?),
+        Command::Services { common } => Done::ok(services(&common.pin_root, common.output == Output::Json)?),
+        Command::Stats { common } => Done::ok(stats(&common.pin_root, common.output == Output::Json)?),
         Command::Status { common } => status::run(&common)?,
         Command::Explain {
             target,

@@ -297,33 +297,48 @@ pub fn services(pin_root: &Path, json: bool) -> anyhow::Result<String> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn row(service: &str, backends: usize) -> ServiceRow {
+impl ServiceRow {
+    /// A TCP ClusterIP row with these backends and no counters (tests).
+    pub(crate) fn for_test(service: &str, address: &str, port: u16, backends: Vec<BackendRow>) -> ServiceRow {
         ServiceRow {
             service: service.to_owned(),
-            id: 7,
-            address: "10.96.0.10".to_owned(),
-            port: 80,
+            id: 1,
+            address: address.to_owned(),
+            port,
             protocol: "TCP".to_owned(),
             kind: "ClusterIP",
             local_only: false,
             terminating_fallback: false,
             affinity_timeout_s: None,
-            backends: (0..backends)
-                .map(|i| BackendRow {
-                    id: i as u32 + 1,
-                    address: format!("10.244.{}.2", i + 1),
-                    port: 8080,
-                })
-                .collect(),
+            backends,
             external_backends: None,
             missing_backends: 0,
+            packets: 0,
+            bytes: 0,
+            new_flows: 0,
+            drops_no_backend: 0,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(service: &str, backends: usize) -> ServiceRow {
+        let backends = (0..backends)
+            .map(|i| BackendRow {
+                id: i as u32 + 1,
+                address: format!("10.244.{}.2", i + 1),
+                port: 8080,
+            })
+            .collect();
+        ServiceRow {
+            id: 7,
             packets: 12,
             bytes: 900,
             new_flows: 3,
-            drops_no_backend: 0,
+            ..ServiceRow::for_test(service, "10.96.0.10", 80, backends)
         }
     }
 
