@@ -199,7 +199,8 @@ fn wait_rows(sb: &mut Sandbox, what: &str, pred: impl Fn(&[Value]) -> bool) -> V
     loop {
         let rows = try_services_json(sb);
         if let Ok(rows) = &rows {
-            if pred(rows) {
+            // The agent syncs before its programs take over.
+            if pred(rows) && sb.agent_ready() {
                 return rows.clone();
             }
         }
