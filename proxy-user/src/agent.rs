@@ -93,18 +93,19 @@ pub const READY: &str = "ready: the programs took over";
 const RESCAN: Duration = Duration::from_secs(2);
 
 /// Runs the agent. The start is ordered so that one that fails leaves the
-/// data path as it was: lock, pin-root and capacity checks, the source's
+/// data path as it was: pin-root check, lock, capacity check, the source's
 /// first complete view, loading (maps created or adopted, nothing written),
 /// the first sync, and only then the programs take over (tail calls, pod
 /// interfaces, uplinks, socket layer).
 pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
+    // Before the lock: a refused pin root leaves no lock file behind.
+    ebpf::check_pin_root(&config.pin_root)?;
     let lock = lock::acquire(&config.pin_root)?;
     // /healthz and /livez answer from here on, while the source lists: the
     // start counts as a queued change (see `health`).
     let proxy_health = ProxyHealth::new(health::HEALTH_TIMEOUT);
     let _healthz = config.healthz_bind.map(|addr| proxy_health.serve(addr)).transpose()?;
     let observer = SyncObserver::new(std::time::SystemTime::now());
-    ebpf::check_pin_root(&config.pin_root)?;
     let capacities = config.capacities;
     let mismatches = ebpf::capacity_mismatches(&config.pin_root, &capacities);
     for mismatch in &mismatches {

@@ -77,19 +77,24 @@ impl Default for Capacities {
 /// and vanishes with it, taking every pin, so the next agent would start
 /// from empty maps and reset every connection.
 pub fn check_pin_root(pin_root: &Path) -> Result<(), LoadError> {
+    // Judge the directory, or the nearest one that exists: nothing is
+    // created outside a bpffs.
+    let existing = pin_root
+        .ancestors()
+        .find(|p| p.exists())
+        .unwrap_or(Path::new("/"));
+    let stat = nix::sys::statfs::statfs(existing).map_err(|source| LoadError::Statfs {
+        path: existing.to_owned(),
+        source,
+    })?;
+    if stat.filesystem_type().0 as i64 != BPF_FS_MAGIC {
+        return Err(LoadError::NotBpffs {
+            path: pin_root.to_owned(),
+        });
+    }
     fs::create_dir_all(pin_root).map_err(|source| LoadError::CreatePinRoot {
         path: pin_root.to_owned(),
         source,
-    })?;
-    let stat = nix::sys::statfs::statfs(pin_root).map_err(|source| LoadError::Statfs {
-        path: pin_root.to_owned(),
-        source,
-    })?;
-    if stat.filesystem_type().0 as i64 == BPF_FS_MAGIC {
-        return Ok(());
-    }
-    Err(LoadError::NotBpffs {
-        path: pin_root.to_owned(),
     })
 }
 

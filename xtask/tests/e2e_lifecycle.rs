@@ -247,6 +247,10 @@ fn a_pin_root_that_is_not_a_bpffs_is_refused() {
     assert!(stderr.contains("is not on a bpffs"), "a clear error:\n{stderr}");
     let left: Vec<_> = std::fs::read_dir(&plain).expect("read").flatten().collect();
     assert!(left.is_empty(), "nothing may be pinned or written there: {left:?}");
+    assert!(
+        !xtask::sandbox::status_file(&plain).with_extension("lock").exists(),
+        "a refused start leaves no lock file"
+    );
     sb.cleanup().expect("cleanup");
 }
 

@@ -418,6 +418,10 @@ fn cleanup_refuses_while_the_agent_runs_then_leaves_nothing_attached() {
         .collect();
     assert!(left.is_empty(), "pin dir not empty: {left:?}");
     assert!(!xtask::sandbox::status_file(&sb.pin_dir).exists(), "status file left");
+    assert!(
+        !xtask::sandbox::status_file(&sb.pin_dir).with_extension("lock").exists(),
+        "lock file left"
+    );
     let cgroup = sb.cgroup.as_ref().expect("cgroup").bound.to_string_lossy().into_owned();
     let progs = sb.exec(&sb.node_ns(), &["bpftool", "cgroup", "show", &cgroup]).expect("bpftool cgroup");
     assert!(!stdout(&progs).contains("sb_sock"), "{}", stdout(&progs));

@@ -96,6 +96,14 @@ pub fn cleanup(pin_root: &Path, kube_proxy: bool, force: bool) -> anyhow::Result
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
         Err(e) => report.errors.push(format!("removing the status file: {e}")),
     }
+    // The lock file, unless an agent (--force) still holds it.
+    if crate::lock::holder(pin_root).is_none() {
+        match fs::remove_file(crate::lock::lock_path(pin_root)) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => report.errors.push(format!("removing the lock file: {e}")),
+        }
+    }
     if kube_proxy {
         report.kube_proxy = Some(kube_proxy::remove());
     }

@@ -170,10 +170,12 @@ pub fn status_file(pin_dir: &Path) -> PathBuf {
     Path::new(STATUS_DIR).join(format!("{name}.json"))
 }
 
-/// Removes the agent's status file for `pin_dir`, if any (never the directory,
-/// which other agents on the machine may use).
+/// Removes the agent's status and lock files for `pin_dir`, if any (never
+/// the directory, which other agents on the machine may use).
 pub(super) fn remove_status_file(pin_dir: &Path) {
-    let _ = fs::remove_file(status_file(pin_dir));
+    let status = status_file(pin_dir);
+    let _ = fs::remove_file(status.with_extension("lock"));
+    let _ = fs::remove_file(status);
 }
 
 /// Names from `ip netns list`.
