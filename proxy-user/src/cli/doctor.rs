@@ -332,7 +332,11 @@ fn kube_proxy_check(found: &kube_proxy::Leftovers) -> Check {
             fix: fix.into(),
         });
     }
-    Check::new("no kube-proxy leftovers", "iptables, nftables, kube-ipvs0", findings)
+    let detail = match found.checked.is_empty() {
+        true => "kube-ipvs0 only: no iptables-save or nft here (run on the host for the rest)".to_owned(),
+        false => format!("{}, kube-ipvs0", found.checked.join(", ")),
+    };
+    Check::new("no kube-proxy leftovers", detail, findings)
 }
 
 pub fn render(checks: &[Check]) -> String {
@@ -390,8 +394,12 @@ mod tests {
             iptables_chains: vec!["iptables-save nat: KUBE-SERVICES".into()],
             nft_tables: vec!["ip kube-proxy".into()],
             ipvs_interface: false,
+            checked: vec!["iptables-save".into(), "nft".into()],
         });
         assert_eq!(c.findings.len(), 2);
+        assert_eq!(c.detail, "iptables-save, nft, kube-ipvs0");
+        let none = kube_proxy_check(&kube_proxy::Leftovers::default());
+        assert!(none.detail.contains("no iptables-save or nft here"), "{}", none.detail);
         let text = render(&[c, endpoints_check(Some(&[]))]);
         assert!(text.contains("no kube-proxy leftovers  2 PROBLEM(S)"), "{text}");
         assert!(text.contains("- [no kube-proxy leftovers] kube-proxy nftables tables: ip kube-proxy"), "{text}");

@@ -35,6 +35,9 @@ pub struct Leftovers {
     /// `ip kube-proxy`.
     pub nft_tables: Vec<String>,
     pub ipvs_interface: bool,
+    /// The tools that were looked at (`iptables-save`, `nft`, ...); one
+    /// that is not installed here was not checked.
+    pub checked: Vec<String>,
 }
 
 /// What [`remove`] did.
@@ -114,6 +117,7 @@ pub fn find(interfaces: &[String]) -> Leftovers {
     };
     for (save, _) in TOOLS {
         let Some(tool) = find_tool(save) else { continue };
+        found.checked.push((*save).to_owned());
         for table in TABLES {
             if let Some(dump) = output(&tool, &["-t", table]) {
                 found
@@ -123,6 +127,7 @@ pub fn find(interfaces: &[String]) -> Leftovers {
         }
     }
     if let Some(nft) = find_tool("nft") {
+        found.checked.push("nft".to_owned());
         if let Some(listing) = output(&nft, &["list", "tables"]) {
             found.nft_tables = kube_nft_tables(&listing);
         }
