@@ -128,6 +128,7 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
             .context("finding the uplinks (--uplink)")?,
     };
     let mut snapshots = open_source(&config).await?;
+    tokio::spawn(mark_queued(snapshots.clone(), proxy_health.clone()));
 
     let mut ebpf = ebpf::load(&config.pin_root, &capacities, resize.maps())
         .context("loading the eBPF programs")?;
@@ -268,6 +269,16 @@ async fn open_source(config: &AgentConfig) -> anyhow::Result<watch::Receiver<std
                 .context("the cluster watch stopped before its first list")?;
             Ok(rx)
         }
+    }
+}
+
+/// Marks every snapshot the source publishes as a queued change, as
+/// kube-proxy's event handlers do, apart from the loop that syncs it: a loop
+/// that hangs leaves the change queued and `/healthz` turns unhealthy.
+async fn mark_queued(mut snapshots: watch::Receiver<std::sync::Arc<Snapshot>>, health: ProxyHealth) {
+    while snapshots.changed().await.is_ok() {
+        let id = std::sync::Arc::as_ptr(&snapshots.borrow_and_update()) as usize;
+        health.queued_change(id);
     }
 }
 
@@ -465,6 +476,8 @@ impl<S: MapStore> SyncLoop<'_, S> {
 
     fn on_snapshot(&mut self, snapshot: &std::sync::Arc<Snapshot>) {
         let started = std::time::Instant::now();
+        // Also marked by `mark_queued` when the source published it; this
+        // covers syncs of an earlier snapshot (address changes).
         self.proxy_health.queued();
         self.proxy_health
             .set_node_eligible(!snapshot.node.as_ref().is_some_and(|n| n.deleting));
@@ -516,7 +529,8 @@ impl<S: MapStore> SyncLoop<'_, S> {
             report.failed.len(),
             std::time::SystemTime::now(),
         );
-        self.proxy_health.updated();
+        self.proxy_health
+            .updated_change(std::sync::Arc::as_ptr(snapshot) as usize);
         self.status.last_sync_unix_s = unix_now();
         self.status.last_sync_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
         let status = AgentStatus {

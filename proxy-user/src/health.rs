@@ -129,6 +129,8 @@ struct State {
     oldest_queued: Option<SystemTime>,
     /// False while the node is being deleted.
     node_eligible: bool,
+    /// Which change the last sync programmed (see [`ProxyHealth::queued_change`]).
+    synced_change: Option<usize>,
 }
 
 /// One health check's answer.
@@ -157,6 +159,7 @@ impl ProxyHealth {
                 last_updated: None,
                 oldest_queued: Some(started),
                 node_eligible: true,
+                synced_change: None,
             })),
         }
     }
@@ -170,6 +173,23 @@ impl ProxyHealth {
     pub fn queued(&self) {
         let now = (self.clock)();
         self.state().oldest_queued.get_or_insert(now);
+    }
+
+    /// Change `id` arrived (marked apart from the loop that syncs it, so a
+    /// hung loop shows); nothing is queued when a sync already programmed
+    /// that very change.
+    pub fn queued_change(&self, id: usize) {
+        let now = (self.clock)();
+        let mut state = self.state();
+        if state.synced_change != Some(id) {
+            state.oldest_queued.get_or_insert(now);
+        }
+    }
+
+    /// A sync of change `id` finished: everything queued so far is programmed.
+    pub fn updated_change(&self, id: usize) {
+        self.updated();
+        self.state().synced_change = Some(id);
     }
 
     /// A sync finished: everything queued so far is programmed.
@@ -362,6 +382,24 @@ mod tests {
         h.updated();
         assert_eq!(both(&h), (true, true), "synced again");
         clock.advance(1000);
+        assert_eq!(both(&h), (true, true));
+    }
+
+    #[test]
+    fn a_change_marked_after_its_own_sync_is_not_queued_but_a_hung_loop_shows() {
+        let (h, clock) = health();
+        // The sync loop programmed change 7 before the marker saw it.
+        h.updated_change(7);
+        h.queued_change(7);
+        clock.advance(61);
+        assert_eq!(both(&h), (true, true), "change 7 is programmed");
+        // Change 8 arrives and the loop never gets to it.
+        h.queued_change(8);
+        clock.advance(59);
+        assert_eq!(both(&h), (true, true));
+        clock.advance(1);
+        assert_eq!(both(&h), (false, false), "change 8 waited 60 s");
+        h.updated_change(8);
         assert_eq!(both(&h), (true, true));
     }
 
