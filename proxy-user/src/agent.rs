@@ -156,10 +156,6 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
         syncer,
         proxy_name: config.proxy_name.as_deref(),
         pin_root: &config.pin_root,
-        source: match &config.source {
-            Source::Dir(dir) => format!("dir:{}", dir.display()),
-            Source::Cluster => "cluster".to_owned(),
-        },
         last_warnings: Vec::new(),
         last_failed: Vec::new(),
         close_sockets: config.socket_lb_cgroup.is_some(),
@@ -289,6 +285,10 @@ fn status_template(config: &AgentConfig) -> AgentStatus {
         pid: std::process::id(),
         version: env!("CARGO_PKG_VERSION").to_owned(),
         started_unix_s: unix_now(),
+        source: match &config.source {
+            Source::Dir(dir) => format!("dir:{}", dir.display()),
+            Source::Cluster => "cluster".to_owned(),
+        },
         kubeconfig: config.kubeconfig.as_ref().map(|p| p.display().to_string()),
         node_name: config.node_name.clone(),
         proxy_name: config.proxy_name.clone(),
@@ -382,7 +382,6 @@ struct SyncLoop<'a, S: MapStore> {
     syncer: Syncer<S>,
     proxy_name: Option<&'a str>,
     pin_root: &'a Path,
-    source: String,
     /// Logged once when they appear, not again on every sync.
     last_warnings: Vec<ModelWarning>,
     last_failed: Vec<Unprogrammed>,
@@ -452,15 +451,20 @@ impl NodePortAddresses {
 
 impl<S: MapStore> SyncLoop<'_, S> {
     /// Records the attached interfaces; the status file is rewritten when
-    /// they changed.
+    /// they changed (no sync: the maps do not depend on them).
     fn set_interfaces(&mut self, pods: Vec<status::AttachedInterface>, uplinks: &[status::AttachedInterface]) {
         let interfaces: Vec<_> = uplinks.iter().cloned().chain(pods).collect();
-        if interfaces == self.status.interfaces {
-            return;
+        if interfaces != self.status.interfaces {
+            self.status.interfaces = interfaces;
+            self.write_status();
         }
-        self.status.interfaces = interfaces;
-        if let Some(last) = self.last.clone() {
-            self.on_snapshot(&last);
+    }
+
+    /// Writes the status file the CLI reads.
+    fn write_status(&mut self) {
+        self.status.updated_unix_s = unix_now();
+        if let Err(error) = status::write(self.pin_root, &self.status) {
+            warn!(%error, path = %status::status_path(self.pin_root).display(), "writing the status file failed");
         }
     }
 
@@ -533,25 +537,18 @@ impl<S: MapStore> SyncLoop<'_, S> {
             .updated_change(std::sync::Arc::as_ptr(snapshot) as usize);
         self.status.last_sync_unix_s = unix_now();
         self.status.last_sync_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
-        let status = AgentStatus {
-            updated_unix_s: unix_now(),
-            source: self.source.clone(),
-            frontends_desired: desired.frontends.len(),
-            unprogrammed: report
-                .failed
-                .iter()
-                .map(|f| UnprogrammedService {
-                    service: f.service.clone(),
-                    frontend: f.frontend.to_string(),
-                    reason: f.reason.clone(),
-                })
-                .collect(),
-            warnings: warnings.iter().map(ToString::to_string).collect(),
-            ..self.status.clone()
-        };
-        if let Err(error) = status::write(self.pin_root, &status) {
-            warn!(%error, path = %status::status_path(self.pin_root).display(), "writing the status file failed");
-        }
+        self.status.frontends_desired = desired.frontends.len();
+        self.status.unprogrammed = report
+            .failed
+            .iter()
+            .map(|f| UnprogrammedService {
+                service: f.service.clone(),
+                frontend: f.frontend.to_string(),
+                reason: f.reason.clone(),
+            })
+            .collect();
+        self.status.warnings = warnings.iter().map(ToString::to_string).collect();
+        self.write_status();
         self.last_warnings = warnings;
         self.last_failed = report.failed;
     }

@@ -50,8 +50,8 @@ pub enum LoadError {
     },
 }
 
-/// How many entries each map holds. Pinned maps keep the capacity they were
-/// created with; a changed capacity takes effect once the pins are removed.
+/// How many entries each map holds. A pinned map of another size is resized
+/// by the agent at start ([`crate::resize`]).
 #[derive(Clone, Copy, Debug)]
 pub struct Capacities {
     pub frontends: u32,

@@ -43,6 +43,11 @@ pub enum ResizeError {
         path: PathBuf,
         source: io::Error,
     },
+    #[error("copying the entries of map {map} into its resized copy")]
+    Copy {
+        map: &'static str,
+        source: MapError,
+    },
     #[error("map {map} cannot be resized online")]
     Unsupported { map: &'static str },
 }
@@ -71,8 +76,7 @@ impl Resize {
     /// pin an earlier, interrupted agent left. The caller loads the object
     /// with those maps pinned at [`staging_path`].
     pub fn prepare(pin_root: &Path, mismatches: &[CapacityMismatch]) -> Result<Self, ResizeError> {
-        let mut maps: Vec<&'static str> = mismatches.iter().map(|m| m.map).collect();
-        maps.dedup();
+        let maps: Vec<&'static str> = mismatches.iter().map(|m| m.map).collect();
         for map in &maps {
             let path = staging_path(pin_root, map);
             match fs::remove_file(&path) {
@@ -131,20 +135,16 @@ impl Resize {
 }
 
 fn copy_map(map: &'static str, old: MapData, new: MapData, overwrite: bool) -> Result<Copied, ResizeError> {
-    let open = |source| ResizeError::Open {
-        map,
-        path: PathBuf::from(map),
-        source,
+    let copied = match map {
+        names::FRONTENDS => copy_hash::<FrontendKey, Frontend>(old, new, overwrite),
+        names::BACKENDS => copy_hash::<u32, Backend>(old, new, overwrite),
+        names::CONNTRACK => copy_hash::<CtKey, CtEntry>(old, new, overwrite),
+        names::REVNAT => copy_hash::<u32, RevNat>(old, new, overwrite),
+        names::SOCKETS => copy_hash::<SockKey, SockEntry>(old, new, overwrite),
+        names::SERVICE_STATS => copy_per_cpu_array::<SvcStats>(old, new),
+        _ => return Err(ResizeError::Unsupported { map }),
     };
-    match map {
-        names::FRONTENDS => copy_hash::<FrontendKey, Frontend>(old, new, overwrite).map_err(open),
-        names::BACKENDS => copy_hash::<u32, Backend>(old, new, overwrite).map_err(open),
-        names::CONNTRACK => copy_hash::<CtKey, CtEntry>(old, new, overwrite).map_err(open),
-        names::REVNAT => copy_hash::<u32, RevNat>(old, new, overwrite).map_err(open),
-        names::SOCKETS => copy_hash::<SockKey, SockEntry>(old, new, overwrite).map_err(open),
-        names::SERVICE_STATS => copy_per_cpu_array::<SvcStats>(old, new).map_err(open),
-        _ => Err(ResizeError::Unsupported { map }),
-    }
+    copied.map_err(|source| ResizeError::Copy { map, source })
 }
 
 /// Copies a hash (or LRU hash) map entry by entry.

@@ -68,13 +68,6 @@ pub struct UnprogrammedService {
     pub reason: String,
 }
 
-impl AgentStatus {
-    /// Whether the agent that wrote this is still running.
-    pub fn agent_alive(&self) -> bool {
-        Path::new("/proc").join(self.pid.to_string()).exists()
-    }
-}
-
 /// The status file for `pin_root`: its path with `/` turned into `_`.
 pub fn status_path(pin_root: &Path) -> PathBuf {
     let name: String = pin_root

@@ -117,16 +117,9 @@ impl Cluster {
             .sb
             .wait_services(&switchboard(), Duration::from_secs(10), what, pred)
         {
-            Ok(_) => {}
+            Ok(_) => started.elapsed(),
             Err(e) => panic!("{e:#}\n--- agent log ---\n{}", self.sb.read_log("agent")),
         }
-        // The agent syncs before its programs take over.
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !self.sb.read_log("agent").contains(xtask::sandbox::AGENT_READY) {
-            assert!(Instant::now() < deadline, "the agent never got ready:\n{}", self.sb.read_log("agent"));
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        started.elapsed()
     }
 
     fn backends(

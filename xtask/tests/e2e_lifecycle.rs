@@ -84,12 +84,11 @@ fn wait_log(sb: &Sandbox, needle: &str, timeout: Duration) {
     }
 }
 
-/// Starts `bin` as the sandbox's agent and waits until it has attached.
+/// Starts `bin` as the sandbox's agent and waits until its programs took
+/// over.
 fn start_and_settle(sb: &mut Sandbox, bin: &Path) {
     sb.start_agent(bin).expect("start the agent");
-    wait_log(sb, "programs attached", Duration::from_secs(10));
-    // One pass attaches every pod interface; the first line shows it began.
-    std::thread::sleep(Duration::from_millis(300));
+    wait_log(sb, xtask::sandbox::AGENT_READY, Duration::from_secs(10));
 }
 
 #[test]

@@ -250,10 +250,11 @@ pub fn render_table(rows: &[ServiceRow]) -> String {
     out
 }
 
-/// What the agent could not program, and whether it is running.
-pub fn render_status(status: &crate::status::AgentStatus) -> String {
+/// What the agent could not program, and whether it is running (`alive`:
+/// see [`super::agent_process`]).
+pub fn render_status(status: &crate::status::AgentStatus, alive: bool) -> String {
     let mut out = String::new();
-    if !status.agent_alive() {
+    if !alive {
         let _ = writeln!(
             out,
             "\nThe agent (pid {}) is not running: the maps above keep forwarding, but nothing follows changes.",
@@ -291,7 +292,8 @@ pub fn services(pin_root: &Path, json: bool) -> anyhow::Result<String> {
     }
     let mut text = render_table(&rows);
     if let Some(status) = crate::status::read(pin_root) {
-        text.push_str(&render_status(&status));
+        let alive = super::agent_process(pin_root, Some(&status)).alive;
+        text.push_str(&render_status(&status, alive));
     }
     Ok(text)
 }

@@ -377,28 +377,16 @@ impl Sandbox {
         procs::kill(&mut self.children, "agent")
     }
 
-    /// Waits up to `timeout` for the agent to exit by itself; its status.
-    pub fn wait_agent_exit(&mut self, timeout: Duration) -> Result<std::process::ExitStatus> {
-        let deadline = Instant::now() + timeout;
-        while self.agent_running() {
-            if Instant::now() > deadline {
-                bail!("the agent still runs after {timeout:?}");
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        procs::stop(&mut self.children, "agent")
-    }
-
     /// Whether the agent process is still running.
     pub fn agent_running(&mut self) -> bool {
         procs::is_running(&mut self.children, "agent")
     }
 
-    /// Whether the agent started by this sandbox has logged that its
-    /// programs took over (it syncs before it attaches, so services can show
-    /// before traffic is served).
+    /// Whether the agent (any process started with the label `agent`) has
+    /// logged that its programs took over: it syncs before it attaches, so
+    /// services can show before traffic is served.
     pub fn agent_ready(&self) -> bool {
-        self.agent_log.is_none() || self.agent_log().contains(AGENT_READY)
+        !self.log_path("agent").exists() || self.read_log("agent").contains(AGENT_READY)
     }
 
     /// The agent's log so far (empty if it was not started).
