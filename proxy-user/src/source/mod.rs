@@ -5,5 +5,6 @@
 
 pub mod cluster;
 pub mod dir;
+pub mod feed;
 
 pub use dir::{load_file, watch_dir, InvalidObject, ManifestError, Snapshot};

@@ -25,6 +25,12 @@ use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
+pub mod input;
+pub use input::{
+    EndpointInfo, Hints, Interner, LbIngress, ObjectKey, ProxyLabels, RawAddress, ServiceInfo,
+    ServicePortInfo, ServiceSpecInfo, SliceInfo, SlicePortInfo,
+};
+
 /// Label on an EndpointSlice naming the Service it belongs to (same namespace).
 pub const LABEL_SERVICE_NAME: &str = "kubernetes.io/service-name";
 /// Label on a Service that hands it to another proxy implementation.

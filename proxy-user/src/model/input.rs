@@ -1,0 +1,402 @@
+//! What the model reads from a Service or an EndpointSlice, and nothing else.
+//!
+//! Both sources convert each object as it arrives ([`ServiceInfo::from_k8s`],
+//! [`SliceInfo::from_k8s`]) and drop the k8s-openapi object: an agent at 100k
+//! Services holds these instead of whole objects (managed fields, selectors,
+//! status it never reads). The conversion never fails and never judges:
+//! a value the model will refuse (an address that does not parse, a port out
+//! of range) is kept as written, so the model can name it in its warning.
+//!
+//! Fields are raw where the model's rules decide (`type`, policies); parsed
+//! where there are many of them and the parse is lossless (endpoint
+//! addresses, node names shared through an [`Interner`]).
+
+use std::collections::HashSet;
+use std::fmt;
+use std::net::Ipv4Addr;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::{Endpoint, EndpointSlice};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::chrono::DateTime;
+
+use super::{ANNOTATION_LB_ALGORITHM, LABEL_HEADLESS, LABEL_SERVICE_NAME, LABEL_SERVICE_PROXY_NAME};
+
+/// The annotation the EndpointSlice controller stamps with the time of the
+/// change that caused the slice's last update (for the programming-latency
+/// metric).
+pub const TRIGGER_TIME_ANNOTATION: &str = "endpoints.kubernetes.io/last-change-trigger-time";
+
+/// A namespaced object's identity. An empty or missing namespace is
+/// `default`, as the API server fills it in.
+#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ObjectKey {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl ObjectKey {
+    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> ObjectKey {
+        ObjectKey {
+            namespace: namespace.into(),
+            name: name.into(),
+        }
+    }
+
+    /// The key of an object from its metadata.
+    pub fn of(meta: &ObjectMeta) -> ObjectKey {
+        ObjectKey {
+            namespace: meta
+                .namespace
+                .as_deref()
+                .filter(|n| !n.is_empty())
+                .unwrap_or("default")
+                .to_owned(),
+            name: meta.name.clone().unwrap_or_default(),
+        }
+    }
+}
+
+impl fmt::Display for ObjectKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let name = if self.name.is_empty() { "?" } else { &self.name };
+        write!(f, "{}/{}", self.namespace, name)
+    }
+}
+
+/// Shares equal strings (node names: one per node, named by every endpoint
+/// on it) so a million endpoints do not hold a million copies.
+#[derive(Debug, Default)]
+pub struct Interner {
+    strings: HashSet<Arc<str>>,
+}
+
+impl Interner {
+    pub fn intern(&mut self, s: &str) -> Arc<str> {
+        if let Some(existing) = self.strings.get(s) {
+            return Arc::clone(existing);
+        }
+        let new: Arc<str> = Arc::from(s);
+        self.strings.insert(Arc::clone(&new));
+        new
+    }
+
+    /// Forgets strings nothing else holds any more.
+    pub fn prune(&mut self) {
+        self.strings.retain(|s| Arc::strong_count(s) > 1);
+    }
+}
+
+/// The labels that decide whether a proxy handles an object.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ProxyLabels {
+    /// `service.kubernetes.io/service-proxy-name`.
+    pub proxy_name: Option<String>,
+    /// `service.kubernetes.io/headless` is present.
+    pub headless: bool,
+}
+
+impl ProxyLabels {
+    fn of(meta: &ObjectMeta) -> ProxyLabels {
+        ProxyLabels {
+            proxy_name: label(meta, LABEL_SERVICE_PROXY_NAME).map(str::to_owned),
+            headless: label(meta, LABEL_HEADLESS).is_some(),
+        }
+    }
+
+    /// kube-proxy watches through the label selector
+    /// `!service.kubernetes.io/service-proxy-name,!service.kubernetes.io/headless`.
+    /// With a proxy name of our own, objects labelled with exactly that name
+    /// are ours too.
+    pub fn selected(&self, proxy_name: Option<&str>) -> bool {
+        if self.headless {
+            return false;
+        }
+        match &self.proxy_name {
+            None => true,
+            Some(v) => proxy_name == Some(v.as_str()),
+        }
+    }
+}
+
+fn label<'a>(meta: &'a ObjectMeta, key: &str) -> Option<&'a str> {
+    meta.labels.as_ref()?.get(key).map(String::as_str)
+}
+
+/// A Service as the model reads it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ServiceInfo {
+    pub key: ObjectKey,
+    pub labels: ProxyLabels,
+    /// `metadata.creationTimestamp`, Unix seconds.
+    pub created_unix_s: Option<i64>,
+    /// The `switchboard.io/lb-algorithm` annotation, as written.
+    pub lb_algorithm: Option<String>,
+    /// `None`: the object has no spec.
+    pub spec: Option<ServiceSpecInfo>,
+}
+
+/// The parts of `spec` (and `status.loadBalancer`) the model reads.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ServiceSpecInfo {
+    pub type_: Option<String>,
+    /// `clusterIPs` when it is set and not empty, else `clusterIP`; as written.
+    pub cluster_ips: Vec<String>,
+    pub external_ips: Vec<String>,
+    /// `status.loadBalancer.ingress`.
+    pub lb_ingress: Vec<LbIngress>,
+    pub has_lb_source_ranges: bool,
+    pub session_affinity: Option<String>,
+    /// `sessionAffinityConfig.clientIP.timeoutSeconds`.
+    pub affinity_timeout_s: Option<i32>,
+    pub external_traffic_policy: Option<String>,
+    pub internal_traffic_policy: Option<String>,
+    pub health_check_node_port: Option<i32>,
+    pub publish_not_ready_addresses: bool,
+    pub ports: Vec<ServicePortInfo>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LbIngress {
+    pub ip: Option<String>,
+    pub ip_mode: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ServicePortInfo {
+    /// Empty when unnamed.
+    pub name: String,
+    pub protocol: Option<String>,
+    pub port: i32,
+    pub node_port: Option<i32>,
+}
+
+impl ServiceInfo {
+    pub fn from_k8s(svc: &Service) -> ServiceInfo {
+        let meta = &svc.metadata;
+        ServiceInfo {
+            key: ObjectKey::of(meta),
+            labels: ProxyLabels::of(meta),
+            created_unix_s: meta.creation_timestamp.as_ref().map(|t| t.0.timestamp()),
+            lb_algorithm: meta
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(ANNOTATION_LB_ALGORITHM))
+                .cloned(),
+            spec: svc.spec.as_ref().map(|spec| ServiceSpecInfo {
+                type_: spec.type_.clone(),
+                cluster_ips: match spec.cluster_ips.as_deref() {
+                    Some(list) if !list.is_empty() => list.to_vec(),
+                    _ => spec.cluster_ip.iter().cloned().collect(),
+                },
+                external_ips: spec.external_ips.clone().unwrap_or_default(),
+                lb_ingress: svc
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.load_balancer.as_ref())
+                    .and_then(|lb| lb.ingress.as_ref())
+                    .into_iter()
+                    .flatten()
+                    .map(|i| LbIngress {
+                        ip: i.ip.clone(),
+                        ip_mode: i.ip_mode.clone(),
+                    })
+                    .collect(),
+                has_lb_source_ranges: spec
+                    .load_balancer_source_ranges
+                    .as_ref()
+                    .is_some_and(|r| !r.is_empty()),
+                session_affinity: spec.session_affinity.clone(),
+                affinity_timeout_s: spec
+                    .session_affinity_config
+                    .as_ref()
+                    .and_then(|c| c.client_ip.as_ref())
+                    .and_then(|c| c.timeout_seconds),
+                external_traffic_policy: spec.external_traffic_policy.clone(),
+                internal_traffic_policy: spec.internal_traffic_policy.clone(),
+                health_check_node_port: spec.health_check_node_port,
+                publish_not_ready_addresses: spec.publish_not_ready_addresses == Some(true),
+                ports: spec
+                    .ports
+                    .iter()
+                    .flatten()
+                    .map(|p| ServicePortInfo {
+                        name: p.name.clone().unwrap_or_default(),
+                        protocol: p.protocol.clone(),
+                        port: p.port,
+                        node_port: p.node_port,
+                    })
+                    .collect(),
+            }),
+        }
+    }
+}
+
+/// An EndpointSlice as the model reads it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SliceInfo {
+    pub key: ObjectKey,
+    pub labels: ProxyLabels,
+    /// `kubernetes.io/service-name`: the Service (same namespace) it serves.
+    pub service_name: Option<String>,
+    pub address_type: String,
+    pub endpoints: Vec<EndpointInfo>,
+    pub ports: Vec<SlicePortInfo>,
+    /// `endpoints.kubernetes.io/last-change-trigger-time`, when it parses.
+    pub trigger_time: Option<SystemTime>,
+}
+
+/// An endpoint's address as written: parsed when it is a canonical IPv4
+/// address (the common case, 4 bytes), else kept as text.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RawAddress {
+    V4(Ipv4Addr),
+    Other(Box<str>),
+}
+
+impl RawAddress {
+    fn new(s: &str) -> RawAddress {
+        match s.parse::<Ipv4Addr>() {
+            Ok(ip) => RawAddress::V4(ip),
+            Err(_) => RawAddress::Other(s.into()),
+        }
+    }
+
+    /// The IPv4 address, accepting surrounding whitespace.
+    pub fn v4(&self) -> Option<Ipv4Addr> {
+        match self {
+            RawAddress::V4(ip) => Some(*ip),
+            RawAddress::Other(s) => s.trim().parse().ok(),
+        }
+    }
+}
+
+impl fmt::Display for RawAddress {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RawAddress::V4(ip) => ip.fmt(f),
+            RawAddress::Other(s) => f.write_str(s),
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EndpointInfo {
+    /// The first of `addresses` (the only one kube-proxy uses); `None` when
+    /// the list is empty.
+    pub address: Option<RawAddress>,
+    /// How many addresses the endpoint lists in all.
+    pub address_count: u32,
+    pub ready: Option<bool>,
+    pub serving: Option<bool>,
+    pub terminating: Option<bool>,
+    pub node_name: Option<Arc<str>>,
+    /// `hints`, when present (rare: boxed to keep the common endpoint small).
+    pub hints: Option<Box<Hints>>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Hints {
+    pub for_nodes: Vec<Arc<str>>,
+    pub for_zones: Vec<Arc<str>>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SlicePortInfo {
+    pub name: Option<String>,
+    pub protocol: Option<String>,
+    pub port: Option<i32>,
+}
+
+impl SliceInfo {
+    /// Converts a slice; node names and hints go through `interner`.
+    pub fn from_k8s(slice: &EndpointSlice, interner: &mut Interner) -> SliceInfo {
+        let meta = &slice.metadata;
+        SliceInfo {
+            key: ObjectKey::of(meta),
+            labels: ProxyLabels::of(meta),
+            service_name: label(meta, LABEL_SERVICE_NAME).map(str::to_owned),
+            address_type: slice.address_type.clone(),
+            endpoints: slice
+                .endpoints
+                .iter()
+                .map(|ep| EndpointInfo::from_k8s(ep, interner))
+                .collect(),
+            ports: slice
+                .ports
+                .iter()
+                .flatten()
+                .map(|p| SlicePortInfo {
+                    name: p.name.clone(),
+                    protocol: p.protocol.clone(),
+                    port: p.port,
+                })
+                .collect(),
+            trigger_time: meta
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(TRIGGER_TIME_ANNOTATION))
+                .and_then(|v| DateTime::parse_from_rfc3339(v).ok())
+                .map(SystemTime::from),
+        }
+    }
+}
+
+impl EndpointInfo {
+    fn from_k8s(ep: &Endpoint, interner: &mut Interner) -> EndpointInfo {
+        let c = ep.conditions.as_ref();
+        let hints = ep.hints.as_ref().map(|h| {
+            Box::new(Hints {
+                for_nodes: h
+                    .for_nodes
+                    .iter()
+                    .flatten()
+                    .map(|n| interner.intern(&n.name))
+                    .collect(),
+                for_zones: h
+                    .for_zones
+                    .iter()
+                    .flatten()
+                    .map(|z| interner.intern(&z.name))
+                    .collect(),
+            })
+        });
+        EndpointInfo {
+            address: ep.addresses.first().map(|a| RawAddress::new(a)),
+            address_count: u32::try_from(ep.addresses.len()).unwrap_or(u32::MAX),
+            ready: c.and_then(|c| c.ready),
+            serving: c.and_then(|c| c.serving),
+            terminating: c.and_then(|c| c.terminating),
+            node_name: ep.node_name.as_deref().map(|n| interner.intern(n)),
+            hints,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn canonical_ipv4_is_parsed_anything_else_kept_as_written() {
+        assert_eq!(RawAddress::new("10.0.0.1"), RawAddress::V4(Ipv4Addr::new(10, 0, 0, 1)));
+        let spaced = RawAddress::new(" 10.0.0.1");
+        assert_eq!(spaced.to_string(), " 10.0.0.1");
+        assert_eq!(spaced.v4(), Some(Ipv4Addr::new(10, 0, 0, 1)));
+        assert_eq!(RawAddress::new("fd00::1").v4(), None);
+        assert_eq!(RawAddress::new("fd00::1").to_string(), "fd00::1");
+    }
+
+    #[test]
+    fn node_names_are_shared_and_pruned() {
+        let mut interner = Interner::default();
+        let a = interner.intern("node-a");
+        let b = interner.intern("node-a");
+        assert!(Arc::ptr_eq(&a, &b));
+        drop((a, b));
+        interner.prune();
+        assert!(interner.strings.is_empty());
+    }
+}

@@ -1,0 +1,185 @@
+//! The one way both sources hand objects to the agent: changes, per object.
+//!
+//! A source records each object that changed ([`FeedTx::service`],
+//! [`FeedTx::slice`], [`FeedTx::node`]) and then [`publish`](FeedTx::publish)es.
+//! The agent wakes, [`take`](FeedRx::take)s everything recorded since its last
+//! take, and recomputes only the Services those objects touch. Changes to one
+//! object made while the agent was busy collapse into the newest version, so
+//! a burst costs one sync and memory stays bounded by the number of objects,
+//! never by the number of events.
+//!
+//! The first publish carries the source's complete first view (the cluster
+//! source's initial lists; the directory's first scan); nothing is published
+//! before it, so a starting agent never programs or removes anything from a
+//! partial view.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use tokio::sync::watch;
+
+use crate::model::{NodeInfo, ObjectKey, ServiceInfo, SliceInfo};
+
+/// Everything recorded since the last take. `None` values are deletions.
+#[derive(Debug, Default)]
+pub struct Changes {
+    pub services: BTreeMap<ObjectKey, Option<Arc<ServiceInfo>>>,
+    pub slices: BTreeMap<ObjectKey, Option<Arc<SliceInfo>>>,
+    /// `Some`: this node's Node changed (to `None`: it is gone or unknown).
+    pub node: Option<Option<NodeInfo>>,
+    /// The publish count these changes cover (what `/healthz` tracks).
+    pub seq: u64,
+}
+
+impl Changes {
+    pub fn is_empty(&self) -> bool {
+        self.services.is_empty() && self.slices.is_empty() && self.node.is_none()
+    }
+
+    /// Objects changed (for logs).
+    pub fn len(&self) -> usize {
+        self.services.len() + self.slices.len() + usize::from(self.node.is_some())
+    }
+}
+
+struct Shared {
+    pending: Mutex<Changes>,
+    published: watch::Sender<u64>,
+}
+
+impl Shared {
+    fn pending(&self) -> MutexGuard<'_, Changes> {
+        // A panic while holding the lock cannot leave `Changes` half-updated
+        // (every update is one map insert), so a poisoned lock is still usable.
+        self.pending.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// The source's end.
+#[derive(Clone)]
+pub struct FeedTx {
+    shared: Arc<Shared>,
+}
+
+/// The agent's end.
+pub struct FeedRx {
+    shared: Arc<Shared>,
+    published: watch::Receiver<u64>,
+}
+
+/// A new feed: nothing published yet.
+pub fn feed() -> (FeedTx, FeedRx) {
+    let (published, rx) = watch::channel(0);
+    let shared = Arc::new(Shared {
+        pending: Mutex::new(Changes::default()),
+        published,
+    });
+    (
+        FeedTx {
+            shared: Arc::clone(&shared),
+        },
+        FeedRx {
+            shared,
+            published: rx,
+        },
+    )
+}
+
+impl FeedTx {
+    /// Records a Service's new version (`None`: deleted).
+    pub fn service(&self, key: ObjectKey, info: Option<Arc<ServiceInfo>>) {
+        self.shared.pending().services.insert(key, info);
+    }
+
+    /// Records an EndpointSlice's new version (`None`: deleted).
+    pub fn slice(&self, key: ObjectKey, info: Option<Arc<SliceInfo>>) {
+        self.shared.pending().slices.insert(key, info);
+    }
+
+    /// Records this node's new state (`None`: gone or unknown).
+    pub fn node(&self, node: Option<NodeInfo>) {
+        self.shared.pending().node = Some(node);
+    }
+
+    /// Wakes the agent for what was recorded.
+    pub fn publish(&self) {
+        self.shared.published.send_modify(|n| *n += 1);
+    }
+
+    /// Whether the agent's end is gone (the source may stop).
+    pub fn is_closed(&self) -> bool {
+        self.shared.published.is_closed()
+    }
+}
+
+/// The agent's end stopped listening.
+#[derive(Debug, thiserror::Error)]
+#[error("the source stopped")]
+pub struct SourceStopped;
+
+impl FeedRx {
+    /// Waits for the next publish.
+    pub async fn changed(&mut self) -> Result<(), SourceStopped> {
+        self.published.changed().await.map_err(|_| SourceStopped)
+    }
+
+    /// Everything recorded so far, leaving nothing pending.
+    pub fn take(&mut self) -> Changes {
+        let seq = *self.published.borrow_and_update();
+        let mut changes = std::mem::take(&mut *self.shared.pending());
+        changes.seq = seq;
+        changes
+    }
+
+    /// The publish count, to watch apart from the agent's loop (`/healthz`
+    /// marks each publish as a queued change).
+    pub fn publishes(&self) -> watch::Receiver<u64> {
+        self.published.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn svc(name: &str, port: i32) -> Arc<ServiceInfo> {
+        Arc::new(ServiceInfo {
+            key: ObjectKey::new("default", name),
+            spec: Some(crate::model::ServiceSpecInfo {
+                ports: vec![crate::model::ServicePortInfo {
+                    port,
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+    }
+
+    #[tokio::test]
+    async fn versions_of_one_object_collapse_into_the_newest() {
+        let (tx, mut rx) = feed();
+        let key = ObjectKey::new("default", "web");
+        tx.service(key.clone(), Some(svc("web", 80)));
+        tx.publish();
+        tx.service(key.clone(), Some(svc("web", 81)));
+        tx.publish();
+        rx.changed().await.expect("published");
+        let changes = rx.take();
+        assert_eq!(changes.seq, 2);
+        assert_eq!(changes.services.len(), 1);
+        assert_eq!(changes.services[&key], Some(svc("web", 81)));
+        assert!(rx.take().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_delete_after_an_update_is_a_delete() {
+        let (tx, mut rx) = feed();
+        let key = ObjectKey::new("default", "web");
+        tx.service(key.clone(), Some(svc("web", 80)));
+        tx.service(key.clone(), None);
+        tx.publish();
+        rx.changed().await.expect("published");
+        assert_eq!(rx.take().services[&key], None);
+    }
+}
