@@ -1,0 +1,265 @@
+//! From a Service's EndpointSlices to the backends of one of its ports:
+//! conditions read once per slice, the same address merged across slices,
+//! then kube-proxy's cluster and local selections (with topology hints and
+//! the serving-and-terminating fallback).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::Ipv4Addr;
+use std::sync::Arc;
+
+use super::{
+    port_u16, BackendAddr, EndpointInfo, ModelWarning, NodeInfo, Protocol, SliceInfo,
+    TopologyMode,
+};
+
+/// One endpoint address as the model sees it, after conditions are read.
+#[derive(Clone, Debug)]
+pub(super) struct Ep {
+    ip: Ipv4Addr,
+    ready: bool,
+    serving: bool,
+    terminating: bool,
+    local: bool,
+    node_hints: BTreeSet<Arc<str>>,
+    zone_hints: BTreeSet<Arc<str>>,
+}
+
+impl Ep {
+    /// Preference when the same address appears in several slices.
+    fn rank(&self) -> u8 {
+        if self.ready {
+            2
+        } else if self.serving && self.terminating {
+            1
+        } else {
+            0
+        }
+    }
+}
+
+/// A slice with its endpoints parsed once (so per-endpoint warnings are issued once).
+pub(super) struct ParsedSlice<'a> {
+    slice: &'a SliceInfo,
+    object: String,
+    endpoints: Vec<Ep>,
+}
+
+/// The backends chosen for one frontend and why.
+#[derive(Default)]
+pub(super) struct Selection {
+    pub backends: Vec<BackendAddr>,
+    pub terminating_fallback: bool,
+    pub topology: Option<TopologyMode>,
+}
+
+/// Reads slices for one Service on one node, collecting warnings.
+pub(super) struct Endpoints<'n, 'w> {
+    pub node: Option<&'n NodeInfo>,
+    pub warnings: &'w mut Vec<ModelWarning>,
+}
+
+impl Endpoints<'_, '_> {
+    fn warn(&mut self, object: &str, problem: impl Into<String>) {
+        self.warnings.push(ModelWarning {
+            object: object.to_owned(),
+            problem: problem.into(),
+        });
+    }
+
+    /// Reads a slice's endpoints once. `None` for slices that are not IPv4.
+    pub fn parse_slice<'s>(
+        &mut self,
+        slice: &'s SliceInfo,
+        publish_not_ready: bool,
+    ) -> Option<ParsedSlice<'s>> {
+        let object = format!("EndpointSlice {}", slice.key);
+        match slice.address_type.as_str() {
+            "IPv4" => {}
+            "" => {
+                self.warn(&object, "has no addressType; ignored");
+                return None;
+            }
+            _ => return None, // IPv6 and FQDN slices are not ours
+        }
+        let mut endpoints = Vec::new();
+        for ep in &slice.endpoints {
+            let Some(first) = &ep.address else {
+                self.warn(&object, "an endpoint has no addresses; ignored");
+                continue;
+            };
+            if ep.address_count > 1 {
+                self.warn(
+                    &object,
+                    format!(
+                        "endpoint {first} lists {} addresses; only the first is used (as kube-proxy does)",
+                        ep.address_count
+                    ),
+                );
+            }
+            let Some(ip) = first.v4() else {
+                self.warn(
+                    &object,
+                    format!("endpoint address {:?} is not an IPv4 address; skipped", first.to_string()),
+                );
+                continue;
+            };
+            endpoints.push(self.endpoint(ep, ip, publish_not_ready));
+        }
+        Some(ParsedSlice {
+            slice,
+            object,
+            endpoints,
+        })
+    }
+
+    fn endpoint(&self, ep: &EndpointInfo, ip: Ipv4Addr, publish_not_ready: bool) -> Ep {
+        let hints = ep.hints.as_deref();
+        Ep {
+            ip,
+            // publishNotReadyAddresses: in a cluster the EndpointSlice controller
+            // already marks such endpoints ready; doing it here too makes the
+            // manifest-directory source behave the same.
+            ready: ep.ready.unwrap_or(true) || publish_not_ready,
+            serving: ep.serving.unwrap_or(true),
+            terminating: ep.terminating.unwrap_or(false),
+            local: match (self.node, ep.node_name.as_deref()) {
+                (Some(n), Some(epn)) => n.name == epn,
+                _ => false,
+            },
+            node_hints: hints.map(|h| h.for_nodes.iter().cloned().collect()).unwrap_or_default(),
+            zone_hints: hints.map(|h| h.for_zones.iter().cloned().collect()).unwrap_or_default(),
+        }
+    }
+
+    /// The endpoints serving one Service port across all slices: the slice
+    /// port with the same name and protocol gives the target port (per slice),
+    /// and an address:port seen in several slices counts once.
+    pub fn for_port(
+        &mut self,
+        parsed: &[ParsedSlice],
+        port_name: &str,
+        protocol: Protocol,
+    ) -> Vec<(BackendAddr, Ep)> {
+        let mut merged: BTreeMap<BackendAddr, Ep> = BTreeMap::new();
+        for ps in parsed {
+            let matching = ps.slice.ports.iter().find(|p| {
+                p.name.as_deref().unwrap_or("") == port_name
+                    && Protocol::from_k8s(p.protocol.as_deref()).ok() == Some(protocol)
+            });
+            let Some(sp) = matching else {
+                continue;
+            };
+            let Some(port) = sp.port.and_then(port_u16) else {
+                let what = match sp.port {
+                    None => "has no port number".to_string(),
+                    Some(p) => format!("has invalid port number {p}"),
+                };
+                self.warn(
+                    &ps.object,
+                    format!("port {port_name:?}/{protocol} {what}; its endpoints are not used for it"),
+                );
+                continue;
+            };
+            for ep in &ps.endpoints {
+                merge(&mut merged, BackendAddr { ip: ep.ip, port }, ep);
+            }
+        }
+        merged.into_iter().collect()
+    }
+
+    /// kube-proxy's "cluster" endpoints: ready ones (narrowed by topology hints
+    /// when usable); if none is ready anywhere, the serving-and-terminating ones.
+    pub fn cluster_selection(&self, eps: &[(BackendAddr, Ep)]) -> Selection {
+        let topology = self.node.and_then(|n| topology_mode(eps, n));
+        let ready: Vec<BackendAddr> = eps
+            .iter()
+            .filter(|(_, e)| e.ready)
+            .filter(|(_, e)| match (topology, self.node) {
+                (Some(TopologyMode::SameNode), Some(n)) => e.node_hints.contains(n.name.as_str()),
+                (Some(TopologyMode::SameZone), Some(n)) => {
+                    n.zone.as_deref().is_some_and(|z| e.zone_hints.contains(z))
+                }
+                _ => true,
+            })
+            .map(|(a, _)| *a)
+            .collect();
+        if !ready.is_empty() {
+            return Selection {
+                backends: ready,
+                terminating_fallback: false,
+                topology,
+            };
+        }
+        fallback(eps, |_| true)
+    }
+
+    /// kube-proxy's "local" endpoints: this node's ready ones, or if it has
+    /// none, this node's serving-and-terminating ones.
+    pub fn local_selection(&self, eps: &[(BackendAddr, Ep)]) -> Selection {
+        let local_ready: Vec<BackendAddr> = eps
+            .iter()
+            .filter(|(_, e)| e.local && e.ready)
+            .map(|(a, _)| *a)
+            .collect();
+        if !local_ready.is_empty() {
+            return Selection {
+                backends: local_ready,
+                ..Selection::default()
+            };
+        }
+        fallback(eps, |e| e.local)
+    }
+}
+
+/// Adds one slice's endpoint; an address already seen keeps the better
+/// condition, and is local if either says so.
+fn merge(merged: &mut BTreeMap<BackendAddr, Ep>, addr: BackendAddr, ep: &Ep) {
+    match merged.get_mut(&addr) {
+        None => {
+            merged.insert(addr, ep.clone());
+        }
+        Some(prev) => {
+            let local = prev.local || ep.local;
+            if ep.rank() > prev.rank() {
+                *prev = ep.clone();
+            }
+            prev.local = local;
+        }
+    }
+}
+
+/// The serving-and-terminating endpoints among those `eligible`.
+fn fallback(eps: &[(BackendAddr, Ep)], eligible: impl Fn(&Ep) -> bool) -> Selection {
+    let backends: Vec<BackendAddr> = eps
+        .iter()
+        .filter(|(_, e)| eligible(e) && e.serving && e.terminating)
+        .map(|(a, _)| *a)
+        .collect();
+    Selection {
+        terminating_fallback: !backends.is_empty(),
+        backends,
+        topology: None,
+    }
+}
+
+/// Topology hints are used only when every ready endpoint carries them and at
+/// least one is meant for this node (node hints) or its zone (zone hints);
+/// node hints take precedence (kube-proxy's PreferSameNode, then PreferSameZone).
+fn topology_mode(eps: &[(BackendAddr, Ep)], node: &NodeInfo) -> Option<TopologyMode> {
+    let ready: Vec<&Ep> = eps.iter().map(|(_, e)| e).filter(|e| e.ready).collect();
+    if ready.is_empty() {
+        return None;
+    }
+    if ready.iter().all(|e| !e.node_hints.is_empty())
+        && ready.iter().any(|e| e.node_hints.contains(node.name.as_str()))
+    {
+        return Some(TopologyMode::SameNode);
+    }
+    let zone = node.zone.as_deref()?;
+    if ready.iter().all(|e| !e.zone_hints.is_empty())
+        && ready.iter().any(|e| e.zone_hints.contains(zone))
+    {
+        return Some(TopologyMode::SameZone);
+    }
+    None
+}

@@ -1,0 +1,405 @@
+//! One Service (with its EndpointSlices) to its frontends, in the steps a
+//! reader can name: its kind, its addresses (cluster IPs, external IPs, load
+//! balancer ingress), its attributes (algorithm, affinity, traffic policies),
+//! then one frontend per address and port with the backends its policy picks.
+//!
+//! Nothing here looks at other Services: which Service keeps an address two of
+//! them claim is decided by [`Model`](super::Model).
+
+use std::net::Ipv4Addr;
+
+use super::endpoints::{Endpoints, ParsedSlice, Selection};
+use super::{
+    parse_v4, port_display, port_u16, BackendAddr, Frontend, FrontendAddr, FrontendKind,
+    LbAlgorithm, ModelWarning, NodeInfo, Protocol, ServiceInfo, ServicePortInfo,
+    ServicePortName, ServiceSpecInfo, SliceInfo, DEFAULT_AFFINITY_TIMEOUT_S,
+    MAX_AFFINITY_TIMEOUT_S,
+};
+
+/// What one Service contributes: its frontends (each address at most once,
+/// in the order they were made) and the problems found in it and its slices.
+#[derive(Debug, Default)]
+pub(super) struct ServiceOutput {
+    pub frontends: Vec<Frontend>,
+    pub warnings: Vec<ModelWarning>,
+}
+
+/// Computes one Service's frontends. `slices` are the Service's
+/// EndpointSlices (already filtered by proxy labels), in name order.
+pub(super) fn compute(svc: &ServiceInfo, slices: &[&SliceInfo], node: Option<&NodeInfo>) -> ServiceOutput {
+    let mut b = ServiceBuilder {
+        node,
+        object: format!("Service {}", svc.key),
+        out: ServiceOutput::default(),
+    };
+    if svc.key.name.is_empty() {
+        b.warn("has no metadata.name; skipped");
+    } else if let Some(spec) = &svc.spec {
+        b.service(svc, spec, slices);
+    } else {
+        b.warn("has no spec; skipped");
+    }
+    b.out
+}
+
+/// The addresses a Service's frontends are made on.
+struct Addresses {
+    cluster: Vec<Ipv4Addr>,
+    external: Vec<Ipv4Addr>,
+    load_balancer: Vec<Ipv4Addr>,
+}
+
+/// What every frontend of the Service shares.
+struct Attributes {
+    kind: FrontendKind,
+    algorithm: Option<LbAlgorithm>,
+    affinity_timeout_s: Option<u32>,
+    internal_local: bool,
+    external_local: bool,
+    health_check_node_port: Option<u16>,
+}
+
+struct ServiceBuilder<'n> {
+    node: Option<&'n NodeInfo>,
+    object: String,
+    out: ServiceOutput,
+}
+
+impl ServiceBuilder<'_> {
+    fn warn(&mut self, problem: impl Into<String>) {
+        self.out.warnings.push(ModelWarning {
+            object: self.object.clone(),
+            problem: problem.into(),
+        });
+    }
+
+    fn service(&mut self, svc: &ServiceInfo, spec: &ServiceSpecInfo, slices: &[&SliceInfo]) {
+        let Some(kind) = self.kind(spec) else { return };
+        let Some(addresses) = self.addresses(spec, kind) else {
+            return;
+        };
+        let attributes = self.attributes(svc, spec, kind, &addresses);
+        let mut endpoints = Endpoints {
+            node: self.node,
+            warnings: &mut self.out.warnings,
+        };
+        let parsed: Vec<ParsedSlice> = slices
+            .iter()
+            .filter_map(|s| endpoints.parse_slice(s, spec.publish_not_ready_addresses))
+            .collect();
+        for sp in &spec.ports {
+            self.port(svc, sp, &attributes, &addresses, &parsed);
+        }
+    }
+
+    /// The frontend kind from `spec.type`; `None`: nothing to program
+    /// (ExternalName, or an unknown type, reported).
+    fn kind(&mut self, spec: &ServiceSpecInfo) -> Option<FrontendKind> {
+        match spec.type_.as_deref() {
+            None | Some("ClusterIP") => Some(FrontendKind::ClusterIp),
+            Some("NodePort") => Some(FrontendKind::NodePort),
+            Some("LoadBalancer") => Some(FrontendKind::LoadBalancer),
+            Some("ExternalName") => None,
+            Some(other) => {
+                self.warn(format!("unknown spec.type {other:?}; skipped"));
+                None
+            }
+        }
+    }
+
+    /// Cluster IPs, external IPs and load-balancer ingress IPs. `None`: the
+    /// whole Service is skipped (headless, or no cluster IP at all).
+    fn addresses(&mut self, spec: &ServiceSpecInfo, kind: FrontendKind) -> Option<Addresses> {
+        // "None" (headless) or unset: kube-proxy skips the whole Service.
+        if spec.cluster_ips.iter().any(|ip| ip == "None") {
+            return None;
+        }
+        if spec.cluster_ips.iter().all(|ip| ip.is_empty()) {
+            self.warn("has no spec.clusterIP; skipped (a manifest directory has no IP allocator: set spec.clusterIP)");
+            return None;
+        }
+        let mut cluster = Vec::new();
+        for raw in &spec.cluster_ips {
+            match parse_v4(raw) {
+                Ok(Some(ip)) => cluster.push(ip),
+                Ok(None) => {}
+                Err(()) => self.warn(format!("clusterIP {raw:?} is not an IP address")),
+            }
+        }
+        let mut external = Vec::new();
+        for raw in &spec.external_ips {
+            match parse_v4(raw) {
+                Ok(ip) => external.extend(ip),
+                Err(()) => self.warn(format!("externalIP {raw:?} is not an IP address")),
+            }
+        }
+        let load_balancer = if kind == FrontendKind::LoadBalancer {
+            self.load_balancer_ips(spec)
+        } else {
+            Vec::new()
+        };
+        Some(Addresses {
+            cluster,
+            external,
+            load_balancer,
+        })
+    }
+
+    fn load_balancer_ips(&mut self, spec: &ServiceSpecInfo) -> Vec<Ipv4Addr> {
+        let mut ips = Vec::new();
+        for ing in &spec.lb_ingress {
+            // ipMode Proxy: the load balancer proxies and delivers to the node
+            // itself, so kube-proxy programs nothing for this IP.
+            if ing.ip_mode.as_deref() == Some("Proxy") {
+                continue;
+            }
+            let Some(raw) = ing.ip.as_deref() else {
+                continue; // hostname-only ingress: nothing to program
+            };
+            match parse_v4(raw) {
+                Ok(Some(ip)) => ips.push(ip),
+                Ok(None) => {}
+                Err(()) => self.warn(format!(
+                    "status.loadBalancer.ingress ip {raw:?} is not an IP address"
+                )),
+            }
+        }
+        if spec.has_lb_source_ranges {
+            self.warn("loadBalancerSourceRanges is not enforced by switchboard yet: traffic from any source is forwarded");
+        }
+        ips
+    }
+
+    fn attributes(
+        &mut self,
+        svc: &ServiceInfo,
+        spec: &ServiceSpecInfo,
+        kind: FrontendKind,
+        addresses: &Addresses,
+    ) -> Attributes {
+        let algorithm = self.lb_algorithm(svc);
+        let affinity_timeout_s = self.affinity(spec);
+        let (internal_local, external_local) = self.traffic_policies(spec, kind, addresses);
+        let health_check_node_port = if kind == FrontendKind::LoadBalancer && external_local {
+            spec.health_check_node_port.and_then(port_u16)
+        } else {
+            None
+        };
+        Attributes {
+            kind,
+            algorithm,
+            affinity_timeout_s,
+            internal_local,
+            external_local,
+            health_check_node_port,
+        }
+    }
+
+    /// The `switchboard.io/lb-algorithm` annotation; an unknown value is
+    /// reported and the agent's default used.
+    fn lb_algorithm(&mut self, svc: &ServiceInfo) -> Option<LbAlgorithm> {
+        let value = svc.lb_algorithm.as_deref()?;
+        let algorithm = LbAlgorithm::from_annotation(value);
+        if algorithm.is_none() {
+            self.warn(format!(
+                "annotation {}: {value:?} is not random, maglev or source-hash; the agent's default is used",
+                super::ANNOTATION_LB_ALGORITHM
+            ));
+        }
+        algorithm
+    }
+
+    /// `sessionAffinity: ClientIP` and its timeout.
+    fn affinity(&mut self, spec: &ServiceSpecInfo) -> Option<u32> {
+        match spec.session_affinity.as_deref() {
+            Some("ClientIP") => match spec.affinity_timeout_s {
+                None => Some(DEFAULT_AFFINITY_TIMEOUT_S),
+                Some(t) => match u32::try_from(t) {
+                    Ok(t) if (1..=MAX_AFFINITY_TIMEOUT_S).contains(&t) => Some(t),
+                    _ => {
+                        self.warn(format!(
+                            "sessionAffinityConfig.clientIP.timeoutSeconds {t} is out of range 1..={MAX_AFFINITY_TIMEOUT_S}; using {DEFAULT_AFFINITY_TIMEOUT_S}"
+                        ));
+                        Some(DEFAULT_AFFINITY_TIMEOUT_S)
+                    }
+                },
+            },
+            None | Some("None") => None,
+            Some(other) => {
+                self.warn(format!("unknown sessionAffinity {other:?}; ignored"));
+                None
+            }
+        }
+    }
+
+    /// `(internal Local, external Local)` in effect (kube-proxy:
+    /// InternalPolicyLocal / ExternalPolicyLocal). Without node knowledge both
+    /// are Cluster, with a warning.
+    fn traffic_policies(
+        &mut self,
+        spec: &ServiceSpecInfo,
+        kind: FrontendKind,
+        addresses: &Addresses,
+    ) -> (bool, bool) {
+        let externally_accessible = kind != FrontendKind::ClusterIp || !addresses.external.is_empty();
+        let external_local =
+            externally_accessible && spec.external_traffic_policy.as_deref() == Some("Local");
+        let internal_local = spec.internal_traffic_policy.as_deref() == Some("Local");
+        if self.node.is_none() && (external_local || internal_local) {
+            let which = match (internal_local, external_local) {
+                (true, true) => "internalTrafficPolicy and externalTrafficPolicy are",
+                (true, false) => "internalTrafficPolicy is",
+                _ => "externalTrafficPolicy is",
+            };
+            self.warn(format!(
+                "{which} Local but this node is unknown (no node name); treated as Cluster"
+            ));
+            return (false, false);
+        }
+        (internal_local, external_local)
+    }
+
+    /// The frontends of one Service port: one per address, plus NodePorts.
+    fn port(
+        &mut self,
+        svc: &ServiceInfo,
+        sp: &ServicePortInfo,
+        attributes: &Attributes,
+        addresses: &Addresses,
+        parsed: &[ParsedSlice],
+    ) {
+        let protocol = match Protocol::from_k8s(sp.protocol.as_deref()) {
+            Ok(p) => p,
+            Err(problem) => {
+                self.warn(format!("port {}: {problem}", port_display(&sp.name, sp.port)));
+                return;
+            }
+        };
+        let Some(port) = port_u16(sp.port) else {
+            self.warn(format!(
+                "port {}: {} is not a valid port number",
+                port_display(&sp.name, sp.port),
+                sp.port
+            ));
+            return;
+        };
+        let spn = ServicePortName {
+            namespace: svc.key.namespace.clone(),
+            name: svc.key.name.clone(),
+            port: sp.name.clone(),
+        };
+        let mut endpoints = Endpoints {
+            node: self.node,
+            warnings: &mut self.out.warnings,
+        };
+        let eps = endpoints.for_port(parsed, &sp.name, protocol);
+        let cluster = endpoints.cluster_selection(&eps);
+        let local = endpoints.local_selection(&eps);
+
+        let mut addrs: Vec<(FrontendKind, Ipv4Addr, u16)> = Vec::new();
+        addrs.extend(addresses.cluster.iter().map(|&ip| (FrontendKind::ClusterIp, ip, port)));
+        addrs.extend(addresses.external.iter().map(|&ip| (FrontendKind::ExternalIp, ip, port)));
+        addrs.extend(addresses.load_balancer.iter().map(|&ip| (FrontendKind::LoadBalancer, ip, port)));
+        self.node_ports(sp, &spn, port, protocol, attributes.kind, &mut addrs);
+
+        for (kind, ip, fport) in addrs {
+            let addr = FrontendAddr {
+                ip,
+                port: fport,
+                protocol,
+            };
+            let fe = frontend(addr, kind, &spn, attributes, &cluster, &local);
+            self.insert(fe);
+        }
+    }
+
+    /// NodePort frontends on this node's addresses, for NodePort and
+    /// LoadBalancer Services.
+    fn node_ports(
+        &mut self,
+        sp: &ServicePortInfo,
+        spn: &ServicePortName,
+        port: u16,
+        protocol: Protocol,
+        kind: FrontendKind,
+        addrs: &mut Vec<(FrontendKind, Ipv4Addr, u16)>,
+    ) {
+        if !matches!(kind, FrontendKind::NodePort | FrontendKind::LoadBalancer) {
+            return;
+        }
+        let Some(np) = sp.node_port else {
+            if kind == FrontendKind::NodePort {
+                // The API server always allocates one; a hand-written manifest may lack it.
+                self.warn(format!(
+                    "port {}: type NodePort without a nodePort; only the other frontends are programmed (set spec.ports[].nodePort)",
+                    spn.port_or_number(port)
+                ));
+            }
+            return;
+        };
+        match (port_u16(np), self.node) {
+            (None, _) => self.warn(format!(
+                "port {}: nodePort {np} is not a valid port number",
+                spn.port_or_number(port)
+            )),
+            (Some(np), Some(node)) if !node.addresses.is_empty() => {
+                addrs.extend(node.addresses.iter().map(|&ip| (FrontendKind::NodePort, ip, np)));
+            }
+            (Some(np), _) => self.warn(format!(
+                "nodePort {np}/{protocol} not programmed: this node's addresses are unknown"
+            )),
+        }
+    }
+
+    /// Adds a frontend unless this Service already made one on the address.
+    fn insert(&mut self, fe: Frontend) {
+        if let Some(existing) = self.out.frontends.iter().find(|f| f.addr == fe.addr) {
+            let problem = format!(
+                "{} frontend {} is already used by {} ({}); ignored",
+                fe.kind, fe.addr, existing.service, existing.kind
+            );
+            self.warn(problem);
+            return;
+        }
+        self.out.frontends.push(fe);
+    }
+}
+
+/// One frontend. Traffic from this node's pods and the host: ClusterIP
+/// follows internalTrafficPolicy; external addresses are short-circuited to
+/// the cluster-wide set whatever externalTrafficPolicy says (kube-proxy: "pod
+/// traffic for .. external destinations" and "route LOCAL traffic .. to
+/// service chain" in the EXT chain; UsesClusterEndpoints is true for every
+/// externally accessible Service, even with both policies Local). Only
+/// traffic from outside the node is held to externalTrafficPolicy: Local.
+fn frontend(
+    addr: FrontendAddr,
+    kind: FrontendKind,
+    spn: &ServicePortName,
+    attributes: &Attributes,
+    cluster: &Selection,
+    local: &Selection,
+) -> Frontend {
+    let (local_only, sel, external_backends): (bool, &Selection, Option<Vec<BackendAddr>>) =
+        if kind.is_external() {
+            let external = attributes.external_local.then(|| local.backends.clone());
+            (attributes.external_local, cluster, external)
+        } else if attributes.internal_local {
+            (true, local, None)
+        } else {
+            (false, cluster, None)
+        };
+    Frontend {
+        addr,
+        service: spn.clone(),
+        backends: sel.backends.clone(),
+        external_backends,
+        kind,
+        affinity_timeout_s: attributes.affinity_timeout_s,
+        local_only,
+        health_check_node_port: attributes.health_check_node_port,
+        terminating_fallback: sel.terminating_fallback,
+        topology: sel.topology,
+        algorithm: attributes.algorithm,
+    }
+}

@@ -1,0 +1,2018 @@
+//! The model's rules, case by case, and the incremental model against a full build.
+use super::*;
+use std::collections::BTreeSet;
+
+use serde::Deserialize as _;
+
+/// Services and EndpointSlices from a multi-document manifest.
+fn objects(yaml: &str) -> (Vec<Service>, Vec<EndpointSlice>) {
+    let mut services = Vec::new();
+    let mut slices = Vec::new();
+    for doc in serde_yaml::Deserializer::from_str(yaml) {
+        let value = serde_yaml::Value::deserialize(doc).expect("test YAML parses");
+        if value.is_null() {
+            continue;
+        }
+        match value["kind"].as_str() {
+            Some("Service") => services.push(serde_yaml::from_value(value).expect("a Service")),
+            Some("EndpointSlice") => {
+                slices.push(serde_yaml::from_value(value).expect("an EndpointSlice"))
+            }
+            other => panic!("unexpected kind {other:?} in test YAML"),
+        }
+    }
+    (services, slices)
+}
+
+#[derive(Clone, Copy, Debug)]
+enum NodeSel {
+    /// No node knowledge (what `build` does).
+    Unknown,
+    /// node-a, addresses 192.168.1.10 and 203.0.113.10, zone zone-a.
+    A,
+    /// node-a without a zone label.
+    ANoZone,
+}
+
+fn node(sel: NodeSel) -> Option<NodeInfo> {
+    let a = NodeInfo {
+        name: "node-a".into(),
+        addresses: vec![
+            Ipv4Addr::new(192, 168, 1, 10),
+            Ipv4Addr::new(203, 0, 113, 10),
+        ],
+        zone: Some("zone-a".into()),
+        deleting: false,
+    };
+    match sel {
+        NodeSel::Unknown => None,
+        NodeSel::A => Some(a),
+        NodeSel::ANoZone => Some(NodeInfo { zone: None, ..a }),
+    }
+}
+
+struct Case {
+    name: &'static str,
+    node: NodeSel,
+    proxy_name: Option<&'static str>,
+    yaml: &'static str,
+    /// Every frontend, rendered with `Frontend`'s Display (which shows every field).
+    frontends: &'static [&'static str],
+    warnings: &'static [&'static str],
+}
+
+/// Feeds the objects to a [`Model`] one at a time (slices first, everything
+/// in reverse order, an update after each), then removes them one at a
+/// time: after the last addition the model must equal the full build, and
+/// after the last removal it must be empty. Each update's delta must name
+/// exactly the addresses whose frontend changed.
+fn incremental_agrees(
+    services: &[Service],
+    slices: &[EndpointSlice],
+    node: Option<&NodeInfo>,
+    proxy_name: Option<&str>,
+) -> Result<(), String> {
+    let (want, want_warnings) = build_for_node(services, slices, node, proxy_name);
+    let mut model = Model::new(node.cloned(), proxy_name.map(str::to_owned));
+    let mut interner = Interner::default();
+    let slices: Vec<SliceInfo> = slices.iter().map(|s| SliceInfo::from_k8s(s, &mut interner)).collect();
+    let services: Vec<ServiceInfo> = services.iter().map(ServiceInfo::from_k8s).collect();
+    let step = |model: &mut Model, what: &str| -> Result<(), String> {
+        let before = model.desired().clone();
+        let delta = model.update();
+        let changed: BTreeSet<FrontendAddr> = before
+            .frontends
+            .keys()
+            .chain(model.desired().frontends.keys())
+            .filter(|a| before.frontends.get(a) != model.desired().frontends.get(a))
+            .copied()
+            .collect();
+        if delta.frontends != changed {
+            return Err(format!("after {what}: delta {:?}, changed {changed:?}", delta.frontends));
+        }
+        Ok(())
+    };
+    for slice in slices.iter().rev() {
+        model.set_slice(slice.key.clone(), Some(Arc::new(slice.clone())));
+        step(&mut model, &format!("adding slice {}", slice.key))?;
+    }
+    for svc in services.iter().rev() {
+        model.set_service(svc.key.clone(), Some(Arc::new(svc.clone())));
+        step(&mut model, &format!("adding service {}", svc.key))?;
+    }
+    let got_warnings: Vec<ModelWarning> = model.warnings().cloned().collect();
+    if *model.desired() != want || got_warnings != want_warnings {
+        return Err(format!(
+            "incremental model differs from the full build:\n  got {:#?}\n  {got_warnings:#?}",
+            model.desired().frontends.values().map(ToString::to_string).collect::<Vec<_>>()
+        ));
+    }
+    for svc in &services {
+        model.set_service(svc.key.clone(), None);
+        step(&mut model, &format!("removing service {}", svc.key))?;
+    }
+    for slice in &slices {
+        model.set_slice(slice.key.clone(), None);
+        step(&mut model, &format!("removing slice {}", slice.key))?;
+    }
+    if !model.desired().frontends.is_empty() || model.warnings().next().is_some() {
+        return Err("objects all removed, but the model is not empty".into());
+    }
+    Ok(())
+}
+
+fn run(cases: &[Case]) {
+    let mut failed = Vec::new();
+    for c in cases {
+        let (services, slices) = objects(c.yaml);
+        let node = node(c.node);
+        let (state, warnings) = build_for_node(&services, &slices, node.as_ref(), c.proxy_name);
+        if let Err(problem) = incremental_agrees(&services, &slices, node.as_ref(), c.proxy_name) {
+            failed.push(format!("case {}: {problem}", c.name));
+        }
+        for (k, f) in &state.frontends {
+            assert_eq!(*k, f.addr, "{}: key and frontend address differ", c.name);
+            let mut sorted = f.backends.clone();
+            sorted.sort();
+            sorted.dedup();
+            assert_eq!(
+                sorted, f.backends,
+                "{}: backends not sorted+deduplicated",
+                c.name
+            );
+            if let Some(external) = &f.external_backends {
+                let mut sorted = external.clone();
+                sorted.sort();
+                sorted.dedup();
+                assert_eq!(
+                    &sorted, external,
+                    "{}: external backends not sorted+deduplicated",
+                    c.name
+                );
+            }
+            assert_eq!(
+                f.external_backends.is_some(),
+                f.local_only && f.kind.is_external(),
+                "{}: external_backends is set exactly for Local external frontends",
+                c.name
+            );
+        }
+        let got: Vec<String> = state.frontends.values().map(ToString::to_string).collect();
+        let got_w: Vec<String> = warnings.iter().map(ToString::to_string).collect();
+        if got != c.frontends || got_w != c.warnings {
+            failed.push(format!(
+                    "case {}:\n  frontends want {:#?}\n            got  {:#?}\n  warnings want {:#?}\n           got  {:#?}",
+                    c.name, c.frontends, got, c.warnings, got_w
+                ));
+        }
+    }
+    assert!(
+        failed.is_empty(),
+        "{} case(s) failed:\n{}",
+        failed.len(),
+        failed.join("\n")
+    );
+}
+
+/// The plainest case, asserted field by field against the struct (the
+/// table tests compare the Display rendering, which shows every field).
+#[test]
+fn clusterip_exact_state() {
+    let (services, slices) = objects(
+        r#"
+apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: shop}
+spec:
+  clusterIP: 10.96.0.10
+  ports: [{name: http, port: 80, targetPort: 8080}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-abc, namespace: shop, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{name: http, port: 8080, protocol: TCP}]
+endpoints:
+- addresses: [10.244.1.3]
+- addresses: [10.244.1.2]
+  conditions: {ready: true}
+"#,
+    );
+    let (state, warnings) = build(&services, &slices);
+    assert!(warnings.is_empty(), "{warnings:?}");
+    let addr = FrontendAddr {
+        ip: Ipv4Addr::new(10, 96, 0, 10),
+        port: 80,
+        protocol: Protocol::Tcp,
+    };
+    let want = DesiredState {
+        frontends: BTreeMap::from([(
+            addr,
+            Frontend {
+                addr,
+                service: ServicePortName {
+                    namespace: "shop".into(),
+                    name: "web".into(),
+                    port: "http".into(),
+                },
+                backends: vec![
+                    BackendAddr {
+                        ip: Ipv4Addr::new(10, 244, 1, 2),
+                        port: 8080,
+                    },
+                    BackendAddr {
+                        ip: Ipv4Addr::new(10, 244, 1, 3),
+                        port: 8080,
+                    },
+                ],
+                external_backends: None,
+                kind: FrontendKind::ClusterIp,
+                affinity_timeout_s: None,
+                local_only: false,
+                health_check_node_port: None,
+                terminating_fallback: false,
+                topology: None,
+                algorithm: None,
+            },
+        )]),
+    };
+    assert_eq!(state, want);
+}
+
+#[test]
+fn displays() {
+    let f = FrontendAddr {
+        ip: Ipv4Addr::new(10, 96, 0, 10),
+        port: 80,
+        protocol: Protocol::Tcp,
+    };
+    assert_eq!(f.to_string(), "10.96.0.10:80/TCP");
+    assert_eq!(Protocol::Udp.to_string(), "UDP");
+    let b = BackendAddr {
+        ip: Ipv4Addr::new(10, 244, 1, 2),
+        port: 8080,
+    };
+    assert_eq!(b.to_string(), "10.244.1.2:8080");
+    let mut spn = ServicePortName {
+        namespace: "ns".into(),
+        name: "name".into(),
+        port: "port".into(),
+    };
+    assert_eq!(spn.to_string(), "ns/name:port");
+    spn.port.clear();
+    assert_eq!(spn.to_string(), "ns/name");
+    let w = ModelWarning {
+        object: "Service ns/name".into(),
+        problem: "SCTP is not supported".into(),
+    };
+    assert_eq!(w.to_string(), "Service ns/name: SCTP is not supported");
+}
+
+#[test]
+fn node_info_from_node() {
+    let k8s_node: Node = serde_yaml::from_str(
+        r#"
+apiVersion: v1
+kind: Node
+metadata: {name: node-a, labels: {topology.kubernetes.io/zone: zone-a}}
+status:
+  addresses:
+  - {type: Hostname, address: node-a}
+  - {type: ExternalIP, address: 203.0.113.10}
+  - {type: InternalIP, address: 192.168.1.10}
+  - {type: InternalIP, address: "fd00::10"}
+  - {type: InternalIP, address: 192.168.1.10}
+"#,
+    )
+    .expect("a Node");
+    assert_eq!(
+        NodeInfo::from_node(&k8s_node),
+        node(NodeSel::A).expect("node A")
+    );
+    let bare: Node =
+        serde_yaml::from_str("apiVersion: v1\nkind: Node\nmetadata: {name: n}\n").expect("a Node");
+    assert_eq!(
+        NodeInfo::from_node(&bare),
+        NodeInfo {
+            name: "n".into(),
+            addresses: vec![],
+            zone: None,
+            deleting: false,
+        }
+    );
+}
+
+/// Issue 2: ClusterIP Services from manifests.
+#[test]
+fn cluster_ip_rules() {
+    run(&[
+            Case {
+                name: "one ClusterIP port, ready and condition-less endpoints",
+                node: NodeSel::Unknown,
+                proxy_name: None,
+                yaml: r#"
+apiVersion: v1
+kind: Service
+metadata: {name: web}
+spec:
+  clusterIP: 10.96.0.10
+  ports: [{name: http, port: 80, targetPort: 8080}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-1, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{name: http, port: 8080}]
+endpoints:
+- {addresses: [10.244.1.2], conditions: {ready: true}}
+- {addresses: [10.244.1.3]}
+- {addresses: [10.244.1.4], conditions: {}}
+- {addresses: [10.244.1.5], conditions: {ready: false}}
+"#,
+                frontends: &["10.96.0.10:80/TCP ClusterIP default/web:http -> 10.244.1.2:8080, 10.244.1.3:8080, 10.244.1.4:8080"],
+                warnings: &[],
+            },
+            Case {
+                name: "unnamed port, protocol absent means TCP on both sides",
+                node: NodeSel::Unknown,
+                proxy_name: None,
+                yaml: r#"
+apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: shop}
+spec:
+  clusterIP: 10.96.0.10
+  ports: [{port: 80}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-1, namespace: shop, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{port: 8080, protocol: TCP}]
+endpoints: [{addresses: [10.244.1.2]}]
+"#,
+                frontends: &["10.96.0.10:80/TCP ClusterIP shop/web -> 10.244.1.2:8080"],
+                warnings: &[],
+            },
+            Case {
+                name: "multi-port TCP and UDP, each resolved by name and protocol",
+                node: NodeSel::Unknown,
+                proxy_name: None,
+                yaml: r#"
+apiVersion: v1
+kind: Service
+metadata: {name: dns, namespace: kube-system}
+spec:
+  clusterIP: 10.96.0.53
+  ports:
+  - {name: dns, port: 53, protocol: UDP}
+  - {name: dns-tcp, port: 53, protocol: TCP}
+  - {name: metrics, port: 9153, protocol: TCP}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: dns-1, namespace: kube-system, labels: {kubernetes.io/service-name: dns}}
+addressType: IPv4
+ports:
+- {name: dns, port: 5353, protocol: UDP}
+- {name: dns-tcp, port: 5354, protocol: TCP}
+- {name: metrics, port: 9153, protocol: TCP}
+endpoints: [{addresses: [10.244.1.2]}, {addresses: [10.244.2.2]}]
+"#,
+                frontends: &[
+                    "10.96.0.53:53/TCP ClusterIP kube-system/dns:dns-tcp -> 10.244.1.2:5354, 10.244.2.2:5354",
+                    "10.96.0.53:53/UDP ClusterIP kube-system/dns:dns -> 10.244.1.2:5353, 10.244.2.2:5353",
+                    "10.96.0.53:9153/TCP ClusterIP kube-system/dns:metrics -> 10.244.1.2:9153, 10.244.2.2:9153",
+                ],
+                warnings: &[],
+            },
+            Case {
+                name: "a slice port of the right name but the wrong protocol does not match",
+                node: NodeSel::Unknown,
+                proxy_name: None,
+                yaml: r#"
+apiVersion: v1
+kind: Service
+metadata: {name: dns}
+spec:
+  clusterIP: 10.96.0.53
+  ports: [{name: dns, port: 53, protocol: TCP}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: dns-1, labels: {kubernetes.io/service-name: dns}}
+addressType: IPv4
+ports: [{name: dns, port: 53, protocol: UDP}]
+endpoints: [{addresses: [10.244.1.2]}]
+"#,
+                frontends: &["10.96.0.53:53/TCP ClusterIP default/dns:dns -> (none)"],
+                warnings: &[],
+            },
+            Case {
+                name: "clusterIPs (dual-stack) wins over clusterIP; IPv6 is silently not ours",
+                node: NodeSel::Unknown,
+                proxy_name: None,
+                yaml: r#"
+apiVersion: v1
+kind: Service
+metadata: {name: web}
+spec:
+  clusterIP: 10.96.0.99
+  clusterIPs: ["fd00::10", 10.96.0.10]
+  ports: [{port: 80}]
+"#,
+                frontends: &["10.96.0.10:80/TCP ClusterIP default/web -> (none)"],
+                warnings: &[],
+            },
+            Case {
+                name: "IPv6-only Service: nothing, no warning",
+                node: NodeSel::Unknown,
+                proxy_name: None,
+                yaml: r#"
+apiVersion: v1
+kind: Service
+metadata: {name: web6}
+spec:
+  clusterIP: "fd00::10"
+  ports: [{port: 80}]
+"#,
+                frontends: &[],
+                warnings: &[],
+            },
+            Case {
+                name: "headless (clusterIP None) and ExternalName Services are skipped silently",
+                node: NodeSel::Unknown,
+                proxy_name: None,
+                yaml: r#"
+apiVersion: v1
+kind: Service
+metadata: {name: db}
+spec:
+  clusterIP: None
+  ports: [{port: 5432}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: db6}
+spec:
+  clusterIPs: [None]
+  ports: [{port: 5432}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: ext}
+spec:
+  type: ExternalName
+  externalName: example.com
+  ports: [{port: 80}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: db-1, labels: {kubernetes.io/service-name: db}}
+addressType: IPv4
+ports: [{port: 5432}]
+endpoints: [{addresses: [10.244.1.2]}]
+"#,
+                frontends: &[],
+                warnings: &[],
+            },
+            Case {
+                name: "SCTP port is reported, the other ports still work",
+                node: NodeSel::Unknown,
+                proxy_name: None,
+                yaml: r#"
+apiVersion: v1
+kind: Service
+metadata: {name: sig}
+spec:
+  clusterIP: 10.96.0.20
+  ports:
+  - {name: sctp, port: 3868, protocol: SCTP}
+  - {name: tcp, port: 3868, protocol: TCP}
+"#,
+                frontends: &["10.96.0.20:3868/TCP ClusterIP default/sig:tcp -> (none)"],
+                warnings: &["Service default/sig: port \"sctp\": SCTP is not supported"],
+            },
+            Case {
+                name: "a port with no ready endpoints still gets a frontend with no backends",
+                node: NodeSel::Unknown,
+                proxy_name: None,
+                yaml: r#"
+apiVersion: v1
+kind: Service
+metadata: {name: web}
+spec:
+  clusterIP: 10.96.0.10
+  ports: [{port: 80}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-1, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{port: 8080}]
+endpoints: [{addresses: [10.244.1.2], conditions: {ready: false}}]
+"#,
+                frontends: &["10.96.0.10:80/TCP ClusterIP default/web -> (none)"],
+                warnings: &[],
+            },
+            Case {
+                name: "a Service without any EndpointSlice gets a frontend with no backends",
+                node: NodeSel::Unknown,
+                proxy_name: None,
+                yaml: r#"
+apiVersion: v1
+kind: Service
+metadata: {name: lonely}
+spec:
+  clusterIP: 10.96.0.11
+  ports: [{port: 80}]
+"#,
+                frontends: &["10.96.0.11:80/TCP ClusterIP default/lonely -> (none)"],
+                warnings: &[],
+            },
+            Case {
+                name: "all slices of the Service are joined; duplicates across slices count once",
+                node: NodeSel::Unknown,
+                proxy_name: None,
+                yaml: r#"
+apiVersion: v1
+kind: Service
+metadata: {name: web}
+spec:
+  clusterIP: 10.96.0.10
+  ports: [{name: http, port: 80}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-1, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{name: http, port: 8080}]
+endpoints: [{addresses: [10.244.1.2]}, {addresses: [10.244.1.3]}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-2, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{name: http, port: 8080}]
+endpoints: [{addresses: [10.244.1.3]}, {addresses: [10.244.2.9]}]
+"#,
+                frontends: &["10.96.0.10:80/TCP ClusterIP default/web:http -> 10.244.1.2:8080, 10.244.1.3:8080, 10.244.2.9:8080"],
+                warnings: &[],
+            },
+            Case {
+                name: "a duplicate that is ready in one slice and not in another counts as ready",
+                node: NodeSel::Unknown,
+                proxy_name: None,
+                yaml: r#"
+apiVersion: v1
+kind: Service
+metadata: {name: web}
+spec:
+  clusterIP: 10.96.0.10
+  ports: [{port: 80}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-1, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{port: 8080}]
+endpoints: [{addresses: [10.244.1.2], conditions: {ready: false}}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-2, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{port: 8080}]
+endpoints: [{addresses: [10.244.1.2], conditions: {ready: true}}]
+"#,
+                frontends: &["10.96.0.10:80/TCP ClusterIP default/web -> 10.244.1.2:8080"],
+                warnings: &[],
+            },
+            Case {
+                name: "target port resolved per slice: the same port name maps to different numbers",
+                node: NodeSel::Unknown,
+                proxy_name: None,
+                yaml: r#"
+apiVersion: v1
+kind: Service
+metadata: {name: web}
+spec:
+  clusterIP: 10.96.0.10
+  ports: [{name: http, port: 80, targetPort: http}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-old, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{name: http, port: 8080}]
+endpoints: [{addresses: [10.244.1.2]}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-new, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{name: http, port: 9090}, {name: admin, port: 9091}]
+endpoints: [{addresses: [10.244.1.3]}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-other, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{name: admin, port: 9091}]
+endpoints: [{addresses: [10.244.1.4]}]
+"#,
+                frontends: &["10.96.0.10:80/TCP ClusterIP default/web:http -> 10.244.1.2:8080, 10.244.1.3:9090"],
+                warnings: &[],
+            },
+            Case {
+                name: "FQDN and IPv6 slices are ignored",
+                node: NodeSel::Unknown,
+                proxy_name: None,
+                yaml: r#"
+apiVersion: v1
+kind: Service
+metadata: {name: web}
+spec:
+  clusterIP: 10.96.0.10
+  ports: [{port: 80}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-fqdn, labels: {kubernetes.io/service-name: web}}
+addressType: FQDN
+ports: [{port: 8080}]
+endpoints: [{addresses: [pod.example.com]}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-v6, labels: {kubernetes.io/service-name: web}}
+addressType: IPv6
+ports: [{port: 8080}]
+endpoints: [{addresses: ["fd00::2"]}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-v4, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{port: 8080}]
+endpoints: [{addresses: [10.244.1.2]}]
+"#,
+                frontends: &["10.96.0.10:80/TCP ClusterIP default/web -> 10.244.1.2:8080"],
+                warnings: &[],
+            },
+            Case {
+                name: "slices join only through the label and in the same namespace",
+                node: NodeSel::Unknown,
+                proxy_name: None,
+                yaml: r#"
+apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: a}
+spec:
+  clusterIP: 10.96.0.10
+  ports: [{port: 80}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-1, namespace: b, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{port: 8080}]
+endpoints: [{addresses: [10.244.1.2]}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-2, namespace: a}
+addressType: IPv4
+ports: [{port: 8080}]
+endpoints: [{addresses: [10.244.1.3]}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-3, namespace: a, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{port: 8080}]
+endpoints: [{addresses: [10.244.1.4]}]
+"#,
+                frontends: &["10.96.0.10:80/TCP ClusterIP a/web -> 10.244.1.4:8080"],
+                warnings: &[],
+            },
+            Case {
+                name: "an endpoint address that is not IPv4 is reported and skipped, the rest works",
+                node: NodeSel::Unknown,
+                proxy_name: None,
+                yaml: r#"
+apiVersion: v1
+kind: Service
+metadata: {name: web}
+spec:
+  clusterIP: 10.96.0.10
+  ports: [{port: 80}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-1, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{port: 8080}]
+endpoints: [{addresses: [10.244.1.2]}, {addresses: [10.244.1.300]}, {addresses: [10.244.1.3]}]
+"#,
+                frontends: &["10.96.0.10:80/TCP ClusterIP default/web -> 10.244.1.2:8080, 10.244.1.3:8080"],
+                warnings: &["EndpointSlice default/web-1: endpoint address \"10.244.1.300\" is not an IPv4 address; skipped"],
+            },
+            Case {
+                name: "an endpoint with several addresses uses the first, as kube-proxy does",
+                node: NodeSel::Unknown,
+                proxy_name: None,
+                yaml: r#"
+apiVersion: v1
+kind: Service
+metadata: {name: web}
+spec:
+  clusterIP: 10.96.0.10
+  ports: [{port: 80}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-1, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{port: 8080}]
+endpoints: [{addresses: [10.244.1.2, 10.244.1.3]}]
+"#,
+                frontends: &["10.96.0.10:80/TCP ClusterIP default/web -> 10.244.1.2:8080"],
+                warnings: &["EndpointSlice default/web-1: endpoint 10.244.1.2 lists 2 addresses; only the first is used (as kube-proxy does)"],
+            },
+            Case {
+                name: "a matching slice port without a number is reported; the other slices still count",
+                node: NodeSel::Unknown,
+                proxy_name: None,
+                yaml: r#"
+apiVersion: v1
+kind: Service
+metadata: {name: web}
+spec:
+  clusterIP: 10.96.0.10
+  ports: [{name: http, port: 80}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-1, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{name: http}]
+endpoints: [{addresses: [10.244.1.2]}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-2, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{name: http, port: 8080}]
+endpoints: [{addresses: [10.244.1.3]}]
+"#,
+                frontends: &["10.96.0.10:80/TCP ClusterIP default/web:http -> 10.244.1.3:8080"],
+                warnings: &["EndpointSlice default/web-1: port \"http\"/TCP has no port number; its endpoints are not used for it"],
+            },
+            Case {
+                name: "Services (and slices) labelled for another proxy or as headless are skipped",
+                node: NodeSel::Unknown,
+                proxy_name: None,
+                yaml: r#"
+apiVersion: v1
+kind: Service
+metadata: {name: other, labels: {service.kubernetes.io/service-proxy-name: cilium}}
+spec:
+  clusterIP: 10.96.0.10
+  ports: [{port: 80}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: hl, labels: {service.kubernetes.io/headless: ""}}
+spec:
+  clusterIP: 10.96.0.11
+  ports: [{port: 80}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: mine}
+spec:
+  clusterIP: 10.96.0.12
+  ports: [{port: 80}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: mine-1
+  labels: {kubernetes.io/service-name: mine, service.kubernetes.io/headless: ""}
+addressType: IPv4
+ports: [{port: 8080}]
+endpoints: [{addresses: [10.244.1.2]}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: mine-2, labels: {kubernetes.io/service-name: mine}}
+addressType: IPv4
+ports: [{port: 8080}]
+endpoints: [{addresses: [10.244.1.3]}]
+"#,
+                frontends: &["10.96.0.12:80/TCP ClusterIP default/mine -> 10.244.1.3:8080"],
+                warnings: &[],
+            },
+            Case {
+                name: "a malformed Service is reported and does not affect the others",
+                node: NodeSel::Unknown,
+                proxy_name: None,
+                yaml: r#"
+apiVersion: v1
+kind: Service
+metadata: {name: bad}
+spec:
+  clusterIP: 10.96.0.300
+  ports: [{port: 80}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: badport}
+spec:
+  clusterIP: 10.96.0.13
+  ports: [{name: zero, port: 0}, {name: big, port: 70000}, {name: ok, port: 81}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: good}
+spec:
+  clusterIP: 10.96.0.12
+  ports: [{port: 80}]
+"#,
+                frontends: &[
+                    "10.96.0.12:80/TCP ClusterIP default/good -> (none)",
+                    "10.96.0.13:81/TCP ClusterIP default/badport:ok -> (none)",
+                ],
+                warnings: &[
+                    "Service default/bad: clusterIP \"10.96.0.300\" is not an IP address",
+                    "Service default/badport: port \"big\": 70000 is not a valid port number",
+                    "Service default/badport: port \"zero\": 0 is not a valid port number",
+                ],
+            },
+            Case {
+                name: "a Service without a clusterIP is reported (no allocator in a manifest directory)",
+                node: NodeSel::Unknown,
+                proxy_name: None,
+                yaml: r#"
+apiVersion: v1
+kind: Service
+metadata: {name: noip}
+spec:
+  ports: [{port: 80}]
+"#,
+                frontends: &[],
+                warnings: &["Service default/noip: has no spec.clusterIP; skipped (a manifest directory has no IP allocator: set spec.clusterIP)"],
+            },
+            Case {
+                name: "two Services claiming one frontend: the first (by namespace/name) keeps it",
+                node: NodeSel::Unknown,
+                proxy_name: None,
+                yaml: r#"
+apiVersion: v1
+kind: Service
+metadata: {name: zeta}
+spec:
+  clusterIP: 10.96.0.10
+  ports: [{port: 80}, {name: other, port: 81}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: alpha}
+spec:
+  clusterIP: 10.96.0.10
+  ports: [{port: 80}]
+"#,
+                frontends: &[
+                    "10.96.0.10:80/TCP ClusterIP default/alpha -> (none)",
+                    "10.96.0.10:81/TCP ClusterIP default/zeta:other -> (none)",
+                ],
+                warnings: &["Service default/zeta: ClusterIP frontend 10.96.0.10:80/TCP is already used by default/alpha (ClusterIP); ignored"],
+            },
+        ]);
+}
+
+/// Issue 3: Service types other than ClusterIP.
+#[test]
+fn service_type_rules() {
+    run(&[
+            Case {
+                name: "NodePort: ClusterIP plus the node port on each node address",
+                node: NodeSel::A,
+                proxy_name: None,
+                yaml: r#"
+apiVersion: v1
+kind: Service
+metadata: {name: web}
+spec:
+  type: NodePort
+  clusterIP: 10.96.0.10
+  ports: [{port: 80, nodePort: 30080}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-1, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{port: 8080}]
+endpoints: [{addresses: [10.244.1.2]}]
+"#,
+                frontends: &[
+                    "10.96.0.10:80/TCP ClusterIP default/web -> 10.244.1.2:8080",
+                    "192.168.1.10:30080/TCP NodePort default/web -> 10.244.1.2:8080",
+                    "203.0.113.10:30080/TCP NodePort default/web -> 10.244.1.2:8080",
+                ],
+                warnings: &[],
+            },
+            Case {
+                name: "NodePort Service port without a nodePort (hand-written manifest) is reported",
+                node: NodeSel::A,
+                proxy_name: None,
+                yaml: r#"
+apiVersion: v1
+kind: Service
+metadata: {name: web}
+spec:
+  type: NodePort
+  clusterIP: 10.96.0.10
+  ports: [{name: http, port: 80}]
+"#,
+                frontends: &["10.96.0.10:80/TCP ClusterIP default/web:http -> (none)"],
+                warnings: &["Service default/web: port \"http\": type NodePort without a nodePort; only the other frontends are programmed (set spec.ports[].nodePort)"],
+            },
+            Case {
+                name: "NodePort without node addresses is reported, the ClusterIP still works",
+                node: NodeSel::Unknown,
+                proxy_name: None,
+                yaml: r#"
+apiVersion: v1
+kind: Service
+metadata: {name: web}
+spec:
+  type: NodePort
+  clusterIP: 10.96.0.10
+  ports: [{port: 80, nodePort: 30080}]
+"#,
+                frontends: &["10.96.0.10:80/TCP ClusterIP default/web -> (none)"],
+                warnings: &["Service default/web: nodePort 30080/TCP not programmed: this node's addresses are unknown"],
+            },
+            Case {
+                name: "LoadBalancer: ingress IPs (IPv6, hostname-only and ipMode Proxy skipped) and node ports",
+                node: NodeSel::A,
+                proxy_name: None,
+                yaml: r#"
+apiVersion: v1
+kind: Service
+metadata: {name: lb}
+spec:
+  type: LoadBalancer
+  clusterIP: 10.96.0.10
+  loadBalancerIP: 198.51.100.99
+  ports: [{port: 443, nodePort: 30443}]
+status:
+  loadBalancer:
+    ingress:
+    - {ip: 198.51.100.7}
+    - {ip: 198.51.100.8, ipMode: VIP}
+    - {ip: 198.51.100.9, ipMode: Proxy}
+    - {ip: "2001:db8::7"}
+    - {hostname: lb.example.com}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: lb-1, labels: {kubernetes.io/service-name: lb}}
+addressType: IPv4
+ports: [{port: 8443}]
+endpoints: [{addresses: [10.244.1.2]}]
+"#,
+                frontends: &[
+                    "10.96.0.10:443/TCP ClusterIP default/lb -> 10.244.1.2:8443",
+                    "192.168.1.10:30443/TCP NodePort default/lb -> 10.244.1.2:8443",
+                    "198.51.100.7:443/TCP LoadBalancer default/lb -> 10.244.1.2:8443",
+                    "198.51.100.8:443/TCP LoadBalancer default/lb -> 10.244.1.2:8443",
+                    "203.0.113.10:30443/TCP NodePort default/lb -> 10.244.1.2:8443",
+                ],
+                warnings: &[],
+            },
+            Case {
+                name: "LoadBalancer without node ports (allocateLoadBalancerNodePorts: false) and not yet provisioned",
+                node: NodeSel::A,
+                proxy_name: None,
+                yaml: r#"
+apiVersion: v1
+kind: Service
+metadata: {name: lb}
+spec:
+  type: LoadBalancer
+  allocateLoadBalancerNodePorts: false
+  clusterIP: 10.96.0.10
+  ports: [{port: 443}]
+"#,
+                frontends: &["10.96.0.10:443/TCP ClusterIP default/lb -> (none)"],
+                warnings: &[],
+            },
+            Case {
+                name: "loadBalancerSourceRanges is reported as not enforced",
+                node: NodeSel::A,
+                proxy_name: None,
+                yaml: r#"
+apiVersion: v1
+kind: Service
+metadata: {name: lb}
+spec:
+  type: LoadBalancer
+  allocateLoadBalancerNodePorts: false
+  clusterIP: 10.96.0.10
+  loadBalancerSourceRanges: [10.0.0.0/8]
+  ports: [{port: 443}]
+status: {loadBalancer: {ingress: [{ip: 198.51.100.7}]}}
+"#,
+                frontends: &[
+                    "10.96.0.10:443/TCP ClusterIP default/lb -> (none)",
+                    "198.51.100.7:443/TCP LoadBalancer default/lb -> (none)",
+                ],
+                warnings: &["Service default/lb: loadBalancerSourceRanges is not enforced by switchboard yet: traffic from any source is forwarded"],
+            },
+            Case {
+                name: "ingress status on a non-LoadBalancer Service is ignored",
+                node: NodeSel::A,
+                proxy_name: None,
+                yaml: r#"
+apiVersion: v1
+kind: Service
+metadata: {name: web}
+spec:
+  clusterIP: 10.96.0.10
+  ports: [{port: 80}]
+status: {loadBalancer: {ingress: [{ip: 198.51.100.7}]}}
+"#,
+                frontends: &["10.96.0.10:80/TCP ClusterIP default/web -> (none)"],
+                warnings: &[],
+            },
+            Case {
+                name: "externalIPs on any type, every port; bad ones reported, IPv6 ignored",
+                node: NodeSel::Unknown,
+                proxy_name: None,
+                yaml: r#"
+apiVersion: v1
+kind: Service
+metadata: {name: web}
+spec:
+  clusterIP: 10.96.0.10
+  externalIPs: [198.51.100.20, "2001:db8::20", not-an-ip]
+  ports: [{name: http, port: 80}, {name: dns, port: 53, protocol: UDP}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-1, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{name: http, port: 8080}, {name: dns, port: 5353, protocol: UDP}]
+endpoints: [{addresses: [10.244.1.2]}]
+"#,
+                frontends: &[
+                    "10.96.0.10:53/UDP ClusterIP default/web:dns -> 10.244.1.2:5353",
+                    "10.96.0.10:80/TCP ClusterIP default/web:http -> 10.244.1.2:8080",
+                    "198.51.100.20:53/UDP ExternalIP default/web:dns -> 10.244.1.2:5353",
+                    "198.51.100.20:80/TCP ExternalIP default/web:http -> 10.244.1.2:8080",
+                ],
+                warnings: &["Service default/web: externalIP \"not-an-ip\" is not an IP address"],
+            },
+            Case {
+                name: "unknown Service type is reported and skipped",
+                node: NodeSel::Unknown,
+                proxy_name: None,
+                yaml: r#"
+apiVersion: v1
+kind: Service
+metadata: {name: odd}
+spec:
+  type: Magic
+  clusterIP: 10.96.0.10
+  ports: [{port: 80}]
+"#,
+                frontends: &[],
+                warnings: &["Service default/odd: unknown spec.type \"Magic\"; skipped"],
+            },
+        ]);
+}
+
+/// Issue 3: endpoint conditions.
+#[test]
+fn condition_rules() {
+    run(&[
+            Case {
+                name: "no ready endpoint: fall back to serving+terminating ones",
+                node: NodeSel::Unknown,
+                proxy_name: None,
+                yaml: r#"
+apiVersion: v1
+kind: Service
+metadata: {name: web}
+spec:
+  clusterIP: 10.96.0.10
+  ports: [{port: 80}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-1, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{port: 8080}]
+endpoints:
+- {addresses: [10.244.1.2], conditions: {ready: false, serving: true, terminating: true}}
+- {addresses: [10.244.1.3], conditions: {ready: false, serving: false, terminating: true}}
+- {addresses: [10.244.1.4], conditions: {ready: false, serving: true, terminating: false}}
+- {addresses: [10.244.1.5], conditions: {ready: false, terminating: true}}
+"#,
+                frontends: &["10.96.0.10:80/TCP ClusterIP default/web -> 10.244.1.2:8080, 10.244.1.5:8080 [terminating fallback]"],
+                warnings: &[],
+            },
+            Case {
+                name: "one ready endpoint: terminating ones are not used",
+                node: NodeSel::Unknown,
+                proxy_name: None,
+                yaml: r#"
+apiVersion: v1
+kind: Service
+metadata: {name: web}
+spec:
+  clusterIP: 10.96.0.10
+  ports: [{port: 80}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-1, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{port: 8080}]
+endpoints:
+- {addresses: [10.244.1.2], conditions: {ready: false, serving: true, terminating: true}}
+- {addresses: [10.244.1.3], conditions: {ready: true, serving: true, terminating: false}}
+"#,
+                frontends: &["10.96.0.10:80/TCP ClusterIP default/web -> 10.244.1.3:8080"],
+                warnings: &[],
+            },
+            Case {
+                name: "publishNotReadyAddresses: not-ready endpoints are used",
+                node: NodeSel::Unknown,
+                proxy_name: None,
+                yaml: r#"
+apiVersion: v1
+kind: Service
+metadata: {name: peers}
+spec:
+  clusterIP: 10.96.0.10
+  publishNotReadyAddresses: true
+  ports: [{port: 80}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: peers-1, labels: {kubernetes.io/service-name: peers}}
+addressType: IPv4
+ports: [{port: 8080}]
+endpoints:
+- {addresses: [10.244.1.2], conditions: {ready: false}}
+- {addresses: [10.244.1.3], conditions: {ready: true}}
+"#,
+                frontends: &["10.96.0.10:80/TCP ClusterIP default/peers -> 10.244.1.2:8080, 10.244.1.3:8080"],
+                warnings: &[],
+            },
+        ]);
+}
+
+/// Issue 3: the service-proxy-name label with a name of our own.
+#[test]
+fn proxy_name_rules() {
+    let yaml = r#"
+apiVersion: v1
+kind: Service
+metadata: {name: ours, labels: {service.kubernetes.io/service-proxy-name: switchboard}}
+spec:
+  clusterIP: 10.96.0.10
+  ports: [{port: 80}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: theirs, labels: {service.kubernetes.io/service-proxy-name: cilium}}
+spec:
+  clusterIP: 10.96.0.11
+  ports: [{port: 80}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: plain}
+spec:
+  clusterIP: 10.96.0.12
+  ports: [{port: 80}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: ours-1
+  labels: {kubernetes.io/service-name: ours, service.kubernetes.io/service-proxy-name: switchboard}
+addressType: IPv4
+ports: [{port: 8080}]
+endpoints: [{addresses: [10.244.1.2]}]
+"#;
+    run(&[
+        Case {
+            name: "with our name: labelled for us and unlabelled are ours",
+            node: NodeSel::Unknown,
+            proxy_name: Some("switchboard"),
+            yaml,
+            frontends: &[
+                "10.96.0.10:80/TCP ClusterIP default/ours -> 10.244.1.2:8080",
+                "10.96.0.12:80/TCP ClusterIP default/plain -> (none)",
+            ],
+            warnings: &[],
+        },
+        Case {
+            name: "without a name (kube-proxy): any label means another proxy",
+            node: NodeSel::Unknown,
+            proxy_name: None,
+            yaml,
+            frontends: &["10.96.0.12:80/TCP ClusterIP default/plain -> (none)"],
+            warnings: &[],
+        },
+    ]);
+}
+
+const POLICY_SLICE: &str = r#"
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-1, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{port: 8080}]
+endpoints:
+- {addresses: [10.244.1.2], nodeName: node-a}
+- {addresses: [10.244.2.2], nodeName: node-b}
+- {addresses: [10.244.1.3], nodeName: node-a, conditions: {ready: false}}
+"#;
+
+fn with_slice(service: &str) -> &'static str {
+    Box::leak(format!("{service}{POLICY_SLICE}").into_boxed_str())
+}
+
+/// Issue 3: traffic policies.
+#[test]
+fn traffic_policy_rules() {
+    run(&[
+            Case {
+                name: "externalTrafficPolicy Local: outside traffic to external frontends gets local endpoints, node traffic (pods, host) all; ClusterIP all; health check port recorded",
+                node: NodeSel::A,
+                proxy_name: None,
+                yaml: with_slice(
+                    r#"
+apiVersion: v1
+kind: Service
+metadata: {name: web}
+spec:
+  type: LoadBalancer
+  clusterIP: 10.96.0.10
+  externalTrafficPolicy: Local
+  healthCheckNodePort: 32000
+  ports: [{port: 80, nodePort: 30080}]
+status: {loadBalancer: {ingress: [{ip: 198.51.100.7}]}}
+"#,
+                ),
+                frontends: &[
+                    "10.96.0.10:80/TCP ClusterIP default/web -> 10.244.1.2:8080, 10.244.2.2:8080 [healthCheckNodePort 32000]",
+                    "192.168.1.10:30080/TCP NodePort default/web -> 10.244.1.2:8080, 10.244.2.2:8080; from outside -> 10.244.1.2:8080 [local-only, healthCheckNodePort 32000]",
+                    "198.51.100.7:80/TCP LoadBalancer default/web -> 10.244.1.2:8080, 10.244.2.2:8080; from outside -> 10.244.1.2:8080 [local-only, healthCheckNodePort 32000]",
+                    "203.0.113.10:30080/TCP NodePort default/web -> 10.244.1.2:8080, 10.244.2.2:8080; from outside -> 10.244.1.2:8080 [local-only, healthCheckNodePort 32000]",
+                ],
+                warnings: &[],
+            },
+            Case {
+                name: "internalTrafficPolicy Local: ClusterIP uses local endpoints, external frontends all",
+                node: NodeSel::A,
+                proxy_name: None,
+                yaml: with_slice(
+                    r#"
+apiVersion: v1
+kind: Service
+metadata: {name: web}
+spec:
+  clusterIP: 10.96.0.10
+  internalTrafficPolicy: Local
+  externalIPs: [198.51.100.20]
+  ports: [{port: 80}]
+"#,
+                ),
+                frontends: &[
+                    "10.96.0.10:80/TCP ClusterIP default/web -> 10.244.1.2:8080 [local-only]",
+                    "198.51.100.20:80/TCP ExternalIP default/web -> 10.244.1.2:8080, 10.244.2.2:8080",
+                ],
+                warnings: &[],
+            },
+            Case {
+                name: "externalTrafficPolicy Local on a ClusterIP Service with externalIPs governs the external IPs",
+                node: NodeSel::A,
+                proxy_name: None,
+                yaml: with_slice(
+                    r#"
+apiVersion: v1
+kind: Service
+metadata: {name: web}
+spec:
+  clusterIP: 10.96.0.10
+  externalTrafficPolicy: Local
+  externalIPs: [198.51.100.20]
+  ports: [{port: 80}]
+"#,
+                ),
+                frontends: &[
+                    "10.96.0.10:80/TCP ClusterIP default/web -> 10.244.1.2:8080, 10.244.2.2:8080",
+                    "198.51.100.20:80/TCP ExternalIP default/web -> 10.244.1.2:8080, 10.244.2.2:8080; from outside -> 10.244.1.2:8080 [local-only]",
+                ],
+                warnings: &[],
+            },
+            Case {
+                name: "both policies Local: ClusterIP local-only, external frontends still cluster-wide for node traffic (kube-proxy keeps cluster endpoints for the short-circuit)",
+                node: NodeSel::A,
+                proxy_name: None,
+                yaml: with_slice(
+                    r#"
+apiVersion: v1
+kind: Service
+metadata: {name: web}
+spec:
+  type: NodePort
+  clusterIP: 10.96.0.10
+  internalTrafficPolicy: Local
+  externalTrafficPolicy: Local
+  ports: [{port: 80, nodePort: 30080}]
+"#,
+                ),
+                frontends: &[
+                    "10.96.0.10:80/TCP ClusterIP default/web -> 10.244.1.2:8080 [local-only]",
+                    "192.168.1.10:30080/TCP NodePort default/web -> 10.244.1.2:8080, 10.244.2.2:8080; from outside -> 10.244.1.2:8080 [local-only]",
+                    "203.0.113.10:30080/TCP NodePort default/web -> 10.244.1.2:8080, 10.244.2.2:8080; from outside -> 10.244.1.2:8080 [local-only]",
+                ],
+                warnings: &[],
+            },
+            Case {
+                name: "externalTrafficPolicy Local with no local endpoint: node traffic still reaches the cluster, outside traffic none",
+                node: NodeSel::A,
+                proxy_name: None,
+                yaml: r#"
+apiVersion: v1
+kind: Service
+metadata: {name: web}
+spec:
+  clusterIP: 10.96.0.10
+  externalTrafficPolicy: Local
+  externalIPs: [198.51.100.20]
+  ports: [{port: 80}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-1, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{port: 8080}]
+endpoints: [{addresses: [10.244.2.2], nodeName: node-b}]
+"#,
+                frontends: &[
+                    "10.96.0.10:80/TCP ClusterIP default/web -> 10.244.2.2:8080",
+                    "198.51.100.20:80/TCP ExternalIP default/web -> 10.244.2.2:8080; from outside -> (none) [local-only]",
+                ],
+                warnings: &[],
+            },
+            Case {
+                name: "externalTrafficPolicy Local on a plain ClusterIP Service has no effect",
+                node: NodeSel::A,
+                proxy_name: None,
+                yaml: with_slice(
+                    r#"
+apiVersion: v1
+kind: Service
+metadata: {name: web}
+spec:
+  clusterIP: 10.96.0.10
+  externalTrafficPolicy: Local
+  ports: [{port: 80}]
+"#,
+                ),
+                frontends: &["10.96.0.10:80/TCP ClusterIP default/web -> 10.244.1.2:8080, 10.244.2.2:8080"],
+                warnings: &[],
+            },
+            Case {
+                name: "Local with no local endpoint: no backends (traffic dropped, as kube-proxy does)",
+                node: NodeSel::A,
+                proxy_name: None,
+                yaml: r#"
+apiVersion: v1
+kind: Service
+metadata: {name: web}
+spec:
+  clusterIP: 10.96.0.10
+  internalTrafficPolicy: Local
+  ports: [{port: 80}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-1, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{port: 8080}]
+endpoints: [{addresses: [10.244.2.2], nodeName: node-b}, {addresses: [10.244.2.3]}]
+"#,
+                frontends: &["10.96.0.10:80/TCP ClusterIP default/web -> (none) [local-only]"],
+                warnings: &[],
+            },
+            Case {
+                name: "Local: no local ready endpoint, fall back to local serving+terminating ones",
+                node: NodeSel::A,
+                proxy_name: None,
+                yaml: r#"
+apiVersion: v1
+kind: Service
+metadata: {name: web}
+spec:
+  clusterIP: 10.96.0.10
+  internalTrafficPolicy: Local
+  ports: [{port: 80}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-1, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{port: 8080}]
+endpoints:
+- {addresses: [10.244.1.2], nodeName: node-a, conditions: {ready: false, serving: true, terminating: true}}
+- {addresses: [10.244.2.2], nodeName: node-b, conditions: {ready: true}}
+"#,
+                frontends: &["10.96.0.10:80/TCP ClusterIP default/web -> 10.244.1.2:8080 [local-only, terminating fallback]"],
+                warnings: &[],
+            },
+            Case {
+                name: "Local policies without node knowledge are reported and treated as Cluster",
+                node: NodeSel::Unknown,
+                proxy_name: None,
+                yaml: with_slice(
+                    r#"
+apiVersion: v1
+kind: Service
+metadata: {name: web}
+spec:
+  clusterIP: 10.96.0.10
+  internalTrafficPolicy: Local
+  ports: [{port: 80}]
+"#,
+                ),
+                frontends: &["10.96.0.10:80/TCP ClusterIP default/web -> 10.244.1.2:8080, 10.244.2.2:8080"],
+                warnings: &["Service default/web: internalTrafficPolicy is Local but this node is unknown (no node name); treated as Cluster"],
+            },
+            Case {
+                name: "externalTrafficPolicy Local without node knowledge is reported; outside traffic gets all endpoints",
+                node: NodeSel::Unknown,
+                proxy_name: None,
+                yaml: with_slice(
+                    r#"
+apiVersion: v1
+kind: Service
+metadata: {name: web}
+spec:
+  clusterIP: 10.96.0.10
+  externalTrafficPolicy: Local
+  externalIPs: [198.51.100.20]
+  ports: [{port: 80}]
+"#,
+                ),
+                frontends: &[
+                    "10.96.0.10:80/TCP ClusterIP default/web -> 10.244.1.2:8080, 10.244.2.2:8080",
+                    "198.51.100.20:80/TCP ExternalIP default/web -> 10.244.1.2:8080, 10.244.2.2:8080",
+                ],
+                warnings: &["Service default/web: externalTrafficPolicy is Local but this node is unknown (no node name); treated as Cluster"],
+            },
+        ]);
+}
+
+/// Issue 3: topology hints.
+#[test]
+fn topology_rules() {
+    run(&[
+            Case {
+                name: "zone hints on every endpoint, one for our zone: only those",
+                node: NodeSel::A,
+                proxy_name: None,
+                yaml: r#"
+apiVersion: v1
+kind: Service
+metadata: {name: web}
+spec:
+  clusterIP: 10.96.0.10
+  ports: [{port: 80}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-1, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{port: 8080}]
+endpoints:
+- {addresses: [10.244.1.2], zone: zone-a, hints: {forZones: [{name: zone-a}]}}
+- {addresses: [10.244.2.2], zone: zone-b, hints: {forZones: [{name: zone-b}]}}
+- {addresses: [10.244.3.2], zone: zone-c, hints: {forZones: [{name: zone-c}, {name: zone-a}]}}
+- {addresses: [10.244.4.2], conditions: {ready: false}}
+"#,
+                frontends: &["10.96.0.10:80/TCP ClusterIP default/web -> 10.244.1.2:8080, 10.244.3.2:8080 [topology same-zone]"],
+                warnings: &[],
+            },
+            Case {
+                name: "one ready endpoint without hints: hints are not used",
+                node: NodeSel::A,
+                proxy_name: None,
+                yaml: r#"
+apiVersion: v1
+kind: Service
+metadata: {name: web}
+spec:
+  clusterIP: 10.96.0.10
+  ports: [{port: 80}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-1, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{port: 8080}]
+endpoints:
+- {addresses: [10.244.1.2], hints: {forZones: [{name: zone-a}]}}
+- {addresses: [10.244.2.2]}
+"#,
+                frontends: &["10.96.0.10:80/TCP ClusterIP default/web -> 10.244.1.2:8080, 10.244.2.2:8080"],
+                warnings: &[],
+            },
+            Case {
+                name: "no hint for our zone: hints are not used",
+                node: NodeSel::A,
+                proxy_name: None,
+                yaml: r#"
+apiVersion: v1
+kind: Service
+metadata: {name: web}
+spec:
+  clusterIP: 10.96.0.10
+  ports: [{port: 80}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-1, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{port: 8080}]
+endpoints:
+- {addresses: [10.244.1.2], hints: {forZones: [{name: zone-b}]}}
+- {addresses: [10.244.2.2], hints: {forZones: [{name: zone-c}]}}
+"#,
+                frontends: &["10.96.0.10:80/TCP ClusterIP default/web -> 10.244.1.2:8080, 10.244.2.2:8080"],
+                warnings: &[],
+            },
+            Case {
+                name: "node without a zone label: zone hints are not used",
+                node: NodeSel::ANoZone,
+                proxy_name: None,
+                yaml: r#"
+apiVersion: v1
+kind: Service
+metadata: {name: web}
+spec:
+  clusterIP: 10.96.0.10
+  ports: [{port: 80}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-1, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{port: 8080}]
+endpoints:
+- {addresses: [10.244.1.2], hints: {forZones: [{name: zone-a}]}}
+- {addresses: [10.244.2.2], hints: {forZones: [{name: zone-b}]}}
+"#,
+                frontends: &["10.96.0.10:80/TCP ClusterIP default/web -> 10.244.1.2:8080, 10.244.2.2:8080"],
+                warnings: &[],
+            },
+            Case {
+                name: "unknown node: hints are not used",
+                node: NodeSel::Unknown,
+                proxy_name: None,
+                yaml: r#"
+apiVersion: v1
+kind: Service
+metadata: {name: web}
+spec:
+  clusterIP: 10.96.0.10
+  ports: [{port: 80}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-1, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{port: 8080}]
+endpoints:
+- {addresses: [10.244.1.2], hints: {forZones: [{name: zone-a}]}}
+- {addresses: [10.244.2.2], hints: {forZones: [{name: zone-b}]}}
+"#,
+                frontends: &["10.96.0.10:80/TCP ClusterIP default/web -> 10.244.1.2:8080, 10.244.2.2:8080"],
+                warnings: &[],
+            },
+            Case {
+                name: "node hints on every endpoint, one for this node: same-node wins over zone hints",
+                node: NodeSel::A,
+                proxy_name: None,
+                yaml: r#"
+apiVersion: v1
+kind: Service
+metadata: {name: web}
+spec:
+  clusterIP: 10.96.0.10
+  trafficDistribution: PreferSameNode
+  ports: [{port: 80}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-1, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{port: 8080}]
+endpoints:
+- {addresses: [10.244.1.2], nodeName: node-a, hints: {forNodes: [{name: node-a}], forZones: [{name: zone-a}]}}
+- {addresses: [10.244.1.9], nodeName: node-x, hints: {forNodes: [{name: node-x}], forZones: [{name: zone-a}]}}
+- {addresses: [10.244.2.2], nodeName: node-b, hints: {forNodes: [{name: node-b}], forZones: [{name: zone-b}]}}
+"#,
+                frontends: &["10.96.0.10:80/TCP ClusterIP default/web -> 10.244.1.2:8080 [topology same-node]"],
+                warnings: &[],
+            },
+            Case {
+                name: "hints do not apply to Local policy frontends",
+                node: NodeSel::A,
+                proxy_name: None,
+                yaml: r#"
+apiVersion: v1
+kind: Service
+metadata: {name: web}
+spec:
+  clusterIP: 10.96.0.10
+  internalTrafficPolicy: Local
+  ports: [{port: 80}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-1, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{port: 8080}]
+endpoints:
+- {addresses: [10.244.1.2], nodeName: node-a, hints: {forZones: [{name: zone-b}]}}
+- {addresses: [10.244.1.3], nodeName: node-a, hints: {forZones: [{name: zone-a}]}}
+"#,
+                frontends: &["10.96.0.10:80/TCP ClusterIP default/web -> 10.244.1.2:8080, 10.244.1.3:8080 [local-only]"],
+                warnings: &[],
+            },
+        ]);
+}
+
+/// Issue 3: session affinity.
+#[test]
+fn session_affinity_rules() {
+    run(&[
+            Case {
+                name: "ClientIP with the default timeout, on every frontend of the Service",
+                node: NodeSel::Unknown,
+                proxy_name: None,
+                yaml: r#"
+apiVersion: v1
+kind: Service
+metadata: {name: web}
+spec:
+  clusterIP: 10.96.0.10
+  externalIPs: [198.51.100.20]
+  sessionAffinity: ClientIP
+  ports: [{port: 80}]
+"#,
+                frontends: &[
+                    "10.96.0.10:80/TCP ClusterIP default/web -> (none) [affinity 10800s]",
+                    "198.51.100.20:80/TCP ExternalIP default/web -> (none) [affinity 10800s]",
+                ],
+                warnings: &[],
+            },
+            Case {
+                name: "ClientIP with an explicit timeout",
+                node: NodeSel::Unknown,
+                proxy_name: None,
+                yaml: r#"
+apiVersion: v1
+kind: Service
+metadata: {name: web}
+spec:
+  clusterIP: 10.96.0.10
+  sessionAffinity: ClientIP
+  sessionAffinityConfig: {clientIP: {timeoutSeconds: 60}}
+  ports: [{port: 80}]
+"#,
+                frontends: &["10.96.0.10:80/TCP ClusterIP default/web -> (none) [affinity 60s]"],
+                warnings: &[],
+            },
+            Case {
+                name: "an out-of-range timeout is reported and replaced by the default; None means no affinity",
+                node: NodeSel::Unknown,
+                proxy_name: None,
+                yaml: r#"
+apiVersion: v1
+kind: Service
+metadata: {name: web}
+spec:
+  clusterIP: 10.96.0.10
+  sessionAffinity: ClientIP
+  sessionAffinityConfig: {clientIP: {timeoutSeconds: 0}}
+  ports: [{port: 80}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: web2}
+spec:
+  clusterIP: 10.96.0.11
+  sessionAffinity: None
+  sessionAffinityConfig: {clientIP: {timeoutSeconds: 60}}
+  ports: [{port: 80}]
+"#,
+                frontends: &[
+                    "10.96.0.10:80/TCP ClusterIP default/web -> (none) [affinity 10800s]",
+                    "10.96.0.11:80/TCP ClusterIP default/web2 -> (none)",
+                ],
+                warnings: &["Service default/web: sessionAffinityConfig.clientIP.timeoutSeconds 0 is out of range 1..=86400; using 10800"],
+            },
+        ]);
+}
+
+/// Random sequences of Service, EndpointSlice and Node changes (valid and
+/// invalid), drawn from small pools so that addresses collide, slices move
+/// between Services and Services come and go. After every step the
+/// incremental model must equal a model built from scratch on the same
+/// objects, and its delta must name exactly the addresses that changed.
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    const SERVICES: usize = 5;
+    const SLICES: usize = 6;
+
+    #[derive(Clone, Debug)]
+    enum Change {
+        Service(usize, Option<ServiceInfo>),
+        Slice(usize, Option<SliceInfo>),
+        Node(Option<NodeInfo>),
+    }
+
+    fn service_key(i: usize) -> ObjectKey {
+        ObjectKey::new(if i % 3 == 2 { "other" } else { "default" }, format!("s{i}"))
+    }
+
+    fn ip_field() -> impl Strategy<Value = String> {
+        prop_oneof![
+            10 => Just("10.96.0.0".to_string()),
+            3 => Just("10.96.0.1".to_string()),
+            1 => Just("None".to_string()),
+            1 => Just(String::new()),
+            1 => Just("fd00::1".to_string()),
+            1 => Just("not-an-ip".to_string()),
+        ]
+    }
+
+    fn port() -> impl Strategy<Value = ServicePortInfo> {
+        (
+            prop_oneof![Just(String::new()), Just("http".to_string()), Just("dns".to_string())],
+            prop_oneof![8 => Just(None), 1 => Just(Some("UDP".to_string())), 1 => Just(Some("ICMP".to_string()))],
+            prop_oneof![10 => Just(80), 1 => Just(53), 1 => Just(0), 1 => Just(70_000)],
+            prop::option::of(prop_oneof![Just(30080), Just(30053), Just(0)]),
+        )
+            .prop_map(|(name, protocol, port, node_port)| ServicePortInfo {
+                name,
+                protocol,
+                port,
+                node_port,
+            })
+    }
+
+    fn policy() -> impl Strategy<Value = Option<String>> {
+        prop_oneof![Just(None), Just(Some("Local".to_string())), Just(Some("Cluster".to_string()))]
+    }
+
+    fn service(i: usize) -> impl Strategy<Value = ServiceInfo> {
+        let spec = (
+            prop_oneof![
+                4 => Just(None),
+                2 => Just(Some("NodePort".to_string())),
+                2 => Just(Some("LoadBalancer".to_string())),
+                1 => Just(Some("ExternalName".to_string())),
+                1 => Just(Some("Bogus".to_string())),
+            ],
+            prop::collection::vec(ip_field(), 1..3),
+            prop::collection::vec((0u8..2).prop_map(|i| format!("192.0.2.{i}")), 0..2),
+            prop::collection::vec(port(), 1..3),
+            (policy(), policy()),
+            prop::option::of(prop_oneof![Just(10), Just(0)]),
+        )
+            .prop_map(|(type_, cluster_ips, external_ips, ports, (etp, itp), affinity)| {
+                ServiceSpecInfo {
+                    type_,
+                    cluster_ips,
+                    external_ips,
+                    lb_ingress: vec![LbIngress {
+                        ip: Some("198.51.100.1".into()),
+                        ip_mode: None,
+                    }],
+                    session_affinity: affinity.map(|_| "ClientIP".to_string()),
+                    affinity_timeout_s: affinity,
+                    external_traffic_policy: etp,
+                    internal_traffic_policy: itp,
+                    ports,
+                    ..ServiceSpecInfo::default()
+                }
+            });
+        (
+            prop::option::weighted(0.9, spec),
+            prop_oneof![6 => Just(None), 1 => Just(Some("other-proxy".to_string()))],
+        )
+            .prop_map(move |(spec, proxy_name)| ServiceInfo {
+                key: service_key(i),
+                labels: ProxyLabels {
+                    proxy_name,
+                    headless: false,
+                },
+                spec,
+                ..ServiceInfo::default()
+            })
+    }
+
+    fn endpoint() -> impl Strategy<Value = EndpointInfo> {
+        (
+            prop_oneof![
+                6 => (1u8..4).prop_map(|i| Some(RawAddress::V4(Ipv4Addr::new(10, 244, 0, i)))),
+                1 => Just(Some(RawAddress::Other("bad".into()))),
+                1 => Just(None),
+            ],
+            prop::option::of(any::<bool>()),
+            prop::option::of(any::<bool>()),
+            prop::option::of(any::<bool>()),
+            prop_oneof![Just(None), Just(Some(Arc::<str>::from("node-a"))), Just(Some(Arc::<str>::from("node-b")))],
+        )
+            .prop_map(|(address, ready, serving, terminating, node_name)| EndpointInfo {
+                address_count: u32::from(address.is_some()),
+                address,
+                ready,
+                serving,
+                terminating,
+                node_name,
+                hints: None,
+            })
+    }
+
+    fn slice(j: usize) -> impl Strategy<Value = SliceInfo> {
+        (
+            prop::option::of(0..SERVICES),
+            prop_oneof![6 => Just("IPv4".to_string()), 1 => Just("IPv6".to_string()), 1 => Just(String::new())],
+            prop::collection::vec(endpoint(), 0..4),
+            prop::collection::vec(
+                (
+                    prop_oneof![Just(None), Just(Some("http".to_string())), Just(Some("dns".to_string()))],
+                    prop_oneof![Just(None), Just(Some("UDP".to_string()))],
+                    prop_oneof![Just(Some(8080)), Just(Some(5353)), Just(None), Just(Some(0))],
+                )
+                    .prop_map(|(name, protocol, port)| SlicePortInfo { name, protocol, port }),
+                0..3,
+            ),
+        )
+            .prop_map(move |(service, address_type, endpoints, ports)| {
+                // Slices live in their Service's namespace; a slice of no
+                // Service sits in `default`.
+                let namespace = service.map_or("default".to_string(), |i| service_key(i).namespace);
+                SliceInfo {
+                    key: ObjectKey::new(namespace, format!("e{j}")),
+                    service_name: service.map(|i| format!("s{i}")),
+                    address_type,
+                    endpoints,
+                    ports,
+                    ..SliceInfo::default()
+                }
+            })
+    }
+
+    fn change() -> impl Strategy<Value = Change> {
+        prop_oneof![
+            4 => (0..SERVICES).prop_flat_map(|i| prop::option::weighted(0.8, service(i)).prop_map(move |s| Change::Service(i, s))),
+            4 => (0..SLICES).prop_flat_map(|j| prop::option::weighted(0.8, slice(j)).prop_map(move |s| Change::Slice(j, s))),
+            1 => prop::option::of(prop_oneof![Just(NodeSel::A), Just(NodeSel::ANoZone)]).prop_map(|n| Change::Node(n.and_then(node))),
+        ]
+    }
+
+    /// Applies a change to the model and to the plain record of objects.
+    fn apply(
+        change: &Change,
+        model: &mut Model,
+        services: &mut BTreeMap<ObjectKey, ServiceInfo>,
+        slices: &mut BTreeMap<ObjectKey, SliceInfo>,
+        node: &mut Option<NodeInfo>,
+    ) {
+        match change {
+            Change::Service(i, info) => {
+                let key = service_key(*i);
+                model.set_service(key.clone(), info.clone().map(Arc::new));
+                match info {
+                    Some(info) => services.insert(key, info.clone()),
+                    None => services.remove(&key),
+                };
+            }
+            Change::Slice(j, info) => {
+                // A slice's key may move namespace with its Service: delete
+                // it under every namespace it could have had first.
+                for ns in ["default", "other"] {
+                    let key = ObjectKey::new(ns, format!("e{j}"));
+                    if info.as_ref().is_none_or(|s| s.key != key) && slices.remove(&key).is_some() {
+                        model.set_slice(key, None);
+                    }
+                }
+                if let Some(info) = info {
+                    model.set_slice(info.key.clone(), Some(Arc::new(info.clone())));
+                    slices.insert(info.key.clone(), info.clone());
+                }
+            }
+            Change::Node(new) => {
+                model.set_node(new.clone());
+                node.clone_from(new);
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+        #[test]
+        fn incremental_updates_equal_a_full_rebuild(
+            changes in prop::collection::vec(change(), 1..40),
+            batch in 1usize..4,
+        ) {
+            let mut model = Model::new(None, None);
+            let mut services = BTreeMap::new();
+            let mut slices = BTreeMap::new();
+            let mut node = None;
+            for (n, chunk) in changes.chunks(batch).enumerate() {
+                for change in chunk {
+                    apply(change, &mut model, &mut services, &mut slices, &mut node);
+                }
+                let before = model.desired().clone();
+                let delta = model.update();
+
+                let mut fresh = Model::new(node.clone(), None);
+                for s in services.values() {
+                    fresh.set_service(s.key.clone(), Some(Arc::new(s.clone())));
+                }
+                for s in slices.values() {
+                    fresh.set_slice(s.key.clone(), Some(Arc::new(s.clone())));
+                }
+                fresh.update();
+                prop_assert_eq!(model.desired(), fresh.desired(), "desired state after step {}", n);
+                let got: Vec<_> = model.warnings().collect();
+                let want: Vec<_> = fresh.warnings().collect();
+                prop_assert_eq!(got, want, "warnings after step {}", n);
+
+                let changed: BTreeSet<FrontendAddr> = before
+                    .frontends
+                    .keys()
+                    .chain(model.desired().frontends.keys())
+                    .filter(|a| before.frontends.get(a) != model.desired().frontends.get(a))
+                    .copied()
+                    .collect();
+                prop_assert_eq!(&delta.frontends, &changed, "delta after step {}", n);
+            }
+        }
+    }
+}
+
+#[test]
+fn the_next_claimant_in_order_takes_over_a_released_address() {
+    let svc = |name: &str| {
+        Arc::new(ServiceInfo {
+            key: ObjectKey::new("default", name),
+            spec: Some(ServiceSpecInfo {
+                cluster_ips: vec!["10.96.0.1".into()],
+                ports: vec![ServicePortInfo {
+                    port: 80,
+                    ..ServicePortInfo::default()
+                }],
+                ..ServiceSpecInfo::default()
+            }),
+            ..ServiceInfo::default()
+        })
+    };
+    let mut model = Model::new(None, None);
+    for name in ["c", "a", "b"] {
+        model.set_service(ObjectKey::new("default", name), Some(svc(name)));
+        model.update();
+    }
+    let owner = |model: &Model| {
+        let fe = model.desired().frontends.values().next().expect("one frontend");
+        fe.service.name.clone()
+    };
+    assert_eq!(owner(&model), "a");
+    let warned: Vec<String> = model.warnings().map(|w| w.object.clone()).collect();
+    assert_eq!(warned, ["Service default/b", "Service default/c"]);
+    model.set_service(ObjectKey::new("default", "a"), None);
+    let delta = model.update();
+    assert_eq!(owner(&model), "b");
+    assert_eq!(delta.frontends.len(), 1);
+    assert_eq!(delta.warnings_removed.len(), 2, "{delta:?}");
+    assert_eq!(delta.warnings_added.len(), 1, "{delta:?}");
+}
