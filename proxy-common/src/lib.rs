@@ -248,7 +248,7 @@ pub struct FrontendKey {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
-pub struct Frontend {
+pub struct FrontendSlot {
     /// Slot > 0: the backend id in this slot. Slot 0: 0.
     pub backend_id: u32,
     /// The same in every slot of one frontend; indexes [`SvcStats`] and the
@@ -263,7 +263,7 @@ pub struct Frontend {
     pub affinity_timeout_s: u32,
 }
 
-/// Bits of [`Frontend::flags`] (slot 0): what the model decided about the
+/// Bits of [`FrontendSlot::flags`] (slot 0): what the model decided about the
 /// frontend. The data path applies `AFFINITY_CLIENT_IP`; the others are
 /// recorded for the CLI and `bpftool` (see README).
 pub mod frontend_flags {
@@ -721,7 +721,7 @@ pub mod stat {
 mod aya_pod {
     use super::*;
     unsafe impl aya::Pod for FrontendKey {}
-    unsafe impl aya::Pod for Frontend {}
+    unsafe impl aya::Pod for FrontendSlot {}
     unsafe impl aya::Pod for Backend {}
     unsafe impl aya::Pod for CtKey {}
     unsafe impl aya::Pod for CtEntry {}
@@ -740,7 +740,7 @@ mod aya_pod {
 }
 
 const _: () = assert!(size_of::<FrontendKey>() == 12);
-const _: () = assert!(size_of::<Frontend>() == 16);
+const _: () = assert!(size_of::<FrontendSlot>() == 16);
 const _: () = assert!(size_of::<Backend>() == 8);
 const _: () = assert!(size_of::<CtKey>() == 16);
 const _: () = assert!(size_of::<CtEntry>() == 32);

@@ -4,7 +4,7 @@ use aya_ebpf::{
     btf_maps::LruHashMap,
     helpers::{bpf_get_prandom_u32, bpf_ktime_get_ns},
 };
-use proxy_common::{capacity, frontend_flags, scope, stat, AffinityEntry, Backend, Frontend, FrontendKey};
+use proxy_common::{capacity, frontend_flags, scope, stat, AffinityEntry, Backend, FrontendSlot, FrontendKey};
 
 use crate::maps::{count, AFFINITY_ENTRIES, SB_BE_V1, SB_FE_V1, SB_MAGLEV_V1};
 
@@ -24,7 +24,7 @@ pub fn frontend_key(addr_be: u32, port_be: u16, proto: u8) -> FrontendKey {
 /// The frontend's slot-0 entry, copied out (the agent may rewrite it while we
 /// run), if the address is a frontend.
 #[inline(always)]
-pub fn lookup_frontend(key: &FrontendKey) -> Option<Frontend> {
+pub fn lookup_frontend(key: &FrontendKey) -> Option<FrontendSlot> {
     // SAFETY: the value is copied out at once; a concurrent update by the agent
     // can at worst give a value from before or after it, never freed memory
     // (hash map values live until the RCU grace period ends).
@@ -49,7 +49,7 @@ pub fn backend_is_live(backend_id: u32, addr_be: u32, port_be: u16) -> bool {
 #[inline(always)]
 pub fn choose_backend<K>(
     key: FrontendKey,
-    svc: &Frontend,
+    svc: &FrontendSlot,
     affinity: &LruHashMap<K, AffinityEntry, AFFINITY_ENTRIES>,
     affinity_key: &K,
 ) -> Option<(u32, Backend)> {
@@ -101,7 +101,7 @@ pub fn maglev_backend(service_id: u32, hash: u32) -> Option<(u32, Backend)> {
 #[inline(always)]
 fn affinity_backend<K>(
     mut key: FrontendKey,
-    svc: &Frontend,
+    svc: &FrontendSlot,
     affinity: &LruHashMap<K, AffinityEntry, AFFINITY_ENTRIES>,
     affinity_key: &K,
     now: u64,
@@ -124,7 +124,7 @@ fn affinity_backend<K>(
 
 /// Picks a backend at random among the frontend's slots `1..=backend_count`.
 #[inline(always)]
-fn pick_backend(mut key: FrontendKey, svc: &Frontend) -> Option<(u32, Backend, u16)> {
+fn pick_backend(mut key: FrontendKey, svc: &FrontendSlot) -> Option<(u32, Backend, u16)> {
     let count = u32::from(svc.backend_count).min(u32::from(capacity::MAX_BACKENDS_PER_SERVICE));
     if count == 0 {
         return None;

@@ -7,7 +7,7 @@ use aya_ebpf::{
 };
 use proxy_common::{
     capacity, stat, AffinityEntry, AffinityKey, Backend, Config, CtEntry, CtKey, FragEntry,
-    FragKey, Frontend, FrontendKey, MaglevTable, RevNat, SockAffinityKey, SockEntry, SockKey, SvcStats, Uplink,
+    FragKey, FrontendSlot, FrontendKey, MaglevTable, RevNat, SockAffinityKey, SockEntry, SockKey, SvcStats, Uplink,
 };
 
 /// Capacity type parameter shared by both affinity maps, so one selection
@@ -15,7 +15,7 @@ use proxy_common::{
 pub const AFFINITY_ENTRIES: usize = capacity::AFFINITY as usize;
 
 #[btf_map]
-pub static SB_FE_V1: HashMap<FrontendKey, Frontend, { capacity::FRONTENDS as usize }> =
+pub static SB_FE_V1: HashMap<FrontendKey, FrontendSlot, { capacity::FRONTENDS as usize }> =
     HashMap::new();
 #[btf_map]
 pub static SB_BE_V1: HashMap<u32, Backend, { capacity::BACKENDS as usize }> = HashMap::new();

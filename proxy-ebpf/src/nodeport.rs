@@ -25,7 +25,7 @@ use aya_ebpf::{
 use proxy_common::{
     hash::{flow_hash, source_hash},
     ct_dir, ct_flags, frontend_flags, scope, snat, stat, AffinityKey, Backend, CtEntry, CtKey,
-    Frontend, FrontendKey,
+    FrontendSlot, FrontendKey,
 };
 
 use crate::{
@@ -121,7 +121,7 @@ pub fn classify(ctx: *mut c_void, ingress: u32, flow: &Flow) -> Result<Translati
 /// the 5-tuple, or over the client address) when it has one and its table
 /// is there, else at random (with session affinity).
 #[inline(always)]
-fn pick_backend(key: FrontendKey, svc: &Frontend, flow: &Flow) -> Option<(u32, Backend)> {
+fn pick_backend(key: FrontendKey, svc: &FrontendSlot, flow: &Flow) -> Option<(u32, Backend)> {
     let hashed = match svc.flags & frontend_flags::ALGO_MASK {
         frontend_flags::ALGO_MAGLEV => Some(flow_hash(
             flow.saddr_be,
@@ -148,7 +148,7 @@ fn pick_backend(key: FrontendKey, svc: &Frontend, flow: &Flow) -> Option<(u32, B
 /// slot-0 key, its slot-0 entry and whether it is local-only. A local-only
 /// set whose entry is missing (mid-update) counts as empty.
 #[inline(always)]
-fn backend_set(key: FrontendKey, svc: Frontend) -> (FrontendKey, Frontend, bool) {
+fn backend_set(key: FrontendKey, svc: FrontendSlot) -> (FrontendKey, FrontendSlot, bool) {
     if !frontend_flags::has_external_set(svc.flags) {
         return (key, svc, false);
     }
@@ -156,7 +156,7 @@ fn backend_set(key: FrontendKey, svc: Frontend) -> (FrontendKey, Frontend, bool)
         scope: scope::EXTERNAL,
         ..key
     };
-    let ext = lookup_frontend(&ext_key).unwrap_or(Frontend {
+    let ext = lookup_frontend(&ext_key).unwrap_or(FrontendSlot {
         backend_count: 0,
         ..svc
     });

@@ -51,7 +51,7 @@ use aya_ebpf::{
     helpers::{bpf_redirect, bpf_skb_change_tail, bpf_skb_load_bytes, bpf_xdp_adjust_tail},
     programs::{TcContext, XdpContext},
 };
-use proxy_common::{frontend_flags, stat, Frontend};
+use proxy_common::{frontend_flags, stat, FrontendSlot};
 
 use crate::{
     maps::count,
@@ -80,7 +80,7 @@ const IP_OFFSET_MASK: u16 = 0x1fff;
 /// error (`true`) or dropped: everything but an `internalTrafficPolicy:
 /// Local` ClusterIP frontend (see the module's documentation).
 #[inline(always)]
-pub fn rejects(svc: &Frontend) -> bool {
+pub fn rejects(svc: &FrontendSlot) -> bool {
     let kind = svc.flags & frontend_flags::KIND_MASK;
     !(svc.flags & frontend_flags::LOCAL_ONLY != 0 && kind == frontend_flags::KIND_CLUSTER_IP)
 }
@@ -88,7 +88,7 @@ pub fn rejects(svc: &Frontend) -> bool {
 /// `sb_from_pod`: a packet to frontend `svc`, whose backend set is empty,
 /// is rejected ([`tc_reject`]) or dropped ([`rejects`]).
 #[inline(always)]
-pub fn from_pod(ctx: &TcContext, flow: &Flow, svc: &Frontend) -> i32 {
+pub fn from_pod(ctx: &TcContext, flow: &Flow, svc: &FrontendSlot) -> i32 {
     if rejects(svc) {
         tc_reject(ctx, flow)
     } else {

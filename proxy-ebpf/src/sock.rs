@@ -13,7 +13,7 @@ use aya_ebpf::{
     EbpfContext as _,
 };
 use proxy_common::{
-    proto, sock_dir, stat, Frontend, FrontendKey, SockAffinityKey, SockEntry, SockKey,
+    proto, sock_dir, stat, FrontendSlot, FrontendKey, SockAffinityKey, SockEntry, SockKey,
 };
 
 use crate::{
@@ -122,7 +122,7 @@ fn refuse(why: Refuse) -> i32 {
 
 /// A new backend for this socket, honouring affinity per network namespace.
 #[inline(always)]
-fn pick(ctx: &SockAddrContext, key: FrontendKey, svc: &Frontend) -> Result<Picked, Refuse> {
+fn pick(ctx: &SockAddrContext, key: FrontendKey, svc: &FrontendSlot) -> Result<Picked, Refuse> {
     if svc.backend_count == 0 {
         count_service(svc.service_id, |s| s.drops_no_backend += 1);
         return Err(Refuse::NoBackend);
@@ -228,7 +228,7 @@ pub fn sendmsg4(ctx: &SockAddrContext) -> i32 {
 /// The backend this socket already sends the frontend's datagrams to, if it is
 /// still live and still this service's.
 #[inline(always)]
-fn kept_backend(forward_key: &SockKey, svc: &Frontend) -> Option<Picked> {
+fn kept_backend(forward_key: &SockKey, svc: &FrontendSlot) -> Option<Picked> {
     // SAFETY: the fields are copied out at once.
     let entry = unsafe { SB_SOCK_V1.get(forward_key) }.copied()?;
     if entry.service_id == svc.service_id

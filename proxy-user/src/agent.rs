@@ -1,7 +1,7 @@
 //! `switchboard agent`: load and pin the programs, attach them to pod
 //! interfaces as they appear, and keep the maps in step with the source.
 use std::{
-    path::{Path, PathBuf},
+    path::PathBuf,
     time::Duration,
 };
 
@@ -21,12 +21,13 @@ use crate::{
     healthcheck::{self, HealthServers},
     metrics::{self, SyncObserver},
     lock, resize,
-    maps::{MapStore, PinnedMaps},
-    model::{self, ModelWarning},
-    sockdiag, socketlb,
-    source::{cluster, dir, Snapshot},
-    status::{self, AgentStatus, UnprogrammedService},
-    sync::{Syncer, Unprogrammed},
+    maps::PinnedMaps,
+    model::{self, Model},
+    socketlb,
+    source::{self, cluster, dir, FeedRx},
+    status::{self, AgentStatus},
+    sync::Syncer,
+    syncloop::{unix_now, NodePortAddresses, SyncLoop},
     uplink::{self, Uplink, UplinkError, XdpMode},
 };
 use crate::cidr::Ipv4Cidr;
@@ -127,8 +128,8 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
             .await
             .context("finding the uplinks (--uplink)")?,
     };
-    let mut snapshots = open_source(&config).await?;
-    tokio::spawn(mark_queued(snapshots.clone(), proxy_health.clone()));
+    let mut feed = open_source(&config).await?;
+    tokio::spawn(mark_queued(feed.publishes(), proxy_health.clone()));
 
     let mut ebpf = ebpf::load(&config.pin_root, &capacities, resize.maps())
         .context("loading the eBPF programs")?;
@@ -154,25 +155,26 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
         .transpose()?;
     let mut sync = SyncLoop {
         syncer,
-        proxy_name: config.proxy_name.as_deref(),
+        model: Model::new(None, config.proxy_name.clone()),
         pin_root: &config.pin_root,
-        last_warnings: Vec::new(),
         last_failed: Vec::new(),
         close_sockets: config.socket_lb_cgroup.is_some(),
         health: HealthServers::new(healthcheck::DEFAULT_BIND),
+        health_frontends: Default::default(),
         nodeports: NodePortAddresses {
             node_name: config.node_name.clone(),
             cidrs: config.nodeport_addresses.clone(),
             local: Vec::new(),
         },
-        last: None,
+        source_node: None,
         status: status_template(&config),
         proxy_health,
         observer,
     };
     sync.nodeports.refresh(&handle).await;
-    let initial = snapshots.borrow_and_update().clone();
-    sync.on_snapshot(&initial);
+    let initial = feed.take();
+    info!(objects = initial.len(), "first view of the source");
+    sync.on_changes(initial);
 
     // The maps hold the source's view: the programs may take over.
     ebpf::install_tail_calls(&mut ebpf).context("installing the tail-call program")?;
@@ -181,8 +183,8 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
     attacher.set_uplinks(named_uplinks.iter().map(|u| u.index).collect());
     rescan(&handle, &mut attacher, &mut ebpf).await;
     // The Node's addresses may name the uplinks.
-    let node_addrs = initial
-        .node
+    let node_addrs = sync
+        .source_node
         .as_ref()
         .map(|n| n.addresses.clone())
         .unwrap_or_default();
@@ -215,13 +217,12 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
     let mut tick = tokio::time::interval(RESCAN);
     loop {
         tokio::select! {
-            changed = snapshots.changed() => {
+            changed = feed.changed() => {
                 if changed.is_err() {
                     error!("the source stopped; what is programmed stays in place");
                     bail!("source stopped");
                 }
-                let snapshot = snapshots.borrow_and_update().clone();
-                sync.on_snapshot(&snapshot);
+                sync.on_changes(feed.take());
             }
             Some(_) = link_events.next() => {
                 rescan(&handle, &mut attacher, &mut ebpf).await;
@@ -247,34 +248,36 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
 /// Opens the source and waits for its first complete view. A source that
 /// cannot be read (a bad kubeconfig, a missing directory) fails here, before
 /// anything is loaded.
-async fn open_source(config: &AgentConfig) -> anyhow::Result<watch::Receiver<std::sync::Arc<Snapshot>>> {
+async fn open_source(config: &AgentConfig) -> anyhow::Result<FeedRx> {
+    let (tx, mut rx) = source::feed();
     match &config.source {
-        Source::Dir(dir) => dir::watch_dir(dir.clone(), config.node_name.clone())
+        Source::Dir(dir) => dir::watch_dir(dir.clone(), config.node_name.clone(), tx)
             .await
-            .with_context(|| format!("watching {}", dir.display())),
+            .with_context(|| format!("watching {}", dir.display()))?,
         Source::Cluster => {
             let client = cluster::client(config.kubeconfig.as_ref())
                 .await
                 .context("connecting to the Kubernetes API")?;
             info!(node = %config.node_name, "watching the Kubernetes API");
-            let mut rx = cluster::watch_cluster(client, config.node_name.clone()).await;
-            // The first snapshot is published once every watch has listed;
-            // until then, what is pinned keeps forwarding untouched.
-            rx.changed()
-                .await
-                .context("the cluster watch stopped before its first list")?;
-            Ok(rx)
+            cluster::watch_cluster(client, config.node_name.clone(), config.proxy_name.clone(), tx);
         }
     }
+    // The first view is published once complete (every watch has listed;
+    // the directory has been read); until then, what is pinned keeps
+    // forwarding untouched.
+    rx.changed()
+        .await
+        .context("the source stopped before its first complete view")?;
+    Ok(rx)
 }
 
-/// Marks every snapshot the source publishes as a queued change, as
-/// kube-proxy's event handlers do, apart from the loop that syncs it: a loop
-/// that hangs leaves the change queued and `/healthz` turns unhealthy.
-async fn mark_queued(mut snapshots: watch::Receiver<std::sync::Arc<Snapshot>>, health: ProxyHealth) {
-    while snapshots.changed().await.is_ok() {
-        let id = std::sync::Arc::as_ptr(&snapshots.borrow_and_update()) as usize;
-        health.queued_change(id);
+/// Marks every publish of the source as a queued change, as kube-proxy's
+/// event handlers do, apart from the loop that syncs it: a loop that hangs
+/// leaves the change queued and `/healthz` turns unhealthy.
+async fn mark_queued(mut publishes: watch::Receiver<u64>, health: ProxyHealth) {
+    while publishes.changed().await.is_ok() {
+        let seq = *publishes.borrow_and_update();
+        health.queued_change(seq);
     }
 }
 
@@ -306,12 +309,6 @@ fn value_name(value: &impl clap::ValueEnum) -> String {
         .to_possible_value()
         .map(|v| v.get_name().to_owned())
         .unwrap_or_default()
-}
-
-fn unix_now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
 }
 
 /// Finds the uplinks, records their addresses in the uplink map and attaches
@@ -373,210 +370,5 @@ async fn rescan(handle: &rtnetlink::Handle, attacher: &mut Attacher, ebpf: &mut 
     match attach::pod_interfaces(handle).await {
         Ok(interfaces) => attacher.reconcile(ebpf, &interfaces),
         Err(error) => warn!(error = %anyhow::Error::from(error), "listing interfaces failed"),
-    }
-}
-
-/// Turns snapshots into map writes, logging what changed and keeping the
-/// status file the CLI reads up to date.
-struct SyncLoop<'a, S: MapStore> {
-    syncer: Syncer<S>,
-    proxy_name: Option<&'a str>,
-    pin_root: &'a Path,
-    /// Logged once when they appear, not again on every sync.
-    last_warnings: Vec<ModelWarning>,
-    last_failed: Vec<Unprogrammed>,
-    /// The socket layer is on: connected UDP sockets whose backend left are
-    /// closed.
-    close_sockets: bool,
-    /// The healthCheckNodePort servers (tasks on the agent's runtime).
-    health: HealthServers,
-    /// `--nodeport-addresses` and the addresses it selects from.
-    nodeports: NodePortAddresses,
-    /// The last snapshot, to sync again when the node's addresses change.
-    last: Option<std::sync::Arc<Snapshot>>,
-    /// The status file's fields that do not come from the sync.
-    status: AgentStatus,
-    /// `/healthz` and `/livez`: changes queued and synced, node eligibility.
-    proxy_health: ProxyHealth,
-    /// `/metrics`: sync duration, programming latency, last sync.
-    observer: SyncObserver,
-}
-
-/// Where NodePorts are served under `--nodeport-addresses`.
-struct NodePortAddresses {
-    node_name: String,
-    cidrs: Vec<Ipv4Cidr>,
-    /// This namespace's interface addresses, as last listed.
-    local: Vec<std::net::Ipv4Addr>,
-}
-
-impl NodePortAddresses {
-    /// Lists the interface addresses again; true if they changed.
-    async fn refresh(&mut self, handle: &rtnetlink::Handle) -> bool {
-        if self.cidrs.is_empty() {
-            return false;
-        }
-        match uplink::local_addresses(handle).await {
-            Ok(local) if local != self.local => {
-                self.local = local;
-                true
-            }
-            Ok(_) => false,
-            Err(error) => {
-                warn!(error = %anyhow::Error::from(error), "listing addresses for --nodeport-addresses failed");
-                false
-            }
-        }
-    }
-
-    /// The node the model sees: with `--nodeport-addresses`, its addresses
-    /// are the interface addresses within the blocks.
-    fn apply(&self, node: Option<&model::NodeInfo>) -> Option<model::NodeInfo> {
-        if self.cidrs.is_empty() {
-            return node.cloned();
-        }
-        let mut node = node.cloned().unwrap_or_else(|| model::NodeInfo {
-            name: self.node_name.clone(),
-            ..model::NodeInfo::default()
-        });
-        node.addresses = self
-            .local
-            .iter()
-            .copied()
-            .filter(|a| self.cidrs.iter().any(|c| c.contains(*a)))
-            .collect();
-        Some(node)
-    }
-}
-
-impl<S: MapStore> SyncLoop<'_, S> {
-    /// Records the attached interfaces; the status file is rewritten when
-    /// they changed (no sync: the maps do not depend on them).
-    fn set_interfaces(&mut self, pods: Vec<status::AttachedInterface>, uplinks: &[status::AttachedInterface]) {
-        let interfaces: Vec<_> = uplinks.iter().cloned().chain(pods).collect();
-        if interfaces != self.status.interfaces {
-            self.status.interfaces = interfaces;
-            self.write_status();
-        }
-    }
-
-    /// Writes the status file the CLI reads.
-    fn write_status(&mut self) {
-        self.status.updated_unix_s = unix_now();
-        if let Err(error) = status::write(self.pin_root, &self.status) {
-            warn!(%error, path = %status::status_path(self.pin_root).display(), "writing the status file failed");
-        }
-    }
-
-    /// Syncs again when `--nodeport-addresses` selects other addresses now.
-    async fn on_addresses(&mut self, handle: &rtnetlink::Handle) {
-        if self.nodeports.refresh(handle).await {
-            if let Some(last) = self.last.clone() {
-                info!(addresses = ?self.nodeports.apply(None).map(|n| n.addresses), "node addresses changed");
-                self.on_snapshot(&last);
-            }
-        }
-    }
-
-    fn on_snapshot(&mut self, snapshot: &std::sync::Arc<Snapshot>) {
-        let started = std::time::Instant::now();
-        // Also marked by `mark_queued` when the source published it; this
-        // covers syncs of an earlier snapshot (address changes).
-        self.proxy_health.queued();
-        self.proxy_health
-            .set_node_eligible(!snapshot.node.as_ref().is_some_and(|n| n.deleting));
-        self.last = Some(std::sync::Arc::clone(snapshot));
-        let node = self.nodeports.apply(snapshot.node.as_ref());
-        let (desired, warnings) = model::build_for_node(
-            &snapshot.services,
-            &snapshot.endpoint_slices,
-            node.as_ref(),
-            self.proxy_name,
-        );
-        for warning in warnings.iter().filter(|w| !self.last_warnings.contains(w)) {
-            warn!(object = %warning.object, problem = %warning.problem, "input problem");
-        }
-        self.health.update(&desired);
-        let report = self.syncer.apply(&desired);
-        for failed in report
-            .failed
-            .iter()
-            .filter(|f| !self.last_failed.contains(f))
-        {
-            error!(
-                service = %failed.service,
-                frontend = %failed.frontend,
-                reason = %failed.reason,
-                "service not programmed; everything else is"
-            );
-        }
-        if report.added + report.updated + report.removed > 0 || !report.failed.is_empty() {
-            info!(
-                frontends = desired.frontends.len(),
-                added = report.added,
-                updated = report.updated,
-                removed = report.removed,
-                unchanged = report.unchanged,
-                failed = report.failed.len(),
-                writes = report.writes,
-                conntrack_purged = report.conntrack_purged,
-                elapsed_ms = started.elapsed().as_secs_f64() * 1e3,
-                "maps synced"
-            );
-        }
-        if self.close_sockets && !report.udp_sockets_left.is_empty() {
-            close_departed_udp_sockets(&report.udp_sockets_left);
-        }
-        self.observer.synced(
-            started.elapsed(),
-            &snapshot.endpoint_slices,
-            report.failed.len(),
-            std::time::SystemTime::now(),
-        );
-        self.proxy_health
-            .updated_change(std::sync::Arc::as_ptr(snapshot) as usize);
-        self.status.last_sync_unix_s = unix_now();
-        self.status.last_sync_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
-        self.status.frontends_desired = desired.frontends.len();
-        self.status.unprogrammed = report
-            .failed
-            .iter()
-            .map(|f| UnprogrammedService {
-                service: f.service.clone(),
-                frontend: f.frontend.to_string(),
-                reason: f.reason.clone(),
-            })
-            .collect();
-        self.status.warnings = warnings.iter().map(ToString::to_string).collect();
-        self.write_status();
-        self.last_warnings = warnings;
-        self.last_failed = report.failed;
-    }
-}
-
-/// Closes the node's connected UDP sockets whose backend left (see
-/// [`sockdiag`]); a failure is logged, the sync itself stands.
-fn close_departed_udp_sockets(left: &[(u64, model::BackendAddr)]) {
-    let doomed = left.iter().copied().collect();
-    match sockdiag::close_udp_sockets(&doomed) {
-        Ok(closed) => {
-            if closed.closed > 0 {
-                info!(
-                    closed = closed.closed,
-                    "closed connected UDP sockets whose backend left"
-                );
-            }
-            for (cookie, error) in closed.refused {
-                warn!(
-                    cookie,
-                    ?error,
-                    "the kernel refused to close a UDP socket whose backend left"
-                );
-            }
-        }
-        Err(error) => warn!(
-            error = %anyhow::Error::from(error),
-            "could not close UDP sockets whose backend left; they stay pinned to it until they close"
-        ),
     }
 }

@@ -130,7 +130,7 @@ struct State {
     /// False while the node is being deleted.
     node_eligible: bool,
     /// Which change the last sync programmed (see [`ProxyHealth::queued_change`]).
-    synced_change: Option<usize>,
+    synced_change: Option<u64>,
 }
 
 /// One health check's answer.
@@ -177,17 +177,17 @@ impl ProxyHealth {
 
     /// Change `id` arrived (marked apart from the loop that syncs it, so a
     /// hung loop shows); nothing is queued when a sync already programmed
-    /// that very change.
-    pub fn queued_change(&self, id: usize) {
+    /// that change or a later one (ids grow: the source's publish count).
+    pub fn queued_change(&self, id: u64) {
         let now = (self.clock)();
         let mut state = self.state();
-        if state.synced_change != Some(id) {
+        if state.synced_change.is_none_or(|synced| synced < id) {
             state.oldest_queued.get_or_insert(now);
         }
     }
 
     /// A sync of change `id` finished: everything queued so far is programmed.
-    pub fn updated_change(&self, id: usize) {
+    pub fn updated_change(&self, id: u64) {
         self.updated();
         self.state().synced_change = Some(id);
     }

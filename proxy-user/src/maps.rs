@@ -12,7 +12,7 @@ use aya::{
     Ebpf,
 };
 use proxy_common::{
-    names, stat, Backend, Config, CtEntry, CtKey, FragEntry, FragKey, Frontend, FrontendKey, RevNat, SockEntry,
+    names, stat, Backend, Config, CtEntry, CtKey, FragEntry, FragKey, FrontendSlot, FrontendKey, RevNat, SockEntry,
     MaglevTable, SockKey, SvcStats, Uplink,
 };
 
@@ -43,7 +43,7 @@ pub enum WriteError {
 
 /// The writes and reads the sync engine performs.
 pub trait MapStore {
-    fn put_frontend(&mut self, key: FrontendKey, value: Frontend) -> Result<(), WriteError>;
+    fn put_frontend(&mut self, key: FrontendKey, value: FrontendSlot) -> Result<(), WriteError>;
     fn delete_frontend(&mut self, key: FrontendKey) -> Result<(), WriteError>;
     fn put_backend(&mut self, id: u32, value: Backend) -> Result<(), WriteError>;
     fn delete_backend(&mut self, id: u32) -> Result<(), WriteError>;
@@ -65,13 +65,13 @@ pub trait MapStore {
 /// A copy of the frontend, backend and reverse-NAT maps.
 #[derive(Clone, Debug, Default)]
 pub struct Dump {
-    pub frontends: Vec<(FrontendKey, Frontend)>,
+    pub frontends: Vec<(FrontendKey, FrontendSlot)>,
     pub backends: Vec<(u32, Backend)>,
     pub revnat: Vec<(u32, RevNat)>,
 }
 
 pub struct PinnedMaps {
-    pub frontends: HashMap<MapData, FrontendKey, Frontend>,
+    pub frontends: HashMap<MapData, FrontendKey, FrontendSlot>,
     pub backends: HashMap<MapData, u32, Backend>,
     pub conntrack: HashMap<MapData, CtKey, CtEntry>,
     pub revnat: HashMap<MapData, u32, RevNat>,
@@ -268,7 +268,7 @@ fn delete_result(map: &'static str, result: Result<(), MapError>) -> Result<(), 
 }
 
 impl MapStore for PinnedMaps {
-    fn put_frontend(&mut self, key: FrontendKey, value: Frontend) -> Result<(), WriteError> {
+    fn put_frontend(&mut self, key: FrontendKey, value: FrontendSlot) -> Result<(), WriteError> {
         self.frontends
             .insert(key, value, 0)
             .map_err(|e| write_error(names::FRONTENDS, e))

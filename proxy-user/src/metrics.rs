@@ -46,8 +46,6 @@ use bytes::Bytes;
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::{Request, Response, StatusCode};
-use k8s_openapi::api::discovery::v1::EndpointSlice;
-use k8s_openapi::chrono::DateTime;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric as _};
 use prometheus_client::metrics::counter::ConstCounter;
@@ -61,9 +59,8 @@ use crate::health::{bind, BindError, Serving};
 use crate::healthcheck::http_response;
 use crate::maps::{MapsError, PinnedMaps};
 
-/// The annotation the EndpointSlice controller stamps with the time of the
-/// change that produced the slice.
-pub const TRIGGER_TIME_ANNOTATION: &str = "endpoints.kubernetes.io/last-change-trigger-time";
+pub use crate::model::input::TRIGGER_TIME_ANNOTATION;
+use crate::model::ObjectKey;
 
 /// The OpenMetrics text format's content type.
 const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -151,7 +148,7 @@ impl SyncObserver {
     pub fn synced(
         &mut self,
         elapsed: Duration,
-        slices: &[EndpointSlice],
+        slices: &[SliceSynced],
         unprogrammed: usize,
         now: SystemTime,
     ) {
@@ -171,12 +168,20 @@ impl SyncObserver {
     }
 }
 
+/// An EndpointSlice a sync programmed: its trigger time, or its deletion.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SliceSynced {
+    pub key: ObjectKey,
+    /// `None`: the slice was deleted.
+    pub trigger: Option<Option<SystemTime>>,
+}
+
 /// The last trigger time seen per EndpointSlice, to observe each change once.
 #[derive(Debug)]
 pub struct ProgrammingLatency {
     started: SystemTime,
-    /// (namespace, name) → the newest trigger time observed.
-    seen: HashMap<(String, String), SystemTime>,
+    /// The newest trigger time observed per slice.
+    seen: HashMap<ObjectKey, SystemTime>,
 }
 
 impl ProgrammingLatency {
@@ -187,54 +192,24 @@ impl ProgrammingLatency {
         }
     }
 
-    /// The latencies to observe now that a sync has programmed `slices` at
-    /// `now`: one per slice whose trigger time is newer than the last seen
-    /// for it and not older than the agent. Slices no longer present are
+    /// The latencies to observe now that a sync has programmed the changed
+    /// `slices` at `now`: one per slice whose trigger time is newer than the
+    /// last seen for it and not older than the agent. Deleted slices are
     /// forgotten. A trigger in the future (clock skew) counts as zero.
-    pub fn after_sync(&mut self, slices: &[EndpointSlice], now: SystemTime) -> Vec<Duration> {
+    pub fn after_sync(&mut self, slices: &[SliceSynced], now: SystemTime) -> Vec<Duration> {
         let mut latencies = Vec::new();
-        let mut present = HashMap::with_capacity(slices.len());
         for slice in slices {
-            let meta = &slice.metadata;
-            let key = (
-                meta.namespace.clone().unwrap_or_default(),
-                meta.name.clone().unwrap_or_default(),
-            );
-            let last = self.seen.get(&key).copied();
-            let newest = match trigger_time(slice) {
-                Some(t) if t >= self.started && last.is_none_or(|last| t > last) => {
-                    latencies.push(now.duration_since(t).unwrap_or(Duration::ZERO));
-                    Some(t)
-                }
-                _ => last,
+            let Some(trigger) = slice.trigger else {
+                self.seen.remove(&slice.key);
+                continue;
             };
-            if let Some(t) = newest {
-                present.insert(key, t);
+            let last = self.seen.get(&slice.key).copied();
+            if let Some(t) = trigger.filter(|t| *t >= self.started && last.is_none_or(|last| *t > last)) {
+                latencies.push(now.duration_since(t).unwrap_or(Duration::ZERO));
+                self.seen.insert(slice.key.clone(), t);
             }
         }
-        self.seen = present;
         latencies
-    }
-}
-
-/// The slice's trigger time, if it has a valid one.
-fn trigger_time(slice: &EndpointSlice) -> Option<SystemTime> {
-    let value = slice
-        .metadata
-        .annotations
-        .as_ref()?
-        .get(TRIGGER_TIME_ANNOTATION)?;
-    match DateTime::parse_from_rfc3339(value) {
-        Ok(t) => Some(SystemTime::from(t)),
-        Err(error) => {
-            warn!(
-                slice = ?slice.metadata.name,
-                value,
-                %error,
-                "ignoring an EndpointSlice trigger time that is not RFC 3339"
-            );
-            None
-        }
     }
 }
 
@@ -469,7 +444,10 @@ async fn respond(path: &str, registry: Arc<Registry>) -> Response<Full<Bytes>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::{Interner, SliceInfo};
+    use k8s_openapi::api::discovery::v1::EndpointSlice;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    use k8s_openapi::chrono::DateTime;
     use std::collections::BTreeMap;
 
     struct FakeMaps(MapReading);
@@ -488,8 +466,10 @@ mod tests {
         DateTime::<k8s_openapi::chrono::Utc>::from(t).to_rfc3339()
     }
 
-    fn slice(name: &str, trigger: Option<&str>) -> EndpointSlice {
-        EndpointSlice {
+    /// A slice as a sync reports it, its trigger time read as the source
+    /// reads it.
+    fn slice(name: &str, trigger: Option<&str>) -> SliceSynced {
+        let k8s = EndpointSlice {
             metadata: ObjectMeta {
                 name: Some(name.to_owned()),
                 namespace: Some("demo".to_owned()),
@@ -498,6 +478,18 @@ mod tests {
                 ..ObjectMeta::default()
             },
             ..EndpointSlice::default()
+        };
+        let info = SliceInfo::from_k8s(&k8s, &mut Interner::default());
+        SliceSynced {
+            key: info.key,
+            trigger: Some(info.trigger_time),
+        }
+    }
+
+    fn deleted(name: &str) -> SliceSynced {
+        SliceSynced {
+            key: ObjectKey::new("demo", name),
+            trigger: None,
         }
     }
 
@@ -524,7 +516,7 @@ mod tests {
             [Duration::ZERO]
         );
         // Deleted and written again: observed again.
-        assert!(latency.after_sync(&[], at(140)).is_empty());
+        assert!(latency.after_sync(&[deleted("b")], at(140)).is_empty());
         assert_eq!(
             latency.after_sync(&[newer], at(141)),
             [Duration::from_secs(11)]

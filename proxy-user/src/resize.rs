@@ -22,7 +22,7 @@ use aya::{
     maps::{HashMap, MapData, MapError, PerCpuArray, PerCpuValues},
     Pod,
 };
-use proxy_common::{names, Backend, CtEntry, CtKey, Frontend, FrontendKey, RevNat, SockEntry, SockKey, SvcStats};
+use proxy_common::{names, Backend, CtEntry, CtKey, FrontendSlot, FrontendKey, RevNat, SockEntry, SockKey, SvcStats};
 use tracing::{info, warn};
 
 use crate::ebpf::CapacityMismatch;
@@ -136,7 +136,7 @@ impl Resize {
 
 fn copy_map(map: &'static str, old: MapData, new: MapData, overwrite: bool) -> Result<Copied, ResizeError> {
     let copied = match map {
-        names::FRONTENDS => copy_hash::<FrontendKey, Frontend>(old, new, overwrite),
+        names::FRONTENDS => copy_hash::<FrontendKey, FrontendSlot>(old, new, overwrite),
         names::BACKENDS => copy_hash::<u32, Backend>(old, new, overwrite),
         names::CONNTRACK => copy_hash::<CtKey, CtEntry>(old, new, overwrite),
         names::REVNAT => copy_hash::<u32, RevNat>(old, new, overwrite),

@@ -22,16 +22,20 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::Ipv4Addr;
 
 use proxy_common::{
-    capacity, frontend_flags, proto, scope, sock_dir, Backend, MaglevTable, CtEntry, CtKey, Frontend as FrontendValue,
-    FrontendKey, RevNat, SockEntry, SockKey, REVNAT_NAME_LEN,
+    capacity, frontend_flags, proto, scope, sock_dir, Backend, MaglevTable, CtEntry, CtKey, FrontendSlot,
+    FrontendKey, RevNat, SockEntry, SockKey,
 };
 use tracing::{debug, warn};
 
 use crate::{
+    encode::{
+        backend_addr, frontend_addr, frontend_key, proto_number, revnat_name, revnat_value, scoped_key,
+        slot_zero_attributes,
+    },
     ebpf::Capacities,
     maps::{MapStore, WriteError},
     maglev::{self, BackendKey},
-    model::{BackendAddr, DesiredState, Frontend, FrontendAddr, FrontendKind, LbAlgorithm, Protocol},
+    model::{BackendAddr, DesiredState, Frontend, FrontendAddr, LbAlgorithm, Protocol},
 };
 
 /// What one frontend looks like in the maps.
@@ -103,6 +107,12 @@ pub struct Syncer<S: MapStore> {
     frontend_entries: usize,
     /// For frontends whose Service does not choose (`switchboard.io/lb-algorithm`).
     default_algorithm: LbAlgorithm,
+    /// Frontends the last syncs could not program; retried at every sync
+    /// (a removal elsewhere may have made room).
+    failed: BTreeMap<FrontendAddr, Unprogrammed>,
+    /// The maps were reloaded after a failed write: the next sync compares
+    /// every frontend, not only the changed ones.
+    needs_full: bool,
 }
 
 /// Connection-tracking entries to drop once an apply has finished.
@@ -110,79 +120,6 @@ pub struct Syncer<S: MapStore> {
 struct Purge {
     services: HashSet<u32>,
     udp_backends: HashSet<(u32, u32)>,
-}
-
-/// The key of `slot` of a frontend's internal backend set.
-pub fn frontend_key(addr: &FrontendAddr, slot: u16) -> FrontendKey {
-    scoped_key(addr, scope::INTERNAL, slot)
-}
-
-/// The key of `slot` of a frontend's backend set `scope` ([`scope`]).
-pub fn scoped_key(addr: &FrontendAddr, scope: u8, slot: u16) -> FrontendKey {
-    FrontendKey {
-        addr_be: u32::from_ne_bytes(addr.ip.octets()),
-        port_be: addr.port.to_be(),
-        proto: proto_number(addr.protocol),
-        scope,
-        slot,
-        _pad1: [0; 2],
-    }
-}
-
-pub fn proto_number(protocol: Protocol) -> u8 {
-    match protocol {
-        Protocol::Tcp => proto::TCP,
-        Protocol::Udp => proto::UDP,
-    }
-}
-
-pub fn protocol_from_number(number: u8) -> Option<Protocol> {
-    match number {
-        proto::TCP => Some(Protocol::Tcp),
-        proto::UDP => Some(Protocol::Udp),
-        _ => None,
-    }
-}
-
-/// The frontend a key names (slot ignored), if its protocol is one of ours.
-pub fn frontend_addr(key: &FrontendKey) -> Option<FrontendAddr> {
-    Some(FrontendAddr {
-        ip: Ipv4Addr::from(key.addr_be.to_ne_bytes()),
-        port: u16::from_be(key.port_be),
-        protocol: protocol_from_number(key.proto)?,
-    })
-}
-
-pub fn backend_addr(backend: &Backend) -> BackendAddr {
-    BackendAddr {
-        ip: Ipv4Addr::from(backend.addr_be.to_ne_bytes()),
-        port: u16::from_be(backend.port_be),
-    }
-}
-
-pub fn revnat_name(rnat: &RevNat) -> String {
-    let end = rnat
-        .name
-        .iter()
-        .position(|b| *b == 0)
-        .unwrap_or(rnat.name.len());
-    String::from_utf8_lossy(&rnat.name[..end]).into_owned()
-}
-
-fn revnat_value(addr: &FrontendAddr, name: &str) -> RevNat {
-    let mut value = RevNat {
-        addr_be: u32::from_ne_bytes(addr.ip.octets()),
-        port_be: addr.port.to_be(),
-        proto: proto_number(addr.protocol),
-        ..RevNat::default()
-    };
-    // Cut on a character boundary so the CLI never shows a broken character.
-    let mut len = name.len().min(REVNAT_NAME_LEN - 1);
-    while !name.is_char_boundary(len) {
-        len -= 1;
-    }
-    value.name[..len].copy_from_slice(&name.as_bytes()[..len]);
-    value
 }
 
 impl<S: MapStore> Syncer<S> {
@@ -201,8 +138,11 @@ impl<S: MapStore> Syncer<S> {
             next_backend_id: 1,
             frontend_entries: 0,
             default_algorithm: LbAlgorithm::Random,
+            failed: BTreeMap::new(),
+            needs_full: false,
         };
         syncer.reload();
+        syncer.needs_full = false;
         syncer
     }
 
@@ -232,7 +172,7 @@ impl<S: MapStore> Syncer<S> {
 
         let backends: HashMap<u32, Backend> = dump.backends.iter().copied().collect();
         let revnat: HashMap<u32, RevNat> = dump.revnat.iter().copied().collect();
-        let slots: HashMap<FrontendKey, FrontendValue> = dump.frontends.iter().copied().collect();
+        let slots: HashMap<FrontendKey, FrontendSlot> = dump.frontends.iter().copied().collect();
         let mut keep_slots: HashSet<FrontendKey> = HashSet::new();
         let mut keep_backends: HashSet<u32> = HashSet::new();
 
@@ -326,20 +266,47 @@ impl<S: MapStore> Syncer<S> {
         })
     }
 
-    /// Brings the maps to `desired`, writing only what differs.
+    /// Brings the maps to `desired`, writing only what differs. Compares
+    /// every frontend: for the first sync and after the maps were reloaded;
+    /// otherwise [`apply_changed`](Self::apply_changed) does less work.
     pub fn apply(&mut self, desired: &DesiredState) -> SyncReport {
-        let mut report = SyncReport::default();
-        let mut purge = Purge::default();
-        let mut failed_write = false;
-
-        let gone: Vec<FrontendAddr> = self
+        self.needs_full = false;
+        let mut addrs: BTreeSet<FrontendAddr> = self
             .programmed
             .keys()
             .filter(|addr| !desired.frontends.contains_key(addr))
             .copied()
             .collect();
-        for addr in gone {
-            match self.remove(&addr, &mut purge, &mut report.writes) {
+        addrs.extend(desired.frontends.keys().copied());
+        self.apply_changed(desired, &addrs)
+    }
+
+    /// Brings only the `changed` frontends to `desired` (those the model
+    /// reported added, changed or removed): removals first, so the entries
+    /// they free are there for what is added.
+    /// Frontends that failed before are tried again; [`SyncReport::failed`]
+    /// lists every frontend not programmed after this sync.
+    pub fn apply_changed(&mut self, desired: &DesiredState, changed: &BTreeSet<FrontendAddr>) -> SyncReport {
+        if std::mem::take(&mut self.needs_full) {
+            return self.apply(desired);
+        }
+        let mut retry: BTreeSet<FrontendAddr> = self.failed.keys().copied().collect();
+        let changed = if retry.is_empty() {
+            changed
+        } else {
+            retry.extend(changed.iter().copied());
+            &retry
+        };
+        let mut report = SyncReport::default();
+        let mut purge = Purge::default();
+        let mut failed_write = false;
+
+        for addr in changed.iter().filter(|a| !desired.frontends.contains_key(a)) {
+            self.failed.remove(addr);
+            if !self.programmed.contains_key(addr) {
+                continue;
+            }
+            match self.remove(addr, &mut purge, &mut report.writes) {
                 Ok(()) => report.removed += 1,
                 Err(error) => {
                     failed_write = true;
@@ -348,29 +315,31 @@ impl<S: MapStore> Syncer<S> {
             }
         }
 
-        for (addr, frontend) in &desired.frontends {
+        for frontend in changed.iter().filter_map(|a| desired.frontends.get(a)) {
+            let addr = &frontend.addr;
             let name = frontend.service.to_string();
-            match self.upsert(frontend, &name, &mut purge, &mut report) {
-                Ok(()) => {}
-                Err(UpsertError::Capacity(reason)) => report.failed.push(Unprogrammed {
-                    frontend: *addr,
-                    service: name,
-                    reason,
-                }),
+            let reason = match self.upsert(frontend, &name, &mut purge, &mut report) {
+                Ok(()) => {
+                    self.failed.remove(addr);
+                    continue;
+                }
+                Err(UpsertError::Capacity(reason)) => reason,
                 Err(UpsertError::Write(error)) => {
                     failed_write = true;
-                    let reason = match &error {
+                    match &error {
                         WriteError::Full { map } => format!("map {map} is full"),
                         WriteError::Other { .. } => error.to_string(),
-                    };
-                    report.failed.push(Unprogrammed {
-                        frontend: *addr,
-                        service: name,
-                        reason,
-                    });
+                    }
                 }
-            }
+            };
+            let failed = Unprogrammed {
+                frontend: *addr,
+                service: name,
+                reason,
+            };
+            self.failed.insert(*addr, failed);
         }
+        report.failed = self.failed.values().cloned().collect();
 
         if !purge.services.is_empty() || !purge.udp_backends.is_empty() {
             report.conntrack_purged =
@@ -404,8 +373,10 @@ impl<S: MapStore> Syncer<S> {
                 .collect();
         }
         if failed_write {
-            // Some write failed half-way: believe the maps, not our bookkeeping.
+            // Some write failed half-way: believe the maps, not our
+            // bookkeeping, and compare everything at the next sync.
             self.reload();
+            self.needs_full = true;
         }
         report
     }
@@ -660,10 +631,10 @@ impl<S: MapStore> Syncer<S> {
             if old_slots.get(index) != Some(id) {
                 self.store.put_frontend(
                     scoped_key(addr, scope, index as u16 + 1),
-                    FrontendValue {
+                    FrontendSlot {
                         backend_id: *id,
                         service_id,
-                        ..FrontendValue::default()
+                        ..FrontendSlot::default()
                     },
                 )?;
                 writes += 1;
@@ -671,7 +642,7 @@ impl<S: MapStore> Syncer<S> {
         }
         self.store.put_frontend(
             scoped_key(addr, scope, 0),
-            FrontendValue {
+            FrontendSlot {
                 backend_id: 0,
                 service_id,
                 backend_count: slots.len() as u16,
@@ -796,10 +767,10 @@ fn sorted_set(backends: &[BackendAddr]) -> Vec<BackendAddr> {
 /// The backend ids of slots `1..=count` of the set whose slot 0 is `head`, if
 /// every slot is present and names a backend.
 fn complete_slots(
-    slots: &HashMap<FrontendKey, FrontendValue>,
+    slots: &HashMap<FrontendKey, FrontendSlot>,
     backends: &HashMap<u32, Backend>,
     key: &FrontendKey,
-    head: &FrontendValue,
+    head: &FrontendSlot,
 ) -> Option<Vec<u32>> {
     (1..=head.backend_count)
         .map(|slot| {
@@ -809,36 +780,6 @@ fn complete_slots(
                 .filter(|id| backends.contains_key(id))
         })
         .collect()
-}
-
-/// The flags and affinity timeout slot 0 records for `frontend`.
-pub fn slot_zero_attributes(frontend: &Frontend, default_algorithm: LbAlgorithm) -> (u16, u32) {
-    let algorithm = match frontend.algorithm.unwrap_or(default_algorithm) {
-        LbAlgorithm::Random => frontend_flags::ALGO_RANDOM,
-        LbAlgorithm::Maglev => frontend_flags::ALGO_MAGLEV,
-        LbAlgorithm::SourceHash => frontend_flags::ALGO_SOURCE_HASH,
-    };
-    let mut flags = algorithm
-        | match frontend.kind {
-        FrontendKind::ClusterIp => frontend_flags::KIND_CLUSTER_IP,
-        FrontendKind::NodePort => frontend_flags::KIND_NODE_PORT,
-        FrontendKind::LoadBalancer => frontend_flags::KIND_LOAD_BALANCER,
-        FrontendKind::ExternalIp => frontend_flags::KIND_EXTERNAL_IP,
-    };
-    if frontend.local_only {
-        flags |= frontend_flags::LOCAL_ONLY;
-    }
-    if frontend.terminating_fallback {
-        flags |= frontend_flags::TERMINATING_FALLBACK;
-    }
-    let timeout = match frontend.affinity_timeout_s {
-        Some(timeout) => {
-            flags |= frontend_flags::AFFINITY_CLIENT_IP;
-            timeout
-        }
-        None => 0,
-    };
-    (flags, timeout)
 }
 
 /// New slot layout: backends that stay keep their slot; newcomers fill the
@@ -881,13 +822,14 @@ fn place(old: &[u32], wanted: &[u32]) -> Vec<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::FrontendKind;
     use crate::maps::Dump;
     use crate::model::ServicePortName;
 
     /// An in-memory stand-in for the kernel maps, counting writes.
     #[derive(Default)]
     struct MemStore {
-        frontends: BTreeMap<(u32, u16, u8, u8, u16), FrontendValue>,
+        frontends: BTreeMap<(u32, u16, u8, u8, u16), FrontendSlot>,
         /// Frontend writes in order (`put`/`delete` and the key).
         log: Vec<String>,
         /// Maglev tables by service id.
@@ -908,7 +850,7 @@ mod tests {
         fn put_frontend(
             &mut self,
             key: FrontendKey,
-            value: FrontendValue,
+            value: FrontendSlot,
         ) -> Result<(), WriteError> {
             if let Some(limit) = self.frontend_limit {
                 if self.frontends.len() >= limit && !self.frontends.contains_key(&k(&key)) {
@@ -1313,7 +1255,7 @@ mod tests {
         // slot 0 says 2 backends but slot 2 is missing; backend 7 is unused.
         store.frontends.insert(
             k(&frontend_key(&addr, 0)),
-            FrontendValue {
+            FrontendSlot {
                 service_id: 4,
                 backend_count: 2,
                 ..Default::default()
@@ -1321,7 +1263,7 @@ mod tests {
         );
         store.frontends.insert(
             k(&frontend_key(&addr, 1)),
-            FrontendValue {
+            FrontendSlot {
                 backend_id: 1,
                 service_id: 4,
                 ..Default::default()
@@ -1355,6 +1297,41 @@ mod tests {
         );
         assert_eq!(s.store().view(&a.addr), Some(a.backends.clone()));
         assert_eq!(s.store().view(&b.addr), None);
+    }
+
+    #[test]
+    fn a_frontend_that_did_not_fit_is_programmed_once_another_leaves() {
+        let small = Capacities {
+            frontends: 4,
+            ..Capacities::default()
+        };
+        let mut s = Syncer::adopt(MemStore::default(), small);
+        let a = fe([10, 96, 0, 1], 80, Protocol::Tcp, "a", &[(1, 80), (2, 80)]);
+        let b = fe([10, 96, 0, 2], 80, Protocol::Tcp, "b", &[(3, 80), (4, 80)]);
+        s.apply(&state(vec![a.clone(), b.clone()]));
+        // Only `a` changes (it goes away); `b` is not among the changed
+        // frontends, yet it is retried and now fits.
+        let report = s.apply_changed(&state(vec![b.clone()]), &BTreeSet::from([a.addr]));
+        assert_eq!((report.removed, report.added), (1, 1), "{report:?}");
+        assert!(report.failed.is_empty(), "{report:?}");
+        assert_eq!(s.store().view(&b.addr), Some(b.backends.clone()));
+    }
+
+    #[test]
+    fn only_the_changed_frontends_are_compared() {
+        let mut s = Syncer::adopt(MemStore::default(), caps());
+        let a = fe([10, 96, 0, 1], 80, Protocol::Tcp, "a", &[(1, 80)]);
+        let b = fe([10, 96, 0, 2], 80, Protocol::Tcp, "b", &[(2, 80)]);
+        s.apply(&state(vec![a.clone(), b.clone()]));
+        let mut a2 = a.clone();
+        a2.backends = vec![BackendAddr { ip: Ipv4Addr::new(10, 244, 0, 9), port: 80 }];
+        let mut b2 = b.clone();
+        b2.backends = vec![BackendAddr { ip: Ipv4Addr::new(10, 244, 0, 8), port: 80 }];
+        let report = s.apply_changed(&state(vec![a2.clone(), b2]), &BTreeSet::from([a.addr]));
+        assert_eq!((report.updated, report.unchanged), (1, 0), "{report:?}");
+        assert_eq!(s.store().view(&a.addr), Some(a2.backends));
+        // `b` was not reported changed: left as it was.
+        assert_eq!(s.store().view(&b.addr), Some(b.backends));
     }
 
     #[test]

@@ -14,7 +14,7 @@ use proxy_user::{
     maps::{MapStore as _, PinnedMaps},
     model::{BackendAddr, DesiredState, FrontendAddr, Protocol},
     packet::PacketSpec,
-    sync::{frontend_key, Syncer},
+    encode::frontend_key, sync::Syncer,
 };
 use serde_json::{json, Value};
 

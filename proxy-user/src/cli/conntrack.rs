@@ -8,7 +8,7 @@ use serde::Serialize;
 use super::{table::Table, Common, Done, Output};
 use crate::{
     maps::{MapStore as _, PinnedMaps},
-    sync::revnat_name,
+    encode::revnat_name,
 };
 
 #[derive(clap::Subcommand)]

@@ -17,7 +17,7 @@ use std::{collections::HashMap, fmt::Write as _, net::Ipv4Addr, path::Path};
 use aya::maps::{HashMap as BpfHashMap, Map, MapData};
 use proxy_common::{
     capacity, ct_dir, ct_flags, frontend_flags as ff, hash, names, proto, scope, AffinityEntry,
-    AffinityKey, Backend, CtEntry, CtKey, Frontend, FrontendKey,
+    AffinityKey, Backend, CtEntry, CtKey, FrontendSlot, FrontendKey,
 };
 use serde::Serialize;
 
@@ -25,7 +25,7 @@ use super::{hooks, Common, Done, Output};
 use crate::{
     maps::PinnedMaps,
     status::UnprogrammedService,
-    sync::{backend_addr, revnat_name},
+    encode::{backend_addr, revnat_name},
 };
 
 /// A flow's destination.
@@ -107,7 +107,7 @@ pub struct Query {
 /// by a test).
 #[derive(Clone, Debug, Default)]
 pub struct View {
-    pub frontends: HashMap<FrontendKey, Frontend>,
+    pub frontends: HashMap<FrontendKey, FrontendSlot>,
     pub backends: HashMap<u32, Backend>,
     pub names: HashMap<u32, String>,
     /// Maglev tables by service id.
@@ -436,16 +436,16 @@ fn no_frontend(view: &View, target: &Target) -> Vec<String> {
 fn backend_set(
     view: &View,
     target: &Target,
-    head: &Frontend,
+    head: &FrontendSlot,
     from: Scope,
     reasons: &mut Vec<String>,
-) -> (FrontendKey, Frontend) {
+) -> (FrontendKey, FrontendSlot) {
     let internal = (head_key(target, scope::INTERNAL), *head);
     let local = head.flags & ff::LOCAL_ONLY != 0;
     match (from, ff::has_external_set(head.flags)) {
         (Scope::External, true) => {
             let key = head_key(target, scope::EXTERNAL);
-            let set = view.frontends.get(&key).copied().unwrap_or(Frontend {
+            let set = view.frontends.get(&key).copied().unwrap_or(FrontendSlot {
                 backend_count: 0,
                 ..*head
             });
@@ -469,7 +469,7 @@ fn backend_set(
 
 /// Slots `1..=count` of a set: (slot, backend id, backend), skipping slots
 /// that name no backend.
-fn slot_backends(view: &View, key: &FrontendKey, set: &Frontend) -> Vec<(u16, u32, Backend)> {
+fn slot_backends(view: &View, key: &FrontendKey, set: &FrontendSlot) -> Vec<(u16, u32, Backend)> {
     (1..=set.backend_count)
         .filter_map(|slot| {
             let id = view.frontends.get(&FrontendKey { slot, ..*key })?.backend_id;
@@ -479,7 +479,7 @@ fn slot_backends(view: &View, key: &FrontendKey, set: &Frontend) -> Vec<(u16, u3
 }
 
 /// An empty set: rejected, or dropped under a `Local` policy.
-fn empty_set(e: &mut Explanation, head: &Frontend, from: Scope) {
+fn empty_set(e: &mut Explanation, head: &FrontendSlot, from: Scope) {
     let local_clusterip = head.flags & ff::LOCAL_ONLY != 0 && head.flags & ff::KIND_MASK == ff::KIND_CLUSTER_IP;
     if from == Scope::External && ff::has_external_set(head.flags) && head.backend_count > 0 {
         e.verdict = Verdict::Dropped;
@@ -494,7 +494,7 @@ fn empty_set(e: &mut Explanation, head: &Frontend, from: Scope) {
 }
 
 /// A tracked flow whose backend is live keeps it.
-fn tracked(view: &View, query: &Query, set: &Frontend, e: &mut Explanation) -> bool {
+fn tracked(view: &View, query: &Query, set: &FrontendSlot, e: &mut Explanation) -> bool {
     let Some(key) = ct_key(query) else {
         return false;
     };
@@ -539,7 +539,7 @@ fn tracked(view: &View, query: &Query, set: &Frontend, e: &mut Explanation) -> b
 }
 
 /// Maglev or source hash, computed as `nodeport.rs` does.
-fn hashed(view: &View, query: &Query, set: &Frontend, e: &mut Explanation) -> bool {
+fn hashed(view: &View, query: &Query, set: &FrontendSlot, e: &mut Explanation) -> bool {
     let algorithm = set.flags & ff::ALGO_MASK;
     let t = &query.target;
     let daddr = u32::from_ne_bytes(t.ip.octets());
@@ -583,7 +583,7 @@ fn hashed(view: &View, query: &Query, set: &Frontend, e: &mut Explanation) -> bo
 }
 
 /// Session affinity, validated as `lb.rs` validates it.
-fn affinity(view: &View, query: &Query, key: &FrontendKey, set: &Frontend, e: &mut Explanation) -> bool {
+fn affinity(view: &View, query: &Query, key: &FrontendKey, set: &FrontendSlot, e: &mut Explanation) -> bool {
     let timeout = set.affinity_timeout_s;
     let fallback = format!(
         "sessionAffinity: ClientIP ({timeout}s): the client's first new flow picks at random among {}, later ones stick to that backend",
@@ -683,21 +683,21 @@ mod tests {
         let key = head_key(t, scope::INTERNAL);
         v.frontends.insert(
             key,
-            Frontend {
+            FrontendSlot {
                 service_id: SVC,
                 backend_count: n,
                 flags,
                 affinity_timeout_s: 60,
-                ..Frontend::default()
+                ..FrontendSlot::default()
             },
         );
         for i in 1..=n {
             v.frontends.insert(
                 FrontendKey { slot: i, ..key },
-                Frontend {
+                FrontendSlot {
                     backend_id: u32::from(i),
                     service_id: SVC,
-                    ..Frontend::default()
+                    ..FrontendSlot::default()
                 },
             );
             v.backends.insert(u32::from(i), be([10, 244, i as u8, 2], 8080));
@@ -768,11 +768,11 @@ mod tests {
         let mut v = view(&t, 2, flags);
         v.frontends.insert(
             head_key(&t, scope::EXTERNAL),
-            Frontend {
+            FrontendSlot {
                 service_id: SVC,
                 backend_count: 0,
                 flags,
-                ..Frontend::default()
+                ..FrontendSlot::default()
             },
         );
         let outside = query(t, Some((Ipv4Addr::new(192, 0, 2, 9), Some(5000))), Scope::External);

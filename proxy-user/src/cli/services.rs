@@ -2,12 +2,12 @@
 //! whether or not an agent is running.
 use std::{collections::BTreeMap, fmt::Write as _, path::Path};
 
-use proxy_common::{frontend_flags as ff, scope, Frontend as FrontendValue, FrontendKey};
+use proxy_common::{frontend_flags as ff, scope, FrontendSlot, FrontendKey};
 use serde::Serialize;
 
 use crate::{
     maps::{MapsError, PinnedMaps},
-    sync::{backend_addr, frontend_addr, revnat_name},
+    encode::{backend_addr, frontend_addr, revnat_name},
 };
 
 #[derive(Debug, Serialize, PartialEq, Eq)]
@@ -54,7 +54,7 @@ type SortKey = (u32, u16, u8, u8, u16);
 
 /// Reads every frontend with its backends and counters from the maps.
 pub fn read_services(maps: &PinnedMaps) -> Vec<ServiceRow> {
-    let entries: BTreeMap<SortKey, (FrontendKey, FrontendValue)> = maps
+    let entries: BTreeMap<SortKey, (FrontendKey, FrontendSlot)> = maps
         .frontends
         .iter()
         .filter_map(Result::ok)
@@ -130,7 +130,7 @@ pub fn read_services(maps: &PinnedMaps) -> Vec<ServiceRow> {
 
 /// The backends in slots `1..=count` of the set whose slot 0 is `head`, and
 /// how many slots name no backend.
-fn read_slots(maps: &PinnedMaps, key: &FrontendKey, head: &FrontendValue) -> (Vec<BackendRow>, usize) {
+fn read_slots(maps: &PinnedMaps, key: &FrontendKey, head: &FrontendSlot) -> (Vec<BackendRow>, usize) {
     let mut backends = Vec::new();
     let mut missing = 0;
     for slot in 1..=head.backend_count {

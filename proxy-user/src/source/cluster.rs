@@ -1,22 +1,42 @@
 //! The Kubernetes API source: Services, EndpointSlices and this node's Node
-//! object, watched through the API server with kube-runtime reflectors.
+//! object, watched through the API server with kube-runtime watchers.
+//!
+//! Each object is converted as it arrives ([`ServiceInfo::from_k8s`],
+//! [`SliceInfo::from_k8s`], [`NodeInfo::from_node`]), recorded into the
+//! [`FeedTx`], and the k8s-openapi object is dropped: at 100k Services the
+//! agent holds what the model reads, not whole objects, and a change costs
+//! one record rather than a copy of the world. What a watch keeps for itself
+//! is the key and resourceVersion of each object it recorded ([`Known`]).
 //!
 //! Nothing is published until all three watches have completed their first
 //! list, so a starting agent never programs (or removes) anything from a
-//! partial view. After that, every change marks the view dirty and a new
-//! snapshot is cut once no event has arrived for [`COALESCE`] (or after
-//! [`MAX_DELAY`] of continuous events), so a burst costs one sync. While the
-//! API server is unreachable the watchers retry with backoff and the last
-//! snapshot stays in force: what is programmed keeps forwarding. An expired
-//! resourceVersion (410 Gone) makes the watcher relist; the reflector swaps
-//! its store only when the relist is complete.
+//! partial view; until then the log says, every few seconds, which are still
+//! listing. After that, the events a stream has ready are recorded and
+//! published at once (the feed collapses bursts on the agent's side).
+//!
+//! While the API server is unreachable the watchers retry with backoff and
+//! what is programmed stays. An expired resourceVersion (410 Gone) or a
+//! failed list makes a watcher relist (`Init`, `InitApply`…, `InitDone`;
+//! with the default list-then-watch strategy every attempt starts with
+//! `Init`). Listed objects are recorded as they come, except those whose
+//! resourceVersion is the one already recorded; at `InitDone`, the keys the
+//! relist no longer names are recorded as deleted.
+//!
+//! Services and EndpointSlices are selected on the server as kube-proxy
+//! does: `!service.kubernetes.io/service-proxy-name,!service.kubernetes.io/headless`.
+//! With a proxy name of our own, objects labelled with exactly that name are
+//! ours too, and one selector cannot say "absent or equal to X": the server
+//! then filters on `!service.kubernetes.io/headless` only and the model
+//! applies [`ProxyLabels::selected`](crate::model::ProxyLabels::selected).
+//! The Node is selected by name.
 use std::{
+    collections::{hash_map::Entry, HashMap},
     path::PathBuf,
-    sync::Arc,
-    time::{Duration, Instant},
+    sync::{Arc, Mutex, PoisonError},
+    time::Duration,
 };
 
-use futures::{Stream, StreamExt as _};
+use futures::{FutureExt as _, Stream, StreamExt as _};
 use k8s_openapi::api::{
     core::v1::{Node, Service},
     discovery::v1::EndpointSlice,
@@ -24,21 +44,21 @@ use k8s_openapi::api::{
 use kube::{
     config::{KubeConfigOptions, Kubeconfig},
     runtime::{
-        reflector::{self, Store},
         watcher::{self, Event},
         WatchStreamExt as _,
     },
     Api, Client, Config, Resource,
 };
 use serde::de::DeserializeOwned;
-use tokio::sync::{mpsc, watch};
 use tracing::{debug, info, warn};
 
-use super::Snapshot;
-use crate::model::NodeInfo;
+use super::feed::FeedTx;
+use crate::model::{
+    Interner, NodeInfo, ObjectKey, ServiceInfo, SliceInfo, LABEL_HEADLESS, LABEL_SERVICE_PROXY_NAME,
+};
 
 /// The resources the agent watches, as `(API group, plural resource)`: taken
-/// from the same k8s-openapi types the reflectors below use. The agent only
+/// from the same k8s-openapi types the watchers below use. The agent only
 /// lists and watches them ([`WATCH_VERBS`]); the ClusterRole in `manifests/`
 /// grants exactly that (a test holds the two equal).
 pub fn watched_resources() -> Vec<(&'static str, &'static str)> {
@@ -50,13 +70,19 @@ pub fn watched_resources() -> Vec<(&'static str, &'static str)> {
     ]
 }
 
-/// The verbs a reflector uses: an initial list, then a watch.
+/// The verbs a watcher uses: an initial list, then a watch.
 pub const WATCH_VERBS: &[&str] = &["list", "watch"];
 
-/// Quiet time after the last event before a snapshot is cut.
-pub const COALESCE: Duration = Duration::from_millis(50);
-/// Longest a continuous stream of events can hold a snapshot back.
-pub const MAX_DELAY: Duration = Duration::from_millis(500);
+/// How often the log names the watches still on their first list.
+const WAITING_LOG_EVERY: Duration = Duration::from_secs(5);
+
+/// Most events recorded between two publishes while a stream keeps having
+/// more ready, so a long burst still reaches the agent in steps.
+const BATCH: usize = 1024;
+
+/// Slices converted between two prunes of the node-name interner outside
+/// relists (the name of a node that left stays there until then).
+const PRUNE_EVERY: u32 = 4096;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClusterError {
@@ -92,185 +118,673 @@ pub async fn client(kubeconfig: Option<&PathBuf>) -> Result<Client, ClusterError
     Client::try_from(config).map_err(ClusterError::Client)
 }
 
-/// Which object kind changed; for logs.
-#[derive(Clone, Copy, Debug)]
+/// Starts the three watches (tokio tasks: call it inside the runtime). They
+/// record into `feed` and publish once every watch has listed, then after
+/// each batch of changes; they stop when the feed's receiving end is gone.
+pub fn watch_cluster(client: Client, node_name: String, proxy_name: Option<String>, feed: FeedTx) {
+    let labels = label_selector(proxy_name.as_deref());
+    debug!(%labels, "Service and EndpointSlice label selector");
+    let first = Arc::new(FirstList::default());
+    spawn(
+        Services,
+        Api::all(client.clone()),
+        watcher::Config::default().labels(&labels),
+        &feed,
+        &first,
+    );
+    spawn(
+        Slices::default(),
+        Api::all(client.clone()),
+        watcher::Config::default().labels(&labels),
+        &feed,
+        &first,
+    );
+    let by_name = format!("metadata.name={node_name}");
+    spawn(
+        Nodes::new(node_name),
+        Api::all(client),
+        watcher::Config::default().fields(&by_name),
+        &feed,
+        &first,
+    );
+    tokio::spawn(log_waiting(first, feed));
+}
+
+/// The label selector Services and EndpointSlices are watched with (see the
+/// module doc for why a proxy name of our own loosens it).
+fn label_selector(proxy_name: Option<&str>) -> String {
+    match proxy_name {
+        None => format!("!{LABEL_SERVICE_PROXY_NAME},!{LABEL_HEADLESS}"),
+        Some(_) => format!("!{LABEL_HEADLESS}"),
+    }
+}
+
+fn spawn<R: Recorder>(
+    recorder: R,
+    api: Api<R::Object>,
+    config: watcher::Config,
+    feed: &FeedTx,
+    first: &Arc<FirstList>,
+) {
+    let mut watch = Watch::new(recorder, feed.clone(), Arc::clone(first));
+    let stream = watcher::watcher(api, config).default_backoff();
+    tokio::spawn(async move { watch.run(stream).await });
+}
+
+/// Says which watches are still on their first list until none is.
+async fn log_waiting(first: Arc<FirstList>, feed: FeedTx) {
+    loop {
+        tokio::time::sleep(WAITING_LOG_EVERY).await;
+        let listing = first.still_listing();
+        if listing.is_empty() || feed.is_closed() {
+            return;
+        }
+        info!(
+            listing = %listing.join(", "),
+            "waiting for the initial list; nothing is programmed or removed until it completes"
+        );
+    }
+}
+
+/// The kinds watched, in the order [`FirstList`] counts them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kind {
-    Service,
-    EndpointSlice,
-    Node,
+    Service = 0,
+    EndpointSlice = 1,
+    Node = 2,
 }
 
-/// Starts the three reflectors and returns the latest snapshot, published
-/// only once every watch has listed.
-pub async fn watch_cluster(client: Client, node_name: String) -> watch::Receiver<Arc<Snapshot>> {
-    let (services, services_writer) = reflector::store::<Service>();
-    let (slices, slices_writer) = reflector::store::<EndpointSlice>();
-    let (nodes, nodes_writer) = reflector::store::<Node>();
-    let (changed_tx, changed_rx) = mpsc::channel::<Kind>(1024);
+impl Kind {
+    const ALL: [Kind; 3] = [Kind::Service, Kind::EndpointSlice, Kind::Node];
 
-    spawn_reflector(
-        Kind::Service,
-        Api::<Service>::all(client.clone()),
-        watcher::Config::default(),
-        services_writer,
-        changed_tx.clone(),
-    );
-    spawn_reflector(
-        Kind::EndpointSlice,
-        Api::<EndpointSlice>::all(client.clone()),
-        watcher::Config::default(),
-        slices_writer,
-        changed_tx.clone(),
-    );
-    spawn_reflector(
-        Kind::Node,
-        Api::<Node>::all(client),
-        watcher::Config::default().fields(&format!("metadata.name={node_name}")),
-        nodes_writer,
-        changed_tx,
-    );
-
-    let (snapshot_tx, snapshot_rx) = watch::channel(Arc::new(Snapshot::default()));
-    tokio::spawn(publish(
-        Stores {
-            services,
-            slices,
-            nodes,
-        },
-        node_name,
-        changed_rx,
-        snapshot_tx,
-    ));
-    snapshot_rx
-}
-
-struct Stores {
-    services: Store<Service>,
-    slices: Store<EndpointSlice>,
-    nodes: Store<Node>,
-}
-
-impl Stores {
-    fn snapshot(&self, node_name: &str) -> Snapshot {
-        let node = self
-            .nodes
-            .state()
-            .into_iter()
-            .find(|n| n.metadata.name.as_deref() == Some(node_name))
-            .map(|n| NodeInfo::from_node(&n));
-        Snapshot {
-            services: self
-                .services
-                .state()
-                .iter()
-                .map(|s| (**s).clone())
-                .collect(),
-            endpoint_slices: self.slices.state().iter().map(|s| (**s).clone()).collect(),
-            node,
+    fn plural(self) -> &'static str {
+        match self {
+            Kind::Service => "services",
+            Kind::EndpointSlice => "endpointslices",
+            Kind::Node => "node",
         }
     }
 }
 
-fn spawn_reflector<K>(
-    kind: Kind,
-    api: Api<K>,
-    config: watcher::Config,
-    writer: reflector::store::Writer<K>,
-    changed: mpsc::Sender<Kind>,
-) where
-    K: Resource<DynamicType = ()>
+/// Which watches have completed their first list, and with how many objects:
+/// the gate before the first publish, shared by the three watch tasks.
+#[derive(Debug, Default)]
+struct FirstList {
+    counts: Mutex<[Option<usize>; 3]>,
+}
+
+impl FirstList {
+    fn counts(&self) -> std::sync::MutexGuard<'_, [Option<usize>; 3]> {
+        // Every update is one array store: a poisoned lock is still consistent.
+        self.counts.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Notes that `kind` completed a list of `count` objects. Returns every
+    /// kind's count when this is the list that completes the set: its caller
+    /// publishes the first view. Later lists change nothing.
+    fn listed(&self, kind: Kind, count: usize) -> Option<[usize; 3]> {
+        let mut counts = self.counts();
+        if counts[kind as usize].is_some() {
+            return None;
+        }
+        counts[kind as usize] = Some(count);
+        let [Some(s), Some(e), Some(n)] = *counts else {
+            return None;
+        };
+        Some([s, e, n])
+    }
+
+    fn complete(&self) -> bool {
+        self.counts().iter().all(Option::is_some)
+    }
+
+    fn still_listing(&self) -> Vec<&'static str> {
+        let counts = self.counts();
+        Kind::ALL
+            .into_iter()
+            .filter(|k| counts[*k as usize].is_none())
+            .map(Kind::plural)
+            .collect()
+    }
+}
+
+/// The objects a watch has recorded, by key, with the resourceVersion each
+/// was recorded at: enough to skip what a relist re-sends unchanged and to
+/// find what it no longer lists, without holding the objects.
+#[derive(Debug, Default)]
+struct Known {
+    objects: HashMap<ObjectKey, Seen>,
+    /// Bumped when a list starts; what the list names is stamped with it.
+    epoch: u32,
+}
+
+#[derive(Debug)]
+struct Seen {
+    resource_version: Box<str>,
+    epoch: u32,
+}
+
+impl Known {
+    /// A list starts (the first, or a relist; a failed attempt is followed by
+    /// a new start, so only the attempt that completes counts).
+    fn list_started(&mut self) {
+        self.epoch = self.epoch.wrapping_add(1);
+    }
+
+    /// Notes an object the watch sent. True when it is new or its
+    /// resourceVersion changed, so it must be recorded; an object without a
+    /// resourceVersion always is.
+    fn applied(&mut self, key: ObjectKey, resource_version: Option<&str>) -> bool {
+        let resource_version = resource_version.unwrap_or_default();
+        match self.objects.entry(key) {
+            Entry::Occupied(mut entry) => {
+                let seen = entry.get_mut();
+                seen.epoch = self.epoch;
+                if !resource_version.is_empty() && *seen.resource_version == *resource_version {
+                    return false;
+                }
+                seen.resource_version = resource_version.into();
+                true
+            }
+            Entry::Vacant(entry) => {
+                entry.insert(Seen {
+                    resource_version: resource_version.into(),
+                    epoch: self.epoch,
+                });
+                true
+            }
+        }
+    }
+
+    fn deleted(&mut self, key: &ObjectKey) {
+        self.objects.remove(key);
+    }
+
+    /// A list completed: the keys it did not name, now forgotten, for the
+    /// caller to record as deleted.
+    fn list_done(&mut self) -> Vec<ObjectKey> {
+        let mut vanished = Vec::new();
+        self.objects.retain(|key, seen| {
+            let listed = seen.epoch == self.epoch;
+            if !listed {
+                vanished.push(key.clone());
+            }
+            listed
+        });
+        vanished
+    }
+
+    fn len(&self) -> usize {
+        self.objects.len()
+    }
+}
+
+/// How one kind's objects go into the feed.
+trait Recorder: Send + 'static {
+    type Object: Resource<DynamicType = ()>
         + Clone
         + DeserializeOwned
         + std::fmt::Debug
         + Send
-        + Sync
-        + 'static,
-{
-    let stream = reflector::reflector(writer, watcher::watcher(api, config).default_backoff());
-    tokio::spawn(drive(kind, stream, changed));
+        + 'static;
+    const KIND: Kind;
+
+    /// Converts and records a new or changed object. False when nothing was
+    /// recorded (not an object this watch reports, or no change the model
+    /// reads).
+    fn apply(&mut self, feed: &FeedTx, obj: &Self::Object) -> bool;
+
+    /// Records a deletion; false when nothing was recorded.
+    fn delete(&mut self, feed: &FeedTx, key: ObjectKey) -> bool;
+
+    /// A list completed (a moment to drop what vanished objects left behind).
+    fn listed(&mut self) {}
 }
 
-/// Runs one reflector stream, reporting each change. Errors are logged; the
-/// backoff inside the stream retries.
-async fn drive<K: Resource>(
-    kind: Kind,
-    stream: impl Stream<Item = Result<Event<K>, watcher::Error>>,
-    changed: mpsc::Sender<Kind>,
-) {
-    let mut stream = std::pin::pin!(stream);
-    let mut healthy = true;
-    while let Some(event) = stream.next().await {
-        match event {
-            Ok(Event::Apply(_) | Event::Delete(_) | Event::InitDone) => {
-                if !healthy {
-                    info!(?kind, "watch recovered");
-                    healthy = true;
-                }
-                if changed.send(kind).await.is_err() {
-                    return;
+struct Services;
+
+impl Recorder for Services {
+    type Object = Service;
+    const KIND: Kind = Kind::Service;
+
+    fn apply(&mut self, feed: &FeedTx, svc: &Service) -> bool {
+        let info = ServiceInfo::from_k8s(svc);
+        feed.service(info.key.clone(), Some(Arc::new(info)));
+        true
+    }
+
+    fn delete(&mut self, feed: &FeedTx, key: ObjectKey) -> bool {
+        feed.service(key, None);
+        true
+    }
+}
+
+/// EndpointSlices, with node names shared through one interner per watch.
+#[derive(Default)]
+struct Slices {
+    interner: Interner,
+    since_prune: u32,
+}
+
+impl Recorder for Slices {
+    type Object = EndpointSlice;
+    const KIND: Kind = Kind::EndpointSlice;
+
+    fn apply(&mut self, feed: &FeedTx, slice: &EndpointSlice) -> bool {
+        let info = SliceInfo::from_k8s(slice, &mut self.interner);
+        feed.slice(info.key.clone(), Some(Arc::new(info)));
+        self.since_prune += 1;
+        if self.since_prune >= PRUNE_EVERY {
+            self.prune();
+        }
+        true
+    }
+
+    fn delete(&mut self, feed: &FeedTx, key: ObjectKey) -> bool {
+        feed.slice(key, None);
+        true
+    }
+
+    fn listed(&mut self) {
+        self.prune();
+    }
+}
+
+impl Slices {
+    fn prune(&mut self) {
+        self.interner.prune();
+        self.since_prune = 0;
+    }
+}
+
+/// This node's Node, recorded only when what the model reads of it changes
+/// (kubelet's status updates would otherwise wake the agent for nothing).
+struct Nodes {
+    name: String,
+    last: Option<NodeInfo>,
+}
+
+impl Nodes {
+    fn new(name: String) -> Nodes {
+        Nodes { name, last: None }
+    }
+}
+
+impl Recorder for Nodes {
+    type Object = Node;
+    const KIND: Kind = Kind::Node;
+
+    fn apply(&mut self, feed: &FeedTx, node: &Node) -> bool {
+        if node.metadata.name.as_deref() != Some(self.name.as_str()) {
+            return false;
+        }
+        let info = NodeInfo::from_node(node);
+        if self.last.as_ref() == Some(&info) {
+            return false;
+        }
+        self.last = Some(info.clone());
+        feed.node(Some(info));
+        true
+    }
+
+    fn delete(&mut self, feed: &FeedTx, key: ObjectKey) -> bool {
+        if key.name != self.name || self.last.is_none() {
+            return false;
+        }
+        warn!(node = %self.name, "this node's Node object is gone: no NodePort frontends, Local policies cannot be applied");
+        self.last = None;
+        feed.node(None);
+        true
+    }
+}
+
+/// One watch: its recorder and what it knows between events.
+struct Watch<R> {
+    recorder: R,
+    known: Known,
+    feed: FeedTx,
+    first: Arc<FirstList>,
+    /// False from a failed request until the next event (logs once per outage).
+    healthy: bool,
+}
+
+impl<R: Recorder> Watch<R> {
+    fn new(recorder: R, feed: FeedTx, first: Arc<FirstList>) -> Watch<R> {
+        Watch {
+            recorder,
+            known: Known::default(),
+            feed,
+            first,
+            healthy: true,
+        }
+    }
+
+    /// Records the stream's events, publishing after each batch once every
+    /// watch has listed. Returns when the stream ends or the feed is closed.
+    async fn run(&mut self, stream: impl Stream<Item = Result<Event<R::Object>, watcher::Error>>) {
+        let mut stream = std::pin::pin!(stream.fuse());
+        while let Some(event) = stream.next().await {
+            let mut recorded = self.handle(event);
+            // What the stream already holds joins the same publish.
+            for _ in 1..BATCH {
+                match stream.next().now_or_never() {
+                    Some(Some(event)) => recorded |= self.handle(event),
+                    Some(None) | None => break,
                 }
             }
-            Ok(Event::Init) => debug!(?kind, "listing"),
-            Ok(Event::InitApply(_)) => {}
+            if recorded && self.first.complete() {
+                self.feed.publish();
+            }
+            if self.feed.is_closed() {
+                debug!(kind = ?R::KIND, "the agent stopped listening; watch ends");
+                return;
+            }
+        }
+    }
+
+    /// Records one event. True when something was recorded, or when this
+    /// event completed the first view (which must be published even if
+    /// empty).
+    fn handle(&mut self, event: Result<Event<R::Object>, watcher::Error>) -> bool {
+        let kind = R::KIND;
+        let event = match event {
+            Ok(event) => event,
             Err(error) => {
-                if healthy {
+                if self.healthy {
                     warn!(?kind, %error, "watch failed; retrying with backoff, what is programmed stays");
                 }
-                healthy = false;
+                self.healthy = false;
+                return false;
             }
+        };
+        // `Init` comes before the list request: it says nothing of the server.
+        if !self.healthy && !matches!(event, Event::Init) {
+            info!(?kind, "watch recovered");
+            self.healthy = true;
         }
+        match event {
+            Event::Init => {
+                debug!(?kind, "listing");
+                self.known.list_started();
+                false
+            }
+            Event::Apply(obj) | Event::InitApply(obj) => {
+                let meta = obj.meta();
+                let key = ObjectKey::of(meta);
+                self.known.applied(key, meta.resource_version.as_deref())
+                    && self.recorder.apply(&self.feed, &obj)
+            }
+            Event::Delete(obj) => {
+                let key = ObjectKey::of(obj.meta());
+                self.known.deleted(&key);
+                self.recorder.delete(&self.feed, key)
+            }
+            Event::InitDone => self.list_done(),
+        }
+    }
+
+    fn list_done(&mut self) -> bool {
+        let mut recorded = false;
+        for key in self.known.list_done() {
+            recorded |= self.recorder.delete(&self.feed, key);
+        }
+        self.recorder.listed();
+        debug!(kind = ?R::KIND, objects = self.known.len(), "list complete");
+        let Some([services, endpoint_slices, nodes]) = self.first.listed(R::KIND, self.known.len())
+        else {
+            return recorded;
+        };
+        if nodes == 0 {
+            warn!("this node's Node object was not found: no NodePort frontends, Local policies cannot be applied");
+        }
+        info!(services, endpoint_slices, "initial list complete");
+        true
     }
 }
 
-/// Cuts snapshots: first when every store has listed, then after each burst.
-async fn publish(
-    stores: Stores,
-    node_name: String,
-    mut changed: mpsc::Receiver<Kind>,
-    snapshot_tx: watch::Sender<Arc<Snapshot>>,
-) {
-    for (kind, ready) in [
-        ("services", stores.services.wait_until_ready().await),
-        ("endpointslices", stores.slices.wait_until_ready().await),
-        ("node", stores.nodes.wait_until_ready().await),
-    ] {
-        if ready.is_err() {
-            warn!(kind, "watch ended before its first list");
-            return;
+#[cfg(test)]
+mod tests {
+    use futures::stream;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    use super::*;
+    use crate::source::feed::{feed, FeedRx};
+
+    fn meta(name: &str, rv: &str) -> ObjectMeta {
+        ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some("default".into()),
+            resource_version: (!rv.is_empty()).then(|| rv.into()),
+            ..ObjectMeta::default()
         }
     }
-    // Drain what the initial lists queued: the first snapshot covers it.
-    while changed.try_recv().is_ok() {}
-    let first = stores.snapshot(&node_name);
-    if first.node.is_none() {
-        warn!(node = %node_name, "this node's Node object was not found: no NodePort frontends, Local policies cannot be applied");
-    }
-    info!(
-        services = first.services.len(),
-        endpoint_slices = first.endpoint_slices.len(),
-        "initial list complete"
-    );
-    if snapshot_tx.send(Arc::new(first)).is_err() {
-        return;
-    }
-    while changed.recv().await.is_some() {
-        let burst_start = Instant::now();
-        loop {
-            let remaining = MAX_DELAY.saturating_sub(burst_start.elapsed());
-            if remaining.is_zero() {
-                break;
-            }
-            match tokio::time::timeout(COALESCE.min(remaining), changed.recv()).await {
-                Ok(Some(_)) => continue,
-                Ok(None) => return,
-                Err(_) => break,
-            }
+
+    fn svc(name: &str, rv: &str) -> Service {
+        Service {
+            metadata: meta(name, rv),
+            ..Service::default()
         }
-        if snapshot_tx
-            .send(Arc::new(stores.snapshot(&node_name)))
-            .is_err()
-        {
-            return;
+    }
+
+    fn node(name: &str, rv: &str, zone: &str) -> Node {
+        let mut metadata = meta(name, rv);
+        metadata.namespace = None;
+        metadata.labels = Some([("topology.kubernetes.io/zone".into(), zone.into())].into());
+        Node {
+            metadata,
+            ..Node::default()
         }
+    }
+
+    fn key(name: &str) -> ObjectKey {
+        ObjectKey::new("default", name)
+    }
+
+    type Events<K> = Vec<Result<Event<K>, watcher::Error>>;
+
+    fn list<K>(objects: Vec<K>) -> Events<K> {
+        let mut events = vec![Ok(Event::Init)];
+        events.extend(objects.into_iter().map(|o| Ok(Event::InitApply(o))));
+        events.push(Ok(Event::InitDone));
+        events
+    }
+
+    async fn run<R: Recorder>(watch: &mut Watch<R>, events: Events<R::Object>) {
+        watch.run(stream::iter(events)).await;
+    }
+
+    fn publishes(rx: &FeedRx) -> u64 {
+        *rx.publishes().borrow()
+    }
+
+    #[test]
+    fn a_relist_yields_the_keys_it_no_longer_names() {
+        let mut known = Known::default();
+        known.list_started();
+        assert!(known.applied(key("a"), Some("1")));
+        assert!(known.applied(key("b"), Some("1")));
+        assert!(known.applied(key("c"), Some("1")));
+        assert!(known.list_done().is_empty());
+        known.deleted(&key("c"));
+
+        known.list_started();
+        assert!(!known.applied(key("a"), Some("1")), "unchanged: skipped");
+        assert!(known.applied(key("d"), Some("5")));
+        assert_eq!(known.list_done(), vec![key("b")], "c was deleted already");
+        assert_eq!(known.len(), 2);
+    }
+
+    #[test]
+    fn a_changed_or_missing_resource_version_is_recorded() {
+        let mut known = Known::default();
+        known.list_started();
+        assert!(known.applied(key("a"), Some("1")));
+        assert!(known.applied(key("a"), Some("2")));
+        assert!(!known.applied(key("a"), Some("2")));
+        assert!(known.applied(key("n"), None));
+        assert!(known.applied(key("n"), None));
+    }
+
+    #[test]
+    fn only_the_list_attempt_that_completes_counts() {
+        let mut known = Known::default();
+        known.list_started();
+        assert!(known.applied(key("a"), Some("1")));
+        // The list failed after a page; the watcher starts again.
+        known.list_started();
+        assert!(known.applied(key("b"), Some("2")));
+        assert_eq!(known.list_done(), vec![key("a")]);
+    }
+
+    #[test]
+    fn the_first_view_completes_once_with_every_count() {
+        let first = FirstList::default();
+        assert_eq!(
+            first.still_listing(),
+            ["services", "endpointslices", "node"]
+        );
+        assert_eq!(first.listed(Kind::Node, 1), None);
+        assert_eq!(first.listed(Kind::Service, 7), None);
+        assert_eq!(first.still_listing(), ["endpointslices"]);
+        assert!(!first.complete());
+        assert_eq!(first.listed(Kind::EndpointSlice, 3), Some([7, 3, 1]));
+        assert!(first.complete());
+        assert_eq!(
+            first.listed(Kind::Service, 9),
+            None,
+            "a relist changes nothing"
+        );
+        assert!(first.still_listing().is_empty());
+    }
+
+    #[test]
+    fn selectors_are_kube_proxys_or_leave_the_proxy_name_to_the_model() {
+        assert_eq!(
+            label_selector(None),
+            "!service.kubernetes.io/service-proxy-name,!service.kubernetes.io/headless"
+        );
+        assert_eq!(
+            label_selector(Some("sb")),
+            "!service.kubernetes.io/headless"
+        );
+    }
+
+    #[tokio::test]
+    async fn nothing_is_published_before_every_first_list_then_the_whole_view_is() {
+        let (tx, mut rx) = feed();
+        let first = Arc::new(FirstList::default());
+        let mut services = Watch::new(Services, tx.clone(), Arc::clone(&first));
+        let mut slices = Watch::new(Slices::default(), tx.clone(), Arc::clone(&first));
+        let mut nodes = Watch::new(Nodes::new("n1".into()), tx, Arc::clone(&first));
+
+        run(&mut services, list(vec![svc("a", "1"), svc("b", "1")])).await;
+        // An update after the services listed, while the others still list.
+        run(&mut services, vec![Ok(Event::Apply(svc("c", "2")))]).await;
+        run(&mut slices, list(vec![])).await;
+        assert_eq!(publishes(&rx), 0);
+
+        run(&mut nodes, list(vec![node("n1", "1", "z1")])).await;
+        assert_eq!(publishes(&rx), 1);
+        let changes = rx.take();
+        assert_eq!(
+            changes.services.keys().cloned().collect::<Vec<_>>(),
+            [key("a"), key("b"), key("c")]
+        );
+        assert!(changes.slices.is_empty());
+        let node = changes.node.flatten().expect("the node");
+        assert_eq!(
+            (node.name.as_str(), node.zone.as_deref()),
+            ("n1", Some("z1"))
+        );
+    }
+
+    #[tokio::test]
+    async fn an_empty_cluster_still_publishes_its_first_view() {
+        let (tx, rx) = feed();
+        let first = Arc::new(FirstList::default());
+        run(
+            &mut Watch::new(Services, tx.clone(), Arc::clone(&first)),
+            list(vec![]),
+        )
+        .await;
+        run(
+            &mut Watch::new(Slices::default(), tx.clone(), Arc::clone(&first)),
+            list(vec![]),
+        )
+        .await;
+        run(
+            &mut Watch::new(Nodes::new("n1".into()), tx, first),
+            list(vec![]),
+        )
+        .await;
+        assert_eq!(publishes(&rx), 1);
+    }
+
+    /// A watch whose first list is done, as are the other two.
+    fn listed_watch<R: Recorder>(recorder: R, tx: FeedTx) -> Watch<R> {
+        let first = Arc::new(FirstList::default());
+        for kind in Kind::ALL.into_iter().filter(|k| *k != R::KIND) {
+            first.listed(kind, 0);
+        }
+        Watch::new(recorder, tx, first)
+    }
+
+    #[tokio::test]
+    async fn a_relist_records_changes_and_deletions_only() {
+        let (tx, mut rx) = feed();
+        let mut services = listed_watch(Services, tx);
+        run(
+            &mut services,
+            list(vec![svc("a", "1"), svc("b", "1"), svc("gone", "1")]),
+        )
+        .await;
+        assert_eq!(rx.take().services.len(), 3);
+
+        run(
+            &mut services,
+            vec![
+                Err(watcher::Error::NoResourceVersion),
+                Ok(Event::Delete(svc("gone", "2"))),
+                Ok(Event::Init),
+                Ok(Event::InitApply(svc("a", "1"))),
+                Ok(Event::InitApply(svc("c", "3"))),
+                Ok(Event::InitDone),
+            ],
+        )
+        .await;
+        let changes = rx.take();
+        assert_eq!(
+            changes
+                .services
+                .into_iter()
+                .map(|(k, v)| (k, v.is_some()))
+                .collect::<Vec<_>>(),
+            [(key("b"), false), (key("c"), true), (key("gone"), false)],
+            "a was re-sent unchanged"
+        );
+    }
+
+    #[tokio::test]
+    async fn the_node_is_recorded_when_what_the_model_reads_changes() {
+        let (tx, mut rx) = feed();
+        let mut nodes = listed_watch(Nodes::new("n1".into()), tx);
+        run(&mut nodes, list(vec![node("n1", "1", "z1")])).await;
+        assert!(rx.take().node.is_some());
+
+        // A status heartbeat: new resourceVersion, same NodeInfo.
+        let before = publishes(&rx);
+        run(&mut nodes, vec![Ok(Event::Apply(node("n1", "2", "z1")))]).await;
+        assert_eq!(publishes(&rx), before);
+        assert!(rx.take().is_empty());
+
+        run(&mut nodes, vec![Ok(Event::Apply(node("n1", "3", "z2")))]).await;
+        assert_eq!(
+            rx.take().node.flatten().and_then(|n| n.zone).as_deref(),
+            Some("z2")
+        );
+
+        // Gone from a relist: recorded as unknown.
+        run(&mut nodes, list(vec![])).await;
+        assert_eq!(rx.take().node, Some(None));
     }
 }

@@ -14,18 +14,24 @@
 //!   kinds are skipped with a note. A Service or EndpointSlice without a
 //!   namespace is put in `default`; a Node is cluster-scoped (a namespace on it
 //!   is ignored).
-//! * This node: the snapshot's `node` comes from the Node whose `metadata.name`
-//!   is the agent's node name (NodePort frontends, `Local` traffic policies,
-//!   topology). Nodes with other names are read and kept but not used, so one
-//!   directory can serve several nodes. Without a matching Node there is none,
-//!   as before: no NodePort frontends, and `Local` policies act as `Cluster`.
+//! * This node: the Node whose `metadata.name` is the agent's node name is the
+//!   one recorded (NodePort frontends, `Local` traffic policies, topology).
+//!   Nodes with other names are read but not kept, so one directory can serve
+//!   several nodes. Without a matching Node there is none: no NodePort
+//!   frontends, and `Local` policies act as `Cluster`.
 //! * Errors: a file that cannot be read or parsed is reported (naming the file,
 //!   the document and the problem) and, while it stays broken, the objects it
-//!   last held when it was good stay in the snapshot. The file is all or nothing:
+//!   last held when it was good stay in effect. The file is all or nothing:
 //!   one bad document keeps the whole file at its last good state.
 //! * The same object (kind, namespace, name; kind and name for a Node) in two
 //!   files: the one in the file whose path sorts first is used; the other is
-//!   reported and ignored.
+//!   reported and ignored. Twice in one file: the first copy is used.
+//! * Changes: each file's objects are converted to the model's input types
+//!   ([`ServiceInfo`], [`SliceInfo`], [`NodeInfo`]) as soon as the file parses,
+//!   and the k8s-openapi objects dropped. The first scan records the complete
+//!   view into the [`FeedTx`]; after that a rescan compares only the keys of
+//!   the files that changed, and records the objects whose version in effect
+//!   changed (added, changed, removed).
 
 #![cfg_attr(
     not(test),
@@ -51,27 +57,16 @@ use notify::event::{AccessKind, AccessMode};
 use notify::{EventKind, RecommendedWatcher, RecursiveMode, Watcher as _};
 use serde::Deserialize as _;
 use serde_json::Value;
-use tokio::sync::watch;
 use tracing::{debug, error, info, warn};
 
-use crate::model::NodeInfo;
+use super::feed::FeedTx;
+use crate::model::{Interner, NodeInfo, ObjectKey, ServiceInfo, SliceInfo};
 
 /// How long to wait after a file-system event for more to arrive before rescanning.
 pub const DEBOUNCE: Duration = Duration::from_millis(100);
 /// The fallback rescan, in case an event is missed (it compares file metadata,
 /// and reads only files whose size, modification time or inode changed).
 pub const RESCAN_INTERVAL: Duration = Duration::from_secs(1);
-
-/// All Services and EndpointSlices currently in the directory, and this node.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct Snapshot {
-    pub services: Vec<Service>,
-    pub endpoint_slices: Vec<EndpointSlice>,
-    /// This node, when the source knows it (the cluster source watches it; a
-    /// directory has it when it holds a Node of this node's name). Without it:
-    /// no NodePort frontends and no `Local` policies.
-    pub node: Option<NodeInfo>,
-}
 
 /// What one manifest file holds.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -451,21 +446,292 @@ fn content_hash(bytes: &[u8]) -> u64 {
     h.finish()
 }
 
+/// An object the source finds by its key.
+trait Keyed {
+    fn key(&self) -> &ObjectKey;
+}
+
+impl Keyed for ServiceInfo {
+    fn key(&self) -> &ObjectKey {
+        &self.key
+    }
+}
+
+impl Keyed for SliceInfo {
+    fn key(&self) -> &ObjectKey {
+        &self.key
+    }
+}
+
+/// What one file contributes, converted as soon as the file parsed: the
+/// k8s-openapi objects are dropped then, so the source holds only what the
+/// model reads, and at most one file's k8s objects at a time.
+#[derive(Debug, Default, PartialEq)]
+struct FileView {
+    /// In key order, one per key.
+    services: Vec<Arc<ServiceInfo>>,
+    /// In key order, one per key.
+    slices: Vec<Arc<SliceInfo>>,
+    /// The Node named like this node; Nodes of other names are not kept.
+    node: Option<Arc<NodeInfo>>,
+}
+
+impl FileView {
+    /// Converts a parsed file. An object the file holds twice keeps its first
+    /// copy, as an object in two files keeps the first path's.
+    fn convert(
+        path: &Path,
+        objects: FileObjects,
+        node_name: &str,
+        interner: &mut Interner,
+    ) -> FileView {
+        let FileObjects {
+            services,
+            endpoint_slices,
+            nodes,
+            ..
+        } = objects;
+        // `into_iter`: each k8s object is dropped as soon as it is converted.
+        let services = services
+            .into_iter()
+            .map(|svc| Arc::new(ServiceInfo::from_k8s(&svc)))
+            .collect();
+        let slices = endpoint_slices
+            .into_iter()
+            .map(|slice| Arc::new(SliceInfo::from_k8s(&slice, interner)))
+            .collect();
+        let mut this_node = nodes
+            .iter()
+            .filter(|n| n.metadata.name.as_deref() == Some(node_name));
+        let node = this_node.next().map(|n| Arc::new(NodeInfo::from_node(n)));
+        if this_node.next().is_some() {
+            warn!(
+                "{}: Node {node_name} is defined twice in this file; the later copy is ignored",
+                path.display()
+            );
+        }
+        FileView {
+            services: first_per_key(path, "Service", services),
+            slices: first_per_key(path, "EndpointSlice", slices),
+            node,
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.services.is_empty() && self.slices.is_empty() && self.node.is_none()
+    }
+}
+
+/// Sorts by key and keeps the first copy of each key (the sort is stable),
+/// reporting the others.
+fn first_per_key<T: Keyed>(path: &Path, kind: &str, mut objects: Vec<Arc<T>>) -> Vec<Arc<T>> {
+    objects.sort_by(|a, b| a.key().cmp(b.key()));
+    objects.dedup_by(|later, kept| {
+        let twice = later.key() == kept.key();
+        if twice {
+            warn!(
+                "{}: {kind} {} is defined twice in this file; the later copy is ignored",
+                path.display(),
+                later.key()
+            );
+        }
+        twice
+    });
+    objects
+}
+
+/// The files holding one object, in path order: the first one's copy is used.
+#[derive(Debug)]
+struct Owners<T>(Vec<(Arc<Path>, Arc<T>)>);
+
+impl<T> Default for Owners<T> {
+    fn default() -> Self {
+        Owners(Vec::new())
+    }
+}
+
+impl<T> Owners<T> {
+    fn used(&self) -> Option<&Arc<T>> {
+        self.0.first().map(|(_, obj)| obj)
+    }
+
+    /// Adds `path`'s copy. When another file holds the object too, returns
+    /// (the path whose copy is used, the path whose copy is now ignored).
+    fn insert(&mut self, path: &Arc<Path>, obj: Arc<T>) -> Option<(Arc<Path>, Arc<Path>)> {
+        let at = match self.0.binary_search_by(|(p, _)| p.cmp(path)) {
+            // Not expected (a changed file's old copies go first); replace.
+            Ok(at) => {
+                self.0[at].1 = obj;
+                return None;
+            }
+            Err(at) => at,
+        };
+        self.0.insert(at, (Arc::clone(path), obj));
+        let ignored = if at == 0 {
+            self.0.get(1)
+        } else {
+            Some(&self.0[at])
+        };
+        Some((Arc::clone(&self.0[0].0), Arc::clone(&ignored?.0)))
+    }
+
+    fn remove(&mut self, path: &Path) {
+        self.0.retain(|(p, _)| **p != *path);
+    }
+}
+
+/// Services (or EndpointSlices) by key, with the files that hold each.
+struct Index<T> {
+    kind: &'static str,
+    by_key: BTreeMap<ObjectKey, Owners<T>>,
+}
+
+impl<T: Keyed> Index<T> {
+    fn new(kind: &'static str) -> Index<T> {
+        Index {
+            kind,
+            by_key: BTreeMap::new(),
+        }
+    }
+
+    /// The copy in effect: the first path's.
+    fn used(&self, key: &ObjectKey) -> Option<&Arc<T>> {
+        self.by_key.get(key).and_then(Owners::used)
+    }
+
+    fn insert(&mut self, path: &Arc<Path>, obj: Arc<T>) {
+        let Some(owners) = self.by_key.get_mut(obj.key()) else {
+            self.by_key
+                .insert(obj.key().clone(), Owners(vec![(Arc::clone(path), obj)]));
+            return;
+        };
+        let key = obj.key().clone();
+        if let Some((used, ignored)) = owners.insert(path, obj) {
+            warn!(
+                "{}: {} {key} is also defined in {}; this copy is ignored",
+                ignored.display(),
+                self.kind,
+                used.display()
+            );
+        }
+    }
+
+    fn remove(&mut self, path: &Path, key: &ObjectKey) {
+        if let Some(owners) = self.by_key.get_mut(key) {
+            owners.remove(path);
+            if owners.0.is_empty() {
+                self.by_key.remove(key);
+            }
+        }
+    }
+
+    /// Every key with the copy in effect.
+    fn iter(&self) -> impl Iterator<Item = (&ObjectKey, &Arc<T>)> {
+        self.by_key
+            .iter()
+            .filter_map(|(key, owners)| Some((key, owners.used()?)))
+    }
+}
+
+#[derive(Default)]
 struct FileState {
     fingerprint: Option<Fingerprint>,
     content_hash: Option<u64>,
-    /// The objects from the last time this file parsed (without the notes).
-    good: Option<FileObjects>,
+    /// The objects from the last time this file parsed.
+    good: Option<FileView>,
     /// The current problem, if the file is broken (logged once per change).
     error: Option<String>,
 }
 
-/// The directory as last read.
+/// A file whose objects changed: its new objects (`None`: the file is gone).
+struct FileChange {
+    path: Arc<Path>,
+    view: Option<FileView>,
+}
+
+/// What a scan found for one directory entry.
+enum Checked {
+    /// Not a regular file, or gone meanwhile.
+    Absent,
+    /// There, and its objects are as they were (or it is broken, keeping them).
+    Unchanged,
+    /// There, with these new objects.
+    Changed(Arc<Path>, FileView),
+}
+
+/// For every key a scan touched, the object in effect before it: what the
+/// agent was last told, since every scan that changed something is recorded.
+#[derive(Default)]
+struct Before {
+    services: BTreeMap<ObjectKey, Option<Arc<ServiceInfo>>>,
+    slices: BTreeMap<ObjectKey, Option<Arc<SliceInfo>>>,
+    /// `Some` when a changed file held this node's Node (before or after).
+    node: Option<Option<Arc<NodeInfo>>>,
+}
+
+impl Before {
+    /// Notes the keys of `view` (a changed file's old or new objects) that
+    /// are not noted yet, before anything of this scan changes them.
+    fn note(&mut self, state: &DirState, view: Option<&FileView>) {
+        let Some(view) = view else { return };
+        note_keys(&mut self.services, &state.services, &view.services);
+        note_keys(&mut self.slices, &state.slices, &view.slices);
+        if view.node.is_some() && self.node.is_none() {
+            self.node = Some(state.node.used().cloned());
+        }
+    }
+}
+
+fn note_keys<T: Keyed>(
+    noted: &mut BTreeMap<ObjectKey, Option<Arc<T>>>,
+    index: &Index<T>,
+    objects: &[Arc<T>],
+) {
+    for obj in objects {
+        if !noted.contains_key(obj.key()) {
+            noted.insert(obj.key().clone(), index.used(obj.key()).cloned());
+        }
+    }
+}
+
+/// Records the keys whose object in effect differs from the noted one.
+fn record_keys<T: Keyed + PartialEq>(
+    before: BTreeMap<ObjectKey, Option<Arc<T>>>,
+    index: &Index<T>,
+    mut record: impl FnMut(ObjectKey, Option<Arc<T>>),
+) -> usize {
+    let mut recorded = 0;
+    for (key, old) in before {
+        let new = index.used(&key);
+        if !same(old.as_ref(), new) {
+            record(key, new.cloned());
+            recorded += 1;
+        }
+    }
+    recorded
+}
+
+/// The same version: the same allocation, or equal.
+fn same<T: PartialEq>(a: Option<&Arc<T>>, b: Option<&Arc<T>>) -> bool {
+    match (a, b) {
+        (None, None) => true,
+        (Some(a), Some(b)) => Arc::ptr_eq(a, b) || a == b,
+        _ => false,
+    }
+}
+
+/// The directory as last read, and the objects in effect.
 struct DirState {
     dir: PathBuf,
-    /// The agent's node name: the Node of this name is the snapshot's `node`.
+    /// The agent's node name: the Node of this name is the one recorded.
     node_name: String,
-    files: BTreeMap<PathBuf, FileState>,
+    files: BTreeMap<Arc<Path>, FileState>,
+    services: Index<ServiceInfo>,
+    slices: Index<SliceInfo>,
+    /// This node's Node, by file.
+    node: Owners<NodeInfo>,
+    /// Node names in endpoints, shared across all files.
+    interner: Interner,
     /// The directory's identity, to notice it being replaced (then the watch is renewed).
     dir_id: Option<(u64, u64)>,
     dir_error: Option<String>,
@@ -477,17 +743,182 @@ impl DirState {
             dir,
             node_name,
             files: BTreeMap::new(),
+            services: Index::new("Service"),
+            slices: Index::new("EndpointSlice"),
+            node: Owners::default(),
+            interner: Interner::default(),
             dir_id: None,
             dir_error: None,
         }
     }
 
-    /// Brings the state up to date with the directory. With `read_all`, every
-    /// file is read and compared by content; otherwise only files whose
-    /// metadata changed. Returns whether the set of good objects changed.
-    fn scan(&mut self, read_all: bool) -> bool {
-        let entries = match std::fs::read_dir(&self.dir) {
-            Ok(entries) => entries,
+    /// The first scan: records every object in effect, and this node's Node
+    /// (also when there is none). Returns how many objects it recorded.
+    fn first(&mut self, feed: &FeedTx) -> usize {
+        let changes = self.scan(true);
+        self.apply(changes, None);
+        for (key, svc) in self.services.iter() {
+            feed.service(key.clone(), Some(Arc::clone(svc)));
+        }
+        for (key, slice) in self.slices.iter() {
+            feed.slice(key.clone(), Some(Arc::clone(slice)));
+        }
+        let node = self.node.used();
+        log_node_change(self, None, node.map(|n| &**n), true);
+        feed.node(node.map(|n| NodeInfo::clone(n)));
+        self.services.by_key.len() + self.slices.by_key.len() + 1
+    }
+
+    /// Rescans (see [`scan`](Self::scan)) and records into `feed` each object
+    /// whose version in effect changed: added, changed or removed. Only the
+    /// changed files' keys are compared, so one edited file costs its own
+    /// objects, whatever the directory holds. Returns how many it recorded.
+    fn refresh(&mut self, read_all: bool, feed: &FeedTx) -> usize {
+        let changes = self.scan(read_all);
+        if changes.is_empty() {
+            return 0;
+        }
+        let mut before = Before::default();
+        if self.apply(changes, Some(&mut before)) {
+            self.interner.prune();
+        }
+        self.record(before, feed)
+    }
+
+    /// Records the noted keys whose object in effect is another version now.
+    fn record(&self, before: Before, feed: &FeedTx) -> usize {
+        let mut recorded = record_keys(before.services, &self.services, |k, v| {
+            feed.service(k, v);
+        });
+        recorded += record_keys(before.slices, &self.slices, |k, v| feed.slice(k, v));
+        if let Some(old) = before.node {
+            let new = self.node.used();
+            if !same(old.as_ref(), new) {
+                log_node_change(self, old.as_deref(), new.map(|n| &**n), false);
+                feed.node(new.map(|n| NodeInfo::clone(n)));
+                recorded += 1;
+            }
+        }
+        recorded
+    }
+
+    /// Puts the changed files' objects in effect. With `before`, first notes
+    /// what each touched key had. Returns whether objects were dropped (then
+    /// interned names may have lost their last user).
+    fn apply(&mut self, changes: Vec<FileChange>, mut before: Option<&mut Before>) -> bool {
+        let mut dropped = false;
+        // Every changed file's old objects go first, so an object moving
+        // between two files in one scan is not reported as defined twice.
+        for change in &changes {
+            let old = match &change.view {
+                None => self.files.remove(&change.path).and_then(|f| f.good),
+                Some(_) => self.files.get_mut(&change.path).and_then(|f| f.good.take()),
+            };
+            if let Some(before) = before.as_deref_mut() {
+                before.note(self, old.as_ref());
+                before.note(self, change.view.as_ref());
+            }
+            if let Some(old) = old {
+                dropped |= !old.is_empty();
+                self.remove_view(&change.path, &old);
+            }
+        }
+        // In path order (`scan` sorts), so the first path's copy is the one
+        // reported as used.
+        for FileChange { path, view } in changes {
+            let Some(view) = view else { continue };
+            self.insert_view(&path, &view);
+            if let Some(f) = self.files.get_mut(&path) {
+                f.good = Some(view);
+            }
+        }
+        dropped
+    }
+
+    fn remove_view(&mut self, path: &Path, view: &FileView) {
+        for svc in &view.services {
+            self.services.remove(path, &svc.key);
+        }
+        for slice in &view.slices {
+            self.slices.remove(path, &slice.key);
+        }
+        if view.node.is_some() {
+            self.node.remove(path);
+        }
+    }
+
+    fn insert_view(&mut self, path: &Arc<Path>, view: &FileView) {
+        for svc in &view.services {
+            self.services.insert(path, Arc::clone(svc));
+        }
+        for slice in &view.slices {
+            self.slices.insert(path, Arc::clone(slice));
+        }
+        if let Some(node) = &view.node {
+            if let Some((used, ignored)) = self.node.insert(path, Arc::clone(node)) {
+                warn!(
+                    "{}: Node {} is also defined in {}; this copy is ignored",
+                    ignored.display(),
+                    self.node_name,
+                    used.display()
+                );
+            }
+        }
+    }
+
+    /// Reads what changed in the directory. With `read_all`, every file is
+    /// read and compared by content; otherwise only files whose metadata
+    /// changed. Returns the files whose objects changed, in path order.
+    fn scan(&mut self, read_all: bool) -> Vec<FileChange> {
+        let Some(entries) = self.read_dir() else {
+            return Vec::new();
+        };
+        let mut changes = Vec::new();
+        let mut seen = BTreeSet::new();
+        for entry in entries {
+            let Ok(entry) = entry else { continue };
+            let path = entry.path();
+            if !is_manifest_name(&path) {
+                continue;
+            }
+            match self.check_file(&path, read_all) {
+                Checked::Absent => continue,
+                Checked::Unchanged => {}
+                Checked::Changed(key, view) => changes.push(FileChange {
+                    path: key,
+                    view: Some(view),
+                }),
+            }
+            seen.insert(path);
+        }
+        for (path, f) in &self.files {
+            if !seen.contains(&**path) {
+                info!(file = %path.display(), "manifest file removed; its objects are gone");
+                if f.good.is_some() {
+                    changes.push(FileChange {
+                        path: Arc::clone(path),
+                        view: None,
+                    });
+                }
+            }
+        }
+        // A file gone while broken from the start held nothing: forget it here.
+        self.files
+            .retain(|path, f| f.good.is_some() || seen.contains(&**path));
+        changes.sort_by(|a, b| a.path.cmp(&b.path));
+        changes
+    }
+
+    /// Lists the directory; `None` (logged once) when it cannot be read,
+    /// keeping the objects last read from it.
+    fn read_dir(&mut self) -> Option<std::fs::ReadDir> {
+        match std::fs::read_dir(&self.dir) {
+            Ok(entries) => {
+                if self.dir_error.take().is_some() {
+                    info!(dir = %self.dir.display(), "manifest directory is readable again");
+                }
+                Some(entries)
+            }
             Err(e) => {
                 let msg = format!(
                     "{}: cannot read the manifest directory: {e}",
@@ -498,135 +929,93 @@ impl DirState {
                     self.dir_error = Some(msg);
                 }
                 self.dir_id = None;
-                return false;
+                None
+            }
+        }
+    }
+
+    /// Reads one manifest file if its metadata (or, with `read_all`, its
+    /// content) changed, and converts its objects.
+    fn check_file(&mut self, path: &Path, read_all: bool) -> Checked {
+        // metadata() follows symlinks, so ConfigMap-style links are read through.
+        let meta = match std::fs::metadata(path) {
+            Ok(m) => m,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Checked::Absent, // gone, or a dangling link
+            Err(error) => {
+                let path = path.to_path_buf();
+                self.file_error(ManifestError::Read { path, error }, None);
+                return Checked::Unchanged;
             }
         };
-        if self.dir_error.take().is_some() {
-            info!(dir = %self.dir.display(), "manifest directory is readable again");
+        if !meta.is_file() {
+            return Checked::Absent;
         }
-        let mut changed = false;
-        let mut seen = BTreeSet::new();
-        for entry in entries {
-            let Ok(entry) = entry else { continue };
-            let path = entry.path();
-            if !is_manifest_name(&path) {
-                continue;
+        let fingerprint = Fingerprint::of(&meta);
+        if !read_all
+            && self
+                .files
+                .get(path)
+                .is_some_and(|f| f.fingerprint == Some(fingerprint))
+        {
+            return Checked::Unchanged;
+        }
+        let bytes = match std::fs::read(path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Checked::Absent,
+            Err(error) => {
+                let path = path.to_path_buf();
+                self.file_error(ManifestError::Read { path, error }, Some(fingerprint));
+                return Checked::Unchanged;
             }
-            // metadata() follows symlinks, so ConfigMap-style links are read through.
-            let meta = match std::fs::metadata(&path) {
-                Ok(m) => m,
-                Err(e) if e.kind() == io::ErrorKind::NotFound => continue, // gone, or a dangling link
-                Err(e) => {
-                    seen.insert(path.clone());
-                    self.file_error(
-                        &path,
-                        ManifestError::Read {
-                            path: path.clone(),
-                            error: e,
-                        },
-                        None,
-                    );
-                    continue;
-                }
-            };
-            if !meta.is_file() {
-                continue;
+        };
+        let key = match self.files.get_key_value(path) {
+            Some((key, _)) => Arc::clone(key),
+            None => Arc::from(path),
+        };
+        let hash = content_hash(&bytes);
+        let f = self.files.entry(Arc::clone(&key)).or_default();
+        f.fingerprint = Some(fingerprint);
+        if f.content_hash.replace(hash) == Some(hash) {
+            return Checked::Unchanged;
+        }
+        match parse_manifests(path, &bytes) {
+            Ok(objects) => {
+                drop(bytes);
+                self.loaded(key, objects)
             }
-            seen.insert(path.clone());
-            let fingerprint = Fingerprint::of(&meta);
-            if !read_all
-                && self
-                    .files
-                    .get(&path)
-                    .is_some_and(|f| f.fingerprint == Some(fingerprint))
-            {
-                continue;
-            }
-            let bytes = match std::fs::read(&path) {
-                Ok(b) => b,
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                    seen.remove(&path);
-                    continue;
-                }
-                Err(e) => {
-                    self.file_error(
-                        &path,
-                        ManifestError::Read {
-                            path: path.clone(),
-                            error: e,
-                        },
-                        Some(fingerprint),
-                    );
-                    continue;
-                }
-            };
-            let hash = content_hash(&bytes);
-            if let Some(f) = self.files.get_mut(&path) {
-                f.fingerprint = Some(fingerprint);
-                if f.content_hash == Some(hash) {
-                    continue;
-                }
-                f.content_hash = Some(hash);
-            }
-            match parse_manifests(&path, &bytes) {
-                Ok(mut objects) => {
-                    for note in std::mem::take(&mut objects.notes) {
-                        info!("{note}");
-                    }
-                    info!(
-                        file = %path.display(),
-                        services = objects.services.len(),
-                        endpoint_slices = objects.endpoint_slices.len(),
-                        nodes = objects.nodes.len(),
-                        "manifest file loaded"
-                    );
-                    let f = self.files.entry(path.clone()).or_insert_with(|| FileState {
-                        fingerprint: Some(fingerprint),
-                        content_hash: Some(hash),
-                        good: None,
-                        error: None,
-                    });
-                    let objects = Some(objects);
-                    if f.good != objects {
-                        f.good = objects;
-                        changed = true;
-                    }
-                    f.error = None;
-                }
-                Err(e) => {
-                    self.file_error(&path, e, Some(fingerprint));
-                    if let Some(f) = self.files.get_mut(&path) {
-                        f.content_hash = Some(hash);
-                    }
-                }
+            Err(e) => {
+                self.file_error(e, None);
+                Checked::Unchanged
             }
         }
-        let gone: Vec<PathBuf> = self
-            .files
-            .keys()
-            .filter(|p| !seen.contains(*p))
-            .cloned()
-            .collect();
-        for path in gone {
-            if let Some(f) = self.files.remove(&path) {
-                info!(file = %path.display(), "manifest file removed; its objects are gone");
-                changed |= f.good.is_some();
-            }
+    }
+
+    /// Logs a file that parsed and converts its objects.
+    fn loaded(&mut self, path: Arc<Path>, objects: FileObjects) -> Checked {
+        for note in &objects.notes {
+            info!("{note}");
         }
-        changed
+        info!(
+            file = %path.display(),
+            services = objects.services.len(),
+            endpoint_slices = objects.endpoint_slices.len(),
+            nodes = objects.nodes.len(),
+            "manifest file loaded"
+        );
+        let view = FileView::convert(&path, objects, &self.node_name, &mut self.interner);
+        let Some(f) = self.files.get_mut(&path) else {
+            return Checked::Unchanged; // unreachable: `check_file` made it
+        };
+        f.error = None;
+        if f.good.as_ref() == Some(&view) {
+            return Checked::Unchanged;
+        }
+        Checked::Changed(path, view)
     }
 
     /// Records (and logs, once per distinct problem) a broken file, keeping its last good objects.
-    fn file_error(&mut self, path: &Path, err: ManifestError, fingerprint: Option<Fingerprint>) {
-        let f = self
-            .files
-            .entry(path.to_path_buf())
-            .or_insert_with(|| FileState {
-                fingerprint: None,
-                content_hash: None,
-                good: None,
-                error: None,
-            });
+    fn file_error(&mut self, err: ManifestError, fingerprint: Option<Fingerprint>) {
+        let f = self.files.entry(Arc::from(err.path())).or_default();
         if fingerprint.is_some() {
             f.fingerprint = fingerprint;
         }
@@ -634,10 +1023,10 @@ impl DirState {
         if f.error.as_deref() != Some(msg.as_str()) {
             match &f.good {
                 Some(good) => error!(
-                    "{msg}; keeping this file's last good objects ({} Services, {} EndpointSlices, {} Nodes)",
+                    "{msg}; keeping this file's last good objects ({} Services, {} EndpointSlices{})",
                     good.services.len(),
-                    good.endpoint_slices.len(),
-                    good.nodes.len()
+                    good.slices.len(),
+                    if good.node.is_some() { ", this node's Node" } else { "" }
                 ),
                 None => error!("{msg}; nothing from this file is used"),
             }
@@ -645,72 +1034,11 @@ impl DirState {
         }
     }
 
-    /// All good objects, files in path order; an object defined again in a
-    /// later file is reported and left out. The Node named like this node
-    /// becomes the snapshot's `node`.
-    fn snapshot(&self) -> Snapshot {
-        let mut snap = Snapshot::default();
-        let mut owner: BTreeMap<(&str, String, String), &Path> = BTreeMap::new();
-        for (path, f) in &self.files {
-            let Some(good) = &f.good else {
-                continue;
-            };
-            for svc in &good.services {
-                if claim(&mut owner, "Service", &svc.metadata, path) {
-                    snap.services.push(svc.clone());
-                }
-            }
-            for slice in &good.endpoint_slices {
-                if claim(&mut owner, "EndpointSlice", &slice.metadata, path) {
-                    snap.endpoint_slices.push(slice.clone());
-                }
-            }
-            for node in &good.nodes {
-                if claim(&mut owner, "Node", &node.metadata, path)
-                    && node.metadata.name.as_deref() == Some(self.node_name.as_str())
-                {
-                    snap.node = Some(NodeInfo::from_node(node));
-                }
-            }
-        }
-        snap
-    }
-
     /// The directory's (device, inode), to notice it being replaced.
     fn current_dir_id(&self) -> Option<(u64, u64)> {
         std::fs::metadata(&self.dir)
             .ok()
             .map(|m| (m.dev(), m.ino()))
-    }
-}
-
-fn claim<'a>(
-    owner: &mut BTreeMap<(&'static str, String, String), &'a Path>,
-    kind: &'static str,
-    meta: &ObjectMeta,
-    path: &'a Path,
-) -> bool {
-    let ns = meta.namespace.clone().unwrap_or_default();
-    let name = meta.name.clone().unwrap_or_default();
-    match owner.get(&(kind, ns.clone(), name.clone())) {
-        Some(first) => {
-            // Cluster-scoped objects (Nodes) have no namespace to show.
-            let shown = if ns.is_empty() {
-                name.clone()
-            } else {
-                format!("{ns}/{name}")
-            };
-            warn!(
-                "{}: {kind} {shown} is also defined in {}; this copy is ignored",
-                path.display(),
-                first.display()
-            );
-            false
-        }
-        None => {
-            owner.insert((kind, ns, name), path);
-            true
-        }
     }
 }
 
@@ -740,23 +1068,22 @@ fn relevant(ev: &notify::Result<notify::Event>) -> bool {
     }
 }
 
-/// Watches `dir` (see the module documentation) and returns a receiver that
-/// always holds the latest good snapshot. The directory is read once before
-/// this returns, so the receiver starts with its current contents. Changes
-/// show up within [`DEBOUNCE`] of a file-system event, or within
-/// [`RESCAN_INTERVAL`] if an event is missed. The watch stops when every
-/// receiver is dropped. `node_name` is the agent's node: the Node of that
-/// name becomes the snapshots' `node`.
-pub async fn watch_dir(
-    dir: PathBuf,
-    node_name: String,
-) -> anyhow::Result<watch::Receiver<Arc<Snapshot>>> {
+/// Watches `dir` (see the module documentation) and feeds its objects to
+/// `feed`. The directory is read once before this returns (a directory that
+/// cannot be read fails here): its complete view is recorded and published
+/// once. After that, each rescan records only the objects whose version in
+/// effect changed, and publishes when there were any. Changes show up within
+/// [`DEBOUNCE`] of a file-system event, or within [`RESCAN_INTERVAL`] if an
+/// event is missed. The watch stops when the feed's receiver is dropped.
+/// `node_name` is the agent's node: the Node of that name is the one recorded.
+pub async fn watch_dir(dir: PathBuf, node_name: String, feed: FeedTx) -> anyhow::Result<()> {
     let meta = tokio::fs::metadata(&dir)
         .await
         .with_context(|| format!("manifest directory {}", dir.display()))?;
     anyhow::ensure!(meta.is_dir(), "{} is not a directory", dir.display());
 
     let (ev_tx, ev_rx) = mpsc::channel();
+    let first_feed = feed.clone();
     let (state, watcher, ev_tx) = tokio::task::spawn_blocking(move || {
         let mut state = DirState::new(dir, node_name);
         // Watch first, then read: a change in between is then not lost.
@@ -772,30 +1099,35 @@ pub async fn watch_dir(
             }
         };
         state.dir_id = state.current_dir_id();
-        state.scan(true);
+        state.first(&first_feed);
         (state, watcher, ev_tx)
     })
     .await
     .context("reading the manifest directory")?;
 
-    let snap = state.snapshot();
-    log_node_change(&state, None, snap.node.as_ref(), true);
-    let (tx, rx) = watch::channel(Arc::new(snap));
+    info!(
+        dir = %state.dir.display(),
+        files = state.files.len(),
+        services = state.services.by_key.len(),
+        endpoint_slices = state.slices.by_key.len(),
+        "manifest directory read"
+    );
+    feed.publish();
     std::thread::Builder::new()
         .name("dir-source".into())
-        .spawn(move || follow(state, watcher, ev_tx, ev_rx, tx))
+        .spawn(move || follow(state, watcher, ev_tx, ev_rx, feed))
         .context("starting the manifest directory watcher thread")?;
-    Ok(rx)
+    Ok(())
 }
 
 /// The watcher thread: rescans after (debounced) events and periodically,
-/// and publishes a new snapshot whenever the good objects changed.
+/// and publishes whenever a rescan recorded changes.
 fn follow(
     mut state: DirState,
     mut watcher: Option<RecommendedWatcher>,
     ev_tx: EventTx,
     ev_rx: EventRx,
-    tx: watch::Sender<Arc<Snapshot>>,
+    feed: FeedTx,
 ) {
     let mut next_rescan = Instant::now() + RESCAN_INTERVAL;
     loop {
@@ -803,7 +1135,7 @@ fn follow(
         let read_all = match ev_rx.recv_timeout(wait) {
             Ok(ev) => {
                 if !relevant(&ev) {
-                    if tx.is_closed() {
+                    if feed.is_closed() {
                         break;
                     }
                     continue;
@@ -823,18 +1155,10 @@ fn follow(
             }
             Err(RecvTimeoutError::Disconnected) => false, // cannot happen: we hold a sender
         };
-        if tx.is_closed() {
+        if feed.is_closed() {
             break;
         }
-        if state.scan(read_all) {
-            let snap = state.snapshot();
-            debug!(
-                services = snap.services.len(),
-                endpoint_slices = snap.endpoint_slices.len(),
-                "manifest snapshot updated"
-            );
-            publish(&state, &tx, snap);
-        }
+        refresh_and_publish(&mut state, read_all, &feed);
         // Renew the watch if the directory was replaced (or the watch never started).
         let id = state.current_dir_id();
         if id.is_some() && (id != state.dir_id || watcher.is_none()) {
@@ -844,9 +1168,7 @@ fn follow(
                     watcher = Some(w);
                     state.dir_id = id;
                     // Something may have changed before the new watch took hold.
-                    if state.scan(true) {
-                        publish(&state, &tx, state.snapshot());
-                    }
+                    refresh_and_publish(&mut state, true, &feed);
                 }
                 Err(e) => {
                     debug!(dir = %state.dir.display(), "cannot watch the manifest directory yet: {e}")
@@ -857,10 +1179,17 @@ fn follow(
     debug!(dir = %state.dir.display(), "manifest directory watch stopped");
 }
 
-/// Sends a new snapshot, saying so when this node's Node appeared, changed or went.
-fn publish(state: &DirState, tx: &watch::Sender<Arc<Snapshot>>, snap: Snapshot) {
-    let old = tx.send_replace(Arc::new(snap));
-    log_node_change(state, old.node.as_ref(), tx.borrow().node.as_ref(), false);
+fn refresh_and_publish(state: &mut DirState, read_all: bool, feed: &FeedTx) {
+    let recorded = state.refresh(read_all, feed);
+    if recorded > 0 {
+        debug!(
+            changed = recorded,
+            services = state.services.by_key.len(),
+            endpoint_slices = state.slices.by_key.len(),
+            "manifest changes recorded"
+        );
+        feed.publish();
+    }
 }
 
 /// Logs this node's Node appearing, changing or going (at start: whether it is there).
@@ -886,6 +1215,7 @@ fn log_node_change(state: &DirState, old: Option<&NodeInfo>, new: Option<&NodeIn
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::source::feed::{feed, Changes, FeedRx};
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     fn parse(name: &str, text: &str) -> Result<FileObjects, ManifestError> {
@@ -1216,6 +1546,98 @@ items:
         }
     }
 
+    /// What the agent builds from the feed: the recorded changes applied in turn.
+    #[derive(Debug, Default)]
+    struct View {
+        services: BTreeMap<ObjectKey, Arc<ServiceInfo>>,
+        slices: BTreeMap<ObjectKey, Arc<SliceInfo>>,
+        node: Option<NodeInfo>,
+    }
+
+    fn apply_map<T>(
+        map: &mut BTreeMap<ObjectKey, Arc<T>>,
+        changes: &BTreeMap<ObjectKey, Option<Arc<T>>>,
+    ) {
+        for (key, obj) in changes {
+            match obj {
+                Some(obj) => {
+                    map.insert(key.clone(), Arc::clone(obj));
+                }
+                None => {
+                    map.remove(key);
+                }
+            }
+        }
+    }
+
+    impl View {
+        fn apply(&mut self, changes: &Changes) {
+            apply_map(&mut self.services, &changes.services);
+            apply_map(&mut self.slices, &changes.slices);
+            if let Some(node) = &changes.node {
+                self.node.clone_from(node);
+            }
+        }
+
+        /// Every Service's cluster IPs, sorted.
+        fn service_ips(&self) -> Vec<String> {
+            let mut ips: Vec<String> = self
+                .services
+                .values()
+                .filter_map(|s| s.spec.as_ref())
+                .flat_map(|s| s.cluster_ips.iter().cloned())
+                .collect();
+            ips.sort();
+            ips
+        }
+    }
+
+    /// A directory state with its feed, and the view built from the feed.
+    struct Fixture {
+        state: DirState,
+        tx: FeedTx,
+        rx: FeedRx,
+        view: View,
+    }
+
+    impl Fixture {
+        fn new(dir: &Path, node_name: &str) -> Fixture {
+            let (tx, rx) = feed();
+            Fixture {
+                state: DirState::new(dir.to_path_buf(), node_name.to_string()),
+                tx,
+                rx,
+                view: View::default(),
+            }
+        }
+
+        /// The first scan; returns what it recorded.
+        fn first(&mut self) -> Changes {
+            let recorded = self.state.first(&self.tx);
+            let changes = self.take();
+            assert_eq!(recorded, changes.len());
+            changes
+        }
+
+        /// A rescan; returns what it recorded.
+        fn refresh(&mut self, read_all: bool) -> Changes {
+            let recorded = self.state.refresh(read_all, &self.tx);
+            let changes = self.take();
+            assert_eq!(recorded, changes.len());
+            changes
+        }
+
+        fn take(&mut self) -> Changes {
+            let changes = self.rx.take();
+            self.view.apply(&changes);
+            changes
+        }
+    }
+
+    fn keys<T>(changes: &BTreeMap<ObjectKey, T>) -> Vec<String> {
+        changes.keys().map(ToString::to_string).collect()
+    }
+
     #[test]
     fn same_object_in_two_files_first_path_wins() {
         let tmp = TempDir::new("dup");
@@ -1225,17 +1647,107 @@ items:
         )
         .expect("write");
         std::fs::write(tmp.0.join("a.yaml"), SERVICE).expect("write");
-        let mut state = DirState::new(tmp.0.clone(), "node-a".to_string());
-        assert!(state.scan(true));
-        let snap = state.snapshot();
-        assert_eq!(snap.services.len(), 1);
-        let ip = snap.services[0]
-            .spec
-            .as_ref()
-            .and_then(|s| s.cluster_ip.clone());
-        assert_eq!(ip.as_deref(), Some("10.96.0.10"));
-        assert!(!state.scan(true), "nothing changed");
-        assert!(!state.scan(false), "nothing changed");
+        let mut fx = Fixture::new(&tmp.0, "node-a");
+        fx.first();
+        assert_eq!(fx.view.service_ips(), ["10.96.0.10"]);
+        assert!(fx.refresh(true).is_empty(), "nothing changed");
+        assert!(fx.refresh(false).is_empty(), "nothing changed");
+    }
+
+    /// Only the changed file's objects are compared, and only those whose
+    /// version changed are recorded.
+    #[test]
+    fn a_change_to_one_file_records_only_its_changed_objects() {
+        let tmp = TempDir::new("one-file");
+        let a = tmp.0.join("a.yaml");
+        let b = tmp.0.join("b.yaml");
+        let web2 = |ip: &str| svc(ip).replace("name: web", "name: web2");
+        std::fs::write(&a, format!("{}---\n{SLICE}", svc("10.96.0.1"))).expect("write");
+        std::fs::write(&b, web2("10.96.0.2")).expect("write");
+        std::fs::write(tmp.0.join("node.yaml"), NODE_A).expect("write");
+        let mut fx = Fixture::new(&tmp.0, "node-a");
+        let first = fx.first();
+        assert_eq!(keys(&first.services), ["default/web", "default/web2"]);
+        assert_eq!(keys(&first.slices), ["shop/web-1"]);
+        assert!(first.node.is_some());
+
+        // b.yaml's Service changes: only it is recorded.
+        std::fs::write(&b, web2("10.96.0.3")).expect("write");
+        let changes = fx.refresh(true);
+        assert_eq!(keys(&changes.services), ["default/web2"]);
+        assert!(changes.slices.is_empty() && changes.node.is_none());
+        assert_eq!(fx.view.service_ips(), ["10.96.0.1", "10.96.0.3"]);
+
+        // a.yaml's slice changes, its Service does not: only the slice.
+        let slice = SLICE.replace("10.244.1.2", "10.244.1.3");
+        std::fs::write(&a, format!("{}---\n{slice}", svc("10.96.0.1"))).expect("write");
+        let changes = fx.refresh(true);
+        assert!(changes.services.is_empty(), "{changes:?}");
+        assert_eq!(keys(&changes.slices), ["shop/web-1"]);
+
+        // Other bytes, the same objects: nothing.
+        std::fs::write(&b, format!("# edited\n{}", web2("10.96.0.3"))).expect("write");
+        assert!(fx.refresh(true).is_empty());
+    }
+
+    #[test]
+    fn removing_an_object_from_a_file_records_its_deletion() {
+        let tmp = TempDir::new("remove-object");
+        let a = tmp.0.join("a.yaml");
+        std::fs::write(&a, format!("{SERVICE}---\n{SLICE}")).expect("write");
+        let mut fx = Fixture::new(&tmp.0, "node-a");
+        fx.first();
+        assert_eq!(fx.view.slices.len(), 1);
+
+        std::fs::write(&a, SERVICE).expect("write");
+        let changes = fx.refresh(true);
+        assert!(changes.services.is_empty(), "{changes:?}");
+        assert_eq!(
+            changes.slices.get(&ObjectKey::new("shop", "web-1")),
+            Some(&None)
+        );
+        assert_eq!(changes.slices.len(), 1);
+        assert!(fx.view.slices.is_empty());
+
+        std::fs::remove_file(&a).expect("remove");
+        let changes = fx.refresh(false);
+        assert_eq!(
+            changes.services.get(&ObjectKey::new("default", "web")),
+            Some(&None)
+        );
+        assert!(fx.view.services.is_empty());
+    }
+
+    /// The same object in a.yaml and b.yaml: b's copy takes over when a's goes.
+    #[test]
+    fn when_the_first_copy_goes_the_next_files_copy_is_recorded() {
+        let tmp = TempDir::new("owner");
+        let (a, b) = (tmp.0.join("a.yaml"), tmp.0.join("b.yaml"));
+        std::fs::write(&a, svc("10.96.0.10")).expect("write");
+        std::fs::write(&b, svc("10.96.0.99")).expect("write");
+        let mut fx = Fixture::new(&tmp.0, "node-a");
+        fx.first();
+        assert_eq!(fx.view.service_ips(), ["10.96.0.10"]);
+
+        // The ignored copy changes: nothing in effect does.
+        std::fs::write(&b, svc("10.96.0.98")).expect("write");
+        assert!(fx.refresh(true).is_empty());
+
+        std::fs::remove_file(&a).expect("remove");
+        let changes = fx.refresh(true);
+        assert_eq!(keys(&changes.services), ["default/web"]);
+        assert_eq!(fx.view.service_ips(), ["10.96.0.98"]);
+
+        // a.yaml comes back and wins again.
+        std::fs::write(&a, svc("10.96.0.10")).expect("write");
+        assert_eq!(keys(&fx.refresh(true).services), ["default/web"]);
+        assert_eq!(fx.view.service_ips(), ["10.96.0.10"]);
+
+        // The object in effect moves to b.yaml unchanged: nothing to record.
+        std::fs::write(&b, svc("10.96.0.10")).expect("write");
+        std::fs::remove_file(&a).expect("remove");
+        assert!(fx.refresh(true).is_empty());
+        assert_eq!(fx.view.service_ips(), ["10.96.0.10"]);
     }
 
     const NODE_A: &str = "apiVersion: v1\nkind: Node\nmetadata:\n  name: node-a\n  labels: {topology.kubernetes.io/zone: zone-1}\nstatus:\n  addresses:\n  - {type: Hostname, address: node-a}\n  - {type: ExternalIP, address: 203.0.113.7}\n  - {type: InternalIP, address: 192.168.1.10}\n  - {type: InternalIP, address: 'fd00::10'}\n";
@@ -1285,12 +1797,11 @@ items:
         )
         .expect("write");
         std::fs::write(tmp.0.join("svc.yaml"), SERVICE).expect("write");
-        let mut state = DirState::new(tmp.0.clone(), "node-a".to_string());
-        assert!(state.scan(true));
-        let snap = state.snapshot();
-        assert_eq!(snap.services.len(), 1);
+        let mut fx = Fixture::new(&tmp.0, "node-a");
+        fx.first();
+        assert_eq!(fx.view.services.len(), 1);
         assert_eq!(
-            snap.node,
+            fx.view.node,
             Some(NodeInfo {
                 name: "node-a".to_string(),
                 // InternalIP first, then ExternalIP; IPv6 and Hostname left out.
@@ -1308,14 +1819,14 @@ items:
     fn another_nodes_node_is_not_used() {
         let tmp = TempDir::new("other-node");
         std::fs::write(tmp.0.join("node-b.yaml"), node_b()).expect("write");
-        let mut state = DirState::new(tmp.0.clone(), "node-a".to_string());
-        assert!(state.scan(true), "the Node is kept");
-        assert_eq!(state.snapshot().node, None);
+        let mut fx = Fixture::new(&tmp.0, "node-a");
+        assert_eq!(fx.first().node, Some(None), "the first view says: no Node");
+        assert_eq!(fx.view.node, None);
         // A directory shared by several nodes: each agent picks its own.
-        let mut b = DirState::new(tmp.0.clone(), "node-b".to_string());
-        assert!(b.scan(true));
+        let mut b = Fixture::new(&tmp.0, "node-b");
+        b.first();
         assert_eq!(
-            b.snapshot().node.map(|n| n.addresses),
+            b.view.node.map(|n| n.addresses),
             Some(vec![
                 std::net::Ipv4Addr::new(192, 168, 1, 11),
                 std::net::Ipv4Addr::new(203, 0, 113, 7)
@@ -1332,9 +1843,9 @@ items:
         )
         .expect("write");
         std::fs::write(tmp.0.join("a.yaml"), NODE_A).expect("write");
-        let mut state = DirState::new(tmp.0.clone(), "node-a".to_string());
-        assert!(state.scan(true));
-        let addresses = state.snapshot().node.map(|n| n.addresses);
+        let mut fx = Fixture::new(&tmp.0, "node-a");
+        fx.first();
+        let addresses = fx.view.node.map(|n| n.addresses);
         assert_eq!(
             addresses.as_ref().and_then(|a| a.first()),
             Some(&std::net::Ipv4Addr::new(192, 168, 1, 10))
@@ -1367,34 +1878,27 @@ items:
         );
     }
 
-    fn service_ips(snap: &Snapshot) -> Vec<String> {
-        let mut ips: Vec<String> = snap
-            .services
-            .iter()
-            .filter_map(|s| s.spec.as_ref()?.cluster_ip.clone())
-            .collect();
-        ips.sort();
-        ips
-    }
-
-    /// Waits (at most `limit`) until the snapshot satisfies `want`.
+    /// Waits (at most `limit`) until the view, with what `rx` publishes
+    /// applied, satisfies `want`.
     async fn observe(
-        rx: &mut watch::Receiver<Arc<Snapshot>>,
+        rx: &mut FeedRx,
+        view: &mut View,
         limit: Duration,
         what: &str,
-        want: impl Fn(&Snapshot) -> bool,
+        want: impl Fn(&View) -> bool,
     ) {
         let deadline = tokio::time::Instant::now() + limit;
         loop {
-            if want(&rx.borrow_and_update()) {
+            view.apply(&rx.take());
+            if want(view) {
                 return;
             }
             match tokio::time::timeout_at(deadline, rx.changed()).await {
                 Ok(Ok(())) => continue,
                 Ok(Err(_)) => panic!("{what}: the watcher stopped"),
                 Err(_) => panic!(
-                    "{what}: not observed within {limit:?}; snapshot has services {:?}",
-                    service_ips(&rx.borrow())
+                    "{what}: not observed within {limit:?}; the view has services {:?}",
+                    view.service_ips()
                 ),
             }
         }
@@ -1415,18 +1919,20 @@ items:
         .expect("write");
         std::fs::write(dir.join("notes.txt"), "not a manifest").expect("write");
 
-        let mut rx = watch_dir(dir.clone(), "node-a".to_string())
+        let (tx, mut rx) = feed();
+        watch_dir(dir.clone(), "node-a".to_string(), tx)
             .await
             .expect("watch_dir");
-        {
-            let snap = rx.borrow_and_update();
-            assert_eq!(
-                service_ips(&snap),
-                ["10.96.0.1"],
-                "the initial snapshot is there at once"
-            );
-            assert_eq!(snap.endpoint_slices.len(), 1);
-        }
+        let mut view = View::default();
+        let first = rx.take();
+        assert_eq!(first.seq, 1, "the first view is published once");
+        view.apply(&first);
+        assert_eq!(
+            view.service_ips(),
+            ["10.96.0.1"],
+            "the first view is there at once"
+        );
+        assert_eq!(view.slices.len(), 1);
         let second = Duration::from_secs(1);
 
         // Add a file (the Service name differs, so both stay).
@@ -1435,8 +1941,8 @@ items:
             svc("10.96.0.2").replace("name: web", "name: web2"),
         )
         .expect("write");
-        observe(&mut rx, second, "added file", |s| {
-            service_ips(s) == ["10.96.0.1", "10.96.0.2"]
+        observe(&mut rx, &mut view, second, "added file", |v| {
+            v.service_ips() == ["10.96.0.1", "10.96.0.2"]
         })
         .await;
 
@@ -1446,8 +1952,8 @@ items:
             svc("10.96.0.3").replace("name: web", "name: web2"),
         )
         .expect("write");
-        observe(&mut rx, second, "edited file", |s| {
-            service_ips(s) == ["10.96.0.1", "10.96.0.3"]
+        observe(&mut rx, &mut view, second, "edited file", |v| {
+            v.service_ips() == ["10.96.0.1", "10.96.0.3"]
         })
         .await;
 
@@ -1458,10 +1964,8 @@ items:
         )
         .expect("write");
         tokio::time::sleep(DEBOUNCE * 5).await;
-        assert_eq!(
-            service_ips(&rx.borrow_and_update()),
-            ["10.96.0.1", "10.96.0.3"]
-        );
+        view.apply(&rx.take());
+        assert_eq!(view.service_ips(), ["10.96.0.1", "10.96.0.3"]);
 
         // Fix it again, atomically (write a hidden temporary file, rename over).
         let tmp_file = dir.join(".b.yml.tmp");
@@ -1471,26 +1975,27 @@ items:
         )
         .expect("write");
         std::fs::rename(&tmp_file, dir.join("b.yml")).expect("rename");
-        observe(&mut rx, second, "fixed by rename", |s| {
-            service_ips(s) == ["10.96.0.1", "10.96.0.4"]
+        observe(&mut rx, &mut view, second, "fixed by rename", |v| {
+            v.service_ips() == ["10.96.0.1", "10.96.0.4"]
         })
         .await;
 
         // Delete a file: its objects go away (the broken-then-fixed one too).
         std::fs::remove_file(dir.join("a.yaml")).expect("remove");
-        observe(&mut rx, second, "deleted file", |s| {
-            service_ips(s) == ["10.96.0.4"] && s.endpoint_slices.is_empty()
+        observe(&mut rx, &mut view, second, "deleted file", |v| {
+            v.service_ips() == ["10.96.0.4"] && v.slices.is_empty()
         })
         .await;
 
         // A file that is broken from the start contributes nothing, the rest stays.
         std::fs::write(dir.join("c.yaml"), "kind: [\n").expect("write");
         tokio::time::sleep(DEBOUNCE * 5).await;
-        assert_eq!(service_ips(&rx.borrow_and_update()), ["10.96.0.4"]);
+        view.apply(&rx.take());
+        assert_eq!(view.service_ips(), ["10.96.0.4"]);
 
         std::fs::remove_file(dir.join("b.yml")).expect("remove");
-        observe(&mut rx, second, "last file deleted", |s| {
-            s.services.is_empty()
+        observe(&mut rx, &mut view, second, "last file deleted", |v| {
+            v.services.is_empty()
         })
         .await;
         drop(rx);
@@ -1501,25 +2006,34 @@ items:
         let tmp = TempDir::new("watch-node");
         let dir = tmp.0.clone();
         std::fs::write(dir.join("svc.yaml"), SERVICE).expect("write");
-        let mut rx = watch_dir(dir.clone(), "node-a".to_string())
+        let (tx, mut rx) = feed();
+        watch_dir(dir.clone(), "node-a".to_string(), tx)
             .await
             .expect("watch_dir");
-        assert_eq!(rx.borrow_and_update().node, None);
+        let mut view = View::default();
+        let first = rx.take();
+        assert_eq!(first.node, Some(None), "the first view says: no Node");
+        view.apply(&first);
         let second = Duration::from_secs(1);
         std::fs::write(dir.join("node.yaml"), NODE_A).expect("write");
-        observe(&mut rx, second, "Node added", |s| {
-            s.node.as_ref().is_some_and(|n| n.name == "node-a")
+        observe(&mut rx, &mut view, second, "Node added", |v| {
+            v.node.as_ref().is_some_and(|n| n.name == "node-a")
         })
         .await;
         std::fs::remove_file(dir.join("node.yaml")).expect("remove");
-        observe(&mut rx, second, "Node removed", |s| s.node.is_none()).await;
+        observe(&mut rx, &mut view, second, "Node removed", |v| {
+            v.node.is_none()
+        })
+        .await;
     }
 
     #[tokio::test]
     async fn watch_dir_rejects_a_missing_directory() {
+        let (tx, _rx) = feed();
         let err = watch_dir(
             PathBuf::from("/nonexistent/switchboard-manifests"),
             "node-a".to_string(),
+            tx,
         )
         .await
         .expect_err("missing dir");
@@ -1535,13 +2049,13 @@ items:
         let tmp = TempDir::new("rescan");
         let path = tmp.0.join("a.yaml");
         std::fs::write(&path, svc("10.96.0.1")).expect("write");
-        let mut state = DirState::new(tmp.0.clone(), "node-a".to_string());
-        assert!(state.scan(false));
+        let mut fx = Fixture::new(&tmp.0, "node-a");
+        fx.first();
         std::fs::write(&path, svc("10.96.0.2")).expect("write");
-        assert!(state.scan(false));
-        assert_eq!(service_ips(&state.snapshot()), ["10.96.0.2"]);
+        assert!(!fx.refresh(false).is_empty());
+        assert_eq!(fx.view.service_ips(), ["10.96.0.2"]);
         std::fs::remove_file(&path).expect("remove");
-        assert!(state.scan(false));
-        assert!(state.snapshot().services.is_empty());
+        assert!(!fx.refresh(false).is_empty());
+        assert!(fx.view.services.is_empty());
     }
 }

@@ -338,6 +338,27 @@ mod tests {
         assert!(LabelSelector::parse("=x").is_err());
     }
 
+    /// The selectors switchboard's cluster source sends (kube-proxy's, and
+    /// the looser one used with a proxy name of its own).
+    #[test]
+    fn kube_proxy_selectors() {
+        let both = LabelSelector::parse(
+            "!service.kubernetes.io/service-proxy-name,!service.kubernetes.io/headless",
+        )
+        .unwrap();
+        let headless_only = LabelSelector::parse("!service.kubernetes.io/headless").unwrap();
+        let plain = obj(json!({"app": "web"}));
+        let other_proxy = obj(json!({"service.kubernetes.io/service-proxy-name": "other"}));
+        let headless = obj(json!({"service.kubernetes.io/headless": ""}));
+        assert!(both.matches(&plain));
+        assert!(!both.matches(&other_proxy));
+        assert!(!both.matches(&headless));
+        assert!(headless_only.matches(&plain));
+        assert!(headless_only.matches(&other_proxy));
+        assert!(!headless_only.matches(&headless));
+        assert!(both.matches(&json!({"metadata": {"name": "unlabelled"}})));
+    }
+
     #[test]
     fn field_selector_ops() {
         let o = json!({"metadata": {"name": "a", "namespace": "ns"}, "spec": {"type": "NodePort"}});

@@ -1,0 +1,282 @@
+//! The agent's sync loop: changes from the source into the incremental
+//! model, the frontends the model says changed into the maps, and the
+//! status file, health and metrics kept up to date.
+//!
+//! One change costs what it touches: the model recomputes the Services the
+//! changed objects belong to, and the sync compares only the frontends whose
+//! desired state changed (plus any that failed before). The loop runs in the
+//! agent's main future, which the runtime drives on the thread that called
+//! `block_on` (see `main.rs`), not on a worker: the source watches, `/healthz`,
+//! `/metrics` and the healthCheckNodePort servers run on the workers and are
+//! never held up by a sync.
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::time::{Instant, SystemTime};
+
+use tracing::{error, info, warn};
+
+use crate::{
+    cidr::Ipv4Cidr,
+    health::ProxyHealth,
+    healthcheck::HealthServers,
+    maps::MapStore,
+    metrics::{SliceSynced, SyncObserver},
+    model::{self, FrontendAddr, Model, ModelDelta, NodeInfo},
+    sockdiag,
+    source::Changes,
+    status::{self, AgentStatus, UnprogrammedService},
+    sync::{SyncReport, Syncer, Unprogrammed},
+    uplink,
+};
+
+pub struct SyncLoop<'a, S: MapStore> {
+    pub syncer: Syncer<S>,
+    pub model: Model,
+    pub pin_root: &'a Path,
+    /// Logged once when they appear, not again on every sync.
+    pub last_failed: Vec<Unprogrammed>,
+    /// The socket layer is on: connected UDP sockets whose backend left are
+    /// closed.
+    pub close_sockets: bool,
+    /// The healthCheckNodePort servers (tasks on the agent's runtime).
+    pub health: HealthServers,
+    /// Frontends with a healthCheckNodePort: a change to one of them (or a
+    /// new one) updates the servers; other changes leave them alone.
+    pub health_frontends: BTreeSet<FrontendAddr>,
+    /// `--nodeport-addresses` and the addresses it selects from.
+    pub nodeports: NodePortAddresses,
+    /// This node as the source last said (before `--nodeport-addresses`).
+    pub source_node: Option<NodeInfo>,
+    /// The status file's fields that do not come from the sync.
+    pub status: AgentStatus,
+    /// `/healthz` and `/livez`: changes queued and synced, node eligibility.
+    pub proxy_health: ProxyHealth,
+    /// `/metrics`: sync duration, programming latency, last sync.
+    pub observer: SyncObserver,
+}
+
+/// Where NodePorts are served under `--nodeport-addresses`.
+pub struct NodePortAddresses {
+    pub node_name: String,
+    pub cidrs: Vec<Ipv4Cidr>,
+    /// This namespace's interface addresses, as last listed.
+    pub local: Vec<std::net::Ipv4Addr>,
+}
+
+impl NodePortAddresses {
+    /// Lists the interface addresses again; true if they changed.
+    pub async fn refresh(&mut self, handle: &rtnetlink::Handle) -> bool {
+        if self.cidrs.is_empty() {
+            return false;
+        }
+        match uplink::local_addresses(handle).await {
+            Ok(local) if local != self.local => {
+                self.local = local;
+                true
+            }
+            Ok(_) => false,
+            Err(error) => {
+                warn!(error = %anyhow::Error::from(error), "listing addresses for --nodeport-addresses failed");
+                false
+            }
+        }
+    }
+
+    /// The node the model sees: with `--nodeport-addresses`, its addresses
+    /// are the interface addresses within the blocks.
+    pub fn apply(&self, node: Option<&NodeInfo>) -> Option<NodeInfo> {
+        if self.cidrs.is_empty() {
+            return node.cloned();
+        }
+        let mut node = node.cloned().unwrap_or_else(|| NodeInfo {
+            name: self.node_name.clone(),
+            ..NodeInfo::default()
+        });
+        node.addresses = self
+            .local
+            .iter()
+            .copied()
+            .filter(|a| self.cidrs.iter().any(|c| c.contains(*a)))
+            .collect();
+        Some(node)
+    }
+}
+
+impl<S: MapStore> SyncLoop<'_, S> {
+    /// Records the attached interfaces; the status file is rewritten when
+    /// they changed (no sync: the maps do not depend on them).
+    pub fn set_interfaces(&mut self, pods: Vec<status::AttachedInterface>, uplinks: &[status::AttachedInterface]) {
+        let interfaces: Vec<_> = uplinks.iter().cloned().chain(pods).collect();
+        if interfaces != self.status.interfaces {
+            self.status.interfaces = interfaces;
+            self.write_status();
+        }
+    }
+
+    /// Writes the status file the CLI reads.
+    fn write_status(&mut self) {
+        self.status.updated_unix_s = unix_now();
+        if let Err(error) = status::write(self.pin_root, &self.status) {
+            warn!(%error, path = %status::status_path(self.pin_root).display(), "writing the status file failed");
+        }
+    }
+
+    /// Syncs again when `--nodeport-addresses` selects other addresses now.
+    pub async fn on_addresses(&mut self, handle: &rtnetlink::Handle) {
+        if self.nodeports.refresh(handle).await {
+            let node = self.nodeports.apply(self.source_node.as_ref());
+            info!(addresses = ?node.as_ref().map(|n| &n.addresses), "node addresses changed");
+            self.proxy_health.queued();
+            self.model.set_node(node);
+            self.sync(&[], None);
+        }
+    }
+
+    /// Applies what the source published and syncs what it changed.
+    pub fn on_changes(&mut self, changes: Changes) {
+        let mut slices = Vec::with_capacity(changes.slices.len());
+        if let Some(node) = changes.node {
+            self.proxy_health
+                .set_node_eligible(!node.as_ref().is_some_and(|n| n.deleting));
+            self.model.set_node(self.nodeports.apply(node.as_ref()));
+            self.source_node = node;
+        }
+        for (key, info) in changes.services {
+            self.model.set_service(key, info);
+        }
+        for (key, info) in changes.slices {
+            slices.push(SliceSynced {
+                key: key.clone(),
+                trigger: info.as_ref().map(|s| s.trigger_time),
+            });
+            self.model.set_slice(key, info);
+        }
+        self.sync(&slices, Some(changes.seq));
+    }
+
+    /// Recomputes the model and writes what changed; `seq`: the source's
+    /// publish this covers (for `/healthz`).
+    fn sync(&mut self, slices: &[SliceSynced], seq: Option<u64>) {
+        let started = Instant::now();
+        let delta = self.model.update();
+        let model_time = started.elapsed();
+        for warning in &delta.warnings_added {
+            warn!(object = %warning.object, problem = %warning.problem, "input problem");
+        }
+        self.update_health_servers(&delta);
+        let report = self.syncer.apply_changed(self.model.desired(), &delta.frontends);
+        self.log(&delta, &report, started, model_time);
+        if self.close_sockets && !report.udp_sockets_left.is_empty() {
+            close_departed_udp_sockets(&report.udp_sockets_left);
+        }
+        self.observer
+            .synced(started.elapsed(), slices, report.failed.len(), SystemTime::now());
+        match seq {
+            Some(seq) => self.proxy_health.updated_change(seq),
+            None => self.proxy_health.updated(),
+        }
+        self.record_status(&report, started);
+        self.last_failed = report.failed;
+    }
+
+    /// The healthCheckNodePort servers follow the frontends that have one.
+    fn update_health_servers(&mut self, delta: &ModelDelta) {
+        let desired = self.model.desired();
+        let mut touched = false;
+        for addr in &delta.frontends {
+            let has = desired
+                .frontends
+                .get(addr)
+                .is_some_and(|f| f.health_check_node_port.is_some());
+            if has {
+                self.health_frontends.insert(*addr);
+                touched = true;
+            } else if self.health_frontends.remove(addr) {
+                touched = true;
+            }
+        }
+        if touched {
+            self.health.update(desired);
+        }
+    }
+
+    fn log(&self, delta: &ModelDelta, report: &SyncReport, started: Instant, model_time: std::time::Duration) {
+        for failed in report
+            .failed
+            .iter()
+            .filter(|f| !self.last_failed.contains(f))
+        {
+            error!(
+                service = %failed.service,
+                frontend = %failed.frontend,
+                reason = %failed.reason,
+                "service not programmed; everything else is"
+            );
+        }
+        if report.added + report.updated + report.removed > 0 || !report.failed.is_empty() {
+            info!(
+                frontends = self.model.desired().frontends.len(),
+                services_recomputed = delta.services,
+                added = report.added,
+                updated = report.updated,
+                removed = report.removed,
+                failed = report.failed.len(),
+                writes = report.writes,
+                conntrack_purged = report.conntrack_purged,
+                model_ms = model_time.as_secs_f64() * 1e3,
+                elapsed_ms = started.elapsed().as_secs_f64() * 1e3,
+                "maps synced"
+            );
+        }
+    }
+
+    fn record_status(&mut self, report: &SyncReport, started: Instant) {
+        self.status.last_sync_unix_s = unix_now();
+        self.status.last_sync_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+        self.status.frontends_desired = self.model.desired().frontends.len();
+        self.status.unprogrammed = report
+            .failed
+            .iter()
+            .map(|f| UnprogrammedService {
+                service: f.service.clone(),
+                frontend: f.frontend.to_string(),
+                reason: f.reason.clone(),
+            })
+            .collect();
+        self.status.warnings = self.model.warnings().map(ToString::to_string).collect();
+        self.write_status();
+    }
+}
+
+pub fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// Closes the node's connected UDP sockets whose backend left (see
+/// [`sockdiag`]); a failure is logged, the sync itself stands.
+fn close_departed_udp_sockets(left: &[(u64, model::BackendAddr)]) {
+    let doomed = left.iter().copied().collect();
+    match sockdiag::close_udp_sockets(&doomed) {
+        Ok(closed) => {
+            if closed.closed > 0 {
+                info!(
+                    closed = closed.closed,
+                    "closed connected UDP sockets whose backend left"
+                );
+            }
+            for (cookie, error) in closed.refused {
+                warn!(
+                    cookie,
+                    ?error,
+                    "the kernel refused to close a UDP socket whose backend left"
+                );
+            }
+        }
+        Err(error) => warn!(
+            error = %anyhow::Error::from(error),
+            "could not close UDP sockets whose backend left; they stay pinned to it until they close"
+        ),
+    }
+}
