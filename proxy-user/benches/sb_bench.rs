@@ -5,6 +5,7 @@
 //! ```text
 //! sb_bench perpacket [--quick]                    per-packet cost, BPF_PROG_TEST_RUN
 //! sb_bench sync [--quick]                         control plane: model + map sync
+//! sb_bench change [--quick]                       one EndpointSlice change → maps (incremental model), 1k–100k Services
 //! sb_bench fwd --ingress IF --pod IF:NS:IP ...    forwarding pps with XDP live frames
 //! sb_bench uplink [--quick]                       per-packet cost of the uplink (north-south) programs
 //! sb_bench flood --dst IP:PORT ... [--secs S]     UDP flood from one CPU (north-south forwarding)
@@ -13,7 +14,8 @@
 //!
 //! Every figure printed is measured in this run; nothing is estimated.
 //!
-//! Modules: `perpacket` (tc per-packet cost), `sync` (control plane), `fwd`
+//! Modules: `perpacket` (tc per-packet cost), `sync` (control plane),
+//! `change` (one change through the incremental model), `fwd`
 //! (tc forwarding rate with XDP live frames), `uplink` (per-packet cost of
 //! the north-south XDP and tc programs), `flood` (the UDP sender of the
 //! north-south forwarding rate), `common` (helpers they share).
@@ -39,6 +41,8 @@
 //! them only with each other.
 // The crate root is this file (Cargo.toml names it), so the modules under
 // sb_bench/ are named by path.
+#[path = "sb_bench/change.rs"]
+mod change;
 #[path = "sb_bench/common.rs"]
 mod common;
 #[path = "sb_bench/flood.rs"]
@@ -84,7 +88,7 @@ fn parse_args() -> Result<Args> {
                     it.next().ok_or_else(|| anyhow!("--out needs a path"))?,
                 ))
             }
-            "perpacket" | "sync" | "fwd" | "uplink" | "flood" if mode.is_none() => mode = Some(arg),
+            "perpacket" | "sync" | "change" | "fwd" | "uplink" | "flood" if mode.is_none() => mode = Some(arg),
             _ => rest.push(arg),
         }
     }
@@ -102,7 +106,7 @@ fn main() -> Result<()> {
     let args = parse_args()?;
     if args.mode.is_empty() {
         eprintln!(
-            "sb_bench: nothing measured. Usage: sb_bench (perpacket | sync | fwd ... | uplink | flood ...) [--quick] [--out FILE], as root; `cargo xtask bench` runs all of them"
+            "sb_bench: nothing measured. Usage: sb_bench (perpacket | sync | change | fwd ... | uplink | flood ...) [--quick] [--out FILE], as root; `cargo xtask bench` runs all of them"
         );
         return Ok(());
     }
@@ -117,6 +121,7 @@ fn main() -> Result<()> {
     let result = match args.mode.as_str() {
         "perpacket" => perpacket::perpacket(args.quick)?,
         "sync" => sync::sync_bench(args.quick)?,
+        "change" => change::change_bench(args.quick)?,
         "fwd" => fwd::fwd(&args.rest)?,
         "uplink" => uplink::uplink(args.quick)?,
         "flood" => flood::flood(&args.rest)?,

@@ -291,6 +291,38 @@ async fn pagination_is_consistent() {
     }
 }
 
+#[tokio::test]
+async fn paged_lists_with_a_selector_page_through_the_matches_only() {
+    let server = start();
+    for i in 0..7 {
+        let labels = if i % 2 == 0 { json!({"keep": "yes"}) } else { json!({}) };
+        server
+            .apply(svc("default", &format!("s{i}"), labels, 80))
+            .unwrap();
+    }
+    let api = Api::<Service>::all(client(&server).await);
+    let mut names = Vec::new();
+    let mut token: Option<String> = None;
+    let mut pages = 0;
+    loop {
+        let mut lp = ListParams::default().labels("keep=yes").limit(2);
+        if let Some(t) = &token {
+            lp = lp.continue_token(t);
+        }
+        let page = api.list(&lp).await.unwrap();
+        pages += 1;
+        // No count with a selector, as on the real server.
+        assert_eq!(page.metadata.remaining_item_count, None);
+        names.extend(page.items.iter().map(|s| s.name_any()));
+        match page.metadata.continue_ {
+            Some(t) => token = Some(t),
+            None => break,
+        }
+    }
+    assert_eq!(names, vec!["s0", "s2", "s4", "s6"]);
+    assert_eq!(pages, 2, "a last full page with nothing after it has no continue token");
+}
+
 type Events<K> = tokio::sync::mpsc::UnboundedReceiver<Result<Event<K>, watcher::Error>>;
 
 /// Runs a kube-rs watcher in a task (polled continuously, as the agent's

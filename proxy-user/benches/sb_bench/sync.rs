@@ -1,8 +1,14 @@
 //! `sync`: the control plane at scale (model + map writes, one change).
-use std::{net::Ipv4Addr, time::Instant};
+use std::{collections::BTreeMap, net::Ipv4Addr, time::Instant};
 
 use anyhow::{ensure, Result};
-use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
+use k8s_openapi::{
+    api::{
+        core::v1::{Service, ServicePort, ServiceSpec},
+        discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice},
+    },
+    apimachinery::pkg::{apis::meta::v1::ObjectMeta, util::intstr::IntOrString},
+};
 use proxy_user::{
     ebpf::{self, Capacities},
     maps::PinnedMaps,
@@ -22,32 +28,80 @@ use crate::progress;
 /// EndpointSlice of `endpoints` ready endpoints, as k8s-openapi objects (what
 /// both sources hand to the model).
 pub fn k8s_objects(count: u32, endpoints: u32) -> Result<(Vec<Service>, Vec<EndpointSlice>)> {
-    let mut services = Vec::with_capacity(count as usize);
-    let mut slices = Vec::with_capacity(count as usize);
-    for i in 0..count {
-        let ip = nth_ip(Ipv4Addr::new(10, 100, 0, 0), i).to_string();
-        services.push(serde_json::from_value::<Service>(json!({
-            "apiVersion": "v1", "kind": "Service",
-            "metadata": {"name": format!("svc-{i}"), "namespace": "bench"},
-            "spec": {"type": "ClusterIP", "clusterIP": ip, "clusterIPs": [ip],
-                     "ports": [{"name": "http", "port": 80, "protocol": "TCP", "targetPort": 8080}],
-                     "selector": {"app": format!("svc-{i}")}}
-        }))?);
-        let eps: Vec<Value> = (0..endpoints)
-            .map(|j| {
-                json!({"addresses": [nth_ip(Ipv4Addr::new(10, 128, 0, 0), i * endpoints + j).to_string()],
-                       "conditions": {"ready": true, "serving": true, "terminating": false}})
-            })
-            .collect();
-        slices.push(serde_json::from_value::<EndpointSlice>(json!({
-            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "addressType": "IPv4",
-            "metadata": {"name": format!("svc-{i}-abcde"), "namespace": "bench",
-                         "labels": {"kubernetes.io/service-name": format!("svc-{i}")}},
-            "endpoints": eps,
-            "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}]
-        }))?);
+    Ok((0..count)
+        .map(|i| (k8s_service(i), k8s_slice(i, endpoints, None)))
+        .unzip())
+}
+
+/// Service `i` of [`k8s_objects`]: `bench/svc-i`, ClusterIP 10.100.0.0 + i,
+/// port 80 → 8080.
+pub fn k8s_service(i: u32) -> Service {
+    let ip = nth_ip(Ipv4Addr::new(10, 100, 0, 0), i).to_string();
+    let name = format!("svc-{i}");
+    Service {
+        metadata: ObjectMeta {
+            name: Some(name.clone()),
+            namespace: Some("bench".into()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(ServiceSpec {
+            type_: Some("ClusterIP".into()),
+            cluster_ip: Some(ip.clone()),
+            cluster_ips: Some(vec![ip]),
+            ports: Some(vec![ServicePort {
+                name: Some("http".into()),
+                port: 80,
+                protocol: Some("TCP".into()),
+                target_port: Some(IntOrString::Int(8080)),
+                ..ServicePort::default()
+            }]),
+            selector: Some(BTreeMap::from([("app".to_string(), name)])),
+            ..ServiceSpec::default()
+        }),
+        ..Service::default()
     }
-    Ok((services, slices))
+}
+
+/// The EndpointSlice of Service `i`: `endpoints` ready endpoints at
+/// 10.128.0.0 + i × endpoints + j, port 8080; `first` replaces the first
+/// endpoint's address (a change).
+pub fn k8s_slice(i: u32, endpoints: u32, first: Option<Ipv4Addr>) -> EndpointSlice {
+    let endpoints = (0..endpoints)
+        .map(|j| {
+            let ip = match first {
+                Some(ip) if j == 0 => ip,
+                _ => nth_ip(Ipv4Addr::new(10, 128, 0, 0), i * endpoints + j),
+            };
+            Endpoint {
+                addresses: vec![ip.to_string()],
+                conditions: Some(EndpointConditions {
+                    ready: Some(true),
+                    serving: Some(true),
+                    terminating: Some(false),
+                }),
+                ..Endpoint::default()
+            }
+        })
+        .collect();
+    EndpointSlice {
+        metadata: ObjectMeta {
+            name: Some(format!("svc-{i}-abcde")),
+            namespace: Some("bench".into()),
+            labels: Some(BTreeMap::from([(
+                "kubernetes.io/service-name".to_string(),
+                format!("svc-{i}"),
+            )])),
+            ..ObjectMeta::default()
+        },
+        address_type: "IPv4".into(),
+        endpoints,
+        ports: Some(vec![EndpointPort {
+            name: Some("http".into()),
+            port: Some(8080),
+            protocol: Some("TCP".into()),
+            ..EndpointPort::default()
+        }]),
+    }
 }
 
 pub(crate) fn stats_ms(mut v: Vec<f64>) -> Value {

@@ -19,8 +19,13 @@
 //!    wrk in parallel, `Connection: close`), UDP request/response rate (three
 //!    clients), one TCP stream's throughput; plus the time to program 10k
 //!    Services × 10 endpoints with each (iptables-restore, `nft -f`, agent);
-//! 5. agent resident memory at 1k, 10k, 100k Services (a real `switchboard
-//!    agent --source dir:` in a sandbox);
+//! 5. the control plane at scale (`scale/`): one EndpointSlice change →
+//!    maps through the incremental model at 1k, 10k, 100k Services
+//!    (`sb_bench change`); a real agent's start → synced and memory from
+//!    YAML and from the cluster source (the fake API server), at 1k and 10k
+//!    Services (and 100k in a full run); churn at 10k Services (the changes
+//!    per second it keeps up with, the maps at most 100 ms behind). Run
+//!    alone with `SB_BENCH_ONLY=scale`;
 //! 6. north-south (`northsouth.rs`): per-packet cost of the uplink programs
 //!    (`sb_bench uplink`), then an external client to a NodePort in the
 //!    two-node sandbox with local and remote backends through XDP, tc only,
@@ -36,6 +41,7 @@
 pub mod kubeproxy;
 pub mod northsouth;
 pub mod report;
+pub mod scale;
 pub mod workload;
 
 use std::fs;
@@ -60,13 +66,13 @@ fn all_tags() -> impl Iterator<Item = &'static str> {
     TAGS.iter().chain(northsouth::TAGS.iter()).copied()
 }
 
-/// `SB_BENCH_ONLY=north-south` runs only the north-south part (and the
+/// `SB_BENCH_ONLY=north-south` (or `scale`) runs only that part (and the
 /// report); unset, everything runs.
 fn only() -> Result<Option<String>> {
     match std::env::var("SB_BENCH_ONLY") {
         Ok(v) if v.is_empty() => Ok(None),
-        Ok(v) if v == "north-south" => Ok(Some(v)),
-        Ok(v) => bail!("SB_BENCH_ONLY={v}: the only part that runs alone is north-south"),
+        Ok(v) if v == "north-south" || v == "scale" => Ok(Some(v)),
+        Ok(v) => bail!("SB_BENCH_ONLY={v}: the parts that run alone are north-south and scale"),
         Err(_) => Ok(None),
     }
 }
@@ -76,11 +82,12 @@ pub struct Options {
     pub out: Option<PathBuf>,
 }
 
-/// What one run measures; `--quick` shrinks it to stay under two minutes.
+/// What one run measures; `--quick` shrinks it to stay short.
 struct Plan {
     quick: bool,
     e2e_sizes: Vec<u32>,
-    rss_sizes: Vec<u32>,
+    /// Services counts of the agent start and memory rows (`scale`).
+    scale_sizes: Vec<u32>,
     wrk_secs: u32,
     udp_ms: u32,
     bulk_ms: u32,
@@ -95,7 +102,7 @@ impl Plan {
             Plan {
                 quick,
                 e2e_sizes: vec![1, 1000],
-                rss_sizes: vec![1000],
+                scale_sizes: vec![1000, 10_000],
                 wrk_secs: 2,
                 udp_ms: 1000,
                 bulk_ms: 1000,
@@ -106,7 +113,7 @@ impl Plan {
             Plan {
                 quick,
                 e2e_sizes: vec![1, 1000, 10_000],
-                rss_sizes: vec![1000, 10_000, 100_000],
+                scale_sizes: vec![1000, 10_000, 100_000],
                 wrk_secs: 5,
                 udp_ms: 2000,
                 bulk_ms: 2000,
@@ -147,13 +154,15 @@ pub fn run(opts: Options) -> Result<()> {
     let only = only()?;
     STARTED.get_or_init(Instant::now);
     TOTAL.store(
-        if only.is_some() {
+        if only.as_deref() == Some("north-south") {
             northsouth::steps(&plan) + 1
+        } else if only.is_some() {
+            scale::steps(&plan) + 1
         } else {
             3 + 1
                 + plan.e2e_sizes.len() * (1 + PATHS.len() * plan.rounds)
                 + northsouth::steps(&plan)
-                + plan.rss_sizes.len()
+                + scale::steps(&plan)
                 + 1
         },
         Ordering::SeqCst,
@@ -228,8 +237,9 @@ pub fn run(opts: Options) -> Result<()> {
         results["e2e_paths"] = Value::Array(paths);
         results["e2e"] = Value::Array(e2e);
         results["programming"] = Value::Array(programming);
-
-        results["rss"] = Value::Array(agent_rss(&plan, &sb_http, &bins.switchboard)?);
+    }
+    if only.is_none() || only.as_deref() == Some("scale") {
+        results["scale"] = scale::run(&plan, &sb_bench, &bins.switchboard, &dir)?;
     }
     if only.is_none() || only.as_deref() == Some("north-south") {
         results["northsouth"] =
@@ -1359,10 +1369,7 @@ fn e2e_all(
     Ok((paths, rows, programming))
 }
 
-// ---------------------------------------------------------------------------
-// Agent memory
-// ---------------------------------------------------------------------------
-
+/// A process's `/proc/PID/status` field, in kB.
 fn status_kb(pid: u32, key: &str) -> Result<u64> {
     let text = fs::read_to_string(format!("/proc/{pid}/status"))?;
     text.lines()
@@ -1370,45 +1377,4 @@ fn status_kb(pid: u32, key: &str) -> Result<u64> {
         .and_then(|l| l.split_whitespace().nth(1))
         .and_then(|v| v.parse().ok())
         .ok_or_else(|| anyhow!("{key} missing from /proc/{pid}/status"))
-}
-
-fn agent_rss(plan: &Plan, sb_http: &Path, switchboard: &Path) -> Result<Vec<Value>> {
-    let _ = sb_http;
-    let mut rows = Vec::new();
-    for &n in &plan.rss_sizes {
-        progress(&format!("agent memory: a fresh `switchboard agent --source dir:` with {n} Services x 10 endpoints"));
-        // A fresh sandbox each time: fresh pins, so the agent programs
-        // everything instead of adopting.
-        let mut sb = Sandbox::new("sbbrss")?;
-        let frontends = write_manifests(&sb, n)?;
-        let t0 = Instant::now();
-        let pid = start_agent(&mut sb, switchboard, n)?;
-        let synced = wait_synced(&mut sb, frontends, 0, Duration::from_secs(600))?;
-        let startup = (synced - t0).as_secs_f64();
-        // Let the allocator settle after the initial sync.
-        std::thread::sleep(Duration::from_millis(500));
-        let rss = status_kb(pid, "VmRSS:")?;
-        let hwm = status_kb(pid, "VmHWM:")?;
-        let yaml_bytes: u64 = fs::read_dir(sb.manifest_dir())?
-            .filter_map(|e| e.ok()?.metadata().ok())
-            .map(|m| m.len())
-            .sum();
-        note(&format!(
-            "{n} Services: RSS {:.1} MiB (peak {:.1} MiB), start → maps synced {startup:.2} s, manifests {:.1} MiB",
-            rss as f64 / 1024.0,
-            hwm as f64 / 1024.0,
-            yaml_bytes as f64 / 1048576.0
-        ));
-        rows.push(json!({
-            "services": n,
-            "endpoints_per_service": workload::FILLER_ENDPOINTS,
-            "rss_mib": rss as f64 / 1024.0,
-            "peak_rss_mib": hwm as f64 / 1024.0,
-            "startup_to_synced_s": startup,
-            "manifest_mib": yaml_bytes as f64 / 1048576.0,
-        }));
-        sb.stop_agent()?;
-        sb.cleanup()?;
-    }
-    Ok(rows)
 }

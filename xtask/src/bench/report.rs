@@ -12,32 +12,32 @@ use serde_json::Value;
 
 use super::{DIRECT, DIRECT_HOST, IPTABLES, NFTABLES, SW_SOCK_HOST, SW_SOCK_POD, SW_TC};
 
-fn f(v: &Value) -> Option<f64> {
+pub(super) fn f(v: &Value) -> Option<f64> {
     v.as_f64()
 }
 
-fn fmt_opt(v: Option<f64>, digits: usize) -> String {
+pub(super) fn fmt_opt(v: Option<f64>, digits: usize) -> String {
     match v {
         Some(x) if x.is_finite() => format!("{x:.digits$}"),
         _ => "–".into(),
     }
 }
 
-fn size_label(n: u64) -> String {
+pub(super) fn size_label(n: u64) -> String {
     match n {
         n if n >= 1000 && n % 1000 == 0 => format!("{}k", n / 1000),
         n => n.to_string(),
     }
 }
 
-struct Goal {
-    what: String,
-    goal: String,
-    measured: String,
-    met: Option<bool>,
+pub(super) struct Goal {
+    pub(super) what: String,
+    pub(super) goal: String,
+    pub(super) measured: String,
+    pub(super) met: Option<bool>,
 }
 
-fn verdict(met: Option<bool>) -> &'static str {
+pub(super) fn verdict(met: Option<bool>) -> &'static str {
     match met {
         Some(true) => "**met**",
         Some(false) => "**not met**",
@@ -243,6 +243,9 @@ pub fn write(results: &Value, dir: &Path) -> Result<String> {
             met: apply.map(|s| s < 0.5),
         });
     }
+
+    let scale = &results["scale"];
+    goals.extend(super::scale::report::goals(scale));
 
     let mut md = String::new();
     let _ = writeln!(
@@ -456,32 +459,11 @@ pub fn write(results: &Value, dir: &Path) -> Result<String> {
             fmt_opt(f(&p["seconds"]).map(|s| s * 1000.0), 0)
         );
     }
-    md.push_str("\nOne EndpointSlice change (one endpoint replaced) → maps written, as the agent does it today (rebuild the model from every object, then apply):\n\n| Services | total p50 | total p99 | model p50 | apply p50 | apply p99 | map writes |\n|---|---|---|---|---|---|---|\n");
-    for run in &sync_runs {
-        let c = &run["one_slice_change"];
-        let _ = writeln!(
-            md,
-            "| {} | {} ms | {} ms | {} ms | {} ms | {} ms | {} |",
-            size_label(run["services"].as_u64().unwrap_or(0)),
-            fmt_opt(f(&c["total"]["p50_ms"]), 2),
-            fmt_opt(f(&c["total"]["p99_ms"]), 2),
-            fmt_opt(f(&c["model"]["p50_ms"]), 2),
-            fmt_opt(f(&c["apply"]["p50_ms"]), 2),
-            fmt_opt(f(&c["apply"]["p99_ms"]), 2),
-            c["writes_per_change_median"],
-        );
-    }
-    md.push_str("\nAgent resident memory (a real `switchboard agent --source dir:` in a sandbox, fresh pins, Services × 10 endpoints as YAML):\n\n| Services | RSS | peak RSS | start → maps synced | manifests |\n|---|---|---|---|---|\n");
-    for r in &rss {
-        let _ = writeln!(
-            md,
-            "| {} | {} MiB | {} MiB | {} s | {} MiB |",
-            size_label(r["services"].as_u64().unwrap_or(0)),
-            fmt_opt(f(&r["rss_mib"]), 1),
-            fmt_opt(f(&r["peak_rss_mib"]), 1),
-            fmt_opt(f(&r["startup_to_synced_s"]), 2),
-            fmt_opt(f(&r["manifest_mib"]), 1),
-        );
+    if scale.is_null() {
+        // A run from before the scale section (`--report-only`).
+        legacy_change_and_rss(&mut md, &sync_runs, &rss);
+    } else {
+        md.push_str(&super::scale::report::section(scale, &sync_runs));
     }
 
     // ---- forwarding ----
@@ -520,6 +502,38 @@ pub fn write(results: &Value, dir: &Path) -> Result<String> {
         eprintln!("bench: plot perpacket.svg: {e}");
     }
     Ok(headline + "\n" + &table)
+}
+
+/// The one-change and memory tables of runs from before the "Control plane
+/// at scale" section.
+fn legacy_change_and_rss(md: &mut String, sync_runs: &[Value], rss: &[Value]) {
+    md.push_str("\nOne EndpointSlice change (one endpoint replaced) → maps written, the old way (rebuild the model from every object, then apply):\n\n| Services | total p50 | total p99 | model p50 | apply p50 | apply p99 | map writes |\n|---|---|---|---|---|---|---|\n");
+    for run in sync_runs {
+        let c = &run["one_slice_change"];
+        let _ = writeln!(
+            md,
+            "| {} | {} ms | {} ms | {} ms | {} ms | {} ms | {} |",
+            size_label(run["services"].as_u64().unwrap_or(0)),
+            fmt_opt(f(&c["total"]["p50_ms"]), 2),
+            fmt_opt(f(&c["total"]["p99_ms"]), 2),
+            fmt_opt(f(&c["model"]["p50_ms"]), 2),
+            fmt_opt(f(&c["apply"]["p50_ms"]), 2),
+            fmt_opt(f(&c["apply"]["p99_ms"]), 2),
+            c["writes_per_change_median"],
+        );
+    }
+    md.push_str("\nAgent resident memory (a real `switchboard agent --source dir:` in a sandbox, fresh pins, Services × 10 endpoints as YAML):\n\n| Services | RSS | peak RSS | start → maps synced | manifests |\n|---|---|---|---|---|\n");
+    for r in rss {
+        let _ = writeln!(
+            md,
+            "| {} | {} MiB | {} MiB | {} s | {} MiB |",
+            size_label(r["services"].as_u64().unwrap_or(0)),
+            fmt_opt(f(&r["rss_mib"]), 1),
+            fmt_opt(f(&r["peak_rss_mib"]), 1),
+            fmt_opt(f(&r["startup_to_synced_s"]), 2),
+            fmt_opt(f(&r["manifest_mib"]), 1),
+        );
+    }
 }
 
 const COLORS: [RGBColor; 8] = [

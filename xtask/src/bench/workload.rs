@@ -8,6 +8,8 @@
 use std::fmt::Write as _;
 use std::net::Ipv4Addr;
 
+use serde_json::json;
+
 /// The target Service's ClusterIP (the demo's address).
 pub const TARGET_IP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
 pub const HTTP_PORT: u16 = 80;
@@ -165,6 +167,47 @@ pub fn yaml(svc: &Svc, out: &mut String) {
     }
 }
 
+/// One Service as the API server holds it (the same object [`yaml`] writes),
+/// for the fake API server.
+pub fn service_json(svc: &Svc) -> serde_json::Value {
+    let ports: Vec<serde_json::Value> = svc
+        .ports
+        .iter()
+        .map(|p| json!({"name": p.name, "port": p.port, "protocol": p.proto.upper(), "targetPort": p.target}))
+        .collect();
+    let ip = svc.cluster_ip.to_string();
+    json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": svc.name, "namespace": svc.namespace},
+        "spec": {"type": "ClusterIP", "clusterIP": ip, "clusterIPs": [ip],
+                 "selector": {"app": svc.name}, "ports": ports}
+    })
+}
+
+/// The Service's EndpointSlice (the same object [`yaml`] writes).
+pub fn slice_json(svc: &Svc) -> serde_json::Value {
+    let endpoints: Vec<serde_json::Value> = svc
+        .endpoints
+        .iter()
+        .map(|ep| {
+            json!({"addresses": [ep.to_string()],
+                   "conditions": {"ready": true, "serving": true, "terminating": false}})
+        })
+        .collect();
+    let ports: Vec<serde_json::Value> = svc
+        .ports
+        .iter()
+        .map(|p| json!({"name": p.name, "port": p.target, "protocol": p.proto.upper()}))
+        .collect();
+    json!({
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "addressType": "IPv4",
+        "metadata": {"name": format!("{}-abcde", svc.name), "namespace": svc.namespace,
+                     "labels": {"kubernetes.io/service-name": svc.name}},
+        "endpoints": endpoints,
+        "ports": ports
+    })
+}
+
 /// The Services as manifest files of at most `per_file` Services each:
 /// `(file name, contents)`.
 pub fn manifest_files(services: &[Svc], per_file: usize) -> Vec<(String, String)> {
@@ -193,6 +236,20 @@ mod tests {
         assert_eq!(s[500].name, "target");
         assert_eq!(frontends(&s), 1000 + 3);
         assert_eq!(services(1, &pods).len(), 1);
+    }
+
+    #[test]
+    fn json_objects_match_the_yaml() {
+        let pods = [Ipv4Addr::new(10, 244, 1, 2)];
+        let all = services(3, &pods);
+        let mut text = String::new();
+        yaml(&all[0], &mut text);
+        let docs: Vec<serde_json::Value> = text
+            .split("---\n")
+            .filter(|d| !d.trim().is_empty())
+            .map(|d| serde_yaml::from_str(d).unwrap())
+            .collect();
+        assert_eq!(docs, vec![service_json(&all[0]), slice_json(&all[0])]);
     }
 
     #[test]

@@ -3,6 +3,7 @@
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::io;
+use std::ops::Bound;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -17,7 +18,7 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
 use super::selector::{FieldSelector, LabelSelector};
-use super::store::{merge_patch, set_rv, ApiError, EventType, HistEvent, PutMode};
+use super::store::{merge_patch, set_rv, ApiError, EventType, HistEvent, Key, PutMode};
 use super::{Kind, RequestRecord, Shared, Verb};
 
 type Body = BoxBody<Bytes, io::Error>;
@@ -459,11 +460,16 @@ async fn list(
             (None, _) => (None, None),
         }
     };
-    let (rv, objs) = {
+    let filtered = !(labels.is_empty() && fields.is_empty());
+    let mut items = Vec::new();
+    let mut last_key = None;
+    let mut remaining = 0usize;
+    let rv = {
         let store = shared.store();
-        match snap_rv {
+        let past;
+        let (rv, objs) = match snap_rv {
             Some(rv) if rv != store.rv => {
-                let objs = store.state_at(kind, rv).map_err(|e| {
+                past = store.state_at(kind, rv).map_err(|e| {
                     if e.code == 410 && continue_tok.is_some() {
                         ApiError::expired(
                             "The provided continue parameter is too old to display a consistent list result. \
@@ -476,35 +482,42 @@ async fn list(
                         e
                     }
                 })?;
-                (rv, objs)
+                (rv, &past)
             }
-            _ => (store.rv, store.current(kind)),
+            _ => (store.rv, store.current_ref(kind)),
+        };
+        let after = match &start {
+            Some(s) => objs.range::<Key, _>((Bound::Excluded(s), Bound::Unbounded)),
+            None => objs.range::<Key, _>(..),
+        };
+        for (key, obj) in after {
+            if ns.is_some_and(|n| n != key.0) {
+                continue;
+            }
+            if !(labels.matches(obj) && fields.matches(kind, obj)) {
+                continue;
+            }
+            if limit > 0 && items.len() == limit {
+                remaining += 1;
+                if filtered {
+                    // Only whether more follow matters (no count is given
+                    // with selectors).
+                    break;
+                }
+                continue;
+            }
+            items.push(strip_type(obj.clone()));
+            last_key = Some(key.clone());
         }
+        rv
     };
-    let mut items = Vec::new();
-    let mut last_key = None;
-    let mut remaining = 0usize;
-    for (key, obj) in objs {
-        if ns.is_some_and(|n| n != key.0) || start.as_ref().is_some_and(|s| &key <= s) {
-            continue;
-        }
-        if !(labels.matches(&obj) && fields.matches(kind, &obj)) {
-            continue;
-        }
-        if limit > 0 && items.len() == limit {
-            remaining += 1;
-            continue;
-        }
-        items.push(strip_type(obj));
-        last_key = Some(key);
-    }
     let mut meta = json!({"resourceVersion": rv.to_string()});
     if remaining > 0 {
         meta["continue"] = json!(encode_continue(
             rv,
             last_key.as_ref().expect("a page before the rest")
         ));
-        if labels.is_empty() && fields.is_empty() {
+        if !filtered {
             meta["remainingItemCount"] = json!(remaining);
         }
     }

@@ -333,8 +333,19 @@ impl Sandbox {
 
     /// `start_agent` with extra agent arguments (e.g. `--socket-lb=false`).
     pub fn start_agent_with(&mut self, switchboard: &Path, extra: &[&str]) -> Result<u32> {
-        let bin = switchboard.to_string_lossy().into_owned();
         let source = format!("dir:{}", self.manifest_dir().display());
+        self.start_agent_from(switchboard, &source, extra)
+    }
+
+    /// `start_agent_with` from another `--source` (e.g. `cluster`, with
+    /// `--kubeconfig` among `extra`).
+    pub fn start_agent_from(
+        &mut self,
+        switchboard: &Path,
+        source: &str,
+        extra: &[&str],
+    ) -> Result<u32> {
+        let bin = switchboard.to_string_lossy().into_owned();
         let pin = self.pin_dir.to_string_lossy().into_owned();
         // Never the host's cgroup root: always the sandbox's own cgroup.
         let cgroup = self
@@ -350,7 +361,7 @@ impl Sandbox {
             bin.as_str(),
             "agent",
             "--source",
-            &source,
+            source,
             "--pin-root",
             &pin,
             "--cgroup-root",
@@ -379,7 +390,12 @@ impl Sandbox {
 
     /// Whether the agent process is still running.
     pub fn agent_running(&mut self) -> bool {
-        procs::is_running(&mut self.children, "agent")
+        self.running("agent")
+    }
+
+    /// Whether the process started with `label` is still running.
+    pub fn running(&mut self, label: &str) -> bool {
+        procs::is_running(&mut self.children, label)
     }
 
     /// Whether the agent (any process started with the label `agent`) has

@@ -1,0 +1,268 @@
+//! The control plane at scale (issue 10), each figure next to its target
+//! ([`targets`]):
+//! - one EndpointSlice change → maps at 1k, 10k, 100k Services × 10
+//!   endpoints, in process (`sb_bench change`: the incremental model and
+//!   `Syncer::apply_changed` into real kernel maps);
+//! - start → maps synced, and the agent's memory, for a real `switchboard
+//!   agent` in a sandbox, from YAML (`--source dir:`) and from the cluster
+//!   source (the fake API server, the release `sb-apiserver` in the
+//!   sandbox's node namespace, loaded from the same YAML);
+//! - churn ([`churn`]): the EndpointSlice changes per second the agent keeps
+//!   up with at 10k Services, the maps never more than 100 ms behind.
+//!
+//! Results go to `results["scale"]`; [`report`] renders them.
+
+pub mod churn;
+pub mod report;
+
+use std::fs;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Result};
+use serde_json::{json, Value};
+
+use super::{
+    agent_caps, note, pod_ips, progress, run_json, status_kb, wait_synced, workload,
+    write_manifests, Plan,
+};
+use crate::sandbox::Sandbox;
+use crate::util::release_bin;
+
+/// Issue 10's targets, in one place: `(Services, bound)`.
+pub mod targets {
+    /// One EndpointSlice change → maps, p99 (ms).
+    pub const CHANGE_P99_MS: [(u32, f64); 2] = [(10_000, 5.0), (100_000, 20.0)];
+    /// Agent start → maps synced (s), from either source.
+    pub const SYNCED_S: [(u32, f64); 1] = [(100_000, 5.0)];
+    /// Agent RSS after the initial sync (MiB), from either source.
+    pub const RSS_MIB: [(u32, f64); 2] = [(10_000, 64.0), (100_000, 400.0)];
+    /// Services the churn runs at.
+    pub const CHURN_SERVICES: u32 = 10_000;
+    /// How far behind the maps may be during churn (s): a bucket bound of
+    /// `switchboard_network_programming_duration_seconds`.
+    pub const CHURN_BEHIND_S: f64 = 0.1;
+
+    /// The bound for `services` in `table`, if it has one.
+    pub fn at(table: &[(u32, f64)], services: u64) -> Option<f64> {
+        table
+            .iter()
+            .find(|(n, _)| u64::from(*n) == services)
+            .map(|(_, bound)| *bound)
+    }
+}
+
+/// The sandbox the start and churn measurements use (one at a time, fresh
+/// each time).
+pub const TAG: &str = "sbbrss";
+
+/// The node name the agents are given (no Node object exists for it, in
+/// either source: the same for both).
+const NODE_NAME: &str = "sbb-node";
+
+/// Where the agent serves /metrics, in the sandbox's node namespace.
+const METRICS: &str = "127.0.0.1:10249";
+
+/// Where the fake API server listens, in the sandbox's node namespace.
+const API_ADDR: &str = "127.0.0.1:6443";
+
+/// Progress lines this part prints.
+pub(super) fn steps(plan: &Plan) -> usize {
+    1 + 2 * plan.scale_sizes.len()
+        + usize::from(!plan.scale_sizes.contains(&targets::CHURN_SERVICES))
+}
+
+/// The whole part: `{"change": …, "start": […], "churn": …}`.
+pub(super) fn run(plan: &Plan, sb_bench: &Path, switchboard: &Path, dir: &Path) -> Result<Value> {
+    progress("control plane at scale: one EndpointSlice change through the incremental model into kernel maps, 1k/10k/100k Services x 10 endpoints");
+    let quick: &[&str] = if plan.quick { &["--quick"] } else { &[] };
+    let change = run_json(
+        sb_bench,
+        &[&["change"], quick].concat(),
+        &dir.join("change.json"),
+    )?;
+
+    let sb_apiserver = release_bin("sb-apiserver");
+    ensure!(
+        sb_apiserver.exists(),
+        "{} missing after the build",
+        sb_apiserver.display()
+    );
+    let churn_plan = churn::ChurnPlan::new(plan.quick);
+    let mut start = Vec::new();
+    let mut churned = None;
+    for &n in &plan.scale_sizes {
+        progress(&format!(
+            "agent start and memory: a fresh `switchboard agent --source dir:` with {n} Services x 10 endpoints"
+        ));
+        start.push(start_yaml(switchboard, n)?);
+        progress(&format!(
+            "agent start and memory: a fresh `switchboard agent --source cluster` (fake API server) with {n} Services x 10 endpoints{}",
+            if n == targets::CHURN_SERVICES { ", then churn" } else { "" }
+        ));
+        let with_churn = (n == targets::CHURN_SERVICES).then_some(&churn_plan);
+        let (row, churn) = start_cluster(switchboard, &sb_apiserver, n, with_churn)?;
+        start.push(row);
+        churned = churned.or(churn);
+    }
+    if churned.is_none() {
+        progress(&format!(
+            "churn: a `switchboard agent --source cluster` with {} Services",
+            targets::CHURN_SERVICES
+        ));
+        churned = start_cluster(
+            switchboard,
+            &sb_apiserver,
+            targets::CHURN_SERVICES,
+            Some(&churn_plan),
+        )?
+        .1;
+    }
+    Ok(json!({"change": change, "start": start, "churn": churned}))
+}
+
+/// Memory and start time of an agent started at `t0` that programs
+/// `frontends`.
+fn measure_start(sb: &mut Sandbox, pid: u32, frontends: usize, t0: Instant) -> Result<Value> {
+    let synced = wait_synced(sb, frontends, 0, Duration::from_secs(600))?;
+    let startup = (synced - t0).as_secs_f64();
+    // Let the allocator settle after the initial sync.
+    std::thread::sleep(Duration::from_millis(500));
+    let rss = status_kb(pid, "VmRSS:")? as f64 / 1024.0;
+    let hwm = status_kb(pid, "VmHWM:")? as f64 / 1024.0;
+    Ok(json!({
+        "endpoints_per_service": workload::FILLER_ENDPOINTS,
+        "frontends": frontends,
+        "rss_mib": rss,
+        "peak_rss_mib": hwm,
+        "startup_to_synced_s": startup,
+    }))
+}
+
+/// The YAML source: the manifests are written, then the agent starts.
+fn start_yaml(switchboard: &Path, n: u32) -> Result<Value> {
+    // A fresh sandbox each time: fresh pins, so the agent programs
+    // everything instead of adopting.
+    let mut sb = Sandbox::new(TAG)?;
+    let frontends = write_manifests(&sb, n)?;
+    let yaml_bytes: u64 = fs::read_dir(sb.manifest_dir())?
+        .filter_map(|e| e.ok()?.metadata().ok())
+        .map(|m| m.len())
+        .sum();
+    let caps = agent_caps(n);
+    let mut args: Vec<&str> = vec!["--node-name", NODE_NAME];
+    args.extend(caps.iter().map(String::as_str));
+    let t0 = Instant::now();
+    let pid = sb.start_agent_with(switchboard, &args)?;
+    let mut row = measure_start(&mut sb, pid, frontends, t0)?;
+    row["source"] = json!("yaml");
+    row["services"] = json!(n);
+    row["manifest_mib"] = json!(yaml_bytes as f64 / 1048576.0);
+    note_row(&row);
+    sb.stop_agent()?;
+    sb.cleanup()?;
+    Ok(row)
+}
+
+/// The cluster source: the fake API server (the release `sb-apiserver`, a
+/// process of its own in the sandbox's node namespace: `cargo xtask` runs
+/// unoptimised, and an unoptimised server would take most of the start
+/// time serving the lists) loads the same YAML the YAML source reads, then
+/// the agent starts and lists and watches it over HTTP. With `churn`, the
+/// churn runs on this agent once its start is measured.
+fn start_cluster(
+    switchboard: &Path,
+    sb_apiserver: &Path,
+    n: u32,
+    churn: Option<&churn::ChurnPlan>,
+) -> Result<(Value, Option<Value>)> {
+    let mut sb = Sandbox::new(TAG)?;
+    let services = workload::services(n, &pod_ips());
+    let frontends = write_manifests(&sb, n)?;
+    let kubeconfig = sb.dir.join("kubeconfig");
+    let _ = fs::remove_file(&kubeconfig);
+    let kc = kubeconfig.to_string_lossy().into_owned();
+    let bin = sb_apiserver.to_string_lossy().into_owned();
+    let manifests = sb.manifest_dir().to_string_lossy().into_owned();
+    let node = sb.node_ns();
+    let loading = Instant::now();
+    // History enough for the churn's changes (a watch further behind
+    // relists), without keeping every loaded object twice.
+    sb.spawn(
+        "apiserver",
+        &node,
+        &[
+            &bin,
+            "--listen",
+            API_ADDR,
+            "--kubeconfig",
+            &kc,
+            "--history",
+            "50000",
+            "-f",
+            &manifests,
+        ],
+    )?;
+    // The kubeconfig is written once everything is loaded.
+    let deadline = Instant::now() + Duration::from_secs(600);
+    while !kubeconfig.exists() {
+        if !sb.running("apiserver") || Instant::now() > deadline {
+            bail!(
+                "sb-apiserver did not come up with {n} Services:\n{}",
+                sb.read_log("apiserver")
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let load_s = loading.elapsed().as_secs_f64();
+    let caps = agent_caps(n);
+    let mut args: Vec<&str> = vec![
+        "--kubeconfig",
+        &kc,
+        "--node-name",
+        NODE_NAME,
+        "--metrics-bind-address",
+        METRICS,
+    ];
+    args.extend(caps.iter().map(String::as_str));
+    let t0 = Instant::now();
+    let pid = sb.start_agent_from(switchboard, "cluster", &args)?;
+    let mut row = measure_start(&mut sb, pid, frontends, t0)?;
+    row["source"] = json!("cluster");
+    row["services"] = json!(n);
+    row["api_objects"] = json!(2 * services.len());
+    row["api_load_s"] = json!(load_s);
+    note_row(&row);
+    let churned = match churn {
+        Some(plan) => {
+            let result = churn::run(&mut sb, API_ADDR, switchboard, &services, METRICS, plan)?;
+            let rss = status_kb(pid, "VmRSS:")? as f64 / 1024.0;
+            let hwm = status_kb(pid, "VmHWM:")? as f64 / 1024.0;
+            row["rss_after_churn_mib"] = json!(rss);
+            row["peak_rss_after_churn_mib"] = json!(hwm);
+            Some(result)
+        }
+        None => None,
+    };
+    sb.stop_agent()?;
+    sb.cleanup()?;
+    Ok((row, churned))
+}
+
+fn note_row(row: &Value) {
+    note(&format!(
+        "{} Services from {}: start → maps synced {:.2} s, RSS {:.1} MiB (peak {:.1} MiB){}",
+        row["services"],
+        row["source"].as_str().unwrap_or("?"),
+        row["startup_to_synced_s"].as_f64().unwrap_or(f64::NAN),
+        row["rss_mib"].as_f64().unwrap_or(f64::NAN),
+        row["peak_rss_mib"].as_f64().unwrap_or(f64::NAN),
+        match row["api_load_s"].as_f64() {
+            Some(s) => format!(
+                ", the fake API server up with {} objects {s:.1} s after its start",
+                row["api_objects"]
+            ),
+            None => String::new(),
+        }
+    ));
+}

@@ -1,0 +1,269 @@
+//! The report's "Control plane at scale" section and its goals, from
+//! `results["scale"]` (and the old whole-model rebuild of `results["sync"]`,
+//! for comparison).
+
+use std::fmt::Write as _;
+
+use serde_json::Value;
+
+use super::super::report::{f, fmt_opt, size_label, verdict, Goal};
+use super::targets;
+
+fn services(row: &Value) -> u64 {
+    row["services"].as_u64().unwrap_or(0)
+}
+
+fn change_runs(scale: &Value) -> Vec<Value> {
+    scale["change"]["runs"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+}
+
+fn start_rows(scale: &Value) -> Vec<Value> {
+    scale["start"].as_array().cloned().unwrap_or_default()
+}
+
+fn source_label(row: &Value) -> &'static str {
+    match row["source"].as_str() {
+        Some("cluster") => "cluster (fake API server)",
+        _ => "YAML",
+    }
+}
+
+/// `≤ 5 ms` and whether `value` meets it; `–` without a target.
+fn against(bound: Option<f64>, value: Option<f64>, unit: &str) -> (String, String) {
+    match bound {
+        Some(b) => (
+            format!("< {b} {unit}"),
+            verdict(value.map(|v| v < b)).to_string(),
+        ),
+        None => ("–".into(), "no target".into()),
+    }
+}
+
+/// The goals of issue 10, for the report's goal table: every target, with
+/// "not measured" where this run did not measure it (a quick run has no
+/// 100k start).
+pub(in crate::bench) fn goals(scale: &Value) -> Vec<Goal> {
+    let mut goals = Vec::new();
+    if scale.is_null() {
+        return goals;
+    }
+    let change = change_runs(scale);
+    for (n, bound) in targets::CHANGE_P99_MS {
+        let run = change.iter().find(|r| services(r) == u64::from(n));
+        let p99 = run.and_then(|r| f(&r["total"]["p99_ms"]));
+        goals.push(Goal {
+            what: format!(
+                "one EndpointSlice change → maps at {} Services × 10, p99 (incremental model)",
+                size_label(n.into())
+            ),
+            goal: format!("< {bound} ms"),
+            measured: match run {
+                Some(r) => format!(
+                    "{} ms (p50 {} ms)",
+                    fmt_opt(p99, 2),
+                    fmt_opt(f(&r["total"]["p50_ms"]), 2)
+                ),
+                None => "not measured in this run".into(),
+            },
+            met: p99.map(|v| v < bound),
+        });
+    }
+    let start = start_rows(scale);
+    for source in ["yaml", "cluster"] {
+        let row = |n: u32| {
+            start
+                .iter()
+                .find(|r| r["source"] == source && services(r) == u64::from(n))
+        };
+        let label = if source == "yaml" {
+            "YAML"
+        } else {
+            "the cluster source"
+        };
+        for (n, bound) in targets::SYNCED_S {
+            let v = row(n).and_then(|r| f(&r["startup_to_synced_s"]));
+            goals.push(Goal {
+                what: format!(
+                    "agent start → maps synced, {} Services × 10 from {label}",
+                    size_label(n.into())
+                ),
+                goal: format!("< {bound} s"),
+                measured: v.map_or("not measured in this run".into(), |v| format!("{v:.2} s")),
+                met: v.map(|v| v < bound),
+            });
+        }
+        for (n, bound) in targets::RSS_MIB {
+            let v = row(n).and_then(|r| f(&r["rss_mib"]));
+            goals.push(Goal {
+                what: format!(
+                    "agent RSS, {} Services × 10 from {label}",
+                    size_label(n.into())
+                ),
+                goal: format!("< {bound} MiB"),
+                measured: v.map_or("not measured in this run".into(), |v| format!("{v:.1} MiB")),
+                met: v.map(|v| v < bound),
+            });
+        }
+    }
+    goals
+}
+
+/// The section, after the control plane's.
+pub(in crate::bench) fn section(scale: &Value, sync_runs: &[Value]) -> String {
+    let mut md = String::new();
+    if scale.is_null() {
+        return md;
+    }
+    md.push_str("\n## Control plane at scale\n");
+
+    // ---- one change ----
+    md.push_str("\n### One EndpointSlice change → maps\n\nIn process (`sb_bench change`), into real kernel maps, Services × 10 endpoints, one endpoint of one slice replaced per change. Incremental: per change, the decoded slice is converted (`SliceInfo::from_k8s`, as the source does), then `Model::set_slice` + `Model::update` (that one Service recomputed), then `Syncer::apply_changed` on the frontends the update reported; each change is checked (one Service recomputed, one frontend updated, with the new backend). The old way, for comparison: the whole model rebuilt from every object, then `Syncer::apply` diffing every frontend (`sb_bench sync`).\n\n| Services | way | changes | total p50 | total p99 | max | convert p50 | model p50 | maps p50 | map writes | target (p99) | |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    for run in change_runs(scale) {
+        let n = services(&run);
+        let p99 = f(&run["total"]["p99_ms"]);
+        let (target, met) = against(targets::at(&targets::CHANGE_P99_MS, n), p99, "ms");
+        let _ = writeln!(
+            md,
+            "| {} | incremental | {} | {} ms | {} ms | {} ms | {} ms | {} ms | {} ms | {} | {target} | {met} |",
+            size_label(n),
+            run["total"]["samples"],
+            fmt_opt(f(&run["total"]["p50_ms"]), 3),
+            fmt_opt(p99, 3),
+            fmt_opt(f(&run["total"]["max_ms"]), 3),
+            fmt_opt(f(&run["convert"]["p50_ms"]), 3),
+            fmt_opt(f(&run["model"]["p50_ms"]), 3),
+            fmt_opt(f(&run["apply"]["p50_ms"]), 3),
+            fmt_opt(f(&run["writes_per_change_median"]), 0),
+        );
+    }
+    for run in sync_runs {
+        let c = &run["one_slice_change"];
+        if c.is_null() {
+            continue;
+        }
+        let _ = writeln!(
+            md,
+            "| {} | old way (whole rebuild) | {} | {} ms | {} ms | {} ms | – | {} ms | {} ms | {} | – | for comparison |",
+            size_label(services(run)),
+            c["total"]["samples"],
+            fmt_opt(f(&c["total"]["p50_ms"]), 2),
+            fmt_opt(f(&c["total"]["p99_ms"]), 2),
+            fmt_opt(f(&c["total"]["max_ms"]), 2),
+            fmt_opt(f(&c["model"]["p50_ms"]), 2),
+            fmt_opt(f(&c["apply"]["p50_ms"]), 2),
+            c["writes_per_change_median"],
+        );
+    }
+    let setups: Vec<String> = change_runs(scale)
+        .iter()
+        .map(|r| {
+            format!(
+                "{}: {} s (model {} s, first apply {} s)",
+                size_label(services(r)),
+                fmt_opt(f(&r["setup_s"]), 1),
+                fmt_opt(f(&r["initial_model_s"]), 2),
+                fmt_opt(f(&r["initial_apply_s"]), 2)
+            )
+        })
+        .collect();
+    if !setups.is_empty() {
+        let _ = writeln!(
+            md,
+            "\nSetting each size up (objects generated and converted, the model built, everything written to fresh maps): {}.",
+            setups.join("; ")
+        );
+    }
+
+    // ---- start and memory ----
+    md.push_str("\n### Agent start → maps synced, and memory\n\nA fresh `switchboard agent` in a sandbox (fresh pins, so it programs everything), Services × 10 endpoints. YAML: the manifests are written before the agent starts (`--source dir:`). Cluster: the fake API server (the release `sb-apiserver`, in the sandbox's node namespace) loads the same YAML before the agent starts (`--source cluster --kubeconfig`: paged lists and watches over HTTP, as against kube-apiserver; its serving of the lists is part of start → synced). Start → synced: from spawning the agent to its `maps synced` log line with every frontend. RSS: VmRSS 0.5 s after that; peak: VmHWM.\n\n| source | Services | start → synced | target | | RSS | target | | peak RSS | input |\n|---|---|---|---|---|---|---|---|---|---|\n");
+    for r in start_rows(scale) {
+        let n = services(&r);
+        let synced = f(&r["startup_to_synced_s"]);
+        let rss = f(&r["rss_mib"]);
+        let (st, sm) = against(targets::at(&targets::SYNCED_S, n), synced, "s");
+        let (rt, rm) = against(targets::at(&targets::RSS_MIB, n), rss, "MiB");
+        let input = match r["source"].as_str() {
+            Some("cluster") => format!(
+                "{} objects, API server up {} s after its start",
+                r["api_objects"],
+                fmt_opt(f(&r["api_load_s"]), 1)
+            ),
+            _ => format!("{} MiB of YAML", fmt_opt(f(&r["manifest_mib"]), 1)),
+        };
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} s | {st} | {sm} | {} MiB | {rt} | {rm} | {} MiB | {input} |",
+            source_label(&r),
+            size_label(n),
+            fmt_opt(synced, 2),
+            fmt_opt(rss, 1),
+            fmt_opt(f(&r["peak_rss_mib"]), 1),
+        );
+    }
+    if let Some(r) = start_rows(scale)
+        .iter()
+        .find(|r| !r["rss_after_churn_mib"].is_null())
+    {
+        let _ = writeln!(
+            md,
+            "\nAfter the churn below, the same agent ({} Services, cluster source): RSS {} MiB, peak {} MiB.",
+            size_label(services(r)),
+            fmt_opt(f(&r["rss_after_churn_mib"]), 1),
+            fmt_opt(f(&r["peak_rss_after_churn_mib"]), 1)
+        );
+    }
+
+    // ---- churn ----
+    let churn = &scale["churn"];
+    if !churn.is_null() {
+        let behind_ms = f(&churn["behind_s"]).unwrap_or(targets::CHURN_BEHIND_S) * 1e3;
+        let _ = writeln!(
+            md,
+            "\n### Churn: changes per second with the maps at most {behind_ms:.0} ms behind\n\nAn agent with the cluster source at {} Services (the one measured above). The benchmark replaces one endpoint of one EndpointSlice at a time with an HTTP PUT to the fake API server (one kept-alive connection, as a controller writes), at each rate in turn for {} s (round robin over the Services), stamping each changed slice with `endpoints.kubernetes.io/last-change-trigger-time` = now (µs precision). The agent observes now − trigger for every slice it programmed into `switchboard_network_programming_duration_seconds`; the benchmark reads that histogram from /metrics between rates (bounds below are bucket bounds). A rate is kept up with when the benchmark issued it (≥ {:.0} % of it), every change was observed, and none took longer than {behind_ms:.0} ms; the run stops at the first rate that is not.\n\n| rate | issued | changes | observed | > {behind_ms:.0} ms | p99 ≤ | max ≤ | target | |\n|---|---|---|---|---|---|---|---|---|",
+            size_label(services(churn)),
+            churn["rates"][0]["seconds"],
+            f(&churn["achieved_min"]).unwrap_or(0.95) * 100.0
+        );
+        let bound = |v: &Value| match f(v) {
+            Some(s) if s.is_finite() => format!("{} ms", fmt_opt(Some(s * 1e3), 0)),
+            Some(_) => "∞".into(),
+            None => "–".into(),
+        };
+        for r in churn["rates"].as_array().cloned().unwrap_or_default() {
+            let passed = r["passed"].as_bool();
+            let why = r["why"].as_str().filter(|w| !w.is_empty());
+            let _ = writeln!(
+                md,
+                "| {}/s | {}/s | {} | {} | {} | {} | {} | all observed, none > {behind_ms:.0} ms | {}{} |",
+                r["rate"],
+                fmt_opt(f(&r["achieved_per_s"]), 0),
+                r["changes"],
+                fmt_opt(f(&r["observed"]), 0),
+                fmt_opt(f(&r["over_behind"]), 0),
+                bound(&r["p99_le_s"]),
+                bound(&r["max_le_s"]),
+                verdict(passed),
+                why.map(|w| format!(": {w}")).unwrap_or_default()
+            );
+        }
+        let check = &churn["final_check"];
+        let _ = writeln!(
+            md,
+            "\n**Sustained: {}** at {} Services with the maps never more than {behind_ms:.0} ms behind. After the last change, the pinned maps (`switchboard services -o json`) show {} of the {} churned Services with the backends of their last change{}.",
+            churn["sustained_per_s"]
+                .as_u64()
+                .map_or("below the lowest rate tried".to_string(), |r| format!("{r} changes/s")),
+            size_label(services(churn)),
+            check["services"].as_u64().unwrap_or(0).saturating_sub(check["mismatched"].as_u64().unwrap_or(0)),
+            check["services"],
+            check["example"]
+                .as_str()
+                .map(|e| format!(" (e.g. {e})"))
+                .unwrap_or_default()
+        );
+    }
+    md
+}
