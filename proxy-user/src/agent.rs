@@ -170,6 +170,7 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
         status: status_template(&config),
         proxy_health,
         observer,
+        churned: 0,
     };
     sync.nodeports.refresh(&handle).await;
     let initial = feed.take();

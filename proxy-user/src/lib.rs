@@ -12,6 +12,7 @@ pub mod healthcheck;
 pub mod lock;
 pub mod maglev;
 pub mod maps;
+pub mod memory;
 pub mod metrics;
 pub mod model;
 pub mod resize;

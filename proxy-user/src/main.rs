@@ -38,6 +38,7 @@ fn main() -> anyhow::Result<()> {
         }
         Command::Agent(args) => {
             let config = args.into_config()?;
+            proxy_user::memory::limit_arenas();
             let runtime = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
                 .enable_all()

@@ -20,6 +20,7 @@ use crate::{
     health::ProxyHealth,
     healthcheck::HealthServers,
     maps::MapStore,
+    memory,
     metrics::{SliceSynced, SyncObserver},
     model::{self, FrontendAddr, Model, ModelDelta, NodeInfo},
     sockdiag,
@@ -53,7 +54,13 @@ pub struct SyncLoop<'a, S: MapStore> {
     pub proxy_health: ProxyHealth,
     /// `/metrics`: sync duration, programming latency, last sync.
     pub observer: SyncObserver,
+    /// Services recomputed since memory was last trimmed.
+    pub churned: usize,
 }
+
+/// Free memory is handed back to the kernel once this many Services have
+/// been recomputed (a start, a relist, a burst); see [`memory::trim`].
+const TRIM_AFTER_SERVICES: usize = 1000;
 
 /// Where NodePorts are served under `--nodeport-addresses`.
 pub struct NodePortAddresses {
@@ -177,6 +184,11 @@ impl<S: MapStore> SyncLoop<'_, S> {
         }
         self.record_status(&report, started);
         self.last_failed = report.failed;
+        self.churned += delta.services;
+        if self.churned >= TRIM_AFTER_SERVICES {
+            self.churned = 0;
+            memory::trim();
+        }
     }
 
     /// The healthCheckNodePort servers follow the frontends that have one.
