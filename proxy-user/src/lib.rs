@@ -11,6 +11,7 @@ pub mod health;
 pub mod healthcheck;
 pub mod lock;
 pub mod maglev;
+pub mod mapbatch;
 pub mod maps;
 pub mod memory;
 pub mod metrics;

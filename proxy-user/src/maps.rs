@@ -8,9 +8,10 @@
 use std::path::{Path, PathBuf};
 
 use aya::{
-    maps::{Array, HashMap, Map, MapData, MapError, PerCpuArray},
+    maps::{Array, HashMap, IterableMap as _, Map, MapData, MapError, PerCpuArray},
     Ebpf,
 };
+use crate::mapbatch;
 use proxy_common::{
     names, stat, Backend, Config, CtEntry, CtKey, FragEntry, FragKey, FrontendSlot, FrontendKey, RevNat, SockEntry,
     MaglevTable, SockKey, SvcStats, Uplink,
@@ -60,6 +61,17 @@ pub trait MapStore {
     /// Everything in the frontend, backend and reverse-NAT maps, for adopting
     /// what an earlier agent programmed.
     fn dump(&self) -> Dump;
+    /// From here until [`flush`](Self::flush), frontend, backend and
+    /// reverse-NAT puts may be held and written together. Only for a sync
+    /// that deletes nothing (the first one into empty maps): the flush
+    /// writes every held put before any slot 0, so no lookup meets a slot
+    /// or a backend that is not there yet, but deletes are not held.
+    fn hold_puts(&mut self) {}
+    /// Writes the held puts; returns how many. After an error the maps hold
+    /// an unknown part of them (the caller reloads its view from the maps).
+    fn flush(&mut self) -> Result<usize, WriteError> {
+        Ok(0)
+    }
 }
 
 /// A copy of the frontend, backend and reverse-NAT maps.
@@ -82,6 +94,20 @@ pub struct PinnedMaps {
     pub uplinks: HashMap<MapData, u32, Uplink>,
     pub maglev: HashMap<MapData, u32, MaglevTable>,
     pub fragments: HashMap<MapData, FragKey, FragEntry>,
+    /// Puts held by [`MapStore::hold_puts`] until [`MapStore::flush`].
+    held: Option<Held>,
+}
+
+/// Puts waiting to be written in batches, in the order that keeps every
+/// lookup whole: what slots name (reverse NAT, backends), then the slots
+/// (and the external sets' slot 0), then the internal slot 0 that announces
+/// each frontend.
+#[derive(Default)]
+struct Held {
+    revnat: Vec<(u32, RevNat)>,
+    backends: Vec<(u32, Backend)>,
+    slots: Vec<(FrontendKey, FrontendSlot)>,
+    heads: Vec<(FrontendKey, FrontendSlot)>,
 }
 
 fn open_pinned(pin_root: &Path, name: &'static str) -> Result<Map, MapsError> {
@@ -126,6 +152,7 @@ impl PinnedMaps {
             uplinks: typed!(names::UPLINKS, open_pinned(pin_root, names::UPLINKS)?),
             maglev: typed!(names::MAGLEV, open_pinned(pin_root, names::MAGLEV)?),
             fragments: typed!(names::FRAGMENTS, open_pinned(pin_root, names::FRAGMENTS)?),
+            held: None,
         })
     }
 
@@ -144,6 +171,7 @@ impl PinnedMaps {
             uplinks: typed!(names::UPLINKS, take(names::UPLINKS)?),
             maglev: typed!(names::MAGLEV, take(names::MAGLEV)?),
             fragments: typed!(names::FRAGMENTS, take(names::FRAGMENTS)?),
+            held: None,
         })
     }
 
@@ -259,6 +287,26 @@ fn write_error(map: &'static str, source: MapError) -> WriteError {
     WriteError::Other { map, source }
 }
 
+/// Writes `entries` with batched system calls; `E2BIG` is a full map.
+fn batch_put<K: bytemuck::Pod, V: bytemuck::Pod>(
+    map: &'static str,
+    data: &MapData,
+    entries: &[(K, V)],
+) -> Result<(), WriteError> {
+    mapbatch::update(data, entries).map_err(|e| {
+        if e.error.raw_os_error() == Some(libc::E2BIG) {
+            return WriteError::Full { map };
+        }
+        WriteError::Other {
+            map,
+            source: MapError::SyscallError(aya::sys::SyscallError {
+                call: "bpf_map_update_batch",
+                io_error: e.error,
+            }),
+        }
+    })
+}
+
 /// Deleting a key that is already gone is not an error for the sync engine.
 fn delete_result(map: &'static str, result: Result<(), MapError>) -> Result<(), WriteError> {
     match result {
@@ -269,6 +317,14 @@ fn delete_result(map: &'static str, result: Result<(), MapError>) -> Result<(), 
 
 impl MapStore for PinnedMaps {
     fn put_frontend(&mut self, key: FrontendKey, value: FrontendSlot) -> Result<(), WriteError> {
+        if let Some(held) = &mut self.held {
+            let announces = key.slot == 0 && key.scope == proxy_common::scope::INTERNAL;
+            match announces {
+                true => held.heads.push((key, value)),
+                false => held.slots.push((key, value)),
+            }
+            return Ok(());
+        }
         self.frontends
             .insert(key, value, 0)
             .map_err(|e| write_error(names::FRONTENDS, e))
@@ -277,6 +333,10 @@ impl MapStore for PinnedMaps {
         delete_result(names::FRONTENDS, self.frontends.remove(&key))
     }
     fn put_backend(&mut self, id: u32, value: Backend) -> Result<(), WriteError> {
+        if let Some(held) = &mut self.held {
+            held.backends.push((id, value));
+            return Ok(());
+        }
         self.backends
             .insert(id, value, 0)
             .map_err(|e| write_error(names::BACKENDS, e))
@@ -285,6 +345,10 @@ impl MapStore for PinnedMaps {
         delete_result(names::BACKENDS, self.backends.remove(&id))
     }
     fn put_revnat(&mut self, service_id: u32, value: RevNat) -> Result<(), WriteError> {
+        if let Some(held) = &mut self.held {
+            held.revnat.push((service_id, value));
+            return Ok(());
+        }
         self.revnat
             .insert(service_id, value, 0)
             .map_err(|e| write_error(names::REVNAT, e))
@@ -305,6 +369,19 @@ impl MapStore for PinnedMaps {
     }
     fn purge_sockets(&mut self, doomed: &dyn Fn(&SockKey, &SockEntry) -> bool) -> Vec<SockKey> {
         purge(&mut self.sockets, doomed)
+    }
+    fn hold_puts(&mut self) {
+        self.held.get_or_insert_with(Held::default);
+    }
+    fn flush(&mut self) -> Result<usize, WriteError> {
+        let Some(held) = self.held.take() else {
+            return Ok(0);
+        };
+        batch_put(names::REVNAT, self.revnat.map(), &held.revnat)?;
+        batch_put(names::BACKENDS, self.backends.map(), &held.backends)?;
+        batch_put(names::FRONTENDS, self.frontends.map(), &held.slots)?;
+        batch_put(names::FRONTENDS, self.frontends.map(), &held.heads)?;
+        Ok(held.revnat.len() + held.backends.len() + held.slots.len() + held.heads.len())
     }
     fn dump(&self) -> Dump {
         Dump {

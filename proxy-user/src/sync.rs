@@ -113,7 +113,12 @@ pub struct Syncer<S: MapStore> {
     /// The maps were reloaded after a failed write: the next sync compares
     /// every frontend, not only the changed ones.
     needs_full: bool,
+    /// Batched writes failed: this sync writes one entry at a time.
+    unbatched: bool,
 }
+
+/// A sync into empty maps with at least this many frontends writes in batches.
+const BATCH_FROM: usize = 64;
 
 /// Connection-tracking entries to drop once an apply has finished.
 #[derive(Default)]
@@ -140,6 +145,7 @@ impl<S: MapStore> Syncer<S> {
             default_algorithm: LbAlgorithm::Random,
             failed: BTreeMap::new(),
             needs_full: false,
+            unbatched: false,
         };
         syncer.reload();
         syncer.needs_full = false;
@@ -315,6 +321,12 @@ impl<S: MapStore> Syncer<S> {
             }
         }
 
+        // Into empty maps (a fresh start), puts go out in batches: a start
+        // at 100k Services writes over two million entries.
+        let batched = self.programmed.is_empty() && changed.len() >= BATCH_FROM && !self.unbatched;
+        if batched {
+            self.store.hold_puts();
+        }
         for frontend in changed.iter().filter_map(|a| desired.frontends.get(a)) {
             let addr = &frontend.addr;
             let name = frontend.service.to_string();
@@ -338,6 +350,19 @@ impl<S: MapStore> Syncer<S> {
                 reason,
             };
             self.failed.insert(*addr, failed);
+        }
+        if batched {
+            if let Err(error) = self.store.flush() {
+                // Which frontends made it is unknown: believe the maps, then
+                // write the rest one entry at a time, so a failure is
+                // reported against its frontend.
+                warn!(%error, "batched map writes failed; writing one by one");
+                self.reload();
+                self.unbatched = true;
+                let report = self.apply(desired);
+                self.unbatched = false;
+                return report;
+            }
         }
         report.failed = self.failed.values().cloned().collect();
 
