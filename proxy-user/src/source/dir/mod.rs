@@ -1,0 +1,62 @@
+//! The standalone source, `--source dir:PATH`: Services, EndpointSlices and
+//! Nodes read from a directory of manifests, and followed as files are added,
+//! edited and deleted.
+//!
+//! * Files: `*.yaml`, `*.yml`, `*.json` directly in the directory (not in
+//!   subdirectories; hidden files, whose names start with `.`, are ignored, which
+//!   also skips editors' swap files and the `..data` links of a mounted ConfigMap).
+//! * Documents: a file holds one or more documents separated by `---` (JSON
+//!   files: one or more JSON values). Empty documents are ignored. `kind: List`
+//!   (what `kubectl get -o yaml` prints for several objects) and typed lists
+//!   (`ServiceList`, `EndpointSliceList`, `NodeList`) are expanded.
+//! * Kinds: `v1` `Service`, `discovery.k8s.io/v1` `EndpointSlice` and `v1`
+//!   `Node`, read with the k8s-openapi types the cluster source uses. Other
+//!   kinds are skipped with a note. A Service or EndpointSlice without a
+//!   namespace is put in `default`; a Node is cluster-scoped (a namespace on it
+//!   is ignored).
+//! * This node: the Node whose `metadata.name` is the agent's node name is the
+//!   one recorded (NodePort frontends, `Local` traffic policies, topology).
+//!   Nodes with other names are read but not kept, so one directory can serve
+//!   several nodes. Without a matching Node there is none: no NodePort
+//!   frontends, and `Local` policies act as `Cluster`.
+//! * Errors: a file that cannot be read or parsed is reported (naming the file,
+//!   the document and the problem) and, while it stays broken, the objects it
+//!   last held when it was good stay in effect. The file is all or nothing:
+//!   one bad document keeps the whole file at its last good state.
+//! * The same object (kind, namespace, name; kind and name for a Node) in two
+//!   files: the one in the file whose path sorts first is used; the other is
+//!   reported and ignored. Twice in one file: the first copy is used.
+//! * Changes: each file's objects are converted to the model's input types
+//!   ([`ServiceInfo`], [`SliceInfo`], [`NodeInfo`]) as soon as the file parses,
+//!   and the k8s-openapi objects dropped. The first scan records the complete
+//!   view into the [`FeedTx`]; after that a rescan compares only the keys of
+//!   the files that changed, and records the objects whose version in effect
+//!   changed (added, changed, removed).
+//!
+//! Submodules:
+//!
+//! * `parse`: one manifest file's YAML/JSON documents into objects, or an error.
+//! * `state`: the directory as last read, the copy in effect per key, rescans.
+//! * `watch`: following the directory ([`watch_dir`]): events, debounce, rescan.
+//! * `test_support` (tests only): sample manifests, a temp dir, the feed's view.
+//!
+//! [`ServiceInfo`]: crate::model::ServiceInfo
+//! [`SliceInfo`]: crate::model::SliceInfo
+//! [`NodeInfo`]: crate::model::NodeInfo
+//! [`FeedTx`]: super::feed::FeedTx
+
+#![cfg_attr(
+    not(test),
+    deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
+)]
+
+mod parse;
+mod state;
+#[cfg(test)]
+mod test_support;
+mod watch;
+
+pub use parse::{
+    load_file, parse_manifests, FileObjects, InvalidObject, ManifestError, SyntaxError,
+};
+pub use watch::{watch_dir, DEBOUNCE, RESCAN_INTERVAL};

@@ -1,0 +1,693 @@
+//! Parsing manifest files: YAML or JSON documents into the Services,
+//! EndpointSlices and Nodes they hold, with errors naming the file, the
+//! document and the problem.
+
+use std::fmt;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde::Deserialize as _;
+use serde_json::Value;
+
+/// What one manifest file holds.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct FileObjects {
+    pub services: Vec<Service>,
+    pub endpoint_slices: Vec<EndpointSlice>,
+    /// Nodes of any name (only the one named like this node is used).
+    pub nodes: Vec<Node>,
+    /// Notes about skipped objects, each naming the file and the document.
+    pub notes: Vec<String>,
+}
+
+/// Why a manifest file was rejected. Every message names the file, and
+/// (after the file could be read) the 1-based document number in it.
+#[derive(Debug, thiserror::Error)]
+pub enum ManifestError {
+    /// The file could not be read (permissions, not UTF-8, ...).
+    #[error("{}: cannot read the file: {error}", .path.display())]
+    Read { path: PathBuf, error: io::Error },
+    /// A document is not well-formed YAML (or JSON, for `.json` files).
+    #[error("{}: document {document}: syntax error: {error}", .path.display())]
+    Syntax {
+        path: PathBuf,
+        /// 1-based.
+        document: usize,
+        error: SyntaxError,
+    },
+    /// A document (or an item of a List) is not a Kubernetes object: not a
+    /// mapping, or without `apiVersion` or `kind`.
+    #[error("{}: {}: {problem}", .path.display(), Location(*.document, *.item))]
+    NotAnObject {
+        path: PathBuf,
+        document: usize,
+        /// 0-based index within the (innermost) List, for List items.
+        item: Option<usize>,
+        problem: String,
+    },
+    /// A Service, EndpointSlice or Node that does not match the Kubernetes schema.
+    #[error("{0}")]
+    Invalid(Box<InvalidObject>),
+}
+
+/// The details of [`ManifestError::Invalid`].
+#[derive(Debug, thiserror::Error)]
+#[error("{}: {}: {kind} {}: {field}: {error}", .path.display(), Location(*.document, *.item), .name.as_deref().unwrap_or("(without a name)"))]
+pub struct InvalidObject {
+    pub path: PathBuf,
+    /// 1-based.
+    pub document: usize,
+    /// 0-based index within the (innermost) List, for List items.
+    pub item: Option<usize>,
+    /// `Service`, `EndpointSlice` or `Node`.
+    pub kind: String,
+    pub name: Option<String>,
+    /// Where in the object, e.g. `spec.ports[0].port` (`.` for the object itself).
+    pub field: String,
+    pub error: serde_json::Error,
+}
+
+impl ManifestError {
+    /// The file at fault.
+    pub fn path(&self) -> &Path {
+        match self {
+            ManifestError::Read { path, .. }
+            | ManifestError::Syntax { path, .. }
+            | ManifestError::NotAnObject { path, .. } => path,
+            ManifestError::Invalid(inv) => &inv.path,
+        }
+    }
+}
+
+/// The parser's own error, by file format.
+#[derive(Debug, thiserror::Error)]
+pub enum SyntaxError {
+    #[error("{0}")]
+    Yaml(serde_yaml::Error),
+    #[error("{0}")]
+    Json(serde_json::Error),
+}
+
+struct Location(usize, Option<usize>);
+
+impl fmt::Display for Location {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "document {}", self.0)?;
+        if let Some(item) = self.1 {
+            write!(f, ", List item {item}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Reads one manifest file. `.json` files are parsed as JSON, anything else as YAML.
+pub fn load_file(path: &Path) -> Result<FileObjects, ManifestError> {
+    let bytes = std::fs::read(path).map_err(|error| ManifestError::Read {
+        path: path.to_path_buf(),
+        error,
+    })?;
+    parse_manifests(path, &bytes)
+}
+
+/// Parses the contents of a manifest file; `path` decides the format (`.json`
+/// or YAML) and names the file in errors and notes.
+pub fn parse_manifests(path: &Path, bytes: &[u8]) -> Result<FileObjects, ManifestError> {
+    let text = std::str::from_utf8(bytes).map_err(|e| ManifestError::Read {
+        path: path.to_path_buf(),
+        error: io::Error::new(io::ErrorKind::InvalidData, format!("not UTF-8 text: {e}")),
+    })?;
+    let is_json = path
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("json"));
+    let out = if is_json {
+        let mut out = Collector::new(path);
+        let stream = serde_json::Deserializer::from_str(text).into_iter::<Value>();
+        for (i, doc) in stream.enumerate() {
+            let document = i + 1;
+            let value = doc.map_err(|e| ManifestError::Syntax {
+                path: path.to_path_buf(),
+                document,
+                error: SyntaxError::Json(e),
+            })?;
+            out.value(value, document, None)?;
+        }
+        out
+    } else {
+        parse_yaml(path, text)?
+    };
+    let notes = out
+        .notes
+        .into_iter()
+        .map(|n| {
+            format!(
+                "{}: {}: {}",
+                path.display(),
+                Location(n.document, n.item),
+                n.text
+            )
+        })
+        .collect();
+    Ok(FileObjects {
+        services: out.services,
+        endpoint_slices: out.slices,
+        nodes: out.nodes,
+        notes,
+    })
+}
+
+fn parse_yaml<'p>(path: &'p Path, text: &str) -> Result<Collector<'p>, ManifestError> {
+    let mut out = Collector::new(path);
+    for (i, doc) in serde_yaml::Deserializer::from_str(text).enumerate() {
+        let document = i + 1;
+        let value = Value::deserialize(doc).map_err(|e| ManifestError::Syntax {
+            path: path.to_path_buf(),
+            document,
+            error: SyntaxError::Yaml(e),
+        })?;
+        out.value(value, document, None)?;
+    }
+    Ok(out)
+}
+
+struct Note {
+    document: usize,
+    item: Option<usize>,
+    text: String,
+}
+
+struct Collector<'p> {
+    path: &'p Path,
+    services: Vec<Service>,
+    slices: Vec<EndpointSlice>,
+    nodes: Vec<Node>,
+    notes: Vec<Note>,
+}
+
+impl<'p> Collector<'p> {
+    fn new(path: &'p Path) -> Collector<'p> {
+        Collector {
+            path,
+            services: Vec::new(),
+            slices: Vec::new(),
+            nodes: Vec::new(),
+            notes: Vec::new(),
+        }
+    }
+}
+
+impl Collector<'_> {
+    fn not_an_object(
+        &self,
+        document: usize,
+        item: Option<usize>,
+        problem: impl Into<String>,
+    ) -> ManifestError {
+        ManifestError::NotAnObject {
+            path: self.path.to_path_buf(),
+            document,
+            item,
+            problem: problem.into(),
+        }
+    }
+
+    fn value(
+        &mut self,
+        value: Value,
+        document: usize,
+        item: Option<usize>,
+    ) -> Result<(), ManifestError> {
+        let obj = match &value {
+            Value::Null => return Ok(()), // an empty document
+            Value::Object(obj) => obj,
+            _ => {
+                return Err(self.not_an_object(
+                    document,
+                    item,
+                    "is not a mapping (a Kubernetes object)",
+                ))
+            }
+        };
+        let Some(kind) = obj.get("kind").and_then(Value::as_str).map(str::to_owned) else {
+            return Err(self.not_an_object(document, item, "has no kind"));
+        };
+        let Some(api_version) = obj
+            .get("apiVersion")
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+        else {
+            return Err(self.not_an_object(document, item, format!("{kind} has no apiVersion")));
+        };
+        let meta = obj.get("metadata");
+        let name = meta
+            .and_then(|m| m.get("name"))
+            .and_then(Value::as_str)
+            .map(str::to_owned);
+        // For notes: the name as written (`ns/name`, or just `name` when the
+        // object has no namespace, as cluster-scoped kinds do).
+        let namespaced_name = {
+            let name = name.as_deref().unwrap_or("(without a name)");
+            match meta
+                .and_then(|m| m.get("namespace"))
+                .and_then(Value::as_str)
+                .filter(|ns| !ns.is_empty())
+            {
+                Some(ns) => format!("{ns}/{name}"),
+                None => name.to_string(),
+            }
+        };
+        let invalid = |e: serde_path_to_error::Error<serde_json::Error>| {
+            ManifestError::Invalid(Box::new(InvalidObject {
+                path: self.path.to_path_buf(),
+                document,
+                item,
+                kind: kind.clone(),
+                name: name.clone(),
+                field: e.path().to_string(),
+                error: e.into_inner(),
+            }))
+        };
+
+        match (api_version.as_str(), kind.as_str()) {
+            ("v1", "Service") => {
+                let mut svc: Service = serde_path_to_error::deserialize(value).map_err(invalid)?;
+                default_namespace(&mut svc.metadata);
+                self.services.push(svc);
+            }
+            ("discovery.k8s.io/v1", "EndpointSlice") => {
+                let mut slice: EndpointSlice =
+                    serde_path_to_error::deserialize(value).map_err(invalid)?;
+                default_namespace(&mut slice.metadata);
+                self.slices.push(slice);
+            }
+            ("v1", "Node") => {
+                let mut node: Node = serde_path_to_error::deserialize(value).map_err(invalid)?;
+                node.metadata.namespace = None; // cluster-scoped
+                self.nodes.push(node);
+            }
+            (_, list_kind) if list_kind.ends_with("List") && obj.contains_key("items") => {
+                // `kind: List` holds complete objects; typed lists (ServiceList, as
+                // the API returns them) may leave kind and apiVersion out of items.
+                let item_kind = list_kind.strip_suffix("List").unwrap_or_default().to_owned();
+                let Value::Object(mut obj) = value else {
+                    return Ok(()); // unreachable: checked above
+                };
+                let items = match obj.remove("items") {
+                    Some(Value::Array(items)) => items,
+                    Some(Value::Null) | None => Vec::new(),
+                    Some(_) => {
+                        return Err(self.not_an_object(document, item, format!("{list_kind} items is not a sequence")));
+                    }
+                };
+                for (i, mut it) in items.into_iter().enumerate() {
+                    if let (Value::Object(io), false) = (&mut it, item_kind.is_empty()) {
+                        io.entry("kind").or_insert_with(|| Value::String(item_kind.clone()));
+                        io.entry("apiVersion")
+                            .or_insert_with(|| Value::String(api_version.clone()));
+                    }
+                    self.value(it, document, Some(i))?;
+                }
+            }
+            (_, "Service" | "EndpointSlice" | "Node") => {
+                let want = if kind == "EndpointSlice" { "discovery.k8s.io/v1" } else { "v1" };
+                self.note(
+                    document,
+                    item,
+                    format!("skipped {kind} {namespaced_name}: apiVersion {api_version} is not supported (use {want})"),
+                );
+            }
+            ("v1", "Endpoints") => self.note(
+                document,
+                item,
+                format!(
+                    "skipped Endpoints {namespaced_name}: switchboard reads EndpointSlices (discovery.k8s.io/v1), not Endpoints"
+                ),
+            ),
+            _ => self.note(
+                document,
+                item,
+                format!("skipped {kind} {namespaced_name} (only Services, EndpointSlices and Nodes are read)"),
+            ),
+        }
+        Ok(())
+    }
+
+    fn note(&mut self, document: usize, item: Option<usize>, text: String) {
+        self.notes.push(Note {
+            document,
+            item,
+            text,
+        });
+    }
+}
+
+fn default_namespace(meta: &mut ObjectMeta) {
+    if meta.namespace.as_deref().is_none_or(str::is_empty) {
+        meta.namespace = Some("default".to_string());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::source::dir::test_support::{node_b, NODE_A, SERVICE, SLICE};
+
+    fn parse(name: &str, text: &str) -> Result<FileObjects, ManifestError> {
+        parse_manifests(Path::new(name), text.as_bytes())
+    }
+
+    fn names<T: k8s_openapi::Metadata<Ty = ObjectMeta>>(objs: &[T]) -> Vec<String> {
+        objs.iter()
+            .map(|o| {
+                let m = o.metadata();
+                format!(
+                    "{}/{}",
+                    m.namespace.as_deref().unwrap_or("?"),
+                    m.name.as_deref().unwrap_or("?")
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn multi_document_file_with_empty_documents() {
+        let text = format!(
+            "# leading comment\n---\n{SERVICE}---\n---\n# only a comment\n---\n{SLICE}---\n"
+        );
+        let FileObjects {
+            services,
+            endpoint_slices: slices,
+            notes,
+            ..
+        } = parse("a.yaml", &text).expect("parses");
+        assert_eq!(
+            names(&services),
+            ["default/web"],
+            "namespace defaults to default"
+        );
+        assert_eq!(names(&slices), ["shop/web-1"]);
+        assert!(notes.is_empty(), "{notes:?}");
+        let spec = services[0].spec.as_ref().expect("spec");
+        assert_eq!(spec.cluster_ip.as_deref(), Some("10.96.0.10"));
+    }
+
+    #[test]
+    fn empty_file_is_fine() {
+        let FileObjects {
+            services,
+            endpoint_slices: slices,
+            notes,
+            ..
+        } = parse("empty.yaml", "").expect("parses");
+        assert!(services.is_empty() && slices.is_empty() && notes.is_empty());
+        let FileObjects { services, .. } =
+            parse("comments.yaml", "# nothing here\n").expect("parses");
+        assert!(services.is_empty());
+    }
+
+    #[test]
+    fn kubectl_list_is_expanded_and_feeds_the_model() {
+        let text = include_str!("../../../tests/fixtures/manifests/kubectl-get-list.yaml");
+        let FileObjects {
+            services,
+            endpoint_slices: slices,
+            notes,
+            ..
+        } = parse("list.yaml", text).expect("parses");
+        assert_eq!(names(&services), ["shop/web"]);
+        assert_eq!(names(&slices), ["shop/web-x7k2p"]);
+        assert_eq!(
+            notes,
+            ["list.yaml: document 1, List item 2: skipped ConfigMap shop/web-config (only Services, EndpointSlices and Nodes are read)"]
+        );
+        let (state, warnings) = crate::model::build(&services, &slices);
+        assert!(warnings.is_empty(), "{warnings:?}");
+        let lines: Vec<String> = state.frontends.values().map(ToString::to_string).collect();
+        assert_eq!(
+            lines,
+            [
+                "10.96.0.10:7/UDP ClusterIP shop/web:echo -> 10.244.1.2:7007",
+                "10.96.0.10:80/TCP ClusterIP shop/web:http -> 10.244.1.2:8080",
+            ]
+        );
+    }
+
+    #[test]
+    fn typed_list_items_get_kind_and_api_version() {
+        let text = r#"
+apiVersion: v1
+kind: ServiceList
+items:
+- metadata: {name: a, namespace: x}
+  spec: {clusterIP: 10.96.0.1}
+- metadata: {name: b}
+  spec: {clusterIP: 10.96.0.2}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSliceList
+items:
+- metadata: {name: a-1, namespace: x, labels: {kubernetes.io/service-name: a}}
+  addressType: IPv4
+  endpoints: null
+---
+apiVersion: v1
+kind: List
+items: []
+"#;
+        let FileObjects {
+            services,
+            endpoint_slices: slices,
+            notes,
+            ..
+        } = parse("typed.yaml", text).expect("parses");
+        assert_eq!(names(&services), ["x/a", "default/b"]);
+        assert_eq!(names(&slices), ["x/a-1"]);
+        assert!(slices[0].endpoints.is_empty());
+        assert!(notes.is_empty(), "{notes:?}");
+    }
+
+    #[test]
+    fn other_kinds_are_skipped_with_a_note() {
+        let text = r#"
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: settings}
+data: {a: b}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: web, namespace: shop}
+spec: {}
+---
+apiVersion: v1
+kind: Endpoints
+metadata: {name: web}
+---
+apiVersion: discovery.k8s.io/v1beta1
+kind: EndpointSlice
+metadata: {name: old}
+addressType: IPv4
+endpoints: []
+---
+apiVersion: v1
+kind: List
+items:
+- {apiVersion: v1, kind: Secret, metadata: {name: s}}
+"#;
+        let FileObjects {
+            services,
+            endpoint_slices: slices,
+            notes,
+            ..
+        } = parse("mixed.yaml", text).expect("parses");
+        assert!(services.is_empty() && slices.is_empty());
+        assert_eq!(
+            notes,
+            [
+                "mixed.yaml: document 1: skipped ConfigMap settings (only Services, EndpointSlices and Nodes are read)",
+                "mixed.yaml: document 2: skipped Deployment shop/web (only Services, EndpointSlices and Nodes are read)",
+                "mixed.yaml: document 3: skipped Endpoints web: switchboard reads EndpointSlices (discovery.k8s.io/v1), not Endpoints",
+                "mixed.yaml: document 4: skipped EndpointSlice old: apiVersion discovery.k8s.io/v1beta1 is not supported (use discovery.k8s.io/v1)",
+                "mixed.yaml: document 5, List item 0: skipped Secret s (only Services, EndpointSlices and Nodes are read)",
+            ]
+        );
+    }
+
+    #[test]
+    fn json_files() {
+        let text = r#"{"apiVersion": "v1", "kind": "List", "items": [
+            {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"},
+             "spec": {"clusterIP": "10.96.0.10", "ports": [{"port": 80}]}}]}
+            {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web2"}}"#;
+        let FileObjects { services, .. } = parse("objs.json", text).expect("parses");
+        assert_eq!(names(&services), ["default/web", "default/web2"]);
+
+        let err = parse("bad.json", "{\"kind\": ").expect_err("truncated JSON");
+        assert!(
+            matches!(
+                err,
+                ManifestError::Syntax {
+                    document: 1,
+                    error: SyntaxError::Json(_),
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn malformed_files_name_the_file_and_the_problem() {
+        // YAML syntax error in the second document.
+        let err = parse(
+            "dir/broken.yaml",
+            &format!("{SERVICE}---\nkind: Service\n  bad: [indent\n"),
+        )
+        .expect_err("syntax");
+        assert!(
+            matches!(
+                err,
+                ManifestError::Syntax {
+                    document: 2,
+                    error: SyntaxError::Yaml(_),
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        assert_eq!(err.path(), Path::new("dir/broken.yaml"));
+        let msg = err.to_string();
+        assert!(
+            msg.starts_with("dir/broken.yaml: document 2: syntax error: "),
+            "{msg}"
+        );
+
+        // A Service that does not match the schema: names kind and name.
+        let err = parse(
+            "bad-svc.yaml",
+            "apiVersion: v1\nkind: Service\nmetadata: {name: web}\nspec: {ports: [{port: eighty}]}\n",
+        )
+        .expect_err("schema");
+        match &err {
+            ManifestError::Invalid(inv) => {
+                assert_eq!(
+                    (
+                        inv.document,
+                        inv.item,
+                        inv.kind.as_str(),
+                        inv.name.as_deref(),
+                        inv.field.as_str()
+                    ),
+                    (1, None, "Service", Some("web"), "spec.ports[0].port")
+                );
+            }
+            other => panic!("wrong error {other:?}"),
+        }
+        assert_eq!(
+            err.to_string(),
+            "bad-svc.yaml: document 1: Service web: spec.ports[0].port: invalid type: string \"eighty\", expected i32"
+        );
+
+        // Inside a List: the item is named.
+        let err = parse(
+            "bad-list.yaml",
+            "apiVersion: v1\nkind: List\nitems:\n- {apiVersion: discovery.k8s.io/v1, kind: EndpointSlice, metadata: {name: s}, addressType: IPv4, endpoints: [{addresses: 5}]}\n",
+        )
+        .expect_err("schema in list");
+        assert!(
+            err.to_string().starts_with(
+                "bad-list.yaml: document 1, List item 0: EndpointSlice s: endpoints[0].addresses: "
+            ),
+            "{err}"
+        );
+
+        // Not Kubernetes objects at all.
+        let err = parse("scalar.yaml", "just a string\n").expect_err("scalar");
+        assert_eq!(
+            err.to_string(),
+            "scalar.yaml: document 1: is not a mapping (a Kubernetes object)"
+        );
+        let err =
+            parse("nokind.yaml", "apiVersion: v1\nmetadata: {name: x}\n").expect_err("no kind");
+        assert_eq!(err.to_string(), "nokind.yaml: document 1: has no kind");
+        let err =
+            parse("noapi.yaml", "kind: Service\nmetadata: {name: x}\n").expect_err("no apiVersion");
+        assert_eq!(
+            err.to_string(),
+            "noapi.yaml: document 1: Service has no apiVersion"
+        );
+
+        // Not UTF-8, and a file that is not there.
+        let err = parse_manifests(Path::new("bin.yaml"), b"\xff\xfe").expect_err("not utf-8");
+        assert!(
+            matches!(err, ManifestError::Read { .. })
+                && err
+                    .to_string()
+                    .starts_with("bin.yaml: cannot read the file: ")
+        );
+        let err = load_file(Path::new("/nonexistent/switchboard/x.yaml")).expect_err("missing");
+        assert!(
+            err.to_string()
+                .starts_with("/nonexistent/switchboard/x.yaml: cannot read the file: "),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn nodes_are_read_cluster_scoped() {
+        let text = format!(
+            "{NODE_A}---\n{}",
+            node_b().replace("name: node-b", "name: node-b\n  namespace: shop")
+        );
+        let FileObjects { nodes, notes, .. } = parse("nodes.yaml", &text).expect("parses");
+        let names: Vec<_> = nodes
+            .iter()
+            .map(|n| (n.metadata.name.as_deref(), n.metadata.namespace.as_deref()))
+            .collect();
+        assert_eq!(names, [(Some("node-a"), None), (Some("node-b"), None)]);
+        assert!(notes.is_empty(), "{notes:?}");
+
+        let text = "apiVersion: v1\nkind: NodeList\nitems:\n- metadata: {name: n1}\n";
+        let FileObjects { nodes, .. } = parse("nodelist.yaml", text).expect("parses");
+        assert_eq!(nodes.len(), 1);
+
+        let FileObjects { nodes, notes, .. } = parse(
+            "old.yaml",
+            "apiVersion: v2\nkind: Node\nmetadata: {name: n1}\n",
+        )
+        .expect("parses");
+        assert!(nodes.is_empty());
+        assert_eq!(
+            notes,
+            ["old.yaml: document 1: skipped Node n1: apiVersion v2 is not supported (use v1)"]
+        );
+    }
+
+    #[test]
+    fn malformed_node_names_the_file_and_field() {
+        let err = parse(
+            "node.yaml",
+            "apiVersion: v1\nkind: Node\nmetadata: {name: node-a}\nstatus: {addresses: [{type: InternalIP, address: [10]}]}\n",
+        )
+        .expect_err("schema");
+        match &err {
+            ManifestError::Invalid(inv) => assert_eq!(
+                (
+                    inv.document,
+                    inv.kind.as_str(),
+                    inv.name.as_deref(),
+                    inv.field.as_str()
+                ),
+                (1, "Node", Some("node-a"), "status.addresses[0].address")
+            ),
+            other => panic!("wrong error {other:?}"),
+        }
+        assert!(
+            err.to_string()
+                .starts_with("node.yaml: document 1: Node node-a: status.addresses[0].address: invalid type: sequence"),
+            "{err}"
+        );
+    }
+}

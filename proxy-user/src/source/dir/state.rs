@@ -1,0 +1,919 @@
+//! The directory as last read: every file's objects, converted to the
+//! model's input types, the copy in effect for every key, and the rescan
+//! that records into the feed what changed.
+
+use std::collections::hash_map::DefaultHasher;
+use std::collections::{BTreeMap, BTreeSet};
+use std::hash::{Hash as _, Hasher as _};
+use std::io;
+use std::os::unix::fs::MetadataExt as _;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use tracing::{error, info, warn};
+
+use super::parse::{parse_manifests, FileObjects, ManifestError};
+use super::watch::log_node_change;
+use crate::model::{Interner, NodeInfo, ObjectKey, ServiceInfo, SliceInfo};
+use crate::source::feed::FeedTx;
+
+/// Is this directory entry a manifest we read?
+fn is_manifest_name(path: &Path) -> bool {
+    let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+        return false;
+    };
+    if name.starts_with('.') {
+        return false;
+    }
+    path.extension().and_then(|e| e.to_str()).is_some_and(|e| {
+        ["yaml", "yml", "json"]
+            .iter()
+            .any(|x| e.eq_ignore_ascii_case(x))
+    })
+}
+
+/// Cheap change detection for the periodic rescan.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Fingerprint {
+    len: u64,
+    modified: Option<SystemTime>,
+    ino: u64,
+    dev: u64,
+}
+
+impl Fingerprint {
+    fn of(meta: &std::fs::Metadata) -> Fingerprint {
+        Fingerprint {
+            len: meta.len(),
+            modified: meta.modified().ok(),
+            ino: meta.ino(),
+            dev: meta.dev(),
+        }
+    }
+}
+
+fn content_hash(bytes: &[u8]) -> u64 {
+    let mut h = DefaultHasher::new();
+    bytes.hash(&mut h);
+    h.finish()
+}
+
+/// An object the source finds by its key.
+pub(super) trait Keyed {
+    fn key(&self) -> &ObjectKey;
+}
+
+impl Keyed for ServiceInfo {
+    fn key(&self) -> &ObjectKey {
+        &self.key
+    }
+}
+
+impl Keyed for SliceInfo {
+    fn key(&self) -> &ObjectKey {
+        &self.key
+    }
+}
+
+/// What one file contributes, converted as soon as the file parsed: the
+/// k8s-openapi objects are dropped then, so the source holds only what the
+/// model reads, and at most one file's k8s objects at a time.
+#[derive(Debug, Default, PartialEq)]
+struct FileView {
+    /// In key order, one per key.
+    services: Vec<Arc<ServiceInfo>>,
+    /// In key order, one per key.
+    slices: Vec<Arc<SliceInfo>>,
+    /// The Node named like this node; Nodes of other names are not kept.
+    node: Option<Arc<NodeInfo>>,
+}
+
+impl FileView {
+    /// Converts a parsed file. An object the file holds twice keeps its first
+    /// copy, as an object in two files keeps the first path's.
+    fn convert(
+        path: &Path,
+        objects: FileObjects,
+        node_name: &str,
+        interner: &mut Interner,
+    ) -> FileView {
+        let FileObjects {
+            services,
+            endpoint_slices,
+            nodes,
+            ..
+        } = objects;
+        // `into_iter`: each k8s object is dropped as soon as it is converted.
+        let services = services
+            .into_iter()
+            .map(|svc| Arc::new(ServiceInfo::from_k8s(&svc)))
+            .collect();
+        let slices = endpoint_slices
+            .into_iter()
+            .map(|slice| Arc::new(SliceInfo::from_k8s(&slice, interner)))
+            .collect();
+        let mut this_node = nodes
+            .iter()
+            .filter(|n| n.metadata.name.as_deref() == Some(node_name));
+        let node = this_node.next().map(|n| Arc::new(NodeInfo::from_node(n)));
+        if this_node.next().is_some() {
+            warn!(
+                "{}: Node {node_name} is defined twice in this file; the later copy is ignored",
+                path.display()
+            );
+        }
+        FileView {
+            services: first_per_key(path, "Service", services),
+            slices: first_per_key(path, "EndpointSlice", slices),
+            node,
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.services.is_empty() && self.slices.is_empty() && self.node.is_none()
+    }
+}
+
+/// Sorts by key and keeps the first copy of each key (the sort is stable),
+/// reporting the others.
+fn first_per_key<T: Keyed>(path: &Path, kind: &str, mut objects: Vec<Arc<T>>) -> Vec<Arc<T>> {
+    objects.sort_by(|a, b| a.key().cmp(b.key()));
+    objects.dedup_by(|later, kept| {
+        let twice = later.key() == kept.key();
+        if twice {
+            warn!(
+                "{}: {kind} {} is defined twice in this file; the later copy is ignored",
+                path.display(),
+                later.key()
+            );
+        }
+        twice
+    });
+    objects
+}
+
+/// The files holding one object, in path order: the first one's copy is used.
+#[derive(Debug)]
+pub(super) struct Owners<T>(Vec<(Arc<Path>, Arc<T>)>);
+
+impl<T> Default for Owners<T> {
+    fn default() -> Self {
+        Owners(Vec::new())
+    }
+}
+
+impl<T> Owners<T> {
+    fn used(&self) -> Option<&Arc<T>> {
+        self.0.first().map(|(_, obj)| obj)
+    }
+
+    /// Adds `path`'s copy. When another file holds the object too, returns
+    /// (the path whose copy is used, the path whose copy is now ignored).
+    fn insert(&mut self, path: &Arc<Path>, obj: Arc<T>) -> Option<(Arc<Path>, Arc<Path>)> {
+        let at = match self.0.binary_search_by(|(p, _)| p.cmp(path)) {
+            // Not expected (a changed file's old copies go first); replace.
+            Ok(at) => {
+                self.0[at].1 = obj;
+                return None;
+            }
+            Err(at) => at,
+        };
+        self.0.insert(at, (Arc::clone(path), obj));
+        let ignored = if at == 0 {
+            self.0.get(1)
+        } else {
+            Some(&self.0[at])
+        };
+        Some((Arc::clone(&self.0[0].0), Arc::clone(&ignored?.0)))
+    }
+
+    fn remove(&mut self, path: &Path) {
+        self.0.retain(|(p, _)| **p != *path);
+    }
+}
+
+/// Services (or EndpointSlices) by key, with the files that hold each.
+pub(super) struct Index<T> {
+    kind: &'static str,
+    pub(super) by_key: BTreeMap<ObjectKey, Owners<T>>,
+}
+
+impl<T: Keyed> Index<T> {
+    fn new(kind: &'static str) -> Index<T> {
+        Index {
+            kind,
+            by_key: BTreeMap::new(),
+        }
+    }
+
+    /// The copy in effect: the first path's.
+    fn used(&self, key: &ObjectKey) -> Option<&Arc<T>> {
+        self.by_key.get(key).and_then(Owners::used)
+    }
+
+    fn insert(&mut self, path: &Arc<Path>, obj: Arc<T>) {
+        let Some(owners) = self.by_key.get_mut(obj.key()) else {
+            self.by_key
+                .insert(obj.key().clone(), Owners(vec![(Arc::clone(path), obj)]));
+            return;
+        };
+        let key = obj.key().clone();
+        if let Some((used, ignored)) = owners.insert(path, obj) {
+            warn!(
+                "{}: {} {key} is also defined in {}; this copy is ignored",
+                ignored.display(),
+                self.kind,
+                used.display()
+            );
+        }
+    }
+
+    fn remove(&mut self, path: &Path, key: &ObjectKey) {
+        if let Some(owners) = self.by_key.get_mut(key) {
+            owners.remove(path);
+            if owners.0.is_empty() {
+                self.by_key.remove(key);
+            }
+        }
+    }
+
+    /// Every key with the copy in effect.
+    fn iter(&self) -> impl Iterator<Item = (&ObjectKey, &Arc<T>)> {
+        self.by_key
+            .iter()
+            .filter_map(|(key, owners)| Some((key, owners.used()?)))
+    }
+}
+
+#[derive(Default)]
+pub(super) struct FileState {
+    fingerprint: Option<Fingerprint>,
+    content_hash: Option<u64>,
+    /// The objects from the last time this file parsed.
+    good: Option<FileView>,
+    /// The current problem, if the file is broken (logged once per change).
+    error: Option<String>,
+}
+
+/// A file whose objects changed: its new objects (`None`: the file is gone).
+struct FileChange {
+    path: Arc<Path>,
+    view: Option<FileView>,
+}
+
+/// What a scan found for one directory entry.
+enum Checked {
+    /// Not a regular file, or gone meanwhile.
+    Absent,
+    /// There, and its objects are as they were (or it is broken, keeping them).
+    Unchanged,
+    /// There, with these new objects.
+    Changed(Arc<Path>, FileView),
+}
+
+/// For every key a scan touched, the object in effect before it: what the
+/// agent was last told, since every scan that changed something is recorded.
+#[derive(Default)]
+struct Before {
+    services: BTreeMap<ObjectKey, Option<Arc<ServiceInfo>>>,
+    slices: BTreeMap<ObjectKey, Option<Arc<SliceInfo>>>,
+    /// `Some` when a changed file held this node's Node (before or after).
+    node: Option<Option<Arc<NodeInfo>>>,
+}
+
+impl Before {
+    /// Notes the keys of `view` (a changed file's old or new objects) that
+    /// are not noted yet, before anything of this scan changes them.
+    fn note(&mut self, state: &DirState, view: Option<&FileView>) {
+        let Some(view) = view else { return };
+        note_keys(&mut self.services, &state.services, &view.services);
+        note_keys(&mut self.slices, &state.slices, &view.slices);
+        if view.node.is_some() && self.node.is_none() {
+            self.node = Some(state.node.used().cloned());
+        }
+    }
+}
+
+fn note_keys<T: Keyed>(
+    noted: &mut BTreeMap<ObjectKey, Option<Arc<T>>>,
+    index: &Index<T>,
+    objects: &[Arc<T>],
+) {
+    for obj in objects {
+        if !noted.contains_key(obj.key()) {
+            noted.insert(obj.key().clone(), index.used(obj.key()).cloned());
+        }
+    }
+}
+
+/// Records the keys whose object in effect differs from the noted one.
+fn record_keys<T: Keyed + PartialEq>(
+    before: BTreeMap<ObjectKey, Option<Arc<T>>>,
+    index: &Index<T>,
+    mut record: impl FnMut(ObjectKey, Option<Arc<T>>),
+) -> usize {
+    let mut recorded = 0;
+    for (key, old) in before {
+        let new = index.used(&key);
+        if !same(old.as_ref(), new) {
+            record(key, new.cloned());
+            recorded += 1;
+        }
+    }
+    recorded
+}
+
+/// The same version: the same allocation, or equal.
+fn same<T: PartialEq>(a: Option<&Arc<T>>, b: Option<&Arc<T>>) -> bool {
+    match (a, b) {
+        (None, None) => true,
+        (Some(a), Some(b)) => Arc::ptr_eq(a, b) || a == b,
+        _ => false,
+    }
+}
+
+/// The directory as last read, and the objects in effect.
+pub(super) struct DirState {
+    pub(super) dir: PathBuf,
+    /// The agent's node name: the Node of this name is the one recorded.
+    pub(super) node_name: String,
+    pub(super) files: BTreeMap<Arc<Path>, FileState>,
+    pub(super) services: Index<ServiceInfo>,
+    pub(super) slices: Index<SliceInfo>,
+    /// This node's Node, by file.
+    node: Owners<NodeInfo>,
+    /// Node names in endpoints, shared across all files.
+    interner: Interner,
+    /// The directory's identity, to notice it being replaced (then the watch is renewed).
+    pub(super) dir_id: Option<(u64, u64)>,
+    dir_error: Option<String>,
+}
+
+impl DirState {
+    pub(super) fn new(dir: PathBuf, node_name: String) -> DirState {
+        DirState {
+            dir,
+            node_name,
+            files: BTreeMap::new(),
+            services: Index::new("Service"),
+            slices: Index::new("EndpointSlice"),
+            node: Owners::default(),
+            interner: Interner::default(),
+            dir_id: None,
+            dir_error: None,
+        }
+    }
+
+    /// The first scan: records every object in effect, and this node's Node
+    /// (also when there is none). Returns how many objects it recorded.
+    pub(super) fn first(&mut self, feed: &FeedTx) -> usize {
+        let changes = self.scan(true);
+        self.apply(changes, None);
+        for (key, svc) in self.services.iter() {
+            feed.service(key.clone(), Some(Arc::clone(svc)));
+        }
+        for (key, slice) in self.slices.iter() {
+            feed.slice(key.clone(), Some(Arc::clone(slice)));
+        }
+        let node = self.node.used();
+        log_node_change(self, None, node.map(|n| &**n), true);
+        feed.node(node.map(|n| NodeInfo::clone(n)));
+        self.services.by_key.len() + self.slices.by_key.len() + 1
+    }
+
+    /// Rescans (see [`scan`](Self::scan)) and records into `feed` each object
+    /// whose version in effect changed: added, changed or removed. Only the
+    /// changed files' keys are compared, so one edited file costs its own
+    /// objects, whatever the directory holds. Returns how many it recorded.
+    pub(super) fn refresh(&mut self, read_all: bool, feed: &FeedTx) -> usize {
+        let changes = self.scan(read_all);
+        if changes.is_empty() {
+            return 0;
+        }
+        let mut before = Before::default();
+        if self.apply(changes, Some(&mut before)) {
+            self.interner.prune();
+        }
+        self.record(before, feed)
+    }
+
+    /// Records the noted keys whose object in effect is another version now.
+    fn record(&self, before: Before, feed: &FeedTx) -> usize {
+        let mut recorded = record_keys(before.services, &self.services, |k, v| {
+            feed.service(k, v);
+        });
+        recorded += record_keys(before.slices, &self.slices, |k, v| feed.slice(k, v));
+        if let Some(old) = before.node {
+            let new = self.node.used();
+            if !same(old.as_ref(), new) {
+                log_node_change(self, old.as_deref(), new.map(|n| &**n), false);
+                feed.node(new.map(|n| NodeInfo::clone(n)));
+                recorded += 1;
+            }
+        }
+        recorded
+    }
+
+    /// Puts the changed files' objects in effect. With `before`, first notes
+    /// what each touched key had. Returns whether objects were dropped (then
+    /// interned names may have lost their last user).
+    fn apply(&mut self, changes: Vec<FileChange>, mut before: Option<&mut Before>) -> bool {
+        let mut dropped = false;
+        // Every changed file's old objects go first, so an object moving
+        // between two files in one scan is not reported as defined twice.
+        for change in &changes {
+            let old = match &change.view {
+                None => self.files.remove(&change.path).and_then(|f| f.good),
+                Some(_) => self.files.get_mut(&change.path).and_then(|f| f.good.take()),
+            };
+            if let Some(before) = before.as_deref_mut() {
+                before.note(self, old.as_ref());
+                before.note(self, change.view.as_ref());
+            }
+            if let Some(old) = old {
+                dropped |= !old.is_empty();
+                self.remove_view(&change.path, &old);
+            }
+        }
+        // In path order (`scan` sorts), so the first path's copy is the one
+        // reported as used.
+        for FileChange { path, view } in changes {
+            let Some(view) = view else { continue };
+            self.insert_view(&path, &view);
+            if let Some(f) = self.files.get_mut(&path) {
+                f.good = Some(view);
+            }
+        }
+        dropped
+    }
+
+    fn remove_view(&mut self, path: &Path, view: &FileView) {
+        for svc in &view.services {
+            self.services.remove(path, &svc.key);
+        }
+        for slice in &view.slices {
+            self.slices.remove(path, &slice.key);
+        }
+        if view.node.is_some() {
+            self.node.remove(path);
+        }
+    }
+
+    fn insert_view(&mut self, path: &Arc<Path>, view: &FileView) {
+        for svc in &view.services {
+            self.services.insert(path, Arc::clone(svc));
+        }
+        for slice in &view.slices {
+            self.slices.insert(path, Arc::clone(slice));
+        }
+        if let Some(node) = &view.node {
+            if let Some((used, ignored)) = self.node.insert(path, Arc::clone(node)) {
+                warn!(
+                    "{}: Node {} is also defined in {}; this copy is ignored",
+                    ignored.display(),
+                    self.node_name,
+                    used.display()
+                );
+            }
+        }
+    }
+
+    /// Reads what changed in the directory. With `read_all`, every file is
+    /// read and compared by content; otherwise only files whose metadata
+    /// changed. Returns the files whose objects changed, in path order.
+    fn scan(&mut self, read_all: bool) -> Vec<FileChange> {
+        let Some(entries) = self.read_dir() else {
+            return Vec::new();
+        };
+        let mut changes = Vec::new();
+        let mut seen = BTreeSet::new();
+        for entry in entries {
+            let Ok(entry) = entry else { continue };
+            let path = entry.path();
+            if !is_manifest_name(&path) {
+                continue;
+            }
+            match self.check_file(&path, read_all) {
+                Checked::Absent => continue,
+                Checked::Unchanged => {}
+                Checked::Changed(key, view) => changes.push(FileChange {
+                    path: key,
+                    view: Some(view),
+                }),
+            }
+            seen.insert(path);
+        }
+        for (path, f) in &self.files {
+            if !seen.contains(&**path) {
+                info!(file = %path.display(), "manifest file removed; its objects are gone");
+                if f.good.is_some() {
+                    changes.push(FileChange {
+                        path: Arc::clone(path),
+                        view: None,
+                    });
+                }
+            }
+        }
+        // A file gone while broken from the start held nothing: forget it here.
+        self.files
+            .retain(|path, f| f.good.is_some() || seen.contains(&**path));
+        changes.sort_by(|a, b| a.path.cmp(&b.path));
+        changes
+    }
+
+    /// Lists the directory; `None` (logged once) when it cannot be read,
+    /// keeping the objects last read from it.
+    fn read_dir(&mut self) -> Option<std::fs::ReadDir> {
+        match std::fs::read_dir(&self.dir) {
+            Ok(entries) => {
+                if self.dir_error.take().is_some() {
+                    info!(dir = %self.dir.display(), "manifest directory is readable again");
+                }
+                Some(entries)
+            }
+            Err(e) => {
+                let msg = format!(
+                    "{}: cannot read the manifest directory: {e}",
+                    self.dir.display()
+                );
+                if self.dir_error.as_deref() != Some(msg.as_str()) {
+                    error!("{msg}; keeping the objects last read from it");
+                    self.dir_error = Some(msg);
+                }
+                self.dir_id = None;
+                None
+            }
+        }
+    }
+
+    /// Reads one manifest file if its metadata (or, with `read_all`, its
+    /// content) changed, and converts its objects.
+    fn check_file(&mut self, path: &Path, read_all: bool) -> Checked {
+        // metadata() follows symlinks, so ConfigMap-style links are read through.
+        let meta = match std::fs::metadata(path) {
+            Ok(m) => m,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Checked::Absent, // gone, or a dangling link
+            Err(error) => {
+                let path = path.to_path_buf();
+                self.file_error(ManifestError::Read { path, error }, None);
+                return Checked::Unchanged;
+            }
+        };
+        if !meta.is_file() {
+            return Checked::Absent;
+        }
+        let fingerprint = Fingerprint::of(&meta);
+        if !read_all
+            && self
+                .files
+                .get(path)
+                .is_some_and(|f| f.fingerprint == Some(fingerprint))
+        {
+            return Checked::Unchanged;
+        }
+        let bytes = match std::fs::read(path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Checked::Absent,
+            Err(error) => {
+                let path = path.to_path_buf();
+                self.file_error(ManifestError::Read { path, error }, Some(fingerprint));
+                return Checked::Unchanged;
+            }
+        };
+        let key = match self.files.get_key_value(path) {
+            Some((key, _)) => Arc::clone(key),
+            None => Arc::from(path),
+        };
+        let hash = content_hash(&bytes);
+        let f = self.files.entry(Arc::clone(&key)).or_default();
+        f.fingerprint = Some(fingerprint);
+        if f.content_hash.replace(hash) == Some(hash) {
+            return Checked::Unchanged;
+        }
+        match parse_manifests(path, &bytes) {
+            Ok(objects) => {
+                drop(bytes);
+                self.loaded(key, objects)
+            }
+            Err(e) => {
+                self.file_error(e, None);
+                Checked::Unchanged
+            }
+        }
+    }
+
+    /// Logs a file that parsed and converts its objects.
+    fn loaded(&mut self, path: Arc<Path>, objects: FileObjects) -> Checked {
+        for note in &objects.notes {
+            info!("{note}");
+        }
+        info!(
+            file = %path.display(),
+            services = objects.services.len(),
+            endpoint_slices = objects.endpoint_slices.len(),
+            nodes = objects.nodes.len(),
+            "manifest file loaded"
+        );
+        let view = FileView::convert(&path, objects, &self.node_name, &mut self.interner);
+        let Some(f) = self.files.get_mut(&path) else {
+            return Checked::Unchanged; // unreachable: `check_file` made it
+        };
+        f.error = None;
+        if f.good.as_ref() == Some(&view) {
+            return Checked::Unchanged;
+        }
+        Checked::Changed(path, view)
+    }
+
+    /// Records (and logs, once per distinct problem) a broken file, keeping its last good objects.
+    fn file_error(&mut self, err: ManifestError, fingerprint: Option<Fingerprint>) {
+        let f = self.files.entry(Arc::from(err.path())).or_default();
+        if fingerprint.is_some() {
+            f.fingerprint = fingerprint;
+        }
+        let msg = err.to_string();
+        if f.error.as_deref() != Some(msg.as_str()) {
+            match &f.good {
+                Some(good) => error!(
+                    "{msg}; keeping this file's last good objects ({} Services, {} EndpointSlices{})",
+                    good.services.len(),
+                    good.slices.len(),
+                    if good.node.is_some() { ", this node's Node" } else { "" }
+                ),
+                None => error!("{msg}; nothing from this file is used"),
+            }
+            f.error = Some(msg);
+        }
+    }
+
+    /// The directory's (device, inode), to notice it being replaced.
+    pub(super) fn current_dir_id(&self) -> Option<(u64, u64)> {
+        std::fs::metadata(&self.dir)
+            .ok()
+            .map(|m| (m.dev(), m.ino()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::source::dir::test_support::{node_b, svc, TempDir, View, NODE_A, SERVICE, SLICE};
+    use crate::source::feed::{feed, Changes, FeedRx};
+
+    #[test]
+    fn manifest_names() {
+        for ok in ["a.yaml", "b.yml", "c.json", "d.YAML"] {
+            assert!(is_manifest_name(Path::new(ok)), "{ok}");
+        }
+        for no in [
+            ".a.yaml",
+            ".a.yaml.swp",
+            "a.yaml~",
+            "a.txt",
+            "..data",
+            "yaml",
+            "4913",
+        ] {
+            assert!(!is_manifest_name(Path::new(no)), "{no}");
+        }
+    }
+
+    /// A directory state with its feed, and the view built from the feed.
+    struct Fixture {
+        state: DirState,
+        tx: FeedTx,
+        rx: FeedRx,
+        view: View,
+    }
+
+    impl Fixture {
+        fn new(dir: &Path, node_name: &str) -> Fixture {
+            let (tx, rx) = feed();
+            Fixture {
+                state: DirState::new(dir.to_path_buf(), node_name.to_string()),
+                tx,
+                rx,
+                view: View::default(),
+            }
+        }
+
+        /// The first scan; returns what it recorded.
+        fn first(&mut self) -> Changes {
+            let recorded = self.state.first(&self.tx);
+            let changes = self.take();
+            assert_eq!(recorded, changes.len());
+            changes
+        }
+
+        /// A rescan; returns what it recorded.
+        fn refresh(&mut self, read_all: bool) -> Changes {
+            let recorded = self.state.refresh(read_all, &self.tx);
+            let changes = self.take();
+            assert_eq!(recorded, changes.len());
+            changes
+        }
+
+        fn take(&mut self) -> Changes {
+            let changes = self.rx.take();
+            self.view.apply(&changes);
+            changes
+        }
+    }
+
+    fn keys<T>(changes: &BTreeMap<ObjectKey, T>) -> Vec<String> {
+        changes.keys().map(ToString::to_string).collect()
+    }
+
+    #[test]
+    fn same_object_in_two_files_first_path_wins() {
+        let tmp = TempDir::new("dup");
+        std::fs::write(
+            tmp.0.join("b.yaml"),
+            SERVICE.replace("10.96.0.10", "10.96.0.99"),
+        )
+        .expect("write");
+        std::fs::write(tmp.0.join("a.yaml"), SERVICE).expect("write");
+        let mut fx = Fixture::new(&tmp.0, "node-a");
+        fx.first();
+        assert_eq!(fx.view.service_ips(), ["10.96.0.10"]);
+        assert!(fx.refresh(true).is_empty(), "nothing changed");
+        assert!(fx.refresh(false).is_empty(), "nothing changed");
+    }
+
+    /// Only the changed file's objects are compared, and only those whose
+    /// version changed are recorded.
+    #[test]
+    fn a_change_to_one_file_records_only_its_changed_objects() {
+        let tmp = TempDir::new("one-file");
+        let a = tmp.0.join("a.yaml");
+        let b = tmp.0.join("b.yaml");
+        let web2 = |ip: &str| svc(ip).replace("name: web", "name: web2");
+        std::fs::write(&a, format!("{}---\n{SLICE}", svc("10.96.0.1"))).expect("write");
+        std::fs::write(&b, web2("10.96.0.2")).expect("write");
+        std::fs::write(tmp.0.join("node.yaml"), NODE_A).expect("write");
+        let mut fx = Fixture::new(&tmp.0, "node-a");
+        let first = fx.first();
+        assert_eq!(keys(&first.services), ["default/web", "default/web2"]);
+        assert_eq!(keys(&first.slices), ["shop/web-1"]);
+        assert!(first.node.is_some());
+
+        // b.yaml's Service changes: only it is recorded.
+        std::fs::write(&b, web2("10.96.0.3")).expect("write");
+        let changes = fx.refresh(true);
+        assert_eq!(keys(&changes.services), ["default/web2"]);
+        assert!(changes.slices.is_empty() && changes.node.is_none());
+        assert_eq!(fx.view.service_ips(), ["10.96.0.1", "10.96.0.3"]);
+
+        // a.yaml's slice changes, its Service does not: only the slice.
+        let slice = SLICE.replace("10.244.1.2", "10.244.1.3");
+        std::fs::write(&a, format!("{}---\n{slice}", svc("10.96.0.1"))).expect("write");
+        let changes = fx.refresh(true);
+        assert!(changes.services.is_empty(), "{changes:?}");
+        assert_eq!(keys(&changes.slices), ["shop/web-1"]);
+
+        // Other bytes, the same objects: nothing.
+        std::fs::write(&b, format!("# edited\n{}", web2("10.96.0.3"))).expect("write");
+        assert!(fx.refresh(true).is_empty());
+    }
+
+    #[test]
+    fn removing_an_object_from_a_file_records_its_deletion() {
+        let tmp = TempDir::new("remove-object");
+        let a = tmp.0.join("a.yaml");
+        std::fs::write(&a, format!("{SERVICE}---\n{SLICE}")).expect("write");
+        let mut fx = Fixture::new(&tmp.0, "node-a");
+        fx.first();
+        assert_eq!(fx.view.slices.len(), 1);
+
+        std::fs::write(&a, SERVICE).expect("write");
+        let changes = fx.refresh(true);
+        assert!(changes.services.is_empty(), "{changes:?}");
+        assert_eq!(
+            changes.slices.get(&ObjectKey::new("shop", "web-1")),
+            Some(&None)
+        );
+        assert_eq!(changes.slices.len(), 1);
+        assert!(fx.view.slices.is_empty());
+
+        std::fs::remove_file(&a).expect("remove");
+        let changes = fx.refresh(false);
+        assert_eq!(
+            changes.services.get(&ObjectKey::new("default", "web")),
+            Some(&None)
+        );
+        assert!(fx.view.services.is_empty());
+    }
+
+    /// The same object in a.yaml and b.yaml: b's copy takes over when a's goes.
+    #[test]
+    fn when_the_first_copy_goes_the_next_files_copy_is_recorded() {
+        let tmp = TempDir::new("owner");
+        let (a, b) = (tmp.0.join("a.yaml"), tmp.0.join("b.yaml"));
+        std::fs::write(&a, svc("10.96.0.10")).expect("write");
+        std::fs::write(&b, svc("10.96.0.99")).expect("write");
+        let mut fx = Fixture::new(&tmp.0, "node-a");
+        fx.first();
+        assert_eq!(fx.view.service_ips(), ["10.96.0.10"]);
+
+        // The ignored copy changes: nothing in effect does.
+        std::fs::write(&b, svc("10.96.0.98")).expect("write");
+        assert!(fx.refresh(true).is_empty());
+
+        std::fs::remove_file(&a).expect("remove");
+        let changes = fx.refresh(true);
+        assert_eq!(keys(&changes.services), ["default/web"]);
+        assert_eq!(fx.view.service_ips(), ["10.96.0.98"]);
+
+        // a.yaml comes back and wins again.
+        std::fs::write(&a, svc("10.96.0.10")).expect("write");
+        assert_eq!(keys(&fx.refresh(true).services), ["default/web"]);
+        assert_eq!(fx.view.service_ips(), ["10.96.0.10"]);
+
+        // The object in effect moves to b.yaml unchanged: nothing to record.
+        std::fs::write(&b, svc("10.96.0.10")).expect("write");
+        std::fs::remove_file(&a).expect("remove");
+        assert!(fx.refresh(true).is_empty());
+        assert_eq!(fx.view.service_ips(), ["10.96.0.10"]);
+    }
+
+    #[test]
+    fn the_node_of_this_name_fills_node() {
+        let tmp = TempDir::new("node");
+        std::fs::write(
+            tmp.0.join("nodes.yaml"),
+            format!("{}---\n{NODE_A}", node_b()),
+        )
+        .expect("write");
+        std::fs::write(tmp.0.join("svc.yaml"), SERVICE).expect("write");
+        let mut fx = Fixture::new(&tmp.0, "node-a");
+        fx.first();
+        assert_eq!(fx.view.services.len(), 1);
+        assert_eq!(
+            fx.view.node,
+            Some(NodeInfo {
+                name: "node-a".to_string(),
+                // InternalIP first, then ExternalIP; IPv6 and Hostname left out.
+                addresses: vec![
+                    std::net::Ipv4Addr::new(192, 168, 1, 10),
+                    std::net::Ipv4Addr::new(203, 0, 113, 7)
+                ],
+                zone: Some("zone-1".to_string()),
+                deleting: false,
+            })
+        );
+    }
+
+    #[test]
+    fn another_nodes_node_is_not_used() {
+        let tmp = TempDir::new("other-node");
+        std::fs::write(tmp.0.join("node-b.yaml"), node_b()).expect("write");
+        let mut fx = Fixture::new(&tmp.0, "node-a");
+        assert_eq!(fx.first().node, Some(None), "the first view says: no Node");
+        assert_eq!(fx.view.node, None);
+        // A directory shared by several nodes: each agent picks its own.
+        let mut b = Fixture::new(&tmp.0, "node-b");
+        b.first();
+        assert_eq!(
+            b.view.node.map(|n| n.addresses),
+            Some(vec![
+                std::net::Ipv4Addr::new(192, 168, 1, 11),
+                std::net::Ipv4Addr::new(203, 0, 113, 7)
+            ])
+        );
+    }
+
+    #[test]
+    fn same_node_in_two_files_first_path_wins() {
+        let tmp = TempDir::new("dup-node");
+        std::fs::write(
+            tmp.0.join("b.yaml"),
+            NODE_A.replace("192.168.1.10", "192.168.1.99"),
+        )
+        .expect("write");
+        std::fs::write(tmp.0.join("a.yaml"), NODE_A).expect("write");
+        let mut fx = Fixture::new(&tmp.0, "node-a");
+        fx.first();
+        let addresses = fx.view.node.map(|n| n.addresses);
+        assert_eq!(
+            addresses.as_ref().and_then(|a| a.first()),
+            Some(&std::net::Ipv4Addr::new(192, 168, 1, 10))
+        );
+    }
+
+    /// The fallback rescan alone (no file-system events) picks up changes.
+    #[test]
+    fn periodic_rescan_sees_metadata_changes() {
+        let tmp = TempDir::new("rescan");
+        let path = tmp.0.join("a.yaml");
+        std::fs::write(&path, svc("10.96.0.1")).expect("write");
+        let mut fx = Fixture::new(&tmp.0, "node-a");
+        fx.first();
+        std::fs::write(&path, svc("10.96.0.2")).expect("write");
+        assert!(!fx.refresh(false).is_empty());
+        assert_eq!(fx.view.service_ips(), ["10.96.0.2"]);
+        std::fs::remove_file(&path).expect("remove");
+        assert!(!fx.refresh(false).is_empty());
+        assert!(fx.view.services.is_empty());
+    }
+}

@@ -1,0 +1,98 @@
+//! Helpers shared by the tests of the submodules: manifests, a temporary
+//! directory, and the view an agent builds from the feed.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use crate::model::{NodeInfo, ObjectKey, ServiceInfo, SliceInfo};
+use crate::source::feed::Changes;
+
+pub(super) const SERVICE: &str = "apiVersion: v1\nkind: Service\nmetadata: {name: web}\nspec: {clusterIP: 10.96.0.10, ports: [{port: 80}]}\n";
+pub(super) const SLICE: &str = "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: web-1, namespace: shop, labels: {kubernetes.io/service-name: web}}\naddressType: IPv4\nports: [{port: 8080}]\nendpoints: [{addresses: [10.244.1.2]}]\n";
+
+pub(super) const NODE_A: &str = "apiVersion: v1\nkind: Node\nmetadata:\n  name: node-a\n  labels: {topology.kubernetes.io/zone: zone-1}\nstatus:\n  addresses:\n  - {type: Hostname, address: node-a}\n  - {type: ExternalIP, address: 203.0.113.7}\n  - {type: InternalIP, address: 192.168.1.10}\n  - {type: InternalIP, address: 'fd00::10'}\n";
+
+pub(super) fn node_b() -> String {
+    NODE_A
+        .replace("node-a", "node-b")
+        .replace("192.168.1.10", "192.168.1.11")
+}
+
+pub(super) fn svc(ip: &str) -> String {
+    SERVICE.replace("10.96.0.10", ip)
+}
+
+/// A fresh directory under the system temp dir, removed on drop.
+pub(super) struct TempDir(pub(super) PathBuf);
+
+impl TempDir {
+    pub(super) fn new(tag: &str) -> TempDir {
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let nanos = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or_default();
+        let dir = std::env::temp_dir().join(format!(
+            "switchboard-test-{tag}-{}-{nanos}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&dir).expect("create temp dir");
+        TempDir(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// What the agent builds from the feed: the recorded changes applied in turn.
+#[derive(Debug, Default)]
+pub(super) struct View {
+    pub(super) services: BTreeMap<ObjectKey, Arc<ServiceInfo>>,
+    pub(super) slices: BTreeMap<ObjectKey, Arc<SliceInfo>>,
+    pub(super) node: Option<NodeInfo>,
+}
+
+fn apply_map<T>(
+    map: &mut BTreeMap<ObjectKey, Arc<T>>,
+    changes: &BTreeMap<ObjectKey, Option<Arc<T>>>,
+) {
+    for (key, obj) in changes {
+        match obj {
+            Some(obj) => {
+                map.insert(key.clone(), Arc::clone(obj));
+            }
+            None => {
+                map.remove(key);
+            }
+        }
+    }
+}
+
+impl View {
+    pub(super) fn apply(&mut self, changes: &Changes) {
+        apply_map(&mut self.services, &changes.services);
+        apply_map(&mut self.slices, &changes.slices);
+        if let Some(node) = &changes.node {
+            self.node.clone_from(node);
+        }
+    }
+
+    /// Every Service's cluster IPs, sorted.
+    pub(super) fn service_ips(&self) -> Vec<String> {
+        let mut ips: Vec<String> = self
+            .services
+            .values()
+            .filter_map(|s| s.spec.as_ref())
+            .flat_map(|s| s.cluster_ips.iter().cloned())
+            .collect();
+        ips.sort();
+        ips
+    }
+}
