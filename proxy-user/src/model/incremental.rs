@@ -320,14 +320,14 @@ impl Model {
 
 /// The Service a slice belongs to (its `kubernetes.io/service-name` label).
 fn slice_service(slice: &SliceInfo) -> Option<ObjectKey> {
-    slice
-        .service_name
-        .as_ref()
-        .map(|name| ObjectKey::new(slice.key.namespace.clone(), name.clone()))
+    slice.service_name.as_ref().map(|name| ObjectKey {
+        namespace: Arc::clone(&slice.key.namespace),
+        name: Arc::from(name.as_str()),
+    })
 }
 
 fn owned_by(fe: &Frontend, key: &ObjectKey) -> bool {
-    fe.service.namespace == key.namespace && fe.service.name == key.name
+    *fe.service.namespace == *key.namespace && *fe.service.name == *key.name
 }
 
 fn owner_key(fe: &Frontend) -> ObjectKey {

@@ -31,31 +31,39 @@ pub const TRIGGER_TIME_ANNOTATION: &str = "endpoints.kubernetes.io/last-change-t
 
 /// A namespaced object's identity. An empty or missing namespace is
 /// `default`, as the API server fills it in.
-#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+///
+/// The strings are shared: the source's index, the feed and the model each
+/// keep the keys of every object, and a clone costs two reference counts,
+/// not two allocations.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct ObjectKey {
-    pub namespace: String,
-    pub name: String,
+    pub namespace: Arc<str>,
+    pub name: Arc<str>,
+}
+
+impl Default for ObjectKey {
+    fn default() -> Self {
+        ObjectKey::new("", "")
+    }
 }
 
 impl ObjectKey {
-    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> ObjectKey {
+    pub fn new(namespace: impl AsRef<str>, name: impl AsRef<str>) -> ObjectKey {
         ObjectKey {
-            namespace: namespace.into(),
-            name: name.into(),
+            namespace: Arc::from(namespace.as_ref()),
+            name: Arc::from(name.as_ref()),
         }
     }
 
     /// The key of an object from its metadata.
     pub fn of(meta: &ObjectMeta) -> ObjectKey {
-        ObjectKey {
-            namespace: meta
-                .namespace
+        ObjectKey::new(
+            meta.namespace
                 .as_deref()
                 .filter(|n| !n.is_empty())
-                .unwrap_or("default")
-                .to_owned(),
-            name: meta.name.clone().unwrap_or_default(),
-        }
+                .unwrap_or("default"),
+            meta.name.as_deref().unwrap_or_default(),
+        )
     }
 }
 

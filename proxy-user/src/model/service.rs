@@ -284,8 +284,8 @@ impl ServiceBuilder<'_> {
             return;
         };
         let spn = ServicePortName {
-            namespace: svc.key.namespace.clone(),
-            name: svc.key.name.clone(),
+            namespace: svc.key.namespace.to_string(),
+            name: svc.key.name.to_string(),
             port: sp.name.clone(),
         };
         let mut endpoints = Endpoints {

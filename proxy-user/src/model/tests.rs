@@ -1879,7 +1879,7 @@ mod properties {
             .prop_map(move |(service, address_type, endpoints, ports)| {
                 // Slices live in their Service's namespace; a slice of no
                 // Service sits in `default`.
-                let namespace = service.map_or("default".to_string(), |i| service_key(i).namespace);
+                let namespace = service.map_or("default".to_string(), |i| service_key(i).namespace.to_string());
                 SliceInfo {
                     key: ObjectKey::new(namespace, format!("e{j}")),
                     service_name: service.map(|i| format!("s{i}")),

@@ -428,7 +428,7 @@ impl Recorder for Nodes {
     }
 
     fn delete(&mut self, feed: &FeedTx, key: ObjectKey) -> bool {
-        if key.name != self.name || self.last.is_none() {
+        if *key.name != *self.name || self.last.is_none() {
             return false;
         }
         warn!(node = %self.name, "this node's Node object is gone: no NodePort frontends, Local policies cannot be applied");
