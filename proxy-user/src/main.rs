@@ -4,11 +4,6 @@ use clap::{CommandFactory as _, FromArgMatches as _, Parser, Subcommand};
 use proxy_user::{agent, args::AgentArgs, cli};
 use tracing_subscriber::EnvFilter;
 
-/// See `proxy_user::memory`: glibc's malloc is 3x slower than linear when a
-/// large start interleaves short-lived and long-lived allocations.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 #[derive(Parser)]
 #[command(
     name = "switchboard",
@@ -43,6 +38,7 @@ fn main() -> anyhow::Result<()> {
         }
         Command::Agent(args) => {
             let config = args.into_config()?;
+            proxy_user::memory::tune();
             let runtime = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
                 .enable_all()
