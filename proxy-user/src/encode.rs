@@ -1,6 +1,6 @@
 //! Encoding between the model's types and the map types of `proxy-common`:
 //! frontend keys, backends, reverse-NAT names and slot 0's flags. The sync
-//! writes with these; the CLI and the metrics read with them.
+//! writes with these; the CLI reads with them.
 use std::net::Ipv4Addr;
 
 use proxy_common::{frontend_flags, proto, scope, Backend, FrontendKey, RevNat, REVNAT_NAME_LEN};

@@ -113,8 +113,14 @@ pub struct Syncer<S: MapStore> {
     /// The maps were reloaded after a failed write: the next sync compares
     /// every frontend, not only the changed ones.
     needs_full: bool,
-    /// Batched writes failed: this sync writes one entry at a time.
-    unbatched: bool,
+}
+
+/// Whether a sync into empty maps may write in batches (off when retrying
+/// after a failed batch).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Batching {
+    Allowed,
+    Off,
 }
 
 /// A sync into empty maps with at least this many frontends writes in batches.
@@ -145,7 +151,6 @@ impl<S: MapStore> Syncer<S> {
             default_algorithm: LbAlgorithm::Random,
             failed: BTreeMap::new(),
             needs_full: false,
-            unbatched: false,
         };
         syncer.reload();
         syncer.needs_full = false;
@@ -276,6 +281,24 @@ impl<S: MapStore> Syncer<S> {
     /// every frontend: for the first sync and after the maps were reloaded;
     /// otherwise [`apply_changed`](Self::apply_changed) does less work.
     pub fn apply(&mut self, desired: &DesiredState) -> SyncReport {
+        self.sync_all(desired, Batching::Allowed)
+    }
+
+    /// Brings only the `changed` frontends to `desired` (those the model
+    /// reported added, changed or removed): removals first, so the entries
+    /// they free are there for what is added. Frontends that failed before
+    /// are tried again; [`SyncReport::failed`] lists every frontend not
+    /// programmed after this sync. After a failed write (the maps were
+    /// reloaded) it compares every frontend instead.
+    pub fn apply_changed(&mut self, desired: &DesiredState, changed: &BTreeSet<FrontendAddr>) -> SyncReport {
+        if self.needs_full {
+            return self.apply(desired);
+        }
+        self.sync_frontends(desired, changed, Batching::Allowed)
+    }
+
+    /// Every frontend programmed or desired.
+    fn sync_all(&mut self, desired: &DesiredState, batching: Batching) -> SyncReport {
         self.needs_full = false;
         let mut addrs: BTreeSet<FrontendAddr> = self
             .programmed
@@ -284,18 +307,15 @@ impl<S: MapStore> Syncer<S> {
             .copied()
             .collect();
         addrs.extend(desired.frontends.keys().copied());
-        self.apply_changed(desired, &addrs)
+        self.sync_frontends(desired, &addrs, batching)
     }
 
-    /// Brings only the `changed` frontends to `desired` (those the model
-    /// reported added, changed or removed): removals first, so the entries
-    /// they free are there for what is added.
-    /// Frontends that failed before are tried again; [`SyncReport::failed`]
-    /// lists every frontend not programmed after this sync.
-    pub fn apply_changed(&mut self, desired: &DesiredState, changed: &BTreeSet<FrontendAddr>) -> SyncReport {
-        if std::mem::take(&mut self.needs_full) {
-            return self.apply(desired);
-        }
+    fn sync_frontends(
+        &mut self,
+        desired: &DesiredState,
+        changed: &BTreeSet<FrontendAddr>,
+        batching: Batching,
+    ) -> SyncReport {
         let mut retry: BTreeSet<FrontendAddr> = self.failed.keys().copied().collect();
         let changed = if retry.is_empty() {
             changed
@@ -323,7 +343,7 @@ impl<S: MapStore> Syncer<S> {
 
         // Into empty maps (a fresh start), puts go out in batches: a start
         // at 100k Services writes over two million entries.
-        let batched = self.programmed.is_empty() && changed.len() >= BATCH_FROM && !self.unbatched;
+        let batched = batching == Batching::Allowed && self.programmed.is_empty() && changed.len() >= BATCH_FROM;
         if batched {
             self.store.hold_puts();
         }
@@ -358,10 +378,7 @@ impl<S: MapStore> Syncer<S> {
                 // reported against its frontend.
                 warn!(%error, "batched map writes failed; writing one by one");
                 self.reload();
-                self.unbatched = true;
-                let report = self.apply(desired);
-                self.unbatched = false;
-                return report;
+                return self.sync_all(desired, Batching::Off);
             }
         }
         report.failed = self.failed.values().cloned().collect();

@@ -121,3 +121,13 @@ where
     c.args(args);
     c
 }
+
+/// `t` as RFC 3339 in UTC, with the seconds `precision` asks for.
+pub fn rfc3339(t: std::time::SystemTime, precision: k8s_openapi::chrono::SecondsFormat) -> String {
+    use k8s_openapi::chrono::DateTime;
+    let since = t.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    let secs = i64::try_from(since.as_secs()).unwrap_or(i64::MAX);
+    DateTime::from_timestamp(secs, since.subsec_nanos())
+        .unwrap_or_default()
+        .to_rfc3339_opts(precision, true)
+}

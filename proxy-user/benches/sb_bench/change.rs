@@ -18,16 +18,13 @@ use std::{
 
 use anyhow::{ensure, Context as _, Result};
 use proxy_user::{
-    ebpf::{self, Capacities},
-    maps::PinnedMaps,
     model::{BackendAddr, FrontendAddr, Interner, Model, Protocol, ServiceInfo, SliceInfo},
-    sync::Syncer,
 };
 use serde_json::{json, Value};
 
 use crate::common::nth_ip;
 use crate::progress;
-use crate::sync::{k8s_service, k8s_slice, stats_ms};
+use crate::sync::{k8s_service, k8s_slice, stats_ms, unpinned_syncer};
 
 const ENDPOINTS: u32 = 10;
 
@@ -70,15 +67,7 @@ fn one_size(count: u32, max_changes: u32, budget: Duration) -> Result<Value> {
         delta.frontends.len()
     );
 
-    let caps = Capacities {
-        frontends: (count * (ENDPOINTS + 1) + 4096).next_power_of_two(),
-        backends: (count * ENDPOINTS + 4096).next_power_of_two(),
-        conntrack: 262_144,
-        services: (count + 1024).next_power_of_two(),
-    };
-    let mut ebpf = ebpf::load_unpinned(&caps)?;
-    let maps = PinnedMaps::take(&mut ebpf)?;
-    let mut syncer = Syncer::adopt(maps, caps);
+    let (ebpf, mut syncer) = unpinned_syncer(count, ENDPOINTS)?;
     let started = Instant::now();
     let report = syncer.apply(model.desired());
     let apply_s = started.elapsed().as_secs_f64();

@@ -104,6 +104,20 @@ pub fn k8s_slice(i: u32, endpoints: u32, first: Option<Ipv4Addr>) -> EndpointSli
     }
 }
 
+/// Fresh unpinned maps sized for `count` Services × `endpoints`, and a
+/// syncer on them (keep the `Ebpf` alive as long as the syncer).
+pub(crate) fn unpinned_syncer(count: u32, endpoints: u32) -> Result<(aya::Ebpf, Syncer<PinnedMaps>)> {
+    let caps = Capacities {
+        frontends: (count * (endpoints + 1) + 4096).next_power_of_two(),
+        backends: (count * endpoints + 4096).next_power_of_two(),
+        conntrack: 262_144,
+        services: (count + 1024).next_power_of_two(),
+    };
+    let mut ebpf = ebpf::load_unpinned(&caps)?;
+    let maps = PinnedMaps::take(&mut ebpf)?;
+    Ok((ebpf, Syncer::adopt(maps, caps)))
+}
+
 pub(crate) fn stats_ms(mut v: Vec<f64>) -> Value {
     v.sort_by(f64::total_cmp);
     json!({
@@ -135,16 +149,7 @@ pub(crate) fn sync_bench(quick: bool) -> Result<Value> {
             desired.frontends.len()
         );
 
-        let entries = count * (endpoints + 1);
-        let caps = Capacities {
-            frontends: (entries + 4096).next_power_of_two(),
-            backends: (count * endpoints + 4096).next_power_of_two(),
-            conntrack: 262_144,
-            services: (count + 1024).next_power_of_two(),
-        };
-        let mut ebpf = ebpf::load_unpinned(&caps)?;
-        let maps = PinnedMaps::take(&mut ebpf)?;
-        let mut syncer = Syncer::adopt(maps, caps);
+        let (ebpf, mut syncer) = unpinned_syncer(count, endpoints)?;
         let started = Instant::now();
         let report = syncer.apply(&desired);
         let apply_time = started.elapsed();

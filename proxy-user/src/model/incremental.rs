@@ -128,10 +128,6 @@ impl Model {
         self.dirty.extend(self.claims.keys().cloned());
     }
 
-    pub fn node(&self) -> Option<&NodeInfo> {
-        self.node.as_ref()
-    }
-
     /// Everything that should be programmed, as of the last [`update`](Self::update).
     pub fn desired(&self) -> &DesiredState {
         &self.desired
@@ -145,14 +141,6 @@ impl Model {
     /// The desired state, leaving the model empty (one-shot builds).
     pub fn into_desired(self) -> DesiredState {
         self.desired
-    }
-
-    pub fn services(&self) -> usize {
-        self.services.len()
-    }
-
-    pub fn slices(&self) -> usize {
-        self.slices.len()
     }
 
     /// Recomputes the Services touched since the last update.

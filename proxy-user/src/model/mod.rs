@@ -1,9 +1,11 @@
 //! The pure model: Services and EndpointSlices (and, when known, this node) in,
 //! the desired set of frontends with their backends out.
 //!
-//! Nothing here touches the network, the maps or the clock; both sources (the
-//! Kubernetes API and a directory of manifests) feed the same [`build_for_node`],
-//! and the map sync diffs its result against what is programmed.
+//! Nothing here touches the network, the maps or the clock. The agent keeps
+//! one [`Model`] that both sources (the Kubernetes API and a directory of
+//! manifests) feed with per-object changes; each update says which frontends
+//! changed, and the map sync writes only those. [`build_for_node`] builds the
+//! same state from whole objects at once (the CLI and the tests).
 //!
 //! The rules follow kube-proxy (pkg/proxy: `ShouldSkipService`, the
 //! EndpointSlice cache and `CategorizeEndpoints`). Where this model deviates, or
