@@ -1,0 +1,134 @@
+//! An in-memory stand-in for the kernel maps, for the sync engine's tests.
+use std::collections::BTreeMap;
+
+use proxy_common::{Backend, CtEntry, CtKey, FrontendKey, FrontendSlot, MaglevTable, RevNat, SockEntry, SockKey};
+
+use crate::{
+    encode::{backend_addr, frontend_key},
+    maps::{Dump, MapStore, WriteError},
+    model::{BackendAddr, FrontendAddr},
+};
+
+/// An in-memory stand-in for the kernel maps, counting writes.
+#[derive(Default)]
+pub(super) struct MemStore {
+    pub(super) frontends: BTreeMap<(u32, u16, u8, u8, u16), FrontendSlot>,
+    /// Frontend writes in order (`put`/`delete` and the key).
+    pub(super) log: Vec<String>,
+    /// Maglev tables by service id.
+    pub(super) maglev: BTreeMap<u32, Vec<u32>>,
+    pub(super) backends: BTreeMap<u32, Backend>,
+    pub(super) revnat: BTreeMap<u32, RevNat>,
+    pub(super) conntrack: Vec<(CtKey, CtEntry)>,
+    pub(super) sockets: Vec<(SockKey, SockEntry)>,
+    pub(super) writes: usize,
+    pub(super) frontend_limit: Option<usize>,
+}
+
+pub(super) fn k(key: &FrontendKey) -> (u32, u16, u8, u8, u16) {
+    (key.addr_be, key.port_be, key.proto, key.scope, key.slot)
+}
+
+impl MapStore for MemStore {
+    fn put_frontend(
+        &mut self,
+        key: FrontendKey,
+        value: FrontendSlot,
+    ) -> Result<(), WriteError> {
+        if let Some(limit) = self.frontend_limit {
+            if self.frontends.len() >= limit && !self.frontends.contains_key(&k(&key)) {
+                return Err(WriteError::Full { map: "frontends" });
+            }
+        }
+        self.writes += 1;
+        self.log.push(format!("put {:?}", k(&key)));
+        self.frontends.insert(k(&key), value);
+        Ok(())
+    }
+    fn delete_frontend(&mut self, key: FrontendKey) -> Result<(), WriteError> {
+        self.writes += 1;
+        self.log.push(format!("delete {:?}", k(&key)));
+        self.frontends.remove(&k(&key));
+        Ok(())
+    }
+    fn put_backend(&mut self, id: u32, value: Backend) -> Result<(), WriteError> {
+        self.writes += 1;
+        self.backends.insert(id, value);
+        Ok(())
+    }
+    fn delete_backend(&mut self, id: u32) -> Result<(), WriteError> {
+        self.writes += 1;
+        self.backends.remove(&id);
+        Ok(())
+    }
+    fn put_revnat(&mut self, id: u32, value: RevNat) -> Result<(), WriteError> {
+        self.writes += 1;
+        self.revnat.insert(id, value);
+        Ok(())
+    }
+    fn delete_revnat(&mut self, id: u32) -> Result<(), WriteError> {
+        self.writes += 1;
+        self.revnat.remove(&id);
+        Ok(())
+    }
+    fn put_maglev(&mut self, id: u32, table: &MaglevTable) -> Result<(), WriteError> {
+        self.writes += 1;
+        self.maglev.insert(id, table.backend_ids.to_vec());
+        Ok(())
+    }
+    fn delete_maglev(&mut self, id: u32) -> Result<(), WriteError> {
+        self.writes += 1;
+        self.maglev.remove(&id);
+        Ok(())
+    }
+    fn purge_conntrack(&mut self, doomed: &dyn Fn(&CtKey, &CtEntry) -> bool) -> usize {
+        let before = self.conntrack.len();
+        self.conntrack.retain(|(key, entry)| !doomed(key, entry));
+        before - self.conntrack.len()
+    }
+    fn purge_sockets(&mut self, doomed: &dyn Fn(&SockKey, &SockEntry) -> bool) -> Vec<SockKey> {
+        let (gone, kept) = self
+            .sockets
+            .drain(..)
+            .partition(|(key, entry)| doomed(key, entry));
+        self.sockets = kept;
+        gone.into_iter().map(|(key, _)| key).collect::<Vec<_>>()
+    }
+    fn dump(&self) -> Dump {
+        Dump {
+            frontends: self
+                .frontends
+                .iter()
+                .map(|(&(addr_be, port_be, proto, scope, slot), v)| {
+                    (
+                        FrontendKey {
+                            addr_be,
+                            port_be,
+                            proto,
+                            scope,
+                            slot,
+                            ..FrontendKey::default()
+                        },
+                        *v,
+                    )
+                })
+                .collect(),
+            backends: self.backends.iter().map(|(k, v)| (*k, *v)).collect(),
+            revnat: self.revnat.iter().map(|(k, v)| (*k, *v)).collect(),
+        }
+    }
+}
+
+impl MemStore {
+    /// The backends the data path would choose from, per frontend.
+    pub(super) fn view(&self, addr: &FrontendAddr) -> Option<Vec<BackendAddr>> {
+        let head = self.frontends.get(&k(&frontend_key(addr, 0)))?;
+        let mut out = Vec::new();
+        for slot in 1..=head.backend_count {
+            let v = self.frontends.get(&k(&frontend_key(addr, slot)))?;
+            out.push(backend_addr(self.backends.get(&v.backend_id)?));
+        }
+        out.sort();
+        Some(out)
+    }
+}

@@ -1,0 +1,543 @@
+use super::*;
+use crate::model::FrontendKind;
+use super::memstore::{k, MemStore};
+use crate::model::ServicePortName;
+
+fn fe(
+    ip: [u8; 4],
+    port: u16,
+    protocol: Protocol,
+    name: &str,
+    backends: &[(u8, u16)],
+) -> Frontend {
+    Frontend::cluster_ip(
+        FrontendAddr {
+            ip: Ipv4Addr::from(ip),
+            port,
+            protocol,
+        },
+        ServicePortName {
+            namespace: "default".into(),
+            name: name.into(),
+            port: String::new(),
+        },
+        backends
+            .iter()
+            .map(|(last, port)| BackendAddr {
+                ip: Ipv4Addr::new(10, 244, 0, *last),
+                port: *port,
+            })
+            .collect(),
+    )
+}
+
+fn state(frontends: Vec<Frontend>) -> DesiredState {
+    DesiredState {
+        frontends: frontends.into_iter().map(|f| (f.addr, f)).collect(),
+    }
+}
+
+fn caps() -> Capacities {
+    Capacities::default()
+}
+
+#[test]
+fn new_service_is_written_with_slot_zero_holding_count_and_id() {
+    let mut s = Syncer::adopt(MemStore::default(), caps());
+    let web = fe(
+        [10, 96, 0, 10],
+        80,
+        Protocol::Tcp,
+        "web",
+        &[(1, 8080), (2, 8080)],
+    );
+    let report = s.apply(&state(vec![web.clone()]));
+    assert_eq!(report.added, 1);
+    assert!(report.failed.is_empty());
+    let store = s.store();
+    let head = store.frontends[&k(&frontend_key(&web.addr, 0))];
+    assert_eq!(head.backend_count, 2);
+    assert_ne!(head.service_id, 0);
+    assert_eq!(store.view(&web.addr), Some(web.backends.clone()));
+    assert_eq!(revnat_name(&store.revnat[&head.service_id]), "default/web");
+    assert_eq!(store.revnat[&head.service_id].port_be, 80u16.to_be());
+}
+
+#[test]
+fn applying_the_same_state_twice_writes_nothing() {
+    let mut s = Syncer::adopt(MemStore::default(), caps());
+    let desired = state(vec![fe(
+        [10, 96, 0, 10],
+        80,
+        Protocol::Tcp,
+        "web",
+        &[(1, 80), (2, 80)],
+    )]);
+    s.apply(&desired);
+    let report = s.apply(&desired);
+    assert_eq!(report.writes, 0);
+    assert_eq!(report.unchanged, 1);
+}
+
+#[test]
+fn removing_one_backend_rewrites_only_what_changes() {
+    let mut s = Syncer::adopt(MemStore::default(), caps());
+    let three = fe(
+        [10, 96, 0, 10],
+        80,
+        Protocol::Tcp,
+        "web",
+        &[(1, 80), (2, 80), (3, 80)],
+    );
+    s.apply(&state(vec![three]));
+    let before = s.store().writes;
+    let two = fe(
+        [10, 96, 0, 10],
+        80,
+        Protocol::Tcp,
+        "web",
+        &[(1, 80), (3, 80)],
+    );
+    let report = s.apply(&state(vec![two.clone()]));
+    assert_eq!(report.updated, 1);
+    // slot 2 takes backend 3, slot 0 shrinks, slot 3 goes, backend 2 goes.
+    assert_eq!(s.store().writes - before, 4);
+    assert_eq!(report.writes, 4);
+    assert_eq!(s.store().view(&two.addr), Some(two.backends.clone()));
+    assert_eq!(s.store().backends.len(), 2);
+}
+
+#[test]
+fn removed_service_leaves_no_entries_and_purges_its_flows() {
+    let mut store = MemStore::default();
+    let web = fe([10, 96, 0, 10], 80, Protocol::Tcp, "web", &[(1, 80)]);
+    let dns = fe([10, 96, 0, 53], 53, Protocol::Udp, "dns", &[(5, 53)]);
+    store.conntrack.push((
+        CtKey::default(),
+        CtEntry {
+            backend_id: 1,
+            service_id: 1,
+            ..CtEntry::default()
+        },
+    ));
+    let mut s = Syncer::adopt(store, caps());
+    s.apply(&state(vec![web.clone(), dns.clone()]));
+    let web_id = s.programmed[&web.addr].service_id;
+    s.store.conntrack = vec![
+        (
+            CtKey::default(),
+            CtEntry {
+                backend_id: 1,
+                service_id: web_id,
+                ..CtEntry::default()
+            },
+        ),
+        (
+            CtKey {
+                proto: proto::UDP,
+                ..CtKey::default()
+            },
+            CtEntry {
+                backend_id: 9,
+                service_id: 99,
+                ..CtEntry::default()
+            },
+        ),
+    ];
+    let report = s.apply(&state(vec![dns.clone()]));
+    assert_eq!(report.removed, 1);
+    assert_eq!(report.conntrack_purged, 1);
+    assert_eq!(s.store().view(&web.addr), None);
+    assert!(s.store().frontends.keys().all(|key| key.1 == 53u16.to_be()));
+    assert_eq!(s.store().revnat.len(), 1);
+    assert_eq!(s.store().conntrack.len(), 1);
+}
+
+#[test]
+fn udp_flows_to_a_departed_backend_are_forgotten_tcp_flows_are_kept() {
+    let mut s = Syncer::adopt(MemStore::default(), caps());
+    let dns = fe(
+        [10, 96, 0, 53],
+        53,
+        Protocol::Udp,
+        "dns",
+        &[(1, 53), (2, 53)],
+    );
+    s.apply(&state(vec![dns.clone()]));
+    let id = s.programmed[&dns.addr].service_id;
+    let gone = s.backends[&(dns.backends[1], Protocol::Udp)].id;
+    let stays = s.backends[&(dns.backends[0], Protocol::Udp)].id;
+    let udp = CtKey {
+        proto: proto::UDP,
+        ..CtKey::default()
+    };
+    s.store.conntrack = vec![
+        (
+            udp,
+            CtEntry {
+                backend_id: gone,
+                service_id: id,
+                ..CtEntry::default()
+            },
+        ),
+        (
+            udp,
+            CtEntry {
+                backend_id: stays,
+                service_id: id,
+                ..CtEntry::default()
+            },
+        ),
+    ];
+    let report = s.apply(&state(vec![fe(
+        [10, 96, 0, 53],
+        53,
+        Protocol::Udp,
+        "dns",
+        &[(1, 53)],
+    )]));
+    assert_eq!(report.conntrack_purged, 1);
+    assert_eq!(s.store().conntrack[0].1.backend_id, stays);
+}
+
+#[test]
+fn sockets_balanced_to_a_departed_udp_backend_are_purged_and_reported() {
+    let mut s = Syncer::adopt(MemStore::default(), caps());
+    let dns = fe(
+        [10, 96, 0, 53],
+        53,
+        Protocol::Udp,
+        "dns",
+        &[(1, 53), (2, 53)],
+    );
+    s.apply(&state(vec![dns.clone()]));
+    let id = s.programmed[&dns.addr].service_id;
+    let gone_addr = dns.backends[1];
+    let gone = s.backends[&(gone_addr, Protocol::Udp)].id;
+    let stays = s.backends[&(dns.backends[0], Protocol::Udp)].id;
+    let sock = |cookie: u64, dir: u8, backend: u32, addr: &BackendAddr| {
+        (
+            SockKey {
+                cookie,
+                addr_be: u32::from_ne_bytes(addr.ip.octets()),
+                port_be: addr.port.to_be(),
+                proto: proto::UDP,
+                dir,
+            },
+            SockEntry {
+                backend_id: backend,
+                service_id: id,
+                ..SockEntry::default()
+            },
+        )
+    };
+    s.store.sockets = vec![
+        sock(7, sock_dir::REVERSE, gone, &gone_addr),
+        sock(7, sock_dir::FORWARD, gone, &gone_addr),
+        sock(8, sock_dir::REVERSE, stays, &dns.backends[0]),
+    ];
+    let report = s.apply(&state(vec![fe(
+        [10, 96, 0, 53],
+        53,
+        Protocol::Udp,
+        "dns",
+        &[(1, 53)],
+    )]));
+    assert_eq!(report.sockets_purged, 2);
+    assert_eq!(report.udp_sockets_left, vec![(7, gone_addr)]);
+    assert_eq!(s.store().sockets.len(), 1);
+    assert_eq!(s.store().sockets[0].0.cookie, 8);
+}
+
+#[test]
+fn backends_shared_by_two_services_are_stored_once_and_kept_while_used() {
+    let mut s = Syncer::adopt(MemStore::default(), caps());
+    let a = fe([10, 96, 0, 1], 80, Protocol::Tcp, "a", &[(1, 80)]);
+    let b = fe([10, 96, 0, 2], 80, Protocol::Tcp, "b", &[(1, 80)]);
+    s.apply(&state(vec![a.clone(), b.clone()]));
+    assert_eq!(s.store().backends.len(), 1);
+    s.apply(&state(vec![b.clone()]));
+    assert_eq!(s.store().backends.len(), 1);
+    assert_eq!(s.store().view(&b.addr), Some(b.backends.clone()));
+    s.apply(&DesiredState::default());
+    assert!(s.store().backends.is_empty());
+    assert!(s.store().frontends.is_empty());
+}
+
+#[test]
+fn service_without_endpoints_keeps_a_zero_count_entry() {
+    let mut s = Syncer::adopt(MemStore::default(), caps());
+    let empty = fe([10, 96, 0, 10], 80, Protocol::Tcp, "web", &[]);
+    s.apply(&state(vec![empty.clone()]));
+    let head = s.store().frontends[&k(&frontend_key(&empty.addr, 0))];
+    assert_eq!(head.backend_count, 0);
+    assert_eq!(s.store().view(&empty.addr), Some(vec![]));
+}
+
+#[test]
+fn a_restarted_syncer_adopts_the_maps_without_rewriting_them() {
+    let mut s = Syncer::adopt(MemStore::default(), caps());
+    let desired = state(vec![
+        fe(
+            [10, 96, 0, 10],
+            80,
+            Protocol::Tcp,
+            "web",
+            &[(1, 80), (2, 80)],
+        ),
+        fe([10, 96, 0, 53], 53, Protocol::Udp, "dns", &[(1, 53)]),
+    ]);
+    s.apply(&desired);
+    let mut store = std::mem::take(&mut s.store);
+    store.writes = 0;
+    let mut restarted = Syncer::adopt(store, caps());
+    assert_eq!(restarted.store().writes, 0);
+    let report = restarted.apply(&desired);
+    assert_eq!(report.writes, 0, "{report:?}");
+    assert_eq!(report.unchanged, 2);
+}
+
+#[test]
+fn adoption_removes_half_written_frontends_and_orphans() {
+    let mut store = MemStore::default();
+    let addr = FrontendAddr {
+        ip: Ipv4Addr::new(10, 96, 0, 9),
+        port: 80,
+        protocol: Protocol::Tcp,
+    };
+    // slot 0 says 2 backends but slot 2 is missing; backend 7 is unused.
+    store.frontends.insert(
+        k(&frontend_key(&addr, 0)),
+        FrontendSlot {
+            service_id: 4,
+            backend_count: 2,
+            ..Default::default()
+        },
+    );
+    store.frontends.insert(
+        k(&frontend_key(&addr, 1)),
+        FrontendSlot {
+            backend_id: 1,
+            service_id: 4,
+            ..Default::default()
+        },
+    );
+    store.backends.insert(1, Backend::default());
+    store.backends.insert(7, Backend::default());
+    let s = Syncer::adopt(store, caps());
+    assert!(s.store().frontends.is_empty());
+    assert!(s.store().backends.is_empty());
+    assert_eq!(s.programmed().count(), 0);
+}
+
+#[test]
+fn a_service_that_does_not_fit_is_reported_by_name_and_the_rest_is_programmed() {
+    let small = Capacities {
+        frontends: 4,
+        ..Capacities::default()
+    };
+    let mut s = Syncer::adopt(MemStore::default(), small);
+    let a = fe([10, 96, 0, 1], 80, Protocol::Tcp, "a", &[(1, 80), (2, 80)]);
+    let b = fe([10, 96, 0, 2], 80, Protocol::Tcp, "b", &[(3, 80), (4, 80)]);
+    let report = s.apply(&state(vec![a.clone(), b.clone()]));
+    assert_eq!(report.added, 1);
+    assert_eq!(report.failed.len(), 1);
+    assert_eq!(report.failed[0].service, "default/b");
+    assert!(
+        report.failed[0].reason.contains("full"),
+        "{}",
+        report.failed[0].reason
+    );
+    assert_eq!(s.store().view(&a.addr), Some(a.backends.clone()));
+    assert_eq!(s.store().view(&b.addr), None);
+}
+
+#[test]
+fn a_frontend_that_did_not_fit_is_programmed_once_another_leaves() {
+    let small = Capacities {
+        frontends: 4,
+        ..Capacities::default()
+    };
+    let mut s = Syncer::adopt(MemStore::default(), small);
+    let a = fe([10, 96, 0, 1], 80, Protocol::Tcp, "a", &[(1, 80), (2, 80)]);
+    let b = fe([10, 96, 0, 2], 80, Protocol::Tcp, "b", &[(3, 80), (4, 80)]);
+    s.apply(&state(vec![a.clone(), b.clone()]));
+    // Only `a` changes (it goes away); `b` is not among the changed
+    // frontends, yet it is retried and now fits.
+    let report = s.apply_changed(&state(vec![b.clone()]), &BTreeSet::from([a.addr]));
+    assert_eq!((report.removed, report.added), (1, 1), "{report:?}");
+    assert!(report.failed.is_empty(), "{report:?}");
+    assert_eq!(s.store().view(&b.addr), Some(b.backends.clone()));
+}
+
+#[test]
+fn only_the_changed_frontends_are_compared() {
+    let mut s = Syncer::adopt(MemStore::default(), caps());
+    let a = fe([10, 96, 0, 1], 80, Protocol::Tcp, "a", &[(1, 80)]);
+    let b = fe([10, 96, 0, 2], 80, Protocol::Tcp, "b", &[(2, 80)]);
+    s.apply(&state(vec![a.clone(), b.clone()]));
+    let mut a2 = a.clone();
+    a2.backends = vec![BackendAddr { ip: Ipv4Addr::new(10, 244, 0, 9), port: 80 }];
+    let mut b2 = b.clone();
+    b2.backends = vec![BackendAddr { ip: Ipv4Addr::new(10, 244, 0, 8), port: 80 }];
+    let report = s.apply_changed(&state(vec![a2.clone(), b2]), &BTreeSet::from([a.addr]));
+    assert_eq!((report.updated, report.unchanged), (1, 0), "{report:?}");
+    assert_eq!(s.store().view(&a.addr), Some(a2.backends));
+    // `b` was not reported changed: left as it was.
+    assert_eq!(s.store().view(&b.addr), Some(b.backends));
+}
+
+#[test]
+fn a_full_map_mid_write_keeps_the_old_state_visible() {
+    let mut s = Syncer::adopt(MemStore::default(), caps());
+    let a = fe([10, 96, 0, 1], 80, Protocol::Tcp, "a", &[(1, 80)]);
+    s.apply(&state(vec![a.clone()]));
+    s.store.frontend_limit = Some(2);
+    let grown = fe(
+        [10, 96, 0, 1],
+        80,
+        Protocol::Tcp,
+        "a",
+        &[(1, 80), (2, 80), (3, 80)],
+    );
+    let report = s.apply(&state(vec![grown]));
+    assert_eq!(report.failed.len(), 1);
+    assert_eq!(s.store().view(&a.addr), Some(a.backends.clone()));
+}
+
+#[test]
+fn kind_policy_and_affinity_are_recorded_in_slot_zero_and_a_change_rewrites_it() {
+    let mut s = Syncer::adopt(MemStore::default(), caps());
+    let mut np = fe([192, 168, 50, 1], 30080, Protocol::Tcp, "web", &[(1, 80)]);
+    np.kind = FrontendKind::NodePort;
+    np.local_only = true;
+    np.external_backends = Some(np.backends.clone());
+    np.affinity_timeout_s = Some(10800);
+    s.apply(&state(vec![np.clone()]));
+    let head = s.store().frontends[&k(&frontend_key(&np.addr, 0))];
+    assert_eq!(
+        head.flags & frontend_flags::KIND_MASK,
+        frontend_flags::KIND_NODE_PORT
+    );
+    assert_ne!(head.flags & frontend_flags::LOCAL_ONLY, 0);
+    assert_ne!(head.flags & frontend_flags::AFFINITY_CLIENT_IP, 0);
+    assert_eq!(head.affinity_timeout_s, 10800);
+
+    np.affinity_timeout_s = None;
+    let report = s.apply(&state(vec![np.clone()]));
+    // Slot 0 of both sets: traffic from outside has affinity too.
+    assert_eq!((report.updated, report.writes), (1, 2), "{report:?}");
+    let head = s.store().frontends[&k(&frontend_key(&np.addr, 0))];
+    assert_eq!(head.flags & frontend_flags::AFFINITY_CLIENT_IP, 0);
+    // Adopted state carries the attributes: no rewrite after a restart.
+    let store = std::mem::take(&mut s.store);
+    let mut restarted = Syncer::adopt(store, caps());
+    assert_eq!(restarted.apply(&state(vec![np])).writes, 0);
+}
+
+#[test]
+fn external_local_set_is_written_before_it_is_announced_and_removed_after() {
+    let mut s = Syncer::adopt(MemStore::default(), caps());
+    let mut np = fe([192, 168, 50, 1], 30080, Protocol::Tcp, "web", &[(1, 80), (2, 80), (3, 80)]);
+    np.kind = FrontendKind::NodePort;
+    np.local_only = true;
+    np.external_backends = Some(vec![np.backends[1]]);
+    s.apply(&state(vec![np.clone()]));
+    let ext = |s: &Syncer<MemStore>, slot| {
+        s.store()
+            .frontends
+            .get(&k(&scoped_key(&np.addr, scope::EXTERNAL, slot)))
+            .copied()
+    };
+    let head = ext(&s, 0).expect("external slot 0");
+    assert_eq!(head.backend_count, 1);
+    let internal = s.store().frontends[&k(&frontend_key(&np.addr, 0))];
+    assert_eq!(head.service_id, internal.service_id, "one service id for both sets");
+    assert_eq!(internal.backend_count, 3, "pods and the host keep every endpoint");
+    let id = ext(&s, 1).expect("external slot 1").backend_id;
+    assert_eq!(backend_addr(&s.store().backends[&id]), np.backends[1]);
+    // The write order: the external set before the slot 0 that announces it.
+    let order = s.store().log.clone();
+    let ext_head = order.iter().position(|w| w == &format!("put {:?}", k(&scoped_key(&np.addr, scope::EXTERNAL, 0))));
+    let int_head = order.iter().position(|w| w == &format!("put {:?}", k(&frontend_key(&np.addr, 0))));
+    assert!(ext_head < int_head, "{order:?}");
+
+    // A restart adopts both sets without a write.
+    let store = std::mem::take(&mut s.store);
+    let mut restarted = Syncer::adopt(store, caps());
+    let report = restarted.apply(&state(vec![np.clone()]));
+    assert_eq!((report.unchanged, report.writes), (1, 0), "{report:?}");
+
+    // No local endpoint left: the set stays, empty (outside traffic is dropped).
+    np.external_backends = Some(Vec::new());
+    restarted.apply(&state(vec![np.clone()]));
+    assert_eq!(ext(&restarted, 0).map(|h| h.backend_count), Some(0));
+    assert_eq!(ext(&restarted, 1), None);
+
+    // Back to Cluster: slot 0 stops announcing it, then it goes.
+    np.local_only = false;
+    np.external_backends = None;
+    restarted.apply(&state(vec![np.clone()]));
+    assert_eq!(ext(&restarted, 0), None);
+    assert_eq!(restarted.store().frontends.len(), 4);
+}
+
+#[test]
+fn maglev_tables_follow_the_external_set_and_go_with_the_algorithm() {
+    let mut s = Syncer::adopt(MemStore::default(), caps());
+    let mut lb = fe([203, 0, 113, 10], 80, Protocol::Tcp, "lb", &[(1, 80), (2, 80), (3, 80)]);
+    lb.kind = FrontendKind::LoadBalancer;
+    lb.algorithm = Some(LbAlgorithm::Maglev);
+    s.apply(&state(vec![lb.clone()]));
+    let head = s.store().frontends[&k(&frontend_key(&lb.addr, 0))];
+    assert_eq!(head.flags & frontend_flags::ALGO_MASK, frontend_flags::ALGO_MAGLEV);
+    let table = s.store().maglev[&head.service_id].clone();
+    assert_eq!(table.len(), capacity::MAGLEV_TABLE as usize);
+    let ids: BTreeSet<u32> = table.iter().copied().collect();
+    let live: BTreeSet<u32> = s.store().backends.keys().copied().collect();
+    assert_eq!(ids, live, "every entry names one of the three backends, and each appears");
+
+    // Another node with its own ids fills the same table by address.
+    let mut other = Syncer::adopt(MemStore::default(), caps());
+    let decoy = fe([10, 96, 0, 1], 80, Protocol::Tcp, "decoy", &[(9, 80)]);
+    other.apply(&state(vec![decoy.clone()]));
+    other.apply(&state(vec![decoy, lb.clone()]));
+    let other_head = other.store().frontends[&k(&frontend_key(&lb.addr, 0))];
+    let by_addr = |s: &Syncer<MemStore>, table: &[u32]| -> Vec<BackendAddr> {
+        table.iter().map(|id| backend_addr(&s.store().backends[id])).collect()
+    };
+    assert_eq!(
+        by_addr(&s, &table),
+        by_addr(&other, &other.store().maglev[&other_head.service_id]),
+        "nodes agree on every entry"
+    );
+
+    // Local policy: the table covers what traffic from outside gets.
+    lb.local_only = true;
+    lb.external_backends = Some(vec![lb.backends[0]]);
+    s.apply(&state(vec![lb.clone()]));
+    let table = s.store().maglev[&head.service_id].clone();
+    assert!(by_addr(&s, &table).iter().all(|b| *b == lb.backends[0]));
+
+    // The agent's default applies when the Service names none.
+    lb.algorithm = None;
+    s.apply(&state(vec![lb.clone()]));
+    assert!(!s.store().maglev.contains_key(&head.service_id));
+    s.set_default_algorithm(LbAlgorithm::SourceHash);
+    s.apply(&state(vec![lb.clone()]));
+    let head = s.store().frontends[&k(&frontend_key(&lb.addr, 0))];
+    assert_eq!(head.flags & frontend_flags::ALGO_MASK, frontend_flags::ALGO_SOURCE_HASH);
+    assert!(s.store().maglev.contains_key(&head.service_id));
+    s.apply(&state(vec![]));
+    assert!(s.store().maglev.is_empty(), "removed with its frontend");
+}
+
+#[test]
+fn place_keeps_survivors_in_their_slots() {
+    assert_eq!(place(&[1, 2, 3], &[1, 3]), vec![1, 3]);
+    assert_eq!(place(&[1, 2, 3], &[1, 3, 4]), vec![1, 4, 3]);
+    assert_eq!(place(&[1, 2, 3], &[3]), vec![3]);
+    assert_eq!(place(&[], &[5, 6]), vec![5, 6]);
+    assert_eq!(place(&[1, 2], &[1, 2, 7]), vec![1, 2, 7]);
+    assert_eq!(place(&[1, 2, 3, 4], &[4, 1]), vec![1, 4]);
+}
