@@ -825,13 +825,12 @@ fn complete_slots(
 }
 
 /// New slot layout: backends that stay keep their slot; newcomers fill the
-/// holes, then the end; on shrinking, the tail moves into the holes.
+/// holes, then the end; on shrinking, the tail moves into the holes. A
+/// backend in two old slots (a move that a stopped agent left half done, as
+/// adopted) stays only in the first.
 fn place(old: &[u32], wanted: &[u32]) -> Vec<u32> {
-    let wanted_set: HashSet<u32> = wanted.iter().copied().collect();
-    let mut slots: Vec<Option<u32>> = old
-        .iter()
-        .map(|id| wanted_set.contains(id).then_some(*id))
-        .collect();
+    let mut unplaced: HashSet<u32> = wanted.iter().copied().collect();
+    let mut slots: Vec<Option<u32>> = old.iter().map(|id| unplaced.remove(id).then_some(*id)).collect();
     let placed: HashSet<u32> = slots.iter().flatten().copied().collect();
     let mut newcomers = wanted.iter().filter(|id| !placed.contains(id)).copied();
     for slot in slots.iter_mut().filter(|s| s.is_none()) {
@@ -865,3 +864,5 @@ fn place(old: &[u32], wanted: &[u32]) -> Vec<u32> {
 mod memstore;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod properties;

@@ -23,10 +23,29 @@ pub(super) struct MemStore {
     pub(super) sockets: Vec<(SockKey, SockEntry)>,
     pub(super) writes: usize,
     pub(super) frontend_limit: Option<usize>,
+    /// Every write after this many fails, as if the agent had stopped there.
+    pub(super) stop_after: Option<usize>,
 }
 
 pub(super) fn k(key: &FrontendKey) -> (u32, u16, u8, u8, u16) {
     (key.addr_be, key.port_be, key.proto, key.scope, key.slot)
+}
+
+impl MemStore {
+    /// Counts one write to `map`, or refuses it once the store has stopped.
+    fn write(&mut self, map: &'static str) -> Result<(), WriteError> {
+        if self.stop_after.is_some_and(|stop| self.writes >= stop) {
+            return Err(WriteError::Other {
+                map,
+                source: aya::maps::MapError::SyscallError(aya::sys::SyscallError {
+                    call: "bpf_map_update_elem",
+                    io_error: std::io::Error::from_raw_os_error(libc::EIO),
+                }),
+            });
+        }
+        self.writes += 1;
+        Ok(())
+    }
 }
 
 impl MapStore for MemStore {
@@ -40,44 +59,44 @@ impl MapStore for MemStore {
                 return Err(WriteError::Full { map: "frontends" });
             }
         }
-        self.writes += 1;
+        self.write("frontends")?;
         self.log.push(format!("put {:?}", k(&key)));
         self.frontends.insert(k(&key), value);
         Ok(())
     }
     fn delete_frontend(&mut self, key: FrontendKey) -> Result<(), WriteError> {
-        self.writes += 1;
+        self.write("frontends")?;
         self.log.push(format!("delete {:?}", k(&key)));
         self.frontends.remove(&k(&key));
         Ok(())
     }
     fn put_backend(&mut self, id: u32, value: Backend) -> Result<(), WriteError> {
-        self.writes += 1;
+        self.write("backends")?;
         self.backends.insert(id, value);
         Ok(())
     }
     fn delete_backend(&mut self, id: u32) -> Result<(), WriteError> {
-        self.writes += 1;
+        self.write("backends")?;
         self.backends.remove(&id);
         Ok(())
     }
     fn put_revnat(&mut self, id: u32, value: RevNat) -> Result<(), WriteError> {
-        self.writes += 1;
+        self.write("revnat")?;
         self.revnat.insert(id, value);
         Ok(())
     }
     fn delete_revnat(&mut self, id: u32) -> Result<(), WriteError> {
-        self.writes += 1;
+        self.write("revnat")?;
         self.revnat.remove(&id);
         Ok(())
     }
     fn put_maglev(&mut self, id: u32, table: &MaglevTable) -> Result<(), WriteError> {
-        self.writes += 1;
+        self.write("maglev")?;
         self.maglev.insert(id, table.backend_ids.to_vec());
         Ok(())
     }
     fn delete_maglev(&mut self, id: u32) -> Result<(), WriteError> {
-        self.writes += 1;
+        self.write("maglev")?;
         self.maglev.remove(&id);
         Ok(())
     }

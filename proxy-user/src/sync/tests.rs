@@ -540,4 +540,7 @@ fn place_keeps_survivors_in_their_slots() {
     assert_eq!(place(&[], &[5, 6]), vec![5, 6]);
     assert_eq!(place(&[1, 2], &[1, 2, 7]), vec![1, 2, 7]);
     assert_eq!(place(&[1, 2, 3, 4], &[4, 1]), vec![1, 4]);
+    // Adopted from a stopped move: backend 1 in slots 1 and 2.
+    assert_eq!(place(&[1, 1], &[1]), vec![1]);
+    assert_eq!(place(&[2, 1, 1], &[1, 3]), vec![3, 1]);
 }
