@@ -47,7 +47,7 @@ fn frontend_addr(index: usize) -> FrontendAddr {
     FrontendAddr {
         ip: Ipv4Addr::new(10, 96, 0, 1 + (index / 2) as u8),
         port: 80,
-        protocol: if index % 2 == 0 { Protocol::Tcp } else { Protocol::Udp },
+        protocol: if index.is_multiple_of(2) { Protocol::Tcp } else { Protocol::Udp },
     }
 }
 
