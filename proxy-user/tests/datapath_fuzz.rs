@@ -1,0 +1,416 @@
+//! Random and mutated frames through every tc and XDP program with
+//! BPF_PROG_TEST_RUN, against properties rather than expected frames:
+//!
+//! - the program never fails: the test run succeeds and the verdict is one
+//!   the program may return (never `XDP_ABORTED`, never an unknown tc action);
+//! - a frame that is not ours (no address of a frontend, a backend or the
+//!   node in it, outer or quoted) comes out unchanged and passes;
+//! - a frame that came in with valid checksums and was changed leaves with
+//!   valid checksums (a frame with bad checksums is never "repaired" into a
+//!   valid one either way: only frames valid on input are judged).
+//!
+//! Frames are built from Services' and flows' shapes (SYNs, replies, ICMP
+//! errors quoting a flow, fragments, IP options), from random addresses,
+//! and from random bytes, then mutated (bytes flipped, cut short). The maps
+//! keep their state from frame to frame, so replies meet real flows. The
+//! programs run in a network namespace of their own (the uplink programs'
+//! route lookups see only its loopback). Needs root.
+use std::{cell::RefCell, net::Ipv4Addr};
+
+use aya::{
+    programs::{ProgramError, SchedClassifier, TestRun as _, TestRunOptions, Xdp},
+    Ebpf,
+};
+use proptest::{
+    prelude::*,
+    test_runner::{Config, TestCaseError, TestRunner},
+};
+use proxy_common::programs;
+use proxy_user::{
+    ebpf::{self, Capacities},
+    maps::PinnedMaps,
+    model::{BackendAddr, DesiredState, Frontend, FrontendAddr, FrontendKind, Protocol, ServicePortName},
+    packet::{checksums_valid, icmp_checksums_valid, icmp_error_checksums_valid, icmp_frame, PacketSpec, ETH_HLEN},
+    sync::Syncer,
+};
+
+const TC_ACT_OK: u32 = 0;
+const TC_ACT_SHOT: u32 = 2;
+const TC_ACT_REDIRECT: u32 = 7;
+const TC_ACT_UNSPEC: u32 = u32::MAX;
+const XDP_DROP: u32 = 1;
+const XDP_PASS: u32 = 2;
+const XDP_TX: u32 = 3;
+const XDP_REDIRECT: u32 = 4;
+
+const NODE: Ipv4Addr = Ipv4Addr::new(192, 168, 50, 1);
+const VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
+const EMPTY_VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 99);
+const LB_IP: Ipv4Addr = Ipv4Addr::new(192, 168, 60, 10);
+const PODS: [Ipv4Addr; 3] = [
+    Ipv4Addr::new(10, 244, 1, 2),
+    Ipv4Addr::new(10, 244, 2, 2),
+    Ipv4Addr::new(10, 244, 3, 2),
+];
+const CLIENTS: [Ipv4Addr; 2] = [Ipv4Addr::new(10, 244, 100, 2), Ipv4Addr::new(192, 168, 50, 100)];
+const NODE_PORT: u16 = 30080;
+/// Frontend ports; TCP and UDP on each.
+const PORTS: [u16; 2] = [80, 53];
+const POD_PORT: u16 = 8080;
+
+/// Every address that makes a frame ours: frontends, backends and the node.
+fn ours(addr: Ipv4Addr) -> bool {
+    [NODE, VIP, EMPTY_VIP, LB_IP].contains(&addr) || PODS.contains(&addr)
+}
+
+fn require_root() {
+    // SAFETY: geteuid has no preconditions.
+    assert!(
+        unsafe { libc::geteuid() } == 0,
+        "the fuzz loads eBPF programs and creates a network namespace: run it as root"
+    );
+}
+
+fn service(ip: Ipv4Addr, port: u16, protocol: Protocol, name: &str, kind: FrontendKind, backends: &[Ipv4Addr]) -> Frontend {
+    let mut frontend = Frontend::cluster_ip(
+        FrontendAddr { ip, port, protocol },
+        ServicePortName {
+            namespace: "fuzz".into(),
+            name: name.into(),
+            port: String::new(),
+        },
+        backends.iter().map(|&ip| BackendAddr { ip, port: POD_PORT }).collect(),
+    );
+    frontend.kind = kind;
+    frontend
+}
+
+fn frontends() -> Vec<Frontend> {
+    let mut all = Vec::new();
+    for protocol in [Protocol::Tcp, Protocol::Udp] {
+        for port in PORTS {
+            all.push(service(VIP, port, protocol, "web", FrontendKind::ClusterIp, &PODS));
+            all.push(service(EMPTY_VIP, port, protocol, "empty", FrontendKind::ClusterIp, &[]));
+            all.push(service(LB_IP, port, protocol, "lb", FrontendKind::LoadBalancer, &PODS[..2]));
+        }
+        all.push(service(NODE, NODE_PORT, protocol, "np", FrontendKind::NodePort, &PODS));
+    }
+    all
+}
+
+/// The programs under test, loaded once and fed frame after frame.
+struct Programs {
+    ebpf: Ebpf,
+    /// Kept so the maps stay programmed.
+    _syncer: Syncer<PinnedMaps>,
+    uplink: u32,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Hook {
+    FromPod,
+    ToPod,
+    FromUplink,
+    XdpUplink,
+}
+
+impl Programs {
+    fn load() -> Self {
+        let caps = Capacities {
+            frontends: 1024,
+            backends: 1024,
+            conntrack: 8192,
+            services: 64,
+        };
+        let mut ebpf = ebpf::load_unpinned(&caps).expect("load eBPF object");
+        let maps = PinnedMaps::take(&mut ebpf).expect("maps");
+        let mut syncer = Syncer::adopt(maps, caps);
+        let desired = DesiredState {
+            frontends: frontends().into_iter().map(|f| (f.addr, f)).collect(),
+        };
+        let report = syncer.apply(&desired);
+        assert!(report.failed.is_empty(), "{report:?}");
+        // The namespace's loopback stands in for the uplink.
+        let uplink = 1;
+        syncer
+            .store_mut()
+            .set_uplinks(&[(uplink, NODE)])
+            .expect("write the uplink map");
+        Self {
+            ebpf,
+            _syncer: syncer,
+            uplink,
+        }
+    }
+
+    /// The verdict and the frame as the program left it.
+    fn run(&mut self, hook: Hook, frame: &[u8]) -> Result<(u32, Vec<u8>), ProgramError> {
+        let mut out = vec![0u8; 4096];
+        // The head of struct __sk_buff up to `ifindex` (ingress_ifindex at
+        // byte 36, ifindex at 40), and struct xdp_md.
+        let mut skb = vec![0u8; 44];
+        skb[36..40].copy_from_slice(&self.uplink.to_ne_bytes());
+        skb[40..44].copy_from_slice(&self.uplink.to_ne_bytes());
+        let xdp_md: Vec<u8> = [0, frame.len() as u32, 0, self.uplink, 0, 0]
+            .iter()
+            .flat_map(|word| word.to_ne_bytes())
+            .collect();
+        let (name, ctx) = match hook {
+            Hook::FromPod => (programs::TC_FROM_POD, None),
+            Hook::ToPod => (programs::TC_TO_POD, None),
+            Hook::FromUplink => (programs::TC_FROM_UPLINK, Some(skb.as_slice())),
+            Hook::XdpUplink => (programs::XDP_UPLINK, Some(xdp_md.as_slice())),
+        };
+        let options = TestRunOptions {
+            data_in: Some(frame),
+            data_out: Some(&mut out),
+            ctx_in: ctx,
+            ..TestRunOptions::default()
+        };
+        let program = self.ebpf.program_mut(name).expect("program present");
+        let result = match hook {
+            Hook::XdpUplink => {
+                let xdp: &mut Xdp = program.try_into().expect("XDP program");
+                xdp.test_run(options)?
+            }
+            _ => {
+                let tc: &mut SchedClassifier = program.try_into().expect("tc program");
+                tc.test_run(options)?
+            }
+        };
+        out.truncate(result.data_size_out as usize);
+        Ok((result.return_value, out))
+    }
+}
+
+/// A frame and the program it goes to.
+#[derive(Clone)]
+struct Input {
+    hook: Hook,
+    frame: Vec<u8>,
+}
+
+impl std::fmt::Debug for Input {
+    /// The hook and the frame in hex, one line.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?} ", self.hook)?;
+        self.frame.iter().try_for_each(|byte| write!(f, "{byte:02x}"))
+    }
+}
+
+fn any_addr() -> impl Strategy<Value = Ipv4Addr> {
+    prop_oneof![
+        3 => proptest::sample::select(vec![NODE, VIP, EMPTY_VIP, LB_IP, PODS[0], PODS[1], PODS[2], CLIENTS[0], CLIENTS[1]]),
+        1 => any::<u32>().prop_map(Ipv4Addr::from),
+    ]
+}
+
+fn any_port() -> impl Strategy<Value = u16> {
+    prop_oneof![
+        3 => proptest::sample::select(vec![80u16, 53, NODE_PORT, POD_PORT, 40000]),
+        1 => any::<u16>(),
+    ]
+}
+
+/// A TCP, UDP or other-protocol packet between random (often our) addresses.
+fn l4_frame() -> impl Strategy<Value = Vec<u8>> {
+    (
+        any_addr(),
+        any_addr(),
+        any_port(),
+        any_port(),
+        prop_oneof![4 => Just(6u8), 4 => Just(17u8), 1 => any::<u8>()],
+        any::<u8>(),
+        proptest::collection::vec(any::<u8>(), 0..64),
+        prop_oneof![4 => Just(0u8), 1 => 1..4u8],
+        prop_oneof![4 => Just(0x4000u16), 1 => Just(0x2000u16), 1 => 1..0x2000u16, 1 => any::<u16>()],
+    )
+        .prop_map(|(src, dst, sport, dport, proto, tcp_flags, payload, ip_option_words, frag_off)| {
+            PacketSpec {
+                proto,
+                payload,
+                ip_option_words,
+                frag_off,
+                tcp_flags,
+                ..PacketSpec::tcp(src, sport, dst, dport)
+            }
+            .build()
+        })
+}
+
+/// An ICMP error (or echo) from a random sender quoting a packet of a flow.
+fn icmp_frame_about_a_flow() -> impl Strategy<Value = Vec<u8>> {
+    (any_addr(), any_addr(), l4_frame(), prop_oneof![Just((3u8, 4u8)), Just((3, 3)), Just((11, 0)), Just((8, 0)), (any::<u8>(), any::<u8>())], 0..40usize)
+        .prop_map(|(src, dst, quoted, (icmp_type, code), cut)| {
+            let inner = &quoted[ETH_HLEN..];
+            let keep = inner.len().saturating_sub(cut).max(1);
+            icmp_frame(src, dst, icmp_type, code, 1400, &inner[..keep])
+        })
+}
+
+/// Something that is not IPv4 at all, or random bytes claiming to be.
+fn other_frame() -> impl Strategy<Value = Vec<u8>> {
+    (
+        prop_oneof![Just(0x0806u16), Just(0x86dd), Just(0x8100), Just(0x0800), any::<u16>()],
+        proptest::collection::vec(any::<u8>(), 40..120),
+    )
+        .prop_map(|(ethertype, body)| {
+            let mut frame = vec![0x02, 0, 0, 0, 0, 0x02, 0x02, 0, 0, 0, 0, 0x01];
+            frame.extend_from_slice(&ethertype.to_be_bytes());
+            frame.extend_from_slice(&body);
+            frame
+        })
+}
+
+/// Flips a few bytes and may cut the frame short (never inside the IPv4
+/// header's first 20 bytes: the test run itself refuses such frames).
+fn mutated(frame: Vec<u8>) -> impl Strategy<Value = Vec<u8>> {
+    let len = frame.len();
+    (
+        proptest::collection::vec((0..len, any::<u8>()), 0..4),
+        proptest::option::weighted(0.2, (ETH_HLEN + 20).min(len)..=len),
+    )
+        .prop_map(move |(flips, cut)| {
+            let mut frame = frame.clone();
+            for (at, byte) in flips {
+                frame[at] ^= byte;
+            }
+            if let Some(cut) = cut {
+                frame.truncate(cut);
+            }
+            frame
+        })
+}
+
+fn input() -> impl Strategy<Value = Input> {
+    let frame = prop_oneof![
+        6 => l4_frame(),
+        2 => icmp_frame_about_a_flow(),
+        1 => other_frame(),
+    ];
+    let frame = prop_oneof![
+        2 => frame.clone(),
+        1 => frame.prop_flat_map(mutated),
+    ];
+    let hook = proptest::sample::select(vec![Hook::FromPod, Hook::ToPod, Hook::FromUplink, Hook::XdpUplink]);
+    (hook, frame).prop_map(|(hook, frame)| Input { hook, frame })
+}
+
+/// The IPv4 addresses a frame names: the outer pair, and for ICMP the
+/// quoted pair too. `None` for a frame that is not IPv4.
+fn addresses(frame: &[u8]) -> Option<Vec<Ipv4Addr>> {
+    let ethertype = frame.get(12..14)?;
+    if ethertype != [0x08, 0x00] {
+        return None;
+    }
+    let ip = frame.get(ETH_HLEN..)?;
+    let pair = |header: &[u8]| -> Option<[Ipv4Addr; 2]> {
+        let src: [u8; 4] = header.get(12..16)?.try_into().ok()?;
+        let dst: [u8; 4] = header.get(16..20)?.try_into().ok()?;
+        Some([Ipv4Addr::from(src), Ipv4Addr::from(dst)])
+    };
+    let mut all = pair(ip)?.to_vec();
+    let ihl = usize::from(ip[0] & 0x0f) * 4;
+    if ip.get(9) == Some(&1) {
+        if let Some(quoted) = ip.get(ihl + 8..).and_then(pair) {
+            all.extend(quoted);
+        }
+    }
+    Some(all)
+}
+
+/// Whether every checksum of `frame` that can be checked is valid: the IPv4
+/// header's; the TCP or UDP checksum of an unfragmented datagram; the ICMP
+/// message's (and for an error the quoted header's).
+fn checksums_hold(frame: &[u8]) -> bool {
+    if frame.get(12..14) != Some(&[0x08, 0x00]) {
+        return true;
+    }
+    let Some(ip) = frame.get(ETH_HLEN..ETH_HLEN + 20) else {
+        return false;
+    };
+    let fragmented = u16::from_be_bytes([ip[6], ip[7]]) & 0x3fff != 0;
+    match ip[9] {
+        6 | 17 if !fragmented => checksums_valid(frame),
+        1 if !fragmented => match frame.get(ETH_HLEN + usize::from(ip[0] & 0x0f) * 4) {
+            Some(3 | 4 | 5 | 11 | 12) => icmp_error_checksums_valid(frame),
+            _ => icmp_checksums_valid(frame),
+        },
+        _ => {
+            let ihl = usize::from(ip[0] & 0x0f) * 4;
+            frame
+                .get(ETH_HLEN..ETH_HLEN + ihl)
+                .is_some_and(|header| proxy_user::packet::checksum(header, 0) == 0)
+        }
+    }
+}
+
+fn verdict_allowed(hook: Hook, verdict: u32) -> bool {
+    match hook {
+        Hook::XdpUplink => [XDP_DROP, XDP_PASS, XDP_TX, XDP_REDIRECT].contains(&verdict),
+        _ => [TC_ACT_OK, TC_ACT_SHOT, TC_ACT_REDIRECT, TC_ACT_UNSPEC].contains(&verdict),
+    }
+}
+
+fn passes(hook: Hook, verdict: u32) -> bool {
+    match hook {
+        Hook::XdpUplink => verdict == XDP_PASS,
+        _ => verdict == TC_ACT_UNSPEC || verdict == TC_ACT_OK,
+    }
+}
+
+/// Whether BPF_PROG_TEST_RUN takes the frame at all: it refuses an IPv4 or
+/// IPv6 frame too short for the fixed IP header before any program runs.
+fn test_run_takes(frame: &[u8]) -> bool {
+    let ip_header = match frame.get(12..14) {
+        Some([0x08, 0x00]) => 20,
+        Some([0x86, 0xdd]) => 40,
+        _ => 0,
+    };
+    frame.len() >= ETH_HLEN + ip_header
+}
+
+fn check(programs: &mut Programs, input: &Input) -> Result<(), TestCaseError> {
+    prop_assume!(test_run_takes(&input.frame));
+    let (verdict, output) = programs
+        .run(input.hook, &input.frame)
+        .map_err(|error| TestCaseError::fail(format!("BPF_PROG_TEST_RUN failed: {error}")))?;
+    prop_assert!(verdict_allowed(input.hook, verdict), "verdict {verdict:#x}");
+    let not_ours = addresses(&input.frame).is_none_or(|addrs| !addrs.into_iter().any(ours));
+    if not_ours {
+        prop_assert!(passes(input.hook, verdict), "a frame not ours got verdict {verdict:#x}");
+        prop_assert_eq!(&output, &input.frame, "a frame not ours was changed");
+    }
+    if output != input.frame && checksums_hold(&input.frame) {
+        prop_assert!(checksums_hold(&output), "rewritten with invalid checksums: {output:02x?}");
+    }
+    Ok(())
+}
+
+#[test]
+fn random_and_mutated_frames_never_fail_never_touch_others_and_keep_checksums() {
+    require_root();
+    let cases: u32 = std::env::var("SB_FUZZ_CASES")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(20_000);
+    let fuzz = std::thread::spawn(move || {
+        // SAFETY: unshare only changes this thread's network namespace; no
+        // other thread of the test uses it.
+        let unshared = unsafe { libc::unshare(libc::CLONE_NEWNET) };
+        assert_eq!(unshared, 0, "unshare(CLONE_NEWNET): {}", std::io::Error::last_os_error());
+        let programs = RefCell::new(Programs::load());
+        let mut runner = TestRunner::new(Config {
+            cases,
+            failure_persistence: None,
+            ..Config::default()
+        });
+        runner
+            .run(&input(), |input| check(&mut programs.borrow_mut(), &input))
+            .map_err(|failure| failure.to_string())
+    });
+    let outcome = fuzz.join().expect("the fuzz thread panicked");
+    if let Err(failure) = outcome {
+        panic!("{failure}");
+    }
+}
