@@ -85,7 +85,7 @@ impl ServiceBuilder<'_> {
         };
         let parsed: Vec<ParsedSlice> = slices
             .iter()
-            .filter_map(|s| endpoints.parse_slice(s, spec.publish_not_ready_addresses))
+            .filter_map(|s| endpoints.parse_slice(s))
             .collect();
         for sp in &spec.ports {
             self.port(svc, sp, &attributes, &addresses, &parsed);
