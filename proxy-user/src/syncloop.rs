@@ -148,6 +148,9 @@ impl<S: MapStore> SyncLoop<'_, S> {
             self.model.set_node(self.nodeports.apply(node.as_ref()));
             self.source_node = node;
         }
+        if let Some(problems) = changes.problems {
+            self.model.set_source_problems(problems);
+        }
         for (key, info) in changes.services {
             self.model.set_service(key, info);
         }
