@@ -22,10 +22,10 @@ use crate::{
     maps::MapStore,
     memory,
     metrics::{SliceSynced, SyncObserver},
-    model::{self, FrontendAddr, Model, ModelDelta, NodeInfo},
+    model::{self, FrontendAddr, Model, ModelDelta, NodeInfo, ObjectKind},
     sockdiag,
     source::Changes,
-    status::{self, AgentStatus, UnprogrammedService},
+    status::{self, AgentStatus, RejectedObject, UnprogrammedService},
     sync::{SyncReport, Syncer, Unprogrammed},
     uplink,
 };
@@ -259,6 +259,20 @@ impl<S: MapStore> SyncLoop<'_, S> {
             })
             .collect();
         self.status.warnings = self.model.warnings().map(ToString::to_string).collect();
+        self.status.rejected = self
+            .model
+            .rejections()
+            .map(|(kind, key, r)| RejectedObject {
+                kind: kind.as_str().to_owned(),
+                object: key.to_string(),
+                service: match kind {
+                    ObjectKind::Service => Some(key.to_string()),
+                    ObjectKind::EndpointSlice => r.service.as_ref().map(ToString::to_string),
+                },
+                held: r.held,
+                problems: r.problems.clone(),
+            })
+            .collect();
         self.write_status();
     }
 }
