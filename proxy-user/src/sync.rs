@@ -521,8 +521,8 @@ impl<S: MapStore> Syncer<S> {
             Some(old) => old.service_id,
             None => self.allocate_service_id().ok_or_else(|| {
                 UpsertError::Capacity(format!(
-                    "service id space full ({} service ports)",
-                    self.caps.services - 1
+                    "service id space full ({} service ports, --max-services)",
+                    self.caps.services
                 ))
             })?,
         };
@@ -711,7 +711,8 @@ impl<S: MapStore> Syncer<S> {
     }
 
     fn allocate_service_id(&mut self) -> Option<u32> {
-        let max = self.caps.services.saturating_sub(1);
+        // Ids are 1..=services: the counter array has one more entry.
+        let max = self.caps.services;
         if self.service_ids.len() as u32 >= max {
             return None;
         }
@@ -1339,6 +1340,30 @@ mod tests {
         );
         assert_eq!(s.store().view(&a.addr), Some(a.backends.clone()));
         assert_eq!(s.store().view(&b.addr), None);
+    }
+
+    /// Issue 11: `--max-services N` gives N service ports (ids 1..=N; the
+    /// counter array has N + 1 entries), not N − 1.
+    #[test]
+    fn max_services_n_programs_n_service_ports() {
+        let small = Capacities {
+            services: 3,
+            ..Capacities::default()
+        };
+        assert_eq!(small.service_stats_entries(), 4);
+        let mut s = Syncer::adopt(MemStore::default(), small);
+        let fes: Vec<Frontend> = (1..=4u8)
+            .map(|i| fe([10, 96, 0, i], 80, Protocol::Tcp, &format!("s{i}"), &[(i, 80)]))
+            .collect();
+        let report = s.apply(&state(fes[..3].to_vec()));
+        assert_eq!(report.added, 3, "{report:?}");
+        assert!(report.failed.is_empty(), "{report:?}");
+        let ids: BTreeSet<u32> = s.store().revnat.keys().copied().collect();
+        assert_eq!(ids, BTreeSet::from([1, 2, 3]));
+        let report = s.apply(&state(fes.clone()));
+        assert_eq!(report.failed.len(), 1, "{report:?}");
+        assert_eq!(report.failed[0].service, "default/s4");
+        assert!(report.failed[0].reason.contains("service id space full (3 service ports"), "{}", report.failed[0].reason);
     }
 
     #[test]

@@ -125,6 +125,8 @@ pub struct Model {
     warnings: BTreeMap<ModelWarning, u32>,
     desired: DesiredState,
     dirty: HashSet<ObjectKey>,
+    /// The most backends one frontend may have (`--max-endpoints-per-service`).
+    max_endpoints: usize,
 }
 
 impl Model {
@@ -134,8 +136,22 @@ impl Model {
         Model {
             node,
             proxy_name,
+            max_endpoints: usize::from(proxy_common::capacity::DEFAULT_BACKENDS_PER_SERVICE),
             ..Model::default()
         }
+    }
+
+    /// Sets the most backends one frontend may have (at most
+    /// [`proxy_common::capacity::MAX_BACKENDS_PER_SERVICE`], which the data
+    /// path can index); every Service is recomputed.
+    pub fn set_max_endpoints_per_port(&mut self, max: u16) {
+        let max = usize::from(max.clamp(1, proxy_common::capacity::MAX_BACKENDS_PER_SERVICE));
+        if max == self.max_endpoints {
+            return;
+        }
+        self.max_endpoints = max;
+        self.dirty.extend(self.services.keys().cloned());
+        self.dirty.extend(self.claims.keys().cloned());
     }
 
     /// Records a Service's new version (`None`: deleted). A version that
@@ -363,7 +379,7 @@ impl Model {
             .filter(|s| s.labels.selected(self.proxy_name.as_deref()))
             .map(|s| &**s)
             .collect();
-        service::compute(svc, &slices, self.node.as_ref())
+        service::compute(svc, &slices, self.node.as_ref(), self.max_endpoints)
     }
 
     fn remember(&self, before: &mut HashMap<FrontendAddr, Option<Frontend>>, addr: &FrontendAddr) {

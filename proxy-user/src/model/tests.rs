@@ -2334,3 +2334,37 @@ fn a_newer_service_does_not_steal_a_live_address() {
     ];
     history("newcomer", &steps);
 }
+
+/// Issue 11: a Service port with more endpoints than
+/// `--max-endpoints-per-service` keeps the first ones in address order (the
+/// same on every node) and the rest are reported by address.
+#[test]
+fn endpoints_beyond_the_limit_are_dropped_last_first_and_reported() {
+    let mut model = Model::new(None, None);
+    model.set_max_endpoints_per_port(2);
+    let (services, slices) = objects(&format!(
+        "{WEB}---\n{}",
+        WEB_SLICE.replace("endpoints: [{addresses: [10.244.1.2]}, {addresses: [10.244.1.3]}]",
+            "endpoints: [{addresses: [10.244.1.4]}, {addresses: [10.244.1.2]}, {addresses: [10.244.1.5]}, {addresses: [10.244.1.3]}]")
+    ));
+    let mut interner = Interner::default();
+    for s in &services {
+        let info = ServiceInfo::from_k8s(s);
+        model.set_service(info.key.clone(), Some(Arc::new(info)));
+    }
+    for s in &slices {
+        let info = SliceInfo::from_k8s(s, &mut interner);
+        model.set_slice(info.key.clone(), Some(Arc::new(info)));
+    }
+    model.update();
+    let got: Vec<String> = model.desired().frontends.values().map(ToString::to_string).collect();
+    assert_eq!(got, ["10.96.0.10:80/TCP ClusterIP default/web -> 10.244.1.2:8080, 10.244.1.3:8080"]);
+    let warnings: Vec<String> = model.warnings().map(ToString::to_string).collect();
+    assert_eq!(warnings, ["Service default/web: port 80: 4 endpoints, more than the 2 one service port may have (--max-endpoints-per-service); the 2 last in address order (10.244.1.4:8080 to 10.244.1.5:8080) are not programmed"]);
+    // Raising the limit programs them all and the warning goes.
+    model.set_max_endpoints_per_port(4);
+    let delta = model.update();
+    assert_eq!(delta.frontends.len(), 1);
+    assert_eq!(model.desired().frontends.values().next().map(|f| f.backends.len()), Some(4));
+    assert_eq!(model.warnings().count(), 0);
+}
