@@ -5,6 +5,11 @@
 //!
 //! Nothing here looks at other Services: which Service keeps an address two of
 //! them claim is decided by [`Model`](super::Model).
+//!
+//! [`Model`](super::Model) hands this only versions that
+//! [`validate`](super::validate) accepts; the checks here that repeat its
+//! object-level ones (an unparsable address, a port out of range) keep
+//! [`compute`] total on any input, and never fire from the Model.
 
 use std::net::Ipv4Addr;
 
