@@ -97,7 +97,7 @@ struct Claims {
 }
 
 /// The desired state, maintained incrementally.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Model {
     node: Option<NodeInfo>,
     proxy_name: Option<String>,
@@ -136,8 +136,20 @@ impl Model {
         Model {
             node,
             proxy_name,
+            services: HashMap::new(),
+            slices: HashMap::new(),
+            slices_by_service: HashMap::new(),
+            claims: HashMap::new(),
+            owners: HashMap::new(),
+            contested: HashMap::new(),
+            rejections: BTreeMap::new(),
+            pending_warnings: Vec::new(),
+            source_problems: Vec::new(),
+            conflict_warnings: HashMap::new(),
+            warnings: BTreeMap::new(),
+            desired: DesiredState::default(),
+            dirty: HashSet::new(),
             max_endpoints: usize::from(proxy_common::capacity::DEFAULT_BACKENDS_PER_SERVICE),
-            ..Model::default()
         }
     }
 
