@@ -130,7 +130,9 @@ pub mod capacity {
     /// Session-affinity entries (one per client address and service port).
     pub const AFFINITY: u32 = 65_536;
     /// Service ids are indices into the per-service counters and the reverse-NAT
-    /// map, so this bounds the number of service ports. Id 0 is never used.
+    /// map, so this bounds the number of service ports (`--max-services`). Ids
+    /// are 1..=SERVICES (0 is never used), so the per-service counter array
+    /// has SERVICES + 1 entries.
     pub const SERVICES: u32 = 16_384;
     /// Uplink interfaces per node.
     pub const UPLINKS: u32 = 64;
@@ -140,9 +142,13 @@ pub mod capacity {
     /// the backends a Service usually has, so each backend's share is even
     /// to within about 1%.
     pub const MAGLEV_TABLE: u32 = 16_381;
-    /// The data path walks at most this many slots (it never loops; this bounds
-    /// the random pick), so it also bounds the backends one service port can have.
-    pub const MAX_BACKENDS_PER_SERVICE: u16 = 4_096;
+    /// The most backends one service port can have: the data path picks a
+    /// slot in `1..=min(backend_count, this)` (slots are `u16`), and a Maglev
+    /// table needs more entries than backends ([`MAGLEV_TABLE`] − 1).
+    /// `--max-endpoints-per-service` may be set up to this.
+    pub const MAX_BACKENDS_PER_SERVICE: u16 = (MAGLEV_TABLE - 1) as u16;
+    /// `--max-endpoints-per-service` by default.
+    pub const DEFAULT_BACKENDS_PER_SERVICE: u16 = 4_096;
 }
 
 /// Slots of the tail-call program array.

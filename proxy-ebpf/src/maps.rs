@@ -26,7 +26,7 @@ pub static SB_CT_V4: LruHashMap<CtKey, CtEntry, { capacity::CONNTRACK as usize }
 #[btf_map]
 pub static SB_RNAT_V1: HashMap<u32, RevNat, { capacity::SERVICES as usize }> = HashMap::new();
 #[btf_map]
-pub static SB_SVC_STATS_V1: PerCpuArray<SvcStats, { capacity::SERVICES as usize }> =
+pub static SB_SVC_STATS_V1: PerCpuArray<SvcStats, { capacity::SERVICES as usize + 1 }> =
     PerCpuArray::new();
 #[btf_map]
 pub static SB_AFFINITY_V1: LruHashMap<AffinityKey, AffinityEntry, AFFINITY_ENTRIES> =

@@ -58,6 +58,8 @@ pub struct AgentConfig {
     pub source: Source,
     pub pin_root: PathBuf,
     pub capacities: Capacities,
+    /// `--max-endpoints-per-service`.
+    pub max_endpoints_per_service: u16,
     /// For the cluster source: a kubeconfig file instead of inference.
     pub kubeconfig: Option<PathBuf>,
     /// This node's name (NodePort addresses, `Local` policies, topology).
@@ -155,7 +157,11 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
         .transpose()?;
     let mut sync = SyncLoop {
         syncer,
-        model: Model::new(None, config.proxy_name.clone()),
+        model: {
+            let mut model = Model::new(None, config.proxy_name.clone());
+            model.set_max_endpoints_per_port(config.max_endpoints_per_service);
+            model
+        },
         pin_root: &config.pin_root,
         last_failed: Vec::new(),
         close_sockets: config.socket_lb_cgroup.is_some(),

@@ -46,6 +46,12 @@ pub struct AgentArgs {
     /// Number of service ports (service ids).
     #[arg(long, default_value_t = Capacities::default().services)]
     pub max_services: u32,
+    /// The most endpoints one service port gets (up to 16380, what the data
+    /// path and a Maglev table can index). A Service port with more is
+    /// programmed with the first ones in address order, and reported.
+    #[arg(long, default_value_t = proxy_common::capacity::DEFAULT_BACKENDS_PER_SERVICE,
+          value_parser = clap::value_parser!(u16).range(1..=i64::from(proxy_common::capacity::MAX_BACKENDS_PER_SERVICE)))]
+    pub max_endpoints_per_service: u16,
     /// Kubeconfig for `--source cluster` (default: in-cluster service
     /// account, then KUBECONFIG, then ~/.kube/config).
     #[arg(long)]
@@ -146,6 +152,7 @@ impl AgentArgs {
                 conntrack: self.max_conntrack,
                 services: self.max_services,
             },
+            max_endpoints_per_service: self.max_endpoints_per_service,
             kubeconfig: self.kubeconfig,
             node_name,
             proxy_name: self.proxy_name,

@@ -60,6 +60,14 @@ pub struct Capacities {
     pub services: u32,
 }
 
+impl Capacities {
+    /// The per-service counter array is indexed by service id, and ids are
+    /// `1..=services` (0 means none): one entry more than `services`.
+    pub fn service_stats_entries(&self) -> u32 {
+        self.services.saturating_add(1)
+    }
+}
+
 impl Default for Capacities {
     fn default() -> Self {
         Self {
@@ -127,7 +135,7 @@ fn sized_maps(caps: &Capacities) -> [(&'static str, &'static str, u32); 6] {
         (names::CONNTRACK, "--max-conntrack", caps.conntrack),
         (names::SOCKETS, "--max-conntrack", caps.conntrack),
         (names::REVNAT, "--max-services", caps.services),
-        (names::SERVICE_STATS, "--max-services", caps.services),
+        (names::SERVICE_STATS, "--max-services", caps.service_stats_entries()),
     ]
 }
 
@@ -198,7 +206,7 @@ fn load_with(pins_at: Option<(&Path, &[&'static str])>, caps: &Capacities) -> Re
         // One socket-layer entry per balanced socket: sized like conntrack.
         .map_max_entries(names::SOCKETS, caps.conntrack)
         .map_max_entries(names::REVNAT, caps.services)
-        .map_max_entries(names::SERVICE_STATS, caps.services);
+        .map_max_entries(names::SERVICE_STATS, caps.service_stats_entries());
     for (name, path) in &pins {
         loader.map_pin_path(name, path.as_path());
     }

@@ -39,8 +39,12 @@ pub struct AgentStatus {
     pub last_sync_us: u64,
     pub frontends_desired: usize,
     pub unprogrammed: Vec<UnprogrammedService>,
-    /// Input problems (`object: problem`), as the model reported them.
+    /// Input problems (`object: problem`), as the model reported them
+    /// (the source's own problems, such as files that do not parse, among them).
     pub warnings: Vec<String>,
+    /// Services and EndpointSlices whose newest version cannot be used:
+    /// held at their last good version, or never programmed.
+    pub rejected: Vec<RejectedObject>,
     /// The interfaces the agent attached programs to.
     pub interfaces: Vec<AttachedInterface>,
     /// The cgroup the socket layer is attached to (`None`: socket layer off).
@@ -59,6 +63,24 @@ pub struct AttachedInterface {
     pub role: String,
     /// The hooks, e.g. `tcx ingress`, `tcx egress`, `xdp native`.
     pub hooks: Vec<String>,
+}
+
+/// An object whose newest version the model cannot use.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RejectedObject {
+    /// `Service` or `EndpointSlice`.
+    pub kind: String,
+    /// `namespace/name`.
+    pub object: String,
+    /// The Service (`namespace/name`) whose frontends it affects: the
+    /// Service itself, or the one the slice's kept version serves.
+    pub service: Option<String>,
+    /// `true`: its last good version stays programmed; `false`: nothing of
+    /// it is programmed (it was never usable).
+    pub held: bool,
+    /// `field: problem`, one per bad field.
+    pub problems: Vec<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -521,8 +521,8 @@ impl<S: MapStore> Syncer<S> {
             Some(old) => old.service_id,
             None => self.allocate_service_id().ok_or_else(|| {
                 UpsertError::Capacity(format!(
-                    "service id space full ({} service ports)",
-                    self.caps.services - 1
+                    "service id space full ({} service ports, --max-services)",
+                    self.caps.services
                 ))
             })?,
         };
@@ -711,7 +711,8 @@ impl<S: MapStore> Syncer<S> {
     }
 
     fn allocate_service_id(&mut self) -> Option<u32> {
-        let max = self.caps.services.saturating_sub(1);
+        // Ids are 1..=services: the counter array has one more entry.
+        let max = self.caps.services;
         if self.service_ids.len() as u32 >= max {
             return None;
         }

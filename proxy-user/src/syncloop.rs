@@ -22,10 +22,10 @@ use crate::{
     maps::MapStore,
     memory,
     metrics::{SliceSynced, SyncObserver},
-    model::{self, FrontendAddr, Model, ModelDelta, NodeInfo},
+    model::{self, FrontendAddr, Model, ModelDelta, NodeInfo, ObjectKind},
     sockdiag,
     source::Changes,
-    status::{self, AgentStatus, UnprogrammedService},
+    status::{self, AgentStatus, RejectedObject, UnprogrammedService},
     sync::{SyncReport, Syncer, Unprogrammed},
     uplink,
 };
@@ -148,6 +148,9 @@ impl<S: MapStore> SyncLoop<'_, S> {
             self.model.set_node(self.nodeports.apply(node.as_ref()));
             self.source_node = node;
         }
+        if let Some(problems) = changes.problems {
+            self.model.set_source_problems(problems);
+        }
         for (key, info) in changes.services {
             self.model.set_service(key, info);
         }
@@ -256,6 +259,20 @@ impl<S: MapStore> SyncLoop<'_, S> {
             })
             .collect();
         self.status.warnings = self.model.warnings().map(ToString::to_string).collect();
+        self.status.rejected = self
+            .model
+            .rejections()
+            .map(|(kind, key, r)| RejectedObject {
+                kind: kind.as_str().to_owned(),
+                object: key.to_string(),
+                service: match kind {
+                    ObjectKind::Service => Some(key.to_string()),
+                    ObjectKind::EndpointSlice => r.service.as_ref().map(ToString::to_string),
+                },
+                held: r.held,
+                problems: r.problems.clone(),
+            })
+            .collect();
         self.write_status();
     }
 }

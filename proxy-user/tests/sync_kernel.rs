@@ -128,3 +128,42 @@ fn a_batched_first_sync_and_incremental_changes_leave_exactly_the_desired_state(
     let unchanged: BTreeSet<_> = model.desired().frontends.keys().copied().collect();
     assert_eq!(report.unchanged, unchanged.len());
 }
+
+/// Issue 11: `--max-services N` programs N service ports, and every one of
+/// their ids has a slot in the kernel's per-service counter array (ids
+/// 1..=N, the array N + 1 entries); the N + 1st port is refused by name.
+#[test]
+fn max_services_n_gives_n_service_ports_each_with_counters() {
+    require_root();
+    let n = 4;
+    let caps = Capacities {
+        frontends: 64,
+        backends: 64,
+        conntrack: 64,
+        services: n,
+    };
+    let mut ebpf = ebpf::load_unpinned(&caps).expect("loading the programs");
+    let maps = PinnedMaps::take(&mut ebpf).expect("opening the maps");
+    assert_eq!(maps.service_stats.len(), n + 1);
+    let mut syncer = Syncer::adopt(maps, caps);
+    let mut model = Model::new(None, None);
+    for i in 0..=n {
+        let s = Arc::new(proxy_user::model::ServiceInfo::from_k8s(&service(i)));
+        model.set_service(s.key.clone(), Some(s));
+    }
+    let delta = model.update();
+    let report = syncer.apply_changed(model.desired(), &delta.frontends);
+    assert_eq!(report.added, n as usize, "{report:?}");
+    assert_eq!(report.failed.len(), 1, "{report:?}");
+    assert!(report.failed[0].reason.contains("service id space full (4 service ports"), "{report:?}");
+    let dump = syncer.store().dump();
+    let ids: BTreeSet<u32> = dump.revnat.iter().map(|(id, _)| *id).collect();
+    assert_eq!(ids, (1..=n).collect::<BTreeSet<u32>>());
+    for id in ids {
+        syncer
+            .store()
+            .service_stats
+            .get(&id, 0)
+            .unwrap_or_else(|e| panic!("service id {id} has no counter slot: {e}"));
+    }
+}

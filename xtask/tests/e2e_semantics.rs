@@ -809,3 +809,65 @@ fn established_connection_survives_its_endpoint_leaving() {
         sb.agent_log()
     );
 }
+
+/// Issue 11: an edit that parses but cannot be used (a port of 70000) keeps
+/// the Service's last good state: it still answers, and `switchboard
+/// services` marks it held with the problem by field. A file with a syntax
+/// error is listed among the problems until it is removed; fixing the edit
+/// clears the mark.
+#[test]
+fn an_invalid_edit_keeps_the_last_good_state_and_says_so() {
+    let good = manifest("http", POD_TCP_PORT, &ready_pods(&[1, 2]));
+    let mut sb = sandbox(&good, false, |r| {
+        row(r, "demo/echo:http").is_some_and(|r| backends(r).len() == 2)
+    });
+    let invalid = good.replacen("    port: 80\n", "    port: 70000\n", 1);
+    assert_ne!(invalid, good);
+    write_manifest(&sb, FILE, &invalid);
+    let rows = wait_rows(&mut sb, "demo/echo held", |r| {
+        row(r, "demo/echo:http").is_some_and(|r| r["held"] == true)
+    });
+    let held = row(&rows, "demo/echo:http").unwrap();
+    assert_eq!(backends(held), http_backends(&[1, 2], POD_TCP_PORT));
+    let problems = held["problems"].to_string();
+    assert!(
+        problems.contains("Service demo/echo: spec.ports[0].port: 70000 is not a valid port"),
+        "{held:#}"
+    );
+    let run = connections(&sb, 20);
+    assert!(run.all_ok(), "the held Service must still answer:\n{}", run.raw);
+    assert_eq!(answered(&run), set(&["pod1", "pod2"]), "{}", run.raw);
+    let table = sb.services_raw(&switchboard(), false).unwrap();
+    assert!(table.contains(" held "), "{table}");
+    assert!(
+        table.contains("demo/echo: spec.ports[0].port: 70000 is not a valid port; keeping the last good version"),
+        "{table}"
+    );
+
+    // A file that does not parse is listed until it goes.
+    fs::write(sb.manifest_dir().join("broken.yaml"), "kind: Service\nmetadata: {name: [\n").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let table = sb.services_raw(&switchboard(), false).unwrap();
+        if table.contains("broken.yaml: document 1: syntax error") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the broken file is not listed:\n{table}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    fs::remove_file(sb.manifest_dir().join("broken.yaml")).unwrap();
+
+    write_manifest(&sb, FILE, &good);
+    wait_rows(&mut sb, "demo/echo no longer held", |r| {
+        row(r, "demo/echo:http").is_some_and(|r| r["held"] == false)
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let table = sb.services_raw(&switchboard(), false).unwrap();
+        if !table.contains("broken.yaml") && !table.contains("70000") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "problems linger:\n{table}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}

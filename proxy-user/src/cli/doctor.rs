@@ -279,13 +279,26 @@ fn maps_check(source: &Source, status: Option<&AgentStatus>, rows: Option<&[Serv
     let desired = desired::build(inputs, status);
     let mut findings: Vec<Finding> = desired::compare(&desired, rows, &status.unprogrammed)
         .into_iter()
-        .map(|m| Finding {
+        .map(|m| match held_problems(status, &m.service) {
+            // The agent keeps the last good version of this Service (or of
+            // one of its slices) on purpose: not a fault of the maps.
+            Some(problems) => Finding {
+                what: format!(
+                    "{} of {} is held at its last good version (goes to {}): the source's newest version cannot be used: {problems}",
+                    m.frontend,
+                    m.service,
+                    list(&m.in_maps)
+                ),
+                fix: "fix the object; the agent keeps the last good version until then (an agent restarted meanwhile has no earlier version and drops it)".into(),
+            },
+            None => Finding {
             what: match m.problem {
                 "missing" => format!("{} of {} is not in the maps (should go to {})", m.frontend, m.service, list(&m.in_source)),
                 "stale" => format!("{} ({}) is in the maps but not in the source (goes to {})", m.frontend, m.service, list(&m.in_maps)),
                 _ => format!("{} of {}: the maps send to {}, the source asks for {}", m.frontend, m.service, list(&m.in_maps), list(&m.in_source)),
             },
             fix: "restart the agent: it rebuilds the maps from the source at start-up (if this persists, its log says why)".into(),
+            },
         })
         .collect();
     for u in &status.unprogrammed {
@@ -301,6 +314,19 @@ fn maps_check(source: &Source, status: Option<&AgentStatus>, rows: Option<&[Serv
         });
     }
     Check::new(name, format!("{} frontends in the source, {} in the maps", desired.frontends.len(), rows.len()), findings)
+}
+
+/// The problems of the held objects of `service` (`ns/name` or
+/// `ns/name:port`), if the agent holds it at its last good version.
+fn held_problems(status: &AgentStatus, service: &str) -> Option<String> {
+    let base = service.split_once(':').map_or(service, |(s, _)| s);
+    let problems: Vec<String> = status
+        .rejected
+        .iter()
+        .filter(|r| r.held && r.service.as_deref() == Some(base))
+        .flat_map(|r| r.problems.iter().map(move |p| format!("{} {}: {p}", r.kind, r.object)))
+        .collect();
+    (!problems.is_empty()).then(|| problems.join("; "))
 }
 
 fn list(v: &[String]) -> String {
@@ -405,6 +431,27 @@ mod tests {
         assert!(text.contains("- [no kube-proxy leftovers] kube-proxy nftables tables: ip kube-proxy"), "{text}");
         assert!(text.contains("fix: remove them with `switchboard cleanup --kube-proxy`"), "{text}");
         assert!(render(&[endpoints_check(Some(&[]))]).contains("No problem found."));
+    }
+
+    /// Issue 11: a Service held at its last good version differs from the
+    /// source on purpose; doctor says so instead of advising a restart.
+    #[test]
+    fn a_held_service_is_named_with_its_problem() {
+        let status = AgentStatus {
+            rejected: vec![crate::status::RejectedObject {
+                kind: "EndpointSlice".into(),
+                object: "demo/echo-1".into(),
+                service: Some("demo/echo".into()),
+                held: true,
+                problems: vec!["addressType: missing".into()],
+            }],
+            ..AgentStatus::default()
+        };
+        assert_eq!(
+            held_problems(&status, "demo/echo:http").as_deref(),
+            Some("EndpointSlice demo/echo-1: addressType: missing")
+        );
+        assert_eq!(held_problems(&status, "demo/other:http"), None);
     }
 
     #[test]

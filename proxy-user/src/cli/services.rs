@@ -39,6 +39,11 @@ pub struct ServiceRow {
     pub bytes: u64,
     pub new_flows: u64,
     pub drops_no_backend: u64,
+    /// The agent keeps this Service (or one of its EndpointSlices) at its
+    /// last good version: a newer version cannot be used (see `problems`).
+    pub held: bool,
+    /// Why, by object and field (from the agent's status file).
+    pub problems: Vec<String>,
 }
 
 #[derive(Debug, Serialize, PartialEq, Eq)]
@@ -123,9 +128,29 @@ pub fn read_services(maps: &PinnedMaps) -> Vec<ServiceRow> {
             bytes: stats.bytes,
             new_flows: stats.new_flows,
             drops_no_backend: stats.drops_no_backend,
+            held: false,
+            problems: Vec::new(),
         });
     }
     rows
+}
+
+/// Marks the rows of Services the agent holds at their last good version
+/// (the Service's own newest version, or one of its slices', cannot be
+/// used), with the problems, from the agent's status file.
+pub fn mark_held(rows: &mut [ServiceRow], status: &crate::status::AgentStatus) {
+    for row in rows {
+        let service = row.service.split_once(':').map_or(row.service.as_str(), |(s, _)| s);
+        for r in status.rejected.iter().filter(|r| r.held && r.service.as_deref() == Some(service)) {
+            row.held = true;
+            for p in &r.problems {
+                let text = format!("{} {}: {p}", r.kind, r.object);
+                if !row.problems.contains(&text) {
+                    row.problems.push(text);
+                }
+            }
+        }
+    }
 }
 
 /// The backends in slots `1..=count` of the set whose slot 0 is `head`, and
@@ -186,9 +211,9 @@ fn attributes(row: &ServiceRow) -> String {
 /// The table `switchboard services` prints.
 pub fn render_table(rows: &[ServiceRow]) -> String {
     let header = [
-        "SERVICE", "ID", "KIND", "FRONTEND", "PACKETS", "FLOWS", "DROPS", "BACKENDS",
+        "SERVICE", "STATE", "ID", "KIND", "FRONTEND", "PACKETS", "FLOWS", "DROPS", "BACKENDS",
     ];
-    let mut table: Vec<[String; 8]> = vec![header.map(str::to_owned)];
+    let mut table: Vec<[String; 9]> = vec![header.map(str::to_owned)];
     for row in rows {
         let backends = if row.backends.is_empty() {
             "(none: packets are dropped)".to_owned()
@@ -201,6 +226,7 @@ pub fn render_table(rows: &[ServiceRow]) -> String {
         };
         table.push([
             row.service.clone(),
+            if row.held { "held" } else { "ok" }.to_owned(),
             row.id.to_string(),
             row.kind.to_owned(),
             format!("{}:{}/{}", row.address, row.port, row.protocol),
@@ -210,7 +236,7 @@ pub fn render_table(rows: &[ServiceRow]) -> String {
             backends,
         ]);
     }
-    let mut widths = [0usize; 8];
+    let mut widths = [0usize; 9];
     for line in &table {
         for (width, cell) in widths.iter_mut().zip(line) {
             *width = (*width).max(cell.len());
@@ -223,7 +249,7 @@ pub fn render_table(rows: &[ServiceRow]) -> String {
             let width = widths[column];
             if column == line.len() - 1 {
                 text.push_str(cell);
-            } else if (1..=1).contains(&column) || (4..=6).contains(&column) {
+            } else if (2..=2).contains(&column) || (5..=7).contains(&column) {
                 let _ = write!(text, "{cell:>width$}  ");
             } else {
                 let _ = write!(text, "{cell:<width$}  ");
@@ -234,6 +260,12 @@ pub fn render_table(rows: &[ServiceRow]) -> String {
             let notes = attributes(row);
             if !notes.is_empty() {
                 let _ = writeln!(out, "    {notes}");
+            }
+            if row.held {
+                let _ = writeln!(out, "    held at its last good version (a newer version cannot be used):");
+                for p in &row.problems {
+                    let _ = writeln!(out, "      {p}");
+                }
             }
             if row.missing_backends > 0 {
                 let _ = writeln!(
@@ -268,7 +300,7 @@ pub fn render_status(status: &crate::status::AgentStatus, alive: bool) -> String
         }
     }
     if !status.warnings.is_empty() {
-        let _ = writeln!(out, "\nINPUT PROBLEMS ({}):", status.warnings.len());
+        let _ = writeln!(out, "\nPROBLEMS ({}):", status.warnings.len());
         for w in &status.warnings {
             let _ = writeln!(out, "  {w}");
         }
@@ -286,14 +318,18 @@ pub fn services(pin_root: &Path, json: bool) -> anyhow::Result<String> {
         }
         Err(error) => return Err(error.into()),
     };
-    let rows = read_services(&maps);
+    let mut rows = read_services(&maps);
+    let status = crate::status::read(pin_root);
+    if let Some(status) = &status {
+        mark_held(&mut rows, status);
+    }
     if json {
         return Ok(serde_json::to_string_pretty(&rows)? + "\n");
     }
     let mut text = render_table(&rows);
-    if let Some(status) = crate::status::read(pin_root) {
-        let alive = super::agent_process(pin_root, Some(&status)).alive;
-        text.push_str(&render_status(&status, alive));
+    if let Some(status) = &status {
+        let alive = super::agent_process(pin_root, Some(status)).alive;
+        text.push_str(&render_status(status, alive));
     }
     Ok(text)
 }
@@ -319,6 +355,8 @@ impl ServiceRow {
             bytes: 0,
             new_flows: 0,
             drops_no_backend: 0,
+            held: false,
+            problems: Vec::new(),
         }
     }
 }
@@ -378,5 +416,55 @@ mod tests {
         assert!(render_table(&[lb]).contains("from outside -> 10.244.1.2:8080"));
         assert!(text.contains("ClientIP affinity 10800s"));
         assert!(render_table(&[]).contains("no frontends programmed"));
+    }
+
+    /// Issue 11: a Service held at its last good version is marked in the
+    /// table (STATE `held`, the problem under its row) and in JSON; the
+    /// agent's problems (files that do not parse among them) follow the table.
+    #[test]
+    fn held_services_are_marked_and_problems_listed() {
+        use crate::status::{AgentStatus, RejectedObject};
+        let status = AgentStatus {
+            pid: 1,
+            warnings: vec![
+                "Service default/web: spec.ports[0].port: 70000 is not a valid port; keeping the last good version".into(),
+                "file /etc/sb/bad.yaml: document 1: syntax error: x; keeping this file's last good objects".into(),
+            ],
+            rejected: vec![
+                RejectedObject {
+                    kind: "Service".into(),
+                    object: "default/web".into(),
+                    service: Some("default/web".into()),
+                    held: true,
+                    problems: vec!["spec.ports[0].port: 70000 is not a valid port".into()],
+                },
+                RejectedObject {
+                    kind: "Service".into(),
+                    object: "default/new".into(),
+                    service: Some("default/new".into()),
+                    held: false,
+                    problems: vec!["spec.clusterIP: missing".into()],
+                },
+            ],
+            ..AgentStatus::default()
+        };
+        let mut rows = vec![row("default/web:http", 1), row("default/other", 1)];
+        mark_held(&mut rows, &status);
+        assert!(rows[0].held && !rows[1].held);
+        assert_eq!(rows[0].problems, ["Service default/web: spec.ports[0].port: 70000 is not a valid port"]);
+        let text = render_table(&rows);
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(lines[0].starts_with("SERVICE") && lines[0].contains(" STATE "), "{text}");
+        assert!(lines[1].starts_with("default/web:http") && lines[1].contains(" held "), "{text}");
+        assert!(lines[2].contains("held at its last good version"), "{text}");
+        assert!(lines[3].contains("Service default/web: spec.ports[0].port: 70000 is not a valid port"), "{text}");
+        assert!(lines[4].starts_with("default/other") && lines[4].contains(" ok "), "{text}");
+        let problems = render_status(&status, true);
+        assert!(problems.contains("PROBLEMS (2):"), "{problems}");
+        assert!(problems.contains("file /etc/sb/bad.yaml: document 1: syntax error"), "{problems}");
+        let json: serde_json::Value = serde_json::to_value(&rows).expect("json");
+        assert_eq!(json[0]["held"], true);
+        assert_eq!(json[0]["problems"][0], "Service default/web: spec.ports[0].port: 70000 is not a valid port");
+        assert_eq!(json[1]["held"], false);
     }
 }

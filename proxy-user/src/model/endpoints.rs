@@ -70,7 +70,6 @@ impl Endpoints<'_, '_> {
     pub fn parse_slice<'s>(
         &mut self,
         slice: &'s SliceInfo,
-        publish_not_ready: bool,
     ) -> Option<ParsedSlice<'s>> {
         let object = format!("EndpointSlice {}", slice.key);
         match slice.address_type.as_str() {
@@ -103,7 +102,7 @@ impl Endpoints<'_, '_> {
                 );
                 continue;
             };
-            endpoints.push(self.endpoint(ep, ip, publish_not_ready));
+            endpoints.push(self.endpoint(ep, ip));
         }
         Some(ParsedSlice {
             slice,
@@ -112,14 +111,14 @@ impl Endpoints<'_, '_> {
         })
     }
 
-    fn endpoint(&self, ep: &EndpointInfo, ip: Ipv4Addr, publish_not_ready: bool) -> Ep {
+    fn endpoint(&self, ep: &EndpointInfo, ip: Ipv4Addr) -> Ep {
         let hints = ep.hints.as_deref();
         Ep {
             ip,
-            // publishNotReadyAddresses: in a cluster the EndpointSlice controller
-            // already marks such endpoints ready; doing it here too makes the
-            // manifest-directory source behave the same.
-            ready: ep.ready.unwrap_or(true) || publish_not_ready,
+            // `ready` as the slice says. kube-proxy never reads the Service's
+            // publishNotReadyAddresses: the EndpointSlice controller applies it
+            // when it writes `ready`, and a hand-written slice says what it means.
+            ready: ep.ready.unwrap_or(true),
             serving: ep.serving.unwrap_or(true),
             terminating: ep.terminating.unwrap_or(false),
             local: match (self.node, ep.node_name.as_deref()) {

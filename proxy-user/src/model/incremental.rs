@@ -6,18 +6,74 @@
 //! and nothing else. A change to this node (its addresses, zone or name)
 //! marks every Service dirty.
 //!
-//! Two Services may claim one address. The claim that sorts first (namespace,
-//! then name) owns it; the others wait in `contested`, each with its own
-//! frontend, and the next in order takes over when the owner lets go. The
-//! result is the same as building everything at once ([`super::build_for_node`]
-//! does exactly that through this type), which a test checks over random
-//! sequences of changes.
+//! A version of an object that cannot be used (an object-level error, see
+//! [`super::validate`]) is not recorded: the model keeps the last version of
+//! that object it could use, and reports the new one's problems by field
+//! ([`Model::rejections`]). Deleting the object forgets both.
+//!
+//! Two Services may claim one address. The older claim owns it: the earlier
+//! `metadata.creationTimestamp` (a Service without one counts as newest), then
+//! namespace, then name; so a new Service never takes a live address from a
+//! running one. The others wait in `contested`, each with its own frontend,
+//! and the next in order takes over when the owner lets go. The result is the
+//! same as building everything at once over the last usable version of each
+//! object ([`super::build_for_node`] does exactly that through this type),
+//! which a test checks over random sequences of changes.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use super::service::{self, ServiceOutput};
+use super::validate;
 use super::{DesiredState, Frontend, FrontendAddr, ModelWarning, NodeInfo, ObjectKey, ServiceInfo, SliceInfo};
+
+/// Which claim on an address wins: the smallest. The creation time in
+/// milliseconds since the epoch (`i64::MAX` when unknown: newest), then the key.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+struct Rank {
+    created_ms: i64,
+    key: ObjectKey,
+}
+
+impl Rank {
+    fn of(svc: Option<&ServiceInfo>, key: &ObjectKey) -> Rank {
+        Rank {
+            created_ms: svc.and_then(|s| s.created_unix_ms).unwrap_or(i64::MAX),
+            key: key.clone(),
+        }
+    }
+}
+
+/// The kind of object a [`Rejection`] is about.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
+pub enum ObjectKind {
+    Service,
+    EndpointSlice,
+}
+
+impl ObjectKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ObjectKind::Service => "Service",
+            ObjectKind::EndpointSlice => "EndpointSlice",
+        }
+    }
+}
+
+/// An object whose newest version cannot be used.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rejection {
+    /// `true`: an earlier version is kept in its place (its last good
+    /// state); `false`: the object was never usable and nothing of it is
+    /// programmed.
+    pub held: bool,
+    /// For a slice: the Service (same namespace) its kept version serves.
+    pub service: Option<ObjectKey>,
+    /// `field: problem`, one per bad field.
+    pub problems: Vec<String>,
+    /// The warnings in force for it.
+    warnings: Vec<ModelWarning>,
+}
 
 /// What one [`Model::update`] changed.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -34,12 +90,14 @@ pub struct ModelDelta {
 /// What a Service currently claims, and the warnings it (and its slices) raised.
 #[derive(Debug, Default)]
 struct Claims {
+    /// The rank the addresses were claimed with.
+    rank: Option<Rank>,
     addrs: Vec<FrontendAddr>,
     warnings: Vec<ModelWarning>,
 }
 
 /// The desired state, maintained incrementally.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Model {
     node: Option<NodeInfo>,
     proxy_name: Option<String>,
@@ -50,14 +108,25 @@ pub struct Model {
     /// both the smallest and a fast enough container.
     slices_by_service: HashMap<ObjectKey, Vec<Arc<SliceInfo>>>,
     claims: HashMap<ObjectKey, Claims>,
-    /// Claims that lost an address to an earlier Service: address → claimant → its frontend.
-    contested: HashMap<FrontendAddr, BTreeMap<ObjectKey, Frontend>>,
+    /// The rank of each address's owner (the Service of its frontend in `desired`).
+    owners: HashMap<FrontendAddr, Rank>,
+    /// Claims that lost an address to an older Service: address → claimant → its frontend.
+    contested: HashMap<FrontendAddr, BTreeMap<Rank, Frontend>>,
+    /// Objects whose newest version cannot be used.
+    rejections: BTreeMap<(ObjectKind, ObjectKey), Rejection>,
+    /// Warnings to replace at the next update: (gone, new), from rejections
+    /// and from the source.
+    pending_warnings: Vec<(Vec<ModelWarning>, Vec<ModelWarning>)>,
+    /// Problems the source reported (files, the directory), in force.
+    source_problems: Vec<ModelWarning>,
     /// The warnings about each contested address (one per losing claimant).
     conflict_warnings: HashMap<FrontendAddr, Vec<ModelWarning>>,
     /// Every warning in force, counted (two objects may raise the same text).
     warnings: BTreeMap<ModelWarning, u32>,
     desired: DesiredState,
     dirty: HashSet<ObjectKey>,
+    /// The most backends one frontend may have (`--max-endpoints-per-service`).
+    max_endpoints: usize,
 }
 
 impl Model {
@@ -67,12 +136,52 @@ impl Model {
         Model {
             node,
             proxy_name,
-            ..Model::default()
+            services: HashMap::new(),
+            slices: HashMap::new(),
+            slices_by_service: HashMap::new(),
+            claims: HashMap::new(),
+            owners: HashMap::new(),
+            contested: HashMap::new(),
+            rejections: BTreeMap::new(),
+            pending_warnings: Vec::new(),
+            source_problems: Vec::new(),
+            conflict_warnings: HashMap::new(),
+            warnings: BTreeMap::new(),
+            desired: DesiredState::default(),
+            dirty: HashSet::new(),
+            max_endpoints: usize::from(proxy_common::capacity::DEFAULT_BACKENDS_PER_SERVICE),
         }
     }
 
-    /// Records a Service's new version (`None`: deleted).
+    /// Sets the most backends one frontend may have (at most
+    /// [`proxy_common::capacity::MAX_BACKENDS_PER_SERVICE`], which the data
+    /// path can index); every Service is recomputed.
+    pub fn set_max_endpoints_per_port(&mut self, max: u16) {
+        let max = usize::from(max.clamp(1, proxy_common::capacity::MAX_BACKENDS_PER_SERVICE));
+        if max == self.max_endpoints {
+            return;
+        }
+        self.max_endpoints = max;
+        self.dirty.extend(self.services.keys().cloned());
+        self.dirty.extend(self.claims.keys().cloned());
+    }
+
+    /// Records a Service's new version (`None`: deleted). A version that
+    /// cannot be used leaves the last usable one in place (see the module).
     pub fn set_service(&mut self, key: ObjectKey, info: Option<Arc<ServiceInfo>>) {
+        let problems = match &info {
+            Some(svc) if svc.labels.selected(self.proxy_name.as_deref()) => validate::service_problems(svc),
+            _ => Vec::new(),
+        };
+        let held = !problems.is_empty() && self.services.contains_key(&key);
+        self.set_rejection(ObjectKind::Service, &key, problems, held, None);
+        if self.rejections.contains_key(&(ObjectKind::Service, key.clone())) {
+            return;
+        }
+        self.use_service(key, info);
+    }
+
+    fn use_service(&mut self, key: ObjectKey, info: Option<Arc<ServiceInfo>>) {
         let unchanged = match (&info, self.services.get(&key)) {
             (Some(new), Some(old)) => Arc::ptr_eq(new, old) || new == old,
             (None, None) => true,
@@ -88,8 +197,82 @@ impl Model {
         self.dirty.insert(key);
     }
 
-    /// Records an EndpointSlice's new version (`None`: deleted).
+    /// Records an EndpointSlice's new version (`None`: deleted). A version
+    /// that cannot be used leaves the last usable one in place.
     pub fn set_slice(&mut self, key: ObjectKey, info: Option<Arc<SliceInfo>>) {
+        let problems = match &info {
+            Some(slice) if slice.labels.selected(self.proxy_name.as_deref()) => validate::slice_problems(slice),
+            _ => Vec::new(),
+        };
+        let kept = self.slices.get(&key);
+        let held = !problems.is_empty() && kept.is_some();
+        let service = kept.and_then(|s| slice_service(s));
+        self.set_rejection(ObjectKind::EndpointSlice, &key, problems, held, service);
+        if self.rejections.contains_key(&(ObjectKind::EndpointSlice, key.clone())) {
+            return;
+        }
+        self.use_slice(key, info);
+    }
+
+    /// Records (empty `problems`: clears) an object's rejection; its
+    /// warnings change at the next update.
+    fn set_rejection(
+        &mut self,
+        kind: ObjectKind,
+        key: &ObjectKey,
+        problems: Vec<String>,
+        held: bool,
+        service: Option<ObjectKey>,
+    ) {
+        let id = (kind, key.clone());
+        let new = if problems.is_empty() {
+            None
+        } else {
+            let warnings = validate::rejection_warnings(&format!("{} {key}", kind.as_str()), &problems, held);
+            Some(Rejection {
+                held,
+                service,
+                problems,
+                warnings,
+            })
+        };
+        let old = match new {
+            Some(new) => {
+                if self.rejections.get(&id) == Some(&new) {
+                    return;
+                }
+                let added = new.warnings.clone();
+                let old = self.rejections.insert(id, new);
+                self.pending_warnings
+                    .push((old.map(|o| o.warnings).unwrap_or_default(), added));
+                return;
+            }
+            None => self.rejections.remove(&id),
+        };
+        if let Some(old) = old {
+            self.pending_warnings.push((old.warnings, Vec::new()));
+        }
+    }
+
+    /// Objects whose newest version cannot be used, with what is wrong.
+    pub fn rejections(&self) -> impl Iterator<Item = (ObjectKind, &ObjectKey, &Rejection)> {
+        self.rejections.iter().map(|((kind, key), r)| (*kind, key, r))
+    }
+
+    /// Replaces the problems the source reports about its own input (files
+    /// that do not parse, a directory that cannot be read); they are among
+    /// [`warnings`](Self::warnings) from the next update on.
+    pub fn set_source_problems(&mut self, mut problems: Vec<ModelWarning>) {
+        problems.sort();
+        problems.dedup();
+        if problems == self.source_problems {
+            return;
+        }
+        let old = std::mem::replace(&mut self.source_problems, problems.clone());
+        self.pending_warnings.push((old, problems));
+    }
+
+    fn use_slice(&mut self, key: ObjectKey, info: Option<Arc<SliceInfo>>) {
         let old = match (&info, self.slices.get(&key)) {
             (Some(new), Some(old)) if Arc::ptr_eq(new, old) || new == old => return,
             (None, None) => return,
@@ -149,24 +332,31 @@ impl Model {
         // Each touched address's frontend before this update, to report only
         // real changes.
         let mut before: HashMap<FrontendAddr, Option<Frontend>> = HashMap::new();
-        // Claims settle to the same owners in any order (the earliest
+        for (old, new) in std::mem::take(&mut self.pending_warnings) {
+            self.count_warnings(&old, &new, &mut delta);
+        }
+        // Claims settle to the same owners in any order (the oldest
         // claimant always owns), so dirty Services need no sorting.
         for key in std::mem::take(&mut self.dirty) {
             let output = self.compute(&key);
             let old = self.claims.remove(&key).unwrap_or_default();
-            for addr in &old.addrs {
-                self.remember(&mut before, addr);
-                self.withdraw(&key, addr);
+            if let Some(rank) = &old.rank {
+                for addr in &old.addrs {
+                    self.remember(&mut before, addr);
+                    self.withdraw(rank, addr);
+                }
             }
             self.count_warnings(&old.warnings, &output.warnings, &mut delta);
+            let rank = Rank::of(self.services.get(&key).map(|s| &**s), &key);
             let mut claims = Claims {
+                rank: Some(rank.clone()),
                 addrs: Vec::with_capacity(output.frontends.len()),
                 warnings: output.warnings,
             };
             for fe in output.frontends {
                 self.remember(&mut before, &fe.addr);
                 claims.addrs.push(fe.addr);
-                self.claim(&key, fe);
+                self.claim(&rank, fe);
             }
             if !claims.addrs.is_empty() || !claims.warnings.is_empty() {
                 self.claims.insert(key, claims);
@@ -201,7 +391,7 @@ impl Model {
             .filter(|s| s.labels.selected(self.proxy_name.as_deref()))
             .map(|s| &**s)
             .collect();
-        service::compute(svc, &slices, self.node.as_ref())
+        service::compute(svc, &slices, self.node.as_ref(), self.max_endpoints)
     }
 
     fn remember(&self, before: &mut HashMap<FrontendAddr, Option<Frontend>>, addr: &FrontendAddr) {
@@ -210,17 +400,12 @@ impl Model {
             .or_insert_with(|| self.desired.frontends.get(addr).cloned());
     }
 
-    /// Drops `key`'s claim on `addr`; when it owned the address, the next
-    /// claimant in order takes it over.
-    fn withdraw(&mut self, key: &ObjectKey, addr: &FrontendAddr) {
-        let owns = self
-            .desired
-            .frontends
-            .get(addr)
-            .is_some_and(|fe| owned_by(fe, key));
-        if !owns {
+    /// Drops the claim of rank `rank` on `addr`; when it owned the address,
+    /// the next claimant in order takes it over.
+    fn withdraw(&mut self, rank: &Rank, addr: &FrontendAddr) {
+        if self.owners.get(addr) != Some(rank) {
             if let Some(waiting) = self.contested.get_mut(addr) {
-                waiting.remove(key);
+                waiting.remove(rank);
                 if waiting.is_empty() {
                     self.contested.remove(addr);
                 }
@@ -228,9 +413,11 @@ impl Model {
             return;
         }
         self.desired.frontends.remove(addr);
+        self.owners.remove(addr);
         if let Some(waiting) = self.contested.get_mut(addr) {
-            if let Some((_, next)) = waiting.pop_first() {
+            if let Some((next_rank, next)) = waiting.pop_first() {
                 self.desired.frontends.insert(*addr, next);
+                self.owners.insert(*addr, next_rank);
             }
             if waiting.is_empty() {
                 self.contested.remove(addr);
@@ -238,21 +425,22 @@ impl Model {
         }
     }
 
-    /// Adds `key`'s claim: it owns the address unless an earlier Service does.
-    fn claim(&mut self, key: &ObjectKey, fe: Frontend) {
+    /// Adds a claim: it owns the address unless an older Service does.
+    fn claim(&mut self, rank: &Rank, fe: Frontend) {
         let addr = fe.addr;
-        let Some(owner) = self.desired.frontends.get(&addr) else {
+        let Some(owner_rank) = self.owners.get(&addr).cloned() else {
             self.desired.frontends.insert(addr, fe);
+            self.owners.insert(addr, rank.clone());
             return;
         };
-        let owner_key = owner_key(owner);
-        if *key < owner_key {
+        if *rank < owner_rank {
             let displaced = self.desired.frontends.insert(addr, fe);
+            self.owners.insert(addr, rank.clone());
             if let Some(displaced) = displaced {
-                self.contested.entry(addr).or_default().insert(owner_key, displaced);
+                self.contested.entry(addr).or_default().insert(owner_rank, displaced);
             }
         } else {
-            self.contested.entry(addr).or_default().insert(key.clone(), fe);
+            self.contested.entry(addr).or_default().insert(rank.clone(), fe);
         }
     }
 
@@ -261,10 +449,10 @@ impl Model {
         let new: Vec<ModelWarning> = match (self.desired.frontends.get(addr), self.contested.get(addr)) {
             (Some(owner), Some(waiting)) => waiting
                 .iter()
-                .map(|(key, fe)| ModelWarning {
-                    object: format!("Service {key}"),
+                .map(|(rank, fe)| ModelWarning {
+                    object: format!("Service {}", rank.key),
                     problem: format!(
-                        "{} frontend {} is already used by {} ({}); ignored",
+                        "{} frontend {} is already used by the older Service {} ({}); not programmed",
                         fe.kind, fe.addr, owner.service, owner.kind
                     ),
                 })
@@ -314,10 +502,3 @@ fn slice_service(slice: &SliceInfo) -> Option<ObjectKey> {
     })
 }
 
-fn owned_by(fe: &Frontend, key: &ObjectKey) -> bool {
-    *fe.service.namespace == *key.namespace && *fe.service.name == *key.name
-}
-
-fn owner_key(fe: &Frontend) -> ObjectKey {
-    ObjectKey::new(fe.service.namespace.clone(), fe.service.name.clone())
-}

@@ -138,8 +138,12 @@ fn label<'a>(meta: &'a ObjectMeta, key: &str) -> Option<&'a str> {
 pub struct ServiceInfo {
     pub key: ObjectKey,
     pub labels: ProxyLabels,
-    /// `metadata.creationTimestamp`, Unix seconds.
-    pub created_unix_s: Option<i64>,
+    /// `metadata.creationTimestamp`, in milliseconds since the epoch (the
+    /// API server writes whole seconds). Orders claims on one address: the
+    /// older Service keeps it. The directory source, whose files carry no
+    /// timestamp, stamps the time it first saw the object (see
+    /// `source::dir`).
+    pub created_unix_ms: Option<i64>,
     /// The `switchboard.io/lb-algorithm` annotation, as written.
     pub lb_algorithm: Option<String>,
     /// `None`: the object has no spec.
@@ -162,7 +166,6 @@ pub struct ServiceSpecInfo {
     pub external_traffic_policy: Option<String>,
     pub internal_traffic_policy: Option<String>,
     pub health_check_node_port: Option<i32>,
-    pub publish_not_ready_addresses: bool,
     pub ports: Vec<ServicePortInfo>,
 }
 
@@ -187,7 +190,7 @@ impl ServiceInfo {
         ServiceInfo {
             key: ObjectKey::of(meta),
             labels: ProxyLabels::of(meta),
-            created_unix_s: meta.creation_timestamp.as_ref().map(|t| t.0.timestamp()),
+            created_unix_ms: meta.creation_timestamp.as_ref().map(|t| t.0.timestamp_millis()),
             lb_algorithm: meta
                 .annotations
                 .as_ref()
@@ -225,7 +228,6 @@ impl ServiceInfo {
                 external_traffic_policy: spec.external_traffic_policy.clone(),
                 internal_traffic_policy: spec.internal_traffic_policy.clone(),
                 health_check_node_port: spec.health_check_node_port,
-                publish_not_ready_addresses: spec.publish_not_ready_addresses == Some(true),
                 ports: spec
                     .ports
                     .iter()

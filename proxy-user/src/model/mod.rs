@@ -31,8 +31,9 @@ mod endpoints;
 mod incremental;
 pub mod input;
 mod service;
+mod validate;
 
-pub use incremental::{Model, ModelDelta};
+pub use incremental::{Model, ModelDelta, ObjectKind, Rejection};
 pub use input::{
     EndpointInfo, Hints, Interner, LbIngress, ObjectKey, ProxyLabels, RawAddress, ServiceInfo,
     ServicePortInfo, ServiceSpecInfo, SliceInfo, SlicePortInfo,
@@ -451,9 +452,11 @@ pub fn build(services: &[Service], slices: &[EndpointSlice]) -> (DesiredState, V
 ///   carrying that label with another value (or with any value, when this is
 ///   `None`) belong to another proxy and are skipped.
 ///
-/// When two Services claim the same frontend address, the one first in
-/// namespace/name order keeps it and the other gets a warning. Warnings come
-/// out sorted, each once.
+/// A version that cannot be used (see the `validate` module) is reported and
+/// not programmed: with whole objects at once there is no earlier version.
+/// When two Services claim the same frontend address, the older one
+/// (`metadata.creationTimestamp`, then namespace/name) keeps it and the other
+/// gets a warning. Warnings come out sorted, each once.
 pub fn build_for_node(
     services: &[Service],
     slices: &[EndpointSlice],

@@ -5,6 +5,11 @@
 //!
 //! Nothing here looks at other Services: which Service keeps an address two of
 //! them claim is decided by [`Model`](super::Model).
+//!
+//! [`Model`](super::Model) hands this only versions that
+//! [`validate`](super::validate) accepts; the checks here that repeat its
+//! object-level ones (an unparsable address, a port out of range) keep
+//! [`compute`] total on any input, and never fire from the Model.
 
 use std::net::Ipv4Addr;
 
@@ -25,10 +30,18 @@ pub(super) struct ServiceOutput {
 }
 
 /// Computes one Service's frontends. `slices` are the Service's
-/// EndpointSlices (already filtered by proxy labels), in name order.
-pub(super) fn compute(svc: &ServiceInfo, slices: &[&SliceInfo], node: Option<&NodeInfo>) -> ServiceOutput {
+/// EndpointSlices (already filtered by proxy labels), in name order;
+/// `max_endpoints`: the most backends one frontend's set may have (the rest
+/// are left out, last in address order first, and reported).
+pub(super) fn compute(
+    svc: &ServiceInfo,
+    slices: &[&SliceInfo],
+    node: Option<&NodeInfo>,
+    max_endpoints: usize,
+) -> ServiceOutput {
     let mut b = ServiceBuilder {
         node,
+        max_endpoints,
         object: format!("Service {}", svc.key),
         out: ServiceOutput::default(),
     };
@@ -61,6 +74,7 @@ struct Attributes {
 
 struct ServiceBuilder<'n> {
     node: Option<&'n NodeInfo>,
+    max_endpoints: usize,
     object: String,
     out: ServiceOutput,
 }
@@ -85,7 +99,7 @@ impl ServiceBuilder<'_> {
         };
         let parsed: Vec<ParsedSlice> = slices
             .iter()
-            .filter_map(|s| endpoints.parse_slice(s, spec.publish_not_ready_addresses))
+            .filter_map(|s| endpoints.parse_slice(s))
             .collect();
         for sp in &spec.ports {
             self.port(svc, sp, &attributes, &addresses, &parsed);
@@ -295,6 +309,12 @@ impl ServiceBuilder<'_> {
         let eps = endpoints.for_port(parsed, &sp.name, protocol);
         let cluster = endpoints.cluster_selection(&eps);
         let local = endpoints.local_selection(&eps);
+        let cluster = self.limit(cluster, &spn, port, "");
+        let local = if attributes.internal_local || attributes.external_local {
+            self.limit(local, &spn, port, "local ")
+        } else {
+            local
+        };
 
         let mut addrs: Vec<(FrontendKind, Ipv4Addr, u16)> = Vec::new();
         addrs.extend(addresses.cluster.iter().map(|&ip| (FrontendKind::ClusterIp, ip, port)));
@@ -311,6 +331,26 @@ impl ServiceBuilder<'_> {
             let fe = frontend(addr, kind, &spn, attributes, &cluster, &local);
             self.insert(fe);
         }
+    }
+
+    /// Keeps at most `max_endpoints` backends (the first in address order,
+    /// so every node keeps the same ones) and reports the rest by address.
+    fn limit(&mut self, mut sel: Selection, spn: &ServicePortName, port: u16, what: &str) -> Selection {
+        if sel.backends.len() <= self.max_endpoints {
+            return sel;
+        }
+        let dropped = sel.backends.split_off(self.max_endpoints);
+        let (Some(first), Some(last)) = (dropped.first(), dropped.last()) else {
+            return sel;
+        };
+        self.warn(format!(
+            "port {}: {} {what}endpoints, more than the {} one service port may have (--max-endpoints-per-service); the {} last in address order ({first} to {last}) are not programmed",
+            spn.port_or_number(port),
+            sel.backends.len() + dropped.len(),
+            self.max_endpoints,
+            dropped.len(),
+        ));
+        sel
     }
 
     /// NodePort frontends on this node's addresses, for NodePort and

@@ -815,7 +815,7 @@ endpoints: [{addresses: [10.244.1.3]}]
                 warnings: &[],
             },
             Case {
-                name: "a malformed Service is reported and does not affect the others",
+                name: "issue 11: a Service with an object-level error is reported by field and not programmed (first seen invalid: nothing to keep); the others are unaffected",
                 node: NodeSel::Unknown,
                 proxy_name: None,
                 yaml: r#"
@@ -842,12 +842,11 @@ spec:
 "#,
                 frontends: &[
                     "10.96.0.12:80/TCP ClusterIP default/good -> (none)",
-                    "10.96.0.13:81/TCP ClusterIP default/badport:ok -> (none)",
                 ],
                 warnings: &[
-                    "Service default/bad: clusterIP \"10.96.0.300\" is not an IP address",
-                    "Service default/badport: port \"big\": 70000 is not a valid port number",
-                    "Service default/badport: port \"zero\": 0 is not a valid port number",
+                    "Service default/bad: spec.clusterIP: \"10.96.0.300\" is not an IP address; not programmed (no earlier valid version)",
+                    "Service default/badport: spec.ports[0].port: 0 is not a valid port; not programmed (no earlier valid version)",
+                    "Service default/badport: spec.ports[1].port: 70000 is not a valid port; not programmed (no earlier valid version)",
                 ],
             },
             Case {
@@ -862,10 +861,10 @@ spec:
   ports: [{port: 80}]
 "#,
                 frontends: &[],
-                warnings: &["Service default/noip: has no spec.clusterIP; skipped (a manifest directory has no IP allocator: set spec.clusterIP)"],
+                warnings: &["Service default/noip: spec.clusterIP: missing (a manifest directory has no IP allocator: set spec.clusterIP); not programmed (no earlier valid version)"],
             },
             Case {
-                name: "two Services claiming one frontend: the first (by namespace/name) keeps it",
+                name: "two Services claiming one frontend, neither with a creation time: the first by namespace/name keeps it",
                 node: NodeSel::Unknown,
                 proxy_name: None,
                 yaml: r#"
@@ -887,7 +886,41 @@ spec:
                     "10.96.0.10:80/TCP ClusterIP default/alpha -> (none)",
                     "10.96.0.10:81/TCP ClusterIP default/zeta:other -> (none)",
                 ],
-                warnings: &["Service default/zeta: ClusterIP frontend 10.96.0.10:80/TCP is already used by default/alpha (ClusterIP); ignored"],
+                warnings: &["Service default/zeta: ClusterIP frontend 10.96.0.10:80/TCP is already used by the older Service default/alpha (ClusterIP); not programmed"],
+            },
+            Case {
+                name: "issue 11: the older Service (creationTimestamp) keeps a contested address whatever the names; the newcomer is named",
+                node: NodeSel::Unknown,
+                proxy_name: None,
+                yaml: r#"
+apiVersion: v1
+kind: Service
+metadata: {name: alpha, creationTimestamp: "2026-12-03T08:00:00Z"}
+spec:
+  clusterIP: 10.96.0.10
+  ports: [{port: 80}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: zeta, creationTimestamp: "2026-01-01T00:00:00Z"}
+spec:
+  clusterIP: 10.96.0.10
+  ports: [{port: 80}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: beta}
+spec:
+  clusterIP: 10.96.0.10
+  ports: [{port: 80}]
+"#,
+                frontends: &[
+                    "10.96.0.10:80/TCP ClusterIP default/zeta -> (none)",
+                ],
+                warnings: &[
+                    "Service default/alpha: ClusterIP frontend 10.96.0.10:80/TCP is already used by the older Service default/zeta (ClusterIP); not programmed",
+                    "Service default/beta: ClusterIP frontend 10.96.0.10:80/TCP is already used by the older Service default/zeta (ClusterIP); not programmed",
+                ],
             },
         ]);
 }
@@ -1049,7 +1082,7 @@ status: {loadBalancer: {ingress: [{ip: 198.51.100.7}]}}
                 warnings: &[],
             },
             Case {
-                name: "externalIPs on any type, every port; bad ones reported, IPv6 ignored",
+                name: "externalIPs on any type, every port; IPv6 ignored",
                 node: NodeSel::Unknown,
                 proxy_name: None,
                 yaml: r#"
@@ -1058,7 +1091,7 @@ kind: Service
 metadata: {name: web}
 spec:
   clusterIP: 10.96.0.10
-  externalIPs: [198.51.100.20, "2001:db8::20", not-an-ip]
+  externalIPs: [198.51.100.20, "2001:db8::20"]
   ports: [{name: http, port: 80}, {name: dns, port: 53, protocol: UDP}]
 ---
 apiVersion: discovery.k8s.io/v1
@@ -1074,7 +1107,23 @@ endpoints: [{addresses: [10.244.1.2]}]
                     "198.51.100.20:53/UDP ExternalIP default/web:dns -> 10.244.1.2:5353",
                     "198.51.100.20:80/TCP ExternalIP default/web:http -> 10.244.1.2:8080",
                 ],
-                warnings: &["Service default/web: externalIP \"not-an-ip\" is not an IP address"],
+                warnings: &[],
+            },
+            Case {
+                name: "issue 11: an externalIP that is not an address makes the version unusable (an object-level error), by field",
+                node: NodeSel::Unknown,
+                proxy_name: None,
+                yaml: r#"
+apiVersion: v1
+kind: Service
+metadata: {name: web}
+spec:
+  clusterIP: 10.96.0.10
+  externalIPs: [198.51.100.20, not-an-ip]
+  ports: [{port: 80}]
+"#,
+                frontends: &[],
+                warnings: &["Service default/web: spec.externalIPs[1]: \"not-an-ip\" is not an IP address; not programmed (no earlier valid version)"],
             },
             Case {
                 name: "unknown Service type is reported and skipped",
@@ -1090,7 +1139,7 @@ spec:
   ports: [{port: 80}]
 "#,
                 frontends: &[],
-                warnings: &["Service default/odd: unknown spec.type \"Magic\"; skipped"],
+                warnings: &["Service default/odd: spec.type: \"Magic\" is not ClusterIP, NodePort, LoadBalancer or ExternalName; not programmed (no earlier valid version)"],
             },
         ]);
 }
@@ -1150,7 +1199,7 @@ endpoints:
                 warnings: &[],
             },
             Case {
-                name: "publishNotReadyAddresses: not-ready endpoints are used",
+                name: "publishNotReadyAddresses is not read (kube-proxy leaves it to the EndpointSlice controller): a not-ready endpoint stays out",
                 node: NodeSel::Unknown,
                 proxy_name: None,
                 yaml: r#"
@@ -1171,7 +1220,7 @@ endpoints:
 - {addresses: [10.244.1.2], conditions: {ready: false}}
 - {addresses: [10.244.1.3], conditions: {ready: true}}
 "#,
-                frontends: &["10.96.0.10:80/TCP ClusterIP default/peers -> 10.244.1.2:8080, 10.244.1.3:8080"],
+                frontends: &["10.96.0.10:80/TCP ClusterIP default/peers -> 10.244.1.3:8080"],
                 warnings: &[],
             },
         ]);
@@ -1739,10 +1788,13 @@ spec:
 }
 
 /// Random sequences of Service, EndpointSlice and Node changes (valid and
-/// invalid), drawn from small pools so that addresses collide, slices move
-/// between Services and Services come and go. After every step the
-/// incremental model must equal a model built from scratch on the same
-/// objects, and its delta must name exactly the addresses that changed.
+/// invalid, and invalid edits of the valid objects in place), drawn from
+/// small pools so that addresses collide, slices move between Services and
+/// Services come and go. After every step the incremental model must equal a
+/// model built from scratch over the last usable version of each object (a
+/// reference that applies the last-good rule plainly), with the rejected
+/// versions' warnings added, and its delta must name exactly the addresses
+/// that changed.
 mod properties {
     use super::*;
     use proptest::prelude::*;
@@ -1755,6 +1807,22 @@ mod properties {
         Service(usize, Option<ServiceInfo>),
         Slice(usize, Option<SliceInfo>),
         Node(Option<NodeInfo>),
+        /// An invalid edit of the Service's usable version (if any): its
+        /// first port becomes 70000 (`true`) or its cluster IP is deleted.
+        BreakService(usize, bool),
+        /// An invalid edit of the slice's usable version (if any): its
+        /// addressType is deleted (`true`) or its first port becomes 0.
+        BreakSlice(usize, bool),
+    }
+
+    /// The reference: the last usable version of each object, and the
+    /// warnings of the objects whose newest version is not usable.
+    #[derive(Default)]
+    struct Reference {
+        services: BTreeMap<ObjectKey, ServiceInfo>,
+        slices: BTreeMap<ObjectKey, SliceInfo>,
+        rejected: BTreeMap<(&'static str, ObjectKey), Vec<ModelWarning>>,
+        node: Option<NodeInfo>,
     }
 
     fn service_key(i: usize) -> ObjectKey {
@@ -1826,13 +1894,15 @@ mod properties {
         (
             prop::option::weighted(0.9, spec),
             prop_oneof![6 => Just(None), 1 => Just(Some("other-proxy".to_string()))],
+            prop::option::of(0i64..3),
         )
-            .prop_map(move |(spec, proxy_name)| ServiceInfo {
+            .prop_map(move |(spec, proxy_name, created_unix_ms)| ServiceInfo {
                 key: service_key(i),
                 labels: ProxyLabels {
                     proxy_name,
                     headless: false,
                 },
+                created_unix_ms,
                 spec,
                 ..ServiceInfo::default()
             })
@@ -1896,43 +1966,90 @@ mod properties {
             4 => (0..SERVICES).prop_flat_map(|i| prop::option::weighted(0.8, service(i)).prop_map(move |s| Change::Service(i, s))),
             4 => (0..SLICES).prop_flat_map(|j| prop::option::weighted(0.8, slice(j)).prop_map(move |s| Change::Slice(j, s))),
             1 => prop::option::of(prop_oneof![Just(NodeSel::A), Just(NodeSel::ANoZone)]).prop_map(|n| Change::Node(n.and_then(node))),
+            2 => (0..SERVICES, any::<bool>()).prop_map(|(i, how)| Change::BreakService(i, how)),
+            2 => (0..SLICES, any::<bool>()).prop_map(|(j, how)| Change::BreakSlice(j, how)),
         ]
     }
 
-    /// Applies a change to the model and to the plain record of objects.
-    fn apply(
-        change: &Change,
-        model: &mut Model,
-        services: &mut BTreeMap<ObjectKey, ServiceInfo>,
-        slices: &mut BTreeMap<ObjectKey, SliceInfo>,
-        node: &mut Option<NodeInfo>,
-    ) {
+    /// Applies a change to the model and to the reference.
+    fn apply(change: &Change, model: &mut Model, r: &mut Reference) {
         match change {
             Change::Service(i, info) => {
                 let key = service_key(*i);
                 model.set_service(key.clone(), info.clone().map(Arc::new));
-                match info {
-                    Some(info) => services.insert(key, info.clone()),
-                    None => services.remove(&key),
+                r.rejected.remove(&("Service", key.clone()));
+                let Some(info) = info else {
+                    r.services.remove(&key);
+                    return;
                 };
+                let problems = if info.labels.selected(None) {
+                    validate::service_problems(info)
+                } else {
+                    Vec::new()
+                };
+                if problems.is_empty() {
+                    r.services.insert(key, info.clone());
+                } else {
+                    let held = r.services.contains_key(&key);
+                    let warnings = validate::rejection_warnings(&format!("Service {key}"), &problems, held);
+                    r.rejected.insert(("Service", key), warnings);
+                }
             }
             Change::Slice(j, info) => {
                 // A slice's key may move namespace with its Service: delete
                 // it under every namespace it could have had first.
                 for ns in ["default", "other"] {
                     let key = ObjectKey::new(ns, format!("e{j}"));
-                    if info.as_ref().is_none_or(|s| s.key != key) && slices.remove(&key).is_some() {
+                    if info.as_ref().is_some_and(|s| s.key == key) {
+                        continue;
+                    }
+                    let had = r.slices.remove(&key).is_some();
+                    let rejected = r.rejected.remove(&("EndpointSlice", key.clone())).is_some();
+                    if had || rejected {
                         model.set_slice(key, None);
                     }
                 }
-                if let Some(info) = info {
-                    model.set_slice(info.key.clone(), Some(Arc::new(info.clone())));
-                    slices.insert(info.key.clone(), info.clone());
+                let Some(info) = info else { return };
+                let key = info.key.clone();
+                model.set_slice(key.clone(), Some(Arc::new(info.clone())));
+                r.rejected.remove(&("EndpointSlice", key.clone()));
+                let problems = if info.labels.selected(None) {
+                    validate::slice_problems(info)
+                } else {
+                    Vec::new()
+                };
+                if problems.is_empty() {
+                    r.slices.insert(key, info.clone());
+                } else {
+                    let held = r.slices.contains_key(&key);
+                    let warnings = validate::rejection_warnings(&format!("EndpointSlice {key}"), &problems, held);
+                    r.rejected.insert(("EndpointSlice", key), warnings);
                 }
             }
             Change::Node(new) => {
                 model.set_node(new.clone());
-                node.clone_from(new);
+                r.node.clone_from(new);
+            }
+            Change::BreakService(i, how) => {
+                let Some(mut svc) = r.services.get(&service_key(*i)).cloned() else { return };
+                if let Some(spec) = &mut svc.spec {
+                    match (how, spec.ports.first_mut()) {
+                        (true, Some(p)) => p.port = 70_000,
+                        _ => spec.cluster_ips = vec![String::new()],
+                    }
+                }
+                apply(&Change::Service(*i, Some(svc)), model, r);
+            }
+            Change::BreakSlice(j, how) => {
+                let name = format!("e{j}");
+                let Some(mut slice) = r.slices.values().find(|s| *s.key.name == *name).cloned() else {
+                    return;
+                };
+                match (how, slice.ports.first_mut()) {
+                    (false, Some(p)) => p.port = Some(0),
+                    _ => slice.address_type = String::new(),
+                }
+                apply(&Change::Slice(*j, Some(slice)), model, r);
             }
         }
     }
@@ -1945,28 +2062,44 @@ mod properties {
             batch in 1usize..4,
         ) {
             let mut model = Model::new(None, None);
-            let mut services = BTreeMap::new();
-            let mut slices = BTreeMap::new();
-            let mut node = None;
+            let mut r = Reference::default();
             for (n, chunk) in changes.chunks(batch).enumerate() {
                 for change in chunk {
-                    apply(change, &mut model, &mut services, &mut slices, &mut node);
+                    apply(change, &mut model, &mut r);
                 }
                 let before = model.desired().clone();
                 let delta = model.update();
 
-                let mut fresh = Model::new(node.clone(), None);
-                for s in services.values() {
+                let mut fresh = Model::new(r.node.clone(), None);
+                for s in r.services.values() {
                     fresh.set_service(s.key.clone(), Some(Arc::new(s.clone())));
                 }
-                for s in slices.values() {
+                for s in r.slices.values() {
                     fresh.set_slice(s.key.clone(), Some(Arc::new(s.clone())));
                 }
                 fresh.update();
                 prop_assert_eq!(model.desired(), fresh.desired(), "desired state after step {}", n);
-                let got: Vec<_> = model.warnings().collect();
-                let want: Vec<_> = fresh.warnings().collect();
+                let got: Vec<_> = model.warnings().cloned().collect();
+                let want: Vec<_> = fresh
+                    .warnings()
+                    .cloned()
+                    .chain(r.rejected.values().flatten().cloned())
+                    .collect::<BTreeSet<_>>()
+                    .into_iter()
+                    .collect();
                 prop_assert_eq!(got, want, "warnings after step {}", n);
+                let held: Vec<(ObjectKind, ObjectKey)> = model
+                    .rejections()
+                    .filter(|(_, _, rej)| rej.held)
+                    .map(|(kind, key, _)| (kind, key.clone()))
+                    .collect();
+                for (kind, key) in &held {
+                    let kept = match kind {
+                        ObjectKind::Service => r.services.contains_key(key),
+                        ObjectKind::EndpointSlice => r.slices.contains_key(key),
+                    };
+                    prop_assert!(kept, "{:?} {} is held without a usable version", kind, key);
+                }
 
                 let changed: BTreeSet<FrontendAddr> = before
                     .frontends
@@ -1982,7 +2115,7 @@ mod properties {
 }
 
 #[test]
-fn the_next_claimant_in_order_takes_over_a_released_address() {
+fn without_creation_times_the_next_claimant_by_name_takes_over_a_released_address() {
     let svc = |name: &str| {
         Arc::new(ServiceInfo {
             key: ObjectKey::new("default", name),
@@ -2015,4 +2148,223 @@ fn the_next_claimant_in_order_takes_over_a_released_address() {
     assert_eq!(delta.frontends.len(), 1);
     assert_eq!(delta.warnings_removed.len(), 2, "{delta:?}");
     assert_eq!(delta.warnings_added.len(), 1, "{delta:?}");
+}
+
+/// One step of an object's history: the YAML of the objects that change
+/// (a `Service`/`EndpointSlice` document, or `delete Service ns/name`), and
+/// the whole state expected after it.
+struct Step {
+    apply: &'static str,
+    frontends: &'static [&'static str],
+    warnings: &'static [&'static str],
+}
+
+/// Feeds the steps to one [`Model`] in order, checking the state after each.
+fn history(name: &str, steps: &[Step]) {
+    let mut model = Model::new(None, None);
+    let mut interner = Interner::default();
+    for (n, step) in steps.iter().enumerate() {
+        if let Some(rest) = step.apply.trim().strip_prefix("delete ") {
+            let (kind, key) = rest.split_once(' ').expect("delete KIND ns/name");
+            let (ns, obj) = key.split_once('/').expect("ns/name");
+            match kind {
+                "Service" => model.set_service(ObjectKey::new(ns, obj), None),
+                "EndpointSlice" => model.set_slice(ObjectKey::new(ns, obj), None),
+                other => panic!("unknown kind {other}"),
+            }
+        } else {
+            let (services, slices) = objects(step.apply);
+            for s in &services {
+                let info = ServiceInfo::from_k8s(s);
+                model.set_service(info.key.clone(), Some(Arc::new(info)));
+            }
+            for s in &slices {
+                let info = SliceInfo::from_k8s(s, &mut interner);
+                model.set_slice(info.key.clone(), Some(Arc::new(info)));
+            }
+        }
+        model.update();
+        let got: Vec<String> = model.desired().frontends.values().map(ToString::to_string).collect();
+        let got_w: Vec<String> = model.warnings().map(ToString::to_string).collect();
+        assert_eq!(got, step.frontends, "{name}: frontends after step {n}");
+        assert_eq!(got_w, step.warnings, "{name}: warnings after step {n}");
+    }
+}
+
+const WEB: &str = r#"
+apiVersion: v1
+kind: Service
+metadata: {name: web}
+spec:
+  clusterIP: 10.96.0.10
+  ports: [{port: 80}]
+"#;
+
+const WEB_SLICE: &str = r#"
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-1, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{port: 8080}]
+endpoints: [{addresses: [10.244.1.2]}, {addresses: [10.244.1.3]}]
+"#;
+
+/// Issue 11, defect 1: an edit that cannot be used keeps the last good
+/// version (and says so, by field); fixing it applies the fix; deleting the
+/// object forgets the last good version; an object invalid from the start is
+/// not programmed.
+#[test]
+fn an_unusable_service_edit_keeps_the_last_good_version() {
+    let good: &[&str] = &["10.96.0.10:80/TCP ClusterIP default/web -> 10.244.1.2:8080, 10.244.1.3:8080"];
+    let steps = [
+        Step { apply: WEB, frontends: &["10.96.0.10:80/TCP ClusterIP default/web -> (none)"], warnings: &[] },
+        Step { apply: WEB_SLICE, frontends: good, warnings: &[] },
+        Step {
+            apply: "apiVersion: v1\nkind: Service\nmetadata: {name: web}\nspec: {clusterIP: 10.96.0.10, ports: [{port: 70000}]}\n",
+            frontends: good,
+            warnings: &["Service default/web: spec.ports[0].port: 70000 is not a valid port; keeping the last good version"],
+        },
+        Step {
+            // clusterIP deleted: still the last good version, the new problem reported.
+            apply: "apiVersion: v1\nkind: Service\nmetadata: {name: web}\nspec: {ports: [{port: 80}]}\n",
+            frontends: good,
+            warnings: &["Service default/web: spec.clusterIP: missing (a manifest directory has no IP allocator: set spec.clusterIP); keeping the last good version"],
+        },
+        Step {
+            // A valid edit is applied (and clears the problem).
+            apply: "apiVersion: v1\nkind: Service\nmetadata: {name: web}\nspec: {clusterIP: 10.96.0.10, ports: [{port: 81}]}\n",
+            frontends: &["10.96.0.10:81/TCP ClusterIP default/web -> 10.244.1.2:8080, 10.244.1.3:8080"],
+            warnings: &[],
+        },
+        Step {
+            apply: "apiVersion: v1\nkind: Service\nmetadata: {name: web}\nspec: {clusterIP: 10.96.0.10, ports: [{port: 81, protocol: ICMP}]}\n",
+            frontends: &["10.96.0.10:81/TCP ClusterIP default/web -> 10.244.1.2:8080, 10.244.1.3:8080"],
+            warnings: &["Service default/web: spec.ports[0].protocol: \"ICMP\" is not TCP, UDP or SCTP; keeping the last good version"],
+        },
+        Step { apply: "delete Service default/web", frontends: &[], warnings: &[] },
+        Step {
+            // Deleted, then back invalid: nothing to keep.
+            apply: "apiVersion: v1\nkind: Service\nmetadata: {name: web}\nspec: {clusterIP: 10.96.0.10, ports: [{port: 70000}]}\n",
+            frontends: &[],
+            warnings: &["Service default/web: spec.ports[0].port: 70000 is not a valid port; not programmed (no earlier valid version)"],
+        },
+        Step { apply: "delete Service default/web", frontends: &[], warnings: &[] },
+    ];
+    history("service", &steps);
+}
+
+/// Issue 11, defect 1: legitimate changes are applied, not held: ExternalName,
+/// headless, another proxy's label.
+#[test]
+fn legitimate_changes_are_applied_not_held() {
+    let good: &[&str] = &["10.96.0.10:80/TCP ClusterIP default/web -> 10.244.1.2:8080, 10.244.1.3:8080"];
+    for (what, edit) in [
+        ("ExternalName", "apiVersion: v1\nkind: Service\nmetadata: {name: web}\nspec: {type: ExternalName, externalName: example.com}\n"),
+        ("headless", "apiVersion: v1\nkind: Service\nmetadata: {name: web}\nspec: {clusterIP: None, ports: [{port: 80}]}\n"),
+        ("other proxy", "apiVersion: v1\nkind: Service\nmetadata: {name: web, labels: {service.kubernetes.io/service-proxy-name: other}}\nspec: {clusterIP: 10.96.0.10, ports: [{port: 80}]}\n"),
+    ] {
+        history(what, &[
+            Step { apply: WEB, frontends: &["10.96.0.10:80/TCP ClusterIP default/web -> (none)"], warnings: &[] },
+            Step { apply: WEB_SLICE, frontends: good, warnings: &[] },
+            Step { apply: edit, frontends: &[], warnings: &[] },
+        ]);
+    }
+}
+
+/// Issue 11, defect 1: a slice edit that cannot be used keeps the slice's
+/// last good endpoints; an empty slice and a bad address among good ones are
+/// not object-level errors (the first empties the Service, the second skips
+/// one endpoint); deleting the slice drops its last good version.
+#[test]
+fn an_unusable_slice_edit_keeps_the_last_good_version() {
+    let good: &[&str] = &["10.96.0.10:80/TCP ClusterIP default/web -> 10.244.1.2:8080, 10.244.1.3:8080"];
+    let steps = [
+        Step { apply: WEB, frontends: &["10.96.0.10:80/TCP ClusterIP default/web -> (none)"], warnings: &[] },
+        Step { apply: WEB_SLICE, frontends: good, warnings: &[] },
+        Step {
+            apply: "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: web-1, labels: {kubernetes.io/service-name: web}}\naddressType: IPv4\nports: [{port: 0}]\nendpoints: [{addresses: [10.244.1.9]}]\n",
+            frontends: good,
+            warnings: &["EndpointSlice default/web-1: ports[0].port: 0 is not a valid port; keeping the last good version"],
+        },
+        Step {
+            apply: "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: web-1, labels: {kubernetes.io/service-name: web}}\naddressType: IPv4\nports: [{port: 8080}]\nendpoints: [{addresses: [10.244.1.2]}, {addresses: [bad]}]\n",
+            frontends: &["10.96.0.10:80/TCP ClusterIP default/web -> 10.244.1.2:8080"],
+            warnings: &["EndpointSlice default/web-1: endpoint address \"bad\" is not an IPv4 address; skipped"],
+        },
+        Step {
+            apply: "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: web-1, labels: {kubernetes.io/service-name: web}}\naddressType: IPv4\nports: [{port: 8080}]\nendpoints: []\n",
+            frontends: &["10.96.0.10:80/TCP ClusterIP default/web -> (none)"],
+            warnings: &[],
+        },
+        Step { apply: WEB_SLICE, frontends: good, warnings: &[] },
+        Step {
+            apply: "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: web-1, labels: {kubernetes.io/service-name: web}}\naddressType: ''\nendpoints: []\n",
+            frontends: good,
+            warnings: &["EndpointSlice default/web-1: addressType: missing; keeping the last good version"],
+        },
+        Step {
+            apply: "delete EndpointSlice default/web-1",
+            frontends: &["10.96.0.10:80/TCP ClusterIP default/web -> (none)"],
+            warnings: &[],
+        },
+    ];
+    history("slice", &steps);
+}
+
+/// Issue 11, defect 2: a newer Service never takes a live address, whatever
+/// its name; when the owner goes, the next oldest takes over.
+#[test]
+fn a_newer_service_does_not_steal_a_live_address() {
+    let steps = [
+        Step {
+            apply: "apiVersion: v1\nkind: Service\nmetadata: {name: zeta, creationTimestamp: '2026-12-03T08:00:00Z'}\nspec: {clusterIP: 10.96.0.10, ports: [{port: 80}]}\n",
+            frontends: &["10.96.0.10:80/TCP ClusterIP default/zeta -> (none)"],
+            warnings: &[],
+        },
+        Step {
+            apply: "apiVersion: v1\nkind: Service\nmetadata: {name: alpha, creationTimestamp: '2026-12-03T08:05:00Z'}\nspec: {clusterIP: 10.96.0.10, ports: [{port: 80}]}\n",
+            frontends: &["10.96.0.10:80/TCP ClusterIP default/zeta -> (none)"],
+            warnings: &["Service default/alpha: ClusterIP frontend 10.96.0.10:80/TCP is already used by the older Service default/zeta (ClusterIP); not programmed"],
+        },
+        Step {
+            apply: "delete Service default/zeta",
+            frontends: &["10.96.0.10:80/TCP ClusterIP default/alpha -> (none)"],
+            warnings: &[],
+        },
+    ];
+    history("newcomer", &steps);
+}
+
+/// Issue 11: a Service port with more endpoints than
+/// `--max-endpoints-per-service` keeps the first ones in address order (the
+/// same on every node) and the rest are reported by address.
+#[test]
+fn endpoints_beyond_the_limit_are_dropped_last_first_and_reported() {
+    let mut model = Model::new(None, None);
+    model.set_max_endpoints_per_port(2);
+    let (services, slices) = objects(&format!(
+        "{WEB}---\n{}",
+        WEB_SLICE.replace("endpoints: [{addresses: [10.244.1.2]}, {addresses: [10.244.1.3]}]",
+            "endpoints: [{addresses: [10.244.1.4]}, {addresses: [10.244.1.2]}, {addresses: [10.244.1.5]}, {addresses: [10.244.1.3]}]")
+    ));
+    let mut interner = Interner::default();
+    for s in &services {
+        let info = ServiceInfo::from_k8s(s);
+        model.set_service(info.key.clone(), Some(Arc::new(info)));
+    }
+    for s in &slices {
+        let info = SliceInfo::from_k8s(s, &mut interner);
+        model.set_slice(info.key.clone(), Some(Arc::new(info)));
+    }
+    model.update();
+    let got: Vec<String> = model.desired().frontends.values().map(ToString::to_string).collect();
+    assert_eq!(got, ["10.96.0.10:80/TCP ClusterIP default/web -> 10.244.1.2:8080, 10.244.1.3:8080"]);
+    let warnings: Vec<String> = model.warnings().map(ToString::to_string).collect();
+    assert_eq!(warnings, ["Service default/web: port 80: 4 endpoints, more than the 2 one service port may have (--max-endpoints-per-service); the 2 last in address order (10.244.1.4:8080 to 10.244.1.5:8080) are not programmed"]);
+    // Raising the limit programs them all and the warning goes.
+    model.set_max_endpoints_per_port(4);
+    let delta = model.update();
+    assert_eq!(delta.frontends.len(), 1);
+    assert_eq!(model.desired().frontends.values().next().map(|f| f.backends.len()), Some(4));
+    assert_eq!(model.warnings().count(), 0);
 }

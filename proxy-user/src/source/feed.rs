@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use tokio::sync::watch;
 
-use crate::model::{NodeInfo, ObjectKey, ServiceInfo, SliceInfo};
+use crate::model::{ModelWarning, NodeInfo, ObjectKey, ServiceInfo, SliceInfo};
 
 /// Everything recorded since the last take. `None` values are deletions.
 #[derive(Debug, Default)]
@@ -27,18 +27,25 @@ pub struct Changes {
     pub slices: BTreeMap<ObjectKey, Option<Arc<SliceInfo>>>,
     /// `Some`: this node's Node changed (to `None`: it is gone or unknown).
     pub node: Option<Option<NodeInfo>>,
+    /// `Some`: the source's own problems changed to these (the complete set:
+    /// files that do not parse or cannot be read, a directory that cannot be
+    /// listed).
+    pub problems: Option<Vec<ModelWarning>>,
     /// The publish count these changes cover (what `/healthz` tracks).
     pub seq: u64,
 }
 
 impl Changes {
     pub fn is_empty(&self) -> bool {
-        self.services.is_empty() && self.slices.is_empty() && self.node.is_none()
+        self.services.is_empty() && self.slices.is_empty() && self.node.is_none() && self.problems.is_none()
     }
 
     /// Objects changed (for logs).
     pub fn len(&self) -> usize {
-        self.services.len() + self.slices.len() + usize::from(self.node.is_some())
+        self.services.len()
+            + self.slices.len()
+            + usize::from(self.node.is_some())
+            + usize::from(self.problems.is_some())
     }
 }
 
@@ -99,6 +106,11 @@ impl FeedTx {
     /// Records this node's new state (`None`: gone or unknown).
     pub fn node(&self, node: Option<NodeInfo>) {
         self.shared.pending().node = Some(node);
+    }
+
+    /// Records the source's problems now in force (the complete set).
+    pub fn problems(&self, problems: Vec<ModelWarning>) {
+        self.shared.pending().problems = Some(problems);
     }
 
     /// Wakes the agent for what was recorded.

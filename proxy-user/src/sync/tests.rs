@@ -352,6 +352,30 @@ fn a_service_that_does_not_fit_is_reported_by_name_and_the_rest_is_programmed() 
     assert_eq!(s.store().view(&b.addr), None);
 }
 
+/// Issue 11: `--max-services N` gives N service ports (ids 1..=N; the
+/// counter array has N + 1 entries), not N − 1.
+#[test]
+fn max_services_n_programs_n_service_ports() {
+    let small = Capacities {
+        services: 3,
+        ..Capacities::default()
+    };
+    assert_eq!(small.service_stats_entries(), 4);
+    let mut s = Syncer::adopt(MemStore::default(), small);
+    let fes: Vec<Frontend> = (1..=4u8)
+        .map(|i| fe([10, 96, 0, i], 80, Protocol::Tcp, &format!("s{i}"), &[(i, 80)]))
+        .collect();
+    let report = s.apply(&state(fes[..3].to_vec()));
+    assert_eq!(report.added, 3, "{report:?}");
+    assert!(report.failed.is_empty(), "{report:?}");
+    let ids: BTreeSet<u32> = s.store().revnat.keys().copied().collect();
+    assert_eq!(ids, BTreeSet::from([1, 2, 3]));
+    let report = s.apply(&state(fes.clone()));
+    assert_eq!(report.failed.len(), 1, "{report:?}");
+    assert_eq!(report.failed[0].service, "default/s4");
+    assert!(report.failed[0].reason.contains("service id space full (3 service ports"), "{}", report.failed[0].reason);
+}
+
 #[test]
 fn a_frontend_that_did_not_fit_is_programmed_once_another_leaves() {
     let small = Capacities {

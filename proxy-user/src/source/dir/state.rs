@@ -1,9 +1,25 @@
 //! The directory as last read: every file's objects, converted to the
 //! model's input types, the copy in effect for every key, and the rescan
 //! that records into the feed what changed.
+//!
+//! Files carry no `creationTimestamp`, yet the model gives a contested
+//! address to the older Service. So this source stamps each Service without
+//! one with the time it first saw it, in milliseconds: in the first scan,
+//! its file's modification time (so that after an agent restart the files
+//! that were there keep their order as far as their files show it);
+//! afterwards, the time of the scan that read it. The stamp stays while the
+//! object exists (edits, moves between files); deleting it forgets it. A new
+//! file therefore never takes an address from a Service already running;
+//! equal stamps are settled by namespace/name.
+//!
+//! Problems with the files themselves (not YAML, not readable, a symlink
+//! loop) and with the directory are recorded into the feed as the complete
+//! set in force ([`FeedTx::problems`]) whenever it changes: they reach the
+//! agent's warnings and go away when the file is fixed or removed. A broken
+//! file keeps its last good objects in effect.
 
 use std::collections::hash_map::DefaultHasher;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::{Hash as _, Hasher as _};
 use std::io;
 use std::os::unix::fs::MetadataExt as _;
@@ -15,7 +31,7 @@ use tracing::{error, info, warn};
 
 use super::parse::{parse_manifests, FileObjects, ManifestError};
 use super::watch::log_node_change;
-use crate::model::{Interner, NodeInfo, ObjectKey, ServiceInfo, SliceInfo};
+use crate::model::{Interner, ModelWarning, NodeInfo, ObjectKey, ServiceInfo, SliceInfo};
 use crate::source::feed::FeedTx;
 
 /// Is this directory entry a manifest we read?
@@ -254,6 +270,8 @@ pub(super) struct FileState {
     good: Option<FileView>,
     /// The current problem, if the file is broken (logged once per change).
     error: Option<String>,
+    /// The same, as the agent reports it.
+    problem: Option<ModelWarning>,
 }
 
 /// A file whose objects changed: its new objects (`None`: the file is gone).
@@ -348,6 +366,13 @@ pub(super) struct DirState {
     /// The directory's identity, to notice it being replaced (then the watch is renewed).
     pub(super) dir_id: Option<(u64, u64)>,
     dir_error: Option<String>,
+    /// When each Service without a creationTimestamp was first seen (ms
+    /// since the epoch; see the module).
+    first_seen: HashMap<ObjectKey, i64>,
+    /// The first scan is done.
+    started: bool,
+    /// The problems last recorded into the feed.
+    sent_problems: Vec<ModelWarning>,
 }
 
 impl DirState {
@@ -362,6 +387,9 @@ impl DirState {
             interner: Interner::default(),
             dir_id: None,
             dir_error: None,
+            first_seen: HashMap::new(),
+            started: false,
+            sent_problems: Vec::new(),
         }
     }
 
@@ -370,6 +398,7 @@ impl DirState {
     pub(super) fn first(&mut self, feed: &FeedTx) -> usize {
         let changes = self.scan(true);
         self.apply(changes, None);
+        self.started = true;
         for (key, svc) in self.services.iter() {
             feed.service(key.clone(), Some(Arc::clone(svc)));
         }
@@ -379,7 +408,29 @@ impl DirState {
         let node = self.node.used();
         log_node_change(self, None, node.map(|n| &**n), true);
         feed.node(node.map(|n| NodeInfo::clone(n)));
-        self.services.by_key.len() + self.slices.by_key.len() + 1
+        self.services.by_key.len() + self.slices.by_key.len() + 1 + self.record_problems(feed)
+    }
+
+    /// The problems in force: the directory's, then each broken file's.
+    pub(super) fn problems(&self) -> Vec<ModelWarning> {
+        let dir = self.dir_error.as_ref().map(|msg| ModelWarning {
+            object: format!("directory {}", self.dir.display()),
+            problem: format!("{msg}; keeping the objects last read from it"),
+        });
+        dir.into_iter()
+            .chain(self.files.values().filter_map(|f| f.problem.clone()))
+            .collect()
+    }
+
+    /// Records the problems into `feed` when they changed; returns 1 if so.
+    fn record_problems(&mut self, feed: &FeedTx) -> usize {
+        let problems = self.problems();
+        if problems == self.sent_problems {
+            return 0;
+        }
+        feed.problems(problems.clone());
+        self.sent_problems = problems;
+        1
     }
 
     /// Rescans (see [`scan`](Self::scan)) and records into `feed` each object
@@ -388,14 +439,15 @@ impl DirState {
     /// objects, whatever the directory holds. Returns how many it recorded.
     pub(super) fn refresh(&mut self, read_all: bool, feed: &FeedTx) -> usize {
         let changes = self.scan(read_all);
-        if changes.is_empty() {
-            return 0;
+        let mut recorded = 0;
+        if !changes.is_empty() {
+            let mut before = Before::default();
+            if self.apply(changes, Some(&mut before)) {
+                self.interner.prune();
+            }
+            recorded = self.record(before, feed);
         }
-        let mut before = Before::default();
-        if self.apply(changes, Some(&mut before)) {
-            self.interner.prune();
-        }
-        self.record(before, feed)
+        recorded + self.record_problems(feed)
     }
 
     /// Records the noted keys whose object in effect is another version now.
@@ -420,6 +472,7 @@ impl DirState {
     /// interned names may have lost their last user).
     fn apply(&mut self, changes: Vec<FileChange>, mut before: Option<&mut Before>) -> bool {
         let mut dropped = false;
+        let mut removed = Vec::new();
         // Every changed file's old objects go first, so an object moving
         // between two files in one scan is not reported as defined twice.
         for change in &changes {
@@ -434,6 +487,7 @@ impl DirState {
             if let Some(old) = old {
                 dropped |= !old.is_empty();
                 self.remove_view(&change.path, &old);
+                removed.extend(old.services.iter().map(|s| s.key.clone()));
             }
         }
         // In path order (`scan` sorts), so the first path's copy is the one
@@ -443,6 +497,12 @@ impl DirState {
             self.insert_view(&path, &view);
             if let Some(f) = self.files.get_mut(&path) {
                 f.good = Some(view);
+            }
+        }
+        // A Service gone from every file forgets when it was first seen.
+        for key in removed {
+            if !self.services.by_key.contains_key(&key) {
+                self.first_seen.remove(&key);
             }
         }
         dropped
@@ -594,7 +654,7 @@ impl DirState {
         match parse_manifests(path, &bytes) {
             Ok(objects) => {
                 drop(bytes);
-                self.loaded(key, objects)
+                self.loaded(key, objects, fingerprint.modified)
             }
             Err(e) => {
                 self.file_error(e, None);
@@ -604,7 +664,7 @@ impl DirState {
     }
 
     /// Logs a file that parsed and converts its objects.
-    fn loaded(&mut self, path: Arc<Path>, objects: FileObjects) -> Checked {
+    fn loaded(&mut self, path: Arc<Path>, objects: FileObjects, modified: Option<SystemTime>) -> Checked {
         for note in &objects.notes {
             info!("{note}");
         }
@@ -615,15 +675,35 @@ impl DirState {
             nodes = objects.nodes.len(),
             "manifest file loaded"
         );
-        let view = FileView::convert(&path, objects, &self.node_name, &mut self.interner);
+        let mut view = FileView::convert(&path, objects, &self.node_name, &mut self.interner);
+        self.stamp(&mut view, modified);
         let Some(f) = self.files.get_mut(&path) else {
             return Checked::Unchanged; // unreachable: `check_file` made it
         };
-        f.error = None;
+        if f.error.take().is_some() {
+            info!(file = %path.display(), "manifest file is good again");
+        }
+        f.problem = None;
         if f.good.as_ref() == Some(&view) {
             return Checked::Unchanged;
         }
         Checked::Changed(path, view)
+    }
+
+    /// Gives each Service without a creationTimestamp the time it was first
+    /// seen (see the module); `modified`: its file's modification time.
+    fn stamp(&mut self, view: &mut FileView, modified: Option<SystemTime>) {
+        let seen_at = if self.started { Some(SystemTime::now()) } else { modified };
+        let ms = seen_at
+            .and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok())
+            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+        for svc in &mut view.services {
+            if svc.created_unix_ms.is_some() {
+                continue;
+            }
+            let stamp = *self.first_seen.entry(svc.key.clone()).or_insert(ms);
+            Arc::make_mut(svc).created_unix_ms = Some(stamp);
+        }
     }
 
     /// Records (and logs, once per distinct problem) a broken file, keeping its last good objects.
@@ -643,6 +723,17 @@ impl DirState {
                 ),
                 None => error!("{msg}; nothing from this file is used"),
             }
+            let consequence = if f.good.is_some() {
+                "keeping this file's last good objects"
+            } else {
+                "nothing from this file is used"
+            };
+            let path = err.path().display().to_string();
+            let text = msg.strip_prefix(&format!("{path}: ")).unwrap_or(&msg);
+            f.problem = Some(ModelWarning {
+                object: format!("file {path}"),
+                problem: format!("{text}; {consequence}"),
+            });
             f.error = Some(msg);
         }
     }
@@ -915,5 +1006,123 @@ mod tests {
         std::fs::remove_file(&path).expect("remove");
         assert!(!fx.refresh(false).is_empty());
         assert!(fx.view.services.is_empty());
+    }
+
+    fn problem_texts(changes: &Changes) -> Option<Vec<String>> {
+        changes
+            .problems
+            .as_ref()
+            .map(|p| p.iter().map(ToString::to_string).collect())
+    }
+
+    /// Issue 11: a file that stops parsing keeps its objects and its problem
+    /// reaches the feed (so the agent's warnings); fixing the file clears it.
+    #[test]
+    fn a_broken_file_keeps_its_objects_and_reports_its_problem_until_fixed() {
+        let tmp = TempDir::new("broken");
+        let path = tmp.0.join("a.yaml");
+        std::fs::write(&path, svc("10.96.0.1")).expect("write");
+        let mut fx = Fixture::new(&tmp.0, "node-a");
+        let first = fx.first();
+        assert!(first.problems.is_none(), "no problem at first");
+        std::fs::write(&path, "kind: Service\nmetadata: {name: [unclosed\n").expect("write");
+        let broken = fx.refresh(true);
+        assert!(broken.services.is_empty(), "the last good objects stay: {broken:?}");
+        assert_eq!(fx.view.service_ips(), ["10.96.0.1"]);
+        let problems = problem_texts(&broken).expect("the problem is recorded");
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(problems[0].starts_with(&format!("file {}: document 1: syntax error", path.display())), "{problems:?}");
+        assert!(problems[0].ends_with("; keeping this file's last good objects"), "{problems:?}");
+        assert!(fx.refresh(true).is_empty(), "reported once");
+        std::fs::write(&path, svc("10.96.0.2")).expect("write");
+        let fixed = fx.refresh(true);
+        assert_eq!(problem_texts(&fixed), Some(Vec::new()), "fixed: the problem goes");
+        assert_eq!(fx.view.service_ips(), ["10.96.0.2"]);
+    }
+
+    /// Issue 11: a binary file and a symlink loop are reported by name (they
+    /// never held objects), and removing them clears the problem.
+    #[test]
+    fn unreadable_files_are_reported_and_cleared_when_removed() {
+        let tmp = TempDir::new("unreadable");
+        std::fs::write(tmp.0.join("good.yaml"), SERVICE).expect("write");
+        let binary = tmp.0.join("bin.yaml");
+        std::fs::write(&binary, [0xff_u8, 0xfe, 0x00, 0x01, 0x80]).expect("write");
+        let looped = tmp.0.join("loop.yaml");
+        std::os::unix::fs::symlink(&looped, &looped).expect("symlink");
+        let mut fx = Fixture::new(&tmp.0, "node-a");
+        let first = fx.first();
+        let problems = problem_texts(&first).expect("problems at the first scan");
+        assert_eq!(problems.len(), 2, "{problems:?}");
+        assert!(problems[0].starts_with(&format!("file {}: ", binary.display())), "{problems:?}");
+        assert!(problems[0].ends_with("; nothing from this file is used"), "{problems:?}");
+        assert!(problems[1].starts_with(&format!("file {}: cannot read the file", looped.display())), "{problems:?}");
+        assert_eq!(fx.view.service_ips(), ["10.96.0.10"], "the good file is used");
+        std::fs::remove_file(&binary).expect("remove");
+        std::fs::remove_file(&looped).expect("remove");
+        assert_eq!(problem_texts(&fx.refresh(true)), Some(Vec::new()));
+    }
+
+    /// Issue 11: a directory that cannot be read any more keeps the objects
+    /// last read from it and says so.
+    #[test]
+    fn a_vanished_directory_is_reported() {
+        let tmp = TempDir::new("vanish");
+        let dir = tmp.0.join("manifests");
+        std::fs::create_dir(&dir).expect("mkdir");
+        std::fs::write(dir.join("a.yaml"), SERVICE).expect("write");
+        let mut fx = Fixture::new(&dir, "node-a");
+        fx.first();
+        std::fs::remove_dir_all(&dir).expect("rm");
+        let gone = fx.refresh(true);
+        let problems = problem_texts(&gone).expect("reported");
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(problems[0].starts_with(&format!("directory {}: ", dir.display())), "{problems:?}");
+        assert_eq!(fx.view.service_ips(), ["10.96.0.10"]);
+        std::fs::create_dir(&dir).expect("mkdir");
+        std::fs::write(dir.join("a.yaml"), SERVICE).expect("write");
+        assert_eq!(problem_texts(&fx.refresh(true)), Some(Vec::new()));
+    }
+
+    /// Issue 11: a Service from a file is stamped with the time it was first
+    /// seen (its file's mtime in the first scan, the scan's time later), and
+    /// keeps the stamp across edits until it is deleted; so a new file's
+    /// Service is always younger than a running one.
+    #[test]
+    fn services_are_stamped_when_first_seen_and_keep_the_stamp() {
+        let tmp = TempDir::new("stamp");
+        let old = tmp.0.join("zz-old.yaml");
+        std::fs::write(&old, SERVICE).expect("write");
+        let long_ago = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_700_000_000);
+        std::fs::File::options()
+            .write(true)
+            .open(&old)
+            .and_then(|f| f.set_modified(long_ago))
+            .expect("set mtime");
+        let mut fx = Fixture::new(&tmp.0, "node-a");
+        fx.first();
+        let web = ObjectKey::new("default", "web");
+        let stamp = |fx: &Fixture, key: &ObjectKey| fx.view.services[key].created_unix_ms;
+        assert_eq!(stamp(&fx, &web), Some(1_700_000_000_000), "first scan: the file's mtime");
+        // A newcomer in a file that sorts first, claiming the same address.
+        std::fs::write(tmp.0.join("aa-new.yaml"), SERVICE.replace("name: web", "name: aaa")).expect("write");
+        fx.refresh(true);
+        let newcomer = stamp(&fx, &ObjectKey::new("default", "aaa")).expect("stamped");
+        assert!(newcomer > 1_700_000_000_000, "later: the time it was first seen");
+        // An edit keeps the stamp.
+        std::fs::write(&old, svc("10.96.0.99")).expect("write");
+        fx.refresh(true);
+        assert_eq!(fx.view.service_ips(), ["10.96.0.10", "10.96.0.99"]);
+        assert_eq!(stamp(&fx, &web), Some(1_700_000_000_000), "kept across an edit");
+        // Deleted and back: a new object, a new stamp.
+        std::fs::remove_file(&old).expect("rm");
+        fx.refresh(true);
+        std::fs::write(&old, SERVICE).expect("write");
+        fx.refresh(true);
+        assert!(stamp(&fx, &web) >= Some(newcomer), "stamped anew");
+        // A creationTimestamp in the file is used as written.
+        std::fs::write(&old, SERVICE.replace("{name: web}", "{name: web, creationTimestamp: '2020-01-01T00:00:00Z'}")).expect("write");
+        fx.refresh(true);
+        assert_eq!(stamp(&fx, &web), Some(1_577_836_800_000));
     }
 }
