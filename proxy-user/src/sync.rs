@@ -162,6 +162,16 @@ impl<S: MapStore> Syncer<S> {
         self.default_algorithm = algorithm;
     }
 
+    /// `--lb-algorithm`, which slot 0 records for Services that name none.
+    pub fn default_algorithm(&self) -> LbAlgorithm {
+        self.default_algorithm
+    }
+
+    /// The frontends not programmed, and why (capacity).
+    pub fn unprogrammed(&self) -> impl Iterator<Item = &Unprogrammed> {
+        self.failed.values()
+    }
+
     pub fn store(&self) -> &S {
         &self.store
     }
@@ -862,7 +872,7 @@ fn place(old: &[u32], wanted: &[u32]) -> Vec<u32> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::model::FrontendKind;
     use crate::maps::Dump;
@@ -870,21 +880,21 @@ mod tests {
 
     /// An in-memory stand-in for the kernel maps, counting writes.
     #[derive(Default)]
-    struct MemStore {
-        frontends: BTreeMap<(u32, u16, u8, u8, u16), FrontendSlot>,
+    pub(crate) struct MemStore {
+        pub(crate) frontends: BTreeMap<(u32, u16, u8, u8, u16), FrontendSlot>,
         /// Frontend writes in order (`put`/`delete` and the key).
         log: Vec<String>,
         /// Maglev tables by service id.
         maglev: BTreeMap<u32, Vec<u32>>,
-        backends: BTreeMap<u32, Backend>,
-        revnat: BTreeMap<u32, RevNat>,
+        pub(crate) backends: BTreeMap<u32, Backend>,
+        pub(crate) revnat: BTreeMap<u32, RevNat>,
         conntrack: Vec<(CtKey, CtEntry)>,
         sockets: Vec<(SockKey, SockEntry)>,
         writes: usize,
         frontend_limit: Option<usize>,
     }
 
-    fn k(key: &FrontendKey) -> (u32, u16, u8, u8, u16) {
+    pub(crate) fn k(key: &FrontendKey) -> (u32, u16, u8, u8, u16) {
         (key.addr_be, key.port_be, key.proto, key.scope, key.slot)
     }
 
@@ -992,7 +1002,7 @@ mod tests {
         }
     }
 
-    fn fe(
+    pub(crate) fn fe(
         ip: [u8; 4],
         port: u16,
         protocol: Protocol,
@@ -1020,13 +1030,13 @@ mod tests {
         )
     }
 
-    fn state(frontends: Vec<Frontend>) -> DesiredState {
+    pub(crate) fn state(frontends: Vec<Frontend>) -> DesiredState {
         DesiredState {
             frontends: frontends.into_iter().map(|f| (f.addr, f)).collect(),
         }
     }
 
-    fn caps() -> Capacities {
+    pub(crate) fn caps() -> Capacities {
         Capacities::default()
     }
 
