@@ -404,7 +404,7 @@ fn http_500s_keep_the_maps_and_the_agent_converges_once_they_stop() {
                 })
             },
             blocks: true,
-            log: "watch failing: watch request: HTTP 500 InternalError",
+            log: "endpointslices watch failing: watch answered HTTP 500 InternalError",
         },
     );
 }
@@ -423,7 +423,7 @@ fn throttling_with_retry_after_keeps_the_maps_and_the_agent_converges() {
                 })
             },
             blocks: true,
-            log: "watch failing: watch request: HTTP 429 TooManyRequests",
+            log: "endpointslices watch failing: watch answered HTTP 429 TooManyRequests",
         },
     );
 }
@@ -448,6 +448,7 @@ fn slow_answers_are_waited_for_and_answers_slower_than_the_read_timeout_are_retr
     eprintln!("change through 1 s answers programmed after {took:?}");
     assert!(took >= Duration::from_millis(1000), "the delay was in effect ({took:?})");
     c.api.clear_faults();
+    c.api.apply(slice(&[1, 2])).expect("back to two pods");
     // Slower than the read timeout: every attempt fails until it clears.
     fault_scenario(
         &mut c,
@@ -487,11 +488,14 @@ fn watches_cut_mid_event_are_resumed_and_every_change_arrives() {
         std::thread::sleep(Duration::from_millis(100));
     }
     assert_eq!(failed, 0, "connections failed while watches were cut");
+    // Each cut fails the watch; the watcher re-watches after its backoff
+    // (reset by the next event), so cuts closer together than the backoff
+    // are taken together.
     assert!(
-        c.api.watches(Kind::EndpointSlice) > watches_before + 3,
-        "the agent re-watched after each cut"
+        c.api.watches(Kind::EndpointSlice) > watches_before,
+        "the agent re-watched after the cuts"
     );
-    c.wait_log("watch failing: watch stream", Duration::from_secs(5));
+    c.wait_log("endpointslices watch failing: watch: ", Duration::from_secs(5));
     c.api.apply(slice(&[3])).expect("change after the cuts");
     c.synced_to(&[3], "the change after the cuts");
     assert_eq!(c.tcp_names(10), vec!["pod3"]);

@@ -616,10 +616,12 @@ enum Failure {
 }
 
 fn describe(error: &watcher::Error) -> Failure {
+    // kube-runtime reports a watch the server answered with an error status
+    // as `WatchFailed`, like a stream that broke later.
     let (stage, client) = match error {
         watcher::Error::InitialListFailed(e) => ("list", e),
         watcher::Error::WatchStartFailed(e) => ("watch request", e),
-        watcher::Error::WatchFailed(e) => ("watch stream", e),
+        watcher::Error::WatchFailed(e) => ("watch", e),
         watcher::Error::WatchError(status) => {
             return Failure::Other(format!("the API server ended the watch: {}", api_status(status)));
         }
@@ -627,17 +629,16 @@ fn describe(error: &watcher::Error) -> Failure {
             return Failure::Other("the list carried no resourceVersion".into());
         }
     };
+    if let kube::Error::Api(status) = client {
+        return Failure::Other(format!("{stage} answered {}", api_status(status)));
+    }
     if timed_out(client) {
-        if stage == "watch stream" {
+        if stage == "watch" {
             return Failure::Silent;
         }
         return Failure::Other(format!("{stage} timed out (no answer within the read timeout)"));
     }
-    let what = match client {
-        kube::Error::Api(status) => api_status(status),
-        other => error_chain(other),
-    };
-    Failure::Other(format!("{stage}: {what}"))
+    Failure::Other(format!("{stage}: {}", error_chain(client)))
 }
 
 /// `HTTP 429 TooManyRequests: message` (the status the server answered).
@@ -938,9 +939,9 @@ mod tests {
     #[test]
     fn failures_are_described_by_what_the_server_answered() {
         let list = watcher::Error::InitialListFailed(kube::Error::Api(status(500, "InternalError", "etcd is down")));
-        assert_eq!(describe(&list), Failure::Other("list: HTTP 500 InternalError: etcd is down".into()));
-        let throttled = watcher::Error::WatchStartFailed(kube::Error::Api(status(429, "TooManyRequests", "slow down")));
-        assert_eq!(describe(&throttled), Failure::Other("watch request: HTTP 429 TooManyRequests: slow down".into()));
+        assert_eq!(describe(&list), Failure::Other("list answered HTTP 500 InternalError: etcd is down".into()));
+        let throttled = watcher::Error::WatchFailed(kube::Error::Api(status(429, "TooManyRequests", "slow down")));
+        assert_eq!(describe(&throttled), Failure::Other("watch answered HTTP 429 TooManyRequests: slow down".into()));
         let gone = watcher::Error::WatchError(status(410, "Expired", "too old resource version"));
         assert_eq!(describe(&gone), Failure::Other("the API server ended the watch: HTTP 410 Expired: too old resource version".into()));
     }
@@ -959,7 +960,7 @@ mod tests {
         let Failure::Other(text) = describe(&watcher::Error::WatchFailed(kube::Error::ReadEvents(reset))) else {
             panic!("a reset connection is no silent watch");
         };
-        assert!(text.starts_with("watch stream: "), "{text}");
+        assert!(text.starts_with("watch: "), "{text}");
         assert!(text.contains("error reading a body from connection"), "{text}");
     }
 
