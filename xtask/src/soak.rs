@@ -404,12 +404,10 @@ fn churn(
     report: &mut ChurnReport,
 ) -> Result<()> {
     const TICK: Duration = Duration::from_millis(10);
-    let per_tick = f64::from(opts.rate) * TICK.as_secs_f64();
     let started = Instant::now();
     let warm_until = started + opts.warmup;
     let end = warm_until + opts.churn;
     let mut warm_noted = false;
-    let mut owed = 0.0;
     let mut next = 0usize;
     let mut changes = 0u64;
     let phases = fault_phases();
@@ -445,9 +443,9 @@ fn churn(
                 }
             }
         }
-        owed += per_tick;
-        while owed >= 1.0 {
-            owed -= 1.0;
+        // Catch up with the rate since the start (a late tick makes up).
+        let due = (f64::from(opts.rate) * started.elapsed().as_secs_f64()) as u64;
+        while changes < due {
             let i = next % churned.len();
             let c = &mut churned[i];
             let name = format!("churn-{i}");

@@ -558,6 +558,7 @@ fn verify_reports_a_damaged_map_per_frontend() {
     args.extend(value.iter().map(String::as_str));
     c.sb.exec(&c.sb.node_ns(), &args).expect("bpftool map update");
     let (ok, text) = c.verify();
+    eprintln!("{text}");
     assert!(!ok, "verify must fail on a damaged map:\n{text}");
     assert!(
         text.contains("10.96.0.10:80/TCP") && text.contains("dangling-slot") && text.contains("slot 3 of 3 is absent"),
