@@ -477,7 +477,7 @@ fn watches_cut_mid_event_are_resumed_and_every_change_arrives() {
     let mut failed = 0;
     while started.elapsed() < Duration::from_secs(3) {
         c.api.cut_watches_mid_event();
-        let pods: &[usize] = if step % 2 == 0 { &[1, 2, 3] } else { &[1, 2] };
+        let pods: &[usize] = if step.is_multiple_of(2) { &[1, 2, 3] } else { &[1, 2] };
         c.api.apply(slice(pods)).expect("change between cuts");
         step += 1;
         let run = c
