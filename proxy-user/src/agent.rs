@@ -29,6 +29,7 @@ use crate::{
     sync::Syncer,
     syncloop::{unix_now, NodePortAddresses, SyncLoop},
     uplink::{self, Uplink, UplinkError, XdpMode},
+    verify,
 };
 use crate::cidr::Ipv4Cidr;
 
@@ -86,6 +87,9 @@ pub struct AgentConfig {
     pub healthz_bind: Option<std::net::SocketAddr>,
     /// `--metrics-bind-address`: Prometheus `/metrics` (`None`: off).
     pub metrics_bind: Option<std::net::SocketAddr>,
+    /// `--watch-timeout`: how long each watch lasts, and so when a silent
+    /// one is restarted.
+    pub watch_timing: cluster::WatchTiming,
 }
 
 /// Logged once the programs have taken over, after the first sync (tests
@@ -222,6 +226,11 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
     let mut terminate = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
     let mut interrupt = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
     let mut tick = tokio::time::interval(RESCAN);
+    // `switchboard verify` asks on a socket next to the status file; the
+    // loop answers between syncs.
+    let (_verify_socket, mut verify_requests) = verify::serve(&config.pin_root).with_context(|| {
+        format!("listening on {}", verify::socket_path(&config.pin_root).display())
+    })?;
     loop {
         tokio::select! {
             changed = feed.changed() => {
@@ -240,6 +249,10 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
                 rescan(&handle, &mut attacher, &mut ebpf).await;
                 sync.set_interfaces(attacher.interfaces(), &uplink_status);
                 sync.on_addresses(&handle).await;
+            }
+            Some(request) = verify_requests.recv() => {
+                // The client may have given up; nothing to do then.
+                let _ = request.reply.send(sync.verify());
             }
             _ = terminate.recv() => break,
             _ = interrupt.recv() => break,
@@ -262,11 +275,17 @@ async fn open_source(config: &AgentConfig) -> anyhow::Result<FeedRx> {
             .await
             .with_context(|| format!("watching {}", dir.display()))?,
         Source::Cluster => {
-            let client = cluster::client(config.kubeconfig.as_ref())
+            let client = cluster::client_with(config.kubeconfig.as_ref(), Some(config.watch_timing.idle()))
                 .await
                 .context("connecting to the Kubernetes API")?;
             info!(node = %config.node_name, "watching the Kubernetes API");
-            cluster::watch_cluster(client, config.node_name.clone(), config.proxy_name.clone(), tx);
+            cluster::watch_cluster(
+                client,
+                config.node_name.clone(),
+                config.proxy_name.clone(),
+                config.watch_timing,
+                tx,
+            );
         }
     }
     // The first view is published once complete (every watch has listed;

@@ -111,6 +111,12 @@ pub struct AgentArgs {
     /// (empty: off).
     #[arg(long, value_name = "IP:PORT", default_value = "127.0.0.1:10249", value_parser = parse_bind)]
     pub metrics_bind_address: Bind,
+    /// Seconds each watch of the API server lasts (`timeoutSeconds`); the
+    /// server then ends it and it is resumed. A watch that sends nothing,
+    /// no event and no bookmark, for this long and a quarter more is
+    /// taken for dead and restarted.
+    #[arg(long, value_name = "SECONDS", default_value_t = 290, value_parser = clap::value_parser!(u64).range(1..))]
+    pub watch_timeout: u64,
 }
 
 /// A listen address, or none (the empty string turns the server off).
@@ -164,6 +170,9 @@ impl AgentArgs {
             nodeport_addresses: self.nodeport_addresses,
             healthz_bind: self.healthz_bind_address.0,
             metrics_bind: self.metrics_bind_address.0,
+            watch_timing: crate::source::cluster::WatchTiming {
+                watch_timeout: std::time::Duration::from_secs(self.watch_timeout),
+            },
         })
     }
 }

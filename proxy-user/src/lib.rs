@@ -25,3 +25,4 @@ pub mod status;
 pub mod sync;
 pub mod syncloop;
 pub mod uplink;
+pub mod verify;

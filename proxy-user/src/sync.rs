@@ -162,6 +162,16 @@ impl<S: MapStore> Syncer<S> {
         self.default_algorithm = algorithm;
     }
 
+    /// `--lb-algorithm`, which slot 0 records for Services that name none.
+    pub fn default_algorithm(&self) -> LbAlgorithm {
+        self.default_algorithm
+    }
+
+    /// The frontends not programmed, and why (capacity).
+    pub fn unprogrammed(&self) -> impl Iterator<Item = &Unprogrammed> {
+        self.failed.values()
+    }
+
     pub fn store(&self) -> &S {
         &self.store
     }
@@ -862,8 +872,8 @@ fn place(old: &[u32], wanted: &[u32]) -> Vec<u32> {
 }
 
 #[cfg(test)]
-mod memstore;
+pub(crate) mod memstore;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 #[cfg(test)]
 mod properties;

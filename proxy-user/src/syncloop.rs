@@ -27,7 +27,7 @@ use crate::{
     source::Changes,
     status::{self, AgentStatus, RejectedObject, UnprogrammedService},
     sync::{SyncReport, Syncer, Unprogrammed},
-    uplink,
+    uplink, verify,
 };
 
 pub struct SyncLoop<'a, S: MapStore> {
@@ -118,6 +118,27 @@ impl<S: MapStore> SyncLoop<'_, S> {
             self.status.interfaces = interfaces;
             self.write_status();
         }
+    }
+
+    /// Compares the maps with the model's desired state (`switchboard
+    /// verify`). Called from the loop between syncs, so the two describe
+    /// the same moment.
+    pub fn verify(&self) -> verify::Verification {
+        let started = Instant::now();
+        let unprogrammed: verify::Unprogrammed = self
+            .syncer
+            .unprogrammed()
+            .map(|u| (u.frontend, u.reason.clone()))
+            .collect();
+        let dump = self.syncer.store().dump();
+        let verification = verify::compare(self.model.desired(), self.syncer.default_algorithm(), &dump, &unprogrammed);
+        info!(
+            frontends = verification.frontends_desired,
+            problems = verification.problems.len(),
+            elapsed_ms = started.elapsed().as_secs_f64() * 1e3,
+            "verify: maps compared with the desired state"
+        );
+        verification
     }
 
     /// Writes the status file the CLI reads.

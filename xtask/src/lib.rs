@@ -10,6 +10,7 @@ pub mod fake_apiserver;
 pub mod image;
 pub mod sandbox;
 pub mod setup;
+pub mod soak;
 pub mod testcmd;
 pub mod testenv;
 pub mod util;

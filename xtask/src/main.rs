@@ -42,6 +42,29 @@ enum Cmd {
         #[arg(long)]
         tag: Option<String>,
     },
+    /// Long runs against the fake API server, with traffic: churn (Service
+    /// and EndpointSlice changes at --rate while a client in a pod
+    /// namespace uses a Service that does not change); with --faults, a
+    /// second run cycling API server faults through the churn. Prints
+    /// changes/s, requests sent/failed, agent RSS, convergence and
+    /// `switchboard verify`; exits 1 when a check fails. Needs root.
+    Soak {
+        /// Seconds of measured churn (after the warm-up).
+        #[arg(long, default_value_t = 60)]
+        duration: u64,
+        /// Seconds of churn before the RSS figure the end is held to.
+        #[arg(long, default_value_t = 10)]
+        warmup: u64,
+        /// Service and EndpointSlice changes per second.
+        #[arg(long, default_value_t = 1000)]
+        rate: u32,
+        /// Services that change.
+        #[arg(long, default_value_t = 1000)]
+        services: usize,
+        /// Also run the churn with API server faults cycling through it.
+        #[arg(long)]
+        faults: bool,
+    },
     /// Remove test sandboxes (namespaces, pin mounts) left by dead processes,
     /// and the demo sandbox.
     CleanupStale,
@@ -59,9 +82,47 @@ fn main() -> Result<()> {
         } => xtask::bench::report_again(&dir),
         Cmd::Bench { quick, out, .. } => xtask::bench::run(xtask::bench::Options { quick, out }),
         Cmd::Image { out, tag } => xtask::image::run(out, tag),
+        Cmd::Soak {
+            duration,
+            warmup,
+            rate,
+            services,
+            faults,
+        } => soak(duration, warmup, rate, services, faults),
         Cmd::CleanupStale => {
             xtask::sandbox::cleanup_stale()?;
             xtask::sandbox::purge_tag(xtask::sandbox::DEMO_TAG)
         }
     }
+}
+
+fn soak(duration: u64, warmup: u64, rate: u32, services: usize, faults: bool) -> Result<()> {
+    let bins = xtask::build::run()?;
+    let mut failed = false;
+    let runs: &[bool] = if faults { &[false, true] } else { &[false] };
+    for &with_faults in runs {
+        let opts = xtask::soak::ChurnOptions {
+            warmup: std::time::Duration::from_secs(warmup),
+            churn: std::time::Duration::from_secs(duration),
+            rate,
+            services,
+            faults: with_faults,
+            switchboard: bins.switchboard.clone(),
+            sb_echo: bins.sb_echo.clone(),
+        };
+        let title = if with_faults { "churn with API server faults" } else { "churn" };
+        println!("== {title}: {duration} s at {rate} changes/s, {services} Services ==");
+        let report = xtask::soak::run(&opts)?;
+        print!("{}", report.render());
+        let failures = report.failures(rate);
+        for f in &failures {
+            println!("FAILED: {f}");
+        }
+        failed |= !failures.is_empty();
+    }
+    if failed {
+        anyhow::bail!("soak failed");
+    }
+    println!("soak passed");
+    Ok(())
 }

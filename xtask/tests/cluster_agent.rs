@@ -7,7 +7,7 @@
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use xtask::fake_apiserver::{FakeApiServer, Kind};
+use xtask::fake_apiserver::{FakeApiServer, Faults, Kind};
 use xtask::sandbox::{find, pod_ip, Frontend, Sandbox, CLUSTER_IP};
 use xtask::testenv::{sb_echo, switchboard};
 
@@ -65,12 +65,19 @@ fn slice(pods: &[usize]) -> Value {
 struct Cluster {
     sb: Sandbox,
     api: FakeApiServer,
+    /// Extra agent flags, kept for a restart.
+    agent_args: Vec<String>,
 }
 
 impl Cluster {
     /// Sandbox with pods, the fake API server in the node namespace holding
     /// this node, and the agent watching it.
     fn start(pods: &[usize]) -> Cluster {
+        Cluster::start_with(pods, &[])
+    }
+
+    /// [`start`](Self::start) with extra agent flags.
+    fn start_with(pods: &[usize], agent_args: &[&str]) -> Cluster {
         xtask::testenv::require_root();
         let mut sb = Sandbox::for_test().expect("sandbox");
         sb.start_pods(&sb_echo()).expect("pods");
@@ -81,33 +88,23 @@ impl Cluster {
         api.apply(slice(pods)).expect("slice");
         let kubeconfig = sb.dir.join("kubeconfig");
         api.write_kubeconfig(&kubeconfig).expect("kubeconfig");
-        let mut cluster = Cluster { sb, api };
+        let mut cluster = Cluster {
+            sb,
+            api,
+            agent_args: agent_args.iter().map(|a| a.to_string()).collect(),
+        };
         cluster.start_agent(&kubeconfig);
         cluster
     }
 
+    /// The agent with the sandbox's own cgroup for the socket layer (never
+    /// the host's cgroup root).
     fn start_agent(&mut self, kubeconfig: &std::path::Path) {
-        let bin = switchboard().to_string_lossy().into_owned();
-        let pin = self.sb.pin_dir.to_string_lossy().into_owned();
         let kc = kubeconfig.to_string_lossy().into_owned();
-        let node = self.sb.node_ns();
+        let mut args = vec!["--kubeconfig", &kc, "--node-name", NODE_NAME];
+        args.extend(self.agent_args.iter().map(String::as_str));
         self.sb
-            .spawn(
-                "agent",
-                &node,
-                &[
-                    &bin,
-                    "agent",
-                    "--source",
-                    "cluster",
-                    "--kubeconfig",
-                    &kc,
-                    "--node-name",
-                    NODE_NAME,
-                    "--pin-root",
-                    &pin,
-                ],
-            )
+            .start_agent_from(&switchboard(), "cluster", &args)
             .expect("agent");
     }
 
@@ -293,4 +290,286 @@ fn a_restarted_agent_adopts_the_maps_and_established_connections_survive() {
         "agent log does not show adoption:\n{log}"
     );
     c.sb.cleanup().expect("cleanup");
+}
+
+// ---- API server faults ----
+//
+// Each fault test: the agent is synced to two pods; the fault starts and
+// the open watches are dropped, so the agent has to come back through the
+// fault; a change (a third pod) is made during the fault. Traffic to the
+// Service keeps flowing to what is programmed, the log names what the
+// agent waits for, and once the fault clears the change is programmed, a
+// later change too, and `switchboard verify` passes.
+
+impl Cluster {
+    /// `switchboard verify` (exit status, stdout).
+    fn verify(&self) -> (bool, String) {
+        let pin = self.sb.pin_dir.to_string_lossy().into_owned();
+        let bin = switchboard().to_string_lossy().into_owned();
+        let out = self
+            .sb
+            .exec_status(&self.sb.node_ns(), &[&bin, "verify", "--pin-root", &pin])
+            .expect("switchboard verify");
+        (
+            out.status.success(),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        )
+    }
+
+    /// Waits until the agent's log contains `needle`.
+    fn wait_log(&self, needle: &str, timeout: Duration) {
+        let end = Instant::now() + timeout;
+        while !self.sb.read_log("agent").contains(needle) {
+            assert!(
+                Instant::now() < end,
+                "the agent never logged {needle:?} within {timeout:?}\n--- agent log ---\n{}",
+                self.sb.read_log("agent")
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn synced_to(&mut self, pods: &[usize], what: &str) -> Duration {
+        let want = pod_backends(pods, 8080);
+        self.wait(what, move |f| {
+            Cluster::backends(f, CLUSTER_IP, 80, "TCP") == Some(want.clone())
+        })
+    }
+
+    fn programmed(&self) -> Option<Vec<String>> {
+        let frontends = self.sb.services(&switchboard()).expect("services");
+        Cluster::backends(&frontends, CLUSTER_IP, 80, "TCP")
+    }
+}
+
+/// How the fault in a scenario shows.
+struct Fault<'a> {
+    /// Starts it (the watches are dropped right after).
+    start: &'a dyn Fn(&FakeApiServer),
+    /// The agent cannot get a change through while it lasts.
+    blocks: bool,
+    /// What the agent's log says while it lasts.
+    log: &'a str,
+}
+
+fn fault_scenario(c: &mut Cluster, fault: Fault<'_>) {
+    c.synced_to(&[1, 2], "initial sync");
+    (fault.start)(&c.api);
+    c.api.drop_watches();
+    c.api.apply(slice(&[1, 2, 3])).expect("change during the fault");
+    std::thread::sleep(Duration::from_millis(1500));
+    if fault.blocks {
+        assert_eq!(
+            c.programmed(),
+            Some(pod_backends(&[1, 2], 8080)),
+            "the maps keep the last state during the fault"
+        );
+        assert_eq!(
+            c.tcp_names(20),
+            vec!["pod1", "pod2"],
+            "traffic keeps flowing during the fault"
+        );
+    } else {
+        let names = c.tcp_names(20);
+        assert!(!names.is_empty(), "traffic keeps flowing during the fault");
+    }
+    c.wait_log(fault.log, Duration::from_secs(10));
+
+    c.api.clear_faults();
+    let took = c.synced_to(&[1, 2, 3], "the change made during the fault");
+    eprintln!("change made during the fault programmed {took:?} after it cleared");
+    assert_eq!(c.tcp_names(30), vec!["pod1", "pod2", "pod3"]);
+    c.api.apply(slice(&[3])).expect("change after the fault");
+    c.synced_to(&[3], "the change after the fault");
+    assert_eq!(c.tcp_names(10), vec!["pod3"]);
+    let (ok, text) = c.verify();
+    assert!(ok, "switchboard verify after the fault:\n{text}");
+    c.sb.cleanup().expect("cleanup");
+}
+
+#[test]
+fn http_500s_keep_the_maps_and_the_agent_converges_once_they_stop() {
+    let mut c = Cluster::start(&[1, 2]);
+    fault_scenario(
+        &mut c,
+        Fault {
+            start: &|api| {
+                api.set_faults(Faults {
+                    fail_next: u64::MAX,
+                    ..Faults::default()
+                })
+            },
+            blocks: true,
+            log: "endpointslices watch failing: watch answered HTTP 500 InternalError",
+        },
+    );
+}
+
+#[test]
+fn throttling_with_retry_after_keeps_the_maps_and_the_agent_converges() {
+    let mut c = Cluster::start(&[1, 2]);
+    fault_scenario(
+        &mut c,
+        Fault {
+            start: &|api| {
+                api.set_faults(Faults {
+                    throttle_next: u64::MAX,
+                    retry_after: Duration::from_secs(1),
+                    ..Faults::default()
+                })
+            },
+            blocks: true,
+            log: "endpointslices watch failing: watch answered HTTP 429 TooManyRequests",
+        },
+    );
+}
+
+#[test]
+fn slow_answers_are_waited_for_and_answers_slower_than_the_read_timeout_are_retried() {
+    // Watches last 2 s; a read with no byte for 3 s has failed.
+    let mut c = Cluster::start_with(&[1, 2], &["--watch-timeout", "2"]);
+    c.synced_to(&[1, 2], "initial sync");
+    // Slow but within the read timeout: the change gets through while the
+    // fault lasts.
+    c.api.set_faults(Faults {
+        delay: Duration::from_millis(1000),
+        ..Faults::default()
+    });
+    c.api.drop_watches();
+    let started = Instant::now();
+    c.api.apply(slice(&[1, 2, 4])).expect("change");
+    assert_eq!(c.tcp_names(10).len(), 2, "traffic keeps flowing");
+    c.synced_to(&[1, 2, 4], "a change through slow answers");
+    let took = started.elapsed();
+    eprintln!("change through 1 s answers programmed after {took:?}");
+    assert!(took >= Duration::from_millis(1000), "the delay was in effect ({took:?})");
+    c.api.clear_faults();
+    c.api.apply(slice(&[1, 2])).expect("back to two pods");
+    // Slower than the read timeout: every attempt fails until it clears.
+    fault_scenario(
+        &mut c,
+        Fault {
+            start: &|api| {
+                api.set_faults(Faults {
+                    delay: Duration::from_secs(5),
+                    ..Faults::default()
+                })
+            },
+            blocks: true,
+            log: "watch failing: watch request timed out",
+        },
+    );
+}
+
+#[test]
+fn watches_cut_mid_event_are_resumed_and_every_change_arrives() {
+    let mut c = Cluster::start(&[1, 2]);
+    c.synced_to(&[1, 2], "initial sync");
+    let watches_before = c.api.watches(Kind::EndpointSlice);
+    // Cut every watch in the middle of a line, again and again, while the
+    // slice changes; traffic flows all along.
+    let started = Instant::now();
+    let mut step = 0usize;
+    let mut failed = 0;
+    while started.elapsed() < Duration::from_secs(3) {
+        c.api.cut_watches_mid_event();
+        let pods: &[usize] = if step.is_multiple_of(2) { &[1, 2, 3] } else { &[1, 2] };
+        c.api.apply(slice(pods)).expect("change between cuts");
+        step += 1;
+        let run = c
+            .sb
+            .client(&sb_echo(), &["--tcp", &format!("{CLUSTER_IP}:80"), "--count", "5", "--timeout-ms", "500"])
+            .expect("client");
+        failed += run.failures();
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(failed, 0, "connections failed while watches were cut");
+    // Each cut fails the watch; the watcher re-watches after its backoff
+    // (reset by the next event), so cuts closer together than the backoff
+    // are taken together.
+    assert!(
+        c.api.watches(Kind::EndpointSlice) > watches_before,
+        "the agent re-watched after the cuts"
+    );
+    c.wait_log("endpointslices watch failing: watch: ", Duration::from_secs(5));
+    c.api.apply(slice(&[3])).expect("change after the cuts");
+    c.synced_to(&[3], "the change after the cuts");
+    assert_eq!(c.tcp_names(10), vec!["pod3"]);
+    let (ok, text) = c.verify();
+    assert!(ok, "switchboard verify after the cuts:\n{text}");
+    c.sb.cleanup().expect("cleanup");
+}
+
+#[test]
+fn a_silent_watch_is_restarted_after_its_timeout_and_a_quarter() {
+    // Watches last 2 s: one silent for 3 s is dead.
+    let mut c = Cluster::start_with(&[1, 2], &["--watch-timeout", "2"]);
+    fault_scenario(
+        &mut c,
+        Fault {
+            start: &|api| {
+                api.set_faults(Faults {
+                    silent_watches: true,
+                    ..Faults::default()
+                })
+            },
+            blocks: true,
+            log: "endpointslices watch silent: no event or bookmark for 3s; restarting it",
+        },
+    );
+}
+
+#[test]
+fn verify_reports_a_damaged_map_per_frontend() {
+    let mut c = Cluster::start(&[1, 2]);
+    c.synced_to(&[1, 2], "initial sync");
+    let (ok, text) = c.verify();
+    assert!(ok, "{text}");
+    assert!(text.contains("The maps match the agent's desired state."), "{text}");
+    // Damage the maps behind the agent's back: slot 0 of the ClusterIP
+    // frontend claims a third backend whose slot does not exist.
+    // The frontend map's pin name (proxy_common::names::FRONTENDS).
+    let pin = c.sb.pin_dir.join("SB_FE_V1").to_string_lossy().into_owned();
+    let dump = c
+        .sb
+        .exec(&c.sb.node_ns(), &["bpftool", "-j", "map", "dump", "pinned", &pin])
+        .expect("bpftool map dump");
+    let entries: Vec<Value> = serde_json::from_slice(&dump.stdout).expect("bpftool json");
+    let head = entries
+        .iter()
+        .find(|e| {
+            let k = &e["formatted"]["key"];
+            k["slot"] == 0 && k["scope"] == 0 && k["port_be"] == 80u16.to_be() && k["proto"] == 6
+        })
+        .expect("slot 0 of the ClusterIP frontend");
+    let mut key: Vec<String> = hex_bytes(&head["key"]);
+    let mut value: Vec<String> = hex_bytes(&head["value"]);
+    assert_eq!(key.len(), 12, "{head}");
+    // backend_count (u16 after backend_id and service_id): 2 → 3.
+    value[8] = "0x03".into();
+    let mut args = vec!["bpftool", "map", "update", "pinned", pin.as_str(), "key"];
+    let key_refs: Vec<&str> = key.iter_mut().map(|s| s.as_str()).collect();
+    args.extend(key_refs);
+    args.push("value");
+    args.extend(value.iter().map(String::as_str));
+    c.sb.exec(&c.sb.node_ns(), &args).expect("bpftool map update");
+    let (ok, text) = c.verify();
+    eprintln!("{text}");
+    assert!(!ok, "verify must fail on a damaged map:\n{text}");
+    assert!(
+        text.contains("10.96.0.10:80/TCP") && text.contains("dangling-slot") && text.contains("slot 3 of 3 is absent"),
+        "{text}"
+    );
+    c.sb.cleanup().expect("cleanup");
+}
+
+/// bpftool's `["0x0a", ...]` byte list.
+fn hex_bytes(v: &Value) -> Vec<String> {
+    v.as_array()
+        .map(|a| a.iter().filter_map(|b| b.as_str().map(str::to_owned)).collect())
+        .unwrap_or_default()
 }

@@ -276,9 +276,18 @@ fn doctor_names_a_missing_program_and_a_missing_map_entry() {
     let maps = findings(&last, "maps match the source");
     assert_eq!(maps.len(), 1, "{last:#}");
     assert!(maps[0].contains("10.96.0.10:53/UDP of demo/echo:dns is not in the maps"), "{maps:?}");
+    // The agent's own comparison: the frontend is missing, and what its
+    // slot 0 announced (its slots, backends, reverse-NAT entry) is left
+    // without a frontend.
+    let verify = findings(&last, "maps match the agent's desired state");
+    assert!(
+        verify.iter().any(|f| f.starts_with("missing 10.96.0.10:53/UDP demo/echo:dns: not in the maps")),
+        "{verify:#?}"
+    );
+    assert!(verify.iter().any(|f| f.starts_with("orphaned-slot 10.96.0.10:53/UDP")), "{verify:#?}");
     let text = stdout(&sw(&sb, &["doctor"]));
     eprintln!("{text}");
-    assert!(text.contains("PROBLEMS (2)"), "{text}");
+    assert!(text.contains(&format!("PROBLEMS ({})", 2 + verify.len())), "{text}");
 }
 
 #[test]

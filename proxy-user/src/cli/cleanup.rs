@@ -96,12 +96,18 @@ pub fn cleanup(pin_root: &Path, kube_proxy: bool, force: bool) -> anyhow::Result
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
         Err(e) => report.errors.push(format!("removing the status file: {e}")),
     }
-    // The lock file, unless an agent (--force) still holds it.
+    // The lock file and the verify socket a killed agent left, unless an
+    // agent (--force) still holds the lock.
     if crate::lock::holder(pin_root).is_none() {
-        match fs::remove_file(crate::lock::lock_path(pin_root)) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => report.errors.push(format!("removing the lock file: {e}")),
+        for (what, path) in [
+            ("the lock file", crate::lock::lock_path(pin_root)),
+            ("the verify socket", crate::verify::socket_path(pin_root)),
+        ] {
+            match fs::remove_file(path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => report.errors.push(format!("removing {what}: {e}")),
+            }
         }
     }
     if kube_proxy {

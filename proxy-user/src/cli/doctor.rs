@@ -7,7 +7,9 @@
 //!    source knows no Pods, so the check is skipped there);
 //! 3. the proxy not running (the agent lock, else the status file's pid);
 //! 4. rules missing: programs not attached where they should be, maps that
-//!    differ from the model rebuilt from the agent's source;
+//!    differ from the model rebuilt from the agent's source, and (with an
+//!    agent running) the agent's own comparison of the maps with its desired
+//!    state (`switchboard verify`);
 //!
 //! and kube-proxy's leftovers, which would handle Service traffic before or
 //! instead of switchboard.
@@ -93,6 +95,7 @@ async fn checks(common: &Common, kubeconfig: Option<PathBuf>) -> anyhow::Result<
     checks.push(selector_check(&source, rows.as_deref()).await);
     checks.push(attach_check(status.as_ref(), maps.is_some(), &net.interfaces));
     checks.push(maps_check(&source, status.as_ref(), rows.as_deref()));
+    checks.push(verify_check(pin_root, status.as_ref()));
     let names: Vec<String> = net.interfaces.iter().map(|i| i.name.clone()).collect();
     checks.push(kube_proxy_check(&kube_proxy::find(&names)));
     Ok(checks)
@@ -327,6 +330,36 @@ fn held_problems(status: &AgentStatus, service: &str) -> Option<String> {
         .flat_map(|r| r.problems.iter().map(move |p| format!("{} {}: {p}", r.kind, r.object)))
         .collect();
     (!problems.is_empty()).then(|| problems.join("; "))
+}
+
+/// The running agent's own comparison of the maps with its desired state
+/// (`switchboard verify`).
+fn verify_check(pin_root: &std::path::Path, status: Option<&AgentStatus>) -> Check {
+    let name = "maps match the agent's desired state";
+    if !agent_process(pin_root, status).alive {
+        return Check::skipped(name, "no agent running");
+    }
+    match crate::verify::ask(pin_root) {
+        Ok(v) => {
+            let findings = v
+                .problems
+                .iter()
+                .map(|p| Finding {
+                    what: format!("{} {} {}: {}", p.kind.as_str(), p.frontend, p.service, p.detail).replace("  ", " "),
+                    fix: "`switchboard verify` lists every difference; the agent's log says why a write failed (restarting it rewrites the maps)".into(),
+                })
+                .collect();
+            Check::new(name, format!("{} frontends desired, {} in the maps", v.frontends_desired, v.frontends_in_maps), findings)
+        }
+        Err(e) => Check::new(
+            name,
+            "the agent did not answer",
+            vec![Finding {
+                what: format!("{:#}", anyhow::Error::from(e)),
+                fix: "an agent older than `switchboard verify` has no socket; otherwise its sync loop may be stuck (see its log and /healthz)".into(),
+            }],
+        ),
+    }
 }
 
 fn list(v: &[String]) -> String {

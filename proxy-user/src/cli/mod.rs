@@ -1,9 +1,10 @@
-//! The operator CLI: `services`, `stats`, `status`, `explain`, `conntrack`,
+//! The operator CLI: `services`, `verify`, `stats`, `status`, `explain`, `conntrack`,
 //! `doctor` and `cleanup`. Each reads the pinned maps (and the agent's
 //! status file, the network namespace it runs in, the source) directly, so
-//! it works whether or not an agent runs.
+//! it works whether or not an agent runs; `verify` alone asks the running
+//! agent (only it knows its desired state).
 //!
-//! Exit status of `status`, `doctor` and `explain`: 0 when all is well (for
+//! Exit status of `status`, `doctor`, `verify` and `explain`: 0 when all is well (for
 //! `explain`: the flow reaches a backend), 1 when a problem is listed (the
 //! flow is dropped, rejected or not handled), or when the command itself
 //! failed; clap's usage errors exit 2.
@@ -25,6 +26,7 @@ mod services;
 mod stats;
 mod status;
 mod table;
+mod verify;
 
 pub use agent_proc::{agent_process, AgentProcess};
 pub use cleanup::{cleanup, CleanupReport};
@@ -50,6 +52,16 @@ pub struct Common {
 pub enum Command {
     /// Print every frontend and its backends from the pinned maps.
     Services {
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Ask the running agent whether the pinned maps hold exactly its
+    /// desired state (the frontends and backends it is syncing), compared
+    /// between two syncs. Lists each difference per frontend: missing,
+    /// extra, wrong backends or slot-0 attributes, slots naming absent
+    /// backends, orphaned slots, backends and reverse-NAT entries. Exits 0
+    /// when they match, 1 when not (or when no agent answers).
+    Verify {
         #[command(flatten)]
         common: Common,
     },
@@ -157,6 +169,7 @@ impl Done {
 pub fn run(command: Command) -> anyhow::Result<()> {
     let done = match command {
         Command::Services { common } => Done::ok(services(&common.pin_root, common.output == Output::Json)?),
+        Command::Verify { common } => verify::run(&common)?,
         Command::Stats { common } => Done::ok(stats(&common.pin_root, common.output == Output::Json)?),
         Command::Status { common } => status::run(&common)?,
         Command::Explain {

@@ -14,8 +14,20 @@
 //! listing. After that, the events a stream has ready are recorded and
 //! published at once (the feed collapses bursts on the agent's side).
 //!
-//! While the API server is unreachable the watchers retry with backoff and
-//! what is programmed stays. An expired resourceVersion (410 Gone) or a
+//! While the API server is unreachable or failing (errors, throttling,
+//! broken streams) the watchers retry with kube-runtime's default backoff
+//! (client-go's: 0.8 s doubling to 30 s, with jitter, reset by the next
+//! success) and what is programmed stays; every failed attempt is logged
+//! with what it waits for (`services watch failing: HTTP 500 …; retrying`),
+//! and the first event after an outage with `recovered`.
+//!
+//! A watch that goes silent (held open, no event, no bookmark: a dead
+//! connection behind a NAT, a wedged server) is detected by the client's
+//! read timeout, [`WatchTiming::idle`]: longer than the watch's own
+//! `timeoutSeconds`, after which a healthy server ends it, and than the
+//! server's bookmark interval (a minute on kube-apiserver), so only a watch
+//! that broke its promise trips it. The read fails, the watcher resumes
+//! from its last resourceVersion, and the log says `watch silent`. An expired resourceVersion (410 Gone) or a
 //! failed list makes a watcher relist (`Init`, `InitApply`…, `InitDone`;
 //! with the default list-then-watch strategy every attempt starts with
 //! `Init`). Listed objects are recorded as they come, except those whose
@@ -97,9 +109,42 @@ pub enum ClusterError {
     Client(#[source] kube::Error),
 }
 
+/// How long watches last and when one counts as silent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WatchTiming {
+    /// `timeoutSeconds` of each watch request (`--watch-timeout`): the
+    /// server ends the watch then and the watcher resumes it.
+    pub watch_timeout: Duration,
+}
+
+impl Default for WatchTiming {
+    /// kube-runtime's (and client-go's lower bound): 290 s.
+    fn default() -> Self {
+        Self {
+            watch_timeout: Duration::from_secs(290),
+        }
+    }
+}
+
+impl WatchTiming {
+    /// No byte for this long (no event, no bookmark, not the end of the
+    /// watch) and the watch is silent: the watch timeout and a quarter of
+    /// it (at least a second) on top.
+    pub fn idle(&self) -> Duration {
+        self.watch_timeout + (self.watch_timeout / 4).max(Duration::from_secs(1))
+    }
+}
+
 /// A client from `--kubeconfig` if given, else the usual inference
 /// (in-cluster service account, then `KUBECONFIG` / `~/.kube/config`).
 pub async fn client(kubeconfig: Option<&PathBuf>) -> Result<Client, ClusterError> {
+    client_with(kubeconfig, None).await
+}
+
+/// [`client`], with reads that fail after `read_timeout` without a byte
+/// (the agent's watches: [`WatchTiming::idle`]); `None` keeps kube's
+/// default.
+pub async fn client_with(kubeconfig: Option<&PathBuf>, read_timeout: Option<Duration>) -> Result<Client, ClusterError> {
     let config = match kubeconfig {
         Some(path) => {
             let kc = Kubeconfig::read_from(path).map_err(|source| ClusterError::Kubeconfig {
@@ -115,38 +160,32 @@ pub async fn client(kubeconfig: Option<&PathBuf>) -> Result<Client, ClusterError
         }
         None => Config::infer().await.map_err(ClusterError::Infer)?,
     };
+    let mut config = config;
+    if read_timeout.is_some() {
+        config.read_timeout = read_timeout;
+    }
     Client::try_from(config).map_err(ClusterError::Client)
 }
 
 /// Starts the three watches (tokio tasks: call it inside the runtime). They
 /// record into `feed` and publish once every watch has listed, then after
 /// each batch of changes; they stop when the feed's receiving end is gone.
-pub fn watch_cluster(client: Client, node_name: String, proxy_name: Option<String>, feed: FeedTx) {
+pub fn watch_cluster(
+    client: Client,
+    node_name: String,
+    proxy_name: Option<String>,
+    timing: WatchTiming,
+    feed: FeedTx,
+) {
     let labels = label_selector(proxy_name.as_deref());
     debug!(%labels, "Service and EndpointSlice label selector");
     let first = Arc::new(FirstList::default());
-    spawn(
-        Services,
-        Api::all(client.clone()),
-        watcher::Config::default().labels(&labels),
-        &feed,
-        &first,
-    );
-    spawn(
-        Slices::default(),
-        Api::all(client.clone()),
-        watcher::Config::default().labels(&labels),
-        &feed,
-        &first,
-    );
+    let timeout = u32::try_from(timing.watch_timeout.as_secs()).unwrap_or(u32::MAX).max(1);
+    let base = watcher::Config::default().timeout(timeout);
+    spawn(Services, Api::all(client.clone()), base.clone().labels(&labels), timing, &feed, &first);
+    spawn(Slices::default(), Api::all(client.clone()), base.clone().labels(&labels), timing, &feed, &first);
     let by_name = format!("metadata.name={node_name}");
-    spawn(
-        Nodes::new(node_name),
-        Api::all(client),
-        watcher::Config::default().fields(&by_name),
-        &feed,
-        &first,
-    );
+    spawn(Nodes::new(node_name), Api::all(client), base.fields(&by_name), timing, &feed, &first);
     tokio::spawn(log_waiting(first, feed));
 }
 
@@ -163,10 +202,11 @@ fn spawn<R: Recorder>(
     recorder: R,
     api: Api<R::Object>,
     config: watcher::Config,
+    timing: WatchTiming,
     feed: &FeedTx,
     first: &Arc<FirstList>,
 ) {
-    let mut watch = Watch::new(recorder, feed.clone(), Arc::clone(first));
+    let mut watch = Watch::new(recorder, feed.clone(), Arc::clone(first), timing);
     let stream = watcher::watcher(api, config).default_backoff();
     tokio::spawn(async move { watch.run(stream).await });
 }
@@ -444,18 +484,20 @@ struct Watch<R> {
     known: Known,
     feed: FeedTx,
     first: Arc<FirstList>,
-    /// False from a failed request until the next event (logs once per outage).
-    healthy: bool,
+    /// Failed attempts since the last event (0: healthy).
+    failures: u32,
+    timing: WatchTiming,
 }
 
 impl<R: Recorder> Watch<R> {
-    fn new(recorder: R, feed: FeedTx, first: Arc<FirstList>) -> Watch<R> {
+    fn new(recorder: R, feed: FeedTx, first: Arc<FirstList>, timing: WatchTiming) -> Watch<R> {
         Watch {
             recorder,
             known: Known::default(),
             feed,
             first,
-            healthy: true,
+            failures: 0,
+            timing,
         }
     }
 
@@ -490,17 +532,19 @@ impl<R: Recorder> Watch<R> {
         let event = match event {
             Ok(event) => event,
             Err(error) => {
-                if self.healthy {
-                    warn!(?kind, %error, "watch failed; retrying with backoff, what is programmed stays");
-                }
-                self.healthy = false;
+                self.failed(&error);
                 return false;
             }
         };
         // `Init` comes before the list request: it says nothing of the server.
-        if !self.healthy && !matches!(event, Event::Init) {
-            info!(?kind, "watch recovered");
-            self.healthy = true;
+        if self.failures > 0 && !matches!(event, Event::Init) {
+            info!(
+                watch = kind.plural(),
+                failed_attempts = self.failures,
+                "{} watch recovered",
+                kind.plural()
+            );
+            self.failures = 0;
         }
         match event {
             Event::Init => {
@@ -523,6 +567,27 @@ impl<R: Recorder> Watch<R> {
         }
     }
 
+    /// Logs a failed attempt with what the watch now waits for; the
+    /// watcher retries after its backoff.
+    fn failed(&mut self, error: &watcher::Error) {
+        self.failures += 1;
+        let plural = R::KIND.plural();
+        match describe(error) {
+            Failure::Silent => warn!(
+                watch = plural,
+                attempt = self.failures,
+                idle_s = self.timing.idle().as_secs_f64(),
+                "{plural} watch silent: no event or bookmark for {:?}; restarting it from the last resourceVersion (what is programmed stays)",
+                self.timing.idle()
+            ),
+            Failure::Other(what) => warn!(
+                watch = plural,
+                attempt = self.failures,
+                "{plural} watch failing: {what}; retrying with backoff (what is programmed stays)"
+            ),
+        }
+    }
+
     fn list_done(&mut self) -> bool {
         let mut recorded = false;
         for key in self.known.list_done() {
@@ -540,6 +605,80 @@ impl<R: Recorder> Watch<R> {
         info!(services, endpoint_slices, "initial list complete");
         true
     }
+}
+
+/// What went wrong with a watch, for the log.
+#[derive(Debug, PartialEq, Eq)]
+enum Failure {
+    /// The read timed out: nothing arrived for [`WatchTiming::idle`].
+    Silent,
+    Other(String),
+}
+
+fn describe(error: &watcher::Error) -> Failure {
+    // kube-runtime reports a watch the server answered with an error status
+    // as `WatchFailed`, like a stream that broke later.
+    let (stage, client) = match error {
+        watcher::Error::InitialListFailed(e) => ("list", e),
+        watcher::Error::WatchStartFailed(e) => ("watch request", e),
+        watcher::Error::WatchFailed(e) => ("watch", e),
+        watcher::Error::WatchError(status) => {
+            return Failure::Other(format!("the API server ended the watch: {}", api_status(status)));
+        }
+        watcher::Error::NoResourceVersion => {
+            return Failure::Other("the list carried no resourceVersion".into());
+        }
+    };
+    if let kube::Error::Api(status) = client {
+        return Failure::Other(format!("{stage} answered {}", api_status(status)));
+    }
+    if timed_out(client) {
+        if stage == "watch" {
+            return Failure::Silent;
+        }
+        return Failure::Other(format!("{stage} timed out (no answer within the read timeout)"));
+    }
+    Failure::Other(format!("{stage}: {}", error_chain(client)))
+}
+
+/// `HTTP 429 TooManyRequests: message` (the status the server answered).
+fn api_status(status: &kube::core::ErrorResponse) -> String {
+    let mut text = format!("HTTP {} {}", status.code, status.reason);
+    if !status.message.is_empty() {
+        text.push_str(": ");
+        text.push_str(&status.message);
+    }
+    text
+}
+
+/// The error and its sources, `: `-joined.
+fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(e) = source {
+        let more = e.to_string();
+        if !text.contains(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
+        source = e.source();
+    }
+    text
+}
+
+/// Whether a read timed out somewhere down the error's sources.
+fn timed_out(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut current = Some(error);
+    while let Some(e) = current {
+        if e
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut)
+        {
+            return true;
+        }
+        current = e.source();
+    }
+    false
 }
 
 #[cfg(test)]
@@ -673,9 +812,9 @@ mod tests {
     async fn nothing_is_published_before_every_first_list_then_the_whole_view_is() {
         let (tx, mut rx) = feed();
         let first = Arc::new(FirstList::default());
-        let mut services = Watch::new(Services, tx.clone(), Arc::clone(&first));
-        let mut slices = Watch::new(Slices::default(), tx.clone(), Arc::clone(&first));
-        let mut nodes = Watch::new(Nodes::new("n1".into()), tx, Arc::clone(&first));
+        let mut services = Watch::new(Services, tx.clone(), Arc::clone(&first), WatchTiming::default());
+        let mut slices = Watch::new(Slices::default(), tx.clone(), Arc::clone(&first), WatchTiming::default());
+        let mut nodes = Watch::new(Nodes::new("n1".into()), tx, Arc::clone(&first), WatchTiming::default());
 
         run(&mut services, list(vec![svc("a", "1"), svc("b", "1")])).await;
         // An update after the services listed, while the others still list.
@@ -703,17 +842,17 @@ mod tests {
         let (tx, rx) = feed();
         let first = Arc::new(FirstList::default());
         run(
-            &mut Watch::new(Services, tx.clone(), Arc::clone(&first)),
+            &mut Watch::new(Services, tx.clone(), Arc::clone(&first), WatchTiming::default()),
             list(vec![]),
         )
         .await;
         run(
-            &mut Watch::new(Slices::default(), tx.clone(), Arc::clone(&first)),
+            &mut Watch::new(Slices::default(), tx.clone(), Arc::clone(&first), WatchTiming::default()),
             list(vec![]),
         )
         .await;
         run(
-            &mut Watch::new(Nodes::new("n1".into()), tx, first),
+            &mut Watch::new(Nodes::new("n1".into()), tx, first, WatchTiming::default()),
             list(vec![]),
         )
         .await;
@@ -726,7 +865,7 @@ mod tests {
         for kind in Kind::ALL.into_iter().filter(|k| *k != R::KIND) {
             first.listed(kind, 0);
         }
-        Watch::new(recorder, tx, first)
+        Watch::new(recorder, tx, first, WatchTiming::default())
     }
 
     #[tokio::test]
@@ -786,5 +925,50 @@ mod tests {
         // Gone from a relist: recorded as unknown.
         run(&mut nodes, list(vec![])).await;
         assert_eq!(rx.take().node, Some(None));
+    }
+
+    fn status(code: u16, reason: &str, message: &str) -> kube::core::ErrorResponse {
+        kube::core::ErrorResponse {
+            status: "Failure".into(),
+            message: message.into(),
+            reason: reason.into(),
+            code,
+        }
+    }
+
+    #[test]
+    fn failures_are_described_by_what_the_server_answered() {
+        let list = watcher::Error::InitialListFailed(kube::Error::Api(status(500, "InternalError", "etcd is down")));
+        assert_eq!(describe(&list), Failure::Other("list answered HTTP 500 InternalError: etcd is down".into()));
+        let throttled = watcher::Error::WatchFailed(kube::Error::Api(status(429, "TooManyRequests", "slow down")));
+        assert_eq!(describe(&throttled), Failure::Other("watch answered HTTP 429 TooManyRequests: slow down".into()));
+        let gone = watcher::Error::WatchError(status(410, "Expired", "too old resource version"));
+        assert_eq!(describe(&gone), Failure::Other("the API server ended the watch: HTTP 410 Expired: too old resource version".into()));
+    }
+
+    #[test]
+    fn a_read_that_timed_out_inside_a_watch_is_a_silent_watch() {
+        // As kube-client wraps a body read error: io::Error::other around
+        // the transport's error, whose source is the timed-out read.
+        #[derive(Debug, thiserror::Error)]
+        #[error("error reading a body from connection")]
+        struct Transport(#[source] std::io::Error);
+        let read = std::io::Error::other(Transport(std::io::Error::from(std::io::ErrorKind::TimedOut)));
+        let silent = watcher::Error::WatchFailed(kube::Error::ReadEvents(read));
+        assert_eq!(describe(&silent), Failure::Silent);
+        let reset = std::io::Error::other(Transport(std::io::Error::from(std::io::ErrorKind::ConnectionReset)));
+        let Failure::Other(text) = describe(&watcher::Error::WatchFailed(kube::Error::ReadEvents(reset))) else {
+            panic!("a reset connection is no silent watch");
+        };
+        assert!(text.starts_with("watch: "), "{text}");
+        assert!(text.contains("error reading a body from connection"), "{text}");
+    }
+
+    #[test]
+    fn a_watch_is_silent_only_after_its_own_timeout_has_passed() {
+        let default = WatchTiming::default();
+        assert_eq!(default.idle(), Duration::from_millis(362_500));
+        let short = WatchTiming { watch_timeout: Duration::from_secs(2) };
+        assert_eq!(short.idle(), Duration::from_secs(3));
     }
 }

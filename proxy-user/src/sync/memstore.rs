@@ -11,23 +11,23 @@ use crate::{
 
 /// An in-memory stand-in for the kernel maps, counting writes.
 #[derive(Default)]
-pub(super) struct MemStore {
-    pub(super) frontends: BTreeMap<(u32, u16, u8, u8, u16), FrontendSlot>,
+pub(crate) struct MemStore {
+    pub(crate) frontends: BTreeMap<(u32, u16, u8, u8, u16), FrontendSlot>,
     /// Frontend writes in order (`put`/`delete` and the key).
-    pub(super) log: Vec<String>,
+    pub(crate) log: Vec<String>,
     /// Maglev tables by service id.
-    pub(super) maglev: BTreeMap<u32, Vec<u32>>,
-    pub(super) backends: BTreeMap<u32, Backend>,
-    pub(super) revnat: BTreeMap<u32, RevNat>,
-    pub(super) conntrack: Vec<(CtKey, CtEntry)>,
-    pub(super) sockets: Vec<(SockKey, SockEntry)>,
-    pub(super) writes: usize,
-    pub(super) frontend_limit: Option<usize>,
+    pub(crate) maglev: BTreeMap<u32, Vec<u32>>,
+    pub(crate) backends: BTreeMap<u32, Backend>,
+    pub(crate) revnat: BTreeMap<u32, RevNat>,
+    pub(crate) conntrack: Vec<(CtKey, CtEntry)>,
+    pub(crate) sockets: Vec<(SockKey, SockEntry)>,
+    pub(crate) writes: usize,
+    pub(crate) frontend_limit: Option<usize>,
     /// Every write after this many fails, as if the agent had stopped there.
-    pub(super) stop_after: Option<usize>,
+    pub(crate) stop_after: Option<usize>,
 }
 
-pub(super) fn k(key: &FrontendKey) -> (u32, u16, u8, u8, u16) {
+pub(crate) fn k(key: &FrontendKey) -> (u32, u16, u8, u8, u16) {
     (key.addr_be, key.port_be, key.proto, key.scope, key.slot)
 }
 
@@ -140,7 +140,7 @@ impl MapStore for MemStore {
 
 impl MemStore {
     /// The backends the data path would choose from, per frontend.
-    pub(super) fn view(&self, addr: &FrontendAddr) -> Option<Vec<BackendAddr>> {
+    pub(crate) fn view(&self, addr: &FrontendAddr) -> Option<Vec<BackendAddr>> {
         let head = self.frontends.get(&k(&frontend_key(addr, 0)))?;
         let mut out = Vec::new();
         for slot in 1..=head.backend_count {

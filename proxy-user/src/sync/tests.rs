@@ -1,9 +1,9 @@
 use super::*;
 use crate::model::FrontendKind;
-use super::memstore::{k, MemStore};
+pub(crate) use super::memstore::{k, MemStore};
 use crate::model::ServicePortName;
 
-fn fe(
+pub(crate) fn fe(
     ip: [u8; 4],
     port: u16,
     protocol: Protocol,
@@ -31,13 +31,13 @@ fn fe(
     )
 }
 
-fn state(frontends: Vec<Frontend>) -> DesiredState {
+pub(crate) fn state(frontends: Vec<Frontend>) -> DesiredState {
     DesiredState {
         frontends: frontends.into_iter().map(|f| (f.addr, f)).collect(),
     }
 }
 
-fn caps() -> Capacities {
+pub(crate) fn caps() -> Capacities {
     Capacities::default()
 }
 

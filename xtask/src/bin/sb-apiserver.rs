@@ -9,6 +9,10 @@
 //! curl -s -XDELETE localhost:6443/api/v1/namespaces/default/services/web
 //! ```
 //!
+//! Faults for trying the agent under a failing API server: `--fail-requests
+//! N`, `--fail-fraction 0.2`, `--throttle-requests N --retry-after S`,
+//! `--delay-ms MS`, `--silent-watches`, `--cut-watches-every SECONDS`.
+//!
 //! Runs until interrupted.
 
 use std::path::{Path, PathBuf};
@@ -18,7 +22,7 @@ use anyhow::{Context, Result};
 use clap::Parser;
 use serde::Deserialize;
 use serde_json::Value;
-use xtask::fake_apiserver::{Config, FakeApiServer, Kind};
+use xtask::fake_apiserver::{Config, FakeApiServer, Faults, Kind};
 
 #[derive(Parser)]
 #[command(
@@ -45,6 +49,27 @@ struct Args {
     /// Seconds between watch bookmarks.
     #[arg(long, default_value_t = 1.0)]
     bookmark_interval: f64,
+    /// Fault: answer the first N reads (list, watch, get) with HTTP 500.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    fail_requests: u64,
+    /// Fault: answer this share of reads (0 to 1) with HTTP 500.
+    #[arg(long, value_name = "SHARE", default_value_t = 0.0)]
+    fail_fraction: f64,
+    /// Fault: answer the first N reads with HTTP 429 and Retry-After.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    throttle_requests: u64,
+    /// The Retry-After (seconds) of those 429s.
+    #[arg(long, value_name = "SECONDS", default_value_t = 1)]
+    retry_after: u64,
+    /// Fault: wait this long before answering each read.
+    #[arg(long, value_name = "MS", default_value_t = 0)]
+    delay_ms: u64,
+    /// Fault: every watch stays silent (held open; no event, no bookmark).
+    #[arg(long)]
+    silent_watches: bool,
+    /// Fault: cut every open watch in the middle of a line this often.
+    #[arg(long, value_name = "SECONDS")]
+    cut_watches_every: Option<f64>,
     /// Log each request to stderr.
     #[arg(short, long)]
     verbose: bool,
@@ -108,6 +133,16 @@ fn main() -> Result<()> {
     for f in &args.files {
         loaded += load(&server, f)?;
     }
+    server.set_faults(Faults {
+        fail_next: args.fail_requests,
+        fail_fraction: args.fail_fraction,
+        throttle_next: args.throttle_requests,
+        retry_after: Duration::from_secs(args.retry_after),
+        delay: Duration::from_millis(args.delay_ms),
+        silent_watches: args.silent_watches,
+    });
+    let cut_every = args.cut_watches_every.map(Duration::from_secs_f64);
+    let mut last_cut = std::time::Instant::now();
     if let Some(k) = &args.kubeconfig {
         server.write_kubeconfig(k)?;
         eprintln!("kubeconfig: {}", k.display());
@@ -129,6 +164,12 @@ fn main() -> Result<()> {
     loop {
         if rx.recv_timeout(Duration::from_millis(200)).is_ok() {
             break;
+        }
+        if let Some(every) = cut_every {
+            if last_cut.elapsed() >= every {
+                server.cut_watches_mid_event();
+                last_cut = std::time::Instant::now();
+            }
         }
         if args.verbose {
             let reqs = server.requests();

@@ -19,7 +19,7 @@ use tokio::sync::mpsc;
 
 use super::selector::{FieldSelector, LabelSelector};
 use super::store::{merge_patch, set_rv, ApiError, EventType, HistEvent, Key, PutMode};
-use super::{Kind, RequestRecord, Shared, Verb};
+use super::{Injected, Kind, RequestRecord, Shared, Verb};
 
 type Body = BoxBody<Bytes, io::Error>;
 
@@ -162,6 +162,20 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
         .into_owned()
         .collect();
     let (resp, kind, verb) = match route(&path) {
+        Route::Resource { kind, ns, name } if method == Method::GET => {
+            let verb = read_verb(&q, name.is_some());
+            let delay = shared.read_delay();
+            if !delay.is_zero() {
+                tokio::time::sleep(delay).await;
+            }
+            match shared.inject() {
+                Some(fault) => (injected_response(fault), Some(kind), Some(verb)),
+                None => {
+                    let (verb, resp) = resource(&shared, kind, ns, name, &q, req).await;
+                    (resp, Some(kind), verb)
+                }
+            }
+        }
         Route::Resource { kind, ns, name } => {
             let (verb, resp) = resource(&shared, kind, ns, name, &q, req).await;
             (resp, Some(kind), verb)
@@ -179,6 +193,40 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
         at: Instant::now(),
     });
     resp
+}
+
+/// The verb of a GET on a resource path.
+fn read_verb(q: &HashMap<String, String>, named: bool) -> Verb {
+    match (truthy(q, "watch") == Some(true), named) {
+        (true, _) => Verb::Watch,
+        (false, true) => Verb::Get,
+        (false, false) => Verb::List,
+    }
+}
+
+/// An injected fault as the real server words it.
+fn injected_response(fault: Injected) -> Response<Body> {
+    match fault {
+        Injected::Error500 => error_response(&ApiError::new(
+            500,
+            "InternalError",
+            "Internal error occurred: injected by the fake API server",
+        )),
+        Injected::Throttle429 { retry_after_s } => {
+            let mut e = ApiError::new(
+                429,
+                "TooManyRequests",
+                "the server has received too many requests and has asked us to try again later",
+            );
+            e.details = Some(json!({"retryAfterSeconds": retry_after_s}));
+            let mut resp = error_response(&e);
+            resp.headers_mut().insert(
+                hyper::header::RETRY_AFTER,
+                hyper::header::HeaderValue::from(retry_after_s),
+            );
+            resp
+        }
+    }
 }
 
 fn discovery(route: Route, _path: &str) -> Response<Body> {
@@ -703,6 +751,14 @@ async fn produce(shared: Arc<Shared>, spec: WatchSpec, start: Start, tx: Tx) {
     let mut rv_rx = shared.rv_tx.subscribe();
     let mut drop_rx = shared.drop_tx.subscribe();
     drop_rx.borrow_and_update();
+    let mut cut_rx = shared.cut_rx();
+    cut_rx.borrow_and_update();
+    let mut silent_rx = shared.silent_rx();
+    if *silent_rx.borrow_and_update() {
+        // Held open, nothing sent, until the client gives up.
+        tx.closed().await;
+        return;
+    }
     let deadline = tokio::time::Instant::now() + spec.timeout;
 
     rv_rx.borrow_and_update();
@@ -781,6 +837,21 @@ async fn produce(shared: Arc<Shared>, spec: WatchSpec, start: Start, tx: Tx) {
                     // Body error: hyper aborts the connection without the
                     // terminating chunk, as a dropped connection looks.
                     let _ = tx.send(Err(io::Error::new(io::ErrorKind::ConnectionAborted, "watch dropped by test"))).await;
+                }
+                return;
+            }
+            _ = cut_rx.changed() => {
+                // Half a line, then the connection is aborted: the client
+                // holds a torn event when the stream breaks.
+                let line = spec.bookmark(cursor, false);
+                let _ = send(&tx, line.slice(..line.len() / 2)).await;
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                let _ = tx.send(Err(io::Error::new(io::ErrorKind::ConnectionAborted, "watch cut mid-event by test"))).await;
+                return;
+            }
+            silent = async { silent_rx.wait_for(|silent| *silent).await.is_ok() } => {
+                if silent {
+                    tx.closed().await;
                 }
                 return;
             }

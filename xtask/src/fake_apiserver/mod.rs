@@ -25,6 +25,15 @@
 //! - `/version`, `/api`, `/apis`, `/api/v1`, `/apis/discovery.k8s.io[/v1]`,
 //!   `/healthz`, `/livez`, `/readyz`.
 //!
+//! Faults, switched at runtime ([`FakeApiServer::set_faults`],
+//! [`cut_watches_mid_event`](FakeApiServer::cut_watches_mid_event), or
+//! `sb-apiserver` flags): HTTP 500 for the next N reads or a share of them,
+//! 429 with `Retry-After`, a delay before each read is answered, watch
+//! connections cut in the middle of an event line, and silent watches (held
+//! open, nothing sent: no event, no bookmark, no end). Faults apply to
+//! resource reads (list, watch, get); writes and discovery are served as
+//! usual, so a test can change objects during a fault.
+//!
 //! Tests drive it through [`FakeApiServer`]: [`apply`](FakeApiServer::apply),
 //! [`delete`](FakeApiServer::delete), [`compact`](FakeApiServer::compact),
 //! [`drop_watches`](FakeApiServer::drop_watches), [`stop`](FakeApiServer::stop)
@@ -222,8 +231,47 @@ impl Default for Config {
     }
 }
 
+/// Faults the server injects into resource reads (list, watch, get).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Faults {
+    /// Answer the next this many reads with HTTP 500.
+    pub fail_next: u64,
+    /// Then answer this share of reads (0 to 1, spread evenly) with 500.
+    pub fail_fraction: f64,
+    /// Answer the next this many reads with HTTP 429 and `Retry-After`.
+    pub throttle_next: u64,
+    /// The `Retry-After` of a 429 (whole seconds, at least 1).
+    pub retry_after: Duration,
+    /// Wait this long before answering each read.
+    pub delay: Duration,
+    /// Watches send nothing (open ones stop, new ones start silent) and
+    /// never end on their own: a dead connection the client must detect.
+    pub silent_watches: bool,
+}
+
+/// The faults and how far along they are.
+#[derive(Default)]
+struct FaultState {
+    faults: Faults,
+    /// Accumulates `fail_fraction` per read; a read fails when it reaches 1.
+    fraction_acc: f64,
+    /// Reads answered with an injected error so far.
+    injected: u64,
+}
+
+/// What a read gets instead of its answer.
+pub(crate) enum Injected {
+    Error500,
+    Throttle429 { retry_after_s: u64 },
+}
+
 pub(crate) struct Shared {
     config: Config,
+    faults: Mutex<FaultState>,
+    /// Mirrors `Faults::silent_watches` for open watch streams.
+    silent_tx: tokio::sync::watch::Sender<bool>,
+    /// Bumped by `cut_watches_mid_event`.
+    cut_tx: tokio::sync::watch::Sender<u64>,
     store: Mutex<Store>,
     /// Latest resourceVersion; watches wait on it.
     rv_tx: tokio::sync::watch::Sender<u64>,
@@ -253,6 +301,42 @@ impl Shared {
     }
     fn record(&self, rec: RequestRecord) {
         lock(&self.log).push(rec);
+    }
+    /// The fault a read meets, if any (counts it).
+    pub(crate) fn inject(&self) -> Option<Injected> {
+        let mut state = lock(&self.faults);
+        let injected = if state.faults.throttle_next > 0 {
+            state.faults.throttle_next -= 1;
+            Some(Injected::Throttle429 {
+                retry_after_s: state.faults.retry_after.as_secs().max(1),
+            })
+        } else if state.faults.fail_next > 0 {
+            state.faults.fail_next -= 1;
+            Some(Injected::Error500)
+        } else if state.faults.fail_fraction > 0.0 {
+            state.fraction_acc += state.faults.fail_fraction.min(1.0);
+            if state.fraction_acc >= 1.0 {
+                state.fraction_acc -= 1.0;
+                Some(Injected::Error500)
+            } else {
+                None
+            }
+        } else {
+            None
+        };
+        if injected.is_some() {
+            state.injected += 1;
+        }
+        injected
+    }
+    pub(crate) fn read_delay(&self) -> Duration {
+        lock(&self.faults).faults.delay
+    }
+    pub(crate) fn silent_rx(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.silent_tx.subscribe()
+    }
+    pub(crate) fn cut_rx(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.cut_tx.subscribe()
     }
     fn watch_opened(&self, kind: Kind) {
         *lock(&self.open_watches).entry(kind).or_default() += 1;
@@ -305,6 +389,9 @@ impl FakeApiServer {
             rv_tx: tokio::sync::watch::Sender::new(config.initial_resource_version),
             drop_tx: tokio::sync::watch::Sender::new(0),
             config,
+            faults: Mutex::new(FaultState::default()),
+            silent_tx: tokio::sync::watch::Sender::new(false),
+            cut_tx: tokio::sync::watch::Sender::new(0),
             log: Mutex::new(Vec::new()),
             open_watches: Mutex::new(HashMap::new()),
         });
@@ -426,6 +513,41 @@ impl FakeApiServer {
             let base = s.rv + 1000;
             *s = Store::new(self.shared.config.history_limit, base);
         });
+    }
+
+    // ---- faults ----
+
+    /// Replaces the faults in force (`Faults::default()` clears them).
+    pub fn set_faults(&self, faults: Faults) {
+        let silent = faults.silent_watches;
+        {
+            let mut state = lock(&self.shared.faults);
+            state.faults = faults;
+            state.fraction_acc = 0.0;
+        }
+        self.shared.silent_tx.send_replace(silent);
+    }
+
+    /// Clears every fault. Watches that went silent stay silent (they are
+    /// dead connections); the client's next watch is served normally.
+    pub fn clear_faults(&self) {
+        self.set_faults(Faults::default());
+    }
+
+    /// The faults in force (the counts left).
+    pub fn faults(&self) -> Faults {
+        lock(&self.shared.faults).faults.clone()
+    }
+
+    /// Reads answered with an injected 500 or 429 so far.
+    pub fn faults_injected(&self) -> u64 {
+        lock(&self.shared.faults).injected
+    }
+
+    /// Cuts every open watch connection in the middle of a line: the first
+    /// half of a bookmark line goes out, then the connection is aborted.
+    pub fn cut_watches_mid_event(&self) {
+        self.shared.cut_tx.send_modify(|g| *g += 1);
     }
 
     // ---- lifecycle ----
