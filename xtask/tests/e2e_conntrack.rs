@@ -118,11 +118,6 @@ fn idle_connections_survive_a_burst_ten_times_the_table() {
         "burst: {burst} connections in {took:?}, {failed} failed, ct_full {}",
         stats_counter(&sb, "ct_full")
     );
-    // The table was full at times (new flows were refused and retried), yet
-    // the collector kept making room: nearly every connection got through.
-    assert!(stats_counter(&sb, "ct_full") > 0, "the burst never filled the table");
-    assert!(failed * 100 <= burst, "{failed} of {burst} short connections failed");
-
     // Every idle connection still reaches its own pod.
     let mut lost = Vec::new();
     for client in idle {
@@ -132,6 +127,10 @@ fn idle_connections_survive_a_burst_ten_times_the_table() {
         }
     }
     assert!(lost.is_empty(), "idle connections broken by the burst:\n{}", lost.join("\n"));
+    // The table was full at times (new flows were refused and retried), yet
+    // the collector kept making room: nearly every connection got through.
+    assert!(stats_counter(&sb, "ct_full") > 0, "the burst never filled the table");
+    assert!(failed * 100 <= burst, "{failed} of {burst} short connections failed");
 }
 
 /// `switchboard conntrack list` shows each flow's phase and time to expiry.
