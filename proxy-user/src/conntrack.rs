@@ -357,7 +357,8 @@ pub fn collect(table: &mut impl CtTable, now_ns: u64, t: &Timeouts) -> std::io::
 /// [`MIN_INTERVAL`] above [`BUSY_FILL`], growing linearly to
 /// [`MAX_INTERVAL`] for an empty table.
 pub fn interval(fill: f64) -> Duration {
-    if !(fill < BUSY_FILL) {
+    // NaN (no capacity read) counts as full.
+    if fill.is_nan() || fill >= BUSY_FILL {
         return MIN_INTERVAL;
     }
     let idle = 1.0 - fill.max(0.0) / BUSY_FILL;
@@ -671,8 +672,9 @@ mod tests {
     fn expiry_uses_the_newer_time_stamp_and_the_phase_timeout() {
         use ct_state::*;
         let t = t();
-        // (proto, forward, reply, now in seconds, expired?)
-        let cases: &[(u8, Option<CtEntry>, Option<CtEntry>, u64, bool)] = &[
+        /// (proto, forward, reply, now in seconds, expired?)
+        type Case = (u8, Option<CtEntry>, Option<CtEntry>, u64, bool);
+        let cases: &[Case] = &[
             // An idle established connection lasts a day from its newest packet.
             (proto::TCP, Some(entry(0, 0, 100)), Some(entry(REPLIED, 0, 200)), 200 + 86_399, false),
             (proto::TCP, Some(entry(0, 0, 100)), Some(entry(REPLIED, 0, 200)), 200 + 86_400, true),
