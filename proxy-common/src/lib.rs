@@ -415,12 +415,13 @@ pub struct CtEntry {
     pub snat_addr_be: u32,
     pub snat_port_be: u16,
     pub _pad2: [u8; 2],
-    /// `bpf_ktime_get_ns()` when the entry was created, and again when its
-    /// TCP connection started closing ([`ct_flags::CLOSING`]).
+    /// CLOCK_MONOTONIC (`bpf_ktime_get_coarse_ns()`) when the entry was
+    /// created, and again when its TCP connection started closing
+    /// ([`ct_flags::CLOSING`]).
     pub created_ns: u64,
-    /// `bpf_ktime_get_ns()` (CLOCK_MONOTONIC) of the last packet of this
-    /// direction, written at most every [`CT_REFRESH_NS`] (and at every
-    /// state change).
+    /// CLOCK_MONOTONIC (`bpf_ktime_get_coarse_ns()`, tick resolution) of
+    /// the last packet of this direction, written at most every
+    /// [`CT_REFRESH_NS`] (and at every state change).
     pub last_seen_ns: u64,
 }
 

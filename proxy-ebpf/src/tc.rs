@@ -13,7 +13,7 @@ use core::{ffi::c_void, mem::size_of};
 
 use aya_ebpf::{
     bindings::{BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR, TC_ACT_OK, TC_ACT_SHOT, TC_ACT_UNSPEC},
-    helpers::{bpf_fib_lookup, bpf_ktime_get_ns, bpf_redirect_neigh},
+    helpers::{bpf_fib_lookup, bpf_redirect_neigh},
     programs::TcContext,
 };
 use proxy_common::{ct_dir, ct_flags, proto, stat, tail, AffinityKey, Backend, CtEntry, CtKey};
@@ -589,7 +589,7 @@ pub(crate) fn mark_closing(entry: *mut CtEntry) {
     unsafe {
         if (*entry).flags & ct_flags::CLOSING == 0 {
             (*entry).flags |= ct_flags::CLOSING;
-            (*entry).created_ns = bpf_ktime_get_ns();
+            (*entry).created_ns = crate::ct::now_ns();
         }
     }
 }

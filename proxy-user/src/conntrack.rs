@@ -366,8 +366,9 @@ pub fn interval(fill: f64) -> Duration {
     MIN_INTERVAL + Duration::from_secs_f64(span * idle)
 }
 
-/// `CLOCK_MONOTONIC` in nanoseconds: the clock `bpf_ktime_get_ns()` reads,
-/// which conntrack and affinity entries are stamped with.
+/// `CLOCK_MONOTONIC` in nanoseconds: the clock `bpf_ktime_get_ns()` reads
+/// (affinity entries), and `bpf_ktime_get_coarse_ns()` at tick resolution
+/// (conntrack entries).
 pub fn monotonic_ns() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,

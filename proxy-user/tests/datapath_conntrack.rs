@@ -24,6 +24,11 @@ const CLIENT: Ipv4Addr = Ipv4Addr::new(10, 244, 100, 2);
 const VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
 const POD1: Ipv4Addr = Ipv4Addr::new(10, 244, 1, 2);
 
+/// The data path stamps entries with CLOCK_MONOTONIC at tick resolution
+/// (`bpf_ktime_get_coarse_ns`), which lags the precise clock by up to a
+/// tick (10 ms at HZ=100).
+const TICK_NS: u64 = 10_000_000;
+
 const SYN: u8 = 0x02;
 const SYN_ACK: u8 = 0x12;
 const ACK: u8 = 0x10;
@@ -276,7 +281,7 @@ fn entries_follow_the_connection_state_in_both_directions() {
     let mut fx = Fixture::new(1024);
     for (i, case) in cases.iter().enumerate() {
         let sport = 40000 + i as u16;
-        let before = conntrack::monotonic_ns();
+        let before = conntrack::monotonic_ns() - TICK_NS;
         for step in case.steps {
             assert_eq!(fx.send(*step, case.protocol, sport), TC_ACT_OK, "{}: {step:?}", case.name);
         }
@@ -289,7 +294,7 @@ fn entries_follow_the_connection_state_in_both_directions() {
             assert_eq!(e.flags & ct_flags::CLOSING != 0, case.closing, "{}: {e:?}", case.name);
             assert!(
                 (before..=after).contains(&e.last_seen_ns),
-                "{}: last seen {} is the kernel's CLOCK_MONOTONIC ({before}..={after})",
+                "{}: last seen {} is the kernel's CLOCK_MONOTONIC, to a tick ({before}..={after})",
                 case.name,
                 e.last_seen_ns
             );
@@ -326,7 +331,7 @@ fn last_seen_is_written_at_most_once_a_second_unless_the_state_changes() {
     };
     let key = forward_key(proto::TCP, sport);
     fx.syncer.store_mut().conntrack.insert(key, aged, 0).expect("age the entry");
-    let before = conntrack::monotonic_ns();
+    let before = conntrack::monotonic_ns() - TICK_NS;
     assert_eq!(fx.send(Step::Request(ACK), proto::TCP, sport), TC_ACT_OK);
     let (Some(f2), Some(r2)) = fx.pair(proto::TCP, sport) else {
         panic!("tracked");
@@ -341,7 +346,7 @@ fn last_seen_is_written_at_most_once_a_second_unless_the_state_changes() {
     };
     let key = reply_key(proto::TCP, sport);
     fx.syncer.store_mut().conntrack.insert(key, aged, 0).expect("age the entry");
-    let before = conntrack::monotonic_ns();
+    let before = conntrack::monotonic_ns() - TICK_NS;
     assert_eq!(fx.send(Step::Reply(FIN_ACK), proto::TCP, sport), TC_ACT_OK);
     let (_, Some(r3)) = fx.pair(proto::TCP, sport) else {
         panic!("tracked");
