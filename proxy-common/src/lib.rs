@@ -33,13 +33,20 @@ pub mod names {
     /// directions (`nat_addr_be`), so a reply needs no reverse-NAT lookup.
     /// V4: entries of flows from outside the node to a backend on another
     /// node also carry the source NAT (`snat_addr_be`, `snat_port_be`).
-    pub const CONNTRACK: &str = "SB_CT_V4";
+    /// V5: a plain (preallocated, non-LRU) hash the agent garbage-collects;
+    /// entries carry `last_seen_ns` and per-direction TCP state
+    /// (`ct_state`), so a live flow is never evicted for a new one.
+    pub const CONNTRACK: &str = "SB_CT_V5";
+    /// The V4 table (LRU, no state), which an agent upgrading from one copies
+    /// into [`CONNTRACK`] once and then unpins.
+    pub const CONNTRACK_V4: &str = "SB_CT_V4";
     pub const REVNAT: &str = "SB_RNAT_V1";
     pub const SERVICE_STATS: &str = "SB_SVC_STATS_V1";
     /// V3: counters of the uplink (north-south) programs added.
     /// V4: `rejected` added; `frag_translated`, `frag_unknown` and
     /// `icmp_error_translated` added.
-    pub const GLOBAL_STATS: &str = "SB_STATS_V4";
+    /// V5: `ct_full` added.
+    pub const GLOBAL_STATS: &str = "SB_STATS_V5";
     pub const AFFINITY: &str = "SB_AFFINITY_V1";
     /// Socket layer: per-socket translations ([`super::SockKey`]).
     pub const SOCKETS: &str = "SB_SOCK_V1";
@@ -123,7 +130,9 @@ pub mod capacity {
     /// Frontend map entries: one per service port plus one per backend slot.
     pub const FRONTENDS: u32 = 65_536;
     pub const BACKENDS: u32 = 65_536;
-    pub const CONNTRACK: u32 = 262_144;
+    /// Connection-tracking entries (two per flow). Preallocated: a full
+    /// table refuses new flows rather than evicting live ones.
+    pub const CONNTRACK: u32 = 524_288;
     /// Socket-layer translations: two per balanced UDP socket and service, one
     /// per connected socket (LRU: the oldest go first).
     pub const SOCKETS: u32 = 262_144;
@@ -178,8 +187,9 @@ pub mod snat {
     /// close: past the backend's TIME_WAIT (60 s in Linux), so its kernel
     /// never meets a new connection on a 4-tuple it still remembers. The
     /// ports thus sustain about 33512 / 65 s = 515 new connections per second
-    /// to one backend address and port; UDP flows' ports are freed only when
-    /// the LRU map evicts them.
+    /// to one backend address and port. The agent's garbage collector keeps a
+    /// closed source-NATed flow at least this long, and frees a UDP flow's
+    /// port when the flow times out.
     pub const REUSE_AFTER_NS: u64 = 65_000_000_000;
 
     /// The `index`-th SNAT port (`index < PORTS`).
@@ -343,7 +353,27 @@ pub mod ct_flags {
     pub const CLOSING: u8 = 1 << 0;
 }
 
-/// Key of the connection-tracking LRU map. Addresses and ports are as they
+/// Bits of [`CtEntry::state`]: what was seen in the direction of the entry
+/// that holds them (each direction's packets write only their own entry, so
+/// two CPUs never write one byte for different reasons). The agent's garbage
+/// collector reads a flow's two entries together (the union of their bits).
+pub mod ct_state {
+    /// Reply entries: a packet of the reply direction passed (TCP: the
+    /// SYN-ACK, the connection was answered; UDP: a reply, the flow is a
+    /// stream).
+    pub const REPLIED: u8 = 1 << 0;
+    /// A TCP FIN was seen in this direction.
+    pub const FIN: u8 = 1 << 1;
+    /// A TCP RST was seen in this direction.
+    pub const RST: u8 = 1 << 2;
+}
+
+/// The data path writes an entry's `last_seen_ns` at most this often (the
+/// garbage collector's timeouts are seconds to a day, so a second of
+/// imprecision costs nothing, and most packets then write nothing).
+pub const CT_REFRESH_NS: u64 = 1_000_000_000;
+
+/// Key of the connection-tracking map. Addresses and ports are as they
 /// appear in the packet the entry is looked up with.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -359,7 +389,8 @@ pub struct CtKey {
     pub _pad: [u8; 2],
 }
 
-/// Value of the connection-tracking LRU map.
+/// Value of the connection-tracking map (a preallocated hash, not LRU: the
+/// agent removes expired flows, see `proxy-user/src/conntrack.rs`).
 ///
 /// Each entry carries the address and port its direction is rewritten to:
 /// a forward entry the backend's, a reply entry the frontend's. So an
@@ -382,16 +413,22 @@ pub struct CtEntry {
     pub nat_port_be: u16,
     /// [`ct_flags`].
     pub flags: u8,
-    pub _pad: u8,
+    /// [`ct_state`]: what this entry's direction has seen.
+    pub state: u8,
     /// With [`ct_flags::SNAT`]: forward entries, the node address and port
     /// the source becomes; reply entries, the client address and port the
     /// destination is restored to. Zero otherwise.
     pub snat_addr_be: u32,
     pub snat_port_be: u16,
     pub _pad2: [u8; 2],
-    /// `bpf_ktime_get_ns()` when the entry was created, and again when its
-    /// TCP connection started closing ([`ct_flags::CLOSING`]).
+    /// CLOCK_MONOTONIC (`bpf_ktime_get_coarse_ns()`) when the entry was
+    /// created, and again when its TCP connection started closing
+    /// ([`ct_flags::CLOSING`]).
     pub created_ns: u64,
+    /// CLOCK_MONOTONIC (`bpf_ktime_get_coarse_ns()`, tick resolution) of
+    /// the last packet of this direction, written at most every
+    /// [`CT_REFRESH_NS`] (and at every state change).
+    pub last_seen_ns: u64,
 }
 
 /// Value of the Maglev map (key: service id, `u32`): the backend id of each
@@ -613,8 +650,9 @@ pub mod stat {
     pub const DROP_NO_BACKEND: u32 = 3;
     /// A slot or backend entry was missing mid-update; packet dropped.
     pub const DROP_INCONSISTENT: u32 = 4;
-    /// A connection-tracking, session-affinity or socket-map insert failed (the
-    /// maps are LRU, so this means a kernel allocation failure, not a full map).
+    /// A connection-tracking, session-affinity or socket-map insert failed
+    /// for another reason than a full connection-tracking table (which is
+    /// [`CT_FULL`]): the LRU maps never fill, so a kernel-side failure.
     pub const CT_INSERT_FAILED: u32 = 5;
     /// Rewriting the packet failed in a helper; packet dropped.
     pub const DROP_REWRITE_FAILED: u32 = 6;
@@ -685,7 +723,12 @@ pub mod stat {
     pub const TTL_EXCEEDED: u32 = 28;
     /// Uplink (tc): no route to send a packet back out on; dropped.
     pub const NO_ROUTE: u32 = 29;
-    pub const COUNT: u32 = 30;
+    /// The connection-tracking table was full: a new flow could not be
+    /// tracked and its packet was dropped (as Cilium does; the client's
+    /// retransmission gets through once the agent's garbage collector made
+    /// room). Flows already tracked are not affected.
+    pub const CT_FULL: u32 = 30;
+    pub const COUNT: u32 = 31;
     /// Names, by index, for the CLI and metrics.
     pub const NAMES: [&str; COUNT as usize] = [
         "unused",
@@ -718,6 +761,7 @@ pub mod stat {
         "icmp_error_translated",
         "ttl_exceeded",
         "no_route",
+        "ct_full",
     ];
 }
 
@@ -749,7 +793,7 @@ const _: () = assert!(size_of::<FrontendKey>() == 12);
 const _: () = assert!(size_of::<FrontendSlot>() == 16);
 const _: () = assert!(size_of::<Backend>() == 8);
 const _: () = assert!(size_of::<CtKey>() == 16);
-const _: () = assert!(size_of::<CtEntry>() == 32);
+const _: () = assert!(size_of::<CtEntry>() == 40);
 const _: () = assert!(size_of::<RevNat>() == 64);
 const _: () = assert!(size_of::<SvcStats>() == 32);
 const _: () = assert!(size_of::<AffinityKey>() == 8);
@@ -786,6 +830,21 @@ mod tests {
         assert_eq!(offset_of!(CtKey, dport_be), 10);
         assert_eq!(offset_of!(CtKey, proto), 12);
         assert_eq!(offset_of!(CtKey, dir), 13);
+    }
+
+    #[test]
+    fn ct_entry_layout_has_no_holes() {
+        assert_eq!(offset_of!(CtEntry, backend_id), 0);
+        assert_eq!(offset_of!(CtEntry, service_id), 4);
+        assert_eq!(offset_of!(CtEntry, nat_addr_be), 8);
+        assert_eq!(offset_of!(CtEntry, nat_port_be), 12);
+        assert_eq!(offset_of!(CtEntry, flags), 14);
+        assert_eq!(offset_of!(CtEntry, state), 15);
+        assert_eq!(offset_of!(CtEntry, snat_addr_be), 16);
+        assert_eq!(offset_of!(CtEntry, snat_port_be), 20);
+        assert_eq!(offset_of!(CtEntry, created_ns), 24);
+        assert_eq!(offset_of!(CtEntry, last_seen_ns), 32);
+        assert_eq!(align_of::<CtEntry>(), 8);
     }
 
     #[test]

@@ -38,15 +38,15 @@
 //! reaching itself with UDP datagrams above the MTU loses them.
 use aya_ebpf::{
     bindings::TC_ACT_SHOT,
-    helpers::{bpf_ktime_get_ns, bpf_redirect, bpf_skb_load_bytes},
+    helpers::{bpf_redirect, bpf_skb_load_bytes},
     programs::TcContext,
 };
 use proxy_common::{ct_dir, ct_flags, hairpin, stat, Backend, CtEntry, CtKey};
 
 use crate::{
-    maps::{count, count_service, SB_CT_V4},
+    maps::{count, count_service, SB_CT_V5},
     packet::{Flow, Skip},
-    tc::{mark_closing, rewrite_with_helpers, Rewrite, Side},
+    tc::{mark_closing, rewrite_with_helpers, tracked, Rewrite, Side, TableFull},
 };
 
 /// Whether `backend`, chosen for `flow` from a pod, is that pod itself.
@@ -71,22 +71,28 @@ fn reply_key(flow: &Flow, backend: &Backend) -> CtKey {
 }
 
 /// Records both directions of a new hairpin flow (see the module's
-/// documentation). A failed insert is counted; the packet still goes on.
+/// documentation), as [`crate::tc::track`] does.
 #[inline(always)]
-pub fn track(fwd: &CtKey, flow: &Flow, backend_id: u32, backend: &Backend, service_id: u32) {
-    // SAFETY: a helper without preconditions.
-    let created_ns = unsafe { bpf_ktime_get_ns() };
+pub fn track(
+    fwd: &CtKey,
+    flow: &Flow,
+    backend_id: u32,
+    backend: &Backend,
+    service_id: u32,
+) -> Result<(), TableFull> {
+    let now = crate::ct::now_ns();
     let forward = CtEntry {
         backend_id,
         service_id,
         nat_addr_be: backend.addr_be,
         nat_port_be: backend.port_be,
         flags: ct_flags::SNAT,
-        _pad: 0,
+        state: 0,
         snat_addr_be: hairpin::ADDR_BE,
         snat_port_be: flow.sport_be,
         _pad2: [0; 2],
-        created_ns,
+        created_ns: now,
+        last_seen_ns: now,
     };
     let reply = CtEntry {
         nat_addr_be: flow.daddr_be,
@@ -95,13 +101,10 @@ pub fn track(fwd: &CtKey, flow: &Flow, backend_id: u32, backend: &Backend, servi
         snat_port_be: flow.sport_be,
         ..forward
     };
-    let inserted = SB_CT_V4.insert(fwd, &forward, 0).is_ok()
-        && SB_CT_V4.insert(reply_key(flow, backend), &reply, 0).is_ok();
-    if inserted {
-        count_service(service_id, |s| s.new_flows += 1);
-    } else {
-        count(stat::CT_INSERT_FAILED);
-    }
+    tracked(
+        crate::ct::insert_pair(fwd, &forward, &reply_key(flow, backend), &reply),
+        service_id,
+    )
 }
 
 /// A request of a hairpin flow: destination the backend (the pod itself),
@@ -136,21 +139,22 @@ pub fn reply(ctx: &TcContext, flow: &Flow) -> Result<i32, Skip> {
         return Err(Skip::NotOurs);
     }
     let key = flow.ct_key(ct_dir::REPLY);
-    let Some(entry_ptr) = SB_CT_V4.get_ptr_mut(&key) else {
+    let Some(entry_ptr) = SB_CT_V5.get_ptr_mut(&key) else {
         return Err(Skip::NotOurs);
     };
-    // SAFETY: a value of the LRU map, valid for this program run; copied out.
+    // SAFETY: a value of the conntrack map, valid for this program run; copied out.
     let entry = unsafe { *entry_ptr };
     if entry.flags & ct_flags::SNAT == 0 {
         return Err(Skip::NotOurs);
     }
     if flow.accepts_connection() && entry.flags & ct_flags::CLOSING != 0 {
         // The flow has closed; nothing of ours answers on these ports now.
-        if SB_CT_V4.remove(&key).is_ok() {
+        if SB_CT_V5.remove(&key).is_ok() {
             count(stat::CT_STALE);
         }
         return Err(Skip::NotOurs);
     }
+    crate::ct::seen(entry_ptr, flow, true);
     if flow.ends_connection() {
         mark_closing(entry_ptr);
         let forward = CtKey {
@@ -162,7 +166,7 @@ pub fn reply(ctx: &TcContext, flow: &Flow) -> Result<i32, Skip> {
             dir: ct_dir::FORWARD,
             _pad: [0; 2],
         };
-        if let Some(forward_ptr) = SB_CT_V4.get_ptr_mut(&forward) {
+        if let Some(forward_ptr) = SB_CT_V5.get_ptr_mut(&forward) {
             mark_closing(forward_ptr);
         }
     }

@@ -30,7 +30,7 @@ use aya_ebpf::{bindings::TC_ACT_OK, programs::TcContext};
 use proxy_common::{ct_dir, ct_flags, proto, stat, CtKey};
 
 use crate::{
-    maps::{count, SB_CT_V4},
+    maps::{count, SB_CT_V5},
     packet::{
         csum_replace2, csum_replace4, Ipv4Hdr, Skip, ETH_HLEN, IPV4_MIN_HLEN, IP_CSUM_OFF,
         IP_FRAG_MASK, IP_OFFSET_MASK, TCP_CSUM_OFF, UDP_CSUM_OFF,
@@ -79,7 +79,7 @@ pub fn translate(ctx: &TcContext, dir: u8) -> Result<i32, Skip> {
         _pad: [0; 2],
     };
     // SAFETY: the value is copied out at once.
-    let Some(entry) = unsafe { SB_CT_V4.get(&key) }.copied() else {
+    let Some(entry) = unsafe { SB_CT_V5.get(&key) }.copied() else {
         return Err(Skip::NotOurs);
     };
     if entry.flags & ct_flags::SNAT != 0 {
@@ -190,7 +190,7 @@ pub fn translate_snat(ctx: &TcContext) -> Result<Outer, Skip> {
         _pad: [0; 2],
     };
     // SAFETY: the value is copied out at once.
-    let Some(entry) = unsafe { SB_CT_V4.get(&key) }.copied() else {
+    let Some(entry) = unsafe { SB_CT_V5.get(&key) }.copied() else {
         return Err(Skip::NotOurs);
     };
     if entry.flags & ct_flags::SNAT == 0 || outer_daddr_be != inner_saddr_be {

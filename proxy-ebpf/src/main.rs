@@ -35,6 +35,7 @@
 #![no_std]
 #![no_main]
 
+mod ct;
 mod frag;
 mod hairpin;
 mod icmp_error;

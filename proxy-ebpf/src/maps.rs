@@ -19,9 +19,11 @@ pub static SB_FE_V1: HashMap<FrontendKey, FrontendSlot, { capacity::FRONTENDS as
     HashMap::new();
 #[btf_map]
 pub static SB_BE_V1: HashMap<u32, Backend, { capacity::BACKENDS as usize }> = HashMap::new();
+/// Preallocated and not LRU: live flows are never evicted; the agent
+/// removes expired ones ([`crate::ct`]).
 #[btf_map]
-pub static SB_CT_V4: LruHashMap<CtKey, CtEntry, { capacity::CONNTRACK as usize }> =
-    LruHashMap::new();
+pub static SB_CT_V5: HashMap<CtKey, CtEntry, { capacity::CONNTRACK as usize }> =
+    HashMap::new();
 /// Read by the CLI only; kept here so it is created and pinned with the rest.
 #[btf_map]
 pub static SB_RNAT_V1: HashMap<u32, RevNat, { capacity::SERVICES as usize }> = HashMap::new();
@@ -54,12 +56,12 @@ pub static SB_UPLINK_V1: HashMap<u32, Uplink, { capacity::UPLINKS as usize }> = 
 pub static SB_FRAG_V1: LruHashMap<FragKey, FragEntry, { capacity::FRAGMENTS as usize }> =
     LruHashMap::new();
 #[btf_map]
-pub static SB_STATS_V4: PerCpuArray<u64, { stat::COUNT as usize }> = PerCpuArray::new();
+pub static SB_STATS_V5: PerCpuArray<u64, { stat::COUNT as usize }> = PerCpuArray::new();
 
 /// Adds one to a global counter.
 #[inline(always)]
 pub fn count(index: u32) {
-    if let Some(counter) = SB_STATS_V4.get_ptr_mut(index) {
+    if let Some(counter) = SB_STATS_V5.get_ptr_mut(index) {
         // SAFETY: the pointer is this CPU's slot of a per-CPU array entry that
         // the lookup just returned; nothing else writes it while we run here.
         unsafe { *counter += 1 };

@@ -20,7 +20,7 @@ use core::{ffi::c_void, mem::size_of};
 
 use aya_ebpf::{
     bindings::{bpf_fib_lookup as FibParams, BPF_NOEXIST},
-    helpers::{bpf_fib_lookup, bpf_get_prandom_u32, bpf_ktime_get_ns},
+    helpers::{bpf_fib_lookup, bpf_get_prandom_u32},
 };
 use proxy_common::{
     hash::{flow_hash, source_hash},
@@ -29,8 +29,9 @@ use proxy_common::{
 };
 
 use crate::{
+    ct::{self, NotTracked},
     lb::{choose_backend, frontend_key, lookup_frontend, maglev_backend},
-    maps::{count, count_service, SB_AFFINITY_V1, SB_CT_V4, SB_UPLINK_V1},
+    maps::{count, count_service, SB_AFFINITY_V1, SB_CT_V5, SB_UPLINK_V1},
     packet::{Flow, Skip},
     tc::{mark_closing, track, tracked_entry},
 };
@@ -110,7 +111,10 @@ pub fn classify(ctx: *mut c_void, ingress: u32, flow: &Flow) -> Result<Translati
             return new_remote_flow(&ct_key, flow, id, &backend, svc.service_id, snat_addr_be);
         }
     }
-    track(&ct_key, flow, id, &backend, svc.service_id);
+    if track(&ct_key, flow, id, &backend, svc.service_id).is_err() {
+        // The table is full: the client retransmits.
+        return Err(NotTranslated::Drop(stat::CT_FULL));
+    }
     Ok(Translation::Local {
         backend,
         service_id: svc.service_id,
@@ -195,21 +199,22 @@ fn snat_reply(flow: &Flow) -> Result<Option<Translation>, NotTranslated> {
         return Ok(None);
     }
     let key = flow.ct_key(ct_dir::REPLY);
-    let Some(entry_ptr) = SB_CT_V4.get_ptr_mut(&key) else {
+    let Some(entry_ptr) = SB_CT_V5.get_ptr_mut(&key) else {
         return Ok(None);
     };
-    // SAFETY: a value of the LRU map, valid for this program run; copied out.
+    // SAFETY: a value of the conntrack map, valid for this program run; copied out.
     let entry = unsafe { *entry_ptr };
     if entry.flags & ct_flags::SNAT == 0 {
         return Ok(None);
     }
     if flow.accepts_connection() && entry.flags & ct_flags::CLOSING != 0 {
         // The flow has closed; nothing of ours answers on this port now.
-        if SB_CT_V4.remove(&key).is_ok() {
+        if SB_CT_V5.remove(&key).is_ok() {
             count(stat::CT_STALE);
         }
         return Err(NotTranslated::Pass(Skip::NotOurs));
     }
+    crate::ct::seen(entry_ptr, flow, true);
     if flow.ends_connection() {
         mark_closing(entry_ptr);
         let forward = CtKey {
@@ -221,7 +226,7 @@ fn snat_reply(flow: &Flow) -> Result<Option<Translation>, NotTranslated> {
             dir: ct_dir::FORWARD,
             _pad: [0; 2],
         };
-        if let Some(forward_ptr) = SB_CT_V4.get_ptr_mut(&forward) {
+        if let Some(forward_ptr) = SB_CT_V5.get_ptr_mut(&forward) {
             mark_closing(forward_ptr);
         }
     }
@@ -261,35 +266,35 @@ fn remote_uplink_addr(ctx: *mut c_void, ingress: u32, flow: &Flow, backend: &Bac
 /// Taking a closed flow's port overwrites its entry and reads it back: when
 /// two CPUs take the same port at the same instant (the BPF target has no
 /// compare-and-exchange here), only the one whose client the entry names
-/// keeps it, and the other tries its next port.
+/// keeps it, and the other tries its next port. A full table ends the
+/// search ([`NotTracked::Full`]); a taken port is `Ok(false)`.
 #[inline(always)]
-fn claim_port(reply_key: &CtKey, reply: &CtEntry, now: u64) -> bool {
-    if SB_CT_V4
-        .insert(reply_key, reply, u64::from(BPF_NOEXIST))
-        .is_ok()
-    {
-        return true;
+fn claim_port(reply_key: &CtKey, reply: &CtEntry, now: u64) -> Result<bool, NotTracked> {
+    match ct::insert(reply_key, reply, u64::from(BPF_NOEXIST)) {
+        Ok(()) => return Ok(true),
+        Err(NotTracked::Full) => return Err(NotTracked::Full),
+        Err(NotTracked::Failed) => {}
     }
-    let Some(held) = SB_CT_V4.get_ptr(reply_key) else {
-        return false;
+    let Some(held) = SB_CT_V5.get_ptr(reply_key) else {
+        return Ok(false);
     };
-    // SAFETY: a value of the LRU map, valid for this program run; read once.
+    // SAFETY: a value of the conntrack map, valid for this program run; read once.
     let (flags, closed_ns) = unsafe { ((*held).flags, (*held).created_ns) };
     if flags & ct_flags::CLOSING == 0 || now.wrapping_sub(closed_ns) < snat::REUSE_AFTER_NS {
-        return false;
+        return Ok(false);
     }
-    if SB_CT_V4.insert(reply_key, reply, 0).is_err() {
-        return false;
+    if SB_CT_V5.insert(reply_key, reply, 0).is_err() {
+        return Ok(false);
     }
     // SAFETY: the value is copied out at once.
-    match unsafe { SB_CT_V4.get(reply_key) } {
+    Ok(match unsafe { SB_CT_V5.get(reply_key) } {
         Some(now_held) => {
             now_held.snat_addr_be == reply.snat_addr_be
                 && now_held.snat_port_be == reply.snat_port_be
                 && now_held.nat_addr_be == reply.nat_addr_be
         }
         None => false,
-    }
+    })
 }
 
 /// Route-lookup parameters for an IPv4 packet arriving on `ifindex`.
@@ -317,19 +322,21 @@ fn new_remote_flow(
     service_id: u32,
     snat_addr_be: u32,
 ) -> Result<Translation, NotTranslated> {
-    // SAFETY: helpers without preconditions.
-    let (start, created_ns) = unsafe { (bpf_get_prandom_u32(), bpf_ktime_get_ns()) };
+    // SAFETY: a helper without preconditions.
+    let start = unsafe { bpf_get_prandom_u32() };
+    let created_ns = ct::now_ns();
     let reply = CtEntry {
         backend_id,
         service_id,
         nat_addr_be: flow.daddr_be,
         nat_port_be: flow.dport_be,
         flags: ct_flags::SNAT,
-        _pad: 0,
+        state: 0,
         snat_addr_be: flow.saddr_be,
         snat_port_be: flow.sport_be,
         _pad2: [0; 2],
         created_ns,
+        last_seen_ns: created_ns,
     };
     for attempt in 0..snat::ATTEMPTS {
         let step = start.wrapping_add(attempt.wrapping_mul(snat::STRIDE));
@@ -343,8 +350,11 @@ fn new_remote_flow(
             dir: ct_dir::REPLY,
             _pad: [0; 2],
         };
-        if !claim_port(&reply_key, &reply, created_ns) {
-            continue;
+        match claim_port(&reply_key, &reply, created_ns) {
+            Ok(true) => {}
+            Ok(false) => continue,
+            // The client retransmits once the agent made room.
+            Err(_) => return Err(NotTranslated::Drop(stat::CT_FULL)),
         }
         let forward = CtEntry {
             nat_addr_be: backend.addr_be,
@@ -353,10 +363,14 @@ fn new_remote_flow(
             snat_port_be: port.to_be(),
             ..reply
         };
-        if SB_CT_V4.insert(fwd, &forward, 0).is_ok() {
-            count_service(service_id, |s| s.new_flows += 1);
-        } else {
-            count(stat::CT_INSERT_FAILED);
+        match ct::insert(fwd, &forward, 0) {
+            Ok(()) => count_service(service_id, |s| s.new_flows += 1),
+            Err(NotTracked::Failed) => count(stat::CT_INSERT_FAILED),
+            Err(NotTracked::Full) => {
+                // Give the port back: no half-tracked flow.
+                let _ = SB_CT_V5.remove(&reply_key);
+                return Err(NotTranslated::Drop(stat::CT_FULL));
+            }
         }
         return Ok(Translation::Remote {
             backend: *backend,

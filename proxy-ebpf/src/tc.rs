@@ -13,7 +13,7 @@ use core::{ffi::c_void, mem::size_of};
 
 use aya_ebpf::{
     bindings::{BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR, TC_ACT_OK, TC_ACT_SHOT, TC_ACT_UNSPEC},
-    helpers::{bpf_fib_lookup, bpf_ktime_get_ns, bpf_redirect_neigh},
+    helpers::{bpf_fib_lookup, bpf_redirect_neigh},
     programs::TcContext,
 };
 use proxy_common::{ct_dir, ct_flags, proto, stat, tail, AffinityKey, Backend, CtEntry, CtKey};
@@ -25,7 +25,7 @@ use crate::{
         IP_FRAG_MASK, IP_OFFSET_MASK, TCP_CSUM_OFF, TCP_HLEN, UDP_CSUM_OFF, UDP_HLEN,
     },
     lb::{backend_is_live, choose_backend, frontend_key, lookup_frontend},
-    maps::{count, count_service, SB_AFFINITY_V1, SB_CT_V4, SB_TAIL_V1},
+    maps::{count, count_service, SB_AFFINITY_V1, SB_CT_V5, SB_TAIL_V1},
 };
 
 /// Which side of the packet a rewrite touches.
@@ -87,10 +87,14 @@ pub fn try_from_pod(ctx: &TcContext) -> Result<i32, Skip> {
             else {
                 return drop_counted(stat::DROP_INCONSISTENT);
             };
-            if crate::hairpin::is_hairpin(&flow, &backend) {
-                crate::hairpin::track(&ct_key, &flow, id, &backend, svc.service_id);
+            let outcome = if crate::hairpin::is_hairpin(&flow, &backend) {
+                crate::hairpin::track(&ct_key, &flow, id, &backend, svc.service_id)
             } else {
-                track(&ct_key, &flow, id, &backend, svc.service_id);
+                track(&ct_key, &flow, id, &backend, svc.service_id)
+            };
+            if outcome.is_err() {
+                // The table is full: the client retransmits.
+                return drop_counted(stat::CT_FULL);
             }
             backend
         }
@@ -129,20 +133,21 @@ pub fn try_to_pod(ctx: &TcContext) -> Result<i32, Skip> {
         Err(skip) => return crate::frag::unparsed(ctx, skip, ct_dir::REPLY),
     };
     let key = flow.ct_key(ct_dir::REPLY);
-    let Some(entry_ptr) = SB_CT_V4.get_ptr_mut(&key) else {
+    let Some(entry_ptr) = SB_CT_V5.get_ptr_mut(&key) else {
         return Err(Skip::NotOurs);
     };
-    // SAFETY: a value of the LRU map, valid for this program run; copied out.
+    // SAFETY: a value of the conntrack map, valid for this program run; copied out.
     let entry = unsafe { *entry_ptr };
     let (nat_addr_be, nat_port_be) = (entry.nat_addr_be, entry.nat_port_be);
     if flow.accepts_connection() && entry.flags & ct_flags::CLOSING != 0 {
         // The flow this entry was made for has closed and its ports were
         // reused by a connection that did not go through the frontend.
-        if SB_CT_V4.remove(&key).is_ok() {
+        if SB_CT_V5.remove(&key).is_ok() {
             count(stat::CT_STALE);
         }
         return Err(Skip::NotOurs);
     }
+    crate::ct::seen(entry_ptr, &flow, true);
     if flow.ends_connection() {
         mark_closing(entry_ptr);
         let forward = CtKey {
@@ -154,7 +159,7 @@ pub fn try_to_pod(ctx: &TcContext) -> Result<i32, Skip> {
             dir: ct_dir::FORWARD,
             _pad: [0; 2],
         };
-        if let Some(forward_ptr) = SB_CT_V4.get_ptr_mut(&forward) {
+        if let Some(forward_ptr) = SB_CT_V5.get_ptr_mut(&forward) {
             mark_closing(forward_ptr);
         }
     }
@@ -530,8 +535,8 @@ pub(crate) fn tracked_backend(key: &CtKey, flow: &Flow, service_id: u32) -> Opti
 /// source NAT).
 #[inline(always)]
 pub(crate) fn tracked_entry(key: &CtKey, flow: &Flow, service_id: u32) -> Option<CtEntry> {
-    let entry_ptr = SB_CT_V4.get_ptr_mut(key)?;
-    // SAFETY: a value of the LRU map, valid for this program run; copied out.
+    let entry_ptr = SB_CT_V5.get_ptr_mut(key)?;
+    // SAFETY: a value of the conntrack map, valid for this program run; copied out.
     let entry = unsafe { *entry_ptr };
     if entry.service_id != service_id {
         return None;
@@ -539,9 +544,10 @@ pub(crate) fn tracked_entry(key: &CtKey, flow: &Flow, service_id: u32) -> Option
     if flow.opens_connection() && entry.flags & ct_flags::CLOSING != 0 {
         return None;
     }
+    crate::ct::seen(entry_ptr, flow, false);
     if flow.ends_connection() {
         mark_closing(entry_ptr);
-        if let Some(reply_ptr) = SB_CT_V4.get_ptr_mut(reply_key_of(flow, &entry)) {
+        if let Some(reply_ptr) = SB_CT_V5.get_ptr_mut(reply_key_of(flow, &entry)) {
             mark_closing(reply_ptr);
         }
     }
@@ -583,7 +589,7 @@ pub(crate) fn mark_closing(entry: *mut CtEntry) {
     unsafe {
         if (*entry).flags & ct_flags::CLOSING == 0 {
             (*entry).flags |= ct_flags::CLOSING;
-            (*entry).created_ns = bpf_ktime_get_ns();
+            (*entry).created_ns = crate::ct::now_ns();
         }
     }
 }
@@ -602,36 +608,63 @@ pub(crate) fn reply_key(flow: &Flow, backend: &Backend) -> CtKey {
     }
 }
 
+/// The table was full: a new flow was not tracked, and its packet must be
+/// dropped (counted `stat::CT_FULL` by the caller).
+pub(crate) struct TableFull;
+
 /// Records both directions of a new flow: the forward entry names the backend,
-/// the reply entry the frontend the reply must come from. A failed insert is
-/// counted; the packet is still forwarded (the next packet picks again).
+/// the reply entry the frontend the reply must come from. A full table is
+/// the caller's to act on ([`TableFull`]: drop); any other failed insert is
+/// counted and the packet still forwarded (the next packet picks again).
 #[inline(always)]
-pub(crate) fn track(fwd: &CtKey, flow: &Flow, backend_id: u32, backend: &Backend, service_id: u32) {
-    // SAFETY: a helper without preconditions.
-    let created_ns = unsafe { bpf_ktime_get_ns() };
+pub(crate) fn track(
+    fwd: &CtKey,
+    flow: &Flow,
+    backend_id: u32,
+    backend: &Backend,
+    service_id: u32,
+) -> Result<(), TableFull> {
+    let now = crate::ct::now_ns();
     let forward = CtEntry {
         backend_id,
         service_id,
         nat_addr_be: backend.addr_be,
         nat_port_be: backend.port_be,
         flags: 0,
-        _pad: 0,
+        state: 0,
         snat_addr_be: 0,
         snat_port_be: 0,
         _pad2: [0; 2],
-        created_ns,
+        created_ns: now,
+        last_seen_ns: now,
     };
     let reply = CtEntry {
         nat_addr_be: flow.daddr_be,
         nat_port_be: flow.dport_be,
         ..forward
     };
-    let inserted = SB_CT_V4.insert(fwd, &forward, 0).is_ok()
-        && SB_CT_V4.insert(reply_key(flow, backend), &reply, 0).is_ok();
-    if inserted {
-        count_service(service_id, |s| s.new_flows += 1);
-    } else {
-        count(stat::CT_INSERT_FAILED);
+    tracked(
+        crate::ct::insert_pair(fwd, &forward, &reply_key(flow, backend), &reply),
+        service_id,
+    )
+}
+
+/// Counts the outcome of a new flow's inserts.
+#[inline(always)]
+pub(crate) fn tracked(
+    result: Result<(), crate::ct::NotTracked>,
+    service_id: u32,
+) -> Result<(), TableFull> {
+    match result {
+        Ok(()) => {
+            count_service(service_id, |s| s.new_flows += 1);
+            Ok(())
+        }
+        Err(crate::ct::NotTracked::Failed) => {
+            count(stat::CT_INSERT_FAILED);
+            Ok(())
+        }
+        Err(crate::ct::NotTracked::Full) => Err(TableFull),
     }
 }
 

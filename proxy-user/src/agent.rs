@@ -16,6 +16,7 @@ use tracing::{error, info, warn};
 
 use crate::{
     attach::{self, Attacher, TcMode},
+    conntrack,
     ebpf::{self, Capacities},
     health::{self, ProxyHealth},
     healthcheck::{self, HealthServers},
@@ -56,6 +57,8 @@ impl std::str::FromStr for Source {
 }
 
 pub struct AgentConfig {
+    /// The connection-tracking timeouts (`--conntrack-*`).
+    pub conntrack_timeouts: crate::conntrack::Timeouts,
     pub source: Source,
     pub pin_root: PathBuf,
     pub capacities: Capacities,
@@ -144,6 +147,13 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
         info!(?copied, "resized maps filled from the pinned ones");
     }
     let mut maps = PinnedMaps::take(&mut ebpf).context("opening the maps")?;
+    // An agent of the V4 layout ran: its flows come over (again after the
+    // programs were replaced, for the flows it tracked meanwhile).
+    let adopted = conntrack::adopt_v4(&config.pin_root, &mut maps.conntrack)
+        .context("copying the flows of the V4 connection-tracking table")?;
+    if adopted > 0 {
+        info!(adopted, "connection-tracking entries copied from the V4 table");
+    }
     maps.set_config(socketlb::datapath_config().context("reading the node's network namespace")?)
         .context("writing the data-path configuration")?;
     let mut syncer = Syncer::adopt(maps, capacities);
@@ -155,9 +165,10 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
         "maps loaded"
     );
     // /metrics reads the maps through pins of its own, at each scrape.
+    let gc_metrics = conntrack::GcMetrics::default();
     let _metrics = config
         .metrics_bind
-        .map(|addr| metrics::serve(addr, observer.metrics(), &config.pin_root))
+        .map(|addr| metrics::serve(addr, observer.metrics(), &gc_metrics, &config.pin_root))
         .transpose()?;
     let mut sync = SyncLoop {
         syncer,
@@ -217,6 +228,14 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
         resize.finish().context("pinning the resized maps")?;
     }
     sync.set_interfaces(attacher.interfaces(), &uplink_status);
+    let late = conntrack::adopt_v4(&config.pin_root, &mut sync.syncer.store_mut().conntrack)
+        .context("copying the flows of the V4 connection-tracking table")?;
+    if conntrack::unpin_v4(&config.pin_root).context("unpinning the V4 connection-tracking table")? {
+        info!(late, "the V4 connection-tracking table was copied and unpinned");
+    }
+    // After any resize: the collector opens the pin the programs use.
+    conntrack::spawn(&config.pin_root, config.conntrack_timeouts, gc_metrics)
+        .context("starting the connection-tracking collector")?;
 
     info!(
         interfaces = attacher.attached(),
@@ -325,6 +344,7 @@ fn status_template(config: &AgentConfig) -> AgentStatus {
         socket_lb_cgroup: config.socket_lb_cgroup.as_ref().map(|p| p.display().to_string()),
         healthz_bind: bind(config.healthz_bind),
         metrics_bind: bind(config.metrics_bind),
+        conntrack_timeouts: config.conntrack_timeouts,
         ..AgentStatus::default()
     }
 }

@@ -1,6 +1,6 @@
 //! The agent's flags, an optional YAML config file with the same settings
 //! (`--config`, as kube-proxy has), and the [`AgentConfig`] they make.
-use std::{collections::BTreeMap, ffi::OsString, path::PathBuf};
+use std::{collections::BTreeMap, ffi::OsString, path::PathBuf, time::Duration};
 
 use anyhow::Context as _;
 
@@ -9,6 +9,7 @@ use crate::{
     attach::TcMode,
     cidr::Ipv4Cidr,
     cli::DEFAULT_PIN_ROOT,
+    conntrack::Timeouts,
     ebpf::Capacities,
     model::LbAlgorithm,
     uplink::XdpMode,
@@ -40,9 +41,37 @@ pub struct AgentArgs {
     /// Capacity of the backend map.
     #[arg(long, default_value_t = Capacities::default().backends)]
     pub max_backends: u32,
-    /// Capacity of the connection-tracking map (two entries per flow).
+    /// Capacity of the connection-tracking map (two entries per flow;
+    /// preallocated). When it is full a new flow's packet is dropped and
+    /// counted (`ct_full`); tracked flows are never evicted for new ones.
     #[arg(long, default_value_t = Capacities::default().conntrack)]
     pub max_conntrack: u32,
+    /// How long an idle established TCP connection stays tracked
+    /// (kube-proxy's flag). Durations as kube-proxy writes them: `24h0m0s`,
+    /// `90m`, `30s`; `0` (kube-proxy: leave the kernel's setting) takes the
+    /// default.
+    #[arg(long, value_name = "DURATION", default_value = "24h", value_parser = parse_duration)]
+    pub conntrack_tcp_timeout_established: Duration,
+    /// How long an idle half-closed TCP connection (FIN seen one way) stays
+    /// tracked (kube-proxy's flag).
+    #[arg(long, value_name = "DURATION", default_value = "1h", value_parser = parse_duration)]
+    pub conntrack_tcp_timeout_close_wait: Duration,
+    /// How long a closed TCP connection (FIN both ways, or RST) stays
+    /// tracked after its last packet. Source-NATed flows from outside keep
+    /// their port at least 65 s after the close (the backend's TIME_WAIT).
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    pub conntrack_tcp_timeout_closed: Duration,
+    /// How long a TCP connection whose SYN was never answered stays tracked.
+    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_duration)]
+    pub conntrack_tcp_timeout_syn: Duration,
+    /// How long an idle UDP flow that saw no reply stays tracked
+    /// (kube-proxy's flag; the kernel's default).
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
+    pub conntrack_udp_timeout: Duration,
+    /// How long an idle UDP flow that saw replies stays tracked (kube-proxy's
+    /// flag; the kernel's default).
+    #[arg(long, value_name = "DURATION", default_value = "120s", value_parser = parse_duration)]
+    pub conntrack_udp_timeout_stream: Duration,
     /// Number of service ports (service ids).
     #[arg(long, default_value_t = Capacities::default().services)]
     pub max_services: u32,
@@ -130,10 +159,58 @@ fn parse_bind(s: &str) -> Result<Bind, std::net::AddrParseError> {
     s.parse().map(|a| Bind(Some(a)))
 }
 
+/// A duration as kube-proxy's flags take it (Go's `time.ParseDuration`,
+/// without signs): numbers with units `h`, `m`, `s`, `ms`, e.g. `24h0m0s`,
+/// `1h30m`, `1.5s`; a bare `0` is zero.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let bad = || format!("{text:?} is not a duration (e.g. 24h0m0s, 90m, 30s)");
+    if text == "0" {
+        return Ok(Duration::ZERO);
+    }
+    let mut rest = text;
+    let mut total = 0.0f64;
+    if rest.is_empty() {
+        return Err(bad());
+    }
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .ok_or_else(bad)?;
+        let value: f64 = rest[..digits].parse().map_err(|_| bad())?;
+        rest = &rest[digits..];
+        let unit_len = rest.find(|c: char| c.is_ascii_digit() || c == '.').unwrap_or(rest.len());
+        let scale = match &rest[..unit_len] {
+            "h" => 3600.0,
+            "m" => 60.0,
+            "s" => 1.0,
+            "ms" => 0.001,
+            _ => return Err(bad()),
+        };
+        total += value * scale;
+        rest = &rest[unit_len..];
+    }
+    Duration::try_from_secs_f64(total).map_err(|_| bad())
+}
+
 impl AgentArgs {
+    /// The connection-tracking timeouts; a zero takes the default.
+    fn conntrack_timeouts(&self) -> Timeouts {
+        let d = Timeouts::default();
+        let or = |v: Duration, default: Duration| if v.is_zero() { default } else { v };
+        Timeouts {
+            tcp_established: or(self.conntrack_tcp_timeout_established, d.tcp_established),
+            tcp_close_wait: or(self.conntrack_tcp_timeout_close_wait, d.tcp_close_wait),
+            tcp_closed: or(self.conntrack_tcp_timeout_closed, d.tcp_closed),
+            tcp_syn: or(self.conntrack_tcp_timeout_syn, d.tcp_syn),
+            udp: or(self.conntrack_udp_timeout, d.udp),
+            udp_stream: or(self.conntrack_udp_timeout_stream, d.udp_stream),
+        }
+    }
+
     /// The agent's settings: defaults filled from the host (the node name
     /// from the hostname, the cgroup root from /proc/self/mountinfo).
     pub fn into_config(self) -> anyhow::Result<AgentConfig> {
+        let conntrack_timeouts = self.conntrack_timeouts();
         let socket_lb_cgroup = match (self.socket_lb, self.cgroup_root) {
             (false, _) => None,
             (true, Some(root)) => Some(root),
@@ -150,6 +227,7 @@ impl AgentArgs {
                 .into_owned(),
         };
         Ok(AgentConfig {
+            conntrack_timeouts,
             source: self.source,
             pin_root: self.pin_root,
             capacities: Capacities {
@@ -378,6 +456,30 @@ mod tests {
         assert!(matches!(err, ConfigError::BadValue { .. }), "{err}");
         let err = with_file("kind: SwitchboardConfiguration\ncleanup: true\n", &[]).expect_err("cleanup");
         assert!(matches!(err, ConfigError::NotInFile { .. }), "{err}");
+    }
+
+    #[test]
+    fn durations_parse_as_kube_proxy_writes_them() {
+        let cases = [
+            ("24h0m0s", Some(86_400.0)),
+            ("24h", Some(86_400.0)),
+            ("1h30m", Some(5_400.0)),
+            ("90m", Some(5_400.0)),
+            ("30s", Some(30.0)),
+            ("1.5s", Some(1.5)),
+            ("250ms", Some(0.25)),
+            ("0", Some(0.0)),
+            ("0s", Some(0.0)),
+            ("", None),
+            ("10", None),
+            ("10d", None),
+            ("-5s", None),
+            ("h", None),
+        ];
+        for (text, want) in cases {
+            let got = parse_duration(text).ok().map(|d| d.as_secs_f64());
+            assert_eq!(got, want, "{text:?}");
+        }
     }
 
     #[test]

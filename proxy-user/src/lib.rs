@@ -5,6 +5,7 @@ pub mod args;
 pub mod attach;
 pub mod cidr;
 pub mod cli;
+pub mod conntrack;
 pub mod ebpf;
 pub mod encode;
 pub mod health;

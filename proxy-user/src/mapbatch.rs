@@ -76,3 +76,52 @@ pub fn update<K: Pod, V: Pod>(map: &MapData, entries: &[(K, V)]) -> Result<(), B
     }
     Ok(())
 }
+
+/// `BPF_MAP_LOOKUP_BATCH` from `enum bpf_cmd`.
+const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
+
+/// Reads every entry of a hash map, `CHUNK` per system call (instead of two
+/// system calls per entry). Entries written or removed meanwhile may or may
+/// not be seen, as with any walk of a live map.
+pub fn lookup_all<K: Pod, V: Pod>(map: &MapData) -> std::io::Result<Vec<(K, V)>> {
+    let fd = map.fd().as_fd().as_raw_fd();
+    let mut out = Vec::new();
+    let mut keys: Vec<K> = vec![bytemuck::Zeroable::zeroed(); CHUNK];
+    let mut values: Vec<V> = vec![bytemuck::Zeroable::zeroed(); CHUNK];
+    // The position token: a bucket index for hash maps (8 bytes is room
+    // enough for any map type's token).
+    let mut token = [0u64; 1];
+    let mut first = true;
+    loop {
+        let mut attr = BatchAttr {
+            in_batch: if first { 0 } else { token.as_ptr() as u64 },
+            out_batch: token.as_mut_ptr() as u64,
+            keys: keys.as_mut_ptr() as u64,
+            values: values.as_mut_ptr() as u64,
+            count: CHUNK as u32,
+            map_fd: fd as u32,
+            ..BatchAttr::default()
+        };
+        // SAFETY: `attr` is the kernel's `batch` layout; `keys` and `values`
+        // have room for `count` keys and values of the map's types (Pod: any
+        // bytes the kernel writes are valid), and `token` for the position;
+        // all outlive the call.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                BPF_MAP_LOOKUP_BATCH,
+                &mut attr as *mut BatchAttr,
+                std::mem::size_of::<BatchAttr>(),
+            )
+        };
+        let error = (rc < 0).then(std::io::Error::last_os_error);
+        let n = (attr.count as usize).min(CHUNK);
+        out.extend(keys[..n].iter().copied().zip(values[..n].iter().copied()));
+        match error {
+            None => first = false,
+            // The walk reached the end (with the last entries, if any).
+            Some(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(out),
+            Some(e) => return Err(e),
+        }
+    }
+}

@@ -10,6 +10,7 @@
 //! | `switchboard_map_entries{map}`, `switchboard_map_capacity{map}` (gauges) | none: iptables chains have no capacity (`kubeproxy_sync_proxy_rules_iptables_total` counts rules) |
 //! | `switchboard_service_packets_total`, `_bytes_total`, `_flows_total`, `_drops_total` `{service,frontend}` (counters) | none: the per-rule packet and byte counters `iptables -L -v` shows |
 //! | `switchboard_datapath_events_total{counter}` (counters) | none: the data path's own counters (`switchboard stats`) |
+//! | `switchboard_conntrack_gc_deleted_total` (counter), `switchboard_conntrack_fill_ratio` (gauge), `switchboard_conntrack_gc_duration_seconds` (histogram) | none: the kernel's conntrack expires entries itself (`conntrack -S` counts) |
 //!
 //! * Sync duration: from a snapshot's arrival to the end of its map writes.
 //! * Network programming latency, as kube-proxy measures it: the EndpointSlice
@@ -55,6 +56,7 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 use tracing::{info, warn};
 
+use crate::conntrack::GcMetrics;
 use crate::health::{bind, BindError, Serving};
 use crate::healthcheck::http_response;
 use crate::maps::{MapsError, PinnedMaps};
@@ -404,11 +406,14 @@ pub fn encode(registry: &Registry) -> String {
 pub fn serve(
     addr: SocketAddr,
     metrics: &SyncMetrics,
+    conntrack: &GcMetrics,
     pin_root: &Path,
 ) -> Result<Serving, MetricsError> {
     const FLAG: &str = "--metrics-bind-address";
     let maps = PinnedMaps::open(pin_root)?;
-    let registry = Arc::new(registry(metrics, Arc::new(maps)));
+    let mut registry = registry(metrics, Arc::new(maps));
+    conntrack.register(&mut registry);
+    let registry = Arc::new(registry);
     let listener = bind(addr, FLAG)?;
     let handler = move |request: Request<Incoming>| {
         let registry = Arc::clone(&registry);

@@ -52,6 +52,9 @@ pub struct AgentStatus {
     /// `--healthz-bind-address` and `--metrics-bind-address` (empty: off).
     pub healthz_bind: String,
     pub metrics_bind: String,
+    /// The connection-tracking timeouts (`--conntrack-*`), for
+    /// `switchboard conntrack list`'s time to expiry.
+    pub conntrack_timeouts: crate::conntrack::Timeouts,
 }
 
 /// One interface with switchboard's programs on it.

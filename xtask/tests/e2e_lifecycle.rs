@@ -257,7 +257,7 @@ fn a_pin_root_that_is_not_a_bpffs_is_refused() {
 fn a_capacity_change_resizes_the_maps_online_and_keeps_established_flows() {
     let mut sb = demo_sandbox_with(&["--max-conntrack", "4096"]);
     let sw = switchboard();
-    let ct = sb.pin_dir.join("SB_CT_V4");
+    let ct = sb.pin_dir.join("SB_CT_V5");
     let max_entries = |path: &Path| {
         bpftool_json(&["map", "show", "pinned", &path.to_string_lossy()])["max_entries"]
             .as_u64()
@@ -274,7 +274,7 @@ fn a_capacity_change_resizes_the_maps_online_and_keeps_established_flows() {
     wait_log(&sb, "map resized", Duration::from_secs(10));
     assert_eq!(max_entries(&ct), 8192, "the pinned conntrack map has the new size");
     assert!(
-        !sb.pin_dir.join("SB_CT_V4_resize").exists(),
+        !sb.pin_dir.join("SB_CT_V5_resize").exists(),
         "the staging pin is gone once the new map took the old name"
     );
     let out = hold.wait_with_output().expect("the held connection");

@@ -151,7 +151,7 @@ fn metrics_follow_traffic_and_syncs() {
         (now - last_sync).abs() < 60.0,
         "last sync {last_sync} vs now {now}"
     );
-    assert!(must(&before, r#"switchboard_map_capacity{map="SB_CT_V4"}"#) > 0.0);
+    assert!(must(&before, r#"switchboard_map_capacity{map="SB_CT_V5"}"#) > 0.0);
     assert!(must(&before, r#"switchboard_map_entries{map="SB_FE_V1"}"#) > 0.0);
     assert_eq!(
         must(&before, "switchboard_sync_unprogrammed_frontends"),
@@ -200,7 +200,7 @@ fn metrics_follow_traffic_and_syncs() {
         r#"switchboard_datapath_events_total{counter="forwarded"}"#,
         20.0 * 3.0,
     );
-    grew(r#"switchboard_map_entries{map="SB_CT_V4"}"#, 1.0);
+    grew(r#"switchboard_map_entries{map="SB_CT_V5"}"#, 1.0);
     grew("switchboard_sync_duration_seconds_count", 1.0);
     assert!(
         must(&after, "switchboard_sync_last_timestamp_seconds") > last_sync,

@@ -1,12 +1,16 @@
 //! `switchboard conntrack list|flush [--service NAME]`: the connection-
 //! tracking map, both directions, named by Service.
-use std::{collections::HashMap, net::Ipv4Addr};
+use std::{
+    collections::HashMap,
+    net::Ipv4Addr,
+};
 
 use proxy_common::{ct_dir, ct_flags, CtEntry, CtKey};
 use serde::Serialize;
 
 use super::{table::Table, Common, Done, Output};
 use crate::{
+    conntrack as gc,
     maps::{MapStore as _, PinnedMaps},
     encode::revnat_name,
 };
@@ -55,6 +59,13 @@ pub struct CtRow {
     pub backend_id: u32,
     pub flags: Vec<&'static str>,
     pub age_s: f64,
+    /// The flow's phase, from both of its entries (`syn-sent`,
+    /// `established`, `half-closed`, `closed`, `udp`, `udp-stream`), or
+    /// `orphan` (its other entry is missing).
+    pub state: &'static str,
+    /// Seconds until the agent's collector removes the flow (0: due at its
+    /// next pass), by the agent's `--conntrack-*` timeouts.
+    pub expires_in_s: f64,
 }
 
 /// What `flush` did.
@@ -74,14 +85,27 @@ pub fn run(action: Action) -> anyhow::Result<Done> {
 fn list(common: &Common, service: Option<&str>) -> anyhow::Result<Done> {
     let maps = PinnedMaps::open(&common.pin_root)?;
     let names = service_names(&maps);
+    let timeouts = crate::status::read(&common.pin_root)
+        .map(|s| s.conntrack_timeouts)
+        .unwrap_or_default();
     let now = super::monotonic_ns();
-    let mut rows: Vec<CtRow> = maps
-        .conntrack
-        .iter()
-        .filter_map(Result::ok)
-        .filter(|(_, e)| selected(service, e.service_id, &names))
-        .map(|(k, e)| row(&k, &e, &names, now))
-        .collect();
+    let table: HashMap<CtKey, CtEntry> = maps.conntrack.iter().filter_map(Result::ok).collect();
+    let mut rows = Vec::new();
+    for flow in gc::flows(&table) {
+        let get = |k: &CtKey| table.get(k).filter(|e| selected(service, e.service_id, &names));
+        let (forward, reply) = match flow {
+            gc::FlowKeys::Pair { forward, reply } => (get(&forward), get(&reply)),
+            gc::FlowKeys::Orphan(key) if key.dir == ct_dir::REPLY => (None, get(&key)),
+            gc::FlowKeys::Orphan(key) => (get(&key), None),
+        };
+        let protocol = flow.keys().next().map_or(0, |k| k.proto);
+        let verdict = gc::verdict(&gc::Flow { protocol, forward, reply }, &timeouts);
+        for key in flow.keys() {
+            if let (Some(entry), Some(verdict)) = (get(&key), verdict) {
+                rows.push(row(&key, entry, &names, now, verdict));
+            }
+        }
+    }
     rows.sort_by(|a, b| {
         (&a.service, &a.source, &a.destination).cmp(&(&b.service, &b.source, &b.destination))
     });
@@ -136,7 +160,13 @@ fn endpoint(addr_be: u32, port_be: u16) -> String {
     format!("{}:{}", Ipv4Addr::from(addr_be.to_ne_bytes()), u16::from_be(port_be))
 }
 
-pub fn row(key: &CtKey, entry: &CtEntry, names: &HashMap<u32, String>, now_ns: u64) -> CtRow {
+pub fn row(
+    key: &CtKey,
+    entry: &CtEntry,
+    names: &HashMap<u32, String>,
+    now_ns: u64,
+    verdict: gc::Verdict,
+) -> CtRow {
     let mut flags = Vec::new();
     if entry.flags & ct_flags::CLOSING != 0 {
         flags.push("closing");
@@ -160,14 +190,18 @@ pub fn row(key: &CtKey, entry: &CtEntry, names: &HashMap<u32, String>, now_ns: u
         backend_id: entry.backend_id,
         flags,
         age_s: now_ns.saturating_sub(entry.created_ns) as f64 / 1e9,
+        state: verdict.phase.map_or("orphan", gc::Phase::name),
+        expires_in_s: verdict.expires_ns.saturating_sub(now_ns) as f64 / 1e9,
     }
 }
 
 pub fn render(rows: &[CtRow]) -> String {
     let mut t = Table::new(&[
         "SERVICE", "PROTO", "DIR", "SOURCE", "DESTINATION", "NAT TO", "SNAT", "FLAGS", "AGE",
+        "STATE", "EXPIRES IN",
     ])
-    .right(8);
+    .right(8)
+    .right(10);
     for r in rows {
         t.push(vec![
             r.service.clone(),
@@ -179,6 +213,8 @@ pub fn render(rows: &[CtRow]) -> String {
             r.snat.clone().unwrap_or_else(|| "-".into()),
             if r.flags.is_empty() { "-".into() } else { r.flags.join(",") },
             super::table::human_duration(r.age_s),
+            r.state.to_owned(),
+            super::table::human_duration(r.expires_in_s),
         ]);
     }
     let mut out = t.render();
@@ -228,7 +264,11 @@ mod tests {
             created_ns: 1_000_000_000,
             ..CtEntry::default()
         };
-        let r = row(&key, &entry, &names, 66_000_000_000);
+        let verdict = gc::Verdict {
+            phase: Some(gc::Phase::Closed),
+            expires_ns: 76_000_000_000,
+        };
+        let r = row(&key, &entry, &names, 66_000_000_000, verdict);
         assert_eq!(r.direction, "reply");
         assert_eq!(r.nat, "203.0.113.10:80");
         assert_eq!(r.snat.as_deref(), Some("192.0.2.9:40000"));
@@ -236,6 +276,8 @@ mod tests {
         let text = render(&[r]);
         assert!(text.contains("ext/web:http"), "{text}");
         assert!(text.contains("1m05s"), "{text}");
+        assert!(text.contains("closed"), "{text}");
+        assert!(text.contains("10s"), "{text}");
         assert!(text.ends_with("1 entries\n"), "{text}");
     }
 }

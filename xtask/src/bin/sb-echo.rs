@@ -23,6 +23,9 @@
 //! wants N-byte answers; `--tcp-size N` sends, after the greeting, one line
 //! of N bytes and waits for its answer (path-MTU discovery must work for a
 //! line longer than the path MTU to arrive).
+//! `--idle-until-stdin` opens one TCP connection, prints `connected NAME
+//! POD-SAW CLIENT-SAW`, leaves it idle until a line arrives on standard input
+//! and then sends `--count` lines that the same pod must answer.
 //! `--sport N` sends every attempt from source port N (the socket is bound
 //! to 0.0.0.0:N before it sends or connects, with SO_REUSEADDR), so a test
 //! can repeat one 5-tuple; a TCP attempt then ends with a reset
@@ -94,6 +97,12 @@ struct ClientArgs {
     /// Keep one TCP connection for this many seconds, sending a line every 100 ms.
     #[arg(long, requires = "tcp")]
     hold: Option<f64>,
+    /// Open one TCP connection, print `connected NAME PEER-POD-SAW
+    /// PEER-CLIENT-SAW` once greeted, and leave it idle until a line arrives
+    /// on standard input; then send `--count` lines, each of which must be
+    /// answered by the same pod, and print the usual `ok`/`err` line.
+    #[arg(long, requires = "tcp", conflicts_with = "hold")]
+    idle_until_stdin: bool,
     /// How UDP attempts use sockets.
     #[arg(long, value_enum, default_value_t = UdpMode::Fresh)]
     udp_mode: UdpMode,
@@ -263,6 +272,9 @@ fn client(args: ClientArgs) -> Result<bool> {
     if let (Some(addr), Some(secs)) = (args.tcp, args.hold) {
         return Ok(hold(addr, Duration::from_secs_f64(secs), timeout));
     }
+    if let (Some(addr), true) = (args.tcp, args.idle_until_stdin) {
+        return Ok(idle(addr, args.count, timeout));
+    }
     let mut all_ok = true;
     let stdout = std::io::stdout();
     let began = Instant::now();
@@ -419,6 +431,55 @@ impl UdpClient {
         }
         let (name, pod_saw) = parse_reply(&String::from_utf8_lossy(&buf[..n]))?;
         Ok((name, pod_saw, client_saw))
+    }
+}
+
+/// One TCP connection left idle until standard input says go, then `count`
+/// lines, each answered with the greeting (so by the same pod).
+fn idle(addr: SocketAddr, count: u32, timeout: Duration) -> bool {
+    let start = now_ms();
+    let mut replies = 0u32;
+    let result = (|| -> Result<(String, String, SocketAddr)> {
+        let stream = TcpStream::connect_timeout(&addr, timeout).context("connect")?;
+        stream.set_nodelay(true)?;
+        stream.set_read_timeout(Some(timeout))?;
+        let client_saw = stream.peer_addr()?;
+        let mut writer = stream.try_clone()?;
+        let mut reader = BufReader::new(stream);
+        let mut greeting = String::new();
+        reader.read_line(&mut greeting).context("read greeting")?;
+        let (name, pod_saw) = parse_reply(&greeting)?;
+        println!("connected {name} {pod_saw} {client_saw}");
+        std::io::stdout().flush()?;
+        let mut go = String::new();
+        std::io::stdin().read_line(&mut go).context("wait on standard input")?;
+        for _ in 0..count {
+            writer
+                .write_all(b"ping\n")
+                .with_context(|| format!("send after {replies} replies"))?;
+            let mut line = String::new();
+            let n = reader
+                .read_line(&mut line)
+                .with_context(|| format!("reply missing after {replies} replies"))?;
+            if n == 0 {
+                bail!("connection closed after {replies} replies");
+            }
+            if line != greeting {
+                bail!("reply {line:?} differs from greeting {greeting:?}");
+            }
+            replies += 1;
+        }
+        Ok((name, pod_saw, client_saw))
+    })();
+    match result {
+        Ok((name, pod_saw, client_saw)) => {
+            println!("ok {start} {name} {pod_saw} {client_saw} replies={replies}");
+            true
+        }
+        Err(e) => {
+            println!("err {start} {e:#} (replies={replies})");
+            false
+        }
     }
 }
 

@@ -1,0 +1,965 @@
+//! Connection tracking's garbage collector: the agent removes flows that
+//! have expired by their protocol state, instead of letting an LRU table
+//! evict whatever was used least recently (an idle database connection
+//! lost to a burst of short ones).
+//!
+//! The table (`SB_CT_V5`) is a preallocated hash. Each flow has two entries,
+//! forward and reply; the data path stamps each with the last time a packet
+//! of its direction passed (at most once a second) and the TCP state it saw
+//! in that direction ([`ct_state`]). A flow expires as a whole: its phase
+//! comes from the union of both entries' state and its age from the newer of
+//! their time stamps. An entry whose partner is missing (an orphan) goes once
+//! it has been idle for [`ORPHAN_GRACE`].
+//!
+//! | phase | when | timeout (flag) |
+//! |---|---|---|
+//! | `syn-sent` | TCP, no reply seen | 60 s (`--conntrack-tcp-timeout-syn`) |
+//! | `established` | TCP, answered, no FIN | 24 h (`--conntrack-tcp-timeout-established`) |
+//! | `half-closed` | TCP, FIN one way | 1 h (`--conntrack-tcp-timeout-close-wait`) |
+//! | `closed` | TCP, FIN both ways or RST | 10 s (`--conntrack-tcp-timeout-closed`) |
+//! | `udp` | UDP, no reply seen | 30 s (`--conntrack-udp-timeout`) |
+//! | `udp-stream` | UDP, replies seen | 120 s (`--conntrack-udp-timeout-stream`) |
+//!
+//! A closed flow that was source-NATed stays at least
+//! [`snat::REUSE_AFTER_NS`] after its close, so its port is not given to a
+//! new flow while the backend may still hold the old one in TIME_WAIT.
+//!
+//! The collector runs on a thread of its own with its own map handles. It
+//! walks the table with batched lookups, and waits between passes from 1 s
+//! (table over 75% full) to 30 s (nearly empty); a new `ct_full` count
+//! (a flow refused because the table was full) starts a pass within a
+//! second.
+
+use std::{
+    collections::HashMap as StdHashMap,
+    path::{Path, PathBuf},
+    sync::atomic::AtomicU64,
+    time::{Duration, Instant},
+};
+
+use aya::maps::{HashMap, IterableMap as _, Map, MapData, MapError, PerCpuArray};
+use prometheus_client::{
+    metrics::{
+        counter::Counter,
+        gauge::Gauge,
+        histogram::{exponential_buckets, Histogram},
+    },
+    registry::Registry,
+};
+use proxy_common::{ct_dir, ct_flags, ct_state, names, proto, snat, stat, CtEntry, CtKey};
+use serde::{Deserialize, Serialize};
+use tracing::{debug, warn};
+
+/// How long an entry whose partner is missing may stay idle.
+pub const ORPHAN_GRACE: Duration = Duration::from_secs(10);
+
+/// The longest wait between passes (a nearly empty table).
+pub const MAX_INTERVAL: Duration = Duration::from_secs(30);
+/// The shortest (a table over [`BUSY_FILL`] full).
+pub const MIN_INTERVAL: Duration = Duration::from_secs(1);
+/// Above this fill the collector runs every [`MIN_INTERVAL`].
+pub const BUSY_FILL: f64 = 0.75;
+
+/// How long each phase of a flow lasts without traffic. The defaults are
+/// kube-proxy's (`--conntrack-tcp-timeout-established` 24 h,
+/// `--conntrack-tcp-timeout-close-wait` 1 h) and the kernel's
+/// (`nf_conntrack_udp_timeout` 30 s, `_stream` 120 s, `tcp_timeout_syn_sent`
+/// 120 s shortened to a minute).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Timeouts {
+    pub tcp_established: Duration,
+    pub tcp_close_wait: Duration,
+    pub tcp_closed: Duration,
+    pub tcp_syn: Duration,
+    pub udp: Duration,
+    pub udp_stream: Duration,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Self {
+            tcp_established: Duration::from_secs(24 * 3600),
+            tcp_close_wait: Duration::from_secs(3600),
+            tcp_closed: Duration::from_secs(10),
+            tcp_syn: Duration::from_secs(60),
+            udp: Duration::from_secs(30),
+            udp_stream: Duration::from_secs(120),
+        }
+    }
+}
+
+/// Where a flow is, from what both of its entries saw.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    SynSent,
+    Established,
+    HalfClosed,
+    Closed,
+    Udp,
+    UdpStream,
+}
+
+impl Phase {
+    /// The name `switchboard conntrack list` shows.
+    pub fn name(self) -> &'static str {
+        match self {
+            Phase::SynSent => "syn-sent",
+            Phase::Established => "established",
+            Phase::HalfClosed => "half-closed",
+            Phase::Closed => "closed",
+            Phase::Udp => "udp",
+            Phase::UdpStream => "udp-stream",
+        }
+    }
+
+    /// How long the phase lasts without traffic.
+    pub fn timeout(self, t: &Timeouts) -> Duration {
+        match self {
+            Phase::SynSent => t.tcp_syn,
+            Phase::Established => t.tcp_established,
+            Phase::HalfClosed => t.tcp_close_wait,
+            Phase::Closed => t.tcp_closed,
+            Phase::Udp => t.udp,
+            Phase::UdpStream => t.udp_stream,
+        }
+    }
+}
+
+/// The phase of a flow of protocol `protocol` whose forward entry saw
+/// `forward` and whose reply entry saw `reply` ([`ct_state`] bits).
+pub fn phase(protocol: u8, forward: u8, reply: u8) -> Phase {
+    let both = forward | reply;
+    if protocol != proto::TCP {
+        return match reply & ct_state::REPLIED {
+            0 => Phase::Udp,
+            _ => Phase::UdpStream,
+        };
+    }
+    if both & ct_state::RST != 0 {
+        Phase::Closed
+    } else if reply & ct_state::REPLIED == 0 {
+        Phase::SynSent
+    } else if forward & reply & ct_state::FIN != 0 {
+        Phase::Closed
+    } else if both & ct_state::FIN != 0 {
+        Phase::HalfClosed
+    } else {
+        Phase::Established
+    }
+}
+
+/// One flow as the collector judges it: its entries, either may be missing.
+#[derive(Clone, Copy, Debug)]
+pub struct Flow<'a> {
+    pub protocol: u8,
+    pub forward: Option<&'a CtEntry>,
+    pub reply: Option<&'a CtEntry>,
+}
+
+/// Why a flow expires, and when (CLOCK_MONOTONIC nanoseconds).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Verdict {
+    /// `None`: an orphan (one entry without its partner).
+    pub phase: Option<Phase>,
+    pub expires_ns: u64,
+}
+
+/// When `flow` expires: its newest time stamp plus its phase's timeout (an
+/// orphan's: [`ORPHAN_GRACE`]); a closed source-NATed flow not before its
+/// port may be reused. `None` when the flow has no entry at all.
+pub fn verdict(flow: &Flow, t: &Timeouts) -> Option<Verdict> {
+    let entries = [flow.forward, flow.reply];
+    let last_seen = entries.iter().flatten().map(|e| e.last_seen_ns).max()?;
+    let (Some(forward), Some(reply)) = (flow.forward, flow.reply) else {
+        return Some(Verdict {
+            phase: None,
+            expires_ns: last_seen.saturating_add(nanos(ORPHAN_GRACE)),
+        });
+    };
+    let phase = phase(flow.protocol, forward.state, reply.state);
+    let mut expires_ns = last_seen.saturating_add(nanos(phase.timeout(t)));
+    let flags = forward.flags | reply.flags;
+    if flags & ct_flags::SNAT != 0 && flags & ct_flags::CLOSING != 0 {
+        // `created_ns` is the close time once CLOSING is set.
+        let closed_ns = forward.created_ns.max(reply.created_ns);
+        expires_ns = expires_ns.max(closed_ns.saturating_add(snat::REUSE_AFTER_NS));
+    }
+    Some(Verdict {
+        phase: Some(phase),
+        expires_ns,
+    })
+}
+
+/// Whether `flow` has expired at `now_ns` (CLOCK_MONOTONIC).
+pub fn expired(flow: &Flow, now_ns: u64, t: &Timeouts) -> bool {
+    verdict(flow, t).is_none_or(|v| now_ns >= v.expires_ns)
+}
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// The key of the other entry of the flow `key` and `entry` belong to
+/// (the data path's encoding: a source-NATed flow's reply comes back to the
+/// node's, or the hairpin, address and port).
+pub fn partner_key(key: &CtKey, entry: &CtEntry) -> CtKey {
+    let snat = entry.flags & ct_flags::SNAT != 0;
+    if key.dir == ct_dir::REPLY {
+        let (saddr_be, sport_be) = match snat {
+            true => (entry.snat_addr_be, entry.snat_port_be),
+            false => (key.daddr_be, key.dport_be),
+        };
+        CtKey {
+            saddr_be,
+            daddr_be: entry.nat_addr_be,
+            sport_be,
+            dport_be: entry.nat_port_be,
+            proto: key.proto,
+            dir: ct_dir::FORWARD,
+            _pad: [0; 2],
+        }
+    } else {
+        let (daddr_be, dport_be) = match snat {
+            true => (entry.snat_addr_be, entry.snat_port_be),
+            false => (key.saddr_be, key.sport_be),
+        };
+        CtKey {
+            saddr_be: entry.nat_addr_be,
+            daddr_be,
+            sport_be: entry.nat_port_be,
+            dport_be,
+            proto: key.proto,
+            dir: ct_dir::REPLY,
+            _pad: [0; 2],
+        }
+    }
+}
+
+/// A flow's keys as found in a table: its forward and reply entry, or one
+/// orphan.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FlowKeys {
+    Pair { forward: CtKey, reply: CtKey },
+    Orphan(CtKey),
+}
+
+impl FlowKeys {
+    pub fn keys(&self) -> impl Iterator<Item = CtKey> {
+        let (a, b) = match *self {
+            FlowKeys::Pair { forward, reply } => (forward, Some(reply)),
+            FlowKeys::Orphan(key) => (key, None),
+        };
+        std::iter::once(a).chain(b)
+    }
+}
+
+/// The flows of `table`, each once: a pair when both entries name each
+/// other, else each entry as an orphan.
+pub fn flows(table: &StdHashMap<CtKey, CtEntry>) -> Vec<FlowKeys> {
+    let mut out = Vec::new();
+    for (key, entry) in table {
+        let other = partner_key(key, entry);
+        let paired = table
+            .get(&other)
+            .is_some_and(|p| partner_key(&other, p) == *key);
+        match (paired, key.dir == ct_dir::FORWARD) {
+            (true, true) => out.push(FlowKeys::Pair {
+                forward: *key,
+                reply: other,
+            }),
+            // Listed from its forward side.
+            (true, false) => {}
+            (false, _) => out.push(FlowKeys::Orphan(*key)),
+        }
+    }
+    out
+}
+
+/// The flow `keys` names, read from `get`.
+fn judge(keys: &FlowKeys, get: impl Fn(&CtKey) -> Option<CtEntry>, now_ns: u64, t: &Timeouts) -> bool {
+    match *keys {
+        FlowKeys::Pair { forward, reply } => {
+            let (f, r) = (get(&forward), get(&reply));
+            expired(
+                &Flow {
+                    protocol: forward.proto,
+                    forward: f.as_ref(),
+                    reply: r.as_ref(),
+                },
+                now_ns,
+                t,
+            )
+        }
+        FlowKeys::Orphan(key) => {
+            let e = get(&key);
+            let (forward, reply) = match key.dir {
+                ct_dir::FORWARD => (e.as_ref(), None),
+                _ => (None, e.as_ref()),
+            };
+            expired(
+                &Flow {
+                    protocol: key.proto,
+                    forward,
+                    reply,
+                },
+                now_ns,
+                t,
+            )
+        }
+    }
+}
+
+/// The table the collector works on (a trait so the logic is tested on an
+/// in-memory table).
+pub trait CtTable {
+    /// Every entry.
+    fn read_all(&self) -> std::io::Result<Vec<(CtKey, CtEntry)>>;
+    /// One entry as it is now.
+    fn get(&self, key: &CtKey) -> Option<CtEntry>;
+    /// Removes one entry; whether it was there.
+    fn remove(&mut self, key: &CtKey) -> bool;
+}
+
+/// What one pass did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Pass {
+    /// Entries in the table when the pass read it.
+    pub entries: usize,
+    /// Entries removed.
+    pub deleted: usize,
+}
+
+/// One collection at `now_ns`: reads the table, and removes every expired
+/// flow (both entries) and idle orphan. Each flow is judged again from its
+/// entries as they are right before removal, so a packet that arrived
+/// during the pass saves it.
+pub fn collect(table: &mut impl CtTable, now_ns: u64, t: &Timeouts) -> std::io::Result<Pass> {
+    let all: StdHashMap<CtKey, CtEntry> = table.read_all()?.into_iter().collect();
+    let mut pass = Pass {
+        entries: all.len(),
+        deleted: 0,
+    };
+    for flow in flows(&all) {
+        if !judge(&flow, |k| all.get(k).copied(), now_ns, t) {
+            continue;
+        }
+        if !judge(&flow, |k| table.get(k), now_ns, t) {
+            continue;
+        }
+        for key in flow.keys() {
+            pass.deleted += usize::from(table.remove(&key));
+        }
+    }
+    Ok(pass)
+}
+
+/// How long to wait after a pass that found the table `fill` full (0..=1):
+/// [`MIN_INTERVAL`] above [`BUSY_FILL`], growing linearly to
+/// [`MAX_INTERVAL`] for an empty table.
+pub fn interval(fill: f64) -> Duration {
+    // NaN (no capacity read) counts as full.
+    if fill.is_nan() || fill >= BUSY_FILL {
+        return MIN_INTERVAL;
+    }
+    let idle = 1.0 - fill.max(0.0) / BUSY_FILL;
+    let span = MAX_INTERVAL.saturating_sub(MIN_INTERVAL).as_secs_f64();
+    MIN_INTERVAL + Duration::from_secs_f64(span * idle)
+}
+
+/// `CLOCK_MONOTONIC` in nanoseconds: the clock `bpf_ktime_get_ns()` reads
+/// (affinity entries), and `bpf_ktime_get_coarse_ns()` at tick resolution
+/// (conntrack entries).
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec; CLOCK_MONOTONIC always exists.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    if rc != 0 {
+        // Never happens; 0 makes nothing expire.
+        return 0;
+    }
+    (ts.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(ts.tv_nsec as u64)
+}
+
+/// The collector's series on `/metrics`. Clones share them.
+#[derive(Clone, Debug)]
+pub struct GcMetrics {
+    deleted: Counter,
+    fill: Gauge<f64, AtomicU64>,
+    duration: Histogram,
+}
+
+impl Default for GcMetrics {
+    fn default() -> Self {
+        Self {
+            deleted: Counter::default(),
+            fill: Gauge::default(),
+            // 1 ms to 16 s.
+            duration: Histogram::new(exponential_buckets(0.001, 2.0, 15)),
+        }
+    }
+}
+
+impl GcMetrics {
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "switchboard_conntrack_gc_deleted",
+            "Connection-tracking entries the agent's collector removed (expired flows and orphans)",
+            self.deleted.clone(),
+        );
+        registry.register(
+            "switchboard_conntrack_fill_ratio",
+            "How full the connection-tracking table was at the collector's last pass (0 to 1)",
+            self.fill.clone(),
+        );
+        registry.register(
+            "switchboard_conntrack_gc_duration_seconds",
+            "How long one pass of the connection-tracking collector took",
+            self.duration.clone(),
+        );
+    }
+
+    fn observe(&self, pass: &Pass, capacity: u32, took: Duration) {
+        self.deleted.inc_by(pass.deleted as u64);
+        self.fill.set(fill(pass.entries, capacity));
+        self.duration.observe(took.as_secs_f64());
+    }
+}
+
+fn fill(entries: usize, capacity: u32) -> f64 {
+    match capacity {
+        0 => 1.0,
+        c => entries as f64 / f64::from(c),
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum GcError {
+    #[error("opening pinned map {path}")]
+    Open { path: PathBuf, source: MapError },
+    #[error("pinned map {path} is not of the expected type")]
+    Layout { path: PathBuf, source: MapError },
+    #[error("reading {path}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("reading the capacity of {path}")]
+    Info { path: PathBuf, source: MapError },
+    #[error("starting the collector thread")]
+    Spawn(#[source] std::io::Error),
+}
+
+/// The kernel's table.
+impl CtTable for HashMap<MapData, CtKey, CtEntry> {
+    fn read_all(&self) -> std::io::Result<Vec<(CtKey, CtEntry)>> {
+        crate::mapbatch::lookup_all(self.map())
+    }
+    fn get(&self, key: &CtKey) -> Option<CtEntry> {
+        HashMap::get(self, key, 0).ok()
+    }
+    fn remove(&mut self, key: &CtKey) -> bool {
+        HashMap::remove(self, key).is_ok()
+    }
+}
+
+fn open(pin_root: &Path, name: &str) -> Result<(Map, u32), GcError> {
+    let path = pin_root.join(name);
+    let data = MapData::from_pin(&path).map_err(|source| GcError::Open {
+        path: path.clone(),
+        source,
+    })?;
+    let capacity = data
+        .info()
+        .map_err(|source| GcError::Info {
+            path: path.clone(),
+            source,
+        })?
+        .max_entries();
+    let map = Map::from_map_data(data).map_err(|source| GcError::Layout { path, source })?;
+    Ok((map, capacity))
+}
+
+/// Starts the collector on a thread of its own, on the maps pinned under
+/// `pin_root` (open them after any resize has finished: the pin is what
+/// the programs use). It runs until the process exits.
+pub fn spawn(pin_root: &Path, timeouts: Timeouts, metrics: GcMetrics) -> Result<(), GcError> {
+    let (map, capacity) = open(pin_root, names::CONNTRACK)?;
+    let layout = |source| GcError::Layout {
+        path: pin_root.join(names::CONNTRACK),
+        source,
+    };
+    let table: HashMap<MapData, CtKey, CtEntry> = HashMap::try_from(map).map_err(layout)?;
+    let (stats, _) = open(pin_root, names::GLOBAL_STATS)?;
+    let stats: PerCpuArray<MapData, u64> = PerCpuArray::try_from(stats).map_err(|source| GcError::Layout {
+        path: pin_root.join(names::GLOBAL_STATS),
+        source,
+    })?;
+    std::thread::Builder::new()
+        .name("conntrack-gc".into())
+        .spawn(move || run(table, capacity, &stats, &timeouts, &metrics))
+        .map_err(GcError::Spawn)?;
+    Ok(())
+}
+
+/// The sum over CPUs of the `ct_full` counter.
+fn ct_full(stats: &PerCpuArray<MapData, u64>) -> u64 {
+    stats
+        .get(&stat::CT_FULL, 0)
+        .map(|per_cpu| per_cpu.iter().sum())
+        .unwrap_or(0)
+}
+
+fn run(
+    mut table: HashMap<MapData, CtKey, CtEntry>,
+    capacity: u32,
+    stats: &PerCpuArray<MapData, u64>,
+    timeouts: &Timeouts,
+    metrics: &GcMetrics,
+) {
+    let mut refused = ct_full(stats);
+    loop {
+        let started = Instant::now();
+        let wait = match collect(&mut table, monotonic_ns(), timeouts) {
+            Ok(pass) => {
+                let took = started.elapsed();
+                metrics.observe(&pass, capacity, took);
+                debug!(entries = pass.entries, deleted = pass.deleted, ?took, "conntrack collected");
+                interval(fill(pass.entries, capacity))
+            }
+            Err(error) => {
+                warn!(%error, "reading the connection-tracking table failed; trying again");
+                MIN_INTERVAL
+            }
+        };
+        // Sleep in steps, ending early when the table refused a flow.
+        let until = Instant::now() + wait;
+        while Instant::now() < until {
+            std::thread::sleep(MIN_INTERVAL.min(until.saturating_duration_since(Instant::now())));
+            let now_refused = ct_full(stats);
+            if now_refused != refused {
+                refused = now_refused;
+                break;
+            }
+        }
+    }
+}
+
+/// The entry layout of the V4 table (`SB_CT_V4`, an LRU hash without
+/// state), which an agent upgrading from one copies over.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct CtEntryV4 {
+    pub backend_id: u32,
+    pub service_id: u32,
+    pub nat_addr_be: u32,
+    pub nat_port_be: u16,
+    pub flags: u8,
+    pub _pad: u8,
+    pub snat_addr_be: u32,
+    pub snat_port_be: u16,
+    pub _pad2: [u8; 2],
+    pub created_ns: u64,
+}
+
+// SAFETY: `#[repr(C)]` without implicit padding (the assertion below), valid
+// for any bit pattern.
+unsafe impl aya::Pod for CtEntryV4 {}
+const _: () = assert!(std::mem::size_of::<CtEntryV4>() == 32);
+
+/// A V4 entry in the current layout, seen at `now_ns`: a reply entry counts
+/// as answered (V4 kept only flows that had packets both ways, or were
+/// about to), a closing one as half-closed (V4 did not say which way the FIN
+/// went; its next FIN or RST closes it).
+pub fn from_v4(key: &CtKey, old: &CtEntryV4, now_ns: u64) -> CtEntry {
+    let mut state = 0;
+    if key.dir == ct_dir::REPLY {
+        state |= ct_state::REPLIED;
+    } else if old.flags & ct_flags::CLOSING != 0 {
+        state |= ct_state::FIN;
+    }
+    CtEntry {
+        backend_id: old.backend_id,
+        service_id: old.service_id,
+        nat_addr_be: old.nat_addr_be,
+        nat_port_be: old.nat_port_be,
+        flags: old.flags,
+        state,
+        snat_addr_be: old.snat_addr_be,
+        snat_port_be: old.snat_port_be,
+        _pad2: [0; 2],
+        created_ns: old.created_ns,
+        last_seen_ns: now_ns,
+    }
+}
+
+/// Copies the flows an earlier agent's programs tracked in the V4 table
+/// (`SB_CT_V4`) into `table`, keeping what `table` already holds; returns
+/// how many entries were copied (0 without a V4 table). Called before the
+/// programs are replaced, and again after, for the flows the old ones
+/// tracked meanwhile; [`unpin_v4`] then drops the old table.
+pub fn adopt_v4(pin_root: &Path, table: &mut HashMap<MapData, CtKey, CtEntry>) -> Result<usize, GcError> {
+    let path = pin_root.join(names::CONNTRACK_V4);
+    if !path.exists() {
+        return Ok(0);
+    }
+    let (map, _) = open(pin_root, names::CONNTRACK_V4)?;
+    let old: HashMap<MapData, CtKey, CtEntryV4> =
+        HashMap::try_from(map).map_err(|source| GcError::Layout { path: path.clone(), source })?;
+    let entries = crate::mapbatch::lookup_all::<CtKey, CtEntryV4>(old.map())
+        .map_err(|e| GcError::Read { path, source: e })?;
+    let now = monotonic_ns();
+    // BPF_NOEXIST: what the new programs wrote stays.
+    let noexist = 1;
+    Ok(entries
+        .iter()
+        .filter(|(key, entry)| table.insert(key, from_v4(key, entry, now), noexist).is_ok())
+        .count())
+}
+
+/// Removes the V4 table's pin (the programs that used it are gone).
+pub fn unpin_v4(pin_root: &Path) -> std::io::Result<bool> {
+    match std::fs::remove_file(pin_root.join(names::CONNTRACK_V4)) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: u64 = 1_000_000_000;
+
+    fn t() -> Timeouts {
+        Timeouts::default()
+    }
+
+    fn entry(state: u8, flags: u8, last_seen_s: u64) -> CtEntry {
+        CtEntry {
+            state,
+            flags,
+            last_seen_ns: last_seen_s * S,
+            created_ns: S,
+            ..CtEntry::default()
+        }
+    }
+
+    #[test]
+    fn phases_follow_both_directions() {
+        use ct_state::*;
+        let cases = [
+            (proto::TCP, 0, 0, Phase::SynSent),
+            (proto::TCP, 0, REPLIED, Phase::Established),
+            (proto::TCP, FIN, REPLIED, Phase::HalfClosed),
+            (proto::TCP, 0, REPLIED | FIN, Phase::HalfClosed),
+            (proto::TCP, FIN, REPLIED | FIN, Phase::Closed),
+            (proto::TCP, RST, REPLIED, Phase::Closed),
+            (proto::TCP, 0, REPLIED | RST, Phase::Closed),
+            (proto::TCP, RST, 0, Phase::Closed),
+            // A FIN without any answer is still a connection never set up.
+            (proto::TCP, FIN, 0, Phase::SynSent),
+            (proto::UDP, 0, 0, Phase::Udp),
+            (proto::UDP, 0, REPLIED, Phase::UdpStream),
+        ];
+        for (protocol, forward, reply, want) in cases {
+            assert_eq!(phase(protocol, forward, reply), want, "{protocol} {forward:#b} {reply:#b}");
+        }
+    }
+
+    #[test]
+    fn expiry_uses_the_newer_time_stamp_and_the_phase_timeout() {
+        use ct_state::*;
+        let t = t();
+        /// (proto, forward, reply, now in seconds, expired?)
+        type Case = (u8, Option<CtEntry>, Option<CtEntry>, u64, bool);
+        let cases: &[Case] = &[
+            // An idle established connection lasts a day from its newest packet.
+            (proto::TCP, Some(entry(0, 0, 100)), Some(entry(REPLIED, 0, 200)), 200 + 86_399, false),
+            (proto::TCP, Some(entry(0, 0, 100)), Some(entry(REPLIED, 0, 200)), 200 + 86_400, true),
+            // Either side's packet keeps it.
+            (proto::TCP, Some(entry(0, 0, 90_000)), Some(entry(REPLIED, 0, 200)), 90_000 + 100, false),
+            // Closed: seconds.
+            (proto::TCP, Some(entry(FIN, 0, 100)), Some(entry(REPLIED | FIN, 0, 100)), 109, false),
+            (proto::TCP, Some(entry(FIN, 0, 100)), Some(entry(REPLIED | FIN, 0, 100)), 110, true),
+            (proto::TCP, Some(entry(RST, 0, 100)), Some(entry(REPLIED, 0, 95)), 110, true),
+            // Half-closed: an hour.
+            (proto::TCP, Some(entry(FIN, 0, 100)), Some(entry(REPLIED, 0, 100)), 100 + 3_599, false),
+            (proto::TCP, Some(entry(FIN, 0, 100)), Some(entry(REPLIED, 0, 100)), 100 + 3_600, true),
+            // Never answered: a minute.
+            (proto::TCP, Some(entry(0, 0, 100)), Some(entry(0, 0, 100)), 159, false),
+            (proto::TCP, Some(entry(0, 0, 100)), Some(entry(0, 0, 100)), 160, true),
+            // UDP: 30 s one way, 120 s once answered.
+            (proto::UDP, Some(entry(0, 0, 100)), Some(entry(0, 0, 100)), 130, true),
+            (proto::UDP, Some(entry(0, 0, 100)), Some(entry(REPLIED, 0, 100)), 130, false),
+            (proto::UDP, Some(entry(0, 0, 100)), Some(entry(REPLIED, 0, 100)), 220, true),
+            // Orphans go after ten idle seconds, whatever their state.
+            (proto::TCP, Some(entry(0, 0, 100)), None, 109, false),
+            (proto::TCP, Some(entry(0, 0, 100)), None, 110, true),
+            (proto::TCP, None, Some(entry(REPLIED, 0, 100)), 110, true),
+            (proto::TCP, None, None, 0, true),
+        ];
+        for (i, (protocol, forward, reply, now_s, want)) in cases.iter().enumerate() {
+            let flow = Flow {
+                protocol: *protocol,
+                forward: forward.as_ref(),
+                reply: reply.as_ref(),
+            };
+            assert_eq!(expired(&flow, now_s * S, &t), *want, "case {i}: {flow:?} at {now_s}s");
+        }
+    }
+
+    #[test]
+    fn a_closed_source_nated_flow_keeps_its_port_past_time_wait() {
+        use ct_state::*;
+        let closed_at = 100;
+        let mut f = entry(FIN, ct_flags::SNAT | ct_flags::CLOSING, closed_at);
+        let mut r = entry(REPLIED | FIN, ct_flags::SNAT | ct_flags::CLOSING, closed_at);
+        f.created_ns = closed_at * S;
+        r.created_ns = closed_at * S;
+        let flow = Flow {
+            protocol: proto::TCP,
+            forward: Some(&f),
+            reply: Some(&r),
+        };
+        let reuse_s = snat::REUSE_AFTER_NS / S;
+        assert!(!expired(&flow, (closed_at + 11) * S, &t()));
+        assert!(!expired(&flow, (closed_at + reuse_s - 1) * S, &t()));
+        assert!(expired(&flow, (closed_at + reuse_s) * S, &t()));
+    }
+
+    fn key(dir: u8, s: [u8; 4], sport: u16, d: [u8; 4], dport: u16) -> CtKey {
+        CtKey {
+            saddr_be: u32::from_ne_bytes(s),
+            daddr_be: u32::from_ne_bytes(d),
+            sport_be: sport.to_be(),
+            dport_be: dport.to_be(),
+            proto: proto::TCP,
+            dir,
+            _pad: [0; 2],
+        }
+    }
+
+    const CLIENT: [u8; 4] = [10, 0, 0, 2];
+    const FRONTEND: [u8; 4] = [10, 96, 0, 10];
+    const BACKEND: [u8; 4] = [10, 0, 1, 5];
+    const NODE: [u8; 4] = [192, 0, 2, 1];
+
+    /// The three encodings the data path writes (`tc::track`,
+    /// `hairpin::track`, `nodeport::new_remote_flow`).
+    fn pairs() -> Vec<((CtKey, CtEntry), (CtKey, CtEntry))> {
+        let plain = (
+            (
+                key(ct_dir::FORWARD, CLIENT, 40000, FRONTEND, 80),
+                CtEntry {
+                    nat_addr_be: u32::from_ne_bytes(BACKEND),
+                    nat_port_be: 8080u16.to_be(),
+                    ..entry(0, 0, 100)
+                },
+            ),
+            (
+                key(ct_dir::REPLY, BACKEND, 8080, CLIENT, 40000),
+                CtEntry {
+                    nat_addr_be: u32::from_ne_bytes(FRONTEND),
+                    nat_port_be: 80u16.to_be(),
+                    ..entry(ct_state::REPLIED, 0, 100)
+                },
+            ),
+        );
+        let hairpin_addr = proxy_common::hairpin::ADDR;
+        let hairpin = (
+            (
+                key(ct_dir::FORWARD, BACKEND, 40000, FRONTEND, 80),
+                CtEntry {
+                    nat_addr_be: u32::from_ne_bytes(BACKEND),
+                    nat_port_be: 8080u16.to_be(),
+                    snat_addr_be: proxy_common::hairpin::ADDR_BE,
+                    snat_port_be: 40000u16.to_be(),
+                    ..entry(0, ct_flags::SNAT, 100)
+                },
+            ),
+            (
+                key(ct_dir::REPLY, BACKEND, 8080, hairpin_addr, 40000),
+                CtEntry {
+                    nat_addr_be: u32::from_ne_bytes(FRONTEND),
+                    nat_port_be: 80u16.to_be(),
+                    snat_addr_be: u32::from_ne_bytes(BACKEND),
+                    snat_port_be: 40000u16.to_be(),
+                    ..entry(ct_state::REPLIED, ct_flags::SNAT, 100)
+                },
+            ),
+        );
+        let remote = (
+            (
+                key(ct_dir::FORWARD, CLIENT, 40000, NODE, 30080),
+                CtEntry {
+                    nat_addr_be: u32::from_ne_bytes(BACKEND),
+                    nat_port_be: 8080u16.to_be(),
+                    snat_addr_be: u32::from_ne_bytes(NODE),
+                    snat_port_be: 1500u16.to_be(),
+                    ..entry(0, ct_flags::SNAT, 100)
+                },
+            ),
+            (
+                key(ct_dir::REPLY, BACKEND, 8080, NODE, 1500),
+                CtEntry {
+                    nat_addr_be: u32::from_ne_bytes(NODE),
+                    nat_port_be: 30080u16.to_be(),
+                    snat_addr_be: u32::from_ne_bytes(CLIENT),
+                    snat_port_be: 40000u16.to_be(),
+                    ..entry(ct_state::REPLIED, ct_flags::SNAT, 100)
+                },
+            ),
+        );
+        vec![plain, hairpin, remote]
+    }
+
+    #[test]
+    fn partners_are_found_in_every_encoding() {
+        for ((fk, fe), (rk, re)) in pairs() {
+            assert_eq!(partner_key(&fk, &fe), rk, "{fk:?}");
+            assert_eq!(partner_key(&rk, &re), fk, "{rk:?}");
+        }
+    }
+
+    /// An in-memory table.
+    #[derive(Default)]
+    struct Memory(StdHashMap<CtKey, CtEntry>);
+
+    impl CtTable for Memory {
+        fn read_all(&self) -> std::io::Result<Vec<(CtKey, CtEntry)>> {
+            Ok(self.0.iter().map(|(k, v)| (*k, *v)).collect())
+        }
+        fn get(&self, key: &CtKey) -> Option<CtEntry> {
+            self.0.get(key).copied()
+        }
+        fn remove(&mut self, key: &CtKey) -> bool {
+            self.0.remove(key).is_some()
+        }
+    }
+
+    #[test]
+    fn a_pass_removes_expired_pairs_together_and_idle_orphans() {
+        let mut table = Memory::default();
+        let all = pairs();
+        // Plain: established, its reply seen recently: stays.
+        let (plain_f, mut plain_r) = all[0];
+        plain_r.1.last_seen_ns = 86_000 * S;
+        // Hairpin: closed long ago: both go.
+        let (mut hp_f, mut hp_r) = all[1];
+        hp_f.1.state |= ct_state::FIN;
+        hp_r.1.state |= ct_state::FIN;
+        // Remote: its forward entry is gone: the reply is an orphan.
+        let (_, remote_r) = all[2];
+        // A reply entry whose forward key now holds another flow (a new SYN
+        // on the ports of a closed one, to another backend): an orphan too.
+        let stale_r = (
+            key(ct_dir::REPLY, [10, 0, 1, 6], 8080, CLIENT, 40000),
+            CtEntry {
+                nat_addr_be: u32::from_ne_bytes(FRONTEND),
+                nat_port_be: 80u16.to_be(),
+                ..entry(ct_state::REPLIED, 0, 100)
+            },
+        );
+        for (k, v) in [plain_f, plain_r, hp_f, hp_r, remote_r, stale_r] {
+            table.0.insert(k, v);
+        }
+        let pass = collect(&mut table, 86_100 * S, &t()).expect("pass");
+        assert_eq!(pass, Pass { entries: 6, deleted: 4 });
+        let left: Vec<CtKey> = {
+            let mut v: Vec<_> = table.0.keys().copied().collect();
+            v.sort_by_key(|k| k.dir);
+            v
+        };
+        assert_eq!(left, vec![plain_f.0, plain_r.0]);
+    }
+
+    #[test]
+    fn a_packet_during_the_pass_saves_the_flow() {
+        /// A table whose entries are refreshed right after it was read.
+        struct Refreshed(Memory, u64);
+        impl CtTable for Refreshed {
+            fn read_all(&self) -> std::io::Result<Vec<(CtKey, CtEntry)>> {
+                self.0.read_all()
+            }
+            fn get(&self, key: &CtKey) -> Option<CtEntry> {
+                self.0.get(key).map(|e| CtEntry {
+                    last_seen_ns: self.1,
+                    ..e
+                })
+            }
+            fn remove(&mut self, key: &CtKey) -> bool {
+                self.0.remove(key)
+            }
+        }
+        let (f, r) = pairs()[0];
+        let now = 200_000 * S;
+        let mut table = Refreshed(Memory([f, r].into_iter().collect()), now);
+        let pass = collect(&mut table, now, &t()).expect("pass");
+        assert_eq!(pass.deleted, 0);
+        assert_eq!(table.0 .0.len(), 2);
+    }
+
+    #[test]
+    fn v4_entries_come_over_as_answered_flows_seen_now() {
+        let ((fk, _), (rk, _)) = pairs()[0];
+        let old = CtEntryV4 {
+            backend_id: 3,
+            service_id: 7,
+            nat_addr_be: 1,
+            nat_port_be: 2,
+            flags: ct_flags::CLOSING,
+            created_ns: 5,
+            ..CtEntryV4::default()
+        };
+        let (f, r) = (from_v4(&fk, &old, 99 * S), from_v4(&rk, &old, 99 * S));
+        assert_eq!((f.backend_id, f.service_id, f.created_ns, f.last_seen_ns), (3, 7, 5, 99 * S));
+        let flow = Flow {
+            protocol: proto::TCP,
+            forward: Some(&f),
+            reply: Some(&r),
+        };
+        let v = verdict(&flow, &t()).expect("a flow");
+        assert_eq!(v.phase, Some(Phase::HalfClosed));
+        let open = CtEntryV4 { flags: 0, ..old };
+        let (f, r) = (from_v4(&fk, &open, 99 * S), from_v4(&rk, &open, 99 * S));
+        let flow = Flow {
+            protocol: proto::TCP,
+            forward: Some(&f),
+            reply: Some(&r),
+        };
+        assert_eq!(verdict(&flow, &t()).and_then(|v| v.phase), Some(Phase::Established));
+    }
+
+    #[test]
+    fn the_interval_shrinks_as_the_table_fills() {
+        let cases = [
+            (0.0, MAX_INTERVAL),
+            (0.75, MIN_INTERVAL),
+            (0.9, MIN_INTERVAL),
+            (1.0, MIN_INTERVAL),
+            (f64::NAN, MIN_INTERVAL),
+        ];
+        for (fill, want) in cases {
+            assert_eq!(interval(fill), want, "{fill}");
+        }
+        assert!(interval(0.2) > interval(0.5));
+        assert!(interval(0.5) > MIN_INTERVAL && interval(0.5) < MAX_INTERVAL);
+    }
+
+    #[test]
+    fn the_monotonic_clock_is_the_kernels() {
+        // bpf_ktime_get_ns is CLOCK_MONOTONIC: it starts at boot, so it is
+        // far below the wall clock's nanoseconds since 1970 and moves on.
+        let a = monotonic_ns();
+        let wall = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("after 1970")
+            .as_nanos() as u64;
+        assert!(a > 0 && a < wall / 2, "{a}");
+        std::thread::sleep(Duration::from_millis(2));
+        assert!(monotonic_ns() >= a + 2_000_000);
+    }
+}

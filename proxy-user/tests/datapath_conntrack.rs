@@ -1,0 +1,406 @@
+//! Connection tracking with state, through BPF_PROG_TEST_RUN: what the tc
+//! programs record per direction (last-seen time, TCP state), how rarely
+//! they write it, and what a full table does. Needs root (CAP_BPF).
+use std::net::Ipv4Addr;
+
+use aya::{
+    programs::{SchedClassifier, TestRun as _, TestRunOptions},
+    Ebpf,
+};
+use proxy_common::{ct_dir, ct_flags, ct_state, programs, proto, CtEntry, CtKey, CT_REFRESH_NS};
+use proxy_user::{
+    conntrack::{self, Phase, Timeouts},
+    ebpf::{self, Capacities},
+    maps::PinnedMaps,
+    model::{BackendAddr, DesiredState, Frontend, FrontendAddr, Protocol, ServicePortName},
+    packet::PacketSpec,
+    sync::Syncer,
+};
+
+const TC_ACT_OK: u32 = 0;
+const TC_ACT_SHOT: u32 = 2;
+
+const CLIENT: Ipv4Addr = Ipv4Addr::new(10, 244, 100, 2);
+const VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
+const POD1: Ipv4Addr = Ipv4Addr::new(10, 244, 1, 2);
+
+/// The data path stamps entries with CLOCK_MONOTONIC at tick resolution
+/// (`bpf_ktime_get_coarse_ns`), which lags the precise clock by up to a
+/// tick (10 ms at HZ=100).
+const TICK_NS: u64 = 10_000_000;
+
+const SYN: u8 = 0x02;
+const SYN_ACK: u8 = 0x12;
+const ACK: u8 = 0x10;
+const FIN_ACK: u8 = 0x11;
+const RST: u8 = 0x04;
+
+fn require_root() {
+    assert!(
+        unsafe { libc::geteuid() } == 0,
+        "data-path fixtures load eBPF programs: run them as root (`cargo xtask test`)"
+    );
+}
+
+fn frontend(port: u16, protocol: Protocol, backend_port: u16) -> Frontend {
+    Frontend::cluster_ip(
+        FrontendAddr {
+            ip: VIP,
+            port,
+            protocol,
+        },
+        ServicePortName {
+            namespace: "test".into(),
+            name: format!("svc{port}"),
+            port: String::new(),
+        },
+        vec![BackendAddr {
+            ip: POD1,
+            port: backend_port,
+        }],
+    )
+}
+
+struct Fixture {
+    ebpf: Ebpf,
+    syncer: Syncer<PinnedMaps>,
+}
+
+impl Fixture {
+    /// TCP 80 → POD1:8080 and UDP 53 → POD1:5353, with a conntrack table of
+    /// `conntrack` entries.
+    fn new(conntrack: u32) -> Self {
+        require_root();
+        let caps = Capacities {
+            frontends: 64,
+            backends: 64,
+            conntrack,
+            services: 64,
+        };
+        let mut ebpf = ebpf::load_unpinned(&caps).expect("load eBPF object");
+        let maps = PinnedMaps::take(&mut ebpf).expect("maps");
+        let mut syncer = Syncer::adopt(maps, caps);
+        let desired = DesiredState {
+            frontends: [frontend(80, Protocol::Tcp, 8080), frontend(53, Protocol::Udp, 5353)]
+                .into_iter()
+                .map(|f| (f.addr, f))
+                .collect(),
+        };
+        let report = syncer.apply(&desired);
+        assert!(report.failed.is_empty(), "{report:?}");
+        Self { ebpf, syncer }
+    }
+
+    fn run(&mut self, program: &str, frame: &[u8]) -> u32 {
+        let prog: &mut SchedClassifier = self
+            .ebpf
+            .program_mut(program)
+            .expect("program present")
+            .try_into()
+            .expect("tc program");
+        let mut out = vec![0u8; 2048];
+        prog.test_run(TestRunOptions {
+            data_in: Some(frame),
+            data_out: Some(&mut out),
+            ..TestRunOptions::default()
+        })
+        .expect("BPF_PROG_TEST_RUN")
+        .return_value
+    }
+
+    /// A packet of the flow from CLIENT:`sport`: `Request` through
+    /// `sb_from_pod`, `Reply` (from the backend) through `sb_to_pod`.
+    fn send(&mut self, step: Step, protocol: u8, sport: u16) -> u32 {
+        let (dport, backend_port) = match protocol {
+            proto::TCP => (80, 8080),
+            _ => (53, 5353),
+        };
+        let packet = |src, sp, dst, dp, flags| {
+            let spec = match protocol {
+                proto::TCP => PacketSpec {
+                    tcp_flags: flags,
+                    ..PacketSpec::tcp(src, sp, dst, dp)
+                },
+                _ => PacketSpec::udp(src, sp, dst, dp),
+            };
+            spec.build()
+        };
+        match step {
+            Step::Request(flags) => {
+                let frame = packet(CLIENT, sport, VIP, dport, flags);
+                self.run(programs::TC_FROM_POD, &frame)
+            }
+            Step::Reply(flags) => {
+                let frame = packet(POD1, backend_port, CLIENT, sport, flags);
+                self.run(programs::TC_TO_POD, &frame)
+            }
+        }
+    }
+
+    fn ct(&self, key: &CtKey) -> Option<CtEntry> {
+        self.syncer.store().conntrack.get(key, 0).ok()
+    }
+
+    fn pair(&self, protocol: u8, sport: u16) -> (Option<CtEntry>, Option<CtEntry>) {
+        (self.ct(&forward_key(protocol, sport)), self.ct(&reply_key(protocol, sport)))
+    }
+
+    fn stat(&self, name: &str) -> u64 {
+        self.syncer
+            .store()
+            .global_stats()
+            .into_iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, v)| v)
+            .expect("known counter")
+    }
+
+    fn entries(&self) -> usize {
+        self.syncer.store().conntrack.keys().filter_map(Result::ok).count()
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Step {
+    Request(u8),
+    Reply(u8),
+}
+
+fn forward_key(protocol: u8, sport: u16) -> CtKey {
+    let dport: u16 = if protocol == proto::TCP { 80 } else { 53 };
+    CtKey {
+        saddr_be: u32::from_ne_bytes(CLIENT.octets()),
+        daddr_be: u32::from_ne_bytes(VIP.octets()),
+        sport_be: sport.to_be(),
+        dport_be: dport.to_be(),
+        proto: protocol,
+        dir: ct_dir::FORWARD,
+        _pad: [0; 2],
+    }
+}
+
+fn reply_key(protocol: u8, sport: u16) -> CtKey {
+    let bport: u16 = if protocol == proto::TCP { 8080 } else { 5353 };
+    CtKey {
+        saddr_be: u32::from_ne_bytes(POD1.octets()),
+        daddr_be: u32::from_ne_bytes(CLIENT.octets()),
+        sport_be: bport.to_be(),
+        dport_be: sport.to_be(),
+        proto: protocol,
+        dir: ct_dir::REPLY,
+        _pad: [0; 2],
+    }
+}
+
+#[test]
+fn entries_follow_the_connection_state_in_both_directions() {
+    use Step::*;
+    struct Case {
+        name: &'static str,
+        protocol: u8,
+        steps: &'static [Step],
+        forward_state: u8,
+        reply_state: u8,
+        closing: bool,
+        phase: Phase,
+    }
+    let cases = [
+        Case {
+            name: "a SYN alone: tracked, never answered",
+            protocol: proto::TCP,
+            steps: &[Request(SYN)],
+            forward_state: 0,
+            reply_state: 0,
+            closing: false,
+            phase: Phase::SynSent,
+        },
+        Case {
+            name: "SYN, SYN-ACK, ACK: established",
+            protocol: proto::TCP,
+            steps: &[Request(SYN), Reply(SYN_ACK), Request(ACK)],
+            forward_state: 0,
+            reply_state: ct_state::REPLIED,
+            closing: false,
+            phase: Phase::Established,
+        },
+        Case {
+            name: "the client's FIN alone: half-closed",
+            protocol: proto::TCP,
+            steps: &[Request(SYN), Reply(SYN_ACK), Request(FIN_ACK), Reply(ACK)],
+            forward_state: ct_state::FIN,
+            reply_state: ct_state::REPLIED,
+            closing: true,
+            phase: Phase::HalfClosed,
+        },
+        Case {
+            name: "FIN both ways: closed",
+            protocol: proto::TCP,
+            steps: &[Request(SYN), Reply(SYN_ACK), Request(FIN_ACK), Reply(FIN_ACK), Request(ACK)],
+            forward_state: ct_state::FIN,
+            reply_state: ct_state::REPLIED | ct_state::FIN,
+            closing: true,
+            phase: Phase::Closed,
+        },
+        Case {
+            name: "the backend resets: closed",
+            protocol: proto::TCP,
+            steps: &[Request(SYN), Reply(SYN_ACK), Request(ACK), Reply(RST)],
+            forward_state: 0,
+            reply_state: ct_state::REPLIED | ct_state::RST,
+            closing: true,
+            phase: Phase::Closed,
+        },
+        Case {
+            name: "the client resets an unanswered SYN: closed",
+            protocol: proto::TCP,
+            steps: &[Request(SYN), Request(RST)],
+            forward_state: ct_state::RST,
+            reply_state: 0,
+            closing: true,
+            phase: Phase::Closed,
+        },
+        Case {
+            name: "a UDP datagram without reply",
+            protocol: proto::UDP,
+            steps: &[Request(0), Request(0)],
+            forward_state: 0,
+            reply_state: 0,
+            closing: false,
+            phase: Phase::Udp,
+        },
+        Case {
+            name: "a UDP exchange: a stream",
+            protocol: proto::UDP,
+            steps: &[Request(0), Reply(0)],
+            forward_state: 0,
+            reply_state: ct_state::REPLIED,
+            closing: false,
+            phase: Phase::UdpStream,
+        },
+    ];
+    let mut fx = Fixture::new(1024);
+    for (i, case) in cases.iter().enumerate() {
+        let sport = 40000 + i as u16;
+        let before = conntrack::monotonic_ns() - TICK_NS;
+        for step in case.steps {
+            assert_eq!(fx.send(*step, case.protocol, sport), TC_ACT_OK, "{}: {step:?}", case.name);
+        }
+        let after = conntrack::monotonic_ns();
+        let (Some(f), Some(r)) = fx.pair(case.protocol, sport) else {
+            panic!("{}: both entries are there: {:?}", case.name, fx.pair(case.protocol, sport));
+        };
+        assert_eq!((f.state, r.state), (case.forward_state, case.reply_state), "{}", case.name);
+        for e in [&f, &r] {
+            assert_eq!(e.flags & ct_flags::CLOSING != 0, case.closing, "{}: {e:?}", case.name);
+            assert!(
+                (before..=after).contains(&e.last_seen_ns),
+                "{}: last seen {} is the kernel's CLOCK_MONOTONIC, to a tick ({before}..={after})",
+                case.name,
+                e.last_seen_ns
+            );
+        }
+        assert_eq!(conntrack::phase(case.protocol, f.state, r.state), case.phase, "{}", case.name);
+    }
+    assert_eq!(fx.stat("ct_full"), 0);
+}
+
+#[test]
+fn last_seen_is_written_at_most_once_a_second_unless_the_state_changes() {
+    let mut fx = Fixture::new(1024);
+    let sport = 45000;
+    assert_eq!(fx.send(Step::Request(SYN), proto::TCP, sport), TC_ACT_OK);
+    assert_eq!(fx.send(Step::Reply(SYN_ACK), proto::TCP, sport), TC_ACT_OK);
+    let (Some(f0), Some(r0)) = fx.pair(proto::TCP, sport) else {
+        panic!("tracked");
+    };
+    // Within the second: no write.
+    for _ in 0..5 {
+        assert_eq!(fx.send(Step::Request(ACK), proto::TCP, sport), TC_ACT_OK);
+        assert_eq!(fx.send(Step::Reply(ACK), proto::TCP, sport), TC_ACT_OK);
+    }
+    let (Some(f1), Some(r1)) = fx.pair(proto::TCP, sport) else {
+        panic!("tracked");
+    };
+    assert_eq!((f1.last_seen_ns, r1.last_seen_ns), (f0.last_seen_ns, r0.last_seen_ns));
+
+    // Age the forward entry by two seconds: the next request refreshes it,
+    // and only it (each direction writes its own entry).
+    let aged = CtEntry {
+        last_seen_ns: f1.last_seen_ns - 2 * CT_REFRESH_NS,
+        ..f1
+    };
+    let key = forward_key(proto::TCP, sport);
+    fx.syncer.store_mut().conntrack.insert(key, aged, 0).expect("age the entry");
+    let before = conntrack::monotonic_ns() - TICK_NS;
+    assert_eq!(fx.send(Step::Request(ACK), proto::TCP, sport), TC_ACT_OK);
+    let (Some(f2), Some(r2)) = fx.pair(proto::TCP, sport) else {
+        panic!("tracked");
+    };
+    assert!(f2.last_seen_ns >= before, "refreshed: {f2:?}");
+    assert_eq!(r2.last_seen_ns, r1.last_seen_ns);
+
+    // A state change is written at once, time stamp with it.
+    let aged = CtEntry {
+        last_seen_ns: r2.last_seen_ns - CT_REFRESH_NS / 2,
+        ..r2
+    };
+    let key = reply_key(proto::TCP, sport);
+    fx.syncer.store_mut().conntrack.insert(key, aged, 0).expect("age the entry");
+    let before = conntrack::monotonic_ns() - TICK_NS;
+    assert_eq!(fx.send(Step::Reply(FIN_ACK), proto::TCP, sport), TC_ACT_OK);
+    let (_, Some(r3)) = fx.pair(proto::TCP, sport) else {
+        panic!("tracked");
+    };
+    assert_eq!(r3.state, ct_state::REPLIED | ct_state::FIN);
+    assert!(r3.last_seen_ns >= before, "{r3:?}");
+}
+
+/// A full table refuses new flows (dropped, counted) and leaves no half of
+/// them behind; tracked flows go on as before; once the collector removed
+/// closed flows, the refused client's retransmission gets through.
+#[test]
+fn a_full_table_refuses_new_flows_and_keeps_tracked_ones() {
+    const CAPACITY: u32 = 16;
+    let mut fx = Fixture::new(CAPACITY);
+    // The long-lived connection.
+    let idle = 30000;
+    assert_eq!(fx.send(Step::Request(SYN), proto::TCP, idle), TC_ACT_OK);
+    assert_eq!(fx.send(Step::Reply(SYN_ACK), proto::TCP, idle), TC_ACT_OK);
+    // Short connections until the table is full; they close.
+    // One flow is two entries: the idle one and seven short ones fill it.
+    let short: Vec<u16> = (31000..31000 + CAPACITY as u16 / 2 - 1).collect();
+    for &sport in &short {
+        for step in [Step::Request(SYN), Step::Reply(SYN_ACK), Step::Request(FIN_ACK), Step::Reply(FIN_ACK)] {
+            assert_eq!(fx.send(step, proto::TCP, sport), TC_ACT_OK, "{sport} {step:?}");
+        }
+    }
+    assert_eq!(fx.entries(), CAPACITY as usize);
+    assert_eq!(fx.stat("ct_full"), 0);
+
+    // Full: a new flow's SYN and a new UDP flow are dropped and counted,
+    // and nothing of them stays.
+    let refused = 32000;
+    assert_eq!(fx.send(Step::Request(SYN), proto::TCP, refused), TC_ACT_SHOT);
+    assert_eq!(fx.send(Step::Request(0), proto::UDP, refused), TC_ACT_SHOT);
+    assert_eq!(fx.stat("ct_full"), 2);
+    assert_eq!(fx.pair(proto::TCP, refused), (None, None));
+    assert_eq!(fx.entries(), CAPACITY as usize);
+
+    // The tracked connection goes on both ways.
+    assert_eq!(fx.send(Step::Request(ACK), proto::TCP, idle), TC_ACT_OK);
+    assert_eq!(fx.send(Step::Reply(ACK), proto::TCP, idle), TC_ACT_OK);
+    assert_eq!(fx.stat("ct_full"), 2);
+
+    // The collector, a minute on: the closed flows go, the idle one stays.
+    let timeouts = Timeouts::default();
+    let later = conntrack::monotonic_ns() + 60 * 1_000_000_000;
+    let pass = conntrack::collect(&mut fx.syncer.store_mut().conntrack, later, &timeouts)
+        .expect("collect");
+    assert_eq!(pass.entries, CAPACITY as usize);
+    assert_eq!(pass.deleted, 2 * short.len());
+    assert!(matches!(fx.pair(proto::TCP, idle), (Some(_), Some(_))));
+    // The retransmitted SYN is tracked now.
+    assert_eq!(fx.send(Step::Request(SYN), proto::TCP, refused), TC_ACT_OK);
+    assert!(matches!(fx.pair(proto::TCP, refused), (Some(_), Some(_))));
+    assert_eq!(fx.stat("ct_full"), 2);
+}
