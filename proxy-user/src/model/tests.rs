@@ -2063,6 +2063,11 @@ mod properties {
         ) {
             let mut model = Model::new(None, None);
             let mut r = Reference::default();
+            use crate::maps::MapStore as _;
+            let mut syncer = crate::sync::Syncer::adopt(
+                crate::sync::memstore::MemStore::default(),
+                crate::ebpf::Capacities::default(),
+            );
             for (n, chunk) in changes.chunks(batch).enumerate() {
                 for change in chunk {
                     apply(change, &mut model, &mut r);
@@ -2109,6 +2114,21 @@ mod properties {
                     .copied()
                     .collect();
                 prop_assert_eq!(&delta.frontends, &changed, "delta after step {}", n);
+
+                // The sync engine, given only the delta, leaves the maps
+                // holding exactly the model's desired state.
+                syncer.apply_changed(model.desired(), &delta.frontends);
+                let unprogrammed = syncer
+                    .unprogrammed()
+                    .map(|u| (u.frontend, u.reason.clone()))
+                    .collect();
+                let verified = crate::verify::compare(
+                    model.desired(),
+                    syncer.default_algorithm(),
+                    &syncer.store().dump(),
+                    &unprogrammed,
+                );
+                prop_assert!(verified.matches(), "maps after step {}: {:?}", n, verified.problems);
             }
         }
     }
