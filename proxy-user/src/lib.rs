@@ -27,3 +27,13 @@ pub mod sync;
 pub mod syncloop;
 pub mod uplink;
 pub mod verify;
+
+/// How many cases a property test runs: `default` in `cargo test`, or
+/// `PROPTEST_CASES` when set (`cargo xtask soak` runs many more).
+#[cfg(test)]
+fn test_cases(default: u32) -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|cases| cases.parse().ok())
+        .unwrap_or(default)
+}

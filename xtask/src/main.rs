@@ -64,6 +64,10 @@ enum Cmd {
         /// Also run the churn with API server faults cycling through it.
         #[arg(long)]
         faults: bool,
+        /// Frames the data-path fuzz feeds each program mix, and (÷ 100)
+        /// cases of the model and sync property tests; 0 skips them.
+        #[arg(long, default_value_t = 1_000_000)]
+        fuzz_cases: u64,
     },
     /// Remove test sandboxes (namespaces, pin mounts) left by dead processes,
     /// and the demo sandbox.
@@ -88,12 +92,36 @@ fn main() -> Result<()> {
             rate,
             services,
             faults,
-        } => soak(duration, warmup, rate, services, faults),
+            fuzz_cases,
+        } => {
+            properties(fuzz_cases)?;
+            soak(duration, warmup, rate, services, faults)
+        }
         Cmd::CleanupStale => {
             xtask::sandbox::cleanup_stale()?;
             xtask::sandbox::purge_tag(xtask::sandbox::DEMO_TAG)
         }
     }
+}
+
+/// The fuzz and the property tests at soak length.
+fn properties(fuzz_cases: u64) -> Result<()> {
+    if fuzz_cases == 0 {
+        return Ok(());
+    }
+    let proptest_cases = (fuzz_cases / 100).max(1);
+    println!("== fuzz ({fuzz_cases} frames) and property tests ({proptest_cases} cases) ==");
+    let status = xtask::util::cargo()
+        .current_dir(xtask::util::repo_root())
+        .args(["test", "--release", "-p", "proxy-user", "--lib", "--test", "datapath_fuzz", "--"])
+        .args(["properties", "random_and_mutated_frames", "--test-threads=1"])
+        .env("SB_FUZZ_CASES", fuzz_cases.to_string())
+        .env("PROPTEST_CASES", proptest_cases.to_string())
+        .status()?;
+    if !status.success() {
+        anyhow::bail!("soak: the fuzz or a property test failed");
+    }
+    Ok(())
 }
 
 fn soak(duration: u64, warmup: u64, rate: u32, services: usize, faults: bool) -> Result<()> {

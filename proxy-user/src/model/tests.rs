@@ -2055,7 +2055,7 @@ mod properties {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig::with_cases(256))]
+        #![proptest_config(ProptestConfig::with_cases(crate::test_cases(256)))]
         #[test]
         fn incremental_updates_equal_a_full_rebuild(
             changes in prop::collection::vec(change(), 1..40),

@@ -283,7 +283,7 @@ fn step(
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig::with_cases(crate::test_cases(96)))]
 
     #[test]
     fn maps_hold_the_desired_state_and_a_stopped_sync_leaves_every_slot_live(
