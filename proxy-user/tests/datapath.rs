@@ -1,25 +1,19 @@
 //! Packet fixtures through BPF_PROG_TEST_RUN: each case feeds a frame to one
 //! of the tc programs and checks the verdict and the exact output frame
 //! (checksums included), the way Katran's tests do. Needs root (CAP_BPF).
+mod support;
+
 use std::net::Ipv4Addr;
 
-use aya::{
-    programs::{SchedClassifier, TestRun as _, TestRunOptions},
-    Ebpf,
-};
 use proxy_common::programs;
 use proxy_user::{
-    ebpf::{self, Capacities},
-    maps::{MapStore, PinnedMaps},
-    model::{BackendAddr, DesiredState, Frontend, FrontendAddr, Protocol, ServicePortName},
+    maps::MapStore,
+    model::{DesiredState, Frontend, Protocol},
     packet::{checksums_valid, PacketSpec},
-    sync::Syncer,
 };
-
-const TC_ACT_OK: u32 = 0;
-const TC_ACT_REDIRECT: u32 = 7;
-/// TC_ACT_UNSPEC (-1): "not ours, let the next program decide".
-const TC_ACT_UNSPEC: u32 = u32::MAX;
+use support::{
+    capacities, cluster_ip, Loaded, TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_UNSPEC,
+};
 
 const CLIENT: Ipv4Addr = Ipv4Addr::new(10, 244, 100, 2);
 const VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
@@ -28,100 +22,18 @@ const POD1: Ipv4Addr = Ipv4Addr::new(10, 244, 1, 2);
 const POD2: Ipv4Addr = Ipv4Addr::new(10, 244, 2, 2);
 const POD3: Ipv4Addr = Ipv4Addr::new(10, 244, 3, 2);
 
-fn require_root() {
-    assert!(
-        unsafe { libc::geteuid() } == 0,
-        "data-path fixtures load eBPF programs: run them as root (`cargo xtask test`)"
-    );
+/// One backend per frontend, so every rewrite is predictable; plus a
+/// frontend without endpoints.
+fn single_backend() -> Loaded {
+    loaded(vec![
+        cluster_ip(VIP, 80, Protocol::Tcp, "web", &[(POD1, 8080)]),
+        cluster_ip(VIP, 53, Protocol::Udp, "dns", &[(POD1, 5353)]),
+        cluster_ip(EMPTY_VIP, 80, Protocol::Tcp, "empty", &[]),
+    ])
 }
 
-fn frontend(
-    ip: Ipv4Addr,
-    port: u16,
-    protocol: Protocol,
-    name: &str,
-    backends: &[(Ipv4Addr, u16)],
-) -> Frontend {
-    Frontend::cluster_ip(
-        FrontendAddr { ip, port, protocol },
-        ServicePortName {
-            namespace: "test".into(),
-            name: name.into(),
-            port: String::new(),
-        },
-        backends
-            .iter()
-            .map(|(ip, port)| BackendAddr {
-                ip: *ip,
-                port: *port,
-            })
-            .collect(),
-    )
-}
-
-struct Fixture {
-    ebpf: Ebpf,
-    syncer: Syncer<PinnedMaps>,
-}
-
-impl Fixture {
-    /// One backend per frontend, so every rewrite is predictable; plus a
-    /// frontend without endpoints.
-    fn single_backend() -> Self {
-        Self::with(vec![
-            frontend(VIP, 80, Protocol::Tcp, "web", &[(POD1, 8080)]),
-            frontend(VIP, 53, Protocol::Udp, "dns", &[(POD1, 5353)]),
-            frontend(EMPTY_VIP, 80, Protocol::Tcp, "empty", &[]),
-        ])
-    }
-
-    fn with(frontends: Vec<Frontend>) -> Self {
-        require_root();
-        let caps = Capacities {
-            frontends: 1024,
-            backends: 1024,
-            conntrack: 4096,
-            services: 64,
-        };
-        let mut ebpf = ebpf::load_unpinned(&caps).expect("load eBPF object");
-        let maps = PinnedMaps::take(&mut ebpf).expect("maps");
-        let mut syncer = Syncer::adopt(maps, caps);
-        let desired = DesiredState {
-            frontends: frontends.into_iter().map(|f| (f.addr, f)).collect(),
-        };
-        let report = syncer.apply(&desired);
-        assert!(report.failed.is_empty(), "{report:?}");
-        Self { ebpf, syncer }
-    }
-
-    fn run(&mut self, program: &str, frame: &[u8]) -> (u32, Vec<u8>) {
-        let prog: &mut SchedClassifier = self
-            .ebpf
-            .program_mut(program)
-            .expect("program present")
-            .try_into()
-            .expect("tc program");
-        let mut out = vec![0u8; 2048];
-        let result = prog
-            .test_run(TestRunOptions {
-                data_in: Some(frame),
-                data_out: Some(&mut out),
-                ..TestRunOptions::default()
-            })
-            .expect("BPF_PROG_TEST_RUN");
-        out.truncate(result.data_size_out as usize);
-        (result.return_value, out)
-    }
-
-    fn stat(&self, name: &str) -> u64 {
-        self.syncer
-            .store()
-            .global_stats()
-            .into_iter()
-            .find(|(n, _)| *n == name)
-            .map(|(_, v)| v)
-            .expect("known counter")
-    }
+fn loaded(frontends: Vec<Frontend>) -> Loaded {
+    Loaded::new(capacities(4096), frontends)
 }
 
 struct Case {
@@ -145,7 +57,7 @@ fn truncated(mut frame: Vec<u8>, len: usize) -> Vec<u8> {
 
 #[test]
 fn request_and_malformed_fixtures() {
-    let mut fx = Fixture::single_backend();
+    let mut fx = single_backend();
     let syn = PacketSpec::tcp(CLIENT, 40000, VIP, 80);
     let udp = PacketSpec::udp(CLIENT, 40001, VIP, 53);
     let udp_nocsum = PacketSpec {
@@ -315,7 +227,7 @@ fn request_and_malformed_fixtures() {
 
     let mut failures = Vec::new();
     for case in &cases {
-        let (verdict, output) = fx.run(case.program, &case.input);
+        let (verdict, output) = fx.tc(case.program, &case.input, None);
         if verdict != case.verdict || output != case.output {
             failures.push(format!(
                 "{}: verdict {verdict:#x} (want {:#x}); output {}",
@@ -370,7 +282,7 @@ fn request_and_malformed_fixtures() {
 
 #[test]
 fn replies_are_reverse_natted_only_for_tracked_flows() {
-    let mut fx = Fixture::single_backend();
+    let mut fx = single_backend();
     for (request, reply) in [
         (
             PacketSpec::tcp(CLIENT, 41000, VIP, 80),
@@ -385,12 +297,12 @@ fn replies_are_reverse_natted_only_for_tracked_flows() {
         ),
     ] {
         // Before the request: nothing is tracked, the reply is not ours.
-        let (verdict, output) = fx.run(programs::TC_TO_POD, &reply.build());
+        let (verdict, output) = fx.tc(programs::TC_TO_POD, &reply.build(), None);
         assert_eq!((verdict, &output), (TC_ACT_UNSPEC, &reply.build()));
 
-        let (verdict, _) = fx.run(programs::TC_FROM_POD, &request.build());
+        let (verdict, _) = fx.tc(programs::TC_FROM_POD, &request.build(), None);
         assert_eq!(verdict, TC_ACT_OK);
-        let (verdict, output) = fx.run(programs::TC_TO_POD, &reply.build());
+        let (verdict, output) = fx.tc(programs::TC_TO_POD, &reply.build(), None);
         assert_eq!(verdict, TC_ACT_OK);
         let expected = rewritten(&reply, |p| {
             p.src = VIP;
@@ -402,7 +314,7 @@ fn replies_are_reverse_natted_only_for_tracked_flows() {
     // A packet to the client from the backend on another port is not a reply.
     let stray = PacketSpec::tcp(POD1, 9999, CLIENT, 41000);
     assert_eq!(
-        fx.run(programs::TC_TO_POD, &stray.build()),
+        fx.tc(programs::TC_TO_POD, &stray.build(), None),
         (TC_ACT_UNSPEC, stray.build())
     );
     assert_eq!(fx.stat("reversed"), 2);
@@ -417,7 +329,7 @@ fn replies_are_reverse_natted_only_for_tracked_flows() {
 #[test]
 fn a_closed_connection_does_not_capture_a_direct_one_on_the_same_ports() {
     for closer in ["client", "backend"] {
-        let mut fx = Fixture::single_backend();
+        let mut fx = single_backend();
         let syn = PacketSpec {
             tcp_flags: 0x02,
             ..PacketSpec::tcp(CLIENT, 43000, VIP, 80)
@@ -440,37 +352,37 @@ fn a_closed_connection_does_not_capture_a_direct_one_on_the_same_ports() {
                 p.sport = 80;
             })
         };
-        assert_eq!(fx.run(programs::TC_FROM_POD, &syn.build()).0, TC_ACT_OK);
+        assert_eq!(fx.tc(programs::TC_FROM_POD, &syn.build(), None).0, TC_ACT_OK);
         assert_eq!(
-            fx.run(programs::TC_TO_POD, &syn_ack.build()),
+            fx.tc(programs::TC_TO_POD, &syn_ack.build(), None),
             (TC_ACT_OK, to_vip(&syn_ack)),
             "the service connection's SYN-ACK is translated"
         );
         if closer == "client" {
             assert_eq!(
-                fx.run(programs::TC_FROM_POD, &fin_from_client.build()).0,
+                fx.tc(programs::TC_FROM_POD, &fin_from_client.build(), None).0,
                 TC_ACT_OK
             );
         }
         // The closing connection's own packets are still translated.
         assert_eq!(
-            fx.run(programs::TC_TO_POD, &fin_from_backend.build()),
+            fx.tc(programs::TC_TO_POD, &fin_from_backend.build(), None),
             (TC_ACT_OK, to_vip(&fin_from_backend)),
             "{closer} closed: the backend's FIN"
         );
         // A direct connection from the same client port to the pod.
         assert_eq!(
-            fx.run(programs::TC_TO_POD, &syn_ack.build()),
+            fx.tc(programs::TC_TO_POD, &syn_ack.build(), None),
             (TC_ACT_UNSPEC, syn_ack.build()),
             "{closer} closed: a direct connection's SYN-ACK must pass untouched"
         );
         assert_eq!(fx.stat("ct_stale"), 1);
         // The same ports through the frontend again: a new flow, translated.
-        let (verdict, out) = fx.run(programs::TC_FROM_POD, &syn.build());
+        let (verdict, out) = fx.tc(programs::TC_FROM_POD, &syn.build(), None);
         assert_eq!(verdict, TC_ACT_OK);
         assert!(checksums_valid(&out));
         assert_eq!(
-            fx.run(programs::TC_TO_POD, &syn_ack.build()),
+            fx.tc(programs::TC_TO_POD, &syn_ack.build(), None),
             (TC_ACT_OK, to_vip(&syn_ack)),
             "{closer} closed: a new flow through the frontend"
         );
@@ -481,13 +393,13 @@ fn a_closed_connection_does_not_capture_a_direct_one_on_the_same_ports() {
 /// reverse-NAT map emptied, the reply still gets the frontend as its source.
 #[test]
 fn a_reply_needs_only_its_conntrack_entry() {
-    let mut fx = Fixture::single_backend();
+    let mut fx = single_backend();
     let request = PacketSpec::tcp(CLIENT, 42000, VIP, 80);
     let reply = PacketSpec {
         tcp_flags: 0x12,
         ..PacketSpec::tcp(POD1, 8080, CLIENT, 42000)
     };
-    assert_eq!(fx.run(programs::TC_FROM_POD, &request.build()).0, TC_ACT_OK);
+    assert_eq!(fx.tc(programs::TC_FROM_POD, &request.build(), None).0, TC_ACT_OK);
     let ids: Vec<u32> = fx
         .syncer
         .store()
@@ -504,7 +416,7 @@ fn a_reply_needs_only_its_conntrack_entry() {
             .remove(&id)
             .expect("remove rev-NAT entry");
     }
-    let (verdict, output) = fx.run(programs::TC_TO_POD, &reply.build());
+    let (verdict, output) = fx.tc(programs::TC_TO_POD, &reply.build(), None);
     assert_eq!(verdict, TC_ACT_OK);
     assert_eq!(
         output,
@@ -519,12 +431,13 @@ fn a_reply_needs_only_its_conntrack_entry() {
 #[test]
 fn new_flows_spread_over_all_backends_and_a_flow_keeps_its_backend() {
     let backends = [(POD1, 8080), (POD2, 8080), (POD3, 8080)];
-    let mut fx = Fixture::with(vec![frontend(VIP, 80, Protocol::Tcp, "web", &backends)]);
+    let mut fx = loaded(vec![cluster_ip(VIP, 80, Protocol::Tcp, "web", &backends)]);
     let mut hits = [0u32; 3];
     for port in 0..300u16 {
-        let (verdict, out) = fx.run(
+        let (verdict, out) = fx.tc(
             programs::TC_FROM_POD,
             &PacketSpec::tcp(CLIENT, 20000 + port, VIP, 80).build(),
+            None,
         );
         assert_eq!(verdict, TC_ACT_OK);
         let dst = Ipv4Addr::new(out[30], out[31], out[32], out[33]);
@@ -538,9 +451,9 @@ fn new_flows_spread_over_all_backends_and_a_flow_keeps_its_backend() {
     assert!(hits.iter().all(|h| *h >= 50), "uneven spread: {hits:?}");
 
     let flow = PacketSpec::tcp(CLIENT, 33333, VIP, 80).build();
-    let (_, first) = fx.run(programs::TC_FROM_POD, &flow);
+    let (_, first) = fx.tc(programs::TC_FROM_POD, &flow, None);
     for _ in 0..20 {
-        let (_, again) = fx.run(programs::TC_FROM_POD, &flow);
+        let (_, again) = fx.tc(programs::TC_FROM_POD, &flow, None);
         assert_eq!(
             again[30..34],
             first[30..34],
@@ -551,7 +464,7 @@ fn new_flows_spread_over_all_backends_and_a_flow_keeps_its_backend() {
 
 #[test]
 fn a_flow_whose_backend_left_the_service_is_given_a_live_one() {
-    let mut fx = Fixture::with(vec![frontend(
+    let mut fx = loaded(vec![cluster_ip(
         VIP,
         53,
         Protocol::Udp,
@@ -559,17 +472,17 @@ fn a_flow_whose_backend_left_the_service_is_given_a_live_one() {
         &[(POD1, 5353)],
     )]);
     let query = PacketSpec::udp(CLIENT, 42000, VIP, 53).build();
-    let (_, out) = fx.run(programs::TC_FROM_POD, &query);
+    let (_, out) = fx.tc(programs::TC_FROM_POD, &query, None);
     assert_eq!(out[30..34], POD1.octets());
     let desired = DesiredState {
-        frontends: [frontend(VIP, 53, Protocol::Udp, "dns", &[(POD2, 5353)])]
+        frontends: [cluster_ip(VIP, 53, Protocol::Udp, "dns", &[(POD2, 5353)])]
             .into_iter()
             .map(|f| (f.addr, f))
             .collect(),
     };
     let report = fx.syncer.apply(&desired);
     assert!(report.conntrack_purged >= 1, "{report:?}");
-    let (verdict, out) = fx.run(programs::TC_FROM_POD, &query);
+    let (verdict, out) = fx.tc(programs::TC_FROM_POD, &query, None);
     assert_eq!(verdict, TC_ACT_OK);
     assert_eq!(
         out[30..34],
@@ -582,20 +495,22 @@ fn a_flow_whose_backend_left_the_service_is_given_a_live_one() {
 #[test]
 fn client_ip_affinity_sends_a_clients_new_flows_to_one_backend_until_it_leaves() {
     let backends = [(POD1, 8080), (POD2, 8080), (POD3, 8080)];
-    let mut sticky = frontend(VIP, 80, Protocol::Tcp, "sticky", &backends);
+    let mut sticky = cluster_ip(VIP, 80, Protocol::Tcp, "sticky", &backends);
     sticky.affinity_timeout_s = Some(10800);
-    let mut fx = Fixture::with(vec![sticky.clone()]);
+    let mut fx = loaded(vec![sticky.clone()]);
     let dst = |out: &[u8]| Ipv4Addr::new(out[30], out[31], out[32], out[33]);
 
-    let (_, first) = fx.run(
+    let (_, first) = fx.tc(
         programs::TC_FROM_POD,
         &PacketSpec::tcp(CLIENT, 50000, VIP, 80).build(),
+        None,
     );
     let chosen = dst(&first);
     for port in 1..40u16 {
-        let (verdict, out) = fx.run(
+        let (verdict, out) = fx.tc(
             programs::TC_FROM_POD,
             &PacketSpec::tcp(CLIENT, 50000 + port, VIP, 80).build(),
+            None,
         );
         assert_eq!(verdict, TC_ACT_OK);
         assert_eq!(
@@ -610,9 +525,10 @@ fn client_ip_affinity_sends_a_clients_new_flows_to_one_backend_until_it_leaves()
     let mut seen = std::collections::BTreeSet::new();
     for last in 1..=60u8 {
         let other = Ipv4Addr::new(10, 244, 200, last);
-        let (_, out) = fx.run(
+        let (_, out) = fx.tc(
             programs::TC_FROM_POD,
             &PacketSpec::tcp(other, 40000, VIP, 80).build(),
+            None,
         );
         seen.insert(dst(&out));
     }
@@ -629,9 +545,10 @@ fn client_ip_affinity_sends_a_clients_new_flows_to_one_backend_until_it_leaves()
     };
     assert!(fx.syncer.apply(&desired).failed.is_empty());
     for port in 0..20u16 {
-        let (verdict, out) = fx.run(
+        let (verdict, out) = fx.tc(
             programs::TC_FROM_POD,
             &PacketSpec::tcp(CLIENT, 51000 + port, VIP, 80).build(),
+            None,
         );
         assert_eq!(verdict, TC_ACT_OK);
         assert_ne!(
@@ -644,7 +561,7 @@ fn client_ip_affinity_sends_a_clients_new_flows_to_one_backend_until_it_leaves()
 
 #[test]
 fn an_established_tcp_connection_drains_to_its_departed_backend_a_new_one_does_not() {
-    let mut fx = Fixture::with(vec![frontend(
+    let mut fx = loaded(vec![cluster_ip(
         VIP,
         80,
         Protocol::Tcp,
@@ -656,11 +573,11 @@ fn an_established_tcp_connection_drains_to_its_departed_backend_a_new_one_does_n
         tcp_flags: 0x10,
         ..syn.clone()
     };
-    let (_, out) = fx.run(programs::TC_FROM_POD, &syn.build());
+    let (_, out) = fx.tc(programs::TC_FROM_POD, &syn.build(), None);
     assert_eq!(out[30..34], POD1.octets());
     // The endpoint leaves; POD2 takes over.
     let desired = DesiredState {
-        frontends: [frontend(VIP, 80, Protocol::Tcp, "web", &[(POD2, 8080)])]
+        frontends: [cluster_ip(VIP, 80, Protocol::Tcp, "web", &[(POD2, 8080)])]
             .into_iter()
             .map(|f| (f.addr, f))
             .collect(),
@@ -668,7 +585,7 @@ fn an_established_tcp_connection_drains_to_its_departed_backend_a_new_one_does_n
     assert!(fx.syncer.apply(&desired).failed.is_empty());
     // Segments of the established connection still reach POD1, rewritten
     // exactly as before.
-    let (verdict, out) = fx.run(programs::TC_FROM_POD, &ack.build());
+    let (verdict, out) = fx.tc(programs::TC_FROM_POD, &ack.build(), None);
     assert_eq!(verdict, TC_ACT_OK);
     assert_eq!(
         out,
@@ -678,7 +595,7 @@ fn an_established_tcp_connection_drains_to_its_departed_backend_a_new_one_does_n
         })
     );
     // A new connection reusing the same ports goes to the live backend.
-    let (_, out) = fx.run(programs::TC_FROM_POD, &syn.build());
+    let (_, out) = fx.tc(programs::TC_FROM_POD, &syn.build(), None);
     assert_eq!(out[30..34], POD2.octets());
     assert_eq!(fx.stat("ct_reselected"), 1);
 }

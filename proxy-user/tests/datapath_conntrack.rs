@@ -1,24 +1,18 @@
 //! Connection tracking with state, through BPF_PROG_TEST_RUN: what the tc
 //! programs record per direction (last-seen time, TCP state), how rarely
 //! they write it, and what a full table does. Needs root (CAP_BPF).
+mod support;
+
 use std::net::Ipv4Addr;
 
-use aya::{
-    programs::{SchedClassifier, TestRun as _, TestRunOptions},
-    Ebpf,
-};
 use proxy_common::{ct_dir, ct_flags, ct_state, programs, proto, CtEntry, CtKey, CT_REFRESH_NS};
 use proxy_user::{
     conntrack::{self, Phase, Timeouts},
-    ebpf::{self, Capacities},
-    maps::PinnedMaps,
-    model::{BackendAddr, DesiredState, Frontend, FrontendAddr, Protocol, ServicePortName},
+    ebpf::Capacities,
+    model::Protocol,
     packet::PacketSpec,
-    sync::Syncer,
 };
-
-const TC_ACT_OK: u32 = 0;
-const TC_ACT_SHOT: u32 = 2;
+use support::{cluster_ip, Loaded, TC_ACT_OK, TC_ACT_SHOT};
 
 const CLIENT: Ipv4Addr = Ipv4Addr::new(10, 244, 100, 2);
 const VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
@@ -35,77 +29,31 @@ const ACK: u8 = 0x10;
 const FIN_ACK: u8 = 0x11;
 const RST: u8 = 0x04;
 
-fn require_root() {
-    assert!(
-        unsafe { libc::geteuid() } == 0,
-        "data-path fixtures load eBPF programs: run them as root (`cargo xtask test`)"
-    );
-}
-
-fn frontend(port: u16, protocol: Protocol, backend_port: u16) -> Frontend {
-    Frontend::cluster_ip(
-        FrontendAddr {
-            ip: VIP,
-            port,
-            protocol,
-        },
-        ServicePortName {
-            namespace: "test".into(),
-            name: format!("svc{port}"),
-            port: String::new(),
-        },
-        vec![BackendAddr {
-            ip: POD1,
-            port: backend_port,
-        }],
-    )
-}
-
 struct Fixture {
-    ebpf: Ebpf,
-    syncer: Syncer<PinnedMaps>,
+    loaded: Loaded,
 }
 
 impl Fixture {
     /// TCP 80 → POD1:8080 and UDP 53 → POD1:5353, with a conntrack table of
     /// `conntrack` entries.
     fn new(conntrack: u32) -> Self {
-        require_root();
         let caps = Capacities {
             frontends: 64,
             backends: 64,
             conntrack,
             services: 64,
         };
-        let mut ebpf = ebpf::load_unpinned(&caps).expect("load eBPF object");
-        let maps = PinnedMaps::take(&mut ebpf).expect("maps");
-        let mut syncer = Syncer::adopt(maps, caps);
-        let desired = DesiredState {
-            frontends: [frontend(80, Protocol::Tcp, 8080), frontend(53, Protocol::Udp, 5353)]
-                .into_iter()
-                .map(|f| (f.addr, f))
-                .collect(),
-        };
-        let report = syncer.apply(&desired);
-        assert!(report.failed.is_empty(), "{report:?}");
-        Self { ebpf, syncer }
+        let frontends = vec![
+            cluster_ip(VIP, 80, Protocol::Tcp, "svc80", &[(POD1, 8080)]),
+            cluster_ip(VIP, 53, Protocol::Udp, "svc53", &[(POD1, 5353)]),
+        ];
+        Self {
+            loaded: Loaded::new(caps, frontends),
+        }
     }
 
     fn run(&mut self, program: &str, frame: &[u8]) -> u32 {
-        let prog: &mut SchedClassifier = self
-            .ebpf
-            .program_mut(program)
-            .expect("program present")
-            .try_into()
-            .expect("tc program");
-        let mut out = vec![0u8; 2048];
-        prog.test_run(TestRunOptions {
-            data_in: Some(frame),
-            data_out: Some(&mut out),
-            ..TestRunOptions::default()
-        })
-        .expect("BPF_PROG_TEST_RUN")
-        .return_value
+        self.loaded.tc(program, frame, None).0
     }
 
     /// A packet of the flow from CLIENT:`sport`: `Request` through
@@ -137,26 +85,15 @@ impl Fixture {
         }
     }
 
-    fn ct(&self, key: &CtKey) -> Option<CtEntry> {
-        self.syncer.store().conntrack.get(key, 0).ok()
-    }
-
     fn pair(&self, protocol: u8, sport: u16) -> (Option<CtEntry>, Option<CtEntry>) {
-        (self.ct(&forward_key(protocol, sport)), self.ct(&reply_key(protocol, sport)))
-    }
-
-    fn stat(&self, name: &str) -> u64 {
-        self.syncer
-            .store()
-            .global_stats()
-            .into_iter()
-            .find(|(n, _)| *n == name)
-            .map(|(_, v)| v)
-            .expect("known counter")
+        (
+            self.loaded.ct(&forward_key(protocol, sport)),
+            self.loaded.ct(&reply_key(protocol, sport)),
+        )
     }
 
     fn entries(&self) -> usize {
-        self.syncer.store().conntrack.keys().filter_map(Result::ok).count()
+        self.loaded.syncer.store().conntrack.keys().filter_map(Result::ok).count()
     }
 }
 
@@ -301,7 +238,7 @@ fn entries_follow_the_connection_state_in_both_directions() {
         }
         assert_eq!(conntrack::phase(case.protocol, f.state, r.state), case.phase, "{}", case.name);
     }
-    assert_eq!(fx.stat("ct_full"), 0);
+    assert_eq!(fx.loaded.stat("ct_full"), 0);
 }
 
 #[test]
@@ -330,7 +267,7 @@ fn last_seen_is_written_at_most_once_a_second_unless_the_state_changes() {
         ..f1
     };
     let key = forward_key(proto::TCP, sport);
-    fx.syncer.store_mut().conntrack.insert(key, aged, 0).expect("age the entry");
+    fx.loaded.syncer.store_mut().conntrack.insert(key, aged, 0).expect("age the entry");
     let before = conntrack::monotonic_ns() - TICK_NS;
     assert_eq!(fx.send(Step::Request(ACK), proto::TCP, sport), TC_ACT_OK);
     let (Some(f2), Some(r2)) = fx.pair(proto::TCP, sport) else {
@@ -345,7 +282,7 @@ fn last_seen_is_written_at_most_once_a_second_unless_the_state_changes() {
         ..r2
     };
     let key = reply_key(proto::TCP, sport);
-    fx.syncer.store_mut().conntrack.insert(key, aged, 0).expect("age the entry");
+    fx.loaded.syncer.store_mut().conntrack.insert(key, aged, 0).expect("age the entry");
     let before = conntrack::monotonic_ns() - TICK_NS;
     assert_eq!(fx.send(Step::Reply(FIN_ACK), proto::TCP, sport), TC_ACT_OK);
     let (_, Some(r3)) = fx.pair(proto::TCP, sport) else {
@@ -375,26 +312,26 @@ fn a_full_table_refuses_new_flows_and_keeps_tracked_ones() {
         }
     }
     assert_eq!(fx.entries(), CAPACITY as usize);
-    assert_eq!(fx.stat("ct_full"), 0);
+    assert_eq!(fx.loaded.stat("ct_full"), 0);
 
     // Full: a new flow's SYN and a new UDP flow are dropped and counted,
     // and nothing of them stays.
     let refused = 32000;
     assert_eq!(fx.send(Step::Request(SYN), proto::TCP, refused), TC_ACT_SHOT);
     assert_eq!(fx.send(Step::Request(0), proto::UDP, refused), TC_ACT_SHOT);
-    assert_eq!(fx.stat("ct_full"), 2);
+    assert_eq!(fx.loaded.stat("ct_full"), 2);
     assert_eq!(fx.pair(proto::TCP, refused), (None, None));
     assert_eq!(fx.entries(), CAPACITY as usize);
 
     // The tracked connection goes on both ways.
     assert_eq!(fx.send(Step::Request(ACK), proto::TCP, idle), TC_ACT_OK);
     assert_eq!(fx.send(Step::Reply(ACK), proto::TCP, idle), TC_ACT_OK);
-    assert_eq!(fx.stat("ct_full"), 2);
+    assert_eq!(fx.loaded.stat("ct_full"), 2);
 
     // The collector, a minute on: the closed flows go, the idle one stays.
     let timeouts = Timeouts::default();
     let later = conntrack::monotonic_ns() + 60 * 1_000_000_000;
-    let pass = conntrack::collect(&mut fx.syncer.store_mut().conntrack, later, &timeouts)
+    let pass = conntrack::collect(&mut fx.loaded.syncer.store_mut().conntrack, later, &timeouts)
         .expect("collect");
     assert_eq!(pass.entries, CAPACITY as usize);
     assert_eq!(pass.deleted, 2 * short.len());
@@ -402,5 +339,5 @@ fn a_full_table_refuses_new_flows_and_keeps_tracked_ones() {
     // The retransmitted SYN is tracked now.
     assert_eq!(fx.send(Step::Request(SYN), proto::TCP, refused), TC_ACT_OK);
     assert!(matches!(fx.pair(proto::TCP, refused), (Some(_), Some(_))));
-    assert_eq!(fx.stat("ct_full"), 2);
+    assert_eq!(fx.loaded.stat("ct_full"), 2);
 }

@@ -10,26 +10,18 @@
 //!   unreachable, time exceeded) get their quoted header translated back, and
 //!   the outer address where it is the backend's; errors about other flows
 //!   and ICMP echo pass untouched.
+mod support;
+
 use std::net::Ipv4Addr;
 
-use aya::{
-    programs::{SchedClassifier, TestRun as _, TestRunOptions},
-    Ebpf,
-};
 use proxy_common::programs;
 use proxy_user::{
-    ebpf::{self, Capacities},
-    maps::PinnedMaps,
-    model::{BackendAddr, DesiredState, Frontend, FrontendAddr, Protocol, ServicePortName},
+    model::Protocol,
     packet::{
         checksum, checksums_valid, icmp_error_checksums_valid, icmp_frame, PacketSpec, ETH_HLEN,
     },
-    sync::Syncer,
 };
-
-const TC_ACT_OK: u32 = 0;
-/// TC_ACT_UNSPEC (-1): "not ours, let the next program decide".
-const TC_ACT_UNSPEC: u32 = u32::MAX;
+use support::{capacities, cluster_ip, Loaded, TC_ACT_OK, TC_ACT_UNSPEC};
 
 const CLIENT: Ipv4Addr = Ipv4Addr::new(10, 244, 100, 2);
 /// The node's address on the client's link (a router on the path).
@@ -43,94 +35,15 @@ const ICMP_PORT_UNREACH: u8 = 3;
 const ICMP_FRAG_NEEDED: u8 = 4;
 const ICMP_TIME_EXCEEDED: u8 = 11;
 
-fn require_root() {
-    assert!(
-        unsafe { libc::geteuid() } == 0,
-        "data-path fixtures load eBPF programs: run them as root (`cargo xtask test`)"
-    );
-}
-
-fn frontend(
-    ip: Ipv4Addr,
-    port: u16,
-    protocol: Protocol,
-    name: &str,
-    backend: (Ipv4Addr, u16),
-) -> Frontend {
-    Frontend::cluster_ip(
-        FrontendAddr { ip, port, protocol },
-        ServicePortName {
-            namespace: "test".into(),
-            name: name.into(),
-            port: String::new(),
-        },
-        vec![BackendAddr {
-            ip: backend.0,
-            port: backend.1,
-        }],
+/// VIP:80/TCP → POD1:8080 and VIP:53/UDP → POD1:5353.
+fn fixture() -> Loaded {
+    Loaded::new(
+        capacities(4096),
+        vec![
+            cluster_ip(VIP, 80, Protocol::Tcp, "web", &[(POD1, 8080)]),
+            cluster_ip(VIP, 53, Protocol::Udp, "dns", &[(POD1, 5353)]),
+        ],
     )
-}
-
-struct Fixture {
-    ebpf: Ebpf,
-    syncer: Syncer<PinnedMaps>,
-}
-
-impl Fixture {
-    /// VIP:80/TCP → POD1:8080 and VIP:53/UDP → POD1:5353.
-    fn new() -> Self {
-        require_root();
-        let caps = Capacities {
-            frontends: 1024,
-            backends: 1024,
-            conntrack: 4096,
-            services: 64,
-        };
-        let mut ebpf = ebpf::load_unpinned(&caps).expect("load eBPF object");
-        let maps = PinnedMaps::take(&mut ebpf).expect("maps");
-        let mut syncer = Syncer::adopt(maps, caps);
-        let desired = DesiredState {
-            frontends: [
-                frontend(VIP, 80, Protocol::Tcp, "web", (POD1, 8080)),
-                frontend(VIP, 53, Protocol::Udp, "dns", (POD1, 5353)),
-            ]
-            .into_iter()
-            .map(|f| (f.addr, f))
-            .collect(),
-        };
-        let report = syncer.apply(&desired);
-        assert!(report.failed.is_empty(), "{report:?}");
-        Self { ebpf, syncer }
-    }
-
-    fn run(&mut self, program: &str, frame: &[u8]) -> (u32, Vec<u8>) {
-        let prog: &mut SchedClassifier = self
-            .ebpf
-            .program_mut(program)
-            .expect("program present")
-            .try_into()
-            .expect("tc program");
-        let mut out = vec![0u8; 4096];
-        let result = prog
-            .test_run(TestRunOptions {
-                data_in: Some(frame),
-                data_out: Some(&mut out),
-                ..TestRunOptions::default()
-            })
-            .expect("BPF_PROG_TEST_RUN");
-        out.truncate(result.data_size_out as usize);
-        (result.return_value, out)
-    }
-
-    fn stat(&self, name: &str) -> u64 {
-        self.syncer
-            .store()
-            .global_stats()
-            .into_iter()
-            .find(|(n, _)| *n == name)
-            .map(|(_, v)| v)
-            .expect("known counter")
-    }
 }
 
 struct Case {
@@ -142,10 +55,10 @@ struct Case {
 }
 
 /// Runs the cases in order; every failure is reported at once.
-fn run_cases(fx: &mut Fixture, cases: &[Case], valid: fn(&[u8]) -> bool) {
+fn run_cases(fx: &mut Loaded, cases: &[Case], valid: fn(&[u8]) -> bool) {
     let mut failures = Vec::new();
     for case in cases {
-        let (verdict, output) = fx.run(case.program, &case.input);
+        let (verdict, output) = fx.tc(case.program, &case.input, None);
         if verdict != case.verdict || output != case.output {
             failures.push(format!(
                 "{}: verdict {verdict:#x} (want {:#x}); output {}",
@@ -214,7 +127,7 @@ fn big_udp(src: Ipv4Addr, sport: u16, dst: Ipv4Addr, dport: u16, id: u16) -> Pac
 
 #[test]
 fn fragments_of_a_request_and_of_its_reply_follow_their_first_fragment() {
-    let mut fx = Fixture::new();
+    let mut fx = fixture();
     let request = big_udp(CLIENT, 40000, VIP, 53, 0x4242);
     let request_out = PacketSpec {
         dst: POD1,
@@ -301,11 +214,11 @@ fn fragments_of_a_request_and_of_its_reply_follow_their_first_fragment() {
 
 #[test]
 fn a_first_fragment_to_something_else_is_not_remembered() {
-    let mut fx = Fixture::new();
+    let mut fx = fixture();
     let other = big_udp(CLIENT, 40002, POD2, 5353, 0x1111).fragments(1480);
     for frame in &other {
         assert_eq!(
-            fx.run(programs::TC_FROM_POD, frame),
+            fx.tc(programs::TC_FROM_POD, frame, None),
             (TC_ACT_UNSPEC, frame.clone())
         );
     }
@@ -320,7 +233,7 @@ fn quote(spec: &PacketSpec, len: usize) -> Vec<u8> {
 
 #[test]
 fn icmp_errors_about_translated_flows_are_translated_back() {
-    let mut fx = Fixture::new();
+    let mut fx = fixture();
     // A TCP connection with a full-sized segment, and a UDP flow.
     let tcp_syn = PacketSpec::tcp(CLIENT, 45000, VIP, 80);
     let tcp_data = PacketSpec {
@@ -329,8 +242,8 @@ fn icmp_errors_about_translated_flows_are_translated_back() {
         ..tcp_syn.clone()
     };
     let udp = PacketSpec::udp(CLIENT, 45001, VIP, 53);
-    assert_eq!(fx.run(programs::TC_FROM_POD, &tcp_syn.build()).0, TC_ACT_OK);
-    assert_eq!(fx.run(programs::TC_FROM_POD, &udp.build()).0, TC_ACT_OK);
+    assert_eq!(fx.tc(programs::TC_FROM_POD, &tcp_syn.build(), None).0, TC_ACT_OK);
+    assert_eq!(fx.tc(programs::TC_FROM_POD, &udp.build(), None).0, TC_ACT_OK);
     // The packets as the backend's side of the node saw them.
     let to_backend = |p: &PacketSpec, port| PacketSpec {
         dst: POD1,
@@ -465,7 +378,7 @@ fn icmp_errors_about_translated_flows_are_translated_back() {
     });
     // The long TCP quote holds the whole TCP header: its checksum is that of
     // the segment the client sent.
-    let (_, out) = fx.run(
+    let (_, out) = fx.tc(
         programs::TC_TO_POD,
         &icmp_frame(
             NODE,
@@ -475,6 +388,7 @@ fn icmp_errors_about_translated_flows_are_translated_back() {
             mtu,
             &quote(&tcp_seen, long),
         ),
+        None,
     );
     let quoted_tcp_csum = &out[ETH_HLEN + 20 + 8 + 20 + 16..][..2];
     assert_eq!(

@@ -15,33 +15,24 @@
 //! keep their state from frame to frame, so replies meet real flows. The
 //! programs run in a network namespace of their own (the uplink programs'
 //! route lookups see only its loopback). Needs root.
+mod support;
+
 use std::{cell::RefCell, net::Ipv4Addr};
 
-use aya::{
-    programs::{ProgramError, SchedClassifier, TestRun as _, TestRunOptions, Xdp},
-    Ebpf,
-};
+use aya::programs::ProgramError;
 use proptest::{
     prelude::*,
     test_runner::{Config, TestCaseError, TestRunner},
 };
 use proxy_common::programs;
 use proxy_user::{
-    ebpf::{self, Capacities},
-    maps::PinnedMaps,
-    model::{BackendAddr, DesiredState, Frontend, FrontendAddr, FrontendKind, Protocol, ServicePortName},
+    model::{Frontend, FrontendKind, Protocol},
     packet::{checksums_valid, icmp_checksums_valid, icmp_error_checksums_valid, icmp_frame, PacketSpec, ETH_HLEN},
-    sync::Syncer,
 };
-
-const TC_ACT_OK: u32 = 0;
-const TC_ACT_SHOT: u32 = 2;
-const TC_ACT_REDIRECT: u32 = 7;
-const TC_ACT_UNSPEC: u32 = u32::MAX;
-const XDP_DROP: u32 = 1;
-const XDP_PASS: u32 = 2;
-const XDP_TX: u32 = 3;
-const XDP_REDIRECT: u32 = 4;
+use support::{
+    capacities, require_root, skb_ctx, Loaded, TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT, TC_ACT_UNSPEC, XDP_DROP,
+    XDP_PASS, XDP_REDIRECT, XDP_TX,
+};
 
 const NODE: Ipv4Addr = Ipv4Addr::new(192, 168, 50, 1);
 const VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
@@ -63,25 +54,10 @@ fn ours(addr: Ipv4Addr) -> bool {
     [NODE, VIP, EMPTY_VIP, LB_IP].contains(&addr) || PODS.contains(&addr)
 }
 
-fn require_root() {
-    // SAFETY: geteuid has no preconditions.
-    assert!(
-        unsafe { libc::geteuid() } == 0,
-        "the fuzz loads eBPF programs and creates a network namespace: run it as root"
-    );
-}
-
 fn service(ip: Ipv4Addr, port: u16, protocol: Protocol, name: &str, kind: FrontendKind, backends: &[Ipv4Addr]) -> Frontend {
-    let mut frontend = Frontend::cluster_ip(
-        FrontendAddr { ip, port, protocol },
-        ServicePortName {
-            namespace: "fuzz".into(),
-            name: name.into(),
-            port: String::new(),
-        },
-        backends.iter().map(|&ip| BackendAddr { ip, port: POD_PORT }).collect(),
-    );
-    frontend.kind = kind;
+    let backends: Vec<_> = backends.iter().map(|&ip| (ip, POD_PORT)).collect();
+    let mut frontend = support::frontend(kind, ip, port, protocol, name, &backends);
+    frontend.service.namespace = "fuzz".into();
     frontend
 }
 
@@ -100,9 +76,7 @@ fn frontends() -> Vec<Frontend> {
 
 /// The programs under test, loaded once and fed frame after frame.
 struct Programs {
-    ebpf: Ebpf,
-    /// Kept so the maps stay programmed.
-    _syncer: Syncer<PinnedMaps>,
+    loaded: Loaded,
     uplink: u32,
 }
 
@@ -116,70 +90,22 @@ enum Hook {
 
 impl Programs {
     fn load() -> Self {
-        let caps = Capacities {
-            frontends: 1024,
-            backends: 1024,
-            conntrack: 8192,
-            services: 64,
-        };
-        let mut ebpf = ebpf::load_unpinned(&caps).expect("load eBPF object");
-        let maps = PinnedMaps::take(&mut ebpf).expect("maps");
-        let mut syncer = Syncer::adopt(maps, caps);
-        let desired = DesiredState {
-            frontends: frontends().into_iter().map(|f| (f.addr, f)).collect(),
-        };
-        let report = syncer.apply(&desired);
-        assert!(report.failed.is_empty(), "{report:?}");
+        let mut loaded = Loaded::new(capacities(8192), frontends());
         // The namespace's loopback stands in for the uplink.
         let uplink = 1;
-        syncer
-            .store_mut()
-            .set_uplinks(&[(uplink, NODE)])
-            .expect("write the uplink map");
-        Self {
-            ebpf,
-            _syncer: syncer,
-            uplink,
-        }
+        loaded.set_uplink(uplink, NODE);
+        Self { loaded, uplink }
     }
 
     /// The verdict and the frame as the program left it.
     fn run(&mut self, hook: Hook, frame: &[u8]) -> Result<(u32, Vec<u8>), ProgramError> {
-        let mut out = vec![0u8; 4096];
-        // The head of struct __sk_buff up to `ifindex` (ingress_ifindex at
-        // byte 36, ifindex at 40), and struct xdp_md.
-        let mut skb = vec![0u8; 44];
-        skb[36..40].copy_from_slice(&self.uplink.to_ne_bytes());
-        skb[40..44].copy_from_slice(&self.uplink.to_ne_bytes());
-        let xdp_md: Vec<u8> = [0, frame.len() as u32, 0, self.uplink, 0, 0]
-            .iter()
-            .flat_map(|word| word.to_ne_bytes())
-            .collect();
-        let (name, ctx) = match hook {
-            Hook::FromPod => (programs::TC_FROM_POD, None),
-            Hook::ToPod => (programs::TC_TO_POD, None),
-            Hook::FromUplink => (programs::TC_FROM_UPLINK, Some(skb.as_slice())),
-            Hook::XdpUplink => (programs::XDP_UPLINK, Some(xdp_md.as_slice())),
-        };
-        let options = TestRunOptions {
-            data_in: Some(frame),
-            data_out: Some(&mut out),
-            ctx_in: ctx,
-            ..TestRunOptions::default()
-        };
-        let program = self.ebpf.program_mut(name).expect("program present");
-        let result = match hook {
-            Hook::XdpUplink => {
-                let xdp: &mut Xdp = program.try_into().expect("XDP program");
-                xdp.test_run(options)?
-            }
-            _ => {
-                let tc: &mut SchedClassifier = program.try_into().expect("tc program");
-                tc.test_run(options)?
-            }
-        };
-        out.truncate(result.data_size_out as usize);
-        Ok((result.return_value, out))
+        let skb = skb_ctx(self.uplink, self.uplink);
+        match hook {
+            Hook::FromPod => self.loaded.try_tc(programs::TC_FROM_POD, frame, None),
+            Hook::ToPod => self.loaded.try_tc(programs::TC_TO_POD, frame, None),
+            Hook::FromUplink => self.loaded.try_tc(programs::TC_FROM_UPLINK, frame, Some(&skb)),
+            Hook::XdpUplink => self.loaded.try_xdp(frame, Some(self.uplink)),
+        }
     }
 }
 

@@ -12,30 +12,18 @@
 //!
 //! Every output frame is compared byte for byte with one built from scratch
 //! (checksums included). Needs root (CAP_BPF).
+mod support;
+
 use std::net::Ipv4Addr;
 
-use aya::{
-    programs::{SchedClassifier, TestRun as _, TestRunOptions, Xdp},
-    Ebpf,
-};
-use proxy_common::{ct_dir, ct_flags, hairpin, programs, proto, CtEntry, CtKey};
+use proxy_common::{ct_dir, ct_flags, hairpin, programs, proto, CtKey};
 use proxy_user::{
-    ebpf::{self, Capacities},
-    maps::PinnedMaps,
-    model::{
-        BackendAddr, DesiredState, Frontend, FrontendAddr, FrontendKind, Protocol,
-        ServicePortName,
-    },
+    model::{FrontendKind, Protocol},
     packet::{checksums_valid, icmp_checksums_valid, icmp_port_unreachable, PacketSpec},
-    sync::Syncer,
 };
-
-const TC_ACT_SHOT: u32 = 2;
-const TC_ACT_REDIRECT: u32 = 7;
-/// TC_ACT_UNSPEC (-1): "not ours, let the next program decide".
-const TC_ACT_UNSPEC: u32 = u32::MAX;
-const XDP_DROP: u32 = 1;
-const XDP_TX: u32 = 3;
+use support::{
+    capacities, frontend, Loaded, TC_ACT_REDIRECT, TC_ACT_SHOT, TC_ACT_UNSPEC, XDP_DROP, XDP_TX,
+};
 
 const CLIENT: Ipv4Addr = Ipv4Addr::new(10, 244, 100, 2);
 const VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
@@ -53,141 +41,35 @@ const HAIRPIN: Ipv4Addr = Ipv4Addr::new(
     hairpin::ADDR[3],
 );
 
-fn require_root() {
-    assert!(
-        unsafe { libc::geteuid() } == 0,
-        "data-path fixtures load eBPF programs: run them as root"
+fn fixture() -> Loaded {
+    let mut local = frontend(
+        FrontendKind::ClusterIp,
+        LOCAL_VIP,
+        80,
+        Protocol::Tcp,
+        "local",
+        &[],
     );
+    local.local_only = true;
+    let frontends = vec![
+        frontend(FrontendKind::ClusterIp, EMPTY_VIP, 80, Protocol::Tcp, "empty", &[]),
+        frontend(FrontendKind::ClusterIp, EMPTY_VIP, 53, Protocol::Udp, "empty-dns", &[]),
+        local,
+        frontend(FrontendKind::NodePort, NODE, NODE_PORT, Protocol::Tcp, "np", &[]),
+        frontend(FrontendKind::NodePort, NODE, NODE_PORT, Protocol::Udp, "np-udp", &[]),
+        frontend(FrontendKind::ClusterIp, VIP, 80, Protocol::Tcp, "web", &[(POD1, 8080)]),
+        frontend(FrontendKind::ClusterIp, VIP, 53, Protocol::Udp, "dns", &[(POD1, 5353)]),
+    ];
+    Loaded::new(capacities(4096), frontends)
 }
 
-fn frontend(
-    kind: FrontendKind,
-    ip: Ipv4Addr,
-    port: u16,
-    protocol: Protocol,
-    name: &str,
-    backends: &[(Ipv4Addr, u16)],
-) -> Frontend {
-    let fe = Frontend::cluster_ip(
-        FrontendAddr { ip, port, protocol },
-        ServicePortName {
-            namespace: "test".into(),
-            name: name.into(),
-            port: String::new(),
-        },
-        backends
-            .iter()
-            .map(|(ip, port)| BackendAddr {
-                ip: *ip,
-                port: *port,
-            })
-            .collect(),
-    );
-    Frontend { kind, ..fe }
-}
-
-struct Fixture {
-    ebpf: Ebpf,
-    syncer: Syncer<PinnedMaps>,
-}
-
-impl Fixture {
-    fn new() -> Self {
-        require_root();
-        let mut local = frontend(
-            FrontendKind::ClusterIp,
-            LOCAL_VIP,
-            80,
-            Protocol::Tcp,
-            "local",
-            &[],
-        );
-        local.local_only = true;
-        let frontends = vec![
-            frontend(FrontendKind::ClusterIp, EMPTY_VIP, 80, Protocol::Tcp, "empty", &[]),
-            frontend(FrontendKind::ClusterIp, EMPTY_VIP, 53, Protocol::Udp, "empty-dns", &[]),
-            local,
-            frontend(FrontendKind::NodePort, NODE, NODE_PORT, Protocol::Tcp, "np", &[]),
-            frontend(FrontendKind::NodePort, NODE, NODE_PORT, Protocol::Udp, "np-udp", &[]),
-            frontend(FrontendKind::ClusterIp, VIP, 80, Protocol::Tcp, "web", &[(POD1, 8080)]),
-            frontend(FrontendKind::ClusterIp, VIP, 53, Protocol::Udp, "dns", &[(POD1, 5353)]),
-        ];
-        let caps = Capacities {
-            frontends: 1024,
-            backends: 1024,
-            conntrack: 4096,
-            services: 64,
-        };
-        let mut ebpf = ebpf::load_unpinned(&caps).expect("load eBPF object");
-        let maps = PinnedMaps::take(&mut ebpf).expect("maps");
-        let mut syncer = Syncer::adopt(maps, caps);
-        let desired = DesiredState {
-            frontends: frontends.into_iter().map(|f| (f.addr, f)).collect(),
-        };
-        let report = syncer.apply(&desired);
-        assert!(report.failed.is_empty(), "{report:?}");
-        Self { ebpf, syncer }
-    }
-
-    fn tc(&mut self, program: &str, frame: &[u8]) -> (u32, Vec<u8>) {
-        let prog: &mut SchedClassifier = self
-            .ebpf
-            .program_mut(program)
-            .expect("program present")
-            .try_into()
-            .expect("tc program");
-        let mut out = vec![0u8; 2048];
-        let result = prog
-            .test_run(TestRunOptions {
-                data_in: Some(frame),
-                data_out: Some(&mut out),
-                ..TestRunOptions::default()
-            })
-            .expect("BPF_PROG_TEST_RUN");
-        out.truncate(result.data_size_out as usize);
-        (result.return_value, out)
-    }
-
-    fn xdp(&mut self, frame: &[u8]) -> (u32, Vec<u8>) {
-        let prog: &mut Xdp = self
-            .ebpf
-            .program_mut(programs::XDP_UPLINK)
-            .expect("program present")
-            .try_into()
-            .expect("XDP program");
-        let mut out = vec![0u8; 2048];
-        let result = prog
-            .test_run(TestRunOptions {
-                data_in: Some(frame),
-                data_out: Some(&mut out),
-                ..TestRunOptions::default()
-            })
-            .expect("BPF_PROG_TEST_RUN");
-        out.truncate(result.data_size_out as usize);
-        (result.return_value, out)
-    }
-
-    fn stat(&self, name: &str) -> u64 {
-        self.syncer
-            .store()
-            .global_stats()
-            .into_iter()
-            .find(|(n, _)| *n == name)
-            .map(|(_, v)| v)
-            .expect("known counter")
-    }
-
-    fn drops_no_backend(&self, service: &str) -> u64 {
-        proxy_user::cli::read_services(self.syncer.store())
-            .into_iter()
-            .find(|r| r.service == format!("test/{service}"))
-            .unwrap_or_else(|| panic!("no row test/{service}"))
-            .drops_no_backend
-    }
-
-    fn ct(&self, key: &CtKey) -> Option<CtEntry> {
-        self.syncer.store().conntrack.get(key, 0).ok()
-    }
+/// The packets of Service `test/service` dropped for want of a backend.
+fn drops_no_backend(fx: &Loaded, service: &str) -> u64 {
+    proxy_user::cli::read_services(fx.syncer.store())
+        .into_iter()
+        .find(|r| r.service == format!("test/{service}"))
+        .unwrap_or_else(|| panic!("no row test/{service}"))
+        .drops_no_backend
 }
 
 /// A TCP SYN with a payload long enough that the answer must shrink it, and
@@ -215,7 +97,7 @@ struct Case {
     output: Vec<u8>,
 }
 
-fn check(fx: &mut Fixture, run: impl Fn(&mut Fixture, &[u8]) -> (u32, Vec<u8>), cases: &[Case]) {
+fn check(fx: &mut Loaded, run: impl Fn(&mut Loaded, &[u8]) -> (u32, Vec<u8>), cases: &[Case]) {
     let mut failures = Vec::new();
     for case in cases {
         let (verdict, output) = run(fx, &case.input);
@@ -248,7 +130,7 @@ fn the_builder_quotes_the_original_and_checksums_verify() {
 
 #[test]
 fn pods_packets_to_a_frontend_without_endpoints_are_rejected_with_icmp() {
-    let mut fx = Fixture::new();
+    let mut fx = fixture();
     let syn = PacketSpec::tcp(CLIENT, 40000, EMPTY_VIP, 80).build();
     let udp = PacketSpec::udp(CLIENT, 40001, EMPTY_VIP, 53).build();
     let long = long_syn(CLIENT, 40002, EMPTY_VIP, 80);
@@ -310,19 +192,19 @@ fn pods_packets_to_a_frontend_without_endpoints_are_rejected_with_icmp() {
             verdict: TC_ACT_SHOT,
         },
     ];
-    check(&mut fx, |fx, f| fx.tc(programs::TC_FROM_POD, f), &cases);
+    check(&mut fx, |fx, f| fx.tc(programs::TC_FROM_POD, f, None), &cases);
     assert_eq!(fx.stat("rejected"), 3);
     assert_eq!(fx.stat("drop_no_backend"), 2);
-    assert_eq!(fx.drops_no_backend("empty"), 3);
-    assert_eq!(fx.drops_no_backend("empty-dns"), 1);
-    assert_eq!(fx.drops_no_backend("local"), 1);
+    assert_eq!(drops_no_backend(&fx, "empty"), 3);
+    assert_eq!(drops_no_backend(&fx, "empty-dns"), 1);
+    assert_eq!(drops_no_backend(&fx, "local"), 1);
     // Nothing was tracked for a rejected packet.
     assert_eq!(fx.syncer.store().conntrack_len(), 0);
 
     // Never an ICMP answer to an ICMP error or a later fragment (whatever
     // else the fragment path does with them).
     for (what, frame) in [("ICMP error", icmp_error), ("later fragment", later_fragment)] {
-        let (_, out) = fx.tc(programs::TC_FROM_POD, &frame);
+        let (_, out) = fx.tc(programs::TC_FROM_POD, &frame, None);
         assert_ne!(out, icmp_port_unreachable(&frame), "{what}: answered with ICMP");
     }
     assert_eq!(fx.stat("rejected"), 3);
@@ -330,7 +212,7 @@ fn pods_packets_to_a_frontend_without_endpoints_are_rejected_with_icmp() {
 
 #[test]
 fn outside_packets_to_an_empty_node_port_are_rejected_by_xdp_and_tc() {
-    let mut fx = Fixture::new();
+    let mut fx = fixture();
     let syn = PacketSpec::tcp(OUTSIDE, 40000, NODE, NODE_PORT).build();
     let udp = PacketSpec::udp(OUTSIDE, 40001, NODE, NODE_PORT).build();
     let long = long_syn(OUTSIDE, 40002, NODE, NODE_PORT);
@@ -367,20 +249,20 @@ fn outside_packets_to_an_empty_node_port_are_rejected_by_xdp_and_tc() {
             },
         ]
     };
-    check(&mut fx, |fx, f| fx.xdp(f), &cases(XDP_TX, XDP_DROP));
+    check(&mut fx, |fx, f| fx.xdp(f, None), &cases(XDP_TX, XDP_DROP));
     assert_eq!((fx.stat("rejected"), fx.stat("drop_no_backend")), (3, 1));
     check(
         &mut fx,
-        |fx, f| fx.tc(programs::TC_FROM_UPLINK, f),
+        |fx, f| fx.tc(programs::TC_FROM_UPLINK, f, None),
         &cases(TC_ACT_REDIRECT, TC_ACT_SHOT),
     );
     assert_eq!((fx.stat("rejected"), fx.stat("drop_no_backend")), (6, 2));
-    assert_eq!(fx.drops_no_backend("np") + fx.drops_no_backend("np-udp"), 8);
+    assert_eq!(drops_no_backend(&fx, "np") + drops_no_backend(&fx, "np-udp"), 8);
 }
 
 #[test]
 fn a_pod_reaching_itself_through_its_service_is_hairpinned_via_169_254_42_1() {
-    let mut fx = Fixture::new();
+    let mut fx = fixture();
     let swap_macs = |mut f: Vec<u8>| {
         let (dst, src) = (f[0..6].to_vec(), f[6..12].to_vec());
         f[0..6].copy_from_slice(&src);
@@ -404,10 +286,10 @@ fn a_pod_reaching_itself_through_its_service_is_hairpinned_via_169_254_42_1() {
         reply.tcp_flags = 0x12;
 
         // Nothing tracked yet: a packet to the hairpin address is not ours.
-        let (verdict, out) = fx.tc(programs::TC_FROM_POD, &reply.build());
+        let (verdict, out) = fx.tc(programs::TC_FROM_POD, &reply.build(), None);
         assert_eq!((verdict, &out), (TC_ACT_UNSPEC, &reply.build()), "{protocol:?}");
 
-        let (verdict, out) = fx.tc(programs::TC_FROM_POD, &request.build());
+        let (verdict, out) = fx.tc(programs::TC_FROM_POD, &request.build(), None);
         let mut want = request.clone();
         want.src = HAIRPIN;
         want.dst = POD1;
@@ -416,7 +298,7 @@ fn a_pod_reaching_itself_through_its_service_is_hairpinned_via_169_254_42_1() {
         assert_eq!(out, swap_macs(want.build()), "{protocol:?}: request rewritten");
         assert!(checksums_valid(&out));
 
-        let (verdict, out) = fx.tc(programs::TC_FROM_POD, &reply.build());
+        let (verdict, out) = fx.tc(programs::TC_FROM_POD, &reply.build(), None);
         let mut want = reply.clone();
         want.src = VIP;
         want.sport = vip_port;
@@ -458,7 +340,7 @@ fn a_pod_reaching_itself_through_its_service_is_hairpinned_via_169_254_42_1() {
             (be32(VIP), vip_port.to_be(), be32(POD1), sport.to_be())
         );
         // A second packet of the flow is hairpinned the same way.
-        let (verdict, out) = fx.tc(programs::TC_FROM_POD, &request.build());
+        let (verdict, out) = fx.tc(programs::TC_FROM_POD, &request.build(), None);
         assert_eq!(verdict, TC_ACT_REDIRECT);
         assert_eq!(&out[26..30], &HAIRPIN.octets());
     }
@@ -466,6 +348,7 @@ fn a_pod_reaching_itself_through_its_service_is_hairpinned_via_169_254_42_1() {
     let (verdict, out) = fx.tc(
         programs::TC_FROM_POD,
         &PacketSpec::tcp(POD2, 46000, VIP, 80).build(),
+        None,
     );
     assert_eq!(verdict, 0);
     assert_eq!(&out[26..30], &POD2.octets());

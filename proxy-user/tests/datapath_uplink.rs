@@ -20,36 +20,24 @@
 //!
 //! The namespace goes away with the thread (every `ip` child is waited for).
 //! Nothing here touches the namespace the tests were started in.
+mod support;
+
 use std::{
     ffi::CString, fs, net::Ipv4Addr, os::unix::fs::MetadataExt as _, process::Command, thread,
 };
 
-use aya::{
-    programs::{SchedClassifier, TestRun as _, TestRunOptions, Xdp},
-    Ebpf,
-};
 use proxy_common::{ct_dir, ct_flags, programs, proto, scope, snat, CtEntry, CtKey};
 use proxy_user::{
-    ebpf::{self, Capacities},
-    maps::{MapStore, PinnedMaps},
-    model::{
-        BackendAddr, DesiredState, Frontend, FrontendAddr, FrontendKind, Protocol, ServicePortName,
-    },
+    maps::MapStore,
+    model::{BackendAddr, Frontend, FrontendKind, Protocol},
     packet::{
         checksum, checksums_valid, icmp_error_checksums_valid, icmp_frame, PacketSpec, ETH_HLEN,
     },
-    sync::Syncer,
 };
-
-const XDP_DROP: u32 = 1;
-const XDP_PASS: u32 = 2;
-const XDP_TX: u32 = 3;
-const TC_ACT_OK: u32 = 0;
-const TC_ACT_SHOT: u32 = 2;
-/// TC_ACT_REDIRECT: `bpf_redirect_neigh` accepted the packet.
-const TC_ACT_REDIRECT: u32 = 7;
-/// TC_ACT_UNSPEC (-1): "not ours, let the next program decide".
-const TC_ACT_UNSPEC: u32 = u32::MAX;
+use support::{
+    capacities, require_root, skb_ctx, Loaded, TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT,
+    TC_ACT_UNSPEC, XDP_DROP, XDP_PASS, XDP_TX,
+};
 
 /// The node's address on its uplink `up0`.
 const NODE: Ipv4Addr = Ipv4Addr::new(192, 168, 50, 1);
@@ -72,13 +60,6 @@ const LB_IP: Ipv4Addr = Ipv4Addr::new(192, 168, 60, 10);
 const EXTERNAL_IP: Ipv4Addr = Ipv4Addr::new(192, 168, 70, 10);
 const NODE_PORT: u16 = 30080;
 const POD_PORT: u16 = 8080;
-
-fn require_root() {
-    assert!(
-        unsafe { libc::geteuid() } == 0,
-        "data-path fixtures load eBPF programs and create network namespaces: run them as root"
-    );
-}
 
 // ---------------------------------------------------------------------------
 // The private network namespace.
@@ -218,6 +199,7 @@ fn on_node<T: Send + 'static>(body: impl FnOnce(&Node) -> T + Send + 'static) ->
 // ---------------------------------------------------------------------------
 // Frontends and the loaded programs.
 
+/// A frontend of `test/name` balancing over `backends`, each on POD_PORT.
 fn frontend(
     kind: FrontendKind,
     ip: Ipv4Addr,
@@ -226,23 +208,8 @@ fn frontend(
     name: &str,
     backends: &[Ipv4Addr],
 ) -> Frontend {
-    let addr = FrontendAddr { ip, port, protocol };
-    let service = ServicePortName {
-        namespace: "test".into(),
-        name: name.into(),
-        port: String::new(),
-    };
-    let backends = backends
-        .iter()
-        .map(|ip| BackendAddr {
-            ip: *ip,
-            port: POD_PORT,
-        })
-        .collect();
-    Frontend {
-        kind,
-        ..Frontend::cluster_ip(addr, service, backends)
-    }
+    let backends: Vec<_> = backends.iter().map(|&ip| (ip, POD_PORT)).collect();
+    support::frontend(kind, ip, port, protocol, name, &backends)
 }
 
 /// `externalTrafficPolicy: Local` with `external` as this node's endpoints.
@@ -294,8 +261,7 @@ impl Prog {
 }
 
 struct Fixture {
-    ebpf: Ebpf,
-    syncer: Syncer<PinnedMaps>,
+    loaded: Loaded,
     uplink: u32,
 }
 
@@ -303,137 +269,43 @@ impl Fixture {
     /// Loads the programs (in the calling thread's namespace), programs
     /// `frontends` and makes `up0` the node's uplink with address NODE.
     fn new(node: &Node, frontends: Vec<Frontend>) -> Self {
-        let caps = Capacities {
-            frontends: 1024,
-            backends: 1024,
-            // Room for every SNAT port of one backend (33512) and then some.
-            conntrack: 65536,
-            services: 64,
-        };
-        let mut ebpf = ebpf::load_unpinned(&caps).expect("load eBPF object");
-        let maps = PinnedMaps::take(&mut ebpf).expect("maps");
-        let mut syncer = Syncer::adopt(maps, caps);
-        let desired = DesiredState {
-            frontends: frontends.into_iter().map(|f| (f.addr, f)).collect(),
-        };
-        let report = syncer.apply(&desired);
-        assert!(report.failed.is_empty(), "{report:?}");
-        syncer
-            .store_mut()
-            .set_uplinks(&[(node.uplink, NODE)])
-            .expect("write the uplink map");
+        // Room for every SNAT port of one backend (33512) and then some.
+        let mut loaded = Loaded::new(capacities(65536), frontends);
+        loaded.set_uplink(node.uplink, NODE);
         Self {
-            ebpf,
-            syncer,
+            loaded,
             uplink: node.uplink,
         }
     }
 
     /// Runs `frame` through `prog` as if it arrived on the uplink.
     fn run(&mut self, prog: Prog, frame: &[u8]) -> (u32, Vec<u8>) {
-        let mut out = vec![0u8; 2048];
-        let result = match prog {
-            Prog::Xdp => {
-                // struct xdp_md: data, data_end, data_meta, ingress_ifindex,
-                // rx_queue_index, egress_ifindex.
-                let ctx: Vec<u8> = [0, frame.len() as u32, 0, self.uplink, 0, 0]
-                    .iter()
-                    .flat_map(|word| word.to_ne_bytes())
-                    .collect();
-                let xdp: &mut Xdp = self
-                    .ebpf
-                    .program_mut(programs::XDP_UPLINK)
-                    .expect("program present")
-                    .try_into()
-                    .expect("XDP program");
-                xdp.test_run(TestRunOptions {
-                    data_in: Some(frame),
-                    data_out: Some(&mut out),
-                    ctx_in: Some(&ctx),
-                    ..TestRunOptions::default()
-                })
-            }
-            Prog::Tc => self.run_tc(programs::TC_FROM_UPLINK, frame, &mut out),
+        match prog {
+            Prog::Xdp => self.loaded.xdp(frame, Some(self.uplink)),
+            Prog::Tc => self.run_tc(programs::TC_FROM_UPLINK, frame),
         }
-        .expect("BPF_PROG_TEST_RUN");
-        out.truncate(result.data_size_out as usize);
-        (result.return_value, out)
     }
 
     /// Runs a tc program with the uplink as the skb's device and ingress
     /// interface.
-    fn run_tc(
-        &mut self,
-        program: &str,
-        frame: &[u8],
-        out: &mut [u8],
-    ) -> Result<aya::programs::TestRunResult, aya::programs::ProgramError> {
-        // The head of struct __sk_buff, up to `ifindex`; the kernel zero-fills
-        // the rest. ingress_ifindex is at byte 36, ifindex at byte 40.
-        let mut ctx = vec![0u8; 44];
-        ctx[36..40].copy_from_slice(&self.uplink.to_ne_bytes());
-        ctx[40..44].copy_from_slice(&self.uplink.to_ne_bytes());
-        let tc: &mut SchedClassifier = self
-            .ebpf
-            .program_mut(program)
-            .expect("program present")
-            .try_into()
-            .expect("tc program");
-        tc.test_run(TestRunOptions {
-            data_in: Some(frame),
-            data_out: Some(out),
-            ctx_in: Some(&ctx),
-            ..TestRunOptions::default()
-        })
+    fn run_tc(&mut self, program: &str, frame: &[u8]) -> (u32, Vec<u8>) {
+        let ctx = skb_ctx(self.uplink, self.uplink);
+        self.loaded.tc(program, frame, Some(&ctx))
     }
 
     /// A packet the uplink sends (tc egress: `sb_to_pod`, which reverses a
     /// local backend's replies).
     fn run_egress(&mut self, frame: &[u8]) -> (u32, Vec<u8>) {
-        let mut out = vec![0u8; 2048];
-        let result = self
-            .run_tc(programs::TC_TO_UPLINK, frame, &mut out)
-            .expect("BPF_PROG_TEST_RUN");
-        out.truncate(result.data_size_out as usize);
-        (result.return_value, out)
+        self.run_tc(programs::TC_TO_UPLINK, frame)
     }
 
     /// A packet a pod of this node sends (`sb_from_pod`, no context needed).
     fn run_from_pod(&mut self, frame: &[u8]) -> (u32, Vec<u8>) {
-        let prog: &mut SchedClassifier = self
-            .ebpf
-            .program_mut(programs::TC_FROM_POD)
-            .expect("program present")
-            .try_into()
-            .expect("tc program");
-        let mut out = vec![0u8; 2048];
-        let result = prog
-            .test_run(TestRunOptions {
-                data_in: Some(frame),
-                data_out: Some(&mut out),
-                ..TestRunOptions::default()
-            })
-            .expect("BPF_PROG_TEST_RUN");
-        out.truncate(result.data_size_out as usize);
-        (result.return_value, out)
-    }
-
-    fn stat(&self, name: &str) -> u64 {
-        self.syncer
-            .store()
-            .global_stats()
-            .into_iter()
-            .find(|(n, _)| *n == name)
-            .map(|(_, v)| v)
-            .expect("known counter")
-    }
-
-    fn ct(&self, key: &CtKey) -> Option<CtEntry> {
-        self.syncer.store().conntrack.get(key, 0).ok()
+        self.loaded.tc(programs::TC_FROM_POD, frame, None)
     }
 
     fn service_row(&self, name: &str) -> proxy_user::cli::ServiceRow {
-        let rows = proxy_user::cli::read_services(self.syncer.store());
+        let rows = proxy_user::cli::read_services(self.loaded.syncer.store());
         let names: Vec<String> = rows.iter().map(|r| r.service.clone()).collect();
         rows.into_iter()
             .find(|r| r.service == format!("test/{name}"))
@@ -648,10 +520,10 @@ fn outside_clients_reach_a_local_backend_by_dnat_only() {
             check_cases(&mut fx, prog, &cases);
 
             let n = flows.len() as u64;
-            assert_eq!(fx.stat("ext_local"), n, "{prog:?}");
-            assert_eq!(fx.stat("ext_remote"), 0, "{prog:?}");
+            assert_eq!(fx.loaded.stat("ext_local"), n, "{prog:?}");
+            assert_eq!(fx.loaded.stat("ext_remote"), 0, "{prog:?}");
             assert_eq!(
-                fx.stat("forwarded"),
+                fx.loaded.stat("forwarded"),
                 0,
                 "{prog:?}: not counted as pod traffic"
             );
@@ -660,6 +532,7 @@ fn outside_clients_reach_a_local_backend_by_dnat_only() {
             assert_eq!(fx.service_row("lb").packets, 1, "{prog:?}");
             // Local flows are tracked without SNAT.
             let fwd = fx
+                .loaded
                 .ct(&CtKey {
                     saddr_be: be32(CLIENT),
                     daddr_be: be32(NODE),
@@ -745,8 +618,8 @@ fn local_policy_sends_outside_flows_only_to_local_endpoints_without_snat() {
                     }
                 }
                 check_cases(&mut fx, prog, &cases);
-                assert_eq!(fx.stat("ext_local"), 200, "{prog:?} {protocol:?}");
-                assert_eq!(fx.stat("ext_remote"), 0, "{prog:?} {protocol:?}");
+                assert_eq!(fx.loaded.stat("ext_local"), 200, "{prog:?} {protocol:?}");
+                assert_eq!(fx.loaded.stat("ext_remote"), 0, "{prog:?} {protocol:?}");
 
                 // Pods of this node still get the cluster-wide set.
                 let mut seen = std::collections::BTreeSet::new();
@@ -800,12 +673,12 @@ fn local_policy_without_local_endpoints_drops_outside_traffic_only() {
                     },
                 ],
             );
-            assert_eq!(fx.stat("drop_no_backend"), 2, "{prog:?}");
-            assert_eq!(fx.stat("ext_local") + fx.stat("ext_remote"), 0, "{prog:?}");
+            assert_eq!(fx.loaded.stat("drop_no_backend"), 2, "{prog:?}");
+            assert_eq!(fx.loaded.stat("ext_local") + fx.loaded.stat("ext_remote"), 0, "{prog:?}");
             // The maps hold both sets: the internal one cluster-wide, the
             // external one empty. (Read from the maps directly: `switchboard
             // services` merges the two slot-0 entries, see the report.)
-            let dump = fx.syncer.store().dump();
+            let dump = fx.loaded.syncer.store().dump();
             let head = |scope| {
                 dump.frontends
                     .iter()
@@ -844,10 +717,10 @@ fn local_policy_without_local_endpoints_drops_outside_traffic_only() {
                     .any(|(k, _)| k.scope == scope::EXTERNAL && k.slot > 0),
                 "{prog:?}: the external set has no slots"
             );
-            let svc = fx.syncer.store().service_stats(internal.service_id);
+            let svc = fx.loaded.syncer.store().service_stats(internal.service_id);
             assert_eq!(svc.drops_no_backend, 2, "{prog:?}: {svc:?}");
             // No flow was tracked for the dropped packets.
-            assert_eq!(fx.syncer.store().conntrack_len(), 0, "{prog:?}");
+            assert_eq!(fx.loaded.syncer.store().conntrack_len(), 0, "{prog:?}");
             // A pod of this node reaches the same frontend.
             let (verdict, out) =
                 fx.run_from_pod(&PacketSpec::tcp(POD_CLIENT, 30000, NODE, NODE_PORT).build());
@@ -924,11 +797,11 @@ fn xdp_snats_a_flow_to_a_remote_backend_and_sends_it_and_its_reply_back_out() {
             assert_eq!(out, expected, "{protocol:?}: forwarded frame");
             assert!(checksums_valid(&out));
             assert_eq!(out[ETH_HLEN + 8], 63, "TTL decremented");
-            assert_eq!(fx.stat("ext_remote"), 1);
-            assert_eq!(fx.stat("ext_local"), 0);
+            assert_eq!(fx.loaded.stat("ext_remote"), 1);
+            assert_eq!(fx.loaded.stat("ext_local"), 0);
 
             // Connection tracking: the forward entry and the reply entry.
-            let fwd = fx.ct(&forward_key(protocol, sport)).expect("forward entry");
+            let fwd = fx.loaded.ct(&forward_key(protocol, sport)).expect("forward entry");
             assert_ne!(fwd.flags & ct_flags::SNAT, 0, "{fwd:?}");
             assert_eq!(
                 (
@@ -945,7 +818,7 @@ fn xdp_snats_a_flow_to_a_remote_backend_and_sends_it_and_its_reply_back_out() {
                 ),
                 "{fwd:?}"
             );
-            let rev = fx.ct(&reply_key(protocol, snat_port)).expect("reply entry");
+            let rev = fx.loaded.ct(&reply_key(protocol, snat_port)).expect("reply entry");
             assert_ne!(rev.flags & ct_flags::SNAT, 0, "{rev:?}");
             assert_eq!(
                 (
@@ -957,7 +830,7 @@ fn xdp_snats_a_flow_to_a_remote_backend_and_sends_it_and_its_reply_back_out() {
                 (be32(NODE), NODE_PORT.to_be(), be32(CLIENT), sport.to_be()),
                 "{rev:?}"
             );
-            assert_eq!(fx.syncer.store().conntrack_len(), 2);
+            assert_eq!(fx.loaded.syncer.store().conntrack_len(), 2);
 
             // The next packet of the flow keeps its SNAT port.
             let next = match protocol {
@@ -986,8 +859,8 @@ fn xdp_snats_a_flow_to_a_remote_backend_and_sends_it_and_its_reply_back_out() {
                 ),
                 "{protocol:?}: second packet, same SNAT port"
             );
-            assert_eq!(fx.stat("ext_remote"), 2);
-            assert_eq!(fx.syncer.store().conntrack_len(), 2, "no new entries");
+            assert_eq!(fx.loaded.stat("ext_remote"), 2);
+            assert_eq!(fx.loaded.syncer.store().conntrack_len(), 2, "no new entries");
 
             // The backend's reply goes back to the client from the NodePort.
             let reply = match protocol {
@@ -1013,7 +886,7 @@ fn xdp_snats_a_flow_to_a_remote_backend_and_sends_it_and_its_reply_back_out() {
                 "{protocol:?}: reply frame"
             );
             assert!(checksums_valid(&out));
-            assert_eq!(fx.stat("ext_reply"), 1);
+            assert_eq!(fx.loaded.stat("ext_reply"), 1);
 
             // To the SNAT port, but not from the flow's backend: not ours.
             let stranger = spec(protocol, POD_REMOTE, 9999, NODE, snat_port);
@@ -1022,8 +895,8 @@ fn xdp_snats_a_flow_to_a_remote_backend_and_sends_it_and_its_reply_back_out() {
                 (XDP_PASS, stranger.build()),
                 "{protocol:?}: SNAT port from another source port"
             );
-            assert_eq!(fx.stat("ext_reply"), 1);
-            assert_eq!(fx.stat("xdp_to_tc"), 0);
+            assert_eq!(fx.loaded.stat("ext_reply"), 1);
+            assert_eq!(fx.loaded.stat("xdp_to_tc"), 0);
         }
     });
 }
@@ -1056,8 +929,8 @@ fn many_remote_flows_get_distinct_snat_ports() {
         assert!(ports
             .iter()
             .all(|p| snat::is_snat_port(*p)));
-        assert_eq!(fx.stat("ext_remote"), 200);
-        assert_eq!(fx.stat("snat_exhausted"), 0);
+        assert_eq!(fx.loaded.stat("ext_remote"), 200);
+        assert_eq!(fx.loaded.stat("snat_exhausted"), 0);
     });
 }
 
@@ -1101,12 +974,12 @@ fn tc_twin_snats_a_flow_to_a_remote_backend_and_restores_its_reply() {
                 "{protocol:?}: request frame"
             );
             assert!(checksums_valid(&out));
-            assert_eq!(fx.stat("ext_remote"), 1);
-            let fwd = fx.ct(&forward_key(protocol, sport)).expect("forward entry");
+            assert_eq!(fx.loaded.stat("ext_remote"), 1);
+            let fwd = fx.loaded.ct(&forward_key(protocol, sport)).expect("forward entry");
             assert_ne!(fwd.flags & ct_flags::SNAT, 0);
             assert_eq!(fwd.snat_port_be, snat_port.to_be());
             assert!(
-                fx.ct(&reply_key(protocol, snat_port)).is_some(),
+                fx.loaded.ct(&reply_key(protocol, snat_port)).is_some(),
                 "reply entry"
             );
 
@@ -1130,7 +1003,7 @@ fn tc_twin_snats_a_flow_to_a_remote_backend_and_restores_its_reply() {
                 "{protocol:?}: reply frame"
             );
             assert!(checksums_valid(&out));
-            assert_eq!(fx.stat("ext_reply"), 1);
+            assert_eq!(fx.loaded.stat("ext_reply"), 1);
         }
     });
 }
@@ -1232,11 +1105,11 @@ fn packets_that_are_not_ours_pass_untouched() {
                 })
                 .collect();
             check_cases(&mut fx, prog, &cases);
-            assert_eq!(fx.stat("malformed"), 3, "{prog:?}");
+            assert_eq!(fx.loaded.stat("malformed"), 3, "{prog:?}");
             if prog == Prog::Xdp {
-                assert_eq!(fx.stat("fragment"), 2);
+                assert_eq!(fx.loaded.stat("fragment"), 2);
             } else {
-                assert_eq!(fx.stat("frag_unknown"), 1);
+                assert_eq!(fx.loaded.stat("frag_unknown"), 1);
             }
             for counter in [
                 "ext_local",
@@ -1245,9 +1118,9 @@ fn packets_that_are_not_ours_pass_untouched() {
                 "drop_no_backend",
                 "xdp_to_tc",
             ] {
-                assert_eq!(fx.stat(counter), 0, "{prog:?}: {counter}");
+                assert_eq!(fx.loaded.stat(counter), 0, "{prog:?}: {counter}");
             }
-            assert_eq!(fx.syncer.store().conntrack_len(), 0, "{prog:?}");
+            assert_eq!(fx.loaded.syncer.store().conntrack_len(), 0, "{prog:?}");
         }
     });
 }
@@ -1277,16 +1150,16 @@ fn xdp_leaves_a_remote_flow_with_ttl_1_to_the_tc_twin() {
             let (verdict, out) = fx.run(Prog::Xdp, &dying);
             assert_eq!(verdict, XDP_PASS, "TTL 1 must not be sent out");
             assert_eq!(out, dying, "passed untranslated");
-            assert_eq!(fx.stat("xdp_to_tc"), round);
+            assert_eq!(fx.loaded.stat("xdp_to_tc"), round);
         }
         let (verdict, _) = fx.run(Prog::Tc, &dying);
         assert_eq!(verdict, TC_ACT_SHOT);
-        assert_eq!(fx.stat("ttl_exceeded"), 1);
+        assert_eq!(fx.loaded.stat("ttl_exceeded"), 1);
         // The same flow with a live TTL is sent out.
         let (verdict, out) = fx.run(Prog::Xdp, &request.build());
         assert_eq!(verdict, XDP_TX);
         assert_eq!(out[ETH_HLEN + 8], 63);
-        assert_eq!(fx.stat("xdp_to_tc"), 3);
+        assert_eq!(fx.loaded.stat("xdp_to_tc"), 3);
     });
 }
 
@@ -1312,9 +1185,9 @@ fn xdp_leaves_a_remote_flow_without_next_hop_neighbour_to_the_tc_twin() {
         let (verdict, out) = fx.run(Prog::Xdp, &request.build());
         assert_eq!(verdict, XDP_PASS);
         assert_eq!(out, request.build(), "passed untranslated");
-        assert_eq!(fx.stat("xdp_to_tc"), 1);
-        assert_eq!(fx.stat("ext_remote"), 0);
-        let fwd = fx.ct(&forward_key(Protocol::Udp, 40000)).expect("XDP tracked the flow");
+        assert_eq!(fx.loaded.stat("xdp_to_tc"), 1);
+        assert_eq!(fx.loaded.stat("ext_remote"), 0);
+        let fwd = fx.loaded.ct(&forward_key(Protocol::Udp, 40000)).expect("XDP tracked the flow");
         let snat_port = u16::from_be(fwd.snat_port_be);
 
         let (verdict, out) = fx.run(Prog::Tc, &request.build());
@@ -1333,7 +1206,7 @@ fn xdp_leaves_a_remote_flow_without_next_hop_neighbour_to_the_tc_twin() {
             "the tc twin uses XDP's translation"
         );
         assert!(checksums_valid(&out));
-        assert_eq!(fx.stat("ext_remote"), 1);
+        assert_eq!(fx.loaded.stat("ext_remote"), 1);
     });
 }
 
@@ -1379,7 +1252,7 @@ fn icmp_errors_about_a_remote_flow_reach_the_client_translated() {
             );
             assert_eq!(out, expected, "{protocol:?}: the error as the client must see it");
             assert!(icmp_error_checksums_valid(&out));
-            assert_eq!(fx.stat("icmp_error_translated"), 1);
+            assert_eq!(fx.loaded.stat("icmp_error_translated"), 1);
 
             // An error quoting a flow nobody source-NATed passes untouched.
             let stranger = rewritten(&request, |p| {
@@ -1391,7 +1264,7 @@ fn icmp_errors_about_a_remote_flow_reach_the_client_translated() {
             let error = icmp_frame(POD_REMOTE, NODE, 3, 4, 1400, &stranger[ETH_HLEN..ETH_HLEN + 28]);
             let (verdict, out) = fx.run(Prog::Tc, &error);
             assert_eq!((verdict, out), (TC_ACT_UNSPEC, error));
-            assert_eq!(fx.stat("icmp_error_translated"), 1);
+            assert_eq!(fx.loaded.stat("icmp_error_translated"), 1);
         }
     });
 }
@@ -1411,7 +1284,7 @@ fn monotonic_ns() -> u64 {
 /// Every SNAT port of node → POD_REMOTE:POD_PORT held by a flow of another
 /// client with `flags`, stamped `stamp_ns`.
 fn hold_every_snat_port(fx: &mut Fixture, flags: u8, stamp_ns: u64) {
-    let conntrack = &mut fx.syncer.store_mut().conntrack;
+    let conntrack = &mut fx.loaded.syncer.store_mut().conntrack;
     for port in (0..snat::PORTS).map(snat::port) {
         let key = CtKey {
             saddr_be: u32::from_ne_bytes(POD_REMOTE.octets()),
@@ -1462,12 +1335,12 @@ fn snat_ports_of_closed_flows_are_reused_only_after_time_wait() {
         hold_every_snat_port(&mut fx, ct_flags::SNAT | ct_flags::CLOSING, now);
         let (verdict, _) = fx.run(Prog::Xdp, &syn(40000));
         assert_eq!(verdict, XDP_DROP, "closed just now: still in TIME_WAIT at the backend");
-        assert_eq!(fx.stat("snat_exhausted"), 1);
+        assert_eq!(fx.loaded.stat("snat_exhausted"), 1);
 
         hold_every_snat_port(&mut fx, ct_flags::SNAT, now - 2 * snat::REUSE_AFTER_NS);
         let (verdict, _) = fx.run(Prog::Xdp, &syn(40001));
         assert_eq!(verdict, XDP_DROP, "open flows keep their ports, however old");
-        assert_eq!(fx.stat("snat_exhausted"), 2);
+        assert_eq!(fx.loaded.stat("snat_exhausted"), 2);
 
         hold_every_snat_port(
             &mut fx,
@@ -1477,12 +1350,12 @@ fn snat_ports_of_closed_flows_are_reused_only_after_time_wait() {
         let (verdict, out) = fx.run(Prog::Xdp, &syn(40002));
         assert_eq!(verdict, XDP_TX, "a port closed long ago is taken");
         let (_, port) = src_of(&out);
-        let entry = fx.ct(&reply_key(Protocol::Tcp, port)).expect("reply entry");
+        let entry = fx.loaded.ct(&reply_key(Protocol::Tcp, port)).expect("reply entry");
         assert_eq!(
             (entry.snat_addr_be, u16::from_be(entry.snat_port_be), entry.flags),
             (u32::from_ne_bytes(CLIENT.octets()), 40002, ct_flags::SNAT),
             "the entry now names the new client, open"
         );
-        assert_eq!(fx.stat("snat_exhausted"), 2);
+        assert_eq!(fx.loaded.stat("snat_exhausted"), 2);
     });
 }

@@ -2,27 +2,21 @@
 //! unit tests): a first sync into empty maps goes out in batches
 //! (`BPF_MAP_UPDATE_BATCH`), later ones entry by entry, and either way the
 //! maps decode to exactly the model's desired state. Needs root (CAP_BPF).
+mod support;
+
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
 use proxy_common::scope;
 use proxy_user::{
-    ebpf::{self, Capacities},
+    ebpf::Capacities,
     encode::{backend_addr, frontend_addr, revnat_name},
     maps::{MapStore, PinnedMaps},
     model::{BackendAddr, DesiredState, FrontendAddr, Interner, Model, ObjectKey, SliceInfo},
     sync::Syncer,
 };
 use serde_json::json;
-
-fn require_root() {
-    assert!(
-        // SAFETY: geteuid has no preconditions and cannot fail.
-        unsafe { libc::geteuid() } == 0,
-        "kernel map tests load eBPF maps: run them as root (`cargo xtask test`)"
-    );
-}
 
 fn service(i: u32) -> Service {
     serde_json::from_value(json!({
@@ -79,7 +73,6 @@ fn want(desired: &DesiredState) -> BTreeMap<FrontendAddr, (String, Vec<BackendAd
 
 #[test]
 fn a_batched_first_sync_and_incremental_changes_leave_exactly_the_desired_state() {
-    require_root();
     let count = 600;
     let caps = Capacities {
         frontends: 8192,
@@ -87,8 +80,7 @@ fn a_batched_first_sync_and_incremental_changes_leave_exactly_the_desired_state(
         conntrack: 1024,
         services: 1024,
     };
-    let mut ebpf = ebpf::load_unpinned(&caps).expect("loading the programs");
-    let maps = PinnedMaps::take(&mut ebpf).expect("opening the maps");
+    let (_ebpf, maps) = support::load(&caps);
     let mut syncer = Syncer::adopt(maps, caps);
     let mut model = Model::new(None, None);
     let mut interner = Interner::default();
@@ -134,7 +126,6 @@ fn a_batched_first_sync_and_incremental_changes_leave_exactly_the_desired_state(
 /// 1..=N, the array N + 1 entries); the N + 1st port is refused by name.
 #[test]
 fn max_services_n_gives_n_service_ports_each_with_counters() {
-    require_root();
     let n = 4;
     let caps = Capacities {
         frontends: 64,
@@ -142,8 +133,7 @@ fn max_services_n_gives_n_service_ports_each_with_counters() {
         conntrack: 64,
         services: n,
     };
-    let mut ebpf = ebpf::load_unpinned(&caps).expect("loading the programs");
-    let maps = PinnedMaps::take(&mut ebpf).expect("opening the maps");
+    let (_ebpf, maps) = support::load(&caps);
     assert_eq!(maps.service_stats.len(), n + 1);
     let mut syncer = Syncer::adopt(maps, caps);
     let mut model = Model::new(None, None);
