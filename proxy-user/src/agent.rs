@@ -341,6 +341,7 @@ fn status_template(config: &AgentConfig) -> AgentStatus {
         node_name: config.node_name.clone(),
         proxy_name: config.proxy_name.clone(),
         lb_algorithm: value_name(&config.lb_algorithm),
+        max_endpoints_per_service: Some(config.max_endpoints_per_service),
         socket_lb_cgroup: config.socket_lb_cgroup.as_ref().map(|p| p.display().to_string()),
         healthz_bind: bind(config.healthz_bind),
         metrics_bind: bind(config.metrics_bind),

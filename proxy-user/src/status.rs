@@ -33,6 +33,8 @@ pub struct AgentStatus {
     pub proxy_name: Option<String>,
     /// `--lb-algorithm`: the default for Services without the annotation.
     pub lb_algorithm: String,
+    /// `--max-endpoints-per-service` (`None` from an agent that predates it).
+    pub max_endpoints_per_service: Option<u16>,
     /// Seconds since the epoch of the last completed sync.
     pub last_sync_unix_s: u64,
     /// How long the last sync took, in microseconds.

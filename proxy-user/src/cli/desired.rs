@@ -145,11 +145,12 @@ fn pod_ready(pod: &Pod) -> bool {
 
 /// The model the agent would program from `inputs`.
 pub fn build(inputs: &Inputs, status: &AgentStatus) -> DesiredState {
-    model::build_for_node(
+    model::build_limited(
         &inputs.services,
         &inputs.slices,
         inputs.node.as_ref(),
         status.proxy_name.as_deref(),
+        status.max_endpoints_per_service,
     )
     .0
 }

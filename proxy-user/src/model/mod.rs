@@ -463,7 +463,22 @@ pub fn build_for_node(
     node: Option<&NodeInfo>,
     proxy_name: Option<&str>,
 ) -> (DesiredState, Vec<ModelWarning>) {
+    build_limited(services, slices, node, proxy_name, None)
+}
+
+/// [`build_for_node`] with the agent's `--max-endpoints-per-service`
+/// (`None`: the default).
+pub fn build_limited(
+    services: &[Service],
+    slices: &[EndpointSlice],
+    node: Option<&NodeInfo>,
+    proxy_name: Option<&str>,
+    max_endpoints_per_port: Option<u16>,
+) -> (DesiredState, Vec<ModelWarning>) {
     let mut model = Model::new(node.cloned(), proxy_name.map(str::to_owned));
+    if let Some(max) = max_endpoints_per_port {
+        model.set_max_endpoints_per_port(max);
+    }
     for svc in services {
         let info = ServiceInfo::from_k8s(svc);
         model.set_service(info.key.clone(), Some(Arc::new(info)));

@@ -2388,3 +2388,21 @@ fn endpoints_beyond_the_limit_are_dropped_last_first_and_reported() {
     assert_eq!(model.desired().frontends.values().next().map(|f| f.backends.len()), Some(4));
     assert_eq!(model.warnings().count(), 0);
 }
+
+/// `switchboard doctor` rebuilds the model with the agent's
+/// `--max-endpoints-per-service` (from its status file), so a Service over the
+/// limit is not reported as a difference between the source and the maps.
+#[test]
+fn a_one_shot_build_applies_the_agents_endpoint_limit() {
+    let (services, slices) = objects(&format!(
+        "{WEB}---\n{}",
+        WEB_SLICE.replace("endpoints: [{addresses: [10.244.1.2]}, {addresses: [10.244.1.3]}]",
+            "endpoints: [{addresses: [10.244.1.4]}, {addresses: [10.244.1.2]}, {addresses: [10.244.1.3]}]")
+    ));
+    let backends = |max| {
+        let (desired, _) = build_limited(&services, &slices, None, None, max);
+        desired.frontends.values().map(|f| f.backends.len()).collect::<Vec<_>>()
+    };
+    assert_eq!(backends(Some(2)), [2]);
+    assert_eq!(backends(None), [3]);
+}
