@@ -13,8 +13,8 @@
 //!
 //! The layout follows the idea of Cilium's `lb4_*` maps: a frontend map keyed by
 //! (address, port, protocol, backend slot) whose slot 0 describes the service
-//! and whose slots 1..=count name backends by id; backends in their own map; an
-//! LRU connection-tracking map; a reverse-NAT map by service id; per-CPU
+//! and whose slots 1..=count name backends by id; backends in their own map; a
+//! connection-tracking map the agent garbage-collects; a reverse-NAT map by service id; per-CPU
 //! counters per service. The socket layer (cgroup hooks) adds an LRU map of
 //! per-socket translations and one of per-network-namespace affinity.
 #![no_std]

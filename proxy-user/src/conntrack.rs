@@ -275,38 +275,19 @@ pub fn flows(table: &StdHashMap<CtKey, CtEntry>) -> Vec<FlowKeys> {
     out
 }
 
-/// The flow `keys` names, read from `get`.
+/// Whether the flow `keys` names, its entries read from `get`, has expired.
 fn judge(keys: &FlowKeys, get: impl Fn(&CtKey) -> Option<CtEntry>, now_ns: u64, t: &Timeouts) -> bool {
-    match *keys {
-        FlowKeys::Pair { forward, reply } => {
-            let (f, r) = (get(&forward), get(&reply));
-            expired(
-                &Flow {
-                    protocol: forward.proto,
-                    forward: f.as_ref(),
-                    reply: r.as_ref(),
-                },
-                now_ns,
-                t,
-            )
-        }
-        FlowKeys::Orphan(key) => {
-            let e = get(&key);
-            let (forward, reply) = match key.dir {
-                ct_dir::FORWARD => (e.as_ref(), None),
-                _ => (None, e.as_ref()),
-            };
-            expired(
-                &Flow {
-                    protocol: key.proto,
-                    forward,
-                    reply,
-                },
-                now_ns,
-                t,
-            )
-        }
-    }
+    let (protocol, forward, reply) = match *keys {
+        FlowKeys::Pair { forward, reply } => (forward.proto, get(&forward), get(&reply)),
+        FlowKeys::Orphan(key) if key.dir == ct_dir::FORWARD => (key.proto, get(&key), None),
+        FlowKeys::Orphan(key) => (key.proto, None, get(&key)),
+    };
+    let flow = Flow {
+        protocol,
+        forward: forward.as_ref(),
+        reply: reply.as_ref(),
+    };
+    expired(&flow, now_ns, t)
 }
 
 /// The table the collector works on (a trait so the logic is tested on an

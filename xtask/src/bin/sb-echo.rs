@@ -434,46 +434,64 @@ impl UdpClient {
     }
 }
 
-/// One TCP connection left idle until standard input says go, then `count`
-/// lines, each answered with the greeting (so by the same pod).
-fn idle(addr: SocketAddr, count: u32, timeout: Duration) -> bool {
-    let start = now_ms();
-    let mut replies = 0u32;
-    let result = (|| -> Result<(String, String, SocketAddr)> {
+/// A TCP connection to a pod that greets it with its name and then answers
+/// every `ping` line with the same greeting.
+struct Greeted {
+    writer: TcpStream,
+    reader: BufReader<TcpStream>,
+    greeting: String,
+    name: String,
+    pod_saw: String,
+    client_saw: SocketAddr,
+}
+
+impl Greeted {
+    fn connect(addr: SocketAddr, timeout: Duration) -> Result<Self> {
         let stream = TcpStream::connect_timeout(&addr, timeout).context("connect")?;
         stream.set_nodelay(true)?;
         stream.set_read_timeout(Some(timeout))?;
         let client_saw = stream.peer_addr()?;
-        let mut writer = stream.try_clone()?;
+        let writer = stream.try_clone()?;
         let mut reader = BufReader::new(stream);
         let mut greeting = String::new();
         reader.read_line(&mut greeting).context("read greeting")?;
         let (name, pod_saw) = parse_reply(&greeting)?;
-        println!("connected {name} {pod_saw} {client_saw}");
-        std::io::stdout().flush()?;
-        let mut go = String::new();
-        std::io::stdin().read_line(&mut go).context("wait on standard input")?;
-        for _ in 0..count {
-            writer
-                .write_all(b"ping\n")
-                .with_context(|| format!("send after {replies} replies"))?;
-            let mut line = String::new();
-            let n = reader
-                .read_line(&mut line)
-                .with_context(|| format!("reply missing after {replies} replies"))?;
-            if n == 0 {
-                bail!("connection closed after {replies} replies");
-            }
-            if line != greeting {
-                bail!("reply {line:?} differs from greeting {greeting:?}");
-            }
-            replies += 1;
+        Ok(Self {
+            writer,
+            reader,
+            greeting,
+            name,
+            pod_saw,
+            client_saw,
+        })
+    }
+
+    /// One `ping`, whose answer must be the greeting (the same pod);
+    /// `replies` so far name the failure.
+    fn ping(&mut self, replies: u32) -> Result<()> {
+        self.writer
+            .write_all(b"ping\n")
+            .with_context(|| format!("send after {replies} replies"))?;
+        let mut line = String::new();
+        let n = self
+            .reader
+            .read_line(&mut line)
+            .with_context(|| format!("reply missing after {replies} replies"))?;
+        if n == 0 {
+            bail!("connection closed after {replies} replies");
         }
-        Ok((name, pod_saw, client_saw))
-    })();
+        if line != self.greeting {
+            bail!("reply {line:?} differs from greeting {:?}", self.greeting);
+        }
+        Ok(())
+    }
+}
+
+/// Prints how a long-lived connection went (`ok ...` or `err ...`).
+fn report(start: u128, result: Result<Greeted>, replies: u32) -> bool {
     match result {
-        Ok((name, pod_saw, client_saw)) => {
-            println!("ok {start} {name} {pod_saw} {client_saw} replies={replies}");
+        Ok(c) => {
+            println!("ok {start} {} {} {} replies={replies}", c.name, c.pod_saw, c.client_saw);
             true
         }
         Err(e) => {
@@ -483,48 +501,39 @@ fn idle(addr: SocketAddr, count: u32, timeout: Duration) -> bool {
     }
 }
 
+/// One TCP connection left idle until standard input says go, then `count`
+/// lines, each answered with the greeting (so by the same pod).
+fn idle(addr: SocketAddr, count: u32, timeout: Duration) -> bool {
+    let start = now_ms();
+    let mut replies = 0u32;
+    let result = (|| -> Result<Greeted> {
+        let mut conn = Greeted::connect(addr, timeout)?;
+        println!("connected {} {} {}", conn.name, conn.pod_saw, conn.client_saw);
+        std::io::stdout().flush()?;
+        let mut go = String::new();
+        std::io::stdin().read_line(&mut go).context("wait on standard input")?;
+        for _ in 0..count {
+            conn.ping(replies)?;
+            replies += 1;
+        }
+        Ok(conn)
+    })();
+    report(start, result, replies)
+}
+
 /// One long-lived TCP connection: a line every 100 ms, each must be answered.
 fn hold(addr: SocketAddr, duration: Duration, timeout: Duration) -> bool {
     let start = now_ms();
     let mut replies = 0u32;
-    let result = (|| -> Result<(String, String, SocketAddr)> {
-        let stream = TcpStream::connect_timeout(&addr, timeout).context("connect")?;
-        stream.set_nodelay(true)?;
-        stream.set_read_timeout(Some(timeout))?;
-        let client_saw = stream.peer_addr()?;
-        let mut writer = stream.try_clone()?;
-        let mut reader = BufReader::new(stream);
-        let mut greeting = String::new();
-        reader.read_line(&mut greeting).context("read greeting")?;
-        let (name, pod_saw) = parse_reply(&greeting)?;
+    let result = (|| -> Result<Greeted> {
+        let mut conn = Greeted::connect(addr, timeout)?;
         let began = Instant::now();
         while began.elapsed() < duration {
             std::thread::sleep(Duration::from_millis(100));
-            writer
-                .write_all(b"ping\n")
-                .with_context(|| format!("send after {replies} replies"))?;
-            let mut line = String::new();
-            let n = reader
-                .read_line(&mut line)
-                .with_context(|| format!("reply missing after {replies} replies"))?;
-            if n == 0 {
-                bail!("connection closed after {replies} replies");
-            }
-            if line != greeting {
-                bail!("reply {line:?} differs from greeting {greeting:?}");
-            }
+            conn.ping(replies)?;
             replies += 1;
         }
-        Ok((name, pod_saw, client_saw))
+        Ok(conn)
     })();
-    match result {
-        Ok((name, pod_saw, client_saw)) => {
-            println!("ok {start} {name} {pod_saw} {client_saw} replies={replies}");
-            true
-        }
-        Err(e) => {
-            println!("err {start} {e:#} (replies={replies})");
-            false
-        }
-    }
+    report(start, result, replies)
 }
