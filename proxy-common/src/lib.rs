@@ -68,8 +68,23 @@ pub mod names {
     /// fragment's (source, destination, IP id, protocol), so its later
     /// fragments (no ports in them) get the same address ([`super::FragKey`]).
     pub const FRAGMENTS: &str = "SB_FRAG_V1";
+    /// The IPv6 twins of the address-bearing maps. Each family has its own
+    /// maps, as Cilium's `lb4_*`/`lb6_*`: an IPv4 key stays 12 bytes instead
+    /// of 36, the IPv4 maps and their pins are exactly what they were before
+    /// IPv6 existed (an upgrade keeps every IPv4 flow), and a program looks in
+    /// one family's map only. Service ids and backend ids come from one id
+    /// space shared by both families, so the per-service counters, the
+    /// Maglev tables and the socket-layer affinity (all keyed by id) are
+    /// shared maps.
+    pub const FRONTENDS6: &str = "SB_FE6_V1";
+    pub const BACKENDS6: &str = "SB_BE6_V1";
+    pub const CONNTRACK6: &str = "SB_CT6_V1";
+    pub const REVNAT6: &str = "SB_RNAT6_V1";
+    pub const AFFINITY6: &str = "SB_AFFINITY6_V1";
+    pub const SOCKETS6: &str = "SB_SOCK6_V1";
+    pub const FRAGMENTS6: &str = "SB_FRAG6_V1";
     /// Every map, in the order the CLI reports them.
-    pub const ALL: [&str; 14] = [
+    pub const ALL: [&str; 21] = [
         FRONTENDS,
         BACKENDS,
         CONNTRACK,
@@ -84,6 +99,13 @@ pub mod names {
         UPLINKS,
         MAGLEV,
         FRAGMENTS,
+        FRONTENDS6,
+        BACKENDS6,
+        CONNTRACK6,
+        REVNAT6,
+        AFFINITY6,
+        SOCKETS6,
+        FRAGMENTS6,
     ];
 }
 
@@ -221,6 +243,41 @@ pub mod hairpin {
     /// 169.254.42.1, in network byte order (as in the packet).
     pub const ADDR_BE: u32 = u32::from_ne_bytes(ADDR);
     pub const ADDR: [u8; 4] = [169, 254, 42, 1];
+    /// The IPv6 hairpin source: `fd53:6221::1`, a unique-local address no
+    /// cluster hands out (as 169.254.42.1 is for IPv4).
+    pub const ADDR6: [u8; 16] = [0xfd, 0x53, 0x62, 0x21, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
+    pub const ADDR6_BE: super::Addr6Be = super::addr6_be(ADDR6);
+}
+
+/// An IPv6 address as the maps hold it: four words, each in network byte
+/// order (the address's 16 bytes in order), as `bpf_sock_addr::user_ip6` and
+/// the IPv6 header hold it.
+pub type Addr6Be = [u32; 4];
+
+/// The map form of an IPv6 address given as its 16 bytes.
+#[inline(always)]
+pub const fn addr6_be(octets: [u8; 16]) -> Addr6Be {
+    let o = octets;
+    [
+        u32::from_ne_bytes([o[0], o[1], o[2], o[3]]),
+        u32::from_ne_bytes([o[4], o[5], o[6], o[7]]),
+        u32::from_ne_bytes([o[8], o[9], o[10], o[11]]),
+        u32::from_ne_bytes([o[12], o[13], o[14], o[15]]),
+    ]
+}
+
+/// The 16 bytes of an IPv6 address in map form.
+#[inline(always)]
+pub const fn addr6_octets(addr: Addr6Be) -> [u8; 16] {
+    let [a, b, c, d] = [
+        addr[0].to_ne_bytes(),
+        addr[1].to_ne_bytes(),
+        addr[2].to_ne_bytes(),
+        addr[3].to_ne_bytes(),
+    ];
+    [
+        a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3], c[0], c[1], c[2], c[3], d[0], d[1], d[2], d[3],
+    ]
 }
 
 /// [`FrontendKey::scope`]: which backend set a key's slots hold.
@@ -238,6 +295,7 @@ pub mod scope {
 /// IP protocol numbers as they appear in the IPv4 header.
 pub mod proto {
     pub const ICMP: u8 = 1;
+    pub const ICMPV6: u8 = 58;
     pub const TCP: u8 = 6;
     pub const UDP: u8 = 17;
 }
@@ -765,6 +823,154 @@ pub mod stat {
     ];
 }
 
+// ---- IPv6 (names::FRONTENDS6 and the rest) ----
+// Each type mirrors its IPv4 twin field for field, with `Addr6Be` for every
+// address; values without an address (FrontendSlot, AffinityEntry, SvcStats,
+// MaglevTable, SockAffinityKey) are shared by both families.
+
+/// [`FrontendKey`] for an IPv6 frontend.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
+pub struct FrontendKey6 {
+    pub addr_be: Addr6Be,
+    pub port_be: u16,
+    pub proto: u8,
+    pub scope: u8,
+    pub slot: u16,
+    pub _pad1: [u8; 2],
+}
+
+/// [`Backend`] with an IPv6 address (ids are shared with [`Backend`]'s:
+/// an id names a backend in exactly one of the two maps).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
+pub struct Backend6 {
+    pub addr_be: Addr6Be,
+    pub port_be: u16,
+    pub proto: u8,
+    pub flags: u8,
+}
+
+/// [`CtKey`] of an IPv6 flow.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
+pub struct CtKey6 {
+    pub saddr_be: Addr6Be,
+    pub daddr_be: Addr6Be,
+    pub sport_be: u16,
+    pub dport_be: u16,
+    pub proto: u8,
+    pub dir: u8,
+    pub _pad: [u8; 2],
+}
+
+/// [`CtEntry`] of an IPv6 flow: the same fields, the same meaning.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
+pub struct CtEntry6 {
+    pub backend_id: u32,
+    pub service_id: u32,
+    pub nat_addr_be: Addr6Be,
+    pub nat_port_be: u16,
+    pub flags: u8,
+    pub state: u8,
+    pub snat_addr_be: Addr6Be,
+    pub snat_port_be: u16,
+    pub _pad2: [u8; 2],
+    pub created_ns: u64,
+    pub last_seen_ns: u64,
+}
+
+/// [`RevNat`] of an IPv6 frontend (by the same service ids).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
+pub struct RevNat6 {
+    pub addr_be: Addr6Be,
+    pub port_be: u16,
+    pub proto: u8,
+    pub _pad: u8,
+    pub name: [u8; REVNAT_NAME_LEN],
+}
+
+impl Default for RevNat6 {
+    fn default() -> Self {
+        Self {
+            addr_be: [0; 4],
+            port_be: 0,
+            proto: 0,
+            _pad: 0,
+            name: [0; REVNAT_NAME_LEN],
+        }
+    }
+}
+
+/// [`AffinityKey`] of an IPv6 client.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
+pub struct AffinityKey6 {
+    pub client_addr_be: Addr6Be,
+    pub service_id: u32,
+}
+
+/// [`SockKey`] of an IPv6 socket.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
+pub struct SockKey6 {
+    pub cookie: u64,
+    pub addr_be: Addr6Be,
+    pub port_be: u16,
+    pub proto: u8,
+    pub dir: u8,
+    pub _pad: [u8; 4],
+}
+
+/// [`SockEntry`] of an IPv6 socket.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
+pub struct SockEntry6 {
+    pub addr_be: Addr6Be,
+    pub port_be: u16,
+    pub _pad: [u8; 2],
+    pub backend_id: u32,
+    pub service_id: u32,
+}
+
+/// [`FragKey`] of an IPv6 datagram: the fragment header's 32-bit
+/// identification.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
+pub struct FragKey6 {
+    pub saddr_be: Addr6Be,
+    pub daddr_be: Addr6Be,
+    pub id_be: u32,
+    pub proto: u8,
+    pub dir: u8,
+    pub _pad: [u8; 2],
+}
+
+/// [`FragEntry`] of an IPv6 datagram.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
+pub struct FragEntry6 {
+    pub addr_be: Addr6Be,
+    pub port_be: u16,
+    pub dir: u8,
+    pub _pad: u8,
+    pub service_id: u32,
+    pub src_addr_be: Addr6Be,
+    pub created_ns: u64,
+}
+
 // SAFETY: every type below is `#[repr(C)]`, has no implicit padding (the size
 // assertions that follow check it) and is valid for any bit pattern.
 #[cfg(feature = "user")]
@@ -787,6 +993,16 @@ mod aya_pod {
     unsafe impl aya::Pod for MaglevTable {}
     unsafe impl aya::Pod for FragKey {}
     unsafe impl aya::Pod for FragEntry {}
+    unsafe impl aya::Pod for FrontendKey6 {}
+    unsafe impl aya::Pod for Backend6 {}
+    unsafe impl aya::Pod for CtKey6 {}
+    unsafe impl aya::Pod for CtEntry6 {}
+    unsafe impl aya::Pod for RevNat6 {}
+    unsafe impl aya::Pod for AffinityKey6 {}
+    unsafe impl aya::Pod for SockKey6 {}
+    unsafe impl aya::Pod for SockEntry6 {}
+    unsafe impl aya::Pod for FragKey6 {}
+    unsafe impl aya::Pod for FragEntry6 {}
 }
 
 const _: () = assert!(size_of::<FrontendKey>() == 12);
@@ -805,6 +1021,16 @@ const _: () = assert!(size_of::<Config>() == 8);
 const _: () = assert!(size_of::<Uplink>() == 8);
 const _: () = assert!(size_of::<FragKey>() == 12);
 const _: () = assert!(size_of::<FragEntry>() == 24);
+const _: () = assert!(size_of::<FrontendKey6>() == 24);
+const _: () = assert!(size_of::<Backend6>() == 20);
+const _: () = assert!(size_of::<CtKey6>() == 40);
+const _: () = assert!(size_of::<CtEntry6>() == 64);
+const _: () = assert!(size_of::<RevNat6>() == 76);
+const _: () = assert!(size_of::<AffinityKey6>() == 20);
+const _: () = assert!(size_of::<SockKey6>() == 32);
+const _: () = assert!(size_of::<SockEntry6>() == 28);
+const _: () = assert!(size_of::<FragKey6>() == 40);
+const _: () = assert!(size_of::<FragEntry6>() == 48);
 const _: () = assert!(size_of::<MaglevTable>() == 4 * capacity::MAGLEV_TABLE as usize);
 
 #[cfg(test)]
@@ -845,6 +1071,31 @@ mod tests {
         assert_eq!(offset_of!(CtEntry, created_ns), 24);
         assert_eq!(offset_of!(CtEntry, last_seen_ns), 32);
         assert_eq!(align_of::<CtEntry>(), 8);
+    }
+
+    #[test]
+    fn ipv6_types_have_no_holes() {
+        assert_eq!(offset_of!(CtKey6, sport_be), 32);
+        assert_eq!(offset_of!(CtKey6, dir), 37);
+        assert_eq!(offset_of!(CtEntry6, nat_port_be), 24);
+        assert_eq!(offset_of!(CtEntry6, snat_addr_be), 28);
+        assert_eq!(offset_of!(CtEntry6, created_ns), 48);
+        assert_eq!(offset_of!(SockKey6, port_be), 24);
+        assert_eq!(offset_of!(FrontendKey6, slot), 20);
+        assert_eq!(offset_of!(FragEntry6, created_ns), 40);
+    }
+
+    #[test]
+    fn ipv6_addresses_keep_their_byte_order() {
+        let octets = [0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x12, 0x34];
+        let be = addr6_be(octets);
+        let mut bytes = [0u8; 16];
+        for (i, word) in be.iter().enumerate() {
+            bytes[i * 4..i * 4 + 4].copy_from_slice(&word.to_ne_bytes());
+        }
+        assert_eq!(bytes, octets);
+        assert_eq!(addr6_octets(be), octets);
+        assert_eq!(addr6_octets(hairpin::ADDR6_BE), hairpin::ADDR6);
     }
 
     #[test]

@@ -6,8 +6,10 @@ use aya_ebpf::{
     macros::btf_map,
 };
 use proxy_common::{
-    capacity, stat, AffinityEntry, AffinityKey, Backend, Config, CtEntry, CtKey, FragEntry,
-    FragKey, FrontendSlot, FrontendKey, MaglevTable, RevNat, SockAffinityKey, SockEntry, SockKey, SvcStats, Uplink,
+    capacity, stat, AffinityEntry, AffinityKey, AffinityKey6, Backend, Backend6, Config, CtEntry,
+    CtEntry6, CtKey, CtKey6, FragEntry, FragEntry6, FragKey, FragKey6, FrontendKey, FrontendKey6,
+    FrontendSlot, MaglevTable, RevNat, RevNat6, SockAffinityKey, SockEntry, SockEntry6, SockKey,
+    SockKey6, SvcStats, Uplink,
 };
 
 /// Capacity type parameter shared by both affinity maps, so one selection
@@ -55,6 +57,30 @@ pub static SB_UPLINK_V1: HashMap<u32, Uplink, { capacity::UPLINKS as usize }> = 
 #[btf_map]
 pub static SB_FRAG_V1: LruHashMap<FragKey, FragEntry, { capacity::FRAGMENTS as usize }> =
     LruHashMap::new();
+
+// IPv6: the same maps with IPv6 keys and values (see `proxy_common::names`).
+// Ids are shared with the IPv4 maps; the counters, Maglev tables, socket
+// affinity, configuration and tail calls above serve both families.
+#[btf_map]
+pub static SB_FE6_V1: HashMap<FrontendKey6, FrontendSlot, { capacity::FRONTENDS as usize }> =
+    HashMap::new();
+#[btf_map]
+pub static SB_BE6_V1: HashMap<u32, Backend6, { capacity::BACKENDS as usize }> = HashMap::new();
+#[btf_map]
+pub static SB_CT6_V1: HashMap<CtKey6, CtEntry6, { capacity::CONNTRACK as usize }> =
+    HashMap::new();
+#[btf_map]
+pub static SB_RNAT6_V1: HashMap<u32, RevNat6, { capacity::SERVICES as usize }> = HashMap::new();
+#[btf_map]
+pub static SB_AFFINITY6_V1: LruHashMap<AffinityKey6, AffinityEntry, AFFINITY_ENTRIES> =
+    LruHashMap::new();
+#[btf_map]
+pub static SB_SOCK6_V1: LruHashMap<SockKey6, SockEntry6, { capacity::SOCKETS as usize }> =
+    LruHashMap::new();
+#[btf_map]
+pub static SB_FRAG6_V1: LruHashMap<FragKey6, FragEntry6, { capacity::FRAGMENTS as usize }> =
+    LruHashMap::new();
+
 #[btf_map]
 pub static SB_STATS_V5: PerCpuArray<u64, { stat::COUNT as usize }> = PerCpuArray::new();
 
