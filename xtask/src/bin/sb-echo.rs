@@ -27,7 +27,7 @@
 //! POD-SAW CLIENT-SAW`, leaves it idle until a line arrives on standard input
 //! and then sends `--count` lines that the same pod must answer.
 //! `--sport N` sends every attempt from source port N (the socket is bound
-//! to 0.0.0.0:N before it sends or connects, with SO_REUSEADDR), so a test
+//! to the unspecified address of its family, port N, before it sends or connects, with SO_REUSEADDR), so a test
 //! can repeat one 5-tuple; a TCP attempt then ends with a reset
 //! (SO_LINGER 0) instead of a FIN, which leaves no TIME_WAIT behind and
 //! lets the next attempt from N connect to the same address again.
@@ -174,17 +174,20 @@ fn server(args: ServerArgs) -> Result<()> {
         bail!("give --tcp PORT and/or --udp PORT");
     }
     let mut threads = Vec::new();
-    if let Some(port) = args.udp {
-        let socket =
-            UdpSocket::bind(("0.0.0.0", port)).with_context(|| format!("bind udp {port}"))?;
-        let name = name.clone();
-        threads.push(std::thread::spawn(move || udp_server(socket, &name)));
-    }
-    if let Some(port) = args.tcp {
-        let listener =
-            TcpListener::bind(("0.0.0.0", port)).with_context(|| format!("bind tcp {port}"))?;
-        let name = name.clone();
-        threads.push(std::thread::spawn(move || tcp_server(listener, name)));
+    // One socket per family: the IPv6 one is IPv6-only, so an IPv4 client
+    // is seen with its plain IPv4 address, never as `::ffff:a.b.c.d`.
+    for family in [Family::V4, Family::V6] {
+        if let Some(port) = args.udp {
+            let socket = bind_server(family, port, socket2::Type::DGRAM)?;
+            let name = name.clone();
+            threads.push(std::thread::spawn(move || udp_server(socket.into(), &name)));
+        }
+        if let Some(port) = args.tcp {
+            let socket = bind_server(family, port, socket2::Type::STREAM)?;
+            socket.listen(1024).with_context(|| format!("listen tcp {port}"))?;
+            let name = name.clone();
+            threads.push(std::thread::spawn(move || tcp_server(socket.into(), name)));
+        }
     }
     eprintln!(
         "sb-echo: {name} listening (tcp {:?}, udp {:?})",
@@ -194,6 +197,41 @@ fn server(args: ServerArgs) -> Result<()> {
         let _ = t.join();
     }
     Ok(())
+}
+
+#[derive(Clone, Copy)]
+enum Family {
+    V4,
+    V6,
+}
+
+/// The unspecified address of `family`, port `port`.
+fn any_addr(family: Family, port: u16) -> SocketAddr {
+    match family {
+        Family::V4 => SocketAddr::from(([0, 0, 0, 0], port)),
+        Family::V6 => SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, port)),
+    }
+}
+
+/// The unspecified address of `target`'s family, port `port`: where a client
+/// binds before it sends or connects.
+fn any_like(target: SocketAddr, port: u16) -> SocketAddr {
+    any_addr(if target.is_ipv6() { Family::V6 } else { Family::V4 }, port)
+}
+
+/// A server socket on every address of `family` (IPv6: IPv6 only).
+fn bind_server(family: Family, port: u16, ty: socket2::Type) -> Result<socket2::Socket> {
+    use socket2::{Domain, SockAddr, Socket};
+    let local = any_addr(family, port);
+    let socket = Socket::new(Domain::for_address(local), ty, None).context("socket")?;
+    if matches!(family, Family::V6) {
+        socket.set_only_v6(true).context("IPV6_V6ONLY")?;
+    }
+    socket.set_reuse_address(true).context("SO_REUSEADDR")?;
+    socket
+        .bind(&SockAddr::from(local))
+        .with_context(|| format!("bind {local}"))?;
+    Ok(socket)
 }
 
 fn udp_server(socket: UdpSocket, name: &str) {
@@ -354,7 +392,7 @@ fn tcp_connect_from(port: u16, addr: SocketAddr, timeout: Duration) -> Result<Tc
     socket
         .set_linger(Some(Duration::ZERO))
         .context("SO_LINGER")?;
-    let local: SocketAddr = ([0, 0, 0, 0], port).into();
+    let local = any_like(addr, port);
     socket
         .bind(&SockAddr::from(local))
         .with_context(|| format!("bind {local}"))?;
@@ -407,9 +445,9 @@ impl UdpClient {
         timeout: Duration,
     ) -> Result<(String, String, SocketAddr)> {
         if self.socket.is_none() {
-            let port = self.sport.unwrap_or(0);
-            let socket = UdpSocket::bind(("0.0.0.0", port))
-                .with_context(|| format!("bind 0.0.0.0:{port}"))?;
+            let local = any_like(addr, self.sport.unwrap_or(0));
+            let socket =
+                UdpSocket::bind(local).with_context(|| format!("bind {local}"))?;
             socket.set_read_timeout(Some(timeout))?;
             if self.mode == UdpMode::Connected {
                 socket.connect(addr).context("connect")?;

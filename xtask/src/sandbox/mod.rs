@@ -10,6 +10,11 @@
 //!   <tag>-p3   eth0 10.244.3.2/24   ── <tag>p3  10.244.3.1/24   ┘
 //! ```
 //!
+//! Every link is dual-stack: beside `10.244.<n>.2/24` each namespace has
+//! `fd00:10:244:<n>::2/64` (the node `fd00:10:244:<n>::1/64`), with an IPv6
+//! default route to the node, which forwards both families. Addresses are
+//! added without duplicate address detection, so they work at once.
+//!
 //! Everything is created inside namespaces the sandbox owns; nothing touches
 //! the root namespace's interfaces, routes or firewall. The BPF pin root is a
 //! bpffs mounted at `/run/switchboard-test/<tag>/bpf` in the root *mount*
@@ -74,6 +79,20 @@ pub fn pod_ip(i: usize) -> String {
     format!("10.244.{i}.2")
 }
 
+/// IPv6 address of pod `i` (1-based).
+pub fn pod_ip6(i: usize) -> String {
+    format!("fd00:10:244:{i}::2")
+}
+
+/// IPv6 address of the client namespace.
+pub const CLIENT_IP6: &str = "fd00:10:244:100::2";
+
+/// The node's IPv6 address on the link of subnet `n` (a pod's index, or 100
+/// for the client).
+pub fn node_ip6(n: usize) -> String {
+    format!("fd00:10:244:{n}::1")
+}
+
 /// Name of pod `i` (1-based), as it answers.
 pub fn pod_name(i: usize) -> String {
     format!("pod{i}")
@@ -93,6 +112,17 @@ pub struct Sandbox {
     agent_log: Option<PathBuf>,
     mounted: bool,
     cleaned: bool,
+}
+
+/// The IPv6 half of one node–peer link: `fd00:10:244:<subnet>::1/64` on the
+/// node's side, `::2/64` on the peer's with a default route to the node.
+fn add_ipv6(node: &str, host_if: &str, peer_ns: &str, subnet: usize) -> Result<()> {
+    let host = format!("{}/64", node_ip6(subnet));
+    let peer = format!("fd00:10:244:{subnet}::2/64");
+    ip(&["-n", node, "-6", "addr", "add", &host, "dev", host_if, "nodad"])?;
+    ip(&["-n", peer_ns, "-6", "addr", "add", &peer, "dev", "eth0", "nodad"])?;
+    ip(&["-n", peer_ns, "-6", "route", "add", "default", "via", &node_ip6(subnet)])?;
+    Ok(())
 }
 
 static COUNTER: AtomicU32 = AtomicU32::new(0);
@@ -180,7 +210,11 @@ impl Sandbox {
         let node = self.node_ns();
         self.exec(
             &node,
-            &["sh", "-c", "echo 1 > /proc/sys/net/ipv4/ip_forward"],
+            &[
+                "sh",
+                "-c",
+                "echo 1 > /proc/sys/net/ipv4/ip_forward && echo 1 > /proc/sys/net/ipv6/conf/all/forwarding",
+            ],
         )?;
 
         let mut links = vec![(self.client_ns(), self.client_if(), 100usize)];
@@ -215,6 +249,7 @@ impl Sandbox {
             ])?;
             ip(&["-n", &peer_ns, "link", "set", "eth0", "up"])?;
             ip(&["-n", &peer_ns, "route", "add", "default", "via", &host_addr])?;
+            add_ipv6(&node, &host_if, &peer_ns, subnet)?;
         }
 
         fs::create_dir_all(&self.pin_dir)
@@ -293,8 +328,14 @@ impl Sandbox {
             )?;
         }
         let deadline = Instant::now() + Duration::from_secs(5);
-        for i in 1..=PODS {
-            let addr = format!("{}:{POD_TCP_PORT}", pod_ip(i));
+        // Both families: the sandbox is dual-stack.
+        let addrs = (1..=PODS).flat_map(|i| {
+            [
+                (i, format!("{}:{POD_TCP_PORT}", pod_ip(i))),
+                (i, format!("[{}]:{POD_TCP_PORT}", pod_ip6(i))),
+            ]
+        });
+        for (i, addr) in addrs {
             loop {
                 let run = self.client(sb_echo, &["--tcp", &addr, "--timeout-ms", "300"])?;
                 if run.all_ok() && run.names() == vec![pod_name(i)] {

@@ -1,0 +1,172 @@
+//! Netns end-to-end tests of dual-stack Services (root only).
+//!
+//! The sandbox is dual-stack (every pod, the client and the node have an
+//! IPv6 address beside their IPv4 one). A `RequireDualStack` Service with one
+//! cluster IP of each family and one EndpointSlice per family is reached over
+//! both families, TCP and UDP, from a pod (through tc, and through the socket
+//! layer) and from the node's own namespace (the socket layer), and every
+//! client sees the Service address as its peer.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use xtask::sandbox::{
+    find_at, node_ip6, pod_ip, pod_ip6, pod_name, Attempt, ClientRun, Frontend, Sandbox,
+    CLIENT_IP, CLIENT_IP6, PODS,
+};
+use xtask::testenv::{require_root, sb_echo, switchboard, write_manifest};
+
+const CLUSTER_IP4: &str = "10.96.0.20";
+const CLUSTER_IP6: &str = "fd00:96::20";
+
+/// The Service as the API server stores a dual-stack one.
+const SERVICE: &str = "apiVersion: v1
+kind: Service
+metadata:
+  name: dual
+  namespace: demo
+spec:
+  type: ClusterIP
+  clusterIP: 10.96.0.20
+  clusterIPs:
+  - 10.96.0.20
+  - fd00:96::20
+  ipFamilies:
+  - IPv4
+  - IPv6
+  ipFamilyPolicy: RequireDualStack
+  ports:
+  - name: http
+    port: 80
+    protocol: TCP
+    targetPort: 8080
+  - name: dns
+    port: 53
+    protocol: UDP
+    targetPort: 5353
+";
+
+/// One EndpointSlice of `dual` with every pod, in `family` (`IPv4`/`IPv6`).
+fn slice(family: &str) -> String {
+    let mut s = format!(
+        "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\naddressType: {family}\n\
+         metadata:\n  name: dual-{}\n  namespace: demo\n  labels:\n    kubernetes.io/service-name: dual\n\
+         endpoints:\n",
+        family.to_lowercase()
+    );
+    for i in 1..=PODS {
+        let addr = if family == "IPv6" { pod_ip6(i) } else { pod_ip(i) };
+        s.push_str(&format!(
+            "- addresses:\n  - {addr}\n  conditions:\n    ready: true\n  targetRef:\n    kind: Pod\n    name: {}\n    namespace: demo\n",
+            pod_name(i)
+        ));
+    }
+    s.push_str(
+        "ports:\n- name: http\n  port: 8080\n  protocol: TCP\n- name: dns\n  port: 5353\n  protocol: UDP\n",
+    );
+    s
+}
+
+/// A sandbox with the pods answering and the agent serving `dual`.
+fn dual_stack_sandbox() -> Sandbox {
+    require_root();
+    let mut sb = Sandbox::for_test().expect("create sandbox");
+    write_manifest(&sb, "dual-service.yaml", SERVICE);
+    write_manifest(&sb, "dual-slice-v4.yaml", &slice("IPv4"));
+    write_manifest(&sb, "dual-slice-v6.yaml", &slice("IPv6"));
+    sb.start_pods(&sb_echo()).expect("start pods");
+    sb.start_agent(&switchboard()).expect("start agent");
+    let programmed = |f: &[Frontend]| {
+        [CLUSTER_IP4, CLUSTER_IP6].iter().all(|ip| {
+            [(80, "TCP"), (53, "UDP")]
+                .iter()
+                .all(|(port, proto)| find_at(f, ip, *port, proto).is_some_and(|fe| fe.backends.len() == PODS))
+        })
+    };
+    if let Err(e) = sb.wait_services(
+        &switchboard(),
+        Duration::from_secs(10),
+        "demo/dual on both families with 3 backends",
+        programmed,
+    ) {
+        panic!("{e:#}\nagent log:\n{}", sb.agent_log());
+    }
+    sb
+}
+
+fn all_pods() -> BTreeSet<String> {
+    (1..=PODS).map(pod_name).collect()
+}
+
+/// The addresses the pods saw the client come from (the host part of
+/// `addr:port` or `[addr]:port`).
+fn pod_saw_ips(run: &ClientRun) -> BTreeSet<String> {
+    run.attempts
+        .iter()
+        .filter_map(|a| match a {
+            Attempt::Ok { pod_saw, .. } => pod_saw.parse::<std::net::SocketAddr>().ok(),
+            Attempt::Err { .. } => None,
+        })
+        .map(|addr| addr.ip().to_string())
+        .collect()
+}
+
+/// Each frontend family has only its own family's pods as backends.
+#[test]
+fn a_dual_stack_service_gets_one_frontend_per_family_with_that_familys_pods() {
+    let mut sb = dual_stack_sandbox();
+    let frontends = sb.services(&switchboard()).expect("services");
+    for (ip, pods) in [
+        (CLUSTER_IP4, (1..=PODS).map(|i| format!("{}:8080", pod_ip(i))).collect::<Vec<_>>()),
+        (CLUSTER_IP6, (1..=PODS).map(|i| format!("{}:8080", pod_ip6(i))).collect()),
+    ] {
+        let fe = find_at(&frontends, ip, 80, "TCP").expect("frontend");
+        assert_eq!(fe.backend_addrs(), pods, "{ip}: {fe:#?}");
+    }
+    sb.cleanup().expect("cleanup");
+}
+
+/// Both families, TCP and UDP, from a pod outside the socket layer's cgroup
+/// (the tc programs translate), from a pod inside it and from the node's own
+/// namespace (the socket layer balances): every request is answered, the
+/// requests spread over every pod, and the client's peer is the Service
+/// address of the family it used.
+#[test]
+fn a_dual_stack_service_answers_over_both_families_from_pods_and_the_host() {
+    let mut sb = dual_stack_sandbox();
+    let echo = sb_echo();
+    let cases = [
+        ("IPv4", format!("{CLUSTER_IP4}:80"), format!("{CLUSTER_IP4}:53")),
+        ("IPv6", format!("[{CLUSTER_IP6}]:80"), format!("[{CLUSTER_IP6}]:53")),
+    ];
+    for (family, http, dns) in &cases {
+        for (proto, addr) in [("--tcp", http), ("--udp", dns)] {
+            for who in ["pod (tc)", "pod (socket layer)", "host"] {
+                let args = [proto, addr.as_str(), "--count", "30", "--timeout-ms", "1000"];
+                let run = match who {
+                    "pod (tc)" => sb.client(&echo, &args),
+                    "pod (socket layer)" => sb.client_in_cgroup(&echo, &sb.client_ns(), &args),
+                    _ => sb.client_in_cgroup(&echo, &sb.node_ns(), &args),
+                }
+                .unwrap_or_else(|e| panic!("{family} {proto} from {who}: {e:#}"));
+                let what = format!("{family} {proto} from {who}");
+                assert!(run.all_ok(), "{what}: {}\nagent log:\n{}", run.raw, sb.agent_log());
+                let reached: BTreeSet<String> = run.names().into_iter().collect();
+                assert_eq!(reached, all_pods(), "{what} spread: {}", run.raw);
+                assert_eq!(run.client_saw(), vec![addr.clone()], "{what}: peer is the Service");
+                let saw = pod_saw_ips(&run);
+                let expected: BTreeSet<String> = match (who, *family) {
+                    ("host", "IPv4") => (1..=PODS).map(|i| format!("10.244.{i}.1")).collect(),
+                    ("host", _) => (1..=PODS).map(node_ip6).collect(),
+                    (_, "IPv4") => BTreeSet::from([CLIENT_IP.to_string()]),
+                    _ => BTreeSet::from([CLIENT_IP6.to_string()]),
+                };
+                assert!(
+                    !saw.is_empty() && saw.is_subset(&expected),
+                    "{what}: pods saw the client as {saw:?}, expected within {expected:?}"
+                );
+            }
+        }
+    }
+    sb.cleanup().expect("cleanup");
+}
