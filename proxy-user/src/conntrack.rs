@@ -969,18 +969,23 @@ mod tests {
         }
     }
 
-    /// An in-memory table.
-    #[derive(Default)]
-    struct Memory(StdHashMap<CtKey, CtEntry>);
+    /// An in-memory table of either family.
+    struct Memory<K: Key = CtKey>(StdHashMap<K, K::Entry>);
 
-    impl CtTable for Memory {
-        fn read_all(&self) -> std::io::Result<Vec<(CtKey, CtEntry)>> {
+    impl<K: Key> Default for Memory<K> {
+        fn default() -> Self {
+            Self(StdHashMap::new())
+        }
+    }
+
+    impl<K: Key> CtTable<K> for Memory<K> {
+        fn read_all(&self) -> std::io::Result<Vec<(K, K::Entry)>> {
             Ok(self.0.iter().map(|(k, v)| (*k, *v)).collect())
         }
-        fn get(&self, key: &CtKey) -> Option<CtEntry> {
+        fn get(&self, key: &K) -> Option<K::Entry> {
             self.0.get(key).copied()
         }
-        fn remove(&mut self, key: &CtKey) -> bool {
+        fn remove(&mut self, key: &K) -> bool {
             self.0.remove(key).is_some()
         }
     }
@@ -1024,7 +1029,7 @@ mod tests {
     #[test]
     fn a_packet_during_the_pass_saves_the_flow() {
         /// A table whose entries are refreshed right after it was read.
-        struct Refreshed(Memory, u64);
+        struct Refreshed(Memory<CtKey>, u64);
         impl CtTable for Refreshed {
             fn read_all(&self) -> std::io::Result<Vec<(CtKey, CtEntry)>> {
                 self.0.read_all()
@@ -1076,6 +1081,206 @@ mod tests {
             reply: Some(&r),
         };
         assert_eq!(verdict(&flow, &t()).and_then(|v| v.phase), Some(Phase::Established));
+    }
+
+    // ---- IPv6: the same logic over CtKey6/CtEntry6 ----
+
+    fn v6(last: u16) -> Addr6Be {
+        proxy_common::addr6_be([0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, (last >> 8) as u8, last as u8])
+    }
+
+    fn key6(dir: u8, s: Addr6Be, sport: u16, d: Addr6Be, dport: u16) -> CtKey6 {
+        CtKey6 {
+            saddr_be: s,
+            daddr_be: d,
+            sport_be: sport.to_be(),
+            dport_be: dport.to_be(),
+            proto: proto::TCP,
+            dir,
+            _pad: [0; 2],
+        }
+    }
+
+    fn entry6(state: u8, flags: u8, last_seen_s: u64) -> CtEntry6 {
+        CtEntry6 {
+            state,
+            flags,
+            last_seen_ns: last_seen_s * S,
+            created_ns: S,
+            ..CtEntry6::default()
+        }
+    }
+
+    /// The IPv6 twins of [`pairs`]: plain, hairpin (through
+    /// `hairpin::ADDR6`), and a remote client source-NATed to the node.
+    fn pairs6() -> Vec<((CtKey6, CtEntry6), (CtKey6, CtEntry6))> {
+        let (client, frontend, backend, node) = (v6(2), v6(0x9610), v6(0x0105), v6(0x0201));
+        let plain = (
+            (
+                key6(ct_dir::FORWARD, client, 40000, frontend, 80),
+                CtEntry6 {
+                    nat_addr_be: backend,
+                    nat_port_be: 8080u16.to_be(),
+                    ..entry6(0, 0, 100)
+                },
+            ),
+            (
+                key6(ct_dir::REPLY, backend, 8080, client, 40000),
+                CtEntry6 {
+                    nat_addr_be: frontend,
+                    nat_port_be: 80u16.to_be(),
+                    ..entry6(ct_state::REPLIED, 0, 100)
+                },
+            ),
+        );
+        let hairpin = (
+            (
+                key6(ct_dir::FORWARD, backend, 40000, frontend, 80),
+                CtEntry6 {
+                    nat_addr_be: backend,
+                    nat_port_be: 8080u16.to_be(),
+                    snat_addr_be: proxy_common::hairpin::ADDR6_BE,
+                    snat_port_be: 40000u16.to_be(),
+                    ..entry6(0, ct_flags::SNAT, 100)
+                },
+            ),
+            (
+                key6(ct_dir::REPLY, backend, 8080, proxy_common::hairpin::ADDR6_BE, 40000),
+                CtEntry6 {
+                    nat_addr_be: frontend,
+                    nat_port_be: 80u16.to_be(),
+                    snat_addr_be: backend,
+                    snat_port_be: 40000u16.to_be(),
+                    ..entry6(ct_state::REPLIED, ct_flags::SNAT, 100)
+                },
+            ),
+        );
+        let remote = (
+            (
+                key6(ct_dir::FORWARD, client, 40000, node, 30080),
+                CtEntry6 {
+                    nat_addr_be: backend,
+                    nat_port_be: 8080u16.to_be(),
+                    snat_addr_be: node,
+                    snat_port_be: 1500u16.to_be(),
+                    ..entry6(0, ct_flags::SNAT, 100)
+                },
+            ),
+            (
+                key6(ct_dir::REPLY, backend, 8080, node, 1500),
+                CtEntry6 {
+                    nat_addr_be: node,
+                    nat_port_be: 30080u16.to_be(),
+                    snat_addr_be: client,
+                    snat_port_be: 40000u16.to_be(),
+                    ..entry6(ct_state::REPLIED, ct_flags::SNAT, 100)
+                },
+            ),
+        );
+        vec![plain, hairpin, remote]
+    }
+
+    #[test]
+    fn ipv6_partners_are_found_in_every_encoding() {
+        for ((fk, fe), (rk, re)) in pairs6() {
+            assert_eq!(partner_key(&fk, &fe), rk, "{fk:?}");
+            assert_eq!(partner_key(&rk, &re), fk, "{rk:?}");
+        }
+        // Only the last word differs: a partner built from the wrong word
+        // order would not be found.
+        let ((fk, fe), _) = pairs6()[0];
+        assert_eq!(CtKey6::ip(partner_key(&fk, &fe).saddr_be).to_string(), "fd00::105");
+    }
+
+    #[test]
+    fn an_ipv6_pass_removes_expired_pairs_together_and_keeps_live_ones() {
+        let mut table = Memory::<CtKey6>::default();
+        let all = pairs6();
+        // Plain: established, its reply seen recently: stays.
+        let (plain_f, mut plain_r) = all[0];
+        plain_r.1.last_seen_ns = 86_000 * S;
+        // Hairpin: closed long ago: both go.
+        let (mut hp_f, mut hp_r) = all[1];
+        hp_f.1.state |= ct_state::FIN;
+        hp_r.1.state |= ct_state::FIN;
+        // Remote: only its reply entry is left: an idle orphan, goes.
+        let (_, remote_r) = all[2];
+        for (k, v) in [plain_f, plain_r, hp_f, hp_r, remote_r] {
+            table.0.insert(k, v);
+        }
+        let flows = flows(&table.0);
+        assert_eq!(flows.len(), 3, "{flows:?}");
+        assert!(flows.contains(&FlowKeys::Pair { forward: hp_f.0, reply: hp_r.0 }));
+        let pass = collect(&mut table, 86_100 * S, &t()).expect("pass");
+        assert_eq!(pass, Pass { entries: 5, deleted: 3 });
+        let mut left: Vec<CtKey6> = table.0.keys().copied().collect();
+        left.sort_by_key(|k| k.dir);
+        assert_eq!(left, vec![plain_f.0, plain_r.0]);
+        // A day after the last packet the established pair goes too, both
+        // entries in one pass.
+        let pass = collect(&mut table, (86_000 + 86_400) * S, &t()).expect("pass");
+        assert_eq!(pass, Pass { entries: 2, deleted: 2 });
+        assert!(table.0.is_empty());
+    }
+
+    #[test]
+    fn a_closed_source_nated_ipv6_flow_keeps_its_port_past_time_wait() {
+        let ((fk, mut fe), (rk, mut re)) = pairs6()[2];
+        let closed_at = 100;
+        for e in [&mut fe, &mut re] {
+            e.state |= ct_state::FIN;
+            e.flags |= ct_flags::CLOSING;
+            e.created_ns = closed_at * S;
+            e.last_seen_ns = closed_at * S;
+        }
+        let reuse_s = snat::REUSE_AFTER_NS / S;
+        let mut table = Memory::<CtKey6>([(fk, fe), (rk, re)].into_iter().collect());
+        // Past the closed timeout, before the port may be reused: kept.
+        let pass = collect(&mut table, (closed_at + reuse_s - 1) * S, &t()).expect("pass");
+        assert_eq!(pass.deleted, 0);
+        let pass = collect(&mut table, (closed_at + reuse_s) * S, &t()).expect("pass");
+        assert_eq!(pass.deleted, 2);
+        // Without source NAT the same flow goes after the closed timeout.
+        let ((fk, mut fe), (rk, mut re)) = pairs6()[0];
+        for e in [&mut fe, &mut re] {
+            e.state |= ct_state::FIN;
+            e.flags |= ct_flags::CLOSING;
+            e.last_seen_ns = closed_at * S;
+        }
+        let mut table = Memory::<CtKey6>([(fk, fe), (rk, re)].into_iter().collect());
+        let pass = collect(&mut table, (closed_at + 10) * S, &t()).expect("pass");
+        assert_eq!(pass.deleted, 2);
+    }
+
+    #[test]
+    fn the_fuller_table_sets_the_pace() {
+        assert_eq!(next_interval(&[Some(0.0), Some(0.0)]), MAX_INTERVAL);
+        assert_eq!(next_interval(&[Some(0.0), Some(0.8)]), MIN_INTERVAL);
+        assert_eq!(next_interval(&[Some(0.8), Some(0.0)]), MIN_INTERVAL);
+        assert_eq!(next_interval(&[Some(0.1), Some(0.5)]), interval(0.5));
+        // A table that could not be read is tried again soon.
+        assert_eq!(next_interval(&[Some(0.0), None]), MIN_INTERVAL);
+        assert_eq!(next_interval(&[Some(f64::NAN), Some(0.0)]), MIN_INTERVAL);
+    }
+
+    #[test]
+    fn collector_metrics_are_labelled_by_family() {
+        let metrics = GcMetrics::default();
+        let mut registry = Registry::default();
+        metrics.register(&mut registry);
+        metrics.observe("ipv4", &Pass { entries: 10, deleted: 4 }, 100, Duration::from_millis(3));
+        metrics.observe("ipv6", &Pass { entries: 50, deleted: 1 }, 100, Duration::from_millis(3));
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode");
+        for line in [
+            "switchboard_conntrack_gc_deleted_total{family=\"ipv4\"} 4",
+            "switchboard_conntrack_gc_deleted_total{family=\"ipv6\"} 1",
+            "switchboard_conntrack_fill_ratio{family=\"ipv4\"} 0.1",
+            "switchboard_conntrack_fill_ratio{family=\"ipv6\"} 0.5",
+            "switchboard_conntrack_gc_duration_seconds_count{family=\"ipv6\"} 1",
+        ] {
+            assert!(text.lines().any(|l| l == line), "missing {line:?} in:\n{text}");
+        }
     }
 
     #[test]
