@@ -366,4 +366,126 @@ mod tests {
         assert!(text.contains("10s"), "{text}");
         assert!(text.ends_with("1 entries\n"), "{text}");
     }
+
+    fn addr6(text: &str) -> proxy_common::Addr6Be {
+        let ip: std::net::Ipv6Addr = text.parse().expect("an IPv6 address");
+        proxy_common::addr6_be(ip.octets())
+    }
+
+    /// One established IPv6 flow (client → [fd00:96::10]:80 → backend) and
+    /// one IPv4 flow of the same dual-stack Service (id 7).
+    fn dual_stack() -> (HashMap<CtKey, CtEntry>, HashMap<proxy_common::CtKey6, proxy_common::CtEntry6>) {
+        use proxy_common::{ct_state, proto, CtEntry6, CtKey6};
+        let s = 1_000_000_000;
+        let (client, vip, pod) = (addr6("fd00::2"), addr6("fd00:96::10"), addr6("fd00:244::5"));
+        let v6 = [
+            (
+                CtKey6 {
+                    saddr_be: client,
+                    daddr_be: vip,
+                    sport_be: 40000u16.to_be(),
+                    dport_be: 80u16.to_be(),
+                    proto: proto::TCP,
+                    dir: ct_dir::FORWARD,
+                    _pad: [0; 2],
+                },
+                CtEntry6 {
+                    service_id: 7,
+                    backend_id: 3,
+                    nat_addr_be: pod,
+                    nat_port_be: 8080u16.to_be(),
+                    created_ns: 10 * s,
+                    last_seen_ns: 20 * s,
+                    ..CtEntry6::default()
+                },
+            ),
+            (
+                CtKey6 {
+                    saddr_be: pod,
+                    daddr_be: client,
+                    sport_be: 8080u16.to_be(),
+                    dport_be: 40000u16.to_be(),
+                    proto: proto::TCP,
+                    dir: ct_dir::REPLY,
+                    _pad: [0; 2],
+                },
+                CtEntry6 {
+                    service_id: 7,
+                    backend_id: 3,
+                    nat_addr_be: vip,
+                    nat_port_be: 80u16.to_be(),
+                    state: ct_state::REPLIED,
+                    created_ns: 10 * s,
+                    last_seen_ns: 20 * s,
+                    ..CtEntry6::default()
+                },
+            ),
+        ];
+        let v4 = [(
+            CtKey {
+                saddr_be: u32::from_ne_bytes([10, 0, 0, 2]),
+                daddr_be: u32::from_ne_bytes([10, 96, 0, 10]),
+                sport_be: 40000u16.to_be(),
+                dport_be: 80u16.to_be(),
+                proto: proto::TCP,
+                dir: ct_dir::FORWARD,
+                _pad: [0; 2],
+            },
+            CtEntry {
+                service_id: 7,
+                nat_addr_be: u32::from_ne_bytes([10, 244, 1, 5]),
+                nat_port_be: 8080u16.to_be(),
+                created_ns: 10 * s,
+                last_seen_ns: 20 * s,
+                ..CtEntry::default()
+            },
+        )];
+        (v4.into_iter().collect(), v6.into_iter().collect())
+    }
+
+    #[test]
+    fn ipv6_flows_are_listed_next_to_ipv4_ones_with_bracketed_addresses() {
+        let names: HashMap<u32, String> = [(7, "demo/dual:http".to_owned())].into_iter().collect();
+        let (v4, v6) = dual_stack();
+        let t = gc::Timeouts::default();
+        let now = 30_000_000_000;
+        let mut rows = rows_of(&v4, None, &names, now, &t);
+        rows.extend(rows_of(&v6, None, &names, now, &t));
+        sort(&mut rows);
+        let shown: Vec<(&str, &str, &str, &str, &str)> = rows
+            .iter()
+            .map(|r| (r.family, r.direction, r.source.as_str(), r.destination.as_str(), r.nat.as_str()))
+            .collect();
+        assert_eq!(
+            shown,
+            [
+                ("ipv4", "forward", "10.0.0.2:40000", "10.96.0.10:80", "10.244.1.5:8080"),
+                // By source as text, as for IPv4 rows.
+                ("ipv6", "reply", "[fd00:244::5]:8080", "[fd00::2]:40000", "[fd00:96::10]:80"),
+                ("ipv6", "forward", "[fd00::2]:40000", "[fd00:96::10]:80", "[fd00:244::5]:8080"),
+            ]
+        );
+        // The IPv6 pair is one established flow; the lone IPv4 entry an orphan.
+        assert_eq!(rows[1].state, "established");
+        assert_eq!(rows[2].state, "established");
+        assert_eq!(rows[0].state, "orphan");
+        assert!(rows.iter().all(|r| r.service == "demo/dual:http"));
+        let text = render(&rows);
+        assert!(text.contains("[fd00:96::10]:80"), "{text}");
+        assert!(text.ends_with("3 entries\n"), "{text}");
+        let json: serde_json::Value = serde_json::from_str(&crate::cli::to_json(&rows).expect("json")).expect("parse");
+        assert_eq!(json[2]["family"], "ipv6");
+        assert_eq!(json[2]["destination"], "[fd00:96::10]:80");
+        // --service applies to IPv6 flows as to IPv4 ones.
+        assert!(rows_of(&v6, Some("demo/other"), &names, now, &t).is_empty());
+        assert_eq!(rows_of(&v6, Some("demo/dual"), &names, now, &t).len(), 2);
+    }
+
+    #[test]
+    fn the_family_filter_picks_one_family_or_both() {
+        assert!(wanted(None, "ipv4") && wanted(None, "ipv6"));
+        assert!(wanted(Some(Family::Ipv6), "ipv6") && !wanted(Some(Family::Ipv6), "ipv4"));
+        assert!(wanted(Some(Family::Ipv4), "ipv4") && !wanted(Some(Family::Ipv4), "ipv6"));
+        assert_eq!(name_of(b"demo/dual:http\0\0"), "demo/dual:http");
+    }
 }
