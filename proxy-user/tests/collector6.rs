@@ -255,8 +255,17 @@ fn cookie(socket: &UdpSocket) -> u64 {
     cookie
 }
 
+/// A destroyed UDP socket: its owner's next receive fails with
+/// ECONNABORTED, and it is connected no more.
+fn assert_destroyed(socket: &UdpSocket) {
+    socket.set_nonblocking(true).expect("nonblocking");
+    let error = socket.recv(&mut [0u8; 8]).expect_err("destroyed");
+    assert_eq!(error.raw_os_error(), Some(libc::ECONNABORTED), "{error}");
+    assert!(socket.peer_addr().is_err(), "still connected");
+}
+
 /// In a network namespace of its own: connected IPv6 UDP sockets whose
-/// peer left are destroyed (their next send fails with ECONNABORTED), an
+/// peer left are destroyed (see [`assert_destroyed`]), an
 /// IPv6 socket connected to an IPv4 peer (mapped) too, and a socket whose
 /// peer is another is left alone.
 #[test]
@@ -292,9 +301,9 @@ fn departed_peers_ipv6_udp_sockets_are_closed() {
         .collect();
         let closed = sockdiag::close_udp_peers(&peers).expect("sock_diag");
         assert_eq!(closed, sockdiag::Closed { closed: 1, refused: vec![] });
-        let error = doomed6.send(b"x").expect_err("destroyed");
-        assert_eq!(error.raw_os_error(), Some(libc::ECONNABORTED), "{error}");
+        assert_destroyed(&doomed6);
         kept6.send(b"x").expect("untouched");
+        assert!(kept6.peer_addr().is_ok());
 
         let backend = BackendAddr {
             ip: "127.0.0.1".parse().expect("address"),
@@ -303,8 +312,7 @@ fn departed_peers_ipv6_udp_sockets_are_closed() {
         let doomed: HashMap<u64, BackendAddr> = [(cookie(&mapped), backend)].into_iter().collect();
         let closed = sockdiag::close_udp_sockets(&doomed).expect("sock_diag");
         assert_eq!(closed.closed, 1);
-        let error = mapped.send(b"x").expect_err("destroyed");
-        assert_eq!(error.raw_os_error(), Some(libc::ECONNABORTED), "{error}");
+        assert_destroyed(&mapped);
     })
     .join()
     .expect("the namespace thread");
