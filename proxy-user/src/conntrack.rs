@@ -3,7 +3,11 @@
 //! evict whatever was used least recently (an idle database connection
 //! lost to a burst of short ones).
 //!
-//! The table (`SB_CT_V5`) is a preallocated hash. Each flow has two entries,
+//! Each address family has its table: `SB_CT_V5` (IPv4, [`CtKey`]) and
+//! `SB_CT6_V1` (IPv6, [`CtKey6`]), with the same fields and meaning; the
+//! logic below is written once over the [`Key`] and [`Entry`] traits.
+//!
+//! Each table is a preallocated hash. Each flow has two entries,
 //! forward and reply; the data path stamps each with the last time a packet
 //! of its direction passed (at most once a second) and the TCP state it saw
 //! in that direction ([`ct_state`]). A flow expires as a whole: its phase
@@ -25,10 +29,10 @@
 //! new flow while the backend may still hold the old one in TIME_WAIT.
 //!
 //! The collector runs on a thread of its own with its own map handles. It
-//! walks the table with batched lookups, and waits between passes from 1 s
-//! (table over 75% full) to 30 s (nearly empty); a new `ct_full` count
-//! (a flow refused because the table was full) starts a pass within a
-//! second.
+//! walks both tables with batched lookups, and waits between passes from 1 s
+//! (the fuller table over 75% full) to 30 s (both nearly empty); a new
+//! `ct_full` count (a flow refused because a table was full; the counter is
+//! shared by both families) starts a pass within a second.
 
 use std::{
     collections::HashMap as StdHashMap,

@@ -231,10 +231,55 @@ fn an_agent_finding_no_ipv6_tables_pinned_creates_them() {
     for name in [names::CONNTRACK6, names::SOCKETS6] {
         assert!(pin_root.join(name).exists(), "{name} pinned");
     }
-    let maps = PinnedMaps::open(pin_root).expect("open every pin");
+    let mut maps = PinnedMaps::open(pin_root).expect("open every pin");
     assert!(maps.conntrack.get(&v4, 0).is_ok(), "the IPv4 flow was adopted");
     assert_eq!(maps.conntrack6_len(), 0);
+
+    // The CLI reads both tables from the pins.
+    let now = conntrack::monotonic_ns();
+    for (k, v) in flow(1, 40001, (0, ct_state::REPLIED), 0, now) {
+        maps.conntrack6.insert(k, v, 0).expect("write SB_CT6_V1");
+    }
+    let rows = cli(pin_root, &["conntrack", "list", "-o", "json"]);
+    let rows = rows.as_array().expect("a list");
+    let shown: Vec<(&str, &str, &str)> = rows
+        .iter()
+        .map(|r| (r["family"].as_str().expect("family"), r["destination"].as_str().expect("destination"), r["state"].as_str().expect("state")))
+        .collect();
+    assert_eq!(shown.len(), 3, "{rows:?}");
+    assert!(shown.contains(&("ipv4", "10.96.0.10:80", "orphan")), "{shown:?}");
+    assert!(shown.contains(&("ipv6", "[fd00:96::10]:80", "established")), "{shown:?}");
+    assert!(shown.contains(&("ipv6", "[fd00::2]:40001", "established")), "{shown:?}");
+    let v6_only = cli(pin_root, &["conntrack", "list", "--family", "ipv6", "-o", "json"]);
+    assert_eq!(v6_only.as_array().map(Vec::len), Some(2));
+    let stats = cli(pin_root, &["stats", "-o", "json"]);
+    let fill = |name: &str| {
+        stats["maps"]
+            .as_array()
+            .and_then(|maps| maps.iter().find(|m| m["map"] == name))
+            .map(|m| (m["entries"].as_u64(), m["capacity"].as_u64()))
+    };
+    assert_eq!(fill(names::CONNTRACK), Some((Some(1), Some(64))), "{stats}");
+    assert_eq!(fill(names::CONNTRACK6), Some((Some(2), Some(64))), "{stats}");
+    assert_eq!(fill(names::SOCKETS6), Some((Some(0), Some(64))), "{stats}");
+    let flushed = cli(pin_root, &["conntrack", "flush", "--family", "ipv6", "-o", "json"]);
+    assert_eq!(flushed["removed"], 2);
+    assert_eq!(maps.conntrack6_len(), 0);
+    assert_eq!(maps.conntrack_len(), 1, "--family ipv6 leaves IPv4 flows");
+
     conntrack::spawn(pin_root, Timeouts::default(), GcMetrics::default()).expect("the collector starts");
+}
+
+/// `switchboard ARGS --pin-root PIN_ROOT`'s JSON output.
+fn cli(pin_root: &Path, args: &[&str]) -> serde_json::Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_switchboard"))
+        .args(args)
+        .arg("--pin-root")
+        .arg(pin_root)
+        .output()
+        .expect("run switchboard");
+    assert!(out.status.success(), "switchboard {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("JSON")
 }
 
 /// `SO_COOKIE` of a socket.
