@@ -15,8 +15,7 @@ use std::{
 };
 
 use proxy_common::{
-    addr6_be, ct_dir, ct_flags, ct_state, names, proto, Addr6Be, CtEntry, CtEntry6, CtKey, CtKey6, SockEntry6,
-    SockKey6,
+    addr6_be, ct_dir, ct_flags, ct_state, names, proto, Addr6Be, CtEntry, CtEntry6, CtKey, CtKey6, SockEntry6, SockKey6,
 };
 use proxy_user::{
     conntrack::{self, GcMetrics, Pass, Timeouts},
@@ -68,8 +67,14 @@ fn flow(service: u32, sport: u16, state: (u8, u8), flags: u8, seen_ns: u64) -> [
         ..CtEntry6::default()
     };
     [
-        (key(ct_dir::FORWARD, (client, sport), (vip, 80)), entry(state.0, pod, 8080, node)),
-        (key(ct_dir::REPLY, (pod, 8080), (seen_as, sport)), entry(state.1, vip, 80, client)),
+        (
+            key(ct_dir::FORWARD, (client, sport), (vip, 80)),
+            entry(state.0, pod, 8080, node),
+        ),
+        (
+            key(ct_dir::REPLY, (pod, 8080), (seen_as, sport)),
+            entry(state.1, vip, 80, client),
+        ),
     ]
 }
 
@@ -118,10 +123,16 @@ fn a_collector_pass_over_the_kernel_ipv6_table() {
     assert_eq!(pass, Pass { entries: 7, deleted: 3 });
     let present = |k: &CtKey6| maps.conntrack6.get(k, 0).is_ok();
     assert!(live.iter().all(|(k, _)| present(k)), "the live flow stays");
-    assert!(closed_snat.iter().all(|(k, _)| present(k)), "its port is not free for 65 s");
+    assert!(
+        closed_snat.iter().all(|(k, _)| present(k)),
+        "its port is not free for 65 s"
+    );
     assert!(closed.iter().all(|(k, _)| !present(k)), "the closed flow goes whole");
     assert!(!present(&orphan.0), "the idle orphan goes");
-    assert!(maps.conntrack.get(&v4.0, 0).is_ok(), "the IPv4 table is not this pass's");
+    assert!(
+        maps.conntrack.get(&v4.0, 0).is_ok(),
+        "the IPv4 table is not this pass's"
+    );
     assert_eq!(maps.conntrack6_len(), 4);
 }
 
@@ -131,7 +142,10 @@ fn a_collector_pass_over_the_kernel_ipv6_table() {
 fn ipv6_purges_remove_the_selected_entries() {
     let (_ebpf, mut maps) = support::load(&capacities(64));
     let now = conntrack::monotonic_ns();
-    for (k, v) in flow(1, 40001, (0, 0), 0, now).iter().chain(&flow(2, 40002, (0, 0), 0, now)) {
+    for (k, v) in flow(1, 40001, (0, 0), 0, now)
+        .iter()
+        .chain(&flow(2, 40002, (0, 0), 0, now))
+    {
         maps.conntrack6.insert(k, v, 0).expect("write SB_CT6_V1");
     }
     let socket = |cookie: u64, service_id: u32| {
@@ -158,7 +172,11 @@ fn ipv6_purges_remove_the_selected_entries() {
     }
     assert_eq!(maps.purge_conntrack6(&|_, e| e.service_id == 1), 2);
     assert_eq!(maps.conntrack6_len(), 2);
-    assert!(maps.conntrack6.iter().filter_map(Result::ok).all(|(_, e)| e.service_id == 2));
+    assert!(maps
+        .conntrack6
+        .iter()
+        .filter_map(Result::ok)
+        .all(|(_, e)| e.service_id == 2));
     let gone = maps.purge_sockets6(&|_, e| e.service_id == 1);
     assert_eq!(gone, [socket(7, 1).0]);
     assert_eq!(maps.sockets6_len(), 1);
@@ -220,7 +238,9 @@ fn an_agent_finding_no_ipv6_tables_pinned_creates_them() {
     {
         let mut ebpf = ebpf::load(pin_root, &caps, &[]).expect("first load");
         let mut maps = PinnedMaps::take(&mut ebpf).expect("maps");
-        maps.conntrack.insert(v4, CtEntry::default(), 0).expect("write SB_CT_V5");
+        maps.conntrack
+            .insert(v4, CtEntry::default(), 0)
+            .expect("write SB_CT_V5");
     }
     for name in [names::CONNTRACK6, names::SOCKETS6] {
         std::fs::remove_file(pin_root.join(name)).expect("unpin");
@@ -244,11 +264,20 @@ fn an_agent_finding_no_ipv6_tables_pinned_creates_them() {
     let rows = rows.as_array().expect("a list");
     let shown: Vec<(&str, &str, &str)> = rows
         .iter()
-        .map(|r| (r["family"].as_str().expect("family"), r["destination"].as_str().expect("destination"), r["state"].as_str().expect("state")))
+        .map(|r| {
+            (
+                r["family"].as_str().expect("family"),
+                r["destination"].as_str().expect("destination"),
+                r["state"].as_str().expect("state"),
+            )
+        })
         .collect();
     assert_eq!(shown.len(), 3, "{rows:?}");
     assert!(shown.contains(&("ipv4", "10.96.0.10:80", "orphan")), "{shown:?}");
-    assert!(shown.contains(&("ipv6", "[fd00:96::10]:80", "established")), "{shown:?}");
+    assert!(
+        shown.contains(&("ipv6", "[fd00:96::10]:80", "established")),
+        "{shown:?}"
+    );
     assert!(shown.contains(&("ipv6", "[fd00::2]:40001", "established")), "{shown:?}");
     let v6_only = cli(pin_root, &["conntrack", "list", "--family", "ipv6", "-o", "json"]);
     assert_eq!(v6_only.as_array().map(Vec::len), Some(2));
@@ -278,7 +307,11 @@ fn cli(pin_root: &Path, args: &[&str]) -> serde_json::Value {
         .arg(pin_root)
         .output()
         .expect("run switchboard");
-    assert!(out.status.success(), "switchboard {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "switchboard {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     serde_json::from_slice(&out.stdout).expect("JSON")
 }
 
@@ -320,7 +353,10 @@ fn departed_peers_ipv6_udp_sockets_are_closed() {
         // SAFETY: unshare on this thread only; it owns no sockets yet.
         let rc = unsafe { libc::unshare(libc::CLONE_NEWNET) };
         assert_eq!(rc, 0, "unshare(CLONE_NEWNET): {}", io::Error::last_os_error());
-        let status = Command::new("ip").args(["link", "set", "lo", "up"]).status().expect("ip");
+        let status = Command::new("ip")
+            .args(["link", "set", "lo", "up"])
+            .status()
+            .expect("ip");
         assert!(status.success());
 
         let server6 = UdpSocket::bind("[::1]:0").expect("bind ::1");
@@ -345,7 +381,13 @@ fn departed_peers_ipv6_udp_sockets_are_closed() {
         .into_iter()
         .collect();
         let closed = sockdiag::close_udp_peers(&peers).expect("sock_diag");
-        assert_eq!(closed, sockdiag::Closed { closed: 1, refused: vec![] });
+        assert_eq!(
+            closed,
+            sockdiag::Closed {
+                closed: 1,
+                refused: vec![]
+            }
+        );
         assert_destroyed(&doomed6);
         kept6.send(b"x").expect("untouched");
         assert!(kept6.peer_addr().is_ok());
