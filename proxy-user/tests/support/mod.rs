@@ -68,7 +68,10 @@ pub fn frontend(
         name: name.into(),
         port: String::new(),
     };
-    let backends = backends.iter().map(|&(ip, port)| BackendAddr { ip, port }).collect();
+    let backends = backends
+        .iter()
+        .map(|&(ip, port)| BackendAddr { ip, port })
+        .collect();
     Frontend {
         kind,
         ..Frontend::cluster_ip(FrontendAddr { ip, port, protocol }, service, backends)
@@ -76,7 +79,13 @@ pub fn frontend(
 }
 
 /// A ClusterIP frontend: [`frontend`] of kind `ClusterIp`.
-pub fn cluster_ip(ip: Ipv4Addr, port: u16, protocol: Protocol, name: &str, backends: &[(Ipv4Addr, u16)]) -> Frontend {
+pub fn cluster_ip(
+    ip: Ipv4Addr,
+    port: u16,
+    protocol: Protocol,
+    name: &str,
+    backends: &[(Ipv4Addr, u16)],
+) -> Frontend {
     frontend(FrontendKind::ClusterIp, ip, port, protocol, name, backends)
 }
 
@@ -160,7 +169,12 @@ impl Loaded {
     }
 
     /// [`Loaded::tc`], with the test run's failure returned.
-    pub fn try_tc(&mut self, program: &str, frame: &[u8], ctx: Option<&[u8]>) -> Result<(u32, Vec<u8>), ProgramError> {
+    pub fn try_tc(
+        &mut self,
+        program: &str,
+        frame: &[u8],
+        ctx: Option<&[u8]>,
+    ) -> Result<(u32, Vec<u8>), ProgramError> {
         let tc: &mut SchedClassifier = self
             .ebpf
             .program_mut(program)
@@ -174,11 +188,16 @@ impl Loaded {
     /// left it; with `ingress_ifindex`, as if it arrived on that interface
     /// (an [`xdp_ctx`]), else with no context at all.
     pub fn xdp(&mut self, frame: &[u8], ingress_ifindex: Option<u32>) -> (u32, Vec<u8>) {
-        self.try_xdp(frame, ingress_ifindex).expect("BPF_PROG_TEST_RUN")
+        self.try_xdp(frame, ingress_ifindex)
+            .expect("BPF_PROG_TEST_RUN")
     }
 
     /// [`Loaded::xdp`], with the test run's failure returned.
-    pub fn try_xdp(&mut self, frame: &[u8], ingress_ifindex: Option<u32>) -> Result<(u32, Vec<u8>), ProgramError> {
+    pub fn try_xdp(
+        &mut self,
+        frame: &[u8],
+        ingress_ifindex: Option<u32>,
+    ) -> Result<(u32, Vec<u8>), ProgramError> {
         let ctx = ingress_ifindex.map(|ifindex| xdp_ctx(frame.len(), ifindex));
         let xdp: &mut Xdp = self
             .ebpf
