@@ -3,7 +3,11 @@
 //! evict whatever was used least recently (an idle database connection
 //! lost to a burst of short ones).
 //!
-//! The table (`SB_CT_V5`) is a preallocated hash. Each flow has two entries,
+//! Each address family has its table: `SB_CT_V5` (IPv4, [`CtKey`]) and
+//! `SB_CT6_V1` (IPv6, [`CtKey6`]), with the same fields and meaning; the
+//! logic below is written once over the [`Key`] and [`Entry`] traits.
+//!
+//! Each table is a preallocated hash. Each flow has two entries,
 //! forward and reply; the data path stamps each with the last time a packet
 //! of its direction passed (at most once a second) and the TCP state it saw
 //! in that direction ([`ct_state`]). A flow expires as a whole: its phase
@@ -25,13 +29,14 @@
 //! new flow while the backend may still hold the old one in TIME_WAIT.
 //!
 //! The collector runs on a thread of its own with its own map handles. It
-//! walks the table with batched lookups, and waits between passes from 1 s
-//! (table over 75% full) to 30 s (nearly empty); a new `ct_full` count
-//! (a flow refused because the table was full) starts a pass within a
-//! second.
+//! walks both tables with batched lookups, and waits between passes from 1 s
+//! (the fuller table over 75% full) to 30 s (both nearly empty); a new
+//! `ct_full` count (a flow refused because a table was full; the counter is
+//! shared by both families) starts a pass within a second.
 
 use std::{
     collections::HashMap as StdHashMap,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
     path::{Path, PathBuf},
     sync::atomic::AtomicU64,
     time::{Duration, Instant},
@@ -41,12 +46,15 @@ use aya::maps::{HashMap, IterableMap as _, Map, MapData, MapError, PerCpuArray};
 use prometheus_client::{
     metrics::{
         counter::Counter,
+        family::Family,
         gauge::Gauge,
         histogram::{exponential_buckets, Histogram},
     },
     registry::Registry,
 };
-use proxy_common::{ct_dir, ct_flags, ct_state, names, proto, snat, stat, CtEntry, CtKey};
+use proxy_common::{
+    addr6_octets, ct_dir, ct_flags, ct_state, names, proto, snat, stat, Addr6Be, CtEntry, CtEntry6, CtKey, CtKey6,
+};
 use serde::{Deserialize, Serialize};
 use tracing::{debug, warn};
 
@@ -148,12 +156,119 @@ pub fn phase(protocol: u8, forward: u8, reply: u8) -> Phase {
     }
 }
 
+/// The fields of a connection-tracking entry the collector and the CLI
+/// read, whatever the address family ([`CtEntry`], [`CtEntry6`]).
+pub trait Entry: Copy + std::fmt::Debug {
+    /// The family's address in map form (`u32` or [`Addr6Be`]).
+    type Addr: Copy + Eq;
+    fn state(&self) -> u8;
+    fn flags(&self) -> u8;
+    fn created_ns(&self) -> u64;
+    fn last_seen_ns(&self) -> u64;
+    fn service_id(&self) -> u32;
+    fn backend_id(&self) -> u32;
+    /// Forward: the backend's address and port; reply: the frontend's.
+    fn nat(&self) -> (Self::Addr, u16);
+    /// With [`ct_flags::SNAT`]: the other end of the source NAT.
+    fn snat(&self) -> (Self::Addr, u16);
+}
+
+/// A connection-tracking key of either family ([`CtKey`], [`CtKey6`]);
+/// ports are in network byte order.
+pub trait Key: Copy + Eq + std::hash::Hash + std::fmt::Debug {
+    type Addr: Copy + Eq;
+    type Entry: Entry<Addr = Self::Addr>;
+    /// `"ipv4"` or `"ipv6"` (metrics labels, the CLI's `family`).
+    const FAMILY: &'static str;
+    fn new(src: (Self::Addr, u16), dst: (Self::Addr, u16), proto: u8, dir: u8) -> Self;
+    fn src(&self) -> (Self::Addr, u16);
+    fn dst(&self) -> (Self::Addr, u16);
+    fn proto(&self) -> u8;
+    fn dir(&self) -> u8;
+    /// An address in map form as an [`IpAddr`].
+    fn ip(addr: Self::Addr) -> IpAddr;
+}
+
+macro_rules! ct_entry {
+    ($entry:ty, $addr:ty) => {
+        impl Entry for $entry {
+            type Addr = $addr;
+            fn state(&self) -> u8 {
+                self.state
+            }
+            fn flags(&self) -> u8 {
+                self.flags
+            }
+            fn created_ns(&self) -> u64 {
+                self.created_ns
+            }
+            fn last_seen_ns(&self) -> u64 {
+                self.last_seen_ns
+            }
+            fn service_id(&self) -> u32 {
+                self.service_id
+            }
+            fn backend_id(&self) -> u32 {
+                self.backend_id
+            }
+            fn nat(&self) -> ($addr, u16) {
+                (self.nat_addr_be, self.nat_port_be)
+            }
+            fn snat(&self) -> ($addr, u16) {
+                (self.snat_addr_be, self.snat_port_be)
+            }
+        }
+    };
+}
+
+macro_rules! ct_key {
+    ($key:ty, $entry:ty, $addr:ty, $family:literal, $ip:expr) => {
+        impl Key for $key {
+            type Addr = $addr;
+            type Entry = $entry;
+            const FAMILY: &'static str = $family;
+            fn new(src: ($addr, u16), dst: ($addr, u16), proto: u8, dir: u8) -> Self {
+                Self {
+                    saddr_be: src.0,
+                    daddr_be: dst.0,
+                    sport_be: src.1,
+                    dport_be: dst.1,
+                    proto,
+                    dir,
+                    _pad: [0; 2],
+                }
+            }
+            fn src(&self) -> ($addr, u16) {
+                (self.saddr_be, self.sport_be)
+            }
+            fn dst(&self) -> ($addr, u16) {
+                (self.daddr_be, self.dport_be)
+            }
+            fn proto(&self) -> u8 {
+                self.proto
+            }
+            fn dir(&self) -> u8 {
+                self.dir
+            }
+            fn ip(addr: $addr) -> IpAddr {
+                let ip: fn($addr) -> IpAddr = $ip;
+                ip(addr)
+            }
+        }
+    };
+}
+
+ct_entry!(CtEntry, u32);
+ct_entry!(CtEntry6, Addr6Be);
+ct_key!(CtKey, CtEntry, u32, "ipv4", |a| IpAddr::V4(Ipv4Addr::from(a.to_ne_bytes())));
+ct_key!(CtKey6, CtEntry6, Addr6Be, "ipv6", |a| IpAddr::V6(Ipv6Addr::from(addr6_octets(a))));
+
 /// One flow as the collector judges it: its entries, either may be missing.
 #[derive(Clone, Copy, Debug)]
-pub struct Flow<'a> {
+pub struct Flow<'a, E = CtEntry> {
     pub protocol: u8,
-    pub forward: Option<&'a CtEntry>,
-    pub reply: Option<&'a CtEntry>,
+    pub forward: Option<&'a E>,
+    pub reply: Option<&'a E>,
 }
 
 /// Why a flow expires, and when (CLOCK_MONOTONIC nanoseconds).
@@ -167,21 +282,21 @@ pub struct Verdict {
 /// When `flow` expires: its newest time stamp plus its phase's timeout (an
 /// orphan's: [`ORPHAN_GRACE`]); a closed source-NATed flow not before its
 /// port may be reused. `None` when the flow has no entry at all.
-pub fn verdict(flow: &Flow, t: &Timeouts) -> Option<Verdict> {
+pub fn verdict<E: Entry>(flow: &Flow<E>, t: &Timeouts) -> Option<Verdict> {
     let entries = [flow.forward, flow.reply];
-    let last_seen = entries.iter().flatten().map(|e| e.last_seen_ns).max()?;
+    let last_seen = entries.iter().flatten().map(|e| e.last_seen_ns()).max()?;
     let (Some(forward), Some(reply)) = (flow.forward, flow.reply) else {
         return Some(Verdict {
             phase: None,
             expires_ns: last_seen.saturating_add(nanos(ORPHAN_GRACE)),
         });
     };
-    let phase = phase(flow.protocol, forward.state, reply.state);
+    let phase = phase(flow.protocol, forward.state(), reply.state());
     let mut expires_ns = last_seen.saturating_add(nanos(phase.timeout(t)));
-    let flags = forward.flags | reply.flags;
+    let flags = forward.flags() | reply.flags();
     if flags & ct_flags::SNAT != 0 && flags & ct_flags::CLOSING != 0 {
         // `created_ns` is the close time once CLOSING is set.
-        let closed_ns = forward.created_ns.max(reply.created_ns);
+        let closed_ns = forward.created_ns().max(reply.created_ns());
         expires_ns = expires_ns.max(closed_ns.saturating_add(snat::REUSE_AFTER_NS));
     }
     Some(Verdict {
@@ -191,7 +306,7 @@ pub fn verdict(flow: &Flow, t: &Timeouts) -> Option<Verdict> {
 }
 
 /// Whether `flow` has expired at `now_ns` (CLOCK_MONOTONIC).
-pub fn expired(flow: &Flow, now_ns: u64, t: &Timeouts) -> bool {
+pub fn expired<E: Entry>(flow: &Flow<E>, now_ns: u64, t: &Timeouts) -> bool {
     verdict(flow, t).is_none_or(|v| now_ns >= v.expires_ns)
 }
 
@@ -201,68 +316,60 @@ fn nanos(d: Duration) -> u64 {
 
 /// The key of the other entry of the flow `key` and `entry` belong to
 /// (the data path's encoding: a source-NATed flow's reply comes back to the
-/// node's, or the hairpin, address and port).
-pub fn partner_key(key: &CtKey, entry: &CtEntry) -> CtKey {
-    let snat = entry.flags & ct_flags::SNAT != 0;
-    if key.dir == ct_dir::REPLY {
-        let (saddr_be, sport_be) = match snat {
-            true => (entry.snat_addr_be, entry.snat_port_be),
-            false => (key.daddr_be, key.dport_be),
+/// node's, or the hairpin, address and port). The same for both families.
+pub fn partner_key<K: Key>(key: &K, entry: &K::Entry) -> K {
+    let snat = entry.flags() & ct_flags::SNAT != 0;
+    if key.dir() == ct_dir::REPLY {
+        let src = match snat {
+            true => entry.snat(),
+            false => key.dst(),
         };
-        CtKey {
-            saddr_be,
-            daddr_be: entry.nat_addr_be,
-            sport_be,
-            dport_be: entry.nat_port_be,
-            proto: key.proto,
-            dir: ct_dir::FORWARD,
-            _pad: [0; 2],
-        }
+        K::new(src, entry.nat(), key.proto(), ct_dir::FORWARD)
     } else {
-        let (daddr_be, dport_be) = match snat {
-            true => (entry.snat_addr_be, entry.snat_port_be),
-            false => (key.saddr_be, key.sport_be),
+        let dst = match snat {
+            true => entry.snat(),
+            false => key.src(),
         };
-        CtKey {
-            saddr_be: entry.nat_addr_be,
-            daddr_be,
-            sport_be: entry.nat_port_be,
-            dport_be,
-            proto: key.proto,
-            dir: ct_dir::REPLY,
-            _pad: [0; 2],
-        }
+        K::new(entry.nat(), dst, key.proto(), ct_dir::REPLY)
     }
 }
 
 /// A flow's keys as found in a table: its forward and reply entry, or one
 /// orphan.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum FlowKeys {
-    Pair { forward: CtKey, reply: CtKey },
-    Orphan(CtKey),
+pub enum FlowKeys<K = CtKey> {
+    Pair { forward: K, reply: K },
+    Orphan(K),
 }
 
-impl FlowKeys {
-    pub fn keys(&self) -> impl Iterator<Item = CtKey> {
+impl<K: Key> FlowKeys<K> {
+    pub fn keys(&self) -> impl Iterator<Item = K> {
         let (a, b) = match *self {
             FlowKeys::Pair { forward, reply } => (forward, Some(reply)),
             FlowKeys::Orphan(key) => (key, None),
         };
         std::iter::once(a).chain(b)
     }
+
+    /// The flow's protocol.
+    pub fn proto(&self) -> u8 {
+        match self {
+            FlowKeys::Pair { forward, .. } => forward.proto(),
+            FlowKeys::Orphan(key) => key.proto(),
+        }
+    }
 }
 
 /// The flows of `table`, each once: a pair when both entries name each
 /// other, else each entry as an orphan.
-pub fn flows(table: &StdHashMap<CtKey, CtEntry>) -> Vec<FlowKeys> {
+pub fn flows<K: Key>(table: &StdHashMap<K, K::Entry>) -> Vec<FlowKeys<K>> {
     let mut out = Vec::new();
     for (key, entry) in table {
         let other = partner_key(key, entry);
         let paired = table
             .get(&other)
             .is_some_and(|p| partner_key(&other, p) == *key);
-        match (paired, key.dir == ct_dir::FORWARD) {
+        match (paired, key.dir() == ct_dir::FORWARD) {
             (true, true) => out.push(FlowKeys::Pair {
                 forward: *key,
                 reply: other,
@@ -275,15 +382,23 @@ pub fn flows(table: &StdHashMap<CtKey, CtEntry>) -> Vec<FlowKeys> {
     out
 }
 
+/// The flow `keys` names, its entries read from `get`: (forward, reply).
+pub fn entries<K: Key>(
+    keys: &FlowKeys<K>,
+    get: impl Fn(&K) -> Option<K::Entry>,
+) -> (Option<K::Entry>, Option<K::Entry>) {
+    match *keys {
+        FlowKeys::Pair { forward, reply } => (get(&forward), get(&reply)),
+        FlowKeys::Orphan(key) if key.dir() == ct_dir::FORWARD => (get(&key), None),
+        FlowKeys::Orphan(key) => (None, get(&key)),
+    }
+}
+
 /// Whether the flow `keys` names, its entries read from `get`, has expired.
-fn judge(keys: &FlowKeys, get: impl Fn(&CtKey) -> Option<CtEntry>, now_ns: u64, t: &Timeouts) -> bool {
-    let (protocol, forward, reply) = match *keys {
-        FlowKeys::Pair { forward, reply } => (forward.proto, get(&forward), get(&reply)),
-        FlowKeys::Orphan(key) if key.dir == ct_dir::FORWARD => (key.proto, get(&key), None),
-        FlowKeys::Orphan(key) => (key.proto, None, get(&key)),
-    };
+fn judge<K: Key>(keys: &FlowKeys<K>, get: impl Fn(&K) -> Option<K::Entry>, now_ns: u64, t: &Timeouts) -> bool {
+    let (forward, reply) = entries(keys, get);
     let flow = Flow {
-        protocol,
+        protocol: keys.proto(),
         forward: forward.as_ref(),
         reply: reply.as_ref(),
     };
@@ -292,13 +407,13 @@ fn judge(keys: &FlowKeys, get: impl Fn(&CtKey) -> Option<CtEntry>, now_ns: u64, 
 
 /// The table the collector works on (a trait so the logic is tested on an
 /// in-memory table).
-pub trait CtTable {
+pub trait CtTable<K: Key = CtKey> {
     /// Every entry.
-    fn read_all(&self) -> std::io::Result<Vec<(CtKey, CtEntry)>>;
+    fn read_all(&self) -> std::io::Result<Vec<(K, K::Entry)>>;
     /// One entry as it is now.
-    fn get(&self, key: &CtKey) -> Option<CtEntry>;
+    fn get(&self, key: &K) -> Option<K::Entry>;
     /// Removes one entry; whether it was there.
-    fn remove(&mut self, key: &CtKey) -> bool;
+    fn remove(&mut self, key: &K) -> bool;
 }
 
 /// What one pass did.
@@ -314,8 +429,8 @@ pub struct Pass {
 /// flow (both entries) and idle orphan. Each flow is judged again from its
 /// entries as they are right before removal, so a packet that arrived
 /// during the pass saves it.
-pub fn collect(table: &mut impl CtTable, now_ns: u64, t: &Timeouts) -> std::io::Result<Pass> {
-    let all: StdHashMap<CtKey, CtEntry> = table.read_all()?.into_iter().collect();
+pub fn collect<K: Key>(table: &mut impl CtTable<K>, now_ns: u64, t: &Timeouts) -> std::io::Result<Pass> {
+    let all: StdHashMap<K, K::Entry> = table.read_all()?.into_iter().collect();
     let mut pass = Pass {
         entries: all.len(),
         deleted: 0,
@@ -366,21 +481,29 @@ pub fn monotonic_ns() -> u64 {
         .saturating_add(ts.tv_nsec as u64)
 }
 
-/// The collector's series on `/metrics`. Clones share them.
+/// A family label: `[("family", "ipv4")]` or `[("family", "ipv6")]`.
+type FamilyLabel = [(&'static str, &'static str); 1];
+
+fn duration_histogram() -> Histogram {
+    // 1 ms to 16 s.
+    Histogram::new(exponential_buckets(0.001, 2.0, 15))
+}
+
+/// The collector's series on `/metrics`, one per address family (label
+/// `family`: `ipv4`, `ipv6`). Clones share them.
 #[derive(Clone, Debug)]
 pub struct GcMetrics {
-    deleted: Counter,
-    fill: Gauge<f64, AtomicU64>,
-    duration: Histogram,
+    deleted: Family<FamilyLabel, Counter>,
+    fill: Family<FamilyLabel, Gauge<f64, AtomicU64>>,
+    duration: Family<FamilyLabel, Histogram, fn() -> Histogram>,
 }
 
 impl Default for GcMetrics {
     fn default() -> Self {
         Self {
-            deleted: Counter::default(),
-            fill: Gauge::default(),
-            // 1 ms to 16 s.
-            duration: Histogram::new(exponential_buckets(0.001, 2.0, 15)),
+            deleted: Family::default(),
+            fill: Family::default(),
+            duration: Family::new_with_constructor(duration_histogram),
         }
     }
 }
@@ -389,25 +512,26 @@ impl GcMetrics {
     pub fn register(&self, registry: &mut Registry) {
         registry.register(
             "switchboard_conntrack_gc_deleted",
-            "Connection-tracking entries the agent's collector removed (expired flows and orphans)",
+            "Connection-tracking entries the agent's collector removed (expired flows and orphans), by address family",
             self.deleted.clone(),
         );
         registry.register(
             "switchboard_conntrack_fill_ratio",
-            "How full the connection-tracking table was at the collector's last pass (0 to 1)",
+            "How full each family's connection-tracking table was at the collector's last pass (0 to 1)",
             self.fill.clone(),
         );
         registry.register(
             "switchboard_conntrack_gc_duration_seconds",
-            "How long one pass of the connection-tracking collector took",
+            "How long one pass of the connection-tracking collector over one family's table took",
             self.duration.clone(),
         );
     }
 
-    fn observe(&self, pass: &Pass, capacity: u32, took: Duration) {
-        self.deleted.inc_by(pass.deleted as u64);
-        self.fill.set(fill(pass.entries, capacity));
-        self.duration.observe(took.as_secs_f64());
+    fn observe(&self, family: &'static str, pass: &Pass, capacity: u32, took: Duration) {
+        let label = [("family", family)];
+        self.deleted.get_or_create(&label).inc_by(pass.deleted as u64);
+        self.fill.get_or_create(&label).set(fill(pass.entries, capacity));
+        self.duration.get_or_create(&label).observe(took.as_secs_f64());
     }
 }
 
@@ -416,6 +540,20 @@ fn fill(entries: usize, capacity: u32) -> f64 {
         0 => 1.0,
         c => entries as f64 / f64::from(c),
     }
+}
+
+/// The wait after a pass over both families' tables, each `Some(fill)` or
+/// `None` (not read): the fuller table sets the pace, and a table that
+/// could not be read is tried again soon.
+pub fn next_interval(fills: &[Option<f64>]) -> Duration {
+    let mut fullest = 0.0_f64;
+    for fill in fills {
+        match fill {
+            Some(f) if !f.is_nan() => fullest = fullest.max(*f),
+            _ => return MIN_INTERVAL,
+        }
+    }
+    interval(fullest)
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -432,15 +570,19 @@ pub enum GcError {
     Spawn(#[source] std::io::Error),
 }
 
-/// The kernel's table.
-impl CtTable for HashMap<MapData, CtKey, CtEntry> {
-    fn read_all(&self) -> std::io::Result<Vec<(CtKey, CtEntry)>> {
+/// The kernel's tables, of either family.
+impl<K, E> CtTable<K> for HashMap<MapData, K, E>
+where
+    K: Key<Entry = E> + aya::Pod + bytemuck::Pod,
+    E: Entry + aya::Pod + bytemuck::Pod,
+{
+    fn read_all(&self) -> std::io::Result<Vec<(K, E)>> {
         crate::mapbatch::lookup_all(self.map())
     }
-    fn get(&self, key: &CtKey) -> Option<CtEntry> {
+    fn get(&self, key: &K) -> Option<E> {
         HashMap::get(self, key, 0).ok()
     }
-    fn remove(&mut self, key: &CtKey) -> bool {
+    fn remove(&mut self, key: &K) -> bool {
         HashMap::remove(self, key).is_ok()
     }
 }
@@ -462,16 +604,52 @@ fn open(pin_root: &Path, name: &str) -> Result<(Map, u32), GcError> {
     Ok((map, capacity))
 }
 
+/// One family's table as the collector holds it.
+struct Tracked<K: Key> {
+    table: HashMap<MapData, K, K::Entry>,
+    capacity: u32,
+}
+
+impl<K> Tracked<K>
+where
+    K: Key + aya::Pod + bytemuck::Pod,
+    K::Entry: aya::Pod + bytemuck::Pod,
+{
+    fn open(pin_root: &Path, name: &'static str) -> Result<Self, GcError> {
+        let (map, capacity) = open(pin_root, name)?;
+        let table = HashMap::try_from(map).map_err(|source| GcError::Layout {
+            path: pin_root.join(name),
+            source,
+        })?;
+        Ok(Self { table, capacity })
+    }
+
+    /// One pass; how full the table was (`None`: it could not be read).
+    fn pass(&mut self, timeouts: &Timeouts, metrics: &GcMetrics) -> Option<f64> {
+        let started = Instant::now();
+        match collect(&mut self.table, monotonic_ns(), timeouts) {
+            Ok(pass) => {
+                let took = started.elapsed();
+                metrics.observe(K::FAMILY, &pass, self.capacity, took);
+                debug!(family = K::FAMILY, entries = pass.entries, deleted = pass.deleted, ?took, "conntrack collected");
+                Some(fill(pass.entries, self.capacity))
+            }
+            Err(error) => {
+                warn!(family = K::FAMILY, %error, "reading the connection-tracking table failed; trying again");
+                None
+            }
+        }
+    }
+}
+
 /// Starts the collector on a thread of its own, on the maps pinned under
 /// `pin_root` (open them after any resize has finished: the pin is what
-/// the programs use). It runs until the process exits.
+/// the programs use): the IPv4 table (`SB_CT_V5`) and the IPv6 one
+/// (`SB_CT6_V1`), both created by the loader. It runs until the process
+/// exits.
 pub fn spawn(pin_root: &Path, timeouts: Timeouts, metrics: GcMetrics) -> Result<(), GcError> {
-    let (map, capacity) = open(pin_root, names::CONNTRACK)?;
-    let layout = |source| GcError::Layout {
-        path: pin_root.join(names::CONNTRACK),
-        source,
-    };
-    let table: HashMap<MapData, CtKey, CtEntry> = HashMap::try_from(map).map_err(layout)?;
+    let v4 = Tracked::<CtKey>::open(pin_root, names::CONNTRACK)?;
+    let v6 = Tracked::<CtKey6>::open(pin_root, names::CONNTRACK6)?;
     let (stats, _) = open(pin_root, names::GLOBAL_STATS)?;
     let stats: PerCpuArray<MapData, u64> = PerCpuArray::try_from(stats).map_err(|source| GcError::Layout {
         path: pin_root.join(names::GLOBAL_STATS),
@@ -479,7 +657,7 @@ pub fn spawn(pin_root: &Path, timeouts: Timeouts, metrics: GcMetrics) -> Result<
     })?;
     std::thread::Builder::new()
         .name("conntrack-gc".into())
-        .spawn(move || run(table, capacity, &stats, &timeouts, &metrics))
+        .spawn(move || run(v4, v6, &stats, &timeouts, &metrics))
         .map_err(GcError::Spawn)?;
     Ok(())
 }
@@ -493,28 +671,18 @@ fn ct_full(stats: &PerCpuArray<MapData, u64>) -> u64 {
 }
 
 fn run(
-    mut table: HashMap<MapData, CtKey, CtEntry>,
-    capacity: u32,
+    mut v4: Tracked<CtKey>,
+    mut v6: Tracked<CtKey6>,
     stats: &PerCpuArray<MapData, u64>,
     timeouts: &Timeouts,
     metrics: &GcMetrics,
 ) {
     let mut refused = ct_full(stats);
     loop {
-        let started = Instant::now();
-        let wait = match collect(&mut table, monotonic_ns(), timeouts) {
-            Ok(pass) => {
-                let took = started.elapsed();
-                metrics.observe(&pass, capacity, took);
-                debug!(entries = pass.entries, deleted = pass.deleted, ?took, "conntrack collected");
-                interval(fill(pass.entries, capacity))
-            }
-            Err(error) => {
-                warn!(%error, "reading the connection-tracking table failed; trying again");
-                MIN_INTERVAL
-            }
-        };
-        // Sleep in steps, ending early when the table refused a flow.
+        let fills = [v4.pass(timeouts, metrics), v6.pass(timeouts, metrics)];
+        let wait = next_interval(&fills);
+        // Sleep in steps, ending early when a table refused a flow (the
+        // counter is shared by both families).
         let until = Instant::now() + wait;
         while Instant::now() < until {
             std::thread::sleep(MIN_INTERVAL.min(until.saturating_duration_since(Instant::now())));
@@ -805,18 +973,23 @@ mod tests {
         }
     }
 
-    /// An in-memory table.
-    #[derive(Default)]
-    struct Memory(StdHashMap<CtKey, CtEntry>);
+    /// An in-memory table of either family.
+    struct Memory<K: Key = CtKey>(StdHashMap<K, K::Entry>);
 
-    impl CtTable for Memory {
-        fn read_all(&self) -> std::io::Result<Vec<(CtKey, CtEntry)>> {
+    impl<K: Key> Default for Memory<K> {
+        fn default() -> Self {
+            Self(StdHashMap::new())
+        }
+    }
+
+    impl<K: Key> CtTable<K> for Memory<K> {
+        fn read_all(&self) -> std::io::Result<Vec<(K, K::Entry)>> {
             Ok(self.0.iter().map(|(k, v)| (*k, *v)).collect())
         }
-        fn get(&self, key: &CtKey) -> Option<CtEntry> {
+        fn get(&self, key: &K) -> Option<K::Entry> {
             self.0.get(key).copied()
         }
-        fn remove(&mut self, key: &CtKey) -> bool {
+        fn remove(&mut self, key: &K) -> bool {
             self.0.remove(key).is_some()
         }
     }
@@ -860,7 +1033,7 @@ mod tests {
     #[test]
     fn a_packet_during_the_pass_saves_the_flow() {
         /// A table whose entries are refreshed right after it was read.
-        struct Refreshed(Memory, u64);
+        struct Refreshed(Memory<CtKey>, u64);
         impl CtTable for Refreshed {
             fn read_all(&self) -> std::io::Result<Vec<(CtKey, CtEntry)>> {
                 self.0.read_all()
@@ -912,6 +1085,206 @@ mod tests {
             reply: Some(&r),
         };
         assert_eq!(verdict(&flow, &t()).and_then(|v| v.phase), Some(Phase::Established));
+    }
+
+    // ---- IPv6: the same logic over CtKey6/CtEntry6 ----
+
+    fn v6(last: u16) -> Addr6Be {
+        proxy_common::addr6_be([0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, (last >> 8) as u8, last as u8])
+    }
+
+    fn key6(dir: u8, s: Addr6Be, sport: u16, d: Addr6Be, dport: u16) -> CtKey6 {
+        CtKey6 {
+            saddr_be: s,
+            daddr_be: d,
+            sport_be: sport.to_be(),
+            dport_be: dport.to_be(),
+            proto: proto::TCP,
+            dir,
+            _pad: [0; 2],
+        }
+    }
+
+    fn entry6(state: u8, flags: u8, last_seen_s: u64) -> CtEntry6 {
+        CtEntry6 {
+            state,
+            flags,
+            last_seen_ns: last_seen_s * S,
+            created_ns: S,
+            ..CtEntry6::default()
+        }
+    }
+
+    /// The IPv6 twins of [`pairs`]: plain, hairpin (through
+    /// `hairpin::ADDR6`), and a remote client source-NATed to the node.
+    fn pairs6() -> Vec<((CtKey6, CtEntry6), (CtKey6, CtEntry6))> {
+        let (client, frontend, backend, node) = (v6(2), v6(0x9610), v6(0x0105), v6(0x0201));
+        let plain = (
+            (
+                key6(ct_dir::FORWARD, client, 40000, frontend, 80),
+                CtEntry6 {
+                    nat_addr_be: backend,
+                    nat_port_be: 8080u16.to_be(),
+                    ..entry6(0, 0, 100)
+                },
+            ),
+            (
+                key6(ct_dir::REPLY, backend, 8080, client, 40000),
+                CtEntry6 {
+                    nat_addr_be: frontend,
+                    nat_port_be: 80u16.to_be(),
+                    ..entry6(ct_state::REPLIED, 0, 100)
+                },
+            ),
+        );
+        let hairpin = (
+            (
+                key6(ct_dir::FORWARD, backend, 40000, frontend, 80),
+                CtEntry6 {
+                    nat_addr_be: backend,
+                    nat_port_be: 8080u16.to_be(),
+                    snat_addr_be: proxy_common::hairpin::ADDR6_BE,
+                    snat_port_be: 40000u16.to_be(),
+                    ..entry6(0, ct_flags::SNAT, 100)
+                },
+            ),
+            (
+                key6(ct_dir::REPLY, backend, 8080, proxy_common::hairpin::ADDR6_BE, 40000),
+                CtEntry6 {
+                    nat_addr_be: frontend,
+                    nat_port_be: 80u16.to_be(),
+                    snat_addr_be: backend,
+                    snat_port_be: 40000u16.to_be(),
+                    ..entry6(ct_state::REPLIED, ct_flags::SNAT, 100)
+                },
+            ),
+        );
+        let remote = (
+            (
+                key6(ct_dir::FORWARD, client, 40000, node, 30080),
+                CtEntry6 {
+                    nat_addr_be: backend,
+                    nat_port_be: 8080u16.to_be(),
+                    snat_addr_be: node,
+                    snat_port_be: 1500u16.to_be(),
+                    ..entry6(0, ct_flags::SNAT, 100)
+                },
+            ),
+            (
+                key6(ct_dir::REPLY, backend, 8080, node, 1500),
+                CtEntry6 {
+                    nat_addr_be: node,
+                    nat_port_be: 30080u16.to_be(),
+                    snat_addr_be: client,
+                    snat_port_be: 40000u16.to_be(),
+                    ..entry6(ct_state::REPLIED, ct_flags::SNAT, 100)
+                },
+            ),
+        );
+        vec![plain, hairpin, remote]
+    }
+
+    #[test]
+    fn ipv6_partners_are_found_in_every_encoding() {
+        for ((fk, fe), (rk, re)) in pairs6() {
+            assert_eq!(partner_key(&fk, &fe), rk, "{fk:?}");
+            assert_eq!(partner_key(&rk, &re), fk, "{rk:?}");
+        }
+        // Only the last word differs: a partner built from the wrong word
+        // order would not be found.
+        let ((fk, fe), _) = pairs6()[0];
+        assert_eq!(CtKey6::ip(partner_key(&fk, &fe).saddr_be).to_string(), "fd00::105");
+    }
+
+    #[test]
+    fn an_ipv6_pass_removes_expired_pairs_together_and_keeps_live_ones() {
+        let mut table = Memory::<CtKey6>::default();
+        let all = pairs6();
+        // Plain: established, its reply seen recently: stays.
+        let (plain_f, mut plain_r) = all[0];
+        plain_r.1.last_seen_ns = 86_000 * S;
+        // Hairpin: closed long ago: both go.
+        let (mut hp_f, mut hp_r) = all[1];
+        hp_f.1.state |= ct_state::FIN;
+        hp_r.1.state |= ct_state::FIN;
+        // Remote: only its reply entry is left: an idle orphan, goes.
+        let (_, remote_r) = all[2];
+        for (k, v) in [plain_f, plain_r, hp_f, hp_r, remote_r] {
+            table.0.insert(k, v);
+        }
+        let flows = flows(&table.0);
+        assert_eq!(flows.len(), 3, "{flows:?}");
+        assert!(flows.contains(&FlowKeys::Pair { forward: hp_f.0, reply: hp_r.0 }));
+        let pass = collect(&mut table, 86_100 * S, &t()).expect("pass");
+        assert_eq!(pass, Pass { entries: 5, deleted: 3 });
+        let mut left: Vec<CtKey6> = table.0.keys().copied().collect();
+        left.sort_by_key(|k| k.dir);
+        assert_eq!(left, vec![plain_f.0, plain_r.0]);
+        // A day after the last packet the established pair goes too, both
+        // entries in one pass.
+        let pass = collect(&mut table, (86_000 + 86_400) * S, &t()).expect("pass");
+        assert_eq!(pass, Pass { entries: 2, deleted: 2 });
+        assert!(table.0.is_empty());
+    }
+
+    #[test]
+    fn a_closed_source_nated_ipv6_flow_keeps_its_port_past_time_wait() {
+        let ((fk, mut fe), (rk, mut re)) = pairs6()[2];
+        let closed_at = 100;
+        for e in [&mut fe, &mut re] {
+            e.state |= ct_state::FIN;
+            e.flags |= ct_flags::CLOSING;
+            e.created_ns = closed_at * S;
+            e.last_seen_ns = closed_at * S;
+        }
+        let reuse_s = snat::REUSE_AFTER_NS / S;
+        let mut table = Memory::<CtKey6>([(fk, fe), (rk, re)].into_iter().collect());
+        // Past the closed timeout, before the port may be reused: kept.
+        let pass = collect(&mut table, (closed_at + reuse_s - 1) * S, &t()).expect("pass");
+        assert_eq!(pass.deleted, 0);
+        let pass = collect(&mut table, (closed_at + reuse_s) * S, &t()).expect("pass");
+        assert_eq!(pass.deleted, 2);
+        // Without source NAT the same flow goes after the closed timeout.
+        let ((fk, mut fe), (rk, mut re)) = pairs6()[0];
+        for e in [&mut fe, &mut re] {
+            e.state |= ct_state::FIN;
+            e.flags |= ct_flags::CLOSING;
+            e.last_seen_ns = closed_at * S;
+        }
+        let mut table = Memory::<CtKey6>([(fk, fe), (rk, re)].into_iter().collect());
+        let pass = collect(&mut table, (closed_at + 10) * S, &t()).expect("pass");
+        assert_eq!(pass.deleted, 2);
+    }
+
+    #[test]
+    fn the_fuller_table_sets_the_pace() {
+        assert_eq!(next_interval(&[Some(0.0), Some(0.0)]), MAX_INTERVAL);
+        assert_eq!(next_interval(&[Some(0.0), Some(0.8)]), MIN_INTERVAL);
+        assert_eq!(next_interval(&[Some(0.8), Some(0.0)]), MIN_INTERVAL);
+        assert_eq!(next_interval(&[Some(0.1), Some(0.5)]), interval(0.5));
+        // A table that could not be read is tried again soon.
+        assert_eq!(next_interval(&[Some(0.0), None]), MIN_INTERVAL);
+        assert_eq!(next_interval(&[Some(f64::NAN), Some(0.0)]), MIN_INTERVAL);
+    }
+
+    #[test]
+    fn collector_metrics_are_labelled_by_family() {
+        let metrics = GcMetrics::default();
+        let mut registry = Registry::default();
+        metrics.register(&mut registry);
+        metrics.observe("ipv4", &Pass { entries: 10, deleted: 4 }, 100, Duration::from_millis(3));
+        metrics.observe("ipv6", &Pass { entries: 50, deleted: 1 }, 100, Duration::from_millis(3));
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode");
+        for line in [
+            "switchboard_conntrack_gc_deleted_total{family=\"ipv4\"} 4",
+            "switchboard_conntrack_gc_deleted_total{family=\"ipv6\"} 1",
+            "switchboard_conntrack_fill_ratio{family=\"ipv4\"} 0.1",
+            "switchboard_conntrack_fill_ratio{family=\"ipv6\"} 0.5",
+            "switchboard_conntrack_gc_duration_seconds_count{family=\"ipv6\"} 1",
+        ] {
+            assert!(text.lines().any(|l| l == line), "missing {line:?} in:\n{text}");
+        }
     }
 
     #[test]

@@ -128,12 +128,15 @@ impl std::fmt::Display for CapacityMismatch {
 }
 
 /// The resizable maps: name, the flag that sizes it, and its wanted size.
-fn sized_maps(caps: &Capacities) -> [(&'static str, &'static str, u32); 6] {
+fn sized_maps(caps: &Capacities) -> [(&'static str, &'static str, u32); 8] {
     [
         (names::FRONTENDS, "--max-frontend-entries", caps.frontends),
         (names::BACKENDS, "--max-backends", caps.backends),
         (names::CONNTRACK, "--max-conntrack", caps.conntrack),
         (names::SOCKETS, "--max-conntrack", caps.conntrack),
+        // The IPv6 twins are sized alike.
+        (names::CONNTRACK6, "--max-conntrack", caps.conntrack),
+        (names::SOCKETS6, "--max-conntrack", caps.conntrack),
         (names::REVNAT, "--max-services", caps.services),
         (names::SERVICE_STATS, "--max-services", caps.service_stats_entries()),
     ]
@@ -205,6 +208,8 @@ fn load_with(pins_at: Option<(&Path, &[&'static str])>, caps: &Capacities) -> Re
         .map_max_entries(names::CONNTRACK, caps.conntrack)
         // One socket-layer entry per balanced socket: sized like conntrack.
         .map_max_entries(names::SOCKETS, caps.conntrack)
+        .map_max_entries(names::CONNTRACK6, caps.conntrack)
+        .map_max_entries(names::SOCKETS6, caps.conntrack)
         .map_max_entries(names::REVNAT, caps.services)
         .map_max_entries(names::SERVICE_STATS, caps.service_stats_entries());
     for (name, path) in &pins {

@@ -16,6 +16,7 @@ use proxy_common::{
     names, stat, Backend, Config, CtEntry, CtKey, FragEntry, FragKey, FrontendSlot, FrontendKey, RevNat, SockEntry,
     MaglevTable, SockKey, SvcStats, Uplink,
 };
+use proxy_common::{CtEntry6, CtKey6, SockEntry6, SockKey6};
 
 #[derive(Debug, thiserror::Error)]
 pub enum MapsError {
@@ -58,6 +59,18 @@ pub trait MapStore {
     fn purge_conntrack(&mut self, doomed: &dyn Fn(&CtKey, &CtEntry) -> bool) -> usize;
     /// Removes every socket-layer entry `doomed` selects; returns their keys.
     fn purge_sockets(&mut self, doomed: &dyn Fn(&SockKey, &SockEntry) -> bool) -> Vec<SockKey>;
+    /// [`purge_conntrack`](Self::purge_conntrack) for the IPv6 table
+    /// (`SB_CT6_V1`). A store without one removes nothing.
+    fn purge_conntrack6(&mut self, doomed: &dyn Fn(&CtKey6, &CtEntry6) -> bool) -> usize {
+        let _ = doomed;
+        0
+    }
+    /// [`purge_sockets`](Self::purge_sockets) for the IPv6 socket-layer map
+    /// (`SB_SOCK6_V1`). A store without one removes nothing.
+    fn purge_sockets6(&mut self, doomed: &dyn Fn(&SockKey6, &SockEntry6) -> bool) -> Vec<SockKey6> {
+        let _ = doomed;
+        Vec::new()
+    }
     /// Everything in the frontend, backend and reverse-NAT maps, for adopting
     /// what an earlier agent programmed.
     fn dump(&self) -> Dump;
@@ -94,6 +107,10 @@ pub struct PinnedMaps {
     pub uplinks: HashMap<MapData, u32, Uplink>,
     pub maglev: HashMap<MapData, u32, MaglevTable>,
     pub fragments: HashMap<MapData, FragKey, FragEntry>,
+    /// IPv6 connection tracking (`SB_CT6_V1`), the twin of `conntrack`.
+    pub conntrack6: HashMap<MapData, CtKey6, CtEntry6>,
+    /// IPv6 socket-layer translations (`SB_SOCK6_V1`), the twin of `sockets`.
+    pub sockets6: HashMap<MapData, SockKey6, SockEntry6>,
     /// Puts held by [`MapStore::hold_puts`] until [`MapStore::flush`].
     held: Option<Held>,
 }
@@ -152,6 +169,8 @@ impl PinnedMaps {
             uplinks: typed!(names::UPLINKS, open_pinned(pin_root, names::UPLINKS)?),
             maglev: typed!(names::MAGLEV, open_pinned(pin_root, names::MAGLEV)?),
             fragments: typed!(names::FRAGMENTS, open_pinned(pin_root, names::FRAGMENTS)?),
+            conntrack6: typed!(names::CONNTRACK6, open_pinned(pin_root, names::CONNTRACK6)?),
+            sockets6: typed!(names::SOCKETS6, open_pinned(pin_root, names::SOCKETS6)?),
             held: None,
         })
     }
@@ -171,6 +190,8 @@ impl PinnedMaps {
             uplinks: typed!(names::UPLINKS, take(names::UPLINKS)?),
             maglev: typed!(names::MAGLEV, take(names::MAGLEV)?),
             fragments: typed!(names::FRAGMENTS, take(names::FRAGMENTS)?),
+            conntrack6: typed!(names::CONNTRACK6, take(names::CONNTRACK6)?),
+            sockets6: typed!(names::SOCKETS6, take(names::SOCKETS6)?),
             held: None,
         })
     }
@@ -258,10 +279,22 @@ impl PinnedMaps {
     pub fn conntrack_len(&self) -> usize {
         self.conntrack.keys().filter(Result::is_ok).count()
     }
+
+    /// Number of IPv6 connection-tracking entries (both directions).
+    pub fn conntrack6_len(&self) -> usize {
+        self.conntrack6.keys().filter(Result::is_ok).count()
+    }
+
+    /// Number of IPv6 socket-layer entries.
+    pub fn sockets6_len(&self) -> usize {
+        self.sockets6.keys().filter(Result::is_ok).count()
+    }
 }
 
-/// Removes every entry of `map` that `doomed` selects; returns the keys removed.
-fn purge<K: aya::Pod, V: aya::Pod>(
+/// Removes every entry of `map` that `doomed` selects; returns the keys
+/// removed. Generic over the key and value types: the IPv4 and IPv6 maps
+/// (and any other hash map) share it.
+pub fn purge<K: aya::Pod, V: aya::Pod>(
     map: &mut HashMap<MapData, K, V>,
     doomed: &dyn Fn(&K, &V) -> bool,
 ) -> Vec<K> {
@@ -369,6 +402,12 @@ impl MapStore for PinnedMaps {
     }
     fn purge_sockets(&mut self, doomed: &dyn Fn(&SockKey, &SockEntry) -> bool) -> Vec<SockKey> {
         purge(&mut self.sockets, doomed)
+    }
+    fn purge_conntrack6(&mut self, doomed: &dyn Fn(&CtKey6, &CtEntry6) -> bool) -> usize {
+        purge(&mut self.conntrack6, doomed).len()
+    }
+    fn purge_sockets6(&mut self, doomed: &dyn Fn(&SockKey6, &SockEntry6) -> bool) -> Vec<SockKey6> {
+        purge(&mut self.sockets6, doomed)
     }
     fn hold_puts(&mut self) {
         self.held.get_or_insert_with(Held::default);

@@ -10,7 +10,7 @@
 //! | `switchboard_map_entries{map}`, `switchboard_map_capacity{map}` (gauges) | none: iptables chains have no capacity (`kubeproxy_sync_proxy_rules_iptables_total` counts rules) |
 //! | `switchboard_service_packets_total`, `_bytes_total`, `_flows_total`, `_drops_total` `{service,frontend}` (counters) | none: the per-rule packet and byte counters `iptables -L -v` shows |
 //! | `switchboard_datapath_events_total{counter}` (counters) | none: the data path's own counters (`switchboard stats`) |
-//! | `switchboard_conntrack_gc_deleted_total` (counter), `switchboard_conntrack_fill_ratio` (gauge), `switchboard_conntrack_gc_duration_seconds` (histogram) | none: the kernel's conntrack expires entries itself (`conntrack -S` counts) |
+//! | `switchboard_conntrack_gc_deleted_total`, `switchboard_conntrack_fill_ratio` (gauge), `switchboard_conntrack_gc_duration_seconds` (histogram), each `{family}` (`ipv4`: `SB_CT_V5`, `ipv6`: `SB_CT6_V1`) | none: the kernel's conntrack expires entries itself (`conntrack -S` counts) |
 //!
 //! * Sync duration: from a snapshot's arrival to the end of its map writes.
 //! * Network programming latency, as kube-proxy measures it: the EndpointSlice

@@ -141,6 +141,8 @@ fn copy_map(map: &'static str, old: MapData, new: MapData, overwrite: bool) -> R
         names::CONNTRACK => copy_hash::<CtKey, CtEntry>(old, new, overwrite),
         names::REVNAT => copy_hash::<u32, RevNat>(old, new, overwrite),
         names::SOCKETS => copy_hash::<SockKey, SockEntry>(old, new, overwrite),
+        names::CONNTRACK6 => copy_hash::<proxy_common::CtKey6, proxy_common::CtEntry6>(old, new, overwrite),
+        names::SOCKETS6 => copy_hash::<proxy_common::SockKey6, proxy_common::SockEntry6>(old, new, overwrite),
         names::SERVICE_STATS => copy_per_cpu_array::<SvcStats>(old, new),
         _ => return Err(ResizeError::Unsupported { map }),
     };

@@ -10,17 +10,26 @@
 //! sock_diag sees the sockets of the agent's own network namespace: the node's.
 //! Pods' connected UDP sockets are not balanced at connect (see the eBPF
 //! socket layer), so they never need this.
-use std::{collections::HashMap, io, net::IpAddr};
+//!
+//! Both families are listed: IPv4 sockets, and IPv6 ones (whose peer may
+//! also be an IPv4 backend as a mapped address, `::ffff:10.0.0.1`).
+use std::{
+    collections::HashMap,
+    io,
+    net::{IpAddr, SocketAddr},
+};
 
 use netlink_packet_sock_diag::{
-    constants::{AF_INET, IPPROTO_UDP},
+    constants::{AF_INET, AF_INET6, IPPROTO_UDP},
     inet::{ExtensionFlags, InetRequest, SocketId, StateFlags},
     SockDiagDestroy, SockDiagMessage,
 };
-use netlink_sys::{protocols::NETLINK_SOCK_DIAG, Socket, SocketAddr};
+use netlink_sys::{protocols::NETLINK_SOCK_DIAG, Socket, SocketAddr as NetlinkAddr};
 use sock_diag_core::{
     NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST,
 };
+
+use tracing::warn;
 
 use crate::model::BackendAddr;
 
@@ -46,19 +55,43 @@ pub struct Closed {
 /// Destroys the connected UDP sockets of this namespace whose cookie is a key
 /// of `doomed` and whose peer is still the backend recorded for it.
 pub fn close_udp_sockets(doomed: &HashMap<u64, BackendAddr>) -> Result<Closed, SockDiagError> {
+    let peers: HashMap<u64, SocketAddr> = doomed
+        .iter()
+        .map(|(cookie, backend)| (*cookie, SocketAddr::new(IpAddr::from(backend.ip), backend.port)))
+        .collect();
+    close_udp_peers(&peers)
+}
+
+/// Whether the socket `id` still talks to `peer` (an IPv4 peer of an IPv6
+/// socket is seen as its mapped address).
+pub fn talks_to(id: &SocketId, peer: SocketAddr) -> bool {
+    id.destination_address.to_canonical() == peer.ip().to_canonical() && id.destination_port == peer.port()
+}
+
+/// [`close_udp_sockets`] by socket address: destroys the connected UDP
+/// sockets (IPv4 and IPv6) of this namespace whose cookie is a key of
+/// `doomed` and whose peer is still the address recorded for it.
+pub fn close_udp_peers(doomed: &HashMap<u64, SocketAddr>) -> Result<Closed, SockDiagError> {
     let mut closed = Closed::default();
     if doomed.is_empty() {
         return Ok(closed);
     }
     let socket = open()?;
-    let victims: Vec<SocketId> = dump_connected_udp(&socket)?
+    let mut found = dump_connected_udp(&socket, AF_INET)?;
+    // A node without IPv6 answers the IPv6 listing with an error: its IPv4
+    // sockets are still closed.
+    match dump_connected_udp(&socket, AF_INET6) {
+        Ok(v6) => found.extend(v6),
+        Err(error) => warn!(
+            error = %anyhow::Error::from(error),
+            "could not list IPv6 UDP sockets; only IPv4 ones are closed"
+        ),
+    }
+    let victims: Vec<SocketId> = found
         .into_iter()
         .filter(|id| {
             let cookie = u64::from_ne_bytes(id.cookie);
-            doomed.get(&cookie).is_some_and(|backend| {
-                id.destination_address == IpAddr::V4(backend.ip)
-                    && id.destination_port == backend.port
-            })
+            doomed.get(&cookie).is_some_and(|peer| talks_to(id, *peer))
         })
         .collect();
     for id in victims {
@@ -74,14 +107,22 @@ pub fn close_udp_sockets(doomed: &HashMap<u64, BackendAddr>) -> Result<Closed, S
 fn open() -> Result<Socket, SockDiagError> {
     let socket = Socket::new(NETLINK_SOCK_DIAG).map_err(SockDiagError::Socket)?;
     socket
-        .connect(&SocketAddr::new(0, 0))
+        .connect(&NetlinkAddr::new(0, 0))
         .map_err(SockDiagError::Socket)?;
     Ok(socket)
 }
 
-fn request(socket_id: SocketId) -> InetRequest {
+/// The family a socket id's addresses belong to.
+fn family_of(id: &SocketId) -> u8 {
+    match id.source_address {
+        IpAddr::V4(_) => AF_INET,
+        IpAddr::V6(_) => AF_INET6,
+    }
+}
+
+fn request(family: u8, socket_id: SocketId) -> InetRequest {
     InetRequest {
-        family: AF_INET,
+        family,
         protocol: IPPROTO_UDP,
         extensions: ExtensionFlags::empty(),
         // A connected UDP socket is in TCP_ESTABLISHED.
@@ -104,12 +145,17 @@ fn send<I: sock_diag_core::NetlinkSerializable>(
     socket.send(&buf, 0).map(|_| ())
 }
 
-/// The ids (4-tuple and cookie) of every connected IPv4 UDP socket.
-fn dump_connected_udp(socket: &Socket) -> Result<Vec<SocketId>, SockDiagError> {
+/// The ids (4-tuple and cookie) of every connected UDP socket of `family`
+/// (`AF_INET` or `AF_INET6`).
+fn dump_connected_udp(socket: &Socket, family: u8) -> Result<Vec<SocketId>, SockDiagError> {
+    let any = match family {
+        AF_INET6 => SocketId::new_v6(),
+        _ => SocketId::new_v4(),
+    };
     send(
         socket,
         NLM_F_REQUEST | NLM_F_DUMP,
-        SockDiagMessage::InetRequest(request(SocketId::new_v4())),
+        SockDiagMessage::InetRequest(request(family, any)),
     )
     .map_err(SockDiagError::Dump)?;
     let mut found = Vec::new();
@@ -141,7 +187,7 @@ fn destroy(socket: &Socket, id: SocketId) -> io::Result<()> {
     send(
         socket,
         NLM_F_REQUEST | NLM_F_ACK,
-        SockDiagDestroy::new(SockDiagMessage::InetRequest(request(id))),
+        SockDiagDestroy::new(SockDiagMessage::InetRequest(request(family_of(&id), id))),
     )?;
     let (buf, _) = socket.recv_from_full()?;
     let message = NetlinkMessage::<SockDiagMessage>::deserialize(&buf)
@@ -149,5 +195,40 @@ fn destroy(socket: &Socket, id: SocketId) -> io::Result<()> {
     match message.payload {
         NetlinkPayload::Error(error) if error.code.is_some() => Err(error.to_io()),
         _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(source: &str, destination: &str) -> SocketId {
+        let source: SocketAddr = source.parse().expect("source");
+        let destination: SocketAddr = destination.parse().expect("destination");
+        let mut id = match source {
+            SocketAddr::V4(_) => SocketId::new_v4(),
+            SocketAddr::V6(_) => SocketId::new_v6(),
+        };
+        id.source_address = source.ip();
+        id.source_port = source.port();
+        id.destination_address = destination.ip();
+        id.destination_port = destination.port();
+        id
+    }
+
+    #[test]
+    fn a_socket_is_matched_by_its_peer_in_either_family() {
+        let v4 = id("10.0.0.2:40000", "10.244.1.5:53");
+        assert!(talks_to(&v4, "10.244.1.5:53".parse().expect("addr")));
+        assert!(!talks_to(&v4, "10.244.1.5:54".parse().expect("addr")));
+        assert!(!talks_to(&v4, "10.244.1.6:53".parse().expect("addr")));
+        let v6 = id("[fd00::2]:40000", "[fd00:244::5]:53");
+        assert!(talks_to(&v6, "[fd00:244::5]:53".parse().expect("addr")));
+        assert!(!talks_to(&v6, "[fd00:244::6]:53".parse().expect("addr")));
+        assert!(!talks_to(&v6, "10.244.1.5:53".parse().expect("addr")));
+        // An IPv6 socket that connected to an IPv4 backend.
+        let mapped = id("[::ffff:10.0.0.2]:40000", "[::ffff:10.244.1.5]:53");
+        assert!(talks_to(&mapped, "10.244.1.5:53".parse().expect("addr")));
+        assert_eq!((family_of(&v4), family_of(&v6), family_of(&mapped)), (AF_INET, AF_INET6, AF_INET6));
     }
 }

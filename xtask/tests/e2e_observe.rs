@@ -152,6 +152,15 @@ fn metrics_follow_traffic_and_syncs() {
         "last sync {last_sync} vs now {now}"
     );
     assert!(must(&before, r#"switchboard_map_capacity{map="SB_CT_V5"}"#) > 0.0);
+    // The IPv6 table is shown next to it, and the collector reports both.
+    assert_eq!(
+        must(&before, r#"switchboard_map_capacity{map="SB_CT6_V1"}"#),
+        must(&before, r#"switchboard_map_capacity{map="SB_CT_V5"}"#)
+    );
+    for family in ["ipv4", "ipv6"] {
+        let fill = must(&before, &format!(r#"switchboard_conntrack_fill_ratio{{family="{family}"}}"#));
+        assert!((0.0..=1.0).contains(&fill), "{family}: {fill}");
+    }
     assert!(must(&before, r#"switchboard_map_entries{map="SB_FE_V1"}"#) > 0.0);
     assert_eq!(
         must(&before, "switchboard_sync_unprogrammed_frontends"),

@@ -1,4 +1,6 @@
-//! `switchboard stats`: the data path's counters and how full each map is.
+//! `switchboard stats`: the data path's counters (shared by both address
+//! families) and how full each map is (each IPv6 table next to its IPv4
+//! twin).
 use std::{collections::BTreeMap, fmt::Write as _, path::Path};
 
 use aya::maps::IterableMap as _;
@@ -54,6 +56,11 @@ pub fn read_stats(maps: &PinnedMaps) -> StatsReport {
                 capacity(maps.conntrack.map().info()),
             ),
             fill(
+                proxy_common::names::CONNTRACK6,
+                maps.conntrack6_len(),
+                capacity(maps.conntrack6.map().info()),
+            ),
+            fill(
                 proxy_common::names::REVNAT,
                 maps.revnat.keys().filter(Result::is_ok).count(),
                 capacity(maps.revnat.map().info()),
@@ -62,6 +69,11 @@ pub fn read_stats(maps: &PinnedMaps) -> StatsReport {
                 proxy_common::names::SOCKETS,
                 maps.sockets_len(),
                 capacity(maps.sockets.map().info()),
+            ),
+            fill(
+                proxy_common::names::SOCKETS6,
+                maps.sockets6_len(),
+                capacity(maps.sockets6.map().info()),
             ),
             fill(
                 proxy_common::names::FRAGMENTS,

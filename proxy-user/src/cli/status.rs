@@ -179,7 +179,7 @@ fn problems(report: &StatusReport) -> Vec<String> {
                 m.map, m.entries, m.capacity
             ));
         }
-        if m.map == names::CONNTRACK && percent >= FULL_PERCENT {
+        if (m.map == names::CONNTRACK || m.map == names::CONNTRACK6) && percent >= FULL_PERCENT {
             found.push(format!(
                 "map {} is {percent:.0}% full ({} of {}): when full, new flows are dropped (counter ct_full) until the agent expires old ones; raise --max-conntrack or shorten the --conntrack-* timeouts",
                 m.map, m.entries, m.capacity
