@@ -205,6 +205,7 @@ fn load_with(pins_at: Option<(&Path, &[&'static str])>, caps: &Capacities) -> Re
         .map_max_entries(names::CONNTRACK, caps.conntrack)
         // One socket-layer entry per balanced socket: sized like conntrack.
         .map_max_entries(names::SOCKETS, caps.conntrack)
+        .map_max_entries(names::SOCKETS6, caps.conntrack)
         .map_max_entries(names::REVNAT, caps.services)
         .map_max_entries(names::SERVICE_STATS, caps.service_stats_entries());
     for (name, path) in &pins {

@@ -1,0 +1,454 @@
+//! The IPv6 socket layer on a real kernel (root only): `connect6`, `sendmsg6`,
+//! `recvmsg6`, `getpeername6` and `sock_release`, attached to a cgroup this
+//! test creates (never the root cgroup), exercised by real sockets.
+//!
+//! Each test loads the object unpinned, writes its frontends and backends
+//! straight into the maps (`SB_FE6_V1`/`SB_BE6_V1`, and `SB_FE_V1`/`SB_BE_V1`
+//! for the IPv4-mapped case), attaches the socket programs to a fresh child of
+//! the cgroup2 mount, and then, on a thread of its own that first moves into a
+//! private network namespace (`unshare(CLONE_NEWNET)`: the thread and the `ip`
+//! commands and threads it spawns), puts the backend addresses on `lo`
+//! (`nodad`), runs TCP and UDP servers on them, and moves the test process
+//! into the cgroup only while its clients create their sockets (cgroup
+//! hooks apply to sockets created inside the cgroup). The frontend addresses
+//! exist nowhere: only the socket layer can make them answer.
+//!
+//! Nothing here touches the namespace or the cgroup the tests were started in
+//! beyond moving this process out of its cgroup and back.
+mod support;
+
+use std::{
+    collections::BTreeSet,
+    fs,
+    io::{ErrorKind, Read as _, Write as _},
+    net::{
+        Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV6, TcpListener, TcpStream, UdpSocket,
+    },
+    os::unix::fs::MetadataExt as _,
+    path::PathBuf,
+    process::Command,
+    sync::Mutex,
+    thread,
+    time::Duration,
+};
+
+use aya::{
+    maps::{HashMap, PerCpuArray},
+    programs::{CgroupAttachMode, CgroupSock, CgroupSockAddr},
+    Ebpf,
+};
+use proxy_common::{
+    addr6_be, names, programs, proto, scope, stat, Backend, Backend6, FrontendKey, FrontendKey6,
+    FrontendSlot,
+};
+use proxy_user::{ebpf, socketlb};
+use support::{capacities, require_root};
+
+/// An IPv6 Service: TCP on 80, UDP on 53, over two backends.
+const FE6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x96, 0, 0, 0, 0, 0, 0x10);
+/// An IPv6 Service without endpoints.
+const FE6_EMPTY: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x96, 0, 0, 0, 0, 0, 0x11);
+const BE6: [Ipv6Addr; 2] = [
+    Ipv6Addr::new(0xfd00, 0x10, 0, 1, 0, 0, 0, 2),
+    Ipv6Addr::new(0xfd00, 0x10, 0, 2, 0, 0, 0, 2),
+];
+/// An IPv4 Service (reached through `::ffff:10.96.0.10`) and its backends.
+const FE4: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
+const BE4: [Ipv4Addr; 2] = [Ipv4Addr::new(10, 244, 1, 2), Ipv4Addr::new(10, 244, 2, 2)];
+const TCP_PORT: u16 = 80;
+const UDP_PORT: u16 = 53;
+const POD_TCP: u16 = 8080;
+const POD_UDP: u16 = 5353;
+/// Enough attempts that both backends of a random pick show up (a miss is
+/// 2 in 2^20).
+const ATTEMPTS: usize = 20;
+
+/// One test at a time moves this process between cgroups.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+// ---------------------------------------------------------------------------
+// Maps.
+
+fn key6(addr: Ipv6Addr, port: u16, protocol: u8, slot: u16) -> FrontendKey6 {
+    FrontendKey6 {
+        addr_be: addr6_be(addr.octets()),
+        port_be: port.to_be(),
+        proto: protocol,
+        scope: scope::INTERNAL,
+        slot,
+        _pad1: [0; 2],
+    }
+}
+
+fn key4(addr: Ipv4Addr, port: u16, protocol: u8, slot: u16) -> FrontendKey {
+    FrontendKey {
+        addr_be: u32::from_ne_bytes(addr.octets()),
+        port_be: port.to_be(),
+        proto: protocol,
+        scope: scope::INTERNAL,
+        slot,
+        _pad1: [0; 2],
+    }
+}
+
+fn slot0(service_id: u32, backend_count: u16) -> FrontendSlot {
+    FrontendSlot {
+        backend_id: 0,
+        service_id,
+        backend_count,
+        flags: 0,
+        affinity_timeout_s: 0,
+    }
+}
+
+fn slot(service_id: u32, backend_id: u32) -> FrontendSlot {
+    FrontendSlot {
+        backend_id,
+        ..slot0(service_id, 0)
+    }
+}
+
+/// Writes the IPv6 frontends (TCP and UDP of [`FE6`], TCP of [`FE6_EMPTY`])
+/// and the IPv4 ones (TCP and UDP of [`FE4`]), as the agent would: backend
+/// ids and service ids from one space shared by both families.
+fn program_maps(ebpf: &mut Ebpf) {
+    {
+        let mut be6: HashMap<_, u32, Backend6> =
+            HashMap::try_from(ebpf.map_mut(names::BACKENDS6).expect("SB_BE6_V1")).expect("typed");
+        for (i, ip) in BE6.iter().enumerate() {
+            for (offset, (port, protocol)) in [(POD_TCP, proto::TCP), (POD_UDP, proto::UDP)]
+                .into_iter()
+                .enumerate()
+            {
+                let backend = Backend6 {
+                    addr_be: addr6_be(ip.octets()),
+                    port_be: port.to_be(),
+                    proto: protocol,
+                    flags: 0,
+                };
+                let id = 1 + i as u32 + 10 * offset as u32;
+                be6.insert(id, backend, 0).expect("write SB_BE6_V1");
+            }
+        }
+    }
+    {
+        let mut fe6: HashMap<_, FrontendKey6, FrontendSlot> =
+            HashMap::try_from(ebpf.map_mut(names::FRONTENDS6).expect("SB_FE6_V1")).expect("typed");
+        // Service 1: FE6 TCP over backends 1 and 2; service 2: FE6 UDP over
+        // 11 and 12; service 3: FE6_EMPTY TCP, no endpoints.
+        for (service, port, protocol, first_id) in
+            [(1, TCP_PORT, proto::TCP, 1), (2, UDP_PORT, proto::UDP, 11)]
+        {
+            fe6.insert(key6(FE6, port, protocol, 0), slot0(service, 2), 0)
+                .expect("write SB_FE6_V1");
+            for s in 1..=2u16 {
+                let id = first_id + u32::from(s) - 1;
+                fe6.insert(key6(FE6, port, protocol, s), slot(service, id), 0)
+                    .expect("write SB_FE6_V1");
+            }
+        }
+        fe6.insert(key6(FE6_EMPTY, TCP_PORT, proto::TCP, 0), slot0(3, 0), 0)
+            .expect("write SB_FE6_V1");
+    }
+    {
+        let mut be4: HashMap<_, u32, Backend> =
+            HashMap::try_from(ebpf.map_mut(names::BACKENDS).expect("SB_BE_V1")).expect("typed");
+        for (i, ip) in BE4.iter().enumerate() {
+            for (offset, (port, protocol)) in [(POD_TCP, proto::TCP), (POD_UDP, proto::UDP)]
+                .into_iter()
+                .enumerate()
+            {
+                let backend = Backend {
+                    addr_be: u32::from_ne_bytes(ip.octets()),
+                    port_be: port.to_be(),
+                    proto: protocol,
+                    flags: 0,
+                };
+                let id = 21 + i as u32 + 10 * offset as u32;
+                be4.insert(id, backend, 0).expect("write SB_BE_V1");
+            }
+        }
+    }
+    let mut fe4: HashMap<_, FrontendKey, FrontendSlot> =
+        HashMap::try_from(ebpf.map_mut(names::FRONTENDS).expect("SB_FE_V1")).expect("typed");
+    // Service 4: FE4 TCP over 21 and 22; service 5: FE4 UDP over 31 and 32.
+    for (service, port, protocol, first_id) in
+        [(4, TCP_PORT, proto::TCP, 21), (5, UDP_PORT, proto::UDP, 31)]
+    {
+        fe4.insert(key4(FE4, port, protocol, 0), slot0(service, 2), 0)
+            .expect("write SB_FE_V1");
+        for s in 1..=2u16 {
+            let id = first_id + u32::from(s) - 1;
+            fe4.insert(key4(FE4, port, protocol, s), slot(service, id), 0)
+                .expect("write SB_FE_V1");
+        }
+    }
+}
+
+/// Global counter `index`, summed over CPUs.
+fn counter(ebpf: &Ebpf, index: u32) -> u64 {
+    let stats: PerCpuArray<_, u64> =
+        PerCpuArray::try_from(ebpf.map(names::GLOBAL_STATS).expect("SB_STATS_V5")).expect("typed");
+    stats.get(&index, 0).expect("read counter").iter().sum()
+}
+
+// ---------------------------------------------------------------------------
+// The cgroup.
+
+/// A child of the cgroup2 mount, with the socket programs attached; removed
+/// on drop, after this process has left it.
+struct TestCgroup {
+    path: PathBuf,
+    /// The cgroup this process came from.
+    home: PathBuf,
+}
+
+impl TestCgroup {
+    fn create(name: &str) -> Self {
+        let root = socketlb::find_cgroup_root().expect("a cgroup2 mount");
+        let own = fs::read_to_string("/proc/self/cgroup").expect("/proc/self/cgroup");
+        let relative = own
+            .lines()
+            .find_map(|line| line.strip_prefix("0::"))
+            .expect("a cgroup2 entry in /proc/self/cgroup");
+        let home = root.join(relative.trim_start_matches('/'));
+        let path = root.join(format!("sb-test-{name}-{}", std::process::id()));
+        assert_ne!(path, root, "never the root cgroup");
+        let _ = fs::remove_dir(&path);
+        fs::create_dir(&path).unwrap_or_else(|e| panic!("creating {}: {e}", path.display()));
+        Self { path, home }
+    }
+
+    fn attach(&self, ebpf: &mut Ebpf) {
+        let dir = fs::File::open(&self.path).expect("open the test cgroup");
+        for name in programs::SOCKET_LB {
+            let prog: &mut CgroupSockAddr = ebpf
+                .program_mut(name)
+                .unwrap_or_else(|| panic!("{name} missing"))
+                .try_into()
+                .expect("a sock_addr program");
+            prog.attach(&dir, CgroupAttachMode::Single)
+                .unwrap_or_else(|e| panic!("attaching {name}: {e}"));
+        }
+        let prog: &mut CgroupSock = ebpf
+            .program_mut(programs::SOCK_RELEASE)
+            .expect("sock_release")
+            .try_into()
+            .expect("a sock program");
+        prog.attach(&dir, CgroupAttachMode::Single)
+            .expect("attaching sock_release");
+    }
+
+    fn member(&self) -> Member {
+        Member {
+            path: self.path.clone(),
+            home: self.home.clone(),
+        }
+    }
+}
+
+/// What a thread needs to move the process into the test cgroup and back.
+#[derive(Clone)]
+struct Member {
+    path: PathBuf,
+    home: PathBuf,
+}
+
+impl Member {
+    /// Runs `body` with this process inside the cgroup: sockets it creates
+    /// are the cgroup's.
+    fn inside<T>(&self, body: impl FnOnce() -> T) -> T {
+        move_to(&self.path);
+        let guard = Leave(&self.home);
+        let value = body();
+        drop(guard);
+        value
+    }
+}
+
+/// Moves the process back to its cgroup, even when the body panics.
+struct Leave<'a>(&'a PathBuf);
+
+impl Drop for Leave<'_> {
+    fn drop(&mut self) {
+        move_to(self.0);
+    }
+}
+
+fn move_to(cgroup: &std::path::Path) {
+    let procs = cgroup.join("cgroup.procs");
+    fs::write(&procs, std::process::id().to_string())
+        .unwrap_or_else(|e| panic!("moving into {}: {e}", procs.display()));
+}
+
+impl Drop for TestCgroup {
+    fn drop(&mut self) {
+        // A cgroup whose last process just left may take a moment to empty.
+        for _ in 0..50 {
+            if fs::remove_dir(&self.path).is_ok() {
+                return;
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+        eprintln!("could not remove {}", self.path.display());
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The namespace and its servers.
+
+fn netns_inode() -> u64 {
+    fs::metadata("/proc/thread-self/ns/net")
+        .expect("stat /proc/thread-self/ns/net")
+        .ino()
+}
+
+fn ip(args: &[&str]) {
+    let out = Command::new("ip").args(args).output().expect("run ip");
+    assert!(
+        out.status.success(),
+        "ip {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Runs `body` on a thread of its own inside a new network namespace whose
+/// `lo` carries the backend addresses and servers; re-raises its panic.
+fn in_netns<T: Send + 'static>(body: impl FnOnce() -> T + Send + 'static) -> T {
+    let handle = thread::spawn(move || {
+        let before = netns_inode();
+        // SAFETY: unshare only changes the calling thread's namespaces.
+        let rc = unsafe { libc::unshare(libc::CLONE_NEWNET) };
+        assert_eq!(rc, 0, "unshare(CLONE_NEWNET): {}", std::io::Error::last_os_error());
+        assert_ne!(
+            netns_inode(),
+            before,
+            "the thread is still in the namespace it started in: refusing to touch it"
+        );
+        ip(&["link", "set", "lo", "up"]);
+        for be in BE6 {
+            ip(&["-6", "addr", "add", &format!("{be}/128"), "dev", "lo", "nodad"]);
+        }
+        for be in BE4 {
+            ip(&["addr", "add", &format!("{be}/32"), "dev", "lo"]);
+        }
+        let backends: Vec<SocketAddr> = BE6
+            .iter()
+            .map(|&a| SocketAddr::from((a, 0)))
+            .chain(BE4.iter().map(|&a| SocketAddr::from((a, 0))))
+            .collect();
+        for addr in backends {
+            serve_tcp(SocketAddr::new(addr.ip(), POD_TCP));
+            serve_udp(SocketAddr::new(addr.ip(), POD_UDP));
+        }
+        body()
+    });
+    match handle.join() {
+        Ok(value) => value,
+        Err(panic) => std::panic::resume_unwind(panic),
+    }
+}
+
+/// A TCP server that writes its own address to every connection. Its thread
+/// lives in the namespace and blocks in accept until the process exits.
+fn serve_tcp(at: SocketAddr) {
+    let listener = TcpListener::bind(at).unwrap_or_else(|e| panic!("bind {at}: {e}"));
+    thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let mut stream = stream;
+            let _ = stream.write_all(at.ip().to_string().as_bytes());
+        }
+    });
+}
+
+/// A UDP server that answers every datagram with its own address.
+fn serve_udp(at: SocketAddr) {
+    let socket = UdpSocket::bind(at).unwrap_or_else(|e| panic!("bind {at}: {e}"));
+    thread::spawn(move || {
+        let mut buf = [0u8; 512];
+        while let Ok((_, from)) = socket.recv_from(&mut buf) {
+            let _ = socket.send_to(at.ip().to_string().as_bytes(), from);
+        }
+    });
+}
+
+/// One TCP connection: the backend that answered and the peer the client saw.
+fn tcp_once(to: SocketAddr) -> std::io::Result<(String, SocketAddr)> {
+    let mut stream = TcpStream::connect_timeout(&to, Duration::from_secs(2))?;
+    stream.set_read_timeout(Some(Duration::from_secs(2)))?;
+    let peer = stream.peer_addr()?;
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer)?;
+    Ok((answer, peer))
+}
+
+/// One datagram and its answer on `socket`: the backend that answered and
+/// the source the client saw.
+fn udp_once(socket: &UdpSocket, to: SocketAddr) -> (String, SocketAddr) {
+    socket.send_to(b"hello", to).unwrap_or_else(|e| panic!("send_to {to}: {e}"));
+    let mut buf = [0u8; 512];
+    let (len, from) = socket.recv_from(&mut buf).unwrap_or_else(|e| panic!("recv_from ({to}): {e}"));
+    (String::from_utf8_lossy(&buf[..len]).into_owned(), from)
+}
+
+fn udp_client() -> UdpSocket {
+    let socket = UdpSocket::bind((Ipv6Addr::UNSPECIFIED, 0)).expect("bind [::]:0");
+    socket.set_read_timeout(Some(Duration::from_secs(2))).expect("timeout");
+    socket
+}
+
+fn mapped(v4: Ipv4Addr, port: u16) -> SocketAddr {
+    SocketAddr::V6(SocketAddrV6::new(v4.to_ipv6_mapped(), port, 0, 0))
+}
+
+fn names_of(list: &[Ipv6Addr]) -> BTreeSet<String> {
+    list.iter().map(ToString::to_string).collect()
+}
+
+// ---------------------------------------------------------------------------
+// The world: the object loaded and programmed, the cgroup with its hooks.
+
+struct World {
+    // Dropped first: the programs detach before the cgroup goes.
+    ebpf: Ebpf,
+    cgroup: TestCgroup,
+}
+
+fn world(name: &str) -> World {
+    require_root();
+    let mut ebpf = ebpf::load_unpinned(&capacities(1024)).expect("load the eBPF object");
+    program_maps(&mut ebpf);
+    let cgroup = TestCgroup::create(name);
+    cgroup.attach(&mut ebpf);
+    World { ebpf, cgroup }
+}
+
+/// TCP to an IPv6 frontend reaches both backends, and `getpeername` (the
+/// client's `peer_addr`) shows the frontend; every balanced socket's reverse
+/// entry goes when it closes.
+#[test]
+fn tcp_to_an_ipv6_frontend_is_balanced_and_shows_the_frontend_as_peer() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let w = world("sock6-tcp");
+    let before = [stat::SOCK_CONNECT, stat::SOCK_REVERSED, stat::SOCK_RELEASED].map(|i| counter(&w.ebpf, i));
+    let frontend = SocketAddr::from((FE6, TCP_PORT));
+    let member = w.cgroup.member();
+    let runs: Vec<(String, SocketAddr)> = in_netns(move || {
+        member.inside(|| {
+            (0..ATTEMPTS)
+                .map(|_| tcp_once(frontend).unwrap_or_else(|e| panic!("connect {frontend}: {e}")))
+                .collect()
+        })
+    });
+    let reached: BTreeSet<String> = runs.iter().map(|(who, _)| who.clone()).collect();
+    assert_eq!(reached, names_of(&BE6), "both backends answer: {runs:?}");
+    assert!(
+        runs.iter().all(|(_, peer)| *peer == frontend),
+        "getpeername shows the frontend: {runs:?}"
+    );
+    let grew = |n: usize, i: u32| counter(&w.ebpf, i) - before[n];
+    assert_eq!(grew(0, stat::SOCK_CONNECT), ATTEMPTS as u64);
+    assert!(grew(1, stat::SOCK_REVERSED) >= ATTEMPTS as u64);
+    assert_eq!(grew(2, stat::SOCK_RELEASED), ATTEMPTS as u64, "every reverse entry removed at close");
+}
