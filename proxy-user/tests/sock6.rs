@@ -22,7 +22,7 @@ use std::{
     fs,
     io::{ErrorKind, Read as _, Write as _},
     net::{
-        Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV6, TcpListener, TcpStream, UdpSocket,
+        IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV6, TcpListener, TcpStream, UdpSocket,
     },
     os::unix::fs::MetadataExt as _,
     path::PathBuf,
@@ -33,13 +33,13 @@ use std::{
 };
 
 use aya::{
-    maps::{HashMap, PerCpuArray},
+    maps::{Array, HashMap, PerCpuArray},
     programs::{CgroupAttachMode, CgroupSock, CgroupSockAddr},
     Ebpf,
 };
 use proxy_common::{
-    addr6_be, names, programs, proto, scope, stat, Backend, Backend6, FrontendKey, FrontendKey6,
-    FrontendSlot,
+    addr6_be, frontend_flags, names, programs, proto, scope, sock_dir, stat, Backend, Backend6,
+    Config, FrontendKey, FrontendKey6, FrontendSlot, SockEntry6, SockKey6,
 };
 use proxy_user::{ebpf, socketlb};
 use support::{capacities, require_root};
@@ -108,7 +108,7 @@ fn slot(service_id: u32, backend_id: u32) -> FrontendSlot {
     }
 }
 
-/// Writes the IPv6 frontends (TCP and UDP of [`FE6`], TCP of [`FE6_EMPTY`])
+/// Writes the IPv6 frontends (TCP and UDP of [`FE6`] and of [`FE6_EMPTY`])
 /// and the IPv4 ones (TCP and UDP of [`FE4`]), as the agent would: backend
 /// ids and service ids from one space shared by both families.
 fn program_maps(ebpf: &mut Ebpf) {
@@ -135,7 +135,7 @@ fn program_maps(ebpf: &mut Ebpf) {
         let mut fe6: HashMap<_, FrontendKey6, FrontendSlot> =
             HashMap::try_from(ebpf.map_mut(names::FRONTENDS6).expect("SB_FE6_V1")).expect("typed");
         // Service 1: FE6 TCP over backends 1 and 2; service 2: FE6 UDP over
-        // 11 and 12; service 3: FE6_EMPTY TCP, no endpoints.
+        // 11 and 12; services 3 and 6: FE6_EMPTY TCP and UDP, no endpoints.
         for (service, port, protocol, first_id) in
             [(1, TCP_PORT, proto::TCP, 1), (2, UDP_PORT, proto::UDP, 11)]
         {
@@ -147,8 +147,10 @@ fn program_maps(ebpf: &mut Ebpf) {
                     .expect("write SB_FE6_V1");
             }
         }
-        fe6.insert(key6(FE6_EMPTY, TCP_PORT, proto::TCP, 0), slot0(3, 0), 0)
-            .expect("write SB_FE6_V1");
+        for (service, port, protocol) in [(3, TCP_PORT, proto::TCP), (6, UDP_PORT, proto::UDP)] {
+            fe6.insert(key6(FE6_EMPTY, port, protocol, 0), slot0(service, 0), 0)
+                .expect("write SB_FE6_V1");
+        }
     }
     {
         let mut be4: HashMap<_, u32, Backend> =
@@ -314,40 +316,42 @@ fn ip(args: &[&str]) {
 }
 
 /// Runs `body` on a thread of its own inside a new network namespace whose
-/// `lo` carries the backend addresses and servers; re-raises its panic.
-fn in_netns<T: Send + 'static>(body: impl FnOnce() -> T + Send + 'static) -> T {
-    let handle = thread::spawn(move || {
-        let before = netns_inode();
-        // SAFETY: unshare only changes the calling thread's namespaces.
-        let rc = unsafe { libc::unshare(libc::CLONE_NEWNET) };
-        assert_eq!(rc, 0, "unshare(CLONE_NEWNET): {}", std::io::Error::last_os_error());
-        assert_ne!(
-            netns_inode(),
-            before,
-            "the thread is still in the namespace it started in: refusing to touch it"
-        );
-        ip(&["link", "set", "lo", "up"]);
-        for be in BE6 {
-            ip(&["-6", "addr", "add", &format!("{be}/128"), "dev", "lo", "nodad"]);
+/// `lo` carries the backend addresses and servers; re-raises its panic. The
+/// servers' threads stay in that namespace until the process exits.
+fn in_netns<T: Send>(body: impl FnOnce() -> T + Send) -> T {
+    thread::scope(|scope| {
+        let handle = scope.spawn(move || {
+            let before = netns_inode();
+            // SAFETY: unshare only changes the calling thread's namespaces.
+            let rc = unsafe { libc::unshare(libc::CLONE_NEWNET) };
+            assert_eq!(rc, 0, "unshare(CLONE_NEWNET): {}", std::io::Error::last_os_error());
+            assert_ne!(
+                netns_inode(),
+                before,
+                "the thread is still in the namespace it started in: refusing to touch it"
+            );
+            ip(&["link", "set", "lo", "up"]);
+            for be in BE6 {
+                ip(&["-6", "addr", "add", &format!("{be}/128"), "dev", "lo", "nodad"]);
+            }
+            for be in BE4 {
+                ip(&["addr", "add", &format!("{be}/32"), "dev", "lo"]);
+            }
+            let backends = BE6
+                .iter()
+                .map(|&a| IpAddr::from(a))
+                .chain(BE4.iter().map(|&a| IpAddr::from(a)));
+            for addr in backends {
+                serve_tcp(SocketAddr::new(addr, POD_TCP));
+                serve_udp(SocketAddr::new(addr, POD_UDP));
+            }
+            body()
+        });
+        match handle.join() {
+            Ok(value) => value,
+            Err(panic) => std::panic::resume_unwind(panic),
         }
-        for be in BE4 {
-            ip(&["addr", "add", &format!("{be}/32"), "dev", "lo"]);
-        }
-        let backends: Vec<SocketAddr> = BE6
-            .iter()
-            .map(|&a| SocketAddr::from((a, 0)))
-            .chain(BE4.iter().map(|&a| SocketAddr::from((a, 0))))
-            .collect();
-        for addr in backends {
-            serve_tcp(SocketAddr::new(addr.ip(), POD_TCP));
-            serve_udp(SocketAddr::new(addr.ip(), POD_UDP));
-        }
-        body()
-    });
-    match handle.join() {
-        Ok(value) => value,
-        Err(panic) => std::panic::resume_unwind(panic),
-    }
+    })
 }
 
 /// A TCP server that writes its own address to every connection. Its thread
@@ -424,6 +428,44 @@ fn world(name: &str) -> World {
     World { ebpf, cgroup }
 }
 
+/// The socket map's reverse entries of `protocol` (IPv6 map).
+fn reverse_entries6(ebpf: &Ebpf, protocol: u8) -> usize {
+    let socks: HashMap<_, SockKey6, SockEntry6> =
+        HashMap::try_from(ebpf.map(names::SOCKETS6).expect("SB_SOCK6_V1")).expect("typed");
+    socks
+        .keys()
+        .flatten()
+        .filter(|k| k.dir == sock_dir::REVERSE && k.proto == protocol)
+        .count()
+}
+
+/// The socket layer's counters as they were.
+struct Counters {
+    before: Vec<(u32, u64)>,
+}
+
+const SOCK_COUNTERS: [u32; 6] = [
+    stat::SOCK_CONNECT,
+    stat::SOCK_SENDMSG,
+    stat::SOCK_REVERSED,
+    stat::SOCK_NO_BACKEND,
+    stat::SOCK_RESELECTED,
+    stat::SOCK_RELEASED,
+];
+
+impl Counters {
+    fn new(ebpf: &Ebpf) -> Self {
+        let before = SOCK_COUNTERS.iter().map(|&i| (i, counter(ebpf, i))).collect();
+        Self { before }
+    }
+
+    /// How much counter `index` grew since.
+    fn grew(&self, ebpf: &Ebpf, index: u32) -> u64 {
+        let (_, then) = self.before.iter().find(|(i, _)| *i == index).expect("tracked counter");
+        counter(ebpf, index) - then
+    }
+}
+
 /// TCP to an IPv6 frontend reaches both backends, and `getpeername` (the
 /// client's `peer_addr`) shows the frontend; every balanced socket's reverse
 /// entry goes when it closes.
@@ -431,10 +473,10 @@ fn world(name: &str) -> World {
 fn tcp_to_an_ipv6_frontend_is_balanced_and_shows_the_frontend_as_peer() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let w = world("sock6-tcp");
-    let before = [stat::SOCK_CONNECT, stat::SOCK_REVERSED, stat::SOCK_RELEASED].map(|i| counter(&w.ebpf, i));
+    let counters = Counters::new(&w.ebpf);
     let frontend = SocketAddr::from((FE6, TCP_PORT));
     let member = w.cgroup.member();
-    let runs: Vec<(String, SocketAddr)> = in_netns(move || {
+    let runs: Vec<(String, SocketAddr)> = in_netns(|| {
         member.inside(|| {
             (0..ATTEMPTS)
                 .map(|_| tcp_once(frontend).unwrap_or_else(|e| panic!("connect {frontend}: {e}")))
@@ -447,8 +489,201 @@ fn tcp_to_an_ipv6_frontend_is_balanced_and_shows_the_frontend_as_peer() {
         runs.iter().all(|(_, peer)| *peer == frontend),
         "getpeername shows the frontend: {runs:?}"
     );
-    let grew = |n: usize, i: u32| counter(&w.ebpf, i) - before[n];
-    assert_eq!(grew(0, stat::SOCK_CONNECT), ATTEMPTS as u64);
-    assert!(grew(1, stat::SOCK_REVERSED) >= ATTEMPTS as u64);
-    assert_eq!(grew(2, stat::SOCK_RELEASED), ATTEMPTS as u64, "every reverse entry removed at close");
+    assert_eq!(counters.grew(&w.ebpf, stat::SOCK_CONNECT), ATTEMPTS as u64);
+    assert!(counters.grew(&w.ebpf, stat::SOCK_REVERSED) >= ATTEMPTS as u64);
+    assert_eq!(
+        counters.grew(&w.ebpf, stat::SOCK_RELEASED),
+        ATTEMPTS as u64,
+        "every reverse entry removed at close"
+    );
+    assert_eq!(reverse_entries6(&w.ebpf, proto::TCP), 0, "closed sockets left entries");
+}
+
+/// Unconnected UDP to an IPv6 frontend: one socket keeps its backend, new
+/// sockets spread, and every reply's source (`recvmsg6`) is the frontend.
+/// When the kept backend leaves, the socket's next datagram goes to a live
+/// one.
+#[test]
+fn unconnected_udp_to_an_ipv6_frontend_keeps_a_live_backend_and_replies_come_from_the_frontend() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut w = world("sock6-udp");
+    let counters = Counters::new(&w.ebpf);
+    let frontend = SocketAddr::from((FE6, UDP_PORT));
+    let member = w.cgroup.member();
+    let ebpf = &mut w.ebpf;
+    let (shared, spread, moved) = in_netns(|| {
+        let (socket, shared, spread) = member.inside(|| {
+            let socket = udp_client();
+            let shared: Vec<_> = (0..ATTEMPTS).map(|_| udp_once(&socket, frontend)).collect();
+            let spread: Vec<_> = (0..ATTEMPTS).map(|_| udp_once(&udp_client(), frontend)).collect();
+            (socket, shared, spread)
+        });
+        // The shared socket's backend leaves: the agent would drop it from
+        // the backend map and the frontend's slots.
+        let kept = shared[0].0.parse::<Ipv6Addr>().expect("a backend address");
+        let (gone, live) = match BE6.iter().position(|b| *b == kept) {
+            Some(i) => (i, 1 - i),
+            None => panic!("answered by {kept}, not a backend"),
+        };
+        remove_udp_backend6(ebpf, gone, live);
+        let moved: Vec<_> = (0..5).map(|_| udp_once(&socket, frontend)).collect();
+        (shared, spread, moved)
+    });
+    let backends: BTreeSet<String> = shared.iter().map(|(who, _)| who.clone()).collect();
+    assert_eq!(backends.len(), 1, "one socket, one backend: {shared:?}");
+    let reached: BTreeSet<String> = spread.iter().map(|(who, _)| who.clone()).collect();
+    assert_eq!(reached, names_of(&BE6), "new sockets spread: {spread:?}");
+    for (who, from) in shared.iter().chain(&spread).chain(&moved) {
+        assert_eq!(*from, frontend, "the reply from {who} shows the frontend");
+    }
+    let kept = shared[0].0.clone();
+    assert!(
+        moved.iter().all(|(who, _)| *who != kept),
+        "still sent to the departed backend {kept}: {moved:?}"
+    );
+    let grew = |index| counters.grew(&w.ebpf, index);
+    assert_eq!(grew(stat::SOCK_SENDMSG), 2 * ATTEMPTS as u64 + 5, "one per datagram");
+    assert_eq!(grew(stat::SOCK_RESELECTED), 1, "once, when the backend left");
+    assert_eq!(grew(stat::SOCK_CONNECT), 0);
+}
+
+/// Removes backend `gone` of the IPv6 UDP frontend: only `live` is left in
+/// its slots, and `gone` leaves the backend map.
+fn remove_udp_backend6(ebpf: &mut Ebpf, gone: usize, live: usize) {
+    let live_id = 11 + live as u32;
+    let gone_id = 11 + gone as u32;
+    {
+        let mut fe6: HashMap<_, FrontendKey6, FrontendSlot> =
+            HashMap::try_from(ebpf.map_mut(names::FRONTENDS6).expect("SB_FE6_V1")).expect("typed");
+        fe6.insert(key6(FE6, UDP_PORT, proto::UDP, 1), slot(2, live_id), 0)
+            .expect("write SB_FE6_V1");
+        fe6.insert(key6(FE6, UDP_PORT, proto::UDP, 0), slot0(2, 1), 0)
+            .expect("write SB_FE6_V1");
+        fe6.remove(&key6(FE6, UDP_PORT, proto::UDP, 2)).expect("remove slot 2");
+    }
+    let mut be6: HashMap<_, u32, Backend6> =
+        HashMap::try_from(ebpf.map_mut(names::BACKENDS6).expect("SB_BE6_V1")).expect("typed");
+    be6.remove(&gone_id).expect("remove the backend");
+}
+
+/// A frontend without endpoints refuses TCP connects and UDP sends with
+/// ECONNREFUSED, as a kube-proxy reject does.
+#[test]
+fn an_ipv6_frontend_without_backends_refuses_with_econnrefused() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let w = world("sock6-empty");
+    let counters = Counters::new(&w.ebpf);
+    let member = w.cgroup.member();
+    let (tcp, udp) = in_netns(|| {
+        member.inside(|| {
+            let tcp = TcpStream::connect_timeout(
+                &SocketAddr::from((FE6_EMPTY, TCP_PORT)),
+                Duration::from_secs(2),
+            );
+            let udp = udp_client().send_to(b"hello", SocketAddr::from((FE6_EMPTY, UDP_PORT)));
+            (tcp.map(|_| ()), udp.map(|_| ()))
+        })
+    });
+    let tcp = tcp.expect_err("a TCP connect to a frontend without backends succeeded");
+    assert_eq!(tcp.kind(), ErrorKind::ConnectionRefused, "{tcp}");
+    let udp = udp.expect_err("a UDP send to a frontend without backends succeeded");
+    assert_eq!(udp.kind(), ErrorKind::ConnectionRefused, "{udp}");
+    assert_eq!(counters.grew(&w.ebpf, stat::SOCK_NO_BACKEND), 2);
+}
+
+/// A dual-stack client (an `AF_INET6` socket) reaching an IPv4 Service
+/// through its IPv4-mapped address (`::ffff:10.96.0.10`) is balanced through
+/// the IPv4 maps and sees the mapped frontend as its peer, over TCP and UDP.
+#[test]
+fn a_v4_mapped_destination_is_balanced_through_the_ipv4_maps() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let w = world("sock6-mapped");
+    let counters = Counters::new(&w.ebpf);
+    let tcp_frontend = mapped(FE4, TCP_PORT);
+    let udp_frontend = mapped(FE4, UDP_PORT);
+    let member = w.cgroup.member();
+    let (tcp, udp) = in_netns(|| {
+        member.inside(|| {
+            let tcp: Vec<_> = (0..ATTEMPTS)
+                .map(|_| {
+                    tcp_once(tcp_frontend).unwrap_or_else(|e| panic!("connect {tcp_frontend}: {e}"))
+                })
+                .collect();
+            let udp: Vec<_> = (0..ATTEMPTS).map(|_| udp_once(&udp_client(), udp_frontend)).collect();
+            (tcp, udp)
+        })
+    });
+    let be4: BTreeSet<String> = BE4.iter().map(ToString::to_string).collect();
+    for (what, runs, frontend) in [("tcp", &tcp, tcp_frontend), ("udp", &udp, udp_frontend)] {
+        let reached: BTreeSet<String> = runs.iter().map(|(who, _)| who.clone()).collect();
+        assert_eq!(reached, be4, "{what}: both IPv4 backends answer: {runs:?}");
+        assert!(
+            runs.iter().all(|(_, peer)| *peer == frontend),
+            "{what}: the peer is the mapped frontend: {runs:?}"
+        );
+    }
+    assert_eq!(counters.grew(&w.ebpf, stat::SOCK_CONNECT), ATTEMPTS as u64);
+    assert_eq!(counters.grew(&w.ebpf, stat::SOCK_SENDMSG), ATTEMPTS as u64);
+    assert_eq!(
+        counters.grew(&w.ebpf, stat::SOCK_RELEASED),
+        ATTEMPTS as u64,
+        "the mapped TCP sockets' entries (IPv4 map) removed at close"
+    );
+}
+
+/// In the node's namespace a connected IPv6 UDP socket is balanced at
+/// connect (its peer is the frontend); `sessionAffinity: ClientIP` sends
+/// every new connection of one namespace to one backend.
+#[test]
+fn host_connected_udp_is_balanced_at_connect_and_affinity_holds_per_netns() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut w = world("sock6-host");
+    let counters = Counters::new(&w.ebpf);
+    let udp_frontend = SocketAddr::from((FE6, UDP_PORT));
+    let tcp_frontend = SocketAddr::from((FE6, TCP_PORT));
+    let member = w.cgroup.member();
+    let ebpf = &mut w.ebpf;
+    let (connected, sticky) = in_netns(|| {
+        // This namespace plays the node's.
+        let config = socketlb::datapath_config().expect("this namespace's cookie");
+        let mut array: Array<_, Config> =
+            Array::try_from(ebpf.map_mut(names::CONFIG).expect("SB_CONFIG_V1")).expect("typed");
+        array.set(0, config, 0).expect("write SB_CONFIG_V1");
+        let mut fe6: HashMap<_, FrontendKey6, FrontendSlot> =
+            HashMap::try_from(ebpf.map_mut(names::FRONTENDS6).expect("SB_FE6_V1")).expect("typed");
+        let with_affinity = FrontendSlot {
+            flags: frontend_flags::AFFINITY_CLIENT_IP,
+            affinity_timeout_s: 60,
+            ..slot0(1, 2)
+        };
+        fe6.insert(key6(FE6, TCP_PORT, proto::TCP, 0), with_affinity, 0)
+            .expect("write SB_FE6_V1");
+        member.inside(|| {
+            let connected: Vec<_> = (0..4)
+                .map(|_| {
+                    let socket = udp_client();
+                    socket.connect(udp_frontend).expect("connect the UDP socket");
+                    let peer = socket.peer_addr().expect("peer_addr");
+                    socket.send(b"hello").expect("send");
+                    let mut buf = [0u8; 512];
+                    let (len, from) = socket.recv_from(&mut buf).expect("an answer");
+                    (String::from_utf8_lossy(&buf[..len]).into_owned(), peer, from)
+                })
+                .collect();
+            let sticky: Vec<_> = (0..ATTEMPTS)
+                .map(|_| tcp_once(tcp_frontend).unwrap_or_else(|e| panic!("connect {tcp_frontend}: {e}")))
+                .collect();
+            (connected, sticky)
+        })
+    });
+    for (who, peer, from) in &connected {
+        assert!(BE6.iter().any(|b| b.to_string() == *who), "answered by {who}");
+        assert_eq!(*peer, udp_frontend, "getpeername of a connected UDP socket");
+        assert_eq!(*from, udp_frontend, "recvmsg of a connected UDP socket");
+    }
+    assert_eq!(counters.grew(&w.ebpf, stat::SOCK_CONNECT), 4 + ATTEMPTS as u64);
+    assert_eq!(counters.grew(&w.ebpf, stat::SOCK_SENDMSG), 0, "connected: no per-datagram work");
+    let backends: BTreeSet<String> = sticky.iter().map(|(who, _)| who.clone()).collect();
+    assert_eq!(backends.len(), 1, "affinity: one backend per namespace: {sticky:?}");
+    assert!(sticky.iter().all(|(_, peer)| *peer == tcp_frontend));
 }
