@@ -502,7 +502,8 @@ fn tcp_to_an_ipv6_frontend_is_balanced_and_shows_the_frontend_as_peer() {
 /// Unconnected UDP to an IPv6 frontend: one socket keeps its backend, new
 /// sockets spread, and every reply's source (`recvmsg6`) is the frontend.
 /// When the kept backend leaves, the socket's next datagram goes to a live
-/// one.
+/// one. A connected UDP socket outside the node's namespace is not balanced
+/// at connect (the tc layer checks its backend per datagram).
 #[test]
 fn unconnected_udp_to_an_ipv6_frontend_keeps_a_live_backend_and_replies_come_from_the_frontend() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
@@ -527,6 +528,16 @@ fn unconnected_udp_to_an_ipv6_frontend_keeps_a_live_backend_and_replies_come_fro
         };
         remove_udp_backend6(ebpf, gone, live);
         let moved: Vec<_> = (0..5).map(|_| udp_once(&socket, frontend)).collect();
+        // Outside the node's namespace (this one is not: the config names
+        // none), a connected UDP socket is left to the tc layer: its peer
+        // stays the frontend address itself. A route lets the connect succeed.
+        ip(&["-6", "route", "add", "fd00:96::/64", "dev", "lo"]);
+        let peer = member.inside(|| {
+            let connected = udp_client();
+            connected.connect(frontend).expect("connect a UDP socket to the frontend");
+            connected.peer_addr().expect("peer_addr")
+        });
+        assert_eq!(peer, frontend);
         (shared, spread, moved)
     });
     let backends: BTreeSet<String> = shared.iter().map(|(who, _)| who.clone()).collect();
@@ -544,7 +555,7 @@ fn unconnected_udp_to_an_ipv6_frontend_keeps_a_live_backend_and_replies_come_fro
     let grew = |index| counters.grew(&w.ebpf, index);
     assert_eq!(grew(stat::SOCK_SENDMSG), 2 * ATTEMPTS as u64 + 5, "one per datagram");
     assert_eq!(grew(stat::SOCK_RESELECTED), 1, "once, when the backend left");
-    assert_eq!(grew(stat::SOCK_CONNECT), 0);
+    assert_eq!(grew(stat::SOCK_CONNECT), 0, "a pod's connected UDP socket is not balanced at connect");
 }
 
 /// Removes backend `gone` of the IPv6 UDP frontend: only `live` is left in
