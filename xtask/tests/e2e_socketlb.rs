@@ -302,8 +302,9 @@ fn attached_hooks(sb: &Sandbox) -> Vec<String> {
 }
 
 /// The agent attaches the socket hooks of both families (and sock_release)
-/// to its cgroup, `switchboard status` names them, and `--socket-lb=false`
-/// detaches every one of them.
+/// to its cgroup, `switchboard status` names them, a restarted agent
+/// replaces them (one program per hook), and `--socket-lb=false` detaches
+/// every one of them.
 #[test]
 fn both_families_socket_hooks_are_attached_listed_and_detached() {
     let mut sb = demo_sandbox_with(&[]);
@@ -338,6 +339,24 @@ fn both_families_socket_hooks_are_attached_listed_and_detached() {
         assert!(text.contains(hook), "status does not list {hook}: {text}");
     }
     assert!(!text.contains("socket layer (cgroup"), "{text}");
+    let first = hooks;
+
+    // A restarted (or upgraded) agent replaces every pinned link: still one
+    // program per hook.
+    sb.stop_agent().expect("stop agent");
+    assert_eq!(attached_hooks(&sb), first, "the pinned links outlive the agent");
+    sb.start_agent_with(&switchboard(), &[]).expect("restart agent");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !sb.agent_log().contains(xtask::sandbox::AGENT_READY) {
+        assert!(Instant::now() < deadline, "agent not ready: {}", sb.agent_log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        sb.agent_log().contains("socket-layer balancing attached"),
+        "{}",
+        sb.agent_log()
+    );
+    assert_eq!(attached_hooks(&sb), first, "after a restart");
 
     sb.stop_agent().expect("stop agent");
     sb.start_agent_with(&switchboard(), &["--socket-lb=false"])
