@@ -123,6 +123,15 @@ pub mod programs {
     pub const SOCK_RECVMSG4: &str = "sb_sock_recvmsg4";
     /// cgroup `getpeername4`: a balanced socket's peer is the frontend.
     pub const SOCK_GETPEERNAME4: &str = "sb_sock_getpeername4";
+    /// cgroup `connect6`: [`SOCK_CONNECT4`] for IPv6 sockets (an IPv4-mapped
+    /// destination is balanced through the IPv4 maps).
+    pub const SOCK_CONNECT6: &str = "sb_sock_connect6";
+    /// cgroup `sendmsg6`: [`SOCK_SENDMSG4`] for IPv6 sockets.
+    pub const SOCK_SENDMSG6: &str = "sb_sock_sendmsg6";
+    /// cgroup `recvmsg6`: [`SOCK_RECVMSG4`] for IPv6 sockets.
+    pub const SOCK_RECVMSG6: &str = "sb_sock_recvmsg6";
+    /// cgroup `getpeername6`: [`SOCK_GETPEERNAME4`] for IPv6 sockets.
+    pub const SOCK_GETPEERNAME6: &str = "sb_sock_getpeername6";
     /// tc, tail-called by both tc programs: writes the rewrite they decided on.
     pub const TC_REWRITE: &str = "sb_rewrite";
     /// cgroup `sock_release`: a closing socket's entry in the socket map goes.
@@ -138,12 +147,18 @@ pub mod programs {
     /// the node get the frontend as their source again (the same program as
     /// [`TC_TO_POD`]: one reverse-NAT lookup).
     pub const TC_TO_UPLINK: &str = TC_TO_POD;
-    /// The socket-layer `sock_addr` programs, in the order they are attached.
-    pub const SOCKET_LB: [&str; 4] = [
+    /// The socket-layer `sock_addr` programs, in the order they are attached
+    /// (the reverse hooks before the forward ones, so a socket balanced by a
+    /// new program always finds its way back).
+    pub const SOCKET_LB: [&str; 8] = [
         SOCK_GETPEERNAME4,
         SOCK_RECVMSG4,
+        SOCK_GETPEERNAME6,
+        SOCK_RECVMSG6,
         SOCK_SENDMSG4,
         SOCK_CONNECT4,
+        SOCK_SENDMSG6,
+        SOCK_CONNECT6,
     ];
 }
 

@@ -15,8 +15,9 @@
 //!   packets XDP hands on (no neighbour entry yet, TTL 1, fragments, ICMP). The uplink's tc egress carries
 //!   `sb_to_pod`, which reverses a local backend's replies.
 //! - cgroup socket hooks ([`sock`]): `connect4`, `sendmsg4`, `recvmsg4` and
-//!   `getpeername4` balance a socket once, when it connects or sends, so its
-//!   packets need no NAT; this is what serves clients in the node's own
+//!   `getpeername4` (and their IPv6 twins `connect6`, `sendmsg6`, `recvmsg6`
+//!   and `getpeername6`) balance a socket once, when it connects or sends, so
+//!   its packets need no NAT; this is what serves clients in the node's own
 //!   network namespace. `sock_release` forgets a closing socket.
 //!
 //! Both layers pick backends the same way ([`lb`]) from the same maps
@@ -141,12 +142,32 @@ pub fn sb_sock_sendmsg4(ctx: SockAddrContext) -> i32 {
 
 #[cgroup_sock_addr(recvmsg4)]
 pub fn sb_sock_recvmsg4(ctx: SockAddrContext) -> i32 {
-    sock::restore_peer(&ctx)
+    sock::restore_peer4(&ctx)
 }
 
 #[cgroup_sock_addr(getpeername4)]
 pub fn sb_sock_getpeername4(ctx: SockAddrContext) -> i32 {
-    sock::restore_peer(&ctx)
+    sock::restore_peer4(&ctx)
+}
+
+#[cgroup_sock_addr(connect6)]
+pub fn sb_sock_connect6(ctx: SockAddrContext) -> i32 {
+    sock::connect6(&ctx)
+}
+
+#[cgroup_sock_addr(sendmsg6)]
+pub fn sb_sock_sendmsg6(ctx: SockAddrContext) -> i32 {
+    sock::sendmsg6(&ctx)
+}
+
+#[cgroup_sock_addr(recvmsg6)]
+pub fn sb_sock_recvmsg6(ctx: SockAddrContext) -> i32 {
+    sock::restore_peer6(&ctx)
+}
+
+#[cgroup_sock_addr(getpeername6)]
+pub fn sb_sock_getpeername6(ctx: SockAddrContext) -> i32 {
+    sock::restore_peer6(&ctx)
 }
 
 #[cgroup_sock(sock_release)]

@@ -2,6 +2,12 @@
 //! (or, for unconnected UDP, when it sends), so its packets need no per-packet
 //! NAT at all. `recvmsg` and `getpeername` show the frontend again.
 //!
+//! Both families share the logic, generic over the address type ([`SockFamily`]:
+//! `u32` for IPv4, [`Addr6Be`] for IPv6); only reading and writing the hook's
+//! address differ. An IPv4-mapped IPv6 address (`::ffff:a.b.c.d`, what a
+//! dual-stack `AF_INET6` socket uses to reach an IPv4 Service) is balanced
+//! through the IPv4 maps and written back mapped: `::ffff:backend`.
+//!
 //! Connected UDP sockets outside the node's own network namespace are left to
 //! the tc layer, which checks the backend on every datagram: a pod's
 //! long-lived DNS socket is never pinned to a departed backend. In the node's
@@ -13,12 +19,13 @@ use aya_ebpf::{
     EbpfContext as _,
 };
 use proxy_common::{
-    proto, sock_dir, stat, FrontendSlot, FrontendKey, SockAffinityKey, SockEntry, SockKey,
+    proto, sock_dir, stat, Addr6Be, FrontendSlot, SockAffinityKey, SockEntry, SockEntry6,
+    SockKey, SockKey6,
 };
 
 use crate::{
-    lb::{backend_is_live, choose_backend, frontend_key, lookup_frontend},
-    maps::{config, count, count_service, SB_SOCK_AFFINITY_V1, SB_SOCK_V1},
+    lb::{backend_is_live, choose_backend, frontend_key, lookup_frontend, FamilyAddr, SlotKey},
+    maps::{config, count, count_service, SB_SOCK6_V1, SB_SOCK_AFFINITY_V1, SB_SOCK_V1},
 };
 
 /// Return values of cgroup `sock_addr` programs.
@@ -26,33 +33,142 @@ const ALLOW: i32 = 1;
 const REJECT: i32 = 0;
 const ECONNREFUSED: i32 = 111;
 
+/// `AF_INET` and `AF_INET6`, as `bpf_sock::family` reports them.
+const AF_INET: u32 = 2;
+const AF_INET6: u32 = 10;
+
+/// The third word of an IPv4-mapped IPv6 address (`::ffff:0:0/96`), in
+/// network byte order.
+const V4_MAPPED_WORD2: u32 = u32::from_ne_bytes([0, 0, 0xff, 0xff]);
+
 /// The destination (connect, sendmsg) or peer (recvmsg, getpeername) address
 /// of a socket call, as the hook sees it.
-struct SockAddr {
-    addr_be: u32,
+#[derive(Clone, Copy)]
+struct SockAddr<A> {
+    addr_be: A,
     port_be: u16,
     proto: u8,
 }
 
-/// A balanced destination: the backend and the service it was picked for.
-struct Picked {
-    addr_be: u32,
+/// A balanced destination: the backend and the service it was picked for (and,
+/// as a socket-map value, an address with the ids it stands for).
+#[derive(Clone, Copy)]
+struct Picked<A> {
+    addr_be: A,
     port_be: u16,
     backend_id: u32,
     service_id: u32,
 }
 
-impl Picked {
-    /// A socket-map entry naming `addr_be:port_be` for this pick.
+impl<A: Copy> Picked<A> {
+    /// This pick naming `addr_be:port_be` (the frontend, in a reverse entry).
     #[inline(always)]
-    fn entry(&self, addr_be: u32, port_be: u16) -> SockEntry {
-        SockEntry {
+    fn naming(&self, addr_be: A, port_be: u16) -> Self {
+        Self {
             addr_be,
             port_be,
-            _pad: [0; 2],
-            backend_id: self.backend_id,
-            service_id: self.service_id,
+            ..*self
         }
+    }
+}
+
+/// An address family of the socket layer: its frontend and backend maps
+/// ([`FamilyAddr`]) and its socket map.
+trait SockFamily: FamilyAddr {
+    fn sock_get(cookie: u64, at: &SockAddr<Self>, dir: u8) -> Option<Picked<Self>>;
+    /// Inserts (or replaces) an entry; `false` if the map refused.
+    fn sock_insert(cookie: u64, at: &SockAddr<Self>, dir: u8, value: &Picked<Self>) -> bool;
+    /// Removes an entry; `false` if there was none.
+    fn sock_remove(cookie: u64, at: &SockAddr<Self>, dir: u8) -> bool;
+}
+
+impl SockFamily for u32 {
+    #[inline(always)]
+    fn sock_get(cookie: u64, at: &SockAddr<u32>, dir: u8) -> Option<Picked<u32>> {
+        // SAFETY: the fields are copied out at once.
+        let entry = unsafe { SB_SOCK_V1.get(&sock_key(cookie, at, dir)) }.copied()?;
+        Some(Picked {
+            addr_be: entry.addr_be,
+            port_be: entry.port_be,
+            backend_id: entry.backend_id,
+            service_id: entry.service_id,
+        })
+    }
+
+    #[inline(always)]
+    fn sock_insert(cookie: u64, at: &SockAddr<u32>, dir: u8, value: &Picked<u32>) -> bool {
+        let entry = SockEntry {
+            addr_be: value.addr_be,
+            port_be: value.port_be,
+            _pad: [0; 2],
+            backend_id: value.backend_id,
+            service_id: value.service_id,
+        };
+        SB_SOCK_V1.insert(&sock_key(cookie, at, dir), &entry, 0).is_ok()
+    }
+
+    #[inline(always)]
+    fn sock_remove(cookie: u64, at: &SockAddr<u32>, dir: u8) -> bool {
+        SB_SOCK_V1.remove(&sock_key(cookie, at, dir)).is_ok()
+    }
+}
+
+#[inline(always)]
+fn sock_key(cookie: u64, at: &SockAddr<u32>, dir: u8) -> SockKey {
+    SockKey {
+        cookie,
+        addr_be: at.addr_be,
+        port_be: at.port_be,
+        proto: at.proto,
+        dir,
+    }
+}
+
+impl SockFamily for Addr6Be {
+    #[inline(always)]
+    fn sock_get(cookie: u64, at: &SockAddr<Addr6Be>, dir: u8) -> Option<Picked<Addr6Be>> {
+        // SAFETY: the fields are copied out at once.
+        let entry = unsafe { SB_SOCK6_V1.get(&sock_key6(cookie, at, dir)) }.copied()?;
+        Some(Picked {
+            addr_be: entry.addr_be,
+            port_be: entry.port_be,
+            backend_id: entry.backend_id,
+            service_id: entry.service_id,
+        })
+    }
+
+    #[inline(always)]
+    fn sock_insert(
+        cookie: u64,
+        at: &SockAddr<Addr6Be>,
+        dir: u8,
+        value: &Picked<Addr6Be>,
+    ) -> bool {
+        let entry = SockEntry6 {
+            addr_be: value.addr_be,
+            port_be: value.port_be,
+            _pad: [0; 2],
+            backend_id: value.backend_id,
+            service_id: value.service_id,
+        };
+        SB_SOCK6_V1.insert(&sock_key6(cookie, at, dir), &entry, 0).is_ok()
+    }
+
+    #[inline(always)]
+    fn sock_remove(cookie: u64, at: &SockAddr<Addr6Be>, dir: u8) -> bool {
+        SB_SOCK6_V1.remove(&sock_key6(cookie, at, dir)).is_ok()
+    }
+}
+
+#[inline(always)]
+fn sock_key6(cookie: u64, at: &SockAddr<Addr6Be>, dir: u8) -> SockKey6 {
+    SockKey6 {
+        cookie,
+        addr_be: at.addr_be,
+        port_be: at.port_be,
+        proto: at.proto,
+        dir,
+        _pad: [0; 4],
     }
 }
 
@@ -64,34 +180,102 @@ enum Refuse {
     Inconsistent,
 }
 
+/// What a connect or send hook does with the call.
+enum Verdict<A> {
+    /// Not a frontend (or not ours to balance): unchanged.
+    Pass,
+    /// To this backend instead.
+    To(Picked<A>),
+    Refuse(Refuse),
+}
+
+/// TCP and UDP; other protocols are not ours.
 #[inline(always)]
-fn read_addr(ctx: &SockAddrContext) -> Option<SockAddr> {
+fn our_proto(protocol: u32) -> Option<u8> {
+    match protocol {
+        6 => Some(proto::TCP),
+        17 => Some(proto::UDP),
+        _ => None,
+    }
+}
+
+#[inline(always)]
+fn read_addr4(ctx: &SockAddrContext) -> Option<SockAddr<u32>> {
     let sa: *const bpf_sock_addr = ctx.sock_addr;
     // SAFETY: the kernel hands every sock_addr program a valid context; these
-    // fields are readable in all four hooks (the verifier checks each access).
+    // fields are readable in all four IPv4 hooks (the verifier checks each
+    // access).
     let (addr_be, port, protocol) = unsafe { ((*sa).user_ip4, (*sa).user_port, (*sa).protocol) };
-    let proto = match protocol {
-        6 => proto::TCP,
-        17 => proto::UDP,
-        _ => return None,
-    };
     // `user_port` holds the port in network byte order in its low 16 bits.
     Some(SockAddr {
         addr_be,
         port_be: port as u16,
-        proto,
+        proto: our_proto(protocol)?,
     })
 }
 
 #[inline(always)]
-fn write_addr(ctx: &SockAddrContext, addr_be: u32, port_be: u16) {
+fn write_addr4(ctx: &SockAddrContext, addr_be: u32, port_be: u16) {
     let sa: *mut bpf_sock_addr = ctx.sock_addr;
-    // SAFETY: `user_ip4` and `user_port` are writable in all four hooks with a
-    // 4-byte store, which is what these are.
+    // SAFETY: `user_ip4` and `user_port` are writable in all four IPv4 hooks
+    // with a 4-byte store, which is what these are.
     unsafe {
         (*sa).user_ip4 = addr_be;
         (*sa).user_port = u32::from(port_be);
     }
+}
+
+#[inline(always)]
+fn read_addr6(ctx: &SockAddrContext) -> Option<SockAddr<Addr6Be>> {
+    let sa: *const bpf_sock_addr = ctx.sock_addr;
+    // SAFETY: as in `read_addr4`, for the four IPv6 hooks. Each word of
+    // `user_ip6` is read with its own 4-byte load at a constant offset from
+    // the context (volatile, so LLVM neither merges nor splits them).
+    let (addr_be, port, protocol) = unsafe {
+        let ip = core::ptr::addr_of!((*sa).user_ip6).cast::<u32>();
+        (
+            [
+                core::ptr::read_volatile(ip),
+                core::ptr::read_volatile(ip.add(1)),
+                core::ptr::read_volatile(ip.add(2)),
+                core::ptr::read_volatile(ip.add(3)),
+            ],
+            (*sa).user_port,
+            (*sa).protocol,
+        )
+    };
+    Some(SockAddr {
+        addr_be,
+        port_be: port as u16,
+        proto: our_proto(protocol)?,
+    })
+}
+
+#[inline(always)]
+fn write_addr6(ctx: &SockAddrContext, addr_be: Addr6Be, port_be: u16) {
+    let sa: *mut bpf_sock_addr = ctx.sock_addr;
+    // SAFETY: `user_ip6` and `user_port` are writable in all four IPv6 hooks
+    // with 4-byte stores, which is what these are (volatile: one store per
+    // word, never merged).
+    unsafe {
+        let ip = core::ptr::addr_of_mut!((*sa).user_ip6).cast::<u32>();
+        core::ptr::write_volatile(ip, addr_be[0]);
+        core::ptr::write_volatile(ip.add(1), addr_be[1]);
+        core::ptr::write_volatile(ip.add(2), addr_be[2]);
+        core::ptr::write_volatile(ip.add(3), addr_be[3]);
+        (*sa).user_port = u32::from(port_be);
+    }
+}
+
+/// The IPv4 address inside an IPv4-mapped IPv6 address.
+#[inline(always)]
+fn v4_mapped(addr_be: &Addr6Be) -> Option<u32> {
+    (addr_be[0] == 0 && addr_be[1] == 0 && addr_be[2] == V4_MAPPED_WORD2).then_some(addr_be[3])
+}
+
+#[inline(always)]
+fn write_mapped(ctx: &SockAddrContext, addr_be: u32, port_be: u16) {
+    write_addr6(ctx, [0, 0, V4_MAPPED_WORD2, addr_be], port_be);
 }
 
 #[inline(always)]
@@ -120,9 +304,30 @@ fn refuse(why: Refuse) -> i32 {
     REJECT
 }
 
+/// The hook's return value for `verdict`, writing the backend with `write`.
+#[inline(always)]
+fn finish<A>(
+    ctx: &SockAddrContext,
+    verdict: Verdict<A>,
+    write: impl FnOnce(&SockAddrContext, A, u16),
+) -> i32 {
+    match verdict {
+        Verdict::Pass => ALLOW,
+        Verdict::To(picked) => {
+            write(ctx, picked.addr_be, picked.port_be);
+            ALLOW
+        }
+        Verdict::Refuse(why) => refuse(why),
+    }
+}
+
 /// A new backend for this socket, honouring affinity per network namespace.
 #[inline(always)]
-fn pick(ctx: &SockAddrContext, key: FrontendKey, svc: &FrontendSlot) -> Result<Picked, Refuse> {
+fn pick<A: SockFamily>(
+    ctx: &SockAddrContext,
+    key: A::Key,
+    svc: &FrontendSlot,
+) -> Result<Picked<A>, Refuse> {
     if svc.backend_count == 0 {
         count_service(svc.service_id, |s| s.drops_no_backend += 1);
         return Err(Refuse::NoBackend);
@@ -135,9 +340,10 @@ fn pick(ctx: &SockAddrContext, key: FrontendKey, svc: &FrontendSlot) -> Result<P
     let (backend_id, backend) = choose_backend(key, svc, &SB_SOCK_AFFINITY_V1, &affinity_key)
         .ok_or(Refuse::Inconsistent)?;
     count_service(svc.service_id, |s| s.new_flows += 1);
+    let (addr_be, port_be) = A::Key::backend_addr(&backend);
     Ok(Picked {
-        addr_be: backend.addr_be,
-        port_be: backend.port_be,
+        addr_be,
+        port_be,
         backend_id,
         service_id: svc.service_id,
     })
@@ -146,18 +352,14 @@ fn pick(ctx: &SockAddrContext, key: FrontendKey, svc: &FrontendSlot) -> Result<P
 /// Records which frontend a backend stands for on this socket, so `recvmsg`
 /// and `getpeername` can show the frontend.
 #[inline(always)]
-fn remember_reverse(cookie: u64, dst: &SockAddr, picked: &Picked) {
-    let key = SockKey {
-        cookie,
+fn remember_reverse<A: SockFamily>(cookie: u64, dst: &SockAddr<A>, picked: &Picked<A>) {
+    let backend = SockAddr {
         addr_be: picked.addr_be,
         port_be: picked.port_be,
         proto: dst.proto,
-        dir: sock_dir::REVERSE,
     };
-    if SB_SOCK_V1
-        .insert(&key, &picked.entry(dst.addr_be, dst.port_be), 0)
-        .is_err()
-    {
+    let value = picked.naming(dst.addr_be, dst.port_be);
+    if !A::sock_insert(cookie, &backend, sock_dir::REVERSE, &value) {
         count(stat::CT_INSERT_FAILED);
     }
 }
@@ -165,152 +367,240 @@ fn remember_reverse(cookie: u64, dst: &SockAddr, picked: &Picked) {
 /// `connect()`: a TCP socket (or a connected UDP socket of the node) to a
 /// frontend is connected to a backend instead.
 #[inline(always)]
-pub fn connect4(ctx: &SockAddrContext) -> i32 {
-    let Some(dst) = read_addr(ctx) else {
-        return ALLOW;
-    };
+fn connect<A: SockFamily>(ctx: &SockAddrContext, dst: &SockAddr<A>) -> Verdict<A> {
     let key = frontend_key(dst.addr_be, dst.port_be, dst.proto);
     let Some(svc) = lookup_frontend(&key) else {
-        return ALLOW;
+        return Verdict::Pass;
     };
     if dst.proto == proto::UDP && netns_cookie(ctx) != config().host_netns_cookie {
-        return ALLOW;
+        return Verdict::Pass;
     }
     let picked = match pick(ctx, key, &svc) {
         Ok(picked) => picked,
-        Err(why) => return refuse(why),
+        Err(why) => return Verdict::Refuse(why),
     };
-    remember_reverse(socket_cookie(ctx), &dst, &picked);
-    write_addr(ctx, picked.addr_be, picked.port_be);
+    remember_reverse(socket_cookie(ctx), dst, &picked);
     count(stat::SOCK_CONNECT);
-    ALLOW
+    Verdict::To(picked)
+}
+
+/// `connect4`.
+#[inline(always)]
+pub fn connect4(ctx: &SockAddrContext) -> i32 {
+    let Some(dst) = read_addr4(ctx) else {
+        return ALLOW;
+    };
+    finish(ctx, connect(ctx, &dst), write_addr4)
+}
+
+/// `connect6`; an IPv4-mapped destination goes through the IPv4 maps.
+#[inline(always)]
+pub fn connect6(ctx: &SockAddrContext) -> i32 {
+    let Some(dst) = read_addr6(ctx) else {
+        return ALLOW;
+    };
+    match v4_mapped(&dst.addr_be) {
+        Some(addr_be) => {
+            let dst = SockAddr {
+                addr_be,
+                port_be: dst.port_be,
+                proto: dst.proto,
+            };
+            finish(ctx, connect(ctx, &dst), write_mapped)
+        }
+        None => finish(ctx, connect(ctx, &dst), write_addr6),
+    }
 }
 
 /// `sendmsg()` with an address (unconnected UDP): every datagram to a frontend
 /// goes to the backend this socket was given for it, as long as that backend
 /// is live; then the socket gets a new one.
 #[inline(always)]
-pub fn sendmsg4(ctx: &SockAddrContext) -> i32 {
-    let Some(dst) = read_addr(ctx) else {
-        return ALLOW;
-    };
+fn sendmsg<A: SockFamily>(ctx: &SockAddrContext, dst: &SockAddr<A>) -> Verdict<A> {
     if dst.proto != proto::UDP {
-        return ALLOW;
+        return Verdict::Pass;
     }
     let key = frontend_key(dst.addr_be, dst.port_be, dst.proto);
     let Some(svc) = lookup_frontend(&key) else {
-        return ALLOW;
+        return Verdict::Pass;
     };
     let cookie = socket_cookie(ctx);
-    let forward_key = SockKey {
-        cookie,
-        addr_be: dst.addr_be,
-        port_be: dst.port_be,
-        proto: dst.proto,
-        dir: sock_dir::FORWARD,
-    };
-    let picked = match kept_backend(&forward_key, &svc) {
+    let picked = match kept_backend(cookie, dst, &svc) {
         Some(kept) => kept,
         None => match pick(ctx, key, &svc) {
             Ok(picked) => {
-                remember_forward(&forward_key, &picked);
-                remember_reverse(cookie, &dst, &picked);
+                remember_forward(cookie, dst, &picked);
+                remember_reverse(cookie, dst, &picked);
                 picked
             }
-            Err(why) => return refuse(why),
+            Err(why) => return Verdict::Refuse(why),
         },
     };
-    write_addr(ctx, picked.addr_be, picked.port_be);
     count(stat::SOCK_SENDMSG);
-    ALLOW
+    Verdict::To(picked)
+}
+
+/// `sendmsg4`.
+#[inline(always)]
+pub fn sendmsg4(ctx: &SockAddrContext) -> i32 {
+    let Some(dst) = read_addr4(ctx) else {
+        return ALLOW;
+    };
+    finish(ctx, sendmsg(ctx, &dst), write_addr4)
+}
+
+/// `sendmsg6`. The kernel hands a datagram to an IPv4-mapped address to the
+/// IPv4 path (and `sendmsg4`) before this hook runs; should one get here all
+/// the same, it goes through the IPv4 maps.
+#[inline(always)]
+pub fn sendmsg6(ctx: &SockAddrContext) -> i32 {
+    let Some(dst) = read_addr6(ctx) else {
+        return ALLOW;
+    };
+    match v4_mapped(&dst.addr_be) {
+        Some(addr_be) => {
+            let dst = SockAddr {
+                addr_be,
+                port_be: dst.port_be,
+                proto: dst.proto,
+            };
+            finish(ctx, sendmsg(ctx, &dst), write_mapped)
+        }
+        None => finish(ctx, sendmsg(ctx, &dst), write_addr6),
+    }
 }
 
 /// The backend this socket already sends the frontend's datagrams to, if it is
 /// still live and still this service's.
 #[inline(always)]
-fn kept_backend(forward_key: &SockKey, svc: &FrontendSlot) -> Option<Picked> {
-    // SAFETY: the fields are copied out at once.
-    let entry = unsafe { SB_SOCK_V1.get(forward_key) }.copied()?;
+fn kept_backend<A: SockFamily>(
+    cookie: u64,
+    dst: &SockAddr<A>,
+    svc: &FrontendSlot,
+) -> Option<Picked<A>> {
+    let entry = A::sock_get(cookie, dst, sock_dir::FORWARD)?;
     if entry.service_id == svc.service_id
         && svc.backend_count > 0
         && backend_is_live(entry.backend_id, entry.addr_be, entry.port_be)
     {
-        return Some(Picked {
-            addr_be: entry.addr_be,
-            port_be: entry.port_be,
-            backend_id: entry.backend_id,
-            service_id: entry.service_id,
-        });
+        return Some(entry);
     }
     count(stat::SOCK_RESELECTED);
     None
 }
 
 #[inline(always)]
-fn remember_forward(forward_key: &SockKey, picked: &Picked) {
-    let entry = picked.entry(picked.addr_be, picked.port_be);
-    if SB_SOCK_V1.insert(forward_key, &entry, 0).is_err() {
+fn remember_forward<A: SockFamily>(cookie: u64, dst: &SockAddr<A>, picked: &Picked<A>) {
+    if !A::sock_insert(cookie, dst, sock_dir::FORWARD, picked) {
         count(stat::CT_INSERT_FAILED);
     }
 }
 
-/// `recvmsg()` (UDP) and `getpeername()`: a backend this socket was balanced
-/// to shows as the frontend. Both hooks must always allow.
+/// `recvmsg()` (UDP) and `getpeername()`: the frontend a backend this socket
+/// was balanced to stands for.
 #[inline(always)]
-pub fn restore_peer(ctx: &SockAddrContext) -> i32 {
-    let Some(peer) = read_addr(ctx) else {
-        return ALLOW;
-    };
-    let key = SockKey {
-        cookie: socket_cookie(ctx),
-        addr_be: peer.addr_be,
-        port_be: peer.port_be,
-        proto: peer.proto,
-        dir: sock_dir::REVERSE,
-    };
-    // SAFETY: the fields are copied out at once.
-    if let Some(entry) = unsafe { SB_SOCK_V1.get(&key) }.copied() {
-        write_addr(ctx, entry.addr_be, entry.port_be);
-        count(stat::SOCK_REVERSED);
+fn frontend_of<A: SockFamily>(ctx: &SockAddrContext, peer: &SockAddr<A>) -> Option<(A, u16)> {
+    let entry = A::sock_get(socket_cookie(ctx), peer, sock_dir::REVERSE)?;
+    count(stat::SOCK_REVERSED);
+    Some((entry.addr_be, entry.port_be))
+}
+
+/// `recvmsg4` and `getpeername4`: a backend shows as its frontend. Both hooks
+/// must always allow.
+#[inline(always)]
+pub fn restore_peer4(ctx: &SockAddrContext) -> i32 {
+    if let Some(peer) = read_addr4(ctx) {
+        if let Some((addr_be, port_be)) = frontend_of(ctx, &peer) {
+            write_addr4(ctx, addr_be, port_be);
+        }
     }
     ALLOW
 }
 
-/// `AF_INET`, as `bpf_sock::family` reports it.
-const AF_INET: u32 = 2;
+/// `recvmsg6` and `getpeername6`; an IPv4-mapped peer (a dual-stack socket's
+/// IPv4 flow) is looked up in the IPv4 socket map and shown mapped.
+#[inline(always)]
+pub fn restore_peer6(ctx: &SockAddrContext) -> i32 {
+    let Some(peer) = read_addr6(ctx) else {
+        return ALLOW;
+    };
+    match v4_mapped(&peer.addr_be) {
+        Some(addr_be) => {
+            let peer = SockAddr {
+                addr_be,
+                port_be: peer.port_be,
+                proto: peer.proto,
+            };
+            if let Some((addr_be, port_be)) = frontend_of(ctx, &peer) {
+                write_mapped(ctx, addr_be, port_be);
+            }
+        }
+        None => {
+            if let Some((addr_be, port_be)) = frontend_of(ctx, &peer) {
+                write_addr6(ctx, addr_be, port_be);
+            }
+        }
+    }
+    ALLOW
+}
 
 /// A socket closes: the entry that maps its backend back to the frontend
 /// goes, so the socket map holds live sockets rather than waiting for the LRU
 /// to push out dead ones (a node opening thousands of connections a second
 /// would otherwise keep it full). An unconnected UDP socket's per-frontend
-/// entries cannot be found from here; the LRU ages them out.
+/// entries cannot be found from here; the LRU ages them out. An `AF_INET6`
+/// socket connected to an IPv4-mapped address has its entry in the IPv4 map.
 #[inline(always)]
 pub fn release(ctx: &SockContext) -> i32 {
     let sk: *const bpf_sock = ctx.sock;
     // SAFETY: the kernel hands a valid `bpf_sock`; these fields are readable
     // in `sock_release` (the verifier checks each access).
-    let (family, protocol, dst_ip4, dst_port_be) =
-        unsafe { ((*sk).family, (*sk).protocol, (*sk).dst_ip4, (*sk).dst_port) };
-    let proto = match protocol {
-        6 => proto::TCP,
-        17 => proto::UDP,
-        _ => return ALLOW,
-    };
-    if family != AF_INET || dst_ip4 == 0 {
+    let (family, protocol, port_be) = unsafe { ((*sk).family, (*sk).protocol, (*sk).dst_port) };
+    let Some(proto) = our_proto(protocol) else {
         return ALLOW;
-    }
-    let key = SockKey {
-        // SAFETY: the helper accepts a `sock_release` context (Linux 5.10+).
-        cookie: unsafe { bpf_get_socket_cookie(ctx.as_ptr()) },
-        addr_be: dst_ip4,
-        port_be: dst_port_be,
-        proto,
-        dir: sock_dir::REVERSE,
     };
-    // Most closing sockets were never balanced: a missing key is the rule,
-    // and there is nothing else to do about it.
-    if SB_SOCK_V1.remove(&key).is_ok() {
+    let removed = match family {
+        AF_INET => {
+            // SAFETY: as above.
+            let addr_be = unsafe { (*sk).dst_ip4 };
+            addr_be != 0 && forget(ctx, addr_be, port_be, proto)
+        }
+        AF_INET6 => {
+            // SAFETY: as above; each word of `dst_ip6` with its own 4-byte
+            // load at a constant offset.
+            let addr_be: Addr6Be = unsafe {
+                let ip = core::ptr::addr_of!((*sk).dst_ip6).cast::<u32>();
+                [
+                    core::ptr::read_volatile(ip),
+                    core::ptr::read_volatile(ip.add(1)),
+                    core::ptr::read_volatile(ip.add(2)),
+                    core::ptr::read_volatile(ip.add(3)),
+                ]
+            };
+            match v4_mapped(&addr_be) {
+                Some(v4) => v4 != 0 && forget(ctx, v4, port_be, proto),
+                None => addr_be != [0; 4] && forget(ctx, addr_be, port_be, proto),
+            }
+        }
+        _ => false,
+    };
+    if removed {
         count(stat::SOCK_RELEASED);
     }
     ALLOW
+}
+
+/// Removes the closing socket's reverse entry for the backend `addr_be:port_be`.
+/// Most closing sockets were never balanced: a missing key is the rule, and
+/// there is nothing else to do about it.
+#[inline(always)]
+fn forget<A: SockFamily>(ctx: &SockContext, addr_be: A, port_be: u16, proto: u8) -> bool {
+    // SAFETY: the helper accepts a `sock_release` context (Linux 5.10+).
+    let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
+    let at = SockAddr {
+        addr_be,
+        port_be,
+        proto,
+    };
+    A::sock_remove(cookie, &at, sock_dir::REVERSE)
 }

@@ -161,8 +161,9 @@ pub fn attach(ebpf: &mut Ebpf, cgroup: &Path, pin_root: &Path) -> Result<(), Soc
     Ok(())
 }
 
-/// Every socket-layer program: the four `sock_addr` hooks and `sock_release`.
-fn all_programs() -> impl Iterator<Item = &'static str> {
+/// Every socket-layer program: the `sock_addr` hooks of both families and
+/// `sock_release` (each pinned as a link under its own name).
+pub fn all_programs() -> impl Iterator<Item = &'static str> {
     programs::SOCKET_LB
         .into_iter()
         .chain([programs::SOCK_RELEASE])

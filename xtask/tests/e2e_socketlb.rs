@@ -282,6 +282,97 @@ fn socket_lb_false_detaches_the_socket_layer() {
     );
 }
 
+/// The attach types of switchboard's programs on the sandbox's cgroup
+/// (`bpftool -j cgroup show`).
+fn attached_hooks(sb: &Sandbox) -> Vec<String> {
+    let cgroup = sb.cgroup.as_ref().expect("a test cgroup").bound.to_string_lossy().into_owned();
+    let out = sb
+        .exec(&sb.node_ns(), &["bpftool", "-j", "cgroup", "show", &cgroup])
+        .expect("bpftool cgroup show");
+    let progs: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Array(Vec::new()));
+    let mut hooks: Vec<String> = progs
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|p| p["name"].as_str().is_some_and(|n| n.starts_with("sb_sock")))
+        .filter_map(|p| p["attach_type"].as_str().map(str::to_string))
+        .collect();
+    hooks.sort();
+    hooks
+}
+
+/// The agent attaches the socket hooks of both families (and sock_release)
+/// to its cgroup, `switchboard status` names them, a restarted agent
+/// replaces them (one program per hook), and `--socket-lb=false` detaches
+/// every one of them.
+#[test]
+fn both_families_socket_hooks_are_attached_listed_and_detached() {
+    let mut sb = demo_sandbox_with(&[]);
+    let hooks = attached_hooks(&sb);
+    // bpftool names attach types either briefly (`connect6`) or as libbpf
+    // does (`cgroup_inet6_connect`).
+    for (short, long) in [
+        ("connect4", "cgroup_inet4_connect"),
+        ("connect6", "cgroup_inet6_connect"),
+        ("sendmsg4", "cgroup_udp4_sendmsg"),
+        ("sendmsg6", "cgroup_udp6_sendmsg"),
+        ("recvmsg4", "cgroup_udp4_recvmsg"),
+        ("recvmsg6", "cgroup_udp6_recvmsg"),
+        ("getpeername4", "cgroup_inet4_getpeername"),
+        ("getpeername6", "cgroup_inet6_getpeername"),
+        ("sock_release", "cgroup_inet_sock_release"),
+    ] {
+        assert!(
+            hooks.iter().any(|h| h == short || h == long),
+            "{short} not attached: {hooks:?}"
+        );
+    }
+    assert_eq!(hooks.len(), 9, "{hooks:?}");
+    let bin = switchboard().to_string_lossy().into_owned();
+    let pin = sb.pin_dir.to_string_lossy().into_owned();
+    let out = sb
+        .exec_status(&sb.node_ns(), &[&bin, "status", "--pin-root", &pin])
+        .expect("switchboard status");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("(9 socket-layer: "), "{text}");
+    for hook in ["connect6", "sendmsg6", "recvmsg6", "getpeername6"] {
+        assert!(text.contains(hook), "status does not list {hook}: {text}");
+    }
+    assert!(!text.contains("socket layer (cgroup"), "{text}");
+    let first = hooks;
+
+    // A restarted (or upgraded) agent replaces every pinned link: still one
+    // program per hook.
+    sb.stop_agent().expect("stop agent");
+    assert_eq!(attached_hooks(&sb), first, "the pinned links outlive the agent");
+    sb.start_agent_with(&switchboard(), &[]).expect("restart agent");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !sb.agent_log().contains(xtask::sandbox::AGENT_READY) {
+        assert!(Instant::now() < deadline, "agent not ready: {}", sb.agent_log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        sb.agent_log().contains("socket-layer balancing attached"),
+        "{}",
+        sb.agent_log()
+    );
+    assert_eq!(attached_hooks(&sb), first, "after a restart");
+
+    sb.stop_agent().expect("stop agent");
+    sb.start_agent_with(&switchboard(), &["--socket-lb=false"])
+        .expect("restart agent");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !attached_hooks(&sb).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "still attached: {:?}\n{}",
+            attached_hooks(&sb),
+            sb.agent_log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 fn now_ms() -> u128 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

@@ -388,6 +388,7 @@ mod tests {
         assert_eq!(classify_pin("tcx_12_sb_from_pod"), ("tcx", Some(12)));
         assert_eq!(classify_pin("xdp_3_native"), ("xdp", Some(3)));
         assert_eq!(classify_pin("sb_sock_connect4"), ("cgroup", None));
+        assert_eq!(classify_pin("sb_sock_getpeername6"), ("cgroup", None));
         assert_eq!(classify_pin("junk"), ("other", None));
     }
 

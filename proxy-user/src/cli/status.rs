@@ -194,6 +194,17 @@ fn problems(report: &StatusReport) -> Vec<String> {
             row.missing.join(", ")
         ));
     }
+    if let Some(cgroup) = report.status.as_ref().and_then(|s| s.socket_lb_cgroup.as_ref()) {
+        let missing: Vec<&str> = crate::socketlb::all_programs()
+            .filter(|p| !report.pinned_links.iter().any(|l| l.name == *p))
+            .collect();
+        if !missing.is_empty() {
+            found.push(format!(
+                "socket layer (cgroup {cgroup}): not attached: {}; restart the agent to attach them",
+                missing.join(", ")
+            ));
+        }
+    }
     if let Some(status) = &report.status {
         for u in &status.unprogrammed {
             found.push(format!("not programmed: {} {}: {}", u.service, u.frontend, u.reason));
@@ -233,12 +244,22 @@ pub fn render(report: &StatusReport) -> String {
         }
         out.push_str(&t.render());
     }
-    let cgroup_links = report.pinned_links.iter().filter(|l| l.kind == "cgroup").count();
+    let socket_hooks: Vec<&str> = report
+        .pinned_links
+        .iter()
+        .filter(|l| l.kind == "cgroup")
+        .map(|l| l.name.strip_prefix("sb_sock_").unwrap_or(&l.name))
+        .collect();
     let _ = writeln!(
         out,
-        "  pinned links: {} ({} socket-layer)",
+        "  pinned links: {} ({} socket-layer{})",
         report.pinned_links.len(),
-        cgroup_links
+        socket_hooks.len(),
+        if socket_hooks.is_empty() {
+            String::new()
+        } else {
+            format!(": {}", socket_hooks.join(" "))
+        }
     );
     render_maps(&mut out, report);
     let _ = writeln!(out, "\nPROBLEMS ({})", report.problems.len());
@@ -388,5 +409,68 @@ mod tests {
         assert!(text.contains("NOT RUNNING (last pid 42)"), "{text}");
         assert!(text.contains("Source:        dir:/m"), "{text}");
         assert!(text.contains("PROBLEMS (2)"), "{text}");
+    }
+
+    /// An agent of this version attaches the IPv6 socket hooks too: a pin
+    /// root holding only the IPv4 ones (an older agent's) is a problem, and
+    /// the pinned hooks are listed by name.
+    #[test]
+    fn missing_socket_layer_links_are_a_problem_and_the_hooks_are_listed() {
+        let pin = |name: &str| hooks::LinkPin {
+            name: name.into(),
+            path: std::path::PathBuf::from("/sys/fs/bpf/switchboard/links").join(name),
+            kind: "cgroup",
+            index: None,
+        };
+        let v4_only: Vec<hooks::LinkPin> = [
+            programs::SOCK_CONNECT4,
+            programs::SOCK_SENDMSG4,
+            programs::SOCK_RECVMSG4,
+            programs::SOCK_GETPEERNAME4,
+            programs::SOCK_RELEASE,
+        ]
+        .into_iter()
+        .map(pin)
+        .collect();
+        let report = StatusReport {
+            pin_root: "/sys/fs/bpf/switchboard".into(),
+            agent: AgentProcess {
+                pid: Some(42),
+                alive: true,
+                evidence: "lock",
+            },
+            status: Some(AgentStatus {
+                pid: 42,
+                socket_lb_cgroup: Some("/sys/fs/cgroup".into()),
+                ..AgentStatus::default()
+            }),
+            uptime_s: None,
+            last_sync_age_s: None,
+            interfaces: Vec::new(),
+            pinned_links: v4_only,
+            maps: Some(Vec::new()),
+            problems: Vec::new(),
+        };
+        let found = problems(&report);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(
+            found[0].contains("not attached: sb_sock_getpeername6, sb_sock_recvmsg6, sb_sock_sendmsg6, sb_sock_connect6"),
+            "{found:?}"
+        );
+        let all: Vec<hooks::LinkPin> = crate::socketlb::all_programs().map(pin).collect();
+        let report = StatusReport {
+            pinned_links: all,
+            ..report
+        };
+        assert!(problems(&report).is_empty(), "{:?}", problems(&report));
+        let text = render(&report);
+        assert!(text.contains("pinned links: 9 (9 socket-layer: "), "{text}");
+        assert!(text.contains("connect6"), "{text}");
+        let report = StatusReport {
+            status: Some(AgentStatus::default()),
+            pinned_links: Vec::new(),
+            ..report
+        };
+        assert!(problems(&report).is_empty(), "socket layer off: nothing missing");
     }
 }
