@@ -95,7 +95,7 @@ pub struct PortConflict {
 /// another one. Pure: the model's frontends in, no I/O.
 pub fn wanted(desired: &DesiredState) -> (BTreeMap<u16, ServiceHealth>, Vec<PortConflict>) {
     // Per Service: its health check port and its local endpoint addresses.
-    let mut services: BTreeMap<ServiceName, (Option<u16>, BTreeSet<Ipv4Addr>)> = BTreeMap::new();
+    let mut services: BTreeMap<ServiceName, (Option<u16>, BTreeSet<IpAddr>)> = BTreeMap::new();
     for fe in desired.frontends.values() {
         let name = ServiceName {
             namespace: fe.service.namespace.clone(),
@@ -447,7 +447,7 @@ mod tests {
     ) -> Frontend {
         let mut fe = Frontend::cluster_ip(
             FrontendAddr {
-                ip: Ipv4Addr::from(lb_ip),
+                ip: Ipv4Addr::from(lb_ip).into(),
                 port: svc_port,
                 protocol: Protocol::Tcp,
             },
@@ -465,7 +465,7 @@ mod tests {
             local
                 .iter()
                 .map(|(ip, port)| BackendAddr {
-                    ip: Ipv4Addr::from(*ip),
+                    ip: Ipv4Addr::from(*ip).into(),
                     port: *port,
                 })
                 .collect()

@@ -10,7 +10,7 @@
 //! sock_diag sees the sockets of the agent's own network namespace: the node's.
 //! Pods' connected UDP sockets are not balanced at connect (see the eBPF
 //! socket layer), so they never need this.
-use std::{collections::HashMap, io, net::IpAddr};
+use std::{collections::HashMap, io};
 
 use netlink_packet_sock_diag::{
     constants::{AF_INET, IPPROTO_UDP},
@@ -56,7 +56,7 @@ pub fn close_udp_sockets(doomed: &HashMap<u64, BackendAddr>) -> Result<Closed, S
         .filter(|id| {
             let cookie = u64::from_ne_bytes(id.cookie);
             doomed.get(&cookie).is_some_and(|backend| {
-                id.destination_address == IpAddr::V4(backend.ip)
+                id.destination_address == backend.ip
                     && id.destination_port == backend.port
             })
         })

@@ -104,6 +104,7 @@ impl NodePortAddresses {
             .iter()
             .copied()
             .filter(|a| self.cidrs.iter().any(|c| c.contains(*a)))
+            .map(std::net::IpAddr::V4)
             .collect();
         Some(node)
     }

@@ -11,7 +11,7 @@ use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
 use proxy_common::scope;
 use proxy_user::{
     ebpf::Capacities,
-    encode::{backend_addr, frontend_addr, revnat_name},
+    encode::{backend_addr, frontend_addr, revnat_name, AnyBackend},
     maps::{MapStore, PinnedMaps},
     model::{BackendAddr, DesiredState, FrontendAddr, Interner, Model, ObjectKey, SliceInfo},
     sync::Syncer,
@@ -49,12 +49,14 @@ fn decode(store: &PinnedMaps) -> BTreeMap<FrontendAddr, (String, Vec<BackendAddr
     let revnat: HashMap<u32, _> = dump.revnat.iter().copied().collect();
     let slots: HashMap<_, _> = dump.frontends.iter().copied().collect();
     let mut out = BTreeMap::new();
-    for (key, head) in dump.frontends.iter().filter(|(k, _)| k.slot == 0 && k.scope == scope::INTERNAL) {
+    for (key, head) in dump.frontends.iter().filter(|(k, _)| k.slot() == 0 && k.scope() == scope::INTERNAL) {
         let addr = frontend_addr(key).expect("a known protocol");
         let mut set: Vec<BackendAddr> = (1..=head.backend_count)
             .map(|slot| {
-                let value = slots[&proxy_common::FrontendKey { slot, ..*key }];
-                backend_addr(&backends[&value.backend_id])
+                let value = slots[&key.at(scope::INTERNAL, slot)];
+                let backend: &AnyBackend = &backends[&value.backend_id];
+                assert_eq!(backend.family(), key.family(), "{addr}: backend id {} of the other family", value.backend_id);
+                backend_addr(backend)
             })
             .collect();
         set.sort();

@@ -259,7 +259,7 @@ mod tests {
     fn frontend(ip: [u8; 4], port: u16, backends: &[u8]) -> Frontend {
         Frontend::cluster_ip(
             FrontendAddr {
-                ip: Ipv4Addr::from(ip),
+                ip: Ipv4Addr::from(ip).into(),
                 port,
                 protocol: Protocol::Tcp,
             },
@@ -271,7 +271,7 @@ mod tests {
             backends
                 .iter()
                 .map(|i| BackendAddr {
-                    ip: Ipv4Addr::new(10, 244, *i, 2),
+                    ip: Ipv4Addr::new(10, 244, *i, 2).into(),
                     port: 8080,
                 })
                 .collect(),
@@ -337,7 +337,7 @@ mod tests {
         let mut desired = DesiredState::default();
         let mut f = frontend([192, 168, 1, 5], 30080, &[1, 2]);
         f.external_backends = Some(vec![BackendAddr {
-            ip: Ipv4Addr::new(10, 244, 1, 2),
+            ip: Ipv4Addr::new(10, 244, 1, 2).into(),
             port: 8080,
         }]);
         desired.frontends.insert(f.addr, f);

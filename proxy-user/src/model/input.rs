@@ -13,7 +13,7 @@
 
 use std::collections::HashSet;
 use std::fmt;
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
 use std::time::SystemTime;
 
@@ -156,6 +156,11 @@ pub struct ServiceSpecInfo {
     pub type_: Option<String>,
     /// `clusterIPs` when it is set and not empty, else `clusterIP`; as written.
     pub cluster_ips: Vec<String>,
+    /// `ipFamilies`, as written (`IPv4`, `IPv6`; empty when unset).
+    pub ip_families: Vec<String>,
+    /// `ipFamilyPolicy`, as written (`SingleStack`, `PreferDualStack`,
+    /// `RequireDualStack`).
+    pub ip_family_policy: Option<String>,
     pub external_ips: Vec<String>,
     /// `status.loadBalancer.ingress`.
     pub lb_ingress: Vec<LbIngress>,
@@ -202,6 +207,8 @@ impl ServiceInfo {
                     Some(list) if !list.is_empty() => list.to_vec(),
                     _ => spec.cluster_ip.iter().cloned().collect(),
                 },
+                ip_families: spec.ip_families.clone().unwrap_or_default(),
+                ip_family_policy: spec.ip_family_policy.clone(),
                 external_ips: spec.external_ips.clone().unwrap_or_default(),
                 lb_ingress: svc
                     .status
@@ -258,26 +265,31 @@ pub struct SliceInfo {
     pub trigger_time: Option<SystemTime>,
 }
 
-/// An endpoint's address as written: parsed when it is a canonical IPv4
-/// address (the common case, 4 bytes), else kept as text.
+/// An endpoint's address as written: parsed when it is written as the
+/// address prints (the common case: 4 or 16 bytes), else kept as text.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RawAddress {
     V4(Ipv4Addr),
+    V6(Ipv6Addr),
     Other(Box<str>),
 }
 
 impl RawAddress {
     fn new(s: &str) -> RawAddress {
-        match s.parse::<Ipv4Addr>() {
-            Ok(ip) => RawAddress::V4(ip),
-            Err(_) => RawAddress::Other(s.into()),
+        match s.parse::<IpAddr>() {
+            // Only when it prints back as written, so Display shows the text
+            // the user wrote (a warning names it as found).
+            Ok(IpAddr::V4(ip)) if ip.to_string() == s => RawAddress::V4(ip),
+            Ok(IpAddr::V6(ip)) if ip.to_string() == s => RawAddress::V6(ip),
+            _ => RawAddress::Other(s.into()),
         }
     }
 
-    /// The IPv4 address, accepting surrounding whitespace.
-    pub fn v4(&self) -> Option<Ipv4Addr> {
+    /// The address, of either family, accepting surrounding whitespace.
+    pub fn ip(&self) -> Option<IpAddr> {
         match self {
-            RawAddress::V4(ip) => Some(*ip),
+            RawAddress::V4(ip) => Some(IpAddr::V4(*ip)),
+            RawAddress::V6(ip) => Some(IpAddr::V6(*ip)),
             RawAddress::Other(s) => s.trim().parse().ok(),
         }
     }
@@ -287,6 +299,7 @@ impl fmt::Display for RawAddress {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             RawAddress::V4(ip) => ip.fmt(f),
+            RawAddress::V6(ip) => ip.fmt(f),
             RawAddress::Other(s) => f.write_str(s),
         }
     }
@@ -390,13 +403,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn canonical_ipv4_is_parsed_anything_else_kept_as_written() {
+    fn canonical_addresses_are_parsed_anything_else_kept_as_written() {
         assert_eq!(RawAddress::new("10.0.0.1"), RawAddress::V4(Ipv4Addr::new(10, 0, 0, 1)));
         let spaced = RawAddress::new(" 10.0.0.1");
         assert_eq!(spaced.to_string(), " 10.0.0.1");
-        assert_eq!(spaced.v4(), Some(Ipv4Addr::new(10, 0, 0, 1)));
-        assert_eq!(RawAddress::new("fd00::1").v4(), None);
+        assert_eq!(spaced.ip(), Some(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1))));
+        let v6: Ipv6Addr = "fd00::1".parse().unwrap();
+        assert_eq!(RawAddress::new("fd00::1"), RawAddress::V6(v6));
         assert_eq!(RawAddress::new("fd00::1").to_string(), "fd00::1");
+        let long = RawAddress::new("fd00:0:0::1");
+        assert_eq!(long.to_string(), "fd00:0:0::1");
+        assert_eq!(long.ip(), Some(IpAddr::V6(v6)));
+        assert_eq!(RawAddress::new("pod.example").ip(), None);
     }
 
     #[test]

@@ -104,7 +104,7 @@ fn slots_naming_absent_backends_or_absent_slots_are_dangling() {
     let (mut syncer, desired) = synced(vec![web()]);
     let addr = web().addr;
     let slot2 = syncer.store().frontends[&k(&frontend_key(&addr, 2))];
-    syncer.store_mut().delete_backend(slot2.backend_id).expect("delete");
+    syncer.store_mut().delete_backend(slot2.backend_id, IpFamily::V4).expect("delete");
     syncer.store_mut().delete_frontend(frontend_key(&addr, 3)).expect("delete");
     let v = verify(&syncer, &desired);
     let dangling: Vec<&str> = v
@@ -114,7 +114,7 @@ fn slots_naming_absent_backends_or_absent_slots_are_dangling() {
         .map(|p| p.detail.as_str())
         .collect();
     assert_eq!(dangling.len(), 2, "{:#?}", v.problems);
-    assert!(dangling.iter().any(|d| d.contains(&format!("slot 2 names backend id {}, which is not in the backend map", slot2.backend_id))), "{dangling:?}");
+    assert!(dangling.iter().any(|d| d.contains(&format!("slot 2 names backend id {}, which is not in the IPv4 backend map", slot2.backend_id))), "{dangling:?}");
     assert!(dangling.iter().any(|d| d.contains("slot 3 of 3 is absent")), "{dangling:?}");
     assert!(v.problems.iter().any(|p| p.kind == ProblemKind::WrongBackends), "the data path reaches only one backend");
 }
@@ -125,7 +125,7 @@ fn entries_nothing_reaches_are_orphans() {
     let addr = web().addr;
     let store = syncer.store_mut();
     store
-        .put_backend(99, Backend { addr_be: u32::from_ne_bytes([10, 244, 9, 9]), port_be: 80u16.to_be(), proto: 6, flags: 0 })
+        .put_backend(99, AnyBackend::V4(Backend { addr_be: u32::from_ne_bytes([10, 244, 9, 9]), port_be: 80u16.to_be(), proto: 6, flags: 0 }))
         .expect("put");
     store
         .put_revnat(77, revnat_value(&fe([10, 96, 9, 9], 80, Protocol::Tcp, "gone", &[]).addr, "gone/svc:http"))
