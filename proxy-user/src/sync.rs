@@ -61,6 +61,22 @@ impl Programmed {
     }
 }
 
+/// A count per address family.
+#[derive(Clone, Copy, Debug, Default)]
+struct PerFamily {
+    v4: usize,
+    v6: usize,
+}
+
+impl PerFamily {
+    fn of(&mut self, family: IpFamily) -> &mut usize {
+        match family {
+            IpFamily::V4 => &mut self.v4,
+            IpFamily::V6 => &mut self.v6,
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug)]
 struct BackendRef {
     id: u32,
@@ -103,8 +119,11 @@ pub struct Syncer<S: MapStore> {
     service_ids: BTreeSet<u32>,
     next_service_id: u32,
     next_backend_id: u32,
-    /// Frontend map entries in use (slot 0 plus one per backend, per frontend).
-    frontend_entries: usize,
+    /// Frontend map entries in use (slot 0 plus one per backend, per
+    /// frontend), per family: each family's map has the capacity.
+    frontend_entries: PerFamily,
+    /// Backend map entries in use, per family.
+    backend_entries: PerFamily,
     /// For frontends whose Service does not choose (`switchboard.io/lb-algorithm`).
     default_algorithm: LbAlgorithm,
     /// Frontends the last syncs could not program; retried at every sync
@@ -167,7 +186,8 @@ impl<S: MapStore> Syncer<S> {
             service_ids: BTreeSet::new(),
             next_service_id: 1,
             next_backend_id: 1,
-            frontend_entries: 0,
+            frontend_entries: PerFamily::default(),
+            backend_entries: PerFamily::default(),
             default_algorithm: LbAlgorithm::Random,
             failed: BTreeMap::new(),
             needs_full: false,
@@ -209,7 +229,8 @@ impl<S: MapStore> Syncer<S> {
         self.backends.clear();
         self.backend_addrs.clear();
         self.service_ids.clear();
-        self.frontend_entries = 0;
+        self.frontend_entries = PerFamily::default();
+        self.backend_entries = PerFamily::default();
 
         // Ids are shared by both families: an id found in both maps is
         // kept (at most) in the one its frontend's family uses.
@@ -280,7 +301,7 @@ impl<S: MapStore> Syncer<S> {
                 slots: ids,
                 external,
             };
-            self.frontend_entries += programmed.entries();
+            *self.frontend_entries.of(addr.family()) += programmed.entries();
             self.programmed.insert(addr, programmed);
         }
         // Orphans: slots of dropped frontends, unused backends and rev-NAT entries.
@@ -296,6 +317,9 @@ impl<S: MapStore> Syncer<S> {
             if service_family.get(id) != Some(&rnat.family()) {
                 log_write(self.store.delete_revnat(*id, rnat.family()));
             }
+        }
+        for (backend, _) in self.backends.keys() {
+            *self.backend_entries.of(backend.family()) += 1;
         }
         self.next_service_id = self.service_ids.last().map_or(1, |id| id + 1);
         self.next_backend_id = self.backend_addrs.keys().max().map_or(1, |id| id + 1);
@@ -491,7 +515,7 @@ impl<S: MapStore> Syncer<S> {
         purge.services.insert(programmed.service_id);
         purge.family(addr.family());
         self.service_ids.remove(&programmed.service_id);
-        self.frontend_entries -= programmed.entries();
+        *self.frontend_entries.of(addr.family()) -= programmed.entries();
         self.programmed.remove(addr);
         debug!(frontend = %addr, "frontend removed");
         Ok(())
@@ -535,9 +559,15 @@ impl<S: MapStore> Syncer<S> {
         // leaves the maps as they were.
         let old_entries = old.as_ref().map_or(0, Programmed::entries);
         let new_entries = 1 + wanted.len() + wanted_external.as_ref().map_or(0, |e| 1 + e.len());
-        if self.frontend_entries - old_entries + new_entries > self.caps.frontends as usize {
+        let family = addr.family();
+        // The IPv4 wording predates IPv6 (and is kept).
+        let which = match family {
+            IpFamily::V4 => "",
+            IpFamily::V6 => "IPv6 ",
+        };
+        if *self.frontend_entries.of(family) - old_entries + new_entries > self.caps.frontends as usize {
             return Err(UpsertError::Capacity(format!(
-                "frontend map full ({} entries)",
+                "{which}frontend map full ({} entries)",
                 self.caps.frontends
             )));
         }
@@ -548,9 +578,9 @@ impl<S: MapStore> Syncer<S> {
             .into_iter()
             .filter(|b| !self.backends.contains_key(&(**b, addr.protocol)))
             .count();
-        if self.backends.len() + new_backends > self.caps.backends as usize {
+        if *self.backend_entries.of(family) + new_backends > self.caps.backends as usize {
             return Err(UpsertError::Capacity(format!(
-                "backend map full ({} entries)",
+                "{which}backend map full ({} entries)",
                 self.caps.backends
             )));
         }
@@ -617,7 +647,8 @@ impl<S: MapStore> Syncer<S> {
             report.writes += self.release_backend(*id)?;
         }
 
-        self.frontend_entries = self.frontend_entries - old_entries + new_entries;
+        let entries = self.frontend_entries.of(family);
+        *entries = *entries - old_entries + new_entries;
         if old.is_some() {
             report.updated += 1;
         } else {
@@ -790,6 +821,7 @@ impl<S: MapStore> Syncer<S> {
         self.backends
             .insert((backend, protocol), BackendRef { id, refs: 1 });
         self.backend_addrs.insert(id, (backend, protocol));
+        *self.backend_entries.of(backend.family()) += 1;
         Ok((id, 1))
     }
 
@@ -808,6 +840,7 @@ impl<S: MapStore> Syncer<S> {
         self.store.delete_backend(id, entry.0.family())?;
         self.backends.remove(&entry);
         self.backend_addrs.remove(&id);
+        *self.backend_entries.of(entry.0.family()) -= 1;
         Ok(1)
     }
 }

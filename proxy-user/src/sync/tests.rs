@@ -723,3 +723,27 @@ fn adoption_reads_both_families_and_drops_cross_family_leftovers() {
     assert_eq!(again.store().view(&lb6.addr), Some(lb6.backends.clone()));
     assert_eq!(again.store().view(&web4.addr), Some(web4.backends.clone()));
 }
+
+#[test]
+fn each_family_has_its_own_map_capacity() {
+    let small = Capacities {
+        frontends: 4,
+        backends: 3,
+        ..Capacities::default()
+    };
+    let mut s = Syncer::adopt(MemStore::default(), small);
+    let full4 = fe([10, 96, 0, 1], 80, Protocol::Tcp, "a", &[(1, 80), (2, 80), (3, 80)]);
+    let more4 = fe([10, 96, 0, 2], 80, Protocol::Tcp, "b", &[(1, 80)]);
+    let web6 = fe6(0x10, 80, Protocol::Tcp, "c", &[(1, 80), (2, 80), (3, 80)]);
+    let report = s.apply(&state(vec![full4.clone(), more4.clone(), web6.clone()]));
+    assert_eq!(report.added, 2, "{report:?}");
+    assert_eq!(report.failed.len(), 1, "{report:?}");
+    assert_eq!(report.failed[0].frontend, more4.addr);
+    assert_eq!(report.failed[0].reason, "frontend map full (4 entries)");
+    assert_eq!(s.store().view(&web6.addr), Some(web6.backends.clone()), "the IPv6 map has its own room");
+    let more6 = fe6(0x11, 80, Protocol::Tcp, "d", &[(4, 80)]);
+    let report = s.apply(&state(vec![full4, web6, more6.clone()]));
+    assert_eq!(report.failed.len(), 1, "{report:?}");
+    assert_eq!(report.failed[0].frontend, more6.addr);
+    assert_eq!(report.failed[0].reason, "IPv6 frontend map full (4 entries)");
+}

@@ -9,7 +9,7 @@ use crate::ebpf::Capacities;
 use crate::encode::{frontend_key, scoped_key};
 use crate::maps::MapStore as _;
 use crate::model::{FrontendKind, LbAlgorithm, Protocol};
-use crate::sync::tests::{caps, fe, k, state, MemStore};
+use crate::sync::tests::{caps, fe, fe6, k, state, MemStore};
 use crate::sync::Syncer;
 
 fn web() -> Frontend {
@@ -170,4 +170,33 @@ fn a_frontend_the_sync_could_not_fit_is_reported_missing() {
     let v = compare(&desired, syncer.default_algorithm(), &syncer.store().dump(), &reasons);
     assert_eq!(kinds(&v), vec![("10.96.0.53:53/UDP".into(), ProblemKind::Missing)]);
     assert!(v.problems[0].detail.contains("could not program it: frontend map full"), "{}", v.problems[0].detail);
+}
+
+/// Issue 12: both families are compared, each against its own maps.
+#[test]
+fn ipv6_frontends_are_compared_in_the_ipv6_maps() {
+    let web6 = fe6(0x10, 80, Protocol::Tcp, "web6", &[(1, 8080), (2, 8080)]);
+    let (mut syncer, mut desired) = synced(vec![web(), web6.clone()]);
+    let v = verify(&syncer, &desired);
+    assert!(v.matches(), "{:#?}", v.problems);
+    assert_eq!((v.frontends_desired, v.frontends_in_maps, v.backends_in_maps), (2, 2, 5));
+
+    // The IPv6 set changed in the desired state: named, bracketed.
+    let mut moved = web6.clone();
+    moved.backends.pop();
+    desired.frontends.insert(moved.addr, moved);
+    let v = verify(&syncer, &desired);
+    assert_eq!(kinds(&v), vec![("[fd00:96::10]:80/TCP".into(), ProblemKind::WrongBackends)]);
+    assert!(v.problems[0].detail.contains("extra: [fd00:244::2]:8080"), "{}", v.problems[0].detail);
+    desired.frontends.insert(web6.addr, web6.clone());
+
+    // An IPv6 slot naming an IPv4 backend id reaches nothing: dangling.
+    let id4 = syncer.store().frontends[&k(&frontend_key(&web().addr, 1))].backend_id;
+    let slot1 = k(&frontend_key(&web6.addr, 1));
+    syncer.store_mut().frontends.get_mut(&slot1).expect("slot 1").backend_id = id4;
+    let v = verify(&syncer, &desired);
+    let dangling: Vec<&str> = v.problems.iter().filter(|p| p.kind == ProblemKind::DanglingSlot).map(|p| p.detail.as_str()).collect();
+    assert_eq!(dangling, [format!("slot 1 names backend id {id4}, which is not in the IPv6 backend map")], "{:#?}", v.problems);
+    // ... and the IPv6 backend it replaced is now an orphan of the IPv6 map.
+    assert!(v.problems.iter().any(|p| p.kind == ProblemKind::OrphanedBackend && p.detail.starts_with("IPv6 backend id")), "{:#?}", v.problems);
 }
