@@ -46,12 +46,60 @@ impl AnyFrontendKey {
         }
     }
 
+    /// The frontend's address.
+    pub fn ip(&self) -> IpAddr {
+        match self {
+            AnyFrontendKey::V4(k) => IpAddr::V4(ipv4(k.addr_be)),
+            AnyFrontendKey::V6(k) => IpAddr::V6(ipv6(k.addr_be)),
+        }
+    }
+
+    /// The port, host order.
+    pub fn port(&self) -> u16 {
+        u16::from_be(match self {
+            AnyFrontendKey::V4(k) => k.port_be,
+            AnyFrontendKey::V6(k) => k.port_be,
+        })
+    }
+
+    /// IP protocol number ([`proto`]).
+    pub fn proto(&self) -> u8 {
+        match self {
+            AnyFrontendKey::V4(k) => k.proto,
+            AnyFrontendKey::V6(k) => k.proto,
+        }
+    }
+
     /// The key of `slot` of the same frontend's set `scope`.
     pub fn at(self, scope: u8, slot: u16) -> AnyFrontendKey {
         match self {
             AnyFrontendKey::V4(k) => AnyFrontendKey::V4(FrontendKey { scope, slot, ..k }),
             AnyFrontendKey::V6(k) => AnyFrontendKey::V6(FrontendKey6 { scope, slot, ..k }),
         }
+    }
+}
+
+impl From<FrontendKey> for AnyFrontendKey {
+    fn from(key: FrontendKey) -> Self {
+        AnyFrontendKey::V4(key)
+    }
+}
+
+impl From<FrontendKey6> for AnyFrontendKey {
+    fn from(key: FrontendKey6) -> Self {
+        AnyFrontendKey::V6(key)
+    }
+}
+
+impl From<Backend> for AnyBackend {
+    fn from(backend: Backend) -> Self {
+        AnyBackend::V4(backend)
+    }
+}
+
+impl From<Backend6> for AnyBackend {
+    fn from(backend: Backend6) -> Self {
+        AnyBackend::V6(backend)
     }
 }
 

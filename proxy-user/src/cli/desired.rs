@@ -190,9 +190,10 @@ fn desired_sets(desired: &DesiredState) -> BTreeMap<SetKey, (String, Vec<String>
 fn actual_sets(rows: &[ServiceRow]) -> BTreeMap<SetKey, (String, Vec<String>)> {
     let mut sets = BTreeMap::new();
     for r in rows {
-        let addr = format!("{}:{}/{}", r.address, r.port, r.protocol);
+        // As the model prints them: IPv6 addresses bracketed.
+        let addr = format!("{}/{}", super::services::host_port(&r.address, r.port), r.protocol);
         let list = |b: &[super::BackendRow]| {
-            let mut v: Vec<String> = b.iter().map(|b| format!("{}:{}", b.address, b.port)).collect();
+            let mut v: Vec<String> = b.iter().map(|b| super::services::host_port(&b.address, b.port)).collect();
             v.sort();
             v
         };
