@@ -32,7 +32,7 @@ use crate::{
     uplink::{self, Uplink, UplinkError, XdpMode},
     verify,
 };
-use crate::cidr::Ipv4Cidr;
+use crate::cidr::IpCidr;
 
 /// Where the agent learns Services and EndpointSlices from.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -85,7 +85,7 @@ pub struct AgentConfig {
     pub lb_algorithm: model::LbAlgorithm,
     /// `--nodeport-addresses`: NodePorts on the interface addresses in these
     /// blocks instead of the Node's addresses.
-    pub nodeport_addresses: Vec<Ipv4Cidr>,
+    pub nodeport_addresses: Vec<IpCidr>,
     /// `--healthz-bind-address`: `/healthz` and `/livez` (`None`: off).
     pub healthz_bind: Option<std::net::SocketAddr>,
     /// `--metrics-bind-address`: Prometheus `/metrics` (`None`: off).

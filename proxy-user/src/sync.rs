@@ -216,6 +216,11 @@ impl<S: MapStore> Syncer<S> {
         &self.store
     }
 
+    /// The map store, for a new syncer to adopt (a restart, in tests).
+    pub fn into_store(self) -> S {
+        self.store
+    }
+
     /// The map store, for tests that set up kernel state directly. Writes here
     /// bypass the sync's bookkeeping.
     pub fn store_mut(&mut self) -> &mut S {
