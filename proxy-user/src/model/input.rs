@@ -22,7 +22,7 @@ use k8s_openapi::api::discovery::v1::{Endpoint, EndpointSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::chrono::DateTime;
 
-use super::{ANNOTATION_LB_ALGORITHM, LABEL_HEADLESS, LABEL_SERVICE_NAME, LABEL_SERVICE_PROXY_NAME};
+use super::{IpFamily, ANNOTATION_LB_ALGORITHM, LABEL_HEADLESS, LABEL_SERVICE_NAME, LABEL_SERVICE_PROXY_NAME};
 
 /// The annotation the EndpointSlice controller stamps with the time of the
 /// change that caused the slice's last update (for the programming-latency
@@ -156,11 +156,10 @@ pub struct ServiceSpecInfo {
     pub type_: Option<String>,
     /// `clusterIPs` when it is set and not empty, else `clusterIP`; as written.
     pub cluster_ips: Vec<String>,
-    /// `ipFamilies`, as written (`IPv4`, `IPv6`; empty when unset).
-    pub ip_families: Vec<String>,
-    /// `ipFamilyPolicy`, as written (`SingleStack`, `PreferDualStack`,
-    /// `RequireDualStack`).
-    pub ip_family_policy: Option<String>,
+    /// `ipFamilies` (empty when unset).
+    pub ip_families: Vec<Raw<IpFamily>>,
+    /// `ipFamilyPolicy`.
+    pub ip_family_policy: Option<Raw<IpFamilyPolicy>>,
     pub external_ips: Vec<String>,
     /// `status.loadBalancer.ingress`.
     pub lb_ingress: Vec<LbIngress>,
@@ -172,6 +171,42 @@ pub struct ServiceSpecInfo {
     pub internal_traffic_policy: Option<String>,
     pub health_check_node_port: Option<i32>,
     pub ports: Vec<ServicePortInfo>,
+}
+
+/// A field with a few valid values: parsed when it is one of them (no
+/// allocation in the common case), else kept as written for the warning.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Raw<T> {
+    Known(T),
+    Other(Box<str>),
+}
+
+impl<T> Raw<T> {
+    fn new(s: &str, parse: impl Fn(&str) -> Option<T>) -> Raw<T> {
+        match parse(s) {
+            Some(known) => Raw::Known(known),
+            None => Raw::Other(s.into()),
+        }
+    }
+}
+
+/// `spec.ipFamilyPolicy`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IpFamilyPolicy {
+    SingleStack,
+    PreferDualStack,
+    RequireDualStack,
+}
+
+impl IpFamilyPolicy {
+    fn from_k8s(value: &str) -> Option<IpFamilyPolicy> {
+        match value {
+            "SingleStack" => Some(IpFamilyPolicy::SingleStack),
+            "PreferDualStack" => Some(IpFamilyPolicy::PreferDualStack),
+            "RequireDualStack" => Some(IpFamilyPolicy::RequireDualStack),
+            _ => None,
+        }
+    }
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -207,8 +242,16 @@ impl ServiceInfo {
                     Some(list) if !list.is_empty() => list.to_vec(),
                     _ => spec.cluster_ip.iter().cloned().collect(),
                 },
-                ip_families: spec.ip_families.clone().unwrap_or_default(),
-                ip_family_policy: spec.ip_family_policy.clone(),
+                ip_families: spec
+                    .ip_families
+                    .iter()
+                    .flatten()
+                    .map(|f| Raw::new(f, IpFamily::from_k8s))
+                    .collect(),
+                ip_family_policy: spec
+                    .ip_family_policy
+                    .as_deref()
+                    .map(|p| Raw::new(p, IpFamilyPolicy::from_k8s)),
                 external_ips: spec.external_ips.clone().unwrap_or_default(),
                 lb_ingress: svc
                     .status

@@ -35,7 +35,7 @@ mod validate;
 
 pub use incremental::{Model, ModelDelta, ObjectKind, Rejection};
 pub use input::{
-    EndpointInfo, Hints, Interner, LbIngress, ObjectKey, ProxyLabels, RawAddress, ServiceInfo,
+    EndpointInfo, Hints, Interner, IpFamilyPolicy, LbIngress, ObjectKey, ProxyLabels, Raw, RawAddress, ServiceInfo,
     ServicePortInfo, ServiceSpecInfo, SliceInfo, SlicePortInfo,
 };
 

@@ -15,7 +15,7 @@ use std::net::IpAddr;
 
 use super::endpoints::{Endpoints, ParsedSlice, Selection};
 use super::{
-    parse_ip, port_display, port_u16, BackendAddr, Frontend, FrontendAddr, FrontendKind, IpFamily,
+    parse_ip, port_display, port_u16, BackendAddr, Frontend, FrontendAddr, FrontendKind, IpFamily, IpFamilyPolicy, Raw,
     LbAlgorithm, ModelWarning, NodeInfo, Protocol, ServiceInfo, ServicePortInfo,
     ServicePortName, ServiceSpecInfo, SliceInfo, DEFAULT_AFFINITY_TIMEOUT_S,
     MAX_AFFINITY_TIMEOUT_S,
@@ -139,7 +139,7 @@ impl ServiceBuilder<'_> {
                 None => self.warn(format!("clusterIP {raw:?} is not an IP address")),
             }
         }
-        if spec.ip_family_policy.as_deref() == Some("RequireDualStack") {
+        if spec.ip_family_policy == Some(Raw::Known(IpFamilyPolicy::RequireDualStack)) {
             if let [only] = cluster.as_slice() {
                 // The API server allocates the other family; a manifest
                 // directory has no allocator.

@@ -35,7 +35,7 @@
 //!
 //! An object handed to another proxy is never judged: it is not ours.
 
-use super::{parse_ip, IpFamily, ModelWarning, ServiceInfo, ServiceSpecInfo, SliceInfo};
+use super::{parse_ip, IpFamily, IpFamilyPolicy, ModelWarning, Raw, ServiceInfo, ServiceSpecInfo, SliceInfo};
 
 /// Why a version cannot be used: `field: problem`, one per bad field.
 pub(super) fn service_problems(svc: &ServiceInfo) -> Vec<String> {
@@ -100,12 +100,12 @@ pub(super) fn service_problems(svc: &ServiceInfo) -> Vec<String> {
 fn family_problems(spec: &ServiceSpecInfo, problems: &mut Vec<String>) {
     let mut families: Vec<IpFamily> = Vec::new();
     for (i, raw) in spec.ip_families.iter().enumerate() {
-        match IpFamily::from_k8s(raw) {
-            Some(f) if families.contains(&f) => {
-                problems.push(format!("spec.ipFamilies[{i}]: {raw} is listed twice"));
+        match raw {
+            Raw::Known(f) if families.contains(f) => {
+                problems.push(format!("spec.ipFamilies[{i}]: {f} is listed twice"));
             }
-            Some(f) => families.push(f),
-            None => problems.push(format!("spec.ipFamilies[{i}]: {raw:?} is not IPv4 or IPv6")),
+            Raw::Known(f) => families.push(*f),
+            Raw::Other(other) => problems.push(format!("spec.ipFamilies[{i}]: {other:?} is not IPv4 or IPv6")),
         }
     }
     if spec.ip_families.len() > 2 {
@@ -134,8 +134,8 @@ fn family_problems(spec: &ServiceSpecInfo, problems: &mut Vec<String>) {
     }
     for &(i, family) in &ips {
         let field = if spec.cluster_ips.len() == 1 { "spec.clusterIP".to_owned() } else { format!("spec.clusterIPs[{i}]") };
-        match spec.ip_families.get(i).map(|raw| IpFamily::from_k8s(raw)) {
-            Some(Some(listed)) if listed != family => problems.push(format!(
+        match spec.ip_families.get(i) {
+            Some(Raw::Known(listed)) if *listed != family => problems.push(format!(
                 "{field}: {} is {family} but spec.ipFamilies[{i}] is {listed}",
                 spec.cluster_ips[i].trim()
             )),
@@ -146,9 +146,9 @@ fn family_problems(spec: &ServiceSpecInfo, problems: &mut Vec<String>) {
             _ => {}
         }
     }
-    match spec.ip_family_policy.as_deref() {
-        None | Some("PreferDualStack" | "RequireDualStack") => {}
-        Some("SingleStack") => {
+    match &spec.ip_family_policy {
+        None | Some(Raw::Known(IpFamilyPolicy::PreferDualStack | IpFamilyPolicy::RequireDualStack)) => {}
+        Some(Raw::Known(IpFamilyPolicy::SingleStack)) => {
             if spec.ip_families.len() > 1 || spec.cluster_ips.len() > 1 {
                 problems.push(
                     "spec.ipFamilyPolicy: SingleStack, but more than one cluster IP or IP family is given (use PreferDualStack or RequireDualStack)"
@@ -156,7 +156,7 @@ fn family_problems(spec: &ServiceSpecInfo, problems: &mut Vec<String>) {
                 );
             }
         }
-        Some(other) => problems.push(format!(
+        Some(Raw::Other(other)) => problems.push(format!(
             "spec.ipFamilyPolicy: {other:?} is not SingleStack, PreferDualStack or RequireDualStack"
         )),
     }
