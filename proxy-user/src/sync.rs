@@ -237,9 +237,12 @@ impl<S: MapStore> Syncer<S> {
         self.frontend_entries = PerFamily::default();
         self.backend_entries = PerFamily::default();
 
-        // Ids are shared by both families: an id found in both maps is
-        // kept (at most) in the one its frontend's family uses.
-        let backends: HashMap<u32, AnyBackend> = dump.backends.iter().copied().collect();
+        // Each family's backends by id. Ids are one space: an id found in
+        // both maps (a crash between a delete and a reuse) is kept for the
+        // first frontend that uses it; another family's frontend naming it
+        // is dropped and rewritten with a fresh id.
+        let backends: HashMap<(IpFamily, u32), AnyBackend> =
+            dump.backends.iter().map(|(id, b)| ((b.family(), *id), *b)).collect();
         let revnat: HashMap<u32, AnyRevNat> = dump.revnat.iter().copied().collect();
         let slots: HashMap<AnyFrontendKey, FrontendSlot> = dump.frontends.iter().copied().collect();
         let mut keep_slots: HashSet<AnyFrontendKey> = HashSet::new();
@@ -275,6 +278,14 @@ impl<S: MapStore> Syncer<S> {
                 warn!(frontend = %addr, "adopting maps: incomplete frontend entry removed");
                 continue;
             }
+            let other_family = ids
+                .iter()
+                .chain(external.iter().flatten())
+                .any(|id| self.backend_addrs.get(id).is_some_and(|(b, _)| b.family() != addr.family()));
+            if other_family {
+                warn!(frontend = %addr, "adopting maps: a backend id of this frontend is used by the other address family; the frontend is rewritten");
+                continue;
+            }
             for (scope, set) in [(scope::INTERNAL, Some(&ids)), (scope::EXTERNAL, external.as_ref())] {
                 let Some(set) = set else { continue };
                 for slot in 0..=set.len() as u16 {
@@ -282,7 +293,7 @@ impl<S: MapStore> Syncer<S> {
                 }
                 for id in set {
                     keep_backends.insert((*id, addr.family()));
-                    let backend = backends[id];
+                    let backend = backends[&(addr.family(), *id)];
                     let entry = (backend_addr(&backend), addr.protocol);
                     self.backends
                         .entry(entry)
@@ -880,7 +891,7 @@ fn sorted_set(backends: &[BackendAddr]) -> Vec<BackendAddr> {
 /// every slot is present and names a backend of the frontend's family.
 fn complete_slots(
     slots: &HashMap<AnyFrontendKey, FrontendSlot>,
-    backends: &HashMap<u32, AnyBackend>,
+    backends: &HashMap<(IpFamily, u32), AnyBackend>,
     key: &AnyFrontendKey,
     head: &FrontendSlot,
 ) -> Option<Vec<u32>> {
@@ -889,7 +900,7 @@ fn complete_slots(
             slots
                 .get(&key.at(key.scope(), slot))
                 .map(|v| v.backend_id)
-                .filter(|id| backends.get(id).is_some_and(|b| b.family() == key.family()))
+                .filter(|id| backends.contains_key(&(key.family(), *id)))
         })
         .collect()
 }

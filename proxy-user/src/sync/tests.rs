@@ -725,6 +725,32 @@ fn adoption_reads_both_families_and_drops_cross_family_leftovers() {
 }
 
 #[test]
+fn adoption_gives_an_id_found_in_both_families_maps_to_one_of_them() {
+    let mut s = Syncer::adopt(MemStore::default(), caps());
+    let web4 = fe([10, 96, 0, 10], 80, Protocol::Tcp, "web", &[(1, 8080)]);
+    let web6 = fe6(0x10, 80, Protocol::Tcp, "web6", &[(1, 8080)]);
+    let desired = state(vec![web4.clone(), web6.clone()]);
+    s.apply(&desired);
+    let id4 = s.backends[&(web4.backends[0], Protocol::Tcp)].id;
+    let id6 = s.backends[&(web6.backends[0], Protocol::Tcp)].id;
+    // As if a crash had left the IPv6 backend under the IPv4 one's id.
+    let mut store = std::mem::take(&mut s.store);
+    let b6 = store.backends.remove(&(IpFamily::V6, id6)).expect("the IPv6 backend");
+    store.backends.insert((IpFamily::V6, id4), b6);
+    let slot = k(&frontend_key(&web6.addr, 1));
+    store.frontends.get_mut(&slot).expect("slot 1").backend_id = id4;
+
+    let mut restarted = Syncer::adopt(store, caps());
+    assert_eq!(restarted.store().view(&web4.addr), Some(web4.backends.clone()), "the first claimant keeps the id");
+    assert!(restarted.store().view(&web6.addr).is_none(), "the other is dropped");
+    let report = restarted.apply(&desired);
+    assert_eq!((report.added, report.unchanged), (1, 1), "{report:?}");
+    assert_eq!(restarted.store().view(&web6.addr), Some(web6.backends.clone()));
+    let ids = |f: IpFamily| -> BTreeSet<u32> { restarted.store().backends.keys().filter(|(g, _)| *g == f).map(|(_, id)| *id).collect() };
+    assert!(ids(IpFamily::V4).is_disjoint(&ids(IpFamily::V6)), "one id space again");
+}
+
+#[test]
 fn each_family_has_its_own_map_capacity() {
     let small = Capacities {
         frontends: 4,
