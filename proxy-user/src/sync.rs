@@ -18,6 +18,14 @@
 //! for the socket layer's per-socket entries; the connected UDP sockets among
 //! them are reported ([`SyncReport::udp_sockets_left`]) so the agent can close
 //! them, since no hook runs on their later sends.
+//!
+//! Both address families are synced the same way: a frontend, its backends
+//! and its reverse-NAT entry go to its family's maps (`SB_FE6_V1`,
+//! `SB_BE6_V1`, `SB_RNAT6_V1` for IPv6), picked by the key or value
+//! ([`crate::encode::AnyFrontendKey`]). Service ids and backend ids come from
+//! one allocator each, so an id names an entry in exactly one family's map;
+//! the Maglev tables (by service id) are shared. Each family's map has the
+//! full capacity, so capacity is counted per family.
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::IpAddr;
 
