@@ -32,7 +32,7 @@ use crate::{
     uplink::{self, Uplink, UplinkError, XdpMode},
     verify,
 };
-use crate::cidr::Ipv4Cidr;
+use crate::cidr::IpCidr;
 
 /// Where the agent learns Services and EndpointSlices from.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -85,7 +85,7 @@ pub struct AgentConfig {
     pub lb_algorithm: model::LbAlgorithm,
     /// `--nodeport-addresses`: NodePorts on the interface addresses in these
     /// blocks instead of the Node's addresses.
-    pub nodeport_addresses: Vec<Ipv4Cidr>,
+    pub nodeport_addresses: Vec<IpCidr>,
     /// `--healthz-bind-address`: `/healthz` and `/livez` (`None`: off).
     pub healthz_bind: Option<std::net::SocketAddr>,
     /// `--metrics-bind-address`: Prometheus `/metrics` (`None`: off).
@@ -204,11 +204,19 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
     // Named uplinks are no pod interfaces, even when they are veths.
     attacher.set_uplinks(named_uplinks.iter().map(|u| u.index).collect());
     rescan(&handle, &mut attacher, &mut ebpf).await;
-    // The Node's addresses may name the uplinks.
-    let node_addrs = sync
+    // The Node's (IPv4) addresses may name the uplinks.
+    let node_addrs: Vec<std::net::Ipv4Addr> = sync
         .source_node
         .as_ref()
-        .map(|n| n.addresses.clone())
+        .map(|n| {
+            n.addresses
+                .iter()
+                .filter_map(|a| match a {
+                    std::net::IpAddr::V4(a) => Some(*a),
+                    std::net::IpAddr::V6(_) => None,
+                })
+                .collect()
+        })
         .unwrap_or_default();
     let uplinks = setup_uplinks(&handle, &config, &node_addrs, &mut ebpf, sync.syncer.store_mut())
         .await?;

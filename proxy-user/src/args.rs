@@ -7,7 +7,7 @@ use anyhow::Context as _;
 use crate::{
     agent::{AgentConfig, Source},
     attach::TcMode,
-    cidr::Ipv4Cidr,
+    cidr::IpCidr,
     cli::DEFAULT_PIN_ROOT,
     conntrack::Timeouts,
     ebpf::Capacities,
@@ -128,10 +128,11 @@ pub struct AgentArgs {
     #[arg(long, value_enum, default_value_t = LbAlgorithm::Random)]
     pub lb_algorithm: LbAlgorithm,
     /// Serve NodePorts on this node's interface addresses within these
-    /// CIDRs (comma-separated or repeated), as kube-proxy's flag does.
+    /// CIDRs of either family (comma-separated or repeated), as kube-proxy's
+    /// flag does.
     /// Default: the Node's InternalIP and ExternalIP.
     #[arg(long, value_name = "CIDR", value_delimiter = ',')]
-    pub nodeport_addresses: Vec<Ipv4Cidr>,
+    pub nodeport_addresses: Vec<IpCidr>,
     /// Serve `/healthz` and `/livez` here, as kube-proxy does on 10256
     /// (empty: off).
     #[arg(long, value_name = "IP:PORT", default_value = "0.0.0.0:10256", value_parser = parse_bind)]

@@ -1,39 +1,52 @@
-//! IPv4 CIDR blocks, for `--nodeport-addresses`.
-use std::{fmt, net::Ipv4Addr, str::FromStr};
+//! CIDR blocks of either family, for `--nodeport-addresses`.
+use std::{fmt, net::IpAddr, str::FromStr};
 
-/// `a.b.c.d/len`.
+/// `a.b.c.d/len` or `x:y::z/len`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Ipv4Cidr {
-    network: Ipv4Addr,
+pub struct IpCidr {
+    network: IpAddr,
     prefix_len: u8,
 }
 
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
 pub enum CidrError {
-    #[error("{0:?} is not an IPv4 CIDR (a.b.c.d/len)")]
+    #[error("{0:?} is not a CIDR (a.b.c.d/len or x:y::z/len)")]
     Syntax(String),
-    #[error("{0:?}: the prefix length must be 0..=32")]
+    #[error("{0:?}: the prefix length must be 0..=32 (IPv4) or 0..=128 (IPv6)")]
     PrefixLength(String),
 }
 
-impl Ipv4Cidr {
-    fn mask(&self) -> u32 {
-        u32::MAX.checked_shl(32 - u32::from(self.prefix_len)).unwrap_or(0)
-    }
+/// The top `prefix_len` bits of a `bits`-bit address.
+fn masked(addr: u128, bits: u32, prefix_len: u8) -> u128 {
+    let keep = u32::from(prefix_len).min(bits);
+    let mask = u128::MAX.checked_shl(bits - keep).unwrap_or(0) & (u128::MAX >> (128 - bits));
+    addr & mask
+}
 
-    /// Whether `addr` lies in the block.
-    pub fn contains(&self, addr: Ipv4Addr) -> bool {
-        u32::from(addr) & self.mask() == u32::from(self.network) & self.mask()
+impl IpCidr {
+    /// Whether `addr` lies in the block (never for the other family).
+    pub fn contains(&self, addr: IpAddr) -> bool {
+        match (self.network, addr) {
+            (IpAddr::V4(net), IpAddr::V4(a)) => {
+                masked(u128::from(u32::from(a)), 32, self.prefix_len)
+                    == masked(u128::from(u32::from(net)), 32, self.prefix_len)
+            }
+            (IpAddr::V6(net), IpAddr::V6(a)) => {
+                masked(u128::from(a), 128, self.prefix_len) == masked(u128::from(net), 128, self.prefix_len)
+            }
+            _ => false,
+        }
     }
 }
 
-impl FromStr for Ipv4Cidr {
+impl FromStr for IpCidr {
     type Err = CidrError;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let (addr, len) = s.split_once('/').ok_or_else(|| CidrError::Syntax(s.to_owned()))?;
-        let network: Ipv4Addr = addr.parse().map_err(|_| CidrError::Syntax(s.to_owned()))?;
+        let network: IpAddr = addr.parse().map_err(|_| CidrError::Syntax(s.to_owned()))?;
         let prefix_len: u8 = len.parse().map_err(|_| CidrError::Syntax(s.to_owned()))?;
-        if prefix_len > 32 {
+        let max = if network.is_ipv4() { 32 } else { 128 };
+        if prefix_len > max {
             return Err(CidrError::PrefixLength(s.to_owned()));
         }
         Ok(Self {
@@ -43,7 +56,7 @@ impl FromStr for Ipv4Cidr {
     }
 }
 
-impl fmt::Display for Ipv4Cidr {
+impl fmt::Display for IpCidr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}/{}", self.network, self.prefix_len)
     }
@@ -52,29 +65,53 @@ impl fmt::Display for Ipv4Cidr {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::net::{Ipv4Addr, Ipv6Addr};
+
+    fn v4(a: u8, b: u8, c: u8, d: u8) -> IpAddr {
+        IpAddr::V4(Ipv4Addr::new(a, b, c, d))
+    }
 
     #[test]
     fn contains_by_prefix() {
-        let c: Ipv4Cidr = "192.168.50.0/24".parse().expect("valid");
-        assert!(c.contains(Ipv4Addr::new(192, 168, 50, 7)));
-        assert!(!c.contains(Ipv4Addr::new(192, 168, 51, 7)));
-        let all: Ipv4Cidr = "0.0.0.0/0".parse().expect("valid");
-        assert!(all.contains(Ipv4Addr::new(10, 1, 2, 3)));
-        let host: Ipv4Cidr = "10.0.0.1/32".parse().expect("valid");
-        assert!(host.contains(Ipv4Addr::new(10, 0, 0, 1)));
-        assert!(!host.contains(Ipv4Addr::new(10, 0, 0, 2)));
+        let c: IpCidr = "192.168.50.0/24".parse().expect("valid");
+        assert!(c.contains(v4(192, 168, 50, 7)));
+        assert!(!c.contains(v4(192, 168, 51, 7)));
+        let all: IpCidr = "0.0.0.0/0".parse().expect("valid");
+        assert!(all.contains(v4(10, 1, 2, 3)));
+        assert!(!all.contains(IpAddr::V6(Ipv6Addr::LOCALHOST)), "never the other family");
+        let host: IpCidr = "10.0.0.1/32".parse().expect("valid");
+        assert!(host.contains(v4(10, 0, 0, 1)));
+        assert!(!host.contains(v4(10, 0, 0, 2)));
+    }
+
+    #[test]
+    fn ipv6_blocks() {
+        let c: IpCidr = "fd00:1::/64".parse().expect("valid");
+        assert!(c.contains("fd00:1::10".parse().unwrap()));
+        assert!(c.contains("fd00:1:0:0:ffff::1".parse().unwrap()));
+        assert!(!c.contains("fd00:1:0:1::10".parse().unwrap()));
+        assert!(!c.contains(v4(10, 0, 0, 1)));
+        let all: IpCidr = "::/0".parse().expect("valid");
+        assert!(all.contains("2001:db8::1".parse().unwrap()));
+        let host: IpCidr = "fd00::1/128".parse().expect("valid");
+        assert!(host.contains("fd00::1".parse().unwrap()));
+        assert!(!host.contains("fd00::2".parse().unwrap()));
     }
 
     #[test]
     fn bad_input_is_named() {
         assert_eq!(
-            "10.0.0.0".parse::<Ipv4Cidr>(),
+            "10.0.0.0".parse::<IpCidr>(),
             Err(CidrError::Syntax("10.0.0.0".into()))
         );
         assert_eq!(
-            "10.0.0.0/33".parse::<Ipv4Cidr>(),
+            "10.0.0.0/33".parse::<IpCidr>(),
             Err(CidrError::PrefixLength("10.0.0.0/33".into()))
         );
-        assert!("fd00::/8".parse::<Ipv4Cidr>().is_err());
+        assert_eq!(
+            "fd00::/129".parse::<IpCidr>(),
+            Err(CidrError::PrefixLength("fd00::/129".into()))
+        );
+        assert!("fd00::/64".parse::<IpCidr>().is_ok());
     }
 }

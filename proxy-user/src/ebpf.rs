@@ -128,17 +128,21 @@ impl std::fmt::Display for CapacityMismatch {
 }
 
 /// The resizable maps: name, the flag that sizes it, and its wanted size.
-fn sized_maps(caps: &Capacities) -> [(&'static str, &'static str, u32); 8] {
+/// The socket-layer map holds one entry per balanced socket: sized like
+/// conntrack. Each IPv6 twin is sized by the same flag as its IPv4 map.
+fn sized_maps(caps: &Capacities) -> [(&'static str, &'static str, u32); 11] {
     [
         (names::FRONTENDS, "--max-frontend-entries", caps.frontends),
         (names::BACKENDS, "--max-backends", caps.backends),
         (names::CONNTRACK, "--max-conntrack", caps.conntrack),
         (names::SOCKETS, "--max-conntrack", caps.conntrack),
-        // The IPv6 twins are sized alike.
-        (names::CONNTRACK6, "--max-conntrack", caps.conntrack),
-        (names::SOCKETS6, "--max-conntrack", caps.conntrack),
         (names::REVNAT, "--max-services", caps.services),
         (names::SERVICE_STATS, "--max-services", caps.service_stats_entries()),
+        (names::FRONTENDS6, "--max-frontend-entries", caps.frontends),
+        (names::BACKENDS6, "--max-backends", caps.backends),
+        (names::CONNTRACK6, "--max-conntrack", caps.conntrack),
+        (names::SOCKETS6, "--max-conntrack", caps.conntrack),
+        (names::REVNAT6, "--max-services", caps.services),
     ]
 }
 
@@ -202,16 +206,9 @@ fn load_with(pins_at: Option<(&Path, &[&'static str])>, caps: &Capacities) -> Re
         None => Vec::new(),
     };
     let mut loader = EbpfLoader::new();
-    loader
-        .map_max_entries(names::FRONTENDS, caps.frontends)
-        .map_max_entries(names::BACKENDS, caps.backends)
-        .map_max_entries(names::CONNTRACK, caps.conntrack)
-        // One socket-layer entry per balanced socket: sized like conntrack.
-        .map_max_entries(names::SOCKETS, caps.conntrack)
-        .map_max_entries(names::CONNTRACK6, caps.conntrack)
-        .map_max_entries(names::SOCKETS6, caps.conntrack)
-        .map_max_entries(names::REVNAT, caps.services)
-        .map_max_entries(names::SERVICE_STATS, caps.service_stats_entries());
+    for (name, _, size) in sized_maps(caps) {
+        loader.map_max_entries(name, size);
+    }
     for (name, path) in &pins {
         loader.map_pin_path(name, path.as_path());
     }
@@ -272,4 +269,32 @@ where
         .ok_or(LoadError::MissingProgram { name })?
         .try_into()
         .map_err(|source| LoadError::Program { name, source })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_ipv6_map_is_sized_like_its_ipv4_twin() {
+        let caps = Capacities {
+            frontends: 11,
+            backends: 22,
+            conntrack: 33,
+            services: 44,
+        };
+        let sized = sized_maps(&caps);
+        let size = |name| sized.iter().find(|(n, _, _)| *n == name).map(|(_, flag, size)| (*flag, *size));
+        for (v4, v6) in [
+            (names::FRONTENDS, names::FRONTENDS6),
+            (names::BACKENDS, names::BACKENDS6),
+            (names::CONNTRACK, names::CONNTRACK6),
+            (names::SOCKETS, names::SOCKETS6),
+            (names::REVNAT, names::REVNAT6),
+        ] {
+            assert!(size(v4).is_some(), "{v4}");
+            assert_eq!(size(v4), size(v6), "{v6}");
+        }
+        assert_eq!(size(names::CONNTRACK6), Some(("--max-conntrack", 33)));
+    }
 }

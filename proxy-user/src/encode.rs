@@ -1,26 +1,188 @@
 //! Encoding between the model's types and the map types of `proxy-common`:
 //! frontend keys, backends, reverse-NAT names and slot 0's flags. The sync
 //! writes with these; the CLI reads with them.
-use std::net::Ipv4Addr;
+//!
+//! Each address family has its own frontend, backend and reverse-NAT maps
+//! (`SB_FE_V1`/`SB_FE6_V1`, ...). [`AnyFrontendKey`], [`AnyBackend`] and
+//! [`AnyRevNat`] hold an entry of either family, so the sync and the CLI
+//! handle a frontend the same way whatever its family, and the map store
+//! picks the map from the variant.
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use proxy_common::{frontend_flags, proto, scope, Backend, FrontendKey, RevNat, REVNAT_NAME_LEN};
+use proxy_common::{
+    addr6_be, addr6_octets, frontend_flags, proto, scope, Addr6Be, Backend, Backend6, FrontendKey,
+    FrontendKey6, RevNat, RevNat6, REVNAT_NAME_LEN,
+};
 
-use crate::model::{BackendAddr, Frontend, FrontendAddr, FrontendKind, LbAlgorithm, Protocol};
+use crate::model::{BackendAddr, Frontend, FrontendAddr, FrontendKind, IpFamily, LbAlgorithm, Protocol};
+
+/// A frontend map key of either family: the IPv4 map's or the IPv6 map's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AnyFrontendKey {
+    V4(FrontendKey),
+    V6(FrontendKey6),
+}
+
+impl AnyFrontendKey {
+    pub fn family(&self) -> IpFamily {
+        match self {
+            AnyFrontendKey::V4(_) => IpFamily::V4,
+            AnyFrontendKey::V6(_) => IpFamily::V6,
+        }
+    }
+
+    /// [`scope`]: the internal or the external backend set.
+    pub fn scope(&self) -> u8 {
+        match self {
+            AnyFrontendKey::V4(k) => k.scope,
+            AnyFrontendKey::V6(k) => k.scope,
+        }
+    }
+
+    pub fn slot(&self) -> u16 {
+        match self {
+            AnyFrontendKey::V4(k) => k.slot,
+            AnyFrontendKey::V6(k) => k.slot,
+        }
+    }
+
+    /// The frontend's address.
+    pub fn ip(&self) -> IpAddr {
+        match self {
+            AnyFrontendKey::V4(k) => IpAddr::V4(ipv4(k.addr_be)),
+            AnyFrontendKey::V6(k) => IpAddr::V6(ipv6(k.addr_be)),
+        }
+    }
+
+    /// The port, host order.
+    pub fn port(&self) -> u16 {
+        u16::from_be(match self {
+            AnyFrontendKey::V4(k) => k.port_be,
+            AnyFrontendKey::V6(k) => k.port_be,
+        })
+    }
+
+    /// IP protocol number ([`proto`]).
+    pub fn proto(&self) -> u8 {
+        match self {
+            AnyFrontendKey::V4(k) => k.proto,
+            AnyFrontendKey::V6(k) => k.proto,
+        }
+    }
+
+    /// The key of `slot` of the same frontend's set `scope`.
+    pub fn at(self, scope: u8, slot: u16) -> AnyFrontendKey {
+        match self {
+            AnyFrontendKey::V4(k) => AnyFrontendKey::V4(FrontendKey { scope, slot, ..k }),
+            AnyFrontendKey::V6(k) => AnyFrontendKey::V6(FrontendKey6 { scope, slot, ..k }),
+        }
+    }
+}
+
+impl From<FrontendKey> for AnyFrontendKey {
+    fn from(key: FrontendKey) -> Self {
+        AnyFrontendKey::V4(key)
+    }
+}
+
+impl From<FrontendKey6> for AnyFrontendKey {
+    fn from(key: FrontendKey6) -> Self {
+        AnyFrontendKey::V6(key)
+    }
+}
+
+impl From<Backend> for AnyBackend {
+    fn from(backend: Backend) -> Self {
+        AnyBackend::V4(backend)
+    }
+}
+
+impl From<Backend6> for AnyBackend {
+    fn from(backend: Backend6) -> Self {
+        AnyBackend::V6(backend)
+    }
+}
+
+/// A backend map value of either family.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AnyBackend {
+    V4(Backend),
+    V6(Backend6),
+}
+
+impl AnyBackend {
+    pub fn family(&self) -> IpFamily {
+        match self {
+            AnyBackend::V4(_) => IpFamily::V4,
+            AnyBackend::V6(_) => IpFamily::V6,
+        }
+    }
+
+    /// IP protocol number ([`proto`]).
+    pub fn proto(&self) -> u8 {
+        match self {
+            AnyBackend::V4(b) => b.proto,
+            AnyBackend::V6(b) => b.proto,
+        }
+    }
+}
+
+/// A reverse-NAT map value of either family.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AnyRevNat {
+    V4(RevNat),
+    V6(RevNat6),
+}
+
+impl AnyRevNat {
+    pub fn family(&self) -> IpFamily {
+        match self {
+            AnyRevNat::V4(_) => IpFamily::V4,
+            AnyRevNat::V6(_) => IpFamily::V6,
+        }
+    }
+}
+
+/// The map form of an IPv4 address (network order in memory).
+pub fn addr4_be(ip: Ipv4Addr) -> u32 {
+    u32::from_ne_bytes(ip.octets())
+}
+
+pub fn ipv4(addr_be: u32) -> Ipv4Addr {
+    Ipv4Addr::from(addr_be.to_ne_bytes())
+}
+
+pub fn ipv6(addr_be: Addr6Be) -> Ipv6Addr {
+    Ipv6Addr::from(addr6_octets(addr_be))
+}
 
 /// The key of `slot` of a frontend's internal backend set.
-pub fn frontend_key(addr: &FrontendAddr, slot: u16) -> FrontendKey {
+pub fn frontend_key(addr: &FrontendAddr, slot: u16) -> AnyFrontendKey {
     scoped_key(addr, scope::INTERNAL, slot)
 }
 
-/// The key of `slot` of a frontend's backend set `scope` ([`scope`]).
-pub fn scoped_key(addr: &FrontendAddr, scope: u8, slot: u16) -> FrontendKey {
-    FrontendKey {
-        addr_be: u32::from_ne_bytes(addr.ip.octets()),
-        port_be: addr.port.to_be(),
-        proto: proto_number(addr.protocol),
-        scope,
-        slot,
-        _pad1: [0; 2],
+/// The key of `slot` of a frontend's backend set `scope` ([`scope`]), in the
+/// map of the frontend's family.
+pub fn scoped_key(addr: &FrontendAddr, scope: u8, slot: u16) -> AnyFrontendKey {
+    let port_be = addr.port.to_be();
+    let proto = proto_number(addr.protocol);
+    match addr.ip {
+        IpAddr::V4(ip) => AnyFrontendKey::V4(FrontendKey {
+            addr_be: addr4_be(ip),
+            port_be,
+            proto,
+            scope,
+            slot,
+            _pad1: [0; 2],
+        }),
+        IpAddr::V6(ip) => AnyFrontendKey::V6(FrontendKey6 {
+            addr_be: addr6_be(ip.octets()),
+            port_be,
+            proto,
+            scope,
+            slot,
+            _pad1: [0; 2],
+        }),
     }
 }
 
@@ -39,45 +201,163 @@ pub fn protocol_from_number(number: u8) -> Option<Protocol> {
     }
 }
 
-/// The frontend a key names (slot ignored), if its protocol is one of ours.
-pub fn frontend_addr(key: &FrontendKey) -> Option<FrontendAddr> {
-    Some(FrontendAddr {
-        ip: Ipv4Addr::from(key.addr_be.to_ne_bytes()),
-        port: u16::from_be(key.port_be),
-        protocol: protocol_from_number(key.proto)?,
-    })
+/// A frontend map key of either family ([`frontend_addr`]).
+pub trait FrontendKeyLike {
+    /// The frontend the key names (slot ignored), if its protocol is one of ours.
+    fn frontend_addr(&self) -> Option<FrontendAddr>;
 }
 
-pub fn backend_addr(backend: &Backend) -> BackendAddr {
-    BackendAddr {
-        ip: Ipv4Addr::from(backend.addr_be.to_ne_bytes()),
-        port: u16::from_be(backend.port_be),
+impl FrontendKeyLike for FrontendKey {
+    fn frontend_addr(&self) -> Option<FrontendAddr> {
+        Some(FrontendAddr {
+            ip: IpAddr::V4(ipv4(self.addr_be)),
+            port: u16::from_be(self.port_be),
+            protocol: protocol_from_number(self.proto)?,
+        })
     }
 }
 
-pub fn revnat_name(rnat: &RevNat) -> String {
-    let end = rnat
-        .name
-        .iter()
-        .position(|b| *b == 0)
-        .unwrap_or(rnat.name.len());
-    String::from_utf8_lossy(&rnat.name[..end]).into_owned()
+impl FrontendKeyLike for FrontendKey6 {
+    fn frontend_addr(&self) -> Option<FrontendAddr> {
+        Some(FrontendAddr {
+            ip: IpAddr::V6(ipv6(self.addr_be)),
+            port: u16::from_be(self.port_be),
+            protocol: protocol_from_number(self.proto)?,
+        })
+    }
 }
 
-pub fn revnat_value(addr: &FrontendAddr, name: &str) -> RevNat {
-    let mut value = RevNat {
-        addr_be: u32::from_ne_bytes(addr.ip.octets()),
-        port_be: addr.port.to_be(),
-        proto: proto_number(addr.protocol),
-        ..RevNat::default()
-    };
+impl FrontendKeyLike for AnyFrontendKey {
+    fn frontend_addr(&self) -> Option<FrontendAddr> {
+        match self {
+            AnyFrontendKey::V4(k) => k.frontend_addr(),
+            AnyFrontendKey::V6(k) => k.frontend_addr(),
+        }
+    }
+}
+
+/// The frontend a key of either family names (slot ignored), if its
+/// protocol is one of ours.
+pub fn frontend_addr(key: &impl FrontendKeyLike) -> Option<FrontendAddr> {
+    key.frontend_addr()
+}
+
+/// A backend map value of either family ([`backend_addr`]).
+pub trait BackendLike {
+    fn backend_addr(&self) -> BackendAddr;
+}
+
+impl BackendLike for Backend {
+    fn backend_addr(&self) -> BackendAddr {
+        BackendAddr {
+            ip: IpAddr::V4(ipv4(self.addr_be)),
+            port: u16::from_be(self.port_be),
+        }
+    }
+}
+
+impl BackendLike for Backend6 {
+    fn backend_addr(&self) -> BackendAddr {
+        BackendAddr {
+            ip: IpAddr::V6(ipv6(self.addr_be)),
+            port: u16::from_be(self.port_be),
+        }
+    }
+}
+
+impl BackendLike for AnyBackend {
+    fn backend_addr(&self) -> BackendAddr {
+        match self {
+            AnyBackend::V4(b) => b.backend_addr(),
+            AnyBackend::V6(b) => b.backend_addr(),
+        }
+    }
+}
+
+pub fn backend_addr(backend: &impl BackendLike) -> BackendAddr {
+    backend.backend_addr()
+}
+
+/// The backend map value for `backend` (of its family's map).
+pub fn backend_value(backend: BackendAddr, protocol: Protocol) -> AnyBackend {
+    let port_be = backend.port.to_be();
+    let proto = proto_number(protocol);
+    match backend.ip {
+        IpAddr::V4(ip) => AnyBackend::V4(Backend {
+            addr_be: addr4_be(ip),
+            port_be,
+            proto,
+            flags: 0,
+        }),
+        IpAddr::V6(ip) => AnyBackend::V6(Backend6 {
+            addr_be: addr6_be(ip.octets()),
+            port_be,
+            proto,
+            flags: 0,
+        }),
+    }
+}
+
+/// A reverse-NAT value of either family ([`revnat_name`]).
+pub trait RevNatLike {
+    /// The NUL-padded `namespace/name:port`.
+    fn name_bytes(&self) -> &[u8; REVNAT_NAME_LEN];
+}
+
+impl RevNatLike for RevNat {
+    fn name_bytes(&self) -> &[u8; REVNAT_NAME_LEN] {
+        &self.name
+    }
+}
+
+impl RevNatLike for RevNat6 {
+    fn name_bytes(&self) -> &[u8; REVNAT_NAME_LEN] {
+        &self.name
+    }
+}
+
+impl RevNatLike for AnyRevNat {
+    fn name_bytes(&self) -> &[u8; REVNAT_NAME_LEN] {
+        match self {
+            AnyRevNat::V4(r) => &r.name,
+            AnyRevNat::V6(r) => &r.name,
+        }
+    }
+}
+
+pub fn revnat_name(rnat: &impl RevNatLike) -> String {
+    let name = rnat.name_bytes();
+    let end = name.iter().position(|b| *b == 0).unwrap_or(name.len());
+    String::from_utf8_lossy(&name[..end]).into_owned()
+}
+
+/// The reverse-NAT value of a frontend (of its family's map).
+pub fn revnat_value(addr: &FrontendAddr, name: &str) -> AnyRevNat {
     // Cut on a character boundary so the CLI never shows a broken character.
     let mut len = name.len().min(REVNAT_NAME_LEN - 1);
     while !name.is_char_boundary(len) {
         len -= 1;
     }
-    value.name[..len].copy_from_slice(&name.as_bytes()[..len]);
-    value
+    let mut padded = [0u8; REVNAT_NAME_LEN];
+    padded[..len].copy_from_slice(&name.as_bytes()[..len]);
+    let port_be = addr.port.to_be();
+    let proto = proto_number(addr.protocol);
+    match addr.ip {
+        IpAddr::V4(ip) => AnyRevNat::V4(RevNat {
+            addr_be: addr4_be(ip),
+            port_be,
+            proto,
+            name: padded,
+            ..RevNat::default()
+        }),
+        IpAddr::V6(ip) => AnyRevNat::V6(RevNat6 {
+            addr_be: addr6_be(ip.octets()),
+            port_be,
+            proto,
+            name: padded,
+            ..RevNat6::default()
+        }),
+    }
 }
 
 /// The flags and affinity timeout slot 0 records for `frontend`.

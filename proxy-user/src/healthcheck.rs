@@ -78,7 +78,9 @@ impl fmt::Display for ServiceName {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ServiceHealth {
     pub service: ServiceName,
-    /// Distinct local endpoint addresses (over all the Service's ports).
+    /// Distinct local endpoint addresses (over all the Service's ports), of
+    /// the family that has more: a dual-stack pod has an address in each
+    /// family's slices and counts once.
     pub local_endpoints: usize,
 }
 
@@ -95,7 +97,7 @@ pub struct PortConflict {
 /// another one. Pure: the model's frontends in, no I/O.
 pub fn wanted(desired: &DesiredState) -> (BTreeMap<u16, ServiceHealth>, Vec<PortConflict>) {
     // Per Service: its health check port and its local endpoint addresses.
-    let mut services: BTreeMap<ServiceName, (Option<u16>, BTreeSet<Ipv4Addr>)> = BTreeMap::new();
+    let mut services: BTreeMap<ServiceName, (Option<u16>, BTreeSet<IpAddr>)> = BTreeMap::new();
     for fe in desired.frontends.values() {
         let name = ServiceName {
             namespace: fe.service.namespace.clone(),
@@ -122,7 +124,11 @@ pub fn wanted(desired: &DesiredState) -> (BTreeMap<u16, ServiceHealth>, Vec<Port
                     port,
                     ServiceHealth {
                         service,
-                        local_endpoints: local.len(),
+                        local_endpoints: local
+                            .iter()
+                            .filter(|ip| ip.is_ipv4())
+                            .count()
+                            .max(local.iter().filter(|ip| ip.is_ipv6()).count()),
                     },
                 );
             }
@@ -447,7 +453,7 @@ mod tests {
     ) -> Frontend {
         let mut fe = Frontend::cluster_ip(
             FrontendAddr {
-                ip: Ipv4Addr::from(lb_ip),
+                ip: Ipv4Addr::from(lb_ip).into(),
                 port: svc_port,
                 protocol: Protocol::Tcp,
             },
@@ -465,7 +471,7 @@ mod tests {
             local
                 .iter()
                 .map(|(ip, port)| BackendAddr {
-                    ip: Ipv4Addr::from(*ip),
+                    ip: Ipv4Addr::from(*ip).into(),
                     port: *port,
                 })
                 .collect()
@@ -544,6 +550,21 @@ mod tests {
             .map(|(p, h)| (*p, h.service.to_string(), h.local_endpoints))
             .collect();
         assert_eq!(ports, [(30_000, "shop/web".to_string(), 2)]);
+    }
+
+    #[test]
+    fn a_dual_stack_pod_counts_once() {
+        let mut frontends = web(30_000);
+        // The same two pods' IPv6 addresses, on the IPv6 load-balancer IP.
+        let mut v6 = frontends[0].clone();
+        v6.addr.ip = "2001:db8::2".parse().unwrap();
+        v6.external_backends = Some(vec![
+            BackendAddr { ip: "fd00:244::2".parse().unwrap(), port: 8080 },
+            BackendAddr { ip: "fd00:244::3".parse().unwrap(), port: 8080 },
+        ]);
+        frontends.push(v6);
+        let (wanted, _) = wanted(&state(frontends));
+        assert_eq!(wanted[&30_000].local_endpoints, 2);
     }
 
     #[tokio::test]

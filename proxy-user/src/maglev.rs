@@ -36,6 +36,8 @@
 //!   first pick, plus per-flow connection tracking so that a flow, once placed,
 //!   stays put.
 
+use std::net::IpAddr;
+#[cfg(test)]
 use std::net::Ipv4Addr;
 
 use proxy_common::hash::hash_3words;
@@ -58,6 +60,9 @@ pub const MAX_BACKENDS: usize = u16::MAX as usize;
 const OFFSET_SEED: u32 = 0x6d61_676c;
 const SKIP_SEED: u32 = 0x6576_3031;
 
+/// Seed of the hash that folds an IPv6 backend address into one word.
+const V6_FOLD_SEED: u32 = 0x6a09_e667;
+
 /// Marks a slot not filled yet while the table is built.
 const EMPTY: u16 = u16::MAX;
 
@@ -66,8 +71,9 @@ const EMPTY: u16 = u16::MAX;
 /// is the order of [`canonical_backends`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct BackendKey {
-    /// The backend's (pod's) address.
-    pub addr: Ipv4Addr,
+    /// The backend's (pod's) address, of either family (one table holds
+    /// backends of one family).
+    pub addr: IpAddr,
     /// The backend's port, host byte order.
     pub port: u16,
     /// IP protocol number (6 TCP, 17 UDP, 132 SCTP).
@@ -76,14 +82,23 @@ pub struct BackendKey {
 
 impl BackendKey {
     /// A backend key from its parts; `port` in host byte order.
-    pub const fn new(addr: Ipv4Addr, port: u16, proto: u8) -> Self {
+    pub const fn new(addr: IpAddr, port: u16, proto: u8) -> Self {
         Self { addr, port, proto }
     }
 
     /// The two words hashed: the address as a number (the same on any host,
-    /// whatever its byte order) and the port and protocol together.
+    /// whatever its byte order; an IPv6 address is first hashed down to one
+    /// word) and the port and protocol together.
     fn words(&self) -> (u32, u32) {
-        (u32::from(self.addr), (u32::from(self.port) << 16) | u32::from(self.proto))
+        let address = match self.addr {
+            IpAddr::V4(a) => u32::from(a),
+            IpAddr::V6(a) => {
+                let o = a.octets();
+                let w = |i: usize| u32::from_be_bytes([o[i], o[i + 1], o[i + 2], o[i + 3]]);
+                hash_3words(w(0), w(4), w(8), w(12) ^ V6_FOLD_SEED)
+            }
+        };
+        (address, (u32::from(self.port) << 16) | u32::from(self.proto))
     }
 
     /// This backend's preference list over a table of `size` slots.
@@ -241,7 +256,7 @@ mod tests {
         (0..n)
             .map(|i| {
                 let [_, _, hi, lo] = u32::try_from(i + 1).expect("small n").to_be_bytes();
-                BackendKey::new(Ipv4Addr::new(10, 244, hi, lo), 8080, TCP)
+                BackendKey::new(IpAddr::V4(Ipv4Addr::new(10, 244, hi, lo)), 8080, TCP)
             })
             .collect()
     }
@@ -391,7 +406,7 @@ mod tests {
 
     #[test]
     fn backend_identity_includes_port_and_protocol() {
-        let addr = Ipv4Addr::new(10, 244, 0, 1);
+        let addr = IpAddr::V4(Ipv4Addr::new(10, 244, 0, 1));
         let a = BackendKey::new(addr, 80, TCP).permutation(DEFAULT_TABLE_SIZE);
         for other in [BackendKey::new(addr, 81, TCP), BackendKey::new(addr, 80, 17)] {
             let b = other.permutation(DEFAULT_TABLE_SIZE);
@@ -399,14 +414,34 @@ mod tests {
         }
     }
 
+    #[test]
+    fn ipv6_backends_spread_and_differ_by_address() {
+        let set: Vec<BackendKey> = (1..=5u16)
+            .map(|i| BackendKey::new(IpAddr::V6(std::net::Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 1, i)), 8080, TCP))
+            .collect();
+        let entries = table(&set, DEFAULT_TABLE_SIZE).unwrap();
+        let mut counts = [0usize; 5];
+        for e in entries {
+            counts[usize::from(e)] += 1;
+        }
+        let share = DEFAULT_TABLE_SIZE as usize / 5;
+        for c in counts {
+            assert!(c.abs_diff(share) <= share / 10, "{counts:?}");
+        }
+        // Addresses that differ only in their high words still hash apart.
+        let a = BackendKey::new(IpAddr::V6(std::net::Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, 1)), 80, TCP);
+        let b = BackendKey::new(IpAddr::V6(std::net::Ipv6Addr::new(0xfd01, 0, 0, 0, 0, 0, 0, 1)), 80, TCP);
+        assert_ne!(a.words(), b.words());
+    }
+
     /// Golden: if this fails the table changed, and nodes running an older
     /// agent would send the same flows to other backends.
     #[test]
     fn golden_table() {
         let set = [
-            BackendKey::new(Ipv4Addr::new(10, 244, 1, 5), 8080, TCP),
-            BackendKey::new(Ipv4Addr::new(10, 244, 2, 7), 8080, TCP),
-            BackendKey::new(Ipv4Addr::new(10, 244, 3, 9), 53, 17),
+            BackendKey::new(IpAddr::V4(Ipv4Addr::new(10, 244, 1, 5)), 8080, TCP),
+            BackendKey::new(IpAddr::V4(Ipv4Addr::new(10, 244, 2, 7)), 8080, TCP),
+            BackendKey::new(IpAddr::V4(Ipv4Addr::new(10, 244, 3, 9)), 53, 17),
         ];
         let entries = table(&set, DEFAULT_TABLE_SIZE).expect("valid");
         assert_eq!(entries[..16], GOLDEN_FIRST_16);

@@ -13,10 +13,12 @@ use aya::{
 };
 use crate::mapbatch;
 use proxy_common::{
-    names, stat, Backend, Config, CtEntry, CtKey, FragEntry, FragKey, FrontendSlot, FrontendKey, RevNat, SockEntry,
-    MaglevTable, SockKey, SvcStats, Uplink,
+    names, stat, Backend, Backend6, Config, CtEntry, CtEntry6, CtKey, CtKey6, FragEntry, FragKey, FrontendSlot,
+    FrontendKey, FrontendKey6, RevNat, RevNat6, SockEntry, SockEntry6, MaglevTable, SockKey, SockKey6, SvcStats,
+    Uplink,
 };
-use proxy_common::{CtEntry6, CtKey6, SockEntry6, SockKey6};
+use crate::encode::{AnyBackend, AnyFrontendKey, AnyRevNat};
+use crate::model::IpFamily;
 
 #[derive(Debug, thiserror::Error)]
 pub enum MapsError {
@@ -44,13 +46,18 @@ pub enum WriteError {
 }
 
 /// The writes and reads the sync engine performs.
+///
+/// Frontends, backends and reverse-NAT entries go to their family's map: the
+/// variant of the key or value picks it (a backend id or service id lives in
+/// one family's map, so its deletion names the family). Maglev tables are
+/// shared by both families (by service id).
 pub trait MapStore {
-    fn put_frontend(&mut self, key: FrontendKey, value: FrontendSlot) -> Result<(), WriteError>;
-    fn delete_frontend(&mut self, key: FrontendKey) -> Result<(), WriteError>;
-    fn put_backend(&mut self, id: u32, value: Backend) -> Result<(), WriteError>;
-    fn delete_backend(&mut self, id: u32) -> Result<(), WriteError>;
-    fn put_revnat(&mut self, service_id: u32, value: RevNat) -> Result<(), WriteError>;
-    fn delete_revnat(&mut self, service_id: u32) -> Result<(), WriteError>;
+    fn put_frontend(&mut self, key: AnyFrontendKey, value: FrontendSlot) -> Result<(), WriteError>;
+    fn delete_frontend(&mut self, key: AnyFrontendKey) -> Result<(), WriteError>;
+    fn put_backend(&mut self, id: u32, value: AnyBackend) -> Result<(), WriteError>;
+    fn delete_backend(&mut self, id: u32, family: IpFamily) -> Result<(), WriteError>;
+    fn put_revnat(&mut self, service_id: u32, value: AnyRevNat) -> Result<(), WriteError>;
+    fn delete_revnat(&mut self, service_id: u32, family: IpFamily) -> Result<(), WriteError>;
     /// Writes service `service_id`'s Maglev table.
     fn put_maglev(&mut self, service_id: u32, table: &MaglevTable) -> Result<(), WriteError>;
     /// Removes service `service_id`'s Maglev table (absent is fine).
@@ -59,20 +66,20 @@ pub trait MapStore {
     fn purge_conntrack(&mut self, doomed: &dyn Fn(&CtKey, &CtEntry) -> bool) -> usize;
     /// Removes every socket-layer entry `doomed` selects; returns their keys.
     fn purge_sockets(&mut self, doomed: &dyn Fn(&SockKey, &SockEntry) -> bool) -> Vec<SockKey>;
-    /// [`purge_conntrack`](Self::purge_conntrack) for the IPv6 table
-    /// (`SB_CT6_V1`). A store without one removes nothing.
+    /// [`purge_conntrack`](Self::purge_conntrack) for the IPv6 table.
+    /// The sync calls it for removed IPv6 service ports and departed IPv6
+    /// UDP backends. Default: nothing to purge (a store without the table).
     fn purge_conntrack6(&mut self, doomed: &dyn Fn(&CtKey6, &CtEntry6) -> bool) -> usize {
         let _ = doomed;
         0
     }
-    /// [`purge_sockets`](Self::purge_sockets) for the IPv6 socket-layer map
-    /// (`SB_SOCK6_V1`). A store without one removes nothing.
+    /// [`purge_sockets`](Self::purge_sockets) for the IPv6 socket table.
     fn purge_sockets6(&mut self, doomed: &dyn Fn(&SockKey6, &SockEntry6) -> bool) -> Vec<SockKey6> {
         let _ = doomed;
         Vec::new()
     }
-    /// Everything in the frontend, backend and reverse-NAT maps, for adopting
-    /// what an earlier agent programmed.
+    /// Everything in the frontend, backend and reverse-NAT maps of both
+    /// families, for adopting what an earlier agent programmed.
     fn dump(&self) -> Dump;
     /// From here until [`flush`](Self::flush), frontend, backend and
     /// reverse-NAT puts may be held and written together. Only for a sync
@@ -87,17 +94,20 @@ pub trait MapStore {
     }
 }
 
-/// A copy of the frontend, backend and reverse-NAT maps.
+/// A copy of the frontend, backend and reverse-NAT maps, both families.
 #[derive(Clone, Debug, Default)]
 pub struct Dump {
-    pub frontends: Vec<(FrontendKey, FrontendSlot)>,
-    pub backends: Vec<(u32, Backend)>,
-    pub revnat: Vec<(u32, RevNat)>,
+    pub frontends: Vec<(AnyFrontendKey, FrontendSlot)>,
+    pub backends: Vec<(u32, AnyBackend)>,
+    pub revnat: Vec<(u32, AnyRevNat)>,
 }
 
 pub struct PinnedMaps {
     pub frontends: HashMap<MapData, FrontendKey, FrontendSlot>,
     pub backends: HashMap<MapData, u32, Backend>,
+    pub frontends6: HashMap<MapData, FrontendKey6, FrontendSlot>,
+    pub backends6: HashMap<MapData, u32, Backend6>,
+    pub revnat6: HashMap<MapData, u32, RevNat6>,
     pub conntrack: HashMap<MapData, CtKey, CtEntry>,
     pub revnat: HashMap<MapData, u32, RevNat>,
     pub service_stats: PerCpuArray<MapData, SvcStats>,
@@ -115,16 +125,55 @@ pub struct PinnedMaps {
     held: Option<Held>,
 }
 
-/// Puts waiting to be written in batches, in the order that keeps every
-/// lookup whole: what slots name (reverse NAT, backends), then the slots
-/// (and the external sets' slot 0), then the internal slot 0 that announces
-/// each frontend.
+/// Puts waiting to be written in batches, per family (a frontend and
+/// everything it names are of one family).
 #[derive(Default)]
 struct Held {
-    revnat: Vec<(u32, RevNat)>,
-    backends: Vec<(u32, Backend)>,
-    slots: Vec<(FrontendKey, FrontendSlot)>,
-    heads: Vec<(FrontendKey, FrontendSlot)>,
+    v4: HeldFamily<FrontendKey, Backend, RevNat>,
+    v6: HeldFamily<FrontendKey6, Backend6, RevNat6>,
+}
+
+/// One family's held puts, in the order that keeps every lookup whole: what
+/// slots name (reverse NAT, backends), then the slots (and the external
+/// sets' slot 0), then the internal slot 0 that announces each frontend.
+struct HeldFamily<K, B, R> {
+    revnat: Vec<(u32, R)>,
+    backends: Vec<(u32, B)>,
+    slots: Vec<(K, FrontendSlot)>,
+    heads: Vec<(K, FrontendSlot)>,
+}
+
+impl<K, B, R> Default for HeldFamily<K, B, R> {
+    fn default() -> Self {
+        Self {
+            revnat: Vec::new(),
+            backends: Vec::new(),
+            slots: Vec::new(),
+            heads: Vec::new(),
+        }
+    }
+}
+
+impl<K: bytemuck::Pod, B: bytemuck::Pod, R: bytemuck::Pod> HeldFamily<K, B, R> {
+    fn frontend(&mut self, announces: bool, key: K, value: FrontendSlot) {
+        match announces {
+            true => self.heads.push((key, value)),
+            false => self.slots.push((key, value)),
+        }
+    }
+
+    /// Writes everything held, in order; returns how many entries.
+    fn flush(
+        &self,
+        (frontends, backends, revnat): (&MapData, &MapData, &MapData),
+        (fe_name, be_name, rn_name): (&'static str, &'static str, &'static str),
+    ) -> Result<usize, WriteError> {
+        batch_put(rn_name, revnat, &self.revnat)?;
+        batch_put(be_name, backends, &self.backends)?;
+        batch_put(fe_name, frontends, &self.slots)?;
+        batch_put(fe_name, frontends, &self.heads)?;
+        Ok(self.revnat.len() + self.backends.len() + self.slots.len() + self.heads.len())
+    }
 }
 
 fn open_pinned(pin_root: &Path, name: &'static str) -> Result<Map, MapsError> {
@@ -154,6 +203,9 @@ impl PinnedMaps {
         Ok(Self {
             frontends: typed!(names::FRONTENDS, open_pinned(pin_root, names::FRONTENDS)?),
             backends: typed!(names::BACKENDS, open_pinned(pin_root, names::BACKENDS)?),
+            frontends6: typed!(names::FRONTENDS6, open_pinned(pin_root, names::FRONTENDS6)?),
+            backends6: typed!(names::BACKENDS6, open_pinned(pin_root, names::BACKENDS6)?),
+            revnat6: typed!(names::REVNAT6, open_pinned(pin_root, names::REVNAT6)?),
             conntrack: typed!(names::CONNTRACK, open_pinned(pin_root, names::CONNTRACK)?),
             revnat: typed!(names::REVNAT, open_pinned(pin_root, names::REVNAT)?),
             service_stats: typed!(
@@ -181,6 +233,9 @@ impl PinnedMaps {
         Ok(Self {
             frontends: typed!(names::FRONTENDS, take(names::FRONTENDS)?),
             backends: typed!(names::BACKENDS, take(names::BACKENDS)?),
+            frontends6: typed!(names::FRONTENDS6, take(names::FRONTENDS6)?),
+            backends6: typed!(names::BACKENDS6, take(names::BACKENDS6)?),
+            revnat6: typed!(names::REVNAT6, take(names::REVNAT6)?),
             conntrack: typed!(names::CONNTRACK, take(names::CONNTRACK)?),
             revnat: typed!(names::REVNAT, take(names::REVNAT)?),
             service_stats: typed!(names::SERVICE_STATS, take(names::SERVICE_STATS)?),
@@ -348,46 +403,71 @@ fn delete_result(map: &'static str, result: Result<(), MapError>) -> Result<(), 
     }
 }
 
+/// Inserts one entry; a full map is [`WriteError::Full`].
+fn insert<K: aya::Pod, V: aya::Pod>(
+    map: &mut HashMap<MapData, K, V>,
+    name: &'static str,
+    key: K,
+    value: V,
+) -> Result<(), WriteError> {
+    map.insert(key, value, 0).map_err(|e| write_error(name, e))
+}
+
+/// Every entry of `map` that reads back.
+fn entries<K: aya::Pod, V: aya::Pod>(map: &HashMap<MapData, K, V>) -> impl Iterator<Item = (K, V)> + '_ {
+    map.iter().filter_map(Result::ok)
+}
+
 impl MapStore for PinnedMaps {
-    fn put_frontend(&mut self, key: FrontendKey, value: FrontendSlot) -> Result<(), WriteError> {
+    fn put_frontend(&mut self, key: AnyFrontendKey, value: FrontendSlot) -> Result<(), WriteError> {
         if let Some(held) = &mut self.held {
-            let announces = key.slot == 0 && key.scope == proxy_common::scope::INTERNAL;
-            match announces {
-                true => held.heads.push((key, value)),
-                false => held.slots.push((key, value)),
+            let announces = key.slot() == 0 && key.scope() == proxy_common::scope::INTERNAL;
+            match key {
+                AnyFrontendKey::V4(key) => held.v4.frontend(announces, key, value),
+                AnyFrontendKey::V6(key) => held.v6.frontend(announces, key, value),
             }
             return Ok(());
         }
-        self.frontends
-            .insert(key, value, 0)
-            .map_err(|e| write_error(names::FRONTENDS, e))
-    }
-    fn delete_frontend(&mut self, key: FrontendKey) -> Result<(), WriteError> {
-        delete_result(names::FRONTENDS, self.frontends.remove(&key))
-    }
-    fn put_backend(&mut self, id: u32, value: Backend) -> Result<(), WriteError> {
-        if let Some(held) = &mut self.held {
-            held.backends.push((id, value));
-            return Ok(());
+        match key {
+            AnyFrontendKey::V4(key) => insert(&mut self.frontends, names::FRONTENDS, key, value),
+            AnyFrontendKey::V6(key) => insert(&mut self.frontends6, names::FRONTENDS6, key, value),
         }
-        self.backends
-            .insert(id, value, 0)
-            .map_err(|e| write_error(names::BACKENDS, e))
     }
-    fn delete_backend(&mut self, id: u32) -> Result<(), WriteError> {
-        delete_result(names::BACKENDS, self.backends.remove(&id))
-    }
-    fn put_revnat(&mut self, service_id: u32, value: RevNat) -> Result<(), WriteError> {
-        if let Some(held) = &mut self.held {
-            held.revnat.push((service_id, value));
-            return Ok(());
+    fn delete_frontend(&mut self, key: AnyFrontendKey) -> Result<(), WriteError> {
+        match key {
+            AnyFrontendKey::V4(key) => delete_result(names::FRONTENDS, self.frontends.remove(&key)),
+            AnyFrontendKey::V6(key) => delete_result(names::FRONTENDS6, self.frontends6.remove(&key)),
         }
-        self.revnat
-            .insert(service_id, value, 0)
-            .map_err(|e| write_error(names::REVNAT, e))
     }
-    fn delete_revnat(&mut self, service_id: u32) -> Result<(), WriteError> {
-        delete_result(names::REVNAT, self.revnat.remove(&service_id))
+    fn put_backend(&mut self, id: u32, value: AnyBackend) -> Result<(), WriteError> {
+        match (&mut self.held, value) {
+            (Some(held), AnyBackend::V4(value)) => held.v4.backends.push((id, value)),
+            (Some(held), AnyBackend::V6(value)) => held.v6.backends.push((id, value)),
+            (None, AnyBackend::V4(value)) => return insert(&mut self.backends, names::BACKENDS, id, value),
+            (None, AnyBackend::V6(value)) => return insert(&mut self.backends6, names::BACKENDS6, id, value),
+        }
+        Ok(())
+    }
+    fn delete_backend(&mut self, id: u32, family: IpFamily) -> Result<(), WriteError> {
+        match family {
+            IpFamily::V4 => delete_result(names::BACKENDS, self.backends.remove(&id)),
+            IpFamily::V6 => delete_result(names::BACKENDS6, self.backends6.remove(&id)),
+        }
+    }
+    fn put_revnat(&mut self, service_id: u32, value: AnyRevNat) -> Result<(), WriteError> {
+        match (&mut self.held, value) {
+            (Some(held), AnyRevNat::V4(value)) => held.v4.revnat.push((service_id, value)),
+            (Some(held), AnyRevNat::V6(value)) => held.v6.revnat.push((service_id, value)),
+            (None, AnyRevNat::V4(value)) => return insert(&mut self.revnat, names::REVNAT, service_id, value),
+            (None, AnyRevNat::V6(value)) => return insert(&mut self.revnat6, names::REVNAT6, service_id, value),
+        }
+        Ok(())
+    }
+    fn delete_revnat(&mut self, service_id: u32, family: IpFamily) -> Result<(), WriteError> {
+        match family {
+            IpFamily::V4 => delete_result(names::REVNAT, self.revnat.remove(&service_id)),
+            IpFamily::V6 => delete_result(names::REVNAT6, self.revnat6.remove(&service_id)),
+        }
     }
     fn put_maglev(&mut self, service_id: u32, table: &MaglevTable) -> Result<(), WriteError> {
         self.maglev
@@ -416,17 +496,30 @@ impl MapStore for PinnedMaps {
         let Some(held) = self.held.take() else {
             return Ok(0);
         };
-        batch_put(names::REVNAT, self.revnat.map(), &held.revnat)?;
-        batch_put(names::BACKENDS, self.backends.map(), &held.backends)?;
-        batch_put(names::FRONTENDS, self.frontends.map(), &held.slots)?;
-        batch_put(names::FRONTENDS, self.frontends.map(), &held.heads)?;
-        Ok(held.revnat.len() + held.backends.len() + held.slots.len() + held.heads.len())
+        let v4 = held.v4.flush(
+            (self.frontends.map(), self.backends.map(), self.revnat.map()),
+            (names::FRONTENDS, names::BACKENDS, names::REVNAT),
+        )?;
+        let v6 = held.v6.flush(
+            (self.frontends6.map(), self.backends6.map(), self.revnat6.map()),
+            (names::FRONTENDS6, names::BACKENDS6, names::REVNAT6),
+        )?;
+        Ok(v4 + v6)
     }
     fn dump(&self) -> Dump {
         Dump {
-            frontends: self.frontends.iter().filter_map(Result::ok).collect(),
-            backends: self.backends.iter().filter_map(Result::ok).collect(),
-            revnat: self.revnat.iter().filter_map(Result::ok).collect(),
+            frontends: entries(&self.frontends)
+                .map(|(k, v)| (AnyFrontendKey::V4(k), v))
+                .chain(entries(&self.frontends6).map(|(k, v)| (AnyFrontendKey::V6(k), v)))
+                .collect(),
+            backends: entries(&self.backends)
+                .map(|(id, b)| (id, AnyBackend::V4(b)))
+                .chain(entries(&self.backends6).map(|(id, b)| (id, AnyBackend::V6(b))))
+                .collect(),
+            revnat: entries(&self.revnat)
+                .map(|(id, r)| (id, AnyRevNat::V4(r)))
+                .chain(entries(&self.revnat6).map(|(id, r)| (id, AnyRevNat::V6(r))))
+                .collect(),
         }
     }
 }

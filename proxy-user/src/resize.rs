@@ -22,7 +22,10 @@ use aya::{
     maps::{HashMap, MapData, MapError, PerCpuArray, PerCpuValues},
     Pod,
 };
-use proxy_common::{names, Backend, CtEntry, CtKey, FrontendSlot, FrontendKey, RevNat, SockEntry, SockKey, SvcStats};
+use proxy_common::{
+    names, Backend, Backend6, CtEntry, CtEntry6, CtKey, CtKey6, FrontendSlot, FrontendKey, FrontendKey6, RevNat, RevNat6,
+    SockEntry, SockEntry6, SockKey, SockKey6, SvcStats,
+};
 use tracing::{info, warn};
 
 use crate::ebpf::CapacityMismatch;
@@ -141,8 +144,11 @@ fn copy_map(map: &'static str, old: MapData, new: MapData, overwrite: bool) -> R
         names::CONNTRACK => copy_hash::<CtKey, CtEntry>(old, new, overwrite),
         names::REVNAT => copy_hash::<u32, RevNat>(old, new, overwrite),
         names::SOCKETS => copy_hash::<SockKey, SockEntry>(old, new, overwrite),
-        names::CONNTRACK6 => copy_hash::<proxy_common::CtKey6, proxy_common::CtEntry6>(old, new, overwrite),
-        names::SOCKETS6 => copy_hash::<proxy_common::SockKey6, proxy_common::SockEntry6>(old, new, overwrite),
+        names::FRONTENDS6 => copy_hash::<FrontendKey6, FrontendSlot>(old, new, overwrite),
+        names::BACKENDS6 => copy_hash::<u32, Backend6>(old, new, overwrite),
+        names::CONNTRACK6 => copy_hash::<CtKey6, CtEntry6>(old, new, overwrite),
+        names::REVNAT6 => copy_hash::<u32, RevNat6>(old, new, overwrite),
+        names::SOCKETS6 => copy_hash::<SockKey6, SockEntry6>(old, new, overwrite),
         names::SERVICE_STATS => copy_per_cpu_array::<SvcStats>(old, new),
         _ => return Err(ResizeError::Unsupported { map }),
     };

@@ -57,7 +57,7 @@ pub struct Closed {
 pub fn close_udp_sockets(doomed: &HashMap<u64, BackendAddr>) -> Result<Closed, SockDiagError> {
     let peers: HashMap<u64, SocketAddr> = doomed
         .iter()
-        .map(|(cookie, backend)| (*cookie, SocketAddr::new(IpAddr::from(backend.ip), backend.port)))
+        .map(|(cookie, backend)| (*cookie, SocketAddr::new(backend.ip, backend.port)))
         .collect();
     close_udp_peers(&peers)
 }

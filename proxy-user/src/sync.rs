@@ -18,24 +18,32 @@
 //! for the socket layer's per-socket entries; the connected UDP sockets among
 //! them are reported ([`SyncReport::udp_sockets_left`]) so the agent can close
 //! them, since no hook runs on their later sends.
+//!
+//! Both address families are synced the same way: a frontend, its backends
+//! and its reverse-NAT entry go to its family's maps (`SB_FE6_V1`,
+//! `SB_BE6_V1`, `SB_RNAT6_V1` for IPv6), picked by the key or value
+//! ([`crate::encode::AnyFrontendKey`]). Service ids and backend ids come from
+//! one allocator each, so an id names an entry in exactly one family's map;
+//! the Maglev tables (by service id) are shared. Each family's map has the
+//! full capacity, so capacity is counted per family.
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 
 use proxy_common::{
-    capacity, frontend_flags, proto, scope, sock_dir, Backend, MaglevTable, CtEntry, CtKey, FrontendSlot,
-    FrontendKey, RevNat, SockEntry, SockKey,
+    capacity, frontend_flags, proto, scope, sock_dir, MaglevTable, CtEntry, CtEntry6, CtKey, CtKey6,
+    FrontendSlot, SockEntry, SockEntry6, SockKey, SockKey6,
 };
 use tracing::{debug, warn};
 
 use crate::{
     encode::{
-        backend_addr, frontend_addr, frontend_key, proto_number, revnat_name, revnat_value, scoped_key,
-        slot_zero_attributes,
+        backend_addr, backend_value, frontend_addr, frontend_key, ipv4, ipv6, proto_number, revnat_name,
+        revnat_value, scoped_key, slot_zero_attributes, AnyBackend, AnyFrontendKey, AnyRevNat,
     },
     ebpf::Capacities,
     maps::{MapStore, WriteError},
     maglev::{self, BackendKey},
-    model::{BackendAddr, DesiredState, Frontend, FrontendAddr, LbAlgorithm, Protocol},
+    model::{BackendAddr, DesiredState, Frontend, FrontendAddr, IpFamily, LbAlgorithm, Protocol},
 };
 
 /// What one frontend looks like in the maps.
@@ -58,6 +66,22 @@ impl Programmed {
     /// Frontend map entries this frontend uses.
     fn entries(&self) -> usize {
         1 + self.slots.len() + self.external.as_ref().map_or(0, |e| 1 + e.len())
+    }
+}
+
+/// A count per address family.
+#[derive(Clone, Copy, Debug, Default)]
+struct PerFamily {
+    v4: usize,
+    v6: usize,
+}
+
+impl PerFamily {
+    fn of(&mut self, family: IpFamily) -> &mut usize {
+        match family {
+            IpFamily::V4 => &mut self.v4,
+            IpFamily::V6 => &mut self.v6,
+        }
     }
 }
 
@@ -103,8 +127,11 @@ pub struct Syncer<S: MapStore> {
     service_ids: BTreeSet<u32>,
     next_service_id: u32,
     next_backend_id: u32,
-    /// Frontend map entries in use (slot 0 plus one per backend, per frontend).
-    frontend_entries: usize,
+    /// Frontend map entries in use (slot 0 plus one per backend, per
+    /// frontend), per family: each family's map has the capacity.
+    frontend_entries: PerFamily,
+    /// Backend map entries in use, per family.
+    backend_entries: PerFamily,
     /// For frontends whose Service does not choose (`switchboard.io/lb-algorithm`).
     default_algorithm: LbAlgorithm,
     /// Frontends the last syncs could not program; retried at every sync
@@ -131,6 +158,26 @@ const BATCH_FROM: usize = 64;
 struct Purge {
     services: HashSet<u32>,
     udp_backends: HashSet<(u32, u32)>,
+    /// The families whose tables hold entries to drop (each table is
+    /// scanned only when one of its frontends left or lost a UDP backend).
+    v4: bool,
+    v6: bool,
+}
+
+impl Purge {
+    fn family(&mut self, family: IpFamily) {
+        match family {
+            IpFamily::V4 => self.v4 = true,
+            IpFamily::V6 => self.v6 = true,
+        }
+    }
+
+    /// An entry of a removed service port, or a UDP flow to a backend that
+    /// left its service.
+    fn dooms(&self, proto: u8, service_id: u32, backend_id: u32) -> bool {
+        self.services.contains(&service_id)
+            || (proto == proto::UDP && self.udp_backends.contains(&(service_id, backend_id)))
+    }
 }
 
 impl<S: MapStore> Syncer<S> {
@@ -147,7 +194,8 @@ impl<S: MapStore> Syncer<S> {
             service_ids: BTreeSet::new(),
             next_service_id: 1,
             next_backend_id: 1,
-            frontend_entries: 0,
+            frontend_entries: PerFamily::default(),
+            backend_entries: PerFamily::default(),
             default_algorithm: LbAlgorithm::Random,
             failed: BTreeMap::new(),
             needs_full: false,
@@ -176,6 +224,11 @@ impl<S: MapStore> Syncer<S> {
         &self.store
     }
 
+    /// The map store, for a new syncer to adopt (a restart, in tests).
+    pub fn into_store(self) -> S {
+        self.store
+    }
+
     /// The map store, for tests that set up kernel state directly. Writes here
     /// bypass the sync's bookkeeping.
     pub fn store_mut(&mut self) -> &mut S {
@@ -189,18 +242,25 @@ impl<S: MapStore> Syncer<S> {
         self.backends.clear();
         self.backend_addrs.clear();
         self.service_ids.clear();
-        self.frontend_entries = 0;
+        self.frontend_entries = PerFamily::default();
+        self.backend_entries = PerFamily::default();
 
-        let backends: HashMap<u32, Backend> = dump.backends.iter().copied().collect();
-        let revnat: HashMap<u32, RevNat> = dump.revnat.iter().copied().collect();
-        let slots: HashMap<FrontendKey, FrontendSlot> = dump.frontends.iter().copied().collect();
-        let mut keep_slots: HashSet<FrontendKey> = HashSet::new();
-        let mut keep_backends: HashSet<u32> = HashSet::new();
+        // Each family's backends by id. Ids are one space: an id found in
+        // both maps (a crash between a delete and a reuse) is kept for the
+        // first frontend that uses it; another family's frontend naming it
+        // is dropped and rewritten with a fresh id.
+        let backends: HashMap<(IpFamily, u32), AnyBackend> =
+            dump.backends.iter().map(|(id, b)| ((b.family(), *id), *b)).collect();
+        let revnat: HashMap<u32, AnyRevNat> = dump.revnat.iter().copied().collect();
+        let slots: HashMap<AnyFrontendKey, FrontendSlot> = dump.frontends.iter().copied().collect();
+        let mut keep_slots: HashSet<AnyFrontendKey> = HashSet::new();
+        let mut keep_backends: HashSet<(u32, IpFamily)> = HashSet::new();
+        let mut service_family: HashMap<u32, IpFamily> = HashMap::new();
 
         for (key, head) in dump
             .frontends
             .iter()
-            .filter(|(k, _)| k.slot == 0 && k.scope == scope::INTERNAL)
+            .filter(|(k, _)| k.slot() == 0 && k.scope() == scope::INTERNAL)
         {
             let Some(addr) = frontend_addr(key) else {
                 continue;
@@ -209,10 +269,7 @@ impl<S: MapStore> Syncer<S> {
             // Outer `None`: announced but incomplete; inner `None`: no
             // external set.
             let external: Option<Option<Vec<u32>>> = if frontend_flags::has_external_set(head.flags) {
-                let ext_key = FrontendKey {
-                    scope: scope::EXTERNAL,
-                    ..*key
-                };
+                let ext_key = key.at(scope::EXTERNAL, 0);
                 slots
                     .get(&ext_key)
                     .and_then(|ext_head| complete_slots(&slots, &backends, &ext_key, ext_head))
@@ -225,18 +282,26 @@ impl<S: MapStore> Syncer<S> {
                 warn!(frontend = %addr, "adopting maps: incomplete frontend entry removed");
                 continue;
             };
-            if head.service_id == 0 {
+            if head.service_id == 0 || service_family.get(&head.service_id).is_some_and(|f| *f != addr.family()) {
                 warn!(frontend = %addr, "adopting maps: incomplete frontend entry removed");
+                continue;
+            }
+            let other_family = ids
+                .iter()
+                .chain(external.iter().flatten())
+                .any(|id| self.backend_addrs.get(id).is_some_and(|(b, _)| b.family() != addr.family()));
+            if other_family {
+                warn!(frontend = %addr, "adopting maps: a backend id of this frontend is used by the other address family; the frontend is rewritten");
                 continue;
             }
             for (scope, set) in [(scope::INTERNAL, Some(&ids)), (scope::EXTERNAL, external.as_ref())] {
                 let Some(set) = set else { continue };
                 for slot in 0..=set.len() as u16 {
-                    keep_slots.insert(FrontendKey { scope, slot, ..*key });
+                    keep_slots.insert(key.at(scope, slot));
                 }
                 for id in set {
-                    keep_backends.insert(*id);
-                    let backend = backends[id];
+                    keep_backends.insert((*id, addr.family()));
+                    let backend = backends[&(addr.family(), *id)];
                     let entry = (backend_addr(&backend), addr.protocol);
                     self.backends
                         .entry(entry)
@@ -247,9 +312,11 @@ impl<S: MapStore> Syncer<S> {
             }
             let name = revnat
                 .get(&head.service_id)
+                .filter(|r| r.family() == addr.family())
                 .map(revnat_name)
                 .unwrap_or_default();
             self.service_ids.insert(head.service_id);
+            service_family.insert(head.service_id, addr.family());
             let programmed = Programmed {
                 service_id: head.service_id,
                 name,
@@ -258,18 +325,25 @@ impl<S: MapStore> Syncer<S> {
                 slots: ids,
                 external,
             };
-            self.frontend_entries += programmed.entries();
+            *self.frontend_entries.of(addr.family()) += programmed.entries();
             self.programmed.insert(addr, programmed);
         }
         // Orphans: slots of dropped frontends, unused backends and rev-NAT entries.
         for key in slots.keys().filter(|k| !keep_slots.contains(k)) {
             log_write(self.store.delete_frontend(*key));
         }
-        for id in backends.keys().filter(|id| !keep_backends.contains(id)) {
-            log_write(self.store.delete_backend(*id));
+        for (id, backend) in &dump.backends {
+            if !keep_backends.contains(&(*id, backend.family())) {
+                log_write(self.store.delete_backend(*id, backend.family()));
+            }
         }
-        for id in revnat.keys().filter(|id| !self.service_ids.contains(id)) {
-            log_write(self.store.delete_revnat(*id));
+        for (id, rnat) in &dump.revnat {
+            if service_family.get(id) != Some(&rnat.family()) {
+                log_write(self.store.delete_revnat(*id, rnat.family()));
+            }
+        }
+        for (backend, _) in self.backends.keys() {
+            *self.backend_entries.of(backend.family()) += 1;
         }
         self.next_service_id = self.service_ids.last().map_or(1, |id| id + 1);
         self.next_backend_id = self.backend_addrs.keys().max().map_or(1, |id| id + 1);
@@ -394,35 +468,36 @@ impl<S: MapStore> Syncer<S> {
         report.failed = self.failed.values().cloned().collect();
 
         if !purge.services.is_empty() || !purge.udp_backends.is_empty() {
-            report.conntrack_purged =
-                self.store.purge_conntrack(&|key: &CtKey, entry: &CtEntry| {
-                    purge.services.contains(&entry.service_id)
-                        || (key.proto == proto::UDP
-                            && purge
-                                .udp_backends
-                                .contains(&(entry.service_id, entry.backend_id)))
+            if purge.v4 {
+                report.conntrack_purged += self.store.purge_conntrack(&|key: &CtKey, entry: &CtEntry| {
+                    purge.dooms(key.proto, entry.service_id, entry.backend_id)
                 });
-            let purged = self
-                .store
-                .purge_sockets(&|key: &SockKey, entry: &SockEntry| {
-                    purge.services.contains(&entry.service_id)
-                        || (key.proto == proto::UDP
-                            && purge
-                                .udp_backends
-                                .contains(&(entry.service_id, entry.backend_id)))
+                let purged = self.store.purge_sockets(&|key: &SockKey, entry: &SockEntry| {
+                    purge.dooms(key.proto, entry.service_id, entry.backend_id)
                 });
-            report.sockets_purged = purged.len();
-            report.udp_sockets_left = purged
-                .iter()
-                .filter(|key| key.proto == proto::UDP && key.dir == sock_dir::REVERSE)
-                .map(|key| {
-                    let backend = BackendAddr {
-                        ip: Ipv4Addr::from(key.addr_be.to_ne_bytes()),
-                        port: u16::from_be(key.port_be),
-                    };
-                    (key.cookie, backend)
-                })
-                .collect();
+                report.sockets_purged += purged.len();
+                report.udp_sockets_left.extend(
+                    purged
+                        .iter()
+                        .filter(|key| key.proto == proto::UDP && key.dir == sock_dir::REVERSE)
+                        .map(|key| (key.cookie, BackendAddr { ip: IpAddr::V4(ipv4(key.addr_be)), port: u16::from_be(key.port_be) })),
+                );
+            }
+            if purge.v6 {
+                report.conntrack_purged += self.store.purge_conntrack6(&|key: &CtKey6, entry: &CtEntry6| {
+                    purge.dooms(key.proto, entry.service_id, entry.backend_id)
+                });
+                let purged = self.store.purge_sockets6(&|key: &SockKey6, entry: &SockEntry6| {
+                    purge.dooms(key.proto, entry.service_id, entry.backend_id)
+                });
+                report.sockets_purged += purged.len();
+                report.udp_sockets_left.extend(
+                    purged
+                        .iter()
+                        .filter(|key| key.proto == proto::UDP && key.dir == sock_dir::REVERSE)
+                        .map(|key| (key.cookie, BackendAddr { ip: IpAddr::V6(ipv6(key.addr_be)), port: u16::from_be(key.port_be) })),
+                );
+            }
         }
         if failed_write {
             // Some write failed half-way: believe the maps, not our
@@ -456,14 +531,15 @@ impl<S: MapStore> Syncer<S> {
             self.store.delete_maglev(programmed.service_id)?;
             *writes += 1;
         }
-        self.store.delete_revnat(programmed.service_id)?;
+        self.store.delete_revnat(programmed.service_id, addr.family())?;
         *writes += 1;
         for id in programmed.slots.iter().chain(programmed.external.iter().flatten()) {
             *writes += self.release_backend(*id)?;
         }
         purge.services.insert(programmed.service_id);
+        purge.family(addr.family());
         self.service_ids.remove(&programmed.service_id);
-        self.frontend_entries -= programmed.entries();
+        *self.frontend_entries.of(addr.family()) -= programmed.entries();
         self.programmed.remove(addr);
         debug!(frontend = %addr, "frontend removed");
         Ok(())
@@ -507,9 +583,15 @@ impl<S: MapStore> Syncer<S> {
         // leaves the maps as they were.
         let old_entries = old.as_ref().map_or(0, Programmed::entries);
         let new_entries = 1 + wanted.len() + wanted_external.as_ref().map_or(0, |e| 1 + e.len());
-        if self.frontend_entries - old_entries + new_entries > self.caps.frontends as usize {
+        let family = addr.family();
+        // The IPv4 wording predates IPv6 (and is kept).
+        let which = match family {
+            IpFamily::V4 => "",
+            IpFamily::V6 => "IPv6 ",
+        };
+        if *self.frontend_entries.of(family) - old_entries + new_entries > self.caps.frontends as usize {
             return Err(UpsertError::Capacity(format!(
-                "frontend map full ({} entries)",
+                "{which}frontend map full ({} entries)",
                 self.caps.frontends
             )));
         }
@@ -520,9 +602,9 @@ impl<S: MapStore> Syncer<S> {
             .into_iter()
             .filter(|b| !self.backends.contains_key(&(**b, addr.protocol)))
             .count();
-        if self.backends.len() + new_backends > self.caps.backends as usize {
+        if *self.backend_entries.of(family) + new_backends > self.caps.backends as usize {
             return Err(UpsertError::Capacity(format!(
-                "backend map full ({} entries)",
+                "{which}backend map full ({} entries)",
                 self.caps.backends
             )));
         }
@@ -584,11 +666,13 @@ impl<S: MapStore> Syncer<S> {
         for id in old_slots.iter().chain(old_external.iter().flatten()) {
             if addr.protocol == Protocol::Udp && !kept.contains(id) {
                 purge.udp_backends.insert((service_id, *id));
+                purge.family(addr.family());
             }
             report.writes += self.release_backend(*id)?;
         }
 
-        self.frontend_entries = self.frontend_entries - old_entries + new_entries;
+        let entries = self.frontend_entries.of(family);
+        *entries = *entries - old_entries + new_entries;
         if old.is_some() {
             report.updated += 1;
         } else {
@@ -756,19 +840,12 @@ impl<S: MapStore> Syncer<S> {
         while self.backend_addrs.contains_key(&id) {
             id = id.wrapping_add(1).max(1);
         }
-        self.store.put_backend(
-            id,
-            Backend {
-                addr_be: u32::from_ne_bytes(backend.ip.octets()),
-                port_be: backend.port.to_be(),
-                proto: proto_number(protocol),
-                flags: 0,
-            },
-        )?;
+        self.store.put_backend(id, backend_value(backend, protocol))?;
         self.next_backend_id = id.wrapping_add(1).max(1);
         self.backends
             .insert((backend, protocol), BackendRef { id, refs: 1 });
         self.backend_addrs.insert(id, (backend, protocol));
+        *self.backend_entries.of(backend.family()) += 1;
         Ok((id, 1))
     }
 
@@ -784,9 +861,10 @@ impl<S: MapStore> Syncer<S> {
         if backend.refs > 0 {
             return Ok(0);
         }
-        self.store.delete_backend(id)?;
+        self.store.delete_backend(id, entry.0.family())?;
         self.backends.remove(&entry);
         self.backend_addrs.remove(&id);
+        *self.backend_entries.of(entry.0.family()) -= 1;
         Ok(1)
     }
 }
@@ -818,19 +896,19 @@ fn sorted_set(backends: &[BackendAddr]) -> Vec<BackendAddr> {
 }
 
 /// The backend ids of slots `1..=count` of the set whose slot 0 is `head`, if
-/// every slot is present and names a backend.
+/// every slot is present and names a backend of the frontend's family.
 fn complete_slots(
-    slots: &HashMap<FrontendKey, FrontendSlot>,
-    backends: &HashMap<u32, Backend>,
-    key: &FrontendKey,
+    slots: &HashMap<AnyFrontendKey, FrontendSlot>,
+    backends: &HashMap<(IpFamily, u32), AnyBackend>,
+    key: &AnyFrontendKey,
     head: &FrontendSlot,
 ) -> Option<Vec<u32>> {
     (1..=head.backend_count)
         .map(|slot| {
             slots
-                .get(&FrontendKey { slot, ..*key })
+                .get(&key.at(key.scope(), slot))
                 .map(|v| v.backend_id)
-                .filter(|id| backends.contains_key(id))
+                .filter(|id| backends.contains_key(&(key.family(), *id)))
         })
         .collect()
 }

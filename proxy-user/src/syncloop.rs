@@ -16,7 +16,7 @@ use std::time::{Instant, SystemTime};
 use tracing::{error, info, warn};
 
 use crate::{
-    cidr::Ipv4Cidr,
+    cidr::IpCidr,
     health::ProxyHealth,
     healthcheck::HealthServers,
     maps::MapStore,
@@ -65,9 +65,9 @@ const TRIM_AFTER_SERVICES: usize = 1000;
 /// Where NodePorts are served under `--nodeport-addresses`.
 pub struct NodePortAddresses {
     pub node_name: String,
-    pub cidrs: Vec<Ipv4Cidr>,
-    /// This namespace's interface addresses, as last listed.
-    pub local: Vec<std::net::Ipv4Addr>,
+    pub cidrs: Vec<IpCidr>,
+    /// This namespace's interface addresses (both families), as last listed.
+    pub local: Vec<std::net::IpAddr>,
 }
 
 impl NodePortAddresses {

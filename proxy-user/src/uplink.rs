@@ -156,16 +156,23 @@ impl Interfaces {
     }
 }
 
-/// Every IPv4 address of this namespace's interfaces, loopback excluded
-/// (the candidates for `--nodeport-addresses`).
-pub async fn local_addresses(handle: &rtnetlink::Handle) -> Result<Vec<Ipv4Addr>, UplinkError> {
-    let interfaces = Interfaces::list(handle).await?;
-    let mut all: Vec<Ipv4Addr> = interfaces
-        .addrs
-        .into_values()
-        .flatten()
-        .filter(|a| !a.is_loopback())
-        .collect();
+/// Every address of this namespace's interfaces, of both families, loopback
+/// and IPv6 link-local excluded (the candidates for `--nodeport-addresses`).
+pub async fn local_addresses(handle: &rtnetlink::Handle) -> Result<Vec<std::net::IpAddr>, UplinkError> {
+    let mut all = Vec::new();
+    let mut list = handle.address().get().execute();
+    while let Some(msg) = list.try_next().await? {
+        for attr in &msg.attributes {
+            if let AddressAttribute::Address(ip) = attr {
+                all.push(*ip);
+            }
+        }
+    }
+    all.retain(|a| match a {
+        std::net::IpAddr::V4(a) => !a.is_loopback(),
+        // fe80::/10 needs a zone to be reached: no NodePort there.
+        std::net::IpAddr::V6(a) => !a.is_loopback() && (a.segments()[0] & 0xffc0) != 0xfe80,
+    });
     all.sort_unstable();
     all.dedup();
     Ok(all)

@@ -18,7 +18,7 @@ use std::io::{Read as _, Write as _};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use proxy_common::{frontend_flags, scope, Backend, FrontendKey, FrontendSlot, RevNat};
+use proxy_common::{frontend_flags, scope, FrontendSlot};
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::sync::{mpsc, oneshot};
@@ -26,9 +26,10 @@ use tracing::{debug, warn};
 
 use crate::encode::{
     backend_addr, frontend_addr, proto_number, revnat_name, revnat_value, scoped_key, slot_zero_attributes,
+    AnyBackend, AnyFrontendKey, AnyRevNat,
 };
 use crate::maps::Dump;
-use crate::model::{BackendAddr, DesiredState, Frontend, FrontendAddr, LbAlgorithm};
+use crate::model::{BackendAddr, DesiredState, Frontend, FrontendAddr, IpFamily, LbAlgorithm};
 use crate::status;
 
 /// The one request the socket serves.
@@ -123,23 +124,23 @@ pub fn compare(
 ) -> Verification {
     let maps = Maps::index(dump);
     let mut problems = Vec::new();
-    let mut reachable_backends: HashSet<u32> = HashSet::new();
-    let mut reachable_slots: HashSet<FrontendKey> = HashSet::new();
-    let mut named_services: HashSet<u32> = HashSet::new();
+    let mut reachable_backends: HashSet<(IpFamily, u32)> = HashSet::new();
+    let mut reachable_slots: HashSet<AnyFrontendKey> = HashSet::new();
+    let mut named_services: HashSet<(IpFamily, u32)> = HashSet::new();
 
     // Every set announced in the maps, desired or not: its slots and
     // backends are reachable by the data path.
-    let heads: BTreeMap<FrontendAddr, (FrontendKey, FrontendSlot)> = dump
+    let heads: BTreeMap<FrontendAddr, (AnyFrontendKey, FrontendSlot)> = dump
         .frontends
         .iter()
-        .filter(|(k, _)| k.slot == 0 && k.scope == scope::INTERNAL)
+        .filter(|(k, _)| k.slot() == 0 && k.scope() == scope::INTERNAL)
         .filter_map(|(k, v)| Some((frontend_addr(k)?, (*k, *v))))
         .collect();
     for (addr, (key, head)) in &heads {
-        named_services.insert(head.service_id);
+        named_services.insert((addr.family(), head.service_id));
         let mut sets = vec![(*key, *head)];
         if frontend_flags::has_external_set(head.flags) {
-            let ext = FrontendKey { scope: scope::EXTERNAL, ..*key };
+            let ext = key.at(scope::EXTERNAL, 0);
             if let Some(ext_head) = maps.slots.get(&ext) {
                 sets.push((ext, *ext_head));
             }
@@ -148,7 +149,7 @@ pub fn compare(
             reachable_slots.insert(set_key);
             let decoded = maps.decode_set(addr, &set_key, &set_head);
             reachable_slots.extend(decoded.slots.iter().copied());
-            reachable_backends.extend(decoded.ids.iter().copied());
+            reachable_backends.extend(decoded.ids.iter().map(|id| (addr.family(), *id)));
         }
     }
 
@@ -159,35 +160,35 @@ pub fn compare(
         let set = maps.decode_set(addr, key, head);
         problems.push(Problem {
             frontend: addr.to_string(),
-            service: maps.service_name(head.service_id),
+            service: maps.service_name(addr.family(), head.service_id),
             kind: ProblemKind::Extra,
             detail: format!("in the maps (to {}) but not desired", list(&set.addrs)),
         });
     }
     for (key, value) in dump.frontends.iter().filter(|(k, _)| !reachable_slots.contains(k)) {
         let frontend = frontend_addr(key).map(|a| a.to_string()).unwrap_or_default();
-        let set = if key.scope == scope::EXTERNAL { "external" } else { "internal" };
+        let set = if key.scope() == scope::EXTERNAL { "external" } else { "internal" };
         problems.push(Problem {
             frontend,
-            service: maps.service_name(value.service_id),
+            service: maps.service_name(key.family(), value.service_id),
             kind: ProblemKind::OrphanedSlot,
-            detail: format!("{set} slot {} (backend id {}) is past its set's count or has no slot 0", key.slot, value.backend_id),
+            detail: format!("{set} slot {} (backend id {}) is past its set's count or has no slot 0", key.slot(), value.backend_id),
         });
     }
-    for (id, backend) in dump.backends.iter().filter(|(id, _)| !reachable_backends.contains(id)) {
+    for (id, backend) in dump.backends.iter().filter(|(id, b)| !reachable_backends.contains(&(b.family(), *id))) {
         problems.push(Problem {
             frontend: String::new(),
             service: String::new(),
             kind: ProblemKind::OrphanedBackend,
-            detail: format!("backend id {id} ({}) is named by no slot", backend_addr(backend)),
+            detail: format!("{} backend id {id} ({}) is named by no slot", backend.family(), backend_addr(backend)),
         });
     }
-    for (id, rn) in dump.revnat.iter().filter(|(id, _)| !named_services.contains(id)) {
+    for (id, rn) in dump.revnat.iter().filter(|(id, rn)| !named_services.contains(&(rn.family(), *id))) {
         problems.push(Problem {
             frontend: String::new(),
             service: revnat_name(rn),
             kind: ProblemKind::WrongRevnat,
-            detail: format!("reverse-NAT entry of service id {id} is named by no frontend"),
+            detail: format!("{} reverse-NAT entry of service id {id} is named by no frontend", rn.family()),
         });
     }
     problems.sort();
@@ -235,9 +236,9 @@ fn compare_frontend(
         );
     }
     let expected_name = revnat_value(addr, &frontend.service.to_string());
-    match maps.revnat.get(&head.service_id) {
+    match maps.revnat.get(&(addr.family(), head.service_id)) {
         None => push(ProblemKind::WrongRevnat, format!("slot 0 names service id {} with no reverse-NAT entry", head.service_id)),
-        Some(rn) if rn.addr_be != expected_name.addr_be || rn.port_be != expected_name.port_be || rn.proto != expected_name.proto || rn.name != expected_name.name => {
+        Some(rn) if *rn != expected_name => {
             push(ProblemKind::WrongRevnat, format!("reverse-NAT entry {} says {:?}, desired {:?}", head.service_id, revnat_name(rn), revnat_name(&expected_name)));
         }
         Some(_) => {}
@@ -295,9 +296,10 @@ fn list(v: &[BackendAddr]) -> String {
 
 /// The dump, indexed.
 struct Maps {
-    slots: HashMap<FrontendKey, FrontendSlot>,
-    backends: HashMap<u32, Backend>,
-    revnat: HashMap<u32, RevNat>,
+    slots: HashMap<AnyFrontendKey, FrontendSlot>,
+    /// Ids are shared by both families; each map is indexed by its family.
+    backends: HashMap<(IpFamily, u32), AnyBackend>,
+    revnat: HashMap<(IpFamily, u32), AnyRevNat>,
 }
 
 /// One backend set as the data path sees it.
@@ -306,7 +308,7 @@ struct DecodedSet {
     addrs: Vec<BackendAddr>,
     ids: Vec<u32>,
     /// The slots within the count that exist.
-    slots: Vec<FrontendKey>,
+    slots: Vec<AnyFrontendKey>,
     /// What is wrong with slots within the count.
     dangling: Vec<String>,
 }
@@ -315,31 +317,31 @@ impl Maps {
     fn index(dump: &Dump) -> Maps {
         Maps {
             slots: dump.frontends.iter().copied().collect(),
-            backends: dump.backends.iter().copied().collect(),
-            revnat: dump.revnat.iter().copied().collect(),
+            backends: dump.backends.iter().map(|(id, b)| ((b.family(), *id), *b)).collect(),
+            revnat: dump.revnat.iter().map(|(id, r)| ((r.family(), *id), *r)).collect(),
         }
     }
 
-    fn service_name(&self, service_id: u32) -> String {
-        self.revnat.get(&service_id).map(revnat_name).unwrap_or_default()
+    fn service_name(&self, family: IpFamily, service_id: u32) -> String {
+        self.revnat.get(&(family, service_id)).map(revnat_name).unwrap_or_default()
     }
 
-    fn decode_set(&self, addr: &FrontendAddr, head_key: &FrontendKey, head: &FrontendSlot) -> DecodedSet {
+    fn decode_set(&self, addr: &FrontendAddr, head_key: &AnyFrontendKey, head: &FrontendSlot) -> DecodedSet {
         let mut set = DecodedSet { addrs: Vec::new(), ids: Vec::new(), slots: Vec::new(), dangling: Vec::new() };
         for slot in 1..=head.backend_count {
-            let key = FrontendKey { slot, ..*head_key };
+            let key = head_key.at(head_key.scope(), slot);
             let Some(value) = self.slots.get(&key) else {
                 set.dangling.push(format!("slot {slot} of {} is absent", head.backend_count));
                 continue;
             };
             set.slots.push(key);
-            let Some(backend) = self.backends.get(&value.backend_id) else {
-                set.dangling.push(format!("slot {slot} names backend id {}, which is not in the backend map", value.backend_id));
+            let Some(backend) = self.backends.get(&(addr.family(), value.backend_id)) else {
+                set.dangling.push(format!("slot {slot} names backend id {}, which is not in the {} backend map", value.backend_id, addr.family()));
                 continue;
             };
             set.ids.push(value.backend_id);
-            if backend.proto != proto_number(addr.protocol) {
-                set.dangling.push(format!("slot {slot} names backend id {} of protocol {}", value.backend_id, backend.proto));
+            if backend.proto() != proto_number(addr.protocol) {
+                set.dangling.push(format!("slot {slot} names backend id {} of protocol {}", value.backend_id, backend.proto()));
             }
             set.addrs.push(backend_addr(backend));
         }

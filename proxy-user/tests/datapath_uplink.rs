@@ -219,7 +219,7 @@ fn local_policy(mut fe: Frontend, external: &[Ipv4Addr]) -> Frontend {
         external
             .iter()
             .map(|ip| BackendAddr {
-                ip: *ip,
+                ip: (*ip).into(),
                 port: POD_PORT,
             })
             .collect(),
@@ -682,7 +682,7 @@ fn local_policy_without_local_endpoints_drops_outside_traffic_only() {
             let head = |scope| {
                 dump.frontends
                     .iter()
-                    .find(|(k, _)| k.slot == 0 && k.scope == scope)
+                    .find(|(k, _)| k.slot() == 0 && k.scope() == scope)
                     .map(|(_, v)| *v)
             };
             let internal = head(scope::INTERNAL).expect("internal slot 0");
@@ -696,25 +696,25 @@ fn local_policy_without_local_endpoints_drops_outside_traffic_only() {
                 dump.backends
                     .iter()
                     .find(|(i, _)| *i == id)
-                    .map(|(_, b)| Ipv4Addr::from(u32::from_be(b.addr_be)))
+                    .map(|(_, b)| proxy_user::encode::backend_addr(b).ip)
             };
-            let mut internal_set: Vec<Option<Ipv4Addr>> = dump
+            let mut internal_set: Vec<Option<std::net::IpAddr>> = dump
                 .frontends
                 .iter()
-                .filter(|(k, _)| k.scope == scope::INTERNAL && k.slot > 0)
+                .filter(|(k, _)| k.scope() == scope::INTERNAL && k.slot() > 0)
                 .map(|(_, v)| backend_addr(v.backend_id))
                 .collect();
             internal_set.sort();
             assert_eq!(
                 internal_set,
-                vec![Some(POD_LOCAL), Some(POD_REMOTE)],
+                vec![Some(POD_LOCAL.into()), Some(POD_REMOTE.into())],
                 "{prog:?}"
             );
             assert!(
                 !dump
                     .frontends
                     .iter()
-                    .any(|(k, _)| k.scope == scope::EXTERNAL && k.slot > 0),
+                    .any(|(k, _)| k.scope() == scope::EXTERNAL && k.slot() > 0),
                 "{prog:?}: the external set has no slots"
             );
             let svc = fx.loaded.syncer.store().service_stats(internal.service_id);

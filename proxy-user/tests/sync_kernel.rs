@@ -11,7 +11,7 @@ use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
 use proxy_common::scope;
 use proxy_user::{
     ebpf::Capacities,
-    encode::{backend_addr, frontend_addr, revnat_name},
+    encode::{backend_addr, frontend_addr, revnat_name, AnyBackend},
     maps::{MapStore, PinnedMaps},
     model::{BackendAddr, DesiredState, FrontendAddr, Interner, Model, ObjectKey, SliceInfo},
     sync::Syncer,
@@ -49,18 +49,58 @@ fn decode(store: &PinnedMaps) -> BTreeMap<FrontendAddr, (String, Vec<BackendAddr
     let revnat: HashMap<u32, _> = dump.revnat.iter().copied().collect();
     let slots: HashMap<_, _> = dump.frontends.iter().copied().collect();
     let mut out = BTreeMap::new();
-    for (key, head) in dump.frontends.iter().filter(|(k, _)| k.slot == 0 && k.scope == scope::INTERNAL) {
+    for (key, head) in dump.frontends.iter().filter(|(k, _)| k.slot() == 0 && k.scope() == scope::INTERNAL) {
         let addr = frontend_addr(key).expect("a known protocol");
         let mut set: Vec<BackendAddr> = (1..=head.backend_count)
             .map(|slot| {
-                let value = slots[&proxy_common::FrontendKey { slot, ..*key }];
-                backend_addr(&backends[&value.backend_id])
+                let value = slots[&key.at(scope::INTERNAL, slot)];
+                let backend: &AnyBackend = &backends[&value.backend_id];
+                assert_eq!(backend.family(), key.family(), "{addr}: backend id {} of the other family", value.backend_id);
+                backend_addr(backend)
             })
             .collect();
         set.sort();
         out.insert(addr, (revnat_name(&revnat[&head.service_id]), set));
     }
     out
+}
+
+/// A dual-stack Service: an IPv4 and an IPv6 cluster IP.
+fn dual_service(i: u32) -> Service {
+    serde_json::from_value(json!({
+        "metadata": {"name": format!("dual-{i}"), "namespace": "kmap"},
+        "spec": {"ipFamilyPolicy": "RequireDualStack", "ipFamilies": ["IPv4", "IPv6"],
+                 "clusterIPs": [format!("10.101.{}.{}", i / 250, i % 250 + 1), format!("fd00:101::{:x}", i + 1)],
+                 "ports": [{"name": "http", "port": 80}]}
+    }))
+    .expect("a Service")
+}
+
+/// The IPv6 slice of `dual_service(i)`: three endpoints from `first`.
+fn slice6(i: u32, first: u16) -> EndpointSlice {
+    let eps: Vec<_> = (0..3u16)
+        .map(|j| json!({"addresses": [format!("fd00:244:{:x}::{:x}", i, first + j)]}))
+        .collect();
+    serde_json::from_value(json!({
+        "metadata": {"name": format!("dual-{i}-v6"), "namespace": "kmap",
+                     "labels": {"kubernetes.io/service-name": format!("dual-{i}")}},
+        "addressType": "IPv6",
+        "endpoints": eps,
+        "ports": [{"name": "http", "port": 8080}]
+    }))
+    .expect("an EndpointSlice")
+}
+
+/// The IPv4 slice of `dual_service(i)`: two endpoints.
+fn slice4(i: u32) -> EndpointSlice {
+    serde_json::from_value(json!({
+        "metadata": {"name": format!("dual-{i}-v4"), "namespace": "kmap",
+                     "labels": {"kubernetes.io/service-name": format!("dual-{i}")}},
+        "addressType": "IPv4",
+        "endpoints": [{"addresses": [format!("10.201.{}.1", i % 250)]}, {"addresses": [format!("10.201.{}.2", i % 250)]}],
+        "ports": [{"name": "http", "port": 8080}]
+    }))
+    .expect("an EndpointSlice")
 }
 
 fn want(desired: &DesiredState) -> BTreeMap<FrontendAddr, (String, Vec<BackendAddr>)> {
@@ -156,4 +196,78 @@ fn max_services_n_gives_n_service_ports_each_with_counters() {
             .get(&id, 0)
             .unwrap_or_else(|e| panic!("service id {id} has no counter slot: {e}"));
     }
+}
+
+/// Issue 12: dual-stack Services in the real maps. Each IPv6 frontend, its
+/// backends and its reverse NAT are in the IPv6 maps (`SB_FE6_V1`,
+/// `SB_BE6_V1`, `SB_RNAT6_V1`), the IPv4 ones where they always were, with
+/// one id space; batched and entry by entry; a restarted agent adopts both
+/// families without a write.
+#[test]
+fn dual_stack_services_fill_both_families_maps() {
+    let count = 50;
+    let caps = Capacities {
+        frontends: 1024,
+        backends: 1024,
+        conntrack: 256,
+        services: 256,
+    };
+    let (_ebpf, maps) = support::load(&caps);
+    let mut syncer = Syncer::adopt(maps, caps);
+    let mut model = Model::new(None, None);
+    let mut interner = Interner::default();
+    for i in 0..count {
+        let s = Arc::new(proxy_user::model::ServiceInfo::from_k8s(&dual_service(i)));
+        model.set_service(s.key.clone(), Some(s));
+        for slice in [slice4(i), slice6(i, 1)] {
+            let e = Arc::new(SliceInfo::from_k8s(&slice, &mut interner));
+            model.set_slice(e.key.clone(), Some(e));
+        }
+    }
+    let delta = model.update();
+    assert!(model.warnings().next().is_none(), "{:?}", model.warnings().collect::<Vec<_>>());
+    assert_eq!(delta.frontends.len(), 2 * count as usize);
+
+    // 100 frontends into empty maps: batched, per family.
+    let report = syncer.apply_changed(model.desired(), &delta.frontends);
+    assert!(report.failed.is_empty(), "{:?}", report.failed.first());
+    assert_eq!(report.added, 2 * count as usize);
+    assert_eq!(decode(syncer.store()), want(model.desired()));
+    let store = syncer.store();
+    let fe4 = store.frontends.keys().filter(Result::is_ok).count();
+    let fe6 = store.frontends6.keys().filter(Result::is_ok).count();
+    assert_eq!((fe4, fe6), (count as usize * 3, count as usize * 4), "slot 0 plus 2 IPv4 or 3 IPv6 slots each");
+    let be4: BTreeSet<u32> = store.backends.keys().filter_map(Result::ok).collect();
+    let be6: BTreeSet<u32> = store.backends6.keys().filter_map(Result::ok).collect();
+    assert_eq!((be4.len(), be6.len()), (count as usize * 2, count as usize * 3));
+    assert!(be4.is_disjoint(&be6), "one backend id space");
+    let rn4: BTreeSet<u32> = store.revnat.keys().filter_map(Result::ok).collect();
+    let rn6: BTreeSet<u32> = store.revnat6.keys().filter_map(Result::ok).collect();
+    assert_eq!((rn4.len(), rn6.len()), (count as usize, count as usize));
+    assert!(rn4.is_disjoint(&rn6), "one service id space");
+    for (key, head) in store.frontends6.iter().filter_map(Result::ok).filter(|(k, _)| k.slot == 0) {
+        let addr = frontend_addr(&key).expect("TCP");
+        assert!(addr.ip.is_ipv6());
+        let rnat = store.revnat6.get(&head.service_id, 0).expect("the IPv6 reverse-NAT entry");
+        assert_eq!((rnat.addr_be, rnat.port_be), (key.addr_be, key.port_be));
+    }
+
+    // Entry by entry: IPv6 endpoints move, a Service goes (both families).
+    for i in (0..count).step_by(3) {
+        let e = Arc::new(SliceInfo::from_k8s(&slice6(i, 100), &mut interner));
+        model.set_slice(e.key.clone(), Some(e));
+    }
+    model.set_service(ObjectKey::new("kmap", "dual-4"), None);
+    let delta = model.update();
+    let report = syncer.apply_changed(model.desired(), &delta.frontends);
+    assert!(report.failed.is_empty(), "{:?}", report.failed.first());
+    assert_eq!(report.removed, 2, "dual-4's two frontends");
+    assert_eq!(decode(syncer.store()), want(model.desired()));
+    assert_eq!(syncer.store().revnat6.keys().filter(Result::is_ok).count(), count as usize - 1);
+
+    // A restarted agent adopts both families: nothing to write.
+    let mut restarted = Syncer::adopt(syncer.into_store(), caps);
+    let report = restarted.apply(model.desired());
+    assert_eq!((report.writes, report.unchanged), (0, model.desired().frontends.len()), "{report:?}");
+    assert_eq!(decode(restarted.store()), want(model.desired()));
 }

@@ -106,7 +106,7 @@ fn one_size(count: u32, max_changes: u32, budget: Duration) -> Result<Value> {
         let t3 = Instant::now();
 
         let addr = FrontendAddr {
-            ip: nth_ip(Ipv4Addr::new(10, 100, 0, 0), i),
+            ip: nth_ip(Ipv4Addr::new(10, 100, 0, 0), i).into(),
             port: 80,
             protocol: Protocol::Tcp,
         };
@@ -127,7 +127,7 @@ fn one_size(count: u32, max_changes: u32, budget: Duration) -> Result<Value> {
             .with_context(|| format!("change {k}: {addr} left the model"))?;
         ensure!(
             fe.backends.contains(&BackendAddr {
-                ip: new_ip,
+                ip: new_ip.into(),
                 port: 8080
             }),
             "change {k}: {addr} lacks the new backend {new_ip}:8080"

@@ -31,7 +31,7 @@ pub(crate) const FRAME_PAYLOAD: usize = 20;
 pub(crate) fn frontend(ip: Ipv4Addr, port: u16, name: &str, backends: Vec<BackendAddr>) -> Frontend {
     Frontend::cluster_ip(
         FrontendAddr {
-            ip,
+            ip: ip.into(),
             port,
             protocol: Protocol::Tcp,
         },

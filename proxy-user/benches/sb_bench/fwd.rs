@@ -181,7 +181,7 @@ pub(crate) fn fwd(rest: &[String]) -> Result<Value> {
                     "fwd",
                     pods.iter()
                         .map(|p| BackendAddr {
-                            ip: p.ip,
+                            ip: p.ip.into(),
                             port: pod_port,
                         })
                         .collect(),

@@ -45,12 +45,12 @@ pub(crate) fn frame_tcp(src: Ipv4Addr, sport: u16, dst: Ipv4Addr, dport: u16, fl
 /// `services - 3` filler services with one backend each.
 pub(crate) fn perpacket_state(services: u32, target_backends: u32) -> DesiredState {
     let mut a_backends = vec![BackendAddr {
-        ip: VIP_B,
+        ip: VIP_B.into(),
         port: 80,
     }];
     for j in 1..target_backends {
         a_backends.push(BackendAddr {
-            ip: nth_ip(Ipv4Addr::new(10, 210, 0, 0), j),
+            ip: nth_ip(Ipv4Addr::new(10, 210, 0, 0), j).into(),
             port: 8080,
         });
     }
@@ -61,7 +61,7 @@ pub(crate) fn perpacket_state(services: u32, target_backends: u32) -> DesiredSta
             80,
             "b",
             vec![BackendAddr {
-                ip: VIP_A,
+                ip: VIP_A.into(),
                 port: 80,
             }],
         ),
@@ -73,7 +73,7 @@ pub(crate) fn perpacket_state(services: u32, target_backends: u32) -> DesiredSta
             80,
             "self",
             vec![BackendAddr {
-                ip: VIP_SELF,
+                ip: VIP_SELF.into(),
                 port: 80,
             }],
         ),
@@ -84,7 +84,7 @@ pub(crate) fn perpacket_state(services: u32, target_backends: u32) -> DesiredSta
             80,
             &format!("fill-{i}"),
             vec![BackendAddr {
-                ip: nth_ip(Ipv4Addr::new(10, 200, 0, 0), i),
+                ip: nth_ip(Ipv4Addr::new(10, 200, 0, 0), i).into(),
                 port: 8080,
             }],
         ));
@@ -131,7 +131,7 @@ impl PerPacket {
         let dump = self.syncer.store().dump();
         let key = frontend_key(
             &FrontendAddr {
-                ip: vip,
+                ip: vip.into(),
                 port: 80,
                 protocol: Protocol::Tcp,
             },
@@ -143,11 +143,11 @@ impl PerPacket {
             .find(|(k, _)| *k == key)
             .map(|(_, v)| v.service_id)
             .ok_or_else(|| anyhow!("frontend {vip} missing"))?;
-        let want = (u32::from_ne_bytes(backend.octets()), backend_port.to_be());
+        let want = proxy_user::model::BackendAddr { ip: backend.into(), port: backend_port };
         let backend_id = dump
             .backends
             .iter()
-            .find(|(_, b)| (b.addr_be, b.port_be) == want)
+            .find(|(_, b)| proxy_user::encode::backend_addr(b) == want)
             .map(|(id, _)| *id)
             .ok_or_else(|| anyhow!("backend {backend} missing"))?;
         Ok((service_id, backend_id))

@@ -137,7 +137,7 @@ fn fe(kind: FrontendKind, ip: Ipv4Addr, port: u16, name: &str, backend: (Ipv4Add
         kind,
         ..Frontend::cluster_ip(
             FrontendAddr {
-                ip,
+                ip: ip.into(),
                 port,
                 protocol: Protocol::Tcp,
             },
@@ -147,7 +147,7 @@ fn fe(kind: FrontendKind, ip: Ipv4Addr, port: u16, name: &str, backend: (Ipv4Add
                 port: String::new(),
             },
             vec![BackendAddr {
-                ip: backend.0,
+                ip: backend.0.into(),
                 port: backend.1,
             }],
         )

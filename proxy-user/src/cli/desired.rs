@@ -190,9 +190,10 @@ fn desired_sets(desired: &DesiredState) -> BTreeMap<SetKey, (String, Vec<String>
 fn actual_sets(rows: &[ServiceRow]) -> BTreeMap<SetKey, (String, Vec<String>)> {
     let mut sets = BTreeMap::new();
     for r in rows {
-        let addr = format!("{}:{}/{}", r.address, r.port, r.protocol);
+        // As the model prints them: IPv6 addresses bracketed.
+        let addr = format!("{}/{}", super::services::host_port(&r.address, r.port), r.protocol);
         let list = |b: &[super::BackendRow]| {
-            let mut v: Vec<String> = b.iter().map(|b| format!("{}:{}", b.address, b.port)).collect();
+            let mut v: Vec<String> = b.iter().map(|b| super::services::host_port(&b.address, b.port)).collect();
             v.sort();
             v
         };
@@ -259,7 +260,7 @@ mod tests {
     fn frontend(ip: [u8; 4], port: u16, backends: &[u8]) -> Frontend {
         Frontend::cluster_ip(
             FrontendAddr {
-                ip: Ipv4Addr::from(ip),
+                ip: Ipv4Addr::from(ip).into(),
                 port,
                 protocol: Protocol::Tcp,
             },
@@ -271,7 +272,7 @@ mod tests {
             backends
                 .iter()
                 .map(|i| BackendAddr {
-                    ip: Ipv4Addr::new(10, 244, *i, 2),
+                    ip: Ipv4Addr::new(10, 244, *i, 2).into(),
                     port: 8080,
                 })
                 .collect(),
@@ -337,7 +338,7 @@ mod tests {
         let mut desired = DesiredState::default();
         let mut f = frontend([192, 168, 1, 5], 30080, &[1, 2]);
         f.external_backends = Some(vec![BackendAddr {
-            ip: Ipv4Addr::new(10, 244, 1, 2),
+            ip: Ipv4Addr::new(10, 244, 1, 2).into(),
             port: 8080,
         }]);
         desired.frontends.insert(f.addr, f);

@@ -177,14 +177,14 @@ pub fn endpoints_check(rows: Option<&[ServiceRow]>) -> Check {
         if seen.insert(r.service.clone()) {
             let (ns, svc) = split_service(&r.service);
             findings.push(Finding {
-                what: format!("{} ({}:{}/{}) has no endpoints: connections are refused", r.service, r.address, r.port, r.protocol),
+                what: format!("{} ({}/{}) has no endpoints: connections are refused", r.service, super::services::host_port(&r.address, r.port), r.protocol),
                 fix: format!("`kubectl -n {ns} get endpointslices -l kubernetes.io/service-name={svc}`: are its Pods running and ready (readiness probe), and does its targetPort match their port?"),
             });
         }
     }
     for r in rows.iter().filter(|r| !r.backends.is_empty() && r.external_backends.as_ref().is_some_and(Vec::is_empty)) {
         findings.push(Finding {
-            what: format!("{} ({}:{}/{}): externalTrafficPolicy Local and no endpoint on this node: traffic from outside is dropped here", r.service, r.address, r.port, r.protocol),
+            what: format!("{} ({}/{}): externalTrafficPolicy Local and no endpoint on this node: traffic from outside is dropped here", r.service, super::services::host_port(&r.address, r.port), r.protocol),
             fix: "send outside traffic only to nodes that run an endpoint (the load balancer's health check on healthCheckNodePort does that), or use externalTrafficPolicy: Cluster".into(),
         });
     }

@@ -12,34 +12,42 @@
 //! 5. `sessionAffinity: ClientIP`: the client's remembered backend while it
 //!    is valid;
 //! 6. otherwise a random slot.
-use std::{collections::HashMap, fmt::Write as _, net::Ipv4Addr, path::Path};
+use std::{
+    collections::HashMap,
+    fmt::Write as _,
+    net::{IpAddr, Ipv4Addr, SocketAddr},
+    path::Path,
+};
 
 use aya::maps::{HashMap as BpfHashMap, Map, MapData};
 use proxy_common::{
-    capacity, ct_dir, ct_flags, frontend_flags as ff, hash, names, proto, scope, AffinityEntry,
-    AffinityKey, Backend, CtEntry, CtKey, FrontendSlot, FrontendKey,
+    addr6_be, capacity, ct_dir, ct_flags, frontend_flags as ff, hash, names, proto, scope, AffinityEntry,
+    AffinityKey, Backend, CtEntry, CtKey, FrontendKey, FrontendKey6, FrontendSlot,
 };
 use serde::Serialize;
 
 use super::{hooks, Common, Done, Output};
 use crate::{
-    maps::PinnedMaps,
+    encode::{backend_addr, revnat_name, AnyBackend, AnyFrontendKey},
+    maps::{MapStore as _, PinnedMaps},
+    model::IpFamily,
     status::UnprogrammedService,
-    encode::{backend_addr, revnat_name},
 };
 
 /// A flow's destination.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Target {
-    pub ip: Ipv4Addr,
+    /// Either family.
+    pub ip: IpAddr,
     pub port: u16,
     /// IP protocol number.
     pub proto: u8,
 }
 
 impl std::fmt::Display for Target {
+    /// `10.96.0.10:80/TCP`, `[fd00::10]:80/TCP`.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}:{}/{}", self.ip, self.port, proto_name(self.proto))
+        write!(f, "{}/{}", SocketAddr::new(self.ip, self.port), proto_name(self.proto))
     }
 }
 
@@ -51,7 +59,8 @@ fn proto_name(number: u8) -> &'static str {
     }
 }
 
-/// Parses `IP:PORT[/PROTO]` (TCP when the protocol is left out).
+/// Parses `IP:PORT[/PROTO]` (TCP when the protocol is left out); an IPv6
+/// address in brackets: `[fd00::10]:80/UDP`.
 pub fn parse_target(s: &str) -> Result<Target, String> {
     let (addr, protocol) = match s.split_once('/') {
         Some((addr, p)) => (addr, p),
@@ -62,25 +71,25 @@ pub fn parse_target(s: &str) -> Result<Target, String> {
         "UDP" => proto::UDP,
         other => return Err(format!("protocol {other:?}: TCP or UDP")),
     };
-    let addr: std::net::SocketAddrV4 = addr
+    let addr: SocketAddr = addr
         .parse()
-        .map_err(|_| format!("{addr:?} is not IPv4-ADDRESS:PORT"))?;
+        .map_err(|_| format!("{addr:?} is not ADDRESS:PORT (an IPv6 address in brackets: [fd00::10]:80)"))?;
     Ok(Target {
-        ip: *addr.ip(),
+        ip: addr.ip(),
         port: addr.port(),
         proto,
     })
 }
 
-/// Parses `IP` or `IP:PORT`.
-pub fn parse_source(s: &str) -> Result<(Ipv4Addr, Option<u16>), String> {
-    if let Ok(ip) = s.parse::<Ipv4Addr>() {
+/// Parses `IP` or `IP:PORT` (`[IPv6]:PORT`).
+pub fn parse_source(s: &str) -> Result<(IpAddr, Option<u16>), String> {
+    if let Ok(ip) = s.parse::<IpAddr>() {
         return Ok((ip, None));
     }
-    let addr: std::net::SocketAddrV4 = s
+    let addr: SocketAddr = s
         .parse()
-        .map_err(|_| format!("{s:?} is not IPv4-ADDRESS or IPv4-ADDRESS:PORT"))?;
-    Ok((*addr.ip(), Some(addr.port())))
+        .map_err(|_| format!("{s:?} is not ADDRESS or ADDRESS:PORT (IPv6 with a port in brackets: [fd00::1]:4000)"))?;
+    Ok((addr.ip(), Some(addr.port())))
 }
 
 /// Where a flow comes from, as the data path tells it apart.
@@ -98,7 +107,8 @@ pub enum Scope {
 #[derive(Clone, Debug)]
 pub struct Query {
     pub target: Target,
-    pub src: Option<(Ipv4Addr, Option<u16>)>,
+    /// Of the target's family (a flow has one family).
+    pub src: Option<(IpAddr, Option<u16>)>,
     pub scope: Scope,
     pub scope_reason: String,
 }
@@ -107,12 +117,16 @@ pub struct Query {
 /// by a test).
 #[derive(Clone, Debug, Default)]
 pub struct View {
-    pub frontends: HashMap<FrontendKey, FrontendSlot>,
-    pub backends: HashMap<u32, Backend>,
+    /// Both families' frontend maps.
+    pub frontends: HashMap<AnyFrontendKey, FrontendSlot>,
+    /// Both families' backend maps (ids are one space).
+    pub backends: HashMap<u32, AnyBackend>,
     pub names: HashMap<u32, String>,
     /// Maglev tables by service id.
     pub maglev: HashMap<u32, Vec<u32>>,
+    /// IPv4 flows' entries (IPv6 ones are not read yet).
     pub conntrack: HashMap<CtKey, CtEntry>,
+    /// IPv4 clients' entries (IPv6 ones are not read yet).
     pub affinity: HashMap<AffinityKey, AffinityEntry>,
     /// `CLOCK_MONOTONIC` now, in ns (what entries are stamped with).
     pub now_ns: u64,
@@ -156,13 +170,22 @@ pub struct Explanation {
 pub fn run(
     common: &Common,
     target: Target,
-    from: Option<(Ipv4Addr, Option<u16>)>,
+    from: Option<(IpAddr, Option<u16>)>,
     scope: Option<Scope>,
 ) -> anyhow::Result<Done> {
+    if let Some((ip, _)) = from {
+        if IpFamily::of(ip) != IpFamily::of(target.ip) {
+            anyhow::bail!("--from {ip} and {target} are of different address families: a flow has one");
+        }
+    }
     let (scope, scope_reason) = match (scope, from) {
         (Some(s), _) => (s, "given with --scope".to_owned()),
         (None, None) => (Scope::Internal, "no --from: a client on this node".to_owned()),
-        (None, Some((ip, _))) => {
+        (None, Some((IpAddr::V6(ip), _))) => (
+            Scope::Internal,
+            format!("{ip}: IPv6 sources are not looked up among this node's routes; give --scope external for traffic from outside"),
+        ),
+        (None, Some((IpAddr::V4(ip), _))) => {
             let mut net = super::block_on(async {
                 let mut handle = hooks::connect()?;
                 hooks::inspect(&mut handle).await
@@ -234,15 +257,11 @@ fn load_view(
     query: &Query,
     unprogrammed: Vec<UnprogrammedService>,
 ) -> View {
+    let dump = maps.dump();
     let mut view = View {
-        frontends: maps.frontends.iter().filter_map(Result::ok).collect(),
-        backends: maps.backends.iter().filter_map(Result::ok).collect(),
-        names: maps
-            .revnat
-            .iter()
-            .filter_map(Result::ok)
-            .map(|(id, r)| (id, revnat_name(&r)))
-            .collect(),
+        frontends: dump.frontends.into_iter().collect(),
+        backends: dump.backends.into_iter().collect(),
+        names: dump.revnat.iter().map(|(id, r)| (*id, revnat_name(r))).collect(),
         now_ns: super::monotonic_ns(),
         unprogrammed,
         ..View::default()
@@ -258,7 +277,7 @@ fn load_view(
     if let Ok(table) = maps.maglev.get(&head.service_id, 0) {
         view.maglev.insert(head.service_id, table.backend_ids.to_vec());
     }
-    if let (Some(map), Some((ip, _))) = (affinity, query.src) {
+    if let (Some(map), Some((IpAddr::V4(ip), _))) = (affinity, query.src) {
         let key = AffinityKey {
             client_addr_be: u32::from_ne_bytes(ip.octets()),
             service_id: head.service_id,
@@ -270,25 +289,46 @@ fn load_view(
     view
 }
 
-fn head_key(target: &Target, set: u8) -> FrontendKey {
-    FrontendKey {
-        addr_be: u32::from_ne_bytes(target.ip.octets()),
-        port_be: target.port.to_be(),
-        proto: target.proto,
-        scope: set,
-        slot: 0,
-        _pad1: [0; 2],
+/// Slot 0 of the target's set `set`, in its family's map.
+fn head_key(target: &Target, set: u8) -> AnyFrontendKey {
+    let port_be = target.port.to_be();
+    match target.ip {
+        IpAddr::V4(ip) => AnyFrontendKey::V4(FrontendKey {
+            addr_be: u32::from_ne_bytes(ip.octets()),
+            port_be,
+            proto: target.proto,
+            scope: set,
+            slot: 0,
+            _pad1: [0; 2],
+        }),
+        IpAddr::V6(ip) => AnyFrontendKey::V6(FrontendKey6 {
+            addr_be: addr6_be(ip.octets()),
+            port_be,
+            proto: target.proto,
+            scope: set,
+            slot: 0,
+            _pad1: [0; 2],
+        }),
     }
 }
 
-/// The forward conntrack key of the flow, when the source port is known.
+/// The target's IPv4 address, for the IPv4-only tables (conntrack,
+/// affinity, the flow hash).
+fn v4_flow(query: &Query) -> Option<(Ipv4Addr, Ipv4Addr, Option<u16>)> {
+    match (query.src?, query.target.ip) {
+        ((IpAddr::V4(src), port), IpAddr::V4(dst)) => Some((src, dst, port)),
+        _ => None,
+    }
+}
+
+/// The forward conntrack key of an IPv4 flow, when the source port is known.
 fn ct_key(query: &Query) -> Option<CtKey> {
-    let (ip, Some(port)) = query.src? else {
+    let (ip, daddr, Some(port)) = v4_flow(query)? else {
         return None;
     };
     Some(CtKey {
         saddr_be: u32::from_ne_bytes(ip.octets()),
-        daddr_be: u32::from_ne_bytes(query.target.ip.octets()),
+        daddr_be: u32::from_ne_bytes(daddr.octets()),
         sport_be: port.to_be(),
         dport_be: query.target.port.to_be(),
         proto: query.target.proto,
@@ -306,7 +346,7 @@ fn kind_name(flags: u16) -> &'static str {
     }
 }
 
-fn addr_of(backend: &Backend) -> String {
+fn addr_of(backend: &impl crate::encode::BackendLike) -> String {
     backend_addr(backend).to_string()
 }
 
@@ -314,7 +354,7 @@ fn addr_of(backend: &Backend) -> String {
 pub fn explain(view: &View, query: &Query) -> Explanation {
     let target = &query.target;
     let flow = match query.src {
-        Some((ip, Some(port))) => format!("{ip}:{port} -> {target}"),
+        Some((ip, Some(port))) => format!("{} -> {target}", SocketAddr::new(ip, port)),
         Some((ip, None)) => format!("{ip} -> {target}"),
         None => format!("-> {target}"),
     };
@@ -384,12 +424,11 @@ fn a_or_an(word: &str) -> &'static str {
 
 /// Why no frontend matches.
 fn no_frontend(view: &View, target: &Target) -> Vec<String> {
-    let addr_be = u32::from_ne_bytes(target.ip.octets());
     let mut others: Vec<(u16, u8)> = view
         .frontends
         .keys()
-        .filter(|k| k.addr_be == addr_be && k.slot == 0 && k.scope == scope::INTERNAL)
-        .map(|k| (u16::from_be(k.port_be), k.proto))
+        .filter(|k| k.ip() == target.ip && k.slot() == 0 && k.scope() == scope::INTERNAL)
+        .map(|k| (k.port(), k.proto()))
         .collect();
     others.sort_unstable();
     let mut reasons = Vec::new();
@@ -402,9 +441,8 @@ fn no_frontend(view: &View, target: &Target) -> Vec<String> {
     };
     if others.iter().any(|(p, _)| *p == target.port) {
         reasons.push(format!(
-            "{}:{} is a frontend over another protocol only ({}), not {}",
-            target.ip,
-            target.port,
+            "{} is a frontend over another protocol only ({}), not {}",
+            SocketAddr::new(target.ip, target.port),
             listed(),
             proto_name(target.proto)
         ));
@@ -439,7 +477,7 @@ fn backend_set(
     head: &FrontendSlot,
     from: Scope,
     reasons: &mut Vec<String>,
-) -> (FrontendKey, FrontendSlot) {
+) -> (AnyFrontendKey, FrontendSlot) {
     let internal = (head_key(target, scope::INTERNAL), *head);
     let local = head.flags & ff::LOCAL_ONLY != 0;
     match (from, ff::has_external_set(head.flags)) {
@@ -468,12 +506,13 @@ fn backend_set(
 }
 
 /// Slots `1..=count` of a set: (slot, backend id, backend), skipping slots
-/// that name no backend.
-fn slot_backends(view: &View, key: &FrontendKey, set: &FrontendSlot) -> Vec<(u16, u32, Backend)> {
+/// that name no backend of the frontend's family.
+fn slot_backends(view: &View, key: &AnyFrontendKey, set: &FrontendSlot) -> Vec<(u16, u32, AnyBackend)> {
     (1..=set.backend_count)
         .filter_map(|slot| {
-            let id = view.frontends.get(&FrontendKey { slot, ..*key })?.backend_id;
-            Some((slot, id, *view.backends.get(&id)?))
+            let id = view.frontends.get(&key.at(key.scope(), slot))?.backend_id;
+            let backend = view.backends.get(&id).filter(|b| b.family() == key.family())?;
+            Some((slot, id, *backend))
         })
         .collect()
 }
@@ -495,6 +534,10 @@ fn empty_set(e: &mut Explanation, head: &FrontendSlot, from: Scope) {
 
 /// A tracked flow whose backend is live keeps it.
 fn tracked(view: &View, query: &Query, set: &FrontendSlot, e: &mut Explanation) -> bool {
+    if IpFamily::of(query.target.ip) == IpFamily::V6 {
+        e.reasons.push("IPv6 flows' connection-tracking entries are not read by explain (yet)".into());
+        return false;
+    }
     let Some(key) = ct_key(query) else {
         return false;
     };
@@ -512,7 +555,7 @@ fn tracked(view: &View, query: &Query, set: &FrontendSlot, e: &mut Explanation) 
     let live = view
         .backends
         .get(&entry.backend_id)
-        .is_some_and(|b| b.addr_be == entry.nat_addr_be && b.port_be == entry.nat_port_be);
+        .is_some_and(|b| matches!(b, AnyBackend::V4(b) if b.addr_be == entry.nat_addr_be && b.port_be == entry.nat_port_be));
     if !live {
         e.reasons.push(format!(
             "tracked flow to {nat} (backend id {}), which has left: an open TCP connection drains to it; a new connection or UDP datagram picks anew",
@@ -542,16 +585,23 @@ fn tracked(view: &View, query: &Query, set: &FrontendSlot, e: &mut Explanation) 
 fn hashed(view: &View, query: &Query, set: &FrontendSlot, e: &mut Explanation) -> bool {
     let algorithm = set.flags & ff::ALGO_MASK;
     let t = &query.target;
-    let daddr = u32::from_ne_bytes(t.ip.octets());
-    let hash = match (algorithm, query.src) {
-        (ff::ALGO_MAGLEV, Some((ip, Some(port)))) => {
-            hash::flow_hash(u32::from_ne_bytes(ip.octets()), daddr, port.to_be(), t.port.to_be(), t.proto)
-        }
+    if IpFamily::of(t.ip) == IpFamily::V6 && algorithm != ff::ALGO_RANDOM {
+        e.reasons.push("Maglev / source hash over the Service's table: the backend is not computed by explain for IPv6 flows (yet)".into());
+        return true;
+    }
+    let hash = match (algorithm, v4_flow(query)) {
+        (ff::ALGO_MAGLEV, Some((ip, daddr, Some(port)))) => hash::flow_hash(
+            u32::from_ne_bytes(ip.octets()),
+            u32::from_ne_bytes(daddr.octets()),
+            port.to_be(),
+            t.port.to_be(),
+            t.proto,
+        ),
         (ff::ALGO_MAGLEV, _) => {
             e.reasons.push("Maglev over the 5-tuple: the backend depends on the source port; give --from IP:PORT to name it".into());
             return true;
         }
-        (ff::ALGO_SOURCE_HASH, Some((ip, _))) => hash::source_hash(u32::from_ne_bytes(ip.octets())),
+        (ff::ALGO_SOURCE_HASH, Some((ip, _, _))) => hash::source_hash(u32::from_ne_bytes(ip.octets())),
         (ff::ALGO_SOURCE_HASH, None) => {
             e.reasons.push("source hash: the backend depends on the client address; give --from IP".into());
             return true;
@@ -565,7 +615,7 @@ fn hashed(view: &View, query: &Query, set: &FrontendSlot, e: &mut Explanation) -
     };
     let index = (hash % capacity::MAGLEV_TABLE) as usize;
     let id = table.get(index).copied().unwrap_or(0);
-    match view.backends.get(&id) {
+    match view.backends.get(&id).filter(|b| b.family() == IpFamily::V4) {
         Some(b) => {
             e.reasons.push(format!(
                 "{name}: hash {hash:#010x} -> table entry {index} of {} -> backend id {id} = {}",
@@ -583,13 +633,14 @@ fn hashed(view: &View, query: &Query, set: &FrontendSlot, e: &mut Explanation) -
 }
 
 /// Session affinity, validated as `lb.rs` validates it.
-fn affinity(view: &View, query: &Query, key: &FrontendKey, set: &FrontendSlot, e: &mut Explanation) -> bool {
+fn affinity(view: &View, query: &Query, key: &AnyFrontendKey, set: &FrontendSlot, e: &mut Explanation) -> bool {
     let timeout = set.affinity_timeout_s;
     let fallback = format!(
         "sessionAffinity: ClientIP ({timeout}s): the client's first new flow picks at random among {}, later ones stick to that backend",
         set.backend_count
     );
-    let Some((ip, _)) = query.src else {
+    let Some((ip, _, _)) = v4_flow(query) else {
+        // No client, or an IPv6 one (its entries are not read yet).
         e.reasons.push(fallback);
         return true;
     };
@@ -602,7 +653,7 @@ fn affinity(view: &View, query: &Query, key: &FrontendKey, set: &FrontendSlot, e
         if idle_ns > u64::from(timeout) * 1_000_000_000 || entry.slot == 0 || entry.slot > set.backend_count {
             return None;
         }
-        let slot = view.frontends.get(&FrontendKey { slot: entry.slot, ..*key })?;
+        let slot = view.frontends.get(&key.at(key.scope(), entry.slot))?;
         (slot.backend_id == entry.backend_id).then_some(())?;
         Some((view.backends.get(&entry.backend_id)?, idle_ns))
     });
@@ -693,14 +744,14 @@ mod tests {
         );
         for i in 1..=n {
             v.frontends.insert(
-                FrontendKey { slot: i, ..key },
+                key.at(scope::INTERNAL, i),
                 FrontendSlot {
                     backend_id: u32::from(i),
                     service_id: SVC,
                     ..FrontendSlot::default()
                 },
             );
-            v.backends.insert(u32::from(i), be([10, 244, i as u8, 2], 8080));
+            v.backends.insert(u32::from(i), be([10, 244, i as u8, 2], 8080).into());
         }
         v.names.insert(SVC, "demo/echo:http".into());
         v.now_ns = 100_000_000_000;
@@ -710,7 +761,7 @@ mod tests {
     fn query(t: Target, src: Option<(Ipv4Addr, Option<u16>)>, scope: Scope) -> Query {
         Query {
             target: t,
-            src,
+            src: src.map(|(ip, port)| (IpAddr::V4(ip), port)),
             scope,
             scope_reason: "test".into(),
         }
@@ -721,7 +772,7 @@ mod tests {
         assert_eq!(
             parse_target("10.96.0.10:53/udp"),
             Ok(Target {
-                ip: Ipv4Addr::new(10, 96, 0, 10),
+                ip: Ipv4Addr::new(10, 96, 0, 10).into(),
                 port: 53,
                 proto: proto::UDP
             })
@@ -729,8 +780,8 @@ mod tests {
         assert_eq!(target("10.96.0.10:80").proto, proto::TCP);
         assert!(parse_target("10.96.0.10:80/SCTP").is_err());
         assert!(parse_target("10.96.0.10").is_err());
-        assert_eq!(parse_source("10.0.0.1"), Ok((Ipv4Addr::new(10, 0, 0, 1), None)));
-        assert_eq!(parse_source("10.0.0.1:4000"), Ok((Ipv4Addr::new(10, 0, 0, 1), Some(4000))));
+        assert_eq!(parse_source("10.0.0.1"), Ok((Ipv4Addr::new(10, 0, 0, 1).into(), None)));
+        assert_eq!(parse_source("10.0.0.1:4000"), Ok((Ipv4Addr::new(10, 0, 0, 1).into(), Some(4000))));
         assert!(parse_source("x").is_err());
     }
 
@@ -793,7 +844,7 @@ mod tests {
         v.maglev.insert(SVC, table);
         let hash = hash::flow_hash(
             u32::from_ne_bytes(src.octets()),
-            u32::from_ne_bytes(t.ip.octets()),
+            u32::from_ne_bytes([203, 0, 113, 10]),
             40000u16.to_be(),
             80u16.to_be(),
             proto::TCP,
@@ -897,5 +948,64 @@ mod tests {
         assert_eq!(classify_source(&net, Ipv4Addr::new(10, 244, 1, 2)).0, Scope::Internal);
         assert_eq!(classify_source(&net, Ipv4Addr::new(192, 168, 1, 5)).0, Scope::Internal);
         assert_eq!(classify_source(&net, Ipv4Addr::new(8, 8, 8, 8)).0, Scope::External);
+    }
+
+    /// A view with IPv6 frontend `t` holding backends ids 11..=10+n
+    /// (`[fd00:244::i]:8080`), next to the IPv4 view's frontend.
+    fn view6(t: &Target, n: u16, flags: u16) -> View {
+        let mut v = view(&target("10.96.0.10:80/TCP"), 2, ff::KIND_CLUSTER_IP);
+        let key = head_key(t, scope::INTERNAL);
+        assert_eq!(key.family(), IpFamily::V6);
+        v.frontends.insert(key, FrontendSlot { service_id: SVC + 1, backend_count: n, flags, ..FrontendSlot::default() });
+        for i in 1..=n {
+            let id = 10 + u32::from(i);
+            v.frontends.insert(key.at(scope::INTERNAL, i), FrontendSlot { backend_id: id, service_id: SVC + 1, ..FrontendSlot::default() });
+            let ip: std::net::Ipv6Addr = format!("fd00:244::{i}").parse().expect("an address");
+            v.backends.insert(
+                id,
+                proxy_common::Backend6 { addr_be: addr6_be(ip.octets()), port_be: 8080u16.to_be(), proto: proto::TCP, flags: 0 }.into(),
+            );
+        }
+        v.names.insert(SVC + 1, "demo/echo6:http".into());
+        v
+    }
+
+    #[test]
+    fn ipv6_targets_and_sources_parse_bracketed() {
+        let t = target("[fd00:96::10]:53/udp");
+        assert_eq!(t.ip, "fd00:96::10".parse::<IpAddr>().unwrap());
+        assert_eq!((t.port, t.proto), (53, proto::UDP));
+        assert_eq!(t.to_string(), "[fd00:96::10]:53/UDP");
+        assert!(parse_target("fd00:96::10:53").is_err(), "a port needs brackets");
+        assert_eq!(parse_source("fd00::1"), Ok(("fd00::1".parse().unwrap(), None)));
+        assert_eq!(parse_source("[fd00::1]:4000"), Ok(("fd00::1".parse().unwrap(), Some(4000))));
+    }
+
+    #[test]
+    fn an_ipv6_frontend_is_explained_with_its_own_backends() {
+        let t = target("[fd00:96::10]:80");
+        let v = view6(&t, 2, ff::KIND_CLUSTER_IP);
+        let q = Query { target: t, src: Some(("fd00:244::99".parse().unwrap(), Some(4000))), scope: Scope::Internal, scope_reason: "test".into() };
+        let e = explain(&v, &q);
+        assert_eq!(e.verdict, Verdict::Forwarded, "{:?}", e.reasons);
+        assert_eq!(e.service.as_deref(), Some("demo/echo6:http"));
+        assert_eq!(e.backend_set, ["[fd00:244::1]:8080", "[fd00:244::2]:8080"]);
+        assert_eq!(e.flow, "[fd00:244::99]:4000 -> [fd00:96::10]:80/TCP");
+        let text = render(&e);
+        assert!(text.contains("Backends:  [fd00:244::1]:8080, [fd00:244::2]:8080"), "{text}");
+
+        // Another port of the same IPv6 address: told apart.
+        let e = explain(&v, &query(target("[fd00:96::10]:81"), None, Scope::Internal));
+        assert_eq!(e.verdict, Verdict::NotHandled);
+        assert!(e.reasons[0].contains("fd00:96::10 is a Service address, but not on port 81/TCP (it serves 80/TCP)"), "{:?}", e.reasons);
+        // The IPv4 frontend's port on an IPv6 address that has none.
+        let e = explain(&v, &query(target("[fd00:96::11]:80"), None, Scope::Internal));
+        assert_eq!(e.verdict, Verdict::NotHandled);
+
+        // A slot naming an IPv4 backend id reaches nothing.
+        let mut broken = v.clone();
+        broken.frontends.insert(head_key(&t, scope::INTERNAL).at(scope::INTERNAL, 2), FrontendSlot { backend_id: 1, service_id: SVC + 1, ..FrontendSlot::default() });
+        let e = explain(&broken, &q);
+        assert_eq!(e.backend_set, ["[fd00:244::1]:8080"]);
     }
 }

@@ -10,7 +10,6 @@
 //! failed; clap's usage errors exit 2.
 use std::{
     io::Write as _,
-    net::Ipv4Addr,
     path::{Path, PathBuf},
 };
 
@@ -84,11 +83,12 @@ pub enum Command {
     /// random pick), the traffic policy in force, or why nothing matches.
     /// Exits 0 when the flow reaches a backend, 1 when it does not.
     Explain {
-        /// The destination: `10.96.0.10:80/TCP` (`/TCP` when left out; `UDP`
-        /// too; case does not matter).
+        /// The destination: `10.96.0.10:80/TCP`, `[fd00::10]:80/TCP` (`/TCP`
+        /// when left out; `UDP` too; case does not matter).
         #[arg(value_name = "IP:PORT/PROTO", value_parser = explain::parse_target)]
         target: explain::Target,
-        /// The client: `IP[:PORT]` (the port is needed to name a conntrack
+        /// The client: `IP[:PORT]` or `[IPv6]:PORT`, of the destination's
+        /// family (the port is needed to name a conntrack
         /// entry or a Maglev pick). It counts as internal (a pod or this
         /// node) when it is an address of this network namespace or the
         /// route to it leaves through a pod interface (a veth whose peer is
@@ -96,7 +96,7 @@ pub enum Command {
         /// other source reaches the node through an uplink and counts as external (externalTrafficPolicy and the
         /// Service's algorithm apply). Without --from: a pod of this node.
         #[arg(long, value_name = "IP[:PORT]", value_parser = explain::parse_source)]
-        from: Option<(Ipv4Addr, Option<u16>)>,
+        from: Option<(std::net::IpAddr, Option<u16>)>,
         /// Overrides the rule above: `internal` (from a pod or this node) or
         /// `external` (arrived on an uplink).
         #[arg(long, value_enum)]

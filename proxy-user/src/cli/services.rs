@@ -1,13 +1,14 @@
 //! `switchboard services`: what the pinned maps say, read straight from them,
 //! whether or not an agent is running.
-use std::{collections::BTreeMap, fmt::Write as _, path::Path};
+use std::{collections::HashMap, fmt::Write as _, path::Path};
 
-use proxy_common::{frontend_flags as ff, scope, FrontendSlot, FrontendKey};
+use proxy_common::{frontend_flags as ff, scope, FrontendSlot, SvcStats};
 use serde::Serialize;
 
 use crate::{
-    maps::{MapsError, PinnedMaps},
-    encode::{backend_addr, frontend_addr, revnat_name},
+    encode::{backend_addr, frontend_addr, revnat_name, AnyBackend, AnyFrontendKey, AnyRevNat},
+    maps::{Dump, MapStore as _, MapsError, PinnedMaps},
+    model::{FrontendAddr, IpFamily},
 };
 
 #[derive(Debug, Serialize, PartialEq, Eq)]
@@ -53,58 +54,44 @@ pub struct BackendRow {
     pub port: u16,
 }
 
-/// Frontend map entries in display order: address, port, protocol (host
-/// order), scope, slot.
-type SortKey = (u32, u16, u8, u8, u16);
-
-/// Reads every frontend with its backends and counters from the maps.
+/// Reads every frontend (both families) with its backends and counters
+/// from the maps.
 pub fn read_services(maps: &PinnedMaps) -> Vec<ServiceRow> {
-    let entries: BTreeMap<SortKey, (FrontendKey, FrontendSlot)> = maps
+    rows(&maps.dump(), |id| maps.service_stats(id))
+}
+
+/// The rows of a copy of the maps, IPv4 frontends first, each family by
+/// address, port and protocol; `stats` gives a service id's counters.
+fn rows(dump: &Dump, stats: impl Fn(u32) -> SvcStats) -> Vec<ServiceRow> {
+    let slots: HashMap<AnyFrontendKey, FrontendSlot> = dump.frontends.iter().copied().collect();
+    let backends: HashMap<(IpFamily, u32), AnyBackend> = dump.backends.iter().map(|(id, b)| ((b.family(), *id), *b)).collect();
+    let revnat: HashMap<(IpFamily, u32), AnyRevNat> = dump.revnat.iter().map(|(id, r)| ((r.family(), *id), *r)).collect();
+    let mut heads: Vec<(FrontendAddr, AnyFrontendKey, FrontendSlot)> = dump
         .frontends
         .iter()
-        .filter_map(Result::ok)
-        .map(|(k, v)| {
-            (
-                (
-                    u32::from_be(k.addr_be),
-                    u16::from_be(k.port_be),
-                    k.proto,
-                    k.scope,
-                    k.slot,
-                ),
-                (k, v),
-            )
-        })
+        .filter(|(key, _)| key.slot() == 0 && key.scope() == scope::INTERNAL)
+        .filter_map(|(key, head)| Some((frontend_addr(key)?, *key, *head)))
         .collect();
+    heads.sort_by_key(|(addr, _, _)| *addr);
     let mut rows = Vec::new();
-    for ((_, _, _, _, slot), (key, head)) in &entries {
-        if *slot != 0 || key.scope != scope::INTERNAL {
-            continue;
-        }
-        let Some(addr) = frontend_addr(key) else {
-            continue;
-        };
-        let (backends, mut missing) = read_slots(maps, key, head);
+    for (addr, key, head) in heads {
+        let (backends_rows, mut missing) = read_slots(&slots, &backends, &key, &head);
         let external_backends = ff::has_external_set(head.flags).then(|| {
-            let ext_key = FrontendKey {
-                scope: scope::EXTERNAL,
-                ..*key
-            };
-            match maps.frontends.get(&ext_key, 0) {
-                Ok(ext_head) => {
-                    let (rows, ext_missing) = read_slots(maps, &ext_key, &ext_head);
+            let ext_key = key.at(scope::EXTERNAL, 0);
+            match slots.get(&ext_key) {
+                Some(ext_head) => {
+                    let (rows, ext_missing) = read_slots(&slots, &backends, &ext_key, ext_head);
                     missing += ext_missing;
                     rows
                 }
-                Err(_) => Vec::new(),
+                None => Vec::new(),
             }
         });
-        let service = maps
-            .revnat
-            .get(&head.service_id, 0)
-            .map(|r| revnat_name(&r))
+        let service = revnat
+            .get(&(addr.family(), head.service_id))
+            .map(revnat_name)
             .unwrap_or_default();
-        let stats = maps.service_stats(head.service_id);
+        let stats = stats(head.service_id);
         rows.push(ServiceRow {
             service,
             id: head.service_id,
@@ -121,7 +108,7 @@ pub fn read_services(maps: &PinnedMaps) -> Vec<ServiceRow> {
             terminating_fallback: head.flags & ff::TERMINATING_FALLBACK != 0,
             affinity_timeout_s: (head.flags & ff::AFFINITY_CLIENT_IP != 0)
                 .then_some(head.affinity_timeout_s),
-            backends,
+            backends: backends_rows,
             external_backends,
             missing_backends: missing,
             packets: stats.packets,
@@ -133,6 +120,15 @@ pub fn read_services(maps: &PinnedMaps) -> Vec<ServiceRow> {
         });
     }
     rows
+}
+
+/// `address:port`, an IPv6 address in brackets (`[fd00::1]:80`), as
+/// Kubernetes prints them.
+pub fn host_port(address: &str, port: u16) -> String {
+    match address.contains(':') {
+        true => format!("[{address}]:{port}"),
+        false => format!("{address}:{port}"),
+    }
 }
 
 /// Marks the rows of Services the agent holds at their last good version
@@ -154,22 +150,23 @@ pub fn mark_held(rows: &mut [ServiceRow], status: &crate::status::AgentStatus) {
 }
 
 /// The backends in slots `1..=count` of the set whose slot 0 is `head`, and
-/// how many slots name no backend.
-fn read_slots(maps: &PinnedMaps, key: &FrontendKey, head: &FrontendSlot) -> (Vec<BackendRow>, usize) {
-    let mut backends = Vec::new();
+/// how many slots name no backend (of the frontend's family).
+fn read_slots(
+    slots: &HashMap<AnyFrontendKey, FrontendSlot>,
+    backends: &HashMap<(IpFamily, u32), AnyBackend>,
+    key: &AnyFrontendKey,
+    head: &FrontendSlot,
+) -> (Vec<BackendRow>, usize) {
+    let mut rows = Vec::new();
     let mut missing = 0;
     for slot in 1..=head.backend_count {
-        let slot_key = FrontendKey { slot, ..*key };
-        let backend = maps.frontends.get(&slot_key, 0).ok().and_then(|v| {
-            maps.backends
-                .get(&v.backend_id, 0)
-                .ok()
-                .map(|b| (v.backend_id, b))
-        });
+        let backend = slots
+            .get(&key.at(key.scope(), slot))
+            .and_then(|v| backends.get(&(key.family(), v.backend_id)).map(|b| (v.backend_id, b)));
         match backend {
             Some((id, b)) => {
-                let b = backend_addr(&b);
-                backends.push(BackendRow {
+                let b = backend_addr(b);
+                rows.push(BackendRow {
                     id,
                     address: b.ip.to_string(),
                     port: b.port,
@@ -178,7 +175,7 @@ fn read_slots(maps: &PinnedMaps, key: &FrontendKey, head: &FrontendSlot) -> (Vec
             None => missing += 1,
         }
     }
-    (backends, missing)
+    (rows, missing)
 }
 
 /// Notes on a row's attributes, e.g. `local endpoints only, ClientIP affinity 10800s`.
@@ -194,7 +191,7 @@ fn attributes(row: &ServiceRow) -> String {
             if local.is_empty() {
                 "externalTrafficPolicy Local: no local endpoint, traffic from outside is dropped".to_owned()
             } else {
-                let list: Vec<String> = local.iter().map(|b| format!("{}:{}", b.address, b.port)).collect();
+                let list: Vec<String> = local.iter().map(|b| host_port(&b.address, b.port)).collect();
                 format!("externalTrafficPolicy Local: from outside -> {}", list.join(", "))
             }
         });
@@ -220,7 +217,7 @@ pub fn render_table(rows: &[ServiceRow]) -> String {
         } else {
             row.backends
                 .iter()
-                .map(|b| format!("{}:{}", b.address, b.port))
+                .map(|b| host_port(&b.address, b.port))
                 .collect::<Vec<_>>()
                 .join(", ")
         };
@@ -229,7 +226,7 @@ pub fn render_table(rows: &[ServiceRow]) -> String {
             if row.held { "held" } else { "ok" }.to_owned(),
             row.id.to_string(),
             row.kind.to_owned(),
-            format!("{}:{}/{}", row.address, row.port, row.protocol),
+            format!("{}/{}", host_port(&row.address, row.port), row.protocol),
             row.packets.to_string(),
             row.new_flows.to_string(),
             row.drops_no_backend.to_string(),
@@ -466,5 +463,25 @@ mod tests {
         assert_eq!(json[0]["held"], true);
         assert_eq!(json[0]["problems"][0], "Service default/web: spec.ports[0].port: 70000 is not a valid port");
         assert_eq!(json[1]["held"], false);
+    }
+
+    #[test]
+    fn rows_of_both_families_with_ipv6_bracketed() {
+        use crate::model::Protocol;
+        use crate::sync::tests::{caps, fe, fe6, state, MemStore};
+        let mut syncer = crate::sync::Syncer::adopt(MemStore::default(), caps());
+        let web4 = fe([10, 96, 0, 10], 80, Protocol::Tcp, "web", &[(1, 8080)]);
+        let web6 = fe6(0x10, 80, Protocol::Tcp, "web", &[(1, 8080), (2, 8080)]);
+        syncer.apply(&state(vec![web6, web4]));
+        let rows = rows(&syncer.store().dump(), |_| SvcStats::default());
+        let fronts: Vec<(&str, usize)> = rows.iter().map(|r| (r.address.as_str(), r.backends.len())).collect();
+        assert_eq!(fronts, [("10.96.0.10", 1), ("fd00:96::10", 2)], "IPv4 first, each with its own backends");
+        assert_eq!(rows[1].service, "default/web");
+        assert_eq!(rows[1].missing_backends, 0);
+        let text = render_table(&rows);
+        assert!(text.contains("[fd00:96::10]:80/TCP"), "{text}");
+        assert!(text.contains("[fd00:244::1]:8080, [fd00:244::2]:8080"), "{text}");
+        assert!(text.contains("10.96.0.10:80/TCP"), "{text}");
+        assert!(text.contains("10.244.0.1:8080"), "{text}");
     }
 }

@@ -4,18 +4,18 @@
 //! the serving-and-terminating fallback).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 use std::sync::Arc;
 
 use super::{
-    port_u16, BackendAddr, EndpointInfo, ModelWarning, NodeInfo, Protocol, SliceInfo,
+    port_u16, BackendAddr, EndpointInfo, IpFamily, ModelWarning, NodeInfo, Protocol, SliceInfo,
     TopologyMode,
 };
 
 /// One endpoint address as the model sees it, after conditions are read.
 #[derive(Clone, Debug)]
 pub(super) struct Ep {
-    ip: Ipv4Addr,
+    ip: IpAddr,
     ready: bool,
     serving: bool,
     terminating: bool,
@@ -40,6 +40,8 @@ impl Ep {
 /// A slice with its endpoints parsed once (so per-endpoint warnings are issued once).
 pub(super) struct ParsedSlice<'a> {
     slice: &'a SliceInfo,
+    /// The slice's `addressType`: every endpoint kept is of this family.
+    family: IpFamily,
     object: String,
     endpoints: Vec<Ep>,
 }
@@ -66,20 +68,20 @@ impl Endpoints<'_, '_> {
         });
     }
 
-    /// Reads a slice's endpoints once. `None` for slices that are not IPv4.
+    /// Reads a slice's endpoints once. `None` for slices that are neither
+    /// IPv4 nor IPv6.
     pub fn parse_slice<'s>(
         &mut self,
         slice: &'s SliceInfo,
     ) -> Option<ParsedSlice<'s>> {
         let object = format!("EndpointSlice {}", slice.key);
-        match slice.address_type.as_str() {
-            "IPv4" => {}
+        let family = match slice.address_type.as_str() {
             "" => {
                 self.warn(&object, "has no addressType; ignored");
                 return None;
             }
-            _ => return None, // IPv6 and FQDN slices are not ours
-        }
+            other => IpFamily::from_k8s(other)?, // FQDN slices are not ours
+        };
         let mut endpoints = Vec::new();
         for ep in &slice.endpoints {
             let Some(first) = &ep.address else {
@@ -95,10 +97,10 @@ impl Endpoints<'_, '_> {
                     ),
                 );
             }
-            let Some(ip) = first.v4() else {
+            let Some(ip) = first.ip().filter(|ip| IpFamily::of(*ip) == family) else {
                 self.warn(
                     &object,
-                    format!("endpoint address {:?} is not an IPv4 address; skipped", first.to_string()),
+                    format!("endpoint address {:?} is not an {family} address; skipped", first.to_string()),
                 );
                 continue;
             };
@@ -106,12 +108,13 @@ impl Endpoints<'_, '_> {
         }
         Some(ParsedSlice {
             slice,
+            family,
             object,
             endpoints,
         })
     }
 
-    fn endpoint(&self, ep: &EndpointInfo, ip: Ipv4Addr) -> Ep {
+    fn endpoint(&self, ep: &EndpointInfo, ip: IpAddr) -> Ep {
         let hints = ep.hints.as_deref();
         Ep {
             ip,
@@ -130,17 +133,20 @@ impl Endpoints<'_, '_> {
         }
     }
 
-    /// The endpoints serving one Service port across all slices: the slice
-    /// port with the same name and protocol gives the target port (per slice),
-    /// and an address:port seen in several slices counts once.
+    /// The endpoints serving one Service port for frontends of `family`
+    /// across that family's slices (kube-proxy reads only the slices of a
+    /// proxier's address type): the slice port with the same name and
+    /// protocol gives the target port (per slice), and an address:port seen
+    /// in several slices counts once.
     pub fn for_port(
         &mut self,
         parsed: &[ParsedSlice],
         port_name: &str,
         protocol: Protocol,
+        family: IpFamily,
     ) -> Vec<(BackendAddr, Ep)> {
         let mut merged: BTreeMap<BackendAddr, Ep> = BTreeMap::new();
-        for ps in parsed {
+        for ps in parsed.iter().filter(|ps| ps.family == family) {
             let matching = ps.slice.ports.iter().find(|p| {
                 p.name.as_deref().unwrap_or("") == port_name
                     && Protocol::from_k8s(p.protocol.as_deref()).ok() == Some(protocol)

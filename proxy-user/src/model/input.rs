@@ -13,7 +13,7 @@
 
 use std::collections::HashSet;
 use std::fmt;
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
 use std::time::SystemTime;
 
@@ -22,7 +22,7 @@ use k8s_openapi::api::discovery::v1::{Endpoint, EndpointSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::chrono::DateTime;
 
-use super::{ANNOTATION_LB_ALGORITHM, LABEL_HEADLESS, LABEL_SERVICE_NAME, LABEL_SERVICE_PROXY_NAME};
+use super::{IpFamily, ANNOTATION_LB_ALGORITHM, LABEL_HEADLESS, LABEL_SERVICE_NAME, LABEL_SERVICE_PROXY_NAME};
 
 /// The annotation the EndpointSlice controller stamps with the time of the
 /// change that caused the slice's last update (for the programming-latency
@@ -156,6 +156,10 @@ pub struct ServiceSpecInfo {
     pub type_: Option<String>,
     /// `clusterIPs` when it is set and not empty, else `clusterIP`; as written.
     pub cluster_ips: Vec<String>,
+    /// `ipFamilies` (empty when unset).
+    pub ip_families: Vec<Raw<IpFamily>>,
+    /// `ipFamilyPolicy`.
+    pub ip_family_policy: Option<Raw<IpFamilyPolicy>>,
     pub external_ips: Vec<String>,
     /// `status.loadBalancer.ingress`.
     pub lb_ingress: Vec<LbIngress>,
@@ -167,6 +171,42 @@ pub struct ServiceSpecInfo {
     pub internal_traffic_policy: Option<String>,
     pub health_check_node_port: Option<i32>,
     pub ports: Vec<ServicePortInfo>,
+}
+
+/// A field with a few valid values: parsed when it is one of them (no
+/// allocation in the common case), else kept as written for the warning.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Raw<T> {
+    Known(T),
+    Other(Box<str>),
+}
+
+impl<T> Raw<T> {
+    fn new(s: &str, parse: impl Fn(&str) -> Option<T>) -> Raw<T> {
+        match parse(s) {
+            Some(known) => Raw::Known(known),
+            None => Raw::Other(s.into()),
+        }
+    }
+}
+
+/// `spec.ipFamilyPolicy`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IpFamilyPolicy {
+    SingleStack,
+    PreferDualStack,
+    RequireDualStack,
+}
+
+impl IpFamilyPolicy {
+    fn from_k8s(value: &str) -> Option<IpFamilyPolicy> {
+        match value {
+            "SingleStack" => Some(IpFamilyPolicy::SingleStack),
+            "PreferDualStack" => Some(IpFamilyPolicy::PreferDualStack),
+            "RequireDualStack" => Some(IpFamilyPolicy::RequireDualStack),
+            _ => None,
+        }
+    }
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -202,6 +242,16 @@ impl ServiceInfo {
                     Some(list) if !list.is_empty() => list.to_vec(),
                     _ => spec.cluster_ip.iter().cloned().collect(),
                 },
+                ip_families: spec
+                    .ip_families
+                    .iter()
+                    .flatten()
+                    .map(|f| Raw::new(f, IpFamily::from_k8s))
+                    .collect(),
+                ip_family_policy: spec
+                    .ip_family_policy
+                    .as_deref()
+                    .map(|p| Raw::new(p, IpFamilyPolicy::from_k8s)),
                 external_ips: spec.external_ips.clone().unwrap_or_default(),
                 lb_ingress: svc
                     .status
@@ -258,26 +308,31 @@ pub struct SliceInfo {
     pub trigger_time: Option<SystemTime>,
 }
 
-/// An endpoint's address as written: parsed when it is a canonical IPv4
-/// address (the common case, 4 bytes), else kept as text.
+/// An endpoint's address as written: parsed when it is written as the
+/// address prints (the common case: 4 or 16 bytes), else kept as text.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RawAddress {
     V4(Ipv4Addr),
+    V6(Ipv6Addr),
     Other(Box<str>),
 }
 
 impl RawAddress {
     fn new(s: &str) -> RawAddress {
-        match s.parse::<Ipv4Addr>() {
-            Ok(ip) => RawAddress::V4(ip),
-            Err(_) => RawAddress::Other(s.into()),
+        match s.parse::<IpAddr>() {
+            // Only when it prints back as written, so Display shows the text
+            // the user wrote (a warning names it as found).
+            Ok(IpAddr::V4(ip)) if ip.to_string() == s => RawAddress::V4(ip),
+            Ok(IpAddr::V6(ip)) if ip.to_string() == s => RawAddress::V6(ip),
+            _ => RawAddress::Other(s.into()),
         }
     }
 
-    /// The IPv4 address, accepting surrounding whitespace.
-    pub fn v4(&self) -> Option<Ipv4Addr> {
+    /// The address, of either family, accepting surrounding whitespace.
+    pub fn ip(&self) -> Option<IpAddr> {
         match self {
-            RawAddress::V4(ip) => Some(*ip),
+            RawAddress::V4(ip) => Some(IpAddr::V4(*ip)),
+            RawAddress::V6(ip) => Some(IpAddr::V6(*ip)),
             RawAddress::Other(s) => s.trim().parse().ok(),
         }
     }
@@ -287,6 +342,7 @@ impl fmt::Display for RawAddress {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             RawAddress::V4(ip) => ip.fmt(f),
+            RawAddress::V6(ip) => ip.fmt(f),
             RawAddress::Other(s) => f.write_str(s),
         }
     }
@@ -390,13 +446,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn canonical_ipv4_is_parsed_anything_else_kept_as_written() {
+    fn canonical_addresses_are_parsed_anything_else_kept_as_written() {
         assert_eq!(RawAddress::new("10.0.0.1"), RawAddress::V4(Ipv4Addr::new(10, 0, 0, 1)));
         let spaced = RawAddress::new(" 10.0.0.1");
         assert_eq!(spaced.to_string(), " 10.0.0.1");
-        assert_eq!(spaced.v4(), Some(Ipv4Addr::new(10, 0, 0, 1)));
-        assert_eq!(RawAddress::new("fd00::1").v4(), None);
+        assert_eq!(spaced.ip(), Some(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1))));
+        let v6: Ipv6Addr = "fd00::1".parse().unwrap();
+        assert_eq!(RawAddress::new("fd00::1"), RawAddress::V6(v6));
         assert_eq!(RawAddress::new("fd00::1").to_string(), "fd00::1");
+        let long = RawAddress::new("fd00:0:0::1");
+        assert_eq!(long.to_string(), "fd00:0:0::1");
+        assert_eq!(long.ip(), Some(IpAddr::V6(v6)));
+        assert_eq!(RawAddress::new("pod.example").ip(), None);
     }
 
     #[test]

@@ -21,7 +21,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::IpAddr;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Node, Service};
@@ -35,7 +35,7 @@ mod validate;
 
 pub use incremental::{Model, ModelDelta, ObjectKind, Rejection};
 pub use input::{
-    EndpointInfo, Hints, Interner, LbIngress, ObjectKey, ProxyLabels, RawAddress, ServiceInfo,
+    EndpointInfo, Hints, Interner, IpFamilyPolicy, LbIngress, ObjectKey, ProxyLabels, Raw, RawAddress, ServiceInfo,
     ServicePortInfo, ServiceSpecInfo, SliceInfo, SlicePortInfo,
 };
 
@@ -88,30 +88,94 @@ impl fmt::Display for Protocol {
     }
 }
 
-/// What a client addresses: `10.96.0.10:80/TCP`.
+/// An address family. A frontend of one family gets only that family's
+/// endpoints (kube-proxy reads only the EndpointSlices of the frontend's
+/// address type), and each family has its own maps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
+pub enum IpFamily {
+    V4,
+    V6,
+}
+
+impl IpFamily {
+    /// The family of an address.
+    pub fn of(ip: IpAddr) -> IpFamily {
+        match ip {
+            IpAddr::V4(_) => IpFamily::V4,
+            IpAddr::V6(_) => IpFamily::V6,
+        }
+    }
+
+    /// The Kubernetes spelling (`ipFamilies`, `addressType`): `IPv4`, `IPv6`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            IpFamily::V4 => "IPv4",
+            IpFamily::V6 => "IPv6",
+        }
+    }
+
+    fn from_k8s(value: &str) -> Option<IpFamily> {
+        match value {
+            "IPv4" => Some(IpFamily::V4),
+            "IPv6" => Some(IpFamily::V6),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for IpFamily {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// `ip:port` as Kubernetes prints it: IPv6 addresses in brackets
+/// (`[fd00::1]:80`).
+fn write_ip_port(f: &mut fmt::Formatter<'_>, ip: IpAddr, port: u16) -> fmt::Result {
+    match ip {
+        IpAddr::V4(ip) => write!(f, "{ip}:{port}"),
+        IpAddr::V6(ip) => write!(f, "[{ip}]:{port}"),
+    }
+}
+
+/// What a client addresses: `10.96.0.10:80/TCP`, `[fd00::10]:80/TCP`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
 pub struct FrontendAddr {
-    pub ip: Ipv4Addr,
+    pub ip: IpAddr,
     pub port: u16,
     pub protocol: Protocol,
 }
 
-impl fmt::Display for FrontendAddr {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}:{}/{}", self.ip, self.port, self.protocol)
+impl FrontendAddr {
+    pub fn family(&self) -> IpFamily {
+        IpFamily::of(self.ip)
     }
 }
 
-/// Where a connection is sent: `10.244.1.2:8080` (same protocol as its frontend).
+impl fmt::Display for FrontendAddr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write_ip_port(f, self.ip, self.port)?;
+        write!(f, "/{}", self.protocol)
+    }
+}
+
+/// Where a connection is sent: `10.244.1.2:8080`, `[fd00:10:244::2]:8080`
+/// (same protocol and family as its frontend).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
 pub struct BackendAddr {
-    pub ip: Ipv4Addr,
+    pub ip: IpAddr,
     pub port: u16,
+}
+
+impl BackendAddr {
+    pub fn family(&self) -> IpFamily {
+        IpFamily::of(self.ip)
+    }
 }
 
 impl fmt::Display for BackendAddr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}:{}", self.ip, self.port)
+        write_ip_port(f, self.ip, self.port)
     }
 }
 
@@ -381,8 +445,9 @@ impl fmt::Display for ModelWarning {
 pub struct NodeInfo {
     /// Matched against `endpoints[].nodeName` (local endpoints) and `hints.forNodes`.
     pub name: String,
-    /// NodePort frontends are created on each of these.
-    pub addresses: Vec<Ipv4Addr>,
+    /// NodePort frontends are created on each of these (both families; each
+    /// gets its own family's endpoints).
+    pub addresses: Vec<IpAddr>,
     /// The node's `topology.kubernetes.io/zone` label, matched against `hints.forZones`.
     pub zone: Option<String>,
     /// The Node has a deletionTimestamp (or the cluster autoscaler's
@@ -395,8 +460,9 @@ pub struct NodeInfo {
 pub const TAINT_TO_BE_DELETED: &str = "ToBeDeletedByClusterAutoscaler";
 
 impl NodeInfo {
-    /// From a Node object: its name, its IPv4 `InternalIP` and `ExternalIP`
-    /// addresses (in that order, deduplicated) and its zone label.
+    /// From a Node object: its name, its `InternalIP` and `ExternalIP`
+    /// addresses of either family (in that order, deduplicated) and its zone
+    /// label.
     pub fn from_node(node: &Node) -> NodeInfo {
         let mut addresses = Vec::new();
         for wanted in ["InternalIP", "ExternalIP"] {
@@ -407,7 +473,7 @@ impl NodeInfo {
                 .map(|a| a.as_slice())
                 .unwrap_or_default();
             for a in all.iter().filter(|a| a.type_ == wanted) {
-                if let Ok(ip) = a.address.parse::<Ipv4Addr>() {
+                if let Ok(ip) = a.address.trim().parse::<IpAddr>() {
                     if !addresses.contains(&ip) {
                         addresses.push(ip);
                     }
@@ -493,14 +559,10 @@ pub fn build_limited(
     (model.into_desired(), warnings)
 }
 
-/// Parses an IP address field: `Ok(Some)` for IPv4, `Ok(None)` for IPv6 (not
-/// ours yet, silently), `Err` for anything else.
-fn parse_v4(s: &str) -> Result<Option<Ipv4Addr>, ()> {
-    match s.trim().parse::<IpAddr>() {
-        Ok(IpAddr::V4(ip)) => Ok(Some(ip)),
-        Ok(IpAddr::V6(_)) => Ok(None),
-        Err(_) => Err(()),
-    }
+/// Parses an IP address field of either family (surrounding whitespace
+/// accepted); `None` for anything else.
+fn parse_ip(s: &str) -> Option<IpAddr> {
+    s.trim().parse::<IpAddr>().ok()
 }
 
 fn port_u16(p: i32) -> Option<u16> {

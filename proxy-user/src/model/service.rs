@@ -11,11 +11,11 @@
 //! object-level ones (an unparsable address, a port out of range) keep
 //! [`compute`] total on any input, and never fire from the Model.
 
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 
 use super::endpoints::{Endpoints, ParsedSlice, Selection};
 use super::{
-    parse_v4, port_display, port_u16, BackendAddr, Frontend, FrontendAddr, FrontendKind,
+    parse_ip, port_display, port_u16, BackendAddr, Frontend, FrontendAddr, FrontendKind, IpFamily, IpFamilyPolicy, Raw,
     LbAlgorithm, ModelWarning, NodeInfo, Protocol, ServiceInfo, ServicePortInfo,
     ServicePortName, ServiceSpecInfo, SliceInfo, DEFAULT_AFFINITY_TIMEOUT_S,
     MAX_AFFINITY_TIMEOUT_S,
@@ -55,11 +55,11 @@ pub(super) fn compute(
     b.out
 }
 
-/// The addresses a Service's frontends are made on.
+/// The addresses a Service's frontends are made on (both families).
 struct Addresses {
-    cluster: Vec<Ipv4Addr>,
-    external: Vec<Ipv4Addr>,
-    load_balancer: Vec<Ipv4Addr>,
+    cluster: Vec<IpAddr>,
+    external: Vec<IpAddr>,
+    load_balancer: Vec<IpAddr>,
 }
 
 /// What every frontend of the Service shares.
@@ -134,17 +134,26 @@ impl ServiceBuilder<'_> {
         }
         let mut cluster = Vec::new();
         for raw in &spec.cluster_ips {
-            match parse_v4(raw) {
-                Ok(Some(ip)) => cluster.push(ip),
-                Ok(None) => {}
-                Err(()) => self.warn(format!("clusterIP {raw:?} is not an IP address")),
+            match parse_ip(raw) {
+                Some(ip) => cluster.push(ip),
+                None => self.warn(format!("clusterIP {raw:?} is not an IP address")),
+            }
+        }
+        if spec.ip_family_policy == Some(Raw::Known(IpFamilyPolicy::RequireDualStack)) {
+            if let [only] = cluster.as_slice() {
+                // The API server allocates the other family; a manifest
+                // directory has no allocator.
+                self.warn(format!(
+                    "ipFamilyPolicy RequireDualStack but only the {} cluster IP {only} is set; only it is programmed",
+                    IpFamily::of(*only)
+                ));
             }
         }
         let mut external = Vec::new();
         for raw in &spec.external_ips {
-            match parse_v4(raw) {
-                Ok(ip) => external.extend(ip),
-                Err(()) => self.warn(format!("externalIP {raw:?} is not an IP address")),
+            match parse_ip(raw) {
+                Some(ip) => external.push(ip),
+                None => self.warn(format!("externalIP {raw:?} is not an IP address")),
             }
         }
         let load_balancer = if kind == FrontendKind::LoadBalancer {
@@ -159,7 +168,7 @@ impl ServiceBuilder<'_> {
         })
     }
 
-    fn load_balancer_ips(&mut self, spec: &ServiceSpecInfo) -> Vec<Ipv4Addr> {
+    fn load_balancer_ips(&mut self, spec: &ServiceSpecInfo) -> Vec<IpAddr> {
         let mut ips = Vec::new();
         for ing in &spec.lb_ingress {
             // ipMode Proxy: the load balancer proxies and delivers to the node
@@ -170,10 +179,9 @@ impl ServiceBuilder<'_> {
             let Some(raw) = ing.ip.as_deref() else {
                 continue; // hostname-only ingress: nothing to program
             };
-            match parse_v4(raw) {
-                Ok(Some(ip)) => ips.push(ip),
-                Ok(None) => {}
-                Err(()) => self.warn(format!(
+            match parse_ip(raw) {
+                Some(ip) => ips.push(ip),
+                None => self.warn(format!(
                     "status.loadBalancer.ingress ip {raw:?} is not an IP address"
                 )),
             }
@@ -302,34 +310,39 @@ impl ServiceBuilder<'_> {
             name: svc.key.name.to_string(),
             port: sp.name.clone(),
         };
-        let mut endpoints = Endpoints {
-            node: self.node,
-            warnings: &mut self.out.warnings,
-        };
-        let eps = endpoints.for_port(parsed, &sp.name, protocol);
-        let cluster = endpoints.cluster_selection(&eps);
-        let local = endpoints.local_selection(&eps);
-        let cluster = self.limit(cluster, &spn, port, "");
-        let local = if attributes.internal_local || attributes.external_local {
-            self.limit(local, &spn, port, "local ")
-        } else {
-            local
-        };
-
-        let mut addrs: Vec<(FrontendKind, Ipv4Addr, u16)> = Vec::new();
+        let mut addrs: Vec<(FrontendKind, IpAddr, u16)> = Vec::new();
         addrs.extend(addresses.cluster.iter().map(|&ip| (FrontendKind::ClusterIp, ip, port)));
         addrs.extend(addresses.external.iter().map(|&ip| (FrontendKind::ExternalIp, ip, port)));
         addrs.extend(addresses.load_balancer.iter().map(|&ip| (FrontendKind::LoadBalancer, ip, port)));
         self.node_ports(sp, &spn, port, protocol, attributes.kind, &mut addrs);
 
-        for (kind, ip, fport) in addrs {
-            let addr = FrontendAddr {
-                ip,
-                port: fport,
-                protocol,
+        // Each family's frontends get that family's endpoints only.
+        for family in [IpFamily::V4, IpFamily::V6] {
+            if !addrs.iter().any(|(_, ip, _)| IpFamily::of(*ip) == family) {
+                continue;
+            }
+            let mut endpoints = Endpoints {
+                node: self.node,
+                warnings: &mut self.out.warnings,
             };
-            let fe = frontend(addr, kind, &spn, attributes, &cluster, &local);
-            self.insert(fe);
+            let eps = endpoints.for_port(parsed, &sp.name, protocol, family);
+            let cluster = endpoints.cluster_selection(&eps);
+            let local = endpoints.local_selection(&eps);
+            let cluster = self.limit(cluster, &spn, port, "");
+            let local = if attributes.internal_local || attributes.external_local {
+                self.limit(local, &spn, port, "local ")
+            } else {
+                local
+            };
+            for &(kind, ip, fport) in addrs.iter().filter(|(_, ip, _)| IpFamily::of(*ip) == family) {
+                let addr = FrontendAddr {
+                    ip,
+                    port: fport,
+                    protocol,
+                };
+                let fe = frontend(addr, kind, &spn, attributes, &cluster, &local);
+                self.insert(fe);
+            }
         }
     }
 
@@ -362,7 +375,7 @@ impl ServiceBuilder<'_> {
         port: u16,
         protocol: Protocol,
         kind: FrontendKind,
-        addrs: &mut Vec<(FrontendKind, Ipv4Addr, u16)>,
+        addrs: &mut Vec<(FrontendKind, IpAddr, u16)>,
     ) {
         if !matches!(kind, FrontendKind::NodePort | FrontendKind::LoadBalancer) {
             return;

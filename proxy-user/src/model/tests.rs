@@ -1,6 +1,7 @@
 //! The model's rules, case by case, and the incremental model against a full build.
 use super::*;
 use std::collections::BTreeSet;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 use serde::Deserialize as _;
 
@@ -32,14 +33,16 @@ enum NodeSel {
     A,
     /// node-a without a zone label.
     ANoZone,
+    /// node-a with an address of each family: 192.168.1.10 and fd00::1:10.
+    DualStack,
 }
 
 fn node(sel: NodeSel) -> Option<NodeInfo> {
     let a = NodeInfo {
         name: "node-a".into(),
         addresses: vec![
-            Ipv4Addr::new(192, 168, 1, 10),
-            Ipv4Addr::new(203, 0, 113, 10),
+            Ipv4Addr::new(192, 168, 1, 10).into(),
+            Ipv4Addr::new(203, 0, 113, 10).into(),
         ],
         zone: Some("zone-a".into()),
         deleting: false,
@@ -48,6 +51,13 @@ fn node(sel: NodeSel) -> Option<NodeInfo> {
         NodeSel::Unknown => None,
         NodeSel::A => Some(a),
         NodeSel::ANoZone => Some(NodeInfo { zone: None, ..a }),
+        NodeSel::DualStack => Some(NodeInfo {
+            addresses: vec![
+                Ipv4Addr::new(192, 168, 1, 10).into(),
+                Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 1, 0x10).into(),
+            ],
+            ..a
+        }),
     }
 }
 
@@ -201,7 +211,7 @@ endpoints:
     let (state, warnings) = build(&services, &slices);
     assert!(warnings.is_empty(), "{warnings:?}");
     let addr = FrontendAddr {
-        ip: Ipv4Addr::new(10, 96, 0, 10),
+        ip: Ipv4Addr::new(10, 96, 0, 10).into(),
         port: 80,
         protocol: Protocol::Tcp,
     };
@@ -217,11 +227,11 @@ endpoints:
                 },
                 backends: vec![
                     BackendAddr {
-                        ip: Ipv4Addr::new(10, 244, 1, 2),
+                        ip: Ipv4Addr::new(10, 244, 1, 2).into(),
                         port: 8080,
                     },
                     BackendAddr {
-                        ip: Ipv4Addr::new(10, 244, 1, 3),
+                        ip: Ipv4Addr::new(10, 244, 1, 3).into(),
                         port: 8080,
                     },
                 ],
@@ -242,14 +252,14 @@ endpoints:
 #[test]
 fn displays() {
     let f = FrontendAddr {
-        ip: Ipv4Addr::new(10, 96, 0, 10),
+        ip: Ipv4Addr::new(10, 96, 0, 10).into(),
         port: 80,
         protocol: Protocol::Tcp,
     };
     assert_eq!(f.to_string(), "10.96.0.10:80/TCP");
     assert_eq!(Protocol::Udp.to_string(), "UDP");
     let b = BackendAddr {
-        ip: Ipv4Addr::new(10, 244, 1, 2),
+        ip: Ipv4Addr::new(10, 244, 1, 2).into(),
         port: 8080,
     };
     assert_eq!(b.to_string(), "10.244.1.2:8080");
@@ -285,10 +295,10 @@ status:
 "#,
     )
     .expect("a Node");
-    assert_eq!(
-        NodeInfo::from_node(&k8s_node),
-        node(NodeSel::A).expect("node A")
-    );
+    // Both families, InternalIPs first, each once.
+    let mut want = node(NodeSel::A).expect("node A");
+    want.addresses.insert(1, "fd00::10".parse().expect("an address"));
+    assert_eq!(NodeInfo::from_node(&k8s_node), want);
     let bare: Node =
         serde_yaml::from_str("apiVersion: v1\nkind: Node\nmetadata: {name: n}\n").expect("a Node");
     assert_eq!(
@@ -409,7 +419,7 @@ endpoints: [{addresses: [10.244.1.2]}]
                 warnings: &[],
             },
             Case {
-                name: "clusterIPs (dual-stack) wins over clusterIP; IPv6 is silently not ours",
+                name: "clusterIPs (dual-stack) wins over clusterIP; a frontend per family",
                 node: NodeSel::Unknown,
                 proxy_name: None,
                 yaml: r#"
@@ -421,11 +431,14 @@ spec:
   clusterIPs: ["fd00::10", 10.96.0.10]
   ports: [{port: 80}]
 "#,
-                frontends: &["10.96.0.10:80/TCP ClusterIP default/web -> (none)"],
+                frontends: &[
+                    "10.96.0.10:80/TCP ClusterIP default/web -> (none)",
+                    "[fd00::10]:80/TCP ClusterIP default/web -> (none)",
+                ],
                 warnings: &[],
             },
             Case {
-                name: "IPv6-only Service: nothing, no warning",
+                name: "IPv6-only Service (no ipFamilies): an IPv6 frontend, no warning",
                 node: NodeSel::Unknown,
                 proxy_name: None,
                 yaml: r#"
@@ -436,7 +449,7 @@ spec:
   clusterIP: "fd00::10"
   ports: [{port: 80}]
 "#,
-                frontends: &[],
+                frontends: &["[fd00::10]:80/TCP ClusterIP default/web6 -> (none)"],
                 warnings: &[],
             },
             Case {
@@ -989,7 +1002,7 @@ spec:
                 warnings: &["Service default/web: nodePort 30080/TCP not programmed: this node's addresses are unknown"],
             },
             Case {
-                name: "LoadBalancer: ingress IPs (IPv6, hostname-only and ipMode Proxy skipped) and node ports",
+                name: "LoadBalancer: ingress IPs of both families (hostname-only and ipMode Proxy skipped) and node ports; the IPv6 one has no IPv6 endpoints",
                 node: NodeSel::A,
                 proxy_name: None,
                 yaml: r#"
@@ -1023,6 +1036,7 @@ endpoints: [{addresses: [10.244.1.2]}]
                     "198.51.100.7:443/TCP LoadBalancer default/lb -> 10.244.1.2:8443",
                     "198.51.100.8:443/TCP LoadBalancer default/lb -> 10.244.1.2:8443",
                     "203.0.113.10:30443/TCP NodePort default/lb -> 10.244.1.2:8443",
+                    "[2001:db8::7]:443/TCP LoadBalancer default/lb -> (none)",
                 ],
                 warnings: &[],
             },
@@ -1082,7 +1096,7 @@ status: {loadBalancer: {ingress: [{ip: 198.51.100.7}]}}
                 warnings: &[],
             },
             Case {
-                name: "externalIPs on any type, every port; IPv6 ignored",
+                name: "externalIPs of both families on any type, every port (IPv6 ones get IPv6 endpoints only)",
                 node: NodeSel::Unknown,
                 proxy_name: None,
                 yaml: r#"
@@ -1106,6 +1120,8 @@ endpoints: [{addresses: [10.244.1.2]}]
                     "10.96.0.10:80/TCP ClusterIP default/web:http -> 10.244.1.2:8080",
                     "198.51.100.20:53/UDP ExternalIP default/web:dns -> 10.244.1.2:5353",
                     "198.51.100.20:80/TCP ExternalIP default/web:http -> 10.244.1.2:8080",
+                    "[2001:db8::20]:53/UDP ExternalIP default/web:dns -> (none)",
+                    "[2001:db8::20]:80/TCP ExternalIP default/web:http -> (none)",
                 ],
                 warnings: &[],
             },
@@ -2405,4 +2421,277 @@ fn a_one_shot_build_applies_the_agents_endpoint_limit() {
     };
     assert_eq!(backends(Some(2)), [2]);
     assert_eq!(backends(None), [3]);
+}
+
+/// Issue 12: dual-stack Services. One frontend per address of either family;
+/// a frontend gets only the endpoints of its own family's slices (as
+/// kube-proxy, whose proxier per family reads only its address type).
+const DUAL_SLICES: &str = r#"
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-v4, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{name: http, port: 8080}]
+endpoints:
+- {addresses: [10.244.1.2], nodeName: node-a}
+- {addresses: [10.244.2.2], nodeName: node-b}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-v6, labels: {kubernetes.io/service-name: web}}
+addressType: IPv6
+ports: [{name: http, port: 8080}]
+endpoints:
+- {addresses: ["fd00:10:244:1::2"], nodeName: node-a}
+- {addresses: ["fd00:10:244:2::2"], nodeName: node-b}
+"#;
+
+fn with_dual_slices(service: &str) -> &'static str {
+    Box::leak(format!("{service}{DUAL_SLICES}").into_boxed_str())
+}
+
+#[test]
+fn dual_stack_rules() {
+    run(&[
+        Case {
+            name: "PreferDualStack: a frontend per family, each with its own family's endpoints",
+            node: NodeSel::Unknown,
+            proxy_name: None,
+            yaml: with_dual_slices(
+                r#"
+apiVersion: v1
+kind: Service
+metadata: {name: web}
+spec:
+  ipFamilyPolicy: PreferDualStack
+  ipFamilies: [IPv4, IPv6]
+  clusterIP: 10.96.0.10
+  clusterIPs: [10.96.0.10, "fd00:96::10"]
+  ports: [{name: http, port: 80}]
+"#,
+            ),
+            frontends: &[
+                "10.96.0.10:80/TCP ClusterIP default/web:http -> 10.244.1.2:8080, 10.244.2.2:8080",
+                "[fd00:96::10]:80/TCP ClusterIP default/web:http -> [fd00:10:244:1::2]:8080, [fd00:10:244:2::2]:8080",
+            ],
+            warnings: &[],
+        },
+        Case {
+            name: "RequireDualStack, IPv6 primary, NodePort with Local policy: per family, this node's addresses and local endpoints",
+            node: NodeSel::DualStack,
+            proxy_name: None,
+            yaml: with_dual_slices(
+                r#"
+apiVersion: v1
+kind: Service
+metadata: {name: web}
+spec:
+  type: NodePort
+  externalTrafficPolicy: Local
+  ipFamilyPolicy: RequireDualStack
+  ipFamilies: [IPv6, IPv4]
+  clusterIPs: ["fd00:96::10", 10.96.0.10]
+  ports: [{name: http, port: 80, nodePort: 30080}]
+"#,
+            ),
+            frontends: &[
+                "10.96.0.10:80/TCP ClusterIP default/web:http -> 10.244.1.2:8080, 10.244.2.2:8080",
+                "192.168.1.10:30080/TCP NodePort default/web:http -> 10.244.1.2:8080, 10.244.2.2:8080; from outside -> 10.244.1.2:8080 [local-only]",
+                "[fd00::1:10]:30080/TCP NodePort default/web:http -> [fd00:10:244:1::2]:8080, [fd00:10:244:2::2]:8080; from outside -> [fd00:10:244:1::2]:8080 [local-only]",
+                "[fd00:96::10]:80/TCP ClusterIP default/web:http -> [fd00:10:244:1::2]:8080, [fd00:10:244:2::2]:8080",
+            ],
+            warnings: &[],
+        },
+        Case {
+            name: "SingleStack IPv6: only the IPv6 frontend, only IPv6 endpoints (an IPv4 slice is not used)",
+            node: NodeSel::Unknown,
+            proxy_name: None,
+            yaml: with_dual_slices(
+                r#"
+apiVersion: v1
+kind: Service
+metadata: {name: web}
+spec:
+  ipFamilyPolicy: SingleStack
+  ipFamilies: [IPv6]
+  clusterIP: "fd00:96::10"
+  clusterIPs: ["fd00:96::10"]
+  ports: [{name: http, port: 80}]
+"#,
+            ),
+            frontends: &[
+                "[fd00:96::10]:80/TCP ClusterIP default/web:http -> [fd00:10:244:1::2]:8080, [fd00:10:244:2::2]:8080",
+            ],
+            warnings: &[],
+        },
+        Case {
+            name: "an IPv6 external IP on an IPv4 Service gets the IPv6 endpoints",
+            node: NodeSel::Unknown,
+            proxy_name: None,
+            yaml: with_dual_slices(
+                r#"
+apiVersion: v1
+kind: Service
+metadata: {name: web}
+spec:
+  clusterIP: 10.96.0.10
+  externalIPs: ["2001:db8::20"]
+  ports: [{name: http, port: 80}]
+"#,
+            ),
+            frontends: &[
+                "10.96.0.10:80/TCP ClusterIP default/web:http -> 10.244.1.2:8080, 10.244.2.2:8080",
+                "[2001:db8::20]:80/TCP ExternalIP default/web:http -> [fd00:10:244:1::2]:8080, [fd00:10:244:2::2]:8080",
+            ],
+            warnings: &[],
+        },
+        Case {
+            name: "an address of the other family in a slice is skipped and named; FQDN slices are not ours",
+            node: NodeSel::Unknown,
+            proxy_name: None,
+            yaml: r#"
+apiVersion: v1
+kind: Service
+metadata: {name: web}
+spec:
+  clusterIP: "fd00:96::10"
+  ports: [{port: 80}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-v6, labels: {kubernetes.io/service-name: web}}
+addressType: IPv6
+ports: [{port: 8080}]
+endpoints: [{addresses: ["fd00:10:244:1::2"]}, {addresses: [10.244.1.9]}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-fqdn, labels: {kubernetes.io/service-name: web}}
+addressType: FQDN
+ports: [{port: 8080}]
+endpoints: [{addresses: [pod.example.com]}]
+"#,
+            frontends: &["[fd00:96::10]:80/TCP ClusterIP default/web -> [fd00:10:244:1::2]:8080"],
+            warnings: &["EndpointSlice default/web-v6: endpoint address \"10.244.1.9\" is not an IPv6 address; skipped"],
+        },
+        Case {
+            name: "RequireDualStack with one cluster IP (no allocator here): that family only, said",
+            node: NodeSel::Unknown,
+            proxy_name: None,
+            yaml: with_dual_slices(
+                r#"
+apiVersion: v1
+kind: Service
+metadata: {name: web}
+spec:
+  ipFamilyPolicy: RequireDualStack
+  clusterIP: 10.96.0.10
+  ports: [{name: http, port: 80}]
+"#,
+            ),
+            frontends: &["10.96.0.10:80/TCP ClusterIP default/web:http -> 10.244.1.2:8080, 10.244.2.2:8080"],
+            warnings: &["Service default/web: ipFamilyPolicy RequireDualStack but only the IPv4 cluster IP 10.96.0.10 is set; only it is programmed"],
+        },
+    ]);
+}
+
+/// Cluster IPs and IP families the API server would refuse: the version
+/// cannot be used, and the problem is named by field.
+#[test]
+fn bad_family_mixes_are_refused_by_field() {
+    let svc = |spec: &str| format!("apiVersion: v1\nkind: Service\nmetadata: {{name: web}}\nspec: {{{spec}, ports: [{{port: 80}}]}}\n");
+    for (spec, problem) in [
+        (
+            "clusterIPs: [10.96.0.10, 10.96.0.11]",
+            "spec.clusterIPs: two IPv4 addresses; a dual-stack Service has one of each family",
+        ),
+        (
+            "ipFamilies: [IPv4], clusterIPs: [10.96.0.10, \"fd00:96::10\"]",
+            "spec.clusterIPs[1]: fd00:96::10 is IPv6, a family spec.ipFamilies does not list",
+        ),
+        (
+            "ipFamilies: [IPv4, IPv6], clusterIPs: [\"fd00:96::10\", 10.96.0.10]",
+            "spec.clusterIPs[0]: fd00:96::10 is IPv6 but spec.ipFamilies[0] is IPv4",
+        ),
+        (
+            "clusterIPs: [10.96.0.10, \"fd00:96::10\", 10.96.0.12]",
+            "spec.clusterIPs: 3 addresses, at most two (one of each family) are allowed",
+        ),
+        (
+            "ipFamilyPolicy: SingleStack, ipFamilies: [IPv4, IPv6], clusterIPs: [10.96.0.10, \"fd00:96::10\"]",
+            "spec.ipFamilyPolicy: SingleStack, but more than one cluster IP or IP family is given (use PreferDualStack or RequireDualStack)",
+        ),
+        (
+            "ipFamilies: [IPv4, IPv4], clusterIP: 10.96.0.10",
+            "spec.ipFamilies[1]: IPv4 is listed twice",
+        ),
+        (
+            "ipFamilies: [IPv5], clusterIP: 10.96.0.10",
+            "spec.ipFamilies[0]: \"IPv5\" is not IPv4 or IPv6",
+        ),
+        (
+            "ipFamilyPolicy: DualStack, clusterIP: 10.96.0.10",
+            "spec.ipFamilyPolicy: \"DualStack\" is not SingleStack, PreferDualStack or RequireDualStack",
+        ),
+    ] {
+        let yaml = svc(spec);
+        let (services, slices) = objects(&yaml);
+        let (state, warnings) = build(&services, &slices);
+        assert!(state.frontends.is_empty(), "{spec}: {state:?}");
+        let got: Vec<String> = warnings.iter().map(ToString::to_string).collect();
+        assert!(
+            got.contains(&format!("Service default/web: {problem}; not programmed (no earlier valid version)")),
+            "{spec}: {got:#?}"
+        );
+    }
+}
+
+/// A bad family mix on an edit keeps the last good dual-stack version.
+#[test]
+fn a_bad_family_edit_keeps_the_last_good_dual_stack_version() {
+    let good: &[&str] = &[
+        "10.96.0.10:80/TCP ClusterIP default/web:http -> 10.244.1.2:8080, 10.244.2.2:8080",
+        "[fd00:96::10]:80/TCP ClusterIP default/web:http -> [fd00:10:244:1::2]:8080, [fd00:10:244:2::2]:8080",
+    ];
+    let steps = [
+        Step {
+            apply: with_dual_slices(
+                "apiVersion: v1\nkind: Service\nmetadata: {name: web}\nspec: {ipFamilyPolicy: PreferDualStack, ipFamilies: [IPv4, IPv6], clusterIPs: [10.96.0.10, \"fd00:96::10\"], ports: [{name: http, port: 80}]}\n",
+            ),
+            frontends: good,
+            warnings: &[],
+        },
+        Step {
+            apply: "apiVersion: v1\nkind: Service\nmetadata: {name: web}\nspec: {ipFamilyPolicy: PreferDualStack, ipFamilies: [IPv4, IPv6], clusterIPs: [10.96.0.10, 10.96.0.11], ports: [{name: http, port: 80}]}\n",
+            frontends: good,
+            warnings: &[
+                "Service default/web: spec.clusterIPs: two IPv4 addresses; a dual-stack Service has one of each family; keeping the last good version",
+                "Service default/web: spec.clusterIPs[1]: 10.96.0.11 is IPv4 but spec.ipFamilies[1] is IPv6; keeping the last good version",
+            ],
+        },
+        Step {
+            // Back to single-stack IPv4: the IPv6 frontend goes.
+            apply: "apiVersion: v1\nkind: Service\nmetadata: {name: web}\nspec: {ipFamilies: [IPv4], clusterIPs: [10.96.0.10], ports: [{name: http, port: 80}]}\n",
+            frontends: &good[..1],
+            warnings: &[],
+        },
+    ];
+    history("dual-stack", &steps);
+}
+
+#[test]
+fn ipv6_addresses_display_bracketed() {
+    let f = FrontendAddr {
+        ip: "fd00::1".parse().unwrap(),
+        port: 80,
+        protocol: Protocol::Tcp,
+    };
+    assert_eq!(f.to_string(), "[fd00::1]:80/TCP");
+    assert_eq!(f.family(), IpFamily::V6);
+    let b = BackendAddr {
+        ip: "fd00:10:244::2".parse().unwrap(),
+        port: 8080,
+    };
+    assert_eq!(b.to_string(), "[fd00:10:244::2]:8080");
 }

@@ -1,34 +1,67 @@
 //! An in-memory stand-in for the kernel maps, for the sync engine's tests.
 use std::collections::BTreeMap;
 
-use proxy_common::{Backend, CtEntry, CtKey, FrontendKey, FrontendSlot, MaglevTable, RevNat, SockEntry, SockKey};
+use proxy_common::{CtEntry, CtEntry6, CtKey, CtKey6, FrontendSlot, MaglevTable, SockEntry, SockEntry6, SockKey, SockKey6};
 
 use crate::{
-    encode::{backend_addr, frontend_key},
+    encode::{backend_addr, frontend_key, AnyBackend, AnyFrontendKey, AnyRevNat},
     maps::{Dump, MapStore, WriteError},
-    model::{BackendAddr, FrontendAddr},
+    model::{BackendAddr, FrontendAddr, IpFamily},
 };
 
 /// An in-memory stand-in for the kernel maps, counting writes.
 #[derive(Default)]
 pub(crate) struct MemStore {
-    pub(crate) frontends: BTreeMap<(u32, u16, u8, u8, u16), FrontendSlot>,
+    /// Both families' frontend maps (the key says which).
+    pub(crate) frontends: BTreeMap<FeKey, FrontendSlot>,
     /// Frontend writes in order (`put`/`delete` and the key).
     pub(crate) log: Vec<String>,
     /// Maglev tables by service id.
     pub(crate) maglev: BTreeMap<u32, Vec<u32>>,
-    pub(crate) backends: BTreeMap<u32, Backend>,
-    pub(crate) revnat: BTreeMap<u32, RevNat>,
+    /// Both families' backend maps, by (family, id): an id may be in both,
+    /// as in the kernel, and adoption must notice.
+    pub(crate) backends: BTreeMap<(IpFamily, u32), AnyBackend>,
+    pub(crate) revnat: BTreeMap<(IpFamily, u32), AnyRevNat>,
     pub(crate) conntrack: Vec<(CtKey, CtEntry)>,
     pub(crate) sockets: Vec<(SockKey, SockEntry)>,
+    pub(crate) conntrack6: Vec<(CtKey6, CtEntry6)>,
+    pub(crate) sockets6: Vec<(SockKey6, SockEntry6)>,
     pub(crate) writes: usize,
     pub(crate) frontend_limit: Option<usize>,
     /// Every write after this many fails, as if the agent had stopped there.
     pub(crate) stop_after: Option<usize>,
 }
 
-pub(crate) fn k(key: &FrontendKey) -> (u32, u16, u8, u8, u16) {
-    (key.addr_be, key.port_be, key.proto, key.scope, key.slot)
+/// A frontend key as an ordered tuple: (family, address words, port, proto,
+/// scope, slot). The IPv4 address is the first word, the rest zero.
+pub(crate) type FeKey = (IpFamily, [u32; 4], u16, u8, u8, u16);
+
+pub(crate) fn k(key: &AnyFrontendKey) -> FeKey {
+    match key {
+        AnyFrontendKey::V4(key) => (IpFamily::V4, [key.addr_be, 0, 0, 0], key.port_be, key.proto, key.scope, key.slot),
+        AnyFrontendKey::V6(key) => (IpFamily::V6, key.addr_be, key.port_be, key.proto, key.scope, key.slot),
+    }
+}
+
+fn unk(&(family, addr_be, port_be, proto, scope, slot): &FeKey) -> AnyFrontendKey {
+    match family {
+        IpFamily::V4 => AnyFrontendKey::V4(proxy_common::FrontendKey {
+            addr_be: addr_be[0],
+            port_be,
+            proto,
+            scope,
+            slot,
+            ..Default::default()
+        }),
+        IpFamily::V6 => AnyFrontendKey::V6(proxy_common::FrontendKey6 {
+            addr_be,
+            port_be,
+            proto,
+            scope,
+            slot,
+            ..Default::default()
+        }),
+    }
 }
 
 impl MemStore {
@@ -46,12 +79,17 @@ impl MemStore {
         self.writes += 1;
         Ok(())
     }
+
+    /// The frontend entries of one family.
+    pub(crate) fn frontends_of(&self, family: IpFamily) -> usize {
+        self.frontends.keys().filter(|key| key.0 == family).count()
+    }
 }
 
 impl MapStore for MemStore {
     fn put_frontend(
         &mut self,
-        key: FrontendKey,
+        key: AnyFrontendKey,
         value: FrontendSlot,
     ) -> Result<(), WriteError> {
         if let Some(limit) = self.frontend_limit {
@@ -64,30 +102,30 @@ impl MapStore for MemStore {
         self.frontends.insert(k(&key), value);
         Ok(())
     }
-    fn delete_frontend(&mut self, key: FrontendKey) -> Result<(), WriteError> {
+    fn delete_frontend(&mut self, key: AnyFrontendKey) -> Result<(), WriteError> {
         self.write("frontends")?;
         self.log.push(format!("delete {:?}", k(&key)));
         self.frontends.remove(&k(&key));
         Ok(())
     }
-    fn put_backend(&mut self, id: u32, value: Backend) -> Result<(), WriteError> {
+    fn put_backend(&mut self, id: u32, value: AnyBackend) -> Result<(), WriteError> {
         self.write("backends")?;
-        self.backends.insert(id, value);
+        self.backends.insert((value.family(), id), value);
         Ok(())
     }
-    fn delete_backend(&mut self, id: u32) -> Result<(), WriteError> {
+    fn delete_backend(&mut self, id: u32, family: IpFamily) -> Result<(), WriteError> {
         self.write("backends")?;
-        self.backends.remove(&id);
+        self.backends.remove(&(family, id));
         Ok(())
     }
-    fn put_revnat(&mut self, id: u32, value: RevNat) -> Result<(), WriteError> {
+    fn put_revnat(&mut self, id: u32, value: AnyRevNat) -> Result<(), WriteError> {
         self.write("revnat")?;
-        self.revnat.insert(id, value);
+        self.revnat.insert((value.family(), id), value);
         Ok(())
     }
-    fn delete_revnat(&mut self, id: u32) -> Result<(), WriteError> {
+    fn delete_revnat(&mut self, id: u32, family: IpFamily) -> Result<(), WriteError> {
         self.write("revnat")?;
-        self.revnat.remove(&id);
+        self.revnat.remove(&(family, id));
         Ok(())
     }
     fn put_maglev(&mut self, id: u32, table: &MaglevTable) -> Result<(), WriteError> {
@@ -113,27 +151,24 @@ impl MapStore for MemStore {
         self.sockets = kept;
         gone.into_iter().map(|(key, _)| key).collect::<Vec<_>>()
     }
+    fn purge_conntrack6(&mut self, doomed: &dyn Fn(&CtKey6, &CtEntry6) -> bool) -> usize {
+        let before = self.conntrack6.len();
+        self.conntrack6.retain(|(key, entry)| !doomed(key, entry));
+        before - self.conntrack6.len()
+    }
+    fn purge_sockets6(&mut self, doomed: &dyn Fn(&SockKey6, &SockEntry6) -> bool) -> Vec<SockKey6> {
+        let (gone, kept) = self
+            .sockets6
+            .drain(..)
+            .partition(|(key, entry)| doomed(key, entry));
+        self.sockets6 = kept;
+        gone.into_iter().map(|(key, _)| key).collect::<Vec<_>>()
+    }
     fn dump(&self) -> Dump {
         Dump {
-            frontends: self
-                .frontends
-                .iter()
-                .map(|(&(addr_be, port_be, proto, scope, slot), v)| {
-                    (
-                        FrontendKey {
-                            addr_be,
-                            port_be,
-                            proto,
-                            scope,
-                            slot,
-                            ..FrontendKey::default()
-                        },
-                        *v,
-                    )
-                })
-                .collect(),
-            backends: self.backends.iter().map(|(k, v)| (*k, *v)).collect(),
-            revnat: self.revnat.iter().map(|(k, v)| (*k, *v)).collect(),
+            frontends: self.frontends.iter().map(|(key, v)| (unk(key), *v)).collect(),
+            backends: self.backends.iter().map(|(&(_, id), v)| (id, *v)).collect(),
+            revnat: self.revnat.iter().map(|(&(_, id), v)| (id, *v)).collect(),
         }
     }
 }
@@ -145,7 +180,7 @@ impl MemStore {
         let mut out = Vec::new();
         for slot in 1..=head.backend_count {
             let v = self.frontends.get(&k(&frontend_key(addr, slot)))?;
-            out.push(backend_addr(self.backends.get(&v.backend_id)?));
+            out.push(backend_addr(self.backends.get(&(addr.family(), v.backend_id))?));
         }
         out.sort();
         Some(out)

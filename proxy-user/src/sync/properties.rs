@@ -3,7 +3,7 @@
 //! stops at any write (the agent killed, or a write refused) leaves every slot
 //! a lookup can reach naming a backend that exists.
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use proptest::prelude::*;
 use proxy_common::{frontend_flags, scope, FrontendSlot};
@@ -13,7 +13,7 @@ use super::Syncer;
 use crate::{
     ebpf::Capacities,
     encode::{backend_addr, revnat_name, scoped_key, slot_zero_attributes},
-    model::{BackendAddr, DesiredState, Frontend, FrontendAddr, FrontendKind, LbAlgorithm, Protocol, ServicePortName},
+    model::{BackendAddr, DesiredState, Frontend, FrontendAddr, FrontendKind, IpFamily, LbAlgorithm, Protocol, ServicePortName},
 };
 
 /// Where one step's sync stops, if it does.
@@ -40,20 +40,30 @@ struct FrontendSpec {
     affinity_timeout_s: Option<u32>,
 }
 
-const ADDRESSES: usize = 8;
+/// The first [`ADDRESSES_V4`] frontend addresses are IPv4, the rest IPv6.
+const ADDRESSES: usize = 12;
+const ADDRESSES_V4: usize = 8;
 const BACKENDS: usize = 6;
 
 fn frontend_addr(index: usize) -> FrontendAddr {
+    let host = 1 + (index / 2) as u8;
     FrontendAddr {
-        ip: Ipv4Addr::new(10, 96, 0, 1 + (index / 2) as u8),
+        ip: match index < ADDRESSES_V4 {
+            true => IpAddr::V4(Ipv4Addr::new(10, 96, 0, host)),
+            false => IpAddr::V6(Ipv6Addr::new(0xfd00, 0x96, 0, 0, 0, 0, 0, u16::from(host))),
+        },
         port: 80,
         protocol: if index.is_multiple_of(2) { Protocol::Tcp } else { Protocol::Udp },
     }
 }
 
-fn backend(index: usize) -> BackendAddr {
+/// Backend `index` of the family a frontend's backends have.
+fn backend(family: IpFamily, index: usize) -> BackendAddr {
     BackendAddr {
-        ip: Ipv4Addr::new(10, 244, 0, 1 + index as u8),
+        ip: match family {
+            IpFamily::V4 => IpAddr::V4(Ipv4Addr::new(10, 244, 0, 1 + index as u8)),
+            IpFamily::V6 => IpAddr::V6(Ipv6Addr::new(0xfd00, 0x244, 0, 0, 0, 0, 0, 1 + index as u16)),
+        },
         port: 8080,
     }
 }
@@ -65,8 +75,10 @@ impl FrontendSpec {
             name: format!("svc-{}", self.service),
             port: String::new(),
         };
+        let addr = frontend_addr(self.addr);
+        let backend = |index| backend(addr.family(), index);
         let mut frontend = Frontend::cluster_ip(
-            frontend_addr(self.addr),
+            addr,
             name,
             self.backends.iter().copied().map(backend).collect(),
         );
@@ -173,7 +185,7 @@ fn lookups(store: &MemStore) -> Result<BTreeMap<FrontendAddr, Seen>, String> {
         if head.flags & frontend_flags::ALGO_MASK != frontend_flags::ALGO_RANDOM {
             if let Some(table) = store.maglev.get(&head.service_id) {
                 // Id 0 fills the table of a frontend without backends.
-                if let Some(id) = table.iter().find(|&&id| id != 0 && !store.backends.contains_key(&id)) {
+                if let Some(id) = table.iter().find(|&&id| id != 0 && !store.backends.contains_key(&(addr.family(), id))) {
                     return Err(format!("{addr}: the Maglev table names backend id {id}, which is absent"));
                 }
             }
@@ -181,7 +193,7 @@ fn lookups(store: &MemStore) -> Result<BTreeMap<FrontendAddr, Seen>, String> {
         seen.insert(
             addr,
             Seen {
-                name: store.revnat.get(&head.service_id).map(revnat_name),
+                name: store.revnat.get(&(addr.family(), head.service_id)).map(revnat_name),
                 flags: head.flags,
                 affinity_timeout_s: head.affinity_timeout_s,
                 backends,
@@ -206,8 +218,8 @@ fn backend_set_of(
             .ok_or_else(|| format!("{addr}: scope {scope} slot {slot} of {} is missing", head.backend_count))?;
         let backend = store
             .backends
-            .get(&value.backend_id)
-            .ok_or_else(|| format!("{addr}: scope {scope} slot {slot} names absent backend {}", value.backend_id))?;
+            .get(&(addr.family(), value.backend_id))
+            .ok_or_else(|| format!("{addr}: scope {scope} slot {slot} names absent {} backend {}", addr.family(), value.backend_id))?;
         set.push(backend_addr(backend));
     }
     set.sort();

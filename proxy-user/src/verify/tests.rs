@@ -9,7 +9,7 @@ use crate::ebpf::Capacities;
 use crate::encode::{frontend_key, scoped_key};
 use crate::maps::MapStore as _;
 use crate::model::{FrontendKind, LbAlgorithm, Protocol};
-use crate::sync::tests::{caps, fe, k, state, MemStore};
+use crate::sync::tests::{caps, fe, fe6, k, state, MemStore};
 use crate::sync::Syncer;
 
 fn web() -> Frontend {
@@ -104,7 +104,7 @@ fn slots_naming_absent_backends_or_absent_slots_are_dangling() {
     let (mut syncer, desired) = synced(vec![web()]);
     let addr = web().addr;
     let slot2 = syncer.store().frontends[&k(&frontend_key(&addr, 2))];
-    syncer.store_mut().delete_backend(slot2.backend_id).expect("delete");
+    syncer.store_mut().delete_backend(slot2.backend_id, IpFamily::V4).expect("delete");
     syncer.store_mut().delete_frontend(frontend_key(&addr, 3)).expect("delete");
     let v = verify(&syncer, &desired);
     let dangling: Vec<&str> = v
@@ -114,7 +114,7 @@ fn slots_naming_absent_backends_or_absent_slots_are_dangling() {
         .map(|p| p.detail.as_str())
         .collect();
     assert_eq!(dangling.len(), 2, "{:#?}", v.problems);
-    assert!(dangling.iter().any(|d| d.contains(&format!("slot 2 names backend id {}, which is not in the backend map", slot2.backend_id))), "{dangling:?}");
+    assert!(dangling.iter().any(|d| d.contains(&format!("slot 2 names backend id {}, which is not in the IPv4 backend map", slot2.backend_id))), "{dangling:?}");
     assert!(dangling.iter().any(|d| d.contains("slot 3 of 3 is absent")), "{dangling:?}");
     assert!(v.problems.iter().any(|p| p.kind == ProblemKind::WrongBackends), "the data path reaches only one backend");
 }
@@ -125,7 +125,7 @@ fn entries_nothing_reaches_are_orphans() {
     let addr = web().addr;
     let store = syncer.store_mut();
     store
-        .put_backend(99, Backend { addr_be: u32::from_ne_bytes([10, 244, 9, 9]), port_be: 80u16.to_be(), proto: 6, flags: 0 })
+        .put_backend(99, AnyBackend::V4(Backend { addr_be: u32::from_ne_bytes([10, 244, 9, 9]), port_be: 80u16.to_be(), proto: 6, flags: 0 }))
         .expect("put");
     store
         .put_revnat(77, revnat_value(&fe([10, 96, 9, 9], 80, Protocol::Tcp, "gone", &[]).addr, "gone/svc:http"))
@@ -170,4 +170,33 @@ fn a_frontend_the_sync_could_not_fit_is_reported_missing() {
     let v = compare(&desired, syncer.default_algorithm(), &syncer.store().dump(), &reasons);
     assert_eq!(kinds(&v), vec![("10.96.0.53:53/UDP".into(), ProblemKind::Missing)]);
     assert!(v.problems[0].detail.contains("could not program it: frontend map full"), "{}", v.problems[0].detail);
+}
+
+/// Issue 12: both families are compared, each against its own maps.
+#[test]
+fn ipv6_frontends_are_compared_in_the_ipv6_maps() {
+    let web6 = fe6(0x10, 80, Protocol::Tcp, "web6", &[(1, 8080), (2, 8080)]);
+    let (mut syncer, mut desired) = synced(vec![web(), web6.clone()]);
+    let v = verify(&syncer, &desired);
+    assert!(v.matches(), "{:#?}", v.problems);
+    assert_eq!((v.frontends_desired, v.frontends_in_maps, v.backends_in_maps), (2, 2, 5));
+
+    // The IPv6 set changed in the desired state: named, bracketed.
+    let mut moved = web6.clone();
+    moved.backends.pop();
+    desired.frontends.insert(moved.addr, moved);
+    let v = verify(&syncer, &desired);
+    assert_eq!(kinds(&v), vec![("[fd00:96::10]:80/TCP".into(), ProblemKind::WrongBackends)]);
+    assert!(v.problems[0].detail.contains("extra: [fd00:244::2]:8080"), "{}", v.problems[0].detail);
+    desired.frontends.insert(web6.addr, web6.clone());
+
+    // An IPv6 slot naming an IPv4 backend id reaches nothing: dangling.
+    let id4 = syncer.store().frontends[&k(&frontend_key(&web().addr, 1))].backend_id;
+    let slot1 = k(&frontend_key(&web6.addr, 1));
+    syncer.store_mut().frontends.get_mut(&slot1).expect("slot 1").backend_id = id4;
+    let v = verify(&syncer, &desired);
+    let dangling: Vec<&str> = v.problems.iter().filter(|p| p.kind == ProblemKind::DanglingSlot).map(|p| p.detail.as_str()).collect();
+    assert_eq!(dangling, [format!("slot 1 names backend id {id4}, which is not in the IPv6 backend map")], "{:#?}", v.problems);
+    // ... and the IPv6 backend it replaced is now an orphan of the IPv6 map.
+    assert!(v.problems.iter().any(|p| p.kind == ProblemKind::OrphanedBackend && p.detail.starts_with("IPv6 backend id")), "{:#?}", v.problems);
 }

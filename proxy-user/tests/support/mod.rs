@@ -5,7 +5,7 @@
 // part of it; the rest would be reported as dead code in each.
 #![allow(dead_code)]
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 
 use aya::{
     programs::{ProgramError, SchedClassifier, TestRun, TestRunOptions, TestRunResult, Xdp},
@@ -54,14 +54,14 @@ pub fn capacities(conntrack: u32) -> Capacities {
 }
 
 /// A frontend of kind `kind` of the Service `test/name`, balancing over
-/// `backends`.
-pub fn frontend(
+/// `backends` (addresses of either family, `Ipv4Addr` or `Ipv6Addr`).
+pub fn frontend<A: Into<IpAddr> + Copy>(
     kind: FrontendKind,
-    ip: Ipv4Addr,
+    ip: A,
     port: u16,
     protocol: Protocol,
     name: &str,
-    backends: &[(Ipv4Addr, u16)],
+    backends: &[(A, u16)],
 ) -> Frontend {
     let service = ServicePortName {
         namespace: "test".into(),
@@ -70,21 +70,21 @@ pub fn frontend(
     };
     let backends = backends
         .iter()
-        .map(|&(ip, port)| BackendAddr { ip, port })
+        .map(|&(ip, port)| BackendAddr { ip: ip.into(), port })
         .collect();
     Frontend {
         kind,
-        ..Frontend::cluster_ip(FrontendAddr { ip, port, protocol }, service, backends)
+        ..Frontend::cluster_ip(FrontendAddr { ip: ip.into(), port, protocol }, service, backends)
     }
 }
 
 /// A ClusterIP frontend: [`frontend`] of kind `ClusterIp`.
-pub fn cluster_ip(
-    ip: Ipv4Addr,
+pub fn cluster_ip<A: Into<IpAddr> + Copy>(
+    ip: A,
     port: u16,
     protocol: Protocol,
     name: &str,
-    backends: &[(Ipv4Addr, u16)],
+    backends: &[(A, u16)],
 ) -> Frontend {
     frontend(FrontendKind::ClusterIp, ip, port, protocol, name, backends)
 }

@@ -944,10 +944,11 @@ mod tests {
             fx.view.node,
             Some(NodeInfo {
                 name: "node-a".to_string(),
-                // InternalIP first, then ExternalIP; IPv6 and Hostname left out.
+                // InternalIPs first (both families), then ExternalIP; Hostname left out.
                 addresses: vec![
-                    std::net::Ipv4Addr::new(192, 168, 1, 10),
-                    std::net::Ipv4Addr::new(203, 0, 113, 7)
+                    std::net::Ipv4Addr::new(192, 168, 1, 10).into(),
+                    "fd00::10".parse::<std::net::IpAddr>().expect("an address"),
+                    std::net::Ipv4Addr::new(203, 0, 113, 7).into()
                 ],
                 zone: Some("zone-1".to_string()),
                 deleting: false,
@@ -968,8 +969,9 @@ mod tests {
         assert_eq!(
             b.view.node.map(|n| n.addresses),
             Some(vec![
-                std::net::Ipv4Addr::new(192, 168, 1, 11),
-                std::net::Ipv4Addr::new(203, 0, 113, 7)
+                std::net::IpAddr::from(std::net::Ipv4Addr::new(192, 168, 1, 11)),
+                "fd00::10".parse::<std::net::IpAddr>().expect("an address"),
+                std::net::Ipv4Addr::new(203, 0, 113, 7).into()
             ])
         );
     }
@@ -988,7 +990,7 @@ mod tests {
         let addresses = fx.view.node.map(|n| n.addresses);
         assert_eq!(
             addresses.as_ref().and_then(|a| a.first()),
-            Some(&std::net::Ipv4Addr::new(192, 168, 1, 10))
+            Some(&std::net::IpAddr::from(std::net::Ipv4Addr::new(192, 168, 1, 10)))
         );
     }
 
