@@ -37,15 +37,22 @@
 
 mod ct;
 mod frag;
+mod frag6;
 mod hairpin;
+mod hairpin6;
+mod icmp6;
 mod icmp_error;
 mod lb;
+mod lb6;
 mod maps;
 mod nodeport;
 mod packet;
+mod packet6;
 mod reject;
+mod reject6;
 mod sock;
 mod tc;
+mod tc6;
 mod xdp;
 
 use aya_ebpf::{

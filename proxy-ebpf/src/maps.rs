@@ -108,3 +108,8 @@ pub fn count_service(service_id: u32, update: impl FnOnce(&mut SvcStats)) {
 pub fn config() -> Config {
     SB_CONFIG_V1.get(0).copied().unwrap_or_default()
 }
+
+/// The IPv6 tc path's per-CPU working memory ([`crate::packet6::Scratch6`]).
+/// Not pinned: each loaded object has its own, used within one program run.
+#[btf_map]
+pub static SB_SCRATCH6_V1: PerCpuArray<crate::packet6::Scratch6, 1> = PerCpuArray::new();
