@@ -57,6 +57,11 @@ pub mod names {
     /// The tc layer's tail calls: slot [`super::tail::REWRITE`] holds
     /// `sb_rewrite`. Pinned, so the slot stays filled while no agent runs.
     pub const TAIL_CALLS: &str = "SB_TAIL_V1";
+    /// The tc pod path's IPv6 programs, tail-called by `sb_from_pod` and
+    /// `sb_to_pod` for ethertype 0x86DD (slots [`super::tail::FROM_POD6`],
+    /// [`super::tail::TO_POD6`]). Not pinned: each loaded object fills its
+    /// own, and programs still attached keep the array they were loaded with.
+    pub const TAIL_CALLS6: &str = "SB_TAIL6_V1";
     /// The node's uplinks by interface index ([`super::Uplink`]): where
     /// traffic from outside arrives, and the address flows to a backend on
     /// another node are source-NATed to.
@@ -125,6 +130,11 @@ pub mod programs {
     pub const SOCK_GETPEERNAME4: &str = "sb_sock_getpeername4";
     /// tc, tail-called by both tc programs: writes the rewrite they decided on.
     pub const TC_REWRITE: &str = "sb_rewrite";
+    /// tc, tail-called by `sb_from_pod` for IPv6 packets (its own program: the
+    /// IPv6 path's stack does not fit next to the IPv4 path's).
+    pub const TC_FROM_POD6: &str = "sb_from_pod6";
+    /// tc, tail-called by `sb_to_pod` for IPv6 packets.
+    pub const TC_TO_POD6: &str = "sb_to_pod6";
     /// cgroup `sock_release`: a closing socket's entry in the socket map goes.
     pub const SOCK_RELEASE: &str = "sb_sock_release";
     /// XDP on each uplink: traffic from outside the node to NodePorts,
@@ -186,6 +196,10 @@ pub mod capacity {
 pub mod tail {
     /// `sb_rewrite`.
     pub const REWRITE: u32 = 0;
+    /// `sb_from_pod6`, in [`super::names::TAIL_CALLS6`].
+    pub const FROM_POD6: u32 = 0;
+    /// `sb_to_pod6`, in [`super::names::TAIL_CALLS6`].
+    pub const TO_POD6: u32 = 1;
 }
 
 /// Source ports flows from outside to a backend on another node are

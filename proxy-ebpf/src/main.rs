@@ -111,6 +111,18 @@ pub fn sb_to_pod(ctx: TcContext) -> i32 {
     }
 }
 
+/// Tail-called by `sb_from_pod` for IPv6 packets ([`tc6`]).
+#[classifier]
+pub fn sb_from_pod6(ctx: TcContext) -> i32 {
+    tc6::from_pod6(&ctx)
+}
+
+/// Tail-called by `sb_to_pod` for IPv6 packets ([`tc6`]).
+#[classifier]
+pub fn sb_to_pod6(ctx: TcContext) -> i32 {
+    tc6::to_pod6(&ctx)
+}
+
 /// Tail-called by `sb_from_pod` and `sb_to_pod` for the packets they rewrite:
 /// the only program that stores into packets directly (see `tc::rewrite_in_place`).
 #[classifier]

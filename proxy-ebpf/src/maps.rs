@@ -45,6 +45,9 @@ pub static SB_SOCK_V1: LruHashMap<SockKey, SockEntry, { capacity::SOCKETS as usi
 pub static SB_CONFIG_V1: Array<Config, 1> = Array::new();
 #[btf_map]
 pub static SB_TAIL_V1: ProgramArray<1> = ProgramArray::new();
+/// The IPv6 pod programs (`proxy_common::tail::FROM_POD6`, `TO_POD6`).
+#[btf_map]
+pub static SB_TAIL6_V1: ProgramArray<2> = ProgramArray::new();
 /// Allocated per entry (`BPF_F_NO_PREALLOC`): a table is 64 KiB and only
 /// Services with a hashing algorithm have one.
 #[btf_map]

@@ -129,12 +129,10 @@ pub struct Scratch6 {
     pub backend: Backend6,
     pub frag_key: FragKey6,
     pub frag_entry: FragEntry6,
-    /// Frames built whole (reject answers).
-    pub buf: [u8; SCRATCH_BUF],
+    /// The quote of an ICMPv6 error being built ([`crate::reject6`]): the
+    /// IPv6 header and 8 bytes of the UDP header, as in the packet.
+    pub quote: [u32; 12],
 }
-
-/// Room for the largest frame built in [`Scratch6::buf`].
-pub const SCRATCH_BUF: usize = 128;
 
 /// Reads a `T` at `off` through the load helper: `Malformed` when the packet
 /// is shorter.

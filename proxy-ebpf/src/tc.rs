@@ -65,7 +65,7 @@ pub fn try_from_pod(ctx: &TcContext) -> Result<i32, Skip> {
     let ethertype = ethertype(ctx)?;
     if ethertype != ETH_P_IP_BE {
         if ethertype == ETH_P_IPV6_BE {
-            return Ok(crate::tc6::from_pod6(ctx.skb.skb));
+            return Ok(crate::tc6::hand_over6(ctx, tail::FROM_POD6));
         }
         return Err(Skip::NotOurs);
     }
@@ -140,7 +140,7 @@ pub fn try_to_pod(ctx: &TcContext) -> Result<i32, Skip> {
     let ethertype = ethertype(ctx)?;
     if ethertype != ETH_P_IP_BE {
         if ethertype == ETH_P_IPV6_BE {
-            return Ok(crate::tc6::to_pod6(ctx.skb.skb));
+            return Ok(crate::tc6::hand_over6(ctx, tail::TO_POD6));
         }
         return Err(Skip::NotOurs);
     }

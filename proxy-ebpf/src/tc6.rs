@@ -3,11 +3,12 @@
 //! sends to an IPv6 frontend, the reverse on the replies, with connection
 //! tracking in `SB_CT6_V1`, the same rules as [`crate::tc`] for IPv4.
 //!
-//! The IPv6 path is a function of its own (a BPF-to-BPF call, never
-//! inlined), so the IPv4 path's stack frame and code are what they were; its
-//! keys and entries live in per-CPU scratch memory
-//! ([`crate::packet6::Scratch6`]), since the two frames together must fit in
-//! 512 bytes.
+//! The IPv6 path is a program of its own (`sb_from_pod6`, `sb_to_pod6`),
+//! tail-called through `SB_TAIL6_V1`: the IPv4 path's stack frame (320
+//! bytes) and the IPv6 path's do not fit in one program's 512 bytes, nor in
+//! one call chain. So the IPv4 path's code and frame are what they were,
+//! plus one compare. Its keys and entries live in per-CPU scratch memory
+//! ([`crate::packet6::Scratch6`]).
 //!
 //! IPv6 has no header checksum; the TCP/UDP checksum covers the addresses
 //! through the pseudo-header. A rewrite stores the new address (16 bytes)
@@ -21,14 +22,14 @@
 //! direct stores and no tail call: these programs see every packet of the
 //! node and never store directly (see `tc::rewrite_in_place`).
 use aya_ebpf::{
-    bindings::{__sk_buff, BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR, TC_ACT_OK},
+    bindings::{BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR, TC_ACT_OK, TC_ACT_UNSPEC},
     programs::TcContext,
 };
 use proxy_common::{ct_dir, ct_flags, proto, stat, Addr6Be};
 
 use crate::{
     lb6::{backend_is_live6, choose_backend6, frontend_key6, lookup_frontend6},
-    maps::{count, count_service, SB_CT6_V1, SB_SCRATCH6_V1},
+    maps::{count, count_service, SB_CT6_V1, SB_SCRATCH6_V1, SB_TAIL6_V1},
     packet::{Skip, TCP_CSUM_OFF, UDP_CSUM_OFF},
     packet6::{addr_diff, eq6, parse6, Flow6, Kind6, Scratch6, IP6_DADDR_OFF, IP6_SADDR_OFF},
     tc::{drop_counted, RewriteFailed, Side, TableFull},
@@ -38,27 +39,37 @@ use crate::{
 /// refuse the flag; the rewrite then retries without it.
 const BPF_F_IPV6: u64 = 1 << 7;
 
-/// `sb_from_pod` for IPv6.
-#[inline(never)]
-pub fn from_pod6(skb: *mut __sk_buff) -> i32 {
-    let ctx = TcContext::new(skb);
+/// Tail-calls the IPv6 program `slot` (`tail::FROM_POD6`, `tail::TO_POD6`).
+/// Returns only if the call failed (the agent has not filled the array
+/// yet): the packet passes untouched, counted.
+#[inline(always)]
+pub fn hand_over6(ctx: &TcContext, slot: u32) -> i32 {
+    // SAFETY: a tail call with our own context and program array; on success
+    // it does not return.
+    unsafe { SB_TAIL6_V1.tail_call(ctx, slot) };
+    count(stat::TAIL_CALL_MISSED);
+    TC_ACT_UNSPEC
+}
+
+/// `sb_from_pod6`: a packet a pod sends, IPv6.
+#[inline(always)]
+pub fn from_pod6(ctx: &TcContext) -> i32 {
     let Some(s) = scratch() else {
         return crate::tc::pass(Skip::NotOurs);
     };
-    match try_from_pod6(&ctx, s) {
+    match try_from_pod6(ctx, s) {
         Ok(action) => action,
         Err(skip) => crate::tc::pass(skip),
     }
 }
 
-/// `sb_to_pod` for IPv6.
-#[inline(never)]
-pub fn to_pod6(skb: *mut __sk_buff) -> i32 {
-    let ctx = TcContext::new(skb);
+/// `sb_to_pod6`: a packet going into a pod, IPv6.
+#[inline(always)]
+pub fn to_pod6(ctx: &TcContext) -> i32 {
     let Some(s) = scratch() else {
         return crate::tc::pass(Skip::NotOurs);
     };
-    match try_to_pod6(&ctx, s) {
+    match try_to_pod6(ctx, s) {
         Ok(action) => action,
         Err(skip) => crate::tc::pass(skip),
     }
