@@ -11,8 +11,8 @@ use proxy_common::{ct_dir, ct_flags, frontend_flags, hairpin, programs};
 use support::{
     capacities,
     v6::{
-        checksums_valid6, ct_key6, icmp6_frame, Maps6, Packet6, NEXTHDR_DEST, NEXTHDR_HOP, NEXTHDR_ROUTING, NODE_MAC,
-        POD_MAC, PROTO_TCP, PROTO_UDP, TCP_ACK, TCP_SYN,
+        checksums_valid6, ct_key6, icmp6_frame, icmp6_frame_macs, Maps6, Packet6, NEXTHDR_DEST, NEXTHDR_HOP, NEXTHDR_ROUTING, NODE_MAC,
+        POD_MAC, PROTO_TCP, PROTO_UDP, TCP_ACK, TCP_RST, TCP_SYN,
     },
     Loaded, TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT, TC_ACT_UNSPEC,
 };
@@ -535,5 +535,193 @@ fn ipv4_in_the_same_object_is_unaffected() {
     let mut fake = Packet6::tcp(CLIENT, 48000, VIP, 80).build();
     fake[14] = 0x45;
     assert_eq!(fx.run(programs::TC_FROM_POD, &fake), (TC_ACT_UNSPEC, fake.clone()));
-    let _ = (ROUTER, TC_ACT_SHOT, icmp6_frame);
+}
+
+#[test]
+fn a_frontend_without_endpoints_answers_tcp_with_rst_and_udp_with_port_unreachable() {
+    let mut fx = Fixture::new();
+    let syn = Packet6::tcp(CLIENT, 40100, EMPTY_VIP, 80);
+    let rst_ack = Packet6 {
+        tcp_flags: TCP_RST | TCP_ACK,
+        seq: 0,
+        ack: syn.seq + 1,
+        window: 0,
+        src_mac: NODE_MAC,
+        dst_mac: POD_MAC,
+        ..Packet6::tcp(EMPTY_VIP, 80, CLIENT, 40100)
+    };
+    // A segment with ACK and 10 bytes: the RST takes its acknowledgement
+    // number as sequence number.
+    let data = Packet6 {
+        tcp_flags: TCP_ACK | 0x08,
+        ack: 0x5555_0000,
+        payload: vec![7; 10],
+        ..Packet6::tcp(CLIENT, 40101, EMPTY_VIP, 80)
+    };
+    let rst = Packet6 {
+        tcp_flags: TCP_RST,
+        seq: 0x5555_0000,
+        ack: 0,
+        window: 0,
+        src_mac: NODE_MAC,
+        dst_mac: POD_MAC,
+        ..Packet6::tcp(EMPTY_VIP, 80, CLIENT, 40101)
+    };
+    let fin = Packet6 {
+        tcp_flags: 0x01,
+        payload: vec![1; 3],
+        ..Packet6::tcp(CLIENT, 40102, EMPTY_VIP, 80)
+    };
+    let fin_rst = Packet6 {
+        tcp_flags: TCP_RST | TCP_ACK,
+        seq: 0,
+        ack: fin.seq + 3 + 1,
+        window: 0,
+        src_mac: NODE_MAC,
+        dst_mac: POD_MAC,
+        ..Packet6::tcp(EMPTY_VIP, 80, CLIENT, 40102)
+    };
+    let udp = Packet6::udp(CLIENT, 40103, EMPTY_VIP, 53);
+    let udp_frame = udp.build();
+    let unreachable = icmp6_frame_macs(NODE_MAC, POD_MAC, EMPTY_VIP, CLIENT, 1, 4, 0, &udp_frame[14..14 + 48]);
+    let with_ext = Packet6 {
+        ext: vec![NEXTHDR_DEST],
+        ..Packet6::tcp(CLIENT, 40104, EMPTY_VIP, 80)
+    };
+    let a_rst = Packet6 {
+        tcp_flags: TCP_RST,
+        ..Packet6::tcp(CLIENT, 40105, EMPTY_VIP, 80)
+    };
+    let multicast_src = Packet6::udp(Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 1), 40106, EMPTY_VIP, 53);
+
+    let cases = vec![
+        Case {
+            name: "SYN to an empty IPv6 frontend: RST+ACK from the frontend",
+            program: programs::TC_FROM_POD,
+            input: syn.build(),
+            verdict: TC_ACT_REDIRECT,
+            output: rst_ack.build(),
+        },
+        Case {
+            name: "a segment with ACK and data: RST with its acknowledgement number",
+            program: programs::TC_FROM_POD,
+            input: data.build(),
+            verdict: TC_ACT_REDIRECT,
+            output: rst.build(),
+        },
+        Case {
+            name: "FIN with data: acknowledged data and FIN",
+            program: programs::TC_FROM_POD,
+            input: fin.build(),
+            verdict: TC_ACT_REDIRECT,
+            output: fin_rst.build(),
+        },
+        Case {
+            name: "UDP to an empty IPv6 frontend: ICMPv6 port unreachable quoting it",
+            program: programs::TC_FROM_POD,
+            input: udp_frame.clone(),
+            verdict: TC_ACT_REDIRECT,
+            output: unreachable,
+        },
+        Case {
+            name: "extension headers: dropped, not answered",
+            program: programs::TC_FROM_POD,
+            input: with_ext.build(),
+            verdict: TC_ACT_SHOT,
+            output: with_ext.build(),
+        },
+        Case {
+            name: "a RST is never answered",
+            program: programs::TC_FROM_POD,
+            input: a_rst.build(),
+            verdict: TC_ACT_SHOT,
+            output: a_rst.build(),
+        },
+        Case {
+            name: "a multicast source is never answered",
+            program: programs::TC_FROM_POD,
+            input: multicast_src.build(),
+            verdict: TC_ACT_SHOT,
+            output: multicast_src.build(),
+        },
+    ];
+    run_cases(&mut fx, &cases);
+    assert_eq!(fx.stat("rejected"), 4);
+    assert_eq!(fx.stat("drop_no_backend"), 3);
+    assert_eq!(fx.service_packets(SVC_EMPTY_TCP), (0, 0, 5));
+    assert_eq!(fx.service_packets(SVC_EMPTY_UDP), (0, 0, 2));
+}
+
+/// The IPv6 payload of a frame (what an ICMPv6 error quotes), cut at `len`.
+fn quote(frame: &[u8], len: usize) -> Vec<u8> {
+    frame[14..].iter().take(len).copied().collect()
+}
+
+#[test]
+fn icmpv6_errors_about_translated_flows_are_translated_back() {
+    let mut fx = Fixture::new();
+    let syn = Packet6::tcp(CLIENT, 40200, VIP, 80);
+    let (verdict, dnat) = fx.run(programs::TC_FROM_POD, &syn.build());
+    assert_eq!(verdict, TC_ACT_OK);
+    let udp = Packet6 {
+        payload: vec![9; 1200],
+        ..Packet6::udp(CLIENT, 40201, VIP, 53)
+    };
+    let (verdict, udp_dnat) = fx.run(programs::TC_FROM_POD, &udp.build());
+    assert_eq!(verdict, TC_ACT_OK);
+    let syn_ack = Packet6 {
+        tcp_flags: TCP_SYN | TCP_ACK,
+        ..Packet6::tcp(POD1, 8080, CLIENT, 40200)
+    };
+    let (verdict, reply) = fx.run(programs::TC_TO_POD, &syn_ack.build());
+    assert_eq!(verdict, TC_ACT_OK);
+    let unknown = Packet6::tcp(CLIENT, 40299, POD2, 8080).build();
+
+    let cases = vec![
+        Case {
+            name: "packet too big from a router about the DNATed SYN: quote back to the frontend (PMTU)",
+            program: programs::TC_TO_POD,
+            input: icmp6_frame(ROUTER, CLIENT, 2, 0, 1280, &quote(&dnat, 1000)),
+            verdict: TC_ACT_OK,
+            output: icmp6_frame(ROUTER, CLIENT, 2, 0, 1280, &quote(&syn.build(), 1000)),
+        },
+        Case {
+            name: "packet too big about a UDP datagram, quote cut short of the payload",
+            program: programs::TC_TO_POD,
+            input: icmp6_frame(ROUTER, CLIENT, 2, 0, 1280, &quote(&udp_dnat, 1232)),
+            verdict: TC_ACT_OK,
+            output: icmp6_frame(ROUTER, CLIENT, 2, 0, 1280, &quote(&udp.build(), 1232)),
+        },
+        Case {
+            name: "port unreachable from the backend itself: the outer source becomes the frontend",
+            program: programs::TC_TO_POD,
+            input: icmp6_frame(POD1, CLIENT, 1, 4, 0, &quote(&dnat, 1000)),
+            verdict: TC_ACT_OK,
+            output: icmp6_frame(VIP, CLIENT, 1, 4, 0, &quote(&syn.build(), 1000)),
+        },
+        Case {
+            name: "time exceeded quoting only 8 bytes of TCP: ports translated, no TCP checksum to fix",
+            program: programs::TC_TO_POD,
+            input: icmp6_frame(ROUTER, CLIENT, 3, 0, 0, &quote(&dnat, 48)),
+            verdict: TC_ACT_OK,
+            output: icmp6_frame(ROUTER, CLIENT, 3, 0, 0, &quote(&syn.build(), 48)),
+        },
+        Case {
+            name: "the client's error about the frontend's reply goes to the backend",
+            program: programs::TC_FROM_POD,
+            input: icmp6_frame(CLIENT, VIP, 1, 4, 0, &quote(&reply, 1000)),
+            verdict: TC_ACT_OK,
+            output: icmp6_frame(CLIENT, POD1, 1, 4, 0, &quote(&syn_ack.build(), 1000)),
+        },
+        Case {
+            name: "an error about a flow that is not ours: untouched",
+            program: programs::TC_TO_POD,
+            input: icmp6_frame(ROUTER, CLIENT, 2, 0, 1280, &quote(&unknown, 1000)),
+            verdict: TC_ACT_UNSPEC,
+            output: icmp6_frame(ROUTER, CLIENT, 2, 0, 1280, &quote(&unknown, 1000)),
+        },
+    ];
+    run_cases(&mut fx, &cases);
+    assert_eq!(fx.stat("icmp_error_translated"), 5);
+    assert_eq!(fx.stat("tail_call_missed"), 0);
 }

@@ -39,6 +39,7 @@ pub struct Packet6 {
     pub tcp_flags: u8,
     pub seq: u32,
     pub ack: u32,
+    pub window: u16,
     pub payload: Vec<u8>,
     /// Extension headers before the L4 header (hop-by-hop, routing,
     /// destination options), each 8 bytes of padding options.
@@ -60,6 +61,7 @@ impl Packet6 {
             tcp_flags: TCP_SYN,
             seq: 0x1000_0000,
             ack: 0,
+            window: 64240,
             payload: Vec::new(),
             ext: Vec::new(),
             udp_zero_checksum: false,
@@ -87,7 +89,7 @@ impl Packet6 {
             l4.extend_from_slice(&self.ack.to_be_bytes());
             l4.push(5 << 4);
             l4.push(self.tcp_flags);
-            l4.extend_from_slice(&64240u16.to_be_bytes());
+            l4.extend_from_slice(&self.window.to_be_bytes());
             l4.extend_from_slice(&[0, 0, 0, 0]);
         } else {
             let len = (8 + self.payload.len()) as u16;
@@ -165,12 +167,27 @@ pub fn frame(src_mac: [u8; 6], dst_mac: [u8; 6], src: Ipv6Addr, dst: Ipv6Addr, n
 /// An ICMPv6 message (type, code, the 4-byte field, body) in a frame, with
 /// its checksum.
 pub fn icmp6_frame(src: Ipv6Addr, dst: Ipv6Addr, icmp_type: u8, code: u8, rest: u32, body: &[u8]) -> Vec<u8> {
+    icmp6_frame_macs(POD_MAC, NODE_MAC, src, dst, icmp_type, code, rest, body)
+}
+
+/// [`icmp6_frame`] with the given Ethernet addresses.
+#[allow(clippy::too_many_arguments)]
+pub fn icmp6_frame_macs(
+    src_mac: [u8; 6],
+    dst_mac: [u8; 6],
+    src: Ipv6Addr,
+    dst: Ipv6Addr,
+    icmp_type: u8,
+    code: u8,
+    rest: u32,
+    body: &[u8],
+) -> Vec<u8> {
     let mut msg = vec![icmp_type, code, 0, 0];
     msg.extend_from_slice(&rest.to_be_bytes());
     msg.extend_from_slice(body);
     let c = l4_checksum(src, dst, PROTO_ICMPV6, &msg);
     msg[2..4].copy_from_slice(&c.to_be_bytes());
-    frame(POD_MAC, NODE_MAC, src, dst, PROTO_ICMPV6, &msg)
+    frame(src_mac, dst_mac, src, dst, PROTO_ICMPV6, &msg)
 }
 
 /// The Internet checksum of the IPv6 pseudo-header and `data` (the upper-
