@@ -7,7 +7,7 @@ mod support;
 
 use std::net::Ipv6Addr;
 
-use proxy_common::{ct_dir, ct_flags, frontend_flags, hairpin, programs};
+use proxy_common::{ct_dir, ct_flags, hairpin, programs};
 use support::{
     capacities,
     v6::{
@@ -46,20 +46,19 @@ impl Fixture {
     fn new() -> Self {
         let mut loaded = Loaded::new(capacities(4096), Vec::new());
         let mut maps = Maps6::take(&mut loaded.ebpf);
-        maps.frontend(VIP, 80, PROTO_TCP, SVC_WEB, 0, 0, &[(901, POD1, 8080)]);
-        maps.frontend(VIP, 53, PROTO_UDP, SVC_DNS, 0, 0, &[(902, POD1, 5353)]);
-        maps.frontend(EMPTY_VIP, 80, PROTO_TCP, SVC_EMPTY_TCP, 0, 0, &[]);
-        maps.frontend(EMPTY_VIP, 53, PROTO_UDP, SVC_EMPTY_UDP, 0, 0, &[]);
+        maps.frontend(VIP, 80, PROTO_TCP, SVC_WEB, None, &[(901, POD1, 8080)]);
+        maps.frontend(VIP, 53, PROTO_UDP, SVC_DNS, None, &[(902, POD1, 5353)]);
+        maps.frontend(EMPTY_VIP, 80, PROTO_TCP, SVC_EMPTY_TCP, None, &[]);
+        maps.frontend(EMPTY_VIP, 53, PROTO_UDP, SVC_EMPTY_UDP, None, &[]);
         maps.frontend(
             AFFINITY_VIP,
             80,
             PROTO_TCP,
             SVC_STICKY,
-            frontend_flags::AFFINITY_CLIENT_IP,
-            600,
+            Some(600),
             &[(903, POD1, 8080), (904, POD2, 8080)],
         );
-        maps.frontend(VIP, 9090, PROTO_TCP, SVC_SELF, 0, 0, &[(905, CLIENT, 9191)]);
+        maps.frontend(VIP, 9090, PROTO_TCP, SVC_SELF, None, &[(905, CLIENT, 9191)]);
         Self { loaded, maps }
     }
 

@@ -100,19 +100,11 @@ fn frontends6(maps: &mut Maps6) {
                 (id, list)
             };
             let (sid, list) = next(3, &PODS6);
-            maps.frontend(VIP6, port, proto, sid, 0, 0, &list);
+            maps.frontend(VIP6, port, proto, sid, None, &list);
             let (sid, _) = next(0, &[]);
-            maps.frontend(EMPTY_VIP6, port, proto, sid, 0, 0, &[]);
+            maps.frontend(EMPTY_VIP6, port, proto, sid, None, &[]);
             let (sid, list) = next(2, &[PODS6[0], CLIENTS6[0]]);
-            maps.frontend(
-                STICKY_VIP6,
-                port,
-                proto,
-                sid,
-                proxy_common::frontend_flags::AFFINITY_CLIENT_IP,
-                60,
-                &list,
-            );
+            maps.frontend(STICKY_VIP6, port, proto, sid, Some(60), &list);
         }
     }
 }
@@ -325,12 +317,14 @@ fn other_frame() -> impl Strategy<Value = Vec<u8>> {
 }
 
 /// Flips a few bytes and may cut the frame short (never inside the IPv4
-/// header's first 20 bytes: the test run itself refuses such frames).
+/// header's first 20 bytes, or the IPv6 header's 40: the test run itself
+/// refuses such frames).
 fn mutated(frame: Vec<u8>) -> impl Strategy<Value = Vec<u8>> {
     let len = frame.len();
+    let ip_header = if is_ipv6(&frame) { 40 } else { 20 };
     (
         proptest::collection::vec((0..len, any::<u8>()), 0..4),
-        proptest::option::weighted(0.2, (ETH_HLEN + 20).min(len)..=len),
+        proptest::option::weighted(0.2, (ETH_HLEN + ip_header).min(len)..=len),
     )
         .prop_map(move |(flips, cut)| {
             let mut frame = frame.clone();

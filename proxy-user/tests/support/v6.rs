@@ -299,17 +299,21 @@ impl Maps6 {
     }
 
     /// Writes an IPv6 ClusterIP frontend with service id `service_id`,
-    /// `flags` on slot 0, and `backends` (id, address, port) in slots 1..
+    /// `sessionAffinity: ClientIP` with this timeout (seconds) if `affinity`
+    /// is given, and `backends` (id, address, port) in slots 1..
     pub fn frontend(
         &mut self,
         addr: Ipv6Addr,
         port: u16,
         proto: u8,
         service_id: u32,
-        flags: u16,
-        affinity_timeout_s: u32,
+        affinity: Option<u32>,
         backends: &[(u32, Ipv6Addr, u16)],
     ) {
+        let (flags, affinity_timeout_s) = match affinity {
+            Some(timeout_s) => (frontend_flags::AFFINITY_CLIENT_IP, timeout_s),
+            None => (0, 0),
+        };
         let key = |slot: u16| FrontendKey6 {
             addr_be: addr6_be(addr.octets()),
             port_be: port.to_be(),
