@@ -6,7 +6,10 @@
 //!   the pod) rewrites the backend's replies back to the frontend. Neither
 //!   stores into packets directly: they tail-call `sb_rewrite` for a Service
 //!   rewrite, and use store helpers for the rarer ones (hairpin, reject,
-//!   fragments, ICMP errors).
+//!   fragments, ICMP errors). IPv6 packets (ethertype 0x86DD, told apart
+//!   once, before the IPv4 parser) are tail-called into `sb_from_pod6` /
+//!   `sb_to_pod6` ([`tc6`]): the same DNAT, reverse, conntrack, reject,
+//!   ICMPv6 errors, fragments and hairpin over the IPv6 maps.
 //! - XDP on each uplink ([`xdp`], deciding with [`nodeport`]):
 //!   `sb_xdp_uplink` serves NodePorts, LoadBalancer IPs and external IPs to
 //!   clients outside the node, source-NATing flows to backends on other nodes
@@ -28,7 +31,7 @@
 //! are counted and passed; they are never rewritten. On the pod path the later
 //! fragments of a translated datagram follow its first ([`frag`]) and ICMP
 //! errors about translated flows are translated back ([`icmp_error`]); the
-//! uplink programs pass fragments untouched. A frontend without backends is
+//! uplink programs pass fragments untouched, and IPv6 altogether. A frontend without backends is
 //! answered with an ICMP port unreachable ([`reject`], tc and XDP) or refuses
 //! with `ECONNREFUSED` (sockets). A pod given itself as the backend is reached
 //! from the hairpin address ([`hairpin`]).

@@ -9,6 +9,10 @@
 //! one to be finished by the device, `CHECKSUM_PARTIAL`). A reply is one
 //! lookup: its connection-tracking entry carries the frontend address. Should
 //! the tail call fail, the programs rewrite with helper stores themselves.
+//!
+//! IPv6 is told apart by its ethertype before the IPv4 parser runs and
+//! handed to its own programs ([`crate::tc6`]); the IPv4 path pays one
+//! compare for it.
 use core::{ffi::c_void, mem::size_of};
 
 use aya_ebpf::{

@@ -203,6 +203,8 @@ fn load_with(pins_at: Option<(&Path, &[&'static str])>, caps: &Capacities) -> Re
         .map_max_entries(names::FRONTENDS, caps.frontends)
         .map_max_entries(names::BACKENDS, caps.backends)
         .map_max_entries(names::CONNTRACK, caps.conntrack)
+        // IPv6 flows get a table of the same size (the tc pod path's).
+        .map_max_entries(names::CONNTRACK6, caps.conntrack)
         // One socket-layer entry per balanced socket: sized like conntrack.
         .map_max_entries(names::SOCKETS, caps.conntrack)
         .map_max_entries(names::REVNAT, caps.services)

@@ -525,6 +525,39 @@ fn a_pod_that_is_its_own_backend_is_reached_from_the_hairpin_address() {
 }
 
 #[test]
+fn a_full_conntrack_table_drops_new_flows_and_keeps_tracked_ones() {
+    // Room for two flows (two entries each).
+    let mut loaded = Loaded::new(capacities(4), Vec::new());
+    let mut maps = Maps6::take(&mut loaded.ebpf);
+    maps.frontend(VIP, 80, PROTO_TCP, SVC_WEB, None, &[(901, POD1, 8080)]);
+    let mut fx = Fixture { loaded, maps };
+    for port in [49000, 49001] {
+        let syn = Packet6::tcp(CLIENT, port, VIP, 80);
+        assert_eq!(fx.run(programs::TC_FROM_POD, &syn.build()).0, TC_ACT_OK);
+    }
+    let third = Packet6::tcp(CLIENT, 49002, VIP, 80);
+    assert_eq!(fx.run(programs::TC_FROM_POD, &third.build()).0, TC_ACT_SHOT);
+    assert_eq!(fx.stat("ct_full"), 1);
+    assert!(fx.maps.ct(&ct_key6(CLIENT, 49002, VIP, 80, PROTO_TCP, ct_dir::FORWARD)).is_none());
+    // A tracked flow goes on.
+    let ack = Packet6 {
+        tcp_flags: TCP_ACK,
+        ..Packet6::tcp(CLIENT, 49000, VIP, 80)
+    };
+    let (verdict, out) = fx.run(programs::TC_FROM_POD, &ack.build());
+    assert_eq!(verdict, TC_ACT_OK);
+    assert_eq!(
+        out,
+        with(&ack, |p| {
+            p.dst = POD1;
+            p.dport = 8080;
+        })
+        .build()
+    );
+    assert_eq!(fx.service_packets(SVC_WEB), (3, 2, 0));
+}
+
+#[test]
 fn ipv4_in_the_same_object_is_unaffected() {
     // The IPv4 fixtures live in datapath.rs; here only that an IPv6 frontend
     // with the same service id space does not disturb an IPv4 frame that is
