@@ -102,12 +102,12 @@ pub fn reply(ctx: &TcContext, s: &mut Scratch6) -> Result<i32, Skip> {
     // copied out into scratch memory. The reply entry names the frontend
     // (the new source) and the pod's own address and port (the new
     // destination).
-    let (flags, service_id) = unsafe {
+    let flags = unsafe {
         s.entry.snat_addr_be = (*entry_ptr).nat_addr_be;
         s.entry.snat_port_be = (*entry_ptr).nat_port_be;
         s.backend.addr_be = (*entry_ptr).snat_addr_be;
         s.backend.port_be = (*entry_ptr).snat_port_be;
-        ((*entry_ptr).flags, (*entry_ptr).service_id)
+        (*entry_ptr).flags
     };
     if flags & ct_flags::SNAT == 0 {
         return Err(Skip::NotOurs);
@@ -135,7 +135,6 @@ pub fn reply(ctx: &TcContext, s: &mut Scratch6) -> Result<i32, Skip> {
             crate::ct::mark_closing6(forward_ptr);
         }
     }
-    let _ = service_id;
     let action = send_back(ctx, s);
     if action != TC_ACT_SHOT as i32 {
         count(stat::REVERSED);
