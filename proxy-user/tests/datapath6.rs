@@ -558,6 +558,21 @@ fn a_full_conntrack_table_drops_new_flows_and_keeps_tracked_ones() {
 }
 
 #[test]
+fn without_the_ipv6_programs_installed_ipv6_passes_untouched_and_is_counted() {
+    let mut fx = Fixture::new();
+    let map = fx.loaded.ebpf.take_map(proxy_common::names::TAIL_CALLS6).expect("IPv6 tail-call array");
+    let mut tail: aya::maps::ProgramArray<_> = aya::maps::ProgramArray::try_from(map).expect("program array");
+    tail.clear_index(&proxy_common::tail::FROM_POD6).expect("clear the slot");
+    let syn = Packet6::tcp(CLIENT, 50000, VIP, 80);
+    assert_eq!(fx.run(programs::TC_FROM_POD, &syn.build()), (TC_ACT_UNSPEC, syn.build()));
+    assert_eq!(fx.stat("tail_call_missed"), 1);
+    // sb_to_pod's slot is still there.
+    let reply = Packet6::tcp(POD1, 8080, CLIENT, 50000);
+    assert_eq!(fx.run(programs::TC_TO_POD, &reply.build()), (TC_ACT_UNSPEC, reply.build()));
+    assert_eq!(fx.stat("tail_call_missed"), 1);
+}
+
+#[test]
 fn ipv4_in_the_same_object_is_unaffected() {
     // The IPv4 fixtures live in datapath.rs; here only that an IPv6 frontend
     // with the same service id space does not disturb an IPv4 frame that is
