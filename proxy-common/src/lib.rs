@@ -57,6 +57,13 @@ pub mod names {
     /// The tc layer's tail calls: slot [`super::tail::REWRITE`] holds
     /// `sb_rewrite`. Pinned, so the slot stays filled while no agent runs.
     pub const TAIL_CALLS: &str = "SB_TAIL_V1";
+    /// The tc pod path's IPv6 programs, tail-called by `sb_from_pod` and
+    /// `sb_to_pod` for ethertype 0x86DD (slots [`super::tail::FROM_POD6`],
+    /// [`super::tail::TO_POD6`]). Pinned like [`TAIL_CALLS`], so the IPv6
+    /// programs stay reachable while no agent runs (an agent killed or
+    /// restarting loses no IPv6 Service traffic), and a new agent's load
+    /// puts its own IPv6 programs in for the programs still attached.
+    pub const TAIL_CALLS6: &str = "SB_TAIL6_V1";
     /// The node's uplinks by interface index ([`super::Uplink`]): where
     /// traffic from outside arrives, and the address flows to a backend on
     /// another node are source-NATed to.
@@ -84,7 +91,7 @@ pub mod names {
     pub const SOCKETS6: &str = "SB_SOCK6_V1";
     pub const FRAGMENTS6: &str = "SB_FRAG6_V1";
     /// Every map, in the order the CLI reports them.
-    pub const ALL: [&str; 21] = [
+    pub const ALL: [&str; 22] = [
         FRONTENDS,
         BACKENDS,
         CONNTRACK,
@@ -106,6 +113,7 @@ pub mod names {
         AFFINITY6,
         SOCKETS6,
         FRAGMENTS6,
+        TAIL_CALLS6,
     ];
 }
 
@@ -134,6 +142,11 @@ pub mod programs {
     pub const SOCK_GETPEERNAME6: &str = "sb_sock_getpeername6";
     /// tc, tail-called by both tc programs: writes the rewrite they decided on.
     pub const TC_REWRITE: &str = "sb_rewrite";
+    /// tc, tail-called by `sb_from_pod` for IPv6 packets (its own program: the
+    /// IPv6 path's stack does not fit next to the IPv4 path's).
+    pub const TC_FROM_POD6: &str = "sb_from_pod6";
+    /// tc, tail-called by `sb_to_pod` for IPv6 packets.
+    pub const TC_TO_POD6: &str = "sb_to_pod6";
     /// cgroup `sock_release`: a closing socket's entry in the socket map goes.
     pub const SOCK_RELEASE: &str = "sb_sock_release";
     /// XDP on each uplink: traffic from outside the node to NodePorts,
@@ -201,6 +214,10 @@ pub mod capacity {
 pub mod tail {
     /// `sb_rewrite`.
     pub const REWRITE: u32 = 0;
+    /// `sb_from_pod6`, in [`super::names::TAIL_CALLS6`].
+    pub const FROM_POD6: u32 = 0;
+    /// `sb_to_pod6`, in [`super::names::TAIL_CALLS6`].
+    pub const TO_POD6: u32 = 1;
 }
 
 /// Source ports flows from outside to a backend on another node are

@@ -6,7 +6,10 @@
 //!   the pod) rewrites the backend's replies back to the frontend. Neither
 //!   stores into packets directly: they tail-call `sb_rewrite` for a Service
 //!   rewrite, and use store helpers for the rarer ones (hairpin, reject,
-//!   fragments, ICMP errors).
+//!   fragments, ICMP errors). IPv6 packets (ethertype 0x86DD, told apart
+//!   once, before the IPv4 parser) are tail-called into `sb_from_pod6` /
+//!   `sb_to_pod6` ([`tc6`]): the same DNAT, reverse, conntrack, reject,
+//!   ICMPv6 errors, fragments and hairpin over the IPv6 maps.
 //! - XDP on each uplink ([`xdp`], deciding with [`nodeport`]):
 //!   `sb_xdp_uplink` serves NodePorts, LoadBalancer IPs and external IPs to
 //!   clients outside the node, source-NATing flows to backends on other nodes
@@ -29,7 +32,7 @@
 //! are counted and passed; they are never rewritten. On the pod path the later
 //! fragments of a translated datagram follow its first ([`frag`]) and ICMP
 //! errors about translated flows are translated back ([`icmp_error`]); the
-//! uplink programs pass fragments untouched. A frontend without backends is
+//! uplink programs pass fragments untouched, and IPv6 altogether. A frontend without backends is
 //! answered with an ICMP port unreachable ([`reject`], tc and XDP) or refuses
 //! with `ECONNREFUSED` (sockets). A pod given itself as the backend is reached
 //! from the hairpin address ([`hairpin`]).
@@ -38,15 +41,22 @@
 
 mod ct;
 mod frag;
+mod frag6;
 mod hairpin;
+mod hairpin6;
+mod icmp6;
 mod icmp_error;
 mod lb;
+mod lb6;
 mod maps;
 mod nodeport;
 mod packet;
+mod packet6;
 mod reject;
+mod reject6;
 mod sock;
 mod tc;
+mod tc6;
 mod xdp;
 
 use aya_ebpf::{
@@ -103,6 +113,18 @@ pub fn sb_to_pod(ctx: TcContext) -> i32 {
         Ok(action) => action,
         Err(skip) => tc::pass(skip),
     }
+}
+
+/// Tail-called by `sb_from_pod` for IPv6 packets ([`tc6`]).
+#[classifier]
+pub fn sb_from_pod6(ctx: TcContext) -> i32 {
+    tc6::from_pod6(&ctx)
+}
+
+/// Tail-called by `sb_to_pod` for IPv6 packets ([`tc6`]).
+#[classifier]
+pub fn sb_to_pod6(ctx: TcContext) -> i32 {
+    tc6::to_pod6(&ctx)
 }
 
 /// Tail-called by `sb_from_pod` and `sb_to_pod` for the packets they rewrite:

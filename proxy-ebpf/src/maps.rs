@@ -45,6 +45,9 @@ pub static SB_SOCK_V1: LruHashMap<SockKey, SockEntry, { capacity::SOCKETS as usi
 pub static SB_CONFIG_V1: Array<Config, 1> = Array::new();
 #[btf_map]
 pub static SB_TAIL_V1: ProgramArray<1> = ProgramArray::new();
+/// The IPv6 pod programs (`proxy_common::tail::FROM_POD6`, `TO_POD6`).
+#[btf_map]
+pub static SB_TAIL6_V1: ProgramArray<2> = ProgramArray::new();
 /// Allocated per entry (`BPF_F_NO_PREALLOC`): a table is 64 KiB and only
 /// Services with a hashing algorithm have one.
 #[btf_map]
@@ -108,3 +111,8 @@ pub fn count_service(service_id: u32, update: impl FnOnce(&mut SvcStats)) {
 pub fn config() -> Config {
     SB_CONFIG_V1.get(0).copied().unwrap_or_default()
 }
+
+/// The IPv6 tc path's per-CPU working memory ([`crate::packet6::Scratch6`]).
+/// Not pinned: each loaded object has its own, used within one program run.
+#[btf_map]
+pub static SB_SCRATCH6_V1: PerCpuArray<crate::packet6::Scratch6, 1> = PerCpuArray::new();

@@ -9,6 +9,10 @@
 //! one to be finished by the device, `CHECKSUM_PARTIAL`). A reply is one
 //! lookup: its connection-tracking entry carries the frontend address. Should
 //! the tail call fail, the programs rewrite with helper stores themselves.
+//!
+//! IPv6 is told apart by its ethertype before the IPv4 parser runs and
+//! handed to its own programs ([`crate::tc6`]); the IPv4 path pays one
+//! compare for it.
 use core::{ffi::c_void, mem::size_of};
 
 use aya_ebpf::{
@@ -24,6 +28,7 @@ use crate::{
         csum_replace4, Flow, Ipv4Hdr, Skip, ETH_HLEN, ETH_P_IP_BE, IPV4_MIN_HLEN, IP_CSUM_OFF,
         IP_FRAG_MASK, IP_OFFSET_MASK, TCP_CSUM_OFF, TCP_HLEN, UDP_CSUM_OFF, UDP_HLEN,
     },
+    packet6::ETH_P_IPV6_BE,
     lb::{backend_is_live, choose_backend, frontend_key, lookup_frontend},
     maps::{count, count_service, SB_AFFINITY_V1, SB_CT_V5, SB_TAIL_V1},
 };
@@ -60,7 +65,15 @@ pub(crate) fn drop_counted(stat_index: u32) -> Result<i32, Skip> {
 /// A packet a pod sends: DNAT to a backend if it is for a frontend.
 #[inline(always)]
 pub fn try_from_pod(ctx: &TcContext) -> Result<i32, Skip> {
-    let flow = match parse(ctx) {
+    // The family is decided once, here: IPv4 goes on as it always did.
+    let ethertype = ethertype(ctx)?;
+    if ethertype != ETH_P_IP_BE {
+        if ethertype == ETH_P_IPV6_BE {
+            return Ok(crate::tc6::hand_over6(ctx, tail::FROM_POD6));
+        }
+        return Err(Skip::NotOurs);
+    }
+    let flow = match parse_ipv4(ctx) {
         Ok(flow) => flow,
         // Later fragments and ICMP errors of translated flows.
         Err(skip) => return crate::frag::unparsed(ctx, skip, ct_dir::FORWARD),
@@ -127,7 +140,15 @@ pub fn try_from_pod(ctx: &TcContext) -> Result<i32, Skip> {
 /// its source again.
 #[inline(always)]
 pub fn try_to_pod(ctx: &TcContext) -> Result<i32, Skip> {
-    let flow = match parse(ctx) {
+    // The family is decided once, here: IPv4 goes on as it always did.
+    let ethertype = ethertype(ctx)?;
+    if ethertype != ETH_P_IP_BE {
+        if ethertype == ETH_P_IPV6_BE {
+            return Ok(crate::tc6::hand_over6(ctx, tail::TO_POD6));
+        }
+        return Err(Skip::NotOurs);
+    }
+    let flow = match parse_ipv4(ctx) {
         Ok(flow) => flow,
         // Later fragments and ICMP errors of translated flows.
         Err(skip) => return crate::frag::unparsed(ctx, skip, ct_dir::REPLY),
@@ -696,17 +717,29 @@ pub(crate) fn ptr_at<T>(ctx: &TcContext, off: usize) -> Result<*const T, Skip> {
     Ok((start + off) as *const T)
 }
 
+/// The frame's ethertype (network order), read from the linear area.
 #[inline(always)]
-pub(crate) fn parse(ctx: &TcContext) -> Result<Flow, Skip> {
+pub(crate) fn ethertype(ctx: &TcContext) -> Result<u16, Skip> {
     if (ctx.len() as usize) < ETH_HLEN + 2 {
         return Err(Skip::NotOurs);
     }
     ensure_linear(ctx, ETH_HLEN)?;
     // SAFETY: `ptr_at` checked the two bytes lie inside the packet.
-    let ethertype = unsafe { *ptr_at::<u16>(ctx, 12)? };
-    if ethertype != ETH_P_IP_BE {
+    Ok(unsafe { *ptr_at::<u16>(ctx, 12)? })
+}
+
+/// An IPv4 TCP/UDP packet's flow; anything else is skipped.
+#[inline(always)]
+pub(crate) fn parse(ctx: &TcContext) -> Result<Flow, Skip> {
+    if ethertype(ctx)? != ETH_P_IP_BE {
         return Err(Skip::NotOurs);
     }
+    parse_ipv4(ctx)
+}
+
+/// [`parse`] after the ethertype was checked to be IPv4.
+#[inline(always)]
+pub(crate) fn parse_ipv4(ctx: &TcContext) -> Result<Flow, Skip> {
     ensure_linear(ctx, ETH_HLEN + IPV4_MIN_HLEN)?;
     let ip = ptr_at::<Ipv4Hdr>(ctx, ETH_HLEN)?;
     // SAFETY: `ptr_at` checked the whole fixed header lies inside the packet.

@@ -220,6 +220,8 @@ fn load_with(pins_at: Option<(&Path, &[&'static str])>, caps: &Capacities) -> Re
         programs::TC_FROM_POD,
         programs::TC_TO_POD,
         programs::TC_REWRITE,
+        programs::TC_FROM_POD6,
+        programs::TC_TO_POD6,
         programs::TC_FROM_UPLINK,
     ] {
         let result = typed::<SchedClassifier>(&mut ebpf, name)?.load();
@@ -239,9 +241,23 @@ fn load_with(pins_at: Option<(&Path, &[&'static str])>, caps: &Capacities) -> Re
 }
 
 /// Puts `sb_rewrite` in its slot of the tail-call array (pinned, so an
-/// earlier agent's programs, still attached, call the new one at once).
+/// earlier agent's programs, still attached, call the new one at once), and
+/// the IPv6 pod programs in theirs.
 pub fn install_tail_calls(ebpf: &mut Ebpf) -> Result<(), LoadError> {
-    let name = programs::TC_REWRITE;
+    install_tail_call(ebpf, names::TAIL_CALLS, tail::REWRITE, programs::TC_REWRITE)?;
+    // IPv6 on the pod path: programs of their own, tail-called by the IPv4
+    // ones through a pinned array of their own.
+    install_tail_call(ebpf, names::TAIL_CALLS6, tail::FROM_POD6, programs::TC_FROM_POD6)?;
+    install_tail_call(ebpf, names::TAIL_CALLS6, tail::TO_POD6, programs::TC_TO_POD6)
+}
+
+/// Puts program `name` in slot `slot` of tail-call array `array`.
+fn install_tail_call(
+    ebpf: &mut Ebpf,
+    array: &'static str,
+    slot: u32,
+    name: &'static str,
+) -> Result<(), LoadError> {
     let fd = typed::<SchedClassifier>(ebpf, name)?
         .fd()
         .map_err(|source| LoadError::Program { name, source })?
@@ -250,13 +266,11 @@ pub fn install_tail_calls(ebpf: &mut Ebpf) -> Result<(), LoadError> {
             source: aya::maps::MapError::from(source),
         })?;
     let map = ebpf
-        .map_mut(names::TAIL_CALLS)
-        .ok_or(LoadError::MissingMap {
-            name: names::TAIL_CALLS,
-        })?;
+        .map_mut(array)
+        .ok_or(LoadError::MissingMap { name: array })?;
     let mut tail: ProgramArray<&mut MapData> =
         ProgramArray::try_from(map).map_err(|source| LoadError::TailCalls { source })?;
-    tail.set(tail::REWRITE, &fd, 0)
+    tail.set(slot, &fd, 0)
         .map_err(|source| LoadError::TailCalls { source })
 }
 

@@ -10,14 +10,19 @@
 //!   valid one either way: only frames valid on input are judged).
 //!
 //! Frames are built from Services' and flows' shapes (SYNs, replies, ICMP
-//! errors quoting a flow, fragments, IP options), from random addresses,
-//! and from random bytes, then mutated (bytes flipped, cut short). The maps
+//! errors quoting a flow, fragments, IP options; for IPv6 extension headers,
+//! fragment headers and ICMPv6 errors and neighbour discovery), from random
+//! addresses, and from random bytes, then mutated (bytes flipped, cut
+//! short). IPv6 frames must also pass the uplink programs untouched. The maps
 //! keep their state from frame to frame, so replies meet real flows. The
 //! programs run in a network namespace of their own (the uplink programs'
 //! route lookups see only its loopback). Needs root.
 mod support;
 
-use std::{cell::RefCell, net::Ipv4Addr};
+use std::{
+    cell::RefCell,
+    net::{Ipv4Addr, Ipv6Addr},
+};
 
 use aya::programs::ProgramError;
 use proptest::{
@@ -30,7 +35,8 @@ use proxy_user::{
     packet::{checksums_valid, icmp_checksums_valid, icmp_error_checksums_valid, icmp_frame, PacketSpec, ETH_HLEN},
 };
 use support::{
-    capacities, require_root, skb_ctx, Loaded, TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT, TC_ACT_UNSPEC, XDP_DROP,
+    capacities, require_root,
+    v6::{checksums_valid6, icmp6_frame, parse6, Maps6, Packet6}, skb_ctx, Loaded, TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT, TC_ACT_UNSPEC, XDP_DROP,
     XDP_PASS, XDP_REDIRECT, XDP_TX,
 };
 
@@ -52,6 +58,55 @@ const POD_PORT: u16 = 8080;
 /// Every address that makes a frame ours: frontends, backends and the node.
 fn ours(addr: Ipv4Addr) -> bool {
     [NODE, VIP, EMPTY_VIP, LB_IP].contains(&addr) || PODS.contains(&addr)
+}
+
+const VIP6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x96, 0, 0, 0, 0, 0, 0x10);
+const EMPTY_VIP6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x96, 0, 0, 0, 0, 0, 0x99);
+const STICKY_VIP6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x96, 0, 0, 0, 0, 0, 0x20);
+const PODS6: [Ipv6Addr; 3] = [
+    Ipv6Addr::new(0xfd00, 0x244, 1, 0, 0, 0, 0, 2),
+    Ipv6Addr::new(0xfd00, 0x244, 2, 0, 0, 0, 0, 2),
+    Ipv6Addr::new(0xfd00, 0x244, 3, 0, 0, 0, 0, 2),
+];
+const CLIENTS6: [Ipv6Addr; 2] = [
+    Ipv6Addr::new(0xfd00, 0x244, 0x100, 0, 0, 0, 0, 2),
+    Ipv6Addr::new(0xfd00, 0x244, 0x100, 0, 0, 0, 0, 3),
+];
+
+/// The IPv6 addresses that make a frame ours: frontends, backends (the
+/// first client is also a backend: hairpin) and the hairpin address.
+fn ours6(addr: Ipv6Addr) -> bool {
+    [VIP6, EMPTY_VIP6, STICKY_VIP6, CLIENTS6[0], Ipv6Addr::from(proxy_common::hairpin::ADDR6)].contains(&addr)
+        || PODS6.contains(&addr)
+}
+
+/// The IPv6 frontends, written straight into the IPv6 maps (service ids
+/// above the IPv4 ones, backend ids far from theirs).
+fn frontends6(maps: &mut Maps6) {
+    let mut id = 40;
+    let mut backend = 900;
+    for proto in [6u8, 17] {
+        for port in PORTS {
+            let mut next = |count: usize, pods: &[Ipv6Addr]| {
+                let list: Vec<_> = pods
+                    .iter()
+                    .take(count)
+                    .map(|&ip| {
+                        backend += 1;
+                        (backend, ip, POD_PORT)
+                    })
+                    .collect();
+                id += 1;
+                (id, list)
+            };
+            let (sid, list) = next(3, &PODS6);
+            maps.frontend(VIP6, port, proto, sid, None, &list);
+            let (sid, _) = next(0, &[]);
+            maps.frontend(EMPTY_VIP6, port, proto, sid, None, &[]);
+            let (sid, list) = next(2, &[PODS6[0], CLIENTS6[0]]);
+            maps.frontend(STICKY_VIP6, port, proto, sid, Some(60), &list);
+        }
+    }
 }
 
 fn service(ip: Ipv4Addr, port: u16, protocol: Protocol, name: &str, kind: FrontendKind, backends: &[Ipv4Addr]) -> Frontend {
@@ -91,6 +146,8 @@ enum Hook {
 impl Programs {
     fn load() -> Self {
         let mut loaded = Loaded::new(capacities(8192), frontends());
+        let mut maps6 = Maps6::take(&mut loaded.ebpf);
+        frontends6(&mut maps6);
         // The namespace's loopback stands in for the uplink.
         let uplink = 1;
         loaded.set_uplink(uplink, NODE);
@@ -174,6 +231,77 @@ fn icmp_frame_about_a_flow() -> impl Strategy<Value = Vec<u8>> {
         })
 }
 
+fn any_addr6() -> impl Strategy<Value = Ipv6Addr> {
+    prop_oneof![
+        3 => proptest::sample::select(vec![
+            VIP6, EMPTY_VIP6, STICKY_VIP6, PODS6[0], PODS6[1], PODS6[2], CLIENTS6[0], CLIENTS6[1],
+            Ipv6Addr::from(proxy_common::hairpin::ADDR6),
+        ]),
+        1 => any::<u128>().prop_map(Ipv6Addr::from),
+    ]
+}
+
+/// An IPv6 TCP, UDP or other-protocol packet between random (often our)
+/// addresses, with or without extension headers, whole or a fragment.
+fn l4_frame6() -> impl Strategy<Value = Vec<u8>> {
+    (
+        (any_addr6(), any_addr6(), any_port(), any_port()),
+        prop_oneof![4 => Just(6u8), 4 => Just(17u8), 1 => any::<u8>()],
+        any::<u8>(),
+        proptest::collection::vec(any::<u8>(), 0..64),
+        prop_oneof![
+            4 => Just(Vec::new()),
+            1 => proptest::collection::vec(prop_oneof![Just(0u8), Just(43), Just(60), Just(51), any::<u8>()], 1..6),
+        ],
+        proptest::option::weighted(0.2, (0..4usize, any::<u32>())),
+        any::<bool>(),
+    )
+        .prop_map(|((src, dst, sport, dport), proto, tcp_flags, payload, ext, fragment, udp_zero_checksum)| {
+            let spec = Packet6 {
+                proto,
+                tcp_flags,
+                payload,
+                ext,
+                udp_zero_checksum: udp_zero_checksum && proto == 17,
+                ..Packet6::tcp(src, sport, dst, dport)
+            };
+            match fragment {
+                Some((index, id)) => {
+                    let mut pieces = spec.fragments(16, id);
+                    let at = index % pieces.len();
+                    pieces.swap_remove(at)
+                }
+                None => spec.build(),
+            }
+        })
+}
+
+/// An ICMPv6 error, informational message or neighbour discovery message
+/// from a random sender quoting a packet of a flow.
+fn icmp6_frame_about_a_flow() -> impl Strategy<Value = Vec<u8>> {
+    (
+        any_addr6(),
+        any_addr6(),
+        l4_frame6(),
+        prop_oneof![
+            Just((1u8, 4u8)),
+            Just((2, 0)),
+            Just((3, 0)),
+            Just((4, 0)),
+            Just((128, 0)),
+            Just((135, 0)),
+            Just((136, 0)),
+            (any::<u8>(), any::<u8>())
+        ],
+        0..40usize,
+    )
+        .prop_map(|(src, dst, quoted, (icmp_type, code), cut)| {
+            let inner = &quoted[ETH_HLEN..];
+            let keep = inner.len().saturating_sub(cut).max(1);
+            icmp6_frame(src, dst, icmp_type, code, 1280, &inner[..keep])
+        })
+}
+
 /// Something that is not IPv4 at all, or random bytes claiming to be.
 fn other_frame() -> impl Strategy<Value = Vec<u8>> {
     (
@@ -189,12 +317,14 @@ fn other_frame() -> impl Strategy<Value = Vec<u8>> {
 }
 
 /// Flips a few bytes and may cut the frame short (never inside the IPv4
-/// header's first 20 bytes: the test run itself refuses such frames).
+/// header's first 20 bytes, or the IPv6 header's 40: the test run itself
+/// refuses such frames).
 fn mutated(frame: Vec<u8>) -> impl Strategy<Value = Vec<u8>> {
     let len = frame.len();
+    let ip_header = if is_ipv6(&frame) { 40 } else { 20 };
     (
         proptest::collection::vec((0..len, any::<u8>()), 0..4),
-        proptest::option::weighted(0.2, (ETH_HLEN + 20).min(len)..=len),
+        proptest::option::weighted(0.2, (ETH_HLEN + ip_header).min(len)..=len),
     )
         .prop_map(move |(flips, cut)| {
             let mut frame = frame.clone();
@@ -212,6 +342,8 @@ fn input() -> impl Strategy<Value = Input> {
     let frame = prop_oneof![
         6 => l4_frame(),
         2 => icmp_frame_about_a_flow(),
+        4 => l4_frame6(),
+        2 => icmp6_frame_about_a_flow(),
         1 => other_frame(),
     ];
     let frame = prop_oneof![
@@ -220,6 +352,34 @@ fn input() -> impl Strategy<Value = Input> {
     ];
     let hook = proptest::sample::select(vec![Hook::FromPod, Hook::ToPod, Hook::FromUplink, Hook::XdpUplink]);
     (hook, frame).prop_map(|(hook, frame)| Input { hook, frame })
+}
+
+/// Whether a frame names one of our addresses, IPv4 or IPv6 (outer, or
+/// quoted in an ICMP error).
+fn names_ours(frame: &[u8]) -> bool {
+    addresses(frame).is_some_and(|addrs| addrs.into_iter().any(ours))
+        || addresses6(frame).is_some_and(|addrs| addrs.into_iter().any(ours6))
+}
+
+/// The IPv6 addresses a frame names: the outer pair, and for ICMPv6 (after
+/// the extension headers) the quoted pair too. `None` for a frame that is
+/// not IPv6.
+fn addresses6(frame: &[u8]) -> Option<Vec<Ipv6Addr>> {
+    let parsed = parse6(frame)?;
+    let mut all = vec![parsed.src, parsed.dst];
+    if parsed.proto == 58 {
+        let quoted = parsed.l4_off + 8;
+        for at in [quoted + 8, quoted + 24] {
+            if let Some(bytes) = frame.get(at..at + 16) {
+                all.push(Ipv6Addr::from(<[u8; 16]>::try_from(bytes).ok()?));
+            }
+        }
+    }
+    Some(all)
+}
+
+fn is_ipv6(frame: &[u8]) -> bool {
+    frame.get(12..14) == Some(&[0x86, 0xdd])
 }
 
 /// The IPv4 addresses a frame names: the outer pair, and for ICMP the
@@ -249,6 +409,11 @@ fn addresses(frame: &[u8]) -> Option<Vec<Ipv4Addr>> {
 /// header's; the TCP or UDP checksum of an unfragmented datagram; the ICMP
 /// message's (and for an error the quoted header's).
 fn checksums_hold(frame: &[u8]) -> bool {
+    if is_ipv6(frame) {
+        // TCP, UDP (a zero checksum may stay zero) or ICMPv6 over the
+        // pseudo-header; fragments have nothing to judge.
+        return checksums_valid6(frame, true);
+    }
     if frame.get(12..14) != Some(&[0x08, 0x00]) {
         return true;
     }
@@ -302,7 +467,12 @@ fn check(programs: &mut Programs, input: &Input) -> Result<(), TestCaseError> {
         .run(input.hook, &input.frame)
         .map_err(|error| TestCaseError::fail(format!("BPF_PROG_TEST_RUN failed: {error}")))?;
     prop_assert!(verdict_allowed(input.hook, verdict), "verdict {verdict:#x}");
-    let not_ours = addresses(&input.frame).is_none_or(|addrs| !addrs.into_iter().any(ours));
+    let not_ours = !names_ours(&input.frame);
+    if is_ipv6(&input.frame) && matches!(input.hook, Hook::FromUplink | Hook::XdpUplink) {
+        // IPv6 on the uplink is not translated (yet): always untouched.
+        prop_assert!(passes(input.hook, verdict), "IPv6 on the uplink got verdict {verdict:#x}");
+        prop_assert_eq!(&output, &input.frame, "IPv6 on the uplink was changed");
+    }
     if not_ours {
         prop_assert!(passes(input.hook, verdict), "a frame not ours got verdict {verdict:#x}");
         prop_assert_eq!(&output, &input.frame, "a frame not ours was changed");

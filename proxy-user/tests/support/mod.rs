@@ -5,6 +5,8 @@
 // part of it; the rest would be reported as dead code in each.
 #![allow(dead_code)]
 
+pub mod v6;
+
 use std::net::{IpAddr, Ipv4Addr};
 
 use aya::{
