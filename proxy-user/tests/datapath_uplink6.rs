@@ -28,7 +28,10 @@ use proxy_common::{
 };
 use support::{
     capacities, require_root, skb_ctx,
-    v6::{checksums_valid6, ct_key6, icmp6_frame_macs, Maps6, Packet6, PROTO_TCP, PROTO_UDP, TCP_ACK, TCP_SYN},
+    v6::{
+        checksums_valid6, ct_key6, icmp6_frame_macs, Maps6, Packet6, NEXTHDR_DEST, NEXTHDR_HOP, NEXTHDR_ROUTING,
+        PROTO_TCP, PROTO_UDP, TCP_ACK, TCP_SYN,
+    },
     Loaded, TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT, TC_ACT_UNSPEC, XDP_DROP, XDP_PASS, XDP_TX,
 };
 
@@ -314,8 +317,7 @@ fn standard(fx: &mut Fixture) {
     });
 }
 
-/// A packet from the client (through the gateway's... the client's MAC to
-/// the uplink's).
+/// A packet from the client (its MAC address to the uplink's).
 fn from_client(p: Packet6) -> Packet6 {
     Packet6 {
         src_mac: CLIENT_MAC,
@@ -406,6 +408,50 @@ fn outside_client_reaches_a_local_ipv6_backend_by_dnat_and_the_reply_is_reversed
                 assert_eq!(dst_of(&out), (POD_LOCAL, POD_PORT));
             }
             assert_eq!(fx.loaded.stat("ext_local"), 4, "{prog:?}");
+        }
+    });
+}
+
+#[test]
+fn outside_ipv6_packets_with_extension_headers_or_a_zero_udp_checksum_are_translated_exactly() {
+    on_node(|uplink| {
+        for prog in Prog::BOTH {
+            let mut fx = Fixture::new(uplink, Some(NODE));
+            standard(&mut fx);
+            let cases = [
+                (
+                    "hop-by-hop and destination options before TCP",
+                    from_client(Packet6 {
+                        ext: vec![NEXTHDR_HOP, NEXTHDR_DEST],
+                        ..Packet6::tcp(CLIENT, 47000, NODE, NODE_PORT)
+                    }),
+                ),
+                (
+                    "routing header before UDP",
+                    from_client(Packet6 {
+                        ext: vec![NEXTHDR_ROUTING],
+                        ..Packet6::udp(CLIENT, 47001, NODE, NODE_PORT)
+                    }),
+                ),
+                (
+                    "UDP with a zero checksum (stays zero)",
+                    from_client(Packet6 {
+                        udp_zero_checksum: true,
+                        ..Packet6::udp(CLIENT, 47002, NODE, NODE_PORT)
+                    }),
+                ),
+            ];
+            for (name, input) in cases {
+                let (verdict, out) = fx.run(prog, &input.build());
+                let want = Packet6 {
+                    dst: POD_LOCAL,
+                    dport: POD_PORT,
+                    ..input.clone()
+                };
+                assert_eq!(verdict, prog.delivered(), "{prog:?}: {name}");
+                assert_eq!(out, want.build(), "{prog:?}: {name}");
+                assert!(checksums_valid6(&out, input.udp_zero_checksum), "{prog:?}: {name}");
+            }
         }
     });
 }
@@ -617,7 +663,8 @@ fn remote_ipv6_backend_without_an_uplink_ipv6_address_is_dropped_and_counted() {
             let (verdict, out) = fx.run(prog, &input);
             assert_eq!(verdict, prog.delivered());
             assert_eq!(dst_of(&out), (POD_LOCAL, POD_PORT));
-            let _ = &fx.uplinks6;
+            let entry = fx.uplinks6.get(&uplink, 0).expect("the uplink's IPv6 entry");
+            assert_eq!(entry.addr_be, [0; 4], "written without an address");
         }
     });
 }
