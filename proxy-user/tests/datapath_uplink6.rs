@@ -683,3 +683,57 @@ fn ipv6_hop_limit_1_to_a_remote_backend_is_not_forwarded() {
         assert_eq!(fx.loaded.stat("ttl_exceeded"), 1);
     });
 }
+
+/// A frame's bytes after the Ethernet header, with hop limit `hop_limit`:
+/// what an ICMPv6 error quotes.
+fn quote_of(p: &Packet6, hop_limit: u8) -> Vec<u8> {
+    with_hop_limit(p.build(), hop_limit)[14..].to_vec()
+}
+
+#[test]
+fn icmpv6_errors_about_a_remote_flow_reach_the_client_translated() {
+    on_node(|uplink| {
+        let mut fx = Fixture::new(uplink, Some(NODE));
+        standard(&mut fx);
+        for (i, proto) in [PROTO_TCP, PROTO_UDP].into_iter().enumerate() {
+            let sport = 48000 + i as u16;
+            let mk = |src, sp, dst, dp| match proto {
+                PROTO_TCP => Packet6::tcp(src, sp, dst, dp),
+                _ => Packet6::udp(src, sp, dst, dp),
+            };
+            let client_sent = from_client(mk(CLIENT, sport, NODE, REMOTE_PORT));
+            let (verdict, _) = fx.run(Prog::Tc, &client_sent.build());
+            assert_eq!(verdict, TC_ACT_REDIRECT);
+            let port = snat_port(&fx, proto, sport, REMOTE_PORT);
+            let as_sent = mk(NODE, port, POD_REMOTE, POD_PORT);
+            // A router on the way (the gateway) says "packet too big"; the
+            // backend itself says "port unreachable".
+            for (from, icmp_type, code, rest) in [(GATEWAY, 2u8, 0u8, 1280u32), (POD_REMOTE, 1, 4, 0)] {
+                let error = icmp6_frame_macs(GATEWAY_MAC, UPLINK_MAC, from, NODE, icmp_type, code, rest, &quote_of(&as_sent, 63));
+                let xdp_before = fx.loaded.stat("icmp_error_translated");
+                let (verdict, out) = fx.run(Prog::Xdp, &error);
+                assert_eq!((verdict, &out), (XDP_PASS, &error), "XDP hands ICMPv6 to tc untouched");
+                assert_eq!(fx.loaded.stat("icmp_error_translated"), xdp_before);
+                let (verdict, out) = fx.run(Prog::Tc, &error);
+                assert_eq!(verdict, TC_ACT_REDIRECT, "proto {proto} type {icmp_type}");
+                let outer_src = if from == POD_REMOTE { NODE } else { from };
+                let want = with_hop_limit(
+                    icmp6_frame_macs(GATEWAY_MAC, UPLINK_MAC, outer_src, CLIENT, icmp_type, code, rest, &quote_of(&client_sent, 63)),
+                    63,
+                );
+                assert_eq!(out, want, "proto {proto} type {icmp_type}: translated back");
+                assert!(checksums_valid6(&out, false));
+                assert_eq!(fx.loaded.stat("icmp_error_translated"), xdp_before + 1);
+            }
+        }
+        // An error about a flow we do not know passes untouched.
+        let unknown = mk_unknown_error();
+        let (verdict, out) = fx.run(Prog::Tc, &unknown);
+        assert_eq!((verdict, out), (TC_ACT_UNSPEC, unknown));
+    });
+}
+
+fn mk_unknown_error() -> Vec<u8> {
+    let as_sent = Packet6::tcp(NODE, 2000, POD_REMOTE, POD_PORT);
+    icmp6_frame_macs(GATEWAY_MAC, UPLINK_MAC, GATEWAY, NODE, 2, 0, 1280, &quote_of(&as_sent, 63))
+}
