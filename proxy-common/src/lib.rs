@@ -68,6 +68,15 @@ pub mod names {
     /// traffic from outside arrives, and the address flows to a backend on
     /// another node are source-NATed to.
     pub const UPLINKS: &str = "SB_UPLINK_V1";
+    /// The node's uplinks by interface index, their IPv6 address
+    /// ([`super::Uplink6`]; all-zero when the uplink has none): flows from
+    /// outside to an IPv6 backend on another node are source-NATed to it.
+    pub const UPLINKS6: &str = "SB_UPLINK6_V1";
+    /// The XDP uplink program's IPv6 twin, tail-called by `sb_xdp_uplink`
+    /// for ethertype 0x86DD (slot [`super::tail::XDP_UPLINK6`]). Pinned, as
+    /// [`TAIL_CALLS6`], so the XDP program keeps its IPv6 twin while no agent
+    /// runs.
+    pub const XDP_TAIL_CALLS6: &str = "SB_XDP_TAIL6_V1";
     /// Maglev lookup tables by service id ([`super::MaglevTable`]), for
     /// frontends whose traffic from outside picks by consistent hashing.
     pub const MAGLEV: &str = "SB_MAGLEV_V1";
@@ -91,7 +100,7 @@ pub mod names {
     pub const SOCKETS6: &str = "SB_SOCK6_V1";
     pub const FRAGMENTS6: &str = "SB_FRAG6_V1";
     /// Every map, in the order the CLI reports them.
-    pub const ALL: [&str; 22] = [
+    pub const ALL: [&str; 24] = [
         FRONTENDS,
         BACKENDS,
         CONNTRACK,
@@ -114,6 +123,8 @@ pub mod names {
         SOCKETS6,
         FRAGMENTS6,
         TAIL_CALLS6,
+        UPLINKS6,
+        XDP_TAIL_CALLS6,
     ];
 }
 
@@ -147,6 +158,10 @@ pub mod programs {
     pub const TC_FROM_POD6: &str = "sb_from_pod6";
     /// tc, tail-called by `sb_to_pod` for IPv6 packets.
     pub const TC_TO_POD6: &str = "sb_to_pod6";
+    /// XDP, tail-called by `sb_xdp_uplink` for IPv6 packets.
+    pub const XDP_UPLINK6: &str = "sb_xdp_uplink6";
+    /// tc, tail-called by `sb_from_uplink` for IPv6 packets.
+    pub const TC_FROM_UPLINK6: &str = "sb_from_uplink6";
     /// cgroup `sock_release`: a closing socket's entry in the socket map goes.
     pub const SOCK_RELEASE: &str = "sb_sock_release";
     /// XDP on each uplink: traffic from outside the node to NodePorts,
@@ -218,6 +233,10 @@ pub mod tail {
     pub const FROM_POD6: u32 = 0;
     /// `sb_to_pod6`, in [`super::names::TAIL_CALLS6`].
     pub const TO_POD6: u32 = 1;
+    /// `sb_from_uplink6`, in [`super::names::TAIL_CALLS6`].
+    pub const FROM_UPLINK6: u32 = 2;
+    /// `sb_xdp_uplink6`, in [`super::names::XDP_TAIL_CALLS6`].
+    pub const XDP_UPLINK6: u32 = 0;
 }
 
 /// Source ports flows from outside to a backend on another node are
@@ -591,6 +610,17 @@ pub struct Uplink {
     /// another node leave with it as their source.
     pub addr_be: u32,
     pub _pad: [u8; 4],
+}
+
+/// Value of the IPv6 uplink map (key: interface index, `u32`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
+pub struct Uplink6 {
+    /// The interface's global IPv6 address (all-zero: none, and flows to
+    /// IPv6 backends on other nodes are dropped): flows from outside to an
+    /// IPv6 backend on another node leave with it as their source.
+    pub addr_be: Addr6Be,
 }
 
 /// Value of the reverse-NAT map (key: service id, `u32`): the frontend of a
@@ -1022,6 +1052,7 @@ mod aya_pod {
     unsafe impl aya::Pod for SockAffinityKey {}
     unsafe impl aya::Pod for Config {}
     unsafe impl aya::Pod for Uplink {}
+    unsafe impl aya::Pod for Uplink6 {}
     unsafe impl aya::Pod for MaglevTable {}
     unsafe impl aya::Pod for FragKey {}
     unsafe impl aya::Pod for FragEntry {}
@@ -1051,6 +1082,7 @@ const _: () = assert!(size_of::<SockEntry>() == 16);
 const _: () = assert!(size_of::<SockAffinityKey>() == 16);
 const _: () = assert!(size_of::<Config>() == 8);
 const _: () = assert!(size_of::<Uplink>() == 8);
+const _: () = assert!(size_of::<Uplink6>() == 16);
 const _: () = assert!(size_of::<FragKey>() == 12);
 const _: () = assert!(size_of::<FragEntry>() == 24);
 const _: () = assert!(size_of::<FrontendKey6>() == 24);

@@ -50,6 +50,7 @@ mod lb;
 mod lb6;
 mod maps;
 mod nodeport;
+mod nodeport6;
 mod packet;
 mod packet6;
 mod reject;
@@ -58,6 +59,7 @@ mod sock;
 mod tc;
 mod tc6;
 mod xdp;
+mod xdp6;
 
 use aya_ebpf::{
     macros::{cgroup_sock, cgroup_sock_addr, classifier, xdp},
@@ -141,6 +143,18 @@ pub fn sb_xdp_uplink(ctx: XdpContext) -> u32 {
         Ok(action) => action,
         Err(skip) => xdp::pass(skip),
     }
+}
+
+/// Tail-called by `sb_xdp_uplink` for IPv6 packets ([`xdp6`]).
+#[xdp]
+pub fn sb_xdp_uplink6(ctx: XdpContext) -> u32 {
+    xdp6::uplink6(&ctx)
+}
+
+/// Tail-called by `sb_from_uplink` for IPv6 packets ([`nodeport6`]).
+#[classifier]
+pub fn sb_from_uplink6(ctx: TcContext) -> i32 {
+    nodeport6::from_uplink6(&ctx)
 }
 
 /// tc ingress on each uplink when XDP is off: the same as `sb_xdp_uplink`.

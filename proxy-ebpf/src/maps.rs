@@ -9,7 +9,7 @@ use proxy_common::{
     capacity, stat, AffinityEntry, AffinityKey, AffinityKey6, Backend, Backend6, Config, CtEntry,
     CtEntry6, CtKey, CtKey6, FragEntry, FragEntry6, FragKey, FragKey6, FrontendKey, FrontendKey6,
     FrontendSlot, MaglevTable, RevNat, RevNat6, SockAffinityKey, SockEntry, SockEntry6, SockKey,
-    SockKey6, SvcStats, Uplink,
+    SockKey6, SvcStats, Uplink, Uplink6,
 };
 
 /// Capacity type parameter shared by both affinity maps, so one selection
@@ -45,9 +45,14 @@ pub static SB_SOCK_V1: LruHashMap<SockKey, SockEntry, { capacity::SOCKETS as usi
 pub static SB_CONFIG_V1: Array<Config, 1> = Array::new();
 #[btf_map]
 pub static SB_TAIL_V1: ProgramArray<1> = ProgramArray::new();
-/// The IPv6 pod programs (`proxy_common::tail::FROM_POD6`, `TO_POD6`).
+/// The IPv6 tc programs (`proxy_common::tail::FROM_POD6`, `TO_POD6`,
+/// `FROM_UPLINK6`).
 #[btf_map]
-pub static SB_TAIL6_V1: ProgramArray<2> = ProgramArray::new();
+pub static SB_TAIL6_V1: ProgramArray<3> = ProgramArray::new();
+/// The IPv6 XDP uplink program (`proxy_common::tail::XDP_UPLINK6`): a
+/// program array holds programs of one type only.
+#[btf_map]
+pub static SB_XDP_TAIL6_V1: ProgramArray<1> = ProgramArray::new();
 /// Allocated per entry (`BPF_F_NO_PREALLOC`): a table is 64 KiB and only
 /// Services with a hashing algorithm have one.
 #[btf_map]
@@ -80,6 +85,8 @@ pub static SB_AFFINITY6_V1: LruHashMap<AffinityKey6, AffinityEntry, AFFINITY_ENT
 #[btf_map]
 pub static SB_SOCK6_V1: LruHashMap<SockKey6, SockEntry6, { capacity::SOCKETS as usize }> =
     LruHashMap::new();
+#[btf_map]
+pub static SB_UPLINK6_V1: HashMap<u32, Uplink6, { capacity::UPLINKS as usize }> = HashMap::new();
 #[btf_map]
 pub static SB_FRAG6_V1: LruHashMap<FragKey6, FragEntry6, { capacity::FRAGMENTS as usize }> =
     LruHashMap::new();

@@ -5,9 +5,12 @@
 //! The walk reads through `bpf_skb_load_bytes` (`TcContext::load`): the
 //! offsets it computes are variable, and a helper read needs no packet
 //! pointer arithmetic the verifier would have to follow, nor a linear area.
-use core::{ffi::c_void, mem::size_of};
+use core::{ffi::c_void, mem::{size_of, MaybeUninit}};
 
-use aya_ebpf::{helpers::bpf_skb_load_bytes, programs::TcContext};
+use aya_ebpf::{
+    helpers::{bpf_skb_load_bytes, bpf_xdp_load_bytes},
+    programs::{TcContext, XdpContext},
+};
 use proxy_common::{
     proto, Addr6Be, AffinityKey6, Backend6, CtEntry6, CtKey6, FragEntry6, FragKey6, FrontendKey6,
 };
@@ -134,28 +137,59 @@ pub struct Scratch6 {
     pub quote: [u32; 12],
 }
 
+/// A program context whose packet bytes the IPv6 parser reads through a
+/// helper: `bpf_skb_load_bytes` (tc) or `bpf_xdp_load_bytes` (XDP), so the
+/// uplink's XDP program shares the walk with the tc programs.
+pub trait LoadBytes {
+    /// Copies `len` bytes at `off` to `dst`; 0 on success.
+    ///
+    /// # Safety
+    /// `dst` must be valid for `len` bytes of writes.
+    unsafe fn load_raw(&self, off: u32, dst: *mut c_void, len: u32) -> i64;
+}
+
+impl LoadBytes for TcContext {
+    #[inline(always)]
+    unsafe fn load_raw(&self, off: u32, dst: *mut c_void, len: u32) -> i64 {
+        // SAFETY: the caller passes a `dst` valid for `len` bytes;
+        // `self.skb.skb` is this program's context.
+        unsafe { bpf_skb_load_bytes(self.skb.skb as *const c_void, off, dst, len) }
+    }
+}
+
+impl LoadBytes for XdpContext {
+    #[inline(always)]
+    unsafe fn load_raw(&self, off: u32, dst: *mut c_void, len: u32) -> i64 {
+        // SAFETY: the caller passes a `dst` valid for `len` bytes;
+        // `self.ctx` is this program's context.
+        unsafe { bpf_xdp_load_bytes(self.ctx, off, dst, len) }
+    }
+}
+
 /// Reads a `T` at `off` through the load helper: `Malformed` when the packet
 /// is shorter.
 #[inline(always)]
-pub fn load<T>(ctx: &TcContext, off: usize) -> Result<T, Skip> {
-    ctx.load::<T>(off).map_err(|_| Skip::Malformed)
+pub fn load<T>(ctx: &impl LoadBytes, off: usize) -> Result<T, Skip> {
+    let mut value = MaybeUninit::<T>::uninit();
+    // SAFETY: the helper writes exactly `size_of::<T>()` bytes to `value`.
+    let ret = unsafe { ctx.load_raw(off as u32, value.as_mut_ptr() as *mut c_void, size_of::<T>() as u32) };
+    if ret == 0 {
+        // SAFETY: fully written by the helper; every `T` used here is plain
+        // data valid for any bytes.
+        Ok(unsafe { value.assume_init() })
+    } else {
+        Err(Skip::Malformed)
+    }
 }
 
 /// Copies `size_of::<T>()` bytes at `off` into `dst` (which may be map
 /// memory): `Malformed` when the packet is shorter.
 #[inline(always)]
-pub fn load_into<T>(ctx: &TcContext, off: usize, dst: &mut T) -> Result<(), Skip> {
+pub fn load_into<T>(ctx: &impl LoadBytes, off: usize, dst: &mut T) -> Result<(), Skip> {
     // SAFETY: the helper writes exactly `size_of::<T>()` bytes to `dst`,
-    // which is that large; `ctx.skb.skb` is this program's context. Every
-    // `T` used here is plain data valid for any bytes.
-    let ret = unsafe {
-        bpf_skb_load_bytes(
-            ctx.skb.skb as *const c_void,
-            off as u32,
-            dst as *mut T as *mut c_void,
-            size_of::<T>() as u32,
-        )
-    };
+    // which is that large. Every `T` used here is plain data valid for any
+    // bytes.
+    let ret = unsafe { ctx.load_raw(off as u32, dst as *mut T as *mut c_void, size_of::<T>() as u32) };
     if ret == 0 {
         Ok(())
     } else {
@@ -176,7 +210,7 @@ pub fn eq6(a: &Addr6Be, b: &Addr6Be) -> bool {
 /// next header, other protocols) is not ours; a packet shorter than what it
 /// announces is malformed.
 #[inline(always)]
-pub fn parse6(ctx: &TcContext, flow: &mut Flow6) -> Result<Kind6, Skip> {
+pub fn parse6(ctx: &impl LoadBytes, flow: &mut Flow6) -> Result<Kind6, Skip> {
     let word1: [u32; 2] = load(ctx, ETH_HLEN)?;
     if u32::from_be(word1[0]) >> 28 != 6 {
         return Err(Skip::NotOurs);

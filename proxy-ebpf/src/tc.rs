@@ -211,7 +211,16 @@ pub fn try_to_pod(ctx: &TcContext) -> Result<i32, Skip> {
 pub fn try_from_uplink(ctx: &TcContext) -> Result<i32, Skip> {
     // SAFETY: `ctx.skb.skb` is the kernel's `__sk_buff` for this run; a read.
     let ingress = unsafe { (*ctx.skb.skb).ingress_ifindex };
-    let flow = match parse(ctx) {
+    // The family is decided once, here: IPv4 goes on as it always did, IPv6
+    // is a program of its own ([`crate::nodeport6`]).
+    let ethertype = ethertype(ctx)?;
+    if ethertype != ETH_P_IP_BE {
+        if ethertype == ETH_P_IPV6_BE {
+            return Ok(crate::tc6::hand_over6(ctx, tail::FROM_UPLINK6));
+        }
+        return Err(Skip::NotOurs);
+    }
+    let flow = match parse_ipv4(ctx) {
         Ok(flow) => flow,
         Err(Skip::Fragment) => return later_fragment_from_uplink(ctx, ingress),
         Err(Skip::Icmp) => return icmp_error_from_uplink(ctx, ingress),
@@ -728,16 +737,8 @@ pub(crate) fn ethertype(ctx: &TcContext) -> Result<u16, Skip> {
     Ok(unsafe { *ptr_at::<u16>(ctx, 12)? })
 }
 
-/// An IPv4 TCP/UDP packet's flow; anything else is skipped.
-#[inline(always)]
-pub(crate) fn parse(ctx: &TcContext) -> Result<Flow, Skip> {
-    if ethertype(ctx)? != ETH_P_IP_BE {
-        return Err(Skip::NotOurs);
-    }
-    parse_ipv4(ctx)
-}
-
-/// [`parse`] after the ethertype was checked to be IPv4.
+/// An IPv4 TCP/UDP packet's flow (the caller checked the ethertype);
+/// anything else is skipped.
 #[inline(always)]
 pub(crate) fn parse_ipv4(ctx: &TcContext) -> Result<Flow, Skip> {
     ensure_linear(ctx, ETH_HLEN + IPV4_MIN_HLEN)?;

@@ -209,7 +209,7 @@ pub(crate) fn count_rewritten6(ctx: &TcContext, side: Side, service_id: u32) {
 /// a SYN on a closed flow, a live backend for new connections and UDP);
 /// then `s.backend` holds it.
 #[inline(always)]
-fn tracked_backend6(s: &mut Scratch6, service_id: u32) -> bool {
+pub(crate) fn tracked_backend6(s: &mut Scratch6, service_id: u32) -> bool {
     let Some(entry_ptr) = SB_CT6_V1.get_ptr_mut(&s.key) else {
         return false;
     };
@@ -260,7 +260,7 @@ fn tracked_backend6(s: &mut Scratch6, service_id: u32) -> bool {
 /// Records both directions of a new IPv6 flow (`s.key` forward, the backend
 /// in `s.backend`), as [`crate::tc::track`].
 #[inline(always)]
-fn track6(s: &mut Scratch6, backend_id: u32, service_id: u32) -> Result<(), TableFull> {
+pub(crate) fn track6(s: &mut Scratch6, backend_id: u32, service_id: u32) -> Result<(), TableFull> {
     let now = crate::ct::now_ns();
     let e = &mut s.entry;
     e.backend_id = backend_id;

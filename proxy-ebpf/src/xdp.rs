@@ -25,6 +25,7 @@ use crate::{
         csum_replace2, csum_replace4, Flow, Ipv4Hdr, Skip, ETH_HLEN, ETH_P_IP_BE, IPV4_MIN_HLEN,
         IP_FRAG_MASK, TCP_CSUM_OFF, TCP_HLEN, UDP_CSUM_OFF, UDP_HLEN,
     },
+    packet6::ETH_P_IPV6_BE,
 };
 
 /// Lets a packet we leave alone continue, counting only the odd ones.
@@ -40,6 +41,16 @@ pub fn pass(skip: Skip) -> u32 {
 
 #[inline(always)]
 pub fn try_uplink(ctx: &XdpContext) -> Result<u32, Skip> {
+    // The family is decided once, here: IPv4 goes on as it always did, IPv6
+    // is a program of its own ([`crate::xdp6`]).
+    // SAFETY: `ptr_at` checked the two bytes lie inside the frame.
+    let ethertype = unsafe { *ptr_at::<u16>(ctx, 12).map_err(|_| Skip::NotOurs)? };
+    if ethertype != ETH_P_IP_BE {
+        if ethertype == ETH_P_IPV6_BE {
+            return Ok(crate::xdp6::hand_over_xdp6(ctx));
+        }
+        return Err(Skip::NotOurs);
+    }
     let flow = parse(ctx)?;
     // SAFETY: `ctx.ctx` is the kernel's `xdp_md` for this run; a read.
     let ingress = unsafe { (*ctx.ctx).ingress_ifindex };
@@ -127,12 +138,8 @@ fn ptr_at<T>(ctx: &XdpContext, off: usize) -> Result<*mut T, Skip> {
 }
 
 #[inline(always)]
+/// An IPv4 TCP/UDP frame's flow (the caller checked the ethertype).
 fn parse(ctx: &XdpContext) -> Result<Flow, Skip> {
-    // SAFETY: `ptr_at` checked the two bytes lie inside the frame.
-    let ethertype = unsafe { *ptr_at::<u16>(ctx, 12).map_err(|_| Skip::NotOurs)? };
-    if ethertype != ETH_P_IP_BE {
-        return Err(Skip::NotOurs);
-    }
     let ip = ptr_at::<Ipv4Hdr>(ctx, ETH_HLEN)?;
     // SAFETY: `ptr_at` checked the whole fixed header lies inside the frame.
     let (version_ihl, ip_proto, frag_off_be, tot_len_be, saddr_be, daddr_be) = unsafe {

@@ -387,6 +387,7 @@ async fn setup_uplinks(
     };
     let entries: Vec<(u32, std::net::Ipv4Addr)> = uplinks.iter().map(|u| (u.index, u.addr)).collect();
     maps.set_uplinks(&entries).context("writing the uplink map")?;
+    uplink::set_uplinks6(ebpf, &uplinks).context("writing the IPv6 uplink map")?;
     let link_dir = config.pin_root.join("links");
     let mut attached = Vec::new();
     for up in uplinks {

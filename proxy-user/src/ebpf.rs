@@ -223,13 +223,15 @@ fn load_with(pins_at: Option<(&Path, &[&'static str])>, caps: &Capacities) -> Re
         programs::TC_FROM_POD6,
         programs::TC_TO_POD6,
         programs::TC_FROM_UPLINK,
+        programs::TC_FROM_UPLINK6,
     ] {
         let result = typed::<SchedClassifier>(&mut ebpf, name)?.load();
         result.map_err(|source| LoadError::Program { name, source })?;
     }
-    let name = programs::XDP_UPLINK;
-    let result = typed::<Xdp>(&mut ebpf, name)?.load();
-    result.map_err(|source| LoadError::Program { name, source })?;
+    for name in [programs::XDP_UPLINK, programs::XDP_UPLINK6] {
+        let result = typed::<Xdp>(&mut ebpf, name)?.load();
+        result.map_err(|source| LoadError::Program { name, source })?;
+    }
     for name in programs::SOCKET_LB {
         let result = typed::<CgroupSockAddr>(&mut ebpf, name)?.load();
         result.map_err(|source| LoadError::Program { name, source })?;
@@ -248,7 +250,33 @@ pub fn install_tail_calls(ebpf: &mut Ebpf) -> Result<(), LoadError> {
     // IPv6 on the pod path: programs of their own, tail-called by the IPv4
     // ones through a pinned array of their own.
     install_tail_call(ebpf, names::TAIL_CALLS6, tail::FROM_POD6, programs::TC_FROM_POD6)?;
-    install_tail_call(ebpf, names::TAIL_CALLS6, tail::TO_POD6, programs::TC_TO_POD6)
+    install_tail_call(ebpf, names::TAIL_CALLS6, tail::TO_POD6, programs::TC_TO_POD6)?;
+    // IPv6 on the uplinks: the same, for the tc and the XDP program.
+    install_tail_call(ebpf, names::TAIL_CALLS6, tail::FROM_UPLINK6, programs::TC_FROM_UPLINK6)?;
+    install_xdp_tail_call(ebpf, names::XDP_TAIL_CALLS6, tail::XDP_UPLINK6, programs::XDP_UPLINK6)
+}
+
+/// [`install_tail_call`] for an XDP program.
+fn install_xdp_tail_call(
+    ebpf: &mut Ebpf,
+    array: &'static str,
+    slot: u32,
+    name: &'static str,
+) -> Result<(), LoadError> {
+    let fd = typed::<Xdp>(ebpf, name)?
+        .fd()
+        .map_err(|source| LoadError::Program { name, source })?
+        .try_clone()
+        .map_err(|source| LoadError::TailCalls {
+            source: aya::maps::MapError::from(source),
+        })?;
+    let map = ebpf
+        .map_mut(array)
+        .ok_or(LoadError::MissingMap { name: array })?;
+    let mut tail: ProgramArray<&mut MapData> =
+        ProgramArray::try_from(map).map_err(|source| LoadError::TailCalls { source })?;
+    tail.set(slot, &fd, 0)
+        .map_err(|source| LoadError::TailCalls { source })
 }
 
 /// Puts program `name` in slot `slot` of tail-call array `array`.

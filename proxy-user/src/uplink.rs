@@ -13,6 +13,10 @@
 //! one of the node's addresses (the Node's InternalIP and ExternalIP), else
 //! the interface of the default route. Each uplink's IPv4 address goes into
 //! the uplink map: flows to a backend on another node are source-NATed to it.
+//! Its first global IPv6 address (not link-local, not tentative, failed or
+//! deprecated) goes into the IPv6 uplink map for IPv6 flows; an uplink
+//! without one is written with the all-zero address, and the data path then
+//! drops IPv6 flows to backends on other nodes (counted as `no_route`).
 //!
 //! Links are pinned under `<pin root>/links` like the pod interfaces' ones,
 //! so they outlive the agent; a new agent swaps its program into a pinned XDP
@@ -20,11 +24,12 @@
 use std::{
     collections::HashMap,
     fs, io,
-    net::Ipv4Addr,
+    net::{Ipv4Addr, Ipv6Addr},
     path::{Path, PathBuf},
 };
 
 use aya::{
+    maps::{HashMap as BpfHashMap, MapData, MapError},
     programs::{
         links::{FdLink, PinnedLink},
         xdp::XdpLink,
@@ -34,11 +39,11 @@ use aya::{
 };
 use futures::TryStreamExt as _;
 use netlink_packet_route::{
-    address::AddressAttribute,
+    address::{AddressAttribute, AddressHeaderFlags, AddressScope},
     link::LinkAttribute,
     route::{RouteAttribute, RouteMessage},
 };
-use proxy_common::programs;
+use proxy_common::{addr6_be, names, programs, Uplink6};
 use tracing::{debug, info};
 
 use crate::attach::{self, AttachError, Attached, Hook, PodInterface, TcMode};
@@ -88,6 +93,10 @@ pub enum UplinkError {
     Unpin { path: PathBuf, source: io::Error },
     #[error("creating the link directory {path}")]
     LinkDir { path: PathBuf, source: io::Error },
+    #[error("the loaded object has no map {0}")]
+    MissingMap(&'static str),
+    #[error("writing the IPv6 uplink map")]
+    Map6(#[source] MapError),
 }
 
 /// One uplink: its interface and the address flows are source-NATed to.
@@ -96,6 +105,8 @@ pub struct Uplink {
     pub name: String,
     pub index: u32,
     pub addr: Ipv4Addr,
+    /// The IPv6 address IPv6 flows are source-NATed to, if it has one.
+    pub addr6: Option<Ipv6Addr>,
 }
 
 /// What the interfaces of this namespace hold.
@@ -104,6 +115,9 @@ struct Interfaces {
     by_name: HashMap<String, u32>,
     /// Index → IPv4 addresses, in the kernel's order.
     addrs: HashMap<u32, Vec<Ipv4Addr>>,
+    /// Index → global IPv6 addresses fit to source-NAT to, in the kernel's
+    /// order.
+    addrs6: HashMap<u32, Vec<Ipv6Addr>>,
 }
 
 impl Interfaces {
@@ -118,15 +132,28 @@ impl Interfaces {
             }
         }
         let mut addrs: HashMap<u32, Vec<Ipv4Addr>> = HashMap::new();
+        let mut addrs6: HashMap<u32, Vec<Ipv6Addr>> = HashMap::new();
         let mut list = handle.address().get().execute();
         while let Some(msg) = list.try_next().await? {
             for attr in &msg.attributes {
-                if let AddressAttribute::Address(std::net::IpAddr::V4(ip)) = attr {
-                    addrs.entry(msg.header.index).or_default().push(*ip);
+                match attr {
+                    AddressAttribute::Address(std::net::IpAddr::V4(ip)) => {
+                        addrs.entry(msg.header.index).or_default().push(*ip);
+                    }
+                    AddressAttribute::Address(std::net::IpAddr::V6(ip))
+                        if snat_fit6(ip, msg.header.scope, msg.header.flags) =>
+                    {
+                        addrs6.entry(msg.header.index).or_default().push(*ip);
+                    }
+                    _ => {}
                 }
             }
         }
-        Ok(Self { by_name, addrs })
+        Ok(Self {
+            by_name,
+            addrs,
+            addrs6,
+        })
     }
 
     fn name_of(&self, index: u32) -> Option<&str> {
@@ -152,8 +179,56 @@ impl Interfaces {
         let addr = self
             .snat_addr(index, node_addrs)
             .ok_or_else(|| UplinkError::NoAddress(name.clone()))?;
-        Ok(Uplink { name, index, addr })
+        let addr6 = self.addrs6.get(&index).and_then(|a| a.first()).copied();
+        Ok(Uplink {
+            name,
+            index,
+            addr,
+            addr6,
+        })
     }
+}
+
+/// Whether an IPv6 address of an interface may be the source of flows
+/// source-NATed to another node: global scope, not loopback, link-local or
+/// multicast, and usable now (not tentative, failed or deprecated).
+fn snat_fit6(addr: &Ipv6Addr, scope: AddressScope, flags: AddressHeaderFlags) -> bool {
+    let unusable = AddressHeaderFlags::Tentative | AddressHeaderFlags::Dadfailed | AddressHeaderFlags::Deprecated;
+    scope == AddressScope::Universe
+        && !addr.is_loopback()
+        && !addr.is_multicast()
+        && !addr.is_unspecified()
+        && !addr.is_unicast_link_local()
+        && !flags.intersects(unusable)
+}
+
+/// Makes the IPv6 uplink map of `ebpf` hold exactly `uplinks` (interface
+/// index → IPv6 address, all-zero for an uplink without one): new entries
+/// are written before stale ones are deleted.
+pub fn set_uplinks6(ebpf: &mut Ebpf, uplinks: &[Uplink]) -> Result<(), UplinkError> {
+    let map = ebpf
+        .map_mut(names::UPLINKS6)
+        .ok_or(UplinkError::MissingMap(names::UPLINKS6))?;
+    let mut map: BpfHashMap<&mut MapData, u32, Uplink6> = BpfHashMap::try_from(map).map_err(UplinkError::Map6)?;
+    for up in uplinks {
+        let value = Uplink6 {
+            addr_be: up.addr6.map(|a| addr6_be(a.octets())).unwrap_or([0; 4]),
+        };
+        map.insert(up.index, value, 0).map_err(UplinkError::Map6)?;
+        match up.addr6 {
+            Some(addr) => debug!(iface = %up.name, %addr, "uplink IPv6 address"),
+            None => info!(iface = %up.name, "uplink has no global IPv6 address: IPv6 flows to backends on other nodes are dropped"),
+        }
+    }
+    let stale: Vec<u32> = map
+        .keys()
+        .filter_map(Result::ok)
+        .filter(|k| uplinks.iter().all(|u| u.index != *k))
+        .collect();
+    for index in stale {
+        map.remove(&index).map_err(UplinkError::Map6)?;
+    }
+    Ok(())
 }
 
 /// Every address of this namespace's interfaces, of both families, loopback
@@ -381,4 +456,25 @@ fn attach_when_free(
 fn pinned_xdp_link(path: &Path) -> Option<XdpLink> {
     let pinned = PinnedLink::from_pin(path).ok()?;
     XdpLink::try_from(FdLink::from(pinned)).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_global_usable_ipv6_addresses_are_snat_sources() {
+        let global: Ipv6Addr = "2001:db8::1".parse().expect("address");
+        let ula: Ipv6Addr = "fd00:50::1".parse().expect("address");
+        let link_local: Ipv6Addr = "fe80::1".parse().expect("address");
+        let none = AddressHeaderFlags::empty();
+        assert!(snat_fit6(&global, AddressScope::Universe, none));
+        assert!(snat_fit6(&ula, AddressScope::Universe, AddressHeaderFlags::Permanent));
+        assert!(!snat_fit6(&link_local, AddressScope::Link, none));
+        assert!(!snat_fit6(&link_local, AddressScope::Universe, none));
+        assert!(!snat_fit6(&Ipv6Addr::LOCALHOST, AddressScope::Host, none));
+        assert!(!snat_fit6(&global, AddressScope::Universe, AddressHeaderFlags::Tentative));
+        assert!(!snat_fit6(&global, AddressScope::Universe, AddressHeaderFlags::Deprecated));
+        assert!(!snat_fit6(&global, AddressScope::Universe, AddressHeaderFlags::Dadfailed));
+    }
 }

@@ -1,0 +1,584 @@
+//! North-south for IPv6: what happens to an IPv6 packet that arrives on an
+//! uplink from outside the node, the rules of [`crate::nodeport`] over the
+//! IPv6 maps. `sb_xdp_uplink` and `sb_from_uplink` dispatch here on
+//! ethertype 0x86DD, once, before their IPv4 parser, by a tail call into
+//! `sb_xdp_uplink6` ([`crate::xdp6`]) and `sb_from_uplink6` ([`from_uplink6`]):
+//! the IPv4 programs' frames stay what they were.
+//!
+//! - To an IPv6 frontend (NodePort on a node address, LoadBalancer IP,
+//!   external IP in `SB_FE6_V1`): a backend on this node gets DNAT only,
+//!   tracked in `SB_CT6_V1` as the pod path tracks it, so the local backend's
+//!   reply is reversed by `sb_to_pod6` on the uplink's egress; a backend on
+//!   another node gets DNAT plus SNAT to that uplink's IPv6 address
+//!   (`SB_UPLINK6_V1`) and a port of [`snat`], and goes out again.
+//!   `externalTrafficPolicy: Local` uses the [`scope::EXTERNAL`] set and never
+//!   SNAT. An uplink without an IPv6 address drops flows to remote IPv6
+//!   backends (`no_route`).
+//! - A reply to a source-NATed flow gets both translations reversed and goes
+//!   back out.
+//! - An ICMPv6 error about a source-NATed flow is translated back and sent
+//!   on to the client (tc; XDP hands ICMPv6 to tc untouched).
+//! - Other ICMPv6 (neighbour discovery included) and fragments pass untouched;
+//!   Maglev and source hashing are IPv4-only for now (IPv6 frontends pick at
+//!   random, with session affinity); a frontend without endpoints drops
+//!   (IPv4 answers with an ICMP port unreachable).
+//!
+//! Keys, entries and the route-lookup parameters live in per-CPU scratch
+//! memory ([`Up6`]), as on the IPv6 pod path.
+use core::{ffi::c_void, mem::size_of};
+
+use aya_ebpf::{
+    bindings::{bpf_fib_lookup as FibParams, BPF_NOEXIST, TC_ACT_OK},
+    helpers::{bpf_fib_lookup, bpf_get_prandom_u32, bpf_redirect_neigh},
+    macros::btf_map,
+    btf_maps::PerCpuArray,
+    programs::TcContext,
+};
+use proxy_common::{ct_dir, ct_flags, frontend_flags, proto, scope, snat, stat, Addr6Be, FrontendSlot};
+
+use crate::{
+    ct::{self, NotTracked},
+    lb6::{choose_backend6, frontend_key6, lookup_frontend6},
+    maps::{count, count_service, SB_CT6_V1, SB_UPLINK6_V1},
+    nodeport::NotTranslated,
+    packet::{csum_replace2, Skip, TCP_CSUM_OFF, UDP_CSUM_OFF},
+    packet6::{
+        csum_replace16, eq6, load, load_into, parse6, Kind6, Scratch6, IP6_DADDR_OFF, IP6_SADDR_OFF, IPV6_HLEN,
+    },
+    tc::{drop_counted, Side},
+    tc6::{rewrite6, track6, tracked_backend6},
+};
+
+const AF_INET6: u8 = 10;
+/// `bpf_fib_lookup` results that name the egress interface.
+const FIB_SUCCESS: i64 = 0;
+const FIB_NO_NEIGH: i64 = 7;
+/// Offset of the hop limit from the start of the frame.
+pub const IP6_HOP_LIMIT_OFF: usize = crate::packet::ETH_HLEN + 7;
+
+/// What [`classify6`] decided (the addresses and ports are in [`Up6`]).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Out6 {
+    /// To a backend on this node: only the destination changes; the kernel
+    /// delivers the packet.
+    Local,
+    /// To a backend on another node: both sides change; the packet goes out
+    /// again.
+    Remote,
+    /// The reply of a `Remote` flow: both sides change back; the packet goes
+    /// out again.
+    Reply,
+}
+
+/// The IPv6 uplink path's working memory: the pod path's, plus the route
+/// lookup's parameters and the translation decided.
+#[repr(C)]
+pub struct Up6 {
+    pub s: Scratch6,
+    pub fib: FibParams,
+    /// The packet's new source and destination.
+    pub to_saddr_be: Addr6Be,
+    pub to_daddr_be: Addr6Be,
+    /// The new source and destination ports, as in the packet.
+    pub to_ports_be: [u16; 2],
+    pub service_id: u32,
+    /// The uplink address a new flow to a remote backend is source-NATed to.
+    pub snat_addr_be: Addr6Be,
+}
+
+/// Not pinned: each loaded object has its own, used within one program run.
+#[btf_map]
+pub static SB_UP6TMP_V1: PerCpuArray<Up6, 1> = PerCpuArray::new();
+
+/// This CPU's scratch memory for the IPv6 uplink path.
+#[inline(always)]
+pub fn scratch_up6() -> Option<&'static mut Up6> {
+    let ptr = SB_UP6TMP_V1.get_ptr_mut(0)?;
+    // SAFETY: this CPU's slot of a per-CPU array, valid for the program run;
+    // no other program of ours runs on this CPU meanwhile.
+    Some(unsafe { &mut *ptr })
+}
+
+/// Decides what happens to the IPv6 TCP/UDP packet in `u.s.flow` that
+/// arrived on uplink `ingress`; the new addresses and ports go to `u`.
+/// `ctx` is the program's context, for the route lookup.
+#[inline(always)]
+pub fn classify6(ctx: *mut c_void, ingress: u32, u: &mut Up6) -> Result<Out6, NotTranslated> {
+    if snat_reply6(u)? {
+        return Ok(Out6::Reply);
+    }
+    let flow = &u.s.flow;
+    frontend_key6(&mut u.s.fe, &flow.daddr_be, flow.dport_be, flow.proto);
+    let Some(svc) = lookup_frontend6(&u.s.fe) else {
+        return Err(NotTranslated::Pass(Skip::NotOurs));
+    };
+    let (svc, local_only) = backend_set6(u, svc);
+    if svc.backend_count == 0 {
+        count_service(svc.service_id, |s| s.drops_no_backend += 1);
+        return Err(NotTranslated::Drop(stat::DROP_NO_BACKEND));
+    }
+    u.service_id = svc.service_id;
+    u.s.flow.ct_key_into(ct_dir::FORWARD, &mut u.s.key);
+    if tracked_backend6(&mut u.s, svc.service_id) {
+        return from_tracked6(u);
+    }
+    u.s.aff.client_addr_be = u.s.flow.saddr_be;
+    u.s.aff.service_id = svc.service_id;
+    let Some(id) = choose_backend6(&mut u.s.fe, &svc, &u.s.aff, &mut u.s.backend) else {
+        return Err(NotTranslated::Drop(stat::DROP_INCONSISTENT));
+    };
+    if !local_only {
+        match remote_uplink6(ctx, ingress, u) {
+            Route::Local => {}
+            Route::Remote => return new_remote_flow6(u, id, svc.service_id),
+            Route::NoAddress => return Err(NotTranslated::Drop(stat::NO_ROUTE)),
+        }
+    }
+    if track6(&mut u.s, id, svc.service_id).is_err() {
+        // The table is full: the client retransmits.
+        return Err(NotTranslated::Drop(stat::CT_FULL));
+    }
+    set_local(u);
+    Ok(Out6::Local)
+}
+
+/// The translation of a flow to a local backend (in `u.s.backend`).
+#[inline(always)]
+fn set_local(u: &mut Up6) {
+    u.to_saddr_be = u.s.flow.saddr_be;
+    u.to_daddr_be = u.s.backend.addr_be;
+    u.to_ports_be = [u.s.flow.sport_be, u.s.backend.port_be];
+}
+
+/// The backend set traffic from outside gets: the external (local-only) one
+/// under `externalTrafficPolicy: Local` (then `u.s.fe` becomes its key),
+/// else the frontend's own. A local-only set whose entry is missing
+/// (mid-update) counts as empty.
+#[inline(always)]
+fn backend_set6(u: &mut Up6, svc: FrontendSlot) -> (FrontendSlot, bool) {
+    if !frontend_flags::has_external_set(svc.flags) {
+        return (svc, false);
+    }
+    u.s.fe.scope = scope::EXTERNAL;
+    let ext = lookup_frontend6(&u.s.fe).unwrap_or(FrontendSlot {
+        backend_count: 0,
+        ..svc
+    });
+    (ext, true)
+}
+
+/// A tracked flow (forward entry under `u.s.key`, backend in `u.s.backend`)
+/// keeps its translation, with its source NAT if it has one.
+#[inline(always)]
+fn from_tracked6(u: &mut Up6) -> Result<Out6, NotTranslated> {
+    let Some(entry_ptr) = SB_CT6_V1.get_ptr(&u.s.key) else {
+        // Removed since the lookup a moment ago: the next packet starts over.
+        return Err(NotTranslated::Drop(stat::DROP_INCONSISTENT));
+    };
+    // SAFETY: a value of the conntrack map, valid for this program run; the
+    // fields are copied out.
+    let (flags, snat_port_be) = unsafe {
+        u.to_saddr_be = (*entry_ptr).snat_addr_be;
+        ((*entry_ptr).flags, (*entry_ptr).snat_port_be)
+    };
+    if flags & ct_flags::SNAT == 0 {
+        set_local(u);
+        return Ok(Out6::Local);
+    }
+    u.to_daddr_be = u.s.backend.addr_be;
+    u.to_ports_be = [snat_port_be, u.s.backend.port_be];
+    Ok(Out6::Remote)
+}
+
+/// A reply to a flow this node source-NATed: only packets to a port of the
+/// SNAT range are looked up. `Ok(true)`: `u` holds the reversed addresses.
+#[inline(always)]
+fn snat_reply6(u: &mut Up6) -> Result<bool, NotTranslated> {
+    if !snat::is_snat_port(u16::from_be(u.s.flow.dport_be)) {
+        return Ok(false);
+    }
+    u.s.flow.ct_key_into(ct_dir::REPLY, &mut u.s.key2);
+    let Some(entry_ptr) = SB_CT6_V1.get_ptr_mut(&u.s.key2) else {
+        return Ok(false);
+    };
+    // SAFETY: a value of the conntrack map, valid for this program run; the
+    // fields are copied out.
+    let (flags, nat_port_be, snat_port_be) = unsafe {
+        u.to_saddr_be = (*entry_ptr).nat_addr_be;
+        u.to_daddr_be = (*entry_ptr).snat_addr_be;
+        ((*entry_ptr).flags, (*entry_ptr).nat_port_be, (*entry_ptr).snat_port_be)
+    };
+    if flags & ct_flags::SNAT == 0 {
+        return Ok(false);
+    }
+    let flow = &u.s.flow;
+    if flow.accepts_connection() && flags & ct_flags::CLOSING != 0 {
+        // The flow has closed; nothing of ours answers on this port now.
+        if SB_CT6_V1.remove(&u.s.key2).is_ok() {
+            count(stat::CT_STALE);
+        }
+        return Err(NotTranslated::Pass(Skip::NotOurs));
+    }
+    ct::seen6(entry_ptr, flow, true);
+    if flow.ends_connection() {
+        ct::mark_closing6(entry_ptr);
+        let k = &mut u.s.key;
+        k.saddr_be = u.to_daddr_be;
+        k.daddr_be = u.to_saddr_be;
+        k.sport_be = snat_port_be;
+        k.dport_be = nat_port_be;
+        k.proto = flow.proto;
+        k.dir = ct_dir::FORWARD;
+        k._pad = [0; 2];
+        if let Some(forward_ptr) = SB_CT6_V1.get_ptr_mut(&u.s.key) {
+            ct::mark_closing6(forward_ptr);
+        }
+    }
+    u.to_ports_be = [nat_port_be, snat_port_be];
+    u.service_id = 0;
+    Ok(true)
+}
+
+/// Where the route to a new flow's backend leaves.
+enum Route {
+    /// Not through an uplink: the backend is on this node.
+    Local,
+    /// Through an uplink with an IPv6 address (now in `u.snat_addr_be`).
+    Remote,
+    /// Through an uplink without an IPv6 address.
+    NoAddress,
+}
+
+/// Whether the route to the backend in `u.s.backend` leaves through an
+/// uplink (the backend is on another node).
+#[inline(always)]
+fn remote_uplink6(ctx: *mut c_void, ingress: u32, u: &mut Up6) -> Route {
+    let (src, dst) = (u.s.flow.saddr_be, u.s.backend.addr_be);
+    fib_params6(&mut u.fib, ingress, u.s.flow.proto, &src, &dst);
+    // SAFETY: `u.fib` is a valid, initialised `bpf_fib_lookup` of the size
+    // passed; `ctx` is this program's own context.
+    let rc = unsafe { bpf_fib_lookup(ctx, &mut u.fib, size_of::<FibParams>() as i32, 0) };
+    if rc != FIB_SUCCESS && rc != FIB_NO_NEIGH {
+        return Route::Local;
+    }
+    // SAFETY: the value is copied out at once.
+    match unsafe { SB_UPLINK6_V1.get(&u.fib.ifindex) } {
+        None => Route::Local,
+        Some(uplink) if eq6(&uplink.addr_be, &[0; 4]) => Route::NoAddress,
+        Some(uplink) => {
+            u.snat_addr_be = uplink.addr_be;
+            Route::Remote
+        }
+    }
+}
+
+/// Route-lookup parameters for an IPv6 packet arriving on `ifindex`.
+#[inline(always)]
+pub fn fib_params6(params: &mut FibParams, ifindex: u32, proto: u8, saddr_be: &Addr6Be, daddr_be: &Addr6Be) {
+    // SAFETY: `bpf_fib_lookup` is plain data; all-zero is a valid value.
+    *params = unsafe { core::mem::zeroed() };
+    params.family = AF_INET6;
+    params.l4_protocol = proto;
+    params.ifindex = ifindex;
+    params.__bindgen_anon_3.ipv6_src = *saddr_be;
+    params.__bindgen_anon_4.ipv6_dst = *daddr_be;
+}
+
+/// As [`crate::nodeport`]'s `claim_port`, for IPv6: takes the SNAT port the
+/// key in `u.s.key2` names for the new flow whose reply entry is `u.s.entry`.
+#[inline(always)]
+fn claim_port6(u: &Up6, now: u64) -> Result<bool, NotTracked> {
+    match ct::insert6(&u.s.key2, &u.s.entry, u64::from(BPF_NOEXIST)) {
+        Ok(()) => return Ok(true),
+        Err(NotTracked::Full) => return Err(NotTracked::Full),
+        Err(NotTracked::Failed) => {}
+    }
+    let Some(held) = SB_CT6_V1.get_ptr(&u.s.key2) else {
+        return Ok(false);
+    };
+    // SAFETY: a value of the conntrack map, valid for this program run; read once.
+    let (flags, closed_ns) = unsafe { ((*held).flags, (*held).created_ns) };
+    if flags & ct_flags::CLOSING == 0 || now.wrapping_sub(closed_ns) < snat::REUSE_AFTER_NS {
+        return Ok(false);
+    }
+    if SB_CT6_V1.insert(&u.s.key2, &u.s.entry, 0).is_err() {
+        return Ok(false);
+    }
+    let Some(now_held) = SB_CT6_V1.get_ptr(&u.s.key2) else {
+        return Ok(false);
+    };
+    // SAFETY: as above; read once.
+    Ok(unsafe {
+        eq6(&(*now_held).snat_addr_be, &u.s.entry.snat_addr_be)
+            && (*now_held).snat_port_be == u.s.entry.snat_port_be
+            && eq6(&(*now_held).nat_addr_be, &u.s.entry.nat_addr_be)
+    })
+}
+
+/// Records a new flow to a backend on another node (in `u.s.backend`,
+/// forward key in `u.s.key`) with a free port of the SNAT range, as IPv4
+/// does: the reply entry first, where no flow holds that port yet.
+#[inline(always)]
+fn new_remote_flow6(u: &mut Up6, backend_id: u32, service_id: u32) -> Result<Out6, NotTranslated> {
+    // SAFETY: a helper without preconditions.
+    let start = unsafe { bpf_get_prandom_u32() };
+    let created_ns = ct::now_ns();
+    for attempt in 0..snat::ATTEMPTS {
+        let step = start.wrapping_add(attempt.wrapping_mul(snat::STRIDE));
+        let port_be = snat::port(step % snat::PORTS).to_be();
+        let e = &mut u.s.entry;
+        e.backend_id = backend_id;
+        e.service_id = service_id;
+        e.nat_addr_be = u.s.flow.daddr_be;
+        e.nat_port_be = u.s.flow.dport_be;
+        e.flags = ct_flags::SNAT;
+        e.state = 0;
+        e.snat_addr_be = u.s.flow.saddr_be;
+        e.snat_port_be = u.s.flow.sport_be;
+        e._pad2 = [0; 2];
+        e.created_ns = created_ns;
+        e.last_seen_ns = created_ns;
+        let k = &mut u.s.key2;
+        k.saddr_be = u.s.backend.addr_be;
+        k.daddr_be = u.snat_addr_be;
+        k.sport_be = u.s.backend.port_be;
+        k.dport_be = port_be;
+        k.proto = u.s.flow.proto;
+        k.dir = ct_dir::REPLY;
+        k._pad = [0; 2];
+        match claim_port6(u, created_ns) {
+            Ok(true) => {}
+            Ok(false) => continue,
+            // The client retransmits once the agent made room.
+            Err(_) => return Err(NotTranslated::Drop(stat::CT_FULL)),
+        }
+        let e = &mut u.s.entry;
+        e.nat_addr_be = u.s.backend.addr_be;
+        e.nat_port_be = u.s.backend.port_be;
+        e.snat_addr_be = u.snat_addr_be;
+        e.snat_port_be = port_be;
+        match ct::insert6(&u.s.key, &u.s.entry, 0) {
+            Ok(()) => count_service(service_id, |s| s.new_flows += 1),
+            Err(NotTracked::Failed) => count(stat::CT_INSERT_FAILED),
+            Err(NotTracked::Full) => {
+                // Give the port back: no half-tracked flow.
+                let _ = SB_CT6_V1.remove(&u.s.key2);
+                return Err(NotTranslated::Drop(stat::CT_FULL));
+            }
+        }
+        u.to_saddr_be = u.snat_addr_be;
+        u.to_daddr_be = u.s.backend.addr_be;
+        u.to_ports_be = [port_be, u.s.backend.port_be];
+        return Ok(Out6::Remote);
+    }
+    Err(NotTranslated::Drop(stat::SNAT_EXHAUSTED))
+}
+
+// ---- tc: `sb_from_uplink6` ----
+
+/// `sb_from_uplink6`: an IPv6 packet from outside the node (`--xdp-mode
+/// off`, and what XDP handed on), rewritten with helper stores.
+#[inline(always)]
+pub fn from_uplink6(ctx: &TcContext) -> i32 {
+    let Some(u) = scratch_up6() else {
+        return crate::tc::pass(Skip::NotOurs);
+    };
+    match try_from_uplink6(ctx, u) {
+        Ok(action) => action,
+        Err(skip) => crate::tc::pass(skip),
+    }
+}
+
+#[inline(always)]
+fn try_from_uplink6(ctx: &TcContext, u: &mut Up6) -> Result<i32, Skip> {
+    match parse6(ctx, &mut u.s.flow)? {
+        Kind6::Flow => {}
+        // Not translated on the uplink yet: they pass untouched.
+        Kind6::Later => return Err(Skip::Fragment),
+        // Errors about source-NATed flows are translated; neighbour
+        // discovery, echo and every other ICMPv6 message pass untouched.
+        Kind6::Icmp => return icmp_error_snat6(ctx, u),
+    }
+    if u.s.flow.first_fragment {
+        return Err(Skip::Fragment);
+    }
+    // SAFETY: `ctx.skb.skb` is the kernel's `__sk_buff` for this run; a read.
+    let ingress = unsafe { (*ctx.skb.skb).ingress_ifindex };
+    let out = match classify6(ctx.skb.skb as *mut c_void, ingress, u) {
+        Ok(out) => out,
+        Err(NotTranslated::Pass(skip)) => return Err(skip),
+        Err(NotTranslated::Drop(counter)) => return drop_counted(counter),
+        Err(NotTranslated::Reject) => return drop_counted(stat::DROP_NO_BACKEND),
+    };
+    let leaves = out != Out6::Local;
+    if leaves && load::<u8>(ctx, IP6_HOP_LIMIT_OFF)? <= 1 {
+        return drop_counted(stat::TTL_EXCEEDED);
+    }
+    let flow = &u.s.flow;
+    if rewrite6(ctx, flow, Side::Destination, &u.to_daddr_be, u.to_ports_be[1]).is_err() {
+        return drop_counted(stat::DROP_REWRITE_FAILED);
+    }
+    if leaves && rewrite6(ctx, flow, Side::Source, &u.to_saddr_be, u.to_ports_be[0]).is_err() {
+        return drop_counted(stat::DROP_REWRITE_FAILED);
+    }
+    let counter = match out {
+        Out6::Local => stat::EXT_LOCAL,
+        Out6::Remote => stat::EXT_REMOTE,
+        Out6::Reply => stat::EXT_REPLY,
+    };
+    if u.service_id != 0 {
+        let len = u64::from(ctx.len());
+        count_service(u.service_id, |s| {
+            s.packets += 1;
+            s.bytes += len;
+        });
+    }
+    count(counter);
+    if leaves {
+        return send_out6(ctx, ingress, u);
+    }
+    Ok(TC_ACT_OK as i32)
+}
+
+/// Sends a translated packet that leaves the node again out of the route's
+/// interface, the kernel resolving the next hop, with the hop limit down by
+/// one (IPv6 has no header checksum).
+#[inline(always)]
+fn send_out6(ctx: &TcContext, ingress: u32, u: &mut Up6) -> Result<i32, Skip> {
+    let (src, dst) = (u.to_saddr_be, u.to_daddr_be);
+    fib_params6(&mut u.fib, ingress, u.s.flow.proto, &src, &dst);
+    // SAFETY: `u.fib` is a valid, initialised `bpf_fib_lookup` of the size
+    // passed; the context is this program's own.
+    let rc = unsafe { bpf_fib_lookup(ctx.skb.skb as *mut c_void, &mut u.fib, size_of::<FibParams>() as i32, 0) };
+    if rc != FIB_SUCCESS && rc != FIB_NO_NEIGH {
+        return drop_counted(stat::NO_ROUTE);
+    }
+    let hop_limit = load::<u8>(ctx, IP6_HOP_LIMIT_OFF)?;
+    if ctx.store(IP6_HOP_LIMIT_OFF, &hop_limit.wrapping_sub(1), 0).is_err() {
+        return drop_counted(stat::DROP_REWRITE_FAILED);
+    }
+    // SAFETY: no memory is passed (the kernel looks the neighbour up).
+    let action = unsafe { bpf_redirect_neigh(u.fib.ifindex, core::ptr::null_mut(), 0, 0) };
+    Ok(action as i32)
+}
+
+const ICMP6_HLEN: usize = 8;
+/// ICMPv6 error types (RFC 4443): destination unreachable, packet too big,
+/// time exceeded, parameter problem.
+const ICMPV6_ERROR_MAX: u8 = 4;
+
+/// An ICMPv6 error about a flow source-NATed to another node (a "packet too
+/// big" from a router on the way to the backend, an unreachable from the
+/// backend's node), as IPv4's `icmp_error::translate_snat`: it is addressed
+/// to the uplink's address and quotes the packet as it left, (uplink address,
+/// SNAT port → backend). The flow's reply entry names the client and the
+/// frontend: the quote becomes (client → frontend), the outer destination the
+/// client, the outer source the frontend when it was the backend itself (a
+/// router keeps its own), and the error goes on to the client. The quoted
+/// TCP/UDP checksum (where the quote holds it; a UDP 0 stays 0) and the
+/// ICMPv6 checksum follow. Anything else passes untouched.
+#[inline(always)]
+fn icmp_error_snat6(ctx: &TcContext, u: &mut Up6) -> Result<i32, Skip> {
+    let icmp_off = u.s.flow.l4_off();
+    let head: [u8; 4] = load(ctx, icmp_off).map_err(|_| Skip::Icmp)?;
+    if head[0] == 0 || head[0] > ICMPV6_ERROR_MAX {
+        return Err(Skip::Icmp);
+    }
+    let icmp_csum_be = u16::from_ne_bytes([head[2], head[3]]);
+    // The quoted header: IPv6, then TCP or UDP directly.
+    let inner_off = icmp_off + ICMP6_HLEN;
+    let word1: [u32; 2] = load(ctx, inner_off).map_err(|_| Skip::Icmp)?;
+    let inner_proto = (u32::from_be(word1[1]) >> 8) as u8;
+    if u32::from_be(word1[0]) >> 28 != 6 || (inner_proto != proto::TCP && inner_proto != proto::UDP) {
+        return Err(Skip::Icmp);
+    }
+    let inner_l4 = inner_off + IPV6_HLEN;
+    let ports: [u16; 2] = load(ctx, inner_l4).map_err(|_| Skip::Icmp)?;
+    let (snat_port_be, backend_port_be) = (ports[0], ports[1]);
+    if !snat::is_snat_port(u16::from_be(snat_port_be)) {
+        return Err(Skip::Icmp);
+    }
+    // The reply entry: (backend → uplink address, SNAT port).
+    let k = &mut u.s.key2;
+    load_into(ctx, inner_off + 24, &mut k.saddr_be).map_err(|_| Skip::Icmp)?;
+    load_into(ctx, inner_off + 8, &mut k.daddr_be).map_err(|_| Skip::Icmp)?;
+    k.sport_be = backend_port_be;
+    k.dport_be = snat_port_be;
+    k.proto = inner_proto;
+    k.dir = ct_dir::REPLY;
+    k._pad = [0; 2];
+    if !eq6(&u.s.flow.daddr_be, &u.s.key2.daddr_be) {
+        // Not addressed to the address the quote comes from.
+        return Err(Skip::Icmp);
+    }
+    let Some(entry) = SB_CT6_V1.get_ptr(&u.s.key2) else {
+        return Err(Skip::Icmp);
+    };
+    // SAFETY: a value of the conntrack map, valid for this program run; the
+    // fields are copied out at once.
+    let flags = unsafe {
+        u.to_saddr_be = (*entry).nat_addr_be;
+        u.to_daddr_be = (*entry).snat_addr_be;
+        u.to_ports_be = [(*entry).nat_port_be, (*entry).snat_port_be];
+        (*entry).flags
+    };
+    if flags & ct_flags::SNAT == 0 {
+        return Err(Skip::Icmp);
+    }
+    let [frontend_port_be, client_port_be] = u.to_ports_be;
+    // Old → new: quoted source (uplink → client), quoted destination
+    // (backend → frontend), and their ports.
+    let (uplink_addr, backend_addr) = (&u.s.key2.daddr_be, &u.s.key2.saddr_be);
+    let (client, frontend) = (&u.to_daddr_be, &u.to_saddr_be);
+    let l4_csum_off = if inner_proto == proto::UDP {
+        inner_l4 + UDP_CSUM_OFF
+    } else {
+        inner_l4 + TCP_CSUM_OFF
+    };
+    let quoted_csum = match load::<u16>(ctx, l4_csum_off) {
+        Ok(old) if inner_proto == proto::TCP || old != 0 => {
+            let mut new = csum_replace16(old, uplink_addr, client);
+            new = csum_replace16(new, backend_addr, frontend);
+            new = csum_replace2(new, snat_port_be, client_port_be);
+            new = csum_replace2(new, backend_port_be, frontend_port_be);
+            if inner_proto == proto::UDP && new == 0 {
+                new = 0xffff;
+            }
+            Some((old, new))
+        }
+        _ => None,
+    };
+    let mut icmp_csum = csum_replace16(icmp_csum_be, uplink_addr, client);
+    icmp_csum = csum_replace16(icmp_csum, backend_addr, frontend);
+    icmp_csum = csum_replace2(icmp_csum, snat_port_be, client_port_be);
+    icmp_csum = csum_replace2(icmp_csum, backend_port_be, frontend_port_be);
+    if let Some((old, new)) = quoted_csum {
+        icmp_csum = csum_replace2(icmp_csum, old, new);
+    }
+    // The outer header, in the pseudo-header: the destination (the uplink
+    // address) becomes the client; the source too when it is the backend.
+    icmp_csum = csum_replace16(icmp_csum, &u.s.flow.daddr_be, client);
+    let source_changes = eq6(&u.s.flow.saddr_be, backend_addr);
+    if source_changes {
+        icmp_csum = csum_replace16(icmp_csum, backend_addr, frontend);
+    }
+    if load::<u8>(ctx, IP6_HOP_LIMIT_OFF)? <= 1 {
+        return drop_counted(stat::TTL_EXCEEDED);
+    }
+    // Every read is done: the stores below move packet data.
+    let quoted_ports = [client_port_be, frontend_port_be];
+    let stored = ctx.store(inner_off + 8, client, 0).is_ok()
+        && ctx.store(inner_off + 24, frontend, 0).is_ok()
+        && ctx.store(inner_l4, &quoted_ports, 0).is_ok()
+        && quoted_csum.is_none_or(|(_, new)| ctx.store(l4_csum_off, &new, 0).is_ok())
+        && ctx.store(icmp_off + 2, &icmp_csum, 0).is_ok()
+        && ctx.store(IP6_DADDR_OFF, client, 0).is_ok()
+        && (!source_changes || ctx.store(IP6_SADDR_OFF, frontend, 0).is_ok());
+    if !stored {
+        return drop_counted(stat::DROP_REWRITE_FAILED);
+    }
+    count(stat::ICMP_ERROR_TRANSLATED);
+    // SAFETY: `ctx.skb.skb` is the kernel's `__sk_buff` for this run; a read.
+    let ingress = unsafe { (*ctx.skb.skb).ingress_ifindex };
+    send_out6(ctx, ingress, u)
+}

@@ -1,0 +1,739 @@
+//! IPv6 packet fixtures for the uplink (north-south) programs through
+//! BPF_PROG_TEST_RUN: `sb_xdp_uplink` and `sb_from_uplink`, which tail-call
+//! their IPv6 twins (`sb_xdp_uplink6`, `sb_from_uplink6`) for ethertype
+//! 0x86DD. Each case checks the verdict and the exact output frame against
+//! one built from scratch (its checksum computed independently over the
+//! IPv6 pseudo-header). Needs root.
+//!
+//! As in `datapath_uplink.rs`, each test runs on a thread of its own in a
+//! private network namespace (the route lookup decides local or remote):
+//!
+//! ```text
+//! up0  (veth, 02:00:00:00:50:01) fd00:50::1/64, forwarding on   <- the uplink
+//!      neighbours fd00:50::2 (gateway to other nodes) and fd00:50::100 (client)
+//!      route fd00:244:2::/64 via fd00:50::2   (POD_REMOTE: another node)
+//!      route fd00:244:3::/64 via fd00:50::3   (a gateway without neighbour entry)
+//! pod0 (veth)  route fd00:244:1::/64          (POD_LOCAL: a pod on this node)
+//! ```
+mod support;
+
+use std::{
+    ffi::CString, fs, net::Ipv6Addr, os::unix::fs::MetadataExt as _, process::Command, thread,
+};
+
+use aya::maps::{HashMap, MapData};
+use proxy_common::{
+    addr6_be, ct_dir, ct_flags, frontend_flags, names, programs, scope, snat, Backend6, FrontendKey6,
+    FrontendSlot, Uplink6,
+};
+use support::{
+    capacities, require_root, skb_ctx,
+    v6::{
+        checksums_valid6, ct_key6, icmp6_frame_macs, Maps6, Packet6, NEXTHDR_DEST, NEXTHDR_HOP, NEXTHDR_ROUTING,
+        PROTO_TCP, PROTO_UDP, TCP_ACK, TCP_SYN,
+    },
+    Loaded, TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT, TC_ACT_UNSPEC, XDP_DROP, XDP_PASS, XDP_TX,
+};
+
+const NODE: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x50, 0, 0, 0, 0, 0, 1);
+const UPLINK_MAC: [u8; 6] = [0x02, 0, 0, 0, 0x50, 0x01];
+const GATEWAY: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x50, 0, 0, 0, 0, 0, 2);
+const GATEWAY_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x02];
+const CLIENT: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x50, 0, 0, 0, 0, 0, 0x100);
+const CLIENT_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x64];
+const POD_LOCAL: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x244, 1, 0, 0, 0, 0, 2);
+const POD_LOCAL_2: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x244, 1, 0, 0, 0, 0, 3);
+const POD_REMOTE: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x244, 2, 0, 0, 0, 0, 2);
+const POD_UNRESOLVED: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x244, 3, 0, 0, 0, 0, 2);
+const LB_IP: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x60, 0, 0, 0, 0, 0, 0x10);
+const NODE_PORT: u16 = 30080;
+const REMOTE_PORT: u16 = 30081;
+const UNRESOLVED_PORT: u16 = 30082;
+const EMPTY_LOCAL_PORT: u16 = 30083;
+const POD_PORT: u16 = 8080;
+
+// ---------------------------------------------------------------------------
+// The private network namespace.
+
+fn netns_inode() -> u64 {
+    fs::metadata("/proc/thread-self/ns/net")
+        .expect("stat /proc/thread-self/ns/net")
+        .ino()
+}
+
+fn ip(args: &[&str]) {
+    let out = Command::new("ip").args(args).output().expect("run `ip` (iproute2)");
+    assert!(
+        out.status.success(),
+        "ip {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn ifindex(name: &str) -> u32 {
+    let name = CString::new(name).expect("interface name");
+    // SAFETY: a NUL-terminated string; the call only reads it.
+    let index = unsafe { libc::if_nametoindex(name.as_ptr()) };
+    assert_ne!(index, 0, "no interface {name:?} in the test namespace");
+    index
+}
+
+fn mac(m: [u8; 6]) -> String {
+    m.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
+}
+
+/// Builds the node in the calling thread's (private) namespace; returns the
+/// uplink's interface index.
+fn build_node() -> u32 {
+    ip(&["link", "add", "up0", "address", &mac(UPLINK_MAC), "type", "veth", "peer", "name", "up0p"]);
+    ip(&["link", "add", "pod0", "type", "veth", "peer", "name", "pod0p"]);
+    for dev in ["up0", "up0p", "pod0", "pod0p"] {
+        ip(&["link", "set", dev, "up"]);
+    }
+    ip(&["-6", "addr", "add", &format!("{NODE}/64"), "dev", "up0", "nodad"]);
+    for (addr, lladdr) in [(GATEWAY, GATEWAY_MAC), (CLIENT, CLIENT_MAC)] {
+        ip(&["-6", "neigh", "add", &addr.to_string(), "lladdr", &mac(lladdr), "dev", "up0", "nud", "permanent"]);
+    }
+    ip(&["-6", "route", "add", "fd00:244:2::/64", "via", &GATEWAY.to_string(), "dev", "up0"]);
+    ip(&["-6", "route", "add", "fd00:244:3::/64", "via", "fd00:50::3", "dev", "up0"]);
+    ip(&["-6", "route", "add", "fd00:244:1::/64", "dev", "pod0"]);
+    // bpf_fib_lookup answers IPv6 only where forwarding is on. This is the
+    // test's own namespace: nothing else is changed.
+    fs::write("/proc/sys/net/ipv6/conf/all/forwarding", "1").expect("enable IPv6 forwarding");
+    ifindex("up0")
+}
+
+/// Runs `body` on a thread of its own inside a new network namespace holding
+/// the node; re-raises the body's panic.
+fn on_node<T: Send + 'static>(body: impl FnOnce(u32) -> T + Send + 'static) -> T {
+    require_root();
+    let handle = thread::spawn(move || {
+        let before = netns_inode();
+        // SAFETY: unshare only changes the calling thread's namespaces.
+        let rc = unsafe { libc::unshare(libc::CLONE_NEWNET) };
+        assert_eq!(rc, 0, "unshare(CLONE_NEWNET): {}", std::io::Error::last_os_error());
+        assert_ne!(
+            netns_inode(),
+            before,
+            "the thread is still in the namespace it started in: refusing to touch it"
+        );
+        let uplink = build_node();
+        body(uplink)
+    });
+    match handle.join() {
+        Ok(value) => value,
+        Err(panic) => std::panic::resume_unwind(panic),
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The loaded programs and the IPv6 maps.
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Prog {
+    Xdp,
+    Tc,
+}
+
+impl Prog {
+    const BOTH: [Prog; 2] = [Prog::Xdp, Prog::Tc];
+
+    fn untouched(self) -> u32 {
+        match self {
+            Prog::Xdp => XDP_PASS,
+            Prog::Tc => TC_ACT_UNSPEC,
+        }
+    }
+
+    fn delivered(self) -> u32 {
+        match self {
+            Prog::Xdp => XDP_PASS,
+            Prog::Tc => TC_ACT_OK,
+        }
+    }
+
+    fn dropped(self) -> u32 {
+        match self {
+            Prog::Xdp => XDP_DROP,
+            Prog::Tc => TC_ACT_SHOT,
+        }
+    }
+}
+
+/// One IPv6 frontend: address, port, protocol, service id, kind flags, its
+/// backends (id, address) and, under `externalTrafficPolicy: Local`, its
+/// local set.
+struct Fe6<'a> {
+    addr: Ipv6Addr,
+    port: u16,
+    proto: u8,
+    service_id: u32,
+    kind: u16,
+    backends: &'a [(u32, Ipv6Addr)],
+    local: Option<&'a [(u32, Ipv6Addr)]>,
+}
+
+struct Fixture {
+    loaded: Loaded,
+    maps: Maps6,
+    uplinks6: HashMap<MapData, u32, Uplink6>,
+    uplink: u32,
+}
+
+impl Fixture {
+    /// Loads the programs with no IPv4 frontend and makes `up0` the uplink,
+    /// with IPv6 address `addr` (all-zero: none).
+    fn new(uplink: u32, addr: Option<Ipv6Addr>) -> Self {
+        let mut loaded = Loaded::new(capacities(65536), Vec::new());
+        loaded.set_uplink(uplink, std::net::Ipv4Addr::new(192, 168, 50, 1));
+        let maps = Maps6::take(&mut loaded.ebpf);
+        let mut uplinks6: HashMap<MapData, u32, Uplink6> =
+            HashMap::try_from(loaded.ebpf.take_map(names::UPLINKS6).expect("the IPv6 uplink map"))
+                .expect("IPv6 uplink map");
+        let addr_be = addr.map(|a| addr6_be(a.octets())).unwrap_or([0; 4]);
+        uplinks6.insert(uplink, Uplink6 { addr_be }, 0).expect("write the IPv6 uplink");
+        Self {
+            loaded,
+            maps,
+            uplinks6,
+            uplink,
+        }
+    }
+
+    fn frontend(&mut self, fe: &Fe6) {
+        let key = |scope_: u8, slot: u16| FrontendKey6 {
+            addr_be: addr6_be(fe.addr.octets()),
+            port_be: fe.port.to_be(),
+            proto: fe.proto,
+            scope: scope_,
+            slot,
+            _pad1: [0; 2],
+        };
+        let mut write_set = |scope_: u8, set: &[(u32, Ipv6Addr)], flags: u16| {
+            for (i, &(id, ip)) in set.iter().enumerate() {
+                let backend = Backend6 {
+                    addr_be: addr6_be(ip.octets()),
+                    port_be: POD_PORT.to_be(),
+                    proto: fe.proto,
+                    flags: 0,
+                };
+                self.maps.backends.insert(id, backend, 0).expect("write a backend");
+                let slot = FrontendSlot {
+                    backend_id: id,
+                    service_id: fe.service_id,
+                    ..FrontendSlot::default()
+                };
+                self.maps.frontends.insert(key(scope_, i as u16 + 1), slot, 0).expect("write a slot");
+            }
+            let slot0 = FrontendSlot {
+                backend_id: 0,
+                service_id: fe.service_id,
+                backend_count: set.len() as u16,
+                flags,
+                affinity_timeout_s: 0,
+            };
+            self.maps.frontends.insert(key(scope_, 0), slot0, 0).expect("write slot 0");
+        };
+        let mut flags = fe.kind;
+        if let Some(local) = fe.local {
+            flags |= frontend_flags::LOCAL_ONLY;
+            write_set(scope::EXTERNAL, local, flags);
+        }
+        write_set(scope::INTERNAL, fe.backends, flags);
+    }
+
+    fn run(&mut self, prog: Prog, frame: &[u8]) -> (u32, Vec<u8>) {
+        match prog {
+            Prog::Xdp => self.loaded.xdp(frame, Some(self.uplink)),
+            Prog::Tc => self.run_tc(programs::TC_FROM_UPLINK, frame),
+        }
+    }
+
+    fn run_tc(&mut self, program: &str, frame: &[u8]) -> (u32, Vec<u8>) {
+        let ctx = skb_ctx(self.uplink, self.uplink);
+        self.loaded.tc(program, frame, Some(&ctx))
+    }
+
+    /// A packet the uplink sends (tc egress: `sb_to_pod`).
+    fn run_egress(&mut self, frame: &[u8]) -> (u32, Vec<u8>) {
+        self.run_tc(programs::TC_TO_UPLINK, frame)
+    }
+}
+
+/// The usual NodePort (TCP and UDP) to one local backend, a NodePort to a
+/// remote backend, one to a backend behind an unresolved gateway, an
+/// `externalTrafficPolicy: Local` LoadBalancer IP and a Local NodePort
+/// without local endpoints.
+fn standard(fx: &mut Fixture) {
+    for (proto, sid, bid) in [(PROTO_TCP, 1, 101), (PROTO_UDP, 2, 102)] {
+        fx.frontend(&Fe6 {
+            addr: NODE,
+            port: NODE_PORT,
+            proto,
+            service_id: sid,
+            kind: frontend_flags::KIND_NODE_PORT,
+            backends: &[(bid, POD_LOCAL)],
+            local: None,
+        });
+    }
+    for (proto, sid, bid) in [(PROTO_TCP, 3, 103), (PROTO_UDP, 4, 104)] {
+        fx.frontend(&Fe6 {
+            addr: NODE,
+            port: REMOTE_PORT,
+            proto,
+            service_id: sid,
+            kind: frontend_flags::KIND_NODE_PORT,
+            backends: &[(bid, POD_REMOTE)],
+            local: None,
+        });
+    }
+    fx.frontend(&Fe6 {
+        addr: NODE,
+        port: UNRESOLVED_PORT,
+        proto: PROTO_TCP,
+        service_id: 5,
+        kind: frontend_flags::KIND_NODE_PORT,
+        backends: &[(105, POD_UNRESOLVED)],
+        local: None,
+    });
+    fx.frontend(&Fe6 {
+        addr: LB_IP,
+        port: 80,
+        proto: PROTO_TCP,
+        service_id: 6,
+        kind: frontend_flags::KIND_LOAD_BALANCER,
+        backends: &[(106, POD_REMOTE), (107, POD_LOCAL_2)],
+        local: Some(&[(107, POD_LOCAL_2)]),
+    });
+    fx.frontend(&Fe6 {
+        addr: NODE,
+        port: EMPTY_LOCAL_PORT,
+        proto: PROTO_TCP,
+        service_id: 7,
+        kind: frontend_flags::KIND_NODE_PORT,
+        backends: &[(108, POD_REMOTE)],
+        local: Some(&[]),
+    });
+}
+
+/// A packet from the client (its MAC address to the uplink's).
+fn from_client(p: Packet6) -> Packet6 {
+    Packet6 {
+        src_mac: CLIENT_MAC,
+        dst_mac: UPLINK_MAC,
+        ..p
+    }
+}
+
+fn with_hop_limit(mut frame: Vec<u8>, hop_limit: u8) -> Vec<u8> {
+    frame[21] = hop_limit;
+    frame
+}
+
+fn with_macs(mut frame: Vec<u8>, dst: [u8; 6], src: [u8; 6]) -> Vec<u8> {
+    frame[0..6].copy_from_slice(&dst);
+    frame[6..12].copy_from_slice(&src);
+    frame
+}
+
+/// The source port of a TCP/UDP frame without extension headers.
+fn sport_of(frame: &[u8]) -> u16 {
+    u16::from_be_bytes([frame[54], frame[55]])
+}
+
+fn dst_of(frame: &[u8]) -> (Ipv6Addr, u16) {
+    let addr = Ipv6Addr::from(<[u8; 16]>::try_from(&frame[38..54]).expect("16 bytes"));
+    (addr, u16::from_be_bytes([frame[56], frame[57]]))
+}
+
+// ---------------------------------------------------------------------------
+// 1: a local backend: DNAT only, tracked, the reply reversed on egress.
+
+#[test]
+fn outside_client_reaches_a_local_ipv6_backend_by_dnat_and_the_reply_is_reversed() {
+    on_node(|uplink| {
+        for prog in Prog::BOTH {
+            let mut fx = Fixture::new(uplink, Some(NODE));
+            standard(&mut fx);
+            for (i, proto) in [PROTO_TCP, PROTO_UDP].into_iter().enumerate() {
+                let sport = 40000 + i as u16;
+                let mk = |src, sp, dst, dp| match proto {
+                    PROTO_TCP => Packet6::tcp(src, sp, dst, dp),
+                    _ => Packet6::udp(src, sp, dst, dp),
+                };
+                let input = from_client(mk(CLIENT, sport, NODE, NODE_PORT));
+                let (verdict, out) = fx.run(prog, &input.build());
+                let want = Packet6 {
+                    dst: POD_LOCAL,
+                    dport: POD_PORT,
+                    ..input.clone()
+                };
+                assert_eq!(verdict, prog.delivered(), "{prog:?} proto {proto}");
+                assert_eq!(out, want.build(), "{prog:?} proto {proto}: DNAT to the local backend");
+                assert!(checksums_valid6(&out, false));
+
+                // Tracked as the pod path tracks it: both directions, no SNAT.
+                let fwd = fx
+                    .maps
+                    .ct(&ct_key6(CLIENT, sport, NODE, NODE_PORT, proto, ct_dir::FORWARD))
+                    .expect("forward entry");
+                assert_eq!(fwd.nat_addr_be, addr6_be(POD_LOCAL.octets()));
+                assert_eq!(fwd.nat_port_be, POD_PORT.to_be());
+                assert_eq!(fwd.flags & ct_flags::SNAT, 0);
+                let rev = fx
+                    .maps
+                    .ct(&ct_key6(POD_LOCAL, POD_PORT, CLIENT, sport, proto, ct_dir::REPLY))
+                    .expect("reply entry");
+                assert_eq!(rev.nat_addr_be, addr6_be(NODE.octets()));
+                assert_eq!(rev.nat_port_be, NODE_PORT.to_be());
+
+                // The backend's reply leaves through the uplink: reversed.
+                let mut reply = mk(POD_LOCAL, POD_PORT, CLIENT, sport);
+                reply.tcp_flags = TCP_SYN | TCP_ACK;
+                let (verdict, out) = fx.run_egress(&reply.build());
+                assert_eq!(verdict, TC_ACT_OK, "{prog:?} proto {proto}: reply");
+                let want = Packet6 {
+                    src: NODE,
+                    sport: NODE_PORT,
+                    ..reply.clone()
+                };
+                assert_eq!(out, want.build(), "{prog:?} proto {proto}: reply from the NodePort");
+
+                // The next packet of the flow keeps its backend.
+                let mut next = input.clone();
+                next.tcp_flags = if proto == PROTO_TCP { TCP_ACK } else { 0 };
+                let (verdict, out) = fx.run(prog, &next.build());
+                assert_eq!(verdict, prog.delivered());
+                assert_eq!(dst_of(&out), (POD_LOCAL, POD_PORT));
+            }
+            assert_eq!(fx.loaded.stat("ext_local"), 4, "{prog:?}");
+        }
+    });
+}
+
+#[test]
+fn outside_ipv6_packets_with_extension_headers_or_a_zero_udp_checksum_are_translated_exactly() {
+    on_node(|uplink| {
+        for prog in Prog::BOTH {
+            let mut fx = Fixture::new(uplink, Some(NODE));
+            standard(&mut fx);
+            let cases = [
+                (
+                    "hop-by-hop and destination options before TCP",
+                    from_client(Packet6 {
+                        ext: vec![NEXTHDR_HOP, NEXTHDR_DEST],
+                        ..Packet6::tcp(CLIENT, 47000, NODE, NODE_PORT)
+                    }),
+                ),
+                (
+                    "routing header before UDP",
+                    from_client(Packet6 {
+                        ext: vec![NEXTHDR_ROUTING],
+                        ..Packet6::udp(CLIENT, 47001, NODE, NODE_PORT)
+                    }),
+                ),
+                (
+                    "UDP with a zero checksum (stays zero)",
+                    from_client(Packet6 {
+                        udp_zero_checksum: true,
+                        ..Packet6::udp(CLIENT, 47002, NODE, NODE_PORT)
+                    }),
+                ),
+            ];
+            for (name, input) in cases {
+                let (verdict, out) = fx.run(prog, &input.build());
+                let want = Packet6 {
+                    dst: POD_LOCAL,
+                    dport: POD_PORT,
+                    ..input.clone()
+                };
+                assert_eq!(verdict, prog.delivered(), "{prog:?}: {name}");
+                assert_eq!(out, want.build(), "{prog:?}: {name}");
+                assert!(checksums_valid6(&out, input.udp_zero_checksum), "{prog:?}: {name}");
+            }
+        }
+    });
+}
+
+// ---------------------------------------------------------------------------
+// externalTrafficPolicy: Local.
+
+#[test]
+fn local_policy_sends_outside_ipv6_flows_only_to_local_endpoints_without_snat() {
+    on_node(|uplink| {
+        for prog in Prog::BOTH {
+            let mut fx = Fixture::new(uplink, Some(NODE));
+            standard(&mut fx);
+            for sport in 41000..41016u16 {
+                let input = from_client(Packet6::tcp(CLIENT, sport, LB_IP, 80));
+                let (verdict, out) = fx.run(prog, &input.build());
+                assert_eq!(verdict, prog.delivered(), "{prog:?} sport {sport}");
+                let want = Packet6 {
+                    dst: POD_LOCAL_2,
+                    dport: POD_PORT,
+                    ..input.clone()
+                };
+                assert_eq!(out, want.build(), "{prog:?} sport {sport}: the local endpoint, client source kept");
+            }
+            // A Local frontend without local endpoints drops traffic from
+            // outside.
+            let input = from_client(Packet6::tcp(CLIENT, 42000, NODE, EMPTY_LOCAL_PORT)).build();
+            let drops = fx.loaded.stat("drop_no_backend");
+            let (verdict, _) = fx.run(prog, &input);
+            assert_eq!(verdict, prog.dropped(), "{prog:?}: Local without local endpoints");
+            assert_eq!(fx.loaded.stat("drop_no_backend"), drops + 1);
+        }
+    });
+}
+
+// ---------------------------------------------------------------------------
+// 3: what is not ours, ICMPv6 and neighbour discovery, fragments.
+
+#[test]
+fn ipv6_packets_that_are_not_ours_pass_the_uplink_untouched() {
+    on_node(|uplink| {
+        for prog in Prog::BOTH {
+            let mut fx = Fixture::new(uplink, Some(NODE));
+            standard(&mut fx);
+            let other = Ipv6Addr::new(0xfd00, 0x99, 0, 0, 0, 0, 0, 1);
+            let mut cases: Vec<(&str, Vec<u8>)> = vec![
+                ("the node, another port", from_client(Packet6::tcp(CLIENT, 40000, NODE, 22)).build()),
+                ("another address", from_client(Packet6::tcp(CLIENT, 40000, other, NODE_PORT)).build()),
+                ("UDP to a TCP-only port", from_client(Packet6::udp(CLIENT, 40000, LB_IP, 80)).build()),
+                (
+                    "with a hop-by-hop header to another port",
+                    from_client(Packet6 {
+                        ext: vec![0],
+                        ..Packet6::tcp(CLIENT, 40000, NODE, 23)
+                    })
+                    .build(),
+                ),
+            ];
+            // Neighbour solicitation for the node's address (to its
+            // solicited-node group and to the address itself), a neighbour
+            // advertisement, a router solicitation, an echo request to a
+            // frontend address.
+            let solicited = Ipv6Addr::new(0xff02, 0, 0, 0, 0, 1, 0xff00, 1);
+            let mut target = NODE.octets().to_vec();
+            target.extend_from_slice(&[1, 1, 0x02, 0, 0, 0, 0, 0x64]);
+            cases.push(("neighbour solicitation (multicast)", icmp6_frame_macs(CLIENT_MAC, [0x33, 0x33, 0xff, 0, 0, 1], CLIENT, solicited, 135, 0, 0, &target)));
+            cases.push(("neighbour solicitation (unicast)", icmp6_frame_macs(CLIENT_MAC, UPLINK_MAC, CLIENT, NODE, 135, 0, 0, &target)));
+            cases.push(("neighbour advertisement", icmp6_frame_macs(CLIENT_MAC, UPLINK_MAC, CLIENT, NODE, 136, 0, 0x6000_0000, &target)));
+            cases.push(("router solicitation", icmp6_frame_macs(CLIENT_MAC, [0x33, 0x33, 0, 0, 0, 2], CLIENT, Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 2), 133, 0, 0, &[])));
+            cases.push(("echo request to a frontend address", icmp6_frame_macs(CLIENT_MAC, UPLINK_MAC, CLIENT, LB_IP, 128, 0, 0x0001_0001, b"ping")));
+            // Fragments of a datagram to a frontend: not translated on the
+            // uplink (the first and the later ones alike).
+            let big = Packet6 {
+                payload: vec![0x5a; 64],
+                ..from_client(Packet6::udp(CLIENT, 40000, NODE, NODE_PORT))
+            };
+            for (i, f) in big.fragments(32, 7).into_iter().enumerate() {
+                cases.push((if i == 0 { "first fragment" } else { "later fragment" }, f));
+            }
+            for (name, frame) in cases {
+                let (verdict, out) = fx.run(prog, &frame);
+                assert_eq!(verdict, prog.untouched(), "{prog:?}: {name}");
+                assert_eq!(out, frame, "{prog:?}: {name} was changed");
+            }
+            assert_eq!(fx.loaded.stat("ext_local"), 0);
+            assert_eq!(fx.loaded.stat("tail_call_missed"), 0);
+        }
+    });
+}
+
+// ---------------------------------------------------------------------------
+// 2: a remote backend: DNAT + SNAT to the uplink's IPv6 address.
+
+/// The SNAT port a remote flow got (from its forward entry).
+fn snat_port(fx: &Fixture, proto: u8, sport: u16, dport: u16) -> u16 {
+    let fwd = fx
+        .maps
+        .ct(&ct_key6(CLIENT, sport, NODE, dport, proto, ct_dir::FORWARD))
+        .expect("forward entry");
+    assert_ne!(fwd.flags & ct_flags::SNAT, 0, "a source-NATed flow");
+    assert_eq!(fwd.snat_addr_be, addr6_be(NODE.octets()));
+    u16::from_be(fwd.snat_port_be)
+}
+
+#[test]
+fn remote_ipv6_backend_gets_dnat_and_snat_and_its_reply_goes_back_out() {
+    on_node(|uplink| {
+        for prog in Prog::BOTH {
+            let mut fx = Fixture::new(uplink, Some(NODE));
+            standard(&mut fx);
+            for (i, proto) in [PROTO_TCP, PROTO_UDP].into_iter().enumerate() {
+                let sport = 43000 + i as u16;
+                let mk = |src, sp, dst, dp| match proto {
+                    PROTO_TCP => Packet6::tcp(src, sp, dst, dp),
+                    _ => Packet6::udp(src, sp, dst, dp),
+                };
+                let input = from_client(mk(CLIENT, sport, NODE, REMOTE_PORT));
+                let (verdict, out) = fx.run(prog, &input.build());
+                let port = snat_port(&fx, proto, sport, REMOTE_PORT);
+                assert!(snat::is_snat_port(port), "{port}");
+                assert_eq!(sport_of(&out), port);
+                let want = Packet6 {
+                    src: NODE,
+                    sport: port,
+                    dst: POD_REMOTE,
+                    dport: POD_PORT,
+                    ..input.clone()
+                };
+                let want = with_hop_limit(want.build(), 63);
+                match prog {
+                    Prog::Xdp => {
+                        assert_eq!(verdict, XDP_TX, "{prog:?} proto {proto}");
+                        assert_eq!(out, with_macs(want, GATEWAY_MAC, UPLINK_MAC), "{prog:?} proto {proto}");
+                    }
+                    Prog::Tc => {
+                        assert_eq!(verdict, TC_ACT_REDIRECT, "{prog:?} proto {proto}");
+                        assert_eq!(out, want, "{prog:?} proto {proto}");
+                    }
+                }
+                assert!(checksums_valid6(&out, false), "{prog:?} proto {proto}");
+
+                // The remote backend's reply to the SNAT port: both
+                // translations reversed, sent to the client.
+                let mut reply = Packet6 {
+                    src_mac: GATEWAY_MAC,
+                    dst_mac: UPLINK_MAC,
+                    ..mk(POD_REMOTE, POD_PORT, NODE, port)
+                };
+                reply.tcp_flags = TCP_SYN | TCP_ACK;
+                let (verdict, out) = fx.run(prog, &reply.build());
+                let want = Packet6 {
+                    src: NODE,
+                    sport: REMOTE_PORT,
+                    dst: CLIENT,
+                    dport: sport,
+                    ..reply.clone()
+                };
+                let want = with_hop_limit(want.build(), 63);
+                match prog {
+                    Prog::Xdp => {
+                        assert_eq!(verdict, XDP_TX, "{prog:?} proto {proto}: reply");
+                        assert_eq!(out, with_macs(want, CLIENT_MAC, UPLINK_MAC), "{prog:?} proto {proto}: reply");
+                    }
+                    Prog::Tc => {
+                        assert_eq!(verdict, TC_ACT_REDIRECT, "{prog:?} proto {proto}: reply");
+                        assert_eq!(out, want, "{prog:?} proto {proto}: reply");
+                    }
+                }
+            }
+            assert_eq!(fx.loaded.stat("ext_remote"), 2, "{prog:?}");
+            assert_eq!(fx.loaded.stat("ext_reply"), 2, "{prog:?}");
+        }
+    });
+}
+
+#[test]
+fn xdp_leaves_an_ipv6_remote_flow_without_next_hop_neighbour_to_the_tc_twin() {
+    on_node(|uplink| {
+        let mut fx = Fixture::new(uplink, Some(NODE));
+        standard(&mut fx);
+        let input = from_client(Packet6::tcp(CLIENT, 44000, NODE, UNRESOLVED_PORT)).build();
+        let (verdict, out) = fx.run(Prog::Xdp, &input);
+        assert_eq!(verdict, XDP_PASS);
+        assert_eq!(out, input, "handed on untranslated");
+        assert_eq!(fx.loaded.stat("xdp_to_tc"), 1);
+        // tc translates it from the same entry and lets the kernel resolve
+        // the neighbour.
+        let port = snat_port(&fx, PROTO_TCP, 44000, UNRESOLVED_PORT);
+        let (verdict, out) = fx.run(Prog::Tc, &input);
+        assert_eq!(verdict, TC_ACT_REDIRECT);
+        assert_eq!(sport_of(&out), port, "the port XDP chose");
+        assert_eq!(dst_of(&out), (POD_UNRESOLVED, POD_PORT));
+        assert!(checksums_valid6(&out, false));
+    });
+}
+
+#[test]
+fn remote_ipv6_backend_without_an_uplink_ipv6_address_is_dropped_and_counted() {
+    on_node(|uplink| {
+        for prog in Prog::BOTH {
+            let mut fx = Fixture::new(uplink, None);
+            standard(&mut fx);
+            let input = from_client(Packet6::tcp(CLIENT, 45000, NODE, REMOTE_PORT)).build();
+            let (verdict, _) = fx.run(prog, &input);
+            assert_eq!(verdict, prog.dropped(), "{prog:?}");
+            assert_eq!(fx.loaded.stat("no_route"), 1, "{prog:?}");
+            // Local backends are still served.
+            let input = from_client(Packet6::tcp(CLIENT, 45001, NODE, NODE_PORT)).build();
+            let (verdict, out) = fx.run(prog, &input);
+            assert_eq!(verdict, prog.delivered());
+            assert_eq!(dst_of(&out), (POD_LOCAL, POD_PORT));
+            let entry = fx.uplinks6.get(&uplink, 0).expect("the uplink's IPv6 entry");
+            assert_eq!(entry.addr_be, [0; 4], "written without an address");
+        }
+    });
+}
+
+#[test]
+fn ipv6_hop_limit_1_to_a_remote_backend_is_not_forwarded() {
+    on_node(|uplink| {
+        let mut fx = Fixture::new(uplink, Some(NODE));
+        standard(&mut fx);
+        let input = with_hop_limit(from_client(Packet6::tcp(CLIENT, 46000, NODE, REMOTE_PORT)).build(), 1);
+        let (verdict, out) = fx.run(Prog::Xdp, &input);
+        assert_eq!(verdict, XDP_PASS, "XDP hands it to tc");
+        assert_eq!(out, input);
+        let (verdict, _) = fx.run(Prog::Tc, &input);
+        assert_eq!(verdict, TC_ACT_SHOT, "tc drops it (hop limit exceeded)");
+        assert_eq!(fx.loaded.stat("ttl_exceeded"), 1);
+    });
+}
+
+/// A frame's bytes after the Ethernet header, with hop limit `hop_limit`:
+/// what an ICMPv6 error quotes.
+fn quote_of(p: &Packet6, hop_limit: u8) -> Vec<u8> {
+    with_hop_limit(p.build(), hop_limit)[14..].to_vec()
+}
+
+#[test]
+fn icmpv6_errors_about_a_remote_flow_reach_the_client_translated() {
+    on_node(|uplink| {
+        let mut fx = Fixture::new(uplink, Some(NODE));
+        standard(&mut fx);
+        for (i, proto) in [PROTO_TCP, PROTO_UDP].into_iter().enumerate() {
+            let sport = 48000 + i as u16;
+            let mk = |src, sp, dst, dp| match proto {
+                PROTO_TCP => Packet6::tcp(src, sp, dst, dp),
+                _ => Packet6::udp(src, sp, dst, dp),
+            };
+            let client_sent = from_client(mk(CLIENT, sport, NODE, REMOTE_PORT));
+            let (verdict, _) = fx.run(Prog::Tc, &client_sent.build());
+            assert_eq!(verdict, TC_ACT_REDIRECT);
+            let port = snat_port(&fx, proto, sport, REMOTE_PORT);
+            let as_sent = mk(NODE, port, POD_REMOTE, POD_PORT);
+            // A router on the way (the gateway) says "packet too big"; the
+            // backend itself says "port unreachable".
+            for (from, icmp_type, code, rest) in [(GATEWAY, 2u8, 0u8, 1280u32), (POD_REMOTE, 1, 4, 0)] {
+                let error = icmp6_frame_macs(GATEWAY_MAC, UPLINK_MAC, from, NODE, icmp_type, code, rest, &quote_of(&as_sent, 63));
+                let xdp_before = fx.loaded.stat("icmp_error_translated");
+                let (verdict, out) = fx.run(Prog::Xdp, &error);
+                assert_eq!((verdict, &out), (XDP_PASS, &error), "XDP hands ICMPv6 to tc untouched");
+                assert_eq!(fx.loaded.stat("icmp_error_translated"), xdp_before);
+                let (verdict, out) = fx.run(Prog::Tc, &error);
+                assert_eq!(verdict, TC_ACT_REDIRECT, "proto {proto} type {icmp_type}");
+                let outer_src = if from == POD_REMOTE { NODE } else { from };
+                let want = with_hop_limit(
+                    icmp6_frame_macs(GATEWAY_MAC, UPLINK_MAC, outer_src, CLIENT, icmp_type, code, rest, &quote_of(&client_sent, 63)),
+                    63,
+                );
+                assert_eq!(out, want, "proto {proto} type {icmp_type}: translated back");
+                assert!(checksums_valid6(&out, false));
+                assert_eq!(fx.loaded.stat("icmp_error_translated"), xdp_before + 1);
+            }
+        }
+        // An error about a flow we do not know passes untouched.
+        let unknown = mk_unknown_error();
+        let (verdict, out) = fx.run(Prog::Tc, &unknown);
+        assert_eq!((verdict, out), (TC_ACT_UNSPEC, unknown));
+    });
+}
+
+fn mk_unknown_error() -> Vec<u8> {
+    let as_sent = Packet6::tcp(NODE, 2000, POD_REMOTE, POD_PORT);
+    icmp6_frame_macs(GATEWAY_MAC, UPLINK_MAC, GATEWAY, NODE, 2, 0, 1280, &quote_of(&as_sent, 63))
+}
