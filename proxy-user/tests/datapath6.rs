@@ -44,8 +44,8 @@ impl Fixture {
     /// without endpoints, one with affinity over two backends, and one whose
     /// backend is the client pod itself (hairpin).
     fn new() -> Self {
-        let mut loaded = Loaded::new(capacities(4096), Vec::new());
-        let mut maps = Maps6::take(&mut loaded.ebpf);
+        let loaded = Loaded::new(capacities(4096), Vec::new());
+        let mut maps = Maps6::take(&loaded);
         maps.frontend(VIP, 80, PROTO_TCP, SVC_WEB, None, &[(901, POD1, 8080)]);
         maps.frontend(VIP, 53, PROTO_UDP, SVC_DNS, None, &[(902, POD1, 5353)]);
         maps.frontend(EMPTY_VIP, 80, PROTO_TCP, SVC_EMPTY_TCP, None, &[]);
@@ -527,8 +527,8 @@ fn a_pod_that_is_its_own_backend_is_reached_from_the_hairpin_address() {
 #[test]
 fn a_full_conntrack_table_drops_new_flows_and_keeps_tracked_ones() {
     // Room for two flows (two entries each).
-    let mut loaded = Loaded::new(capacities(4), Vec::new());
-    let mut maps = Maps6::take(&mut loaded.ebpf);
+    let loaded = Loaded::new(capacities(4), Vec::new());
+    let mut maps = Maps6::take(&loaded);
     maps.frontend(VIP, 80, PROTO_TCP, SVC_WEB, None, &[(901, POD1, 8080)]);
     let mut fx = Fixture { loaded, maps };
     for port in [49000, 49001] {

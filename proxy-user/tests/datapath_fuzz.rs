@@ -148,7 +148,7 @@ enum Hook {
 impl Programs {
     fn load() -> Self {
         let mut loaded = Loaded::new(capacities(8192), frontends());
-        let mut maps6 = Maps6::take(&mut loaded.ebpf);
+        let mut maps6 = Maps6::take(&loaded);
         frontends6(&mut maps6);
         // The namespace's loopback stands in for the uplink.
         let uplink = 1;

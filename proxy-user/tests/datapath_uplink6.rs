@@ -187,7 +187,7 @@ impl Fixture {
     fn new(uplink: u32, addr: Option<Ipv6Addr>) -> Self {
         let mut loaded = Loaded::new(capacities(65536), Vec::new());
         loaded.set_uplink(uplink, std::net::Ipv4Addr::new(192, 168, 50, 1));
-        let maps = Maps6::take(&mut loaded.ebpf);
+        let maps = Maps6::take(&loaded);
         let mut uplinks6: HashMap<MapData, u32, Uplink6> =
             HashMap::try_from(loaded.ebpf.take_map(names::UPLINKS6).expect("the IPv6 uplink map"))
                 .expect("IPv6 uplink map");

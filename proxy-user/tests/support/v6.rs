@@ -4,12 +4,11 @@
 //! them).
 use std::net::Ipv6Addr;
 
-use aya::{
-    maps::{HashMap, MapData},
-    Ebpf,
-};
+use std::os::fd::AsFd as _;
+
+use aya::maps::{HashMap, IterableMap as _, MapData};
 use proxy_common::{
-    addr6_be, frontend_flags, names, scope, Backend6, CtEntry6, CtKey6, FrontendKey6, FrontendSlot,
+    addr6_be, frontend_flags, scope, Backend6, CtEntry6, CtKey6, FrontendKey6, FrontendSlot,
 };
 
 pub const ETH_P_IPV6: u16 = 0x86dd;
@@ -281,20 +280,28 @@ pub fn checksums_valid6(frame: &[u8], zero_ok: bool) -> bool {
     l4_checksum(p.src, p.dst, p.proto, data) == 0
 }
 
-/// The IPv6 maps of a loaded object, taken out of it.
+/// The IPv6 maps of a loaded object: second handles on the maps its
+/// syncer's `PinnedMaps` holds, so a test writes them directly.
 pub struct Maps6 {
     pub frontends: HashMap<MapData, FrontendKey6, FrontendSlot>,
     pub backends: HashMap<MapData, u32, Backend6>,
     pub conntrack: HashMap<MapData, CtKey6, CtEntry6>,
 }
 
+/// Another handle on the same kernel map.
+fn dup<K: aya::Pod, V: aya::Pod>(map: &HashMap<MapData, K, V>) -> HashMap<MapData, K, V> {
+    let fd = map.map().fd().as_fd().try_clone_to_owned().expect("dup map fd");
+    let data = MapData::from_fd(fd).expect("map from fd");
+    HashMap::try_from(aya::maps::Map::HashMap(data)).expect("hash map")
+}
+
 impl Maps6 {
-    pub fn take(ebpf: &mut Ebpf) -> Self {
-        let mut take = |name: &str| ebpf.take_map(name).unwrap_or_else(|| panic!("map {name} in the object"));
+    pub fn take(loaded: &super::Loaded) -> Self {
+        let maps = loaded.syncer.store();
         Self {
-            frontends: HashMap::try_from(take(names::FRONTENDS6)).expect("frontend map"),
-            backends: HashMap::try_from(take(names::BACKENDS6)).expect("backend map"),
-            conntrack: HashMap::try_from(take(names::CONNTRACK6)).expect("conntrack map"),
+            frontends: dup(&maps.frontends6),
+            backends: dup(&maps.backends6),
+            conntrack: dup(&maps.conntrack6),
         }
     }
 
