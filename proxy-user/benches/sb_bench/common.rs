@@ -28,7 +28,12 @@ pub(crate) const CLIENT_PORT: u16 = 40000;
 /// TCP SYN with the usual 20 bytes of options (what BRIEF.md's floor used).
 pub(crate) const FRAME_PAYLOAD: usize = 20;
 
-pub(crate) fn frontend(ip: Ipv4Addr, port: u16, name: &str, backends: Vec<BackendAddr>) -> Frontend {
+pub(crate) fn frontend(
+    ip: impl Into<std::net::IpAddr>,
+    port: u16,
+    name: &str,
+    backends: Vec<BackendAddr>,
+) -> Frontend {
     Frontend::cluster_ip(
         FrontendAddr {
             ip: ip.into(),

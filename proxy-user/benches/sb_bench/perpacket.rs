@@ -1,6 +1,10 @@
 //! `perpacket`: per-packet cost of the tc programs through
 //! BPF_PROG_TEST_RUN (see the crate documentation for the ping-pong).
-use std::{net::Ipv4Addr, os::fd::AsFd as _, time::{Duration, Instant}};
+use std::{
+    net::{IpAddr, Ipv4Addr},
+    os::fd::AsFd as _,
+    time::{Duration, Instant},
+};
 
 use anyhow::{anyhow, ensure, Context as _, Result};
 use aya::{
@@ -20,6 +24,9 @@ use serde_json::{json, Value};
 
 use crate::common::*;
 use crate::progress;
+
+#[path = "perpacket/v6.rs"]
+mod v6;
 
 // ---------------------------------------------------------------------------
 // perpacket
@@ -127,11 +134,17 @@ impl PerPacket {
         Ok(took)
     }
 
-    fn ids(&self, vip: Ipv4Addr, backend: Ipv4Addr, backend_port: u16) -> Result<(u32, u32)> {
+    fn ids(
+        &self,
+        vip: impl Into<IpAddr>,
+        backend: impl Into<IpAddr>,
+        backend_port: u16,
+    ) -> Result<(u32, u32)> {
+        let (vip, backend) = (vip.into(), backend.into());
         let dump = self.syncer.store().dump();
         let key = frontend_key(
             &FrontendAddr {
-                ip: vip.into(),
+                ip: vip,
                 port: 80,
                 protocol: Protocol::Tcp,
             },
@@ -143,7 +156,7 @@ impl PerPacket {
             .find(|(k, _)| *k == key)
             .map(|(_, v)| v.service_id)
             .ok_or_else(|| anyhow!("frontend {vip} missing"))?;
-        let want = proxy_user::model::BackendAddr { ip: backend.into(), port: backend_port };
+        let want = proxy_user::model::BackendAddr { ip: backend, port: backend_port };
         let backend_id = dump
             .backends
             .iter()
@@ -428,8 +441,10 @@ pub(crate) fn perpacket(quick: bool) -> Result<Value> {
             }));
         }
     }
+    let ipv6 = v6::measure(&mut pp, sizes, repeat, rounds, empty_repeat)?;
     Ok(json!({
         "kind": "perpacket",
+        "ipv6": ipv6,
         "repeat": repeat,
         "rounds": rounds,
         "single_shot_samples": singles,

@@ -427,6 +427,7 @@ pub fn write(results: &Value, dir: &Path) -> Result<String> {
         );
     }
     md.push_str("\n![per-packet cost](perpacket.svg)\n");
+    perpacket_ipv6(&mut md, &pp["ipv6"], &pp_at, empty_tc);
 
     // ---- control plane ----
     md.push_str("\n## Control plane\n\n| what | Services × endpoints | time |\n|---|---|---|\n");
@@ -617,6 +618,46 @@ fn plot_conn(
         .draw()?;
     root.present()?;
     Ok(())
+}
+
+/// The IPv6 rows of the per-packet section: the same cases through the
+/// IPv6 pod path, next to the IPv4 figure at the same size (1 backend).
+fn perpacket_ipv6(
+    md: &mut String,
+    ipv6: &Value,
+    pp_at: &dyn Fn(u64, u64, &str) -> Option<f64>,
+    empty_tc: Option<f64>,
+) {
+    let Some(rows) = ipv6["rows"].as_array() else {
+        return;
+    };
+    let _ = writeln!(
+        md,
+        "\n### IPv6 ({}-byte TCP frame: the same payload, a 40-byte IPv6 header)\n",
+        ipv6["frame_bytes"]
+    );
+    md.push_str("The IPv6 ping-pong pair beside the IPv4 rows' state (that many IPv4 Services, and up to 10k IPv6 ones).\n\n");
+    md.push_str("| Services | case | IPv6 | × empty tc | IPv4 (same size) | IPv6 ÷ IPv4 |\n|---|---|---|---|---|---|\n");
+    for r in rows {
+        let size = r["services_nominal"].as_u64().unwrap_or(0);
+        for (key, name) in [
+            ("from_pod_service_existing_ns", "sb_from_pod, existing flow"),
+            ("from_pod_non_service_ns", "sb_from_pod, non-service"),
+            ("to_pod_reply_ns", "sb_to_pod, reply"),
+        ] {
+            let v6 = r[key].as_f64();
+            let v4 = pp_at(size, 1, key);
+            let _ = writeln!(
+                md,
+                "| {} | {name} | {} ns | {} | {} ns | {} |",
+                size_label(size),
+                fmt_opt(v6, 0),
+                fmt_opt(v6.zip(empty_tc).map(|(a, e)| a / e), 2),
+                fmt_opt(v4, 0),
+                fmt_opt(v6.zip(v4).map(|(a, b)| a / b), 2),
+            );
+        }
+    }
 }
 
 fn plot_perpacket(
