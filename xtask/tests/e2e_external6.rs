@@ -36,14 +36,17 @@ const COUNT: u32 = 20;
 
 /// The NodePort entry points of `ext/web6` at `address`.
 fn nodeports_at(address: &str) -> Vec<EntryPoint> {
-    [(DUAL_NODEPORT_TCP, Proto::Tcp), (DUAL_NODEPORT_UDP, Proto::Udp)]
-        .into_iter()
-        .map(|(port, proto)| EntryPoint {
-            address: address.to_string(),
-            port,
-            proto,
-        })
-        .collect()
+    [
+        (DUAL_NODEPORT_TCP, Proto::Tcp),
+        (DUAL_NODEPORT_UDP, Proto::Udp),
+    ]
+    .into_iter()
+    .map(|(port, proto)| EntryPoint {
+        address: address.to_string(),
+        port,
+        proto,
+    })
+    .collect()
 }
 
 /// A dual-stack two-node sandbox: dual-stack Node manifests, `ext/web6`
@@ -59,8 +62,16 @@ fn dual_stack_with_agents(policy: Policy, pods: &[Pod], agent_args: &[&str]) -> 
     for node in Node::ALL {
         write(&sb, &node_file(node), &node_yaml_dual_stack(node));
     }
-    write(&sb, "eps-web6-ipv4.yaml", &dual_stack_slice_yaml("IPv4", pods));
-    write(&sb, "eps-web6-ipv6.yaml", &dual_stack_slice_yaml("IPv6", pods));
+    write(
+        &sb,
+        "eps-web6-ipv4.yaml",
+        &dual_stack_slice_yaml("IPv4", pods),
+    );
+    write(
+        &sb,
+        "eps-web6-ipv6.yaml",
+        &dual_stack_slice_yaml("IPv6", pods),
+    );
     write(&sb, "svc-web6.yaml", &dual_stack_nodeport_yaml(policy));
     let sw = switchboard();
     for node in Node::ALL {
@@ -76,7 +87,11 @@ fn dual_stack_with_agents(policy: Policy, pods: &[Pod], agent_args: &[&str]) -> 
     }
     let what = format!(
         "NodePorts {} with backends {:?}",
-        wanted.iter().map(|(e, _)| e.to_string()).collect::<Vec<_>>().join(", "),
+        wanted
+            .iter()
+            .map(|(e, _)| e.to_string())
+            .collect::<Vec<_>>()
+            .join(", "),
         wanted.iter().map(|(_, b)| b).collect::<Vec<_>>()
     );
     let programmed = |f: &[Frontend]| {
@@ -173,7 +188,9 @@ fn local_policy_keeps_the_client_address(agent_args: &[&str]) {
             &entry,
             &pods,
             Client::One.ip6(),
-            &format!("IPv6, Local policy, backends on node A, agent args {agent_args:?}: DNAT only"),
+            &format!(
+                "IPv6, Local policy, backends on node A, agent args {agent_args:?}: DNAT only"
+            ),
         );
     }
 }
@@ -199,7 +216,9 @@ fn cluster_policy_snats_to_node_a(agent_args: &[&str]) {
             &entry,
             &pods,
             Node::A.ip(),
-            &format!("IPv4 of the dual-stack Service, backends on node B, agent args {agent_args:?}"),
+            &format!(
+                "IPv4 of the dual-stack Service, backends on node B, agent args {agent_args:?}"
+            ),
         );
     }
 }

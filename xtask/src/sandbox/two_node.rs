@@ -532,7 +532,9 @@ impl TwoNodeSandbox {
         let addr = format!("{}/{LAN_PREFIX_LEN}", node.ip());
         ip(&["-n", &ns, "addr", "add", &addr, "dev", &uplink])?;
         let addr6 = format!("{}/{LAN_PREFIX_LEN6}", node.ip6());
-        ip(&["-n", &ns, "-6", "addr", "add", &addr6, "dev", &uplink, "nodad"])?;
+        ip(&[
+            "-n", &ns, "-6", "addr", "add", &addr6, "dev", &uplink, "nodad",
+        ])?;
         ip(&["-n", &ns, "link", "set", &uplink, "up"])?;
         self.bridge_port_up(&peer)
     }
@@ -656,7 +658,9 @@ impl TwoNodeSandbox {
         let addr = format!("{}/{LAN_PREFIX_LEN}", client.ip());
         ip(&["-n", &ns, "addr", "add", &addr, "dev", "eth0"])?;
         let addr6 = format!("{}/{LAN_PREFIX_LEN6}", client.ip6());
-        ip(&["-n", &ns, "-6", "addr", "add", &addr6, "dev", "eth0", "nodad"])?;
+        ip(&[
+            "-n", &ns, "-6", "addr", "add", &addr6, "dev", "eth0", "nodad",
+        ])?;
         ip(&["-n", &ns, "link", "set", "eth0", "up"])?;
         self.bridge_port_up(&port)?;
         self.route_pods_via(client, Node::A)?;

@@ -334,9 +334,17 @@ pub fn dual_stack_slice_yaml(family: &str, pods: &[Pod]) -> String {
          metadata:\n  name: web6-{}\n  namespace: {NAMESPACE}\n  labels:\n    kubernetes.io/service-name: web6\n",
         family.to_lowercase()
     );
-    s.push_str(if pods.is_empty() { "endpoints: []\n" } else { "endpoints:\n" });
+    s.push_str(if pods.is_empty() {
+        "endpoints: []\n"
+    } else {
+        "endpoints:\n"
+    });
     for pod in pods {
-        let addr = if family == "IPv6" { pod.ip6() } else { pod.ip() };
+        let addr = if family == "IPv6" {
+            pod.ip6()
+        } else {
+            pod.ip()
+        };
         s.push_str(&format!(
             "- addresses:\n  - {addr}\n  conditions:\n    ready: true\n  nodeName: {}\n  targetRef:\n    kind: Pod\n    name: {}\n    namespace: {NAMESPACE}\n",
             pod.node.name(),
@@ -403,17 +411,32 @@ mod tests {
     #[test]
     fn dual_stack_manifests_parse_with_both_families() {
         let node = parse(&node_yaml_dual_stack(Node::A));
-        assert_eq!(node["status"]["addresses"][1]["address"].as_str(), Some("fd00:50::1"));
-        assert_eq!(node["status"]["addresses"][2]["type"].as_str(), Some("Hostname"));
-        assert_eq!(node["spec"]["podCIDRs"][1].as_str(), Some("fd00:10:244:1::/64"));
+        assert_eq!(
+            node["status"]["addresses"][1]["address"].as_str(),
+            Some("fd00:50::1")
+        );
+        assert_eq!(
+            node["status"]["addresses"][2]["type"].as_str(),
+            Some("Hostname")
+        );
+        assert_eq!(
+            node["spec"]["podCIDRs"][1].as_str(),
+            Some("fd00:10:244:1::/64")
+        );
         let svc = parse(&dual_stack_nodeport_yaml(Policy::Local));
         assert_eq!(svc["spec"]["clusterIPs"][1].as_str(), Some("fd00:96::30"));
-        assert_eq!(svc["spec"]["ipFamilyPolicy"].as_str(), Some("RequireDualStack"));
+        assert_eq!(
+            svc["spec"]["ipFamilyPolicy"].as_str(),
+            Some("RequireDualStack")
+        );
         assert_eq!(svc["spec"]["externalTrafficPolicy"].as_str(), Some("Local"));
         assert_eq!(svc["spec"]["ports"][1]["nodePort"].as_u64(), Some(30063));
         let eps = parse(&dual_stack_slice_yaml("IPv6", &[Pod::new(Node::B, 2)]));
         assert_eq!(eps["addressType"].as_str(), Some("IPv6"));
-        assert_eq!(eps["endpoints"][0]["addresses"][0].as_str(), Some("fd00:10:244:2::3"));
+        assert_eq!(
+            eps["endpoints"][0]["addresses"][0].as_str(),
+            Some("fd00:10:244:2::3")
+        );
         assert_eq!(eps["endpoints"][0]["nodeName"].as_str(), Some("node-b"));
         let entry = EntryPoint {
             address: "fd00:50::1".into(),
