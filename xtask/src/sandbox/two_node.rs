@@ -17,6 +17,16 @@
 //!                    │<tag>b2 ── eth0 <tag>-pb2 10.244.2.3 (podB2)
 //! ```
 //!
+//! - Dual-stack: every address above has an IPv6 twin (all `nodad`, and
+//!   duplicate address detection is off in every namespace): the LAN is
+//!   `fd00:50::/64` (node A `::1`, node B `::2`, clients `::100`, `::101`),
+//!   node `<1|2>`'s pods are `fd00:10:244:<1|2>::<n+1>` (/128s, gateway
+//!   `fd00:10:244:<1|2>::1` on each pod veth as for IPv4), each node routes
+//!   the other's `fd00:10:244:<1|2>::/64` via the other's IPv6 LAN address,
+//!   clients route `fd00:10:244::/48` like the IPv4 pod range, and nodes
+//!   forward IPv6 too. The bridge does not snoop multicast (neighbour
+//!   discovery floods like ARP). The Node manifests name only the IPv4
+//!   address unless a test writes [`manifests::node_yaml_dual_stack`].
 //! - Nodes: `ip_forward=1`, `rp_filter=0` and `send_redirects=0` (a node
 //!   forwarding a client's packet back onto the LAN must not redirect the
 //!   client to the other node) on every interface. Each routes the other
@@ -78,6 +88,17 @@ pub const LB_IP: &str = "203.0.113.10";
 pub const EXTERNAL_IP: &str = "198.51.100.10";
 /// Every pod address (both nodes' pod ranges).
 pub const POD_RANGE: &str = "10.244.0.0/16";
+/// Node A's IPv6 LAN address (its IPv6 `InternalIP` in
+/// [`manifests::node_yaml_dual_stack`]).
+pub const NODE_A_IP6: &str = "fd00:50::1";
+/// Node B's IPv6 LAN address.
+pub const NODE_B_IP6: &str = "fd00:50::2";
+/// Prefix length of the LAN's IPv6 range (`fd00:50::/64`).
+pub const LAN_PREFIX_LEN6: u8 = 64;
+/// IPv6 addresses of the external clients on the LAN.
+pub const CLIENT_IP6S: [&str; 2] = ["fd00:50::100", "fd00:50::101"];
+/// Every pod's IPv6 address (both nodes' IPv6 pod ranges).
+pub const POD_RANGE6: &str = "fd00:10:244::/48";
 /// Pods per node.
 pub const PODS_PER_NODE: u8 = 2;
 
@@ -112,6 +133,13 @@ impl Node {
             Node::B => NODE_B_IP,
         }
     }
+    /// IPv6 LAN address.
+    pub fn ip6(self) -> &'static str {
+        match self {
+            Node::A => NODE_A_IP6,
+            Node::B => NODE_B_IP6,
+        }
+    }
     /// Third octet of the node's pod range.
     fn subnet(self) -> u8 {
         match self {
@@ -126,6 +154,14 @@ impl Node {
     /// The pods' gateway, `10.244.<1|2>.1` (on each of the node's pod veths).
     pub fn gateway(self) -> String {
         format!("10.244.{}.1", self.subnet())
+    }
+    /// The node's IPv6 pod range, `fd00:10:244:<1|2>::/64`.
+    pub fn pod_cidr6(self) -> String {
+        format!("fd00:10:244:{}::/64", self.subnet())
+    }
+    /// The pods' IPv6 gateway, `fd00:10:244:<1|2>::1`.
+    pub fn gateway6(self) -> String {
+        format!("fd00:10:244:{}::1", self.subnet())
     }
     pub fn other(self) -> Node {
         match self {
@@ -176,6 +212,10 @@ impl Pod {
     pub fn ip(self) -> String {
         format!("10.244.{}.{}", self.node.subnet(), self.n + 1)
     }
+    /// `fd00:10:244:<1|2>::<n+1>`.
+    pub fn ip6(self) -> String {
+        format!("fd00:10:244:{}::{}", self.node.subnet(), self.n + 1)
+    }
     /// `a1`, `b2`, ...: the suffix of its namespace and node-side veth.
     fn id(self) -> String {
         format!("{}{}", self.node.letter(), self.n)
@@ -196,6 +236,10 @@ impl Client {
 
     pub fn ip(self) -> &'static str {
         CLIENT_IPS[self.index()]
+    }
+    /// `fd00:50::100`, `fd00:50::101`.
+    pub fn ip6(self) -> &'static str {
+        CLIENT_IP6S[self.index()]
     }
     fn index(self) -> usize {
         match self {
@@ -352,6 +396,18 @@ impl TwoNodeSandbox {
                 "dev",
                 &self.uplink(node),
             ])?;
+            ip(&[
+                "-n",
+                &self.node_ns(node),
+                "-6",
+                "route",
+                "add",
+                &other.pod_cidr6(),
+                "via",
+                other.ip6(),
+                "dev",
+                &self.uplink(node),
+            ])?;
             self.node_sysctls_everywhere(node)?;
         }
         for client in Client::ALL {
@@ -377,12 +433,19 @@ impl TwoNodeSandbox {
             ip(&["netns", "add", &ns])?;
             self.namespaces.push(ns.clone());
             ip(&["-n", &ns, "link", "set", "lo", "up"])?;
+            // Before any interface exists: no duplicate address detection,
+            // so every IPv6 address (link-local ones too) is usable at once.
+            self.sh(
+                &ns,
+                "for k in all default; do echo 0 > /proc/sys/net/ipv6/conf/$k/accept_dad; done",
+            )?;
         }
         for node in Node::ALL {
             // Before any interface exists, so new ones inherit `default`.
             self.sh(
                 &self.node_ns(node),
                 "echo 1 > /proc/sys/net/ipv4/ip_forward; \
+                 echo 1 > /proc/sys/net/ipv6/conf/all/forwarding; \
                  for k in all default; do \
                    echo 0 > /proc/sys/net/ipv4/conf/$k/rp_filter; \
                    echo 0 > /proc/sys/net/ipv4/conf/$k/send_redirects; \
@@ -392,7 +455,10 @@ impl TwoNodeSandbox {
         for client in Client::ALL {
             self.sh(
                 &self.client_ns(client),
-                "for k in all default; do echo 0 > /proc/sys/net/ipv4/conf/$k/accept_redirects; done",
+                "for k in all default; do \
+                   echo 0 > /proc/sys/net/ipv4/conf/$k/accept_redirects; \
+                   echo 0 > /proc/sys/net/ipv6/conf/$k/accept_redirects; \
+                 done",
             )?;
         }
         Ok(())
@@ -426,6 +492,9 @@ impl TwoNodeSandbox {
             "type",
             "bridge",
             "stp_state",
+            "0",
+            // Neighbour discovery is multicast: flood it like ARP.
+            "mcast_snooping",
             "0",
         ])?;
         ip(&["-n", &lan, "link", "set", &br, "up"])
@@ -462,6 +531,10 @@ impl TwoNodeSandbox {
         ])?;
         let addr = format!("{}/{LAN_PREFIX_LEN}", node.ip());
         ip(&["-n", &ns, "addr", "add", &addr, "dev", &uplink])?;
+        let addr6 = format!("{}/{LAN_PREFIX_LEN6}", node.ip6());
+        ip(&[
+            "-n", &ns, "-6", "addr", "add", &addr6, "dev", &uplink, "nodad",
+        ])?;
         ip(&["-n", &ns, "link", "set", &uplink, "up"])?;
         self.bridge_port_up(&peer)
     }
@@ -513,6 +586,56 @@ impl TwoNodeSandbox {
         ])?;
         ip(&[
             "-n", &pod_ns, "route", "add", "default", "via", &gateway, "dev", "eth0",
+        ])?;
+        self.add_pod_ipv6(pod)
+    }
+
+    /// The IPv6 twin of the pod link: the pod's address as a /128 on its
+    /// `eth0`, the node's IPv6 gateway as a /128 on the node-side veth, a
+    /// /128 route to the pod there, and the pod's default route via the
+    /// gateway (on-link).
+    fn add_pod_ipv6(&self, pod: Pod) -> Result<()> {
+        let (node_ns, pod_ns, host_if) =
+            (self.node_ns(pod.node), self.pod_ns(pod), self.pod_if(pod));
+        let gateway = pod.node.gateway6();
+        let pod_ip = pod.ip6();
+        ip(&[
+            "-n",
+            &node_ns,
+            "-6",
+            "addr",
+            "add",
+            &format!("{gateway}/128"),
+            "dev",
+            &host_if,
+            "nodad",
+        ])?;
+        ip(&[
+            "-n",
+            &node_ns,
+            "-6",
+            "route",
+            "add",
+            &format!("{pod_ip}/128"),
+            "dev",
+            &host_if,
+            "src",
+            &gateway,
+        ])?;
+        ip(&[
+            "-n",
+            &pod_ns,
+            "-6",
+            "addr",
+            "add",
+            &format!("{pod_ip}/128"),
+            "dev",
+            "eth0",
+            "nodad",
+        ])?;
+        ip(&["-n", &pod_ns, "-6", "route", "add", &gateway, "dev", "eth0"])?;
+        ip(&[
+            "-n", &pod_ns, "-6", "route", "add", "default", "via", &gateway, "dev", "eth0",
         ])
     }
 
@@ -534,6 +657,10 @@ impl TwoNodeSandbox {
         ])?;
         let addr = format!("{}/{LAN_PREFIX_LEN}", client.ip());
         ip(&["-n", &ns, "addr", "add", &addr, "dev", "eth0"])?;
+        let addr6 = format!("{}/{LAN_PREFIX_LEN6}", client.ip6());
+        ip(&[
+            "-n", &ns, "-6", "addr", "add", &addr6, "dev", "eth0", "nodad",
+        ])?;
         ip(&["-n", &ns, "link", "set", "eth0", "up"])?;
         self.bridge_port_up(&port)?;
         self.route_pods_via(client, Node::A)?;
@@ -603,7 +730,8 @@ impl TwoNodeSandbox {
         Ok(())
     }
 
-    /// Makes `client` reach the pod range (10.244.0.0/16) via `node`.
+    /// Makes `client` reach the pod ranges (10.244.0.0/16 and
+    /// fd00:10:244::/48) via `node`.
     pub fn route_pods_via(&self, client: Client, node: Node) -> Result<()> {
         ip(&[
             "-n",
@@ -613,6 +741,18 @@ impl TwoNodeSandbox {
             POD_RANGE,
             "via",
             node.ip(),
+            "dev",
+            "eth0",
+        ])?;
+        ip(&[
+            "-n",
+            &self.client_ns(client),
+            "-6",
+            "route",
+            "replace",
+            POD_RANGE6,
+            "via",
+            node.ip6(),
             "dev",
             "eth0",
         ])
@@ -739,8 +879,13 @@ impl TwoNodeSandbox {
 
     fn wait_pod_answers(&self, sb_echo: &Path, pod: Pod) -> Result<()> {
         let deadline = Instant::now() + Duration::from_secs(5);
-        for (flag, port) in [("--tcp", POD_TCP_PORT), ("--udp", POD_UDP_PORT)] {
-            let addr = format!("{}:{port}", pod.ip());
+        let targets = [
+            ("--tcp", format!("{}:{POD_TCP_PORT}", pod.ip())),
+            ("--udp", format!("{}:{POD_UDP_PORT}", pod.ip())),
+            ("--tcp", format!("[{}]:{POD_TCP_PORT}", pod.ip6())),
+            ("--udp", format!("[{}]:{POD_UDP_PORT}", pod.ip6())),
+        ];
+        for (flag, addr) in targets {
             loop {
                 let run =
                     self.client(sb_echo, Client::One, &[flag, &addr, "--timeout-ms", "300"])?;

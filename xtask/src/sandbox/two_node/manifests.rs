@@ -86,15 +86,19 @@ pub struct EntryPoint {
 }
 
 impl EntryPoint {
-    /// `address:port`.
+    /// `address:port` (`[address]:port` for an IPv6 address).
     pub fn addr(&self) -> String {
-        format!("{}:{}", self.address, self.port)
+        if self.address.contains(':') {
+            format!("[{}]:{}", self.address, self.port)
+        } else {
+            format!("{}:{}", self.address, self.port)
+        }
     }
 }
 
 impl std::fmt::Display for EntryPoint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}:{}/{}", self.address, self.port, self.proto.as_str())
+        write!(f, "{}/{}", self.addr(), self.proto.as_str())
     }
 }
 
@@ -286,6 +290,73 @@ pub fn node_yaml(node: Node) -> String {
     )
 }
 
+/// The Node object of a dual-stack `node`: as [`node_yaml`], plus its IPv6
+/// LAN address as a second `InternalIP` and its IPv6 pod CIDR.
+pub fn node_yaml_dual_stack(node: Node) -> String {
+    format!(
+        "apiVersion: v1\nkind: Node\nmetadata:\n  name: {name}\n  labels:\n    kubernetes.io/hostname: {name}\n\
+         spec:\n  podCIDR: {cidr}\n  podCIDRs:\n  - {cidr}\n  - {cidr6}\n\
+         status:\n  addresses:\n  - type: InternalIP\n    address: {ip}\n  - type: InternalIP\n    address: {ip6}\n\
+         \x20 - type: Hostname\n    address: {name}\n",
+        name = node.name(),
+        cidr = node.pod_cidr(),
+        cidr6 = node.pod_cidr6(),
+        ip = node.ip(),
+        ip6 = node.ip6()
+    )
+}
+
+/// The dual-stack NodePort Service `ext/web6` (`RequireDualStack`, cluster
+/// IPs 10.96.0.30 and fd00:96::30; `http` TCP 80→8080 NodePort 30090, `dns`
+/// UDP 53→5353 NodePort 30063) under `policy`.
+pub fn dual_stack_nodeport_yaml(policy: Policy) -> String {
+    format!(
+        "apiVersion: v1\nkind: Service\nmetadata:\n  name: web6\n  namespace: {NAMESPACE}\n\
+         spec:\n  type: NodePort\n  clusterIP: 10.96.0.30\n  clusterIPs:\n  - 10.96.0.30\n  - fd00:96::30\n\
+         \x20 ipFamilies:\n  - IPv4\n  - IPv6\n  ipFamilyPolicy: RequireDualStack\n\
+         \x20 selector:\n    app: web6\n  externalTrafficPolicy: {}\n  ports:\n\
+         \x20 - name: http\n    protocol: TCP\n    port: {SERVICE_TCP_PORT}\n    targetPort: {POD_TCP_PORT}\n    nodePort: {DUAL_NODEPORT_TCP}\n\
+         \x20 - name: dns\n    protocol: UDP\n    port: {SERVICE_UDP_PORT}\n    targetPort: {POD_UDP_PORT}\n    nodePort: {DUAL_NODEPORT_UDP}\n",
+        policy.as_str()
+    )
+}
+
+/// NodePort of `ext/web6`'s `http` port.
+pub const DUAL_NODEPORT_TCP: u16 = 30090;
+/// NodePort of `ext/web6`'s `dns` port.
+pub const DUAL_NODEPORT_UDP: u16 = 30063;
+
+/// One EndpointSlice of `ext/web6` in `family` (`IPv4` or `IPv6`) with
+/// `pods` (at their address of that family) as ready endpoints.
+pub fn dual_stack_slice_yaml(family: &str, pods: &[Pod]) -> String {
+    let mut s = format!(
+        "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\naddressType: {family}\n\
+         metadata:\n  name: web6-{}\n  namespace: {NAMESPACE}\n  labels:\n    kubernetes.io/service-name: web6\n",
+        family.to_lowercase()
+    );
+    s.push_str(if pods.is_empty() {
+        "endpoints: []\n"
+    } else {
+        "endpoints:\n"
+    });
+    for pod in pods {
+        let addr = if family == "IPv6" {
+            pod.ip6()
+        } else {
+            pod.ip()
+        };
+        s.push_str(&format!(
+            "- addresses:\n  - {addr}\n  conditions:\n    ready: true\n  nodeName: {}\n  targetRef:\n    kind: Pod\n    name: {}\n    namespace: {NAMESPACE}\n",
+            pod.node.name(),
+            pod.name().to_lowercase()
+        ));
+    }
+    s.push_str(&format!(
+        "ports:\n- name: http\n  port: {POD_TCP_PORT}\n  protocol: TCP\n- name: dns\n  port: {POD_UDP_PORT}\n  protocol: UDP\n"
+    ));
+    s
+}
+
 /// File name of `node`'s Node manifest.
 pub fn node_file(node: Node) -> String {
     format!("node-{}.yaml", node.letter())
@@ -335,6 +406,44 @@ mod tests {
         assert_eq!(eps["endpoints"][1]["nodeName"].as_str(), Some("node-b"));
         let empty = parse(&ExternalService::NodePort.endpointslice_yaml(&[]));
         assert_eq!(empty["endpoints"].as_sequence().map(Vec::len), Some(0));
+    }
+
+    #[test]
+    fn dual_stack_manifests_parse_with_both_families() {
+        let node = parse(&node_yaml_dual_stack(Node::A));
+        assert_eq!(
+            node["status"]["addresses"][1]["address"].as_str(),
+            Some("fd00:50::1")
+        );
+        assert_eq!(
+            node["status"]["addresses"][2]["type"].as_str(),
+            Some("Hostname")
+        );
+        assert_eq!(
+            node["spec"]["podCIDRs"][1].as_str(),
+            Some("fd00:10:244:1::/64")
+        );
+        let svc = parse(&dual_stack_nodeport_yaml(Policy::Local));
+        assert_eq!(svc["spec"]["clusterIPs"][1].as_str(), Some("fd00:96::30"));
+        assert_eq!(
+            svc["spec"]["ipFamilyPolicy"].as_str(),
+            Some("RequireDualStack")
+        );
+        assert_eq!(svc["spec"]["externalTrafficPolicy"].as_str(), Some("Local"));
+        assert_eq!(svc["spec"]["ports"][1]["nodePort"].as_u64(), Some(30063));
+        let eps = parse(&dual_stack_slice_yaml("IPv6", &[Pod::new(Node::B, 2)]));
+        assert_eq!(eps["addressType"].as_str(), Some("IPv6"));
+        assert_eq!(
+            eps["endpoints"][0]["addresses"][0].as_str(),
+            Some("fd00:10:244:2::3")
+        );
+        assert_eq!(eps["endpoints"][0]["nodeName"].as_str(), Some("node-b"));
+        let entry = EntryPoint {
+            address: "fd00:50::1".into(),
+            port: 30090,
+            proto: Proto::Tcp,
+        };
+        assert_eq!(entry.addr(), "[fd00:50::1]:30090");
     }
 
     #[test]

@@ -1,0 +1,244 @@
+//! Netns end-to-end tests of IPv6 from outside the nodes (root only): a
+//! dual-stack NodePort Service reached by an external client at node A's
+//! IPv6 address, over TCP and UDP, through the uplink programs (XDP by
+//! default, the tc twin with `--xdp-mode off`).
+//!
+//! The two-node sandbox (`xtask::sandbox::two_node`) is dual-stack: node A is
+//! fd00:50::1, node B fd00:50::2, client 1 fd00:50::100, node A's pods
+//! fd00:10:244:1::2/::3 and node B's fd00:10:244:2::2/::3. The Node manifests
+//! name both addresses as InternalIPs, so each agent serves NodePorts on its
+//! node's IPv6 address too. `ext/web6` is `RequireDualStack` (cluster IPs
+//! 10.96.0.30 and fd00:96::30) with one EndpointSlice per family.
+//!
+//! Peer addresses asserted (as for IPv4 in e2e_external.rs):
+//! - `Local` policy, backends on node A: DNAT only, the pod sees the
+//!   client's own IPv6 address;
+//! - `Cluster` policy, backends on node B: the request is SNATed to node A's
+//!   IPv6 uplink address, which the pod sees;
+//! - either way the client sees node A's `[address]:nodePort` as its peer
+//!   (replies reverse-translated, no pod or node B address leaks).
+//!
+//! The binaries come from SWITCHBOARD_BIN and SB_ECHO_BIN (`cargo xtask test`).
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use xtask::sandbox::two_node::manifests::{
+    dual_stack_nodeport_yaml, dual_stack_slice_yaml, node_file, node_yaml_dual_stack, EntryPoint,
+    Policy, Proto, DUAL_NODEPORT_TCP, DUAL_NODEPORT_UDP,
+};
+use xtask::sandbox::two_node::{Client, Node, Pod};
+use xtask::sandbox::{find_at, Attempt, ClientRun, Frontend, TwoNodeSandbox};
+use xtask::testenv::{sb_echo, switchboard, two_node_sandbox};
+
+/// Attempts per entry point that must all succeed.
+const COUNT: u32 = 20;
+
+/// The NodePort entry points of `ext/web6` at `address`.
+fn nodeports_at(address: &str) -> Vec<EntryPoint> {
+    [
+        (DUAL_NODEPORT_TCP, Proto::Tcp),
+        (DUAL_NODEPORT_UDP, Proto::Udp),
+    ]
+    .into_iter()
+    .map(|(port, proto)| EntryPoint {
+        address: address.to_string(),
+        port,
+        proto,
+    })
+    .collect()
+}
+
+/// A dual-stack two-node sandbox: dual-stack Node manifests, `ext/web6`
+/// under `policy` with `pods` in both EndpointSlices, an agent on each node
+/// (with `agent_args`), node A programmed with `pods` behind its NodePorts of
+/// both families, and both uplinks carrying the programs.
+fn dual_stack_with_agents(policy: Policy, pods: &[Pod], agent_args: &[&str]) -> TwoNodeSandbox {
+    let mut sb = two_node_sandbox();
+    let write = |sb: &TwoNodeSandbox, name: &str, yaml: &str| {
+        sb.write_manifest(name, yaml)
+            .unwrap_or_else(|e| panic!("write {name}: {e:#}"))
+    };
+    for node in Node::ALL {
+        write(&sb, &node_file(node), &node_yaml_dual_stack(node));
+    }
+    write(
+        &sb,
+        "eps-web6-ipv4.yaml",
+        &dual_stack_slice_yaml("IPv4", pods),
+    );
+    write(
+        &sb,
+        "eps-web6-ipv6.yaml",
+        &dual_stack_slice_yaml("IPv6", pods),
+    );
+    write(&sb, "svc-web6.yaml", &dual_stack_nodeport_yaml(policy));
+    let sw = switchboard();
+    for node in Node::ALL {
+        sb.start_agent(node, &sw, agent_args)
+            .unwrap_or_else(|e| panic!("start the agent of {}: {e:#}", node.name()));
+    }
+    let mut wanted: Vec<(EntryPoint, BTreeSet<String>)> = Vec::new();
+    for entry in nodeports_at(Node::A.ip()) {
+        wanted.push((entry, pods.iter().map(|p| p.ip()).collect()));
+    }
+    for entry in nodeports_at(Node::A.ip6()) {
+        wanted.push((entry, pods.iter().map(|p| p.ip6()).collect()));
+    }
+    let what = format!(
+        "NodePorts {} with backends {:?}",
+        wanted
+            .iter()
+            .map(|(e, _)| e.to_string())
+            .collect::<Vec<_>>()
+            .join(", "),
+        wanted.iter().map(|(_, b)| b).collect::<Vec<_>>()
+    );
+    let programmed = |f: &[Frontend]| {
+        wanted.iter().all(|(e, backends)| {
+            find_at(f, &e.address, e.port, e.proto.as_str()).is_some_and(|fe| {
+                let got: BTreeSet<String> = fe.backends.iter().map(|b| b.address.clone()).collect();
+                &got == backends
+            })
+        })
+    };
+    if let Err(e) = sb.wait_services(Node::A, &sw, Duration::from_secs(10), &what, programmed) {
+        panic!("{e:#}");
+    }
+    for node in Node::ALL {
+        if let Err(e) = sb.wait_uplink_attached(node, Duration::from_secs(10)) {
+            panic!("{e:#}");
+        }
+    }
+    sb
+}
+
+/// The addresses (without port) the pods saw as their peer.
+fn pod_saw_ips(run: &ClientRun) -> BTreeSet<String> {
+    run.attempts
+        .iter()
+        .filter_map(|a| match a {
+            Attempt::Ok { pod_saw, .. } => pod_saw.parse::<std::net::SocketAddr>().ok(),
+            Attempt::Err { .. } => None,
+        })
+        .map(|addr| addr.ip().to_string())
+        .collect()
+}
+
+/// `switchboard stats` of `node` (for failure messages).
+fn stats(sb: &TwoNodeSandbox, node: Node) -> String {
+    let bin = switchboard().to_string_lossy().into_owned();
+    let pin = sb.pin_dir(node).to_string_lossy().into_owned();
+    match sb.exec(&sb.node_ns(node), &[&bin, "stats", "--pin-root", &pin]) {
+        Ok(out) => String::from_utf8_lossy(&out.stdout).into_owned(),
+        Err(e) => format!("(switchboard stats failed: {e:#})"),
+    }
+}
+
+/// `COUNT` attempts from client 1 to `entry`: every one answered by one of
+/// `pods`, the client seeing `entry` as its peer and the pods `peer_ip`.
+/// Failure messages carry node A's `switchboard stats`.
+fn assert_answers(sb: &TwoNodeSandbox, entry: &EntryPoint, pods: &[Pod], peer_ip: &str, why: &str) {
+    let run = sb
+        .hit(&sb_echo(), Client::One, entry, COUNT, 1000)
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    let context = || {
+        format!(
+            "{}\n--- switchboard stats of node-a ---\n{}",
+            run.raw,
+            stats(sb, Node::A)
+        )
+    };
+    assert!(
+        run.all_ok(),
+        "{entry}: {} of {} attempts failed ({why}):\n{}",
+        run.failures(),
+        run.attempts.len(),
+        context()
+    );
+    let answered: BTreeSet<String> = run.names().into_iter().collect();
+    let allowed: BTreeSet<String> = pods.iter().map(|p| p.name()).collect();
+    assert!(
+        answered.is_subset(&allowed),
+        "{entry}: answered by {answered:?}, expected only {allowed:?} ({why}):\n{}",
+        context()
+    );
+    assert_eq!(
+        run.client_saw(),
+        vec![entry.addr()],
+        "{entry}: the client saw another peer (replies not reverse-translated) ({why}):\n{}",
+        context()
+    );
+    assert_eq!(
+        pod_saw_ips(&run),
+        BTreeSet::from([peer_ip.to_string()]),
+        "{entry}: the pods saw another peer address than {peer_ip} ({why}):\n{}",
+        context()
+    );
+}
+
+/// Local policy, backends on node A: through node A's IPv6 address the pods
+/// see client 1's own IPv6 address (DNAT only).
+fn local_policy_keeps_the_client_address(agent_args: &[&str]) {
+    let pods = Node::A.pods();
+    let sb = dual_stack_with_agents(Policy::Local, &pods, agent_args);
+    for entry in nodeports_at(Node::A.ip6()) {
+        assert_answers(
+            &sb,
+            &entry,
+            &pods,
+            Client::One.ip6(),
+            &format!(
+                "IPv6, Local policy, backends on node A, agent args {agent_args:?}: DNAT only"
+            ),
+        );
+    }
+}
+
+/// Cluster policy, backends on node B: through node A's IPv6 address the
+/// requests reach node B's pods source-NATed to node A's IPv6 uplink address;
+/// the IPv4 NodePort of the same Service still SNATs to node A's IPv4 one.
+fn cluster_policy_snats_to_node_a(agent_args: &[&str]) {
+    let pods = Node::B.pods();
+    let sb = dual_stack_with_agents(Policy::Cluster, &pods, agent_args);
+    for entry in nodeports_at(Node::A.ip6()) {
+        assert_answers(
+            &sb,
+            &entry,
+            &pods,
+            Node::A.ip6(),
+            &format!("IPv6, Cluster policy, backends on node B, agent args {agent_args:?}: SNAT to node A"),
+        );
+    }
+    for entry in nodeports_at(Node::A.ip()) {
+        assert_answers(
+            &sb,
+            &entry,
+            &pods,
+            Node::A.ip(),
+            &format!(
+                "IPv4 of the dual-stack Service, backends on node B, agent args {agent_args:?}"
+            ),
+        );
+    }
+}
+
+#[test]
+fn nodeport6_local_policy_keeps_the_client_address() {
+    local_policy_keeps_the_client_address(&[]);
+}
+
+#[test]
+fn nodeport6_local_policy_keeps_the_client_address_without_xdp() {
+    local_policy_keeps_the_client_address(&["--xdp-mode", "off"]);
+}
+
+#[test]
+fn nodeport6_cluster_policy_remote_backends_see_node_a() {
+    cluster_policy_snats_to_node_a(&[]);
+}
+
+#[test]
+fn nodeport6_cluster_policy_remote_backends_see_node_a_without_xdp() {
+    cluster_policy_snats_to_node_a(&["--xdp-mode", "off"]);
+}
