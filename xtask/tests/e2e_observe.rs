@@ -157,8 +157,20 @@ fn metrics_follow_traffic_and_syncs() {
         must(&before, r#"switchboard_map_capacity{map="SB_CT6_V1"}"#),
         must(&before, r#"switchboard_map_capacity{map="SB_CT_V5"}"#)
     );
+    // The collector reports each family after its first pass over that
+    // family's table; the passes run one after the other.
+    let fill_series =
+        |family: &str| format!(r#"switchboard_conntrack_fill_ratio{{family="{family}"}}"#);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut collected = before.clone();
+    while ["ipv4", "ipv6"].iter().any(|f| sample(&collected, &fill_series(f)).is_none())
+        && Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(100));
+        collected = scrape(&sb);
+    }
     for family in ["ipv4", "ipv6"] {
-        let fill = must(&before, &format!(r#"switchboard_conntrack_fill_ratio{{family="{family}"}}"#));
+        let fill = must(&collected, &fill_series(family));
         assert!((0.0..=1.0).contains(&fill), "{family}: {fill}");
     }
     assert!(must(&before, r#"switchboard_map_entries{map="SB_FE_V1"}"#) > 0.0);

@@ -161,6 +161,24 @@ impl ServiceBuilder<'_> {
         } else {
             Vec::new()
         };
+        // kube-proxy serves a Service only in the families of its cluster
+        // IPs (each family's proxier skips a Service without a cluster IP of
+        // its own): an external or load-balancer IP of another family is
+        // ignored, as are NodePorts on node addresses of another family.
+        let served = |ip: &IpAddr| cluster.iter().any(|c| IpFamily::of(*c) == IpFamily::of(*ip));
+        let (external, other_external): (Vec<IpAddr>, Vec<IpAddr>) = external.into_iter().partition(served);
+        let (load_balancer, other_lb): (Vec<IpAddr>, Vec<IpAddr>) = load_balancer.into_iter().partition(served);
+        for (what, ip) in other_external
+            .iter()
+            .map(|ip| ("externalIP", ip))
+            .chain(other_lb.iter().map(|ip| ("status.loadBalancer.ingress ip", ip)))
+        {
+            self.warn(format!(
+                "{what} {ip} is {} but the Service has no {} cluster IP (ipFamilies); ignored, as kube-proxy does",
+                IpFamily::of(*ip),
+                IpFamily::of(*ip)
+            ));
+        }
         Some(Addresses {
             cluster,
             external,
@@ -315,6 +333,11 @@ impl ServiceBuilder<'_> {
         addrs.extend(addresses.external.iter().map(|&ip| (FrontendKind::ExternalIp, ip, port)));
         addrs.extend(addresses.load_balancer.iter().map(|&ip| (FrontendKind::LoadBalancer, ip, port)));
         self.node_ports(sp, &spn, port, protocol, attributes.kind, &mut addrs);
+        // NodePorts only on node addresses of the Service's families.
+        addrs.retain(|(kind, ip, _)| {
+            *kind != FrontendKind::NodePort
+                || addresses.cluster.iter().any(|c| IpFamily::of(*c) == IpFamily::of(*ip))
+        });
 
         // Each family's frontends get that family's endpoints only.
         for family in [IpFamily::V4, IpFamily::V6] {

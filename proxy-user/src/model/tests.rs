@@ -1002,7 +1002,7 @@ spec:
                 warnings: &["Service default/web: nodePort 30080/TCP not programmed: this node's addresses are unknown"],
             },
             Case {
-                name: "LoadBalancer: ingress IPs of both families (hostname-only and ipMode Proxy skipped) and node ports; the IPv6 one has no IPv6 endpoints",
+                name: "LoadBalancer: ingress IPs (hostname-only and ipMode Proxy skipped) and node ports; an IPv6 ingress IP of an IPv4-only Service is ignored and named",
                 node: NodeSel::A,
                 proxy_name: None,
                 yaml: r#"
@@ -1036,9 +1036,10 @@ endpoints: [{addresses: [10.244.1.2]}]
                     "198.51.100.7:443/TCP LoadBalancer default/lb -> 10.244.1.2:8443",
                     "198.51.100.8:443/TCP LoadBalancer default/lb -> 10.244.1.2:8443",
                     "203.0.113.10:30443/TCP NodePort default/lb -> 10.244.1.2:8443",
-                    "[2001:db8::7]:443/TCP LoadBalancer default/lb -> (none)",
                 ],
-                warnings: &[],
+                warnings: &[
+                    "Service default/lb: status.loadBalancer.ingress ip 2001:db8::7 is IPv6 but the Service has no IPv6 cluster IP (ipFamilies); ignored, as kube-proxy does",
+                ],
             },
             Case {
                 name: "LoadBalancer without node ports (allocateLoadBalancerNodePorts: false) and not yet provisioned",
@@ -1096,7 +1097,7 @@ status: {loadBalancer: {ingress: [{ip: 198.51.100.7}]}}
                 warnings: &[],
             },
             Case {
-                name: "externalIPs of both families on any type, every port (IPv6 ones get IPv6 endpoints only)",
+                name: "externalIPs on any type, every port; an IPv6 one on an IPv4-only Service is ignored and named",
                 node: NodeSel::Unknown,
                 proxy_name: None,
                 yaml: r#"
@@ -1120,10 +1121,10 @@ endpoints: [{addresses: [10.244.1.2]}]
                     "10.96.0.10:80/TCP ClusterIP default/web:http -> 10.244.1.2:8080",
                     "198.51.100.20:53/UDP ExternalIP default/web:dns -> 10.244.1.2:5353",
                     "198.51.100.20:80/TCP ExternalIP default/web:http -> 10.244.1.2:8080",
-                    "[2001:db8::20]:53/UDP ExternalIP default/web:dns -> (none)",
-                    "[2001:db8::20]:80/TCP ExternalIP default/web:http -> (none)",
                 ],
-                warnings: &[],
+                warnings: &[
+                    "Service default/web: externalIP 2001:db8::20 is IPv6 but the Service has no IPv6 cluster IP (ipFamilies); ignored, as kube-proxy does",
+                ],
             },
             Case {
                 name: "issue 11: an externalIP that is not an address makes the version unusable (an object-level error), by field",
@@ -2526,8 +2527,8 @@ spec:
             warnings: &[],
         },
         Case {
-            name: "an IPv6 external IP on an IPv4 Service gets the IPv6 endpoints",
-            node: NodeSel::Unknown,
+            name: "an IPv4-only Service is not served over IPv6: an IPv6 external IP is ignored and named, its NodePort is on the node's IPv4 address only",
+            node: NodeSel::DualStack,
             proxy_name: None,
             yaml: with_dual_slices(
                 r#"
@@ -2535,16 +2536,19 @@ apiVersion: v1
 kind: Service
 metadata: {name: web}
 spec:
+  type: NodePort
   clusterIP: 10.96.0.10
   externalIPs: ["2001:db8::20"]
-  ports: [{name: http, port: 80}]
+  ports: [{name: http, port: 80, nodePort: 30080}]
 "#,
             ),
             frontends: &[
                 "10.96.0.10:80/TCP ClusterIP default/web:http -> 10.244.1.2:8080, 10.244.2.2:8080",
-                "[2001:db8::20]:80/TCP ExternalIP default/web:http -> [fd00:10:244:1::2]:8080, [fd00:10:244:2::2]:8080",
+                "192.168.1.10:30080/TCP NodePort default/web:http -> 10.244.1.2:8080, 10.244.2.2:8080",
             ],
-            warnings: &[],
+            warnings: &[
+                "Service default/web: externalIP 2001:db8::20 is IPv6 but the Service has no IPv6 cluster IP (ipFamilies); ignored, as kube-proxy does",
+            ],
         },
         Case {
             name: "an address of the other family in a slice is skipped and named; FQDN slices are not ours",
