@@ -376,6 +376,85 @@ fn the_cli_reads_an_agent_that_predates_ipv6() {
     }
 }
 
+/// `switchboard explain` on an IPv6 flow reads the pinned SB_CT6_V1 (the
+/// tracked flow keeps its backend) and SB_AFFINITY6_V1 (another port of
+/// the same client sticks to its backend).
+#[test]
+fn explain_reads_ipv6_conntrack_and_affinity_from_the_pins() {
+    require_root();
+    let fs = Bpffs::mount_at("collector6-explain");
+    let pin_root = fs.0.as_path();
+    let caps = capacities(64);
+    let mut ebpf = ebpf::load(pin_root, &caps, &[]).expect("load");
+    let mut maps = PinnedMaps::take(&mut ebpf).expect("maps");
+    let (vip, service) = ("fd00:96::10", 5u32);
+    let fe = |slot: u16| proxy_common::FrontendKey6 {
+        addr_be: addr(vip),
+        port_be: 80u16.to_be(),
+        proto: proto::TCP,
+        scope: proxy_common::scope::INTERNAL,
+        slot,
+        _pad1: [0; 2],
+    };
+    let head = proxy_common::FrontendSlot {
+        service_id: service,
+        backend_count: 2,
+        flags: proxy_common::frontend_flags::AFFINITY_CLIENT_IP,
+        affinity_timeout_s: 600,
+        ..Default::default()
+    };
+    maps.frontends6.insert(fe(0), head, 0).expect("write SB_FE6_V1");
+    for (slot, id, pod) in [(1u16, 21u32, "fd00:244::5"), (2, 22, "fd00:244::6")] {
+        let slot_value = proxy_common::FrontendSlot { backend_id: id, service_id: service, ..Default::default() };
+        maps.frontends6.insert(fe(slot), slot_value, 0).expect("write SB_FE6_V1");
+        let backend = proxy_common::Backend6 { addr_be: addr(pod), port_be: 8080u16.to_be(), proto: proto::TCP, flags: 0 };
+        maps.backends6.insert(id, backend, 0).expect("write SB_BE6_V1");
+    }
+    let now = conntrack::monotonic_ns();
+    let client = "fd00:244::99";
+    let tracked = CtKey6 {
+        saddr_be: addr(client),
+        daddr_be: addr(vip),
+        sport_be: 40000u16.to_be(),
+        dport_be: 80u16.to_be(),
+        proto: proto::TCP,
+        dir: ct_dir::FORWARD,
+        _pad: [0; 2],
+    };
+    let entry = CtEntry6 {
+        backend_id: 22,
+        service_id: service,
+        nat_addr_be: addr("fd00:244::6"),
+        nat_port_be: 8080u16.to_be(),
+        created_ns: now,
+        last_seen_ns: now,
+        ..CtEntry6::default()
+    };
+    maps.conntrack6.insert(tracked, entry, 0).expect("write SB_CT6_V1");
+    let mut affinity: aya::maps::HashMap<_, proxy_common::AffinityKey6, proxy_common::AffinityEntry> =
+        aya::maps::Map::from_map_data(aya::maps::MapData::from_pin(pin_root.join(names::AFFINITY6)).expect("SB_AFFINITY6_V1 pinned"))
+            .expect("a map")
+            .try_into()
+            .expect("the affinity layout");
+    let akey = proxy_common::AffinityKey6 { client_addr_be: addr(client), service_id: service };
+    let aentry = proxy_common::AffinityEntry { backend_id: 21, slot: 1, last_used_ns: now, ..Default::default() };
+    affinity.insert(akey, aentry, 0).expect("write SB_AFFINITY6_V1");
+
+    let explain = |from: &str| {
+        cli_with_stderr(pin_root, &["explain", "[fd00:96::10]:80/TCP", "--from", from, "--scope", "internal", "-o", "json"]).0
+    };
+    let e = explain("[fd00:244::99]:40000");
+    assert_eq!(e["backend"], "[fd00:244::6]:8080", "{e}");
+    assert!(e["reasons"].to_string().contains("tracked flow"), "{e}");
+    let e = explain("[fd00:244::99]:40001");
+    assert_eq!(e["backend"], "[fd00:244::5]:8080", "{e}");
+    assert!(e["reasons"].to_string().contains("sessionAffinity: ClientIP: fd00:244::99"), "{e}");
+    // Another client: no entry in either table.
+    let e = explain("[fd00:244::98]:40000");
+    assert_eq!(e["backend"], serde_json::Value::Null, "{e}");
+    drop(ebpf);
+}
+
 /// Runs the CLI; its stdout as JSON and its stderr.
 fn cli_with_stderr(pin_root: &Path, args: &[&str]) -> (serde_json::Value, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_switchboard"))
