@@ -830,8 +830,8 @@ mod tests {
 
     #[test]
     fn the_production_binds_cover_both_families() {
-        assert!(DEFAULT_BINDS.iter().any(|ip| *ip == IpAddr::V4(Ipv4Addr::UNSPECIFIED)));
-        assert!(DEFAULT_BINDS.iter().any(|ip| *ip == IpAddr::V6(Ipv6Addr::UNSPECIFIED)));
+        assert!(DEFAULT_BINDS.contains(&IpAddr::V4(Ipv4Addr::UNSPECIFIED)));
+        assert!(DEFAULT_BINDS.contains(&IpAddr::V6(Ipv6Addr::UNSPECIFIED)));
     }
 
     #[tokio::test]
