@@ -250,7 +250,7 @@ fn an_agent_finding_no_ipv6_tables_pinned_creates_them() {
     for name in [names::CONNTRACK6, names::SOCKETS6] {
         std::fs::remove_file(pin_root.join(name)).expect("unpin");
     }
-    assert!(PinnedMaps::open(pin_root).is_err(), "the CLI needs the IPv6 pins");
+    assert!(PinnedMaps::open(pin_root).is_err(), "the agent's open needs the IPv6 pins");
 
     let _ebpf = ebpf::load(pin_root, &caps, &[]).expect("load onto the older pin root");
     for name in [names::CONNTRACK6, names::SOCKETS6] {
