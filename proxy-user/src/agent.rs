@@ -180,7 +180,7 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
         pin_root: &config.pin_root,
         last_failed: Vec::new(),
         close_sockets: config.socket_lb_cgroup.is_some(),
-        health: HealthServers::new(healthcheck::DEFAULT_BIND),
+        health: HealthServers::new(&healthcheck::DEFAULT_BINDS),
         health_frontends: Default::default(),
         nodeports: NodePortAddresses {
             node_name: config.node_name.clone(),

@@ -134,7 +134,7 @@ pub struct AgentArgs {
     #[arg(long, value_name = "CIDR", value_delimiter = ',')]
     pub nodeport_addresses: Vec<IpCidr>,
     /// Serve `/healthz` and `/livez` here, as kube-proxy does on 10256
-    /// (empty: off).
+    /// (empty: off). IPv6 in brackets: `[::]:10256` serves both families.
     #[arg(long, value_name = "IP:PORT", default_value = "0.0.0.0:10256", value_parser = parse_bind)]
     pub healthz_bind_address: Bind,
     /// Serve Prometheus `/metrics` here, as kube-proxy does on 10249
@@ -481,6 +481,23 @@ mod tests {
             let got = parse_duration(text).ok().map(|d| d.as_secs_f64());
             assert_eq!(got, want, "{text:?}");
         }
+    }
+
+    #[test]
+    fn bind_addresses_take_either_family() {
+        let v6: std::net::SocketAddr = "[::]:10256".parse().expect("addr");
+        assert_eq!(parse_bind("[::]:10256").expect("[::]").0, Some(v6));
+        assert_eq!(
+            parse_bind("[::1]:10249").expect("[::1]").0,
+            Some("[::1]:10249".parse().expect("addr"))
+        );
+        assert_eq!(
+            parse_bind("0.0.0.0:10256").expect("v4").0,
+            Some("0.0.0.0:10256".parse().expect("addr"))
+        );
+        assert_eq!(parse_bind("").expect("off").0, None);
+        // An IPv6 address needs its brackets before the port.
+        assert!(parse_bind("::1:10256").is_err());
     }
 
     #[test]

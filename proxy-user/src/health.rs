@@ -473,4 +473,14 @@ mod tests {
         );
         assert!(message.contains("--healthz-bind-address"), "{message}");
     }
+
+    #[tokio::test]
+    async fn the_server_answers_on_an_ipv6_address() {
+        let (h, _clock) = health();
+        let serving = h
+            .serve(SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, 0)))
+            .expect("serve on [::1]");
+        assert!(serving.local_addr.is_ipv6(), "{}", serving.local_addr);
+        assert_eq!(get(serving.local_addr, "/livez").await.0, 200);
+    }
 }

@@ -4,8 +4,9 @@
 //! `spec.healthCheckNodePort`. The cloud load balancer probes that port on
 //! every node and sends traffic only to nodes that answer 200, that is, to
 //! nodes with an endpoint of the Service; the other nodes would drop it.
-//! kube-proxy (pkg/proxy/healthcheck, `hcHandler`) serves, on
-//! `0.0.0.0:<healthCheckNodePort>`, for any path and method:
+//! kube-proxy (pkg/proxy/healthcheck, `hcHandler`) serves, on every address
+//! of both families (`0.0.0.0` and `[::]`) at `<healthCheckNodePort>`, for any
+//! path and method:
 //!
 //! ```text
 //! {"service":{"namespace":"NS","name":"NAME"},"localEndpoints":N,"serviceProxyHealthy":true}
@@ -16,7 +17,11 @@
 //! node's endpoints of the Service: here, the distinct addresses among the
 //! `external_backends` of all its frontends (all its ports).
 //!
-//! [`HealthServers::update`] follows the model: one listener per wanted port.
+//! [`HealthServers::update`] follows the model: one listener per wanted port
+//! and bind address ([`DEFAULT_BINDS`]: an IPv4 `0.0.0.0` socket and an
+//! IPv6-only `[::]` socket beside it, so the IPv4 one keeps its own port
+//! whatever `net.ipv6.bindv6only` says). A kernel without IPv6 (the socket
+//! family is not supported) is served on IPv4 alone.
 //! A port whose Service (or count) changes keeps its listener; only the
 //! answer changes. Two Services on one port: the first in namespace/name order
 //! keeps it. A port that cannot be bound is logged and tried again at the next
@@ -35,7 +40,8 @@ use std::convert::Infallible;
 use std::fmt;
 use std::future::Future;
 use std::io;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::os::fd::AsRawFd as _;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -51,8 +57,12 @@ use tracing::{debug, info, warn};
 
 use crate::model::DesiredState;
 
-/// Where the servers listen in production: every address, as kube-proxy does.
-pub const DEFAULT_BIND: IpAddr = IpAddr::V4(Ipv4Addr::UNSPECIFIED);
+/// Where the servers listen in production: every address of both families,
+/// as kube-proxy does on a dual-stack node.
+pub const DEFAULT_BINDS: [IpAddr; 2] = [
+    IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+    IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+];
 /// How long a client has to send its request head.
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long one connection may last, request and response together.
@@ -139,30 +149,35 @@ pub fn wanted(desired: &DesiredState) -> (BTreeMap<u16, ServiceHealth>, Vec<Port
 
 /// The running health check servers, one per port; owned by the agent.
 pub struct HealthServers {
-    bind: IpAddr,
+    binds: Vec<IpAddr>,
     servers: BTreeMap<u16, Server>,
     /// Conflicts and bind failures already logged, so each is logged once.
     conflicts: Vec<PortConflict>,
     bind_errors: BTreeMap<u16, String>,
 }
 
-/// One listening port. Dropping it stops the listener and its connections.
+/// One listening port (a listener per bind address). Dropping it stops the
+/// listeners and their connections.
 struct Server {
     health: watch::Sender<ServiceHealth>,
-    task: JoinHandle<()>,
+    tasks: Vec<JoinHandle<()>>,
 }
 
 impl Drop for Server {
     fn drop(&mut self) {
-        self.task.abort();
+        for task in &self.tasks {
+            task.abort();
+        }
     }
 }
 
 impl HealthServers {
-    /// No servers yet; they listen on `bind` ([`DEFAULT_BIND`] in production).
-    pub fn new(bind: IpAddr) -> HealthServers {
+    /// No servers yet; each port listens on every address of `binds`
+    /// ([`DEFAULT_BINDS`] in production; an IPv6 address gets an IPv6-only
+    /// socket, so `0.0.0.0` and `[::]` go side by side).
+    pub fn new(binds: &[IpAddr]) -> HealthServers {
         HealthServers {
-            bind,
+            binds: binds.to_vec(),
             servers: BTreeMap::new(),
             conflicts: Vec::new(),
             bind_errors: BTreeMap::new(),
@@ -214,10 +229,9 @@ impl HealthServers {
     }
 
     fn start(&mut self, port: u16, health: ServiceHealth) {
-        let addr = SocketAddr::new(self.bind, port);
-        let listener = match listen(addr) {
-            Ok(listener) => listener,
-            Err(error) => {
+        let listeners = match listen_all(&self.binds, port) {
+            Ok(listeners) => listeners,
+            Err((addr, error)) => {
                 let msg = error.to_string();
                 if self.bind_errors.get(&port) != Some(&msg) {
                     warn!(
@@ -241,8 +255,40 @@ impl HealthServers {
             "serving healthCheckNodePort"
         );
         let (tx, rx) = watch::channel(health);
-        let task = tokio::spawn(serve(listener, rx));
-        self.servers.insert(port, Server { health: tx, task });
+        let tasks = listeners
+            .into_iter()
+            .map(|listener| tokio::spawn(serve(listener, rx.clone())))
+            .collect();
+        self.servers.insert(port, Server { health: tx, tasks });
+    }
+}
+
+/// Listens on `port` at every address of `binds`, IPv6 ones IPv6-only. All or
+/// nothing: the first failure (with its address) drops the others, so the
+/// port is tried again whole. An IPv6 address on a kernel without IPv6 is
+/// skipped, not a failure (unless nothing else is left).
+fn listen_all(
+    binds: &[IpAddr],
+    port: u16,
+) -> Result<Vec<TcpListener>, (SocketAddr, io::Error)> {
+    let mut listeners = Vec::with_capacity(binds.len());
+    let mut skipped = None;
+    for ip in binds {
+        let addr = SocketAddr::new(*ip, port);
+        match listen_only(addr) {
+            Ok(listener) => listeners.push(listener),
+            Err(error)
+                if addr.is_ipv6() && error.raw_os_error() == Some(libc::EAFNOSUPPORT) =>
+            {
+                debug!(%addr, "no IPv6 in this kernel; healthCheckNodePort served on IPv4 only");
+                skipped = Some((addr, error));
+            }
+            Err(error) => return Err((addr, error)),
+        }
+    }
+    match skipped {
+        Some(failure) if listeners.is_empty() => Err(failure),
+        _ => Ok(listeners),
     }
 }
 
@@ -264,6 +310,16 @@ fn set_health(tx: &watch::Sender<ServiceHealth>, health: ServiceHealth) {
 /// Binds and listens (synchronously, so the error is known at once). Fails
 /// with an I/O error, or when there is no tokio runtime to serve from.
 pub(crate) fn listen(addr: SocketAddr) -> io::Result<TcpListener> {
+    listen_socket(addr, false)
+}
+
+/// [`listen`], with an IPv6 socket set IPv6-only (`IPV6_V6ONLY`), so that it
+/// can share its port with a `0.0.0.0` socket.
+fn listen_only(addr: SocketAddr) -> io::Result<TcpListener> {
+    listen_socket(addr, true)
+}
+
+fn listen_socket(addr: SocketAddr, v6_only: bool) -> io::Result<TcpListener> {
     if tokio::runtime::Handle::try_current().is_err() {
         return Err(io::Error::other("no tokio runtime to serve from"));
     }
@@ -272,8 +328,32 @@ pub(crate) fn listen(addr: SocketAddr) -> io::Result<TcpListener> {
         SocketAddr::V6(_) => TcpSocket::new_v6()?,
     };
     socket.set_reuseaddr(true)?;
+    if v6_only && addr.is_ipv6() {
+        set_v6_only(&socket)?;
+    }
     socket.bind(addr)?;
     socket.listen(1024)
+}
+
+/// `IPV6_V6ONLY` on: the socket takes IPv6 connections only.
+fn set_v6_only(socket: &TcpSocket) -> io::Result<()> {
+    let on: libc::c_int = 1;
+    // SAFETY: the fd is the socket's, open while `socket` lives; the option
+    // value is a c_int on the stack with its exact size passed.
+    let rc = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::IPPROTO_IPV6,
+            libc::IPV6_V6ONLY,
+            std::ptr::from_ref(&on).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
 }
 
 /// The accept loop of one port.
@@ -570,7 +650,7 @@ mod tests {
     #[tokio::test]
     async fn two_local_endpoints_answer_200() {
         let port = free_port();
-        let mut servers = HealthServers::new(LOCALHOST);
+        let mut servers = HealthServers::new(&[LOCALHOST]);
         servers.update(&state(web(port)));
         assert_eq!(servers.ports().collect::<Vec<_>>(), [port]);
         let answer = get(port).await;
@@ -591,7 +671,7 @@ mod tests {
     #[tokio::test]
     async fn no_local_endpoints_answer_503_on_the_same_listener() {
         let port = free_port();
-        let mut servers = HealthServers::new(LOCALHOST);
+        let mut servers = HealthServers::new(&[LOCALHOST]);
         servers.update(&state(web(port)));
         assert_eq!(get(port).await.status, 200);
 
@@ -618,7 +698,7 @@ mod tests {
     #[tokio::test]
     async fn removed_service_closes_its_port() {
         let port = free_port();
-        let mut servers = HealthServers::new(LOCALHOST);
+        let mut servers = HealthServers::new(&[LOCALHOST]);
         servers.update(&state(web(port)));
         assert_eq!(get(port).await.status, 200);
         servers.update(&DesiredState::default());
@@ -647,7 +727,7 @@ mod tests {
                 },
             }]
         );
-        let mut servers = HealthServers::new(LOCALHOST);
+        let mut servers = HealthServers::new(&[LOCALHOST]);
         servers.update(&desired);
         let answer = get(port).await;
         assert_eq!(
@@ -661,11 +741,104 @@ mod tests {
         assert_eq!((answer.status, answer.body), (200, body("shop", "web", 2)));
     }
 
+    const LOCALHOST6: IpAddr = IpAddr::V6(Ipv6Addr::LOCALHOST);
+
+    /// A port free on both loopback addresses right now.
+    fn free_port_both() -> u16 {
+        for _ in 0..50 {
+            let port = free_port();
+            if std::net::TcpListener::bind((Ipv6Addr::LOCALHOST, port)).is_ok() {
+                return port;
+            }
+        }
+        panic!("no port free on both 127.0.0.1 and ::1");
+    }
+
+    async fn get_at(ip: IpAddr, port: u16) -> Answer {
+        get_on(
+            TcpStream::connect((ip, port)).await.expect("connect"),
+            "/any/path",
+        )
+        .await
+    }
+
+    #[tokio::test]
+    async fn the_port_answers_on_both_families() {
+        let port = free_port_both();
+        let mut servers = HealthServers::new(&[LOCALHOST, LOCALHOST6]);
+        servers.update(&state(web(port)));
+        assert_eq!(servers.ports().collect::<Vec<_>>(), [port]);
+        for ip in [LOCALHOST, LOCALHOST6] {
+            let answer = get_at(ip, port).await;
+            assert_eq!(answer.status, 200, "{ip}: {}", answer.head);
+            assert_eq!(answer.body, body("shop", "web", 2), "{ip}");
+        }
+        // Both listeners follow the model's changes...
+        servers.update(&state(vec![lb("shop", "web", [203, 0, 113, 1], 80, Some(port), &[])]));
+        for ip in [LOCALHOST, LOCALHOST6] {
+            assert_eq!(get_at(ip, port).await.status, 503, "{ip}");
+        }
+        // ...and both close with the Service.
+        servers.update(&DesiredState::default());
+        for _ in 0..100 {
+            match TcpStream::connect((LOCALHOST6, port)).await {
+                Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => break,
+                _ => tokio::time::sleep(Duration::from_millis(20)).await,
+            }
+        }
+        assert!(TcpStream::connect((LOCALHOST6, port)).await.is_err(), "[::1]:{port} still open");
+        refused(port).await;
+    }
+
+    #[tokio::test]
+    async fn an_ipv6_socket_is_ipv6_only_beside_the_ipv4_one() {
+        let listener = listen_only(SocketAddr::new(LOCALHOST6, 0)).expect("listen");
+        let mut on: libc::c_int = 0;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: the fd is the listener's, open here; `on` and `len` are
+        // live stack values of the sizes passed.
+        let rc = unsafe {
+            libc::getsockopt(
+                listener.as_raw_fd(),
+                libc::IPPROTO_IPV6,
+                libc::IPV6_V6ONLY,
+                std::ptr::from_mut(&mut on).cast(),
+                &mut len,
+            )
+        };
+        assert_eq!(rc, 0, "{}", io::Error::last_os_error());
+        assert_eq!(on, 1, "IPV6_V6ONLY must be set, or [::] would take 0.0.0.0's port");
+        // /healthz and /metrics keep the kernel's default (dual-stack [::]).
+        let plain = listen(SocketAddr::new(LOCALHOST6, 0)).expect("listen");
+        assert!(plain.local_addr().expect("addr").is_ipv6());
+    }
+
+    #[tokio::test]
+    async fn a_port_taken_on_ipv6_only_is_retried_whole() {
+        let port = free_port_both();
+        let blocker = std::net::TcpListener::bind((Ipv6Addr::LOCALHOST, port)).expect("bind");
+        let mut servers = HealthServers::new(&[LOCALHOST, LOCALHOST6]);
+        servers.update(&state(web(port)));
+        assert_eq!(servers.ports().count(), 0, "[::1]:{port} is taken");
+        refused(port).await;
+        drop(blocker);
+        servers.update(&state(web(port)));
+        assert_eq!(servers.ports().collect::<Vec<_>>(), [port]);
+        assert_eq!(get_at(LOCALHOST6, port).await.status, 200);
+        assert_eq!(get_at(LOCALHOST, port).await.status, 200);
+    }
+
+    #[test]
+    fn the_production_binds_cover_both_families() {
+        assert!(DEFAULT_BINDS.contains(&IpAddr::V4(Ipv4Addr::UNSPECIFIED)));
+        assert!(DEFAULT_BINDS.contains(&IpAddr::V6(Ipv6Addr::UNSPECIFIED)));
+    }
+
     #[tokio::test]
     async fn a_port_in_use_is_retried_at_the_next_update() {
         let blocker = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind");
         let port = blocker.local_addr().expect("addr").port();
-        let mut servers = HealthServers::new(LOCALHOST);
+        let mut servers = HealthServers::new(&[LOCALHOST]);
         servers.update(&state(web(port)));
         assert_eq!(servers.ports().count(), 0, "the port is taken");
         drop(blocker);
@@ -676,7 +849,7 @@ mod tests {
 
     #[test]
     fn without_a_runtime_nothing_listens_and_nothing_panics() {
-        let mut servers = HealthServers::new(LOCALHOST);
+        let mut servers = HealthServers::new(&[LOCALHOST]);
         servers.update(&state(web(free_port())));
         assert_eq!(servers.ports().count(), 0);
     }

@@ -123,7 +123,19 @@ pub struct PinnedMaps {
     pub sockets6: HashMap<MapData, SockKey6, SockEntry6>,
     /// Puts held by [`MapStore::hold_puts`] until [`MapStore::flush`].
     held: Option<Held>,
+    /// The IPv6 maps that were not pinned (an agent older than IPv6) and
+    /// stand in as empty, unpinned maps; see [`PinnedMaps::open_tolerant`].
+    absent6: Vec<&'static str>,
 }
+
+/// The IPv6 maps [`PinnedMaps`] holds, in the order `open` opens them.
+pub const IPV6_MAPS: [&str; 5] = [
+    names::FRONTENDS6,
+    names::BACKENDS6,
+    names::REVNAT6,
+    names::CONNTRACK6,
+    names::SOCKETS6,
+];
 
 /// Puts waiting to be written in batches, per family (a frontend and
 /// everything it names are of one family).
@@ -197,15 +209,51 @@ macro_rules! typed {
     };
 }
 
+/// An IPv6 map from its pin, or, when an agent older than IPv6 never pinned
+/// it, an empty unpinned stand-in of the same layout (its name is then added
+/// to `absent`). Any other failure is an error.
+fn open_pinned6<K: aya::Pod, V: aya::Pod>(
+    pin_root: &Path,
+    name: &'static str,
+    absent: &mut Vec<&'static str>,
+) -> Result<HashMap<MapData, K, V>, MapsError> {
+    match open_pinned(pin_root, name) {
+        Ok(map) => Ok(typed!(name, map)),
+        Err(MapsError::NotPinned { .. }) => {
+            absent.push(name);
+            HashMap::create(1, 0).map_err(|source| MapsError::Layout { name, source })
+        }
+        Err(e) => Err(e),
+    }
+}
+
 impl PinnedMaps {
-    /// Opens the maps pinned under `pin_root`.
+    /// Opens the maps pinned under `pin_root`, every one of them (the agent
+    /// and its tests: a missing IPv6 map is [`MapsError::NotPinned`]).
     pub fn open(pin_root: &Path) -> Result<Self, MapsError> {
+        let maps = Self::open_tolerant(pin_root)?;
+        match maps.absent6.first() {
+            Some(name) => Err(MapsError::NotPinned {
+                name,
+                path: pin_root.join(name),
+            }),
+            None => Ok(maps),
+        }
+    }
+
+    /// Opens the maps pinned under `pin_root` for the CLI's read-only
+    /// commands, which must work against an agent older than IPv6 that is
+    /// still running: IPv6 maps that are not pinned are empty stand-ins, and
+    /// [`absent_ipv6`](Self::absent_ipv6) names them. Every IPv4 map must be
+    /// there. Writes to a stand-in land nowhere.
+    pub fn open_tolerant(pin_root: &Path) -> Result<Self, MapsError> {
+        let mut absent6 = Vec::new();
         Ok(Self {
             frontends: typed!(names::FRONTENDS, open_pinned(pin_root, names::FRONTENDS)?),
             backends: typed!(names::BACKENDS, open_pinned(pin_root, names::BACKENDS)?),
-            frontends6: typed!(names::FRONTENDS6, open_pinned(pin_root, names::FRONTENDS6)?),
-            backends6: typed!(names::BACKENDS6, open_pinned(pin_root, names::BACKENDS6)?),
-            revnat6: typed!(names::REVNAT6, open_pinned(pin_root, names::REVNAT6)?),
+            frontends6: open_pinned6(pin_root, names::FRONTENDS6, &mut absent6)?,
+            backends6: open_pinned6(pin_root, names::BACKENDS6, &mut absent6)?,
+            revnat6: open_pinned6(pin_root, names::REVNAT6, &mut absent6)?,
             conntrack: typed!(names::CONNTRACK, open_pinned(pin_root, names::CONNTRACK)?),
             revnat: typed!(names::REVNAT, open_pinned(pin_root, names::REVNAT)?),
             service_stats: typed!(
@@ -221,9 +269,26 @@ impl PinnedMaps {
             uplinks: typed!(names::UPLINKS, open_pinned(pin_root, names::UPLINKS)?),
             maglev: typed!(names::MAGLEV, open_pinned(pin_root, names::MAGLEV)?),
             fragments: typed!(names::FRAGMENTS, open_pinned(pin_root, names::FRAGMENTS)?),
-            conntrack6: typed!(names::CONNTRACK6, open_pinned(pin_root, names::CONNTRACK6)?),
-            sockets6: typed!(names::SOCKETS6, open_pinned(pin_root, names::SOCKETS6)?),
+            conntrack6: open_pinned6(pin_root, names::CONNTRACK6, &mut absent6)?,
+            sockets6: open_pinned6(pin_root, names::SOCKETS6, &mut absent6)?,
             held: None,
+            absent6,
+        })
+    }
+
+    /// The IPv6 maps that were not pinned ([`open_tolerant`](Self::open_tolerant)):
+    /// empty unless the agent predates IPv6.
+    pub fn absent_ipv6(&self) -> &[&'static str] {
+        &self.absent6
+    }
+
+    /// The note the CLI prints when the agent predates IPv6, if it does.
+    pub fn ipv6_note(&self) -> Option<String> {
+        (!self.absent6.is_empty()).then(|| {
+            format!(
+                "note: the running agent predates IPv6 ({} not pinned); IPv4 entries only",
+                self.absent6.join(", ")
+            )
         })
     }
 
@@ -248,6 +313,7 @@ impl PinnedMaps {
             conntrack6: typed!(names::CONNTRACK6, take(names::CONNTRACK6)?),
             sockets6: typed!(names::SOCKETS6, take(names::SOCKETS6)?),
             held: None,
+            absent6: Vec::new(),
         })
     }
 

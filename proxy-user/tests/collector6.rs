@@ -187,7 +187,12 @@ struct Bpffs(PathBuf);
 
 impl Bpffs {
     fn mount() -> Self {
-        let dir = PathBuf::from(format!("/run/switchboard-test/collector6-{}", std::process::id()));
+        Self::mount_at("collector6")
+    }
+
+    /// A bpffs at a directory named after `tag` and this process.
+    fn mount_at(tag: &str) -> Self {
+        let dir = PathBuf::from(format!("/run/switchboard-test/{tag}-{}", std::process::id()));
         let _ = umount(&dir);
         std::fs::create_dir_all(&dir).expect("create the pin root");
         let fs = Self(dir);
@@ -245,7 +250,7 @@ fn an_agent_finding_no_ipv6_tables_pinned_creates_them() {
     for name in [names::CONNTRACK6, names::SOCKETS6] {
         std::fs::remove_file(pin_root.join(name)).expect("unpin");
     }
-    assert!(PinnedMaps::open(pin_root).is_err(), "the CLI needs the IPv6 pins");
+    assert!(PinnedMaps::open(pin_root).is_err(), "the agent's open needs the IPv6 pins");
 
     let _ebpf = ebpf::load(pin_root, &caps, &[]).expect("load onto the older pin root");
     for name in [names::CONNTRACK6, names::SOCKETS6] {
@@ -300,6 +305,169 @@ fn an_agent_finding_no_ipv6_tables_pinned_creates_them() {
 }
 
 /// `switchboard ARGS --pin-root PIN_ROOT`'s JSON output.
+/// A CLI from after IPv6 against a still-running agent from before it (its
+/// pin root has the IPv4 maps only): the read-only commands work and show
+/// the IPv4 entries, with a note; the agent's own open still wants them all.
+#[test]
+fn the_cli_reads_an_agent_that_predates_ipv6() {
+    require_root();
+    let fs = Bpffs::mount_at("collector6-old");
+    let pin_root = fs.0.as_path();
+    let caps = capacities(64);
+    let v4 = CtKey {
+        saddr_be: u32::from_ne_bytes([10, 0, 0, 2]),
+        daddr_be: u32::from_ne_bytes([10, 96, 0, 10]),
+        sport_be: 40000u16.to_be(),
+        dport_be: 80u16.to_be(),
+        proto: proto::TCP,
+        dir: ct_dir::FORWARD,
+        _pad: [0; 2],
+    };
+    {
+        let mut ebpf = ebpf::load(pin_root, &caps, &[]).expect("load");
+        let mut maps = PinnedMaps::take(&mut ebpf).expect("maps");
+        maps.conntrack
+            .insert(v4, CtEntry::default(), 0)
+            .expect("write SB_CT_V5");
+    }
+    // What an agent from before IPv6 pinned: none of the IPv6 tables.
+    for name in proxy_user::maps::IPV6_MAPS.into_iter().chain([names::AFFINITY6]) {
+        let _ = std::fs::remove_file(pin_root.join(name));
+        assert!(!pin_root.join(name).exists(), "{name} unpinned");
+    }
+
+    match PinnedMaps::open(pin_root) {
+        Err(proxy_user::maps::MapsError::NotPinned { name, .. }) => assert_eq!(name, names::FRONTENDS6),
+        Err(other) => panic!("{other}"),
+        Ok(_) => panic!("the agent's open must want every IPv6 map"),
+    }
+    let maps = PinnedMaps::open_tolerant(pin_root).expect("the CLI's open");
+    assert_eq!(maps.absent_ipv6(), proxy_user::maps::IPV6_MAPS);
+    assert_eq!(maps.conntrack_len(), 1);
+    assert_eq!(maps.conntrack6_len(), 0);
+    drop(maps);
+
+    let (rows, note) = cli_with_stderr(pin_root, &["conntrack", "list", "-o", "json"]);
+    let rows = rows.as_array().cloned().expect("a list");
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0]["family"], "ipv4", "{rows:?}");
+    assert!(note.contains("predates IPv6"), "{note}");
+    assert!(note.contains(names::CONNTRACK6), "{note}");
+
+    let (stats, _) = cli_with_stderr(pin_root, &["stats", "-o", "json"]);
+    let shown: Vec<&str> = stats["maps"]
+        .as_array()
+        .expect("maps")
+        .iter()
+        .filter_map(|m| m["map"].as_str())
+        .collect();
+    assert!(shown.contains(&names::CONNTRACK), "{stats}");
+    assert!(!shown.contains(&names::CONNTRACK6), "no row for a map that is not there: {stats}");
+
+    let (services, _) = cli_with_stderr(pin_root, &["services", "-o", "json"]);
+    assert_eq!(services.as_array().map(Vec::len), Some(0), "{services}");
+
+    let (flushed, _) = cli_with_stderr(pin_root, &["conntrack", "flush", "--family", "ipv6", "-o", "json"]);
+    assert_eq!(flushed["removed"], 0);
+    let maps = PinnedMaps::open_tolerant(pin_root).expect("open");
+    assert_eq!(maps.conntrack_len(), 1, "the IPv4 flow stays");
+    for name in proxy_user::maps::IPV6_MAPS {
+        assert!(!pin_root.join(name).exists(), "the CLI pinned nothing: {name}");
+    }
+}
+
+/// `switchboard explain` on an IPv6 flow reads the pinned SB_CT6_V1 (the
+/// tracked flow keeps its backend) and SB_AFFINITY6_V1 (another port of
+/// the same client sticks to its backend).
+#[test]
+fn explain_reads_ipv6_conntrack_and_affinity_from_the_pins() {
+    require_root();
+    let fs = Bpffs::mount_at("collector6-explain");
+    let pin_root = fs.0.as_path();
+    let caps = capacities(64);
+    let mut ebpf = ebpf::load(pin_root, &caps, &[]).expect("load");
+    let mut maps = PinnedMaps::take(&mut ebpf).expect("maps");
+    let (vip, service) = ("fd00:96::10", 5u32);
+    let fe = |slot: u16| proxy_common::FrontendKey6 {
+        addr_be: addr(vip),
+        port_be: 80u16.to_be(),
+        proto: proto::TCP,
+        scope: proxy_common::scope::INTERNAL,
+        slot,
+        _pad1: [0; 2],
+    };
+    let head = proxy_common::FrontendSlot {
+        service_id: service,
+        backend_count: 2,
+        flags: proxy_common::frontend_flags::AFFINITY_CLIENT_IP,
+        affinity_timeout_s: 600,
+        ..Default::default()
+    };
+    maps.frontends6.insert(fe(0), head, 0).expect("write SB_FE6_V1");
+    for (slot, id, pod) in [(1u16, 21u32, "fd00:244::5"), (2, 22, "fd00:244::6")] {
+        let slot_value = proxy_common::FrontendSlot { backend_id: id, service_id: service, ..Default::default() };
+        maps.frontends6.insert(fe(slot), slot_value, 0).expect("write SB_FE6_V1");
+        let backend = proxy_common::Backend6 { addr_be: addr(pod), port_be: 8080u16.to_be(), proto: proto::TCP, flags: 0 };
+        maps.backends6.insert(id, backend, 0).expect("write SB_BE6_V1");
+    }
+    let now = conntrack::monotonic_ns();
+    let client = "fd00:244::99";
+    let tracked = CtKey6 {
+        saddr_be: addr(client),
+        daddr_be: addr(vip),
+        sport_be: 40000u16.to_be(),
+        dport_be: 80u16.to_be(),
+        proto: proto::TCP,
+        dir: ct_dir::FORWARD,
+        _pad: [0; 2],
+    };
+    let entry = CtEntry6 {
+        backend_id: 22,
+        service_id: service,
+        nat_addr_be: addr("fd00:244::6"),
+        nat_port_be: 8080u16.to_be(),
+        created_ns: now,
+        last_seen_ns: now,
+        ..CtEntry6::default()
+    };
+    maps.conntrack6.insert(tracked, entry, 0).expect("write SB_CT6_V1");
+    let mut affinity: aya::maps::HashMap<_, proxy_common::AffinityKey6, proxy_common::AffinityEntry> =
+        aya::maps::Map::from_map_data(aya::maps::MapData::from_pin(pin_root.join(names::AFFINITY6)).expect("SB_AFFINITY6_V1 pinned"))
+            .expect("a map")
+            .try_into()
+            .expect("the affinity layout");
+    let akey = proxy_common::AffinityKey6 { client_addr_be: addr(client), service_id: service };
+    let aentry = proxy_common::AffinityEntry { backend_id: 21, slot: 1, last_used_ns: now, ..Default::default() };
+    affinity.insert(akey, aentry, 0).expect("write SB_AFFINITY6_V1");
+
+    let explain = |from: &str| {
+        cli_with_stderr(pin_root, &["explain", "[fd00:96::10]:80/TCP", "--from", from, "--scope", "internal", "-o", "json"]).0
+    };
+    let e = explain("[fd00:244::99]:40000");
+    assert_eq!(e["backend"], "[fd00:244::6]:8080", "{e}");
+    assert!(e["reasons"].to_string().contains("tracked flow"), "{e}");
+    let e = explain("[fd00:244::99]:40001");
+    assert_eq!(e["backend"], "[fd00:244::5]:8080", "{e}");
+    assert!(e["reasons"].to_string().contains("sessionAffinity: ClientIP: fd00:244::99"), "{e}");
+    // Another client: no entry in either table.
+    let e = explain("[fd00:244::98]:40000");
+    assert_eq!(e["backend"], serde_json::Value::Null, "{e}");
+    drop(ebpf);
+}
+
+/// Runs the CLI; its stdout as JSON and its stderr.
+fn cli_with_stderr(pin_root: &Path, args: &[&str]) -> (serde_json::Value, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_switchboard"))
+        .args(args)
+        .arg("--pin-root")
+        .arg(pin_root)
+        .output()
+        .expect("run switchboard");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "switchboard {args:?}: {stderr}");
+    (serde_json::from_slice(&out.stdout).expect("JSON"), stderr)
+}
+
 fn cli(pin_root: &Path, args: &[&str]) -> serde_json::Value {
     let out = Command::new(env!("CARGO_BIN_EXE_switchboard"))
         .args(args)

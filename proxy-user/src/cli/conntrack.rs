@@ -111,7 +111,7 @@ pub fn run(action: Action) -> anyhow::Result<Done> {
 }
 
 fn list(common: &Common, service: Option<&str>, family: Option<Family>) -> anyhow::Result<Done> {
-    let maps = PinnedMaps::open(&common.pin_root)?;
+    let maps = super::open_maps(&common.pin_root)?;
     let names = service_names(&maps, &common.pin_root);
     let timeouts = crate::status::read(&common.pin_root)
         .map(|s| s.conntrack_timeouts)
@@ -173,7 +173,7 @@ fn sort(rows: &mut [CtRow]) {
 }
 
 fn flush(common: &Common, service: Option<&str>, family: Option<Family>) -> anyhow::Result<Done> {
-    let mut maps = PinnedMaps::open(&common.pin_root)?;
+    let mut maps = super::open_maps(&common.pin_root)?;
     let names = service_names(&maps, &common.pin_root);
     let mut removed = 0;
     if wanted(family, "ipv4") {

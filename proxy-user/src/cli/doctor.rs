@@ -21,7 +21,7 @@ use super::{
     agent_process, desired, hooks, kube_proxy, read_services, status::interface_rows, Common, Done, Output,
     ServiceRow,
 };
-use crate::{maps::PinnedMaps, status::AgentStatus};
+use crate::status::AgentStatus;
 
 /// At most this many Services get a Pod lookup (one list call each).
 const MAX_SELECTOR_LOOKUPS: usize = 50;
@@ -85,7 +85,7 @@ pub fn run(common: &Common, kubeconfig: Option<PathBuf>) -> anyhow::Result<Done>
 async fn checks(common: &Common, kubeconfig: Option<PathBuf>) -> anyhow::Result<Vec<Check>> {
     let pin_root = &common.pin_root;
     let status = crate::status::read(pin_root);
-    let maps = PinnedMaps::open(pin_root).ok();
+    let maps = super::open_maps(pin_root).ok();
     let rows = maps.as_ref().map(read_services);
     let mut handle = hooks::connect()?;
     let net = hooks::inspect(&mut handle).await?;

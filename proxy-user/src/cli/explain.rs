@@ -22,7 +22,8 @@ use std::{
 use aya::maps::{HashMap as BpfHashMap, Map, MapData};
 use proxy_common::{
     addr6_be, capacity, ct_dir, ct_flags, frontend_flags as ff, hash, names, proto, scope, AffinityEntry,
-    AffinityKey, Backend, CtEntry, CtKey, FrontendKey, FrontendKey6, FrontendSlot,
+    AffinityKey, AffinityKey6, Backend, Backend6, CtEntry, CtEntry6, CtKey, CtKey6, FrontendKey, FrontendKey6,
+    FrontendSlot,
 };
 use serde::Serialize;
 
@@ -124,10 +125,14 @@ pub struct View {
     pub names: HashMap<u32, String>,
     /// Maglev tables by service id.
     pub maglev: HashMap<u32, Vec<u32>>,
-    /// IPv4 flows' entries (IPv6 ones are not read yet).
+    /// IPv4 flows' entries (`SB_CT_V5`).
     pub conntrack: HashMap<CtKey, CtEntry>,
-    /// IPv4 clients' entries (IPv6 ones are not read yet).
+    /// IPv6 flows' entries (`SB_CT6_V1`).
+    pub conntrack6: HashMap<CtKey6, CtEntry6>,
+    /// IPv4 clients' entries (`SB_AFFINITY_V1`).
     pub affinity: HashMap<AffinityKey, AffinityEntry>,
+    /// IPv6 clients' entries (`SB_AFFINITY6_V1`).
+    pub affinity6: HashMap<AffinityKey6, AffinityEntry>,
     /// `CLOCK_MONOTONIC` now, in ns (what entries are stamped with).
     pub now_ns: u64,
     /// What the agent could not program (from its status file).
@@ -206,10 +211,13 @@ pub fn run(
         scope,
         scope_reason,
     };
-    let maps = PinnedMaps::open(&common.pin_root)?;
-    let affinity = open_affinity(&common.pin_root);
+    let maps = super::open_maps(&common.pin_root)?;
+    let affinity = Affinity {
+        v4: open_pinned_hash(&common.pin_root, names::AFFINITY),
+        v6: open_pinned_hash(&common.pin_root, names::AFFINITY6),
+    };
     let status = crate::status::read(&common.pin_root);
-    let view = load_view(&maps, affinity.as_ref(), &query, status.map(|s| s.unprogrammed).unwrap_or_default());
+    let view = load_view(&maps, &affinity, &query, status.map(|s| s.unprogrammed).unwrap_or_default());
     let explanation = explain(&view, &query);
     let text = match common.output {
         Output::Json => super::to_json(&explanation)?,
@@ -243,9 +251,16 @@ pub fn classify_source(net: &hooks::NetView, ip: Ipv4Addr) -> (Scope, String) {
     }
 }
 
-/// The affinity map (not among [`PinnedMaps`]: only `explain` reads it).
-fn open_affinity(pin_root: &Path) -> Option<BpfHashMap<MapData, AffinityKey, AffinityEntry>> {
-    let data = MapData::from_pin(pin_root.join(names::AFFINITY)).ok()?;
+/// The affinity maps (not among [`PinnedMaps`]: only `explain` reads
+/// them); either may be absent (an agent older than IPv6 has no IPv6 one).
+struct Affinity {
+    v4: Option<BpfHashMap<MapData, AffinityKey, AffinityEntry>>,
+    v6: Option<BpfHashMap<MapData, AffinityKey6, AffinityEntry>>,
+}
+
+/// A pinned hash (or LRU hash) map, when it is pinned with this layout.
+fn open_pinned_hash<K: aya::Pod, V: aya::Pod>(pin_root: &Path, name: &str) -> Option<BpfHashMap<MapData, K, V>> {
+    let data = MapData::from_pin(pin_root.join(name)).ok()?;
     Map::from_map_data(data).ok()?.try_into().ok()
 }
 
@@ -253,7 +268,7 @@ fn open_affinity(pin_root: &Path) -> Option<BpfHashMap<MapData, AffinityKey, Aff
 /// flow's own conntrack, affinity and Maglev entries.
 fn load_view(
     maps: &PinnedMaps,
-    affinity: Option<&BpfHashMap<MapData, AffinityKey, AffinityEntry>>,
+    affinity: &Affinity,
     query: &Query,
     unprogrammed: Vec<UnprogrammedService>,
 ) -> View {
@@ -274,19 +289,44 @@ fn load_view(
             view.conntrack.insert(key, entry);
         }
     }
+    if let Some(key) = ct_key6(query) {
+        if let Ok(entry) = maps.conntrack6.get(&key, 0) {
+            view.conntrack6.insert(key, entry);
+        }
+    }
     if let Ok(table) = maps.maglev.get(&head.service_id, 0) {
         view.maglev.insert(head.service_id, table.backend_ids.to_vec());
     }
-    if let (Some(map), Some((IpAddr::V4(ip), _))) = (affinity, query.src) {
-        let key = AffinityKey {
-            client_addr_be: u32::from_ne_bytes(ip.octets()),
-            service_id: head.service_id,
-        };
-        if let Ok(entry) = map.get(&key, 0) {
-            view.affinity.insert(key, entry);
+    match query.src {
+        Some((IpAddr::V4(ip), _)) => {
+            let key = affinity_key(ip, head.service_id);
+            if let Some(entry) = affinity.v4.as_ref().and_then(|m| m.get(&key, 0).ok()) {
+                view.affinity.insert(key, entry);
+            }
         }
+        Some((IpAddr::V6(ip), _)) => {
+            let key = affinity_key6(ip, head.service_id);
+            if let Some(entry) = affinity.v6.as_ref().and_then(|m| m.get(&key, 0).ok()) {
+                view.affinity6.insert(key, entry);
+            }
+        }
+        None => {}
     }
     view
+}
+
+fn affinity_key(ip: Ipv4Addr, service_id: u32) -> AffinityKey {
+    AffinityKey {
+        client_addr_be: u32::from_ne_bytes(ip.octets()),
+        service_id,
+    }
+}
+
+fn affinity_key6(ip: std::net::Ipv6Addr, service_id: u32) -> AffinityKey6 {
+    AffinityKey6 {
+        client_addr_be: addr6_be(ip.octets()),
+        service_id,
+    }
 }
 
 /// Slot 0 of the target's set `set`, in its family's map.
@@ -312,8 +352,8 @@ fn head_key(target: &Target, set: u8) -> AnyFrontendKey {
     }
 }
 
-/// The target's IPv4 address, for the IPv4-only tables (conntrack,
-/// affinity, the flow hash).
+/// The flow's IPv4 addresses, for the IPv4 tables (conntrack, affinity,
+/// the flow hash).
 fn v4_flow(query: &Query) -> Option<(Ipv4Addr, Ipv4Addr, Option<u16>)> {
     match (query.src?, query.target.ip) {
         ((IpAddr::V4(src), port), IpAddr::V4(dst)) => Some((src, dst, port)),
@@ -335,6 +375,59 @@ fn ct_key(query: &Query) -> Option<CtKey> {
         dir: ct_dir::FORWARD,
         _pad: [0; 2],
     })
+}
+
+/// The forward conntrack key of an IPv6 flow, when the source port is known.
+fn ct_key6(query: &Query) -> Option<CtKey6> {
+    let ((IpAddr::V6(src), Some(port)), IpAddr::V6(dst)) = (query.src?, query.target.ip) else {
+        return None;
+    };
+    Some(CtKey6 {
+        saddr_be: addr6_be(src.octets()),
+        daddr_be: addr6_be(dst.octets()),
+        sport_be: port.to_be(),
+        dport_be: query.target.port.to_be(),
+        proto: query.target.proto,
+        dir: ct_dir::FORWARD,
+        _pad: [0; 2],
+    })
+}
+
+/// A flow's conntrack entry, of either family, in the terms `explain` uses.
+struct Tracked {
+    backend_id: u32,
+    service_id: u32,
+    /// Where the flow is sent (the backend's address and port).
+    nat: AnyBackend,
+    /// The source it is NATed to (meaningful with `ct_flags::SNAT`).
+    snat: AnyBackend,
+    flags: u8,
+    created_ns: u64,
+}
+
+/// The flow's entry from its family's table: `None` when the source port is
+/// not known (no key), `Some(None)` when there is no entry.
+fn tracked_entry(view: &View, query: &Query) -> Option<Option<Tracked>> {
+    let proto = query.target.proto;
+    if let Some(key) = ct_key(query) {
+        return Some(view.conntrack.get(&key).map(|c| Tracked {
+            backend_id: c.backend_id,
+            service_id: c.service_id,
+            nat: AnyBackend::V4(Backend { addr_be: c.nat_addr_be, port_be: c.nat_port_be, proto, flags: 0 }),
+            snat: AnyBackend::V4(Backend { addr_be: c.snat_addr_be, port_be: c.snat_port_be, proto, flags: 0 }),
+            flags: c.flags,
+            created_ns: c.created_ns,
+        }));
+    }
+    let key = ct_key6(query)?;
+    Some(view.conntrack6.get(&key).map(|c| Tracked {
+        backend_id: c.backend_id,
+        service_id: c.service_id,
+        nat: AnyBackend::V6(Backend6 { addr_be: c.nat_addr_be, port_be: c.nat_port_be, proto, flags: 0 }),
+        snat: AnyBackend::V6(Backend6 { addr_be: c.snat_addr_be, port_be: c.snat_port_be, proto, flags: 0 }),
+        flags: c.flags,
+        created_ns: c.created_ns,
+    }))
 }
 
 fn kind_name(flags: u16) -> &'static str {
@@ -534,28 +627,21 @@ fn empty_set(e: &mut Explanation, head: &FrontendSlot, from: Scope) {
 
 /// A tracked flow whose backend is live keeps it.
 fn tracked(view: &View, query: &Query, set: &FrontendSlot, e: &mut Explanation) -> bool {
-    if IpFamily::of(query.target.ip) == IpFamily::V6 {
-        e.reasons.push("IPv6 flows' connection-tracking entries are not read by explain (yet)".into());
-        return false;
-    }
-    let Some(key) = ct_key(query) else {
+    let Some(entry) = tracked_entry(view, query) else {
         return false;
     };
-    let Some(entry) = view.conntrack.get(&key).filter(|c| c.service_id == set.service_id) else {
+    let Some(entry) = entry.filter(|c| c.service_id == set.service_id) else {
         e.reasons.push("no connection-tracking entry for this exact flow".into());
         return false;
     };
     let age = view.now_ns.saturating_sub(entry.created_ns) as f64 / 1e9;
-    let nat = addr_of(&Backend {
-        addr_be: entry.nat_addr_be,
-        port_be: entry.nat_port_be,
-        proto: query.target.proto,
-        flags: 0,
-    });
+    let nat = addr_of(&entry.nat);
+    // Live: the id still names a backend at the address the flow was sent to
+    // (of the flow's family).
     let live = view
         .backends
         .get(&entry.backend_id)
-        .is_some_and(|b| matches!(b, AnyBackend::V4(b) if b.addr_be == entry.nat_addr_be && b.port_be == entry.nat_port_be));
+        .is_some_and(|b| b.family() == entry.nat.family() && addr_of(b) == nat);
     if !live {
         e.reasons.push(format!(
             "tracked flow to {nat} (backend id {}), which has left: an open TCP connection drains to it; a new connection or UDP datagram picks anew",
@@ -568,12 +654,7 @@ fn tracked(view: &View, query: &Query, set: &FrontendSlot, e: &mut Explanation) 
         line.push_str("; the connection is closing, so a new SYN from this port picks anew");
     }
     if entry.flags & ct_flags::SNAT != 0 {
-        let snat = addr_of(&Backend {
-            addr_be: entry.snat_addr_be,
-            port_be: entry.snat_port_be,
-            proto: query.target.proto,
-            flags: 0,
-        });
+        let snat = addr_of(&entry.snat);
         line.push_str(&format!("; source NATed to {snat} (backend on another node)"));
     }
     e.reasons.push(line);
@@ -639,16 +720,21 @@ fn affinity(view: &View, query: &Query, key: &AnyFrontendKey, set: &FrontendSlot
         "sessionAffinity: ClientIP ({timeout}s): the client's first new flow picks at random among {}, later ones stick to that backend",
         set.backend_count
     );
-    let Some((ip, _, _)) = v4_flow(query) else {
-        // No client, or an IPv6 one (its entries are not read yet).
-        e.reasons.push(fallback);
-        return true;
+    // The client's entry in its family's table (a flow has one family).
+    let (ip, entry) = match (query.src, query.target.ip) {
+        (Some((IpAddr::V4(ip), _)), IpAddr::V4(_)) => {
+            (IpAddr::V4(ip), view.affinity.get(&affinity_key(ip, set.service_id)))
+        }
+        (Some((IpAddr::V6(ip), _)), IpAddr::V6(_)) => {
+            (IpAddr::V6(ip), view.affinity6.get(&affinity_key6(ip, set.service_id)))
+        }
+        _ => {
+            // No client named: nothing to look up.
+            e.reasons.push(fallback);
+            return true;
+        }
     };
-    let akey = AffinityKey {
-        client_addr_be: u32::from_ne_bytes(ip.octets()),
-        service_id: set.service_id,
-    };
-    let valid = view.affinity.get(&akey).and_then(|entry| {
+    let valid = entry.and_then(|entry| {
         let idle_ns = view.now_ns.wrapping_sub(entry.last_used_ns);
         if idle_ns > u64::from(timeout) * 1_000_000_000 || entry.slot == 0 || entry.slot > set.backend_count {
             return None;
@@ -979,6 +1065,64 @@ mod tests {
         assert!(parse_target("fd00:96::10:53").is_err(), "a port needs brackets");
         assert_eq!(parse_source("fd00::1"), Ok(("fd00::1".parse().unwrap(), None)));
         assert_eq!(parse_source("[fd00::1]:4000"), Ok(("fd00::1".parse().unwrap(), Some(4000))));
+    }
+
+    #[test]
+    fn an_ipv6_tracked_flow_and_affinity_entry_name_the_backend() {
+        let t = target("[fd00:96::10]:80");
+        let mut v = view6(&t, 3, ff::KIND_CLUSTER_IP | ff::AFFINITY_CLIENT_IP);
+        if let Some(head) = v.frontends.get_mut(&head_key(&t, scope::INTERNAL)) {
+            head.affinity_timeout_s = 60;
+        }
+        let client: std::net::Ipv6Addr = "fd00:244::99".parse().unwrap();
+        let q6 = |port| Query {
+            target: t,
+            src: Some((IpAddr::V6(client), Some(port))),
+            scope: Scope::Internal,
+            scope_reason: "test".into(),
+        };
+        let b2: std::net::Ipv6Addr = "fd00:244::2".parse().unwrap();
+        v.conntrack6.insert(
+            ct_key6(&q6(40000)).expect("key"),
+            CtEntry6 {
+                backend_id: 12,
+                service_id: SVC + 1,
+                nat_addr_be: addr6_be(b2.octets()),
+                nat_port_be: 8080u16.to_be(),
+                created_ns: v.now_ns - 5_000_000_000,
+                ..CtEntry6::default()
+            },
+        );
+        let e = explain(&v, &q6(40000));
+        assert_eq!(e.backend.as_deref(), Some("[fd00:244::2]:8080"), "{:?}", e.reasons);
+        assert!(e.reasons.iter().any(|r| r.contains("tracked flow (entry 5s old)")), "{:?}", e.reasons);
+
+        // The backend left (its id now names another address): picks anew.
+        let mut gone = v.clone();
+        gone.backends.insert(
+            12,
+            Backend6 { addr_be: addr6_be("fd00:244::77".parse::<std::net::Ipv6Addr>().unwrap().octets()), port_be: 8080u16.to_be(), proto: proto::TCP, flags: 0 }.into(),
+        );
+        let e = explain(&gone, &q6(40000));
+        assert_eq!(e.backend, None);
+        assert!(e.reasons.iter().any(|r| r.contains("tracked flow to [fd00:244::2]:8080 (backend id 12), which has left")), "{:?}", e.reasons);
+
+        // Another port: no entry; the client's affinity names slot 3's backend.
+        v.affinity6.insert(
+            affinity_key6(client, SVC + 1),
+            AffinityEntry { backend_id: 13, slot: 3, last_used_ns: v.now_ns - 10_000_000_000, ..AffinityEntry::default() },
+        );
+        let e = explain(&v, &q6(40001));
+        assert!(e.reasons.iter().any(|r| r == "no connection-tracking entry for this exact flow"), "{:?}", e.reasons);
+        assert_eq!(e.backend.as_deref(), Some("[fd00:244::3]:8080"), "{:?}", e.reasons);
+        assert!(e.reasons.iter().any(|r| r.contains("fd00:244::99's last new flow went to [fd00:244::3]:8080")), "{:?}", e.reasons);
+        // An IPv4 entry of the same service id does not stand in for it.
+        v.affinity6.clear();
+        v.affinity.insert(
+            affinity_key(Ipv4Addr::new(10, 244, 100, 2), SVC + 1),
+            AffinityEntry { backend_id: 13, slot: 3, last_used_ns: v.now_ns, ..AffinityEntry::default() },
+        );
+        assert_eq!(explain(&v, &q6(40001)).backend, None);
     }
 
     #[test]

@@ -307,7 +307,7 @@ pub fn render_status(status: &crate::status::AgentStatus, alive: bool) -> String
 
 /// Runs `switchboard services`.
 pub fn services(pin_root: &Path, json: bool) -> anyhow::Result<String> {
-    let maps = match PinnedMaps::open(pin_root) {
+    let maps = match super::open_maps(pin_root) {
         Ok(maps) => maps,
         Err(error @ MapsError::NotPinned { .. }) => {
             return Err(anyhow::Error::from(error)

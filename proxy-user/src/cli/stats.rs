@@ -80,7 +80,11 @@ pub fn read_stats(maps: &PinnedMaps) -> StatsReport {
                 maps.fragments.keys().filter(Result::is_ok).count(),
                 capacity(maps.fragments.map().info()),
             ),
-        ],
+        ]
+        .into_iter()
+        // An agent older than IPv6 has no IPv6 maps: no row for them.
+        .filter(|m| !maps.absent_ipv6().contains(&m.map))
+        .collect(),
     }
 }
 
@@ -109,7 +113,7 @@ pub fn render_stats(report: &StatsReport) -> String {
 
 /// Runs `switchboard stats`.
 pub fn stats(pin_root: &Path, json: bool) -> anyhow::Result<String> {
-    let maps = PinnedMaps::open(pin_root)?;
+    let maps = super::open_maps(pin_root)?;
     let report = read_stats(&maps);
     if json {
         Ok(serde_json::to_string_pretty(&report)? + "\n")

@@ -10,7 +10,7 @@ use super::{
     table::{human_duration, Table},
     AgentProcess, Common, Done, MapFill, Output,
 };
-use crate::{maps::PinnedMaps, status::AgentStatus};
+use crate::status::AgentStatus;
 
 /// Maps whose running full loses Services (the LRU ones evict instead).
 const NOT_LRU: [&str; 3] = [names::FRONTENDS, names::BACKENDS, names::REVNAT];
@@ -67,7 +67,7 @@ fn gather(pin_root: &Path) -> anyhow::Result<StatusReport> {
         let mut handle = hooks::connect()?;
         hooks::inspect(&mut handle).await
     })??;
-    let maps = PinnedMaps::open(pin_root).ok();
+    let maps = super::open_maps(pin_root).ok();
     let fills = maps.as_ref().map(|m| read_stats(m).maps);
     let interfaces = if maps.is_some() || status.is_some() {
         interface_rows(status.as_ref(), &net.interfaces)
