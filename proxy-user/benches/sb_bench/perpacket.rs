@@ -277,11 +277,14 @@ pub(crate) fn perpacket(quick: bool) -> Result<Value> {
     let max = *sizes.iter().max().unwrap_or(&1);
     // Fixed capacities for every size, as an agent has: only the number of
     // entries changes between rows.
+    // Service and backend ids are one space for both families: room for
+    // the IPv6 rows' fillers too.
+    let ids = max + max.min(v6::MAX_FILLERS6);
     let caps = Capacities {
         frontends: (2 * max + 4096).next_power_of_two(),
-        backends: (max + 4096).next_power_of_two(),
+        backends: (ids + 4096).next_power_of_two(),
         conntrack: 262_144,
-        services: (max + 1024).next_power_of_two(),
+        services: (ids + 1024).next_power_of_two(),
     };
 
     let mut empty = load_empty()?;

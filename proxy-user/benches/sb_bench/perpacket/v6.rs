@@ -21,7 +21,7 @@ const VIP_B6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x96, 0, 0, 0, 0, 0, 0x11);
 const POD6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x10, 0x244, 1, 0, 0, 0, 2);
 /// IPv6 filler Services at most (their backends share the id space with the
 /// IPv4 ones).
-const MAX_FILLERS6: u32 = 10_000;
+pub(super) const MAX_FILLERS6: u32 = 10_000;
 
 /// An Ethernet + IPv6 + TCP frame with a valid checksum and the IPv4 rows'
 /// payload.
