@@ -23,9 +23,11 @@
 //!   [`flow_hash6`] / [`source_hash6`], so every node picks the same backend
 //!   for the same flow (client); other frontends pick at random, with
 //!   session affinity. Tracked flows keep their backend.
-//! - Other ICMPv6 (neighbour discovery included) and fragments pass untouched;
-//!   a frontend without endpoints drops (IPv4 answers with an ICMP port
-//!   unreachable).
+//! - To a frontend without any endpoint: tc answers as the pod path does
+//!   ([`crate::reject6`]: a TCP RST, or an ICMPv6 port unreachable for UDP)
+//!   out of the uplink; XDP hands such packets to tc untouched.
+//!   `externalTrafficPolicy: Local` without a local endpoint drops.
+//! - Other ICMPv6 (neighbour discovery included) and fragments pass untouched.
 //!
 //! Keys, entries and the route-lookup parameters live in per-CPU scratch
 //! memory ([`Up6`]), as on the IPv6 pod path.
@@ -120,8 +122,17 @@ pub fn classify6(ctx: *mut c_void, ingress: u32, u: &mut Up6) -> Result<Out6, No
     let Some(svc) = lookup_frontend6(&u.s.fe) else {
         return Err(NotTranslated::Pass(Skip::NotOurs));
     };
+    let cluster = svc;
     let (svc, local_only) = backend_set6(u, svc);
     if svc.backend_count == 0 {
+        // As IPv4: rejected only when the Service has no endpoint at all;
+        // `externalTrafficPolicy: Local` without a local one drops. The
+        // per-service counter of a rejected packet is counted where it is
+        // answered (tc; XDP hands it on), so it counts once.
+        if cluster.backend_count == 0 && crate::reject::rejects(&cluster) {
+            u.service_id = cluster.service_id;
+            return Err(NotTranslated::Reject);
+        }
         count_service(svc.service_id, |s| s.drops_no_backend += 1);
         return Err(NotTranslated::Drop(stat::DROP_NO_BACKEND));
     }
@@ -443,7 +454,10 @@ fn try_from_uplink6(ctx: &TcContext, u: &mut Up6) -> Result<i32, Skip> {
         Ok(out) => out,
         Err(NotTranslated::Pass(skip)) => return Err(skip),
         Err(NotTranslated::Drop(counter)) => return drop_counted(counter),
-        Err(NotTranslated::Reject) => return drop_counted(stat::DROP_NO_BACKEND),
+        Err(NotTranslated::Reject) => {
+            count_service(u.service_id, |s| s.drops_no_backend += 1);
+            return Ok(crate::reject6::answer(ctx, &mut u.s));
+        }
     };
     let leaves = out != Out6::Local;
     if leaves && load::<u8>(ctx, IP6_HOP_LIMIT_OFF)? <= 1 {

@@ -37,7 +37,7 @@ use support::{
     capacities, require_root, skb_ctx,
     v6::{
         checksums_valid6, ct_key6, icmp6_frame_macs, Maps6, Packet6, NEXTHDR_DEST, NEXTHDR_HOP, NEXTHDR_ROUTING,
-        PROTO_TCP, PROTO_UDP, TCP_ACK, TCP_SYN,
+        PROTO_TCP, PROTO_UDP, TCP_ACK, TCP_RST, TCP_SYN,
     },
     Loaded, TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT, TC_ACT_UNSPEC, XDP_DROP, XDP_PASS, XDP_TX,
 };
@@ -870,6 +870,83 @@ fn source_hash_ipv6_frontend_keeps_one_client_on_one_backend_across_source_ports
                 per_client.insert(want);
             }
             assert!(per_client.len() >= 2, "{prog:?}: twelve clients all on one backend");
+        }
+    });
+}
+
+// ---------------------------------------------------------------------------
+// Reject: a frontend without any endpoint answers a client from outside.
+
+const EMPTY_PORT: u16 = 30092;
+const EMPTY_TCP_SERVICE: u32 = 22;
+const EMPTY_UDP_SERVICE: u32 = 23;
+
+#[test]
+fn an_ipv6_frontend_without_endpoints_answers_outside_clients_with_rst_or_port_unreachable() {
+    on_node(|uplink| {
+        for prog in Prog::BOTH {
+            let mut fx = Fixture::new(uplink, Some(NODE));
+            standard(&mut fx);
+            for (proto, sid) in [(PROTO_TCP, EMPTY_TCP_SERVICE), (PROTO_UDP, EMPTY_UDP_SERVICE)] {
+                fx.frontend(&Fe6 {
+                    addr: NODE,
+                    port: EMPTY_PORT,
+                    proto,
+                    service_id: sid,
+                    kind: frontend_flags::KIND_NODE_PORT,
+                    backends: &[],
+                    local: None,
+                });
+            }
+            let syn = from_client(Packet6::tcp(CLIENT, 40200, NODE, EMPTY_PORT));
+            let rst_ack = Packet6 {
+                tcp_flags: TCP_RST | TCP_ACK,
+                seq: 0,
+                ack: syn.seq + 1,
+                window: 0,
+                src_mac: UPLINK_MAC,
+                dst_mac: CLIENT_MAC,
+                ..Packet6::tcp(NODE, EMPTY_PORT, CLIENT, 40200)
+            };
+            let udp = from_client(Packet6::udp(CLIENT, 40201, NODE, EMPTY_PORT));
+            let udp_frame = udp.build();
+            let unreachable = icmp6_frame_macs(UPLINK_MAC, CLIENT_MAC, NODE, CLIENT, 1, 4, 0, &udp_frame[14..14 + 48]);
+            let a_rst = from_client(Packet6 {
+                tcp_flags: TCP_RST,
+                ..Packet6::tcp(CLIENT, 40202, NODE, EMPTY_PORT)
+            });
+            // Under `externalTrafficPolicy: Local` without a local endpoint
+            // (the Service has one elsewhere) the packet drops, unanswered.
+            let local_empty = from_client(Packet6::tcp(CLIENT, 40203, NODE, EMPTY_LOCAL_PORT));
+            match prog {
+                Prog::Tc => {
+                    let (verdict, out) = fx.run(prog, &syn.build());
+                    assert_eq!((verdict, out), (TC_ACT_REDIRECT, rst_ack.build()), "SYN: RST+ACK from the NodePort");
+                    let (verdict, out) = fx.run(prog, &udp_frame);
+                    assert_eq!((verdict, out), (TC_ACT_REDIRECT, unreachable), "UDP: port unreachable quoting it");
+                    assert_eq!(fx.loaded.stat("rejected"), 2);
+                }
+                Prog::Xdp => {
+                    // Handed to the uplink's tc program untouched, which answers.
+                    for frame in [syn.build(), udp_frame.clone()] {
+                        let (verdict, out) = fx.run(prog, &frame);
+                        assert_eq!((verdict, out), (XDP_PASS, frame));
+                    }
+                    assert_eq!(fx.loaded.stat("xdp_to_tc"), 2);
+                    assert_eq!(fx.loaded.stat("rejected"), 0);
+                }
+            }
+            // A RST is never answered: tc drops it (XDP hands it on as any
+            // packet to the empty frontend).
+            let (verdict, out) = fx.run(prog, &a_rst.build());
+            let want = if prog == Prog::Tc { TC_ACT_SHOT } else { XDP_PASS };
+            assert_eq!((verdict, out), (want, a_rst.build()), "{prog:?}: a RST");
+            let (verdict, _) = fx.run(prog, &local_empty.build());
+            assert_eq!(verdict, prog.dropped(), "{prog:?}: Local policy without a local endpoint");
+            // Counted where the packet is answered or dropped (tc), once.
+            let stats = fx.loaded.syncer.store().service_stats(EMPTY_TCP_SERVICE);
+            let want = if prog == Prog::Tc { 2 } else { 0 };
+            assert_eq!(stats.drops_no_backend, want, "{prog:?}: the SYN and the RST, counted once each");
         }
     });
 }
