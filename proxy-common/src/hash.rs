@@ -24,6 +24,12 @@ const FLOW_SEED: u32 = 0x5b0a_7d01;
 /// Seed of [`source_hash`]; differs from [`FLOW_SEED`] so that a source hash
 /// is not mistaken for a flow hash of the same input.
 const SOURCE_SEED: u32 = 0x2c9e_41f3;
+/// Seed of [`flow_hash6`]. Part of the contract between nodes: do not change.
+/// Differs from [`FLOW_SEED`] so that the two families' hashes are independent
+/// functions even where their words coincide.
+const FLOW6_SEED: u32 = 0x7f4a_9c36;
+/// Seed of [`source_hash6`]. Part of the contract between nodes: do not change.
+const SOURCE6_SEED: u32 = 0x3b1d_e5a9;
 
 const C1: u32 = 0xcc9e_2d51;
 const C2: u32 = 0x1b87_3593;
@@ -76,6 +82,37 @@ pub const fn flow_hash(saddr_be: u32, daddr_be: u32, sport_be: u16, dport_be: u1
 #[inline(always)]
 pub const fn source_hash(saddr_be: u32) -> u32 {
     fmix32(mix(SOURCE_SEED, saddr_be) ^ 4)
+}
+
+/// Hash of an IPv6 5-tuple, for choosing a backend (Maglev slot) per flow:
+/// the IPv6 twin of [`flow_hash`].
+///
+/// The addresses are [`crate::Addr6Be`]s as they sit in the packet or map
+/// (four words, each network byte order in memory: `addr6_be(octets)` on the
+/// user side); the ports are the `_be` values as read from the packet. Ten
+/// words are hashed: the source address's four, the destination's four, the
+/// ports as one word (source in the high half) and the protocol. The length
+/// folded into the finalizer is 40 bytes and the seed is not the IPv4 one, so
+/// an IPv6 tuple never hashes like an IPv4 tuple that shares words with it
+/// (an IPv4-mapped address, say). Swapping source and destination gives a
+/// different hash, as for IPv4.
+#[inline(always)]
+pub const fn flow_hash6(saddr_be: &[u32; 4], daddr_be: &[u32; 4], sport_be: u16, dport_be: u16, proto: u8) -> u32 {
+    let ports = ((sport_be as u32) << 16) | dport_be as u32;
+    let mut h = mix(mix(mix(mix(FLOW6_SEED, saddr_be[0]), saddr_be[1]), saddr_be[2]), saddr_be[3]);
+    h = mix(mix(mix(mix(h, daddr_be[0]), daddr_be[1]), daddr_be[2]), daddr_be[3]);
+    h = mix(mix(h, ports), proto as u32);
+    fmix32(h ^ 40)
+}
+
+/// Hash of an IPv6 source address alone, for source-hash scheduling: the
+/// IPv6 twin of [`source_hash`]. `saddr_be` is an [`crate::Addr6Be`] as it
+/// sits in the packet. All 128 bits count: clients that differ only in
+/// their interface identifier (the low 64 bits) get independent hashes.
+#[inline(always)]
+pub const fn source_hash6(saddr_be: &[u32; 4]) -> u32 {
+    let h = mix(mix(mix(mix(SOURCE6_SEED, saddr_be[0]), saddr_be[1]), saddr_be[2]), saddr_be[3]);
+    fmix32(h ^ 16)
 }
 
 #[cfg(test)]
@@ -248,5 +285,146 @@ mod tests {
         0x9779_37ad,
         0xd941_144b,
         0x1932_b0a1,
+    ];
+
+    /// fd00:50::100 and fd00:50::1 as `Addr6Be`s (each word network order in
+    /// memory).
+    const SADDR6: [u32; 4] = crate::addr6_be([0xfd, 0, 0, 0x50, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0]);
+    const DADDR6: [u32; 4] = crate::addr6_be([0xfd, 0, 0, 0x50, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]);
+
+    #[test]
+    fn flow_hash6_uniform_over_sequential_source_ports() {
+        let hashes = (0u16..=u16::MAX).map(|p| flow_hash6(&SADDR6, &DADDR6, p.to_be(), 80u16.to_be(), TCP));
+        assert_uniform("IPv6 source ports", hashes);
+    }
+
+    #[test]
+    fn flow_hash6_uniform_over_sequential_interface_identifiers() {
+        // fd00:50::1:0 .. fd00:50::1:ffff, one client port.
+        let hashes = (0u32..65536).map(|i| {
+            let mut saddr = SADDR6;
+            saddr[3] = (0x0001_0000 | i).to_be();
+            flow_hash6(&saddr, &DADDR6, 33000u16.to_be(), 443u16.to_be(), TCP)
+        });
+        assert_uniform("IPv6 source addresses", hashes);
+    }
+
+    #[test]
+    fn source_hash6_uniform_over_sequential_addresses_and_prefixes() {
+        let low = (0u32..65536).map(|i| {
+            let mut a = SADDR6;
+            a[3] = i.to_be();
+            source_hash6(&a)
+        });
+        assert_uniform("source_hash6, low word", low);
+        // Clients in different /64s with the same interface identifier.
+        let prefixes = (0u32..65536).map(|i| {
+            let mut a = SADDR6;
+            a[1] = i.to_be();
+            source_hash6(&a)
+        });
+        assert_uniform("source_hash6, prefix", prefixes);
+    }
+
+    #[test]
+    fn flow_hash6_changes_with_every_bit_of_every_field() {
+        let base = flow_hash6(&SADDR6, &DADDR6, 1234, 80, TCP);
+        let mut total_flipped = 0u32;
+        let mut cases = 0u32;
+        let mut check = |v: u32, what: &str| {
+            assert_ne!(v, base, "{what}");
+            total_flipped += (v ^ base).count_ones();
+            cases += 1;
+        };
+        for word in 0..4 {
+            for bit in 0..32 {
+                let mut s = SADDR6;
+                s[word] ^= 1 << bit;
+                check(flow_hash6(&s, &DADDR6, 1234, 80, TCP), "source address bit");
+                let mut d = DADDR6;
+                d[word] ^= 1 << bit;
+                check(flow_hash6(&SADDR6, &d, 1234, 80, TCP), "destination address bit");
+            }
+        }
+        for bit in 0..16 {
+            check(flow_hash6(&SADDR6, &DADDR6, 1234 ^ (1 << bit), 80, TCP), "source port bit");
+            check(flow_hash6(&SADDR6, &DADDR6, 1234, 80 ^ (1 << bit), TCP), "destination port bit");
+        }
+        for bit in 0..8 {
+            check(flow_hash6(&SADDR6, &DADDR6, 1234, 80, TCP ^ (1 << bit)), "protocol bit");
+        }
+        let mean = f64::from(total_flipped) / f64::from(cases);
+        assert!((14.0..18.0).contains(&mean), "mean output bits flipped {mean}");
+    }
+
+    #[test]
+    fn flow_hash6_is_direction_sensitive() {
+        let fwd = flow_hash6(&SADDR6, &DADDR6, 1234, 80, TCP);
+        assert_ne!(fwd, flow_hash6(&DADDR6, &SADDR6, 80, 1234, TCP));
+        assert_ne!(fwd, flow_hash6(&SADDR6, &DADDR6, 80, 1234, TCP));
+        assert_ne!(fwd, flow_hash6(&DADDR6, &SADDR6, 1234, 80, TCP));
+    }
+
+    /// The IPv6 hashes are not the IPv4 ones on a wider input: an IPv4-mapped
+    /// address (::ffff:a.b.c.d), or any address whose words repeat an IPv4
+    /// tuple's, hashes differently from that IPv4 tuple, and the source hashes
+    /// of the two families differ for the "same" client.
+    #[test]
+    fn ipv6_hashes_are_a_separate_domain_from_the_ipv4_ones() {
+        let mapped = |v4: u32| [0, 0, 0xffffu32.to_be(), v4];
+        let v4 = flow_hash(SADDR, DADDR, 40000u16.to_be(), 80u16.to_be(), TCP);
+        let v6 = flow_hash6(&mapped(SADDR), &mapped(DADDR), 40000u16.to_be(), 80u16.to_be(), TCP);
+        assert_ne!(v4, v6);
+        assert_ne!(source_hash(SADDR), source_hash6(&mapped(SADDR)));
+        assert_ne!(source_hash6(&[0; 4]), flow_hash6(&[0; 4], &[0; 4], 0, 0, 0));
+        assert_ne!(source_hash6(&[0; 4]), source_hash(0));
+        assert_ne!(flow_hash6(&[0; 4], &[0; 4], 0, 0, 0), flow_hash(0, 0, 0, 0, 0));
+        // Over many tuples the two agree on a Maglev slot no more often than
+        // independent hashes do (1 in 16381; allow a generous margin).
+        let same_slot = (0u16..20000)
+            .filter(|&p| {
+                let a = flow_hash(SADDR, DADDR, p.to_be(), 80u16.to_be(), TCP);
+                let b = flow_hash6(&mapped(SADDR), &mapped(DADDR), p.to_be(), 80u16.to_be(), TCP);
+                a % 16381 == b % 16381
+            })
+            .count();
+        assert!(same_slot < 10, "{same_slot} of 20000 tuples share a slot across families");
+    }
+
+    #[test]
+    fn source_hash6_depends_on_every_address_bit_only() {
+        let base = source_hash6(&SADDR6);
+        for word in 0..4 {
+            for bit in 0..32 {
+                let mut a = SADDR6;
+                a[word] ^= 1 << bit;
+                assert_ne!(source_hash6(&a), base, "word {word} bit {bit}");
+            }
+        }
+        assert_ne!(source_hash6(&SADDR6), source_hash6(&DADDR6));
+    }
+
+    /// Golden values of the IPv6 hashes, as [`golden_values`] for IPv4.
+    #[test]
+    fn golden_values6() {
+        assert_eq!(flow_hash6(&[0; 4], &[0; 4], 0, 0, 0), GOLDEN6[0]);
+        assert_eq!(flow_hash6(&SADDR6, &DADDR6, 40000u16.to_be(), 80u16.to_be(), TCP), GOLDEN6[1]);
+        assert_eq!(flow_hash6(&SADDR6, &DADDR6, 40000u16.to_be(), 53u16.to_be(), UDP), GOLDEN6[2]);
+        assert_eq!(
+            flow_hash6(&[u32::MAX; 4], &[u32::MAX; 4], u16::MAX, u16::MAX, u8::MAX),
+            GOLDEN6[3]
+        );
+        assert_eq!(source_hash6(&[0; 4]), GOLDEN6[4]);
+        assert_eq!(source_hash6(&SADDR6), GOLDEN6[5]);
+    }
+
+    /// Computed independently with a Python transcription of the functions.
+    const GOLDEN6: [u32; 6] = [
+        0xf2b5_3a4a,
+        0xf2a5_b77f,
+        0xd512_e28b,
+        0x0eb9_f813,
+        0x28ea_3dd6,
+        0xe123_57ad,
     ];
 }

@@ -11,7 +11,7 @@ use proxy_common::{
 };
 
 use crate::{
-    maps::{count, SB_AFFINITY6_V1, SB_BE6_V1, SB_FE6_V1},
+    maps::{count, SB_AFFINITY6_V1, SB_BE6_V1, SB_FE6_V1, SB_MAGLEV_V1},
     packet6::eq6,
 };
 
@@ -53,6 +53,28 @@ fn backend6(backend_id: u32, out: &mut Backend6) -> Option<()> {
     out.proto = live.proto;
     out.flags = live.flags;
     Some(())
+}
+
+/// The backend Maglev table entry `hash % MAGLEV_TABLE` of service
+/// `service_id` names, written to `out`; the IPv6 twin of
+/// [`crate::lb::maglev_backend`]. The table (`SB_MAGLEV_V1`, shared by both
+/// families, by service id) holds backend ids; an IPv6 frontend's ids name
+/// entries of `SB_BE6_V1`. `None` when the service has no table, or the
+/// entry names no IPv6 backend (mid-update): the caller picks at random.
+/// Returns the backend id.
+#[inline(always)]
+pub fn maglev_backend6(service_id: u32, hash: u32, out: &mut Backend6) -> Option<u32> {
+    let table = SB_MAGLEV_V1.get_ptr(&service_id)?;
+    let index = (hash % capacity::MAGLEV_TABLE) as usize;
+    // As in `lb::maglev_backend`: hide the known range from LLVM so the
+    // bounds check the verifier needs stays.
+    // SAFETY: reading a local.
+    let index = unsafe { core::ptr::read_volatile(&index) };
+    // SAFETY: a value of the map, valid for this program run; `get` checks
+    // the index against the array's length.
+    let backend_id = *unsafe { (*table).backend_ids.get(index) }?;
+    backend6(backend_id, out)?;
+    Some(backend_id)
 }
 
 /// The backend for a new IPv6 flow from a pod, written to `out`: the

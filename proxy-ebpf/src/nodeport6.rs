@@ -18,10 +18,16 @@
 //!   back out.
 //! - An ICMPv6 error about a source-NATed flow is translated back and sent
 //!   on to the client (tc; XDP hands ICMPv6 to tc untouched).
-//! - Other ICMPv6 (neighbour discovery included) and fragments pass untouched;
-//!   Maglev and source hashing are IPv4-only for now (IPv6 frontends pick at
-//!   random, with session affinity); a frontend without endpoints drops
-//!   (IPv4 answers with an ICMP port unreachable).
+//! - A new flow to a frontend whose algorithm is Maglev or source hash picks
+//!   from the service's Maglev table (`SB_MAGLEV_V1`, shared with IPv4) with
+//!   [`flow_hash6`] / [`source_hash6`], so every node picks the same backend
+//!   for the same flow (client); other frontends pick at random, with
+//!   session affinity. Tracked flows keep their backend.
+//! - To a frontend without any endpoint: tc answers as the pod path does
+//!   ([`crate::reject6`]: a TCP RST, or an ICMPv6 port unreachable for UDP)
+//!   out of the uplink; XDP hands such packets to tc untouched.
+//!   `externalTrafficPolicy: Local` without a local endpoint drops.
+//! - Other ICMPv6 (neighbour discovery included) and fragments pass untouched.
 //!
 //! Keys, entries and the route-lookup parameters live in per-CPU scratch
 //! memory ([`Up6`]), as on the IPv6 pod path.
@@ -34,11 +40,15 @@ use aya_ebpf::{
     btf_maps::PerCpuArray,
     programs::TcContext,
 };
-use proxy_common::{ct_dir, ct_flags, frontend_flags, proto, scope, snat, stat, Addr6Be, FrontendSlot};
+use proxy_common::{
+    ct_dir, ct_flags, frontend_flags,
+    hash::{flow_hash6, source_hash6},
+    proto, scope, snat, stat, Addr6Be, FrontendSlot,
+};
 
 use crate::{
     ct::{self, NotTracked},
-    lb6::{choose_backend6, frontend_key6, lookup_frontend6},
+    lb6::{choose_backend6, frontend_key6, lookup_frontend6, maglev_backend6},
     maps::{count, count_service, SB_CT6_V1, SB_UPLINK6_V1},
     nodeport::NotTranslated,
     packet::{csum_replace2, Skip, TCP_CSUM_OFF, UDP_CSUM_OFF},
@@ -112,8 +122,17 @@ pub fn classify6(ctx: *mut c_void, ingress: u32, u: &mut Up6) -> Result<Out6, No
     let Some(svc) = lookup_frontend6(&u.s.fe) else {
         return Err(NotTranslated::Pass(Skip::NotOurs));
     };
+    let cluster = svc;
     let (svc, local_only) = backend_set6(u, svc);
     if svc.backend_count == 0 {
+        // As IPv4: rejected only when the Service has no endpoint at all;
+        // `externalTrafficPolicy: Local` without a local one drops. The
+        // per-service counter of a rejected packet is counted where it is
+        // answered (tc; XDP hands it on), so it counts once.
+        if cluster.backend_count == 0 && crate::reject::rejects(&cluster) {
+            u.service_id = cluster.service_id;
+            return Err(NotTranslated::Reject);
+        }
         count_service(svc.service_id, |s| s.drops_no_backend += 1);
         return Err(NotTranslated::Drop(stat::DROP_NO_BACKEND));
     }
@@ -122,9 +141,7 @@ pub fn classify6(ctx: *mut c_void, ingress: u32, u: &mut Up6) -> Result<Out6, No
     if tracked_backend6(&mut u.s, svc.service_id) {
         return from_tracked6(u);
     }
-    u.s.aff.client_addr_be = u.s.flow.saddr_be;
-    u.s.aff.service_id = svc.service_id;
-    let Some(id) = choose_backend6(&mut u.s.fe, &svc, &u.s.aff, &mut u.s.backend) else {
+    let Some(id) = pick_backend6(u, &svc) else {
         return Err(NotTranslated::Drop(stat::DROP_INCONSISTENT));
     };
     if !local_only {
@@ -140,6 +157,35 @@ pub fn classify6(ctx: *mut c_void, ingress: u32, u: &mut Up6) -> Result<Out6, No
     }
     set_local(u);
     Ok(Out6::Local)
+}
+
+/// A new flow's backend, written to `u.s.backend`, as IPv4's
+/// `nodeport::pick_backend`: by the frontend's hashing algorithm (Maglev over
+/// the 5-tuple with [`flow_hash6`], or over the client address with
+/// [`source_hash6`]) when it has one and its table is there, else at random
+/// (with session affinity). Returns the backend id.
+#[inline(always)]
+fn pick_backend6(u: &mut Up6, svc: &FrontendSlot) -> Option<u32> {
+    let flow = &u.s.flow;
+    let hash = match svc.flags & frontend_flags::ALGO_MASK {
+        frontend_flags::ALGO_MAGLEV => Some(flow_hash6(
+            &flow.saddr_be,
+            &flow.daddr_be,
+            flow.sport_be,
+            flow.dport_be,
+            flow.proto,
+        )),
+        frontend_flags::ALGO_SOURCE_HASH => Some(source_hash6(&flow.saddr_be)),
+        _ => None,
+    };
+    if let Some(hash) = hash {
+        if let Some(id) = maglev_backend6(svc.service_id, hash, &mut u.s.backend) {
+            return Some(id);
+        }
+    }
+    u.s.aff.client_addr_be = u.s.flow.saddr_be;
+    u.s.aff.service_id = svc.service_id;
+    choose_backend6(&mut u.s.fe, svc, &u.s.aff, &mut u.s.backend)
 }
 
 /// The translation of a flow to a local backend (in `u.s.backend`).
@@ -408,7 +454,10 @@ fn try_from_uplink6(ctx: &TcContext, u: &mut Up6) -> Result<i32, Skip> {
         Ok(out) => out,
         Err(NotTranslated::Pass(skip)) => return Err(skip),
         Err(NotTranslated::Drop(counter)) => return drop_counted(counter),
-        Err(NotTranslated::Reject) => return drop_counted(stat::DROP_NO_BACKEND),
+        Err(NotTranslated::Reject) => {
+            count_service(u.service_id, |s| s.drops_no_backend += 1);
+            return Ok(crate::reject6::answer(ctx, &mut u.s));
+        }
     };
     let leaves = out != Out6::Local;
     if leaves && load::<u8>(ctx, IP6_HOP_LIMIT_OFF)? <= 1 {

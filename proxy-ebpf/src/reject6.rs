@@ -51,9 +51,21 @@ const ICMPV6_PORT_UNREACH: u8 = 4;
 /// empty, is answered or dropped.
 #[inline(always)]
 pub fn from_pod(ctx: &TcContext, s: &mut Scratch6, svc: &FrontendSlot) -> i32 {
+    if !crate::reject::rejects(svc) {
+        return drop();
+    }
+    answer(ctx, s)
+}
+
+/// `sb_from_pod` / `sb_from_uplink6`: answers the packet in `s.flow` (to a
+/// frontend without endpoints, which rejects) with a RST or an ICMPv6 port
+/// unreachable sent back out of the interface it came in on
+/// (`TC_ACT_REDIRECT`), or drops it when it must not be answered or cannot
+/// be reshaped. The per-service counter is the caller's.
+#[inline(always)]
+pub fn answer(ctx: &TcContext, s: &mut Scratch6) -> i32 {
     let flow = &s.flow;
-    if !crate::reject::rejects(svc)
-        || flow.l4_off() != IP6_L4_OFF
+    if flow.l4_off() != IP6_L4_OFF
         || flow.first_fragment
         || !is_unicast(&flow.saddr_be)
         || (flow.proto == proto::TCP && flow.tcp_flags & TCP_FLAG_RST != 0)

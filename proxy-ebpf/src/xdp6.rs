@@ -9,8 +9,9 @@
 //! lookup cannot give the next hop's address or the hop limit would expire,
 //! the packet goes on untranslated to the uplink's tc program
 //! (`xdp_to_tc`), which translates it again from the same
-//! connection-tracking entry. Fragments and ICMPv6 (neighbour discovery
-//! included) pass untouched.
+//! connection-tracking entry. A packet to a frontend without endpoints goes
+//! to tc untouched too, which answers it ([`crate::reject6`]). Fragments and
+//! ICMPv6 (neighbour discovery included) pass untouched.
 use core::{ffi::c_void, mem::size_of};
 
 use aya_ebpf::{
@@ -76,8 +77,10 @@ fn try_uplink6(ctx: &XdpContext, u: &mut Up6) -> Result<u32, Skip> {
             return Ok(xdp_action::XDP_DROP);
         }
         Err(NotTranslated::Reject) => {
-            count(stat::DROP_NO_BACKEND);
-            return Ok(xdp_action::XDP_DROP);
+            // The answer is built by the uplink's tc program
+            // (`crate::reject6`), which sees the packet untouched.
+            count(stat::XDP_TO_TC);
+            return Ok(xdp_action::XDP_PASS);
         }
     };
     if out == Out6::Local {

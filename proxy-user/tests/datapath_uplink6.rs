@@ -18,19 +18,26 @@
 mod support;
 
 use std::{
-    ffi::CString, fs, net::Ipv6Addr, os::unix::fs::MetadataExt as _, process::Command, thread,
+    ffi::CString,
+    fs,
+    net::{IpAddr, Ipv6Addr},
+    os::unix::fs::MetadataExt as _,
+    process::Command,
+    thread,
 };
 
 use aya::maps::{HashMap, MapData};
 use proxy_common::{
-    addr6_be, ct_dir, ct_flags, frontend_flags, names, programs, scope, snat, Backend6, FrontendKey6,
-    FrontendSlot, Uplink6,
+    addr6_be, capacity, ct_dir, ct_flags, frontend_flags,
+    hash::{flow_hash6, source_hash6},
+    names, programs, scope, snat, Backend6, FrontendKey6, FrontendSlot, MaglevTable, Uplink6,
 };
+use proxy_user::maglev::{self, BackendKey};
 use support::{
     capacities, require_root, skb_ctx,
     v6::{
         checksums_valid6, ct_key6, icmp6_frame_macs, Maps6, Packet6, NEXTHDR_DEST, NEXTHDR_HOP, NEXTHDR_ROUTING,
-        PROTO_TCP, PROTO_UDP, TCP_ACK, TCP_SYN,
+        PROTO_TCP, PROTO_UDP, TCP_ACK, TCP_RST, TCP_SYN,
     },
     Loaded, TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT, TC_ACT_UNSPEC, XDP_DROP, XDP_PASS, XDP_TX,
 };
@@ -736,4 +743,210 @@ fn icmpv6_errors_about_a_remote_flow_reach_the_client_translated() {
 fn mk_unknown_error() -> Vec<u8> {
     let as_sent = Packet6::tcp(NODE, 2000, POD_REMOTE, POD_PORT);
     icmp6_frame_macs(GATEWAY_MAC, UPLINK_MAC, GATEWAY, NODE, 2, 0, 1280, &quote_of(&as_sent, 63))
+}
+
+// ---------------------------------------------------------------------------
+// Maglev and source hashing: the kernel picks what userspace predicts.
+
+const MAGLEV_PORT: u16 = 30090;
+const SOURCE_HASH_PORT: u16 = 30091;
+const MAGLEV_SERVICE: u32 = 20;
+const SOURCE_HASH_SERVICE: u32 = 21;
+
+/// Four backends on this node (fd00:244:1::10 ..= ::13), ids 201..=204.
+fn hashed_backends() -> Vec<(u32, Ipv6Addr)> {
+    (0..4u16).map(|i| (201 + u32::from(i), Ipv6Addr::new(0xfd00, 0x244, 1, 0, 0, 0, 0, 0x10 + i))).collect()
+}
+
+/// The service's Maglev table, built as the agent builds it (from the
+/// backends' addresses, written with their ids), written to `SB_MAGLEV_V1`.
+/// Returns the table (backend ids by slot) for the predictions.
+fn write_maglev_table(fx: &mut Fixture, service_id: u32, backends: &[(u32, Ipv6Addr)]) -> Vec<u32> {
+    let keys: Vec<BackendKey> =
+        backends.iter().map(|&(_, a)| BackendKey::new(IpAddr::V6(a), POD_PORT, PROTO_TCP)).collect();
+    let canonical = maglev::canonical_backends(&keys);
+    let entries = maglev::table(&canonical, capacity::MAGLEV_TABLE).expect("a Maglev table");
+    let id_of = |k: &BackendKey| backends[keys.iter().position(|x| x == k).expect("a known backend")].0;
+    let ids: Vec<u32> = entries.iter().map(|&i| id_of(&canonical[usize::from(i)])).collect();
+    let mut table = Box::new(MaglevTable {
+        backend_ids: [0; capacity::MAGLEV_TABLE as usize],
+    });
+    table.backend_ids.copy_from_slice(&ids);
+    fx.loaded
+        .syncer
+        .store_mut()
+        .maglev
+        .insert(service_id, table.as_ref(), 0)
+        .expect("write the Maglev table");
+    ids
+}
+
+fn addr_of(backends: &[(u32, Ipv6Addr)], id: u32) -> Ipv6Addr {
+    backends.iter().find(|b| b.0 == id).expect("a backend of the set").1
+}
+
+#[test]
+fn maglev_ipv6_frontend_from_outside_picks_the_backend_the_userspace_hash_and_table_predict() {
+    on_node(|uplink| {
+        let backends = hashed_backends();
+        for prog in Prog::BOTH {
+            let mut fx = Fixture::new(uplink, Some(NODE));
+            fx.frontend(&Fe6 {
+                addr: NODE,
+                port: MAGLEV_PORT,
+                proto: PROTO_TCP,
+                service_id: MAGLEV_SERVICE,
+                kind: frontend_flags::KIND_NODE_PORT | frontend_flags::ALGO_MAGLEV,
+                backends: &backends,
+                local: None,
+            });
+            let table = write_maglev_table(&mut fx, MAGLEV_SERVICE, &backends);
+            let client_be = addr6_be(CLIENT.octets());
+            let node_be = addr6_be(NODE.octets());
+            let mut picked = std::collections::HashSet::new();
+            for sport in 41000..41024u16 {
+                let hash = flow_hash6(&client_be, &node_be, sport.to_be(), MAGLEV_PORT.to_be(), PROTO_TCP);
+                let want = addr_of(&backends, table[(hash % capacity::MAGLEV_TABLE) as usize]);
+                let input = from_client(Packet6::tcp(CLIENT, sport, NODE, MAGLEV_PORT));
+                let (verdict, out) = fx.run(prog, &input.build());
+                assert_eq!(verdict, prog.delivered(), "{prog:?} sport {sport}");
+                assert_eq!(dst_of(&out), (want, POD_PORT), "{prog:?} sport {sport}: the predicted backend");
+                assert!(checksums_valid6(&out, false));
+                picked.insert(want);
+            }
+            // The prediction is not one backend for everything: the flows
+            // spread, so a random pick would have missed it.
+            assert!(picked.len() >= 3, "{prog:?}: {} backends over 24 flows", picked.len());
+
+            // Conntrack keeps a flow where it is, even when the table changes.
+            let sport: u16 = 41000;
+            let hash = flow_hash6(&client_be, &node_be, sport.to_be(), MAGLEV_PORT.to_be(), PROTO_TCP);
+            let first = addr_of(&backends, table[(hash % capacity::MAGLEV_TABLE) as usize]);
+            let other = backends.iter().find(|b| b.1 != first).expect("another backend");
+            let moved = Box::new(MaglevTable {
+                backend_ids: [other.0; capacity::MAGLEV_TABLE as usize],
+            });
+            fx.loaded.syncer.store_mut().maglev.insert(MAGLEV_SERVICE, moved.as_ref(), 0).expect("rewrite");
+            let mut next = from_client(Packet6::tcp(CLIENT, sport, NODE, MAGLEV_PORT));
+            next.tcp_flags = TCP_ACK;
+            let (verdict, out) = fx.run(prog, &next.build());
+            assert_eq!(verdict, prog.delivered());
+            assert_eq!(dst_of(&out), (first, POD_PORT), "{prog:?}: a tracked flow keeps its backend");
+            // A new flow follows the new table.
+            let fresh = from_client(Packet6::tcp(CLIENT, 42000, NODE, MAGLEV_PORT));
+            let (_, out) = fx.run(prog, &fresh.build());
+            assert_eq!(dst_of(&out), (other.1, POD_PORT), "{prog:?}: a new flow uses the table");
+        }
+    });
+}
+
+#[test]
+fn source_hash_ipv6_frontend_keeps_one_client_on_one_backend_across_source_ports() {
+    on_node(|uplink| {
+        let backends = hashed_backends();
+        for prog in Prog::BOTH {
+            let mut fx = Fixture::new(uplink, Some(NODE));
+            fx.frontend(&Fe6 {
+                addr: NODE,
+                port: SOURCE_HASH_PORT,
+                proto: PROTO_TCP,
+                service_id: SOURCE_HASH_SERVICE,
+                kind: frontend_flags::KIND_NODE_PORT | frontend_flags::ALGO_SOURCE_HASH,
+                backends: &backends,
+                local: None,
+            });
+            let table = write_maglev_table(&mut fx, SOURCE_HASH_SERVICE, &backends);
+            let mut per_client = std::collections::HashSet::new();
+            for c in 0..12u16 {
+                let client = Ipv6Addr::new(0xfd00, 0x50, 0, 0, 0, 0, 1, c);
+                let hash = source_hash6(&addr6_be(client.octets()));
+                let want = addr_of(&backends, table[(hash % capacity::MAGLEV_TABLE) as usize]);
+                for sport in [40001u16, 40002, 51234, 65000] {
+                    let input = from_client(Packet6::tcp(client, sport, NODE, SOURCE_HASH_PORT));
+                    let (verdict, out) = fx.run(prog, &input.build());
+                    assert_eq!(verdict, prog.delivered(), "{prog:?} {client} sport {sport}");
+                    assert_eq!(dst_of(&out), (want, POD_PORT), "{prog:?} {client} sport {sport}");
+                }
+                per_client.insert(want);
+            }
+            assert!(per_client.len() >= 2, "{prog:?}: twelve clients all on one backend");
+        }
+    });
+}
+
+// ---------------------------------------------------------------------------
+// Reject: a frontend without any endpoint answers a client from outside.
+
+const EMPTY_PORT: u16 = 30092;
+const EMPTY_TCP_SERVICE: u32 = 22;
+const EMPTY_UDP_SERVICE: u32 = 23;
+
+#[test]
+fn an_ipv6_frontend_without_endpoints_answers_outside_clients_with_rst_or_port_unreachable() {
+    on_node(|uplink| {
+        for prog in Prog::BOTH {
+            let mut fx = Fixture::new(uplink, Some(NODE));
+            standard(&mut fx);
+            for (proto, sid) in [(PROTO_TCP, EMPTY_TCP_SERVICE), (PROTO_UDP, EMPTY_UDP_SERVICE)] {
+                fx.frontend(&Fe6 {
+                    addr: NODE,
+                    port: EMPTY_PORT,
+                    proto,
+                    service_id: sid,
+                    kind: frontend_flags::KIND_NODE_PORT,
+                    backends: &[],
+                    local: None,
+                });
+            }
+            let syn = from_client(Packet6::tcp(CLIENT, 40200, NODE, EMPTY_PORT));
+            let rst_ack = Packet6 {
+                tcp_flags: TCP_RST | TCP_ACK,
+                seq: 0,
+                ack: syn.seq + 1,
+                window: 0,
+                src_mac: UPLINK_MAC,
+                dst_mac: CLIENT_MAC,
+                ..Packet6::tcp(NODE, EMPTY_PORT, CLIENT, 40200)
+            };
+            let udp = from_client(Packet6::udp(CLIENT, 40201, NODE, EMPTY_PORT));
+            let udp_frame = udp.build();
+            let unreachable = icmp6_frame_macs(UPLINK_MAC, CLIENT_MAC, NODE, CLIENT, 1, 4, 0, &udp_frame[14..14 + 48]);
+            let a_rst = from_client(Packet6 {
+                tcp_flags: TCP_RST,
+                ..Packet6::tcp(CLIENT, 40202, NODE, EMPTY_PORT)
+            });
+            // Under `externalTrafficPolicy: Local` without a local endpoint
+            // (the Service has one elsewhere) the packet drops, unanswered.
+            let local_empty = from_client(Packet6::tcp(CLIENT, 40203, NODE, EMPTY_LOCAL_PORT));
+            match prog {
+                Prog::Tc => {
+                    let (verdict, out) = fx.run(prog, &syn.build());
+                    assert_eq!((verdict, out), (TC_ACT_REDIRECT, rst_ack.build()), "SYN: RST+ACK from the NodePort");
+                    let (verdict, out) = fx.run(prog, &udp_frame);
+                    assert_eq!((verdict, out), (TC_ACT_REDIRECT, unreachable), "UDP: port unreachable quoting it");
+                    assert_eq!(fx.loaded.stat("rejected"), 2);
+                }
+                Prog::Xdp => {
+                    // Handed to the uplink's tc program untouched, which answers.
+                    for frame in [syn.build(), udp_frame.clone()] {
+                        let (verdict, out) = fx.run(prog, &frame);
+                        assert_eq!((verdict, out), (XDP_PASS, frame));
+                    }
+                    assert_eq!(fx.loaded.stat("xdp_to_tc"), 2);
+                    assert_eq!(fx.loaded.stat("rejected"), 0);
+                }
+            }
+            // A RST is never answered: tc drops it (XDP hands it on as any
+            // packet to the empty frontend).
+            let (verdict, out) = fx.run(prog, &a_rst.build());
+            let want = if prog == Prog::Tc { TC_ACT_SHOT } else { XDP_PASS };
+            assert_eq!((verdict, out), (want, a_rst.build()), "{prog:?}: a RST");
+            let (verdict, _) = fx.run(prog, &local_empty.build());
+            assert_eq!(verdict, prog.dropped(), "{prog:?}: Local policy without a local endpoint");
+            // Counted where the packet is answered or dropped (tc), once.
+            let stats = fx.loaded.syncer.store().service_stats(EMPTY_TCP_SERVICE);
+            let want = if prog == Prog::Tc { 2 } else { 0 };
+            assert_eq!(stats.drops_no_backend, want, "{prog:?}: the SYN and the RST, counted once each");
+        }
+    });
 }

@@ -662,28 +662,36 @@ fn tracked(view: &View, query: &Query, set: &FrontendSlot, e: &mut Explanation) 
     true
 }
 
-/// Maglev or source hash, computed as `nodeport.rs` does.
+/// Maglev or source hash, computed as `nodeport.rs` (IPv4) and
+/// `nodeport6.rs` (IPv6, [`hash::flow_hash6`] / [`hash::source_hash6`]) do.
 fn hashed(view: &View, query: &Query, set: &FrontendSlot, e: &mut Explanation) -> bool {
     let algorithm = set.flags & ff::ALGO_MASK;
     let t = &query.target;
-    if IpFamily::of(t.ip) == IpFamily::V6 && algorithm != ff::ALGO_RANDOM {
-        e.reasons.push("Maglev / source hash over the Service's table: the backend is not computed by explain for IPv6 flows (yet)".into());
-        return true;
-    }
-    let hash = match (algorithm, v4_flow(query)) {
-        (ff::ALGO_MAGLEV, Some((ip, daddr, Some(port)))) => hash::flow_hash(
+    let family = IpFamily::of(t.ip);
+    // A source of the other family never reaches this frontend's program.
+    let src = query.src.filter(|(ip, _)| IpFamily::of(*ip) == family);
+    let hash = match (algorithm, src, t.ip) {
+        (ff::ALGO_MAGLEV, Some((IpAddr::V4(ip), Some(port))), IpAddr::V4(daddr)) => hash::flow_hash(
             u32::from_ne_bytes(ip.octets()),
             u32::from_ne_bytes(daddr.octets()),
             port.to_be(),
             t.port.to_be(),
             t.proto,
         ),
-        (ff::ALGO_MAGLEV, _) => {
+        (ff::ALGO_MAGLEV, Some((IpAddr::V6(ip), Some(port))), IpAddr::V6(daddr)) => hash::flow_hash6(
+            &addr6_be(ip.octets()),
+            &addr6_be(daddr.octets()),
+            port.to_be(),
+            t.port.to_be(),
+            t.proto,
+        ),
+        (ff::ALGO_MAGLEV, _, _) => {
             e.reasons.push("Maglev over the 5-tuple: the backend depends on the source port; give --from IP:PORT to name it".into());
             return true;
         }
-        (ff::ALGO_SOURCE_HASH, Some((ip, _, _))) => hash::source_hash(u32::from_ne_bytes(ip.octets())),
-        (ff::ALGO_SOURCE_HASH, None) => {
+        (ff::ALGO_SOURCE_HASH, Some((IpAddr::V4(ip), _)), _) => hash::source_hash(u32::from_ne_bytes(ip.octets())),
+        (ff::ALGO_SOURCE_HASH, Some((IpAddr::V6(ip), _)), _) => hash::source_hash6(&addr6_be(ip.octets())),
+        (ff::ALGO_SOURCE_HASH, None, _) => {
             e.reasons.push("source hash: the backend depends on the client address; give --from IP".into());
             return true;
         }
@@ -696,7 +704,7 @@ fn hashed(view: &View, query: &Query, set: &FrontendSlot, e: &mut Explanation) -
     };
     let index = (hash % capacity::MAGLEV_TABLE) as usize;
     let id = table.get(index).copied().unwrap_or(0);
-    match view.backends.get(&id).filter(|b| b.family() == IpFamily::V4) {
+    match view.backends.get(&id).filter(|b| b.family() == family) {
         Some(b) => {
             e.reasons.push(format!(
                 "{name}: hash {hash:#010x} -> table entry {index} of {} -> backend id {id} = {}",
@@ -1054,6 +1062,50 @@ mod tests {
         }
         v.names.insert(SVC + 1, "demo/echo6:http".into());
         v
+    }
+
+    #[test]
+    fn ipv6_maglev_and_source_hash_name_the_backend_the_table_gives() {
+        let t = target("[fd00:96::10]:80");
+        let mut v = view6(&t, 3, ff::ALGO_MAGLEV | ff::KIND_LOAD_BALANCER);
+        // Backend ids 11..=13 in turn.
+        let table: Vec<u32> = (0..capacity::MAGLEV_TABLE).map(|i| i % 3 + 11).collect();
+        v.maglev.insert(SVC + 1, table);
+        let src: std::net::Ipv6Addr = "2001:db8::9".parse().unwrap();
+        let q = |src_port: Option<u16>| Query {
+            target: t,
+            src: Some((IpAddr::V6(src), src_port)),
+            scope: Scope::External,
+            scope_reason: "test".into(),
+        };
+        for port in [40000u16, 40001, 40002, 51000] {
+            let hash = hash::flow_hash6(
+                &addr6_be(src.octets()),
+                &addr6_be("fd00:96::10".parse::<std::net::Ipv6Addr>().unwrap().octets()),
+                port.to_be(),
+                80u16.to_be(),
+                proto::TCP,
+            );
+            let i = (hash % capacity::MAGLEV_TABLE) % 3 + 1;
+            let e = explain(&v, &q(Some(port)));
+            assert_eq!(e.backend, Some(format!("[fd00:244::{i}]:8080")), "{:?}", e.reasons);
+        }
+        // Without the source port the pick cannot be named.
+        let e = explain(&v, &q(None));
+        assert_eq!((e.verdict, e.backend), (Verdict::Forwarded, None));
+        // Source hash: the client address alone, whatever the port.
+        if let Some(head) = v.frontends.get_mut(&head_key(&t, scope::INTERNAL)) {
+            head.flags = ff::ALGO_SOURCE_HASH | ff::KIND_LOAD_BALANCER;
+        }
+        let i = (hash::source_hash6(&addr6_be(src.octets())) % capacity::MAGLEV_TABLE) % 3 + 1;
+        for port in [None, Some(40000), Some(61000)] {
+            let e = explain(&v, &q(port));
+            assert_eq!(e.backend, Some(format!("[fd00:244::{i}]:8080")), "{:?}", e.reasons);
+        }
+        // A table entry naming an IPv4 backend id is not an IPv6 backend.
+        v.maglev.insert(SVC + 1, vec![1; capacity::MAGLEV_TABLE as usize]);
+        let e = explain(&v, &q(None));
+        assert_eq!(e.backend, None, "{:?}", e.reasons);
     }
 
     #[test]
