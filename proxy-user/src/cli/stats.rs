@@ -32,6 +32,12 @@ fn fill(map: &'static str, entries: usize, capacity: u32) -> MapFill {
     }
 }
 
+/// How full a hash map is, by walking its keys.
+fn hash_fill<K: aya::Pod, V: aya::Pod>(map: &'static str, table: &aya::maps::HashMap<aya::maps::MapData, K, V>) -> MapFill {
+    let capacity = table.map().info().map_or(0, |i| i.max_entries());
+    fill(map, table.keys().filter(Result::is_ok).count(), capacity)
+}
+
 /// Reads the counters and how full the hash maps are (counting entries walks
 /// each map: fine for an on-call look, not for a hot loop).
 pub fn read_stats(maps: &PinnedMaps) -> StatsReport {
@@ -40,16 +46,10 @@ pub fn read_stats(maps: &PinnedMaps) -> StatsReport {
     StatsReport {
         counters: maps.global_stats().into_iter().collect(),
         maps: vec![
-            fill(
-                proxy_common::names::FRONTENDS,
-                maps.frontends.keys().filter(Result::is_ok).count(),
-                capacity(maps.frontends.map().info()),
-            ),
-            fill(
-                proxy_common::names::BACKENDS,
-                maps.backends.keys().filter(Result::is_ok).count(),
-                capacity(maps.backends.map().info()),
-            ),
+            hash_fill(proxy_common::names::FRONTENDS, &maps.frontends),
+            hash_fill(proxy_common::names::FRONTENDS6, &maps.frontends6),
+            hash_fill(proxy_common::names::BACKENDS, &maps.backends),
+            hash_fill(proxy_common::names::BACKENDS6, &maps.backends6),
             fill(
                 proxy_common::names::CONNTRACK,
                 maps.conntrack_len(),
@@ -60,11 +60,8 @@ pub fn read_stats(maps: &PinnedMaps) -> StatsReport {
                 maps.conntrack6_len(),
                 capacity(maps.conntrack6.map().info()),
             ),
-            fill(
-                proxy_common::names::REVNAT,
-                maps.revnat.keys().filter(Result::is_ok).count(),
-                capacity(maps.revnat.map().info()),
-            ),
+            hash_fill(proxy_common::names::REVNAT, &maps.revnat),
+            hash_fill(proxy_common::names::REVNAT6, &maps.revnat6),
             fill(
                 proxy_common::names::SOCKETS,
                 maps.sockets_len(),
@@ -75,11 +72,7 @@ pub fn read_stats(maps: &PinnedMaps) -> StatsReport {
                 maps.sockets6_len(),
                 capacity(maps.sockets6.map().info()),
             ),
-            fill(
-                proxy_common::names::FRAGMENTS,
-                maps.fragments.keys().filter(Result::is_ok).count(),
-                capacity(maps.fragments.map().info()),
-            ),
+            hash_fill(proxy_common::names::FRAGMENTS, &maps.fragments),
         ]
         .into_iter()
         // An agent older than IPv6 has no IPv6 maps: no row for them.
