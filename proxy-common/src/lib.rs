@@ -99,8 +99,19 @@ pub mod names {
     pub const AFFINITY6: &str = "SB_AFFINITY6_V1";
     pub const SOCKETS6: &str = "SB_SOCK6_V1";
     pub const FRAGMENTS6: &str = "SB_FRAG6_V1";
+    /// `loadBalancerSourceRanges`: the allowed client blocks of each
+    /// restricted frontend, a longest-prefix-match trie keyed by service id
+    /// and client address ([`super::SrcRange4`]). Looked up only for a
+    /// frontend whose slot 0 has [`super::frontend_flags::SOURCE_RANGES`].
+    pub const SOURCE_RANGES: &str = "SB_SRC_RANGE_V1";
+    /// The IPv6 twin of [`SOURCE_RANGES`] ([`super::SrcRange6`]).
+    pub const SOURCE_RANGES6: &str = "SB_SRC_RANGE6_V1";
+    /// Per-CPU count, per service id, of packets dropped because their
+    /// source is outside the frontend's `loadBalancerSourceRanges` (a map of
+    /// its own, so [`SERVICE_STATS`] keeps its layout across upgrades).
+    pub const SERVICE_DENIED: &str = "SB_SVC_DENIED_V1";
     /// Every map, in the order the CLI reports them.
-    pub const ALL: [&str; 24] = [
+    pub const ALL: [&str; 27] = [
         FRONTENDS,
         BACKENDS,
         CONNTRACK,
@@ -125,6 +136,9 @@ pub mod names {
         TAIL_CALLS6,
         UPLINKS6,
         XDP_TAIL_CALLS6,
+        SOURCE_RANGES,
+        SOURCE_RANGES6,
+        SERVICE_DENIED,
     ];
 }
 
@@ -223,6 +237,10 @@ pub mod capacity {
     pub const MAX_BACKENDS_PER_SERVICE: u16 = (MAGLEV_TABLE - 1) as u16;
     /// `--max-endpoints-per-service` by default.
     pub const DEFAULT_BACKENDS_PER_SERVICE: u16 = 4_096;
+    /// `loadBalancerSourceRanges` blocks per family, all restricted
+    /// frontends together. The tries are allocated per entry
+    /// (`BPF_F_NO_PREALLOC`), so an unused capacity costs nothing.
+    pub const SOURCE_RANGES: u32 = 65_536;
 }
 
 /// Slots of the tail-call program array.
@@ -419,6 +437,17 @@ pub mod frontend_flags {
     pub const KIND_NODE_PORT: u16 = 1 << KIND_SHIFT;
     pub const KIND_LOAD_BALANCER: u16 = 2 << KIND_SHIFT;
     pub const KIND_EXTERNAL_IP: u16 = 3 << KIND_SHIFT;
+    /// `loadBalancerSourceRanges` applies: a packet to this frontend is
+    /// forwarded only when its source matches one of the frontend's blocks
+    /// in `SB_SRC_RANGE_V1` / `SB_SRC_RANGE6_V1` (none: every source is
+    /// denied). Without the bit no source lookup is made.
+    pub const SOURCE_RANGES: u16 = 1 << 5;
+    /// With [`SOURCE_RANGES`]: one of the blocks holds a node address, so
+    /// the node's own sockets may reach the frontend (kube-proxy allows the
+    /// node, and the load-balancer IPs as sources, in that case). The
+    /// socket layer, which sees no source address at `connect()`, reads it
+    /// for sockets of the node's network namespace.
+    pub const SOURCE_RANGES_NODE: u16 = 1 << 6;
 
     /// Whether a slot 0 with these flags announces an external (local-only)
     /// set under [`super::scope::EXTERNAL`]: `externalTrafficPolicy: Local`
@@ -755,6 +784,32 @@ pub struct SvcStats {
     pub drops_no_backend: u64,
 }
 
+/// The data of an IPv4 `loadBalancerSourceRanges` trie key (after the
+/// 32-bit prefix length): a block of client addresses of one frontend. The
+/// prefix length is 32 (the whole service id) plus the block's length, so a
+/// lookup only ever matches blocks of its own frontend.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
+pub struct SrcRange4 {
+    /// The frontend's service id, big-endian: the trie compares bytes from
+    /// the first, so the id is matched before any address bit.
+    pub service_id_be: u32,
+    pub addr_be: u32,
+}
+
+/// [`SrcRange4`] for IPv6 blocks.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
+pub struct SrcRange6 {
+    pub service_id_be: u32,
+    pub addr_be: Addr6Be,
+}
+
+/// The prefix bits of a trie key that hold the service id.
+pub const SRC_RANGE_ID_BITS: u32 = 32;
+
 /// Indices of the global per-CPU counter array (value: `u64`).
 pub mod stat {
     /// Packets that are not ours are not counted: that would cost every packet
@@ -1066,6 +1121,8 @@ mod aya_pod {
     unsafe impl aya::Pod for SockEntry6 {}
     unsafe impl aya::Pod for FragKey6 {}
     unsafe impl aya::Pod for FragEntry6 {}
+    unsafe impl aya::Pod for SrcRange4 {}
+    unsafe impl aya::Pod for SrcRange6 {}
 }
 
 const _: () = assert!(size_of::<FrontendKey>() == 12);
@@ -1095,6 +1152,8 @@ const _: () = assert!(size_of::<SockKey6>() == 32);
 const _: () = assert!(size_of::<SockEntry6>() == 28);
 const _: () = assert!(size_of::<FragKey6>() == 40);
 const _: () = assert!(size_of::<FragEntry6>() == 48);
+const _: () = assert!(size_of::<SrcRange4>() == 8);
+const _: () = assert!(size_of::<SrcRange6>() == 20);
 const _: () = assert!(size_of::<MaglevTable>() == 4 * capacity::MAGLEV_TABLE as usize);
 
 #[cfg(test)]

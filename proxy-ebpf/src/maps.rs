@@ -2,14 +2,14 @@
 //!
 //! Sizes here are defaults; the agent sets the real capacities at load time.
 use aya_ebpf::{
-    btf_maps::{Array, HashMap, LruHashMap, PerCpuArray, ProgramArray},
+    btf_maps::{lpm_trie::Key as LpmKey, Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, ProgramArray},
     macros::btf_map,
 };
 use proxy_common::{
     capacity, stat, AffinityEntry, AffinityKey, AffinityKey6, Backend, Backend6, Config, CtEntry,
     CtEntry6, CtKey, CtKey6, FragEntry, FragEntry6, FragKey, FragKey6, FrontendKey, FrontendKey6,
     FrontendSlot, MaglevTable, RevNat, RevNat6, SockAffinityKey, SockEntry, SockEntry6, SockKey,
-    SockKey6, SvcStats, Uplink, Uplink6,
+    SockKey6, SrcRange4, SrcRange6, SvcStats, Uplink, Uplink6, SRC_RANGE_ID_BITS,
 };
 
 /// Capacity type parameter shared by both affinity maps, so one selection
@@ -91,6 +91,19 @@ pub static SB_UPLINK6_V1: HashMap<u32, Uplink6, { capacity::UPLINKS as usize }> 
 pub static SB_FRAG6_V1: LruHashMap<FragKey6, FragEntry6, { capacity::FRAGMENTS as usize }> =
     LruHashMap::new();
 
+/// `loadBalancerSourceRanges`, by service id and client block (see
+/// [`source_allowed4`]).
+#[btf_map]
+pub static SB_SRC_RANGE_V1: LpmTrie<SrcRange4, u8, { capacity::SOURCE_RANGES as usize }> =
+    LpmTrie::new();
+#[btf_map]
+pub static SB_SRC_RANGE6_V1: LpmTrie<SrcRange6, u8, { capacity::SOURCE_RANGES as usize }> =
+    LpmTrie::new();
+/// Packets denied by `loadBalancerSourceRanges`, per service id.
+#[btf_map]
+pub static SB_SVC_DENIED_V1: PerCpuArray<u64, { capacity::SERVICES as usize + 1 }> =
+    PerCpuArray::new();
+
 #[btf_map]
 pub static SB_STATS_V5: PerCpuArray<u64, { stat::COUNT as usize }> = PerCpuArray::new();
 
@@ -123,3 +136,47 @@ pub fn config() -> Config {
 /// Not pinned: each loaded object has its own, used within one program run.
 #[btf_map]
 pub static SB_SCRATCH6_V1: PerCpuArray<crate::packet6::Scratch6, 1> = PerCpuArray::new();
+
+/// Whether the frontend of slot 0 `svc` lets an IPv4 client in: always,
+/// unless its Service restricts sources (`loadBalancerSourceRanges`), and
+/// then only a client inside one of its blocks. A frontend without the flag
+/// costs one bit test, no lookup.
+#[inline(always)]
+pub fn source_allowed4(svc: &proxy_common::FrontendSlot, client_be: u32) -> bool {
+    if svc.flags & proxy_common::frontend_flags::SOURCE_RANGES == 0 {
+        return true;
+    }
+    let key = LpmKey::new(
+        SRC_RANGE_ID_BITS + 32,
+        SrcRange4 {
+            service_id_be: svc.service_id.to_be(),
+            addr_be: client_be,
+        },
+    );
+    SB_SRC_RANGE_V1.get(&key).is_some()
+}
+
+/// [`source_allowed4`] for an IPv6 client.
+#[inline(always)]
+pub fn source_allowed6(svc: &proxy_common::FrontendSlot, client_be: &proxy_common::Addr6Be) -> bool {
+    if svc.flags & proxy_common::frontend_flags::SOURCE_RANGES == 0 {
+        return true;
+    }
+    let key = LpmKey::new(
+        SRC_RANGE_ID_BITS + 128,
+        SrcRange6 {
+            service_id_be: svc.service_id.to_be(),
+            addr_be: *client_be,
+        },
+    );
+    SB_SRC_RANGE6_V1.get(&key).is_some()
+}
+
+/// Counts a packet of service `service_id` denied by its source ranges.
+#[inline(always)]
+pub fn count_denied(service_id: u32) {
+    if let Some(counter) = SB_SVC_DENIED_V1.get_ptr_mut(service_id) {
+        // SAFETY: as in `count`: this CPU's own slot, valid for the program run.
+        unsafe { *counter += 1 };
+    }
+}

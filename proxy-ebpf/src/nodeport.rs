@@ -31,7 +31,7 @@ use proxy_common::{
 use crate::{
     ct::{self, NotTracked},
     lb::{choose_backend, frontend_key, lookup_frontend, maglev_backend},
-    maps::{count, count_service, SB_AFFINITY_V1, SB_CT_V5, SB_UPLINK_V1},
+    maps::{count, count_denied, count_service, source_allowed4, SB_AFFINITY_V1, SB_CT_V5, SB_UPLINK_V1},
     packet::{Flow, Skip},
     tc::{mark_closing, track, tracked_entry},
 };
@@ -74,6 +74,10 @@ pub enum NotTranslated {
     /// To a frontend without any endpoint: answer with an ICMP port
     /// unreachable, as kube-proxy rejects ([`crate::reject`]).
     Reject,
+    /// Its source is outside the frontend's `loadBalancerSourceRanges`:
+    /// drop it silently, as kube-proxy's firewall does (already counted per
+    /// service, in `SB_SVC_DENIED_V1`).
+    Denied,
 }
 
 /// Decides what happens to a packet that arrived on uplink `ingress`.
@@ -88,6 +92,10 @@ pub fn classify(ctx: *mut c_void, ingress: u32, flow: &Flow) -> Result<Translati
     let Some(svc) = lookup_frontend(&fe_key) else {
         return Err(NotTranslated::Pass(Skip::NotOurs));
     };
+    if !source_allowed4(&svc, flow.saddr_be) {
+        count_denied(svc.service_id);
+        return Err(NotTranslated::Denied);
+    }
     let cluster = svc;
     let (key, svc, local_only) = backend_set(fe_key, svc);
     if svc.backend_count == 0 {

@@ -34,7 +34,7 @@
 use core::{ffi::c_void, mem::size_of};
 
 use aya_ebpf::{
-    bindings::{bpf_fib_lookup as FibParams, BPF_NOEXIST, TC_ACT_OK},
+    bindings::{bpf_fib_lookup as FibParams, BPF_NOEXIST, TC_ACT_OK, TC_ACT_SHOT},
     helpers::{bpf_fib_lookup, bpf_get_prandom_u32, bpf_redirect_neigh},
     macros::btf_map,
     btf_maps::PerCpuArray,
@@ -49,7 +49,7 @@ use proxy_common::{
 use crate::{
     ct::{self, NotTracked},
     lb6::{choose_backend6, frontend_key6, lookup_frontend6, maglev_backend6},
-    maps::{count, count_service, SB_CT6_V1, SB_UPLINK6_V1},
+    maps::{count, count_denied, count_service, source_allowed6, SB_CT6_V1, SB_UPLINK6_V1},
     nodeport::NotTranslated,
     packet::{csum_replace2, Skip, TCP_CSUM_OFF, UDP_CSUM_OFF},
     packet6::{
@@ -122,6 +122,10 @@ pub fn classify6(ctx: *mut c_void, ingress: u32, u: &mut Up6) -> Result<Out6, No
     let Some(svc) = lookup_frontend6(&u.s.fe) else {
         return Err(NotTranslated::Pass(Skip::NotOurs));
     };
+    if !source_allowed6(&svc, &u.s.flow.saddr_be) {
+        count_denied(svc.service_id);
+        return Err(NotTranslated::Denied);
+    }
     let cluster = svc;
     let (svc, local_only) = backend_set6(u, svc);
     if svc.backend_count == 0 {
@@ -454,6 +458,7 @@ fn try_from_uplink6(ctx: &TcContext, u: &mut Up6) -> Result<i32, Skip> {
         Ok(out) => out,
         Err(NotTranslated::Pass(skip)) => return Err(skip),
         Err(NotTranslated::Drop(counter)) => return drop_counted(counter),
+        Err(NotTranslated::Denied) => return Ok(TC_ACT_SHOT as i32),
         Err(NotTranslated::Reject) => {
             count_service(u.service_id, |s| s.drops_no_backend += 1);
             return Ok(crate::reject6::answer(ctx, &mut u.s));

@@ -19,13 +19,13 @@ use aya_ebpf::{
     EbpfContext as _,
 };
 use proxy_common::{
-    proto, sock_dir, stat, Addr6Be, FrontendSlot, SockAffinityKey, SockEntry, SockEntry6,
+    frontend_flags, proto, sock_dir, stat, Addr6Be, FrontendSlot, SockAffinityKey, SockEntry, SockEntry6,
     SockKey, SockKey6,
 };
 
 use crate::{
     lb::{backend_is_live, choose_backend, frontend_key, lookup_frontend, FamilyAddr, SlotKey},
-    maps::{config, count, count_service, SB_SOCK6_V1, SB_SOCK_AFFINITY_V1, SB_SOCK_V1},
+    maps::{config, count, count_denied, count_service, SB_SOCK6_V1, SB_SOCK_AFFINITY_V1, SB_SOCK_V1},
 };
 
 /// Return values of cgroup `sock_addr` programs.
@@ -178,6 +178,52 @@ enum Refuse {
     NoBackend,
     /// A slot or backend was missing mid-update.
     Inconsistent,
+    /// The node may not reach this frontend (`loadBalancerSourceRanges`).
+    Denied,
+}
+
+/// What `loadBalancerSourceRanges` says about a socket of this hook.
+enum Sources {
+    /// The frontend is open to every source, or to the node.
+    Open,
+    /// A pod's socket to a restricted frontend: left untranslated, so the
+    /// tc program on the pod's interface, which sees the packet's source
+    /// address, decides.
+    LeaveToTc,
+    /// A socket of the node to a frontend whose blocks hold no node address.
+    Denied,
+}
+
+/// The socket layer sees no source address at `connect()` (the kernel picks
+/// it later), so a restricted frontend is judged by the socket's network
+/// namespace: the node's sockets by whether a block holds a node address (as
+/// kube-proxy decides for traffic from the node), a pod's by tc.
+#[inline(always)]
+fn sources(ctx: &SockAddrContext, svc: &FrontendSlot) -> Sources {
+    if svc.flags & frontend_flags::SOURCE_RANGES == 0 {
+        return Sources::Open;
+    }
+    if netns_cookie(ctx) != config().host_netns_cookie {
+        return Sources::LeaveToTc;
+    }
+    if svc.flags & frontend_flags::SOURCE_RANGES_NODE != 0 {
+        Sources::Open
+    } else {
+        Sources::Denied
+    }
+}
+
+/// [`sources`] as the hook's verdict: `None` to go on balancing.
+#[inline(always)]
+fn source_verdict<A>(ctx: &SockAddrContext, svc: &FrontendSlot) -> Option<Verdict<A>> {
+    match sources(ctx, svc) {
+        Sources::Open => None,
+        Sources::LeaveToTc => Some(Verdict::Pass),
+        Sources::Denied => {
+            count_denied(svc.service_id);
+            Some(Verdict::Refuse(Refuse::Denied))
+        }
+    }
 }
 
 /// What a connect or send hook does with the call.
@@ -293,10 +339,13 @@ fn netns_cookie(ctx: &SockAddrContext) -> u64 {
 /// Refuses the call with `ECONNREFUSED`, as a kube-proxy reject does.
 #[inline(always)]
 fn refuse(why: Refuse) -> i32 {
-    count(match why {
-        Refuse::NoBackend => stat::SOCK_NO_BACKEND,
-        Refuse::Inconsistent => stat::DROP_INCONSISTENT,
-    });
+    match why {
+        Refuse::NoBackend => count(stat::SOCK_NO_BACKEND),
+        Refuse::Inconsistent => count(stat::DROP_INCONSISTENT),
+        // Counted per service where decided; the caller sees EPERM, as
+        // from a firewall on the node's own output.
+        Refuse::Denied => return REJECT,
+    }
     // SAFETY: allowed in connect and sendmsg hooks; sets the errno the caller
     // sees instead of the default EPERM. Its result only says whether the
     // value was accepted, and EPERM is an acceptable fallback.
@@ -375,6 +424,9 @@ fn connect<A: SockFamily>(ctx: &SockAddrContext, dst: &SockAddr<A>) -> Verdict<A
     if dst.proto == proto::UDP && netns_cookie(ctx) != config().host_netns_cookie {
         return Verdict::Pass;
     }
+    if let Some(verdict) = source_verdict(ctx, &svc) {
+        return verdict;
+    }
     let picked = match pick(ctx, key, &svc) {
         Ok(picked) => picked,
         Err(why) => return Verdict::Refuse(why),
@@ -424,6 +476,9 @@ fn sendmsg<A: SockFamily>(ctx: &SockAddrContext, dst: &SockAddr<A>) -> Verdict<A
     let Some(svc) = lookup_frontend(&key) else {
         return Verdict::Pass;
     };
+    if let Some(verdict) = source_verdict(ctx, &svc) {
+        return verdict;
+    }
     let cookie = socket_cookie(ctx);
     let picked = match kept_backend(cookie, dst, &svc) {
         Some(kept) => kept,

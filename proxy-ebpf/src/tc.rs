@@ -30,7 +30,7 @@ use crate::{
     },
     packet6::ETH_P_IPV6_BE,
     lb::{backend_is_live, choose_backend, frontend_key, lookup_frontend},
-    maps::{count, count_service, SB_AFFINITY_V1, SB_CT_V5, SB_TAIL_V1},
+    maps::{count, count_denied, count_service, source_allowed4, SB_AFFINITY_V1, SB_CT_V5, SB_TAIL_V1},
 };
 
 /// Which side of the packet a rewrite touches.
@@ -83,6 +83,10 @@ pub fn try_from_pod(ctx: &TcContext) -> Result<i32, Skip> {
         // A pod's reply to a hairpin flow goes to the hairpin address.
         return crate::hairpin::reply(ctx, &flow);
     };
+    if !source_allowed4(&svc, flow.saddr_be) {
+        count_denied(svc.service_id);
+        return Ok(TC_ACT_SHOT as i32);
+    }
     if svc.backend_count == 0 {
         count_service(svc.service_id, |s| s.drops_no_backend += 1);
         return Ok(crate::reject::from_pod(ctx, &flow, &svc));
@@ -230,6 +234,7 @@ pub fn try_from_uplink(ctx: &TcContext) -> Result<i32, Skip> {
         Ok(translation) => translation,
         Err(NotTranslated::Pass(skip)) => return Err(skip),
         Err(NotTranslated::Drop(counter)) => return drop_counted(counter),
+        Err(NotTranslated::Denied) => return Ok(TC_ACT_SHOT as i32),
         Err(NotTranslated::Reject) => return Ok(crate::reject::tc_reject(ctx, &flow)),
     };
     let (src, dst, service_id, counter) = match translation {

@@ -22,14 +22,14 @@
 //! direct stores and no tail call: these programs see every packet of the
 //! node and never store directly (see `tc::rewrite_in_place`).
 use aya_ebpf::{
-    bindings::{BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR, TC_ACT_OK, TC_ACT_UNSPEC},
+    bindings::{BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR, TC_ACT_OK, TC_ACT_SHOT, TC_ACT_UNSPEC},
     programs::TcContext,
 };
 use proxy_common::{ct_dir, ct_flags, proto, stat, Addr6Be};
 
 use crate::{
     lb6::{backend_is_live6, choose_backend6, frontend_key6, lookup_frontend6},
-    maps::{count, count_service, SB_CT6_V1, SB_SCRATCH6_V1, SB_TAIL6_V1},
+    maps::{count, count_denied, count_service, source_allowed6, SB_CT6_V1, SB_SCRATCH6_V1, SB_TAIL6_V1},
     packet::{Skip, TCP_CSUM_OFF, UDP_CSUM_OFF},
     packet6::{addr_diff, eq6, parse6, Flow6, Kind6, Scratch6, IP6_DADDR_OFF, IP6_SADDR_OFF},
     tc::{drop_counted, RewriteFailed, Side, TableFull},
@@ -99,6 +99,10 @@ fn try_from_pod6(ctx: &TcContext, s: &mut Scratch6) -> Result<i32, Skip> {
         // A pod's reply to a hairpin flow goes to the hairpin address.
         return crate::hairpin6::reply(ctx, s);
     };
+    if !source_allowed6(&svc, &s.flow.saddr_be) {
+        count_denied(svc.service_id);
+        return Ok(TC_ACT_SHOT as i32);
+    }
     if svc.backend_count == 0 {
         count_service(svc.service_id, |st| st.drops_no_backend += 1);
         return Ok(crate::reject6::from_pod(ctx, s, &svc));

@@ -61,6 +61,7 @@ pub fn try_uplink(ctx: &XdpContext) -> Result<u32, Skip> {
             count(counter);
             return Ok(xdp_action::XDP_DROP);
         }
+        Err(NotTranslated::Denied) => return Ok(xdp_action::XDP_DROP),
         Err(NotTranslated::Reject) => return Ok(crate::reject::xdp_reject(ctx, &flow)),
     };
     match translation {

@@ -76,6 +76,7 @@ fn try_uplink6(ctx: &XdpContext, u: &mut Up6) -> Result<u32, Skip> {
             count(counter);
             return Ok(xdp_action::XDP_DROP);
         }
+        Err(NotTranslated::Denied) => return Ok(xdp_action::XDP_DROP),
         Err(NotTranslated::Reject) => {
             // The answer is built by the uplink's tc program
             // (`crate::reject6`), which sees the packet untouched.

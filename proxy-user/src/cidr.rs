@@ -1,8 +1,13 @@
-//! CIDR blocks of either family, for `--nodeport-addresses`.
-use std::{fmt, net::IpAddr, str::FromStr};
+//! CIDR blocks of either family, for `--nodeport-addresses` and
+//! `loadBalancerSourceRanges`.
+use std::{
+    fmt,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+    str::FromStr,
+};
 
 /// `a.b.c.d/len` or `x:y::z/len`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct IpCidr {
     network: IpAddr,
     prefix_len: u8,
@@ -24,6 +29,44 @@ fn masked(addr: u128, bits: u32, prefix_len: u8) -> u128 {
 }
 
 impl IpCidr {
+    /// The block of `prefix_len` bits at `addr` (host bits cleared);
+    /// `None` when the length is past the family's bits.
+    pub fn new(addr: IpAddr, prefix_len: u8) -> Option<IpCidr> {
+        let max = if addr.is_ipv4() { 32 } else { 128 };
+        (prefix_len <= max).then(|| IpCidr {
+            network: addr,
+            prefix_len,
+        }
+        .canonical())
+    }
+
+    /// The block's first address (host bits cleared).
+    pub fn network(&self) -> IpAddr {
+        match self.network {
+            IpAddr::V4(a) => IpAddr::V4(Ipv4Addr::from(
+                masked(u128::from(u32::from(a)), 32, self.prefix_len) as u32,
+            )),
+            IpAddr::V6(a) => IpAddr::V6(Ipv6Addr::from(masked(u128::from(a), 128, self.prefix_len))),
+        }
+    }
+
+    pub fn prefix_len(&self) -> u8 {
+        self.prefix_len
+    }
+
+    pub fn is_ipv4(&self) -> bool {
+        self.network.is_ipv4()
+    }
+
+    /// The same block written with its host bits cleared (`10.1.2.3/8` is
+    /// `10.0.0.0/8`), as Kubernetes reads a CIDR.
+    pub fn canonical(self) -> IpCidr {
+        IpCidr {
+            network: self.network(),
+            prefix_len: self.prefix_len,
+        }
+    }
+
     /// Whether `addr` lies in the block (never for the other family).
     pub fn contains(&self, addr: IpAddr) -> bool {
         match (self.network, addr) {
@@ -42,6 +85,7 @@ impl IpCidr {
 impl FromStr for IpCidr {
     type Err = CidrError;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let s = s.trim();
         let (addr, len) = s.split_once('/').ok_or_else(|| CidrError::Syntax(s.to_owned()))?;
         let network: IpAddr = addr.parse().map_err(|_| CidrError::Syntax(s.to_owned()))?;
         let prefix_len: u8 = len.parse().map_err(|_| CidrError::Syntax(s.to_owned()))?;
@@ -53,6 +97,12 @@ impl FromStr for IpCidr {
             network,
             prefix_len,
         })
+    }
+}
+
+impl serde::Serialize for IpCidr {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
     }
 }
 
@@ -96,6 +146,18 @@ mod tests {
         let host: IpCidr = "fd00::1/128".parse().expect("valid");
         assert!(host.contains("fd00::1".parse().unwrap()));
         assert!(!host.contains("fd00::2".parse().unwrap()));
+    }
+
+    #[test]
+    fn canonical_clears_host_bits() {
+        let c: IpCidr = "10.1.2.3/8".parse().expect("valid");
+        assert_eq!(c.canonical().to_string(), "10.0.0.0/8");
+        assert_eq!(c.network(), v4(10, 0, 0, 0));
+        let c6: IpCidr = "fd00:1::5/64".parse().expect("valid");
+        assert_eq!(c6.canonical().to_string(), "fd00:1::/64");
+        assert_eq!(IpCidr::new(v4(1, 2, 3, 4), 0).map(|c| c.to_string()), Some("0.0.0.0/0".into()));
+        assert_eq!(IpCidr::new(v4(1, 2, 3, 4), 33), None);
+        assert_eq!(" 10.0.0.0/8 ".parse::<IpCidr>().map(|c| c.to_string()), Ok("10.0.0.0/8".into()));
     }
 
     #[test]

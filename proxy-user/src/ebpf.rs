@@ -130,7 +130,7 @@ impl std::fmt::Display for CapacityMismatch {
 /// The resizable maps: name, the flag that sizes it, and its wanted size.
 /// The socket-layer map holds one entry per balanced socket: sized like
 /// conntrack. Each IPv6 twin is sized by the same flag as its IPv4 map.
-fn sized_maps(caps: &Capacities) -> [(&'static str, &'static str, u32); 11] {
+fn sized_maps(caps: &Capacities) -> [(&'static str, &'static str, u32); 12] {
     [
         (names::FRONTENDS, "--max-frontend-entries", caps.frontends),
         (names::BACKENDS, "--max-backends", caps.backends),
@@ -138,6 +138,7 @@ fn sized_maps(caps: &Capacities) -> [(&'static str, &'static str, u32); 11] {
         (names::SOCKETS, "--max-conntrack", caps.conntrack),
         (names::REVNAT, "--max-services", caps.services),
         (names::SERVICE_STATS, "--max-services", caps.service_stats_entries()),
+        (names::SERVICE_DENIED, "--max-services", caps.service_stats_entries()),
         (names::FRONTENDS6, "--max-frontend-entries", caps.frontends),
         (names::BACKENDS6, "--max-backends", caps.backends),
         (names::CONNTRACK6, "--max-conntrack", caps.conntrack),

@@ -11,8 +11,10 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use proxy_common::{
     addr6_be, addr6_octets, frontend_flags, proto, scope, Addr6Be, Backend, Backend6, FrontendKey,
-    FrontendKey6, RevNat, RevNat6, REVNAT_NAME_LEN,
+    FrontendKey6, RevNat, RevNat6, SrcRange4, SrcRange6, REVNAT_NAME_LEN, SRC_RANGE_ID_BITS,
 };
+
+use crate::cidr::IpCidr;
 
 use crate::model::{BackendAddr, Frontend, FrontendAddr, FrontendKind, IpFamily, LbAlgorithm, Protocol};
 
@@ -380,6 +382,12 @@ pub fn slot_zero_attributes(frontend: &Frontend, default_algorithm: LbAlgorithm)
     if frontend.terminating_fallback {
         flags |= frontend_flags::TERMINATING_FALLBACK;
     }
+    if let Some(ranges) = &frontend.source_ranges {
+        flags |= frontend_flags::SOURCE_RANGES;
+        if ranges.allows_node {
+            flags |= frontend_flags::SOURCE_RANGES_NODE;
+        }
+    }
     let timeout = match frontend.affinity_timeout_s {
         Some(timeout) => {
             flags |= frontend_flags::AFFINITY_CLIENT_IP;
@@ -388,4 +396,49 @@ pub fn slot_zero_attributes(frontend: &Frontend, default_algorithm: LbAlgorithm)
         None => 0,
     };
     (flags, timeout)
+}
+
+/// The trie key (prefix length, data) of `block` of service `service_id`
+/// in its family's `loadBalancerSourceRanges` map: the prefix covers the
+/// whole service id, then the block's bits.
+pub fn source_range_key4(service_id: u32, block: &IpCidr) -> Option<(u32, SrcRange4)> {
+    let IpAddr::V4(network) = block.network() else {
+        return None;
+    };
+    Some((
+        SRC_RANGE_ID_BITS + u32::from(block.prefix_len()),
+        SrcRange4 {
+            service_id_be: service_id.to_be(),
+            addr_be: u32::from_ne_bytes(network.octets()),
+        },
+    ))
+}
+
+/// [`source_range_key4`] for an IPv6 block.
+pub fn source_range_key6(service_id: u32, block: &IpCidr) -> Option<(u32, SrcRange6)> {
+    let IpAddr::V6(network) = block.network() else {
+        return None;
+    };
+    Some((
+        SRC_RANGE_ID_BITS + u32::from(block.prefix_len()),
+        SrcRange6 {
+            service_id_be: service_id.to_be(),
+            addr_be: addr6_be(network.octets()),
+        },
+    ))
+}
+
+/// The service id and block an IPv4 trie key holds (`None`: a prefix
+/// shorter than the service id, which the sync never writes).
+pub fn source_range_block4(prefix_len: u32, data: &SrcRange4) -> Option<(u32, IpCidr)> {
+    let bits = u8::try_from(prefix_len.checked_sub(SRC_RANGE_ID_BITS)?).ok()?;
+    let block = IpCidr::new(IpAddr::V4(ipv4(data.addr_be)), bits)?;
+    Some((u32::from_be(data.service_id_be), block))
+}
+
+/// [`source_range_block4`] for an IPv6 trie key.
+pub fn source_range_block6(prefix_len: u32, data: &SrcRange6) -> Option<(u32, IpCidr)> {
+    let bits = u8::try_from(prefix_len.checked_sub(SRC_RANGE_ID_BITS)?).ok()?;
+    let block = IpCidr::new(IpAddr::V6(ipv6(data.addr_be)), bits)?;
+    Some((u32::from_be(data.service_id_be), block))
 }

@@ -8,16 +8,23 @@
 use std::path::{Path, PathBuf};
 
 use aya::{
-    maps::{Array, HashMap, IterableMap as _, Map, MapData, MapError, PerCpuArray},
+    maps::{
+        lpm_trie::{Key as LpmKey, LpmTrie},
+        Array, HashMap, IterableMap as _, Map, MapData, MapError, PerCpuArray,
+    },
     Ebpf,
 };
 use crate::mapbatch;
 use proxy_common::{
     names, stat, Backend, Backend6, Config, CtEntry, CtEntry6, CtKey, CtKey6, FragEntry, FragKey, FrontendSlot,
-    FrontendKey, FrontendKey6, RevNat, RevNat6, SockEntry, SockEntry6, MaglevTable, SockKey, SockKey6, SvcStats,
-    Uplink,
+    FrontendKey, FrontendKey6, RevNat, RevNat6, SockEntry, SockEntry6, MaglevTable, SockKey, SockKey6, SrcRange4,
+    SrcRange6, SvcStats, Uplink,
 };
-use crate::encode::{AnyBackend, AnyFrontendKey, AnyRevNat};
+use crate::cidr::IpCidr;
+use crate::encode::{
+    source_range_block4, source_range_block6, source_range_key4, source_range_key6, AnyBackend, AnyFrontendKey,
+    AnyRevNat,
+};
 use crate::model::IpFamily;
 
 #[derive(Debug, thiserror::Error)]
@@ -62,6 +69,12 @@ pub trait MapStore {
     fn put_maglev(&mut self, service_id: u32, table: &MaglevTable) -> Result<(), WriteError>;
     /// Removes service `service_id`'s Maglev table (absent is fine).
     fn delete_maglev(&mut self, service_id: u32) -> Result<(), WriteError>;
+    /// Allows the client block `block` to reach service `service_id`
+    /// (`loadBalancerSourceRanges`; the block's family picks the map).
+    fn put_source_range(&mut self, service_id: u32, block: IpCidr) -> Result<(), WriteError>;
+    /// Removes a block [`put_source_range`](Self::put_source_range) wrote
+    /// (absent is fine).
+    fn delete_source_range(&mut self, service_id: u32, block: IpCidr) -> Result<(), WriteError>;
     /// Removes every connection-tracking entry `doomed` selects; returns how many.
     fn purge_conntrack(&mut self, doomed: &dyn Fn(&CtKey, &CtEntry) -> bool) -> usize;
     /// Removes every socket-layer entry `doomed` selects; returns their keys.
@@ -100,6 +113,8 @@ pub struct Dump {
     pub frontends: Vec<(AnyFrontendKey, FrontendSlot)>,
     pub backends: Vec<(u32, AnyBackend)>,
     pub revnat: Vec<(u32, AnyRevNat)>,
+    /// `loadBalancerSourceRanges` blocks by service id, both families.
+    pub source_ranges: Vec<(u32, IpCidr)>,
 }
 
 pub struct PinnedMaps {
@@ -121,6 +136,14 @@ pub struct PinnedMaps {
     pub conntrack6: HashMap<MapData, CtKey6, CtEntry6>,
     /// IPv6 socket-layer translations (`SB_SOCK6_V1`), the twin of `sockets`.
     pub sockets6: HashMap<MapData, SockKey6, SockEntry6>,
+    /// `loadBalancerSourceRanges` blocks (`SB_SRC_RANGE_V1`, `SB_SRC_RANGE6_V1`).
+    pub source_ranges: LpmTrie<MapData, SrcRange4, u8>,
+    pub source_ranges6: LpmTrie<MapData, SrcRange6, u8>,
+    /// Packets denied by them, per service id (`SB_SVC_DENIED_V1`).
+    pub service_denied: PerCpuArray<MapData, u64>,
+    /// The maps that came after IPv6 ([`LATER_MAPS`]) and were not pinned
+    /// (an older agent runs): empty stand-ins for the CLI.
+    absent_later: Vec<&'static str>,
     /// Puts held by [`MapStore::hold_puts`] until [`MapStore::flush`].
     held: Option<Held>,
     /// The IPv6 maps that were not pinned (an agent older than IPv6) and
@@ -188,6 +211,12 @@ impl<K: bytemuck::Pod, B: bytemuck::Pod, R: bytemuck::Pod> HeldFamily<K, B, R> {
     }
 }
 
+/// The maps added after IPv6, which an older running agent has not pinned.
+pub const LATER_MAPS: [&str; 3] = [names::SOURCE_RANGES, names::SOURCE_RANGES6, names::SERVICE_DENIED];
+
+/// `BPF_F_NO_PREALLOC`, which the kernel requires of an LPM trie.
+const NO_PREALLOC: u32 = 1;
+
 fn open_pinned(pin_root: &Path, name: &'static str) -> Result<Map, MapsError> {
     let path = pin_root.join(name);
     if !path.exists() {
@@ -227,12 +256,30 @@ fn open_pinned6<K: aya::Pod, V: aya::Pod>(
     }
 }
 
+/// A map from its pin, or, when an older agent never pinned it, an empty
+/// unpinned stand-in made by `stand_in` (its name is then added to `absent`).
+fn open_or_stand_in<M: TryFrom<Map, Error = MapError>>(
+    pin_root: &Path,
+    name: &'static str,
+    absent: &mut Vec<&'static str>,
+    stand_in: impl FnOnce() -> Result<M, MapError>,
+) -> Result<M, MapsError> {
+    match open_pinned(pin_root, name) {
+        Ok(map) => Ok(typed!(name, map)),
+        Err(MapsError::NotPinned { .. }) => {
+            absent.push(name);
+            stand_in().map_err(|source| MapsError::Layout { name, source })
+        }
+        Err(e) => Err(e),
+    }
+}
+
 impl PinnedMaps {
     /// Opens the maps pinned under `pin_root`, every one of them (the agent
     /// and its tests: a missing IPv6 map is [`MapsError::NotPinned`]).
     pub fn open(pin_root: &Path) -> Result<Self, MapsError> {
         let maps = Self::open_tolerant(pin_root)?;
-        match maps.absent6.first() {
+        match maps.absent6.first().or(maps.absent_later.first()) {
             Some(name) => Err(MapsError::NotPinned {
                 name,
                 path: pin_root.join(name),
@@ -248,6 +295,7 @@ impl PinnedMaps {
     /// there. Writes to a stand-in land nowhere.
     pub fn open_tolerant(pin_root: &Path) -> Result<Self, MapsError> {
         let mut absent6 = Vec::new();
+        let mut absent_later = Vec::new();
         Ok(Self {
             frontends: typed!(names::FRONTENDS, open_pinned(pin_root, names::FRONTENDS)?),
             backends: typed!(names::BACKENDS, open_pinned(pin_root, names::BACKENDS)?),
@@ -271,8 +319,18 @@ impl PinnedMaps {
             fragments: typed!(names::FRAGMENTS, open_pinned(pin_root, names::FRAGMENTS)?),
             conntrack6: open_pinned6(pin_root, names::CONNTRACK6, &mut absent6)?,
             sockets6: open_pinned6(pin_root, names::SOCKETS6, &mut absent6)?,
+            source_ranges: open_or_stand_in(pin_root, names::SOURCE_RANGES, &mut absent_later, || {
+                LpmTrie::create(1, NO_PREALLOC)
+            })?,
+            source_ranges6: open_or_stand_in(pin_root, names::SOURCE_RANGES6, &mut absent_later, || {
+                LpmTrie::create(1, NO_PREALLOC)
+            })?,
+            service_denied: open_or_stand_in(pin_root, names::SERVICE_DENIED, &mut absent_later, || {
+                PerCpuArray::create(1, 0)
+            })?,
             held: None,
             absent6,
+            absent_later,
         })
     }
 
@@ -312,8 +370,12 @@ impl PinnedMaps {
             fragments: typed!(names::FRAGMENTS, take(names::FRAGMENTS)?),
             conntrack6: typed!(names::CONNTRACK6, take(names::CONNTRACK6)?),
             sockets6: typed!(names::SOCKETS6, take(names::SOCKETS6)?),
+            source_ranges: typed!(names::SOURCE_RANGES, take(names::SOURCE_RANGES)?),
+            source_ranges6: typed!(names::SOURCE_RANGES6, take(names::SOURCE_RANGES6)?),
+            service_denied: typed!(names::SERVICE_DENIED, take(names::SERVICE_DENIED)?),
             held: None,
             absent6: Vec::new(),
+            absent_later: Vec::new(),
         })
     }
 
@@ -392,6 +454,34 @@ impl PinnedMaps {
                     .map(|per_cpu| per_cpu.iter().sum())
                     .unwrap_or(0);
                 (*name, total)
+            })
+            .collect()
+    }
+
+    /// Every `loadBalancerSourceRanges` block in the tries, by service id.
+    pub fn source_range_blocks(&self) -> Vec<(u32, IpCidr)> {
+        let v4 = self
+            .source_ranges
+            .keys()
+            .filter_map(Result::ok)
+            .filter_map(|k| source_range_block4(k.prefix_len(), &k.data()));
+        let v6 = self
+            .source_ranges6
+            .keys()
+            .filter_map(Result::ok)
+            .filter_map(|k| source_range_block6(k.prefix_len(), &k.data()));
+        v4.chain(v6).collect()
+    }
+
+    /// Packets denied by `loadBalancerSourceRanges`, by service id (ids
+    /// with none left out), summed over CPUs.
+    pub fn denied_by_service(&self) -> std::collections::BTreeMap<u32, u64> {
+        self.service_denied
+            .iter()
+            .enumerate()
+            .filter_map(|(id, per_cpu)| {
+                let total: u64 = per_cpu.ok()?.iter().sum();
+                (total > 0).then_some((id as u32, total))
             })
             .collect()
     }
@@ -543,6 +633,32 @@ impl MapStore for PinnedMaps {
     fn delete_maglev(&mut self, service_id: u32) -> Result<(), WriteError> {
         delete_result(names::MAGLEV, self.maglev.remove(&service_id))
     }
+    fn put_source_range(&mut self, service_id: u32, block: IpCidr) -> Result<(), WriteError> {
+        if let Some((len, data)) = source_range_key4(service_id, &block) {
+            return self
+                .source_ranges
+                .insert(&LpmKey::new(len, data), 1, 0)
+                .map_err(|e| write_error(names::SOURCE_RANGES, e));
+        }
+        match source_range_key6(service_id, &block) {
+            Some((len, data)) => self
+                .source_ranges6
+                .insert(&LpmKey::new(len, data), 1, 0)
+                .map_err(|e| write_error(names::SOURCE_RANGES6, e)),
+            None => Ok(()),
+        }
+    }
+    fn delete_source_range(&mut self, service_id: u32, block: IpCidr) -> Result<(), WriteError> {
+        if let Some((len, data)) = source_range_key4(service_id, &block) {
+            return delete_result(names::SOURCE_RANGES, self.source_ranges.remove(&LpmKey::new(len, data)));
+        }
+        match source_range_key6(service_id, &block) {
+            Some((len, data)) => {
+                delete_result(names::SOURCE_RANGES6, self.source_ranges6.remove(&LpmKey::new(len, data)))
+            }
+            None => Ok(()),
+        }
+    }
     fn purge_conntrack(&mut self, doomed: &dyn Fn(&CtKey, &CtEntry) -> bool) -> usize {
         purge(&mut self.conntrack, doomed).len()
     }
@@ -586,6 +702,7 @@ impl MapStore for PinnedMaps {
                 .map(|(id, r)| (id, AnyRevNat::V4(r)))
                 .chain(entries(&self.revnat6).map(|(id, r)| (id, AnyRevNat::V6(r))))
                 .collect(),
+            source_ranges: self.source_range_blocks(),
         }
     }
 }

@@ -8,7 +8,7 @@
 //! | `switchboard_sync_last_timestamp_seconds` (gauge, unix seconds) | `kubeproxy_sync_proxy_rules_last_timestamp_seconds` |
 //! | `switchboard_sync_unprogrammed_frontends` (gauge) | none (kube-proxy counts failed restores: `kubeproxy_sync_proxy_rules_iptables_restore_failures_total`) |
 //! | `switchboard_map_entries{map}`, `switchboard_map_capacity{map}` (gauges) | none: iptables chains have no capacity (`kubeproxy_sync_proxy_rules_iptables_total` counts rules) |
-//! | `switchboard_service_packets_total`, `_bytes_total`, `_flows_total`, `_drops_total` `{service,frontend}` (counters) | none: the per-rule packet and byte counters `iptables -L -v` shows |
+//! | `switchboard_service_packets_total`, `_bytes_total`, `_flows_total`, `_drops_total`, `_source_range_drops_total` `{service,frontend}` (counters) | none: the per-rule packet and byte counters `iptables -L -v` shows |
 //! | `switchboard_datapath_events_total{counter}` (counters) | none: the data path's own counters (`switchboard stats`) |
 //! | `switchboard_conntrack_gc_deleted_total`, `switchboard_conntrack_fill_ratio` (gauge), `switchboard_conntrack_gc_duration_seconds` (histogram), each `{family}` (`ipv4`: `SB_CT_V5`, `ipv6`: `SB_CT6_V1`) | none: the kernel's conntrack expires entries itself (`conntrack -S` counts) |
 //!
@@ -230,6 +230,8 @@ pub struct FrontendCounters {
     pub bytes: u64,
     pub flows: u64,
     pub drops: u64,
+    /// Packets dropped by `loadBalancerSourceRanges`.
+    pub denied: u64,
 }
 
 /// What the maps say at one scrape.
@@ -271,6 +273,7 @@ impl ReadMaps for PinnedMaps {
                     bytes: row.bytes,
                     flows: row.new_flows,
                     drops: row.drops_no_backend,
+                    denied: row.drops_source_range,
                 })
                 .collect(),
         }
@@ -339,6 +342,12 @@ impl Collector for MapsCollector {
             "switchboard_service_drops",
             "Packets to each Service frontend dropped because it had no backend.",
             per_frontend(|fe| fe.drops),
+        )?;
+        counters(
+            &mut encoder,
+            "switchboard_service_source_range_drops",
+            "Packets to each LoadBalancer frontend dropped because their source is outside its loadBalancerSourceRanges.",
+            per_frontend(|fe| fe.denied),
         )?;
         counters(
             &mut encoder,
@@ -549,6 +558,7 @@ mod tests {
                 bytes: 900,
                 flows: 3,
                 drops: 1,
+                denied: 7,
             }],
         }
     }
@@ -581,6 +591,7 @@ mod tests {
             "switchboard_service_bytes_total{service=\"demo/echo:http\",frontend=\"10.96.0.10:80/TCP\"} 900",
             "switchboard_service_flows_total{service=\"demo/echo:http\",frontend=\"10.96.0.10:80/TCP\"} 3",
             "switchboard_service_drops_total{service=\"demo/echo:http\",frontend=\"10.96.0.10:80/TCP\"} 1",
+            "switchboard_service_source_range_drops_total{service=\"demo/echo:http\",frontend=\"10.96.0.10:80/TCP\"} 7",
             "switchboard_datapath_events_total{counter=\"forwarded\"} 42",
             "switchboard_datapath_events_total{counter=\"malformed\"} 0",
             "# EOF",

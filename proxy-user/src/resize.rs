@@ -150,6 +150,7 @@ fn copy_map(map: &'static str, old: MapData, new: MapData, overwrite: bool) -> R
         names::REVNAT6 => copy_hash::<u32, RevNat6>(old, new, overwrite),
         names::SOCKETS6 => copy_hash::<SockKey6, SockEntry6>(old, new, overwrite),
         names::SERVICE_STATS => copy_per_cpu_array::<SvcStats>(old, new),
+        names::SERVICE_DENIED => copy_per_cpu_array::<u64>(old, new),
         _ => return Err(ResizeError::Unsupported { map }),
     };
     copied.map_err(|source| ResizeError::Copy { map, source })

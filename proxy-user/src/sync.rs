@@ -45,6 +45,7 @@ use crate::{
     maglev::{self, BackendKey},
     model::{BackendAddr, DesiredState, Frontend, FrontendAddr, IpFamily, LbAlgorithm, Protocol},
 };
+use crate::cidr::IpCidr;
 
 /// What one frontend looks like in the maps.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -60,6 +61,9 @@ struct Programmed {
     /// [`scope::EXTERNAL`]: `Some` exactly when the frontend has one
     /// (`externalTrafficPolicy: Local`).
     external: Option<Vec<u32>>,
+    /// The `loadBalancerSourceRanges` blocks in the frontend's family's
+    /// trie under its service id (sorted; empty without ranges).
+    ranges: Vec<IpCidr>,
 }
 
 impl Programmed {
@@ -132,6 +136,8 @@ pub struct Syncer<S: MapStore> {
     frontend_entries: PerFamily,
     /// Backend map entries in use, per family.
     backend_entries: PerFamily,
+    /// Source-range trie entries in use, per family.
+    range_entries: PerFamily,
     /// For frontends whose Service does not choose (`switchboard.io/lb-algorithm`).
     default_algorithm: LbAlgorithm,
     /// Frontends the last syncs could not program; retried at every sync
@@ -196,6 +202,7 @@ impl<S: MapStore> Syncer<S> {
             next_backend_id: 1,
             frontend_entries: PerFamily::default(),
             backend_entries: PerFamily::default(),
+            range_entries: PerFamily::default(),
             default_algorithm: LbAlgorithm::Random,
             failed: BTreeMap::new(),
             needs_full: false,
@@ -244,6 +251,11 @@ impl<S: MapStore> Syncer<S> {
         self.service_ids.clear();
         self.frontend_entries = PerFamily::default();
         self.backend_entries = PerFamily::default();
+        self.range_entries = PerFamily::default();
+        let mut ranges: HashMap<u32, Vec<IpCidr>> = HashMap::new();
+        for (id, block) in &dump.source_ranges {
+            ranges.entry(*id).or_default().push(*block);
+        }
 
         // Each family's backends by id. Ids are one space: an id found in
         // both maps (a crash between a delete and a reuse) is kept for the
@@ -317,6 +329,15 @@ impl<S: MapStore> Syncer<S> {
                 .unwrap_or_default();
             self.service_ids.insert(head.service_id);
             service_family.insert(head.service_id, addr.family());
+            // Blocks of the other family under this id are orphans.
+            let mut blocks: Vec<IpCidr> = ranges
+                .get(&head.service_id)
+                .into_iter()
+                .flatten()
+                .filter(|b| b.is_ipv4() == (addr.family() == IpFamily::V4))
+                .copied()
+                .collect();
+            blocks.sort();
             let programmed = Programmed {
                 service_id: head.service_id,
                 name,
@@ -324,8 +345,10 @@ impl<S: MapStore> Syncer<S> {
                 affinity_timeout_s: head.affinity_timeout_s,
                 slots: ids,
                 external,
+                ranges: blocks,
             };
             *self.frontend_entries.of(addr.family()) += programmed.entries();
+            *self.range_entries.of(addr.family()) += programmed.ranges.len();
             self.programmed.insert(addr, programmed);
         }
         // Orphans: slots of dropped frontends, unused backends and rev-NAT entries.
@@ -340,6 +363,12 @@ impl<S: MapStore> Syncer<S> {
         for (id, rnat) in &dump.revnat {
             if service_family.get(id) != Some(&rnat.family()) {
                 log_write(self.store.delete_revnat(*id, rnat.family()));
+            }
+        }
+        for (id, block) in &dump.source_ranges {
+            let family = if block.is_ipv4() { IpFamily::V4 } else { IpFamily::V6 };
+            if service_family.get(id) != Some(&family) {
+                log_write(self.store.delete_source_range(*id, *block));
             }
         }
         for (backend, _) in self.backends.keys() {
@@ -533,6 +562,13 @@ impl<S: MapStore> Syncer<S> {
         }
         self.store.delete_revnat(programmed.service_id, addr.family())?;
         *writes += 1;
+        // After slot 0: the frontend no longer matches, so no lookup meets
+        // its flag without its blocks.
+        for block in &programmed.ranges {
+            self.store.delete_source_range(programmed.service_id, *block)?;
+            *writes += 1;
+        }
+        *self.range_entries.of(addr.family()) -= programmed.ranges.len();
         for id in programmed.slots.iter().chain(programmed.external.iter().flatten()) {
             *writes += self.release_backend(*id)?;
         }
@@ -558,6 +594,11 @@ impl<S: MapStore> Syncer<S> {
         let (flags, affinity_timeout_s) = slot_zero_attributes(frontend, self.default_algorithm);
         let wanted_external = frontend_flags::has_external_set(flags)
             .then(|| sorted_set(frontend.external_backends.as_deref().unwrap_or_default()));
+        let wanted_ranges: Vec<IpCidr> = frontend
+            .source_ranges
+            .as_ref()
+            .map(|r| r.blocks.to_vec())
+            .unwrap_or_default();
         let limit = usize::from(capacity::MAX_BACKENDS_PER_SERVICE);
         if wanted.len() > limit {
             return Err(UpsertError::Capacity(format!(
@@ -573,6 +614,7 @@ impl<S: MapStore> Syncer<S> {
                 && old.name == name
                 && old.flags == flags
                 && old.affinity_timeout_s == affinity_timeout_s
+                && old.ranges == wanted_ranges
             {
                 report.unchanged += 1;
                 return Ok(());
@@ -606,6 +648,14 @@ impl<S: MapStore> Syncer<S> {
             return Err(UpsertError::Capacity(format!(
                 "{which}backend map full ({} entries)",
                 self.caps.backends
+            )));
+        }
+
+        let old_ranges = old.as_ref().map_or(0, |o| o.ranges.len());
+        if *self.range_entries.of(family) - old_ranges + wanted_ranges.len() > capacity::SOURCE_RANGES as usize {
+            return Err(UpsertError::Capacity(format!(
+                "{which}loadBalancerSourceRanges map full ({} blocks)",
+                capacity::SOURCE_RANGES
             )));
         }
 
@@ -649,6 +699,14 @@ impl<S: MapStore> Syncer<S> {
             self.store.put_maglev(service_id, &table)?;
             report.writes += 1;
         }
+        // New source blocks before slot 0 announces them, stale ones after:
+        // at no moment is a source the new list allows denied, and the old
+        // list's blocks go within this sync.
+        let old_blocks = old.as_ref().map(|o| o.ranges.clone()).unwrap_or_default();
+        for block in wanted_ranges.iter().filter(|b| !old_blocks.contains(b)) {
+            self.store.put_source_range(service_id, *block)?;
+            report.writes += 1;
+        }
         // The external set first: slot 0 of the internal set announces it.
         if let Some(external) = &external {
             let old = old_external.as_deref().unwrap_or_default();
@@ -662,6 +720,12 @@ impl<S: MapStore> Syncer<S> {
             self.store.delete_maglev(service_id)?;
             report.writes += 1;
         }
+        for block in old_blocks.iter().filter(|b| !wanted_ranges.contains(b)) {
+            self.store.delete_source_range(service_id, *block)?;
+            report.writes += 1;
+        }
+        let ranges = self.range_entries.of(family);
+        *ranges = *ranges - old_blocks.len() + wanted_ranges.len();
         let kept: HashSet<u32> = slots.iter().chain(external.iter().flatten()).copied().collect();
         for id in old_slots.iter().chain(old_external.iter().flatten()) {
             if addr.protocol == Protocol::Udp && !kept.contains(id) {
@@ -687,6 +751,7 @@ impl<S: MapStore> Syncer<S> {
                 affinity_timeout_s,
                 slots,
                 external,
+                ranges: wanted_ranges,
             },
         );
         Ok(())

@@ -28,8 +28,9 @@ use std::{
 
 use proxy_common::{ct_dir, ct_flags, programs, proto, scope, snat, CtEntry, CtKey};
 use proxy_user::{
+    cidr::IpCidr,
     maps::MapStore,
-    model::{BackendAddr, Frontend, FrontendKind, Protocol},
+    model::{BackendAddr, DesiredState, Frontend, FrontendKind, Protocol, SourceRanges},
     packet::{
         checksum, checksums_valid, icmp_error_checksums_valid, icmp_frame, PacketSpec, ETH_HLEN,
     },
@@ -1357,5 +1358,118 @@ fn snat_ports_of_closed_flows_are_reused_only_after_time_wait() {
             "the entry now names the new client, open"
         );
         assert_eq!(fx.loaded.stat("snat_exhausted"), 2);
+    });
+}
+
+// ---------------------------------------------------------------------------
+// loadBalancerSourceRanges: one trie lookup for a restricted frontend, none
+// for the others; a denied packet is dropped untouched and counted per
+// Service; a change applies to the next packet.
+
+/// A client outside the node outside `ALLOWED` (same subnet as CLIENT).
+const OUTSIDER: Ipv4Addr = Ipv4Addr::new(192, 168, 50, 200);
+/// CLIENT's half of the uplink subnet.
+const ALLOWED: &str = "192.168.50.0/25";
+
+fn restricted(mut fe: Frontend, blocks: &[&str]) -> Frontend {
+    let blocks: Vec<IpCidr> = blocks.iter().map(|b| b.parse().expect("a CIDR")).collect();
+    fe.source_ranges = Some(SourceRanges {
+        blocks: blocks.into(),
+        allows_node: false,
+    });
+    fe
+}
+
+#[test]
+fn load_balancer_source_ranges_admit_only_listed_clients() {
+    on_node(|node| {
+        for prog in Prog::BOTH {
+            let lb = |port: u16, name: &str| {
+                frontend(FrontendKind::LoadBalancer, LB_IP, port, Protocol::Tcp, name, &[POD_LOCAL])
+            };
+            let ranged = restricted(lb(443, "ranged"), &[ALLOWED, "10.244.1.50/32"]);
+            let frontends = vec![
+                ranged.clone(),
+                restricted(lb(444, "all"), &["0.0.0.0/0"]),
+                restricted(lb(445, "none"), &[]),
+                lb(446, "open"),
+                // The Service's NodePort stays open, as in kube-proxy.
+                frontend(FrontendKind::NodePort, NODE, NODE_PORT, Protocol::Tcp, "ranged-np", &[POD_LOCAL]),
+            ];
+            let mut fx = Fixture::new(node, frontends.clone());
+            let delivered = |p: &PacketSpec| {
+                rewritten(p, |p| {
+                    p.dst = POD_LOCAL;
+                    p.dport = POD_PORT;
+                })
+            };
+            let mut cases = Vec::new();
+            let mut sport = 41000;
+            for (what, src, port, allowed) in [
+                ("inside the /25", CLIENT, 443, true),
+                ("outside the /25", OUTSIDER, 443, false),
+                ("inside a /0", OUTSIDER, 444, true),
+                ("with an empty list", CLIENT, 445, false),
+                ("to an unrestricted frontend", OUTSIDER, 446, true),
+                ("to the NodePort of a restricted Service", OUTSIDER, NODE_PORT, true),
+            ] {
+                sport += 1;
+                let dst = if port == NODE_PORT { NODE } else { LB_IP };
+                let p = PacketSpec::tcp(src, sport, dst, port);
+                cases.push(Case {
+                    name: format!("{src} {what}: {}", if allowed { "forwarded" } else { "dropped" }),
+                    input: p.build(),
+                    verdict: if allowed { prog.delivered() } else { prog.dropped() },
+                    output: if allowed { delivered(&p) } else { p.build() },
+                });
+            }
+            check_cases(&mut fx, prog, &cases);
+            let row = fx.service_row("ranged");
+            assert_eq!(row.drops_source_range, 1, "{prog:?}: {row:?}");
+            assert_eq!(row.source_ranges, Some(vec!["10.244.1.50/32".to_owned(), ALLOWED.to_owned()]));
+            assert_eq!(fx.service_row("none").drops_source_range, 1, "{prog:?}");
+            assert_eq!(fx.service_row("open").source_ranges, None, "{prog:?}");
+            assert_eq!(fx.service_row("ranged").packets, 1, "{prog:?}: only the allowed packet counts as forwarded");
+
+            // Pods are held to the ranges too (kube-proxy checks every source).
+            let pod = PacketSpec::tcp(POD_CLIENT, 42000, LB_IP, 443);
+            assert_eq!(fx.run_from_pod(&pod.build()), (TC_ACT_OK, delivered(&pod)), "{prog:?}: a listed pod");
+            let other_pod = PacketSpec::tcp(Ipv4Addr::new(10, 244, 1, 51), 42001, LB_IP, 443);
+            assert_eq!(
+                fx.run_from_pod(&other_pod.build()),
+                (TC_ACT_SHOT, other_pod.build()),
+                "{prog:?}: an unlisted pod"
+            );
+            assert_eq!(fx.service_row("ranged").drops_source_range, 2, "{prog:?}");
+
+            // Widening the list lets the outsider's next packet through.
+            let mut widened = frontends;
+            widened[0] = restricted(lb(443, "ranged"), &["192.168.50.0/24"]);
+            let desired = DesiredState {
+                frontends: widened.into_iter().map(|f| (f.addr, f)).collect(),
+            };
+            let report = fx.loaded.syncer.apply(&desired);
+            assert!(report.failed.is_empty(), "{report:?}");
+            let again = PacketSpec::tcp(OUTSIDER, 42002, LB_IP, 443);
+            check_cases(
+                &mut fx,
+                prog,
+                &[Case {
+                    name: "the outsider after widening".into(),
+                    input: again.build(),
+                    verdict: prog.delivered(),
+                    output: delivered(&again),
+                }],
+            );
+            let row = fx.service_row("ranged");
+            assert_eq!(row.source_ranges, Some(vec!["192.168.50.0/24".to_owned()]), "{prog:?}: the /25 and /32 are gone");
+            // Dropping the ranges removes every block and the flag.
+            let mut opened = desired;
+            for fe in opened.frontends.values_mut() {
+                fe.source_ranges = None;
+            }
+            assert!(fx.loaded.syncer.apply(&opened).failed.is_empty());
+            assert!(fx.loaded.syncer.store().source_range_blocks().is_empty(), "{prog:?}");
+        }
     });
 }

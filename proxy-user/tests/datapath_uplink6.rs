@@ -950,3 +950,64 @@ fn an_ipv6_frontend_without_endpoints_answers_outside_clients_with_rst_or_port_u
         }
     });
 }
+
+// ---------------------------------------------------------------------------
+// loadBalancerSourceRanges over IPv6: the same trie lookup as IPv4, keyed by
+// service id and the 128-bit source.
+
+#[test]
+fn ipv6_load_balancer_source_ranges_admit_only_listed_clients() {
+    use proxy_user::maps::MapStore as _;
+    const OUTSIDER: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x51, 0, 0, 0, 0, 0, 0x100);
+    on_node(|uplink| {
+        for prog in Prog::BOTH {
+            let mut fx = Fixture::new(uplink, Some(NODE));
+            let ranged = frontend_flags::KIND_LOAD_BALANCER | frontend_flags::SOURCE_RANGES;
+            for (port, service_id, blocks) in [
+                (443, 30, vec!["fd00:50::/64", "fd00:52::1/128"]),
+                (444, 31, vec!["::/0"]),
+                (445, 32, vec![]),
+            ] {
+                fx.frontend(&Fe6 {
+                    addr: LB_IP,
+                    port,
+                    proto: PROTO_TCP,
+                    service_id,
+                    kind: ranged,
+                    backends: &[(100 + service_id, POD_LOCAL)],
+                    local: None,
+                });
+                for block in blocks {
+                    let block = block.parse().expect("a CIDR");
+                    fx.loaded.syncer.store_mut().put_source_range(service_id, block).expect("write a block");
+                }
+            }
+            let mut sport = 41000;
+            for (what, src, port, allowed) in [
+                ("inside the /64", CLIENT, 443, true),
+                ("the /128", Ipv6Addr::new(0xfd00, 0x52, 0, 0, 0, 0, 0, 1), 443, true),
+                ("outside every block", OUTSIDER, 443, false),
+                ("inside ::/0", OUTSIDER, 444, true),
+                ("with an empty list", CLIENT, 445, false),
+            ] {
+                sport += 1;
+                let input = from_client(Packet6::tcp(src, sport, LB_IP, port));
+                let (verdict, out) = fx.run(prog, &input.build());
+                if allowed {
+                    let want = Packet6 {
+                        dst: POD_LOCAL,
+                        dport: POD_PORT,
+                        ..input.clone()
+                    };
+                    assert_eq!((verdict, out), (prog.delivered(), want.build()), "{prog:?}: {src} {what}");
+                } else {
+                    assert_eq!((verdict, out), (prog.dropped(), input.build()), "{prog:?}: {src} {what}");
+                }
+            }
+            let denied = fx.loaded.syncer.store().denied_by_service();
+            assert_eq!(denied.get(&30), Some(&1), "{prog:?}: {denied:?}");
+            assert_eq!(denied.get(&32), Some(&1), "{prog:?}: {denied:?}");
+            assert_eq!(denied.get(&31), None, "{prog:?}: {denied:?}");
+        }
+    });
+}

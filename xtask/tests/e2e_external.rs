@@ -540,3 +540,69 @@ fn nodeport_addresses_select_the_node_addresses_nodeports_answer_on() {
         "--nodeport-addresses 192.168.50.0/24",
     );
 }
+
+// --- loadBalancerSourceRanges (issue 26) -----------------------------------
+
+/// `ext/web-lb` restricted to client 1: client 1 reaches the LoadBalancer IP
+/// (TCP and UDP) and keeps its address; client 2 gets no answer there and
+/// node A counts its drops, while the Service's NodePort still answers it
+/// (kube-proxy restricts only the load-balancer IPs). Widening the list to
+/// client 2 lets it through within a second.
+#[test]
+fn load_balancer_source_ranges_admit_only_listed_clients() {
+    let pods = Node::A.pods();
+    let mut sb = two_node_with_agents(Policy::Cluster, &pods, &[]);
+    let sw = switchboard();
+    let lb = ExternalService::LoadBalancer;
+    let only_one = format!("{}/32", Client::One.ip());
+    let write = |sb: &TwoNodeSandbox, ranges: &[&str]| {
+        sb.write_manifest(&lb.service_file(), &lb.yaml_with_source_ranges(Policy::Cluster, ranges))
+            .expect("write the restricted Service");
+    };
+    let restricted_to = |want: Vec<String>| {
+        move |f: &[xtask::sandbox::Frontend]| {
+            lb.entry_points(Node::A).iter().all(|e| {
+                find_at(f, &e.address, e.port, e.proto.as_str())
+                    .is_some_and(|fe| fe.source_ranges.as_ref() == Some(&want))
+            })
+        }
+    };
+    write(&sb, &[&only_one]);
+    sb.wait_services(Node::A, &sw, Duration::from_secs(10), "the LB restricted to client 1", restricted_to(vec![only_one.clone()]))
+        .unwrap_or_else(|e| panic!("{e:#}"));
+
+    for entry in lb.entry_points(Node::A) {
+        let run = hit(&sb, Client::One, &entry, COUNT, 1000);
+        assert_answers(&run, &entry, &pods, Client::One.ip(), "client 1 is inside the ranges");
+        let run = hit(&sb, Client::Two, &entry, 3, 500);
+        assert_dropped(&run, &entry, "client 2 is outside loadBalancerSourceRanges");
+    }
+    let frontends = sb.services(Node::A, &sw).expect("services");
+    for entry in lb.entry_points(Node::A) {
+        let fe = find_at(&frontends, &entry.address, entry.port, entry.proto.as_str()).expect("the LB frontend");
+        assert!(fe.drops_source_range >= 3, "{entry}: client 2's drops are counted: {fe:?}");
+    }
+    // The Service's NodePort is not restricted.
+    let node_port = EntryPoint {
+        address: Node::A.ip().to_string(),
+        port: 30081,
+        proto: Proto::Tcp,
+    };
+    let run = hit(&sb, Client::Two, &node_port, 3, 1000);
+    assert!(run.all_ok(), "{node_port}: the NodePort of a restricted Service stays open:\n{}", run.raw);
+
+    // Widened: client 2 gets through within a second of the file change.
+    // 192.168.50.100/31 holds .100 and .101.
+    let both = format!("{}/31", Client::One.ip());
+    let tcp = lb.entry_points(Node::A)[0].clone();
+    let widened = Instant::now();
+    write(&sb, &[&both]);
+    let through = loop {
+        let run = hit(&sb, Client::Two, &tcp, 1, 200);
+        if run.all_ok() {
+            break widened.elapsed();
+        }
+        assert!(widened.elapsed() < Duration::from_secs(5), "client 2 still denied 5 s after widening:\n{}\n{}", run.raw, sb.agent_log(Node::A));
+    };
+    assert!(through < Duration::from_secs(1), "client 2 got through {through:?} after widening: more than a second");
+}

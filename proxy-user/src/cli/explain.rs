@@ -137,6 +137,8 @@ pub struct View {
     pub now_ns: u64,
     /// What the agent could not program (from its status file).
     pub unprogrammed: Vec<UnprogrammedService>,
+    /// `loadBalancerSourceRanges` blocks by service id.
+    pub source_ranges: HashMap<u32, Vec<crate::cidr::IpCidr>>,
 }
 
 /// What happens to the flow.
@@ -151,6 +153,9 @@ pub enum Verdict {
     Rejected,
     /// Not a frontend: passed on untouched.
     NotHandled,
+    /// Its source is outside the frontend's `loadBalancerSourceRanges`:
+    /// dropped (a socket of the node gets `EPERM`).
+    Denied,
 }
 
 /// The answer.
@@ -273,7 +278,12 @@ fn load_view(
     unprogrammed: Vec<UnprogrammedService>,
 ) -> View {
     let dump = maps.dump();
+    let mut source_ranges: HashMap<u32, Vec<crate::cidr::IpCidr>> = HashMap::new();
+    for (id, block) in &dump.source_ranges {
+        source_ranges.entry(*id).or_default().push(*block);
+    }
     let mut view = View {
+        source_ranges,
         frontends: dump.frontends.into_iter().collect(),
         backends: dump.backends.into_iter().collect(),
         names: dump.revnat.iter().map(|(id, r)| (*id, revnat_name(r))).collect(),
@@ -477,6 +487,9 @@ pub fn explain(view: &View, query: &Query) -> Explanation {
         e.service.as_deref().unwrap_or("?"),
         head.service_id
     ));
+    if head.flags & ff::SOURCE_RANGES != 0 && !source_allowed(view, &head, query, &mut e) {
+        return e;
+    }
     let (set_key, set) = backend_set(view, target, &head, query.scope, &mut e.reasons);
     if head.flags & ff::TERMINATING_FALLBACK != 0 {
         e.reasons.push("no endpoint is ready: the set holds serving, terminating endpoints (kube-proxy's fallback)".into());
@@ -505,6 +518,49 @@ pub fn explain(view: &View, query: &Query) -> Explanation {
         e.reasons.push("sockets in the node's own namespace are balanced at connect()/sendmsg() by the socket layer, the same way".into());
     }
     e
+}
+
+/// `loadBalancerSourceRanges`, decided as the data path decides: the
+/// client's address against the frontend's blocks (longest match), or,
+/// without `--from` (a socket of the node, which the socket layer judges
+/// before the kernel picks its source), whether a block holds a node
+/// address. Adds the reason; `false`: denied (the verdict is set).
+fn source_allowed(view: &View, head: &FrontendSlot, query: &Query, e: &mut Explanation) -> bool {
+    let blocks = view.source_ranges.get(&head.service_id).map(Vec::as_slice).unwrap_or_default();
+    let list = match blocks.is_empty() {
+        true => "no block".to_owned(),
+        false => blocks.iter().map(ToString::to_string).collect::<Vec<_>>().join(", "),
+    };
+    let allowed = match query.src {
+        Some((ip, _)) => match blocks.iter().filter(|b| b.contains(ip)).max_by_key(|b| b.prefix_len()) {
+            Some(block) => {
+                e.reasons.push(format!("loadBalancerSourceRanges allow {ip}: it is inside {block}"));
+                true
+            }
+            None => {
+                e.reasons.push(format!(
+                    "denied by loadBalancerSourceRanges: {ip} is outside {list}; the packet is dropped and counted per Service (source_range_drops)"
+                ));
+                false
+            }
+        },
+        None if head.flags & ff::SOURCE_RANGES_NODE != 0 => {
+            e.reasons.push(format!(
+                "loadBalancerSourceRanges ({list}) hold a node address: this node's sockets may connect"
+            ));
+            true
+        }
+        None => {
+            e.reasons.push(format!(
+                "denied by loadBalancerSourceRanges: no block of {list} holds a node address, so this node's sockets get EPERM (give --from IP for a pod or an outside client)"
+            ));
+            false
+        }
+    };
+    if !allowed {
+        e.verdict = Verdict::Denied;
+    }
+    allowed
 }
 
 fn a_or_an(word: &str) -> &'static str {
@@ -793,6 +849,7 @@ pub fn render(e: &Explanation) -> String {
         (Verdict::Dropped, _) => "DROPPED".to_owned(),
         (Verdict::Rejected, _) => "REJECTED (ICMP port unreachable)".to_owned(),
         (Verdict::NotHandled, _) => "NOT HANDLED (no frontend)".to_owned(),
+        (Verdict::Denied, _) => "DENIED by loadBalancerSourceRanges (dropped)".to_owned(),
     };
     let _ = writeln!(out, "Verdict:   {verdict}");
     let _ = writeln!(out, "Why:");
@@ -859,6 +916,28 @@ mod tests {
             scope,
             scope_reason: "test".into(),
         }
+    }
+
+    #[test]
+    fn load_balancer_source_ranges_deny_outside_sources_and_the_node_without_a_node_block() {
+        let t = target("198.51.100.7:443/TCP");
+        let mut v = view(&t, 2, ff::KIND_LOAD_BALANCER | ff::SOURCE_RANGES);
+        let block: crate::cidr::IpCidr = "10.0.0.0/8".parse().expect("cidr");
+        v.source_ranges.insert(SVC, vec![block]);
+        let inside = explain(&v, &query(t.clone(), Some((Ipv4Addr::new(10, 1, 2, 3), None)), Scope::External));
+        assert_eq!(inside.verdict, Verdict::Forwarded);
+        assert!(inside.reasons.iter().any(|r| r.contains("inside 10.0.0.0/8")), "{inside:?}");
+        let outside = explain(&v, &query(t.clone(), Some((Ipv4Addr::new(192, 0, 2, 1), None)), Scope::External));
+        assert_eq!(outside.verdict, Verdict::Denied);
+        assert!(render(&outside).contains("denied by loadBalancerSourceRanges"), "{}", render(&outside));
+        let node = explain(&v, &query(t.clone(), None, Scope::Internal));
+        assert_eq!(node.verdict, Verdict::Denied, "no block holds a node address");
+        let mut v = v;
+        for slot in v.frontends.values_mut().filter(|s| s.backend_id == 0) {
+            slot.flags |= ff::SOURCE_RANGES_NODE;
+        }
+        let node = explain(&v, &query(t, None, Scope::Internal));
+        assert_eq!(node.verdict, Verdict::Forwarded);
     }
 
     #[test]

@@ -40,6 +40,11 @@ pub struct ServiceRow {
     pub bytes: u64,
     pub new_flows: u64,
     pub drops_no_backend: u64,
+    /// `loadBalancerSourceRanges`: the client blocks allowed in (`None`:
+    /// the frontend is open to every source; empty: to none).
+    pub source_ranges: Option<Vec<String>>,
+    /// Packets dropped because their source was outside them.
+    pub drops_source_range: u64,
     /// The agent keeps this Service (or one of its EndpointSlices) at its
     /// last good version: a newer version cannot be used (see `problems`).
     pub held: bool,
@@ -57,12 +62,24 @@ pub struct BackendRow {
 /// Reads every frontend (both families) with its backends and counters
 /// from the maps.
 pub fn read_services(maps: &PinnedMaps) -> Vec<ServiceRow> {
-    rows(&maps.dump(), |id| maps.service_stats(id))
+    let denied = maps.denied_by_service();
+    rows(&maps.dump(), |id| maps.service_stats(id), |id| denied.get(&id).copied().unwrap_or(0))
 }
 
 /// The rows of a copy of the maps, IPv4 frontends first, each family by
 /// address, port and protocol; `stats` gives a service id's counters.
-fn rows(dump: &Dump, stats: impl Fn(u32) -> SvcStats) -> Vec<ServiceRow> {
+fn rows(dump: &Dump, stats: impl Fn(u32) -> SvcStats, denied: impl Fn(u32) -> u64) -> Vec<ServiceRow> {
+    let mut blocks: HashMap<u32, Vec<crate::cidr::IpCidr>> = HashMap::new();
+    for (id, block) in &dump.source_ranges {
+        blocks.entry(*id).or_default().push(*block);
+    }
+    let blocks: HashMap<u32, Vec<String>> = blocks
+        .into_iter()
+        .map(|(id, mut list)| {
+            list.sort();
+            (id, list.iter().map(ToString::to_string).collect())
+        })
+        .collect();
     let slots: HashMap<AnyFrontendKey, FrontendSlot> = dump.frontends.iter().copied().collect();
     let backends: HashMap<(IpFamily, u32), AnyBackend> = dump.backends.iter().map(|(id, b)| ((b.family(), *id), *b)).collect();
     let revnat: HashMap<(IpFamily, u32), AnyRevNat> = dump.revnat.iter().map(|(id, r)| ((r.family(), *id), *r)).collect();
@@ -115,6 +132,9 @@ fn rows(dump: &Dump, stats: impl Fn(u32) -> SvcStats) -> Vec<ServiceRow> {
             bytes: stats.bytes,
             new_flows: stats.new_flows,
             drops_no_backend: stats.drops_no_backend,
+            source_ranges: (head.flags & ff::SOURCE_RANGES != 0)
+                .then(|| blocks.get(&head.service_id).cloned().unwrap_or_default()),
+            drops_source_range: denied(head.service_id),
             held: false,
             problems: Vec::new(),
         });
@@ -195,6 +215,15 @@ fn attributes(row: &ServiceRow) -> String {
                 format!("externalTrafficPolicy Local: from outside -> {}", list.join(", "))
             }
         });
+    }
+    if let Some(blocks) = &row.source_ranges {
+        notes.push(match blocks.is_empty() {
+            true => "loadBalancerSourceRanges: no source allowed".to_owned(),
+            false => format!("loadBalancerSourceRanges: {}", blocks.join(" ")),
+        });
+        if row.drops_source_range > 0 {
+            notes.push(format!("{} packets denied", row.drops_source_range));
+        }
     }
     if row.terminating_fallback {
         notes.push("terminating fallback".to_owned());
@@ -352,6 +381,8 @@ impl ServiceRow {
             bytes: 0,
             new_flows: 0,
             drops_no_backend: 0,
+            source_ranges: None,
+            drops_source_range: 0,
             held: false,
             problems: Vec::new(),
         }
@@ -473,7 +504,7 @@ mod tests {
         let web4 = fe([10, 96, 0, 10], 80, Protocol::Tcp, "web", &[(1, 8080)]);
         let web6 = fe6(0x10, 80, Protocol::Tcp, "web", &[(1, 8080), (2, 8080)]);
         syncer.apply(&state(vec![web6, web4]));
-        let rows = rows(&syncer.store().dump(), |_| SvcStats::default());
+        let rows = rows(&syncer.store().dump(), |_| SvcStats::default(), |_| 0);
         let fronts: Vec<(&str, usize)> = rows.iter().map(|r| (r.address.as_str(), r.backends.len())).collect();
         assert_eq!(fronts, [("10.96.0.10", 1), ("fd00:96::10", 2)], "IPv4 first, each with its own backends");
         assert_eq!(rows[1].service, "default/web");

@@ -16,6 +16,10 @@ pub struct StatsReport {
     pub maps: Vec<MapFill>,
 }
 
+/// The counter of packets denied by `loadBalancerSourceRanges`, summed over
+/// every service.
+pub const DENIED_SOURCE_RANGE: &str = "denied_source_range";
+
 /// How full a map is.
 #[derive(Debug, Serialize, PartialEq, Eq)]
 pub struct MapFill {
@@ -43,8 +47,13 @@ fn hash_fill<K: aya::Pod, V: aya::Pod>(map: &'static str, table: &aya::maps::Has
 pub fn read_stats(maps: &PinnedMaps) -> StatsReport {
     let capacity =
         |info: Result<aya::maps::MapInfo, aya::maps::MapError>| info.map_or(0, |i| i.max_entries());
+    let mut counters: BTreeMap<&'static str, u64> = maps.global_stats().into_iter().collect();
+    // Kept per service (`SB_SVC_DENIED_V1`, see `services`); the total here.
+    counters.insert(DENIED_SOURCE_RANGE, maps.denied_by_service().values().sum());
+    let blocks = maps.source_range_blocks();
+    let v4_blocks = blocks.iter().filter(|(_, b)| b.is_ipv4()).count();
     StatsReport {
-        counters: maps.global_stats().into_iter().collect(),
+        counters,
         maps: vec![
             hash_fill(proxy_common::names::FRONTENDS, &maps.frontends),
             hash_fill(proxy_common::names::FRONTENDS6, &maps.frontends6),
@@ -73,6 +82,16 @@ pub fn read_stats(maps: &PinnedMaps) -> StatsReport {
                 capacity(maps.sockets6.map().info()),
             ),
             hash_fill(proxy_common::names::FRAGMENTS, &maps.fragments),
+            fill(
+                proxy_common::names::SOURCE_RANGES,
+                v4_blocks,
+                capacity(maps.source_ranges.map().info()),
+            ),
+            fill(
+                proxy_common::names::SOURCE_RANGES6,
+                blocks.len() - v4_blocks,
+                capacity(maps.source_ranges6.map().info()),
+            ),
         ]
         .into_iter()
         // An agent older than IPv6 has no IPv6 maps: no row for them.

@@ -163,7 +163,8 @@ pub struct ServiceSpecInfo {
     pub external_ips: Vec<String>,
     /// `status.loadBalancer.ingress`.
     pub lb_ingress: Vec<LbIngress>,
-    pub has_lb_source_ranges: bool,
+    /// `loadBalancerSourceRanges`, as written.
+    pub lb_source_ranges: Vec<String>,
     pub session_affinity: Option<String>,
     /// `sessionAffinityConfig.clientIP.timeoutSeconds`.
     pub affinity_timeout_s: Option<i32>,
@@ -265,10 +266,7 @@ impl ServiceInfo {
                         ip_mode: i.ip_mode.clone(),
                     })
                     .collect(),
-                has_lb_source_ranges: spec
-                    .load_balancer_source_ranges
-                    .as_ref()
-                    .is_some_and(|r| !r.is_empty()),
+                lb_source_ranges: spec.load_balancer_source_ranges.clone().unwrap_or_default(),
                 session_affinity: spec.session_affinity.clone(),
                 affinity_timeout_s: spec
                     .session_affinity_config

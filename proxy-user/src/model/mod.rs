@@ -348,6 +348,30 @@ pub struct Frontend {
     /// The Service's `switchboard.io/lb-algorithm` annotation, for traffic
     /// from outside the node; `None`: the agent's default.
     pub algorithm: Option<LbAlgorithm>,
+    /// `loadBalancerSourceRanges`: `Some` exactly on the LoadBalancer
+    /// frontends of a Service that lists any; only the sources it allows
+    /// reach the frontend, on every path. NodePort, external-IP and
+    /// ClusterIP frontends of the same Service stay open, as in kube-proxy.
+    pub source_ranges: Option<SourceRanges>,
+}
+
+fn serialize_blocks<S: serde::Serializer>(blocks: &Arc<[crate::cidr::IpCidr]>, s: S) -> Result<S::Ok, S::Error> {
+    serde::Serialize::serialize(&blocks[..], s)
+}
+
+/// Who may reach a LoadBalancer frontend restricted by
+/// `loadBalancerSourceRanges`.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct SourceRanges {
+    /// The allowed blocks of the frontend's family, host bits cleared,
+    /// sorted, without duplicates. Empty: no source is allowed (every block
+    /// listed was of the other family, or invalid).
+    #[serde(serialize_with = "serialize_blocks")]
+    pub blocks: Arc<[crate::cidr::IpCidr]>,
+    /// A block holds one of this node's addresses. kube-proxy then also
+    /// allows the Service's load-balancer IPs as sources (they are in
+    /// `blocks` too), and the node's own sockets may connect.
+    pub allows_node: bool,
 }
 
 impl Frontend {
@@ -370,6 +394,7 @@ impl Frontend {
             terminating_fallback: false,
             topology: None,
             algorithm: None,
+            source_ranges: None,
         }
     }
 }
@@ -412,6 +437,14 @@ impl fmt::Display for Frontend {
         }
         if let Some(a) = self.algorithm {
             extras.push(format!("lb-algorithm {}", a.as_str()));
+        }
+        if let Some(r) = &self.source_ranges {
+            let blocks: Vec<String> = r.blocks.iter().map(ToString::to_string).collect();
+            extras.push(format!(
+                "from {}{}",
+                if blocks.is_empty() { "no source".to_string() } else { blocks.join(" ") },
+                if r.allows_node { " (node allowed)" } else { "" }
+            ));
         }
         if !extras.is_empty() {
             write!(f, " [{}]", extras.join(", "))?;

@@ -12,12 +12,15 @@
 //! [`compute`] total on any input, and never fire from the Model.
 
 use std::net::IpAddr;
+use std::sync::Arc;
+
+use crate::cidr::IpCidr;
 
 use super::endpoints::{Endpoints, ParsedSlice, Selection};
 use super::{
     parse_ip, port_display, port_u16, BackendAddr, Frontend, FrontendAddr, FrontendKind, IpFamily, IpFamilyPolicy, Raw,
     LbAlgorithm, ModelWarning, NodeInfo, Protocol, ServiceInfo, ServicePortInfo,
-    ServicePortName, ServiceSpecInfo, SliceInfo, DEFAULT_AFFINITY_TIMEOUT_S,
+    ServicePortName, ServiceSpecInfo, SliceInfo, SourceRanges, DEFAULT_AFFINITY_TIMEOUT_S,
     MAX_AFFINITY_TIMEOUT_S,
 };
 
@@ -70,6 +73,9 @@ struct Attributes {
     internal_local: bool,
     external_local: bool,
     health_check_node_port: Option<u16>,
+    /// `loadBalancerSourceRanges` per family (IPv4, IPv6), for the
+    /// LoadBalancer frontends; `None`: the Service lists none.
+    source_ranges: Option<[SourceRanges; 2]>,
 }
 
 struct ServiceBuilder<'n> {
@@ -204,9 +210,6 @@ impl ServiceBuilder<'_> {
                 )),
             }
         }
-        if spec.has_lb_source_ranges {
-            self.warn("loadBalancerSourceRanges is not enforced by switchboard yet: traffic from any source is forwarded");
-        }
         ips
     }
 
@@ -225,6 +228,7 @@ impl ServiceBuilder<'_> {
         } else {
             None
         };
+        let source_ranges = self.source_ranges(spec, kind, addresses);
         Attributes {
             kind,
             algorithm,
@@ -232,6 +236,86 @@ impl ServiceBuilder<'_> {
             internal_local,
             external_local,
             health_check_node_port,
+            source_ranges,
+        }
+    }
+
+    /// `loadBalancerSourceRanges`, split by family, as kube-proxy reads it:
+    /// the blocks of a family restrict that family's load-balancer IPs. An
+    /// invalid block is reported and left out; it never opens the Service,
+    /// and neither does a list without a block of some family (kube-proxy
+    /// leaves such a family open; here its load-balancer IPs answer no one,
+    /// reported). When a block holds one of the node's addresses, the
+    /// Service's load-balancer IPs are allowed sources too (kube-proxy's
+    /// rule for a load balancer whose IP is also local to the node).
+    fn source_ranges(
+        &mut self,
+        spec: &ServiceSpecInfo,
+        kind: FrontendKind,
+        addresses: &Addresses,
+    ) -> Option<[SourceRanges; 2]> {
+        if kind != FrontendKind::LoadBalancer {
+            return None;
+        }
+        let written: Vec<&str> = spec
+            .lb_source_ranges
+            .iter()
+            .map(|r| r.trim())
+            .filter(|r| !r.is_empty())
+            .collect();
+        if written.is_empty() {
+            return None;
+        }
+        let mut blocks: [Vec<IpCidr>; 2] = [Vec::new(), Vec::new()];
+        for raw in written {
+            match raw.parse::<IpCidr>() {
+                Ok(cidr) => blocks[usize::from(!cidr.is_ipv4())].push(cidr.canonical()),
+                Err(error) => self.warn(format!(
+                    "loadBalancerSourceRanges: {error}; left out (the other blocks still restrict the Service)"
+                )),
+            }
+        }
+        let lb_families: Vec<IpFamily> = addresses.load_balancer.iter().map(|ip| IpFamily::of(*ip)).collect();
+        for block in blocks.iter().flatten() {
+            let family = if block.is_ipv4() { IpFamily::V4 } else { IpFamily::V6 };
+            if !lb_families.is_empty() && !lb_families.contains(&family) {
+                self.warn(format!(
+                    "loadBalancerSourceRanges block {block} is {family} but the Service has no {family} load-balancer IP; ignored, as kube-proxy does"
+                ));
+            }
+        }
+        let [v4, v6] = blocks;
+        Some([
+            self.family_ranges(IpFamily::V4, v4, &addresses.load_balancer),
+            self.family_ranges(IpFamily::V6, v6, &addresses.load_balancer),
+        ])
+    }
+
+    /// One family's [`SourceRanges`] from its valid `blocks`.
+    fn family_ranges(&mut self, family: IpFamily, mut blocks: Vec<IpCidr>, lb_ips: &[IpAddr]) -> SourceRanges {
+        let lb_ips: Vec<IpAddr> = lb_ips.iter().copied().filter(|ip| IpFamily::of(*ip) == family).collect();
+        let node_addresses = self.node.map(|n| n.addresses.as_slice()).unwrap_or_default();
+        let allows_node = blocks.iter().any(|b| node_addresses.iter().any(|a| b.contains(*a)));
+        if allows_node {
+            blocks.extend(lb_ips.iter().filter_map(|ip| IpCidr::new(*ip, if ip.is_ipv4() { 32 } else { 128 })));
+        }
+        blocks.sort();
+        blocks.dedup();
+        // A block inside another adds nothing to the trie's answer.
+        let covered = |b: &IpCidr| {
+            blocks
+                .iter()
+                .any(|c| c.prefix_len() < b.prefix_len() && c.contains(b.network()))
+        };
+        let blocks: Vec<IpCidr> = blocks.iter().filter(|b| !covered(b)).copied().collect();
+        if blocks.is_empty() && !lb_ips.is_empty() {
+            self.warn(format!(
+                "loadBalancerSourceRanges holds no valid {family} block: the {family} load-balancer IPs answer no client (kube-proxy would leave them open to every source)"
+            ));
+        }
+        SourceRanges {
+            blocks: Arc::from(blocks),
+            allows_node,
         }
     }
 
@@ -477,5 +561,12 @@ fn frontend(
         terminating_fallback: sel.terminating_fallback,
         topology: sel.topology,
         algorithm: attributes.algorithm,
+        source_ranges: match (&attributes.source_ranges, kind) {
+            (Some([v4, v6]), FrontendKind::LoadBalancer) => Some(match IpFamily::of(addr.ip) {
+                IpFamily::V4 => v4.clone(),
+                IpFamily::V6 => v6.clone(),
+            }),
+            _ => None,
+        },
     }
 }

@@ -243,6 +243,7 @@ endpoints:
                 terminating_fallback: false,
                 topology: None,
                 algorithm: None,
+                source_ranges: None,
             },
         )]),
     };
@@ -1059,7 +1060,32 @@ spec:
                 warnings: &[],
             },
             Case {
-                name: "loadBalancerSourceRanges is reported as not enforced",
+                name: "loadBalancerSourceRanges restrict the LoadBalancer frontend only, host bits cleared, sorted",
+                node: NodeSel::A,
+                proxy_name: None,
+                yaml: r#"
+apiVersion: v1
+kind: Service
+metadata: {name: lb}
+spec:
+  type: LoadBalancer
+  clusterIP: 10.96.0.10
+  externalIPs: [198.51.100.9]
+  loadBalancerSourceRanges: [" 10.1.2.3/8", 172.16.0.0/12, 10.0.0.0/8, 192.0.2.1/32]
+  ports: [{port: 443, nodePort: 30443}]
+status: {loadBalancer: {ingress: [{ip: 198.51.100.7}]}}
+"#,
+                frontends: &[
+                    "10.96.0.10:443/TCP ClusterIP default/lb -> (none)",
+                    "192.168.1.10:30443/TCP NodePort default/lb -> (none)",
+                    "198.51.100.7:443/TCP LoadBalancer default/lb -> (none) [from 10.0.0.0/8 172.16.0.0/12 192.0.2.1/32]",
+                    "198.51.100.9:443/TCP ExternalIP default/lb -> (none)",
+                    "203.0.113.10:30443/TCP NodePort default/lb -> (none)",
+                ],
+                warnings: &[],
+            },
+            Case {
+                name: "loadBalancerSourceRanges: a block holding a node address allows the node and the load-balancer IPs",
                 node: NodeSel::A,
                 proxy_name: None,
                 yaml: r#"
@@ -1070,15 +1096,114 @@ spec:
   type: LoadBalancer
   allocateLoadBalancerNodePorts: false
   clusterIP: 10.96.0.10
-  loadBalancerSourceRanges: [10.0.0.0/8]
+  loadBalancerSourceRanges: [192.168.1.0/24]
   ports: [{port: 443}]
-status: {loadBalancer: {ingress: [{ip: 198.51.100.7}]}}
+status: {loadBalancer: {ingress: [{ip: 198.51.100.7}, {ip: 198.51.100.8}]}}
 "#,
                 frontends: &[
                     "10.96.0.10:443/TCP ClusterIP default/lb -> (none)",
-                    "198.51.100.7:443/TCP LoadBalancer default/lb -> (none)",
+                    "198.51.100.7:443/TCP LoadBalancer default/lb -> (none) [from 192.168.1.0/24 198.51.100.7/32 198.51.100.8/32 (node allowed)]",
+                    "198.51.100.8:443/TCP LoadBalancer default/lb -> (none) [from 192.168.1.0/24 198.51.100.7/32 198.51.100.8/32 (node allowed)]",
                 ],
-                warnings: &["Service default/lb: loadBalancerSourceRanges is not enforced by switchboard yet: traffic from any source is forwarded"],
+                warnings: &[],
+            },
+            Case {
+                name: "loadBalancerSourceRanges: an invalid block is named and never opens the Service; /0 allows all",
+                node: NodeSel::A,
+                proxy_name: None,
+                yaml: r#"
+apiVersion: v1
+kind: Service
+metadata: {name: lb}
+spec:
+  type: LoadBalancer
+  allocateLoadBalancerNodePorts: false
+  clusterIP: 10.96.0.10
+  loadBalancerSourceRanges: [10.0.0.0/33, banana]
+  ports: [{port: 443}]
+status: {loadBalancer: {ingress: [{ip: 198.51.100.7}]}}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: open}
+spec:
+  type: LoadBalancer
+  allocateLoadBalancerNodePorts: false
+  clusterIP: 10.96.0.11
+  loadBalancerSourceRanges: [0.0.0.0/0]
+  ports: [{port: 443}]
+status: {loadBalancer: {ingress: [{ip: 198.51.100.8}]}}
+"#,
+                frontends: &[
+                    "10.96.0.10:443/TCP ClusterIP default/lb -> (none)",
+                    "10.96.0.11:443/TCP ClusterIP default/open -> (none)",
+                    "198.51.100.7:443/TCP LoadBalancer default/lb -> (none) [from no source]",
+                    "198.51.100.8:443/TCP LoadBalancer default/open -> (none) [from 0.0.0.0/0 (node allowed)]",
+                ],
+                warnings: &[
+                    "Service default/lb: loadBalancerSourceRanges holds no valid IPv4 block: the IPv4 load-balancer IPs answer no client (kube-proxy would leave them open to every source)",
+                    "Service default/lb: loadBalancerSourceRanges: \"10.0.0.0/33\": the prefix length must be 0..=32 (IPv4) or 0..=128 (IPv6); left out (the other blocks still restrict the Service)",
+                    "Service default/lb: loadBalancerSourceRanges: \"banana\" is not a CIDR (a.b.c.d/len or x:y::z/len); left out (the other blocks still restrict the Service)",
+                ],
+            },
+            Case {
+                name: "loadBalancerSourceRanges by family on a dual-stack Service; a family without blocks answers no one",
+                node: NodeSel::DualStack,
+                proxy_name: None,
+                yaml: r#"
+apiVersion: v1
+kind: Service
+metadata: {name: lb}
+spec:
+  type: LoadBalancer
+  allocateLoadBalancerNodePorts: false
+  ipFamilyPolicy: RequireDualStack
+  ipFamilies: [IPv4, IPv6]
+  clusterIPs: [10.96.0.10, "fd00:96::10"]
+  loadBalancerSourceRanges: [10.0.0.0/8, "2001:db8::/32"]
+  ports: [{port: 443}]
+status: {loadBalancer: {ingress: [{ip: 198.51.100.7}, {ip: "2001:db8:ff::7"}]}}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: v4only}
+spec:
+  type: LoadBalancer
+  allocateLoadBalancerNodePorts: false
+  ipFamilyPolicy: RequireDualStack
+  ipFamilies: [IPv4, IPv6]
+  clusterIPs: [10.96.0.11, "fd00:96::11"]
+  loadBalancerSourceRanges: [10.0.0.0/8]
+  ports: [{port: 443}]
+status: {loadBalancer: {ingress: [{ip: 198.51.100.8}, {ip: "2001:db8:ff::8"}]}}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: single}
+spec:
+  type: LoadBalancer
+  allocateLoadBalancerNodePorts: false
+  clusterIP: 10.96.0.12
+  loadBalancerSourceRanges: [10.0.0.0/8, "2001:db8::/32"]
+  ports: [{port: 443}]
+status: {loadBalancer: {ingress: [{ip: 198.51.100.9}]}}
+"#,
+                frontends: &[
+                    "10.96.0.10:443/TCP ClusterIP default/lb -> (none)",
+                    "10.96.0.11:443/TCP ClusterIP default/v4only -> (none)",
+                    "10.96.0.12:443/TCP ClusterIP default/single -> (none)",
+                    "198.51.100.7:443/TCP LoadBalancer default/lb -> (none) [from 10.0.0.0/8]",
+                    "198.51.100.8:443/TCP LoadBalancer default/v4only -> (none) [from 10.0.0.0/8]",
+                    "198.51.100.9:443/TCP LoadBalancer default/single -> (none) [from 10.0.0.0/8]",
+                    "[2001:db8:ff::7]:443/TCP LoadBalancer default/lb -> (none) [from 2001:db8::/32]",
+                    "[2001:db8:ff::8]:443/TCP LoadBalancer default/v4only -> (none) [from no source]",
+                    "[fd00:96::10]:443/TCP ClusterIP default/lb -> (none)",
+                    "[fd00:96::11]:443/TCP ClusterIP default/v4only -> (none)",
+                ],
+                warnings: &[
+                    "Service default/single: loadBalancerSourceRanges block 2001:db8::/32 is IPv6 but the Service has no IPv6 load-balancer IP; ignored, as kube-proxy does",
+                    "Service default/v4only: loadBalancerSourceRanges holds no valid IPv6 block: the IPv6 load-balancer IPs answer no client (kube-proxy would leave them open to every source)",
+                ],
             },
             Case {
                 name: "ingress status on a non-LoadBalancer Service is ignored",

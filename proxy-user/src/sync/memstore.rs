@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 use proxy_common::{CtEntry, CtEntry6, CtKey, CtKey6, FrontendSlot, MaglevTable, SockEntry, SockEntry6, SockKey, SockKey6};
 
 use crate::{
+    cidr::IpCidr,
     encode::{backend_addr, frontend_key, AnyBackend, AnyFrontendKey, AnyRevNat},
     maps::{Dump, MapStore, WriteError},
     model::{BackendAddr, FrontendAddr, IpFamily},
@@ -22,6 +23,8 @@ pub(crate) struct MemStore {
     /// as in the kernel, and adoption must notice.
     pub(crate) backends: BTreeMap<(IpFamily, u32), AnyBackend>,
     pub(crate) revnat: BTreeMap<(IpFamily, u32), AnyRevNat>,
+    /// `loadBalancerSourceRanges` blocks, both families.
+    pub(crate) source_ranges: std::collections::BTreeSet<(u32, IpCidr)>,
     pub(crate) conntrack: Vec<(CtKey, CtEntry)>,
     pub(crate) sockets: Vec<(SockKey, SockEntry)>,
     pub(crate) conntrack6: Vec<(CtKey6, CtEntry6)>,
@@ -138,6 +141,18 @@ impl MapStore for MemStore {
         self.maglev.remove(&id);
         Ok(())
     }
+    fn put_source_range(&mut self, id: u32, block: IpCidr) -> Result<(), WriteError> {
+        self.write("source_range")?;
+        self.log.push(format!("put range {id} {block}"));
+        self.source_ranges.insert((id, block));
+        Ok(())
+    }
+    fn delete_source_range(&mut self, id: u32, block: IpCidr) -> Result<(), WriteError> {
+        self.write("source_range")?;
+        self.log.push(format!("delete range {id} {block}"));
+        self.source_ranges.remove(&(id, block));
+        Ok(())
+    }
     fn purge_conntrack(&mut self, doomed: &dyn Fn(&CtKey, &CtEntry) -> bool) -> usize {
         let before = self.conntrack.len();
         self.conntrack.retain(|(key, entry)| !doomed(key, entry));
@@ -169,6 +184,7 @@ impl MapStore for MemStore {
             frontends: self.frontends.iter().map(|(key, v)| (unk(key), *v)).collect(),
             backends: self.backends.iter().map(|(&(_, id), v)| (id, *v)).collect(),
             revnat: self.revnat.iter().map(|(&(_, id), v)| (id, *v)).collect(),
+            source_ranges: self.source_ranges.iter().copied().collect(),
         }
     }
 }

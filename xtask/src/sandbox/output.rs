@@ -20,6 +20,12 @@ pub struct Frontend {
     pub kind: String,
     #[serde(default)]
     pub backends: Vec<Backend>,
+    /// `loadBalancerSourceRanges` in force (`None`: open to every source).
+    #[serde(default)]
+    pub source_ranges: Option<Vec<String>>,
+    /// Packets dropped by them.
+    #[serde(default)]
+    pub drops_source_range: u64,
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]

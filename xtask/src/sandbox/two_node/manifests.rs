@@ -234,6 +234,13 @@ impl ExternalService {
         s
     }
 
+    /// [`yaml`](Self::yaml) with `spec.loadBalancerSourceRanges: ranges`.
+    pub fn yaml_with_source_ranges(self, policy: Policy, ranges: &[&str]) -> String {
+        let list: String = ranges.iter().map(|r| format!("  - {r}\n")).collect();
+        self.yaml(policy)
+            .replacen("  ports:\n", &format!("  loadBalancerSourceRanges:\n{list}  ports:\n"), 1)
+    }
+
     /// The Service's EndpointSlice with `pods` as ready endpoints.
     pub fn endpointslice_yaml(self, pods: &[Pod]) -> String {
         let mut s = format!(
