@@ -28,7 +28,7 @@ use xtask::sandbox::two_node::manifests::{
 };
 use xtask::sandbox::two_node::{Client, Node, Pod, CLIENT_IPS, EXTERNAL_IP, LB_IP};
 use xtask::sandbox::{
-    gro_enabled, is_mountpoint, list_netns, Attempt, ClientRun, TwoNodeSandbox, PIN_BASE,
+    find_at, gro_enabled, is_mountpoint, list_netns, Attempt, ClientRun, TwoNodeSandbox, PIN_BASE,
     POD_TCP_PORT, POD_UDP_PORT,
 };
 use xtask::testenv::{sb_echo, switchboard, two_node_sandbox, two_node_with_agents};

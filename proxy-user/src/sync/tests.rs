@@ -773,3 +773,81 @@ fn each_family_has_its_own_map_capacity() {
     assert_eq!(report.failed[0].frontend, more6.addr);
     assert_eq!(report.failed[0].reason, "IPv6 frontend map full (4 entries)");
 }
+
+/// A LoadBalancer frontend restricted to `blocks`.
+fn restricted(blocks: &[&str]) -> Frontend {
+    let mut lb = fe([203, 0, 113, 10], 443, Protocol::Tcp, "lb", &[(1, 8443)]);
+    lb.kind = FrontendKind::LoadBalancer;
+    let blocks: Vec<IpCidr> = blocks.iter().map(|b| b.parse().expect("a CIDR")).collect();
+    lb.source_ranges = Some(crate::model::SourceRanges {
+        blocks: blocks.into(),
+        allows_node: false,
+    });
+    lb
+}
+
+/// The position of `line` in the store's write log.
+fn logged(store: &MemStore, line: &str) -> usize {
+    store
+        .log
+        .iter()
+        .position(|l| l.starts_with(line))
+        .unwrap_or_else(|| panic!("{line:?} not in {:#?}", store.log))
+}
+
+#[test]
+fn source_ranges_are_written_before_slot_zero_names_them_and_removed_after() {
+    let mut s = Syncer::adopt(MemStore::default(), caps());
+    let lb = restricted(&["10.0.0.0/8", "192.0.2.1/32"]);
+    let head = format!("put {:?}", k(&frontend_key(&lb.addr, 0)));
+    s.apply(&state(vec![lb.clone()]));
+    let id = s.programmed[&lb.addr].service_id;
+    let slot0 = s.store().frontends[&k(&frontend_key(&lb.addr, 0))];
+    assert_ne!(slot0.flags & frontend_flags::SOURCE_RANGES, 0);
+    assert_eq!(slot0.flags & frontend_flags::SOURCE_RANGES_NODE, 0);
+    assert!(logged(s.store(), &format!("put range {id} 10.0.0.0/8")) < logged(s.store(), &head));
+    assert!(logged(s.store(), &format!("put range {id} 192.0.2.1/32")) < logged(s.store(), &head));
+
+    // Narrowed: the new block goes in before slot 0 is rewritten, the
+    // removed ones after; the block both lists hold is not rewritten.
+    s.store_mut().log.clear();
+    let narrowed = restricted(&["10.0.0.0/8", "198.51.100.0/24"]);
+    let report = s.apply(&state(vec![narrowed.clone()]));
+    assert_eq!(report.updated, 1, "{report:?}");
+    let log = &s.store().log;
+    assert_eq!(
+        log.iter().filter(|l| l.contains("range")).cloned().collect::<Vec<_>>(),
+        vec![format!("put range {id} 198.51.100.0/24"), format!("delete range {id} 192.0.2.1/32")],
+        "{log:#?}"
+    );
+    assert_eq!(
+        s.store().source_ranges.iter().copied().collect::<Vec<_>>(),
+        vec![(id, "10.0.0.0/8".parse().unwrap()), (id, "198.51.100.0/24".parse().unwrap())]
+    );
+
+    // A restart adopts the blocks and rewrites nothing; an orphan block (of
+    // an id no frontend has) is removed.
+    let mut store = std::mem::take(&mut s.store);
+    store.source_ranges.insert((999, "10.9.0.0/16".parse().unwrap()));
+    store.writes = 0;
+    let mut restarted = Syncer::adopt(store, caps());
+    assert!(!restarted.store().source_ranges.iter().any(|(i, _)| *i == 999), "the orphan is gone");
+    let report = restarted.apply(&state(vec![narrowed.clone()]));
+    assert_eq!((report.writes, report.unchanged), (0, 1), "{report:?}");
+
+    // Lifting the restriction clears the flag in slot 0 first, then the blocks.
+    restarted.store_mut().log.clear();
+    let mut open = narrowed;
+    open.source_ranges = None;
+    restarted.apply(&state(vec![open.clone()]));
+    let slot0 = restarted.store().frontends[&k(&frontend_key(&open.addr, 0))];
+    assert_eq!(slot0.flags & frontend_flags::SOURCE_RANGES, 0);
+    assert!(logged(restarted.store(), &head) < logged(restarted.store(), &format!("delete range {id} 10.0.0.0/8")));
+    assert!(restarted.store().source_ranges.is_empty());
+
+    // A removed frontend takes its blocks along.
+    restarted.apply(&state(vec![restricted(&["10.0.0.0/8"])]));
+    assert_eq!(restarted.store().source_ranges.len(), 1);
+    restarted.apply(&state(vec![]));
+    assert!(restarted.store().source_ranges.is_empty());
+}
