@@ -29,7 +29,7 @@ use crate::{
     status::{self, AgentStatus},
     sync::Syncer,
     syncloop::{unix_now, NodePortAddresses, SyncLoop},
-    uplink::{self, Uplink, UplinkError, XdpMode},
+    uplink::{self, LinkFacts, Uplink, UplinkError, XdpChoice, XdpHook, XdpMode},
     verify,
 };
 use crate::cidr::IpCidr;
@@ -392,33 +392,50 @@ async fn setup_uplinks(
     let mut attached = Vec::new();
     for up in uplinks {
         let context = || format!("attaching the uplink programs to {}", up.name);
-        let (tc, xdp) = match uplink::attach(ebpf, &up, config.xdp_mode, config.tc_mode, &link_dir) {
-            Ok(tc) => (tc, config.xdp_mode),
-            Err(error) if config.xdp_mode == XdpMode::Native => {
-                warn!(iface = %up.name, error = %anyhow::Error::from(error), "native XDP failed; using generic XDP");
-                let tc = uplink::attach(ebpf, &up, XdpMode::Generic, config.tc_mode, &link_dir)
-                    .with_context(context)?;
-                (tc, XdpMode::Generic)
+        let mut facts = LinkFacts {
+            kind: up.kind.as_deref(),
+            native_refused: false,
+        };
+        let mut choice = uplink::resolve_xdp_mode(config.xdp_mode, &facts);
+        let tc = match uplink::attach(ebpf, &up, choice.hook, config.tc_mode, &link_dir) {
+            Ok(tc) => tc,
+            Err(error @ UplinkError::Xdp { .. }) if choice.hook == XdpHook::Native => {
+                facts.native_refused = true;
+                choice = uplink::resolve_xdp_mode(config.xdp_mode, &facts);
+                let error = anyhow::Error::from(error);
+                match config.xdp_mode {
+                    XdpMode::Native => warn!(iface = %up.name, error = %error, "native XDP failed; using {} XDP", choice.hook),
+                    _ => info!(iface = %up.name, error = %error, "native XDP refused; using {}", choice.hook),
+                }
+                uplink::attach(ebpf, &up, choice.hook, config.tc_mode, &link_dir).with_context(context)?
             }
             Err(error) => return Err(error).with_context(context),
         };
-        let status = uplink_status(&up, tc, xdp);
+        if let Some(warning) = &choice.warning {
+            warn!(iface = %up.name, xdp = %choice.hook, "{warning}");
+        }
+        info!(iface = %up.name, kind = up.kind.as_deref().unwrap_or("physical"), xdp = %choice.hook, reason = %choice.reason, "uplink XDP mode");
+        let status = uplink_status(&up, tc, &choice);
         attached.push((up, status));
     }
     Ok(attached)
 }
 
 /// An uplink as the status file lists it.
-fn uplink_status(up: &Uplink, tc: attach::Attached, xdp: XdpMode) -> status::AttachedInterface {
+fn uplink_status(up: &Uplink, tc: attach::Attached, xdp: &XdpChoice) -> status::AttachedInterface {
     let mut hooks = attach::hook_names(tc, &uplink::TC_HOOKS);
-    if xdp != XdpMode::Off {
-        hooks.push(format!("xdp {} {}", value_name(&xdp), proxy_common::programs::XDP_UPLINK));
+    if xdp.hook != XdpHook::Off {
+        hooks.push(format!("xdp {} {}", xdp.hook, proxy_common::programs::XDP_UPLINK));
     }
     status::AttachedInterface {
         name: up.name.clone(),
         index: up.index,
         role: "uplink".to_owned(),
         hooks,
+        xdp: Some(status::UplinkXdp {
+            mode: xdp.hook.to_string(),
+            reason: xdp.reason.clone(),
+        }),
     }
 }
 

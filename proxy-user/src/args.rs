@@ -115,11 +115,15 @@ pub struct AgentArgs {
     /// LoadBalancer IPs and external IPs are served there.
     #[arg(long = "uplink", value_name = "IFACE")]
     pub uplinks: Vec<String>,
-    /// How the uplink program runs: `native` (in the driver; veth
-    /// included; falls back to generic where the driver has no XDP),
-    /// `generic` (the kernel's generic XDP hook), or `off` (a tc ingress
-    /// program instead).
-    #[arg(long, value_enum, default_value_t = XdpMode::Native)]
+    /// How the uplink program runs: `auto` (per uplink: native XDP on a
+    /// physical NIC whose driver takes it, tc only on a veth, another
+    /// virtual device or a driver without native XDP; the choice and its
+    /// reason are logged and shown by `switchboard status`), `native` (in the
+    /// driver; falls back to generic where the driver has no XDP; on a veth
+    /// only if its peer runs XDP or GRO and senders write complete
+    /// checksums), `generic` (the kernel's generic XDP hook), or `off` (a tc
+    /// ingress program instead).
+    #[arg(long, value_enum, default_value_t = XdpMode::Auto)]
     pub xdp_mode: XdpMode,
     /// How new flows from outside the node pick a backend when the Service
     /// has no `switchboard.io/lb-algorithm` annotation: `random`, `maglev`
@@ -498,6 +502,22 @@ mod tests {
         assert_eq!(parse_bind("").expect("off").0, None);
         // An IPv6 address needs its brackets before the port.
         assert!(parse_bind("::1:10256").is_err());
+    }
+
+    #[test]
+    fn xdp_mode_is_auto_by_default_and_in_the_file() {
+        use clap::Parser as _;
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            agent: AgentArgs,
+        }
+        let parse = |args: &[&str]| Cli::try_parse_from(args).map(|c| c.agent.xdp_mode);
+        assert_eq!(parse(&["x"]).expect("defaults"), XdpMode::Auto);
+        assert_eq!(parse(&["x", "--xdp-mode", "auto"]).expect("auto"), XdpMode::Auto);
+        assert_eq!(parse(&["x", "--xdp-mode", "native"]).expect("native"), XdpMode::Native);
+        let out = with_file("kind: SwitchboardConfiguration\nxdpMode: auto\n", &[]).expect("merge");
+        assert!(out.iter().any(|a| a == "--xdp-mode=auto"), "{out:?}");
     }
 
     #[test]

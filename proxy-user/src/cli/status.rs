@@ -10,7 +10,7 @@ use super::{
     table::{human_duration, Table},
     AgentProcess, Common, Done, MapFill, Output,
 };
-use crate::status::AgentStatus;
+use crate::status::{AgentStatus, UplinkXdp};
 
 /// Maps whose running full loses Services (the LRU ones evict instead).
 const NOT_LRU: [&str; 3] = [names::FRONTENDS, names::BACKENDS, names::REVNAT];
@@ -48,6 +48,9 @@ pub struct InterfaceRow {
     pub missing: Vec<String>,
     /// The interface is no longer in this namespace.
     pub gone: bool,
+    /// For an uplink: the XDP mode the agent chose for it, and why.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub xdp: Option<UplinkXdp>,
 }
 
 pub fn run(common: &Common) -> anyhow::Result<Done> {
@@ -112,7 +115,10 @@ pub fn interface_rows(status: Option<&AgentStatus>, actual: &[hooks::IfaceHooks]
         .iter()
         .map(|i| {
             let now = actual.iter().find(|a| a.index == i.index && a.name == i.name);
-            row(&i.name, i.index, &i.role, i.hooks.clone(), now)
+            InterfaceRow {
+                xdp: i.xdp.clone(),
+                ..row(&i.name, i.index, &i.role, i.hooks.clone(), now)
+            }
         })
         .collect();
     let uplink = |index: u32| listed.iter().any(|i| i.index == index && i.role == "uplink");
@@ -139,6 +145,7 @@ fn row(name: &str, index: u32, role: &str, expected: Vec<String>, now: Option<&h
         expected,
         missing,
         gone: now.is_none(),
+        xdp: None,
     }
 }
 
@@ -243,6 +250,11 @@ pub fn render(report: &StatusReport) -> String {
             t.push(vec![r.name.clone(), r.index.to_string(), r.role.clone(), state, r.attached.clone()]);
         }
         out.push_str(&t.render());
+        for r in &report.interfaces {
+            if let Some(xdp) = &r.xdp {
+                let _ = writeln!(out, "  {} xdp: {} ({})", r.name, xdp.mode, xdp.reason);
+            }
+        }
     }
     let socket_hooks: Vec<&str> = report
         .pinned_links
@@ -365,6 +377,10 @@ mod tests {
                     "tc egress sb_to_pod".into(),
                     "xdp native sb_xdp_uplink".into(),
                 ],
+                xdp: Some(UplinkXdp {
+                    mode: "native".into(),
+                    reason: "auto: native XDP in the driver".into(),
+                }),
             }],
             ..AgentStatus::default()
         };
@@ -372,6 +388,25 @@ mod tests {
         let names: Vec<&str> = rows.iter().map(|r| r.name.as_str()).collect();
         assert_eq!(names, ["eth0", "p1", "p2"]);
         assert_eq!(rows[0].missing, ["xdp native sb_xdp_uplink"]);
+        assert_eq!(rows[0].xdp.as_ref().map(|x| x.mode.as_str()), Some("native"));
+        assert!(rows[1].xdp.is_none());
+        let report = StatusReport {
+            pin_root: "/p".into(),
+            agent: AgentProcess {
+                pid: None,
+                alive: false,
+                evidence: "none",
+            },
+            status: None,
+            uptime_s: None,
+            last_sync_age_s: None,
+            interfaces: rows,
+            pinned_links: Vec::new(),
+            maps: None,
+            problems: Vec::new(),
+        };
+        let text = render(&report);
+        assert!(text.contains("eth0 xdp: native (auto: native XDP in the driver)"), "{text}");
         assert!(rows[1].missing.is_empty());
         assert_eq!(rows[2].missing.len(), 2);
     }

@@ -5,6 +5,10 @@
 //! kube-proxy-style iptables NodePort rules built for the same Services;
 //! next to a direct path to the same pods (no Service, the limit).
 //!
+//! The sandboxes are [`Lan::XdpReady`] (the uplinks' peers wake for XDP_TX,
+//! senders write complete checksums), so the native XDP path can be
+//! measured on veth at all; all three alike, so the paths stay comparable.
+//!
 //! Three two-node sandboxes live at once, so the measurements can be
 //! interleaved and no setup touches another (iptables NAT rules switch on
 //! conntrack hooks in their namespace; switchboard's pinned programs stay on
@@ -44,7 +48,7 @@ use serde_json::{json, Value};
 
 use super::{median, note, parse_wrk, progress, run_parallel, Plan, Wrk, WRK_CONNECTIONS};
 use crate::sandbox::find_at;
-use crate::sandbox::two_node::{Client as Ext, Node, Pod, TwoNodeSandbox, NODE_A_IP};
+use crate::sandbox::two_node::{Client as Ext, Lan, Node, Pod, TwoNodeSandbox, NODE_A_IP};
 use crate::util::{run_capture, show};
 
 /// Sandbox tags (direct, switchboard, iptables).
@@ -352,15 +356,15 @@ fn remove_xdp_pins(dir: &Path) -> Result<()> {
 
 impl Sandboxes {
     fn new(sb_http: &Path) -> Result<Sandboxes> {
-        let mut direct = TwoNodeSandbox::new(TAGS[0])?;
+        let mut direct = TwoNodeSandbox::new_on(TAGS[0], Lan::XdpReady)?;
         start_http_pods(&mut direct, sb_http)?;
-        let mut sw = TwoNodeSandbox::new(TAGS[1])?;
+        let mut sw = TwoNodeSandbox::new_on(TAGS[1], Lan::XdpReady)?;
         start_http_pods(&mut sw, sb_http)?;
         sw.write_nodes()?;
         for b in [Backends::Local, Backends::Remote] {
             sw.write_manifest(&format!("{}.yaml", b.service()), &manifest(b))?;
         }
-        let mut ipt = TwoNodeSandbox::new(TAGS[2])?;
+        let mut ipt = TwoNodeSandbox::new_on(TAGS[2], Lan::XdpReady)?;
         start_http_pods(&mut ipt, sb_http)?;
         let rules = iptables_rules();
         let file = ipt.dir.join("nodeport.rules");

@@ -46,10 +46,10 @@ use anyhow::{anyhow, bail, Context, Result};
 
 pub use cgroup::TestCgroup;
 pub use cleanup::{cleanup_stale, list_netns, purge_tag, status_file};
-pub use netns::{enable_gro, gro_enabled, http_get, in_netns, HttpResponse};
+pub use netns::{enable_gro, gro_enabled, http_get, in_netns, tx_checksum_enabled, HttpResponse};
 pub use output::{find, find_at, Attempt, Backend, ClientRun, Frontend};
 pub use sys::is_mountpoint;
-pub use two_node::TwoNodeSandbox;
+pub use two_node::{Lan, TwoNodeSandbox};
 
 use crate::util::{run_capture, show};
 use cleanup::remove_status_file;

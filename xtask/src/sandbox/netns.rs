@@ -198,6 +198,13 @@ fn create_xdp_link(prog: &std::os::fd::OwnedFd, ifindex: u32) -> Result<std::os:
     bpf_fd(BPF_LINK_CREATE, &mut attr)
 }
 
+/// Whether transmit checksum offload is on for `ifname` in namespace `ns`.
+pub fn tx_checksum_enabled(ns: &str, ifname: &str) -> Result<bool> {
+    in_netns(ns, || ethtool_value(ifname, ETHTOOL_GTXCSUM, 0))
+        .map(|v| v != 0)
+        .with_context(|| format!("read tx checksum offload of {ifname} in {ns}"))
+}
+
 /// Whether GRO is on for `ifname` in namespace `ns`.
 pub fn gro_enabled(ns: &str, ifname: &str) -> Result<bool> {
     in_netns(ns, || ethtool_value(ifname, ETHTOOL_GGRO, 0))
