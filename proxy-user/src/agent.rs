@@ -414,7 +414,7 @@ async fn setup_uplinks(
         if let Some(warning) = &choice.warning {
             warn!(iface = %up.name, xdp = %choice.hook, "{warning}");
         }
-        info!(iface = %up.name, kind = up.kind.as_deref().unwrap_or("physical"), xdp = %choice.hook, reason = %choice.reason, "uplink XDP mode");
+        info!(iface = %up.name, kind = %up.kind.as_deref().unwrap_or("physical"), xdp = %choice.hook, reason = %choice.reason, "uplink XDP mode");
         let status = uplink_status(&up, tc, &choice);
         attached.push((up, status));
     }
