@@ -157,22 +157,25 @@ mod tests {
             updated_unix_s: 2,
             source: "dir:/x".into(),
             node_name: "node-a".into(),
-            interfaces: vec![AttachedInterface {
-                name: "veth1".into(),
-                index: 4,
-                role: "pod".into(),
-                hooks: vec!["tcx ingress".into(), "tcx egress".into()],
-                xdp: None,
-            }, AttachedInterface {
-                name: "eth0".into(),
-                index: 2,
-                role: "uplink".into(),
-                hooks: vec!["tcx ingress".into()],
-                xdp: Some(UplinkXdp {
-                    mode: "off".into(),
-                    reason: "auto: veth uplink".into(),
-                }),
-            }],
+            interfaces: vec![
+                AttachedInterface {
+                    name: "veth1".into(),
+                    index: 4,
+                    role: "pod".into(),
+                    hooks: vec!["tcx ingress".into(), "tcx egress".into()],
+                    xdp: None,
+                },
+                AttachedInterface {
+                    name: "eth0".into(),
+                    index: 2,
+                    role: "uplink".into(),
+                    hooks: vec!["tcx ingress".into()],
+                    xdp: Some(UplinkXdp {
+                        mode: "off".into(),
+                        reason: "auto: veth uplink".into(),
+                    }),
+                },
+            ],
             frontends_desired: 3,
             unprogrammed: vec![UnprogrammedService {
                 service: "a/b:http".into(),

@@ -361,7 +361,9 @@ fn link_kind(infos: &[LinkInfo]) -> Option<String> {
 /// source-NATed to another node: global scope, not loopback, link-local or
 /// multicast, and usable now (not tentative, failed or deprecated).
 fn snat_fit6(addr: &Ipv6Addr, scope: AddressScope, flags: AddressHeaderFlags) -> bool {
-    let unusable = AddressHeaderFlags::Tentative | AddressHeaderFlags::Dadfailed | AddressHeaderFlags::Deprecated;
+    let unusable = AddressHeaderFlags::Tentative
+        | AddressHeaderFlags::Dadfailed
+        | AddressHeaderFlags::Deprecated;
     scope == AddressScope::Universe
         && !addr.is_loopback()
         && !addr.is_multicast()
@@ -377,7 +379,8 @@ pub fn set_uplinks6(ebpf: &mut Ebpf, uplinks: &[Uplink]) -> Result<(), UplinkErr
     let map = ebpf
         .map_mut(names::UPLINKS6)
         .ok_or(UplinkError::MissingMap(names::UPLINKS6))?;
-    let mut map: BpfHashMap<&mut MapData, u32, Uplink6> = BpfHashMap::try_from(map).map_err(UplinkError::Map6)?;
+    let mut map: BpfHashMap<&mut MapData, u32, Uplink6> =
+        BpfHashMap::try_from(map).map_err(UplinkError::Map6)?;
     for up in uplinks {
         let value = Uplink6 {
             addr_be: up.addr6.map(|a| addr6_be(a.octets())).unwrap_or([0; 4]),
@@ -385,7 +388,9 @@ pub fn set_uplinks6(ebpf: &mut Ebpf, uplinks: &[Uplink]) -> Result<(), UplinkErr
         map.insert(up.index, value, 0).map_err(UplinkError::Map6)?;
         match up.addr6 {
             Some(addr) => debug!(iface = %up.name, %addr, "uplink IPv6 address"),
-            None => info!(iface = %up.name, "uplink has no global IPv6 address: IPv6 flows to backends on other nodes are dropped"),
+            None => {
+                info!(iface = %up.name, "uplink has no global IPv6 address: IPv6 flows to backends on other nodes are dropped")
+            }
         }
     }
     let stale: Vec<u32> = map
@@ -401,7 +406,9 @@ pub fn set_uplinks6(ebpf: &mut Ebpf, uplinks: &[Uplink]) -> Result<(), UplinkErr
 
 /// Every address of this namespace's interfaces, of both families, loopback
 /// and IPv6 link-local excluded (the candidates for `--nodeport-addresses`).
-pub async fn local_addresses(handle: &rtnetlink::Handle) -> Result<Vec<std::net::IpAddr>, UplinkError> {
+pub async fn local_addresses(
+    handle: &rtnetlink::Handle,
+) -> Result<Vec<std::net::IpAddr>, UplinkError> {
     let mut all = Vec::new();
     let mut list = handle.address().get().execute();
     while let Some(msg) = list.try_next().await? {
@@ -504,7 +511,11 @@ pub fn attach(
     };
     // A pod program an earlier agent may have put here before it knew this
     // was an uplink (a veth uplink looks like a pod interface).
-    attach::detach_hooks(&iface, link_dir, &[(programs::TC_FROM_POD, TcAttachType::Ingress)]);
+    attach::detach_hooks(
+        &iface,
+        link_dir,
+        &[(programs::TC_FROM_POD, TcAttachType::Ingress)],
+    );
     for other in XdpHook::ALL {
         if other != mode {
             remove_xdp_pin(&xdp_pin(link_dir, uplink.index, other))?;
@@ -542,7 +553,12 @@ fn remove_xdp_pin(path: &Path) -> Result<(), UplinkError> {
 
 /// XDP: swap our program into the pinned link of an earlier agent, or attach
 /// a new link and pin it.
-fn attach_xdp(ebpf: &mut Ebpf, uplink: &Uplink, mode: XdpHook, link_dir: &Path) -> Result<(), UplinkError> {
+fn attach_xdp(
+    ebpf: &mut Ebpf,
+    uplink: &Uplink,
+    mode: XdpHook,
+    link_dir: &Path,
+) -> Result<(), UplinkError> {
     let name = programs::XDP_UPLINK;
     let xdp_error = |source| UplinkError::Xdp {
         iface: uplink.name.clone(),
@@ -633,15 +649,57 @@ mod tests {
         // whether a warning is given.
         let table: &[(XdpMode, Option<&str>, bool, XdpHook, &str, bool)] = &[
             (Auto, Some("veth"), false, O, "auto: veth uplink", false),
-            (Auto, Some("bridge"), false, O, "auto: virtual uplink (bridge)", false),
-            (Auto, Some("vxlan"), false, O, "auto: virtual uplink (vxlan)", false),
-            (Auto, Some("macvlan"), false, O, "auto: virtual uplink (macvlan)", false),
+            (
+                Auto,
+                Some("bridge"),
+                false,
+                O,
+                "auto: virtual uplink (bridge)",
+                false,
+            ),
+            (
+                Auto,
+                Some("vxlan"),
+                false,
+                O,
+                "auto: virtual uplink (vxlan)",
+                false,
+            ),
+            (
+                Auto,
+                Some("macvlan"),
+                false,
+                O,
+                "auto: virtual uplink (macvlan)",
+                false,
+            ),
             (Auto, None, false, N, "auto: native", false),
             (Auto, Some("bond"), false, N, "auto: native", false),
-            (Auto, None, true, O, "auto: the driver refused native XDP", false),
-            (Auto, Some("bond"), true, O, "auto: the driver refused native XDP", false),
+            (
+                Auto,
+                None,
+                true,
+                O,
+                "auto: the driver refused native XDP",
+                false,
+            ),
+            (
+                Auto,
+                Some("bond"),
+                true,
+                O,
+                "auto: the driver refused native XDP",
+                false,
+            ),
             (Native, Some("veth"), false, N, "--xdp-mode native", true),
-            (Native, Some("bridge"), true, G, "--xdp-mode native refused", true),
+            (
+                Native,
+                Some("bridge"),
+                true,
+                G,
+                "--xdp-mode native refused",
+                true,
+            ),
             (Native, None, false, N, "--xdp-mode native", false),
             (Native, None, true, G, "--xdp-mode native refused", false),
             (Generic, None, false, G, "--xdp-mode generic", false),
@@ -651,7 +709,10 @@ mod tests {
             (Off, None, false, O, "--xdp-mode off", false),
         ];
         for &(asked, kind, native_refused, hook, reason, warned) in table {
-            let facts = LinkFacts { kind, native_refused };
+            let facts = LinkFacts {
+                kind,
+                native_refused,
+            };
             let got = resolve_xdp_mode(asked, &facts);
             let case = format!("{asked:?} on {kind:?} (native refused: {native_refused})");
             assert_eq!(got.hook, hook, "{case}: {got:?}");
@@ -666,7 +727,9 @@ mod tests {
             kind: Some("veth"),
             native_refused: false,
         };
-        let warning = resolve_xdp_mode(XdpMode::Native, &facts).warning.expect("a warning");
+        let warning = resolve_xdp_mode(XdpMode::Native, &facts)
+            .warning
+            .expect("a warning");
         for words in ["XDP_TX", "peer", "partial checksums", "--xdp-mode auto"] {
             assert!(warning.contains(words), "{words:?} missing: {warning}");
         }
@@ -683,12 +746,28 @@ mod tests {
         let link_local: Ipv6Addr = "fe80::1".parse().expect("address");
         let none = AddressHeaderFlags::empty();
         assert!(snat_fit6(&global, AddressScope::Universe, none));
-        assert!(snat_fit6(&ula, AddressScope::Universe, AddressHeaderFlags::Permanent));
+        assert!(snat_fit6(
+            &ula,
+            AddressScope::Universe,
+            AddressHeaderFlags::Permanent
+        ));
         assert!(!snat_fit6(&link_local, AddressScope::Link, none));
         assert!(!snat_fit6(&link_local, AddressScope::Universe, none));
         assert!(!snat_fit6(&Ipv6Addr::LOCALHOST, AddressScope::Host, none));
-        assert!(!snat_fit6(&global, AddressScope::Universe, AddressHeaderFlags::Tentative));
-        assert!(!snat_fit6(&global, AddressScope::Universe, AddressHeaderFlags::Deprecated));
-        assert!(!snat_fit6(&global, AddressScope::Universe, AddressHeaderFlags::Dadfailed));
+        assert!(!snat_fit6(
+            &global,
+            AddressScope::Universe,
+            AddressHeaderFlags::Tentative
+        ));
+        assert!(!snat_fit6(
+            &global,
+            AddressScope::Universe,
+            AddressHeaderFlags::Deprecated
+        ));
+        assert!(!snat_fit6(
+            &global,
+            AddressScope::Universe,
+            AddressHeaderFlags::Dadfailed
+        ));
     }
 }

@@ -189,7 +189,10 @@ fn two_node_topology_routes_pods_and_nodes() {
             .exec(&sb.lan_ns(), &["ip", "-d", "link", "show", &peer])
             .expect("ip link");
         let text = String::from_utf8_lossy(&out.stdout);
-        assert!(!text.contains("prog/xdp"), "{peer} carries an XDP program: {text}");
+        assert!(
+            !text.contains("prog/xdp"),
+            "{peer} carries an XDP program: {text}"
+        );
     }
     for client in Client::ALL {
         assert!(
@@ -446,10 +449,14 @@ fn default_agent_on_kind_like_veth_uplinks_uses_tc_and_serves_nodeports() {
     let log = sb.agent_log(Node::A);
     let chosen = log
         .lines()
-        .find(|l| l.contains("uplink XDP mode") && l.contains(&format!("iface={}", sb.uplink(Node::A))))
+        .find(|l| {
+            l.contains("uplink XDP mode") && l.contains(&format!("iface={}", sb.uplink(Node::A)))
+        })
         .unwrap_or_else(|| panic!("no `uplink XDP mode` line:\n{log}"));
     assert!(
-        chosen.contains("xdp=off") && chosen.contains("kind=veth") && chosen.contains("auto: veth uplink"),
+        chosen.contains("xdp=off")
+            && chosen.contains("kind=veth")
+            && chosen.contains("auto: veth uplink"),
         "{chosen}"
     );
     assert!(
@@ -463,10 +470,16 @@ fn default_agent_on_kind_like_veth_uplinks_uses_tc_and_serves_nodeports() {
         .exec(&sb.node_ns(Node::A), &[&bin, "status", "--pin-root", &pin])
         .unwrap_or_else(|e| panic!("{e:#}"));
     let text = String::from_utf8_lossy(&out.stdout);
-    let line = format!("{} xdp: off (auto: veth uplink: tc only", sb.uplink(Node::A));
+    let line = format!(
+        "{} xdp: off (auto: veth uplink: tc only",
+        sb.uplink(Node::A)
+    );
     assert!(text.contains(&line), "status lacks {line:?}:\n{text}");
     let out = sb
-        .exec(&sb.node_ns(Node::A), &[&bin, "status", "--pin-root", &pin, "-o", "json"])
+        .exec(
+            &sb.node_ns(Node::A),
+            &[&bin, "status", "--pin-root", &pin, "-o", "json"],
+        )
         .unwrap_or_else(|e| panic!("{e:#}"));
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("status -o json");
     let uplink = json["interfaces"]
@@ -482,11 +495,23 @@ fn default_agent_on_kind_like_veth_uplinks_uses_tc_and_serves_nodeports() {
             proto,
         };
         let run = hit(&sb, Client::One, &entry, COUNT, 1000);
-        assert!(run.all_ok(), "{entry}: {} failed:\n{}", run.failures(), run.raw);
-        assert_eq!(run.client_saw(), vec![entry.addr()], "{entry}:\n{}", run.raw);
+        assert!(
+            run.all_ok(),
+            "{entry}: {} failed:\n{}",
+            run.failures(),
+            run.raw
+        );
+        assert_eq!(
+            run.client_saw(),
+            vec![entry.addr()],
+            "{entry}:\n{}",
+            run.raw
+        );
         let mut nodes = BTreeSet::new();
         for attempt in &run.attempts {
-            let Attempt::Ok { name, pod_saw, .. } = attempt else { continue };
+            let Attempt::Ok { name, pod_saw, .. } = attempt else {
+                continue;
+            };
             let pod = pods
                 .iter()
                 .find(|p| &p.name() == name)
@@ -495,10 +520,20 @@ fn default_agent_on_kind_like_veth_uplinks_uses_tc_and_serves_nodeports() {
                 Node::A => CLIENT_IPS[0],
                 Node::B => Node::A.ip(),
             };
-            assert_eq!(pod_saw.split(':').next(), Some(want), "{entry}, {name}:\n{}", run.raw);
+            assert_eq!(
+                pod_saw.split(':').next(),
+                Some(want),
+                "{entry}, {name}:\n{}",
+                run.raw
+            );
             nodes.insert(pod.node);
         }
-        assert_eq!(nodes.len(), 2, "{entry}: not both local and remote backends answered:\n{}", run.raw);
+        assert_eq!(
+            nodes.len(),
+            2,
+            "{entry}: not both local and remote backends answered:\n{}",
+            run.raw
+        );
     }
 }
 
@@ -547,7 +582,10 @@ fn fragmented_udp_through_a_nodeport_both_ways() {
 /// is the native one, `xdpgeneric` the generic one).
 fn xdp_hook(sb: &TwoNodeSandbox) -> String {
     let out = sb
-        .exec(&sb.node_ns(Node::A), &["ip", "-d", "link", "show", &sb.uplink(Node::A)])
+        .exec(
+            &sb.node_ns(Node::A),
+            &["ip", "-d", "link", "show", &sb.uplink(Node::A)],
+        )
         .unwrap_or_else(|e| panic!("{e:#}"));
     let text = String::from_utf8_lossy(&out.stdout);
     ["xdpgeneric", "xdp"]
@@ -570,7 +608,11 @@ fn xdp_mode_changes_across_agent_restarts() {
         proto: Proto::Tcp,
     };
     assert_eq!(xdp_hook(&sb), "none", "auto: no XDP on a veth uplink");
-    for (mode, hook) in [("native", "xdp"), ("generic", "xdpgeneric"), ("off", "none")] {
+    for (mode, hook) in [
+        ("native", "xdp"),
+        ("generic", "xdpgeneric"),
+        ("off", "none"),
+    ] {
         sb.stop_agent(Node::A).unwrap_or_else(|e| panic!("{e:#}"));
         sb.start_agent(Node::A, &switchboard(), &["--xdp-mode", mode])
             .unwrap_or_else(|e| panic!("{e:#}"));
@@ -579,7 +621,12 @@ fn xdp_mode_changes_across_agent_restarts() {
         while xdp_hook(&sb) != hook && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(100));
         }
-        assert_eq!(xdp_hook(&sb), hook, "--xdp-mode {mode}:\n{}", sb.agent_log(Node::A));
+        assert_eq!(
+            xdp_hook(&sb),
+            hook,
+            "--xdp-mode {mode}:\n{}",
+            sb.agent_log(Node::A)
+        );
         if mode == "native" {
             // Allowed on a veth, but not quietly.
             let log = sb.agent_log(Node::A);
@@ -593,7 +640,13 @@ fn xdp_mode_changes_across_agent_restarts() {
         sb.wait_uplink_attached(Node::A, Duration::from_secs(10))
             .unwrap_or_else(|e| panic!("--xdp-mode {mode}: {e:#}"));
         let run = hit(&sb, Client::One, &entry, 5, 1000);
-        assert_answers(&run, &entry, &pods, Node::A.ip(), &format!("--xdp-mode {mode}"));
+        assert_answers(
+            &run,
+            &entry,
+            &pods,
+            Node::A.ip(),
+            &format!("--xdp-mode {mode}"),
+        );
     }
 }
 
@@ -606,7 +659,14 @@ fn nodeport_addresses_select_the_node_addresses_nodeports_answer_on() {
     let extra_ip = "192.168.50.11";
     sb.exec(
         &sb.node_ns(Node::A),
-        &["ip", "addr", "add", &format!("{extra_ip}/24"), "dev", &sb.uplink(Node::A)],
+        &[
+            "ip",
+            "addr",
+            "add",
+            &format!("{extra_ip}/24"),
+            "dev",
+            &sb.uplink(Node::A),
+        ],
     )
     .unwrap_or_else(|e| panic!("{e:#}"));
     let on_extra = EntryPoint {
@@ -616,7 +676,12 @@ fn nodeport_addresses_select_the_node_addresses_nodeports_answer_on() {
     };
     // Default: only the Node's InternalIP (192.168.50.1) serves the NodePort.
     let run = hit(&sb, Client::One, &on_extra, 3, 300);
-    assert_eq!(run.failures(), 3, "{on_extra} is no NodePort address yet:\n{}", run.raw);
+    assert_eq!(
+        run.failures(),
+        3,
+        "{on_extra} is no NodePort address yet:\n{}",
+        run.raw
+    );
 
     sb.stop_agent(Node::A).unwrap_or_else(|e| panic!("{e:#}"));
     sb.start_agent(

@@ -54,7 +54,12 @@ fn nodeports_at(address: &str) -> Vec<EntryPoint> {
 /// under `policy` with `pods` in both EndpointSlices, an agent on each node
 /// (with `agent_args`), node A programmed with `pods` behind its NodePorts of
 /// both families, and both uplinks carrying the programs.
-fn dual_stack_with_agents(lan: Lan, policy: Policy, pods: &[Pod], agent_args: &[&str]) -> TwoNodeSandbox {
+fn dual_stack_with_agents(
+    lan: Lan,
+    policy: Policy,
+    pods: &[Pod],
+    agent_args: &[&str],
+) -> TwoNodeSandbox {
     let mut sb = two_node_sandbox_on(lan);
     let write = |sb: &TwoNodeSandbox, name: &str, yaml: &str| {
         sb.write_manifest(name, yaml)

@@ -119,9 +119,22 @@ pub struct Sandbox {
 fn add_ipv6(node: &str, host_if: &str, peer_ns: &str, subnet: usize) -> Result<()> {
     let host = format!("{}/64", node_ip6(subnet));
     let peer = format!("fd00:10:244:{subnet}::2/64");
-    ip(&["-n", node, "-6", "addr", "add", &host, "dev", host_if, "nodad"])?;
-    ip(&["-n", peer_ns, "-6", "addr", "add", &peer, "dev", "eth0", "nodad"])?;
-    ip(&["-n", peer_ns, "-6", "route", "add", "default", "via", &node_ip6(subnet)])?;
+    ip(&[
+        "-n", node, "-6", "addr", "add", &host, "dev", host_if, "nodad",
+    ])?;
+    ip(&[
+        "-n", peer_ns, "-6", "addr", "add", &peer, "dev", "eth0", "nodad",
+    ])?;
+    ip(&[
+        "-n",
+        peer_ns,
+        "-6",
+        "route",
+        "add",
+        "default",
+        "via",
+        &node_ip6(subnet),
+    ])?;
     Ok(())
 }
 

@@ -146,7 +146,8 @@ fn ifindex(ifname: &str) -> Result<u32> {
     // SAFETY: a NUL-terminated string that outlives the call.
     let index = unsafe { libc::if_nametoindex(name.as_ptr()) };
     if index == 0 {
-        return Err(std::io::Error::last_os_error()).with_context(|| format!("no interface {ifname}"));
+        return Err(std::io::Error::last_os_error())
+            .with_context(|| format!("no interface {ifname}"));
     }
     Ok(index)
 }

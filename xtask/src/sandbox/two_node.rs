@@ -1096,7 +1096,9 @@ impl TwoNodeSandbox {
         let mut last;
         loop {
             match self.services(node, switchboard) {
-                Ok(frontends) if pred(&frontends) && self.agent_log(node).contains(super::AGENT_READY) => {
+                Ok(frontends)
+                    if pred(&frontends) && self.agent_log(node).contains(super::AGENT_READY) =>
+                {
                     return Ok(frontends)
                 }
                 Ok(frontends) => last = format!("{frontends:#?}"),
