@@ -643,11 +643,19 @@ mod tests {
 
     #[test]
     fn xdp_modes_resolve_per_uplink() {
+        /// Asked, link kind, native refused → hook, start of the reason,
+        /// whether a warning is given.
+        type Case = (
+            XdpMode,
+            Option<&'static str>,
+            bool,
+            XdpHook,
+            &'static str,
+            bool,
+        );
         use XdpHook::{Generic as G, Native as N, Off as O};
         use XdpMode::{Auto, Generic, Native, Off};
-        // (asked, link kind, native refused) → hook, words of the reason,
-        // whether a warning is given.
-        let table: &[(XdpMode, Option<&str>, bool, XdpHook, &str, bool)] = &[
+        let table: &[Case] = &[
             (Auto, Some("veth"), false, O, "auto: veth uplink", false),
             (
                 Auto,

@@ -466,7 +466,7 @@ mod tests {
             status: None,
             uptime_s: None,
             last_sync_age_s: None,
-            interfaces: rows,
+            interfaces: rows.clone(),
             pinned_links: Vec::new(),
             maps: None,
             problems: Vec::new(),
