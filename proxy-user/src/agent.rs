@@ -1,9 +1,6 @@
 //! `switchboard agent`: load and pin the programs, attach them to pod
 //! interfaces as they appear, and keep the maps in step with the source.
-use std::{
-    path::PathBuf,
-    time::Duration,
-};
+use std::{path::PathBuf, time::Duration};
 
 use anyhow::{bail, Context as _};
 use futures::StreamExt as _;
@@ -14,25 +11,25 @@ use tokio::{
 };
 use tracing::{error, info, warn};
 
+use crate::cidr::IpCidr;
 use crate::{
     attach::{self, Attacher, TcMode},
     conntrack,
     ebpf::{self, Capacities},
     health::{self, ProxyHealth},
     healthcheck::{self, HealthServers},
-    metrics::{self, SyncObserver},
-    lock, resize,
+    lock,
     maps::PinnedMaps,
+    metrics::{self, SyncObserver},
     model::{self, Model},
-    socketlb,
+    resize, socketlb,
     source::{self, cluster, dir, FeedRx},
     status::{self, AgentStatus},
     sync::Syncer,
     syncloop::{unix_now, NodePortAddresses, SyncLoop},
-    uplink::{self, Uplink, UplinkError, XdpMode},
+    uplink::{self, LinkFacts, Uplink, UplinkError, XdpChoice, XdpHook, XdpMode},
     verify,
 };
-use crate::cidr::IpCidr;
 
 /// Where the agent learns Services and EndpointSlices from.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -114,7 +111,10 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
     // /healthz and /livez answer from here on, while the source lists: the
     // start counts as a queued change (see `health`).
     let proxy_health = ProxyHealth::new(health::HEALTH_TIMEOUT);
-    let _healthz = config.healthz_bind.map(|addr| proxy_health.serve(addr)).transpose()?;
+    let _healthz = config
+        .healthz_bind
+        .map(|addr| proxy_health.serve(addr))
+        .transpose()?;
     let observer = SyncObserver::new(std::time::SystemTime::now());
     let capacities = config.capacities;
     let mismatches = ebpf::capacity_mismatches(&config.pin_root, &capacities);
@@ -143,7 +143,9 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
     let mut ebpf = ebpf::load(&config.pin_root, &capacities, resize.maps())
         .context("loading the eBPF programs")?;
     if !resize.maps().is_empty() {
-        let copied = resize.copy(true).context("copying the maps being resized")?;
+        let copied = resize
+            .copy(true)
+            .context("copying the maps being resized")?;
         info!(?copied, "resized maps filled from the pinned ones");
     }
     let mut maps = PinnedMaps::take(&mut ebpf).context("opening the maps")?;
@@ -152,7 +154,10 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
     let adopted = conntrack::adopt_v4(&config.pin_root, &mut maps.conntrack)
         .context("copying the flows of the V4 connection-tracking table")?;
     if adopted > 0 {
-        info!(adopted, "connection-tracking entries copied from the V4 table");
+        info!(
+            adopted,
+            "connection-tracking entries copied from the V4 table"
+        );
     }
     maps.set_config(socketlb::datapath_config().context("reading the node's network namespace")?)
         .context("writing the data-path configuration")?;
@@ -218,8 +223,14 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
                 .collect()
         })
         .unwrap_or_default();
-    let uplinks = setup_uplinks(&handle, &config, &node_addrs, &mut ebpf, sync.syncer.store_mut())
-        .await?;
+    let uplinks = setup_uplinks(
+        &handle,
+        &config,
+        &node_addrs,
+        &mut ebpf,
+        sync.syncer.store_mut(),
+    )
+    .await?;
     attacher.set_uplinks(uplinks.iter().map(|(u, _)| u.index).collect());
     let uplink_status: Vec<_> = uplinks.into_iter().map(|(_, status)| status).collect();
     match &config.socket_lb_cgroup {
@@ -231,15 +242,22 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
     }
     if !resize.maps().is_empty() {
         // What the old programs created between the first copy and the swap.
-        let late = resize.copy(false).context("copying what changed during the resize")?;
+        let late = resize
+            .copy(false)
+            .context("copying what changed during the resize")?;
         info!(?late, "entries created during the resize copied");
         resize.finish().context("pinning the resized maps")?;
     }
     sync.set_interfaces(attacher.interfaces(), &uplink_status);
     let late = conntrack::adopt_v4(&config.pin_root, &mut sync.syncer.store_mut().conntrack)
         .context("copying the flows of the V4 connection-tracking table")?;
-    if conntrack::unpin_v4(&config.pin_root).context("unpinning the V4 connection-tracking table")? {
-        info!(late, "the V4 connection-tracking table was copied and unpinned");
+    if conntrack::unpin_v4(&config.pin_root)
+        .context("unpinning the V4 connection-tracking table")?
+    {
+        info!(
+            late,
+            "the V4 connection-tracking table was copied and unpinned"
+        );
     }
     // After any resize: the collector opens the pin the programs use.
     conntrack::spawn(&config.pin_root, config.conntrack_timeouts, gc_metrics)
@@ -255,9 +273,13 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
     let mut tick = tokio::time::interval(RESCAN);
     // `switchboard verify` asks on a socket next to the status file; the
     // loop answers between syncs.
-    let (_verify_socket, mut verify_requests) = verify::serve(&config.pin_root).with_context(|| {
-        format!("listening on {}", verify::socket_path(&config.pin_root).display())
-    })?;
+    let (_verify_socket, mut verify_requests) =
+        verify::serve(&config.pin_root).with_context(|| {
+            format!(
+                "listening on {}",
+                verify::socket_path(&config.pin_root).display()
+            )
+        })?;
     loop {
         tokio::select! {
             changed = feed.changed() => {
@@ -302,9 +324,10 @@ async fn open_source(config: &AgentConfig) -> anyhow::Result<FeedRx> {
             .await
             .with_context(|| format!("watching {}", dir.display()))?,
         Source::Cluster => {
-            let client = cluster::client_with(config.kubeconfig.as_ref(), Some(config.watch_timing.idle()))
-                .await
-                .context("connecting to the Kubernetes API")?;
+            let client =
+                cluster::client_with(config.kubeconfig.as_ref(), Some(config.watch_timing.idle()))
+                    .await
+                    .context("connecting to the Kubernetes API")?;
             info!(node = %config.node_name, "watching the Kubernetes API");
             cluster::watch_cluster(
                 client,
@@ -350,7 +373,10 @@ fn status_template(config: &AgentConfig) -> AgentStatus {
         proxy_name: config.proxy_name.clone(),
         lb_algorithm: value_name(&config.lb_algorithm),
         max_endpoints_per_service: Some(config.max_endpoints_per_service),
-        socket_lb_cgroup: config.socket_lb_cgroup.as_ref().map(|p| p.display().to_string()),
+        socket_lb_cgroup: config
+            .socket_lb_cgroup
+            .as_ref()
+            .map(|p| p.display().to_string()),
         healthz_bind: bind(config.healthz_bind),
         metrics_bind: bind(config.metrics_bind),
         conntrack_timeouts: config.conntrack_timeouts,
@@ -385,40 +411,68 @@ async fn setup_uplinks(
         }
         Err(error) => return Err(error).context("finding the uplinks (--uplink)"),
     };
-    let entries: Vec<(u32, std::net::Ipv4Addr)> = uplinks.iter().map(|u| (u.index, u.addr)).collect();
-    maps.set_uplinks(&entries).context("writing the uplink map")?;
+    let entries: Vec<(u32, std::net::Ipv4Addr)> =
+        uplinks.iter().map(|u| (u.index, u.addr)).collect();
+    maps.set_uplinks(&entries)
+        .context("writing the uplink map")?;
     uplink::set_uplinks6(ebpf, &uplinks).context("writing the IPv6 uplink map")?;
     let link_dir = config.pin_root.join("links");
     let mut attached = Vec::new();
     for up in uplinks {
         let context = || format!("attaching the uplink programs to {}", up.name);
-        let (tc, xdp) = match uplink::attach(ebpf, &up, config.xdp_mode, config.tc_mode, &link_dir) {
-            Ok(tc) => (tc, config.xdp_mode),
-            Err(error) if config.xdp_mode == XdpMode::Native => {
-                warn!(iface = %up.name, error = %anyhow::Error::from(error), "native XDP failed; using generic XDP");
-                let tc = uplink::attach(ebpf, &up, XdpMode::Generic, config.tc_mode, &link_dir)
-                    .with_context(context)?;
-                (tc, XdpMode::Generic)
+        let mut facts = LinkFacts {
+            kind: up.kind.as_deref(),
+            native_refused: false,
+        };
+        let mut choice = uplink::resolve_xdp_mode(config.xdp_mode, &facts);
+        let tc = match uplink::attach(ebpf, &up, choice.hook, config.tc_mode, &link_dir) {
+            Ok(tc) => tc,
+            Err(error @ UplinkError::Xdp { .. }) if choice.hook == XdpHook::Native => {
+                facts.native_refused = true;
+                choice = uplink::resolve_xdp_mode(config.xdp_mode, &facts);
+                let error = anyhow::Error::from(error);
+                match config.xdp_mode {
+                    XdpMode::Native => {
+                        warn!(iface = %up.name, error = %error, "native XDP failed; using {} XDP", choice.hook)
+                    }
+                    _ => {
+                        info!(iface = %up.name, error = %error, "native XDP refused; using {}", choice.hook)
+                    }
+                }
+                uplink::attach(ebpf, &up, choice.hook, config.tc_mode, &link_dir)
+                    .with_context(context)?
             }
             Err(error) => return Err(error).with_context(context),
         };
-        let status = uplink_status(&up, tc, xdp);
+        if let Some(warning) = &choice.warning {
+            warn!(iface = %up.name, xdp = %choice.hook, "{warning}");
+        }
+        info!(iface = %up.name, kind = %up.kind.as_deref().unwrap_or("physical"), xdp = %choice.hook, reason = %choice.reason, "uplink XDP mode");
+        let status = uplink_status(&up, tc, &choice);
         attached.push((up, status));
     }
     Ok(attached)
 }
 
 /// An uplink as the status file lists it.
-fn uplink_status(up: &Uplink, tc: attach::Attached, xdp: XdpMode) -> status::AttachedInterface {
+fn uplink_status(up: &Uplink, tc: attach::Attached, xdp: &XdpChoice) -> status::AttachedInterface {
     let mut hooks = attach::hook_names(tc, &uplink::TC_HOOKS);
-    if xdp != XdpMode::Off {
-        hooks.push(format!("xdp {} {}", value_name(&xdp), proxy_common::programs::XDP_UPLINK));
+    if xdp.hook != XdpHook::Off {
+        hooks.push(format!(
+            "xdp {} {}",
+            xdp.hook,
+            proxy_common::programs::XDP_UPLINK
+        ));
     }
     status::AttachedInterface {
         name: up.name.clone(),
         index: up.index,
         role: "uplink".to_owned(),
         hooks,
+        xdp: Some(status::UplinkXdp {
+            mode: xdp.hook.to_string(),
+            reason: xdp.reason.clone(),
+        }),
     }
 }
 

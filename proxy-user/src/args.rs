@@ -115,11 +115,15 @@ pub struct AgentArgs {
     /// LoadBalancer IPs and external IPs are served there.
     #[arg(long = "uplink", value_name = "IFACE")]
     pub uplinks: Vec<String>,
-    /// How the uplink program runs: `native` (in the driver; veth
-    /// included; falls back to generic where the driver has no XDP),
-    /// `generic` (the kernel's generic XDP hook), or `off` (a tc ingress
-    /// program instead).
-    #[arg(long, value_enum, default_value_t = XdpMode::Native)]
+    /// How the uplink program runs: `auto` (per uplink: native XDP on a
+    /// physical NIC whose driver takes it, tc only on a veth, another
+    /// virtual device or a driver without native XDP; the choice and its
+    /// reason are logged and shown by `switchboard status`), `native` (in the
+    /// driver; falls back to generic where the driver has no XDP; on a veth
+    /// only if its peer runs XDP or GRO and senders write complete
+    /// checksums), `generic` (the kernel's generic XDP hook), or `off` (a tc
+    /// ingress program instead).
+    #[arg(long, value_enum, default_value_t = XdpMode::Auto)]
     pub xdp_mode: XdpMode,
     /// How new flows from outside the node pick a backend when the Service
     /// has no `switchboard.io/lb-algorithm` annotation: `random`, `maglev`
@@ -179,7 +183,9 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
             .ok_or_else(bad)?;
         let value: f64 = rest[..digits].parse().map_err(|_| bad())?;
         rest = &rest[digits..];
-        let unit_len = rest.find(|c: char| c.is_ascii_digit() || c == '.').unwrap_or(rest.len());
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(rest.len());
         let scale = match &rest[..unit_len] {
             "h" => 3600.0,
             "m" => 60.0,
@@ -296,7 +302,10 @@ struct ConfigFile {
 /// `agent` subcommand) as flags, before the command line's own, leaving out
 /// those the command line sets: the command line wins, lists included.
 /// `long_flags` are the agent's long flag names.
-pub fn merge_config_file(argv: Vec<OsString>, long_flags: &[String]) -> Result<Vec<OsString>, ConfigError> {
+pub fn merge_config_file(
+    argv: Vec<OsString>,
+    long_flags: &[String],
+) -> Result<Vec<OsString>, ConfigError> {
     let Some(agent_at) = argv.iter().position(|a| a == "agent") else {
         return Ok(argv);
     };
@@ -341,7 +350,11 @@ fn config_path(args: &[OsString]) -> Option<PathBuf> {
 
 /// The file's settings as `(flag, value)` pairs, a list giving one pair per
 /// item.
-fn config_flags(path: &std::path::Path, text: &str, long_flags: &[String]) -> Result<Vec<(String, String)>, ConfigError> {
+fn config_flags(
+    path: &std::path::Path,
+    text: &str,
+    long_flags: &[String],
+) -> Result<Vec<(String, String)>, ConfigError> {
     let file: ConfigFile = serde_yaml::from_str(text).map_err(|source| ConfigError::Yaml {
         path: path.to_owned(),
         source,
@@ -442,20 +455,31 @@ mod tests {
         assert_eq!(&out[..2], &["switchboard", "agent"]);
         assert!(out.contains(&"--pin-root=/sys/fs/bpf/x"));
         assert!(out.contains(&"--socket-lb=false"));
-        assert!(!out.contains(&"--xdp-mode=generic"), "the command line's --xdp-mode wins: {out:?}");
-        assert!(!out.iter().any(|a| a.starts_with("--uplink=eth0")), "a list on the command line replaces the file's: {out:?}");
+        assert!(
+            !out.contains(&"--xdp-mode=generic"),
+            "the command line's --xdp-mode wins: {out:?}"
+        );
+        assert!(
+            !out.iter().any(|a| a.starts_with("--uplink=eth0")),
+            "a list on the command line replaces the file's: {out:?}"
+        );
         assert!(out.ends_with(&["--xdp-mode", "off", "--uplink=eth9"]));
     }
 
     #[test]
     fn unknown_keys_kinds_and_values_are_refused_by_name() {
         let err = with_file("kind: SwitchboardConfiguration\npinRot: /x\n", &[]).expect_err("typo");
-        assert!(matches!(err, ConfigError::UnknownKey { ref key, .. } if key == "pinRot"), "{err}");
+        assert!(
+            matches!(err, ConfigError::UnknownKey { ref key, .. } if key == "pinRot"),
+            "{err}"
+        );
         let err = with_file("kind: KubeProxyConfiguration\n", &[]).expect_err("kind");
         assert!(matches!(err, ConfigError::Kind { .. }), "{err}");
-        let err = with_file("kind: SwitchboardConfiguration\nnodeName: {a: 1}\n", &[]).expect_err("map value");
+        let err = with_file("kind: SwitchboardConfiguration\nnodeName: {a: 1}\n", &[])
+            .expect_err("map value");
         assert!(matches!(err, ConfigError::BadValue { .. }), "{err}");
-        let err = with_file("kind: SwitchboardConfiguration\ncleanup: true\n", &[]).expect_err("cleanup");
+        let err =
+            with_file("kind: SwitchboardConfiguration\ncleanup: true\n", &[]).expect_err("cleanup");
         assert!(matches!(err, ConfigError::NotInFile { .. }), "{err}");
     }
 
@@ -501,10 +525,38 @@ mod tests {
     }
 
     #[test]
+    fn xdp_mode_is_auto_by_default_and_in_the_file() {
+        use clap::Parser as _;
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            agent: AgentArgs,
+        }
+        let parse = |args: &[&str]| Cli::try_parse_from(args).map(|c| c.agent.xdp_mode);
+        assert_eq!(parse(&["x"]).expect("defaults"), XdpMode::Auto);
+        assert_eq!(
+            parse(&["x", "--xdp-mode", "auto"]).expect("auto"),
+            XdpMode::Auto
+        );
+        assert_eq!(
+            parse(&["x", "--xdp-mode", "native"]).expect("native"),
+            XdpMode::Native
+        );
+        let out = with_file("kind: SwitchboardConfiguration\nxdpMode: auto\n", &[]).expect("merge");
+        assert!(out.iter().any(|a| a == "--xdp-mode=auto"), "{out:?}");
+    }
+
+    #[test]
     fn without_config_the_arguments_are_unchanged() {
         let args = argv(&["switchboard", "agent", "--xdp-mode", "off"]);
-        assert_eq!(merge_config_file(args.clone(), &flags()).expect("merge"), args);
+        assert_eq!(
+            merge_config_file(args.clone(), &flags()).expect("merge"),
+            args
+        );
         let args = argv(&["switchboard", "services"]);
-        assert_eq!(merge_config_file(args.clone(), &flags()).expect("merge"), args);
+        assert_eq!(
+            merge_config_file(args.clone(), &flags()).expect("merge"),
+            args
+        );
     }
 }

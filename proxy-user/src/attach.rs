@@ -199,6 +199,7 @@ impl Attacher {
                 index: *index,
                 role: "pod".to_owned(),
                 hooks: hook_names(*how, &POD_HOOKS),
+                xdp: None,
             })
             .collect();
         out.sort_by(|a, b| a.name.cmp(&b.name));

@@ -68,6 +68,18 @@ pub struct AttachedInterface {
     pub role: String,
     /// The hooks, e.g. `tcx ingress`, `tcx egress`, `xdp native`.
     pub hooks: Vec<String>,
+    /// For an uplink: where its XDP program runs, and why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub xdp: Option<UplinkXdp>,
+}
+
+/// The XDP mode an uplink got (`--xdp-mode` resolved for it).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UplinkXdp {
+    /// `native`, `generic` or `off` (tc only).
+    pub mode: String,
+    /// Why, e.g. `auto: veth uplink: tc only (...)`.
+    pub reason: String,
 }
 
 /// An object whose newest version the model cannot use.
@@ -145,12 +157,25 @@ mod tests {
             updated_unix_s: 2,
             source: "dir:/x".into(),
             node_name: "node-a".into(),
-            interfaces: vec![AttachedInterface {
-                name: "veth1".into(),
-                index: 4,
-                role: "pod".into(),
-                hooks: vec!["tcx ingress".into(), "tcx egress".into()],
-            }],
+            interfaces: vec![
+                AttachedInterface {
+                    name: "veth1".into(),
+                    index: 4,
+                    role: "pod".into(),
+                    hooks: vec!["tcx ingress".into(), "tcx egress".into()],
+                    xdp: None,
+                },
+                AttachedInterface {
+                    name: "eth0".into(),
+                    index: 2,
+                    role: "uplink".into(),
+                    hooks: vec!["tcx ingress".into()],
+                    xdp: Some(UplinkXdp {
+                        mode: "off".into(),
+                        reason: "auto: veth uplink".into(),
+                    }),
+                },
+            ],
             frontends_desired: 3,
             unprogrammed: vec![UnprogrammedService {
                 service: "a/b:http".into(),

@@ -1,7 +1,8 @@
 //! The node's uplinks: the interfaces traffic from outside the node arrives
 //! on. Each gets
-//! - XDP `sb_xdp_uplink` (native, or generic with `--xdp-mode generic`;
-//!   none with `--xdp-mode off`);
+//! - XDP `sb_xdp_uplink` where it helps (see [`resolve_xdp_mode`]: by
+//!   default native on a physical NIC that takes it, none on a veth or
+//!   another virtual device), or as `--xdp-mode` says;
 //! - tc ingress `sb_from_uplink`, its twin: with XDP it sees only what XDP
 //!   let through (what is not ours, and the packets XDP could not send out
 //!   itself because the next hop's neighbour entry is missing; it sends those
@@ -40,7 +41,7 @@ use aya::{
 use futures::TryStreamExt as _;
 use netlink_packet_route::{
     address::{AddressAttribute, AddressHeaderFlags, AddressScope},
-    link::LinkAttribute,
+    link::{LinkAttribute, LinkInfo},
     route::{RouteAttribute, RouteMessage},
 };
 use proxy_common::{addr6_be, names, programs, Uplink6};
@@ -51,12 +52,155 @@ use crate::attach::{self, AttachError, Attached, Hook, PodInterface, TcMode};
 /// How the uplink program runs (`--xdp-mode`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum XdpMode {
+    /// Per uplink, what works there (see [`resolve_xdp_mode`]): native XDP on
+    /// a physical NIC whose driver takes it, tc only elsewhere (veth, other
+    /// virtual devices, drivers without native XDP).
+    Auto,
     /// In the driver, before the kernel allocates the packet (veth included).
     Native,
     /// In the kernel's generic hook, for drivers without XDP support.
     Generic,
     /// No XDP: the same logic as a tc ingress program.
     Off,
+}
+
+/// The hook an uplink's XDP program ends up in, [`XdpMode`] resolved for
+/// that uplink (`Off`: no XDP program, tc only).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum XdpHook {
+    Native,
+    Generic,
+    Off,
+}
+
+impl XdpHook {
+    pub const ALL: [XdpHook; 3] = [XdpHook::Native, XdpHook::Generic, XdpHook::Off];
+
+    /// `native`, `generic` or `off`, as `--xdp-mode` spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            XdpHook::Native => "native",
+            XdpHook::Generic => "generic",
+            XdpHook::Off => "off",
+        }
+    }
+}
+
+impl std::fmt::Display for XdpHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What [`resolve_xdp_mode`] needs to know of an uplink.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LinkFacts<'a> {
+    /// The link's kind (`IFLA_INFO_KIND`: `veth`, `bridge`, `vxlan`, `bond`,
+    /// ...); `None` for a physical NIC (its driver has no rtnetlink link type).
+    pub kind: Option<&'a str>,
+    /// A native XDP attach was tried on it and refused.
+    pub native_refused: bool,
+}
+
+/// [`resolve_xdp_mode`]'s answer for one uplink.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct XdpChoice {
+    pub hook: XdpHook,
+    /// Why, for the log and `switchboard status`.
+    pub reason: String,
+    /// What an operator should hear about an explicit mode that is likely to
+    /// lose or corrupt traffic here (logged as a warning).
+    pub warning: Option<String>,
+}
+
+/// Why tc alone serves a veth uplink best.
+const VETH_REASON: &str = "veth uplink: tc only (native XDP loses the frames it sends back out \
+     with XDP_TX unless the veth's peer runs an XDP program or GRO, and frames from local \
+     senders with checksum offload carry partial checksums the XDP program cannot update; \
+     generic XDP would only copy every packet before the same work)";
+
+/// Link kinds whose frames come off a wire, so complete checksums, and whose
+/// drivers may run XDP natively: a physical NIC (no kind) and a bond of them.
+fn wire_kind(kind: Option<&str>) -> bool {
+    matches!(kind, None | Some("bond"))
+}
+
+/// Decides where an uplink's XDP program runs for `requested`:
+///
+/// - `auto` on a veth: tc only (see [`VETH_REASON`]; kind nodes are
+///   containers with veth uplinks);
+/// - `auto` on another virtual device (bridge, vxlan, macvlan, tun, ...):
+///   tc only. Most have no native XDP, and their frames may come from local
+///   senders with partial checksums, which the XDP program (incremental
+///   updates of a complete checksum) would rewrite wrongly, in generic mode
+///   too; the tc program updates through the kernel's helpers, which handle
+///   `CHECKSUM_PARTIAL`. Generic XDP would add nothing over tc but a copy;
+/// - `auto` on a physical NIC or a bond: native; if the driver refuses it,
+///   tc only (again: generic XDP runs after the kernel allocated the packet,
+///   as tc does, and linearises it first);
+/// - `native`, `generic`, `off`: as asked. Native on a veth is allowed (the
+///   operator may have given the peer an XDP program) with a warning, as is
+///   XDP on any other virtual device; native refused by the driver falls
+///   back to generic.
+pub fn resolve_xdp_mode(requested: XdpMode, facts: &LinkFacts<'_>) -> XdpChoice {
+    let kind = facts.kind;
+    let choice = |hook, reason: String| XdpChoice {
+        hook,
+        reason,
+        warning: None,
+    };
+    match requested {
+        XdpMode::Auto => match kind {
+            Some("veth") => choice(XdpHook::Off, format!("auto: {VETH_REASON}")),
+            Some(other) if !wire_kind(kind) => choice(
+                XdpHook::Off,
+                format!(
+                    "auto: virtual uplink ({other}): tc only (no native XDP here, and frames from \
+                     local senders may carry partial checksums that only tc's helpers update right)"
+                ),
+            ),
+            _ if facts.native_refused => choice(
+                XdpHook::Off,
+                "auto: the driver refused native XDP: tc only (generic XDP adds nothing over tc)"
+                    .to_owned(),
+            ),
+            _ => choice(XdpHook::Native, "auto: native XDP in the driver".to_owned()),
+        },
+        XdpMode::Native | XdpMode::Generic => {
+            let (hook, reason) = match requested {
+                XdpMode::Native if facts.native_refused => (
+                    XdpHook::Generic,
+                    "--xdp-mode native refused by the driver: generic XDP".to_owned(),
+                ),
+                XdpMode::Native => (XdpHook::Native, "--xdp-mode native".to_owned()),
+                _ => (XdpHook::Generic, "--xdp-mode generic".to_owned()),
+            };
+            let warning = match kind {
+                Some("veth") if hook == XdpHook::Native => Some(
+                    "native XDP on a veth uplink: frames sent back out with XDP_TX (to backends on \
+                     other nodes, and their replies) are lost unless the veth's peer runs an XDP \
+                     program or has GRO on, and frames from local senders with checksum offload \
+                     carry partial checksums the XDP program rewrites wrongly. Unless the peer is \
+                     set up for it and senders write complete checksums, use --xdp-mode auto \
+                     (tc only on veth) or off"
+                        .to_owned(),
+                ),
+                Some(other) if !wire_kind(kind) => Some(format!(
+                    "{hook} XDP on a virtual uplink ({other}): frames from local senders with \
+                     checksum offload carry partial checksums the XDP program rewrites wrongly; \
+                     use --xdp-mode auto (tc only here) or off unless every sender writes \
+                     complete checksums"
+                )),
+                _ => None,
+            };
+            XdpChoice {
+                hook,
+                reason,
+                warning,
+            }
+        }
+        XdpMode::Off => choice(XdpHook::Off, "--xdp-mode off".to_owned()),
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -71,11 +215,11 @@ pub enum UplinkError {
     NotFound,
     #[error(transparent)]
     Tc(Box<AttachError>),
-    #[error("attaching {program} (XDP, {mode:?}) to {iface}")]
+    #[error("attaching {program} (XDP, {mode}) to {iface}")]
     Xdp {
         iface: String,
         program: &'static str,
-        mode: XdpMode,
+        mode: XdpHook,
         source: Box<ProgramError>,
     },
     #[error("the XDP attach on {iface} gave no BPF link")]
@@ -107,12 +251,17 @@ pub struct Uplink {
     pub addr: Ipv4Addr,
     /// The IPv6 address IPv6 flows are source-NATed to, if it has one.
     pub addr6: Option<Ipv6Addr>,
+    /// Its link kind (`veth`, `bridge`, ...; `None`: a physical NIC), see
+    /// [`LinkFacts::kind`].
+    pub kind: Option<String>,
 }
 
 /// What the interfaces of this namespace hold.
 struct Interfaces {
     /// Name → index.
     by_name: HashMap<String, u32>,
+    /// Index → link kind (`IFLA_INFO_KIND`), for those that have one.
+    kinds: HashMap<u32, String>,
     /// Index → IPv4 addresses, in the kernel's order.
     addrs: HashMap<u32, Vec<Ipv4Addr>>,
     /// Index → global IPv6 addresses fit to source-NAT to, in the kernel's
@@ -123,11 +272,20 @@ struct Interfaces {
 impl Interfaces {
     async fn list(handle: &rtnetlink::Handle) -> Result<Self, UplinkError> {
         let mut by_name = HashMap::new();
+        let mut kinds = HashMap::new();
         let mut links = handle.link().get().execute();
         while let Some(link) = links.try_next().await? {
             for attr in &link.attributes {
-                if let LinkAttribute::IfName(name) = attr {
-                    by_name.insert(name.clone(), link.header.index);
+                match attr {
+                    LinkAttribute::IfName(name) => {
+                        by_name.insert(name.clone(), link.header.index);
+                    }
+                    LinkAttribute::LinkInfo(infos) => {
+                        if let Some(kind) = link_kind(infos) {
+                            kinds.insert(link.header.index, kind);
+                        }
+                    }
+                    _ => {}
                 }
             }
         }
@@ -151,6 +309,7 @@ impl Interfaces {
         }
         Ok(Self {
             by_name,
+            kinds,
             addrs,
             addrs6,
         })
@@ -185,15 +344,26 @@ impl Interfaces {
             index,
             addr,
             addr6,
+            kind: self.kinds.get(&index).cloned(),
         })
     }
+}
+
+/// The kind of a link from its `IFLA_LINKINFO` (`veth`, `bridge`, ...).
+fn link_kind(infos: &[LinkInfo]) -> Option<String> {
+    infos.iter().find_map(|info| match info {
+        LinkInfo::Kind(kind) => Some(kind.to_string()),
+        _ => None,
+    })
 }
 
 /// Whether an IPv6 address of an interface may be the source of flows
 /// source-NATed to another node: global scope, not loopback, link-local or
 /// multicast, and usable now (not tentative, failed or deprecated).
 fn snat_fit6(addr: &Ipv6Addr, scope: AddressScope, flags: AddressHeaderFlags) -> bool {
-    let unusable = AddressHeaderFlags::Tentative | AddressHeaderFlags::Dadfailed | AddressHeaderFlags::Deprecated;
+    let unusable = AddressHeaderFlags::Tentative
+        | AddressHeaderFlags::Dadfailed
+        | AddressHeaderFlags::Deprecated;
     scope == AddressScope::Universe
         && !addr.is_loopback()
         && !addr.is_multicast()
@@ -209,7 +379,8 @@ pub fn set_uplinks6(ebpf: &mut Ebpf, uplinks: &[Uplink]) -> Result<(), UplinkErr
     let map = ebpf
         .map_mut(names::UPLINKS6)
         .ok_or(UplinkError::MissingMap(names::UPLINKS6))?;
-    let mut map: BpfHashMap<&mut MapData, u32, Uplink6> = BpfHashMap::try_from(map).map_err(UplinkError::Map6)?;
+    let mut map: BpfHashMap<&mut MapData, u32, Uplink6> =
+        BpfHashMap::try_from(map).map_err(UplinkError::Map6)?;
     for up in uplinks {
         let value = Uplink6 {
             addr_be: up.addr6.map(|a| addr6_be(a.octets())).unwrap_or([0; 4]),
@@ -217,7 +388,9 @@ pub fn set_uplinks6(ebpf: &mut Ebpf, uplinks: &[Uplink]) -> Result<(), UplinkErr
         map.insert(up.index, value, 0).map_err(UplinkError::Map6)?;
         match up.addr6 {
             Some(addr) => debug!(iface = %up.name, %addr, "uplink IPv6 address"),
-            None => info!(iface = %up.name, "uplink has no global IPv6 address: IPv6 flows to backends on other nodes are dropped"),
+            None => {
+                info!(iface = %up.name, "uplink has no global IPv6 address: IPv6 flows to backends on other nodes are dropped")
+            }
         }
     }
     let stale: Vec<u32> = map
@@ -233,7 +406,9 @@ pub fn set_uplinks6(ebpf: &mut Ebpf, uplinks: &[Uplink]) -> Result<(), UplinkErr
 
 /// Every address of this namespace's interfaces, of both families, loopback
 /// and IPv6 link-local excluded (the candidates for `--nodeport-addresses`).
-pub async fn local_addresses(handle: &rtnetlink::Handle) -> Result<Vec<std::net::IpAddr>, UplinkError> {
+pub async fn local_addresses(
+    handle: &rtnetlink::Handle,
+) -> Result<Vec<std::net::IpAddr>, UplinkError> {
     let mut all = Vec::new();
     let mut list = handle.address().get().execute();
     while let Some(msg) = list.try_next().await? {
@@ -326,7 +501,7 @@ pub const TC_HOOKS: [Hook; 2] = [
 pub fn attach(
     ebpf: &mut Ebpf,
     uplink: &Uplink,
-    mode: XdpMode,
+    mode: XdpHook,
     tc_mode: TcMode,
     link_dir: &Path,
 ) -> Result<Attached, UplinkError> {
@@ -336,8 +511,12 @@ pub fn attach(
     };
     // A pod program an earlier agent may have put here before it knew this
     // was an uplink (a veth uplink looks like a pod interface).
-    attach::detach_hooks(&iface, link_dir, &[(programs::TC_FROM_POD, TcAttachType::Ingress)]);
-    for other in [XdpMode::Native, XdpMode::Generic, XdpMode::Off] {
+    attach::detach_hooks(
+        &iface,
+        link_dir,
+        &[(programs::TC_FROM_POD, TcAttachType::Ingress)],
+    );
+    for other in XdpHook::ALL {
         if other != mode {
             remove_xdp_pin(&xdp_pin(link_dir, uplink.index, other))?;
         }
@@ -345,21 +524,16 @@ pub fn attach(
     // tc first: from then on every packet XDP lets through is handled.
     let tc = attach::attach_hooks(ebpf, &iface, tc_mode, link_dir, &TC_HOOKS)
         .map_err(|e| UplinkError::Tc(Box::new(e)))?;
-    if mode != XdpMode::Off {
+    if mode != XdpHook::Off {
         attach_xdp(ebpf, uplink, mode, link_dir)?;
     }
-    info!(iface = %uplink.name, address = %uplink.addr, xdp = ?mode, "uplink programs attached");
+    info!(iface = %uplink.name, address = %uplink.addr, xdp = %mode, "uplink programs attached");
     Ok(tc)
 }
 
 /// Where the XDP link of uplink `index` in `mode` is pinned (the mode is
 /// part of the name: a pinned link keeps the mode it was created with).
-fn xdp_pin(link_dir: &Path, index: u32, mode: XdpMode) -> PathBuf {
-    let mode = match mode {
-        XdpMode::Native => "native",
-        XdpMode::Generic => "generic",
-        XdpMode::Off => "off",
-    };
+fn xdp_pin(link_dir: &Path, index: u32, mode: XdpHook) -> PathBuf {
     link_dir.join(format!("xdp_{index}_{mode}"))
 }
 
@@ -379,7 +553,12 @@ fn remove_xdp_pin(path: &Path) -> Result<(), UplinkError> {
 
 /// XDP: swap our program into the pinned link of an earlier agent, or attach
 /// a new link and pin it.
-fn attach_xdp(ebpf: &mut Ebpf, uplink: &Uplink, mode: XdpMode, link_dir: &Path) -> Result<(), UplinkError> {
+fn attach_xdp(
+    ebpf: &mut Ebpf,
+    uplink: &Uplink,
+    mode: XdpHook,
+    link_dir: &Path,
+) -> Result<(), UplinkError> {
     let name = programs::XDP_UPLINK;
     let xdp_error = |source| UplinkError::Xdp {
         iface: uplink.name.clone(),
@@ -410,8 +589,8 @@ fn attach_xdp(ebpf: &mut Ebpf, uplink: &Uplink, mode: XdpMode, link_dir: &Path) 
         }
     }
     let aya_mode = match mode {
-        XdpMode::Generic => AyaXdpMode::Skb,
-        _ => AyaXdpMode::Driver,
+        XdpHook::Generic => AyaXdpMode::Skb,
+        XdpHook::Native | XdpHook::Off => AyaXdpMode::Driver,
     };
     let link_id = attach_when_free(prog, uplink.index, aya_mode).map_err(xdp_error)?;
     let link = prog.take_link(link_id).map_err(xdp_error)?;
@@ -463,18 +642,140 @@ mod tests {
     use super::*;
 
     #[test]
+    fn xdp_modes_resolve_per_uplink() {
+        /// Asked, link kind, native refused → hook, start of the reason,
+        /// whether a warning is given.
+        type Case = (
+            XdpMode,
+            Option<&'static str>,
+            bool,
+            XdpHook,
+            &'static str,
+            bool,
+        );
+        use XdpHook::{Generic as G, Native as N, Off as O};
+        use XdpMode::{Auto, Generic, Native, Off};
+        let table: &[Case] = &[
+            (Auto, Some("veth"), false, O, "auto: veth uplink", false),
+            (
+                Auto,
+                Some("bridge"),
+                false,
+                O,
+                "auto: virtual uplink (bridge)",
+                false,
+            ),
+            (
+                Auto,
+                Some("vxlan"),
+                false,
+                O,
+                "auto: virtual uplink (vxlan)",
+                false,
+            ),
+            (
+                Auto,
+                Some("macvlan"),
+                false,
+                O,
+                "auto: virtual uplink (macvlan)",
+                false,
+            ),
+            (Auto, None, false, N, "auto: native", false),
+            (Auto, Some("bond"), false, N, "auto: native", false),
+            (
+                Auto,
+                None,
+                true,
+                O,
+                "auto: the driver refused native XDP",
+                false,
+            ),
+            (
+                Auto,
+                Some("bond"),
+                true,
+                O,
+                "auto: the driver refused native XDP",
+                false,
+            ),
+            (Native, Some("veth"), false, N, "--xdp-mode native", true),
+            (
+                Native,
+                Some("bridge"),
+                true,
+                G,
+                "--xdp-mode native refused",
+                true,
+            ),
+            (Native, None, false, N, "--xdp-mode native", false),
+            (Native, None, true, G, "--xdp-mode native refused", false),
+            (Generic, None, false, G, "--xdp-mode generic", false),
+            (Generic, Some("veth"), false, G, "--xdp-mode generic", true),
+            (Generic, Some("vxlan"), false, G, "--xdp-mode generic", true),
+            (Off, Some("veth"), false, O, "--xdp-mode off", false),
+            (Off, None, false, O, "--xdp-mode off", false),
+        ];
+        for &(asked, kind, native_refused, hook, reason, warned) in table {
+            let facts = LinkFacts {
+                kind,
+                native_refused,
+            };
+            let got = resolve_xdp_mode(asked, &facts);
+            let case = format!("{asked:?} on {kind:?} (native refused: {native_refused})");
+            assert_eq!(got.hook, hook, "{case}: {got:?}");
+            assert!(got.reason.starts_with(reason), "{case}: {got:?}");
+            assert_eq!(got.warning.is_some(), warned, "{case}: {got:?}");
+        }
+    }
+
+    #[test]
+    fn the_veth_warning_names_the_problem_and_the_fix() {
+        let facts = LinkFacts {
+            kind: Some("veth"),
+            native_refused: false,
+        };
+        let warning = resolve_xdp_mode(XdpMode::Native, &facts)
+            .warning
+            .expect("a warning");
+        for words in ["XDP_TX", "peer", "partial checksums", "--xdp-mode auto"] {
+            assert!(warning.contains(words), "{words:?} missing: {warning}");
+        }
+        let reason = resolve_xdp_mode(XdpMode::Auto, &facts).reason;
+        for words in ["tc only", "XDP_TX", "partial checksums", "generic"] {
+            assert!(reason.contains(words), "{words:?} missing: {reason}");
+        }
+    }
+
+    #[test]
     fn only_global_usable_ipv6_addresses_are_snat_sources() {
         let global: Ipv6Addr = "2001:db8::1".parse().expect("address");
         let ula: Ipv6Addr = "fd00:50::1".parse().expect("address");
         let link_local: Ipv6Addr = "fe80::1".parse().expect("address");
         let none = AddressHeaderFlags::empty();
         assert!(snat_fit6(&global, AddressScope::Universe, none));
-        assert!(snat_fit6(&ula, AddressScope::Universe, AddressHeaderFlags::Permanent));
+        assert!(snat_fit6(
+            &ula,
+            AddressScope::Universe,
+            AddressHeaderFlags::Permanent
+        ));
         assert!(!snat_fit6(&link_local, AddressScope::Link, none));
         assert!(!snat_fit6(&link_local, AddressScope::Universe, none));
         assert!(!snat_fit6(&Ipv6Addr::LOCALHOST, AddressScope::Host, none));
-        assert!(!snat_fit6(&global, AddressScope::Universe, AddressHeaderFlags::Tentative));
-        assert!(!snat_fit6(&global, AddressScope::Universe, AddressHeaderFlags::Deprecated));
-        assert!(!snat_fit6(&global, AddressScope::Universe, AddressHeaderFlags::Dadfailed));
+        assert!(!snat_fit6(
+            &global,
+            AddressScope::Universe,
+            AddressHeaderFlags::Tentative
+        ));
+        assert!(!snat_fit6(
+            &global,
+            AddressScope::Universe,
+            AddressHeaderFlags::Deprecated
+        ));
+        assert!(!snat_fit6(
+            &global,
+            AddressScope::Universe,
+            AddressHeaderFlags::Dadfailed
+        ));
     }
 }

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::sandbox::two_node::manifests::{EntryPoint, ExternalService, Policy, Proto};
-use crate::sandbox::two_node::{Node, Pod};
+use crate::sandbox::two_node::{Lan, Node, Pod};
 use crate::sandbox::{find, find_at, pod_ip, pod_name, Sandbox, TwoNodeSandbox, PODS};
 
 /// A binary named by environment variable `var`. Panics with the command to
@@ -94,12 +94,18 @@ pub fn endpointslice_yaml(pods: &[usize]) -> String {
     s
 }
 
-/// A two-node sandbox (`TwoNodeSandbox::for_test`) with `sb-echo` answering
-/// in its four pods; no agents yet.
+/// A kind-like two-node sandbox (`TwoNodeSandbox::for_test`) with `sb-echo`
+/// answering in its four pods; no agents yet.
 pub fn two_node_sandbox() -> TwoNodeSandbox {
+    two_node_sandbox_on(Lan::KindLike)
+}
+
+/// [`two_node_sandbox`] on the LAN `lan` ([`Lan::XdpReady`] for tests about
+/// native XDP on veth uplinks).
+pub fn two_node_sandbox_on(lan: Lan) -> TwoNodeSandbox {
     require_root();
-    let mut sb =
-        TwoNodeSandbox::for_test().unwrap_or_else(|e| panic!("create the two-node sandbox: {e:#}"));
+    let mut sb = TwoNodeSandbox::for_test_on(lan)
+        .unwrap_or_else(|e| panic!("create the two-node sandbox: {e:#}"));
     sb.start_pods(&sb_echo())
         .unwrap_or_else(|e| panic!("start the pods: {e:#}"));
     sb
@@ -114,7 +120,17 @@ pub fn two_node_with_agents(
     endpoints: &[Pod],
     agent_args: &[&str],
 ) -> TwoNodeSandbox {
-    let mut sb = two_node_sandbox();
+    two_node_with_agents_on(Lan::KindLike, policy, endpoints, agent_args)
+}
+
+/// [`two_node_with_agents`] on the LAN `lan`.
+pub fn two_node_with_agents_on(
+    lan: Lan,
+    policy: Policy,
+    endpoints: &[Pod],
+    agent_args: &[&str],
+) -> TwoNodeSandbox {
+    let mut sb = two_node_sandbox_on(lan);
     sb.write_nodes().expect("write the Node manifests");
     sb.write_services(policy, endpoints)
         .expect("write the Service manifests");

@@ -3,7 +3,9 @@
 //! Cluster and Local, the healthCheckNodePort, and the XDP modes.
 //!
 //! Each test builds a two-node sandbox (`xtask::sandbox::two_node`): nodes A
-//! (192.168.50.1) and B (192.168.50.2) on a bridged LAN, pods podA1/podA2
+//! (192.168.50.1) and B (192.168.50.2) on a bridged LAN (kind-like: veth
+//! uplinks, senders with checksum offload, and the agents' default flags,
+//! unless a test is about an XDP mode and asks for `Lan::XdpReady`), pods podA1/podA2
 //! (10.244.1.2/.3) and podB1/podB2 (10.244.2.2/.3), and external clients
 //! 192.168.50.100 and .101 that send the Service addresses via node A unless
 //! a test routes them elsewhere. Every node runs its own agent over one shared
@@ -28,10 +30,12 @@ use xtask::sandbox::two_node::manifests::{
 };
 use xtask::sandbox::two_node::{Client, Node, Pod, CLIENT_IPS, EXTERNAL_IP, LB_IP};
 use xtask::sandbox::{
-    find_at, gro_enabled, is_mountpoint, list_netns, Attempt, ClientRun, TwoNodeSandbox, PIN_BASE,
-    POD_TCP_PORT, POD_UDP_PORT,
+    find_at, gro_enabled, is_mountpoint, list_netns, tx_checksum_enabled, Attempt, ClientRun, Lan,
+    TwoNodeSandbox, PIN_BASE, POD_TCP_PORT, POD_UDP_PORT,
 };
-use xtask::testenv::{sb_echo, switchboard, two_node_sandbox, two_node_with_agents};
+use xtask::testenv::{
+    sb_echo, switchboard, two_node_sandbox, two_node_with_agents, two_node_with_agents_on,
+};
 
 /// Attempts per entry point that must all succeed.
 const COUNT: u32 = 20;
@@ -173,18 +177,33 @@ fn two_node_topology_routes_pods_and_nodes() {
         }
     }
 
-    // GRO (NAPI) on the bridge-side ends of the uplinks and the pods' eth0.
+    // Kind-like: no GRO forced on the uplinks' peers, nothing attached to
+    // them, and the senders (clients, pods) keep checksum offload on.
     for node in Node::ALL {
         let peer = sb.uplink_peer(node);
         assert!(
-            gro_enabled(&sb.lan_ns(), &peer).expect("read GRO"),
-            "GRO is off on {peer}"
+            !gro_enabled(&sb.lan_ns(), &peer).expect("read GRO"),
+            "GRO is on on {peer}"
+        );
+        let out = sb
+            .exec(&sb.lan_ns(), &["ip", "-d", "link", "show", &peer])
+            .expect("ip link");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            !text.contains("prog/xdp"),
+            "{peer} carries an XDP program: {text}"
+        );
+    }
+    for client in Client::ALL {
+        assert!(
+            tx_checksum_enabled(&sb.client_ns(client), "eth0").expect("read tx csum"),
+            "{client:?} sends without checksum offload"
         );
     }
     for pod in Pod::all() {
         assert!(
-            gro_enabled(&sb.pod_ns(pod), "eth0").expect("read GRO"),
-            "GRO is off on {}'s eth0",
+            tx_checksum_enabled(&sb.pod_ns(pod), "eth0").expect("read tx csum"),
+            "{} sends without checksum offload",
             pod.name()
         );
     }
@@ -375,11 +394,11 @@ fn health_check_node_port_reports_local_endpoints() {
 }
 
 /// NodePort (TCP and UDP) through node A to backends on node B, with the
-/// agents in `xdp_mode`: every request answered by node B's pods, which see
-/// node A's address.
-fn nodeport_remote_with_xdp_mode(xdp_mode: &str) {
+/// agents in `xdp_mode` on `lan`: every request answered by node B's pods,
+/// which see node A's address.
+fn nodeport_remote_with_xdp_mode(lan: Lan, xdp_mode: &str) {
     let pods = Node::B.pods();
-    let sb = two_node_with_agents(Policy::Cluster, &pods, &["--xdp-mode", xdp_mode]);
+    let sb = two_node_with_agents_on(lan, Policy::Cluster, &pods, &["--xdp-mode", xdp_mode]);
     for (port, proto) in [(NODEPORT_TCP, Proto::Tcp), (NODEPORT_UDP, Proto::Udp)] {
         let entry = EntryPoint {
             address: Node::A.ip().to_string(),
@@ -397,19 +416,125 @@ fn nodeport_remote_with_xdp_mode(xdp_mode: &str) {
     }
 }
 
+/// Generic XDP, on a LAN whose senders write complete checksums (the XDP
+/// program cannot update a partial one).
 #[test]
 fn nodeport_with_xdp_generic() {
-    nodeport_remote_with_xdp_mode("generic");
+    nodeport_remote_with_xdp_mode(Lan::XdpReady, "generic");
 }
 
+/// Native XDP on veth uplinks needs their peers to wake for XDP_TX frames
+/// and complete checksums: the XDP-ready LAN.
 #[test]
 fn nodeport_with_xdp_native() {
-    nodeport_remote_with_xdp_mode("native");
+    nodeport_remote_with_xdp_mode(Lan::XdpReady, "native");
 }
 
 #[test]
 fn nodeport_with_xdp_off() {
-    nodeport_remote_with_xdp_mode("off");
+    nodeport_remote_with_xdp_mode(Lan::KindLike, "off");
+}
+
+/// The agents' default flags on the kind-like LAN (veth uplinks, senders
+/// with checksum offload, nothing set up for XDP on the peers): `auto`
+/// leaves XDP off on the veth uplink, says why in the log and in
+/// `switchboard status`, and NodePorts (TCP and UDP) through node A are
+/// answered by local backends (the pod sees the client) and remote ones
+/// (the pod sees node A).
+#[test]
+fn default_agent_on_kind_like_veth_uplinks_uses_tc_and_serves_nodeports() {
+    let pods = Pod::all();
+    let sb = two_node_with_agents(Policy::Cluster, &pods, &[]);
+    assert_eq!(xdp_hook(&sb), "none", "auto on a veth: no XDP program");
+    let log = sb.agent_log(Node::A);
+    let chosen = log
+        .lines()
+        .find(|l| {
+            l.contains("uplink XDP mode") && l.contains(&format!("iface={}", sb.uplink(Node::A)))
+        })
+        .unwrap_or_else(|| panic!("no `uplink XDP mode` line:\n{log}"));
+    assert!(
+        chosen.contains("xdp=off")
+            && chosen.contains("kind=veth")
+            && chosen.contains("auto: veth uplink"),
+        "{chosen}"
+    );
+    assert!(
+        !log.lines().any(|l| l.contains("WARN") && l.contains("XDP")),
+        "an XDP warning with default flags:\n{log}"
+    );
+
+    let bin = switchboard().to_string_lossy().into_owned();
+    let pin = sb.pin_dir(Node::A).to_string_lossy().into_owned();
+    let out = sb
+        .exec(&sb.node_ns(Node::A), &[&bin, "status", "--pin-root", &pin])
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = format!(
+        "{} xdp: off (auto: veth uplink: tc only",
+        sb.uplink(Node::A)
+    );
+    assert!(text.contains(&line), "status lacks {line:?}:\n{text}");
+    let out = sb
+        .exec(
+            &sb.node_ns(Node::A),
+            &[&bin, "status", "--pin-root", &pin, "-o", "json"],
+        )
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("status -o json");
+    let uplink = json["interfaces"]
+        .as_array()
+        .and_then(|rows| rows.iter().find(|r| r["role"] == "uplink"))
+        .unwrap_or_else(|| panic!("no uplink row: {json}"));
+    assert_eq!(uplink["xdp"]["mode"], "off", "{uplink}");
+
+    for (port, proto) in [(NODEPORT_TCP, Proto::Tcp), (NODEPORT_UDP, Proto::Udp)] {
+        let entry = EntryPoint {
+            address: Node::A.ip().to_string(),
+            port,
+            proto,
+        };
+        let run = hit(&sb, Client::One, &entry, COUNT, 1000);
+        assert!(
+            run.all_ok(),
+            "{entry}: {} failed:\n{}",
+            run.failures(),
+            run.raw
+        );
+        assert_eq!(
+            run.client_saw(),
+            vec![entry.addr()],
+            "{entry}:\n{}",
+            run.raw
+        );
+        let mut nodes = BTreeSet::new();
+        for attempt in &run.attempts {
+            let Attempt::Ok { name, pod_saw, .. } = attempt else {
+                continue;
+            };
+            let pod = pods
+                .iter()
+                .find(|p| &p.name() == name)
+                .unwrap_or_else(|| panic!("{entry}: answered by {name}:\n{}", run.raw));
+            let want = match pod.node {
+                Node::A => CLIENT_IPS[0],
+                Node::B => Node::A.ip(),
+            };
+            assert_eq!(
+                pod_saw.split(':').next(),
+                Some(want),
+                "{entry}, {name}:\n{}",
+                run.raw
+            );
+            nodes.insert(pod.node);
+        }
+        assert_eq!(
+            nodes.len(),
+            2,
+            "{entry}: not both local and remote backends answered:\n{}",
+            run.raw
+        );
+    }
 }
 
 /// 3000-byte UDP datagrams (two fragments each way at MTU 1500) from outside
@@ -457,7 +582,10 @@ fn fragmented_udp_through_a_nodeport_both_ways() {
 /// is the native one, `xdpgeneric` the generic one).
 fn xdp_hook(sb: &TwoNodeSandbox) -> String {
     let out = sb
-        .exec(&sb.node_ns(Node::A), &["ip", "-d", "link", "show", &sb.uplink(Node::A)])
+        .exec(
+            &sb.node_ns(Node::A),
+            &["ip", "-d", "link", "show", &sb.uplink(Node::A)],
+        )
         .unwrap_or_else(|e| panic!("{e:#}"));
     let text = String::from_utf8_lossy(&out.stdout);
     ["xdpgeneric", "xdp"]
@@ -473,14 +601,18 @@ fn xdp_hook(sb: &TwoNodeSandbox) -> String {
 #[test]
 fn xdp_mode_changes_across_agent_restarts() {
     let pods = Node::B.pods();
-    let mut sb = two_node_with_agents(Policy::Cluster, &pods, &[]);
+    let mut sb = two_node_with_agents_on(Lan::XdpReady, Policy::Cluster, &pods, &[]);
     let entry = EntryPoint {
         address: Node::A.ip().to_string(),
         port: NODEPORT_TCP,
         proto: Proto::Tcp,
     };
-    assert_eq!(xdp_hook(&sb), "xdp", "native by default");
-    for (mode, hook) in [("generic", "xdpgeneric"), ("off", "none"), ("native", "xdp")] {
+    assert_eq!(xdp_hook(&sb), "none", "auto: no XDP on a veth uplink");
+    for (mode, hook) in [
+        ("native", "xdp"),
+        ("generic", "xdpgeneric"),
+        ("off", "none"),
+    ] {
         sb.stop_agent(Node::A).unwrap_or_else(|e| panic!("{e:#}"));
         sb.start_agent(Node::A, &switchboard(), &["--xdp-mode", mode])
             .unwrap_or_else(|e| panic!("{e:#}"));
@@ -489,11 +621,32 @@ fn xdp_mode_changes_across_agent_restarts() {
         while xdp_hook(&sb) != hook && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(100));
         }
-        assert_eq!(xdp_hook(&sb), hook, "--xdp-mode {mode}:\n{}", sb.agent_log(Node::A));
+        assert_eq!(
+            xdp_hook(&sb),
+            hook,
+            "--xdp-mode {mode}:\n{}",
+            sb.agent_log(Node::A)
+        );
+        if mode == "native" {
+            // Allowed on a veth, but not quietly.
+            let log = sb.agent_log(Node::A);
+            let warned = log.lines().any(|l| {
+                l.contains("WARN")
+                    && l.contains(&format!("iface={}", sb.uplink(Node::A)))
+                    && l.contains("native XDP on a veth uplink")
+            });
+            assert!(warned, "no warning for native XDP on a veth:\n{log}");
+        }
         sb.wait_uplink_attached(Node::A, Duration::from_secs(10))
             .unwrap_or_else(|e| panic!("--xdp-mode {mode}: {e:#}"));
         let run = hit(&sb, Client::One, &entry, 5, 1000);
-        assert_answers(&run, &entry, &pods, Node::A.ip(), &format!("--xdp-mode {mode}"));
+        assert_answers(
+            &run,
+            &entry,
+            &pods,
+            Node::A.ip(),
+            &format!("--xdp-mode {mode}"),
+        );
     }
 }
 
@@ -506,7 +659,14 @@ fn nodeport_addresses_select_the_node_addresses_nodeports_answer_on() {
     let extra_ip = "192.168.50.11";
     sb.exec(
         &sb.node_ns(Node::A),
-        &["ip", "addr", "add", &format!("{extra_ip}/24"), "dev", &sb.uplink(Node::A)],
+        &[
+            "ip",
+            "addr",
+            "add",
+            &format!("{extra_ip}/24"),
+            "dev",
+            &sb.uplink(Node::A),
+        ],
     )
     .unwrap_or_else(|e| panic!("{e:#}"));
     let on_extra = EntryPoint {
@@ -516,7 +676,12 @@ fn nodeport_addresses_select_the_node_addresses_nodeports_answer_on() {
     };
     // Default: only the Node's InternalIP (192.168.50.1) serves the NodePort.
     let run = hit(&sb, Client::One, &on_extra, 3, 300);
-    assert_eq!(run.failures(), 3, "{on_extra} is no NodePort address yet:\n{}", run.raw);
+    assert_eq!(
+        run.failures(),
+        3,
+        "{on_extra} is no NodePort address yet:\n{}",
+        run.raw
+    );
 
     sb.stop_agent(Node::A).unwrap_or_else(|e| panic!("{e:#}"));
     sb.start_agent(

@@ -1,7 +1,8 @@
 //! Netns end-to-end tests of IPv6 from outside the nodes (root only): a
 //! dual-stack NodePort Service reached by an external client at node A's
-//! IPv6 address, over TCP and UDP, through the uplink programs (XDP by
-//! default, the tc twin with `--xdp-mode off`).
+//! IPv6 address, over TCP and UDP, through the uplink programs: with the
+//! agents' defaults on the kind-like LAN (tc only on its veth uplinks), and
+//! with native XDP on the XDP-ready LAN.
 //!
 //! The two-node sandbox (`xtask::sandbox::two_node`) is dual-stack: node A is
 //! fd00:50::1, node B fd00:50::2, client 1 fd00:50::100, node A's pods
@@ -28,8 +29,8 @@ use xtask::sandbox::two_node::manifests::{
     Policy, Proto, DUAL_NODEPORT_TCP, DUAL_NODEPORT_UDP,
 };
 use xtask::sandbox::two_node::{Client, Node, Pod};
-use xtask::sandbox::{find_at, Attempt, ClientRun, Frontend, TwoNodeSandbox};
-use xtask::testenv::{sb_echo, switchboard, two_node_sandbox};
+use xtask::sandbox::{find_at, Attempt, ClientRun, Frontend, Lan, TwoNodeSandbox};
+use xtask::testenv::{sb_echo, switchboard, two_node_sandbox_on};
 
 /// Attempts per entry point that must all succeed.
 const COUNT: u32 = 20;
@@ -53,8 +54,13 @@ fn nodeports_at(address: &str) -> Vec<EntryPoint> {
 /// under `policy` with `pods` in both EndpointSlices, an agent on each node
 /// (with `agent_args`), node A programmed with `pods` behind its NodePorts of
 /// both families, and both uplinks carrying the programs.
-fn dual_stack_with_agents(policy: Policy, pods: &[Pod], agent_args: &[&str]) -> TwoNodeSandbox {
-    let mut sb = two_node_sandbox();
+fn dual_stack_with_agents(
+    lan: Lan,
+    policy: Policy,
+    pods: &[Pod],
+    agent_args: &[&str],
+) -> TwoNodeSandbox {
+    let mut sb = two_node_sandbox_on(lan);
     let write = |sb: &TwoNodeSandbox, name: &str, yaml: &str| {
         sb.write_manifest(name, yaml)
             .unwrap_or_else(|e| panic!("write {name}: {e:#}"))
@@ -179,9 +185,9 @@ fn assert_answers(sb: &TwoNodeSandbox, entry: &EntryPoint, pods: &[Pod], peer_ip
 
 /// Local policy, backends on node A: through node A's IPv6 address the pods
 /// see client 1's own IPv6 address (DNAT only).
-fn local_policy_keeps_the_client_address(agent_args: &[&str]) {
+fn local_policy_keeps_the_client_address(lan: Lan, agent_args: &[&str]) {
     let pods = Node::A.pods();
-    let sb = dual_stack_with_agents(Policy::Local, &pods, agent_args);
+    let sb = dual_stack_with_agents(lan, Policy::Local, &pods, agent_args);
     for entry in nodeports_at(Node::A.ip6()) {
         assert_answers(
             &sb,
@@ -198,9 +204,9 @@ fn local_policy_keeps_the_client_address(agent_args: &[&str]) {
 /// Cluster policy, backends on node B: through node A's IPv6 address the
 /// requests reach node B's pods source-NATed to node A's IPv6 uplink address;
 /// the IPv4 NodePort of the same Service still SNATs to node A's IPv4 one.
-fn cluster_policy_snats_to_node_a(agent_args: &[&str]) {
+fn cluster_policy_snats_to_node_a(lan: Lan, agent_args: &[&str]) {
     let pods = Node::B.pods();
-    let sb = dual_stack_with_agents(Policy::Cluster, &pods, agent_args);
+    let sb = dual_stack_with_agents(lan, Policy::Cluster, &pods, agent_args);
     for entry in nodeports_at(Node::A.ip6()) {
         assert_answers(
             &sb,
@@ -225,20 +231,20 @@ fn cluster_policy_snats_to_node_a(agent_args: &[&str]) {
 
 #[test]
 fn nodeport6_local_policy_keeps_the_client_address() {
-    local_policy_keeps_the_client_address(&[]);
+    local_policy_keeps_the_client_address(Lan::KindLike, &[]);
 }
 
 #[test]
-fn nodeport6_local_policy_keeps_the_client_address_without_xdp() {
-    local_policy_keeps_the_client_address(&["--xdp-mode", "off"]);
+fn nodeport6_local_policy_keeps_the_client_address_with_native_xdp() {
+    local_policy_keeps_the_client_address(Lan::XdpReady, &["--xdp-mode", "native"]);
 }
 
 #[test]
 fn nodeport6_cluster_policy_remote_backends_see_node_a() {
-    cluster_policy_snats_to_node_a(&[]);
+    cluster_policy_snats_to_node_a(Lan::KindLike, &[]);
 }
 
 #[test]
-fn nodeport6_cluster_policy_remote_backends_see_node_a_without_xdp() {
-    cluster_policy_snats_to_node_a(&["--xdp-mode", "off"]);
+fn nodeport6_cluster_policy_remote_backends_see_node_a_with_native_xdp() {
+    cluster_policy_snats_to_node_a(Lan::XdpReady, &["--xdp-mode", "native"]);
 }

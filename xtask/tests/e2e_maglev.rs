@@ -7,7 +7,8 @@
 //! Two-node sandbox (`xtask::sandbox::two_node`, see `e2e_external.rs`):
 //! the LoadBalancer Service `ext/web-lb` (203.0.113.10, TCP 80 and UDP 53,
 //! `externalTrafficPolicy: Cluster`) has all four pods as endpoints, every
-//! node runs its own agent (native XDP), and client 1 sends from a
+//! node runs its own agent (default flags: on the kind-like LAN's veth
+//! uplinks that is tc only), and client 1 sends from a
 //! fixed source port (`sb-echo client --sport N`) first via node A, then via
 //! node B (`route_services_via`). Through a node, a backend on the other node
 //! is reached with SNAT (the pod sees the entry node's address) and a local
@@ -28,9 +29,6 @@ use xtask::testenv::{
 const PORTS: u16 = 20;
 /// First source port of UDP attempts; TCP ones start at `+ 1000`.
 const FIRST_SPORT: u16 = 40000;
-
-/// The agents' XDP mode (the default; spelled out so a reader sees it).
-const XDP: [&str; 2] = ["--xdp-mode", "native"];
 
 /// The LoadBalancer Service's entry points (TCP 80, UDP 53 at the LB IP,
 /// the same through either node).
@@ -169,9 +167,7 @@ fn assert_maglev_agreement(sb: &TwoNodeSandbox, how: &str) {
 #[test]
 fn maglev_sends_a_five_tuple_to_the_same_backend_through_either_node() {
     let pods = Pod::all();
-    let mut args = vec!["--lb-algorithm", "maglev"];
-    args.extend_from_slice(&XDP);
-    let sb = two_node_with_agents(Policy::Cluster, &pods, &args);
+    let sb = two_node_with_agents(Policy::Cluster, &pods, &["--lb-algorithm", "maglev"]);
     assert_maglev_agreement(&sb, "--lb-algorithm maglev");
 }
 
@@ -195,7 +191,7 @@ fn maglev_by_annotation_sends_a_five_tuple_to_the_same_backend_through_either_no
         .expect("write the annotated Service");
     let sw = switchboard();
     for node in Node::ALL {
-        sb.start_agent(node, &sw, &XDP)
+        sb.start_agent(node, &sw, &[])
             .unwrap_or_else(|e| panic!("start the agent of {}: {e:#}", node.name()));
     }
     for node in Node::ALL {
@@ -213,9 +209,7 @@ fn maglev_by_annotation_sends_a_five_tuple_to_the_same_backend_through_either_no
 #[test]
 fn source_hash_sends_a_client_to_one_backend() {
     let pods = Pod::all();
-    let mut args = vec!["--lb-algorithm", "source-hash"];
-    args.extend_from_slice(&XDP);
-    let sb = two_node_with_agents(Policy::Cluster, &pods, &args);
+    let sb = two_node_with_agents(Policy::Cluster, &pods, &["--lb-algorithm", "source-hash"]);
     for entry in lb_entries() {
         let via_a = answers_via(&sb, Client::One, Node::A, &entry);
         let via_b = answers_via(&sb, Client::One, Node::B, &entry);

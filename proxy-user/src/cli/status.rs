@@ -10,7 +10,7 @@ use super::{
     table::{human_duration, Table},
     AgentProcess, Common, Done, MapFill, Output,
 };
-use crate::status::AgentStatus;
+use crate::status::{AgentStatus, UplinkXdp};
 
 /// Maps whose running full loses Services (the LRU ones evict instead).
 const NOT_LRU: [&str; 3] = [names::FRONTENDS, names::BACKENDS, names::REVNAT];
@@ -48,6 +48,9 @@ pub struct InterfaceRow {
     pub missing: Vec<String>,
     /// The interface is no longer in this namespace.
     pub gone: bool,
+    /// For an uplink: the XDP mode the agent chose for it, and why.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub xdp: Option<UplinkXdp>,
 }
 
 pub fn run(common: &Common) -> anyhow::Result<Done> {
@@ -106,29 +109,57 @@ fn pod_hooks() -> Vec<String> {
 
 /// The interfaces the agent says it attached to, and every pod interface
 /// of this namespace, each with what it should carry and what it carries.
-pub fn interface_rows(status: Option<&AgentStatus>, actual: &[hooks::IfaceHooks]) -> Vec<InterfaceRow> {
+pub fn interface_rows(
+    status: Option<&AgentStatus>,
+    actual: &[hooks::IfaceHooks],
+) -> Vec<InterfaceRow> {
     let listed = status.map(|s| s.interfaces.as_slice()).unwrap_or_default();
     let mut rows: Vec<InterfaceRow> = listed
         .iter()
         .map(|i| {
-            let now = actual.iter().find(|a| a.index == i.index && a.name == i.name);
-            row(&i.name, i.index, &i.role, i.hooks.clone(), now)
+            let now = actual
+                .iter()
+                .find(|a| a.index == i.index && a.name == i.name);
+            InterfaceRow {
+                xdp: i.xdp.clone(),
+                ..row(&i.name, i.index, &i.role, i.hooks.clone(), now)
+            }
         })
         .collect();
-    let uplink = |index: u32| listed.iter().any(|i| i.index == index && i.role == "uplink");
+    let uplink = |index: u32| {
+        listed
+            .iter()
+            .any(|i| i.index == index && i.role == "uplink")
+    };
     for iface in actual.iter().filter(|a| a.pod && !uplink(a.index)) {
         if rows.iter().any(|r| r.index == iface.index) {
             continue;
         }
-        rows.push(row(&iface.name, iface.index, "pod", pod_hooks(), Some(iface)));
+        rows.push(row(
+            &iface.name,
+            iface.index,
+            "pod",
+            pod_hooks(),
+            Some(iface),
+        ));
     }
     rows.sort_by(|a, b| (a.role != "uplink", &a.name).cmp(&(b.role != "uplink", &b.name)));
     rows
 }
 
-fn row(name: &str, index: u32, role: &str, expected: Vec<String>, now: Option<&hooks::IfaceHooks>) -> InterfaceRow {
+fn row(
+    name: &str,
+    index: u32,
+    role: &str,
+    expected: Vec<String>,
+    now: Option<&hooks::IfaceHooks>,
+) -> InterfaceRow {
     let missing = match now {
-        Some(iface) => expected.iter().filter(|h| !hook_present(iface, h)).cloned().collect(),
+        Some(iface) => expected
+            .iter()
+            .filter(|h| !hook_present(iface, h))
+            .cloned()
+            .collect(),
         None => Vec::new(),
     };
     InterfaceRow {
@@ -139,6 +170,7 @@ fn row(name: &str, index: u32, role: &str, expected: Vec<String>, now: Option<&h
         expected,
         missing,
         gone: now.is_none(),
+        xdp: None,
     }
 }
 
@@ -169,7 +201,10 @@ fn problems(report: &StatusReport) -> Vec<String> {
         )),
     }
     if report.maps.is_none() {
-        found.push(format!("no switchboard maps are pinned under {}", report.pin_root));
+        found.push(format!(
+            "no switchboard maps are pinned under {}",
+            report.pin_root
+        ));
     }
     for m in report.maps.iter().flatten() {
         let percent = fill_percent(m);
@@ -194,7 +229,11 @@ fn problems(report: &StatusReport) -> Vec<String> {
             row.missing.join(", ")
         ));
     }
-    if let Some(cgroup) = report.status.as_ref().and_then(|s| s.socket_lb_cgroup.as_ref()) {
+    if let Some(cgroup) = report
+        .status
+        .as_ref()
+        .and_then(|s| s.socket_lb_cgroup.as_ref())
+    {
         let missing: Vec<&str> = crate::socketlb::all_programs()
             .filter(|p| !report.pinned_links.iter().any(|l| l.name == *p))
             .collect();
@@ -207,7 +246,10 @@ fn problems(report: &StatusReport) -> Vec<String> {
     }
     if let Some(status) = &report.status {
         for u in &status.unprogrammed {
-            found.push(format!("not programmed: {} {}: {}", u.service, u.frontend, u.reason));
+            found.push(format!(
+                "not programmed: {} {}: {}",
+                u.service, u.frontend, u.reason
+            ));
         }
         for w in &status.warnings {
             found.push(format!("input: {w}"));
@@ -231,7 +273,9 @@ pub fn render(report: &StatusReport) -> String {
     if report.interfaces.is_empty() {
         let _ = writeln!(out, "  (none)");
     } else {
-        let mut t = Table::new(&["NAME", "IFINDEX", "ROLE", "STATE", "ATTACHED"]).indent(2).right(1);
+        let mut t = Table::new(&["NAME", "IFINDEX", "ROLE", "STATE", "ATTACHED"])
+            .indent(2)
+            .right(1);
         for r in &report.interfaces {
             let state = if r.gone {
                 "gone".to_owned()
@@ -240,9 +284,20 @@ pub fn render(report: &StatusReport) -> String {
             } else {
                 format!("MISSING {}", r.missing.join(", "))
             };
-            t.push(vec![r.name.clone(), r.index.to_string(), r.role.clone(), state, r.attached.clone()]);
+            t.push(vec![
+                r.name.clone(),
+                r.index.to_string(),
+                r.role.clone(),
+                state,
+                r.attached.clone(),
+            ]);
         }
         out.push_str(&t.render());
+        for r in &report.interfaces {
+            if let Some(xdp) = &r.xdp {
+                let _ = writeln!(out, "  {} xdp: {} ({})", r.name, xdp.mode, xdp.reason);
+            }
+        }
     }
     let socket_hooks: Vec<&str> = report
         .pinned_links
@@ -282,12 +337,26 @@ fn render_agent(out: &mut String, report: &StatusReport) {
     let mut t = Table::new(&["", ""]);
     t.push(vec!["Agent:".into(), state]);
     if let Some(s) = &report.status {
-        let or_dash = |v: &str| if v.is_empty() { "-".to_owned() } else { v.to_owned() };
+        let or_dash = |v: &str| {
+            if v.is_empty() {
+                "-".to_owned()
+            } else {
+                v.to_owned()
+            }
+        };
         t.push(vec!["Version:".into(), or_dash(&s.version)]);
-        t.push(vec!["Uptime:".into(), report.uptime_s.map_or("-".into(), |u| human_duration(u as f64))]);
+        t.push(vec![
+            "Uptime:".into(),
+            report
+                .uptime_s
+                .map_or("-".into(), |u| human_duration(u as f64)),
+        ]);
         t.push(vec!["Source:".into(), or_dash(&s.source)]);
         t.push(vec!["Node:".into(), or_dash(&s.node_name)]);
-        t.push(vec!["Proxy name:".into(), s.proxy_name.clone().unwrap_or_else(|| "-".into())]);
+        t.push(vec![
+            "Proxy name:".into(),
+            s.proxy_name.clone().unwrap_or_else(|| "-".into()),
+        ]);
         t.push(vec!["LB algorithm:".into(), or_dash(&s.lb_algorithm)]);
         let sync = match report.last_sync_age_s {
             Some(age) => format!(
@@ -302,7 +371,9 @@ fn render_agent(out: &mut String, report: &StatusReport) {
         t.push(vec!["Last sync:".into(), sync]);
         t.push(vec![
             "Socket LB:".into(),
-            s.socket_lb_cgroup.clone().map_or("off".into(), |c| format!("cgroup {c}")),
+            s.socket_lb_cgroup
+                .clone()
+                .map_or("off".into(), |c| format!("cgroup {c}")),
         ]);
         t.push(vec!["Healthz:".into(), or_dash(&s.healthz_bind)]);
         t.push(vec!["Metrics:".into(), or_dash(&s.metrics_bind)]);
@@ -320,7 +391,11 @@ fn render_maps(out: &mut String, report: &StatusReport) {
         let _ = writeln!(out, "  (not pinned)");
         return;
     };
-    let mut t = Table::new(&["MAP", "ENTRIES", "CAPACITY", "FULL"]).indent(2).right(1).right(2).right(3);
+    let mut t = Table::new(&["MAP", "ENTRIES", "CAPACITY", "FULL"])
+        .indent(2)
+        .right(1)
+        .right(2)
+        .right(3);
     for m in maps {
         t.push(vec![
             m.map.to_owned(),
@@ -365,6 +440,10 @@ mod tests {
                     "tc egress sb_to_pod".into(),
                     "xdp native sb_xdp_uplink".into(),
                 ],
+                xdp: Some(UplinkXdp {
+                    mode: "native".into(),
+                    reason: "auto: native XDP in the driver".into(),
+                }),
             }],
             ..AgentStatus::default()
         };
@@ -372,6 +451,31 @@ mod tests {
         let names: Vec<&str> = rows.iter().map(|r| r.name.as_str()).collect();
         assert_eq!(names, ["eth0", "p1", "p2"]);
         assert_eq!(rows[0].missing, ["xdp native sb_xdp_uplink"]);
+        assert_eq!(
+            rows[0].xdp.as_ref().map(|x| x.mode.as_str()),
+            Some("native")
+        );
+        assert!(rows[1].xdp.is_none());
+        let report = StatusReport {
+            pin_root: "/p".into(),
+            agent: AgentProcess {
+                pid: None,
+                alive: false,
+                evidence: "none",
+            },
+            status: None,
+            uptime_s: None,
+            last_sync_age_s: None,
+            interfaces: rows.clone(),
+            pinned_links: Vec::new(),
+            maps: None,
+            problems: Vec::new(),
+        };
+        let text = render(&report);
+        assert!(
+            text.contains("eth0 xdp: native (auto: native XDP in the driver)"),
+            "{text}"
+        );
         assert!(rows[1].missing.is_empty());
         assert_eq!(rows[2].missing.len(), 2);
     }
@@ -402,7 +506,10 @@ mod tests {
             problems: Vec::new(),
         };
         let problems = problems(&report);
-        assert!(problems[0].contains("pid 42) is not running"), "{problems:?}");
+        assert!(
+            problems[0].contains("pid 42) is not running"),
+            "{problems:?}"
+        );
         assert!(problems[1].contains("95% full"), "{problems:?}");
         let report = StatusReport { problems, ..report };
         let text = render(&report);
@@ -471,6 +578,9 @@ mod tests {
             pinned_links: Vec::new(),
             ..report
         };
-        assert!(problems(&report).is_empty(), "socket layer off: nothing missing");
+        assert!(
+            problems(&report).is_empty(),
+            "socket layer off: nothing missing"
+        );
     }
 }

@@ -5,6 +5,10 @@
 //! kube-proxy-style iptables NodePort rules built for the same Services;
 //! next to a direct path to the same pods (no Service, the limit).
 //!
+//! The sandboxes are [`Lan::XdpReady`] (the uplinks' peers wake for XDP_TX,
+//! senders write complete checksums), so the native XDP path can be
+//! measured on veth at all; all three alike, so the paths stay comparable.
+//!
 //! Three two-node sandboxes live at once, so the measurements can be
 //! interleaved and no setup touches another (iptables NAT rules switch on
 //! conntrack hooks in their namespace; switchboard's pinned programs stay on
@@ -44,7 +48,7 @@ use serde_json::{json, Value};
 
 use super::{median, note, parse_wrk, progress, run_parallel, Plan, Wrk, WRK_CONNECTIONS};
 use crate::sandbox::find_at;
-use crate::sandbox::two_node::{Client as Ext, Node, Pod, TwoNodeSandbox, NODE_A_IP};
+use crate::sandbox::two_node::{Client as Ext, Lan, Node, Pod, TwoNodeSandbox, NODE_A_IP};
 use crate::util::{run_capture, show};
 
 /// Sandbox tags (direct, switchboard, iptables).
@@ -129,14 +133,54 @@ pub const NS_IPT_LOCAL: &str = "ns_iptables_local";
 pub const NS_IPT_REMOTE: &str = "ns_iptables_remote";
 
 const NS_PATHS: [NsPath; 8] = [
-    NsPath { key: NS_DIRECT_LOCAL, label: "direct to node A's pods (no Service)", via: Via::Direct, backends: Backends::Local },
-    NsPath { key: NS_DIRECT_REMOTE, label: "direct to node B's pods via node A (no Service)", via: Via::Direct, backends: Backends::Remote },
-    NsPath { key: NS_XDP_LOCAL, label: "switchboard XDP (native), local backends", via: Via::Switchboard("native"), backends: Backends::Local },
-    NsPath { key: NS_XDP_REMOTE, label: "switchboard XDP (generic), remote backends", via: Via::Switchboard("generic"), backends: Backends::Remote },
-    NsPath { key: NS_TC_LOCAL, label: "switchboard tc only, local backends", via: Via::Switchboard("off"), backends: Backends::Local },
-    NsPath { key: NS_TC_REMOTE, label: "switchboard tc only, remote backends", via: Via::Switchboard("off"), backends: Backends::Remote },
-    NsPath { key: NS_IPT_LOCAL, label: "iptables NodePort (kube-proxy layout), local backends", via: Via::Iptables, backends: Backends::Local },
-    NsPath { key: NS_IPT_REMOTE, label: "iptables NodePort (kube-proxy layout), remote backends", via: Via::Iptables, backends: Backends::Remote },
+    NsPath {
+        key: NS_DIRECT_LOCAL,
+        label: "direct to node A's pods (no Service)",
+        via: Via::Direct,
+        backends: Backends::Local,
+    },
+    NsPath {
+        key: NS_DIRECT_REMOTE,
+        label: "direct to node B's pods via node A (no Service)",
+        via: Via::Direct,
+        backends: Backends::Remote,
+    },
+    NsPath {
+        key: NS_XDP_LOCAL,
+        label: "switchboard XDP (native), local backends",
+        via: Via::Switchboard("native"),
+        backends: Backends::Local,
+    },
+    NsPath {
+        key: NS_XDP_REMOTE,
+        label: "switchboard XDP (generic), remote backends",
+        via: Via::Switchboard("generic"),
+        backends: Backends::Remote,
+    },
+    NsPath {
+        key: NS_TC_LOCAL,
+        label: "switchboard tc only, local backends",
+        via: Via::Switchboard("off"),
+        backends: Backends::Local,
+    },
+    NsPath {
+        key: NS_TC_REMOTE,
+        label: "switchboard tc only, remote backends",
+        via: Via::Switchboard("off"),
+        backends: Backends::Remote,
+    },
+    NsPath {
+        key: NS_IPT_LOCAL,
+        label: "iptables NodePort (kube-proxy layout), local backends",
+        via: Via::Iptables,
+        backends: Backends::Local,
+    },
+    NsPath {
+        key: NS_IPT_REMOTE,
+        label: "iptables NodePort (kube-proxy layout), remote backends",
+        via: Via::Iptables,
+        backends: Backends::Remote,
+    },
 ];
 
 /// Progress steps this part prints (for the run's step count).
@@ -239,9 +283,15 @@ pub fn iptables_rules() -> String {
                         1.0 / (pods.len() - i) as f64
                     );
                 } else {
-                    let _ = writeln!(rules, "-A {svc} -m comment --comment \"{id} -> {ep}:{target}\" -j {sep}");
+                    let _ = writeln!(
+                        rules,
+                        "-A {svc} -m comment --comment \"{id} -> {ep}:{target}\" -j {sep}"
+                    );
                 }
-                let _ = writeln!(rules, "-A {sep} -m comment --comment {id} -s {ep}/32 -j KUBE-MARK-MASQ");
+                let _ = writeln!(
+                    rules,
+                    "-A {sep} -m comment --comment {id} -s {ep}/32 -j KUBE-MARK-MASQ"
+                );
                 let _ = writeln!(
                     rules,
                     "-A {sep} -m comment --comment {id} -m {proto} -p {proto} -j DNAT --to-destination {ep}:{target}"
@@ -251,15 +301,21 @@ pub fn iptables_rules() -> String {
     }
     let mut out = String::new();
     out.push_str("*filter\n:KUBE-FORWARD - [0:0]\n");
-    out.push_str("-A FORWARD -m comment --comment \"kubernetes forwarding rules\" -j KUBE-FORWARD\n");
+    out.push_str(
+        "-A FORWARD -m comment --comment \"kubernetes forwarding rules\" -j KUBE-FORWARD\n",
+    );
     out.push_str("-A KUBE-FORWARD -m conntrack --ctstate INVALID -j DROP\n");
     out.push_str("-A KUBE-FORWARD -m comment --comment \"kubernetes forwarding rules\" -m mark --mark 0x4000/0x4000 -j ACCEPT\n");
     out.push_str("-A KUBE-FORWARD -m comment --comment \"kubernetes forwarding conntrack rule\" -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT\n");
     out.push_str("COMMIT\n*nat\n");
     out.push_str(":KUBE-SERVICES - [0:0]\n:KUBE-NODEPORTS - [0:0]\n:KUBE-POSTROUTING - [0:0]\n:KUBE-MARK-MASQ - [0:0]\n");
     out.push_str(&chains);
-    out.push_str("-A PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n");
-    out.push_str("-A OUTPUT -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n");
+    out.push_str(
+        "-A PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n",
+    );
+    out.push_str(
+        "-A OUTPUT -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n",
+    );
     out.push_str("-A POSTROUTING -m comment --comment \"kubernetes postrouting rules\" -j KUBE-POSTROUTING\n");
     out.push_str("-A KUBE-MARK-MASQ -j MARK --or-mark 0x4000\n");
     out.push_str("-A KUBE-POSTROUTING -m mark ! --mark 0x4000/0x4000 -j RETURN\n");
@@ -292,7 +348,16 @@ fn start_http_pods(sb: &mut TwoNodeSandbox, sb_http: &Path) -> Result<()> {
         sb.spawn(
             &name,
             &ns,
-            &[&bin, "serve", "--name", &name, "--http", &POD_HTTP_PORT.to_string(), "--udp", &POD_ECHO_PORT.to_string()],
+            &[
+                &bin,
+                "serve",
+                "--name",
+                &name,
+                "--http",
+                &POD_HTTP_PORT.to_string(),
+                "--udp",
+                &POD_ECHO_PORT.to_string(),
+            ],
             &[],
         )?;
     }
@@ -307,7 +372,10 @@ fn start_http_pods(sb: &mut TwoNodeSandbox, sb_http: &Path) -> Result<()> {
                     Ok(r) if r.status == 200 => break,
                     other => {
                         if Instant::now() > deadline {
-                            bail!("{} does not answer HTTP at {addr} from {client:?}: {other:?}", pod.name());
+                            bail!(
+                                "{} does not answer HTTP at {addr} from {client:?}: {other:?}",
+                                pod.name()
+                            );
                         }
                         std::thread::sleep(Duration::from_millis(100));
                     }
@@ -321,7 +389,10 @@ fn start_http_pods(sb: &mut TwoNodeSandbox, sb_http: &Path) -> Result<()> {
 /// The XDP mode `ip link` shows on node A's uplink: `native`, `generic` or
 /// `off`.
 fn uplink_xdp_mode(sb: &TwoNodeSandbox) -> Result<&'static str> {
-    let out = sb.exec(&sb.node_ns(Node::A), &["ip", "-o", "link", "show", "dev", &sb.uplink(Node::A)])?;
+    let out = sb.exec(
+        &sb.node_ns(Node::A),
+        &["ip", "-o", "link", "show", "dev", &sb.uplink(Node::A)],
+    )?;
     let text = String::from_utf8_lossy(&out.stdout);
     let words: Vec<&str> = text.split_whitespace().collect();
     Ok(if words.contains(&"xdpgeneric") {
@@ -352,28 +423,36 @@ fn remove_xdp_pins(dir: &Path) -> Result<()> {
 
 impl Sandboxes {
     fn new(sb_http: &Path) -> Result<Sandboxes> {
-        let mut direct = TwoNodeSandbox::new(TAGS[0])?;
+        let mut direct = TwoNodeSandbox::new_on(TAGS[0], Lan::XdpReady)?;
         start_http_pods(&mut direct, sb_http)?;
-        let mut sw = TwoNodeSandbox::new(TAGS[1])?;
+        let mut sw = TwoNodeSandbox::new_on(TAGS[1], Lan::XdpReady)?;
         start_http_pods(&mut sw, sb_http)?;
         sw.write_nodes()?;
         for b in [Backends::Local, Backends::Remote] {
             sw.write_manifest(&format!("{}.yaml", b.service()), &manifest(b))?;
         }
-        let mut ipt = TwoNodeSandbox::new(TAGS[2])?;
+        let mut ipt = TwoNodeSandbox::new_on(TAGS[2], Lan::XdpReady)?;
         start_http_pods(&mut ipt, sb_http)?;
         let rules = iptables_rules();
         let file = ipt.dir.join("nodeport.rules");
         fs::write(&file, &rules)?;
         let f = file.to_string_lossy().into_owned();
         let t0 = Instant::now();
-        run_capture(&mut ipt.command(&ipt.node_ns(Node::A), &["sh", "-c", "exec iptables-restore < \"$0\"", &f]))?;
+        run_capture(&mut ipt.command(
+            &ipt.node_ns(Node::A),
+            &["sh", "-c", "exec iptables-restore < \"$0\"", &f],
+        ))?;
         note(&format!(
             "iptables-restore of the NodePort rules into node A's namespace: {:.2} s, {} lines",
             t0.elapsed().as_secs_f64(),
             rules.lines().count()
         ));
-        Ok(Sandboxes { direct, sw, ipt, agent_mode: None })
+        Ok(Sandboxes {
+            direct,
+            sw,
+            ipt,
+            agent_mode: None,
+        })
     }
 
     /// (Re)starts node A's agent with `--xdp-mode mode` unless it runs so;
@@ -391,27 +470,63 @@ impl Sandboxes {
             // and checks the uplink is clear before the next agent starts.
             remove_xdp_pins(&self.sw.pin_dir(Node::A))?;
             let shown = uplink_xdp_mode(&self.sw)?;
-            ensure!(shown == "off", "node A's uplink still has XDP ({shown}) after its pinned links were removed");
+            ensure!(
+                shown == "off",
+                "node A's uplink still has XDP ({shown}) after its pinned links were removed"
+            );
         }
         self.agent_mode = None;
-        self.sw.start_agent(Node::A, switchboard, &["--xdp-mode", mode])?;
+        self.sw
+            .start_agent(Node::A, switchboard, &["--xdp-mode", mode])?;
         let want = |b: Backends, port: u16, proto: &str, pod_port: u16| {
-            let mut v: Vec<String> = b.pods().iter().map(|p| format!("{}:{pod_port}", p.ip())).collect();
+            let mut v: Vec<String> = b
+                .pods()
+                .iter()
+                .map(|p| format!("{}:{pod_port}", p.ip()))
+                .collect();
             v.sort();
             (port, proto.to_string(), v)
         };
         let wanted = [
-            want(Backends::Local, Backends::Local.http_node_port(), "TCP", POD_HTTP_PORT),
-            want(Backends::Local, Backends::Local.udp_node_port(), "UDP", POD_FLOOD_PORT),
-            want(Backends::Remote, Backends::Remote.http_node_port(), "TCP", POD_HTTP_PORT),
-            want(Backends::Remote, Backends::Remote.udp_node_port(), "UDP", POD_FLOOD_PORT),
+            want(
+                Backends::Local,
+                Backends::Local.http_node_port(),
+                "TCP",
+                POD_HTTP_PORT,
+            ),
+            want(
+                Backends::Local,
+                Backends::Local.udp_node_port(),
+                "UDP",
+                POD_FLOOD_PORT,
+            ),
+            want(
+                Backends::Remote,
+                Backends::Remote.http_node_port(),
+                "TCP",
+                POD_HTTP_PORT,
+            ),
+            want(
+                Backends::Remote,
+                Backends::Remote.udp_node_port(),
+                "UDP",
+                POD_FLOOD_PORT,
+            ),
         ];
-        self.sw.wait_services(Node::A, switchboard, Duration::from_secs(20), "the two NodePort Services on node A", |f| {
-            wanted.iter().all(|(port, proto, backends)| {
-                find_at(f, NODE_A_IP, *port, proto).is_some_and(|fe| &fe.backend_addrs() == backends)
-            })
-        })?;
-        self.sw.wait_uplink_attached(Node::A, Duration::from_secs(20))?;
+        self.sw.wait_services(
+            Node::A,
+            switchboard,
+            Duration::from_secs(20),
+            "the two NodePort Services on node A",
+            |f| {
+                wanted.iter().all(|(port, proto, backends)| {
+                    find_at(f, NODE_A_IP, *port, proto)
+                        .is_some_and(|fe| &fe.backend_addrs() == backends)
+                })
+            },
+        )?;
+        self.sw
+            .wait_uplink_attached(Node::A, Duration::from_secs(20))?;
         let shown = uplink_xdp_mode(&self.sw)?;
         ensure!(
             shown == mode,
@@ -446,7 +561,11 @@ fn pod_udp_in(sb: &TwoNodeSandbox, pod: Pod) -> Result<u64> {
     let out = sb.exec(&sb.pod_ns(pod), &["cat", "/proc/net/snmp"])?;
     let text = String::from_utf8_lossy(&out.stdout);
     let udp: Vec<&str> = text.lines().filter(|l| l.starts_with("Udp:")).collect();
-    ensure!(udp.len() >= 2, "no Udp lines in /proc/net/snmp of {}", pod.name());
+    ensure!(
+        udp.len() >= 2,
+        "no Udp lines in /proc/net/snmp of {}",
+        pod.name()
+    );
     let names: Vec<&str> = udp[0].split_whitespace().collect();
     let values: Vec<&str> = udp[1].split_whitespace().collect();
     let get = |k: &str| -> u64 {
@@ -464,13 +583,19 @@ fn pod_udp_in(sb: &TwoNodeSandbox, pod: Pod) -> Result<u64> {
 fn counters(sb: &TwoNodeSandbox, switchboard: &Path) -> Result<Value> {
     let bin = switchboard.to_string_lossy().into_owned();
     let pin = sb.pin_dir(Node::A).to_string_lossy().into_owned();
-    let out = sb.exec(&sb.node_ns(Node::A), &[&bin, "stats", "--pin-root", &pin, "-o", "json"])?;
+    let out = sb.exec(
+        &sb.node_ns(Node::A),
+        &[&bin, "stats", "--pin-root", &pin, "-o", "json"],
+    )?;
     let v: Value = serde_json::from_slice(&out.stdout).context("`switchboard stats -o json`")?;
     Ok(v["counters"].clone())
 }
 
 fn grew(before: &Value, after: &Value, key: &str) -> u64 {
-    after[key].as_u64().unwrap_or(0).saturating_sub(before[key].as_u64().unwrap_or(0))
+    after[key]
+        .as_u64()
+        .unwrap_or(0)
+        .saturating_sub(before[key].as_u64().unwrap_or(0))
 }
 
 fn wrk_all(sb: &TwoNodeSandbox, ns: &str, urls: &[String], secs: u32) -> Result<Wrk> {
@@ -478,8 +603,25 @@ fn wrk_all(sb: &TwoNodeSandbox, ns: &str, urls: &[String], secs: u32) -> Result<
     let cmds = urls
         .iter()
         .map(|url| {
-            let mut c = sb.command(ns, &["wrk", "-t", "1", "-c", WRK_CONNECTIONS, "-d", &d, "--latency", "-H", "Connection: close", url]);
-            c.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+            let mut c = sb.command(
+                ns,
+                &[
+                    "wrk",
+                    "-t",
+                    "1",
+                    "-c",
+                    WRK_CONNECTIONS,
+                    "-d",
+                    &d,
+                    "--latency",
+                    "-H",
+                    "Connection: close",
+                    url,
+                ],
+            );
+            c.stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
             c
         })
         .collect();
@@ -520,18 +662,30 @@ fn measure(
     let (client, urls, flood_dsts): (Ext, Vec<String>, Vec<String>) = match path.via {
         Via::Direct => (
             Ext::Two,
-            pods.iter().map(|p| format!("http://{}:{POD_HTTP_PORT}/", p.ip())).collect(),
-            pods.iter().map(|p| format!("{}:{POD_FLOOD_PORT}", p.ip())).collect(),
+            pods.iter()
+                .map(|p| format!("http://{}:{POD_HTTP_PORT}/", p.ip()))
+                .collect(),
+            pods.iter()
+                .map(|p| format!("{}:{POD_FLOOD_PORT}", p.ip()))
+                .collect(),
         ),
         _ => (
             Ext::One,
-            pods.iter().map(|_| format!("http://{NODE_A_IP}:{}/", path.backends.http_node_port())).collect(),
+            pods.iter()
+                .map(|_| format!("http://{NODE_A_IP}:{}/", path.backends.http_node_port()))
+                .collect(),
             vec![format!("{NODE_A_IP}:{}", path.backends.udp_node_port())],
         ),
     };
     let ns = sb.client_ns(client);
     let is_sw = matches!(path.via, Via::Switchboard(_));
-    let snap = || -> Result<Option<Value>> { if is_sw { counters(sb, switchboard).map(Some) } else { Ok(None) } };
+    let snap = || -> Result<Option<Value>> {
+        if is_sw {
+            counters(sb, switchboard).map(Some)
+        } else {
+            Ok(None)
+        }
+    };
 
     if !plan.quick {
         wrk_all(sb, &ns, &urls, 1)?; // warm-up (neighbours, caches)
@@ -541,11 +695,23 @@ fn measure(
     let c1 = snap()?;
 
     // Forwarding rate: the flood, counted at the backend pods.
-    let before: Vec<u64> = pods.iter().map(|p| pod_udp_in(sb, *p)).collect::<Result<_>>()?;
+    let before: Vec<u64> = pods
+        .iter()
+        .map(|p| pod_udp_in(sb, *p))
+        .collect::<Result<_>>()?;
     let bench = sb_bench.to_string_lossy().into_owned();
     let secs = if plan.quick { "2" } else { "5" };
     let cpu = FLOOD_CPU.to_string();
-    let mut args: Vec<&str> = vec![&bench, "flood", "--secs", secs, "--cpu", &cpu, "--flows", FLOOD_FLOWS];
+    let mut args: Vec<&str> = vec![
+        &bench,
+        "flood",
+        "--secs",
+        secs,
+        "--cpu",
+        &cpu,
+        "--flows",
+        FLOOD_FLOWS,
+    ];
     for d in &flood_dsts {
         args.extend(["--dst", d.as_str()]);
     }
@@ -556,14 +722,21 @@ fn measure(
     let flood_took = t_flood.elapsed().as_secs_f64();
     let flood: Value = serde_json::from_slice(&out.stdout).context("sb_bench flood output")?;
     std::thread::sleep(Duration::from_millis(300));
-    let after: Vec<u64> = pods.iter().map(|p| pod_udp_in(sb, *p)).collect::<Result<_>>()?;
+    let after: Vec<u64> = pods
+        .iter()
+        .map(|p| pod_udp_in(sb, *p))
+        .collect::<Result<_>>()?;
     let c2 = snap()?;
     let arrived: u64 = after.iter().zip(&before).map(|(a, b)| a - b).sum();
     let per_pod: Vec<u64> = after.iter().zip(&before).map(|(a, b)| a - b).collect();
     let sent = flood["sent"].as_u64().unwrap_or(0);
     let wall = flood["wall_s"].as_f64().unwrap_or(f64::NAN);
     let mpps = arrived as f64 / wall / 1e6;
-    ensure!(arrived > 0, "{}: no flood datagram reached the pods ({sent} sent)", path.label);
+    ensure!(
+        arrived > 0,
+        "{}: no flood datagram reached the pods ({sent} sent)",
+        path.label
+    );
 
     // On switchboard's paths, its counters must show it translated the traffic.
     let datapath = match (c0, c1, c2) {
@@ -614,7 +787,10 @@ fn measure(
 }
 
 fn median_at(runs: &[Value], key: &str) -> Value {
-    let mut v: Vec<f64> = runs.iter().filter_map(|r| r.pointer(key).and_then(Value::as_f64)).collect();
+    let mut v: Vec<f64> = runs
+        .iter()
+        .filter_map(|r| r.pointer(key).and_then(Value::as_f64))
+        .collect();
     if v.is_empty() {
         return Value::Null;
     }
@@ -624,10 +800,20 @@ fn median_at(runs: &[Value], key: &str) -> Value {
 
 /// Runs the north-south part: the per-packet cost of the uplink programs
 /// (`sb_bench uplink`), then every path of [`NS_PATHS`] in interleaved rounds.
-pub(super) fn run(plan: &Plan, sb_http: &Path, switchboard: &Path, sb_bench: &Path, dir: &Path) -> Result<Value> {
+pub(super) fn run(
+    plan: &Plan,
+    sb_http: &Path,
+    switchboard: &Path,
+    sb_bench: &Path,
+    dir: &Path,
+) -> Result<Value> {
     progress("north-south per-packet cost: BPF_PROG_TEST_RUN of sb_xdp_uplink / sb_from_uplink next to the empty XDP and tc programs");
     let quick: &[&str] = if plan.quick { &["--quick"] } else { &[] };
-    let perpacket = super::run_json(sb_bench, &[&["uplink"], quick].concat(), &dir.join("uplink.json"))?;
+    let perpacket = super::run_json(
+        sb_bench,
+        &[&["uplink"], quick].concat(),
+        &dir.join("uplink.json"),
+    )?;
 
     progress("north-south end to end: three two-node sandboxes (direct, switchboard, iptables NodePort rules) with sb-http in every pod");
     let mut sbs = Sandboxes::new(sb_http)?;
@@ -667,7 +853,12 @@ pub(super) fn run(plan: &Plan, sb_http: &Path, switchboard: &Path, sb_bench: &Pa
     }))
 }
 
-fn rounds(sbs: &mut Sandboxes, plan: &Plan, switchboard: &Path, sb_bench: &Path) -> Result<Vec<Value>> {
+fn rounds(
+    sbs: &mut Sandboxes,
+    plan: &Plan,
+    switchboard: &Path,
+    sb_bench: &Path,
+) -> Result<Vec<Value>> {
     let mut runs: Vec<Vec<Value>> = vec![Vec::new(); NS_PATHS.len()];
     for round in 0..plan.rounds {
         // Rotate the start by two paths a round, so switchboard's modes stay
@@ -675,7 +866,12 @@ fn rounds(sbs: &mut Sandboxes, plan: &Plan, switchboard: &Path, sb_bench: &Path)
         for k in 0..NS_PATHS.len() {
             let i = (k + 2 * round) % NS_PATHS.len();
             let path = &NS_PATHS[i];
-            progress(&format!("north-south, round {}/{}: {}", round + 1, plan.rounds, path.label));
+            progress(&format!(
+                "north-south, round {}/{}: {}",
+                round + 1,
+                plan.rounds,
+                path.label
+            ));
             runs[i].push(measure(sbs, path, plan, switchboard, sb_bench)?);
         }
     }
@@ -715,7 +911,11 @@ mod tests {
         assert!(r.contains("-j DNAT --to-destination 10.244.2.3:8080"));
         assert!(r.contains("-j DNAT --to-destination 10.244.1.2:9"));
         // Only the remote Service's two ports are masqueraded in KUBE-EXT.
-        assert_eq!(r.matches("external destinations\" -j KUBE-MARK-MASQ").count(), 2);
+        assert_eq!(
+            r.matches("external destinations\" -j KUBE-MARK-MASQ")
+                .count(),
+            2
+        );
         assert_eq!(r.matches("COMMIT").count(), 2);
     }
 
@@ -726,8 +926,14 @@ mod tests {
                 .map(|d| serde::Deserialize::deserialize(d).unwrap())
                 .collect();
             assert_eq!(docs.len(), 2);
-            assert_eq!(docs[0]["spec"]["ports"][1]["nodePort"].as_u64(), Some(u64::from(b.udp_node_port())));
-            assert_eq!(docs[1]["endpoints"][1]["nodeName"].as_str(), Some(b.pods()[1].node.name()));
+            assert_eq!(
+                docs[0]["spec"]["ports"][1]["nodePort"].as_u64(),
+                Some(u64::from(b.udp_node_port()))
+            );
+            assert_eq!(
+                docs[1]["endpoints"][1]["nodeName"].as_str(),
+                Some(b.pods()[1].node.name())
+            );
         }
     }
 }

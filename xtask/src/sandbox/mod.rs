@@ -46,10 +46,10 @@ use anyhow::{anyhow, bail, Context, Result};
 
 pub use cgroup::TestCgroup;
 pub use cleanup::{cleanup_stale, list_netns, purge_tag, status_file};
-pub use netns::{enable_gro, gro_enabled, http_get, in_netns, HttpResponse};
+pub use netns::{enable_gro, gro_enabled, http_get, in_netns, tx_checksum_enabled, HttpResponse};
 pub use output::{find, find_at, Attempt, Backend, ClientRun, Frontend};
 pub use sys::is_mountpoint;
-pub use two_node::TwoNodeSandbox;
+pub use two_node::{Lan, TwoNodeSandbox};
 
 use crate::util::{run_capture, show};
 use cleanup::remove_status_file;
@@ -119,9 +119,22 @@ pub struct Sandbox {
 fn add_ipv6(node: &str, host_if: &str, peer_ns: &str, subnet: usize) -> Result<()> {
     let host = format!("{}/64", node_ip6(subnet));
     let peer = format!("fd00:10:244:{subnet}::2/64");
-    ip(&["-n", node, "-6", "addr", "add", &host, "dev", host_if, "nodad"])?;
-    ip(&["-n", peer_ns, "-6", "addr", "add", &peer, "dev", "eth0", "nodad"])?;
-    ip(&["-n", peer_ns, "-6", "route", "add", "default", "via", &node_ip6(subnet)])?;
+    ip(&[
+        "-n", node, "-6", "addr", "add", &host, "dev", host_if, "nodad",
+    ])?;
+    ip(&[
+        "-n", peer_ns, "-6", "addr", "add", &peer, "dev", "eth0", "nodad",
+    ])?;
+    ip(&[
+        "-n",
+        peer_ns,
+        "-6",
+        "route",
+        "add",
+        "default",
+        "via",
+        &node_ip6(subnet),
+    ])?;
     Ok(())
 }
 

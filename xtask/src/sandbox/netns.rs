@@ -146,7 +146,8 @@ fn ifindex(ifname: &str) -> Result<u32> {
     // SAFETY: a NUL-terminated string that outlives the call.
     let index = unsafe { libc::if_nametoindex(name.as_ptr()) };
     if index == 0 {
-        return Err(std::io::Error::last_os_error()).with_context(|| format!("no interface {ifname}"));
+        return Err(std::io::Error::last_os_error())
+            .with_context(|| format!("no interface {ifname}"));
     }
     Ok(index)
 }
@@ -196,6 +197,13 @@ fn create_xdp_link(prog: &std::os::fd::OwnedFd, ifindex: u32) -> Result<std::os:
     attr[8..12].copy_from_slice(&BPF_XDP.to_ne_bytes());
     attr[12..16].copy_from_slice(&XDP_FLAGS_DRV_MODE.to_ne_bytes());
     bpf_fd(BPF_LINK_CREATE, &mut attr)
+}
+
+/// Whether transmit checksum offload is on for `ifname` in namespace `ns`.
+pub fn tx_checksum_enabled(ns: &str, ifname: &str) -> Result<bool> {
+    in_netns(ns, || ethtool_value(ifname, ETHTOOL_GTXCSUM, 0))
+        .map(|v| v != 0)
+        .with_context(|| format!("read tx checksum offload of {ifname} in {ns}"))
 }
 
 /// Whether GRO is on for `ifname` in namespace `ns`.

@@ -5,8 +5,8 @@
 //! ```text
 //!                       <tag>-lan: bridge <tag>br (no address)
 //!        ┌──────────────┬──────────────┬──────────────┬──────────────┐
-//!     <tag>la        <tag>lb        <tag>c1        <tag>c2      (bridge ports,
-//!        │              │              │              │          GRO on la/lb)
+//!     <tag>la        <tag>lb        <tag>c1        <tag>c2      (bridge ports)
+//!        │              │              │              │
 //!     <tag>ua        <tag>ub         eth0           eth0
 //!  192.168.50.1/24 192.168.50.2/24 .50.100/24     .50.101/24
 //!   <tag>-na        <tag>-nb        <tag>-c1       <tag>-c2
@@ -40,9 +40,21 @@
 //!   `10.244.0.0/16` via node A, and the Service addresses [`LB_IP`] and
 //!   [`EXTERNAL_IP`] (as /32s) via node A until
 //!   [`TwoNodeSandbox::route_services_via`] says otherwise.
-//! - GRO (hence NAPI) is on for the bridge-side ends of the uplinks
-//!   (`<tag>la`, `<tag>lb`: XDP_TX on an uplink lands there) and the pods'
-//!   `eth0` (an XDP redirect from the uplink into a pod veth lands there).
+//! - The LAN is one of two kinds ([`Lan`]). By default ([`Lan::KindLike`])
+//!   it is what a kind cluster gives a node: a veth uplink on a bridge, pods
+//!   and clients sending with checksum offload on (partial checksums), no XDP
+//!   program and no GRO on the uplinks' peers. Two places finish checksums in
+//!   software before the receiver sees them, as a NIC on a wire would: the
+//!   clients' bridge ports (`<tag>c1`, `<tag>c2`) and the node-side pod veths
+//!   (tx checksum offload off there), so a translation that leaves a wrong
+//!   checksum makes the receiver drop the packet instead of trusting it.
+//!   [`Lan::XdpReady`] (tests about native XDP, the benchmark) is set up for
+//!   native XDP on the veth uplinks: GRO (hence NAPI) on the bridge-side ends
+//!   of the uplinks (`<tag>la`, `<tag>lb`: XDP_TX on an uplink lands there)
+//!   with an `XDP_PASS` program that wakes them, GRO on the pods' `eth0` (an
+//!   XDP redirect from the uplink into a pod veth lands there), and every
+//!   sender writing complete checksums (offload off), as frames off a wire
+//!   carry them.
 //! - Each node has its own bpffs pin root `/run/switchboard-test/<tag>/<na|nb>/bpf`
 //!   and its own cgroup (`<cgroup2>/switchboard-test-<tag>-<na|nb>`, bound at
 //!   `/run/switchboard-test/<tag>/<na|nb>/cgroup`), and runs its own agent
@@ -101,6 +113,20 @@ pub const CLIENT_IP6S: [&str; 2] = ["fd00:50::100", "fd00:50::101"];
 pub const POD_RANGE6: &str = "fd00:10:244::/48";
 /// Pods per node.
 pub const PODS_PER_NODE: u8 = 2;
+
+/// What the LAN and its senders look like (see the module documentation).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Lan {
+    /// As on kind: veth uplinks on a bridge, senders with checksum offload
+    /// on, nothing set up for XDP on the uplinks' peers. What the agent's
+    /// defaults must serve.
+    #[default]
+    KindLike,
+    /// Set up for native XDP on the veth uplinks: GRO and an `XDP_PASS`
+    /// program on the uplinks' peers, GRO on the pods' `eth0`, every sender
+    /// writing complete checksums.
+    XdpReady,
+}
 
 /// One of the two nodes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -256,6 +282,8 @@ impl Client {
 /// The two-node sandbox. See the module documentation for the layout.
 pub struct TwoNodeSandbox {
     pub tag: String,
+    /// What the LAN looks like.
+    pub lan: Lan,
     /// Temporary directory for logs and manifests.
     pub dir: PathBuf,
     namespaces: Vec<String>,
@@ -273,15 +301,25 @@ pub struct TwoNodeSandbox {
 }
 
 impl TwoNodeSandbox {
-    /// A sandbox with a test tag unique to this process and call
+    /// A kind-like sandbox with a test tag unique to this process and call
     /// (`sbt<pid>-<n>`); also removes sandboxes left by dead test processes.
     pub fn for_test() -> Result<TwoNodeSandbox> {
-        TwoNodeSandbox::new(&next_test_tag())
+        TwoNodeSandbox::for_test_on(Lan::KindLike)
     }
 
-    /// Creates the sandbox `tag` (at most 13 characters: interface names are
-    /// `<tag>` plus two), first removing leftovers with the same tag.
+    /// [`Self::for_test`] on the LAN `lan`.
+    pub fn for_test_on(lan: Lan) -> Result<TwoNodeSandbox> {
+        TwoNodeSandbox::new_on(&next_test_tag(), lan)
+    }
+
+    /// Creates the kind-like sandbox `tag` (at most 13 characters: interface
+    /// names are `<tag>` plus two), first removing leftovers with the same tag.
     pub fn new(tag: &str) -> Result<TwoNodeSandbox> {
+        TwoNodeSandbox::new_on(tag, Lan::KindLike)
+    }
+
+    /// [`Self::new`] on the LAN `lan`.
+    pub fn new_on(tag: &str, lan: Lan) -> Result<TwoNodeSandbox> {
         if tag.len() + 2 > 15 {
             bail!("sandbox tag {tag:?} too long for interface names");
         }
@@ -291,6 +329,7 @@ impl TwoNodeSandbox {
         purge_tag(tag)?;
         let mut sb = TwoNodeSandbox {
             tag: tag.to_string(),
+            lan,
             dir: std::env::temp_dir().join(format!("switchboard-{tag}")),
             namespaces: Vec::new(),
             children: Vec::new(),
@@ -413,7 +452,10 @@ impl TwoNodeSandbox {
         for client in Client::ALL {
             self.create_client(client)?;
         }
-        self.enable_napi()?;
+        match self.lan {
+            Lan::KindLike => self.finish_checksums_before_receivers()?,
+            Lan::XdpReady => self.enable_napi()?,
+        }
         for node in Node::ALL {
             self.create_node_state(node)?;
         }
@@ -667,9 +709,26 @@ impl TwoNodeSandbox {
         self.route_services_via(client, Node::A)
     }
 
-    /// GRO (hence NAPI) where XDP sends packets into a veth: the bridge-side
-    /// ends of the uplinks (XDP_TX on an uplink) and the pods' `eth0` (XDP
-    /// redirect from an uplink into a pod veth).
+    /// [`Lan::KindLike`]: checksums are finished in software where frames
+    /// leave the LAN for a client and where a node hands them to a pod (tx
+    /// checksum offload off on the clients' bridge ports and the node-side
+    /// pod veths), as a NIC would before the wire. Senders keep offload on;
+    /// a receiver then checks every checksum instead of trusting a partial
+    /// one, so a translation that rewrote one wrongly shows as a loss.
+    fn finish_checksums_before_receivers(&self) -> Result<()> {
+        for client in Client::ALL {
+            disable_tx_checksum(&self.lan_ns(), &self.client_port(client))?;
+        }
+        for pod in Pod::all() {
+            disable_tx_checksum(&self.node_ns(pod.node), &self.pod_if(pod))?;
+        }
+        Ok(())
+    }
+
+    /// [`Lan::XdpReady`]: GRO (hence NAPI) where XDP sends packets into a
+    /// veth: the bridge-side ends of the uplinks (XDP_TX on an uplink) and the
+    /// pods' `eth0` (XDP redirect from an uplink into a pod veth); complete
+    /// checksums from every sender.
     fn enable_napi(&mut self) -> Result<()> {
         for node in Node::ALL {
             enable_gro(&self.lan_ns(), &self.uplink_peer(node))?;
@@ -1037,7 +1096,9 @@ impl TwoNodeSandbox {
         let mut last;
         loop {
             match self.services(node, switchboard) {
-                Ok(frontends) if pred(&frontends) && self.agent_log(node).contains(super::AGENT_READY) => {
+                Ok(frontends)
+                    if pred(&frontends) && self.agent_log(node).contains(super::AGENT_READY) =>
+                {
                     return Ok(frontends)
                 }
                 Ok(frontends) => last = format!("{frontends:#?}"),
