@@ -698,3 +698,51 @@ fn host_connected_udp_is_balanced_at_connect_and_affinity_holds_per_netns() {
     assert_eq!(backends.len(), 1, "affinity: one backend per namespace: {sticky:?}");
     assert!(sticky.iter().all(|(_, peer)| *peer == tcp_frontend));
 }
+
+/// `loadBalancerSourceRanges` at the socket layer, which sees no source
+/// address at `connect()`: a socket outside the node's namespace (a pod) is
+/// left untranslated, for the tc program on its interface to judge by the
+/// packet's source; a socket of the node is refused with EPERM unless a
+/// block holds a node address (`SOURCE_RANGES_NODE`), and then balanced.
+#[test]
+fn a_frontend_restricted_by_source_ranges_is_left_to_tc_for_pods_and_gated_for_the_node() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut w = world("sock6-ranges");
+    let counters = Counters::new(&w.ebpf);
+    let frontend = SocketAddr::from((FE6, TCP_PORT));
+    let member = w.cgroup.member();
+    let ebpf = &mut w.ebpf;
+    let set_flags = |ebpf: &mut Ebpf, flags: u16| {
+        let mut fe6: HashMap<_, FrontendKey6, FrontendSlot> =
+            HashMap::try_from(ebpf.map_mut(names::FRONTENDS6).expect("SB_FE6_V1")).expect("typed");
+        let head = FrontendSlot {
+            flags: frontend_flags::KIND_LOAD_BALANCER | flags,
+            ..slot0(1, 2)
+        };
+        fe6.insert(key6(FE6, TCP_PORT, proto::TCP, 0), head, 0).expect("write SB_FE6_V1");
+    };
+    let (pod, node_denied, node_allowed) = in_netns(|| {
+        set_flags(ebpf, frontend_flags::SOURCE_RANGES);
+        // Not the node's namespace: the configuration names another one.
+        let pod = member.inside(|| TcpStream::connect_timeout(&frontend, Duration::from_secs(1)));
+        let config = socketlb::datapath_config().expect("this namespace's cookie");
+        let mut array: Array<_, Config> =
+            Array::try_from(ebpf.map_mut(names::CONFIG).expect("SB_CONFIG_V1")).expect("typed");
+        array.set(0, config, 0).expect("write SB_CONFIG_V1");
+        let node_denied = member.inside(|| TcpStream::connect_timeout(&frontend, Duration::from_secs(1)));
+        set_flags(ebpf, frontend_flags::SOURCE_RANGES | frontend_flags::SOURCE_RANGES_NODE);
+        let node_allowed = member.inside(|| tcp_once(frontend));
+        (pod.map(|_| ()), node_denied.map(|_| ()), node_allowed)
+    });
+    let pod = pod.expect_err("the frontend exists nowhere: untranslated, the connect cannot succeed");
+    assert_ne!(pod.kind(), ErrorKind::PermissionDenied, "a pod's socket is not judged here: {pod}");
+    let denied = node_denied.expect_err("the node may not reach the frontend");
+    assert_eq!(denied.kind(), ErrorKind::PermissionDenied, "{denied}");
+    let (who, peer) = node_allowed.expect("a block holds a node address: balanced");
+    assert!(BE6.iter().any(|b| b.to_string() == who), "answered by {who}");
+    assert_eq!(peer, frontend);
+    assert_eq!(counters.grew(&w.ebpf, stat::SOCK_CONNECT), 1, "only the allowed connect was balanced");
+    let denied: PerCpuArray<_, u64> =
+        PerCpuArray::try_from(w.ebpf.map(names::SERVICE_DENIED).expect("SB_SVC_DENIED_V1")).expect("typed");
+    assert_eq!(denied.get(&1, 0).expect("read").iter().sum::<u64>(), 1, "the node's refused connect is counted");
+}

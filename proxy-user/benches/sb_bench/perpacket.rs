@@ -16,7 +16,8 @@ use proxy_common::{ct_dir, programs, proto, CtEntry, CtKey};
 use proxy_user::{
     ebpf::{self, Capacities},
     maps::{MapStore as _, PinnedMaps},
-    model::{BackendAddr, DesiredState, FrontendAddr, Protocol},
+    cidr::IpCidr,
+    model::{BackendAddr, DesiredState, FrontendAddr, Protocol, SourceRanges},
     packet::PacketSpec,
     encode::frontend_key, sync::Syncer,
 };
@@ -210,6 +211,32 @@ impl PerPacket {
         }
         Ok(())
     }
+}
+
+/// `desired` with the ping-pong frontend A restricted by
+/// `loadBalancerSourceRanges` to 16 blocks, one of them the client's /32:
+/// every packet to A then makes one trie lookup.
+fn with_source_ranges(desired: &DesiredState) -> Result<DesiredState> {
+    let mut restricted = desired.clone();
+    let addr = FrontendAddr {
+        ip: VIP_A.into(),
+        port: 80,
+        protocol: Protocol::Tcp,
+    };
+    let a = restricted
+        .frontends
+        .get_mut(&addr)
+        .ok_or_else(|| anyhow!("frontend A missing"))?;
+    let mut blocks: Vec<IpCidr> = (0..15u8)
+        .filter_map(|i| IpCidr::new(Ipv4Addr::new(172, 16 + i, 0, 0).into(), 16))
+        .collect();
+    blocks.extend(IpCidr::new(CLIENT.into(), 32));
+    blocks.sort();
+    a.source_ranges = Some(SourceRanges {
+        blocks: blocks.into(),
+        allows_node: false,
+    });
+    Ok(restricted)
 }
 
 /// Runs `frame` through `prog` `rounds` times with `repeat`; checks the verdict
@@ -423,8 +450,21 @@ pub(crate) fn perpacket(quick: bool) -> Result<Value> {
                 (0..singles).map(|_| existing.clone()),
                 TC_ACT_OK,
             )?;
+            // The same existing flow once A is restricted by source ranges
+            // (one trie lookup per packet); then A is open again.
+            pp.apply(&with_source_ranges(&desired)?)?;
+            let hit_ranged = measure_repeat(
+                &mut pp,
+                programs::TC_FROM_POD,
+                &existing,
+                TC_ACT_OK,
+                Some("forwarded"),
+                repeat,
+                rounds,
+            )?;
+            pp.apply(&desired)?;
             progress(&format!(
-                "perpacket: {services} services, {backends} backends/target: from_pod hit {hit:.1} ns (no rewrite {no_rewrite:.1}), non-service {pass:.1} ns, to_pod reply {rev:.1} ns, to_pod other {to_pod_pass:.1} ns; single-shot new {new_flow:.1} / hit {hit_single:.1} / empty {empty_single:.1} ns"
+                "perpacket: {services} services, {backends} backends/target: from_pod hit {hit:.1} ns (no rewrite {no_rewrite:.1}, with 16 source ranges {hit_ranged:.1}), non-service {pass:.1} ns, to_pod reply {rev:.1} ns, to_pod other {to_pod_pass:.1} ns; single-shot new {new_flow:.1} / hit {hit_single:.1} / empty {empty_single:.1} ns"
             ));
             rows.push(json!({
                 "services": desired.frontends.len(),
@@ -433,6 +473,7 @@ pub(crate) fn perpacket(quick: bool) -> Result<Value> {
                 "sync_ms": sync_time.as_secs_f64() * 1e3,
                 "from_pod_service_existing_ns": hit,
                 "from_pod_service_existing_no_rewrite_ns": no_rewrite,
+                "from_pod_service_existing_source_ranges_ns": hit_ranged,
                 "from_pod_non_service_ns": pass,
                 "to_pod_reply_ns": rev,
                 "to_pod_non_service_ns": to_pod_pass,
