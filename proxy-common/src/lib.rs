@@ -489,6 +489,13 @@ pub mod ct_flags {
     /// (a client that reuses its port to reach the pod directly). A new SYN
     /// through the frontend starts a new flow.
     pub const CLOSING: u8 = 1 << 0;
+    /// Written by a data path that records [`super::ct_state::ACKED`]: the
+    /// TCP flow counts as established only once the client acknowledged
+    /// the backend's SYN-ACK (as the kernel's conntrack does), not when the
+    /// SYN-ACK passed. Entries an older agent created lack it and keep the
+    /// older rule (answered = established), so an upgrade does not shorten
+    /// the life of a connection it did not see open.
+    pub const HANDSHAKE: u8 = 1 << 2;
 }
 
 /// Bits of [`CtEntry::state`]: what was seen in the direction of the entry
@@ -504,6 +511,62 @@ pub mod ct_state {
     pub const FIN: u8 = 1 << 1;
     /// A TCP RST was seen in this direction.
     pub const RST: u8 = 1 << 2;
+    /// Forward entries: the client sent a TCP segment with ACK and without
+    /// SYN, which completes the handshake (a spoofed SYN never does).
+    pub const ACKED: u8 = 1 << 3;
+}
+
+/// The data path's memory of recently created flows, per CPU: when the
+/// connection-tracking table is full, the oldest of them that is not
+/// established (TCP without the client's ACK, UDP without a reply) gives way
+/// to the new flow, as the kernel's conntrack drops an unassured entry. An
+/// established flow is never removed to make room.
+pub mod new_flows {
+    /// Flows remembered per CPU (IPv4); a power of two.
+    pub const SLOTS: u32 = 512;
+    /// Flows remembered per CPU (IPv6; its keys are larger).
+    pub const SLOTS6: u32 = 256;
+    /// Remembered flows examined for one new flow before it is refused.
+    pub const TRIES: u32 = 4;
+}
+
+/// Both keys of one tracked IPv4 flow, as [`NewFlows`] remembers it
+/// (`forward.proto == 0`: an empty or used slot).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
+pub struct CtPair {
+    pub forward: CtKey,
+    pub reply: CtKey,
+}
+
+/// The per-CPU ring of recent IPv4 flows ([`new_flows`]).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct NewFlows {
+    /// Where the next new flow is written (wrapping).
+    pub next: u32,
+    /// The next slot examined when room is needed (wrapping).
+    pub evict: u32,
+    pub pairs: [CtPair; new_flows::SLOTS as usize],
+}
+
+/// [`CtPair`] for an IPv6 flow.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
+pub struct CtPair6 {
+    pub forward: CtKey6,
+    pub reply: CtKey6,
+}
+
+/// [`NewFlows`] for IPv6 flows.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct NewFlows6 {
+    pub next: u32,
+    pub evict: u32,
+    pub pairs: [CtPair6; new_flows::SLOTS6 as usize],
 }
 
 /// The data path writes an entry's `last_seen_ns` at most this often (the
@@ -1152,6 +1215,13 @@ const _: () = assert!(size_of::<SockKey6>() == 32);
 const _: () = assert!(size_of::<SockEntry6>() == 28);
 const _: () = assert!(size_of::<FragKey6>() == 40);
 const _: () = assert!(size_of::<FragEntry6>() == 48);
+const _: () = assert!(size_of::<CtPair>() == 32);
+const _: () = assert!(size_of::<CtPair6>() == 80);
+const _: () = assert!(size_of::<NewFlows>() == 8 + 32 * new_flows::SLOTS as usize);
+const _: () = assert!(size_of::<NewFlows6>() == 8 + 80 * new_flows::SLOTS6 as usize);
+// A per-CPU map value may be at most 32 KiB.
+const _: () = assert!(size_of::<NewFlows>() <= 32 * 1024 && size_of::<NewFlows6>() <= 32 * 1024);
+const _: () = assert!(new_flows::SLOTS.is_power_of_two() && new_flows::SLOTS6.is_power_of_two());
 const _: () = assert!(size_of::<SrcRange4>() == 8);
 const _: () = assert!(size_of::<SrcRange6>() == 20);
 const _: () = assert!(size_of::<MaglevTable>() == 4 * capacity::MAGLEV_TABLE as usize);

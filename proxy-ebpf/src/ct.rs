@@ -8,12 +8,22 @@
 //! tracked; its packet is dropped and counted (`stat::CT_FULL`), as Cilium
 //! does, and the client's retransmission gets through once the agent made
 //! room. Packets of tracked flows are not affected.
+//!
+//! A spoofed SYN flood must not lock real clients out, so a full table makes
+//! room itself when it can: each CPU remembers its recent new flows
+//! (`SB_CT_NEW_V1`, a ring), and a flow that does not fit removes the oldest
+//! remembered flow that is not established (TCP without the client's ACK of
+//! the SYN-ACK, [`ct_state::ACKED`]; UDP without a reply) and takes its
+//! place. An established flow is never removed for a new one.
 use aya_ebpf::helpers::bpf_ktime_get_coarse_ns;
-use proxy_common::{ct_flags, ct_state, proto, Addr6Be, CtEntry, CtEntry6, CtKey, CtKey6, CT_REFRESH_NS};
+use proxy_common::{
+    ct_flags, ct_state, new_flows, proto, Addr6Be, CtEntry, CtEntry6, CtKey, CtKey6, CtPair, CtPair6,
+    CT_REFRESH_NS,
+};
 
 use crate::{
-    maps::{SB_CT6_V1, SB_CT_V5},
-    packet::{Flow, TCP_FLAG_FIN, TCP_FLAG_RST},
+    maps::{SB_CT6_NEW_V1, SB_CT6_V1, SB_CT_NEW_V1, SB_CT_V5},
+    packet::{Flow, TCP_FLAG_ACK, TCP_FLAG_FIN, TCP_FLAG_RST, TCP_FLAG_SYN},
     packet6::Flow6,
 };
 
@@ -51,7 +61,8 @@ pub(crate) fn insert(key: &CtKey, entry: &CtEntry, flags: u64) -> Result<(), Not
 
 /// Writes both entries of a new flow, or neither: a forward entry whose
 /// reply entry did not fit is removed again, so the table holds no flow
-/// whose replies would not be translated.
+/// whose replies would not be translated. A full table first makes room
+/// ([`make_room`]); the flow is remembered as a new one.
 #[inline(always)]
 pub(crate) fn insert_pair(
     fwd_key: &CtKey,
@@ -59,6 +70,18 @@ pub(crate) fn insert_pair(
     reply_key: &CtKey,
     reply: &CtEntry,
 ) -> Result<(), NotTracked> {
+    let result = match insert_both(fwd_key, fwd, reply_key, reply) {
+        Err(NotTracked::Full) if make_room() => insert_both(fwd_key, fwd, reply_key, reply),
+        other => other,
+    };
+    if result.is_ok() {
+        remember(fwd_key, reply_key);
+    }
+    result
+}
+
+#[inline(always)]
+fn insert_both(fwd_key: &CtKey, fwd: &CtEntry, reply_key: &CtKey, reply: &CtEntry) -> Result<(), NotTracked> {
     insert(fwd_key, fwd, 0)?;
     if let Err(why) = insert(reply_key, reply, 0) {
         // Best effort: should it fail, the agent's collector removes the
@@ -69,6 +92,103 @@ pub(crate) fn insert_pair(
     Ok(())
 }
 
+/// Remembers a new IPv4 flow in this CPU's ring, over its oldest one.
+#[inline(always)]
+pub(crate) fn remember(fwd_key: &CtKey, reply_key: &CtKey) {
+    let Some(ring) = SB_CT_NEW_V1.get_ptr_mut(0) else {
+        return;
+    };
+    // SAFETY: this CPU's own value of a per-CPU array, valid for the program
+    // run; nothing else runs on this CPU meanwhile. The index is masked into
+    // the array.
+    unsafe {
+        let slot = ((*ring).next & (new_flows::SLOTS - 1)) as usize;
+        if let Some(pair) = (*ring).pairs.get_mut(slot) {
+            pair.forward = *fwd_key;
+            pair.reply = *reply_key;
+        }
+        (*ring).next = (*ring).next.wrapping_add(1);
+    }
+}
+
+/// Makes room in a full IPv4 table: examines up to [`new_flows::TRIES`] of
+/// this CPU's remembered flows, oldest first, and removes the first that is
+/// not established ([`established`]). Whether one was removed. The keys are
+/// used where the ring holds them (no copy on the stack).
+#[inline(always)]
+pub(crate) fn make_room() -> bool {
+    let Some(ring) = SB_CT_NEW_V1.get_ptr_mut(0) else {
+        return false;
+    };
+    for _ in 0..new_flows::TRIES {
+        // SAFETY: as in `remember`: this CPU's own ring, index masked; the
+        // pair stays valid for the program run.
+        let pair: &mut CtPair = unsafe {
+            let slot = ((*ring).evict & (new_flows::SLOTS - 1)) as usize;
+            (*ring).evict = (*ring).evict.wrapping_add(1);
+            match (*ring).pairs.get_mut(slot) {
+                Some(pair) => pair,
+                None => continue,
+            }
+        };
+        let protocol = pair.forward.proto;
+        if protocol == 0 {
+            continue;
+        }
+        // SAFETY: values of the conntrack map, read at once.
+        let forward = unsafe { SB_CT_V5.get(&pair.forward) }.map(|e| (e.flags, e.state));
+        let reply = unsafe { SB_CT_V5.get(&pair.reply) }.map(|e| e.state);
+        let evict = match (forward, reply) {
+            (Some((flags, state)), Some(reply)) => !established(protocol, flags, state, reply),
+            _ => false,
+        };
+        if evict {
+            let _ = SB_CT_V5.remove(&pair.forward);
+            let _ = SB_CT_V5.remove(&pair.reply);
+        }
+        // Examined once: an empty slot from now on.
+        pair.forward.proto = 0;
+        if evict {
+            return true;
+        }
+    }
+    false
+}
+
+/// Whether a flow is established, from its forward entry's flags and both
+/// entries' state: TCP once the client acknowledged the SYN-ACK (or, for an
+/// entry of an agent that did not record it, once answered), UDP once
+/// answered. A closing flow counts as established: it was, and a
+/// source-NATed one holds its port until the backend forgot it.
+#[inline(always)]
+pub(crate) fn established(protocol: u8, flags: u8, forward: u8, reply: u8) -> bool {
+    if flags & ct_flags::CLOSING != 0 {
+        return true;
+    }
+    if reply & ct_state::REPLIED == 0 {
+        return false;
+    }
+    protocol != proto::TCP || flags & ct_flags::HANDSHAKE == 0 || forward & ct_state::ACKED != 0
+}
+
+/// The state bits a packet brings to the entry of its direction.
+#[inline(always)]
+fn state_bits(protocol: u8, tcp_flags: u8, reply: bool) -> u8 {
+    let mut bits = if reply { ct_state::REPLIED } else { 0 };
+    if protocol == proto::TCP {
+        if tcp_flags & TCP_FLAG_FIN != 0 {
+            bits |= ct_state::FIN;
+        }
+        if tcp_flags & TCP_FLAG_RST != 0 {
+            bits |= ct_state::RST;
+        }
+        if !reply && tcp_flags & (TCP_FLAG_ACK | TCP_FLAG_SYN) == TCP_FLAG_ACK {
+            bits |= ct_state::ACKED;
+        }
+    }
+    bits
+}
+
 /// Notes a packet of a tracked flow in `entry`, the entry of the packet's
 /// direction (`reply`: the reply entry): the state bits it brings
 /// ([`ct_state`]), and the time, written at most every [`CT_REFRESH_NS`]
@@ -76,15 +196,7 @@ pub(crate) fn insert_pair(
 /// no write.
 #[inline(always)]
 pub(crate) fn seen(entry: *mut CtEntry, flow: &Flow, reply: bool) {
-    let mut bits = if reply { ct_state::REPLIED } else { 0 };
-    if flow.proto == proto::TCP {
-        if flow.tcp_flags & TCP_FLAG_FIN != 0 {
-            bits |= ct_state::FIN;
-        }
-        if flow.tcp_flags & TCP_FLAG_RST != 0 {
-            bits |= ct_state::RST;
-        }
-    }
+    let bits = state_bits(flow.proto, flow.tcp_flags, reply);
     let now = now_ns();
     // SAFETY: a value pointer the map lookup just returned, valid for this
     // program run. Only packets of this entry's direction write its state
@@ -123,31 +235,89 @@ pub(crate) fn insert_pair6(
     reply_nat: (&Addr6Be, u16),
     reply_snat: (&Addr6Be, u16),
 ) -> Result<(), NotTracked> {
-    insert6(fwd_key, entry, 0)?;
+    let first = match insert6(fwd_key, entry, 0) {
+        Err(NotTracked::Full) if make_room6() => insert6(fwd_key, entry, 0),
+        other => other,
+    };
+    first?;
     entry.nat_addr_be = *reply_nat.0;
     entry.nat_port_be = reply_nat.1;
     entry.snat_addr_be = *reply_snat.0;
     entry.snat_port_be = reply_snat.1;
-    if let Err(why) = insert6(reply_key, entry, 0) {
+    let second = match insert6(reply_key, entry, 0) {
+        Err(NotTracked::Full) if make_room6() => insert6(reply_key, entry, 0),
+        other => other,
+    };
+    if let Err(why) = second {
         // Best effort, as in `insert_pair`.
         let _ = SB_CT6_V1.remove(fwd_key);
         return Err(why);
     }
+    remember6(fwd_key, reply_key);
     Ok(())
+}
+
+/// [`remember`] for an IPv6 flow.
+#[inline(always)]
+pub(crate) fn remember6(fwd_key: &CtKey6, reply_key: &CtKey6) {
+    let Some(ring) = SB_CT6_NEW_V1.get_ptr_mut(0) else {
+        return;
+    };
+    // SAFETY: as in `remember`: this CPU's own ring, index masked.
+    unsafe {
+        let slot = ((*ring).next & (new_flows::SLOTS6 - 1)) as usize;
+        if let Some(pair) = (*ring).pairs.get_mut(slot) {
+            pair.forward = *fwd_key;
+            pair.reply = *reply_key;
+        }
+        (*ring).next = (*ring).next.wrapping_add(1);
+    }
+}
+
+/// [`make_room`] for the IPv6 table.
+#[inline(always)]
+pub(crate) fn make_room6() -> bool {
+    let Some(ring) = SB_CT6_NEW_V1.get_ptr_mut(0) else {
+        return false;
+    };
+    for _ in 0..new_flows::TRIES {
+        // SAFETY: as in `remember`: this CPU's own ring, index masked; the
+        // pair stays valid for the program run.
+        let pair: &mut CtPair6 = unsafe {
+            let slot = ((*ring).evict & (new_flows::SLOTS6 - 1)) as usize;
+            (*ring).evict = (*ring).evict.wrapping_add(1);
+            match (*ring).pairs.get_mut(slot) {
+                Some(pair) => pair,
+                None => continue,
+            }
+        };
+        let protocol = pair.forward.proto;
+        if protocol == 0 {
+            continue;
+        }
+        // SAFETY: values of the conntrack map, read at once.
+        let forward = unsafe { SB_CT6_V1.get(&pair.forward) }.map(|e| (e.flags, e.state));
+        let reply = unsafe { SB_CT6_V1.get(&pair.reply) }.map(|e| e.state);
+        let evict = match (forward, reply) {
+            (Some((flags, state)), Some(reply)) => !established(protocol, flags, state, reply),
+            _ => false,
+        };
+        if evict {
+            let _ = SB_CT6_V1.remove(&pair.forward);
+            let _ = SB_CT6_V1.remove(&pair.reply);
+        }
+        pair.forward.proto = 0;
+        if evict {
+            return true;
+        }
+    }
+    false
 }
 
 /// [`seen`] for an IPv6 flow's entry.
 #[inline(always)]
 pub(crate) fn seen6(entry: *mut CtEntry6, flow: &Flow6, reply: bool) {
-    let mut bits = if reply { ct_state::REPLIED } else { 0 };
-    if flow.proto == proto::TCP {
-        if flow.tcp_flags & TCP_FLAG_FIN != 0 {
-            bits |= ct_state::FIN;
-        }
-        if flow.tcp_flags & TCP_FLAG_RST != 0 {
-            bits |= ct_state::RST;
-        }
-    }
+    let bits = state_bits(flow.proto, flow.tcp_flags, reply);
     let now = now_ns();
     // SAFETY: as in `seen`: a value pointer the lookup just returned; only
     // this direction's packets add state bits.

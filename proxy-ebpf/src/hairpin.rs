@@ -86,7 +86,7 @@ pub fn track(
         service_id,
         nat_addr_be: backend.addr_be,
         nat_port_be: backend.port_be,
-        flags: ct_flags::SNAT,
+        flags: ct_flags::SNAT | ct_flags::HANDSHAKE,
         state: 0,
         snat_addr_be: hairpin::ADDR_BE,
         snat_port_be: flow.sport_be,

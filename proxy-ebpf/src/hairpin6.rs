@@ -40,7 +40,7 @@ pub fn track(s: &mut Scratch6, backend_id: u32, service_id: u32) -> Result<(), T
     e.service_id = service_id;
     e.nat_addr_be = s.backend.addr_be;
     e.nat_port_be = s.backend.port_be;
-    e.flags = ct_flags::SNAT;
+    e.flags = ct_flags::SNAT | ct_flags::HANDSHAKE;
     e.state = 0;
     e.snat_addr_be = hairpin::ADDR6_BE;
     e.snat_port_be = s.flow.sport_be;

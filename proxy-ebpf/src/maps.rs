@@ -9,7 +9,7 @@ use proxy_common::{
     capacity, stat, AffinityEntry, AffinityKey, AffinityKey6, Backend, Backend6, Config, CtEntry,
     CtEntry6, CtKey, CtKey6, FragEntry, FragEntry6, FragKey, FragKey6, FrontendKey, FrontendKey6,
     FrontendSlot, MaglevTable, RevNat, RevNat6, SockAffinityKey, SockEntry, SockEntry6, SockKey,
-    SockKey6, SrcRange4, SrcRange6, SvcStats, Uplink, Uplink6, SRC_RANGE_ID_BITS,
+    NewFlows, NewFlows6, SockKey6, SrcRange4, SrcRange6, SvcStats, Uplink, Uplink6, SRC_RANGE_ID_BITS,
 };
 
 /// Capacity type parameter shared by both affinity maps, so one selection
@@ -90,6 +90,14 @@ pub static SB_UPLINK6_V1: HashMap<u32, Uplink6, { capacity::UPLINKS as usize }> 
 #[btf_map]
 pub static SB_FRAG6_V1: LruHashMap<FragKey6, FragEntry6, { capacity::FRAGMENTS as usize }> =
     LruHashMap::new();
+
+/// The recent new flows of each CPU, IPv4 ([`crate::ct::make_room`]). Not
+/// pinned: a new agent starts with an empty memory.
+#[btf_map]
+pub static SB_CT_NEW_V1: PerCpuArray<NewFlows, 1> = PerCpuArray::new();
+/// [`SB_CT_NEW_V1`] for IPv6 flows.
+#[btf_map]
+pub static SB_CT6_NEW_V1: PerCpuArray<NewFlows6, 1> = PerCpuArray::new();
 
 /// `loadBalancerSourceRanges`, by service id and client block (see
 /// [`source_allowed4`]).

@@ -338,7 +338,7 @@ fn new_remote_flow(
         service_id,
         nat_addr_be: flow.daddr_be,
         nat_port_be: flow.dport_be,
-        flags: ct_flags::SNAT,
+        flags: ct_flags::SNAT | ct_flags::HANDSHAKE,
         state: 0,
         snat_addr_be: flow.saddr_be,
         snat_port_be: flow.sport_be,
@@ -361,6 +361,9 @@ fn new_remote_flow(
         match claim_port(&reply_key, &reply, created_ns) {
             Ok(true) => {}
             Ok(false) => continue,
+            // Full: the next port is tried once a flow that is not
+            // established made room.
+            Err(_) if ct::make_room() => continue,
             // The client retransmits once the agent made room.
             Err(_) => return Err(NotTranslated::Drop(stat::CT_FULL)),
         }
@@ -371,8 +374,15 @@ fn new_remote_flow(
             snat_port_be: port.to_be(),
             ..reply
         };
-        match ct::insert(fwd, &forward, 0) {
-            Ok(()) => count_service(service_id, |s| s.new_flows += 1),
+        let inserted = match ct::insert(fwd, &forward, 0) {
+            Err(NotTracked::Full) if ct::make_room() => ct::insert(fwd, &forward, 0),
+            other => other,
+        };
+        match inserted {
+            Ok(()) => {
+                count_service(service_id, |s| s.new_flows += 1);
+                ct::remember(fwd, &reply_key);
+            }
             Err(NotTracked::Failed) => count(stat::CT_INSERT_FAILED),
             Err(NotTracked::Full) => {
                 // Give the port back: no half-tracked flow.

@@ -381,7 +381,7 @@ fn new_remote_flow6(u: &mut Up6, backend_id: u32, service_id: u32) -> Result<Out
         e.service_id = service_id;
         e.nat_addr_be = u.s.flow.daddr_be;
         e.nat_port_be = u.s.flow.dport_be;
-        e.flags = ct_flags::SNAT;
+        e.flags = ct_flags::SNAT | ct_flags::HANDSHAKE;
         e.state = 0;
         e.snat_addr_be = u.s.flow.saddr_be;
         e.snat_port_be = u.s.flow.sport_be;
@@ -399,6 +399,9 @@ fn new_remote_flow6(u: &mut Up6, backend_id: u32, service_id: u32) -> Result<Out
         match claim_port6(u, created_ns) {
             Ok(true) => {}
             Ok(false) => continue,
+            // Full: the next port is tried once a flow that is not
+            // established made room.
+            Err(_) if ct::make_room6() => continue,
             // The client retransmits once the agent made room.
             Err(_) => return Err(NotTranslated::Drop(stat::CT_FULL)),
         }
@@ -407,8 +410,15 @@ fn new_remote_flow6(u: &mut Up6, backend_id: u32, service_id: u32) -> Result<Out
         e.nat_port_be = u.s.backend.port_be;
         e.snat_addr_be = u.snat_addr_be;
         e.snat_port_be = port_be;
-        match ct::insert6(&u.s.key, &u.s.entry, 0) {
-            Ok(()) => count_service(service_id, |s| s.new_flows += 1),
+        let inserted = match ct::insert6(&u.s.key, &u.s.entry, 0) {
+            Err(NotTracked::Full) if ct::make_room6() => ct::insert6(&u.s.key, &u.s.entry, 0),
+            other => other,
+        };
+        match inserted {
+            Ok(()) => {
+                count_service(service_id, |s| s.new_flows += 1);
+                ct::remember6(&u.s.key, &u.s.key2);
+            }
             Err(NotTracked::Failed) => count(stat::CT_INSERT_FAILED),
             Err(NotTracked::Full) => {
                 // Give the port back: no half-tracked flow.

@@ -665,7 +665,7 @@ pub(crate) fn track(
         service_id,
         nat_addr_be: backend.addr_be,
         nat_port_be: backend.port_be,
-        flags: 0,
+        flags: ct_flags::HANDSHAKE,
         state: 0,
         snat_addr_be: 0,
         snat_port_be: 0,

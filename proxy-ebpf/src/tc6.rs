@@ -271,7 +271,7 @@ pub(crate) fn track6(s: &mut Scratch6, backend_id: u32, service_id: u32) -> Resu
     e.service_id = service_id;
     e.nat_addr_be = s.backend.addr_be;
     e.nat_port_be = s.backend.port_be;
-    e.flags = 0;
+    e.flags = ct_flags::HANDSHAKE;
     e.state = 0;
     e.snat_addr_be = [0; 4];
     e.snat_port_be = 0;

@@ -100,6 +100,9 @@ impl Default for Timeouts {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Phase {
     SynSent,
+    /// TCP, the backend answered, but the client has not acknowledged the
+    /// SYN-ACK: a handshake in progress, or a spoofed SYN.
+    SynRecv,
     Established,
     HalfClosed,
     Closed,
@@ -112,6 +115,7 @@ impl Phase {
     pub fn name(self) -> &'static str {
         match self {
             Phase::SynSent => "syn-sent",
+            Phase::SynRecv => "syn-recv",
             Phase::Established => "established",
             Phase::HalfClosed => "half-closed",
             Phase::Closed => "closed",
@@ -123,7 +127,7 @@ impl Phase {
     /// How long the phase lasts without traffic.
     pub fn timeout(self, t: &Timeouts) -> Duration {
         match self {
-            Phase::SynSent => t.tcp_syn,
+            Phase::SynSent | Phase::SynRecv => t.tcp_syn,
             Phase::Established => t.tcp_established,
             Phase::HalfClosed => t.tcp_close_wait,
             Phase::Closed => t.tcp_closed,
@@ -133,9 +137,13 @@ impl Phase {
     }
 }
 
-/// The phase of a flow of protocol `protocol` whose forward entry saw
-/// `forward` and whose reply entry saw `reply` ([`ct_state`] bits).
-pub fn phase(protocol: u8, forward: u8, reply: u8) -> Phase {
+/// The phase of a flow of protocol `protocol` whose entries carry `flags`
+/// ([`ct_flags`], both entries') and whose forward entry saw `forward` and
+/// reply entry saw `reply` ([`ct_state`] bits). A TCP flow created by a data
+/// path that records the client's ACK ([`ct_flags::HANDSHAKE`]) is
+/// established only once it did ([`ct_state::ACKED`]); an older entry is
+/// established once answered.
+pub fn phase(protocol: u8, flags: u8, forward: u8, reply: u8) -> Phase {
     let both = forward | reply;
     if protocol != proto::TCP {
         return match reply & ct_state::REPLIED {
@@ -151,6 +159,8 @@ pub fn phase(protocol: u8, forward: u8, reply: u8) -> Phase {
         Phase::Closed
     } else if both & ct_state::FIN != 0 {
         Phase::HalfClosed
+    } else if flags & ct_flags::HANDSHAKE != 0 && forward & ct_state::ACKED == 0 {
+        Phase::SynRecv
     } else {
         Phase::Established
     }
@@ -291,9 +301,9 @@ pub fn verdict<E: Entry>(flow: &Flow<E>, t: &Timeouts) -> Option<Verdict> {
             expires_ns: last_seen.saturating_add(nanos(ORPHAN_GRACE)),
         });
     };
-    let phase = phase(flow.protocol, forward.state(), reply.state());
-    let mut expires_ns = last_seen.saturating_add(nanos(phase.timeout(t)));
     let flags = forward.flags() | reply.flags();
+    let phase = phase(flow.protocol, flags, forward.state(), reply.state());
+    let mut expires_ns = last_seen.saturating_add(nanos(phase.timeout(t)));
     if flags & ct_flags::SNAT != 0 && flags & ct_flags::CLOSING != 0 {
         // `created_ns` is the close time once CLOSING is set.
         let closed_ns = forward.created_ns().max(reply.created_ns());
@@ -802,6 +812,8 @@ mod tests {
         let cases = [
             (proto::TCP, 0, 0, Phase::SynSent),
             (proto::TCP, 0, REPLIED, Phase::Established),
+            // With HANDSHAKE (below), only the client's ACK establishes.
+            (proto::TCP, ACKED, REPLIED, Phase::Established),
             (proto::TCP, FIN, REPLIED, Phase::HalfClosed),
             (proto::TCP, 0, REPLIED | FIN, Phase::HalfClosed),
             (proto::TCP, FIN, REPLIED | FIN, Phase::Closed),
@@ -814,7 +826,19 @@ mod tests {
             (proto::UDP, 0, REPLIED, Phase::UdpStream),
         ];
         for (protocol, forward, reply, want) in cases {
-            assert_eq!(phase(protocol, forward, reply), want, "{protocol} {forward:#b} {reply:#b}");
+            assert_eq!(phase(protocol, 0, forward, reply), want, "{protocol} {forward:#b} {reply:#b}");
+        }
+        let handshake = ct_flags::HANDSHAKE;
+        for (protocol, forward, reply, want) in [
+            (proto::TCP, 0, 0, Phase::SynSent),
+            // A SYN answered but never acknowledged: a spoofed source.
+            (proto::TCP, 0, REPLIED, Phase::SynRecv),
+            (proto::TCP, ACKED, REPLIED, Phase::Established),
+            (proto::TCP, ACKED | FIN, REPLIED, Phase::HalfClosed),
+            (proto::TCP, 0, REPLIED | RST, Phase::Closed),
+            (proto::UDP, 0, REPLIED, Phase::UdpStream),
+        ] {
+            assert_eq!(phase(protocol, handshake, forward, reply), want, "{protocol} {forward:#b} {reply:#b}");
         }
     }
 

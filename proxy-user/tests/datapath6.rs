@@ -9,7 +9,7 @@ use std::net::Ipv6Addr;
 
 use proxy_common::{ct_dir, ct_flags, hairpin, programs};
 use support::{
-    capacities,
+    capacities, stay_on_one_cpu,
     v6::{
         checksums_valid6, ct_key6, icmp6_frame, icmp6_frame_macs, Maps6, Packet6, NEXTHDR_DEST, NEXTHDR_HOP, NEXTHDR_ROUTING, NODE_MAC,
         POD_MAC, PROTO_TCP, PROTO_UDP, TCP_ACK, TCP_RST, TCP_SYN,
@@ -526,15 +526,36 @@ fn a_pod_that_is_its_own_backend_is_reached_from_the_hairpin_address() {
 
 #[test]
 fn a_full_conntrack_table_drops_new_flows_and_keeps_tracked_ones() {
-    // Room for two flows (two entries each).
+    // Room for two flows (two entries each); each CPU remembers its own new
+    // flows, so the test stays on one.
+    stay_on_one_cpu();
     let loaded = Loaded::new(capacities(4), Vec::new());
     let mut maps = Maps6::take(&loaded);
     maps.frontend(VIP, 80, PROTO_TCP, SVC_WEB, None, &[(901, POD1, 8080)]);
     let mut fx = Fixture { loaded, maps };
-    for port in [49000, 49001] {
+    let handshake = |fx: &mut Fixture, port: u16| {
         let syn = Packet6::tcp(CLIENT, port, VIP, 80);
-        assert_eq!(fx.run(programs::TC_FROM_POD, &syn.build()).0, TC_ACT_OK);
-    }
+        assert_eq!(fx.run(programs::TC_FROM_POD, &syn.build()).0, TC_ACT_OK, "SYN {port}");
+        let syn_ack = Packet6 {
+            tcp_flags: TCP_SYN | TCP_ACK,
+            ..Packet6::tcp(POD1, 8080, CLIENT, port)
+        };
+        assert_eq!(fx.run(programs::TC_TO_POD, &syn_ack.build()).0, TC_ACT_OK, "SYN-ACK {port}");
+        let ack = Packet6 {
+            tcp_flags: TCP_ACK,
+            ..Packet6::tcp(CLIENT, port, VIP, 80)
+        };
+        assert_eq!(fx.run(programs::TC_FROM_POD, &ack.build()).0, TC_ACT_OK, "ACK {port}");
+    };
+    handshake(&mut fx, 49000);
+    // A SYN never answered gives way to the next new flow, which completes
+    // its handshake.
+    let unanswered = Packet6::tcp(CLIENT, 48999, VIP, 80);
+    assert_eq!(fx.run(programs::TC_FROM_POD, &unanswered.build()).0, TC_ACT_OK);
+    handshake(&mut fx, 49001);
+    assert!(fx.maps.ct(&ct_key6(CLIENT, 48999, VIP, 80, PROTO_TCP, ct_dir::FORWARD)).is_none());
+    assert_eq!(fx.stat("ct_full"), 0);
+    // Two established flows: a new one is refused.
     let third = Packet6::tcp(CLIENT, 49002, VIP, 80);
     assert_eq!(fx.run(programs::TC_FROM_POD, &third.build()).0, TC_ACT_SHOT);
     assert_eq!(fx.stat("ct_full"), 1);
@@ -554,7 +575,8 @@ fn a_full_conntrack_table_drops_new_flows_and_keeps_tracked_ones() {
         })
         .build()
     );
-    assert_eq!(fx.service_packets(SVC_WEB), (3, 2, 0));
+    // SYN, ACK, SYN, SYN, ACK, ACK forwarded; three flows created.
+    assert_eq!(fx.service_packets(SVC_WEB), (6, 3, 0));
 }
 
 #[test]

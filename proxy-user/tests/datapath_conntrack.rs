@@ -12,7 +12,7 @@ use proxy_user::{
     model::Protocol,
     packet::PacketSpec,
 };
-use support::{cluster_ip, Loaded, TC_ACT_OK, TC_ACT_SHOT};
+use support::{cluster_ip, stay_on_one_cpu, Loaded, TC_ACT_OK, TC_ACT_SHOT};
 
 const CLIENT: Ipv4Addr = Ipv4Addr::new(10, 244, 100, 2);
 const VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
@@ -152,10 +152,19 @@ fn entries_follow_the_connection_state_in_both_directions() {
             phase: Phase::SynSent,
         },
         Case {
+            name: "SYN, SYN-ACK: answered, not yet acknowledged (a spoofed SYN stays here)",
+            protocol: proto::TCP,
+            steps: &[Request(SYN), Reply(SYN_ACK)],
+            forward_state: 0,
+            reply_state: ct_state::REPLIED,
+            closing: false,
+            phase: Phase::SynRecv,
+        },
+        Case {
             name: "SYN, SYN-ACK, ACK: established",
             protocol: proto::TCP,
             steps: &[Request(SYN), Reply(SYN_ACK), Request(ACK)],
-            forward_state: 0,
+            forward_state: ct_state::ACKED,
             reply_state: ct_state::REPLIED,
             closing: false,
             phase: Phase::Established,
@@ -164,7 +173,7 @@ fn entries_follow_the_connection_state_in_both_directions() {
             name: "the client's FIN alone: half-closed",
             protocol: proto::TCP,
             steps: &[Request(SYN), Reply(SYN_ACK), Request(FIN_ACK), Reply(ACK)],
-            forward_state: ct_state::FIN,
+            forward_state: ct_state::FIN | ct_state::ACKED,
             reply_state: ct_state::REPLIED,
             closing: true,
             phase: Phase::HalfClosed,
@@ -173,7 +182,7 @@ fn entries_follow_the_connection_state_in_both_directions() {
             name: "FIN both ways: closed",
             protocol: proto::TCP,
             steps: &[Request(SYN), Reply(SYN_ACK), Request(FIN_ACK), Reply(FIN_ACK), Request(ACK)],
-            forward_state: ct_state::FIN,
+            forward_state: ct_state::FIN | ct_state::ACKED,
             reply_state: ct_state::REPLIED | ct_state::FIN,
             closing: true,
             phase: Phase::Closed,
@@ -182,7 +191,7 @@ fn entries_follow_the_connection_state_in_both_directions() {
             name: "the backend resets: closed",
             protocol: proto::TCP,
             steps: &[Request(SYN), Reply(SYN_ACK), Request(ACK), Reply(RST)],
-            forward_state: 0,
+            forward_state: ct_state::ACKED,
             reply_state: ct_state::REPLIED | ct_state::RST,
             closing: true,
             phase: Phase::Closed,
@@ -236,7 +245,8 @@ fn entries_follow_the_connection_state_in_both_directions() {
                 e.last_seen_ns
             );
         }
-        assert_eq!(conntrack::phase(case.protocol, f.state, r.state), case.phase, "{}", case.name);
+        assert_ne!(f.flags & ct_flags::HANDSHAKE, 0, "{}: written by this data path", case.name);
+        assert_eq!(conntrack::phase(case.protocol, f.flags | r.flags, f.state, r.state), case.phase, "{}", case.name);
     }
     assert_eq!(fx.loaded.stat("ct_full"), 0);
 }
@@ -303,7 +313,9 @@ fn a_full_table_refuses_new_flows_and_keeps_tracked_ones() {
     let idle = 30000;
     assert_eq!(fx.send(Step::Request(SYN), proto::TCP, idle), TC_ACT_OK);
     assert_eq!(fx.send(Step::Reply(SYN_ACK), proto::TCP, idle), TC_ACT_OK);
-    // Short connections until the table is full; they close.
+    assert_eq!(fx.send(Step::Request(ACK), proto::TCP, idle), TC_ACT_OK);
+    // Short connections until the table is full; they close (established
+    // flows, even closing ones, never give way to a new flow).
     // One flow is two entries: the idle one and seven short ones fill it.
     let short: Vec<u16> = (31000..31000 + CAPACITY as u16 / 2 - 1).collect();
     for &sport in &short {
@@ -340,4 +352,78 @@ fn a_full_table_refuses_new_flows_and_keeps_tracked_ones() {
     assert_eq!(fx.send(Step::Request(SYN), proto::TCP, refused), TC_ACT_OK);
     assert!(matches!(fx.pair(proto::TCP, refused), (Some(_), Some(_))));
     assert_eq!(fx.loaded.stat("ct_full"), 2);
+}
+
+/// A table full of flows that never completed their handshake (a spoofed
+/// SYN flood: SYNs the backend answers, never acknowledged) or UDP flows
+/// never answered gives way to new flows, oldest first; an established
+/// connection, and one that completed its handshake during the flood, is
+/// never removed. Nothing is counted as `ct_full`.
+#[test]
+fn unestablished_flows_give_way_to_new_ones_and_established_flows_never_do() {
+    const CAPACITY: u32 = 16;
+    stay_on_one_cpu();
+    let mut fx = Fixture::new(CAPACITY);
+    let idle = 30000;
+    for step in [Step::Request(SYN), Step::Reply(SYN_ACK), Step::Request(ACK)] {
+        assert_eq!(fx.send(step, proto::TCP, idle), TC_ACT_OK);
+    }
+    // Spoofed SYNs fill the table: answered by the backend, never ACKed.
+    let spoofed: Vec<u16> = (31000..31000 + CAPACITY as u16 / 2 - 1).collect();
+    for &sport in &spoofed {
+        assert_eq!(fx.send(Step::Request(SYN), proto::TCP, sport), TC_ACT_OK);
+        assert_eq!(fx.send(Step::Reply(SYN_ACK), proto::TCP, sport), TC_ACT_OK);
+    }
+    assert_eq!(fx.entries(), CAPACITY as usize);
+
+    // The flood goes on: every new SYN takes the place of an older
+    // half-open flow; a real client among them completes its handshake.
+    let real = 33000;
+    for i in 0..40u16 {
+        assert_eq!(fx.send(Step::Request(SYN), proto::TCP, 32000 + i), TC_ACT_OK, "flood SYN {i}");
+        if i == 5 {
+            assert_eq!(fx.send(Step::Request(SYN), proto::TCP, real), TC_ACT_OK, "the real client's SYN");
+            assert_eq!(fx.send(Step::Reply(SYN_ACK), proto::TCP, real), TC_ACT_OK);
+            assert_eq!(fx.send(Step::Request(ACK), proto::TCP, real), TC_ACT_OK);
+        }
+        assert_eq!(fx.entries(), CAPACITY as usize);
+    }
+    assert_eq!(fx.loaded.stat("ct_full"), 0, "room was made every time");
+    for sport in [idle, real] {
+        let (Some(f), Some(_)) = fx.pair(proto::TCP, sport) else {
+            panic!("established flow {sport} was removed");
+        };
+        assert_ne!(f.state & ct_state::ACKED, 0);
+        assert_eq!(fx.send(Step::Request(ACK), proto::TCP, sport), TC_ACT_OK);
+    }
+    for &sport in &spoofed {
+        assert_eq!(fx.pair(proto::TCP, sport), (None, None), "the oldest half-open flows went first");
+    }
+
+    // UDP: a flow never answered gives way; an answered one does not.
+    let answered = 34000;
+    assert_eq!(fx.send(Step::Request(0), proto::UDP, answered), TC_ACT_OK);
+    assert_eq!(fx.send(Step::Reply(0), proto::UDP, answered), TC_ACT_OK);
+    for i in 0..20u16 {
+        assert_eq!(fx.send(Step::Request(0), proto::UDP, 35000 + i), TC_ACT_OK, "UDP flow {i}");
+    }
+    assert!(matches!(fx.pair(proto::UDP, answered), (Some(_), Some(_))), "the answered UDP flow stays");
+    assert_eq!(fx.loaded.stat("ct_full"), 0);
+
+    // Only established flows left: a new flow is refused and counted.
+    let established: Vec<u16> = (36000..36000 + CAPACITY as u16).collect();
+    let mut admitted = 0;
+    for &sport in &established {
+        if fx.send(Step::Request(SYN), proto::TCP, sport) != TC_ACT_OK {
+            break;
+        }
+        assert_eq!(fx.send(Step::Reply(SYN_ACK), proto::TCP, sport), TC_ACT_OK);
+        assert_eq!(fx.send(Step::Request(ACK), proto::TCP, sport), TC_ACT_OK);
+        admitted += 1;
+    }
+    assert!(admitted > 0 && admitted < established.len(), "admitted {admitted}");
+    assert!(fx.loaded.stat("ct_full") >= 1, "a table of established flows refuses");
+    for sport in [idle, real] {
+        assert!(matches!(fx.pair(proto::TCP, sport), (Some(_), Some(_))), "{sport} survived");
+    }
 }

@@ -1354,7 +1354,7 @@ fn snat_ports_of_closed_flows_are_reused_only_after_time_wait() {
         let entry = fx.loaded.ct(&reply_key(Protocol::Tcp, port)).expect("reply entry");
         assert_eq!(
             (entry.snat_addr_be, u16::from_be(entry.snat_port_be), entry.flags),
-            (u32::from_ne_bytes(CLIENT.octets()), 40002, ct_flags::SNAT),
+            (u32::from_ne_bytes(CLIENT.octets()), 40002, ct_flags::SNAT | ct_flags::HANDSHAKE),
             "the entry now names the new client, open"
         );
         assert_eq!(fx.loaded.stat("snat_exhausted"), 2);

@@ -44,6 +44,19 @@ pub fn require_root() {
     );
 }
 
+/// Keeps the calling thread on one CPU: each CPU remembers its own new
+/// flows, and BPF_PROG_TEST_RUN runs on the caller's CPU.
+pub fn stay_on_one_cpu() {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET writes inside
+    // it; sched_setaffinity(0, ..) affects the calling thread only.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(0, &mut set);
+        let rc = libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+        assert_eq!(rc, 0, "sched_setaffinity: {}", std::io::Error::last_os_error());
+    }
+}
+
 /// Room for 1024 frontends and backends, 64 service ports and `conntrack`
 /// connection-tracking entries.
 pub fn capacities(conntrack: u32) -> Capacities {
