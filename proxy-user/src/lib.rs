@@ -8,6 +8,7 @@ pub mod cli;
 pub mod conntrack;
 pub mod ebpf;
 pub mod encode;
+pub mod fsmode;
 pub mod health;
 pub mod healthcheck;
 pub mod lock;

@@ -290,3 +290,42 @@ fn a_capacity_change_resizes_the_maps_online_and_keeps_established_flows() {
     assert!(run.all_ok(), "new connections after the resize:\n{}", run.raw);
     sb.cleanup().expect("cleanup");
 }
+
+/// Issue 25: with umask 000 the pin and link directories were 0777 and the
+/// status and lock files 0666 (any user could unlink a link pin and detach
+/// a pod's programs). The agent sets their modes itself.
+#[test]
+fn the_agent_sets_its_file_modes_whatever_the_umask() {
+    use std::os::unix::fs::PermissionsExt as _;
+    xtask::testenv::require_root();
+    let mut sb = Sandbox::for_test().expect("sandbox");
+    sb.copy_manifests(&xtask::util::repo_root().join("manifests/demo"))
+        .expect("manifests");
+    sb.start_pods(&sb_echo()).expect("pods");
+    let wrapper = sb.dir.join("switchboard-umask-000");
+    std::fs::write(
+        &wrapper,
+        format!("#!/bin/sh\numask 000\nexec '{}' \"$@\"\n", switchboard().display()),
+    )
+    .expect("write the wrapper");
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    start_and_settle(&mut sb, &wrapper);
+    let mode = |path: &Path| {
+        std::fs::symlink_metadata(path)
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+            .permissions()
+            .mode()
+            & 0o7777
+    };
+    let status = xtask::sandbox::status_file(&sb.pin_dir);
+    let lock = status.with_extension("lock");
+    assert_eq!(mode(&sb.pin_dir.join("links")), 0o700, "the links directory");
+    assert_eq!(mode(&sb.pin_dir) & 0o022, 0, "the pin root: only root writes");
+    assert_eq!(mode(&status), 0o644, "the status file");
+    assert_eq!(mode(&lock), 0o644, "the lock file");
+    assert_eq!(mode(status.parent().expect("dir")), 0o750, "the status directory");
+    for entry in std::fs::read_dir(sb.pin_dir.join("links")).expect("links").flatten() {
+        assert_eq!(mode(&entry.path()) & 0o077, 0, "{}", entry.path().display());
+    }
+    sb.cleanup().expect("cleanup");
+}
