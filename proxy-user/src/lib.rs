@@ -3,6 +3,7 @@
 pub mod agent;
 pub mod args;
 pub mod attach;
+pub mod caps;
 pub mod cidr;
 pub mod cli;
 pub mod conntrack;
