@@ -22,7 +22,7 @@ use crate::{
     maps::PinnedMaps,
     metrics::{self, SyncObserver},
     model::{self, Model},
-    resize, socketlb,
+    pinroot, resize, socketlb,
     source::{self, cluster, dir, FeedRx},
     status::{self, AgentStatus},
     sync::Syncer,
@@ -107,6 +107,8 @@ const RESCAN: Duration = Duration::from_secs(2);
 pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
     // Before the lock: a refused pin root leaves no lock file behind.
     ebpf::check_pin_root(&config.pin_root)?;
+    // A newer version's pin root is refused before anything is touched.
+    let format = pinroot::check_format(&config.pin_root)?;
     let lock = lock::acquire(&config.pin_root)?;
     // /healthz and /livez answer from here on, while the source lists: the
     // start counts as a queued change (see `health`).
@@ -142,6 +144,13 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
 
     let mut ebpf = ebpf::load(&config.pin_root, &capacities, resize.maps())
         .context("loading the eBPF programs")?;
+    if pinroot::stamp(&config.pin_root).context("recording the pin root's format")? {
+        info!(
+            format = pinroot::FORMAT,
+            previous = ?format,
+            "pin root format recorded"
+        );
+    }
     if !resize.maps().is_empty() {
         let copied = resize
             .copy(true)

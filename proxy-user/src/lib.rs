@@ -21,6 +21,7 @@ pub mod metrics;
 pub mod model;
 pub mod resize;
 pub mod packet;
+pub mod pinroot;
 pub mod sockdiag;
 pub mod socketlb;
 pub mod source;

@@ -11,8 +11,9 @@
 //! entry count keeps what fits; the rest is counted and said.
 //!
 //! An agent that dies half-way leaves the old pin in place (the next start
-//! removes the stale `_resize` pin and starts over), so the maps a restart
-//! adopts are always the ones under their own names.
+//! removes every stale `_resize` pin, whether or not it resizes, and starts
+//! over), so the maps a restart adopts are always the ones under their own
+//! names.
 use std::{
     fs, io,
     path::{Path, PathBuf},
@@ -55,9 +56,46 @@ pub enum ResizeError {
     Unsupported { map: &'static str },
 }
 
+/// What a staging pin's name ends with.
+pub const STAGING_SUFFIX: &str = "_resize";
+
 /// Where the new map of `map` is pinned until it replaces the old one.
 pub fn staging_path(pin_root: &Path, map: &str) -> PathBuf {
-    pin_root.join(format!("{map}_resize"))
+    pin_root.join(format!("{map}{STAGING_SUFFIX}"))
+}
+
+/// The staging pins under `pin_root`, by name (sorted). With no agent
+/// resizing, each is left by one that died during a resize: a whole map,
+/// locked in kernel memory, that nothing uses.
+pub fn staging_pins(pin_root: &Path) -> Vec<String> {
+    let Ok(entries) = fs::read_dir(pin_root) else {
+        return Vec::new();
+    };
+    let mut found: Vec<String> = entries
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|name| name.ends_with(STAGING_SUFFIX))
+        .collect();
+    found.sort();
+    found
+}
+
+/// Removes every staging pin under `pin_root` (the caller holds the pin
+/// root's lock: no other agent is resizing). Returns the names removed.
+pub fn remove_staging_pins(pin_root: &Path) -> Result<Vec<String>, ResizeError> {
+    let mut removed = Vec::new();
+    for name in staging_pins(pin_root) {
+        let path = pin_root.join(&name);
+        match fs::remove_file(&path) {
+            Ok(()) => {
+                warn!(pin = %path.display(), "removed the staging pin of an interrupted resize");
+                removed.push(name);
+            }
+            Err(error) if error.kind() == io::ErrorKind::NotFound => {}
+            Err(source) => return Err(ResizeError::Stale { path, source }),
+        }
+    }
+    Ok(removed)
 }
 
 /// The maps being resized, old and new, until [`Resize::finish`].
@@ -75,19 +113,13 @@ pub struct Copied {
 }
 
 impl Resize {
-    /// Prepares resizing the maps in `mismatches`: removes a stale staging
-    /// pin an earlier, interrupted agent left. The caller loads the object
-    /// with those maps pinned at [`staging_path`].
+    /// Prepares resizing the maps in `mismatches` (none: nothing to resize):
+    /// removes every stale staging pin an earlier, interrupted agent left,
+    /// those of maps that are not resized now included. The caller loads the
+    /// object with the maps in `mismatches` pinned at [`staging_path`].
     pub fn prepare(pin_root: &Path, mismatches: &[CapacityMismatch]) -> Result<Self, ResizeError> {
         let maps: Vec<&'static str> = mismatches.iter().map(|m| m.map).collect();
-        for map in &maps {
-            let path = staging_path(pin_root, map);
-            match fs::remove_file(&path) {
-                Ok(()) => warn!(pin = %path.display(), "removed the staging pin of an interrupted resize"),
-                Err(error) if error.kind() == io::ErrorKind::NotFound => {}
-                Err(source) => return Err(ResizeError::Stale { path, source }),
-            }
-        }
+        remove_staging_pins(pin_root)?;
         Ok(Self {
             pin_root: pin_root.to_owned(),
             maps,
@@ -193,4 +225,36 @@ fn copy_per_cpu_array<V: Pod>(old: MapData, new: MapData) -> Result<Copied, MapE
     }
     result.dropped = old_len.saturating_sub(new_len) as usize;
     Ok(result)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 25: a start killed during a resize left `_resize` pins that a
+    /// later start which did not resize never removed. (A plain directory
+    /// stands in for the bpffs: the pins are only names here.)
+    #[test]
+    fn every_stale_staging_pin_goes_at_start_whether_or_not_it_resizes() {
+        let root = std::env::temp_dir().join(format!("sb-resize-stale-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&root);
+        fs::create_dir_all(&root).expect("mkdir");
+        for name in [names::CONNTRACK, names::FRONTENDS] {
+            fs::write(root.join(name), "").expect("pin");
+        }
+        fs::write(staging_path(&root, names::CONNTRACK), "").expect("stale");
+        fs::write(staging_path(&root, names::SOCKETS6), "").expect("stale");
+        let mut want = vec![
+            format!("{}{STAGING_SUFFIX}", names::CONNTRACK),
+            format!("{}{STAGING_SUFFIX}", names::SOCKETS6),
+        ];
+        want.sort();
+        assert_eq!(staging_pins(&root), want);
+        let resize = Resize::prepare(&root, &[]).expect("prepare without resizing");
+        assert!(resize.maps().is_empty());
+        assert!(staging_pins(&root).is_empty(), "no staging pin is left");
+        assert!(root.join(names::CONNTRACK).exists() && root.join(names::FRONTENDS).exists(), "the maps stay");
+        assert!(remove_staging_pins(&root).expect("again").is_empty());
+        let _ = fs::remove_dir_all(&root);
+    }
 }

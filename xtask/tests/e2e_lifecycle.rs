@@ -291,6 +291,52 @@ fn a_capacity_change_resizes_the_maps_online_and_keeps_established_flows() {
     sb.cleanup().expect("cleanup");
 }
 
+/// Issue 25: an agent that finds a pin root of a newer format (a newer
+/// version ran there) refuses to start, naming both formats and the way
+/// out, and leaves the running data path alone; `status` reports it.
+#[test]
+fn a_pin_root_of_a_newer_format_is_refused_naming_both_versions() {
+    let mut sb = demo_sandbox_with(&[]);
+    let sw = switchboard().to_string_lossy().into_owned();
+    let stamp = sb.pin_dir.join("SB_FORMAT");
+    let ours = std::fs::read_link(&stamp).expect("the agent stamped the pin root's format");
+    let ours = ours.to_string_lossy().into_owned();
+    assert!(ours.parse::<u32>().is_ok(), "a format number: {ours:?}");
+    let before = pod_program(&sb);
+    sb.stop_agent().expect("stop the agent");
+    // A newer version's stamp.
+    let newer = "9999";
+    let fresh = sb.pin_dir.join("SB_FORMAT_new");
+    std::os::unix::fs::symlink(newer, &fresh).expect("make the newer stamp");
+    std::fs::rename(&fresh, &stamp).expect("stamp the pin root newer");
+
+    let pin = sb.pin_dir.to_string_lossy().into_owned();
+    let source = format!("dir:{}", sb.manifest_dir().display());
+    let node = sb.node_ns();
+    let out = sb
+        .exec_status(&node, &[&sw, "agent", "--source", &source, "--pin-root", &pin, "--socket-lb=false"])
+        .expect("run the agent");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a newer pin root must be refused:\n{stderr}");
+    assert!(stderr.contains(&format!("format {newer}")), "names the pin root's format:\n{stderr}");
+    assert!(stderr.contains(&format!("(format {ours})")), "names this binary's format:\n{stderr}");
+    assert!(stderr.contains("switchboard cleanup"), "names the way out:\n{stderr}");
+    assert_eq!(pod_program(&sb), before, "the running data path is left alone");
+    assert_eq!(
+        std::fs::read_link(&stamp).expect("stamp").to_string_lossy(),
+        newer,
+        "the refused agent did not restamp"
+    );
+    let status = sb
+        .exec_status(&node, &[&sw, "status", "--pin-root", &pin])
+        .expect("run status");
+    let text = String::from_utf8_lossy(&status.stdout);
+    assert!(!status.status.success(), "status fails:\n{text}");
+    assert!(text.contains(&format!("is of format {newer}, newer than this switchboard's")), "{text}");
+    eprintln!("refused: {}", stderr.lines().find(|l| l.contains("format")).unwrap_or_default());
+    sb.cleanup().expect("cleanup");
+}
+
 /// Issue 25: with umask 000 the pin and link directories were 0777 and the
 /// status and lock files 0666 (any user could unlink a link pin and detach
 /// a pod's programs). The agent sets their modes itself.
