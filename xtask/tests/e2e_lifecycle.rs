@@ -375,3 +375,41 @@ fn the_agent_sets_its_file_modes_whatever_the_umask() {
     }
     sb.cleanup().expect("cleanup");
 }
+
+/// Issue 25: a failed first start on a fresh pin root (nothing pinned
+/// before) takes away every pin it made, the link pins (and with them its
+/// programs on the pod interfaces) included.
+#[test]
+fn a_failed_first_start_leaves_no_pins() {
+    xtask::testenv::require_root();
+    let mut sb = Sandbox::for_test().expect("sandbox");
+    sb.copy_manifests(&xtask::util::repo_root().join("manifests/demo"))
+        .expect("manifests");
+    sb.start_pods(&sb_echo()).expect("pods");
+    let sw = switchboard().to_string_lossy().into_owned();
+    let pin = sb.pin_dir.to_string_lossy().into_owned();
+    let source = format!("dir:{}", sb.manifest_dir().display());
+    // The socket layer attaches last: a cgroup that does not exist fails the
+    // start once maps, pod programs and links are pinned.
+    let cgroup = sb.dir.join("no-such-cgroup").to_string_lossy().into_owned();
+    let out = sb
+        .exec_status(&sb.node_ns(), &[&sw, "agent", "--source", &source, "--pin-root", &pin, "--cgroup-root", &cgroup])
+        .expect("run the agent");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "the start must fail:\n{stderr}");
+    assert!(stderr.contains("no-such-cgroup"), "it failed where meant to:\n{stderr}");
+    assert!(stderr.contains("the pins it made are removed"), "{stderr}");
+    let left: Vec<String> = std::fs::read_dir(&sb.pin_dir)
+        .expect("read the pin root")
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        // The bpffs mount's own entries (maps.debug, progs.debug) stay.
+        .filter(|name| name.starts_with("SB_") || name == "links")
+        .collect();
+    assert!(left.is_empty(), "nothing stays pinned: {left:?}");
+    assert!(
+        !xtask::sandbox::status_file(&sb.pin_dir).exists(),
+        "no status file of an agent that never ran"
+    );
+    sb.cleanup().expect("cleanup");
+}
