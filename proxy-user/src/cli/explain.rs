@@ -924,15 +924,14 @@ mod tests {
         let mut v = view(&t, 2, ff::KIND_LOAD_BALANCER | ff::SOURCE_RANGES);
         let block: crate::cidr::IpCidr = "10.0.0.0/8".parse().expect("cidr");
         v.source_ranges.insert(SVC, vec![block]);
-        let inside = explain(&v, &query(t.clone(), Some((Ipv4Addr::new(10, 1, 2, 3), None)), Scope::External));
+        let inside = explain(&v, &query(t, Some((Ipv4Addr::new(10, 1, 2, 3), None)), Scope::External));
         assert_eq!(inside.verdict, Verdict::Forwarded);
         assert!(inside.reasons.iter().any(|r| r.contains("inside 10.0.0.0/8")), "{inside:?}");
-        let outside = explain(&v, &query(t.clone(), Some((Ipv4Addr::new(192, 0, 2, 1), None)), Scope::External));
+        let outside = explain(&v, &query(t, Some((Ipv4Addr::new(192, 0, 2, 1), None)), Scope::External));
         assert_eq!(outside.verdict, Verdict::Denied);
         assert!(render(&outside).contains("denied by loadBalancerSourceRanges"), "{}", render(&outside));
-        let node = explain(&v, &query(t.clone(), None, Scope::Internal));
+        let node = explain(&v, &query(t, None, Scope::Internal));
         assert_eq!(node.verdict, Verdict::Denied, "no block holds a node address");
-        let mut v = v;
         for slot in v.frontends.values_mut().filter(|s| s.backend_id == 0) {
             slot.flags |= ff::SOURCE_RANGES_NODE;
         }
