@@ -366,9 +366,8 @@ fn read_limited(path: &std::path::Path, limit: u64) -> Result<String, ConfigErro
             limit,
         });
     }
-    String::from_utf8(bytes).map_err(|e| {
-        read_error(std::io::Error::new(std::io::ErrorKind::InvalidData, e))
-    })
+    String::from_utf8(bytes)
+        .map_err(|e| read_error(std::io::Error::new(std::io::ErrorKind::InvalidData, e)))
 }
 
 /// `--config FILE` or `--config=FILE` among the agent's arguments.
@@ -603,7 +602,11 @@ mod tests {
             let err = Cli::try_parse_from(["x", flag, "0"])
                 .err()
                 .unwrap_or_else(|| panic!("{flag} 0 must be refused"));
-            assert_eq!(err.kind(), clap::error::ErrorKind::ValueValidation, "{flag}");
+            assert_eq!(
+                err.kind(),
+                clap::error::ErrorKind::ValueValidation,
+                "{flag}"
+            );
             let text = err.to_string();
             assert!(text.contains(flag), "the error names {flag}: {text}");
             assert!(text.contains("at least one entry"), "{text}");
@@ -620,12 +623,10 @@ mod tests {
         let path = std::env::temp_dir().join(format!("sb-config-zero-{}.yaml", std::process::id()));
         std::fs::write(&path, "kind: SwitchboardConfiguration\nmaxConntrack: 0\n").expect("write");
         let p = path.display().to_string();
-        let merged = merge_config_file(argv(&["x", "agent", "--config", &p]), &long).expect("merge");
+        let merged =
+            merge_config_file(argv(&["x", "agent", "--config", &p]), &long).expect("merge");
         let _ = std::fs::remove_file(&path);
-        let args: Vec<OsString> = merged
-            .into_iter()
-            .filter(|a| a != "agent")
-            .collect();
+        let args: Vec<OsString> = merged.into_iter().filter(|a| a != "agent").collect();
         let err = Cli::try_parse_from(args)
             .err()
             .expect("maxConntrack: 0 in the file must be refused");
@@ -651,13 +652,23 @@ mod tests {
             "{err}"
         );
         let shown = err.to_string();
-        assert!(shown.contains(&p) && shown.contains("1048576 bytes"), "{shown}");
+        assert!(
+            shown.contains(&p) && shown.contains("1048576 bytes"),
+            "{shown}"
+        );
         // Just under the limit is read (and judged on its contents).
-        assert_eq!(read_limited(std::path::Path::new("/dev/null"), 4).expect("empty"), "");
-        let small = std::env::temp_dir().join(format!("sb-config-small-{}.yaml", std::process::id()));
+        assert_eq!(
+            read_limited(std::path::Path::new("/dev/null"), 4).expect("empty"),
+            ""
+        );
+        let small =
+            std::env::temp_dir().join(format!("sb-config-small-{}.yaml", std::process::id()));
         std::fs::write(&small, "abcd").expect("write");
         assert_eq!(read_limited(&small, 4).expect("at the limit"), "abcd");
-        assert!(matches!(read_limited(&small, 3), Err(ConfigError::TooLarge { .. })));
+        assert!(matches!(
+            read_limited(&small, 3),
+            Err(ConfigError::TooLarge { .. })
+        ));
         let _ = std::fs::remove_file(&small);
     }
 

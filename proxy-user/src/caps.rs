@@ -127,7 +127,10 @@ mod tests {
     fn cap_eff_is_read_from_proc_status() {
         let status = "Name:\tswitchboard\nCapInh:\t0000000000000000\nCapPrm:\t000001ffffffffff\nCapEff:\t000000c000001000\nCapBnd:\t000001ffffffffff\n";
         let eff = parse_cap_eff(status).expect("CapEff");
-        assert_eq!(eff, (1 << CAP_BPF) | (1 << CAP_PERFMON) | (1 << CAP_NET_ADMIN));
+        assert_eq!(
+            eff,
+            (1 << CAP_BPF) | (1 << CAP_PERFMON) | (1 << CAP_NET_ADMIN)
+        );
         assert_eq!(parse_cap_eff("Name:\tx\n"), None);
         assert_eq!(parse_cap_eff("CapEff:\tzz\n"), None);
         let own = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
@@ -139,11 +142,20 @@ mod tests {
         assert_eq!(hint(ALL), None, "root lacks nothing");
         let no_bpf = hint(without(&[CAP_BPF, CAP_SYS_ADMIN])).expect("CAP_BPF");
         assert!(no_bpf.contains("CAP_BPF (creating the maps"), "{no_bpf}");
-        assert!(!no_bpf.contains("CAP_NET_ADMIN") && !no_bpf.contains("CAP_PERFMON"), "{no_bpf}");
+        assert!(
+            !no_bpf.contains("CAP_NET_ADMIN") && !no_bpf.contains("CAP_PERFMON"),
+            "{no_bpf}"
+        );
         let no_net = hint(without(&[CAP_NET_ADMIN])).expect("CAP_NET_ADMIN");
-        assert!(no_net.contains("CAP_NET_ADMIN (loading and attaching the tc and XDP programs)"), "{no_net}");
+        assert!(
+            no_net.contains("CAP_NET_ADMIN (loading and attaching the tc and XDP programs)"),
+            "{no_net}"
+        );
         let no_perfmon = hint(without(&[CAP_PERFMON, CAP_SYS_ADMIN])).expect("CAP_PERFMON");
-        assert!(no_perfmon.contains("CAP_PERFMON (the verifier's"), "{no_perfmon}");
+        assert!(
+            no_perfmon.contains("CAP_PERFMON (the verifier's"),
+            "{no_perfmon}"
+        );
         // CAP_SYS_ADMIN covers CAP_BPF and CAP_PERFMON, never CAP_NET_ADMIN.
         assert_eq!(hint(without(&[CAP_BPF, CAP_PERFMON])), None);
         let names: Vec<&str> = missing(0).iter().map(|n| n.name).collect();

@@ -82,7 +82,10 @@ pub fn open_rw(path: &Path, mode: u32) -> io::Result<File> {
 /// Writes `bytes` to `path` atomically (a temporary file beside it, moved
 /// over it): a reader sees the old file or the new one, with `mode`.
 pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
     let tmp = path.with_file_name(format!(".{name}.{}", std::process::id()));
     let write = || -> io::Result<()> {
         let mut file = OpenOptions::new()
@@ -110,7 +113,9 @@ pub fn mode_of(path: &Path) -> io::Result<u32> {
 #[cfg(test)]
 pub fn with_umask<T>(mask: u32, f: impl FnOnce() -> T) -> T {
     static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let _one = LOCK.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let _one = LOCK
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     // SAFETY: umask only swaps the process's file-creation mask; it cannot fail.
     let old = unsafe { libc::umask(mask as libc::mode_t) };
     let out = f();
@@ -145,7 +150,11 @@ mod tests {
             drop(open_rw(&lock, STATUS_FILE_MODE).expect("open"));
             assert_eq!(mode_of(&lock).expect("mode"), 0o644);
             // No temporary file is left beside the status file.
-            let names: Vec<_> = fs::read_dir(root.join("a")).expect("list").flatten().map(|e| e.file_name()).collect();
+            let names: Vec<_> = fs::read_dir(root.join("a"))
+                .expect("list")
+                .flatten()
+                .map(|e| e.file_name())
+                .collect();
             assert_eq!(names.len(), 3, "{names:?}");
         });
         let _ = fs::remove_dir_all(&root);
@@ -165,13 +174,21 @@ mod tests {
             ensure_dir(&own, PIN_DIR_MODE, Existing::Set).expect("set");
             assert_eq!(mode_of(&own).expect("mode"), 0o700);
             ensure_dir(&given, PIN_DIR_MODE, Existing::Tighten).expect("tighten");
-            assert_eq!(mode_of(&given).expect("mode"), 0o755, "only write access goes");
+            assert_eq!(
+                mode_of(&given).expect("mode"),
+                0o755,
+                "only write access goes"
+            );
             let lock = root.join("x.lock");
             fs::write(&lock, "1\n").expect("write");
             assert_eq!(mode_of(&lock).expect("mode"), 0o666);
             drop(open_rw(&lock, STATUS_FILE_MODE).expect("open"));
             assert_eq!(mode_of(&lock).expect("mode"), 0o644);
-            assert_eq!(fs::read_to_string(&lock).expect("read"), "1\n", "not truncated");
+            assert_eq!(
+                fs::read_to_string(&lock).expect("read"),
+                "1\n",
+                "not truncated"
+            );
         });
         let _ = fs::remove_dir_all(&root);
     }

@@ -24,7 +24,9 @@ pub enum LockError {
         pin_root: PathBuf,
         path: PathBuf,
     },
-    #[error("another switchboard agent (pid unknown) already manages pin root {pin_root} (lock {path})")]
+    #[error(
+        "another switchboard agent (pid unknown) already manages pin root {pin_root} (lock {path})"
+    )]
     HeldUnknown { pin_root: PathBuf, path: PathBuf },
     #[error("opening the agent lock {path}")]
     Open { path: PathBuf, source: io::Error },
@@ -108,7 +110,8 @@ fn open(path: &Path) -> Result<File, LockError> {
         source,
     };
     if let Some(dir) = path.parent() {
-        fsmode::ensure_dir(dir, fsmode::STATUS_DIR_MODE, fsmode::Existing::Set).map_err(open_error)?;
+        fsmode::ensure_dir(dir, fsmode::STATUS_DIR_MODE, fsmode::Existing::Set)
+            .map_err(open_error)?;
     }
     fsmode::open_rw(path, fsmode::STATUS_FILE_MODE).map_err(open_error)
 }
@@ -148,9 +151,15 @@ mod tests {
     fn the_lock_file_and_its_directory_get_their_modes_whatever_the_umask() {
         let pin_root = PathBuf::from(format!("/tmp/sb-lock-mode-{}/bpf", std::process::id()));
         let lock = fsmode::with_umask(0, || acquire(&pin_root)).expect("lock");
-        assert_eq!(fsmode::mode_of(lock.path()).expect("mode"), fsmode::STATUS_FILE_MODE);
+        assert_eq!(
+            fsmode::mode_of(lock.path()).expect("mode"),
+            fsmode::STATUS_FILE_MODE
+        );
         let dir = lock.path().parent().expect("dir").to_owned();
-        assert_eq!(fsmode::mode_of(&dir).expect("mode"), fsmode::STATUS_DIR_MODE);
+        assert_eq!(
+            fsmode::mode_of(&dir).expect("mode"),
+            fsmode::STATUS_DIR_MODE
+        );
         let path = lock.path().to_owned();
         drop(lock);
         let _ = std::fs::remove_file(path);

@@ -284,7 +284,9 @@ mod tests {
         assert_eq!(read_format(&root).expect("read"), Some(FORMAT));
         assert!(!stamp(&root).expect("again"), "unchanged");
         assert_eq!(
-            fs::read_link(root.join(FORMAT_PIN)).expect("link").to_string_lossy(),
+            fs::read_link(root.join(FORMAT_PIN))
+                .expect("link")
+                .to_string_lossy(),
             FORMAT.to_string()
         );
         // An older stamp is replaced.
@@ -304,7 +306,10 @@ mod tests {
         let newer = FORMAT + 1;
         std::os::unix::fs::symlink(newer.to_string(), root.join(FORMAT_PIN)).expect("stamp");
         let err = check_format(&root).expect_err("newer");
-        assert!(matches!(err, FormatError::Newer { found, .. } if found == newer), "{err}");
+        assert!(
+            matches!(err, FormatError::Newer { found, .. } if found == newer),
+            "{err}"
+        );
         let text = err.to_string();
         assert!(text.contains(&format!("format {newer}")), "{text}");
         assert!(text.contains(&format!("(format {FORMAT})")), "{text}");
@@ -312,14 +317,23 @@ mod tests {
         assert!(text.contains("that version's binary"), "{text}");
         let found = problems(&layout(&root), &root);
         assert_eq!(found.len(), 1, "{found:?}");
-        assert!(found[0].what.contains("newer than this switchboard's"), "{found:?}");
+        assert!(
+            found[0].what.contains("newer than this switchboard's"),
+            "{found:?}"
+        );
         // Junk under the stamp's name is refused too.
         fs::remove_file(root.join(FORMAT_PIN)).expect("rm");
         std::os::unix::fs::symlink("two", root.join(FORMAT_PIN)).expect("junk");
-        assert!(matches!(check_format(&root), Err(FormatError::Unreadable { .. })));
+        assert!(matches!(
+            check_format(&root),
+            Err(FormatError::Unreadable { .. })
+        ));
         fs::remove_file(root.join(FORMAT_PIN)).expect("rm");
         fs::write(root.join(FORMAT_PIN), "1").expect("a file");
-        assert!(matches!(check_format(&root), Err(FormatError::Unreadable { .. })));
+        assert!(matches!(
+            check_format(&root),
+            Err(FormatError::Unreadable { .. })
+        ));
         let _ = fs::remove_dir_all(&root);
     }
 
@@ -332,21 +346,34 @@ mod tests {
         pin(&root, &names::ALL);
         fs::create_dir(root.join("links")).expect("links");
         stamp(&root).expect("stamp");
-        assert!(problems(&layout(&root), &root).is_empty(), "{:?}", problems(&layout(&root), &root));
+        assert!(
+            problems(&layout(&root), &root).is_empty(),
+            "{:?}",
+            problems(&layout(&root), &root)
+        );
         // Leftovers of older layouts, a V4 table to migrate, a stale resize.
         pin(&root, &["SB_CT_V2", "SB_STATS_V1", names::CONNTRACK_V4]);
-        pin(&root, &[&format!("{}{}", names::CONNTRACK, resize::STAGING_SUFFIX)]);
+        pin(
+            &root,
+            &[&format!("{}{}", names::CONNTRACK, resize::STAGING_SUFFIX)],
+        );
         let found = layout(&root);
         assert_eq!(found.unknown, ["SB_CT_V2", "SB_STATS_V1"]);
         assert_eq!(found.to_migrate, [names::CONNTRACK_V4]);
         assert_eq!(found.staging, [format!("{}_resize", names::CONNTRACK)]);
-        let what: Vec<String> = problems(&found, &root).into_iter().map(|p| p.what).collect();
+        let what: Vec<String> = problems(&found, &root)
+            .into_iter()
+            .map(|p| p.what)
+            .collect();
         assert_eq!(what.len(), 3, "{what:?}");
         assert!(what[1].contains("SB_CT_V2, SB_STATS_V1"), "{what:?}");
         assert!(what[2].contains("_resize"), "{what:?}");
         // Maps without a stamp: written by an agent from before format versions.
         remove_stamp(&root).expect("unstamp");
-        let what: Vec<String> = problems(&layout(&root), &root).into_iter().map(|p| p.what).collect();
+        let what: Vec<String> = problems(&layout(&root), &root)
+            .into_iter()
+            .map(|p| p.what)
+            .collect();
         assert!(what[0].contains("no format stamp"), "{what:?}");
         let _ = fs::remove_dir_all(&root);
     }
@@ -359,11 +386,32 @@ mod tests {
         let recorded: (u32, &[&str]) = (
             1,
             &[
-                "SB_FE_V1", "SB_BE_V1", "SB_CT_V5", "SB_RNAT_V1", "SB_SVC_STATS_V1", "SB_STATS_V5",
-                "SB_AFFINITY_V1", "SB_SOCK_V1", "SB_SOCK_AFFINITY_V1", "SB_CONFIG_V1", "SB_TAIL_V1",
-                "SB_UPLINK_V1", "SB_MAGLEV_V1", "SB_FRAG_V1", "SB_FE6_V1", "SB_BE6_V1", "SB_CT6_V1",
-                "SB_RNAT6_V1", "SB_AFFINITY6_V1", "SB_SOCK6_V1", "SB_FRAG6_V1", "SB_TAIL6_V1",
-                "SB_UPLINK6_V1", "SB_XDP_TAIL6_V1", "SB_SRC_RANGE_V1", "SB_SRC_RANGE6_V1",
+                "SB_FE_V1",
+                "SB_BE_V1",
+                "SB_CT_V5",
+                "SB_RNAT_V1",
+                "SB_SVC_STATS_V1",
+                "SB_STATS_V5",
+                "SB_AFFINITY_V1",
+                "SB_SOCK_V1",
+                "SB_SOCK_AFFINITY_V1",
+                "SB_CONFIG_V1",
+                "SB_TAIL_V1",
+                "SB_UPLINK_V1",
+                "SB_MAGLEV_V1",
+                "SB_FRAG_V1",
+                "SB_FE6_V1",
+                "SB_BE6_V1",
+                "SB_CT6_V1",
+                "SB_RNAT6_V1",
+                "SB_AFFINITY6_V1",
+                "SB_SOCK6_V1",
+                "SB_FRAG6_V1",
+                "SB_TAIL6_V1",
+                "SB_UPLINK6_V1",
+                "SB_XDP_TAIL6_V1",
+                "SB_SRC_RANGE_V1",
+                "SB_SRC_RANGE6_V1",
                 "SB_SVC_DENIED_V1",
             ],
         );

@@ -24,8 +24,8 @@ use aya::{
     Pod,
 };
 use proxy_common::{
-    names, Backend, Backend6, CtEntry, CtEntry6, CtKey, CtKey6, FrontendSlot, FrontendKey, FrontendKey6, RevNat, RevNat6,
-    SockEntry, SockEntry6, SockKey, SockKey6, SvcStats,
+    names, Backend, Backend6, CtEntry, CtEntry6, CtKey, CtKey6, FrontendKey, FrontendKey6,
+    FrontendSlot, RevNat, RevNat6, SockEntry, SockEntry6, SockKey, SockKey6, SvcStats,
 };
 use tracing::{info, warn};
 
@@ -48,10 +48,7 @@ pub enum ResizeError {
         source: io::Error,
     },
     #[error("copying the entries of map {map} into its resized copy")]
-    Copy {
-        map: &'static str,
-        source: MapError,
-    },
+    Copy { map: &'static str, source: MapError },
     #[error("map {map} cannot be resized online")]
     Unsupported { map: &'static str },
 }
@@ -142,7 +139,12 @@ impl Resize {
             let new = self.open(map, &staging_path(&self.pin_root, map))?;
             let copied = copy_map(map, old, new, overwrite)?;
             if copied.dropped > 0 {
-                warn!(map, copied = copied.copied, dropped = copied.dropped, "the resized map is too small for every entry");
+                warn!(
+                    map,
+                    copied = copied.copied,
+                    dropped = copied.dropped,
+                    "the resized map is too small for every entry"
+                );
             }
             done.push((map, copied));
         }
@@ -169,7 +171,12 @@ impl Resize {
     }
 }
 
-fn copy_map(map: &'static str, old: MapData, new: MapData, overwrite: bool) -> Result<Copied, ResizeError> {
+fn copy_map(
+    map: &'static str,
+    old: MapData,
+    new: MapData,
+    overwrite: bool,
+) -> Result<Copied, ResizeError> {
     let copied = match map {
         names::FRONTENDS => copy_hash::<FrontendKey, FrontendSlot>(old, new, overwrite),
         names::BACKENDS => copy_hash::<u32, Backend>(old, new, overwrite),
@@ -189,7 +196,11 @@ fn copy_map(map: &'static str, old: MapData, new: MapData, overwrite: bool) -> R
 }
 
 /// Copies a hash (or LRU hash) map entry by entry.
-fn copy_hash<K: Pod, V: Pod>(old: MapData, new: MapData, overwrite: bool) -> Result<Copied, MapError> {
+fn copy_hash<K: Pod, V: Pod>(
+    old: MapData,
+    new: MapData,
+    overwrite: bool,
+) -> Result<Copied, MapError> {
     let old: HashMap<MapData, K, V> = HashMap::try_from(aya::maps::Map::from_map_data(old)?)?;
     let mut new: HashMap<MapData, K, V> = HashMap::try_from(aya::maps::Map::from_map_data(new)?)?;
     // BPF_ANY overwrites, BPF_NOEXIST keeps what the new programs wrote.
@@ -214,7 +225,8 @@ fn copy_hash<K: Pod, V: Pod>(old: MapData, new: MapData, overwrite: bool) -> Res
 /// Copies a per-CPU array index by index, as far as the smaller one reaches.
 fn copy_per_cpu_array<V: Pod>(old: MapData, new: MapData) -> Result<Copied, MapError> {
     let old: PerCpuArray<MapData, V> = PerCpuArray::try_from(aya::maps::Map::from_map_data(old)?)?;
-    let mut new: PerCpuArray<MapData, V> = PerCpuArray::try_from(aya::maps::Map::from_map_data(new)?)?;
+    let mut new: PerCpuArray<MapData, V> =
+        PerCpuArray::try_from(aya::maps::Map::from_map_data(new)?)?;
     let (old_len, new_len) = (old.len(), new.len());
     let mut result = Copied::default();
     for index in 0..old_len.min(new_len) {
@@ -253,7 +265,10 @@ mod tests {
         let resize = Resize::prepare(&root, &[]).expect("prepare without resizing");
         assert!(resize.maps().is_empty());
         assert!(staging_pins(&root).is_empty(), "no staging pin is left");
-        assert!(root.join(names::CONNTRACK).exists() && root.join(names::FRONTENDS).exists(), "the maps stay");
+        assert!(
+            root.join(names::CONNTRACK).exists() && root.join(names::FRONTENDS).exists(),
+            "the maps stay"
+        );
         assert!(remove_staging_pins(&root).expect("again").is_empty());
         let _ = fs::remove_dir_all(&root);
     }

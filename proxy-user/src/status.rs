@@ -160,7 +160,10 @@ mod tests {
         };
         fsmode::with_umask(0, || write(&pin_root, &status)).expect("write");
         let path = status_path(&pin_root);
-        assert_eq!(fsmode::mode_of(&path).expect("mode"), fsmode::STATUS_FILE_MODE);
+        assert_eq!(
+            fsmode::mode_of(&path).expect("mode"),
+            fsmode::STATUS_FILE_MODE
+        );
         assert_eq!(
             fsmode::mode_of(path.parent().expect("dir")).expect("mode"),
             fsmode::STATUS_DIR_MODE

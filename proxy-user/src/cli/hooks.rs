@@ -63,7 +63,9 @@ impl IfaceHooks {
 
     /// Whether XDP `program` is attached.
     pub fn has_xdp(&self, program: &str) -> bool {
-        self.xdp.as_ref().is_some_and(|(p, _)| same_program(p, program))
+        self.xdp
+            .as_ref()
+            .is_some_and(|(p, _)| same_program(p, program))
     }
 
     /// `tc ingress sb_from_pod, tcx egress sb_to_pod, xdp native sb_xdp_uplink`.
@@ -121,8 +123,8 @@ pub struct NetView {
 
 /// Opens a netlink connection on the current runtime.
 pub fn connect() -> anyhow::Result<rtnetlink::Handle> {
-    let (connection, handle, _) =
-        rtnetlink::new_connection().map_err(|e| anyhow::anyhow!("opening a netlink socket: {e}"))?;
+    let (connection, handle, _) = rtnetlink::new_connection()
+        .map_err(|e| anyhow::anyhow!("opening a netlink socket: {e}"))?;
     tokio::spawn(connection);
     Ok(handle)
 }
@@ -179,7 +181,10 @@ fn program_names() -> Result<HashMap<u32, String>, ProgramError> {
 
 /// The hooks of `link`, and the error when the kernel refused to tell its
 /// TCX programs.
-fn iface_hooks(link: &LinkMessage, names: &HashMap<u32, String>) -> (IfaceHooks, Option<ProgramError>) {
+fn iface_hooks(
+    link: &LinkMessage,
+    names: &HashMap<u32, String>,
+) -> (IfaceHooks, Option<ProgramError>) {
     let name = link
         .attributes
         .iter()
@@ -233,7 +238,10 @@ fn xdp_program(link: &LinkMessage, names: &HashMap<u32, String>) -> Option<(Stri
         }
     }
     let id = id.filter(|id| *id != 0)?;
-    let name = names.get(&id).cloned().unwrap_or_else(|| format!("id {id}"));
+    let name = names
+        .get(&id)
+        .cloned()
+        .unwrap_or_else(|| format!("id {id}"));
     Some((name, mode.unwrap_or("?").to_owned()))
 }
 
@@ -432,13 +440,34 @@ mod tests {
     #[test]
     fn longest_prefix_wins() {
         let routes = [
-            Route4 { dst: Ipv4Addr::UNSPECIFIED, prefix: 0, oif: 1 },
-            Route4 { dst: Ipv4Addr::new(10, 244, 1, 0), prefix: 24, oif: 5 },
-            Route4 { dst: Ipv4Addr::new(10, 244, 1, 7), prefix: 32, oif: 9 },
+            Route4 {
+                dst: Ipv4Addr::UNSPECIFIED,
+                prefix: 0,
+                oif: 1,
+            },
+            Route4 {
+                dst: Ipv4Addr::new(10, 244, 1, 0),
+                prefix: 24,
+                oif: 5,
+            },
+            Route4 {
+                dst: Ipv4Addr::new(10, 244, 1, 7),
+                prefix: 32,
+                oif: 9,
+            },
         ];
-        assert_eq!(route_to(&routes, Ipv4Addr::new(10, 244, 1, 2)).map(|r| r.oif), Some(5));
-        assert_eq!(route_to(&routes, Ipv4Addr::new(10, 244, 1, 7)).map(|r| r.oif), Some(9));
-        assert_eq!(route_to(&routes, Ipv4Addr::new(192, 0, 2, 1)).map(|r| r.oif), Some(1));
+        assert_eq!(
+            route_to(&routes, Ipv4Addr::new(10, 244, 1, 2)).map(|r| r.oif),
+            Some(5)
+        );
+        assert_eq!(
+            route_to(&routes, Ipv4Addr::new(10, 244, 1, 7)).map(|r| r.oif),
+            Some(9)
+        );
+        assert_eq!(
+            route_to(&routes, Ipv4Addr::new(192, 0, 2, 1)).map(|r| r.oif),
+            Some(1)
+        );
         assert_eq!(route_to(&routes[1..], Ipv4Addr::new(192, 0, 2, 1)), None);
     }
 
@@ -469,7 +498,10 @@ mod tests {
                 io_error: std::io::Error::from_raw_os_error(errno),
             })
         };
-        assert_eq!(unreadable(&refused(libc::EPERM)).as_deref(), Some(CANNOT_INSPECT));
+        assert_eq!(
+            unreadable(&refused(libc::EPERM)).as_deref(),
+            Some(CANNOT_INSPECT)
+        );
         assert_eq!(unreadable(&refused(libc::ENOENT)), None);
         assert!(CANNOT_INSPECT.contains("need CAP_SYS_ADMIN or root"));
     }

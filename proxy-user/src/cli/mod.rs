@@ -153,7 +153,9 @@ pub enum Output {
 /// Opens the pinned maps for a CLI command. An agent older than IPv6 (still
 /// running under a newer binary) has no IPv6 maps pinned: the command goes on
 /// with the IPv4 ones, and a note says so on stderr (stdout stays parseable).
-pub fn open_maps(pin_root: &std::path::Path) -> Result<crate::maps::PinnedMaps, crate::maps::MapsError> {
+pub fn open_maps(
+    pin_root: &std::path::Path,
+) -> Result<crate::maps::PinnedMaps, crate::maps::MapsError> {
     let maps = crate::maps::PinnedMaps::open_tolerant(pin_root)?;
     if let Some(note) = maps.ipv6_note() {
         eprintln!("{note}");
@@ -179,9 +181,13 @@ impl Done {
 /// command found a problem (see the module documentation).
 pub fn run(command: Command) -> anyhow::Result<()> {
     let done = match command {
-        Command::Services { common } => Done::ok(services(&common.pin_root, common.output == Output::Json)?),
+        Command::Services { common } => {
+            Done::ok(services(&common.pin_root, common.output == Output::Json)?)
+        }
         Command::Verify { common } => verify::run(&common)?,
-        Command::Stats { common } => Done::ok(stats(&common.pin_root, common.output == Output::Json)?),
+        Command::Stats { common } => {
+            Done::ok(stats(&common.pin_root, common.output == Output::Json)?)
+        }
         Command::Status { common } => status::run(&common)?,
         Command::Explain {
             target,
@@ -277,10 +283,16 @@ mod tests {
 
     #[test]
     fn a_reader_that_left_ends_the_output_quietly() {
-        let mut pipe = ClosedAfter { room: 6, taken: Vec::new() };
+        let mut pipe = ClosedAfter {
+            room: 6,
+            taken: Vec::new(),
+        };
         write_out(&mut pipe, "line 1\nline 2\n").expect("EPIPE is a normal end");
         assert_eq!(pipe.taken, b"line 1\n"[..6]);
-        let mut full = ClosedAfter { room: usize::MAX, taken: Vec::new() };
+        let mut full = ClosedAfter {
+            room: usize::MAX,
+            taken: Vec::new(),
+        };
         write_out(&mut full, "all\n").expect("write");
         assert_eq!(full.taken, b"all\n");
     }

@@ -600,8 +600,14 @@ mod tests {
             }],
             ..AgentStatus::default()
         };
-        let mut rows = interface_rows(Some(&status), &[iface("p1", 4, true), iface("eth0", 2, false)]);
-        assert!(rows.iter().all(|r| !r.missing.is_empty()), "as it was: every interface missing");
+        let mut rows = interface_rows(
+            Some(&status),
+            &[iface("p1", 4, true), iface("eth0", 2, false)],
+        );
+        assert!(
+            rows.iter().all(|r| !r.missing.is_empty()),
+            "as it was: every interface missing"
+        );
         mark_unknown(&mut rows);
         let report = StatusReport {
             pin_root: "/sys/fs/bpf/switchboard".into(),
