@@ -22,7 +22,7 @@ use crate::{
     maps::PinnedMaps,
     metrics::{self, SyncObserver},
     model::{self, Model},
-    resize, socketlb,
+    pinroot, resize, socketlb,
     source::{self, cluster, dir, FeedRx},
     status::{self, AgentStatus},
     sync::Syncer,
@@ -107,7 +107,12 @@ const RESCAN: Duration = Duration::from_secs(2);
 pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
     // Before the lock: a refused pin root leaves no lock file behind.
     ebpf::check_pin_root(&config.pin_root)?;
+    // A newer version's pin root is refused before anything is touched.
+    let format = pinroot::check_format(&config.pin_root)?;
     let lock = lock::acquire(&config.pin_root)?;
+    // On a pin root with nothing pinned yet, a start that fails takes away
+    // what it pinned.
+    let mut first_start = FirstStart::new(&config.pin_root);
     // /healthz and /livez answer from here on, while the source lists: the
     // start counts as a queued change (see `health`).
     let proxy_health = ProxyHealth::new(health::HEALTH_TIMEOUT);
@@ -142,6 +147,13 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
 
     let mut ebpf = ebpf::load(&config.pin_root, &capacities, resize.maps())
         .context("loading the eBPF programs")?;
+    if pinroot::stamp(&config.pin_root).context("recording the pin root's format")? {
+        info!(
+            format = pinroot::FORMAT,
+            previous = ?format,
+            "pin root format recorded"
+        );
+    }
     if !resize.maps().is_empty() {
         let copied = resize
             .copy(true)
@@ -263,6 +275,7 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
     conntrack::spawn(&config.pin_root, config.conntrack_timeouts, gc_metrics)
         .context("starting the connection-tracking collector")?;
 
+    first_start.succeeded();
     info!(
         interfaces = attacher.attached(),
         uplinks = uplink_status.len(),
@@ -312,6 +325,78 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
     info!("agent stopping; programs and maps stay in place");
     drop(lock);
     Ok(())
+}
+
+/// The first start on a pin root (nothing of switchboard's pinned there):
+/// if it fails, dropping this removes every pin it made (maps, links, the
+/// format stamp) and the status file, so that the pin root is as it was.
+/// A start on a pin root with pins leaves them: the data path they hold
+/// keeps forwarding.
+struct FirstStart {
+    pin_root: PathBuf,
+    /// Whether the pin root was empty and the start has not yet succeeded.
+    armed: bool,
+    /// Whether the status file was there before (then it stays).
+    had_status: bool,
+}
+
+impl FirstStart {
+    fn new(pin_root: &std::path::Path) -> Self {
+        let ours = |dir: &std::path::Path, all: bool| {
+            std::fs::read_dir(dir).map_or(0, |entries| {
+                entries
+                    .flatten()
+                    .filter(|e| all || e.file_name().to_string_lossy().starts_with("SB_"))
+                    .count()
+            })
+        };
+        Self {
+            pin_root: pin_root.to_owned(),
+            armed: ours(pin_root, false) == 0 && ours(&pin_root.join("links"), true) == 0,
+            had_status: status::status_path(pin_root).exists(),
+        }
+    }
+
+    fn succeeded(&mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for FirstStart {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let removed = remove_pins(&self.pin_root);
+        if !self.had_status {
+            let _ = std::fs::remove_file(status::status_path(&self.pin_root));
+        }
+        if removed > 0 {
+            warn!(removed, pin_root = %self.pin_root.display(), "the first start on this pin root failed: the pins it made are removed");
+        }
+    }
+}
+
+/// Removes the link pins (detaching their programs), the `links`
+/// directory and every `SB_` pin under `pin_root`; returns how many pins
+/// went. Failures are logged: this runs on the way out of a failed start.
+fn remove_pins(pin_root: &std::path::Path) -> usize {
+    let mut removed = 0;
+    let mut remove = |path: &std::path::Path| match std::fs::remove_file(path) {
+        Ok(()) => removed += 1,
+        Err(error) => warn!(pin = %path.display(), %error, "could not remove a pin"),
+    };
+    let links = pin_root.join("links");
+    for entry in std::fs::read_dir(&links).into_iter().flatten().flatten() {
+        remove(&entry.path());
+    }
+    for entry in std::fs::read_dir(pin_root).into_iter().flatten().flatten() {
+        if entry.file_name().to_string_lossy().starts_with("SB_") {
+            remove(&entry.path());
+        }
+    }
+    let _ = std::fs::remove_dir(&links);
+    removed
 }
 
 /// Opens the source and waits for its first complete view. A source that

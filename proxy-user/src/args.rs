@@ -36,15 +36,15 @@ pub struct AgentArgs {
     #[arg(long, default_value = DEFAULT_PIN_ROOT, env = "SWITCHBOARD_PIN_ROOT")]
     pub pin_root: PathBuf,
     /// Capacity of the frontend map (one entry per service port plus one per backend).
-    #[arg(long, default_value_t = Capacities::default().frontends)]
+    #[arg(long, default_value_t = Capacities::default().frontends, value_parser = capacity)]
     pub max_frontend_entries: u32,
     /// Capacity of the backend map.
-    #[arg(long, default_value_t = Capacities::default().backends)]
+    #[arg(long, default_value_t = Capacities::default().backends, value_parser = capacity)]
     pub max_backends: u32,
     /// Capacity of the connection-tracking map (two entries per flow;
     /// preallocated). When it is full a new flow's packet is dropped and
     /// counted (`ct_full`); tracked flows are never evicted for new ones.
-    #[arg(long, default_value_t = Capacities::default().conntrack)]
+    #[arg(long, default_value_t = Capacities::default().conntrack, value_parser = capacity)]
     pub max_conntrack: u32,
     /// How long an idle established TCP connection stays tracked
     /// (kube-proxy's flag). Durations as kube-proxy writes them: `24h0m0s`,
@@ -73,7 +73,7 @@ pub struct AgentArgs {
     #[arg(long, value_name = "DURATION", default_value = "120s", value_parser = parse_duration)]
     pub conntrack_udp_timeout_stream: Duration,
     /// Number of service ports (service ids).
-    #[arg(long, default_value_t = Capacities::default().services)]
+    #[arg(long, default_value_t = Capacities::default().services, value_parser = capacity)]
     pub max_services: u32,
     /// The most endpoints one service port gets (up to 16380, what the data
     /// path and a Maglev table can index). A Service port with more is
@@ -151,6 +151,16 @@ pub struct AgentArgs {
     /// taken for dead and restarted.
     #[arg(long, value_name = "SECONDS", default_value_t = 290, value_parser = clap::value_parser!(u64).range(1..))]
     pub watch_timeout: u64,
+}
+
+/// A map capacity (`--max-*`): at least one entry. The kernel refuses a map
+/// of none, and that error would name the map rather than the flag.
+fn capacity(text: &str) -> Result<u32, String> {
+    match text.parse::<u32>() {
+        Ok(0) => Err("a map needs room for at least one entry".to_owned()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(format!("{text:?} is not a number of entries: {e}")),
+    }
 }
 
 /// A listen address, or none (the empty string turns the server off).
@@ -265,8 +275,14 @@ impl AgentArgs {
 /// The `kind` a config file must have.
 pub const CONFIG_KIND: &str = "SwitchboardConfiguration";
 
+/// The largest config file read (the settings are a few kilobytes; a file
+/// beyond this is refused before it is read whole).
+pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
+
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
+    #[error("config file {path} is larger than {limit} bytes (the most switchboard reads); is it the right file?")]
+    TooLarge { path: PathBuf, limit: u64 },
     #[error("reading the config file {path}")]
     Read {
         path: PathBuf,
@@ -312,10 +328,7 @@ pub fn merge_config_file(
     let Some(path) = config_path(&argv[agent_at + 1..]) else {
         return Ok(argv);
     };
-    let text = std::fs::read_to_string(&path).map_err(|source| ConfigError::Read {
-        path: path.clone(),
-        source,
-    })?;
+    let text = read_limited(&path, MAX_CONFIG_BYTES)?;
     let from_file = config_flags(&path, &text, long_flags)?;
     let given: Vec<String> = argv[agent_at + 1..]
         .iter()
@@ -331,6 +344,30 @@ pub fn merge_config_file(
     }
     merged.extend_from_slice(&argv[agent_at + 1..]);
     Ok(merged)
+}
+
+/// The text of `path`, refused when longer than `limit` bytes: at most
+/// `limit + 1` bytes are read, whatever the file (a pipe or a device
+/// has no size to check beforehand).
+fn read_limited(path: &std::path::Path, limit: u64) -> Result<String, ConfigError> {
+    use std::io::Read as _;
+    let read_error = |source| ConfigError::Read {
+        path: path.to_owned(),
+        source,
+    };
+    let file = std::fs::File::open(path).map_err(read_error)?;
+    let mut bytes = Vec::new();
+    file.take(limit.saturating_add(1))
+        .read_to_end(&mut bytes)
+        .map_err(read_error)?;
+    if bytes.len() as u64 > limit {
+        return Err(ConfigError::TooLarge {
+            path: path.to_owned(),
+            limit,
+        });
+    }
+    String::from_utf8(bytes)
+        .map_err(|e| read_error(std::io::Error::new(std::io::ErrorKind::InvalidData, e)))
 }
 
 /// `--config FILE` or `--config=FILE` among the agent's arguments.
@@ -544,6 +581,95 @@ mod tests {
         );
         let out = with_file("kind: SwitchboardConfiguration\nxdpMode: auto\n", &[]).expect("merge");
         assert!(out.iter().any(|a| a == "--xdp-mode=auto"), "{out:?}");
+    }
+
+    /// Issue 25: a zero capacity is refused when the flags are read (on
+    /// the command line or from the file), naming the flag.
+    #[test]
+    fn zero_capacities_are_refused_naming_the_flag() {
+        use clap::{CommandFactory as _, Parser as _};
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            agent: AgentArgs,
+        }
+        for flag in [
+            "--max-conntrack",
+            "--max-services",
+            "--max-frontend-entries",
+            "--max-backends",
+        ] {
+            let err = Cli::try_parse_from(["x", flag, "0"])
+                .err()
+                .unwrap_or_else(|| panic!("{flag} 0 must be refused"));
+            assert_eq!(
+                err.kind(),
+                clap::error::ErrorKind::ValueValidation,
+                "{flag}"
+            );
+            let text = err.to_string();
+            assert!(text.contains(flag), "the error names {flag}: {text}");
+            assert!(text.contains("at least one entry"), "{text}");
+            assert!(Cli::try_parse_from(["x", flag, "1"]).is_ok(), "{flag} 1");
+        }
+        let caps = Cli::try_parse_from(["x"]).expect("defaults").agent;
+        assert_eq!(caps.max_conntrack, Capacities::default().conntrack);
+        // From the file: the setting becomes the flag, refused alike.
+        let long: Vec<String> = Cli::command()
+            .get_arguments()
+            .filter_map(|a| a.get_long())
+            .map(str::to_owned)
+            .collect();
+        let path = std::env::temp_dir().join(format!("sb-config-zero-{}.yaml", std::process::id()));
+        std::fs::write(&path, "kind: SwitchboardConfiguration\nmaxConntrack: 0\n").expect("write");
+        let p = path.display().to_string();
+        let merged =
+            merge_config_file(argv(&["x", "agent", "--config", &p]), &long).expect("merge");
+        let _ = std::fs::remove_file(&path);
+        let args: Vec<OsString> = merged.into_iter().filter(|a| a != "agent").collect();
+        let err = Cli::try_parse_from(args)
+            .err()
+            .expect("maxConntrack: 0 in the file must be refused");
+        assert!(err.to_string().contains("--max-conntrack"), "{err}");
+    }
+
+    /// Issue 25: a config file above the limit is refused before it is read
+    /// whole, naming the file and the limit.
+    #[test]
+    fn a_config_file_above_the_limit_is_refused_by_name() {
+        let path = std::env::temp_dir().join(format!("sb-config-big-{}.yaml", std::process::id()));
+        let mut text = String::from("kind: SwitchboardConfiguration\nuplink:\n");
+        while (text.len() as u64) <= MAX_CONFIG_BYTES {
+            text.push_str("- eth0\n");
+        }
+        std::fs::write(&path, &text).expect("write");
+        let p = path.display().to_string();
+        let err = merge_config_file(argv(&["switchboard", "agent", "--config", &p]), &flags())
+            .expect_err("too large");
+        let _ = std::fs::remove_file(&path);
+        assert!(
+            matches!(err, ConfigError::TooLarge { ref path, limit } if *path == std::path::Path::new(&p) && limit == MAX_CONFIG_BYTES),
+            "{err}"
+        );
+        let shown = err.to_string();
+        assert!(
+            shown.contains(&p) && shown.contains("1048576 bytes"),
+            "{shown}"
+        );
+        // Just under the limit is read (and judged on its contents).
+        assert_eq!(
+            read_limited(std::path::Path::new("/dev/null"), 4).expect("empty"),
+            ""
+        );
+        let small =
+            std::env::temp_dir().join(format!("sb-config-small-{}.yaml", std::process::id()));
+        std::fs::write(&small, "abcd").expect("write");
+        assert_eq!(read_limited(&small, 4).expect("at the limit"), "abcd");
+        assert!(matches!(
+            read_limited(&small, 3),
+            Err(ConfigError::TooLarge { .. })
+        ));
+        let _ = std::fs::remove_file(&small);
     }
 
     #[test]

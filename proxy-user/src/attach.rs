@@ -351,7 +351,12 @@ fn attach_tcx(
     link_dir: &Path,
     hooks: &[Hook],
 ) -> Result<(), AttachError> {
-    fs::create_dir_all(link_dir).map_err(|source| AttachError::LinkDir {
+    crate::fsmode::ensure_dir(
+        link_dir,
+        crate::fsmode::PIN_DIR_MODE,
+        crate::fsmode::Existing::Set,
+    )
+    .map_err(|source| AttachError::LinkDir {
         path: link_dir.to_owned(),
         source,
     })?;

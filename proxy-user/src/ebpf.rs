@@ -4,7 +4,7 @@
 //! exists is reused rather than recreated, so a restarted agent keeps the
 //! frontends, backends and connection-tracking state the kernel is using.
 use std::{
-    fs, io,
+    io,
     path::{Path, PathBuf},
 };
 
@@ -100,7 +100,8 @@ pub fn check_pin_root(pin_root: &Path) -> Result<(), LoadError> {
             path: pin_root.to_owned(),
         });
     }
-    fs::create_dir_all(pin_root).map_err(|source| LoadError::CreatePinRoot {
+    // Only root may add or remove pins, whatever the umask.
+    crate::fsmode::ensure_dir(pin_root, crate::fsmode::PIN_DIR_MODE, crate::fsmode::Existing::Tighten).map_err(|source| LoadError::CreatePinRoot {
         path: pin_root.to_owned(),
         source,
     })

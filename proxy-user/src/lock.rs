@@ -4,7 +4,7 @@
 //! blocks its successor. The file holds the holder's PID for the error a
 //! second agent prints and for `switchboard status` / `doctor`.
 use std::{
-    fs::{self, File, OpenOptions},
+    fs::File,
     io::{self, Read as _, Seek as _, Write as _},
     path::{Path, PathBuf},
 };
@@ -14,7 +14,7 @@ use nix::{
     fcntl::{Flock, FlockArg},
 };
 
-use crate::status;
+use crate::{fsmode, status};
 
 #[derive(Debug, thiserror::Error)]
 pub enum LockError {
@@ -24,7 +24,9 @@ pub enum LockError {
         pin_root: PathBuf,
         path: PathBuf,
     },
-    #[error("another switchboard agent (pid unknown) already manages pin root {pin_root} (lock {path})")]
+    #[error(
+        "another switchboard agent (pid unknown) already manages pin root {pin_root} (lock {path})"
+    )]
     HeldUnknown { pin_root: PathBuf, path: PathBuf },
     #[error("opening the agent lock {path}")]
     Open { path: PathBuf, source: io::Error },
@@ -108,15 +110,10 @@ fn open(path: &Path) -> Result<File, LockError> {
         source,
     };
     if let Some(dir) = path.parent() {
-        fs::create_dir_all(dir).map_err(open_error)?;
+        fsmode::ensure_dir(dir, fsmode::STATUS_DIR_MODE, fsmode::Existing::Set)
+            .map_err(open_error)?;
     }
-    OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(path)
-        .map_err(open_error)
+    fsmode::open_rw(path, fsmode::STATUS_FILE_MODE).map_err(open_error)
 }
 
 fn read_pid(file: &mut File) -> Option<u32> {
@@ -146,6 +143,25 @@ mod tests {
         assert_eq!(holder(&pin_root), None);
         let again = acquire(&pin_root).expect("lock after release");
         drop(again);
-        let _ = fs::remove_file(path);
+        let _ = std::fs::remove_file(path);
+    }
+
+    /// Issue 25: with umask 000 the lock file was 0666.
+    #[test]
+    fn the_lock_file_and_its_directory_get_their_modes_whatever_the_umask() {
+        let pin_root = PathBuf::from(format!("/tmp/sb-lock-mode-{}/bpf", std::process::id()));
+        let lock = fsmode::with_umask(0, || acquire(&pin_root)).expect("lock");
+        assert_eq!(
+            fsmode::mode_of(lock.path()).expect("mode"),
+            fsmode::STATUS_FILE_MODE
+        );
+        let dir = lock.path().parent().expect("dir").to_owned();
+        assert_eq!(
+            fsmode::mode_of(&dir).expect("mode"),
+            fsmode::STATUS_DIR_MODE
+        );
+        let path = lock.path().to_owned();
+        drop(lock);
+        let _ = std::fs::remove_file(path);
     }
 }

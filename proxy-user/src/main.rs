@@ -44,7 +44,10 @@ fn main() -> anyhow::Result<()> {
                 .enable_all()
                 .build()
                 .context("starting the async runtime")?;
-            runtime.block_on(agent::run(config))
+            // A permission error names the capabilities this process lacks.
+            runtime
+                .block_on(agent::run(config))
+                .map_err(proxy_user::caps::name_missing)
         }
         Command::Ops(command) => cli::run(command),
     }

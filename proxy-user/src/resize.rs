@@ -11,8 +11,9 @@
 //! entry count keeps what fits; the rest is counted and said.
 //!
 //! An agent that dies half-way leaves the old pin in place (the next start
-//! removes the stale `_resize` pin and starts over), so the maps a restart
-//! adopts are always the ones under their own names.
+//! removes every stale `_resize` pin, whether or not it resizes, and starts
+//! over), so the maps a restart adopts are always the ones under their own
+//! names.
 use std::{
     fs, io,
     path::{Path, PathBuf},
@@ -23,8 +24,8 @@ use aya::{
     Pod,
 };
 use proxy_common::{
-    names, Backend, Backend6, CtEntry, CtEntry6, CtKey, CtKey6, FrontendSlot, FrontendKey, FrontendKey6, RevNat, RevNat6,
-    SockEntry, SockEntry6, SockKey, SockKey6, SvcStats,
+    names, Backend, Backend6, CtEntry, CtEntry6, CtKey, CtKey6, FrontendKey, FrontendKey6,
+    FrontendSlot, RevNat, RevNat6, SockEntry, SockEntry6, SockKey, SockKey6, SvcStats,
 };
 use tracing::{info, warn};
 
@@ -47,17 +48,51 @@ pub enum ResizeError {
         source: io::Error,
     },
     #[error("copying the entries of map {map} into its resized copy")]
-    Copy {
-        map: &'static str,
-        source: MapError,
-    },
+    Copy { map: &'static str, source: MapError },
     #[error("map {map} cannot be resized online")]
     Unsupported { map: &'static str },
 }
 
+/// What a staging pin's name ends with.
+pub const STAGING_SUFFIX: &str = "_resize";
+
 /// Where the new map of `map` is pinned until it replaces the old one.
 pub fn staging_path(pin_root: &Path, map: &str) -> PathBuf {
-    pin_root.join(format!("{map}_resize"))
+    pin_root.join(format!("{map}{STAGING_SUFFIX}"))
+}
+
+/// The staging pins under `pin_root`, by name (sorted). With no agent
+/// resizing, each is left by one that died during a resize: a whole map,
+/// locked in kernel memory, that nothing uses.
+pub fn staging_pins(pin_root: &Path) -> Vec<String> {
+    let Ok(entries) = fs::read_dir(pin_root) else {
+        return Vec::new();
+    };
+    let mut found: Vec<String> = entries
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|name| name.ends_with(STAGING_SUFFIX))
+        .collect();
+    found.sort();
+    found
+}
+
+/// Removes every staging pin under `pin_root` (the caller holds the pin
+/// root's lock: no other agent is resizing). Returns the names removed.
+pub fn remove_staging_pins(pin_root: &Path) -> Result<Vec<String>, ResizeError> {
+    let mut removed = Vec::new();
+    for name in staging_pins(pin_root) {
+        let path = pin_root.join(&name);
+        match fs::remove_file(&path) {
+            Ok(()) => {
+                warn!(pin = %path.display(), "removed the staging pin of an interrupted resize");
+                removed.push(name);
+            }
+            Err(error) if error.kind() == io::ErrorKind::NotFound => {}
+            Err(source) => return Err(ResizeError::Stale { path, source }),
+        }
+    }
+    Ok(removed)
 }
 
 /// The maps being resized, old and new, until [`Resize::finish`].
@@ -75,19 +110,13 @@ pub struct Copied {
 }
 
 impl Resize {
-    /// Prepares resizing the maps in `mismatches`: removes a stale staging
-    /// pin an earlier, interrupted agent left. The caller loads the object
-    /// with those maps pinned at [`staging_path`].
+    /// Prepares resizing the maps in `mismatches` (none: nothing to resize):
+    /// removes every stale staging pin an earlier, interrupted agent left,
+    /// those of maps that are not resized now included. The caller loads the
+    /// object with the maps in `mismatches` pinned at [`staging_path`].
     pub fn prepare(pin_root: &Path, mismatches: &[CapacityMismatch]) -> Result<Self, ResizeError> {
         let maps: Vec<&'static str> = mismatches.iter().map(|m| m.map).collect();
-        for map in &maps {
-            let path = staging_path(pin_root, map);
-            match fs::remove_file(&path) {
-                Ok(()) => warn!(pin = %path.display(), "removed the staging pin of an interrupted resize"),
-                Err(error) if error.kind() == io::ErrorKind::NotFound => {}
-                Err(source) => return Err(ResizeError::Stale { path, source }),
-            }
-        }
+        remove_staging_pins(pin_root)?;
         Ok(Self {
             pin_root: pin_root.to_owned(),
             maps,
@@ -110,7 +139,12 @@ impl Resize {
             let new = self.open(map, &staging_path(&self.pin_root, map))?;
             let copied = copy_map(map, old, new, overwrite)?;
             if copied.dropped > 0 {
-                warn!(map, copied = copied.copied, dropped = copied.dropped, "the resized map is too small for every entry");
+                warn!(
+                    map,
+                    copied = copied.copied,
+                    dropped = copied.dropped,
+                    "the resized map is too small for every entry"
+                );
             }
             done.push((map, copied));
         }
@@ -137,7 +171,12 @@ impl Resize {
     }
 }
 
-fn copy_map(map: &'static str, old: MapData, new: MapData, overwrite: bool) -> Result<Copied, ResizeError> {
+fn copy_map(
+    map: &'static str,
+    old: MapData,
+    new: MapData,
+    overwrite: bool,
+) -> Result<Copied, ResizeError> {
     let copied = match map {
         names::FRONTENDS => copy_hash::<FrontendKey, FrontendSlot>(old, new, overwrite),
         names::BACKENDS => copy_hash::<u32, Backend>(old, new, overwrite),
@@ -157,7 +196,11 @@ fn copy_map(map: &'static str, old: MapData, new: MapData, overwrite: bool) -> R
 }
 
 /// Copies a hash (or LRU hash) map entry by entry.
-fn copy_hash<K: Pod, V: Pod>(old: MapData, new: MapData, overwrite: bool) -> Result<Copied, MapError> {
+fn copy_hash<K: Pod, V: Pod>(
+    old: MapData,
+    new: MapData,
+    overwrite: bool,
+) -> Result<Copied, MapError> {
     let old: HashMap<MapData, K, V> = HashMap::try_from(aya::maps::Map::from_map_data(old)?)?;
     let mut new: HashMap<MapData, K, V> = HashMap::try_from(aya::maps::Map::from_map_data(new)?)?;
     // BPF_ANY overwrites, BPF_NOEXIST keeps what the new programs wrote.
@@ -182,7 +225,8 @@ fn copy_hash<K: Pod, V: Pod>(old: MapData, new: MapData, overwrite: bool) -> Res
 /// Copies a per-CPU array index by index, as far as the smaller one reaches.
 fn copy_per_cpu_array<V: Pod>(old: MapData, new: MapData) -> Result<Copied, MapError> {
     let old: PerCpuArray<MapData, V> = PerCpuArray::try_from(aya::maps::Map::from_map_data(old)?)?;
-    let mut new: PerCpuArray<MapData, V> = PerCpuArray::try_from(aya::maps::Map::from_map_data(new)?)?;
+    let mut new: PerCpuArray<MapData, V> =
+        PerCpuArray::try_from(aya::maps::Map::from_map_data(new)?)?;
     let (old_len, new_len) = (old.len(), new.len());
     let mut result = Copied::default();
     for index in 0..old_len.min(new_len) {
@@ -193,4 +237,39 @@ fn copy_per_cpu_array<V: Pod>(old: MapData, new: MapData) -> Result<Copied, MapE
     }
     result.dropped = old_len.saturating_sub(new_len) as usize;
     Ok(result)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 25: a start killed during a resize left `_resize` pins that a
+    /// later start which did not resize never removed. (A plain directory
+    /// stands in for the bpffs: the pins are only names here.)
+    #[test]
+    fn every_stale_staging_pin_goes_at_start_whether_or_not_it_resizes() {
+        let root = std::env::temp_dir().join(format!("sb-resize-stale-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&root);
+        fs::create_dir_all(&root).expect("mkdir");
+        for name in [names::CONNTRACK, names::FRONTENDS] {
+            fs::write(root.join(name), "").expect("pin");
+        }
+        fs::write(staging_path(&root, names::CONNTRACK), "").expect("stale");
+        fs::write(staging_path(&root, names::SOCKETS6), "").expect("stale");
+        let mut want = vec![
+            format!("{}{STAGING_SUFFIX}", names::CONNTRACK),
+            format!("{}{STAGING_SUFFIX}", names::SOCKETS6),
+        ];
+        want.sort();
+        assert_eq!(staging_pins(&root), want);
+        let resize = Resize::prepare(&root, &[]).expect("prepare without resizing");
+        assert!(resize.maps().is_empty());
+        assert!(staging_pins(&root).is_empty(), "no staging pin is left");
+        assert!(
+            root.join(names::CONNTRACK).exists() && root.join(names::FRONTENDS).exists(),
+            "the maps stay"
+        );
+        assert!(remove_staging_pins(&root).expect("again").is_empty());
+        let _ = fs::remove_dir_all(&root);
+    }
 }

@@ -148,7 +148,12 @@ pub fn attach(ebpf: &mut Ebpf, cgroup: &Path, pin_root: &Path) -> Result<(), Soc
         source,
     })?;
     let dir = pin_root.join(LINK_DIR);
-    fs::create_dir_all(&dir).map_err(|source| SocketLbError::LinkDir {
+    crate::fsmode::ensure_dir(
+        &dir,
+        crate::fsmode::PIN_DIR_MODE,
+        crate::fsmode::Existing::Set,
+    )
+    .map_err(|source| SocketLbError::LinkDir {
         path: dir.clone(),
         source,
     })?;

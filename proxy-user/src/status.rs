@@ -9,6 +9,8 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
+use crate::fsmode;
+
 /// Where status files live; one per pin root, so two agents on one machine
 /// keep theirs apart.
 pub const STATUS_DIR: &str = "/run/switchboard/status";
@@ -121,12 +123,10 @@ pub fn status_path(pin_root: &Path) -> PathBuf {
 pub fn write(pin_root: &Path, status: &AgentStatus) -> io::Result<()> {
     let path = status_path(pin_root);
     if let Some(dir) = path.parent() {
-        fs::create_dir_all(dir)?;
+        fsmode::ensure_dir(dir, fsmode::STATUS_DIR_MODE, fsmode::Existing::Set)?;
     }
-    let tmp = path.with_extension(format!("json.{}", std::process::id()));
     let json = serde_json::to_vec_pretty(status).map_err(io::Error::other)?;
-    fs::write(&tmp, json)?;
-    fs::rename(&tmp, &path)
+    fsmode::write_atomic(&path, &json, fsmode::STATUS_FILE_MODE)
 }
 
 /// Reads the status for `pin_root`, if an agent ever wrote one.
@@ -148,6 +148,28 @@ mod tests {
             a,
             Path::new("/run/switchboard/status/_sys_fs_bpf_switchboard.json")
         );
+    }
+
+    /// Issue 25: with umask 000 the status file was 0666.
+    #[test]
+    fn the_status_file_is_0644_whatever_the_umask() {
+        let pin_root = PathBuf::from(format!("/tmp/sb-status-mode-{}/bpf", std::process::id()));
+        let status = AgentStatus {
+            pid: 7,
+            ..AgentStatus::default()
+        };
+        fsmode::with_umask(0, || write(&pin_root, &status)).expect("write");
+        let path = status_path(&pin_root);
+        assert_eq!(
+            fsmode::mode_of(&path).expect("mode"),
+            fsmode::STATUS_FILE_MODE
+        );
+        assert_eq!(
+            fsmode::mode_of(path.parent().expect("dir")).expect("mode"),
+            fsmode::STATUS_DIR_MODE
+        );
+        assert_eq!(read(&pin_root).map(|s| s.pid), Some(7));
+        let _ = fs::remove_file(path);
     }
 
     #[test]

@@ -566,7 +566,12 @@ fn attach_xdp(
         mode,
         source: Box::new(source),
     };
-    fs::create_dir_all(link_dir).map_err(|source| UplinkError::LinkDir {
+    crate::fsmode::ensure_dir(
+        link_dir,
+        crate::fsmode::PIN_DIR_MODE,
+        crate::fsmode::Existing::Set,
+    )
+    .map_err(|source| UplinkError::LinkDir {
         path: link_dir.to_owned(),
         source,
     })?;

@@ -367,7 +367,7 @@ pub struct Request {
 pub fn serve(pin_root: &Path) -> std::io::Result<(SocketGuard, mpsc::Receiver<Request>)> {
     let path = socket_path(pin_root);
     if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
+        crate::fsmode::ensure_dir(dir, crate::fsmode::STATUS_DIR_MODE, crate::fsmode::Existing::Set)?;
     }
     // The agent holds the pin root's lock: a file here is a dead agent's.
     match std::fs::remove_file(&path) {

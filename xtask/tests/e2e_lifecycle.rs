@@ -290,3 +290,126 @@ fn a_capacity_change_resizes_the_maps_online_and_keeps_established_flows() {
     assert!(run.all_ok(), "new connections after the resize:\n{}", run.raw);
     sb.cleanup().expect("cleanup");
 }
+
+/// Issue 25: an agent that finds a pin root of a newer format (a newer
+/// version ran there) refuses to start, naming both formats and the way
+/// out, and leaves the running data path alone; `status` reports it.
+#[test]
+fn a_pin_root_of_a_newer_format_is_refused_naming_both_versions() {
+    let mut sb = demo_sandbox_with(&[]);
+    let sw = switchboard().to_string_lossy().into_owned();
+    let stamp = sb.pin_dir.join("SB_FORMAT");
+    let ours = std::fs::read_link(&stamp).expect("the agent stamped the pin root's format");
+    let ours = ours.to_string_lossy().into_owned();
+    assert!(ours.parse::<u32>().is_ok(), "a format number: {ours:?}");
+    let before = pod_program(&sb);
+    sb.stop_agent().expect("stop the agent");
+    // A newer version's stamp.
+    let newer = "9999";
+    let fresh = sb.pin_dir.join("SB_FORMAT_new");
+    std::os::unix::fs::symlink(newer, &fresh).expect("make the newer stamp");
+    std::fs::rename(&fresh, &stamp).expect("stamp the pin root newer");
+
+    let pin = sb.pin_dir.to_string_lossy().into_owned();
+    let source = format!("dir:{}", sb.manifest_dir().display());
+    let node = sb.node_ns();
+    let out = sb
+        .exec_status(&node, &[&sw, "agent", "--source", &source, "--pin-root", &pin, "--socket-lb=false"])
+        .expect("run the agent");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a newer pin root must be refused:\n{stderr}");
+    assert!(stderr.contains(&format!("format {newer}")), "names the pin root's format:\n{stderr}");
+    assert!(stderr.contains(&format!("(format {ours})")), "names this binary's format:\n{stderr}");
+    assert!(stderr.contains("switchboard cleanup"), "names the way out:\n{stderr}");
+    assert_eq!(pod_program(&sb), before, "the running data path is left alone");
+    assert_eq!(
+        std::fs::read_link(&stamp).expect("stamp").to_string_lossy(),
+        newer,
+        "the refused agent did not restamp"
+    );
+    let status = sb
+        .exec_status(&node, &[&sw, "status", "--pin-root", &pin])
+        .expect("run status");
+    let text = String::from_utf8_lossy(&status.stdout);
+    assert!(!status.status.success(), "status fails:\n{text}");
+    assert!(text.contains(&format!("is of format {newer}, newer than this switchboard's")), "{text}");
+    eprintln!("refused: {}", stderr.lines().find(|l| l.contains("format")).unwrap_or_default());
+    sb.cleanup().expect("cleanup");
+}
+
+/// Issue 25: with umask 000 the pin and link directories were 0777 and the
+/// status and lock files 0666 (any user could unlink a link pin and detach
+/// a pod's programs). The agent sets their modes itself.
+#[test]
+fn the_agent_sets_its_file_modes_whatever_the_umask() {
+    use std::os::unix::fs::PermissionsExt as _;
+    xtask::testenv::require_root();
+    let mut sb = Sandbox::for_test().expect("sandbox");
+    sb.copy_manifests(&xtask::util::repo_root().join("manifests/demo"))
+        .expect("manifests");
+    sb.start_pods(&sb_echo()).expect("pods");
+    let wrapper = sb.dir.join("switchboard-umask-000");
+    std::fs::write(
+        &wrapper,
+        format!("#!/bin/sh\numask 000\nexec '{}' \"$@\"\n", switchboard().display()),
+    )
+    .expect("write the wrapper");
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    start_and_settle(&mut sb, &wrapper);
+    let mode = |path: &Path| {
+        std::fs::symlink_metadata(path)
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+            .permissions()
+            .mode()
+            & 0o7777
+    };
+    let status = xtask::sandbox::status_file(&sb.pin_dir);
+    let lock = status.with_extension("lock");
+    assert_eq!(mode(&sb.pin_dir.join("links")), 0o700, "the links directory");
+    assert_eq!(mode(&sb.pin_dir) & 0o022, 0, "the pin root: only root writes");
+    assert_eq!(mode(&status), 0o644, "the status file");
+    assert_eq!(mode(&lock), 0o644, "the lock file");
+    assert_eq!(mode(status.parent().expect("dir")), 0o750, "the status directory");
+    for entry in std::fs::read_dir(sb.pin_dir.join("links")).expect("links").flatten() {
+        assert_eq!(mode(&entry.path()) & 0o077, 0, "{}", entry.path().display());
+    }
+    sb.cleanup().expect("cleanup");
+}
+
+/// Issue 25: a failed first start on a fresh pin root (nothing pinned
+/// before) takes away every pin it made, the link pins (and with them its
+/// programs on the pod interfaces) included.
+#[test]
+fn a_failed_first_start_leaves_no_pins() {
+    xtask::testenv::require_root();
+    let mut sb = Sandbox::for_test().expect("sandbox");
+    sb.copy_manifests(&xtask::util::repo_root().join("manifests/demo"))
+        .expect("manifests");
+    sb.start_pods(&sb_echo()).expect("pods");
+    let sw = switchboard().to_string_lossy().into_owned();
+    let pin = sb.pin_dir.to_string_lossy().into_owned();
+    let source = format!("dir:{}", sb.manifest_dir().display());
+    // The socket layer attaches last: a cgroup that does not exist fails the
+    // start once maps, pod programs and links are pinned.
+    let cgroup = sb.dir.join("no-such-cgroup").to_string_lossy().into_owned();
+    let out = sb
+        .exec_status(&sb.node_ns(), &[&sw, "agent", "--source", &source, "--pin-root", &pin, "--cgroup-root", &cgroup])
+        .expect("run the agent");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "the start must fail:\n{stderr}");
+    assert!(stderr.contains("no-such-cgroup"), "it failed where meant to:\n{stderr}");
+    assert!(stderr.contains("the pins it made are removed"), "{stderr}");
+    let left: Vec<String> = std::fs::read_dir(&sb.pin_dir)
+        .expect("read the pin root")
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        // The bpffs mount's own entries (maps.debug, progs.debug) stay.
+        .filter(|name| name.starts_with("SB_") || name == "links")
+        .collect();
+    assert!(left.is_empty(), "nothing stays pinned: {left:?}");
+    assert!(
+        !xtask::sandbox::status_file(&sb.pin_dir).exists(),
+        "no status file of an agent that never ran"
+    );
+    sb.cleanup().expect("cleanup");
+}

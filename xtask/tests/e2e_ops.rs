@@ -474,3 +474,91 @@ fn cleanup_kube_proxy_removes_its_chains_and_tables_in_the_node_netns_only() {
     let (doctor, _) = sw_json(&sb, &["doctor"]);
     assert_eq!(check_state(&doctor, "no kube-proxy leftovers"), "ok", "{doctor:#}");
 }
+
+/// Creates a small hash map pinned at `path` (what a dead agent's resize or
+/// an older layout leaves behind).
+fn pin_a_map(path: &Path) {
+    let out = std::process::Command::new("bpftool")
+        .args(["map", "create"])
+        .arg(path)
+        .args(["type", "hash", "key", "4", "value", "4", "entries", "16", "name", "sb_leftover"])
+        .output()
+        .expect("run bpftool");
+    assert!(out.status.success(), "bpftool map create: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// Issue 25: a start killed during a resize leaves `_resize` pins, and an
+/// older layout leaves pins this version does not use. `status` and
+/// `doctor` name both; the next start (which resizes nothing) removes the
+/// staging pin and leaves the other for the operator.
+#[test]
+fn stale_resize_pins_and_other_layouts_are_reported_and_the_next_start_removes_the_staging_pin() {
+    let mut sb = settled_demo();
+    sb.stop_agent().expect("stop the agent");
+    let staging = sb.pin_dir.join("SB_FE_V1_resize");
+    let old_layout = sb.pin_dir.join("SB_CT_V2");
+    pin_a_map(&staging);
+    pin_a_map(&old_layout);
+
+    let out = sw(&sb, &["status"]);
+    let text = stdout(&out);
+    assert!(!out.status.success(), "{text}");
+    assert!(text.contains("staging pins of a resize that did not finish: SB_FE_V1_resize"), "{text}");
+    assert!(text.contains("pins this version does not use (another version's layout): SB_CT_V2"), "{text}");
+    let (doctor, _) = sw_json(&sb, &["doctor"]);
+    let found = findings(&doctor, "pin root layout");
+    assert_eq!(found.len(), 2, "{doctor:#}");
+    assert!(found.iter().any(|f| f.contains("SB_FE_V1_resize")), "{found:?}");
+
+    sb.start_agent(&switchboard()).expect("start the agent again");
+    eventually("the agent to remove the staging pin", || {
+        (!staging.exists()).then_some(()).ok_or(sb.agent_log())
+    });
+    assert!(
+        sb.agent_log().contains("removed the staging pin of an interrupted resize"),
+        "{}",
+        sb.agent_log()
+    );
+    assert!(old_layout.exists(), "another layout's pin is left for the operator");
+    let out = sw(&sb, &["status"]);
+    assert!(!stdout(&out).contains("_resize"), "{}", stdout(&out));
+    std::fs::remove_file(&old_layout).expect("remove the old layout's pin");
+    eventually("`switchboard status` to exit 0", || {
+        let out = sw(&sb, &["status"]);
+        out.status.success().then_some(()).ok_or(stdout(&out))
+    });
+    sb.cleanup().expect("cleanup");
+}
+
+/// Issue 25: with the agent pod's capabilities (CAP_BPF, CAP_NET_ADMIN,
+/// CAP_PERFMON; no CAP_SYS_ADMIN, as `kubectl exec` gives) the kernel
+/// refuses to list programs: `status` and `doctor` say they cannot
+/// inspect, instead of calling every interface MISSING and advising a
+/// restart.
+#[test]
+fn status_and_doctor_without_cap_sys_admin_say_they_cannot_inspect() {
+    let mut sb = settled_demo();
+    let without_sys_admin = |cmd: &[&str]| {
+        let mut all = vec!["setpriv", "--inh-caps=-all", "--bounding-set=-sys_admin", "--"];
+        all.extend_from_slice(cmd);
+        sb.exec_status(&sb.node_ns(), &all).expect("run switchboard")
+    };
+    let out = sw_in(without_sys_admin, &sb.pin_dir, &["status"]);
+    let text = stdout(&out);
+    assert!(
+        text.contains("cannot inspect: permission denied (need CAP_SYS_ADMIN or root)"),
+        "{text}\nstderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!text.contains("MISSING"), "{text}");
+    assert!(!text.contains("restart the agent"), "{text}");
+    let out = sw_in(without_sys_admin, &sb.pin_dir, &["doctor", "-o", "json"]);
+    let doctor: Value = serde_json::from_str(&stdout(&out)).unwrap_or_else(|e| panic!("{e}: {}", stdout(&out)));
+    let found = findings(&doctor, "programs attached");
+    assert_eq!(found.len(), 1, "{doctor:#}");
+    assert!(found[0].starts_with("cannot inspect: permission denied"), "{found:?}");
+    // As root, all is well.
+    let out = sw(&sb, &["status"]);
+    assert!(out.status.success(), "{}", stdout(&out));
+    sb.cleanup().expect("cleanup");
+}

@@ -215,8 +215,8 @@ async fn detach_xdp(handle: &rtnetlink::Handle, interfaces: &[hooks::IfaceHooks]
     }
 }
 
-/// Unpins switchboard's maps (nothing else under the pin root is touched)
-/// and removes the directory when it is empty and not a mount point.
+/// Unpins switchboard's maps and the format stamp (nothing else under the
+/// pin root is touched) and removes the directory when it is empty and not a mount point.
 fn unpin_maps(pin_root: &Path, report: &mut CleanupReport) {
     let Ok(entries) = fs::read_dir(pin_root) else {
         report.pin_dir_note = Some("no pin directory".into());
@@ -228,6 +228,8 @@ fn unpin_maps(pin_root: &Path, report: &mut CleanupReport) {
             continue;
         }
         match fs::remove_file(entry.path()) {
+            // The format stamp is no map.
+            Ok(()) if crate::pinroot::is_stamp(&name) => {}
             Ok(()) => report.maps_unpinned.push(name),
             Err(e) => report.errors.push(format!("unpinning {}: {e}", entry.path().display())),
         }

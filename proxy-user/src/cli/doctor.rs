@@ -21,7 +21,7 @@ use super::{
     agent_process, desired, hooks, kube_proxy, read_services, status::interface_rows, Common, Done, Output,
     ServiceRow,
 };
-use crate::status::AgentStatus;
+use crate::{pinroot, status::AgentStatus};
 
 /// At most this many Services get a Pod lookup (one list call each).
 const MAX_SELECTOR_LOOKUPS: usize = 50;
@@ -85,15 +85,19 @@ pub fn run(common: &Common, kubeconfig: Option<PathBuf>) -> anyhow::Result<Done>
 async fn checks(common: &Common, kubeconfig: Option<PathBuf>) -> anyhow::Result<Vec<Check>> {
     let pin_root = &common.pin_root;
     let status = crate::status::read(pin_root);
-    let maps = super::open_maps(pin_root).ok();
+    let (maps, maps_unreadable) = match super::open_maps(pin_root) {
+        Ok(maps) => (Some(maps), None),
+        Err(error) => (None, super::status::maps_unreadable(&error)),
+    };
     let rows = maps.as_ref().map(read_services);
     let mut handle = hooks::connect()?;
     let net = hooks::inspect(&mut handle).await?;
     let mut checks = vec![agent_check(pin_root, status.as_ref())];
+    checks.push(pin_root_check(pin_root, &pinroot::layout(pin_root), maps_unreadable));
     checks.push(endpoints_check(rows.as_deref()));
     let source = Source::open(status.as_ref(), kubeconfig.as_ref()).await;
     checks.push(selector_check(&source, rows.as_deref()).await);
-    checks.push(attach_check(status.as_ref(), maps.is_some(), &net.interfaces));
+    checks.push(attach_check(status.as_ref(), maps.is_some(), &net));
     checks.push(maps_check(&source, status.as_ref(), rows.as_deref()));
     checks.push(verify_check(pin_root, status.as_ref()));
     let names: Vec<String> = net.interfaces.iter().map(|i| i.name.clone()).collect();
@@ -251,13 +255,46 @@ async fn selector_check(source: &Source, rows: Option<&[ServiceRow]>) -> Check {
     Check::new(name, format!("{looked} Service(s) without endpoints looked up"), findings)
 }
 
+/// The pin root: its format against this binary's, pins of other
+/// layouts, stale resize pins, and whether its maps can be read at all.
+fn pin_root_check(pin_root: &std::path::Path, layout: &pinroot::Layout, maps_unreadable: Option<String>) -> Check {
+    let name = "pin root layout";
+    let mut findings: Vec<Finding> = pinroot::problems(layout, pin_root)
+        .into_iter()
+        .map(|p| Finding { what: p.what, fix: p.fix })
+        .collect();
+    if let Some(why) = maps_unreadable {
+        findings.push(Finding {
+            what: why,
+            fix: "run `switchboard doctor` as root".into(),
+        });
+    }
+    let detail = match layout.format {
+        Some(format) => format!("format {format} (this binary: {})", pinroot::FORMAT),
+        None => format!("no format stamp (this binary: format {})", pinroot::FORMAT),
+    };
+    Check::new(name, detail, findings)
+}
+
 /// Pod interfaces and uplinks without the programs they should carry.
-fn attach_check(status: Option<&AgentStatus>, maps: bool, actual: &[hooks::IfaceHooks]) -> Check {
+fn attach_check(status: Option<&AgentStatus>, maps: bool, net: &hooks::NetView) -> Check {
     let name = "programs attached";
     if status.is_none() && !maps {
         return Check::skipped(name, "no agent has run here");
     }
-    let rows = interface_rows(status, actual);
+    if let Some(why) = &net.programs_unreadable {
+        // The kernel would not tell which programs run where: nothing is
+        // known to be missing, and a restart would not help.
+        return Check::new(
+            name,
+            why.clone(),
+            vec![Finding {
+                what: format!("{why}: the programs on the interfaces are not checked"),
+                fix: "run `switchboard doctor` as root (listing the kernel's programs needs CAP_SYS_ADMIN)".into(),
+            }],
+        );
+    }
+    let rows = interface_rows(status, &net.interfaces);
     let findings = rows
         .iter()
         .filter(|r| !r.missing.is_empty())
@@ -485,6 +522,60 @@ mod tests {
             Some("EndpointSlice demo/echo-1: addressType: missing")
         );
         assert_eq!(held_problems(&status, "demo/other:http"), None);
+    }
+
+    /// Issue 25: without CAP_SYS_ADMIN, doctor says it cannot inspect
+    /// instead of listing every interface as missing and advising a restart.
+    #[test]
+    fn a_refused_program_listing_is_no_missing_program() {
+        let refused = aya::programs::ProgramError::SyscallError(aya::sys::SyscallError {
+            call: "bpf_prog_get_fd_by_id",
+            io_error: std::io::Error::from_raw_os_error(libc::EPERM),
+        });
+        let net = hooks::NetView {
+            programs_unreadable: hooks::unreadable(&refused),
+            interfaces: vec![hooks::IfaceHooks {
+                name: "p1".into(),
+                index: 4,
+                pod: true,
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let c = attach_check(Some(&AgentStatus::default()), true, &net);
+        assert_eq!(c.findings.len(), 1, "{c:?}");
+        assert!(c.findings[0].what.starts_with(hooks::CANNOT_INSPECT), "{c:?}");
+        assert!(!c.findings[0].fix.contains("restart"), "{c:?}");
+        let text = render(&[c]);
+        assert!(!text.contains("not attached"), "{text}");
+        // With the listing allowed, the same interface is missing its programs.
+        let net = hooks::NetView {
+            programs_unreadable: None,
+            ..net
+        };
+        let c = attach_check(Some(&AgentStatus::default()), true, &net);
+        assert!(c.findings[0].what.contains("not attached"), "{c:?}");
+    }
+
+    #[test]
+    fn a_newer_pin_root_and_stale_pins_are_doctor_findings() {
+        let layout = pinroot::Layout {
+            format: Some(pinroot::FORMAT + 1),
+            maps_pinned: true,
+            staging: vec!["SB_FE_V1_resize".into()],
+            ..pinroot::Layout::default()
+        };
+        let c = pin_root_check(std::path::Path::new("/p"), &layout, None);
+        assert_eq!(c.state, State::Problem);
+        assert_eq!(c.findings.len(), 2, "{c:?}");
+        assert!(c.findings[0].fix.contains("switchboard cleanup --pin-root /p"), "{c:?}");
+        assert!(c.findings[1].what.contains("SB_FE_V1_resize"), "{c:?}");
+        let ok = pinroot::Layout {
+            format: Some(pinroot::FORMAT),
+            maps_pinned: true,
+            ..pinroot::Layout::default()
+        };
+        assert_eq!(pin_root_check(std::path::Path::new("/p"), &ok, None).state, State::Ok);
     }
 
     #[test]

@@ -1090,6 +1090,7 @@ mod tests {
     #[test]
     fn sources_are_internal_when_local_or_routed_via_a_pod_interface() {
         let net = hooks::NetView {
+            programs_unreadable: None,
             interfaces: vec![
                 hooks::IfaceHooks {
                     name: "veth1".into(),

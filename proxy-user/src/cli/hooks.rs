@@ -9,7 +9,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use aya::programs::{SchedClassifier, TcAttachType};
+use aya::programs::{ProgramError, SchedClassifier, TcAttachType};
 use futures::{StreamExt as _, TryStreamExt as _};
 use netlink_packet_route::{
     address::AddressAttribute,
@@ -63,7 +63,9 @@ impl IfaceHooks {
 
     /// Whether XDP `program` is attached.
     pub fn has_xdp(&self, program: &str) -> bool {
-        self.xdp.as_ref().is_some_and(|(p, _)| same_program(p, program))
+        self.xdp
+            .as_ref()
+            .is_some_and(|(p, _)| same_program(p, program))
     }
 
     /// `tc ingress sb_from_pod, tcx egress sb_to_pod, xdp native sb_xdp_uplink`.
@@ -102,9 +104,17 @@ pub struct Route4 {
     pub oif: u32,
 }
 
+/// What `status` and `doctor` say when the kernel refuses to list programs.
+pub const CANNOT_INSPECT: &str = "cannot inspect: permission denied (need CAP_SYS_ADMIN or root)";
+
 /// The interfaces, routes and addresses of this namespace.
 #[derive(Clone, Debug, Default)]
 pub struct NetView {
+    /// Set when the kernel refused (EPERM) to list the programs or to open
+    /// one by id (CAP_SYS_ADMIN; a pod's CAP_BPF, CAP_NET_ADMIN and
+    /// CAP_PERFMON are not enough): the programs of `interfaces` are then
+    /// unknown, not absent.
+    pub programs_unreadable: Option<String>,
     pub interfaces: Vec<IfaceHooks>,
     pub routes: Vec<Route4>,
     /// This namespace's IPv4 addresses.
@@ -113,40 +123,68 @@ pub struct NetView {
 
 /// Opens a netlink connection on the current runtime.
 pub fn connect() -> anyhow::Result<rtnetlink::Handle> {
-    let (connection, handle, _) =
-        rtnetlink::new_connection().map_err(|e| anyhow::anyhow!("opening a netlink socket: {e}"))?;
+    let (connection, handle, _) = rtnetlink::new_connection()
+        .map_err(|e| anyhow::anyhow!("opening a netlink socket: {e}"))?;
     tokio::spawn(connection);
     Ok(handle)
 }
 
 /// Reads the interfaces (with their programs), routes and addresses.
 pub async fn inspect(handle: &mut rtnetlink::Handle) -> anyhow::Result<NetView> {
-    let names = program_names();
+    let mut denied = None;
+    let names = program_names().unwrap_or_else(|error| {
+        denied = Some(error);
+        HashMap::new()
+    });
     let mut links = handle.link().get().execute();
     let mut interfaces = Vec::new();
     while let Some(link) = links.try_next().await? {
-        interfaces.push(iface_hooks(&link, &names));
+        let (hooks, refused) = iface_hooks(&link, &names);
+        interfaces.push(hooks);
+        denied = denied.or(refused);
     }
     for iface in &mut interfaces {
         iface.tc_ingress = filter_names(handle, iface.index, CLSACT_INGRESS).await;
         iface.tc_egress = filter_names(handle, iface.index, CLSACT_EGRESS).await;
     }
     Ok(NetView {
+        programs_unreadable: denied.as_ref().and_then(unreadable),
         interfaces,
         routes: routes(handle).await?,
         addresses: addresses(handle).await?,
     })
 }
 
-/// Program id → name, for every loaded program.
-fn program_names() -> HashMap<u32, String> {
-    aya::programs::loaded_programs()
-        .filter_map(Result::ok)
-        .map(|info| (info.id(), info.name_as_str().unwrap_or("?").to_owned()))
-        .collect()
+/// What to say of a failure to read the programs: [`CANNOT_INSPECT`] when
+/// the kernel refused (EPERM or EACCES, anywhere in its causes), `None`
+/// for anything else (a program unloaded while we looked).
+pub fn unreadable(error: &ProgramError) -> Option<String> {
+    crate::caps::permission_denied(error).then(|| CANNOT_INSPECT.to_owned())
 }
 
-fn iface_hooks(link: &LinkMessage, names: &HashMap<u32, String>) -> IfaceHooks {
+/// Program id → name, for every loaded program; fails only when the
+/// kernel refuses to list them (a program that goes away meanwhile is
+/// skipped).
+fn program_names() -> Result<HashMap<u32, String>, ProgramError> {
+    let mut names = HashMap::new();
+    for info in aya::programs::loaded_programs() {
+        match info {
+            Ok(info) => {
+                names.insert(info.id(), info.name_as_str().unwrap_or("?").to_owned());
+            }
+            Err(error) if unreadable(&error).is_some() => return Err(error),
+            Err(_) => {}
+        }
+    }
+    Ok(names)
+}
+
+/// The hooks of `link`, and the error when the kernel refused to tell its
+/// TCX programs.
+fn iface_hooks(
+    link: &LinkMessage,
+    names: &HashMap<u32, String>,
+) -> (IfaceHooks, Option<ProgramError>) {
     let name = link
         .attributes
         .iter()
@@ -155,17 +193,20 @@ fn iface_hooks(link: &LinkMessage, names: &HashMap<u32, String>) -> IfaceHooks {
             _ => None,
         })
         .unwrap_or_default();
-    let tcx = |hook| {
-        SchedClassifier::query_tcx(&name, hook)
-            .map(|(_, programs)| {
-                programs
-                    .iter()
-                    .map(|p| p.name_as_str().unwrap_or("?").to_owned())
-                    .collect()
-            })
-            .unwrap_or_default()
+    let mut denied = None;
+    let mut tcx = |hook| match SchedClassifier::query_tcx(&name, hook) {
+        Ok((_, programs)) => programs
+            .iter()
+            .map(|p| p.name_as_str().unwrap_or("?").to_owned())
+            .collect(),
+        Err(error) => {
+            if unreadable(&error).is_some() {
+                denied = Some(error);
+            }
+            Vec::new()
+        }
     };
-    IfaceHooks {
+    let hooks = IfaceHooks {
         tcx_ingress: tcx(TcAttachType::Ingress),
         tcx_egress: tcx(TcAttachType::Egress),
         pod: attach::pod_interface(link).is_some(),
@@ -174,7 +215,8 @@ fn iface_hooks(link: &LinkMessage, names: &HashMap<u32, String>) -> IfaceHooks {
         name,
         tc_ingress: Vec::new(),
         tc_egress: Vec::new(),
-    }
+    };
+    (hooks, denied)
 }
 
 /// The XDP program of a link and its mode, from `IFLA_XDP`.
@@ -196,7 +238,10 @@ fn xdp_program(link: &LinkMessage, names: &HashMap<u32, String>) -> Option<(Stri
         }
     }
     let id = id.filter(|id| *id != 0)?;
-    let name = names.get(&id).cloned().unwrap_or_else(|| format!("id {id}"));
+    let name = names
+        .get(&id)
+        .cloned()
+        .unwrap_or_else(|| format!("id {id}"));
     Some((name, mode.unwrap_or("?").to_owned()))
 }
 
@@ -395,13 +440,34 @@ mod tests {
     #[test]
     fn longest_prefix_wins() {
         let routes = [
-            Route4 { dst: Ipv4Addr::UNSPECIFIED, prefix: 0, oif: 1 },
-            Route4 { dst: Ipv4Addr::new(10, 244, 1, 0), prefix: 24, oif: 5 },
-            Route4 { dst: Ipv4Addr::new(10, 244, 1, 7), prefix: 32, oif: 9 },
+            Route4 {
+                dst: Ipv4Addr::UNSPECIFIED,
+                prefix: 0,
+                oif: 1,
+            },
+            Route4 {
+                dst: Ipv4Addr::new(10, 244, 1, 0),
+                prefix: 24,
+                oif: 5,
+            },
+            Route4 {
+                dst: Ipv4Addr::new(10, 244, 1, 7),
+                prefix: 32,
+                oif: 9,
+            },
         ];
-        assert_eq!(route_to(&routes, Ipv4Addr::new(10, 244, 1, 2)).map(|r| r.oif), Some(5));
-        assert_eq!(route_to(&routes, Ipv4Addr::new(10, 244, 1, 7)).map(|r| r.oif), Some(9));
-        assert_eq!(route_to(&routes, Ipv4Addr::new(192, 0, 2, 1)).map(|r| r.oif), Some(1));
+        assert_eq!(
+            route_to(&routes, Ipv4Addr::new(10, 244, 1, 2)).map(|r| r.oif),
+            Some(5)
+        );
+        assert_eq!(
+            route_to(&routes, Ipv4Addr::new(10, 244, 1, 7)).map(|r| r.oif),
+            Some(9)
+        );
+        assert_eq!(
+            route_to(&routes, Ipv4Addr::new(192, 0, 2, 1)).map(|r| r.oif),
+            Some(1)
+        );
         assert_eq!(route_to(&routes[1..], Ipv4Addr::new(192, 0, 2, 1)), None);
     }
 
@@ -420,6 +486,24 @@ mod tests {
         assert_eq!(nested_string(&bytes, 7).as_deref(), Some("sb_to_pod"));
         assert_eq!(nested_string(&bytes, 11), None);
         assert_eq!(nested_string(&bytes[..3], 7), None);
+    }
+
+    /// Issue 25: without CAP_SYS_ADMIN the kernel refuses to list programs
+    /// (EPERM); that is told apart by errno from a program that vanished.
+    #[test]
+    fn a_refused_listing_reads_as_cannot_inspect() {
+        let refused = |errno| {
+            ProgramError::SyscallError(aya::sys::SyscallError {
+                call: "bpf_prog_get_next_id",
+                io_error: std::io::Error::from_raw_os_error(errno),
+            })
+        };
+        assert_eq!(
+            unreadable(&refused(libc::EPERM)).as_deref(),
+            Some(CANNOT_INSPECT)
+        );
+        assert_eq!(unreadable(&refused(libc::ENOENT)), None);
+        assert!(CANNOT_INSPECT.contains("need CAP_SYS_ADMIN or root"));
     }
 
     #[test]

@@ -9,7 +9,7 @@
 //! flow is dropped, rejected or not handled), or when the command itself
 //! failed; clap's usage errors exit 2.
 use std::{
-    io::Write as _,
+    io::{self, Write},
     path::{Path, PathBuf},
 };
 
@@ -153,7 +153,9 @@ pub enum Output {
 /// Opens the pinned maps for a CLI command. An agent older than IPv6 (still
 /// running under a newer binary) has no IPv6 maps pinned: the command goes on
 /// with the IPv4 ones, and a note says so on stderr (stdout stays parseable).
-pub fn open_maps(pin_root: &std::path::Path) -> Result<crate::maps::PinnedMaps, crate::maps::MapsError> {
+pub fn open_maps(
+    pin_root: &std::path::Path,
+) -> Result<crate::maps::PinnedMaps, crate::maps::MapsError> {
     let maps = crate::maps::PinnedMaps::open_tolerant(pin_root)?;
     if let Some(note) = maps.ipv6_note() {
         eprintln!("{note}");
@@ -179,9 +181,13 @@ impl Done {
 /// command found a problem (see the module documentation).
 pub fn run(command: Command) -> anyhow::Result<()> {
     let done = match command {
-        Command::Services { common } => Done::ok(services(&common.pin_root, common.output == Output::Json)?),
+        Command::Services { common } => {
+            Done::ok(services(&common.pin_root, common.output == Output::Json)?)
+        }
         Command::Verify { common } => verify::run(&common)?,
-        Command::Stats { common } => Done::ok(stats(&common.pin_root, common.output == Output::Json)?),
+        Command::Stats { common } => {
+            Done::ok(stats(&common.pin_root, common.output == Output::Json)?)
+        }
         Command::Status { common } => status::run(&common)?,
         Command::Explain {
             target,
@@ -197,8 +203,7 @@ pub fn run(command: Command) -> anyhow::Result<()> {
             common,
         } => cleanup::run(&common, kube_proxy, force)?,
     };
-    print!("{}", done.text);
-    std::io::stdout().flush()?;
+    print_out(&done.text)?;
     if done.failed {
         std::process::exit(1);
     }
@@ -209,9 +214,23 @@ pub fn run(command: Command) -> anyhow::Result<()> {
 /// cleanup` does for switchboard's own state, printed as a table.
 pub fn cleanup_for_agent_flag(pin_root: &Path) -> anyhow::Result<()> {
     let report = cleanup(pin_root, false, false)?;
-    print!("{}", cleanup::render(&report));
-    std::io::stdout().flush()?;
+    print_out(&cleanup::render(&report))?;
     Ok(())
+}
+
+/// Prints a command's output on stdout. A reader that went away (`| head
+/// -1`: EPIPE) ends the output as if it had all been read: the command's
+/// own verdict (its exit status) stands, and nothing panics.
+pub fn print_out(text: &str) -> io::Result<()> {
+    write_out(&mut io::stdout().lock(), text)
+}
+
+/// [`print_out`] to any writer.
+fn write_out(out: &mut impl Write, text: &str) -> io::Result<()> {
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(e) if e.kind() == io::ErrorKind::BrokenPipe => Ok(()),
+        other => other,
+    }
 }
 
 /// Runs `future` on a small runtime of its own (netlink, the Kubernetes
@@ -235,4 +254,62 @@ use crate::conntrack::monotonic_ns;
 
 fn to_json<T: serde::Serialize>(value: &T) -> anyhow::Result<String> {
     Ok(serde_json::to_string_pretty(value)? + "\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A pipe whose reader took `room` bytes and left.
+    struct ClosedAfter {
+        room: usize,
+        taken: Vec<u8>,
+    }
+
+    impl Write for ClosedAfter {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            if self.room == 0 {
+                return Err(io::Error::from(io::ErrorKind::BrokenPipe));
+            }
+            let n = buf.len().min(self.room);
+            self.room -= n;
+            self.taken.extend_from_slice(&buf[..n]);
+            Ok(n)
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_reader_that_left_ends_the_output_quietly() {
+        let mut pipe = ClosedAfter {
+            room: 6,
+            taken: Vec::new(),
+        };
+        write_out(&mut pipe, "line 1\nline 2\n").expect("EPIPE is a normal end");
+        assert_eq!(pipe.taken, b"line 1\n"[..6]);
+        let mut full = ClosedAfter {
+            room: usize::MAX,
+            taken: Vec::new(),
+        };
+        write_out(&mut full, "all\n").expect("write");
+        assert_eq!(full.taken, b"all\n");
+    }
+
+    /// Any other write error still fails the command.
+    #[test]
+    fn other_write_errors_are_errors() {
+        struct Full;
+        impl Write for Full {
+            fn write(&mut self, _: &[u8]) -> io::Result<usize> {
+                Err(io::Error::from_raw_os_error(libc::ENOSPC))
+            }
+            fn flush(&mut self) -> io::Result<()> {
+                Ok(())
+            }
+        }
+        let err = write_out(&mut Full, "x").expect_err("ENOSPC");
+        assert_eq!(err.raw_os_error(), Some(libc::ENOSPC));
+    }
 }

@@ -10,7 +10,10 @@ use super::{
     table::{human_duration, Table},
     AgentProcess, Common, Done, MapFill, Output,
 };
-use crate::status::{AgentStatus, UplinkXdp};
+use crate::{
+    caps, pinroot,
+    status::{AgentStatus, UplinkXdp},
+};
 
 /// Maps whose running full loses Services (the LRU ones evict instead).
 const NOT_LRU: [&str; 3] = [names::FRONTENDS, names::BACKENDS, names::REVNAT];
@@ -30,6 +33,15 @@ pub struct StatusReport {
     pub pinned_links: Vec<hooks::LinkPin>,
     /// `None` when no maps are pinned.
     pub maps: Option<Vec<MapFill>>,
+    /// Why the maps could not be read, when the kernel refused.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub maps_unreadable: Option<String>,
+    /// Why the programs on the interfaces could not be read, when the
+    /// kernel refused: their state is then unknown.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub programs_unreadable: Option<String>,
+    /// The pin root's format and the pins this version does not use.
+    pub layout: pinroot::Layout,
     pub problems: Vec<String>,
 }
 
@@ -48,6 +60,9 @@ pub struct InterfaceRow {
     pub missing: Vec<String>,
     /// The interface is no longer in this namespace.
     pub gone: bool,
+    /// Its programs could not be read (see `programs_unreadable`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub unknown: bool,
     /// For an uplink: the XDP mode the agent chose for it, and why.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub xdp: Option<UplinkXdp>,
@@ -70,13 +85,19 @@ fn gather(pin_root: &Path) -> anyhow::Result<StatusReport> {
         let mut handle = hooks::connect()?;
         hooks::inspect(&mut handle).await
     })??;
-    let maps = super::open_maps(pin_root).ok();
+    let (maps, maps_unreadable) = match super::open_maps(pin_root) {
+        Ok(maps) => (Some(maps), None),
+        Err(error) => (None, maps_unreadable(&error)),
+    };
     let fills = maps.as_ref().map(|m| read_stats(m).maps);
-    let interfaces = if maps.is_some() || status.is_some() {
+    let mut interfaces = if maps.is_some() || status.is_some() {
         interface_rows(status.as_ref(), &net.interfaces)
     } else {
         Vec::new()
     };
+    if net.programs_unreadable.is_some() {
+        mark_unknown(&mut interfaces);
+    }
     let now = super::now_unix_s();
     let mut report = StatusReport {
         pin_root: pin_root.display().to_string(),
@@ -93,10 +114,30 @@ fn gather(pin_root: &Path) -> anyhow::Result<StatusReport> {
         status,
         interfaces,
         maps: fills,
+        maps_unreadable,
+        programs_unreadable: net.programs_unreadable,
+        layout: pinroot::layout(pin_root),
         problems: Vec::new(),
     };
     report.problems = problems(&report);
     Ok(report)
+}
+
+/// What to say when the maps could not be opened because the kernel
+/// refused (EPERM or EACCES); `None` for any other cause (not pinned).
+pub fn maps_unreadable(error: &crate::maps::MapsError) -> Option<String> {
+    caps::permission_denied(error)
+        .then(|| "cannot read the pinned maps: permission denied (need CAP_BPF or root)".to_owned())
+}
+
+/// The programs of `rows` are unknown (the kernel would not tell them):
+/// nothing is reported missing.
+pub fn mark_unknown(rows: &mut [InterfaceRow]) {
+    for row in rows.iter_mut().filter(|r| !r.gone) {
+        row.missing.clear();
+        row.unknown = true;
+        row.attached = format!("(unknown: {})", hooks::CANNOT_INSPECT);
+    }
 }
 
 /// The expected hooks of a pod interface.
@@ -170,6 +211,7 @@ fn row(
         expected,
         missing,
         gone: now.is_none(),
+        unknown: false,
         xdp: None,
     }
 }
@@ -200,11 +242,21 @@ fn problems(report: &StatusReport) -> Vec<String> {
             report.agent.pid.unwrap_or(0)
         )),
     }
-    if report.maps.is_none() {
+    if let Some(why) = &report.programs_unreadable {
         found.push(format!(
+            "{why}: the programs on the interfaces are not checked; run `switchboard status` as root"
+        ));
+    }
+    match (&report.maps, &report.maps_unreadable) {
+        (Some(_), _) => {}
+        (None, Some(why)) => found.push(format!("{why}: run `switchboard status` as root")),
+        (None, None) => found.push(format!(
             "no switchboard maps are pinned under {}",
             report.pin_root
-        ));
+        )),
+    }
+    for p in pinroot::problems(&report.layout, std::path::Path::new(&report.pin_root)) {
+        found.push(format!("{}: {}", p.what, p.fix));
     }
     for m in report.maps.iter().flatten() {
         let percent = fill_percent(m);
@@ -279,6 +331,8 @@ pub fn render(report: &StatusReport) -> String {
         for r in &report.interfaces {
             let state = if r.gone {
                 "gone".to_owned()
+            } else if r.unknown {
+                "unknown".to_owned()
             } else if r.missing.is_empty() {
                 "ok".to_owned()
             } else {
@@ -469,6 +523,9 @@ mod tests {
             interfaces: rows.clone(),
             pinned_links: Vec::new(),
             maps: None,
+            maps_unreadable: None,
+            programs_unreadable: None,
+            layout: pinroot::Layout::default(),
             problems: Vec::new(),
         };
         let text = render(&report);
@@ -503,6 +560,9 @@ mod tests {
                 entries: 95,
                 capacity: 100,
             }]),
+            maps_unreadable: None,
+            programs_unreadable: None,
+            layout: pinroot::Layout::default(),
             problems: Vec::new(),
         };
         let problems = problems(&report);
@@ -516,6 +576,118 @@ mod tests {
         assert!(text.contains("NOT RUNNING (last pid 42)"), "{text}");
         assert!(text.contains("Source:        dir:/m"), "{text}");
         assert!(text.contains("PROBLEMS (2)"), "{text}");
+    }
+
+    /// Issue 25: with a pod's capabilities (no CAP_SYS_ADMIN) the kernel
+    /// refuses to list programs. The interfaces are unknown, not MISSING,
+    /// and nothing advises a restart.
+    #[test]
+    fn a_refused_program_listing_reads_as_cannot_inspect() {
+        let refused = aya::programs::ProgramError::SyscallError(aya::sys::SyscallError {
+            call: "bpf_prog_get_next_id",
+            io_error: std::io::Error::from_raw_os_error(libc::EPERM),
+        });
+        // What the refused listing leaves: a pod veth and an uplink with no
+        // program names.
+        let status = AgentStatus {
+            pid: 42,
+            interfaces: vec![AttachedInterface {
+                name: "eth0".into(),
+                index: 2,
+                role: "uplink".into(),
+                hooks: vec!["xdp native sb_xdp_uplink".into()],
+                xdp: None,
+            }],
+            ..AgentStatus::default()
+        };
+        let mut rows = interface_rows(
+            Some(&status),
+            &[iface("p1", 4, true), iface("eth0", 2, false)],
+        );
+        assert!(
+            rows.iter().all(|r| !r.missing.is_empty()),
+            "as it was: every interface missing"
+        );
+        mark_unknown(&mut rows);
+        let report = StatusReport {
+            pin_root: "/sys/fs/bpf/switchboard".into(),
+            agent: AgentProcess {
+                pid: Some(42),
+                alive: true,
+                evidence: "lock",
+            },
+            status: Some(status),
+            uptime_s: None,
+            last_sync_age_s: None,
+            interfaces: rows,
+            pinned_links: Vec::new(),
+            maps: Some(Vec::new()),
+            maps_unreadable: None,
+            programs_unreadable: hooks::unreadable(&refused),
+            layout: pinroot::Layout::default(),
+            problems: Vec::new(),
+        };
+        let found = problems(&report);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(
+            found[0].starts_with("cannot inspect: permission denied (need CAP_SYS_ADMIN or root)"),
+            "{found:?}"
+        );
+        assert!(!found[0].contains("restart"), "{found:?}");
+        let text = render(&StatusReport {
+            problems: found,
+            ..report
+        });
+        assert!(!text.contains("MISSING"), "{text}");
+        assert!(text.contains("unknown"), "{text}");
+        // Unprivileged: the maps cannot be opened either.
+        let denied = crate::maps::MapsError::Open {
+            path: "/sys/fs/bpf/switchboard/SB_FE_V1".into(),
+            source: aya::maps::MapError::SyscallError(aya::sys::SyscallError {
+                call: "BPF_OBJ_GET",
+                io_error: std::io::Error::from_raw_os_error(libc::EACCES),
+            }),
+        };
+        let why = maps_unreadable(&denied).expect("a permission error");
+        assert!(why.contains("permission denied"), "{why}");
+        let absent = crate::maps::MapsError::NotPinned {
+            name: names::FRONTENDS,
+            path: "/x/SB_FE_V1".into(),
+        };
+        assert_eq!(maps_unreadable(&absent), None);
+    }
+
+    /// Issue 25: pins of another layout and stale resize pins are problems.
+    #[test]
+    fn pins_of_another_layout_are_problems() {
+        let report = StatusReport {
+            pin_root: "/sys/fs/bpf/switchboard".into(),
+            agent: AgentProcess {
+                pid: Some(42),
+                alive: true,
+                evidence: "lock",
+            },
+            status: Some(AgentStatus::default()),
+            uptime_s: None,
+            last_sync_age_s: None,
+            interfaces: Vec::new(),
+            pinned_links: Vec::new(),
+            maps: Some(Vec::new()),
+            maps_unreadable: None,
+            programs_unreadable: None,
+            layout: pinroot::Layout {
+                format: Some(pinroot::FORMAT),
+                maps_pinned: true,
+                unknown: vec!["SB_CT_V2".into(), "SB_STATS_V1".into()],
+                staging: vec!["SB_CT_V5_resize".into()],
+                ..pinroot::Layout::default()
+            },
+            problems: Vec::new(),
+        };
+        let found = problems(&report);
+        assert_eq!(found.len(), 2, "{found:?}");
+        assert!(found[0].contains("SB_CT_V2, SB_STATS_V1"), "{found:?}");
+        assert!(found[1].contains("SB_CT_V5_resize"), "{found:?}");
     }
 
     /// An agent of this version attaches the IPv6 socket hooks too: a pin
@@ -556,6 +728,9 @@ mod tests {
             interfaces: Vec::new(),
             pinned_links: v4_only,
             maps: Some(Vec::new()),
+            maps_unreadable: None,
+            programs_unreadable: None,
+            layout: pinroot::Layout::default(),
             problems: Vec::new(),
         };
         let found = problems(&report);
