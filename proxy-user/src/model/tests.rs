@@ -1944,8 +1944,6 @@ mod properties {
     const SERVICES: usize = 5;
     const SLICES: usize = 6;
 
-    // A test's generated input: its size does not matter.
-    #[allow(clippy::large_enum_variant)]
     #[derive(Clone, Debug)]
     // A test value, moved a few hundred times per case: boxing would only
     // add noise to every constructor.
