@@ -709,7 +709,7 @@ fn synflood(args: &SynfloodArgs) -> Result<()> {
                 sent += 1;
             }
             tries += 1;
-            if tries % 256 == 0 && std::time::Instant::now() >= until {
+            if tries.is_multiple_of(256) && std::time::Instant::now() >= until {
                 break 'send;
             }
         }
