@@ -526,48 +526,37 @@ pub mod new_flows {
     pub const SLOTS: u32 = 512;
     /// Flows remembered per CPU (IPv6; its keys are larger).
     pub const SLOTS6: u32 = 256;
-    /// Remembered flows examined for one new flow before it is refused.
+    /// Remembered flows examined for one removal.
     pub const TRIES: u32 = 4;
+    /// Removals one new flow may make: another CPU may take the room one
+    /// removal made before this one's insert does.
+    pub const ROUNDS: u32 = 3;
 }
 
-/// Both keys of one tracked IPv4 flow, as [`NewFlows`] remembers it
+/// Both keys of one tracked flow, as [`NewFlowsOf`] remembers it
 /// (`forward.proto == 0`: an empty or used slot).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
-pub struct CtPair {
-    pub forward: CtKey,
-    pub reply: CtKey,
+pub struct KeyPair<K> {
+    pub forward: K,
+    pub reply: K,
 }
 
-/// The per-CPU ring of recent IPv4 flows ([`new_flows`]).
+/// A per-CPU ring of recent new flows of one family ([`new_flows`]).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
-pub struct NewFlows {
+pub struct NewFlowsOf<K, const N: usize> {
     /// Where the next new flow is written (wrapping).
     pub next: u32,
     /// The next slot examined when room is needed (wrapping).
     pub evict: u32,
-    pub pairs: [CtPair; new_flows::SLOTS as usize],
+    pub pairs: [KeyPair<K>; N],
 }
 
-/// [`CtPair`] for an IPv6 flow.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
-pub struct CtPair6 {
-    pub forward: CtKey6,
-    pub reply: CtKey6,
-}
-
-/// [`NewFlows`] for IPv6 flows.
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-pub struct NewFlows6 {
-    pub next: u32,
-    pub evict: u32,
-    pub pairs: [CtPair6; new_flows::SLOTS6 as usize],
-}
+/// The ring of recent IPv4 flows.
+pub type NewFlows = NewFlowsOf<CtKey, { new_flows::SLOTS as usize }>;
+/// The ring of recent IPv6 flows (fewer slots: its keys are larger).
+pub type NewFlows6 = NewFlowsOf<CtKey6, { new_flows::SLOTS6 as usize }>;
 
 /// The data path writes an entry's `last_seen_ns` at most this often (the
 /// garbage collector's timeouts are seconds to a day, so a second of
@@ -1215,8 +1204,8 @@ const _: () = assert!(size_of::<SockKey6>() == 32);
 const _: () = assert!(size_of::<SockEntry6>() == 28);
 const _: () = assert!(size_of::<FragKey6>() == 40);
 const _: () = assert!(size_of::<FragEntry6>() == 48);
-const _: () = assert!(size_of::<CtPair>() == 32);
-const _: () = assert!(size_of::<CtPair6>() == 80);
+const _: () = assert!(size_of::<KeyPair<CtKey>>() == 32);
+const _: () = assert!(size_of::<KeyPair<CtKey6>>() == 80);
 const _: () = assert!(size_of::<NewFlows>() == 8 + 32 * new_flows::SLOTS as usize);
 const _: () = assert!(size_of::<NewFlows6>() == 8 + 80 * new_flows::SLOTS6 as usize);
 // A per-CPU map value may be at most 32 KiB.

@@ -17,7 +17,7 @@
 //! place. An established flow is never removed for a new one.
 use aya_ebpf::helpers::bpf_ktime_get_coarse_ns;
 use proxy_common::{
-    ct_flags, ct_state, new_flows, proto, Addr6Be, CtEntry, CtEntry6, CtKey, CtKey6, CtPair, CtPair6,
+    ct_flags, ct_state, new_flows, proto, Addr6Be, CtEntry, CtEntry6, CtKey, CtKey6, KeyPair, NewFlowsOf,
     CT_REFRESH_NS,
 };
 
@@ -62,7 +62,7 @@ pub(crate) fn insert(key: &CtKey, entry: &CtEntry, flags: u64) -> Result<(), Not
 /// Writes both entries of a new flow, or neither: a forward entry whose
 /// reply entry did not fit is removed again, so the table holds no flow
 /// whose replies would not be translated. A full table first makes room
-/// ([`make_room`]); the flow is remembered as a new one.
+/// ([`with_room`]); the flow is remembered as a new one.
 #[inline(always)]
 pub(crate) fn insert_pair(
     fwd_key: &CtKey,
@@ -70,14 +70,9 @@ pub(crate) fn insert_pair(
     reply_key: &CtKey,
     reply: &CtEntry,
 ) -> Result<(), NotTracked> {
-    let result = match insert_both(fwd_key, fwd, reply_key, reply) {
-        Err(NotTracked::Full) if make_room() => insert_both(fwd_key, fwd, reply_key, reply),
-        other => other,
-    };
-    if result.is_ok() {
-        remember(fwd_key, reply_key);
-    }
-    result
+    with_room::<CtKey>(|| insert_both(fwd_key, fwd, reply_key, reply))?;
+    remember(fwd_key, reply_key);
+    Ok(())
 }
 
 #[inline(always)]
@@ -92,62 +87,144 @@ fn insert_both(fwd_key: &CtKey, fwd: &CtEntry, reply_key: &CtKey, reply: &CtEntr
     Ok(())
 }
 
-/// Remembers a new IPv4 flow in this CPU's ring, over its oldest one.
+/// One family's connection-tracking table and this CPU's memory of its new
+/// flows: what [`remember`] and [`make_room`] need, so each is written once
+/// for both families.
+pub(crate) trait Table: Copy {
+    /// The next slot of this CPU's ring to write (`evict == false`) or to
+    /// examine (`evict == true`), its cursor moved on. The index is masked
+    /// into the ring.
+    fn take_slot(evict: bool) -> Option<*mut KeyPair<Self>>;
+    fn proto(&self) -> u8;
+    fn clear(&mut self);
+    /// The flags and state of the entry under this key.
+    fn entry_state(&self) -> Option<(u8, u8)>;
+    fn remove(&self);
+}
+
+/// The slot of `ring` the chosen cursor names (masked), the cursor moved on.
+///
+/// # Safety
+/// `ring` is this CPU's value of a per-CPU array, valid for the program run.
 #[inline(always)]
-pub(crate) fn remember(fwd_key: &CtKey, reply_key: &CtKey) {
-    let Some(ring) = SB_CT_NEW_V1.get_ptr_mut(0) else {
-        return;
-    };
-    // SAFETY: this CPU's own value of a per-CPU array, valid for the program
-    // run; nothing else runs on this CPU meanwhile. The index is masked into
-    // the array.
+unsafe fn slot_of<K, const N: usize>(ring: *mut NewFlowsOf<K, N>, evict: bool) -> Option<*mut KeyPair<K>> {
+    // SAFETY: the caller's guarantee: nothing else runs on this CPU
+    // meanwhile; `get_mut` bounds the masked index.
     unsafe {
-        let slot = ((*ring).next & (new_flows::SLOTS - 1)) as usize;
-        if let Some(pair) = (*ring).pairs.get_mut(slot) {
-            pair.forward = *fwd_key;
-            pair.reply = *reply_key;
-        }
-        (*ring).next = (*ring).next.wrapping_add(1);
+        let cursor = if evict { &mut (*ring).evict } else { &mut (*ring).next };
+        let index = (*cursor as usize) & (N - 1);
+        *cursor = cursor.wrapping_add(1);
+        (*ring).pairs.get_mut(index).map(|pair| pair as *mut KeyPair<K>)
     }
 }
 
-/// Makes room in a full IPv4 table: examines up to [`new_flows::TRIES`] of
-/// this CPU's remembered flows, oldest first, and removes the first that is
-/// not established ([`established`]). Whether one was removed. The keys are
-/// used where the ring holds them (no copy on the stack).
+impl Table for CtKey {
+    #[inline(always)]
+    fn take_slot(evict: bool) -> Option<*mut KeyPair<CtKey>> {
+        let ring = SB_CT_NEW_V1.get_ptr_mut(0)?;
+        // SAFETY: this CPU's own ring, valid for the program run.
+        unsafe { slot_of(ring, evict) }
+    }
+    #[inline(always)]
+    fn proto(&self) -> u8 {
+        self.proto
+    }
+    #[inline(always)]
+    fn clear(&mut self) {
+        self.proto = 0;
+    }
+    #[inline(always)]
+    fn entry_state(&self) -> Option<(u8, u8)> {
+        // SAFETY: a value of the conntrack map, read at once.
+        unsafe { SB_CT_V5.get(self) }.map(|e| (e.flags, e.state))
+    }
+    #[inline(always)]
+    fn remove(&self) {
+        // Already gone is as good as removed.
+        let _ = SB_CT_V5.remove(self);
+    }
+}
+
+impl Table for CtKey6 {
+    #[inline(always)]
+    fn take_slot(evict: bool) -> Option<*mut KeyPair<CtKey6>> {
+        let ring = SB_CT6_NEW_V1.get_ptr_mut(0)?;
+        // SAFETY: this CPU's own ring, valid for the program run.
+        unsafe { slot_of(ring, evict) }
+    }
+    #[inline(always)]
+    fn proto(&self) -> u8 {
+        self.proto
+    }
+    #[inline(always)]
+    fn clear(&mut self) {
+        self.proto = 0;
+    }
+    #[inline(always)]
+    fn entry_state(&self) -> Option<(u8, u8)> {
+        // SAFETY: a value of the conntrack map, read at once.
+        unsafe { SB_CT6_V1.get(self) }.map(|e| (e.flags, e.state))
+    }
+    #[inline(always)]
+    fn remove(&self) {
+        // Already gone is as good as removed.
+        let _ = SB_CT6_V1.remove(self);
+    }
+}
+
+/// Remembers a new flow in this CPU's ring, over its oldest one.
 #[inline(always)]
-pub(crate) fn make_room() -> bool {
-    let Some(ring) = SB_CT_NEW_V1.get_ptr_mut(0) else {
-        return false;
-    };
+pub(crate) fn remember<K: Table>(fwd_key: &K, reply_key: &K) {
+    if let Some(pair) = K::take_slot(false) {
+        // SAFETY: a slot of this CPU's ring, valid for the program run.
+        unsafe {
+            (*pair).forward = *fwd_key;
+            (*pair).reply = *reply_key;
+        }
+    }
+}
+
+/// Runs `insert`; while the table is full and room can be made
+/// ([`make_room`]), runs it again, [`new_flows::ROUNDS`] times at most (the
+/// room one removal made may go to another CPU's new flow first).
+#[inline(always)]
+pub(crate) fn with_room<K: Table>(mut insert: impl FnMut() -> Result<(), NotTracked>) -> Result<(), NotTracked> {
+    let mut result = insert();
+    for _ in 0..new_flows::ROUNDS {
+        match result {
+            Err(NotTracked::Full) if make_room::<K>() => result = insert(),
+            _ => break,
+        }
+    }
+    result
+}
+
+/// Makes room in a full table: examines up to [`new_flows::TRIES`] of this
+/// CPU's remembered flows, oldest first, and removes the first that is not
+/// established ([`established`]). Whether one was removed. The keys are used
+/// where the ring holds them (no copy on the stack).
+#[inline(always)]
+pub(crate) fn make_room<K: Table>() -> bool {
     for _ in 0..new_flows::TRIES {
-        // SAFETY: as in `remember`: this CPU's own ring, index masked; the
-        // pair stays valid for the program run.
-        let pair: &mut CtPair = unsafe {
-            let slot = ((*ring).evict & (new_flows::SLOTS - 1)) as usize;
-            (*ring).evict = (*ring).evict.wrapping_add(1);
-            match (*ring).pairs.get_mut(slot) {
-                Some(pair) => pair,
-                None => continue,
-            }
+        let Some(pair) = K::take_slot(true) else {
+            return false;
         };
-        let protocol = pair.forward.proto;
+        // SAFETY: a slot of this CPU's ring, valid for the program run.
+        let pair = unsafe { &mut *pair };
+        let protocol = pair.forward.proto();
         if protocol == 0 {
             continue;
         }
-        // SAFETY: values of the conntrack map, read at once.
-        let forward = unsafe { SB_CT_V5.get(&pair.forward) }.map(|e| (e.flags, e.state));
-        let reply = unsafe { SB_CT_V5.get(&pair.reply) }.map(|e| e.state);
-        let evict = match (forward, reply) {
-            (Some((flags, state)), Some(reply)) => !established(protocol, flags, state, reply),
+        let evict = match (pair.forward.entry_state(), pair.reply.entry_state()) {
+            (Some((flags, state)), Some((_, reply))) => !established(protocol, flags, state, reply),
             _ => false,
         };
         if evict {
-            let _ = SB_CT_V5.remove(&pair.forward);
-            let _ = SB_CT_V5.remove(&pair.reply);
+            pair.forward.remove();
+            pair.reply.remove();
         }
         // Examined once: an empty slot from now on.
-        pair.forward.proto = 0;
+        pair.forward.clear();
         if evict {
             return true;
         }
@@ -235,83 +312,18 @@ pub(crate) fn insert_pair6(
     reply_nat: (&Addr6Be, u16),
     reply_snat: (&Addr6Be, u16),
 ) -> Result<(), NotTracked> {
-    let first = match insert6(fwd_key, entry, 0) {
-        Err(NotTracked::Full) if make_room6() => insert6(fwd_key, entry, 0),
-        other => other,
-    };
-    first?;
+    with_room::<CtKey6>(|| insert6(fwd_key, entry, 0))?;
     entry.nat_addr_be = *reply_nat.0;
     entry.nat_port_be = reply_nat.1;
     entry.snat_addr_be = *reply_snat.0;
     entry.snat_port_be = reply_snat.1;
-    let second = match insert6(reply_key, entry, 0) {
-        Err(NotTracked::Full) if make_room6() => insert6(reply_key, entry, 0),
-        other => other,
-    };
-    if let Err(why) = second {
+    if let Err(why) = with_room::<CtKey6>(|| insert6(reply_key, entry, 0)) {
         // Best effort, as in `insert_pair`.
         let _ = SB_CT6_V1.remove(fwd_key);
         return Err(why);
     }
-    remember6(fwd_key, reply_key);
+    remember(fwd_key, reply_key);
     Ok(())
-}
-
-/// [`remember`] for an IPv6 flow.
-#[inline(always)]
-pub(crate) fn remember6(fwd_key: &CtKey6, reply_key: &CtKey6) {
-    let Some(ring) = SB_CT6_NEW_V1.get_ptr_mut(0) else {
-        return;
-    };
-    // SAFETY: as in `remember`: this CPU's own ring, index masked.
-    unsafe {
-        let slot = ((*ring).next & (new_flows::SLOTS6 - 1)) as usize;
-        if let Some(pair) = (*ring).pairs.get_mut(slot) {
-            pair.forward = *fwd_key;
-            pair.reply = *reply_key;
-        }
-        (*ring).next = (*ring).next.wrapping_add(1);
-    }
-}
-
-/// [`make_room`] for the IPv6 table.
-#[inline(always)]
-pub(crate) fn make_room6() -> bool {
-    let Some(ring) = SB_CT6_NEW_V1.get_ptr_mut(0) else {
-        return false;
-    };
-    for _ in 0..new_flows::TRIES {
-        // SAFETY: as in `remember`: this CPU's own ring, index masked; the
-        // pair stays valid for the program run.
-        let pair: &mut CtPair6 = unsafe {
-            let slot = ((*ring).evict & (new_flows::SLOTS6 - 1)) as usize;
-            (*ring).evict = (*ring).evict.wrapping_add(1);
-            match (*ring).pairs.get_mut(slot) {
-                Some(pair) => pair,
-                None => continue,
-            }
-        };
-        let protocol = pair.forward.proto;
-        if protocol == 0 {
-            continue;
-        }
-        // SAFETY: values of the conntrack map, read at once.
-        let forward = unsafe { SB_CT6_V1.get(&pair.forward) }.map(|e| (e.flags, e.state));
-        let reply = unsafe { SB_CT6_V1.get(&pair.reply) }.map(|e| e.state);
-        let evict = match (forward, reply) {
-            (Some((flags, state)), Some(reply)) => !established(protocol, flags, state, reply),
-            _ => false,
-        };
-        if evict {
-            let _ = SB_CT6_V1.remove(&pair.forward);
-            let _ = SB_CT6_V1.remove(&pair.reply);
-        }
-        pair.forward.proto = 0;
-        if evict {
-            return true;
-        }
-    }
-    false
 }
 
 /// [`seen`] for an IPv6 flow's entry.

@@ -91,7 +91,7 @@ pub static SB_UPLINK6_V1: HashMap<u32, Uplink6, { capacity::UPLINKS as usize }> 
 pub static SB_FRAG6_V1: LruHashMap<FragKey6, FragEntry6, { capacity::FRAGMENTS as usize }> =
     LruHashMap::new();
 
-/// The recent new flows of each CPU, IPv4 ([`crate::ct::make_room`]). Not
+/// The recent new flows of each CPU, IPv4 ([`crate::ct::make_room`], over [`crate::ct::Table`]). Not
 /// pinned: a new agent starts with an empty memory.
 #[btf_map]
 pub static SB_CT_NEW_V1: PerCpuArray<NewFlows, 1> = PerCpuArray::new();

@@ -363,7 +363,7 @@ fn new_remote_flow(
             Ok(false) => continue,
             // Full: the next port is tried once a flow that is not
             // established made room.
-            Err(_) if ct::make_room() => continue,
+            Err(_) if ct::make_room::<CtKey>() => continue,
             // The client retransmits once the agent made room.
             Err(_) => return Err(NotTranslated::Drop(stat::CT_FULL)),
         }
@@ -374,11 +374,7 @@ fn new_remote_flow(
             snat_port_be: port.to_be(),
             ..reply
         };
-        let inserted = match ct::insert(fwd, &forward, 0) {
-            Err(NotTracked::Full) if ct::make_room() => ct::insert(fwd, &forward, 0),
-            other => other,
-        };
-        match inserted {
+        match ct::with_room::<CtKey>(|| ct::insert(fwd, &forward, 0)) {
             Ok(()) => {
                 count_service(service_id, |s| s.new_flows += 1);
                 ct::remember(fwd, &reply_key);

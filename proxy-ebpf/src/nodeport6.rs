@@ -43,7 +43,7 @@ use aya_ebpf::{
 use proxy_common::{
     ct_dir, ct_flags, frontend_flags,
     hash::{flow_hash6, source_hash6},
-    proto, scope, snat, stat, Addr6Be, FrontendSlot,
+    proto, scope, snat, stat, Addr6Be, CtKey6, FrontendSlot,
 };
 
 use crate::{
@@ -401,7 +401,7 @@ fn new_remote_flow6(u: &mut Up6, backend_id: u32, service_id: u32) -> Result<Out
             Ok(false) => continue,
             // Full: the next port is tried once a flow that is not
             // established made room.
-            Err(_) if ct::make_room6() => continue,
+            Err(_) if ct::make_room::<CtKey6>() => continue,
             // The client retransmits once the agent made room.
             Err(_) => return Err(NotTranslated::Drop(stat::CT_FULL)),
         }
@@ -410,14 +410,10 @@ fn new_remote_flow6(u: &mut Up6, backend_id: u32, service_id: u32) -> Result<Out
         e.nat_port_be = u.s.backend.port_be;
         e.snat_addr_be = u.snat_addr_be;
         e.snat_port_be = port_be;
-        let inserted = match ct::insert6(&u.s.key, &u.s.entry, 0) {
-            Err(NotTracked::Full) if ct::make_room6() => ct::insert6(&u.s.key, &u.s.entry, 0),
-            other => other,
-        };
-        match inserted {
+        match ct::with_room::<CtKey6>(|| ct::insert6(&u.s.key, &u.s.entry, 0)) {
             Ok(()) => {
                 count_service(service_id, |s| s.new_flows += 1);
-                ct::remember6(&u.s.key, &u.s.key2);
+                ct::remember(&u.s.key, &u.s.key2);
             }
             Err(NotTracked::Failed) => count(stat::CT_INSERT_FAILED),
             Err(NotTracked::Full) => {
