@@ -516,16 +516,26 @@ pub mod ct_state {
     pub const ACKED: u8 = 1 << 3;
 }
 
-/// The data path's memory of recently created flows, per CPU: when the
-/// connection-tracking table is full, the oldest of them that is not
-/// established (TCP without the client's ACK, UDP without a reply) gives way
-/// to the new flow, as the kernel's conntrack drops an unassured entry. An
-/// established flow is never removed to make room.
+/// The data path's memory of recently created flows, one ring shared by all
+/// CPUs: when the connection-tracking table is full, the oldest of them that
+/// is not established (TCP without the client's ACK, UDP without a reply)
+/// gives way to the new flow, as the kernel's conntrack drops an unassured
+/// entry. An established flow is never removed to make room.
+///
+/// The ring is shared, not per CPU, so a CPU that created no flow lately (a
+/// real client's, while a flood runs on another) still finds the flood's
+/// flows to remove. Its cursors are written without atomics: two CPUs may
+/// write one slot or examine one slot at once. The first loses one flow from
+/// the ring (it then only expires), the second examines a flow twice; a slot
+/// read while it is written is caught by checking that both keys are one
+/// flow's before anything is removed.
 pub mod new_flows {
-    /// Flows remembered per CPU (IPv4); a power of two.
-    pub const SLOTS: u32 = 512;
-    /// Flows remembered per CPU (IPv6; its keys are larger).
-    pub const SLOTS6: u32 = 256;
+    /// Flows remembered (IPv4); a power of two.
+    pub const SLOTS: u32 = 4096;
+    /// Flows remembered (IPv6; its keys are larger).
+    pub const SLOTS6: u32 = 2048;
+    /// The newest flows, which may still be being written, are not examined.
+    pub const MARGIN: u32 = 8;
     /// Remembered flows examined for one removal.
     pub const TRIES: u32 = 4;
     /// Removals one new flow may make: another CPU may take the room one
@@ -542,14 +552,18 @@ pub struct KeyPair<K> {
     pub reply: K,
 }
 
-/// A per-CPU ring of recent new flows of one family ([`new_flows`]).
+/// The ring of recent new flows of one family ([`new_flows`]). Each cursor
+/// has a cache line of its own: every CPU writes `next`, and only a CPU
+/// making room writes `evict`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct NewFlowsOf<K, const N: usize> {
     /// Where the next new flow is written (wrapping).
     pub next: u32,
+    pub _pad_next: [u8; 60],
     /// The next slot examined when room is needed (wrapping).
     pub evict: u32,
+    pub _pad_evict: [u8; 60],
     pub pairs: [KeyPair<K>; N],
 }
 
@@ -1206,10 +1220,11 @@ const _: () = assert!(size_of::<FragKey6>() == 40);
 const _: () = assert!(size_of::<FragEntry6>() == 48);
 const _: () = assert!(size_of::<KeyPair<CtKey>>() == 32);
 const _: () = assert!(size_of::<KeyPair<CtKey6>>() == 80);
-const _: () = assert!(size_of::<NewFlows>() == 8 + 32 * new_flows::SLOTS as usize);
-const _: () = assert!(size_of::<NewFlows6>() == 8 + 80 * new_flows::SLOTS6 as usize);
-// A per-CPU map value may be at most 32 KiB.
-const _: () = assert!(size_of::<NewFlows>() <= 32 * 1024 && size_of::<NewFlows6>() <= 32 * 1024);
+const _: () = assert!(size_of::<NewFlows>() == 128 + 32 * new_flows::SLOTS as usize);
+const _: () = assert!(size_of::<NewFlows6>() == 128 + 80 * new_flows::SLOTS6 as usize);
+// An array map's value may be at most KMALLOC_MAX_SIZE (4 MiB with 4 KiB pages).
+const _: () = assert!(size_of::<NewFlows>() <= 4 << 20 && size_of::<NewFlows6>() <= 4 << 20);
+const _: () = assert!(new_flows::MARGIN < new_flows::SLOTS6);
 const _: () = assert!(new_flows::SLOTS.is_power_of_two() && new_flows::SLOTS6.is_power_of_two());
 const _: () = assert!(size_of::<SrcRange4>() == 8);
 const _: () = assert!(size_of::<SrcRange6>() == 20);

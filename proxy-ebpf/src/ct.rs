@@ -10,9 +10,9 @@
 //! room. Packets of tracked flows are not affected.
 //!
 //! A spoofed SYN flood must not lock real clients out, so a full table makes
-//! room itself when it can: each CPU remembers its recent new flows
-//! (`SB_CT_NEW_V1`, a ring), and a flow that does not fit removes the oldest
-//! remembered flow that is not established (TCP without the client's ACK of
+//! room itself when it can: the data path remembers its recent new flows
+//! (`SB_CT_NEW_V2`, a ring all CPUs share), and a flow that does not fit
+//! removes the oldest remembered flow that is not established (TCP without the client's ACK of
 //! the SYN-ACK, [`ct_state::ACKED`]; UDP without a reply) and takes its
 //! place. An established flow is never removed for a new one.
 use aya_ebpf::helpers::bpf_ktime_get_coarse_ns;
@@ -22,7 +22,7 @@ use proxy_common::{
 };
 
 use crate::{
-    maps::{SB_CT6_NEW_V1, SB_CT6_V1, SB_CT_NEW_V1, SB_CT_V5},
+    maps::{SB_CT6_NEW_V2, SB_CT6_V1, SB_CT_NEW_V2, SB_CT_V5},
     packet::{Flow, TCP_FLAG_ACK, TCP_FLAG_FIN, TCP_FLAG_RST, TCP_FLAG_SYN},
     packet6::Flow6,
 };
@@ -87,96 +87,113 @@ fn insert_both(fwd_key: &CtKey, fwd: &CtEntry, reply_key: &CtKey, reply: &CtEntr
     Ok(())
 }
 
-/// One family's connection-tracking table and this CPU's memory of its new
+/// One family's connection-tracking table and the shared memory of its new
 /// flows: what [`remember`] and [`make_room`] need, so each is written once
 /// for both families.
 pub(crate) trait Table: Copy {
-    /// The next slot of this CPU's ring to write (`evict == false`) or to
-    /// examine (`evict == true`), its cursor moved on. The index is masked
-    /// into the ring.
+    /// The next slot of the ring to write (`evict == false`) or to examine
+    /// (`evict == true`; none while only the newest [`new_flows::MARGIN`]
+    /// flows wait), its cursor moved on. The index is masked into the ring.
     fn take_slot(evict: bool) -> Option<*mut KeyPair<Self>>;
     fn proto(&self) -> u8;
     fn clear(&mut self);
-    /// The flags and state of the entry under this key.
-    fn entry_state(&self) -> Option<(u8, u8)>;
+    /// Whether `pair` is one flow's two keys (not a slot read while another
+    /// CPU wrote it), both entries are in the table, and the flow is not
+    /// established ([`established`]).
+    fn evictable(pair: &KeyPair<Self>) -> bool;
     fn remove(&self);
 }
 
 /// The slot of `ring` the chosen cursor names (masked), the cursor moved on.
+/// An examining cursor the writing one lapped restarts at the oldest flow
+/// still remembered.
 ///
 /// # Safety
-/// `ring` is this CPU's value of a per-CPU array, valid for the program run.
+/// `ring` is the value of an array map, valid for the program run. Other
+/// CPUs may write it meanwhile (see [`new_flows`]).
 #[inline(always)]
 unsafe fn slot_of<K, const N: usize>(ring: *mut NewFlowsOf<K, N>, evict: bool) -> Option<*mut KeyPair<K>> {
-    // SAFETY: the caller's guarantee: nothing else runs on this CPU
-    // meanwhile; `get_mut` bounds the masked index.
+    // SAFETY: the caller's guarantee; a racing cursor write loses or repeats
+    // a slot, which the ring tolerates; `get_mut` bounds the masked index.
     unsafe {
-        let cursor = if evict { &mut (*ring).evict } else { &mut (*ring).next };
-        let index = (*cursor as usize) & (N - 1);
-        *cursor = cursor.wrapping_add(1);
-        (*ring).pairs.get_mut(index).map(|pair| pair as *mut KeyPair<K>)
+        let index = if evict {
+            let next = (*ring).next;
+            let mut at = (*ring).evict;
+            let waiting = next.wrapping_sub(at);
+            if waiting <= new_flows::MARGIN {
+                return None;
+            }
+            if waiting > N as u32 {
+                at = next.wrapping_sub(N as u32);
+            }
+            (*ring).evict = at.wrapping_add(1);
+            at
+        } else {
+            let at = (*ring).next;
+            (*ring).next = at.wrapping_add(1);
+            at
+        };
+        (*ring).pairs.get_mut(index as usize & (N - 1)).map(|pair| pair as *mut KeyPair<K>)
     }
 }
 
-impl Table for CtKey {
-    #[inline(always)]
-    fn take_slot(evict: bool) -> Option<*mut KeyPair<CtKey>> {
-        let ring = SB_CT_NEW_V1.get_ptr_mut(0)?;
-        // SAFETY: this CPU's own ring, valid for the program run.
-        unsafe { slot_of(ring, evict) }
-    }
-    #[inline(always)]
-    fn proto(&self) -> u8 {
-        self.proto
-    }
-    #[inline(always)]
-    fn clear(&mut self) {
-        self.proto = 0;
-    }
-    #[inline(always)]
-    fn entry_state(&self) -> Option<(u8, u8)> {
-        // SAFETY: a value of the conntrack map, read at once.
-        unsafe { SB_CT_V5.get(self) }.map(|e| (e.flags, e.state))
-    }
-    #[inline(always)]
-    fn remove(&self) {
-        // Already gone is as good as removed.
-        let _ = SB_CT_V5.remove(self);
-    }
+/// [`Table`] for one family: its key, conntrack map, ring and address
+/// comparison.
+macro_rules! conntrack_table {
+    ($key:ty, $table:ident, $ring:ident, $same:path) => {
+        impl Table for $key {
+            #[inline(always)]
+            fn take_slot(evict: bool) -> Option<*mut KeyPair<$key>> {
+                let ring = $ring.get_ptr_mut(0)?;
+                // SAFETY: the map's one value, valid for the program run.
+                unsafe { slot_of(ring, evict) }
+            }
+            #[inline(always)]
+            fn proto(&self) -> u8 {
+                self.proto
+            }
+            #[inline(always)]
+            fn clear(&mut self) {
+                self.proto = 0;
+            }
+            #[inline(always)]
+            fn evictable(pair: &KeyPair<$key>) -> bool {
+                let (fwd_key, reply_key) = (&pair.forward, &pair.reply);
+                // SAFETY: values of the conntrack map, read at once.
+                let (Some(fwd), Some(reply)) = (unsafe { $table.get(fwd_key) }, unsafe { $table.get(reply_key) })
+                else {
+                    return false;
+                };
+                // The reply comes from the backend the forward entry names,
+                // to the client or to the address its source became.
+                let from_backend = $same(&reply_key.saddr_be, &fwd.nat_addr_be) && reply_key.sport_be == fwd.nat_port_be;
+                let to_client = ($same(&reply_key.daddr_be, &fwd_key.saddr_be) && reply_key.dport_be == fwd_key.sport_be)
+                    || ($same(&reply.snat_addr_be, &fwd_key.saddr_be) && reply.snat_port_be == fwd_key.sport_be);
+                from_backend && to_client && !established(fwd_key.proto, fwd.flags, fwd.state, reply.state)
+            }
+            #[inline(always)]
+            fn remove(&self) {
+                // Already gone is as good as removed.
+                let _ = $table.remove(self);
+            }
+        }
+    };
 }
 
-impl Table for CtKey6 {
-    #[inline(always)]
-    fn take_slot(evict: bool) -> Option<*mut KeyPair<CtKey6>> {
-        let ring = SB_CT6_NEW_V1.get_ptr_mut(0)?;
-        // SAFETY: this CPU's own ring, valid for the program run.
-        unsafe { slot_of(ring, evict) }
-    }
-    #[inline(always)]
-    fn proto(&self) -> u8 {
-        self.proto
-    }
-    #[inline(always)]
-    fn clear(&mut self) {
-        self.proto = 0;
-    }
-    #[inline(always)]
-    fn entry_state(&self) -> Option<(u8, u8)> {
-        // SAFETY: a value of the conntrack map, read at once.
-        unsafe { SB_CT6_V1.get(self) }.map(|e| (e.flags, e.state))
-    }
-    #[inline(always)]
-    fn remove(&self) {
-        // Already gone is as good as removed.
-        let _ = SB_CT6_V1.remove(self);
-    }
+#[inline(always)]
+fn same4(a: &u32, b: &u32) -> bool {
+    a == b
 }
 
-/// Remembers a new flow in this CPU's ring, over its oldest one.
+conntrack_table!(CtKey, SB_CT_V5, SB_CT_NEW_V2, same4);
+conntrack_table!(CtKey6, SB_CT6_V1, SB_CT6_NEW_V2, crate::packet6::eq6);
+
+/// Remembers a new flow in the ring, over its oldest one.
 #[inline(always)]
 pub(crate) fn remember<K: Table>(fwd_key: &K, reply_key: &K) {
     if let Some(pair) = K::take_slot(false) {
-        // SAFETY: a slot of this CPU's ring, valid for the program run.
+        // SAFETY: a slot of the ring, valid for the program run; another
+        // CPU writing it too is caught by `Table::evictable`.
         unsafe {
             (*pair).forward = *fwd_key;
             (*pair).reply = *reply_key;
@@ -199,29 +216,25 @@ pub(crate) fn with_room<K: Table>(mut insert: impl FnMut() -> Result<(), NotTrac
     result
 }
 
-/// Makes room in a full table: examines up to [`new_flows::TRIES`] of this
-/// CPU's remembered flows, oldest first, and removes the first that is not
-/// established ([`established`]). Whether one was removed. The keys are used
-/// where the ring holds them (no copy on the stack).
+/// Makes room in a full table: examines up to [`new_flows::TRIES`] of the
+/// remembered flows, oldest first, and removes the first that is not
+/// established ([`Table::evictable`]). Whether one was removed. The keys are
+/// used where the ring holds them (no copy on the stack).
 #[inline(always)]
 pub(crate) fn make_room<K: Table>() -> bool {
     for _ in 0..new_flows::TRIES {
         let Some(pair) = K::take_slot(true) else {
             return false;
         };
-        // SAFETY: a slot of this CPU's ring, valid for the program run.
+        // SAFETY: a slot of the ring, valid for the program run.
         let pair = unsafe { &mut *pair };
-        let protocol = pair.forward.proto();
-        if protocol == 0 {
+        if pair.forward.proto() == 0 {
             continue;
         }
-        let evict = match (pair.forward.entry_state(), pair.reply.entry_state()) {
-            (Some((flags, state)), Some((_, reply))) => !established(protocol, flags, state, reply),
-            _ => false,
-        };
+        let evict = K::evictable(pair);
         if evict {
-            pair.forward.remove();
             pair.reply.remove();
+            pair.forward.remove();
         }
         // Examined once: an empty slot from now on.
         pair.forward.clear();

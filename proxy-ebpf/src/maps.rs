@@ -91,13 +91,13 @@ pub static SB_UPLINK6_V1: HashMap<u32, Uplink6, { capacity::UPLINKS as usize }> 
 pub static SB_FRAG6_V1: LruHashMap<FragKey6, FragEntry6, { capacity::FRAGMENTS as usize }> =
     LruHashMap::new();
 
-/// The recent new flows of each CPU, IPv4 ([`crate::ct::make_room`], over [`crate::ct::Table`]). Not
-/// pinned: a new agent starts with an empty memory.
+/// The recent new IPv4 flows of all CPUs ([`crate::ct::make_room`], over
+/// [`crate::ct::Table`]). Not pinned: a new agent starts with an empty memory.
 #[btf_map]
-pub static SB_CT_NEW_V1: PerCpuArray<NewFlows, 1> = PerCpuArray::new();
-/// [`SB_CT_NEW_V1`] for IPv6 flows.
+pub static SB_CT_NEW_V2: Array<NewFlows, 1> = Array::new();
+/// [`SB_CT_NEW_V2`] for IPv6 flows.
 #[btf_map]
-pub static SB_CT6_NEW_V1: PerCpuArray<NewFlows6, 1> = PerCpuArray::new();
+pub static SB_CT6_NEW_V2: Array<NewFlows6, 1> = Array::new();
 
 /// `loadBalancerSourceRanges`, by service id and client block (see
 /// [`source_allowed4`]).
