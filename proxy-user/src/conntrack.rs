@@ -32,7 +32,9 @@
 //! walks both tables with batched lookups, and waits between passes from 1 s
 //! (the fuller table over 75% full) to 30 s (both nearly empty); a new
 //! `ct_full` count (a flow refused because a table was full; the counter is
-//! shared by both families) starts a pass within a second.
+//! shared by both families) starts a pass within a second. However full the
+//! tables, it waits at least [`PACE`] times as long as its last pass took, so
+//! its cost stays bounded (5% of a core) while a flood fills them.
 
 use std::{
     collections::HashMap as StdHashMap,
@@ -67,6 +69,12 @@ pub const MAX_INTERVAL: Duration = Duration::from_secs(30);
 pub const MIN_INTERVAL: Duration = Duration::from_secs(1);
 /// Above this fill the collector runs every [`MIN_INTERVAL`].
 pub const BUSY_FILL: f64 = 0.75;
+/// A pass is followed by a wait of at least this many times its length, so
+/// the collector takes at most 1/(1 + PACE) of a core however large and
+/// full the tables are (a full table of 512k entries takes a few hundred
+/// milliseconds to walk). The data path does not need it faster: a full
+/// table makes room among unestablished flows itself (`proxy-ebpf/src/ct.rs`).
+pub const PACE: u32 = 19;
 
 /// How long each phase of a flow lasts without traffic. The defaults are
 /// kube-proxy's (`--conntrack-tcp-timeout-established` 24 h,
@@ -556,6 +564,16 @@ fn fill(entries: usize, capacity: u32) -> f64 {
 /// `None` (not read): the fuller table sets the pace, and a table that
 /// could not be read is tried again soon.
 pub fn next_interval(fills: &[Option<f64>]) -> Duration {
+    next_interval_after(fills, Duration::ZERO)
+}
+
+/// [`next_interval`] after a pass over both tables that took `took`: at
+/// least [`PACE`] times as long.
+pub fn next_interval_after(fills: &[Option<f64>], took: Duration) -> Duration {
+    by_fill(fills).max(took.saturating_mul(PACE))
+}
+
+fn by_fill(fills: &[Option<f64>]) -> Duration {
     let mut fullest = 0.0_f64;
     for fill in fills {
         match fill {
@@ -689,15 +707,19 @@ fn run(
 ) {
     let mut refused = ct_full(stats);
     loop {
+        let started = Instant::now();
         let fills = [v4.pass(timeouts, metrics), v6.pass(timeouts, metrics)];
-        let wait = next_interval(&fills);
+        let took = started.elapsed();
+        let wait = next_interval_after(&fills, took);
         // Sleep in steps, ending early when a table refused a flow (the
-        // counter is shared by both families).
+        // counter is shared by both families), but never before the pace
+        // allows another pass.
+        let earliest = Instant::now() + took.saturating_mul(PACE);
         let until = Instant::now() + wait;
         while Instant::now() < until {
             std::thread::sleep(MIN_INTERVAL.min(until.saturating_duration_since(Instant::now())));
             let now_refused = ct_full(stats);
-            if now_refused != refused {
+            if now_refused != refused && Instant::now() >= earliest {
                 refused = now_refused;
                 break;
             }
@@ -1289,6 +1311,19 @@ mod tests {
         // A table that could not be read is tried again soon.
         assert_eq!(next_interval(&[Some(0.0), None]), MIN_INTERVAL);
         assert_eq!(next_interval(&[Some(f64::NAN), Some(0.0)]), MIN_INTERVAL);
+    }
+
+    #[test]
+    fn a_slow_pass_spaces_the_next_one() {
+        let full = [Some(1.0), Some(0.0)];
+        // A quick pass over a full table: every second.
+        assert_eq!(next_interval_after(&full, Duration::from_millis(10)), MIN_INTERVAL);
+        // A pass of 300 ms: the collector takes at most 5% of a core.
+        let wait = next_interval_after(&full, Duration::from_millis(300));
+        assert_eq!(wait, Duration::from_millis(300) * PACE);
+        assert!(Duration::from_millis(300).as_secs_f64() / (wait + Duration::from_millis(300)).as_secs_f64() <= 0.05);
+        // A nearly empty table waits for its own reason, however quick.
+        assert_eq!(next_interval_after(&[Some(0.0), Some(0.0)], Duration::from_millis(300)), MAX_INTERVAL);
     }
 
     #[test]

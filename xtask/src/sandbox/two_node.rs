@@ -1053,6 +1053,11 @@ impl TwoNodeSandbox {
         procs::stop(&mut self.children, &Self::agent_label(node))
     }
 
+    /// The pid of the node's running agent.
+    pub fn agent_pid(&self, node: Node) -> Option<u32> {
+        procs::pid(&self.children, &Self::agent_label(node))
+    }
+
     /// Whether the node's agent is running.
     pub fn agent_running(&mut self, node: Node) -> bool {
         procs::is_running(&mut self.children, &Self::agent_label(node))
