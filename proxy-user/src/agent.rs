@@ -21,6 +21,7 @@ use crate::{
     lock,
     maps::PinnedMaps,
     metrics::{self, SyncObserver},
+    migrate,
     model::{self, Model},
     pinroot, resize, socketlb,
     source::{self, cluster, dir, FeedRx},
@@ -161,15 +162,12 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
         info!(?copied, "resized maps filled from the pinned ones");
     }
     let mut maps = PinnedMaps::take(&mut ebpf).context("opening the maps")?;
-    // An agent of the V4 layout ran: its flows come over (again after the
-    // programs were replaced, for the flows it tracked meanwhile).
-    let adopted = conntrack::adopt_v4(&config.pin_root, &mut maps.conntrack)
-        .context("copying the flows of the V4 connection-tracking table")?;
-    if adopted > 0 {
-        info!(
-            adopted,
-            "connection-tracking entries copied from the V4 table"
-        );
+    // An agent of an earlier layout ran: its flows come over (again after
+    // the programs were replaced, for the flows it tracked meanwhile).
+    for early in migrate::copy_flows(&config.pin_root, &mut maps)
+        .context("copying the flows of an earlier layout's connection-tracking table")?
+    {
+        info!(pin = early.pin, copied = early.copied, "flows copied from an earlier layout");
     }
     maps.set_config(socketlb::datapath_config().context("reading the node's network namespace")?)
         .context("writing the data-path configuration")?;
@@ -261,14 +259,13 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
         resize.finish().context("pinning the resized maps")?;
     }
     sync.set_interfaces(attacher.interfaces(), &uplink_status);
-    let late = conntrack::adopt_v4(&config.pin_root, &mut sync.syncer.store_mut().conntrack)
-        .context("copying the flows of the V4 connection-tracking table")?;
-    if conntrack::unpin_v4(&config.pin_root)
-        .context("unpinning the V4 connection-tracking table")?
+    for migrated in migrate::finish(&config.pin_root, sync.syncer.store_mut())
+        .context("migrating the pins of an earlier layout")?
     {
         info!(
-            late,
-            "the V4 connection-tracking table was copied and unpinned"
+            pin = migrated.pin,
+            copied = migrated.copied,
+            "earlier layout migrated and unpinned"
         );
     }
     // After any resize: the collector opens the pin the programs use.

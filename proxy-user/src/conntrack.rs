@@ -727,87 +727,6 @@ fn run(
     }
 }
 
-/// The entry layout of the V4 table (`SB_CT_V4`, an LRU hash without
-/// state), which an agent upgrading from one copies over.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
-pub struct CtEntryV4 {
-    pub backend_id: u32,
-    pub service_id: u32,
-    pub nat_addr_be: u32,
-    pub nat_port_be: u16,
-    pub flags: u8,
-    pub _pad: u8,
-    pub snat_addr_be: u32,
-    pub snat_port_be: u16,
-    pub _pad2: [u8; 2],
-    pub created_ns: u64,
-}
-
-// SAFETY: `#[repr(C)]` without implicit padding (the assertion below), valid
-// for any bit pattern.
-unsafe impl aya::Pod for CtEntryV4 {}
-const _: () = assert!(std::mem::size_of::<CtEntryV4>() == 32);
-
-/// A V4 entry in the current layout, seen at `now_ns`: a reply entry counts
-/// as answered (V4 kept only flows that had packets both ways, or were
-/// about to), a closing one as half-closed (V4 did not say which way the FIN
-/// went; its next FIN or RST closes it).
-pub fn from_v4(key: &CtKey, old: &CtEntryV4, now_ns: u64) -> CtEntry {
-    let mut state = 0;
-    if key.dir == ct_dir::REPLY {
-        state |= ct_state::REPLIED;
-    } else if old.flags & ct_flags::CLOSING != 0 {
-        state |= ct_state::FIN;
-    }
-    CtEntry {
-        backend_id: old.backend_id,
-        service_id: old.service_id,
-        nat_addr_be: old.nat_addr_be,
-        nat_port_be: old.nat_port_be,
-        flags: old.flags,
-        state,
-        snat_addr_be: old.snat_addr_be,
-        snat_port_be: old.snat_port_be,
-        _pad2: [0; 2],
-        created_ns: old.created_ns,
-        last_seen_ns: now_ns,
-    }
-}
-
-/// Copies the flows an earlier agent's programs tracked in the V4 table
-/// (`SB_CT_V4`) into `table`, keeping what `table` already holds; returns
-/// how many entries were copied (0 without a V4 table). Called before the
-/// programs are replaced, and again after, for the flows the old ones
-/// tracked meanwhile; [`unpin_v4`] then drops the old table.
-pub fn adopt_v4(pin_root: &Path, table: &mut HashMap<MapData, CtKey, CtEntry>) -> Result<usize, GcError> {
-    let path = pin_root.join(names::CONNTRACK_V4);
-    if !path.exists() {
-        return Ok(0);
-    }
-    let (map, _) = open(pin_root, names::CONNTRACK_V4)?;
-    let old: HashMap<MapData, CtKey, CtEntryV4> =
-        HashMap::try_from(map).map_err(|source| GcError::Layout { path: path.clone(), source })?;
-    let entries = crate::mapbatch::lookup_all::<CtKey, CtEntryV4>(old.map())
-        .map_err(|e| GcError::Read { path, source: e })?;
-    let now = monotonic_ns();
-    // BPF_NOEXIST: what the new programs wrote stays.
-    let noexist = 1;
-    Ok(entries
-        .iter()
-        .filter(|(key, entry)| table.insert(key, from_v4(key, entry, now), noexist).is_ok())
-        .count())
-}
-
-/// Removes the V4 table's pin (the programs that used it are gone).
-pub fn unpin_v4(pin_root: &Path) -> std::io::Result<bool> {
-    match std::fs::remove_file(pin_root.join(names::CONNTRACK_V4)) {
-        Ok(()) => Ok(true),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
-        Err(e) => Err(e),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1100,37 +1019,6 @@ mod tests {
         let pass = collect(&mut table, now, &t()).expect("pass");
         assert_eq!(pass.deleted, 0);
         assert_eq!(table.0 .0.len(), 2);
-    }
-
-    #[test]
-    fn v4_entries_come_over_as_answered_flows_seen_now() {
-        let ((fk, _), (rk, _)) = pairs()[0];
-        let old = CtEntryV4 {
-            backend_id: 3,
-            service_id: 7,
-            nat_addr_be: 1,
-            nat_port_be: 2,
-            flags: ct_flags::CLOSING,
-            created_ns: 5,
-            ..CtEntryV4::default()
-        };
-        let (f, r) = (from_v4(&fk, &old, 99 * S), from_v4(&rk, &old, 99 * S));
-        assert_eq!((f.backend_id, f.service_id, f.created_ns, f.last_seen_ns), (3, 7, 5, 99 * S));
-        let flow = Flow {
-            protocol: proto::TCP,
-            forward: Some(&f),
-            reply: Some(&r),
-        };
-        let v = verdict(&flow, &t()).expect("a flow");
-        assert_eq!(v.phase, Some(Phase::HalfClosed));
-        let open = CtEntryV4 { flags: 0, ..old };
-        let (f, r) = (from_v4(&fk, &open, 99 * S), from_v4(&rk, &open, 99 * S));
-        let flow = Flow {
-            protocol: proto::TCP,
-            forward: Some(&f),
-            reply: Some(&r),
-        };
-        assert_eq!(verdict(&flow, &t()).and_then(|v| v.phase), Some(Phase::Established));
     }
 
     // ---- IPv6: the same logic over CtKey6/CtEntry6 ----

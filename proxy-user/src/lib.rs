@@ -18,6 +18,7 @@ pub mod mapbatch;
 pub mod maps;
 pub mod memory;
 pub mod metrics;
+pub mod migrate;
 pub mod model;
 pub mod packet;
 pub mod pinroot;

@@ -35,7 +35,7 @@ const FORMAT_PIN_NEW: &str = "SB_FORMAT_new";
 
 /// Pins of earlier layouts that an agent of this version migrates at start
 /// (and then unpins).
-pub const MIGRATED: [&str; 1] = [names::CONNTRACK_V4];
+pub const MIGRATED: [&str; 3] = crate::migrate::EARLIER;
 
 #[derive(Debug, thiserror::Error)]
 pub enum FormatError {
@@ -351,22 +351,26 @@ mod tests {
             "{:?}",
             problems(&layout(&root), &root)
         );
-        // Leftovers of older layouts, a V4 table to migrate, a stale resize.
-        pin(&root, &["SB_CT_V2", "SB_STATS_V1", names::CONNTRACK_V4]);
+        // Earlier layouts to migrate, a pin of another version, a stale
+        // resize.
+        pin(&root, &["SB_CT_V2", "SB_STATS_V1", names::CONNTRACK_V4, "SB_FE_V9"]);
         pin(
             &root,
             &[&format!("{}{}", names::CONNTRACK, resize::STAGING_SUFFIX)],
         );
         let found = layout(&root);
-        assert_eq!(found.unknown, ["SB_CT_V2", "SB_STATS_V1"]);
-        assert_eq!(found.to_migrate, [names::CONNTRACK_V4]);
+        assert_eq!(found.unknown, ["SB_FE_V9"]);
+        let mut to_migrate = found.to_migrate.clone();
+        to_migrate.sort();
+        assert_eq!(to_migrate, ["SB_CT_V2", names::CONNTRACK_V4, "SB_STATS_V1"]);
         assert_eq!(found.staging, [format!("{}_resize", names::CONNTRACK)]);
         let what: Vec<String> = problems(&found, &root)
             .into_iter()
             .map(|p| p.what)
             .collect();
         assert_eq!(what.len(), 3, "{what:?}");
-        assert!(what[1].contains("SB_CT_V2, SB_STATS_V1"), "{what:?}");
+        assert!(what[0].contains("SB_CT_V2") && what[0].contains("SB_STATS_V1"), "{what:?}");
+        assert!(what[1].contains("SB_FE_V9"), "{what:?}");
         assert!(what[2].contains("_resize"), "{what:?}");
         // Maps without a stamp: written by an agent from before format versions.
         remove_stamp(&root).expect("unstamp");

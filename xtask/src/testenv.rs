@@ -1,12 +1,14 @@
 //! What the root-only integration tests (`xtask/tests/*.rs`) need from their
 //! environment: the binaries `cargo xtask test` built, and root.
 use std::fs;
+use std::io::{BufRead as _, BufReader, Write as _};
 use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use crate::sandbox::two_node::manifests::{EntryPoint, ExternalService, Policy, Proto};
 use crate::sandbox::two_node::{Lan, Node, Pod};
-use crate::sandbox::{find, find_at, pod_ip, pod_name, Sandbox, TwoNodeSandbox, PODS};
+use crate::sandbox::{find, find_at, pod_ip, pod_name, Attempt, ClientRun, Sandbox, TwoNodeSandbox, PODS};
 
 /// A binary named by environment variable `var`. Panics with the command to
 /// run when it is unset or missing: these tests never pass silently.
@@ -197,4 +199,51 @@ fn backends_for(ips: &[String], proto: Proto) -> Vec<String> {
         .collect();
     v.sort();
     v
+}
+
+/// `sb-echo <args>` in namespace `ns` of `sb`.
+pub fn sb_echo_in(sb: &Sandbox, ns: &str, args: &[&str]) -> Command {
+    let bin = sb_echo().to_string_lossy().into_owned();
+    let mut cmd = vec![bin.as_str()];
+    cmd.extend_from_slice(args);
+    sb.command(ns, &cmd)
+}
+
+/// A TCP connection through a Service, greeted by its pod and left idle
+/// until [`wake`].
+pub struct IdleClient {
+    child: Child,
+    /// The pod that greeted it.
+    pub pod: String,
+}
+
+/// Opens an [`IdleClient`] to `addr` from where `sb_echo` runs `sb-echo`.
+pub fn open_idle_with(sb_echo: &dyn Fn(&[&str]) -> Command, addr: &str) -> IdleClient {
+    let mut cmd = sb_echo(&["client", "--tcp", addr, "--idle-until-stdin", "--count", "5", "--timeout-ms", "2000"]);
+    cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::inherit());
+    let mut child = cmd.spawn().expect("start the idle client");
+    let stdout = child.stdout.as_mut().expect("piped stdout");
+    let mut line = String::new();
+    BufReader::new(stdout).read_line(&mut line).expect("read the greeting");
+    let pod = match line.split_whitespace().collect::<Vec<_>>()[..] {
+        ["connected", pod, ..] => pod.to_owned(),
+        _ => panic!("idle client did not connect: {line:?}"),
+    };
+    IdleClient { child, pod }
+}
+
+/// Tells the idle client to use its connection: (the pod that greeted it,
+/// how its five exchanges went).
+pub fn wake(mut idle: IdleClient) -> (String, Attempt) {
+    idle.child
+        .stdin
+        .take()
+        .expect("piped stdin")
+        .write_all(b"go\n")
+        .expect("wake the idle client");
+    let out = idle.child.wait_with_output().expect("wait for the idle client");
+    let raw = String::from_utf8_lossy(&out.stdout).into_owned();
+    let run = ClientRun::parse(&raw).unwrap_or_else(|e| panic!("{e:#}: {raw}"));
+    let attempt = run.attempts.into_iter().next().unwrap_or_else(|| panic!("no result: {raw}"));
+    (idle.pod, attempt)
 }

@@ -9,15 +9,16 @@
 //! one flood comes from outside through a node's uplink instead.
 //! Binaries as in e2e.rs (SWITCHBOARD_BIN, SB_ECHO_BIN).
 
-use std::io::{BufRead as _, BufReader, Write as _};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use xtask::sandbox::two_node::manifests::{Policy, NODEPORT_TCP};
 use xtask::sandbox::two_node::{Client, Node, Pod};
 use xtask::sandbox::{Attempt, ClientRun, Sandbox, CLUSTER_IP};
-use xtask::testenv::{demo_sandbox_with, sb_echo, switchboard, two_node_with_agents};
+use xtask::testenv::{
+    demo_sandbox_with, open_idle_with, sb_echo, sb_echo_in, switchboard, two_node_with_agents, wake, IdleClient,
+};
 
 /// `--max-conntrack`: 256 flows.
 const CAPACITY: usize = 512;
@@ -25,52 +26,8 @@ const CAPACITY: usize = 512;
 /// each survives by luck one time in three, all three one time in 27.
 const IDLE: usize = 3;
 
-/// An idle connection's client, greeted and waiting for its go.
-struct IdleClient {
-    child: Child,
-    pod: String,
-}
-
 fn open_idle(sb: &Sandbox, addr: &str) -> IdleClient {
     open_idle_with(&|args| sb_echo_in(sb, &sb.client_ns(), args), addr)
-}
-
-/// `sb-echo <args>` in namespace `ns` of `sb`.
-fn sb_echo_in(sb: &Sandbox, ns: &str, args: &[&str]) -> Command {
-    let bin = sb_echo().to_string_lossy().into_owned();
-    let mut cmd = vec![bin.as_str()];
-    cmd.extend_from_slice(args);
-    sb.command(ns, &cmd)
-}
-
-/// [`open_idle`] from where `sb_echo` runs `sb-echo`.
-fn open_idle_with(sb_echo: &dyn Fn(&[&str]) -> Command, addr: &str) -> IdleClient {
-    let mut cmd = sb_echo(&["client", "--tcp", addr, "--idle-until-stdin", "--count", "5", "--timeout-ms", "2000"]);
-    cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::inherit());
-    let mut child = cmd.spawn().expect("start the idle client");
-    let stdout = child.stdout.as_mut().expect("piped stdout");
-    let mut line = String::new();
-    BufReader::new(stdout).read_line(&mut line).expect("read the greeting");
-    let pod = match line.split_whitespace().collect::<Vec<_>>()[..] {
-        ["connected", pod, ..] => pod.to_owned(),
-        _ => panic!("idle client did not connect: {line:?}"),
-    };
-    IdleClient { child, pod }
-}
-
-/// Tells the idle client to use its connection; returns its result line.
-fn wake(mut idle: IdleClient) -> (String, Attempt) {
-    idle.child
-        .stdin
-        .take()
-        .expect("piped stdin")
-        .write_all(b"go\n")
-        .expect("wake the idle client");
-    let out = idle.child.wait_with_output().expect("wait for the idle client");
-    let raw = String::from_utf8_lossy(&out.stdout).into_owned();
-    let run = xtask::sandbox::ClientRun::parse(&raw).unwrap_or_else(|e| panic!("{e:#}: {raw}"));
-    let attempt = run.attempts.into_iter().next().unwrap_or_else(|| panic!("no result: {raw}"));
-    (idle.pod, attempt)
 }
 
 /// A counter of `switchboard stats` on pin root `pin` (the maps are read

@@ -1,0 +1,263 @@
+//! Upgrades from the pin roots of earlier versions (root only, netns
+//! sandbox): held TCP connections and a UDP stream through a ClusterIP (tc
+//! path) lose nothing when this version's agent starts where an earlier
+//! one ran.
+//!
+//! The earlier pin root is made from a running one: the agent is stopped
+//! (its programs stay attached and keep serving), and the pins it left are
+//! turned into what the earlier version left, its connection-tracking
+//! entries rewritten into the earlier layout. The new agent finds only
+//! those, as after a real upgrade, and must carry every flow over before its
+//! programs replace the running ones:
+//! - e805261: `SB_CT_V2` (an LRU table whose entries both name the backend;
+//!   replies found the frontend in `SB_RNAT_V1`) and `SB_STATS_V1`, no
+//!   format stamp. Its other maps had the names and layouts of today's.
+//! - f7bc505: today's layouts without the `loadBalancerSourceRanges` maps
+//!   and without a format stamp.
+//!
+//! Binaries as in e2e.rs (SWITCHBOARD_BIN, SB_ECHO_BIN).
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use aya::maps::{HashMap, Map, MapData, PerCpuArray};
+use aya_obj::maps::{bpf_map_def, LegacyMap, PinningType};
+use aya_obj::EbpfSectionKind;
+use proxy_common::{ct_dir, ct_flags, names, CtEntry, CtKey};
+use xtask::sandbox::{Attempt, ClientRun, Sandbox, AGENT_READY, CLUSTER_IP};
+use xtask::testenv::{demo_sandbox_with, open_idle_with, sb_echo_in, switchboard, wake, IdleClient};
+
+/// Idle connections held across the upgrade.
+const IDLE: usize = 6;
+
+/// `SB_CT_V2`'s entry: the same for both directions of a flow.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct CtEntryV2 {
+    backend_id: u32,
+    service_id: u32,
+    backend_addr_be: u32,
+    backend_port_be: u16,
+    _pad: [u8; 2],
+    created_ns: u64,
+}
+const _: () = assert!(size_of::<CtEntryV2>() == 24);
+// SAFETY: `#[repr(C)]`, no implicit padding (the size above), any bit
+// pattern valid.
+unsafe impl aya::Pod for CtEntryV2 {}
+
+const BPF_MAP_TYPE_PERCPU_ARRAY: u32 = 6;
+const BPF_MAP_TYPE_LRU_HASH: u32 = 9;
+
+/// Creates a map as an earlier version's loader did and pins it at `path`.
+fn create_pinned(path: &Path, map_type: u32, key_size: u32, value_size: u32, max_entries: u32) -> Map {
+    let def = bpf_map_def {
+        map_type,
+        key_size,
+        value_size,
+        max_entries,
+        map_flags: 0,
+        id: 0,
+        pinning: PinningType::None,
+    };
+    let obj = aya_obj::Map::Legacy(LegacyMap {
+        def,
+        inner_def: None,
+        section_index: 0,
+        section_kind: EbpfSectionKind::Maps,
+        symbol_index: None,
+        data: Vec::new(),
+    });
+    let name = path.file_name().and_then(|n| n.to_str()).expect("a map name");
+    let data = MapData::create(obj, name, None).unwrap_or_else(|e| panic!("create {name}: {e}"));
+    data.pin(path).unwrap_or_else(|e| panic!("pin {}: {e}", path.display()));
+    Map::from_map_data(data).expect("a known map type")
+}
+
+fn open_pinned(pin: &Path, name: &str) -> Map {
+    let data = MapData::from_pin(pin.join(name)).unwrap_or_else(|e| panic!("open {name}: {e}"));
+    Map::from_map_data(data).expect("a known map type")
+}
+
+fn unpin(pin: &Path, name: &str) {
+    std::fs::remove_file(pin.join(name)).unwrap_or_else(|e| panic!("remove {name}: {e}"));
+}
+
+/// Turns the stopped agent's pin root into what an agent of e805261 left.
+/// Returns how many flows were written into `SB_CT_V2`.
+fn as_e805261(pin: &Path) -> usize {
+    let current: HashMap<MapData, CtKey, CtEntry> =
+        HashMap::try_from(open_pinned(pin, names::CONNTRACK)).expect("the conntrack table");
+    let mut v2: HashMap<MapData, CtKey, CtEntryV2> =
+        HashMap::try_from(create_pinned(&pin.join("SB_CT_V2"), BPF_MAP_TYPE_LRU_HASH, 16, 24, 262_144))
+            .expect("an LRU table");
+    let mut written = 0;
+    for item in current.iter() {
+        let (key, entry) = item.expect("a conntrack entry");
+        assert_eq!(entry.flags & ct_flags::SNAT, 0, "e805261 had no source NAT: {key:?}");
+        // Both entries named the backend: a reply comes from it.
+        let (backend_addr_be, backend_port_be) = match key.dir {
+            ct_dir::REPLY => (key.saddr_be, key.sport_be),
+            _ => (entry.nat_addr_be, entry.nat_port_be),
+        };
+        let old = CtEntryV2 {
+            backend_id: entry.backend_id,
+            service_id: entry.service_id,
+            backend_addr_be,
+            backend_port_be,
+            _pad: [0; 2],
+            created_ns: entry.created_ns,
+        };
+        v2.insert(key, old, 0).expect("write a V2 entry");
+        written += 1;
+    }
+    let stats: PerCpuArray<MapData, u64> =
+        PerCpuArray::try_from(open_pinned(pin, names::GLOBAL_STATS)).expect("the counters");
+    let mut v1: PerCpuArray<MapData, u64> =
+        PerCpuArray::try_from(create_pinned(&pin.join("SB_STATS_V1"), BPF_MAP_TYPE_PERCPU_ARRAY, 4, 8, 11))
+            .expect("a per-CPU array");
+    for index in 1..11 {
+        v1.set(index, stats.get(&index, 0).expect("a counter"), 0).expect("write a V1 counter");
+    }
+    for name in [names::CONNTRACK, names::GLOBAL_STATS, "SB_FORMAT"] {
+        unpin(pin, name);
+    }
+    written
+}
+
+/// Turns the stopped agent's pin root into what an agent of f7bc505 left.
+fn as_f7bc505(pin: &Path) -> usize {
+    for name in [names::SOURCE_RANGES, names::SOURCE_RANGES6, names::SERVICE_DENIED, "SB_FORMAT"] {
+        unpin(pin, name);
+    }
+    0
+}
+
+/// A UDP stream through the Service from one socket (one flow), a datagram
+/// every 20 ms.
+fn udp_stream(sb: &Sandbox, ms: u64) -> Child {
+    let addr = format!("{CLUSTER_IP}:53");
+    let ms = ms.to_string();
+    let args = ["client", "--udp", &addr, "--udp-mode", "shared", "--duration-ms", &ms, "--interval-ms", "20"];
+    sb_echo_in(sb, &sb.client_ns(), &args)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start the UDP stream")
+}
+
+/// A TCP connection that exchanges a line every 100 ms for `secs`.
+fn held_tcp(sb: &Sandbox, secs: f64) -> Child {
+    let addr = format!("{CLUSTER_IP}:80");
+    let secs = secs.to_string();
+    sb_echo_in(sb, &sb.client_ns(), &["client", "--tcp", &addr, "--hold", &secs, "--timeout-ms", "2000"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start the held connection")
+}
+
+fn finish(child: Child, what: &str) -> ClientRun {
+    let out = child.wait_with_output().expect("wait for the client");
+    ClientRun::parse(&String::from_utf8_lossy(&out.stdout)).unwrap_or_else(|e| panic!("{what}: {e:#}"))
+}
+
+/// The `forwarded` counter of `switchboard stats`.
+fn forwarded(sb: &Sandbox) -> u64 {
+    let bin = switchboard().to_string_lossy().into_owned();
+    let pin = sb.pin_dir.to_string_lossy().into_owned();
+    let out = sb
+        .exec(&sb.node_ns(), &[&bin, "stats", "--pin-root", &pin, "-o", "json"])
+        .expect("switchboard stats");
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("stats json");
+    json["counters"]["forwarded"].as_u64().unwrap_or_else(|| panic!("no forwarded counter: {json}"))
+}
+
+fn wait_ready(sb: &Sandbox) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !sb.agent_log().contains(AGENT_READY) {
+        assert!(Instant::now() < deadline, "the agent never became ready:\n{}", sb.agent_log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Held connections, a held active one and a UDP stream across a stop, the
+/// pin root turned into an earlier version's by `earlier`, and a start of
+/// this version's agent: every connection answers from its own pod, the
+/// stream never fails nor changes pod, and the earlier pins are gone, each
+/// with a log line.
+fn upgrade_keeps_every_connection(earlier: fn(&Path) -> usize, migrated_pins: &[&str]) {
+    let mut sb = demo_sandbox_with(&[]);
+    let addr = format!("{CLUSTER_IP}:80");
+    let ns = sb.client_ns();
+    let client = |args: &[&str]| sb_echo_in(&sb, &ns, args);
+    let idle: Vec<IdleClient> = (0..IDLE).map(|_| open_idle_with(&client, &addr)).collect();
+    let run_ms = 6000;
+    let udp = udp_stream(&sb, run_ms);
+    let active = held_tcp(&sb, run_ms as f64 / 1000.0);
+    std::thread::sleep(Duration::from_millis(1000));
+    sb.stop_agent().expect("stop the agent");
+    let counted = forwarded(&sb);
+    let flows = earlier(&sb.pin_dir);
+    sb.start_agent(&switchboard()).expect("start this version's agent");
+    wait_ready(&sb);
+    let log = sb.agent_log();
+    let counted_after = forwarded(&sb);
+
+    let mut lost = Vec::new();
+    for client in idle {
+        match wake(client) {
+            (pod, Attempt::Ok { name, .. }) if name == pod => {}
+            (pod, other) => lost.push(format!("idle, greeted by {pod}, then {other:?}")),
+        }
+    }
+    let active = finish(active, "held connection");
+    if !active.all_ok() {
+        lost.push(format!("held active connection: {}", active.raw));
+    }
+    let udp = finish(udp, "UDP stream");
+    let pods: BTreeSet<String> = udp.names().into_iter().collect();
+    eprintln!(
+        "upgrade: {flows} entries in the earlier layout; {IDLE} idle connections and 1 active held, \
+         {} lost; UDP stream {} exchanges, {} failed, answered by {pods:?}",
+        lost.len(),
+        udp.attempts.len(),
+        udp.failures()
+    );
+    assert!(lost.is_empty(), "connections lost across the upgrade:\n{}\n{log}", lost.join("\n"));
+    assert!(udp.all_ok(), "the UDP stream lost exchanges:\n{}", udp.raw);
+    assert_eq!(pods.len(), 1, "the UDP stream changed pods: {pods:?}");
+    assert!(udp.attempts.len() > 100, "too short a UDP stream:\n{}", udp.raw);
+    assert!(counted_after >= counted, "the counters went back from {counted} to {counted_after} forwarded packets");
+    for pin in migrated_pins {
+        assert!(!sb.pin_dir.join(pin).exists(), "{pin} is still pinned");
+        assert!(
+            log.lines().any(|l| l.contains("earlier layout migrated") && l.contains(pin)),
+            "no log line for {pin}:\n{log}"
+        );
+    }
+    // The stamp is a symbolic link to the format's number.
+    assert!(std::fs::read_link(sb.pin_dir.join("SB_FORMAT")).is_ok(), "the format was not recorded");
+    // Nothing left to report.
+    let bin = switchboard().to_string_lossy().into_owned();
+    let pin = sb.pin_dir.to_string_lossy().into_owned();
+    let doctor = sb
+        .command(&sb.node_ns(), &[&bin, "doctor", "--pin-root", &pin])
+        .output()
+        .expect("run doctor");
+    let doctor_out = String::from_utf8_lossy(&doctor.stdout);
+    assert!(
+        !doctor_out.contains("earlier layout") && !doctor_out.contains("does not use"),
+        "doctor still sees the earlier layout:\n{doctor_out}"
+    );
+}
+
+#[test]
+fn an_upgrade_from_the_e805261_layout_keeps_every_connection() {
+    upgrade_keeps_every_connection(as_e805261, &["SB_CT_V2", "SB_STATS_V1"]);
+}
+
+#[test]
+fn an_upgrade_from_the_f7bc505_layout_keeps_every_connection() {
+    upgrade_keeps_every_connection(as_f7bc505, &[]);
+}
