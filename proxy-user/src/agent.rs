@@ -164,10 +164,14 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
     let mut maps = PinnedMaps::take(&mut ebpf).context("opening the maps")?;
     // An agent of an earlier layout ran: its flows come over (again after
     // the programs were replaced, for the flows it tracked meanwhile).
-    for early in migrate::copy_flows(&config.pin_root, &mut maps)
-        .context("copying the flows of an earlier layout's connection-tracking table")?
-    {
-        info!(pin = early.pin, copied = early.copied, "flows copied from an earlier layout");
+    for early in migrate::copy_flows(&config.pin_root, &mut maps) {
+        match early {
+            Ok(early) => info!(pin = early.pin, copied = early.copied, "flows copied from an earlier layout"),
+            Err(error) => {
+                let error = format!("{:#}", anyhow::Error::from(error));
+                warn!(%error, "an earlier layout's pin was left alone");
+            }
+        }
     }
     maps.set_config(socketlb::datapath_config().context("reading the node's network namespace")?)
         .context("writing the data-path configuration")?;
@@ -259,14 +263,14 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
         resize.finish().context("pinning the resized maps")?;
     }
     sync.set_interfaces(attacher.interfaces(), &uplink_status);
-    for migrated in migrate::finish(&config.pin_root, sync.syncer.store_mut())
-        .context("migrating the pins of an earlier layout")?
-    {
-        info!(
-            pin = migrated.pin,
-            copied = migrated.copied,
-            "earlier layout migrated and unpinned"
-        );
+    for migrated in migrate::finish(&config.pin_root, sync.syncer.store_mut()) {
+        match migrated {
+            Ok(m) => info!(pin = m.pin, copied = m.copied, "earlier layout migrated and unpinned"),
+            Err(error) => {
+                let error = format!("{:#}", anyhow::Error::from(error));
+                warn!(%error, "an earlier layout's pin was left alone");
+            }
+        }
     }
     // After any resize: the collector opens the pin the programs use.
     conntrack::spawn(&config.pin_root, config.conntrack_timeouts, gc_metrics)

@@ -14,7 +14,9 @@
 //! already in the current table stay (`BPF_NOEXIST`). Counters are added
 //! once, after the old programs are gone; the few packets the new programs
 //! count during that read-and-write of a counter are lost to it. Each pin is
-//! then removed.
+//! then removed. A pin of an earlier name whose map is not of that layout
+//! is reported (its path and the problem) and left alone; the agent starts
+//! all the same, and `status` goes on listing it.
 //!
 //! A migrated flow has no TCP state: it counts as answered (a reply entry is
 //! `REPLIED`), so it is established by the rule of entries without
@@ -173,30 +175,41 @@ fn read_table<V: aya::Pod + bytemuck::Pod>(pin_root: &Path, name: &str) -> Resul
 }
 
 /// Copies the flows of every earlier connection-tracking table pinned into
-/// the current one, keeping what it holds; per table found, how many
-/// entries came over.
-pub fn copy_flows(pin_root: &Path, maps: &mut PinnedMaps) -> Result<Vec<Migrated>, MigrateError> {
+/// the current one, keeping what it holds: per table found, how many
+/// entries came over, or why none could (the pin is then left alone).
+pub fn copy_flows(pin_root: &Path, maps: &mut PinnedMaps) -> Vec<Result<Migrated, MigrateError>> {
     let now = crate::conntrack::monotonic_ns();
     let mut copied = Vec::new();
-    if let Some(entries) = read_table::<CtEntryV2>(pin_root, CONNTRACK_V2)? {
-        let converted = entries.iter().filter_map(|(key, old)| {
-            let frontend = maps.revnat.get(&old.service_id, 0).ok();
-            from_v2(key, old, frontend.as_ref(), now).map(|entry| (*key, entry))
-        });
-        let converted: Vec<(CtKey, CtEntry)> = converted.collect();
-        copied.push(Migrated {
-            pin: CONNTRACK_V2,
-            copied: insert_new(&mut maps.conntrack, &converted),
-        });
+    match read_table::<CtEntryV2>(pin_root, CONNTRACK_V2) {
+        Ok(None) => {}
+        Ok(Some(entries)) => {
+            let converted: Vec<(CtKey, CtEntry)> = entries
+                .iter()
+                .filter_map(|(key, old)| {
+                    let frontend = maps.revnat.get(&old.service_id, 0).ok();
+                    from_v2(key, old, frontend.as_ref(), now).map(|entry| (*key, entry))
+                })
+                .collect();
+            copied.push(Ok(Migrated {
+                pin: CONNTRACK_V2,
+                copied: insert_new(&mut maps.conntrack, &converted),
+            }));
+        }
+        Err(e) => copied.push(Err(e)),
     }
-    if let Some(entries) = read_table::<CtEntryV4>(pin_root, names::CONNTRACK_V4)? {
-        let converted: Vec<(CtKey, CtEntry)> = entries.iter().map(|(key, old)| (*key, from_v4(key, old, now))).collect();
-        copied.push(Migrated {
-            pin: names::CONNTRACK_V4,
-            copied: insert_new(&mut maps.conntrack, &converted),
-        });
+    match read_table::<CtEntryV4>(pin_root, names::CONNTRACK_V4) {
+        Ok(None) => {}
+        Ok(Some(entries)) => {
+            let converted: Vec<(CtKey, CtEntry)> =
+                entries.iter().map(|(key, old)| (*key, from_v4(key, old, now))).collect();
+            copied.push(Ok(Migrated {
+                pin: names::CONNTRACK_V4,
+                copied: insert_new(&mut maps.conntrack, &converted),
+            }));
+        }
+        Err(e) => copied.push(Err(e)),
     }
-    Ok(copied)
+    copied
 }
 
 /// Inserts each entry the table does not hold yet; how many were.
@@ -211,24 +224,29 @@ fn insert_new(table: &mut HashMap<MapData, CtKey, CtEntry>, entries: &[(CtKey, C
 
 /// Once the new programs replaced the old ones: copies the flows the old
 /// programs tracked meanwhile, adds the earlier counters to the current
-/// ones, and removes every earlier pin. One record per pin removed.
-pub fn finish(pin_root: &Path, maps: &mut PinnedMaps) -> Result<Vec<Migrated>, MigrateError> {
-    let mut done = copy_flows(pin_root, maps)?;
-    if let Some(copied) = add_counters(pin_root, &mut maps.stats)? {
-        done.push(Migrated {
+/// ones, and removes each earlier pin that came over. One record per pin
+/// found: migrated and removed, or why not (the pin is then left alone).
+pub fn finish(pin_root: &Path, maps: &mut PinnedMaps) -> Vec<Result<Migrated, MigrateError>> {
+    let mut done = copy_flows(pin_root, maps);
+    match add_counters(pin_root, &mut maps.stats) {
+        Ok(None) => {}
+        Ok(Some(copied)) => done.push(Ok(Migrated {
             pin: GLOBAL_STATS_V1,
             copied,
-        });
+        })),
+        Err(e) => done.push(Err(e)),
     }
-    for migrated in &done {
-        let path = pin_root.join(migrated.pin);
-        match std::fs::remove_file(&path) {
-            Ok(()) => debug!(pin = migrated.pin, "earlier pin removed"),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(source) => return Err(MigrateError::Unpin { path, source }),
-        }
+    done.into_iter().map(|outcome| outcome.and_then(|m| unpin(pin_root, m))).collect()
+}
+
+fn unpin(pin_root: &Path, migrated: Migrated) -> Result<Migrated, MigrateError> {
+    let path = pin_root.join(migrated.pin);
+    match std::fs::remove_file(&path) {
+        Ok(()) => debug!(pin = migrated.pin, "earlier pin removed"),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(source) => return Err(MigrateError::Unpin { path, source }),
     }
-    Ok(done)
+    Ok(migrated)
 }
 
 /// Adds the counters of `SB_STATS_V1` to the current ones, CPU by CPU; how

@@ -234,7 +234,7 @@ pub fn problems(layout: &Layout, pin_root: &Path) -> Vec<Problem> {
                 "pins of an earlier layout not yet migrated: {}",
                 layout.to_migrate.join(", ")
             ),
-            fix: "start (or restart) this version's agent: it copies their entries into the current maps and unpins them".into(),
+            fix: "start (or restart) this version's agent: it copies their entries into the current maps and unpins them (a pin still here after a start was not of its layout: the agent's log names the problem)".into(),
         });
     }
     if !layout.unknown.is_empty() {
