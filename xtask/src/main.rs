@@ -68,6 +68,11 @@ enum Cmd {
         /// cases of the model and sync property tests; 0 skips them.
         #[arg(long, default_value_t = 1_000_000)]
         fuzz_cases: u64,
+        /// Seconds of each spoofed SYN flood (through a ClusterIP from a pod,
+        /// and from outside at a NodePort), with the checks of the
+        /// `e2e_conntrack` flood tests; 0 skips them.
+        #[arg(long, default_value_t = 120)]
+        flood_secs: u64,
     },
     /// Remove test sandboxes (namespaces, pin mounts) left by dead processes,
     /// and the demo sandbox.
@@ -93,8 +98,10 @@ fn main() -> Result<()> {
             services,
             faults,
             fuzz_cases,
+            flood_secs,
         } => {
             properties(fuzz_cases)?;
+            floods(flood_secs)?;
             soak(duration, warmup, rate, services, faults)
         }
         Cmd::CleanupStale => {
@@ -120,6 +127,27 @@ fn properties(fuzz_cases: u64) -> Result<()> {
         .status()?;
     if !status.success() {
         anyhow::bail!("soak: the fuzz or a property test failed");
+    }
+    Ok(())
+}
+
+/// The flood tests of `e2e_conntrack` at soak length.
+fn floods(secs: u64) -> Result<()> {
+    if secs == 0 {
+        return Ok(());
+    }
+    let bins = xtask::build::run()?;
+    println!("== spoofed SYN floods of {secs} s ==");
+    let status = xtask::util::cargo()
+        .current_dir(xtask::util::repo_root())
+        .args(["test", "--release", "-p", "xtask", "--test", "e2e_conntrack", "--"])
+        .args(["spoofed_syn_flood", "--test-threads=1", "--nocapture"])
+        .env("SB_FLOOD_SECS", secs.to_string())
+        .env("SWITCHBOARD_BIN", &bins.switchboard)
+        .env("SB_ECHO_BIN", &bins.sb_echo)
+        .status()?;
+    if !status.success() {
+        anyhow::bail!("soak: a flood test failed");
     }
     Ok(())
 }
