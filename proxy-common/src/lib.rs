@@ -527,15 +527,13 @@ pub mod ct_state {
 /// flows to remove. Its cursors are written without atomics: two CPUs may
 /// write one slot or examine one slot at once. The first loses one flow from
 /// the ring (it then only expires), the second examines a flow twice; a slot
-/// read while it is written is caught by checking that both keys are one
-/// flow's before anything is removed.
+/// read while it is written (the newest, or one the writer lapped) is caught
+/// by checking that both keys are one flow's before anything is removed.
 pub mod new_flows {
     /// Flows remembered (IPv4); a power of two.
     pub const SLOTS: u32 = 4096;
     /// Flows remembered (IPv6; its keys are larger).
     pub const SLOTS6: u32 = 2048;
-    /// The newest flows, which may still be being written, are not examined.
-    pub const MARGIN: u32 = 8;
     /// Remembered flows examined for one removal.
     pub const TRIES: u32 = 4;
     /// Removals one new flow may make: another CPU may take the room one
@@ -1224,7 +1222,6 @@ const _: () = assert!(size_of::<NewFlows>() == 128 + 32 * new_flows::SLOTS as us
 const _: () = assert!(size_of::<NewFlows6>() == 128 + 80 * new_flows::SLOTS6 as usize);
 // An array map's value may be at most KMALLOC_MAX_SIZE (4 MiB with 4 KiB pages).
 const _: () = assert!(size_of::<NewFlows>() <= 4 << 20 && size_of::<NewFlows6>() <= 4 << 20);
-const _: () = assert!(new_flows::MARGIN < new_flows::SLOTS6);
 const _: () = assert!(new_flows::SLOTS.is_power_of_two() && new_flows::SLOTS6.is_power_of_two());
 const _: () = assert!(size_of::<SrcRange4>() == 8);
 const _: () = assert!(size_of::<SrcRange6>() == 20);

@@ -92,8 +92,8 @@ fn insert_both(fwd_key: &CtKey, fwd: &CtEntry, reply_key: &CtKey, reply: &CtEntr
 /// for both families.
 pub(crate) trait Table: Copy {
     /// The next slot of the ring to write (`evict == false`) or to examine
-    /// (`evict == true`; none while only the newest [`new_flows::MARGIN`]
-    /// flows wait), its cursor moved on. The index is masked into the ring.
+    /// (`evict == true`; none when every remembered flow was examined), its
+    /// cursor moved on. The index is masked into the ring.
     fn take_slot(evict: bool) -> Option<*mut KeyPair<Self>>;
     fn proto(&self) -> u8;
     fn clear(&mut self);
@@ -120,7 +120,7 @@ unsafe fn slot_of<K, const N: usize>(ring: *mut NewFlowsOf<K, N>, evict: bool) -
             let next = (*ring).next;
             let mut at = (*ring).evict;
             let waiting = next.wrapping_sub(at);
-            if waiting <= new_flows::MARGIN {
+            if waiting == 0 {
                 return None;
             }
             if waiting > N as u32 {

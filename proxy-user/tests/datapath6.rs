@@ -9,7 +9,7 @@ use std::net::Ipv6Addr;
 
 use proxy_common::{ct_dir, ct_flags, hairpin, programs};
 use support::{
-    capacities, stay_on_one_cpu,
+    capacities,
     v6::{
         checksums_valid6, ct_key6, icmp6_frame, icmp6_frame_macs, Maps6, Packet6, NEXTHDR_DEST, NEXTHDR_HOP, NEXTHDR_ROUTING, NODE_MAC,
         POD_MAC, PROTO_TCP, PROTO_UDP, TCP_ACK, TCP_RST, TCP_SYN,
@@ -526,9 +526,7 @@ fn a_pod_that_is_its_own_backend_is_reached_from_the_hairpin_address() {
 
 #[test]
 fn a_full_conntrack_table_drops_new_flows_and_keeps_tracked_ones() {
-    // Room for two flows (two entries each); each CPU remembers its own new
-    // flows, so the test stays on one.
-    stay_on_one_cpu();
+    // Room for two flows (two entries each).
     let loaded = Loaded::new(capacities(4), Vec::new());
     let mut maps = Maps6::take(&loaded);
     maps.frontend(VIP, 80, PROTO_TCP, SVC_WEB, None, &[(901, POD1, 8080)]);

@@ -60,6 +60,8 @@ pub fn run() -> Result<()> {
             "--workspace",
             "--exclude",
             "proxy-ebpf",
+            // Every test binary runs: one failure does not hide the rest.
+            "--no-fail-fast",
         ])
         .args(["--", "--test-threads=1"])
         .env("SWITCHBOARD_BIN", &bins.switchboard)

@@ -44,14 +44,20 @@ pub fn require_root() {
     );
 }
 
-/// Keeps the calling thread on one CPU: each CPU remembers its own new
-/// flows, and BPF_PROG_TEST_RUN runs on the caller's CPU.
-pub fn stay_on_one_cpu() {
+/// Moves the calling thread to CPU `cpu` (BPF_PROG_TEST_RUN runs on the
+/// caller's CPU). Fails when the machine has no such CPU: a test that needs
+/// two CPUs never passes on one.
+pub fn run_on_cpu(cpu: usize) {
+    // Not available_parallelism: it counts the CPUs this thread may use,
+    // which an earlier call narrowed.
+    // SAFETY: sysconf has no preconditions.
+    let cpus = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+    assert!((cpu as libc::c_long) < cpus, "this test needs CPU {cpu}; the machine has {cpus} online");
     // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET writes inside
     // it; sched_setaffinity(0, ..) affects the calling thread only.
     unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(0, &mut set);
+        libc::CPU_SET(cpu, &mut set);
         let rc = libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
         assert_eq!(rc, 0, "sched_setaffinity: {}", std::io::Error::last_os_error());
     }
