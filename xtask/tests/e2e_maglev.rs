@@ -27,8 +27,10 @@ use xtask::testenv::{
 
 /// Source ports tried per protocol.
 const PORTS: u16 = 20;
-/// First source port of UDP attempts; TCP ones start at `+ 1000`.
-const FIRST_SPORT: u16 = 40000;
+/// First source port of UDP attempts; TCP ones start at `+ 1000`. Above the
+/// ephemeral range (32768-60999): a port the kernel picked for an earlier
+/// connection of the test could still be in TIME_WAIT.
+const FIRST_SPORT: u16 = 61000;
 
 /// The LoadBalancer Service's entry points (TCP 80, UDP 53 at the LB IP,
 /// the same through either node).

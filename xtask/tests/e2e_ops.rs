@@ -383,7 +383,9 @@ fn explain_names_the_maglev_and_source_hash_backend_the_kernel_picks() {
         e["reasons"].to_string().contains("source hash").then_some(()).ok_or(format!("{e:#}"))
     });
     let mut seen = std::collections::BTreeSet::new();
-    for (entry, first_port) in [(lb_tcp, 42000u16), (ext_tcp, 43000)] {
+    // Source ports above the ephemeral range (32768-60999), which no earlier
+    // connection of the test can hold.
+    for (entry, first_port) in [(lb_tcp, 63000u16), (ext_tcp, 64000)] {
         for sport in first_port..first_port + 8 {
             let target = format!("{}/TCP", entry.addr());
             let e = explain(&sb, &target, sport);
