@@ -30,10 +30,6 @@
 //! HTTP is hyper's (HTTP/1.1), one request per connection, with a bound on the
 //! time to read the request head and on the whole connection.
 
-#![cfg_attr(
-    not(test),
-    deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
-)]
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::convert::Infallible;

@@ -24,7 +24,7 @@ const APT_TOOLS: &[(&str, &str)] = &[
 
 pub fn run() -> Result<()> {
     apt_packages()?;
-    rust_src()?;
+    components()?;
     bpf_linker()?;
     println!("setup: done");
     Ok(())
@@ -72,28 +72,33 @@ fn apt_packages() -> Result<()> {
     Ok(())
 }
 
-fn rust_src() -> Result<()> {
-    let out = run_capture(Command::new("rustup").args([
-        "component",
-        "list",
-        "--toolchain",
-        "nightly",
-        "--installed",
-    ]))
-    .context("setup: is the nightly toolchain installed? (`rustup toolchain list`)")?;
+/// The toolchain components the build and the checks use: the nightly's
+/// rust-src (the eBPF build's `-Z build-std=core`) and clippy (clippy on the
+/// BPF target), the stable toolchain's rustfmt and clippy.
+const COMPONENTS: [(&str, &str); 4] = [
+    ("nightly", "rust-src"),
+    ("nightly", "clippy"),
+    ("stable", "rustfmt"),
+    ("stable", "clippy"),
+];
+
+fn components() -> Result<()> {
+    for (toolchain, component) in COMPONENTS {
+        ensure_component(toolchain, component)?;
+    }
+    Ok(())
+}
+
+fn ensure_component(toolchain: &str, component: &str) -> Result<()> {
+    let out = run_capture(Command::new("rustup").args(["component", "list", "--toolchain", toolchain, "--installed"]))
+        .with_context(|| format!("setup: is the {toolchain} toolchain installed? (`rustup toolchain list`)"))?;
     let installed = String::from_utf8_lossy(&out.stdout);
-    if installed.lines().any(|l| l.trim().starts_with("rust-src")) {
-        println!("setup: rust-src for nightly present");
+    if installed.lines().any(|l| l.trim().starts_with(component)) {
+        println!("setup: {component} for {toolchain} present");
         return Ok(());
     }
-    println!("setup: installing rust-src for nightly (rustup component add rust-src --toolchain nightly)");
-    run_inherit(Command::new("rustup").args([
-        "component",
-        "add",
-        "rust-src",
-        "--toolchain",
-        "nightly",
-    ]))
+    println!("setup: installing {component} for {toolchain} (rustup component add {component} --toolchain {toolchain})");
+    run_inherit(Command::new("rustup").args(["component", "add", component, "--toolchain", toolchain]))
 }
 
 fn bpf_linker() -> Result<()> {

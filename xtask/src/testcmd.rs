@@ -46,6 +46,12 @@ pub fn run() -> Result<()> {
         );
     }
     crate::setup::run()?;
+    // A warning in the eBPF crate fails every build below (proxy-user's
+    // build script reads it; each build sees the same value, so the eBPF
+    // object is not rebuilt between them).
+    std::env::set_var("SB_EBPF_DENY_WARNINGS", "1");
+    println!("test: cargo fmt --all --check");
+    let fmt = run_inherit(cargo().current_dir(repo_root()).args(["fmt", "--all", "--check"]));
     let upgrade = crate::build::upgrade_variant()?;
     let bins = crate::build::run()?;
     if let Err(e) = crate::sandbox::cleanup_stale() {
@@ -96,6 +102,13 @@ pub fn run() -> Result<()> {
     if let Err(e) = &clippy {
         println!("test: clippy failed: {e:#}");
     }
+    let bpf_clippy = clippy_bpf();
+    if let Err(e) = &bpf_clippy {
+        println!("test: clippy on the BPF target failed: {e:#}");
+    }
+    if let Err(e) = &fmt {
+        println!("test: the tree is not formatted (run `cargo fmt --all`): {e:#}");
+    }
     let leftovers: Vec<String> = crate::sandbox::list_netns()
         .unwrap_or_default()
         .into_iter()
@@ -122,7 +135,27 @@ pub fn run() -> Result<()> {
         bail!("cargo test failed ({status})");
     }
     clippy?;
+    bpf_clippy?;
+    fmt?;
     Ok(())
+}
+
+/// Clippy on the kernel programs, for the BPF target they are built for
+/// (the nightly's clippy, as the eBPF build uses the nightly's compiler).
+fn clippy_bpf() -> Result<()> {
+    let arch = std::env::consts::ARCH;
+    let target_dir = repo_root().join("target/bpf-clippy");
+    let mut cmd = std::process::Command::new("rustup");
+    cmd.current_dir(repo_root())
+        .args(["run", "nightly", "cargo", "clippy", "--package", "proxy-ebpf", "--bins", "--release"])
+        .args(["--target", "bpfel-unknown-none", "-Z", "build-std=core", "--target-dir"])
+        .arg(&target_dir)
+        .args(["--", "-D", "warnings"])
+        .env("CARGO_ENCODED_RUSTFLAGS", format!("--cfg=bpf_target_arch=\"{arch}\""))
+        .env_remove("RUSTC")
+        .env_remove("RUSTC_WORKSPACE_WRAPPER");
+    println!("test: {}", show(&cmd));
+    run_inherit(&mut cmd)
 }
 
 #[cfg(test)]

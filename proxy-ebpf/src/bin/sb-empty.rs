@@ -48,12 +48,16 @@ pub fn sb_sink_xdp(ctx: XdpContext) -> u32 {
     // is counted and dropped.
     let (data, end) = (ctx.data(), ctx.data_end());
     if data + 14 <= end {
-        let ethertype = unsafe { *((data + 12) as *const u16) };
+        // SAFETY: bytes 12..14 lie inside the frame (checked above); read
+        // without assuming alignment.
+        let ethertype = unsafe { core::ptr::read_unaligned((data + 12) as *const u16) };
         if ethertype == 0x0806u16.to_be() {
             return xdp_action::XDP_PASS;
         }
     }
     if let Some(count) = SB_SINK_COUNT.get_ptr_mut(0) {
+        // SAFETY: this CPU's own slot of a per-CPU array, valid for the
+        // program run; nothing else runs on this CPU meanwhile.
         unsafe { *count += 1 };
     }
     xdp_action::XDP_DROP
@@ -74,6 +78,8 @@ pub fn sb_gen_xdp(ctx: XdpContext) -> u32 {
     let Some(template) = SB_GEN_FRAME.get(0) else {
         return xdp_action::XDP_ABORTED;
     };
+    // SAFETY: the frame holds GEN_FRAME_LEN bytes (checked above) and the
+    // template 64; a map value and packet data never overlap.
     unsafe {
         core::ptr::copy_nonoverlapping(template.as_ptr(), data as *mut u8, GEN_FRAME_LEN);
     }

@@ -14,10 +14,6 @@
 //! Input problems never panic and never abort the whole build: the object at
 //! fault is skipped (or only the bad part of it) and a [`ModelWarning`] names it.
 
-#![cfg_attr(
-    not(test),
-    deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
-)]
 
 use std::collections::BTreeMap;
 use std::fmt;

@@ -45,10 +45,6 @@
 //! [`NodeInfo`]: crate::model::NodeInfo
 //! [`FeedTx`]: super::feed::FeedTx
 
-#![cfg_attr(
-    not(test),
-    deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
-)]
 
 mod parse;
 mod state;
