@@ -1152,41 +1152,53 @@ pub struct FragEntry6 {
     pub created_ns: u64,
 }
 
-// SAFETY: every type below is `#[repr(C)]`, has no implicit padding (the size
-// assertions that follow check it) and is valid for any bit pattern.
+/// `aya::Pod` for the map types: each `#[repr(C)]`, without implicit
+/// padding (the size assertions that follow check it), valid for any bit
+/// pattern.
 #[cfg(feature = "user")]
 mod aya_pod {
     use super::*;
-    unsafe impl aya::Pod for FrontendKey {}
-    unsafe impl aya::Pod for FrontendSlot {}
-    unsafe impl aya::Pod for Backend {}
-    unsafe impl aya::Pod for CtKey {}
-    unsafe impl aya::Pod for CtEntry {}
-    unsafe impl aya::Pod for RevNat {}
-    unsafe impl aya::Pod for SvcStats {}
-    unsafe impl aya::Pod for AffinityKey {}
-    unsafe impl aya::Pod for AffinityEntry {}
-    unsafe impl aya::Pod for SockKey {}
-    unsafe impl aya::Pod for SockEntry {}
-    unsafe impl aya::Pod for SockAffinityKey {}
-    unsafe impl aya::Pod for Config {}
-    unsafe impl aya::Pod for Uplink {}
-    unsafe impl aya::Pod for Uplink6 {}
-    unsafe impl aya::Pod for MaglevTable {}
-    unsafe impl aya::Pod for FragKey {}
-    unsafe impl aya::Pod for FragEntry {}
-    unsafe impl aya::Pod for FrontendKey6 {}
-    unsafe impl aya::Pod for Backend6 {}
-    unsafe impl aya::Pod for CtKey6 {}
-    unsafe impl aya::Pod for CtEntry6 {}
-    unsafe impl aya::Pod for RevNat6 {}
-    unsafe impl aya::Pod for AffinityKey6 {}
-    unsafe impl aya::Pod for SockKey6 {}
-    unsafe impl aya::Pod for SockEntry6 {}
-    unsafe impl aya::Pod for FragKey6 {}
-    unsafe impl aya::Pod for FragEntry6 {}
-    unsafe impl aya::Pod for SrcRange4 {}
-    unsafe impl aya::Pod for SrcRange6 {}
+
+    macro_rules! aya_pod {
+        ($($t:ty),* $(,)?) => {$(
+            // SAFETY: `#[repr(C)]`, no implicit padding (asserted below),
+            // valid for any bit pattern.
+            unsafe impl aya::Pod for $t {}
+        )*};
+    }
+
+    aya_pod!(
+        FrontendKey,
+        FrontendSlot,
+        Backend,
+        CtKey,
+        CtEntry,
+        RevNat,
+        SvcStats,
+        AffinityKey,
+        AffinityEntry,
+        SockKey,
+        SockEntry,
+        SockAffinityKey,
+        Config,
+        Uplink,
+        Uplink6,
+        MaglevTable,
+        FragKey,
+        FragEntry,
+        FrontendKey6,
+        Backend6,
+        CtKey6,
+        CtEntry6,
+        RevNat6,
+        AffinityKey6,
+        SockKey6,
+        SockEntry6,
+        FragKey6,
+        FragEntry6,
+        SrcRange4,
+        SrcRange6,
+    );
 }
 
 const _: () = assert!(size_of::<FrontendKey>() == 12);

@@ -111,6 +111,7 @@ fn main() -> Result<()> {
         return Ok(());
     }
     ensure!(
+        // SAFETY: geteuid has no preconditions and cannot fail.
         unsafe { libc::geteuid() } == 0,
         "sb_bench loads eBPF programs: run it as root (`cargo xtask bench` does)"
     );

@@ -955,15 +955,15 @@ async fn http_writes_and_status_errors() {
 }
 
 /// Inside a network namespace: reachable there, not from the root namespace.
-/// Needs root and `ip`; skips otherwise.
+/// Needs root and `ip` (`cargo xtask setup`); fails with a message without
+/// them, never passes silently.
 #[test]
 fn serves_inside_a_network_namespace() {
-    if unsafe { libc::geteuid() } != 0
-        || std::process::Command::new("ip").arg("-V").output().is_err()
-    {
-        eprintln!("skipping: needs root and iproute2");
-        return;
-    }
+    xtask::testenv::require_root();
+    assert!(
+        std::process::Command::new("ip").arg("-V").output().is_ok(),
+        "this test needs iproute2's `ip` (`cargo xtask setup` installs it)"
+    );
     let ns = format!("sb-fakeapi-{}", std::process::id());
     let ip = |args: &[&str]| {
         let ok = std::process::Command::new("ip")

@@ -138,6 +138,7 @@ pub(crate) struct XdpMd {
 
 pub(crate) fn ifindex(name: &str) -> Result<u32> {
     let c = std::ffi::CString::new(name)?;
+    // SAFETY: `c` is a NUL-terminated string that outlives the call.
     let idx = unsafe { libc::if_nametoindex(c.as_ptr()) };
     ensure!(idx != 0, "no interface {name} in this namespace");
     Ok(idx)
@@ -167,6 +168,8 @@ pub(crate) fn in_netns<T>(ns: &str, f: impl FnOnce() -> Result<T>) -> Result<T> 
 }
 
 pub(crate) fn pin_to_cpu(cpu: usize) -> Result<()> {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET writes inside
+    // it; sched_setaffinity(0, ..) affects the calling thread only.
     unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
         libc::CPU_SET(cpu, &mut set);

@@ -217,6 +217,8 @@ pub(crate) fn fwd(rest: &[String]) -> Result<Value> {
             ..XdpMd::default()
         };
         md.data_end = frame.len() as u32;
+        // SAFETY: `md` is a plain `#[repr(C)]` struct that outlives the slice;
+        // its bytes are read only.
         let ctx: &[u8] = unsafe {
             std::slice::from_raw_parts(
                 (&md as *const XdpMd).cast::<u8>(),
