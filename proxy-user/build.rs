@@ -70,15 +70,26 @@ fn build_ebpf(ebpf_dir: &Path, out_dir: &Path) -> anyhow::Result<()> {
     // proxy-ebpf is a build-dependency, so its library's changes rerun this
     // script; its binaries' changes need this.
     println!("cargo:rerun-if-changed={}", ebpf_dir.display());
-    let target = match env::var("CARGO_CFG_TARGET_ENDIAN").context("CARGO_CFG_TARGET_ENDIAN not set")?.as_str() {
+    let target = match env::var("CARGO_CFG_TARGET_ENDIAN")
+        .context("CARGO_CFG_TARGET_ENDIAN not set")?
+        .as_str()
+    {
         "little" => "bpfel-unknown-none",
         "big" => "bpfeb-unknown-none",
         other => bail!("unsupported endianness {other}"),
     };
     let arch = env::var("CARGO_CFG_TARGET_ARCH").context("CARGO_CFG_TARGET_ARCH not set")?;
-    let arch = if arch.starts_with("riscv64") { "riscv64".to_owned() } else { arch };
+    let arch = if arch.starts_with("riscv64") {
+        "riscv64".to_owned()
+    } else {
+        arch
+    };
     let deny_warnings = env::var("SB_EBPF_DENY_WARNINGS").is_ok_and(|v| v == "1");
-    let mut flags = vec![format!("--cfg=bpf_target_arch=\"{arch}\""), "-Cdebuginfo=2".into(), "-Clink-arg=--btf".into()];
+    let mut flags = vec![
+        format!("--cfg=bpf_target_arch=\"{arch}\""),
+        "-Cdebuginfo=2".into(),
+        "-Clink-arg=--btf".into(),
+    ];
     if deny_warnings {
         flags.push("-Dwarnings".into());
     }
@@ -91,7 +102,9 @@ fn build_ebpf(ebpf_dir: &Path, out_dir: &Path) -> anyhow::Result<()> {
         // The outer build's compiler is the stable one.
         .env_remove("RUSTC")
         .env_remove("RUSTC_WORKSPACE_WRAPPER");
-    let output = cmd.output().with_context(|| format!("running {cmd:?} (is rustup installed? `cargo xtask setup`)"))?;
+    let output = cmd
+        .output()
+        .with_context(|| format!("running {cmd:?} (is rustup installed? `cargo xtask setup`)"))?;
     let mut executables = Vec::new();
     let mut diagnostics = Vec::new();
     let mut warned = false;

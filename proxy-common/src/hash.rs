@@ -69,9 +69,18 @@ pub const fn hash_3words(a: u32, b: u32, c: u32, seed: u32) -> u32 {
 /// module documentation). The ports are hashed as one word and the protocol in
 /// its own, so swapping source and destination gives a different hash.
 #[inline(always)]
-pub const fn flow_hash(saddr_be: u32, daddr_be: u32, sport_be: u16, dport_be: u16, proto: u8) -> u32 {
+pub const fn flow_hash(
+    saddr_be: u32,
+    daddr_be: u32,
+    sport_be: u16,
+    dport_be: u16,
+    proto: u8,
+) -> u32 {
     let ports = ((sport_be as u32) << 16) | dport_be as u32;
-    let h = mix(mix(mix(mix(FLOW_SEED, saddr_be), daddr_be), ports), proto as u32);
+    let h = mix(
+        mix(mix(mix(FLOW_SEED, saddr_be), daddr_be), ports),
+        proto as u32,
+    );
     fmix32(h ^ 13)
 }
 
@@ -97,10 +106,22 @@ pub const fn source_hash(saddr_be: u32) -> u32 {
 /// (an IPv4-mapped address, say). Swapping source and destination gives a
 /// different hash, as for IPv4.
 #[inline(always)]
-pub const fn flow_hash6(saddr_be: &[u32; 4], daddr_be: &[u32; 4], sport_be: u16, dport_be: u16, proto: u8) -> u32 {
+pub const fn flow_hash6(
+    saddr_be: &[u32; 4],
+    daddr_be: &[u32; 4],
+    sport_be: u16,
+    dport_be: u16,
+    proto: u8,
+) -> u32 {
     let ports = ((sport_be as u32) << 16) | dport_be as u32;
-    let mut h = mix(mix(mix(mix(FLOW6_SEED, saddr_be[0]), saddr_be[1]), saddr_be[2]), saddr_be[3]);
-    h = mix(mix(mix(mix(h, daddr_be[0]), daddr_be[1]), daddr_be[2]), daddr_be[3]);
+    let mut h = mix(
+        mix(mix(mix(FLOW6_SEED, saddr_be[0]), saddr_be[1]), saddr_be[2]),
+        saddr_be[3],
+    );
+    h = mix(
+        mix(mix(mix(h, daddr_be[0]), daddr_be[1]), daddr_be[2]),
+        daddr_be[3],
+    );
     h = mix(mix(h, ports), proto as u32);
     fmix32(h ^ 40)
 }
@@ -111,7 +132,13 @@ pub const fn flow_hash6(saddr_be: &[u32; 4], daddr_be: &[u32; 4], sport_be: u16,
 /// their interface identifier (the low 64 bits) get independent hashes.
 #[inline(always)]
 pub const fn source_hash6(saddr_be: &[u32; 4]) -> u32 {
-    let h = mix(mix(mix(mix(SOURCE6_SEED, saddr_be[0]), saddr_be[1]), saddr_be[2]), saddr_be[3]);
+    let h = mix(
+        mix(
+            mix(mix(SOURCE6_SEED, saddr_be[0]), saddr_be[1]),
+            saddr_be[2],
+        ),
+        saddr_be[3],
+    );
     fmix32(h ^ 16)
 }
 
@@ -127,7 +154,11 @@ mod tests {
     const DADDR: u32 = u32::from_ne_bytes([10, 96, 0, 10]);
 
     /// Pearson's chi-square statistic of `n` hashes spread over `buckets`.
-    fn chi_square(buckets: usize, hashes: impl Iterator<Item = u32>, slot: impl Fn(u32) -> usize) -> f64 {
+    fn chi_square(
+        buckets: usize,
+        hashes: impl Iterator<Item = u32>,
+        slot: impl Fn(u32) -> usize,
+    ) -> f64 {
         let mut counts = [0u32; 256];
         let mut n = 0u32;
         for h in hashes {
@@ -165,19 +196,25 @@ mod tests {
         ];
         for (what, buckets, slot) in checks {
             let chi = chi_square(buckets, hashes.clone(), slot);
-            assert!(chi < chi_bound(buckets), "{name}, {what}: chi-square {chi:.1} >= {:.1}", chi_bound(buckets));
+            assert!(
+                chi < chi_bound(buckets),
+                "{name}, {what}: chi-square {chi:.1} >= {:.1}",
+                chi_bound(buckets)
+            );
         }
     }
 
     #[test]
     fn flow_hash_uniform_over_sequential_source_ports() {
-        let hashes = (0u16..=u16::MAX).map(|p| flow_hash(SADDR, DADDR, p.to_be(), 80u16.to_be(), TCP));
+        let hashes =
+            (0u16..=u16::MAX).map(|p| flow_hash(SADDR, DADDR, p.to_be(), 80u16.to_be(), TCP));
         assert_uniform("source ports", hashes);
     }
 
     #[test]
     fn flow_hash_uniform_over_sequential_destination_ports() {
-        let hashes = (0u16..=u16::MAX).map(|p| flow_hash(SADDR, DADDR, 40000u16.to_be(), p.to_be(), UDP));
+        let hashes =
+            (0u16..=u16::MAX).map(|p| flow_hash(SADDR, DADDR, 40000u16.to_be(), p.to_be(), UDP));
         assert_uniform("destination ports", hashes);
     }
 
@@ -231,14 +268,26 @@ mod tests {
         }
         // Avalanche: one input bit flips about half of the 32 output bits.
         let mean = f64::from(total_flipped) / f64::from(cases);
-        assert!((14.0..18.0).contains(&mean), "mean output bits flipped {mean}");
+        assert!(
+            (14.0..18.0).contains(&mean),
+            "mean output bits flipped {mean}"
+        );
     }
 
     #[test]
     fn flow_hash_is_direction_sensitive() {
-        assert_ne!(flow_hash(SADDR, DADDR, 1234, 80, TCP), flow_hash(DADDR, SADDR, 80, 1234, TCP));
-        assert_ne!(flow_hash(SADDR, DADDR, 1234, 80, TCP), flow_hash(SADDR, DADDR, 80, 1234, TCP));
-        assert_ne!(flow_hash(SADDR, DADDR, 1234, 80, TCP), flow_hash(DADDR, SADDR, 1234, 80, TCP));
+        assert_ne!(
+            flow_hash(SADDR, DADDR, 1234, 80, TCP),
+            flow_hash(DADDR, SADDR, 80, 1234, TCP)
+        );
+        assert_ne!(
+            flow_hash(SADDR, DADDR, 1234, 80, TCP),
+            flow_hash(SADDR, DADDR, 80, 1234, TCP)
+        );
+        assert_ne!(
+            flow_hash(SADDR, DADDR, 1234, 80, TCP),
+            flow_hash(DADDR, SADDR, 1234, 80, TCP)
+        );
     }
 
     #[test]
@@ -246,7 +295,11 @@ mod tests {
         assert_ne!(source_hash(SADDR), source_hash(DADDR));
         assert_ne!(source_hash(0), flow_hash(0, 0, 0, 0, 0));
         for bit in 0..32 {
-            assert_ne!(source_hash(SADDR ^ (1 << bit)), source_hash(SADDR), "bit {bit}");
+            assert_ne!(
+                source_hash(SADDR ^ (1 << bit)),
+                source_hash(SADDR),
+                "bit {bit}"
+            );
         }
     }
 
@@ -257,8 +310,14 @@ mod tests {
         let murmur3_one_word = |word: u32, seed: u32| fmix32(mix(seed, word) ^ 4);
         assert_eq!(murmur3_one_word(0, 0), 0x2362_f9de);
         // "test": the bytes 74 65 73 74 read as a little-endian word.
-        assert_eq!(murmur3_one_word(u32::from_le_bytes(*b"test"), 0), 0xba6b_d213);
-        assert_eq!(murmur3_one_word(u32::from_le_bytes(*b"test"), 0x9747_b28c), 0x704b_81dc);
+        assert_eq!(
+            murmur3_one_word(u32::from_le_bytes(*b"test"), 0),
+            0xba6b_d213
+        );
+        assert_eq!(
+            murmur3_one_word(u32::from_le_bytes(*b"test"), 0x9747_b28c),
+            0x704b_81dc
+        );
     }
 
     /// Golden values: if this fails the hash changed, and nodes running an
@@ -266,9 +325,18 @@ mod tests {
     #[test]
     fn golden_values() {
         assert_eq!(flow_hash(0, 0, 0, 0, 0), GOLDEN[0]);
-        assert_eq!(flow_hash(SADDR, DADDR, 40000u16.to_be(), 80u16.to_be(), TCP), GOLDEN[1]);
-        assert_eq!(flow_hash(SADDR, DADDR, 40000u16.to_be(), 53u16.to_be(), UDP), GOLDEN[2]);
-        assert_eq!(flow_hash(u32::MAX, u32::MAX, u16::MAX, u16::MAX, u8::MAX), GOLDEN[3]);
+        assert_eq!(
+            flow_hash(SADDR, DADDR, 40000u16.to_be(), 80u16.to_be(), TCP),
+            GOLDEN[1]
+        );
+        assert_eq!(
+            flow_hash(SADDR, DADDR, 40000u16.to_be(), 53u16.to_be(), UDP),
+            GOLDEN[2]
+        );
+        assert_eq!(
+            flow_hash(u32::MAX, u32::MAX, u16::MAX, u16::MAX, u8::MAX),
+            GOLDEN[3]
+        );
         assert_eq!(source_hash(0), GOLDEN[4]);
         assert_eq!(source_hash(SADDR), GOLDEN[5]);
         assert_eq!(hash_3words(0, 0, 0, 0), GOLDEN[6]);
@@ -289,12 +357,15 @@ mod tests {
 
     /// fd00:50::100 and fd00:50::1 as `Addr6Be`s (each word network order in
     /// memory).
-    const SADDR6: [u32; 4] = crate::addr6_be([0xfd, 0, 0, 0x50, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0]);
-    const DADDR6: [u32; 4] = crate::addr6_be([0xfd, 0, 0, 0x50, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]);
+    const SADDR6: [u32; 4] =
+        crate::addr6_be([0xfd, 0, 0, 0x50, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0]);
+    const DADDR6: [u32; 4] =
+        crate::addr6_be([0xfd, 0, 0, 0x50, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]);
 
     #[test]
     fn flow_hash6_uniform_over_sequential_source_ports() {
-        let hashes = (0u16..=u16::MAX).map(|p| flow_hash6(&SADDR6, &DADDR6, p.to_be(), 80u16.to_be(), TCP));
+        let hashes =
+            (0u16..=u16::MAX).map(|p| flow_hash6(&SADDR6, &DADDR6, p.to_be(), 80u16.to_be(), TCP));
         assert_uniform("IPv6 source ports", hashes);
     }
 
@@ -343,18 +414,33 @@ mod tests {
                 check(flow_hash6(&s, &DADDR6, 1234, 80, TCP), "source address bit");
                 let mut d = DADDR6;
                 d[word] ^= 1 << bit;
-                check(flow_hash6(&SADDR6, &d, 1234, 80, TCP), "destination address bit");
+                check(
+                    flow_hash6(&SADDR6, &d, 1234, 80, TCP),
+                    "destination address bit",
+                );
             }
         }
         for bit in 0..16 {
-            check(flow_hash6(&SADDR6, &DADDR6, 1234 ^ (1 << bit), 80, TCP), "source port bit");
-            check(flow_hash6(&SADDR6, &DADDR6, 1234, 80 ^ (1 << bit), TCP), "destination port bit");
+            check(
+                flow_hash6(&SADDR6, &DADDR6, 1234 ^ (1 << bit), 80, TCP),
+                "source port bit",
+            );
+            check(
+                flow_hash6(&SADDR6, &DADDR6, 1234, 80 ^ (1 << bit), TCP),
+                "destination port bit",
+            );
         }
         for bit in 0..8 {
-            check(flow_hash6(&SADDR6, &DADDR6, 1234, 80, TCP ^ (1 << bit)), "protocol bit");
+            check(
+                flow_hash6(&SADDR6, &DADDR6, 1234, 80, TCP ^ (1 << bit)),
+                "protocol bit",
+            );
         }
         let mean = f64::from(total_flipped) / f64::from(cases);
-        assert!((14.0..18.0).contains(&mean), "mean output bits flipped {mean}");
+        assert!(
+            (14.0..18.0).contains(&mean),
+            "mean output bits flipped {mean}"
+        );
     }
 
     #[test]
@@ -373,22 +459,40 @@ mod tests {
     fn ipv6_hashes_are_a_separate_domain_from_the_ipv4_ones() {
         let mapped = |v4: u32| [0, 0, 0xffffu32.to_be(), v4];
         let v4 = flow_hash(SADDR, DADDR, 40000u16.to_be(), 80u16.to_be(), TCP);
-        let v6 = flow_hash6(&mapped(SADDR), &mapped(DADDR), 40000u16.to_be(), 80u16.to_be(), TCP);
+        let v6 = flow_hash6(
+            &mapped(SADDR),
+            &mapped(DADDR),
+            40000u16.to_be(),
+            80u16.to_be(),
+            TCP,
+        );
         assert_ne!(v4, v6);
         assert_ne!(source_hash(SADDR), source_hash6(&mapped(SADDR)));
         assert_ne!(source_hash6(&[0; 4]), flow_hash6(&[0; 4], &[0; 4], 0, 0, 0));
         assert_ne!(source_hash6(&[0; 4]), source_hash(0));
-        assert_ne!(flow_hash6(&[0; 4], &[0; 4], 0, 0, 0), flow_hash(0, 0, 0, 0, 0));
+        assert_ne!(
+            flow_hash6(&[0; 4], &[0; 4], 0, 0, 0),
+            flow_hash(0, 0, 0, 0, 0)
+        );
         // Over many tuples the two agree on a Maglev slot no more often than
         // independent hashes do (1 in 16381; allow a generous margin).
         let same_slot = (0u16..20000)
             .filter(|&p| {
                 let a = flow_hash(SADDR, DADDR, p.to_be(), 80u16.to_be(), TCP);
-                let b = flow_hash6(&mapped(SADDR), &mapped(DADDR), p.to_be(), 80u16.to_be(), TCP);
+                let b = flow_hash6(
+                    &mapped(SADDR),
+                    &mapped(DADDR),
+                    p.to_be(),
+                    80u16.to_be(),
+                    TCP,
+                );
                 a % 16381 == b % 16381
             })
             .count();
-        assert!(same_slot < 10, "{same_slot} of 20000 tuples share a slot across families");
+        assert!(
+            same_slot < 10,
+            "{same_slot} of 20000 tuples share a slot across families"
+        );
     }
 
     #[test]
@@ -408,8 +512,14 @@ mod tests {
     #[test]
     fn golden_values6() {
         assert_eq!(flow_hash6(&[0; 4], &[0; 4], 0, 0, 0), GOLDEN6[0]);
-        assert_eq!(flow_hash6(&SADDR6, &DADDR6, 40000u16.to_be(), 80u16.to_be(), TCP), GOLDEN6[1]);
-        assert_eq!(flow_hash6(&SADDR6, &DADDR6, 40000u16.to_be(), 53u16.to_be(), UDP), GOLDEN6[2]);
+        assert_eq!(
+            flow_hash6(&SADDR6, &DADDR6, 40000u16.to_be(), 80u16.to_be(), TCP),
+            GOLDEN6[1]
+        );
+        assert_eq!(
+            flow_hash6(&SADDR6, &DADDR6, 40000u16.to_be(), 53u16.to_be(), UDP),
+            GOLDEN6[2]
+        );
         assert_eq!(
             flow_hash6(&[u32::MAX; 4], &[u32::MAX; 4], u16::MAX, u16::MAX, u8::MAX),
             GOLDEN6[3]

@@ -345,7 +345,8 @@ pub const fn addr6_octets(addr: Addr6Be) -> [u8; 16] {
         addr[3].to_ne_bytes(),
     ];
     [
-        a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3], c[0], c[1], c[2], c[3], d[0], d[1], d[2], d[3],
+        a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3], c[0], c[1], c[2], c[3], d[0], d[1], d[2],
+        d[3],
     ]
 }
 

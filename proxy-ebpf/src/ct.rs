@@ -17,8 +17,8 @@
 //! place. An established flow is never removed for a new one.
 use aya_ebpf::helpers::bpf_ktime_get_coarse_ns;
 use proxy_common::{
-    ct_flags, ct_state, new_flows, proto, Addr6Be, CtEntry, CtEntry6, CtKey, CtKey6, KeyPair, NewFlowsOf,
-    CT_REFRESH_NS,
+    ct_flags, ct_state, new_flows, proto, Addr6Be, CtEntry, CtEntry6, CtKey, CtKey6, KeyPair,
+    NewFlowsOf, CT_REFRESH_NS,
 };
 
 use crate::{
@@ -76,7 +76,12 @@ pub(crate) fn insert_pair(
 }
 
 #[inline(always)]
-fn insert_both(fwd_key: &CtKey, fwd: &CtEntry, reply_key: &CtKey, reply: &CtEntry) -> Result<(), NotTracked> {
+fn insert_both(
+    fwd_key: &CtKey,
+    fwd: &CtEntry,
+    reply_key: &CtKey,
+    reply: &CtEntry,
+) -> Result<(), NotTracked> {
     insert(fwd_key, fwd, 0)?;
     if let Err(why) = insert(reply_key, reply, 0) {
         // Best effort: should it fail, the agent's collector removes the
@@ -112,7 +117,10 @@ pub(crate) trait Table: Copy {
 /// `ring` is the value of an array map, valid for the program run. Other
 /// CPUs may write it meanwhile (see [`new_flows`]).
 #[inline(always)]
-unsafe fn slot_of<K, const N: usize>(ring: *mut NewFlowsOf<K, N>, evict: bool) -> Option<*mut KeyPair<K>> {
+unsafe fn slot_of<K, const N: usize>(
+    ring: *mut NewFlowsOf<K, N>,
+    evict: bool,
+) -> Option<*mut KeyPair<K>> {
     // SAFETY: the caller's guarantee; a racing cursor write loses or repeats
     // a slot, which the ring tolerates; `get_mut` bounds the masked index.
     unsafe {
@@ -133,7 +141,10 @@ unsafe fn slot_of<K, const N: usize>(ring: *mut NewFlowsOf<K, N>, evict: bool) -
             (*ring).next = at.wrapping_add(1);
             at
         };
-        (*ring).pairs.get_mut(index as usize & (N - 1)).map(|pair| pair as *mut KeyPair<K>)
+        (*ring)
+            .pairs
+            .get_mut(index as usize & (N - 1))
+            .map(|pair| pair as *mut KeyPair<K>)
     }
 }
 
@@ -160,16 +171,22 @@ macro_rules! conntrack_table {
             fn evictable(pair: &KeyPair<$key>) -> bool {
                 let (fwd_key, reply_key) = (&pair.forward, &pair.reply);
                 // SAFETY: values of the conntrack map, read at once.
-                let (Some(fwd), Some(reply)) = (unsafe { $table.get(fwd_key) }, unsafe { $table.get(reply_key) })
-                else {
+                let (Some(fwd), Some(reply)) = (unsafe { $table.get(fwd_key) }, unsafe {
+                    $table.get(reply_key)
+                }) else {
                     return false;
                 };
                 // The reply comes from the backend the forward entry names,
                 // to the client or to the address its source became.
-                let from_backend = $same(&reply_key.saddr_be, &fwd.nat_addr_be) && reply_key.sport_be == fwd.nat_port_be;
-                let to_client = ($same(&reply_key.daddr_be, &fwd_key.saddr_be) && reply_key.dport_be == fwd_key.sport_be)
-                    || ($same(&reply.snat_addr_be, &fwd_key.saddr_be) && reply.snat_port_be == fwd_key.sport_be);
-                from_backend && to_client && !established(fwd_key.proto, fwd.flags, fwd.state, reply.state)
+                let from_backend = $same(&reply_key.saddr_be, &fwd.nat_addr_be)
+                    && reply_key.sport_be == fwd.nat_port_be;
+                let to_client = ($same(&reply_key.daddr_be, &fwd_key.saddr_be)
+                    && reply_key.dport_be == fwd_key.sport_be)
+                    || ($same(&reply.snat_addr_be, &fwd_key.saddr_be)
+                        && reply.snat_port_be == fwd_key.sport_be);
+                from_backend
+                    && to_client
+                    && !established(fwd_key.proto, fwd.flags, fwd.state, reply.state)
             }
             #[inline(always)]
             fn remove(&self) {
@@ -205,7 +222,9 @@ pub(crate) fn remember<K: Table>(fwd_key: &K, reply_key: &K) {
 /// ([`make_room`]), runs it again, [`new_flows::ROUNDS`] times at most (the
 /// room one removal made may go to another CPU's new flow first).
 #[inline(always)]
-pub(crate) fn with_room<K: Table>(mut insert: impl FnMut() -> Result<(), NotTracked>) -> Result<(), NotTracked> {
+pub(crate) fn with_room<K: Table>(
+    mut insert: impl FnMut() -> Result<(), NotTracked>,
+) -> Result<(), NotTracked> {
     let mut result = insert();
     for _ in 0..new_flows::ROUNDS {
         match result {

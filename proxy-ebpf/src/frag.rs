@@ -85,7 +85,13 @@ pub fn remember(ctx: &TcContext, flow: &Flow, todo: &Rewrite) {
 /// Remembers what a first fragment from outside was rewritten to: its new
 /// destination, and its new source when that changed (`src_addr_be`, else 0).
 #[inline(always)]
-pub fn remember_uplink(ctx: &TcContext, flow: &Flow, dst_addr_be: u32, src_addr_be: u32, service_id: u32) {
+pub fn remember_uplink(
+    ctx: &TcContext,
+    flow: &Flow,
+    dst_addr_be: u32,
+    src_addr_be: u32,
+    service_id: u32,
+) {
     let Ok(id_ptr) = ptr_at::<u16>(ctx, ETH_HLEN + 4) else {
         return;
     };

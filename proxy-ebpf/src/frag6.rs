@@ -79,7 +79,11 @@ pub fn later(ctx: &TcContext, s: &mut Scratch6, dir: u8) -> Result<i32, Skip> {
         return Err(Skip::NotOurs);
     }
     let forward = dir == ct_dir::FORWARD;
-    let off = if forward { IP6_DADDR_OFF } else { IP6_SADDR_OFF };
+    let off = if forward {
+        IP6_DADDR_OFF
+    } else {
+        IP6_SADDR_OFF
+    };
     if ctx.store(off, &s.backend.addr_be, 0).is_err() {
         return drop_counted(stat::DROP_REWRITE_FAILED);
     }

@@ -110,7 +110,12 @@ pub fn track(
 /// A request of a hairpin flow: destination the backend (the pod itself),
 /// source the hairpin address, back into the pod.
 #[inline(always)]
-pub fn forward(ctx: &TcContext, flow: &Flow, backend: &Backend, service_id: u32) -> Result<i32, Skip> {
+pub fn forward(
+    ctx: &TcContext,
+    flow: &Flow,
+    backend: &Backend,
+    service_id: u32,
+) -> Result<i32, Skip> {
     let action = send_back(
         ctx,
         flow,
@@ -218,9 +223,8 @@ fn send_back(
     }
     let mut macs = [0u8; 12];
     // SAFETY: copies a constant 12 bytes into a stack buffer of that size.
-    let loaded = unsafe {
-        bpf_skb_load_bytes(ctx.skb.skb as *const _, 0, macs.as_mut_ptr() as *mut _, 12)
-    };
+    let loaded =
+        unsafe { bpf_skb_load_bytes(ctx.skb.skb as *const _, 0, macs.as_mut_ptr() as *mut _, 12) };
     if loaded != 0 {
         count(stat::DROP_REWRITE_FAILED);
         return TC_ACT_SHOT as i32;

@@ -147,19 +147,36 @@ pub fn reply(ctx: &TcContext, s: &mut Scratch6) -> Result<i32, Skip> {
 /// egress of the interface it came from (into the pod).
 #[inline(always)]
 fn send_back(ctx: &TcContext, s: &mut Scratch6) -> i32 {
-    if rewrite6(ctx, &s.flow, Side::Destination, &s.backend.addr_be, s.backend.port_be).is_err() {
+    if rewrite6(
+        ctx,
+        &s.flow,
+        Side::Destination,
+        &s.backend.addr_be,
+        s.backend.port_be,
+    )
+    .is_err()
+    {
         count(stat::DROP_REWRITE_FAILED);
         return TC_ACT_SHOT as i32;
     }
     s.flow.daddr_be = s.backend.addr_be;
     s.flow.dport_be = s.backend.port_be;
-    if rewrite6(ctx, &s.flow, Side::Source, &s.entry.snat_addr_be, s.entry.snat_port_be).is_err() {
+    if rewrite6(
+        ctx,
+        &s.flow,
+        Side::Source,
+        &s.entry.snat_addr_be,
+        s.entry.snat_port_be,
+    )
+    .is_err()
+    {
         count(stat::DROP_REWRITE_FAILED);
         return TC_ACT_SHOT as i32;
     }
     let mut macs = [0u8; 12];
     // SAFETY: copies a constant 12 bytes into a stack buffer of that size.
-    let loaded = unsafe { bpf_skb_load_bytes(ctx.skb.skb as *const _, 0, macs.as_mut_ptr() as *mut _, 12) };
+    let loaded =
+        unsafe { bpf_skb_load_bytes(ctx.skb.skb as *const _, 0, macs.as_mut_ptr() as *mut _, 12) };
     if loaded != 0 {
         count(stat::DROP_REWRITE_FAILED);
         return TC_ACT_SHOT as i32;

@@ -33,7 +33,9 @@ use proxy_common::{ct_dir, ct_flags, proto, stat};
 use crate::{
     maps::{count, SB_CT6_V1},
     packet::{csum_replace2, Skip, TCP_CSUM_OFF, UDP_CSUM_OFF},
-    packet6::{csum_replace16, eq6, load, load_into, Scratch6, IP6_DADDR_OFF, IP6_SADDR_OFF, IPV6_HLEN},
+    packet6::{
+        csum_replace16, eq6, load, load_into, Scratch6, IP6_DADDR_OFF, IP6_SADDR_OFF, IPV6_HLEN,
+    },
     tc::drop_counted,
 };
 
@@ -59,7 +61,8 @@ pub fn translate(ctx: &TcContext, s: &mut Scratch6, dir: u8) -> Result<i32, Skip
     let inner_off = icmp_off + ICMP6_HLEN;
     let word1: [u32; 2] = load(ctx, inner_off).map_err(|_| Skip::NotOurs)?;
     let inner_proto = (u32::from_be(word1[1]) >> 8) as u8;
-    if u32::from_be(word1[0]) >> 28 != 6 || (inner_proto != proto::TCP && inner_proto != proto::UDP) {
+    if u32::from_be(word1[0]) >> 28 != 6 || (inner_proto != proto::TCP && inner_proto != proto::UDP)
+    {
         return Err(Skip::NotOurs);
     }
     let inner_l4 = inner_off + IPV6_HLEN;
@@ -94,7 +97,12 @@ pub fn translate(ctx: &TcContext, s: &mut Scratch6, dir: u8) -> Result<i32, Skip
     // REPLY: the quoted destination (the backend) becomes the frontend.
     // FORWARD: the quoted source (the frontend) becomes the backend.
     let (old_addr, old_port_be, addr_off, port_off) = if reply {
-        (&s.key.saddr_be, inner_dport_be, inner_off + 24, inner_l4 + 2)
+        (
+            &s.key.saddr_be,
+            inner_dport_be,
+            inner_off + 24,
+            inner_l4 + 2,
+        )
     } else {
         (&s.key.daddr_be, inner_sport_be, inner_off + 8, inner_l4)
     };

@@ -100,7 +100,10 @@ pub fn translate(ctx: &TcContext, dir: u8) -> Result<i32, Skip> {
     let (l4_csum_off, quoted_csum) = quoted_l4_csum(ctx, &q)?;
     let l4_csum = quoted_csum.map(|old| {
         let new = csum_replace4(old, old_addr_be, new_addr_be);
-        (old, l4_csum_fixup(inner_proto, csum_replace2(new, old_port_be, new_port_be)))
+        (
+            old,
+            l4_csum_fixup(inner_proto, csum_replace2(new, old_port_be, new_port_be)),
+        )
     });
 
     let new_inner_csum_be = csum_replace4(inner_csum_be, old_addr_be, new_addr_be);
@@ -205,7 +208,13 @@ pub fn translate_snat(ctx: &TcContext) -> Result<Outer, Skip> {
         let mut new = csum_replace4(old, inner_saddr_be, client_be);
         new = csum_replace4(new, inner_daddr_be, frontend_be);
         new = csum_replace2(new, inner_sport_be, client_port_be);
-        (old, l4_csum_fixup(inner_proto, csum_replace2(new, inner_dport_be, frontend_port_be)))
+        (
+            old,
+            l4_csum_fixup(
+                inner_proto,
+                csum_replace2(new, inner_dport_be, frontend_port_be),
+            ),
+        )
     });
     let mut new_inner_csum_be = csum_replace4(inner_csum_be, inner_saddr_be, client_be);
     new_inner_csum_be = csum_replace4(new_inner_csum_be, inner_daddr_be, frontend_be);
@@ -242,7 +251,11 @@ pub fn translate_snat(ctx: &TcContext) -> Result<Outer, Skip> {
     };
     let mut c = csum_replace4(outer_csum_be, outer_daddr_be, client_be);
     c = csum_replace4(c, outer_saddr_be, outer_saddr_new);
-    let (c, s, d) = (c.to_ne_bytes(), outer_saddr_new.to_ne_bytes(), client_be.to_ne_bytes());
+    let (c, s, d) = (
+        c.to_ne_bytes(),
+        outer_saddr_new.to_ne_bytes(),
+        client_be.to_ne_bytes(),
+    );
     let l3: [u8; 10] = [c[0], c[1], s[0], s[1], s[2], s[3], d[0], d[1], d[2], d[3]];
     if ctx.store(IP_CSUM_OFF, &l3, 0).is_err() {
         return Err(Skip::Malformed);

@@ -10,8 +10,8 @@ use aya_ebpf::{
     helpers::{bpf_get_prandom_u32, bpf_ktime_get_ns},
 };
 use proxy_common::{
-    capacity, frontend_flags, scope, stat, Addr6Be, AffinityEntry, Backend, Backend6,
-    FrontendKey, FrontendKey6, FrontendSlot,
+    capacity, frontend_flags, scope, stat, Addr6Be, AffinityEntry, Backend, Backend6, FrontendKey,
+    FrontendKey6, FrontendSlot,
 };
 
 use crate::maps::{

@@ -6,8 +6,8 @@
 //! [`crate::packet6::Scratch6`]), not built on the stack.
 use aya_ebpf::helpers::{bpf_get_prandom_u32, bpf_ktime_get_ns};
 use proxy_common::{
-    capacity, frontend_flags, scope, stat, Addr6Be, AffinityEntry, AffinityKey6, Backend6, FrontendKey6,
-    FrontendSlot,
+    capacity, frontend_flags, scope, stat, Addr6Be, AffinityEntry, AffinityKey6, Backend6,
+    FrontendKey6, FrontendSlot,
 };
 
 use crate::{
@@ -141,7 +141,11 @@ fn affinity_backend6(
 
 /// Picks a backend at random among the frontend's slots `1..=backend_count`.
 #[inline(always)]
-fn pick_backend6(key: &mut FrontendKey6, svc: &FrontendSlot, out: &mut Backend6) -> Option<(u32, u16)> {
+fn pick_backend6(
+    key: &mut FrontendKey6,
+    svc: &FrontendSlot,
+    out: &mut Backend6,
+) -> Option<(u32, u16)> {
     let count = u32::from(svc.backend_count).min(u32::from(capacity::MAX_BACKENDS_PER_SERVICE));
     if count == 0 {
         return None;

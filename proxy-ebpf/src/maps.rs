@@ -2,14 +2,17 @@
 //!
 //! Sizes here are defaults; the agent sets the real capacities at load time.
 use aya_ebpf::{
-    btf_maps::{lpm_trie::Key as LpmKey, Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, ProgramArray},
+    btf_maps::{
+        lpm_trie::Key as LpmKey, Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, ProgramArray,
+    },
     macros::btf_map,
 };
 use proxy_common::{
     capacity, stat, AffinityEntry, AffinityKey, AffinityKey6, Backend, Backend6, Config, CtEntry,
     CtEntry6, CtKey, CtKey6, FragEntry, FragEntry6, FragKey, FragKey6, FrontendKey, FrontendKey6,
-    FrontendSlot, MaglevTable, RevNat, RevNat6, SockAffinityKey, SockEntry, SockEntry6, SockKey,
-    NewFlows, NewFlows6, SockKey6, SrcRange4, SrcRange6, SvcStats, Uplink, Uplink6, SRC_RANGE_ID_BITS,
+    FrontendSlot, MaglevTable, NewFlows, NewFlows6, RevNat, RevNat6, SockAffinityKey, SockEntry,
+    SockEntry6, SockKey, SockKey6, SrcRange4, SrcRange6, SvcStats, Uplink, Uplink6,
+    SRC_RANGE_ID_BITS,
 };
 
 /// Capacity type parameter shared by both affinity maps, so one selection
@@ -24,8 +27,7 @@ pub static SB_BE_V1: HashMap<u32, Backend, { capacity::BACKENDS as usize }> = Ha
 /// Preallocated and not LRU: live flows are never evicted; the agent
 /// removes expired ones ([`crate::ct`]).
 #[btf_map]
-pub static SB_CT_V5: HashMap<CtKey, CtEntry, { capacity::CONNTRACK as usize }> =
-    HashMap::new();
+pub static SB_CT_V5: HashMap<CtKey, CtEntry, { capacity::CONNTRACK as usize }> = HashMap::new();
 /// Read by the CLI only; kept here so it is created and pinned with the rest.
 #[btf_map]
 pub static SB_RNAT_V1: HashMap<u32, RevNat, { capacity::SERVICES as usize }> = HashMap::new();
@@ -75,8 +77,7 @@ pub static SB_FE6_V1: HashMap<FrontendKey6, FrontendSlot, { capacity::FRONTENDS 
 #[btf_map]
 pub static SB_BE6_V1: HashMap<u32, Backend6, { capacity::BACKENDS as usize }> = HashMap::new();
 #[btf_map]
-pub static SB_CT6_V1: HashMap<CtKey6, CtEntry6, { capacity::CONNTRACK as usize }> =
-    HashMap::new();
+pub static SB_CT6_V1: HashMap<CtKey6, CtEntry6, { capacity::CONNTRACK as usize }> = HashMap::new();
 #[btf_map]
 pub static SB_RNAT6_V1: HashMap<u32, RevNat6, { capacity::SERVICES as usize }> = HashMap::new();
 #[btf_map]
@@ -166,7 +167,10 @@ pub fn source_allowed4(svc: &proxy_common::FrontendSlot, client_be: u32) -> bool
 
 /// [`source_allowed4`] for an IPv6 client.
 #[inline(always)]
-pub fn source_allowed6(svc: &proxy_common::FrontendSlot, client_be: &proxy_common::Addr6Be) -> bool {
+pub fn source_allowed6(
+    svc: &proxy_common::FrontendSlot,
+    client_be: &proxy_common::Addr6Be,
+) -> bool {
     if svc.flags & proxy_common::frontend_flags::SOURCE_RANGES == 0 {
         return true;
     }

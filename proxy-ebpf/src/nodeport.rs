@@ -23,15 +23,17 @@ use aya_ebpf::{
     helpers::{bpf_fib_lookup, bpf_get_prandom_u32},
 };
 use proxy_common::{
+    ct_dir, ct_flags, frontend_flags,
     hash::{flow_hash, source_hash},
-    ct_dir, ct_flags, frontend_flags, scope, snat, stat, AffinityKey, Backend, CtEntry, CtKey,
-    FrontendSlot, FrontendKey,
+    scope, snat, stat, AffinityKey, Backend, CtEntry, CtKey, FrontendKey, FrontendSlot,
 };
 
 use crate::{
     ct::{self, NotTracked},
     lb::{choose_backend, frontend_key, lookup_frontend, maglev_backend},
-    maps::{count, count_denied, count_service, source_allowed4, SB_AFFINITY_V1, SB_CT_V5, SB_UPLINK_V1},
+    maps::{
+        count, count_denied, count_service, source_allowed4, SB_AFFINITY_V1, SB_CT_V5, SB_UPLINK_V1,
+    },
     packet::{Flow, Skip},
     tc::{mark_closing, track, tracked_entry},
 };
@@ -250,18 +252,16 @@ fn snat_reply(flow: &Flow) -> Result<Option<Translation>, NotTranslated> {
 /// leaves through one (the backend is on another node). A backend reached
 /// through any other interface (a pod veth) is local.
 #[inline(always)]
-fn remote_uplink_addr(ctx: *mut c_void, ingress: u32, flow: &Flow, backend: &Backend) -> Option<u32> {
+fn remote_uplink_addr(
+    ctx: *mut c_void,
+    ingress: u32,
+    flow: &Flow,
+    backend: &Backend,
+) -> Option<u32> {
     let mut params = fib_params(ingress, flow.proto, flow.saddr_be, backend.addr_be);
     // SAFETY: `params` is a valid, initialised `bpf_fib_lookup` of the size
     // passed; `ctx` is this program's own context.
-    let rc = unsafe {
-        bpf_fib_lookup(
-            ctx,
-            &mut params,
-            size_of::<FibParams>() as i32,
-            0,
-        )
-    };
+    let rc = unsafe { bpf_fib_lookup(ctx, &mut params, size_of::<FibParams>() as i32, 0) };
     if rc != FIB_SUCCESS && rc != FIB_NO_NEIGH {
         return None;
     }

@@ -35,9 +35,9 @@ use core::{ffi::c_void, mem::size_of};
 
 use aya_ebpf::{
     bindings::{bpf_fib_lookup as FibParams, BPF_NOEXIST, TC_ACT_OK, TC_ACT_SHOT},
+    btf_maps::PerCpuArray,
     helpers::{bpf_fib_lookup, bpf_get_prandom_u32, bpf_redirect_neigh},
     macros::btf_map,
-    btf_maps::PerCpuArray,
     programs::TcContext,
 };
 use proxy_common::{
@@ -53,7 +53,8 @@ use crate::{
     nodeport::NotTranslated,
     packet::{csum_replace2, Skip, TCP_CSUM_OFF, UDP_CSUM_OFF},
     packet6::{
-        csum_replace16, eq6, load, load_into, parse6, Kind6, Scratch6, IP6_DADDR_OFF, IP6_SADDR_OFF, IPV6_HLEN,
+        csum_replace16, eq6, load, load_into, parse6, Kind6, Scratch6, IP6_DADDR_OFF,
+        IP6_SADDR_OFF, IPV6_HLEN,
     },
     tc::{drop_counted, Side},
     tc6::{rewrite6, track6, tracked_backend6},
@@ -256,7 +257,11 @@ fn snat_reply6(u: &mut Up6) -> Result<bool, NotTranslated> {
     let (flags, nat_port_be, snat_port_be) = unsafe {
         u.to_saddr_be = (*entry_ptr).nat_addr_be;
         u.to_daddr_be = (*entry_ptr).snat_addr_be;
-        ((*entry_ptr).flags, (*entry_ptr).nat_port_be, (*entry_ptr).snat_port_be)
+        (
+            (*entry_ptr).flags,
+            (*entry_ptr).nat_port_be,
+            (*entry_ptr).snat_port_be,
+        )
     };
     if flags & ct_flags::SNAT == 0 {
         return Ok(false);
@@ -324,7 +329,13 @@ fn remote_uplink6(ctx: *mut c_void, ingress: u32, u: &mut Up6) -> Route {
 
 /// Route-lookup parameters for an IPv6 packet arriving on `ifindex`.
 #[inline(always)]
-pub fn fib_params6(params: &mut FibParams, ifindex: u32, proto: u8, saddr_be: &Addr6Be, daddr_be: &Addr6Be) {
+pub fn fib_params6(
+    params: &mut FibParams,
+    ifindex: u32,
+    proto: u8,
+    saddr_be: &Addr6Be,
+    daddr_be: &Addr6Be,
+) {
     // SAFETY: `bpf_fib_lookup` is plain data; all-zero is a valid value.
     *params = unsafe { core::mem::zeroed() };
     params.family = AF_INET6;
@@ -475,7 +486,15 @@ fn try_from_uplink6(ctx: &TcContext, u: &mut Up6) -> Result<i32, Skip> {
         return drop_counted(stat::TTL_EXCEEDED);
     }
     let flow = &u.s.flow;
-    if rewrite6(ctx, flow, Side::Destination, &u.to_daddr_be, u.to_ports_be[1]).is_err() {
+    if rewrite6(
+        ctx,
+        flow,
+        Side::Destination,
+        &u.to_daddr_be,
+        u.to_ports_be[1],
+    )
+    .is_err()
+    {
         return drop_counted(stat::DROP_REWRITE_FAILED);
     }
     if leaves && rewrite6(ctx, flow, Side::Source, &u.to_saddr_be, u.to_ports_be[0]).is_err() {
@@ -509,12 +528,22 @@ fn send_out6(ctx: &TcContext, ingress: u32, u: &mut Up6) -> Result<i32, Skip> {
     fib_params6(&mut u.fib, ingress, u.s.flow.proto, &src, &dst);
     // SAFETY: `u.fib` is a valid, initialised `bpf_fib_lookup` of the size
     // passed; the context is this program's own.
-    let rc = unsafe { bpf_fib_lookup(ctx.skb.skb as *mut c_void, &mut u.fib, size_of::<FibParams>() as i32, 0) };
+    let rc = unsafe {
+        bpf_fib_lookup(
+            ctx.skb.skb as *mut c_void,
+            &mut u.fib,
+            size_of::<FibParams>() as i32,
+            0,
+        )
+    };
     if rc != FIB_SUCCESS && rc != FIB_NO_NEIGH {
         return drop_counted(stat::NO_ROUTE);
     }
     let hop_limit = load::<u8>(ctx, IP6_HOP_LIMIT_OFF)?;
-    if ctx.store(IP6_HOP_LIMIT_OFF, &hop_limit.wrapping_sub(1), 0).is_err() {
+    if ctx
+        .store(IP6_HOP_LIMIT_OFF, &hop_limit.wrapping_sub(1), 0)
+        .is_err()
+    {
         return drop_counted(stat::DROP_REWRITE_FAILED);
     }
     // SAFETY: no memory is passed (the kernel looks the neighbour up).
@@ -549,7 +578,8 @@ fn icmp_error_snat6(ctx: &TcContext, u: &mut Up6) -> Result<i32, Skip> {
     let inner_off = icmp_off + ICMP6_HLEN;
     let word1: [u32; 2] = load(ctx, inner_off).map_err(|_| Skip::Icmp)?;
     let inner_proto = (u32::from_be(word1[1]) >> 8) as u8;
-    if u32::from_be(word1[0]) >> 28 != 6 || (inner_proto != proto::TCP && inner_proto != proto::UDP) {
+    if u32::from_be(word1[0]) >> 28 != 6 || (inner_proto != proto::TCP && inner_proto != proto::UDP)
+    {
         return Err(Skip::Icmp);
     }
     let inner_l4 = inner_off + IPV6_HLEN;

@@ -5,7 +5,10 @@
 //! The walk reads through `bpf_skb_load_bytes` (`TcContext::load`): the
 //! offsets it computes are variable, and a helper read needs no packet
 //! pointer arithmetic the verifier would have to follow, nor a linear area.
-use core::{ffi::c_void, mem::{size_of, MaybeUninit}};
+use core::{
+    ffi::c_void,
+    mem::{size_of, MaybeUninit},
+};
 
 use aya_ebpf::{
     helpers::{bpf_skb_load_bytes, bpf_xdp_load_bytes},
@@ -15,7 +18,9 @@ use proxy_common::{
     proto, Addr6Be, AffinityKey6, Backend6, CtEntry6, CtKey6, FragEntry6, FragKey6, FrontendKey6,
 };
 
-use crate::packet::{Skip, ETH_HLEN, TCP_FLAG_ACK, TCP_FLAG_FIN, TCP_FLAG_RST, TCP_FLAG_SYN, TCP_HLEN, UDP_HLEN};
+use crate::packet::{
+    Skip, ETH_HLEN, TCP_FLAG_ACK, TCP_FLAG_FIN, TCP_FLAG_RST, TCP_FLAG_SYN, TCP_HLEN, UDP_HLEN,
+};
 
 pub const ETH_P_IPV6_BE: u16 = 0x86ddu16.to_be();
 pub const IPV6_HLEN: usize = 40;
@@ -172,7 +177,13 @@ impl LoadBytes for XdpContext {
 pub fn load<T>(ctx: &impl LoadBytes, off: usize) -> Result<T, Skip> {
     let mut value = MaybeUninit::<T>::uninit();
     // SAFETY: the helper writes exactly `size_of::<T>()` bytes to `value`.
-    let ret = unsafe { ctx.load_raw(off as u32, value.as_mut_ptr() as *mut c_void, size_of::<T>() as u32) };
+    let ret = unsafe {
+        ctx.load_raw(
+            off as u32,
+            value.as_mut_ptr() as *mut c_void,
+            size_of::<T>() as u32,
+        )
+    };
     if ret == 0 {
         // SAFETY: fully written by the helper; every `T` used here is plain
         // data valid for any bytes.
@@ -189,7 +200,13 @@ pub fn load_into<T>(ctx: &impl LoadBytes, off: usize, dst: &mut T) -> Result<(),
     // SAFETY: the helper writes exactly `size_of::<T>()` bytes to `dst`,
     // which is that large. Every `T` used here is plain data valid for any
     // bytes.
-    let ret = unsafe { ctx.load_raw(off as u32, dst as *mut T as *mut c_void, size_of::<T>() as u32) };
+    let ret = unsafe {
+        ctx.load_raw(
+            off as u32,
+            dst as *mut T as *mut c_void,
+            size_of::<T>() as u32,
+        )
+    };
     if ret == 0 {
         Ok(())
     } else {
@@ -267,7 +284,11 @@ pub fn parse6(ctx: &impl LoadBytes, flow: &mut Flow6) -> Result<Kind6, Skip> {
         }
         return Ok(Kind6::Icmp);
     }
-    let l4_min = if next == proto::TCP { TCP_HLEN } else { UDP_HLEN };
+    let l4_min = if next == proto::TCP {
+        TCP_HLEN
+    } else {
+        UDP_HLEN
+    };
     if payload_len + IP6_L4_OFF < off + l4_min {
         return Err(Skip::Malformed);
     }

@@ -33,7 +33,9 @@ use proxy_common::{proto, stat, Addr6Be, FrontendSlot};
 use crate::{
     maps::count,
     packet::{ETH_HLEN, TCP_FLAG_ACK, TCP_FLAG_FIN, TCP_FLAG_RST, TCP_FLAG_SYN, TCP_HLEN},
-    packet6::{is_unicast, load, load_into, Flow6, Scratch6, IP6_DADDR_OFF, IP6_L4_OFF, IP6_SADDR_OFF},
+    packet6::{
+        is_unicast, load, load_into, Flow6, Scratch6, IP6_DADDR_OFF, IP6_L4_OFF, IP6_SADDR_OFF,
+    },
 };
 
 /// ICMPv6 header: type, code, checksum, 4 unused bytes.
@@ -122,7 +124,10 @@ fn answer_header(
     if unsafe { bpf_skb_change_tail(ctx.skb.skb, len as u32, 0) } != 0 {
         return Err(());
     }
-    let fixed: [u32; 2] = [0x6000_0000u32.to_be(), ((payload_len as u32) << 16 | u32::from(next) << 8 | 64).to_be()];
+    let fixed: [u32; 2] = [
+        0x6000_0000u32.to_be(),
+        ((payload_len as u32) << 16 | u32::from(next) << 8 | 64).to_be(),
+    ];
     ctx.store(0, macs, 0).map_err(|_| ())?;
     ctx.store(ETH_HLEN, &fixed, 0).map_err(|_| ())?;
     ctx.store(IP6_SADDR_OFF, src, 0).map_err(|_| ())?;
@@ -149,13 +154,18 @@ fn fold(sum: u64) -> u16 {
 /// The pseudo-header's sum for an answer from `src` to `dst`.
 #[inline(always)]
 fn pseudo_sum(src: &Addr6Be, dst: &Addr6Be, len: usize, next: u8) -> u64 {
-    sum_addr(src) + sum_addr(dst) + u64::from((len as u32).to_be()) + u64::from(u32::from(next).to_be())
+    sum_addr(src)
+        + sum_addr(dst)
+        + u64::from((len as u32).to_be())
+        + u64::from(u32::from(next).to_be())
 }
 
 /// The RST answering a TCP segment (no extension headers).
 #[inline(always)]
 fn rst(ctx: &TcContext, flow: &Flow6) -> Result<(), ()> {
-    let payload_len = u32::from(u16::from_be(load::<u16>(ctx, ETH_HLEN + 4).map_err(|_| ())?));
+    let payload_len = u32::from(u16::from_be(
+        load::<u16>(ctx, ETH_HLEN + 4).map_err(|_| ())?,
+    ));
     let tcp: [u32; 4] = load(ctx, IP6_L4_OFF).map_err(|_| ())?;
     let seq = u32::from_be(tcp[1]);
     let ack = u32::from_be(tcp[2]);
@@ -198,7 +208,15 @@ fn rst(ctx: &TcContext, flow: &Flow6) -> Result<(), ()> {
     let c = fold(sum).to_ne_bytes();
     hdr[4] = u32::from_ne_bytes([c[0], c[1], 0, 0]);
     let macs = swapped_macs(ctx)?;
-    answer_header(ctx, &macs, RST_LEN, TCP_HLEN, proto::TCP, &flow.daddr_be, &flow.saddr_be)?;
+    answer_header(
+        ctx,
+        &macs,
+        RST_LEN,
+        TCP_HLEN,
+        proto::TCP,
+        &flow.daddr_be,
+        &flow.saddr_be,
+    )?;
     ctx.store(IP6_L4_OFF, &hdr, 0).map_err(|_| ())
 }
 
@@ -217,7 +235,10 @@ fn unreachable(ctx: &TcContext, s: &mut Scratch6) -> Result<(), ()> {
     let head = u32::from_ne_bytes([ICMPV6_DEST_UNREACH, ICMPV6_PORT_UNREACH, 0, 0]);
     sum += u64::from(head);
     let c = fold(sum).to_ne_bytes();
-    let icmp: [u32; 2] = [u32::from_ne_bytes([ICMPV6_DEST_UNREACH, ICMPV6_PORT_UNREACH, c[0], c[1]]), 0];
+    let icmp: [u32; 2] = [
+        u32::from_ne_bytes([ICMPV6_DEST_UNREACH, ICMPV6_PORT_UNREACH, c[0], c[1]]),
+        0,
+    ];
     let macs = swapped_macs(ctx)?;
     answer_header(
         ctx,
@@ -229,5 +250,6 @@ fn unreachable(ctx: &TcContext, s: &mut Scratch6) -> Result<(), ()> {
         &s.flow.saddr_be,
     )?;
     ctx.store(IP6_L4_OFF, &icmp, 0).map_err(|_| ())?;
-    ctx.store(IP6_L4_OFF + ICMP6_HLEN, &s.quote, 0).map_err(|_| ())
+    ctx.store(IP6_L4_OFF + ICMP6_HLEN, &s.quote, 0)
+        .map_err(|_| ())
 }

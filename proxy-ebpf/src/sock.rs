@@ -19,13 +19,15 @@ use aya_ebpf::{
     EbpfContext as _,
 };
 use proxy_common::{
-    frontend_flags, proto, sock_dir, stat, Addr6Be, FrontendSlot, SockAffinityKey, SockEntry, SockEntry6,
-    SockKey, SockKey6,
+    frontend_flags, proto, sock_dir, stat, Addr6Be, FrontendSlot, SockAffinityKey, SockEntry,
+    SockEntry6, SockKey, SockKey6,
 };
 
 use crate::{
     lb::{backend_is_live, choose_backend, frontend_key, lookup_frontend, FamilyAddr, SlotKey},
-    maps::{config, count, count_denied, count_service, SB_SOCK6_V1, SB_SOCK_AFFINITY_V1, SB_SOCK_V1},
+    maps::{
+        config, count, count_denied, count_service, SB_SOCK6_V1, SB_SOCK_AFFINITY_V1, SB_SOCK_V1,
+    },
 };
 
 /// Return values of cgroup `sock_addr` programs.
@@ -104,7 +106,9 @@ impl SockFamily for u32 {
             backend_id: value.backend_id,
             service_id: value.service_id,
         };
-        SB_SOCK_V1.insert(&sock_key(cookie, at, dir), &entry, 0).is_ok()
+        SB_SOCK_V1
+            .insert(&sock_key(cookie, at, dir), &entry, 0)
+            .is_ok()
     }
 
     #[inline(always)]
@@ -138,12 +142,7 @@ impl SockFamily for Addr6Be {
     }
 
     #[inline(always)]
-    fn sock_insert(
-        cookie: u64,
-        at: &SockAddr<Addr6Be>,
-        dir: u8,
-        value: &Picked<Addr6Be>,
-    ) -> bool {
+    fn sock_insert(cookie: u64, at: &SockAddr<Addr6Be>, dir: u8, value: &Picked<Addr6Be>) -> bool {
         let entry = SockEntry6 {
             addr_be: value.addr_be,
             port_be: value.port_be,
@@ -151,7 +150,9 @@ impl SockFamily for Addr6Be {
             backend_id: value.backend_id,
             service_id: value.service_id,
         };
-        SB_SOCK6_V1.insert(&sock_key6(cookie, at, dir), &entry, 0).is_ok()
+        SB_SOCK6_V1
+            .insert(&sock_key6(cookie, at, dir), &entry, 0)
+            .is_ok()
     }
 
     #[inline(always)]

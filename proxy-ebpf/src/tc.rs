@@ -23,14 +23,16 @@ use aya_ebpf::{
 use proxy_common::{ct_dir, ct_flags, proto, stat, tail, AffinityKey, Backend, CtEntry, CtKey};
 
 use crate::{
+    lb::{backend_is_live, choose_backend, frontend_key, lookup_frontend},
+    maps::{
+        count, count_denied, count_service, source_allowed4, SB_AFFINITY_V1, SB_CT_V5, SB_TAIL_V1,
+    },
     nodeport::{self, NotTranslated, Translation},
     packet::{
         csum_replace4, Flow, Ipv4Hdr, Skip, ETH_HLEN, ETH_P_IP_BE, IPV4_MIN_HLEN, IP_CSUM_OFF,
         IP_FRAG_MASK, IP_OFFSET_MASK, TCP_CSUM_OFF, TCP_HLEN, UDP_CSUM_OFF, UDP_HLEN,
     },
     packet6::ETH_P_IPV6_BE,
-    lb::{backend_is_live, choose_backend, frontend_key, lookup_frontend},
-    maps::{count, count_denied, count_service, source_allowed4, SB_AFFINITY_V1, SB_CT_V5, SB_TAIL_V1},
 };
 
 /// Which side of the packet a rewrite touches.
@@ -238,7 +240,10 @@ pub fn try_from_uplink(ctx: &TcContext) -> Result<i32, Skip> {
         Err(NotTranslated::Reject) => return Ok(crate::reject::tc_reject(ctx, &flow)),
     };
     let (src, dst, service_id, counter) = match translation {
-        Translation::Local { backend, service_id } => (
+        Translation::Local {
+            backend,
+            service_id,
+        } => (
             None,
             (backend.addr_be, backend.port_be),
             service_id,
@@ -808,7 +813,11 @@ pub(crate) fn parse_ipv4(ctx: &TcContext) -> Result<Flow, Skip> {
 /// verifier unclone every cloned skb this program sees, ours or not). Both
 /// addresses and the IPv4 checksum (computed here) go in one 10-byte store.
 #[inline(always)]
-pub(crate) fn rewrite_with_helpers(ctx: &TcContext, flow: &Flow, todo: &Rewrite) -> Result<(), RewriteFailed> {
+pub(crate) fn rewrite_with_helpers(
+    ctx: &TcContext,
+    flow: &Flow,
+    todo: &Rewrite,
+) -> Result<(), RewriteFailed> {
     let (old_addr_be, old_port_be, port_off) = match todo.side {
         Side::Source => (flow.saddr_be, flow.sport_be, flow.l4_off),
         Side::Destination => (flow.daddr_be, flow.dport_be, flow.l4_off + 2),

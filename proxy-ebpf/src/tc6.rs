@@ -29,7 +29,9 @@ use proxy_common::{ct_dir, ct_flags, proto, stat, Addr6Be};
 
 use crate::{
     lb6::{backend_is_live6, choose_backend6, frontend_key6, lookup_frontend6},
-    maps::{count, count_denied, count_service, source_allowed6, SB_CT6_V1, SB_SCRATCH6_V1, SB_TAIL6_V1},
+    maps::{
+        count, count_denied, count_service, source_allowed6, SB_CT6_V1, SB_SCRATCH6_V1, SB_TAIL6_V1,
+    },
     packet::{Skip, TCP_CSUM_OFF, UDP_CSUM_OFF},
     packet6::{addr_diff, eq6, parse6, Flow6, Kind6, Scratch6, IP6_DADDR_OFF, IP6_SADDR_OFF},
     tc::{drop_counted, RewriteFailed, Side, TableFull},
@@ -222,7 +224,11 @@ pub(crate) fn tracked_backend6(s: &mut Scratch6, service_id: u32) -> bool {
     let (entry_service, flags, backend_id) = unsafe {
         s.backend.addr_be = (*entry_ptr).nat_addr_be;
         s.backend.port_be = (*entry_ptr).nat_port_be;
-        ((*entry_ptr).service_id, (*entry_ptr).flags, (*entry_ptr).backend_id)
+        (
+            (*entry_ptr).service_id,
+            (*entry_ptr).flags,
+            (*entry_ptr).backend_id,
+        )
     };
     let flow = &s.flow;
     if entry_service != service_id {
@@ -254,7 +260,9 @@ pub(crate) fn tracked_backend6(s: &mut Scratch6, service_id: u32) -> bool {
             crate::ct::mark_closing6(reply_ptr);
         }
     }
-    if !flow.needs_live_backend() || backend_is_live6(backend_id, &s.backend.addr_be, s.backend.port_be) {
+    if !flow.needs_live_backend()
+        || backend_is_live6(backend_id, &s.backend.addr_be, s.backend.port_be)
+    {
         return true;
     }
     count(stat::CT_RESELECTED);
@@ -320,13 +328,20 @@ pub(crate) fn rewrite6(
     };
     if !eq6(old_addr_be, new_addr_be) {
         let diff = addr_diff(old_addr_be, new_addr_be);
-        ctx.store(addr_off, new_addr_be, 0).map_err(|_| RewriteFailed)?;
+        ctx.store(addr_off, new_addr_be, 0)
+            .map_err(|_| RewriteFailed)?;
         l4_csum_diff(ctx, csum_off, diff, l4_flags)?;
     }
     if old_port_be != new_port_be {
-        ctx.store(port_off, &new_port_be, 0).map_err(|_| RewriteFailed)?;
-        ctx.l4_csum_replace(csum_off, u64::from(old_port_be), u64::from(new_port_be), l4_flags | 2)
+        ctx.store(port_off, &new_port_be, 0)
             .map_err(|_| RewriteFailed)?;
+        ctx.l4_csum_replace(
+            csum_off,
+            u64::from(old_port_be),
+            u64::from(new_port_be),
+            l4_flags | 2,
+        )
+        .map_err(|_| RewriteFailed)?;
     }
     Ok(())
 }
@@ -334,7 +349,12 @@ pub(crate) fn rewrite6(
 /// Adds the one's-complement difference `diff` of a pseudo-header address
 /// change to the L4 checksum at `csum_off`.
 #[inline(always)]
-pub(crate) fn l4_csum_diff(ctx: &TcContext, csum_off: usize, diff: u32, l4_flags: u64) -> Result<(), RewriteFailed> {
+pub(crate) fn l4_csum_diff(
+    ctx: &TcContext,
+    csum_off: usize,
+    diff: u32,
+    l4_flags: u64,
+) -> Result<(), RewriteFailed> {
     let flags = u64::from(BPF_F_PSEUDO_HDR) | l4_flags;
     if ctx
         .l4_csum_replace(csum_off, 0, u64::from(diff), flags | BPF_F_IPV6)

@@ -119,7 +119,12 @@ fn store<T>(ctx: &XdpContext, off: usize, src: &T) -> Result<(), StoreFailed> {
     // SAFETY: the helper reads exactly `size_of::<T>()` bytes of `src`, and
     // bounds-checks the frame itself; `ctx.ctx` is this program's context.
     let ret = unsafe {
-        bpf_xdp_store_bytes(ctx.ctx, off as u32, src as *const T as *mut c_void, size_of::<T>() as u32)
+        bpf_xdp_store_bytes(
+            ctx.ctx,
+            off as u32,
+            src as *const T as *mut c_void,
+            size_of::<T>() as u32,
+        )
     };
     if ret == 0 {
         Ok(())
@@ -170,7 +175,14 @@ fn send_out(ctx: &XdpContext, ingress: u32, u: &mut Up6, counter: u32) -> Result
     fib_params6(&mut u.fib, ingress, u.s.flow.proto, &src, &dst);
     // SAFETY: `u.fib` is a valid, initialised `bpf_fib_lookup` of the size
     // passed; `ctx.ctx` is this program's own context.
-    let rc = unsafe { bpf_fib_lookup(ctx.ctx as *mut c_void, &mut u.fib, size_of::<FibParams>() as i32, 0) };
+    let rc = unsafe {
+        bpf_fib_lookup(
+            ctx.ctx as *mut c_void,
+            &mut u.fib,
+            size_of::<FibParams>() as i32,
+            0,
+        )
+    };
     let hop_limit: u8 = load(ctx, IP6_HOP_LIMIT_OFF)?;
     if rc != i64::from(BPF_FIB_LKUP_RET_SUCCESS) || hop_limit <= 1 {
         count(stat::XDP_TO_TC);

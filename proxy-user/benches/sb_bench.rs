@@ -88,7 +88,9 @@ fn parse_args() -> Result<Args> {
                     it.next().ok_or_else(|| anyhow!("--out needs a path"))?,
                 ))
             }
-            "perpacket" | "sync" | "change" | "fwd" | "uplink" | "flood" if mode.is_none() => mode = Some(arg),
+            "perpacket" | "sync" | "change" | "fwd" | "uplink" | "flood" if mode.is_none() => {
+                mode = Some(arg)
+            }
             _ => rest.push(arg),
         }
     }
@@ -141,4 +143,3 @@ fn main() -> Result<()> {
 pub(crate) fn progress(msg: &str) {
     eprintln!("sb_bench: {msg}");
 }
-

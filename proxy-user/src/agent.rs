@@ -166,7 +166,11 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
     // the programs were replaced, for the flows it tracked meanwhile).
     for early in migrate::copy_flows(&config.pin_root, &mut maps) {
         match early {
-            Ok(early) => info!(pin = early.pin, copied = early.copied, "flows copied from an earlier layout"),
+            Ok(early) => info!(
+                pin = early.pin,
+                copied = early.copied,
+                "flows copied from an earlier layout"
+            ),
             Err(error) => {
                 let error = format!("{:#}", anyhow::Error::from(error));
                 warn!(%error, "an earlier layout's pin was left alone");
@@ -265,7 +269,11 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
     sync.set_interfaces(attacher.interfaces(), &uplink_status);
     for migrated in migrate::finish(&config.pin_root, sync.syncer.store_mut()) {
         match migrated {
-            Ok(m) => info!(pin = m.pin, copied = m.copied, "earlier layout migrated and unpinned"),
+            Ok(m) => info!(
+                pin = m.pin,
+                copied = m.copied,
+                "earlier layout migrated and unpinned"
+            ),
             Err(error) => {
                 let error = format!("{:#}", anyhow::Error::from(error));
                 warn!(%error, "an earlier layout's pin was left alone");

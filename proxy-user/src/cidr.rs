@@ -33,20 +33,26 @@ impl IpCidr {
     /// `None` when the length is past the family's bits.
     pub fn new(addr: IpAddr, prefix_len: u8) -> Option<IpCidr> {
         let max = if addr.is_ipv4() { 32 } else { 128 };
-        (prefix_len <= max).then(|| IpCidr {
-            network: addr,
-            prefix_len,
-        }
-        .canonical())
+        (prefix_len <= max).then(|| {
+            IpCidr {
+                network: addr,
+                prefix_len,
+            }
+            .canonical()
+        })
     }
 
     /// The block's first address (host bits cleared).
     pub fn network(&self) -> IpAddr {
         match self.network {
-            IpAddr::V4(a) => IpAddr::V4(Ipv4Addr::from(
-                masked(u128::from(u32::from(a)), 32, self.prefix_len) as u32,
-            )),
-            IpAddr::V6(a) => IpAddr::V6(Ipv6Addr::from(masked(u128::from(a), 128, self.prefix_len))),
+            IpAddr::V4(a) => {
+                IpAddr::V4(Ipv4Addr::from(
+                    masked(u128::from(u32::from(a)), 32, self.prefix_len) as u32,
+                ))
+            }
+            IpAddr::V6(a) => {
+                IpAddr::V6(Ipv6Addr::from(masked(u128::from(a), 128, self.prefix_len)))
+            }
         }
     }
 
@@ -75,7 +81,8 @@ impl IpCidr {
                     == masked(u128::from(u32::from(net)), 32, self.prefix_len)
             }
             (IpAddr::V6(net), IpAddr::V6(a)) => {
-                masked(u128::from(a), 128, self.prefix_len) == masked(u128::from(net), 128, self.prefix_len)
+                masked(u128::from(a), 128, self.prefix_len)
+                    == masked(u128::from(net), 128, self.prefix_len)
             }
             _ => false,
         }
@@ -86,7 +93,9 @@ impl FromStr for IpCidr {
     type Err = CidrError;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let s = s.trim();
-        let (addr, len) = s.split_once('/').ok_or_else(|| CidrError::Syntax(s.to_owned()))?;
+        let (addr, len) = s
+            .split_once('/')
+            .ok_or_else(|| CidrError::Syntax(s.to_owned()))?;
         let network: IpAddr = addr.parse().map_err(|_| CidrError::Syntax(s.to_owned()))?;
         let prefix_len: u8 = len.parse().map_err(|_| CidrError::Syntax(s.to_owned()))?;
         let max = if network.is_ipv4() { 32 } else { 128 };
@@ -128,7 +137,10 @@ mod tests {
         assert!(!c.contains(v4(192, 168, 51, 7)));
         let all: IpCidr = "0.0.0.0/0".parse().expect("valid");
         assert!(all.contains(v4(10, 1, 2, 3)));
-        assert!(!all.contains(IpAddr::V6(Ipv6Addr::LOCALHOST)), "never the other family");
+        assert!(
+            !all.contains(IpAddr::V6(Ipv6Addr::LOCALHOST)),
+            "never the other family"
+        );
         let host: IpCidr = "10.0.0.1/32".parse().expect("valid");
         assert!(host.contains(v4(10, 0, 0, 1)));
         assert!(!host.contains(v4(10, 0, 0, 2)));
@@ -155,9 +167,15 @@ mod tests {
         assert_eq!(c.network(), v4(10, 0, 0, 0));
         let c6: IpCidr = "fd00:1::5/64".parse().expect("valid");
         assert_eq!(c6.canonical().to_string(), "fd00:1::/64");
-        assert_eq!(IpCidr::new(v4(1, 2, 3, 4), 0).map(|c| c.to_string()), Some("0.0.0.0/0".into()));
+        assert_eq!(
+            IpCidr::new(v4(1, 2, 3, 4), 0).map(|c| c.to_string()),
+            Some("0.0.0.0/0".into())
+        );
         assert_eq!(IpCidr::new(v4(1, 2, 3, 4), 33), None);
-        assert_eq!(" 10.0.0.0/8 ".parse::<IpCidr>().map(|c| c.to_string()), Ok("10.0.0.0/8".into()));
+        assert_eq!(
+            " 10.0.0.0/8 ".parse::<IpCidr>().map(|c| c.to_string()),
+            Ok("10.0.0.0/8".into())
+        );
     }
 
     #[test]

@@ -55,7 +55,8 @@ use prometheus_client::{
     registry::Registry,
 };
 use proxy_common::{
-    addr6_octets, ct_dir, ct_flags, ct_state, names, proto, snat, stat, Addr6Be, CtEntry, CtEntry6, CtKey, CtKey6,
+    addr6_octets, ct_dir, ct_flags, ct_state, names, proto, snat, stat, Addr6Be, CtEntry, CtEntry6,
+    CtKey, CtKey6,
 };
 use serde::{Deserialize, Serialize};
 use tracing::{debug, warn};
@@ -278,8 +279,12 @@ macro_rules! ct_key {
 
 ct_entry!(CtEntry, u32);
 ct_entry!(CtEntry6, Addr6Be);
-ct_key!(CtKey, CtEntry, u32, "ipv4", |a| IpAddr::V4(Ipv4Addr::from(a.to_ne_bytes())));
-ct_key!(CtKey6, CtEntry6, Addr6Be, "ipv6", |a| IpAddr::V6(Ipv6Addr::from(addr6_octets(a))));
+ct_key!(CtKey, CtEntry, u32, "ipv4", |a| IpAddr::V4(Ipv4Addr::from(
+    a.to_ne_bytes()
+)));
+ct_key!(CtKey6, CtEntry6, Addr6Be, "ipv6", |a| IpAddr::V6(
+    Ipv6Addr::from(addr6_octets(a))
+));
 
 /// One flow as the collector judges it: its entries, either may be missing.
 #[derive(Clone, Copy, Debug)]
@@ -413,7 +418,12 @@ pub fn entries<K: Key>(
 }
 
 /// Whether the flow `keys` names, its entries read from `get`, has expired.
-fn judge<K: Key>(keys: &FlowKeys<K>, get: impl Fn(&K) -> Option<K::Entry>, now_ns: u64, t: &Timeouts) -> bool {
+fn judge<K: Key>(
+    keys: &FlowKeys<K>,
+    get: impl Fn(&K) -> Option<K::Entry>,
+    now_ns: u64,
+    t: &Timeouts,
+) -> bool {
     let (forward, reply) = entries(keys, get);
     let flow = Flow {
         protocol: keys.proto(),
@@ -447,7 +457,11 @@ pub struct Pass {
 /// flow (both entries) and idle orphan. Each flow is judged again from its
 /// entries as they are right before removal, so a packet that arrived
 /// during the pass saves it.
-pub fn collect<K: Key>(table: &mut impl CtTable<K>, now_ns: u64, t: &Timeouts) -> std::io::Result<Pass> {
+pub fn collect<K: Key>(
+    table: &mut impl CtTable<K>,
+    now_ns: u64,
+    t: &Timeouts,
+) -> std::io::Result<Pass> {
     let all: StdHashMap<K, K::Entry> = table.read_all()?.into_iter().collect();
     let mut pass = Pass {
         entries: all.len(),
@@ -547,9 +561,15 @@ impl GcMetrics {
 
     fn observe(&self, family: &'static str, pass: &Pass, capacity: u32, took: Duration) {
         let label = [("family", family)];
-        self.deleted.get_or_create(&label).inc_by(pass.deleted as u64);
-        self.fill.get_or_create(&label).set(fill(pass.entries, capacity));
-        self.duration.get_or_create(&label).observe(took.as_secs_f64());
+        self.deleted
+            .get_or_create(&label)
+            .inc_by(pass.deleted as u64);
+        self.fill
+            .get_or_create(&label)
+            .set(fill(pass.entries, capacity));
+        self.duration
+            .get_or_create(&label)
+            .observe(took.as_secs_f64());
     }
 }
 
@@ -591,7 +611,10 @@ pub enum GcError {
     #[error("pinned map {path} is not of the expected type")]
     Layout { path: PathBuf, source: MapError },
     #[error("reading {path}")]
-    Read { path: PathBuf, source: std::io::Error },
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("reading the capacity of {path}")]
     Info { path: PathBuf, source: MapError },
     #[error("starting the collector thread")]
@@ -659,7 +682,13 @@ where
             Ok(pass) => {
                 let took = started.elapsed();
                 metrics.observe(K::FAMILY, &pass, self.capacity, took);
-                debug!(family = K::FAMILY, entries = pass.entries, deleted = pass.deleted, ?took, "conntrack collected");
+                debug!(
+                    family = K::FAMILY,
+                    entries = pass.entries,
+                    deleted = pass.deleted,
+                    ?took,
+                    "conntrack collected"
+                );
                 Some(fill(pass.entries, self.capacity))
             }
             Err(error) => {
@@ -679,10 +708,11 @@ pub fn spawn(pin_root: &Path, timeouts: Timeouts, metrics: GcMetrics) -> Result<
     let v4 = Tracked::<CtKey>::open(pin_root, names::CONNTRACK)?;
     let v6 = Tracked::<CtKey6>::open(pin_root, names::CONNTRACK6)?;
     let (stats, _) = open(pin_root, names::GLOBAL_STATS)?;
-    let stats: PerCpuArray<MapData, u64> = PerCpuArray::try_from(stats).map_err(|source| GcError::Layout {
-        path: pin_root.join(names::GLOBAL_STATS),
-        source,
-    })?;
+    let stats: PerCpuArray<MapData, u64> =
+        PerCpuArray::try_from(stats).map_err(|source| GcError::Layout {
+            path: pin_root.join(names::GLOBAL_STATS),
+            source,
+        })?;
     std::thread::Builder::new()
         .name("conntrack-gc".into())
         .spawn(move || run(v4, v6, &stats, &timeouts, &metrics))
@@ -767,7 +797,11 @@ mod tests {
             (proto::UDP, 0, REPLIED, Phase::UdpStream),
         ];
         for (protocol, forward, reply, want) in cases {
-            assert_eq!(phase(protocol, 0, forward, reply), want, "{protocol} {forward:#b} {reply:#b}");
+            assert_eq!(
+                phase(protocol, 0, forward, reply),
+                want,
+                "{protocol} {forward:#b} {reply:#b}"
+            );
         }
         let handshake = ct_flags::HANDSHAKE;
         for (protocol, forward, reply, want) in [
@@ -779,7 +813,11 @@ mod tests {
             (proto::TCP, 0, REPLIED | RST, Phase::Closed),
             (proto::UDP, 0, REPLIED, Phase::UdpStream),
         ] {
-            assert_eq!(phase(protocol, handshake, forward, reply), want, "{protocol} {forward:#b} {reply:#b}");
+            assert_eq!(
+                phase(protocol, handshake, forward, reply),
+                want,
+                "{protocol} {forward:#b} {reply:#b}"
+            );
         }
     }
 
@@ -791,24 +829,102 @@ mod tests {
         type Case = (u8, Option<CtEntry>, Option<CtEntry>, u64, bool);
         let cases: &[Case] = &[
             // An idle established connection lasts a day from its newest packet.
-            (proto::TCP, Some(entry(0, 0, 100)), Some(entry(REPLIED, 0, 200)), 200 + 86_399, false),
-            (proto::TCP, Some(entry(0, 0, 100)), Some(entry(REPLIED, 0, 200)), 200 + 86_400, true),
+            (
+                proto::TCP,
+                Some(entry(0, 0, 100)),
+                Some(entry(REPLIED, 0, 200)),
+                200 + 86_399,
+                false,
+            ),
+            (
+                proto::TCP,
+                Some(entry(0, 0, 100)),
+                Some(entry(REPLIED, 0, 200)),
+                200 + 86_400,
+                true,
+            ),
             // Either side's packet keeps it.
-            (proto::TCP, Some(entry(0, 0, 90_000)), Some(entry(REPLIED, 0, 200)), 90_000 + 100, false),
+            (
+                proto::TCP,
+                Some(entry(0, 0, 90_000)),
+                Some(entry(REPLIED, 0, 200)),
+                90_000 + 100,
+                false,
+            ),
             // Closed: seconds.
-            (proto::TCP, Some(entry(FIN, 0, 100)), Some(entry(REPLIED | FIN, 0, 100)), 109, false),
-            (proto::TCP, Some(entry(FIN, 0, 100)), Some(entry(REPLIED | FIN, 0, 100)), 110, true),
-            (proto::TCP, Some(entry(RST, 0, 100)), Some(entry(REPLIED, 0, 95)), 110, true),
+            (
+                proto::TCP,
+                Some(entry(FIN, 0, 100)),
+                Some(entry(REPLIED | FIN, 0, 100)),
+                109,
+                false,
+            ),
+            (
+                proto::TCP,
+                Some(entry(FIN, 0, 100)),
+                Some(entry(REPLIED | FIN, 0, 100)),
+                110,
+                true,
+            ),
+            (
+                proto::TCP,
+                Some(entry(RST, 0, 100)),
+                Some(entry(REPLIED, 0, 95)),
+                110,
+                true,
+            ),
             // Half-closed: an hour.
-            (proto::TCP, Some(entry(FIN, 0, 100)), Some(entry(REPLIED, 0, 100)), 100 + 3_599, false),
-            (proto::TCP, Some(entry(FIN, 0, 100)), Some(entry(REPLIED, 0, 100)), 100 + 3_600, true),
+            (
+                proto::TCP,
+                Some(entry(FIN, 0, 100)),
+                Some(entry(REPLIED, 0, 100)),
+                100 + 3_599,
+                false,
+            ),
+            (
+                proto::TCP,
+                Some(entry(FIN, 0, 100)),
+                Some(entry(REPLIED, 0, 100)),
+                100 + 3_600,
+                true,
+            ),
             // Never answered: a minute.
-            (proto::TCP, Some(entry(0, 0, 100)), Some(entry(0, 0, 100)), 159, false),
-            (proto::TCP, Some(entry(0, 0, 100)), Some(entry(0, 0, 100)), 160, true),
+            (
+                proto::TCP,
+                Some(entry(0, 0, 100)),
+                Some(entry(0, 0, 100)),
+                159,
+                false,
+            ),
+            (
+                proto::TCP,
+                Some(entry(0, 0, 100)),
+                Some(entry(0, 0, 100)),
+                160,
+                true,
+            ),
             // UDP: 30 s one way, 120 s once answered.
-            (proto::UDP, Some(entry(0, 0, 100)), Some(entry(0, 0, 100)), 130, true),
-            (proto::UDP, Some(entry(0, 0, 100)), Some(entry(REPLIED, 0, 100)), 130, false),
-            (proto::UDP, Some(entry(0, 0, 100)), Some(entry(REPLIED, 0, 100)), 220, true),
+            (
+                proto::UDP,
+                Some(entry(0, 0, 100)),
+                Some(entry(0, 0, 100)),
+                130,
+                true,
+            ),
+            (
+                proto::UDP,
+                Some(entry(0, 0, 100)),
+                Some(entry(REPLIED, 0, 100)),
+                130,
+                false,
+            ),
+            (
+                proto::UDP,
+                Some(entry(0, 0, 100)),
+                Some(entry(REPLIED, 0, 100)),
+                220,
+                true,
+            ),
             // Orphans go after ten idle seconds, whatever their state.
             (proto::TCP, Some(entry(0, 0, 100)), None, 109, false),
             (proto::TCP, Some(entry(0, 0, 100)), None, 110, true),
@@ -821,7 +937,11 @@ mod tests {
                 forward: forward.as_ref(),
                 reply: reply.as_ref(),
             };
-            assert_eq!(expired(&flow, now_s * S, &t), *want, "case {i}: {flow:?} at {now_s}s");
+            assert_eq!(
+                expired(&flow, now_s * S, &t),
+                *want,
+                "case {i}: {flow:?} at {now_s}s"
+            );
         }
     }
 
@@ -986,7 +1106,13 @@ mod tests {
             table.0.insert(k, v);
         }
         let pass = collect(&mut table, 86_100 * S, &t()).expect("pass");
-        assert_eq!(pass, Pass { entries: 6, deleted: 4 });
+        assert_eq!(
+            pass,
+            Pass {
+                entries: 6,
+                deleted: 4
+            }
+        );
         let left: Vec<CtKey> = {
             let mut v: Vec<_> = table.0.keys().copied().collect();
             v.sort_by_key(|k| k.dir);
@@ -1024,7 +1150,24 @@ mod tests {
     // ---- IPv6: the same logic over CtKey6/CtEntry6 ----
 
     fn v6(last: u16) -> Addr6Be {
-        proxy_common::addr6_be([0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, (last >> 8) as u8, last as u8])
+        proxy_common::addr6_be([
+            0xfd,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            (last >> 8) as u8,
+            last as u8,
+        ])
     }
 
     fn key6(dir: u8, s: Addr6Be, sport: u16, d: Addr6Be, dport: u16) -> CtKey6 {
@@ -1083,7 +1226,13 @@ mod tests {
                 },
             ),
             (
-                key6(ct_dir::REPLY, backend, 8080, proxy_common::hairpin::ADDR6_BE, 40000),
+                key6(
+                    ct_dir::REPLY,
+                    backend,
+                    8080,
+                    proxy_common::hairpin::ADDR6_BE,
+                    40000,
+                ),
                 CtEntry6 {
                     nat_addr_be: frontend,
                     nat_port_be: 80u16.to_be(),
@@ -1127,7 +1276,10 @@ mod tests {
         // Only the last word differs: a partner built from the wrong word
         // order would not be found.
         let ((fk, fe), _) = pairs6()[0];
-        assert_eq!(CtKey6::ip(partner_key(&fk, &fe).saddr_be).to_string(), "fd00::105");
+        assert_eq!(
+            CtKey6::ip(partner_key(&fk, &fe).saddr_be).to_string(),
+            "fd00::105"
+        );
     }
 
     #[test]
@@ -1148,16 +1300,31 @@ mod tests {
         }
         let flows = flows(&table.0);
         assert_eq!(flows.len(), 3, "{flows:?}");
-        assert!(flows.contains(&FlowKeys::Pair { forward: hp_f.0, reply: hp_r.0 }));
+        assert!(flows.contains(&FlowKeys::Pair {
+            forward: hp_f.0,
+            reply: hp_r.0
+        }));
         let pass = collect(&mut table, 86_100 * S, &t()).expect("pass");
-        assert_eq!(pass, Pass { entries: 5, deleted: 3 });
+        assert_eq!(
+            pass,
+            Pass {
+                entries: 5,
+                deleted: 3
+            }
+        );
         let mut left: Vec<CtKey6> = table.0.keys().copied().collect();
         left.sort_by_key(|k| k.dir);
         assert_eq!(left, vec![plain_f.0, plain_r.0]);
         // A day after the last packet the established pair goes too, both
         // entries in one pass.
         let pass = collect(&mut table, (86_000 + 86_400) * S, &t()).expect("pass");
-        assert_eq!(pass, Pass { entries: 2, deleted: 2 });
+        assert_eq!(
+            pass,
+            Pass {
+                entries: 2,
+                deleted: 2
+            }
+        );
         assert!(table.0.is_empty());
     }
 
@@ -1205,13 +1372,23 @@ mod tests {
     fn a_slow_pass_spaces_the_next_one() {
         let full = [Some(1.0), Some(0.0)];
         // A quick pass over a full table: every second.
-        assert_eq!(next_interval_after(&full, Duration::from_millis(10)), MIN_INTERVAL);
+        assert_eq!(
+            next_interval_after(&full, Duration::from_millis(10)),
+            MIN_INTERVAL
+        );
         // A pass of 300 ms: the collector takes at most 5% of a core.
         let wait = next_interval_after(&full, Duration::from_millis(300));
         assert_eq!(wait, Duration::from_millis(300) * PACE);
-        assert!(Duration::from_millis(300).as_secs_f64() / (wait + Duration::from_millis(300)).as_secs_f64() <= 0.05);
+        assert!(
+            Duration::from_millis(300).as_secs_f64()
+                / (wait + Duration::from_millis(300)).as_secs_f64()
+                <= 0.05
+        );
         // A nearly empty table waits for its own reason, however quick.
-        assert_eq!(next_interval_after(&[Some(0.0), Some(0.0)], Duration::from_millis(300)), MAX_INTERVAL);
+        assert_eq!(
+            next_interval_after(&[Some(0.0), Some(0.0)], Duration::from_millis(300)),
+            MAX_INTERVAL
+        );
     }
 
     #[test]
@@ -1219,8 +1396,24 @@ mod tests {
         let metrics = GcMetrics::default();
         let mut registry = Registry::default();
         metrics.register(&mut registry);
-        metrics.observe("ipv4", &Pass { entries: 10, deleted: 4 }, 100, Duration::from_millis(3));
-        metrics.observe("ipv6", &Pass { entries: 50, deleted: 1 }, 100, Duration::from_millis(3));
+        metrics.observe(
+            "ipv4",
+            &Pass {
+                entries: 10,
+                deleted: 4,
+            },
+            100,
+            Duration::from_millis(3),
+        );
+        metrics.observe(
+            "ipv6",
+            &Pass {
+                entries: 50,
+                deleted: 1,
+            },
+            100,
+            Duration::from_millis(3),
+        );
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode");
         for line in [
@@ -1230,7 +1423,10 @@ mod tests {
             "switchboard_conntrack_fill_ratio{family=\"ipv6\"} 0.5",
             "switchboard_conntrack_gc_duration_seconds_count{family=\"ipv6\"} 1",
         ] {
-            assert!(text.lines().any(|l| l == line), "missing {line:?} in:\n{text}");
+            assert!(
+                text.lines().any(|l| l == line),
+                "missing {line:?} in:\n{text}"
+            );
         }
     }
 

@@ -101,7 +101,12 @@ pub fn check_pin_root(pin_root: &Path) -> Result<(), LoadError> {
         });
     }
     // Only root may add or remove pins, whatever the umask.
-    crate::fsmode::ensure_dir(pin_root, crate::fsmode::PIN_DIR_MODE, crate::fsmode::Existing::Tighten).map_err(|source| LoadError::CreatePinRoot {
+    crate::fsmode::ensure_dir(
+        pin_root,
+        crate::fsmode::PIN_DIR_MODE,
+        crate::fsmode::Existing::Tighten,
+    )
+    .map_err(|source| LoadError::CreatePinRoot {
         path: pin_root.to_owned(),
         source,
     })
@@ -138,8 +143,16 @@ fn sized_maps(caps: &Capacities) -> [(&'static str, &'static str, u32); 12] {
         (names::CONNTRACK, "--max-conntrack", caps.conntrack),
         (names::SOCKETS, "--max-conntrack", caps.conntrack),
         (names::REVNAT, "--max-services", caps.services),
-        (names::SERVICE_STATS, "--max-services", caps.service_stats_entries()),
-        (names::SERVICE_DENIED, "--max-services", caps.service_stats_entries()),
+        (
+            names::SERVICE_STATS,
+            "--max-services",
+            caps.service_stats_entries(),
+        ),
+        (
+            names::SERVICE_DENIED,
+            "--max-services",
+            caps.service_stats_entries(),
+        ),
         (names::FRONTENDS6, "--max-frontend-entries", caps.frontends),
         (names::BACKENDS6, "--max-backends", caps.backends),
         (names::CONNTRACK6, "--max-conntrack", caps.conntrack),
@@ -179,7 +192,11 @@ pub fn capacity_mismatches(pin_root: &Path, caps: &Capacities) -> Vec<CapacityMi
 /// The maps named in `staged` are created fresh at their staging pins
 /// ([`crate::resize::staging_path`]) instead of adopted: they are being
 /// resized.
-pub fn load(pin_root: &Path, caps: &Capacities, staged: &[&'static str]) -> Result<Ebpf, LoadError> {
+pub fn load(
+    pin_root: &Path,
+    caps: &Capacities,
+    staged: &[&'static str],
+) -> Result<Ebpf, LoadError> {
     check_pin_root(pin_root)?;
     load_with(Some((pin_root, staged)), caps)
 }
@@ -192,7 +209,10 @@ pub fn load_unpinned(caps: &Capacities) -> Result<Ebpf, LoadError> {
     Ok(ebpf)
 }
 
-fn load_with(pins_at: Option<(&Path, &[&'static str])>, caps: &Capacities) -> Result<Ebpf, LoadError> {
+fn load_with(
+    pins_at: Option<(&Path, &[&'static str])>,
+    caps: &Capacities,
+) -> Result<Ebpf, LoadError> {
     if OBJECT.is_empty() {
         return Err(LoadError::NoObject);
     }
@@ -251,11 +271,31 @@ pub fn install_tail_calls(ebpf: &mut Ebpf) -> Result<(), LoadError> {
     install_tail_call(ebpf, names::TAIL_CALLS, tail::REWRITE, programs::TC_REWRITE)?;
     // IPv6 on the pod path: programs of their own, tail-called by the IPv4
     // ones through a pinned array of their own.
-    install_tail_call(ebpf, names::TAIL_CALLS6, tail::FROM_POD6, programs::TC_FROM_POD6)?;
-    install_tail_call(ebpf, names::TAIL_CALLS6, tail::TO_POD6, programs::TC_TO_POD6)?;
+    install_tail_call(
+        ebpf,
+        names::TAIL_CALLS6,
+        tail::FROM_POD6,
+        programs::TC_FROM_POD6,
+    )?;
+    install_tail_call(
+        ebpf,
+        names::TAIL_CALLS6,
+        tail::TO_POD6,
+        programs::TC_TO_POD6,
+    )?;
     // IPv6 on the uplinks: the same, for the tc and the XDP program.
-    install_tail_call(ebpf, names::TAIL_CALLS6, tail::FROM_UPLINK6, programs::TC_FROM_UPLINK6)?;
-    install_xdp_tail_call(ebpf, names::XDP_TAIL_CALLS6, tail::XDP_UPLINK6, programs::XDP_UPLINK6)
+    install_tail_call(
+        ebpf,
+        names::TAIL_CALLS6,
+        tail::FROM_UPLINK6,
+        programs::TC_FROM_UPLINK6,
+    )?;
+    install_xdp_tail_call(
+        ebpf,
+        names::XDP_TAIL_CALLS6,
+        tail::XDP_UPLINK6,
+        programs::XDP_UPLINK6,
+    )
 }
 
 /// [`install_tail_call`] for an XDP program.
@@ -328,7 +368,12 @@ mod tests {
             services: 44,
         };
         let sized = sized_maps(&caps);
-        let size = |name| sized.iter().find(|(n, _, _)| *n == name).map(|(_, flag, size)| (*flag, *size));
+        let size = |name| {
+            sized
+                .iter()
+                .find(|(n, _, _)| *n == name)
+                .map(|(_, flag, size)| (*flag, *size))
+        };
         for (v4, v6) in [
             (names::FRONTENDS, names::FRONTENDS6),
             (names::BACKENDS, names::BACKENDS6),

@@ -16,7 +16,9 @@ use proxy_common::{
 
 use crate::cidr::IpCidr;
 
-use crate::model::{BackendAddr, Frontend, FrontendAddr, FrontendKind, IpFamily, LbAlgorithm, Protocol};
+use crate::model::{
+    BackendAddr, Frontend, FrontendAddr, FrontendKind, IpFamily, LbAlgorithm, Protocol,
+};
 
 /// A frontend map key of either family: the IPv4 map's or the IPv6 map's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -371,11 +373,11 @@ pub fn slot_zero_attributes(frontend: &Frontend, default_algorithm: LbAlgorithm)
     };
     let mut flags = algorithm
         | match frontend.kind {
-        FrontendKind::ClusterIp => frontend_flags::KIND_CLUSTER_IP,
-        FrontendKind::NodePort => frontend_flags::KIND_NODE_PORT,
-        FrontendKind::LoadBalancer => frontend_flags::KIND_LOAD_BALANCER,
-        FrontendKind::ExternalIp => frontend_flags::KIND_EXTERNAL_IP,
-    };
+            FrontendKind::ClusterIp => frontend_flags::KIND_CLUSTER_IP,
+            FrontendKind::NodePort => frontend_flags::KIND_NODE_PORT,
+            FrontendKind::LoadBalancer => frontend_flags::KIND_LOAD_BALANCER,
+            FrontendKind::ExternalIp => frontend_flags::KIND_EXTERNAL_IP,
+        };
     if frontend.local_only {
         flags |= frontend_flags::LOCAL_ONLY;
     }

@@ -36,7 +36,6 @@
 //! Times are wall-clock ([`SystemTime`]), as kube-proxy's are; a clock
 //! stepped backwards reads as "not late yet".
 
-
 use std::io;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, PoisonError};

@@ -30,7 +30,6 @@
 //! HTTP is hyper's (HTTP/1.1), one request per connection, with a bound on the
 //! time to read the request head and on the whole connection.
 
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::convert::Infallible;
 use std::fmt;
@@ -263,19 +262,14 @@ impl HealthServers {
 /// nothing: the first failure (with its address) drops the others, so the
 /// port is tried again whole. An IPv6 address on a kernel without IPv6 is
 /// skipped, not a failure (unless nothing else is left).
-fn listen_all(
-    binds: &[IpAddr],
-    port: u16,
-) -> Result<Vec<TcpListener>, (SocketAddr, io::Error)> {
+fn listen_all(binds: &[IpAddr], port: u16) -> Result<Vec<TcpListener>, (SocketAddr, io::Error)> {
     let mut listeners = Vec::with_capacity(binds.len());
     let mut skipped = None;
     for ip in binds {
         let addr = SocketAddr::new(*ip, port);
         match listen_only(addr) {
             Ok(listener) => listeners.push(listener),
-            Err(error)
-                if addr.is_ipv6() && error.raw_os_error() == Some(libc::EAFNOSUPPORT) =>
-            {
+            Err(error) if addr.is_ipv6() && error.raw_os_error() == Some(libc::EAFNOSUPPORT) => {
                 debug!(%addr, "no IPv6 in this kernel; healthCheckNodePort served on IPv4 only");
                 skipped = Some((addr, error));
             }
@@ -635,8 +629,14 @@ mod tests {
         let mut v6 = frontends[0].clone();
         v6.addr.ip = "2001:db8::2".parse().unwrap();
         v6.external_backends = Some(vec![
-            BackendAddr { ip: "fd00:244::2".parse().unwrap(), port: 8080 },
-            BackendAddr { ip: "fd00:244::3".parse().unwrap(), port: 8080 },
+            BackendAddr {
+                ip: "fd00:244::2".parse().unwrap(),
+                port: 8080,
+            },
+            BackendAddr {
+                ip: "fd00:244::3".parse().unwrap(),
+                port: 8080,
+            },
         ]);
         frontends.push(v6);
         let (wanted, _) = wanted(&state(frontends));
@@ -770,7 +770,14 @@ mod tests {
             assert_eq!(answer.body, body("shop", "web", 2), "{ip}");
         }
         // Both listeners follow the model's changes...
-        servers.update(&state(vec![lb("shop", "web", [203, 0, 113, 1], 80, Some(port), &[])]));
+        servers.update(&state(vec![lb(
+            "shop",
+            "web",
+            [203, 0, 113, 1],
+            80,
+            Some(port),
+            &[],
+        )]));
         for ip in [LOCALHOST, LOCALHOST6] {
             assert_eq!(get_at(ip, port).await.status, 503, "{ip}");
         }
@@ -782,7 +789,10 @@ mod tests {
                 _ => tokio::time::sleep(Duration::from_millis(20)).await,
             }
         }
-        assert!(TcpStream::connect((LOCALHOST6, port)).await.is_err(), "[::1]:{port} still open");
+        assert!(
+            TcpStream::connect((LOCALHOST6, port)).await.is_err(),
+            "[::1]:{port} still open"
+        );
         refused(port).await;
     }
 
@@ -803,7 +813,10 @@ mod tests {
             )
         };
         assert_eq!(rc, 0, "{}", io::Error::last_os_error());
-        assert_eq!(on, 1, "IPV6_V6ONLY must be set, or [::] would take 0.0.0.0's port");
+        assert_eq!(
+            on, 1,
+            "IPV6_V6ONLY must be set, or [::] would take 0.0.0.0's port"
+        );
         // /healthz and /metrics keep the kernel's default (dual-stack [::]).
         let plain = listen(SocketAddr::new(LOCALHOST6, 0)).expect("listen");
         assert!(plain.local_addr().expect("addr").is_ipv6());

@@ -1,7 +1,10 @@
 //! switchboard's userspace: the agent (source → model → sync → maps), the
 //! loader and attach logic, and the CLI.
 // The agent handles every failure: no unwrap, expect or panic outside tests.
-#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
+#![cfg_attr(
+    not(test),
+    deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
+)]
 pub mod agent;
 pub mod args;
 pub mod attach;

@@ -98,7 +98,10 @@ impl BackendKey {
                 hash_3words(w(0), w(4), w(8), w(12) ^ V6_FOLD_SEED)
             }
         };
-        (address, (u32::from(self.port) << 16) | u32::from(self.proto))
+        (
+            address,
+            (u32::from(self.port) << 16) | u32::from(self.proto),
+        )
     }
 
     /// This backend's preference list over a table of `size` slots.
@@ -286,7 +289,9 @@ mod tests {
     fn shuffled<T: Clone>(items: &[T], mut state: u64) -> Vec<T> {
         let mut out = items.to_vec();
         for i in (1..out.len()).rev() {
-            state = state.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+            state = state
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
             let j = usize::try_from((state >> 33) % (i as u64 + 1)).expect("fits");
             out.swap(i, j);
         }
@@ -305,9 +310,21 @@ mod tests {
 
     #[test]
     fn sizes_are_validated() {
-        assert_eq!(table(&backends(3), 16_383), Err(MaglevError::NotPrime(16_383)));
-        assert_eq!(table(&backends(3), 3), Err(MaglevError::TooSmall { size: 3, backends: 3 }));
-        assert_eq!(table(&backends(3), 262_147), Err(MaglevError::TooLarge(262_147)));
+        assert_eq!(
+            table(&backends(3), 16_383),
+            Err(MaglevError::NotPrime(16_383))
+        );
+        assert_eq!(
+            table(&backends(3), 3),
+            Err(MaglevError::TooSmall {
+                size: 3,
+                backends: 3
+            })
+        );
+        assert_eq!(
+            table(&backends(3), 262_147),
+            Err(MaglevError::TooLarge(262_147))
+        );
         assert_eq!(
             validate_size(MAX_TABLE_SIZE, MAX_BACKENDS + 1),
             Err(MaglevError::TooManyBackends(MAX_BACKENDS + 1))
@@ -315,7 +332,10 @@ mod tests {
         assert_eq!(validate_size(MAX_TABLE_SIZE, MAX_BACKENDS), Ok(()));
         assert_eq!(table(&backends(2), 3).map(|t| t.len()), Ok(3));
         let message = MaglevError::NotPrime(16_383).to_string();
-        assert!(message.contains("16383") && message.contains("prime"), "{message}");
+        assert!(
+            message.contains("16383") && message.contains("prime"),
+            "{message}"
+        );
     }
 
     #[test]
@@ -344,7 +364,10 @@ mod tests {
             let share = f64::from(DEFAULT_TABLE_SIZE) / n as f64;
             for (i, &c) in counts.iter().enumerate() {
                 let ratio = c as f64 / share;
-                assert!((0.9..=1.1).contains(&ratio), "n={n} backend {i}: {c} slots, {ratio:.3} of its share");
+                assert!(
+                    (0.9..=1.1).contains(&ratio),
+                    "n={n} backend {i}: {c} slots, {ratio:.3} of its share"
+                );
             }
         }
     }
@@ -367,8 +390,15 @@ mod tests {
                 assert!(after.iter().all(|b| *b != removed));
                 worst = worst.max(extra_disruption(&before, &after, removed));
             }
-            println!("remove one of {n}: worst extra disruption {:.3}%", worst * 100.0);
-            assert!(worst < 0.02, "n={n}: {:.3}% of slots moved beyond the removed backend's", worst * 100.0);
+            println!(
+                "remove one of {n}: worst extra disruption {:.3}%",
+                worst * 100.0
+            );
+            assert!(
+                worst < 0.02,
+                "n={n}: {:.3}% of slots moved beyond the removed backend's",
+                worst * 100.0
+            );
         }
     }
 
@@ -387,8 +417,15 @@ mod tests {
                 let after = resolved(&all, DEFAULT_TABLE_SIZE);
                 worst = worst.max(extra_disruption(&before, &after, new));
             }
-            println!("add one to {n}: worst extra disruption {:.3}%", worst * 100.0);
-            assert!(worst < 0.02, "n={n}: {:.3}% of slots moved beyond the added backend's", worst * 100.0);
+            println!(
+                "add one to {n}: worst extra disruption {:.3}%",
+                worst * 100.0
+            );
+            assert!(
+                worst < 0.02,
+                "n={n}: {:.3}% of slots moved beyond the added backend's",
+                worst * 100.0
+            );
         }
     }
 
@@ -400,7 +437,11 @@ mod tests {
         reversed.reverse();
         assert_eq!(table(&reversed, DEFAULT_TABLE_SIZE), expected);
         for seed in [1, 2, 3] {
-            assert_eq!(table(&shuffled(&set, seed), DEFAULT_TABLE_SIZE), expected, "seed {seed}");
+            assert_eq!(
+                table(&shuffled(&set, seed), DEFAULT_TABLE_SIZE),
+                expected,
+                "seed {seed}"
+            );
         }
     }
 
@@ -408,7 +449,10 @@ mod tests {
     fn backend_identity_includes_port_and_protocol() {
         let addr = IpAddr::V4(Ipv4Addr::new(10, 244, 0, 1));
         let a = BackendKey::new(addr, 80, TCP).permutation(DEFAULT_TABLE_SIZE);
-        for other in [BackendKey::new(addr, 81, TCP), BackendKey::new(addr, 80, 17)] {
+        for other in [
+            BackendKey::new(addr, 81, TCP),
+            BackendKey::new(addr, 80, 17),
+        ] {
             let b = other.permutation(DEFAULT_TABLE_SIZE);
             assert!(a.next != b.next || a.skip != b.skip, "{other:?}");
         }
@@ -417,7 +461,13 @@ mod tests {
     #[test]
     fn ipv6_backends_spread_and_differ_by_address() {
         let set: Vec<BackendKey> = (1..=5u16)
-            .map(|i| BackendKey::new(IpAddr::V6(std::net::Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 1, i)), 8080, TCP))
+            .map(|i| {
+                BackendKey::new(
+                    IpAddr::V6(std::net::Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 1, i)),
+                    8080,
+                    TCP,
+                )
+            })
             .collect();
         let entries = table(&set, DEFAULT_TABLE_SIZE).unwrap();
         let mut counts = [0usize; 5];
@@ -429,8 +479,16 @@ mod tests {
             assert!(c.abs_diff(share) <= share / 10, "{counts:?}");
         }
         // Addresses that differ only in their high words still hash apart.
-        let a = BackendKey::new(IpAddr::V6(std::net::Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, 1)), 80, TCP);
-        let b = BackendKey::new(IpAddr::V6(std::net::Ipv6Addr::new(0xfd01, 0, 0, 0, 0, 0, 0, 1)), 80, TCP);
+        let a = BackendKey::new(
+            IpAddr::V6(std::net::Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, 1)),
+            80,
+            TCP,
+        );
+        let b = BackendKey::new(
+            IpAddr::V6(std::net::Ipv6Addr::new(0xfd01, 0, 0, 0, 0, 0, 0, 1)),
+            80,
+            TCP,
+        );
         assert_ne!(a.words(), b.words());
     }
 

@@ -1,6 +1,9 @@
 //! The `switchboard` binary: agent and CLI.
 // The agent handles every failure: no unwrap, expect or panic outside tests.
-#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
+#![cfg_attr(
+    not(test),
+    deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
+)]
 use anyhow::Context as _;
 use clap::{CommandFactory as _, FromArgMatches as _, Parser, Subcommand};
 use proxy_user::{agent, args::AgentArgs, cli};

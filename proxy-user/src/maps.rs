@@ -7,6 +7,13 @@
 //! [`PinnedMaps`] for real.
 use std::path::{Path, PathBuf};
 
+use crate::cidr::IpCidr;
+use crate::encode::{
+    source_range_block4, source_range_block6, source_range_key4, source_range_key6, AnyBackend,
+    AnyFrontendKey, AnyRevNat,
+};
+use crate::mapbatch;
+use crate::model::IpFamily;
 use aya::{
     maps::{
         lpm_trie::{Key as LpmKey, LpmTrie},
@@ -14,18 +21,11 @@ use aya::{
     },
     Ebpf,
 };
-use crate::mapbatch;
 use proxy_common::{
-    names, stat, Backend, Backend6, Config, CtEntry, CtEntry6, CtKey, CtKey6, FragEntry, FragKey, FrontendSlot,
-    FrontendKey, FrontendKey6, RevNat, RevNat6, SockEntry, SockEntry6, MaglevTable, SockKey, SockKey6, SrcRange4,
-    SrcRange6, SvcStats, Uplink,
+    names, stat, Backend, Backend6, Config, CtEntry, CtEntry6, CtKey, CtKey6, FragEntry, FragKey,
+    FrontendKey, FrontendKey6, FrontendSlot, MaglevTable, RevNat, RevNat6, SockEntry, SockEntry6,
+    SockKey, SockKey6, SrcRange4, SrcRange6, SvcStats, Uplink,
 };
-use crate::cidr::IpCidr;
-use crate::encode::{
-    source_range_block4, source_range_block6, source_range_key4, source_range_key6, AnyBackend, AnyFrontendKey,
-    AnyRevNat,
-};
-use crate::model::IpFamily;
 
 #[derive(Debug, thiserror::Error)]
 pub enum MapsError {
@@ -212,7 +212,11 @@ impl<K: bytemuck::Pod, B: bytemuck::Pod, R: bytemuck::Pod> HeldFamily<K, B, R> {
 }
 
 /// The maps added after IPv6, which an older running agent has not pinned.
-pub const LATER_MAPS: [&str; 3] = [names::SOURCE_RANGES, names::SOURCE_RANGES6, names::SERVICE_DENIED];
+pub const LATER_MAPS: [&str; 3] = [
+    names::SOURCE_RANGES,
+    names::SOURCE_RANGES6,
+    names::SERVICE_DENIED,
+];
 
 /// `BPF_F_NO_PREALLOC`, which the kernel requires of an LPM trie.
 const NO_PREALLOC: u32 = 1;
@@ -321,15 +325,24 @@ impl PinnedMaps {
             fragments: typed!(names::FRAGMENTS, open_pinned(pin_root, names::FRAGMENTS)?),
             conntrack6: open_pinned6(pin_root, names::CONNTRACK6, &mut absent6)?,
             sockets6: open_pinned6(pin_root, names::SOCKETS6, &mut absent6)?,
-            source_ranges: open_or_stand_in(pin_root, names::SOURCE_RANGES, &mut absent_later, || {
-                LpmTrie::create(1, NO_PREALLOC)
-            })?,
-            source_ranges6: open_or_stand_in(pin_root, names::SOURCE_RANGES6, &mut absent_later, || {
-                LpmTrie::create(1, NO_PREALLOC)
-            })?,
-            service_denied: open_or_stand_in(pin_root, names::SERVICE_DENIED, &mut absent_later, || {
-                PerCpuArray::create(1, 0)
-            })?,
+            source_ranges: open_or_stand_in(
+                pin_root,
+                names::SOURCE_RANGES,
+                &mut absent_later,
+                || LpmTrie::create(1, NO_PREALLOC),
+            )?,
+            source_ranges6: open_or_stand_in(
+                pin_root,
+                names::SOURCE_RANGES6,
+                &mut absent_later,
+                || LpmTrie::create(1, NO_PREALLOC),
+            )?,
+            service_denied: open_or_stand_in(
+                pin_root,
+                names::SERVICE_DENIED,
+                &mut absent_later,
+                || PerCpuArray::create(1, 0),
+            )?,
             held: None,
             absent6,
             absent_later,
@@ -572,7 +585,9 @@ fn insert<K: aya::Pod, V: aya::Pod>(
 }
 
 /// Every entry of `map` that reads back.
-fn entries<K: aya::Pod, V: aya::Pod>(map: &HashMap<MapData, K, V>) -> impl Iterator<Item = (K, V)> + '_ {
+fn entries<K: aya::Pod, V: aya::Pod>(
+    map: &HashMap<MapData, K, V>,
+) -> impl Iterator<Item = (K, V)> + '_ {
     map.iter().filter_map(Result::ok)
 }
 
@@ -594,15 +609,21 @@ impl MapStore for PinnedMaps {
     fn delete_frontend(&mut self, key: AnyFrontendKey) -> Result<(), WriteError> {
         match key {
             AnyFrontendKey::V4(key) => delete_result(names::FRONTENDS, self.frontends.remove(&key)),
-            AnyFrontendKey::V6(key) => delete_result(names::FRONTENDS6, self.frontends6.remove(&key)),
+            AnyFrontendKey::V6(key) => {
+                delete_result(names::FRONTENDS6, self.frontends6.remove(&key))
+            }
         }
     }
     fn put_backend(&mut self, id: u32, value: AnyBackend) -> Result<(), WriteError> {
         match (&mut self.held, value) {
             (Some(held), AnyBackend::V4(value)) => held.v4.backends.push((id, value)),
             (Some(held), AnyBackend::V6(value)) => held.v6.backends.push((id, value)),
-            (None, AnyBackend::V4(value)) => return insert(&mut self.backends, names::BACKENDS, id, value),
-            (None, AnyBackend::V6(value)) => return insert(&mut self.backends6, names::BACKENDS6, id, value),
+            (None, AnyBackend::V4(value)) => {
+                return insert(&mut self.backends, names::BACKENDS, id, value)
+            }
+            (None, AnyBackend::V6(value)) => {
+                return insert(&mut self.backends6, names::BACKENDS6, id, value)
+            }
         }
         Ok(())
     }
@@ -616,8 +637,12 @@ impl MapStore for PinnedMaps {
         match (&mut self.held, value) {
             (Some(held), AnyRevNat::V4(value)) => held.v4.revnat.push((service_id, value)),
             (Some(held), AnyRevNat::V6(value)) => held.v6.revnat.push((service_id, value)),
-            (None, AnyRevNat::V4(value)) => return insert(&mut self.revnat, names::REVNAT, service_id, value),
-            (None, AnyRevNat::V6(value)) => return insert(&mut self.revnat6, names::REVNAT6, service_id, value),
+            (None, AnyRevNat::V4(value)) => {
+                return insert(&mut self.revnat, names::REVNAT, service_id, value)
+            }
+            (None, AnyRevNat::V6(value)) => {
+                return insert(&mut self.revnat6, names::REVNAT6, service_id, value)
+            }
         }
         Ok(())
     }
@@ -652,12 +677,16 @@ impl MapStore for PinnedMaps {
     }
     fn delete_source_range(&mut self, service_id: u32, block: IpCidr) -> Result<(), WriteError> {
         if let Some((len, data)) = source_range_key4(service_id, &block) {
-            return delete_result(names::SOURCE_RANGES, self.source_ranges.remove(&LpmKey::new(len, data)));
+            return delete_result(
+                names::SOURCE_RANGES,
+                self.source_ranges.remove(&LpmKey::new(len, data)),
+            );
         }
         match source_range_key6(service_id, &block) {
-            Some((len, data)) => {
-                delete_result(names::SOURCE_RANGES6, self.source_ranges6.remove(&LpmKey::new(len, data)))
-            }
+            Some((len, data)) => delete_result(
+                names::SOURCE_RANGES6,
+                self.source_ranges6.remove(&LpmKey::new(len, data)),
+            ),
             None => Ok(()),
         }
     }
@@ -685,7 +714,11 @@ impl MapStore for PinnedMaps {
             (names::FRONTENDS, names::BACKENDS, names::REVNAT),
         )?;
         let v6 = held.v6.flush(
-            (self.frontends6.map(), self.backends6.map(), self.revnat6.map()),
+            (
+                self.frontends6.map(),
+                self.backends6.map(),
+                self.revnat6.map(),
+            ),
             (names::FRONTENDS6, names::BACKENDS6, names::REVNAT6),
         )?;
         Ok(v4 + v6)

@@ -25,9 +25,18 @@ pub fn tune() {
         // SAFETY: mallopt only changes allocator tuning; it is called before
         // any other thread exists, and both values are in range (M_MXFAST 0
         // turns fast bins off; M_ARENA_MAX takes any positive count).
-        let (fast, arenas) = unsafe { (libc::mallopt(libc::M_MXFAST, 0), libc::mallopt(libc::M_ARENA_MAX, 2)) };
+        let (fast, arenas) = unsafe {
+            (
+                libc::mallopt(libc::M_MXFAST, 0),
+                libc::mallopt(libc::M_ARENA_MAX, 2),
+            )
+        };
         if fast != 1 || arenas != 1 {
-            tracing::debug!(fast, arenas, "glibc refused a malloc setting; it stays at its default");
+            tracing::debug!(
+                fast,
+                arenas,
+                "glibc refused a malloc setting; it stays at its default"
+            );
         }
     }
 }

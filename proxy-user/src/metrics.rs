@@ -30,7 +30,6 @@
 //!   connection-tracking map costs a fraction of a second, run on a blocking
 //!   thread.
 
-
 use std::collections::HashMap;
 use std::fmt;
 use std::net::SocketAddr;
@@ -206,7 +205,9 @@ impl ProgrammingLatency {
                 continue;
             };
             let last = self.seen.get(&slice.key).copied();
-            if let Some(t) = trigger.filter(|t| *t >= self.started && last.is_none_or(|last| *t > last)) {
+            if let Some(t) =
+                trigger.filter(|t| *t >= self.started && last.is_none_or(|last| *t > last))
+            {
                 latencies.push(now.duration_since(t).unwrap_or(Duration::ZERO));
                 self.seen.insert(slice.key.clone(), t);
             }

@@ -48,13 +48,19 @@ pub enum MigrateError {
     #[error("pin {path} is not of the layout its name stands for")]
     Layout { path: PathBuf, source: MapError },
     #[error("reading {path}")]
-    Read { path: PathBuf, source: std::io::Error },
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("pin {path} holds {found} counters, not the {STATS_V1_COUNT} of its layout")]
     Shape { path: PathBuf, found: u32 },
     #[error("adding the counters of {path} to the current ones")]
     Counters { path: PathBuf, source: MapError },
     #[error("removing the pin {path}")]
-    Unpin { path: PathBuf, source: std::io::Error },
+    Unpin {
+        path: PathBuf,
+        source: std::io::Error,
+    },
 }
 
 /// An earlier pin, migrated: how many entries came over.
@@ -104,7 +110,12 @@ const _: () = assert!(std::mem::size_of::<CtEntryV4>() == 32);
 /// translated to its backend; a reply entry to the frontend of its service
 /// (`frontend`, its `SB_RNAT_V1` value): without one the service was gone
 /// and the V2 programs no longer translated its replies, nor does this.
-pub fn from_v2(key: &CtKey, old: &CtEntryV2, frontend: Option<&RevNat>, now_ns: u64) -> Option<CtEntry> {
+pub fn from_v2(
+    key: &CtKey,
+    old: &CtEntryV2,
+    frontend: Option<&RevNat>,
+    now_ns: u64,
+) -> Option<CtEntry> {
     let (nat_addr_be, nat_port_be, state) = if key.dir == ct_dir::REPLY {
         let frontend = frontend?;
         (frontend.addr_be, frontend.port_be, ct_state::REPLIED)
@@ -157,18 +168,29 @@ fn open(pin_root: &Path, name: &str) -> Result<Option<Map>, MigrateError> {
     if !path.exists() {
         return Ok(None);
     }
-    let data = MapData::from_pin(&path).map_err(|source| MigrateError::Open { path: path.clone(), source })?;
-    Map::from_map_data(data).map(Some).map_err(|source| MigrateError::Layout { path, source })
+    let data = MapData::from_pin(&path).map_err(|source| MigrateError::Open {
+        path: path.clone(),
+        source,
+    })?;
+    Map::from_map_data(data)
+        .map(Some)
+        .map_err(|source| MigrateError::Layout { path, source })
 }
 
 /// Every entry of the earlier hash map pinned as `name`, if it is pinned.
-fn read_table<V: aya::Pod + bytemuck::Pod>(pin_root: &Path, name: &str) -> Result<Option<Vec<(CtKey, V)>>, MigrateError> {
+fn read_table<V: aya::Pod + bytemuck::Pod>(
+    pin_root: &Path,
+    name: &str,
+) -> Result<Option<Vec<(CtKey, V)>>, MigrateError> {
     let Some(map) = open(pin_root, name)? else {
         return Ok(None);
     };
     let path = pin_root.join(name);
     let table: HashMap<MapData, CtKey, V> =
-        HashMap::try_from(map).map_err(|source| MigrateError::Layout { path: path.clone(), source })?;
+        HashMap::try_from(map).map_err(|source| MigrateError::Layout {
+            path: path.clone(),
+            source,
+        })?;
     crate::mapbatch::lookup_all::<CtKey, V>(table.map())
         .map(Some)
         .map_err(|source| MigrateError::Read { path, source })
@@ -200,8 +222,10 @@ pub fn copy_flows(pin_root: &Path, maps: &mut PinnedMaps) -> Vec<Result<Migrated
     match read_table::<CtEntryV4>(pin_root, names::CONNTRACK_V4) {
         Ok(None) => {}
         Ok(Some(entries)) => {
-            let converted: Vec<(CtKey, CtEntry)> =
-                entries.iter().map(|(key, old)| (*key, from_v4(key, old, now))).collect();
+            let converted: Vec<(CtKey, CtEntry)> = entries
+                .iter()
+                .map(|(key, old)| (*key, from_v4(key, old, now)))
+                .collect();
             copied.push(Ok(Migrated {
                 pin: names::CONNTRACK_V4,
                 copied: insert_new(&mut maps.conntrack, &converted),
@@ -236,7 +260,9 @@ pub fn finish(pin_root: &Path, maps: &mut PinnedMaps) -> Vec<Result<Migrated, Mi
         })),
         Err(e) => done.push(Err(e)),
     }
-    done.into_iter().map(|outcome| outcome.and_then(|m| unpin(pin_root, m))).collect()
+    done.into_iter()
+        .map(|outcome| outcome.and_then(|m| unpin(pin_root, m)))
+        .collect()
 }
 
 fn unpin(pin_root: &Path, migrated: Migrated) -> Result<Migrated, MigrateError> {
@@ -251,25 +277,53 @@ fn unpin(pin_root: &Path, migrated: Migrated) -> Result<Migrated, MigrateError> 
 
 /// Adds the counters of `SB_STATS_V1` to the current ones, CPU by CPU; how
 /// many counters (`None`: not pinned).
-fn add_counters(pin_root: &Path, stats: &mut PerCpuArray<MapData, u64>) -> Result<Option<usize>, MigrateError> {
+fn add_counters(
+    pin_root: &Path,
+    stats: &mut PerCpuArray<MapData, u64>,
+) -> Result<Option<usize>, MigrateError> {
     let Some(map) = open(pin_root, GLOBAL_STATS_V1)? else {
         return Ok(None);
     };
     let path = pin_root.join(GLOBAL_STATS_V1);
     let old: PerCpuArray<MapData, u64> =
-        PerCpuArray::try_from(map).map_err(|source| MigrateError::Layout { path: path.clone(), source })?;
+        PerCpuArray::try_from(map).map_err(|source| MigrateError::Layout {
+            path: path.clone(),
+            source,
+        })?;
     if old.len() != STATS_V1_COUNT {
-        return Err(MigrateError::Shape { path, found: old.len() });
+        return Err(MigrateError::Shape {
+            path,
+            found: old.len(),
+        });
     }
     for index in 1..STATS_V1_COUNT {
-        let earlier = old.get(&index, 0).map_err(|source| MigrateError::Counters { path: path.clone(), source })?;
-        let now = stats.get(&index, 0).map_err(|source| MigrateError::Counters { path: path.clone(), source })?;
-        let sums: Vec<u64> = now.iter().zip(earlier.iter()).map(|(a, b)| a.saturating_add(*b)).collect();
-        let values = PerCpuValues::try_from(sums)
-            .map_err(|source| MigrateError::Read { path: path.clone(), source })?;
+        let earlier = old
+            .get(&index, 0)
+            .map_err(|source| MigrateError::Counters {
+                path: path.clone(),
+                source,
+            })?;
+        let now = stats
+            .get(&index, 0)
+            .map_err(|source| MigrateError::Counters {
+                path: path.clone(),
+                source,
+            })?;
+        let sums: Vec<u64> = now
+            .iter()
+            .zip(earlier.iter())
+            .map(|(a, b)| a.saturating_add(*b))
+            .collect();
+        let values = PerCpuValues::try_from(sums).map_err(|source| MigrateError::Read {
+            path: path.clone(),
+            source,
+        })?;
         stats
             .set(index, values, 0)
-            .map_err(|source| MigrateError::Counters { path: path.clone(), source })?;
+            .map_err(|source| MigrateError::Counters {
+                path: path.clone(),
+                source,
+            })?;
     }
     Ok(Some(STATS_V1_COUNT as usize - 1))
 }
@@ -335,8 +389,15 @@ mod tests {
         // Forward packets go to the backend, replies come from the frontend.
         assert_eq!((f.nat_addr_be, f.nat_port_be), (rk.saddr_be, rk.sport_be));
         assert_eq!((r.nat_addr_be, r.nat_port_be), (fk.daddr_be, fk.dport_be));
-        assert_eq!((f.backend_id, f.service_id, f.created_ns, f.last_seen_ns), (3, 7, 5, 99 * S));
-        assert_eq!(f.flags & ct_flags::HANDSHAKE, 0, "no handshake was recorded in V2");
+        assert_eq!(
+            (f.backend_id, f.service_id, f.created_ns, f.last_seen_ns),
+            (3, 7, 5, 99 * S)
+        );
+        assert_eq!(
+            f.flags & ct_flags::HANDSHAKE,
+            0,
+            "no handshake was recorded in V2"
+        );
         assert_eq!(phase(&f, &r), Some(Phase::Established));
         // A service gone: its replies were no longer translated.
         assert_eq!(from_v2(&rk, &old, None, 99 * S), None);
@@ -356,7 +417,10 @@ mod tests {
             ..CtEntryV4::default()
         };
         let (f, r) = (from_v4(&fk, &old, 99 * S), from_v4(&rk, &old, 99 * S));
-        assert_eq!((f.backend_id, f.service_id, f.created_ns, f.last_seen_ns), (3, 7, 5, 99 * S));
+        assert_eq!(
+            (f.backend_id, f.service_id, f.created_ns, f.last_seen_ns),
+            (3, 7, 5, 99 * S)
+        );
         assert_eq!(phase(&f, &r), Some(Phase::HalfClosed));
         let open = CtEntryV4 { flags: 0, ..old };
         let (f, r) = (from_v4(&fk, &open, 99 * S), from_v4(&rk, &open, 99 * S));

@@ -131,7 +131,14 @@ impl PacketSpec {
 /// the checksum (`rest`: the next-hop MTU in its low 16 bits for
 /// "fragmentation needed"), then `quoted` (for an error: the IPv4 header and
 /// the first bytes of the packet it is about), with valid checksums.
-pub fn icmp_frame(src: Ipv4Addr, dst: Ipv4Addr, icmp_type: u8, code: u8, rest: u32, quoted: &[u8]) -> Vec<u8> {
+pub fn icmp_frame(
+    src: Ipv4Addr,
+    dst: Ipv4Addr,
+    icmp_type: u8,
+    code: u8,
+    rest: u32,
+    quoted: &[u8],
+) -> Vec<u8> {
     let mut message = vec![icmp_type, code, 0, 0];
     message.extend_from_slice(&rest.to_be_bytes());
     message.extend_from_slice(quoted);

@@ -353,7 +353,10 @@ mod tests {
         );
         // Earlier layouts to migrate, a pin of another version, a stale
         // resize.
-        pin(&root, &["SB_CT_V2", "SB_STATS_V1", names::CONNTRACK_V4, "SB_FE_V9"]);
+        pin(
+            &root,
+            &["SB_CT_V2", "SB_STATS_V1", names::CONNTRACK_V4, "SB_FE_V9"],
+        );
         pin(
             &root,
             &[&format!("{}{}", names::CONNTRACK, resize::STAGING_SUFFIX)],
@@ -369,7 +372,10 @@ mod tests {
             .map(|p| p.what)
             .collect();
         assert_eq!(what.len(), 3, "{what:?}");
-        assert!(what[0].contains("SB_CT_V2") && what[0].contains("SB_STATS_V1"), "{what:?}");
+        assert!(
+            what[0].contains("SB_CT_V2") && what[0].contains("SB_STATS_V1"),
+            "{what:?}"
+        );
         assert!(what[1].contains("SB_FE_V9"), "{what:?}");
         assert!(what[2].contains("_resize"), "{what:?}");
         // Maps without a stamp: written by an agent from before format versions.

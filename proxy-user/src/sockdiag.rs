@@ -65,7 +65,8 @@ pub fn close_udp_sockets(doomed: &HashMap<u64, BackendAddr>) -> Result<Closed, S
 /// Whether the socket `id` still talks to `peer` (an IPv4 peer of an IPv6
 /// socket is seen as its mapped address).
 pub fn talks_to(id: &SocketId, peer: SocketAddr) -> bool {
-    id.destination_address.to_canonical() == peer.ip().to_canonical() && id.destination_port == peer.port()
+    id.destination_address.to_canonical() == peer.ip().to_canonical()
+        && id.destination_port == peer.port()
 }
 
 /// [`close_udp_sockets`] by socket address: destroys the connected UDP
@@ -229,6 +230,9 @@ mod tests {
         // An IPv6 socket that connected to an IPv4 backend.
         let mapped = id("[::ffff:10.0.0.2]:40000", "[::ffff:10.244.1.5]:53");
         assert!(talks_to(&mapped, "10.244.1.5:53".parse().expect("addr")));
-        assert_eq!((family_of(&v4), family_of(&v6), family_of(&mapped)), (AF_INET, AF_INET6, AF_INET6));
+        assert_eq!(
+            (family_of(&v4), family_of(&v6), family_of(&mapped)),
+            (AF_INET, AF_INET6, AF_INET6)
+        );
     }
 }

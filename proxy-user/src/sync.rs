@@ -30,22 +30,23 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::IpAddr;
 
 use proxy_common::{
-    capacity, frontend_flags, proto, scope, sock_dir, MaglevTable, CtEntry, CtEntry6, CtKey, CtKey6,
-    FrontendSlot, SockEntry, SockEntry6, SockKey, SockKey6,
+    capacity, frontend_flags, proto, scope, sock_dir, CtEntry, CtEntry6, CtKey, CtKey6,
+    FrontendSlot, MaglevTable, SockEntry, SockEntry6, SockKey, SockKey6,
 };
 use tracing::{debug, warn};
 
+use crate::cidr::IpCidr;
 use crate::{
-    encode::{
-        backend_addr, backend_value, frontend_addr, frontend_key, ipv4, ipv6, proto_number, revnat_name,
-        revnat_value, scoped_key, slot_zero_attributes, AnyBackend, AnyFrontendKey, AnyRevNat,
-    },
     ebpf::Capacities,
-    maps::{MapStore, WriteError},
+    encode::{
+        backend_addr, backend_value, frontend_addr, frontend_key, ipv4, ipv6, proto_number,
+        revnat_name, revnat_value, scoped_key, slot_zero_attributes, AnyBackend, AnyFrontendKey,
+        AnyRevNat,
+    },
     maglev::{self, BackendKey},
+    maps::{MapStore, WriteError},
     model::{BackendAddr, DesiredState, Frontend, FrontendAddr, IpFamily, LbAlgorithm, Protocol},
 };
-use crate::cidr::IpCidr;
 
 /// What one frontend looks like in the maps.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -261,8 +262,11 @@ impl<S: MapStore> Syncer<S> {
         // both maps (a crash between a delete and a reuse) is kept for the
         // first frontend that uses it; another family's frontend naming it
         // is dropped and rewritten with a fresh id.
-        let backends: HashMap<(IpFamily, u32), AnyBackend> =
-            dump.backends.iter().map(|(id, b)| ((b.family(), *id), *b)).collect();
+        let backends: HashMap<(IpFamily, u32), AnyBackend> = dump
+            .backends
+            .iter()
+            .map(|(id, b)| ((b.family(), *id), *b))
+            .collect();
         let revnat: HashMap<u32, AnyRevNat> = dump.revnat.iter().copied().collect();
         let slots: HashMap<AnyFrontendKey, FrontendSlot> = dump.frontends.iter().copied().collect();
         let mut keep_slots: HashSet<AnyFrontendKey> = HashSet::new();
@@ -280,7 +284,8 @@ impl<S: MapStore> Syncer<S> {
             let ids = complete_slots(&slots, &backends, key, head);
             // Outer `None`: announced but incomplete; inner `None`: no
             // external set.
-            let external: Option<Option<Vec<u32>>> = if frontend_flags::has_external_set(head.flags) {
+            let external: Option<Option<Vec<u32>>> = if frontend_flags::has_external_set(head.flags)
+            {
                 let ext_key = key.at(scope::EXTERNAL, 0);
                 slots
                     .get(&ext_key)
@@ -294,19 +299,27 @@ impl<S: MapStore> Syncer<S> {
                 warn!(frontend = %addr, "adopting maps: incomplete frontend entry removed");
                 continue;
             };
-            if head.service_id == 0 || service_family.get(&head.service_id).is_some_and(|f| *f != addr.family()) {
+            if head.service_id == 0
+                || service_family
+                    .get(&head.service_id)
+                    .is_some_and(|f| *f != addr.family())
+            {
                 warn!(frontend = %addr, "adopting maps: incomplete frontend entry removed");
                 continue;
             }
-            let other_family = ids
-                .iter()
-                .chain(external.iter().flatten())
-                .any(|id| self.backend_addrs.get(id).is_some_and(|(b, _)| b.family() != addr.family()));
+            let other_family = ids.iter().chain(external.iter().flatten()).any(|id| {
+                self.backend_addrs
+                    .get(id)
+                    .is_some_and(|(b, _)| b.family() != addr.family())
+            });
             if other_family {
                 warn!(frontend = %addr, "adopting maps: a backend id of this frontend is used by the other address family; the frontend is rewritten");
                 continue;
             }
-            for (scope, set) in [(scope::INTERNAL, Some(&ids)), (scope::EXTERNAL, external.as_ref())] {
+            for (scope, set) in [
+                (scope::INTERNAL, Some(&ids)),
+                (scope::EXTERNAL, external.as_ref()),
+            ] {
                 let Some(set) = set else { continue };
                 for slot in 0..=set.len() as u16 {
                     keep_slots.insert(key.at(scope, slot));
@@ -366,7 +379,11 @@ impl<S: MapStore> Syncer<S> {
             }
         }
         for (id, block) in &dump.source_ranges {
-            let family = if block.is_ipv4() { IpFamily::V4 } else { IpFamily::V6 };
+            let family = if block.is_ipv4() {
+                IpFamily::V4
+            } else {
+                IpFamily::V6
+            };
             if service_family.get(id) != Some(&family) {
                 log_write(self.store.delete_source_range(*id, *block));
             }
@@ -403,7 +420,11 @@ impl<S: MapStore> Syncer<S> {
     /// are tried again; [`SyncReport::failed`] lists every frontend not
     /// programmed after this sync. After a failed write (the maps were
     /// reloaded) it compares every frontend instead.
-    pub fn apply_changed(&mut self, desired: &DesiredState, changed: &BTreeSet<FrontendAddr>) -> SyncReport {
+    pub fn apply_changed(
+        &mut self,
+        desired: &DesiredState,
+        changed: &BTreeSet<FrontendAddr>,
+    ) -> SyncReport {
         if self.needs_full {
             return self.apply(desired);
         }
@@ -440,7 +461,10 @@ impl<S: MapStore> Syncer<S> {
         let mut purge = Purge::default();
         let mut failed_write = false;
 
-        for addr in changed.iter().filter(|a| !desired.frontends.contains_key(a)) {
+        for addr in changed
+            .iter()
+            .filter(|a| !desired.frontends.contains_key(a))
+        {
             self.failed.remove(addr);
             if !self.programmed.contains_key(addr) {
                 continue;
@@ -456,7 +480,9 @@ impl<S: MapStore> Syncer<S> {
 
         // Into empty maps (a fresh start), puts go out in batches: a start
         // at 100k Services writes over two million entries.
-        let batched = batching == Batching::Allowed && self.programmed.is_empty() && changed.len() >= BATCH_FROM;
+        let batched = batching == Batching::Allowed
+            && self.programmed.is_empty()
+            && changed.len() >= BATCH_FROM;
         if batched {
             self.store.hold_puts();
         }
@@ -498,33 +524,56 @@ impl<S: MapStore> Syncer<S> {
 
         if !purge.services.is_empty() || !purge.udp_backends.is_empty() {
             if purge.v4 {
-                report.conntrack_purged += self.store.purge_conntrack(&|key: &CtKey, entry: &CtEntry| {
-                    purge.dooms(key.proto, entry.service_id, entry.backend_id)
-                });
-                let purged = self.store.purge_sockets(&|key: &SockKey, entry: &SockEntry| {
-                    purge.dooms(key.proto, entry.service_id, entry.backend_id)
-                });
+                report.conntrack_purged +=
+                    self.store.purge_conntrack(&|key: &CtKey, entry: &CtEntry| {
+                        purge.dooms(key.proto, entry.service_id, entry.backend_id)
+                    });
+                let purged = self
+                    .store
+                    .purge_sockets(&|key: &SockKey, entry: &SockEntry| {
+                        purge.dooms(key.proto, entry.service_id, entry.backend_id)
+                    });
                 report.sockets_purged += purged.len();
                 report.udp_sockets_left.extend(
                     purged
                         .iter()
                         .filter(|key| key.proto == proto::UDP && key.dir == sock_dir::REVERSE)
-                        .map(|key| (key.cookie, BackendAddr { ip: IpAddr::V4(ipv4(key.addr_be)), port: u16::from_be(key.port_be) })),
+                        .map(|key| {
+                            (
+                                key.cookie,
+                                BackendAddr {
+                                    ip: IpAddr::V4(ipv4(key.addr_be)),
+                                    port: u16::from_be(key.port_be),
+                                },
+                            )
+                        }),
                 );
             }
             if purge.v6 {
-                report.conntrack_purged += self.store.purge_conntrack6(&|key: &CtKey6, entry: &CtEntry6| {
-                    purge.dooms(key.proto, entry.service_id, entry.backend_id)
-                });
-                let purged = self.store.purge_sockets6(&|key: &SockKey6, entry: &SockEntry6| {
-                    purge.dooms(key.proto, entry.service_id, entry.backend_id)
-                });
+                report.conntrack_purged +=
+                    self.store
+                        .purge_conntrack6(&|key: &CtKey6, entry: &CtEntry6| {
+                            purge.dooms(key.proto, entry.service_id, entry.backend_id)
+                        });
+                let purged = self
+                    .store
+                    .purge_sockets6(&|key: &SockKey6, entry: &SockEntry6| {
+                        purge.dooms(key.proto, entry.service_id, entry.backend_id)
+                    });
                 report.sockets_purged += purged.len();
                 report.udp_sockets_left.extend(
                     purged
                         .iter()
                         .filter(|key| key.proto == proto::UDP && key.dir == sock_dir::REVERSE)
-                        .map(|key| (key.cookie, BackendAddr { ip: IpAddr::V6(ipv6(key.addr_be)), port: u16::from_be(key.port_be) })),
+                        .map(|key| {
+                            (
+                                key.cookie,
+                                BackendAddr {
+                                    ip: IpAddr::V6(ipv6(key.addr_be)),
+                                    port: u16::from_be(key.port_be),
+                                },
+                            )
+                        }),
                 );
             }
         }
@@ -560,16 +609,22 @@ impl<S: MapStore> Syncer<S> {
             self.store.delete_maglev(programmed.service_id)?;
             *writes += 1;
         }
-        self.store.delete_revnat(programmed.service_id, addr.family())?;
+        self.store
+            .delete_revnat(programmed.service_id, addr.family())?;
         *writes += 1;
         // After slot 0: the frontend no longer matches, so no lookup meets
         // its flag without its blocks.
         for block in &programmed.ranges {
-            self.store.delete_source_range(programmed.service_id, *block)?;
+            self.store
+                .delete_source_range(programmed.service_id, *block)?;
             *writes += 1;
         }
         *self.range_entries.of(addr.family()) -= programmed.ranges.len();
-        for id in programmed.slots.iter().chain(programmed.external.iter().flatten()) {
+        for id in programmed
+            .slots
+            .iter()
+            .chain(programmed.external.iter().flatten())
+        {
             *writes += self.release_backend(*id)?;
         }
         purge.services.insert(programmed.service_id);
@@ -631,7 +686,9 @@ impl<S: MapStore> Syncer<S> {
             IpFamily::V4 => "",
             IpFamily::V6 => "IPv6 ",
         };
-        if *self.frontend_entries.of(family) - old_entries + new_entries > self.caps.frontends as usize {
+        if *self.frontend_entries.of(family) - old_entries + new_entries
+            > self.caps.frontends as usize
+        {
             return Err(UpsertError::Capacity(format!(
                 "{which}frontend map full ({} entries)",
                 self.caps.frontends
@@ -652,7 +709,9 @@ impl<S: MapStore> Syncer<S> {
         }
 
         let old_ranges = old.as_ref().map_or(0, |o| o.ranges.len());
-        if *self.range_entries.of(family) - old_ranges + wanted_ranges.len() > capacity::SOURCE_RANGES as usize {
+        if *self.range_entries.of(family) - old_ranges + wanted_ranges.len()
+            > capacity::SOURCE_RANGES as usize
+        {
             return Err(UpsertError::Capacity(format!(
                 "{which}loadBalancerSourceRanges map full ({} blocks)",
                 capacity::SOURCE_RANGES
@@ -710,9 +769,23 @@ impl<S: MapStore> Syncer<S> {
         // The external set first: slot 0 of the internal set announces it.
         if let Some(external) = &external {
             let old = old_external.as_deref().unwrap_or_default();
-            report.writes += self.write_set(addr, scope::EXTERNAL, service_id, old, external, (flags, affinity_timeout_s))?;
+            report.writes += self.write_set(
+                addr,
+                scope::EXTERNAL,
+                service_id,
+                old,
+                external,
+                (flags, affinity_timeout_s),
+            )?;
         }
-        report.writes += self.write_set(addr, scope::INTERNAL, service_id, &old_slots, &slots, (flags, affinity_timeout_s))?;
+        report.writes += self.write_set(
+            addr,
+            scope::INTERNAL,
+            service_id,
+            &old_slots,
+            &slots,
+            (flags, affinity_timeout_s),
+        )?;
         if let (Some(old), None) = (&old_external, &external) {
             report.writes += self.delete_external_set(addr, old.len())?;
         }
@@ -726,7 +799,11 @@ impl<S: MapStore> Syncer<S> {
         }
         let ranges = self.range_entries.of(family);
         *ranges = *ranges - old_blocks.len() + wanted_ranges.len();
-        let kept: HashSet<u32> = slots.iter().chain(external.iter().flatten()).copied().collect();
+        let kept: HashSet<u32> = slots
+            .iter()
+            .chain(external.iter().flatten())
+            .copied()
+            .collect();
         for id in old_slots.iter().chain(old_external.iter().flatten()) {
             if addr.protocol == Protocol::Udp && !kept.contains(id) {
                 purge.udp_backends.insert((service_id, *id));
@@ -768,7 +845,8 @@ impl<S: MapStore> Syncer<S> {
                 Some((BackendKey::new(b.ip, b.port, proto_number(protocol)), *id))
             })
             .collect();
-        let canonical = maglev::canonical_backends(&keys.iter().map(|(k, _)| *k).collect::<Vec<_>>());
+        let canonical =
+            maglev::canonical_backends(&keys.iter().map(|(k, _)| *k).collect::<Vec<_>>());
         let id_of: HashMap<BackendKey, u32> = keys.into_iter().collect();
         let mut table = Box::new(MaglevTable {
             backend_ids: [0; capacity::MAGLEV_TABLE as usize],
@@ -861,7 +939,11 @@ impl<S: MapStore> Syncer<S> {
     }
 
     /// Deletes a frontend's external set (slot 0 first). Returns the writes.
-    fn delete_external_set(&mut self, addr: &FrontendAddr, len: usize) -> Result<usize, WriteError> {
+    fn delete_external_set(
+        &mut self,
+        addr: &FrontendAddr,
+        len: usize,
+    ) -> Result<usize, WriteError> {
         for slot in 0..=len {
             self.store
                 .delete_frontend(scoped_key(addr, scope::EXTERNAL, slot as u16))?;
@@ -905,7 +987,8 @@ impl<S: MapStore> Syncer<S> {
         while self.backend_addrs.contains_key(&id) {
             id = id.wrapping_add(1).max(1);
         }
-        self.store.put_backend(id, backend_value(backend, protocol))?;
+        self.store
+            .put_backend(id, backend_value(backend, protocol))?;
         self.next_backend_id = id.wrapping_add(1).max(1);
         self.backends
             .insert((backend, protocol), BackendRef { id, refs: 1 });
@@ -984,7 +1067,10 @@ fn complete_slots(
 /// adopted) stays only in the first.
 fn place(old: &[u32], wanted: &[u32]) -> Vec<u32> {
     let mut unplaced: HashSet<u32> = wanted.iter().copied().collect();
-    let mut slots: Vec<Option<u32>> = old.iter().map(|id| unplaced.remove(id).then_some(*id)).collect();
+    let mut slots: Vec<Option<u32>> = old
+        .iter()
+        .map(|id| unplaced.remove(id).then_some(*id))
+        .collect();
     let placed: HashSet<u32> = slots.iter().flatten().copied().collect();
     let mut newcomers = wanted.iter().filter(|id| !placed.contains(id)).copied();
     for slot in slots.iter_mut().filter(|s| s.is_none()) {
@@ -1017,6 +1103,6 @@ fn place(old: &[u32], wanted: &[u32]) -> Vec<u32> {
 #[cfg(test)]
 pub(crate) mod memstore;
 #[cfg(test)]
-pub(crate) mod tests;
-#[cfg(test)]
 mod properties;
+#[cfg(test)]
+pub(crate) mod tests;

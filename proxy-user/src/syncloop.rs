@@ -112,7 +112,11 @@ impl NodePortAddresses {
 impl<S: MapStore> SyncLoop<'_, S> {
     /// Records the attached interfaces; the status file is rewritten when
     /// they changed (no sync: the maps do not depend on them).
-    pub fn set_interfaces(&mut self, pods: Vec<status::AttachedInterface>, uplinks: &[status::AttachedInterface]) {
+    pub fn set_interfaces(
+        &mut self,
+        pods: Vec<status::AttachedInterface>,
+        uplinks: &[status::AttachedInterface],
+    ) {
         let interfaces: Vec<_> = uplinks.iter().cloned().chain(pods).collect();
         if interfaces != self.status.interfaces {
             self.status.interfaces = interfaces;
@@ -131,7 +135,12 @@ impl<S: MapStore> SyncLoop<'_, S> {
             .map(|u| (u.frontend, u.reason.clone()))
             .collect();
         let dump = self.syncer.store().dump();
-        let verification = verify::compare(self.model.desired(), self.syncer.default_algorithm(), &dump, &unprogrammed);
+        let verification = verify::compare(
+            self.model.desired(),
+            self.syncer.default_algorithm(),
+            &dump,
+            &unprogrammed,
+        );
         info!(
             frontends = verification.frontends_desired,
             problems = verification.problems.len(),
@@ -195,13 +204,19 @@ impl<S: MapStore> SyncLoop<'_, S> {
             warn!(object = %warning.object, problem = %warning.problem, "input problem");
         }
         self.update_health_servers(&delta);
-        let report = self.syncer.apply_changed(self.model.desired(), &delta.frontends);
+        let report = self
+            .syncer
+            .apply_changed(self.model.desired(), &delta.frontends);
         self.log(&delta, &report, started, model_time);
         if self.close_sockets && !report.udp_sockets_left.is_empty() {
             close_departed_udp_sockets(&report.udp_sockets_left);
         }
-        self.observer
-            .synced(started.elapsed(), slices, report.failed.len(), SystemTime::now());
+        self.observer.synced(
+            started.elapsed(),
+            slices,
+            report.failed.len(),
+            SystemTime::now(),
+        );
         match seq {
             Some(seq) => self.proxy_health.updated_change(seq),
             None => self.proxy_health.updated(),
@@ -236,7 +251,13 @@ impl<S: MapStore> SyncLoop<'_, S> {
         }
     }
 
-    fn log(&self, delta: &ModelDelta, report: &SyncReport, started: Instant, model_time: std::time::Duration) {
+    fn log(
+        &self,
+        delta: &ModelDelta,
+        report: &SyncReport,
+        started: Instant,
+        model_time: std::time::Duration,
+    ) {
         for failed in report
             .failed
             .iter()

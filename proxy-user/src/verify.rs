@@ -25,8 +25,8 @@ use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, warn};
 
 use crate::encode::{
-    backend_addr, frontend_addr, proto_number, revnat_name, revnat_value, scoped_key, slot_zero_attributes,
-    AnyBackend, AnyFrontendKey, AnyRevNat,
+    backend_addr, frontend_addr, proto_number, revnat_name, revnat_value, scoped_key,
+    slot_zero_attributes, AnyBackend, AnyFrontendKey, AnyRevNat,
 };
 use crate::maps::Dump;
 use crate::model::{BackendAddr, DesiredState, Frontend, FrontendAddr, IpFamily, LbAlgorithm};
@@ -154,9 +154,18 @@ pub fn compare(
     }
 
     for frontend in desired.frontends.values() {
-        compare_frontend(&maps, frontend, default_algorithm, unprogrammed, &mut problems);
+        compare_frontend(
+            &maps,
+            frontend,
+            default_algorithm,
+            unprogrammed,
+            &mut problems,
+        );
     }
-    for (addr, (key, head)) in heads.iter().filter(|(a, _)| !desired.frontends.contains_key(a)) {
+    for (addr, (key, head)) in heads
+        .iter()
+        .filter(|(a, _)| !desired.frontends.contains_key(a))
+    {
         let set = maps.decode_set(addr, key, head);
         problems.push(Problem {
             frontend: addr.to_string(),
@@ -165,30 +174,59 @@ pub fn compare(
             detail: format!("in the maps (to {}) but not desired", list(&set.addrs)),
         });
     }
-    for (key, value) in dump.frontends.iter().filter(|(k, _)| !reachable_slots.contains(k)) {
-        let frontend = frontend_addr(key).map(|a| a.to_string()).unwrap_or_default();
-        let set = if key.scope() == scope::EXTERNAL { "external" } else { "internal" };
+    for (key, value) in dump
+        .frontends
+        .iter()
+        .filter(|(k, _)| !reachable_slots.contains(k))
+    {
+        let frontend = frontend_addr(key)
+            .map(|a| a.to_string())
+            .unwrap_or_default();
+        let set = if key.scope() == scope::EXTERNAL {
+            "external"
+        } else {
+            "internal"
+        };
         problems.push(Problem {
             frontend,
             service: maps.service_name(key.family(), value.service_id),
             kind: ProblemKind::OrphanedSlot,
-            detail: format!("{set} slot {} (backend id {}) is past its set's count or has no slot 0", key.slot(), value.backend_id),
+            detail: format!(
+                "{set} slot {} (backend id {}) is past its set's count or has no slot 0",
+                key.slot(),
+                value.backend_id
+            ),
         });
     }
-    for (id, backend) in dump.backends.iter().filter(|(id, b)| !reachable_backends.contains(&(b.family(), *id))) {
+    for (id, backend) in dump
+        .backends
+        .iter()
+        .filter(|(id, b)| !reachable_backends.contains(&(b.family(), *id)))
+    {
         problems.push(Problem {
             frontend: String::new(),
             service: String::new(),
             kind: ProblemKind::OrphanedBackend,
-            detail: format!("{} backend id {id} ({}) is named by no slot", backend.family(), backend_addr(backend)),
+            detail: format!(
+                "{} backend id {id} ({}) is named by no slot",
+                backend.family(),
+                backend_addr(backend)
+            ),
         });
     }
-    for (id, rn) in dump.revnat.iter().filter(|(id, rn)| !named_services.contains(&(rn.family(), *id))) {
+    for (id, rn) in dump
+        .revnat
+        .iter()
+        .filter(|(id, rn)| !named_services.contains(&(rn.family(), *id)))
+    {
         problems.push(Problem {
             frontend: String::new(),
             service: revnat_name(rn),
             kind: ProblemKind::WrongRevnat,
-            detail: format!("{} reverse-NAT entry of service id {id} is named by no frontend", rn.family()),
+            detail: format!(
+                "{} reverse-NAT entry of service id {id} is named by no frontend",
+                rn.family()
+            ),
         });
     }
     problems.sort();
@@ -222,7 +260,13 @@ fn compare_frontend(
             .get(addr)
             .map(|reason| format!(" (the agent could not program it: {reason})"))
             .unwrap_or_default();
-        push(ProblemKind::Missing, format!("not in the maps; should go to {}{why}", list(&frontend.backends)));
+        push(
+            ProblemKind::Missing,
+            format!(
+                "not in the maps; should go to {}{why}",
+                list(&frontend.backends)
+            ),
+        );
         return;
     };
     let (flags, affinity) = slot_zero_attributes(frontend, default_algorithm);
@@ -237,9 +281,23 @@ fn compare_frontend(
     }
     let expected_name = revnat_value(addr, &frontend.service.to_string());
     match maps.revnat.get(&(addr.family(), head.service_id)) {
-        None => push(ProblemKind::WrongRevnat, format!("slot 0 names service id {} with no reverse-NAT entry", head.service_id)),
+        None => push(
+            ProblemKind::WrongRevnat,
+            format!(
+                "slot 0 names service id {} with no reverse-NAT entry",
+                head.service_id
+            ),
+        ),
         Some(rn) if *rn != expected_name => {
-            push(ProblemKind::WrongRevnat, format!("reverse-NAT entry {} says {:?}, desired {:?}", head.service_id, revnat_name(rn), revnat_name(&expected_name)));
+            push(
+                ProblemKind::WrongRevnat,
+                format!(
+                    "reverse-NAT entry {} says {:?}, desired {:?}",
+                    head.service_id,
+                    revnat_name(rn),
+                    revnat_name(&expected_name)
+                ),
+            );
         }
         Some(_) => {}
     }
@@ -248,7 +306,10 @@ fn compare_frontend(
         push(ProblemKind::DanglingSlot, dangling.clone());
     }
     if internal.addrs != frontend.backends {
-        push(ProblemKind::WrongBackends, backends_diff("", &internal.addrs, &frontend.backends));
+        push(
+            ProblemKind::WrongBackends,
+            backends_diff("", &internal.addrs, &frontend.backends),
+        );
     }
     let wanted_external = frontend_flags::has_external_set(flags)
         .then(|| frontend.external_backends.clone().unwrap_or_default());
@@ -260,14 +321,23 @@ fn compare_frontend(
         .map(|ext_head| maps.decode_set(addr, &ext_key, ext_head));
     if let Some(ext) = &external {
         for dangling in &ext.dangling {
-            push(ProblemKind::DanglingSlot, format!("external set: {dangling}"));
+            push(
+                ProblemKind::DanglingSlot,
+                format!("external set: {dangling}"),
+            );
         }
     }
     match (&wanted_external, &external) {
         (Some(want), Some(have)) if *want != have.addrs => {
-            push(ProblemKind::WrongBackends, backends_diff("external (local-only) set: ", &have.addrs, want));
+            push(
+                ProblemKind::WrongBackends,
+                backends_diff("external (local-only) set: ", &have.addrs, want),
+            );
         }
-        (Some(want), None) => push(ProblemKind::WrongBackends, format!("external (local-only) set missing; desired {}", list(want))),
+        (Some(want), None) => push(
+            ProblemKind::WrongBackends,
+            format!("external (local-only) set missing; desired {}", list(want)),
+        ),
         _ => {}
     }
 }
@@ -276,14 +346,28 @@ fn compare_frontend(
 fn backends_diff(prefix: &str, have: &[BackendAddr], want: &[BackendAddr]) -> String {
     let have_set: BTreeSet<_> = have.iter().collect();
     let want_set: BTreeSet<_> = want.iter().collect();
-    let missing: Vec<_> = want_set.difference(&have_set).map(ToString::to_string).collect();
-    let extra: Vec<_> = have_set.difference(&want_set).map(ToString::to_string).collect();
+    let missing: Vec<_> = want_set
+        .difference(&have_set)
+        .map(ToString::to_string)
+        .collect();
+    let extra: Vec<_> = have_set
+        .difference(&want_set)
+        .map(ToString::to_string)
+        .collect();
     format!(
         "{prefix}the maps send to {}, desired {} (missing: {}; extra: {})",
         list(have),
         list(want),
-        if missing.is_empty() { "none".into() } else { missing.join(", ") },
-        if extra.is_empty() { "none".into() } else { extra.join(", ") },
+        if missing.is_empty() {
+            "none".into()
+        } else {
+            missing.join(", ")
+        },
+        if extra.is_empty() {
+            "none".into()
+        } else {
+            extra.join(", ")
+        },
     )
 }
 
@@ -291,7 +375,10 @@ fn list(v: &[BackendAddr]) -> String {
     if v.is_empty() {
         return "(nothing)".into();
     }
-    v.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
+    v.iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// The dump, indexed.
@@ -317,31 +404,61 @@ impl Maps {
     fn index(dump: &Dump) -> Maps {
         Maps {
             slots: dump.frontends.iter().copied().collect(),
-            backends: dump.backends.iter().map(|(id, b)| ((b.family(), *id), *b)).collect(),
-            revnat: dump.revnat.iter().map(|(id, r)| ((r.family(), *id), *r)).collect(),
+            backends: dump
+                .backends
+                .iter()
+                .map(|(id, b)| ((b.family(), *id), *b))
+                .collect(),
+            revnat: dump
+                .revnat
+                .iter()
+                .map(|(id, r)| ((r.family(), *id), *r))
+                .collect(),
         }
     }
 
     fn service_name(&self, family: IpFamily, service_id: u32) -> String {
-        self.revnat.get(&(family, service_id)).map(revnat_name).unwrap_or_default()
+        self.revnat
+            .get(&(family, service_id))
+            .map(revnat_name)
+            .unwrap_or_default()
     }
 
-    fn decode_set(&self, addr: &FrontendAddr, head_key: &AnyFrontendKey, head: &FrontendSlot) -> DecodedSet {
-        let mut set = DecodedSet { addrs: Vec::new(), ids: Vec::new(), slots: Vec::new(), dangling: Vec::new() };
+    fn decode_set(
+        &self,
+        addr: &FrontendAddr,
+        head_key: &AnyFrontendKey,
+        head: &FrontendSlot,
+    ) -> DecodedSet {
+        let mut set = DecodedSet {
+            addrs: Vec::new(),
+            ids: Vec::new(),
+            slots: Vec::new(),
+            dangling: Vec::new(),
+        };
         for slot in 1..=head.backend_count {
             let key = head_key.at(head_key.scope(), slot);
             let Some(value) = self.slots.get(&key) else {
-                set.dangling.push(format!("slot {slot} of {} is absent", head.backend_count));
+                set.dangling
+                    .push(format!("slot {slot} of {} is absent", head.backend_count));
                 continue;
             };
             set.slots.push(key);
             let Some(backend) = self.backends.get(&(addr.family(), value.backend_id)) else {
-                set.dangling.push(format!("slot {slot} names backend id {}, which is not in the {} backend map", value.backend_id, addr.family()));
+                set.dangling.push(format!(
+                    "slot {slot} names backend id {}, which is not in the {} backend map",
+                    value.backend_id,
+                    addr.family()
+                ));
                 continue;
             };
             set.ids.push(value.backend_id);
             if backend.proto() != proto_number(addr.protocol) {
-                set.dangling.push(format!("slot {slot} names backend id {} of protocol {}", value.backend_id, backend.proto()));
+                set.dangling.push(format!(
+                    "slot {slot} names backend id {} of protocol {}",
+                    value.backend_id,
+                    backend.proto()
+                ));
             }
             set.addrs.push(backend_addr(backend));
         }
@@ -367,7 +484,11 @@ pub struct Request {
 pub fn serve(pin_root: &Path) -> std::io::Result<(SocketGuard, mpsc::Receiver<Request>)> {
     let path = socket_path(pin_root);
     if let Some(dir) = path.parent() {
-        crate::fsmode::ensure_dir(dir, crate::fsmode::STATUS_DIR_MODE, crate::fsmode::Existing::Set)?;
+        crate::fsmode::ensure_dir(
+            dir,
+            crate::fsmode::STATUS_DIR_MODE,
+            crate::fsmode::Existing::Set,
+        )?;
     }
     // The agent holds the pin root's lock: a file here is a dead agent's.
     match std::fs::remove_file(&path) {
@@ -426,7 +547,9 @@ async fn answer(stream: tokio::net::UnixStream, tx: mpsc::Sender<Request>) {
                 Err(_) => return,
             }
         }
-        Ok(Ok(_)) => format!("{{\"error\":\"unknown request; expected {REQUEST:?}\"}}").into_bytes(),
+        Ok(Ok(_)) => {
+            format!("{{\"error\":\"unknown request; expected {REQUEST:?}\"}}").into_bytes()
+        }
         Ok(Err(error)) => {
             debug!(%error, "verify socket: reading the request failed");
             return;
@@ -441,9 +564,15 @@ async fn answer(stream: tokio::net::UnixStream, tx: mpsc::Sender<Request>) {
 #[derive(Debug, thiserror::Error)]
 pub enum AskError {
     #[error("no agent answers on {path} (is one running for this --pin-root?)")]
-    NotRunning { path: PathBuf, source: std::io::Error },
+    NotRunning {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("talking to the agent on {path}")]
-    Io { path: PathBuf, source: std::io::Error },
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("the agent's answer on {path} is not a verification: {answer}")]
     Answer { path: PathBuf, answer: String },
 }
@@ -451,11 +580,19 @@ pub enum AskError {
 /// The CLI's side: asks the agent of `pin_root` to verify.
 pub fn ask(pin_root: &Path) -> Result<Verification, AskError> {
     let path = socket_path(pin_root);
-    let io = |source| AskError::Io { path: path.clone(), source };
-    let mut stream = std::os::unix::net::UnixStream::connect(&path)
-        .map_err(|source| AskError::NotRunning { path: path.clone(), source })?;
+    let io = |source| AskError::Io {
+        path: path.clone(),
+        source,
+    };
+    let mut stream =
+        std::os::unix::net::UnixStream::connect(&path).map_err(|source| AskError::NotRunning {
+            path: path.clone(),
+            source,
+        })?;
     stream.set_read_timeout(Some(ANSWER_TIMEOUT)).map_err(io)?;
-    stream.write_all(format!("{REQUEST}\n").as_bytes()).map_err(io)?;
+    stream
+        .write_all(format!("{REQUEST}\n").as_bytes())
+        .map_err(io)?;
     let mut answer = Vec::new();
     stream.read_to_end(&mut answer).map_err(io)?;
     serde_json::from_slice(&answer).map_err(|_| AskError::Answer {

@@ -15,7 +15,8 @@ use std::{
 };
 
 use proxy_common::{
-    addr6_be, ct_dir, ct_flags, ct_state, names, proto, Addr6Be, CtEntry, CtEntry6, CtKey, CtKey6, SockEntry6, SockKey6,
+    addr6_be, ct_dir, ct_flags, ct_state, names, proto, Addr6Be, CtEntry, CtEntry6, CtKey, CtKey6,
+    SockEntry6, SockKey6,
 };
 use proxy_user::{
     conntrack::{self, GcMetrics, Pass, Timeouts},
@@ -49,7 +50,13 @@ fn key(dir: u8, src: (&str, u16), dst: (&str, u16)) -> CtKey6 {
 /// service `service`, both entries last seen at `seen_ns`, with `state` bits
 /// (forward, reply) and `flags` on both. With SNAT the client is rewritten
 /// to the node address [fd00:ff::1] and the same port.
-fn flow(service: u32, sport: u16, state: (u8, u8), flags: u8, seen_ns: u64) -> [(CtKey6, CtEntry6); 2] {
+fn flow(
+    service: u32,
+    sport: u16,
+    state: (u8, u8),
+    flags: u8,
+    seen_ns: u64,
+) -> [(CtKey6, CtEntry6); 2] {
     let (client, vip, pod, node) = ("fd00::2", "fd00:96::10", "fd00:244::5", "fd00:ff::1");
     let snat = flags & ct_flags::SNAT != 0;
     let seen_as = if snat { node } else { client };
@@ -89,7 +96,13 @@ fn a_collector_pass_over_the_kernel_ipv6_table() {
     let minute_ago = now - 60 * S;
     let fin = ct_state::FIN;
     let live = flow(1, 40001, (0, ct_state::REPLIED), 0, now);
-    let closed = flow(1, 40002, (fin, ct_state::REPLIED | fin), ct_flags::CLOSING, minute_ago);
+    let closed = flow(
+        1,
+        40002,
+        (fin, ct_state::REPLIED | fin),
+        ct_flags::CLOSING,
+        minute_ago,
+    );
     let closed_snat = flow(
         1,
         40003,
@@ -98,7 +111,12 @@ fn a_collector_pass_over_the_kernel_ipv6_table() {
         minute_ago,
     );
     let [_, orphan] = flow(1, 40004, (0, ct_state::REPLIED), 0, minute_ago);
-    for (k, v) in live.iter().chain(&closed).chain(&closed_snat).chain([&orphan]) {
+    for (k, v) in live
+        .iter()
+        .chain(&closed)
+        .chain(&closed_snat)
+        .chain([&orphan])
+    {
         maps.conntrack6.insert(k, v, 0).expect("write SB_CT6_V1");
     }
     let v4 = (
@@ -117,17 +135,29 @@ fn a_collector_pass_over_the_kernel_ipv6_table() {
             ..CtEntry::default()
         },
     );
-    maps.conntrack.insert(v4.0, v4.1, 0).expect("write SB_CT_V5");
+    maps.conntrack
+        .insert(v4.0, v4.1, 0)
+        .expect("write SB_CT_V5");
 
-    let pass = conntrack::collect(&mut maps.conntrack6, now, &Timeouts::default()).expect("collect");
-    assert_eq!(pass, Pass { entries: 7, deleted: 3 });
+    let pass =
+        conntrack::collect(&mut maps.conntrack6, now, &Timeouts::default()).expect("collect");
+    assert_eq!(
+        pass,
+        Pass {
+            entries: 7,
+            deleted: 3
+        }
+    );
     let present = |k: &CtKey6| maps.conntrack6.get(k, 0).is_ok();
     assert!(live.iter().all(|(k, _)| present(k)), "the live flow stays");
     assert!(
         closed_snat.iter().all(|(k, _)| present(k)),
         "its port is not free for 65 s"
     );
-    assert!(closed.iter().all(|(k, _)| !present(k)), "the closed flow goes whole");
+    assert!(
+        closed.iter().all(|(k, _)| !present(k)),
+        "the closed flow goes whole"
+    );
     assert!(!present(&orphan.0), "the idle orphan goes");
     assert!(
         maps.conntrack.get(&v4.0, 0).is_ok(),
@@ -192,7 +222,10 @@ impl Bpffs {
 
     /// A bpffs at a directory named after `tag` and this process.
     fn mount_at(tag: &str) -> Self {
-        let dir = PathBuf::from(format!("/run/switchboard-test/{tag}-{}", std::process::id()));
+        let dir = PathBuf::from(format!(
+            "/run/switchboard-test/{tag}-{}",
+            std::process::id()
+        ));
         let _ = umount(&dir);
         std::fs::create_dir_all(&dir).expect("create the pin root");
         let fs = Self(dir);
@@ -207,7 +240,8 @@ impl Bpffs {
 }
 
 fn umount(dir: &Path) -> io::Result<()> {
-    let path = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()).map_err(io::Error::other)?;
+    let path =
+        std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()).map_err(io::Error::other)?;
     // SAFETY: `path` is a NUL-terminated path; MNT_DETACH unmounts lazily.
     match unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) } {
         0 => Ok(()),
@@ -250,14 +284,20 @@ fn an_agent_finding_no_ipv6_tables_pinned_creates_them() {
     for name in [names::CONNTRACK6, names::SOCKETS6] {
         std::fs::remove_file(pin_root.join(name)).expect("unpin");
     }
-    assert!(PinnedMaps::open(pin_root).is_err(), "the agent's open needs the IPv6 pins");
+    assert!(
+        PinnedMaps::open(pin_root).is_err(),
+        "the agent's open needs the IPv6 pins"
+    );
 
     let _ebpf = ebpf::load(pin_root, &caps, &[]).expect("load onto the older pin root");
     for name in [names::CONNTRACK6, names::SOCKETS6] {
         assert!(pin_root.join(name).exists(), "{name} pinned");
     }
     let mut maps = PinnedMaps::open(pin_root).expect("open every pin");
-    assert!(maps.conntrack.get(&v4, 0).is_ok(), "the IPv4 flow was adopted");
+    assert!(
+        maps.conntrack.get(&v4, 0).is_ok(),
+        "the IPv4 flow was adopted"
+    );
     assert_eq!(maps.conntrack6_len(), 0);
 
     // The CLI reads both tables from the pins.
@@ -278,13 +318,22 @@ fn an_agent_finding_no_ipv6_tables_pinned_creates_them() {
         })
         .collect();
     assert_eq!(shown.len(), 3, "{rows:?}");
-    assert!(shown.contains(&("ipv4", "10.96.0.10:80", "orphan")), "{shown:?}");
+    assert!(
+        shown.contains(&("ipv4", "10.96.0.10:80", "orphan")),
+        "{shown:?}"
+    );
     assert!(
         shown.contains(&("ipv6", "[fd00:96::10]:80", "established")),
         "{shown:?}"
     );
-    assert!(shown.contains(&("ipv6", "[fd00::2]:40001", "established")), "{shown:?}");
-    let v6_only = cli(pin_root, &["conntrack", "list", "--family", "ipv6", "-o", "json"]);
+    assert!(
+        shown.contains(&("ipv6", "[fd00::2]:40001", "established")),
+        "{shown:?}"
+    );
+    let v6_only = cli(
+        pin_root,
+        &["conntrack", "list", "--family", "ipv6", "-o", "json"],
+    );
     assert_eq!(v6_only.as_array().map(Vec::len), Some(2));
     let stats = cli(pin_root, &["stats", "-o", "json"]);
     let fill = |name: &str| {
@@ -294,14 +343,22 @@ fn an_agent_finding_no_ipv6_tables_pinned_creates_them() {
             .map(|m| (m["entries"].as_u64(), m["capacity"].as_u64()))
     };
     assert_eq!(fill(names::CONNTRACK), Some((Some(1), Some(64))), "{stats}");
-    assert_eq!(fill(names::CONNTRACK6), Some((Some(2), Some(64))), "{stats}");
+    assert_eq!(
+        fill(names::CONNTRACK6),
+        Some((Some(2), Some(64))),
+        "{stats}"
+    );
     assert_eq!(fill(names::SOCKETS6), Some((Some(0), Some(64))), "{stats}");
-    let flushed = cli(pin_root, &["conntrack", "flush", "--family", "ipv6", "-o", "json"]);
+    let flushed = cli(
+        pin_root,
+        &["conntrack", "flush", "--family", "ipv6", "-o", "json"],
+    );
     assert_eq!(flushed["removed"], 2);
     assert_eq!(maps.conntrack6_len(), 0);
     assert_eq!(maps.conntrack_len(), 1, "--family ipv6 leaves IPv4 flows");
 
-    conntrack::spawn(pin_root, Timeouts::default(), GcMetrics::default()).expect("the collector starts");
+    conntrack::spawn(pin_root, Timeouts::default(), GcMetrics::default())
+        .expect("the collector starts");
 }
 
 /// `switchboard ARGS --pin-root PIN_ROOT`'s JSON output.
@@ -331,13 +388,18 @@ fn the_cli_reads_an_agent_that_predates_ipv6() {
             .expect("write SB_CT_V5");
     }
     // What an agent from before IPv6 pinned: none of the IPv6 tables.
-    for name in proxy_user::maps::IPV6_MAPS.into_iter().chain([names::AFFINITY6]) {
+    for name in proxy_user::maps::IPV6_MAPS
+        .into_iter()
+        .chain([names::AFFINITY6])
+    {
         let _ = std::fs::remove_file(pin_root.join(name));
         assert!(!pin_root.join(name).exists(), "{name} unpinned");
     }
 
     match PinnedMaps::open(pin_root) {
-        Err(proxy_user::maps::MapsError::NotPinned { name, .. }) => assert_eq!(name, names::FRONTENDS6),
+        Err(proxy_user::maps::MapsError::NotPinned { name, .. }) => {
+            assert_eq!(name, names::FRONTENDS6)
+        }
         Err(other) => panic!("{other}"),
         Ok(_) => panic!("the agent's open must want every IPv6 map"),
     }
@@ -362,17 +424,26 @@ fn the_cli_reads_an_agent_that_predates_ipv6() {
         .filter_map(|m| m["map"].as_str())
         .collect();
     assert!(shown.contains(&names::CONNTRACK), "{stats}");
-    assert!(!shown.contains(&names::CONNTRACK6), "no row for a map that is not there: {stats}");
+    assert!(
+        !shown.contains(&names::CONNTRACK6),
+        "no row for a map that is not there: {stats}"
+    );
 
     let (services, _) = cli_with_stderr(pin_root, &["services", "-o", "json"]);
     assert_eq!(services.as_array().map(Vec::len), Some(0), "{services}");
 
-    let (flushed, _) = cli_with_stderr(pin_root, &["conntrack", "flush", "--family", "ipv6", "-o", "json"]);
+    let (flushed, _) = cli_with_stderr(
+        pin_root,
+        &["conntrack", "flush", "--family", "ipv6", "-o", "json"],
+    );
     assert_eq!(flushed["removed"], 0);
     let maps = PinnedMaps::open_tolerant(pin_root).expect("open");
     assert_eq!(maps.conntrack_len(), 1, "the IPv4 flow stays");
     for name in proxy_user::maps::IPV6_MAPS {
-        assert!(!pin_root.join(name).exists(), "the CLI pinned nothing: {name}");
+        assert!(
+            !pin_root.join(name).exists(),
+            "the CLI pinned nothing: {name}"
+        );
     }
 }
 
@@ -403,12 +474,27 @@ fn explain_reads_ipv6_conntrack_and_affinity_from_the_pins() {
         affinity_timeout_s: 600,
         ..Default::default()
     };
-    maps.frontends6.insert(fe(0), head, 0).expect("write SB_FE6_V1");
+    maps.frontends6
+        .insert(fe(0), head, 0)
+        .expect("write SB_FE6_V1");
     for (slot, id, pod) in [(1u16, 21u32, "fd00:244::5"), (2, 22, "fd00:244::6")] {
-        let slot_value = proxy_common::FrontendSlot { backend_id: id, service_id: service, ..Default::default() };
-        maps.frontends6.insert(fe(slot), slot_value, 0).expect("write SB_FE6_V1");
-        let backend = proxy_common::Backend6 { addr_be: addr(pod), port_be: 8080u16.to_be(), proto: proto::TCP, flags: 0 };
-        maps.backends6.insert(id, backend, 0).expect("write SB_BE6_V1");
+        let slot_value = proxy_common::FrontendSlot {
+            backend_id: id,
+            service_id: service,
+            ..Default::default()
+        };
+        maps.frontends6
+            .insert(fe(slot), slot_value, 0)
+            .expect("write SB_FE6_V1");
+        let backend = proxy_common::Backend6 {
+            addr_be: addr(pod),
+            port_be: 8080u16.to_be(),
+            proto: proto::TCP,
+            flags: 0,
+        };
+        maps.backends6
+            .insert(id, backend, 0)
+            .expect("write SB_BE6_V1");
     }
     let now = conntrack::monotonic_ns();
     let client = "fd00:244::99";
@@ -430,25 +516,61 @@ fn explain_reads_ipv6_conntrack_and_affinity_from_the_pins() {
         last_seen_ns: now,
         ..CtEntry6::default()
     };
-    maps.conntrack6.insert(tracked, entry, 0).expect("write SB_CT6_V1");
-    let mut affinity: aya::maps::HashMap<_, proxy_common::AffinityKey6, proxy_common::AffinityEntry> =
-        aya::maps::Map::from_map_data(aya::maps::MapData::from_pin(pin_root.join(names::AFFINITY6)).expect("SB_AFFINITY6_V1 pinned"))
-            .expect("a map")
-            .try_into()
-            .expect("the affinity layout");
-    let akey = proxy_common::AffinityKey6 { client_addr_be: addr(client), service_id: service };
-    let aentry = proxy_common::AffinityEntry { backend_id: 21, slot: 1, last_used_ns: now, ..Default::default() };
-    affinity.insert(akey, aentry, 0).expect("write SB_AFFINITY6_V1");
+    maps.conntrack6
+        .insert(tracked, entry, 0)
+        .expect("write SB_CT6_V1");
+    let mut affinity: aya::maps::HashMap<
+        _,
+        proxy_common::AffinityKey6,
+        proxy_common::AffinityEntry,
+    > = aya::maps::Map::from_map_data(
+        aya::maps::MapData::from_pin(pin_root.join(names::AFFINITY6))
+            .expect("SB_AFFINITY6_V1 pinned"),
+    )
+    .expect("a map")
+    .try_into()
+    .expect("the affinity layout");
+    let akey = proxy_common::AffinityKey6 {
+        client_addr_be: addr(client),
+        service_id: service,
+    };
+    let aentry = proxy_common::AffinityEntry {
+        backend_id: 21,
+        slot: 1,
+        last_used_ns: now,
+        ..Default::default()
+    };
+    affinity
+        .insert(akey, aentry, 0)
+        .expect("write SB_AFFINITY6_V1");
 
     let explain = |from: &str| {
-        cli_with_stderr(pin_root, &["explain", "[fd00:96::10]:80/TCP", "--from", from, "--scope", "internal", "-o", "json"]).0
+        cli_with_stderr(
+            pin_root,
+            &[
+                "explain",
+                "[fd00:96::10]:80/TCP",
+                "--from",
+                from,
+                "--scope",
+                "internal",
+                "-o",
+                "json",
+            ],
+        )
+        .0
     };
     let e = explain("[fd00:244::99]:40000");
     assert_eq!(e["backend"], "[fd00:244::6]:8080", "{e}");
     assert!(e["reasons"].to_string().contains("tracked flow"), "{e}");
     let e = explain("[fd00:244::99]:40001");
     assert_eq!(e["backend"], "[fd00:244::5]:8080", "{e}");
-    assert!(e["reasons"].to_string().contains("sessionAffinity: ClientIP: fd00:244::99"), "{e}");
+    assert!(
+        e["reasons"]
+            .to_string()
+            .contains("sessionAffinity: ClientIP: fd00:244::99"),
+        "{e}"
+    );
     // Another client: no entry in either table.
     let e = explain("[fd00:244::98]:40000");
     assert_eq!(e["backend"], serde_json::Value::Null, "{e}");
@@ -520,7 +642,12 @@ fn departed_peers_ipv6_udp_sockets_are_closed() {
     std::thread::spawn(|| {
         // SAFETY: unshare on this thread only; it owns no sockets yet.
         let rc = unsafe { libc::unshare(libc::CLONE_NEWNET) };
-        assert_eq!(rc, 0, "unshare(CLONE_NEWNET): {}", io::Error::last_os_error());
+        assert_eq!(
+            rc,
+            0,
+            "unshare(CLONE_NEWNET): {}",
+            io::Error::last_os_error()
+        );
         let status = Command::new("ip")
             .args(["link", "set", "lo", "up"])
             .status()
@@ -533,18 +660,28 @@ fn departed_peers_ipv6_udp_sockets_are_closed() {
         let port6 = server6.local_addr().expect("addr").port();
         let port4 = server4.local_addr().expect("addr").port();
         let doomed6 = UdpSocket::bind("[::1]:0").expect("bind");
-        doomed6.connect(server6.local_addr().expect("addr")).expect("connect");
+        doomed6
+            .connect(server6.local_addr().expect("addr"))
+            .expect("connect");
         let kept6 = UdpSocket::bind("[::1]:0").expect("bind");
-        kept6.connect(other6.local_addr().expect("addr")).expect("connect");
+        kept6
+            .connect(other6.local_addr().expect("addr"))
+            .expect("connect");
         let mapped = UdpSocket::bind("[::]:0").expect("bind ::");
         mapped
             .connect(format!("[::ffff:127.0.0.1]:{port4}"))
             .expect("connect to a mapped address");
 
         let peers: HashMap<u64, SocketAddr> = [
-            (cookie(&doomed6), SocketAddr::from((Ipv6Addr::LOCALHOST, port6))),
+            (
+                cookie(&doomed6),
+                SocketAddr::from((Ipv6Addr::LOCALHOST, port6)),
+            ),
             // Recorded with the port of the socket it does not talk to.
-            (cookie(&kept6), SocketAddr::from((Ipv6Addr::LOCALHOST, port6))),
+            (
+                cookie(&kept6),
+                SocketAddr::from((Ipv6Addr::LOCALHOST, port6)),
+            ),
         ]
         .into_iter()
         .collect();

@@ -11,9 +11,7 @@ use proxy_user::{
     model::{DesiredState, Frontend, Protocol},
     packet::{checksums_valid, PacketSpec},
 };
-use support::{
-    capacities, cluster_ip, Loaded, TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_UNSPEC,
-};
+use support::{capacities, cluster_ip, Loaded, TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_UNSPEC};
 
 const CLIENT: Ipv4Addr = Ipv4Addr::new(10, 244, 100, 2);
 const VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
@@ -354,7 +352,10 @@ fn a_closed_connection_does_not_capture_a_direct_one_on_the_same_ports() {
                 p.sport = 80;
             })
         };
-        assert_eq!(fx.tc(programs::TC_FROM_POD, &syn.build(), None).0, TC_ACT_OK);
+        assert_eq!(
+            fx.tc(programs::TC_FROM_POD, &syn.build(), None).0,
+            TC_ACT_OK
+        );
         assert_eq!(
             fx.tc(programs::TC_TO_POD, &syn_ack.build(), None),
             (TC_ACT_OK, to_vip(&syn_ack)),
@@ -362,7 +363,8 @@ fn a_closed_connection_does_not_capture_a_direct_one_on_the_same_ports() {
         );
         if closer == "client" {
             assert_eq!(
-                fx.tc(programs::TC_FROM_POD, &fin_from_client.build(), None).0,
+                fx.tc(programs::TC_FROM_POD, &fin_from_client.build(), None)
+                    .0,
                 TC_ACT_OK
             );
         }
@@ -401,7 +403,10 @@ fn a_reply_needs_only_its_conntrack_entry() {
         tcp_flags: 0x12,
         ..PacketSpec::tcp(POD1, 8080, CLIENT, 42000)
     };
-    assert_eq!(fx.tc(programs::TC_FROM_POD, &request.build(), None).0, TC_ACT_OK);
+    assert_eq!(
+        fx.tc(programs::TC_FROM_POD, &request.build(), None).0,
+        TC_ACT_OK
+    );
     let ids: Vec<u32> = fx
         .syncer
         .store()

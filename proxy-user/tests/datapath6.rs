@@ -11,8 +11,9 @@ use proxy_common::{ct_dir, ct_flags, hairpin, programs};
 use support::{
     capacities,
     v6::{
-        checksums_valid6, ct_key6, icmp6_frame, icmp6_frame_macs, Maps6, Packet6, NEXTHDR_DEST, NEXTHDR_HOP, NEXTHDR_ROUTING, NODE_MAC,
-        POD_MAC, PROTO_TCP, PROTO_UDP, TCP_ACK, TCP_RST, TCP_SYN,
+        checksums_valid6, ct_key6, icmp6_frame, icmp6_frame_macs, Maps6, Packet6, NEXTHDR_DEST,
+        NEXTHDR_HOP, NEXTHDR_ROUTING, NODE_MAC, POD_MAC, PROTO_TCP, PROTO_UDP, TCP_ACK, TCP_RST,
+        TCP_SYN,
     },
     Loaded, TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT, TC_ACT_UNSPEC,
 };
@@ -99,7 +100,11 @@ fn run_cases(fx: &mut Fixture, cases: &[Case]) {
                 "{}: verdict {verdict:#x} (want {:#x}); output {}\n  got  {}\n  want {}",
                 case.name,
                 case.verdict,
-                if output == case.output { "as expected" } else { "differs" },
+                if output == case.output {
+                    "as expected"
+                } else {
+                    "differs"
+                },
                 hex(&output),
                 hex(&case.output),
             ));
@@ -112,13 +117,18 @@ fn run_cases(fx: &mut Fixture, cases: &[Case]) {
             );
         }
     }
-    assert!(failures.is_empty(), "failing fixtures:\n{}", failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "failing fixtures:\n{}",
+        failures.join("\n")
+    );
 }
 
 /// Whether a frame is UDP with checksum 0 (that may stay 0).
 fn checksum_zero(frame: &[u8]) -> bool {
-    support::v6::parse6(frame)
-        .is_some_and(|p| p.proto == PROTO_UDP && frame.get(p.l4_off + 6..p.l4_off + 8) == Some(&[0, 0][..]))
+    support::v6::parse6(frame).is_some_and(|p| {
+        p.proto == PROTO_UDP && frame.get(p.l4_off + 6..p.l4_off + 8) == Some(&[0, 0][..])
+    })
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -154,7 +164,13 @@ fn requests_replies_and_packets_that_are_not_ours() {
         ..Packet6::udp(CLIENT, 40004, VIP, 53)
     };
     let five_ext = Packet6 {
-        ext: vec![NEXTHDR_HOP, NEXTHDR_DEST, NEXTHDR_ROUTING, NEXTHDR_DEST, NEXTHDR_DEST],
+        ext: vec![
+            NEXTHDR_HOP,
+            NEXTHDR_DEST,
+            NEXTHDR_ROUTING,
+            NEXTHDR_DEST,
+            NEXTHDR_DEST,
+        ],
         ..Packet6::tcp(CLIENT, 40005, VIP, 80)
     };
     // Authentication header (51) before TCP: not ours.
@@ -365,7 +381,14 @@ fn requests_replies_and_packets_that_are_not_ours() {
     assert_eq!(fwd.nat_addr_be, proxy_common::addr6_be(POD1.octets()));
     let reply = fx
         .maps
-        .ct(&ct_key6(POD1, 8080, CLIENT, 40000, PROTO_TCP, ct_dir::REPLY))
+        .ct(&ct_key6(
+            POD1,
+            8080,
+            CLIENT,
+            40000,
+            PROTO_TCP,
+            ct_dir::REPLY,
+        ))
         .expect("reply entry");
     assert_eq!(reply.nat_addr_be, proxy_common::addr6_be(VIP.octets()));
     assert_eq!(u16::from_be(reply.nat_port_be), 80);
@@ -394,7 +417,14 @@ fn fin_marks_both_entries_closing_and_a_new_syn_is_a_new_flow() {
         .expect("forward entry");
     let reply = fx
         .maps
-        .ct(&ct_key6(POD1, 8080, CLIENT, 42000, PROTO_TCP, ct_dir::REPLY))
+        .ct(&ct_key6(
+            POD1,
+            8080,
+            CLIENT,
+            42000,
+            PROTO_TCP,
+            ct_dir::REPLY,
+        ))
         .expect("reply entry");
     assert_ne!(fwd.flags & ct_flags::CLOSING, 0);
     assert_ne!(reply.flags & ct_flags::CLOSING, 0);
@@ -429,7 +459,10 @@ fn session_affinity_keeps_a_client_on_one_backend() {
     let other = Ipv6Addr::new(0xfd00, 0x244, 0x100, 0, 0, 0, 0, 3);
     let mut seen = std::collections::BTreeSet::new();
     for port in 0..8 {
-        let (_, out) = fx.run(programs::TC_FROM_POD, &Packet6::tcp(other, 44000 + port, AFFINITY_VIP, 80).build());
+        let (_, out) = fx.run(
+            programs::TC_FROM_POD,
+            &Packet6::tcp(other, 44000 + port, AFFINITY_VIP, 80).build(),
+        );
         seen.insert(support::v6::parse6(&out).expect("IPv6 out").dst);
     }
     assert_eq!(seen.len(), 1);
@@ -468,9 +501,18 @@ fn fragments_follow_their_first_fragment() {
         p.src = VIP;
         p.sport = 53;
     });
-    for (i, (input, want)) in reply.fragments(48, 7).iter().zip(&reversed.fragments(48, 7)).enumerate() {
+    for (i, (input, want)) in reply
+        .fragments(48, 7)
+        .iter()
+        .zip(&reversed.fragments(48, 7))
+        .enumerate()
+    {
         let (verdict, out) = fx.run(programs::TC_TO_POD, input);
-        assert_eq!((verdict, hex(&out)), (TC_ACT_OK, hex(want)), "reply fragment {i}");
+        assert_eq!(
+            (verdict, hex(&out)),
+            (TC_ACT_OK, hex(want)),
+            "reply fragment {i}"
+        );
     }
     assert_eq!(fx.stat("frag_translated"), 4);
 
@@ -480,7 +522,10 @@ fn fragments_follow_their_first_fragment() {
         ..Packet6::udp(CLIENT, 45001, POD2, 53)
     };
     let later = other.fragments(48, 99).remove(1);
-    assert_eq!(fx.run(programs::TC_FROM_POD, &later), (TC_ACT_UNSPEC, later.clone()));
+    assert_eq!(
+        fx.run(programs::TC_FROM_POD, &later),
+        (TC_ACT_UNSPEC, later.clone())
+    );
     assert_eq!(fx.stat("frag_unknown"), 1);
 }
 
@@ -521,7 +566,10 @@ fn a_pod_that_is_its_own_backend_is_reached_from_the_hairpin_address() {
 
     // Anything else to the hairpin address is not ours.
     let stray = Packet6::tcp(CLIENT, 9191, hairpin_addr, 47000);
-    assert_eq!(fx.run(programs::TC_FROM_POD, &stray.build()), (TC_ACT_UNSPEC, stray.build()));
+    assert_eq!(
+        fx.run(programs::TC_FROM_POD, &stray.build()),
+        (TC_ACT_UNSPEC, stray.build())
+    );
 }
 
 #[test]
@@ -533,31 +581,52 @@ fn a_full_conntrack_table_drops_new_flows_and_keeps_tracked_ones() {
     let mut fx = Fixture { loaded, maps };
     let handshake = |fx: &mut Fixture, port: u16| {
         let syn = Packet6::tcp(CLIENT, port, VIP, 80);
-        assert_eq!(fx.run(programs::TC_FROM_POD, &syn.build()).0, TC_ACT_OK, "SYN {port}");
+        assert_eq!(
+            fx.run(programs::TC_FROM_POD, &syn.build()).0,
+            TC_ACT_OK,
+            "SYN {port}"
+        );
         let syn_ack = Packet6 {
             tcp_flags: TCP_SYN | TCP_ACK,
             ..Packet6::tcp(POD1, 8080, CLIENT, port)
         };
-        assert_eq!(fx.run(programs::TC_TO_POD, &syn_ack.build()).0, TC_ACT_OK, "SYN-ACK {port}");
+        assert_eq!(
+            fx.run(programs::TC_TO_POD, &syn_ack.build()).0,
+            TC_ACT_OK,
+            "SYN-ACK {port}"
+        );
         let ack = Packet6 {
             tcp_flags: TCP_ACK,
             ..Packet6::tcp(CLIENT, port, VIP, 80)
         };
-        assert_eq!(fx.run(programs::TC_FROM_POD, &ack.build()).0, TC_ACT_OK, "ACK {port}");
+        assert_eq!(
+            fx.run(programs::TC_FROM_POD, &ack.build()).0,
+            TC_ACT_OK,
+            "ACK {port}"
+        );
     };
     handshake(&mut fx, 49000);
     // A SYN never answered gives way to the next new flow, which completes
     // its handshake.
     let unanswered = Packet6::tcp(CLIENT, 48999, VIP, 80);
-    assert_eq!(fx.run(programs::TC_FROM_POD, &unanswered.build()).0, TC_ACT_OK);
+    assert_eq!(
+        fx.run(programs::TC_FROM_POD, &unanswered.build()).0,
+        TC_ACT_OK
+    );
     handshake(&mut fx, 49001);
-    assert!(fx.maps.ct(&ct_key6(CLIENT, 48999, VIP, 80, PROTO_TCP, ct_dir::FORWARD)).is_none());
+    assert!(fx
+        .maps
+        .ct(&ct_key6(CLIENT, 48999, VIP, 80, PROTO_TCP, ct_dir::FORWARD))
+        .is_none());
     assert_eq!(fx.stat("ct_full"), 0);
     // Two established flows: a new one is refused.
     let third = Packet6::tcp(CLIENT, 49002, VIP, 80);
     assert_eq!(fx.run(programs::TC_FROM_POD, &third.build()).0, TC_ACT_SHOT);
     assert_eq!(fx.stat("ct_full"), 1);
-    assert!(fx.maps.ct(&ct_key6(CLIENT, 49002, VIP, 80, PROTO_TCP, ct_dir::FORWARD)).is_none());
+    assert!(fx
+        .maps
+        .ct(&ct_key6(CLIENT, 49002, VIP, 80, PROTO_TCP, ct_dir::FORWARD))
+        .is_none());
     // A tracked flow goes on.
     let ack = Packet6 {
         tcp_flags: TCP_ACK,
@@ -580,15 +649,27 @@ fn a_full_conntrack_table_drops_new_flows_and_keeps_tracked_ones() {
 #[test]
 fn without_the_ipv6_programs_installed_ipv6_passes_untouched_and_is_counted() {
     let mut fx = Fixture::new();
-    let map = fx.loaded.ebpf.take_map(proxy_common::names::TAIL_CALLS6).expect("IPv6 tail-call array");
-    let mut tail: aya::maps::ProgramArray<_> = aya::maps::ProgramArray::try_from(map).expect("program array");
-    tail.clear_index(&proxy_common::tail::FROM_POD6).expect("clear the slot");
+    let map = fx
+        .loaded
+        .ebpf
+        .take_map(proxy_common::names::TAIL_CALLS6)
+        .expect("IPv6 tail-call array");
+    let mut tail: aya::maps::ProgramArray<_> =
+        aya::maps::ProgramArray::try_from(map).expect("program array");
+    tail.clear_index(&proxy_common::tail::FROM_POD6)
+        .expect("clear the slot");
     let syn = Packet6::tcp(CLIENT, 50000, VIP, 80);
-    assert_eq!(fx.run(programs::TC_FROM_POD, &syn.build()), (TC_ACT_UNSPEC, syn.build()));
+    assert_eq!(
+        fx.run(programs::TC_FROM_POD, &syn.build()),
+        (TC_ACT_UNSPEC, syn.build())
+    );
     assert_eq!(fx.stat("tail_call_missed"), 1);
     // sb_to_pod's slot is still there.
     let reply = Packet6::tcp(POD1, 8080, CLIENT, 50000);
-    assert_eq!(fx.run(programs::TC_TO_POD, &reply.build()), (TC_ACT_UNSPEC, reply.build()));
+    assert_eq!(
+        fx.run(programs::TC_TO_POD, &reply.build()),
+        (TC_ACT_UNSPEC, reply.build())
+    );
     assert_eq!(fx.stat("tail_call_missed"), 1);
 }
 
@@ -601,7 +682,10 @@ fn ipv4_in_the_same_object_is_unaffected() {
     let mut fx = Fixture::new();
     let mut fake = Packet6::tcp(CLIENT, 48000, VIP, 80).build();
     fake[14] = 0x45;
-    assert_eq!(fx.run(programs::TC_FROM_POD, &fake), (TC_ACT_UNSPEC, fake.clone()));
+    assert_eq!(
+        fx.run(programs::TC_FROM_POD, &fake),
+        (TC_ACT_UNSPEC, fake.clone())
+    );
 }
 
 #[test]
@@ -650,7 +734,16 @@ fn a_frontend_without_endpoints_answers_tcp_with_rst_and_udp_with_port_unreachab
     };
     let udp = Packet6::udp(CLIENT, 40103, EMPTY_VIP, 53);
     let udp_frame = udp.build();
-    let unreachable = icmp6_frame_macs(NODE_MAC, POD_MAC, EMPTY_VIP, CLIENT, 1, 4, 0, &udp_frame[14..14 + 48]);
+    let unreachable = icmp6_frame_macs(
+        NODE_MAC,
+        POD_MAC,
+        EMPTY_VIP,
+        CLIENT,
+        1,
+        4,
+        0,
+        &udp_frame[14..14 + 48],
+    );
     let with_ext = Packet6 {
         ext: vec![NEXTHDR_DEST],
         ..Packet6::tcp(CLIENT, 40104, EMPTY_VIP, 80)
@@ -659,7 +752,12 @@ fn a_frontend_without_endpoints_answers_tcp_with_rst_and_udp_with_port_unreachab
         tcp_flags: TCP_RST,
         ..Packet6::tcp(CLIENT, 40105, EMPTY_VIP, 80)
     };
-    let multicast_src = Packet6::udp(Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 1), 40106, EMPTY_VIP, 53);
+    let multicast_src = Packet6::udp(
+        Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 1),
+        40106,
+        EMPTY_VIP,
+        53,
+    );
 
     let cases = vec![
         Case {

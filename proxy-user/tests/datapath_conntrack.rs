@@ -93,7 +93,13 @@ impl Fixture {
     }
 
     fn entries(&self) -> usize {
-        self.loaded.syncer.store().conntrack.keys().filter_map(Result::ok).count()
+        self.loaded
+            .syncer
+            .store()
+            .conntrack
+            .keys()
+            .filter_map(Result::ok)
+            .count()
     }
 }
 
@@ -181,7 +187,13 @@ fn entries_follow_the_connection_state_in_both_directions() {
         Case {
             name: "FIN both ways: closed",
             protocol: proto::TCP,
-            steps: &[Request(SYN), Reply(SYN_ACK), Request(FIN_ACK), Reply(FIN_ACK), Request(ACK)],
+            steps: &[
+                Request(SYN),
+                Reply(SYN_ACK),
+                Request(FIN_ACK),
+                Reply(FIN_ACK),
+                Request(ACK),
+            ],
             forward_state: ct_state::FIN | ct_state::ACKED,
             reply_state: ct_state::REPLIED | ct_state::FIN,
             closing: true,
@@ -229,15 +241,34 @@ fn entries_follow_the_connection_state_in_both_directions() {
         let sport = 40000 + i as u16;
         let before = conntrack::monotonic_ns() - TICK_NS;
         for step in case.steps {
-            assert_eq!(fx.send(*step, case.protocol, sport), TC_ACT_OK, "{}: {step:?}", case.name);
+            assert_eq!(
+                fx.send(*step, case.protocol, sport),
+                TC_ACT_OK,
+                "{}: {step:?}",
+                case.name
+            );
         }
         let after = conntrack::monotonic_ns();
         let (Some(f), Some(r)) = fx.pair(case.protocol, sport) else {
-            panic!("{}: both entries are there: {:?}", case.name, fx.pair(case.protocol, sport));
+            panic!(
+                "{}: both entries are there: {:?}",
+                case.name,
+                fx.pair(case.protocol, sport)
+            );
         };
-        assert_eq!((f.state, r.state), (case.forward_state, case.reply_state), "{}", case.name);
+        assert_eq!(
+            (f.state, r.state),
+            (case.forward_state, case.reply_state),
+            "{}",
+            case.name
+        );
         for e in [&f, &r] {
-            assert_eq!(e.flags & ct_flags::CLOSING != 0, case.closing, "{}: {e:?}", case.name);
+            assert_eq!(
+                e.flags & ct_flags::CLOSING != 0,
+                case.closing,
+                "{}: {e:?}",
+                case.name
+            );
             assert!(
                 (before..=after).contains(&e.last_seen_ns),
                 "{}: last seen {} is the kernel's CLOCK_MONOTONIC, to a tick ({before}..={after})",
@@ -245,8 +276,18 @@ fn entries_follow_the_connection_state_in_both_directions() {
                 e.last_seen_ns
             );
         }
-        assert_ne!(f.flags & ct_flags::HANDSHAKE, 0, "{}: written by this data path", case.name);
-        assert_eq!(conntrack::phase(case.protocol, f.flags | r.flags, f.state, r.state), case.phase, "{}", case.name);
+        assert_ne!(
+            f.flags & ct_flags::HANDSHAKE,
+            0,
+            "{}: written by this data path",
+            case.name
+        );
+        assert_eq!(
+            conntrack::phase(case.protocol, f.flags | r.flags, f.state, r.state),
+            case.phase,
+            "{}",
+            case.name
+        );
     }
     assert_eq!(fx.loaded.stat("ct_full"), 0);
 }
@@ -268,7 +309,10 @@ fn last_seen_is_written_at_most_once_a_second_unless_the_state_changes() {
     let (Some(f1), Some(r1)) = fx.pair(proto::TCP, sport) else {
         panic!("tracked");
     };
-    assert_eq!((f1.last_seen_ns, r1.last_seen_ns), (f0.last_seen_ns, r0.last_seen_ns));
+    assert_eq!(
+        (f1.last_seen_ns, r1.last_seen_ns),
+        (f0.last_seen_ns, r0.last_seen_ns)
+    );
 
     // Age the forward entry by two seconds: the next request refreshes it,
     // and only it (each direction writes its own entry).
@@ -277,7 +321,12 @@ fn last_seen_is_written_at_most_once_a_second_unless_the_state_changes() {
         ..f1
     };
     let key = forward_key(proto::TCP, sport);
-    fx.loaded.syncer.store_mut().conntrack.insert(key, aged, 0).expect("age the entry");
+    fx.loaded
+        .syncer
+        .store_mut()
+        .conntrack
+        .insert(key, aged, 0)
+        .expect("age the entry");
     let before = conntrack::monotonic_ns() - TICK_NS;
     assert_eq!(fx.send(Step::Request(ACK), proto::TCP, sport), TC_ACT_OK);
     let (Some(f2), Some(r2)) = fx.pair(proto::TCP, sport) else {
@@ -292,7 +341,12 @@ fn last_seen_is_written_at_most_once_a_second_unless_the_state_changes() {
         ..r2
     };
     let key = reply_key(proto::TCP, sport);
-    fx.loaded.syncer.store_mut().conntrack.insert(key, aged, 0).expect("age the entry");
+    fx.loaded
+        .syncer
+        .store_mut()
+        .conntrack
+        .insert(key, aged, 0)
+        .expect("age the entry");
     let before = conntrack::monotonic_ns() - TICK_NS;
     assert_eq!(fx.send(Step::Reply(FIN_ACK), proto::TCP, sport), TC_ACT_OK);
     let (_, Some(r3)) = fx.pair(proto::TCP, sport) else {
@@ -319,8 +373,17 @@ fn a_full_table_refuses_new_flows_and_keeps_tracked_ones() {
     // One flow is two entries: the idle one and seven short ones fill it.
     let short: Vec<u16> = (31000..31000 + CAPACITY as u16 / 2 - 1).collect();
     for &sport in &short {
-        for step in [Step::Request(SYN), Step::Reply(SYN_ACK), Step::Request(FIN_ACK), Step::Reply(FIN_ACK)] {
-            assert_eq!(fx.send(step, proto::TCP, sport), TC_ACT_OK, "{sport} {step:?}");
+        for step in [
+            Step::Request(SYN),
+            Step::Reply(SYN_ACK),
+            Step::Request(FIN_ACK),
+            Step::Reply(FIN_ACK),
+        ] {
+            assert_eq!(
+                fx.send(step, proto::TCP, sport),
+                TC_ACT_OK,
+                "{sport} {step:?}"
+            );
         }
     }
     assert_eq!(fx.entries(), CAPACITY as usize);
@@ -329,7 +392,10 @@ fn a_full_table_refuses_new_flows_and_keeps_tracked_ones() {
     // Full: a new flow's SYN and a new UDP flow are dropped and counted,
     // and nothing of them stays.
     let refused = 32000;
-    assert_eq!(fx.send(Step::Request(SYN), proto::TCP, refused), TC_ACT_SHOT);
+    assert_eq!(
+        fx.send(Step::Request(SYN), proto::TCP, refused),
+        TC_ACT_SHOT
+    );
     assert_eq!(fx.send(Step::Request(0), proto::UDP, refused), TC_ACT_SHOT);
     assert_eq!(fx.loaded.stat("ct_full"), 2);
     assert_eq!(fx.pair(proto::TCP, refused), (None, None));
@@ -343,8 +409,12 @@ fn a_full_table_refuses_new_flows_and_keeps_tracked_ones() {
     // The collector, a minute on: the closed flows go, the idle one stays.
     let timeouts = Timeouts::default();
     let later = conntrack::monotonic_ns() + 60 * 1_000_000_000;
-    let pass = conntrack::collect(&mut fx.loaded.syncer.store_mut().conntrack, later, &timeouts)
-        .expect("collect");
+    let pass = conntrack::collect(
+        &mut fx.loaded.syncer.store_mut().conntrack,
+        later,
+        &timeouts,
+    )
+    .expect("collect");
     assert_eq!(pass.entries, CAPACITY as usize);
     assert_eq!(pass.deleted, 2 * short.len());
     assert!(matches!(fx.pair(proto::TCP, idle), (Some(_), Some(_))));
@@ -382,10 +452,18 @@ fn unestablished_flows_give_way_to_new_ones_and_established_flows_never_do() {
     // half-open flow; a real client among them completes its handshake.
     let real = 33000;
     for i in 0..40u16 {
-        assert_eq!(fx.send(Step::Request(SYN), proto::TCP, 32000 + i), TC_ACT_OK, "flood SYN {i}");
+        assert_eq!(
+            fx.send(Step::Request(SYN), proto::TCP, 32000 + i),
+            TC_ACT_OK,
+            "flood SYN {i}"
+        );
         if i == 5 {
             run_on_cpu(1);
-            assert_eq!(fx.send(Step::Request(SYN), proto::TCP, real), TC_ACT_OK, "the real client's SYN");
+            assert_eq!(
+                fx.send(Step::Request(SYN), proto::TCP, real),
+                TC_ACT_OK,
+                "the real client's SYN"
+            );
             assert_eq!(fx.send(Step::Reply(SYN_ACK), proto::TCP, real), TC_ACT_OK);
             assert_eq!(fx.send(Step::Request(ACK), proto::TCP, real), TC_ACT_OK);
             run_on_cpu(0);
@@ -401,7 +479,11 @@ fn unestablished_flows_give_way_to_new_ones_and_established_flows_never_do() {
         assert_eq!(fx.send(Step::Request(ACK), proto::TCP, sport), TC_ACT_OK);
     }
     for &sport in &spoofed {
-        assert_eq!(fx.pair(proto::TCP, sport), (None, None), "the oldest half-open flows went first");
+        assert_eq!(
+            fx.pair(proto::TCP, sport),
+            (None, None),
+            "the oldest half-open flows went first"
+        );
     }
 
     // UDP: a flow never answered gives way; an answered one does not.
@@ -409,9 +491,16 @@ fn unestablished_flows_give_way_to_new_ones_and_established_flows_never_do() {
     assert_eq!(fx.send(Step::Request(0), proto::UDP, answered), TC_ACT_OK);
     assert_eq!(fx.send(Step::Reply(0), proto::UDP, answered), TC_ACT_OK);
     for i in 0..20u16 {
-        assert_eq!(fx.send(Step::Request(0), proto::UDP, 35000 + i), TC_ACT_OK, "UDP flow {i}");
+        assert_eq!(
+            fx.send(Step::Request(0), proto::UDP, 35000 + i),
+            TC_ACT_OK,
+            "UDP flow {i}"
+        );
     }
-    assert!(matches!(fx.pair(proto::UDP, answered), (Some(_), Some(_))), "the answered UDP flow stays");
+    assert!(
+        matches!(fx.pair(proto::UDP, answered), (Some(_), Some(_))),
+        "the answered UDP flow stays"
+    );
     assert_eq!(fx.loaded.stat("ct_full"), 0);
 
     // Only established flows left: a new flow is refused and counted.
@@ -425,9 +514,18 @@ fn unestablished_flows_give_way_to_new_ones_and_established_flows_never_do() {
         assert_eq!(fx.send(Step::Request(ACK), proto::TCP, sport), TC_ACT_OK);
         admitted += 1;
     }
-    assert!(admitted > 0 && admitted < established.len(), "admitted {admitted}");
-    assert!(fx.loaded.stat("ct_full") >= 1, "a table of established flows refuses");
+    assert!(
+        admitted > 0 && admitted < established.len(),
+        "admitted {admitted}"
+    );
+    assert!(
+        fx.loaded.stat("ct_full") >= 1,
+        "a table of established flows refuses"
+    );
     for sport in [idle, real] {
-        assert!(matches!(fx.pair(proto::TCP, sport), (Some(_), Some(_))), "{sport} survived");
+        assert!(
+            matches!(fx.pair(proto::TCP, sport), (Some(_), Some(_))),
+            "{sport} survived"
+        );
     }
 }

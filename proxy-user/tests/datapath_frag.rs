@@ -242,8 +242,14 @@ fn icmp_errors_about_translated_flows_are_translated_back() {
         ..tcp_syn.clone()
     };
     let udp = PacketSpec::udp(CLIENT, 45001, VIP, 53);
-    assert_eq!(fx.tc(programs::TC_FROM_POD, &tcp_syn.build(), None).0, TC_ACT_OK);
-    assert_eq!(fx.tc(programs::TC_FROM_POD, &udp.build(), None).0, TC_ACT_OK);
+    assert_eq!(
+        fx.tc(programs::TC_FROM_POD, &tcp_syn.build(), None).0,
+        TC_ACT_OK
+    );
+    assert_eq!(
+        fx.tc(programs::TC_FROM_POD, &udp.build(), None).0,
+        TC_ACT_OK
+    );
     // The packets as the backend's side of the node saw them.
     let to_backend = |p: &PacketSpec, port| PacketSpec {
         dst: POD1,

@@ -34,12 +34,16 @@ use proptest::{
 use proxy_common::programs;
 use proxy_user::{
     model::{Frontend, FrontendKind, Protocol},
-    packet::{checksums_valid, icmp_checksums_valid, icmp_error_checksums_valid, icmp_frame, PacketSpec, ETH_HLEN},
+    packet::{
+        checksums_valid, icmp_checksums_valid, icmp_error_checksums_valid, icmp_frame, PacketSpec,
+        ETH_HLEN,
+    },
 };
 use support::{
-    capacities, require_root,
-    v6::{checksums_valid6, icmp6_frame, parse6, Maps6, Packet6}, skb_ctx, Loaded, TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT, TC_ACT_UNSPEC, XDP_DROP,
-    XDP_PASS, XDP_REDIRECT, XDP_TX,
+    capacities, require_root, skb_ctx,
+    v6::{checksums_valid6, icmp6_frame, parse6, Maps6, Packet6},
+    Loaded, TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT, TC_ACT_UNSPEC, XDP_DROP, XDP_PASS,
+    XDP_REDIRECT, XDP_TX,
 };
 
 const NODE: Ipv4Addr = Ipv4Addr::new(192, 168, 50, 1);
@@ -51,7 +55,10 @@ const PODS: [Ipv4Addr; 3] = [
     Ipv4Addr::new(10, 244, 2, 2),
     Ipv4Addr::new(10, 244, 3, 2),
 ];
-const CLIENTS: [Ipv4Addr; 2] = [Ipv4Addr::new(10, 244, 100, 2), Ipv4Addr::new(192, 168, 50, 100)];
+const CLIENTS: [Ipv4Addr; 2] = [
+    Ipv4Addr::new(10, 244, 100, 2),
+    Ipv4Addr::new(192, 168, 50, 100),
+];
 const NODE_PORT: u16 = 30080;
 /// Frontend ports; TCP and UDP on each.
 const PORTS: [u16; 2] = [80, 53];
@@ -78,7 +85,14 @@ const CLIENTS6: [Ipv6Addr; 2] = [
 /// The IPv6 addresses that make a frame ours: frontends, backends (the
 /// first client is also a backend: hairpin) and the hairpin address.
 fn ours6(addr: Ipv6Addr) -> bool {
-    [VIP6, EMPTY_VIP6, STICKY_VIP6, CLIENTS6[0], Ipv6Addr::from(proxy_common::hairpin::ADDR6)].contains(&addr)
+    [
+        VIP6,
+        EMPTY_VIP6,
+        STICKY_VIP6,
+        CLIENTS6[0],
+        Ipv6Addr::from(proxy_common::hairpin::ADDR6),
+    ]
+    .contains(&addr)
         || PODS6.contains(&addr)
 }
 
@@ -111,7 +125,14 @@ fn frontends6(maps: &mut Maps6) {
     }
 }
 
-fn service(ip: Ipv4Addr, port: u16, protocol: Protocol, name: &str, kind: FrontendKind, backends: &[Ipv4Addr]) -> Frontend {
+fn service(
+    ip: Ipv4Addr,
+    port: u16,
+    protocol: Protocol,
+    name: &str,
+    kind: FrontendKind,
+    backends: &[Ipv4Addr],
+) -> Frontend {
     let backends: Vec<_> = backends.iter().map(|&ip| (ip, POD_PORT)).collect();
     let mut frontend = support::frontend(kind, ip, port, protocol, name, &backends);
     frontend.service.namespace = "fuzz".into();
@@ -122,11 +143,39 @@ fn frontends() -> Vec<Frontend> {
     let mut all = Vec::new();
     for protocol in [Protocol::Tcp, Protocol::Udp] {
         for port in PORTS {
-            all.push(service(VIP, port, protocol, "web", FrontendKind::ClusterIp, &PODS));
-            all.push(service(EMPTY_VIP, port, protocol, "empty", FrontendKind::ClusterIp, &[]));
-            all.push(service(LB_IP, port, protocol, "lb", FrontendKind::LoadBalancer, &PODS[..2]));
+            all.push(service(
+                VIP,
+                port,
+                protocol,
+                "web",
+                FrontendKind::ClusterIp,
+                &PODS,
+            ));
+            all.push(service(
+                EMPTY_VIP,
+                port,
+                protocol,
+                "empty",
+                FrontendKind::ClusterIp,
+                &[],
+            ));
+            all.push(service(
+                LB_IP,
+                port,
+                protocol,
+                "lb",
+                FrontendKind::LoadBalancer,
+                &PODS[..2],
+            ));
         }
-        all.push(service(NODE, NODE_PORT, protocol, "np", FrontendKind::NodePort, &PODS));
+        all.push(service(
+            NODE,
+            NODE_PORT,
+            protocol,
+            "np",
+            FrontendKind::NodePort,
+            &PODS,
+        ));
     }
     all
 }
@@ -162,7 +211,9 @@ impl Programs {
         match hook {
             Hook::FromPod => self.loaded.try_tc(programs::TC_FROM_POD, frame, None),
             Hook::ToPod => self.loaded.try_tc(programs::TC_TO_POD, frame, None),
-            Hook::FromUplink => self.loaded.try_tc(programs::TC_FROM_UPLINK, frame, Some(&skb)),
+            Hook::FromUplink => self
+                .loaded
+                .try_tc(programs::TC_FROM_UPLINK, frame, Some(&skb)),
             Hook::XdpUplink => self.loaded.try_xdp(frame, Some(self.uplink)),
         }
     }
@@ -179,7 +230,9 @@ impl std::fmt::Debug for Input {
     /// The hook and the frame in hex, one line.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{:?} ", self.hook)?;
-        self.frame.iter().try_for_each(|byte| write!(f, "{byte:02x}"))
+        self.frame
+            .iter()
+            .try_for_each(|byte| write!(f, "{byte:02x}"))
     }
 }
 
@@ -225,7 +278,19 @@ fn l4_frame() -> impl Strategy<Value = Vec<u8>> {
 
 /// An ICMP error (or echo) from a random sender quoting a packet of a flow.
 fn icmp_frame_about_a_flow() -> impl Strategy<Value = Vec<u8>> {
-    (any_addr(), any_addr(), l4_frame(), prop_oneof![Just((3u8, 4u8)), Just((3, 3)), Just((11, 0)), Just((8, 0)), (any::<u8>(), any::<u8>())], 0..40usize)
+    (
+        any_addr(),
+        any_addr(),
+        l4_frame(),
+        prop_oneof![
+            Just((3u8, 4u8)),
+            Just((3, 3)),
+            Just((11, 0)),
+            Just((8, 0)),
+            (any::<u8>(), any::<u8>())
+        ],
+        0..40usize,
+    )
         .prop_map(|(src, dst, quoted, (icmp_type, code), cut)| {
             let inner = &quoted[ETH_HLEN..];
             let keep = inner.len().saturating_sub(cut).max(1);
@@ -307,7 +372,13 @@ fn icmp6_frame_about_a_flow() -> impl Strategy<Value = Vec<u8>> {
 /// Something that is not IPv4 at all, or random bytes claiming to be.
 fn other_frame() -> impl Strategy<Value = Vec<u8>> {
     (
-        prop_oneof![Just(0x0806u16), Just(0x86dd), Just(0x8100), Just(0x0800), any::<u16>()],
+        prop_oneof![
+            Just(0x0806u16),
+            Just(0x86dd),
+            Just(0x8100),
+            Just(0x0800),
+            any::<u16>()
+        ],
         proptest::collection::vec(any::<u8>(), 40..120),
     )
         .prop_map(|(ethertype, body)| {
@@ -352,7 +423,12 @@ fn input() -> impl Strategy<Value = Input> {
         2 => frame.clone(),
         1 => frame.prop_flat_map(mutated),
     ];
-    let hook = proptest::sample::select(vec![Hook::FromPod, Hook::ToPod, Hook::FromUplink, Hook::XdpUplink]);
+    let hook = proptest::sample::select(vec![
+        Hook::FromPod,
+        Hook::ToPod,
+        Hook::FromUplink,
+        Hook::XdpUplink,
+    ]);
     (hook, frame).prop_map(|(hook, frame)| Input { hook, frame })
 }
 
@@ -473,7 +549,8 @@ fn check(programs: &mut Programs, input: &Input) -> Result<(), TestCaseError> {
     if is_ipv6(&input.frame)
         && matches!(input.hook, Hook::FromUplink | Hook::XdpUplink)
         && parse6(&input.frame).is_some_and(|p| {
-            let informational = p.proto == 58 && input.frame.get(p.l4_off).is_some_and(|&t| t >= 128);
+            let informational =
+                p.proto == 58 && input.frame.get(p.l4_off).is_some_and(|&t| t >= 128);
             informational || p.fragment.is_some_and(|(offset, more)| offset != 0 || more)
         })
     {
@@ -482,15 +559,28 @@ fn check(programs: &mut Programs, input: &Input) -> Result<(), TestCaseError> {
         // atomic fragment, offset 0 without more fragments, is a whole
         // datagram, RFC 6946; errors about source-NATed flows are
         // translated).
-        prop_assert!(passes(input.hook, verdict), "ICMPv6 informational or a fragment on the uplink got verdict {verdict:#x}");
-        prop_assert_eq!(&output, &input.frame, "ICMPv6 informational or a fragment on the uplink was changed");
+        prop_assert!(
+            passes(input.hook, verdict),
+            "ICMPv6 informational or a fragment on the uplink got verdict {verdict:#x}"
+        );
+        prop_assert_eq!(
+            &output,
+            &input.frame,
+            "ICMPv6 informational or a fragment on the uplink was changed"
+        );
     }
     if not_ours {
-        prop_assert!(passes(input.hook, verdict), "a frame not ours got verdict {verdict:#x}");
+        prop_assert!(
+            passes(input.hook, verdict),
+            "a frame not ours got verdict {verdict:#x}"
+        );
         prop_assert_eq!(&output, &input.frame, "a frame not ours was changed");
     }
     if output != input.frame && checksums_hold(&input.frame) {
-        prop_assert!(checksums_hold(&output), "rewritten with invalid checksums: {output:02x?}");
+        prop_assert!(
+            checksums_hold(&output),
+            "rewritten with invalid checksums: {output:02x?}"
+        );
     }
     Ok(())
 }
@@ -506,7 +596,12 @@ fn random_and_mutated_frames_never_fail_never_touch_others_and_keep_checksums() 
         // SAFETY: unshare only changes this thread's network namespace; no
         // other thread of the test uses it.
         let unshared = unsafe { libc::unshare(libc::CLONE_NEWNET) };
-        assert_eq!(unshared, 0, "unshare(CLONE_NEWNET): {}", std::io::Error::last_os_error());
+        assert_eq!(
+            unshared,
+            0,
+            "unshare(CLONE_NEWNET): {}",
+            std::io::Error::last_os_error()
+        );
         let programs = RefCell::new(Programs::load());
         let mut runner = TestRunner::new(Config {
             cases,

@@ -52,13 +52,55 @@ fn fixture() -> Loaded {
     );
     local.local_only = true;
     let frontends = vec![
-        frontend(FrontendKind::ClusterIp, EMPTY_VIP, 80, Protocol::Tcp, "empty", &[]),
-        frontend(FrontendKind::ClusterIp, EMPTY_VIP, 53, Protocol::Udp, "empty-dns", &[]),
+        frontend(
+            FrontendKind::ClusterIp,
+            EMPTY_VIP,
+            80,
+            Protocol::Tcp,
+            "empty",
+            &[],
+        ),
+        frontend(
+            FrontendKind::ClusterIp,
+            EMPTY_VIP,
+            53,
+            Protocol::Udp,
+            "empty-dns",
+            &[],
+        ),
         local,
-        frontend(FrontendKind::NodePort, NODE, NODE_PORT, Protocol::Tcp, "np", &[]),
-        frontend(FrontendKind::NodePort, NODE, NODE_PORT, Protocol::Udp, "np-udp", &[]),
-        frontend(FrontendKind::ClusterIp, VIP, 80, Protocol::Tcp, "web", &[(POD1, 8080)]),
-        frontend(FrontendKind::ClusterIp, VIP, 53, Protocol::Udp, "dns", &[(POD1, 5353)]),
+        frontend(
+            FrontendKind::NodePort,
+            NODE,
+            NODE_PORT,
+            Protocol::Tcp,
+            "np",
+            &[],
+        ),
+        frontend(
+            FrontendKind::NodePort,
+            NODE,
+            NODE_PORT,
+            Protocol::Udp,
+            "np-udp",
+            &[],
+        ),
+        frontend(
+            FrontendKind::ClusterIp,
+            VIP,
+            80,
+            Protocol::Tcp,
+            "web",
+            &[(POD1, 8080)],
+        ),
+        frontend(
+            FrontendKind::ClusterIp,
+            VIP,
+            53,
+            Protocol::Udp,
+            "dns",
+            &[(POD1, 5353)],
+        ),
     ];
     Loaded::new(capacities(4096), frontends)
 }
@@ -111,7 +153,11 @@ fn check(fx: &mut Loaded, run: impl Fn(&mut Loaded, &[u8]) -> (u32, Vec<u8>), ca
             failures.push(format!("{}: ICMP answer with invalid checksums", case.name));
         }
     }
-    assert!(failures.is_empty(), "failing fixtures:\n{}", failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "failing fixtures:\n{}",
+        failures.join("\n")
+    );
 }
 
 #[test]
@@ -192,7 +238,11 @@ fn pods_packets_to_a_frontend_without_endpoints_are_rejected_with_icmp() {
             verdict: TC_ACT_SHOT,
         },
     ];
-    check(&mut fx, |fx, f| fx.tc(programs::TC_FROM_POD, f, None), &cases);
+    check(
+        &mut fx,
+        |fx, f| fx.tc(programs::TC_FROM_POD, f, None),
+        &cases,
+    );
     assert_eq!(fx.stat("rejected"), 3);
     assert_eq!(fx.stat("drop_no_backend"), 2);
     assert_eq!(drops_no_backend(&fx, "empty"), 3);
@@ -203,9 +253,16 @@ fn pods_packets_to_a_frontend_without_endpoints_are_rejected_with_icmp() {
 
     // Never an ICMP answer to an ICMP error or a later fragment (whatever
     // else the fragment path does with them).
-    for (what, frame) in [("ICMP error", icmp_error), ("later fragment", later_fragment)] {
+    for (what, frame) in [
+        ("ICMP error", icmp_error),
+        ("later fragment", later_fragment),
+    ] {
         let (_, out) = fx.tc(programs::TC_FROM_POD, &frame, None);
-        assert_ne!(out, icmp_port_unreachable(&frame), "{what}: answered with ICMP");
+        assert_ne!(
+            out,
+            icmp_port_unreachable(&frame),
+            "{what}: answered with ICMP"
+        );
     }
     assert_eq!(fx.stat("rejected"), 3);
 }
@@ -257,7 +314,10 @@ fn outside_packets_to_an_empty_node_port_are_rejected_by_xdp_and_tc() {
         &cases(TC_ACT_REDIRECT, TC_ACT_SHOT),
     );
     assert_eq!((fx.stat("rejected"), fx.stat("drop_no_backend")), (6, 2));
-    assert_eq!(drops_no_backend(&fx, "np") + drops_no_backend(&fx, "np-udp"), 8);
+    assert_eq!(
+        drops_no_backend(&fx, "np") + drops_no_backend(&fx, "np-udp"),
+        8
+    );
 }
 
 #[test]
@@ -287,7 +347,11 @@ fn a_pod_reaching_itself_through_its_service_is_hairpinned_via_169_254_42_1() {
 
         // Nothing tracked yet: a packet to the hairpin address is not ours.
         let (verdict, out) = fx.tc(programs::TC_FROM_POD, &reply.build(), None);
-        assert_eq!((verdict, &out), (TC_ACT_UNSPEC, &reply.build()), "{protocol:?}");
+        assert_eq!(
+            (verdict, &out),
+            (TC_ACT_UNSPEC, &reply.build()),
+            "{protocol:?}"
+        );
 
         let (verdict, out) = fx.tc(programs::TC_FROM_POD, &request.build(), None);
         let mut want = request.clone();
@@ -295,7 +359,11 @@ fn a_pod_reaching_itself_through_its_service_is_hairpinned_via_169_254_42_1() {
         want.dst = POD1;
         want.dport = pod_port;
         assert_eq!(verdict, TC_ACT_REDIRECT, "{protocol:?}: request");
-        assert_eq!(out, swap_macs(want.build()), "{protocol:?}: request rewritten");
+        assert_eq!(
+            out,
+            swap_macs(want.build()),
+            "{protocol:?}: request rewritten"
+        );
         assert!(checksums_valid(&out));
 
         let (verdict, out) = fx.tc(programs::TC_FROM_POD, &reply.build(), None);
@@ -321,8 +389,18 @@ fn a_pod_reaching_itself_through_its_service_is_hairpinned_via_169_254_42_1() {
             .expect("forward entry");
         assert_eq!(fwd.flags & ct_flags::SNAT, ct_flags::SNAT);
         assert_eq!(
-            (fwd.nat_addr_be, fwd.nat_port_be, fwd.snat_addr_be, fwd.snat_port_be),
-            (be32(POD1), pod_port.to_be(), hairpin::ADDR_BE, sport.to_be())
+            (
+                fwd.nat_addr_be,
+                fwd.nat_port_be,
+                fwd.snat_addr_be,
+                fwd.snat_port_be
+            ),
+            (
+                be32(POD1),
+                pod_port.to_be(),
+                hairpin::ADDR_BE,
+                sport.to_be()
+            )
         );
         let rev = fx
             .ct(&CtKey {
@@ -336,7 +414,12 @@ fn a_pod_reaching_itself_through_its_service_is_hairpinned_via_169_254_42_1() {
             })
             .expect("reply entry");
         assert_eq!(
-            (rev.nat_addr_be, rev.nat_port_be, rev.snat_addr_be, rev.snat_port_be),
+            (
+                rev.nat_addr_be,
+                rev.nat_port_be,
+                rev.snat_addr_be,
+                rev.snat_port_be
+            ),
             (be32(VIP), vip_port.to_be(), be32(POD1), sport.to_be())
         );
         // A second packet of the flow is hairpinned the same way.

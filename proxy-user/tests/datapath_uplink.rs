@@ -675,7 +675,11 @@ fn local_policy_without_local_endpoints_drops_outside_traffic_only() {
                 ],
             );
             assert_eq!(fx.loaded.stat("drop_no_backend"), 2, "{prog:?}");
-            assert_eq!(fx.loaded.stat("ext_local") + fx.loaded.stat("ext_remote"), 0, "{prog:?}");
+            assert_eq!(
+                fx.loaded.stat("ext_local") + fx.loaded.stat("ext_remote"),
+                0,
+                "{prog:?}"
+            );
             // The maps hold both sets: the internal one cluster-wide, the
             // external one empty. (Read from the maps directly: `switchboard
             // services` merges the two slot-0 entries, see the report.)
@@ -802,7 +806,10 @@ fn xdp_snats_a_flow_to_a_remote_backend_and_sends_it_and_its_reply_back_out() {
             assert_eq!(fx.loaded.stat("ext_local"), 0);
 
             // Connection tracking: the forward entry and the reply entry.
-            let fwd = fx.loaded.ct(&forward_key(protocol, sport)).expect("forward entry");
+            let fwd = fx
+                .loaded
+                .ct(&forward_key(protocol, sport))
+                .expect("forward entry");
             assert_ne!(fwd.flags & ct_flags::SNAT, 0, "{fwd:?}");
             assert_eq!(
                 (
@@ -819,7 +826,10 @@ fn xdp_snats_a_flow_to_a_remote_backend_and_sends_it_and_its_reply_back_out() {
                 ),
                 "{fwd:?}"
             );
-            let rev = fx.loaded.ct(&reply_key(protocol, snat_port)).expect("reply entry");
+            let rev = fx
+                .loaded
+                .ct(&reply_key(protocol, snat_port))
+                .expect("reply entry");
             assert_ne!(rev.flags & ct_flags::SNAT, 0, "{rev:?}");
             assert_eq!(
                 (
@@ -861,7 +871,11 @@ fn xdp_snats_a_flow_to_a_remote_backend_and_sends_it_and_its_reply_back_out() {
                 "{protocol:?}: second packet, same SNAT port"
             );
             assert_eq!(fx.loaded.stat("ext_remote"), 2);
-            assert_eq!(fx.loaded.syncer.store().conntrack_len(), 2, "no new entries");
+            assert_eq!(
+                fx.loaded.syncer.store().conntrack_len(),
+                2,
+                "no new entries"
+            );
 
             // The backend's reply goes back to the client from the NodePort.
             let reply = match protocol {
@@ -927,9 +941,7 @@ fn many_remote_flows_get_distinct_snat_ports() {
             ports.insert(src_of(&out).1);
         }
         assert_eq!(ports.len(), 200, "two flows share a SNAT port");
-        assert!(ports
-            .iter()
-            .all(|p| snat::is_snat_port(*p)));
+        assert!(ports.iter().all(|p| snat::is_snat_port(*p)));
         assert_eq!(fx.loaded.stat("ext_remote"), 200);
         assert_eq!(fx.loaded.stat("snat_exhausted"), 0);
     });
@@ -976,7 +988,10 @@ fn tc_twin_snats_a_flow_to_a_remote_backend_and_restores_its_reply() {
             );
             assert!(checksums_valid(&out));
             assert_eq!(fx.loaded.stat("ext_remote"), 1);
-            let fwd = fx.loaded.ct(&forward_key(protocol, sport)).expect("forward entry");
+            let fwd = fx
+                .loaded
+                .ct(&forward_key(protocol, sport))
+                .expect("forward entry");
             assert_ne!(fwd.flags & ct_flags::SNAT, 0);
             assert_eq!(fwd.snat_port_be, snat_port.to_be());
             assert!(
@@ -1188,7 +1203,10 @@ fn xdp_leaves_a_remote_flow_without_next_hop_neighbour_to_the_tc_twin() {
         assert_eq!(out, request.build(), "passed untranslated");
         assert_eq!(fx.loaded.stat("xdp_to_tc"), 1);
         assert_eq!(fx.loaded.stat("ext_remote"), 0);
-        let fwd = fx.loaded.ct(&forward_key(Protocol::Udp, 40000)).expect("XDP tracked the flow");
+        let fwd = fx
+            .loaded
+            .ct(&forward_key(Protocol::Udp, 40000))
+            .expect("XDP tracked the flow");
         let snat_port = u16::from_be(fwd.snat_port_be);
 
         let (verdict, out) = fx.run(Prog::Tc, &request.build());
@@ -1251,7 +1269,10 @@ fn icmp_errors_about_a_remote_flow_reach_the_client_translated() {
                 icmp_frame(NODE, CLIENT, 3, 4, 1400, &original[ETH_HLEN..ETH_HLEN + 28]),
                 63,
             );
-            assert_eq!(out, expected, "{protocol:?}: the error as the client must see it");
+            assert_eq!(
+                out, expected,
+                "{protocol:?}: the error as the client must see it"
+            );
             assert!(icmp_error_checksums_valid(&out));
             assert_eq!(fx.loaded.stat("icmp_error_translated"), 1);
 
@@ -1262,7 +1283,14 @@ fn icmp_errors_about_a_remote_flow_reach_the_client_translated() {
                 p.dst = POD_REMOTE;
                 p.dport = POD_PORT;
             });
-            let error = icmp_frame(POD_REMOTE, NODE, 3, 4, 1400, &stranger[ETH_HLEN..ETH_HLEN + 28]);
+            let error = icmp_frame(
+                POD_REMOTE,
+                NODE,
+                3,
+                4,
+                1400,
+                &stranger[ETH_HLEN..ETH_HLEN + 28],
+            );
             let (verdict, out) = fx.run(Prog::Tc, &error);
             assert_eq!((verdict, out), (TC_ACT_UNSPEC, error));
             assert_eq!(fx.loaded.stat("icmp_error_translated"), 1);
@@ -1307,7 +1335,9 @@ fn hold_every_snat_port(fx: &mut Fixture, flags: u8, stamp_ns: u64) {
             created_ns: stamp_ns,
             ..CtEntry::default()
         };
-        conntrack.insert(key, entry, 0).expect("seed a conntrack entry");
+        conntrack
+            .insert(key, entry, 0)
+            .expect("seed a conntrack entry");
     }
 }
 
@@ -1330,17 +1360,26 @@ fn snat_ports_of_closed_flows_are_reused_only_after_time_wait() {
             )],
         );
         let now = monotonic_ns();
-        assert!(now > 2 * snat::REUSE_AFTER_NS, "the machine has been up long enough");
+        assert!(
+            now > 2 * snat::REUSE_AFTER_NS,
+            "the machine has been up long enough"
+        );
         let syn = |sport| PacketSpec::tcp(CLIENT, sport, NODE, NODE_PORT).build();
 
         hold_every_snat_port(&mut fx, ct_flags::SNAT | ct_flags::CLOSING, now);
         let (verdict, _) = fx.run(Prog::Xdp, &syn(40000));
-        assert_eq!(verdict, XDP_DROP, "closed just now: still in TIME_WAIT at the backend");
+        assert_eq!(
+            verdict, XDP_DROP,
+            "closed just now: still in TIME_WAIT at the backend"
+        );
         assert_eq!(fx.loaded.stat("snat_exhausted"), 1);
 
         hold_every_snat_port(&mut fx, ct_flags::SNAT, now - 2 * snat::REUSE_AFTER_NS);
         let (verdict, _) = fx.run(Prog::Xdp, &syn(40001));
-        assert_eq!(verdict, XDP_DROP, "open flows keep their ports, however old");
+        assert_eq!(
+            verdict, XDP_DROP,
+            "open flows keep their ports, however old"
+        );
         assert_eq!(fx.loaded.stat("snat_exhausted"), 2);
 
         hold_every_snat_port(
@@ -1351,10 +1390,21 @@ fn snat_ports_of_closed_flows_are_reused_only_after_time_wait() {
         let (verdict, out) = fx.run(Prog::Xdp, &syn(40002));
         assert_eq!(verdict, XDP_TX, "a port closed long ago is taken");
         let (_, port) = src_of(&out);
-        let entry = fx.loaded.ct(&reply_key(Protocol::Tcp, port)).expect("reply entry");
+        let entry = fx
+            .loaded
+            .ct(&reply_key(Protocol::Tcp, port))
+            .expect("reply entry");
         assert_eq!(
-            (entry.snat_addr_be, u16::from_be(entry.snat_port_be), entry.flags),
-            (u32::from_ne_bytes(CLIENT.octets()), 40002, ct_flags::SNAT | ct_flags::HANDSHAKE),
+            (
+                entry.snat_addr_be,
+                u16::from_be(entry.snat_port_be),
+                entry.flags
+            ),
+            (
+                u32::from_ne_bytes(CLIENT.octets()),
+                40002,
+                ct_flags::SNAT | ct_flags::HANDSHAKE
+            ),
             "the entry now names the new client, open"
         );
         assert_eq!(fx.loaded.stat("snat_exhausted"), 2);
@@ -1385,7 +1435,14 @@ fn load_balancer_source_ranges_admit_only_listed_clients() {
     on_node(|node| {
         for prog in Prog::BOTH {
             let lb = |port: u16, name: &str| {
-                frontend(FrontendKind::LoadBalancer, LB_IP, port, Protocol::Tcp, name, &[POD_LOCAL])
+                frontend(
+                    FrontendKind::LoadBalancer,
+                    LB_IP,
+                    port,
+                    Protocol::Tcp,
+                    name,
+                    &[POD_LOCAL],
+                )
             };
             let ranged = restricted(lb(443, "ranged"), &[ALLOWED, "10.244.1.50/32"]);
             let frontends = vec![
@@ -1394,7 +1451,14 @@ fn load_balancer_source_ranges_admit_only_listed_clients() {
                 restricted(lb(445, "none"), &[]),
                 lb(446, "open"),
                 // The Service's NodePort stays open, as in kube-proxy.
-                frontend(FrontendKind::NodePort, NODE, NODE_PORT, Protocol::Tcp, "ranged-np", &[POD_LOCAL]),
+                frontend(
+                    FrontendKind::NodePort,
+                    NODE,
+                    NODE_PORT,
+                    Protocol::Tcp,
+                    "ranged-np",
+                    &[POD_LOCAL],
+                ),
             ];
             let mut fx = Fixture::new(node, frontends.clone());
             let delivered = |p: &PacketSpec| {
@@ -1411,29 +1475,52 @@ fn load_balancer_source_ranges_admit_only_listed_clients() {
                 ("inside a /0", OUTSIDER, 444, true),
                 ("with an empty list", CLIENT, 445, false),
                 ("to an unrestricted frontend", OUTSIDER, 446, true),
-                ("to the NodePort of a restricted Service", OUTSIDER, NODE_PORT, true),
+                (
+                    "to the NodePort of a restricted Service",
+                    OUTSIDER,
+                    NODE_PORT,
+                    true,
+                ),
             ] {
                 sport += 1;
                 let dst = if port == NODE_PORT { NODE } else { LB_IP };
                 let p = PacketSpec::tcp(src, sport, dst, port);
                 cases.push(Case {
-                    name: format!("{src} {what}: {}", if allowed { "forwarded" } else { "dropped" }),
+                    name: format!(
+                        "{src} {what}: {}",
+                        if allowed { "forwarded" } else { "dropped" }
+                    ),
                     input: p.build(),
-                    verdict: if allowed { prog.delivered() } else { prog.dropped() },
+                    verdict: if allowed {
+                        prog.delivered()
+                    } else {
+                        prog.dropped()
+                    },
                     output: if allowed { delivered(&p) } else { p.build() },
                 });
             }
             check_cases(&mut fx, prog, &cases);
             let row = fx.service_row("ranged");
             assert_eq!(row.drops_source_range, 1, "{prog:?}: {row:?}");
-            assert_eq!(row.source_ranges, Some(vec!["10.244.1.50/32".to_owned(), ALLOWED.to_owned()]));
+            assert_eq!(
+                row.source_ranges,
+                Some(vec!["10.244.1.50/32".to_owned(), ALLOWED.to_owned()])
+            );
             assert_eq!(fx.service_row("none").drops_source_range, 1, "{prog:?}");
             assert_eq!(fx.service_row("open").source_ranges, None, "{prog:?}");
-            assert_eq!(fx.service_row("ranged").packets, 1, "{prog:?}: only the allowed packet counts as forwarded");
+            assert_eq!(
+                fx.service_row("ranged").packets,
+                1,
+                "{prog:?}: only the allowed packet counts as forwarded"
+            );
 
             // Pods are held to the ranges too (kube-proxy checks every source).
             let pod = PacketSpec::tcp(POD_CLIENT, 42000, LB_IP, 443);
-            assert_eq!(fx.run_from_pod(&pod.build()), (TC_ACT_OK, delivered(&pod)), "{prog:?}: a listed pod");
+            assert_eq!(
+                fx.run_from_pod(&pod.build()),
+                (TC_ACT_OK, delivered(&pod)),
+                "{prog:?}: a listed pod"
+            );
             let other_pod = PacketSpec::tcp(Ipv4Addr::new(10, 244, 1, 51), 42001, LB_IP, 443);
             assert_eq!(
                 fx.run_from_pod(&other_pod.build()),
@@ -1462,14 +1549,21 @@ fn load_balancer_source_ranges_admit_only_listed_clients() {
                 }],
             );
             let row = fx.service_row("ranged");
-            assert_eq!(row.source_ranges, Some(vec!["192.168.50.0/24".to_owned()]), "{prog:?}: the /25 and /32 are gone");
+            assert_eq!(
+                row.source_ranges,
+                Some(vec!["192.168.50.0/24".to_owned()]),
+                "{prog:?}: the /25 and /32 are gone"
+            );
             // Dropping the ranges removes every block and the flag.
             let mut opened = desired;
             for fe in opened.frontends.values_mut() {
                 fe.source_ranges = None;
             }
             assert!(fx.loaded.syncer.apply(&opened).failed.is_empty());
-            assert!(fx.loaded.syncer.store().source_range_blocks().is_empty(), "{prog:?}");
+            assert!(
+                fx.loaded.syncer.store().source_range_blocks().is_empty(),
+                "{prog:?}"
+            );
         }
     });
 }

@@ -36,8 +36,8 @@ use proxy_user::maglev::{self, BackendKey};
 use support::{
     capacities, require_root, skb_ctx,
     v6::{
-        checksums_valid6, ct_key6, icmp6_frame_macs, Maps6, Packet6, NEXTHDR_DEST, NEXTHDR_HOP, NEXTHDR_ROUTING,
-        PROTO_TCP, PROTO_UDP, TCP_ACK, TCP_RST, TCP_SYN,
+        checksums_valid6, ct_key6, icmp6_frame_macs, Maps6, Packet6, NEXTHDR_DEST, NEXTHDR_HOP,
+        NEXTHDR_ROUTING, PROTO_TCP, PROTO_UDP, TCP_ACK, TCP_RST, TCP_SYN,
     },
     Loaded, TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT, TC_ACT_UNSPEC, XDP_DROP, XDP_PASS, XDP_TX,
 };
@@ -69,7 +69,10 @@ fn netns_inode() -> u64 {
 }
 
 fn ip(args: &[&str]) {
-    let out = Command::new("ip").args(args).output().expect("run `ip` (iproute2)");
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .expect("run `ip` (iproute2)");
     assert!(
         out.status.success(),
         "ip {}: {}",
@@ -87,23 +90,76 @@ fn ifindex(name: &str) -> u32 {
 }
 
 fn mac(m: [u8; 6]) -> String {
-    m.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
+    m.iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
 }
 
 /// Builds the node in the calling thread's (private) namespace; returns the
 /// uplink's interface index.
 fn build_node() -> u32 {
-    ip(&["link", "add", "up0", "address", &mac(UPLINK_MAC), "type", "veth", "peer", "name", "up0p"]);
-    ip(&["link", "add", "pod0", "type", "veth", "peer", "name", "pod0p"]);
+    ip(&[
+        "link",
+        "add",
+        "up0",
+        "address",
+        &mac(UPLINK_MAC),
+        "type",
+        "veth",
+        "peer",
+        "name",
+        "up0p",
+    ]);
+    ip(&[
+        "link", "add", "pod0", "type", "veth", "peer", "name", "pod0p",
+    ]);
     for dev in ["up0", "up0p", "pod0", "pod0p"] {
         ip(&["link", "set", dev, "up"]);
     }
-    ip(&["-6", "addr", "add", &format!("{NODE}/64"), "dev", "up0", "nodad"]);
+    ip(&[
+        "-6",
+        "addr",
+        "add",
+        &format!("{NODE}/64"),
+        "dev",
+        "up0",
+        "nodad",
+    ]);
     for (addr, lladdr) in [(GATEWAY, GATEWAY_MAC), (CLIENT, CLIENT_MAC)] {
-        ip(&["-6", "neigh", "add", &addr.to_string(), "lladdr", &mac(lladdr), "dev", "up0", "nud", "permanent"]);
+        ip(&[
+            "-6",
+            "neigh",
+            "add",
+            &addr.to_string(),
+            "lladdr",
+            &mac(lladdr),
+            "dev",
+            "up0",
+            "nud",
+            "permanent",
+        ]);
     }
-    ip(&["-6", "route", "add", "fd00:244:2::/64", "via", &GATEWAY.to_string(), "dev", "up0"]);
-    ip(&["-6", "route", "add", "fd00:244:3::/64", "via", "fd00:50::3", "dev", "up0"]);
+    ip(&[
+        "-6",
+        "route",
+        "add",
+        "fd00:244:2::/64",
+        "via",
+        &GATEWAY.to_string(),
+        "dev",
+        "up0",
+    ]);
+    ip(&[
+        "-6",
+        "route",
+        "add",
+        "fd00:244:3::/64",
+        "via",
+        "fd00:50::3",
+        "dev",
+        "up0",
+    ]);
     ip(&["-6", "route", "add", "fd00:244:1::/64", "dev", "pod0"]);
     // bpf_fib_lookup answers IPv6 only where forwarding is on. This is the
     // test's own namespace: nothing else is changed.
@@ -119,7 +175,12 @@ fn on_node<T: Send + 'static>(body: impl FnOnce(u32) -> T + Send + 'static) -> T
         let before = netns_inode();
         // SAFETY: unshare only changes the calling thread's namespaces.
         let rc = unsafe { libc::unshare(libc::CLONE_NEWNET) };
-        assert_eq!(rc, 0, "unshare(CLONE_NEWNET): {}", std::io::Error::last_os_error());
+        assert_eq!(
+            rc,
+            0,
+            "unshare(CLONE_NEWNET): {}",
+            std::io::Error::last_os_error()
+        );
         assert_ne!(
             netns_inode(),
             before,
@@ -195,11 +256,17 @@ impl Fixture {
         let mut loaded = Loaded::new(capacities(65536), Vec::new());
         loaded.set_uplink(uplink, std::net::Ipv4Addr::new(192, 168, 50, 1));
         let maps = Maps6::take(&loaded);
-        let mut uplinks6: HashMap<MapData, u32, Uplink6> =
-            HashMap::try_from(loaded.ebpf.take_map(names::UPLINKS6).expect("the IPv6 uplink map"))
-                .expect("IPv6 uplink map");
+        let mut uplinks6: HashMap<MapData, u32, Uplink6> = HashMap::try_from(
+            loaded
+                .ebpf
+                .take_map(names::UPLINKS6)
+                .expect("the IPv6 uplink map"),
+        )
+        .expect("IPv6 uplink map");
         let addr_be = addr.map(|a| addr6_be(a.octets())).unwrap_or([0; 4]);
-        uplinks6.insert(uplink, Uplink6 { addr_be }, 0).expect("write the IPv6 uplink");
+        uplinks6
+            .insert(uplink, Uplink6 { addr_be }, 0)
+            .expect("write the IPv6 uplink");
         Self {
             loaded,
             maps,
@@ -225,13 +292,19 @@ impl Fixture {
                     proto: fe.proto,
                     flags: 0,
                 };
-                self.maps.backends.insert(id, backend, 0).expect("write a backend");
+                self.maps
+                    .backends
+                    .insert(id, backend, 0)
+                    .expect("write a backend");
                 let slot = FrontendSlot {
                     backend_id: id,
                     service_id: fe.service_id,
                     ..FrontendSlot::default()
                 };
-                self.maps.frontends.insert(key(scope_, i as u16 + 1), slot, 0).expect("write a slot");
+                self.maps
+                    .frontends
+                    .insert(key(scope_, i as u16 + 1), slot, 0)
+                    .expect("write a slot");
             }
             let slot0 = FrontendSlot {
                 backend_id: 0,
@@ -240,7 +313,10 @@ impl Fixture {
                 flags,
                 affinity_timeout_s: 0,
             };
-            self.maps.frontends.insert(key(scope_, 0), slot0, 0).expect("write slot 0");
+            self.maps
+                .frontends
+                .insert(key(scope_, 0), slot0, 0)
+                .expect("write slot 0");
         };
         let mut flags = fe.kind;
         if let Some(local) = fe.local {
@@ -377,20 +453,38 @@ fn outside_client_reaches_a_local_ipv6_backend_by_dnat_and_the_reply_is_reversed
                     ..input.clone()
                 };
                 assert_eq!(verdict, prog.delivered(), "{prog:?} proto {proto}");
-                assert_eq!(out, want.build(), "{prog:?} proto {proto}: DNAT to the local backend");
+                assert_eq!(
+                    out,
+                    want.build(),
+                    "{prog:?} proto {proto}: DNAT to the local backend"
+                );
                 assert!(checksums_valid6(&out, false));
 
                 // Tracked as the pod path tracks it: both directions, no SNAT.
                 let fwd = fx
                     .maps
-                    .ct(&ct_key6(CLIENT, sport, NODE, NODE_PORT, proto, ct_dir::FORWARD))
+                    .ct(&ct_key6(
+                        CLIENT,
+                        sport,
+                        NODE,
+                        NODE_PORT,
+                        proto,
+                        ct_dir::FORWARD,
+                    ))
                     .expect("forward entry");
                 assert_eq!(fwd.nat_addr_be, addr6_be(POD_LOCAL.octets()));
                 assert_eq!(fwd.nat_port_be, POD_PORT.to_be());
                 assert_eq!(fwd.flags & ct_flags::SNAT, 0);
                 let rev = fx
                     .maps
-                    .ct(&ct_key6(POD_LOCAL, POD_PORT, CLIENT, sport, proto, ct_dir::REPLY))
+                    .ct(&ct_key6(
+                        POD_LOCAL,
+                        POD_PORT,
+                        CLIENT,
+                        sport,
+                        proto,
+                        ct_dir::REPLY,
+                    ))
                     .expect("reply entry");
                 assert_eq!(rev.nat_addr_be, addr6_be(NODE.octets()));
                 assert_eq!(rev.nat_port_be, NODE_PORT.to_be());
@@ -405,7 +499,11 @@ fn outside_client_reaches_a_local_ipv6_backend_by_dnat_and_the_reply_is_reversed
                     sport: NODE_PORT,
                     ..reply.clone()
                 };
-                assert_eq!(out, want.build(), "{prog:?} proto {proto}: reply from the NodePort");
+                assert_eq!(
+                    out,
+                    want.build(),
+                    "{prog:?} proto {proto}: reply from the NodePort"
+                );
 
                 // The next packet of the flow keeps its backend.
                 let mut next = input.clone();
@@ -457,7 +555,10 @@ fn outside_ipv6_packets_with_extension_headers_or_a_zero_udp_checksum_are_transl
                 };
                 assert_eq!(verdict, prog.delivered(), "{prog:?}: {name}");
                 assert_eq!(out, want.build(), "{prog:?}: {name}");
-                assert!(checksums_valid6(&out, input.udp_zero_checksum), "{prog:?}: {name}");
+                assert!(
+                    checksums_valid6(&out, input.udp_zero_checksum),
+                    "{prog:?}: {name}"
+                );
             }
         }
     });
@@ -481,14 +582,22 @@ fn local_policy_sends_outside_ipv6_flows_only_to_local_endpoints_without_snat() 
                     dport: POD_PORT,
                     ..input.clone()
                 };
-                assert_eq!(out, want.build(), "{prog:?} sport {sport}: the local endpoint, client source kept");
+                assert_eq!(
+                    out,
+                    want.build(),
+                    "{prog:?} sport {sport}: the local endpoint, client source kept"
+                );
             }
             // A Local frontend without local endpoints drops traffic from
             // outside.
             let input = from_client(Packet6::tcp(CLIENT, 42000, NODE, EMPTY_LOCAL_PORT)).build();
             let drops = fx.loaded.stat("drop_no_backend");
             let (verdict, _) = fx.run(prog, &input);
-            assert_eq!(verdict, prog.dropped(), "{prog:?}: Local without local endpoints");
+            assert_eq!(
+                verdict,
+                prog.dropped(),
+                "{prog:?}: Local without local endpoints"
+            );
             assert_eq!(fx.loaded.stat("drop_no_backend"), drops + 1);
         }
     });
@@ -505,9 +614,18 @@ fn ipv6_packets_that_are_not_ours_pass_the_uplink_untouched() {
             standard(&mut fx);
             let other = Ipv6Addr::new(0xfd00, 0x99, 0, 0, 0, 0, 0, 1);
             let mut cases: Vec<(&str, Vec<u8>)> = vec![
-                ("the node, another port", from_client(Packet6::tcp(CLIENT, 40000, NODE, 22)).build()),
-                ("another address", from_client(Packet6::tcp(CLIENT, 40000, other, NODE_PORT)).build()),
-                ("UDP to a TCP-only port", from_client(Packet6::udp(CLIENT, 40000, LB_IP, 80)).build()),
+                (
+                    "the node, another port",
+                    from_client(Packet6::tcp(CLIENT, 40000, NODE, 22)).build(),
+                ),
+                (
+                    "another address",
+                    from_client(Packet6::tcp(CLIENT, 40000, other, NODE_PORT)).build(),
+                ),
+                (
+                    "UDP to a TCP-only port",
+                    from_client(Packet6::udp(CLIENT, 40000, LB_IP, 80)).build(),
+                ),
                 (
                     "with a hop-by-hop header to another port",
                     from_client(Packet6 {
@@ -524,11 +642,62 @@ fn ipv6_packets_that_are_not_ours_pass_the_uplink_untouched() {
             let solicited = Ipv6Addr::new(0xff02, 0, 0, 0, 0, 1, 0xff00, 1);
             let mut target = NODE.octets().to_vec();
             target.extend_from_slice(&[1, 1, 0x02, 0, 0, 0, 0, 0x64]);
-            cases.push(("neighbour solicitation (multicast)", icmp6_frame_macs(CLIENT_MAC, [0x33, 0x33, 0xff, 0, 0, 1], CLIENT, solicited, 135, 0, 0, &target)));
-            cases.push(("neighbour solicitation (unicast)", icmp6_frame_macs(CLIENT_MAC, UPLINK_MAC, CLIENT, NODE, 135, 0, 0, &target)));
-            cases.push(("neighbour advertisement", icmp6_frame_macs(CLIENT_MAC, UPLINK_MAC, CLIENT, NODE, 136, 0, 0x6000_0000, &target)));
-            cases.push(("router solicitation", icmp6_frame_macs(CLIENT_MAC, [0x33, 0x33, 0, 0, 0, 2], CLIENT, Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 2), 133, 0, 0, &[])));
-            cases.push(("echo request to a frontend address", icmp6_frame_macs(CLIENT_MAC, UPLINK_MAC, CLIENT, LB_IP, 128, 0, 0x0001_0001, b"ping")));
+            cases.push((
+                "neighbour solicitation (multicast)",
+                icmp6_frame_macs(
+                    CLIENT_MAC,
+                    [0x33, 0x33, 0xff, 0, 0, 1],
+                    CLIENT,
+                    solicited,
+                    135,
+                    0,
+                    0,
+                    &target,
+                ),
+            ));
+            cases.push((
+                "neighbour solicitation (unicast)",
+                icmp6_frame_macs(CLIENT_MAC, UPLINK_MAC, CLIENT, NODE, 135, 0, 0, &target),
+            ));
+            cases.push((
+                "neighbour advertisement",
+                icmp6_frame_macs(
+                    CLIENT_MAC,
+                    UPLINK_MAC,
+                    CLIENT,
+                    NODE,
+                    136,
+                    0,
+                    0x6000_0000,
+                    &target,
+                ),
+            ));
+            cases.push((
+                "router solicitation",
+                icmp6_frame_macs(
+                    CLIENT_MAC,
+                    [0x33, 0x33, 0, 0, 0, 2],
+                    CLIENT,
+                    Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 2),
+                    133,
+                    0,
+                    0,
+                    &[],
+                ),
+            ));
+            cases.push((
+                "echo request to a frontend address",
+                icmp6_frame_macs(
+                    CLIENT_MAC,
+                    UPLINK_MAC,
+                    CLIENT,
+                    LB_IP,
+                    128,
+                    0,
+                    0x0001_0001,
+                    b"ping",
+                ),
+            ));
             // Fragments of a datagram to a frontend: not translated on the
             // uplink (the first and the later ones alike).
             let big = Packet6 {
@@ -536,7 +705,14 @@ fn ipv6_packets_that_are_not_ours_pass_the_uplink_untouched() {
                 ..from_client(Packet6::udp(CLIENT, 40000, NODE, NODE_PORT))
             };
             for (i, f) in big.fragments(32, 7).into_iter().enumerate() {
-                cases.push((if i == 0 { "first fragment" } else { "later fragment" }, f));
+                cases.push((
+                    if i == 0 {
+                        "first fragment"
+                    } else {
+                        "later fragment"
+                    },
+                    f,
+                ));
             }
             for (name, frame) in cases {
                 let (verdict, out) = fx.run(prog, &frame);
@@ -591,7 +767,11 @@ fn remote_ipv6_backend_gets_dnat_and_snat_and_its_reply_goes_back_out() {
                 match prog {
                     Prog::Xdp => {
                         assert_eq!(verdict, XDP_TX, "{prog:?} proto {proto}");
-                        assert_eq!(out, with_macs(want, GATEWAY_MAC, UPLINK_MAC), "{prog:?} proto {proto}");
+                        assert_eq!(
+                            out,
+                            with_macs(want, GATEWAY_MAC, UPLINK_MAC),
+                            "{prog:?} proto {proto}"
+                        );
                     }
                     Prog::Tc => {
                         assert_eq!(verdict, TC_ACT_REDIRECT, "{prog:?} proto {proto}");
@@ -620,7 +800,11 @@ fn remote_ipv6_backend_gets_dnat_and_snat_and_its_reply_goes_back_out() {
                 match prog {
                     Prog::Xdp => {
                         assert_eq!(verdict, XDP_TX, "{prog:?} proto {proto}: reply");
-                        assert_eq!(out, with_macs(want, CLIENT_MAC, UPLINK_MAC), "{prog:?} proto {proto}: reply");
+                        assert_eq!(
+                            out,
+                            with_macs(want, CLIENT_MAC, UPLINK_MAC),
+                            "{prog:?} proto {proto}: reply"
+                        );
                     }
                     Prog::Tc => {
                         assert_eq!(verdict, TC_ACT_REDIRECT, "{prog:?} proto {proto}: reply");
@@ -670,7 +854,10 @@ fn remote_ipv6_backend_without_an_uplink_ipv6_address_is_dropped_and_counted() {
             let (verdict, out) = fx.run(prog, &input);
             assert_eq!(verdict, prog.delivered());
             assert_eq!(dst_of(&out), (POD_LOCAL, POD_PORT));
-            let entry = fx.uplinks6.get(&uplink, 0).expect("the uplink's IPv6 entry");
+            let entry = fx
+                .uplinks6
+                .get(&uplink, 0)
+                .expect("the uplink's IPv6 entry");
             assert_eq!(entry.addr_be, [0; 4], "written without an address");
         }
     });
@@ -681,7 +868,10 @@ fn ipv6_hop_limit_1_to_a_remote_backend_is_not_forwarded() {
     on_node(|uplink| {
         let mut fx = Fixture::new(uplink, Some(NODE));
         standard(&mut fx);
-        let input = with_hop_limit(from_client(Packet6::tcp(CLIENT, 46000, NODE, REMOTE_PORT)).build(), 1);
+        let input = with_hop_limit(
+            from_client(Packet6::tcp(CLIENT, 46000, NODE, REMOTE_PORT)).build(),
+            1,
+        );
         let (verdict, out) = fx.run(Prog::Xdp, &input);
         assert_eq!(verdict, XDP_PASS, "XDP hands it to tc");
         assert_eq!(out, input);
@@ -715,17 +905,41 @@ fn icmpv6_errors_about_a_remote_flow_reach_the_client_translated() {
             let as_sent = mk(NODE, port, POD_REMOTE, POD_PORT);
             // A router on the way (the gateway) says "packet too big"; the
             // backend itself says "port unreachable".
-            for (from, icmp_type, code, rest) in [(GATEWAY, 2u8, 0u8, 1280u32), (POD_REMOTE, 1, 4, 0)] {
-                let error = icmp6_frame_macs(GATEWAY_MAC, UPLINK_MAC, from, NODE, icmp_type, code, rest, &quote_of(&as_sent, 63));
+            for (from, icmp_type, code, rest) in
+                [(GATEWAY, 2u8, 0u8, 1280u32), (POD_REMOTE, 1, 4, 0)]
+            {
+                let error = icmp6_frame_macs(
+                    GATEWAY_MAC,
+                    UPLINK_MAC,
+                    from,
+                    NODE,
+                    icmp_type,
+                    code,
+                    rest,
+                    &quote_of(&as_sent, 63),
+                );
                 let xdp_before = fx.loaded.stat("icmp_error_translated");
                 let (verdict, out) = fx.run(Prog::Xdp, &error);
-                assert_eq!((verdict, &out), (XDP_PASS, &error), "XDP hands ICMPv6 to tc untouched");
+                assert_eq!(
+                    (verdict, &out),
+                    (XDP_PASS, &error),
+                    "XDP hands ICMPv6 to tc untouched"
+                );
                 assert_eq!(fx.loaded.stat("icmp_error_translated"), xdp_before);
                 let (verdict, out) = fx.run(Prog::Tc, &error);
                 assert_eq!(verdict, TC_ACT_REDIRECT, "proto {proto} type {icmp_type}");
                 let outer_src = if from == POD_REMOTE { NODE } else { from };
                 let want = with_hop_limit(
-                    icmp6_frame_macs(GATEWAY_MAC, UPLINK_MAC, outer_src, CLIENT, icmp_type, code, rest, &quote_of(&client_sent, 63)),
+                    icmp6_frame_macs(
+                        GATEWAY_MAC,
+                        UPLINK_MAC,
+                        outer_src,
+                        CLIENT,
+                        icmp_type,
+                        code,
+                        rest,
+                        &quote_of(&client_sent, 63),
+                    ),
                     63,
                 );
                 assert_eq!(out, want, "proto {proto} type {icmp_type}: translated back");
@@ -742,7 +956,16 @@ fn icmpv6_errors_about_a_remote_flow_reach_the_client_translated() {
 
 fn mk_unknown_error() -> Vec<u8> {
     let as_sent = Packet6::tcp(NODE, 2000, POD_REMOTE, POD_PORT);
-    icmp6_frame_macs(GATEWAY_MAC, UPLINK_MAC, GATEWAY, NODE, 2, 0, 1280, &quote_of(&as_sent, 63))
+    icmp6_frame_macs(
+        GATEWAY_MAC,
+        UPLINK_MAC,
+        GATEWAY,
+        NODE,
+        2,
+        0,
+        1280,
+        &quote_of(&as_sent, 63),
+    )
 }
 
 // ---------------------------------------------------------------------------
@@ -755,19 +978,32 @@ const SOURCE_HASH_SERVICE: u32 = 21;
 
 /// Four backends on this node (fd00:244:1::10 ..= ::13), ids 201..=204.
 fn hashed_backends() -> Vec<(u32, Ipv6Addr)> {
-    (0..4u16).map(|i| (201 + u32::from(i), Ipv6Addr::new(0xfd00, 0x244, 1, 0, 0, 0, 0, 0x10 + i))).collect()
+    (0..4u16)
+        .map(|i| {
+            (
+                201 + u32::from(i),
+                Ipv6Addr::new(0xfd00, 0x244, 1, 0, 0, 0, 0, 0x10 + i),
+            )
+        })
+        .collect()
 }
 
 /// The service's Maglev table, built as the agent builds it (from the
 /// backends' addresses, written with their ids), written to `SB_MAGLEV_V1`.
 /// Returns the table (backend ids by slot) for the predictions.
 fn write_maglev_table(fx: &mut Fixture, service_id: u32, backends: &[(u32, Ipv6Addr)]) -> Vec<u32> {
-    let keys: Vec<BackendKey> =
-        backends.iter().map(|&(_, a)| BackendKey::new(IpAddr::V6(a), POD_PORT, PROTO_TCP)).collect();
+    let keys: Vec<BackendKey> = backends
+        .iter()
+        .map(|&(_, a)| BackendKey::new(IpAddr::V6(a), POD_PORT, PROTO_TCP))
+        .collect();
     let canonical = maglev::canonical_backends(&keys);
     let entries = maglev::table(&canonical, capacity::MAGLEV_TABLE).expect("a Maglev table");
-    let id_of = |k: &BackendKey| backends[keys.iter().position(|x| x == k).expect("a known backend")].0;
-    let ids: Vec<u32> = entries.iter().map(|&i| id_of(&canonical[usize::from(i)])).collect();
+    let id_of =
+        |k: &BackendKey| backends[keys.iter().position(|x| x == k).expect("a known backend")].0;
+    let ids: Vec<u32> = entries
+        .iter()
+        .map(|&i| id_of(&canonical[usize::from(i)]))
+        .collect();
     let mut table = Box::new(MaglevTable {
         backend_ids: [0; capacity::MAGLEV_TABLE as usize],
     });
@@ -782,7 +1018,11 @@ fn write_maglev_table(fx: &mut Fixture, service_id: u32, backends: &[(u32, Ipv6A
 }
 
 fn addr_of(backends: &[(u32, Ipv6Addr)], id: u32) -> Ipv6Addr {
-    backends.iter().find(|b| b.0 == id).expect("a backend of the set").1
+    backends
+        .iter()
+        .find(|b| b.0 == id)
+        .expect("a backend of the set")
+        .1
 }
 
 #[test]
@@ -805,37 +1045,73 @@ fn maglev_ipv6_frontend_from_outside_picks_the_backend_the_userspace_hash_and_ta
             let node_be = addr6_be(NODE.octets());
             let mut picked = std::collections::HashSet::new();
             for sport in 41000..41024u16 {
-                let hash = flow_hash6(&client_be, &node_be, sport.to_be(), MAGLEV_PORT.to_be(), PROTO_TCP);
+                let hash = flow_hash6(
+                    &client_be,
+                    &node_be,
+                    sport.to_be(),
+                    MAGLEV_PORT.to_be(),
+                    PROTO_TCP,
+                );
                 let want = addr_of(&backends, table[(hash % capacity::MAGLEV_TABLE) as usize]);
                 let input = from_client(Packet6::tcp(CLIENT, sport, NODE, MAGLEV_PORT));
                 let (verdict, out) = fx.run(prog, &input.build());
                 assert_eq!(verdict, prog.delivered(), "{prog:?} sport {sport}");
-                assert_eq!(dst_of(&out), (want, POD_PORT), "{prog:?} sport {sport}: the predicted backend");
+                assert_eq!(
+                    dst_of(&out),
+                    (want, POD_PORT),
+                    "{prog:?} sport {sport}: the predicted backend"
+                );
                 assert!(checksums_valid6(&out, false));
                 picked.insert(want);
             }
             // The prediction is not one backend for everything: the flows
             // spread, so a random pick would have missed it.
-            assert!(picked.len() >= 3, "{prog:?}: {} backends over 24 flows", picked.len());
+            assert!(
+                picked.len() >= 3,
+                "{prog:?}: {} backends over 24 flows",
+                picked.len()
+            );
 
             // Conntrack keeps a flow where it is, even when the table changes.
             let sport: u16 = 41000;
-            let hash = flow_hash6(&client_be, &node_be, sport.to_be(), MAGLEV_PORT.to_be(), PROTO_TCP);
+            let hash = flow_hash6(
+                &client_be,
+                &node_be,
+                sport.to_be(),
+                MAGLEV_PORT.to_be(),
+                PROTO_TCP,
+            );
             let first = addr_of(&backends, table[(hash % capacity::MAGLEV_TABLE) as usize]);
-            let other = backends.iter().find(|b| b.1 != first).expect("another backend");
+            let other = backends
+                .iter()
+                .find(|b| b.1 != first)
+                .expect("another backend");
             let moved = Box::new(MaglevTable {
                 backend_ids: [other.0; capacity::MAGLEV_TABLE as usize],
             });
-            fx.loaded.syncer.store_mut().maglev.insert(MAGLEV_SERVICE, moved.as_ref(), 0).expect("rewrite");
+            fx.loaded
+                .syncer
+                .store_mut()
+                .maglev
+                .insert(MAGLEV_SERVICE, moved.as_ref(), 0)
+                .expect("rewrite");
             let mut next = from_client(Packet6::tcp(CLIENT, sport, NODE, MAGLEV_PORT));
             next.tcp_flags = TCP_ACK;
             let (verdict, out) = fx.run(prog, &next.build());
             assert_eq!(verdict, prog.delivered());
-            assert_eq!(dst_of(&out), (first, POD_PORT), "{prog:?}: a tracked flow keeps its backend");
+            assert_eq!(
+                dst_of(&out),
+                (first, POD_PORT),
+                "{prog:?}: a tracked flow keeps its backend"
+            );
             // A new flow follows the new table.
             let fresh = from_client(Packet6::tcp(CLIENT, 42000, NODE, MAGLEV_PORT));
             let (_, out) = fx.run(prog, &fresh.build());
-            assert_eq!(dst_of(&out), (other.1, POD_PORT), "{prog:?}: a new flow uses the table");
+            assert_eq!(
+                dst_of(&out),
+                (other.1, POD_PORT),
+                "{prog:?}: a new flow uses the table"
+            );
         }
     });
 }
@@ -865,11 +1141,18 @@ fn source_hash_ipv6_frontend_keeps_one_client_on_one_backend_across_source_ports
                     let input = from_client(Packet6::tcp(client, sport, NODE, SOURCE_HASH_PORT));
                     let (verdict, out) = fx.run(prog, &input.build());
                     assert_eq!(verdict, prog.delivered(), "{prog:?} {client} sport {sport}");
-                    assert_eq!(dst_of(&out), (want, POD_PORT), "{prog:?} {client} sport {sport}");
+                    assert_eq!(
+                        dst_of(&out),
+                        (want, POD_PORT),
+                        "{prog:?} {client} sport {sport}"
+                    );
                 }
                 per_client.insert(want);
             }
-            assert!(per_client.len() >= 2, "{prog:?}: twelve clients all on one backend");
+            assert!(
+                per_client.len() >= 2,
+                "{prog:?}: twelve clients all on one backend"
+            );
         }
     });
 }
@@ -887,7 +1170,10 @@ fn an_ipv6_frontend_without_endpoints_answers_outside_clients_with_rst_or_port_u
         for prog in Prog::BOTH {
             let mut fx = Fixture::new(uplink, Some(NODE));
             standard(&mut fx);
-            for (proto, sid) in [(PROTO_TCP, EMPTY_TCP_SERVICE), (PROTO_UDP, EMPTY_UDP_SERVICE)] {
+            for (proto, sid) in [
+                (PROTO_TCP, EMPTY_TCP_SERVICE),
+                (PROTO_UDP, EMPTY_UDP_SERVICE),
+            ] {
                 fx.frontend(&Fe6 {
                     addr: NODE,
                     port: EMPTY_PORT,
@@ -910,7 +1196,16 @@ fn an_ipv6_frontend_without_endpoints_answers_outside_clients_with_rst_or_port_u
             };
             let udp = from_client(Packet6::udp(CLIENT, 40201, NODE, EMPTY_PORT));
             let udp_frame = udp.build();
-            let unreachable = icmp6_frame_macs(UPLINK_MAC, CLIENT_MAC, NODE, CLIENT, 1, 4, 0, &udp_frame[14..14 + 48]);
+            let unreachable = icmp6_frame_macs(
+                UPLINK_MAC,
+                CLIENT_MAC,
+                NODE,
+                CLIENT,
+                1,
+                4,
+                0,
+                &udp_frame[14..14 + 48],
+            );
             let a_rst = from_client(Packet6 {
                 tcp_flags: TCP_RST,
                 ..Packet6::tcp(CLIENT, 40202, NODE, EMPTY_PORT)
@@ -921,9 +1216,17 @@ fn an_ipv6_frontend_without_endpoints_answers_outside_clients_with_rst_or_port_u
             match prog {
                 Prog::Tc => {
                     let (verdict, out) = fx.run(prog, &syn.build());
-                    assert_eq!((verdict, out), (TC_ACT_REDIRECT, rst_ack.build()), "SYN: RST+ACK from the NodePort");
+                    assert_eq!(
+                        (verdict, out),
+                        (TC_ACT_REDIRECT, rst_ack.build()),
+                        "SYN: RST+ACK from the NodePort"
+                    );
                     let (verdict, out) = fx.run(prog, &udp_frame);
-                    assert_eq!((verdict, out), (TC_ACT_REDIRECT, unreachable), "UDP: port unreachable quoting it");
+                    assert_eq!(
+                        (verdict, out),
+                        (TC_ACT_REDIRECT, unreachable),
+                        "UDP: port unreachable quoting it"
+                    );
                     assert_eq!(fx.loaded.stat("rejected"), 2);
                 }
                 Prog::Xdp => {
@@ -939,14 +1242,25 @@ fn an_ipv6_frontend_without_endpoints_answers_outside_clients_with_rst_or_port_u
             // A RST is never answered: tc drops it (XDP hands it on as any
             // packet to the empty frontend).
             let (verdict, out) = fx.run(prog, &a_rst.build());
-            let want = if prog == Prog::Tc { TC_ACT_SHOT } else { XDP_PASS };
+            let want = if prog == Prog::Tc {
+                TC_ACT_SHOT
+            } else {
+                XDP_PASS
+            };
             assert_eq!((verdict, out), (want, a_rst.build()), "{prog:?}: a RST");
             let (verdict, _) = fx.run(prog, &local_empty.build());
-            assert_eq!(verdict, prog.dropped(), "{prog:?}: Local policy without a local endpoint");
+            assert_eq!(
+                verdict,
+                prog.dropped(),
+                "{prog:?}: Local policy without a local endpoint"
+            );
             // Counted where the packet is answered or dropped (tc), once.
             let stats = fx.loaded.syncer.store().service_stats(EMPTY_TCP_SERVICE);
             let want = if prog == Prog::Tc { 2 } else { 0 };
-            assert_eq!(stats.drops_no_backend, want, "{prog:?}: the SYN and the RST, counted once each");
+            assert_eq!(
+                stats.drops_no_backend, want,
+                "{prog:?}: the SYN and the RST, counted once each"
+            );
         }
     });
 }
@@ -979,13 +1293,22 @@ fn ipv6_load_balancer_source_ranges_admit_only_listed_clients() {
                 });
                 for block in blocks {
                     let block = block.parse().expect("a CIDR");
-                    fx.loaded.syncer.store_mut().put_source_range(service_id, block).expect("write a block");
+                    fx.loaded
+                        .syncer
+                        .store_mut()
+                        .put_source_range(service_id, block)
+                        .expect("write a block");
                 }
             }
             let mut sport = 41000;
             for (what, src, port, allowed) in [
                 ("inside the /64", CLIENT, 443, true),
-                ("the /128", Ipv6Addr::new(0xfd00, 0x52, 0, 0, 0, 0, 0, 1), 443, true),
+                (
+                    "the /128",
+                    Ipv6Addr::new(0xfd00, 0x52, 0, 0, 0, 0, 0, 1),
+                    443,
+                    true,
+                ),
                 ("outside every block", OUTSIDER, 443, false),
                 ("inside ::/0", OUTSIDER, 444, true),
                 ("with an empty list", CLIENT, 445, false),
@@ -999,9 +1322,17 @@ fn ipv6_load_balancer_source_ranges_admit_only_listed_clients() {
                         dport: POD_PORT,
                         ..input.clone()
                     };
-                    assert_eq!((verdict, out), (prog.delivered(), want.build()), "{prog:?}: {src} {what}");
+                    assert_eq!(
+                        (verdict, out),
+                        (prog.delivered(), want.build()),
+                        "{prog:?}: {src} {what}"
+                    );
                 } else {
-                    assert_eq!((verdict, out), (prog.dropped(), input.build()), "{prog:?}: {src} {what}");
+                    assert_eq!(
+                        (verdict, out),
+                        (prog.dropped(), input.build()),
+                        "{prog:?}: {src} {what}"
+                    );
                 }
             }
             let denied = fx.loaded.syncer.store().denied_by_service();

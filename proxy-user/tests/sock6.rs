@@ -324,7 +324,12 @@ fn in_netns<T: Send>(body: impl FnOnce() -> T + Send) -> T {
             let before = netns_inode();
             // SAFETY: unshare only changes the calling thread's namespaces.
             let rc = unsafe { libc::unshare(libc::CLONE_NEWNET) };
-            assert_eq!(rc, 0, "unshare(CLONE_NEWNET): {}", std::io::Error::last_os_error());
+            assert_eq!(
+                rc,
+                0,
+                "unshare(CLONE_NEWNET): {}",
+                std::io::Error::last_os_error()
+            );
             assert_ne!(
                 netns_inode(),
                 before,
@@ -332,7 +337,15 @@ fn in_netns<T: Send>(body: impl FnOnce() -> T + Send) -> T {
             );
             ip(&["link", "set", "lo", "up"]);
             for be in BE6 {
-                ip(&["-6", "addr", "add", &format!("{be}/128"), "dev", "lo", "nodad"]);
+                ip(&[
+                    "-6",
+                    "addr",
+                    "add",
+                    &format!("{be}/128"),
+                    "dev",
+                    "lo",
+                    "nodad",
+                ]);
             }
             for be in BE4 {
                 ip(&["addr", "add", &format!("{be}/32"), "dev", "lo"]);
@@ -390,15 +403,21 @@ fn tcp_once(to: SocketAddr) -> std::io::Result<(String, SocketAddr)> {
 /// One datagram and its answer on `socket`: the backend that answered and
 /// the source the client saw.
 fn udp_once(socket: &UdpSocket, to: SocketAddr) -> (String, SocketAddr) {
-    socket.send_to(b"hello", to).unwrap_or_else(|e| panic!("send_to {to}: {e}"));
+    socket
+        .send_to(b"hello", to)
+        .unwrap_or_else(|e| panic!("send_to {to}: {e}"));
     let mut buf = [0u8; 512];
-    let (len, from) = socket.recv_from(&mut buf).unwrap_or_else(|e| panic!("recv_from ({to}): {e}"));
+    let (len, from) = socket
+        .recv_from(&mut buf)
+        .unwrap_or_else(|e| panic!("recv_from ({to}): {e}"));
     (String::from_utf8_lossy(&buf[..len]).into_owned(), from)
 }
 
 fn udp_client() -> UdpSocket {
     let socket = UdpSocket::bind((Ipv6Addr::UNSPECIFIED, 0)).expect("bind [::]:0");
-    socket.set_read_timeout(Some(Duration::from_secs(2))).expect("timeout");
+    socket
+        .set_read_timeout(Some(Duration::from_secs(2)))
+        .expect("timeout");
     socket
 }
 
@@ -455,13 +474,20 @@ const SOCK_COUNTERS: [u32; 6] = [
 
 impl Counters {
     fn new(ebpf: &Ebpf) -> Self {
-        let before = SOCK_COUNTERS.iter().map(|&i| (i, counter(ebpf, i))).collect();
+        let before = SOCK_COUNTERS
+            .iter()
+            .map(|&i| (i, counter(ebpf, i)))
+            .collect();
         Self { before }
     }
 
     /// How much counter `index` grew since.
     fn grew(&self, ebpf: &Ebpf, index: u32) -> u64 {
-        let (_, then) = self.before.iter().find(|(i, _)| *i == index).expect("tracked counter");
+        let (_, then) = self
+            .before
+            .iter()
+            .find(|(i, _)| *i == index)
+            .expect("tracked counter");
         counter(ebpf, index) - then
     }
 }
@@ -496,7 +522,11 @@ fn tcp_to_an_ipv6_frontend_is_balanced_and_shows_the_frontend_as_peer() {
         ATTEMPTS as u64,
         "every reverse entry removed at close"
     );
-    assert_eq!(reverse_entries6(&w.ebpf, proto::TCP), 0, "closed sockets left entries");
+    assert_eq!(
+        reverse_entries6(&w.ebpf, proto::TCP),
+        0,
+        "closed sockets left entries"
+    );
 }
 
 /// Unconnected UDP to an IPv6 frontend: one socket keeps its backend, new
@@ -516,7 +546,9 @@ fn unconnected_udp_to_an_ipv6_frontend_keeps_a_live_backend_and_replies_come_fro
         let (socket, shared, spread) = member.inside(|| {
             let socket = udp_client();
             let shared: Vec<_> = (0..ATTEMPTS).map(|_| udp_once(&socket, frontend)).collect();
-            let spread: Vec<_> = (0..ATTEMPTS).map(|_| udp_once(&udp_client(), frontend)).collect();
+            let spread: Vec<_> = (0..ATTEMPTS)
+                .map(|_| udp_once(&udp_client(), frontend))
+                .collect();
             (socket, shared, spread)
         });
         // The shared socket's backend leaves: the agent would drop it from
@@ -534,7 +566,9 @@ fn unconnected_udp_to_an_ipv6_frontend_keeps_a_live_backend_and_replies_come_fro
         ip(&["-6", "route", "add", "fd00:96::/64", "dev", "lo"]);
         let peer = member.inside(|| {
             let connected = udp_client();
-            connected.connect(frontend).expect("connect a UDP socket to the frontend");
+            connected
+                .connect(frontend)
+                .expect("connect a UDP socket to the frontend");
             connected.peer_addr().expect("peer_addr")
         });
         assert_eq!(peer, frontend);
@@ -553,9 +587,21 @@ fn unconnected_udp_to_an_ipv6_frontend_keeps_a_live_backend_and_replies_come_fro
         "still sent to the departed backend {kept}: {moved:?}"
     );
     let grew = |index| counters.grew(&w.ebpf, index);
-    assert_eq!(grew(stat::SOCK_SENDMSG), 2 * ATTEMPTS as u64 + 5, "one per datagram");
-    assert_eq!(grew(stat::SOCK_RESELECTED), 1, "once, when the backend left");
-    assert_eq!(grew(stat::SOCK_CONNECT), 0, "a pod's connected UDP socket is not balanced at connect");
+    assert_eq!(
+        grew(stat::SOCK_SENDMSG),
+        2 * ATTEMPTS as u64 + 5,
+        "one per datagram"
+    );
+    assert_eq!(
+        grew(stat::SOCK_RESELECTED),
+        1,
+        "once, when the backend left"
+    );
+    assert_eq!(
+        grew(stat::SOCK_CONNECT),
+        0,
+        "a pod's connected UDP socket is not balanced at connect"
+    );
 }
 
 /// Removes backend `gone` of the IPv6 UDP frontend: only `live` is left in
@@ -570,7 +616,8 @@ fn remove_udp_backend6(ebpf: &mut Ebpf, gone: usize, live: usize) {
             .expect("write SB_FE6_V1");
         fe6.insert(key6(FE6, UDP_PORT, proto::UDP, 0), slot0(2, 1), 0)
             .expect("write SB_FE6_V1");
-        fe6.remove(&key6(FE6, UDP_PORT, proto::UDP, 2)).expect("remove slot 2");
+        fe6.remove(&key6(FE6, UDP_PORT, proto::UDP, 2))
+            .expect("remove slot 2");
     }
     let mut be6: HashMap<_, u32, Backend6> =
         HashMap::try_from(ebpf.map_mut(names::BACKENDS6).expect("SB_BE6_V1")).expect("typed");
@@ -620,7 +667,9 @@ fn a_v4_mapped_destination_is_balanced_through_the_ipv4_maps() {
                     tcp_once(tcp_frontend).unwrap_or_else(|e| panic!("connect {tcp_frontend}: {e}"))
                 })
                 .collect();
-            let udp: Vec<_> = (0..ATTEMPTS).map(|_| udp_once(&udp_client(), udp_frontend)).collect();
+            let udp: Vec<_> = (0..ATTEMPTS)
+                .map(|_| udp_once(&udp_client(), udp_frontend))
+                .collect();
             (tcp, udp)
         })
     });
@@ -673,29 +722,51 @@ fn host_connected_udp_is_balanced_at_connect_and_affinity_holds_per_netns() {
             let connected: Vec<_> = (0..4)
                 .map(|_| {
                     let socket = udp_client();
-                    socket.connect(udp_frontend).expect("connect the UDP socket");
+                    socket
+                        .connect(udp_frontend)
+                        .expect("connect the UDP socket");
                     let peer = socket.peer_addr().expect("peer_addr");
                     socket.send(b"hello").expect("send");
                     let mut buf = [0u8; 512];
                     let (len, from) = socket.recv_from(&mut buf).expect("an answer");
-                    (String::from_utf8_lossy(&buf[..len]).into_owned(), peer, from)
+                    (
+                        String::from_utf8_lossy(&buf[..len]).into_owned(),
+                        peer,
+                        from,
+                    )
                 })
                 .collect();
             let sticky: Vec<_> = (0..ATTEMPTS)
-                .map(|_| tcp_once(tcp_frontend).unwrap_or_else(|e| panic!("connect {tcp_frontend}: {e}")))
+                .map(|_| {
+                    tcp_once(tcp_frontend).unwrap_or_else(|e| panic!("connect {tcp_frontend}: {e}"))
+                })
                 .collect();
             (connected, sticky)
         })
     });
     for (who, peer, from) in &connected {
-        assert!(BE6.iter().any(|b| b.to_string() == *who), "answered by {who}");
+        assert!(
+            BE6.iter().any(|b| b.to_string() == *who),
+            "answered by {who}"
+        );
         assert_eq!(*peer, udp_frontend, "getpeername of a connected UDP socket");
         assert_eq!(*from, udp_frontend, "recvmsg of a connected UDP socket");
     }
-    assert_eq!(counters.grew(&w.ebpf, stat::SOCK_CONNECT), 4 + ATTEMPTS as u64);
-    assert_eq!(counters.grew(&w.ebpf, stat::SOCK_SENDMSG), 0, "connected: no per-datagram work");
+    assert_eq!(
+        counters.grew(&w.ebpf, stat::SOCK_CONNECT),
+        4 + ATTEMPTS as u64
+    );
+    assert_eq!(
+        counters.grew(&w.ebpf, stat::SOCK_SENDMSG),
+        0,
+        "connected: no per-datagram work"
+    );
     let backends: BTreeSet<String> = sticky.iter().map(|(who, _)| who.clone()).collect();
-    assert_eq!(backends.len(), 1, "affinity: one backend per namespace: {sticky:?}");
+    assert_eq!(
+        backends.len(),
+        1,
+        "affinity: one backend per namespace: {sticky:?}"
+    );
     assert!(sticky.iter().all(|(_, peer)| *peer == tcp_frontend));
 }
 
@@ -719,7 +790,8 @@ fn a_frontend_restricted_by_source_ranges_is_left_to_tc_for_pods_and_gated_for_t
             flags: frontend_flags::KIND_LOAD_BALANCER | flags,
             ..slot0(1, 2)
         };
-        fe6.insert(key6(FE6, TCP_PORT, proto::TCP, 0), head, 0).expect("write SB_FE6_V1");
+        fe6.insert(key6(FE6, TCP_PORT, proto::TCP, 0), head, 0)
+            .expect("write SB_FE6_V1");
     };
     let (pod, node_denied, node_allowed) = in_netns(|| {
         set_flags(ebpf, frontend_flags::SOURCE_RANGES);
@@ -729,20 +801,41 @@ fn a_frontend_restricted_by_source_ranges_is_left_to_tc_for_pods_and_gated_for_t
         let mut array: Array<_, Config> =
             Array::try_from(ebpf.map_mut(names::CONFIG).expect("SB_CONFIG_V1")).expect("typed");
         array.set(0, config, 0).expect("write SB_CONFIG_V1");
-        let node_denied = member.inside(|| TcpStream::connect_timeout(&frontend, Duration::from_secs(1)));
-        set_flags(ebpf, frontend_flags::SOURCE_RANGES | frontend_flags::SOURCE_RANGES_NODE);
+        let node_denied =
+            member.inside(|| TcpStream::connect_timeout(&frontend, Duration::from_secs(1)));
+        set_flags(
+            ebpf,
+            frontend_flags::SOURCE_RANGES | frontend_flags::SOURCE_RANGES_NODE,
+        );
         let node_allowed = member.inside(|| tcp_once(frontend));
         (pod.map(|_| ()), node_denied.map(|_| ()), node_allowed)
     });
-    let pod = pod.expect_err("the frontend exists nowhere: untranslated, the connect cannot succeed");
-    assert_ne!(pod.kind(), ErrorKind::PermissionDenied, "a pod's socket is not judged here: {pod}");
+    let pod =
+        pod.expect_err("the frontend exists nowhere: untranslated, the connect cannot succeed");
+    assert_ne!(
+        pod.kind(),
+        ErrorKind::PermissionDenied,
+        "a pod's socket is not judged here: {pod}"
+    );
     let denied = node_denied.expect_err("the node may not reach the frontend");
     assert_eq!(denied.kind(), ErrorKind::PermissionDenied, "{denied}");
     let (who, peer) = node_allowed.expect("a block holds a node address: balanced");
-    assert!(BE6.iter().any(|b| b.to_string() == who), "answered by {who}");
+    assert!(
+        BE6.iter().any(|b| b.to_string() == who),
+        "answered by {who}"
+    );
     assert_eq!(peer, frontend);
-    assert_eq!(counters.grew(&w.ebpf, stat::SOCK_CONNECT), 1, "only the allowed connect was balanced");
+    assert_eq!(
+        counters.grew(&w.ebpf, stat::SOCK_CONNECT),
+        1,
+        "only the allowed connect was balanced"
+    );
     let denied: PerCpuArray<_, u64> =
-        PerCpuArray::try_from(w.ebpf.map(names::SERVICE_DENIED).expect("SB_SVC_DENIED_V1")).expect("typed");
-    assert_eq!(denied.get(&1, 0).expect("read").iter().sum::<u64>(), 1, "the node's refused connect is counted");
+        PerCpuArray::try_from(w.ebpf.map(names::SERVICE_DENIED).expect("SB_SVC_DENIED_V1"))
+            .expect("typed");
+    assert_eq!(
+        denied.get(&1, 0).expect("read").iter().sum::<u64>(),
+        1,
+        "the node's refused connect is counted"
+    );
 }

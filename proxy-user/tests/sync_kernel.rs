@@ -49,13 +49,22 @@ fn decode(store: &PinnedMaps) -> BTreeMap<FrontendAddr, (String, Vec<BackendAddr
     let revnat: HashMap<u32, _> = dump.revnat.iter().copied().collect();
     let slots: HashMap<_, _> = dump.frontends.iter().copied().collect();
     let mut out = BTreeMap::new();
-    for (key, head) in dump.frontends.iter().filter(|(k, _)| k.slot() == 0 && k.scope() == scope::INTERNAL) {
+    for (key, head) in dump
+        .frontends
+        .iter()
+        .filter(|(k, _)| k.slot() == 0 && k.scope() == scope::INTERNAL)
+    {
         let addr = frontend_addr(key).expect("a known protocol");
         let mut set: Vec<BackendAddr> = (1..=head.backend_count)
             .map(|slot| {
                 let value = slots[&key.at(scope::INTERNAL, slot)];
                 let backend: &AnyBackend = &backends[&value.backend_id];
-                assert_eq!(backend.family(), key.family(), "{addr}: backend id {} of the other family", value.backend_id);
+                assert_eq!(
+                    backend.family(),
+                    key.family(),
+                    "{addr}: backend id {} of the other family",
+                    value.backend_id
+                );
                 backend_addr(backend)
             })
             .collect();
@@ -138,7 +147,11 @@ fn a_batched_first_sync_and_incremental_changes_leave_exactly_the_desired_state(
     let report = syncer.apply_changed(model.desired(), &delta.frontends);
     assert!(report.failed.is_empty(), "{:?}", report.failed.first());
     assert_eq!(report.added, count as usize);
-    assert_eq!(report.writes, count as usize * (1 + 1 + 3 + 3), "revnat, slot 0, 3 slots, 3 backends each");
+    assert_eq!(
+        report.writes,
+        count as usize * (1 + 1 + 3 + 3),
+        "revnat, slot 0, 3 slots, 3 backends each"
+    );
     assert_eq!(decode(syncer.store()), want(model.desired()));
 
     // Then one slice at a time, entry by entry: endpoints move, a Service goes.
@@ -185,7 +198,12 @@ fn max_services_n_gives_n_service_ports_each_with_counters() {
     let report = syncer.apply_changed(model.desired(), &delta.frontends);
     assert_eq!(report.added, n as usize, "{report:?}");
     assert_eq!(report.failed.len(), 1, "{report:?}");
-    assert!(report.failed[0].reason.contains("service id space full (4 service ports"), "{report:?}");
+    assert!(
+        report.failed[0]
+            .reason
+            .contains("service id space full (4 service ports"),
+        "{report:?}"
+    );
     let dump = syncer.store().dump();
     let ids: BTreeSet<u32> = dump.revnat.iter().map(|(id, _)| *id).collect();
     assert_eq!(ids, (1..=n).collect::<BTreeSet<u32>>());
@@ -225,7 +243,11 @@ fn dual_stack_services_fill_both_families_maps() {
         }
     }
     let delta = model.update();
-    assert!(model.warnings().next().is_none(), "{:?}", model.warnings().collect::<Vec<_>>());
+    assert!(
+        model.warnings().next().is_none(),
+        "{:?}",
+        model.warnings().collect::<Vec<_>>()
+    );
     assert_eq!(delta.frontends.len(), 2 * count as usize);
 
     // 100 frontends into empty maps: batched, per family.
@@ -236,19 +258,34 @@ fn dual_stack_services_fill_both_families_maps() {
     let store = syncer.store();
     let fe4 = store.frontends.keys().filter(Result::is_ok).count();
     let fe6 = store.frontends6.keys().filter(Result::is_ok).count();
-    assert_eq!((fe4, fe6), (count as usize * 3, count as usize * 4), "slot 0 plus 2 IPv4 or 3 IPv6 slots each");
+    assert_eq!(
+        (fe4, fe6),
+        (count as usize * 3, count as usize * 4),
+        "slot 0 plus 2 IPv4 or 3 IPv6 slots each"
+    );
     let be4: BTreeSet<u32> = store.backends.keys().filter_map(Result::ok).collect();
     let be6: BTreeSet<u32> = store.backends6.keys().filter_map(Result::ok).collect();
-    assert_eq!((be4.len(), be6.len()), (count as usize * 2, count as usize * 3));
+    assert_eq!(
+        (be4.len(), be6.len()),
+        (count as usize * 2, count as usize * 3)
+    );
     assert!(be4.is_disjoint(&be6), "one backend id space");
     let rn4: BTreeSet<u32> = store.revnat.keys().filter_map(Result::ok).collect();
     let rn6: BTreeSet<u32> = store.revnat6.keys().filter_map(Result::ok).collect();
     assert_eq!((rn4.len(), rn6.len()), (count as usize, count as usize));
     assert!(rn4.is_disjoint(&rn6), "one service id space");
-    for (key, head) in store.frontends6.iter().filter_map(Result::ok).filter(|(k, _)| k.slot == 0) {
+    for (key, head) in store
+        .frontends6
+        .iter()
+        .filter_map(Result::ok)
+        .filter(|(k, _)| k.slot == 0)
+    {
         let addr = frontend_addr(&key).expect("TCP");
         assert!(addr.ip.is_ipv6());
-        let rnat = store.revnat6.get(&head.service_id, 0).expect("the IPv6 reverse-NAT entry");
+        let rnat = store
+            .revnat6
+            .get(&head.service_id, 0)
+            .expect("the IPv6 reverse-NAT entry");
         assert_eq!((rnat.addr_be, rnat.port_be), (key.addr_be, key.port_be));
     }
 
@@ -263,11 +300,18 @@ fn dual_stack_services_fill_both_families_maps() {
     assert!(report.failed.is_empty(), "{:?}", report.failed.first());
     assert_eq!(report.removed, 2, "dual-4's two frontends");
     assert_eq!(decode(syncer.store()), want(model.desired()));
-    assert_eq!(syncer.store().revnat6.keys().filter(Result::is_ok).count(), count as usize - 1);
+    assert_eq!(
+        syncer.store().revnat6.keys().filter(Result::is_ok).count(),
+        count as usize - 1
+    );
 
     // A restarted agent adopts both families: nothing to write.
     let mut restarted = Syncer::adopt(syncer.into_store(), caps);
     let report = restarted.apply(model.desired());
-    assert_eq!((report.writes, report.unchanged), (0, model.desired().frontends.len()), "{report:?}");
+    assert_eq!(
+        (report.writes, report.unchanged),
+        (0, model.desired().frontends.len()),
+        "{report:?}"
+    );
     assert_eq!(decode(restarted.store()), want(model.desired()));
 }

@@ -24,7 +24,15 @@ pub fn upgrade_variant() -> Result<PathBuf> {
         cargo()
             .current_dir(repo_root())
             .env("SB_PROGRAM_REVISION", "1")
-            .args(["build", "--release", "-p", "proxy-user", "-p", "xtask", "--bins"]),
+            .args([
+                "build",
+                "--release",
+                "-p",
+                "proxy-user",
+                "-p",
+                "xtask",
+                "--bins",
+            ]),
     )?;
     let dest = release_bin("switchboard-upgrade");
     std::fs::copy(release_bin("switchboard"), &dest)
@@ -35,15 +43,20 @@ pub fn upgrade_variant() -> Result<PathBuf> {
 
 pub fn run() -> Result<Binaries> {
     println!("build: cargo build --release -p proxy-user -p xtask --bins");
-    run_inherit(cargo().current_dir(repo_root()).env_remove("SB_PROGRAM_REVISION").args([
-        "build",
-        "--release",
-        "-p",
-        "proxy-user",
-        "-p",
-        "xtask",
-        "--bins",
-    ]))?;
+    run_inherit(
+        cargo()
+            .current_dir(repo_root())
+            .env_remove("SB_PROGRAM_REVISION")
+            .args([
+                "build",
+                "--release",
+                "-p",
+                "proxy-user",
+                "-p",
+                "xtask",
+                "--bins",
+            ]),
+    )?;
     let bins = Binaries {
         switchboard: release_bin("switchboard"),
         sb_echo: release_bin("sb-echo"),

@@ -154,7 +154,11 @@ fn print_troubleshooting(sb: &Sandbox, switchboard: &Path) -> Result<()> {
         print!("{}", String::from_utf8_lossy(&out.stdout));
         eprint!("{}", String::from_utf8_lossy(&out.stderr));
         if !out.status.success() {
-            bail!("demo: `switchboard {}` found a problem ({})", args.join(" "), out.status);
+            bail!(
+                "demo: `switchboard {}` found a problem ({})",
+                args.join(" "),
+                out.status
+            );
         }
         println!();
     }

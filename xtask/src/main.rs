@@ -120,8 +120,21 @@ fn properties(fuzz_cases: u64) -> Result<()> {
     println!("== fuzz ({fuzz_cases} frames) and property tests ({proptest_cases} cases) ==");
     let status = xtask::util::cargo()
         .current_dir(xtask::util::repo_root())
-        .args(["test", "--release", "-p", "proxy-user", "--lib", "--test", "datapath_fuzz", "--"])
-        .args(["properties", "random_and_mutated_frames", "--test-threads=1"])
+        .args([
+            "test",
+            "--release",
+            "-p",
+            "proxy-user",
+            "--lib",
+            "--test",
+            "datapath_fuzz",
+            "--",
+        ])
+        .args([
+            "properties",
+            "random_and_mutated_frames",
+            "--test-threads=1",
+        ])
         .env("SB_FUZZ_CASES", fuzz_cases.to_string())
         .env("PROPTEST_CASES", proptest_cases.to_string())
         .status()?;
@@ -140,7 +153,15 @@ fn floods(secs: u64) -> Result<()> {
     println!("== spoofed SYN floods of {secs} s ==");
     let status = xtask::util::cargo()
         .current_dir(xtask::util::repo_root())
-        .args(["test", "--release", "-p", "xtask", "--test", "e2e_conntrack", "--"])
+        .args([
+            "test",
+            "--release",
+            "-p",
+            "xtask",
+            "--test",
+            "e2e_conntrack",
+            "--",
+        ])
         .args(["spoofed_syn_flood", "--test-threads=1", "--nocapture"])
         .env("SB_FLOOD_SECS", secs.to_string())
         .env("SWITCHBOARD_BIN", &bins.switchboard)
@@ -166,7 +187,11 @@ fn soak(duration: u64, warmup: u64, rate: u32, services: usize, faults: bool) ->
             switchboard: bins.switchboard.clone(),
             sb_echo: bins.sb_echo.clone(),
         };
-        let title = if with_faults { "churn with API server faults" } else { "churn" };
+        let title = if with_faults {
+            "churn with API server faults"
+        } else {
+            "churn"
+        };
         println!("== {title}: {duration} s at {rate} changes/s, {services} Services ==");
         let report = xtask::soak::run(&opts)?;
         print!("{}", report.render());

@@ -89,15 +89,29 @@ fn components() -> Result<()> {
 }
 
 fn ensure_component(toolchain: &str, component: &str) -> Result<()> {
-    let out = run_capture(Command::new("rustup").args(["component", "list", "--toolchain", toolchain, "--installed"]))
-        .with_context(|| format!("setup: is the {toolchain} toolchain installed? (`rustup toolchain list`)"))?;
+    let out = run_capture(Command::new("rustup").args([
+        "component",
+        "list",
+        "--toolchain",
+        toolchain,
+        "--installed",
+    ]))
+    .with_context(|| {
+        format!("setup: is the {toolchain} toolchain installed? (`rustup toolchain list`)")
+    })?;
     let installed = String::from_utf8_lossy(&out.stdout);
     if installed.lines().any(|l| l.trim().starts_with(component)) {
         println!("setup: {component} for {toolchain} present");
         return Ok(());
     }
     println!("setup: installing {component} for {toolchain} (rustup component add {component} --toolchain {toolchain})");
-    run_inherit(Command::new("rustup").args(["component", "add", component, "--toolchain", toolchain]))
+    run_inherit(Command::new("rustup").args([
+        "component",
+        "add",
+        component,
+        "--toolchain",
+        toolchain,
+    ]))
 }
 
 fn bpf_linker() -> Result<()> {

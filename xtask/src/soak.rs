@@ -238,7 +238,10 @@ pub fn rss_kib(pid: u32) -> Result<u64> {
 /// it, and the unchanged one.
 fn converged(frontends: &[Frontend], churned: &[Churned]) -> bool {
     let stable: Vec<String> = {
-        let mut v: Vec<String> = PODS.iter().map(|i| format!("{}:8080", pod_ip(*i))).collect();
+        let mut v: Vec<String> = PODS
+            .iter()
+            .map(|i| format!("{}:8080", pod_ip(*i)))
+            .collect();
         v.sort();
         v
     };
@@ -262,7 +265,12 @@ fn converged(frontends: &[Frontend], churned: &[Churned]) -> bool {
 }
 
 /// Polls `switchboard services` until the maps hold the final state.
-fn wait_converged(sb: &Sandbox, switchboard: &Path, churned: &[Churned], timeout: Duration) -> Result<()> {
+fn wait_converged(
+    sb: &Sandbox,
+    switchboard: &Path,
+    churned: &[Churned],
+    timeout: Duration,
+) -> Result<()> {
     let end = Instant::now() + timeout;
     loop {
         let last = match sb.services(switchboard) {
@@ -280,11 +288,40 @@ fn wait_converged(sb: &Sandbox, switchboard: &Path, churned: &[Churned], timeout
 /// The fault phases of `--faults`, in order: (name, faults, cut watches).
 fn fault_phases() -> Vec<(&'static str, Faults, bool)> {
     vec![
-        ("500 for 30% of reads", Faults { fail_fraction: 0.3, ..Faults::default() }, false),
-        ("429 Retry-After 1 s", Faults { throttle_next: u64::MAX, retry_after: Duration::from_secs(1), ..Faults::default() }, false),
-        ("answers 1.5 s late", Faults { delay: Duration::from_millis(1500), ..Faults::default() }, false),
+        (
+            "500 for 30% of reads",
+            Faults {
+                fail_fraction: 0.3,
+                ..Faults::default()
+            },
+            false,
+        ),
+        (
+            "429 Retry-After 1 s",
+            Faults {
+                throttle_next: u64::MAX,
+                retry_after: Duration::from_secs(1),
+                ..Faults::default()
+            },
+            false,
+        ),
+        (
+            "answers 1.5 s late",
+            Faults {
+                delay: Duration::from_millis(1500),
+                ..Faults::default()
+            },
+            false,
+        ),
         ("watches cut mid-event every 0.5 s", Faults::default(), true),
-        ("silent watches", Faults { silent_watches: true, ..Faults::default() }, false),
+        (
+            "silent watches",
+            Faults {
+                silent_watches: true,
+                ..Faults::default()
+            },
+            false,
+        ),
     ]
 }
 
@@ -299,7 +336,10 @@ pub fn run(opts: &ChurnOptions) -> Result<ChurnReport> {
     let mut sb = Sandbox::for_test()?;
     let result = run_in(&mut sb, opts);
     if let Err(e) = &result {
-        eprintln!("--- agent log (tail) ---\n{}", tail(&sb.read_log("agent"), 60));
+        eprintln!(
+            "--- agent log (tail) ---\n{}",
+            tail(&sb.read_log("agent"), 60)
+        );
         eprintln!("churn run failed: {e:#}");
     }
     sb.cleanup()?;
@@ -318,7 +358,13 @@ fn run_in(sb: &mut Sandbox, opts: &ChurnOptions) -> Result<ChurnReport> {
     let stable_ips: Vec<String> = PODS.iter().map(|i| pod_ip(*i)).collect();
     api.apply(service("stable", CLUSTER_IP, 80))?;
     api.apply(slice("stable", &stable_ips))?;
-    let mut churned = vec![Churned { port: 80, generation: 0 }; opts.services];
+    let mut churned = vec![
+        Churned {
+            port: 80,
+            generation: 0
+        };
+        opts.services
+    ];
     for (i, c) in churned.iter().enumerate() {
         apply_churned(&api, i, *c)?;
     }
@@ -330,9 +376,12 @@ fn run_in(sb: &mut Sandbox, opts: &ChurnOptions) -> Result<ChurnReport> {
         agent_args.extend(["--watch-timeout", FAULT_WATCH_TIMEOUT]);
     }
     sb.start_agent_from(&opts.switchboard, "cluster", &agent_args)?;
-    sb.wait_services(&opts.switchboard, Duration::from_secs(120), "the initial sync", |f| {
-        converged(f, &churned)
-    })?;
+    sb.wait_services(
+        &opts.switchboard,
+        Duration::from_secs(120),
+        "the initial sync",
+        |f| converged(f, &churned),
+    )?;
     let pid = sb.agent_pid().context("the agent's pid")?;
     let mut report = ChurnReport {
         services: opts.services,
@@ -349,7 +398,10 @@ fn run_in(sb: &mut Sandbox, opts: &ChurnOptions) -> Result<ChurnReport> {
     let converged_after = std::thread::scope(|scope| -> Result<f64> {
         scope.spawn(|| {
             while !stop_traffic.load(Ordering::Relaxed) {
-                match sb_ref.client(&opts.sb_echo, &["--tcp", &target, "--count", "50", "--timeout-ms", "1000"]) {
+                match sb_ref.client(
+                    &opts.sb_echo,
+                    &["--tcp", &target, "--count", "50", "--timeout-ms", "1000"],
+                ) {
                     Ok(run) => {
                         sent.fetch_add(run.attempts.len() as u64, Ordering::Relaxed);
                         failed.fetch_add(run.failures() as u64, Ordering::Relaxed);

@@ -51,7 +51,11 @@ pub fn run() -> Result<()> {
     // object is not rebuilt between them).
     std::env::set_var("SB_EBPF_DENY_WARNINGS", "1");
     println!("test: cargo fmt --all --check");
-    let fmt = run_inherit(cargo().current_dir(repo_root()).args(["fmt", "--all", "--check"]));
+    let fmt = run_inherit(
+        cargo()
+            .current_dir(repo_root())
+            .args(["fmt", "--all", "--check"]),
+    );
     let upgrade = crate::build::upgrade_variant()?;
     let bins = crate::build::run()?;
     if let Err(e) = crate::sandbox::cleanup_stale() {

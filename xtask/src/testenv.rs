@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use crate::sandbox::two_node::manifests::{EntryPoint, ExternalService, Policy, Proto};
 use crate::sandbox::two_node::{Lan, Node, Pod};
-use crate::sandbox::{find, find_at, pod_ip, pod_name, Attempt, ClientRun, Sandbox, TwoNodeSandbox, PODS};
+use crate::sandbox::{
+    find, find_at, pod_ip, pod_name, Attempt, ClientRun, Sandbox, TwoNodeSandbox, PODS,
+};
 
 /// A binary named by environment variable `var`. Panics with the command to
 /// run when it is unset or missing: these tests never pass silently.
@@ -219,12 +221,25 @@ pub struct IdleClient {
 
 /// Opens an [`IdleClient`] to `addr` from where `sb_echo` runs `sb-echo`.
 pub fn open_idle_with(sb_echo: &dyn Fn(&[&str]) -> Command, addr: &str) -> IdleClient {
-    let mut cmd = sb_echo(&["client", "--tcp", addr, "--idle-until-stdin", "--count", "5", "--timeout-ms", "2000"]);
-    cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::inherit());
+    let mut cmd = sb_echo(&[
+        "client",
+        "--tcp",
+        addr,
+        "--idle-until-stdin",
+        "--count",
+        "5",
+        "--timeout-ms",
+        "2000",
+    ]);
+    cmd.stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
     let mut child = cmd.spawn().expect("start the idle client");
     let stdout = child.stdout.as_mut().expect("piped stdout");
     let mut line = String::new();
-    BufReader::new(stdout).read_line(&mut line).expect("read the greeting");
+    BufReader::new(stdout)
+        .read_line(&mut line)
+        .expect("read the greeting");
     let pod = match line.split_whitespace().collect::<Vec<_>>()[..] {
         ["connected", pod, ..] => pod.to_owned(),
         _ => panic!("idle client did not connect: {line:?}"),
@@ -241,9 +256,16 @@ pub fn wake(mut idle: IdleClient) -> (String, Attempt) {
         .expect("piped stdin")
         .write_all(b"go\n")
         .expect("wake the idle client");
-    let out = idle.child.wait_with_output().expect("wait for the idle client");
+    let out = idle
+        .child
+        .wait_with_output()
+        .expect("wait for the idle client");
     let raw = String::from_utf8_lossy(&out.stdout).into_owned();
     let run = ClientRun::parse(&raw).unwrap_or_else(|e| panic!("{e:#}: {raw}"));
-    let attempt = run.attempts.into_iter().next().unwrap_or_else(|| panic!("no result: {raw}"));
+    let attempt = run
+        .attempts
+        .into_iter()
+        .next()
+        .unwrap_or_else(|| panic!("no result: {raw}"));
     (idle.pod, attempt)
 }

@@ -360,7 +360,9 @@ fn fault_scenario(c: &mut Cluster, fault: Fault<'_>) {
     c.synced_to(&[1, 2], "initial sync");
     (fault.start)(&c.api);
     c.api.drop_watches();
-    c.api.apply(slice(&[1, 2, 3])).expect("change during the fault");
+    c.api
+        .apply(slice(&[1, 2, 3]))
+        .expect("change during the fault");
     std::thread::sleep(Duration::from_millis(1500));
     if fault.blocks {
         assert_eq!(
@@ -446,7 +448,10 @@ fn slow_answers_are_waited_for_and_answers_slower_than_the_read_timeout_are_retr
     c.synced_to(&[1, 2, 4], "a change through slow answers");
     let took = started.elapsed();
     eprintln!("change through 1 s answers programmed after {took:?}");
-    assert!(took >= Duration::from_millis(1000), "the delay was in effect ({took:?})");
+    assert!(
+        took >= Duration::from_millis(1000),
+        "the delay was in effect ({took:?})"
+    );
     c.api.clear_faults();
     c.api.apply(slice(&[1, 2])).expect("back to two pods");
     // Slower than the read timeout: every attempt fails until it clears.
@@ -477,12 +482,25 @@ fn watches_cut_mid_event_are_resumed_and_every_change_arrives() {
     let mut failed = 0;
     while started.elapsed() < Duration::from_secs(3) {
         c.api.cut_watches_mid_event();
-        let pods: &[usize] = if step.is_multiple_of(2) { &[1, 2, 3] } else { &[1, 2] };
+        let pods: &[usize] = if step.is_multiple_of(2) {
+            &[1, 2, 3]
+        } else {
+            &[1, 2]
+        };
         c.api.apply(slice(pods)).expect("change between cuts");
         step += 1;
-        let run = c
-            .sb
-            .client(&sb_echo(), &["--tcp", &format!("{CLUSTER_IP}:80"), "--count", "5", "--timeout-ms", "500"])
+        let run =
+            c.sb.client(
+                &sb_echo(),
+                &[
+                    "--tcp",
+                    &format!("{CLUSTER_IP}:80"),
+                    "--count",
+                    "5",
+                    "--timeout-ms",
+                    "500",
+                ],
+            )
             .expect("client");
         failed += run.failures();
         std::thread::sleep(Duration::from_millis(100));
@@ -495,7 +513,10 @@ fn watches_cut_mid_event_are_resumed_and_every_change_arrives() {
         c.api.watches(Kind::EndpointSlice) > watches_before,
         "the agent re-watched after the cuts"
     );
-    c.wait_log("endpointslices watch failing: watch: ", Duration::from_secs(5));
+    c.wait_log(
+        "endpointslices watch failing: watch: ",
+        Duration::from_secs(5),
+    );
     c.api.apply(slice(&[3])).expect("change after the cuts");
     c.synced_to(&[3], "the change after the cuts");
     assert_eq!(c.tcp_names(10), vec!["pod3"]);
@@ -529,14 +550,19 @@ fn verify_reports_a_damaged_map_per_frontend() {
     c.synced_to(&[1, 2], "initial sync");
     let (ok, text) = c.verify();
     assert!(ok, "{text}");
-    assert!(text.contains("The maps match the agent's desired state."), "{text}");
+    assert!(
+        text.contains("The maps match the agent's desired state."),
+        "{text}"
+    );
     // Damage the maps behind the agent's back: slot 0 of the ClusterIP
     // frontend claims a third backend whose slot does not exist.
     // The frontend map's pin name (proxy_common::names::FRONTENDS).
     let pin = c.sb.pin_dir.join("SB_FE_V1").to_string_lossy().into_owned();
-    let dump = c
-        .sb
-        .exec(&c.sb.node_ns(), &["bpftool", "-j", "map", "dump", "pinned", &pin])
+    let dump =
+        c.sb.exec(
+            &c.sb.node_ns(),
+            &["bpftool", "-j", "map", "dump", "pinned", &pin],
+        )
         .expect("bpftool map dump");
     let entries: Vec<Value> = serde_json::from_slice(&dump.stdout).expect("bpftool json");
     let head = entries
@@ -556,12 +582,15 @@ fn verify_reports_a_damaged_map_per_frontend() {
     args.extend(key_refs);
     args.push("value");
     args.extend(value.iter().map(String::as_str));
-    c.sb.exec(&c.sb.node_ns(), &args).expect("bpftool map update");
+    c.sb.exec(&c.sb.node_ns(), &args)
+        .expect("bpftool map update");
     let (ok, text) = c.verify();
     eprintln!("{text}");
     assert!(!ok, "verify must fail on a damaged map:\n{text}");
     assert!(
-        text.contains("10.96.0.10:80/TCP") && text.contains("dangling-slot") && text.contains("slot 3 of 3 is absent"),
+        text.contains("10.96.0.10:80/TCP")
+            && text.contains("dangling-slot")
+            && text.contains("slot 3 of 3 is absent"),
         "{text}"
     );
     c.sb.cleanup().expect("cleanup");
@@ -570,6 +599,10 @@ fn verify_reports_a_damaged_map_per_frontend() {
 /// bpftool's `["0x0a", ...]` byte list.
 fn hex_bytes(v: &Value) -> Vec<String> {
     v.as_array()
-        .map(|a| a.iter().filter_map(|b| b.as_str().map(str::to_owned)).collect())
+        .map(|a| {
+            a.iter()
+                .filter_map(|b| b.as_str().map(str::to_owned))
+                .collect()
+        })
         .unwrap_or_default()
 }

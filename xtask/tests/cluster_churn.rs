@@ -26,5 +26,10 @@ fn churn_at_1000_changes_per_second_fails_no_request_and_leaves_exact_maps() {
     .expect("churn run");
     eprint!("{}", report.render());
     let failures = report.failures(rate);
-    assert!(failures.is_empty(), "{}\n{}", failures.join("\n"), report.render());
+    assert!(
+        failures.is_empty(),
+        "{}\n{}",
+        failures.join("\n"),
+        report.render()
+    );
 }

@@ -17,7 +17,8 @@ use xtask::sandbox::two_node::manifests::{Policy, NODEPORT_TCP};
 use xtask::sandbox::two_node::{Client, Node, Pod};
 use xtask::sandbox::{Attempt, ClientRun, Sandbox, CLUSTER_IP};
 use xtask::testenv::{
-    demo_sandbox_with, open_idle_with, sb_echo, sb_echo_in, switchboard, two_node_with_agents, wake, IdleClient,
+    demo_sandbox_with, open_idle_with, sb_echo, sb_echo_in, switchboard, two_node_with_agents,
+    wake, IdleClient,
 };
 
 /// `--max-conntrack`: 256 flows.
@@ -35,7 +36,9 @@ fn open_idle(sb: &Sandbox, addr: &str) -> IdleClient {
 fn stats_counter(pin: &Path, name: &str) -> u64 {
     let out = run_switchboard(&["stats", "-o", "json"], pin);
     let json: serde_json::Value = serde_json::from_slice(&out).expect("stats json");
-    json["counters"][name].as_u64().unwrap_or_else(|| panic!("no counter {name}: {json}"))
+    json["counters"][name]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no counter {name}: {json}"))
 }
 
 /// `switchboard <args> --pin-root <pin>`'s standard output; panics on failure.
@@ -46,7 +49,11 @@ fn run_switchboard(args: &[&str], pin: &Path) -> Vec<u8> {
         .arg(pin)
         .output()
         .expect("start switchboard");
-    assert!(out.status.success(), "switchboard {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "switchboard {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     out.stdout
 }
 
@@ -86,7 +93,17 @@ fn idle_connections_survive_a_burst_ten_times_the_table() {
     let burst = 10 * CAPACITY;
     let started = Instant::now();
     let run = sb
-        .client(&bin, &["--tcp", &addr, "--count", &burst.to_string(), "--timeout-ms", "4000"])
+        .client(
+            &bin,
+            &[
+                "--tcp",
+                &addr,
+                "--count",
+                &burst.to_string(),
+                "--timeout-ms",
+                "4000",
+            ],
+        )
         .unwrap_or_else(|e| panic!("{e:#}"));
     let took = started.elapsed();
     let failed = run.failures();
@@ -102,11 +119,21 @@ fn idle_connections_survive_a_burst_ten_times_the_table() {
             (pod, other) => lost.push(format!("greeted by {pod}, then {other:?}")),
         }
     }
-    assert!(lost.is_empty(), "idle connections broken by the burst:\n{}", lost.join("\n"));
+    assert!(
+        lost.is_empty(),
+        "idle connections broken by the burst:\n{}",
+        lost.join("\n")
+    );
     // The table was full at times (new flows were refused and retried), yet
     // the collector kept making room: nearly every connection got through.
-    assert!(stats_counter(&sb.pin_dir, "ct_full") > 0, "the burst never filled the table");
-    assert!(failed * 100 <= burst, "{failed} of {burst} short connections failed");
+    assert!(
+        stats_counter(&sb.pin_dir, "ct_full") > 0,
+        "the burst never filled the table"
+    );
+    assert!(
+        failed * 100 <= burst,
+        "{failed} of {burst} short connections failed"
+    );
 }
 
 /// `switchboard conntrack list` shows each flow's phase and time to expiry.
@@ -166,7 +193,8 @@ struct FloodFigures {
 fn cpu_ticks(pid: u32) -> u64 {
     let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
     assert_eq!(comm.trim(), "switchboard", "pid {pid} is not the agent");
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("the agent's /proc stat");
+    let stat =
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("the agent's /proc stat");
     // After the command name in parentheses: state is field 3, utime 14, stime 15.
     let rest = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
     let fields: Vec<&str> = rest.split_whitespace().collect();
@@ -175,7 +203,11 @@ fn cpu_ticks(pid: u32) -> u64 {
 
 /// Seconds a flood lasts: 10, or `SB_FLOOD_SECS` (`cargo xtask soak`).
 fn flood_secs() -> u64 {
-    std::env::var("SB_FLOOD_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(10).max(5)
+    std::env::var("SB_FLOOD_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(10)
+        .max(5)
 }
 
 /// Spoofed SYNs (random sources, as fast as one sender goes) at the
@@ -197,10 +229,22 @@ fn flood(site: &FloodSite) -> FloodFigures {
     stats_counter(&site.pin, "ct_full");
     let stats_took = stats_started.elapsed();
     let probe = |args: &[&str]| {
-        let mut all = vec!["client", "--tcp", &site.addr, "--interval-ms", "100", "--timeout-ms", "1000"];
+        let mut all = vec![
+            "client",
+            "--tcp",
+            &site.addr,
+            "--interval-ms",
+            "100",
+            "--timeout-ms",
+            "1000",
+        ];
         all.extend_from_slice(args);
-        let out = (site.real_client)(&all).stdin(Stdio::null()).output().expect("run sb-echo client");
-        let run = ClientRun::parse(&String::from_utf8_lossy(&out.stdout)).unwrap_or_else(|e| panic!("{e:#}"));
+        let out = (site.real_client)(&all)
+            .stdin(Stdio::null())
+            .output()
+            .expect("run sb-echo client");
+        let run = ClientRun::parse(&String::from_utf8_lossy(&out.stdout))
+            .unwrap_or_else(|e| panic!("{e:#}"));
         (run.attempts.len() - run.failures(), run.attempts.len())
     };
     let during = probe(&["--duration-ms", &probe_ms]);
@@ -253,7 +297,11 @@ fn assert_flood_held(f: &FloodFigures) {
         matches!(attempt, Attempt::Ok { name, .. } if name == pod),
         "the idle connection to {pod} did not survive the flood: {attempt:?}"
     );
-    assert!(f.half_open > 1000, "the flood did not fill the table with half-open flows ({})", f.half_open);
+    assert!(
+        f.half_open > 1000,
+        "the flood did not fill the table with half-open flows ({})",
+        f.half_open
+    );
     assert!(
         f.during.1 >= 20 && f.during.0 * 10 >= f.during.1 * 9,
         "during the flood {} of {} new connections succeeded (ct_full {})",
@@ -261,8 +309,16 @@ fn assert_flood_held(f: &FloodFigures) {
         f.during.1,
         f.ct_full
     );
-    assert_eq!(f.after.0, f.after.1, "from 2 s after the flood {} of {} succeeded", f.after.0, f.after.1);
-    assert!(f.stats_took < Duration::from_secs(2), "stats took {:?} under the flood", f.stats_took);
+    assert_eq!(
+        f.after.0, f.after.1,
+        "from 2 s after the flood {} of {} succeeded",
+        f.after.0, f.after.1
+    );
+    assert!(
+        f.stats_took < Duration::from_secs(2),
+        "stats took {:?} under the flood",
+        f.stats_took
+    );
     // A quarter of one core at most; a collector walking the full table
     // every second took 26-41% of a core here.
     assert!(
@@ -296,7 +352,11 @@ fn a_spoofed_syn_flood_locks_no_real_client_out() {
 /// two local endpoints (DNAT only) and one on node B (source NAT to node A).
 #[test]
 fn a_spoofed_syn_flood_at_a_nodeport_locks_no_real_client_out() {
-    let endpoints = [Pod::new(Node::A, 1), Pod::new(Node::A, 2), Pod::new(Node::B, 1)];
+    let endpoints = [
+        Pod::new(Node::A, 1),
+        Pod::new(Node::A, 2),
+        Pod::new(Node::B, 1),
+    ];
     let sb = two_node_with_agents(Policy::Cluster, &endpoints, &["--max-conntrack", "8192"]);
     let sb_ref = &sb;
     let in_client = |client: Client| {

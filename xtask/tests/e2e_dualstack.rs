@@ -41,11 +41,17 @@ fn a_dual_stack_service_is_programmed_per_family_and_shown_bracketed() {
     let yaml = DUAL.replace("POD1", &pod_ip(1)).replace("POD2", &pod_ip(2));
     write_manifest(&sb, "dual.yaml", &yaml);
     let frontends = sb
-        .wait_services(&sw, Duration::from_secs(10), "demo/dual:http in both families", |f| {
-            f.iter().filter(|fe| fe.service == "demo/dual:http").count() == 2
-        })
+        .wait_services(
+            &sw,
+            Duration::from_secs(10),
+            "demo/dual:http in both families",
+            |f| f.iter().filter(|fe| fe.service == "demo/dual:http").count() == 2,
+        )
         .unwrap_or_else(|e| panic!("{e:#}"));
-    let dual: Vec<_> = frontends.iter().filter(|fe| fe.service == "demo/dual:http").collect();
+    let dual: Vec<_> = frontends
+        .iter()
+        .filter(|fe| fe.service == "demo/dual:http")
+        .collect();
     let by_addr = |a: &str| {
         dual.iter()
             .find(|fe| fe.address == a)
@@ -58,13 +64,21 @@ fn a_dual_stack_service_is_programmed_per_family_and_shown_bracketed() {
     let v6 = by_addr("fd00:96::30");
     let mut v6_backends: Vec<&str> = v6.backends.iter().map(|b| b.address.as_str()).collect();
     v6_backends.sort();
-    assert_eq!(v6_backends, ["fd00:244::1", "fd00:244::2", "fd00:244::3"], "IPv6 endpoints only");
+    assert_eq!(
+        v6_backends,
+        ["fd00:244::1", "fd00:244::2", "fd00:244::3"],
+        "IPv6 endpoints only"
+    );
     assert_ne!(v4.id, v6.id, "a service id per frontend, from one space");
     // The other Services are untouched.
     assert!(find(&frontends, "demo/echo:http").is_some());
 
     let table = sb.services_raw(&sw, false).expect("services");
-    for needle in ["[fd00:96::30]:80/TCP", "[fd00:244::1]:8080", "10.96.0.30:80/TCP"] {
+    for needle in [
+        "[fd00:96::30]:80/TCP",
+        "[fd00:244::1]:8080",
+        "10.96.0.30:80/TCP",
+    ] {
         assert!(table.contains(needle), "table lacks {needle}:\n{table}");
     }
 
@@ -77,19 +91,39 @@ fn a_dual_stack_service_is_programmed_per_family_and_shown_bracketed() {
     let bin = sw.to_string_lossy().into_owned();
     let pin = sb.pin_dir.to_string_lossy().into_owned();
     let out = sb
-        .exec_status(&sb.node_ns(), &[&bin, "explain", "[fd00:96::30]:80/TCP", "--pin-root", &pin])
+        .exec_status(
+            &sb.node_ns(),
+            &[&bin, "explain", "[fd00:96::30]:80/TCP", "--pin-root", &pin],
+        )
         .expect("run explain");
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
-    assert!(text.contains("Service:   demo/dual:http (ClusterIP"), "{text}");
-    assert!(text.contains("[fd00:244::1]:8080, [fd00:244::2]:8080, [fd00:244::3]:8080"), "{text}");
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("Service:   demo/dual:http (ClusterIP"),
+        "{text}"
+    );
+    assert!(
+        text.contains("[fd00:244::1]:8080, [fd00:244::2]:8080, [fd00:244::3]:8080"),
+        "{text}"
+    );
 
     // The IPv6 slice goes: its frontend has no backends, the IPv4 one keeps its own.
     let v4_only: String = yaml.split("---").take(2).collect::<Vec<_>>().join("---");
     write_manifest(&sb, "dual.yaml", &v4_only);
-    sb.wait_services(&sw, Duration::from_secs(10), "the IPv6 frontend without backends", |f| {
-        f.iter().any(|fe| fe.address == "fd00:96::30" && fe.backends.is_empty())
-            && f.iter().any(|fe| fe.address == "10.96.0.30" && fe.backends.len() == 2)
-    })
+    sb.wait_services(
+        &sw,
+        Duration::from_secs(10),
+        "the IPv6 frontend without backends",
+        |f| {
+            f.iter()
+                .any(|fe| fe.address == "fd00:96::30" && fe.backends.is_empty())
+                && f.iter()
+                    .any(|fe| fe.address == "10.96.0.30" && fe.backends.len() == 2)
+        },
+    )
     .unwrap_or_else(|e| panic!("{e:#}"));
 }

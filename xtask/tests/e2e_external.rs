@@ -721,8 +721,11 @@ fn load_balancer_source_ranges_admit_only_listed_clients() {
     let lb = ExternalService::LoadBalancer;
     let only_one = format!("{}/32", Client::One.ip());
     let write = |sb: &TwoNodeSandbox, ranges: &[&str]| {
-        sb.write_manifest(&lb.service_file(), &lb.yaml_with_source_ranges(Policy::Cluster, ranges))
-            .expect("write the restricted Service");
+        sb.write_manifest(
+            &lb.service_file(),
+            &lb.yaml_with_source_ranges(Policy::Cluster, ranges),
+        )
+        .expect("write the restricted Service");
     };
     let restricted_to = |want: Vec<String>| {
         move |f: &[xtask::sandbox::Frontend]| {
@@ -733,19 +736,35 @@ fn load_balancer_source_ranges_admit_only_listed_clients() {
         }
     };
     write(&sb, &[&only_one]);
-    sb.wait_services(Node::A, &sw, Duration::from_secs(10), "the LB restricted to client 1", restricted_to(vec![only_one.clone()]))
-        .unwrap_or_else(|e| panic!("{e:#}"));
+    sb.wait_services(
+        Node::A,
+        &sw,
+        Duration::from_secs(10),
+        "the LB restricted to client 1",
+        restricted_to(vec![only_one.clone()]),
+    )
+    .unwrap_or_else(|e| panic!("{e:#}"));
 
     for entry in lb.entry_points(Node::A) {
         let run = hit(&sb, Client::One, &entry, COUNT, 1000);
-        assert_answers(&run, &entry, &pods, Client::One.ip(), "client 1 is inside the ranges");
+        assert_answers(
+            &run,
+            &entry,
+            &pods,
+            Client::One.ip(),
+            "client 1 is inside the ranges",
+        );
         let run = hit(&sb, Client::Two, &entry, 3, 500);
         assert_dropped(&run, &entry, "client 2 is outside loadBalancerSourceRanges");
     }
     let frontends = sb.services(Node::A, &sw).expect("services");
     for entry in lb.entry_points(Node::A) {
-        let fe = find_at(&frontends, &entry.address, entry.port, entry.proto.as_str()).expect("the LB frontend");
-        assert!(fe.drops_source_range >= 3, "{entry}: client 2's drops are counted: {fe:?}");
+        let fe = find_at(&frontends, &entry.address, entry.port, entry.proto.as_str())
+            .expect("the LB frontend");
+        assert!(
+            fe.drops_source_range >= 3,
+            "{entry}: client 2's drops are counted: {fe:?}"
+        );
     }
     // The Service's NodePort is not restricted.
     let node_port = EntryPoint {
@@ -754,7 +773,11 @@ fn load_balancer_source_ranges_admit_only_listed_clients() {
         proto: Proto::Tcp,
     };
     let run = hit(&sb, Client::Two, &node_port, 3, 1000);
-    assert!(run.all_ok(), "{node_port}: the NodePort of a restricted Service stays open:\n{}", run.raw);
+    assert!(
+        run.all_ok(),
+        "{node_port}: the NodePort of a restricted Service stays open:\n{}",
+        run.raw
+    );
 
     // Widened: client 2 gets through within a second of the file change.
     // 192.168.50.100/31 holds .100 and .101.
@@ -767,7 +790,15 @@ fn load_balancer_source_ranges_admit_only_listed_clients() {
         if run.all_ok() {
             break widened.elapsed();
         }
-        assert!(widened.elapsed() < Duration::from_secs(5), "client 2 still denied 5 s after widening:\n{}\n{}", run.raw, sb.agent_log(Node::A));
+        assert!(
+            widened.elapsed() < Duration::from_secs(5),
+            "client 2 still denied 5 s after widening:\n{}\n{}",
+            run.raw,
+            sb.agent_log(Node::A)
+        );
     };
-    assert!(through < Duration::from_secs(1), "client 2 got through {through:?} after widening: more than a second");
+    assert!(
+        through < Duration::from_secs(1),
+        "client 2 got through {through:?} after widening: more than a second"
+    );
 }

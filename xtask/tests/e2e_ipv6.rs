@@ -11,8 +11,8 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use xtask::sandbox::{
-    find_at, node_ip6, pod_ip, pod_ip6, pod_name, Attempt, ClientRun, Frontend, Sandbox,
-    CLIENT_IP, CLIENT_IP6, PODS,
+    find_at, node_ip6, pod_ip, pod_ip6, pod_name, Attempt, ClientRun, Frontend, Sandbox, CLIENT_IP,
+    CLIENT_IP6, PODS,
 };
 use xtask::testenv::{require_root, sb_echo, switchboard, write_manifest};
 
@@ -55,7 +55,11 @@ fn slice(family: &str) -> String {
         family.to_lowercase()
     );
     for i in 1..=PODS {
-        let addr = if family == "IPv6" { pod_ip6(i) } else { pod_ip(i) };
+        let addr = if family == "IPv6" {
+            pod_ip6(i)
+        } else {
+            pod_ip(i)
+        };
         s.push_str(&format!(
             "- addresses:\n  - {addr}\n  conditions:\n    ready: true\n  targetRef:\n    kind: Pod\n    name: {}\n    namespace: demo\n",
             pod_name(i)
@@ -78,9 +82,9 @@ fn dual_stack_sandbox() -> Sandbox {
     sb.start_agent(&switchboard()).expect("start agent");
     let programmed = |f: &[Frontend]| {
         [CLUSTER_IP4, CLUSTER_IP6].iter().all(|ip| {
-            [(80, "TCP"), (53, "UDP")]
-                .iter()
-                .all(|(port, proto)| find_at(f, ip, *port, proto).is_some_and(|fe| fe.backends.len() == PODS))
+            [(80, "TCP"), (53, "UDP")].iter().all(|(port, proto)| {
+                find_at(f, ip, *port, proto).is_some_and(|fe| fe.backends.len() == PODS)
+            })
         })
     };
     if let Err(e) = sb.wait_services(
@@ -117,8 +121,16 @@ fn a_dual_stack_service_gets_one_frontend_per_family_with_that_familys_pods() {
     let mut sb = dual_stack_sandbox();
     let frontends = sb.services(&switchboard()).expect("services");
     for (ip, pods) in [
-        (CLUSTER_IP4, (1..=PODS).map(|i| format!("{}:8080", pod_ip(i))).collect::<Vec<_>>()),
-        (CLUSTER_IP6, (1..=PODS).map(|i| format!("{}:8080", pod_ip6(i))).collect()),
+        (
+            CLUSTER_IP4,
+            (1..=PODS)
+                .map(|i| format!("{}:8080", pod_ip(i)))
+                .collect::<Vec<_>>(),
+        ),
+        (
+            CLUSTER_IP6,
+            (1..=PODS).map(|i| format!("{}:8080", pod_ip6(i))).collect(),
+        ),
     ] {
         let fe = find_at(&frontends, ip, 80, "TCP").expect("frontend");
         assert_eq!(fe.backend_addrs(), pods, "{ip}: {fe:#?}");
@@ -136,13 +148,28 @@ fn a_dual_stack_service_answers_over_both_families_from_pods_and_the_host() {
     let mut sb = dual_stack_sandbox();
     let echo = sb_echo();
     let cases = [
-        ("IPv4", format!("{CLUSTER_IP4}:80"), format!("{CLUSTER_IP4}:53")),
-        ("IPv6", format!("[{CLUSTER_IP6}]:80"), format!("[{CLUSTER_IP6}]:53")),
+        (
+            "IPv4",
+            format!("{CLUSTER_IP4}:80"),
+            format!("{CLUSTER_IP4}:53"),
+        ),
+        (
+            "IPv6",
+            format!("[{CLUSTER_IP6}]:80"),
+            format!("[{CLUSTER_IP6}]:53"),
+        ),
     ];
     for (family, http, dns) in &cases {
         for (proto, addr) in [("--tcp", http), ("--udp", dns)] {
             for who in ["pod (tc)", "pod (socket layer)", "host"] {
-                let args = [proto, addr.as_str(), "--count", "30", "--timeout-ms", "1000"];
+                let args = [
+                    proto,
+                    addr.as_str(),
+                    "--count",
+                    "30",
+                    "--timeout-ms",
+                    "1000",
+                ];
                 let run = match who {
                     "pod (tc)" => sb.client(&echo, &args),
                     "pod (socket layer)" => sb.client_in_cgroup(&echo, &sb.client_ns(), &args),
@@ -150,10 +177,19 @@ fn a_dual_stack_service_answers_over_both_families_from_pods_and_the_host() {
                 }
                 .unwrap_or_else(|e| panic!("{family} {proto} from {who}: {e:#}"));
                 let what = format!("{family} {proto} from {who}");
-                assert!(run.all_ok(), "{what}: {}\nagent log:\n{}", run.raw, sb.agent_log());
+                assert!(
+                    run.all_ok(),
+                    "{what}: {}\nagent log:\n{}",
+                    run.raw,
+                    sb.agent_log()
+                );
                 let reached: BTreeSet<String> = run.names().into_iter().collect();
                 assert_eq!(reached, all_pods(), "{what} spread: {}", run.raw);
-                assert_eq!(run.client_saw(), vec![addr.clone()], "{what}: peer is the Service");
+                assert_eq!(
+                    run.client_saw(),
+                    vec![addr.clone()],
+                    "{what}: peer is the Service"
+                );
                 let saw = pod_saw_ips(&run);
                 let expected: BTreeSet<String> = match (who, *family) {
                     ("host", "IPv4") => (1..=PODS).map(|i| format!("10.244.{i}.1")).collect(),

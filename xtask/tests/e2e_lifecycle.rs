@@ -40,7 +40,10 @@ fn pod_program(sb: &Sandbox) -> (u64, String) {
     let link = bpftool_json(&["link", "show", "pinned", &pin.to_string_lossy()]);
     let id = link["prog_id"].as_u64().expect("prog_id in bpftool's link");
     let prog = bpftool_json(&["prog", "show", "id", &id.to_string()]);
-    let tag = prog["tag"].as_str().expect("tag in bpftool's prog").to_owned();
+    let tag = prog["tag"]
+        .as_str()
+        .expect("tag in bpftool's prog")
+        .to_owned();
     (id, tag)
 }
 
@@ -50,7 +53,11 @@ fn bpftool_json(args: &[&str]) -> serde_json::Value {
         .args(args)
         .output()
         .expect("run bpftool");
-    assert!(out.status.success(), "bpftool {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "bpftool {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     serde_json::from_slice(&out.stdout).expect("bpftool JSON")
 }
 
@@ -61,7 +68,16 @@ fn continuous(sb: &Sandbox, proto: &str, port: u16, ms: u64) -> Child {
     let ms = ms.to_string();
     sb.client_spawn(
         &sb_echo(),
-        &[proto, &addr, "--duration-ms", &ms, "--interval-ms", "10", "--timeout-ms", "2000"],
+        &[
+            proto,
+            &addr,
+            "--duration-ms",
+            &ms,
+            "--interval-ms",
+            "10",
+            "--timeout-ms",
+            "2000",
+        ],
     )
     .expect("start a client")
 }
@@ -123,7 +139,10 @@ fn zero_loss_across_kill_restart_upgrade_and_service_changes() {
     })
     .unwrap_or_else(|e| panic!("{e:#}"));
     let (upgraded_id, upgraded_tag) = pod_program(&sb);
-    assert_ne!(upgraded_id, first_id, "the upgrade swapped in a new program");
+    assert_ne!(
+        upgraded_id, first_id,
+        "the upgrade swapped in a new program"
+    );
     assert_ne!(
         upgraded_tag, first_tag,
         "the upgrade build's program has other instructions (SB_PROGRAM_REVISION)"
@@ -147,11 +166,24 @@ fn zero_loss_across_kill_restart_upgrade_and_service_changes() {
         udp.attempts.len(),
         failed(&udp)
     );
-    assert!(tcp.attempts.len() > 200, "too few TCP attempts to mean anything:\n{}", tcp.raw);
-    assert!(udp.attempts.len() > 200, "too few UDP attempts to mean anything:\n{}", udp.raw);
+    assert!(
+        tcp.attempts.len() > 200,
+        "too few TCP attempts to mean anything:\n{}",
+        tcp.raw
+    );
+    assert!(
+        udp.attempts.len() > 200,
+        "too few UDP attempts to mean anything:\n{}",
+        udp.raw
+    );
     assert_eq!(failed(&tcp), 0, "TCP failures:\n{}", tcp.raw);
     assert_eq!(failed(&udp), 0, "UDP failures:\n{}", udp.raw);
-    assert_eq!(tcp.spread().len(), PODS, "every pod served TCP: {:?}", tcp.spread());
+    assert_eq!(
+        tcp.spread().len(),
+        PODS,
+        "every pod served TCP: {:?}",
+        tcp.spread()
+    );
     sb.cleanup().expect("cleanup");
 }
 
@@ -166,7 +198,14 @@ fn a_failed_start_leaves_the_running_data_path_alone() {
         sb.services(&sw)
             .expect("services")
             .iter()
-            .map(|f| (f.service.clone(), f.address.clone(), f.port, f.backend_addrs()))
+            .map(|f| {
+                (
+                    f.service.clone(),
+                    f.address.clone(),
+                    f.port,
+                    f.backend_addrs(),
+                )
+            })
             .collect()
     };
     let services_before = programmed(&sb);
@@ -175,24 +214,63 @@ fn a_failed_start_leaves_the_running_data_path_alone() {
     let bin = sw.to_string_lossy().into_owned();
     let node = sb.node_ns();
     for (what, bad) in [
-        ("a source directory that does not exist", vec!["--source", "dir:/nonexistent/switchboard-typo"]),
+        (
+            "a source directory that does not exist",
+            vec!["--source", "dir:/nonexistent/switchboard-typo"],
+        ),
         ("an uplink that does not exist", vec!["--uplink", "nosuch0"]),
     ] {
-        let mut args = vec![bin.as_str(), "agent", "--pin-root", &pin, "--socket-lb=false"];
+        let mut args = vec![
+            bin.as_str(),
+            "agent",
+            "--pin-root",
+            &pin,
+            "--socket-lb=false",
+        ];
         args.extend(bad.iter().copied());
         let out = sb.exec_status(&node, &args).expect("run the agent");
         let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "{what}: the agent must fail:\n{stderr}");
-        assert_eq!(pod_program(&sb), before, "{what}: the pod programs were replaced:\n{stderr}");
+        assert!(
+            !out.status.success(),
+            "{what}: the agent must fail:\n{stderr}"
+        );
+        assert_eq!(
+            pod_program(&sb),
+            before,
+            "{what}: the pod programs were replaced:\n{stderr}"
+        );
         assert_eq!(programmed(&sb), services_before, "{what}: the maps changed");
         let run = sb
-            .client(&sb_echo(), &["--tcp", &format!("{CLUSTER_IP}:80"), "--count", "20"])
+            .client(
+                &sb_echo(),
+                &["--tcp", &format!("{CLUSTER_IP}:80"), "--count", "20"],
+            )
             .expect("client");
-        assert!(run.all_ok(), "{what}: the Service stopped answering:\n{}", run.raw);
-        eprintln!("{what}: {}", stderr.lines().find(|l| l.contains("Error")).unwrap_or_default());
+        assert!(
+            run.all_ok(),
+            "{what}: the Service stopped answering:\n{}",
+            run.raw
+        );
+        eprintln!(
+            "{what}: {}",
+            stderr
+                .lines()
+                .find(|l| l.contains("Error"))
+                .unwrap_or_default()
+        );
     }
     let out = sb
-        .exec_status(&node, &[&bin, "agent", "--pin-root", &pin, "--source", "dir:/nonexistent/switchboard-typo"])
+        .exec_status(
+            &node,
+            &[
+                &bin,
+                "agent",
+                "--pin-root",
+                &pin,
+                "--source",
+                "dir:/nonexistent/switchboard-typo",
+            ],
+        )
         .expect("run the agent");
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("/nonexistent/switchboard-typo"),
@@ -210,17 +288,34 @@ fn a_second_agent_on_the_same_pin_root_exits_naming_the_first() {
     let pin = sb.pin_dir.to_string_lossy().into_owned();
     let source = format!("dir:{}", sb.manifest_dir().display());
     let out = sb
-        .exec_status(&sb.node_ns(), &[&sw, "agent", "--source", &source, "--pin-root", &pin, "--socket-lb=false"])
+        .exec_status(
+            &sb.node_ns(),
+            &[
+                &sw,
+                "agent",
+                "--source",
+                &source,
+                "--pin-root",
+                &pin,
+                "--socket-lb=false",
+            ],
+        )
         .expect("run a second agent");
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "the second agent must exit:\n{stderr}");
+    assert!(
+        !out.status.success(),
+        "the second agent must exit:\n{stderr}"
+    );
     assert!(
         stderr.contains(&format!("pid {first}")),
         "the error names the first agent's pid {first}:\n{stderr}"
     );
     assert!(sb.agent_running(), "the first agent keeps running");
     let run = sb
-        .client(&sb_echo(), &["--tcp", &format!("{CLUSTER_IP}:80"), "--count", "10"])
+        .client(
+            &sb_echo(),
+            &["--tcp", &format!("{CLUSTER_IP}:80"), "--count", "10"],
+        )
         .expect("client");
     assert!(run.all_ok(), "{}", run.raw);
     sb.cleanup().expect("cleanup");
@@ -238,16 +333,35 @@ fn a_pin_root_that_is_not_a_bpffs_is_refused() {
     let out = sb
         .exec_status(
             &sb.node_ns(),
-            &[&sw, "agent", "--source", &source, "--pin-root", &plain.to_string_lossy(), "--socket-lb=false"],
+            &[
+                &sw,
+                "agent",
+                "--source",
+                &source,
+                "--pin-root",
+                &plain.to_string_lossy(),
+                "--socket-lb=false",
+            ],
         )
         .expect("run the agent");
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "a plain directory must be refused:\n{stderr}");
-    assert!(stderr.contains("is not on a bpffs"), "a clear error:\n{stderr}");
-    let left: Vec<_> = std::fs::read_dir(&plain).expect("read").flatten().collect();
-    assert!(left.is_empty(), "nothing may be pinned or written there: {left:?}");
     assert!(
-        !xtask::sandbox::status_file(&plain).with_extension("lock").exists(),
+        !out.status.success(),
+        "a plain directory must be refused:\n{stderr}"
+    );
+    assert!(
+        stderr.contains("is not on a bpffs"),
+        "a clear error:\n{stderr}"
+    );
+    let left: Vec<_> = std::fs::read_dir(&plain).expect("read").flatten().collect();
+    assert!(
+        left.is_empty(),
+        "nothing may be pinned or written there: {left:?}"
+    );
+    assert!(
+        !xtask::sandbox::status_file(&plain)
+            .with_extension("lock")
+            .exists(),
         "a refused start leaves no lock file"
     );
     sb.cleanup().expect("cleanup");
@@ -265,14 +379,21 @@ fn a_capacity_change_resizes_the_maps_online_and_keeps_established_flows() {
     };
     assert_eq!(max_entries(&ct), 4096);
     let hold = sb
-        .client_spawn(&sb_echo(), &["--tcp", &format!("{CLUSTER_IP}:80"), "--hold", "4"])
+        .client_spawn(
+            &sb_echo(),
+            &["--tcp", &format!("{CLUSTER_IP}:80"), "--hold", "4"],
+        )
         .expect("a long-lived connection");
     std::thread::sleep(Duration::from_millis(700));
     sb.stop_agent().expect("stop the agent");
     sb.start_agent_with(&sw, &["--max-conntrack", "8192"])
         .expect("restart with a bigger conntrack map");
     wait_log(&sb, "map resized", Duration::from_secs(10));
-    assert_eq!(max_entries(&ct), 8192, "the pinned conntrack map has the new size");
+    assert_eq!(
+        max_entries(&ct),
+        8192,
+        "the pinned conntrack map has the new size"
+    );
     assert!(
         !sb.pin_dir.join("SB_CT_V5_resize").exists(),
         "the staging pin is gone once the new map took the old name"
@@ -285,9 +406,16 @@ fn a_capacity_change_resizes_the_maps_online_and_keeps_established_flows() {
         sb.agent_log()
     );
     let run = sb
-        .client(&sb_echo(), &["--tcp", &format!("{CLUSTER_IP}:80"), "--count", "20"])
+        .client(
+            &sb_echo(),
+            &["--tcp", &format!("{CLUSTER_IP}:80"), "--count", "20"],
+        )
         .expect("client");
-    assert!(run.all_ok(), "new connections after the resize:\n{}", run.raw);
+    assert!(
+        run.all_ok(),
+        "new connections after the resize:\n{}",
+        run.raw
+    );
     sb.cleanup().expect("cleanup");
 }
 
@@ -314,14 +442,41 @@ fn a_pin_root_of_a_newer_format_is_refused_naming_both_versions() {
     let source = format!("dir:{}", sb.manifest_dir().display());
     let node = sb.node_ns();
     let out = sb
-        .exec_status(&node, &[&sw, "agent", "--source", &source, "--pin-root", &pin, "--socket-lb=false"])
+        .exec_status(
+            &node,
+            &[
+                &sw,
+                "agent",
+                "--source",
+                &source,
+                "--pin-root",
+                &pin,
+                "--socket-lb=false",
+            ],
+        )
         .expect("run the agent");
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "a newer pin root must be refused:\n{stderr}");
-    assert!(stderr.contains(&format!("format {newer}")), "names the pin root's format:\n{stderr}");
-    assert!(stderr.contains(&format!("(format {ours})")), "names this binary's format:\n{stderr}");
-    assert!(stderr.contains("switchboard cleanup"), "names the way out:\n{stderr}");
-    assert_eq!(pod_program(&sb), before, "the running data path is left alone");
+    assert!(
+        !out.status.success(),
+        "a newer pin root must be refused:\n{stderr}"
+    );
+    assert!(
+        stderr.contains(&format!("format {newer}")),
+        "names the pin root's format:\n{stderr}"
+    );
+    assert!(
+        stderr.contains(&format!("(format {ours})")),
+        "names this binary's format:\n{stderr}"
+    );
+    assert!(
+        stderr.contains("switchboard cleanup"),
+        "names the way out:\n{stderr}"
+    );
+    assert_eq!(
+        pod_program(&sb),
+        before,
+        "the running data path is left alone"
+    );
     assert_eq!(
         std::fs::read_link(&stamp).expect("stamp").to_string_lossy(),
         newer,
@@ -332,8 +487,19 @@ fn a_pin_root_of_a_newer_format_is_refused_naming_both_versions() {
         .expect("run status");
     let text = String::from_utf8_lossy(&status.stdout);
     assert!(!status.status.success(), "status fails:\n{text}");
-    assert!(text.contains(&format!("is of format {newer}, newer than this switchboard's")), "{text}");
-    eprintln!("refused: {}", stderr.lines().find(|l| l.contains("format")).unwrap_or_default());
+    assert!(
+        text.contains(&format!(
+            "is of format {newer}, newer than this switchboard's"
+        )),
+        "{text}"
+    );
+    eprintln!(
+        "refused: {}",
+        stderr
+            .lines()
+            .find(|l| l.contains("format"))
+            .unwrap_or_default()
+    );
     sb.cleanup().expect("cleanup");
 }
 
@@ -351,7 +517,10 @@ fn the_agent_sets_its_file_modes_whatever_the_umask() {
     let wrapper = sb.dir.join("switchboard-umask-000");
     std::fs::write(
         &wrapper,
-        format!("#!/bin/sh\numask 000\nexec '{}' \"$@\"\n", switchboard().display()),
+        format!(
+            "#!/bin/sh\numask 000\nexec '{}' \"$@\"\n",
+            switchboard().display()
+        ),
     )
     .expect("write the wrapper");
     std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).expect("chmod");
@@ -365,12 +534,27 @@ fn the_agent_sets_its_file_modes_whatever_the_umask() {
     };
     let status = xtask::sandbox::status_file(&sb.pin_dir);
     let lock = status.with_extension("lock");
-    assert_eq!(mode(&sb.pin_dir.join("links")), 0o700, "the links directory");
-    assert_eq!(mode(&sb.pin_dir) & 0o022, 0, "the pin root: only root writes");
+    assert_eq!(
+        mode(&sb.pin_dir.join("links")),
+        0o700,
+        "the links directory"
+    );
+    assert_eq!(
+        mode(&sb.pin_dir) & 0o022,
+        0,
+        "the pin root: only root writes"
+    );
     assert_eq!(mode(&status), 0o644, "the status file");
     assert_eq!(mode(&lock), 0o644, "the lock file");
-    assert_eq!(mode(status.parent().expect("dir")), 0o750, "the status directory");
-    for entry in std::fs::read_dir(sb.pin_dir.join("links")).expect("links").flatten() {
+    assert_eq!(
+        mode(status.parent().expect("dir")),
+        0o750,
+        "the status directory"
+    );
+    for entry in std::fs::read_dir(sb.pin_dir.join("links"))
+        .expect("links")
+        .flatten()
+    {
         assert_eq!(mode(&entry.path()) & 0o077, 0, "{}", entry.path().display());
     }
     sb.cleanup().expect("cleanup");
@@ -393,11 +577,26 @@ fn a_failed_first_start_leaves_no_pins() {
     // start once maps, pod programs and links are pinned.
     let cgroup = sb.dir.join("no-such-cgroup").to_string_lossy().into_owned();
     let out = sb
-        .exec_status(&sb.node_ns(), &[&sw, "agent", "--source", &source, "--pin-root", &pin, "--cgroup-root", &cgroup])
+        .exec_status(
+            &sb.node_ns(),
+            &[
+                &sw,
+                "agent",
+                "--source",
+                &source,
+                "--pin-root",
+                &pin,
+                "--cgroup-root",
+                &cgroup,
+            ],
+        )
         .expect("run the agent");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "the start must fail:\n{stderr}");
-    assert!(stderr.contains("no-such-cgroup"), "it failed where meant to:\n{stderr}");
+    assert!(
+        stderr.contains("no-such-cgroup"),
+        "it failed where meant to:\n{stderr}"
+    );
     assert!(stderr.contains("the pins it made are removed"), "{stderr}");
     let left: Vec<String> = std::fs::read_dir(&sb.pin_dir)
         .expect("read the pin root")

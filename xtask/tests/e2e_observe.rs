@@ -163,7 +163,9 @@ fn metrics_follow_traffic_and_syncs() {
         |family: &str| format!(r#"switchboard_conntrack_fill_ratio{{family="{family}"}}"#);
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut collected = before.clone();
-    while ["ipv4", "ipv6"].iter().any(|f| sample(&collected, &fill_series(f)).is_none())
+    while ["ipv4", "ipv6"]
+        .iter()
+        .any(|f| sample(&collected, &fill_series(f)).is_none())
         && Instant::now() < deadline
     {
         std::thread::sleep(Duration::from_millis(100));

@@ -32,7 +32,11 @@ fn sw_in(exec: impl Fn(&[&str]) -> Output, pin: &Path, args: &[&str]) -> Output 
 /// `switchboard <args>` in the sandbox's node namespace.
 fn sw(sb: &Sandbox, args: &[&str]) -> Output {
     let node = sb.node_ns();
-    sw_in(|cmd| sb.exec_status(&node, cmd).expect("run switchboard"), &sb.pin_dir, args)
+    sw_in(
+        |cmd| sb.exec_status(&node, cmd).expect("run switchboard"),
+        &sb.pin_dir,
+        args,
+    )
 }
 
 fn stdout(out: &Output) -> String {
@@ -84,7 +88,9 @@ fn eventually(what: &str, mut f: impl FnMut() -> Result<(), String>) {
     loop {
         match f() {
             Ok(()) => return,
-            Err(last) if Instant::now() > deadline => panic!("timed out waiting for {what}: {last}"),
+            Err(last) if Instant::now() > deadline => {
+                panic!("timed out waiting for {what}: {last}")
+            }
             Err(_) => std::thread::sleep(Duration::from_millis(200)),
         }
     }
@@ -119,9 +125,15 @@ fn status_shows_agent_interfaces_and_maps_and_fails_once_the_agent_stops() {
     let out = sw(&sb, &["status"]);
     let text = stdout(&out);
     eprintln!("{text}");
-    assert!(out.status.success(), "status of a healthy sandbox must exit 0:\n{text}");
+    assert!(
+        out.status.success(),
+        "status of a healthy sandbox must exit 0:\n{text}"
+    );
     assert!(text.contains("running (pid"), "{text}");
-    assert!(text.contains(&sb.pod_if(1)) && text.contains("SB_FE_V1"), "{text}");
+    assert!(
+        text.contains(&sb.pod_if(1)) && text.contains("SB_FE_V1"),
+        "{text}"
+    );
     let (json, _) = sw_json(&sb, &["status"]);
     assert_eq!(json["agent"]["alive"], true, "{json:#}");
     let pods: Vec<&Value> = json["interfaces"]
@@ -130,7 +142,10 @@ fn status_shows_agent_interfaces_and_maps_and_fails_once_the_agent_stops() {
         .iter()
         .filter(|i| i["role"] == "pod")
         .collect();
-    assert!(pods.len() >= 3, "the three pod veths (and the client's): {json:#}");
+    assert!(
+        pods.len() >= 3,
+        "the three pod veths (and the client's): {json:#}"
+    );
     for i in &pods {
         assert_eq!(i["missing"], json!([]), "{i:#}");
     }
@@ -139,8 +154,15 @@ fn status_shows_agent_interfaces_and_maps_and_fails_once_the_agent_stops() {
     sb.stop_agent().expect("stop the agent");
     let out = sw(&sb, &["status"]);
     let text = stdout(&out);
-    assert_eq!(out.status.code(), Some(1), "status must fail without an agent:\n{text}");
-    assert!(text.contains("NOT RUNNING") && text.contains("is not running"), "{text}");
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "status must fail without an agent:\n{text}"
+    );
+    assert!(
+        text.contains("NOT RUNNING") && text.contains("is not running"),
+        "{text}"
+    );
 }
 
 #[test]
@@ -151,22 +173,37 @@ fn doctor_names_a_service_without_endpoints() {
         "empty.yaml",
         "apiVersion: v1\nkind: Service\nmetadata:\n  name: empty\n  namespace: demo\nspec:\n  clusterIP: 10.96.0.20\n  selector:\n    app: nothing\n  ports:\n  - name: http\n    port: 80\n    protocol: TCP\n",
     );
-    sb.wait_services(&switchboard(), Duration::from_secs(10), "demo/empty:http", |f| {
-        f.iter().any(|fe| fe.service == "demo/empty:http")
-    })
+    sb.wait_services(
+        &switchboard(),
+        Duration::from_secs(10),
+        "demo/empty:http",
+        |f| f.iter().any(|fe| fe.service == "demo/empty:http"),
+    )
     .unwrap_or_else(|e| panic!("{e:#}"));
     let (doctor, out) = sw_json(&sb, &["doctor"]);
     assert_eq!(out.status.code(), Some(1), "{doctor:#}");
     let found = findings(&doctor, "Services have endpoints");
     assert_eq!(found.len(), 1, "{doctor:#}");
-    assert!(found[0].contains("demo/empty:http (10.96.0.20:80/TCP) has no endpoints"), "{found:?}");
+    assert!(
+        found[0].contains("demo/empty:http (10.96.0.20:80/TCP) has no endpoints"),
+        "{found:?}"
+    );
     // Everything else is fine; the selector check is skipped in standalone mode.
     assert_eq!(check_state(&doctor, "agent running"), "ok");
-    assert_eq!(check_state(&doctor, "maps match the source"), "ok", "{doctor:#}");
+    assert_eq!(
+        check_state(&doctor, "maps match the source"),
+        "ok",
+        "{doctor:#}"
+    );
     assert_eq!(check_state(&doctor, "selectors match Pods"), "skipped");
     let text = stdout(&sw(&sb, &["doctor"]));
     eprintln!("{text}");
-    assert!(text.contains("fix: `kubectl -n demo get endpointslices -l kubernetes.io/service-name=empty`"), "{text}");
+    assert!(
+        text.contains(
+            "fix: `kubectl -n demo get endpointslices -l kubernetes.io/service-name=empty`"
+        ),
+        "{text}"
+    );
     // explain says why: rejected, no endpoints.
     let (e, out) = sw_json(&sb, &["explain", "10.96.0.20:80/TCP"]);
     assert_eq!(out.status.code(), Some(1));
@@ -178,11 +215,17 @@ fn doctor_names_a_selector_that_matches_no_pod() {
     require_root();
     let mut sb = Sandbox::for_test().expect("sandbox");
     sb.start_pods(&sb_echo()).expect("pods");
-    let api = FakeApiServer::start_in_netns(Some(&sb.node_ns()), "127.0.0.1:0").expect("fake API server");
-    api.apply(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-a"},
-        "status": {"addresses": [{"type": "InternalIP", "address": "10.244.100.1"}]}}))
-        .expect("node");
-    for (name, ip, app) in [("echo", CLUSTER_IP, "echo"), ("lonely", "10.96.0.30", "nothing")] {
+    let api =
+        FakeApiServer::start_in_netns(Some(&sb.node_ns()), "127.0.0.1:0").expect("fake API server");
+    api.apply(
+        json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-a"},
+        "status": {"addresses": [{"type": "InternalIP", "address": "10.244.100.1"}]}}),
+    )
+    .expect("node");
+    for (name, ip, app) in [
+        ("echo", CLUSTER_IP, "echo"),
+        ("lonely", "10.96.0.30", "nothing"),
+    ] {
         api.apply(json!({"apiVersion": "v1", "kind": "Service",
             "metadata": {"name": name, "namespace": "demo"},
             "spec": {"clusterIP": ip, "clusterIPs": [ip], "selector": {"app": app},
@@ -213,12 +256,34 @@ fn doctor_names_a_selector_that_matches_no_pod() {
         kubeconfig.to_string_lossy().into_owned(),
         sb.node_ns(),
     );
-    sb.spawn("agent", &node, &[&bin, "agent", "--source", "cluster", "--kubeconfig", &kc,
-        "--node-name", "node-a", "--pin-root", &pin, "--socket-lb=false"])
-        .expect("agent");
-    sb.wait_services(&switchboard(), Duration::from_secs(15), "both Services programmed", |f| {
-        f.iter().any(|fe| fe.service == "demo/lonely:http") && f.iter().any(|fe| fe.service == "demo/echo:http" && fe.backends.len() == 3)
-    })
+    sb.spawn(
+        "agent",
+        &node,
+        &[
+            &bin,
+            "agent",
+            "--source",
+            "cluster",
+            "--kubeconfig",
+            &kc,
+            "--node-name",
+            "node-a",
+            "--pin-root",
+            &pin,
+            "--socket-lb=false",
+        ],
+    )
+    .expect("agent");
+    sb.wait_services(
+        &switchboard(),
+        Duration::from_secs(15),
+        "both Services programmed",
+        |f| {
+            f.iter().any(|fe| fe.service == "demo/lonely:http")
+                && f.iter()
+                    .any(|fe| fe.service == "demo/echo:http" && fe.backends.len() == 3)
+        },
+    )
     .unwrap_or_else(|e| panic!("{e:#}\n{}", sb.read_log("agent")));
     // The agent's status is written after its first sync; poll until the
     // selector check runs against the API server.
@@ -226,11 +291,21 @@ fn doctor_names_a_selector_that_matches_no_pod() {
     eventually("doctor's selector check", || {
         let (doctor, _) = sw_json(&sb, &["doctor", "--kubeconfig", &kc]);
         last = doctor.clone();
-        (check_state(&doctor, "selectors match Pods") == "problem").then_some(()).ok_or(format!("{doctor:#}"))
+        (check_state(&doctor, "selectors match Pods") == "problem")
+            .then_some(())
+            .ok_or(format!("{doctor:#}"))
     });
     let found = findings(&last, "selectors match Pods");
-    assert_eq!(found, ["Service demo/lonely: selector app=nothing matches no Pod in namespace demo"], "{last:#}");
-    assert_eq!(check_state(&last, "maps match the source"), "ok", "{last:#}");
+    assert_eq!(
+        found,
+        ["Service demo/lonely: selector app=nothing matches no Pod in namespace demo"],
+        "{last:#}"
+    );
+    assert_eq!(
+        check_state(&last, "maps match the source"),
+        "ok",
+        "{last:#}"
+    );
     eprintln!("{}", stdout(&sw(&sb, &["doctor", "--kubeconfig", &kc])));
     sb.cleanup().expect("cleanup");
 }
@@ -239,55 +314,95 @@ fn doctor_names_a_selector_that_matches_no_pod() {
 fn doctor_names_a_stopped_agent() {
     let mut sb = settled_demo();
     let (doctor, out) = sw_json(&sb, &["doctor"]);
-    assert!(out.status.success(), "doctor on a healthy sandbox must exit 0: {doctor:#}");
+    assert!(
+        out.status.success(),
+        "doctor on a healthy sandbox must exit 0: {doctor:#}"
+    );
     let pid = sb.agent_pid().expect("agent pid");
     sb.stop_agent().expect("stop the agent");
     let (doctor, out) = sw_json(&sb, &["doctor"]);
     assert_eq!(out.status.code(), Some(1), "{doctor:#}");
     let found = findings(&doctor, "agent running");
     assert_eq!(found.len(), 1, "{doctor:#}");
-    assert!(found[0].contains(&format!("the agent (pid {pid}) is not running")), "{found:?}");
+    assert!(
+        found[0].contains(&format!("the agent (pid {pid}) is not running")),
+        "{found:?}"
+    );
 }
 
 #[test]
 fn doctor_names_a_missing_program_and_a_missing_map_entry() {
     let sb = settled_demo();
     let index = ifindex(&sb, &sb.pod_if(1));
-    let pin = sb.pin_dir.join("links").join(format!("tcx_{index}_sb_from_pod"));
+    let pin = sb
+        .pin_dir
+        .join("links")
+        .join(format!("tcx_{index}_sb_from_pod"));
     assert!(pin.exists(), "no TCX pin {}", pin.display());
     // Unpinning releases the link: the program leaves the veth.
     std::fs::remove_file(&pin).expect("unpin");
     // The UDP frontend's slot 0 (10.96.0.10:53/UDP, internal, slot 0) goes.
-    let key = ["0a", "60", "00", "0a", "00", "35", "11", "00", "00", "00", "00", "00"];
+    let key = [
+        "0a", "60", "00", "0a", "00", "35", "11", "00", "00", "00", "00", "00",
+    ];
     let map = sb.pin_dir.join("SB_FE_V1").to_string_lossy().into_owned();
-    let mut cmd = vec!["bpftool", "map", "delete", "pinned", map.as_str(), "key", "hex"];
+    let mut cmd = vec![
+        "bpftool",
+        "map",
+        "delete",
+        "pinned",
+        map.as_str(),
+        "key",
+        "hex",
+    ];
     cmd.extend(key);
-    sb.exec(&sb.node_ns(), &cmd).expect("delete the frontend entry");
+    sb.exec(&sb.node_ns(), &cmd)
+        .expect("delete the frontend entry");
     let mut last = Value::Null;
     eventually("the missing program", || {
         let (doctor, _) = sw_json(&sb, &["doctor"]);
         last = doctor.clone();
         let found = findings(&doctor, "programs attached");
-        found.iter().any(|f| f.contains(&sb.pod_if(1))).then_some(()).ok_or(format!("{doctor:#}"))
+        found
+            .iter()
+            .any(|f| f.contains(&sb.pod_if(1)))
+            .then_some(())
+            .ok_or(format!("{doctor:#}"))
     });
     let attached = findings(&last, "programs attached");
     assert_eq!(attached.len(), 1, "{last:#}");
-    assert!(attached[0].contains("tcx ingress sb_from_pod not attached"), "{attached:?}");
+    assert!(
+        attached[0].contains("tcx ingress sb_from_pod not attached"),
+        "{attached:?}"
+    );
     let maps = findings(&last, "maps match the source");
     assert_eq!(maps.len(), 1, "{last:#}");
-    assert!(maps[0].contains("10.96.0.10:53/UDP of demo/echo:dns is not in the maps"), "{maps:?}");
+    assert!(
+        maps[0].contains("10.96.0.10:53/UDP of demo/echo:dns is not in the maps"),
+        "{maps:?}"
+    );
     // The agent's own comparison: the frontend is missing, and what its
     // slot 0 announced (its slots, backends, reverse-NAT entry) is left
     // without a frontend.
     let verify = findings(&last, "maps match the agent's desired state");
     assert!(
-        verify.iter().any(|f| f.starts_with("missing 10.96.0.10:53/UDP demo/echo:dns: not in the maps")),
+        verify
+            .iter()
+            .any(|f| f.starts_with("missing 10.96.0.10:53/UDP demo/echo:dns: not in the maps")),
         "{verify:#?}"
     );
-    assert!(verify.iter().any(|f| f.starts_with("orphaned-slot 10.96.0.10:53/UDP")), "{verify:#?}");
+    assert!(
+        verify
+            .iter()
+            .any(|f| f.starts_with("orphaned-slot 10.96.0.10:53/UDP")),
+        "{verify:#?}"
+    );
     let text = stdout(&sw(&sb, &["doctor"]));
     eprintln!("{text}");
-    assert!(text.contains(&format!("PROBLEMS ({})", 2 + verify.len())), "{text}");
+    assert!(
+        text.contains(&format!("PROBLEMS ({})", 2 + verify.len())),
+        "{text}"
+    );
 }
 
 #[test]
@@ -295,7 +410,10 @@ fn conntrack_lists_both_directions_and_flushes_one_service_then_all() {
     let sb = settled_demo();
     for (proto, port) in [("--tcp", 80), ("--udp", 53)] {
         let run = sb
-            .client(&sb_echo(), &[proto, &format!("{CLUSTER_IP}:{port}"), "--count", "3"])
+            .client(
+                &sb_echo(),
+                &[proto, &format!("{CLUSTER_IP}:{port}"), "--count", "3"],
+            )
             .expect("client");
         assert!(run.all_ok(), "{}", run.raw);
     }
@@ -303,10 +421,18 @@ fn conntrack_lists_both_directions_and_flushes_one_service_then_all() {
     let rows = rows.as_array().expect("rows").clone();
     assert!(rows.len() >= 6, "3 TCP flows, both directions: {rows:#?}");
     assert!(rows.iter().all(|r| r["service"] == "demo/echo:http"));
-    let forward: Vec<&Value> = rows.iter().filter(|r| r["direction"] == "forward").collect();
-    assert!(forward.iter().all(|r| r["source"].as_str().unwrap_or_default().starts_with(CLIENT_IP)
+    let forward: Vec<&Value> = rows
+        .iter()
+        .filter(|r| r["direction"] == "forward")
+        .collect();
+    assert!(forward.iter().all(|r| r["source"]
+        .as_str()
+        .unwrap_or_default()
+        .starts_with(CLIENT_IP)
         && r["destination"] == format!("{CLUSTER_IP}:80")));
-    assert!(rows.iter().any(|r| r["direction"] == "reply" && r["nat"] == format!("{CLUSTER_IP}:80")));
+    assert!(rows
+        .iter()
+        .any(|r| r["direction"] == "reply" && r["nat"] == format!("{CLUSTER_IP}:80")));
     eprintln!("{}", stdout(&sw(&sb, &["conntrack", "list"])));
 
     let (flushed, _) = sw_json(&sb, &["conntrack", "flush", "--service", "demo/echo:dns"]);
@@ -314,9 +440,16 @@ fn conntrack_lists_both_directions_and_flushes_one_service_then_all() {
     let (dns, _) = sw_json(&sb, &["conntrack", "list", "--service", "demo/echo:dns"]);
     assert_eq!(dns, json!([]));
     let (http, _) = sw_json(&sb, &["conntrack", "list", "--service", "demo/echo:http"]);
-    assert_eq!(http.as_array().map(Vec::len), Some(rows.len()), "other Services' entries stay");
+    assert_eq!(
+        http.as_array().map(Vec::len),
+        Some(rows.len()),
+        "other Services' entries stay"
+    );
     let text = stdout(&sw(&sb, &["conntrack", "flush"]));
-    assert_eq!(text.trim(), format!("removed {} connection-tracking entries", rows.len()));
+    assert_eq!(
+        text.trim(),
+        format!("removed {} connection-tracking entries", rows.len())
+    );
     let (all, _) = sw_json(&sb, &["conntrack", "list"]);
     assert_eq!(all, json!([]));
 }
@@ -324,22 +457,48 @@ fn conntrack_lists_both_directions_and_flushes_one_service_then_all() {
 #[test]
 fn explain_names_no_match_reasons_and_the_random_set() {
     let sb = settled_demo();
-    let out = sw(&sb, &["explain", "10.96.0.10:80/TCP", "--from", "10.244.100.2:40000"]);
+    let out = sw(
+        &sb,
+        &[
+            "explain",
+            "10.96.0.10:80/TCP",
+            "--from",
+            "10.244.100.2:40000",
+        ],
+    );
     let text = stdout(&out);
     eprintln!("{text}");
     assert!(out.status.success(), "{text}");
-    assert!(text.contains("Service:   demo/echo:http (ClusterIP"), "{text}");
+    assert!(
+        text.contains("Service:   demo/echo:http (ClusterIP"),
+        "{text}"
+    );
     assert!(text.contains("is routed via pod interface"), "{text}");
-    assert!(text.contains("picks one of the 3 backends at random"), "{text}");
+    assert!(
+        text.contains("picks one of the 3 backends at random"),
+        "{text}"
+    );
     for (target, reason) in [
         ("10.96.0.99:80/TCP", "no frontend at 10.96.0.99"),
-        ("10.96.0.10:81/TCP", "not on port 81/TCP (it serves 53/UDP, 80/TCP)"),
-        ("10.96.0.10:53/TCP", "another protocol only (53/UDP, 80/TCP), not TCP"),
+        (
+            "10.96.0.10:81/TCP",
+            "not on port 81/TCP (it serves 53/UDP, 80/TCP)",
+        ),
+        (
+            "10.96.0.10:53/TCP",
+            "another protocol only (53/UDP, 80/TCP), not TCP",
+        ),
     ] {
         let (e, out) = sw_json(&sb, &["explain", target]);
         assert_eq!(out.status.code(), Some(1), "{e:#}");
         assert_eq!(e["verdict"], "not_handled");
-        assert!(e["reasons"][0].as_str().unwrap_or_default().contains(reason), "{target}: {e:#}");
+        assert!(
+            e["reasons"][0]
+                .as_str()
+                .unwrap_or_default()
+                .contains(reason),
+            "{target}: {e:#}"
+        );
     }
 }
 
@@ -362,8 +521,10 @@ fn explain_names_the_maglev_and_source_hash_backend_the_kernel_picks() {
         "metadata:\n  annotations:\n    switchboard.io/lb-algorithm: source-hash\n",
         1,
     );
-    sb.write_manifest(&hashed.service_file(), &yaml).expect("annotate");
-    sb.route_services_via(Client::One, Node::A).expect("route via A");
+    sb.write_manifest(&hashed.service_file(), &yaml)
+        .expect("annotate");
+    sb.route_services_via(Client::One, Node::A)
+        .expect("route via A");
     let explain = |sb: &TwoNodeSandbox, target: &str, sport: u16| -> Value {
         let from = format!("{}:{sport}", Client::One.ip());
         let out = sw_in(
@@ -375,12 +536,22 @@ fn explain_names_the_maglev_and_source_hash_backend_the_kernel_picks() {
     };
     let lb = ExternalService::LoadBalancer.entry_points(Node::A);
     let ext = hashed.entry_points(Node::A);
-    let lb_tcp = lb.iter().find(|e| e.proto == Proto::Tcp).expect("LB TCP entry");
-    let ext_tcp = ext.iter().find(|e| e.proto == Proto::Tcp).expect("external IP TCP entry");
+    let lb_tcp = lb
+        .iter()
+        .find(|e| e.proto == Proto::Tcp)
+        .expect("LB TCP entry");
+    let ext_tcp = ext
+        .iter()
+        .find(|e| e.proto == Proto::Tcp)
+        .expect("external IP TCP entry");
     let ext_target = format!("{}/TCP", ext_tcp.addr());
     eventually("the source-hash annotation in the maps", || {
         let e = explain(&sb, &ext_target, 45000);
-        e["reasons"].to_string().contains("source hash").then_some(()).ok_or(format!("{e:#}"))
+        e["reasons"]
+            .to_string()
+            .contains("source hash")
+            .then_some(())
+            .ok_or(format!("{e:#}"))
     });
     let mut seen = std::collections::BTreeSet::new();
     // Source ports above the ephemeral range (32768-60999), which no earlier
@@ -390,19 +561,46 @@ fn explain_names_the_maglev_and_source_hash_backend_the_kernel_picks() {
             let target = format!("{}/TCP", entry.addr());
             let e = explain(&sb, &target, sport);
             assert_eq!(e["scope"], "external", "{e:#}");
-            let named = e["backend"].as_str().and_then(pod_of).unwrap_or_else(|| panic!("{e:#}"));
+            let named = e["backend"]
+                .as_str()
+                .and_then(pod_of)
+                .unwrap_or_else(|| panic!("{e:#}"));
             let run = sb
-                .client(&sb_echo(), Client::One, &["--tcp", &entry.addr(), "--count", "1", "--sport", &sport.to_string(), "--timeout-ms", "1000"])
+                .client(
+                    &sb_echo(),
+                    Client::One,
+                    &[
+                        "--tcp",
+                        &entry.addr(),
+                        "--count",
+                        "1",
+                        "--sport",
+                        &sport.to_string(),
+                        "--timeout-ms",
+                        "1000",
+                    ],
+                )
                 .expect("client");
             let Some(Attempt::Ok { name, .. }) = run.attempts.first() else {
-                panic!("no answer from {target} port {sport}: {}\n{}", run.raw, sb.agent_log(Node::A));
+                panic!(
+                    "no answer from {target} port {sport}: {}\n{}",
+                    run.raw,
+                    sb.agent_log(Node::A)
+                );
             };
-            assert_eq!(name, &named.name(), "{target} from port {sport}: explain said {named:?}: {e:#}");
+            assert_eq!(
+                name,
+                &named.name(),
+                "{target} from port {sport}: explain said {named:?}: {e:#}"
+            );
             seen.insert((entry.address.clone(), name.clone()));
         }
     }
     eprintln!("explain matched the kernel's pick for 16 flows: {seen:?}");
-    assert!(seen.iter().filter(|(a, _)| *a == lb_tcp.address).count() > 1, "Maglev spread flows: {seen:?}");
+    assert!(
+        seen.iter().filter(|(a, _)| *a == lb_tcp.address).count() > 1,
+        "Maglev spread flows: {seen:?}"
+    );
     sb.cleanup().expect("cleanup");
 }
 
@@ -412,10 +610,18 @@ fn cleanup_refuses_while_the_agent_runs_then_leaves_nothing_attached() {
     let out = sw(&sb, &["cleanup"]);
     let pid = sb.agent_pid().expect("pid");
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains(&format!("pid {pid}")), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains(&format!("pid {pid}")),
+        "{out:?}"
+    );
     sb.stop_agent().expect("stop the agent");
     // Still forwarding without the agent (pinned programs and maps).
-    let run = sb.client(&sb_echo(), &["--tcp", &format!("{CLUSTER_IP}:80"), "--timeout-ms", "500"]).expect("client");
+    let run = sb
+        .client(
+            &sb_echo(),
+            &["--tcp", &format!("{CLUSTER_IP}:80"), "--timeout-ms", "500"],
+        )
+        .expect("client");
     assert!(run.all_ok(), "{}", run.raw);
     let text = stdout(&sw(&sb, &["cleanup"]));
     eprintln!("{text}");
@@ -428,23 +634,49 @@ fn cleanup_refuses_while_the_agent_runs_then_leaves_nothing_attached() {
         .filter(|n| !n.ends_with(".debug"))
         .collect();
     assert!(left.is_empty(), "pin dir not empty: {left:?}");
-    assert!(!xtask::sandbox::status_file(&sb.pin_dir).exists(), "status file left");
     assert!(
-        !xtask::sandbox::status_file(&sb.pin_dir).with_extension("lock").exists(),
+        !xtask::sandbox::status_file(&sb.pin_dir).exists(),
+        "status file left"
+    );
+    assert!(
+        !xtask::sandbox::status_file(&sb.pin_dir)
+            .with_extension("lock")
+            .exists(),
         "lock file left"
     );
-    let cgroup = sb.cgroup.as_ref().expect("cgroup").bound.to_string_lossy().into_owned();
-    let progs = sb.exec(&sb.node_ns(), &["bpftool", "cgroup", "show", &cgroup]).expect("bpftool cgroup");
+    let cgroup = sb
+        .cgroup
+        .as_ref()
+        .expect("cgroup")
+        .bound
+        .to_string_lossy()
+        .into_owned();
+    let progs = sb
+        .exec(&sb.node_ns(), &["bpftool", "cgroup", "show", &cgroup])
+        .expect("bpftool cgroup");
     assert!(!stdout(&progs).contains("sb_sock"), "{}", stdout(&progs));
     for iface in [sb.pod_if(1), sb.pod_if(2), sb.pod_if(3), sb.client_if()] {
         for dir in ["ingress", "egress"] {
-            let f = sb.exec(&sb.node_ns(), &["tc", "filter", "show", "dev", &iface, dir]).map(|o| stdout(&o)).unwrap_or_default();
+            let f = sb
+                .exec(&sb.node_ns(), &["tc", "filter", "show", "dev", &iface, dir])
+                .map(|o| stdout(&o))
+                .unwrap_or_default();
             assert!(!f.contains("sb_"), "{iface} {dir}: {f}");
         }
     }
     // Nothing translates the ClusterIP any more.
-    let run = sb.client(&sb_echo(), &["--tcp", &format!("{CLUSTER_IP}:80"), "--timeout-ms", "300"]).expect("client");
-    assert_eq!(run.failures(), 1, "the ClusterIP still answers after cleanup: {}", run.raw);
+    let run = sb
+        .client(
+            &sb_echo(),
+            &["--tcp", &format!("{CLUSTER_IP}:80"), "--timeout-ms", "300"],
+        )
+        .expect("client");
+    assert_eq!(
+        run.failures(),
+        1,
+        "the ClusterIP still answers after cleanup: {}",
+        run.raw
+    );
 }
 
 #[test]
@@ -454,18 +686,38 @@ fn cleanup_kube_proxy_removes_its_chains_and_tables_in_the_node_netns_only() {
     let node = sb.node_ns();
     for cmd in [
         &["iptables", "-t", "nat", "-N", "KUBE-SERVICES"][..],
-        &["iptables", "-t", "nat", "-A", "OUTPUT", "-j", "KUBE-SERVICES"],
+        &[
+            "iptables",
+            "-t",
+            "nat",
+            "-A",
+            "OUTPUT",
+            "-j",
+            "KUBE-SERVICES",
+        ],
         &["iptables", "-t", "filter", "-N", "KUBE-FIREWALL"],
-        &["iptables", "-t", "filter", "-A", "INPUT", "-j", "KUBE-FIREWALL"],
+        &[
+            "iptables",
+            "-t",
+            "filter",
+            "-A",
+            "INPUT",
+            "-j",
+            "KUBE-FIREWALL",
+        ],
         &["iptables", "-t", "nat", "-N", "KEEP-ME"],
         &["nft", "add", "table", "ip", "kube-proxy"],
     ] {
-        sb.exec(&node, cmd).expect("create kube-proxy leftovers in the node netns");
+        sb.exec(&node, cmd)
+            .expect("create kube-proxy leftovers in the node netns");
     }
     let (doctor, _) = sw_json(&sb, &["doctor"]);
     let found = findings(&doctor, "no kube-proxy leftovers");
     assert_eq!(found.len(), 2, "{doctor:#}");
-    assert!(found[0].contains("KUBE-SERVICES") && found[0].contains("KUBE-FIREWALL"), "{found:?}");
+    assert!(
+        found[0].contains("KUBE-SERVICES") && found[0].contains("KUBE-FIREWALL"),
+        "{found:?}"
+    );
     let out = sw(&sb, &["cleanup", "--kube-proxy"]);
     eprintln!("{}", stdout(&out));
     let save = stdout(&sb.exec(&node, &["iptables-save"]).expect("iptables-save"));
@@ -474,7 +726,11 @@ fn cleanup_kube_proxy_removes_its_chains_and_tables_in_the_node_netns_only() {
     let tables = stdout(&sb.exec(&node, &["nft", "list", "tables"]).expect("nft"));
     assert!(!tables.contains("kube-proxy"), "{tables}");
     let (doctor, _) = sw_json(&sb, &["doctor"]);
-    assert_eq!(check_state(&doctor, "no kube-proxy leftovers"), "ok", "{doctor:#}");
+    assert_eq!(
+        check_state(&doctor, "no kube-proxy leftovers"),
+        "ok",
+        "{doctor:#}"
+    );
 }
 
 /// Creates a small hash map pinned at `path` (what a dead agent's resize or
@@ -483,10 +739,25 @@ fn pin_a_map(path: &Path) {
     let out = std::process::Command::new("bpftool")
         .args(["map", "create"])
         .arg(path)
-        .args(["type", "hash", "key", "4", "value", "4", "entries", "16", "name", "sb_leftover"])
+        .args([
+            "type",
+            "hash",
+            "key",
+            "4",
+            "value",
+            "4",
+            "entries",
+            "16",
+            "name",
+            "sb_leftover",
+        ])
         .output()
         .expect("run bpftool");
-    assert!(out.status.success(), "bpftool map create: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "bpftool map create: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// Issue 25: a start killed during a resize leaves `_resize` pins, another
@@ -508,24 +779,41 @@ fn stale_resize_pins_and_other_layouts_are_reported_and_the_next_start_removes_t
     let out = sw(&sb, &["status"]);
     let text = stdout(&out);
     assert!(!out.status.success(), "{text}");
-    assert!(text.contains("staging pins of a resize that did not finish: SB_FE_V1_resize"), "{text}");
-    assert!(text.contains("pins this version does not use (another version's layout): SB_CT_V3"), "{text}");
-    assert!(text.contains("pins of an earlier layout not yet migrated: SB_CT_V2"), "{text}");
+    assert!(
+        text.contains("staging pins of a resize that did not finish: SB_FE_V1_resize"),
+        "{text}"
+    );
+    assert!(
+        text.contains("pins this version does not use (another version's layout): SB_CT_V3"),
+        "{text}"
+    );
+    assert!(
+        text.contains("pins of an earlier layout not yet migrated: SB_CT_V2"),
+        "{text}"
+    );
     let (doctor, _) = sw_json(&sb, &["doctor"]);
     let found = findings(&doctor, "pin root layout");
     assert_eq!(found.len(), 3, "{doctor:#}");
-    assert!(found.iter().any(|f| f.contains("SB_FE_V1_resize")), "{found:?}");
+    assert!(
+        found.iter().any(|f| f.contains("SB_FE_V1_resize")),
+        "{found:?}"
+    );
 
-    sb.start_agent(&switchboard()).expect("start the agent again");
+    sb.start_agent(&switchboard())
+        .expect("start the agent again");
     eventually("the agent to remove the staging pin", || {
         (!staging.exists()).then_some(()).ok_or(sb.agent_log())
     });
     assert!(
-        sb.agent_log().contains("removed the staging pin of an interrupted resize"),
+        sb.agent_log()
+            .contains("removed the staging pin of an interrupted resize"),
         "{}",
         sb.agent_log()
     );
-    assert!(old_layout.exists(), "another layout's pin is left for the operator");
+    assert!(
+        old_layout.exists(),
+        "another layout's pin is left for the operator"
+    );
     eventually("the agent to say why it leaves SB_CT_V2", || {
         let log = sb.agent_log();
         log.lines()
@@ -533,7 +821,10 @@ fn stale_resize_pins_and_other_layouts_are_reported_and_the_next_start_removes_t
             .then_some(())
             .ok_or(log)
     });
-    assert!(misshapen.exists(), "a pin not of its layout is left for the operator");
+    assert!(
+        misshapen.exists(),
+        "a pin not of its layout is left for the operator"
+    );
     std::fs::remove_file(&misshapen).expect("remove the misshapen pin");
     let out = sw(&sb, &["status"]);
     assert!(!stdout(&out).contains("_resize"), "{}", stdout(&out));
@@ -554,9 +845,15 @@ fn stale_resize_pins_and_other_layouts_are_reported_and_the_next_start_removes_t
 fn status_and_doctor_without_cap_sys_admin_say_they_cannot_inspect() {
     let mut sb = settled_demo();
     let without_sys_admin = |cmd: &[&str]| {
-        let mut all = vec!["setpriv", "--inh-caps=-all", "--bounding-set=-sys_admin", "--"];
+        let mut all = vec![
+            "setpriv",
+            "--inh-caps=-all",
+            "--bounding-set=-sys_admin",
+            "--",
+        ];
         all.extend_from_slice(cmd);
-        sb.exec_status(&sb.node_ns(), &all).expect("run switchboard")
+        sb.exec_status(&sb.node_ns(), &all)
+            .expect("run switchboard")
     };
     let out = sw_in(without_sys_admin, &sb.pin_dir, &["status"]);
     let text = stdout(&out);
@@ -568,10 +865,14 @@ fn status_and_doctor_without_cap_sys_admin_say_they_cannot_inspect() {
     assert!(!text.contains("MISSING"), "{text}");
     assert!(!text.contains("restart the agent"), "{text}");
     let out = sw_in(without_sys_admin, &sb.pin_dir, &["doctor", "-o", "json"]);
-    let doctor: Value = serde_json::from_str(&stdout(&out)).unwrap_or_else(|e| panic!("{e}: {}", stdout(&out)));
+    let doctor: Value =
+        serde_json::from_str(&stdout(&out)).unwrap_or_else(|e| panic!("{e}: {}", stdout(&out)));
     let found = findings(&doctor, "programs attached");
     assert_eq!(found.len(), 1, "{doctor:#}");
-    assert!(found[0].starts_with("cannot inspect: permission denied"), "{found:?}");
+    assert!(
+        found[0].starts_with("cannot inspect: permission denied"),
+        "{found:?}"
+    );
     // As root, all is well.
     let out = sw(&sb, &["status"]);
     assert!(out.status.success(), "{}", stdout(&out));

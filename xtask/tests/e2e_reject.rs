@@ -65,7 +65,11 @@ fn sandbox(agent_args: &[&str]) -> Sandbox {
     write_manifest(
         &sb,
         "echo.yaml",
-        &format!("{}---\n{}", service("echo", CLUSTER_IP), slice("echo", &[1])),
+        &format!(
+            "{}---\n{}",
+            service("echo", CLUSTER_IP),
+            slice("echo", &[1])
+        ),
     );
     write_manifest(
         &sb,
@@ -94,10 +98,10 @@ fn sandbox(agent_args: &[&str]) -> Sandbox {
     let mut ifaces = vec![sb.client_if()];
     ifaces.extend((1..=PODS).map(|i| sb.pod_if(i)));
     let deadline = Instant::now() + Duration::from_secs(10);
-    while !ifaces
-        .iter()
-        .all(|i| sb.agent_log().contains(&format!("programs attached iface={i} ")))
-    {
+    while !ifaces.iter().all(|i| {
+        sb.agent_log()
+            .contains(&format!("programs attached iface={i} "))
+    }) {
         assert!(
             Instant::now() < deadline,
             "programs not attached to {ifaces:?}:\n{}",
@@ -203,7 +207,14 @@ fn a_service_without_endpoints_refuses_at_once_on_the_tc_path() {
             &sb,
             &ns,
             &[
-                "--udp", &udp, "--udp-mode", "connected", "--count", "3", "--timeout-ms", "3000",
+                "--udp",
+                &udp,
+                "--udp-mode",
+                "connected",
+                "--count",
+                "3",
+                "--timeout-ms",
+                "3000",
             ],
             "UDP",
         );
@@ -223,7 +234,14 @@ fn a_service_without_endpoints_refuses_at_once_with_the_socket_layer_on() {
     let echo = sb_echo();
     let tcp = empty_tcp();
     let udp = empty_udp();
-    let tcp_args = ["--tcp", tcp.as_str(), "--count", "3", "--timeout-ms", "3000"];
+    let tcp_args = [
+        "--tcp",
+        tcp.as_str(),
+        "--count",
+        "3",
+        "--timeout-ms",
+        "3000",
+    ];
     let udp_args = [
         "--udp",
         udp.as_str(),
@@ -234,7 +252,10 @@ fn a_service_without_endpoints_refuses_at_once_with_the_socket_layer_on() {
         "--timeout-ms",
         "3000",
     ];
-    for (args, what) in [(&tcp_args[..], "TCP connect"), (&udp_args[..], "connected UDP")] {
+    for (args, what) in [
+        (&tcp_args[..], "TCP connect"),
+        (&udp_args[..], "connected UDP"),
+    ] {
         let sock_before = counter(&sb, "sock_no_backend");
         let began = Instant::now();
         // A host client: the socket layer balances its TCP and connected UDP
@@ -243,13 +264,25 @@ fn a_service_without_endpoints_refuses_at_once_with_the_socket_layer_on() {
         let run = sb
             .client_in_cgroup(&echo, &sb.node_ns(), args)
             .unwrap_or_else(|e| panic!("{e:#}"));
-        assert_refused(&sb, &run, began.elapsed(), 3, &format!("{what} in the cgroup"));
-        assert!(counter(&sb, "sock_no_backend") > sock_before, "{what}: the socket layer refused");
+        assert_refused(
+            &sb,
+            &run,
+            began.elapsed(),
+            3,
+            &format!("{what} in the cgroup"),
+        );
+        assert!(
+            counter(&sb, "sock_no_backend") > sock_before,
+            "{what}: the socket layer refused"
+        );
 
         let rejected_before = counter(&sb, "rejected");
         let (run, took) = client_in(&sb, &sb.client_ns(), args, what);
         assert_refused(&sb, &run, took, 3, &format!("{what} outside the cgroup"));
-        assert!(counter(&sb, "rejected") > rejected_before, "{what}: tc rejected");
+        assert!(
+            counter(&sb, "rejected") > rejected_before,
+            "{what}: tc rejected"
+        );
     }
     sb.cleanup().expect("cleanup");
 }
@@ -266,7 +299,11 @@ fn a_pod_reaches_itself_through_its_service_via_the_hairpin_address() {
         (format!("{CLUSTER_IP}:53"), vec![]),
         (format!("{CLUSTER_IP}:53"), vec!["--udp-mode", "connected"]),
     ] {
-        let flag = if addr.ends_with(":80") { "--tcp" } else { "--udp" };
+        let flag = if addr.ends_with(":80") {
+            "--tcp"
+        } else {
+            "--udp"
+        };
         let mut args = vec![flag, addr.as_str(), "--count", "5", "--timeout-ms", "2000"];
         args.extend(extra.iter().copied());
         let what = format!("pod1 → {addr} {extra:?}");
@@ -304,9 +341,13 @@ fn a_pod_reaches_itself_through_its_service_via_the_hairpin_address() {
         &["--tcp", &format!("{CLUSTER_IP}:80"), "--count", "2"],
         "pod2 → the Service",
     );
-    assert!(run.attempts.iter().all(|a| matches!(
-        a,
-        Attempt::Ok { pod_saw, .. } if pod_saw.starts_with(&format!("{}:", pod_ip(2)))
-    )), "{}", run.raw);
+    assert!(
+        run.attempts.iter().all(|a| matches!(
+            a,
+            Attempt::Ok { pod_saw, .. } if pod_saw.starts_with(&format!("{}:", pod_ip(2)))
+        )),
+        "{}",
+        run.raw
+    );
     sb.cleanup().expect("cleanup");
 }

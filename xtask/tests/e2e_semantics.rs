@@ -835,7 +835,11 @@ fn an_invalid_edit_keeps_the_last_good_state_and_says_so() {
         "{held:#}"
     );
     let run = connections(&sb, 20);
-    assert!(run.all_ok(), "the held Service must still answer:\n{}", run.raw);
+    assert!(
+        run.all_ok(),
+        "the held Service must still answer:\n{}",
+        run.raw
+    );
     assert_eq!(answered(&run), set(&["pod1", "pod2"]), "{}", run.raw);
     let table = sb.services_raw(&switchboard(), false).unwrap();
     assert!(table.contains(" held "), "{table}");
@@ -845,14 +849,21 @@ fn an_invalid_edit_keeps_the_last_good_state_and_says_so() {
     );
 
     // A file that does not parse is listed until it goes.
-    fs::write(sb.manifest_dir().join("broken.yaml"), "kind: Service\nmetadata: {name: [\n").unwrap();
+    fs::write(
+        sb.manifest_dir().join("broken.yaml"),
+        "kind: Service\nmetadata: {name: [\n",
+    )
+    .unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let table = sb.services_raw(&switchboard(), false).unwrap();
         if table.contains("broken.yaml: document 1: syntax error") {
             break;
         }
-        assert!(Instant::now() < deadline, "the broken file is not listed:\n{table}");
+        assert!(
+            Instant::now() < deadline,
+            "the broken file is not listed:\n{table}"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
     fs::remove_file(sb.manifest_dir().join("broken.yaml")).unwrap();

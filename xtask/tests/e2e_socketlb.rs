@@ -285,7 +285,13 @@ fn socket_lb_false_detaches_the_socket_layer() {
 /// The attach types of switchboard's programs on the sandbox's cgroup
 /// (`bpftool -j cgroup show`).
 fn attached_hooks(sb: &Sandbox) -> Vec<String> {
-    let cgroup = sb.cgroup.as_ref().expect("a test cgroup").bound.to_string_lossy().into_owned();
+    let cgroup = sb
+        .cgroup
+        .as_ref()
+        .expect("a test cgroup")
+        .bound
+        .to_string_lossy()
+        .into_owned();
     let out = sb
         .exec(&sb.node_ns(), &["bpftool", "-j", "cgroup", "show", &cgroup])
         .expect("bpftool cgroup show");
@@ -344,11 +350,20 @@ fn both_families_socket_hooks_are_attached_listed_and_detached() {
     // A restarted (or upgraded) agent replaces every pinned link: still one
     // program per hook.
     sb.stop_agent().expect("stop agent");
-    assert_eq!(attached_hooks(&sb), first, "the pinned links outlive the agent");
-    sb.start_agent_with(&switchboard(), &[]).expect("restart agent");
+    assert_eq!(
+        attached_hooks(&sb),
+        first,
+        "the pinned links outlive the agent"
+    );
+    sb.start_agent_with(&switchboard(), &[])
+        .expect("restart agent");
     let deadline = Instant::now() + Duration::from_secs(10);
     while !sb.agent_log().contains(xtask::sandbox::AGENT_READY) {
-        assert!(Instant::now() < deadline, "agent not ready: {}", sb.agent_log());
+        assert!(
+            Instant::now() < deadline,
+            "agent not ready: {}",
+            sb.agent_log()
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     assert!(

@@ -27,7 +27,9 @@ use aya_obj::maps::{bpf_map_def, LegacyMap, PinningType};
 use aya_obj::EbpfSectionKind;
 use proxy_common::{ct_dir, ct_flags, names, CtEntry, CtKey};
 use xtask::sandbox::{Attempt, ClientRun, Sandbox, AGENT_READY, CLUSTER_IP};
-use xtask::testenv::{demo_sandbox_with, open_idle_with, sb_echo_in, switchboard, wake, IdleClient};
+use xtask::testenv::{
+    demo_sandbox_with, open_idle_with, sb_echo_in, switchboard, wake, IdleClient,
+};
 
 /// Idle connections held across the upgrade.
 const IDLE: usize = 6;
@@ -52,7 +54,13 @@ const BPF_MAP_TYPE_PERCPU_ARRAY: u32 = 6;
 const BPF_MAP_TYPE_LRU_HASH: u32 = 9;
 
 /// Creates a map as an earlier version's loader did and pins it at `path`.
-fn create_pinned(path: &Path, map_type: u32, key_size: u32, value_size: u32, max_entries: u32) -> Map {
+fn create_pinned(
+    path: &Path,
+    map_type: u32,
+    key_size: u32,
+    value_size: u32,
+    max_entries: u32,
+) -> Map {
     let def = bpf_map_def {
         map_type,
         key_size,
@@ -70,9 +78,13 @@ fn create_pinned(path: &Path, map_type: u32, key_size: u32, value_size: u32, max
         symbol_index: None,
         data: Vec::new(),
     });
-    let name = path.file_name().and_then(|n| n.to_str()).expect("a map name");
+    let name = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .expect("a map name");
     let data = MapData::create(obj, name, None).unwrap_or_else(|e| panic!("create {name}: {e}"));
-    data.pin(path).unwrap_or_else(|e| panic!("pin {}: {e}", path.display()));
+    data.pin(path)
+        .unwrap_or_else(|e| panic!("pin {}: {e}", path.display()));
     Map::from_map_data(data).expect("a known map type")
 }
 
@@ -90,13 +102,22 @@ fn unpin(pin: &Path, name: &str) {
 fn as_e805261(pin: &Path) -> usize {
     let current: HashMap<MapData, CtKey, CtEntry> =
         HashMap::try_from(open_pinned(pin, names::CONNTRACK)).expect("the conntrack table");
-    let mut v2: HashMap<MapData, CtKey, CtEntryV2> =
-        HashMap::try_from(create_pinned(&pin.join("SB_CT_V2"), BPF_MAP_TYPE_LRU_HASH, 16, 24, 262_144))
-            .expect("an LRU table");
+    let mut v2: HashMap<MapData, CtKey, CtEntryV2> = HashMap::try_from(create_pinned(
+        &pin.join("SB_CT_V2"),
+        BPF_MAP_TYPE_LRU_HASH,
+        16,
+        24,
+        262_144,
+    ))
+    .expect("an LRU table");
     let mut written = 0;
     for item in current.iter() {
         let (key, entry) = item.expect("a conntrack entry");
-        assert_eq!(entry.flags & ct_flags::SNAT, 0, "e805261 had no source NAT: {key:?}");
+        assert_eq!(
+            entry.flags & ct_flags::SNAT,
+            0,
+            "e805261 had no source NAT: {key:?}"
+        );
         // Both entries named the backend: a reply comes from it.
         let (backend_addr_be, backend_port_be) = match key.dir {
             ct_dir::REPLY => (key.saddr_be, key.sport_be),
@@ -115,11 +136,17 @@ fn as_e805261(pin: &Path) -> usize {
     }
     let stats: PerCpuArray<MapData, u64> =
         PerCpuArray::try_from(open_pinned(pin, names::GLOBAL_STATS)).expect("the counters");
-    let mut v1: PerCpuArray<MapData, u64> =
-        PerCpuArray::try_from(create_pinned(&pin.join("SB_STATS_V1"), BPF_MAP_TYPE_PERCPU_ARRAY, 4, 8, 11))
-            .expect("a per-CPU array");
+    let mut v1: PerCpuArray<MapData, u64> = PerCpuArray::try_from(create_pinned(
+        &pin.join("SB_STATS_V1"),
+        BPF_MAP_TYPE_PERCPU_ARRAY,
+        4,
+        8,
+        11,
+    ))
+    .expect("a per-CPU array");
     for index in 1..11 {
-        v1.set(index, stats.get(&index, 0).expect("a counter"), 0).expect("write a V1 counter");
+        v1.set(index, stats.get(&index, 0).expect("a counter"), 0)
+            .expect("write a V1 counter");
     }
     for name in [names::CONNTRACK, names::GLOBAL_STATS, "SB_FORMAT"] {
         unpin(pin, name);
@@ -129,7 +156,12 @@ fn as_e805261(pin: &Path) -> usize {
 
 /// Turns the stopped agent's pin root into what an agent of f7bc505 left.
 fn as_f7bc505(pin: &Path) -> usize {
-    for name in [names::SOURCE_RANGES, names::SOURCE_RANGES6, names::SERVICE_DENIED, "SB_FORMAT"] {
+    for name in [
+        names::SOURCE_RANGES,
+        names::SOURCE_RANGES6,
+        names::SERVICE_DENIED,
+        "SB_FORMAT",
+    ] {
         unpin(pin, name);
     }
     0
@@ -140,7 +172,17 @@ fn as_f7bc505(pin: &Path) -> usize {
 fn udp_stream(sb: &Sandbox, ms: u64) -> Child {
     let addr = format!("{CLUSTER_IP}:53");
     let ms = ms.to_string();
-    let args = ["client", "--udp", &addr, "--udp-mode", "shared", "--duration-ms", &ms, "--interval-ms", "20"];
+    let args = [
+        "client",
+        "--udp",
+        &addr,
+        "--udp-mode",
+        "shared",
+        "--duration-ms",
+        &ms,
+        "--interval-ms",
+        "20",
+    ];
     sb_echo_in(sb, &sb.client_ns(), &args)
         .stdout(Stdio::piped())
         .spawn()
@@ -151,15 +193,28 @@ fn udp_stream(sb: &Sandbox, ms: u64) -> Child {
 fn held_tcp(sb: &Sandbox, secs: f64) -> Child {
     let addr = format!("{CLUSTER_IP}:80");
     let secs = secs.to_string();
-    sb_echo_in(sb, &sb.client_ns(), &["client", "--tcp", &addr, "--hold", &secs, "--timeout-ms", "2000"])
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("start the held connection")
+    sb_echo_in(
+        sb,
+        &sb.client_ns(),
+        &[
+            "client",
+            "--tcp",
+            &addr,
+            "--hold",
+            &secs,
+            "--timeout-ms",
+            "2000",
+        ],
+    )
+    .stdout(Stdio::piped())
+    .spawn()
+    .expect("start the held connection")
 }
 
 fn finish(child: Child, what: &str) -> ClientRun {
     let out = child.wait_with_output().expect("wait for the client");
-    ClientRun::parse(&String::from_utf8_lossy(&out.stdout)).unwrap_or_else(|e| panic!("{what}: {e:#}"))
+    ClientRun::parse(&String::from_utf8_lossy(&out.stdout))
+        .unwrap_or_else(|e| panic!("{what}: {e:#}"))
 }
 
 /// The `forwarded` counter of `switchboard stats`.
@@ -167,16 +222,25 @@ fn forwarded(sb: &Sandbox) -> u64 {
     let bin = switchboard().to_string_lossy().into_owned();
     let pin = sb.pin_dir.to_string_lossy().into_owned();
     let out = sb
-        .exec(&sb.node_ns(), &[&bin, "stats", "--pin-root", &pin, "-o", "json"])
+        .exec(
+            &sb.node_ns(),
+            &[&bin, "stats", "--pin-root", &pin, "-o", "json"],
+        )
         .expect("switchboard stats");
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("stats json");
-    json["counters"]["forwarded"].as_u64().unwrap_or_else(|| panic!("no forwarded counter: {json}"))
+    json["counters"]["forwarded"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no forwarded counter: {json}"))
 }
 
 fn wait_ready(sb: &Sandbox) {
     let deadline = Instant::now() + Duration::from_secs(15);
     while !sb.agent_log().contains(AGENT_READY) {
-        assert!(Instant::now() < deadline, "the agent never became ready:\n{}", sb.agent_log());
+        assert!(
+            Instant::now() < deadline,
+            "the agent never became ready:\n{}",
+            sb.agent_log()
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 }
@@ -199,7 +263,8 @@ fn upgrade_keeps_every_connection(earlier: fn(&Path) -> usize, migrated_pins: &[
     sb.stop_agent().expect("stop the agent");
     let counted = forwarded(&sb);
     let flows = earlier(&sb.pin_dir);
-    sb.start_agent(&switchboard()).expect("start this version's agent");
+    sb.start_agent(&switchboard())
+        .expect("start this version's agent");
     wait_ready(&sb);
     let log = sb.agent_log();
     let counted_after = forwarded(&sb);
@@ -224,20 +289,35 @@ fn upgrade_keeps_every_connection(earlier: fn(&Path) -> usize, migrated_pins: &[
         udp.attempts.len(),
         udp.failures()
     );
-    assert!(lost.is_empty(), "connections lost across the upgrade:\n{}\n{log}", lost.join("\n"));
+    assert!(
+        lost.is_empty(),
+        "connections lost across the upgrade:\n{}\n{log}",
+        lost.join("\n")
+    );
     assert!(udp.all_ok(), "the UDP stream lost exchanges:\n{}", udp.raw);
     assert_eq!(pods.len(), 1, "the UDP stream changed pods: {pods:?}");
-    assert!(udp.attempts.len() > 100, "too short a UDP stream:\n{}", udp.raw);
-    assert!(counted_after >= counted, "the counters went back from {counted} to {counted_after} forwarded packets");
+    assert!(
+        udp.attempts.len() > 100,
+        "too short a UDP stream:\n{}",
+        udp.raw
+    );
+    assert!(
+        counted_after >= counted,
+        "the counters went back from {counted} to {counted_after} forwarded packets"
+    );
     for pin in migrated_pins {
         assert!(!sb.pin_dir.join(pin).exists(), "{pin} is still pinned");
         assert!(
-            log.lines().any(|l| l.contains("earlier layout migrated") && l.contains(pin)),
+            log.lines()
+                .any(|l| l.contains("earlier layout migrated") && l.contains(pin)),
             "no log line for {pin}:\n{log}"
         );
     }
     // The stamp is a symbolic link to the format's number.
-    assert!(std::fs::read_link(sb.pin_dir.join("SB_FORMAT")).is_ok(), "the format was not recorded");
+    assert!(
+        std::fs::read_link(sb.pin_dir.join("SB_FORMAT")).is_ok(),
+        "the format was not recorded"
+    );
     // Nothing left to report.
     let bin = switchboard().to_string_lossy().into_owned();
     let pin = sb.pin_dir.to_string_lossy().into_owned();

@@ -295,7 +295,11 @@ async fn pagination_is_consistent() {
 async fn paged_lists_with_a_selector_page_through_the_matches_only() {
     let server = start();
     for i in 0..7 {
-        let labels = if i % 2 == 0 { json!({"keep": "yes"}) } else { json!({}) };
+        let labels = if i % 2 == 0 {
+            json!({"keep": "yes"})
+        } else {
+            json!({})
+        };
         server
             .apply(svc("default", &format!("s{i}"), labels, 80))
             .unwrap();
@@ -320,7 +324,10 @@ async fn paged_lists_with_a_selector_page_through_the_matches_only() {
         }
     }
     assert_eq!(names, vec!["s0", "s2", "s4", "s6"]);
-    assert_eq!(pages, 2, "a last full page with nothing after it has no continue token");
+    assert_eq!(
+        pages, 2,
+        "a last full page with nothing after it has no continue token"
+    );
 }
 
 type Events<K> = tokio::sync::mpsc::UnboundedReceiver<Result<Event<K>, watcher::Error>>;

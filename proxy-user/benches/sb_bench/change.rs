@@ -17,8 +17,8 @@ use std::{
 };
 
 use anyhow::{ensure, Context as _, Result};
-use proxy_user::{
-    model::{BackendAddr, FrontendAddr, Interner, Model, Protocol, ServiceInfo, SliceInfo},
+use proxy_user::model::{
+    BackendAddr, FrontendAddr, Interner, Model, Protocol, ServiceInfo, SliceInfo,
 };
 use serde_json::{json, Value};
 

@@ -13,7 +13,8 @@ use proxy_user::{
 };
 
 /// The benchmark floor: proxy-ebpf's `sb-empty` bin (empty tc and XDP programs).
-pub(crate) static EMPTY_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/sb-empty"));
+pub(crate) static EMPTY_OBJECT: &[u8] =
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/sb-empty"));
 
 pub(crate) const TC_ACT_OK: u32 = 0;
 pub(crate) const TC_ACT_UNSPEC: u32 = u32::MAX;
@@ -123,7 +124,6 @@ pub(crate) fn stat(maps: &PinnedMaps, name: &str) -> u64 {
         .map_or(0, |(_, v)| v)
 }
 
-
 /// `struct xdp_md` (the context BPF_PROG_TEST_RUN takes for XDP programs).
 #[repr(C)]
 #[derive(Default, Clone, Copy)]
@@ -154,7 +154,6 @@ pub(crate) fn mac(name: &str) -> Result<[u8; 6]> {
     bytes.try_into().map_err(|_| anyhow!("bad MAC {text}"))
 }
 
-
 /// Runs `f` with this thread in network namespace `ns` (`/run/netns/<ns>`).
 pub(crate) fn in_netns<T>(ns: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
     use nix::sched::{setns, CloneFlags};
@@ -181,4 +180,3 @@ pub(crate) fn pin_to_cpu(cpu: usize) -> Result<()> {
     }
     Ok(())
 }
-

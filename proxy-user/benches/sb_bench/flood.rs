@@ -55,7 +55,10 @@ pub(crate) fn flood(rest: &[String]) -> Result<Value> {
         }
     }
     ensure!(!dsts.is_empty(), "flood needs --dst IP:PORT");
-    ensure!(flows > 0 && batch > 0, "--flows and --batch must be positive");
+    ensure!(
+        flows > 0 && batch > 0,
+        "--flows and --batch must be positive"
+    );
     pin_to_cpu(cpu)?;
 
     let sockets: Vec<UdpSocket> = (0..flows)
@@ -96,9 +99,7 @@ pub(crate) fn flood(rest: &[String]) -> Result<Value> {
         for s in &sockets {
             for b in batches.iter_mut() {
                 // SAFETY: `b` holds `batch` initialised headers (see above).
-                let n = unsafe {
-                    libc::sendmmsg(s.as_raw_fd(), b.as_mut_ptr(), b.len() as u32, 0)
-                };
+                let n = unsafe { libc::sendmmsg(s.as_raw_fd(), b.as_mut_ptr(), b.len() as u32, 0) };
                 calls += 1;
                 if n < 0 {
                     errors += 1;

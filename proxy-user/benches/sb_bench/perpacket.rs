@@ -14,12 +14,13 @@ use aya::{
 };
 use proxy_common::{ct_dir, programs, proto, CtEntry, CtKey};
 use proxy_user::{
-    ebpf::{self, Capacities},
-    maps::{MapStore as _, PinnedMaps},
     cidr::IpCidr,
+    ebpf::{self, Capacities},
+    encode::frontend_key,
+    maps::{MapStore as _, PinnedMaps},
     model::{BackendAddr, DesiredState, FrontendAddr, Protocol, SourceRanges},
     packet::PacketSpec,
-    encode::frontend_key, sync::Syncer,
+    sync::Syncer,
 };
 use serde_json::{json, Value};
 
@@ -39,7 +40,13 @@ pub(crate) struct PerPacket {
     conntrack: AyaHashMap<MapData, CtKey, CtEntry>,
 }
 
-pub(crate) fn frame_tcp(src: Ipv4Addr, sport: u16, dst: Ipv4Addr, dport: u16, flags: u8) -> Vec<u8> {
+pub(crate) fn frame_tcp(
+    src: Ipv4Addr,
+    sport: u16,
+    dst: Ipv4Addr,
+    dport: u16,
+    flags: u8,
+) -> Vec<u8> {
     let spec = PacketSpec {
         payload: vec![0u8; FRAME_PAYLOAD],
         tcp_flags: flags,
@@ -157,7 +164,10 @@ impl PerPacket {
             .find(|(k, _)| *k == key)
             .map(|(_, v)| v.service_id)
             .ok_or_else(|| anyhow!("frontend {vip} missing"))?;
-        let want = proxy_user::model::BackendAddr { ip: backend, port: backend_port };
+        let want = proxy_user::model::BackendAddr {
+            ip: backend,
+            port: backend_port,
+        };
         let backend_id = dump
             .backends
             .iter()
@@ -501,4 +511,3 @@ pub(crate) fn perpacket(quick: bool) -> Result<Value> {
         "rows": rows,
     }))
 }
-

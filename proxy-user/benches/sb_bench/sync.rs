@@ -106,7 +106,10 @@ pub fn k8s_slice(i: u32, endpoints: u32, first: Option<Ipv4Addr>) -> EndpointSli
 
 /// Fresh unpinned maps sized for `count` Services × `endpoints`, and a
 /// syncer on them (keep the `Ebpf` alive as long as the syncer).
-pub(crate) fn unpinned_syncer(count: u32, endpoints: u32) -> Result<(aya::Ebpf, Syncer<PinnedMaps>)> {
+pub(crate) fn unpinned_syncer(
+    count: u32,
+    endpoints: u32,
+) -> Result<(aya::Ebpf, Syncer<PinnedMaps>)> {
     let caps = Capacities {
         frontends: (count * (endpoints + 1) + 4096).next_power_of_two(),
         backends: (count * endpoints + 4096).next_power_of_two(),
@@ -218,4 +221,3 @@ pub(crate) fn sync_bench(quick: bool) -> Result<Value> {
     }
     Ok(json!({"kind": "sync", "runs": runs}))
 }
-

@@ -47,7 +47,9 @@ use proxy_common::programs;
 use proxy_user::{
     ebpf::{self, Capacities},
     maps::PinnedMaps,
-    model::{BackendAddr, DesiredState, Frontend, FrontendAddr, FrontendKind, Protocol, ServicePortName},
+    model::{
+        BackendAddr, DesiredState, Frontend, FrontendAddr, FrontendKind, Protocol, ServicePortName,
+    },
     packet::PacketSpec,
     sync::Syncer,
 };
@@ -107,22 +109,45 @@ fn netns_inode() -> Result<u64> {
 /// uplink's ifindex.
 fn build_node() -> Result<u32> {
     ip_cmd(&[
-        "link", "add", "up0", "address", &mac_str(UPLINK_MAC), "type", "veth", "peer", "name",
+        "link",
+        "add",
+        "up0",
+        "address",
+        &mac_str(UPLINK_MAC),
+        "type",
+        "veth",
+        "peer",
+        "name",
         "up0p",
     ])?;
-    ip_cmd(&["link", "add", "pod0", "type", "veth", "peer", "name", "pod0p"])?;
+    ip_cmd(&[
+        "link", "add", "pod0", "type", "veth", "peer", "name", "pod0p",
+    ])?;
     for dev in ["up0", "up0p", "pod0", "pod0p"] {
         ip_cmd(&["link", "set", dev, "up"])?;
     }
     ip_cmd(&["addr", "add", &format!("{NODE}/24"), "dev", "up0"])?;
     for (addr, lladdr) in [(GATEWAY, GATEWAY_MAC), (EXT_CLIENT, EXT_CLIENT_MAC)] {
         ip_cmd(&[
-            "neigh", "add", &addr.to_string(), "lladdr", &mac_str(lladdr), "dev", "up0", "nud",
+            "neigh",
+            "add",
+            &addr.to_string(),
+            "lladdr",
+            &mac_str(lladdr),
+            "dev",
+            "up0",
+            "nud",
             "permanent",
         ])?;
     }
     ip_cmd(&[
-        "route", "add", "10.244.2.0/24", "via", &GATEWAY.to_string(), "dev", "up0",
+        "route",
+        "add",
+        "10.244.2.0/24",
+        "via",
+        &GATEWAY.to_string(),
+        "dev",
+        "up0",
     ])?;
     ip_cmd(&["route", "add", "10.244.1.0/24", "dev", "pod0"])?;
     ip_cmd(&["route", "add", &format!("{LB_LOCAL}/32"), "dev", "pod0"])?;
@@ -132,7 +157,13 @@ fn build_node() -> Result<u32> {
     ifindex("up0")
 }
 
-fn fe(kind: FrontendKind, ip: Ipv4Addr, port: u16, name: &str, backend: (Ipv4Addr, u16)) -> Frontend {
+fn fe(
+    kind: FrontendKind,
+    ip: Ipv4Addr,
+    port: u16,
+    name: &str,
+    backend: (Ipv4Addr, u16),
+) -> Frontend {
     Frontend {
         kind,
         ..Frontend::cluster_ip(
@@ -200,7 +231,12 @@ fn run_xdp(prog: &Xdp, frame: &[u8], uplink: u32, repeat: u32) -> Result<(u32, f
     Ok((r.return_value, r.duration.as_nanos() as f64, out))
 }
 
-fn run_tc(prog: &SchedClassifier, frame: &[u8], uplink: u32, repeat: u32) -> Result<(u32, f64, Vec<u8>)> {
+fn run_tc(
+    prog: &SchedClassifier,
+    frame: &[u8],
+    uplink: u32,
+    repeat: u32,
+) -> Result<(u32, f64, Vec<u8>)> {
     let ctx = skb_ctx(uplink);
     let mut out = vec![0u8; frame.len() + 256];
     let r = prog
@@ -233,19 +269,44 @@ struct Bench {
 }
 
 impl Bench {
-    fn run(&mut self, hook: Hook, empty: bool, frame: &[u8], repeat: u32) -> Result<(u32, f64, Vec<u8>)> {
+    fn run(
+        &mut self,
+        hook: Hook,
+        empty: bool,
+        frame: &[u8],
+        repeat: u32,
+    ) -> Result<(u32, f64, Vec<u8>)> {
         let uplink = self.uplink;
         match (hook, empty) {
-            (Hook::Xdp, false) => run_xdp(xdp(&mut self.ebpf, programs::XDP_UPLINK)?, frame, uplink, repeat),
-            (Hook::Xdp, true) => run_xdp(xdp(&mut self.empty, "sb_empty_xdp")?, frame, uplink, repeat),
-            (Hook::Tc, false) => run_tc(tc(&mut self.ebpf, programs::TC_FROM_UPLINK)?, frame, uplink, repeat),
+            (Hook::Xdp, false) => run_xdp(
+                xdp(&mut self.ebpf, programs::XDP_UPLINK)?,
+                frame,
+                uplink,
+                repeat,
+            ),
+            (Hook::Xdp, true) => {
+                run_xdp(xdp(&mut self.empty, "sb_empty_xdp")?, frame, uplink, repeat)
+            }
+            (Hook::Tc, false) => run_tc(
+                tc(&mut self.ebpf, programs::TC_FROM_UPLINK)?,
+                frame,
+                uplink,
+                repeat,
+            ),
             (Hook::Tc, true) => run_tc(tc(&mut self.empty, "sb_empty_tc")?, frame, uplink, repeat),
         }
     }
 
     /// Median ns per packet over `rounds` runs of `repeat`; checks the verdict
     /// and that `counter` (if any) grew by exactly rounds × repeat.
-    fn repeated(&mut self, hook: Hook, empty: bool, frame: &[u8], verdict: u32, counter: Option<&str>) -> Result<f64> {
+    fn repeated(
+        &mut self,
+        hook: Hook,
+        empty: bool,
+        frame: &[u8],
+        verdict: u32,
+        counter: Option<&str>,
+    ) -> Result<f64> {
         let before = counter.map(|c| stat(self.syncer.store(), c));
         let mut v = Vec::new();
         for _ in 0..self.rounds {
@@ -263,7 +324,14 @@ impl Bench {
 
     /// Median kernel ns of `singles` runs with `repeat = 1` of `frame` (a
     /// fresh copy each time); checks the verdict and the counter.
-    fn single(&mut self, hook: Hook, empty: bool, frame: &[u8], verdict: u32, counter: Option<&str>) -> Result<f64> {
+    fn single(
+        &mut self,
+        hook: Hook,
+        empty: bool,
+        frame: &[u8],
+        verdict: u32,
+        counter: Option<&str>,
+    ) -> Result<f64> {
         let before = counter.map(|c| stat(self.syncer.store(), c));
         let mut v = Vec::new();
         for _ in 0..self.singles {
@@ -273,7 +341,11 @@ impl Bench {
         }
         if let (Some(c), Some(before)) = (counter, before) {
             let grew = stat(self.syncer.store(), c) - before;
-            ensure!(grew == u64::from(self.singles), "counter {c} grew by {grew}, expected {}", self.singles);
+            ensure!(
+                grew == u64::from(self.singles),
+                "counter {c} grew by {grew}, expected {}",
+                self.singles
+            );
         }
         Ok(median(&mut v))
     }
@@ -284,7 +356,11 @@ pub(crate) fn uplink(quick: bool) -> Result<Value> {
         let before = netns_inode()?;
         // SAFETY: unshare changes only the calling thread's namespaces.
         let rc = unsafe { libc::unshare(libc::CLONE_NEWNET) };
-        ensure!(rc == 0, "unshare(CLONE_NEWNET): {}", std::io::Error::last_os_error());
+        ensure!(
+            rc == 0,
+            "unshare(CLONE_NEWNET): {}",
+            std::io::Error::last_os_error()
+        );
         ensure!(
             netns_inode()? != before,
             "the thread is still in the namespace it started in: refusing to touch it"
@@ -308,9 +384,27 @@ fn measure(quick: bool) -> Result<Value> {
     let maps = PinnedMaps::take(&mut ebpf)?;
     let mut syncer = Syncer::adopt(maps, caps);
     let frontends = vec![
-        fe(FrontendKind::NodePort, NODE, NP_PINGPONG, "np-pingpong", (LB_LOCAL, LB_PINGPONG)),
-        fe(FrontendKind::LoadBalancer, LB_LOCAL, LB_PINGPONG, "lb-pingpong", (NODE, NP_PINGPONG)),
-        fe(FrontendKind::NodePort, NODE, NP_REMOTE, "np-remote", (POD_REMOTE, POD_PORT)),
+        fe(
+            FrontendKind::NodePort,
+            NODE,
+            NP_PINGPONG,
+            "np-pingpong",
+            (LB_LOCAL, LB_PINGPONG),
+        ),
+        fe(
+            FrontendKind::LoadBalancer,
+            LB_LOCAL,
+            LB_PINGPONG,
+            "lb-pingpong",
+            (NODE, NP_PINGPONG),
+        ),
+        fe(
+            FrontendKind::NodePort,
+            NODE,
+            NP_REMOTE,
+            "np-remote",
+            (POD_REMOTE, POD_PORT),
+        ),
     ];
     let report = syncer.apply(&DesiredState {
         frontends: frontends.into_iter().map(|f| (f.addr, f)).collect(),
@@ -338,13 +432,28 @@ fn measure(quick: bool) -> Result<Value> {
     // address (what the first run wrote) → NodePort, then the remote flow.
     let (ret, _, hop) = b.run(Hook::Xdp, false, &local, 1)?;
     ensure!(ret == XDP_PASS, "local new flow: verdict {ret}");
-    ensure!(hop[30..34] == LB_LOCAL.octets(), "local new flow not DNATed to {LB_LOCAL}");
+    ensure!(
+        hop[30..34] == LB_LOCAL.octets(),
+        "local new flow not DNATed to {LB_LOCAL}"
+    );
     let (ret, _, back) = b.run(Hook::Xdp, false, &hop, 1)?;
-    ensure!(ret == XDP_PASS && back[30..34] == NODE.octets(), "ping-pong back: verdict {ret}");
+    ensure!(
+        ret == XDP_PASS && back[30..34] == NODE.octets(),
+        "ping-pong back: verdict {ret}"
+    );
     let (ret, _, out) = b.run(Hook::Xdp, false, &remote, 1)?;
-    ensure!(ret == XDP_TX, "remote new flow: verdict {ret} (is the fib lookup failing?)");
-    ensure!(out[30..34] == POD_REMOTE.octets() && out[26..30] == NODE.octets(), "remote flow not DNAT+SNATed");
-    ensure!(out[0..6] == GATEWAY_MAC, "remote flow not sent to the gateway's MAC");
+    ensure!(
+        ret == XDP_TX,
+        "remote new flow: verdict {ret} (is the fib lookup failing?)"
+    );
+    ensure!(
+        out[30..34] == POD_REMOTE.octets() && out[26..30] == NODE.octets(),
+        "remote flow not DNAT+SNATed"
+    );
+    ensure!(
+        out[0..6] == GATEWAY_MAC,
+        "remote flow not sent to the gateway's MAC"
+    );
     let snat_port = u16::from_be_bytes([out[34], out[35]]);
     let reply = frame(POD_REMOTE, POD_PORT, NODE, snat_port);
     let flows = b.syncer.store().conntrack_len();
@@ -366,7 +475,13 @@ fn measure(quick: bool) -> Result<Value> {
     let tc_local = b.repeated(Hook::Tc, false, &local, 0, Some("ext_local"))?;
     let tc_not_ours = b.repeated(Hook::Tc, false, &not_ours, u32::MAX, None)?;
     let tc_local_single = b.single(Hook::Tc, false, &local, 0, Some("ext_local"))?;
-    let tc_remote_single = b.single(Hook::Tc, false, &remote, TC_ACT_REDIRECT, Some("ext_remote"))?;
+    let tc_remote_single = b.single(
+        Hook::Tc,
+        false,
+        &remote,
+        TC_ACT_REDIRECT,
+        Some("ext_remote"),
+    )?;
     ensure!(
         b.syncer.store().conntrack_len() == flows,
         "the measured runs created flows ({} → {}): not existing flows",
@@ -392,20 +507,82 @@ fn measure(quick: bool) -> Result<Value> {
     if !(xdp_local > 0.0 && empty_xdp > 0.0) {
         bail!("no timing from the kernel");
     }
-    let case = |name: &str, prog: &str, ns: f64, empty: f64, how: &str, verdict: &str, raw: Option<f64>| {
+    let case = |name: &str,
+                prog: &str,
+                ns: f64,
+                empty: f64,
+                how: &str,
+                verdict: &str,
+                raw: Option<f64>| {
         json!({
             "case": name, "program": prog, "ns": ns, "empty_ns": empty,
             "ratio": ns / empty, "how": how, "verdict": verdict, "single_raw_ns": raw,
         })
     };
     let rows = vec![
-        case("existing local flow (DNAT)", programs::XDP_UPLINK, xdp_local, empty_xdp, "repeat", "XDP_PASS", None),
-        case("existing remote flow (DNAT+SNAT, fib lookup)", programs::XDP_UPLINK, corrected(xdp_remote_single, xdp_overhead), empty_xdp, "single runs, corrected", "XDP_TX", Some(xdp_remote_single)),
-        case("remote flow's reply", programs::XDP_UPLINK, corrected(xdp_reply_single, xdp_overhead), empty_xdp, "single runs, corrected", "XDP_TX", Some(xdp_reply_single)),
-        case("not ours (TCP to the node's port 22)", programs::XDP_UPLINK, xdp_not_ours, empty_xdp, "repeat", "XDP_PASS", None),
-        case("existing local flow (DNAT)", programs::TC_FROM_UPLINK, tc_local, empty_tc, "repeat", "TC_ACT_OK", None),
-        case("existing remote flow (DNAT+SNAT, redirect_neigh)", programs::TC_FROM_UPLINK, corrected(tc_remote_single, tc_overhead), empty_tc, "single runs, corrected", "TC_ACT_REDIRECT", Some(tc_remote_single)),
-        case("not ours (TCP to the node's port 22)", programs::TC_FROM_UPLINK, tc_not_ours, empty_tc, "repeat", "TC_ACT_UNSPEC", None),
+        case(
+            "existing local flow (DNAT)",
+            programs::XDP_UPLINK,
+            xdp_local,
+            empty_xdp,
+            "repeat",
+            "XDP_PASS",
+            None,
+        ),
+        case(
+            "existing remote flow (DNAT+SNAT, fib lookup)",
+            programs::XDP_UPLINK,
+            corrected(xdp_remote_single, xdp_overhead),
+            empty_xdp,
+            "single runs, corrected",
+            "XDP_TX",
+            Some(xdp_remote_single),
+        ),
+        case(
+            "remote flow's reply",
+            programs::XDP_UPLINK,
+            corrected(xdp_reply_single, xdp_overhead),
+            empty_xdp,
+            "single runs, corrected",
+            "XDP_TX",
+            Some(xdp_reply_single),
+        ),
+        case(
+            "not ours (TCP to the node's port 22)",
+            programs::XDP_UPLINK,
+            xdp_not_ours,
+            empty_xdp,
+            "repeat",
+            "XDP_PASS",
+            None,
+        ),
+        case(
+            "existing local flow (DNAT)",
+            programs::TC_FROM_UPLINK,
+            tc_local,
+            empty_tc,
+            "repeat",
+            "TC_ACT_OK",
+            None,
+        ),
+        case(
+            "existing remote flow (DNAT+SNAT, redirect_neigh)",
+            programs::TC_FROM_UPLINK,
+            corrected(tc_remote_single, tc_overhead),
+            empty_tc,
+            "single runs, corrected",
+            "TC_ACT_REDIRECT",
+            Some(tc_remote_single),
+        ),
+        case(
+            "not ours (TCP to the node's port 22)",
+            programs::TC_FROM_UPLINK,
+            tc_not_ours,
+            empty_tc,
+            "repeat",
+            "TC_ACT_UNSPEC",
+            None,
+        ),
     ];
     Ok(json!({
         "kind": "uplink",

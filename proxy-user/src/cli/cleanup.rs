@@ -120,13 +120,17 @@ fn unpin_links(pin_root: &Path, report: &mut CleanupReport) {
     for pin in hooks::pinned_links(pin_root) {
         match fs::remove_file(&pin.path) {
             Ok(()) => report.links_unpinned.push(pin.name),
-            Err(e) => report.errors.push(format!("unpinning {}: {e}", pin.path.display())),
+            Err(e) => report
+                .errors
+                .push(format!("unpinning {}: {e}", pin.path.display())),
         }
     }
     let dir = pin_root.join("links");
     if let Err(e) = fs::remove_dir(&dir) {
         if e.kind() != io::ErrorKind::NotFound {
-            report.errors.push(format!("removing {}: {e}", dir.display()));
+            report
+                .errors
+                .push(format!("removing {}: {e}", dir.display()));
         }
     }
 }
@@ -149,14 +153,23 @@ async fn detach_netlink(report: &mut CleanupReport, kube_proxy: bool) -> anyhow:
     for iface in &net.interfaces {
         for (program, hook) in TC_PROGRAMS {
             let ingress = matches!(hook, TcAttachType::Ingress);
-            let filters = if ingress { &iface.tc_ingress } else { &iface.tc_egress };
+            let filters = if ingress {
+                &iface.tc_ingress
+            } else {
+                &iface.tc_egress
+            };
             if !filters.iter().any(|f| hooks::same_program(f, program)) {
                 continue;
             }
             let dir = if ingress { "ingress" } else { "egress" };
             match tc::qdisc_detach_program(&iface.name, hook, program) {
-                Ok(()) => report.filters_removed.push(format!("{} {dir} {program}", iface.name)),
-                Err(e) => report.errors.push(format!("removing filter {program} from {}: {e}", iface.name)),
+                Ok(()) => report
+                    .filters_removed
+                    .push(format!("{} {dir} {program}", iface.name)),
+                Err(e) => report.errors.push(format!(
+                    "removing filter {program} from {}: {e}",
+                    iface.name
+                )),
             }
         }
         if kube_proxy && iface.name == kube_proxy::IPVS_INTERFACE {
@@ -198,19 +211,34 @@ fn leftovers(interfaces: &[hooks::IfaceHooks]) -> Vec<String> {
 
 /// Detaches XDP programs of ours attached through netlink (a link's XDP
 /// went with its pin; this one is the only kind left).
-async fn detach_xdp(handle: &rtnetlink::Handle, interfaces: &[hooks::IfaceHooks], report: &mut CleanupReport) {
+async fn detach_xdp(
+    handle: &rtnetlink::Handle,
+    interfaces: &[hooks::IfaceHooks],
+    report: &mut CleanupReport,
+) {
     for iface in interfaces {
-        let Some((program, mode)) = &iface.xdp else { continue };
+        let Some((program, mode)) = &iface.xdp else {
+            continue;
+        };
         if !ours(program) {
             continue;
         }
-        let flags = if mode == "generic" { XDP_FLAGS_SKB_MODE } else { XDP_FLAGS_DRV_MODE };
+        let flags = if mode == "generic" {
+            XDP_FLAGS_SKB_MODE
+        } else {
+            XDP_FLAGS_DRV_MODE
+        };
         let message = rtnetlink::LinkUnspec::new_with_index(iface.index)
-            .append_extra_attribute(LinkAttribute::Xdp(vec![LinkXdp::Fd(-1), LinkXdp::Flags(flags)]))
+            .append_extra_attribute(LinkAttribute::Xdp(vec![
+                LinkXdp::Fd(-1),
+                LinkXdp::Flags(flags),
+            ]))
             .build();
         match handle.link().set(message).execute().await {
             Ok(()) => report.xdp_detached.push(iface.name.clone()),
-            Err(e) => report.errors.push(format!("detaching XDP {program} from {}: {e}", iface.name)),
+            Err(e) => report
+                .errors
+                .push(format!("detaching XDP {program} from {}: {e}", iface.name)),
         }
     }
 }
@@ -231,7 +259,9 @@ fn unpin_maps(pin_root: &Path, report: &mut CleanupReport) {
             // The format stamp is no map.
             Ok(()) if crate::pinroot::is_stamp(&name) => {}
             Ok(()) => report.maps_unpinned.push(name),
-            Err(e) => report.errors.push(format!("unpinning {}: {e}", entry.path().display())),
+            Err(e) => report
+                .errors
+                .push(format!("unpinning {}: {e}", entry.path().display())),
         }
     }
     report.maps_unpinned.sort();
@@ -241,17 +271,31 @@ fn unpin_maps(pin_root: &Path, report: &mut CleanupReport) {
             report.pin_dir_note = Some("a bpffs mount point: left mounted, empty".into());
         }
         Err(e) if e.raw_os_error() == Some(libc::ENOTEMPTY) => {
-            report.pin_dir_note = Some("holds files that are not switchboard's: left in place".into());
+            report.pin_dir_note =
+                Some("holds files that are not switchboard's: left in place".into());
         }
-        Err(e) => report.errors.push(format!("removing {}: {e}", pin_root.display())),
+        Err(e) => report
+            .errors
+            .push(format!("removing {}: {e}", pin_root.display())),
     }
 }
 
 pub fn render(r: &CleanupReport) -> String {
     let mut out = String::new();
-    let list = |v: &[String]| if v.is_empty() { "none".to_owned() } else { v.join(", ") };
+    let list = |v: &[String]| {
+        if v.is_empty() {
+            "none".to_owned()
+        } else {
+            v.join(", ")
+        }
+    };
     let _ = writeln!(out, "Pin root:          {}", r.pin_root);
-    let _ = writeln!(out, "Links unpinned:    {} ({})", r.links_unpinned.len(), list(&r.links_unpinned));
+    let _ = writeln!(
+        out,
+        "Links unpinned:    {} ({})",
+        r.links_unpinned.len(),
+        list(&r.links_unpinned)
+    );
     let _ = writeln!(out, "Filters removed:   {}", list(&r.filters_removed));
     let _ = writeln!(out, "XDP detached:      {}", list(&r.xdp_detached));
     let _ = writeln!(out, "Maps unpinned:     {}", r.maps_unpinned.len());
@@ -261,7 +305,15 @@ pub fn render(r: &CleanupReport) -> String {
         (false, None) => "kept".to_owned(),
     };
     let _ = writeln!(out, "Pin directory:     {dir}");
-    let _ = writeln!(out, "Status file:       {}", if r.status_file_removed { "removed" } else { "none" });
+    let _ = writeln!(
+        out,
+        "Status file:       {}",
+        if r.status_file_removed {
+            "removed"
+        } else {
+            "none"
+        }
+    );
     if let Some(k) = &r.kube_proxy {
         let _ = writeln!(out, "kube-proxy chains: {}", list(&k.iptables_chains));
         let _ = writeln!(out, "kube-proxy nft:    {}", list(&k.nft_tables));
@@ -289,7 +341,10 @@ mod tests {
         };
         assert!(leftovers(std::slice::from_ref(&a)).is_empty());
         a.xdp = Some(("sb_xdp_uplink".into(), "native".into()));
-        assert_eq!(leftovers(&[a]), ["veth1: tcx ingress cilium_x, xdp native sb_xdp_uplink"]);
+        assert_eq!(
+            leftovers(&[a]),
+            ["veth1: tcx ingress cilium_x, xdp native sb_xdp_uplink"]
+        );
     }
 
     #[test]
@@ -302,8 +357,14 @@ mod tests {
             ..CleanupReport::default()
         };
         let text = render(&r);
-        assert!(text.contains("Links unpinned:    1 (tcx_4_sb_from_pod)"), "{text}");
-        assert!(text.contains("Pin directory:     a bpffs mount point"), "{text}");
+        assert!(
+            text.contains("Links unpinned:    1 (tcx_4_sb_from_pod)"),
+            "{text}"
+        );
+        assert!(
+            text.contains("Pin directory:     a bpffs mount point"),
+            "{text}"
+        );
         assert!(text.contains("Still attached:    none"), "{text}");
     }
 }

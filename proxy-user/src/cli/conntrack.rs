@@ -1,11 +1,7 @@
 //! `switchboard conntrack list|flush [--service NAME] [--family ipv4|ipv6]`:
 //! the connection-tracking maps of both address families (`SB_CT_V5`,
 //! `SB_CT6_V1`), both directions, named by Service.
-use std::{
-    collections::HashMap,
-    net::SocketAddr,
-    path::Path,
-};
+use std::{collections::HashMap, net::SocketAddr, path::Path};
 
 use aya::maps::{HashMap as BpfHashMap, Map, MapData};
 use proxy_common::{ct_dir, ct_flags, names, RevNat6};
@@ -14,8 +10,8 @@ use serde::Serialize;
 use super::{table::Table, Common, Done, Output};
 use crate::{
     conntrack::{self as gc, Entry as _, Key},
-    maps::{MapStore as _, PinnedMaps},
     encode::revnat_name,
+    maps::{MapStore as _, PinnedMaps},
 };
 
 /// `--family`: one address family's flows only.
@@ -105,8 +101,16 @@ struct Flushed {
 
 pub fn run(action: Action) -> anyhow::Result<Done> {
     match action {
-        Action::List { service, family, common } => list(&common, service.as_deref(), family),
-        Action::Flush { service, family, common } => flush(&common, service.as_deref(), family),
+        Action::List {
+            service,
+            family,
+            common,
+        } => list(&common, service.as_deref(), family),
+        Action::Flush {
+            service,
+            family,
+            common,
+        } => flush(&common, service.as_deref(), family),
     }
 }
 
@@ -145,7 +149,11 @@ pub fn rows_of<K: Key>(
 ) -> Vec<CtRow> {
     let mut rows = Vec::new();
     for flow in gc::flows(table) {
-        let get = |k: &K| table.get(k).filter(|e| selected(service, e.service_id(), names));
+        let get = |k: &K| {
+            table
+                .get(k)
+                .filter(|e| selected(service, e.service_id(), names))
+        };
         let (forward, reply) = gc::entries(&flow, |k| get(k).copied());
         let verdict = gc::verdict(
             &gc::Flow {
@@ -168,7 +176,12 @@ pub fn rows_of<K: Key>(
 /// IPv6 ones), then source and destination.
 fn sort(rows: &mut [CtRow]) {
     rows.sort_by(|a, b| {
-        (&a.service, a.family, &a.source, &a.destination).cmp(&(&b.service, b.family, &b.source, &b.destination))
+        (&a.service, a.family, &a.source, &a.destination).cmp(&(
+            &b.service,
+            b.family,
+            &b.source,
+            &b.destination,
+        ))
     });
 }
 
@@ -235,7 +248,10 @@ pub fn selected(filter: Option<&str>, id: u32, names: &HashMap<u32, String>) -> 
         return true;
     }
     names.get(&id).is_some_and(|name| {
-        name == filter || name.strip_prefix(filter).is_some_and(|rest| rest.starts_with(':'))
+        name == filter
+            || name
+                .strip_prefix(filter)
+                .is_some_and(|rest| rest.starts_with(':'))
     })
 }
 
@@ -260,7 +276,11 @@ pub fn row<K: Key>(
     }
     CtRow {
         family: K::FAMILY,
-        direction: if key.dir() == ct_dir::REPLY { "reply" } else { "forward" },
+        direction: if key.dir() == ct_dir::REPLY {
+            "reply"
+        } else {
+            "forward"
+        },
         protocol: match key.proto() {
             proxy_common::proto::UDP => "UDP",
             proxy_common::proto::TCP => "TCP",
@@ -270,7 +290,10 @@ pub fn row<K: Key>(
         destination: endpoint::<K>(key.dst()),
         nat: endpoint::<K>(entry.nat()),
         snat: (entry.flags() & ct_flags::SNAT != 0).then(|| endpoint::<K>(entry.snat())),
-        service: names.get(&entry.service_id()).cloned().unwrap_or_else(|| "?".into()),
+        service: names
+            .get(&entry.service_id())
+            .cloned()
+            .unwrap_or_else(|| "?".into()),
         service_id: entry.service_id(),
         backend_id: entry.backend_id(),
         flags,
@@ -282,8 +305,17 @@ pub fn row<K: Key>(
 
 pub fn render(rows: &[CtRow]) -> String {
     let mut t = Table::new(&[
-        "SERVICE", "PROTO", "DIR", "SOURCE", "DESTINATION", "NAT TO", "SNAT", "FLAGS", "AGE",
-        "STATE", "EXPIRES IN",
+        "SERVICE",
+        "PROTO",
+        "DIR",
+        "SOURCE",
+        "DESTINATION",
+        "NAT TO",
+        "SNAT",
+        "FLAGS",
+        "AGE",
+        "STATE",
+        "EXPIRES IN",
     ])
     .right(8)
     .right(10);
@@ -296,7 +328,11 @@ pub fn render(rows: &[CtRow]) -> String {
             r.destination.clone(),
             r.nat.clone(),
             r.snat.clone().unwrap_or_else(|| "-".into()),
-            if r.flags.is_empty() { "-".into() } else { r.flags.join(",") },
+            if r.flags.is_empty() {
+                "-".into()
+            } else {
+                r.flags.join(",")
+            },
             super::table::human_duration(r.age_s),
             r.state.to_owned(),
             super::table::human_duration(r.expires_in_s),
@@ -314,10 +350,13 @@ mod tests {
 
     #[test]
     fn service_filters_take_a_service_a_port_or_an_id() {
-        let names: HashMap<u32, String> =
-            [(1, "demo/echo:http".to_owned()), (2, "demo/echo:dns".to_owned()), (3, "demo/echoes".to_owned())]
-                .into_iter()
-                .collect();
+        let names: HashMap<u32, String> = [
+            (1, "demo/echo:http".to_owned()),
+            (2, "demo/echo:dns".to_owned()),
+            (3, "demo/echoes".to_owned()),
+        ]
+        .into_iter()
+        .collect();
         assert!(selected(None, 9, &names));
         assert!(selected(Some("demo/echo"), 1, &names));
         assert!(selected(Some("demo/echo"), 2, &names));
@@ -374,7 +413,10 @@ mod tests {
 
     /// One established IPv6 flow (client → [fd00:96::10]:80 → backend) and
     /// one IPv4 flow of the same dual-stack Service (id 7).
-    fn dual_stack() -> (HashMap<CtKey, CtEntry>, HashMap<proxy_common::CtKey6, proxy_common::CtEntry6>) {
+    fn dual_stack() -> (
+        HashMap<CtKey, CtEntry>,
+        HashMap<proxy_common::CtKey6, proxy_common::CtEntry6>,
+    ) {
         use proxy_common::{ct_state, proto, CtEntry6, CtKey6};
         let s = 1_000_000_000;
         let (client, vip, pod) = (addr6("fd00::2"), addr6("fd00:96::10"), addr6("fd00:244::5"));
@@ -454,15 +496,41 @@ mod tests {
         sort(&mut rows);
         let shown: Vec<(&str, &str, &str, &str, &str)> = rows
             .iter()
-            .map(|r| (r.family, r.direction, r.source.as_str(), r.destination.as_str(), r.nat.as_str()))
+            .map(|r| {
+                (
+                    r.family,
+                    r.direction,
+                    r.source.as_str(),
+                    r.destination.as_str(),
+                    r.nat.as_str(),
+                )
+            })
             .collect();
         assert_eq!(
             shown,
             [
-                ("ipv4", "forward", "10.0.0.2:40000", "10.96.0.10:80", "10.244.1.5:8080"),
+                (
+                    "ipv4",
+                    "forward",
+                    "10.0.0.2:40000",
+                    "10.96.0.10:80",
+                    "10.244.1.5:8080"
+                ),
                 // By source as text, as for IPv4 rows.
-                ("ipv6", "reply", "[fd00:244::5]:8080", "[fd00::2]:40000", "[fd00:96::10]:80"),
-                ("ipv6", "forward", "[fd00::2]:40000", "[fd00:96::10]:80", "[fd00:244::5]:8080"),
+                (
+                    "ipv6",
+                    "reply",
+                    "[fd00:244::5]:8080",
+                    "[fd00::2]:40000",
+                    "[fd00:96::10]:80"
+                ),
+                (
+                    "ipv6",
+                    "forward",
+                    "[fd00::2]:40000",
+                    "[fd00:96::10]:80",
+                    "[fd00:244::5]:8080"
+                ),
             ]
         );
         // The IPv6 pair is one established flow; the lone IPv4 entry an orphan.
@@ -473,7 +541,8 @@ mod tests {
         let text = render(&rows);
         assert!(text.contains("[fd00:96::10]:80"), "{text}");
         assert!(text.ends_with("3 entries\n"), "{text}");
-        let json: serde_json::Value = serde_json::from_str(&crate::cli::to_json(&rows).expect("json")).expect("parse");
+        let json: serde_json::Value =
+            serde_json::from_str(&crate::cli::to_json(&rows).expect("json")).expect("parse");
         assert_eq!(json[2]["family"], "ipv6");
         assert_eq!(json[2]["destination"], "[fd00:96::10]:80");
         // --service applies to IPv6 flows as to IPv4 ones.

@@ -61,9 +61,10 @@ pub fn read_dir(dir: &Path, node_name: &str) -> anyhow::Result<Inputs> {
     paths.sort();
     let mut inputs = Inputs::default();
     let mut seen = BTreeSet::new();
-    let mut first = |kind: &str, meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta| {
-        seen.insert((kind.to_owned(), meta.namespace.clone(), meta.name.clone()))
-    };
+    let mut first =
+        |kind: &str, meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta| {
+            seen.insert((kind.to_owned(), meta.namespace.clone(), meta.name.clone()))
+        };
     for path in paths {
         let objects = match load_file(&path) {
             Ok(objects) => objects,
@@ -96,8 +97,15 @@ fn is_manifest(path: &Path) -> bool {
         .file_name()
         .and_then(|n| n.to_str())
         .is_none_or(|n| n.starts_with('.'));
-    let ext = path.extension().and_then(|e| e.to_str()).unwrap_or_default();
-    !hidden && path.is_file() && ["yaml", "yml", "json"].iter().any(|x| ext.eq_ignore_ascii_case(x))
+    let ext = path
+        .extension()
+        .and_then(|e| e.to_str())
+        .unwrap_or_default();
+    !hidden
+        && path.is_file()
+        && ["yaml", "yml", "json"]
+            .iter()
+            .any(|x| ext.eq_ignore_ascii_case(x))
 }
 
 /// A client from `--kubeconfig`, else the agent's, else inference.
@@ -110,7 +118,10 @@ pub async fn client(flag: Option<&PathBuf>, status: &AgentStatus) -> anyhow::Res
 pub async fn list_cluster(client: &Client, node_name: &str) -> anyhow::Result<Inputs> {
     let lp = ListParams::default();
     let services = Api::<Service>::all(client.clone()).list(&lp).await?.items;
-    let slices = Api::<EndpointSlice>::all(client.clone()).list(&lp).await?.items;
+    let slices = Api::<EndpointSlice>::all(client.clone())
+        .list(&lp)
+        .await?
+        .items;
     let node = Api::<Node>::all(client.clone())
         .get_opt(node_name)
         .await?
@@ -131,7 +142,10 @@ pub async fn matching_pods(
 ) -> anyhow::Result<(usize, usize)> {
     let labels: Vec<String> = selector.iter().map(|(k, v)| format!("{k}={v}")).collect();
     let lp = ListParams::default().labels(&labels.join(","));
-    let pods = Api::<Pod>::namespaced(client.clone(), namespace).list(&lp).await?.items;
+    let pods = Api::<Pod>::namespaced(client.clone(), namespace)
+        .list(&lp)
+        .await?
+        .items;
     let ready = pods.iter().filter(|p| pod_ready(p)).count();
     Ok((pods.len(), ready))
 }
@@ -179,9 +193,15 @@ fn desired_sets(desired: &DesiredState) -> BTreeMap<SetKey, (String, Vec<String>
             v.sort();
             v
         };
-        sets.insert((f.addr.to_string(), "internal"), (f.service.to_string(), list(&f.backends)));
+        sets.insert(
+            (f.addr.to_string(), "internal"),
+            (f.service.to_string(), list(&f.backends)),
+        );
         if let Some(ext) = &f.external_backends {
-            sets.insert((f.addr.to_string(), "external"), (f.service.to_string(), list(ext)));
+            sets.insert(
+                (f.addr.to_string(), "external"),
+                (f.service.to_string(), list(ext)),
+            );
         }
     }
     sets
@@ -191,13 +211,23 @@ fn actual_sets(rows: &[ServiceRow]) -> BTreeMap<SetKey, (String, Vec<String>)> {
     let mut sets = BTreeMap::new();
     for r in rows {
         // As the model prints them: IPv6 addresses bracketed.
-        let addr = format!("{}/{}", super::services::host_port(&r.address, r.port), r.protocol);
+        let addr = format!(
+            "{}/{}",
+            super::services::host_port(&r.address, r.port),
+            r.protocol
+        );
         let list = |b: &[super::BackendRow]| {
-            let mut v: Vec<String> = b.iter().map(|b| super::services::host_port(&b.address, b.port)).collect();
+            let mut v: Vec<String> = b
+                .iter()
+                .map(|b| super::services::host_port(&b.address, b.port))
+                .collect();
             v.sort();
             v
         };
-        sets.insert((addr.clone(), "internal"), (r.service.clone(), list(&r.backends)));
+        sets.insert(
+            (addr.clone(), "internal"),
+            (r.service.clone(), list(&r.backends)),
+        );
         if let Some(ext) = &r.external_backends {
             sets.insert((addr, "external"), (r.service.clone(), list(ext)));
         }
@@ -207,7 +237,11 @@ fn actual_sets(rows: &[ServiceRow]) -> BTreeMap<SetKey, (String, Vec<String>)> {
 
 /// Compares the maps with the model; frontends the agent reported as not
 /// programmed are left out (they are reported as such).
-pub fn compare(desired: &DesiredState, rows: &[ServiceRow], unprogrammed: &[UnprogrammedService]) -> Vec<Mismatch> {
+pub fn compare(
+    desired: &DesiredState,
+    rows: &[ServiceRow],
+    unprogrammed: &[UnprogrammedService],
+) -> Vec<Mismatch> {
     let want = desired_sets(desired);
     let have = actual_sets(rows);
     let skipped = |addr: &str| unprogrammed.iter().any(|u| u.frontend == addr);
@@ -320,7 +354,10 @@ mod tests {
             reason: "map full".into(),
         }];
         let found = compare(&desired, &rows, &unprogrammed);
-        let summary: Vec<(&str, &str)> = found.iter().map(|m| (m.frontend.as_str(), m.problem)).collect();
+        let summary: Vec<(&str, &str)> = found
+            .iter()
+            .map(|m| (m.frontend.as_str(), m.problem))
+            .collect();
         assert_eq!(
             summary,
             [

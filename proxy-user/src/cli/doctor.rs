@@ -18,8 +18,8 @@ use std::{collections::BTreeSet, fmt::Write as _, path::PathBuf};
 use serde::Serialize;
 
 use super::{
-    agent_process, desired, hooks, kube_proxy, read_services, status::interface_rows, Common, Done, Output,
-    ServiceRow,
+    agent_process, desired, hooks, kube_proxy, read_services, status::interface_rows, Common, Done,
+    Output, ServiceRow,
 };
 use crate::{pinroot, status::AgentStatus};
 
@@ -56,7 +56,11 @@ impl Check {
     fn new(name: &'static str, detail: impl Into<String>, findings: Vec<Finding>) -> Self {
         Self {
             name,
-            state: if findings.is_empty() { State::Ok } else { State::Problem },
+            state: if findings.is_empty() {
+                State::Ok
+            } else {
+                State::Problem
+            },
             detail: detail.into(),
             findings,
         }
@@ -93,7 +97,11 @@ async fn checks(common: &Common, kubeconfig: Option<PathBuf>) -> anyhow::Result<
     let mut handle = hooks::connect()?;
     let net = hooks::inspect(&mut handle).await?;
     let mut checks = vec![agent_check(pin_root, status.as_ref())];
-    checks.push(pin_root_check(pin_root, &pinroot::layout(pin_root), maps_unreadable));
+    checks.push(pin_root_check(
+        pin_root,
+        &pinroot::layout(pin_root),
+        maps_unreadable,
+    ));
     checks.push(endpoints_check(rows.as_deref()));
     let source = Source::open(status.as_ref(), kubeconfig.as_ref()).await;
     checks.push(selector_check(&source, rows.as_deref()).await);
@@ -127,8 +135,13 @@ impl Source {
         }
     }
 
-    async fn cluster(status: &AgentStatus, kubeconfig: Option<&PathBuf>) -> Result<(kube::Client, desired::Inputs), String> {
-        let client = desired::client(kubeconfig, status).await.map_err(|e| format!("{e:#}"))?;
+    async fn cluster(
+        status: &AgentStatus,
+        kubeconfig: Option<&PathBuf>,
+    ) -> Result<(kube::Client, desired::Inputs), String> {
+        let client = desired::client(kubeconfig, status)
+            .await
+            .map_err(|e| format!("{e:#}"))?;
         let inputs = desired::list_cluster(&client, &status.node_name)
             .await
             .map_err(|e| format!("listing from the API server: {e:#}"))?;
@@ -186,7 +199,9 @@ pub fn endpoints_check(rows: Option<&[ServiceRow]>) -> Check {
             });
         }
     }
-    for r in rows.iter().filter(|r| !r.backends.is_empty() && r.external_backends.as_ref().is_some_and(Vec::is_empty)) {
+    for r in rows.iter().filter(|r| {
+        !r.backends.is_empty() && r.external_backends.as_ref().is_some_and(Vec::is_empty)
+    }) {
         findings.push(Finding {
             what: format!("{} ({}/{}): externalTrafficPolicy Local and no endpoint on this node: traffic from outside is dropped here", r.service, super::services::host_port(&r.address, r.port), r.protocol),
             fix: "send outside traffic only to nodes that run an endpoint (the load balancer's health check on healthCheckNodePort does that), or use externalTrafficPolicy: Cluster".into(),
@@ -198,7 +213,9 @@ pub fn endpoints_check(rows: Option<&[ServiceRow]>) -> Check {
 /// `ns/name:port` → (`ns`, `name`).
 fn split_service(service: &str) -> (&str, &str) {
     let without_port = service.split(':').next().unwrap_or(service);
-    without_port.split_once('/').unwrap_or(("default", without_port))
+    without_port
+        .split_once('/')
+        .unwrap_or(("default", without_port))
 }
 
 /// For each Service without endpoints that has a selector: how many Pods
@@ -206,11 +223,14 @@ fn split_service(service: &str) -> (&str, &str) {
 async fn selector_check(source: &Source, rows: Option<&[ServiceRow]>) -> Check {
     let name = "selectors match Pods";
     let (client, inputs) = match source {
-        Source::Dir(_) => {
-            return Check::skipped(name, "standalone mode (dir: source) knows no Pods: EndpointSlices come from the manifests")
-        }
+        Source::Dir(_) => return Check::skipped(
+            name,
+            "standalone mode (dir: source) knows no Pods: EndpointSlices come from the manifests",
+        ),
         Source::None(why) => return Check::skipped(name, why.clone()),
-        Source::Cluster(Err(e)) => return Check::skipped(name, format!("API server not reachable: {e}")),
+        Source::Cluster(Err(e)) => {
+            return Check::skipped(name, format!("API server not reachable: {e}"))
+        }
         Source::Cluster(Ok((client, inputs))) => (client, inputs),
     };
     let empty: BTreeSet<(String, String)> = rows
@@ -227,7 +247,12 @@ async fn selector_check(source: &Source, rows: Option<&[ServiceRow]>) -> Check {
     for svc in &inputs.services {
         let ns = svc.metadata.namespace.clone().unwrap_or_default();
         let svc_name = svc.metadata.name.clone().unwrap_or_default();
-        let Some(selector) = svc.spec.as_ref().and_then(|s| s.selector.clone()).filter(|s| !s.is_empty()) else {
+        let Some(selector) = svc
+            .spec
+            .as_ref()
+            .and_then(|s| s.selector.clone())
+            .filter(|s| !s.is_empty())
+        else {
             continue;
         };
         if !empty.contains(&(ns.clone(), svc_name.clone())) || looked >= MAX_SELECTOR_LOOKUPS {
@@ -252,16 +277,27 @@ async fn selector_check(source: &Source, rows: Option<&[ServiceRow]>) -> Check {
             }),
         }
     }
-    Check::new(name, format!("{looked} Service(s) without endpoints looked up"), findings)
+    Check::new(
+        name,
+        format!("{looked} Service(s) without endpoints looked up"),
+        findings,
+    )
 }
 
 /// The pin root: its format against this binary's, pins of other
 /// layouts, stale resize pins, and whether its maps can be read at all.
-fn pin_root_check(pin_root: &std::path::Path, layout: &pinroot::Layout, maps_unreadable: Option<String>) -> Check {
+fn pin_root_check(
+    pin_root: &std::path::Path,
+    layout: &pinroot::Layout,
+    maps_unreadable: Option<String>,
+) -> Check {
     let name = "pin root layout";
     let mut findings: Vec<Finding> = pinroot::problems(layout, pin_root)
         .into_iter()
-        .map(|p| Finding { what: p.what, fix: p.fix })
+        .map(|p| Finding {
+            what: p.what,
+            fix: p.fix,
+        })
         .collect();
     if let Some(why) = maps_unreadable {
         findings.push(Finding {
@@ -303,7 +339,14 @@ fn attach_check(status: Option<&AgentStatus>, maps: bool, net: &hooks::NetView) 
             fix: "restart the agent: it attaches to every pod interface and uplink at start-up (`switchboard cleanup` first if another tool replaced its programs)".into(),
         })
         .collect();
-    Check::new(name, format!("{} interface(s) checked", rows.iter().filter(|r| !r.gone).count()), findings)
+    Check::new(
+        name,
+        format!(
+            "{} interface(s) checked",
+            rows.iter().filter(|r| !r.gone).count()
+        ),
+        findings,
+    )
 }
 
 /// The maps against the model rebuilt from the source.
@@ -343,7 +386,10 @@ fn maps_check(source: &Source, status: Option<&AgentStatus>, rows: Option<&[Serv
         .collect();
     for u in &status.unprogrammed {
         findings.push(Finding {
-            what: format!("{} {} was not programmed: {}", u.service, u.frontend, u.reason),
+            what: format!(
+                "{} {} was not programmed: {}",
+                u.service, u.frontend, u.reason
+            ),
             fix: "raise the map capacities (agent --max-* flags) or fix the Service".into(),
         });
     }
@@ -353,7 +399,15 @@ fn maps_check(source: &Source, status: Option<&AgentStatus>, rows: Option<&[Serv
             fix: "fix the manifest: the agent keeps the file's last good objects".into(),
         });
     }
-    Check::new(name, format!("{} frontends in the source, {} in the maps", desired.frontends.len(), rows.len()), findings)
+    Check::new(
+        name,
+        format!(
+            "{} frontends in the source, {} in the maps",
+            desired.frontends.len(),
+            rows.len()
+        ),
+        findings,
+    )
 }
 
 /// The problems of the held objects of `service` (`ns/name` or
@@ -364,7 +418,11 @@ fn held_problems(status: &AgentStatus, service: &str) -> Option<String> {
         .rejected
         .iter()
         .filter(|r| r.held && r.service.as_deref() == Some(base))
-        .flat_map(|r| r.problems.iter().map(move |p| format!("{} {}: {p}", r.kind, r.object)))
+        .flat_map(|r| {
+            r.problems
+                .iter()
+                .map(move |p| format!("{} {}: {p}", r.kind, r.object))
+        })
         .collect();
     (!problems.is_empty()).then(|| problems.join("; "))
 }
@@ -412,24 +470,34 @@ fn kube_proxy_check(found: &kube_proxy::Leftovers) -> Check {
     let fix = "remove them with `switchboard cleanup --kube-proxy` (after kube-proxy itself is gone), or `kube-proxy --cleanup`";
     if !found.iptables_chains.is_empty() {
         findings.push(Finding {
-            what: format!("kube-proxy iptables chains: {}", found.iptables_chains.join(", ")),
+            what: format!(
+                "kube-proxy iptables chains: {}",
+                found.iptables_chains.join(", ")
+            ),
             fix: fix.into(),
         });
     }
     if !found.nft_tables.is_empty() {
         findings.push(Finding {
-            what: format!("kube-proxy nftables tables: {}", found.nft_tables.join(", ")),
+            what: format!(
+                "kube-proxy nftables tables: {}",
+                found.nft_tables.join(", ")
+            ),
             fix: fix.into(),
         });
     }
     if found.ipvs_interface {
         findings.push(Finding {
-            what: format!("interface {} (kube-proxy's IPVS mode) exists", kube_proxy::IPVS_INTERFACE),
+            what: format!(
+                "interface {} (kube-proxy's IPVS mode) exists",
+                kube_proxy::IPVS_INTERFACE
+            ),
             fix: fix.into(),
         });
     }
     let detail = match found.checked.is_empty() {
-        true => "kube-ipvs0 only: no iptables-save or nft here (run on the host for the rest)".to_owned(),
+        true => "kube-ipvs0 only: no iptables-save or nft here (run on the host for the rest)"
+            .to_owned(),
         false => format!("{}, kube-ipvs0", found.checked.join(", ")),
     };
     Check::new("no kube-proxy leftovers", detail, findings)
@@ -446,7 +514,10 @@ pub fn render(checks: &[Check]) -> String {
         t.push(vec![c.name.to_owned(), result, c.detail.clone()]);
     }
     let mut out = t.render();
-    let problems: Vec<(&str, &Finding)> = checks.iter().flat_map(|c| c.findings.iter().map(move |f| (c.name, f))).collect();
+    let problems: Vec<(&str, &Finding)> = checks
+        .iter()
+        .flat_map(|c| c.findings.iter().map(move |f| (c.name, f)))
+        .collect();
     if problems.is_empty() {
         out.push_str("\nNo problem found.\n");
         return out;
@@ -476,11 +547,19 @@ mod tests {
 
     #[test]
     fn a_service_without_endpoints_is_named_once_with_what_to_do() {
-        let c = endpoints_check(Some(&[row("demo/empty:http", 0), row("demo/empty:http", 0), row("demo/echo:http", 1)]));
+        let c = endpoints_check(Some(&[
+            row("demo/empty:http", 0),
+            row("demo/empty:http", 0),
+            row("demo/echo:http", 1),
+        ]));
         assert_eq!(c.state, State::Problem);
         assert_eq!(c.findings.len(), 1);
-        assert!(c.findings[0].what.contains("demo/empty:http (10.96.0.20:80/TCP) has no endpoints"));
-        assert!(c.findings[0].fix.contains("-n demo get endpointslices -l kubernetes.io/service-name=empty"));
+        assert!(c.findings[0]
+            .what
+            .contains("demo/empty:http (10.96.0.20:80/TCP) has no endpoints"));
+        assert!(c.findings[0]
+            .fix
+            .contains("-n demo get endpointslices -l kubernetes.io/service-name=empty"));
         assert_eq!(endpoints_check(None).state, State::Skipped);
     }
 
@@ -495,11 +574,24 @@ mod tests {
         assert_eq!(c.findings.len(), 2);
         assert_eq!(c.detail, "iptables-save, nft, kube-ipvs0");
         let none = kube_proxy_check(&kube_proxy::Leftovers::default());
-        assert!(none.detail.contains("no iptables-save or nft here"), "{}", none.detail);
+        assert!(
+            none.detail.contains("no iptables-save or nft here"),
+            "{}",
+            none.detail
+        );
         let text = render(&[c, endpoints_check(Some(&[]))]);
-        assert!(text.contains("no kube-proxy leftovers  2 PROBLEM(S)"), "{text}");
-        assert!(text.contains("- [no kube-proxy leftovers] kube-proxy nftables tables: ip kube-proxy"), "{text}");
-        assert!(text.contains("fix: remove them with `switchboard cleanup --kube-proxy`"), "{text}");
+        assert!(
+            text.contains("no kube-proxy leftovers  2 PROBLEM(S)"),
+            "{text}"
+        );
+        assert!(
+            text.contains("- [no kube-proxy leftovers] kube-proxy nftables tables: ip kube-proxy"),
+            "{text}"
+        );
+        assert!(
+            text.contains("fix: remove them with `switchboard cleanup --kube-proxy`"),
+            "{text}"
+        );
         assert!(render(&[endpoints_check(Some(&[]))]).contains("No problem found."));
     }
 
@@ -544,7 +636,10 @@ mod tests {
         };
         let c = attach_check(Some(&AgentStatus::default()), true, &net);
         assert_eq!(c.findings.len(), 1, "{c:?}");
-        assert!(c.findings[0].what.starts_with(hooks::CANNOT_INSPECT), "{c:?}");
+        assert!(
+            c.findings[0].what.starts_with(hooks::CANNOT_INSPECT),
+            "{c:?}"
+        );
         assert!(!c.findings[0].fix.contains("restart"), "{c:?}");
         let text = render(&[c]);
         assert!(!text.contains("not attached"), "{text}");
@@ -568,14 +663,22 @@ mod tests {
         let c = pin_root_check(std::path::Path::new("/p"), &layout, None);
         assert_eq!(c.state, State::Problem);
         assert_eq!(c.findings.len(), 2, "{c:?}");
-        assert!(c.findings[0].fix.contains("switchboard cleanup --pin-root /p"), "{c:?}");
+        assert!(
+            c.findings[0]
+                .fix
+                .contains("switchboard cleanup --pin-root /p"),
+            "{c:?}"
+        );
         assert!(c.findings[1].what.contains("SB_FE_V1_resize"), "{c:?}");
         let ok = pinroot::Layout {
             format: Some(pinroot::FORMAT),
             maps_pinned: true,
             ..pinroot::Layout::default()
         };
-        assert_eq!(pin_root_check(std::path::Path::new("/p"), &ok, None).state, State::Ok);
+        assert_eq!(
+            pin_root_check(std::path::Path::new("/p"), &ok, None).state,
+            State::Ok
+        );
     }
 
     #[test]

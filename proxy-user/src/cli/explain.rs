@@ -21,9 +21,9 @@ use std::{
 
 use aya::maps::{HashMap as BpfHashMap, Map, MapData};
 use proxy_common::{
-    addr6_be, capacity, ct_dir, ct_flags, frontend_flags as ff, hash, names, proto, scope, AffinityEntry,
-    AffinityKey, AffinityKey6, Backend, Backend6, CtEntry, CtEntry6, CtKey, CtKey6, FrontendKey, FrontendKey6,
-    FrontendSlot,
+    addr6_be, capacity, ct_dir, ct_flags, frontend_flags as ff, hash, names, proto, scope,
+    AffinityEntry, AffinityKey, AffinityKey6, Backend, Backend6, CtEntry, CtEntry6, CtKey, CtKey6,
+    FrontendKey, FrontendKey6, FrontendSlot,
 };
 use serde::Serialize;
 
@@ -48,7 +48,12 @@ pub struct Target {
 impl std::fmt::Display for Target {
     /// `10.96.0.10:80/TCP`, `[fd00::10]:80/TCP`.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}/{}", SocketAddr::new(self.ip, self.port), proto_name(self.proto))
+        write!(
+            f,
+            "{}/{}",
+            SocketAddr::new(self.ip, self.port),
+            proto_name(self.proto)
+        )
     }
 }
 
@@ -72,9 +77,9 @@ pub fn parse_target(s: &str) -> Result<Target, String> {
         "UDP" => proto::UDP,
         other => return Err(format!("protocol {other:?}: TCP or UDP")),
     };
-    let addr: SocketAddr = addr
-        .parse()
-        .map_err(|_| format!("{addr:?} is not ADDRESS:PORT (an IPv6 address in brackets: [fd00::10]:80)"))?;
+    let addr: SocketAddr = addr.parse().map_err(|_| {
+        format!("{addr:?} is not ADDRESS:PORT (an IPv6 address in brackets: [fd00::10]:80)")
+    })?;
     Ok(Target {
         ip: addr.ip(),
         port: addr.port(),
@@ -87,9 +92,11 @@ pub fn parse_source(s: &str) -> Result<(IpAddr, Option<u16>), String> {
     if let Ok(ip) = s.parse::<IpAddr>() {
         return Ok((ip, None));
     }
-    let addr: SocketAddr = s
-        .parse()
-        .map_err(|_| format!("{s:?} is not ADDRESS or ADDRESS:PORT (IPv6 with a port in brackets: [fd00::1]:4000)"))?;
+    let addr: SocketAddr = s.parse().map_err(|_| {
+        format!(
+            "{s:?} is not ADDRESS or ADDRESS:PORT (IPv6 with a port in brackets: [fd00::1]:4000)"
+        )
+    })?;
     Ok((addr.ip(), Some(addr.port())))
 }
 
@@ -185,7 +192,9 @@ pub fn run(
 ) -> anyhow::Result<Done> {
     if let Some((ip, _)) = from {
         if IpFamily::of(ip) != IpFamily::of(target.ip) {
-            anyhow::bail!("--from {ip} and {target} are of different address families: a flow has one");
+            anyhow::bail!(
+                "--from {ip} and {target} are of different address families: a flow has one"
+            );
         }
     }
     let (scope, scope_reason) = match (scope, from) {
@@ -222,7 +231,12 @@ pub fn run(
         v6: open_pinned_hash(&common.pin_root, names::AFFINITY6),
     };
     let status = crate::status::read(&common.pin_root);
-    let view = load_view(&maps, &affinity, &query, status.map(|s| s.unprogrammed).unwrap_or_default());
+    let view = load_view(
+        &maps,
+        &affinity,
+        &query,
+        status.map(|s| s.unprogrammed).unwrap_or_default(),
+    );
     let explanation = explain(&view, &query);
     let text = match common.output {
         Output::Json => super::to_json(&explanation)?,
@@ -241,7 +255,10 @@ pub fn classify_source(net: &hooks::NetView, ip: Ipv4Addr) -> (Scope, String) {
         return (Scope::Internal, format!("{ip} is an address of this node"));
     }
     let Some(route) = hooks::route_to(&net.routes, ip) else {
-        return (Scope::External, format!("no route to {ip}: not a pod of this node"));
+        return (
+            Scope::External,
+            format!("no route to {ip}: not a pod of this node"),
+        );
     };
     match net.interfaces.iter().find(|i| i.index == route.oif) {
         Some(iface) if iface.pod => (
@@ -250,9 +267,15 @@ pub fn classify_source(net: &hooks::NetView, ip: Ipv4Addr) -> (Scope, String) {
         ),
         Some(iface) => (
             Scope::External,
-            format!("{ip} is routed via {} (not a pod interface): it arrives on an uplink", iface.name),
+            format!(
+                "{ip} is routed via {} (not a pod interface): it arrives on an uplink",
+                iface.name
+            ),
         ),
-        None => (Scope::External, format!("{ip} is routed via interface {}", route.oif)),
+        None => (
+            Scope::External,
+            format!("{ip} is routed via interface {}", route.oif),
+        ),
     }
 }
 
@@ -264,7 +287,10 @@ struct Affinity {
 }
 
 /// A pinned hash (or LRU hash) map, when it is pinned with this layout.
-fn open_pinned_hash<K: aya::Pod, V: aya::Pod>(pin_root: &Path, name: &str) -> Option<BpfHashMap<MapData, K, V>> {
+fn open_pinned_hash<K: aya::Pod, V: aya::Pod>(
+    pin_root: &Path,
+    name: &str,
+) -> Option<BpfHashMap<MapData, K, V>> {
     let data = MapData::from_pin(pin_root.join(name)).ok()?;
     Map::from_map_data(data).ok()?.try_into().ok()
 }
@@ -286,12 +312,20 @@ fn load_view(
         source_ranges,
         frontends: dump.frontends.into_iter().collect(),
         backends: dump.backends.into_iter().collect(),
-        names: dump.revnat.iter().map(|(id, r)| (*id, revnat_name(r))).collect(),
+        names: dump
+            .revnat
+            .iter()
+            .map(|(id, r)| (*id, revnat_name(r)))
+            .collect(),
         now_ns: super::monotonic_ns(),
         unprogrammed,
         ..View::default()
     };
-    let Some(head) = view.frontends.get(&head_key(&query.target, scope::INTERNAL)).copied() else {
+    let Some(head) = view
+        .frontends
+        .get(&head_key(&query.target, scope::INTERNAL))
+        .copied()
+    else {
         return view;
     };
     if let Some(key) = ct_key(query) {
@@ -305,7 +339,8 @@ fn load_view(
         }
     }
     if let Ok(table) = maps.maglev.get(&head.service_id, 0) {
-        view.maglev.insert(head.service_id, table.backend_ids.to_vec());
+        view.maglev
+            .insert(head.service_id, table.backend_ids.to_vec());
     }
     match query.src {
         Some((IpAddr::V4(ip), _)) => {
@@ -423,8 +458,18 @@ fn tracked_entry(view: &View, query: &Query) -> Option<Option<Tracked>> {
         return Some(view.conntrack.get(&key).map(|c| Tracked {
             backend_id: c.backend_id,
             service_id: c.service_id,
-            nat: AnyBackend::V4(Backend { addr_be: c.nat_addr_be, port_be: c.nat_port_be, proto, flags: 0 }),
-            snat: AnyBackend::V4(Backend { addr_be: c.snat_addr_be, port_be: c.snat_port_be, proto, flags: 0 }),
+            nat: AnyBackend::V4(Backend {
+                addr_be: c.nat_addr_be,
+                port_be: c.nat_port_be,
+                proto,
+                flags: 0,
+            }),
+            snat: AnyBackend::V4(Backend {
+                addr_be: c.snat_addr_be,
+                port_be: c.snat_port_be,
+                proto,
+                flags: 0,
+            }),
             flags: c.flags,
             created_ns: c.created_ns,
         }));
@@ -433,8 +478,18 @@ fn tracked_entry(view: &View, query: &Query) -> Option<Option<Tracked>> {
     Some(view.conntrack6.get(&key).map(|c| Tracked {
         backend_id: c.backend_id,
         service_id: c.service_id,
-        nat: AnyBackend::V6(Backend6 { addr_be: c.nat_addr_be, port_be: c.nat_port_be, proto, flags: 0 }),
-        snat: AnyBackend::V6(Backend6 { addr_be: c.snat_addr_be, port_be: c.snat_port_be, proto, flags: 0 }),
+        nat: AnyBackend::V6(Backend6 {
+            addr_be: c.nat_addr_be,
+            port_be: c.nat_port_be,
+            proto,
+            flags: 0,
+        }),
+        snat: AnyBackend::V6(Backend6 {
+            addr_be: c.snat_addr_be,
+            port_be: c.snat_port_be,
+            proto,
+            flags: 0,
+        }),
         flags: c.flags,
         created_ns: c.created_ns,
     }))
@@ -473,11 +528,20 @@ pub fn explain(view: &View, query: &Query) -> Explanation {
         backend: None,
         reasons: Vec::new(),
     };
-    let Some(head) = view.frontends.get(&head_key(target, scope::INTERNAL)).copied() else {
+    let Some(head) = view
+        .frontends
+        .get(&head_key(target, scope::INTERNAL))
+        .copied()
+    else {
         e.reasons = no_frontend(view, target);
         return e;
     };
-    e.service = Some(view.names.get(&head.service_id).cloned().unwrap_or_default());
+    e.service = Some(
+        view.names
+            .get(&head.service_id)
+            .cloned()
+            .unwrap_or_default(),
+    );
     e.service_id = Some(head.service_id);
     e.kind = Some(kind_name(head.flags));
     e.reasons.push(format!(
@@ -526,15 +590,29 @@ pub fn explain(view: &View, query: &Query) -> Explanation {
 /// before the kernel picks its source), whether a block holds a node
 /// address. Adds the reason; `false`: denied (the verdict is set).
 fn source_allowed(view: &View, head: &FrontendSlot, query: &Query, e: &mut Explanation) -> bool {
-    let blocks = view.source_ranges.get(&head.service_id).map(Vec::as_slice).unwrap_or_default();
+    let blocks = view
+        .source_ranges
+        .get(&head.service_id)
+        .map(Vec::as_slice)
+        .unwrap_or_default();
     let list = match blocks.is_empty() {
         true => "no block".to_owned(),
-        false => blocks.iter().map(ToString::to_string).collect::<Vec<_>>().join(", "),
+        false => blocks
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(", "),
     };
     let allowed = match query.src {
-        Some((ip, _)) => match blocks.iter().filter(|b| b.contains(ip)).max_by_key(|b| b.prefix_len()) {
+        Some((ip, _)) => match blocks
+            .iter()
+            .filter(|b| b.contains(ip))
+            .max_by_key(|b| b.prefix_len())
+        {
             Some(block) => {
-                e.reasons.push(format!("loadBalancerSourceRanges allow {ip}: it is inside {block}"));
+                e.reasons.push(format!(
+                    "loadBalancerSourceRanges allow {ip}: it is inside {block}"
+                ));
                 true
             }
             None => {
@@ -611,9 +689,13 @@ fn no_frontend(view: &View, target: &Target) -> Vec<String> {
     }
     let wanted = target.to_string();
     for u in view.unprogrammed.iter().filter(|u| u.frontend == wanted) {
-        reasons.push(format!("the agent could not program {} for {}: {}", u.frontend, u.service, u.reason));
+        reasons.push(format!(
+            "the agent could not program {} for {}: {}",
+            u.frontend, u.service, u.reason
+        ));
     }
-    reasons.push("the packet is not switchboard's: it goes on untouched, routed as addressed".into());
+    reasons
+        .push("the packet is not switchboard's: it goes on untouched, routed as addressed".into());
     reasons
 }
 
@@ -656,11 +738,18 @@ fn backend_set(
 
 /// Slots `1..=count` of a set: (slot, backend id, backend), skipping slots
 /// that name no backend of the frontend's family.
-fn slot_backends(view: &View, key: &AnyFrontendKey, set: &FrontendSlot) -> Vec<(u16, u32, AnyBackend)> {
+fn slot_backends(
+    view: &View,
+    key: &AnyFrontendKey,
+    set: &FrontendSlot,
+) -> Vec<(u16, u32, AnyBackend)> {
     (1..=set.backend_count)
         .filter_map(|slot| {
             let id = view.frontends.get(&key.at(key.scope(), slot))?.backend_id;
-            let backend = view.backends.get(&id).filter(|b| b.family() == key.family())?;
+            let backend = view
+                .backends
+                .get(&id)
+                .filter(|b| b.family() == key.family())?;
             Some((slot, id, *backend))
         })
         .collect()
@@ -668,7 +757,8 @@ fn slot_backends(view: &View, key: &AnyFrontendKey, set: &FrontendSlot) -> Vec<(
 
 /// An empty set: rejected, or dropped under a `Local` policy.
 fn empty_set(e: &mut Explanation, head: &FrontendSlot, from: Scope) {
-    let local_clusterip = head.flags & ff::LOCAL_ONLY != 0 && head.flags & ff::KIND_MASK == ff::KIND_CLUSTER_IP;
+    let local_clusterip =
+        head.flags & ff::LOCAL_ONLY != 0 && head.flags & ff::KIND_MASK == ff::KIND_CLUSTER_IP;
     if from == Scope::External && ff::has_external_set(head.flags) && head.backend_count > 0 {
         e.verdict = Verdict::Dropped;
         e.reasons.push("no endpoint of the Service runs on this node: traffic from outside is dropped (not rejected), as kube-proxy does; send it to a node that runs one, or use externalTrafficPolicy: Cluster".into());
@@ -687,7 +777,8 @@ fn tracked(view: &View, query: &Query, set: &FrontendSlot, e: &mut Explanation) 
         return false;
     };
     let Some(entry) = entry.filter(|c| c.service_id == set.service_id) else {
-        e.reasons.push("no connection-tracking entry for this exact flow".into());
+        e.reasons
+            .push("no connection-tracking entry for this exact flow".into());
         return false;
     };
     let age = view.now_ns.saturating_sub(entry.created_ns) as f64 / 1e9;
@@ -705,13 +796,18 @@ fn tracked(view: &View, query: &Query, set: &FrontendSlot, e: &mut Explanation) 
         ));
         return false;
     }
-    let mut line = format!("tracked flow (entry {:.0}s old): keeps backend {nat} (id {})", age, entry.backend_id);
+    let mut line = format!(
+        "tracked flow (entry {:.0}s old): keeps backend {nat} (id {})",
+        age, entry.backend_id
+    );
     if entry.flags & ct_flags::CLOSING != 0 {
         line.push_str("; the connection is closing, so a new SYN from this port picks anew");
     }
     if entry.flags & ct_flags::SNAT != 0 {
         let snat = addr_of(&entry.snat);
-        line.push_str(&format!("; source NATed to {snat} (backend on another node)"));
+        line.push_str(&format!(
+            "; source NATed to {snat} (backend on another node)"
+        ));
     }
     e.reasons.push(line);
     e.backend = Some(nat);
@@ -727,35 +823,51 @@ fn hashed(view: &View, query: &Query, set: &FrontendSlot, e: &mut Explanation) -
     // A source of the other family never reaches this frontend's program.
     let src = query.src.filter(|(ip, _)| IpFamily::of(*ip) == family);
     let hash = match (algorithm, src, t.ip) {
-        (ff::ALGO_MAGLEV, Some((IpAddr::V4(ip), Some(port))), IpAddr::V4(daddr)) => hash::flow_hash(
-            u32::from_ne_bytes(ip.octets()),
-            u32::from_ne_bytes(daddr.octets()),
-            port.to_be(),
-            t.port.to_be(),
-            t.proto,
-        ),
-        (ff::ALGO_MAGLEV, Some((IpAddr::V6(ip), Some(port))), IpAddr::V6(daddr)) => hash::flow_hash6(
-            &addr6_be(ip.octets()),
-            &addr6_be(daddr.octets()),
-            port.to_be(),
-            t.port.to_be(),
-            t.proto,
-        ),
+        (ff::ALGO_MAGLEV, Some((IpAddr::V4(ip), Some(port))), IpAddr::V4(daddr)) => {
+            hash::flow_hash(
+                u32::from_ne_bytes(ip.octets()),
+                u32::from_ne_bytes(daddr.octets()),
+                port.to_be(),
+                t.port.to_be(),
+                t.proto,
+            )
+        }
+        (ff::ALGO_MAGLEV, Some((IpAddr::V6(ip), Some(port))), IpAddr::V6(daddr)) => {
+            hash::flow_hash6(
+                &addr6_be(ip.octets()),
+                &addr6_be(daddr.octets()),
+                port.to_be(),
+                t.port.to_be(),
+                t.proto,
+            )
+        }
         (ff::ALGO_MAGLEV, _, _) => {
             e.reasons.push("Maglev over the 5-tuple: the backend depends on the source port; give --from IP:PORT to name it".into());
             return true;
         }
-        (ff::ALGO_SOURCE_HASH, Some((IpAddr::V4(ip), _)), _) => hash::source_hash(u32::from_ne_bytes(ip.octets())),
-        (ff::ALGO_SOURCE_HASH, Some((IpAddr::V6(ip), _)), _) => hash::source_hash6(&addr6_be(ip.octets())),
+        (ff::ALGO_SOURCE_HASH, Some((IpAddr::V4(ip), _)), _) => {
+            hash::source_hash(u32::from_ne_bytes(ip.octets()))
+        }
+        (ff::ALGO_SOURCE_HASH, Some((IpAddr::V6(ip), _)), _) => {
+            hash::source_hash6(&addr6_be(ip.octets()))
+        }
         (ff::ALGO_SOURCE_HASH, None, _) => {
-            e.reasons.push("source hash: the backend depends on the client address; give --from IP".into());
+            e.reasons.push(
+                "source hash: the backend depends on the client address; give --from IP".into(),
+            );
             return true;
         }
         _ => return false,
     };
-    let name = if algorithm == ff::ALGO_MAGLEV { "Maglev (5-tuple)" } else { "source hash" };
+    let name = if algorithm == ff::ALGO_MAGLEV {
+        "Maglev (5-tuple)"
+    } else {
+        "source hash"
+    };
     let Some(table) = view.maglev.get(&set.service_id) else {
-        e.reasons.push(format!("{name} is configured but the Service has no Maglev table: falls back to a random pick"));
+        e.reasons.push(format!(
+            "{name} is configured but the Service has no Maglev table: falls back to a random pick"
+        ));
         return false;
     };
     let index = (hash % capacity::MAGLEV_TABLE) as usize;
@@ -778,7 +890,13 @@ fn hashed(view: &View, query: &Query, set: &FrontendSlot, e: &mut Explanation) -
 }
 
 /// Session affinity, validated as `lb.rs` validates it.
-fn affinity(view: &View, query: &Query, key: &AnyFrontendKey, set: &FrontendSlot, e: &mut Explanation) -> bool {
+fn affinity(
+    view: &View,
+    query: &Query,
+    key: &AnyFrontendKey,
+    set: &FrontendSlot,
+    e: &mut Explanation,
+) -> bool {
     let timeout = set.affinity_timeout_s;
     let fallback = format!(
         "sessionAffinity: ClientIP ({timeout}s): the client's first new flow picks at random among {}, later ones stick to that backend",
@@ -786,12 +904,14 @@ fn affinity(view: &View, query: &Query, key: &AnyFrontendKey, set: &FrontendSlot
     );
     // The client's entry in its family's table (a flow has one family).
     let (ip, entry) = match (query.src, query.target.ip) {
-        (Some((IpAddr::V4(ip), _)), IpAddr::V4(_)) => {
-            (IpAddr::V4(ip), view.affinity.get(&affinity_key(ip, set.service_id)))
-        }
-        (Some((IpAddr::V6(ip), _)), IpAddr::V6(_)) => {
-            (IpAddr::V6(ip), view.affinity6.get(&affinity_key6(ip, set.service_id)))
-        }
+        (Some((IpAddr::V4(ip), _)), IpAddr::V4(_)) => (
+            IpAddr::V4(ip),
+            view.affinity.get(&affinity_key(ip, set.service_id)),
+        ),
+        (Some((IpAddr::V6(ip), _)), IpAddr::V6(_)) => (
+            IpAddr::V6(ip),
+            view.affinity6.get(&affinity_key6(ip, set.service_id)),
+        ),
         _ => {
             // No client named: nothing to look up.
             e.reasons.push(fallback);
@@ -800,7 +920,10 @@ fn affinity(view: &View, query: &Query, key: &AnyFrontendKey, set: &FrontendSlot
     };
     let valid = entry.and_then(|entry| {
         let idle_ns = view.now_ns.wrapping_sub(entry.last_used_ns);
-        if idle_ns > u64::from(timeout) * 1_000_000_000 || entry.slot == 0 || entry.slot > set.backend_count {
+        if idle_ns > u64::from(timeout) * 1_000_000_000
+            || entry.slot == 0
+            || entry.slot > set.backend_count
+        {
             return None;
         }
         let slot = view.frontends.get(&key.at(key.scope(), entry.slot))?;
@@ -835,7 +958,11 @@ pub fn render(e: &Explanation) -> String {
         e.scope_reason
     );
     if let (Some(service), Some(kind)) = (&e.service, e.kind) {
-        let _ = writeln!(out, "Service:   {service} ({kind}, id {})", e.service_id.unwrap_or(0));
+        let _ = writeln!(
+            out,
+            "Service:   {service} ({kind}, id {})",
+            e.service_id.unwrap_or(0)
+        );
         let set = if e.backend_set.is_empty() {
             "(none)".to_owned()
         } else {
@@ -902,7 +1029,8 @@ mod tests {
                     ..FrontendSlot::default()
                 },
             );
-            v.backends.insert(u32::from(i), be([10, 244, i as u8, 2], 8080).into());
+            v.backends
+                .insert(u32::from(i), be([10, 244, i as u8, 2], 8080).into());
         }
         v.names.insert(SVC, "demo/echo:http".into());
         v.now_ns = 100_000_000_000;
@@ -924,14 +1052,38 @@ mod tests {
         let mut v = view(&t, 2, ff::KIND_LOAD_BALANCER | ff::SOURCE_RANGES);
         let block: crate::cidr::IpCidr = "10.0.0.0/8".parse().expect("cidr");
         v.source_ranges.insert(SVC, vec![block]);
-        let inside = explain(&v, &query(t, Some((Ipv4Addr::new(10, 1, 2, 3), None)), Scope::External));
+        let inside = explain(
+            &v,
+            &query(t, Some((Ipv4Addr::new(10, 1, 2, 3), None)), Scope::External),
+        );
         assert_eq!(inside.verdict, Verdict::Forwarded);
-        assert!(inside.reasons.iter().any(|r| r.contains("inside 10.0.0.0/8")), "{inside:?}");
-        let outside = explain(&v, &query(t, Some((Ipv4Addr::new(192, 0, 2, 1), None)), Scope::External));
+        assert!(
+            inside
+                .reasons
+                .iter()
+                .any(|r| r.contains("inside 10.0.0.0/8")),
+            "{inside:?}"
+        );
+        let outside = explain(
+            &v,
+            &query(
+                t,
+                Some((Ipv4Addr::new(192, 0, 2, 1), None)),
+                Scope::External,
+            ),
+        );
         assert_eq!(outside.verdict, Verdict::Denied);
-        assert!(render(&outside).contains("denied by loadBalancerSourceRanges"), "{}", render(&outside));
+        assert!(
+            render(&outside).contains("denied by loadBalancerSourceRanges"),
+            "{}",
+            render(&outside)
+        );
         let node = explain(&v, &query(t, None, Scope::Internal));
-        assert_eq!(node.verdict, Verdict::Denied, "no block holds a node address");
+        assert_eq!(
+            node.verdict,
+            Verdict::Denied,
+            "no block holds a node address"
+        );
         for slot in v.frontends.values_mut().filter(|s| s.backend_id == 0) {
             slot.flags |= ff::SOURCE_RANGES_NODE;
         }
@@ -952,8 +1104,14 @@ mod tests {
         assert_eq!(target("10.96.0.10:80").proto, proto::TCP);
         assert!(parse_target("10.96.0.10:80/SCTP").is_err());
         assert!(parse_target("10.96.0.10").is_err());
-        assert_eq!(parse_source("10.0.0.1"), Ok((Ipv4Addr::new(10, 0, 0, 1).into(), None)));
-        assert_eq!(parse_source("10.0.0.1:4000"), Ok((Ipv4Addr::new(10, 0, 0, 1).into(), Some(4000))));
+        assert_eq!(
+            parse_source("10.0.0.1"),
+            Ok((Ipv4Addr::new(10, 0, 0, 1).into(), None))
+        );
+        assert_eq!(
+            parse_source("10.0.0.1:4000"),
+            Ok((Ipv4Addr::new(10, 0, 0, 1).into(), Some(4000)))
+        );
         assert!(parse_source("x").is_err());
     }
 
@@ -963,11 +1121,26 @@ mod tests {
         let v = view(&t, 2, 0);
         let e = explain(&v, &query(target("10.96.0.99:80"), None, Scope::Internal));
         assert_eq!(e.verdict, Verdict::NotHandled);
-        assert!(e.reasons[0].contains("no frontend at 10.96.0.99"), "{:?}", e.reasons);
+        assert!(
+            e.reasons[0].contains("no frontend at 10.96.0.99"),
+            "{:?}",
+            e.reasons
+        );
         let e = explain(&v, &query(target("10.96.0.10:81"), None, Scope::Internal));
-        assert!(e.reasons[0].contains("not on port 81/TCP (it serves 80/TCP)"), "{:?}", e.reasons);
-        let e = explain(&v, &query(target("10.96.0.10:80/UDP"), None, Scope::Internal));
-        assert!(e.reasons[0].contains("another protocol only (80/TCP), not UDP"), "{:?}", e.reasons);
+        assert!(
+            e.reasons[0].contains("not on port 81/TCP (it serves 80/TCP)"),
+            "{:?}",
+            e.reasons
+        );
+        let e = explain(
+            &v,
+            &query(target("10.96.0.10:80/UDP"), None, Scope::Internal),
+        );
+        assert!(
+            e.reasons[0].contains("another protocol only (80/TCP), not UDP"),
+            "{:?}",
+            e.reasons
+        );
         let mut v = v;
         v.unprogrammed.push(UnprogrammedService {
             service: "demo/big:http".into(),
@@ -975,7 +1148,11 @@ mod tests {
             reason: "frontend map full".into(),
         });
         let e = explain(&v, &query(target("10.96.0.99:80"), None, Scope::Internal));
-        assert!(e.reasons[1].contains("frontend map full"), "{:?}", e.reasons);
+        assert!(
+            e.reasons[1].contains("frontend map full"),
+            "{:?}",
+            e.reasons
+        );
     }
 
     #[test]
@@ -998,10 +1175,20 @@ mod tests {
                 ..FrontendSlot::default()
             },
         );
-        let outside = query(t, Some((Ipv4Addr::new(192, 0, 2, 9), Some(5000))), Scope::External);
+        let outside = query(
+            t,
+            Some((Ipv4Addr::new(192, 0, 2, 9), Some(5000))),
+            Scope::External,
+        );
         let e = explain(&v, &outside);
         assert_eq!(e.verdict, Verdict::Dropped);
-        assert!(e.reasons.iter().any(|r| r.contains("no endpoint of the Service runs on this node")), "{:?}", e.reasons);
+        assert!(
+            e.reasons
+                .iter()
+                .any(|r| r.contains("no endpoint of the Service runs on this node")),
+            "{:?}",
+            e.reasons
+        );
         let e = explain(&v, &query(t, None, Scope::Internal));
         assert_eq!(e.verdict, Verdict::Forwarded);
         assert_eq!(e.backend_set.len(), 2);
@@ -1023,18 +1210,26 @@ mod tests {
         );
         let expected_id = (hash % capacity::MAGLEV_TABLE) % 3 + 1;
         let e = explain(&v, &query(t, Some((src, Some(40000))), Scope::External));
-        assert_eq!(e.backend, Some(format!("10.244.{expected_id}.2:8080")), "{:?}", e.reasons);
+        assert_eq!(
+            e.backend,
+            Some(format!("10.244.{expected_id}.2:8080")),
+            "{:?}",
+            e.reasons
+        );
         // Without the source port the pick cannot be named.
         let e = explain(&v, &query(t, Some((src, None)), Scope::External));
         assert_eq!((e.verdict, e.backend), (Verdict::Forwarded, None));
         // From inside the node the pick is random whatever the algorithm.
         let e = explain(&v, &query(t, Some((src, Some(40000))), Scope::Internal));
-        assert!(e.backend.is_none() && e.reasons.last().is_some_and(|r| r.contains("socket layer")));
+        assert!(
+            e.backend.is_none() && e.reasons.last().is_some_and(|r| r.contains("socket layer"))
+        );
         // Source hash: the client address alone.
         if let Some(head) = v.frontends.get_mut(&head_key(&t, scope::INTERNAL)) {
             head.flags = ff::ALGO_SOURCE_HASH | ff::KIND_LOAD_BALANCER;
         }
-        let id = (hash::source_hash(u32::from_ne_bytes(src.octets())) % capacity::MAGLEV_TABLE) % 3 + 1;
+        let id =
+            (hash::source_hash(u32::from_ne_bytes(src.octets())) % capacity::MAGLEV_TABLE) % 3 + 1;
         let e = explain(&v, &query(t, Some((src, None)), Scope::External));
         assert_eq!(e.backend, Some(format!("10.244.{id}.2:8080")));
     }
@@ -1060,7 +1255,13 @@ mod tests {
         );
         let e = explain(&v, &q);
         assert_eq!(e.backend.as_deref(), Some("10.244.2.2:8080"));
-        assert!(e.reasons.iter().any(|r| r.contains("tracked flow (entry 5s old)")), "{:?}", e.reasons);
+        assert!(
+            e.reasons
+                .iter()
+                .any(|r| r.contains("tracked flow (entry 5s old)")),
+            "{:?}",
+            e.reasons
+        );
         // Another port: no conntrack entry, but affinity names slot 3's backend.
         let q = query(t, Some((src, Some(40001))), Scope::Internal);
         v.affinity.insert(
@@ -1076,14 +1277,25 @@ mod tests {
             },
         );
         let e = explain(&v, &q);
-        assert_eq!(e.backend.as_deref(), Some("10.244.3.2:8080"), "{:?}", e.reasons);
+        assert_eq!(
+            e.backend.as_deref(),
+            Some("10.244.3.2:8080"),
+            "{:?}",
+            e.reasons
+        );
         // Expired (timeout 60 s): a random pick, said as such.
         v.now_ns += 120_000_000_000;
         let e = explain(&v, &q);
         assert_eq!(e.backend, None);
-        assert!(e.reasons.last().is_some_and(|r| r.contains("first new flow picks at random among 3")));
+        assert!(e
+            .reasons
+            .last()
+            .is_some_and(|r| r.contains("first new flow picks at random among 3")));
         let text = render(&e);
-        assert!(text.contains("Service:   demo/echo:http (ClusterIP, id 7)"), "{text}");
+        assert!(
+            text.contains("Service:   demo/echo:http (ClusterIP, id 7)"),
+            "{text}"
+        );
         assert!(text.contains("forwarded to one of the backends"), "{text}");
     }
 
@@ -1118,9 +1330,18 @@ mod tests {
             ],
             addresses: vec![Ipv4Addr::new(192, 168, 1, 5)],
         };
-        assert_eq!(classify_source(&net, Ipv4Addr::new(10, 244, 1, 2)).0, Scope::Internal);
-        assert_eq!(classify_source(&net, Ipv4Addr::new(192, 168, 1, 5)).0, Scope::Internal);
-        assert_eq!(classify_source(&net, Ipv4Addr::new(8, 8, 8, 8)).0, Scope::External);
+        assert_eq!(
+            classify_source(&net, Ipv4Addr::new(10, 244, 1, 2)).0,
+            Scope::Internal
+        );
+        assert_eq!(
+            classify_source(&net, Ipv4Addr::new(192, 168, 1, 5)).0,
+            Scope::Internal
+        );
+        assert_eq!(
+            classify_source(&net, Ipv4Addr::new(8, 8, 8, 8)).0,
+            Scope::External
+        );
     }
 
     /// A view with IPv6 frontend `t` holding backends ids 11..=10+n
@@ -1129,14 +1350,35 @@ mod tests {
         let mut v = view(&target("10.96.0.10:80/TCP"), 2, ff::KIND_CLUSTER_IP);
         let key = head_key(t, scope::INTERNAL);
         assert_eq!(key.family(), IpFamily::V6);
-        v.frontends.insert(key, FrontendSlot { service_id: SVC + 1, backend_count: n, flags, ..FrontendSlot::default() });
+        v.frontends.insert(
+            key,
+            FrontendSlot {
+                service_id: SVC + 1,
+                backend_count: n,
+                flags,
+                ..FrontendSlot::default()
+            },
+        );
         for i in 1..=n {
             let id = 10 + u32::from(i);
-            v.frontends.insert(key.at(scope::INTERNAL, i), FrontendSlot { backend_id: id, service_id: SVC + 1, ..FrontendSlot::default() });
+            v.frontends.insert(
+                key.at(scope::INTERNAL, i),
+                FrontendSlot {
+                    backend_id: id,
+                    service_id: SVC + 1,
+                    ..FrontendSlot::default()
+                },
+            );
             let ip: std::net::Ipv6Addr = format!("fd00:244::{i}").parse().expect("an address");
             v.backends.insert(
                 id,
-                proxy_common::Backend6 { addr_be: addr6_be(ip.octets()), port_be: 8080u16.to_be(), proto: proto::TCP, flags: 0 }.into(),
+                proxy_common::Backend6 {
+                    addr_be: addr6_be(ip.octets()),
+                    port_be: 8080u16.to_be(),
+                    proto: proto::TCP,
+                    flags: 0,
+                }
+                .into(),
             );
         }
         v.names.insert(SVC + 1, "demo/echo6:http".into());
@@ -1160,14 +1402,24 @@ mod tests {
         for port in [40000u16, 40001, 40002, 51000] {
             let hash = hash::flow_hash6(
                 &addr6_be(src.octets()),
-                &addr6_be("fd00:96::10".parse::<std::net::Ipv6Addr>().unwrap().octets()),
+                &addr6_be(
+                    "fd00:96::10"
+                        .parse::<std::net::Ipv6Addr>()
+                        .unwrap()
+                        .octets(),
+                ),
                 port.to_be(),
                 80u16.to_be(),
                 proto::TCP,
             );
             let i = (hash % capacity::MAGLEV_TABLE) % 3 + 1;
             let e = explain(&v, &q(Some(port)));
-            assert_eq!(e.backend, Some(format!("[fd00:244::{i}]:8080")), "{:?}", e.reasons);
+            assert_eq!(
+                e.backend,
+                Some(format!("[fd00:244::{i}]:8080")),
+                "{:?}",
+                e.reasons
+            );
         }
         // Without the source port the pick cannot be named.
         let e = explain(&v, &q(None));
@@ -1179,10 +1431,16 @@ mod tests {
         let i = (hash::source_hash6(&addr6_be(src.octets())) % capacity::MAGLEV_TABLE) % 3 + 1;
         for port in [None, Some(40000), Some(61000)] {
             let e = explain(&v, &q(port));
-            assert_eq!(e.backend, Some(format!("[fd00:244::{i}]:8080")), "{:?}", e.reasons);
+            assert_eq!(
+                e.backend,
+                Some(format!("[fd00:244::{i}]:8080")),
+                "{:?}",
+                e.reasons
+            );
         }
         // A table entry naming an IPv4 backend id is not an IPv6 backend.
-        v.maglev.insert(SVC + 1, vec![1; capacity::MAGLEV_TABLE as usize]);
+        v.maglev
+            .insert(SVC + 1, vec![1; capacity::MAGLEV_TABLE as usize]);
         let e = explain(&v, &q(None));
         assert_eq!(e.backend, None, "{:?}", e.reasons);
     }
@@ -1193,9 +1451,18 @@ mod tests {
         assert_eq!(t.ip, "fd00:96::10".parse::<IpAddr>().unwrap());
         assert_eq!((t.port, t.proto), (53, proto::UDP));
         assert_eq!(t.to_string(), "[fd00:96::10]:53/UDP");
-        assert!(parse_target("fd00:96::10:53").is_err(), "a port needs brackets");
-        assert_eq!(parse_source("fd00::1"), Ok(("fd00::1".parse().unwrap(), None)));
-        assert_eq!(parse_source("[fd00::1]:4000"), Ok(("fd00::1".parse().unwrap(), Some(4000))));
+        assert!(
+            parse_target("fd00:96::10:53").is_err(),
+            "a port needs brackets"
+        );
+        assert_eq!(
+            parse_source("fd00::1"),
+            Ok(("fd00::1".parse().unwrap(), None))
+        );
+        assert_eq!(
+            parse_source("[fd00::1]:4000"),
+            Ok(("fd00::1".parse().unwrap(), Some(4000)))
+        );
     }
 
     #[test]
@@ -1225,33 +1492,87 @@ mod tests {
             },
         );
         let e = explain(&v, &q6(40000));
-        assert_eq!(e.backend.as_deref(), Some("[fd00:244::2]:8080"), "{:?}", e.reasons);
-        assert!(e.reasons.iter().any(|r| r.contains("tracked flow (entry 5s old)")), "{:?}", e.reasons);
+        assert_eq!(
+            e.backend.as_deref(),
+            Some("[fd00:244::2]:8080"),
+            "{:?}",
+            e.reasons
+        );
+        assert!(
+            e.reasons
+                .iter()
+                .any(|r| r.contains("tracked flow (entry 5s old)")),
+            "{:?}",
+            e.reasons
+        );
 
         // The backend left (its id now names another address): picks anew.
         let mut gone = v.clone();
         gone.backends.insert(
             12,
-            Backend6 { addr_be: addr6_be("fd00:244::77".parse::<std::net::Ipv6Addr>().unwrap().octets()), port_be: 8080u16.to_be(), proto: proto::TCP, flags: 0 }.into(),
+            Backend6 {
+                addr_be: addr6_be(
+                    "fd00:244::77"
+                        .parse::<std::net::Ipv6Addr>()
+                        .unwrap()
+                        .octets(),
+                ),
+                port_be: 8080u16.to_be(),
+                proto: proto::TCP,
+                flags: 0,
+            }
+            .into(),
         );
         let e = explain(&gone, &q6(40000));
         assert_eq!(e.backend, None);
-        assert!(e.reasons.iter().any(|r| r.contains("tracked flow to [fd00:244::2]:8080 (backend id 12), which has left")), "{:?}", e.reasons);
+        assert!(
+            e.reasons.iter().any(|r| r
+                .contains("tracked flow to [fd00:244::2]:8080 (backend id 12), which has left")),
+            "{:?}",
+            e.reasons
+        );
 
         // Another port: no entry; the client's affinity names slot 3's backend.
         v.affinity6.insert(
             affinity_key6(client, SVC + 1),
-            AffinityEntry { backend_id: 13, slot: 3, last_used_ns: v.now_ns - 10_000_000_000, ..AffinityEntry::default() },
+            AffinityEntry {
+                backend_id: 13,
+                slot: 3,
+                last_used_ns: v.now_ns - 10_000_000_000,
+                ..AffinityEntry::default()
+            },
         );
         let e = explain(&v, &q6(40001));
-        assert!(e.reasons.iter().any(|r| r == "no connection-tracking entry for this exact flow"), "{:?}", e.reasons);
-        assert_eq!(e.backend.as_deref(), Some("[fd00:244::3]:8080"), "{:?}", e.reasons);
-        assert!(e.reasons.iter().any(|r| r.contains("fd00:244::99's last new flow went to [fd00:244::3]:8080")), "{:?}", e.reasons);
+        assert!(
+            e.reasons
+                .iter()
+                .any(|r| r == "no connection-tracking entry for this exact flow"),
+            "{:?}",
+            e.reasons
+        );
+        assert_eq!(
+            e.backend.as_deref(),
+            Some("[fd00:244::3]:8080"),
+            "{:?}",
+            e.reasons
+        );
+        assert!(
+            e.reasons
+                .iter()
+                .any(|r| r.contains("fd00:244::99's last new flow went to [fd00:244::3]:8080")),
+            "{:?}",
+            e.reasons
+        );
         // An IPv4 entry of the same service id does not stand in for it.
         v.affinity6.clear();
         v.affinity.insert(
             affinity_key(Ipv4Addr::new(10, 244, 100, 2), SVC + 1),
-            AffinityEntry { backend_id: 13, slot: 3, last_used_ns: v.now_ns, ..AffinityEntry::default() },
+            AffinityEntry {
+                backend_id: 13,
+                slot: 3,
+                last_used_ns: v.now_ns,
+                ..AffinityEntry::default()
+            },
         );
         assert_eq!(explain(&v, &q6(40001)).backend, None);
     }
@@ -1260,26 +1581,53 @@ mod tests {
     fn an_ipv6_frontend_is_explained_with_its_own_backends() {
         let t = target("[fd00:96::10]:80");
         let v = view6(&t, 2, ff::KIND_CLUSTER_IP);
-        let q = Query { target: t, src: Some(("fd00:244::99".parse().unwrap(), Some(4000))), scope: Scope::Internal, scope_reason: "test".into() };
+        let q = Query {
+            target: t,
+            src: Some(("fd00:244::99".parse().unwrap(), Some(4000))),
+            scope: Scope::Internal,
+            scope_reason: "test".into(),
+        };
         let e = explain(&v, &q);
         assert_eq!(e.verdict, Verdict::Forwarded, "{:?}", e.reasons);
         assert_eq!(e.service.as_deref(), Some("demo/echo6:http"));
         assert_eq!(e.backend_set, ["[fd00:244::1]:8080", "[fd00:244::2]:8080"]);
         assert_eq!(e.flow, "[fd00:244::99]:4000 -> [fd00:96::10]:80/TCP");
         let text = render(&e);
-        assert!(text.contains("Backends:  [fd00:244::1]:8080, [fd00:244::2]:8080"), "{text}");
+        assert!(
+            text.contains("Backends:  [fd00:244::1]:8080, [fd00:244::2]:8080"),
+            "{text}"
+        );
 
         // Another port of the same IPv6 address: told apart.
-        let e = explain(&v, &query(target("[fd00:96::10]:81"), None, Scope::Internal));
+        let e = explain(
+            &v,
+            &query(target("[fd00:96::10]:81"), None, Scope::Internal),
+        );
         assert_eq!(e.verdict, Verdict::NotHandled);
-        assert!(e.reasons[0].contains("fd00:96::10 is a Service address, but not on port 81/TCP (it serves 80/TCP)"), "{:?}", e.reasons);
+        assert!(
+            e.reasons[0].contains(
+                "fd00:96::10 is a Service address, but not on port 81/TCP (it serves 80/TCP)"
+            ),
+            "{:?}",
+            e.reasons
+        );
         // The IPv4 frontend's port on an IPv6 address that has none.
-        let e = explain(&v, &query(target("[fd00:96::11]:80"), None, Scope::Internal));
+        let e = explain(
+            &v,
+            &query(target("[fd00:96::11]:80"), None, Scope::Internal),
+        );
         assert_eq!(e.verdict, Verdict::NotHandled);
 
         // A slot naming an IPv4 backend id reaches nothing.
         let mut broken = v.clone();
-        broken.frontends.insert(head_key(&t, scope::INTERNAL).at(scope::INTERNAL, 2), FrontendSlot { backend_id: 1, service_id: SVC + 1, ..FrontendSlot::default() });
+        broken.frontends.insert(
+            head_key(&t, scope::INTERNAL).at(scope::INTERNAL, 2),
+            FrontendSlot {
+                backend_id: 1,
+                service_id: SVC + 1,
+                ..FrontendSlot::default()
+            },
+        );
         let e = explain(&broken, &q);
         assert_eq!(e.backend_set, ["[fd00:244::1]:8080"]);
     }

@@ -59,7 +59,11 @@ fn find_tool(name: &str) -> Option<PathBuf> {
 
 /// Runs `tool args`, returning its stdout when it succeeds.
 fn output(tool: &PathBuf, args: &[&str]) -> Option<String> {
-    let out = Command::new(tool).args(args).stderr(Stdio::null()).output().ok()?;
+    let out = Command::new(tool)
+        .args(args)
+        .stderr(Stdio::null())
+        .output()
+        .ok()?;
     out.status
         .success()
         .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
@@ -83,10 +87,11 @@ pub fn without_kube(dump: &str) -> Option<String> {
     }
     let kube_rule = |line: &str| {
         let words: Vec<&str> = line.split_whitespace().collect();
-        let in_kube_chain = words.first() == Some(&"-A") && words.get(1).is_some_and(|c| c.starts_with("KUBE-"));
-        let jumps = words
-            .windows(2)
-            .any(|w| matches!(w[0], "-j" | "-g" | "--jump" | "--goto") && w[1].starts_with("KUBE-"));
+        let in_kube_chain =
+            words.first() == Some(&"-A") && words.get(1).is_some_and(|c| c.starts_with("KUBE-"));
+        let jumps = words.windows(2).any(|w| {
+            matches!(w[0], "-j" | "-g" | "--jump" | "--goto") && w[1].starts_with("KUBE-")
+        });
         in_kube_chain || jumps
     };
     let kept: Vec<&str> = dump
@@ -104,7 +109,8 @@ pub fn kube_nft_tables(listing: &str) -> Vec<String> {
         .filter_map(|rest| {
             let mut words = rest.split_whitespace();
             let (family, name) = (words.next()?, words.next()?);
-            (name == "kube-proxy" && NFT_FAMILIES.contains(&family)).then(|| format!("{family} {name}"))
+            (name == "kube-proxy" && NFT_FAMILIES.contains(&family))
+                .then(|| format!("{family} {name}"))
         })
         .collect()
 }
@@ -116,13 +122,17 @@ pub fn find(interfaces: &[String]) -> Leftovers {
         ..Leftovers::default()
     };
     for (save, _) in TOOLS {
-        let Some(tool) = find_tool(save) else { continue };
+        let Some(tool) = find_tool(save) else {
+            continue;
+        };
         found.checked.push((*save).to_owned());
         for table in TABLES {
             if let Some(dump) = output(&tool, &["-t", table]) {
-                found
-                    .iptables_chains
-                    .extend(kube_chains(&dump).into_iter().map(|c| format!("{save} {table}: {c}")));
+                found.iptables_chains.extend(
+                    kube_chains(&dump)
+                        .into_iter()
+                        .map(|c| format!("{save} {table}: {c}")),
+                );
             }
         }
     }
@@ -143,22 +153,34 @@ pub fn remove() -> Removed {
             continue;
         };
         for table in TABLES {
-            let Some(dump) = output(&save_tool, &["-t", table]) else { continue };
-            let Some(kept) = without_kube(&dump) else { continue };
+            let Some(dump) = output(&save_tool, &["-t", table]) else {
+                continue;
+            };
+            let Some(kept) = without_kube(&dump) else {
+                continue;
+            };
             match restore_table(&restore_tool, &kept) {
-                Ok(()) => removed
-                    .iptables_chains
-                    .extend(kube_chains(&dump).into_iter().map(|c| format!("{save} {table}: {c}"))),
+                Ok(()) => removed.iptables_chains.extend(
+                    kube_chains(&dump)
+                        .into_iter()
+                        .map(|c| format!("{save} {table}: {c}")),
+                ),
                 Err(e) => removed.errors.push(format!("{restore} ({table}): {e}")),
             }
         }
     }
     if let Some(nft) = find_tool("nft") {
-        let tables = output(&nft, &["list", "tables"]).map(|l| kube_nft_tables(&l)).unwrap_or_default();
+        let tables = output(&nft, &["list", "tables"])
+            .map(|l| kube_nft_tables(&l))
+            .unwrap_or_default();
         for table in tables {
             let mut args = vec!["delete", "table"];
             args.extend(table.split_whitespace());
-            match Command::new(&nft).args(&args).stderr(Stdio::piped()).output() {
+            match Command::new(&nft)
+                .args(&args)
+                .stderr(Stdio::piped())
+                .output()
+            {
                 Ok(out) if out.status.success() => removed.nft_tables.push(table),
                 Ok(out) => removed.errors.push(format!(
                     "nft delete table {table}: {}",
@@ -180,7 +202,9 @@ fn restore_table(tool: &PathBuf, rules: &str) -> Result<(), String> {
         .spawn()
         .map_err(|e| e.to_string())?;
     if let Some(mut stdin) = child.stdin.take() {
-        stdin.write_all(rules.as_bytes()).map_err(|e| e.to_string())?;
+        stdin
+            .write_all(rules.as_bytes())
+            .map_err(|e| e.to_string())?;
     }
     let out = child.wait_with_output().map_err(|e| e.to_string())?;
     if out.status.success() {
@@ -194,7 +218,8 @@ fn restore_table(tool: &PathBuf, rules: &str) -> Result<(), String> {
 mod tests {
     use super::*;
 
-    const NAT: &str = "# Generated by iptables-save\n*nat\n:PREROUTING ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n\
+    const NAT: &str =
+        "# Generated by iptables-save\n*nat\n:PREROUTING ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n\
 :KUBE-SERVICES - [0:0]\n:KUBE-SVC-ABC - [0:0]\n:DOCKER - [0:0]\n\
 -A PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n\
 -A OUTPUT -j DOCKER\n-A KUBE-SERVICES -d 10.96.0.10/32 -j KUBE-SVC-ABC\nCOMMIT\n";
@@ -204,14 +229,21 @@ mod tests {
         assert_eq!(kube_chains(NAT), ["KUBE-SERVICES", "KUBE-SVC-ABC"]);
         let kept = without_kube(NAT).expect("has kube chains");
         assert!(!kept.contains("KUBE-"), "{kept}");
-        assert!(kept.contains(":DOCKER - [0:0]") && kept.contains("-A OUTPUT -j DOCKER"), "{kept}");
+        assert!(
+            kept.contains(":DOCKER - [0:0]") && kept.contains("-A OUTPUT -j DOCKER"),
+            "{kept}"
+        );
         assert!(kept.contains("*nat") && kept.contains("COMMIT"), "{kept}");
         assert_eq!(without_kube("*nat\n:OUTPUT ACCEPT [0:0]\nCOMMIT\n"), None);
     }
 
     #[test]
     fn only_kube_proxy_tables_of_ip_and_ip6_are_named() {
-        let listing = "table ip filter\ntable ip kube-proxy\ntable ip6 kube-proxy\ntable inet kube-proxy2\n";
-        assert_eq!(kube_nft_tables(listing), ["ip kube-proxy", "ip6 kube-proxy"]);
+        let listing =
+            "table ip filter\ntable ip kube-proxy\ntable ip6 kube-proxy\ntable inet kube-proxy2\n";
+        assert_eq!(
+            kube_nft_tables(listing),
+            ["ip kube-proxy", "ip6 kube-proxy"]
+        );
     }
 }

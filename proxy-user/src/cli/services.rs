@@ -63,12 +63,20 @@ pub struct BackendRow {
 /// from the maps.
 pub fn read_services(maps: &PinnedMaps) -> Vec<ServiceRow> {
     let denied = maps.denied_by_service();
-    rows(&maps.dump(), |id| maps.service_stats(id), |id| denied.get(&id).copied().unwrap_or(0))
+    rows(
+        &maps.dump(),
+        |id| maps.service_stats(id),
+        |id| denied.get(&id).copied().unwrap_or(0),
+    )
 }
 
 /// The rows of a copy of the maps, IPv4 frontends first, each family by
 /// address, port and protocol; `stats` gives a service id's counters.
-fn rows(dump: &Dump, stats: impl Fn(u32) -> SvcStats, denied: impl Fn(u32) -> u64) -> Vec<ServiceRow> {
+fn rows(
+    dump: &Dump,
+    stats: impl Fn(u32) -> SvcStats,
+    denied: impl Fn(u32) -> u64,
+) -> Vec<ServiceRow> {
     let mut blocks: HashMap<u32, Vec<crate::cidr::IpCidr>> = HashMap::new();
     for (id, block) in &dump.source_ranges {
         blocks.entry(*id).or_default().push(*block);
@@ -81,8 +89,16 @@ fn rows(dump: &Dump, stats: impl Fn(u32) -> SvcStats, denied: impl Fn(u32) -> u6
         })
         .collect();
     let slots: HashMap<AnyFrontendKey, FrontendSlot> = dump.frontends.iter().copied().collect();
-    let backends: HashMap<(IpFamily, u32), AnyBackend> = dump.backends.iter().map(|(id, b)| ((b.family(), *id), *b)).collect();
-    let revnat: HashMap<(IpFamily, u32), AnyRevNat> = dump.revnat.iter().map(|(id, r)| ((r.family(), *id), *r)).collect();
+    let backends: HashMap<(IpFamily, u32), AnyBackend> = dump
+        .backends
+        .iter()
+        .map(|(id, b)| ((b.family(), *id), *b))
+        .collect();
+    let revnat: HashMap<(IpFamily, u32), AnyRevNat> = dump
+        .revnat
+        .iter()
+        .map(|(id, r)| ((r.family(), *id), *r))
+        .collect();
     let mut heads: Vec<(FrontendAddr, AnyFrontendKey, FrontendSlot)> = dump
         .frontends
         .iter()
@@ -156,8 +172,15 @@ pub fn host_port(address: &str, port: u16) -> String {
 /// used), with the problems, from the agent's status file.
 pub fn mark_held(rows: &mut [ServiceRow], status: &crate::status::AgentStatus) {
     for row in rows {
-        let service = row.service.split_once(':').map_or(row.service.as_str(), |(s, _)| s);
-        for r in status.rejected.iter().filter(|r| r.held && r.service.as_deref() == Some(service)) {
+        let service = row
+            .service
+            .split_once(':')
+            .map_or(row.service.as_str(), |(s, _)| s);
+        for r in status
+            .rejected
+            .iter()
+            .filter(|r| r.held && r.service.as_deref() == Some(service))
+        {
             row.held = true;
             for p in &r.problems {
                 let text = format!("{} {}: {p}", r.kind, r.object);
@@ -180,9 +203,11 @@ fn read_slots(
     let mut rows = Vec::new();
     let mut missing = 0;
     for slot in 1..=head.backend_count {
-        let backend = slots
-            .get(&key.at(key.scope(), slot))
-            .and_then(|v| backends.get(&(key.family(), v.backend_id)).map(|b| (v.backend_id, b)));
+        let backend = slots.get(&key.at(key.scope(), slot)).and_then(|v| {
+            backends
+                .get(&(key.family(), v.backend_id))
+                .map(|b| (v.backend_id, b))
+        });
         match backend {
             Some((id, b)) => {
                 let b = backend_addr(b);
@@ -209,10 +234,17 @@ fn attributes(row: &ServiceRow) -> String {
             // traffic from outside gets the local set.
             let local = row.external_backends.as_deref().unwrap_or_default();
             if local.is_empty() {
-                "externalTrafficPolicy Local: no local endpoint, traffic from outside is dropped".to_owned()
+                "externalTrafficPolicy Local: no local endpoint, traffic from outside is dropped"
+                    .to_owned()
             } else {
-                let list: Vec<String> = local.iter().map(|b| host_port(&b.address, b.port)).collect();
-                format!("externalTrafficPolicy Local: from outside -> {}", list.join(", "))
+                let list: Vec<String> = local
+                    .iter()
+                    .map(|b| host_port(&b.address, b.port))
+                    .collect();
+                format!(
+                    "externalTrafficPolicy Local: from outside -> {}",
+                    list.join(", ")
+                )
             }
         });
     }
@@ -288,7 +320,10 @@ pub fn render_table(rows: &[ServiceRow]) -> String {
                 let _ = writeln!(out, "    {notes}");
             }
             if row.held {
-                let _ = writeln!(out, "    held at its last good version (a newer version cannot be used):");
+                let _ = writeln!(
+                    out,
+                    "    held at its last good version (a newer version cannot be used):"
+                );
                 for p in &row.problems {
                     let _ = writeln!(out, "      {p}");
                 }
@@ -363,7 +398,12 @@ pub fn services(pin_root: &Path, json: bool) -> anyhow::Result<String> {
 #[cfg(test)]
 impl ServiceRow {
     /// A TCP ClusterIP row with these backends and no counters (tests).
-    pub(crate) fn for_test(service: &str, address: &str, port: u16, backends: Vec<BackendRow>) -> ServiceRow {
+    pub(crate) fn for_test(
+        service: &str,
+        address: &str,
+        port: u16,
+        backends: Vec<BackendRow>,
+    ) -> ServiceRow {
         ServiceRow {
             service: service.to_owned(),
             id: 1,
@@ -479,20 +519,41 @@ mod tests {
         let mut rows = vec![row("default/web:http", 1), row("default/other", 1)];
         mark_held(&mut rows, &status);
         assert!(rows[0].held && !rows[1].held);
-        assert_eq!(rows[0].problems, ["Service default/web: spec.ports[0].port: 70000 is not a valid port"]);
+        assert_eq!(
+            rows[0].problems,
+            ["Service default/web: spec.ports[0].port: 70000 is not a valid port"]
+        );
         let text = render_table(&rows);
         let lines: Vec<&str> = text.lines().collect();
-        assert!(lines[0].starts_with("SERVICE") && lines[0].contains(" STATE "), "{text}");
-        assert!(lines[1].starts_with("default/web:http") && lines[1].contains(" held "), "{text}");
+        assert!(
+            lines[0].starts_with("SERVICE") && lines[0].contains(" STATE "),
+            "{text}"
+        );
+        assert!(
+            lines[1].starts_with("default/web:http") && lines[1].contains(" held "),
+            "{text}"
+        );
         assert!(lines[2].contains("held at its last good version"), "{text}");
-        assert!(lines[3].contains("Service default/web: spec.ports[0].port: 70000 is not a valid port"), "{text}");
-        assert!(lines[4].starts_with("default/other") && lines[4].contains(" ok "), "{text}");
+        assert!(
+            lines[3].contains("Service default/web: spec.ports[0].port: 70000 is not a valid port"),
+            "{text}"
+        );
+        assert!(
+            lines[4].starts_with("default/other") && lines[4].contains(" ok "),
+            "{text}"
+        );
         let problems = render_status(&status, true);
         assert!(problems.contains("PROBLEMS (2):"), "{problems}");
-        assert!(problems.contains("file /etc/sb/bad.yaml: document 1: syntax error"), "{problems}");
+        assert!(
+            problems.contains("file /etc/sb/bad.yaml: document 1: syntax error"),
+            "{problems}"
+        );
         let json: serde_json::Value = serde_json::to_value(&rows).expect("json");
         assert_eq!(json[0]["held"], true);
-        assert_eq!(json[0]["problems"][0], "Service default/web: spec.ports[0].port: 70000 is not a valid port");
+        assert_eq!(
+            json[0]["problems"][0],
+            "Service default/web: spec.ports[0].port: 70000 is not a valid port"
+        );
         assert_eq!(json[1]["held"], false);
     }
 
@@ -505,13 +566,23 @@ mod tests {
         let web6 = fe6(0x10, 80, Protocol::Tcp, "web", &[(1, 8080), (2, 8080)]);
         syncer.apply(&state(vec![web6, web4]));
         let rows = rows(&syncer.store().dump(), |_| SvcStats::default(), |_| 0);
-        let fronts: Vec<(&str, usize)> = rows.iter().map(|r| (r.address.as_str(), r.backends.len())).collect();
-        assert_eq!(fronts, [("10.96.0.10", 1), ("fd00:96::10", 2)], "IPv4 first, each with its own backends");
+        let fronts: Vec<(&str, usize)> = rows
+            .iter()
+            .map(|r| (r.address.as_str(), r.backends.len()))
+            .collect();
+        assert_eq!(
+            fronts,
+            [("10.96.0.10", 1), ("fd00:96::10", 2)],
+            "IPv4 first, each with its own backends"
+        );
         assert_eq!(rows[1].service, "default/web");
         assert_eq!(rows[1].missing_backends, 0);
         let text = render_table(&rows);
         assert!(text.contains("[fd00:96::10]:80/TCP"), "{text}");
-        assert!(text.contains("[fd00:244::1]:8080, [fd00:244::2]:8080"), "{text}");
+        assert!(
+            text.contains("[fd00:244::1]:8080, [fd00:244::2]:8080"),
+            "{text}"
+        );
         assert!(text.contains("10.96.0.10:80/TCP"), "{text}");
         assert!(text.contains("10.244.0.1:8080"), "{text}");
     }

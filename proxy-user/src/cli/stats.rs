@@ -37,7 +37,10 @@ fn fill(map: &'static str, entries: usize, capacity: u32) -> MapFill {
 }
 
 /// How full a hash map is, by walking its keys.
-fn hash_fill<K: aya::Pod, V: aya::Pod>(map: &'static str, table: &aya::maps::HashMap<aya::maps::MapData, K, V>) -> MapFill {
+fn hash_fill<K: aya::Pod, V: aya::Pod>(
+    map: &'static str,
+    table: &aya::maps::HashMap<aya::maps::MapData, K, V>,
+) -> MapFill {
     let capacity = table.map().info().map_or(0, |i| i.max_entries());
     fill(map, table.keys().filter(Result::is_ok).count(), capacity)
 }

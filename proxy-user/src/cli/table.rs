@@ -68,7 +68,12 @@ pub fn human_duration(seconds: f64) -> String {
         return format!("{:.0}ms", seconds * 1e3);
     }
     let total = seconds as u64;
-    let (d, h, m, s) = (total / 86_400, total / 3600 % 24, total / 60 % 60, total % 60);
+    let (d, h, m, s) = (
+        total / 86_400,
+        total / 3600 % 24,
+        total / 60 % 60,
+        total % 60,
+    );
     match (d, h, m) {
         (0, 0, 0) => format!("{s}s"),
         (0, 0, _) => format!("{m}m{s:02}s"),

@@ -32,8 +32,19 @@ pub fn render(v: &Verification) -> String {
     }
     let mut t = super::table::Table::new(&["FRONTEND", "SERVICE", "PROBLEM", "DETAIL"]);
     for p in &v.problems {
-        let dash = |s: &str| if s.is_empty() { "-".to_owned() } else { s.to_owned() };
-        t.push(vec![dash(&p.frontend), dash(&p.service), p.kind.as_str().to_owned(), p.detail.clone()]);
+        let dash = |s: &str| {
+            if s.is_empty() {
+                "-".to_owned()
+            } else {
+                s.to_owned()
+            }
+        };
+        t.push(vec![
+            dash(&p.frontend),
+            dash(&p.service),
+            p.kind.as_str().to_owned(),
+            p.detail.clone(),
+        ]);
     }
     let _ = writeln!(out, "\n{} DIFFERENCE(S)", v.problems.len());
     out.push_str(&t.render());
@@ -68,7 +79,13 @@ mod tests {
         });
         let text = render(&v);
         assert!(text.contains("2 DIFFERENCE(S)"), "{text}");
-        assert!(text.contains("10.96.0.10:80/TCP  default/web  wrong-backends"), "{text}");
-        assert!(text.contains("-                  -            orphaned-backend"), "{text}");
+        assert!(
+            text.contains("10.96.0.10:80/TCP  default/web  wrong-backends"),
+            "{text}"
+        );
+        assert!(
+            text.contains("-                  -            orphaned-backend"),
+            "{text}"
+        );
     }
 }

@@ -70,10 +70,7 @@ impl Endpoints<'_, '_> {
 
     /// Reads a slice's endpoints once. `None` for slices that are neither
     /// IPv4 nor IPv6.
-    pub fn parse_slice<'s>(
-        &mut self,
-        slice: &'s SliceInfo,
-    ) -> Option<ParsedSlice<'s>> {
+    pub fn parse_slice<'s>(&mut self, slice: &'s SliceInfo) -> Option<ParsedSlice<'s>> {
         let object = format!("EndpointSlice {}", slice.key);
         let family = match slice.address_type.as_str() {
             "" => {
@@ -100,7 +97,10 @@ impl Endpoints<'_, '_> {
             let Some(ip) = first.ip().filter(|ip| IpFamily::of(*ip) == family) else {
                 self.warn(
                     &object,
-                    format!("endpoint address {:?} is not an {family} address; skipped", first.to_string()),
+                    format!(
+                        "endpoint address {:?} is not an {family} address; skipped",
+                        first.to_string()
+                    ),
                 );
                 continue;
             };
@@ -128,8 +128,12 @@ impl Endpoints<'_, '_> {
                 (Some(n), Some(epn)) => n.name == epn,
                 _ => false,
             },
-            node_hints: hints.map(|h| h.for_nodes.iter().cloned().collect()).unwrap_or_default(),
-            zone_hints: hints.map(|h| h.for_zones.iter().cloned().collect()).unwrap_or_default(),
+            node_hints: hints
+                .map(|h| h.for_nodes.iter().cloned().collect())
+                .unwrap_or_default(),
+            zone_hints: hints
+                .map(|h| h.for_zones.iter().cloned().collect())
+                .unwrap_or_default(),
         }
     }
 
@@ -161,7 +165,9 @@ impl Endpoints<'_, '_> {
                 };
                 self.warn(
                     &ps.object,
-                    format!("port {port_name:?}/{protocol} {what}; its endpoints are not used for it"),
+                    format!(
+                        "port {port_name:?}/{protocol} {what}; its endpoints are not used for it"
+                    ),
                 );
                 continue;
             };
@@ -256,7 +262,9 @@ fn topology_mode(eps: &[(BackendAddr, Ep)], node: &NodeInfo) -> Option<TopologyM
         return None;
     }
     if ready.iter().all(|e| !e.node_hints.is_empty())
-        && ready.iter().any(|e| e.node_hints.contains(node.name.as_str()))
+        && ready
+            .iter()
+            .any(|e| e.node_hints.contains(node.name.as_str()))
     {
         return Some(TopologyMode::SameNode);
     }

@@ -25,7 +25,9 @@ use std::sync::Arc;
 
 use super::service::{self, ServiceOutput};
 use super::validate;
-use super::{DesiredState, Frontend, FrontendAddr, ModelWarning, NodeInfo, ObjectKey, ServiceInfo, SliceInfo};
+use super::{
+    DesiredState, Frontend, FrontendAddr, ModelWarning, NodeInfo, ObjectKey, ServiceInfo, SliceInfo,
+};
 
 /// Which claim on an address wins: the smallest. The creation time in
 /// milliseconds since the epoch (`i64::MAX` when unknown: newest), then the key.
@@ -170,12 +172,17 @@ impl Model {
     /// cannot be used leaves the last usable one in place (see the module).
     pub fn set_service(&mut self, key: ObjectKey, info: Option<Arc<ServiceInfo>>) {
         let problems = match &info {
-            Some(svc) if svc.labels.selected(self.proxy_name.as_deref()) => validate::service_problems(svc),
+            Some(svc) if svc.labels.selected(self.proxy_name.as_deref()) => {
+                validate::service_problems(svc)
+            }
             _ => Vec::new(),
         };
         let held = !problems.is_empty() && self.services.contains_key(&key);
         self.set_rejection(ObjectKind::Service, &key, problems, held, None);
-        if self.rejections.contains_key(&(ObjectKind::Service, key.clone())) {
+        if self
+            .rejections
+            .contains_key(&(ObjectKind::Service, key.clone()))
+        {
             return;
         }
         self.use_service(key, info);
@@ -201,14 +208,19 @@ impl Model {
     /// that cannot be used leaves the last usable one in place.
     pub fn set_slice(&mut self, key: ObjectKey, info: Option<Arc<SliceInfo>>) {
         let problems = match &info {
-            Some(slice) if slice.labels.selected(self.proxy_name.as_deref()) => validate::slice_problems(slice),
+            Some(slice) if slice.labels.selected(self.proxy_name.as_deref()) => {
+                validate::slice_problems(slice)
+            }
             _ => Vec::new(),
         };
         let kept = self.slices.get(&key);
         let held = !problems.is_empty() && kept.is_some();
         let service = kept.and_then(|s| slice_service(s));
         self.set_rejection(ObjectKind::EndpointSlice, &key, problems, held, service);
-        if self.rejections.contains_key(&(ObjectKind::EndpointSlice, key.clone())) {
+        if self
+            .rejections
+            .contains_key(&(ObjectKind::EndpointSlice, key.clone()))
+        {
             return;
         }
         self.use_slice(key, info);
@@ -228,7 +240,8 @@ impl Model {
         let new = if problems.is_empty() {
             None
         } else {
-            let warnings = validate::rejection_warnings(&format!("{} {key}", kind.as_str()), &problems, held);
+            let warnings =
+                validate::rejection_warnings(&format!("{} {key}", kind.as_str()), &problems, held);
             Some(Rejection {
                 held,
                 service,
@@ -256,7 +269,9 @@ impl Model {
 
     /// Objects whose newest version cannot be used, with what is wrong.
     pub fn rejections(&self) -> impl Iterator<Item = (ObjectKind, &ObjectKey, &Rejection)> {
-        self.rejections.iter().map(|((kind, key), r)| (*kind, key, r))
+        self.rejections
+            .iter()
+            .map(|((kind, key), r)| (*kind, key, r))
     }
 
     /// Replaces the problems the source reports about its own input (files
@@ -437,10 +452,16 @@ impl Model {
             let displaced = self.desired.frontends.insert(addr, fe);
             self.owners.insert(addr, rank.clone());
             if let Some(displaced) = displaced {
-                self.contested.entry(addr).or_default().insert(owner_rank, displaced);
+                self.contested
+                    .entry(addr)
+                    .or_default()
+                    .insert(owner_rank, displaced);
             }
         } else {
-            self.contested.entry(addr).or_default().insert(rank.clone(), fe);
+            self.contested
+                .entry(addr)
+                .or_default()
+                .insert(rank.clone(), fe);
         }
     }
 
@@ -467,7 +488,12 @@ impl Model {
     }
 
     /// Replaces one object's warnings in the counted set.
-    fn count_warnings(&mut self, old: &[ModelWarning], new: &[ModelWarning], delta: &mut ModelDelta) {
+    fn count_warnings(
+        &mut self,
+        old: &[ModelWarning],
+        new: &[ModelWarning],
+        delta: &mut ModelDelta,
+    ) {
         for w in new {
             let count = self.warnings.entry(w.clone()).or_insert(0);
             *count += 1;
@@ -490,7 +516,9 @@ impl Model {
             }
         }
         // A warning removed and raised again within one update is no change.
-        delta.warnings_removed.retain(|w| !self.warnings.contains_key(w));
+        delta
+            .warnings_removed
+            .retain(|w| !self.warnings.contains_key(w));
     }
 }
 
@@ -501,4 +529,3 @@ fn slice_service(slice: &SliceInfo) -> Option<ObjectKey> {
         name: Arc::from(name.as_str()),
     })
 }
-

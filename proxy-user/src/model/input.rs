@@ -22,7 +22,9 @@ use k8s_openapi::api::discovery::v1::{Endpoint, EndpointSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::chrono::DateTime;
 
-use super::{IpFamily, ANNOTATION_LB_ALGORITHM, LABEL_HEADLESS, LABEL_SERVICE_NAME, LABEL_SERVICE_PROXY_NAME};
+use super::{
+    IpFamily, ANNOTATION_LB_ALGORITHM, LABEL_HEADLESS, LABEL_SERVICE_NAME, LABEL_SERVICE_PROXY_NAME,
+};
 
 /// The annotation the EndpointSlice controller stamps with the time of the
 /// change that caused the slice's last update (for the programming-latency
@@ -69,7 +71,11 @@ impl ObjectKey {
 
 impl fmt::Display for ObjectKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let name = if self.name.is_empty() { "?" } else { &self.name };
+        let name = if self.name.is_empty() {
+            "?"
+        } else {
+            &self.name
+        };
         write!(f, "{}/{}", self.namespace, name)
     }
 }
@@ -231,7 +237,10 @@ impl ServiceInfo {
         ServiceInfo {
             key: ObjectKey::of(meta),
             labels: ProxyLabels::of(meta),
-            created_unix_ms: meta.creation_timestamp.as_ref().map(|t| t.0.timestamp_millis()),
+            created_unix_ms: meta
+                .creation_timestamp
+                .as_ref()
+                .map(|t| t.0.timestamp_millis()),
             lb_algorithm: meta
                 .annotations
                 .as_ref()
@@ -445,7 +454,10 @@ mod tests {
 
     #[test]
     fn canonical_addresses_are_parsed_anything_else_kept_as_written() {
-        assert_eq!(RawAddress::new("10.0.0.1"), RawAddress::V4(Ipv4Addr::new(10, 0, 0, 1)));
+        assert_eq!(
+            RawAddress::new("10.0.0.1"),
+            RawAddress::V4(Ipv4Addr::new(10, 0, 0, 1))
+        );
         let spaced = RawAddress::new(" 10.0.0.1");
         assert_eq!(spaced.to_string(), " 10.0.0.1");
         assert_eq!(spaced.ip(), Some(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1))));

@@ -14,7 +14,6 @@
 //! Input problems never panic and never abort the whole build: the object at
 //! fault is skipped (or only the bad part of it) and a [`ModelWarning`] names it.
 
-
 use std::collections::BTreeMap;
 use std::fmt;
 use std::net::IpAddr;
@@ -31,8 +30,8 @@ mod validate;
 
 pub use incremental::{Model, ModelDelta, ObjectKind, Rejection};
 pub use input::{
-    EndpointInfo, Hints, Interner, IpFamilyPolicy, LbIngress, ObjectKey, ProxyLabels, Raw, RawAddress, ServiceInfo,
-    ServicePortInfo, ServiceSpecInfo, SliceInfo, SlicePortInfo,
+    EndpointInfo, Hints, Interner, IpFamilyPolicy, LbIngress, ObjectKey, ProxyLabels, Raw,
+    RawAddress, ServiceInfo, ServicePortInfo, ServiceSpecInfo, SliceInfo, SlicePortInfo,
 };
 
 /// Label on an EndpointSlice naming the Service it belongs to (same namespace).
@@ -243,7 +242,19 @@ impl fmt::Display for FrontendKind {
 /// does not have; Maglev with per-flow connection tracking is what Katran and
 /// Cilium offer instead. Traffic from this node's pods and host always picks
 /// at random.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, clap::ValueEnum)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    serde::Serialize,
+    clap::ValueEnum,
+)]
 pub enum LbAlgorithm {
     /// A random backend per new flow (kube-proxy's iptables mode).
     #[default]
@@ -351,7 +362,10 @@ pub struct Frontend {
     pub source_ranges: Option<SourceRanges>,
 }
 
-fn serialize_blocks<S: serde::Serializer>(blocks: &Arc<[crate::cidr::IpCidr]>, s: S) -> Result<S::Ok, S::Error> {
+fn serialize_blocks<S: serde::Serializer>(
+    blocks: &Arc<[crate::cidr::IpCidr]>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
     serde::Serialize::serialize(&blocks[..], s)
 }
 
@@ -438,7 +452,11 @@ impl fmt::Display for Frontend {
             let blocks: Vec<String> = r.blocks.iter().map(ToString::to_string).collect();
             extras.push(format!(
                 "from {}{}",
-                if blocks.is_empty() { "no source".to_string() } else { blocks.join(" ") },
+                if blocks.is_empty() {
+                    "no source".to_string()
+                } else {
+                    blocks.join(" ")
+                },
                 if r.allows_node { " (node allowed)" } else { "" }
             ));
         }

@@ -18,10 +18,10 @@ use crate::cidr::IpCidr;
 
 use super::endpoints::{Endpoints, ParsedSlice, Selection};
 use super::{
-    parse_ip, port_display, port_u16, BackendAddr, Frontend, FrontendAddr, FrontendKind, IpFamily, IpFamilyPolicy, Raw,
-    LbAlgorithm, ModelWarning, NodeInfo, Protocol, ServiceInfo, ServicePortInfo,
-    ServicePortName, ServiceSpecInfo, SliceInfo, SourceRanges, DEFAULT_AFFINITY_TIMEOUT_S,
-    MAX_AFFINITY_TIMEOUT_S,
+    parse_ip, port_display, port_u16, BackendAddr, Frontend, FrontendAddr, FrontendKind, IpFamily,
+    IpFamilyPolicy, LbAlgorithm, ModelWarning, NodeInfo, Protocol, Raw, ServiceInfo,
+    ServicePortInfo, ServicePortName, ServiceSpecInfo, SliceInfo, SourceRanges,
+    DEFAULT_AFFINITY_TIMEOUT_S, MAX_AFFINITY_TIMEOUT_S,
 };
 
 /// What one Service contributes: its frontends (each address at most once,
@@ -171,14 +171,20 @@ impl ServiceBuilder<'_> {
         // IPs (each family's proxier skips a Service without a cluster IP of
         // its own): an external or load-balancer IP of another family is
         // ignored, as are NodePorts on node addresses of another family.
-        let served = |ip: &IpAddr| cluster.iter().any(|c| IpFamily::of(*c) == IpFamily::of(*ip));
-        let (external, other_external): (Vec<IpAddr>, Vec<IpAddr>) = external.into_iter().partition(served);
-        let (load_balancer, other_lb): (Vec<IpAddr>, Vec<IpAddr>) = load_balancer.into_iter().partition(served);
-        for (what, ip) in other_external
-            .iter()
-            .map(|ip| ("externalIP", ip))
-            .chain(other_lb.iter().map(|ip| ("status.loadBalancer.ingress ip", ip)))
-        {
+        let served = |ip: &IpAddr| {
+            cluster
+                .iter()
+                .any(|c| IpFamily::of(*c) == IpFamily::of(*ip))
+        };
+        let (external, other_external): (Vec<IpAddr>, Vec<IpAddr>) =
+            external.into_iter().partition(served);
+        let (load_balancer, other_lb): (Vec<IpAddr>, Vec<IpAddr>) =
+            load_balancer.into_iter().partition(served);
+        for (what, ip) in other_external.iter().map(|ip| ("externalIP", ip)).chain(
+            other_lb
+                .iter()
+                .map(|ip| ("status.loadBalancer.ingress ip", ip)),
+        ) {
             self.warn(format!(
                 "{what} {ip} is {} but the Service has no {} cluster IP (ipFamilies); ignored, as kube-proxy does",
                 IpFamily::of(*ip),
@@ -275,9 +281,17 @@ impl ServiceBuilder<'_> {
                 )),
             }
         }
-        let lb_families: Vec<IpFamily> = addresses.load_balancer.iter().map(|ip| IpFamily::of(*ip)).collect();
+        let lb_families: Vec<IpFamily> = addresses
+            .load_balancer
+            .iter()
+            .map(|ip| IpFamily::of(*ip))
+            .collect();
         for block in blocks.iter().flatten() {
-            let family = if block.is_ipv4() { IpFamily::V4 } else { IpFamily::V6 };
+            let family = if block.is_ipv4() {
+                IpFamily::V4
+            } else {
+                IpFamily::V6
+            };
             if !lb_families.is_empty() && !lb_families.contains(&family) {
                 self.warn(format!(
                     "loadBalancerSourceRanges block {block} is {family} but the Service has no {family} load-balancer IP; ignored, as kube-proxy does"
@@ -292,12 +306,30 @@ impl ServiceBuilder<'_> {
     }
 
     /// One family's [`SourceRanges`] from its valid `blocks`.
-    fn family_ranges(&mut self, family: IpFamily, mut blocks: Vec<IpCidr>, lb_ips: &[IpAddr]) -> SourceRanges {
-        let lb_ips: Vec<IpAddr> = lb_ips.iter().copied().filter(|ip| IpFamily::of(*ip) == family).collect();
-        let node_addresses = self.node.map(|n| n.addresses.as_slice()).unwrap_or_default();
-        let allows_node = blocks.iter().any(|b| node_addresses.iter().any(|a| b.contains(*a)));
+    fn family_ranges(
+        &mut self,
+        family: IpFamily,
+        mut blocks: Vec<IpCidr>,
+        lb_ips: &[IpAddr],
+    ) -> SourceRanges {
+        let lb_ips: Vec<IpAddr> = lb_ips
+            .iter()
+            .copied()
+            .filter(|ip| IpFamily::of(*ip) == family)
+            .collect();
+        let node_addresses = self
+            .node
+            .map(|n| n.addresses.as_slice())
+            .unwrap_or_default();
+        let allows_node = blocks
+            .iter()
+            .any(|b| node_addresses.iter().any(|a| b.contains(*a)));
         if allows_node {
-            blocks.extend(lb_ips.iter().filter_map(|ip| IpCidr::new(*ip, if ip.is_ipv4() { 32 } else { 128 })));
+            blocks.extend(
+                lb_ips
+                    .iter()
+                    .filter_map(|ip| IpCidr::new(*ip, if ip.is_ipv4() { 32 } else { 128 })),
+            );
         }
         blocks.sort();
         blocks.dedup();
@@ -365,7 +397,8 @@ impl ServiceBuilder<'_> {
         kind: FrontendKind,
         addresses: &Addresses,
     ) -> (bool, bool) {
-        let externally_accessible = kind != FrontendKind::ClusterIp || !addresses.external.is_empty();
+        let externally_accessible =
+            kind != FrontendKind::ClusterIp || !addresses.external.is_empty();
         let external_local =
             externally_accessible && spec.external_traffic_policy.as_deref() == Some("Local");
         let internal_local = spec.internal_traffic_policy.as_deref() == Some("Local");
@@ -395,7 +428,10 @@ impl ServiceBuilder<'_> {
         let protocol = match Protocol::from_k8s(sp.protocol.as_deref()) {
             Ok(p) => p,
             Err(problem) => {
-                self.warn(format!("port {}: {problem}", port_display(&sp.name, sp.port)));
+                self.warn(format!(
+                    "port {}: {problem}",
+                    port_display(&sp.name, sp.port)
+                ));
                 return;
             }
         };
@@ -413,14 +449,32 @@ impl ServiceBuilder<'_> {
             port: sp.name.clone(),
         };
         let mut addrs: Vec<(FrontendKind, IpAddr, u16)> = Vec::new();
-        addrs.extend(addresses.cluster.iter().map(|&ip| (FrontendKind::ClusterIp, ip, port)));
-        addrs.extend(addresses.external.iter().map(|&ip| (FrontendKind::ExternalIp, ip, port)));
-        addrs.extend(addresses.load_balancer.iter().map(|&ip| (FrontendKind::LoadBalancer, ip, port)));
+        addrs.extend(
+            addresses
+                .cluster
+                .iter()
+                .map(|&ip| (FrontendKind::ClusterIp, ip, port)),
+        );
+        addrs.extend(
+            addresses
+                .external
+                .iter()
+                .map(|&ip| (FrontendKind::ExternalIp, ip, port)),
+        );
+        addrs.extend(
+            addresses
+                .load_balancer
+                .iter()
+                .map(|&ip| (FrontendKind::LoadBalancer, ip, port)),
+        );
         self.node_ports(sp, &spn, port, protocol, attributes.kind, &mut addrs);
         // NodePorts only on node addresses of the Service's families.
         addrs.retain(|(kind, ip, _)| {
             *kind != FrontendKind::NodePort
-                || addresses.cluster.iter().any(|c| IpFamily::of(*c) == IpFamily::of(*ip))
+                || addresses
+                    .cluster
+                    .iter()
+                    .any(|c| IpFamily::of(*c) == IpFamily::of(*ip))
         });
 
         // Each family's frontends get that family's endpoints only.
@@ -441,7 +495,10 @@ impl ServiceBuilder<'_> {
             } else {
                 local
             };
-            for &(kind, ip, fport) in addrs.iter().filter(|(_, ip, _)| IpFamily::of(*ip) == family) {
+            for &(kind, ip, fport) in addrs
+                .iter()
+                .filter(|(_, ip, _)| IpFamily::of(*ip) == family)
+            {
                 let addr = FrontendAddr {
                     ip,
                     port: fport,
@@ -455,7 +512,13 @@ impl ServiceBuilder<'_> {
 
     /// Keeps at most `max_endpoints` backends (the first in address order,
     /// so every node keeps the same ones) and reports the rest by address.
-    fn limit(&mut self, mut sel: Selection, spn: &ServicePortName, port: u16, what: &str) -> Selection {
+    fn limit(
+        &mut self,
+        mut sel: Selection,
+        spn: &ServicePortName,
+        port: u16,
+        what: &str,
+    ) -> Selection {
         if sel.backends.len() <= self.max_endpoints {
             return sel;
         }
@@ -503,7 +566,11 @@ impl ServiceBuilder<'_> {
                 spn.port_or_number(port)
             )),
             (Some(np), Some(node)) if !node.addresses.is_empty() => {
-                addrs.extend(node.addresses.iter().map(|&ip| (FrontendKind::NodePort, ip, np)));
+                addrs.extend(
+                    node.addresses
+                        .iter()
+                        .map(|&ip| (FrontendKind::NodePort, ip, np)),
+                );
             }
             (Some(np), _) => self.warn(format!(
                 "nodePort {np}/{protocol} not programmed: this node's addresses are unknown"

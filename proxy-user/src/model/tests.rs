@@ -85,7 +85,10 @@ fn incremental_agrees(
     let (want, want_warnings) = build_for_node(services, slices, node, proxy_name);
     let mut model = Model::new(node.cloned(), proxy_name.map(str::to_owned));
     let mut interner = Interner::default();
-    let slices: Vec<SliceInfo> = slices.iter().map(|s| SliceInfo::from_k8s(s, &mut interner)).collect();
+    let slices: Vec<SliceInfo> = slices
+        .iter()
+        .map(|s| SliceInfo::from_k8s(s, &mut interner))
+        .collect();
     let services: Vec<ServiceInfo> = services.iter().map(ServiceInfo::from_k8s).collect();
     let step = |model: &mut Model, what: &str| -> Result<(), String> {
         let before = model.desired().clone();
@@ -98,7 +101,10 @@ fn incremental_agrees(
             .copied()
             .collect();
         if delta.frontends != changed {
-            return Err(format!("after {what}: delta {:?}, changed {changed:?}", delta.frontends));
+            return Err(format!(
+                "after {what}: delta {:?}, changed {changed:?}",
+                delta.frontends
+            ));
         }
         Ok(())
     };
@@ -114,7 +120,12 @@ fn incremental_agrees(
     if *model.desired() != want || got_warnings != want_warnings {
         return Err(format!(
             "incremental model differs from the full build:\n  got {:#?}\n  {got_warnings:#?}",
-            model.desired().frontends.values().map(ToString::to_string).collect::<Vec<_>>()
+            model
+                .desired()
+                .frontends
+                .values()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
         ));
     }
     for svc in &services {
@@ -298,7 +309,8 @@ status:
     .expect("a Node");
     // Both families, InternalIPs first, each once.
     let mut want = node(NodeSel::A).expect("node A");
-    want.addresses.insert(1, "fd00::10".parse().expect("an address"));
+    want.addresses
+        .insert(1, "fd00::10".parse().expect("an address"));
     assert_eq!(NodeInfo::from_node(&k8s_node), want);
     let bare: Node =
         serde_yaml::from_str("apiVersion: v1\nkind: Node\nmetadata: {name: n}\n").expect("a Node");
@@ -1971,7 +1983,10 @@ mod properties {
     }
 
     fn service_key(i: usize) -> ObjectKey {
-        ObjectKey::new(if i % 3 == 2 { "other" } else { "default" }, format!("s{i}"))
+        ObjectKey::new(
+            if i % 3 == 2 { "other" } else { "default" },
+            format!("s{i}"),
+        )
     }
 
     fn ip_field() -> impl Strategy<Value = String> {
@@ -2001,7 +2016,11 @@ mod properties {
     }
 
     fn policy() -> impl Strategy<Value = Option<String>> {
-        prop_oneof![Just(None), Just(Some("Local".to_string())), Just(Some("Cluster".to_string()))]
+        prop_oneof![
+            Just(None),
+            Just(Some("Local".to_string())),
+            Just(Some("Cluster".to_string()))
+        ]
     }
 
     fn service(i: usize) -> impl Strategy<Value = ServiceInfo> {
@@ -2019,8 +2038,8 @@ mod properties {
             (policy(), policy()),
             prop::option::of(prop_oneof![Just(10), Just(0)]),
         )
-            .prop_map(|(type_, cluster_ips, external_ips, ports, (etp, itp), affinity)| {
-                ServiceSpecInfo {
+            .prop_map(
+                |(type_, cluster_ips, external_ips, ports, (etp, itp), affinity)| ServiceSpecInfo {
                     type_,
                     cluster_ips,
                     external_ips,
@@ -2034,8 +2053,8 @@ mod properties {
                     internal_traffic_policy: itp,
                     ports,
                     ..ServiceSpecInfo::default()
-                }
-            });
+                },
+            );
         (
             prop::option::weighted(0.9, spec),
             prop_oneof![6 => Just(None), 1 => Just(Some("other-proxy".to_string()))],
@@ -2063,17 +2082,23 @@ mod properties {
             prop::option::of(any::<bool>()),
             prop::option::of(any::<bool>()),
             prop::option::of(any::<bool>()),
-            prop_oneof![Just(None), Just(Some(Arc::<str>::from("node-a"))), Just(Some(Arc::<str>::from("node-b")))],
+            prop_oneof![
+                Just(None),
+                Just(Some(Arc::<str>::from("node-a"))),
+                Just(Some(Arc::<str>::from("node-b")))
+            ],
         )
-            .prop_map(|(address, ready, serving, terminating, node_name)| EndpointInfo {
-                address_count: u32::from(address.is_some()),
-                address,
-                ready,
-                serving,
-                terminating,
-                node_name,
-                hints: None,
-            })
+            .prop_map(
+                |(address, ready, serving, terminating, node_name)| EndpointInfo {
+                    address_count: u32::from(address.is_some()),
+                    address,
+                    ready,
+                    serving,
+                    terminating,
+                    node_name,
+                    hints: None,
+                },
+            )
     }
 
     fn slice(j: usize) -> impl Strategy<Value = SliceInfo> {
@@ -2136,7 +2161,8 @@ mod properties {
                     r.services.insert(key, info.clone());
                 } else {
                     let held = r.services.contains_key(&key);
-                    let warnings = validate::rejection_warnings(&format!("Service {key}"), &problems, held);
+                    let warnings =
+                        validate::rejection_warnings(&format!("Service {key}"), &problems, held);
                     r.rejected.insert(("Service", key), warnings);
                 }
             }
@@ -2167,7 +2193,11 @@ mod properties {
                     r.slices.insert(key, info.clone());
                 } else {
                     let held = r.slices.contains_key(&key);
-                    let warnings = validate::rejection_warnings(&format!("EndpointSlice {key}"), &problems, held);
+                    let warnings = validate::rejection_warnings(
+                        &format!("EndpointSlice {key}"),
+                        &problems,
+                        held,
+                    );
                     r.rejected.insert(("EndpointSlice", key), warnings);
                 }
             }
@@ -2176,7 +2206,9 @@ mod properties {
                 r.node.clone_from(new);
             }
             Change::BreakService(i, how) => {
-                let Some(mut svc) = r.services.get(&service_key(*i)).cloned() else { return };
+                let Some(mut svc) = r.services.get(&service_key(*i)).cloned() else {
+                    return;
+                };
                 if let Some(spec) = &mut svc.spec {
                     match (how, spec.ports.first_mut()) {
                         (true, Some(p)) => p.port = 70_000,
@@ -2187,7 +2219,8 @@ mod properties {
             }
             Change::BreakSlice(j, how) => {
                 let name = format!("e{j}");
-                let Some(mut slice) = r.slices.values().find(|s| *s.key.name == *name).cloned() else {
+                let Some(mut slice) = r.slices.values().find(|s| *s.key.name == *name).cloned()
+                else {
                     return;
                 };
                 match (how, slice.ports.first_mut()) {
@@ -2301,7 +2334,12 @@ fn without_creation_times_the_next_claimant_by_name_takes_over_a_released_addres
         model.update();
     }
     let owner = |model: &Model| {
-        let fe = model.desired().frontends.values().next().expect("one frontend");
+        let fe = model
+            .desired()
+            .frontends
+            .values()
+            .next()
+            .expect("one frontend");
         fe.service.name.clone()
     };
     assert_eq!(owner(&model), "a");
@@ -2349,7 +2387,12 @@ fn history(name: &str, steps: &[Step]) {
             }
         }
         model.update();
-        let got: Vec<String> = model.desired().frontends.values().map(ToString::to_string).collect();
+        let got: Vec<String> = model
+            .desired()
+            .frontends
+            .values()
+            .map(ToString::to_string)
+            .collect();
         let got_w: Vec<String> = model.warnings().map(ToString::to_string).collect();
         assert_eq!(got, step.frontends, "{name}: frontends after step {n}");
         assert_eq!(got_w, step.warnings, "{name}: warnings after step {n}");
@@ -2380,7 +2423,8 @@ endpoints: [{addresses: [10.244.1.2]}, {addresses: [10.244.1.3]}]
 /// not programmed.
 #[test]
 fn an_unusable_service_edit_keeps_the_last_good_version() {
-    let good: &[&str] = &["10.96.0.10:80/TCP ClusterIP default/web -> 10.244.1.2:8080, 10.244.1.3:8080"];
+    let good: &[&str] =
+        &["10.96.0.10:80/TCP ClusterIP default/web -> 10.244.1.2:8080, 10.244.1.3:8080"];
     let steps = [
         Step { apply: WEB, frontends: &["10.96.0.10:80/TCP ClusterIP default/web -> (none)"], warnings: &[] },
         Step { apply: WEB_SLICE, frontends: good, warnings: &[] },
@@ -2422,7 +2466,8 @@ fn an_unusable_service_edit_keeps_the_last_good_version() {
 /// headless, another proxy's label.
 #[test]
 fn legitimate_changes_are_applied_not_held() {
-    let good: &[&str] = &["10.96.0.10:80/TCP ClusterIP default/web -> 10.244.1.2:8080, 10.244.1.3:8080"];
+    let good: &[&str] =
+        &["10.96.0.10:80/TCP ClusterIP default/web -> 10.244.1.2:8080, 10.244.1.3:8080"];
     for (what, edit) in [
         ("ExternalName", "apiVersion: v1\nkind: Service\nmetadata: {name: web}\nspec: {type: ExternalName, externalName: example.com}\n"),
         ("headless", "apiVersion: v1\nkind: Service\nmetadata: {name: web}\nspec: {clusterIP: None, ports: [{port: 80}]}\n"),
@@ -2442,7 +2487,8 @@ fn legitimate_changes_are_applied_not_held() {
 /// one endpoint); deleting the slice drops its last good version.
 #[test]
 fn an_unusable_slice_edit_keeps_the_last_good_version() {
-    let good: &[&str] = &["10.96.0.10:80/TCP ClusterIP default/web -> 10.244.1.2:8080, 10.244.1.3:8080"];
+    let good: &[&str] =
+        &["10.96.0.10:80/TCP ClusterIP default/web -> 10.244.1.2:8080, 10.244.1.3:8080"];
     let steps = [
         Step { apply: WEB, frontends: &["10.96.0.10:80/TCP ClusterIP default/web -> (none)"], warnings: &[] },
         Step { apply: WEB_SLICE, frontends: good, warnings: &[] },
@@ -2522,15 +2568,31 @@ fn endpoints_beyond_the_limit_are_dropped_last_first_and_reported() {
         model.set_slice(info.key.clone(), Some(Arc::new(info)));
     }
     model.update();
-    let got: Vec<String> = model.desired().frontends.values().map(ToString::to_string).collect();
-    assert_eq!(got, ["10.96.0.10:80/TCP ClusterIP default/web -> 10.244.1.2:8080, 10.244.1.3:8080"]);
+    let got: Vec<String> = model
+        .desired()
+        .frontends
+        .values()
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(
+        got,
+        ["10.96.0.10:80/TCP ClusterIP default/web -> 10.244.1.2:8080, 10.244.1.3:8080"]
+    );
     let warnings: Vec<String> = model.warnings().map(ToString::to_string).collect();
     assert_eq!(warnings, ["Service default/web: port 80: 4 endpoints, more than the 2 one service port may have (--max-endpoints-per-service); the 2 last in address order (10.244.1.4:8080 to 10.244.1.5:8080) are not programmed"]);
     // Raising the limit programs them all and the warning goes.
     model.set_max_endpoints_per_port(4);
     let delta = model.update();
     assert_eq!(delta.frontends.len(), 1);
-    assert_eq!(model.desired().frontends.values().next().map(|f| f.backends.len()), Some(4));
+    assert_eq!(
+        model
+            .desired()
+            .frontends
+            .values()
+            .next()
+            .map(|f| f.backends.len()),
+        Some(4)
+    );
     assert_eq!(model.warnings().count(), 0);
 }
 
@@ -2546,7 +2608,11 @@ fn a_one_shot_build_applies_the_agents_endpoint_limit() {
     ));
     let backends = |max| {
         let (desired, _) = build_limited(&services, &slices, None, None, max);
-        desired.frontends.values().map(|f| f.backends.len()).collect::<Vec<_>>()
+        desired
+            .frontends
+            .values()
+            .map(|f| f.backends.len())
+            .collect::<Vec<_>>()
     };
     assert_eq!(backends(Some(2)), [2]);
     assert_eq!(backends(None), [3]);
@@ -2732,7 +2798,9 @@ spec:
 /// cannot be used, and the problem is named by field.
 #[test]
 fn bad_family_mixes_are_refused_by_field() {
-    let svc = |spec: &str| format!("apiVersion: v1\nkind: Service\nmetadata: {{name: web}}\nspec: {{{spec}, ports: [{{port: 80}}]}}\n");
+    let svc = |spec: &str| {
+        format!("apiVersion: v1\nkind: Service\nmetadata: {{name: web}}\nspec: {{{spec}, ports: [{{port: 80}}]}}\n")
+    };
     for (spec, problem) in [
         (
             "clusterIPs: [10.96.0.10, 10.96.0.11]",

@@ -35,7 +35,9 @@
 //!
 //! An object handed to another proxy is never judged: it is not ours.
 
-use super::{parse_ip, IpFamily, IpFamilyPolicy, ModelWarning, Raw, ServiceInfo, ServiceSpecInfo, SliceInfo};
+use super::{
+    parse_ip, IpFamily, IpFamilyPolicy, ModelWarning, Raw, ServiceInfo, ServiceSpecInfo, SliceInfo,
+};
 
 /// Why a version cannot be used: `field: problem`, one per bad field.
 pub(super) fn service_problems(svc: &ServiceInfo) -> Vec<String> {
@@ -69,23 +71,34 @@ pub(super) fn service_problems(svc: &ServiceInfo) -> Vec<String> {
     let single = spec.cluster_ips.len() == 1;
     for (i, raw) in spec.cluster_ips.iter().enumerate() {
         if !raw.is_empty() && parse_ip(raw).is_none() {
-            let field = if single { "spec.clusterIP".to_owned() } else { format!("spec.clusterIPs[{i}]") };
+            let field = if single {
+                "spec.clusterIP".to_owned()
+            } else {
+                format!("spec.clusterIPs[{i}]")
+            };
             problems.push(format!("{field}: {raw:?} is not an IP address"));
         }
     }
     family_problems(spec, &mut problems);
     for (i, raw) in spec.external_ips.iter().enumerate() {
         if parse_ip(raw).is_none() {
-            problems.push(format!("spec.externalIPs[{i}]: {raw:?} is not an IP address"));
+            problems.push(format!(
+                "spec.externalIPs[{i}]: {raw:?} is not an IP address"
+            ));
         }
     }
     for (i, p) in spec.ports.iter().enumerate() {
         if !valid_port(p.port) {
-            problems.push(format!("spec.ports[{i}].port: {} is not a valid port", p.port));
+            problems.push(format!(
+                "spec.ports[{i}].port: {} is not a valid port",
+                p.port
+            ));
         }
         if let Some(np) = p.node_port {
             if !valid_port(np) {
-                problems.push(format!("spec.ports[{i}].nodePort: {np} is not a valid port"));
+                problems.push(format!(
+                    "spec.ports[{i}].nodePort: {np} is not a valid port"
+                ));
             }
         }
         if let Some(problem) = protocol_problem(p.protocol.as_deref()) {
@@ -105,7 +118,9 @@ fn family_problems(spec: &ServiceSpecInfo, problems: &mut Vec<String>) {
                 problems.push(format!("spec.ipFamilies[{i}]: {f} is listed twice"));
             }
             Raw::Known(f) => families.push(*f),
-            Raw::Other(other) => problems.push(format!("spec.ipFamilies[{i}]: {other:?} is not IPv4 or IPv6")),
+            Raw::Other(other) => problems.push(format!(
+                "spec.ipFamilies[{i}]: {other:?} is not IPv4 or IPv6"
+            )),
         }
     }
     if spec.ip_families.len() > 2 {
@@ -133,7 +148,11 @@ fn family_problems(spec: &ServiceSpecInfo, problems: &mut Vec<String>) {
         }
     }
     for &(i, family) in &ips {
-        let field = if spec.cluster_ips.len() == 1 { "spec.clusterIP".to_owned() } else { format!("spec.clusterIPs[{i}]") };
+        let field = if spec.cluster_ips.len() == 1 {
+            "spec.clusterIP".to_owned()
+        } else {
+            format!("spec.clusterIPs[{i}]")
+        };
         match spec.ip_families.get(i) {
             Some(Raw::Known(listed)) if *listed != family => problems.push(format!(
                 "{field}: {} is {family} but spec.ipFamilies[{i}] is {listed}",
@@ -147,7 +166,8 @@ fn family_problems(spec: &ServiceSpecInfo, problems: &mut Vec<String>) {
         }
     }
     match &spec.ip_family_policy {
-        None | Some(Raw::Known(IpFamilyPolicy::PreferDualStack | IpFamilyPolicy::RequireDualStack)) => {}
+        None
+        | Some(Raw::Known(IpFamilyPolicy::PreferDualStack | IpFamilyPolicy::RequireDualStack)) => {}
         Some(Raw::Known(IpFamilyPolicy::SingleStack)) => {
             if spec.ip_families.len() > 1 || spec.cluster_ips.len() > 1 {
                 problems.push(
@@ -192,7 +212,11 @@ pub(super) fn slice_problems(slice: &SliceInfo) -> Vec<String> {
 
 /// The warnings for a version that cannot be used. `held`: an earlier
 /// version of the object is kept in its place.
-pub(super) fn rejection_warnings(object: &str, problems: &[String], held: bool) -> Vec<ModelWarning> {
+pub(super) fn rejection_warnings(
+    object: &str,
+    problems: &[String],
+    held: bool,
+) -> Vec<ModelWarning> {
     let consequence = if held {
         "keeping the last good version"
     } else {

@@ -144,7 +144,10 @@ pub async fn client(kubeconfig: Option<&PathBuf>) -> Result<Client, ClusterError
 /// [`client`], with reads that fail after `read_timeout` without a byte
 /// (the agent's watches: [`WatchTiming::idle`]); `None` keeps kube's
 /// default.
-pub async fn client_with(kubeconfig: Option<&PathBuf>, read_timeout: Option<Duration>) -> Result<Client, ClusterError> {
+pub async fn client_with(
+    kubeconfig: Option<&PathBuf>,
+    read_timeout: Option<Duration>,
+) -> Result<Client, ClusterError> {
     let config = match kubeconfig {
         Some(path) => {
             let kc = Kubeconfig::read_from(path).map_err(|source| ClusterError::Kubeconfig {
@@ -180,12 +183,35 @@ pub fn watch_cluster(
     let labels = label_selector(proxy_name.as_deref());
     debug!(%labels, "Service and EndpointSlice label selector");
     let first = Arc::new(FirstList::default());
-    let timeout = u32::try_from(timing.watch_timeout.as_secs()).unwrap_or(u32::MAX).max(1);
+    let timeout = u32::try_from(timing.watch_timeout.as_secs())
+        .unwrap_or(u32::MAX)
+        .max(1);
     let base = watcher::Config::default().timeout(timeout);
-    spawn(Services, Api::all(client.clone()), base.clone().labels(&labels), timing, &feed, &first);
-    spawn(Slices::default(), Api::all(client.clone()), base.clone().labels(&labels), timing, &feed, &first);
+    spawn(
+        Services,
+        Api::all(client.clone()),
+        base.clone().labels(&labels),
+        timing,
+        &feed,
+        &first,
+    );
+    spawn(
+        Slices::default(),
+        Api::all(client.clone()),
+        base.clone().labels(&labels),
+        timing,
+        &feed,
+        &first,
+    );
     let by_name = format!("metadata.name={node_name}");
-    spawn(Nodes::new(node_name), Api::all(client), base.fields(&by_name), timing, &feed, &first);
+    spawn(
+        Nodes::new(node_name),
+        Api::all(client),
+        base.fields(&by_name),
+        timing,
+        &feed,
+        &first,
+    );
     tokio::spawn(log_waiting(first, feed));
 }
 
@@ -623,7 +649,10 @@ fn describe(error: &watcher::Error) -> Failure {
         watcher::Error::WatchStartFailed(e) => ("watch request", e),
         watcher::Error::WatchFailed(e) => ("watch", e),
         watcher::Error::WatchError(status) => {
-            return Failure::Other(format!("the API server ended the watch: {}", api_status(status)));
+            return Failure::Other(format!(
+                "the API server ended the watch: {}",
+                api_status(status)
+            ));
         }
         watcher::Error::NoResourceVersion => {
             return Failure::Other("the list carried no resourceVersion".into());
@@ -636,7 +665,9 @@ fn describe(error: &watcher::Error) -> Failure {
         if stage == "watch" {
             return Failure::Silent;
         }
-        return Failure::Other(format!("{stage} timed out (no answer within the read timeout)"));
+        return Failure::Other(format!(
+            "{stage} timed out (no answer within the read timeout)"
+        ));
     }
     Failure::Other(format!("{stage}: {}", error_chain(client)))
 }
@@ -670,8 +701,7 @@ fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
 fn timed_out(error: &(dyn std::error::Error + 'static)) -> bool {
     let mut current = Some(error);
     while let Some(e) = current {
-        if e
-            .downcast_ref::<std::io::Error>()
+        if e.downcast_ref::<std::io::Error>()
             .is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut)
         {
             return true;
@@ -812,9 +842,24 @@ mod tests {
     async fn nothing_is_published_before_every_first_list_then_the_whole_view_is() {
         let (tx, mut rx) = feed();
         let first = Arc::new(FirstList::default());
-        let mut services = Watch::new(Services, tx.clone(), Arc::clone(&first), WatchTiming::default());
-        let mut slices = Watch::new(Slices::default(), tx.clone(), Arc::clone(&first), WatchTiming::default());
-        let mut nodes = Watch::new(Nodes::new("n1".into()), tx, Arc::clone(&first), WatchTiming::default());
+        let mut services = Watch::new(
+            Services,
+            tx.clone(),
+            Arc::clone(&first),
+            WatchTiming::default(),
+        );
+        let mut slices = Watch::new(
+            Slices::default(),
+            tx.clone(),
+            Arc::clone(&first),
+            WatchTiming::default(),
+        );
+        let mut nodes = Watch::new(
+            Nodes::new("n1".into()),
+            tx,
+            Arc::clone(&first),
+            WatchTiming::default(),
+        );
 
         run(&mut services, list(vec![svc("a", "1"), svc("b", "1")])).await;
         // An update after the services listed, while the others still list.
@@ -842,12 +887,22 @@ mod tests {
         let (tx, rx) = feed();
         let first = Arc::new(FirstList::default());
         run(
-            &mut Watch::new(Services, tx.clone(), Arc::clone(&first), WatchTiming::default()),
+            &mut Watch::new(
+                Services,
+                tx.clone(),
+                Arc::clone(&first),
+                WatchTiming::default(),
+            ),
             list(vec![]),
         )
         .await;
         run(
-            &mut Watch::new(Slices::default(), tx.clone(), Arc::clone(&first), WatchTiming::default()),
+            &mut Watch::new(
+                Slices::default(),
+                tx.clone(),
+                Arc::clone(&first),
+                WatchTiming::default(),
+            ),
             list(vec![]),
         )
         .await;
@@ -938,12 +993,31 @@ mod tests {
 
     #[test]
     fn failures_are_described_by_what_the_server_answered() {
-        let list = watcher::Error::InitialListFailed(kube::Error::Api(status(500, "InternalError", "etcd is down")));
-        assert_eq!(describe(&list), Failure::Other("list answered HTTP 500 InternalError: etcd is down".into()));
-        let throttled = watcher::Error::WatchFailed(kube::Error::Api(status(429, "TooManyRequests", "slow down")));
-        assert_eq!(describe(&throttled), Failure::Other("watch answered HTTP 429 TooManyRequests: slow down".into()));
+        let list = watcher::Error::InitialListFailed(kube::Error::Api(status(
+            500,
+            "InternalError",
+            "etcd is down",
+        )));
+        assert_eq!(
+            describe(&list),
+            Failure::Other("list answered HTTP 500 InternalError: etcd is down".into())
+        );
+        let throttled = watcher::Error::WatchFailed(kube::Error::Api(status(
+            429,
+            "TooManyRequests",
+            "slow down",
+        )));
+        assert_eq!(
+            describe(&throttled),
+            Failure::Other("watch answered HTTP 429 TooManyRequests: slow down".into())
+        );
         let gone = watcher::Error::WatchError(status(410, "Expired", "too old resource version"));
-        assert_eq!(describe(&gone), Failure::Other("the API server ended the watch: HTTP 410 Expired: too old resource version".into()));
+        assert_eq!(
+            describe(&gone),
+            Failure::Other(
+                "the API server ended the watch: HTTP 410 Expired: too old resource version".into()
+            )
+        );
     }
 
     #[test]
@@ -953,22 +1027,33 @@ mod tests {
         #[derive(Debug, thiserror::Error)]
         #[error("error reading a body from connection")]
         struct Transport(#[source] std::io::Error);
-        let read = std::io::Error::other(Transport(std::io::Error::from(std::io::ErrorKind::TimedOut)));
+        let read = std::io::Error::other(Transport(std::io::Error::from(
+            std::io::ErrorKind::TimedOut,
+        )));
         let silent = watcher::Error::WatchFailed(kube::Error::ReadEvents(read));
         assert_eq!(describe(&silent), Failure::Silent);
-        let reset = std::io::Error::other(Transport(std::io::Error::from(std::io::ErrorKind::ConnectionReset)));
-        let Failure::Other(text) = describe(&watcher::Error::WatchFailed(kube::Error::ReadEvents(reset))) else {
+        let reset = std::io::Error::other(Transport(std::io::Error::from(
+            std::io::ErrorKind::ConnectionReset,
+        )));
+        let Failure::Other(text) =
+            describe(&watcher::Error::WatchFailed(kube::Error::ReadEvents(reset)))
+        else {
             panic!("a reset connection is no silent watch");
         };
         assert!(text.starts_with("watch: "), "{text}");
-        assert!(text.contains("error reading a body from connection"), "{text}");
+        assert!(
+            text.contains("error reading a body from connection"),
+            "{text}"
+        );
     }
 
     #[test]
     fn a_watch_is_silent_only_after_its_own_timeout_has_passed() {
         let default = WatchTiming::default();
         assert_eq!(default.idle(), Duration::from_millis(362_500));
-        let short = WatchTiming { watch_timeout: Duration::from_secs(2) };
+        let short = WatchTiming {
+            watch_timeout: Duration::from_secs(2),
+        };
         assert_eq!(short.idle(), Duration::from_secs(3));
     }
 }

@@ -37,7 +37,10 @@ pub struct Changes {
 
 impl Changes {
     pub fn is_empty(&self) -> bool {
-        self.services.is_empty() && self.slices.is_empty() && self.node.is_none() && self.problems.is_none()
+        self.services.is_empty()
+            && self.slices.is_empty()
+            && self.node.is_none()
+            && self.problems.is_none()
     }
 
     /// Objects changed (for logs).

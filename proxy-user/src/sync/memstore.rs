@@ -1,7 +1,10 @@
 //! An in-memory stand-in for the kernel maps, for the sync engine's tests.
 use std::collections::BTreeMap;
 
-use proxy_common::{CtEntry, CtEntry6, CtKey, CtKey6, FrontendSlot, MaglevTable, SockEntry, SockEntry6, SockKey, SockKey6};
+use proxy_common::{
+    CtEntry, CtEntry6, CtKey, CtKey6, FrontendSlot, MaglevTable, SockEntry, SockEntry6, SockKey,
+    SockKey6,
+};
 
 use crate::{
     cidr::IpCidr,
@@ -41,8 +44,22 @@ pub(crate) type FeKey = (IpFamily, [u32; 4], u16, u8, u8, u16);
 
 pub(crate) fn k(key: &AnyFrontendKey) -> FeKey {
     match key {
-        AnyFrontendKey::V4(key) => (IpFamily::V4, [key.addr_be, 0, 0, 0], key.port_be, key.proto, key.scope, key.slot),
-        AnyFrontendKey::V6(key) => (IpFamily::V6, key.addr_be, key.port_be, key.proto, key.scope, key.slot),
+        AnyFrontendKey::V4(key) => (
+            IpFamily::V4,
+            [key.addr_be, 0, 0, 0],
+            key.port_be,
+            key.proto,
+            key.scope,
+            key.slot,
+        ),
+        AnyFrontendKey::V6(key) => (
+            IpFamily::V6,
+            key.addr_be,
+            key.port_be,
+            key.proto,
+            key.scope,
+            key.slot,
+        ),
     }
 }
 
@@ -90,11 +107,7 @@ impl MemStore {
 }
 
 impl MapStore for MemStore {
-    fn put_frontend(
-        &mut self,
-        key: AnyFrontendKey,
-        value: FrontendSlot,
-    ) -> Result<(), WriteError> {
+    fn put_frontend(&mut self, key: AnyFrontendKey, value: FrontendSlot) -> Result<(), WriteError> {
         if let Some(limit) = self.frontend_limit {
             if self.frontends.len() >= limit && !self.frontends.contains_key(&k(&key)) {
                 return Err(WriteError::Full { map: "frontends" });
@@ -181,7 +194,11 @@ impl MapStore for MemStore {
     }
     fn dump(&self) -> Dump {
         Dump {
-            frontends: self.frontends.iter().map(|(key, v)| (unk(key), *v)).collect(),
+            frontends: self
+                .frontends
+                .iter()
+                .map(|(key, v)| (unk(key), *v))
+                .collect(),
             backends: self.backends.iter().map(|(&(_, id), v)| (id, *v)).collect(),
             revnat: self.revnat.iter().map(|(&(_, id), v)| (id, *v)).collect(),
             source_ranges: self.source_ranges.iter().copied().collect(),
@@ -196,7 +213,9 @@ impl MemStore {
         let mut out = Vec::new();
         for slot in 1..=head.backend_count {
             let v = self.frontends.get(&k(&frontend_key(addr, slot)))?;
-            out.push(backend_addr(self.backends.get(&(addr.family(), v.backend_id))?));
+            out.push(backend_addr(
+                self.backends.get(&(addr.family(), v.backend_id))?,
+            ));
         }
         out.sort();
         Some(out)

@@ -13,7 +13,10 @@ use super::Syncer;
 use crate::{
     ebpf::Capacities,
     encode::{backend_addr, revnat_name, scoped_key, slot_zero_attributes},
-    model::{BackendAddr, DesiredState, Frontend, FrontendAddr, FrontendKind, IpFamily, LbAlgorithm, Protocol, ServicePortName},
+    model::{
+        BackendAddr, DesiredState, Frontend, FrontendAddr, FrontendKind, IpFamily, LbAlgorithm,
+        Protocol, ServicePortName,
+    },
 };
 
 /// Where one step's sync stops, if it does.
@@ -53,7 +56,11 @@ fn frontend_addr(index: usize) -> FrontendAddr {
             false => IpAddr::V6(Ipv6Addr::new(0xfd00, 0x96, 0, 0, 0, 0, 0, u16::from(host))),
         },
         port: 80,
-        protocol: if index.is_multiple_of(2) { Protocol::Tcp } else { Protocol::Udp },
+        protocol: if index.is_multiple_of(2) {
+            Protocol::Tcp
+        } else {
+            Protocol::Udp
+        },
     }
 }
 
@@ -62,7 +69,16 @@ fn backend(family: IpFamily, index: usize) -> BackendAddr {
     BackendAddr {
         ip: match family {
             IpFamily::V4 => IpAddr::V4(Ipv4Addr::new(10, 244, 0, 1 + index as u8)),
-            IpFamily::V6 => IpAddr::V6(Ipv6Addr::new(0xfd00, 0x244, 0, 0, 0, 0, 0, 1 + index as u16)),
+            IpFamily::V6 => IpAddr::V6(Ipv6Addr::new(
+                0xfd00,
+                0x244,
+                0,
+                0,
+                0,
+                0,
+                0,
+                1 + index as u16,
+            )),
         },
         port: 8080,
     }
@@ -112,14 +128,16 @@ fn frontend_spec(addr: usize) -> impl Strategy<Value = FrontendSpec> {
         ),
         proptest::option::weighted(0.2, 1..100u32),
     )
-        .prop_map(move |(service, backends, local_set, algorithm, affinity_timeout_s)| FrontendSpec {
-            addr,
-            service,
-            backends,
-            local_set,
-            algorithm,
-            affinity_timeout_s,
-        })
+        .prop_map(
+            move |(service, backends, local_set, algorithm, affinity_timeout_s)| FrontendSpec {
+                addr,
+                service,
+                backends,
+                local_set,
+                algorithm,
+                affinity_timeout_s,
+            },
+        )
 }
 
 fn desired_state() -> impl Strategy<Value = DesiredState> {
@@ -169,7 +187,10 @@ struct Seen {
 fn lookups(store: &MemStore) -> Result<BTreeMap<FrontendAddr, Seen>, String> {
     let mut seen = BTreeMap::new();
     for addr in (0..ADDRESSES).map(frontend_addr) {
-        let Some(head) = store.frontends.get(&k(&scoped_key(&addr, scope::INTERNAL, 0))) else {
+        let Some(head) = store
+            .frontends
+            .get(&k(&scoped_key(&addr, scope::INTERNAL, 0)))
+        else {
             continue;
         };
         let backends = backend_set_of(store, &addr, scope::INTERNAL, head)?;
@@ -178,22 +199,35 @@ fn lookups(store: &MemStore) -> Result<BTreeMap<FrontendAddr, Seen>, String> {
                 .frontends
                 .get(&k(&scoped_key(&addr, scope::EXTERNAL, 0)))
                 .ok_or_else(|| format!("{addr}: announces an external set that is not there"))?;
-            Some(backend_set_of(store, &addr, scope::EXTERNAL, external_head)?)
+            Some(backend_set_of(
+                store,
+                &addr,
+                scope::EXTERNAL,
+                external_head,
+            )?)
         } else {
             None
         };
         if head.flags & frontend_flags::ALGO_MASK != frontend_flags::ALGO_RANDOM {
             if let Some(table) = store.maglev.get(&head.service_id) {
                 // Id 0 fills the table of a frontend without backends.
-                if let Some(id) = table.iter().find(|&&id| id != 0 && !store.backends.contains_key(&(addr.family(), id))) {
-                    return Err(format!("{addr}: the Maglev table names backend id {id}, which is absent"));
+                if let Some(id) = table
+                    .iter()
+                    .find(|&&id| id != 0 && !store.backends.contains_key(&(addr.family(), id)))
+                {
+                    return Err(format!(
+                        "{addr}: the Maglev table names backend id {id}, which is absent"
+                    ));
                 }
             }
         }
         seen.insert(
             addr,
             Seen {
-                name: store.revnat.get(&(addr.family(), head.service_id)).map(revnat_name),
+                name: store
+                    .revnat
+                    .get(&(addr.family(), head.service_id))
+                    .map(revnat_name),
                 flags: head.flags,
                 affinity_timeout_s: head.affinity_timeout_s,
                 backends,
@@ -215,11 +249,22 @@ fn backend_set_of(
         let value = store
             .frontends
             .get(&k(&scoped_key(addr, scope, slot)))
-            .ok_or_else(|| format!("{addr}: scope {scope} slot {slot} of {} is missing", head.backend_count))?;
+            .ok_or_else(|| {
+                format!(
+                    "{addr}: scope {scope} slot {slot} of {} is missing",
+                    head.backend_count
+                )
+            })?;
         let backend = store
             .backends
             .get(&(addr.family(), value.backend_id))
-            .ok_or_else(|| format!("{addr}: scope {scope} slot {slot} names absent {} backend {}", addr.family(), value.backend_id))?;
+            .ok_or_else(|| {
+                format!(
+                    "{addr}: scope {scope} slot {slot} names absent {} backend {}",
+                    addr.family(),
+                    value.backend_id
+                )
+            })?;
         set.push(backend_addr(backend));
     }
     set.sort();
@@ -232,14 +277,18 @@ fn expected(desired: &DesiredState) -> BTreeMap<FrontendAddr, Seen> {
         .frontends
         .values()
         .map(|frontend| {
-            let (flags, affinity_timeout_s) = slot_zero_attributes(frontend, LbAlgorithm::default());
+            let (flags, affinity_timeout_s) =
+                slot_zero_attributes(frontend, LbAlgorithm::default());
             let sorted = |set: &[BackendAddr]| {
                 let mut set = set.to_vec();
                 set.sort();
                 set
             };
             let seen = Seen {
-                name: Some(format!("{}/{}", frontend.service.namespace, frontend.service.name)),
+                name: Some(format!(
+                    "{}/{}",
+                    frontend.service.namespace, frontend.service.name
+                )),
                 flags,
                 affinity_timeout_s,
                 backends: sorted(&frontend.backends),

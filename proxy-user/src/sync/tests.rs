@@ -1,9 +1,9 @@
-use super::*;
-use std::net::{Ipv4Addr, Ipv6Addr};
-use proxy_common::{Backend, CtKey, CtEntry};
-use crate::model::FrontendKind;
 pub(crate) use super::memstore::{k, MemStore};
+use super::*;
+use crate::model::FrontendKind;
 use crate::model::ServicePortName;
+use proxy_common::{Backend, CtEntry, CtKey};
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 pub(crate) fn fe(
     ip: [u8; 4],
@@ -61,7 +61,10 @@ fn new_service_is_written_with_slot_zero_holding_count_and_id() {
     assert_eq!(head.backend_count, 2);
     assert_ne!(head.service_id, 0);
     assert_eq!(store.view(&web.addr), Some(web.backends.clone()));
-    assert_eq!(revnat_name(&store.revnat[&(IpFamily::V4, head.service_id)]), "default/web");
+    assert_eq!(
+        revnat_name(&store.revnat[&(IpFamily::V4, head.service_id)]),
+        "default/web"
+    );
     let AnyRevNat::V4(rnat) = store.revnat[&(IpFamily::V4, head.service_id)] else {
         panic!("an IPv4 frontend's reverse NAT is in the IPv4 map");
     };
@@ -330,8 +333,12 @@ fn adoption_removes_half_written_frontends_and_orphans() {
             ..Default::default()
         },
     );
-    store.backends.insert((IpFamily::V4, 1), AnyBackend::V4(Backend::default()));
-    store.backends.insert((IpFamily::V4, 7), AnyBackend::V4(Backend::default()));
+    store
+        .backends
+        .insert((IpFamily::V4, 1), AnyBackend::V4(Backend::default()));
+    store
+        .backends
+        .insert((IpFamily::V4, 7), AnyBackend::V4(Backend::default()));
     let s = Syncer::adopt(store, caps());
     assert!(s.store().frontends.is_empty());
     assert!(s.store().backends.is_empty());
@@ -371,7 +378,15 @@ fn max_services_n_programs_n_service_ports() {
     assert_eq!(small.service_stats_entries(), 4);
     let mut s = Syncer::adopt(MemStore::default(), small);
     let fes: Vec<Frontend> = (1..=4u8)
-        .map(|i| fe([10, 96, 0, i], 80, Protocol::Tcp, &format!("s{i}"), &[(i, 80)]))
+        .map(|i| {
+            fe(
+                [10, 96, 0, i],
+                80,
+                Protocol::Tcp,
+                &format!("s{i}"),
+                &[(i, 80)],
+            )
+        })
         .collect();
     let report = s.apply(&state(fes[..3].to_vec()));
     assert_eq!(report.added, 3, "{report:?}");
@@ -381,7 +396,13 @@ fn max_services_n_programs_n_service_ports() {
     let report = s.apply(&state(fes.clone()));
     assert_eq!(report.failed.len(), 1, "{report:?}");
     assert_eq!(report.failed[0].service, "default/s4");
-    assert!(report.failed[0].reason.contains("service id space full (3 service ports"), "{}", report.failed[0].reason);
+    assert!(
+        report.failed[0]
+            .reason
+            .contains("service id space full (3 service ports"),
+        "{}",
+        report.failed[0].reason
+    );
 }
 
 #[test]
@@ -409,9 +430,15 @@ fn only_the_changed_frontends_are_compared() {
     let b = fe([10, 96, 0, 2], 80, Protocol::Tcp, "b", &[(2, 80)]);
     s.apply(&state(vec![a.clone(), b.clone()]));
     let mut a2 = a.clone();
-    a2.backends = vec![BackendAddr { ip: Ipv4Addr::new(10, 244, 0, 9).into(), port: 80 }];
+    a2.backends = vec![BackendAddr {
+        ip: Ipv4Addr::new(10, 244, 0, 9).into(),
+        port: 80,
+    }];
     let mut b2 = b.clone();
-    b2.backends = vec![BackendAddr { ip: Ipv4Addr::new(10, 244, 0, 8).into(), port: 80 }];
+    b2.backends = vec![BackendAddr {
+        ip: Ipv4Addr::new(10, 244, 0, 8).into(),
+        port: 80,
+    }];
     let report = s.apply_changed(&state(vec![a2.clone(), b2]), &BTreeSet::from([a.addr]));
     assert_eq!((report.updated, report.unchanged), (1, 0), "{report:?}");
     assert_eq!(s.store().view(&a.addr), Some(a2.backends));
@@ -470,7 +497,13 @@ fn kind_policy_and_affinity_are_recorded_in_slot_zero_and_a_change_rewrites_it()
 #[test]
 fn external_local_set_is_written_before_it_is_announced_and_removed_after() {
     let mut s = Syncer::adopt(MemStore::default(), caps());
-    let mut np = fe([192, 168, 50, 1], 30080, Protocol::Tcp, "web", &[(1, 80), (2, 80), (3, 80)]);
+    let mut np = fe(
+        [192, 168, 50, 1],
+        30080,
+        Protocol::Tcp,
+        "web",
+        &[(1, 80), (2, 80), (3, 80)],
+    );
     np.kind = FrontendKind::NodePort;
     np.local_only = true;
     np.external_backends = Some(vec![np.backends[1]]);
@@ -484,14 +517,27 @@ fn external_local_set_is_written_before_it_is_announced_and_removed_after() {
     let head = ext(&s, 0).expect("external slot 0");
     assert_eq!(head.backend_count, 1);
     let internal = s.store().frontends[&k(&frontend_key(&np.addr, 0))];
-    assert_eq!(head.service_id, internal.service_id, "one service id for both sets");
-    assert_eq!(internal.backend_count, 3, "pods and the host keep every endpoint");
+    assert_eq!(
+        head.service_id, internal.service_id,
+        "one service id for both sets"
+    );
+    assert_eq!(
+        internal.backend_count, 3,
+        "pods and the host keep every endpoint"
+    );
     let id = ext(&s, 1).expect("external slot 1").backend_id;
-    assert_eq!(backend_addr(&s.store().backends[&(IpFamily::V4, id)]), np.backends[1]);
+    assert_eq!(
+        backend_addr(&s.store().backends[&(IpFamily::V4, id)]),
+        np.backends[1]
+    );
     // The write order: the external set before the slot 0 that announces it.
     let order = s.store().log.clone();
-    let ext_head = order.iter().position(|w| w == &format!("put {:?}", k(&scoped_key(&np.addr, scope::EXTERNAL, 0))));
-    let int_head = order.iter().position(|w| w == &format!("put {:?}", k(&frontend_key(&np.addr, 0))));
+    let ext_head = order
+        .iter()
+        .position(|w| w == &format!("put {:?}", k(&scoped_key(&np.addr, scope::EXTERNAL, 0))));
+    let int_head = order
+        .iter()
+        .position(|w| w == &format!("put {:?}", k(&frontend_key(&np.addr, 0))));
     assert!(ext_head < int_head, "{order:?}");
 
     // A restart adopts both sets without a write.
@@ -517,17 +563,29 @@ fn external_local_set_is_written_before_it_is_announced_and_removed_after() {
 #[test]
 fn maglev_tables_follow_the_external_set_and_go_with_the_algorithm() {
     let mut s = Syncer::adopt(MemStore::default(), caps());
-    let mut lb = fe([203, 0, 113, 10], 80, Protocol::Tcp, "lb", &[(1, 80), (2, 80), (3, 80)]);
+    let mut lb = fe(
+        [203, 0, 113, 10],
+        80,
+        Protocol::Tcp,
+        "lb",
+        &[(1, 80), (2, 80), (3, 80)],
+    );
     lb.kind = FrontendKind::LoadBalancer;
     lb.algorithm = Some(LbAlgorithm::Maglev);
     s.apply(&state(vec![lb.clone()]));
     let head = s.store().frontends[&k(&frontend_key(&lb.addr, 0))];
-    assert_eq!(head.flags & frontend_flags::ALGO_MASK, frontend_flags::ALGO_MAGLEV);
+    assert_eq!(
+        head.flags & frontend_flags::ALGO_MASK,
+        frontend_flags::ALGO_MAGLEV
+    );
     let table = s.store().maglev[&head.service_id].clone();
     assert_eq!(table.len(), capacity::MAGLEV_TABLE as usize);
     let ids: BTreeSet<u32> = table.iter().copied().collect();
     let live: BTreeSet<u32> = s.store().backends.keys().map(|(_, id)| *id).collect();
-    assert_eq!(ids, live, "every entry names one of the three backends, and each appears");
+    assert_eq!(
+        ids, live,
+        "every entry names one of the three backends, and each appears"
+    );
 
     // Another node with its own ids fills the same table by address.
     let mut other = Syncer::adopt(MemStore::default(), caps());
@@ -536,7 +594,10 @@ fn maglev_tables_follow_the_external_set_and_go_with_the_algorithm() {
     other.apply(&state(vec![decoy, lb.clone()]));
     let other_head = other.store().frontends[&k(&frontend_key(&lb.addr, 0))];
     let by_addr = |s: &Syncer<MemStore>, table: &[u32]| -> Vec<BackendAddr> {
-        table.iter().map(|id| backend_addr(&s.store().backends[&(IpFamily::V4, *id)])).collect()
+        table
+            .iter()
+            .map(|id| backend_addr(&s.store().backends[&(IpFamily::V4, *id)]))
+            .collect()
     };
     assert_eq!(
         by_addr(&s, &table),
@@ -558,7 +619,10 @@ fn maglev_tables_follow_the_external_set_and_go_with_the_algorithm() {
     s.set_default_algorithm(LbAlgorithm::SourceHash);
     s.apply(&state(vec![lb.clone()]));
     let head = s.store().frontends[&k(&frontend_key(&lb.addr, 0))];
-    assert_eq!(head.flags & frontend_flags::ALGO_MASK, frontend_flags::ALGO_SOURCE_HASH);
+    assert_eq!(
+        head.flags & frontend_flags::ALGO_MASK,
+        frontend_flags::ALGO_SOURCE_HASH
+    );
     assert!(s.store().maglev.contains_key(&head.service_id));
     s.apply(&state(vec![]));
     assert!(s.store().maglev.is_empty(), "removed with its frontend");
@@ -578,7 +642,13 @@ fn place_keeps_survivors_in_their_slots() {
 }
 
 /// A frontend of IPv6 addresses: `fd00:96::<host>` to `fd00:244::<last>`.
-pub(crate) fn fe6(host: u16, port: u16, protocol: Protocol, name: &str, backends: &[(u16, u16)]) -> Frontend {
+pub(crate) fn fe6(
+    host: u16,
+    port: u16,
+    protocol: Protocol,
+    name: &str,
+    backends: &[(u16, u16)],
+) -> Frontend {
     Frontend::cluster_ip(
         FrontendAddr {
             ip: Ipv6Addr::new(0xfd00, 0x96, 0, 0, 0, 0, 0, host).into(),
@@ -603,7 +673,13 @@ pub(crate) fn fe6(host: u16, port: u16, protocol: Protocol, name: &str, backends
 #[test]
 fn an_ipv6_frontend_goes_to_the_ipv6_maps_with_ids_shared_with_ipv4() {
     let mut s = Syncer::adopt(MemStore::default(), caps());
-    let web4 = fe([10, 96, 0, 10], 80, Protocol::Tcp, "web", &[(1, 8080), (2, 8080)]);
+    let web4 = fe(
+        [10, 96, 0, 10],
+        80,
+        Protocol::Tcp,
+        "web",
+        &[(1, 8080), (2, 8080)],
+    );
     let web6 = fe6(0x10, 80, Protocol::Tcp, "web", &[(1, 8080), (2, 8080)]);
     let report = s.apply(&state(vec![web4.clone(), web6.clone()]));
     assert_eq!(report.added, 2, "{report:?}");
@@ -619,12 +695,25 @@ fn an_ipv6_frontend_goes_to_the_ipv6_maps_with_ids_shared_with_ipv4() {
     let AnyRevNat::V6(rnat) = store.revnat[&(IpFamily::V6, head6.service_id)] else {
         panic!("an IPv6 reverse-NAT entry");
     };
-    assert_eq!(crate::encode::ipv6(rnat.addr_be), "fd00:96::10".parse::<Ipv6Addr>().unwrap());
+    assert_eq!(
+        crate::encode::ipv6(rnat.addr_be),
+        "fd00:96::10".parse::<Ipv6Addr>().unwrap()
+    );
     assert_eq!(revnat_name(&rnat), "default/web");
     assert!(!store.revnat.contains_key(&(IpFamily::V4, head6.service_id)));
     // Backend ids: one space, each id in exactly one family's map.
-    let ids4: BTreeSet<u32> = store.backends.keys().filter(|(f, _)| *f == IpFamily::V4).map(|(_, id)| *id).collect();
-    let ids6: BTreeSet<u32> = store.backends.keys().filter(|(f, _)| *f == IpFamily::V6).map(|(_, id)| *id).collect();
+    let ids4: BTreeSet<u32> = store
+        .backends
+        .keys()
+        .filter(|(f, _)| *f == IpFamily::V4)
+        .map(|(_, id)| *id)
+        .collect();
+    let ids6: BTreeSet<u32> = store
+        .backends
+        .keys()
+        .filter(|(f, _)| *f == IpFamily::V6)
+        .map(|(_, id)| *id)
+        .collect();
     assert_eq!((ids4.len(), ids6.len()), (2, 2));
     assert!(ids4.is_disjoint(&ids6), "{ids4:?} {ids6:?}");
     assert!(store.backends.values().all(|b| b.proto() == proto::TCP));
@@ -640,33 +729,85 @@ fn an_ipv6_frontend_moves_and_leaves_purging_only_ipv6_flows() {
     let id4 = s.programmed[&dns4.addr].service_id;
     let gone = s.backends[&(dns6.backends[1], Protocol::Udp)].id;
     let stays = s.backends[&(dns6.backends[0], Protocol::Udp)].id;
-    let udp6 = CtKey6 { proto: proto::UDP, ..CtKey6::default() };
+    let udp6 = CtKey6 {
+        proto: proto::UDP,
+        ..CtKey6::default()
+    };
     s.store.conntrack6 = vec![
-        (udp6, CtEntry6 { backend_id: gone, service_id: id6, ..CtEntry6::default() }),
-        (udp6, CtEntry6 { backend_id: stays, service_id: id6, ..CtEntry6::default() }),
+        (
+            udp6,
+            CtEntry6 {
+                backend_id: gone,
+                service_id: id6,
+                ..CtEntry6::default()
+            },
+        ),
+        (
+            udp6,
+            CtEntry6 {
+                backend_id: stays,
+                service_id: id6,
+                ..CtEntry6::default()
+            },
+        ),
     ];
-    s.store.conntrack = vec![(CtKey { proto: proto::UDP, ..CtKey::default() }, CtEntry { service_id: id4, ..CtEntry::default() })];
+    s.store.conntrack = vec![(
+        CtKey {
+            proto: proto::UDP,
+            ..CtKey::default()
+        },
+        CtEntry {
+            service_id: id4,
+            ..CtEntry::default()
+        },
+    )];
     let gone_addr = dns6.backends[1];
-    let proxy_common::Backend6 { addr_be: gone_be, .. } = match crate::encode::backend_value(gone_addr, Protocol::Udp) {
+    let proxy_common::Backend6 {
+        addr_be: gone_be, ..
+    } = match crate::encode::backend_value(gone_addr, Protocol::Udp) {
         AnyBackend::V6(b) => b,
         AnyBackend::V4(_) => panic!("an IPv6 backend"),
     };
     s.store.sockets6 = vec![(
-        SockKey6 { cookie: 7, addr_be: gone_be, port_be: 53u16.to_be(), proto: proto::UDP, dir: sock_dir::REVERSE, ..SockKey6::default() },
-        SockEntry6 { backend_id: gone, service_id: id6, ..SockEntry6::default() },
+        SockKey6 {
+            cookie: 7,
+            addr_be: gone_be,
+            port_be: 53u16.to_be(),
+            proto: proto::UDP,
+            dir: sock_dir::REVERSE,
+            ..SockKey6::default()
+        },
+        SockEntry6 {
+            backend_id: gone,
+            service_id: id6,
+            ..SockEntry6::default()
+        },
     )];
 
     // Moved: one backend leaves, one arrives.
     let mut moved = dns6.clone();
-    moved.backends = vec![dns6.backends[0], BackendAddr { ip: Ipv6Addr::new(0xfd00, 0x244, 0, 0, 0, 0, 0, 3).into(), port: 53 }];
+    moved.backends = vec![
+        dns6.backends[0],
+        BackendAddr {
+            ip: Ipv6Addr::new(0xfd00, 0x244, 0, 0, 0, 0, 0, 3).into(),
+            port: 53,
+        },
+    ];
     let report = s.apply(&state(vec![dns4.clone(), moved.clone()]));
     assert_eq!((report.updated, report.unchanged), (1, 1), "{report:?}");
     assert_eq!(s.store().view(&moved.addr), Some(moved.backends.clone()));
-    assert_eq!(report.conntrack_purged, 1, "the flow to the departed IPv6 backend");
+    assert_eq!(
+        report.conntrack_purged, 1,
+        "the flow to the departed IPv6 backend"
+    );
     assert_eq!(s.store().conntrack6.len(), 1);
     assert_eq!(s.store().conntrack6[0].1.backend_id, stays);
     assert_eq!(s.store().conntrack.len(), 1, "IPv4 flows untouched");
-    assert_eq!(report.udp_sockets_left, vec![(7, gone_addr)], "a connected IPv6 UDP socket to close");
+    assert_eq!(
+        report.udp_sockets_left,
+        vec![(7, gone_addr)],
+        "a connected IPv6 UDP socket to close"
+    );
     assert!(!s.store().backends.contains_key(&(IpFamily::V6, gone)));
 
     // Removed: every IPv6 entry goes, the IPv4 frontend stays.
@@ -675,7 +816,10 @@ fn an_ipv6_frontend_moves_and_leaves_purging_only_ipv6_flows() {
     assert_eq!(s.store().frontends_of(IpFamily::V6), 0);
     assert!(s.store().backends.keys().all(|(f, _)| *f == IpFamily::V4));
     assert!(s.store().revnat.keys().all(|(f, _)| *f == IpFamily::V4));
-    assert!(s.store().conntrack6.is_empty(), "the removed service's flows");
+    assert!(
+        s.store().conntrack6.is_empty(),
+        "the removed service's flows"
+    );
     assert_eq!(s.store().conntrack.len(), 1);
     assert_eq!(s.store().view(&dns4.addr), Some(dns4.backends.clone()));
 }
@@ -684,27 +828,53 @@ fn an_ipv6_frontend_moves_and_leaves_purging_only_ipv6_flows() {
 fn adoption_reads_both_families_and_drops_cross_family_leftovers() {
     let mut s = Syncer::adopt(MemStore::default(), caps());
     let web4 = fe([10, 96, 0, 10], 80, Protocol::Tcp, "web", &[(1, 8080)]);
-    let mut lb6 = fe6(0x20, 443, Protocol::Tcp, "lb", &[(1, 8443), (2, 8443), (3, 8443)]);
+    let mut lb6 = fe6(
+        0x20,
+        443,
+        Protocol::Tcp,
+        "lb",
+        &[(1, 8443), (2, 8443), (3, 8443)],
+    );
     lb6.kind = FrontendKind::LoadBalancer;
     lb6.algorithm = Some(LbAlgorithm::Maglev);
     let desired = state(vec![web4.clone(), lb6.clone()]);
     s.apply(&desired);
     let head6 = s.store().frontends[&k(&frontend_key(&lb6.addr, 0))];
     // The Maglev table (shared map) names only the IPv6 backends.
-    let table: BTreeSet<u32> = s.store().maglev[&head6.service_id].iter().copied().collect();
-    let ids6: BTreeSet<u32> = s.store().backends.keys().filter(|(f, _)| *f == IpFamily::V6).map(|(_, id)| *id).collect();
+    let table: BTreeSet<u32> = s.store().maglev[&head6.service_id]
+        .iter()
+        .copied()
+        .collect();
+    let ids6: BTreeSet<u32> = s
+        .store()
+        .backends
+        .keys()
+        .filter(|(f, _)| *f == IpFamily::V6)
+        .map(|(_, id)| *id)
+        .collect();
     assert_eq!(table, ids6);
 
     // Leftovers of a crash: an IPv6 backend nothing names, and an IPv4
     // reverse-NAT entry under the IPv6 frontend's service id.
     let mut store = std::mem::take(&mut s.store);
-    store.put_backend(900, crate::encode::backend_value(lb6.backends[0], Protocol::Udp)).expect("put");
+    store
+        .put_backend(
+            900,
+            crate::encode::backend_value(lb6.backends[0], Protocol::Udp),
+        )
+        .expect("put");
     store
         .put_revnat(head6.service_id, revnat_value(&web4.addr, "stale"))
         .expect("put");
     let mut restarted = Syncer::adopt(store, caps());
-    assert!(!restarted.store().backends.contains_key(&(IpFamily::V6, 900)));
-    assert!(!restarted.store().revnat.contains_key(&(IpFamily::V4, head6.service_id)));
+    assert!(!restarted
+        .store()
+        .backends
+        .contains_key(&(IpFamily::V6, 900)));
+    assert!(!restarted
+        .store()
+        .revnat
+        .contains_key(&(IpFamily::V4, head6.service_id)));
     let report = restarted.apply(&desired);
     assert_eq!((report.unchanged, report.writes), (2, 0), "{report:?}");
 
@@ -714,7 +884,11 @@ fn adoption_reads_both_families_and_drops_cross_family_leftovers() {
     let mut store = std::mem::take(&mut restarted.store);
     store.frontends.insert(
         k(&frontend_key(&lb6.addr, 1)),
-        FrontendSlot { backend_id: id4, service_id: head6.service_id, ..FrontendSlot::default() },
+        FrontendSlot {
+            backend_id: id4,
+            service_id: head6.service_id,
+            ..FrontendSlot::default()
+        },
     );
     let mut again = Syncer::adopt(store, caps());
     assert!(again.store().view(&lb6.addr).is_none());
@@ -735,19 +909,43 @@ fn adoption_gives_an_id_found_in_both_families_maps_to_one_of_them() {
     let id6 = s.backends[&(web6.backends[0], Protocol::Tcp)].id;
     // As if a crash had left the IPv6 backend under the IPv4 one's id.
     let mut store = std::mem::take(&mut s.store);
-    let b6 = store.backends.remove(&(IpFamily::V6, id6)).expect("the IPv6 backend");
+    let b6 = store
+        .backends
+        .remove(&(IpFamily::V6, id6))
+        .expect("the IPv6 backend");
     store.backends.insert((IpFamily::V6, id4), b6);
     let slot = k(&frontend_key(&web6.addr, 1));
     store.frontends.get_mut(&slot).expect("slot 1").backend_id = id4;
 
     let mut restarted = Syncer::adopt(store, caps());
-    assert_eq!(restarted.store().view(&web4.addr), Some(web4.backends.clone()), "the first claimant keeps the id");
-    assert!(restarted.store().view(&web6.addr).is_none(), "the other is dropped");
+    assert_eq!(
+        restarted.store().view(&web4.addr),
+        Some(web4.backends.clone()),
+        "the first claimant keeps the id"
+    );
+    assert!(
+        restarted.store().view(&web6.addr).is_none(),
+        "the other is dropped"
+    );
     let report = restarted.apply(&desired);
     assert_eq!((report.added, report.unchanged), (1, 1), "{report:?}");
-    assert_eq!(restarted.store().view(&web6.addr), Some(web6.backends.clone()));
-    let ids = |f: IpFamily| -> BTreeSet<u32> { restarted.store().backends.keys().filter(|(g, _)| *g == f).map(|(_, id)| *id).collect() };
-    assert!(ids(IpFamily::V4).is_disjoint(&ids(IpFamily::V6)), "one id space again");
+    assert_eq!(
+        restarted.store().view(&web6.addr),
+        Some(web6.backends.clone())
+    );
+    let ids = |f: IpFamily| -> BTreeSet<u32> {
+        restarted
+            .store()
+            .backends
+            .keys()
+            .filter(|(g, _)| *g == f)
+            .map(|(_, id)| *id)
+            .collect()
+    };
+    assert!(
+        ids(IpFamily::V4).is_disjoint(&ids(IpFamily::V6)),
+        "one id space again"
+    );
 }
 
 #[test]
@@ -758,7 +956,13 @@ fn each_family_has_its_own_map_capacity() {
         ..Capacities::default()
     };
     let mut s = Syncer::adopt(MemStore::default(), small);
-    let full4 = fe([10, 96, 0, 1], 80, Protocol::Tcp, "a", &[(1, 80), (2, 80), (3, 80)]);
+    let full4 = fe(
+        [10, 96, 0, 1],
+        80,
+        Protocol::Tcp,
+        "a",
+        &[(1, 80), (2, 80), (3, 80)],
+    );
     let more4 = fe([10, 96, 0, 2], 80, Protocol::Tcp, "b", &[(1, 80)]);
     let web6 = fe6(0x10, 80, Protocol::Tcp, "c", &[(1, 80), (2, 80), (3, 80)]);
     let report = s.apply(&state(vec![full4.clone(), more4.clone(), web6.clone()]));
@@ -766,12 +970,19 @@ fn each_family_has_its_own_map_capacity() {
     assert_eq!(report.failed.len(), 1, "{report:?}");
     assert_eq!(report.failed[0].frontend, more4.addr);
     assert_eq!(report.failed[0].reason, "frontend map full (4 entries)");
-    assert_eq!(s.store().view(&web6.addr), Some(web6.backends.clone()), "the IPv6 map has its own room");
+    assert_eq!(
+        s.store().view(&web6.addr),
+        Some(web6.backends.clone()),
+        "the IPv6 map has its own room"
+    );
     let more6 = fe6(0x11, 80, Protocol::Tcp, "d", &[(4, 80)]);
     let report = s.apply(&state(vec![full4, web6, more6.clone()]));
     assert_eq!(report.failed.len(), 1, "{report:?}");
     assert_eq!(report.failed[0].frontend, more6.addr);
-    assert_eq!(report.failed[0].reason, "IPv6 frontend map full (4 entries)");
+    assert_eq!(
+        report.failed[0].reason,
+        "IPv6 frontend map full (4 entries)"
+    );
 }
 
 /// A LoadBalancer frontend restricted to `blocks`.
@@ -816,22 +1027,40 @@ fn source_ranges_are_written_before_slot_zero_names_them_and_removed_after() {
     assert_eq!(report.updated, 1, "{report:?}");
     let log = &s.store().log;
     assert_eq!(
-        log.iter().filter(|l| l.contains("range")).cloned().collect::<Vec<_>>(),
-        vec![format!("put range {id} 198.51.100.0/24"), format!("delete range {id} 192.0.2.1/32")],
+        log.iter()
+            .filter(|l| l.contains("range"))
+            .cloned()
+            .collect::<Vec<_>>(),
+        vec![
+            format!("put range {id} 198.51.100.0/24"),
+            format!("delete range {id} 192.0.2.1/32")
+        ],
         "{log:#?}"
     );
     assert_eq!(
         s.store().source_ranges.iter().copied().collect::<Vec<_>>(),
-        vec![(id, "10.0.0.0/8".parse().unwrap()), (id, "198.51.100.0/24".parse().unwrap())]
+        vec![
+            (id, "10.0.0.0/8".parse().unwrap()),
+            (id, "198.51.100.0/24".parse().unwrap())
+        ]
     );
 
     // A restart adopts the blocks and rewrites nothing; an orphan block (of
     // an id no frontend has) is removed.
     let mut store = std::mem::take(&mut s.store);
-    store.source_ranges.insert((999, "10.9.0.0/16".parse().unwrap()));
+    store
+        .source_ranges
+        .insert((999, "10.9.0.0/16".parse().unwrap()));
     store.writes = 0;
     let mut restarted = Syncer::adopt(store, caps());
-    assert!(!restarted.store().source_ranges.iter().any(|(i, _)| *i == 999), "the orphan is gone");
+    assert!(
+        !restarted
+            .store()
+            .source_ranges
+            .iter()
+            .any(|(i, _)| *i == 999),
+        "the orphan is gone"
+    );
     let report = restarted.apply(&state(vec![narrowed.clone()]));
     assert_eq!((report.writes, report.unchanged), (0, 1), "{report:?}");
 
@@ -842,7 +1071,10 @@ fn source_ranges_are_written_before_slot_zero_names_them_and_removed_after() {
     restarted.apply(&state(vec![open.clone()]));
     let slot0 = restarted.store().frontends[&k(&frontend_key(&open.addr, 0))];
     assert_eq!(slot0.flags & frontend_flags::SOURCE_RANGES, 0);
-    assert!(logged(restarted.store(), &head) < logged(restarted.store(), &format!("delete range {id} 10.0.0.0/8")));
+    assert!(
+        logged(restarted.store(), &head)
+            < logged(restarted.store(), &format!("delete range {id} 10.0.0.0/8"))
+    );
     assert!(restarted.store().source_ranges.is_empty());
 
     // A removed frontend takes its blocks along.

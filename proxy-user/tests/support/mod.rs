@@ -17,7 +17,9 @@ use proxy_common::{programs, CtEntry, CtKey};
 use proxy_user::{
     ebpf::{self, Capacities},
     maps::PinnedMaps,
-    model::{BackendAddr, DesiredState, Frontend, FrontendAddr, FrontendKind, Protocol, ServicePortName},
+    model::{
+        BackendAddr, DesiredState, Frontend, FrontendAddr, FrontendKind, Protocol, ServicePortName,
+    },
     sync::Syncer,
 };
 
@@ -52,14 +54,22 @@ pub fn run_on_cpu(cpu: usize) {
     // which an earlier call narrowed.
     // SAFETY: sysconf has no preconditions.
     let cpus = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
-    assert!((cpu as libc::c_long) < cpus, "this test needs CPU {cpu}; the machine has {cpus} online");
+    assert!(
+        (cpu as libc::c_long) < cpus,
+        "this test needs CPU {cpu}; the machine has {cpus} online"
+    );
     // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET writes inside
     // it; sched_setaffinity(0, ..) affects the calling thread only.
     unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
         libc::CPU_SET(cpu, &mut set);
         let rc = libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
-        assert_eq!(rc, 0, "sched_setaffinity: {}", std::io::Error::last_os_error());
+        assert_eq!(
+            rc,
+            0,
+            "sched_setaffinity: {}",
+            std::io::Error::last_os_error()
+        );
     }
 }
 
@@ -91,11 +101,22 @@ pub fn frontend<A: Into<IpAddr> + Copy>(
     };
     let backends = backends
         .iter()
-        .map(|&(ip, port)| BackendAddr { ip: ip.into(), port })
+        .map(|&(ip, port)| BackendAddr {
+            ip: ip.into(),
+            port,
+        })
         .collect();
     Frontend {
         kind,
-        ..Frontend::cluster_ip(FrontendAddr { ip: ip.into(), port, protocol }, service, backends)
+        ..Frontend::cluster_ip(
+            FrontendAddr {
+                ip: ip.into(),
+                port,
+                protocol,
+            },
+            service,
+            backends,
+        )
     }
 }
 
@@ -131,7 +152,11 @@ pub fn xdp_ctx(frame_len: usize, ingress_ifindex: u32) -> Vec<u8> {
 
 /// One BPF_PROG_TEST_RUN of `program` on `frame` with context `ctx`: the
 /// verdict and the frame as the program left it.
-fn test_run<P>(program: &P, frame: &[u8], ctx: Option<&[u8]>) -> Result<(u32, Vec<u8>), ProgramError>
+fn test_run<P>(
+    program: &P,
+    frame: &[u8],
+    ctx: Option<&[u8]>,
+) -> Result<(u32, Vec<u8>), ProgramError>
 where
     P: for<'a> TestRun<Opts<'a> = TestRunOptions<'a>, Result = TestRunResult>,
 {

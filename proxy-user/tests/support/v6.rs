@@ -109,7 +109,14 @@ impl Packet6 {
 
     pub fn build(&self) -> Vec<u8> {
         let (next, ext) = ext_chain(&self.ext, self.proto);
-        frame(self.src_mac, self.dst_mac, self.src, self.dst, next, &[ext, self.l4()].concat())
+        frame(
+            self.src_mac,
+            self.dst_mac,
+            self.src,
+            self.dst,
+            next,
+            &[ext, self.l4()].concat(),
+        )
     }
 
     /// The datagram cut into fragments of `chunk` bytes of L4 data (a
@@ -128,7 +135,14 @@ impl Packet6 {
                 body.extend_from_slice(&((offset << 3) | u16::from(more)).to_be_bytes());
                 body.extend_from_slice(&id.to_be_bytes());
                 body.extend_from_slice(piece);
-                frame(self.src_mac, self.dst_mac, self.src, self.dst, NEXTHDR_FRAGMENT, &body)
+                frame(
+                    self.src_mac,
+                    self.dst_mac,
+                    self.src,
+                    self.dst,
+                    NEXTHDR_FRAGMENT,
+                    &body,
+                )
             })
             .collect()
     }
@@ -148,7 +162,14 @@ pub fn ext_chain(types: &[u8], last: u8) -> (u8, Vec<u8>) {
 
 /// An Ethernet + IPv6 frame around `payload` (extension headers included),
 /// hop limit 64.
-pub fn frame(src_mac: [u8; 6], dst_mac: [u8; 6], src: Ipv6Addr, dst: Ipv6Addr, next: u8, payload: &[u8]) -> Vec<u8> {
+pub fn frame(
+    src_mac: [u8; 6],
+    dst_mac: [u8; 6],
+    src: Ipv6Addr,
+    dst: Ipv6Addr,
+    next: u8,
+    payload: &[u8],
+) -> Vec<u8> {
     let mut f = Vec::new();
     f.extend_from_slice(&dst_mac);
     f.extend_from_slice(&src_mac);
@@ -165,7 +186,14 @@ pub fn frame(src_mac: [u8; 6], dst_mac: [u8; 6], src: Ipv6Addr, dst: Ipv6Addr, n
 
 /// An ICMPv6 message (type, code, the 4-byte field, body) in a frame, with
 /// its checksum.
-pub fn icmp6_frame(src: Ipv6Addr, dst: Ipv6Addr, icmp_type: u8, code: u8, rest: u32, body: &[u8]) -> Vec<u8> {
+pub fn icmp6_frame(
+    src: Ipv6Addr,
+    dst: Ipv6Addr,
+    icmp_type: u8,
+    code: u8,
+    rest: u32,
+    body: &[u8],
+) -> Vec<u8> {
     icmp6_frame_macs(POD_MAC, NODE_MAC, src, dst, icmp_type, code, rest, body)
 }
 
@@ -290,7 +318,12 @@ pub struct Maps6 {
 
 /// Another handle on the same kernel map.
 fn dup<K: aya::Pod, V: aya::Pod>(map: &HashMap<MapData, K, V>) -> HashMap<MapData, K, V> {
-    let fd = map.map().fd().as_fd().try_clone_to_owned().expect("dup map fd");
+    let fd = map
+        .map()
+        .fd()
+        .as_fd()
+        .try_clone_to_owned()
+        .expect("dup map fd");
     let data = MapData::from_fd(fd).expect("map from fd");
     HashMap::try_from(aya::maps::Map::HashMap(data)).expect("hash map")
 }
@@ -336,7 +369,9 @@ impl Maps6 {
                 proto,
                 flags: 0,
             };
-            self.backends.insert(id, backend, 0).expect("write a backend");
+            self.backends
+                .insert(id, backend, 0)
+                .expect("write a backend");
             let slot = FrontendSlot {
                 backend_id: id,
                 service_id,
@@ -353,7 +388,9 @@ impl Maps6 {
             flags: flags | frontend_flags::KIND_CLUSTER_IP,
             affinity_timeout_s,
         };
-        self.frontends.insert(key(0), slot0, 0).expect("write slot 0");
+        self.frontends
+            .insert(key(0), slot0, 0)
+            .expect("write slot 0");
     }
 
     /// The conntrack entry under `key`, if there is one.

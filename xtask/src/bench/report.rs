@@ -840,10 +840,9 @@ fn ns_m(ns: &Value, key: &str, field: &str) -> Option<f64> {
 }
 
 fn uplink_case<'a>(ns: &'a Value, program: &str, case: &str) -> Option<&'a Value> {
-    ns["perpacket"]["rows"]
-        .as_array()?
-        .iter()
-        .find(|r| r["program"] == program && r["case"].as_str().is_some_and(|c| c.starts_with(case)))
+    ns["perpacket"]["rows"].as_array()?.iter().find(|r| {
+        r["program"] == program && r["case"].as_str().is_some_and(|c| c.starts_with(case))
+    })
 }
 
 /// The two north-south targets: XDP NodePort forwarding ≥ 2 × the iptables
@@ -852,8 +851,14 @@ fn uplink_case<'a>(ns: &'a Value, program: &str, case: &str) -> Option<&'a Value
 fn northsouth_goals(ns: &Value) -> Vec<Goal> {
     let mut goals = Vec::new();
     for (case, label) in [
-        ("existing local flow", "existing local flow, DNAT → XDP_PASS"),
-        ("existing remote flow", "existing remote flow, DNAT+SNAT+fib → XDP_TX (single runs, timer corrected)"),
+        (
+            "existing local flow",
+            "existing local flow, DNAT → XDP_PASS",
+        ),
+        (
+            "existing remote flow",
+            "existing remote flow, DNAT+SNAT+fib → XDP_TX (single runs, timer corrected)",
+        ),
         ("not ours", "not ours → XDP_PASS"),
     ] {
         let row = uplink_case(ns, "sb_xdp_uplink", case);
@@ -872,15 +877,34 @@ fn northsouth_goals(ns: &Value) -> Vec<Goal> {
     }
     use super::northsouth::{NS_IPT_LOCAL, NS_IPT_REMOTE, NS_XDP_LOCAL, NS_XDP_REMOTE};
     for (xdp, ipt, what, informative) in [
-        (NS_XDP_REMOTE, NS_IPT_REMOTE, "remote backends (XDP generic)", false),
-        (NS_XDP_LOCAL, NS_IPT_LOCAL, "local backends (XDP native)", true),
+        (
+            NS_XDP_REMOTE,
+            NS_IPT_REMOTE,
+            "remote backends (XDP generic)",
+            false,
+        ),
+        (
+            NS_XDP_LOCAL,
+            NS_IPT_LOCAL,
+            "local backends (XDP native)",
+            true,
+        ),
     ] {
         let (a, b) = (ns_m(ns, xdp, "flood_mpps"), ns_m(ns, ipt, "flood_mpps"));
         let r = a.zip(b).map(|(a, b)| a / b);
         goals.push(Goal {
             what: format!("NodePort forwarding on one core, XDP ÷ iptables, {what}"),
-            goal: if informative { "≥ 2 (informative)".into() } else { "≥ 2".into() },
-            measured: format!("{} ({} ÷ {} Mpps)", fmt_opt(r, 2), fmt_opt(a, 3), fmt_opt(b, 3)),
+            goal: if informative {
+                "≥ 2 (informative)".into()
+            } else {
+                "≥ 2".into()
+            },
+            measured: format!(
+                "{} ({} ÷ {} Mpps)",
+                fmt_opt(r, 2),
+                fmt_opt(a, 3),
+                fmt_opt(b, 3)
+            ),
             met: r.map(|r| r >= 2.0),
         });
     }
@@ -894,7 +918,8 @@ fn northsouth_section(ns: &Value) -> String {
     };
     let meta = &ns["meta"];
     let pp = &ns["perpacket"];
-    let mut md = String::from("\n## North-south: external client → NodePort (two-node sandbox)\n\n");
+    let mut md =
+        String::from("\n## North-south: external client → NodePort (two-node sandbox)\n\n");
     md.push_str("The two-node sandbox (`xtask/src/sandbox/two_node.rs`): a LAN bridge, node A 192.168.50.1 and node B .2, two pods per node, external clients .100 and .101. Two NodePort Services on node A (`externalTrafficPolicy: Cluster`): `bench/np-local` (TCP 30080 → 8080, UDP 30090 → 9) with node A's two pods, `bench/np-remote` (30081, 30091) with node B's two pods, so node A DNATs to a local backend, or DNATs and SNATs to a backend on node B. Three sandboxes live at once (direct; switchboard's agent on node A, restarted per `--xdp-mode`, the mode checked on the uplink with `ip link`; kube-proxy-style iptables NodePort rules in node A's namespace, no agent), and the paths are measured in interleaved rounds (medians). Every pod runs `sb-http`.\n\n");
     md.push_str("**Remote backends go through XDP in generic mode**: native XDP_TX between veths loses about half the frames in this sandbox (root cause open), so the remote XDP path runs with `--xdp-mode generic` (an skb is allocated before the program runs, then XDP_TX goes out through the stack's transmit path); local backends (XDP_PASS) use native XDP. Everything is veth: no NIC, no driver XDP.\n\n");
     if let Some(paths) = ns["paths"].as_array() {
@@ -918,7 +943,14 @@ fn northsouth_section(ns: &Value) -> String {
     );
     md.push_str("| path | conn/s | p50 | p99 | errors | Mpps at the pods (one core) | Mpps sent |\n|---|---|---|---|---|---|---|\n");
     for key in [
-        NS_DIRECT_LOCAL, NS_XDP_LOCAL, NS_TC_LOCAL, NS_IPT_LOCAL, NS_DIRECT_REMOTE, NS_XDP_REMOTE, NS_TC_REMOTE, NS_IPT_REMOTE,
+        NS_DIRECT_LOCAL,
+        NS_XDP_LOCAL,
+        NS_TC_LOCAL,
+        NS_IPT_LOCAL,
+        NS_DIRECT_REMOTE,
+        NS_XDP_REMOTE,
+        NS_TC_REMOTE,
+        NS_IPT_REMOTE,
     ] {
         let Some(r) = ns_row(ns, key) else { continue };
         let m = &r["m"];
@@ -935,16 +967,44 @@ fn northsouth_section(ns: &Value) -> String {
         );
     }
     md.push_str("\nRatios (same run):\n\n| | conn/s | Mpps |\n|---|---|---|\n");
-    let ratio = |a: &str, b: &str, field: &str| ns_m(ns, a, field).zip(ns_m(ns, b, field)).map(|(a, b)| a / b);
+    let ratio = |a: &str, b: &str, field: &str| {
+        ns_m(ns, a, field)
+            .zip(ns_m(ns, b, field))
+            .map(|(a, b)| a / b)
+    };
     for (a, b, name) in [
         (NS_XDP_LOCAL, NS_IPT_LOCAL, "XDP ÷ iptables, local backends"),
-        (NS_XDP_REMOTE, NS_IPT_REMOTE, "XDP ÷ iptables, remote backends"),
-        (NS_TC_LOCAL, NS_IPT_LOCAL, "tc only ÷ iptables, local backends"),
-        (NS_TC_REMOTE, NS_IPT_REMOTE, "tc only ÷ iptables, remote backends"),
+        (
+            NS_XDP_REMOTE,
+            NS_IPT_REMOTE,
+            "XDP ÷ iptables, remote backends",
+        ),
+        (
+            NS_TC_LOCAL,
+            NS_IPT_LOCAL,
+            "tc only ÷ iptables, local backends",
+        ),
+        (
+            NS_TC_REMOTE,
+            NS_IPT_REMOTE,
+            "tc only ÷ iptables, remote backends",
+        ),
         (NS_XDP_LOCAL, NS_TC_LOCAL, "XDP ÷ tc only, local backends"),
-        (NS_XDP_REMOTE, NS_TC_REMOTE, "XDP ÷ tc only, remote backends"),
-        (NS_XDP_LOCAL, NS_DIRECT_LOCAL, "XDP ÷ direct, local backends"),
-        (NS_XDP_REMOTE, NS_DIRECT_REMOTE, "XDP ÷ direct, remote backends"),
+        (
+            NS_XDP_REMOTE,
+            NS_TC_REMOTE,
+            "XDP ÷ tc only, remote backends",
+        ),
+        (
+            NS_XDP_LOCAL,
+            NS_DIRECT_LOCAL,
+            "XDP ÷ direct, local backends",
+        ),
+        (
+            NS_XDP_REMOTE,
+            NS_DIRECT_REMOTE,
+            "XDP ÷ direct, remote backends",
+        ),
     ] {
         let _ = writeln!(
             md,

@@ -206,7 +206,9 @@ fn server(args: ServerArgs) -> Result<()> {
         }
         if let Some(port) = args.tcp {
             let socket = bind_server(family, port, socket2::Type::STREAM)?;
-            socket.listen(1024).with_context(|| format!("listen tcp {port}"))?;
+            socket
+                .listen(1024)
+                .with_context(|| format!("listen tcp {port}"))?;
             let name = name.clone();
             threads.push(std::thread::spawn(move || tcp_server(socket.into(), name)));
         }
@@ -238,7 +240,14 @@ fn any_addr(family: Family, port: u16) -> SocketAddr {
 /// The unspecified address of `target`'s family, port `port`: where a client
 /// binds before it sends or connects.
 fn any_like(target: SocketAddr, port: u16) -> SocketAddr {
-    any_addr(if target.is_ipv6() { Family::V6 } else { Family::V4 }, port)
+    any_addr(
+        if target.is_ipv6() {
+            Family::V6
+        } else {
+            Family::V4
+        },
+        port,
+    )
 }
 
 /// A server socket on every address of `family` (IPv6: IPv6 only).
@@ -468,8 +477,7 @@ impl UdpClient {
     ) -> Result<(String, String, SocketAddr)> {
         if self.socket.is_none() {
             let local = any_like(addr, self.sport.unwrap_or(0));
-            let socket =
-                UdpSocket::bind(local).with_context(|| format!("bind {local}"))?;
+            let socket = UdpSocket::bind(local).with_context(|| format!("bind {local}"))?;
             socket.set_read_timeout(Some(timeout))?;
             if self.mode == UdpMode::Connected {
                 socket.connect(addr).context("connect")?;
@@ -551,7 +559,10 @@ impl Greeted {
 fn report(start: u128, result: Result<Greeted>, replies: u32) -> bool {
     match result {
         Ok(c) => {
-            println!("ok {start} {} {} {} replies={replies}", c.name, c.pod_saw, c.client_saw);
+            println!(
+                "ok {start} {} {} {} replies={replies}",
+                c.name, c.pod_saw, c.client_saw
+            );
             true
         }
         Err(e) => {
@@ -568,10 +579,15 @@ fn idle(addr: SocketAddr, count: u32, timeout: Duration) -> bool {
     let mut replies = 0u32;
     let result = (|| -> Result<Greeted> {
         let mut conn = Greeted::connect(addr, timeout)?;
-        println!("connected {} {} {}", conn.name, conn.pod_saw, conn.client_saw);
+        println!(
+            "connected {} {} {}",
+            conn.name, conn.pod_saw, conn.client_saw
+        );
         std::io::stdout().flush()?;
         let mut go = String::new();
-        std::io::stdin().read_line(&mut go).context("wait on standard input")?;
+        std::io::stdin()
+            .read_line(&mut go)
+            .context("wait on standard input")?;
         for _ in 0..count {
             conn.ping(replies)?;
             replies += 1;
@@ -603,7 +619,9 @@ fn parse_block(block: &str) -> Result<(u32, u32)> {
     let (addr, len) = block
         .split_once('/')
         .ok_or_else(|| anyhow::anyhow!("{block:?} is not a.b.c.d/len"))?;
-    let addr: std::net::Ipv4Addr = addr.parse().with_context(|| format!("{block:?}: address"))?;
+    let addr: std::net::Ipv4Addr = addr
+        .parse()
+        .with_context(|| format!("{block:?}: address"))?;
     let len: u32 = len.parse().with_context(|| format!("{block:?}: length"))?;
     anyhow::ensure!((8..=32).contains(&len), "{block:?}: length must be 8..=32");
     let size = 1u32 << (32 - len);

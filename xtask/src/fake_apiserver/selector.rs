@@ -235,7 +235,12 @@ pub fn supported_fields(kind: Kind) -> &'static [&'static str] {
         ],
         Kind::EndpointSlice => &["metadata.name", "metadata.namespace", "addressType"],
         Kind::Node => &["metadata.name", "spec.unschedulable"],
-        Kind::Pod => &["metadata.name", "metadata.namespace", "spec.nodeName", "status.phase"],
+        Kind::Pod => &[
+            "metadata.name",
+            "metadata.namespace",
+            "spec.nodeName",
+            "status.phase",
+        ],
     }
 }
 

@@ -78,7 +78,10 @@ pub(super) fn stop(children: &mut Children, label: &str) -> Result<ExitStatus> {
 
 /// The pid of the process labelled `label`.
 pub(super) fn pid(children: &Children, label: &str) -> Option<u32> {
-    children.iter().find(|(l, _)| l == label).map(|(_, c)| c.id())
+    children
+        .iter()
+        .find(|(l, _)| l == label)
+        .map(|(_, c)| c.id())
 }
 
 /// Kills the process labelled `label` with SIGKILL (no chance to clean up,
@@ -90,7 +93,9 @@ pub(super) fn kill(children: &mut Children, label: &str) -> Result<ExitStatus> {
         .ok_or_else(|| anyhow!("no {label} was started"))?;
     let (_, mut child) = children.remove(idx);
     let _ = child.kill();
-    child.wait().with_context(|| format!("waiting for the killed {label}"))
+    child
+        .wait()
+        .with_context(|| format!("waiting for the killed {label}"))
 }
 
 /// SIGTERM to every process still running (so agents can exit cleanly),

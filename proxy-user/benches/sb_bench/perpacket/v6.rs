@@ -70,7 +70,12 @@ fn checksum6(src: &Ipv6Addr, dst: &Ipv6Addr, segment: &[u8]) -> u16 {
 /// IPv6 fillers.
 fn state6(services: u32) -> DesiredState {
     let mut desired = perpacket_state(services, 1);
-    let backend = |ip: Ipv6Addr| vec![BackendAddr { ip: ip.into(), port: 80 }];
+    let backend = |ip: Ipv6Addr| {
+        vec![BackendAddr {
+            ip: ip.into(),
+            port: 80,
+        }]
+    };
     let mut frontends = vec![
         frontend(VIP_A6, 80, "a6", backend(VIP_B6)),
         frontend(VIP_B6, 80, "b6", backend(VIP_A6)),
@@ -82,7 +87,10 @@ fn state6(services: u32) -> DesiredState {
             vip,
             80,
             &format!("fill6-{i}"),
-            vec![BackendAddr { ip: pod.into(), port: 8080 }],
+            vec![BackendAddr {
+                ip: pod.into(),
+                port: 8080,
+            }],
         ));
     }
     desired
@@ -93,8 +101,8 @@ fn state6(services: u32) -> DesiredState {
 
 /// A second handle on the syncer's IPv6 conntrack map.
 fn conntrack6(pp: &PerPacket) -> Result<AyaHashMap<MapData, CtKey6, CtEntry6>> {
-    use std::os::fd::AsFd as _;
     use aya::maps::IterableMap as _;
+    use std::os::fd::AsFd as _;
     let fd = pp
         .syncer
         .store()
@@ -120,7 +128,10 @@ fn seed(pp: &PerPacket) -> Result<()> {
             nat_port_be: 80u16.to_be(),
             ..CtEntry6::default()
         };
-        let reply_entry = CtEntry6 { nat_addr_be: a(vip), ..entry };
+        let reply_entry = CtEntry6 {
+            nat_addr_be: a(vip),
+            ..entry
+        };
         let fwd = CtKey6 {
             saddr_be: a(CLIENT6),
             daddr_be: a(vip),
@@ -166,7 +177,12 @@ pub(super) fn measure(
         let mut run = |program, frame: &[u8], verdict, counter| {
             measure_repeat(pp, program, frame, verdict, counter, repeat, rounds)
         };
-        let hit = run(programs::TC_FROM_POD, &existing, TC_ACT_OK, Some("forwarded"))?;
+        let hit = run(
+            programs::TC_FROM_POD,
+            &existing,
+            TC_ACT_OK,
+            Some("forwarded"),
+        )?;
         let pass = run(programs::TC_FROM_POD, &non_service, TC_ACT_UNSPEC, None)?;
         let rev = run(programs::TC_TO_POD, &reply, TC_ACT_OK, Some("reversed"))?;
         progress(&format!(

@@ -45,7 +45,6 @@
 //! [`NodeInfo`]: crate::model::NodeInfo
 //! [`FeedTx`]: super::feed::FeedTx
 
-
 mod parse;
 mod state;
 #[cfg(test)]

@@ -664,7 +664,12 @@ impl DirState {
     }
 
     /// Logs a file that parsed and converts its objects.
-    fn loaded(&mut self, path: Arc<Path>, objects: FileObjects, modified: Option<SystemTime>) -> Checked {
+    fn loaded(
+        &mut self,
+        path: Arc<Path>,
+        objects: FileObjects,
+        modified: Option<SystemTime>,
+    ) -> Checked {
         for note in &objects.notes {
             info!("{note}");
         }
@@ -693,7 +698,11 @@ impl DirState {
     /// Gives each Service without a creationTimestamp the time it was first
     /// seen (see the module); `modified`: its file's modification time.
     fn stamp(&mut self, view: &mut FileView, modified: Option<SystemTime>) {
-        let seen_at = if self.started { Some(SystemTime::now()) } else { modified };
+        let seen_at = if self.started {
+            Some(SystemTime::now())
+        } else {
+            modified
+        };
         let ms = seen_at
             .and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok())
             .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
@@ -990,7 +999,9 @@ mod tests {
         let addresses = fx.view.node.map(|n| n.addresses);
         assert_eq!(
             addresses.as_ref().and_then(|a| a.first()),
-            Some(&std::net::IpAddr::from(std::net::Ipv4Addr::new(192, 168, 1, 10)))
+            Some(&std::net::IpAddr::from(std::net::Ipv4Addr::new(
+                192, 168, 1, 10
+            )))
         );
     }
 
@@ -1029,16 +1040,32 @@ mod tests {
         assert!(first.problems.is_none(), "no problem at first");
         std::fs::write(&path, "kind: Service\nmetadata: {name: [unclosed\n").expect("write");
         let broken = fx.refresh(true);
-        assert!(broken.services.is_empty(), "the last good objects stay: {broken:?}");
+        assert!(
+            broken.services.is_empty(),
+            "the last good objects stay: {broken:?}"
+        );
         assert_eq!(fx.view.service_ips(), ["10.96.0.1"]);
         let problems = problem_texts(&broken).expect("the problem is recorded");
         assert_eq!(problems.len(), 1, "{problems:?}");
-        assert!(problems[0].starts_with(&format!("file {}: document 1: syntax error", path.display())), "{problems:?}");
-        assert!(problems[0].ends_with("; keeping this file's last good objects"), "{problems:?}");
+        assert!(
+            problems[0].starts_with(&format!(
+                "file {}: document 1: syntax error",
+                path.display()
+            )),
+            "{problems:?}"
+        );
+        assert!(
+            problems[0].ends_with("; keeping this file's last good objects"),
+            "{problems:?}"
+        );
         assert!(fx.refresh(true).is_empty(), "reported once");
         std::fs::write(&path, svc("10.96.0.2")).expect("write");
         let fixed = fx.refresh(true);
-        assert_eq!(problem_texts(&fixed), Some(Vec::new()), "fixed: the problem goes");
+        assert_eq!(
+            problem_texts(&fixed),
+            Some(Vec::new()),
+            "fixed: the problem goes"
+        );
         assert_eq!(fx.view.service_ips(), ["10.96.0.2"]);
     }
 
@@ -1056,10 +1083,23 @@ mod tests {
         let first = fx.first();
         let problems = problem_texts(&first).expect("problems at the first scan");
         assert_eq!(problems.len(), 2, "{problems:?}");
-        assert!(problems[0].starts_with(&format!("file {}: ", binary.display())), "{problems:?}");
-        assert!(problems[0].ends_with("; nothing from this file is used"), "{problems:?}");
-        assert!(problems[1].starts_with(&format!("file {}: cannot read the file", looped.display())), "{problems:?}");
-        assert_eq!(fx.view.service_ips(), ["10.96.0.10"], "the good file is used");
+        assert!(
+            problems[0].starts_with(&format!("file {}: ", binary.display())),
+            "{problems:?}"
+        );
+        assert!(
+            problems[0].ends_with("; nothing from this file is used"),
+            "{problems:?}"
+        );
+        assert!(
+            problems[1].starts_with(&format!("file {}: cannot read the file", looped.display())),
+            "{problems:?}"
+        );
+        assert_eq!(
+            fx.view.service_ips(),
+            ["10.96.0.10"],
+            "the good file is used"
+        );
         std::fs::remove_file(&binary).expect("remove");
         std::fs::remove_file(&looped).expect("remove");
         assert_eq!(problem_texts(&fx.refresh(true)), Some(Vec::new()));
@@ -1079,7 +1119,10 @@ mod tests {
         let gone = fx.refresh(true);
         let problems = problem_texts(&gone).expect("reported");
         assert_eq!(problems.len(), 1, "{problems:?}");
-        assert!(problems[0].starts_with(&format!("directory {}: ", dir.display())), "{problems:?}");
+        assert!(
+            problems[0].starts_with(&format!("directory {}: ", dir.display())),
+            "{problems:?}"
+        );
         assert_eq!(fx.view.service_ips(), ["10.96.0.10"]);
         std::fs::create_dir(&dir).expect("mkdir");
         std::fs::write(dir.join("a.yaml"), SERVICE).expect("write");
@@ -1105,17 +1148,32 @@ mod tests {
         fx.first();
         let web = ObjectKey::new("default", "web");
         let stamp = |fx: &Fixture, key: &ObjectKey| fx.view.services[key].created_unix_ms;
-        assert_eq!(stamp(&fx, &web), Some(1_700_000_000_000), "first scan: the file's mtime");
+        assert_eq!(
+            stamp(&fx, &web),
+            Some(1_700_000_000_000),
+            "first scan: the file's mtime"
+        );
         // A newcomer in a file that sorts first, claiming the same address.
-        std::fs::write(tmp.0.join("aa-new.yaml"), SERVICE.replace("name: web", "name: aaa")).expect("write");
+        std::fs::write(
+            tmp.0.join("aa-new.yaml"),
+            SERVICE.replace("name: web", "name: aaa"),
+        )
+        .expect("write");
         fx.refresh(true);
         let newcomer = stamp(&fx, &ObjectKey::new("default", "aaa")).expect("stamped");
-        assert!(newcomer > 1_700_000_000_000, "later: the time it was first seen");
+        assert!(
+            newcomer > 1_700_000_000_000,
+            "later: the time it was first seen"
+        );
         // An edit keeps the stamp.
         std::fs::write(&old, svc("10.96.0.99")).expect("write");
         fx.refresh(true);
         assert_eq!(fx.view.service_ips(), ["10.96.0.10", "10.96.0.99"]);
-        assert_eq!(stamp(&fx, &web), Some(1_700_000_000_000), "kept across an edit");
+        assert_eq!(
+            stamp(&fx, &web),
+            Some(1_700_000_000_000),
+            "kept across an edit"
+        );
         // Deleted and back: a new object, a new stamp.
         std::fs::remove_file(&old).expect("rm");
         fx.refresh(true);
@@ -1123,7 +1181,14 @@ mod tests {
         fx.refresh(true);
         assert!(stamp(&fx, &web) >= Some(newcomer), "stamped anew");
         // A creationTimestamp in the file is used as written.
-        std::fs::write(&old, SERVICE.replace("{name: web}", "{name: web, creationTimestamp: '2020-01-01T00:00:00Z'}")).expect("write");
+        std::fs::write(
+            &old,
+            SERVICE.replace(
+                "{name: web}",
+                "{name: web, creationTimestamp: '2020-01-01T00:00:00Z'}",
+            ),
+        )
+        .expect("write");
         fx.refresh(true);
         assert_eq!(stamp(&fx, &web), Some(1_577_836_800_000));
     }

@@ -237,8 +237,11 @@ impl ExternalService {
     /// [`yaml`](Self::yaml) with `spec.loadBalancerSourceRanges: ranges`.
     pub fn yaml_with_source_ranges(self, policy: Policy, ranges: &[&str]) -> String {
         let list: String = ranges.iter().map(|r| format!("  - {r}\n")).collect();
-        self.yaml(policy)
-            .replacen("  ports:\n", &format!("  loadBalancerSourceRanges:\n{list}  ports:\n"), 1)
+        self.yaml(policy).replacen(
+            "  ports:\n",
+            &format!("  loadBalancerSourceRanges:\n{list}  ports:\n"),
+            1,
+        )
     }
 
     /// The Service's EndpointSlice with `pods` as ready endpoints.
