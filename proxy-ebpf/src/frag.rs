@@ -77,7 +77,7 @@ pub fn remember(ctx: &TcContext, flow: &Flow, todo: &Rewrite) {
         // SAFETY: a helper without preconditions.
         created_ns: unsafe { bpf_ktime_get_ns() },
     };
-    if SB_FRAG_V1.insert(&key, &entry, 0).is_err() {
+    if SB_FRAG_V1.insert(key, entry, 0).is_err() {
         count(stat::CT_INSERT_FAILED);
     }
 }
@@ -114,7 +114,7 @@ pub fn remember_uplink(
         // SAFETY: a helper without preconditions.
         created_ns: unsafe { bpf_ktime_get_ns() },
     };
-    if SB_FRAG_V1.insert(&key, &entry, 0).is_err() {
+    if SB_FRAG_V1.insert(key, entry, 0).is_err() {
         count(stat::CT_INSERT_FAILED);
     }
 }
@@ -203,7 +203,7 @@ fn later(ctx: &TcContext, dir: u8) -> Result<i32, Skip> {
         });
     }
     count(stat::FRAG_TRANSLATED);
-    Ok(TC_ACT_OK as i32)
+    Ok(TC_ACT_OK)
 }
 
 /// The fields of a fragment's IPv4 header its translation needs.
@@ -240,7 +240,7 @@ fn translation_of(ctx: &TcContext, dir: u8) -> Result<(Header, FragEntry), Skip>
         dir,
     };
     // SAFETY: the value is copied out at once.
-    let Some(entry) = unsafe { SB_FRAG_V1.get(&key) }.copied() else {
+    let Some(entry) = unsafe { SB_FRAG_V1.get(key) }.copied() else {
         count(stat::FRAG_UNKNOWN);
         return Err(Skip::NotOurs);
     };

@@ -44,7 +44,7 @@ pub fn remember(s: &mut Scratch6, side: Side, service_id: u32) {
     e.src_addr_be = [0; 4];
     // SAFETY: a helper without preconditions.
     e.created_ns = unsafe { bpf_ktime_get_ns() };
-    if SB_FRAG6_V1.insert(&s.frag_key, &s.frag_entry, 0).is_err() {
+    if SB_FRAG6_V1.insert(s.frag_key, s.frag_entry, 0).is_err() {
         count(stat::CT_INSERT_FAILED);
     }
 }
@@ -62,7 +62,7 @@ pub fn later(ctx: &TcContext, s: &mut Scratch6, dir: u8) -> Result<i32, Skip> {
     k.proto = s.flow.proto;
     k.dir = dir;
     k._pad = [0; 2];
-    let Some(entry) = SB_FRAG6_V1.get_ptr(&s.frag_key) else {
+    let Some(entry) = SB_FRAG6_V1.get_ptr(s.frag_key) else {
         count(stat::FRAG_UNKNOWN);
         return Err(Skip::NotOurs);
     };
@@ -95,5 +95,5 @@ pub fn later(ctx: &TcContext, s: &mut Scratch6, dir: u8) -> Result<i32, Skip> {
         });
     }
     count(stat::FRAG_TRANSLATED);
-    Ok(TC_ACT_OK as i32)
+    Ok(TC_ACT_OK)
 }

@@ -123,7 +123,7 @@ pub fn forward(
         (backend.addr_be, backend.port_be),
         service_id,
     );
-    if action != TC_ACT_SHOT as i32 {
+    if action != TC_ACT_SHOT {
         let len = u64::from(ctx.len());
         count_service(service_id, |s| {
             s.packets += 1;
@@ -144,7 +144,7 @@ pub fn reply(ctx: &TcContext, flow: &Flow) -> Result<i32, Skip> {
         return Err(Skip::NotOurs);
     }
     let key = flow.ct_key(ct_dir::REPLY);
-    let Some(entry_ptr) = SB_CT_V5.get_ptr_mut(&key) else {
+    let Some(entry_ptr) = SB_CT_V5.get_ptr_mut(key) else {
         return Err(Skip::NotOurs);
     };
     // SAFETY: a value of the conntrack map, valid for this program run; copied out.
@@ -154,7 +154,7 @@ pub fn reply(ctx: &TcContext, flow: &Flow) -> Result<i32, Skip> {
     }
     if flow.accepts_connection() && entry.flags & ct_flags::CLOSING != 0 {
         // The flow has closed; nothing of ours answers on these ports now.
-        if SB_CT_V5.remove(&key).is_ok() {
+        if SB_CT_V5.remove(key).is_ok() {
             count(stat::CT_STALE);
         }
         return Err(Skip::NotOurs);
@@ -171,7 +171,7 @@ pub fn reply(ctx: &TcContext, flow: &Flow) -> Result<i32, Skip> {
             dir: ct_dir::FORWARD,
             _pad: [0; 2],
         };
-        if let Some(forward_ptr) = SB_CT_V5.get_ptr_mut(&forward) {
+        if let Some(forward_ptr) = SB_CT_V5.get_ptr_mut(forward) {
             mark_closing(forward_ptr);
         }
     }
@@ -182,7 +182,7 @@ pub fn reply(ctx: &TcContext, flow: &Flow) -> Result<i32, Skip> {
         (entry.snat_addr_be, entry.snat_port_be),
         entry.service_id,
     );
-    if action != TC_ACT_SHOT as i32 {
+    if action != TC_ACT_SHOT {
         count(stat::REVERSED);
     }
     Ok(action)
@@ -209,7 +209,7 @@ fn send_back(
     };
     if rewrite_with_helpers(ctx, flow, &todo).is_err() {
         count(stat::DROP_REWRITE_FAILED);
-        return TC_ACT_SHOT as i32;
+        return TC_ACT_SHOT;
     }
     let mut now = *flow;
     now.daddr_be = dst.0;
@@ -219,7 +219,7 @@ fn send_back(
     todo.new_port_be = src.1;
     if rewrite_with_helpers(ctx, &now, &todo).is_err() {
         count(stat::DROP_REWRITE_FAILED);
-        return TC_ACT_SHOT as i32;
+        return TC_ACT_SHOT;
     }
     let mut macs = [0u8; 12];
     // SAFETY: copies a constant 12 bytes into a stack buffer of that size.
@@ -227,7 +227,7 @@ fn send_back(
         unsafe { bpf_skb_load_bytes(ctx.skb.skb as *const _, 0, macs.as_mut_ptr() as *mut _, 12) };
     if loaded != 0 {
         count(stat::DROP_REWRITE_FAILED);
-        return TC_ACT_SHOT as i32;
+        return TC_ACT_SHOT;
     }
     let mut swapped = [0u8; 12];
     let mut i = 0;
@@ -238,7 +238,7 @@ fn send_back(
     }
     if ctx.store(0, &swapped, 0).is_err() {
         count(stat::DROP_REWRITE_FAILED);
-        return TC_ACT_SHOT as i32;
+        return TC_ACT_SHOT;
     }
     // SAFETY: a read of our context, then a helper without memory arguments.
     unsafe { bpf_redirect((*ctx.skb.skb).ifindex, 0) as i32 }

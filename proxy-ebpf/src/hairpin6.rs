@@ -75,7 +75,7 @@ pub fn forward(ctx: &TcContext, s: &mut Scratch6, service_id: u32) -> Result<i32
     s.entry.snat_addr_be = hairpin::ADDR6_BE;
     s.entry.snat_port_be = s.flow.sport_be;
     let action = send_back(ctx, s);
-    if action != TC_ACT_SHOT as i32 {
+    if action != TC_ACT_SHOT {
         let len = u64::from(ctx.len());
         count_service(service_id, |st| {
             st.packets += 1;
@@ -95,7 +95,7 @@ pub fn reply(ctx: &TcContext, s: &mut Scratch6) -> Result<i32, Skip> {
         return Err(Skip::NotOurs);
     }
     s.flow.ct_key_into(ct_dir::REPLY, &mut s.key);
-    let Some(entry_ptr) = SB_CT6_V1.get_ptr_mut(&s.key) else {
+    let Some(entry_ptr) = SB_CT6_V1.get_ptr_mut(s.key) else {
         return Err(Skip::NotOurs);
     };
     // SAFETY: a value of the conntrack map, valid for this program run;
@@ -114,7 +114,7 @@ pub fn reply(ctx: &TcContext, s: &mut Scratch6) -> Result<i32, Skip> {
     }
     let flow = &s.flow;
     if flow.accepts_connection() && flags & ct_flags::CLOSING != 0 {
-        if SB_CT6_V1.remove(&s.key).is_ok() {
+        if SB_CT6_V1.remove(s.key).is_ok() {
             count(stat::CT_STALE);
         }
         return Err(Skip::NotOurs);
@@ -131,12 +131,12 @@ pub fn reply(ctx: &TcContext, s: &mut Scratch6) -> Result<i32, Skip> {
         k.proto = flow.proto;
         k.dir = ct_dir::FORWARD;
         k._pad = [0; 2];
-        if let Some(forward_ptr) = SB_CT6_V1.get_ptr_mut(&s.key2) {
+        if let Some(forward_ptr) = SB_CT6_V1.get_ptr_mut(s.key2) {
             crate::ct::mark_closing6(forward_ptr);
         }
     }
     let action = send_back(ctx, s);
-    if action != TC_ACT_SHOT as i32 {
+    if action != TC_ACT_SHOT {
         count(stat::REVERSED);
     }
     Ok(action)
@@ -157,7 +157,7 @@ fn send_back(ctx: &TcContext, s: &mut Scratch6) -> i32 {
     .is_err()
     {
         count(stat::DROP_REWRITE_FAILED);
-        return TC_ACT_SHOT as i32;
+        return TC_ACT_SHOT;
     }
     s.flow.daddr_be = s.backend.addr_be;
     s.flow.dport_be = s.backend.port_be;
@@ -171,7 +171,7 @@ fn send_back(ctx: &TcContext, s: &mut Scratch6) -> i32 {
     .is_err()
     {
         count(stat::DROP_REWRITE_FAILED);
-        return TC_ACT_SHOT as i32;
+        return TC_ACT_SHOT;
     }
     let mut macs = [0u8; 12];
     // SAFETY: copies a constant 12 bytes into a stack buffer of that size.
@@ -179,7 +179,7 @@ fn send_back(ctx: &TcContext, s: &mut Scratch6) -> i32 {
         unsafe { bpf_skb_load_bytes(ctx.skb.skb as *const _, 0, macs.as_mut_ptr() as *mut _, 12) };
     if loaded != 0 {
         count(stat::DROP_REWRITE_FAILED);
-        return TC_ACT_SHOT as i32;
+        return TC_ACT_SHOT;
     }
     let mut swapped = [0u8; 12];
     let mut i = 0;
@@ -190,7 +190,7 @@ fn send_back(ctx: &TcContext, s: &mut Scratch6) -> i32 {
     }
     if ctx.store(0, &swapped, 0).is_err() {
         count(stat::DROP_REWRITE_FAILED);
-        return TC_ACT_SHOT as i32;
+        return TC_ACT_SHOT;
     }
     // SAFETY: a read of our context, then a helper without memory arguments.
     unsafe { bpf_redirect((*ctx.skb.skb).ifindex, 0) as i32 }

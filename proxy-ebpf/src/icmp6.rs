@@ -79,7 +79,7 @@ pub fn translate(ctx: &TcContext, s: &mut Scratch6, dir: u8) -> Result<i32, Skip
     k.proto = inner_proto;
     k.dir = dir;
     k._pad = [0; 2];
-    let Some(entry) = SB_CT6_V1.get_ptr(&s.key) else {
+    let Some(entry) = SB_CT6_V1.get_ptr(s.key) else {
         return Err(Skip::NotOurs);
     };
     // SAFETY: a value of the conntrack map, valid for this program run; the
@@ -154,5 +154,5 @@ pub fn translate(ctx: &TcContext, s: &mut Scratch6, dir: u8) -> Result<i32, Skip
         return drop_counted(stat::DROP_REWRITE_FAILED);
     }
     count(stat::ICMP_ERROR_TRANSLATED);
-    Ok(TC_ACT_OK as i32)
+    Ok(TC_ACT_OK)
 }

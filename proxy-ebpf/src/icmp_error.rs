@@ -79,7 +79,7 @@ pub fn translate(ctx: &TcContext, dir: u8) -> Result<i32, Skip> {
         _pad: [0; 2],
     };
     // SAFETY: the value is copied out at once.
-    let Some(entry) = unsafe { SB_CT_V5.get(&key) }.copied() else {
+    let Some(entry) = unsafe { SB_CT_V5.get(key) }.copied() else {
         return Err(Skip::NotOurs);
     };
     if entry.flags & ct_flags::SNAT != 0 {
@@ -146,7 +146,7 @@ pub fn translate(ctx: &TcContext, dir: u8) -> Result<i32, Skip> {
         }
     }
     count(stat::ICMP_ERROR_TRANSLATED);
-    Ok(TC_ACT_OK as i32)
+    Ok(TC_ACT_OK)
 }
 
 /// Where an ICMP error about a source-NATed flow from outside now goes:
@@ -193,7 +193,7 @@ pub fn translate_snat(ctx: &TcContext) -> Result<Outer, Skip> {
         _pad: [0; 2],
     };
     // SAFETY: the value is copied out at once.
-    let Some(entry) = unsafe { SB_CT_V5.get(&key) }.copied() else {
+    let Some(entry) = unsafe { SB_CT_V5.get(key) }.copied() else {
         return Err(Skip::NotOurs);
     };
     if entry.flags & ct_flags::SNAT == 0 || outer_daddr_be != inner_saddr_be {

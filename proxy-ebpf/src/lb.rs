@@ -69,7 +69,7 @@ impl SlotKey for FrontendKey {
     #[inline(always)]
     fn backend(backend_id: u32) -> Option<Backend> {
         // SAFETY: copied out at once (as in `lookup`).
-        unsafe { SB_BE_V1.get(&backend_id) }.copied()
+        unsafe { SB_BE_V1.get(backend_id) }.copied()
     }
 }
 
@@ -96,7 +96,7 @@ impl SlotKey for FrontendKey6 {
     #[inline(always)]
     fn backend(backend_id: u32) -> Option<Backend6> {
         // SAFETY: as for `FrontendKey`.
-        unsafe { SB_BE6_V1.get(&backend_id) }.copied()
+        unsafe { SB_BE6_V1.get(backend_id) }.copied()
     }
 }
 
@@ -116,7 +116,7 @@ impl FamilyAddr for u32 {
     #[inline(always)]
     fn backend_at(backend_id: u32) -> Option<(u32, u16)> {
         // SAFETY: fields are read at once from an RCU-protected value.
-        unsafe { SB_BE_V1.get(&backend_id) }.map(|b| (b.addr_be, b.port_be))
+        unsafe { SB_BE_V1.get(backend_id) }.map(|b| (b.addr_be, b.port_be))
     }
 }
 
@@ -136,7 +136,7 @@ impl FamilyAddr for Addr6Be {
     #[inline(always)]
     fn backend_at(backend_id: u32) -> Option<(Addr6Be, u16)> {
         // SAFETY: fields are read at once from an RCU-protected value.
-        unsafe { SB_BE6_V1.get(&backend_id) }.map(|b| (b.addr_be, b.port_be))
+        unsafe { SB_BE6_V1.get(backend_id) }.map(|b| (b.addr_be, b.port_be))
     }
 }
 
@@ -193,7 +193,7 @@ pub fn choose_backend<F: SlotKey, K>(
         last_used_ns: now,
     };
     // LRU: an insert evicts rather than fails; a failure only costs affinity.
-    if affinity.insert(affinity_key, &entry, 0).is_err() {
+    if affinity.insert(affinity_key, entry, 0).is_err() {
         count(stat::CT_INSERT_FAILED);
     }
     Some((id, backend))
@@ -203,7 +203,7 @@ pub fn choose_backend<F: SlotKey, K>(
 /// has one and the entry names a backend.
 #[inline(always)]
 pub fn maglev_backend(service_id: u32, hash: u32) -> Option<(u32, Backend)> {
-    let table = SB_MAGLEV_V1.get_ptr(&service_id)?;
+    let table = SB_MAGLEV_V1.get_ptr(service_id)?;
     let index = (hash % capacity::MAGLEV_TABLE) as usize;
     // LLVM knows the remainder is in range and would drop the bounds check
     // the verifier needs; a volatile read hides what it knows.
@@ -213,7 +213,7 @@ pub fn maglev_backend(service_id: u32, hash: u32) -> Option<(u32, Backend)> {
     // the index against the array's length.
     let backend_id = *unsafe { (*table).backend_ids.get(index) }?;
     // SAFETY: copied out at once.
-    let backend = unsafe { SB_BE_V1.get(&backend_id) }.copied()?;
+    let backend = unsafe { SB_BE_V1.get(backend_id) }.copied()?;
     Some((backend_id, backend))
 }
 

@@ -37,7 +37,7 @@ pub fn lookup_frontend6(key: &FrontendKey6) -> Option<FrontendSlot> {
 #[inline(always)]
 pub fn backend_is_live6(backend_id: u32, addr_be: &Addr6Be, port_be: u16) -> bool {
     // SAFETY: fields are read at once from an RCU-protected value.
-    match unsafe { SB_BE6_V1.get(&backend_id) } {
+    match unsafe { SB_BE6_V1.get(backend_id) } {
         Some(live) => eq6(&live.addr_be, addr_be) && live.port_be == port_be,
         None => false,
     }
@@ -47,7 +47,7 @@ pub fn backend_is_live6(backend_id: u32, addr_be: &Addr6Be, port_be: u16) -> boo
 #[inline(always)]
 fn backend6(backend_id: u32, out: &mut Backend6) -> Option<()> {
     // SAFETY: read at once from an RCU-protected value.
-    let live = unsafe { SB_BE6_V1.get(&backend_id) }?;
+    let live = unsafe { SB_BE6_V1.get(backend_id) }?;
     out.addr_be = live.addr_be;
     out.port_be = live.port_be;
     out.proto = live.proto;
@@ -64,7 +64,7 @@ fn backend6(backend_id: u32, out: &mut Backend6) -> Option<()> {
 /// Returns the backend id.
 #[inline(always)]
 pub fn maglev_backend6(service_id: u32, hash: u32, out: &mut Backend6) -> Option<u32> {
-    let table = SB_MAGLEV_V1.get_ptr(&service_id)?;
+    let table = SB_MAGLEV_V1.get_ptr(service_id)?;
     let index = (hash % capacity::MAGLEV_TABLE) as usize;
     // As in `lb::maglev_backend`: hide the known range from LLVM so the
     // bounds check the verifier needs stays.
@@ -108,7 +108,7 @@ pub fn choose_backend6(
         last_used_ns: now,
     };
     // LRU: an insert evicts rather than fails; a failure only costs affinity.
-    if SB_AFFINITY6_V1.insert(affinity_key, &entry, 0).is_err() {
+    if SB_AFFINITY6_V1.insert(affinity_key, entry, 0).is_err() {
         count(stat::CT_INSERT_FAILED);
     }
     Some(id)

@@ -91,6 +91,10 @@ const fn parse_revision(text: Option<&str>) -> u32 {
 
 /// True only in a build with a revision, and then for no real packet.
 #[inline(always)]
+#[allow(
+    clippy::absurd_extreme_comparisons,
+    reason = "always false in a build without a revision, by design"
+)]
 fn revision_guard(len: u32) -> bool {
     PROGRAM_REVISION != 0 && len > u32::MAX - PROGRAM_REVISION
 }

@@ -209,7 +209,7 @@ fn snat_reply(flow: &Flow) -> Result<Option<Translation>, NotTranslated> {
         return Ok(None);
     }
     let key = flow.ct_key(ct_dir::REPLY);
-    let Some(entry_ptr) = SB_CT_V5.get_ptr_mut(&key) else {
+    let Some(entry_ptr) = SB_CT_V5.get_ptr_mut(key) else {
         return Ok(None);
     };
     // SAFETY: a value of the conntrack map, valid for this program run; copied out.
@@ -219,7 +219,7 @@ fn snat_reply(flow: &Flow) -> Result<Option<Translation>, NotTranslated> {
     }
     if flow.accepts_connection() && entry.flags & ct_flags::CLOSING != 0 {
         // The flow has closed; nothing of ours answers on this port now.
-        if SB_CT_V5.remove(&key).is_ok() {
+        if SB_CT_V5.remove(key).is_ok() {
             count(stat::CT_STALE);
         }
         return Err(NotTranslated::Pass(Skip::NotOurs));
@@ -236,7 +236,7 @@ fn snat_reply(flow: &Flow) -> Result<Option<Translation>, NotTranslated> {
             dir: ct_dir::FORWARD,
             _pad: [0; 2],
         };
-        if let Some(forward_ptr) = SB_CT_V5.get_ptr_mut(&forward) {
+        if let Some(forward_ptr) = SB_CT_V5.get_ptr_mut(forward) {
             mark_closing(forward_ptr);
         }
     }
@@ -266,7 +266,7 @@ fn remote_uplink_addr(
         return None;
     }
     // SAFETY: the value is copied out at once.
-    unsafe { SB_UPLINK_V1.get(&params.ifindex) }.map(|uplink| uplink.addr_be)
+    unsafe { SB_UPLINK_V1.get(params.ifindex) }.map(|uplink| uplink.addr_be)
 }
 
 /// Takes the SNAT port `reply_key` names for a new flow: free (no entry), or
@@ -382,7 +382,7 @@ fn new_remote_flow(
             Err(NotTracked::Failed) => count(stat::CT_INSERT_FAILED),
             Err(NotTracked::Full) => {
                 // Give the port back: no half-tracked flow.
-                let _ = SB_CT_V5.remove(&reply_key);
+                let _ = SB_CT_V5.remove(reply_key);
                 return Err(NotTranslated::Drop(stat::CT_FULL));
             }
         }

@@ -222,7 +222,7 @@ fn backend_set6(u: &mut Up6, svc: FrontendSlot) -> (FrontendSlot, bool) {
 /// keeps its translation, with its source NAT if it has one.
 #[inline(always)]
 fn from_tracked6(u: &mut Up6) -> Result<Out6, NotTranslated> {
-    let Some(entry_ptr) = SB_CT6_V1.get_ptr(&u.s.key) else {
+    let Some(entry_ptr) = SB_CT6_V1.get_ptr(u.s.key) else {
         // Removed since the lookup a moment ago: the next packet starts over.
         return Err(NotTranslated::Drop(stat::DROP_INCONSISTENT));
     };
@@ -249,7 +249,7 @@ fn snat_reply6(u: &mut Up6) -> Result<bool, NotTranslated> {
         return Ok(false);
     }
     u.s.flow.ct_key_into(ct_dir::REPLY, &mut u.s.key2);
-    let Some(entry_ptr) = SB_CT6_V1.get_ptr_mut(&u.s.key2) else {
+    let Some(entry_ptr) = SB_CT6_V1.get_ptr_mut(u.s.key2) else {
         return Ok(false);
     };
     // SAFETY: a value of the conntrack map, valid for this program run; the
@@ -269,7 +269,7 @@ fn snat_reply6(u: &mut Up6) -> Result<bool, NotTranslated> {
     let flow = &u.s.flow;
     if flow.accepts_connection() && flags & ct_flags::CLOSING != 0 {
         // The flow has closed; nothing of ours answers on this port now.
-        if SB_CT6_V1.remove(&u.s.key2).is_ok() {
+        if SB_CT6_V1.remove(u.s.key2).is_ok() {
             count(stat::CT_STALE);
         }
         return Err(NotTranslated::Pass(Skip::NotOurs));
@@ -285,7 +285,7 @@ fn snat_reply6(u: &mut Up6) -> Result<bool, NotTranslated> {
         k.proto = flow.proto;
         k.dir = ct_dir::FORWARD;
         k._pad = [0; 2];
-        if let Some(forward_ptr) = SB_CT6_V1.get_ptr_mut(&u.s.key) {
+        if let Some(forward_ptr) = SB_CT6_V1.get_ptr_mut(u.s.key) {
             ct::mark_closing6(forward_ptr);
         }
     }
@@ -317,7 +317,7 @@ fn remote_uplink6(ctx: *mut c_void, ingress: u32, u: &mut Up6) -> Route {
         return Route::Local;
     }
     // SAFETY: the value is copied out at once.
-    match unsafe { SB_UPLINK6_V1.get(&u.fib.ifindex) } {
+    match unsafe { SB_UPLINK6_V1.get(u.fib.ifindex) } {
         None => Route::Local,
         Some(uplink) if eq6(&uplink.addr_be, &[0; 4]) => Route::NoAddress,
         Some(uplink) => {
@@ -354,7 +354,7 @@ fn claim_port6(u: &Up6, now: u64) -> Result<bool, NotTracked> {
         Err(NotTracked::Full) => return Err(NotTracked::Full),
         Err(NotTracked::Failed) => {}
     }
-    let Some(held) = SB_CT6_V1.get_ptr(&u.s.key2) else {
+    let Some(held) = SB_CT6_V1.get_ptr(u.s.key2) else {
         return Ok(false);
     };
     // SAFETY: a value of the conntrack map, valid for this program run; read once.
@@ -362,10 +362,10 @@ fn claim_port6(u: &Up6, now: u64) -> Result<bool, NotTracked> {
     if flags & ct_flags::CLOSING == 0 || now.wrapping_sub(closed_ns) < snat::REUSE_AFTER_NS {
         return Ok(false);
     }
-    if SB_CT6_V1.insert(&u.s.key2, &u.s.entry, 0).is_err() {
+    if SB_CT6_V1.insert(u.s.key2, u.s.entry, 0).is_err() {
         return Ok(false);
     }
-    let Some(now_held) = SB_CT6_V1.get_ptr(&u.s.key2) else {
+    let Some(now_held) = SB_CT6_V1.get_ptr(u.s.key2) else {
         return Ok(false);
     };
     // SAFETY: as above; read once.
@@ -429,7 +429,7 @@ fn new_remote_flow6(u: &mut Up6, backend_id: u32, service_id: u32) -> Result<Out
             Err(NotTracked::Failed) => count(stat::CT_INSERT_FAILED),
             Err(NotTracked::Full) => {
                 // Give the port back: no half-tracked flow.
-                let _ = SB_CT6_V1.remove(&u.s.key2);
+                let _ = SB_CT6_V1.remove(u.s.key2);
                 return Err(NotTranslated::Drop(stat::CT_FULL));
             }
         }
@@ -475,7 +475,7 @@ fn try_from_uplink6(ctx: &TcContext, u: &mut Up6) -> Result<i32, Skip> {
         Ok(out) => out,
         Err(NotTranslated::Pass(skip)) => return Err(skip),
         Err(NotTranslated::Drop(counter)) => return drop_counted(counter),
-        Err(NotTranslated::Denied) => return Ok(TC_ACT_SHOT as i32),
+        Err(NotTranslated::Denied) => return Ok(TC_ACT_SHOT),
         Err(NotTranslated::Reject) => {
             count_service(u.service_id, |s| s.drops_no_backend += 1);
             return Ok(crate::reject6::answer(ctx, &mut u.s));
@@ -516,7 +516,7 @@ fn try_from_uplink6(ctx: &TcContext, u: &mut Up6) -> Result<i32, Skip> {
     if leaves {
         return send_out6(ctx, ingress, u);
     }
-    Ok(TC_ACT_OK as i32)
+    Ok(TC_ACT_OK)
 }
 
 /// Sends a translated packet that leaves the node again out of the route's
@@ -601,7 +601,7 @@ fn icmp_error_snat6(ctx: &TcContext, u: &mut Up6) -> Result<i32, Skip> {
         // Not addressed to the address the quote comes from.
         return Err(Skip::Icmp);
     }
-    let Some(entry) = SB_CT6_V1.get_ptr(&u.s.key2) else {
+    let Some(entry) = SB_CT6_V1.get_ptr(u.s.key2) else {
         return Err(Skip::Icmp);
     };
     // SAFETY: a value of the conntrack map, valid for this program run; the

@@ -139,7 +139,7 @@ pub fn tc_reject(ctx: &TcContext, flow: &Flow) -> i32 {
 #[inline(always)]
 fn tc_drop() -> i32 {
     count(stat::DROP_NO_BACKEND);
-    TC_ACT_SHOT as i32
+    TC_ACT_SHOT
 }
 
 /// `sb_xdp_uplink`: the same as [`tc_reject`], answered with `XDP_TX`. The
@@ -215,9 +215,7 @@ fn build_in_place(f: &mut [u8; FRAME_LEN]) {
     // Ethernet: destination = the original source and the reverse.
     let mut i = 0;
     while i < 6 {
-        let dst = f[i];
-        f[i] = f[6 + i];
-        f[6 + i] = dst;
+        f.swap(i, 6 + i);
         i += 1;
     }
     f[12] = 0x08;

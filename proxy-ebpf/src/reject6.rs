@@ -90,7 +90,7 @@ pub fn answer(ctx: &TcContext, s: &mut Scratch6) -> i32 {
 #[inline(always)]
 fn drop() -> i32 {
     count(stat::DROP_NO_BACKEND);
-    TC_ACT_SHOT as i32
+    TC_ACT_SHOT
 }
 
 /// The packet's Ethernet addresses, swapped.

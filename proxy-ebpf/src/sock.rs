@@ -88,7 +88,7 @@ impl SockFamily for u32 {
     #[inline(always)]
     fn sock_get(cookie: u64, at: &SockAddr<u32>, dir: u8) -> Option<Picked<u32>> {
         // SAFETY: the fields are copied out at once.
-        let entry = unsafe { SB_SOCK_V1.get(&sock_key(cookie, at, dir)) }.copied()?;
+        let entry = unsafe { SB_SOCK_V1.get(sock_key(cookie, at, dir)) }.copied()?;
         Some(Picked {
             addr_be: entry.addr_be,
             port_be: entry.port_be,
@@ -107,13 +107,13 @@ impl SockFamily for u32 {
             service_id: value.service_id,
         };
         SB_SOCK_V1
-            .insert(&sock_key(cookie, at, dir), &entry, 0)
+            .insert(sock_key(cookie, at, dir), entry, 0)
             .is_ok()
     }
 
     #[inline(always)]
     fn sock_remove(cookie: u64, at: &SockAddr<u32>, dir: u8) -> bool {
-        SB_SOCK_V1.remove(&sock_key(cookie, at, dir)).is_ok()
+        SB_SOCK_V1.remove(sock_key(cookie, at, dir)).is_ok()
     }
 }
 
@@ -132,7 +132,7 @@ impl SockFamily for Addr6Be {
     #[inline(always)]
     fn sock_get(cookie: u64, at: &SockAddr<Addr6Be>, dir: u8) -> Option<Picked<Addr6Be>> {
         // SAFETY: the fields are copied out at once.
-        let entry = unsafe { SB_SOCK6_V1.get(&sock_key6(cookie, at, dir)) }.copied()?;
+        let entry = unsafe { SB_SOCK6_V1.get(sock_key6(cookie, at, dir)) }.copied()?;
         Some(Picked {
             addr_be: entry.addr_be,
             port_be: entry.port_be,
@@ -151,13 +151,13 @@ impl SockFamily for Addr6Be {
             service_id: value.service_id,
         };
         SB_SOCK6_V1
-            .insert(&sock_key6(cookie, at, dir), &entry, 0)
+            .insert(sock_key6(cookie, at, dir), entry, 0)
             .is_ok()
     }
 
     #[inline(always)]
     fn sock_remove(cookie: u64, at: &SockAddr<Addr6Be>, dir: u8) -> bool {
-        SB_SOCK6_V1.remove(&sock_key6(cookie, at, dir)).is_ok()
+        SB_SOCK6_V1.remove(sock_key6(cookie, at, dir)).is_ok()
     }
 }
 

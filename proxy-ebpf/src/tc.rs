@@ -61,7 +61,7 @@ pub fn pass(skip: Skip) -> i32 {
 #[inline(always)]
 pub(crate) fn drop_counted(stat_index: u32) -> Result<i32, Skip> {
     count(stat_index);
-    Ok(TC_ACT_SHOT as i32)
+    Ok(TC_ACT_SHOT)
 }
 
 /// A packet a pod sends: DNAT to a backend if it is for a frontend.
@@ -87,7 +87,7 @@ pub fn try_from_pod(ctx: &TcContext) -> Result<i32, Skip> {
     };
     if !source_allowed4(&svc, flow.saddr_be) {
         count_denied(svc.service_id);
-        return Ok(TC_ACT_SHOT as i32);
+        return Ok(TC_ACT_SHOT);
     }
     if svc.backend_count == 0 {
         count_service(svc.service_id, |s| s.drops_no_backend += 1);
@@ -139,7 +139,7 @@ pub fn try_from_pod(ctx: &TcContext) -> Result<i32, Skip> {
         return drop_counted(stat::DROP_REWRITE_FAILED);
     }
     count_rewritten(ctx, &todo);
-    Ok(TC_ACT_OK as i32)
+    Ok(TC_ACT_OK)
 }
 
 /// A packet going into a pod: a reply of a tracked flow gets the frontend as
@@ -160,7 +160,7 @@ pub fn try_to_pod(ctx: &TcContext) -> Result<i32, Skip> {
         Err(skip) => return crate::frag::unparsed(ctx, skip, ct_dir::REPLY),
     };
     let key = flow.ct_key(ct_dir::REPLY);
-    let Some(entry_ptr) = SB_CT_V5.get_ptr_mut(&key) else {
+    let Some(entry_ptr) = SB_CT_V5.get_ptr_mut(key) else {
         return Err(Skip::NotOurs);
     };
     // SAFETY: a value of the conntrack map, valid for this program run; copied out.
@@ -169,7 +169,7 @@ pub fn try_to_pod(ctx: &TcContext) -> Result<i32, Skip> {
     if flow.accepts_connection() && entry.flags & ct_flags::CLOSING != 0 {
         // The flow this entry was made for has closed and its ports were
         // reused by a connection that did not go through the frontend.
-        if SB_CT_V5.remove(&key).is_ok() {
+        if SB_CT_V5.remove(key).is_ok() {
             count(stat::CT_STALE);
         }
         return Err(Skip::NotOurs);
@@ -186,7 +186,7 @@ pub fn try_to_pod(ctx: &TcContext) -> Result<i32, Skip> {
             dir: ct_dir::FORWARD,
             _pad: [0; 2],
         };
-        if let Some(forward_ptr) = SB_CT_V5.get_ptr_mut(&forward) {
+        if let Some(forward_ptr) = SB_CT_V5.get_ptr_mut(forward) {
             mark_closing(forward_ptr);
         }
     }
@@ -207,7 +207,7 @@ pub fn try_to_pod(ctx: &TcContext) -> Result<i32, Skip> {
         return drop_counted(stat::DROP_REWRITE_FAILED);
     }
     count_rewritten(ctx, &todo);
-    Ok(TC_ACT_OK as i32)
+    Ok(TC_ACT_OK)
 }
 
 /// `sb_from_uplink` (`--xdp-mode off`): a packet from outside the node, as
@@ -236,7 +236,7 @@ pub fn try_from_uplink(ctx: &TcContext) -> Result<i32, Skip> {
         Ok(translation) => translation,
         Err(NotTranslated::Pass(skip)) => return Err(skip),
         Err(NotTranslated::Drop(counter)) => return drop_counted(counter),
-        Err(NotTranslated::Denied) => return Ok(TC_ACT_SHOT as i32),
+        Err(NotTranslated::Denied) => return Ok(TC_ACT_SHOT),
         Err(NotTranslated::Reject) => return Ok(crate::reject::tc_reject(ctx, &flow)),
     };
     let (src, dst, service_id, counter) = match translation {
@@ -300,7 +300,7 @@ pub fn try_from_uplink(ctx: &TcContext) -> Result<i32, Skip> {
     if leaves {
         return send_out(ctx, ingress, &now);
     }
-    Ok(TC_ACT_OK as i32)
+    Ok(TC_ACT_OK)
 }
 
 /// Rewrites one side of the packet `now` describes (helper stores), and
@@ -361,7 +361,7 @@ fn later_fragment_from_uplink(ctx: &TcContext, ingress: u32) -> Result<i32, Skip
             }
             send_out(ctx, ingress, &now)
         }
-        Ok((_, false)) => Ok(TC_ACT_OK as i32),
+        Ok((_, false)) => Ok(TC_ACT_OK),
         Err(verdict) => verdict,
     }
 }
@@ -518,14 +518,14 @@ pub fn rewrite_in_place(ctx: &TcContext) -> i32 {
         || (todo.proto != proto::TCP && todo.proto != proto::UDP)
     {
         count(stat::DROP_REWRITE_FAILED);
-        return TC_ACT_SHOT as i32;
+        return TC_ACT_SHOT;
     }
     if store_in_place(ctx, &todo).is_err() {
         count(stat::DROP_REWRITE_FAILED);
-        return TC_ACT_SHOT as i32;
+        return TC_ACT_SHOT;
     }
     count_rewritten(ctx, &todo);
-    TC_ACT_OK as i32
+    TC_ACT_OK
 }
 
 /// The address, port and IPv4 checksum stored directly, then the L4 checksum

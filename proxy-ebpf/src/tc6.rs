@@ -103,7 +103,7 @@ fn try_from_pod6(ctx: &TcContext, s: &mut Scratch6) -> Result<i32, Skip> {
     };
     if !source_allowed6(&svc, &s.flow.saddr_be) {
         count_denied(svc.service_id);
-        return Ok(TC_ACT_SHOT as i32);
+        return Ok(TC_ACT_SHOT);
     }
     if svc.backend_count == 0 {
         count_service(svc.service_id, |st| st.drops_no_backend += 1);
@@ -137,7 +137,7 @@ fn try_from_pod6(ctx: &TcContext, s: &mut Scratch6) -> Result<i32, Skip> {
         return drop_counted(stat::DROP_REWRITE_FAILED);
     }
     count_rewritten6(ctx, Side::Destination, svc.service_id);
-    Ok(TC_ACT_OK as i32)
+    Ok(TC_ACT_OK)
 }
 
 /// A packet going into a pod, IPv6: a reply of a tracked flow gets the
@@ -150,7 +150,7 @@ fn try_to_pod6(ctx: &TcContext, s: &mut Scratch6) -> Result<i32, Skip> {
         Kind6::Icmp => return crate::icmp6::translate(ctx, s, ct_dir::REPLY),
     }
     s.flow.ct_key_into(ct_dir::REPLY, &mut s.key);
-    let Some(entry_ptr) = SB_CT6_V1.get_ptr_mut(&s.key) else {
+    let Some(entry_ptr) = SB_CT6_V1.get_ptr_mut(s.key) else {
         return Err(Skip::NotOurs);
     };
     // SAFETY: a value of the conntrack map, valid for this program run; the
@@ -163,7 +163,7 @@ fn try_to_pod6(ctx: &TcContext, s: &mut Scratch6) -> Result<i32, Skip> {
     let flow = &s.flow;
     if flow.accepts_connection() && flags & ct_flags::CLOSING != 0 {
         // As IPv4: the ports were reused by a connection that is not ours.
-        if SB_CT6_V1.remove(&s.key).is_ok() {
+        if SB_CT6_V1.remove(s.key).is_ok() {
             count(stat::CT_STALE);
         }
         return Err(Skip::NotOurs);
@@ -179,7 +179,7 @@ fn try_to_pod6(ctx: &TcContext, s: &mut Scratch6) -> Result<i32, Skip> {
         k.proto = flow.proto;
         k.dir = ct_dir::FORWARD;
         k._pad = [0; 2];
-        if let Some(forward_ptr) = SB_CT6_V1.get_ptr_mut(&s.key2) {
+        if let Some(forward_ptr) = SB_CT6_V1.get_ptr_mut(s.key2) {
             crate::ct::mark_closing6(forward_ptr);
         }
     }
@@ -191,7 +191,7 @@ fn try_to_pod6(ctx: &TcContext, s: &mut Scratch6) -> Result<i32, Skip> {
         return drop_counted(stat::DROP_REWRITE_FAILED);
     }
     count_rewritten6(ctx, Side::Source, service_id);
-    Ok(TC_ACT_OK as i32)
+    Ok(TC_ACT_OK)
 }
 
 /// Counts a rewritten packet (the counters IPv4 uses).
@@ -216,7 +216,7 @@ pub(crate) fn count_rewritten6(ctx: &TcContext, side: Side, service_id: u32) {
 /// then `s.backend` holds it.
 #[inline(always)]
 pub(crate) fn tracked_backend6(s: &mut Scratch6, service_id: u32) -> bool {
-    let Some(entry_ptr) = SB_CT6_V1.get_ptr_mut(&s.key) else {
+    let Some(entry_ptr) = SB_CT6_V1.get_ptr_mut(s.key) else {
         return false;
     };
     // SAFETY: a value of the conntrack map, valid for this program run; the
@@ -256,7 +256,7 @@ pub(crate) fn tracked_backend6(s: &mut Scratch6, service_id: u32) -> bool {
         k.proto = flow.proto;
         k.dir = ct_dir::REPLY;
         k._pad = [0; 2];
-        if let Some(reply_ptr) = SB_CT6_V1.get_ptr_mut(&s.key2) {
+        if let Some(reply_ptr) = SB_CT6_V1.get_ptr_mut(s.key2) {
             crate::ct::mark_closing6(reply_ptr);
         }
     }

@@ -73,10 +73,11 @@ fn apt_packages() -> Result<()> {
 }
 
 /// The toolchain components the build and the checks use: the nightly's
-/// rust-src (the eBPF build's `-Z build-std=core`), the stable toolchain's
-/// rustfmt and clippy.
-const COMPONENTS: [(&str, &str); 3] = [
+/// rust-src (the eBPF build's `-Z build-std=core`) and clippy (clippy on the
+/// BPF target), the stable toolchain's rustfmt and clippy.
+const COMPONENTS: [(&str, &str); 4] = [
     ("nightly", "rust-src"),
+    ("nightly", "clippy"),
     ("stable", "rustfmt"),
     ("stable", "clippy"),
 ];

@@ -1,7 +1,8 @@
 //! `cargo xtask test`: the one command that runs every test (`.ci/run` calls
 //! it). setup → `cargo fmt --check` → build → `cargo test --release --workspace` (one test thread:
 //! the netns e2e tests load eBPF programs and measure sub-second reactions) →
-//! clippy → a closing `test: N passed, M failed` line.
+//! clippy, on the host and for the BPF target → a closing `test: N passed,
+//! M failed` line.
 
 use std::io::{BufRead, BufReader};
 use std::process::Stdio;
@@ -106,6 +107,10 @@ pub fn run() -> Result<()> {
     if let Err(e) = &clippy {
         println!("test: clippy failed: {e:#}");
     }
+    let bpf_clippy = clippy_bpf();
+    if let Err(e) = &bpf_clippy {
+        println!("test: clippy on the BPF target failed: {e:#}");
+    }
     if let Err(e) = &fmt {
         println!("test: the tree is not formatted (run `cargo fmt --all`): {e:#}");
     }
@@ -135,8 +140,45 @@ pub fn run() -> Result<()> {
         bail!("cargo test failed ({status})");
     }
     clippy?;
+    bpf_clippy?;
     fmt?;
     Ok(())
+}
+
+/// Clippy on the kernel programs, for the BPF target they are built for,
+/// under the same workspace lints (the nightly's clippy: the eBPF build uses
+/// the nightly's compiler).
+fn clippy_bpf() -> Result<()> {
+    let arch = std::env::consts::ARCH;
+    let mut cmd = std::process::Command::new("rustup");
+    cmd.current_dir(repo_root())
+        .args([
+            "run",
+            "nightly",
+            "cargo",
+            "clippy",
+            "--package",
+            "proxy-ebpf",
+            "--bins",
+        ])
+        .args([
+            "--release",
+            "--target",
+            "bpfel-unknown-none",
+            "-Z",
+            "build-std=core",
+        ])
+        .arg("--target-dir")
+        .arg(repo_root().join("target/bpf-clippy"))
+        .args(["--", "-D", "warnings"])
+        .env(
+            "CARGO_ENCODED_RUSTFLAGS",
+            format!("--cfg=bpf_target_arch=\"{arch}\""),
+        )
+        .env_remove("RUSTC")
+        .env_remove("RUSTC_WORKSPACE_WRAPPER");
+    println!("test: {}", show(&cmd));
+    run_inherit(&mut cmd)
 }
 
 #[cfg(test)]

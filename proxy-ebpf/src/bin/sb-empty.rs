@@ -34,7 +34,7 @@ static SB_SINK_COUNT: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 
 #[classifier]
 pub fn sb_empty_tc(_ctx: TcContext) -> i32 {
-    TC_ACT_OK as i32
+    TC_ACT_OK
 }
 
 #[xdp]
