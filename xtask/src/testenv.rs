@@ -1,8 +1,9 @@
 //! What the root-only integration tests (`xtask/tests/*.rs`) need from their
 //! environment: the binaries `cargo xtask test` built, and root.
+use std::collections::BTreeMap;
 use std::fs;
 use std::io::{BufRead as _, BufReader, Write as _};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -268,4 +269,23 @@ pub fn wake(mut idle: IdleClient) -> (String, Attempt) {
         .next()
         .unwrap_or_else(|| panic!("no result: {raw}"));
     (idle.pod, attempt)
+}
+
+/// The data-path counters of the agent on pin root `pin`, by name
+/// (`switchboard stats -o json`; the maps are read from the BPF file
+/// system, in no network namespace).
+pub fn counters(pin: &Path) -> BTreeMap<String, u64> {
+    let out = Command::new(switchboard())
+        .args(["stats", "-o", "json", "--pin-root"])
+        .arg(pin)
+        .output()
+        .expect("start switchboard stats");
+    assert!(
+        out.status.success(),
+        "switchboard stats: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value =
+        serde_json::from_slice(&out.stdout).expect("stats -o json parses");
+    serde_json::from_value(report["counters"].clone()).expect("counters by name")
 }

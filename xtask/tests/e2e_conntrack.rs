@@ -34,11 +34,11 @@ fn open_idle(sb: &Sandbox, addr: &str) -> IdleClient {
 /// A counter of `switchboard stats` on pin root `pin` (the maps are read
 /// from the BPF file system, in no namespace).
 fn stats_counter(pin: &Path, name: &str) -> u64 {
-    let out = run_switchboard(&["stats", "-o", "json"], pin);
-    let json: serde_json::Value = serde_json::from_slice(&out).expect("stats json");
-    json["counters"][name]
-        .as_u64()
-        .unwrap_or_else(|| panic!("no counter {name}: {json}"))
+    let counters = xtask::testenv::counters(pin);
+    counters
+        .get(name)
+        .copied()
+        .unwrap_or_else(|| panic!("no counter {name}: {counters:?}"))
 }
 
 /// `switchboard <args> --pin-root <pin>`'s standard output; panics on failure.

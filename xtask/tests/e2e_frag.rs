@@ -18,21 +18,10 @@
 use std::collections::BTreeMap;
 
 use xtask::sandbox::{Attempt, Sandbox, CLUSTER_IP, PODS};
-use xtask::testenv::{demo_sandbox_with, sb_echo, switchboard};
+use xtask::testenv::{demo_sandbox_with, sb_echo};
 
-/// `switchboard stats -o json`'s counters.
 fn counters(sb: &Sandbox) -> BTreeMap<String, u64> {
-    let bin = switchboard().to_string_lossy().into_owned();
-    let pin = sb.pin_dir.to_string_lossy().into_owned();
-    let out = sb
-        .exec(
-            &sb.node_ns(),
-            &[&bin, "stats", "--pin-root", &pin, "-o", "json"],
-        )
-        .expect("switchboard stats");
-    let report: serde_json::Value =
-        serde_json::from_slice(&out.stdout).expect("stats -o json parses");
-    serde_json::from_value(report["counters"].clone()).expect("counters by name")
+    xtask::testenv::counters(&sb.pin_dir)
 }
 
 #[test]

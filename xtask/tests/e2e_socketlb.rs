@@ -7,7 +7,7 @@
 //! socket layer can balance it. A "pod client" runs in the client namespace,
 //! whose veth also carries the tc programs, so both layers see its flows.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::time::{Duration, Instant};
 
@@ -24,23 +24,14 @@ fn in_cgroup(sb: &Sandbox, ns: &str, args: &[&str]) -> ClientRun {
 }
 
 /// The agent's global counters (`switchboard stats -o json`).
-fn counters(sb: &Sandbox) -> Value {
-    let bin = switchboard().to_string_lossy().into_owned();
-    let pin = sb.pin_dir.to_string_lossy().into_owned();
-    let out = sb
-        .exec(
-            &sb.node_ns(),
-            &[&bin, "stats", "--pin-root", &pin, "-o", "json"],
-        )
-        .expect("switchboard stats");
-    let report: Value = serde_json::from_slice(&out.stdout).expect("stats JSON");
-    report["counters"].clone()
+fn counters(sb: &Sandbox) -> BTreeMap<String, u64> {
+    xtask::testenv::counters(&sb.pin_dir)
 }
 
-fn counter(values: &Value, name: &str) -> u64 {
-    values[name]
-        .as_u64()
-        .unwrap_or_else(|| panic!("counter {name} missing in {values}"))
+fn counter(values: &BTreeMap<String, u64>, name: &str) -> u64 {
+    *values
+        .get(name)
+        .unwrap_or_else(|| panic!("counter {name} missing in {values:?}"))
 }
 
 fn all_pods() -> BTreeSet<String> {
@@ -86,20 +77,27 @@ fn host_and_pod_clients_reach_the_cluster_ip_through_the_socket_layer() {
     }
     let after = counters(&sb);
     let grew = |name: &str| counter(&after, name) - counter(&before, name);
-    assert_eq!(grew("sock_connect"), 60, "one per TCP connection: {after}");
-    assert_eq!(grew("sock_sendmsg"), 60, "one per UDP datagram: {after}");
-    assert!(grew("sock_reversed") >= 120, "getpeername/recvmsg: {after}");
+    assert_eq!(
+        grew("sock_connect"),
+        60,
+        "one per TCP connection: {after:?}"
+    );
+    assert_eq!(grew("sock_sendmsg"), 60, "one per UDP datagram: {after:?}");
+    assert!(
+        grew("sock_reversed") >= 120,
+        "getpeername/recvmsg: {after:?}"
+    );
     // Every balanced TCP socket's entry went when it closed.
-    assert_eq!(grew("sock_released"), 60, "sock_release: {after}");
+    assert_eq!(grew("sock_released"), 60, "sock_release: {after:?}");
     assert_eq!(
         grew("forwarded"),
         0,
-        "tc translated a socket-balanced flow: {after}"
+        "tc translated a socket-balanced flow: {after:?}"
     );
     assert_eq!(
         grew("reversed"),
         0,
-        "tc reversed a socket-balanced flow: {after}"
+        "tc reversed a socket-balanced flow: {after:?}"
     );
 
     // Outside the cgroup, the same pod namespace is served by tc.
@@ -111,7 +109,7 @@ fn host_and_pod_clients_reach_the_cluster_ip_through_the_socket_layer() {
     let tc = counters(&sb);
     assert!(
         counter(&tc, "forwarded") > counter(&after, "forwarded"),
-        "{tc}"
+        "{tc:?}"
     );
     assert_eq!(
         counter(&tc, "sock_connect"),

@@ -219,18 +219,10 @@ fn finish(child: Child, what: &str) -> ClientRun {
 
 /// The `forwarded` counter of `switchboard stats`.
 fn forwarded(sb: &Sandbox) -> u64 {
-    let bin = switchboard().to_string_lossy().into_owned();
-    let pin = sb.pin_dir.to_string_lossy().into_owned();
-    let out = sb
-        .exec(
-            &sb.node_ns(),
-            &[&bin, "stats", "--pin-root", &pin, "-o", "json"],
-        )
-        .expect("switchboard stats");
-    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("stats json");
-    json["counters"]["forwarded"]
-        .as_u64()
-        .unwrap_or_else(|| panic!("no forwarded counter: {json}"))
+    xtask::testenv::counters(&sb.pin_dir)
+        .get("forwarded")
+        .copied()
+        .unwrap_or(0)
 }
 
 fn wait_ready(sb: &Sandbox) {
