@@ -12,9 +12,9 @@
 //! A spoofed SYN flood must not lock real clients out, so a full table makes
 //! room itself when it can: the data path remembers its recent new flows
 //! (`SB_CT_NEW_V2`, a ring all CPUs share), and a flow that does not fit
-//! removes the oldest remembered flow that is not established (TCP without the client's ACK of
-//! the SYN-ACK, [`ct_state::ACKED`]; UDP without a reply) and takes its
-//! place. An established flow is never removed for a new one.
+//! removes the oldest remembered flow that is not established (TCP without
+//! the client's ACK of the SYN-ACK, [`ct_state::ACKED`]; UDP without a
+//! reply) and takes its place. An established flow is never removed for a new one.
 use aya_ebpf::helpers::bpf_ktime_get_coarse_ns;
 use proxy_common::{
     ct_flags, ct_state, new_flows, proto, Addr6Be, CtEntry, CtEntry6, CtKey, CtKey6, KeyPair,

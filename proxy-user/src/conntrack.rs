@@ -584,16 +584,6 @@ fn fill(entries: usize, capacity: u32) -> f64 {
 /// `None` (not read): the fuller table sets the pace, and a table that
 /// could not be read is tried again soon.
 pub fn next_interval(fills: &[Option<f64>]) -> Duration {
-    next_interval_after(fills, Duration::ZERO)
-}
-
-/// [`next_interval`] after a pass over both tables that took `took`: at
-/// least [`PACE`] times as long.
-pub fn next_interval_after(fills: &[Option<f64>], took: Duration) -> Duration {
-    by_fill(fills).max(took.saturating_mul(PACE))
-}
-
-fn by_fill(fills: &[Option<f64>]) -> Duration {
     let mut fullest = 0.0_f64;
     for fill in fills {
         match fill {
@@ -602,6 +592,12 @@ fn by_fill(fills: &[Option<f64>]) -> Duration {
         }
     }
     interval(fullest)
+}
+
+/// [`next_interval`] after a pass over both tables that took `took`: at
+/// least [`PACE`] times as long.
+pub fn next_interval_after(fills: &[Option<f64>], took: Duration) -> Duration {
+    next_interval(fills).max(took.saturating_mul(PACE))
 }
 
 #[derive(Debug, thiserror::Error)]

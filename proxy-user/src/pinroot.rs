@@ -33,10 +33,6 @@ pub const FORMAT_PIN: &str = "SB_FORMAT";
 /// refuses names with a dot).
 const FORMAT_PIN_NEW: &str = "SB_FORMAT_new";
 
-/// Pins of earlier layouts that an agent of this version migrates at start
-/// (and then unpins).
-pub const MIGRATED: [&str; 3] = crate::migrate::EARLIER;
-
 #[derive(Debug, thiserror::Error)]
 pub enum FormatError {
     #[error("pin root {} is of format {found}, newer than this switchboard's (format {FORMAT}): a newer version's agent ran there, and its maps may not read as this version expects; run that version's binary, or remove everything with `switchboard cleanup --pin-root {}` (every tracked connection is reset) and start again", .pin_root.display(), .pin_root.display())]
@@ -187,7 +183,7 @@ pub fn layout(pin_root: &Path) -> Layout {
             layout.maps_pinned = true;
         } else if name.ends_with(resize::STAGING_SUFFIX) {
             layout.staging.push(name);
-        } else if MIGRATED.contains(&name.as_str()) {
+        } else if crate::migrate::EARLIER.contains(&name.as_str()) {
             layout.to_migrate.push(name);
         } else if name.starts_with("SB_") && !is_stamp(&name) {
             layout.unknown.push(name);
