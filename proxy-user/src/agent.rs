@@ -1,5 +1,7 @@
 //! `switchboard agent`: load and pin the programs, attach them to pod
 //! interfaces as they appear, and keep the maps in step with the source.
+pub mod syncloop;
+
 use std::{path::PathBuf, time::Duration};
 
 use anyhow::{bail, Context as _};
@@ -11,25 +13,27 @@ use tokio::{
 };
 use tracing::{error, info, warn};
 
-use crate::cidr::IpCidr;
+use crate::model::cidr::IpCidr;
 use crate::{
-    attach::{self, Attacher, TcMode},
-    conntrack,
-    ebpf::{self, Capacities},
-    health::{self, ProxyHealth},
-    healthcheck::{self, HealthServers},
-    lock,
-    maps::PinnedMaps,
-    metrics::{self, SyncObserver},
-    migrate,
+    agent::syncloop::{unix_now, NodePortAddresses, SyncLoop},
+    dataplane::attach::{self, Attacher, TcMode},
+    dataplane::conntrack,
+    dataplane::ebpf::{self, Capacities},
+    dataplane::maps::PinnedMaps,
+    dataplane::migrate,
+    dataplane::pinroot,
+    dataplane::resize,
+    dataplane::socketlb,
+    dataplane::uplink::{self, LinkFacts, Uplink, UplinkError, XdpChoice, XdpHook, XdpMode},
     model::{self, Model},
-    pinroot, resize, socketlb,
+    node::health::{self, ProxyHealth},
+    node::healthcheck::{self, HealthServers},
+    node::lock,
+    node::metrics::{self, SyncObserver},
+    node::status::{self, AgentStatus},
+    node::verify,
     source::{self, cluster, dir, FeedRx},
-    status::{self, AgentStatus},
     sync::Syncer,
-    syncloop::{unix_now, NodePortAddresses, SyncLoop},
-    uplink::{self, LinkFacts, Uplink, UplinkError, XdpChoice, XdpHook, XdpMode},
-    verify,
 };
 
 /// Where the agent learns Services and EndpointSlices from.
@@ -56,7 +60,7 @@ impl std::str::FromStr for Source {
 
 pub struct AgentConfig {
     /// The connection-tracking timeouts (`--conntrack-*`).
-    pub conntrack_timeouts: crate::conntrack::Timeouts,
+    pub conntrack_timeouts: crate::dataplane::conntrack::Timeouts,
     pub source: Source,
     pub pin_root: PathBuf,
     pub capacities: Capacities,

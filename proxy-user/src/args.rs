@@ -6,13 +6,13 @@ use anyhow::Context as _;
 
 use crate::{
     agent::{AgentConfig, Source},
-    attach::TcMode,
-    cidr::IpCidr,
     cli::DEFAULT_PIN_ROOT,
-    conntrack::Timeouts,
-    ebpf::Capacities,
+    dataplane::attach::TcMode,
+    dataplane::conntrack::Timeouts,
+    dataplane::ebpf::Capacities,
+    dataplane::uplink::XdpMode,
+    model::cidr::IpCidr,
     model::LbAlgorithm,
-    uplink::XdpMode,
 };
 
 /// `switchboard agent`'s flags.
@@ -232,7 +232,7 @@ impl AgentArgs {
             (false, _) => None,
             (true, Some(root)) => Some(root),
             (true, None) => Some(
-                crate::socketlb::find_cgroup_root()
+                crate::dataplane::socketlb::find_cgroup_root()
                     .context("finding the cgroup root for the socket layer")?,
             ),
         };

@@ -7,35 +7,14 @@
 )]
 pub mod agent;
 pub mod args;
-pub mod attach;
-pub mod caps;
-pub mod cidr;
 pub mod cli;
-pub mod conntrack;
-pub mod ebpf;
-pub mod encode;
-pub mod fsmode;
-pub mod health;
-pub mod healthcheck;
-pub mod lock;
-pub mod maglev;
-pub mod mapbatch;
-pub mod maps;
-pub mod memory;
-pub mod metrics;
-pub mod migrate;
+pub mod dataplane;
 pub mod model;
+pub mod node;
 pub mod packet;
-pub mod pinroot;
-pub mod resize;
-pub mod sockdiag;
-pub mod socketlb;
 pub mod source;
-pub mod status;
 pub mod sync;
-pub mod syncloop;
-pub mod uplink;
-pub mod verify;
+pub mod util;
 
 /// How many cases a property test runs: `default` in `cargo test`, or
 /// `PROPTEST_CASES` when set (`cargo xtask soak` runs many more).

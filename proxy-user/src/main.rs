@@ -43,7 +43,7 @@ fn main() -> anyhow::Result<()> {
         }
         Command::Agent(args) => {
             let config = args.into_config()?;
-            proxy_user::memory::tune();
+            proxy_user::node::memory::tune();
             let runtime = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
                 .enable_all()
@@ -52,7 +52,7 @@ fn main() -> anyhow::Result<()> {
             // A permission error names the capabilities this process lacks.
             runtime
                 .block_on(agent::run(config))
-                .map_err(proxy_user::caps::name_missing)
+                .map_err(proxy_user::dataplane::caps::name_missing)
         }
         Command::Ops(command) => cli::run(command),
     }

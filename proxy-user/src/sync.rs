@@ -22,7 +22,7 @@
 //! Both address families are synced the same way: a frontend, its backends
 //! and its reverse-NAT entry go to its family's maps (`SB_FE6_V1`,
 //! `SB_BE6_V1`, `SB_RNAT6_V1` for IPv6), picked by the key or value
-//! ([`crate::encode::AnyFrontendKey`]). Service ids and backend ids come from
+//! ([`crate::sync::encode::AnyFrontendKey`]). Service ids and backend ids come from
 //! one allocator each, so an id names an entry in exactly one family's map;
 //! the Maglev tables (by service id) are shared. Each family's map has the
 //! full capacity, so capacity is counted per family.
@@ -35,17 +35,17 @@ use proxy_common::{
 };
 use tracing::{debug, warn};
 
-use crate::cidr::IpCidr;
+use crate::model::cidr::IpCidr;
 use crate::{
-    ebpf::Capacities,
-    encode::{
+    dataplane::ebpf::Capacities,
+    dataplane::maps::{MapStore, WriteError},
+    model::{BackendAddr, DesiredState, Frontend, FrontendAddr, IpFamily, LbAlgorithm, Protocol},
+    sync::encode::{
         backend_addr, backend_value, frontend_addr, frontend_key, ipv4, ipv6, proto_number,
         revnat_name, revnat_value, scoped_key, slot_zero_attributes, AnyBackend, AnyFrontendKey,
         AnyRevNat,
     },
-    maglev::{self, BackendKey},
-    maps::{MapStore, WriteError},
-    model::{BackendAddr, DesiredState, Frontend, FrontendAddr, IpFamily, LbAlgorithm, Protocol},
+    sync::maglev::BackendKey,
 };
 
 /// What one frontend looks like in the maps.
@@ -1100,6 +1100,8 @@ fn place(old: &[u32], wanted: &[u32]) -> Vec<u32> {
     result.into_iter().flatten().collect()
 }
 
+pub mod encode;
+pub mod maglev;
 #[cfg(test)]
 pub(crate) mod memstore;
 #[cfg(test)]

@@ -19,11 +19,11 @@ use proxy_common::{
     SockEntry6, SockKey6,
 };
 use proxy_user::{
-    conntrack::{self, GcMetrics, Pass, Timeouts},
-    ebpf,
-    maps::{MapStore as _, PinnedMaps},
+    dataplane::conntrack::{self, GcMetrics, Pass, Timeouts},
+    dataplane::ebpf,
+    dataplane::maps::{MapStore as _, PinnedMaps},
+    dataplane::sockdiag,
     model::BackendAddr,
-    sockdiag,
 };
 use support::{capacities, require_root};
 
@@ -388,7 +388,7 @@ fn the_cli_reads_an_agent_that_predates_ipv6() {
             .expect("write SB_CT_V5");
     }
     // What an agent from before IPv6 pinned: none of the IPv6 tables.
-    for name in proxy_user::maps::IPV6_MAPS
+    for name in proxy_user::dataplane::maps::IPV6_MAPS
         .into_iter()
         .chain([names::AFFINITY6])
     {
@@ -397,14 +397,14 @@ fn the_cli_reads_an_agent_that_predates_ipv6() {
     }
 
     match PinnedMaps::open(pin_root) {
-        Err(proxy_user::maps::MapsError::NotPinned { name, .. }) => {
+        Err(proxy_user::dataplane::maps::MapsError::NotPinned { name, .. }) => {
             assert_eq!(name, names::FRONTENDS6)
         }
         Err(other) => panic!("{other}"),
         Ok(_) => panic!("the agent's open must want every IPv6 map"),
     }
     let maps = PinnedMaps::open_tolerant(pin_root).expect("the CLI's open");
-    assert_eq!(maps.absent_ipv6(), proxy_user::maps::IPV6_MAPS);
+    assert_eq!(maps.absent_ipv6(), proxy_user::dataplane::maps::IPV6_MAPS);
     assert_eq!(maps.conntrack_len(), 1);
     assert_eq!(maps.conntrack6_len(), 0);
     drop(maps);
@@ -439,7 +439,7 @@ fn the_cli_reads_an_agent_that_predates_ipv6() {
     assert_eq!(flushed["removed"], 0);
     let maps = PinnedMaps::open_tolerant(pin_root).expect("open");
     assert_eq!(maps.conntrack_len(), 1, "the IPv4 flow stays");
-    for name in proxy_user::maps::IPV6_MAPS {
+    for name in proxy_user::dataplane::maps::IPV6_MAPS {
         assert!(
             !pin_root.join(name).exists(),
             "the CLI pinned nothing: {name}"

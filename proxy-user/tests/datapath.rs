@@ -7,7 +7,7 @@ use std::net::Ipv4Addr;
 
 use proxy_common::programs;
 use proxy_user::{
-    maps::MapStore,
+    dataplane::maps::MapStore,
     model::{DesiredState, Frontend, Protocol},
     packet::{checksums_valid, PacketSpec},
 };

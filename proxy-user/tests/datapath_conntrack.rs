@@ -7,8 +7,8 @@ use std::net::Ipv4Addr;
 
 use proxy_common::{ct_dir, ct_flags, ct_state, programs, proto, CtEntry, CtKey, CT_REFRESH_NS};
 use proxy_user::{
-    conntrack::{self, Phase, Timeouts},
-    ebpf::Capacities,
+    dataplane::conntrack::{self, Phase, Timeouts},
+    dataplane::ebpf::Capacities,
     model::Protocol,
     packet::PacketSpec,
 };

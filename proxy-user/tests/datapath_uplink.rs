@@ -28,8 +28,8 @@ use std::{
 
 use proxy_common::{ct_dir, ct_flags, programs, proto, scope, snat, CtEntry, CtKey};
 use proxy_user::{
-    cidr::IpCidr,
-    maps::MapStore,
+    dataplane::maps::MapStore,
+    model::cidr::IpCidr,
     model::{BackendAddr, DesiredState, Frontend, FrontendKind, Protocol, SourceRanges},
     packet::{
         checksum, checksums_valid, icmp_error_checksums_valid, icmp_frame, PacketSpec, ETH_HLEN,
@@ -701,7 +701,7 @@ fn local_policy_without_local_endpoints_drops_outside_traffic_only() {
                 dump.backends
                     .iter()
                     .find(|(i, _)| *i == id)
-                    .map(|(_, b)| proxy_user::encode::backend_addr(b).ip)
+                    .map(|(_, b)| proxy_user::sync::encode::backend_addr(b).ip)
             };
             let mut internal_set: Vec<Option<std::net::IpAddr>> = dump
                 .frontends

@@ -32,7 +32,7 @@ use proxy_common::{
     hash::{flow_hash6, source_hash6},
     names, programs, scope, snat, Backend6, FrontendKey6, FrontendSlot, MaglevTable, Uplink6,
 };
-use proxy_user::maglev::{self, BackendKey};
+use proxy_user::sync::maglev::{self, BackendKey};
 use support::{
     capacities, require_root, skb_ctx,
     v6::{
@@ -1271,7 +1271,7 @@ fn an_ipv6_frontend_without_endpoints_answers_outside_clients_with_rst_or_port_u
 
 #[test]
 fn ipv6_load_balancer_source_ranges_admit_only_listed_clients() {
-    use proxy_user::maps::MapStore as _;
+    use proxy_user::dataplane::maps::MapStore as _;
     const OUTSIDER: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x51, 0, 0, 0, 0, 0, 0x100);
     on_node(|uplink| {
         for prog in Prog::BOTH {

@@ -41,7 +41,7 @@ use proxy_common::{
     addr6_be, frontend_flags, names, programs, proto, scope, sock_dir, stat, Backend, Backend6,
     Config, FrontendKey, FrontendKey6, FrontendSlot, SockEntry6, SockKey6,
 };
-use proxy_user::{ebpf, socketlb};
+use proxy_user::{dataplane::ebpf, dataplane::socketlb};
 use support::{capacities, require_root};
 
 /// An IPv6 Service: TCP on 80, UDP on 53, over two backends.

@@ -8,7 +8,7 @@ use aya::{
     Ebpf, EbpfLoader,
 };
 use proxy_user::{
-    maps::PinnedMaps,
+    dataplane::maps::PinnedMaps,
     model::{BackendAddr, Frontend, FrontendAddr, Protocol, ServicePortName},
 };
 

@@ -13,8 +13,8 @@ use aya::{
 };
 use proxy_common::programs;
 use proxy_user::{
-    ebpf::{self, Capacities},
-    maps::PinnedMaps,
+    dataplane::ebpf::{self, Capacities},
+    dataplane::maps::PinnedMaps,
     model::{BackendAddr, DesiredState, Protocol},
     packet::PacketSpec,
     sync::Syncer,

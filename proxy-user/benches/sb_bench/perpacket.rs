@@ -14,12 +14,12 @@ use aya::{
 };
 use proxy_common::{ct_dir, programs, proto, CtEntry, CtKey};
 use proxy_user::{
-    cidr::IpCidr,
-    ebpf::{self, Capacities},
-    encode::frontend_key,
-    maps::{MapStore as _, PinnedMaps},
+    dataplane::ebpf::{self, Capacities},
+    dataplane::maps::{MapStore as _, PinnedMaps},
+    model::cidr::IpCidr,
     model::{BackendAddr, DesiredState, FrontendAddr, Protocol, SourceRanges},
     packet::PacketSpec,
+    sync::encode::frontend_key,
     sync::Syncer,
 };
 use serde_json::{json, Value};
@@ -171,7 +171,7 @@ impl PerPacket {
         let backend_id = dump
             .backends
             .iter()
-            .find(|(_, b)| proxy_user::encode::backend_addr(b) == want)
+            .find(|(_, b)| proxy_user::sync::encode::backend_addr(b) == want)
             .map(|(id, _)| *id)
             .ok_or_else(|| anyhow!("backend {backend} missing"))?;
         Ok((service_id, backend_id))

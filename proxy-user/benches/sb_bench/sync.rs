@@ -10,8 +10,8 @@ use k8s_openapi::{
     apimachinery::pkg::{apis::meta::v1::ObjectMeta, util::intstr::IntOrString},
 };
 use proxy_user::{
-    ebpf::{self, Capacities},
-    maps::PinnedMaps,
+    dataplane::ebpf::{self, Capacities},
+    dataplane::maps::PinnedMaps,
     model,
     sync::Syncer,
 };

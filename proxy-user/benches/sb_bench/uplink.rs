@@ -45,8 +45,8 @@ use aya::{
 };
 use proxy_common::programs;
 use proxy_user::{
-    ebpf::{self, Capacities},
-    maps::PinnedMaps,
+    dataplane::ebpf::{self, Capacities},
+    dataplane::maps::PinnedMaps,
     model::{
         BackendAddr, DesiredState, Frontend, FrontendAddr, FrontendKind, Protocol, ServicePortName,
     },

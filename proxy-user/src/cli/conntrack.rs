@@ -9,9 +9,9 @@ use serde::Serialize;
 
 use super::{table::Table, Common, Done, Output};
 use crate::{
-    conntrack::{self as gc, Entry as _, Key},
-    encode::revnat_name,
-    maps::{MapStore as _, PinnedMaps},
+    dataplane::conntrack::{self as gc, Entry as _, Key},
+    dataplane::maps::{MapStore as _, PinnedMaps},
+    sync::encode::revnat_name,
 };
 
 /// `--family`: one address family's flows only.
@@ -117,7 +117,7 @@ pub fn run(action: Action) -> anyhow::Result<Done> {
 fn list(common: &Common, service: Option<&str>, family: Option<Family>) -> anyhow::Result<Done> {
     let maps = super::open_maps(&common.pin_root)?;
     let names = service_names(&maps, &common.pin_root);
-    let timeouts = crate::status::read(&common.pin_root)
+    let timeouts = crate::node::status::read(&common.pin_root)
         .map(|s| s.conntrack_timeouts)
         .unwrap_or_default();
     let now = super::monotonic_ns();

@@ -18,8 +18,8 @@ use serde::Serialize;
 use super::ServiceRow;
 use crate::{
     model::{self, DesiredState, NodeInfo},
+    node::status::{AgentStatus, UnprogrammedService},
     source::{cluster, load_file},
-    status::{AgentStatus, UnprogrammedService},
 };
 
 /// The objects the model is built from.

@@ -21,7 +21,7 @@ use super::{
     agent_process, desired, hooks, kube_proxy, read_services, status::interface_rows, Common, Done,
     Output, ServiceRow,
 };
-use crate::{pinroot, status::AgentStatus};
+use crate::{dataplane::pinroot, node::status::AgentStatus};
 
 /// At most this many Services get a Pod lookup (one list call each).
 const MAX_SELECTOR_LOOKUPS: usize = 50;
@@ -88,7 +88,7 @@ pub fn run(common: &Common, kubeconfig: Option<PathBuf>) -> anyhow::Result<Done>
 
 async fn checks(common: &Common, kubeconfig: Option<PathBuf>) -> anyhow::Result<Vec<Check>> {
     let pin_root = &common.pin_root;
-    let status = crate::status::read(pin_root);
+    let status = crate::node::status::read(pin_root);
     let (maps, maps_unreadable) = match super::open_maps(pin_root) {
         Ok(maps) => (Some(maps), None),
         Err(error) => (None, super::status::maps_unreadable(&error)),
@@ -434,7 +434,7 @@ fn verify_check(pin_root: &std::path::Path, status: Option<&AgentStatus>) -> Che
     if !agent_process(pin_root, status).alive {
         return Check::skipped(name, "no agent running");
     }
-    match crate::verify::ask(pin_root) {
+    match crate::node::verify::ask(pin_root) {
         Ok(v) => {
             let findings = v
                 .problems
@@ -600,7 +600,7 @@ mod tests {
     #[test]
     fn a_held_service_is_named_with_its_problem() {
         let status = AgentStatus {
-            rejected: vec![crate::status::RejectedObject {
+            rejected: vec![crate::node::status::RejectedObject {
                 kind: "EndpointSlice".into(),
                 object: "demo/echo-1".into(),
                 service: Some("demo/echo".into()),

@@ -29,10 +29,10 @@ use serde::Serialize;
 
 use super::{hooks, Common, Done, Output};
 use crate::{
-    encode::{backend_addr, revnat_name, AnyBackend, AnyFrontendKey},
-    maps::{MapStore as _, PinnedMaps},
+    dataplane::maps::{MapStore as _, PinnedMaps},
     model::IpFamily,
-    status::UnprogrammedService,
+    node::status::UnprogrammedService,
+    sync::encode::{backend_addr, revnat_name, AnyBackend, AnyFrontendKey},
 };
 
 /// A flow's destination.
@@ -145,7 +145,7 @@ pub struct View {
     /// What the agent could not program (from its status file).
     pub unprogrammed: Vec<UnprogrammedService>,
     /// `loadBalancerSourceRanges` blocks by service id.
-    pub source_ranges: HashMap<u32, Vec<crate::cidr::IpCidr>>,
+    pub source_ranges: HashMap<u32, Vec<crate::model::cidr::IpCidr>>,
 }
 
 /// What happens to the flow.
@@ -210,7 +210,7 @@ pub fn run(
                 hooks::inspect(&mut handle).await
             })??;
             // An uplink may be a veth too; it is never a pod interface.
-            let listed = crate::status::read(&common.pin_root).map(|s| s.interfaces).unwrap_or_default();
+            let listed = crate::node::status::read(&common.pin_root).map(|s| s.interfaces).unwrap_or_default();
             for iface in &mut net.interfaces {
                 if listed.iter().any(|l| l.index == iface.index && l.role == "uplink") {
                     iface.pod = false;
@@ -230,7 +230,7 @@ pub fn run(
         v4: open_pinned_hash(&common.pin_root, names::AFFINITY),
         v6: open_pinned_hash(&common.pin_root, names::AFFINITY6),
     };
-    let status = crate::status::read(&common.pin_root);
+    let status = crate::node::status::read(&common.pin_root);
     let view = load_view(
         &maps,
         &affinity,
@@ -304,7 +304,7 @@ fn load_view(
     unprogrammed: Vec<UnprogrammedService>,
 ) -> View {
     let dump = maps.dump();
-    let mut source_ranges: HashMap<u32, Vec<crate::cidr::IpCidr>> = HashMap::new();
+    let mut source_ranges: HashMap<u32, Vec<crate::model::cidr::IpCidr>> = HashMap::new();
     for (id, block) in &dump.source_ranges {
         source_ranges.entry(*id).or_default().push(*block);
     }
@@ -504,7 +504,7 @@ fn kind_name(flags: u16) -> &'static str {
     }
 }
 
-fn addr_of(backend: &impl crate::encode::BackendLike) -> String {
+fn addr_of(backend: &impl crate::sync::encode::BackendLike) -> String {
     backend_addr(backend).to_string()
 }
 
@@ -1050,7 +1050,7 @@ mod tests {
     fn load_balancer_source_ranges_deny_outside_sources_and_the_node_without_a_node_block() {
         let t = target("198.51.100.7:443/TCP");
         let mut v = view(&t, 2, ff::KIND_LOAD_BALANCER | ff::SOURCE_RANGES);
-        let block: crate::cidr::IpCidr = "10.0.0.0/8".parse().expect("cidr");
+        let block: crate::model::cidr::IpCidr = "10.0.0.0/8".parse().expect("cidr");
         v.source_ranges.insert(SVC, vec![block]);
         let inside = explain(
             &v,

@@ -22,7 +22,7 @@ use rtnetlink::packet_core::{NetlinkMessage, NetlinkPayload, NLM_F_DUMP, NLM_F_R
 use rtnetlink::packet_utils::nla::Nla as _;
 use serde::Serialize;
 
-use crate::attach;
+use crate::dataplane::attach;
 
 /// clsact's ingress and egress parents (`TC_H_CLSACT` with
 /// `TC_H_MIN_INGRESS` / `TC_H_MIN_EGRESS`).
@@ -159,7 +159,7 @@ pub async fn inspect(handle: &mut rtnetlink::Handle) -> anyhow::Result<NetView> 
 /// the kernel refused (EPERM or EACCES, anywhere in its causes), `None`
 /// for anything else (a program unloaded while we looked).
 pub fn unreadable(error: &ProgramError) -> Option<String> {
-    crate::caps::permission_denied(error).then(|| CANNOT_INSPECT.to_owned())
+    crate::dataplane::caps::permission_denied(error).then(|| CANNOT_INSPECT.to_owned())
 }
 
 /// Program id → name, for every loaded program; fails only when the

@@ -155,8 +155,8 @@ pub enum Output {
 /// with the IPv4 ones, and a note says so on stderr (stdout stays parseable).
 pub fn open_maps(
     pin_root: &std::path::Path,
-) -> Result<crate::maps::PinnedMaps, crate::maps::MapsError> {
-    let maps = crate::maps::PinnedMaps::open_tolerant(pin_root)?;
+) -> Result<crate::dataplane::maps::PinnedMaps, crate::dataplane::maps::MapsError> {
+    let maps = crate::dataplane::maps::PinnedMaps::open_tolerant(pin_root)?;
     if let Some(note) = maps.ipv6_note() {
         eprintln!("{note}");
     }
@@ -250,7 +250,7 @@ fn now_unix_s() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-use crate::conntrack::monotonic_ns;
+use crate::dataplane::conntrack::monotonic_ns;
 
 fn to_json<T: serde::Serialize>(value: &T) -> anyhow::Result<String> {
     Ok(serde_json::to_string_pretty(value)? + "\n")

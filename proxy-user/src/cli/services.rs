@@ -6,9 +6,11 @@ use proxy_common::{frontend_flags as ff, scope, FrontendSlot, SvcStats};
 use serde::Serialize;
 
 use crate::{
-    encode::{backend_addr, frontend_addr, revnat_name, AnyBackend, AnyFrontendKey, AnyRevNat},
-    maps::{Dump, MapStore as _, MapsError, PinnedMaps},
+    dataplane::maps::{Dump, MapStore as _, MapsError, PinnedMaps},
     model::{FrontendAddr, IpFamily},
+    sync::encode::{
+        backend_addr, frontend_addr, revnat_name, AnyBackend, AnyFrontendKey, AnyRevNat,
+    },
 };
 
 #[derive(Debug, Serialize, PartialEq, Eq)]
@@ -77,7 +79,7 @@ fn rows(
     stats: impl Fn(u32) -> SvcStats,
     denied: impl Fn(u32) -> u64,
 ) -> Vec<ServiceRow> {
-    let mut blocks: HashMap<u32, Vec<crate::cidr::IpCidr>> = HashMap::new();
+    let mut blocks: HashMap<u32, Vec<crate::model::cidr::IpCidr>> = HashMap::new();
     for (id, block) in &dump.source_ranges {
         blocks.entry(*id).or_default().push(*block);
     }
@@ -170,7 +172,7 @@ pub fn host_port(address: &str, port: u16) -> String {
 /// Marks the rows of Services the agent holds at their last good version
 /// (the Service's own newest version, or one of its slices', cannot be
 /// used), with the problems, from the agent's status file.
-pub fn mark_held(rows: &mut [ServiceRow], status: &crate::status::AgentStatus) {
+pub fn mark_held(rows: &mut [ServiceRow], status: &crate::node::status::AgentStatus) {
     for row in rows {
         let service = row
             .service
@@ -345,7 +347,7 @@ pub fn render_table(rows: &[ServiceRow]) -> String {
 
 /// What the agent could not program, and whether it is running (`alive`:
 /// see [`super::agent_process`]).
-pub fn render_status(status: &crate::status::AgentStatus, alive: bool) -> String {
+pub fn render_status(status: &crate::node::status::AgentStatus, alive: bool) -> String {
     let mut out = String::new();
     if !alive {
         let _ = writeln!(
@@ -380,7 +382,7 @@ pub fn services(pin_root: &Path, json: bool) -> anyhow::Result<String> {
         Err(error) => return Err(error.into()),
     };
     let mut rows = read_services(&maps);
-    let status = crate::status::read(pin_root);
+    let status = crate::node::status::read(pin_root);
     if let Some(status) = &status {
         mark_held(&mut rows, status);
     }
@@ -491,7 +493,7 @@ mod tests {
     /// agent's problems (files that do not parse among them) follow the table.
     #[test]
     fn held_services_are_marked_and_problems_listed() {
-        use crate::status::{AgentStatus, RejectedObject};
+        use crate::node::status::{AgentStatus, RejectedObject};
         let status = AgentStatus {
             pid: 1,
             warnings: vec![

@@ -6,7 +6,7 @@ use std::{collections::BTreeMap, fmt::Write as _, path::Path};
 use aya::maps::IterableMap as _;
 use serde::Serialize;
 
-use crate::maps::PinnedMaps;
+use crate::dataplane::maps::PinnedMaps;
 
 /// What `switchboard stats` reports.
 #[derive(Debug, Serialize, PartialEq, Eq)]

@@ -11,8 +11,9 @@ use super::{
     AgentProcess, Common, Done, MapFill, Output,
 };
 use crate::{
-    caps, pinroot,
-    status::{AgentStatus, UplinkXdp},
+    dataplane::caps,
+    dataplane::pinroot,
+    node::status::{AgentStatus, UplinkXdp},
 };
 
 /// Maps whose running full loses Services (the LRU ones evict instead).
@@ -79,7 +80,7 @@ pub fn run(common: &Common) -> anyhow::Result<Done> {
 }
 
 fn gather(pin_root: &Path) -> anyhow::Result<StatusReport> {
-    let status = crate::status::read(pin_root);
+    let status = crate::node::status::read(pin_root);
     let agent = agent_process(pin_root, status.as_ref());
     let net = super::block_on(async {
         let mut handle = hooks::connect()?;
@@ -125,7 +126,7 @@ fn gather(pin_root: &Path) -> anyhow::Result<StatusReport> {
 
 /// What to say when the maps could not be opened because the kernel
 /// refused (EPERM or EACCES); `None` for any other cause (not pinned).
-pub fn maps_unreadable(error: &crate::maps::MapsError) -> Option<String> {
+pub fn maps_unreadable(error: &crate::dataplane::maps::MapsError) -> Option<String> {
     caps::permission_denied(error)
         .then(|| "cannot read the pinned maps: permission denied (need CAP_BPF or root)".to_owned())
 }
@@ -286,7 +287,7 @@ fn problems(report: &StatusReport) -> Vec<String> {
         .as_ref()
         .and_then(|s| s.socket_lb_cgroup.as_ref())
     {
-        let missing: Vec<&str> = crate::socketlb::all_programs()
+        let missing: Vec<&str> = crate::dataplane::socketlb::all_programs()
             .filter(|p| !report.pinned_links.iter().any(|l| l.name == *p))
             .collect();
         if !missing.is_empty() {
@@ -464,7 +465,7 @@ fn render_maps(out: &mut String, report: &StatusReport) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::status::AttachedInterface;
+    use crate::node::status::AttachedInterface;
 
     fn iface(name: &str, index: u32, pod: bool) -> hooks::IfaceHooks {
         hooks::IfaceHooks {
@@ -641,7 +642,7 @@ mod tests {
         assert!(!text.contains("MISSING"), "{text}");
         assert!(text.contains("unknown"), "{text}");
         // Unprivileged: the maps cannot be opened either.
-        let denied = crate::maps::MapsError::Open {
+        let denied = crate::dataplane::maps::MapsError::Open {
             path: "/sys/fs/bpf/switchboard/SB_FE_V1".into(),
             source: aya::maps::MapError::SyscallError(aya::sys::SyscallError {
                 call: "BPF_OBJ_GET",
@@ -650,7 +651,7 @@ mod tests {
         };
         let why = maps_unreadable(&denied).expect("a permission error");
         assert!(why.contains("permission denied"), "{why}");
-        let absent = crate::maps::MapsError::NotPinned {
+        let absent = crate::dataplane::maps::MapsError::NotPinned {
             name: names::FRONTENDS,
             path: "/x/SB_FE_V1".into(),
         };
@@ -739,7 +740,9 @@ mod tests {
             found[0].contains("not attached: sb_sock_getpeername6, sb_sock_recvmsg6, sb_sock_sendmsg6, sb_sock_connect6"),
             "{found:?}"
         );
-        let all: Vec<hooks::LinkPin> = crate::socketlb::all_programs().map(pin).collect();
+        let all: Vec<hooks::LinkPin> = crate::dataplane::socketlb::all_programs()
+            .map(pin)
+            .collect();
         let report = StatusReport {
             pinned_links: all,
             ..report

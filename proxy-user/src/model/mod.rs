@@ -22,6 +22,7 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 
+pub mod cidr;
 mod endpoints;
 mod incremental;
 pub mod input;
@@ -363,7 +364,7 @@ pub struct Frontend {
 }
 
 fn serialize_blocks<S: serde::Serializer>(
-    blocks: &Arc<[crate::cidr::IpCidr]>,
+    blocks: &Arc<[crate::model::cidr::IpCidr]>,
     s: S,
 ) -> Result<S::Ok, S::Error> {
     serde::Serialize::serialize(&blocks[..], s)
@@ -377,7 +378,7 @@ pub struct SourceRanges {
     /// sorted, without duplicates. Empty: no source is allowed (every block
     /// listed was of the other family, or invalid).
     #[serde(serialize_with = "serialize_blocks")]
-    pub blocks: Arc<[crate::cidr::IpCidr]>,
+    pub blocks: Arc<[crate::model::cidr::IpCidr]>,
     /// A block holds one of this node's addresses. kube-proxy then also
     /// allows the Service's load-balancer IPs as sources (they are in
     /// `blocks` too), and the node's own sockets may connect.

@@ -14,7 +14,7 @@
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use crate::cidr::IpCidr;
+use crate::model::cidr::IpCidr;
 
 use super::endpoints::{Endpoints, ParsedSlice, Selection};
 use super::{

@@ -2241,10 +2241,10 @@ mod properties {
         ) {
             let mut model = Model::new(None, None);
             let mut r = Reference::default();
-            use crate::maps::MapStore as _;
+            use crate::dataplane::maps::MapStore as _;
             let mut syncer = crate::sync::Syncer::adopt(
                 crate::sync::memstore::MemStore::default(),
-                crate::ebpf::Capacities::default(),
+                crate::dataplane::ebpf::Capacities::default(),
             );
             for (n, chunk) in changes.chunks(batch).enumerate() {
                 for change in chunk {
@@ -2300,7 +2300,7 @@ mod properties {
                     .unprogrammed()
                     .map(|u| (u.frontend, u.reason.clone()))
                     .collect();
-                let verified = crate::verify::compare(
+                let verified = crate::node::verify::compare(
                     model.desired(),
                     syncer.default_algorithm(),
                     &syncer.store().dump(),

@@ -7,10 +7,10 @@ use proxy_common::{
 };
 
 use crate::{
-    cidr::IpCidr,
-    encode::{backend_addr, frontend_key, AnyBackend, AnyFrontendKey, AnyRevNat},
-    maps::{Dump, MapStore, WriteError},
+    dataplane::maps::{Dump, MapStore, WriteError},
+    model::cidr::IpCidr,
     model::{BackendAddr, FrontendAddr, IpFamily},
+    sync::encode::{backend_addr, frontend_key, AnyBackend, AnyFrontendKey, AnyRevNat},
 };
 
 /// An in-memory stand-in for the kernel maps, counting writes.

@@ -696,7 +696,7 @@ fn an_ipv6_frontend_goes_to_the_ipv6_maps_with_ids_shared_with_ipv4() {
         panic!("an IPv6 reverse-NAT entry");
     };
     assert_eq!(
-        crate::encode::ipv6(rnat.addr_be),
+        crate::sync::encode::ipv6(rnat.addr_be),
         "fd00:96::10".parse::<Ipv6Addr>().unwrap()
     );
     assert_eq!(revnat_name(&rnat), "default/web");
@@ -764,7 +764,7 @@ fn an_ipv6_frontend_moves_and_leaves_purging_only_ipv6_flows() {
     let gone_addr = dns6.backends[1];
     let proxy_common::Backend6 {
         addr_be: gone_be, ..
-    } = match crate::encode::backend_value(gone_addr, Protocol::Udp) {
+    } = match crate::sync::encode::backend_value(gone_addr, Protocol::Udp) {
         AnyBackend::V6(b) => b,
         AnyBackend::V4(_) => panic!("an IPv6 backend"),
     };
@@ -860,7 +860,7 @@ fn adoption_reads_both_families_and_drops_cross_family_leftovers() {
     store
         .put_backend(
             900,
-            crate::encode::backend_value(lb6.backends[0], Protocol::Udp),
+            crate::sync::encode::backend_value(lb6.backends[0], Protocol::Udp),
         )
         .expect("put");
     store

@@ -15,8 +15,8 @@ use aya::{
 };
 use proxy_common::{programs, CtEntry, CtKey};
 use proxy_user::{
-    ebpf::{self, Capacities},
-    maps::PinnedMaps,
+    dataplane::ebpf::{self, Capacities},
+    dataplane::maps::PinnedMaps,
     model::{
         BackendAddr, DesiredState, Frontend, FrontendAddr, FrontendKind, Protocol, ServicePortName,
     },

@@ -47,7 +47,7 @@ use netlink_packet_route::{
 use proxy_common::{addr6_be, names, programs, Uplink6};
 use tracing::{debug, info};
 
-use crate::attach::{self, AttachError, Attached, Hook, PodInterface, TcMode};
+use crate::dataplane::attach::{self, AttachError, Attached, Hook, PodInterface, TcMode};
 
 /// How the uplink program runs (`--xdp-mode`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -566,18 +566,18 @@ fn attach_xdp(
         mode,
         source: Box::new(source),
     };
-    crate::fsmode::ensure_dir(
+    crate::util::fsmode::ensure_dir(
         link_dir,
-        crate::fsmode::PIN_DIR_MODE,
-        crate::fsmode::Existing::Set,
+        crate::util::fsmode::PIN_DIR_MODE,
+        crate::util::fsmode::Existing::Set,
     )
     .map_err(|source| UplinkError::LinkDir {
         path: link_dir.to_owned(),
         source,
     })?;
     let path = xdp_pin(link_dir, uplink.index, mode);
-    let prog: &mut Xdp = crate::ebpf::typed(ebpf, name).map_err(|e| match e {
-        crate::ebpf::LoadError::Program { source, .. } => xdp_error(source),
+    let prog: &mut Xdp = crate::dataplane::ebpf::typed(ebpf, name).map_err(|e| match e {
+        crate::dataplane::ebpf::LoadError::Program { source, .. } => xdp_error(source),
         _ => xdp_error(ProgramError::NotLoaded),
     })?;
     if let Some(existing) = pinned_xdp_link(&path) {

@@ -133,7 +133,7 @@ pub struct Attacher {
     /// Where TCX links are pinned (`<pin root>/links`).
     link_dir: PathBuf,
     /// Uplink interface indices: not pod interfaces, and their link pins
-    /// (attached by [`crate::uplink`]) are not ours to forget.
+    /// (attached by [`crate::dataplane::uplink`]) are not ours to forget.
     uplinks: Vec<u32>,
 }
 
@@ -190,17 +190,19 @@ impl Attacher {
     }
 
     /// The pod interfaces with programs on them, for the status file.
-    pub fn interfaces(&self) -> Vec<crate::status::AttachedInterface> {
+    pub fn interfaces(&self) -> Vec<crate::node::status::AttachedInterface> {
         let mut out: Vec<_> = self
             .attached
             .iter()
-            .map(|(name, (index, how))| crate::status::AttachedInterface {
-                name: name.clone(),
-                index: *index,
-                role: "pod".to_owned(),
-                hooks: hook_names(*how, &POD_HOOKS),
-                xdp: None,
-            })
+            .map(
+                |(name, (index, how))| crate::node::status::AttachedInterface {
+                    name: name.clone(),
+                    index: *index,
+                    role: "pod".to_owned(),
+                    hooks: hook_names(*how, &POD_HOOKS),
+                    xdp: None,
+                },
+            )
             .collect();
         out.sort_by(|a, b| a.name.cmp(&b.name));
         out
@@ -351,10 +353,10 @@ fn attach_tcx(
     link_dir: &Path,
     hooks: &[Hook],
 ) -> Result<(), AttachError> {
-    crate::fsmode::ensure_dir(
+    crate::util::fsmode::ensure_dir(
         link_dir,
-        crate::fsmode::PIN_DIR_MODE,
-        crate::fsmode::Existing::Set,
+        crate::util::fsmode::PIN_DIR_MODE,
+        crate::util::fsmode::Existing::Set,
     )
     .map_err(|source| AttachError::LinkDir {
         path: link_dir.to_owned(),

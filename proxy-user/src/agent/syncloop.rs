@@ -16,18 +16,19 @@ use std::time::{Instant, SystemTime};
 use tracing::{error, info, warn};
 
 use crate::{
-    cidr::IpCidr,
-    health::ProxyHealth,
-    healthcheck::HealthServers,
-    maps::MapStore,
-    memory,
-    metrics::{SliceSynced, SyncObserver},
+    dataplane::maps::MapStore,
+    dataplane::sockdiag,
+    dataplane::uplink,
+    model::cidr::IpCidr,
     model::{self, FrontendAddr, Model, ModelDelta, NodeInfo, ObjectKind},
-    sockdiag,
+    node::health::ProxyHealth,
+    node::healthcheck::HealthServers,
+    node::memory,
+    node::metrics::{SliceSynced, SyncObserver},
+    node::status::{self, AgentStatus, RejectedObject, UnprogrammedService},
+    node::verify,
     source::Changes,
-    status::{self, AgentStatus, RejectedObject, UnprogrammedService},
     sync::{SyncReport, Syncer, Unprogrammed},
-    uplink, verify,
 };
 
 pub struct SyncLoop<'a, S: MapStore> {

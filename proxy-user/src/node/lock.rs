@@ -14,7 +14,7 @@ use nix::{
     fcntl::{Flock, FlockArg},
 };
 
-use crate::{fsmode, status};
+use crate::{node::status, util::fsmode};
 
 #[derive(Debug, thiserror::Error)]
 pub enum LockError {

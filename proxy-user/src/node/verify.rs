@@ -24,13 +24,13 @@ use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, warn};
 
-use crate::encode::{
+use crate::dataplane::maps::Dump;
+use crate::model::{BackendAddr, DesiredState, Frontend, FrontendAddr, IpFamily, LbAlgorithm};
+use crate::node::status;
+use crate::sync::encode::{
     backend_addr, frontend_addr, proto_number, revnat_name, revnat_value, scoped_key,
     slot_zero_attributes, AnyBackend, AnyFrontendKey, AnyRevNat,
 };
-use crate::maps::Dump;
-use crate::model::{BackendAddr, DesiredState, Frontend, FrontendAddr, IpFamily, LbAlgorithm};
-use crate::status;
 
 /// The one request the socket serves.
 pub const REQUEST: &str = "verify";
@@ -484,10 +484,10 @@ pub struct Request {
 pub fn serve(pin_root: &Path) -> std::io::Result<(SocketGuard, mpsc::Receiver<Request>)> {
     let path = socket_path(pin_root);
     if let Some(dir) = path.parent() {
-        crate::fsmode::ensure_dir(
+        crate::util::fsmode::ensure_dir(
             dir,
-            crate::fsmode::STATUS_DIR_MODE,
-            crate::fsmode::Existing::Set,
+            crate::util::fsmode::STATUS_DIR_MODE,
+            crate::util::fsmode::Existing::Set,
         )?;
     }
     // The agent holds the pin root's lock: a file here is a dead agent's.

@@ -624,7 +624,7 @@ where
     E: Entry + aya::Pod + bytemuck::Pod,
 {
     fn read_all(&self) -> std::io::Result<Vec<(K, E)>> {
-        crate::mapbatch::lookup_all(self.map())
+        crate::dataplane::mapbatch::lookup_all(self.map())
     }
     fn get(&self, key: &K) -> Option<E> {
         HashMap::get(self, key, 0).ok()

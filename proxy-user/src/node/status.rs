@@ -9,7 +9,7 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
-use crate::fsmode;
+use crate::util::fsmode;
 
 /// Where status files live; one per pin root, so two agents on one machine
 /// keep theirs apart.
@@ -58,7 +58,7 @@ pub struct AgentStatus {
     pub metrics_bind: String,
     /// The connection-tracking timeouts (`--conntrack-*`), for
     /// `switchboard conntrack list`'s time to expiry.
-    pub conntrack_timeouts: crate::conntrack::Timeouts,
+    pub conntrack_timeouts: crate::dataplane::conntrack::Timeouts,
 }
 
 /// One interface with switchboard's programs on it.

@@ -14,7 +14,7 @@ use proxy_common::{
     FrontendKey6, RevNat, RevNat6, SrcRange4, SrcRange6, REVNAT_NAME_LEN, SRC_RANGE_ID_BITS,
 };
 
-use crate::cidr::IpCidr;
+use crate::model::cidr::IpCidr;
 
 use crate::model::{
     BackendAddr, Frontend, FrontendAddr, FrontendKind, IpFamily, LbAlgorithm, Protocol,

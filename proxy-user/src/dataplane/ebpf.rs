@@ -51,7 +51,7 @@ pub enum LoadError {
 }
 
 /// How many entries each map holds. A pinned map of another size is resized
-/// by the agent at start ([`crate::resize`]).
+/// by the agent at start ([`crate::dataplane::resize`]).
 #[derive(Clone, Copy, Debug)]
 pub struct Capacities {
     pub frontends: u32,
@@ -101,10 +101,10 @@ pub fn check_pin_root(pin_root: &Path) -> Result<(), LoadError> {
         });
     }
     // Only root may add or remove pins, whatever the umask.
-    crate::fsmode::ensure_dir(
+    crate::util::fsmode::ensure_dir(
         pin_root,
-        crate::fsmode::PIN_DIR_MODE,
-        crate::fsmode::Existing::Tighten,
+        crate::util::fsmode::PIN_DIR_MODE,
+        crate::util::fsmode::Existing::Tighten,
     )
     .map_err(|source| LoadError::CreatePinRoot {
         path: pin_root.to_owned(),
@@ -113,7 +113,7 @@ pub fn check_pin_root(pin_root: &Path) -> Result<(), LoadError> {
 }
 
 /// A pinned map whose capacity differs from the one asked for: the agent
-/// resizes it online (see [`crate::resize`]).
+/// resizes it online (see [`crate::dataplane::resize`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CapacityMismatch {
     pub map: &'static str,
@@ -190,7 +190,7 @@ pub fn capacity_mismatches(pin_root: &Path, caps: &Capacities) -> Vec<CapacityMi
 /// programs are attached).
 ///
 /// The maps named in `staged` are created fresh at their staging pins
-/// ([`crate::resize::staging_path`]) instead of adopted: they are being
+/// ([`crate::dataplane::resize::staging_path`]) instead of adopted: they are being
 /// resized.
 pub fn load(
     pin_root: &Path,
@@ -221,7 +221,7 @@ fn load_with(
         Some((root, staged)) => names::ALL
             .iter()
             .map(|name| match staged.contains(name) {
-                true => (*name, crate::resize::staging_path(root, name)),
+                true => (*name, crate::dataplane::resize::staging_path(root, name)),
                 false => (*name, root.join(name)),
             })
             .collect(),

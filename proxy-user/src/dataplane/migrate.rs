@@ -28,7 +28,7 @@ use aya::maps::{HashMap, IterableMap as _, Map, MapData, MapError, PerCpuArray, 
 use proxy_common::{ct_dir, ct_flags, ct_state, names, CtEntry, CtKey, RevNat};
 use tracing::debug;
 
-use crate::maps::PinnedMaps;
+use crate::dataplane::maps::PinnedMaps;
 
 /// The pins of earlier layouts, oldest first.
 pub const EARLIER: [&str; 3] = [CONNTRACK_V2, names::CONNTRACK_V4, GLOBAL_STATS_V1];
@@ -191,7 +191,7 @@ fn read_table<V: aya::Pod + bytemuck::Pod>(
             path: path.clone(),
             source,
         })?;
-    crate::mapbatch::lookup_all::<CtKey, V>(table.map())
+    crate::dataplane::mapbatch::lookup_all::<CtKey, V>(table.map())
         .map(Some)
         .map_err(|source| MigrateError::Read { path, source })
 }
@@ -200,7 +200,7 @@ fn read_table<V: aya::Pod + bytemuck::Pod>(
 /// the current one, keeping what it holds: per table found, how many
 /// entries came over, or why none could (the pin is then left alone).
 pub fn copy_flows(pin_root: &Path, maps: &mut PinnedMaps) -> Vec<Result<Migrated, MigrateError>> {
-    let now = crate::conntrack::monotonic_ns();
+    let now = crate::dataplane::conntrack::monotonic_ns();
     let mut copied = Vec::new();
     match read_table::<CtEntryV2>(pin_root, CONNTRACK_V2) {
         Ok(None) => {}
@@ -333,7 +333,7 @@ mod tests {
     use proxy_common::{ct_flags, proto};
 
     use super::*;
-    use crate::conntrack::{verdict, Flow, Phase, Timeouts};
+    use crate::dataplane::conntrack::{verdict, Flow, Phase, Timeouts};
 
     const S: u64 = 1_000_000_000;
 

@@ -148,10 +148,10 @@ pub fn attach(ebpf: &mut Ebpf, cgroup: &Path, pin_root: &Path) -> Result<(), Soc
         source,
     })?;
     let dir = pin_root.join(LINK_DIR);
-    crate::fsmode::ensure_dir(
+    crate::util::fsmode::ensure_dir(
         &dir,
-        crate::fsmode::PIN_DIR_MODE,
-        crate::fsmode::Existing::Set,
+        crate::util::fsmode::PIN_DIR_MODE,
+        crate::util::fsmode::Existing::Set,
     )
     .map_err(|source| SocketLbError::LinkDir {
         path: dir.clone(),

@@ -7,13 +7,13 @@
 //! [`PinnedMaps`] for real.
 use std::path::{Path, PathBuf};
 
-use crate::cidr::IpCidr;
-use crate::encode::{
+use crate::dataplane::mapbatch;
+use crate::model::cidr::IpCidr;
+use crate::model::IpFamily;
+use crate::sync::encode::{
     source_range_block4, source_range_block6, source_range_key4, source_range_key6, AnyBackend,
     AnyFrontendKey, AnyRevNat,
 };
-use crate::mapbatch;
-use crate::model::IpFamily;
 use aya::{
     maps::{
         lpm_trie::{Key as LpmKey, LpmTrie},

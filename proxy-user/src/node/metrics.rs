@@ -51,10 +51,10 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 use tracing::{info, warn};
 
-use crate::conntrack::GcMetrics;
-use crate::health::{bind, BindError, Serving};
-use crate::healthcheck::http_response;
-use crate::maps::{MapsError, PinnedMaps};
+use crate::dataplane::conntrack::GcMetrics;
+use crate::dataplane::maps::{MapsError, PinnedMaps};
+use crate::node::health::{bind, BindError, Serving};
+use crate::node::healthcheck::http_response;
 
 pub use crate::model::input::TRIGGER_TIME_ANNOTATION;
 use crate::model::ObjectKey;

@@ -29,7 +29,7 @@ use proxy_common::{
 };
 use tracing::{info, warn};
 
-use crate::ebpf::CapacityMismatch;
+use crate::dataplane::ebpf::CapacityMismatch;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ResizeError {

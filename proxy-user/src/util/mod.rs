@@ -1,0 +1,2 @@
+//! Helpers shared by layers that do not otherwise meet.
+pub mod fsmode;
