@@ -18,7 +18,7 @@ use crate::{
     agent::syncloop::{unix_now, NodePortAddresses, SyncLoop},
     dataplane::attach::{self, Attacher, TcMode},
     dataplane::conntrack,
-    dataplane::ebpf::{self, Capacities},
+    dataplane::ebpf,
     dataplane::maps::PinnedMaps,
     dataplane::migrate,
     dataplane::pinroot,
@@ -33,6 +33,7 @@ use crate::{
     node::status::{self, AgentStatus},
     node::verify,
     source::{self, cluster, dir, FeedRx},
+    sync::store::Capacities,
     sync::Syncer,
 };
 
@@ -500,7 +501,7 @@ async fn setup_uplinks(
     node_addrs: &[std::net::Ipv4Addr],
     ebpf: &mut aya::Ebpf,
     maps: &mut PinnedMaps,
-) -> anyhow::Result<Vec<(Uplink, status::AttachedInterface)>> {
+) -> anyhow::Result<Vec<(Uplink, attach::AttachedInterface)>> {
     let uplinks = match uplink::resolve(handle, &config.uplinks, node_addrs).await {
         Ok(found) => found,
         Err(UplinkError::NotFound) if config.uplinks.is_empty() => {
@@ -553,7 +554,7 @@ async fn setup_uplinks(
 }
 
 /// An uplink as the status file lists it.
-fn uplink_status(up: &Uplink, tc: attach::Attached, xdp: &XdpChoice) -> status::AttachedInterface {
+fn uplink_status(up: &Uplink, tc: attach::Attached, xdp: &XdpChoice) -> attach::AttachedInterface {
     let mut hooks = attach::hook_names(tc, &uplink::TC_HOOKS);
     if xdp.hook != XdpHook::Off {
         hooks.push(format!(
@@ -562,12 +563,12 @@ fn uplink_status(up: &Uplink, tc: attach::Attached, xdp: &XdpChoice) -> status::
             proxy_common::programs::XDP_UPLINK
         ));
     }
-    status::AttachedInterface {
+    attach::AttachedInterface {
         name: up.name.clone(),
         index: up.index,
         role: "uplink".to_owned(),
         hooks,
-        xdp: Some(status::UplinkXdp {
+        xdp: Some(attach::UplinkXdp {
             mode: xdp.hook.to_string(),
             reason: xdp.reason.clone(),
         }),

@@ -6,13 +6,13 @@ use anyhow::Context as _;
 
 use crate::{
     agent::{AgentConfig, Source},
-    cli::DEFAULT_PIN_ROOT,
     dataplane::attach::TcMode,
     dataplane::conntrack::Timeouts,
-    dataplane::ebpf::Capacities,
+    dataplane::pinroot::DEFAULT_PIN_ROOT,
     dataplane::uplink::XdpMode,
     model::cidr::IpCidr,
     model::LbAlgorithm,
+    sync::store::Capacities,
 };
 
 /// `switchboard agent`'s flags.

@@ -37,8 +37,6 @@ use tracing::{debug, warn};
 
 use crate::model::cidr::IpCidr;
 use crate::{
-    dataplane::ebpf::Capacities,
-    dataplane::maps::{MapStore, WriteError},
     model::{BackendAddr, DesiredState, Frontend, FrontendAddr, IpFamily, LbAlgorithm, Protocol},
     sync::encode::{
         backend_addr, backend_value, frontend_addr, frontend_key, ipv4, ipv6, proto_number,
@@ -46,6 +44,8 @@ use crate::{
         AnyRevNat,
     },
     sync::maglev::BackendKey,
+    sync::store::Capacities,
+    sync::store::{MapStore, WriteError},
 };
 
 /// What one frontend looks like in the maps.
@@ -1106,5 +1106,6 @@ pub mod maglev;
 pub(crate) mod memstore;
 #[cfg(test)]
 mod properties;
+pub mod store;
 #[cfg(test)]
 pub(crate) mod tests;

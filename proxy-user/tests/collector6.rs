@@ -21,9 +21,10 @@ use proxy_common::{
 use proxy_user::{
     dataplane::conntrack::{self, GcMetrics, Pass, Timeouts},
     dataplane::ebpf,
-    dataplane::maps::{MapStore as _, PinnedMaps},
+    dataplane::maps::PinnedMaps,
     dataplane::sockdiag,
     model::BackendAddr,
+    sync::store::MapStore as _,
 };
 use support::{capacities, require_root};
 

@@ -7,9 +7,9 @@ use std::net::Ipv4Addr;
 
 use proxy_common::programs;
 use proxy_user::{
-    dataplane::maps::MapStore,
     model::{DesiredState, Frontend, Protocol},
     packet::{checksums_valid, PacketSpec},
+    sync::store::MapStore,
 };
 use support::{capacities, cluster_ip, Loaded, TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_UNSPEC};
 
@@ -256,7 +256,7 @@ fn request_and_malformed_fixtures() {
     assert_eq!(fx.stat("drop_no_backend"), 0);
     assert_eq!(fx.stat("rejected"), 1);
     assert_eq!(fx.stat("forwarded"), 5);
-    let rows = proxy_user::cli::read_services(fx.syncer.store());
+    let rows = proxy_user::dataplane::readout::read_services(fx.syncer.store());
     let empty = rows
         .iter()
         .find(|r| r.service == "test/empty")
@@ -267,7 +267,7 @@ fn request_and_malformed_fixtures() {
         .find(|r| r.service == "test/web")
         .expect("web row");
     assert_eq!((web.packets, web.new_flows), (2, 2));
-    let stats = proxy_user::cli::read_stats(fx.syncer.store());
+    let stats = proxy_user::dataplane::readout::read_stats(fx.syncer.store());
     assert_eq!(stats.counters["forwarded"], 5);
     let fe = &stats.maps[0];
     // web and dns: slot 0 + one backend each; empty: slot 0 only.

@@ -107,7 +107,7 @@ fn fixture() -> Loaded {
 
 /// The packets of Service `test/service` dropped for want of a backend.
 fn drops_no_backend(fx: &Loaded, service: &str) -> u64 {
-    proxy_user::cli::read_services(fx.syncer.store())
+    proxy_user::dataplane::readout::read_services(fx.syncer.store())
         .into_iter()
         .find(|r| r.service == format!("test/{service}"))
         .unwrap_or_else(|| panic!("no row test/{service}"))

@@ -28,12 +28,12 @@ use std::{
 
 use proxy_common::{ct_dir, ct_flags, programs, proto, scope, snat, CtEntry, CtKey};
 use proxy_user::{
-    dataplane::maps::MapStore,
     model::cidr::IpCidr,
     model::{BackendAddr, DesiredState, Frontend, FrontendKind, Protocol, SourceRanges},
     packet::{
         checksum, checksums_valid, icmp_error_checksums_valid, icmp_frame, PacketSpec, ETH_HLEN,
     },
+    sync::store::MapStore,
 };
 use support::{
     capacities, require_root, skb_ctx, Loaded, TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT,
@@ -305,8 +305,8 @@ impl Fixture {
         self.loaded.tc(programs::TC_FROM_POD, frame, None)
     }
 
-    fn service_row(&self, name: &str) -> proxy_user::cli::ServiceRow {
-        let rows = proxy_user::cli::read_services(self.loaded.syncer.store());
+    fn service_row(&self, name: &str) -> proxy_user::dataplane::readout::ServiceRow {
+        let rows = proxy_user::dataplane::readout::read_services(self.loaded.syncer.store());
         let names: Vec<String> = rows.iter().map(|r| r.service.clone()).collect();
         rows.into_iter()
             .find(|r| r.service == format!("test/{name}"))

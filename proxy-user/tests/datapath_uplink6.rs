@@ -1271,7 +1271,7 @@ fn an_ipv6_frontend_without_endpoints_answers_outside_clients_with_rst_or_port_u
 
 #[test]
 fn ipv6_load_balancer_source_ranges_admit_only_listed_clients() {
-    use proxy_user::dataplane::maps::MapStore as _;
+    use proxy_user::sync::store::MapStore as _;
     const OUTSIDER: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x51, 0, 0, 0, 0, 0, 0x100);
     on_node(|uplink| {
         for prog in Prog::BOTH {

@@ -10,10 +10,11 @@ use std::sync::Arc;
 use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
 use proxy_common::scope;
 use proxy_user::{
-    dataplane::ebpf::Capacities,
-    dataplane::maps::{MapStore, PinnedMaps},
+    dataplane::maps::PinnedMaps,
     model::{BackendAddr, DesiredState, FrontendAddr, Interner, Model, ObjectKey, SliceInfo},
     sync::encode::{backend_addr, frontend_addr, revnat_name, AnyBackend},
+    sync::store::Capacities,
+    sync::store::MapStore,
     sync::Syncer,
 };
 use serde_json::json;

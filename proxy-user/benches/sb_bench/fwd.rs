@@ -13,10 +13,11 @@ use aya::{
 };
 use proxy_common::programs;
 use proxy_user::{
-    dataplane::ebpf::{self, Capacities},
+    dataplane::ebpf,
     dataplane::maps::PinnedMaps,
     model::{BackendAddr, DesiredState, Protocol},
     packet::PacketSpec,
+    sync::store::Capacities,
     sync::Syncer,
 };
 use serde_json::{json, Value};

@@ -14,12 +14,14 @@ use aya::{
 };
 use proxy_common::{ct_dir, programs, proto, CtEntry, CtKey};
 use proxy_user::{
-    dataplane::ebpf::{self, Capacities},
-    dataplane::maps::{MapStore as _, PinnedMaps},
+    dataplane::ebpf,
+    dataplane::maps::PinnedMaps,
     model::cidr::IpCidr,
     model::{BackendAddr, DesiredState, FrontendAddr, Protocol, SourceRanges},
     packet::PacketSpec,
     sync::encode::frontend_key,
+    sync::store::Capacities,
+    sync::store::MapStore as _,
     sync::Syncer,
 };
 use serde_json::{json, Value};

@@ -10,10 +10,7 @@ use k8s_openapi::{
     apimachinery::pkg::{apis::meta::v1::ObjectMeta, util::intstr::IntOrString},
 };
 use proxy_user::{
-    dataplane::ebpf::{self, Capacities},
-    dataplane::maps::PinnedMaps,
-    model,
-    sync::Syncer,
+    dataplane::ebpf, dataplane::maps::PinnedMaps, model, sync::store::Capacities, sync::Syncer,
 };
 use serde_json::{json, Value};
 

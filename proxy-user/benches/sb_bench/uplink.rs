@@ -45,12 +45,13 @@ use aya::{
 };
 use proxy_common::programs;
 use proxy_user::{
-    dataplane::ebpf::{self, Capacities},
+    dataplane::ebpf,
     dataplane::maps::PinnedMaps,
     model::{
         BackendAddr, DesiredState, Frontend, FrontendAddr, FrontendKind, Protocol, ServicePortName,
     },
     packet::PacketSpec,
+    sync::store::Capacities,
     sync::Syncer,
 };
 use serde_json::{json, Value};

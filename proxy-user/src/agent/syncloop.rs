@@ -16,7 +16,6 @@ use std::time::{Instant, SystemTime};
 use tracing::{error, info, warn};
 
 use crate::{
-    dataplane::maps::MapStore,
     dataplane::sockdiag,
     dataplane::uplink,
     model::cidr::IpCidr,
@@ -28,6 +27,7 @@ use crate::{
     node::status::{self, AgentStatus, RejectedObject, UnprogrammedService},
     node::verify,
     source::Changes,
+    sync::store::MapStore,
     sync::{SyncReport, Syncer, Unprogrammed},
 };
 
@@ -115,8 +115,8 @@ impl<S: MapStore> SyncLoop<'_, S> {
     /// they changed (no sync: the maps do not depend on them).
     pub fn set_interfaces(
         &mut self,
-        pods: Vec<status::AttachedInterface>,
-        uplinks: &[status::AttachedInterface],
+        pods: Vec<crate::dataplane::attach::AttachedInterface>,
+        uplinks: &[crate::dataplane::attach::AttachedInterface],
     ) {
         let interfaces: Vec<_> = uplinks.iter().cloned().chain(pods).collect();
         if interfaces != self.status.interfaces {

@@ -10,8 +10,9 @@ use serde::Serialize;
 use super::{table::Table, Common, Done, Output};
 use crate::{
     dataplane::conntrack::{self as gc, Entry as _, Key},
-    dataplane::maps::{MapStore as _, PinnedMaps},
+    dataplane::maps::PinnedMaps,
     sync::encode::revnat_name,
+    sync::store::MapStore as _,
 };
 
 /// `--family`: one address family's flows only.

@@ -29,10 +29,11 @@ use serde::Serialize;
 
 use super::{hooks, Common, Done, Output};
 use crate::{
-    dataplane::maps::{MapStore as _, PinnedMaps},
+    dataplane::maps::PinnedMaps,
     model::IpFamily,
     node::status::UnprogrammedService,
     sync::encode::{backend_addr, revnat_name, AnyBackend, AnyFrontendKey},
+    sync::store::MapStore as _,
 };
 
 /// A flow's destination.

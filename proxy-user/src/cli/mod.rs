@@ -29,11 +29,11 @@ mod verify;
 
 pub use agent_proc::{agent_process, AgentProcess};
 pub use cleanup::{cleanup, CleanupReport};
-pub use services::{read_services, render_status, render_table, services, BackendRow, ServiceRow};
-pub use stats::{read_stats, render_stats, stats, MapFill, StatsReport};
+pub use services::{render_status, render_table, services};
+pub use stats::{render_stats, stats};
 
-/// Where the agent pins its maps unless told otherwise.
-pub const DEFAULT_PIN_ROOT: &str = "/sys/fs/bpf/switchboard";
+use crate::dataplane::pinroot::DEFAULT_PIN_ROOT;
+use crate::dataplane::readout::{read_services, read_stats, BackendRow, MapFill, ServiceRow};
 
 /// What every command takes: the pin root and the output format.
 #[derive(clap::Args, Clone, Debug)]

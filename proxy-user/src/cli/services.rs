@@ -1,164 +1,11 @@
 //! `switchboard services`: what the pinned maps say, read straight from them,
 //! whether or not an agent is running.
-use std::{collections::HashMap, fmt::Write as _, path::Path};
+use std::{fmt::Write as _, path::Path};
 
-use proxy_common::{frontend_flags as ff, scope, FrontendSlot, SvcStats};
-use serde::Serialize;
-
-use crate::{
-    dataplane::maps::{Dump, MapStore as _, MapsError, PinnedMaps},
-    model::{FrontendAddr, IpFamily},
-    sync::encode::{
-        backend_addr, frontend_addr, revnat_name, AnyBackend, AnyFrontendKey, AnyRevNat,
-    },
+use crate::dataplane::{
+    maps::MapsError,
+    readout::{read_services, ServiceRow},
 };
-
-#[derive(Debug, Serialize, PartialEq, Eq)]
-pub struct ServiceRow {
-    /// `namespace/name:port` as the agent recorded it.
-    pub service: String,
-    pub id: u32,
-    pub address: String,
-    pub port: u16,
-    pub protocol: String,
-    /// ClusterIP, NodePort, LoadBalancer or ExternalIP.
-    pub kind: &'static str,
-    /// The governing traffic policy is `Local`: `internalTrafficPolicy` on a
-    /// ClusterIP frontend (its backends are this node's), `externalTrafficPolicy`
-    /// on the others (their backends serve pod traffic, cluster-wide; traffic
-    /// from outside gets `external_backends`).
-    pub local_only: bool,
-    /// No endpoint was ready; these are serving, terminating ones.
-    pub terminating_fallback: bool,
-    /// `sessionAffinity: ClientIP` timeout (the data path applies it).
-    pub affinity_timeout_s: Option<u32>,
-    pub backends: Vec<BackendRow>,
-    /// Under `externalTrafficPolicy: Local`: the backends traffic from
-    /// outside the node gets (this node's endpoints).
-    pub external_backends: Option<Vec<BackendRow>>,
-    /// Slots that name a backend id absent from the backend map (should be 0).
-    pub missing_backends: usize,
-    pub packets: u64,
-    pub bytes: u64,
-    pub new_flows: u64,
-    pub drops_no_backend: u64,
-    /// `loadBalancerSourceRanges`: the client blocks allowed in (`None`:
-    /// the frontend is open to every source; empty: to none).
-    pub source_ranges: Option<Vec<String>>,
-    /// Packets dropped because their source was outside them.
-    pub drops_source_range: u64,
-    /// The agent keeps this Service (or one of its EndpointSlices) at its
-    /// last good version: a newer version cannot be used (see `problems`).
-    pub held: bool,
-    /// Why, by object and field (from the agent's status file).
-    pub problems: Vec<String>,
-}
-
-#[derive(Debug, Serialize, PartialEq, Eq)]
-pub struct BackendRow {
-    pub id: u32,
-    pub address: String,
-    pub port: u16,
-}
-
-/// Reads every frontend (both families) with its backends and counters
-/// from the maps.
-pub fn read_services(maps: &PinnedMaps) -> Vec<ServiceRow> {
-    let denied = maps.denied_by_service();
-    rows(
-        &maps.dump(),
-        |id| maps.service_stats(id),
-        |id| denied.get(&id).copied().unwrap_or(0),
-    )
-}
-
-/// The rows of a copy of the maps, IPv4 frontends first, each family by
-/// address, port and protocol; `stats` gives a service id's counters.
-fn rows(
-    dump: &Dump,
-    stats: impl Fn(u32) -> SvcStats,
-    denied: impl Fn(u32) -> u64,
-) -> Vec<ServiceRow> {
-    let mut blocks: HashMap<u32, Vec<crate::model::cidr::IpCidr>> = HashMap::new();
-    for (id, block) in &dump.source_ranges {
-        blocks.entry(*id).or_default().push(*block);
-    }
-    let blocks: HashMap<u32, Vec<String>> = blocks
-        .into_iter()
-        .map(|(id, mut list)| {
-            list.sort();
-            (id, list.iter().map(ToString::to_string).collect())
-        })
-        .collect();
-    let slots: HashMap<AnyFrontendKey, FrontendSlot> = dump.frontends.iter().copied().collect();
-    let backends: HashMap<(IpFamily, u32), AnyBackend> = dump
-        .backends
-        .iter()
-        .map(|(id, b)| ((b.family(), *id), *b))
-        .collect();
-    let revnat: HashMap<(IpFamily, u32), AnyRevNat> = dump
-        .revnat
-        .iter()
-        .map(|(id, r)| ((r.family(), *id), *r))
-        .collect();
-    let mut heads: Vec<(FrontendAddr, AnyFrontendKey, FrontendSlot)> = dump
-        .frontends
-        .iter()
-        .filter(|(key, _)| key.slot() == 0 && key.scope() == scope::INTERNAL)
-        .filter_map(|(key, head)| Some((frontend_addr(key)?, *key, *head)))
-        .collect();
-    heads.sort_by_key(|(addr, _, _)| *addr);
-    let mut rows = Vec::new();
-    for (addr, key, head) in heads {
-        let (backends_rows, mut missing) = read_slots(&slots, &backends, &key, &head);
-        let external_backends = ff::has_external_set(head.flags).then(|| {
-            let ext_key = key.at(scope::EXTERNAL, 0);
-            match slots.get(&ext_key) {
-                Some(ext_head) => {
-                    let (rows, ext_missing) = read_slots(&slots, &backends, &ext_key, ext_head);
-                    missing += ext_missing;
-                    rows
-                }
-                None => Vec::new(),
-            }
-        });
-        let service = revnat
-            .get(&(addr.family(), head.service_id))
-            .map(revnat_name)
-            .unwrap_or_default();
-        let stats = stats(head.service_id);
-        rows.push(ServiceRow {
-            service,
-            id: head.service_id,
-            address: addr.ip.to_string(),
-            port: addr.port,
-            protocol: addr.protocol.to_string(),
-            kind: match head.flags & ff::KIND_MASK {
-                ff::KIND_NODE_PORT => "NodePort",
-                ff::KIND_LOAD_BALANCER => "LoadBalancer",
-                ff::KIND_EXTERNAL_IP => "ExternalIP",
-                _ => "ClusterIP",
-            },
-            local_only: head.flags & ff::LOCAL_ONLY != 0,
-            terminating_fallback: head.flags & ff::TERMINATING_FALLBACK != 0,
-            affinity_timeout_s: (head.flags & ff::AFFINITY_CLIENT_IP != 0)
-                .then_some(head.affinity_timeout_s),
-            backends: backends_rows,
-            external_backends,
-            missing_backends: missing,
-            packets: stats.packets,
-            bytes: stats.bytes,
-            new_flows: stats.new_flows,
-            drops_no_backend: stats.drops_no_backend,
-            source_ranges: (head.flags & ff::SOURCE_RANGES != 0)
-                .then(|| blocks.get(&head.service_id).cloned().unwrap_or_default()),
-            drops_source_range: denied(head.service_id),
-            held: false,
-            problems: Vec::new(),
-        });
-    }
-    rows
-}
 
 /// `address:port`, an IPv6 address in brackets (`[fd00::1]:80`), as
 /// Kubernetes prints them.
@@ -192,37 +39,6 @@ pub fn mark_held(rows: &mut [ServiceRow], status: &crate::node::status::AgentSta
             }
         }
     }
-}
-
-/// The backends in slots `1..=count` of the set whose slot 0 is `head`, and
-/// how many slots name no backend (of the frontend's family).
-fn read_slots(
-    slots: &HashMap<AnyFrontendKey, FrontendSlot>,
-    backends: &HashMap<(IpFamily, u32), AnyBackend>,
-    key: &AnyFrontendKey,
-    head: &FrontendSlot,
-) -> (Vec<BackendRow>, usize) {
-    let mut rows = Vec::new();
-    let mut missing = 0;
-    for slot in 1..=head.backend_count {
-        let backend = slots.get(&key.at(key.scope(), slot)).and_then(|v| {
-            backends
-                .get(&(key.family(), v.backend_id))
-                .map(|b| (v.backend_id, b))
-        });
-        match backend {
-            Some((id, b)) => {
-                let b = backend_addr(b);
-                rows.push(BackendRow {
-                    id,
-                    address: b.ip.to_string(),
-                    port: b.port,
-                });
-            }
-            None => missing += 1,
-        }
-    }
-    (rows, missing)
 }
 
 /// Notes on a row's attributes, e.g. `local endpoints only, ClientIP affinity 10800s`.
@@ -398,42 +214,9 @@ pub fn services(pin_root: &Path, json: bool) -> anyhow::Result<String> {
 }
 
 #[cfg(test)]
-impl ServiceRow {
-    /// A TCP ClusterIP row with these backends and no counters (tests).
-    pub(crate) fn for_test(
-        service: &str,
-        address: &str,
-        port: u16,
-        backends: Vec<BackendRow>,
-    ) -> ServiceRow {
-        ServiceRow {
-            service: service.to_owned(),
-            id: 1,
-            address: address.to_owned(),
-            port,
-            protocol: "TCP".to_owned(),
-            kind: "ClusterIP",
-            local_only: false,
-            terminating_fallback: false,
-            affinity_timeout_s: None,
-            backends,
-            external_backends: None,
-            missing_backends: 0,
-            packets: 0,
-            bytes: 0,
-            new_flows: 0,
-            drops_no_backend: 0,
-            source_ranges: None,
-            drops_source_range: 0,
-            held: false,
-            problems: Vec::new(),
-        }
-    }
-}
-
-#[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dataplane::readout::BackendRow;
 
     fn row(service: &str, backends: usize) -> ServiceRow {
         let backends = (0..backends)
@@ -561,8 +344,11 @@ mod tests {
 
     #[test]
     fn rows_of_both_families_with_ipv6_bracketed() {
+        use crate::dataplane::readout::rows;
         use crate::model::Protocol;
+        use crate::sync::store::MapStore as _;
         use crate::sync::tests::{caps, fe, fe6, state, MemStore};
+        use proxy_common::SvcStats;
         let mut syncer = crate::sync::Syncer::adopt(MemStore::default(), caps());
         let web4 = fe([10, 96, 0, 10], 80, Protocol::Tcp, "web", &[(1, 8080)]);
         let web6 = fe6(0x10, 80, Protocol::Tcp, "web", &[(1, 8080), (2, 8080)]);

@@ -11,9 +11,7 @@ use super::{
     AgentProcess, Common, Done, MapFill, Output,
 };
 use crate::{
-    dataplane::caps,
-    dataplane::pinroot,
-    node::status::{AgentStatus, UplinkXdp},
+    dataplane::attach::UplinkXdp, dataplane::caps, dataplane::pinroot, node::status::AgentStatus,
 };
 
 /// Maps whose running full loses Services (the LRU ones evict instead).
@@ -465,7 +463,7 @@ fn render_maps(out: &mut String, report: &StatusReport) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::node::status::AttachedInterface;
+    use crate::dataplane::attach::AttachedInterface;
 
     fn iface(name: &str, index: u32, pod: bool) -> hooks::IfaceHooks {
         hooks::IfaceHooks {

@@ -26,6 +26,29 @@ use netlink_packet_route::link::{InfoKind, LinkAttribute, LinkInfo, LinkMessage}
 use proxy_common::programs;
 use tracing::{debug, info, warn};
 
+/// One interface with switchboard's programs on it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct AttachedInterface {
+    pub name: String,
+    pub index: u32,
+    /// `pod` (a veth to a pod) or `uplink` (traffic from outside the node).
+    pub role: String,
+    /// The hooks, e.g. `tcx ingress`, `tcx egress`, `xdp native`.
+    pub hooks: Vec<String>,
+    /// For an uplink: where its XDP program runs, and why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub xdp: Option<UplinkXdp>,
+}
+
+/// The XDP mode an uplink got (`--xdp-mode` resolved for it).
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct UplinkXdp {
+    /// `native`, `generic` or `off` (tc only).
+    pub mode: String,
+    /// Why, e.g. `auto: veth uplink: tc only (...)`.
+    pub reason: String,
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum AttachError {
     #[error("netlink: {0}")]
@@ -190,19 +213,17 @@ impl Attacher {
     }
 
     /// The pod interfaces with programs on them, for the status file.
-    pub fn interfaces(&self) -> Vec<crate::node::status::AttachedInterface> {
+    pub fn interfaces(&self) -> Vec<AttachedInterface> {
         let mut out: Vec<_> = self
             .attached
             .iter()
-            .map(
-                |(name, (index, how))| crate::node::status::AttachedInterface {
-                    name: name.clone(),
-                    index: *index,
-                    role: "pod".to_owned(),
-                    hooks: hook_names(*how, &POD_HOOKS),
-                    xdp: None,
-                },
-            )
+            .map(|(name, (index, how))| AttachedInterface {
+                name: name.clone(),
+                index: *index,
+                role: "pod".to_owned(),
+                hooks: hook_names(*how, &POD_HOOKS),
+                xdp: None,
+            })
             .collect();
         out.sort_by(|a, b| a.name.cmp(&b.name));
         out

@@ -13,7 +13,9 @@ use aya::{
     programs::{CgroupSock, CgroupSockAddr, Program, ProgramError, SchedClassifier, Xdp},
     Ebpf, EbpfError, EbpfLoader,
 };
-use proxy_common::{capacity, names, programs, tail};
+use proxy_common::{names, programs, tail};
+
+use crate::sync::store::Capacities;
 
 /// The eBPF object built from `proxy-ebpf` by `build.rs` (empty when built
 /// without bpf-linker).
@@ -48,35 +50,6 @@ pub enum LoadError {
         name: &'static str,
         source: ProgramError,
     },
-}
-
-/// How many entries each map holds. A pinned map of another size is resized
-/// by the agent at start ([`crate::dataplane::resize`]).
-#[derive(Clone, Copy, Debug)]
-pub struct Capacities {
-    pub frontends: u32,
-    pub backends: u32,
-    pub conntrack: u32,
-    pub services: u32,
-}
-
-impl Capacities {
-    /// The per-service counter array is indexed by service id, and ids are
-    /// `1..=services` (0 means none): one entry more than `services`.
-    pub fn service_stats_entries(&self) -> u32 {
-        self.services.saturating_add(1)
-    }
-}
-
-impl Default for Capacities {
-    fn default() -> Self {
-        Self {
-            frontends: capacity::FRONTENDS,
-            backends: capacity::BACKENDS,
-            conntrack: capacity::CONNTRACK,
-            services: capacity::SERVICES,
-        }
-    }
 }
 
 /// Makes sure `pin_root` exists on a bpffs. A plain directory is refused

@@ -27,6 +27,9 @@ use crate::dataplane::resize;
 /// fails until this is raised when they change).
 pub const FORMAT: u32 = 1;
 
+/// Where the agent pins its maps unless told otherwise.
+pub const DEFAULT_PIN_ROOT: &str = "/sys/fs/bpf/switchboard";
+
 /// The name of the format stamp in the pin root.
 pub const FORMAT_PIN: &str = "SB_FORMAT";
 /// Where a new stamp is made before it is moved over the old one (bpffs

@@ -2241,10 +2241,10 @@ mod properties {
         ) {
             let mut model = Model::new(None, None);
             let mut r = Reference::default();
-            use crate::dataplane::maps::MapStore as _;
+            use crate::sync::store::MapStore as _;
             let mut syncer = crate::sync::Syncer::adopt(
                 crate::sync::memstore::MemStore::default(),
-                crate::dataplane::ebpf::Capacities::default(),
+                crate::sync::store::Capacities::default(),
             );
             for (n, chunk) in changes.chunks(batch).enumerate() {
                 for change in chunk {

@@ -248,8 +248,8 @@ pub trait ReadMaps: Send + Sync + 'static {
 
 impl ReadMaps for PinnedMaps {
     fn read(&self) -> MapReading {
-        let stats = crate::cli::read_stats(self);
-        let services = crate::cli::read_services(self);
+        let stats = crate::dataplane::readout::read_stats(self);
+        let services = crate::dataplane::readout::read_services(self);
         MapReading {
             fill: stats
                 .maps

@@ -9,7 +9,7 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
-use crate::util::fsmode;
+use crate::{dataplane::attach::AttachedInterface, util::fsmode};
 
 /// Where status files live; one per pin root, so two agents on one machine
 /// keep theirs apart.
@@ -59,29 +59,6 @@ pub struct AgentStatus {
     /// The connection-tracking timeouts (`--conntrack-*`), for
     /// `switchboard conntrack list`'s time to expiry.
     pub conntrack_timeouts: crate::dataplane::conntrack::Timeouts,
-}
-
-/// One interface with switchboard's programs on it.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct AttachedInterface {
-    pub name: String,
-    pub index: u32,
-    /// `pod` (a veth to a pod) or `uplink` (traffic from outside the node).
-    pub role: String,
-    /// The hooks, e.g. `tcx ingress`, `tcx egress`, `xdp native`.
-    pub hooks: Vec<String>,
-    /// For an uplink: where its XDP program runs, and why.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub xdp: Option<UplinkXdp>,
-}
-
-/// The XDP mode an uplink got (`--xdp-mode` resolved for it).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct UplinkXdp {
-    /// `native`, `generic` or `off` (tc only).
-    pub mode: String,
-    /// Why, e.g. `auto: veth uplink: tc only (...)`.
-    pub reason: String,
 }
 
 /// An object whose newest version the model cannot use.
@@ -138,6 +115,7 @@ pub fn read(pin_root: &Path) -> Option<AgentStatus> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dataplane::attach::UplinkXdp;
 
     #[test]
     fn status_paths_differ_per_pin_root() {

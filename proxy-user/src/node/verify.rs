@@ -24,13 +24,13 @@ use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, warn};
 
-use crate::dataplane::maps::Dump;
 use crate::model::{BackendAddr, DesiredState, Frontend, FrontendAddr, IpFamily, LbAlgorithm};
 use crate::node::status;
 use crate::sync::encode::{
     backend_addr, frontend_addr, proto_number, revnat_name, revnat_value, scoped_key,
     slot_zero_attributes, AnyBackend, AnyFrontendKey, AnyRevNat,
 };
+use crate::sync::store::Dump;
 
 /// The one request the socket serves.
 pub const REQUEST: &str = "verify";

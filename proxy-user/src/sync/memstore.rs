@@ -7,10 +7,10 @@ use proxy_common::{
 };
 
 use crate::{
-    dataplane::maps::{Dump, MapStore, WriteError},
     model::cidr::IpCidr,
     model::{BackendAddr, FrontendAddr, IpFamily},
     sync::encode::{backend_addr, frontend_key, AnyBackend, AnyFrontendKey, AnyRevNat},
+    sync::store::{Dump, MapStore, WriteError},
 };
 
 /// An in-memory stand-in for the kernel maps, counting writes.

@@ -11,12 +11,12 @@ use proxy_common::{frontend_flags, scope, FrontendSlot};
 use super::memstore::{k, MemStore};
 use super::Syncer;
 use crate::{
-    dataplane::ebpf::Capacities,
     model::{
         BackendAddr, DesiredState, Frontend, FrontendAddr, FrontendKind, IpFamily, LbAlgorithm,
         Protocol, ServicePortName,
     },
     sync::encode::{backend_addr, revnat_name, scoped_key, slot_zero_attributes},
+    sync::store::Capacities,
 };
 
 /// Where one step's sync stops, if it does.

@@ -15,11 +15,12 @@ use aya::{
 };
 use proxy_common::{programs, CtEntry, CtKey};
 use proxy_user::{
-    dataplane::ebpf::{self, Capacities},
+    dataplane::ebpf,
     dataplane::maps::PinnedMaps,
     model::{
         BackendAddr, DesiredState, Frontend, FrontendAddr, FrontendKind, Protocol, ServicePortName,
     },
+    sync::store::Capacities,
     sync::Syncer,
 };
 

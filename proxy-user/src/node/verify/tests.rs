@@ -5,10 +5,10 @@ use std::collections::BTreeMap;
 use proxy_common::{Backend, FrontendSlot};
 
 use super::*;
-use crate::dataplane::ebpf::Capacities;
-use crate::dataplane::maps::MapStore as _;
 use crate::model::{FrontendKind, LbAlgorithm, Protocol};
 use crate::sync::encode::{frontend_key, scoped_key};
+use crate::sync::store::Capacities;
+use crate::sync::store::MapStore as _;
 use crate::sync::tests::{caps, fe, fe6, k, state, MemStore};
 use crate::sync::Syncer;
 
