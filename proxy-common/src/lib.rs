@@ -634,6 +634,42 @@ pub struct CtEntry {
     pub last_seen_ns: u64,
 }
 
+/// Value of `SB_CT_V2`, a connection-tracking table of an earlier version
+/// (key: [`CtKey`]): the same entry for both directions of a flow, naming
+/// its backend. The agent reads it only to carry flows over to [`CtEntry`]
+/// on an upgrade (`proxy-user/src/dataplane/migrate.rs`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
+pub struct CtEntryV2 {
+    pub backend_id: u32,
+    pub service_id: u32,
+    pub backend_addr_be: u32,
+    pub backend_port_be: u16,
+    pub _pad: [u8; 2],
+    pub created_ns: u64,
+}
+
+/// Value of `SB_CT_V4` ([`names::CONNTRACK_V4`]), the connection-tracking
+/// table of an earlier version (key: [`CtKey`]): [`CtEntry`] without TCP
+/// state or last-seen time. Read only to carry flows over on an upgrade.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
+pub struct CtEntryV4 {
+    pub backend_id: u32,
+    pub service_id: u32,
+    pub nat_addr_be: u32,
+    pub nat_port_be: u16,
+    /// [`ct_flags`].
+    pub flags: u8,
+    pub _pad: u8,
+    pub snat_addr_be: u32,
+    pub snat_port_be: u16,
+    pub _pad2: [u8; 2],
+    pub created_ns: u64,
+}
+
 /// Value of the Maglev map (key: service id, `u32`): the backend id of each
 /// table entry. A flow from outside uses entry `hash % MAGLEV_TABLE`; the
 /// table is computed from the backends' addresses, so every node fills it
@@ -1174,6 +1210,8 @@ mod aya_pod {
         Backend,
         CtKey,
         CtEntry,
+        CtEntryV2,
+        CtEntryV4,
         RevNat,
         SvcStats,
         AffinityKey,
@@ -1207,6 +1245,8 @@ const _: () = assert!(size_of::<FrontendSlot>() == 16);
 const _: () = assert!(size_of::<Backend>() == 8);
 const _: () = assert!(size_of::<CtKey>() == 16);
 const _: () = assert!(size_of::<CtEntry>() == 40);
+const _: () = assert!(size_of::<CtEntryV2>() == 24);
+const _: () = assert!(size_of::<CtEntryV4>() == 32);
 const _: () = assert!(size_of::<RevNat>() == 64);
 const _: () = assert!(size_of::<SvcStats>() == 32);
 const _: () = assert!(size_of::<AffinityKey>() == 8);

@@ -398,7 +398,7 @@ fn the_cli_reads_an_agent_that_predates_ipv6() {
     }
 
     match PinnedMaps::open(pin_root) {
-        Err(proxy_user::dataplane::maps::MapsError::NotPinned { name, .. }) => {
+        Err(proxy_user::dataplane::pins::MapsError::NotPinned { name, .. }) => {
             assert_eq!(name, names::FRONTENDS6)
         }
         Err(other) => panic!("{other}"),

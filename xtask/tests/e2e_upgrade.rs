@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use aya::maps::{HashMap, Map, MapData, PerCpuArray};
 use aya_obj::maps::{bpf_map_def, LegacyMap, PinningType};
 use aya_obj::EbpfSectionKind;
-use proxy_common::{ct_dir, ct_flags, names, CtEntry, CtKey};
+use proxy_common::{ct_dir, ct_flags, names, CtEntry, CtEntryV2, CtKey};
 use xtask::sandbox::{Attempt, ClientRun, Sandbox, AGENT_READY, CLUSTER_IP};
 use xtask::testenv::{
     demo_sandbox_with, open_idle_with, sb_echo_in, switchboard, wake, IdleClient,
@@ -33,22 +33,6 @@ use xtask::testenv::{
 
 /// Idle connections held across the upgrade.
 const IDLE: usize = 6;
-
-/// `SB_CT_V2`'s entry: the same for both directions of a flow.
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-struct CtEntryV2 {
-    backend_id: u32,
-    service_id: u32,
-    backend_addr_be: u32,
-    backend_port_be: u16,
-    _pad: [u8; 2],
-    created_ns: u64,
-}
-const _: () = assert!(size_of::<CtEntryV2>() == 24);
-// SAFETY: `#[repr(C)]`, no implicit padding (the size above), any bit
-// pattern valid.
-unsafe impl aya::Pod for CtEntryV2 {}
 
 const BPF_MAP_TYPE_PERCPU_ARRAY: u32 = 6;
 const BPF_MAP_TYPE_LRU_HASH: u32 = 9;

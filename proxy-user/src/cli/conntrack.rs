@@ -3,14 +3,13 @@
 //! `SB_CT6_V1`), both directions, named by Service.
 use std::{collections::HashMap, net::SocketAddr, path::Path};
 
-use aya::maps::{HashMap as BpfHashMap, Map, MapData};
-use proxy_common::{ct_dir, ct_flags, names, RevNat6};
+use proxy_common::{ct_dir, ct_flags};
 use serde::Serialize;
 
 use super::{table::Table, Common, Done, Output};
 use crate::{
     dataplane::conntrack::{self as gc, Entry as _, Key},
-    dataplane::maps::PinnedMaps,
+    dataplane::{maps::PinnedMaps, pins::Pins},
     sync::encode::revnat_name,
     sync::store::MapStore as _,
 };
@@ -219,18 +218,12 @@ fn service_names(maps: &PinnedMaps, pin_root: &Path) -> HashMap<u32, String> {
         .filter_map(Result::ok)
         .map(|(id, r)| (id, revnat_name(&r)))
         .collect();
-    if let Some(revnat6) = open_revnat6(pin_root) {
+    if let Ok(revnat6) = Pins::new(pin_root).revnat6() {
         for (id, r) in revnat6.iter().filter_map(Result::ok) {
             names.entry(id).or_insert_with(|| name_of(&r.name));
         }
     }
     names
-}
-
-fn open_revnat6(pin_root: &Path) -> Option<BpfHashMap<MapData, u32, RevNat6>> {
-    let data = MapData::from_pin(pin_root.join(names::REVNAT6)).ok()?;
-    let map = Map::from_map_data(data).ok()?;
-    BpfHashMap::try_from(map).ok()
 }
 
 /// A reverse-NAT name: its bytes up to the first NUL.

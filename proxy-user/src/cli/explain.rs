@@ -16,20 +16,19 @@ use std::{
     collections::HashMap,
     fmt::Write as _,
     net::{IpAddr, Ipv4Addr, SocketAddr},
-    path::Path,
 };
 
-use aya::maps::{HashMap as BpfHashMap, Map, MapData};
+use aya::maps::{HashMap as BpfHashMap, MapData};
 use proxy_common::{
-    addr6_be, capacity, ct_dir, ct_flags, frontend_flags as ff, hash, names, proto, scope,
-    AffinityEntry, AffinityKey, AffinityKey6, Backend, Backend6, CtEntry, CtEntry6, CtKey, CtKey6,
-    FrontendKey, FrontendKey6, FrontendSlot,
+    addr6_be, capacity, ct_dir, ct_flags, frontend_flags as ff, hash, proto, scope, AffinityEntry,
+    AffinityKey, AffinityKey6, Backend, Backend6, CtEntry, CtEntry6, CtKey, CtKey6, FrontendKey,
+    FrontendKey6, FrontendSlot,
 };
 use serde::Serialize;
 
 use super::{hooks, Common, Done, Output};
 use crate::{
-    dataplane::maps::PinnedMaps,
+    dataplane::{maps::PinnedMaps, pins::Pins},
     model::IpFamily,
     node::status::UnprogrammedService,
     sync::encode::{backend_addr, revnat_name, AnyBackend, AnyFrontendKey},
@@ -227,9 +226,10 @@ pub fn run(
         scope_reason,
     };
     let maps = super::open_maps(&common.pin_root)?;
+    let pins = Pins::new(&common.pin_root);
     let affinity = Affinity {
-        v4: open_pinned_hash(&common.pin_root, names::AFFINITY),
-        v6: open_pinned_hash(&common.pin_root, names::AFFINITY6),
+        v4: pins.affinity().ok(),
+        v6: pins.affinity6().ok(),
     };
     let status = crate::node::status::read(&common.pin_root);
     let view = load_view(
@@ -285,15 +285,6 @@ pub fn classify_source(net: &hooks::NetView, ip: Ipv4Addr) -> (Scope, String) {
 struct Affinity {
     v4: Option<BpfHashMap<MapData, AffinityKey, AffinityEntry>>,
     v6: Option<BpfHashMap<MapData, AffinityKey6, AffinityEntry>>,
-}
-
-/// A pinned hash (or LRU hash) map, when it is pinned with this layout.
-fn open_pinned_hash<K: aya::Pod, V: aya::Pod>(
-    pin_root: &Path,
-    name: &str,
-) -> Option<BpfHashMap<MapData, K, V>> {
-    let data = MapData::from_pin(pin_root.join(name)).ok()?;
-    Map::from_map_data(data).ok()?.try_into().ok()
 }
 
 /// Reads what [`explain`] needs: every frontend, backend and name, and the

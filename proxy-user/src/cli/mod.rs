@@ -155,7 +155,7 @@ pub enum Output {
 /// with the IPv4 ones, and a note says so on stderr (stdout stays parseable).
 pub fn open_maps(
     pin_root: &std::path::Path,
-) -> Result<crate::dataplane::maps::PinnedMaps, crate::dataplane::maps::MapsError> {
+) -> Result<crate::dataplane::maps::PinnedMaps, crate::dataplane::pins::MapsError> {
     let maps = crate::dataplane::maps::PinnedMaps::open_tolerant(pin_root)?;
     if let Some(note) = maps.ipv6_note() {
         eprintln!("{note}");

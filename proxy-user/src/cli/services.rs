@@ -3,7 +3,7 @@
 use std::{fmt::Write as _, path::Path};
 
 use crate::dataplane::{
-    maps::MapsError,
+    pins::MapsError,
     readout::{read_services, ServiceRow},
 };
 

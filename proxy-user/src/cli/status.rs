@@ -124,7 +124,7 @@ fn gather(pin_root: &Path) -> anyhow::Result<StatusReport> {
 
 /// What to say when the maps could not be opened because the kernel
 /// refused (EPERM or EACCES); `None` for any other cause (not pinned).
-pub fn maps_unreadable(error: &crate::dataplane::maps::MapsError) -> Option<String> {
+pub fn maps_unreadable(error: &crate::dataplane::pins::MapsError) -> Option<String> {
     caps::permission_denied(error)
         .then(|| "cannot read the pinned maps: permission denied (need CAP_BPF or root)".to_owned())
 }
@@ -640,7 +640,8 @@ mod tests {
         assert!(!text.contains("MISSING"), "{text}");
         assert!(text.contains("unknown"), "{text}");
         // Unprivileged: the maps cannot be opened either.
-        let denied = crate::dataplane::maps::MapsError::Open {
+        let denied = crate::dataplane::pins::MapsError::Open {
+            name: names::FRONTENDS,
             path: "/sys/fs/bpf/switchboard/SB_FE_V1".into(),
             source: aya::maps::MapError::SyscallError(aya::sys::SyscallError {
                 call: "BPF_OBJ_GET",
@@ -649,7 +650,7 @@ mod tests {
         };
         let why = maps_unreadable(&denied).expect("a permission error");
         assert!(why.contains("permission denied"), "{why}");
-        let absent = crate::dataplane::maps::MapsError::NotPinned {
+        let absent = crate::dataplane::pins::MapsError::NotPinned {
             name: names::FRONTENDS,
             path: "/x/SB_FE_V1".into(),
         };

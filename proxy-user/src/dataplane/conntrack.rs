@@ -44,7 +44,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use aya::maps::{HashMap, IterableMap as _, Map, MapData, MapError, PerCpuArray};
+use aya::maps::{HashMap, IterableMap as _, MapData, PerCpuArray};
 use prometheus_client::{
     metrics::{
         counter::Counter,
@@ -60,6 +60,8 @@ use proxy_common::{
 };
 use serde::{Deserialize, Serialize};
 use tracing::{debug, warn};
+
+use crate::dataplane::pins::{MapsError, Pins};
 
 /// How long an entry whose partner is missing may stay idle.
 pub const ORPHAN_GRACE: Duration = Duration::from_secs(10);
@@ -602,17 +604,13 @@ pub fn next_interval_after(fills: &[Option<f64>], took: Duration) -> Duration {
 
 #[derive(Debug, thiserror::Error)]
 pub enum GcError {
-    #[error("opening pinned map {path}")]
-    Open { path: PathBuf, source: MapError },
-    #[error("pinned map {path} is not of the expected type")]
-    Layout { path: PathBuf, source: MapError },
+    #[error(transparent)]
+    Pin(#[from] MapsError),
     #[error("reading {path}")]
     Read {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("reading the capacity of {path}")]
-    Info { path: PathBuf, source: MapError },
     #[error("starting the collector thread")]
     Spawn(#[source] std::io::Error),
 }
@@ -634,23 +632,6 @@ where
     }
 }
 
-fn open(pin_root: &Path, name: &str) -> Result<(Map, u32), GcError> {
-    let path = pin_root.join(name);
-    let data = MapData::from_pin(&path).map_err(|source| GcError::Open {
-        path: path.clone(),
-        source,
-    })?;
-    let capacity = data
-        .info()
-        .map_err(|source| GcError::Info {
-            path: path.clone(),
-            source,
-        })?
-        .max_entries();
-    let map = Map::from_map_data(data).map_err(|source| GcError::Layout { path, source })?;
-    Ok((map, capacity))
-}
-
 /// One family's table as the collector holds it.
 struct Tracked<K: Key> {
     table: HashMap<MapData, K, K::Entry>,
@@ -662,12 +643,14 @@ where
     K: Key + aya::Pod + bytemuck::Pod,
     K::Entry: aya::Pod + bytemuck::Pod,
 {
-    fn open(pin_root: &Path, name: &'static str) -> Result<Self, GcError> {
-        let (map, capacity) = open(pin_root, name)?;
-        let table = HashMap::try_from(map).map_err(|source| GcError::Layout {
-            path: pin_root.join(name),
-            source,
-        })?;
+    /// The table `name` as `pins` opened it, with its capacity.
+    fn new(
+        pins: Pins,
+        name: &'static str,
+        table: Result<HashMap<MapData, K, K::Entry>, MapsError>,
+    ) -> Result<Self, GcError> {
+        let table = table?;
+        let capacity = pins.capacity(name, table.map())?;
         Ok(Self { table, capacity })
     }
 
@@ -701,14 +684,10 @@ where
 /// (`SB_CT6_V1`), both created by the loader. It runs until the process
 /// exits.
 pub fn spawn(pin_root: &Path, timeouts: Timeouts, metrics: GcMetrics) -> Result<(), GcError> {
-    let v4 = Tracked::<CtKey>::open(pin_root, names::CONNTRACK)?;
-    let v6 = Tracked::<CtKey6>::open(pin_root, names::CONNTRACK6)?;
-    let (stats, _) = open(pin_root, names::GLOBAL_STATS)?;
-    let stats: PerCpuArray<MapData, u64> =
-        PerCpuArray::try_from(stats).map_err(|source| GcError::Layout {
-            path: pin_root.join(names::GLOBAL_STATS),
-            source,
-        })?;
+    let pins = Pins::new(pin_root);
+    let v4 = Tracked::new(pins, names::CONNTRACK, pins.conntrack())?;
+    let v6 = Tracked::new(pins, names::CONNTRACK6, pins.conntrack6())?;
+    let stats = pins.stats()?;
     std::thread::Builder::new()
         .name("conntrack-gc".into())
         .spawn(move || run(v4, v6, &stats, &timeouts, &metrics))

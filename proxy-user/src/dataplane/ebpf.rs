@@ -15,7 +15,7 @@ use aya::{
 };
 use proxy_common::{names, programs, tail};
 
-use crate::sync::store::Capacities;
+use crate::{dataplane::pins::Pins, sync::store::Capacities};
 
 /// The eBPF object built from `proxy-ebpf` by `build.rs` (empty when built
 /// without bpf-linker).
@@ -140,7 +140,8 @@ pub fn capacity_mismatches(pin_root: &Path, caps: &Capacities) -> Vec<CapacityMi
     sized_maps(caps)
         .into_iter()
         .filter_map(|(map, flag, wanted)| {
-            let pinned = MapData::from_pin(pin_root.join(map))
+            let pinned = Pins::new(pin_root)
+                .data(map)
                 .ok()
                 .and_then(|m| m.info().ok())
                 .map(|info| info.max_entries())?;

@@ -5,9 +5,12 @@
 //! [`MapStore`] is the narrow set of writes the sync engine needs; the sync
 //! logic is unit-tested against an in-memory store and runs against
 //! [`PinnedMaps`] for real.
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use crate::dataplane::mapbatch;
+use crate::dataplane::{
+    mapbatch,
+    pins::{or_stand_in, MapsError, Pins},
+};
 use crate::model::cidr::IpCidr;
 use crate::model::IpFamily;
 use crate::sync::encode::{
@@ -18,7 +21,7 @@ use crate::sync::store::{Dump, MapStore, WriteError};
 use aya::{
     maps::{
         lpm_trie::{Key as LpmKey, LpmTrie},
-        Array, HashMap, IterableMap as _, Map, MapData, MapError, PerCpuArray,
+        Array, HashMap, IterableMap as _, MapData, MapError, PerCpuArray,
     },
     Ebpf,
 };
@@ -28,15 +31,12 @@ use proxy_common::{
     SockKey, SockKey6, SrcRange4, SrcRange6, SvcStats, Uplink,
 };
 
+/// A map the loaded object should hold is not in it, or not of its layout.
 #[derive(Debug, thiserror::Error)]
-pub enum MapsError {
-    #[error("map {name} is not pinned at {path} (is the agent running with this --pin-root?)")]
-    NotPinned { name: &'static str, path: PathBuf },
-    #[error("opening pinned map {path}")]
-    Open { path: PathBuf, source: MapError },
+pub enum TakeError {
     #[error("map {name} is missing from the loaded object")]
     Missing { name: &'static str },
-    #[error("map {name} has an unexpected type or layout")]
+    #[error("map {name} of the loaded object has an unexpected type or layout")]
     Layout {
         name: &'static str,
         source: MapError,
@@ -147,63 +147,19 @@ pub const LATER_MAPS: [&str; 3] = [
 /// `BPF_F_NO_PREALLOC`, which the kernel requires of an LPM trie.
 const NO_PREALLOC: u32 = 1;
 
-fn open_pinned(pin_root: &Path, name: &'static str) -> Result<Map, MapsError> {
-    let path = pin_root.join(name);
-    // A pin root we may not look into is no missing map: opening it says
-    // why (permission denied).
-    if matches!(path.try_exists(), Ok(false)) {
-        return Err(MapsError::NotPinned { name, path });
-    }
-    let data = MapData::from_pin(&path).map_err(|source| MapsError::Open {
-        path: path.clone(),
-        source,
-    })?;
-    Map::from_map_data(data).map_err(|source| MapsError::Open { path, source })
-}
-
 macro_rules! typed {
     ($name:expr, $map:expr) => {
-        $map.try_into().map_err(|source| MapsError::Layout {
+        $map.try_into().map_err(|source| TakeError::Layout {
             name: $name,
             source,
         })?
     };
 }
 
-/// An IPv6 map from its pin, or, when an agent older than IPv6 never pinned
-/// it, an empty unpinned stand-in of the same layout (its name is then added
-/// to `absent`). Any other failure is an error.
-fn open_pinned6<K: aya::Pod, V: aya::Pod>(
-    pin_root: &Path,
-    name: &'static str,
-    absent: &mut Vec<&'static str>,
-) -> Result<HashMap<MapData, K, V>, MapsError> {
-    match open_pinned(pin_root, name) {
-        Ok(map) => Ok(typed!(name, map)),
-        Err(MapsError::NotPinned { .. }) => {
-            absent.push(name);
-            HashMap::create(1, 0).map_err(|source| MapsError::Layout { name, source })
-        }
-        Err(e) => Err(e),
-    }
-}
-
-/// A map from its pin, or, when an older agent never pinned it, an empty
-/// unpinned stand-in made by `stand_in` (its name is then added to `absent`).
-fn open_or_stand_in<M: TryFrom<Map, Error = MapError>>(
-    pin_root: &Path,
-    name: &'static str,
-    absent: &mut Vec<&'static str>,
-    stand_in: impl FnOnce() -> Result<M, MapError>,
-) -> Result<M, MapsError> {
-    match open_pinned(pin_root, name) {
-        Ok(map) => Ok(typed!(name, map)),
-        Err(MapsError::NotPinned { .. }) => {
-            absent.push(name);
-            stand_in().map_err(|source| MapsError::Layout { name, source })
-        }
-        Err(e) => Err(e),
-    }
+/// An empty unpinned hash map, standing in for an IPv6 map an agent older
+/// than IPv6 never pinned.
+fn empty_hash<K: aya::Pod, V: aya::Pod>() -> Result<HashMap<MapData, K, V>, MapError> {
+    HashMap::create(1, 0)
 }
 
 impl PinnedMaps {
@@ -226,49 +182,35 @@ impl PinnedMaps {
     /// [`absent_ipv6`](Self::absent_ipv6) names them. Every IPv4 map must be
     /// there. Writes to a stand-in land nowhere.
     pub fn open_tolerant(pin_root: &Path) -> Result<Self, MapsError> {
+        let pins = Pins::new(pin_root);
         let mut absent6 = Vec::new();
         let mut absent_later = Vec::new();
         Ok(Self {
-            frontends: typed!(names::FRONTENDS, open_pinned(pin_root, names::FRONTENDS)?),
-            backends: typed!(names::BACKENDS, open_pinned(pin_root, names::BACKENDS)?),
-            frontends6: open_pinned6(pin_root, names::FRONTENDS6, &mut absent6)?,
-            backends6: open_pinned6(pin_root, names::BACKENDS6, &mut absent6)?,
-            revnat6: open_pinned6(pin_root, names::REVNAT6, &mut absent6)?,
-            conntrack: typed!(names::CONNTRACK, open_pinned(pin_root, names::CONNTRACK)?),
-            revnat: typed!(names::REVNAT, open_pinned(pin_root, names::REVNAT)?),
-            service_stats: typed!(
-                names::SERVICE_STATS,
-                open_pinned(pin_root, names::SERVICE_STATS)?
-            ),
-            stats: typed!(
-                names::GLOBAL_STATS,
-                open_pinned(pin_root, names::GLOBAL_STATS)?
-            ),
-            sockets: typed!(names::SOCKETS, open_pinned(pin_root, names::SOCKETS)?),
-            config: typed!(names::CONFIG, open_pinned(pin_root, names::CONFIG)?),
-            uplinks: typed!(names::UPLINKS, open_pinned(pin_root, names::UPLINKS)?),
-            maglev: typed!(names::MAGLEV, open_pinned(pin_root, names::MAGLEV)?),
-            fragments: typed!(names::FRAGMENTS, open_pinned(pin_root, names::FRAGMENTS)?),
-            conntrack6: open_pinned6(pin_root, names::CONNTRACK6, &mut absent6)?,
-            sockets6: open_pinned6(pin_root, names::SOCKETS6, &mut absent6)?,
-            source_ranges: open_or_stand_in(
-                pin_root,
-                names::SOURCE_RANGES,
-                &mut absent_later,
-                || LpmTrie::create(1, NO_PREALLOC),
-            )?,
-            source_ranges6: open_or_stand_in(
-                pin_root,
-                names::SOURCE_RANGES6,
-                &mut absent_later,
-                || LpmTrie::create(1, NO_PREALLOC),
-            )?,
-            service_denied: open_or_stand_in(
-                pin_root,
-                names::SERVICE_DENIED,
-                &mut absent_later,
-                || PerCpuArray::create(1, 0),
-            )?,
+            frontends: pins.frontends()?,
+            backends: pins.backends()?,
+            frontends6: or_stand_in(pins.frontends6(), &mut absent6, empty_hash)?,
+            backends6: or_stand_in(pins.backends6(), &mut absent6, empty_hash)?,
+            revnat6: or_stand_in(pins.revnat6(), &mut absent6, empty_hash)?,
+            conntrack: pins.conntrack()?,
+            revnat: pins.revnat()?,
+            service_stats: pins.service_stats()?,
+            stats: pins.stats()?,
+            sockets: pins.sockets()?,
+            config: pins.config()?,
+            uplinks: pins.uplinks()?,
+            maglev: pins.maglev()?,
+            fragments: pins.fragments()?,
+            conntrack6: or_stand_in(pins.conntrack6(), &mut absent6, empty_hash)?,
+            sockets6: or_stand_in(pins.sockets6(), &mut absent6, empty_hash)?,
+            source_ranges: or_stand_in(pins.source_ranges(), &mut absent_later, || {
+                LpmTrie::create(1, NO_PREALLOC)
+            })?,
+            source_ranges6: or_stand_in(pins.source_ranges6(), &mut absent_later, || {
+                LpmTrie::create(1, NO_PREALLOC)
+            })?,
+            service_denied: or_stand_in(pins.service_denied(), &mut absent_later, || {
+                PerCpuArray::create(1, 0)
+            })?,
             held: None,
             absent6,
             absent_later,
@@ -292,8 +234,8 @@ impl PinnedMaps {
     }
 
     /// Takes the maps out of a loaded object.
-    pub fn take(ebpf: &mut Ebpf) -> Result<Self, MapsError> {
-        let mut take = |name: &'static str| ebpf.take_map(name).ok_or(MapsError::Missing { name });
+    pub fn take(ebpf: &mut Ebpf) -> Result<Self, TakeError> {
+        let mut take = |name: &'static str| ebpf.take_map(name).ok_or(TakeError::Missing { name });
         Ok(Self {
             frontends: typed!(names::FRONTENDS, take(names::FRONTENDS)?),
             backends: typed!(names::BACKENDS, take(names::BACKENDS)?),

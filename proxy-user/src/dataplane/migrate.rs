@@ -24,11 +24,16 @@
 
 use std::path::{Path, PathBuf};
 
-use aya::maps::{HashMap, IterableMap as _, Map, MapData, MapError, PerCpuArray, PerCpuValues};
-use proxy_common::{ct_dir, ct_flags, ct_state, names, CtEntry, CtKey, RevNat};
+use aya::maps::{HashMap, IterableMap as _, MapData, MapError, PerCpuArray, PerCpuValues};
+use proxy_common::{
+    ct_dir, ct_flags, ct_state, names, CtEntry, CtEntryV2, CtEntryV4, CtKey, RevNat,
+};
 use tracing::debug;
 
-use crate::dataplane::maps::PinnedMaps;
+use crate::dataplane::{
+    maps::PinnedMaps,
+    pins::{MapsError, Pins},
+};
 
 /// The pins of earlier layouts, oldest first.
 pub const EARLIER: [&str; 3] = [CONNTRACK_V2, names::CONNTRACK_V4, GLOBAL_STATS_V1];
@@ -43,10 +48,8 @@ const STATS_V1_COUNT: u32 = 11;
 
 #[derive(Debug, thiserror::Error)]
 pub enum MigrateError {
-    #[error("opening the earlier layout's pin {path}")]
-    Open { path: PathBuf, source: MapError },
-    #[error("pin {path} is not of the layout its name stands for")]
-    Layout { path: PathBuf, source: MapError },
+    #[error(transparent)]
+    Pin(#[from] MapsError),
     #[error("reading {path}")]
     Read {
         path: PathBuf,
@@ -69,42 +72,6 @@ pub struct Migrated {
     pub pin: &'static str,
     pub copied: usize,
 }
-
-/// The entry layout of `SB_CT_V2`: the same for both directions of a flow.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
-pub struct CtEntryV2 {
-    pub backend_id: u32,
-    pub service_id: u32,
-    pub backend_addr_be: u32,
-    pub backend_port_be: u16,
-    pub _pad: [u8; 2],
-    pub created_ns: u64,
-}
-
-/// The entry layout of `SB_CT_V4`.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
-pub struct CtEntryV4 {
-    pub backend_id: u32,
-    pub service_id: u32,
-    pub nat_addr_be: u32,
-    pub nat_port_be: u16,
-    pub flags: u8,
-    pub _pad: u8,
-    pub snat_addr_be: u32,
-    pub snat_port_be: u16,
-    pub _pad2: [u8; 2],
-    pub created_ns: u64,
-}
-
-// SAFETY: `#[repr(C)]` without implicit padding (the assertions below), valid
-// for any bit pattern.
-unsafe impl aya::Pod for CtEntryV2 {}
-// SAFETY: as for `CtEntryV2`.
-unsafe impl aya::Pod for CtEntryV4 {}
-const _: () = assert!(std::mem::size_of::<CtEntryV2>() == 24);
-const _: () = assert!(std::mem::size_of::<CtEntryV4>() == 32);
 
 /// A V2 entry in the current layout, seen at `now_ns`. A forward entry is
 /// translated to its backend; a reply entry to the frontend of its service
@@ -163,37 +130,31 @@ pub fn from_v4(key: &CtKey, old: &CtEntryV4, now_ns: u64) -> CtEntry {
     }
 }
 
-fn open(pin_root: &Path, name: &str) -> Result<Option<Map>, MigrateError> {
-    let path = pin_root.join(name);
-    if !path.exists() {
-        return Ok(None);
+/// The earlier map `opened`, if it is pinned.
+fn if_pinned<M>(opened: Result<M, MapsError>) -> Result<Option<M>, MigrateError> {
+    match opened {
+        Ok(map) => Ok(Some(map)),
+        Err(MapsError::NotPinned { .. }) => Ok(None),
+        Err(e) => Err(e.into()),
     }
-    let data = MapData::from_pin(&path).map_err(|source| MigrateError::Open {
-        path: path.clone(),
-        source,
-    })?;
-    Map::from_map_data(data)
-        .map(Some)
-        .map_err(|source| MigrateError::Layout { path, source })
 }
 
-/// Every entry of the earlier hash map pinned as `name`, if it is pinned.
+/// Every entry of the earlier connection-tracking table `opened` (pinned as
+/// `name`), if it is pinned.
 fn read_table<V: aya::Pod + bytemuck::Pod>(
-    pin_root: &Path,
-    name: &str,
+    pins: Pins,
+    name: &'static str,
+    opened: Result<HashMap<MapData, CtKey, V>, MapsError>,
 ) -> Result<Option<Vec<(CtKey, V)>>, MigrateError> {
-    let Some(map) = open(pin_root, name)? else {
+    let Some(table) = if_pinned(opened)? else {
         return Ok(None);
     };
-    let path = pin_root.join(name);
-    let table: HashMap<MapData, CtKey, V> =
-        HashMap::try_from(map).map_err(|source| MigrateError::Layout {
-            path: path.clone(),
-            source,
-        })?;
     crate::dataplane::mapbatch::lookup_all::<CtKey, V>(table.map())
         .map(Some)
-        .map_err(|source| MigrateError::Read { path, source })
+        .map_err(|source| MigrateError::Read {
+            path: pins.path(name),
+            source,
+        })
 }
 
 /// Copies the flows of every earlier connection-tracking table pinned into
@@ -202,7 +163,8 @@ fn read_table<V: aya::Pod + bytemuck::Pod>(
 pub fn copy_flows(pin_root: &Path, maps: &mut PinnedMaps) -> Vec<Result<Migrated, MigrateError>> {
     let now = crate::dataplane::conntrack::monotonic_ns();
     let mut copied = Vec::new();
-    match read_table::<CtEntryV2>(pin_root, CONNTRACK_V2) {
+    let pins = Pins::new(pin_root);
+    match read_table(pins, CONNTRACK_V2, pins.conntrack_v2()) {
         Ok(None) => {}
         Ok(Some(entries)) => {
             let converted: Vec<(CtKey, CtEntry)> = entries
@@ -219,7 +181,7 @@ pub fn copy_flows(pin_root: &Path, maps: &mut PinnedMaps) -> Vec<Result<Migrated
         }
         Err(e) => copied.push(Err(e)),
     }
-    match read_table::<CtEntryV4>(pin_root, names::CONNTRACK_V4) {
+    match read_table(pins, names::CONNTRACK_V4, pins.conntrack_v4()) {
         Ok(None) => {}
         Ok(Some(entries)) => {
             let converted: Vec<(CtKey, CtEntry)> = entries
@@ -281,15 +243,11 @@ fn add_counters(
     pin_root: &Path,
     stats: &mut PerCpuArray<MapData, u64>,
 ) -> Result<Option<usize>, MigrateError> {
-    let Some(map) = open(pin_root, GLOBAL_STATS_V1)? else {
+    let pins = Pins::new(pin_root);
+    let Some(old) = if_pinned(pins.stats_v1())? else {
         return Ok(None);
     };
-    let path = pin_root.join(GLOBAL_STATS_V1);
-    let old: PerCpuArray<MapData, u64> =
-        PerCpuArray::try_from(map).map_err(|source| MigrateError::Layout {
-            path: path.clone(),
-            source,
-        })?;
+    let path = pins.path(GLOBAL_STATS_V1);
     if old.len() != STATS_V1_COUNT {
         return Err(MigrateError::Shape {
             path,

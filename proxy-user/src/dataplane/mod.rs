@@ -7,6 +7,7 @@ pub mod mapbatch;
 pub mod maps;
 pub mod migrate;
 pub mod pinroot;
+pub mod pins;
 pub mod readout;
 pub mod resize;
 pub mod sockdiag;

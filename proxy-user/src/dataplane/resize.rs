@@ -23,22 +23,18 @@ use aya::{
     maps::{HashMap, MapData, MapError, PerCpuArray, PerCpuValues},
     Pod,
 };
-use proxy_common::{
-    names, Backend, Backend6, CtEntry, CtEntry6, CtKey, CtKey6, FrontendKey, FrontendKey6,
-    FrontendSlot, RevNat, RevNat6, SockEntry, SockEntry6, SockKey, SockKey6, SvcStats,
-};
+use proxy_common::names;
 use tracing::{info, warn};
 
-use crate::dataplane::ebpf::CapacityMismatch;
+use crate::dataplane::{
+    ebpf::CapacityMismatch,
+    pins::{open_at, MapsError, Pins},
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ResizeError {
-    #[error("opening map {map} at {path}")]
-    Open {
-        map: &'static str,
-        path: PathBuf,
-        source: MapError,
-    },
+    #[error(transparent)]
+    Pin(#[from] MapsError),
     #[error("removing the stale resize pin {path}")]
     Stale { path: PathBuf, source: io::Error },
     #[error("moving the resized map {map} over its old pin {path}")]
@@ -135,9 +131,7 @@ impl Resize {
     pub fn copy(&self, overwrite: bool) -> Result<Vec<(&'static str, Copied)>, ResizeError> {
         let mut done = Vec::new();
         for &map in &self.maps {
-            let old = self.open(map, &self.pin_root.join(map))?;
-            let new = self.open(map, &staging_path(&self.pin_root, map))?;
-            let copied = copy_map(map, old, new, overwrite)?;
+            let copied = copy_map(&self.pin_root, map, overwrite)?;
             if copied.dropped > 0 {
                 warn!(
                     map,
@@ -161,35 +155,28 @@ impl Resize {
         }
         Ok(())
     }
-
-    fn open(&self, map: &'static str, path: &Path) -> Result<MapData, ResizeError> {
-        MapData::from_pin(path).map_err(|source| ResizeError::Open {
-            map,
-            path: path.to_owned(),
-            source,
-        })
-    }
 }
 
-fn copy_map(
-    map: &'static str,
-    old: MapData,
-    new: MapData,
-    overwrite: bool,
-) -> Result<Copied, ResizeError> {
+/// Copies the map pinned as `map` into its staging pin, each opened as the
+/// type of that map.
+fn copy_map(pin_root: &Path, map: &'static str, overwrite: bool) -> Result<Copied, ResizeError> {
+    let pins = Pins::new(pin_root);
+    let staging = staging_path(pin_root, map);
     let copied = match map {
-        names::FRONTENDS => copy_hash::<FrontendKey, FrontendSlot>(old, new, overwrite),
-        names::BACKENDS => copy_hash::<u32, Backend>(old, new, overwrite),
-        names::CONNTRACK => copy_hash::<CtKey, CtEntry>(old, new, overwrite),
-        names::REVNAT => copy_hash::<u32, RevNat>(old, new, overwrite),
-        names::SOCKETS => copy_hash::<SockKey, SockEntry>(old, new, overwrite),
-        names::FRONTENDS6 => copy_hash::<FrontendKey6, FrontendSlot>(old, new, overwrite),
-        names::BACKENDS6 => copy_hash::<u32, Backend6>(old, new, overwrite),
-        names::CONNTRACK6 => copy_hash::<CtKey6, CtEntry6>(old, new, overwrite),
-        names::REVNAT6 => copy_hash::<u32, RevNat6>(old, new, overwrite),
-        names::SOCKETS6 => copy_hash::<SockKey6, SockEntry6>(old, new, overwrite),
-        names::SERVICE_STATS => copy_per_cpu_array::<SvcStats>(old, new),
-        names::SERVICE_DENIED => copy_per_cpu_array::<u64>(old, new),
+        names::FRONTENDS => copy_hash(pins.frontends()?, open_at(map, &staging)?, overwrite),
+        names::BACKENDS => copy_hash(pins.backends()?, open_at(map, &staging)?, overwrite),
+        names::CONNTRACK => copy_hash(pins.conntrack()?, open_at(map, &staging)?, overwrite),
+        names::REVNAT => copy_hash(pins.revnat()?, open_at(map, &staging)?, overwrite),
+        names::SOCKETS => copy_hash(pins.sockets()?, open_at(map, &staging)?, overwrite),
+        names::FRONTENDS6 => copy_hash(pins.frontends6()?, open_at(map, &staging)?, overwrite),
+        names::BACKENDS6 => copy_hash(pins.backends6()?, open_at(map, &staging)?, overwrite),
+        names::CONNTRACK6 => copy_hash(pins.conntrack6()?, open_at(map, &staging)?, overwrite),
+        names::REVNAT6 => copy_hash(pins.revnat6()?, open_at(map, &staging)?, overwrite),
+        names::SOCKETS6 => copy_hash(pins.sockets6()?, open_at(map, &staging)?, overwrite),
+        names::SERVICE_STATS => copy_per_cpu_array(pins.service_stats()?, open_at(map, &staging)?),
+        names::SERVICE_DENIED => {
+            copy_per_cpu_array(pins.service_denied()?, open_at(map, &staging)?)
+        }
         _ => return Err(ResizeError::Unsupported { map }),
     };
     copied.map_err(|source| ResizeError::Copy { map, source })
@@ -197,12 +184,10 @@ fn copy_map(
 
 /// Copies a hash (or LRU hash) map entry by entry.
 fn copy_hash<K: Pod, V: Pod>(
-    old: MapData,
-    new: MapData,
+    old: HashMap<MapData, K, V>,
+    mut new: HashMap<MapData, K, V>,
     overwrite: bool,
 ) -> Result<Copied, MapError> {
-    let old: HashMap<MapData, K, V> = HashMap::try_from(aya::maps::Map::from_map_data(old)?)?;
-    let mut new: HashMap<MapData, K, V> = HashMap::try_from(aya::maps::Map::from_map_data(new)?)?;
     // BPF_ANY overwrites, BPF_NOEXIST keeps what the new programs wrote.
     let flags = if overwrite { 0 } else { 1 };
     let mut result = Copied::default();
@@ -223,10 +208,10 @@ fn copy_hash<K: Pod, V: Pod>(
 }
 
 /// Copies a per-CPU array index by index, as far as the smaller one reaches.
-fn copy_per_cpu_array<V: Pod>(old: MapData, new: MapData) -> Result<Copied, MapError> {
-    let old: PerCpuArray<MapData, V> = PerCpuArray::try_from(aya::maps::Map::from_map_data(old)?)?;
-    let mut new: PerCpuArray<MapData, V> =
-        PerCpuArray::try_from(aya::maps::Map::from_map_data(new)?)?;
+fn copy_per_cpu_array<V: Pod>(
+    old: PerCpuArray<MapData, V>,
+    mut new: PerCpuArray<MapData, V>,
+) -> Result<Copied, MapError> {
     let (old_len, new_len) = (old.len(), new.len());
     let mut result = Copied::default();
     for index in 0..old_len.min(new_len) {

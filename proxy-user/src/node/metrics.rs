@@ -52,7 +52,7 @@ use prometheus_client::registry::Registry;
 use tracing::{info, warn};
 
 use crate::dataplane::conntrack::GcMetrics;
-use crate::dataplane::maps::{MapsError, PinnedMaps};
+use crate::dataplane::{maps::PinnedMaps, pins::MapsError};
 use crate::node::health::{bind, BindError, Serving};
 use crate::node::healthcheck::http_response;
 
