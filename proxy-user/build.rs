@@ -1,5 +1,5 @@
 //! Builds the eBPF object from `proxy-ebpf` for the BPF target and leaves it in
-//! OUT_DIR, where `src/ebpf.rs` embeds it.
+//! OUT_DIR, where `src/dataplane/ebpf.rs` embeds it.
 //!
 //! Without bpf-linker (or with AYA_BUILD_SKIP=1) an empty object is written
 //! instead, so `cargo check` and clippy work on a machine that cannot build

@@ -593,7 +593,7 @@ pub struct CtKey {
 }
 
 /// Value of the connection-tracking map (a preallocated hash, not LRU: the
-/// agent removes expired flows, see `proxy-user/src/conntrack.rs`).
+/// agent removes expired flows, see `proxy-user/src/dataplane/conntrack.rs`).
 ///
 /// Each entry carries the address and port its direction is rewritten to:
 /// a forward entry the backend's, a reply entry the frontend's. So an

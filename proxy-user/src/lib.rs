@@ -11,7 +11,6 @@ pub mod cli;
 pub mod dataplane;
 pub mod model;
 pub mod node;
-pub mod packet;
 pub mod source;
 pub mod sync;
 pub mod util;

@@ -6,9 +6,9 @@ mod support;
 use std::net::Ipv4Addr;
 
 use proxy_common::programs;
+use proxy_testkit::packet::{checksums_valid, PacketSpec};
 use proxy_user::{
     model::{DesiredState, Frontend, Protocol},
-    packet::{checksums_valid, PacketSpec},
     sync::store::MapStore,
 };
 use support::{capacities, cluster_ip, Loaded, TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_UNSPEC};
@@ -217,7 +217,7 @@ fn request_and_malformed_fixtures() {
             program: programs::TC_FROM_POD,
             input: PacketSpec::tcp(CLIENT, 40011, EMPTY_VIP, 80).build(),
             verdict: TC_ACT_REDIRECT,
-            output: proxy_user::packet::icmp_port_unreachable(
+            output: proxy_testkit::packet::icmp_port_unreachable(
                 &PacketSpec::tcp(CLIENT, 40011, EMPTY_VIP, 80).build(),
             ),
         },

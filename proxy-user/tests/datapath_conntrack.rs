@@ -6,10 +6,10 @@ mod support;
 use std::net::Ipv4Addr;
 
 use proxy_common::{ct_dir, ct_flags, ct_state, programs, proto, CtEntry, CtKey, CT_REFRESH_NS};
+use proxy_testkit::packet::PacketSpec;
 use proxy_user::{
     dataplane::conntrack::{self, Phase, Timeouts},
     model::Protocol,
-    packet::PacketSpec,
     sync::store::Capacities,
 };
 use support::{cluster_ip, run_on_cpu, Loaded, TC_ACT_OK, TC_ACT_SHOT};

@@ -15,12 +15,10 @@ mod support;
 use std::net::Ipv4Addr;
 
 use proxy_common::programs;
-use proxy_user::{
-    model::Protocol,
-    packet::{
-        checksum, checksums_valid, icmp_error_checksums_valid, icmp_frame, PacketSpec, ETH_HLEN,
-    },
+use proxy_testkit::packet::{
+    checksum, checksums_valid, icmp_error_checksums_valid, icmp_frame, PacketSpec, ETH_HLEN,
 };
+use proxy_user::model::Protocol;
 use support::{capacities, cluster_ip, Loaded, TC_ACT_OK, TC_ACT_UNSPEC};
 
 const CLIENT: Ipv4Addr = Ipv4Addr::new(10, 244, 100, 2);

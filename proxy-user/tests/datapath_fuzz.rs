@@ -32,13 +32,11 @@ use proptest::{
     test_runner::{Config, TestCaseError, TestRunner},
 };
 use proxy_common::programs;
-use proxy_user::{
-    model::{Frontend, FrontendKind, Protocol},
-    packet::{
-        checksums_valid, icmp_checksums_valid, icmp_error_checksums_valid, icmp_frame, PacketSpec,
-        ETH_HLEN,
-    },
+use proxy_testkit::packet::{
+    checksums_valid, icmp_checksums_valid, icmp_error_checksums_valid, icmp_frame, PacketSpec,
+    ETH_HLEN,
 };
+use proxy_user::model::{Frontend, FrontendKind, Protocol};
 use support::{
     capacities, require_root, skb_ctx,
     v6::{checksums_valid6, icmp6_frame, parse6, Maps6, Packet6},
@@ -509,7 +507,7 @@ fn checksums_hold(frame: &[u8]) -> bool {
             let ihl = usize::from(ip[0] & 0x0f) * 4;
             frame
                 .get(ETH_HLEN..ETH_HLEN + ihl)
-                .is_some_and(|header| proxy_user::packet::checksum(header, 0) == 0)
+                .is_some_and(|header| proxy_testkit::packet::checksum(header, 0) == 0)
         }
     }
 }

@@ -17,10 +17,10 @@ mod support;
 use std::net::Ipv4Addr;
 
 use proxy_common::{ct_dir, ct_flags, hairpin, programs, proto, CtKey};
-use proxy_user::{
-    model::{FrontendKind, Protocol},
-    packet::{checksums_valid, icmp_checksums_valid, icmp_port_unreachable, PacketSpec},
+use proxy_testkit::packet::{
+    checksums_valid, icmp_checksums_valid, icmp_port_unreachable, PacketSpec,
 };
+use proxy_user::model::{FrontendKind, Protocol};
 use support::{
     capacities, frontend, Loaded, TC_ACT_REDIRECT, TC_ACT_SHOT, TC_ACT_UNSPEC, XDP_DROP, XDP_TX,
 };
@@ -123,7 +123,7 @@ fn long_syn(src: Ipv4Addr, sport: u16, dst: Ipv4Addr, dport: u16) -> Vec<u8> {
     // TOS 0x10, IPv4 checksum adjusted from scratch.
     frame[15] = 0x10;
     frame[24..26].fill(0);
-    let csum = proxy_user::packet::checksum(&frame[14..34], 0);
+    let csum = proxy_testkit::packet::checksum(&frame[14..34], 0);
     frame[24..26].copy_from_slice(&csum.to_be_bytes());
     frame
 }

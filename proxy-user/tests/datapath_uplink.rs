@@ -27,12 +27,12 @@ use std::{
 };
 
 use proxy_common::{ct_dir, ct_flags, programs, proto, scope, snat, CtEntry, CtKey};
+use proxy_testkit::packet::{
+    checksum, checksums_valid, icmp_error_checksums_valid, icmp_frame, PacketSpec, ETH_HLEN,
+};
 use proxy_user::{
     model::cidr::IpCidr,
     model::{BackendAddr, DesiredState, Frontend, FrontendKind, Protocol, SourceRanges},
-    packet::{
-        checksum, checksums_valid, icmp_error_checksums_valid, icmp_frame, PacketSpec, ETH_HLEN,
-    },
     sync::store::MapStore,
 };
 use support::{

@@ -12,11 +12,11 @@ use aya::{
     Ebpf,
 };
 use proxy_common::programs;
+use proxy_testkit::packet::PacketSpec;
 use proxy_user::{
     dataplane::ebpf,
     dataplane::maps::PinnedMaps,
     model::{BackendAddr, DesiredState, Protocol},
-    packet::PacketSpec,
     sync::store::Capacities,
     sync::Syncer,
 };

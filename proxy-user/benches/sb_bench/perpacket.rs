@@ -13,12 +13,12 @@ use aya::{
     Ebpf,
 };
 use proxy_common::{ct_dir, programs, proto, CtEntry, CtKey};
+use proxy_testkit::packet::PacketSpec;
 use proxy_user::{
     dataplane::ebpf,
     dataplane::maps::PinnedMaps,
     model::cidr::IpCidr,
     model::{BackendAddr, DesiredState, FrontendAddr, Protocol, SourceRanges},
-    packet::PacketSpec,
     sync::encode::frontend_key,
     sync::store::Capacities,
     sync::store::MapStore as _,

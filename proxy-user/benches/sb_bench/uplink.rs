@@ -44,13 +44,13 @@ use aya::{
     Ebpf,
 };
 use proxy_common::programs;
+use proxy_testkit::packet::PacketSpec;
 use proxy_user::{
     dataplane::ebpf,
     dataplane::maps::PinnedMaps,
     model::{
         BackendAddr, DesiredState, Frontend, FrontendAddr, FrontendKind, Protocol, ServicePortName,
     },
-    packet::PacketSpec,
     sync::store::Capacities,
     sync::Syncer,
 };
