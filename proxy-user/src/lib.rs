@@ -1,5 +1,9 @@
 //! switchboard's userspace: the agent (source → model → sync → maps), the
-//! loader and attach logic, and the CLI.
+//! loader and attach logic, and the CLI, grouped by layer. Each layer
+//! imports only from the ones below it (bottom first): `util`, `model`,
+//! `source`, `sync`, `dataplane`, `node`, `cli`, then the composition root
+//! (`agent`, `args`, `main.rs`). See `docs/layout.md`; the test in
+//! `layers.rs` checks the rule.
 // The agent handles every failure: no unwrap, expect or panic outside tests.
 #![cfg_attr(
     not(test),
@@ -14,6 +18,9 @@ pub mod node;
 pub mod source;
 pub mod sync;
 pub mod util;
+
+#[cfg(test)]
+mod layers;
 
 /// How many cases a property test runs: `default` in `cargo test`, or
 /// `PROPTEST_CASES` when set (`cargo xtask soak` runs many more).

@@ -643,10 +643,10 @@ mod tests {
         let denied = crate::dataplane::pins::MapsError::Open {
             name: names::FRONTENDS,
             path: "/sys/fs/bpf/switchboard/SB_FE_V1".into(),
-            source: aya::maps::MapError::SyscallError(aya::sys::SyscallError {
+            source: Box::new(aya::maps::MapError::SyscallError(aya::sys::SyscallError {
                 call: "BPF_OBJ_GET",
                 io_error: std::io::Error::from_raw_os_error(libc::EACCES),
-            }),
+            })),
         };
         let why = maps_unreadable(&denied).expect("a permission error");
         assert!(why.contains("permission denied"), "{why}");

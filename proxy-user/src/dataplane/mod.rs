@@ -1,4 +1,8 @@
-//! The data plane: everything that talks to the kernel.
+//! The data plane: everything that talks to the kernel. Loading the
+//! programs and pinning their maps, attaching them (pod interfaces,
+//! uplinks, the cgroup socket hooks), the pinned maps themselves (opened
+//! only through [`pins`]), their resize and migration, the conntrack
+//! collector and socket closing. It implements the sync's `MapStore`.
 pub mod attach;
 pub mod caps;
 pub mod conntrack;

@@ -18,7 +18,8 @@ use proxy_common::{
 
 use crate::dataplane::migrate;
 
-/// Opening a pinned map failed.
+/// Opening a pinned map failed. (The kernel's error is boxed: it is large,
+/// and this error travels inside others.)
 #[derive(Debug, thiserror::Error)]
 pub enum MapsError {
     #[error("map {name} is not pinned at {path} (is the agent running with this --pin-root?)")]
@@ -27,24 +28,24 @@ pub enum MapsError {
     Open {
         name: &'static str,
         path: PathBuf,
-        source: MapError,
+        source: Box<MapError>,
     },
     #[error("pinned map {name} at {path} is not of the type and layout its name stands for")]
     Layout {
         name: &'static str,
         path: PathBuf,
-        source: MapError,
+        source: Box<MapError>,
     },
     #[error("reading the capacity of pinned map {name} at {path}")]
     Info {
         name: &'static str,
         path: PathBuf,
-        source: MapError,
+        source: Box<MapError>,
     },
     #[error("creating an empty stand-in for map {name}, which is not pinned")]
     StandIn {
         name: &'static str,
-        source: MapError,
+        source: Box<MapError>,
     },
 }
 
@@ -85,7 +86,7 @@ impl<'a> Pins<'a> {
             .map_err(|source| MapsError::Info {
                 name,
                 path: self.path(name),
-                source,
+                source: Box::new(source),
             })
     }
 }
@@ -104,7 +105,7 @@ pub fn data_at(name: &'static str, path: &Path) -> Result<MapData, MapsError> {
     MapData::from_pin(path).map_err(|source| MapsError::Open {
         name,
         path: path.to_owned(),
-        source,
+        source: Box::new(source),
     })
 }
 
@@ -116,7 +117,7 @@ pub fn open_at<M: TryFrom<Map, Error = MapError>>(
     let layout = |source| MapsError::Layout {
         name,
         path: path.to_owned(),
-        source,
+        source: Box::new(source),
     };
     let map = Map::from_map_data(data_at(name, path)?).map_err(layout)?;
     M::try_from(map).map_err(layout)
@@ -133,7 +134,10 @@ pub fn or_stand_in<M>(
     match opened {
         Err(MapsError::NotPinned { name, .. }) => {
             absent.push(name);
-            stand_in().map_err(|source| MapsError::StandIn { name, source })
+            stand_in().map_err(|source| MapsError::StandIn {
+                name,
+                source: Box::new(source),
+            })
         }
         other => other,
     }

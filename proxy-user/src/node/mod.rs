@@ -1,4 +1,6 @@
-//! The agent's own services on the node.
+//! The agent's own services on the node: the pin-root lock, the status
+//! file, `/healthz`, `/metrics`, the `healthCheckNodePort` servers, the
+//! `verify` socket, and malloc tuning.
 pub mod health;
 pub mod healthcheck;
 pub mod lock;
