@@ -39,7 +39,7 @@
 use std::{
     collections::HashMap as StdHashMap,
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
-    path::{Path, PathBuf},
+    path::Path,
     sync::atomic::AtomicU64,
     time::{Duration, Instant},
 };
@@ -606,11 +606,6 @@ pub fn next_interval_after(fills: &[Option<f64>], took: Duration) -> Duration {
 pub enum GcError {
     #[error(transparent)]
     Pin(#[from] MapsError),
-    #[error("reading {path}")]
-    Read {
-        path: PathBuf,
-        source: std::io::Error,
-    },
     #[error("starting the collector thread")]
     Spawn(#[source] std::io::Error),
 }
