@@ -3,7 +3,8 @@
 //!
 //! - every relative link in `README.md` and `docs/**/*.md` reaches an
 //!   existing file, and its `#anchor` a heading of that file (GitHub's
-//!   slugs);
+//!   slugs); so does every repository path quoted as inline code
+//!   (`proxy-user/src/…`), so a moved file is not left behind in the docs;
 //! - every benchmark figure quoted in a marked block
 //!   (`<!-- bench-figures: goals -->` … `<!-- /bench-figures -->`) matches
 //!   `docs/benchmarks/latest.json`, the figures of the latest full run that
@@ -192,6 +193,36 @@ pub fn links(text: &str) -> Vec<(usize, String)> {
     out
 }
 
+/// The top-level folders whose paths, quoted as inline code in prose, must
+/// exist.
+const TREE_ROOTS: [&str; 7] = [
+    "proxy-common/",
+    "proxy-ebpf/",
+    "proxy-user/",
+    "xtask/",
+    "manifests/",
+    "docs/",
+    ".ci/",
+];
+
+/// Repository paths quoted as inline code outside fenced blocks
+/// (`` `xtask/src/docs.rs` ``), with their line numbers. A span with a
+/// placeholder (`<run>`, `*`, `…`) or a space is not a path.
+pub fn code_paths(text: &str) -> Vec<(usize, String)> {
+    let mut out = Vec::new();
+    for (n, line) in prose_lines(text) {
+        for (i, span) in line.split('`').enumerate() {
+            let is_path = i % 2 == 1
+                && TREE_ROOTS.iter().any(|r| span.starts_with(r))
+                && !span.contains(|c: char| c.is_whitespace() || "<>*…{}".contains(c));
+            if is_path {
+                out.push((n, span.to_string()));
+            }
+        }
+    }
+    out
+}
+
 /// Whether a link leaves the repository (a scheme such as `https:`,
 /// `mailto:`), so it is not checked.
 fn is_external(target: &str) -> bool {
@@ -201,7 +232,6 @@ fn is_external(target: &str) -> bool {
                 && scheme
                     .chars()
                     .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
-                && !scheme.contains('/')
         }
         None => false,
     }
@@ -256,6 +286,15 @@ pub fn check_links(root: &Path, files: &[PathBuf]) -> Result<Vec<Finding>> {
     for file in files {
         let text = fs::read_to_string(root.join(file))
             .with_context(|| format!("read {}", file.display()))?;
+        for (line, path) in code_paths(&text) {
+            if !root.join(path.trim_end_matches('/')).exists() {
+                findings.push(Finding {
+                    file: file.clone(),
+                    line,
+                    what: format!("path `{path}` does not exist"),
+                });
+            }
+        }
         for (line, target) in links(&text) {
             if target.is_empty() || is_external(&target) {
                 continue;
@@ -653,6 +692,20 @@ mod tests {
         assert!(!is_external("#anchor"));
     }
 
+    #[test]
+    fn code_paths_are_repository_paths() {
+        let text = "In `proxy-user/src/sync.rs` and `xtask/results/<run>/report.md`,\n\
+                    not `switchboard agent`, `docs/` ok, `xtask/src/a.rs b`\n\
+                    ```\n`proxy-ebpf/src/gone.rs`\n```\n";
+        assert_eq!(
+            code_paths(text),
+            [
+                (1, "proxy-user/src/sync.rs".to_string()),
+                (2, "docs/".to_string())
+            ]
+        );
+    }
+
     fn temp_tree(name: &str, files: &[(&str, &str)]) -> PathBuf {
         let root = std::env::temp_dir().join(format!("sb-docs-{}-{name}", std::process::id()));
         let _ = fs::remove_dir_all(&root);
@@ -675,7 +728,7 @@ mod tests {
                 ),
                 (
                     "docs/a.md",
-                    "# A\n## Part one\n[up](../README.md#nowhere)\n[dir](.)\n",
+                    "# A\n## Part one\n[up](../README.md#nowhere)\n[dir](.)\n`docs/a.md`, `docs/moved.rs`\n",
                 ),
             ],
         );
@@ -694,6 +747,7 @@ mod tests {
             got,
             [
                 "README.md:4: link `docs/b.md`: docs/b.md does not exist",
+                "docs/a.md:5: path `docs/moved.rs` does not exist",
                 "docs/a.md:3: link `../README.md#nowhere`: README.md has no heading with the anchor #nowhere",
             ]
         );
