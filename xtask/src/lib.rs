@@ -6,6 +6,7 @@
 pub mod bench;
 pub mod build;
 pub mod demo;
+pub mod docs;
 pub mod fake_apiserver;
 pub mod image;
 pub mod sandbox;
