@@ -14,4 +14,5 @@ pub mod setup;
 pub mod soak;
 pub mod testcmd;
 pub mod testenv;
+pub mod testrun;
 pub mod util;
