@@ -3,7 +3,7 @@
 #   docker build -t switchboard:0.1.0 .
 #
 # `cargo xtask image` builds an equivalent image without a container engine
-# (see the README, "Building the image"). This file is not run by CI.
+# (see docs/install.md, "Building the image"). This file is not run by CI.
 
 # --- build: the toolchains `cargo xtask setup` installs -----------------------
 # Stable builds the agent; the eBPF programs are built by proxy-user/build.rs

@@ -97,7 +97,7 @@ fn build_ebpf(ebpf_dir: &Path, out_dir: &Path) -> anyhow::Result<()> {
     cmd.args(["run", "nightly", "cargo", "build", "--package", "proxy-ebpf", "--bins"])
         .args(["--message-format=json", "--release", "--target", target, "-Z", "build-std=core"])
         .arg("--target-dir")
-        .arg(out_dir.join("ebpf-target"))
+        .arg(out_dir.join(ebpf_target_dir()))
         .env("CARGO_ENCODED_RUSTFLAGS", flags.join("\x1f"))
         // The outer build's compiler is the stable one.
         .env_remove("RUSTC")
@@ -141,6 +141,17 @@ fn build_ebpf(ebpf_dir: &Path, out_dir: &Path) -> anyhow::Result<()> {
             .with_context(|| format!("copying {} to {}", executable.display(), dest.display()))?;
     }
     Ok(())
+}
+
+/// The inner build's target directory, one per program revision: `cargo
+/// xtask test` builds an upgrade variant (`SB_PROGRAM_REVISION=1`) beside the
+/// ordinary build, and each keeps its compiled programs instead of
+/// rebuilding them every time the other was built last.
+fn ebpf_target_dir() -> String {
+    match env::var("SB_PROGRAM_REVISION") {
+        Ok(revision) if !revision.is_empty() => format!("ebpf-target-rev{revision}"),
+        _ => "ebpf-target".to_owned(),
+    }
 }
 
 fn which_bpf_linker() -> Option<PathBuf> {

@@ -291,7 +291,7 @@ pub enum ConfigError {
     #[error("config file {path} is not valid YAML")]
     Yaml {
         path: PathBuf,
-        source: serde_yaml::Error,
+        source: Box<serde_saphyr::Error>,
     },
     #[error("config file {path}: kind is {found:?}, expected {CONFIG_KIND}")]
     Kind { path: PathBuf, found: String },
@@ -311,7 +311,7 @@ struct ConfigFile {
     _api_version: Option<String>,
     kind: String,
     #[serde(flatten)]
-    settings: BTreeMap<String, serde_yaml::Value>,
+    settings: BTreeMap<String, serde_json::Value>,
 }
 
 /// Inserts the settings of the `--config` file named in `argv` (after the
@@ -392,9 +392,9 @@ fn config_flags(
     text: &str,
     long_flags: &[String],
 ) -> Result<Vec<(String, String)>, ConfigError> {
-    let file: ConfigFile = serde_yaml::from_str(text).map_err(|source| ConfigError::Yaml {
+    let file: ConfigFile = serde_saphyr::from_str(text).map_err(|source| ConfigError::Yaml {
         path: path.to_owned(),
-        source,
+        source: Box::new(source),
     })?;
     if file.kind != CONFIG_KIND {
         return Err(ConfigError::Kind {
@@ -422,7 +422,7 @@ fn config_flags(
             key: key.clone(),
         };
         match value {
-            serde_yaml::Value::Sequence(items) => {
+            serde_json::Value::Array(items) => {
                 for item in items {
                     flags.push((flag.clone(), scalar(&item).ok_or_else(bad)?));
                 }
@@ -433,11 +433,11 @@ fn config_flags(
     Ok(flags)
 }
 
-fn scalar(value: &serde_yaml::Value) -> Option<String> {
+fn scalar(value: &serde_json::Value) -> Option<String> {
     match value {
-        serde_yaml::Value::String(s) => Some(s.clone()),
-        serde_yaml::Value::Number(n) => Some(n.to_string()),
-        serde_yaml::Value::Bool(b) => Some(b.to_string()),
+        serde_json::Value::String(s) => Some(s.clone()),
+        serde_json::Value::Number(n) => Some(n.to_string()),
+        serde_json::Value::Bool(b) => Some(b.to_string()),
         _ => None,
     }
 }

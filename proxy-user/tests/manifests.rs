@@ -21,7 +21,7 @@ use k8s_openapi::{
     apimachinery::pkg::util::intstr::IntOrString,
     Resource,
 };
-use serde::{de::DeserializeOwned, Deserialize as _, Serialize};
+use serde::{de::DeserializeOwned, Serialize};
 use serde_json::Value;
 
 fn manifests_dir() -> PathBuf {
@@ -59,14 +59,8 @@ fn is_kustomization(path: &Path) -> bool {
 /// The YAML documents of a multi-document string, as JSON values (empty
 /// documents skipped).
 fn documents(text: &str) -> Result<Vec<Value>, String> {
-    let mut docs = Vec::new();
-    for (index, doc) in serde_yaml::Deserializer::from_str(text).enumerate() {
-        let value = Value::deserialize(doc).map_err(|e| format!("document {index}: {e}"))?;
-        if !value.is_null() {
-            docs.push(value);
-        }
-    }
-    Ok(docs)
+    let docs: Vec<Value> = serde_saphyr::from_multiple(text).map_err(|e| e.to_string())?;
+    Ok(docs.into_iter().filter(|doc| !doc.is_null()).collect())
 }
 
 /// Deserializes `doc` as `T` and serializes it back.
@@ -243,7 +237,7 @@ fn kustomizations_reference_existing_files() {
     for file in &kustomizations {
         let dir = file.parent().expect("file in a directory");
         let text = fs::read_to_string(file).expect("read kustomization");
-        let doc: Value = serde_yaml::from_str(&text).expect("kustomization is YAML");
+        let doc: Value = serde_saphyr::from_str(&text).expect("kustomization is YAML");
         assert_eq!(doc["kind"], "Kustomization", "{}", file.display());
         assert_eq!(
             doc["apiVersion"],
@@ -282,7 +276,7 @@ fn kustomizations_reference_existing_files() {
     }
     // The install lists every manifest next to it (a new file is not forgotten).
     let text = fs::read_to_string(root.join("kustomization.yaml")).expect("read");
-    let doc: Value = serde_yaml::from_str(&text).expect("YAML");
+    let doc: Value = serde_saphyr::from_str(&text).expect("YAML");
     let listed: BTreeSet<&str> = doc["resources"]
         .as_array()
         .expect("resources")
@@ -308,7 +302,7 @@ fn kustomizations_reference_existing_files() {
 fn load<T: DeserializeOwned>(file: &str) -> T {
     let path = manifests_dir().join(file);
     let text = fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
-    serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("parse {}: {e}", path.display()))
+    serde_saphyr::from_str(&text).unwrap_or_else(|e| panic!("parse {}: {e}", path.display()))
 }
 
 #[test]

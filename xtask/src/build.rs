@@ -16,10 +16,14 @@ pub struct Binaries {
 /// pod programs other instructions (see proxy-ebpf's `PROGRAM_REVISION`),
 /// so the lifecycle test can swap running programs for changed ones. Copied
 /// to `target/release/switchboard-upgrade`; run it before [`run`], which
-/// builds the ordinary binary again (same packages, so only proxy-user and
-/// its eBPF object are rebuilt).
+/// builds the ordinary binary again (same packages, so only proxy-user is
+/// rebuilt; each revision keeps its own compiled eBPF programs).
 pub fn upgrade_variant() -> Result<PathBuf> {
-    println!("build: SB_PROGRAM_REVISION=1 cargo build --release -p proxy-user -p xtask --bins");
+    // xtask is selected for the same feature unification as the ordinary
+    // build (the dependencies are then shared), but only the agent is built.
+    println!(
+        "build: SB_PROGRAM_REVISION=1 cargo build --release -p proxy-user -p xtask --bin switchboard"
+    );
     run_inherit(
         cargo()
             .current_dir(repo_root())
@@ -31,7 +35,8 @@ pub fn upgrade_variant() -> Result<PathBuf> {
                 "proxy-user",
                 "-p",
                 "xtask",
-                "--bins",
+                "--bin",
+                "switchboard",
             ]),
     )?;
     let dest = release_bin("switchboard-upgrade");

@@ -6,6 +6,7 @@
 pub mod bench;
 pub mod build;
 pub mod demo;
+pub mod docs;
 pub mod fake_apiserver;
 pub mod image;
 pub mod sandbox;
@@ -13,4 +14,5 @@ pub mod setup;
 pub mod soak;
 pub mod testcmd;
 pub mod testenv;
+pub mod testrun;
 pub mod util;

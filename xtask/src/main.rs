@@ -18,6 +18,10 @@ enum Cmd {
     Demo,
     /// setup + build + every test (unit, fixtures, netns e2e) + clippy. Needs root.
     Test,
+    /// Check the docs: every relative link in README.md and docs/ reaches a
+    /// file and heading, and the quoted benchmark figures match
+    /// docs/benchmarks/latest.json (also a unit test under `cargo xtask test`).
+    Docs,
     /// Benchmarks against kube-proxy-style iptables/nftables and a direct
     /// path; writes xtask/results/<timestamp>/report.md. Needs root.
     Bench {
@@ -85,6 +89,7 @@ fn main() -> Result<()> {
         Cmd::Build => xtask::build::run().map(|_| ()),
         Cmd::Demo => xtask::demo::run(),
         Cmd::Test => xtask::testcmd::run(),
+        Cmd::Docs => xtask::docs::run(),
         Cmd::Bench {
             report_only: Some(dir),
             ..

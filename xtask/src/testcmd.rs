@@ -1,15 +1,16 @@
 //! `cargo xtask test`: the one command that runs every test (`.ci/run` calls
-//! it). setup → `cargo fmt --check` → build → `cargo test --release --workspace` (one test thread:
-//! the netns e2e tests load eBPF programs and measure sub-second reactions) →
-//! clippy, on the host and for the BPF target → a closing `test: N passed,
-//! M failed` line.
+//! it). setup → `cargo fmt --check` → build (the upgrade variant, the
+//! binaries, the test binaries) → the tests, several jobs at a time (see
+//! `testrun`) → clippy, on the host and for the BPF target → the ten longest
+//! jobs and a closing `test: N passed, M failed` line.
 
-use std::io::{BufRead, BufReader};
-use std::process::Stdio;
-
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 
 use crate::util::{cargo, repo_root, run_inherit, show};
+
+/// Test jobs at a time: the end-to-end tests mostly wait, so three share
+/// two cores well (`SB_TEST_LANES` overrides).
+const LANES: usize = 3;
 
 #[derive(Default, Debug, PartialEq, Eq)]
 pub struct Counts {
@@ -64,31 +65,29 @@ pub fn run() -> Result<()> {
     }
 
     let mut cmd = cargo();
-    cmd.current_dir(repo_root())
-        .args([
-            "test",
-            "--release",
-            "--workspace",
-            "--exclude",
-            "proxy-ebpf",
-            // Every test binary runs: one failure does not hide the rest.
-            "--no-fail-fast",
-        ])
-        .args(["--", "--test-threads=1"])
-        .env("SWITCHBOARD_BIN", &bins.switchboard)
-        .env("SB_ECHO_BIN", &bins.sb_echo)
-        .env("SWITCHBOARD_UPGRADE_BIN", &upgrade)
-        .stdout(Stdio::piped());
-    println!("test: {}", show(&cmd));
-    let mut child = cmd.spawn().context("start cargo test")?;
-    let mut counts = Counts::default();
-    let stdout = child.stdout.take().expect("piped");
-    for line in BufReader::new(stdout).lines() {
-        let line = line?;
-        println!("{line}");
-        add_result_line(&mut counts, &line);
-    }
-    let status = child.wait()?;
+    cmd.current_dir(repo_root()).args([
+        "test",
+        "--release",
+        "--workspace",
+        "--exclude",
+        "proxy-ebpf",
+        "--no-run",
+    ]);
+    let binaries = crate::testrun::build(cmd)?;
+    let lanes = std::env::var("SB_TEST_LANES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(LANES);
+    let summary = crate::testrun::run(
+        &binaries,
+        lanes,
+        &[
+            ("SWITCHBOARD_BIN", &bins.switchboard),
+            ("SB_ECHO_BIN", &bins.sb_echo),
+            ("SWITCHBOARD_UPGRADE_BIN", &upgrade),
+        ],
+    )?;
+    let counts = &summary.counts;
 
     // --release reuses the build scripts' output (the eBPF object) and the
     // proc macros of the release build: minutes less on 2 cores.
@@ -136,8 +135,15 @@ pub fn run() -> Result<()> {
             String::new()
         }
     );
-    if !status.success() {
-        bail!("cargo test failed ({status})");
+    println!(
+        "test: the tests took {:.0} s of wall time; the ten longest jobs:",
+        summary.wall.as_secs_f64()
+    );
+    for (name, took) in summary.durations.iter().take(10) {
+        println!("test:   {:>6.1} s  {name}", took.as_secs_f64());
+    }
+    if !summary.failed_jobs.is_empty() {
+        bail!("failed: {}", summary.failed_jobs.join(", "));
     }
     clippy?;
     bpf_clippy?;

@@ -3,21 +3,19 @@ use super::*;
 use std::collections::BTreeSet;
 use std::net::{Ipv4Addr, Ipv6Addr};
 
-use serde::Deserialize as _;
-
 /// Services and EndpointSlices from a multi-document manifest.
 fn objects(yaml: &str) -> (Vec<Service>, Vec<EndpointSlice>) {
     let mut services = Vec::new();
     let mut slices = Vec::new();
-    for doc in serde_yaml::Deserializer::from_str(yaml) {
-        let value = serde_yaml::Value::deserialize(doc).expect("test YAML parses");
+    let docs: Vec<serde_json::Value> = serde_saphyr::from_multiple(yaml).expect("test YAML parses");
+    for value in docs {
         if value.is_null() {
             continue;
         }
         match value["kind"].as_str() {
-            Some("Service") => services.push(serde_yaml::from_value(value).expect("a Service")),
+            Some("Service") => services.push(serde_json::from_value(value).expect("a Service")),
             Some("EndpointSlice") => {
-                slices.push(serde_yaml::from_value(value).expect("an EndpointSlice"))
+                slices.push(serde_json::from_value(value).expect("an EndpointSlice"))
             }
             other => panic!("unexpected kind {other:?} in test YAML"),
         }
@@ -292,7 +290,7 @@ fn displays() {
 
 #[test]
 fn node_info_from_node() {
-    let k8s_node: Node = serde_yaml::from_str(
+    let k8s_node: Node = serde_saphyr::from_str(
         r#"
 apiVersion: v1
 kind: Node
@@ -312,8 +310,8 @@ status:
     want.addresses
         .insert(1, "fd00::10".parse().expect("an address"));
     assert_eq!(NodeInfo::from_node(&k8s_node), want);
-    let bare: Node =
-        serde_yaml::from_str("apiVersion: v1\nkind: Node\nmetadata: {name: n}\n").expect("a Node");
+    let bare: Node = serde_saphyr::from_str("apiVersion: v1\nkind: Node\nmetadata: {name: n}\n")
+        .expect("a Node");
     assert_eq!(
         NodeInfo::from_node(&bare),
         NodeInfo {

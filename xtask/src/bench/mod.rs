@@ -260,6 +260,7 @@ pub fn run(opts: Options) -> Result<()> {
             let entry = entry?;
             fs::copy(entry.path(), latest.join(entry.file_name()))?;
         }
+        publish_figures(&latest)?;
     }
     println!("\n{table}");
     println!("bench: report in {}", dir.join("report.md").display());
@@ -278,6 +279,24 @@ pub fn report_again(dir: &Path) -> Result<()> {
     let table = report::write(&results, dir)?;
     println!("{table}");
     println!("bench: report in {}", dir.join("report.md").display());
+    let latest = repo_root().join("xtask/results/latest");
+    if fs::canonicalize(dir).ok() == fs::canonicalize(&latest).ok() {
+        publish_figures(&latest)?;
+    }
+    Ok(())
+}
+
+/// The latest full run's figures to `docs/benchmarks/latest.json`, which
+/// the docs check holds the README's and docs/benchmarks.md's quoted
+/// figures to: a new full run whose figures the docs do not show fails it.
+fn publish_figures(latest: &Path) -> Result<()> {
+    let to = repo_root().join(crate::docs::FIGURES_PATH);
+    if let Some(parent) = to.parent() {
+        fs::create_dir_all(parent)?;
+    }
+    fs::copy(latest.join(report::FIGURES_FILE), &to)
+        .with_context(|| format!("copy the figures to {}", to.display()))?;
+    println!("bench: figures for the docs in {}", to.display());
     Ok(())
 }
 

@@ -922,9 +922,7 @@ mod tests {
     #[test]
     fn manifests_parse() {
         for b in [Backends::Local, Backends::Remote] {
-            let docs: Vec<serde_yaml::Value> = serde_yaml::Deserializer::from_str(&manifest(b))
-                .map(|d| serde::Deserialize::deserialize(d).unwrap())
-                .collect();
+            let docs: Vec<serde_json::Value> = serde_saphyr::from_multiple(&manifest(b)).unwrap();
             assert_eq!(docs.len(), 2);
             assert_eq!(
                 docs[0]["spec"]["ports"][1]["nodePort"].as_u64(),

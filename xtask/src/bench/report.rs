@@ -45,6 +45,40 @@ pub(super) fn verdict(met: Option<bool>) -> &'static str {
     }
 }
 
+/// The file of the figures the docs may quote (the Goals table and the
+/// run's header): `figures.json`, next to report.md.
+pub(super) const FIGURES_FILE: &str = "figures.json";
+
+/// Writes [`FIGURES_FILE`] into `dir`; a full run's copy goes to
+/// `docs/benchmarks/latest.json`, where the docs check reads it.
+fn write_figures(meta: &Value, goals: &[Goal], dir: &Path) -> Result<()> {
+    let figures = crate::docs::BenchFigures {
+        run: meta["timestamp"].as_str().unwrap_or("").to_string(),
+        mode: meta["mode"].as_str().unwrap_or("").to_string(),
+        commit: meta["commit"].as_str().unwrap_or("").to_string(),
+        machine: format!(
+            "{} × {}, {:.1} GiB",
+            meta["cpus"],
+            meta["cpu"].as_str().unwrap_or(""),
+            f(&meta["memory_gib"]).unwrap_or(0.0)
+        ),
+        kernel: meta["kernel"].as_str().unwrap_or("").to_string(),
+        goals: goals
+            .iter()
+            .map(|g| crate::docs::GoalFigure {
+                goal: g.what.clone(),
+                target: g.goal.clone(),
+                measured: g.measured.clone(),
+                verdict: verdict(g.met).trim_matches('*').to_string(),
+            })
+            .collect(),
+    };
+    let mut json = serde_json::to_string_pretty(&figures)?;
+    json.push('\n');
+    fs::write(dir.join(FIGURES_FILE), json)?;
+    Ok(())
+}
+
 fn e2e_row<'a>(e2e: &'a [Value], path: &str, services: Option<u64>) -> Option<&'a Value> {
     e2e.iter()
         .find(|r| r["path"] == path && (services.is_none() || r["services"].as_u64() == services))
@@ -285,6 +319,7 @@ pub fn write(results: &Value, dir: &Path) -> Result<String> {
             verdict(g.met)
         );
     }
+    write_figures(meta, &goals, dir)?;
     md.push_str("## Goals\n\n");
     md.push_str(&headline);
     md.push_str(&limits(&e2e, e2e_max, &pp_rows, largest, empty_tc));

@@ -247,7 +247,7 @@ mod tests {
         let docs: Vec<serde_json::Value> = text
             .split("---\n")
             .filter(|d| !d.trim().is_empty())
-            .map(|d| serde_yaml::from_str(d).unwrap())
+            .map(|d| serde_saphyr::from_str(d).unwrap())
             .collect();
         assert_eq!(docs, vec![service_json(&all[0]), slice_json(&all[0])]);
     }

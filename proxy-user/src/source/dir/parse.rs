@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use serde::Deserialize as _;
 use serde_json::Value;
+use serde_saphyr::Spanned;
 
 /// What one manifest file holds.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -86,7 +86,7 @@ impl ManifestError {
 #[derive(Debug, thiserror::Error)]
 pub enum SyntaxError {
     #[error("{0}")]
-    Yaml(serde_yaml::Error),
+    Yaml(Box<serde_saphyr::Error>),
     #[error("{0}")]
     Json(serde_json::Error),
 }
@@ -160,16 +160,83 @@ pub fn parse_manifests(path: &Path, bytes: &[u8]) -> Result<FileObjects, Manifes
 
 fn parse_yaml<'p>(path: &'p Path, text: &str) -> Result<Collector<'p>, ManifestError> {
     let mut out = Collector::new(path);
-    for (i, doc) in serde_yaml::Deserializer::from_str(text).enumerate() {
-        let document = i + 1;
-        let value = Value::deserialize(doc).map_err(|e| ManifestError::Syntax {
-            path: path.to_path_buf(),
-            document,
-            error: SyntaxError::Yaml(e),
-        })?;
-        out.value(value, document, None)?;
+    let mut reader = text.as_bytes();
+    let documents =
+        serde_saphyr::read_with_options::<_, Spanned<Value>>(&mut reader, yaml_options(text.len()));
+    for doc in documents {
+        match doc {
+            Ok(doc) => {
+                let document = document_at(text, doc.referenced.line(), doc.referenced.column());
+                out.value(doc.value, document, None)?;
+            }
+            Err(error) => {
+                let document = error
+                    .location()
+                    .map_or(1, |at| document_at(text, at.line(), at.column()));
+                return Err(ManifestError::Syntax {
+                    path: path.to_path_buf(),
+                    document,
+                    error: SyntaxError::Yaml(Box::new(error)),
+                });
+            }
+        }
     }
     Ok(out)
+}
+
+/// The parser's limits for a file of `len` bytes. The defaults guard a
+/// configuration file; a manifest file may hold thousands of objects, so
+/// the counts grow with the file (no object is smaller than a byte), while
+/// the alias limits, which guard against expansion bombs, stay as they are.
+fn yaml_options(len: usize) -> serde_saphyr::Options {
+    let mut budget = serde_saphyr::Budget::default();
+    budget.max_reader_input_bytes = None;
+    budget.max_documents = budget.max_documents.max(len);
+    budget.max_nodes = budget.max_nodes.max(len);
+    budget.max_events = budget.max_events.max(len.saturating_mul(2));
+    budget.max_total_scalar_bytes = budget.max_total_scalar_bytes.max(len);
+    let mut options = serde_saphyr::Options::default();
+    options.budget = Some(budget);
+    options
+}
+
+/// Which document (1-based) of `text` holds the position at `line` and
+/// `column` (1-based, as the parser reports them). The parser skips empty
+/// documents, so its count of documents is not the file's; the markers are
+/// counted instead. A line that starts with `---` begins a document, and no
+/// scalar may contain such a line, so the count is exact; after a `...` end
+/// marker, the next content begins a document of its own.
+fn document_at(text: &str, line: u64, column: u64) -> usize {
+    let mut document = 0usize;
+    let mut open = false;
+    for (number, text_line) in (1u64..).zip(text.lines()) {
+        let marker = |m: &str| {
+            text_line
+                .strip_prefix(m)
+                .is_some_and(|rest| rest.is_empty() || rest.starts_with([' ', '\t']))
+        };
+        let (start, end) = (marker("---"), marker("..."));
+        // The position's own line counts unless the position is at the
+        // very start of a marker, which ends the document before it.
+        if number > line || (number == line && column <= 1 && (start || end)) {
+            break;
+        }
+        if start {
+            document += 1;
+            open = true;
+        } else if end {
+            open = false;
+        } else {
+            let content = text_line.trim_start();
+            let is_content =
+                !content.is_empty() && !content.starts_with('#') && !content.starts_with('%');
+            if is_content && !open {
+                document += 1;
+                open = true;
+            }
+        }
+    }
+    document.max(1)
 }
 
 struct Note {
@@ -539,6 +606,35 @@ items:
     }
 
     #[test]
+    fn positions_map_to_documents_as_the_file_counts_them() {
+        let text = "a: 1\n---\n---\nb: 2\n...\nc: 3\n--- {d: 4}\n";
+        // (line, column) → document
+        let cases = [
+            (1, 1, 1),
+            (2, 1, 1), // at the start of a marker: still the document before
+            (2, 4, 2), // after it
+            (4, 1, 3),
+            (5, 1, 3),
+            (6, 1, 4), // content after `...` begins a document of its own
+            (7, 5, 5), // a node on its marker's line
+        ];
+        for (line, column, want) in cases {
+            assert_eq!(
+                document_at(text, line, column),
+                want,
+                "line {line} column {column}"
+            );
+        }
+        assert_eq!(
+            document_at("%YAML 1.2\n---\na: 1\n", 3, 1),
+            1,
+            "a directive is no content"
+        );
+        assert_eq!(document_at("# a comment\n\na: 1\n", 3, 1), 1);
+        assert_eq!(document_at("----\na: 1\n", 2, 1), 1, "---- is not a marker");
+    }
+
+    #[test]
     fn malformed_files_name_the_file_and_the_problem() {
         // YAML syntax error in the second document.
         let err = parse(
@@ -562,6 +658,20 @@ items:
         assert!(
             msg.starts_with("dir/broken.yaml: document 2: syntax error: "),
             "{msg}"
+        );
+        // The parser's message says where: the line of the bad indent.
+        assert!(msg.contains("line 7"), "{msg}");
+
+        // Empty documents count: the file's fourth document is the one at fault.
+        let err = parse(
+            "gaps.yaml",
+            &format!("{SERVICE}---\n---\n# nothing\n---\nkind: [\n"),
+        )
+        .expect_err("syntax");
+        assert!(
+            err.to_string()
+                .starts_with("gaps.yaml: document 4: syntax error: "),
+            "{err}"
         );
 
         // A Service that does not match the schema: names kind and name.

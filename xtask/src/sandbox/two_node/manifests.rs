@@ -376,8 +376,8 @@ pub fn node_file(node: Node) -> String {
 mod tests {
     use super::*;
 
-    fn parse(yaml: &str) -> serde_yaml::Value {
-        serde_yaml::from_str(yaml).unwrap_or_else(|e| panic!("{e}: {yaml}"))
+    fn parse(yaml: &str) -> serde_json::Value {
+        serde_saphyr::from_str(yaml).unwrap_or_else(|e| panic!("{e}: {yaml}"))
     }
 
     #[test]
@@ -415,7 +415,7 @@ mod tests {
         );
         assert_eq!(eps["endpoints"][1]["nodeName"].as_str(), Some("node-b"));
         let empty = parse(&ExternalService::NodePort.endpointslice_yaml(&[]));
-        assert_eq!(empty["endpoints"].as_sequence().map(Vec::len), Some(0));
+        assert_eq!(empty["endpoints"].as_array().map(Vec::len), Some(0));
     }
 
     #[test]
