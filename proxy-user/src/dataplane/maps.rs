@@ -1,10 +1,10 @@
 //! Typed handles on switchboard's maps, either taken from a freshly loaded
-//! object (the agent) or opened from their pins (the CLI, whether or not an
-//! agent runs).
+//! object (the agent) or opened from their pins through
+//! [`Pins`] (the CLI, whether or not an agent runs).
 //!
-//! [`MapStore`] is the narrow set of writes the sync engine needs; the sync
-//! logic is unit-tested against an in-memory store and runs against
-//! [`PinnedMaps`] for real.
+//! [`MapStore`] (the sync's, in `sync/store.rs`) is the narrow set of writes
+//! the sync engine needs; the sync logic is unit-tested against an in-memory
+//! store and runs against [`PinnedMaps`] for real.
 use std::path::Path;
 
 use crate::dataplane::{
