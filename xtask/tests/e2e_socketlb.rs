@@ -284,8 +284,7 @@ fn socket_lb_false_detaches_the_socket_layer() {
 /// (`bpftool -j cgroup show`).
 fn attached_hooks(sb: &Sandbox) -> Vec<String> {
     let cgroup = sb
-        .cgroup
-        .as_ref()
+        .cgroup()
         .expect("a test cgroup")
         .bound
         .to_string_lossy()
