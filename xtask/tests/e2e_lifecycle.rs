@@ -13,7 +13,9 @@ use std::process::Child;
 use std::time::{Duration, Instant};
 
 use xtask::sandbox::{find, ClientRun, Sandbox, CLUSTER_IP, PODS};
-use xtask::testenv::{demo_sandbox_with, endpointslice_yaml, sb_echo, switchboard, write_manifest};
+use xtask::testenv::{
+    bpftool_json, demo_sandbox_with, endpointslice_yaml, sb_echo, switchboard, write_manifest,
+};
 
 fn upgrade_binary() -> PathBuf {
     let path = std::env::var_os("SWITCHBOARD_UPGRADE_BIN")
@@ -45,20 +47,6 @@ fn pod_program(sb: &Sandbox) -> (u64, String) {
         .expect("tag in bpftool's prog")
         .to_owned();
     (id, tag)
-}
-
-fn bpftool_json(args: &[&str]) -> serde_json::Value {
-    let out = std::process::Command::new("bpftool")
-        .arg("-j")
-        .args(args)
-        .output()
-        .expect("run bpftool");
-    assert!(
-        out.status.success(),
-        "bpftool {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("bpftool JSON")
 }
 
 /// A continuous client: a new connection (TCP) or socket (UDP) every 10 ms

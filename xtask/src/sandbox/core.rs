@@ -39,6 +39,20 @@ macro_rules! built_on_core {
 }
 pub(super) use built_on_core;
 
+/// The lines of `sb-echo client <args>` run in `ns`, parsed; an error
+/// when the client itself failed (exit status 2 or a signal), not when
+/// attempts did.
+pub fn client_run(out: &Output, ns: &str, args: &[&str]) -> Result<ClientRun> {
+    if out.status.code() == Some(2) || out.status.code().is_none() {
+        bail!(
+            "sb-echo client {args:?} in {ns} failed: {} {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    ClientRun::parse(&String::from_utf8_lossy(&out.stdout))
+}
+
 /// One node's agent state: its bpffs pin root and its test cgroup.
 struct NodeState {
     pin_dir: PathBuf,
@@ -229,15 +243,7 @@ impl NetnsCore {
         let bin = sb_echo.to_string_lossy().into_owned();
         let mut cmd = vec![bin.as_str(), "client"];
         cmd.extend_from_slice(args);
-        let out = self.exec_status(ns, &cmd)?;
-        if out.status.code() == Some(2) || out.status.code().is_none() {
-            bail!(
-                "sb-echo client {args:?} in {ns} failed: {} {}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        ClientRun::parse(&String::from_utf8_lossy(&out.stdout))
+        client_run(&self.exec_status(ns, &cmd)?, ns, args)
     }
 
     /// Starts `sb-echo` for every pod of `pods` (TCP 8080, UDP 5353) and

@@ -43,9 +43,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{anyhow, Context, Result};
 
-pub use self::core::{AgentRef, NetnsCore, PodSpec};
+pub use self::core::{client_run, AgentRef, NetnsCore, PodSpec};
 pub use cgroup::TestCgroup;
 pub use cleanup::{cleanup_stale, list_netns, purge_tag, status_file};
 pub use netns::{enable_gro, gro_enabled, http_get, in_netns, tx_checksum_enabled, HttpResponse};
@@ -383,14 +383,7 @@ impl Sandbox {
         let out = child
             .wait_with_output()
             .context("wait for sb-echo client")?;
-        if out.status.code() == Some(2) || out.status.code().is_none() {
-            bail!(
-                "sb-echo client {args:?} failed: {} {}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        ClientRun::parse(&String::from_utf8_lossy(&out.stdout))
+        client_run(&out, ns, args)
     }
 
     /// `client_in_cgroup` without waiting (stdout and stderr piped).
