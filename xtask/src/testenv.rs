@@ -271,6 +271,20 @@ pub fn wake(mut idle: IdleClient) -> (String, Attempt) {
     (idle.pod, attempt)
 }
 
+/// Waits until the sandbox's agent log contains `needle`; panics with the
+/// log after `timeout`.
+pub fn wait_agent_log(sb: &Sandbox, needle: &str, timeout: Duration) {
+    let deadline = std::time::Instant::now() + timeout;
+    while !sb.agent_log().contains(needle) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the agent never logged {needle:?} within {timeout:?}\n--- agent log ---\n{}",
+            sb.agent_log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// `cmd`'s standard output; panics with its error output when it cannot
 /// start or exits non-zero.
 pub fn stdout_of(cmd: &mut Command) -> Vec<u8> {

@@ -15,7 +15,7 @@ use serde_json::Value;
 use xtask::sandbox::{pod_name, Attempt, ClientRun, Sandbox, CLIENT_IP, PODS};
 use xtask::testenv::{
     counters, demo_sandbox_with, endpointslice_yaml, pod_saw_ips, sb_echo, switchboard,
-    write_manifest,
+    wait_agent_log, write_manifest,
 };
 
 const HTTP: &str = "10.96.0.10:80";
@@ -342,15 +342,7 @@ fn both_families_socket_hooks_are_attached_listed_and_detached() {
     );
     sb.start_agent_with(&switchboard(), &[])
         .expect("restart agent");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !sb.agent_log().contains(xtask::sandbox::AGENT_READY) {
-        assert!(
-            Instant::now() < deadline,
-            "agent not ready: {}",
-            sb.agent_log()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_agent_log(&sb, xtask::sandbox::AGENT_READY, Duration::from_secs(10));
     assert!(
         sb.agent_log().contains("socket-layer balancing attached"),
         "{}",
