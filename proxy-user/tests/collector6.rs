@@ -592,18 +592,7 @@ fn cli_with_stderr(pin_root: &Path, args: &[&str]) -> (serde_json::Value, String
 }
 
 fn cli(pin_root: &Path, args: &[&str]) -> serde_json::Value {
-    let out = Command::new(env!("CARGO_BIN_EXE_switchboard"))
-        .args(args)
-        .arg("--pin-root")
-        .arg(pin_root)
-        .output()
-        .expect("run switchboard");
-    assert!(
-        out.status.success(),
-        "switchboard {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("JSON")
+    cli_with_stderr(pin_root, args).0
 }
 
 /// `SO_COOKIE` of a socket.

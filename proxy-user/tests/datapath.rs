@@ -11,7 +11,10 @@ use proxy_user::{
     model::{DesiredState, Frontend, Protocol},
     sync::store::MapStore,
 };
-use support::{capacities, cluster_ip, Loaded, TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_UNSPEC};
+use support::{
+    capacities, cluster_ip, rewritten, translated_checksums, truncated, Case, Hook, Loaded,
+    TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_UNSPEC,
+};
 
 const CLIENT: Ipv4Addr = Ipv4Addr::new(10, 244, 100, 2);
 const VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
@@ -32,25 +35,6 @@ fn single_backend() -> Loaded {
 
 fn loaded(frontends: Vec<Frontend>) -> Loaded {
     Loaded::new(capacities(4096), frontends)
-}
-
-struct Case {
-    name: &'static str,
-    program: &'static str,
-    input: Vec<u8>,
-    verdict: u32,
-    output: Vec<u8>,
-}
-
-fn rewritten(spec: &PacketSpec, f: impl FnOnce(&mut PacketSpec)) -> Vec<u8> {
-    let mut out = spec.clone();
-    f(&mut out);
-    out.build()
-}
-
-fn truncated(mut frame: Vec<u8>, len: usize) -> Vec<u8> {
-    frame.truncate(len);
-    frame
 }
 
 #[test]
@@ -99,8 +83,8 @@ fn request_and_malformed_fixtures() {
 
     let cases = vec![
         Case {
-            name: "TCP SYN to the ClusterIP is DNATed to the backend",
-            program: programs::TC_FROM_POD,
+            name: "TCP SYN to the ClusterIP is DNATed to the backend".into(),
+            hook: Hook::Tc(programs::TC_FROM_POD),
             input: syn.build(),
             verdict: TC_ACT_OK,
             output: rewritten(&syn, |p| {
@@ -109,8 +93,8 @@ fn request_and_malformed_fixtures() {
             }),
         },
         Case {
-            name: "UDP to the ClusterIP is DNATed with its checksum fixed",
-            program: programs::TC_FROM_POD,
+            name: "UDP to the ClusterIP is DNATed with its checksum fixed".into(),
+            hook: Hook::Tc(programs::TC_FROM_POD),
             input: udp.build(),
             verdict: TC_ACT_OK,
             output: rewritten(&udp, |p| {
@@ -119,8 +103,8 @@ fn request_and_malformed_fixtures() {
             }),
         },
         Case {
-            name: "UDP without checksum keeps checksum 0",
-            program: programs::TC_FROM_POD,
+            name: "UDP without checksum keeps checksum 0".into(),
+            hook: Hook::Tc(programs::TC_FROM_POD),
             input: udp_nocsum.build(),
             verdict: TC_ACT_OK,
             output: rewritten(&udp_nocsum, |p| {
@@ -129,8 +113,8 @@ fn request_and_malformed_fixtures() {
             }),
         },
         Case {
-            name: "IPv4 options: ports found after the options, header checksum fixed",
-            program: programs::TC_FROM_POD,
+            name: "IPv4 options: ports found after the options, header checksum fixed".into(),
+            hook: Hook::Tc(programs::TC_FROM_POD),
             input: options.build(),
             verdict: TC_ACT_OK,
             output: rewritten(&options, |p| {
@@ -139,8 +123,8 @@ fn request_and_malformed_fixtures() {
             }),
         },
         Case {
-            name: "first fragment is DNATed like a whole datagram",
-            program: programs::TC_FROM_POD,
+            name: "first fragment is DNATed like a whole datagram".into(),
+            hook: Hook::Tc(programs::TC_FROM_POD),
             input: first_fragment.build(),
             verdict: TC_ACT_OK,
             output: rewritten(&first_fragment, |p| {
@@ -149,72 +133,72 @@ fn request_and_malformed_fixtures() {
             }),
         },
         Case {
-            name: "a later fragment of an unknown datagram is passed untouched",
-            program: programs::TC_FROM_POD,
+            name: "a later fragment of an unknown datagram is passed untouched".into(),
+            hook: Hook::Tc(programs::TC_FROM_POD),
             input: later_fragment.build(),
             verdict: TC_ACT_UNSPEC,
             output: later_fragment.build(),
         },
         Case {
-            name: "traffic to a pod IP is not ours",
-            program: programs::TC_FROM_POD,
+            name: "traffic to a pod IP is not ours".into(),
+            hook: Hook::Tc(programs::TC_FROM_POD),
             input: other_host.build(),
             verdict: TC_ACT_UNSPEC,
             output: other_host.build(),
         },
         Case {
-            name: "a port the Service does not have is not ours",
-            program: programs::TC_FROM_POD,
+            name: "a port the Service does not have is not ours".into(),
+            hook: Hook::Tc(programs::TC_FROM_POD),
             input: other_port.build(),
             verdict: TC_ACT_UNSPEC,
             output: other_port.build(),
         },
         Case {
-            name: "ICMP to the ClusterIP is not ours",
-            program: programs::TC_FROM_POD,
+            name: "ICMP to the ClusterIP is not ours".into(),
+            hook: Hook::Tc(programs::TC_FROM_POD),
             input: icmp.build(),
             verdict: TC_ACT_UNSPEC,
             output: icmp.build(),
         },
         Case {
-            name: "ARP passes",
-            program: programs::TC_FROM_POD,
+            name: "ARP passes".into(),
+            hook: Hook::Tc(programs::TC_FROM_POD),
             input: arp.clone(),
             verdict: TC_ACT_UNSPEC,
             output: arp,
         },
         Case {
-            name: "IPv6 passes",
-            program: programs::TC_FROM_POD,
+            name: "IPv6 passes".into(),
+            hook: Hook::Tc(programs::TC_FROM_POD),
             input: ipv6.clone(),
             verdict: TC_ACT_UNSPEC,
             output: ipv6,
         },
         Case {
-            name: "truncated TCP header passes untouched",
-            program: programs::TC_FROM_POD,
+            name: "truncated TCP header passes untouched".into(),
+            hook: Hook::Tc(programs::TC_FROM_POD),
             input: cut_tcp.clone(),
             verdict: TC_ACT_UNSPEC,
             output: cut_tcp,
         },
         Case {
-            name: "IHL below 5 passes untouched",
-            program: programs::TC_FROM_POD,
+            name: "IHL below 5 passes untouched".into(),
+            hook: Hook::Tc(programs::TC_FROM_POD),
             input: bad_ihl.clone(),
             verdict: TC_ACT_UNSPEC,
             output: bad_ihl,
         },
         Case {
-            name: "total length shorter than the headers passes untouched",
-            program: programs::TC_FROM_POD,
+            name: "total length shorter than the headers passes untouched".into(),
+            hook: Hook::Tc(programs::TC_FROM_POD),
             input: short_total.clone(),
             verdict: TC_ACT_UNSPEC,
             output: short_total,
         },
         Case {
             // kube-proxy's REJECT: more in datapath_reject.rs.
-            name: "a frontend without endpoints answers with ICMP port unreachable",
-            program: programs::TC_FROM_POD,
+            name: "a frontend without endpoints answers with ICMP port unreachable".into(),
+            hook: Hook::Tc(programs::TC_FROM_POD),
             input: PacketSpec::tcp(CLIENT, 40011, EMPTY_VIP, 80).build(),
             verdict: TC_ACT_REDIRECT,
             output: proxy_testkit::packet::icmp_port_unreachable(
@@ -223,30 +207,7 @@ fn request_and_malformed_fixtures() {
         },
     ];
 
-    let mut failures = Vec::new();
-    for case in &cases {
-        let (verdict, output) = fx.tc(case.program, &case.input, None);
-        if verdict != case.verdict || output != case.output {
-            failures.push(format!(
-                "{}: verdict {verdict:#x} (want {:#x}); output {}",
-                case.name,
-                case.verdict,
-                if output == case.output {
-                    "as expected"
-                } else {
-                    "differs"
-                }
-            ));
-        }
-        if verdict == TC_ACT_OK {
-            assert!(checksums_valid(&output), "{}: checksums invalid", case.name);
-        }
-    }
-    assert!(
-        failures.is_empty(),
-        "failing fixtures:\n{}",
-        failures.join("\n")
-    );
+    fx.run_table(&cases, translated_checksums::<Ipv4Addr>);
 
     // Fragments: the first is translated, the unknown later one counted
     // (more in datapath_frag.rs).

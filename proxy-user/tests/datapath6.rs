@@ -9,13 +9,13 @@ use std::net::Ipv6Addr;
 
 use proxy_common::{ct_dir, ct_flags, hairpin, programs};
 use support::{
-    capacities,
+    capacities, hex, translated_checksums, truncated,
     v6::{
-        checksums_valid6, ct_key6, icmp6_frame, icmp6_frame_macs, Maps6, Packet6, NEXTHDR_DEST,
+        checksums_valid6, ct_key6, icmp6_frame, icmp6_frame_macs, Packet6, NEXTHDR_DEST,
         NEXTHDR_HOP, NEXTHDR_ROUTING, NODE_MAC, POD_MAC, PROTO_TCP, PROTO_UDP, TCP_ACK, TCP_RST,
         TCP_SYN,
     },
-    Loaded, TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT, TC_ACT_UNSPEC,
+    with, Case, Hook, Loaded, TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT, TC_ACT_UNSPEC,
 };
 
 const CLIENT: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x244, 0x100, 0, 0, 0, 0, 2);
@@ -35,114 +35,31 @@ const SVC_EMPTY_UDP: u32 = 13;
 const SVC_STICKY: u32 = 14;
 const SVC_SELF: u32 = 15;
 
-struct Fixture {
-    loaded: Loaded,
-    maps: Maps6,
-}
-
-impl Fixture {
-    /// One backend per frontend (every rewrite predictable), two frontends
-    /// without endpoints, one with affinity over two backends, and one whose
-    /// backend is the client pod itself (hairpin).
-    fn new() -> Self {
-        let loaded = Loaded::new(capacities(4096), Vec::new());
-        let mut maps = Maps6::take(&loaded);
-        maps.frontend(VIP, 80, PROTO_TCP, SVC_WEB, None, &[(901, POD1, 8080)]);
-        maps.frontend(VIP, 53, PROTO_UDP, SVC_DNS, None, &[(902, POD1, 5353)]);
-        maps.frontend(EMPTY_VIP, 80, PROTO_TCP, SVC_EMPTY_TCP, None, &[]);
-        maps.frontend(EMPTY_VIP, 53, PROTO_UDP, SVC_EMPTY_UDP, None, &[]);
-        maps.frontend(
-            AFFINITY_VIP,
-            80,
-            PROTO_TCP,
-            SVC_STICKY,
-            Some(600),
-            &[(903, POD1, 8080), (904, POD2, 8080)],
-        );
-        maps.frontend(VIP, 9090, PROTO_TCP, SVC_SELF, None, &[(905, CLIENT, 9191)]);
-        Self { loaded, maps }
-    }
-
-    fn run(&mut self, program: &str, frame: &[u8]) -> (u32, Vec<u8>) {
-        self.loaded.tc(program, frame, None)
-    }
-
-    fn stat(&self, name: &str) -> u64 {
-        self.loaded.stat(name)
-    }
-
-    fn service_packets(&self, id: u32) -> (u64, u64, u64) {
-        let s = self.loaded.syncer.store().service_stats(id);
-        (s.packets, s.new_flows, s.drops_no_backend)
-    }
-}
-
-struct Case {
-    name: &'static str,
-    program: &'static str,
-    input: Vec<u8>,
-    verdict: u32,
-    output: Vec<u8>,
-}
-
-fn with(spec: &Packet6, f: impl FnOnce(&mut Packet6)) -> Packet6 {
-    let mut out = spec.clone();
-    f(&mut out);
-    out
-}
-
-fn run_cases(fx: &mut Fixture, cases: &[Case]) {
-    let mut failures = Vec::new();
-    for case in cases {
-        let (verdict, output) = fx.run(case.program, &case.input);
-        if verdict != case.verdict || output != case.output {
-            failures.push(format!(
-                "{}: verdict {verdict:#x} (want {:#x}); output {}\n  got  {}\n  want {}",
-                case.name,
-                case.verdict,
-                if output == case.output {
-                    "as expected"
-                } else {
-                    "differs"
-                },
-                hex(&output),
-                hex(&case.output),
-            ));
-        }
-        if verdict == TC_ACT_OK || verdict == TC_ACT_REDIRECT {
-            assert!(
-                checksums_valid6(&output, checksum_zero(&case.input)),
-                "{}: checksums invalid",
-                case.name
-            );
-        }
-    }
-    assert!(
-        failures.is_empty(),
-        "failing fixtures:\n{}",
-        failures.join("\n")
+/// One backend per frontend (every rewrite predictable), two frontends
+/// without endpoints, one with affinity over two backends, and one whose
+/// backend is the client pod itself (hairpin).
+fn fixture() -> Loaded {
+    let mut fx = Loaded::new(capacities(4096), Vec::new());
+    let maps = &mut fx.maps6;
+    maps.frontend(VIP, 80, PROTO_TCP, SVC_WEB, None, &[(901, POD1, 8080)]);
+    maps.frontend(VIP, 53, PROTO_UDP, SVC_DNS, None, &[(902, POD1, 5353)]);
+    maps.frontend(EMPTY_VIP, 80, PROTO_TCP, SVC_EMPTY_TCP, None, &[]);
+    maps.frontend(EMPTY_VIP, 53, PROTO_UDP, SVC_EMPTY_UDP, None, &[]);
+    maps.frontend(
+        AFFINITY_VIP,
+        80,
+        PROTO_TCP,
+        SVC_STICKY,
+        Some(600),
+        &[(903, POD1, 8080), (904, POD2, 8080)],
     );
-}
-
-/// Whether a frame is UDP with checksum 0 (that may stay 0).
-fn checksum_zero(frame: &[u8]) -> bool {
-    support::v6::parse6(frame).is_some_and(|p| {
-        p.proto == PROTO_UDP && frame.get(p.l4_off + 6..p.l4_off + 8) == Some(&[0, 0][..])
-    })
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn cut(mut frame: Vec<u8>, len: usize) -> Vec<u8> {
-    frame.truncate(len);
-    frame
+    maps.frontend(VIP, 9090, PROTO_TCP, SVC_SELF, None, &[(905, CLIENT, 9191)]);
+    fx
 }
 
 #[test]
 fn requests_replies_and_packets_that_are_not_ours() {
-    let mut fx = Fixture::new();
+    let mut fx = fixture();
     let syn = Packet6::tcp(CLIENT, 40000, VIP, 80);
     let syn_ack = Packet6 {
         tcp_flags: TCP_SYN | TCP_ACK,
@@ -178,8 +95,8 @@ fn requests_replies_and_packets_that_are_not_ours() {
     ah[20] = 51;
     let other_host = Packet6::tcp(CLIENT, 40007, POD2, 8080);
     let other_port = Packet6::tcp(CLIENT, 40008, VIP, 443);
-    let cut_tcp = cut(Packet6::tcp(CLIENT, 40009, VIP, 80).build(), 14 + 40 + 10);
-    let cut_ext = cut(
+    let cut_tcp = truncated(Packet6::tcp(CLIENT, 40009, VIP, 80).build(), 14 + 40 + 10);
+    let cut_ext = truncated(
         Packet6 {
             ext: vec![NEXTHDR_HOP],
             ..Packet6::tcp(CLIENT, 40010, VIP, 80)
@@ -202,8 +119,8 @@ fn requests_replies_and_packets_that_are_not_ours() {
 
     let cases = vec![
         Case {
-            name: "TCP SYN to the IPv6 ClusterIP is DNATed to the backend",
-            program: programs::TC_FROM_POD,
+            name: "TCP SYN to the IPv6 ClusterIP is DNATed to the backend".into(),
+            hook: Hook::Tc(programs::TC_FROM_POD),
             input: syn.build(),
             verdict: TC_ACT_OK,
             output: with(&syn, |p| {
@@ -213,8 +130,8 @@ fn requests_replies_and_packets_that_are_not_ours() {
             .build(),
         },
         Case {
-            name: "the backend's SYN-ACK is reversed to the frontend",
-            program: programs::TC_TO_POD,
+            name: "the backend's SYN-ACK is reversed to the frontend".into(),
+            hook: Hook::Tc(programs::TC_TO_POD),
             input: syn_ack.build(),
             verdict: TC_ACT_OK,
             output: with(&syn_ack, |p| {
@@ -224,8 +141,8 @@ fn requests_replies_and_packets_that_are_not_ours() {
             .build(),
         },
         Case {
-            name: "UDP to the IPv6 ClusterIP is DNATed with its checksum fixed",
-            program: programs::TC_FROM_POD,
+            name: "UDP to the IPv6 ClusterIP is DNATed with its checksum fixed".into(),
+            hook: Hook::Tc(programs::TC_FROM_POD),
             input: udp.build(),
             verdict: TC_ACT_OK,
             output: with(&udp, |p| {
@@ -235,8 +152,8 @@ fn requests_replies_and_packets_that_are_not_ours() {
             .build(),
         },
         Case {
-            name: "the UDP reply is reversed",
-            program: programs::TC_TO_POD,
+            name: "the UDP reply is reversed".into(),
+            hook: Hook::Tc(programs::TC_TO_POD),
             input: udp_reply.build(),
             verdict: TC_ACT_OK,
             output: with(&udp_reply, |p| {
@@ -246,8 +163,8 @@ fn requests_replies_and_packets_that_are_not_ours() {
             .build(),
         },
         Case {
-            name: "UDP with checksum 0 is DNATed and its checksum stays 0",
-            program: programs::TC_FROM_POD,
+            name: "UDP with checksum 0 is DNATed and its checksum stays 0".into(),
+            hook: Hook::Tc(programs::TC_FROM_POD),
             input: udp_zero.build(),
             verdict: TC_ACT_OK,
             output: with(&udp_zero, |p| {
@@ -257,8 +174,8 @@ fn requests_replies_and_packets_that_are_not_ours() {
             .build(),
         },
         Case {
-            name: "hop-by-hop and destination options before TCP: still translated",
-            program: programs::TC_FROM_POD,
+            name: "hop-by-hop and destination options before TCP: still translated".into(),
+            hook: Hook::Tc(programs::TC_FROM_POD),
             input: ext.build(),
             verdict: TC_ACT_OK,
             output: with(&ext, |p| {
@@ -268,8 +185,8 @@ fn requests_replies_and_packets_that_are_not_ours() {
             .build(),
         },
         Case {
-            name: "four extension headers (the bound) before UDP: translated",
-            program: programs::TC_FROM_POD,
+            name: "four extension headers (the bound) before UDP: translated".into(),
+            hook: Hook::Tc(programs::TC_FROM_POD),
             input: four_ext.build(),
             verdict: TC_ACT_OK,
             output: with(&four_ext, |p| {
@@ -279,108 +196,108 @@ fn requests_replies_and_packets_that_are_not_ours() {
             .build(),
         },
         Case {
-            name: "five extension headers: more than the bound, untouched",
-            program: programs::TC_FROM_POD,
+            name: "five extension headers: more than the bound, untouched".into(),
+            hook: Hook::Tc(programs::TC_FROM_POD),
             input: five_ext.build(),
             verdict: TC_ACT_UNSPEC,
             output: five_ext.build(),
         },
         Case {
-            name: "an authentication header: untouched",
-            program: programs::TC_FROM_POD,
+            name: "an authentication header: untouched".into(),
+            hook: Hook::Tc(programs::TC_FROM_POD),
             input: ah.clone(),
             verdict: TC_ACT_UNSPEC,
             output: ah,
         },
         Case {
-            name: "traffic to a pod address is not ours",
-            program: programs::TC_FROM_POD,
+            name: "traffic to a pod address is not ours".into(),
+            hook: Hook::Tc(programs::TC_FROM_POD),
             input: other_host.build(),
             verdict: TC_ACT_UNSPEC,
             output: other_host.build(),
         },
         Case {
-            name: "a port the Service does not have is not ours",
-            program: programs::TC_FROM_POD,
+            name: "a port the Service does not have is not ours".into(),
+            hook: Hook::Tc(programs::TC_FROM_POD),
             input: other_port.build(),
             verdict: TC_ACT_UNSPEC,
             output: other_port.build(),
         },
         Case {
-            name: "truncated TCP header: untouched",
-            program: programs::TC_FROM_POD,
+            name: "truncated TCP header: untouched".into(),
+            hook: Hook::Tc(programs::TC_FROM_POD),
             input: cut_tcp.clone(),
             verdict: TC_ACT_UNSPEC,
             output: cut_tcp,
         },
         Case {
-            name: "truncated extension header: untouched",
-            program: programs::TC_FROM_POD,
+            name: "truncated extension header: untouched".into(),
+            hook: Hook::Tc(programs::TC_FROM_POD),
             input: cut_ext.clone(),
             verdict: TC_ACT_UNSPEC,
             output: cut_ext,
         },
         Case {
-            name: "payload length shorter than the TCP header: untouched",
-            program: programs::TC_FROM_POD,
+            name: "payload length shorter than the TCP header: untouched".into(),
+            hook: Hook::Tc(programs::TC_FROM_POD),
             input: short_payload.clone(),
             verdict: TC_ACT_UNSPEC,
             output: short_payload,
         },
         Case {
-            name: "neighbour solicitation for the frontend: untouched",
-            program: programs::TC_FROM_POD,
+            name: "neighbour solicitation for the frontend: untouched".into(),
+            hook: Hook::Tc(programs::TC_FROM_POD),
             input: ns.clone(),
             verdict: TC_ACT_UNSPEC,
             output: ns,
         },
         Case {
-            name: "neighbour advertisement into the pod: untouched",
-            program: programs::TC_TO_POD,
+            name: "neighbour advertisement into the pod: untouched".into(),
+            hook: Hook::Tc(programs::TC_TO_POD),
             input: na.clone(),
             verdict: TC_ACT_UNSPEC,
             output: na,
         },
         Case {
-            name: "router solicitation: untouched",
-            program: programs::TC_FROM_POD,
+            name: "router solicitation: untouched".into(),
+            hook: Hook::Tc(programs::TC_FROM_POD),
             input: rs.clone(),
             verdict: TC_ACT_UNSPEC,
             output: rs,
         },
         Case {
-            name: "echo request to the frontend: untouched",
-            program: programs::TC_FROM_POD,
+            name: "echo request to the frontend: untouched".into(),
+            hook: Hook::Tc(programs::TC_FROM_POD),
             input: echo.clone(),
             verdict: TC_ACT_UNSPEC,
             output: echo,
         },
         Case {
-            name: "echo reply into the pod: untouched",
-            program: programs::TC_TO_POD,
+            name: "echo reply into the pod: untouched".into(),
+            hook: Hook::Tc(programs::TC_TO_POD),
             input: echo_reply.clone(),
             verdict: TC_ACT_UNSPEC,
             output: echo_reply,
         },
         Case {
-            name: "a reply of no tracked flow is not ours",
-            program: programs::TC_TO_POD,
+            name: "a reply of no tracked flow is not ours".into(),
+            hook: Hook::Tc(programs::TC_TO_POD),
             input: stray_reply.build(),
             verdict: TC_ACT_UNSPEC,
             output: stray_reply.build(),
         },
     ];
-    run_cases(&mut fx, &cases);
+    fx.run_table(&cases, translated_checksums::<Ipv6Addr>);
 
     // The flow's two entries, as for IPv4.
     let fwd = fx
-        .maps
+        .maps6
         .ct(&ct_key6(CLIENT, 40000, VIP, 80, PROTO_TCP, ct_dir::FORWARD))
         .expect("forward entry");
     assert_eq!((fwd.backend_id, fwd.service_id), (901, SVC_WEB));
     assert_eq!(fwd.nat_addr_be, proxy_common::addr6_be(POD1.octets()));
     let reply = fx
-        .maps
+        .maps6
         .ct(&ct_key6(
             POD1,
             8080,
@@ -403,7 +320,7 @@ fn requests_replies_and_packets_that_are_not_ours() {
 
 #[test]
 fn fin_marks_both_entries_closing_and_a_new_syn_is_a_new_flow() {
-    let mut fx = Fixture::new();
+    let mut fx = fixture();
     let syn = Packet6::tcp(CLIENT, 42000, VIP, 80);
     assert_eq!(fx.run(programs::TC_FROM_POD, &syn.build()).0, TC_ACT_OK);
     let fin = Packet6 {
@@ -412,11 +329,11 @@ fn fin_marks_both_entries_closing_and_a_new_syn_is_a_new_flow() {
     };
     assert_eq!(fx.run(programs::TC_FROM_POD, &fin.build()).0, TC_ACT_OK);
     let fwd = fx
-        .maps
+        .maps6
         .ct(&ct_key6(CLIENT, 42000, VIP, 80, PROTO_TCP, ct_dir::FORWARD))
         .expect("forward entry");
     let reply = fx
-        .maps
+        .maps6
         .ct(&ct_key6(
             POD1,
             8080,
@@ -442,7 +359,7 @@ fn fin_marks_both_entries_closing_and_a_new_syn_is_a_new_flow() {
 
 #[test]
 fn session_affinity_keeps_a_client_on_one_backend() {
-    let mut fx = Fixture::new();
+    let mut fx = fixture();
     let mut seen = std::collections::BTreeSet::new();
     for port in 0..16 {
         let syn = Packet6::tcp(CLIENT, 43000 + port, AFFINITY_VIP, 80);
@@ -470,7 +387,7 @@ fn session_affinity_keeps_a_client_on_one_backend() {
 
 #[test]
 fn fragments_follow_their_first_fragment() {
-    let mut fx = Fixture::new();
+    let mut fx = fixture();
     let datagram = Packet6 {
         payload: (0..100u8).collect(),
         ..Packet6::udp(CLIENT, 45000, VIP, 53)
@@ -531,7 +448,7 @@ fn fragments_follow_their_first_fragment() {
 
 #[test]
 fn a_pod_that_is_its_own_backend_is_reached_from_the_hairpin_address() {
-    let mut fx = Fixture::new();
+    let mut fx = fixture();
     let hairpin_addr = Ipv6Addr::from(hairpin::ADDR6);
     let syn = Packet6::tcp(CLIENT, 46000, VIP, 9090);
     let (verdict, out) = fx.run(programs::TC_FROM_POD, &syn.build());
@@ -575,11 +492,10 @@ fn a_pod_that_is_its_own_backend_is_reached_from_the_hairpin_address() {
 #[test]
 fn a_full_conntrack_table_drops_new_flows_and_keeps_tracked_ones() {
     // Room for two flows (two entries each).
-    let loaded = Loaded::new(capacities(4), Vec::new());
-    let mut maps = Maps6::take(&loaded);
-    maps.frontend(VIP, 80, PROTO_TCP, SVC_WEB, None, &[(901, POD1, 8080)]);
-    let mut fx = Fixture { loaded, maps };
-    let handshake = |fx: &mut Fixture, port: u16| {
+    let mut fx = Loaded::new(capacities(4), Vec::new());
+    fx.maps6
+        .frontend(VIP, 80, PROTO_TCP, SVC_WEB, None, &[(901, POD1, 8080)]);
+    let handshake = |fx: &mut Loaded, port: u16| {
         let syn = Packet6::tcp(CLIENT, port, VIP, 80);
         assert_eq!(
             fx.run(programs::TC_FROM_POD, &syn.build()).0,
@@ -615,7 +531,7 @@ fn a_full_conntrack_table_drops_new_flows_and_keeps_tracked_ones() {
     );
     handshake(&mut fx, 49001);
     assert!(fx
-        .maps
+        .maps6
         .ct(&ct_key6(CLIENT, 48999, VIP, 80, PROTO_TCP, ct_dir::FORWARD))
         .is_none());
     assert_eq!(fx.stat("ct_full"), 0);
@@ -624,7 +540,7 @@ fn a_full_conntrack_table_drops_new_flows_and_keeps_tracked_ones() {
     assert_eq!(fx.run(programs::TC_FROM_POD, &third.build()).0, TC_ACT_SHOT);
     assert_eq!(fx.stat("ct_full"), 1);
     assert!(fx
-        .maps
+        .maps6
         .ct(&ct_key6(CLIENT, 49002, VIP, 80, PROTO_TCP, ct_dir::FORWARD))
         .is_none());
     // A tracked flow goes on.
@@ -648,9 +564,8 @@ fn a_full_conntrack_table_drops_new_flows_and_keeps_tracked_ones() {
 
 #[test]
 fn without_the_ipv6_programs_installed_ipv6_passes_untouched_and_is_counted() {
-    let mut fx = Fixture::new();
+    let mut fx = fixture();
     let map = fx
-        .loaded
         .ebpf
         .take_map(proxy_common::names::TAIL_CALLS6)
         .expect("IPv6 tail-call array");
@@ -679,7 +594,7 @@ fn ipv4_in_the_same_object_is_unaffected() {
     // with the same service id space does not disturb an IPv4 frame that is
     // not ours, and that a frame with the IPv6 ethertype but an IPv4 header
     // passes untouched.
-    let mut fx = Fixture::new();
+    let mut fx = fixture();
     let mut fake = Packet6::tcp(CLIENT, 48000, VIP, 80).build();
     fake[14] = 0x45;
     assert_eq!(
@@ -690,7 +605,7 @@ fn ipv4_in_the_same_object_is_unaffected() {
 
 #[test]
 fn a_frontend_without_endpoints_answers_tcp_with_rst_and_udp_with_port_unreachable() {
-    let mut fx = Fixture::new();
+    let mut fx = fixture();
     let syn = Packet6::tcp(CLIENT, 40100, EMPTY_VIP, 80);
     let rst_ack = Packet6 {
         tcp_flags: TCP_RST | TCP_ACK,
@@ -761,56 +676,56 @@ fn a_frontend_without_endpoints_answers_tcp_with_rst_and_udp_with_port_unreachab
 
     let cases = vec![
         Case {
-            name: "SYN to an empty IPv6 frontend: RST+ACK from the frontend",
-            program: programs::TC_FROM_POD,
+            name: "SYN to an empty IPv6 frontend: RST+ACK from the frontend".into(),
+            hook: Hook::Tc(programs::TC_FROM_POD),
             input: syn.build(),
             verdict: TC_ACT_REDIRECT,
             output: rst_ack.build(),
         },
         Case {
-            name: "a segment with ACK and data: RST with its acknowledgement number",
-            program: programs::TC_FROM_POD,
+            name: "a segment with ACK and data: RST with its acknowledgement number".into(),
+            hook: Hook::Tc(programs::TC_FROM_POD),
             input: data.build(),
             verdict: TC_ACT_REDIRECT,
             output: rst.build(),
         },
         Case {
-            name: "FIN with data: acknowledged data and FIN",
-            program: programs::TC_FROM_POD,
+            name: "FIN with data: acknowledged data and FIN".into(),
+            hook: Hook::Tc(programs::TC_FROM_POD),
             input: fin.build(),
             verdict: TC_ACT_REDIRECT,
             output: fin_rst.build(),
         },
         Case {
-            name: "UDP to an empty IPv6 frontend: ICMPv6 port unreachable quoting it",
-            program: programs::TC_FROM_POD,
+            name: "UDP to an empty IPv6 frontend: ICMPv6 port unreachable quoting it".into(),
+            hook: Hook::Tc(programs::TC_FROM_POD),
             input: udp_frame.clone(),
             verdict: TC_ACT_REDIRECT,
             output: unreachable,
         },
         Case {
-            name: "extension headers: dropped, not answered",
-            program: programs::TC_FROM_POD,
+            name: "extension headers: dropped, not answered".into(),
+            hook: Hook::Tc(programs::TC_FROM_POD),
             input: with_ext.build(),
             verdict: TC_ACT_SHOT,
             output: with_ext.build(),
         },
         Case {
-            name: "a RST is never answered",
-            program: programs::TC_FROM_POD,
+            name: "a RST is never answered".into(),
+            hook: Hook::Tc(programs::TC_FROM_POD),
             input: a_rst.build(),
             verdict: TC_ACT_SHOT,
             output: a_rst.build(),
         },
         Case {
-            name: "a multicast source is never answered",
-            program: programs::TC_FROM_POD,
+            name: "a multicast source is never answered".into(),
+            hook: Hook::Tc(programs::TC_FROM_POD),
             input: multicast_src.build(),
             verdict: TC_ACT_SHOT,
             output: multicast_src.build(),
         },
     ];
-    run_cases(&mut fx, &cases);
+    fx.run_table(&cases, translated_checksums::<Ipv6Addr>);
     assert_eq!(fx.stat("rejected"), 4);
     assert_eq!(fx.stat("drop_no_backend"), 3);
     assert_eq!(fx.service_packets(SVC_EMPTY_TCP), (0, 0, 5));
@@ -824,7 +739,7 @@ fn quote(frame: &[u8], len: usize) -> Vec<u8> {
 
 #[test]
 fn icmpv6_errors_about_translated_flows_are_translated_back() {
-    let mut fx = Fixture::new();
+    let mut fx = fixture();
     let syn = Packet6::tcp(CLIENT, 40200, VIP, 80);
     let (verdict, dnat) = fx.run(programs::TC_FROM_POD, &syn.build());
     assert_eq!(verdict, TC_ACT_OK);
@@ -844,49 +759,49 @@ fn icmpv6_errors_about_translated_flows_are_translated_back() {
 
     let cases = vec![
         Case {
-            name: "packet too big from a router about the DNATed SYN: quote back to the frontend (PMTU)",
-            program: programs::TC_TO_POD,
+            name: "packet too big from a router about the DNATed SYN: quote back to the frontend (PMTU)".into(),
+            hook: Hook::Tc(programs::TC_TO_POD),
             input: icmp6_frame(ROUTER, CLIENT, 2, 0, 1280, &quote(&dnat, 1000)),
             verdict: TC_ACT_OK,
             output: icmp6_frame(ROUTER, CLIENT, 2, 0, 1280, &quote(&syn.build(), 1000)),
         },
         Case {
-            name: "packet too big about a UDP datagram, quote cut short of the payload",
-            program: programs::TC_TO_POD,
+            name: "packet too big about a UDP datagram, quote cut short of the payload".into(),
+            hook: Hook::Tc(programs::TC_TO_POD),
             input: icmp6_frame(ROUTER, CLIENT, 2, 0, 1280, &quote(&udp_dnat, 1232)),
             verdict: TC_ACT_OK,
             output: icmp6_frame(ROUTER, CLIENT, 2, 0, 1280, &quote(&udp.build(), 1232)),
         },
         Case {
-            name: "port unreachable from the backend itself: the outer source becomes the frontend",
-            program: programs::TC_TO_POD,
+            name: "port unreachable from the backend itself: the outer source becomes the frontend".into(),
+            hook: Hook::Tc(programs::TC_TO_POD),
             input: icmp6_frame(POD1, CLIENT, 1, 4, 0, &quote(&dnat, 1000)),
             verdict: TC_ACT_OK,
             output: icmp6_frame(VIP, CLIENT, 1, 4, 0, &quote(&syn.build(), 1000)),
         },
         Case {
-            name: "time exceeded quoting only 8 bytes of TCP: ports translated, no TCP checksum to fix",
-            program: programs::TC_TO_POD,
+            name: "time exceeded quoting only 8 bytes of TCP: ports translated, no TCP checksum to fix".into(),
+            hook: Hook::Tc(programs::TC_TO_POD),
             input: icmp6_frame(ROUTER, CLIENT, 3, 0, 0, &quote(&dnat, 48)),
             verdict: TC_ACT_OK,
             output: icmp6_frame(ROUTER, CLIENT, 3, 0, 0, &quote(&syn.build(), 48)),
         },
         Case {
-            name: "the client's error about the frontend's reply goes to the backend",
-            program: programs::TC_FROM_POD,
+            name: "the client's error about the frontend's reply goes to the backend".into(),
+            hook: Hook::Tc(programs::TC_FROM_POD),
             input: icmp6_frame(CLIENT, VIP, 1, 4, 0, &quote(&reply, 1000)),
             verdict: TC_ACT_OK,
             output: icmp6_frame(CLIENT, POD1, 1, 4, 0, &quote(&syn_ack.build(), 1000)),
         },
         Case {
-            name: "an error about a flow that is not ours: untouched",
-            program: programs::TC_TO_POD,
+            name: "an error about a flow that is not ours: untouched".into(),
+            hook: Hook::Tc(programs::TC_TO_POD),
             input: icmp6_frame(ROUTER, CLIENT, 2, 0, 1280, &quote(&unknown, 1000)),
             verdict: TC_ACT_UNSPEC,
             output: icmp6_frame(ROUTER, CLIENT, 2, 0, 1280, &quote(&unknown, 1000)),
         },
     ];
-    run_cases(&mut fx, &cases);
+    fx.run_table(&cases, translated_checksums::<Ipv6Addr>);
     assert_eq!(fx.stat("icmp_error_translated"), 5);
     assert_eq!(fx.stat("tail_call_missed"), 0);
 }

@@ -29,35 +29,33 @@ const ACK: u8 = 0x10;
 const FIN_ACK: u8 = 0x11;
 const RST: u8 = 0x04;
 
-struct Fixture {
-    loaded: Loaded,
+/// TCP 80 → POD1:8080 and UDP 53 → POD1:5353, with a conntrack table of
+/// `conntrack` entries.
+fn fixture(conntrack: u32) -> Loaded {
+    let caps = Capacities {
+        frontends: 64,
+        backends: 64,
+        conntrack,
+        services: 64,
+    };
+    let frontends = vec![
+        cluster_ip(VIP, 80, Protocol::Tcp, "svc80", &[(POD1, 8080)]),
+        cluster_ip(VIP, 53, Protocol::Udp, "svc53", &[(POD1, 5353)]),
+    ];
+    Loaded::new(caps, frontends)
 }
 
-impl Fixture {
-    /// TCP 80 → POD1:8080 and UDP 53 → POD1:5353, with a conntrack table of
-    /// `conntrack` entries.
-    fn new(conntrack: u32) -> Self {
-        let caps = Capacities {
-            frontends: 64,
-            backends: 64,
-            conntrack,
-            services: 64,
-        };
-        let frontends = vec![
-            cluster_ip(VIP, 80, Protocol::Tcp, "svc80", &[(POD1, 8080)]),
-            cluster_ip(VIP, 53, Protocol::Udp, "svc53", &[(POD1, 5353)]),
-        ];
-        Self {
-            loaded: Loaded::new(caps, frontends),
-        }
-    }
-
-    fn run(&mut self, program: &str, frame: &[u8]) -> u32 {
-        self.loaded.tc(program, frame, None).0
-    }
-
+/// The flows of these tests, on the one harness.
+trait Flows {
     /// A packet of the flow from CLIENT:`sport`: `Request` through
-    /// `sb_from_pod`, `Reply` (from the backend) through `sb_to_pod`.
+    /// `sb_from_pod`, `Reply` (from the backend) through `sb_to_pod`; the
+    /// verdict.
+    fn send(&mut self, step: Step, protocol: u8, sport: u16) -> u32;
+    /// The flow's forward and reply entries.
+    fn pair(&self, protocol: u8, sport: u16) -> (Option<CtEntry>, Option<CtEntry>);
+}
+
+impl Flows for Loaded {
     fn send(&mut self, step: Step, protocol: u8, sport: u16) -> u32 {
         let (dport, backend_port) = match protocol {
             proto::TCP => (80, 8080),
@@ -76,30 +74,20 @@ impl Fixture {
         match step {
             Step::Request(flags) => {
                 let frame = packet(CLIENT, sport, VIP, dport, flags);
-                self.run(programs::TC_FROM_POD, &frame)
+                self.run(programs::TC_FROM_POD, &frame).0
             }
             Step::Reply(flags) => {
                 let frame = packet(POD1, backend_port, CLIENT, sport, flags);
-                self.run(programs::TC_TO_POD, &frame)
+                self.run(programs::TC_TO_POD, &frame).0
             }
         }
     }
 
     fn pair(&self, protocol: u8, sport: u16) -> (Option<CtEntry>, Option<CtEntry>) {
         (
-            self.loaded.ct(&forward_key(protocol, sport)),
-            self.loaded.ct(&reply_key(protocol, sport)),
+            self.ct(&forward_key(protocol, sport)),
+            self.ct(&reply_key(protocol, sport)),
         )
-    }
-
-    fn entries(&self) -> usize {
-        self.loaded
-            .syncer
-            .store()
-            .conntrack
-            .keys()
-            .filter_map(Result::ok)
-            .count()
     }
 }
 
@@ -236,7 +224,7 @@ fn entries_follow_the_connection_state_in_both_directions() {
             phase: Phase::UdpStream,
         },
     ];
-    let mut fx = Fixture::new(1024);
+    let mut fx = fixture(1024);
     for (i, case) in cases.iter().enumerate() {
         let sport = 40000 + i as u16;
         let before = conntrack::monotonic_ns() - TICK_NS;
@@ -289,12 +277,12 @@ fn entries_follow_the_connection_state_in_both_directions() {
             case.name
         );
     }
-    assert_eq!(fx.loaded.stat("ct_full"), 0);
+    assert_eq!(fx.stat("ct_full"), 0);
 }
 
 #[test]
 fn last_seen_is_written_at_most_once_a_second_unless_the_state_changes() {
-    let mut fx = Fixture::new(1024);
+    let mut fx = fixture(1024);
     let sport = 45000;
     assert_eq!(fx.send(Step::Request(SYN), proto::TCP, sport), TC_ACT_OK);
     assert_eq!(fx.send(Step::Reply(SYN_ACK), proto::TCP, sport), TC_ACT_OK);
@@ -321,8 +309,7 @@ fn last_seen_is_written_at_most_once_a_second_unless_the_state_changes() {
         ..f1
     };
     let key = forward_key(proto::TCP, sport);
-    fx.loaded
-        .syncer
+    fx.syncer
         .store_mut()
         .conntrack
         .insert(key, aged, 0)
@@ -341,8 +328,7 @@ fn last_seen_is_written_at_most_once_a_second_unless_the_state_changes() {
         ..r2
     };
     let key = reply_key(proto::TCP, sport);
-    fx.loaded
-        .syncer
+    fx.syncer
         .store_mut()
         .conntrack
         .insert(key, aged, 0)
@@ -362,7 +348,7 @@ fn last_seen_is_written_at_most_once_a_second_unless_the_state_changes() {
 #[test]
 fn a_full_table_refuses_new_flows_and_keeps_tracked_ones() {
     const CAPACITY: u32 = 16;
-    let mut fx = Fixture::new(CAPACITY);
+    let mut fx = fixture(CAPACITY);
     // The long-lived connection.
     let idle = 30000;
     assert_eq!(fx.send(Step::Request(SYN), proto::TCP, idle), TC_ACT_OK);
@@ -386,8 +372,8 @@ fn a_full_table_refuses_new_flows_and_keeps_tracked_ones() {
             );
         }
     }
-    assert_eq!(fx.entries(), CAPACITY as usize);
-    assert_eq!(fx.loaded.stat("ct_full"), 0);
+    assert_eq!(fx.ct_entries(), CAPACITY as usize);
+    assert_eq!(fx.stat("ct_full"), 0);
 
     // Full: a new flow's SYN and a new UDP flow are dropped and counted,
     // and nothing of them stays.
@@ -397,31 +383,27 @@ fn a_full_table_refuses_new_flows_and_keeps_tracked_ones() {
         TC_ACT_SHOT
     );
     assert_eq!(fx.send(Step::Request(0), proto::UDP, refused), TC_ACT_SHOT);
-    assert_eq!(fx.loaded.stat("ct_full"), 2);
+    assert_eq!(fx.stat("ct_full"), 2);
     assert_eq!(fx.pair(proto::TCP, refused), (None, None));
-    assert_eq!(fx.entries(), CAPACITY as usize);
+    assert_eq!(fx.ct_entries(), CAPACITY as usize);
 
     // The tracked connection goes on both ways.
     assert_eq!(fx.send(Step::Request(ACK), proto::TCP, idle), TC_ACT_OK);
     assert_eq!(fx.send(Step::Reply(ACK), proto::TCP, idle), TC_ACT_OK);
-    assert_eq!(fx.loaded.stat("ct_full"), 2);
+    assert_eq!(fx.stat("ct_full"), 2);
 
     // The collector, a minute on: the closed flows go, the idle one stays.
     let timeouts = Timeouts::default();
     let later = conntrack::monotonic_ns() + 60 * 1_000_000_000;
-    let pass = conntrack::collect(
-        &mut fx.loaded.syncer.store_mut().conntrack,
-        later,
-        &timeouts,
-    )
-    .expect("collect");
+    let pass = conntrack::collect(&mut fx.syncer.store_mut().conntrack, later, &timeouts)
+        .expect("collect");
     assert_eq!(pass.entries, CAPACITY as usize);
     assert_eq!(pass.deleted, 2 * short.len());
     assert!(matches!(fx.pair(proto::TCP, idle), (Some(_), Some(_))));
     // The retransmitted SYN is tracked now.
     assert_eq!(fx.send(Step::Request(SYN), proto::TCP, refused), TC_ACT_OK);
     assert!(matches!(fx.pair(proto::TCP, refused), (Some(_), Some(_))));
-    assert_eq!(fx.loaded.stat("ct_full"), 2);
+    assert_eq!(fx.stat("ct_full"), 2);
 }
 
 /// A table full of flows that never completed their handshake (a spoofed
@@ -435,7 +417,7 @@ fn a_full_table_refuses_new_flows_and_keeps_tracked_ones() {
 fn unestablished_flows_give_way_to_new_ones_and_established_flows_never_do() {
     const CAPACITY: u32 = 16;
     run_on_cpu(0);
-    let mut fx = Fixture::new(CAPACITY);
+    let mut fx = fixture(CAPACITY);
     let idle = 30000;
     for step in [Step::Request(SYN), Step::Reply(SYN_ACK), Step::Request(ACK)] {
         assert_eq!(fx.send(step, proto::TCP, idle), TC_ACT_OK);
@@ -446,7 +428,7 @@ fn unestablished_flows_give_way_to_new_ones_and_established_flows_never_do() {
         assert_eq!(fx.send(Step::Request(SYN), proto::TCP, sport), TC_ACT_OK);
         assert_eq!(fx.send(Step::Reply(SYN_ACK), proto::TCP, sport), TC_ACT_OK);
     }
-    assert_eq!(fx.entries(), CAPACITY as usize);
+    assert_eq!(fx.ct_entries(), CAPACITY as usize);
 
     // The flood goes on: every new SYN takes the place of an older
     // half-open flow; a real client among them completes its handshake.
@@ -468,9 +450,9 @@ fn unestablished_flows_give_way_to_new_ones_and_established_flows_never_do() {
             assert_eq!(fx.send(Step::Request(ACK), proto::TCP, real), TC_ACT_OK);
             run_on_cpu(0);
         }
-        assert_eq!(fx.entries(), CAPACITY as usize);
+        assert_eq!(fx.ct_entries(), CAPACITY as usize);
     }
-    assert_eq!(fx.loaded.stat("ct_full"), 0, "room was made every time");
+    assert_eq!(fx.stat("ct_full"), 0, "room was made every time");
     for sport in [idle, real] {
         let (Some(f), Some(_)) = fx.pair(proto::TCP, sport) else {
             panic!("established flow {sport} was removed");
@@ -501,7 +483,7 @@ fn unestablished_flows_give_way_to_new_ones_and_established_flows_never_do() {
         matches!(fx.pair(proto::UDP, answered), (Some(_), Some(_))),
         "the answered UDP flow stays"
     );
-    assert_eq!(fx.loaded.stat("ct_full"), 0);
+    assert_eq!(fx.stat("ct_full"), 0);
 
     // Only established flows left: a new flow is refused and counted.
     let established: Vec<u16> = (36000..36000 + CAPACITY as u16).collect();
@@ -519,7 +501,7 @@ fn unestablished_flows_give_way_to_new_ones_and_established_flows_never_do() {
         "admitted {admitted}"
     );
     assert!(
-        fx.loaded.stat("ct_full") >= 1,
+        fx.stat("ct_full") >= 1,
         "a table of established flows refuses"
     );
     for sport in [idle, real] {

@@ -19,7 +19,7 @@ use proxy_testkit::packet::{
     checksum, checksums_valid, icmp_error_checksums_valid, icmp_frame, PacketSpec, ETH_HLEN,
 };
 use proxy_user::model::Protocol;
-use support::{capacities, cluster_ip, Loaded, TC_ACT_OK, TC_ACT_UNSPEC};
+use support::{capacities, cluster_ip, Case, Hook, Loaded, TC_ACT_OK, TC_ACT_UNSPEC};
 
 const CLIENT: Ipv4Addr = Ipv4Addr::new(10, 244, 100, 2);
 /// The node's address on the client's link (a router on the path).
@@ -42,49 +42,6 @@ fn fixture() -> Loaded {
             cluster_ip(VIP, 53, Protocol::Udp, "dns", &[(POD1, 5353)]),
         ],
     )
-}
-
-struct Case {
-    name: String,
-    program: &'static str,
-    input: Vec<u8>,
-    verdict: u32,
-    output: Vec<u8>,
-}
-
-/// Runs the cases in order; every failure is reported at once.
-fn run_cases(fx: &mut Loaded, cases: &[Case], valid: fn(&[u8]) -> bool) {
-    let mut failures = Vec::new();
-    for case in cases {
-        let (verdict, output) = fx.tc(case.program, &case.input, None);
-        if verdict != case.verdict || output != case.output {
-            failures.push(format!(
-                "{}: verdict {verdict:#x} (want {:#x}); output {}",
-                case.name,
-                case.verdict,
-                if output == case.output {
-                    "as expected".to_string()
-                } else {
-                    format!(
-                        "differs at byte {:?}",
-                        first_difference(&output, &case.output)
-                    )
-                }
-            ));
-        }
-        if !valid(&output) {
-            failures.push(format!("{}: checksums invalid", case.name));
-        }
-    }
-    assert!(
-        failures.is_empty(),
-        "failing fixtures:\n{}",
-        failures.join("\n")
-    );
-}
-
-fn first_difference(a: &[u8], b: &[u8]) -> Option<usize> {
-    (0..a.len().max(b.len())).find(|&i| a.get(i) != b.get(i))
 }
 
 /// The IPv4 header checksum of a frame (fragments have no checksummable
@@ -146,7 +103,7 @@ fn fragments_of_a_request_and_of_its_reply_follow_their_first_fragment() {
     for (i, role) in ["first", "middle", "last"].iter().enumerate() {
         cases.push(Case {
             name: format!("request: the {role} fragment gets the backend's address"),
-            program: programs::TC_FROM_POD,
+            hook: Hook::Tc(programs::TC_FROM_POD),
             input: request_in[i].clone(),
             verdict: TC_ACT_OK,
             output: request_want[i].clone(),
@@ -155,7 +112,7 @@ fn fragments_of_a_request_and_of_its_reply_follow_their_first_fragment() {
     for (i, role) in ["first", "middle", "last"].iter().enumerate() {
         cases.push(Case {
             name: format!("reply: the {role} fragment gets the frontend as its source"),
-            program: programs::TC_TO_POD,
+            hook: Hook::Tc(programs::TC_TO_POD),
             input: reply_in[i].clone(),
             verdict: TC_ACT_OK,
             output: reply_want[i].clone(),
@@ -166,7 +123,7 @@ fn fragments_of_a_request_and_of_its_reply_follow_their_first_fragment() {
     let unknown = big_udp(CLIENT, 40001, VIP, 53, 0x7777).fragments(1480);
     cases.push(Case {
         name: "a later fragment of an unknown datagram passes untouched".into(),
-        program: programs::TC_FROM_POD,
+        hook: Hook::Tc(programs::TC_FROM_POD),
         input: unknown[1].clone(),
         verdict: TC_ACT_UNSPEC,
         output: unknown[1].clone(),
@@ -174,12 +131,12 @@ fn fragments_of_a_request_and_of_its_reply_follow_their_first_fragment() {
     // The reply's fragment id is known to sb_to_pod only.
     cases.push(Case {
         name: "a reply fragment seen by sb_from_pod is not translated there".into(),
-        program: programs::TC_FROM_POD,
+        hook: Hook::Tc(programs::TC_FROM_POD),
         input: reply_in[2].clone(),
         verdict: TC_ACT_UNSPEC,
         output: reply_in[2].clone(),
     });
-    run_cases(&mut fx, &cases, ip_checksum_valid);
+    fx.run_table(&cases, |_, _, frame| ip_checksum_valid(frame));
 
     // Each fragment's IP checksum was checked; the datagrams they make up
     // carry valid UDP checksums too.
@@ -264,35 +221,35 @@ fn icmp_errors_about_translated_flows_are_translated_back() {
     let mut cases = vec![
         Case {
             name: "frag-needed from the node about a TCP segment: quote back to the frontend, TCP checksum (quoted) fixed".into(),
-            program: programs::TC_TO_POD,
+            hook: Hook::Tc(programs::TC_TO_POD),
             input: icmp_frame(NODE, CLIENT, ICMP_DEST_UNREACH, ICMP_FRAG_NEEDED, mtu, &quote(&tcp_seen, long)),
             verdict: TC_ACT_OK,
             output: icmp_frame(NODE, CLIENT, ICMP_DEST_UNREACH, ICMP_FRAG_NEEDED, mtu, &quote(&tcp_data, long)),
         },
         Case {
             name: "frag-needed from the backend about a TCP segment, 8 bytes quoted: outer source too".into(),
-            program: programs::TC_TO_POD,
+            hook: Hook::Tc(programs::TC_TO_POD),
             input: icmp_frame(POD1, CLIENT, ICMP_DEST_UNREACH, ICMP_FRAG_NEEDED, mtu, &quote(&tcp_seen, short)),
             verdict: TC_ACT_OK,
             output: icmp_frame(VIP, CLIENT, ICMP_DEST_UNREACH, ICMP_FRAG_NEEDED, mtu, &quote(&tcp_data, short)),
         },
         Case {
             name: "frag-needed from a router about a UDP datagram: quoted UDP checksum fixed".into(),
-            program: programs::TC_TO_POD,
+            hook: Hook::Tc(programs::TC_TO_POD),
             input: icmp_frame(NODE, CLIENT, ICMP_DEST_UNREACH, ICMP_FRAG_NEEDED, mtu, &quote(&udp_seen, short)),
             verdict: TC_ACT_OK,
             output: icmp_frame(NODE, CLIENT, ICMP_DEST_UNREACH, ICMP_FRAG_NEEDED, mtu, &quote(&udp, short)),
         },
         Case {
             name: "port unreachable from the backend about a UDP datagram".into(),
-            program: programs::TC_TO_POD,
+            hook: Hook::Tc(programs::TC_TO_POD),
             input: icmp_frame(POD1, CLIENT, ICMP_DEST_UNREACH, ICMP_PORT_UNREACH, 0, &quote(&udp_seen, short)),
             verdict: TC_ACT_OK,
             output: icmp_frame(VIP, CLIENT, ICMP_DEST_UNREACH, ICMP_PORT_UNREACH, 0, &quote(&udp, short)),
         },
         Case {
             name: "time exceeded from a router about a UDP datagram".into(),
-            program: programs::TC_TO_POD,
+            hook: Hook::Tc(programs::TC_TO_POD),
             input: icmp_frame(NODE, CLIENT, ICMP_TIME_EXCEEDED, 0, 0, &quote(&udp_seen, short)),
             verdict: TC_ACT_OK,
             output: icmp_frame(NODE, CLIENT, ICMP_TIME_EXCEEDED, 0, 0, &quote(&udp, short)),
@@ -304,7 +261,7 @@ fn icmp_errors_about_translated_flows_are_translated_back() {
     let reply_sent = PacketSpec::udp(POD1, 5353, CLIENT, 45001);
     cases.push(Case {
         name: "port unreachable from the client about a reply: to the backend".into(),
-        program: programs::TC_FROM_POD,
+        hook: Hook::Tc(programs::TC_FROM_POD),
         input: icmp_frame(
             CLIENT,
             VIP,
@@ -335,7 +292,7 @@ fn icmp_errors_about_translated_flows_are_translated_back() {
     );
     cases.push(Case {
         name: "an error about an untracked flow passes untouched".into(),
-        program: programs::TC_TO_POD,
+        hook: Hook::Tc(programs::TC_TO_POD),
         input: untracked_error.clone(),
         verdict: TC_ACT_UNSPEC,
         output: untracked_error,
@@ -352,7 +309,7 @@ fn icmp_errors_about_translated_flows_are_translated_back() {
     );
     cases.push(Case {
         name: "an error quoting the frontend itself passes untouched".into(),
-        program: programs::TC_TO_POD,
+        hook: Hook::Tc(programs::TC_TO_POD),
         input: about_frontend.clone(),
         verdict: TC_ACT_UNSPEC,
         output: about_frontend,
@@ -361,19 +318,19 @@ fn icmp_errors_about_translated_flows_are_translated_back() {
     let echo_reply = icmp_frame(POD1, CLIENT, 0, 0, 0x0001_0001, b"ping-payload");
     cases.push(Case {
         name: "ICMP echo request to the ClusterIP passes untouched".into(),
-        program: programs::TC_FROM_POD,
+        hook: Hook::Tc(programs::TC_FROM_POD),
         input: echo_request.clone(),
         verdict: TC_ACT_UNSPEC,
         output: echo_request,
     });
     cases.push(Case {
         name: "ICMP echo reply passes untouched".into(),
-        program: programs::TC_TO_POD,
+        hook: Hook::Tc(programs::TC_TO_POD),
         input: echo_reply.clone(),
         verdict: TC_ACT_UNSPEC,
         output: echo_reply,
     });
-    run_cases(&mut fx, &cases, |frame| {
+    fx.run_table(&cases, |_, _, frame| {
         if frame[ETH_HLEN + 9] == 1 && frame[ETH_HLEN + 20] != 0 && frame[ETH_HLEN + 20] != 8 {
             icmp_error_checksums_valid(frame)
         } else {

@@ -26,7 +26,6 @@ use std::{
     net::{Ipv4Addr, Ipv6Addr},
 };
 
-use aya::programs::ProgramError;
 use proptest::{
     prelude::*,
     test_runner::{Config, TestCaseError, TestRunner},
@@ -38,9 +37,11 @@ use proxy_testkit::packet::{
 };
 use proxy_user::model::{Frontend, FrontendKind, Protocol};
 use support::{
-    capacities, require_root, skb_ctx,
+    capacities,
+    netns::in_new_netns,
+    require_root,
     v6::{checksums_valid6, icmp6_frame, parse6, Maps6, Packet6},
-    Loaded, TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT, TC_ACT_UNSPEC, XDP_DROP, XDP_PASS,
+    Hook, Loaded, TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT, TC_ACT_UNSPEC, XDP_DROP, XDP_PASS,
     XDP_REDIRECT, XDP_TX,
 };
 
@@ -179,43 +180,17 @@ fn frontends() -> Vec<Frontend> {
 }
 
 /// The programs under test, loaded once and fed frame after frame.
-struct Programs {
-    loaded: Loaded,
-    uplink: u32,
+fn load() -> Loaded {
+    let mut loaded = Loaded::new(capacities(8192), frontends());
+    frontends6(&mut loaded.maps6);
+    // The namespace's loopback stands in for the uplink.
+    loaded.set_uplink(1, NODE);
+    loaded
 }
 
-#[derive(Clone, Copy, Debug)]
-enum Hook {
-    FromPod,
-    ToPod,
-    FromUplink,
-    XdpUplink,
-}
-
-impl Programs {
-    fn load() -> Self {
-        let mut loaded = Loaded::new(capacities(8192), frontends());
-        let mut maps6 = Maps6::take(&loaded);
-        frontends6(&mut maps6);
-        // The namespace's loopback stands in for the uplink.
-        let uplink = 1;
-        loaded.set_uplink(uplink, NODE);
-        Self { loaded, uplink }
-    }
-
-    /// The verdict and the frame as the program left it.
-    fn run(&mut self, hook: Hook, frame: &[u8]) -> Result<(u32, Vec<u8>), ProgramError> {
-        let skb = skb_ctx(self.uplink, self.uplink);
-        match hook {
-            Hook::FromPod => self.loaded.try_tc(programs::TC_FROM_POD, frame, None),
-            Hook::ToPod => self.loaded.try_tc(programs::TC_TO_POD, frame, None),
-            Hook::FromUplink => self
-                .loaded
-                .try_tc(programs::TC_FROM_UPLINK, frame, Some(&skb)),
-            Hook::XdpUplink => self.loaded.try_xdp(frame, Some(self.uplink)),
-        }
-    }
-}
+const FROM_POD: Hook = Hook::Tc(programs::TC_FROM_POD);
+const TO_POD: Hook = Hook::Tc(programs::TC_TO_POD);
+const FROM_UPLINK: Hook = Hook::UplinkTc(programs::TC_FROM_UPLINK);
 
 /// A frame and the program it goes to.
 #[derive(Clone)]
@@ -421,12 +396,7 @@ fn input() -> impl Strategy<Value = Input> {
         2 => frame.clone(),
         1 => frame.prop_flat_map(mutated),
     ];
-    let hook = proptest::sample::select(vec![
-        Hook::FromPod,
-        Hook::ToPod,
-        Hook::FromUplink,
-        Hook::XdpUplink,
-    ]);
+    let hook = proptest::sample::select(vec![FROM_POD, TO_POD, FROM_UPLINK, Hook::UplinkXdp]);
     (hook, frame).prop_map(|(hook, frame)| Input { hook, frame })
 }
 
@@ -514,14 +484,14 @@ fn checksums_hold(frame: &[u8]) -> bool {
 
 fn verdict_allowed(hook: Hook, verdict: u32) -> bool {
     match hook {
-        Hook::XdpUplink => [XDP_DROP, XDP_PASS, XDP_TX, XDP_REDIRECT].contains(&verdict),
+        Hook::UplinkXdp => [XDP_DROP, XDP_PASS, XDP_TX, XDP_REDIRECT].contains(&verdict),
         _ => [TC_ACT_OK, TC_ACT_SHOT, TC_ACT_REDIRECT, TC_ACT_UNSPEC].contains(&verdict),
     }
 }
 
 fn passes(hook: Hook, verdict: u32) -> bool {
     match hook {
-        Hook::XdpUplink => verdict == XDP_PASS,
+        Hook::UplinkXdp => verdict == XDP_PASS,
         _ => verdict == TC_ACT_UNSPEC || verdict == TC_ACT_OK,
     }
 }
@@ -537,15 +507,15 @@ fn test_run_takes(frame: &[u8]) -> bool {
     frame.len() >= ETH_HLEN + ip_header
 }
 
-fn check(programs: &mut Programs, input: &Input) -> Result<(), TestCaseError> {
+fn check(programs: &mut Loaded, input: &Input) -> Result<(), TestCaseError> {
     prop_assume!(test_run_takes(&input.frame));
     let (verdict, output) = programs
-        .run(input.hook, &input.frame)
+        .try_run(input.hook, &input.frame)
         .map_err(|error| TestCaseError::fail(format!("BPF_PROG_TEST_RUN failed: {error}")))?;
     prop_assert!(verdict_allowed(input.hook, verdict), "verdict {verdict:#x}");
     let not_ours = !names_ours(&input.frame);
     if is_ipv6(&input.frame)
-        && matches!(input.hook, Hook::FromUplink | Hook::XdpUplink)
+        && matches!(input.hook, FROM_UPLINK | Hook::UplinkXdp)
         && parse6(&input.frame).is_some_and(|p| {
             let informational =
                 p.proto == 58 && input.frame.get(p.l4_off).is_some_and(|&t| t >= 128);
@@ -590,17 +560,8 @@ fn random_and_mutated_frames_never_fail_never_touch_others_and_keep_checksums() 
         .ok()
         .and_then(|n| n.parse().ok())
         .unwrap_or(20_000);
-    let fuzz = std::thread::spawn(move || {
-        // SAFETY: unshare only changes this thread's network namespace; no
-        // other thread of the test uses it.
-        let unshared = unsafe { libc::unshare(libc::CLONE_NEWNET) };
-        assert_eq!(
-            unshared,
-            0,
-            "unshare(CLONE_NEWNET): {}",
-            std::io::Error::last_os_error()
-        );
-        let programs = RefCell::new(Programs::load());
+    let outcome = in_new_netns(|| {
+        let programs = RefCell::new(load());
         let mut runner = TestRunner::new(Config {
             cases,
             failure_persistence: None,
@@ -610,7 +571,6 @@ fn random_and_mutated_frames_never_fail_never_touch_others_and_keep_checksums() 
             .run(&input(), |input| check(&mut programs.borrow_mut(), &input))
             .map_err(|failure| failure.to_string())
     });
-    let outcome = fuzz.join().expect("the fuzz thread panicked");
     if let Err(failure) = outcome {
         panic!("{failure}");
     }

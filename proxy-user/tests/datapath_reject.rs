@@ -22,7 +22,8 @@ use proxy_testkit::packet::{
 };
 use proxy_user::model::{FrontendKind, Protocol};
 use support::{
-    capacities, frontend, Loaded, TC_ACT_REDIRECT, TC_ACT_SHOT, TC_ACT_UNSPEC, XDP_DROP, XDP_TX,
+    be32, capacities, frontend, Case, Hook, Loaded, TC_ACT_REDIRECT, TC_ACT_SHOT, TC_ACT_UNSPEC,
+    XDP_DROP, XDP_TX,
 };
 
 const CLIENT: Ipv4Addr = Ipv4Addr::new(10, 244, 100, 2);
@@ -107,11 +108,7 @@ fn fixture() -> Loaded {
 
 /// The packets of Service `test/service` dropped for want of a backend.
 fn drops_no_backend(fx: &Loaded, service: &str) -> u64 {
-    proxy_user::dataplane::readout::read_services(fx.syncer.store())
-        .into_iter()
-        .find(|r| r.service == format!("test/{service}"))
-        .unwrap_or_else(|| panic!("no row test/{service}"))
-        .drops_no_backend
+    fx.service_row(service).drops_no_backend
 }
 
 /// A TCP SYN with a payload long enough that the answer must shrink it, and
@@ -128,36 +125,9 @@ fn long_syn(src: Ipv4Addr, sport: u16, dst: Ipv4Addr, dport: u16) -> Vec<u8> {
     frame
 }
 
-fn be32(ip: Ipv4Addr) -> u32 {
-    u32::from_ne_bytes(ip.octets())
-}
-
-struct Case {
-    name: &'static str,
-    input: Vec<u8>,
-    verdict: u32,
-    output: Vec<u8>,
-}
-
-fn check(fx: &mut Loaded, run: impl Fn(&mut Loaded, &[u8]) -> (u32, Vec<u8>), cases: &[Case]) {
-    let mut failures = Vec::new();
-    for case in cases {
-        let (verdict, output) = run(fx, &case.input);
-        if verdict != case.verdict || output != case.output {
-            failures.push(format!(
-                "{}: verdict {verdict:#x} (want {:#x})\n  got  {output:02x?}\n  want {:02x?}",
-                case.name, case.verdict, case.output
-            ));
-        }
-        if output.get(23) == Some(&1) && !icmp_checksums_valid(&output) {
-            failures.push(format!("{}: ICMP answer with invalid checksums", case.name));
-        }
-    }
-    assert!(
-        failures.is_empty(),
-        "failing fixtures:\n{}",
-        failures.join("\n")
-    );
+/// An ICMP answer's checksums hold (whatever else the program left).
+fn icmp_answer_checksums(_: &Case, _: u32, output: &[u8]) -> bool {
+    output.get(23) != Some(&1) || icmp_checksums_valid(output)
 }
 
 #[test]
@@ -202,47 +172,49 @@ fn pods_packets_to_a_frontend_without_endpoints_are_rejected_with_icmp() {
     let local_only = PacketSpec::tcp(CLIENT, 40005, LOCAL_VIP, 80).build();
     let cases = [
         Case {
-            name: "TCP SYN to an empty ClusterIP: port unreachable back into the pod",
+            hook: Hook::Tc(programs::TC_FROM_POD),
+            name: "TCP SYN to an empty ClusterIP: port unreachable back into the pod".into(),
             output: icmp_port_unreachable(&syn),
             input: syn,
             verdict: TC_ACT_REDIRECT,
         },
         Case {
-            name: "UDP to an empty ClusterIP: port unreachable (frame grown to 70 bytes)",
+            hook: Hook::Tc(programs::TC_FROM_POD),
+            name: "UDP to an empty ClusterIP: port unreachable (frame grown to 70 bytes)".into(),
             output: icmp_port_unreachable(&udp),
             input: udp,
             verdict: TC_ACT_REDIRECT,
         },
         Case {
-            name: "a long segment is cut to the answer, TOS kept",
+            hook: Hook::Tc(programs::TC_FROM_POD),
+            name: "a long segment is cut to the answer, TOS kept".into(),
             output: icmp_port_unreachable(&long),
             input: long,
             verdict: TC_ACT_REDIRECT,
         },
         Case {
-            name: "ICMP to the frontend is not ours",
+            hook: Hook::Tc(programs::TC_FROM_POD),
+            name: "ICMP to the frontend is not ours".into(),
             output: icmp_in.clone(),
             input: icmp_in,
             verdict: TC_ACT_UNSPEC,
         },
         Case {
-            name: "IP options: dropped, not answered",
+            hook: Hook::Tc(programs::TC_FROM_POD),
+            name: "IP options: dropped, not answered".into(),
             output: options.clone(),
             input: options,
             verdict: TC_ACT_SHOT,
         },
         Case {
-            name: "internalTrafficPolicy Local without endpoints: dropped",
+            hook: Hook::Tc(programs::TC_FROM_POD),
+            name: "internalTrafficPolicy Local without endpoints: dropped".into(),
             output: local_only.clone(),
             input: local_only,
             verdict: TC_ACT_SHOT,
         },
     ];
-    check(
-        &mut fx,
-        |fx, f| fx.tc(programs::TC_FROM_POD, f, None),
-        &cases,
-    );
+    fx.run_table(&cases, icmp_answer_checksums);
     assert_eq!(fx.stat("rejected"), 3);
     assert_eq!(fx.stat("drop_no_backend"), 2);
     assert_eq!(drops_no_backend(&fx, "empty"), 3);
@@ -278,40 +250,47 @@ fn outside_packets_to_an_empty_node_port_are_rejected_by_xdp_and_tc() {
         ..PacketSpec::udp(OUTSIDE, 40003, NODE, NODE_PORT)
     }
     .build();
-    let cases = |verdict: u32, dropped: u32| {
+    let cases = |hook: Hook, verdict: u32, dropped: u32| {
         vec![
             Case {
-                name: "TCP SYN to an empty NodePort",
+                hook,
+                name: "TCP SYN to an empty NodePort".into(),
                 output: icmp_port_unreachable(&syn),
                 input: syn.clone(),
                 verdict,
             },
             Case {
-                name: "UDP to an empty NodePort",
+                hook,
+                name: "UDP to an empty NodePort".into(),
                 output: icmp_port_unreachable(&udp),
                 input: udp.clone(),
                 verdict,
             },
             Case {
-                name: "a long segment is cut to the answer",
+                hook,
+                name: "a long segment is cut to the answer".into(),
                 output: icmp_port_unreachable(&long),
                 input: long.clone(),
                 verdict,
             },
             Case {
-                name: "IP options: dropped",
+                hook,
+                name: "IP options: dropped".into(),
                 output: options.clone(),
                 input: options.clone(),
                 verdict: dropped,
             },
         ]
     };
-    check(&mut fx, |fx, f| fx.xdp(f, None), &cases(XDP_TX, XDP_DROP));
+    fx.run_table(&cases(Hook::Xdp, XDP_TX, XDP_DROP), icmp_answer_checksums);
     assert_eq!((fx.stat("rejected"), fx.stat("drop_no_backend")), (3, 1));
-    check(
-        &mut fx,
-        |fx, f| fx.tc(programs::TC_FROM_UPLINK, f, None),
-        &cases(TC_ACT_REDIRECT, TC_ACT_SHOT),
+    fx.run_table(
+        &cases(
+            Hook::Tc(programs::TC_FROM_UPLINK),
+            TC_ACT_REDIRECT,
+            TC_ACT_SHOT,
+        ),
+        icmp_answer_checksums,
     );
     assert_eq!((fx.stat("rejected"), fx.stat("drop_no_backend")), (6, 2));
     assert_eq!(

@@ -22,11 +22,9 @@
 //! Nothing here touches the namespace the tests were started in.
 mod support;
 
-use std::{
-    ffi::CString, fs, net::Ipv4Addr, os::unix::fs::MetadataExt as _, process::Command, thread,
-};
+use std::net::Ipv4Addr;
 
-use proxy_common::{ct_dir, ct_flags, programs, proto, scope, snat, CtEntry, CtKey};
+use proxy_common::{ct_dir, ct_flags, proto, scope, snat, CtEntry, CtKey};
 use proxy_testkit::packet::{
     checksum, checksums_valid, icmp_error_checksums_valid, icmp_frame, PacketSpec, ETH_HLEN,
 };
@@ -36,8 +34,10 @@ use proxy_user::{
     sync::store::MapStore,
 };
 use support::{
-    capacities, require_root, skb_ctx, Loaded, TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT,
-    TC_ACT_UNSPEC, XDP_DROP, XDP_PASS, XDP_TX,
+    be32,
+    netns::{Node, NodeSpec},
+    rewritten, rewritten_checksums, Case, Loaded, Uplink as Prog, TC_ACT_OK, TC_ACT_REDIRECT,
+    TC_ACT_SHOT, TC_ACT_UNSPEC, XDP_DROP, XDP_PASS, XDP_TX,
 };
 
 /// The node's address on its uplink `up0`.
@@ -62,140 +62,18 @@ const EXTERNAL_IP: Ipv4Addr = Ipv4Addr::new(192, 168, 70, 10);
 const NODE_PORT: u16 = 30080;
 const POD_PORT: u16 = 8080;
 
-// ---------------------------------------------------------------------------
-// The private network namespace.
-
-/// The inode of the calling thread's network namespace.
-fn netns_inode() -> u64 {
-    fs::metadata("/proc/thread-self/ns/net")
-        .expect("stat /proc/thread-self/ns/net")
-        .ino()
-}
-
-fn ip(args: &[&str]) {
-    // `output` waits for the child: no process outlives the command, so none
-    // keeps the namespace alive after the thread ends.
-    let out = Command::new("ip")
-        .args(args)
-        .output()
-        .expect("run `ip` (iproute2)");
-    assert!(
-        out.status.success(),
-        "ip {}: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-fn ifindex(name: &str) -> u32 {
-    let name = CString::new(name).expect("interface name");
-    // SAFETY: a NUL-terminated string; the call only reads it.
-    let index = unsafe { libc::if_nametoindex(name.as_ptr()) };
-    assert_ne!(index, 0, "no interface {name:?} in the test namespace");
-    index
-}
-
-/// The node the programs run on: see the module documentation.
-struct Node {
-    uplink: u32,
-}
-
-impl Node {
-    /// Builds the node in the calling thread's (private) namespace.
-    fn build() -> Self {
-        let mac = |m: [u8; 6]| {
-            m.iter()
-                .map(|b| format!("{b:02x}"))
-                .collect::<Vec<_>>()
-                .join(":")
-        };
-        ip(&[
-            "link",
-            "add",
-            "up0",
-            "address",
-            &mac(UPLINK_MAC),
-            "type",
-            "veth",
-            "peer",
-            "name",
-            "up0p",
-        ]);
-        ip(&[
-            "link", "add", "pod0", "type", "veth", "peer", "name", "pod0p",
-        ]);
-        for dev in ["up0", "up0p", "pod0", "pod0p"] {
-            ip(&["link", "set", dev, "up"]);
-        }
-        ip(&["addr", "add", &format!("{NODE}/24"), "dev", "up0"]);
-        for (addr, lladdr) in [(GATEWAY, GATEWAY_MAC), (CLIENT, CLIENT_MAC)] {
-            ip(&[
-                "neigh",
-                "add",
-                &addr.to_string(),
-                "lladdr",
-                &mac(lladdr),
-                "dev",
-                "up0",
-                "nud",
-                "permanent",
-            ]);
-        }
-        ip(&[
-            "route",
-            "add",
-            "10.244.2.0/24",
-            "via",
-            &GATEWAY.to_string(),
-            "dev",
-            "up0",
-        ]);
-        ip(&[
-            "route",
-            "add",
-            "10.244.3.0/24",
-            "via",
-            "192.168.50.3",
-            "dev",
-            "up0",
-        ]);
-        ip(&["route", "add", "10.244.1.0/24", "dev", "pod0"]);
-        // bpf_fib_lookup answers only for an ingress interface that forwards.
-        // `up0` exists only in this namespace, so this cannot write elsewhere.
-        fs::write("/proc/sys/net/ipv4/conf/up0/forwarding", "1").expect("enable forwarding on up0");
-        Node {
-            uplink: ifindex("up0"),
-        }
-    }
-}
-
-/// Runs `body` on a thread of its own inside a new network namespace holding
-/// a [`Node`]; re-raises the body's panic.
-fn on_node<T: Send + 'static>(body: impl FnOnce(&Node) -> T + Send + 'static) -> T {
-    require_root();
-    let handle = thread::spawn(move || {
-        let before = netns_inode();
-        // SAFETY: unshare only changes the calling thread's namespaces.
-        let rc = unsafe { libc::unshare(libc::CLONE_NEWNET) };
-        assert_eq!(
-            rc,
-            0,
-            "unshare(CLONE_NEWNET): {}",
-            std::io::Error::last_os_error()
-        );
-        assert_ne!(
-            netns_inode(),
-            before,
-            "the thread is still in the namespace it started in: refusing to touch it"
-        );
-        let node = Node::build();
-        body(&node)
-    });
-    match handle.join() {
-        Ok(value) => value,
-        Err(panic) => std::panic::resume_unwind(panic),
-    }
-}
+/// The node: see the module documentation.
+const THIS_NODE: NodeSpec<Ipv4Addr> = NodeSpec {
+    uplink_mac: UPLINK_MAC,
+    addr: NODE,
+    prefix_len: 24,
+    neighbours: &[(GATEWAY, GATEWAY_MAC), (CLIENT, CLIENT_MAC)],
+    routes: &[
+        ("10.244.2.0/24", Some(GATEWAY)),
+        ("10.244.3.0/24", Some(Ipv4Addr::new(192, 168, 50, 3))),
+        ("10.244.1.0/24", None),
+    ],
+};
 
 // ---------------------------------------------------------------------------
 // Frontends and the loaded programs.
@@ -228,104 +106,14 @@ fn local_policy(mut fe: Frontend, external: &[Ipv4Addr]) -> Frontend {
     fe
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Prog {
-    Xdp,
-    Tc,
-}
-
-impl Prog {
-    const BOTH: [Prog; 2] = [Prog::Xdp, Prog::Tc];
-
-    /// The verdict of a packet that is not ours.
-    fn untouched(self) -> u32 {
-        match self {
-            Prog::Xdp => XDP_PASS,
-            Prog::Tc => TC_ACT_UNSPEC,
-        }
-    }
-
-    /// The verdict of a packet rewritten for a backend on this node.
-    fn delivered(self) -> u32 {
-        match self {
-            Prog::Xdp => XDP_PASS,
-            Prog::Tc => TC_ACT_OK,
-        }
-    }
-
-    fn dropped(self) -> u32 {
-        match self {
-            Prog::Xdp => XDP_DROP,
-            Prog::Tc => TC_ACT_SHOT,
-        }
-    }
-}
-
-struct Fixture {
-    loaded: Loaded,
-    uplink: u32,
-}
-
-impl Fixture {
-    /// Loads the programs (in the calling thread's namespace), programs
-    /// `frontends` and makes `up0` the node's uplink with address NODE.
-    fn new(node: &Node, frontends: Vec<Frontend>) -> Self {
-        // Room for every SNAT port of one backend (33512) and then some.
-        let mut loaded = Loaded::new(capacities(65536), frontends);
-        loaded.set_uplink(node.uplink, NODE);
-        Self {
-            loaded,
-            uplink: node.uplink,
-        }
-    }
-
-    /// Runs `frame` through `prog` as if it arrived on the uplink.
-    fn run(&mut self, prog: Prog, frame: &[u8]) -> (u32, Vec<u8>) {
-        match prog {
-            Prog::Xdp => self.loaded.xdp(frame, Some(self.uplink)),
-            Prog::Tc => self.run_tc(programs::TC_FROM_UPLINK, frame),
-        }
-    }
-
-    /// Runs a tc program with the uplink as the skb's device and ingress
-    /// interface.
-    fn run_tc(&mut self, program: &str, frame: &[u8]) -> (u32, Vec<u8>) {
-        let ctx = skb_ctx(self.uplink, self.uplink);
-        self.loaded.tc(program, frame, Some(&ctx))
-    }
-
-    /// A packet the uplink sends (tc egress: `sb_to_pod`, which reverses a
-    /// local backend's replies).
-    fn run_egress(&mut self, frame: &[u8]) -> (u32, Vec<u8>) {
-        self.run_tc(programs::TC_TO_UPLINK, frame)
-    }
-
-    /// A packet a pod of this node sends (`sb_from_pod`, no context needed).
-    fn run_from_pod(&mut self, frame: &[u8]) -> (u32, Vec<u8>) {
-        self.loaded.tc(programs::TC_FROM_POD, frame, None)
-    }
-
-    fn service_row(&self, name: &str) -> proxy_user::dataplane::readout::ServiceRow {
-        let rows = proxy_user::dataplane::readout::read_services(self.loaded.syncer.store());
-        let names: Vec<String> = rows.iter().map(|r| r.service.clone()).collect();
-        rows.into_iter()
-            .find(|r| r.service == format!("test/{name}"))
-            .unwrap_or_else(|| panic!("no service row test/{name} among {names:?}"))
-    }
+/// Loads the programs (in the calling thread's namespace), programs
+/// `frontends` and makes `up0` the node's uplink with address NODE.
+fn uplinked(node: &Node, frontends: Vec<Frontend>) -> Loaded {
+    Loaded::on_uplink(node, NODE, frontends)
 }
 
 // ---------------------------------------------------------------------------
 // Frames.
-
-fn be32(ip: Ipv4Addr) -> u32 {
-    u32::from_ne_bytes(ip.octets())
-}
-
-fn rewritten(spec: &PacketSpec, f: impl FnOnce(&mut PacketSpec)) -> Vec<u8> {
-    let mut out = spec.clone();
-    f(&mut out);
-    out.build()
-}
 
 /// `frame` with TTL `ttl`, its IPv4 header checksum computed from scratch.
 fn with_ttl(mut frame: Vec<u8>, ttl: u8) -> Vec<u8> {
@@ -382,49 +170,14 @@ fn spec(protocol: Protocol, src: Ipv4Addr, sport: u16, dst: Ipv4Addr, dport: u16
     }
 }
 
-struct Case {
-    name: String,
-    input: Vec<u8>,
-    verdict: u32,
-    output: Vec<u8>,
-}
-
-/// Runs every case through `prog`; fails listing each case that differs.
-fn check_cases(fx: &mut Fixture, prog: Prog, cases: &[Case]) {
-    let mut failures = Vec::new();
-    for case in cases {
-        let (verdict, output) = fx.run(prog, &case.input);
-        if verdict != case.verdict || output != case.output {
-            failures.push(format!(
-                "{prog:?}: {}: verdict {verdict:#x} (want {:#x}); output {}\n  got  {output:02x?}\n  want {:02x?}",
-                case.name,
-                case.verdict,
-                if output == case.output { "as expected" } else { "differs" },
-                case.output,
-            ));
-        }
-        if output != case.input && !checksums_valid(&output) {
-            failures.push(format!(
-                "{prog:?}: {}: rewritten with invalid checksums",
-                case.name
-            ));
-        }
-    }
-    assert!(
-        failures.is_empty(),
-        "failing fixtures:\n{}",
-        failures.join("\n")
-    );
-}
-
 // ---------------------------------------------------------------------------
 // 1, 2: a backend on this node: DNAT only.
 
 #[test]
 fn outside_clients_reach_a_local_backend_by_dnat_only() {
-    on_node(|node| {
+    THIS_NODE.run(|node| {
         for prog in Prog::BOTH {
-            let mut fx = Fixture::new(
+            let mut fx = uplinked(
                 node,
                 vec![
                     frontend(
@@ -508,6 +261,7 @@ fn outside_clients_reach_a_local_backend_by_dnat_only() {
             let cases: Vec<Case> = flows
                 .iter()
                 .map(|(name, p)| Case {
+                    hook: prog.into(),
                     name: format!("{name} to a local backend is DNATed only"),
                     input: p.build(),
                     verdict: prog.delivered(),
@@ -518,13 +272,13 @@ fn outside_clients_reach_a_local_backend_by_dnat_only() {
                     }),
                 })
                 .collect();
-            check_cases(&mut fx, prog, &cases);
+            fx.run_table(&cases, rewritten_checksums::<Ipv4Addr>);
 
             let n = flows.len() as u64;
-            assert_eq!(fx.loaded.stat("ext_local"), n, "{prog:?}");
-            assert_eq!(fx.loaded.stat("ext_remote"), 0, "{prog:?}");
+            assert_eq!(fx.stat("ext_local"), n, "{prog:?}");
+            assert_eq!(fx.stat("ext_remote"), 0, "{prog:?}");
             assert_eq!(
-                fx.loaded.stat("forwarded"),
+                fx.stat("forwarded"),
                 0,
                 "{prog:?}: not counted as pod traffic"
             );
@@ -533,7 +287,6 @@ fn outside_clients_reach_a_local_backend_by_dnat_only() {
             assert_eq!(fx.service_row("lb").packets, 1, "{prog:?}");
             // Local flows are tracked without SNAT.
             let fwd = fx
-                .loaded
                 .ct(&CtKey {
                     saddr_be: be32(CLIENT),
                     daddr_be: be32(NODE),
@@ -576,7 +329,7 @@ fn outside_clients_reach_a_local_backend_by_dnat_only() {
 
 #[test]
 fn local_policy_sends_outside_flows_only_to_local_endpoints_without_snat() {
-    on_node(|node| {
+    THIS_NODE.run(|node| {
         for prog in Prog::BOTH {
             for protocol in [Protocol::Tcp, Protocol::Udp] {
                 let np = frontend(
@@ -595,7 +348,7 @@ fn local_policy_sends_outside_flows_only_to_local_endpoints_without_snat() {
                     "local-lb",
                     &[POD_LOCAL, POD_REMOTE],
                 );
-                let mut fx = Fixture::new(
+                let mut fx = uplinked(
                     node,
                     vec![
                         local_policy(np, &[POD_LOCAL]),
@@ -607,6 +360,7 @@ fn local_policy_sends_outside_flows_only_to_local_endpoints_without_snat() {
                     for (vip, vport) in [(NODE, NODE_PORT), (LB_IP, 443)] {
                         let p = spec(protocol, CLIENT, sport, vip, vport);
                         cases.push(Case {
+                            hook: prog.into(),
                             name: format!("{protocol:?} {CLIENT}:{sport} -> {vip}:{vport}"),
                             input: p.build(),
                             verdict: prog.delivered(),
@@ -618,9 +372,9 @@ fn local_policy_sends_outside_flows_only_to_local_endpoints_without_snat() {
                         });
                     }
                 }
-                check_cases(&mut fx, prog, &cases);
-                assert_eq!(fx.loaded.stat("ext_local"), 200, "{prog:?} {protocol:?}");
-                assert_eq!(fx.loaded.stat("ext_remote"), 0, "{prog:?} {protocol:?}");
+                fx.run_table(&cases, rewritten_checksums::<Ipv4Addr>);
+                assert_eq!(fx.stat("ext_local"), 200, "{prog:?} {protocol:?}");
+                assert_eq!(fx.stat("ext_remote"), 0, "{prog:?} {protocol:?}");
 
                 // Pods of this node still get the cluster-wide set.
                 let mut seen = std::collections::BTreeSet::new();
@@ -643,7 +397,7 @@ fn local_policy_sends_outside_flows_only_to_local_endpoints_without_snat() {
 
 #[test]
 fn local_policy_without_local_endpoints_drops_outside_traffic_only() {
-    on_node(|node| {
+    THIS_NODE.run(|node| {
         for prog in Prog::BOTH {
             let np = frontend(
                 FrontendKind::NodePort,
@@ -653,37 +407,34 @@ fn local_policy_without_local_endpoints_drops_outside_traffic_only() {
                 "nolocal",
                 &[POD_LOCAL, POD_REMOTE],
             );
-            let mut fx = Fixture::new(node, vec![local_policy(np, &[])]);
+            let mut fx = uplinked(node, vec![local_policy(np, &[])]);
             let p = PacketSpec::tcp(CLIENT, 40000, NODE, NODE_PORT);
             let q = PacketSpec::tcp(CLIENT, 40001, NODE, NODE_PORT);
-            check_cases(
-                &mut fx,
-                prog,
+            fx.run_table(
                 &[
                     Case {
+                        hook: prog.into(),
                         name: "no local endpoint: dropped".into(),
                         input: p.build(),
                         verdict: prog.dropped(),
                         output: p.build(),
                     },
                     Case {
+                        hook: prog.into(),
                         name: "no local endpoint: another flow dropped too".into(),
                         input: q.build(),
                         verdict: prog.dropped(),
                         output: q.build(),
                     },
                 ],
+                rewritten_checksums::<Ipv4Addr>,
             );
-            assert_eq!(fx.loaded.stat("drop_no_backend"), 2, "{prog:?}");
-            assert_eq!(
-                fx.loaded.stat("ext_local") + fx.loaded.stat("ext_remote"),
-                0,
-                "{prog:?}"
-            );
+            assert_eq!(fx.stat("drop_no_backend"), 2, "{prog:?}");
+            assert_eq!(fx.stat("ext_local") + fx.stat("ext_remote"), 0, "{prog:?}");
             // The maps hold both sets: the internal one cluster-wide, the
             // external one empty. (Read from the maps directly: `switchboard
             // services` merges the two slot-0 entries, see the report.)
-            let dump = fx.loaded.syncer.store().dump();
+            let dump = fx.syncer.store().dump();
             let head = |scope| {
                 dump.frontends
                     .iter()
@@ -722,10 +473,10 @@ fn local_policy_without_local_endpoints_drops_outside_traffic_only() {
                     .any(|(k, _)| k.scope() == scope::EXTERNAL && k.slot() > 0),
                 "{prog:?}: the external set has no slots"
             );
-            let svc = fx.loaded.syncer.store().service_stats(internal.service_id);
+            let svc = fx.syncer.store().service_stats(internal.service_id);
             assert_eq!(svc.drops_no_backend, 2, "{prog:?}: {svc:?}");
             // No flow was tracked for the dropped packets.
-            assert_eq!(fx.loaded.syncer.store().conntrack_len(), 0, "{prog:?}");
+            assert_eq!(fx.syncer.store().conntrack_len(), 0, "{prog:?}");
             // A pod of this node reaches the same frontend.
             let (verdict, out) =
                 fx.run_from_pod(&PacketSpec::tcp(POD_CLIENT, 30000, NODE, NODE_PORT).build());
@@ -767,9 +518,9 @@ fn reply_key(protocol: Protocol, snat_port: u16) -> CtKey {
 
 #[test]
 fn xdp_snats_a_flow_to_a_remote_backend_and_sends_it_and_its_reply_back_out() {
-    on_node(|node| {
+    THIS_NODE.run(|node| {
         for protocol in [Protocol::Tcp, Protocol::Udp] {
-            let mut fx = Fixture::new(
+            let mut fx = uplinked(
                 node,
                 vec![frontend(
                     FrontendKind::NodePort,
@@ -802,14 +553,11 @@ fn xdp_snats_a_flow_to_a_remote_backend_and_sends_it_and_its_reply_back_out() {
             assert_eq!(out, expected, "{protocol:?}: forwarded frame");
             assert!(checksums_valid(&out));
             assert_eq!(out[ETH_HLEN + 8], 63, "TTL decremented");
-            assert_eq!(fx.loaded.stat("ext_remote"), 1);
-            assert_eq!(fx.loaded.stat("ext_local"), 0);
+            assert_eq!(fx.stat("ext_remote"), 1);
+            assert_eq!(fx.stat("ext_local"), 0);
 
             // Connection tracking: the forward entry and the reply entry.
-            let fwd = fx
-                .loaded
-                .ct(&forward_key(protocol, sport))
-                .expect("forward entry");
+            let fwd = fx.ct(&forward_key(protocol, sport)).expect("forward entry");
             assert_ne!(fwd.flags & ct_flags::SNAT, 0, "{fwd:?}");
             assert_eq!(
                 (
@@ -826,10 +574,7 @@ fn xdp_snats_a_flow_to_a_remote_backend_and_sends_it_and_its_reply_back_out() {
                 ),
                 "{fwd:?}"
             );
-            let rev = fx
-                .loaded
-                .ct(&reply_key(protocol, snat_port))
-                .expect("reply entry");
+            let rev = fx.ct(&reply_key(protocol, snat_port)).expect("reply entry");
             assert_ne!(rev.flags & ct_flags::SNAT, 0, "{rev:?}");
             assert_eq!(
                 (
@@ -841,7 +586,7 @@ fn xdp_snats_a_flow_to_a_remote_backend_and_sends_it_and_its_reply_back_out() {
                 (be32(NODE), NODE_PORT.to_be(), be32(CLIENT), sport.to_be()),
                 "{rev:?}"
             );
-            assert_eq!(fx.loaded.syncer.store().conntrack_len(), 2);
+            assert_eq!(fx.syncer.store().conntrack_len(), 2);
 
             // The next packet of the flow keeps its SNAT port.
             let next = match protocol {
@@ -870,12 +615,8 @@ fn xdp_snats_a_flow_to_a_remote_backend_and_sends_it_and_its_reply_back_out() {
                 ),
                 "{protocol:?}: second packet, same SNAT port"
             );
-            assert_eq!(fx.loaded.stat("ext_remote"), 2);
-            assert_eq!(
-                fx.loaded.syncer.store().conntrack_len(),
-                2,
-                "no new entries"
-            );
+            assert_eq!(fx.stat("ext_remote"), 2);
+            assert_eq!(fx.syncer.store().conntrack_len(), 2, "no new entries");
 
             // The backend's reply goes back to the client from the NodePort.
             let reply = match protocol {
@@ -901,7 +642,7 @@ fn xdp_snats_a_flow_to_a_remote_backend_and_sends_it_and_its_reply_back_out() {
                 "{protocol:?}: reply frame"
             );
             assert!(checksums_valid(&out));
-            assert_eq!(fx.loaded.stat("ext_reply"), 1);
+            assert_eq!(fx.stat("ext_reply"), 1);
 
             // To the SNAT port, but not from the flow's backend: not ours.
             let stranger = spec(protocol, POD_REMOTE, 9999, NODE, snat_port);
@@ -910,16 +651,16 @@ fn xdp_snats_a_flow_to_a_remote_backend_and_sends_it_and_its_reply_back_out() {
                 (XDP_PASS, stranger.build()),
                 "{protocol:?}: SNAT port from another source port"
             );
-            assert_eq!(fx.loaded.stat("ext_reply"), 1);
-            assert_eq!(fx.loaded.stat("xdp_to_tc"), 0);
+            assert_eq!(fx.stat("ext_reply"), 1);
+            assert_eq!(fx.stat("xdp_to_tc"), 0);
         }
     });
 }
 
 #[test]
 fn many_remote_flows_get_distinct_snat_ports() {
-    on_node(|node| {
-        let mut fx = Fixture::new(
+    THIS_NODE.run(|node| {
+        let mut fx = uplinked(
             node,
             vec![frontend(
                 FrontendKind::NodePort,
@@ -942,8 +683,8 @@ fn many_remote_flows_get_distinct_snat_ports() {
         }
         assert_eq!(ports.len(), 200, "two flows share a SNAT port");
         assert!(ports.iter().all(|p| snat::is_snat_port(*p)));
-        assert_eq!(fx.loaded.stat("ext_remote"), 200);
-        assert_eq!(fx.loaded.stat("snat_exhausted"), 0);
+        assert_eq!(fx.stat("ext_remote"), 200);
+        assert_eq!(fx.stat("snat_exhausted"), 0);
     });
 }
 
@@ -953,9 +694,9 @@ fn many_remote_flows_get_distinct_snat_ports() {
 /// down by one and the MAC addresses left to the neighbour lookup.
 #[test]
 fn tc_twin_snats_a_flow_to_a_remote_backend_and_restores_its_reply() {
-    on_node(|node| {
+    THIS_NODE.run(|node| {
         for protocol in [Protocol::Tcp, Protocol::Udp] {
-            let mut fx = Fixture::new(
+            let mut fx = uplinked(
                 node,
                 vec![frontend(
                     FrontendKind::NodePort,
@@ -987,15 +728,12 @@ fn tc_twin_snats_a_flow_to_a_remote_backend_and_restores_its_reply() {
                 "{protocol:?}: request frame"
             );
             assert!(checksums_valid(&out));
-            assert_eq!(fx.loaded.stat("ext_remote"), 1);
-            let fwd = fx
-                .loaded
-                .ct(&forward_key(protocol, sport))
-                .expect("forward entry");
+            assert_eq!(fx.stat("ext_remote"), 1);
+            let fwd = fx.ct(&forward_key(protocol, sport)).expect("forward entry");
             assert_ne!(fwd.flags & ct_flags::SNAT, 0);
             assert_eq!(fwd.snat_port_be, snat_port.to_be());
             assert!(
-                fx.loaded.ct(&reply_key(protocol, snat_port)).is_some(),
+                fx.ct(&reply_key(protocol, snat_port)).is_some(),
                 "reply entry"
             );
 
@@ -1019,7 +757,7 @@ fn tc_twin_snats_a_flow_to_a_remote_backend_and_restores_its_reply() {
                 "{protocol:?}: reply frame"
             );
             assert!(checksums_valid(&out));
-            assert_eq!(fx.loaded.stat("ext_reply"), 1);
+            assert_eq!(fx.stat("ext_reply"), 1);
         }
     });
 }
@@ -1029,9 +767,9 @@ fn tc_twin_snats_a_flow_to_a_remote_backend_and_restores_its_reply() {
 
 #[test]
 fn packets_that_are_not_ours_pass_untouched() {
-    on_node(|node| {
+    THIS_NODE.run(|node| {
         for prog in Prog::BOTH {
-            let mut fx = Fixture::new(
+            let mut fx = uplinked(
                 node,
                 vec![
                     frontend(
@@ -1114,18 +852,19 @@ fn packets_that_are_not_ours_pass_untouched() {
             let cases: Vec<Case> = untouched
                 .into_iter()
                 .map(|(name, frame)| Case {
+                    hook: prog.into(),
                     name: name.into(),
                     input: frame.clone(),
                     verdict: prog.untouched(),
                     output: frame,
                 })
                 .collect();
-            check_cases(&mut fx, prog, &cases);
-            assert_eq!(fx.loaded.stat("malformed"), 3, "{prog:?}");
+            fx.run_table(&cases, rewritten_checksums::<Ipv4Addr>);
+            assert_eq!(fx.stat("malformed"), 3, "{prog:?}");
             if prog == Prog::Xdp {
-                assert_eq!(fx.loaded.stat("fragment"), 2);
+                assert_eq!(fx.stat("fragment"), 2);
             } else {
-                assert_eq!(fx.loaded.stat("frag_unknown"), 1);
+                assert_eq!(fx.stat("frag_unknown"), 1);
             }
             for counter in [
                 "ext_local",
@@ -1134,9 +873,9 @@ fn packets_that_are_not_ours_pass_untouched() {
                 "drop_no_backend",
                 "xdp_to_tc",
             ] {
-                assert_eq!(fx.loaded.stat(counter), 0, "{prog:?}: {counter}");
+                assert_eq!(fx.stat(counter), 0, "{prog:?}: {counter}");
             }
-            assert_eq!(fx.loaded.syncer.store().conntrack_len(), 0, "{prog:?}");
+            assert_eq!(fx.syncer.store().conntrack_len(), 0, "{prog:?}");
         }
     });
 }
@@ -1148,8 +887,8 @@ fn packets_that_are_not_ours_pass_untouched() {
 /// untranslated to the tc twin, which drops it (counted).
 #[test]
 fn xdp_leaves_a_remote_flow_with_ttl_1_to_the_tc_twin() {
-    on_node(|node| {
-        let mut fx = Fixture::new(
+    THIS_NODE.run(|node| {
+        let mut fx = uplinked(
             node,
             vec![frontend(
                 FrontendKind::NodePort,
@@ -1166,16 +905,16 @@ fn xdp_leaves_a_remote_flow_with_ttl_1_to_the_tc_twin() {
             let (verdict, out) = fx.run(Prog::Xdp, &dying);
             assert_eq!(verdict, XDP_PASS, "TTL 1 must not be sent out");
             assert_eq!(out, dying, "passed untranslated");
-            assert_eq!(fx.loaded.stat("xdp_to_tc"), round);
+            assert_eq!(fx.stat("xdp_to_tc"), round);
         }
         let (verdict, _) = fx.run(Prog::Tc, &dying);
         assert_eq!(verdict, TC_ACT_SHOT);
-        assert_eq!(fx.loaded.stat("ttl_exceeded"), 1);
+        assert_eq!(fx.stat("ttl_exceeded"), 1);
         // The same flow with a live TTL is sent out.
         let (verdict, out) = fx.run(Prog::Xdp, &request.build());
         assert_eq!(verdict, XDP_TX);
         assert_eq!(out[ETH_HLEN + 8], 63);
-        assert_eq!(fx.loaded.stat("xdp_to_tc"), 3);
+        assert_eq!(fx.stat("xdp_to_tc"), 3);
     });
 }
 
@@ -1185,8 +924,8 @@ fn xdp_leaves_a_remote_flow_with_ttl_1_to_the_tc_twin() {
 /// kernel resolve the neighbour (`bpf_redirect_neigh`).
 #[test]
 fn xdp_leaves_a_remote_flow_without_next_hop_neighbour_to_the_tc_twin() {
-    on_node(|node| {
-        let mut fx = Fixture::new(
+    THIS_NODE.run(|node| {
+        let mut fx = uplinked(
             node,
             vec![frontend(
                 FrontendKind::NodePort,
@@ -1201,10 +940,9 @@ fn xdp_leaves_a_remote_flow_without_next_hop_neighbour_to_the_tc_twin() {
         let (verdict, out) = fx.run(Prog::Xdp, &request.build());
         assert_eq!(verdict, XDP_PASS);
         assert_eq!(out, request.build(), "passed untranslated");
-        assert_eq!(fx.loaded.stat("xdp_to_tc"), 1);
-        assert_eq!(fx.loaded.stat("ext_remote"), 0);
+        assert_eq!(fx.stat("xdp_to_tc"), 1);
+        assert_eq!(fx.stat("ext_remote"), 0);
         let fwd = fx
-            .loaded
             .ct(&forward_key(Protocol::Udp, 40000))
             .expect("XDP tracked the flow");
         let snat_port = u16::from_be(fwd.snat_port_be);
@@ -1225,7 +963,7 @@ fn xdp_leaves_a_remote_flow_without_next_hop_neighbour_to_the_tc_twin() {
             "the tc twin uses XDP's translation"
         );
         assert!(checksums_valid(&out));
-        assert_eq!(fx.loaded.stat("ext_remote"), 1);
+        assert_eq!(fx.stat("ext_remote"), 1);
     });
 }
 
@@ -1235,9 +973,9 @@ fn xdp_leaves_a_remote_flow_without_next_hop_neighbour_to_the_tc_twin() {
 /// (client → frontend), every checksum valid, sent straight back out.
 #[test]
 fn icmp_errors_about_a_remote_flow_reach_the_client_translated() {
-    on_node(|node| {
+    THIS_NODE.run(|node| {
         for protocol in [Protocol::Tcp, Protocol::Udp] {
-            let mut fx = Fixture::new(
+            let mut fx = uplinked(
                 node,
                 vec![frontend(
                     FrontendKind::NodePort,
@@ -1274,7 +1012,7 @@ fn icmp_errors_about_a_remote_flow_reach_the_client_translated() {
                 "{protocol:?}: the error as the client must see it"
             );
             assert!(icmp_error_checksums_valid(&out));
-            assert_eq!(fx.loaded.stat("icmp_error_translated"), 1);
+            assert_eq!(fx.stat("icmp_error_translated"), 1);
 
             // An error quoting a flow nobody source-NATed passes untouched.
             let stranger = rewritten(&request, |p| {
@@ -1293,7 +1031,7 @@ fn icmp_errors_about_a_remote_flow_reach_the_client_translated() {
             );
             let (verdict, out) = fx.run(Prog::Tc, &error);
             assert_eq!((verdict, out), (TC_ACT_UNSPEC, error));
-            assert_eq!(fx.loaded.stat("icmp_error_translated"), 1);
+            assert_eq!(fx.stat("icmp_error_translated"), 1);
         }
     });
 }
@@ -1312,8 +1050,8 @@ fn monotonic_ns() -> u64 {
 
 /// Every SNAT port of node → POD_REMOTE:POD_PORT held by a flow of another
 /// client with `flags`, stamped `stamp_ns`.
-fn hold_every_snat_port(fx: &mut Fixture, flags: u8, stamp_ns: u64) {
-    let conntrack = &mut fx.loaded.syncer.store_mut().conntrack;
+fn hold_every_snat_port(fx: &mut Loaded, flags: u8, stamp_ns: u64) {
+    let conntrack = &mut fx.syncer.store_mut().conntrack;
     for port in (0..snat::PORTS).map(snat::port) {
         let key = CtKey {
             saddr_be: u32::from_ne_bytes(POD_REMOTE.octets()),
@@ -1347,8 +1085,8 @@ fn hold_every_snat_port(fx: &mut Fixture, flags: u8, stamp_ns: u64) {
 /// dropped and counted when every port is held).
 #[test]
 fn snat_ports_of_closed_flows_are_reused_only_after_time_wait() {
-    on_node(|node| {
-        let mut fx = Fixture::new(
+    THIS_NODE.run(|node| {
+        let mut fx = uplinked(
             node,
             vec![frontend(
                 FrontendKind::NodePort,
@@ -1372,7 +1110,7 @@ fn snat_ports_of_closed_flows_are_reused_only_after_time_wait() {
             verdict, XDP_DROP,
             "closed just now: still in TIME_WAIT at the backend"
         );
-        assert_eq!(fx.loaded.stat("snat_exhausted"), 1);
+        assert_eq!(fx.stat("snat_exhausted"), 1);
 
         hold_every_snat_port(&mut fx, ct_flags::SNAT, now - 2 * snat::REUSE_AFTER_NS);
         let (verdict, _) = fx.run(Prog::Xdp, &syn(40001));
@@ -1380,7 +1118,7 @@ fn snat_ports_of_closed_flows_are_reused_only_after_time_wait() {
             verdict, XDP_DROP,
             "open flows keep their ports, however old"
         );
-        assert_eq!(fx.loaded.stat("snat_exhausted"), 2);
+        assert_eq!(fx.stat("snat_exhausted"), 2);
 
         hold_every_snat_port(
             &mut fx,
@@ -1390,10 +1128,7 @@ fn snat_ports_of_closed_flows_are_reused_only_after_time_wait() {
         let (verdict, out) = fx.run(Prog::Xdp, &syn(40002));
         assert_eq!(verdict, XDP_TX, "a port closed long ago is taken");
         let (_, port) = src_of(&out);
-        let entry = fx
-            .loaded
-            .ct(&reply_key(Protocol::Tcp, port))
-            .expect("reply entry");
+        let entry = fx.ct(&reply_key(Protocol::Tcp, port)).expect("reply entry");
         assert_eq!(
             (
                 entry.snat_addr_be,
@@ -1407,7 +1142,7 @@ fn snat_ports_of_closed_flows_are_reused_only_after_time_wait() {
             ),
             "the entry now names the new client, open"
         );
-        assert_eq!(fx.loaded.stat("snat_exhausted"), 2);
+        assert_eq!(fx.stat("snat_exhausted"), 2);
     });
 }
 
@@ -1432,7 +1167,7 @@ fn restricted(mut fe: Frontend, blocks: &[&str]) -> Frontend {
 
 #[test]
 fn load_balancer_source_ranges_admit_only_listed_clients() {
-    on_node(|node| {
+    THIS_NODE.run(|node| {
         for prog in Prog::BOTH {
             let lb = |port: u16, name: &str| {
                 frontend(
@@ -1460,7 +1195,7 @@ fn load_balancer_source_ranges_admit_only_listed_clients() {
                     &[POD_LOCAL],
                 ),
             ];
-            let mut fx = Fixture::new(node, frontends.clone());
+            let mut fx = uplinked(node, frontends.clone());
             let delivered = |p: &PacketSpec| {
                 rewritten(p, |p| {
                     p.dst = POD_LOCAL;
@@ -1486,6 +1221,7 @@ fn load_balancer_source_ranges_admit_only_listed_clients() {
                 let dst = if port == NODE_PORT { NODE } else { LB_IP };
                 let p = PacketSpec::tcp(src, sport, dst, port);
                 cases.push(Case {
+                    hook: prog.into(),
                     name: format!(
                         "{src} {what}: {}",
                         if allowed { "forwarded" } else { "dropped" }
@@ -1499,7 +1235,7 @@ fn load_balancer_source_ranges_admit_only_listed_clients() {
                     output: if allowed { delivered(&p) } else { p.build() },
                 });
             }
-            check_cases(&mut fx, prog, &cases);
+            fx.run_table(&cases, rewritten_checksums::<Ipv4Addr>);
             let row = fx.service_row("ranged");
             assert_eq!(row.drops_source_range, 1, "{prog:?}: {row:?}");
             assert_eq!(
@@ -1535,18 +1271,18 @@ fn load_balancer_source_ranges_admit_only_listed_clients() {
             let desired = DesiredState {
                 frontends: widened.into_iter().map(|f| (f.addr, f)).collect(),
             };
-            let report = fx.loaded.syncer.apply(&desired);
+            let report = fx.syncer.apply(&desired);
             assert!(report.failed.is_empty(), "{report:?}");
             let again = PacketSpec::tcp(OUTSIDER, 42002, LB_IP, 443);
-            check_cases(
-                &mut fx,
-                prog,
+            fx.run_table(
                 &[Case {
+                    hook: prog.into(),
                     name: "the outsider after widening".into(),
                     input: again.build(),
                     verdict: prog.delivered(),
                     output: delivered(&again),
                 }],
+                rewritten_checksums::<Ipv4Addr>,
             );
             let row = fx.service_row("ranged");
             assert_eq!(
@@ -1559,9 +1295,9 @@ fn load_balancer_source_ranges_admit_only_listed_clients() {
             for fe in opened.frontends.values_mut() {
                 fe.source_ranges = None;
             }
-            assert!(fx.loaded.syncer.apply(&opened).failed.is_empty());
+            assert!(fx.syncer.apply(&opened).failed.is_empty());
             assert!(
-                fx.loaded.syncer.store().source_range_blocks().is_empty(),
+                fx.syncer.store().source_range_blocks().is_empty(),
                 "{prog:?}"
             );
         }

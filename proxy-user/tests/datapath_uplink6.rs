@@ -17,29 +17,22 @@
 //! ```
 mod support;
 
-use std::{
-    ffi::CString,
-    fs,
-    net::{IpAddr, Ipv6Addr},
-    os::unix::fs::MetadataExt as _,
-    process::Command,
-    thread,
-};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use aya::maps::{HashMap, MapData};
 use proxy_common::{
     addr6_be, capacity, ct_dir, ct_flags, frontend_flags,
     hash::{flow_hash6, source_hash6},
-    names, programs, scope, snat, Backend6, FrontendKey6, FrontendSlot, MaglevTable, Uplink6,
+    snat, MaglevTable,
 };
 use proxy_user::sync::maglev::{self, BackendKey};
 use support::{
-    capacities, require_root, skb_ctx,
+    netns::{Node, NodeSpec},
     v6::{
-        checksums_valid6, ct_key6, icmp6_frame_macs, Maps6, Packet6, NEXTHDR_DEST, NEXTHDR_HOP,
+        checksums_valid6, ct_key6, icmp6_frame_macs, Fe6, Packet6, NEXTHDR_DEST, NEXTHDR_HOP,
         NEXTHDR_ROUTING, PROTO_TCP, PROTO_UDP, TCP_ACK, TCP_RST, TCP_SYN,
     },
-    Loaded, TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT, TC_ACT_UNSPEC, XDP_DROP, XDP_PASS, XDP_TX,
+    Loaded, Uplink as Prog, TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT, TC_ACT_UNSPEC, XDP_PASS,
+    XDP_TX,
 };
 
 const NODE: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x50, 0, 0, 0, 0, 0, 1);
@@ -59,342 +52,89 @@ const UNRESOLVED_PORT: u16 = 30082;
 const EMPTY_LOCAL_PORT: u16 = 30083;
 const POD_PORT: u16 = 8080;
 
-// ---------------------------------------------------------------------------
-// The private network namespace.
-
-fn netns_inode() -> u64 {
-    fs::metadata("/proc/thread-self/ns/net")
-        .expect("stat /proc/thread-self/ns/net")
-        .ino()
-}
-
-fn ip(args: &[&str]) {
-    let out = Command::new("ip")
-        .args(args)
-        .output()
-        .expect("run `ip` (iproute2)");
-    assert!(
-        out.status.success(),
-        "ip {}: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-fn ifindex(name: &str) -> u32 {
-    let name = CString::new(name).expect("interface name");
-    // SAFETY: a NUL-terminated string; the call only reads it.
-    let index = unsafe { libc::if_nametoindex(name.as_ptr()) };
-    assert_ne!(index, 0, "no interface {name:?} in the test namespace");
-    index
-}
-
-fn mac(m: [u8; 6]) -> String {
-    m.iter()
-        .map(|b| format!("{b:02x}"))
-        .collect::<Vec<_>>()
-        .join(":")
-}
-
-/// Builds the node in the calling thread's (private) namespace; returns the
-/// uplink's interface index.
-fn build_node() -> u32 {
-    ip(&[
-        "link",
-        "add",
-        "up0",
-        "address",
-        &mac(UPLINK_MAC),
-        "type",
-        "veth",
-        "peer",
-        "name",
-        "up0p",
-    ]);
-    ip(&[
-        "link", "add", "pod0", "type", "veth", "peer", "name", "pod0p",
-    ]);
-    for dev in ["up0", "up0p", "pod0", "pod0p"] {
-        ip(&["link", "set", dev, "up"]);
-    }
-    ip(&[
-        "-6",
-        "addr",
-        "add",
-        &format!("{NODE}/64"),
-        "dev",
-        "up0",
-        "nodad",
-    ]);
-    for (addr, lladdr) in [(GATEWAY, GATEWAY_MAC), (CLIENT, CLIENT_MAC)] {
-        ip(&[
-            "-6",
-            "neigh",
-            "add",
-            &addr.to_string(),
-            "lladdr",
-            &mac(lladdr),
-            "dev",
-            "up0",
-            "nud",
-            "permanent",
-        ]);
-    }
-    ip(&[
-        "-6",
-        "route",
-        "add",
-        "fd00:244:2::/64",
-        "via",
-        &GATEWAY.to_string(),
-        "dev",
-        "up0",
-    ]);
-    ip(&[
-        "-6",
-        "route",
-        "add",
-        "fd00:244:3::/64",
-        "via",
-        "fd00:50::3",
-        "dev",
-        "up0",
-    ]);
-    ip(&["-6", "route", "add", "fd00:244:1::/64", "dev", "pod0"]);
-    // bpf_fib_lookup answers IPv6 only where forwarding is on. This is the
-    // test's own namespace: nothing else is changed.
-    fs::write("/proc/sys/net/ipv6/conf/all/forwarding", "1").expect("enable IPv6 forwarding");
-    ifindex("up0")
-}
-
-/// Runs `body` on a thread of its own inside a new network namespace holding
-/// the node; re-raises the body's panic.
-fn on_node<T: Send + 'static>(body: impl FnOnce(u32) -> T + Send + 'static) -> T {
-    require_root();
-    let handle = thread::spawn(move || {
-        let before = netns_inode();
-        // SAFETY: unshare only changes the calling thread's namespaces.
-        let rc = unsafe { libc::unshare(libc::CLONE_NEWNET) };
-        assert_eq!(
-            rc,
-            0,
-            "unshare(CLONE_NEWNET): {}",
-            std::io::Error::last_os_error()
-        );
-        assert_ne!(
-            netns_inode(),
-            before,
-            "the thread is still in the namespace it started in: refusing to touch it"
-        );
-        let uplink = build_node();
-        body(uplink)
-    });
-    match handle.join() {
-        Ok(value) => value,
-        Err(panic) => std::panic::resume_unwind(panic),
-    }
-}
+/// The node: see the module documentation.
+const THIS_NODE: NodeSpec<Ipv6Addr> = NodeSpec {
+    uplink_mac: UPLINK_MAC,
+    addr: NODE,
+    prefix_len: 64,
+    neighbours: &[(GATEWAY, GATEWAY_MAC), (CLIENT, CLIENT_MAC)],
+    routes: &[
+        ("fd00:244:2::/64", Some(GATEWAY)),
+        (
+            "fd00:244:3::/64",
+            Some(Ipv6Addr::new(0xfd00, 0x50, 0, 0, 0, 0, 0, 3)),
+        ),
+        ("fd00:244:1::/64", None),
+    ],
+};
 
 // ---------------------------------------------------------------------------
 // The loaded programs and the IPv6 maps.
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Prog {
-    Xdp,
-    Tc,
-}
-
-impl Prog {
-    const BOTH: [Prog; 2] = [Prog::Xdp, Prog::Tc];
-
-    fn untouched(self) -> u32 {
-        match self {
-            Prog::Xdp => XDP_PASS,
-            Prog::Tc => TC_ACT_UNSPEC,
-        }
-    }
-
-    fn delivered(self) -> u32 {
-        match self {
-            Prog::Xdp => XDP_PASS,
-            Prog::Tc => TC_ACT_OK,
-        }
-    }
-
-    fn dropped(self) -> u32 {
-        match self {
-            Prog::Xdp => XDP_DROP,
-            Prog::Tc => TC_ACT_SHOT,
-        }
-    }
-}
-
-/// One IPv6 frontend: address, port, protocol, service id, kind flags, its
-/// backends (id, address) and, under `externalTrafficPolicy: Local`, its
-/// local set.
-struct Fe6<'a> {
-    addr: Ipv6Addr,
-    port: u16,
-    proto: u8,
-    service_id: u32,
-    kind: u16,
-    backends: &'a [(u32, Ipv6Addr)],
-    local: Option<&'a [(u32, Ipv6Addr)]>,
-}
-
-struct Fixture {
-    loaded: Loaded,
-    maps: Maps6,
-    uplinks6: HashMap<MapData, u32, Uplink6>,
-    uplink: u32,
-}
-
-impl Fixture {
-    /// Loads the programs with no IPv4 frontend and makes `up0` the uplink,
-    /// with IPv6 address `addr` (all-zero: none).
-    fn new(uplink: u32, addr: Option<Ipv6Addr>) -> Self {
-        let mut loaded = Loaded::new(capacities(65536), Vec::new());
-        loaded.set_uplink(uplink, std::net::Ipv4Addr::new(192, 168, 50, 1));
-        let maps = Maps6::take(&loaded);
-        let mut uplinks6: HashMap<MapData, u32, Uplink6> = HashMap::try_from(
-            loaded
-                .ebpf
-                .take_map(names::UPLINKS6)
-                .expect("the IPv6 uplink map"),
-        )
-        .expect("IPv6 uplink map");
-        let addr_be = addr.map(|a| addr6_be(a.octets())).unwrap_or([0; 4]);
-        uplinks6
-            .insert(uplink, Uplink6 { addr_be }, 0)
-            .expect("write the IPv6 uplink");
-        Self {
-            loaded,
-            maps,
-            uplinks6,
-            uplink,
-        }
-    }
-
-    fn frontend(&mut self, fe: &Fe6) {
-        let key = |scope_: u8, slot: u16| FrontendKey6 {
-            addr_be: addr6_be(fe.addr.octets()),
-            port_be: fe.port.to_be(),
-            proto: fe.proto,
-            scope: scope_,
-            slot,
-            _pad1: [0; 2],
-        };
-        let mut write_set = |scope_: u8, set: &[(u32, Ipv6Addr)], flags: u16| {
-            for (i, &(id, ip)) in set.iter().enumerate() {
-                let backend = Backend6 {
-                    addr_be: addr6_be(ip.octets()),
-                    port_be: POD_PORT.to_be(),
-                    proto: fe.proto,
-                    flags: 0,
-                };
-                self.maps
-                    .backends
-                    .insert(id, backend, 0)
-                    .expect("write a backend");
-                let slot = FrontendSlot {
-                    backend_id: id,
-                    service_id: fe.service_id,
-                    ..FrontendSlot::default()
-                };
-                self.maps
-                    .frontends
-                    .insert(key(scope_, i as u16 + 1), slot, 0)
-                    .expect("write a slot");
-            }
-            let slot0 = FrontendSlot {
-                backend_id: 0,
-                service_id: fe.service_id,
-                backend_count: set.len() as u16,
-                flags,
-                affinity_timeout_s: 0,
-            };
-            self.maps
-                .frontends
-                .insert(key(scope_, 0), slot0, 0)
-                .expect("write slot 0");
-        };
-        let mut flags = fe.kind;
-        if let Some(local) = fe.local {
-            flags |= frontend_flags::LOCAL_ONLY;
-            write_set(scope::EXTERNAL, local, flags);
-        }
-        write_set(scope::INTERNAL, fe.backends, flags);
-    }
-
-    fn run(&mut self, prog: Prog, frame: &[u8]) -> (u32, Vec<u8>) {
-        match prog {
-            Prog::Xdp => self.loaded.xdp(frame, Some(self.uplink)),
-            Prog::Tc => self.run_tc(programs::TC_FROM_UPLINK, frame),
-        }
-    }
-
-    fn run_tc(&mut self, program: &str, frame: &[u8]) -> (u32, Vec<u8>) {
-        let ctx = skb_ctx(self.uplink, self.uplink);
-        self.loaded.tc(program, frame, Some(&ctx))
-    }
-
-    /// A packet the uplink sends (tc egress: `sb_to_pod`).
-    fn run_egress(&mut self, frame: &[u8]) -> (u32, Vec<u8>) {
-        self.run_tc(programs::TC_TO_UPLINK, frame)
-    }
+/// Loads the programs with no IPv4 frontend and makes `up0` the uplink,
+/// with IPv6 address `addr` (none: all-zero).
+fn uplinked(node: &Node, addr: Option<Ipv6Addr>) -> Loaded {
+    let mut fx = Loaded::on_uplink(node, Ipv4Addr::new(192, 168, 50, 1), Vec::new());
+    fx.set_uplink6(node.uplink, addr);
+    fx
 }
 
 /// The usual NodePort (TCP and UDP) to one local backend, a NodePort to a
 /// remote backend, one to a backend behind an unresolved gateway, an
 /// `externalTrafficPolicy: Local` LoadBalancer IP and a Local NodePort
 /// without local endpoints.
-fn standard(fx: &mut Fixture) {
+fn standard(fx: &mut Loaded) {
     for (proto, sid, bid) in [(PROTO_TCP, 1, 101), (PROTO_UDP, 2, 102)] {
-        fx.frontend(&Fe6 {
+        fx.maps6.write(&Fe6 {
             addr: NODE,
             port: NODE_PORT,
             proto,
             service_id: sid,
             kind: frontend_flags::KIND_NODE_PORT,
+            backend_port: POD_PORT,
             backends: &[(bid, POD_LOCAL)],
             local: None,
         });
     }
     for (proto, sid, bid) in [(PROTO_TCP, 3, 103), (PROTO_UDP, 4, 104)] {
-        fx.frontend(&Fe6 {
+        fx.maps6.write(&Fe6 {
             addr: NODE,
             port: REMOTE_PORT,
             proto,
             service_id: sid,
             kind: frontend_flags::KIND_NODE_PORT,
+            backend_port: POD_PORT,
             backends: &[(bid, POD_REMOTE)],
             local: None,
         });
     }
-    fx.frontend(&Fe6 {
+    fx.maps6.write(&Fe6 {
         addr: NODE,
         port: UNRESOLVED_PORT,
         proto: PROTO_TCP,
         service_id: 5,
         kind: frontend_flags::KIND_NODE_PORT,
+        backend_port: POD_PORT,
         backends: &[(105, POD_UNRESOLVED)],
         local: None,
     });
-    fx.frontend(&Fe6 {
+    fx.maps6.write(&Fe6 {
         addr: LB_IP,
         port: 80,
         proto: PROTO_TCP,
         service_id: 6,
         kind: frontend_flags::KIND_LOAD_BALANCER,
+        backend_port: POD_PORT,
         backends: &[(106, POD_REMOTE), (107, POD_LOCAL_2)],
         local: Some(&[(107, POD_LOCAL_2)]),
     });
-    fx.frontend(&Fe6 {
+    fx.maps6.write(&Fe6 {
         addr: NODE,
         port: EMPTY_LOCAL_PORT,
         proto: PROTO_TCP,
         service_id: 7,
         kind: frontend_flags::KIND_NODE_PORT,
+        backend_port: POD_PORT,
         backends: &[(108, POD_REMOTE)],
         local: Some(&[]),
     });
@@ -435,9 +175,9 @@ fn dst_of(frame: &[u8]) -> (Ipv6Addr, u16) {
 
 #[test]
 fn outside_client_reaches_a_local_ipv6_backend_by_dnat_and_the_reply_is_reversed() {
-    on_node(|uplink| {
+    THIS_NODE.run(|node| {
         for prog in Prog::BOTH {
-            let mut fx = Fixture::new(uplink, Some(NODE));
+            let mut fx = uplinked(node, Some(NODE));
             standard(&mut fx);
             for (i, proto) in [PROTO_TCP, PROTO_UDP].into_iter().enumerate() {
                 let sport = 40000 + i as u16;
@@ -462,7 +202,7 @@ fn outside_client_reaches_a_local_ipv6_backend_by_dnat_and_the_reply_is_reversed
 
                 // Tracked as the pod path tracks it: both directions, no SNAT.
                 let fwd = fx
-                    .maps
+                    .maps6
                     .ct(&ct_key6(
                         CLIENT,
                         sport,
@@ -476,7 +216,7 @@ fn outside_client_reaches_a_local_ipv6_backend_by_dnat_and_the_reply_is_reversed
                 assert_eq!(fwd.nat_port_be, POD_PORT.to_be());
                 assert_eq!(fwd.flags & ct_flags::SNAT, 0);
                 let rev = fx
-                    .maps
+                    .maps6
                     .ct(&ct_key6(
                         POD_LOCAL,
                         POD_PORT,
@@ -512,16 +252,16 @@ fn outside_client_reaches_a_local_ipv6_backend_by_dnat_and_the_reply_is_reversed
                 assert_eq!(verdict, prog.delivered());
                 assert_eq!(dst_of(&out), (POD_LOCAL, POD_PORT));
             }
-            assert_eq!(fx.loaded.stat("ext_local"), 4, "{prog:?}");
+            assert_eq!(fx.stat("ext_local"), 4, "{prog:?}");
         }
     });
 }
 
 #[test]
 fn outside_ipv6_packets_with_extension_headers_or_a_zero_udp_checksum_are_translated_exactly() {
-    on_node(|uplink| {
+    THIS_NODE.run(|node| {
         for prog in Prog::BOTH {
-            let mut fx = Fixture::new(uplink, Some(NODE));
+            let mut fx = uplinked(node, Some(NODE));
             standard(&mut fx);
             let cases = [
                 (
@@ -569,9 +309,9 @@ fn outside_ipv6_packets_with_extension_headers_or_a_zero_udp_checksum_are_transl
 
 #[test]
 fn local_policy_sends_outside_ipv6_flows_only_to_local_endpoints_without_snat() {
-    on_node(|uplink| {
+    THIS_NODE.run(|node| {
         for prog in Prog::BOTH {
-            let mut fx = Fixture::new(uplink, Some(NODE));
+            let mut fx = uplinked(node, Some(NODE));
             standard(&mut fx);
             for sport in 41000..41016u16 {
                 let input = from_client(Packet6::tcp(CLIENT, sport, LB_IP, 80));
@@ -591,14 +331,14 @@ fn local_policy_sends_outside_ipv6_flows_only_to_local_endpoints_without_snat() 
             // A Local frontend without local endpoints drops traffic from
             // outside.
             let input = from_client(Packet6::tcp(CLIENT, 42000, NODE, EMPTY_LOCAL_PORT)).build();
-            let drops = fx.loaded.stat("drop_no_backend");
+            let drops = fx.stat("drop_no_backend");
             let (verdict, _) = fx.run(prog, &input);
             assert_eq!(
                 verdict,
                 prog.dropped(),
                 "{prog:?}: Local without local endpoints"
             );
-            assert_eq!(fx.loaded.stat("drop_no_backend"), drops + 1);
+            assert_eq!(fx.stat("drop_no_backend"), drops + 1);
         }
     });
 }
@@ -608,9 +348,9 @@ fn local_policy_sends_outside_ipv6_flows_only_to_local_endpoints_without_snat() 
 
 #[test]
 fn ipv6_packets_that_are_not_ours_pass_the_uplink_untouched() {
-    on_node(|uplink| {
+    THIS_NODE.run(|node| {
         for prog in Prog::BOTH {
-            let mut fx = Fixture::new(uplink, Some(NODE));
+            let mut fx = uplinked(node, Some(NODE));
             standard(&mut fx);
             let other = Ipv6Addr::new(0xfd00, 0x99, 0, 0, 0, 0, 0, 1);
             let mut cases: Vec<(&str, Vec<u8>)> = vec![
@@ -719,8 +459,8 @@ fn ipv6_packets_that_are_not_ours_pass_the_uplink_untouched() {
                 assert_eq!(verdict, prog.untouched(), "{prog:?}: {name}");
                 assert_eq!(out, frame, "{prog:?}: {name} was changed");
             }
-            assert_eq!(fx.loaded.stat("ext_local"), 0);
-            assert_eq!(fx.loaded.stat("tail_call_missed"), 0);
+            assert_eq!(fx.stat("ext_local"), 0);
+            assert_eq!(fx.stat("tail_call_missed"), 0);
         }
     });
 }
@@ -729,9 +469,9 @@ fn ipv6_packets_that_are_not_ours_pass_the_uplink_untouched() {
 // 2: a remote backend: DNAT + SNAT to the uplink's IPv6 address.
 
 /// The SNAT port a remote flow got (from its forward entry).
-fn snat_port(fx: &Fixture, proto: u8, sport: u16, dport: u16) -> u16 {
+fn snat_port(fx: &Loaded, proto: u8, sport: u16, dport: u16) -> u16 {
     let fwd = fx
-        .maps
+        .maps6
         .ct(&ct_key6(CLIENT, sport, NODE, dport, proto, ct_dir::FORWARD))
         .expect("forward entry");
     assert_ne!(fwd.flags & ct_flags::SNAT, 0, "a source-NATed flow");
@@ -741,9 +481,9 @@ fn snat_port(fx: &Fixture, proto: u8, sport: u16, dport: u16) -> u16 {
 
 #[test]
 fn remote_ipv6_backend_gets_dnat_and_snat_and_its_reply_goes_back_out() {
-    on_node(|uplink| {
+    THIS_NODE.run(|node| {
         for prog in Prog::BOTH {
-            let mut fx = Fixture::new(uplink, Some(NODE));
+            let mut fx = uplinked(node, Some(NODE));
             standard(&mut fx);
             for (i, proto) in [PROTO_TCP, PROTO_UDP].into_iter().enumerate() {
                 let sport = 43000 + i as u16;
@@ -812,22 +552,22 @@ fn remote_ipv6_backend_gets_dnat_and_snat_and_its_reply_goes_back_out() {
                     }
                 }
             }
-            assert_eq!(fx.loaded.stat("ext_remote"), 2, "{prog:?}");
-            assert_eq!(fx.loaded.stat("ext_reply"), 2, "{prog:?}");
+            assert_eq!(fx.stat("ext_remote"), 2, "{prog:?}");
+            assert_eq!(fx.stat("ext_reply"), 2, "{prog:?}");
         }
     });
 }
 
 #[test]
 fn xdp_leaves_an_ipv6_remote_flow_without_next_hop_neighbour_to_the_tc_twin() {
-    on_node(|uplink| {
-        let mut fx = Fixture::new(uplink, Some(NODE));
+    THIS_NODE.run(|node| {
+        let mut fx = uplinked(node, Some(NODE));
         standard(&mut fx);
         let input = from_client(Packet6::tcp(CLIENT, 44000, NODE, UNRESOLVED_PORT)).build();
         let (verdict, out) = fx.run(Prog::Xdp, &input);
         assert_eq!(verdict, XDP_PASS);
         assert_eq!(out, input, "handed on untranslated");
-        assert_eq!(fx.loaded.stat("xdp_to_tc"), 1);
+        assert_eq!(fx.stat("xdp_to_tc"), 1);
         // tc translates it from the same entry and lets the kernel resolve
         // the neighbour.
         let port = snat_port(&fx, PROTO_TCP, 44000, UNRESOLVED_PORT);
@@ -841,22 +581,21 @@ fn xdp_leaves_an_ipv6_remote_flow_without_next_hop_neighbour_to_the_tc_twin() {
 
 #[test]
 fn remote_ipv6_backend_without_an_uplink_ipv6_address_is_dropped_and_counted() {
-    on_node(|uplink| {
+    THIS_NODE.run(|node| {
         for prog in Prog::BOTH {
-            let mut fx = Fixture::new(uplink, None);
+            let mut fx = uplinked(node, None);
             standard(&mut fx);
             let input = from_client(Packet6::tcp(CLIENT, 45000, NODE, REMOTE_PORT)).build();
             let (verdict, _) = fx.run(prog, &input);
             assert_eq!(verdict, prog.dropped(), "{prog:?}");
-            assert_eq!(fx.loaded.stat("no_route"), 1, "{prog:?}");
+            assert_eq!(fx.stat("no_route"), 1, "{prog:?}");
             // Local backends are still served.
             let input = from_client(Packet6::tcp(CLIENT, 45001, NODE, NODE_PORT)).build();
             let (verdict, out) = fx.run(prog, &input);
             assert_eq!(verdict, prog.delivered());
             assert_eq!(dst_of(&out), (POD_LOCAL, POD_PORT));
             let entry = fx
-                .uplinks6
-                .get(&uplink, 0)
+                .uplink6_entry(node.uplink)
                 .expect("the uplink's IPv6 entry");
             assert_eq!(entry.addr_be, [0; 4], "written without an address");
         }
@@ -865,8 +604,8 @@ fn remote_ipv6_backend_without_an_uplink_ipv6_address_is_dropped_and_counted() {
 
 #[test]
 fn ipv6_hop_limit_1_to_a_remote_backend_is_not_forwarded() {
-    on_node(|uplink| {
-        let mut fx = Fixture::new(uplink, Some(NODE));
+    THIS_NODE.run(|node| {
+        let mut fx = uplinked(node, Some(NODE));
         standard(&mut fx);
         let input = with_hop_limit(
             from_client(Packet6::tcp(CLIENT, 46000, NODE, REMOTE_PORT)).build(),
@@ -877,7 +616,7 @@ fn ipv6_hop_limit_1_to_a_remote_backend_is_not_forwarded() {
         assert_eq!(out, input);
         let (verdict, _) = fx.run(Prog::Tc, &input);
         assert_eq!(verdict, TC_ACT_SHOT, "tc drops it (hop limit exceeded)");
-        assert_eq!(fx.loaded.stat("ttl_exceeded"), 1);
+        assert_eq!(fx.stat("ttl_exceeded"), 1);
     });
 }
 
@@ -889,8 +628,8 @@ fn quote_of(p: &Packet6, hop_limit: u8) -> Vec<u8> {
 
 #[test]
 fn icmpv6_errors_about_a_remote_flow_reach_the_client_translated() {
-    on_node(|uplink| {
-        let mut fx = Fixture::new(uplink, Some(NODE));
+    THIS_NODE.run(|node| {
+        let mut fx = uplinked(node, Some(NODE));
         standard(&mut fx);
         for (i, proto) in [PROTO_TCP, PROTO_UDP].into_iter().enumerate() {
             let sport = 48000 + i as u16;
@@ -918,14 +657,14 @@ fn icmpv6_errors_about_a_remote_flow_reach_the_client_translated() {
                     rest,
                     &quote_of(&as_sent, 63),
                 );
-                let xdp_before = fx.loaded.stat("icmp_error_translated");
+                let xdp_before = fx.stat("icmp_error_translated");
                 let (verdict, out) = fx.run(Prog::Xdp, &error);
                 assert_eq!(
                     (verdict, &out),
                     (XDP_PASS, &error),
                     "XDP hands ICMPv6 to tc untouched"
                 );
-                assert_eq!(fx.loaded.stat("icmp_error_translated"), xdp_before);
+                assert_eq!(fx.stat("icmp_error_translated"), xdp_before);
                 let (verdict, out) = fx.run(Prog::Tc, &error);
                 assert_eq!(verdict, TC_ACT_REDIRECT, "proto {proto} type {icmp_type}");
                 let outer_src = if from == POD_REMOTE { NODE } else { from };
@@ -944,7 +683,7 @@ fn icmpv6_errors_about_a_remote_flow_reach_the_client_translated() {
                 );
                 assert_eq!(out, want, "proto {proto} type {icmp_type}: translated back");
                 assert!(checksums_valid6(&out, false));
-                assert_eq!(fx.loaded.stat("icmp_error_translated"), xdp_before + 1);
+                assert_eq!(fx.stat("icmp_error_translated"), xdp_before + 1);
             }
         }
         // An error about a flow we do not know passes untouched.
@@ -991,7 +730,7 @@ fn hashed_backends() -> Vec<(u32, Ipv6Addr)> {
 /// The service's Maglev table, built as the agent builds it (from the
 /// backends' addresses, written with their ids), written to `SB_MAGLEV_V1`.
 /// Returns the table (backend ids by slot) for the predictions.
-fn write_maglev_table(fx: &mut Fixture, service_id: u32, backends: &[(u32, Ipv6Addr)]) -> Vec<u32> {
+fn write_maglev_table(fx: &mut Loaded, service_id: u32, backends: &[(u32, Ipv6Addr)]) -> Vec<u32> {
     let keys: Vec<BackendKey> = backends
         .iter()
         .map(|&(_, a)| BackendKey::new(IpAddr::V6(a), POD_PORT, PROTO_TCP))
@@ -1008,8 +747,7 @@ fn write_maglev_table(fx: &mut Fixture, service_id: u32, backends: &[(u32, Ipv6A
         backend_ids: [0; capacity::MAGLEV_TABLE as usize],
     });
     table.backend_ids.copy_from_slice(&ids);
-    fx.loaded
-        .syncer
+    fx.syncer
         .store_mut()
         .maglev
         .insert(service_id, table.as_ref(), 0)
@@ -1027,16 +765,17 @@ fn addr_of(backends: &[(u32, Ipv6Addr)], id: u32) -> Ipv6Addr {
 
 #[test]
 fn maglev_ipv6_frontend_from_outside_picks_the_backend_the_userspace_hash_and_table_predict() {
-    on_node(|uplink| {
+    THIS_NODE.run(|node| {
         let backends = hashed_backends();
         for prog in Prog::BOTH {
-            let mut fx = Fixture::new(uplink, Some(NODE));
-            fx.frontend(&Fe6 {
+            let mut fx = uplinked(node, Some(NODE));
+            fx.maps6.write(&Fe6 {
                 addr: NODE,
                 port: MAGLEV_PORT,
                 proto: PROTO_TCP,
                 service_id: MAGLEV_SERVICE,
                 kind: frontend_flags::KIND_NODE_PORT | frontend_flags::ALGO_MAGLEV,
+                backend_port: POD_PORT,
                 backends: &backends,
                 local: None,
             });
@@ -1089,8 +828,7 @@ fn maglev_ipv6_frontend_from_outside_picks_the_backend_the_userspace_hash_and_ta
             let moved = Box::new(MaglevTable {
                 backend_ids: [other.0; capacity::MAGLEV_TABLE as usize],
             });
-            fx.loaded
-                .syncer
+            fx.syncer
                 .store_mut()
                 .maglev
                 .insert(MAGLEV_SERVICE, moved.as_ref(), 0)
@@ -1118,16 +856,17 @@ fn maglev_ipv6_frontend_from_outside_picks_the_backend_the_userspace_hash_and_ta
 
 #[test]
 fn source_hash_ipv6_frontend_keeps_one_client_on_one_backend_across_source_ports() {
-    on_node(|uplink| {
+    THIS_NODE.run(|node| {
         let backends = hashed_backends();
         for prog in Prog::BOTH {
-            let mut fx = Fixture::new(uplink, Some(NODE));
-            fx.frontend(&Fe6 {
+            let mut fx = uplinked(node, Some(NODE));
+            fx.maps6.write(&Fe6 {
                 addr: NODE,
                 port: SOURCE_HASH_PORT,
                 proto: PROTO_TCP,
                 service_id: SOURCE_HASH_SERVICE,
                 kind: frontend_flags::KIND_NODE_PORT | frontend_flags::ALGO_SOURCE_HASH,
+                backend_port: POD_PORT,
                 backends: &backends,
                 local: None,
             });
@@ -1166,20 +905,21 @@ const EMPTY_UDP_SERVICE: u32 = 23;
 
 #[test]
 fn an_ipv6_frontend_without_endpoints_answers_outside_clients_with_rst_or_port_unreachable() {
-    on_node(|uplink| {
+    THIS_NODE.run(|node| {
         for prog in Prog::BOTH {
-            let mut fx = Fixture::new(uplink, Some(NODE));
+            let mut fx = uplinked(node, Some(NODE));
             standard(&mut fx);
             for (proto, sid) in [
                 (PROTO_TCP, EMPTY_TCP_SERVICE),
                 (PROTO_UDP, EMPTY_UDP_SERVICE),
             ] {
-                fx.frontend(&Fe6 {
+                fx.maps6.write(&Fe6 {
                     addr: NODE,
                     port: EMPTY_PORT,
                     proto,
                     service_id: sid,
                     kind: frontend_flags::KIND_NODE_PORT,
+                    backend_port: POD_PORT,
                     backends: &[],
                     local: None,
                 });
@@ -1227,7 +967,7 @@ fn an_ipv6_frontend_without_endpoints_answers_outside_clients_with_rst_or_port_u
                         (TC_ACT_REDIRECT, unreachable),
                         "UDP: port unreachable quoting it"
                     );
-                    assert_eq!(fx.loaded.stat("rejected"), 2);
+                    assert_eq!(fx.stat("rejected"), 2);
                 }
                 Prog::Xdp => {
                     // Handed to the uplink's tc program untouched, which answers.
@@ -1235,8 +975,8 @@ fn an_ipv6_frontend_without_endpoints_answers_outside_clients_with_rst_or_port_u
                         let (verdict, out) = fx.run(prog, &frame);
                         assert_eq!((verdict, out), (XDP_PASS, frame));
                     }
-                    assert_eq!(fx.loaded.stat("xdp_to_tc"), 2);
-                    assert_eq!(fx.loaded.stat("rejected"), 0);
+                    assert_eq!(fx.stat("xdp_to_tc"), 2);
+                    assert_eq!(fx.stat("rejected"), 0);
                 }
             }
             // A RST is never answered: tc drops it (XDP hands it on as any
@@ -1255,7 +995,7 @@ fn an_ipv6_frontend_without_endpoints_answers_outside_clients_with_rst_or_port_u
                 "{prog:?}: Local policy without a local endpoint"
             );
             // Counted where the packet is answered or dropped (tc), once.
-            let stats = fx.loaded.syncer.store().service_stats(EMPTY_TCP_SERVICE);
+            let stats = fx.syncer.store().service_stats(EMPTY_TCP_SERVICE);
             let want = if prog == Prog::Tc { 2 } else { 0 };
             assert_eq!(
                 stats.drops_no_backend, want,
@@ -1273,28 +1013,28 @@ fn an_ipv6_frontend_without_endpoints_answers_outside_clients_with_rst_or_port_u
 fn ipv6_load_balancer_source_ranges_admit_only_listed_clients() {
     use proxy_user::sync::store::MapStore as _;
     const OUTSIDER: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x51, 0, 0, 0, 0, 0, 0x100);
-    on_node(|uplink| {
+    THIS_NODE.run(|node| {
         for prog in Prog::BOTH {
-            let mut fx = Fixture::new(uplink, Some(NODE));
+            let mut fx = uplinked(node, Some(NODE));
             let ranged = frontend_flags::KIND_LOAD_BALANCER | frontend_flags::SOURCE_RANGES;
             for (port, service_id, blocks) in [
                 (443, 30, vec!["fd00:50::/64", "fd00:52::1/128"]),
                 (444, 31, vec!["::/0"]),
                 (445, 32, vec![]),
             ] {
-                fx.frontend(&Fe6 {
+                fx.maps6.write(&Fe6 {
                     addr: LB_IP,
                     port,
                     proto: PROTO_TCP,
                     service_id,
                     kind: ranged,
+                    backend_port: POD_PORT,
                     backends: &[(100 + service_id, POD_LOCAL)],
                     local: None,
                 });
                 for block in blocks {
                     let block = block.parse().expect("a CIDR");
-                    fx.loaded
-                        .syncer
+                    fx.syncer
                         .store_mut()
                         .put_source_range(service_id, block)
                         .expect("write a block");
@@ -1335,7 +1075,7 @@ fn ipv6_load_balancer_source_ranges_admit_only_listed_clients() {
                     );
                 }
             }
-            let denied = fx.loaded.syncer.store().denied_by_service();
+            let denied = fx.syncer.store().denied_by_service();
             assert_eq!(denied.get(&30), Some(&1), "{prog:?}: {denied:?}");
             assert_eq!(denied.get(&32), Some(&1), "{prog:?}: {denied:?}");
             assert_eq!(denied.get(&31), None, "{prog:?}: {denied:?}");

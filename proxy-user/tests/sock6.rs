@@ -24,9 +24,7 @@ use std::{
     net::{
         IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV6, TcpListener, TcpStream, UdpSocket,
     },
-    os::unix::fs::MetadataExt as _,
     path::PathBuf,
-    process::Command,
     sync::Mutex,
     thread,
     time::Duration,
@@ -41,8 +39,12 @@ use proxy_common::{
     addr6_be, frontend_flags, names, programs, proto, scope, sock_dir, stat, Backend, Backend6,
     Config, FrontendKey, FrontendKey6, FrontendSlot, SockEntry6, SockKey6,
 };
-use proxy_user::{dataplane::ebpf, dataplane::socketlb};
-use support::{capacities, require_root};
+use proxy_user::dataplane::{ebpf, socketlb};
+use support::{
+    capacities,
+    netns::{in_new_netns, ip},
+    require_root,
+};
 
 /// An IPv6 Service: TCP on 80, UDP on 53, over two backends.
 const FE6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x96, 0, 0, 0, 0, 0, 0x10);
@@ -299,71 +301,35 @@ impl Drop for TestCgroup {
 // ---------------------------------------------------------------------------
 // The namespace and its servers.
 
-fn netns_inode() -> u64 {
-    fs::metadata("/proc/thread-self/ns/net")
-        .expect("stat /proc/thread-self/ns/net")
-        .ino()
-}
-
-fn ip(args: &[&str]) {
-    let out = Command::new("ip").args(args).output().expect("run ip");
-    assert!(
-        out.status.success(),
-        "ip {}: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 /// Runs `body` on a thread of its own inside a new network namespace whose
 /// `lo` carries the backend addresses and servers; re-raises its panic. The
 /// servers' threads stay in that namespace until the process exits.
 fn in_netns<T: Send>(body: impl FnOnce() -> T + Send) -> T {
-    thread::scope(|scope| {
-        let handle = scope.spawn(move || {
-            let before = netns_inode();
-            // SAFETY: unshare only changes the calling thread's namespaces.
-            let rc = unsafe { libc::unshare(libc::CLONE_NEWNET) };
-            assert_eq!(
-                rc,
-                0,
-                "unshare(CLONE_NEWNET): {}",
-                std::io::Error::last_os_error()
-            );
-            assert_ne!(
-                netns_inode(),
-                before,
-                "the thread is still in the namespace it started in: refusing to touch it"
-            );
-            ip(&["link", "set", "lo", "up"]);
-            for be in BE6 {
-                ip(&[
-                    "-6",
-                    "addr",
-                    "add",
-                    &format!("{be}/128"),
-                    "dev",
-                    "lo",
-                    "nodad",
-                ]);
-            }
-            for be in BE4 {
-                ip(&["addr", "add", &format!("{be}/32"), "dev", "lo"]);
-            }
-            let backends = BE6
-                .iter()
-                .map(|&a| IpAddr::from(a))
-                .chain(BE4.iter().map(|&a| IpAddr::from(a)));
-            for addr in backends {
-                serve_tcp(SocketAddr::new(addr, POD_TCP));
-                serve_udp(SocketAddr::new(addr, POD_UDP));
-            }
-            body()
-        });
-        match handle.join() {
-            Ok(value) => value,
-            Err(panic) => std::panic::resume_unwind(panic),
+    in_new_netns(|| {
+        ip(&["link", "set", "lo", "up"]);
+        for be in BE6 {
+            ip(&[
+                "-6",
+                "addr",
+                "add",
+                &format!("{be}/128"),
+                "dev",
+                "lo",
+                "nodad",
+            ]);
         }
+        for be in BE4 {
+            ip(&["addr", "add", &format!("{be}/32"), "dev", "lo"]);
+        }
+        let backends = BE6
+            .iter()
+            .map(|&a| IpAddr::from(a))
+            .chain(BE4.iter().map(|&a| IpAddr::from(a)));
+        for addr in backends {
+            serve_tcp(SocketAddr::new(addr, POD_TCP));
+            serve_udp(SocketAddr::new(addr, POD_UDP));
+        }
+        body()
     })
 }
 

@@ -1,6 +1,6 @@
 //! What the root-only integration tests (`xtask/tests/*.rs`) need from their
 //! environment: the binaries `cargo xtask test` built, and root.
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::io::{BufRead as _, BufReader, Write as _};
 use std::path::{Path, PathBuf};
@@ -271,21 +271,79 @@ pub fn wake(mut idle: IdleClient) -> (String, Attempt) {
     (idle.pod, attempt)
 }
 
-/// The data-path counters of the agent on pin root `pin`, by name
-/// (`switchboard stats -o json`; the maps are read from the BPF file
-/// system, in no network namespace).
-pub fn counters(pin: &Path) -> BTreeMap<String, u64> {
-    let out = Command::new(switchboard())
-        .args(["stats", "-o", "json", "--pin-root"])
-        .arg(pin)
+/// Waits until the sandbox's agent log contains `needle`; panics with the
+/// log after `timeout`.
+pub fn wait_agent_log(sb: &Sandbox, needle: &str, timeout: Duration) {
+    let deadline = std::time::Instant::now() + timeout;
+    while !sb.agent_log().contains(needle) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the agent never logged {needle:?} within {timeout:?}\n--- agent log ---\n{}",
+            sb.agent_log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// `cmd`'s standard output; panics with its error output when it cannot
+/// start or exits non-zero.
+pub fn stdout_of(cmd: &mut Command) -> Vec<u8> {
+    let shown = crate::util::show(cmd);
+    let out = cmd
         .output()
-        .expect("start switchboard stats");
+        .unwrap_or_else(|e| panic!("start `{shown}`: {e}"));
     assert!(
         out.status.success(),
-        "switchboard stats: {}",
+        "`{shown}`: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let report: serde_json::Value =
-        serde_json::from_slice(&out.stdout).expect("stats -o json parses");
+    out.stdout
+}
+
+/// `switchboard <args> --pin-root <pin>`'s standard output (the maps are
+/// read from the BPF file system, in no network namespace); panics on
+/// failure.
+pub fn switchboard_out(args: &[&str], pin: &Path) -> Vec<u8> {
+    stdout_of(
+        Command::new(switchboard())
+            .args(args)
+            .arg("--pin-root")
+            .arg(pin),
+    )
+}
+
+/// `bpftool -j <args>`, parsed; panics on failure.
+pub fn bpftool_json(args: &[&str]) -> serde_json::Value {
+    let out = stdout_of(Command::new("bpftool").arg("-j").args(args));
+    serde_json::from_slice(&out).expect("bpftool JSON")
+}
+
+/// The data-path counters of the agent on pin root `pin`, by name
+/// (`switchboard stats -o json`).
+pub fn counters(pin: &Path) -> BTreeMap<String, u64> {
+    let out = switchboard_out(&["stats", "-o", "json"], pin);
+    let report: serde_json::Value = serde_json::from_slice(&out).expect("stats -o json parses");
     serde_json::from_value(report["counters"].clone()).expect("counters by name")
+}
+
+/// The counter `name` of [`counters`]; panics when there is none.
+pub fn counter(pin: &Path, name: &str) -> u64 {
+    let counters = counters(pin);
+    counters
+        .get(name)
+        .copied()
+        .unwrap_or_else(|| panic!("no counter {name}: {counters:?}"))
+}
+
+/// The addresses (without port) the pods saw as their peer, of either
+/// family (`addr:port` or `[addr]:port`).
+pub fn pod_saw_ips(run: &ClientRun) -> BTreeSet<String> {
+    run.attempts
+        .iter()
+        .filter_map(|a| match a {
+            Attempt::Ok { pod_saw, .. } => pod_saw.parse::<std::net::SocketAddr>().ok(),
+            Attempt::Err { .. } => None,
+        })
+        .map(|addr| addr.ip().to_string())
+        .collect()
 }

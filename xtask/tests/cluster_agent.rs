@@ -322,15 +322,7 @@ impl Cluster {
 
     /// Waits until the agent's log contains `needle`.
     fn wait_log(&self, needle: &str, timeout: Duration) {
-        let end = Instant::now() + timeout;
-        while !self.sb.read_log("agent").contains(needle) {
-            assert!(
-                Instant::now() < end,
-                "the agent never logged {needle:?} within {timeout:?}\n--- agent log ---\n{}",
-                self.sb.read_log("agent")
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        xtask::testenv::wait_agent_log(&self.sb, needle, timeout);
     }
 
     fn synced_to(&mut self, pods: &[usize], what: &str) -> Duration {

@@ -19,7 +19,8 @@ use xtask::sandbox::{
     CLUSTER_IP, PIN_BASE, PODS, POD_TCP_PORT, POD_UDP_PORT,
 };
 use xtask::testenv::{
-    demo_sandbox_with, endpointslice_yaml, require_root, sb_echo, switchboard, write_manifest,
+    demo_sandbox_with, endpointslice_yaml, pod_saw_ips, require_root, sb_echo, switchboard,
+    write_manifest,
 };
 
 fn now_ms() -> u128 {
@@ -38,16 +39,6 @@ fn demo_sandbox() -> Sandbox {
 fn client(sb: &Sandbox, args: &[&str]) -> ClientRun {
     sb.client(&sb_echo(), args)
         .unwrap_or_else(|e| panic!("{e:#}"))
-}
-
-fn pod_saw_ips(run: &ClientRun) -> BTreeSet<String> {
-    run.attempts
-        .iter()
-        .filter_map(|a| match a {
-            Attempt::Ok { pod_saw, .. } => Some(pod_saw.split(':').next().unwrap().to_string()),
-            Attempt::Err { .. } => None,
-        })
-        .collect()
 }
 
 /// The sandbox itself, without the agent: the client reaches each pod's own

@@ -17,8 +17,8 @@ use xtask::sandbox::two_node::manifests::{Policy, NODEPORT_TCP};
 use xtask::sandbox::two_node::{Client, Node, Pod};
 use xtask::sandbox::{Attempt, ClientRun, Sandbox, CLUSTER_IP};
 use xtask::testenv::{
-    demo_sandbox_with, open_idle_with, sb_echo, sb_echo_in, switchboard, two_node_with_agents,
-    wake, IdleClient,
+    counter, demo_sandbox_with, open_idle_with, sb_echo, sb_echo_in, switchboard_out,
+    two_node_with_agents, wake, IdleClient,
 };
 
 /// `--max-conntrack`: 256 flows.
@@ -31,36 +31,10 @@ fn open_idle(sb: &Sandbox, addr: &str) -> IdleClient {
     open_idle_with(&|args| sb_echo_in(sb, &sb.client_ns(), args), addr)
 }
 
-/// A counter of `switchboard stats` on pin root `pin` (the maps are read
-/// from the BPF file system, in no namespace).
-fn stats_counter(pin: &Path, name: &str) -> u64 {
-    let counters = xtask::testenv::counters(pin);
-    counters
-        .get(name)
-        .copied()
-        .unwrap_or_else(|| panic!("no counter {name}: {counters:?}"))
-}
-
-/// `switchboard <args> --pin-root <pin>`'s standard output; panics on failure.
-fn run_switchboard(args: &[&str], pin: &Path) -> Vec<u8> {
-    let out = Command::new(switchboard())
-        .args(args)
-        .arg("--pin-root")
-        .arg(pin)
-        .output()
-        .expect("start switchboard");
-    assert!(
-        out.status.success(),
-        "switchboard {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out.stdout
-}
-
 /// `switchboard conntrack list`'s forward TCP rows: (source, state,
 /// seconds to expiry).
 fn forward_tcp_rows(pin: &Path) -> Vec<(String, String, f64)> {
-    let out = run_switchboard(&["conntrack", "list", "-o", "json"], pin);
+    let out = switchboard_out(&["conntrack", "list", "-o", "json"], pin);
     let rows: Vec<serde_json::Value> = serde_json::from_slice(&out).expect("conntrack json");
     rows.iter()
         .filter(|r| r["direction"] == "forward" && r["protocol"] == "TCP")
@@ -109,7 +83,7 @@ fn idle_connections_survive_a_burst_ten_times_the_table() {
     let failed = run.failures();
     eprintln!(
         "burst: {burst} connections in {took:?}, {failed} failed, ct_full {}",
-        stats_counter(&sb.pin_dir, "ct_full")
+        counter(&sb.pin_dir, "ct_full")
     );
     // Every idle connection still reaches its own pod.
     let mut lost = Vec::new();
@@ -127,7 +101,7 @@ fn idle_connections_survive_a_burst_ten_times_the_table() {
     // The table was full at times (new flows were refused and retried), yet
     // the collector kept making room: nearly every connection got through.
     assert!(
-        stats_counter(&sb.pin_dir, "ct_full") > 0,
+        counter(&sb.pin_dir, "ct_full") > 0,
         "the burst never filled the table"
     );
     assert!(
@@ -226,7 +200,7 @@ fn flood(site: &FloodSite) -> FloodFigures {
         .expect("start the flood");
     std::thread::sleep(Duration::from_millis(1000));
     let stats_started = Instant::now();
-    stats_counter(&site.pin, "ct_full");
+    counter(&site.pin, "ct_full");
     let stats_took = stats_started.elapsed();
     let probe = |args: &[&str]| {
         let mut all = vec![
@@ -255,7 +229,7 @@ fn flood(site: &FloodSite) -> FloodFigures {
         .iter()
         .filter(|(_, state, _)| state == "syn-sent" || state == "syn-recv")
         .count();
-    let ct_full = stats_counter(&site.pin, "ct_full");
+    let ct_full = counter(&site.pin, "ct_full");
     std::thread::sleep(Duration::from_secs(2));
     let agent_cpu_s = cpu_ticks(site.agent_pid).saturating_sub(cpu_before) as f64 / 100.0;
     let after = probe(&["--count", "20"]);

@@ -34,7 +34,8 @@ use xtask::sandbox::{
     TwoNodeSandbox, PIN_BASE, POD_TCP_PORT, POD_UDP_PORT,
 };
 use xtask::testenv::{
-    sb_echo, switchboard, two_node_sandbox, two_node_with_agents, two_node_with_agents_on,
+    pod_saw_ips, sb_echo, switchboard, two_node_sandbox, two_node_with_agents,
+    two_node_with_agents_on,
 };
 
 /// Attempts per entry point that must all succeed.
@@ -49,17 +50,6 @@ fn hit(
 ) -> ClientRun {
     sb.hit(&sb_echo(), from, entry, count, timeout_ms)
         .unwrap_or_else(|e| panic!("{e:#}"))
-}
-
-/// The IPs (without port) the pods saw as their peer.
-fn pod_saw_ips(run: &ClientRun) -> BTreeSet<String> {
-    run.attempts
-        .iter()
-        .filter_map(|a| match a {
-            Attempt::Ok { pod_saw, .. } => pod_saw.split(':').next().map(str::to_string),
-            Attempt::Err { .. } => None,
-        })
-        .collect()
 }
 
 fn names(pods: &[Pod]) -> BTreeSet<String> {

@@ -29,8 +29,8 @@ use xtask::sandbox::two_node::manifests::{
     Policy, Proto, DUAL_NODEPORT_TCP, DUAL_NODEPORT_UDP,
 };
 use xtask::sandbox::two_node::{Client, Node, Pod};
-use xtask::sandbox::{find_at, Attempt, ClientRun, Frontend, Lan, TwoNodeSandbox};
-use xtask::testenv::{sb_echo, switchboard, two_node_sandbox_on};
+use xtask::sandbox::{find_at, Frontend, Lan, TwoNodeSandbox};
+use xtask::testenv::{pod_saw_ips, sb_echo, switchboard, two_node_sandbox_on};
 
 /// Attempts per entry point that must all succeed.
 const COUNT: u32 = 20;
@@ -117,18 +117,6 @@ fn dual_stack_with_agents(
         }
     }
     sb
-}
-
-/// The addresses (without port) the pods saw as their peer.
-fn pod_saw_ips(run: &ClientRun) -> BTreeSet<String> {
-    run.attempts
-        .iter()
-        .filter_map(|a| match a {
-            Attempt::Ok { pod_saw, .. } => pod_saw.parse::<std::net::SocketAddr>().ok(),
-            Attempt::Err { .. } => None,
-        })
-        .map(|addr| addr.ip().to_string())
-        .collect()
 }
 
 /// `switchboard stats` of `node` (for failure messages).

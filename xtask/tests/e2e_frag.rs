@@ -15,14 +15,8 @@
 //!   (client → ClusterIP) does the client's kernel match it to its socket,
 //!   learn the path MTU and resend smaller segments: the transfer completes
 //!   instead of stalling.
-use std::collections::BTreeMap;
-
-use xtask::sandbox::{Attempt, Sandbox, CLUSTER_IP, PODS};
-use xtask::testenv::{demo_sandbox_with, sb_echo};
-
-fn counters(sb: &Sandbox) -> BTreeMap<String, u64> {
-    xtask::testenv::counters(&sb.pin_dir)
-}
+use xtask::sandbox::{Attempt, CLUSTER_IP, PODS};
+use xtask::testenv::{counters, demo_sandbox_with, sb_echo};
 
 #[test]
 fn a_fragmented_udp_datagram_to_the_clusterip_gets_a_fragmented_answer() {
@@ -50,7 +44,7 @@ fn a_fragmented_udp_datagram_to_the_clusterip_gets_a_fragmented_answer() {
     );
     assert_eq!(run.client_saw(), vec![addr.clone()], "{}", run.raw);
     assert!(run.attempts.iter().all(|a| matches!(a, Attempt::Ok { .. })));
-    let counters = counters(&sb);
+    let counters = counters(&sb.pin_dir);
     // 10 datagrams, two later fragments each, both ways.
     assert!(
         counters["frag_translated"] >= 40,
@@ -89,7 +83,7 @@ fn path_mtu_discovery_works_through_a_service() {
         route.contains("mtu 1280"),
         "the client learned the path MTU to the ClusterIP: {route}"
     );
-    let counters = counters(&sb);
+    let counters = counters(&sb.pin_dir);
     assert!(
         counters["icmp_error_translated"] >= 1,
         "the node's fragmentation-needed was translated: {counters:?}"

@@ -11,10 +11,9 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use xtask::sandbox::{
-    find_at, node_ip6, pod_ip, pod_ip6, pod_name, Attempt, ClientRun, Frontend, Sandbox, CLIENT_IP,
-    CLIENT_IP6, PODS,
+    find_at, node_ip6, pod_ip, pod_ip6, pod_name, Frontend, Sandbox, CLIENT_IP, CLIENT_IP6, PODS,
 };
-use xtask::testenv::{require_root, sb_echo, switchboard, write_manifest};
+use xtask::testenv::{pod_saw_ips, require_root, sb_echo, switchboard, write_manifest};
 
 const CLUSTER_IP4: &str = "10.96.0.20";
 const CLUSTER_IP6: &str = "fd00:96::20";
@@ -100,19 +99,6 @@ fn dual_stack_sandbox() -> Sandbox {
 
 fn all_pods() -> BTreeSet<String> {
     (1..=PODS).map(pod_name).collect()
-}
-
-/// The addresses the pods saw the client come from (the host part of
-/// `addr:port` or `[addr]:port`).
-fn pod_saw_ips(run: &ClientRun) -> BTreeSet<String> {
-    run.attempts
-        .iter()
-        .filter_map(|a| match a {
-            Attempt::Ok { pod_saw, .. } => pod_saw.parse::<std::net::SocketAddr>().ok(),
-            Attempt::Err { .. } => None,
-        })
-        .map(|addr| addr.ip().to_string())
-        .collect()
 }
 
 /// Each frontend family has only its own family's pods as backends.

@@ -10,10 +10,13 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Child;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use xtask::sandbox::{find, ClientRun, Sandbox, CLUSTER_IP, PODS};
-use xtask::testenv::{demo_sandbox_with, endpointslice_yaml, sb_echo, switchboard, write_manifest};
+use xtask::testenv::{
+    bpftool_json, demo_sandbox_with, endpointslice_yaml, sb_echo, switchboard, wait_agent_log,
+    write_manifest,
+};
 
 fn upgrade_binary() -> PathBuf {
     let path = std::env::var_os("SWITCHBOARD_UPGRADE_BIN")
@@ -47,20 +50,6 @@ fn pod_program(sb: &Sandbox) -> (u64, String) {
     (id, tag)
 }
 
-fn bpftool_json(args: &[&str]) -> serde_json::Value {
-    let out = std::process::Command::new("bpftool")
-        .arg("-j")
-        .args(args)
-        .output()
-        .expect("run bpftool");
-    assert!(
-        out.status.success(),
-        "bpftool {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("bpftool JSON")
-}
-
 /// A continuous client: a new connection (TCP) or socket (UDP) every 10 ms
 /// for `ms`, each allowed 2 s.
 fn continuous(sb: &Sandbox, proto: &str, port: u16, ms: u64) -> Child {
@@ -88,23 +77,11 @@ fn finish(child: Child, what: &str) -> ClientRun {
         .unwrap_or_else(|e| panic!("{what}: {e:#}"))
 }
 
-fn wait_log(sb: &Sandbox, needle: &str, timeout: Duration) {
-    let deadline = Instant::now() + timeout;
-    while !sb.agent_log().contains(needle) {
-        assert!(
-            Instant::now() < deadline,
-            "the agent log never said {needle:?}:\n{}",
-            sb.agent_log()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 /// Starts `bin` as the sandbox's agent and waits until its programs took
 /// over.
 fn start_and_settle(sb: &mut Sandbox, bin: &Path) {
     sb.start_agent(bin).expect("start the agent");
-    wait_log(sb, xtask::sandbox::AGENT_READY, Duration::from_secs(10));
+    wait_agent_log(sb, xtask::sandbox::AGENT_READY, Duration::from_secs(10));
 }
 
 #[test]
@@ -388,7 +365,7 @@ fn a_capacity_change_resizes_the_maps_online_and_keeps_established_flows() {
     sb.stop_agent().expect("stop the agent");
     sb.start_agent_with(&sw, &["--max-conntrack", "8192"])
         .expect("restart with a bigger conntrack map");
-    wait_log(&sb, "map resized", Duration::from_secs(10));
+    wait_agent_log(&sb, "map resized", Duration::from_secs(10));
     assert_eq!(
         max_entries(&ct),
         8192,

@@ -645,8 +645,7 @@ fn cleanup_refuses_while_the_agent_runs_then_leaves_nothing_attached() {
         "lock file left"
     );
     let cgroup = sb
-        .cgroup
-        .as_ref()
+        .cgroup()
         .expect("cgroup")
         .bound
         .to_string_lossy()

@@ -13,7 +13,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use xtask::sandbox::{pod_name, Attempt, ClientRun, Sandbox, CLIENT_IP, PODS};
-use xtask::testenv::{demo_sandbox_with, endpointslice_yaml, sb_echo, switchboard, write_manifest};
+use xtask::testenv::{
+    counters, demo_sandbox_with, endpointslice_yaml, pod_saw_ips, sb_echo, switchboard,
+    wait_agent_log, write_manifest,
+};
 
 const HTTP: &str = "10.96.0.10:80";
 const DNS: &str = "10.96.0.10:53";
@@ -21,11 +24,6 @@ const DNS: &str = "10.96.0.10:53";
 fn in_cgroup(sb: &Sandbox, ns: &str, args: &[&str]) -> ClientRun {
     sb.client_in_cgroup(&sb_echo(), ns, args)
         .unwrap_or_else(|e| panic!("{e:#}"))
-}
-
-/// The agent's global counters (`switchboard stats -o json`).
-fn counters(sb: &Sandbox) -> BTreeMap<String, u64> {
-    xtask::testenv::counters(&sb.pin_dir)
 }
 
 fn counter(values: &BTreeMap<String, u64>, name: &str) -> u64 {
@@ -38,16 +36,6 @@ fn all_pods() -> BTreeSet<String> {
     (1..=PODS).map(pod_name).collect()
 }
 
-fn pod_saw_ips(run: &ClientRun) -> BTreeSet<String> {
-    run.attempts
-        .iter()
-        .filter_map(|a| match a {
-            Attempt::Ok { pod_saw, .. } => pod_saw.split(':').next().map(str::to_string),
-            Attempt::Err { .. } => None,
-        })
-        .collect()
-}
-
 /// A host client and a pod client reach the ClusterIP over TCP and UDP through
 /// the socket layer, spread over every pod, and see the Service address as
 /// their peer (getpeername for TCP, recvmsg's source for UDP). The tc layer
@@ -56,7 +44,7 @@ fn pod_saw_ips(run: &ClientRun) -> BTreeSet<String> {
 #[test]
 fn host_and_pod_clients_reach_the_cluster_ip_through_the_socket_layer() {
     let sb = demo_sandbox_with(&[]);
-    let before = counters(&sb);
+    let before = counters(&sb.pin_dir);
     for (who, ns) in [("host", sb.node_ns()), ("pod", sb.client_ns())] {
         for (proto, addr) in [("--tcp", HTTP), ("--udp", DNS)] {
             let run = in_cgroup(&sb, &ns, &[proto, addr, "--count", "30"]);
@@ -75,7 +63,7 @@ fn host_and_pod_clients_reach_the_cluster_ip_through_the_socket_layer() {
             }
         }
     }
-    let after = counters(&sb);
+    let after = counters(&sb.pin_dir);
     let grew = |name: &str| counter(&after, name) - counter(&before, name);
     assert_eq!(
         grew("sock_connect"),
@@ -106,7 +94,7 @@ fn host_and_pod_clients_reach_the_cluster_ip_through_the_socket_layer() {
         .unwrap_or_else(|e| panic!("{e:#}"));
     assert!(run.all_ok(), "{}", run.raw);
     assert_eq!(run.client_saw(), vec![HTTP.to_string()]);
-    let tc = counters(&sb);
+    let tc = counters(&sb.pin_dir);
     assert!(
         counter(&tc, "forwarded") > counter(&after, "forwarded"),
         "{tc:?}"
@@ -284,8 +272,7 @@ fn socket_lb_false_detaches_the_socket_layer() {
 /// (`bpftool -j cgroup show`).
 fn attached_hooks(sb: &Sandbox) -> Vec<String> {
     let cgroup = sb
-        .cgroup
-        .as_ref()
+        .cgroup()
         .expect("a test cgroup")
         .bound
         .to_string_lossy()
@@ -355,15 +342,7 @@ fn both_families_socket_hooks_are_attached_listed_and_detached() {
     );
     sb.start_agent_with(&switchboard(), &[])
         .expect("restart agent");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !sb.agent_log().contains(xtask::sandbox::AGENT_READY) {
-        assert!(
-            Instant::now() < deadline,
-            "agent not ready: {}",
-            sb.agent_log()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_agent_log(&sb, xtask::sandbox::AGENT_READY, Duration::from_secs(10));
     assert!(
         sb.agent_log().contains("socket-layer balancing attached"),
         "{}",

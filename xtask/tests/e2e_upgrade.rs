@@ -20,7 +20,7 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::process::{Child, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use aya::maps::{HashMap, Map, MapData, PerCpuArray};
 use aya_obj::maps::{bpf_map_def, LegacyMap, PinningType};
@@ -28,7 +28,7 @@ use aya_obj::EbpfSectionKind;
 use proxy_common::{ct_dir, ct_flags, names, CtEntry, CtEntryV2, CtKey};
 use xtask::sandbox::{Attempt, ClientRun, Sandbox, AGENT_READY, CLUSTER_IP};
 use xtask::testenv::{
-    demo_sandbox_with, open_idle_with, sb_echo_in, switchboard, wake, IdleClient,
+    demo_sandbox_with, open_idle_with, sb_echo_in, switchboard, wait_agent_log, wake, IdleClient,
 };
 
 /// Idle connections held across the upgrade.
@@ -210,15 +210,7 @@ fn forwarded(sb: &Sandbox) -> u64 {
 }
 
 fn wait_ready(sb: &Sandbox) {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while !sb.agent_log().contains(AGENT_READY) {
-        assert!(
-            Instant::now() < deadline,
-            "the agent never became ready:\n{}",
-            sb.agent_log()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_agent_log(sb, AGENT_READY, Duration::from_secs(15));
 }
 
 /// Held connections, a held active one and a UDP stream across a stop, the

@@ -1,19 +1,25 @@
-//! The harness the kernel fixture tests share: the eBPF object loaded with
-//! its maps programmed, frames fed to its tc and XDP programs through
-//! BPF_PROG_TEST_RUN, and the counters and conntrack entries read back.
+//! The harness every kernel fixture test shares: the eBPF object loaded with
+//! its maps programmed ([`Loaded`]), frames fed to its tc and XDP programs
+//! through BPF_PROG_TEST_RUN ([`Hook`]), tables of (name, hook, input frame,
+//! expected verdict, expected output frame) run through them ([`Case`],
+//! [`Loaded::run_table`]), the counters and conntrack entries read back, and
+//! the private network namespaces and node the uplink fixtures need, for
+//! either address family ([`netns`]).
 // Every test file is a crate of its own that compiles this module and uses a
 // part of it; the rest would be reported as dead code in each.
 #![allow(dead_code)]
 
+pub mod netns;
 pub mod v6;
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use aya::{
+    maps::{HashMap, MapData},
     programs::{ProgramError, SchedClassifier, TestRun, TestRunOptions, TestRunResult, Xdp},
     Ebpf,
 };
-use proxy_common::{programs, CtEntry, CtKey};
+use proxy_common::{addr6_be, names, programs, CtEntry, CtKey, Uplink6};
 use proxy_user::{
     dataplane::ebpf,
     dataplane::maps::PinnedMaps,
@@ -181,10 +187,136 @@ pub fn load(caps: &Capacities) -> (Ebpf, PinnedMaps) {
     (ebpf, maps)
 }
 
-/// The eBPF object, loaded unpinned, with its maps owned by a syncer.
+/// Where a fixture's frame goes in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Hook {
+    /// A tc program, with no __sk_buff context.
+    Tc(&'static str),
+    /// The XDP uplink program, with no context.
+    Xdp,
+    /// A tc program on the uplink [`Loaded::set_uplink`] named (its device
+    /// and ingress interface).
+    UplinkTc(&'static str),
+    /// The XDP uplink program, the frame arriving on that uplink.
+    UplinkXdp,
+}
+
+impl From<&'static str> for Hook {
+    fn from(program: &'static str) -> Self {
+        Hook::Tc(program)
+    }
+}
+
+/// The two programs a frame from outside meets on the uplink: XDP, or (where
+/// XDP is off or leaves it) its tc twin `sb_from_uplink`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Uplink {
+    Xdp,
+    Tc,
+}
+
+impl Uplink {
+    pub const BOTH: [Uplink; 2] = [Uplink::Xdp, Uplink::Tc];
+
+    /// The verdict of a packet that is not ours.
+    pub fn untouched(self) -> u32 {
+        match self {
+            Uplink::Xdp => XDP_PASS,
+            Uplink::Tc => TC_ACT_UNSPEC,
+        }
+    }
+
+    /// The verdict of a packet rewritten for a backend on this node.
+    pub fn delivered(self) -> u32 {
+        match self {
+            Uplink::Xdp => XDP_PASS,
+            Uplink::Tc => TC_ACT_OK,
+        }
+    }
+
+    pub fn dropped(self) -> u32 {
+        match self {
+            Uplink::Xdp => XDP_DROP,
+            Uplink::Tc => TC_ACT_SHOT,
+        }
+    }
+}
+
+impl From<Uplink> for Hook {
+    fn from(prog: Uplink) -> Self {
+        match prog {
+            Uplink::Xdp => Hook::UplinkXdp,
+            Uplink::Tc => Hook::UplinkTc(programs::TC_FROM_UPLINK),
+        }
+    }
+}
+
+/// One packet fixture: `input` fed to `hook` must give `verdict` and leave
+/// exactly `output` (checksums included).
+#[derive(Clone, Debug)]
+pub struct Case {
+    pub name: String,
+    pub hook: Hook,
+    pub input: Vec<u8>,
+    pub verdict: u32,
+    pub output: Vec<u8>,
+}
+
+/// A frame in hex, for a failure message.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// `frame` cut to its first `len` bytes.
+pub fn truncated(mut frame: Vec<u8>, len: usize) -> Vec<u8> {
+    frame.truncate(len);
+    frame
+}
+
+/// A frame builder of either family ([`proxy_testkit::packet::PacketSpec`],
+/// [`v6::Packet6`]).
+pub trait Build: Clone {
+    fn build(&self) -> Vec<u8>;
+}
+
+impl Build for proxy_testkit::packet::PacketSpec {
+    fn build(&self) -> Vec<u8> {
+        proxy_testkit::packet::PacketSpec::build(self)
+    }
+}
+
+impl Build for v6::Packet6 {
+    fn build(&self) -> Vec<u8> {
+        v6::Packet6::build(self)
+    }
+}
+
+/// The frame of `spec` changed by `f`.
+pub fn rewritten<P: Build>(spec: &P, f: impl FnOnce(&mut P)) -> Vec<u8> {
+    with(spec, f).build()
+}
+
+/// An IPv4 address as the maps hold it (network byte order in a u32).
+pub fn be32(ip: Ipv4Addr) -> u32 {
+    u32::from_ne_bytes(ip.octets())
+}
+
+/// A copy of the packet `spec` (of either family's builder) changed by `f`.
+pub fn with<P: Clone>(spec: &P, f: impl FnOnce(&mut P)) -> P {
+    let mut out = spec.clone();
+    f(&mut out);
+    out
+}
+
+/// The eBPF object, loaded unpinned, with its maps owned by a syncer (and
+/// second handles on the IPv6 maps, which the IPv6 fixtures write directly).
 pub struct Loaded {
     pub ebpf: Ebpf,
     pub syncer: Syncer<PinnedMaps>,
+    pub maps6: v6::Maps6,
+    /// The uplink [`Loaded::set_uplink`] made, for the uplink hooks.
+    uplink: Option<u32>,
+    uplinks6: Option<HashMap<MapData, u32, Uplink6>>,
 }
 
 impl Loaded {
@@ -198,15 +330,133 @@ impl Loaded {
         };
         let report = syncer.apply(&desired);
         assert!(report.failed.is_empty(), "{report:?}");
-        Self { ebpf, syncer }
+        let maps6 = v6::Maps6::take(syncer.store());
+        Self {
+            ebpf,
+            syncer,
+            maps6,
+            uplink: None,
+            uplinks6: None,
+        }
     }
 
-    /// Makes `ifindex` the node's uplink, with address `node`.
+    /// Loads the programs (in the calling thread's namespace) with room for
+    /// every SNAT port of one backend (33512) and then some, programs
+    /// `frontends` and makes `node`'s `up0` the uplink, with IPv4 address
+    /// `addr`.
+    pub fn on_uplink(node: &netns::Node, addr: Ipv4Addr, frontends: Vec<Frontend>) -> Self {
+        let mut loaded = Self::new(capacities(65536), frontends);
+        loaded.set_uplink(node.uplink, addr);
+        loaded
+    }
+
+    /// Makes `ifindex` the node's uplink, with address `node`; the uplink
+    /// hooks then feed frames as if they arrived on it.
     pub fn set_uplink(&mut self, ifindex: u32, node: Ipv4Addr) {
         self.syncer
             .store_mut()
             .set_uplinks(&[(ifindex, node)])
             .expect("write the uplink map");
+        self.uplink = Some(ifindex);
+    }
+
+    /// Gives the uplink `ifindex` the IPv6 address `addr` (`None`: it has
+    /// none), writing the IPv6 uplink map directly.
+    pub fn set_uplink6(&mut self, ifindex: u32, addr: Option<Ipv6Addr>) {
+        let ebpf = &mut self.ebpf;
+        let uplinks6 = self.uplinks6.get_or_insert_with(|| {
+            HashMap::try_from(ebpf.take_map(names::UPLINKS6).expect("the IPv6 uplink map"))
+                .expect("IPv6 uplink map")
+        });
+        let addr_be = addr.map(|a| addr6_be(a.octets())).unwrap_or([0; 4]);
+        uplinks6
+            .insert(ifindex, Uplink6 { addr_be }, 0)
+            .expect("write the IPv6 uplink");
+    }
+
+    /// The IPv6 uplink map's entry for `ifindex`.
+    pub fn uplink6_entry(&self, ifindex: u32) -> Option<Uplink6> {
+        self.uplinks6.as_ref()?.get(&ifindex, 0).ok()
+    }
+
+    fn uplink(&self) -> u32 {
+        self.uplink
+            .expect("an uplink hook without an uplink: call set_uplink first")
+    }
+
+    /// The verdict of the program at `hook` on `frame`, and the frame as it
+    /// left it.
+    pub fn run(&mut self, hook: impl Into<Hook>, frame: &[u8]) -> (u32, Vec<u8>) {
+        self.try_run(hook, frame).expect("BPF_PROG_TEST_RUN")
+    }
+
+    /// [`Loaded::run`], with the test run's failure returned.
+    pub fn try_run(
+        &mut self,
+        hook: impl Into<Hook>,
+        frame: &[u8],
+    ) -> Result<(u32, Vec<u8>), ProgramError> {
+        match hook.into() {
+            Hook::Tc(program) => self.try_tc(program, frame, None),
+            Hook::Xdp => self.try_xdp(frame, None),
+            Hook::UplinkTc(program) => {
+                let uplink = self.uplink();
+                self.try_tc(program, frame, Some(&skb_ctx(uplink, uplink)))
+            }
+            Hook::UplinkXdp => {
+                let uplink = self.uplink();
+                self.try_xdp(frame, Some(uplink))
+            }
+        }
+    }
+
+    /// A packet the uplink sends (tc egress: `sb_to_pod`, which reverses a
+    /// local backend's replies).
+    pub fn run_egress(&mut self, frame: &[u8]) -> (u32, Vec<u8>) {
+        self.run(Hook::UplinkTc(programs::TC_TO_UPLINK), frame)
+    }
+
+    /// A packet a pod of this node sends (`sb_from_pod`, no context needed).
+    pub fn run_from_pod(&mut self, frame: &[u8]) -> (u32, Vec<u8>) {
+        self.run(programs::TC_FROM_POD, frame)
+    }
+
+    /// Runs `cases` in order, each through its hook, and fails listing every
+    /// case whose verdict or output differs, or whose output fails
+    /// `checksums_hold(case, verdict, output)`.
+    pub fn run_table(
+        &mut self,
+        cases: &[Case],
+        checksums_hold: impl Fn(&Case, u32, &[u8]) -> bool,
+    ) {
+        let mut failures = Vec::new();
+        for case in cases {
+            let (verdict, output) = self.run(case.hook, &case.input);
+            if verdict != case.verdict || output != case.output {
+                let differs = (0..output.len().max(case.output.len()))
+                    .find(|&i| output.get(i) != case.output.get(i));
+                failures.push(format!(
+                    "{:?}: {}: verdict {verdict:#x} (want {:#x}); output {}\n  got  {}\n  want {}",
+                    case.hook,
+                    case.name,
+                    case.verdict,
+                    match differs {
+                        None => "as expected".to_owned(),
+                        Some(at) => format!("differs at byte {at}"),
+                    },
+                    hex(&output),
+                    hex(&case.output),
+                ));
+            }
+            if !checksums_hold(case, verdict, &output) {
+                failures.push(format!("{:?}: {}: checksums invalid", case.hook, case.name));
+            }
+        }
+        assert!(
+            failures.is_empty(),
+            "failing fixtures:\n{}",
+            failures.join("\n")
+        );
     }
 
     /// The verdict of tc program `program` on `frame`, and the frame as it
@@ -270,4 +520,42 @@ impl Loaded {
     pub fn ct(&self, key: &CtKey) -> Option<CtEntry> {
         self.syncer.store().conntrack.get(key, 0).ok()
     }
+
+    /// How many IPv4 conntrack entries there are.
+    pub fn ct_entries(&self) -> usize {
+        self.syncer
+            .store()
+            .conntrack
+            .keys()
+            .filter_map(Result::ok)
+            .count()
+    }
+
+    /// The packets, new flows and packets dropped for want of a backend of
+    /// the service `id`.
+    pub fn service_packets(&self, id: u32) -> (u64, u64, u64) {
+        let s = self.syncer.store().service_stats(id);
+        (s.packets, s.new_flows, s.drops_no_backend)
+    }
+
+    /// The `switchboard services` row of the Service `test/name`.
+    pub fn service_row(&self, name: &str) -> proxy_user::dataplane::readout::ServiceRow {
+        let rows = proxy_user::dataplane::readout::read_services(self.syncer.store());
+        let names: Vec<String> = rows.iter().map(|r| r.service.clone()).collect();
+        rows.into_iter()
+            .find(|r| r.service == format!("test/{name}"))
+            .unwrap_or_else(|| panic!("no service row test/{name} among {names:?}"))
+    }
+}
+
+/// Whether a frame's checksums hold, in family `A`, where the program
+/// changed it.
+pub fn rewritten_checksums<A: netns::Family>(case: &Case, _: u32, output: &[u8]) -> bool {
+    output == case.input || A::checksums_valid(output, &case.input)
+}
+
+/// Whether a translated frame's checksums hold, in family `A`: judged on
+/// what the program passed on or sent back (`TC_ACT_OK`, `TC_ACT_REDIRECT`).
+pub fn translated_checksums<A: netns::Family>(case: &Case, verdict: u32, output: &[u8]) -> bool {
+    !matches!(verdict, TC_ACT_OK | TC_ACT_REDIRECT) || A::checksums_valid(output, &case.input)
 }

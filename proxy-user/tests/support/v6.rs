@@ -308,6 +308,20 @@ pub fn checksums_valid6(frame: &[u8], zero_ok: bool) -> bool {
     l4_checksum(p.src, p.dst, p.proto, data) == 0
 }
 
+/// One IPv6 frontend: address, port, protocol, service id, kind flags, its
+/// backends (id, address, all on `backend_port`) and, under
+/// `externalTrafficPolicy: Local`, its local set.
+pub struct Fe6<'a> {
+    pub addr: Ipv6Addr,
+    pub port: u16,
+    pub proto: u8,
+    pub service_id: u32,
+    pub kind: u16,
+    pub backend_port: u16,
+    pub backends: &'a [(u32, Ipv6Addr)],
+    pub local: Option<&'a [(u32, Ipv6Addr)]>,
+}
+
 /// The IPv6 maps of a loaded object: second handles on the maps its
 /// syncer's `PinnedMaps` holds, so a test writes them directly.
 pub struct Maps6 {
@@ -329,8 +343,7 @@ fn dup<K: aya::Pod, V: aya::Pod>(map: &HashMap<MapData, K, V>) -> HashMap<MapDat
 }
 
 impl Maps6 {
-    pub fn take(loaded: &super::Loaded) -> Self {
-        let maps = loaded.syncer.store();
+    pub fn take(maps: &proxy_user::dataplane::maps::PinnedMaps) -> Self {
         Self {
             frontends: dup(&maps.frontends6),
             backends: dup(&maps.backends6),
@@ -354,15 +367,76 @@ impl Maps6 {
             Some(timeout_s) => (frontend_flags::AFFINITY_CLIENT_IP, timeout_s),
             None => (0, 0),
         };
+        let slot0 = FrontendSlot {
+            backend_id: 0,
+            service_id,
+            backend_count: 0,
+            flags: flags | frontend_flags::KIND_CLUSTER_IP,
+            affinity_timeout_s,
+        };
+        self.write_set(addr, port, proto, scope::INTERNAL, slot0, backends);
+    }
+
+    /// Writes the frontend `fe`: its backends for traffic from inside and,
+    /// under `externalTrafficPolicy: Local`, its local set for traffic from
+    /// outside.
+    pub fn write(&mut self, fe: &Fe6) {
+        let mut flags = fe.kind;
+        let with_port = |set: &[(u32, Ipv6Addr)]| -> Vec<(u32, Ipv6Addr, u16)> {
+            set.iter()
+                .map(|&(id, ip)| (id, ip, fe.backend_port))
+                .collect()
+        };
+        let slot0 = |flags| FrontendSlot {
+            backend_id: 0,
+            service_id: fe.service_id,
+            backend_count: 0,
+            flags,
+            affinity_timeout_s: 0,
+        };
+        if let Some(local) = fe.local {
+            flags |= frontend_flags::LOCAL_ONLY;
+            let set = with_port(local);
+            self.write_set(
+                fe.addr,
+                fe.port,
+                fe.proto,
+                scope::EXTERNAL,
+                slot0(flags),
+                &set,
+            );
+        }
+        let set = with_port(fe.backends);
+        self.write_set(
+            fe.addr,
+            fe.port,
+            fe.proto,
+            scope::INTERNAL,
+            slot0(flags),
+            &set,
+        );
+    }
+
+    /// Writes the backends `set` (id, address, port) of one frontend and
+    /// scope in slots 1.., and `slot0` (its backend count set) in slot 0.
+    fn write_set(
+        &mut self,
+        addr: Ipv6Addr,
+        port: u16,
+        proto: u8,
+        scope_: u8,
+        slot0: FrontendSlot,
+        set: &[(u32, Ipv6Addr, u16)],
+    ) {
         let key = |slot: u16| FrontendKey6 {
             addr_be: addr6_be(addr.octets()),
             port_be: port.to_be(),
             proto,
-            scope: scope::INTERNAL,
+            scope: scope_,
             slot,
             _pad1: [0; 2],
         };
-        for (i, &(id, ip, bport)) in backends.iter().enumerate() {
+        for (i, &(id, ip, bport)) in set.iter().enumerate() {
             let backend = Backend6 {
                 addr_be: addr6_be(ip.octets()),
                 port_be: bport.to_be(),
@@ -374,7 +448,7 @@ impl Maps6 {
                 .expect("write a backend");
             let slot = FrontendSlot {
                 backend_id: id,
-                service_id,
+                service_id: slot0.service_id,
                 ..FrontendSlot::default()
             };
             self.frontends
@@ -382,11 +456,8 @@ impl Maps6 {
                 .expect("write a slot");
         }
         let slot0 = FrontendSlot {
-            backend_id: 0,
-            service_id,
-            backend_count: backends.len() as u16,
-            flags: flags | frontend_flags::KIND_CLUSTER_IP,
-            affinity_timeout_s,
+            backend_count: set.len() as u16,
+            ..slot0
         };
         self.frontends
             .insert(key(0), slot0, 0)

@@ -358,7 +358,6 @@ fn start_http_pods(sb: &mut TwoNodeSandbox, sb_http: &Path) -> Result<()> {
                 "--udp",
                 &POD_ECHO_PORT.to_string(),
             ],
-            &[],
         )?;
     }
     // Each pod answers HTTP at its own address from both clients (straight

@@ -29,6 +29,7 @@
 
 mod cgroup;
 mod cleanup;
+mod core;
 mod netns;
 mod output;
 mod procs;
@@ -38,12 +39,13 @@ pub mod two_node;
 use std::fs;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{anyhow, Context, Result};
 
+pub use self::core::{client_run, AgentRef, NetnsCore, PodSpec};
 pub use cgroup::TestCgroup;
 pub use cleanup::{cleanup_stale, list_netns, purge_tag, status_file};
 pub use netns::{enable_gro, gro_enabled, http_get, in_netns, tx_checksum_enabled, HttpResponse};
@@ -51,10 +53,8 @@ pub use output::{find, find_at, Attempt, Backend, ClientRun, Frontend};
 pub use sys::is_mountpoint;
 pub use two_node::{Lan, TwoNodeSandbox};
 
-use crate::util::{run_capture, show};
-use cleanup::remove_status_file;
-use procs::Children;
-use sys::{delete_netns, ip, mount_bpffs, remove_dir_if_exists, umount};
+use crate::util::show;
+use sys::ip;
 
 /// The ClusterIP of the demo Service (`manifests/demo/service.yaml`).
 pub const CLUSTER_IP: &str = "10.96.0.10";
@@ -98,21 +98,18 @@ pub fn pod_name(i: usize) -> String {
     format!("pod{i}")
 }
 
+/// The one-node sandbox, on the [`NetnsCore`] (which it dereferences to:
+/// `tag`, `dir`, `exec`, `command`, `spawn`, logs, `cleanup`, ...).
 pub struct Sandbox {
-    pub tag: String,
-    /// Temporary directory for logs and manifests.
-    pub dir: PathBuf,
+    core: NetnsCore,
     /// The bpffs mount used as the agent's `--pin-root`.
     pub pin_dir: PathBuf,
-    /// The cgroup the agent's socket layer attaches to (`--cgroup-root`) and
-    /// that clients join with [`Sandbox::client_in_cgroup`].
-    pub cgroup: Option<TestCgroup>,
-    namespaces: Vec<String>,
-    children: Children,
-    agent_log: Option<PathBuf>,
-    mounted: bool,
-    cleaned: bool,
 }
+
+self::core::built_on_core!(Sandbox);
+
+/// The one node's agent: label `agent` in the node namespace.
+const AGENT: &str = "agent";
 
 /// The IPv6 half of one node–peer link: `fd00:10:244:<subnet>::1/64` on the
 /// node's side, `::2/64` on the peer's with a default route to the node.
@@ -164,24 +161,9 @@ impl Sandbox {
     /// Creates the sandbox `tag`, first removing leftovers with the same tag.
     pub fn new(tag: &str) -> Result<Sandbox> {
         // Host-side interface names are `<tag>c` and `<tag>p<i>`: IFNAMSIZ is 16.
-        if tag.len() + 2 > 15 {
-            bail!("sandbox tag {tag:?} too long for interface names");
-        }
-        if !crate::util::is_root() {
-            bail!("the netns sandbox needs root (CAP_NET_ADMIN, CAP_SYS_ADMIN, CAP_BPF)");
-        }
-        purge_tag(tag)?;
-        let mut sb = Sandbox {
-            tag: tag.to_string(),
-            dir: std::env::temp_dir().join(format!("switchboard-{tag}")),
-            pin_dir: Path::new(PIN_BASE).join(tag).join("bpf"),
-            cgroup: None,
-            namespaces: Vec::new(),
-            children: Vec::new(),
-            agent_log: None,
-            mounted: false,
-            cleaned: false,
-        };
+        let core = NetnsCore::new(tag)?;
+        let pin_dir = core.run_dir().join("bpf");
+        let mut sb = Sandbox { core, pin_dir };
         // On error, Drop cleans up whatever was created so far.
         sb.setup()?;
         Ok(sb)
@@ -204,21 +186,27 @@ impl Sandbox {
     pub fn pod_if(&self, i: usize) -> String {
         format!("{}p{i}", self.tag)
     }
-    /// Directory for manifests handed to the agent (`--source dir:`).
-    pub fn manifest_dir(&self) -> PathBuf {
-        self.dir.join("manifests")
+    /// The sandbox's cgroup, the agent's socket layer attaches to
+    /// (`--cgroup-root`) and that clients join with
+    /// [`Sandbox::client_in_cgroup`].
+    pub fn cgroup(&self) -> Option<&TestCgroup> {
+        self.core.node_cgroup(0)
+    }
+
+    /// The node's agent, for the core.
+    fn agent(&self) -> AgentRef {
+        AgentRef {
+            label: AGENT.to_string(),
+            ns: self.node_ns(),
+            node: 0,
+        }
     }
 
     fn setup(&mut self) -> Result<()> {
-        fs::create_dir_all(self.manifest_dir())
-            .with_context(|| format!("create {}", self.dir.display()))?;
-
         let mut all = vec![self.node_ns(), self.client_ns()];
         all.extend((1..=PODS).map(|i| self.pod_ns(i)));
         for ns in &all {
-            ip(&["netns", "add", ns])?;
-            self.namespaces.push(ns.clone());
-            ip(&["-n", ns, "link", "set", "lo", "up"])?;
+            self.core.add_netns(ns)?;
         }
         let node = self.node_ns();
         self.exec(
@@ -265,106 +253,28 @@ impl Sandbox {
             add_ipv6(&node, &host_if, &peer_ns, subnet)?;
         }
 
-        fs::create_dir_all(&self.pin_dir)
-            .with_context(|| format!("create {}", self.pin_dir.display()))?;
-        mount_bpffs(&self.pin_dir)?;
-        self.mounted = true;
-        self.cgroup = Some(TestCgroup::create(&self.tag, &self.cgroup_bind())?);
+        let run_dir = self.core.run_dir();
+        let tag = self.tag.clone();
+        self.core.add_node(&run_dir, &tag)?;
         Ok(())
-    }
-
-    /// Where the sandbox's cgroup is bind-mounted (under its `/run` directory).
-    fn cgroup_bind(&self) -> PathBuf {
-        Path::new(PIN_BASE).join(&self.tag).join("cgroup")
-    }
-
-    /// Runs `cmd` inside namespace `ns`, waits, and returns its output; fails
-    /// if it exits non-zero.
-    pub fn exec(&self, ns: &str, cmd: &[&str]) -> Result<Output> {
-        run_capture(&mut self.command(ns, cmd))
-    }
-
-    /// Runs `cmd` in `ns` and returns its output whatever the exit status.
-    pub fn exec_status(&self, ns: &str, cmd: &[&str]) -> Result<Output> {
-        let mut c = self.command(ns, cmd);
-        c.stdin(Stdio::null())
-            .output()
-            .with_context(|| format!("could not start `{}`", show(&c)))
-    }
-
-    /// `ip netns exec <ns> <cmd...>`, dying with us.
-    pub fn command(&self, ns: &str, cmd: &[&str]) -> Command {
-        procs::netns_command(ns, cmd)
-    }
-
-    /// Starts `cmd` in `ns` in the background; stdout and stderr go to
-    /// `<dir>/<label>.log`. The sandbox kills it on cleanup.
-    pub fn spawn(&mut self, label: &str, ns: &str, cmd: &[&str]) -> Result<u32> {
-        self.spawn_env(label, ns, cmd, &[])
-    }
-
-    fn spawn_env(
-        &mut self,
-        label: &str,
-        ns: &str,
-        cmd: &[&str],
-        env: &[(&str, &str)],
-    ) -> Result<u32> {
-        let mut c = self.command(ns, cmd);
-        c.envs(env.iter().copied());
-        let log = self.log_path(label);
-        procs::spawn_logged(&mut self.children, label, c, &log)
-    }
-
-    pub fn log_path(&self, label: &str) -> PathBuf {
-        self.dir.join(format!("{label}.log"))
     }
 
     /// Starts `sb-echo` as pod1..pod3 (TCP 8080, UDP 5353) and waits until
-    /// each answers on its own address, from the client namespace.
+    /// each answers on its own address (TCP, both families: the sandbox is
+    /// dual-stack), from the client namespace.
     pub fn start_pods(&mut self, sb_echo: &Path) -> Result<()> {
-        let bin = sb_echo.to_string_lossy().into_owned();
-        for i in 1..=PODS {
-            let (ns, name) = (self.pod_ns(i), pod_name(i));
-            self.spawn(
-                &name,
-                &ns,
-                &[
-                    &bin,
-                    "--name",
-                    &name,
-                    "--tcp",
-                    &POD_TCP_PORT.to_string(),
-                    "--udp",
-                    &POD_UDP_PORT.to_string(),
+        let pods: Vec<PodSpec> = (1..=PODS)
+            .map(|i| PodSpec {
+                ns: self.pod_ns(i),
+                name: pod_name(i),
+                targets: vec![
+                    ("--tcp", format!("{}:{POD_TCP_PORT}", pod_ip(i))),
+                    ("--tcp", format!("[{}]:{POD_TCP_PORT}", pod_ip6(i))),
                 ],
-            )?;
-        }
-        let deadline = Instant::now() + Duration::from_secs(5);
-        // Both families: the sandbox is dual-stack.
-        let addrs = (1..=PODS).flat_map(|i| {
-            [
-                (i, format!("{}:{POD_TCP_PORT}", pod_ip(i))),
-                (i, format!("[{}]:{POD_TCP_PORT}", pod_ip6(i))),
-            ]
-        });
-        for (i, addr) in addrs {
-            loop {
-                let run = self.client(sb_echo, &["--tcp", &addr, "--timeout-ms", "300"])?;
-                if run.all_ok() && run.names() == vec![pod_name(i)] {
-                    break;
-                }
-                if Instant::now() > deadline {
-                    bail!(
-                        "pod{i} does not answer on {addr} from the client: {}\npod log:\n{}",
-                        run.raw,
-                        self.read_log(&pod_name(i))
-                    );
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
-        }
-        Ok(())
+            })
+            .collect();
+        let client = self.client_ns();
+        self.core.start_pods(sb_echo, &pods, &client)
     }
 
     /// Copies every file of `src` into the sandbox's manifest directory.
@@ -399,93 +309,50 @@ impl Sandbox {
         source: &str,
         extra: &[&str],
     ) -> Result<u32> {
-        let bin = switchboard.to_string_lossy().into_owned();
-        let pin = self.pin_dir.to_string_lossy().into_owned();
-        // Never the host's cgroup root: always the sandbox's own cgroup.
-        let cgroup = self
-            .cgroup
-            .as_ref()
-            .ok_or_else(|| anyhow!("sandbox has no cgroup"))?
-            .bound
-            .to_string_lossy()
-            .into_owned();
-        let node = self.node_ns();
-        let rust_log = std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into());
-        let mut args = vec![
-            bin.as_str(),
-            "agent",
-            "--source",
-            source,
-            "--pin-root",
-            &pin,
-            "--cgroup-root",
-            &cgroup,
-        ];
-        args.extend_from_slice(extra);
-        let pid = self.spawn_env("agent", &node, &args, &[("RUST_LOG", &rust_log)])?;
-        self.agent_log = Some(self.log_path("agent"));
-        Ok(pid)
+        let agent = self.agent();
+        self.core.start_agent(&agent, switchboard, source, extra)
     }
 
     /// Stops the agent with SIGTERM (SIGKILL after 5 s); returns its exit status.
     pub fn stop_agent(&mut self) -> Result<std::process::ExitStatus> {
-        procs::stop(&mut self.children, "agent")
+        self.core.stop(AGENT)
     }
 
     /// The running agent's pid.
     pub fn agent_pid(&self) -> Option<u32> {
-        procs::pid(&self.children, "agent")
+        self.core.pid(AGENT)
     }
 
     /// Kills the agent with SIGKILL; returns its exit status.
     pub fn kill_agent(&mut self) -> Result<std::process::ExitStatus> {
-        procs::kill(&mut self.children, "agent")
+        self.core.kill(AGENT)
     }
 
     /// Whether the agent process is still running.
     pub fn agent_running(&mut self) -> bool {
-        self.running("agent")
-    }
-
-    /// Whether the process started with `label` is still running.
-    pub fn running(&mut self, label: &str) -> bool {
-        procs::is_running(&mut self.children, label)
+        self.core.running(AGENT)
     }
 
     /// Whether the agent (any process started with the label `agent`) has
-    /// logged that its programs took over: it syncs before it attaches, so
-    /// services can show before traffic is served.
+    /// logged that its programs took over.
     pub fn agent_ready(&self) -> bool {
-        !self.log_path("agent").exists() || self.read_log("agent").contains(AGENT_READY)
+        self.core.agent_ready(AGENT)
     }
 
     /// The agent's log so far (empty if it was not started).
     pub fn agent_log(&self) -> String {
-        self.read_log("agent")
-    }
-
-    pub fn read_log(&self, label: &str) -> String {
-        fs::read_to_string(self.log_path(label)).unwrap_or_default()
+        self.read_log(AGENT)
     }
 
     /// `switchboard services --pin-root <pin dir> [-o json]` in the node
     /// namespace; returns stdout.
     pub fn services_raw(&self, switchboard: &Path, json: bool) -> Result<String> {
-        let bin = switchboard.to_string_lossy().into_owned();
-        let pin = self.pin_dir.to_string_lossy().into_owned();
-        let mut args = vec![bin.as_str(), "services", "--pin-root", &pin];
-        if json {
-            args.extend(["-o", "json"]);
-        }
-        let out = self.exec(&self.node_ns(), &args)?;
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        self.core.services_raw(&self.agent(), switchboard, json)
     }
 
     /// `switchboard services -o json`, parsed.
     pub fn services(&self, switchboard: &Path) -> Result<Vec<Frontend>> {
-        let raw = self.services_raw(switchboard, true)?;
-        serde_json::from_str(&raw)
-            .with_context(|| format!("parse `switchboard services -o json` output: {raw}"))
+        self.core.services(&self.agent(), switchboard)
     }
 
     /// Polls `switchboard services -o json` until `pred` holds; on timeout the
@@ -497,46 +364,15 @@ impl Sandbox {
         what: &str,
         pred: impl Fn(&[Frontend]) -> bool,
     ) -> Result<Vec<Frontend>> {
-        let deadline = Instant::now() + timeout;
-        let mut last;
-        loop {
-            match self.services(switchboard) {
-                Ok(frontends) if pred(&frontends) && self.agent_ready() => return Ok(frontends),
-                Ok(frontends) => last = format!("{frontends:#?}"),
-                Err(e) => last = format!("{e:#}"),
-            }
-            if Instant::now() > deadline || (self.agent_log.is_some() && !self.agent_running()) {
-                let state = if self.agent_running() {
-                    "agent running"
-                } else {
-                    "agent NOT running"
-                };
-                bail!(
-                    "timed out after {timeout:?} waiting for {what} ({state}); last `services -o json`: {last}\n\
-                     --- agent log ---\n{}--- end agent log ---",
-                    self.agent_log()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        let agent = self.agent();
+        self.core
+            .wait_services(&agent, switchboard, timeout, what, pred)
     }
 
     /// Runs `sb-echo client <args>` in the client namespace and parses its
     /// lines. Does not fail when attempts fail: inspect the result.
     pub fn client(&self, sb_echo: &Path, args: &[&str]) -> Result<ClientRun> {
-        let bin = sb_echo.to_string_lossy().into_owned();
-        let mut cmd = vec![bin.as_str(), "client"];
-        cmd.extend_from_slice(args);
-        let out = self.exec_status(&self.client_ns(), &cmd)?;
-        let raw = String::from_utf8_lossy(&out.stdout).into_owned();
-        if out.status.code() == Some(2) || out.status.code().is_none() {
-            bail!(
-                "sb-echo client {args:?} failed: {} {}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        ClientRun::parse(&raw)
+        self.core.client_in(sb_echo, &self.client_ns(), args)
     }
 
     /// Runs `sb-echo client <args>` in namespace `ns` as a member of the
@@ -547,14 +383,7 @@ impl Sandbox {
         let out = child
             .wait_with_output()
             .context("wait for sb-echo client")?;
-        if out.status.code() == Some(2) || out.status.code().is_none() {
-            bail!(
-                "sb-echo client {args:?} failed: {} {}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        ClientRun::parse(&String::from_utf8_lossy(&out.stdout))
+        client_run(&out, ns, args)
     }
 
     /// `client_in_cgroup` without waiting (stdout and stderr piped).
@@ -575,8 +404,7 @@ impl Sandbox {
     /// for a host client).
     pub fn command_in_cgroup(&self, ns: &str, cmd: &[&str]) -> Result<Command> {
         let procs = self
-            .cgroup
-            .as_ref()
+            .cgroup()
             .ok_or_else(|| anyhow!("sandbox has no cgroup"))?
             .procs_file();
         let procs = std::ffi::CString::new(procs.as_os_str().as_encoded_bytes())
@@ -613,70 +441,6 @@ impl Sandbox {
         c.stdin(Stdio::null()).stdout(Stdio::piped());
         c.spawn()
             .with_context(|| format!("could not start `{}`", show(&c)))
-    }
-
-    /// Kills started processes, deletes the namespaces, unmounts the pin root
-    /// and removes the directories. Idempotent; Drop calls it too.
-    pub fn cleanup(&mut self) -> Result<()> {
-        if self.cleaned {
-            return Ok(());
-        }
-        self.cleaned = true;
-        let mut errors = Vec::new();
-        // SIGTERM first so the agent can exit cleanly, then SIGKILL.
-        procs::terminate_all(&mut self.children);
-        for ns in self.namespaces.drain(..) {
-            if let Err(e) = delete_netns(&ns) {
-                errors.push(format!("{e:#}"));
-            }
-        }
-        if let Some(cgroup) = self.cgroup.take() {
-            if let Err(e) = cgroup.remove() {
-                errors.push(format!("{e:#}"));
-            }
-        }
-        if self.mounted {
-            if let Err(e) = umount(&self.pin_dir) {
-                errors.push(format!("{e:#}"));
-            }
-            self.mounted = false;
-        }
-        let tag_dir = Path::new(PIN_BASE).join(&self.tag);
-        if let Err(e) = remove_dir_if_exists(&tag_dir) {
-            errors.push(format!("{e:#}"));
-        }
-        remove_status_file(&self.pin_dir);
-        // Only succeeds when no other sandbox uses it.
-        let _ = fs::remove_dir(PIN_BASE);
-        if std::env::var_os("SB_KEEP_LOGS").is_none() {
-            let _ = fs::remove_dir_all(&self.dir);
-        } else {
-            eprintln!("sandbox: logs kept in {}", self.dir.display());
-        }
-        if errors.is_empty() {
-            Ok(())
-        } else {
-            Err(anyhow!(
-                "sandbox {} cleanup: {}",
-                self.tag,
-                errors.join("; ")
-            ))
-        }
-    }
-}
-
-impl Drop for Sandbox {
-    fn drop(&mut self) {
-        if std::thread::panicking() && !self.cleaned && self.agent_log.is_some() {
-            eprintln!(
-                "--- agent log of sandbox {} ---\n{}--- end agent log ---",
-                self.tag,
-                self.agent_log()
-            );
-        }
-        if let Err(e) = self.cleanup() {
-            eprintln!("{e:#}");
-        }
     }
 }
 

@@ -72,18 +72,17 @@ pub mod manifests;
 use std::fs;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Command, ExitStatus, Output, Stdio};
+use std::process::ExitStatus;
 use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{bail, Context, Result};
 
 use super::cgroup::TestCgroup;
-use super::cleanup::{purge_tag, remove_status_file, NODE_ROLES};
+use super::cleanup::NODE_ROLES;
+use super::core::{AgentRef, NetnsCore, PodSpec};
 use super::netns::{attach_xdp_pass, disable_tx_checksum, enable_gro, HttpResponse};
-use super::procs::{self, Children};
-use super::sys::{delete_netns, ip, mount_bpffs, remove_dir_if_exists, umount};
-use super::{next_test_tag, ClientRun, Frontend, PIN_BASE, POD_TCP_PORT, POD_UDP_PORT};
-use crate::util::{run_capture, show};
+use super::sys::ip;
+use super::{next_test_tag, ClientRun, Frontend, POD_TCP_PORT, POD_UDP_PORT};
 use manifests::{node_file, node_yaml, EntryPoint, ExternalService, Policy};
 
 /// Node A's LAN address (its `InternalIP`).
@@ -280,25 +279,20 @@ impl Client {
 }
 
 /// The two-node sandbox. See the module documentation for the layout.
+/// The two-node sandbox, on the [`NetnsCore`] (which it dereferences to:
+/// `tag`, `dir`, `exec`, `command`, `spawn`, `client_in`, logs, `cleanup`,
+/// ...).
 pub struct TwoNodeSandbox {
-    pub tag: String,
+    /// Declared first: dropped (cleaned up) before the XDP links below.
+    core: NetnsCore,
     /// What the LAN looks like.
     pub lan: Lan,
-    /// Temporary directory for logs and manifests.
-    pub dir: PathBuf,
-    namespaces: Vec<String>,
-    children: Children,
-    /// Pin roots mounted so far.
-    mounted: Vec<PathBuf>,
-    /// Per node (index 0 = A): its cgroup once created.
-    cgroups: [Option<TestCgroup>; 2],
-    /// Per node: whether an agent was started (for logs on failure).
-    agent_started: [bool; 2],
     /// The XDP_PASS links on the LAN-side uplink ends (see
     /// `netns::attach_xdp_pass`); dropped with the sandbox.
     xdp_links: Vec<std::os::fd::OwnedFd>,
-    cleaned: bool,
 }
+
+super::core::built_on_core!(TwoNodeSandbox);
 
 impl TwoNodeSandbox {
     /// A kind-like sandbox with a test tag unique to this process and call
@@ -320,24 +314,10 @@ impl TwoNodeSandbox {
 
     /// [`Self::new`] on the LAN `lan`.
     pub fn new_on(tag: &str, lan: Lan) -> Result<TwoNodeSandbox> {
-        if tag.len() + 2 > 15 {
-            bail!("sandbox tag {tag:?} too long for interface names");
-        }
-        if !crate::util::is_root() {
-            bail!("the netns sandbox needs root (CAP_NET_ADMIN, CAP_SYS_ADMIN, CAP_BPF)");
-        }
-        purge_tag(tag)?;
         let mut sb = TwoNodeSandbox {
-            tag: tag.to_string(),
+            core: NetnsCore::new(tag)?,
             lan,
-            dir: std::env::temp_dir().join(format!("switchboard-{tag}")),
-            namespaces: Vec::new(),
-            children: Vec::new(),
-            mounted: Vec::new(),
-            cgroups: [None, None],
-            agent_started: [false, false],
             xdp_links: Vec::new(),
-            cleaned: false,
         };
         // On error, Drop removes whatever was created so far.
         sb.setup()
@@ -384,13 +364,9 @@ impl TwoNodeSandbox {
     pub fn client_port(&self, client: Client) -> String {
         format!("{}{}", self.tag, client.id())
     }
-    /// Directory of the manifests both agents read (`--source dir:`).
-    pub fn manifest_dir(&self) -> PathBuf {
-        self.dir.join("manifests")
-    }
     /// `/run/switchboard-test/<tag>/<na|nb>`.
     fn node_run_dir(&self, node: Node) -> PathBuf {
-        Path::new(PIN_BASE).join(&self.tag).join(node.role())
+        self.run_dir().join(node.role())
     }
     /// The node's bpffs pin root (its agent's `--pin-root`).
     pub fn pin_dir(&self, node: Node) -> PathBuf {
@@ -399,23 +375,23 @@ impl TwoNodeSandbox {
     /// The node's cgroup, bind-mounted where the agent sees it (its
     /// `--cgroup-root`).
     pub fn cgroup(&self, node: Node) -> Option<&TestCgroup> {
-        self.cgroups[node.index()].as_ref()
+        self.core.node_cgroup(node.index())
     }
     fn agent_label(node: Node) -> String {
         format!("agent-{}", node.letter())
     }
-    pub fn log_path(&self, label: &str) -> PathBuf {
-        self.dir.join(format!("{label}.log"))
-    }
-    pub fn read_log(&self, label: &str) -> String {
-        fs::read_to_string(self.log_path(label)).unwrap_or_default()
+    /// The node's agent, for the core.
+    fn agent(&self, node: Node) -> AgentRef {
+        AgentRef {
+            label: Self::agent_label(node),
+            ns: self.node_ns(node),
+            node: node.index(),
+        }
     }
 
     // --- setup -----------------------------------------------------------
 
     fn setup(&mut self) -> Result<()> {
-        fs::create_dir_all(self.manifest_dir())
-            .with_context(|| format!("create {}", self.dir.display()))?;
         self.create_namespaces()?;
         self.create_lan()?;
         for node in Node::ALL {
@@ -472,9 +448,7 @@ impl TwoNodeSandbox {
 
     fn create_namespaces(&mut self) -> Result<()> {
         for ns in self.all_namespaces() {
-            ip(&["netns", "add", &ns])?;
-            self.namespaces.push(ns.clone());
-            ip(&["-n", &ns, "link", "set", "lo", "up"])?;
+            self.core.add_netns(&ns)?;
             // Before any interface exists: no duplicate address detection,
             // so every IPv6 address (link-local ones too) is usable at once.
             self.sh(
@@ -515,12 +489,6 @@ impl TwoNodeSandbox {
                echo 0 > $d/rp_filter; echo 0 > $d/send_redirects; \
              done",
         )
-    }
-
-    fn sh(&self, ns: &str, script: &str) -> Result<()> {
-        self.exec(ns, &["sh", "-c", script])
-            .map(|_| ())
-            .with_context(|| format!("sysctls in {ns}"))
     }
 
     fn create_lan(&self) -> Result<()> {
@@ -755,15 +723,12 @@ impl TwoNodeSandbox {
 
     /// The node's pin root (a bpffs) and cgroup.
     fn create_node_state(&mut self, node: Node) -> Result<()> {
-        let pin = self.pin_dir(node);
-        fs::create_dir_all(&pin).with_context(|| format!("create {}", pin.display()))?;
-        mount_bpffs(&pin)?;
-        self.mounted.push(pin);
-        let cgroup = TestCgroup::create(
-            &format!("{}-{}", self.tag, node.role()),
-            &self.node_run_dir(node).join("cgroup"),
-        )?;
-        self.cgroups[node.index()] = Some(cgroup);
+        let run_dir = self.node_run_dir(node);
+        let name = format!("{}-{}", self.tag, node.role());
+        let index = self.core.add_node(&run_dir, &name)?;
+        if index != node.index() {
+            bail!("{} set up as node {index}", node.name());
+        }
         Ok(())
     }
 
@@ -817,54 +782,7 @@ impl TwoNodeSandbox {
         ])
     }
 
-    // --- commands ----------------------------------------------------------
-
-    /// `ip netns exec <ns> <cmd...>`, dying with us.
-    pub fn command(&self, ns: &str, cmd: &[&str]) -> Command {
-        procs::netns_command(ns, cmd)
-    }
-
-    /// Runs `cmd` in `ns`, waits, and fails if it exits non-zero.
-    pub fn exec(&self, ns: &str, cmd: &[&str]) -> Result<Output> {
-        run_capture(&mut self.command(ns, cmd))
-    }
-
-    /// Starts `cmd` in `ns` in the background with `env`; output goes to
-    /// `<dir>/<label>.log`. Cleanup kills it.
-    pub fn spawn(
-        &mut self,
-        label: &str,
-        ns: &str,
-        cmd: &[&str],
-        env: &[(&str, &str)],
-    ) -> Result<u32> {
-        let mut c = self.command(ns, cmd);
-        c.envs(env.iter().copied());
-        let log = self.log_path(label);
-        procs::spawn_logged(&mut self.children, label, c, &log)
-    }
-
-    /// Runs `sb-echo client <args>` in namespace `ns` (a client's, a pod's or
-    /// a node's) and parses its lines. Failed attempts are not an error:
-    /// inspect the result.
-    pub fn client_in(&self, sb_echo: &Path, ns: &str, args: &[&str]) -> Result<ClientRun> {
-        let bin = sb_echo.to_string_lossy().into_owned();
-        let mut cmd = vec![bin.as_str(), "client"];
-        cmd.extend_from_slice(args);
-        let mut c = self.command(ns, &cmd);
-        let out = c
-            .stdin(Stdio::null())
-            .output()
-            .with_context(|| format!("could not start `{}`", show(&c)))?;
-        if out.status.code() == Some(2) || out.status.code().is_none() {
-            bail!(
-                "sb-echo client {args:?} in {ns} failed: {} {}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        ClientRun::parse(&String::from_utf8_lossy(&out.stdout))
-    }
+    // --- clients ----------------------------------------------------------
 
     /// `sb-echo client <args>` from an external client.
     pub fn client(&self, sb_echo: &Path, from: Client, args: &[&str]) -> Result<ClientRun> {
@@ -912,57 +830,21 @@ impl TwoNodeSandbox {
     /// UDP 5353) and waits until each answers client 1 at its own address
     /// over TCP and UDP (straight through the nodes, no agent involved).
     pub fn start_pods(&mut self, sb_echo: &Path) -> Result<()> {
-        let bin = sb_echo.to_string_lossy().into_owned();
-        for pod in Pod::all() {
-            let (ns, name) = (self.pod_ns(pod), pod.name());
-            self.spawn(
-                &name,
-                &ns,
-                &[
-                    &bin,
-                    "--name",
-                    &name,
-                    "--tcp",
-                    &POD_TCP_PORT.to_string(),
-                    "--udp",
-                    &POD_UDP_PORT.to_string(),
+        let pods: Vec<PodSpec> = Pod::all()
+            .into_iter()
+            .map(|pod| PodSpec {
+                ns: self.pod_ns(pod),
+                name: pod.name(),
+                targets: vec![
+                    ("--tcp", format!("{}:{POD_TCP_PORT}", pod.ip())),
+                    ("--udp", format!("{}:{POD_UDP_PORT}", pod.ip())),
+                    ("--tcp", format!("[{}]:{POD_TCP_PORT}", pod.ip6())),
+                    ("--udp", format!("[{}]:{POD_UDP_PORT}", pod.ip6())),
                 ],
-                &[],
-            )?;
-        }
-        for pod in Pod::all() {
-            self.wait_pod_answers(sb_echo, pod)?;
-        }
-        Ok(())
-    }
-
-    fn wait_pod_answers(&self, sb_echo: &Path, pod: Pod) -> Result<()> {
-        let deadline = Instant::now() + Duration::from_secs(5);
-        let targets = [
-            ("--tcp", format!("{}:{POD_TCP_PORT}", pod.ip())),
-            ("--udp", format!("{}:{POD_UDP_PORT}", pod.ip())),
-            ("--tcp", format!("[{}]:{POD_TCP_PORT}", pod.ip6())),
-            ("--udp", format!("[{}]:{POD_UDP_PORT}", pod.ip6())),
-        ];
-        for (flag, addr) in targets {
-            loop {
-                let run =
-                    self.client(sb_echo, Client::One, &[flag, &addr, "--timeout-ms", "300"])?;
-                if run.all_ok() && run.names() == vec![pod.name()] {
-                    break;
-                }
-                if Instant::now() > deadline {
-                    bail!(
-                        "{} does not answer {flag} {addr} from client 1: {}\npod log:\n{}",
-                        pod.name(),
-                        run.raw,
-                        self.read_log(&pod.name())
-                    );
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
-        }
-        Ok(())
+            })
+            .collect();
+        let client = self.client_ns(Client::One);
+        self.core.start_pods(sb_echo, &pods, &client)
     }
 
     // --- manifests -------------------------------------------------------------
@@ -1014,53 +896,27 @@ impl TwoNodeSandbox {
     /// RUST_LOG=info (or the caller's RUST_LOG), logging to `agent-a.log` /
     /// `agent-b.log`.
     pub fn start_agent(&mut self, node: Node, switchboard: &Path, extra: &[&str]) -> Result<u32> {
-        let bin = switchboard.to_string_lossy().into_owned();
         let source = format!("dir:{}", self.manifest_dir().display());
-        let pin = self.pin_dir(node).to_string_lossy().into_owned();
-        // Never the host's cgroup root: always the node's own test cgroup.
-        let cgroup = self
-            .cgroup(node)
-            .ok_or_else(|| anyhow!("{} has no cgroup", node.name()))?
-            .bound
-            .to_string_lossy()
-            .into_owned();
         let uplink = self.uplink(node);
-        let rust_log = std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into());
-        let mut args = vec![
-            bin.as_str(),
-            "agent",
-            "--source",
-            &source,
-            "--pin-root",
-            &pin,
-            "--cgroup-root",
-            &cgroup,
-            "--node-name",
-            node.name(),
-            "--uplink",
-            &uplink,
-        ];
+        let mut args = vec!["--node-name", node.name(), "--uplink", &uplink];
         args.extend_from_slice(extra);
-        let label = Self::agent_label(node);
-        let ns = self.node_ns(node);
-        let pid = self.spawn(&label, &ns, &args, &[("RUST_LOG", &rust_log)])?;
-        self.agent_started[node.index()] = true;
-        Ok(pid)
+        let agent = self.agent(node);
+        self.core.start_agent(&agent, switchboard, &source, &args)
     }
 
     /// Stops the node's agent with SIGTERM (SIGKILL after 5 s).
     pub fn stop_agent(&mut self, node: Node) -> Result<ExitStatus> {
-        procs::stop(&mut self.children, &Self::agent_label(node))
+        self.core.stop(&Self::agent_label(node))
     }
 
     /// The pid of the node's running agent.
     pub fn agent_pid(&self, node: Node) -> Option<u32> {
-        procs::pid(&self.children, &Self::agent_label(node))
+        self.core.pid(&Self::agent_label(node))
     }
 
     /// Whether the node's agent is running.
     pub fn agent_running(&mut self, node: Node) -> bool {
-        procs::is_running(&mut self.children, &Self::agent_label(node))
+        self.core.running(&Self::agent_label(node))
     }
 
     /// The node's agent log so far.
@@ -1071,19 +927,7 @@ impl TwoNodeSandbox {
     /// `switchboard services -o json --pin-root <node's pin root>` in the
     /// node namespace, parsed.
     pub fn services(&self, node: Node, switchboard: &Path) -> Result<Vec<Frontend>> {
-        let bin = switchboard.to_string_lossy().into_owned();
-        let pin = self.pin_dir(node).to_string_lossy().into_owned();
-        let out = self.exec(
-            &self.node_ns(node),
-            &[&bin, "services", "--pin-root", &pin, "-o", "json"],
-        )?;
-        let raw = String::from_utf8_lossy(&out.stdout);
-        serde_json::from_str(&raw).with_context(|| {
-            format!(
-                "parse `switchboard services -o json` of {}: {raw}",
-                node.name()
-            )
-        })
+        self.core.services(&self.agent(node), switchboard)
     }
 
     /// Polls the node's `switchboard services -o json` until `pred` holds;
@@ -1097,35 +941,9 @@ impl TwoNodeSandbox {
         what: &str,
         pred: impl Fn(&[Frontend]) -> bool,
     ) -> Result<Vec<Frontend>> {
-        let deadline = Instant::now() + timeout;
-        let mut last;
-        loop {
-            match self.services(node, switchboard) {
-                Ok(frontends)
-                    if pred(&frontends) && self.agent_log(node).contains(super::AGENT_READY) =>
-                {
-                    return Ok(frontends)
-                }
-                Ok(frontends) => last = format!("{frontends:#?}"),
-                Err(e) => last = format!("{e:#}"),
-            }
-            let running = self.agent_running(node);
-            if Instant::now() > deadline || !running {
-                let state = if running {
-                    "agent running"
-                } else {
-                    "agent NOT running"
-                };
-                bail!(
-                    "{}: timed out after {timeout:?} waiting for {what} ({state}); last `services -o json`: {last}\n\
-                     --- agent log of {} ---\n{}--- end agent log ---",
-                    node.name(),
-                    node.name(),
-                    self.agent_log(node)
-                );
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        let agent = self.agent(node);
+        self.core
+            .wait_services(&agent, switchboard, timeout, what, pred)
     }
 
     /// What `bpftool net show dev <uplink>` lists as attached to the node's
@@ -1187,84 +1005,13 @@ impl TwoNodeSandbox {
             std::thread::sleep(Duration::from_millis(100));
         }
     }
-
-    // --- cleanup -------------------------------------------------------------------
-
-    /// Kills the processes, deletes the namespaces (and with them the bridge
-    /// and veths), removes the cgroups, unmounts the pin roots, removes the
-    /// directories and the agents' status files. Idempotent; Drop calls it.
-    pub fn cleanup(&mut self) -> Result<()> {
-        if self.cleaned {
-            return Ok(());
-        }
-        self.cleaned = true;
-        let mut errors = Vec::new();
-        procs::terminate_all(&mut self.children);
-        for ns in self.namespaces.drain(..).rev() {
-            if let Err(e) = delete_netns(&ns) {
-                errors.push(format!("{e:#}"));
-            }
-        }
-        for cgroup in self.cgroups.iter_mut().filter_map(Option::take) {
-            if let Err(e) = cgroup.remove() {
-                errors.push(format!("{e:#}"));
-            }
-        }
-        for pin in self.mounted.drain(..) {
-            if let Err(e) = umount(&pin) {
-                errors.push(format!("{e:#}"));
-            }
-        }
-        let tag_dir = Path::new(PIN_BASE).join(&self.tag);
-        if let Err(e) = remove_dir_if_exists(&tag_dir) {
-            errors.push(format!("{e:#}"));
-        }
-        for node in Node::ALL {
-            remove_status_file(&self.pin_dir(node));
-        }
-        // Only succeeds when no other sandbox uses it.
-        let _ = fs::remove_dir(PIN_BASE);
-        if std::env::var_os("SB_KEEP_LOGS").is_none() {
-            let _ = fs::remove_dir_all(&self.dir);
-        } else {
-            eprintln!("sandbox: logs kept in {}", self.dir.display());
-        }
-        if errors.is_empty() {
-            Ok(())
-        } else {
-            Err(anyhow!(
-                "sandbox {} cleanup: {}",
-                self.tag,
-                errors.join("; ")
-            ))
-        }
-    }
-}
-
-impl Drop for TwoNodeSandbox {
-    fn drop(&mut self) {
-        if std::thread::panicking() && !self.cleaned {
-            for node in Node::ALL {
-                if self.agent_started[node.index()] {
-                    eprintln!(
-                        "--- agent log of {} (sandbox {}) ---\n{}--- end agent log ---",
-                        node.name(),
-                        self.tag,
-                        self.agent_log(node)
-                    );
-                }
-            }
-        }
-        if let Err(e) = self.cleanup() {
-            eprintln!("{e:#}");
-        }
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::super::cleanup::{is_role, status_file_tag, test_tag_of};
     use super::super::status_file;
+    use super::super::PIN_BASE;
     use super::*;
 
     #[test]
