@@ -6,7 +6,7 @@
 # (see docs/install.md, "Building the image"). This file is not run by CI.
 
 # --- build: the toolchains `cargo xtask setup` installs -----------------------
-# Stable builds the agent; the eBPF programs are built by proxy-user/build.rs
+# Stable builds the agent; the eBPF programs are built by proxy-object/build.rs
 # with `cargo +nightly` (rust-src for build-std) and linked by bpf-linker
 # 0.10.4, which uses the LLVM of the Rust toolchain it is built with. If a
 # newer nightly than the one this repository was tested with (1.97,
@@ -17,7 +17,7 @@ RUN rustup toolchain install nightly --profile minimal --component rust-src \
  && cargo install bpf-linker --version 0.10.4 --locked
 WORKDIR /src
 COPY . .
-RUN cargo build --release -p proxy-user --bin switchboard \
+RUN cargo build --release -p switchboard --bin switchboard \
  && install -D -m 0755 target/release/switchboard /out/switchboard
 
 # --- runtime -------------------------------------------------------------------

@@ -66,7 +66,8 @@ use aya_ebpf::{
     programs::{SockAddrContext, SockContext, TcContext, XdpContext},
 };
 
-/// `SB_PROGRAM_REVISION` at build time (0 when unset). A build with another
+/// `SB_PROGRAM_REVISION` at build time (0 when unset; proxy-object's build
+/// sets it from its `revision-1` feature). A build with another
 /// revision has pod programs whose instructions differ (one extra guard that
 /// no real packet meets: an skb is never 4 GiB) and whose behaviour does not:
 /// the lifecycle test upgrades the agent to such a build under traffic to

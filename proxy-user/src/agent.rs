@@ -109,8 +109,9 @@ const RESCAN: Duration = Duration::from_secs(2);
 /// data path as it was: pin-root check, lock, capacity check, the source's
 /// first complete view, loading (maps created or adopted, nothing written),
 /// the first sync, and only then the programs take over (tail calls, pod
-/// interfaces, uplinks, socket layer).
-pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
+/// interfaces, uplinks, socket layer). `object` is the compiled programs
+/// (the binary embeds them from `proxy-object`).
+pub async fn run(config: AgentConfig, object: &'static [u8]) -> anyhow::Result<()> {
     // Before the lock: a refused pin root leaves no lock file behind.
     ebpf::check_pin_root(&config.pin_root)?;
     // A newer version's pin root is refused before anything is touched.
@@ -151,7 +152,7 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
     let mut feed = open_source(&config).await?;
     tokio::spawn(mark_queued(feed.publishes(), proxy_health.clone()));
 
-    let mut ebpf = ebpf::load(&config.pin_root, &capacities, resize.maps())
+    let mut ebpf = ebpf::load(object, &config.pin_root, &capacities, resize.maps())
         .context("loading the eBPF programs")?;
     if pinroot::stamp(&config.pin_root).context("recording the pin root's format")? {
         info!(

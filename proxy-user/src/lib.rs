@@ -2,8 +2,8 @@
 //! loader and attach logic, and the CLI, grouped by layer. Each layer
 //! imports only from the ones below it (bottom first): `util`, `model`,
 //! `source`, `sync`, `dataplane`, `node`, `cli`, then the composition root
-//! (`agent`, `args`, `main.rs`). See `docs/layout.md`; the test in
-//! `layers.rs` checks the rule.
+//! (`agent`, `args`; the `switchboard` binary's `main.rs` in its own
+//! crate). See `docs/layout.md`; the test in `layers.rs` checks the rule.
 // The agent handles every failure: no unwrap, expect or panic outside tests.
 #![cfg_attr(
     not(test),

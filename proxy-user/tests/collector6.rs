@@ -276,7 +276,8 @@ fn an_agent_finding_no_ipv6_tables_pinned_creates_them() {
         _pad: [0; 2],
     };
     {
-        let mut ebpf = ebpf::load(pin_root, &caps, &[]).expect("first load");
+        let mut ebpf =
+            ebpf::load(proxy_object::SWITCHBOARD, pin_root, &caps, &[]).expect("first load");
         let mut maps = PinnedMaps::take(&mut ebpf).expect("maps");
         maps.conntrack
             .insert(v4, CtEntry::default(), 0)
@@ -290,7 +291,8 @@ fn an_agent_finding_no_ipv6_tables_pinned_creates_them() {
         "the agent's open needs the IPv6 pins"
     );
 
-    let _ebpf = ebpf::load(pin_root, &caps, &[]).expect("load onto the older pin root");
+    let _ebpf = ebpf::load(proxy_object::SWITCHBOARD, pin_root, &caps, &[])
+        .expect("load onto the older pin root");
     for name in [names::CONNTRACK6, names::SOCKETS6] {
         assert!(pin_root.join(name).exists(), "{name} pinned");
     }
@@ -382,7 +384,7 @@ fn the_cli_reads_an_agent_that_predates_ipv6() {
         _pad: [0; 2],
     };
     {
-        let mut ebpf = ebpf::load(pin_root, &caps, &[]).expect("load");
+        let mut ebpf = ebpf::load(proxy_object::SWITCHBOARD, pin_root, &caps, &[]).expect("load");
         let mut maps = PinnedMaps::take(&mut ebpf).expect("maps");
         maps.conntrack
             .insert(v4, CtEntry::default(), 0)
@@ -457,7 +459,7 @@ fn explain_reads_ipv6_conntrack_and_affinity_from_the_pins() {
     let fs = Bpffs::mount_at("collector6-explain");
     let pin_root = fs.0.as_path();
     let caps = capacities(64);
-    let mut ebpf = ebpf::load(pin_root, &caps, &[]).expect("load");
+    let mut ebpf = ebpf::load(proxy_object::SWITCHBOARD, pin_root, &caps, &[]).expect("load");
     let mut maps = PinnedMaps::take(&mut ebpf).expect("maps");
     let (vip, service) = ("fd00:96::10", 5u32);
     let fe = |slot: u16| proxy_common::FrontendKey6 {
@@ -578,9 +580,27 @@ fn explain_reads_ipv6_conntrack_and_affinity_from_the_pins() {
     drop(ebpf);
 }
 
+/// The `switchboard` binary (a crate of its own): `SWITCHBOARD_BIN`, as
+/// `cargo xtask test` sets it, or the one cargo built beside this test.
+fn switchboard_bin() -> PathBuf {
+    if let Some(bin) = std::env::var_os("SWITCHBOARD_BIN") {
+        return PathBuf::from(bin);
+    }
+    let beside = std::env::current_exe()
+        .ok()
+        .and_then(|exe| Some(exe.parent()?.parent()?.join("switchboard")));
+    match beside {
+        Some(bin) if bin.is_file() => bin,
+        _ => panic!(
+            "no switchboard binary: set SWITCHBOARD_BIN or build it first \
+             (`cargo build --release -p switchboard`; `cargo xtask test` does both)"
+        ),
+    }
+}
+
 /// Runs the CLI; its stdout as JSON and its stderr.
 fn cli_with_stderr(pin_root: &Path, args: &[&str]) -> (serde_json::Value, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_switchboard"))
+    let out = Command::new(switchboard_bin())
         .args(args)
         .arg("--pin-root")
         .arg(pin_root)

@@ -406,7 +406,8 @@ struct World {
 
 fn world(name: &str) -> World {
     require_root();
-    let mut ebpf = ebpf::load_unpinned(&capacities(1024)).expect("load the eBPF object");
+    let mut ebpf = ebpf::load_unpinned(proxy_object::SWITCHBOARD, &capacities(1024))
+        .expect("load the eBPF object");
     program_maps(&mut ebpf);
     let cgroup = TestCgroup::create(name);
     cgroup.attach(&mut ebpf);

@@ -1,44 +1,40 @@
-//! `cargo xtask build`: release build of `switchboard` (with the embedded eBPF
-//! object, built by proxy-user/build.rs) and of the `sb-echo` pod server.
+//! `cargo xtask build`: release build of `switchboard` (with the eBPF object
+//! embedded from proxy-object, built by proxy-object/build.rs) and of the
+//! `sb-echo` pod server.
 
 use std::path::PathBuf;
 
 use anyhow::{bail, Context as _, Result};
 
-use crate::util::{cargo, release_bin, repo_root, run_inherit};
+use crate::util::{cargo, release_bin, repo_root, run_inherit, show};
 
 pub struct Binaries {
     pub switchboard: PathBuf,
     pub sb_echo: PathBuf,
 }
 
-/// Builds `switchboard` as an "upgrade": `SB_PROGRAM_REVISION=1` gives its
-/// pod programs other instructions (see proxy-ebpf's `PROGRAM_REVISION`),
-/// so the lifecycle test can swap running programs for changed ones. Copied
-/// to `target/release/switchboard-upgrade`; run it before [`run`], which
-/// builds the ordinary binary again (same packages, so only proxy-user is
-/// rebuilt; each revision keeps its own compiled eBPF programs).
+/// Builds `switchboard` as an "upgrade": the `revision-1` feature gives its
+/// pod programs other instructions (see proxy-ebpf's `PROGRAM_REVISION`), so
+/// the lifecycle test can swap running programs for changed ones. Copied to
+/// `target/release/switchboard-upgrade`. The packages and features are those
+/// of `cargo test --workspace` (the test build), so only proxy-object and the
+/// binary are built for it: the agent's library is shared. Run it before the
+/// test build, which puts the ordinary binary back in `target/release`.
 pub fn upgrade_variant() -> Result<PathBuf> {
-    // xtask is selected for the same feature unification as the ordinary
-    // build (the dependencies are then shared), but only the agent is built.
-    println!(
-        "build: SB_PROGRAM_REVISION=1 cargo build --release -p proxy-user -p xtask --bin switchboard"
-    );
-    run_inherit(
-        cargo()
-            .current_dir(repo_root())
-            .env("SB_PROGRAM_REVISION", "1")
-            .args([
-                "build",
-                "--release",
-                "-p",
-                "proxy-user",
-                "-p",
-                "xtask",
-                "--bin",
-                "switchboard",
-            ]),
-    )?;
+    let mut cmd = cargo();
+    cmd.current_dir(repo_root()).args([
+        "build",
+        "--release",
+        "--workspace",
+        "--exclude",
+        "proxy-ebpf",
+        "--bin",
+        "switchboard",
+        "--features",
+        "switchboard/revision-1",
+    ]);
+    println!("build: {}", show(&cmd));
+    run_inherit(&mut cmd)?;
     let dest = release_bin("switchboard-upgrade");
     std::fs::copy(release_bin("switchboard"), &dest)
         .with_context(|| format!("copying the upgrade build to {}", dest.display()))?;
@@ -46,22 +42,42 @@ pub fn upgrade_variant() -> Result<PathBuf> {
     Ok(dest)
 }
 
+/// After the test build: the ordinary binaries, and a check that the
+/// upgrade variant is not one of them (`target/release/switchboard` must be
+/// the ordinary build again).
+pub fn test_binaries(upgrade: &std::path::Path) -> Result<Binaries> {
+    let bins = Binaries {
+        switchboard: release_bin("switchboard"),
+        sb_echo: release_bin("sb-echo"),
+    };
+    for bin in [&bins.switchboard, &bins.sb_echo] {
+        if !bin.exists() {
+            bail!("build: expected {} after the test build", bin.display());
+        }
+    }
+    let read = |path: &std::path::Path| {
+        std::fs::read(path).with_context(|| format!("reading {}", path.display()))
+    };
+    if read(&bins.switchboard)? == read(upgrade)? {
+        bail!(
+            "build: {} is the upgrade variant, not the ordinary build",
+            bins.switchboard.display()
+        );
+    }
+    Ok(bins)
+}
+
 pub fn run() -> Result<Binaries> {
-    println!("build: cargo build --release -p proxy-user -p xtask --bins");
-    run_inherit(
-        cargo()
-            .current_dir(repo_root())
-            .env_remove("SB_PROGRAM_REVISION")
-            .args([
-                "build",
-                "--release",
-                "-p",
-                "proxy-user",
-                "-p",
-                "xtask",
-                "--bins",
-            ]),
-    )?;
+    println!("build: cargo build --release -p switchboard -p xtask --bins");
+    run_inherit(cargo().current_dir(repo_root()).args([
+        "build",
+        "--release",
+        "-p",
+        "switchboard",
+        "-p",
+        "xtask",
+        "--bins",
+    ]))?;
     let bins = Binaries {
         switchboard: release_bin("switchboard"),
         sb_echo: release_bin("sb-echo"),

@@ -4,6 +4,8 @@
 //! `testrun`) → clippy, on the host and for the BPF target → the ten longest
 //! jobs and a closing `test: N passed, M failed` line.
 
+use std::time::{Duration, Instant};
+
 use anyhow::{bail, Result};
 
 use crate::util::{cargo, repo_root, run_inherit, show};
@@ -47,23 +49,28 @@ pub fn run() -> Result<()> {
              mount bpffs and load eBPF programs (try `sudo -E cargo xtask test`)"
         );
     }
-    crate::setup::run()?;
-    // A warning in the eBPF crate fails every build below (proxy-user's
+    let mut steps = Steps::default();
+    steps.time("setup", crate::setup::run)?;
+    // A warning in the eBPF crate fails every build below (proxy-object's
     // build script reads it; each build sees the same value, so the eBPF
     // object is not rebuilt between them).
     std::env::set_var("SB_EBPF_DENY_WARNINGS", "1");
     println!("test: cargo fmt --all --check");
-    let fmt = run_inherit(
-        cargo()
-            .current_dir(repo_root())
-            .args(["fmt", "--all", "--check"]),
-    );
-    let upgrade = crate::build::upgrade_variant()?;
-    let bins = crate::build::run()?;
+    let fmt = steps.time("fmt --check", || {
+        run_inherit(
+            cargo()
+                .current_dir(repo_root())
+                .args(["fmt", "--all", "--check"]),
+        )
+    });
+    let upgrade = steps.time("build: upgrade variant", crate::build::upgrade_variant)?;
     if let Err(e) = crate::sandbox::cleanup_stale() {
         eprintln!("test: cleaning stale sandboxes: {e:#}");
     }
 
+    // One build of everything else: the agent's library, its unit tests,
+    // the test binaries and the binaries the tests run (switchboard,
+    // sb-echo), side by side.
     let mut cmd = cargo();
     cmd.current_dir(repo_root()).args([
         "test",
@@ -73,40 +80,45 @@ pub fn run() -> Result<()> {
         "proxy-ebpf",
         "--no-run",
     ]);
-    let binaries = crate::testrun::build(cmd)?;
+    let binaries = steps.time("build: tests and binaries", || crate::testrun::build(cmd))?;
+    let bins = crate::build::test_binaries(&upgrade)?;
     let lanes = std::env::var("SB_TEST_LANES")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(LANES);
-    let summary = crate::testrun::run(
-        &binaries,
-        lanes,
-        &[
-            ("SWITCHBOARD_BIN", &bins.switchboard),
-            ("SB_ECHO_BIN", &bins.sb_echo),
-            ("SWITCHBOARD_UPGRADE_BIN", &upgrade),
-        ],
-    )?;
+    let summary = steps.time("tests", || {
+        crate::testrun::run(
+            &binaries,
+            lanes,
+            &[
+                ("SWITCHBOARD_BIN", &bins.switchboard),
+                ("SB_ECHO_BIN", &bins.sb_echo),
+                ("SWITCHBOARD_UPGRADE_BIN", &upgrade),
+            ],
+        )
+    })?;
     let counts = &summary.counts;
 
     // --release reuses the build scripts' output (the eBPF object) and the
     // proc macros of the release build: minutes less on 2 cores.
     println!("test: cargo clippy --release --workspace --all-targets -- -D warnings");
-    let clippy = run_inherit(cargo().current_dir(repo_root()).args([
-        "clippy",
-        "--release",
-        "--workspace",
-        "--exclude",
-        "proxy-ebpf",
-        "--all-targets",
-        "--",
-        "-D",
-        "warnings",
-    ]));
+    let clippy = steps.time("clippy", || {
+        run_inherit(cargo().current_dir(repo_root()).args([
+            "clippy",
+            "--release",
+            "--workspace",
+            "--exclude",
+            "proxy-ebpf",
+            "--all-targets",
+            "--",
+            "-D",
+            "warnings",
+        ]))
+    });
     if let Err(e) = &clippy {
         println!("test: clippy failed: {e:#}");
     }
-    let bpf_clippy = clippy_bpf();
+    let bpf_clippy = steps.time("clippy: BPF target", clippy_bpf);
     if let Err(e) = &bpf_clippy {
         println!("test: clippy on the BPF target failed: {e:#}");
     }
@@ -142,6 +154,7 @@ pub fn run() -> Result<()> {
     for (name, took) in summary.durations.iter().take(10) {
         println!("test:   {:>6.1} s  {name}", took.as_secs_f64());
     }
+    steps.print();
     if !summary.failed_jobs.is_empty() {
         bail!("failed: {}", summary.failed_jobs.join(", "));
     }
@@ -149,6 +162,27 @@ pub fn run() -> Result<()> {
     bpf_clippy?;
     fmt?;
     Ok(())
+}
+
+/// How long each step of the run took, printed at the end.
+#[derive(Default)]
+struct Steps(Vec<(&'static str, Duration)>);
+
+impl Steps {
+    fn time<T>(&mut self, name: &'static str, step: impl FnOnce() -> T) -> T {
+        let start = Instant::now();
+        let out = step();
+        self.0.push((name, start.elapsed()));
+        out
+    }
+
+    fn print(&self) {
+        let total: Duration = self.0.iter().map(|(_, took)| *took).sum();
+        println!("test: the steps took {:.0} s:", total.as_secs_f64());
+        for (name, took) in &self.0 {
+            println!("test:   {:>6.1} s  {name}", took.as_secs_f64());
+        }
+    }
 }
 
 /// Clippy on the kernel programs, for the BPF target they are built for,

@@ -5,8 +5,8 @@
 //! changed programs, with the Service changing meanwhile.
 //!
 //! The upgrade build comes from `cargo xtask test` (SWITCHBOARD_UPGRADE_BIN:
-//! the same tree built with SB_PROGRAM_REVISION=1, whose pod programs have
-//! other instructions).
+//! the same tree built with the `switchboard/revision-1` feature, whose pod
+//! programs have other instructions).
 
 use std::path::{Path, PathBuf};
 use std::process::Child;
@@ -122,7 +122,7 @@ fn zero_loss_across_kill_restart_upgrade_and_service_changes() {
     );
     assert_ne!(
         upgraded_tag, first_tag,
-        "the upgrade build's program has other instructions (SB_PROGRAM_REVISION)"
+        "the upgrade build's program has other instructions (feature revision-1)"
     );
     std::thread::sleep(Duration::from_millis(800));
 

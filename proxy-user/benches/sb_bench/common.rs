@@ -13,8 +13,7 @@ use proxy_user::{
 };
 
 /// The benchmark floor: proxy-ebpf's `sb-empty` bin (empty tc and XDP programs).
-pub(crate) static EMPTY_OBJECT: &[u8] =
-    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/sb-empty"));
+pub(crate) static EMPTY_OBJECT: &[u8] = proxy_object::EMPTY;
 
 pub(crate) const TC_ACT_OK: u32 = 0;
 pub(crate) const TC_ACT_UNSPEC: u32 = u32::MAX;

@@ -173,7 +173,7 @@ pub(crate) fn fwd(rest: &[String]) -> Result<Value> {
             }
             _ => {
                 let caps = Capacities::default();
-                let mut ebpf = ebpf::load_unpinned(&caps)?;
+                let mut ebpf = ebpf::load_unpinned(proxy_object::SWITCHBOARD, &caps)?;
                 let maps = PinnedMaps::take(&mut ebpf)?;
                 let mut syncer = Syncer::adopt(maps, caps);
                 let mut f = frontend(

@@ -113,7 +113,8 @@ pub(crate) fn perpacket_state(services: u32, target_backends: u32) -> DesiredSta
 
 impl PerPacket {
     fn new(caps: Capacities) -> Result<Self> {
-        let mut ebpf = ebpf::load_unpinned(&caps).context("loading switchboard's object")?;
+        let mut ebpf = ebpf::load_unpinned(proxy_object::SWITCHBOARD, &caps)
+            .context("loading switchboard's object")?;
         let maps = PinnedMaps::take(&mut ebpf)?;
         let fd = maps
             .conntrack

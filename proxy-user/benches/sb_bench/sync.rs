@@ -113,7 +113,7 @@ pub(crate) fn unpinned_syncer(
         conntrack: 262_144,
         services: (count + 1024).next_power_of_two(),
     };
-    let mut ebpf = ebpf::load_unpinned(&caps)?;
+    let mut ebpf = ebpf::load_unpinned(proxy_object::SWITCHBOARD, &caps)?;
     let maps = PinnedMaps::take(&mut ebpf)?;
     Ok((ebpf, Syncer::adopt(maps, caps)))
 }

@@ -381,7 +381,8 @@ fn measure(quick: bool) -> Result<Value> {
         conntrack: 4096,
         services: 64,
     };
-    let mut ebpf = ebpf::load_unpinned(&caps).context("loading switchboard's object")?;
+    let mut ebpf = ebpf::load_unpinned(proxy_object::SWITCHBOARD, &caps)
+        .context("loading switchboard's object")?;
     let maps = PinnedMaps::take(&mut ebpf)?;
     let mut syncer = Syncer::adopt(maps, caps);
     let frontends = vec![

@@ -1,4 +1,5 @@
-//! Loading the embedded eBPF object with its maps pinned under the pin root.
+//! Loading the eBPF object (the bytes the `switchboard` binary embeds from
+//! `proxy-object`) with its maps pinned under the pin root.
 //!
 //! Maps are pinned by name (`<pin root>/<MAP NAME>`). A pinned map that already
 //! exists is reused rather than recreated, so a restarted agent keeps the
@@ -16,10 +17,6 @@ use aya::{
 use proxy_common::{names, programs, tail};
 
 use crate::{dataplane::pins::Pins, sync::store::Capacities};
-
-/// The eBPF object built from `proxy-ebpf` by `build.rs` (empty when built
-/// without bpf-linker).
-static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/switchboard"));
 
 /// Filesystem magic of bpffs (`BPF_FS_MAGIC` in linux/magic.h).
 const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
@@ -155,7 +152,7 @@ pub fn capacity_mismatches(pin_root: &Path, caps: &Capacities) -> Vec<CapacityMi
         .collect()
 }
 
-/// Loads the object: maps pinned (or reused) under `pin_root`, the tc, XDP and
+/// Loads `object`: maps pinned (or reused) under `pin_root`, the tc, XDP and
 /// socket-layer programs loaded into the kernel (not yet attached).
 ///
 /// Nothing the running data path uses changes: maps are created or adopted
@@ -167,27 +164,29 @@ pub fn capacity_mismatches(pin_root: &Path, caps: &Capacities) -> Vec<CapacityMi
 /// ([`crate::dataplane::resize::staging_path`]) instead of adopted: they are being
 /// resized.
 pub fn load(
+    object: &[u8],
     pin_root: &Path,
     caps: &Capacities,
     staged: &[&'static str],
 ) -> Result<Ebpf, LoadError> {
     check_pin_root(pin_root)?;
-    load_with(Some((pin_root, staged)), caps)
+    load_with(object, Some((pin_root, staged)), caps)
 }
 
-/// Loads the object with private, unpinned maps (packet fixtures,
+/// Loads `object` with private, unpinned maps (packet fixtures,
 /// benchmarks), tail calls installed.
-pub fn load_unpinned(caps: &Capacities) -> Result<Ebpf, LoadError> {
-    let mut ebpf = load_with(None, caps)?;
+pub fn load_unpinned(object: &[u8], caps: &Capacities) -> Result<Ebpf, LoadError> {
+    let mut ebpf = load_with(object, None, caps)?;
     install_tail_calls(&mut ebpf)?;
     Ok(ebpf)
 }
 
 fn load_with(
+    object: &[u8],
     pins_at: Option<(&Path, &[&'static str])>,
     caps: &Capacities,
 ) -> Result<Ebpf, LoadError> {
-    if OBJECT.is_empty() {
+    if object.is_empty() {
         return Err(LoadError::NoObject);
     }
     let pin_root = pins_at.map(|(root, _)| root);
@@ -208,7 +207,7 @@ fn load_with(
     for (name, path) in &pins {
         loader.map_pin_path(name, path.as_path());
     }
-    let mut ebpf = loader.load(OBJECT).map_err(|source| LoadError::Load {
+    let mut ebpf = loader.load(object).map_err(|source| LoadError::Load {
         pin_root: pin_root.map(Path::to_owned).unwrap_or_default(),
         source: Box::new(source),
     })?;

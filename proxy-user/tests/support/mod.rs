@@ -182,7 +182,7 @@ where
 /// out of it (empty).
 pub fn load(caps: &Capacities) -> (Ebpf, PinnedMaps) {
     require_root();
-    let mut ebpf = ebpf::load_unpinned(caps).expect("load eBPF object");
+    let mut ebpf = ebpf::load_unpinned(proxy_object::SWITCHBOARD, caps).expect("load eBPF object");
     let maps = PinnedMaps::take(&mut ebpf).expect("maps");
     (ebpf, maps)
 }

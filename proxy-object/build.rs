@@ -1,5 +1,5 @@
-//! Builds the eBPF object from `proxy-ebpf` for the BPF target and leaves it in
-//! OUT_DIR, where `src/dataplane/ebpf.rs` embeds it.
+//! Builds the eBPF objects from `proxy-ebpf` for the BPF target and leaves
+//! them in OUT_DIR, where `src/lib.rs` embeds them.
 //!
 //! Without bpf-linker (or with AYA_BUILD_SKIP=1) an empty object is written
 //! instead, so `cargo check` and clippy work on a machine that cannot build
@@ -24,9 +24,6 @@ fn main() -> anyhow::Result<()> {
     let object = out_dir.join("switchboard");
     println!("cargo:rerun-if-env-changed=AYA_BUILD_SKIP");
     println!("cargo:rerun-if-env-changed=PATH");
-    // proxy-ebpf reads it (see PROGRAM_REVISION there); the inner cargo
-    // rebuilds the object when it changes.
-    println!("cargo:rerun-if-env-changed=SB_PROGRAM_REVISION");
     let skip = env::var("AYA_BUILD_SKIP").is_ok_and(|v| v == "1" || v.eq_ignore_ascii_case("true"));
     let linker = which_bpf_linker();
     if linker.is_none() {
@@ -53,11 +50,8 @@ fn main() -> anyhow::Result<()> {
         fs::write(&object, b"").context("writing the empty eBPF stub")?;
         // The benchmarks' floor object (proxy-ebpf's `sb-empty` bin).
         fs::write(out_dir.join("sb-empty"), b"").context("writing the empty sb-empty stub")?;
-        println!("cargo:rustc-cfg=switchboard_no_ebpf");
-        println!("cargo::rustc-check-cfg=cfg(switchboard_no_ebpf)");
         return Ok(());
     }
-    println!("cargo::rustc-check-cfg=cfg(switchboard_no_ebpf)");
     println!("cargo:rerun-if-env-changed=SB_EBPF_DENY_WARNINGS");
     let manifest_dir = env::var("CARGO_MANIFEST_DIR").context("CARGO_MANIFEST_DIR not set")?;
     let ebpf_dir = PathBuf::from(manifest_dir).join("../proxy-ebpf");
@@ -99,6 +93,8 @@ fn build_ebpf(ebpf_dir: &Path, out_dir: &Path) -> anyhow::Result<()> {
         .arg("--target-dir")
         .arg(out_dir.join(ebpf_target_dir()))
         .env("CARGO_ENCODED_RUSTFLAGS", flags.join("\x1f"))
+        // proxy-ebpf reads it (see PROGRAM_REVISION there).
+        .env("SB_PROGRAM_REVISION", program_revision())
         // The outer build's compiler is the stable one.
         .env_remove("RUSTC")
         .env_remove("RUSTC_WORKSPACE_WRAPPER");
@@ -143,15 +139,21 @@ fn build_ebpf(ebpf_dir: &Path, out_dir: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The inner build's target directory, one per program revision: `cargo
-/// xtask test` builds an upgrade variant (`SB_PROGRAM_REVISION=1`) beside the
-/// ordinary build, and each keeps its compiled programs instead of
-/// rebuilding them every time the other was built last.
-fn ebpf_target_dir() -> String {
-    match env::var("SB_PROGRAM_REVISION") {
-        Ok(revision) if !revision.is_empty() => format!("ebpf-target-rev{revision}"),
-        _ => "ebpf-target".to_owned(),
+/// The pod programs' revision: 1 with the `revision-1` feature (`cargo
+/// xtask test`'s upgrade variant), else 0.
+fn program_revision() -> &'static str {
+    match env::var_os("CARGO_FEATURE_REVISION_1") {
+        Some(_) => "1",
+        None => "0",
     }
+}
+
+/// The inner build's target directory, one per program revision: `cargo
+/// xtask test` builds the upgrade variant beside the ordinary build, and each
+/// keeps its compiled programs instead of rebuilding them every time the
+/// other was built last.
+fn ebpf_target_dir() -> String {
+    format!("ebpf-target-rev{}", program_revision())
 }
 
 fn which_bpf_linker() -> Option<PathBuf> {

@@ -51,7 +51,7 @@ fn main() -> anyhow::Result<()> {
                 .context("starting the async runtime")?;
             // A permission error names the capabilities this process lacks.
             runtime
-                .block_on(agent::run(config))
+                .block_on(agent::run(config, proxy_object::SWITCHBOARD))
                 .map_err(proxy_user::dataplane::caps::name_missing)
         }
         Command::Ops(command) => cli::run(command),
