@@ -18,32 +18,39 @@ pub struct Binaries {
 /// the lifecycle test can swap running programs for changed ones. Copied to
 /// `target/release/switchboard-upgrade`. The packages and features are those
 /// of `cargo test --workspace` (the test build), so only proxy-object and the
-/// binary are built for it: the agent's library is shared. Run it before the
-/// test build, which puts the ordinary binary back in `target/release`.
+/// binary are built for it: the agent's library is shared. Run it after the
+/// test build; it puts the ordinary binary back in `target/release` when it
+/// is done (cargo only links it there again).
 pub fn upgrade_variant() -> Result<PathBuf> {
-    let mut cmd = cargo();
-    cmd.current_dir(repo_root()).args([
-        "build",
-        "--release",
-        "--workspace",
-        "--exclude",
-        "proxy-ebpf",
-        "--bin",
-        "switchboard",
-        "--features",
-        "switchboard/revision-1",
-    ]);
-    println!("build: {}", show(&cmd));
-    run_inherit(&mut cmd)?;
+    build_switchboard(&["--features", "switchboard/revision-1"])?;
     let dest = release_bin("switchboard-upgrade");
     std::fs::copy(release_bin("switchboard"), &dest)
         .with_context(|| format!("copying the upgrade build to {}", dest.display()))?;
     println!("build: {}", dest.display());
+    build_switchboard(&[])?;
     Ok(dest)
 }
 
-/// After the test build: the ordinary binaries, and a check that the
-/// upgrade variant is not one of them (`target/release/switchboard` must be
+/// `cargo build` of the switchboard binary with the test build's packages.
+fn build_switchboard(extra: &[&str]) -> Result<()> {
+    let mut cmd = cargo();
+    cmd.current_dir(repo_root())
+        .args([
+            "build",
+            "--release",
+            "--workspace",
+            "--exclude",
+            "proxy-ebpf",
+            "--bin",
+            "switchboard",
+        ])
+        .args(extra);
+    println!("build: {}", show(&cmd));
+    run_inherit(&mut cmd)
+}
+
+/// After the test build and the variant: the ordinary binaries, and a check
+/// that the upgrade variant is not one of them (`target/release/switchboard` must be
 /// the ordinary build again).
 pub fn test_binaries(upgrade: &std::path::Path) -> Result<Binaries> {
     let bins = Binaries {

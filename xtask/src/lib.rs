@@ -1,7 +1,7 @@
 //! Build, demo and test orchestration for switchboard (`cargo xtask ...`).
 //!
 //! The library half is shared by the `xtask` binary and the netns end-to-end
-//! tests in `xtask/tests/e2e.rs`.
+//! tests in `xtask/tests/e2e/e2e.rs`.
 
 pub mod bench;
 pub mod build;

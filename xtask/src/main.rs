@@ -132,7 +132,7 @@ fn properties(fuzz_cases: u64) -> Result<()> {
             "proxy-user",
             "--lib",
             "--test",
-            "datapath_fuzz",
+            "kernel",
             "--",
         ])
         .args([
@@ -158,15 +158,7 @@ fn floods(secs: u64) -> Result<()> {
     println!("== spoofed SYN floods of {secs} s ==");
     let status = xtask::util::cargo()
         .current_dir(xtask::util::repo_root())
-        .args([
-            "test",
-            "--release",
-            "-p",
-            "xtask",
-            "--test",
-            "e2e_conntrack",
-            "--",
-        ])
+        .args(["test", "--release", "-p", "xtask", "--test", "e2e", "--"])
         .args(["spoofed_syn_flood", "--test-threads=1", "--nocapture"])
         .env("SB_FLOOD_SECS", secs.to_string())
         .env("SWITCHBOARD_BIN", &bins.switchboard)

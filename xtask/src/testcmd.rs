@@ -63,14 +63,13 @@ pub fn run() -> Result<()> {
                 .args(["fmt", "--all", "--check"]),
         )
     });
-    let upgrade = steps.time("build: upgrade variant", crate::build::upgrade_variant)?;
     if let Err(e) = crate::sandbox::cleanup_stale() {
         eprintln!("test: cleaning stale sandboxes: {e:#}");
     }
 
-    // One build of everything else: the agent's library, its unit tests,
-    // the test binaries and the binaries the tests run (switchboard,
-    // sb-echo), side by side.
+    // One build of everything: the agent's library, its unit tests, the
+    // test binaries and the binaries the tests run (switchboard, sb-echo),
+    // side by side; then the upgrade variant, which rebuilds the binary only.
     let mut cmd = cargo();
     cmd.current_dir(repo_root()).args([
         "test",
@@ -81,6 +80,7 @@ pub fn run() -> Result<()> {
         "--no-run",
     ]);
     let binaries = steps.time("build: tests and binaries", || crate::testrun::build(cmd))?;
+    let upgrade = steps.time("build: upgrade variant", crate::build::upgrade_variant)?;
     let bins = crate::build::test_binaries(&upgrade)?;
     let lanes = std::env::var("SB_TEST_LANES")
         .ok()

@@ -7,7 +7,9 @@
 //! - an end-to-end test (xtask's integration tests) is a job of its own, so
 //!   the long ones spread over the lanes; every sandbox carries a tag unique
 //!   to its process and call, so they cannot collide;
-//! - every other binary (unit tests, packet fixtures) is one job;
+//! - the other integration test binaries (the kernel fixtures) run a job per
+//!   module: each of their files is a module of one binary;
+//! - a unit-test binary is one job;
 //! - a test that loads both cores by design (a flood) runs alone, so it
 //!   neither slows the others nor is slowed by them.
 //!
@@ -43,6 +45,8 @@ pub struct TestBinary {
     pub dir: PathBuf,
     /// An integration test of xtask: the netns end-to-end tests.
     pub end_to_end: bool,
+    /// An integration test binary (`tests/`), not a crate's unit tests.
+    pub integration: bool,
 }
 
 /// Builds every test binary of `cmd` (a `cargo test ... --no-run` without the
@@ -84,6 +88,7 @@ pub fn build(mut cmd: Command) -> Result<Vec<TestBinary>> {
             path: executable.into_std_path_buf(),
             dir,
             end_to_end: is_integration && package == "xtask",
+            integration: is_integration,
         });
     }
     let status = child.wait().context("waiting for cargo test --no-run")?;
@@ -100,13 +105,13 @@ fn dir_name(dir: &Path, fallback: &str) -> String {
         .to_owned()
 }
 
-/// One process to run: a whole binary, or one test of it.
+/// One process to run: a whole binary, or some tests of it.
 #[derive(Debug, Clone)]
 struct Job {
     name: String,
     binary: TestBinary,
-    /// `Some(test)`: only that test (`--exact`).
-    test: Option<String>,
+    /// Empty: every test of the binary; else only these (`--exact`).
+    tests: Vec<String>,
     alone: bool,
 }
 
@@ -158,30 +163,52 @@ fn jobs(binaries: &[TestBinary]) -> Result<(Vec<Job>, u64)> {
     let mut jobs = Vec::new();
     let mut ignored = 0;
     for binary in binaries {
-        if !binary.end_to_end {
+        if !binary.integration {
             jobs.push(Job {
                 name: binary.label.clone(),
                 binary: binary.clone(),
-                test: None,
+                tests: Vec::new(),
                 alone: false,
             });
             continue;
         }
         let skipped = list(binary, true)?;
         ignored += skipped.len() as u64;
-        for test in list(binary, false)? {
-            if skipped.contains(&test) {
-                continue;
-            }
-            jobs.push(Job {
+        let tests: Vec<String> = list(binary, false)?
+            .into_iter()
+            .filter(|test| !skipped.contains(test))
+            .collect();
+        if binary.end_to_end {
+            jobs.extend(tests.into_iter().map(|test| Job {
                 name: format!("{}::{test}", binary.label),
                 binary: binary.clone(),
                 alone: ALONE.iter().any(|a| test.contains(a)),
-                test: Some(test),
-            });
+                tests: vec![test],
+            }));
+        } else {
+            jobs.extend(by_module(tests).into_iter().map(|(module, tests)| Job {
+                name: match module {
+                    Some(module) => format!("{}::{module}", binary.label),
+                    None => binary.label.clone(),
+                },
+                binary: binary.clone(),
+                alone: false,
+                tests,
+            }));
         }
     }
     Ok((jobs, ignored))
+}
+
+/// Tests grouped by their first path segment (`datapath6::x` → `datapath6`);
+/// tests at the binary's root form the group `None`.
+fn by_module(tests: Vec<String>) -> BTreeMap<Option<String>, Vec<String>> {
+    let mut groups: BTreeMap<Option<String>, Vec<String>> = BTreeMap::new();
+    for test in tests {
+        let module = test.split_once("::").map(|(module, _)| module.to_owned());
+        groups.entry(module).or_default().push(test);
+    }
+    groups
 }
 
 fn durations_file() -> PathBuf {
@@ -279,7 +306,7 @@ fn spawn(job: Job, envs: &[(&str, &Path)], tx: mpsc::Sender<Finished>) {
                 }
                 // A job whose filter matched nothing ran nothing: that is
                 // not a pass.
-                let ran = counts.passed + counts.failed > 0 || job.test.is_none();
+                let ran = counts.passed + counts.failed > 0 || job.tests.is_empty();
                 Finished {
                     ok: ok && ran,
                     counts,
@@ -314,8 +341,8 @@ fn run_job(job: &Job, envs: &[(String, PathBuf)]) -> Result<(bool, String)> {
     cmd.current_dir(&job.binary.dir)
         .env("CARGO_MANIFEST_DIR", &job.binary.dir)
         .args(["--test-threads=1"]);
-    if let Some(test) = &job.test {
-        cmd.args(["--exact", test]);
+    if !job.tests.is_empty() {
+        cmd.arg("--exact").args(&job.tests);
     }
     for (key, value) in envs {
         cmd.env(key, value);
@@ -394,7 +421,35 @@ mod tests {
             path: PathBuf::from("/nonexistent"),
             dir: PathBuf::from("/"),
             end_to_end,
+            integration: true,
         }
+    }
+
+    #[test]
+    fn tests_group_by_their_first_module() {
+        let groups = by_module(
+            [
+                "datapath::a",
+                "datapath6::b",
+                "datapath::c",
+                "top",
+                "datapath6::m::d",
+            ]
+            .map(String::from)
+            .to_vec(),
+        );
+        let names: Vec<(Option<&str>, Vec<&str>)> = groups
+            .iter()
+            .map(|(m, t)| (m.as_deref(), t.iter().map(String::as_str).collect()))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                (None, vec!["top"]),
+                (Some("datapath"), vec!["datapath::a", "datapath::c"]),
+                (Some("datapath6"), vec!["datapath6::b", "datapath6::m::d"]),
+            ]
+        );
     }
 
     #[test]
@@ -402,7 +457,7 @@ mod tests {
         let job = Job {
             name: "x::missing".into(),
             binary: binary("x", true),
-            test: Some("missing".into()),
+            tests: vec!["missing".into()],
             alone: false,
         };
         // /bin/true exits 0 and prints no result line.

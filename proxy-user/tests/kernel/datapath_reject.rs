@@ -12,19 +12,17 @@
 //!
 //! Every output frame is compared byte for byte with one built from scratch
 //! (checksums included). Needs root (CAP_BPF).
-mod support;
-
 use std::net::Ipv4Addr;
 
+use crate::support::{
+    be32, capacities, frontend, Case, Hook, Loaded, TC_ACT_REDIRECT, TC_ACT_SHOT, TC_ACT_UNSPEC,
+    XDP_DROP, XDP_TX,
+};
 use proxy_common::{ct_dir, ct_flags, hairpin, programs, proto, CtKey};
 use proxy_testkit::packet::{
     checksums_valid, icmp_checksums_valid, icmp_port_unreachable, PacketSpec,
 };
 use proxy_user::model::{FrontendKind, Protocol};
-use support::{
-    be32, capacities, frontend, Case, Hook, Loaded, TC_ACT_REDIRECT, TC_ACT_SHOT, TC_ACT_UNSPEC,
-    XDP_DROP, XDP_TX,
-};
 
 const CLIENT: Ipv4Addr = Ipv4Addr::new(10, 244, 100, 2);
 const VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);

@@ -1,10 +1,9 @@
 //! Connection tracking with state, through BPF_PROG_TEST_RUN: what the tc
 //! programs record per direction (last-seen time, TCP state), how rarely
 //! they write it, and what a full table does. Needs root (CAP_BPF).
-mod support;
-
 use std::net::Ipv4Addr;
 
+use crate::support::{cluster_ip, run_on_cpu, Loaded, TC_ACT_OK, TC_ACT_SHOT};
 use proxy_common::{ct_dir, ct_flags, ct_state, programs, proto, CtEntry, CtKey, CT_REFRESH_NS};
 use proxy_testkit::packet::PacketSpec;
 use proxy_user::{
@@ -12,7 +11,6 @@ use proxy_user::{
     model::Protocol,
     sync::store::Capacities,
 };
-use support::{cluster_ip, run_on_cpu, Loaded, TC_ACT_OK, TC_ACT_SHOT};
 
 const CLIENT: Ipv4Addr = Ipv4Addr::new(10, 244, 100, 2);
 const VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);

@@ -2,8 +2,6 @@
 //! unit tests): a first sync into empty maps goes out in batches
 //! (`BPF_MAP_UPDATE_BATCH`), later ones entry by entry, and either way the
 //! maps decode to exactly the model's desired state. Needs root (CAP_BPF).
-mod support;
-
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
@@ -130,7 +128,7 @@ fn a_batched_first_sync_and_incremental_changes_leave_exactly_the_desired_state(
         conntrack: 1024,
         services: 1024,
     };
-    let (_ebpf, maps) = support::load(&caps);
+    let (_ebpf, maps) = crate::support::load(&caps);
     let mut syncer = Syncer::adopt(maps, caps);
     let mut model = Model::new(None, None);
     let mut interner = Interner::default();
@@ -187,7 +185,7 @@ fn max_services_n_gives_n_service_ports_each_with_counters() {
         conntrack: 64,
         services: n,
     };
-    let (_ebpf, maps) = support::load(&caps);
+    let (_ebpf, maps) = crate::support::load(&caps);
     assert_eq!(maps.service_stats.len(), n + 1);
     let mut syncer = Syncer::adopt(maps, caps);
     let mut model = Model::new(None, None);
@@ -231,7 +229,7 @@ fn dual_stack_services_fill_both_families_maps() {
         conntrack: 256,
         services: 256,
     };
-    let (_ebpf, maps) = support::load(&caps);
+    let (_ebpf, maps) = crate::support::load(&caps);
     let mut syncer = Syncer::adopt(maps, caps);
     let mut model = Model::new(None, None);
     let mut interner = Interner::default();

@@ -1,19 +1,17 @@
 //! Packet fixtures through BPF_PROG_TEST_RUN: each case feeds a frame to one
 //! of the tc programs and checks the verdict and the exact output frame
 //! (checksums included), the way Katran's tests do. Needs root (CAP_BPF).
-mod support;
-
 use std::net::Ipv4Addr;
 
+use crate::support::{
+    capacities, cluster_ip, rewritten, translated_checksums, truncated, Case, Hook, Loaded,
+    TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_UNSPEC,
+};
 use proxy_common::programs;
 use proxy_testkit::packet::{checksums_valid, PacketSpec};
 use proxy_user::{
     model::{DesiredState, Frontend, Protocol},
     sync::store::MapStore,
-};
-use support::{
-    capacities, cluster_ip, rewritten, translated_checksums, truncated, Case, Hook, Loaded,
-    TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_UNSPEC,
 };
 
 const CLIENT: Ipv4Addr = Ipv4Addr::new(10, 244, 100, 2);

@@ -19,13 +19,19 @@
 //! keep their state from frame to frame, so replies meet real flows. The
 //! programs run in a network namespace of their own (the uplink programs'
 //! route lookups see only its loopback). Needs root.
-mod support;
-
 use std::{
     cell::RefCell,
     net::{Ipv4Addr, Ipv6Addr},
 };
 
+use crate::support::{
+    capacities,
+    netns::in_new_netns,
+    require_root,
+    v6::{checksums_valid6, icmp6_frame, parse6, Maps6, Packet6},
+    Hook, Loaded, TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT, TC_ACT_UNSPEC, XDP_DROP, XDP_PASS,
+    XDP_REDIRECT, XDP_TX,
+};
 use proptest::{
     prelude::*,
     test_runner::{Config, TestCaseError, TestRunner},
@@ -36,14 +42,6 @@ use proxy_testkit::packet::{
     ETH_HLEN,
 };
 use proxy_user::model::{Frontend, FrontendKind, Protocol};
-use support::{
-    capacities,
-    netns::in_new_netns,
-    require_root,
-    v6::{checksums_valid6, icmp6_frame, parse6, Maps6, Packet6},
-    Hook, Loaded, TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT, TC_ACT_UNSPEC, XDP_DROP, XDP_PASS,
-    XDP_REDIRECT, XDP_TX,
-};
 
 const NODE: Ipv4Addr = Ipv4Addr::new(192, 168, 50, 1);
 const VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
@@ -133,7 +131,7 @@ fn service(
     backends: &[Ipv4Addr],
 ) -> Frontend {
     let backends: Vec<_> = backends.iter().map(|&ip| (ip, POD_PORT)).collect();
-    let mut frontend = support::frontend(kind, ip, port, protocol, name, &backends);
+    let mut frontend = crate::support::frontend(kind, ip, port, protocol, name, &backends);
     frontend.service.namespace = "fuzz".into();
     frontend
 }

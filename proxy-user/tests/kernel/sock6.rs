@@ -15,8 +15,6 @@
 //!
 //! Nothing here touches the namespace or the cgroup the tests were started in
 //! beyond moving this process out of its cgroup and back.
-mod support;
-
 use std::{
     collections::BTreeSet,
     fs,
@@ -30,6 +28,11 @@ use std::{
     time::Duration,
 };
 
+use crate::support::{
+    capacities,
+    netns::{in_new_netns, ip},
+    require_root,
+};
 use aya::{
     maps::{Array, HashMap, PerCpuArray},
     programs::{CgroupAttachMode, CgroupSock, CgroupSockAddr},
@@ -40,11 +43,6 @@ use proxy_common::{
     Config, FrontendKey, FrontendKey6, FrontendSlot, SockEntry6, SockKey6,
 };
 use proxy_user::dataplane::{ebpf, socketlb};
-use support::{
-    capacities,
-    netns::{in_new_netns, ip},
-    require_root,
-};
 
 /// An IPv6 Service: TCP on 80, UDP on 53, over two backends.
 const FE6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x96, 0, 0, 0, 0, 0, 0x10);

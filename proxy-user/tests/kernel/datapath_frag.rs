@@ -10,16 +10,14 @@
 //!   unreachable, time exceeded) get their quoted header translated back, and
 //!   the outer address where it is the backend's; errors about other flows
 //!   and ICMP echo pass untouched.
-mod support;
-
 use std::net::Ipv4Addr;
 
+use crate::support::{capacities, cluster_ip, Case, Hook, Loaded, TC_ACT_OK, TC_ACT_UNSPEC};
 use proxy_common::programs;
 use proxy_testkit::packet::{
     checksum, checksums_valid, icmp_error_checksums_valid, icmp_frame, PacketSpec, ETH_HLEN,
 };
 use proxy_user::model::Protocol;
-use support::{capacities, cluster_ip, Case, Hook, Loaded, TC_ACT_OK, TC_ACT_UNSPEC};
 
 const CLIENT: Ipv4Addr = Ipv4Addr::new(10, 244, 100, 2);
 /// The node's address on the client's link (a router on the path).

@@ -5,10 +5,6 @@
 //! [`Loaded::run_table`]), the counters and conntrack entries read back, and
 //! the private network namespaces and node the uplink fixtures need, for
 //! either address family ([`netns`]).
-// Every test file is a crate of its own that compiles this module and uses a
-// part of it; the rest would be reported as dead code in each.
-#![allow(dead_code)]
-
 pub mod netns;
 pub mod v6;
 
@@ -482,14 +478,9 @@ impl Loaded {
     }
 
     /// The verdict of the XDP uplink program on `frame`, and the frame as it
-    /// left it; with `ingress_ifindex`, as if it arrived on that interface
-    /// (an [`xdp_ctx`]), else with no context at all.
-    pub fn xdp(&mut self, frame: &[u8], ingress_ifindex: Option<u32>) -> (u32, Vec<u8>) {
-        self.try_xdp(frame, ingress_ifindex)
-            .expect("BPF_PROG_TEST_RUN")
-    }
-
-    /// [`Loaded::xdp`], with the test run's failure returned.
+    /// left it, or the test run's failure; with `ingress_ifindex`, as if it
+    /// arrived on that interface (an [`xdp_ctx`]), else with no context at
+    /// all.
     pub fn try_xdp(
         &mut self,
         frame: &[u8],

@@ -3,8 +3,6 @@
 //! a pin root without the IPv6 tables (an upgrade), and closing IPv6 UDP
 //! sockets through sock_diag. Needs root (CAP_BPF, CAP_SYS_ADMIN for the
 //! bpffs mount and the network namespace).
-mod support;
-
 use std::{
     collections::HashMap,
     io,
@@ -14,6 +12,7 @@ use std::{
     process::Command,
 };
 
+use crate::support::{capacities, require_root};
 use proxy_common::{
     addr6_be, ct_dir, ct_flags, ct_state, names, proto, Addr6Be, CtEntry, CtEntry6, CtKey, CtKey6,
     SockEntry6, SockKey6,
@@ -26,7 +25,6 @@ use proxy_user::{
     model::BackendAddr,
     sync::store::MapStore as _,
 };
-use support::{capacities, require_root};
 
 const S: u64 = 1_000_000_000;
 
@@ -92,7 +90,7 @@ fn flow(
 /// table alone.
 #[test]
 fn a_collector_pass_over_the_kernel_ipv6_table() {
-    let (_ebpf, mut maps) = support::load(&capacities(64));
+    let (_ebpf, mut maps) = crate::support::load(&capacities(64));
     let now = conntrack::monotonic_ns();
     let minute_ago = now - 60 * S;
     let fin = ct_state::FIN;
@@ -171,7 +169,7 @@ fn a_collector_pass_over_the_kernel_ipv6_table() {
 /// the IPv6 tables remove exactly the selected entries.
 #[test]
 fn ipv6_purges_remove_the_selected_entries() {
-    let (_ebpf, mut maps) = support::load(&capacities(64));
+    let (_ebpf, mut maps) = crate::support::load(&capacities(64));
     let now = conntrack::monotonic_ns();
     for (k, v) in flow(1, 40001, (0, 0), 0, now)
         .iter()

@@ -20,10 +20,14 @@
 //!
 //! The namespace goes away with the thread (every `ip` child is waited for).
 //! Nothing here touches the namespace the tests were started in.
-mod support;
-
 use std::net::Ipv4Addr;
 
+use crate::support::{
+    be32,
+    netns::{Node, NodeSpec},
+    rewritten, rewritten_checksums, Case, Loaded, Uplink as Prog, TC_ACT_OK, TC_ACT_REDIRECT,
+    TC_ACT_SHOT, TC_ACT_UNSPEC, XDP_DROP, XDP_PASS, XDP_TX,
+};
 use proxy_common::{ct_dir, ct_flags, proto, scope, snat, CtEntry, CtKey};
 use proxy_testkit::packet::{
     checksum, checksums_valid, icmp_error_checksums_valid, icmp_frame, PacketSpec, ETH_HLEN,
@@ -32,12 +36,6 @@ use proxy_user::{
     model::cidr::IpCidr,
     model::{BackendAddr, DesiredState, Frontend, FrontendKind, Protocol, SourceRanges},
     sync::store::MapStore,
-};
-use support::{
-    be32,
-    netns::{Node, NodeSpec},
-    rewritten, rewritten_checksums, Case, Loaded, Uplink as Prog, TC_ACT_OK, TC_ACT_REDIRECT,
-    TC_ACT_SHOT, TC_ACT_UNSPEC, XDP_DROP, XDP_PASS, XDP_TX,
 };
 
 /// The node's address on its uplink `up0`.
@@ -88,7 +86,7 @@ fn frontend(
     backends: &[Ipv4Addr],
 ) -> Frontend {
     let backends: Vec<_> = backends.iter().map(|&ip| (ip, POD_PORT)).collect();
-    support::frontend(kind, ip, port, protocol, name, &backends)
+    crate::support::frontend(kind, ip, port, protocol, name, &backends)
 }
 
 /// `externalTrafficPolicy: Local` with `external` as this node's endpoints.

@@ -15,17 +15,9 @@
 //!      route fd00:244:3::/64 via fd00:50::3   (a gateway without neighbour entry)
 //! pod0 (veth)  route fd00:244:1::/64          (POD_LOCAL: a pod on this node)
 //! ```
-mod support;
-
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use proxy_common::{
-    addr6_be, capacity, ct_dir, ct_flags, frontend_flags,
-    hash::{flow_hash6, source_hash6},
-    snat, MaglevTable,
-};
-use proxy_user::sync::maglev::{self, BackendKey};
-use support::{
+use crate::support::{
     netns::{Node, NodeSpec},
     v6::{
         checksums_valid6, ct_key6, icmp6_frame_macs, Fe6, Packet6, NEXTHDR_DEST, NEXTHDR_HOP,
@@ -34,6 +26,12 @@ use support::{
     Loaded, Uplink as Prog, TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT, TC_ACT_UNSPEC, XDP_PASS,
     XDP_TX,
 };
+use proxy_common::{
+    addr6_be, capacity, ct_dir, ct_flags, frontend_flags,
+    hash::{flow_hash6, source_hash6},
+    snat, MaglevTable,
+};
+use proxy_user::sync::maglev::{self, BackendKey};
 
 const NODE: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x50, 0, 0, 0, 0, 0, 1);
 const UPLINK_MAC: [u8; 6] = [0x02, 0, 0, 0, 0x50, 0x01];

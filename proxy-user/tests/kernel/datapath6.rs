@@ -3,12 +3,9 @@
 //! and the exact output frame; translated frames must also carry valid
 //! TCP/UDP/ICMPv6 checksums, computed here over the IPv6 pseudo-header. The
 //! IPv6 maps are written directly. Needs root (CAP_BPF).
-mod support;
-
 use std::net::Ipv6Addr;
 
-use proxy_common::{ct_dir, ct_flags, hairpin, programs};
-use support::{
+use crate::support::{
     capacities, hex, translated_checksums, truncated,
     v6::{
         checksums_valid6, ct_key6, icmp6_frame, icmp6_frame_macs, Packet6, NEXTHDR_DEST,
@@ -17,6 +14,7 @@ use support::{
     },
     with, Case, Hook, Loaded, TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT, TC_ACT_UNSPEC,
 };
+use proxy_common::{ct_dir, ct_flags, hairpin, programs};
 
 const CLIENT: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x244, 0x100, 0, 0, 0, 0, 2);
 const VIP: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x96, 0, 0, 0, 0, 0, 0x10);
@@ -366,7 +364,7 @@ fn session_affinity_keeps_a_client_on_one_backend() {
         let (verdict, out) = fx.run(programs::TC_FROM_POD, &syn.build());
         assert_eq!(verdict, TC_ACT_OK);
         assert!(checksums_valid6(&out, false));
-        let p = support::v6::parse6(&out).expect("IPv6 out");
+        let p = crate::support::v6::parse6(&out).expect("IPv6 out");
         seen.insert(p.dst);
     }
     assert_eq!(seen.len(), 1, "one backend for one client: {seen:?}");
@@ -380,7 +378,7 @@ fn session_affinity_keeps_a_client_on_one_backend() {
             programs::TC_FROM_POD,
             &Packet6::tcp(other, 44000 + port, AFFINITY_VIP, 80).build(),
         );
-        seen.insert(support::v6::parse6(&out).expect("IPv6 out").dst);
+        seen.insert(crate::support::v6::parse6(&out).expect("IPv6 out").dst);
     }
     assert_eq!(seen.len(), 1);
 }

@@ -22,7 +22,6 @@ pub const NEXTHDR_DEST: u8 = 60;
 pub const TCP_SYN: u8 = 0x02;
 pub const TCP_ACK: u8 = 0x10;
 pub const TCP_RST: u8 = 0x04;
-pub const TCP_FIN: u8 = 0x01;
 
 pub const POD_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x01];
 pub const NODE_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x02];
