@@ -37,7 +37,31 @@ pub fn release_bin(name: &str) -> PathBuf {
 /// The cargo to use for nested invocations (the one that runs us, if known).
 pub fn cargo() -> Command {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    Command::new(cargo)
+    let mut cmd = Command::new(cargo);
+    // `cargo run` gave this process xtask's package variables. Build
+    // scripts that watch them (ring's does: CARGO_PKG_NAME,
+    // CARGO_MANIFEST_DIR, ...) would see them change between a build from a
+    // shell and one from here, run again and rebuild everything above them.
+    for (key, _) in std::env::vars_os() {
+        if key.to_str().is_some_and(is_cargo_run_variable) {
+            cmd.env_remove(key);
+        }
+    }
+    cmd
+}
+
+/// The variables `cargo run` sets for the program it runs.
+fn is_cargo_run_variable(key: &str) -> bool {
+    key.starts_with("CARGO_PKG_")
+        || matches!(
+            key,
+            "CARGO_MANIFEST_DIR"
+                | "CARGO_MANIFEST_PATH"
+                | "CARGO_MANIFEST_LINKS"
+                | "CARGO_CRATE_NAME"
+                | "CARGO_BIN_NAME"
+                | "CARGO_PRIMARY_PACKAGE"
+        )
 }
 
 /// Whether we run with effective uid 0.
