@@ -41,25 +41,17 @@
 
 mod ct;
 mod frag;
-mod frag6;
 mod hairpin;
-mod hairpin6;
-mod icmp6;
-mod icmp_error;
+mod icmp;
 mod lb;
-mod lb6;
 mod maps;
 mod nodeport;
-mod nodeport6;
 mod packet;
-mod packet6;
+mod programs;
 mod reject;
-mod reject6;
-mod sock;
-mod tc;
-mod tc6;
-mod xdp;
-mod xdp6;
+mod rewrite;
+mod skb;
+mod socklb;
 
 use aya_ebpf::{
     macros::{cgroup_sock, cgroup_sock_addr, classifier, xdp},
@@ -103,117 +95,117 @@ fn revision_guard(len: u32) -> bool {
 #[classifier]
 pub fn sb_from_pod(ctx: TcContext) -> i32 {
     if revision_guard(ctx.len()) {
-        return tc::pass(packet::Skip::NotOurs);
+        return skb::pass(packet::Skip::NotOurs);
     }
-    match tc::try_from_pod(&ctx) {
+    match programs::pod::try_from_pod(&ctx) {
         Ok(action) => action,
-        Err(skip) => tc::pass(skip),
+        Err(skip) => skb::pass(skip),
     }
 }
 
 #[classifier]
 pub fn sb_to_pod(ctx: TcContext) -> i32 {
     if revision_guard(ctx.len()) {
-        return tc::pass(packet::Skip::NotOurs);
+        return skb::pass(packet::Skip::NotOurs);
     }
-    match tc::try_to_pod(&ctx) {
+    match programs::pod::try_to_pod(&ctx) {
         Ok(action) => action,
-        Err(skip) => tc::pass(skip),
+        Err(skip) => skb::pass(skip),
     }
 }
 
 /// Tail-called by `sb_from_pod` for IPv6 packets ([`tc6`]).
 #[classifier]
 pub fn sb_from_pod6(ctx: TcContext) -> i32 {
-    tc6::from_pod6(&ctx)
+    programs::pod6::from_pod6(&ctx)
 }
 
 /// Tail-called by `sb_to_pod` for IPv6 packets ([`tc6`]).
 #[classifier]
 pub fn sb_to_pod6(ctx: TcContext) -> i32 {
-    tc6::to_pod6(&ctx)
+    programs::pod6::to_pod6(&ctx)
 }
 
 /// Tail-called by `sb_from_pod` and `sb_to_pod` for the packets they rewrite:
 /// the only program that stores into packets directly (see `tc::rewrite_in_place`).
 #[classifier]
 pub fn sb_rewrite(ctx: TcContext) -> i32 {
-    tc::rewrite_in_place(&ctx)
+    rewrite::rewrite_in_place(&ctx)
 }
 
 /// XDP on each uplink: traffic from outside the node ([`nodeport`]).
 #[xdp]
 pub fn sb_xdp_uplink(ctx: XdpContext) -> u32 {
-    match xdp::try_uplink(&ctx) {
+    match programs::uplink_xdp::try_uplink(&ctx) {
         Ok(action) => action,
-        Err(skip) => xdp::pass(skip),
+        Err(skip) => programs::uplink_xdp::pass(skip),
     }
 }
 
 /// Tail-called by `sb_xdp_uplink` for IPv6 packets ([`xdp6`]).
 #[xdp]
 pub fn sb_xdp_uplink6(ctx: XdpContext) -> u32 {
-    xdp6::uplink6(&ctx)
+    programs::uplink_xdp6::uplink6(&ctx)
 }
 
 /// Tail-called by `sb_from_uplink` for IPv6 packets ([`nodeport6`]).
 #[classifier]
 pub fn sb_from_uplink6(ctx: TcContext) -> i32 {
-    nodeport6::from_uplink6(&ctx)
+    programs::uplink_tc6::from_uplink6(&ctx)
 }
 
 /// tc ingress on each uplink when XDP is off: the same as `sb_xdp_uplink`.
 #[classifier]
 pub fn sb_from_uplink(ctx: TcContext) -> i32 {
-    match tc::try_from_uplink(&ctx) {
+    match programs::uplink_tc::try_from_uplink(&ctx) {
         Ok(action) => action,
-        Err(skip) => tc::pass(skip),
+        Err(skip) => skb::pass(skip),
     }
 }
 
 #[cgroup_sock_addr(connect4)]
 pub fn sb_sock_connect4(ctx: SockAddrContext) -> i32 {
-    sock::connect4(&ctx)
+    programs::sock::connect4(&ctx)
 }
 
 #[cgroup_sock_addr(sendmsg4)]
 pub fn sb_sock_sendmsg4(ctx: SockAddrContext) -> i32 {
-    sock::sendmsg4(&ctx)
+    programs::sock::sendmsg4(&ctx)
 }
 
 #[cgroup_sock_addr(recvmsg4)]
 pub fn sb_sock_recvmsg4(ctx: SockAddrContext) -> i32 {
-    sock::restore_peer4(&ctx)
+    programs::sock::restore_peer4(&ctx)
 }
 
 #[cgroup_sock_addr(getpeername4)]
 pub fn sb_sock_getpeername4(ctx: SockAddrContext) -> i32 {
-    sock::restore_peer4(&ctx)
+    programs::sock::restore_peer4(&ctx)
 }
 
 #[cgroup_sock_addr(connect6)]
 pub fn sb_sock_connect6(ctx: SockAddrContext) -> i32 {
-    sock::connect6(&ctx)
+    programs::sock::connect6(&ctx)
 }
 
 #[cgroup_sock_addr(sendmsg6)]
 pub fn sb_sock_sendmsg6(ctx: SockAddrContext) -> i32 {
-    sock::sendmsg6(&ctx)
+    programs::sock::sendmsg6(&ctx)
 }
 
 #[cgroup_sock_addr(recvmsg6)]
 pub fn sb_sock_recvmsg6(ctx: SockAddrContext) -> i32 {
-    sock::restore_peer6(&ctx)
+    programs::sock::restore_peer6(&ctx)
 }
 
 #[cgroup_sock_addr(getpeername6)]
 pub fn sb_sock_getpeername6(ctx: SockAddrContext) -> i32 {
-    sock::restore_peer6(&ctx)
+    programs::sock::restore_peer6(&ctx)
 }
 
 #[cgroup_sock(sock_release)]
 pub fn sb_sock_release(ctx: SockContext) -> i32 {
-    sock::release(&ctx)
+    programs::sock::release(&ctx)
 }
 
 #[cfg(not(test))]

@@ -46,6 +46,9 @@
 //! A skb that arrives `CHECKSUM_PARTIAL` (from a veth) keeps that state: the
 //! answer goes straight back into the veth, whose receiver trusts it as
 //! checked; nothing on that path finishes the (stale) partial checksum.
+
+pub mod v6;
+
 use aya_ebpf::{
     bindings::{xdp_action, TC_ACT_SHOT},
     helpers::{bpf_redirect, bpf_skb_change_tail, bpf_skb_load_bytes, bpf_xdp_adjust_tail},

@@ -1,5 +1,5 @@
 //! ICMPv6 errors about translated flows, on the tc pod path, as
-//! [`crate::icmp_error`] does for IPv4. An ICMPv6 error (destination
+//! [`crate::icmp`] does for IPv4. An ICMPv6 error (destination
 //! unreachable, packet too big, time exceeded, parameter problem: types 1 to
 //! 4) quotes the packet it is about as it was when the error was raised:
 //! translated. The receiver matches the quote against its socket, so the
@@ -32,11 +32,11 @@ use proxy_common::{ct_dir, ct_flags, proto, stat};
 
 use crate::{
     maps::{count, SB_CT6_V1},
-    packet::{csum_replace2, Skip, TCP_CSUM_OFF, UDP_CSUM_OFF},
-    packet6::{
+    packet::v6::{
         csum_replace16, eq6, load, load_into, Scratch6, IP6_DADDR_OFF, IP6_SADDR_OFF, IPV6_HLEN,
     },
-    tc::drop_counted,
+    packet::{csum_replace2, Skip, TCP_CSUM_OFF, UDP_CSUM_OFF},
+    skb::drop_counted,
 };
 
 const ICMP6_HLEN: usize = 8;

@@ -26,6 +26,9 @@
 //! when more than 8 bytes are quoted, as Linux does, else it is left), the
 //! ICMP checksum over the whole message, and the outer IPv4 header's when its
 //! address changes. Every write is a helper store, as in `tc::rewrite_with_helpers`.
+
+pub mod v6;
+
 use aya_ebpf::{bindings::TC_ACT_OK, programs::TcContext};
 use proxy_common::{ct_dir, ct_flags, proto, stat, CtKey};
 
@@ -35,7 +38,9 @@ use crate::{
         csum_replace2, csum_replace4, Ipv4Hdr, Skip, ETH_HLEN, IPV4_MIN_HLEN, IP_CSUM_OFF,
         IP_FRAG_MASK, IP_OFFSET_MASK, TCP_CSUM_OFF, UDP_CSUM_OFF,
     },
-    tc::{drop_counted, ensure_linear, ptr_at},
+    skb::drop_counted,
+    skb::ensure_linear,
+    skb::ptr_at,
 };
 
 const ICMP_HLEN: usize = 8;

@@ -9,7 +9,9 @@
 //! next hop's address (no neighbour entry yet) or the TTL would expire, the
 //! packet goes on untranslated to the uplink's tc program (`xdp_to_tc`), and
 //! fragments always do.
+use crate::maps::SB_XDP_TAIL6_V1;
 use core::{ffi::c_void, mem::size_of};
+use proxy_common::tail;
 
 use aya_ebpf::{
     bindings::{xdp_action, BPF_FIB_LKUP_RET_SUCCESS},
@@ -21,11 +23,11 @@ use proxy_common::{proto, stat};
 use crate::{
     maps::{count, count_service},
     nodeport::{classify, fib_params, NotTranslated, Translation},
+    packet::v6::ETH_P_IPV6_BE,
     packet::{
         csum_replace2, csum_replace4, Flow, Ipv4Hdr, Skip, ETH_HLEN, ETH_P_IP_BE, IPV4_MIN_HLEN,
         IP_FRAG_MASK, TCP_CSUM_OFF, TCP_HLEN, UDP_CSUM_OFF, UDP_HLEN,
     },
-    packet6::ETH_P_IPV6_BE,
 };
 
 /// Lets a packet we leave alone continue, counting only the odd ones.
@@ -42,12 +44,12 @@ pub fn pass(skip: Skip) -> u32 {
 #[inline(always)]
 pub fn try_uplink(ctx: &XdpContext) -> Result<u32, Skip> {
     // The family is decided once, here: IPv4 goes on as it always did, IPv6
-    // is a program of its own ([`crate::xdp6`]).
+    // is a program of its own ([`crate::programs::uplink_xdp6`]).
     // SAFETY: `ptr_at` checked the two bytes lie inside the frame.
     let ethertype = unsafe { *ptr_at::<u16>(ctx, 12).map_err(|_| Skip::NotOurs)? };
     if ethertype != ETH_P_IP_BE {
         if ethertype == ETH_P_IPV6_BE {
-            return Ok(crate::xdp6::hand_over_xdp6(ctx));
+            return Ok(crate::programs::uplink_xdp::hand_over_xdp6(ctx));
         }
         return Err(Skip::NotOurs);
     }
@@ -311,4 +313,15 @@ fn decrement_ttl(ctx: &XdpContext) -> Result<(), Skip> {
         (*ip).ttl = ttl - 1;
     }
     Ok(())
+}
+
+/// Tail-calls `sb_xdp_uplink6`. Returns only if the call failed (the agent
+/// has not filled the array yet): the packet passes untouched, counted.
+#[inline(always)]
+pub fn hand_over_xdp6(ctx: &XdpContext) -> u32 {
+    // SAFETY: a tail call with our own context and program array; on success
+    // it does not return.
+    unsafe { SB_XDP_TAIL6_V1.tail_call(ctx, tail::XDP_UPLINK6) };
+    count(stat::TAIL_CALL_MISSED);
+    xdp_action::XDP_PASS
 }

@@ -32,10 +32,10 @@ use proxy_common::{proto, stat, Addr6Be, FrontendSlot};
 
 use crate::{
     maps::count,
-    packet::{ETH_HLEN, TCP_FLAG_ACK, TCP_FLAG_FIN, TCP_FLAG_RST, TCP_FLAG_SYN, TCP_HLEN},
-    packet6::{
+    packet::v6::{
         is_unicast, load, load_into, Flow6, Scratch6, IP6_DADDR_OFF, IP6_L4_OFF, IP6_SADDR_OFF,
     },
+    packet::{ETH_HLEN, TCP_FLAG_ACK, TCP_FLAG_FIN, TCP_FLAG_RST, TCP_FLAG_SYN, TCP_HLEN},
 };
 
 /// ICMPv6 header: type, code, checksum, 4 unused bytes.

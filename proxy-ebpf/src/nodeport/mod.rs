@@ -16,6 +16,9 @@
 //!     kube-proxy does.
 //! - A reply to a source-NATed flow (destination port in [`snat`]'s range,
 //!   tracked) gets both translations reversed and goes back out.
+
+pub mod v6;
+
 use core::{ffi::c_void, mem::size_of};
 
 use aya_ebpf::{
@@ -29,13 +32,15 @@ use proxy_common::{
 };
 
 use crate::{
+    ct::track::mark_closing,
+    ct::track::track,
+    ct::track::tracked_entry,
     ct::{self, NotTracked},
     lb::{choose_backend, frontend_key, lookup_frontend, maglev_backend},
     maps::{
         count, count_denied, count_service, source_allowed4, SB_AFFINITY_V1, SB_CT_V5, SB_UPLINK_V1,
     },
     packet::{Flow, Skip},
-    tc::{mark_closing, track, tracked_entry},
 };
 
 const AF_INET: u8 = 2;

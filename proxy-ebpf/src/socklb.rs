@@ -13,9 +13,9 @@
 //! long-lived DNS socket is never pinned to a departed backend. In the node's
 //! namespace the agent destroys connected UDP sockets whose backend left.
 use aya_ebpf::{
-    bindings::{bpf_sock, bpf_sock_addr},
+    bindings::bpf_sock_addr,
     helpers::{bpf_get_netns_cookie, bpf_get_socket_cookie, bpf_set_retval},
-    programs::{SockAddrContext, SockContext},
+    programs::SockAddrContext,
     EbpfContext as _,
 };
 use proxy_common::{
@@ -24,42 +24,42 @@ use proxy_common::{
 };
 
 use crate::{
-    lb::{backend_is_live, choose_backend, frontend_key, lookup_frontend, FamilyAddr, SlotKey},
+    lb::{choose_backend, FamilyAddr, SlotKey},
     maps::{
         config, count, count_denied, count_service, SB_SOCK6_V1, SB_SOCK_AFFINITY_V1, SB_SOCK_V1,
     },
 };
 
 /// Return values of cgroup `sock_addr` programs.
-const ALLOW: i32 = 1;
-const REJECT: i32 = 0;
-const ECONNREFUSED: i32 = 111;
+pub(crate) const ALLOW: i32 = 1;
+pub(crate) const REJECT: i32 = 0;
+pub(crate) const ECONNREFUSED: i32 = 111;
 
 /// `AF_INET` and `AF_INET6`, as `bpf_sock::family` reports them.
-const AF_INET: u32 = 2;
-const AF_INET6: u32 = 10;
+pub(crate) const AF_INET: u32 = 2;
+pub(crate) const AF_INET6: u32 = 10;
 
 /// The third word of an IPv4-mapped IPv6 address (`::ffff:0:0/96`), in
 /// network byte order.
-const V4_MAPPED_WORD2: u32 = u32::from_ne_bytes([0, 0, 0xff, 0xff]);
+pub(crate) const V4_MAPPED_WORD2: u32 = u32::from_ne_bytes([0, 0, 0xff, 0xff]);
 
 /// The destination (connect, sendmsg) or peer (recvmsg, getpeername) address
 /// of a socket call, as the hook sees it.
 #[derive(Clone, Copy)]
-struct SockAddr<A> {
-    addr_be: A,
-    port_be: u16,
-    proto: u8,
+pub(crate) struct SockAddr<A> {
+    pub(crate) addr_be: A,
+    pub(crate) port_be: u16,
+    pub(crate) proto: u8,
 }
 
 /// A balanced destination: the backend and the service it was picked for (and,
 /// as a socket-map value, an address with the ids it stands for).
 #[derive(Clone, Copy)]
-struct Picked<A> {
-    addr_be: A,
-    port_be: u16,
-    backend_id: u32,
-    service_id: u32,
+pub(crate) struct Picked<A> {
+    pub(crate) addr_be: A,
+    pub(crate) port_be: u16,
+    pub(crate) backend_id: u32,
+    pub(crate) service_id: u32,
 }
 
 impl<A: Copy> Picked<A> {
@@ -76,7 +76,7 @@ impl<A: Copy> Picked<A> {
 
 /// An address family of the socket layer: its frontend and backend maps
 /// ([`FamilyAddr`]) and its socket map.
-trait SockFamily: FamilyAddr {
+pub(crate) trait SockFamily: FamilyAddr {
     fn sock_get(cookie: u64, at: &SockAddr<Self>, dir: u8) -> Option<Picked<Self>>;
     /// Inserts (or replaces) an entry; `false` if the map refused.
     fn sock_insert(cookie: u64, at: &SockAddr<Self>, dir: u8, value: &Picked<Self>) -> bool;
@@ -118,7 +118,7 @@ impl SockFamily for u32 {
 }
 
 #[inline(always)]
-fn sock_key(cookie: u64, at: &SockAddr<u32>, dir: u8) -> SockKey {
+pub(crate) fn sock_key(cookie: u64, at: &SockAddr<u32>, dir: u8) -> SockKey {
     SockKey {
         cookie,
         addr_be: at.addr_be,
@@ -162,7 +162,7 @@ impl SockFamily for Addr6Be {
 }
 
 #[inline(always)]
-fn sock_key6(cookie: u64, at: &SockAddr<Addr6Be>, dir: u8) -> SockKey6 {
+pub(crate) fn sock_key6(cookie: u64, at: &SockAddr<Addr6Be>, dir: u8) -> SockKey6 {
     SockKey6 {
         cookie,
         addr_be: at.addr_be,
@@ -174,7 +174,7 @@ fn sock_key6(cookie: u64, at: &SockAddr<Addr6Be>, dir: u8) -> SockKey6 {
 }
 
 /// Why a connect or send to a frontend cannot go ahead.
-enum Refuse {
+pub(crate) enum Refuse {
     /// The frontend has no endpoints.
     NoBackend,
     /// A slot or backend was missing mid-update.
@@ -184,7 +184,7 @@ enum Refuse {
 }
 
 /// What `loadBalancerSourceRanges` says about a socket of this hook.
-enum Sources {
+pub(crate) enum Sources {
     /// The frontend is open to every source, or to the node.
     Open,
     /// A pod's socket to a restricted frontend: left untranslated, so the
@@ -200,7 +200,7 @@ enum Sources {
 /// namespace: the node's sockets by whether a block holds a node address (as
 /// kube-proxy decides for traffic from the node), a pod's by tc.
 #[inline(always)]
-fn sources(ctx: &SockAddrContext, svc: &FrontendSlot) -> Sources {
+pub(crate) fn sources(ctx: &SockAddrContext, svc: &FrontendSlot) -> Sources {
     if svc.flags & frontend_flags::SOURCE_RANGES == 0 {
         return Sources::Open;
     }
@@ -216,7 +216,7 @@ fn sources(ctx: &SockAddrContext, svc: &FrontendSlot) -> Sources {
 
 /// [`sources`] as the hook's verdict: `None` to go on balancing.
 #[inline(always)]
-fn source_verdict<A>(ctx: &SockAddrContext, svc: &FrontendSlot) -> Option<Verdict<A>> {
+pub(crate) fn source_verdict<A>(ctx: &SockAddrContext, svc: &FrontendSlot) -> Option<Verdict<A>> {
     match sources(ctx, svc) {
         Sources::Open => None,
         Sources::LeaveToTc => Some(Verdict::Pass),
@@ -228,7 +228,7 @@ fn source_verdict<A>(ctx: &SockAddrContext, svc: &FrontendSlot) -> Option<Verdic
 }
 
 /// What a connect or send hook does with the call.
-enum Verdict<A> {
+pub(crate) enum Verdict<A> {
     /// Not a frontend (or not ours to balance): unchanged.
     Pass,
     /// To this backend instead.
@@ -238,7 +238,7 @@ enum Verdict<A> {
 
 /// TCP and UDP; other protocols are not ours.
 #[inline(always)]
-fn our_proto(protocol: u32) -> Option<u8> {
+pub(crate) fn our_proto(protocol: u32) -> Option<u8> {
     match protocol {
         6 => Some(proto::TCP),
         17 => Some(proto::UDP),
@@ -247,7 +247,7 @@ fn our_proto(protocol: u32) -> Option<u8> {
 }
 
 #[inline(always)]
-fn read_addr4(ctx: &SockAddrContext) -> Option<SockAddr<u32>> {
+pub(crate) fn read_addr4(ctx: &SockAddrContext) -> Option<SockAddr<u32>> {
     let sa: *const bpf_sock_addr = ctx.sock_addr;
     // SAFETY: the kernel hands every sock_addr program a valid context; these
     // fields are readable in all four IPv4 hooks (the verifier checks each
@@ -262,7 +262,7 @@ fn read_addr4(ctx: &SockAddrContext) -> Option<SockAddr<u32>> {
 }
 
 #[inline(always)]
-fn write_addr4(ctx: &SockAddrContext, addr_be: u32, port_be: u16) {
+pub(crate) fn write_addr4(ctx: &SockAddrContext, addr_be: u32, port_be: u16) {
     let sa: *mut bpf_sock_addr = ctx.sock_addr;
     // SAFETY: `user_ip4` and `user_port` are writable in all four IPv4 hooks
     // with a 4-byte store, which is what these are.
@@ -273,7 +273,7 @@ fn write_addr4(ctx: &SockAddrContext, addr_be: u32, port_be: u16) {
 }
 
 #[inline(always)]
-fn read_addr6(ctx: &SockAddrContext) -> Option<SockAddr<Addr6Be>> {
+pub(crate) fn read_addr6(ctx: &SockAddrContext) -> Option<SockAddr<Addr6Be>> {
     let sa: *const bpf_sock_addr = ctx.sock_addr;
     // SAFETY: as in `read_addr4`, for the four IPv6 hooks. Each word of
     // `user_ip6` is read with its own 4-byte load at a constant offset from
@@ -299,7 +299,7 @@ fn read_addr6(ctx: &SockAddrContext) -> Option<SockAddr<Addr6Be>> {
 }
 
 #[inline(always)]
-fn write_addr6(ctx: &SockAddrContext, addr_be: Addr6Be, port_be: u16) {
+pub(crate) fn write_addr6(ctx: &SockAddrContext, addr_be: Addr6Be, port_be: u16) {
     let sa: *mut bpf_sock_addr = ctx.sock_addr;
     // SAFETY: `user_ip6` and `user_port` are writable in all four IPv6 hooks
     // with 4-byte stores, which is what these are (volatile: one store per
@@ -316,30 +316,30 @@ fn write_addr6(ctx: &SockAddrContext, addr_be: Addr6Be, port_be: u16) {
 
 /// The IPv4 address inside an IPv4-mapped IPv6 address.
 #[inline(always)]
-fn v4_mapped(addr_be: &Addr6Be) -> Option<u32> {
+pub(crate) fn v4_mapped(addr_be: &Addr6Be) -> Option<u32> {
     (addr_be[0] == 0 && addr_be[1] == 0 && addr_be[2] == V4_MAPPED_WORD2).then_some(addr_be[3])
 }
 
 #[inline(always)]
-fn write_mapped(ctx: &SockAddrContext, addr_be: u32, port_be: u16) {
+pub(crate) fn write_mapped(ctx: &SockAddrContext, addr_be: u32, port_be: u16) {
     write_addr6(ctx, [0, 0, V4_MAPPED_WORD2, addr_be], port_be);
 }
 
 #[inline(always)]
-fn socket_cookie(ctx: &SockAddrContext) -> u64 {
+pub(crate) fn socket_cookie(ctx: &SockAddrContext) -> u64 {
     // SAFETY: the helper accepts a sock_addr context.
     unsafe { bpf_get_socket_cookie(ctx.as_ptr()) }
 }
 
 #[inline(always)]
-fn netns_cookie(ctx: &SockAddrContext) -> u64 {
+pub(crate) fn netns_cookie(ctx: &SockAddrContext) -> u64 {
     // SAFETY: the helper accepts a sock_addr context (kernel 5.7+).
     unsafe { bpf_get_netns_cookie(ctx.as_ptr()) }
 }
 
 /// Refuses the call with `ECONNREFUSED`, as a kube-proxy reject does.
 #[inline(always)]
-fn refuse(why: Refuse) -> i32 {
+pub(crate) fn refuse(why: Refuse) -> i32 {
     match why {
         Refuse::NoBackend => count(stat::SOCK_NO_BACKEND),
         Refuse::Inconsistent => count(stat::DROP_INCONSISTENT),
@@ -356,7 +356,7 @@ fn refuse(why: Refuse) -> i32 {
 
 /// The hook's return value for `verdict`, writing the backend with `write`.
 #[inline(always)]
-fn finish<A>(
+pub(crate) fn finish<A>(
     ctx: &SockAddrContext,
     verdict: Verdict<A>,
     write: impl FnOnce(&SockAddrContext, A, u16),
@@ -373,7 +373,7 @@ fn finish<A>(
 
 /// A new backend for this socket, honouring affinity per network namespace.
 #[inline(always)]
-fn pick<A: SockFamily>(
+pub(crate) fn pick<A: SockFamily>(
     ctx: &SockAddrContext,
     key: A::Key,
     svc: &FrontendSlot,
@@ -402,7 +402,7 @@ fn pick<A: SockFamily>(
 /// Records which frontend a backend stands for on this socket, so `recvmsg`
 /// and `getpeername` can show the frontend.
 #[inline(always)]
-fn remember_reverse<A: SockFamily>(cookie: u64, dst: &SockAddr<A>, picked: &Picked<A>) {
+pub(crate) fn remember_reverse<A: SockFamily>(cookie: u64, dst: &SockAddr<A>, picked: &Picked<A>) {
     let backend = SockAddr {
         addr_be: picked.addr_be,
         port_be: picked.port_be,
@@ -412,251 +412,4 @@ fn remember_reverse<A: SockFamily>(cookie: u64, dst: &SockAddr<A>, picked: &Pick
     if !A::sock_insert(cookie, &backend, sock_dir::REVERSE, &value) {
         count(stat::CT_INSERT_FAILED);
     }
-}
-
-/// `connect()`: a TCP socket (or a connected UDP socket of the node) to a
-/// frontend is connected to a backend instead.
-#[inline(always)]
-fn connect<A: SockFamily>(ctx: &SockAddrContext, dst: &SockAddr<A>) -> Verdict<A> {
-    let key = frontend_key(dst.addr_be, dst.port_be, dst.proto);
-    let Some(svc) = lookup_frontend(&key) else {
-        return Verdict::Pass;
-    };
-    if dst.proto == proto::UDP && netns_cookie(ctx) != config().host_netns_cookie {
-        return Verdict::Pass;
-    }
-    if let Some(verdict) = source_verdict(ctx, &svc) {
-        return verdict;
-    }
-    let picked = match pick(ctx, key, &svc) {
-        Ok(picked) => picked,
-        Err(why) => return Verdict::Refuse(why),
-    };
-    remember_reverse(socket_cookie(ctx), dst, &picked);
-    count(stat::SOCK_CONNECT);
-    Verdict::To(picked)
-}
-
-/// `connect4`.
-#[inline(always)]
-pub fn connect4(ctx: &SockAddrContext) -> i32 {
-    let Some(dst) = read_addr4(ctx) else {
-        return ALLOW;
-    };
-    finish(ctx, connect(ctx, &dst), write_addr4)
-}
-
-/// `connect6`; an IPv4-mapped destination goes through the IPv4 maps.
-#[inline(always)]
-pub fn connect6(ctx: &SockAddrContext) -> i32 {
-    let Some(dst) = read_addr6(ctx) else {
-        return ALLOW;
-    };
-    match v4_mapped(&dst.addr_be) {
-        Some(addr_be) => {
-            let dst = SockAddr {
-                addr_be,
-                port_be: dst.port_be,
-                proto: dst.proto,
-            };
-            finish(ctx, connect(ctx, &dst), write_mapped)
-        }
-        None => finish(ctx, connect(ctx, &dst), write_addr6),
-    }
-}
-
-/// `sendmsg()` with an address (unconnected UDP): every datagram to a frontend
-/// goes to the backend this socket was given for it, as long as that backend
-/// is live; then the socket gets a new one.
-#[inline(always)]
-fn sendmsg<A: SockFamily>(ctx: &SockAddrContext, dst: &SockAddr<A>) -> Verdict<A> {
-    if dst.proto != proto::UDP {
-        return Verdict::Pass;
-    }
-    let key = frontend_key(dst.addr_be, dst.port_be, dst.proto);
-    let Some(svc) = lookup_frontend(&key) else {
-        return Verdict::Pass;
-    };
-    if let Some(verdict) = source_verdict(ctx, &svc) {
-        return verdict;
-    }
-    let cookie = socket_cookie(ctx);
-    let picked = match kept_backend(cookie, dst, &svc) {
-        Some(kept) => kept,
-        None => match pick(ctx, key, &svc) {
-            Ok(picked) => {
-                remember_forward(cookie, dst, &picked);
-                remember_reverse(cookie, dst, &picked);
-                picked
-            }
-            Err(why) => return Verdict::Refuse(why),
-        },
-    };
-    count(stat::SOCK_SENDMSG);
-    Verdict::To(picked)
-}
-
-/// `sendmsg4`.
-#[inline(always)]
-pub fn sendmsg4(ctx: &SockAddrContext) -> i32 {
-    let Some(dst) = read_addr4(ctx) else {
-        return ALLOW;
-    };
-    finish(ctx, sendmsg(ctx, &dst), write_addr4)
-}
-
-/// `sendmsg6`. The kernel hands a datagram to an IPv4-mapped address to the
-/// IPv4 path (and `sendmsg4`) before this hook runs; should one get here all
-/// the same, it goes through the IPv4 maps.
-#[inline(always)]
-pub fn sendmsg6(ctx: &SockAddrContext) -> i32 {
-    let Some(dst) = read_addr6(ctx) else {
-        return ALLOW;
-    };
-    match v4_mapped(&dst.addr_be) {
-        Some(addr_be) => {
-            let dst = SockAddr {
-                addr_be,
-                port_be: dst.port_be,
-                proto: dst.proto,
-            };
-            finish(ctx, sendmsg(ctx, &dst), write_mapped)
-        }
-        None => finish(ctx, sendmsg(ctx, &dst), write_addr6),
-    }
-}
-
-/// The backend this socket already sends the frontend's datagrams to, if it is
-/// still live and still this service's.
-#[inline(always)]
-fn kept_backend<A: SockFamily>(
-    cookie: u64,
-    dst: &SockAddr<A>,
-    svc: &FrontendSlot,
-) -> Option<Picked<A>> {
-    let entry = A::sock_get(cookie, dst, sock_dir::FORWARD)?;
-    if entry.service_id == svc.service_id
-        && svc.backend_count > 0
-        && backend_is_live(entry.backend_id, entry.addr_be, entry.port_be)
-    {
-        return Some(entry);
-    }
-    count(stat::SOCK_RESELECTED);
-    None
-}
-
-#[inline(always)]
-fn remember_forward<A: SockFamily>(cookie: u64, dst: &SockAddr<A>, picked: &Picked<A>) {
-    if !A::sock_insert(cookie, dst, sock_dir::FORWARD, picked) {
-        count(stat::CT_INSERT_FAILED);
-    }
-}
-
-/// `recvmsg()` (UDP) and `getpeername()`: the frontend a backend this socket
-/// was balanced to stands for.
-#[inline(always)]
-fn frontend_of<A: SockFamily>(ctx: &SockAddrContext, peer: &SockAddr<A>) -> Option<(A, u16)> {
-    let entry = A::sock_get(socket_cookie(ctx), peer, sock_dir::REVERSE)?;
-    count(stat::SOCK_REVERSED);
-    Some((entry.addr_be, entry.port_be))
-}
-
-/// `recvmsg4` and `getpeername4`: a backend shows as its frontend. Both hooks
-/// must always allow.
-#[inline(always)]
-pub fn restore_peer4(ctx: &SockAddrContext) -> i32 {
-    if let Some(peer) = read_addr4(ctx) {
-        if let Some((addr_be, port_be)) = frontend_of(ctx, &peer) {
-            write_addr4(ctx, addr_be, port_be);
-        }
-    }
-    ALLOW
-}
-
-/// `recvmsg6` and `getpeername6`; an IPv4-mapped peer (a dual-stack socket's
-/// IPv4 flow) is looked up in the IPv4 socket map and shown mapped.
-#[inline(always)]
-pub fn restore_peer6(ctx: &SockAddrContext) -> i32 {
-    let Some(peer) = read_addr6(ctx) else {
-        return ALLOW;
-    };
-    match v4_mapped(&peer.addr_be) {
-        Some(addr_be) => {
-            let peer = SockAddr {
-                addr_be,
-                port_be: peer.port_be,
-                proto: peer.proto,
-            };
-            if let Some((addr_be, port_be)) = frontend_of(ctx, &peer) {
-                write_mapped(ctx, addr_be, port_be);
-            }
-        }
-        None => {
-            if let Some((addr_be, port_be)) = frontend_of(ctx, &peer) {
-                write_addr6(ctx, addr_be, port_be);
-            }
-        }
-    }
-    ALLOW
-}
-
-/// A socket closes: the entry that maps its backend back to the frontend
-/// goes, so the socket map holds live sockets rather than waiting for the LRU
-/// to push out dead ones (a node opening thousands of connections a second
-/// would otherwise keep it full). An unconnected UDP socket's per-frontend
-/// entries cannot be found from here; the LRU ages them out. An `AF_INET6`
-/// socket connected to an IPv4-mapped address has its entry in the IPv4 map.
-#[inline(always)]
-pub fn release(ctx: &SockContext) -> i32 {
-    let sk: *const bpf_sock = ctx.sock;
-    // SAFETY: the kernel hands a valid `bpf_sock`; these fields are readable
-    // in `sock_release` (the verifier checks each access).
-    let (family, protocol, port_be) = unsafe { ((*sk).family, (*sk).protocol, (*sk).dst_port) };
-    let Some(proto) = our_proto(protocol) else {
-        return ALLOW;
-    };
-    let removed = match family {
-        AF_INET => {
-            // SAFETY: as above.
-            let addr_be = unsafe { (*sk).dst_ip4 };
-            addr_be != 0 && forget(ctx, addr_be, port_be, proto)
-        }
-        AF_INET6 => {
-            // SAFETY: as above; each word of `dst_ip6` with its own 4-byte
-            // load at a constant offset.
-            let addr_be: Addr6Be = unsafe {
-                let ip = core::ptr::addr_of!((*sk).dst_ip6).cast::<u32>();
-                [
-                    core::ptr::read_volatile(ip),
-                    core::ptr::read_volatile(ip.add(1)),
-                    core::ptr::read_volatile(ip.add(2)),
-                    core::ptr::read_volatile(ip.add(3)),
-                ]
-            };
-            match v4_mapped(&addr_be) {
-                Some(v4) => v4 != 0 && forget(ctx, v4, port_be, proto),
-                None => addr_be != [0; 4] && forget(ctx, addr_be, port_be, proto),
-            }
-        }
-        _ => false,
-    };
-    if removed {
-        count(stat::SOCK_RELEASED);
-    }
-    ALLOW
-}
-
-/// Removes the closing socket's reverse entry for the backend `addr_be:port_be`.
-/// Most closing sockets were never balanced: a missing key is the rule, and
-/// there is nothing else to do about it.
-#[inline(always)]
-fn forget<A: SockFamily>(ctx: &SockContext, addr_be: A, port_be: u16, proto: u8) -> bool {
-    // SAFETY: the helper accepts a `sock_release` context (Linux 5.10+).
-    let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
-    let at = SockAddr {
-        addr_be,
-        port_be,
-        proto,
-    };
-    A::sock_remove(cookie, &at, sock_dir::REVERSE)
 }

@@ -15,6 +15,10 @@
 //! removes the oldest remembered flow that is not established (TCP without
 //! the client's ACK of the SYN-ACK, [`ct_state::ACKED`]; UDP without a
 //! reply) and takes its place. An established flow is never removed for a new one.
+
+pub mod track;
+pub mod track6;
+
 use aya_ebpf::helpers::bpf_ktime_get_coarse_ns;
 use proxy_common::{
     ct_flags, ct_state, new_flows, proto, Addr6Be, CtEntry, CtEntry6, CtKey, CtKey6, KeyPair,
@@ -23,8 +27,8 @@ use proxy_common::{
 
 use crate::{
     maps::{SB_CT6_NEW_V2, SB_CT6_V1, SB_CT_NEW_V2, SB_CT_V5},
+    packet::v6::Flow6,
     packet::{Flow, TCP_FLAG_ACK, TCP_FLAG_FIN, TCP_FLAG_RST, TCP_FLAG_SYN},
-    packet6::Flow6,
 };
 
 /// `E2BIG`: what a preallocated hash map's update returns when it has no
@@ -203,7 +207,7 @@ fn same4(a: &u32, b: &u32) -> bool {
 }
 
 conntrack_table!(CtKey, SB_CT_V5, SB_CT_NEW_V2, same4);
-conntrack_table!(CtKey6, SB_CT6_V1, SB_CT6_NEW_V2, crate::packet6::eq6);
+conntrack_table!(CtKey6, SB_CT6_V1, SB_CT6_NEW_V2, crate::packet::v6::eq6);
 
 /// Remembers a new flow in the ring, over its oldest one.
 #[inline(always)]
@@ -376,7 +380,7 @@ pub(crate) fn seen6(entry: *mut CtEntry6, flow: &Flow6, reply: bool) {
     }
 }
 
-/// [`crate::tc::mark_closing`] for an IPv6 entry.
+/// [`crate::ct::track::mark_closing`] for an IPv6 entry.
 #[inline(always)]
 pub(crate) fn mark_closing6(entry: *mut CtEntry6) {
     // SAFETY: as in `tc::mark_closing`.

@@ -36,6 +36,9 @@
 //! Limit: a hairpinned first fragment is sent on, but its later fragments are
 //! not translated (the fragment path records one-sided DNAT only); a pod
 //! reaching itself with UDP datagrams above the MTU loses them.
+
+pub mod v6;
+
 use aya_ebpf::{
     bindings::TC_ACT_SHOT,
     helpers::{bpf_redirect, bpf_skb_load_bytes},
@@ -44,9 +47,14 @@ use aya_ebpf::{
 use proxy_common::{ct_dir, ct_flags, hairpin, stat, Backend, CtEntry, CtKey};
 
 use crate::{
+    ct::track::mark_closing,
+    ct::track::tracked,
+    ct::track::TableFull,
     maps::{count, count_service, SB_CT_V5},
     packet::{Flow, Skip},
-    tc::{mark_closing, rewrite_with_helpers, tracked, Rewrite, Side, TableFull},
+    rewrite::rewrite_with_helpers,
+    rewrite::Rewrite,
+    rewrite::Side,
 };
 
 /// Whether `backend`, chosen for `flow` from a pod, is that pod itself.
@@ -71,7 +79,7 @@ fn reply_key(flow: &Flow, backend: &Backend) -> CtKey {
 }
 
 /// Records both directions of a new hairpin flow (see the module's
-/// documentation), as [`crate::tc::track`] does.
+/// documentation), as [`crate::ct::track::track`] does.
 #[inline(always)]
 pub fn track(
     fwd: &CtKey,

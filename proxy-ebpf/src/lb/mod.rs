@@ -5,6 +5,9 @@
 //! for IPv4, [`Addr6Be`] for IPv6) names its frontend key and backend maps, and
 //! every function is monomorphised and inlined, so the IPv4 path compiles to
 //! what it did before IPv6 existed.
+
+pub mod v6;
+
 use aya_ebpf::{
     btf_maps::LruHashMap,
     helpers::{bpf_get_prandom_u32, bpf_ktime_get_ns},

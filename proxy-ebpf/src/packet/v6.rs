@@ -60,7 +60,7 @@ pub struct Flow6 {
     pub tcp_flags: u8,
     /// The first fragment of a fragmented datagram (fragment header with
     /// offset 0 and more-fragments set): its later fragments follow its
-    /// translation ([`crate::frag6`]).
+    /// translation ([`crate::frag::v6`]).
     pub first_fragment: bool,
     pub _pad: u8,
     /// Offset of the TCP/UDP (or ICMPv6) header from the start of the frame,
@@ -137,7 +137,7 @@ pub struct Scratch6 {
     pub backend: Backend6,
     pub frag_key: FragKey6,
     pub frag_entry: FragEntry6,
-    /// The quote of an ICMPv6 error being built ([`crate::reject6`]): the
+    /// The quote of an ICMPv6 error being built ([`crate::reject::v6`]): the
     /// IPv6 header and 8 bytes of the UDP header, as in the packet.
     pub quote: [u32; 12],
 }

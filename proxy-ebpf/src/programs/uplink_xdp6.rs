@@ -10,7 +10,7 @@
 //! the packet goes on untranslated to the uplink's tc program
 //! (`xdp_to_tc`), which translates it again from the same
 //! connection-tracking entry. A packet to a frontend without endpoints goes
-//! to tc untouched too, which answers it ([`crate::reject6`]). Fragments and
+//! to tc untouched too, which answers it ([`crate::reject::v6`]). Fragments and
 //! ICMPv6 (neighbour discovery included) pass untouched.
 use core::{ffi::c_void, mem::size_of};
 
@@ -19,26 +19,15 @@ use aya_ebpf::{
     helpers::{bpf_fib_lookup, bpf_redirect, bpf_xdp_store_bytes},
     programs::XdpContext,
 };
-use proxy_common::{proto, stat, tail, Addr6Be};
+use proxy_common::{proto, stat, Addr6Be};
 
 use crate::{
-    maps::{count, count_service, SB_XDP_TAIL6_V1},
+    maps::{count, count_service},
+    nodeport::v6::{classify6, fib_params6, scratch_up6, Out6, Up6, IP6_HOP_LIMIT_OFF},
     nodeport::NotTranslated,
-    nodeport6::{classify6, fib_params6, scratch_up6, Out6, Up6, IP6_HOP_LIMIT_OFF},
+    packet::v6::{csum_replace16, load, parse6, Kind6, IP6_DADDR_OFF, IP6_SADDR_OFF},
     packet::{csum_replace2, Skip, TCP_CSUM_OFF, UDP_CSUM_OFF},
-    packet6::{csum_replace16, load, parse6, Kind6, IP6_DADDR_OFF, IP6_SADDR_OFF},
 };
-
-/// Tail-calls `sb_xdp_uplink6`. Returns only if the call failed (the agent
-/// has not filled the array yet): the packet passes untouched, counted.
-#[inline(always)]
-pub fn hand_over_xdp6(ctx: &XdpContext) -> u32 {
-    // SAFETY: a tail call with our own context and program array; on success
-    // it does not return.
-    unsafe { SB_XDP_TAIL6_V1.tail_call(ctx, tail::XDP_UPLINK6) };
-    count(stat::TAIL_CALL_MISSED);
-    xdp_action::XDP_PASS
-}
 
 /// A store into the frame failed half-way: the frame must not go on.
 struct StoreFailed;
@@ -51,7 +40,7 @@ pub fn uplink6(ctx: &XdpContext) -> u32 {
     };
     match try_uplink6(ctx, u) {
         Ok(action) => action,
-        Err(skip) => crate::xdp::pass(skip),
+        Err(skip) => crate::programs::uplink_xdp::pass(skip),
     }
 }
 
@@ -79,7 +68,7 @@ fn try_uplink6(ctx: &XdpContext, u: &mut Up6) -> Result<u32, Skip> {
         Err(NotTranslated::Denied) => return Ok(xdp_action::XDP_DROP),
         Err(NotTranslated::Reject) => {
             // The answer is built by the uplink's tc program
-            // (`crate::reject6`), which sees the packet untouched.
+            // (`crate::reject::v6`), which sees the packet untouched.
             count(stat::XDP_TO_TC);
             return Ok(xdp_action::XDP_PASS);
         }

@@ -14,9 +14,10 @@ use proxy_common::{ct_dir, frag, stat};
 
 use crate::{
     maps::{count, count_service, SB_FRAG6_V1},
+    packet::v6::{Scratch6, IP6_DADDR_OFF, IP6_SADDR_OFF},
     packet::Skip,
-    packet6::{Scratch6, IP6_DADDR_OFF, IP6_SADDR_OFF},
-    tc::{drop_counted, Side},
+    rewrite::Side,
+    skb::drop_counted,
 };
 
 /// Remembers the translation of a first fragment (`s.flow`, rewritten to

@@ -3,7 +3,7 @@
 //! liveness by id and address) over the IPv6 maps. Service and backend ids
 //! share one id space with IPv4; a backend id names an entry of exactly one
 //! of `SB_BE_V1` and `SB_BE6_V1`. Keys are passed in (scratch memory, see
-//! [`crate::packet6::Scratch6`]), not built on the stack.
+//! [`crate::packet::v6::Scratch6`]), not built on the stack.
 use aya_ebpf::helpers::{bpf_get_prandom_u32, bpf_ktime_get_ns};
 use proxy_common::{
     capacity, frontend_flags, scope, stat, Addr6Be, AffinityEntry, AffinityKey6, Backend6,
@@ -12,7 +12,7 @@ use proxy_common::{
 
 use crate::{
     maps::{count, SB_AFFINITY6_V1, SB_BE6_V1, SB_FE6_V1, SB_MAGLEV_V1},
-    packet6::eq6,
+    packet::v6::eq6,
 };
 
 /// Makes `key` the slot-0 key of an IPv6 frontend's internal backend set.

@@ -17,11 +17,13 @@ use aya_ebpf::{
 use proxy_common::{ct_dir, ct_flags, hairpin, stat, Addr6Be};
 
 use crate::{
+    ct::track::tracked,
+    ct::track::TableFull,
     maps::{count, count_service, SB_CT6_V1},
+    packet::v6::{eq6, Flow6, Scratch6},
     packet::Skip,
-    packet6::{eq6, Flow6, Scratch6},
-    tc::{tracked, Side, TableFull},
-    tc6::rewrite6,
+    rewrite::v6::rewrite6,
+    rewrite::Side,
 };
 
 /// Whether the backend chosen for `flow` from a pod is that pod itself.

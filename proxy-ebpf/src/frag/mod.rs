@@ -24,25 +24,31 @@
 //! The XDP program passes every fragment on to it.
 //!
 //! Not covered: hairpin flows (their first fragment is source-NATed as well).
+
+pub mod v6;
+
 use aya_ebpf::{bindings::TC_ACT_OK, helpers::bpf_ktime_get_ns, programs::TcContext};
 use proxy_common::{ct_dir, frag, stat, FragEntry, FragKey};
 
 use crate::{
     maps::{count, count_service, SB_FRAG_V1},
     packet::{csum_replace4, Flow, Ipv4Hdr, Skip, ETH_HLEN, IP_CSUM_OFF},
-    tc::{drop_counted, ptr_at, Rewrite, Side},
+    rewrite::Rewrite,
+    rewrite::Side,
+    skb::drop_counted,
+    skb::ptr_at,
 };
 
 /// A packet `parse` did not make a flow of: a later fragment follows its
 /// first fragment's translation, an ICMP error about a translated flow is
-/// translated too ([`crate::icmp_error`]); anything else passes as `skip`
+/// translated too ([`crate::icmp`]); anything else passes as `skip`
 /// says. `dir` is `ct_dir::FORWARD` in `sb_from_pod`, `ct_dir::REPLY` in
 /// `sb_to_pod`.
 #[inline(always)]
 pub fn unparsed(ctx: &TcContext, skip: Skip, dir: u8) -> Result<i32, Skip> {
     match skip {
         Skip::Fragment => later(ctx, dir),
-        Skip::Icmp => crate::icmp_error::translate(ctx, dir),
+        Skip::Icmp => crate::icmp::translate(ctx, dir),
         skip => Err(skip),
     }
 }

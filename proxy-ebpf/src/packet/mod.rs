@@ -1,6 +1,9 @@
 //! What both packet layers (tc and XDP) know about a packet: the header
 //! layout, the flow a TCP or UDP packet belongs to, why a packet is left
 //! alone, and incremental checksum arithmetic.
+
+pub mod v6;
+
 use proxy_common::{proto, CtKey};
 
 pub const ETH_HLEN: usize = 14;
