@@ -53,10 +53,11 @@ pub(crate) fn now_ns() -> u64 {
     unsafe { bpf_ktime_get_coarse_ns() }
 }
 
-/// Writes one entry (`flags`: `BPF_ANY`, `BPF_NOEXIST`).
+/// Writes one entry of either family's table (`flags`: `BPF_ANY`,
+/// `BPF_NOEXIST`).
 #[inline(always)]
-pub(crate) fn insert(key: &CtKey, entry: &CtEntry, flags: u64) -> Result<(), NotTracked> {
-    match SB_CT_V5.insert(key, entry, flags) {
+pub(crate) fn insert<E: Entry>(key: &E::Key, entry: &E, flags: u64) -> Result<(), NotTracked> {
+    match E::insert(key, entry, flags) {
         Ok(()) => Ok(()),
         Err(errno) if errno == -E2BIG => Err(NotTracked::Full),
         Err(_) => Err(NotTracked::Failed),
@@ -152,10 +153,82 @@ unsafe fn slot_of<K, const N: usize>(
     }
 }
 
-/// [`Table`] for one family: its key, conntrack map, ring and address
-/// comparison.
+/// One family's connection-tracking entry: how it is written to its table,
+/// and where the fields are that packets update in place, so [`insert`],
+/// [`seen`] and [`mark_closing`] are written once for both families.
+pub(crate) trait Entry: Sized {
+    type Key: Table;
+    /// The table's update, its error as the map returns it.
+    fn insert(key: &Self::Key, entry: &Self, flags: u64) -> Result<(), i32>;
+    /// The fields packets update: state, flags, last seen, created.
+    ///
+    /// # Safety
+    /// `entry` is a value pointer the table's lookup returned, valid for
+    /// this program run.
+    unsafe fn fields(entry: *mut Self) -> Fields;
+}
+
+/// Pointers to the fields of an entry that packets update in place.
+pub(crate) struct Fields {
+    state: *mut u8,
+    flags: *mut u8,
+    last_seen_ns: *mut u64,
+    created_ns: *mut u64,
+}
+
+/// The protocol and TCP flags of a parsed packet of either family.
+pub(crate) trait Segment {
+    fn proto(&self) -> u8;
+    fn tcp_flags(&self) -> u8;
+}
+
+impl Segment for Flow {
+    #[inline(always)]
+    fn proto(&self) -> u8 {
+        self.proto
+    }
+    #[inline(always)]
+    fn tcp_flags(&self) -> u8 {
+        self.tcp_flags
+    }
+}
+
+impl Segment for Flow6 {
+    #[inline(always)]
+    fn proto(&self) -> u8 {
+        self.proto
+    }
+    #[inline(always)]
+    fn tcp_flags(&self) -> u8 {
+        self.tcp_flags
+    }
+}
+
+/// [`Table`] and [`Entry`] for one family: its key, entry, conntrack map,
+/// ring and address comparison.
 macro_rules! conntrack_table {
-    ($key:ty, $table:ident, $ring:ident, $same:path) => {
+    ($key:ty, $entry:ty, $table:ident, $ring:ident, $same:path) => {
+        impl Entry for $entry {
+            type Key = $key;
+            #[inline(always)]
+            fn insert(key: &$key, entry: &$entry, flags: u64) -> Result<(), i32> {
+                $table.insert(key, entry, flags)
+            }
+            #[inline(always)]
+            unsafe fn fields(entry: *mut $entry) -> Fields {
+                // SAFETY: the caller's guarantee: `entry` is valid; only
+                // field addresses are taken.
+                unsafe {
+                    Fields {
+                        state: core::ptr::addr_of_mut!((*entry).state),
+                        flags: core::ptr::addr_of_mut!((*entry).flags),
+                        last_seen_ns: core::ptr::addr_of_mut!((*entry).last_seen_ns),
+                        created_ns: core::ptr::addr_of_mut!((*entry).created_ns),
+                    }
+                }
+            }
+        }
+
         impl Table for $key {
             #[inline(always)]
             fn take_slot(evict: bool) -> Option<*mut KeyPair<$key>> {
@@ -206,8 +279,14 @@ fn same4(a: &u32, b: &u32) -> bool {
     a == b
 }
 
-conntrack_table!(CtKey, SB_CT_V5, SB_CT_NEW_V2, same4);
-conntrack_table!(CtKey6, SB_CT6_V1, SB_CT6_NEW_V2, crate::packet::v6::eq6);
+conntrack_table!(CtKey, CtEntry, SB_CT_V5, SB_CT_NEW_V2, same4);
+conntrack_table!(
+    CtKey6,
+    CtEntry6,
+    SB_CT6_V1,
+    SB_CT6_NEW_V2,
+    crate::packet::v6::eq6
+);
 
 /// Remembers a new flow in the ring, over its oldest one.
 #[inline(always)]
@@ -308,32 +387,37 @@ fn state_bits(protocol: u8, tcp_flags: u8, reply: bool) -> u8 {
 /// unless the state changed. Per packet this is one clock read and, mostly,
 /// no write.
 #[inline(always)]
-pub(crate) fn seen(entry: *mut CtEntry, flow: &Flow, reply: bool) {
-    let bits = state_bits(flow.proto, flow.tcp_flags, reply);
+pub(crate) fn seen<E: Entry>(entry: *mut E, flow: &impl Segment, reply: bool) {
+    let bits = state_bits(flow.proto(), flow.tcp_flags(), reply);
     let now = now_ns();
     // SAFETY: a value pointer the map lookup just returned, valid for this
     // program run. Only packets of this entry's direction write its state
     // byte (and they only add bits); a racing time stamp is as good as ours.
     unsafe {
-        let state = (*entry).state;
+        let f = E::fields(entry);
+        let state = *f.state;
         if state | bits != state {
-            (*entry).state = state | bits;
-            (*entry).last_seen_ns = now;
-        } else if now.wrapping_sub((*entry).last_seen_ns) >= CT_REFRESH_NS {
-            (*entry).last_seen_ns = now;
+            *f.state = state | bits;
+            *f.last_seen_ns = now;
+        } else if now.wrapping_sub(*f.last_seen_ns) >= CT_REFRESH_NS {
+            *f.last_seen_ns = now;
         }
     }
 }
 
-// ---- IPv6: the same writes on `SB_CT6_V1` ----
-
-/// [`insert`] for an IPv6 flow.
+/// Marks a connection-tracking entry of either family as belonging to a
+/// closing connection.
 #[inline(always)]
-pub(crate) fn insert6(key: &CtKey6, entry: &CtEntry6, flags: u64) -> Result<(), NotTracked> {
-    match SB_CT6_V1.insert(key, entry, flags) {
-        Ok(()) => Ok(()),
-        Err(errno) if errno == -E2BIG => Err(NotTracked::Full),
-        Err(_) => Err(NotTracked::Failed),
+pub(crate) fn mark_closing<E: Entry>(entry: *mut E) {
+    // SAFETY: a value pointer the map lookup just returned, valid for this
+    // program run; the only concurrent writes set the same bit (or the same
+    // kind of time stamp, which only dates the close).
+    unsafe {
+        let f = E::fields(entry);
+        if *f.flags & ct_flags::CLOSING == 0 {
+            *f.flags |= ct_flags::CLOSING;
+            *f.created_ns = now_ns();
+        }
     }
 }
 
@@ -348,46 +432,16 @@ pub(crate) fn insert_pair6(
     reply_nat: (&Addr6Be, u16),
     reply_snat: (&Addr6Be, u16),
 ) -> Result<(), NotTracked> {
-    with_room::<CtKey6>(|| insert6(fwd_key, entry, 0))?;
+    with_room::<CtKey6>(|| insert(fwd_key, entry, 0))?;
     entry.nat_addr_be = *reply_nat.0;
     entry.nat_port_be = reply_nat.1;
     entry.snat_addr_be = *reply_snat.0;
     entry.snat_port_be = reply_snat.1;
-    if let Err(why) = with_room::<CtKey6>(|| insert6(reply_key, entry, 0)) {
+    if let Err(why) = with_room::<CtKey6>(|| insert(reply_key, entry, 0)) {
         // Best effort, as in `insert_pair`.
         let _ = SB_CT6_V1.remove(fwd_key);
         return Err(why);
     }
     remember(fwd_key, reply_key);
     Ok(())
-}
-
-/// [`seen`] for an IPv6 flow's entry.
-#[inline(always)]
-pub(crate) fn seen6(entry: *mut CtEntry6, flow: &Flow6, reply: bool) {
-    let bits = state_bits(flow.proto, flow.tcp_flags, reply);
-    let now = now_ns();
-    // SAFETY: as in `seen`: a value pointer the lookup just returned; only
-    // this direction's packets add state bits.
-    unsafe {
-        let state = (*entry).state;
-        if state | bits != state {
-            (*entry).state = state | bits;
-            (*entry).last_seen_ns = now;
-        } else if now.wrapping_sub((*entry).last_seen_ns) >= CT_REFRESH_NS {
-            (*entry).last_seen_ns = now;
-        }
-    }
-}
-
-/// [`crate::ct::track::mark_closing`] for an IPv6 entry.
-#[inline(always)]
-pub(crate) fn mark_closing6(entry: *mut CtEntry6) {
-    // SAFETY: as in `tc::mark_closing`.
-    unsafe {
-        if (*entry).flags & ct_flags::CLOSING == 0 {
-            (*entry).flags |= ct_flags::CLOSING;
-            (*entry).created_ns = now_ns();
-        }
-    }
 }

@@ -1,6 +1,7 @@
 //! Connection tracking of an IPv4 flow on the tc and XDP paths: the tracked
 //! backend of a flow (with its state noted and a closing flow marked), and
 //! the two entries a new flow writes.
+use crate::ct::mark_closing;
 use crate::{
     lb::backend_is_live,
     maps::{count, count_service, SB_CT_V5},
@@ -72,20 +73,6 @@ pub(crate) fn reply_key_of(flow: &Flow, forward: &CtEntry) -> CtKey {
         proto: flow.proto,
         dir: ct_dir::REPLY,
         _pad: [0; 2],
-    }
-}
-
-/// Marks a connection-tracking entry as belonging to a closing connection.
-#[inline(always)]
-pub(crate) fn mark_closing(entry: *mut CtEntry) {
-    // SAFETY: a value pointer the map lookup just returned, valid for this
-    // program run; the only concurrent writes set the same bit (or the same
-    // kind of time stamp, which only dates the close).
-    unsafe {
-        if (*entry).flags & ct_flags::CLOSING == 0 {
-            (*entry).flags |= ct_flags::CLOSING;
-            (*entry).created_ns = crate::ct::now_ns();
-        }
     }
 }
 

@@ -34,9 +34,9 @@ pub(crate) fn tracked_backend6(s: &mut Scratch6, service_id: u32) -> bool {
     if flow.opens_connection() && flags & ct_flags::CLOSING != 0 {
         return false;
     }
-    crate::ct::seen6(entry_ptr, flow, false);
+    crate::ct::seen(entry_ptr, flow, false);
     if flow.ends_connection() {
-        crate::ct::mark_closing6(entry_ptr);
+        crate::ct::mark_closing(entry_ptr);
         let k = &mut s.key2;
         if flags & ct_flags::SNAT != 0 {
             // SAFETY: as above; copied out.
@@ -54,7 +54,7 @@ pub(crate) fn tracked_backend6(s: &mut Scratch6, service_id: u32) -> bool {
         k.dir = ct_dir::REPLY;
         k._pad = [0; 2];
         if let Some(reply_ptr) = SB_CT6_V1.get_ptr_mut(s.key2) {
-            crate::ct::mark_closing6(reply_ptr);
+            crate::ct::mark_closing(reply_ptr);
         }
     }
     if !flow.needs_live_backend()

@@ -47,7 +47,7 @@ use aya_ebpf::{
 use proxy_common::{ct_dir, ct_flags, hairpin, stat, Backend, CtEntry, CtKey};
 
 use crate::{
-    ct::track::mark_closing,
+    ct::mark_closing,
     ct::track::tracked,
     ct::track::TableFull,
     maps::{count, count_service, SB_CT_V5},

@@ -121,9 +121,9 @@ pub fn reply(ctx: &TcContext, s: &mut Scratch6) -> Result<i32, Skip> {
         }
         return Err(Skip::NotOurs);
     }
-    crate::ct::seen6(entry_ptr, flow, true);
+    crate::ct::seen(entry_ptr, flow, true);
     if flow.ends_connection() {
-        crate::ct::mark_closing6(entry_ptr);
+        crate::ct::mark_closing(entry_ptr);
         // The forward entry: (pod:p → frontend).
         let k = &mut s.key2;
         k.saddr_be = s.backend.addr_be;
@@ -134,7 +134,7 @@ pub fn reply(ctx: &TcContext, s: &mut Scratch6) -> Result<i32, Skip> {
         k.dir = ct_dir::FORWARD;
         k._pad = [0; 2];
         if let Some(forward_ptr) = SB_CT6_V1.get_ptr_mut(s.key2) {
-            crate::ct::mark_closing6(forward_ptr);
+            crate::ct::mark_closing(forward_ptr);
         }
     }
     let action = send_back(ctx, s);

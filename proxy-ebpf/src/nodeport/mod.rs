@@ -32,7 +32,7 @@ use proxy_common::{
 };
 
 use crate::{
-    ct::track::mark_closing,
+    ct::mark_closing,
     ct::track::track,
     ct::track::tracked_entry,
     ct::{self, NotTracked},

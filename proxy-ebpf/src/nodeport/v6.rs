@@ -270,9 +270,9 @@ fn snat_reply6(u: &mut Up6) -> Result<bool, NotTranslated> {
         }
         return Err(NotTranslated::Pass(Skip::NotOurs));
     }
-    ct::seen6(entry_ptr, flow, true);
+    ct::seen(entry_ptr, flow, true);
     if flow.ends_connection() {
-        ct::mark_closing6(entry_ptr);
+        ct::mark_closing(entry_ptr);
         let k = &mut u.s.key;
         k.saddr_be = u.to_daddr_be;
         k.daddr_be = u.to_saddr_be;
@@ -282,7 +282,7 @@ fn snat_reply6(u: &mut Up6) -> Result<bool, NotTranslated> {
         k.dir = ct_dir::FORWARD;
         k._pad = [0; 2];
         if let Some(forward_ptr) = SB_CT6_V1.get_ptr_mut(u.s.key) {
-            ct::mark_closing6(forward_ptr);
+            ct::mark_closing(forward_ptr);
         }
     }
     u.to_ports_be = [nat_port_be, snat_port_be];
@@ -345,7 +345,7 @@ pub fn fib_params6(
 /// key in `u.s.key2` names for the new flow whose reply entry is `u.s.entry`.
 #[inline(always)]
 fn claim_port6(u: &Up6, now: u64) -> Result<bool, NotTracked> {
-    match ct::insert6(&u.s.key2, &u.s.entry, u64::from(BPF_NOEXIST)) {
+    match ct::insert(&u.s.key2, &u.s.entry, u64::from(BPF_NOEXIST)) {
         Ok(()) => return Ok(true),
         Err(NotTracked::Full) => return Err(NotTracked::Full),
         Err(NotTracked::Failed) => {}
@@ -417,7 +417,7 @@ fn new_remote_flow6(u: &mut Up6, backend_id: u32, service_id: u32) -> Result<Out
         e.nat_port_be = u.s.backend.port_be;
         e.snat_addr_be = u.snat_addr_be;
         e.snat_port_be = port_be;
-        match ct::with_room::<CtKey6>(|| ct::insert6(&u.s.key, &u.s.entry, 0)) {
+        match ct::with_room::<CtKey6>(|| ct::insert(&u.s.key, &u.s.entry, 0)) {
             Ok(()) => {
                 count_service(service_id, |s| s.new_flows += 1);
                 ct::remember(&u.s.key, &u.s.key2);

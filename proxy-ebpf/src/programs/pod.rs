@@ -13,7 +13,7 @@
 //! IPv6 is told apart by its ethertype before the IPv4 parser runs and
 //! handed to its own programs ([`crate::tc6`]); the IPv4 path pays one
 //! compare for it.
-use crate::ct::track::mark_closing;
+use crate::ct::mark_closing;
 use crate::ct::track::track;
 use crate::ct::track::tracked_backend;
 use crate::rewrite::count_rewritten;

@@ -153,9 +153,9 @@ fn try_to_pod6(ctx: &TcContext, s: &mut Scratch6) -> Result<i32, Skip> {
         }
         return Err(Skip::NotOurs);
     }
-    crate::ct::seen6(entry_ptr, flow, true);
+    crate::ct::seen(entry_ptr, flow, true);
     if flow.ends_connection() {
-        crate::ct::mark_closing6(entry_ptr);
+        crate::ct::mark_closing(entry_ptr);
         let k = &mut s.key2;
         k.saddr_be = flow.daddr_be;
         k.daddr_be = s.backend.addr_be;
@@ -165,7 +165,7 @@ fn try_to_pod6(ctx: &TcContext, s: &mut Scratch6) -> Result<i32, Skip> {
         k.dir = ct_dir::FORWARD;
         k._pad = [0; 2];
         if let Some(forward_ptr) = SB_CT6_V1.get_ptr_mut(s.key2) {
-            crate::ct::mark_closing6(forward_ptr);
+            crate::ct::mark_closing(forward_ptr);
         }
     }
     let port_be = s.backend.port_be;
