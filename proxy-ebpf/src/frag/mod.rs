@@ -32,11 +32,11 @@ use proxy_common::{ct_dir, frag, stat, FragEntry, FragKey};
 
 use crate::{
     maps::{count, count_service, SB_FRAG_V1},
+    packet::ctx::ptr_at,
     packet::{csum_replace4, Flow, Ipv4Hdr, Skip, ETH_HLEN, IP_CSUM_OFF},
     rewrite::Rewrite,
     rewrite::Side,
     skb::drop_counted,
-    skb::ptr_at,
 };
 
 /// A packet `parse` did not make a flow of: a later fragment follows its
@@ -177,7 +177,7 @@ pub fn later_uplink(ctx: &TcContext) -> Result<(Flow, bool), Result<i32, Skip>> 
 
 /// A fragment other than the first: the address its first fragment was
 /// given, with the IPv4 checksum, in one helper store (this program does not
-/// store into packets directly; see `tc::rewrite_with_helpers`).
+/// store into packets directly; see `rewrite::rewrite_with_helpers`).
 #[inline(always)]
 fn later(ctx: &TcContext, dir: u8) -> Result<i32, Skip> {
     let (header, entry) = translation_of(ctx, dir)?;

@@ -23,7 +23,7 @@
 //! ([`ct_flags::SNAT`]): the forward entry names the backend and, as the
 //! source the packet gets, `169.254.42.1:p`; the reply entry, keyed
 //! `pod:8080 → 169.254.42.1:p`, names the frontend and, as the address the
-//! destination is restored to, the pod's `pod:p`. So `tc::tracked_entry`
+//! destination is restored to, the pod's `pod:p`. So `ct::track::tracked_entry`
 //! finds the reply entry of a hairpin flow to mark it closing, as for any
 //! other source-NATed flow.
 //!

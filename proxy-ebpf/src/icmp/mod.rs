@@ -25,7 +25,7 @@
 //! quote holds it (UDP's lies in the first 8 bytes; TCP's at offset 16 only
 //! when more than 8 bytes are quoted, as Linux does, else it is left), the
 //! ICMP checksum over the whole message, and the outer IPv4 header's when its
-//! address changes. Every write is a helper store, as in `tc::rewrite_with_helpers`.
+//! address changes. Every write is a helper store, as in `rewrite::rewrite_with_helpers`.
 
 pub mod v6;
 
@@ -34,13 +34,13 @@ use proxy_common::{ct_dir, ct_flags, proto, stat, CtKey};
 
 use crate::{
     maps::{count, SB_CT_V5},
+    packet::ctx::ensure_linear,
+    packet::ctx::ptr_at,
     packet::{
         csum_replace2, csum_replace4, Ipv4Hdr, Skip, ETH_HLEN, IPV4_MIN_HLEN, IP_CSUM_OFF,
         IP_FRAG_MASK, IP_OFFSET_MASK, TCP_CSUM_OFF, UDP_CSUM_OFF,
     },
     skb::drop_counted,
-    skb::ensure_linear,
-    skb::ptr_at,
 };
 
 const ICMP_HLEN: usize = 8;

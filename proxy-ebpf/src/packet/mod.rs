@@ -2,6 +2,7 @@
 //! layout, the flow a TCP or UDP packet belongs to, why a packet is left
 //! alone, and incremental checksum arithmetic.
 
+pub mod ctx;
 pub mod v6;
 
 use proxy_common::{proto, CtKey};

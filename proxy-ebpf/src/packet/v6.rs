@@ -10,16 +10,13 @@ use core::{
     mem::{size_of, MaybeUninit},
 };
 
-use aya_ebpf::{
-    helpers::{bpf_skb_load_bytes, bpf_xdp_load_bytes},
-    programs::{TcContext, XdpContext},
-};
 use proxy_common::{
     proto, Addr6Be, AffinityKey6, Backend6, CtEntry6, CtKey6, FragEntry6, FragKey6, FrontendKey6,
 };
 
 use crate::packet::{
-    Skip, ETH_HLEN, TCP_FLAG_ACK, TCP_FLAG_FIN, TCP_FLAG_RST, TCP_FLAG_SYN, TCP_HLEN, UDP_HLEN,
+    ctx::LoadBytes, Skip, ETH_HLEN, TCP_FLAG_ACK, TCP_FLAG_FIN, TCP_FLAG_RST, TCP_FLAG_SYN,
+    TCP_HLEN, UDP_HLEN,
 };
 
 pub const ETH_P_IPV6_BE: u16 = 0x86ddu16.to_be();
@@ -140,35 +137,6 @@ pub struct Scratch6 {
     /// The quote of an ICMPv6 error being built ([`crate::reject::v6`]): the
     /// IPv6 header and 8 bytes of the UDP header, as in the packet.
     pub quote: [u32; 12],
-}
-
-/// A program context whose packet bytes the IPv6 parser reads through a
-/// helper: `bpf_skb_load_bytes` (tc) or `bpf_xdp_load_bytes` (XDP), so the
-/// uplink's XDP program shares the walk with the tc programs.
-pub trait LoadBytes {
-    /// Copies `len` bytes at `off` to `dst`; 0 on success.
-    ///
-    /// # Safety
-    /// `dst` must be valid for `len` bytes of writes.
-    unsafe fn load_raw(&self, off: u32, dst: *mut c_void, len: u32) -> i64;
-}
-
-impl LoadBytes for TcContext {
-    #[inline(always)]
-    unsafe fn load_raw(&self, off: u32, dst: *mut c_void, len: u32) -> i64 {
-        // SAFETY: the caller passes a `dst` valid for `len` bytes;
-        // `self.skb.skb` is this program's context.
-        unsafe { bpf_skb_load_bytes(self.skb.skb as *const c_void, off, dst, len) }
-    }
-}
-
-impl LoadBytes for XdpContext {
-    #[inline(always)]
-    unsafe fn load_raw(&self, off: u32, dst: *mut c_void, len: u32) -> i64 {
-        // SAFETY: the caller passes a `dst` valid for `len` bytes;
-        // `self.ctx` is this program's context.
-        unsafe { bpf_xdp_load_bytes(self.ctx, off, dst, len) }
-    }
 }
 
 /// Reads a `T` at `off` through the load helper: `Malformed` when the packet

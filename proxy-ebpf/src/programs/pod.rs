@@ -11,11 +11,12 @@
 //! the tail call fail, the programs rewrite with helper stores themselves.
 //!
 //! IPv6 is told apart by its ethertype before the IPv4 parser runs and
-//! handed to its own programs ([`crate::tc6`]); the IPv4 path pays one
+//! handed to its own programs ([`super::pod6`]); the IPv4 path pays one
 //! compare for it.
 use crate::ct::mark_closing;
 use crate::ct::track::track;
 use crate::ct::track::tracked_backend;
+use crate::packet::ctx::parse_ipv4;
 use crate::rewrite::count_rewritten;
 use crate::rewrite::hand_over;
 use crate::rewrite::rewrite_with_helpers;
@@ -23,7 +24,6 @@ use crate::rewrite::Rewrite;
 use crate::rewrite::Side;
 use crate::skb::drop_counted;
 use crate::skb::ethertype;
-use crate::skb::parse_ipv4;
 use crate::{
     lb::{choose_backend, frontend_key, lookup_frontend},
     maps::{count, count_denied, count_service, source_allowed4, SB_AFFINITY_V1, SB_CT_V5},

@@ -1,7 +1,7 @@
 //! The tc pod path for IPv6 (`sb_from_pod` / `sb_to_pod` dispatch here on
 //! ethertype 0x86DD, once, before the IPv4 parser): DNAT of packets a pod
 //! sends to an IPv6 frontend, the reverse on the replies, with connection
-//! tracking in `SB_CT6_V1`, the same rules as [`crate::tc`] for IPv4.
+//! tracking in `SB_CT6_V1`, the same rules as [`super::pod`] for IPv4.
 //!
 //! The IPv6 path is a program of its own (`sb_from_pod6`, `sb_to_pod6`),
 //! tail-called through `SB_TAIL6_V1`: the IPv4 path's stack frame (320
@@ -20,7 +20,7 @@
 //! `BPF_F_MARK_MANGLED_0`: a computed 0 is sent as 0xffff, and a zero
 //! checksum (invalid in IPv6 except for tunnels, RFC 6935) stays zero. No
 //! direct stores and no tail call: these programs see every packet of the
-//! node and never store directly (see `tc::rewrite_in_place`).
+//! node and never store directly (see `rewrite::rewrite_in_place`).
 use crate::ct::track6::track6;
 use crate::ct::track6::tracked_backend6;
 use crate::rewrite::v6::count_rewritten6;

@@ -3,14 +3,14 @@
 //! with `--xdp-mode off`, and with XDP the packets XDP hands on (no neighbour
 //! entry yet, TTL 1, fragments, ICMP errors). IPv6 is tail-called into
 //! `sb_from_uplink6` ([`super::uplink_tc6`]).
+use crate::packet::ctx::parse_ipv4;
+use crate::packet::ctx::ptr_at;
 use crate::rewrite::rewrite_with_helpers;
 use crate::rewrite::Rewrite;
 use crate::rewrite::RewriteFailed;
 use crate::rewrite::Side;
 use crate::skb::drop_counted;
 use crate::skb::ethertype;
-use crate::skb::parse_ipv4;
-use crate::skb::ptr_at;
 use crate::{
     maps::{count, count_service},
     nodeport::{self, NotTranslated, Translation},

@@ -145,7 +145,7 @@ const ICMPV6_ERROR_MAX: u8 = 4;
 
 /// An ICMPv6 error about a flow source-NATed to another node (a "packet too
 /// big" from a router on the way to the backend, an unreachable from the
-/// backend's node), as IPv4's `icmp_error::translate_snat`: it is addressed
+/// backend's node), as IPv4's `icmp::translate_snat`: it is addressed
 /// to the uplink's address and quotes the packet as it left, (uplink address,
 /// SNAT port → backend). The flow's reply entry names the client and the
 /// frontend: the quote becomes (client → frontend), the outer destination the

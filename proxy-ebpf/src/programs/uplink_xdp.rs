@@ -10,6 +10,7 @@
 //! packet goes on untranslated to the uplink's tc program (`xdp_to_tc`), and
 //! fragments always do.
 use crate::maps::SB_XDP_TAIL6_V1;
+use crate::packet::ctx::{parse_ipv4, ptr_at};
 use core::{ffi::c_void, mem::size_of};
 use proxy_common::tail;
 
@@ -25,8 +26,8 @@ use crate::{
     nodeport::{classify, fib_params, NotTranslated, Translation},
     packet::v6::ETH_P_IPV6_BE,
     packet::{
-        csum_replace2, csum_replace4, Flow, Ipv4Hdr, Skip, ETH_HLEN, ETH_P_IP_BE, IPV4_MIN_HLEN,
-        IP_FRAG_MASK, TCP_CSUM_OFF, TCP_HLEN, UDP_CSUM_OFF, UDP_HLEN,
+        csum_replace2, csum_replace4, Flow, Ipv4Hdr, Skip, ETH_HLEN, ETH_P_IP_BE, TCP_CSUM_OFF,
+        UDP_CSUM_OFF,
     },
 };
 
@@ -53,7 +54,7 @@ pub fn try_uplink(ctx: &XdpContext) -> Result<u32, Skip> {
         }
         return Err(Skip::NotOurs);
     }
-    let flow = parse(ctx)?;
+    let flow = parse_ipv4(ctx)?;
     // SAFETY: `ctx.ctx` is the kernel's `xdp_md` for this run; a read.
     let ingress = unsafe { (*ctx.ctx).ingress_ifindex };
     let translation = match classify(ctx.ctx as *mut c_void, ingress, &flow) {
@@ -128,71 +129,6 @@ fn count_forward(ctx: &XdpContext, service_id: u32, counter: u32) {
         s.bytes += len;
     });
     count(counter);
-}
-
-/// A bounds-checked pointer into the frame.
-#[inline(always)]
-fn ptr_at<T>(ctx: &XdpContext, off: usize) -> Result<*mut T, Skip> {
-    let start = ctx.data();
-    if start + off + size_of::<T>() > ctx.data_end() {
-        return Err(Skip::Malformed);
-    }
-    Ok((start + off) as *mut T)
-}
-
-#[inline(always)]
-/// An IPv4 TCP/UDP frame's flow (the caller checked the ethertype).
-fn parse(ctx: &XdpContext) -> Result<Flow, Skip> {
-    let ip = ptr_at::<Ipv4Hdr>(ctx, ETH_HLEN)?;
-    // SAFETY: `ptr_at` checked the whole fixed header lies inside the frame.
-    let (version_ihl, ip_proto, frag_off_be, tot_len_be, saddr_be, daddr_be) = unsafe {
-        (
-            (*ip).version_ihl,
-            (*ip).proto,
-            (*ip).frag_off_be,
-            (*ip).tot_len_be,
-            (*ip).saddr_be,
-            (*ip).daddr_be,
-        )
-    };
-    let l4_min = match ip_proto {
-        proto::TCP => TCP_HLEN,
-        proto::UDP => UDP_HLEN,
-        _ => return Err(Skip::NotOurs),
-    };
-    if version_ihl >> 4 != 4 {
-        return Err(Skip::Malformed);
-    }
-    let ihl = usize::from(version_ihl & 0x0f) * 4;
-    if ihl < IPV4_MIN_HLEN {
-        return Err(Skip::Malformed);
-    }
-    if u16::from_be(frag_off_be) & IP_FRAG_MASK != 0 {
-        return Err(Skip::Fragment);
-    }
-    if usize::from(u16::from_be(tot_len_be)) < ihl + l4_min {
-        return Err(Skip::Malformed);
-    }
-    let l4_off = ETH_HLEN + ihl;
-    let ports = ptr_at::<[u16; 2]>(ctx, l4_off)?;
-    // SAFETY: `ptr_at` checked both ports lie inside the frame.
-    let (sport_be, dport_be) = unsafe { ((*ports)[0], (*ports)[1]) };
-    let tcp_flags = if ip_proto == proto::TCP {
-        // SAFETY: `ptr_at` checked the byte lies inside the frame.
-        unsafe { *ptr_at::<u8>(ctx, l4_off + 13)? }
-    } else {
-        0
-    };
-    Ok(Flow {
-        saddr_be,
-        daddr_be,
-        sport_be,
-        dport_be,
-        proto: ip_proto,
-        tcp_flags,
-        l4_off,
-        first_fragment: false,
-    })
 }
 
 /// Writes `to` over the packet's addresses and ports, updating the IPv4 and

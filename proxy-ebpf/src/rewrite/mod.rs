@@ -5,7 +5,7 @@
 //! update through the kernel's helper.
 pub mod v6;
 
-use crate::skb::ptr_at;
+use crate::packet::ctx::ptr_at;
 use crate::{
     maps::{count, count_service, SB_TAIL_V1},
     packet::{
