@@ -11,6 +11,7 @@ use crate::{
 };
 use aya_ebpf::{
     bindings::{TC_ACT_SHOT, TC_ACT_UNSPEC},
+    helpers::{bpf_redirect, bpf_skb_load_bytes},
     programs::TcContext,
 };
 use proxy_common::stat;
@@ -55,4 +56,32 @@ pub fn hand_over6(ctx: &TcContext, slot: u32) -> i32 {
     unsafe { SB_TAIL6_V1.tail_call(ctx, slot) };
     count(stat::TAIL_CALL_MISSED);
     TC_ACT_UNSPEC
+}
+
+/// Sends a rewritten packet back out of the interface it came in on, its
+/// MAC addresses swapped (the hairpin of either family); a failed helper
+/// drops it, counted.
+#[inline(always)]
+pub(crate) fn send_back_out(ctx: &TcContext) -> i32 {
+    let mut macs = [0u8; 12];
+    // SAFETY: copies a constant 12 bytes into a stack buffer of that size.
+    let loaded =
+        unsafe { bpf_skb_load_bytes(ctx.skb.skb as *const _, 0, macs.as_mut_ptr() as *mut _, 12) };
+    if loaded != 0 {
+        count(stat::DROP_REWRITE_FAILED);
+        return TC_ACT_SHOT;
+    }
+    let mut swapped = [0u8; 12];
+    let mut i = 0;
+    while i < 6 {
+        swapped[i] = macs[6 + i];
+        swapped[6 + i] = macs[i];
+        i += 1;
+    }
+    if ctx.store(0, &swapped, 0).is_err() {
+        count(stat::DROP_REWRITE_FAILED);
+        return TC_ACT_SHOT;
+    }
+    // SAFETY: a read of our context, then a helper without memory arguments.
+    unsafe { bpf_redirect((*ctx.skb.skb).ifindex, 0) as i32 }
 }

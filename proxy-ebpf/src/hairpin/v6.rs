@@ -9,11 +9,7 @@
 //! Connection tracking uses the source-NAT encoding, as for IPv4. The same
 //! limits apply (two hairpin flows from one source port through two Services
 //! sharing a backend port collide; later fragments are not translated).
-use aya_ebpf::{
-    bindings::TC_ACT_SHOT,
-    helpers::{bpf_redirect, bpf_skb_load_bytes},
-    programs::TcContext,
-};
+use aya_ebpf::{bindings::TC_ACT_SHOT, programs::TcContext};
 use proxy_common::{ct_dir, ct_flags, hairpin, stat, Addr6Be};
 
 use crate::{
@@ -175,25 +171,5 @@ fn send_back(ctx: &TcContext, s: &mut Scratch6) -> i32 {
         count(stat::DROP_REWRITE_FAILED);
         return TC_ACT_SHOT;
     }
-    let mut macs = [0u8; 12];
-    // SAFETY: copies a constant 12 bytes into a stack buffer of that size.
-    let loaded =
-        unsafe { bpf_skb_load_bytes(ctx.skb.skb as *const _, 0, macs.as_mut_ptr() as *mut _, 12) };
-    if loaded != 0 {
-        count(stat::DROP_REWRITE_FAILED);
-        return TC_ACT_SHOT;
-    }
-    let mut swapped = [0u8; 12];
-    let mut i = 0;
-    while i < 6 {
-        swapped[i] = macs[6 + i];
-        swapped[6 + i] = macs[i];
-        i += 1;
-    }
-    if ctx.store(0, &swapped, 0).is_err() {
-        count(stat::DROP_REWRITE_FAILED);
-        return TC_ACT_SHOT;
-    }
-    // SAFETY: a read of our context, then a helper without memory arguments.
-    unsafe { bpf_redirect((*ctx.skb.skb).ifindex, 0) as i32 }
+    crate::skb::send_back_out(ctx)
 }

@@ -141,9 +141,9 @@ pub(crate) fn store_in_place(ctx: &TcContext, todo: &Rewrite) -> Result<(), Rewr
         Side::Source => (ETH_HLEN + 12, todo.l4_off),
         Side::Destination => (ETH_HLEN + 16, todo.l4_off + 2),
     };
-    let csum_ptr = ptr_at::<u16>(ctx, IP_CSUM_OFF).map_err(|_| RewriteFailed)? as *mut u16;
-    let addr_ptr = ptr_at::<u32>(ctx, addr_off).map_err(|_| RewriteFailed)? as *mut u32;
-    let port_ptr = ptr_at::<u16>(ctx, port_off).map_err(|_| RewriteFailed)? as *mut u16;
+    let csum_ptr = ptr_at::<u16>(ctx, IP_CSUM_OFF).map_err(|_| RewriteFailed)?;
+    let addr_ptr = ptr_at::<u32>(ctx, addr_off).map_err(|_| RewriteFailed)?;
+    let port_ptr = ptr_at::<u16>(ctx, port_off).map_err(|_| RewriteFailed)?;
     // SAFETY: `ptr_at` checked each field lies inside the linear packet data;
     // this program may store there (the verifier unclones the skb on entry).
     // No helper that moves packet data runs before the last store.
