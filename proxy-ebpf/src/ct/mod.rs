@@ -180,12 +180,18 @@ pub(crate) struct Fields {
 pub(crate) trait Segment {
     fn proto(&self) -> u8;
     fn tcp_flags(&self) -> u8;
+    /// A FIN or an RST.
+    fn ends_connection(&self) -> bool;
 }
 
 impl Segment for Flow {
     #[inline(always)]
     fn proto(&self) -> u8 {
         self.proto
+    }
+    #[inline(always)]
+    fn ends_connection(&self) -> bool {
+        Flow::ends_connection(self)
     }
     #[inline(always)]
     fn tcp_flags(&self) -> u8 {
@@ -197,6 +203,10 @@ impl Segment for Flow6 {
     #[inline(always)]
     fn proto(&self) -> u8 {
         self.proto
+    }
+    #[inline(always)]
+    fn ends_connection(&self) -> bool {
+        Flow6::ends_connection(self)
     }
     #[inline(always)]
     fn tcp_flags(&self) -> u8 {
@@ -401,6 +411,25 @@ pub(crate) fn seen<E: Entry>(entry: *mut E, flow: &impl Segment, reply: bool) {
             *f.last_seen_ns = now;
         } else if now.wrapping_sub(*f.last_seen_ns) >= CT_REFRESH_NS {
             *f.last_seen_ns = now;
+        }
+    }
+}
+
+/// A packet of a tracked flow noted in the entry of its direction
+/// ([`seen`]); a FIN or an RST marks that entry and the flow's other one
+/// closing, the other looked up (`other`) only then.
+#[inline(always)]
+pub(crate) fn note<E: Entry>(
+    entry: *mut E,
+    flow: &impl Segment,
+    reply: bool,
+    other: impl FnOnce() -> Option<*mut E>,
+) {
+    seen(entry, flow, reply);
+    if flow.ends_connection() {
+        mark_closing(entry);
+        if let Some(other) = other() {
+            mark_closing(other);
         }
     }
 }

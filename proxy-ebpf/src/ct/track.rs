@@ -1,7 +1,6 @@
 //! Connection tracking of an IPv4 flow on the tc and XDP paths: the tracked
 //! backend of a flow (with its state noted and a closing flow marked), and
 //! the two entries a new flow writes.
-use crate::ct::mark_closing;
 use crate::{
     lb::backend_is_live,
     maps::{count, count_service, SB_CT_V5},
@@ -40,13 +39,9 @@ pub(crate) fn tracked_entry(key: &CtKey, flow: &Flow, service_id: u32) -> Option
     if flow.opens_connection() && entry.flags & ct_flags::CLOSING != 0 {
         return None;
     }
-    crate::ct::seen(entry_ptr, flow, false);
-    if flow.ends_connection() {
-        mark_closing(entry_ptr);
-        if let Some(reply_ptr) = SB_CT_V5.get_ptr_mut(reply_key_of(flow, &entry)) {
-            mark_closing(reply_ptr);
-        }
-    }
+    crate::ct::note(entry_ptr, flow, false, || {
+        SB_CT_V5.get_ptr_mut(reply_key_of(flow, &entry))
+    });
     if !flow.needs_live_backend()
         || backend_is_live(entry.backend_id, entry.nat_addr_be, entry.nat_port_be)
     {

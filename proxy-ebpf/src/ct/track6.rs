@@ -34,9 +34,7 @@ pub(crate) fn tracked_backend6(s: &mut Scratch6, service_id: u32) -> bool {
     if flow.opens_connection() && flags & ct_flags::CLOSING != 0 {
         return false;
     }
-    crate::ct::seen(entry_ptr, flow, false);
-    if flow.ends_connection() {
-        crate::ct::mark_closing(entry_ptr);
+    crate::ct::note(entry_ptr, flow, false, || {
         let k = &mut s.key2;
         if flags & ct_flags::SNAT != 0 {
             // SAFETY: as above; copied out.
@@ -53,10 +51,8 @@ pub(crate) fn tracked_backend6(s: &mut Scratch6, service_id: u32) -> bool {
         k.proto = flow.proto;
         k.dir = ct_dir::REPLY;
         k._pad = [0; 2];
-        if let Some(reply_ptr) = SB_CT6_V1.get_ptr_mut(s.key2) {
-            crate::ct::mark_closing(reply_ptr);
-        }
-    }
+        SB_CT6_V1.get_ptr_mut(s.key2)
+    });
     if !flow.needs_live_backend()
         || backend_is_live6(backend_id, &s.backend.addr_be, s.backend.port_be)
     {

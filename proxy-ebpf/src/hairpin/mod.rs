@@ -43,7 +43,6 @@ use aya_ebpf::{bindings::TC_ACT_SHOT, programs::TcContext};
 use proxy_common::{ct_dir, ct_flags, hairpin, stat, Backend, CtEntry, CtKey};
 
 use crate::{
-    ct::mark_closing,
     ct::track::tracked,
     ct::track::TableFull,
     maps::{count, count_service, SB_CT_V5},
@@ -163,9 +162,7 @@ pub fn reply(ctx: &TcContext, flow: &Flow) -> Result<i32, Skip> {
         }
         return Err(Skip::NotOurs);
     }
-    crate::ct::seen(entry_ptr, flow, true);
-    if flow.ends_connection() {
-        mark_closing(entry_ptr);
+    crate::ct::note(entry_ptr, flow, true, || {
         let forward = CtKey {
             saddr_be: entry.snat_addr_be,
             daddr_be: entry.nat_addr_be,
@@ -175,10 +172,8 @@ pub fn reply(ctx: &TcContext, flow: &Flow) -> Result<i32, Skip> {
             dir: ct_dir::FORWARD,
             _pad: [0; 2],
         };
-        if let Some(forward_ptr) = SB_CT_V5.get_ptr_mut(forward) {
-            mark_closing(forward_ptr);
-        }
-    }
+        SB_CT_V5.get_ptr_mut(forward)
+    });
     let action = send_back(
         ctx,
         flow,

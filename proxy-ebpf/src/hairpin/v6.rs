@@ -117,9 +117,7 @@ pub fn reply(ctx: &TcContext, s: &mut Scratch6) -> Result<i32, Skip> {
         }
         return Err(Skip::NotOurs);
     }
-    crate::ct::seen(entry_ptr, flow, true);
-    if flow.ends_connection() {
-        crate::ct::mark_closing(entry_ptr);
+    crate::ct::note(entry_ptr, flow, true, || {
         // The forward entry: (pod:p → frontend).
         let k = &mut s.key2;
         k.saddr_be = s.backend.addr_be;
@@ -129,10 +127,8 @@ pub fn reply(ctx: &TcContext, s: &mut Scratch6) -> Result<i32, Skip> {
         k.proto = flow.proto;
         k.dir = ct_dir::FORWARD;
         k._pad = [0; 2];
-        if let Some(forward_ptr) = SB_CT6_V1.get_ptr_mut(s.key2) {
-            crate::ct::mark_closing(forward_ptr);
-        }
-    }
+        SB_CT6_V1.get_ptr_mut(s.key2)
+    });
     let action = send_back(ctx, s);
     if action != TC_ACT_SHOT {
         count(stat::REVERSED);

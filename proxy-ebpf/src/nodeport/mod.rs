@@ -32,7 +32,6 @@ use proxy_common::{
 };
 
 use crate::{
-    ct::mark_closing,
     ct::track::track,
     ct::track::tracked_entry,
     ct::{self, NotTracked},
@@ -229,9 +228,7 @@ fn snat_reply(flow: &Flow) -> Result<Option<Translation>, NotTranslated> {
         }
         return Err(NotTranslated::Pass(Skip::NotOurs));
     }
-    crate::ct::seen(entry_ptr, flow, true);
-    if flow.ends_connection() {
-        mark_closing(entry_ptr);
+    crate::ct::note(entry_ptr, flow, true, || {
         let forward = CtKey {
             saddr_be: entry.snat_addr_be,
             daddr_be: entry.nat_addr_be,
@@ -241,10 +238,8 @@ fn snat_reply(flow: &Flow) -> Result<Option<Translation>, NotTranslated> {
             dir: ct_dir::FORWARD,
             _pad: [0; 2],
         };
-        if let Some(forward_ptr) = SB_CT_V5.get_ptr_mut(forward) {
-            mark_closing(forward_ptr);
-        }
-    }
+        SB_CT_V5.get_ptr_mut(forward)
+    });
     Ok(Some(Translation::Reply {
         src_addr_be: entry.nat_addr_be,
         src_port_be: entry.nat_port_be,

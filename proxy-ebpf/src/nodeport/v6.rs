@@ -270,9 +270,7 @@ fn snat_reply6(u: &mut Up6) -> Result<bool, NotTranslated> {
         }
         return Err(NotTranslated::Pass(Skip::NotOurs));
     }
-    ct::seen(entry_ptr, flow, true);
-    if flow.ends_connection() {
-        ct::mark_closing(entry_ptr);
+    crate::ct::note(entry_ptr, flow, true, || {
         let k = &mut u.s.key;
         k.saddr_be = u.to_daddr_be;
         k.daddr_be = u.to_saddr_be;
@@ -281,10 +279,8 @@ fn snat_reply6(u: &mut Up6) -> Result<bool, NotTranslated> {
         k.proto = flow.proto;
         k.dir = ct_dir::FORWARD;
         k._pad = [0; 2];
-        if let Some(forward_ptr) = SB_CT6_V1.get_ptr_mut(u.s.key) {
-            ct::mark_closing(forward_ptr);
-        }
-    }
+        SB_CT6_V1.get_ptr_mut(u.s.key)
+    });
     u.to_ports_be = [nat_port_be, snat_port_be];
     u.service_id = 0;
     Ok(true)

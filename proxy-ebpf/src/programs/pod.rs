@@ -13,7 +13,6 @@
 //! IPv6 is told apart by its ethertype before the IPv4 parser runs and
 //! handed to its own programs ([`super::pod6`]); the IPv4 path pays one
 //! compare for it.
-use crate::ct::mark_closing;
 use crate::ct::track::track;
 use crate::ct::track::tracked_backend;
 use crate::packet::ctx::parse_ipv4;
@@ -145,9 +144,7 @@ pub fn try_to_pod(ctx: &TcContext) -> Result<i32, Skip> {
         }
         return Err(Skip::NotOurs);
     }
-    crate::ct::seen(entry_ptr, &flow, true);
-    if flow.ends_connection() {
-        mark_closing(entry_ptr);
+    crate::ct::note(entry_ptr, &flow, true, || {
         let forward = CtKey {
             saddr_be: flow.daddr_be,
             daddr_be: nat_addr_be,
@@ -157,10 +154,8 @@ pub fn try_to_pod(ctx: &TcContext) -> Result<i32, Skip> {
             dir: ct_dir::FORWARD,
             _pad: [0; 2],
         };
-        if let Some(forward_ptr) = SB_CT_V5.get_ptr_mut(forward) {
-            mark_closing(forward_ptr);
-        }
-    }
+        SB_CT_V5.get_ptr_mut(forward)
+    });
     let todo = Rewrite {
         side: Side::Source,
         new_addr_be: nat_addr_be,

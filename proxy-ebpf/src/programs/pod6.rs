@@ -153,9 +153,7 @@ fn try_to_pod6(ctx: &TcContext, s: &mut Scratch6) -> Result<i32, Skip> {
         }
         return Err(Skip::NotOurs);
     }
-    crate::ct::seen(entry_ptr, flow, true);
-    if flow.ends_connection() {
-        crate::ct::mark_closing(entry_ptr);
+    crate::ct::note(entry_ptr, flow, true, || {
         let k = &mut s.key2;
         k.saddr_be = flow.daddr_be;
         k.daddr_be = s.backend.addr_be;
@@ -164,10 +162,8 @@ fn try_to_pod6(ctx: &TcContext, s: &mut Scratch6) -> Result<i32, Skip> {
         k.proto = flow.proto;
         k.dir = ct_dir::FORWARD;
         k._pad = [0; 2];
-        if let Some(forward_ptr) = SB_CT6_V1.get_ptr_mut(s.key2) {
-            crate::ct::mark_closing(forward_ptr);
-        }
-    }
+        SB_CT6_V1.get_ptr_mut(s.key2)
+    });
     let port_be = s.backend.port_be;
     if s.flow.first_fragment {
         crate::frag::v6::remember(s, Side::Source, service_id);
