@@ -2,7 +2,7 @@
 //! scratch, [`Scratch6`]), the rules of [`super::track`].
 use crate::{
     ct::track::TableFull,
-    lb::v6::backend_is_live6,
+    lb::backend_is_live,
     maps::{count, SB_CT6_V1},
     packet::v6::Scratch6,
 };
@@ -54,7 +54,7 @@ pub(crate) fn tracked_backend6(s: &mut Scratch6, service_id: u32) -> bool {
         SB_CT6_V1.get_ptr_mut(s.key2)
     });
     if !flow.needs_live_backend()
-        || backend_is_live6(backend_id, &s.backend.addr_be, s.backend.port_be)
+        || backend_is_live(backend_id, s.backend.addr_be, s.backend.port_be)
     {
         return true;
     }

@@ -4,9 +4,8 @@
 //! Generic over the address family: an address type ([`FamilyAddr`]: `u32`
 //! for IPv4, [`Addr6Be`] for IPv6) names its frontend key and backend maps, and
 //! every function is monomorphised and inlined, so the IPv4 path compiles to
-//! what it did before IPv6 existed.
-
-pub mod v6;
+//! what it did before IPv6 existed. The socket layer and the tc and XDP
+//! programs of both families use the same functions.
 
 use aya_ebpf::{
     btf_maps::LruHashMap,
@@ -203,9 +202,12 @@ pub fn choose_backend<F: SlotKey, K>(
 }
 
 /// The backend entry `hash` selects in the frontend's Maglev table, if it
-/// has one and the entry names a backend.
+/// has one and the entry names a backend of the key's family. The table
+/// (`SB_MAGLEV_V1`, by service id) is shared by both families; an IPv6
+/// frontend's ids name entries of `SB_BE6_V1`, so an id that names no backend
+/// of the family (mid-update) gives `None` and the caller picks at random.
 #[inline(always)]
-pub fn maglev_backend(service_id: u32, hash: u32) -> Option<(u32, Backend)> {
+pub fn maglev_backend<F: SlotKey>(service_id: u32, hash: u32) -> Option<(u32, F::Backend)> {
     let table = SB_MAGLEV_V1.get_ptr(service_id)?;
     let index = (hash % capacity::MAGLEV_TABLE) as usize;
     // LLVM knows the remainder is in range and would drop the bounds check
@@ -215,8 +217,7 @@ pub fn maglev_backend(service_id: u32, hash: u32) -> Option<(u32, Backend)> {
     // SAFETY: a value of the map, valid for this program run; `get` checks
     // the index against the array's length.
     let backend_id = *unsafe { (*table).backend_ids.get(index) }?;
-    // SAFETY: copied out at once.
-    let backend = unsafe { SB_BE_V1.get(backend_id) }.copied()?;
+    let backend = F::backend(backend_id)?;
     Some((backend_id, backend))
 }
 

@@ -151,7 +151,8 @@ fn pick_backend(key: FrontendKey, svc: &FrontendSlot, flow: &Flow) -> Option<(u3
         frontend_flags::ALGO_SOURCE_HASH => Some(source_hash(flow.saddr_be)),
         _ => None,
     };
-    if let Some(found) = hashed.and_then(|hash| maglev_backend(svc.service_id, hash)) {
+    if let Some(found) = hashed.and_then(|hash| maglev_backend::<FrontendKey>(svc.service_id, hash))
+    {
         return Some(found);
     }
     let affinity_key = AffinityKey {

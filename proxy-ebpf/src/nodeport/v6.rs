@@ -42,14 +42,15 @@ use aya_ebpf::{
 use proxy_common::{
     ct_dir, ct_flags, frontend_flags,
     hash::{flow_hash6, source_hash6},
-    scope, snat, stat, Addr6Be, CtKey6, FrontendSlot,
+    scope, snat, stat, Addr6Be, CtKey6, FrontendKey6, FrontendSlot,
 };
 
 use crate::{
     ct::track6::track6,
     ct::track6::tracked_backend6,
     ct::{self, NotTracked},
-    lb::v6::{choose_backend6, frontend_key6, lookup_frontend6, maglev_backend6},
+    lb::{choose_backend, frontend_key, lookup_frontend, maglev_backend},
+    maps::SB_AFFINITY6_V1,
     maps::{count, count_denied, count_service, source_allowed6, SB_CT6_V1, SB_UPLINK6_V1},
     nodeport::NotTranslated,
     packet::v6::{eq6, Scratch6},
@@ -115,8 +116,8 @@ pub fn classify6(ctx: *mut c_void, ingress: u32, u: &mut Up6) -> Result<Out6, No
         return Ok(Out6::Reply);
     }
     let flow = &u.s.flow;
-    frontend_key6(&mut u.s.fe, &flow.daddr_be, flow.dport_be, flow.proto);
-    let Some(svc) = lookup_frontend6(&u.s.fe) else {
+    u.s.fe = frontend_key(flow.daddr_be, flow.dport_be, flow.proto);
+    let Some(svc) = lookup_frontend(&u.s.fe) else {
         return Err(NotTranslated::Pass(Skip::NotOurs));
     };
     if !source_allowed6(&svc, &u.s.flow.saddr_be) {
@@ -180,13 +181,16 @@ fn pick_backend6(u: &mut Up6, svc: &FrontendSlot) -> Option<u32> {
         _ => None,
     };
     if let Some(hash) = hash {
-        if let Some(id) = maglev_backend6(svc.service_id, hash, &mut u.s.backend) {
+        if let Some((id, backend)) = maglev_backend::<FrontendKey6>(svc.service_id, hash) {
+            u.s.backend = backend;
             return Some(id);
         }
     }
     u.s.aff.client_addr_be = u.s.flow.saddr_be;
     u.s.aff.service_id = svc.service_id;
-    choose_backend6(&mut u.s.fe, svc, &u.s.aff, &mut u.s.backend)
+    let (id, backend) = choose_backend(u.s.fe, svc, &SB_AFFINITY6_V1, &u.s.aff)?;
+    u.s.backend = backend;
+    Some(id)
 }
 
 /// The translation of a flow to a local backend (in `u.s.backend`).
@@ -207,7 +211,7 @@ fn backend_set6(u: &mut Up6, svc: FrontendSlot) -> (FrontendSlot, bool) {
         return (svc, false);
     }
     u.s.fe.scope = scope::EXTERNAL;
-    let ext = lookup_frontend6(&u.s.fe).unwrap_or(FrontendSlot {
+    let ext = lookup_frontend(&u.s.fe).unwrap_or(FrontendSlot {
         backend_count: 0,
         ..svc
     });

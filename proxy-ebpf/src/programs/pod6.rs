@@ -26,7 +26,8 @@ use crate::ct::track6::tracked_backend6;
 use crate::rewrite::v6::count_rewritten6;
 use crate::rewrite::v6::rewrite6;
 use crate::{
-    lb::v6::{choose_backend6, frontend_key6, lookup_frontend6},
+    lb::{choose_backend, frontend_key, lookup_frontend},
+    maps::SB_AFFINITY6_V1,
     maps::{count, count_denied, count_service, source_allowed6, SB_CT6_V1, SB_SCRATCH6_V1},
     packet::v6::{parse6, Kind6, Scratch6},
     packet::Skip,
@@ -81,8 +82,8 @@ fn try_from_pod6(ctx: &TcContext, s: &mut Scratch6) -> Result<i32, Skip> {
         Kind6::Icmp => return crate::icmp::v6::translate(ctx, s, ct_dir::FORWARD),
     }
     let flow = &s.flow;
-    frontend_key6(&mut s.fe, &flow.daddr_be, flow.dport_be, flow.proto);
-    let Some(svc) = lookup_frontend6(&s.fe) else {
+    s.fe = frontend_key(flow.daddr_be, flow.dport_be, flow.proto);
+    let Some(svc) = lookup_frontend(&s.fe) else {
         // A pod's reply to a hairpin flow goes to the hairpin address.
         return crate::hairpin::v6::reply(ctx, s);
     };
@@ -98,9 +99,10 @@ fn try_from_pod6(ctx: &TcContext, s: &mut Scratch6) -> Result<i32, Skip> {
     if !tracked_backend6(s, svc.service_id) {
         s.aff.client_addr_be = s.flow.saddr_be;
         s.aff.service_id = svc.service_id;
-        let Some(id) = choose_backend6(&mut s.fe, &svc, &s.aff, &mut s.backend) else {
+        let Some((id, backend)) = choose_backend(s.fe, &svc, &SB_AFFINITY6_V1, &s.aff) else {
             return drop_counted(stat::DROP_INCONSISTENT);
         };
+        s.backend = backend;
         let outcome = if crate::hairpin::v6::is_hairpin(&s.flow, &s.backend.addr_be) {
             crate::hairpin::v6::track(s, id, svc.service_id)
         } else {
