@@ -108,7 +108,7 @@ pub fn try_from_pod(ctx: &TcContext) -> Result<i32, Skip> {
     if rewrite_with_helpers(ctx, &flow, &todo).is_err() {
         return drop_counted(stat::DROP_REWRITE_FAILED);
     }
-    count_rewritten(ctx, &todo);
+    count_rewritten(ctx, todo.side, todo.service_id);
     Ok(TC_ACT_OK)
 }
 
@@ -172,6 +172,6 @@ pub fn try_to_pod(ctx: &TcContext) -> Result<i32, Skip> {
     if rewrite_with_helpers(ctx, &flow, &todo).is_err() {
         return drop_counted(stat::DROP_REWRITE_FAILED);
     }
-    count_rewritten(ctx, &todo);
+    count_rewritten(ctx, todo.side, todo.service_id);
     Ok(TC_ACT_OK)
 }

@@ -23,7 +23,7 @@
 //! node and never store directly (see `rewrite::rewrite_in_place`).
 use crate::ct::track6::track6;
 use crate::ct::track6::tracked_backend6;
-use crate::rewrite::v6::count_rewritten6;
+use crate::rewrite::count_rewritten;
 use crate::rewrite::v6::rewrite6;
 use crate::{
     lb::{choose_backend, frontend_key, lookup_frontend},
@@ -123,7 +123,7 @@ fn try_from_pod6(ctx: &TcContext, s: &mut Scratch6) -> Result<i32, Skip> {
     if rewrite6(ctx, &s.flow, Side::Destination, &s.backend.addr_be, port_be).is_err() {
         return drop_counted(stat::DROP_REWRITE_FAILED);
     }
-    count_rewritten6(ctx, Side::Destination, svc.service_id);
+    count_rewritten(ctx, Side::Destination, svc.service_id);
     Ok(TC_ACT_OK)
 }
 
@@ -173,6 +173,6 @@ fn try_to_pod6(ctx: &TcContext, s: &mut Scratch6) -> Result<i32, Skip> {
     if rewrite6(ctx, &s.flow, Side::Source, &s.backend.addr_be, port_be).is_err() {
         return drop_counted(stat::DROP_REWRITE_FAILED);
     }
-    count_rewritten6(ctx, Side::Source, service_id);
+    count_rewritten(ctx, Side::Source, service_id);
     Ok(TC_ACT_OK)
 }

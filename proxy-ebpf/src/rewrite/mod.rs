@@ -92,13 +92,14 @@ pub(crate) fn hand_over(ctx: &TcContext, todo: &Rewrite) {
     count(stat::TAIL_CALL_MISSED);
 }
 
-/// Counts a rewritten packet.
+/// Counts a rewritten packet of either family: a forwarded one for its
+/// service, a reversed one globally.
 #[inline(always)]
-pub(crate) fn count_rewritten(ctx: &TcContext, todo: &Rewrite) {
-    match todo.side {
+pub(crate) fn count_rewritten(ctx: &TcContext, side: Side, service_id: u32) {
+    match side {
         Side::Destination => {
             let len = u64::from(ctx.len());
-            count_service(todo.service_id, |s| {
+            count_service(service_id, |s| {
                 s.packets += 1;
                 s.bytes += len;
             });
@@ -129,7 +130,7 @@ pub fn rewrite_in_place(ctx: &TcContext) -> i32 {
         count(stat::DROP_REWRITE_FAILED);
         return TC_ACT_SHOT;
     }
-    count_rewritten(ctx, &todo);
+    count_rewritten(ctx, todo.side, todo.service_id);
     TC_ACT_OK
 }
 

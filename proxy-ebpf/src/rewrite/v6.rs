@@ -2,7 +2,6 @@
 //! stores: the IPv6 header has no checksum, the L4 checksum takes one
 //! difference over the 16-byte address and the port).
 use crate::{
-    maps::{count, count_service},
     packet::v6::{addr_diff, eq6, Flow6, IP6_DADDR_OFF, IP6_SADDR_OFF},
     packet::{TCP_CSUM_OFF, UDP_CSUM_OFF},
     rewrite::RewriteFailed,
@@ -12,26 +11,10 @@ use aya_ebpf::{
     bindings::{BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR},
     programs::TcContext,
 };
-use proxy_common::{proto, stat, Addr6Be};
+use proxy_common::{proto, Addr6Be};
 /// `BPF_F_IPV6` (Linux 6.16+): the checksummed packet is IPv6. Older kernels
 /// refuse the flag; the rewrite then retries without it.
 pub(crate) const BPF_F_IPV6: u64 = 1 << 7;
-
-/// Counts a rewritten packet (the counters IPv4 uses).
-#[inline(always)]
-pub(crate) fn count_rewritten6(ctx: &TcContext, side: Side, service_id: u32) {
-    match side {
-        Side::Destination => {
-            let len = u64::from(ctx.len());
-            count_service(service_id, |st| {
-                st.packets += 1;
-                st.bytes += len;
-            });
-            count(stat::FORWARDED);
-        }
-        Side::Source => count(stat::REVERSED),
-    }
-}
 
 /// Rewrites one side (address and port) of an IPv6 TCP/UDP packet with
 /// helper stores, and its L4 checksum through the kernel's helper.
