@@ -1,6 +1,6 @@
 //! switchboard's kernel programs.
 //!
-//! - tc (clsact or TCX) on the host side of every pod veth ([`tc`]):
+//! - tc (clsact or TCX) on the host side of every pod veth ([`programs::pod`]):
 //!   `sb_from_pod` (ingress: packets the pod sends) rewrites a packet to a
 //!   Service frontend to a backend; `sb_to_pod` (egress: packets delivered to
 //!   the pod) rewrites the backend's replies back to the frontend. Neither
@@ -8,16 +8,16 @@
 //!   rewrite, and use store helpers for the rarer ones (hairpin, reject,
 //!   fragments, ICMP errors). IPv6 packets (ethertype 0x86DD, told apart
 //!   once, before the IPv4 parser) are tail-called into `sb_from_pod6` /
-//!   `sb_to_pod6` ([`tc6`]): the same DNAT, reverse, conntrack, reject,
+//!   `sb_to_pod6` ([`programs::pod6`]): the same DNAT, reverse, conntrack, reject,
 //!   ICMPv6 errors, fragments and hairpin over the IPv6 maps.
-//! - XDP on each uplink ([`xdp`], deciding with [`nodeport`]):
+//! - XDP on each uplink ([`programs::uplink_xdp`], deciding with [`nodeport`]):
 //!   `sb_xdp_uplink` serves NodePorts, LoadBalancer IPs and external IPs to
 //!   clients outside the node, source-NATing flows to backends on other nodes
 //!   and sending them (and their replies) straight back out; `sb_from_uplink`
 //!   is its tc twin: all the work with `--xdp-mode off`, and with XDP the
 //!   packets XDP hands on (no neighbour entry yet, TTL 1, fragments, ICMP). The uplink's tc egress carries
 //!   `sb_to_pod`, which reverses a local backend's replies.
-//! - cgroup socket hooks ([`sock`]): `connect4`, `sendmsg4`, `recvmsg4` and
+//! - cgroup socket hooks ([`programs::sock`], over [`socklb`]): `connect4`, `sendmsg4`, `recvmsg4` and
 //!   `getpeername4` (and their IPv6 twins `connect6`, `sendmsg6`, `recvmsg6`
 //!   and `getpeername6`) balance a socket once, when it connects or sends, so
 //!   its packets need no NAT; this is what serves clients in the node's own
@@ -31,35 +31,35 @@
 //! after us still run; socket calls are allowed unchanged). Truncated packets
 //! are counted and passed; they are never rewritten. On the pod path the later
 //! fragments of a translated datagram follow its first ([`frag`]) and ICMP
-//! errors about translated flows are translated back ([`icmp_error`]); the
+//! errors about translated flows are translated back ([`icmp`]); the
 //! uplink programs pass fragments untouched, and IPv6 altogether. A frontend without backends is
 //! answered with an ICMP port unreachable ([`reject`], tc and XDP) or refuses
 //! with `ECONNREFUSED` (sockets). A pod given itself as the backend is reached
 //! from the hairpin address ([`hairpin`]).
+//!
+//! The modules read bottom-up, without an import cycle: [`packet`] (headers,
+//! the parsed flow, checksums) and [`maps`]; [`skb`] (a tc program's packet
+//! access and verdicts); the concerns [`lb`], [`ct`], [`rewrite`], [`frag`],
+//! [`icmp`], [`reject`], [`hairpin`], [`nodeport`] and [`socklb`], each with
+//! its IPv6 part in a `v6` module beside it where the families still differ;
+//! and on top [`programs`], one entry file per attach point, whose `try_*`
+//! functions the program functions below call.
 #![no_std]
 #![no_main]
 
 mod ct;
 mod frag;
-mod frag6;
 mod hairpin;
-mod hairpin6;
-mod icmp6;
-mod icmp_error;
+mod icmp;
 mod lb;
-mod lb6;
 mod maps;
 mod nodeport;
-mod nodeport6;
 mod packet;
-mod packet6;
+mod programs;
 mod reject;
-mod reject6;
-mod sock;
-mod tc;
-mod tc6;
-mod xdp;
-mod xdp6;
+mod rewrite;
+mod skb;
+mod socklb;
 
 use aya_ebpf::{
     macros::{cgroup_sock, cgroup_sock_addr, classifier, xdp},
@@ -103,117 +103,117 @@ fn revision_guard(len: u32) -> bool {
 #[classifier]
 pub fn sb_from_pod(ctx: TcContext) -> i32 {
     if revision_guard(ctx.len()) {
-        return tc::pass(packet::Skip::NotOurs);
+        return skb::pass(packet::Skip::NotOurs);
     }
-    match tc::try_from_pod(&ctx) {
+    match programs::pod::try_from_pod(&ctx) {
         Ok(action) => action,
-        Err(skip) => tc::pass(skip),
+        Err(skip) => skb::pass(skip),
     }
 }
 
 #[classifier]
 pub fn sb_to_pod(ctx: TcContext) -> i32 {
     if revision_guard(ctx.len()) {
-        return tc::pass(packet::Skip::NotOurs);
+        return skb::pass(packet::Skip::NotOurs);
     }
-    match tc::try_to_pod(&ctx) {
+    match programs::pod::try_to_pod(&ctx) {
         Ok(action) => action,
-        Err(skip) => tc::pass(skip),
+        Err(skip) => skb::pass(skip),
     }
 }
 
-/// Tail-called by `sb_from_pod` for IPv6 packets ([`tc6`]).
+/// Tail-called by `sb_from_pod` for IPv6 packets ([`programs::pod6`]).
 #[classifier]
 pub fn sb_from_pod6(ctx: TcContext) -> i32 {
-    tc6::from_pod6(&ctx)
+    programs::pod6::from_pod6(&ctx)
 }
 
-/// Tail-called by `sb_to_pod` for IPv6 packets ([`tc6`]).
+/// Tail-called by `sb_to_pod` for IPv6 packets ([`programs::pod6`]).
 #[classifier]
 pub fn sb_to_pod6(ctx: TcContext) -> i32 {
-    tc6::to_pod6(&ctx)
+    programs::pod6::to_pod6(&ctx)
 }
 
 /// Tail-called by `sb_from_pod` and `sb_to_pod` for the packets they rewrite:
-/// the only program that stores into packets directly (see `tc::rewrite_in_place`).
+/// the only program that stores into packets directly (see `rewrite::rewrite_in_place`).
 #[classifier]
 pub fn sb_rewrite(ctx: TcContext) -> i32 {
-    tc::rewrite_in_place(&ctx)
+    rewrite::rewrite_in_place(&ctx)
 }
 
 /// XDP on each uplink: traffic from outside the node ([`nodeport`]).
 #[xdp]
 pub fn sb_xdp_uplink(ctx: XdpContext) -> u32 {
-    match xdp::try_uplink(&ctx) {
+    match programs::uplink_xdp::try_uplink(&ctx) {
         Ok(action) => action,
-        Err(skip) => xdp::pass(skip),
+        Err(skip) => programs::uplink_xdp::pass(skip),
     }
 }
 
-/// Tail-called by `sb_xdp_uplink` for IPv6 packets ([`xdp6`]).
+/// Tail-called by `sb_xdp_uplink` for IPv6 packets ([`programs::uplink_xdp6`]).
 #[xdp]
 pub fn sb_xdp_uplink6(ctx: XdpContext) -> u32 {
-    xdp6::uplink6(&ctx)
+    programs::uplink_xdp6::uplink6(&ctx)
 }
 
-/// Tail-called by `sb_from_uplink` for IPv6 packets ([`nodeport6`]).
+/// Tail-called by `sb_from_uplink` for IPv6 packets ([`programs::uplink_tc6`]).
 #[classifier]
 pub fn sb_from_uplink6(ctx: TcContext) -> i32 {
-    nodeport6::from_uplink6(&ctx)
+    programs::uplink_tc6::from_uplink6(&ctx)
 }
 
 /// tc ingress on each uplink when XDP is off: the same as `sb_xdp_uplink`.
 #[classifier]
 pub fn sb_from_uplink(ctx: TcContext) -> i32 {
-    match tc::try_from_uplink(&ctx) {
+    match programs::uplink_tc::try_from_uplink(&ctx) {
         Ok(action) => action,
-        Err(skip) => tc::pass(skip),
+        Err(skip) => skb::pass(skip),
     }
 }
 
 #[cgroup_sock_addr(connect4)]
 pub fn sb_sock_connect4(ctx: SockAddrContext) -> i32 {
-    sock::connect4(&ctx)
+    programs::sock::connect4(&ctx)
 }
 
 #[cgroup_sock_addr(sendmsg4)]
 pub fn sb_sock_sendmsg4(ctx: SockAddrContext) -> i32 {
-    sock::sendmsg4(&ctx)
+    programs::sock::sendmsg4(&ctx)
 }
 
 #[cgroup_sock_addr(recvmsg4)]
 pub fn sb_sock_recvmsg4(ctx: SockAddrContext) -> i32 {
-    sock::restore_peer4(&ctx)
+    programs::sock::restore_peer4(&ctx)
 }
 
 #[cgroup_sock_addr(getpeername4)]
 pub fn sb_sock_getpeername4(ctx: SockAddrContext) -> i32 {
-    sock::restore_peer4(&ctx)
+    programs::sock::restore_peer4(&ctx)
 }
 
 #[cgroup_sock_addr(connect6)]
 pub fn sb_sock_connect6(ctx: SockAddrContext) -> i32 {
-    sock::connect6(&ctx)
+    programs::sock::connect6(&ctx)
 }
 
 #[cgroup_sock_addr(sendmsg6)]
 pub fn sb_sock_sendmsg6(ctx: SockAddrContext) -> i32 {
-    sock::sendmsg6(&ctx)
+    programs::sock::sendmsg6(&ctx)
 }
 
 #[cgroup_sock_addr(recvmsg6)]
 pub fn sb_sock_recvmsg6(ctx: SockAddrContext) -> i32 {
-    sock::restore_peer6(&ctx)
+    programs::sock::restore_peer6(&ctx)
 }
 
 #[cgroup_sock_addr(getpeername6)]
 pub fn sb_sock_getpeername6(ctx: SockAddrContext) -> i32 {
-    sock::restore_peer6(&ctx)
+    programs::sock::restore_peer6(&ctx)
 }
 
 #[cgroup_sock(sock_release)]
 pub fn sb_sock_release(ctx: SockContext) -> i32 {
-    sock::release(&ctx)
+    programs::sock::release(&ctx)
 }
 
 #[cfg(not(test))]

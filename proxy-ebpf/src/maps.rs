@@ -141,10 +141,10 @@ pub fn config() -> Config {
     SB_CONFIG_V1.get(0).copied().unwrap_or_default()
 }
 
-/// The IPv6 tc path's per-CPU working memory ([`crate::packet6::Scratch6`]).
+/// The IPv6 tc path's per-CPU working memory ([`crate::packet::v6::Scratch6`]).
 /// Not pinned: each loaded object has its own, used within one program run.
 #[btf_map]
-pub static SB_SCRATCH6_V1: PerCpuArray<crate::packet6::Scratch6, 1> = PerCpuArray::new();
+pub static SB_SCRATCH6_V1: PerCpuArray<crate::packet::v6::Scratch6, 1> = PerCpuArray::new();
 
 /// Whether the frontend of slot 0 `svc` lets an IPv4 client in: always,
 /// unless its Service restricts sources (`loadBalancerSourceRanges`), and

@@ -1,0 +1,235 @@
+//! Connection tracking: keys, entries (and the layouts older agents pinned), flags and state, and the ring of recent new flows.
+
+use crate::Addr6Be;
+
+/// Direction marker in [`CtKey::dir`].
+pub mod ct_dir {
+    /// Client → service, keyed as the client sent it (daddr = frontend).
+    pub const FORWARD: u8 = 0;
+    /// Backend → client, keyed as the backend sent it (saddr = backend).
+    pub const REPLY: u8 = 1;
+}
+
+/// Bits of [`CtEntry::flags`].
+pub mod ct_flags {
+    /// The flow came from outside the node and goes to a backend on another
+    /// node: its source is rewritten too (`snat_addr_be:snat_port_be`), and
+    /// the reply entry is keyed by that address.
+    pub const SNAT: u8 = 1 << 1;
+    /// A FIN or RST of this TCP connection was seen. Packets of the closing
+    /// connection are still translated, but a SYN-ACK is not: the addresses
+    /// and ports now belong to a new connection, which may not be a Service's
+    /// (a client that reuses its port to reach the pod directly). A new SYN
+    /// through the frontend starts a new flow.
+    pub const CLOSING: u8 = 1 << 0;
+    /// Written by a data path that records [`super::ct_state::ACKED`]: the
+    /// TCP flow counts as established only once the client acknowledged
+    /// the backend's SYN-ACK (as the kernel's conntrack does), not when the
+    /// SYN-ACK passed. Entries an older agent created lack it and keep the
+    /// older rule (answered = established), so an upgrade does not shorten
+    /// the life of a connection it did not see open.
+    pub const HANDSHAKE: u8 = 1 << 2;
+}
+
+/// Bits of [`CtEntry::state`]: what was seen in the direction of the entry
+/// that holds them (each direction's packets write only their own entry, so
+/// two CPUs never write one byte for different reasons). The agent's garbage
+/// collector reads a flow's two entries together (the union of their bits).
+pub mod ct_state {
+    /// Reply entries: a packet of the reply direction passed (TCP: the
+    /// SYN-ACK, the connection was answered; UDP: a reply, the flow is a
+    /// stream).
+    pub const REPLIED: u8 = 1 << 0;
+    /// A TCP FIN was seen in this direction.
+    pub const FIN: u8 = 1 << 1;
+    /// A TCP RST was seen in this direction.
+    pub const RST: u8 = 1 << 2;
+    /// Forward entries: the client sent a TCP segment with ACK and without
+    /// SYN, which completes the handshake (a spoofed SYN never does).
+    pub const ACKED: u8 = 1 << 3;
+}
+
+/// The data path's memory of recently created flows, one ring shared by all
+/// CPUs: when the connection-tracking table is full, the oldest of them that
+/// is not established (TCP without the client's ACK, UDP without a reply)
+/// gives way to the new flow, as the kernel's conntrack drops an unassured
+/// entry. An established flow is never removed to make room.
+///
+/// The ring is shared, not per CPU, so a CPU that created no flow lately (a
+/// real client's, while a flood runs on another) still finds the flood's
+/// flows to remove. Its cursors are written without atomics: two CPUs may
+/// write one slot or examine one slot at once. The first loses one flow from
+/// the ring (it then only expires), the second examines a flow twice; a slot
+/// read while it is written (the newest, or one the writer lapped) is caught
+/// by checking that both keys are one flow's before anything is removed.
+pub mod new_flows {
+    /// Flows remembered (IPv4); a power of two.
+    pub const SLOTS: u32 = 4096;
+    /// Flows remembered (IPv6; its keys are larger).
+    pub const SLOTS6: u32 = 2048;
+    /// Remembered flows examined for one removal.
+    pub const TRIES: u32 = 4;
+    /// Removals one new flow may make: another CPU may take the room one
+    /// removal made before this one's insert does.
+    pub const ROUNDS: u32 = 3;
+}
+
+/// Both keys of one tracked flow, as [`NewFlowsOf`] remembers it
+/// (`forward.proto == 0`: an empty or used slot).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KeyPair<K> {
+    pub forward: K,
+    pub reply: K,
+}
+
+/// The ring of recent new flows of one family ([`new_flows`]). Each cursor
+/// has a cache line of its own: every CPU writes `next`, and only a CPU
+/// making room writes `evict`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct NewFlowsOf<K, const N: usize> {
+    /// Where the next new flow is written (wrapping).
+    pub next: u32,
+    pub _pad_next: [u8; 60],
+    /// The next slot examined when room is needed (wrapping).
+    pub evict: u32,
+    pub _pad_evict: [u8; 60],
+    pub pairs: [KeyPair<K>; N],
+}
+
+/// The ring of recent IPv4 flows.
+pub type NewFlows = NewFlowsOf<CtKey, { new_flows::SLOTS as usize }>;
+/// The ring of recent IPv6 flows (fewer slots: its keys are larger).
+pub type NewFlows6 = NewFlowsOf<CtKey6, { new_flows::SLOTS6 as usize }>;
+
+/// The data path writes an entry's `last_seen_ns` at most this often (the
+/// garbage collector's timeouts are seconds to a day, so a second of
+/// imprecision costs nothing, and most packets then write nothing).
+pub const CT_REFRESH_NS: u64 = 1_000_000_000;
+
+/// Key of the connection-tracking map. Addresses and ports are as they
+/// appear in the packet the entry is looked up with.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
+pub struct CtKey {
+    pub saddr_be: u32,
+    pub daddr_be: u32,
+    pub sport_be: u16,
+    pub dport_be: u16,
+    pub proto: u8,
+    /// [`ct_dir`].
+    pub dir: u8,
+    pub _pad: [u8; 2],
+}
+
+/// Value of the connection-tracking map (a preallocated hash, not LRU: the
+/// agent removes expired flows, see `proxy-user/src/dataplane/conntrack.rs`).
+///
+/// Each entry carries the address and port its direction is rewritten to:
+/// a forward entry the backend's, a reply entry the frontend's. So an
+/// established TCP connection keeps reaching its backend after the endpoint
+/// leaves the Service (connection draining, as kube-proxy's conntrack does),
+/// and a reply is translated with this one lookup. New TCP connections and UDP
+/// datagrams only use an entry whose backend is still in the backend map at
+/// the same address.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
+pub struct CtEntry {
+    /// Forward entries: the backend the flow was given.
+    pub backend_id: u32,
+    /// Both directions: the service the flow belongs to.
+    pub service_id: u32,
+    /// Forward entries: the backend's address and port. Reply entries: the
+    /// frontend's, which the reply's source becomes.
+    pub nat_addr_be: u32,
+    pub nat_port_be: u16,
+    /// [`ct_flags`].
+    pub flags: u8,
+    /// [`ct_state`]: what this entry's direction has seen.
+    pub state: u8,
+    /// With [`ct_flags::SNAT`]: forward entries, the node address and port
+    /// the source becomes; reply entries, the client address and port the
+    /// destination is restored to. Zero otherwise.
+    pub snat_addr_be: u32,
+    pub snat_port_be: u16,
+    pub _pad2: [u8; 2],
+    /// CLOCK_MONOTONIC (`bpf_ktime_get_coarse_ns()`) when the entry was
+    /// created, and again when its TCP connection started closing
+    /// ([`ct_flags::CLOSING`]).
+    pub created_ns: u64,
+    /// CLOCK_MONOTONIC (`bpf_ktime_get_coarse_ns()`, tick resolution) of
+    /// the last packet of this direction, written at most every
+    /// [`CT_REFRESH_NS`] (and at every state change).
+    pub last_seen_ns: u64,
+}
+
+/// Value of `SB_CT_V2`, a connection-tracking table of an earlier version
+/// (key: [`CtKey`]): the same entry for both directions of a flow, naming
+/// its backend. The agent reads it only to carry flows over to [`CtEntry`]
+/// on an upgrade (`proxy-user/src/dataplane/migrate.rs`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
+pub struct CtEntryV2 {
+    pub backend_id: u32,
+    pub service_id: u32,
+    pub backend_addr_be: u32,
+    pub backend_port_be: u16,
+    pub _pad: [u8; 2],
+    pub created_ns: u64,
+}
+
+/// Value of `SB_CT_V4` ([`names::CONNTRACK_V4`]), the connection-tracking
+/// table of an earlier version (key: [`CtKey`]): [`CtEntry`] without TCP
+/// state or last-seen time. Read only to carry flows over on an upgrade.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
+pub struct CtEntryV4 {
+    pub backend_id: u32,
+    pub service_id: u32,
+    pub nat_addr_be: u32,
+    pub nat_port_be: u16,
+    /// [`ct_flags`].
+    pub flags: u8,
+    pub _pad: u8,
+    pub snat_addr_be: u32,
+    pub snat_port_be: u16,
+    pub _pad2: [u8; 2],
+    pub created_ns: u64,
+}
+
+/// [`CtKey`] of an IPv6 flow.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
+pub struct CtKey6 {
+    pub saddr_be: Addr6Be,
+    pub daddr_be: Addr6Be,
+    pub sport_be: u16,
+    pub dport_be: u16,
+    pub proto: u8,
+    pub dir: u8,
+    pub _pad: [u8; 2],
+}
+
+/// [`CtEntry`] of an IPv6 flow: the same fields, the same meaning.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
+pub struct CtEntry6 {
+    pub backend_id: u32,
+    pub service_id: u32,
+    pub nat_addr_be: Addr6Be,
+    pub nat_port_be: u16,
+    pub flags: u8,
+    pub state: u8,
+    pub snat_addr_be: Addr6Be,
+    pub snat_port_be: u16,
+    pub _pad2: [u8; 2],
+    pub created_ns: u64,
+    pub last_seen_ns: u64,
+}

@@ -1,0 +1,116 @@
+//! Map names. They are also the file names under the pin root.
+//! The `_v1` suffix is the layout version: a layout change gets a new name so an
+//! agent never reads a pinned map written with another layout.
+pub const FRONTENDS: &str = "SB_FE_V1";
+pub const BACKENDS: &str = "SB_BE_V1";
+/// V3: the entry carries the address the packet is rewritten to in both
+/// directions (`nat_addr_be`), so a reply needs no reverse-NAT lookup.
+/// V4: entries of flows from outside the node to a backend on another
+/// node also carry the source NAT (`snat_addr_be`, `snat_port_be`).
+/// V5: a plain (preallocated, non-LRU) hash the agent garbage-collects;
+/// entries carry `last_seen_ns` and per-direction TCP state
+/// (`ct_state`), so a live flow is never evicted for a new one.
+pub const CONNTRACK: &str = "SB_CT_V5";
+/// The V4 table (LRU, no state), which an agent upgrading from one copies
+/// into [`CONNTRACK`] once and then unpins.
+pub const CONNTRACK_V4: &str = "SB_CT_V4";
+pub const REVNAT: &str = "SB_RNAT_V1";
+pub const SERVICE_STATS: &str = "SB_SVC_STATS_V1";
+/// V3: counters of the uplink (north-south) programs added.
+/// V4: `rejected` added; `frag_translated`, `frag_unknown` and
+/// `icmp_error_translated` added.
+/// V5: `ct_full` added.
+pub const GLOBAL_STATS: &str = "SB_STATS_V5";
+pub const AFFINITY: &str = "SB_AFFINITY_V1";
+/// Socket layer: per-socket translations ([`super::SockKey`]).
+pub const SOCKETS: &str = "SB_SOCK_V1";
+/// Socket layer: session affinity per network namespace.
+pub const SOCK_AFFINITY: &str = "SB_SOCK_AFFINITY_V1";
+/// One [`super::Config`] entry the agent writes at start-up.
+pub const CONFIG: &str = "SB_CONFIG_V1";
+/// The tc layer's tail calls: slot [`super::tail::REWRITE`] holds
+/// `sb_rewrite`. Pinned, so the slot stays filled while no agent runs.
+pub const TAIL_CALLS: &str = "SB_TAIL_V1";
+/// The tc pod path's IPv6 programs, tail-called by `sb_from_pod` and
+/// `sb_to_pod` for ethertype 0x86DD (slots [`super::tail::FROM_POD6`],
+/// [`super::tail::TO_POD6`]). Pinned like [`TAIL_CALLS`], so the IPv6
+/// programs stay reachable while no agent runs (an agent killed or
+/// restarting loses no IPv6 Service traffic), and a new agent's load
+/// puts its own IPv6 programs in for the programs still attached.
+pub const TAIL_CALLS6: &str = "SB_TAIL6_V1";
+/// The node's uplinks by interface index ([`super::Uplink`]): where
+/// traffic from outside arrives, and the address flows to a backend on
+/// another node are source-NATed to.
+pub const UPLINKS: &str = "SB_UPLINK_V1";
+/// The node's uplinks by interface index, their IPv6 address
+/// ([`super::Uplink6`]; all-zero when the uplink has none): flows from
+/// outside to an IPv6 backend on another node are source-NATed to it.
+pub const UPLINKS6: &str = "SB_UPLINK6_V1";
+/// The XDP uplink program's IPv6 twin, tail-called by `sb_xdp_uplink`
+/// for ethertype 0x86DD (slot [`super::tail::XDP_UPLINK6`]). Pinned, as
+/// [`TAIL_CALLS6`], so the XDP program keeps its IPv6 twin while no agent
+/// runs.
+pub const XDP_TAIL_CALLS6: &str = "SB_XDP_TAIL6_V1";
+/// Maglev lookup tables by service id ([`super::MaglevTable`]), for
+/// frontends whose traffic from outside picks by consistent hashing.
+pub const MAGLEV: &str = "SB_MAGLEV_V1";
+/// tc pod path: the translation of a fragmented datagram, by its first
+/// fragment's (source, destination, IP id, protocol), so its later
+/// fragments (no ports in them) get the same address ([`super::FragKey`]).
+pub const FRAGMENTS: &str = "SB_FRAG_V1";
+/// The IPv6 twins of the address-bearing maps. Each family has its own
+/// maps, as Cilium's `lb4_*`/`lb6_*`: an IPv4 key stays 12 bytes instead
+/// of 36, the IPv4 maps and their pins are exactly what they were before
+/// IPv6 existed (an upgrade keeps every IPv4 flow), and a program looks in
+/// one family's map only. Service ids and backend ids come from one id
+/// space shared by both families, so the per-service counters, the
+/// Maglev tables and the socket-layer affinity (all keyed by id) are
+/// shared maps.
+pub const FRONTENDS6: &str = "SB_FE6_V1";
+pub const BACKENDS6: &str = "SB_BE6_V1";
+pub const CONNTRACK6: &str = "SB_CT6_V1";
+pub const REVNAT6: &str = "SB_RNAT6_V1";
+pub const AFFINITY6: &str = "SB_AFFINITY6_V1";
+pub const SOCKETS6: &str = "SB_SOCK6_V1";
+pub const FRAGMENTS6: &str = "SB_FRAG6_V1";
+/// `loadBalancerSourceRanges`: the allowed client blocks of each
+/// restricted frontend, a longest-prefix-match trie keyed by service id
+/// and client address ([`super::SrcRange4`]). Looked up only for a
+/// frontend whose slot 0 has [`super::frontend_flags::SOURCE_RANGES`].
+pub const SOURCE_RANGES: &str = "SB_SRC_RANGE_V1";
+/// The IPv6 twin of [`SOURCE_RANGES`] ([`super::SrcRange6`]).
+pub const SOURCE_RANGES6: &str = "SB_SRC_RANGE6_V1";
+/// Per-CPU count, per service id, of packets dropped because their
+/// source is outside the frontend's `loadBalancerSourceRanges` (a map of
+/// its own, so [`SERVICE_STATS`] keeps its layout across upgrades).
+pub const SERVICE_DENIED: &str = "SB_SVC_DENIED_V1";
+/// Every map, in the order the CLI reports them.
+pub const ALL: [&str; 27] = [
+    FRONTENDS,
+    BACKENDS,
+    CONNTRACK,
+    REVNAT,
+    SERVICE_STATS,
+    GLOBAL_STATS,
+    AFFINITY,
+    SOCKETS,
+    SOCK_AFFINITY,
+    CONFIG,
+    TAIL_CALLS,
+    UPLINKS,
+    MAGLEV,
+    FRAGMENTS,
+    FRONTENDS6,
+    BACKENDS6,
+    CONNTRACK6,
+    REVNAT6,
+    AFFINITY6,
+    SOCKETS6,
+    FRAGMENTS6,
+    TAIL_CALLS6,
+    UPLINKS6,
+    XDP_TAIL_CALLS6,
+    SOURCE_RANGES,
+    SOURCE_RANGES6,
+    SERVICE_DENIED,
+];

@@ -1,0 +1,92 @@
+//! The socket layer: per-socket translations, per-namespace affinity and the config the hooks read.
+
+use crate::Addr6Be;
+
+/// Direction marker in [`SockKey::dir`].
+pub mod sock_dir {
+    /// Keyed by the frontend a socket sent to; the value names its backend.
+    pub const FORWARD: u8 = 0;
+    /// Keyed by the backend a socket talks to; the value names the frontend.
+    pub const REVERSE: u8 = 1;
+}
+
+/// Key of the socket-layer LRU map: one socket (its cookie) and one address
+/// it sends to or hears from.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
+pub struct SockKey {
+    /// `bpf_get_socket_cookie()`: unique per socket for the boot.
+    pub cookie: u64,
+    pub addr_be: u32,
+    pub port_be: u16,
+    pub proto: u8,
+    /// [`sock_dir`].
+    pub dir: u8,
+}
+
+/// Value of the socket-layer LRU map: where the socket's datagrams to the key's
+/// frontend go (`FORWARD`), or which frontend the key's backend stands for
+/// (`REVERSE`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
+pub struct SockEntry {
+    pub addr_be: u32,
+    pub port_be: u16,
+    pub _pad: [u8; 2],
+    /// `FORWARD`: the backend id, checked against the backend map on every
+    /// datagram so a departed backend is never used again.
+    pub backend_id: u32,
+    pub service_id: u32,
+}
+
+/// Key of the socket-layer session-affinity map: the socket layer sees no
+/// client address at connect time, so a client is its network namespace (a
+/// pod, or the host).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
+pub struct SockAffinityKey {
+    /// `bpf_get_netns_cookie()` of the socket's namespace.
+    pub netns_cookie: u64,
+    pub service_id: u32,
+    pub _pad: [u8; 4],
+}
+
+/// [`SockKey`] of an IPv6 socket.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
+pub struct SockKey6 {
+    pub cookie: u64,
+    pub addr_be: Addr6Be,
+    pub port_be: u16,
+    pub proto: u8,
+    pub dir: u8,
+    pub _pad: [u8; 4],
+}
+
+/// [`SockEntry`] of an IPv6 socket.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
+pub struct SockEntry6 {
+    pub addr_be: Addr6Be,
+    pub port_be: u16,
+    pub _pad: [u8; 2],
+    pub backend_id: u32,
+    pub service_id: u32,
+}
+
+/// The single entry (key 0) of the config array, written by the agent before
+/// it attaches anything.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
+pub struct Config {
+    /// Network-namespace cookie of the node (the agent's namespace). Connected
+    /// UDP sockets there are balanced at connect time; elsewhere (pods) the tc
+    /// layer balances them per datagram, so a departed backend is left at once.
+    pub host_netns_cookie: u64,
+}

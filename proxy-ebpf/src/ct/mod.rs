@@ -1,0 +1,476 @@
+//! Connection-tracking writes shared by the tc and XDP programs: a new
+//! flow's two entries (both or neither), and what each packet of a tracked
+//! flow notes in the entry of its direction.
+//!
+//! The table (`SB_CT_V5`) is a preallocated hash, not an LRU: a live flow is
+//! never evicted to make room, and the agent removes expired flows (see
+//! `proxy-user/src/dataplane/conntrack.rs`). When it is full a new flow cannot be
+//! tracked; its packet is dropped and counted (`stat::CT_FULL`), as Cilium
+//! does, and the client's retransmission gets through once the agent made
+//! room. Packets of tracked flows are not affected.
+//!
+//! A spoofed SYN flood must not lock real clients out, so a full table makes
+//! room itself when it can: the data path remembers its recent new flows
+//! (`SB_CT_NEW_V2`, a ring all CPUs share), and a flow that does not fit
+//! removes the oldest remembered flow that is not established (TCP without
+//! the client's ACK of the SYN-ACK, [`ct_state::ACKED`]; UDP without a
+//! reply) and takes its place. An established flow is never removed for a new one.
+
+pub mod track;
+pub mod track6;
+
+use aya_ebpf::helpers::bpf_ktime_get_coarse_ns;
+use proxy_common::{
+    ct_flags, ct_state, new_flows, proto, Addr6Be, CtEntry, CtEntry6, CtKey, CtKey6, KeyPair,
+    NewFlowsOf, CT_REFRESH_NS,
+};
+
+use crate::{
+    maps::{SB_CT6_NEW_V2, SB_CT6_V1, SB_CT_NEW_V2, SB_CT_V5},
+    packet::v6::Flow6,
+    packet::{Flow, TCP_FLAG_ACK, TCP_FLAG_FIN, TCP_FLAG_RST, TCP_FLAG_SYN},
+};
+
+/// `E2BIG`: what a preallocated hash map's update returns when it has no
+/// free element left.
+const E2BIG: i32 = 7;
+
+/// Why a new flow's entry was not written.
+pub(crate) enum NotTracked {
+    /// The table is full: the packet is dropped (`stat::CT_FULL`).
+    Full,
+    /// Another failure (`stat::CT_INSERT_FAILED`): the packet goes on.
+    Failed,
+}
+
+/// CLOCK_MONOTONIC, which the agent reads too, at the kernel tick's
+/// resolution (`bpf_ktime_get_coarse_ns`: no clock-source read, cheaper per
+/// packet; it lags CLOCK_MONOTONIC by at most a tick, 1-10 ms, which no
+/// timeout of seconds notices).
+#[inline(always)]
+pub(crate) fn now_ns() -> u64 {
+    // SAFETY: a helper without preconditions (Linux 5.11+).
+    unsafe { bpf_ktime_get_coarse_ns() }
+}
+
+/// Writes one entry of either family's table (`flags`: `BPF_ANY`,
+/// `BPF_NOEXIST`).
+#[inline(always)]
+pub(crate) fn insert<E: Entry>(key: &E::Key, entry: &E, flags: u64) -> Result<(), NotTracked> {
+    match E::insert(key, entry, flags) {
+        Ok(()) => Ok(()),
+        Err(errno) if errno == -E2BIG => Err(NotTracked::Full),
+        Err(_) => Err(NotTracked::Failed),
+    }
+}
+
+/// Writes both entries of a new flow, or neither: a forward entry whose
+/// reply entry did not fit is removed again, so the table holds no flow
+/// whose replies would not be translated. A full table first makes room
+/// ([`with_room`]); the flow is remembered as a new one.
+#[inline(always)]
+pub(crate) fn insert_pair(
+    fwd_key: &CtKey,
+    fwd: &CtEntry,
+    reply_key: &CtKey,
+    reply: &CtEntry,
+) -> Result<(), NotTracked> {
+    with_room::<CtKey>(|| insert_both(fwd_key, fwd, reply_key, reply))?;
+    remember(fwd_key, reply_key);
+    Ok(())
+}
+
+#[inline(always)]
+fn insert_both(
+    fwd_key: &CtKey,
+    fwd: &CtEntry,
+    reply_key: &CtKey,
+    reply: &CtEntry,
+) -> Result<(), NotTracked> {
+    insert(fwd_key, fwd, 0)?;
+    if let Err(why) = insert(reply_key, reply, 0) {
+        // Best effort: should it fail, the agent's collector removes the
+        // orphan.
+        let _ = SB_CT_V5.remove(fwd_key);
+        return Err(why);
+    }
+    Ok(())
+}
+
+/// One family's connection-tracking table and the shared memory of its new
+/// flows: what [`remember`] and [`make_room`] need, so each is written once
+/// for both families.
+pub(crate) trait Table: Copy {
+    /// The next slot of the ring to write (`evict == false`) or to examine
+    /// (`evict == true`; none when every remembered flow was examined), its
+    /// cursor moved on. The index is masked into the ring.
+    fn take_slot(evict: bool) -> Option<*mut KeyPair<Self>>;
+    fn proto(&self) -> u8;
+    fn clear(&mut self);
+    /// Whether `pair` is one flow's two keys (not a slot read while another
+    /// CPU wrote it), both entries are in the table, and the flow is not
+    /// established ([`established`]).
+    fn evictable(pair: &KeyPair<Self>) -> bool;
+    fn remove(&self);
+}
+
+/// The slot of `ring` the chosen cursor names (masked), the cursor moved on.
+/// An examining cursor the writing one lapped restarts at the oldest flow
+/// still remembered.
+///
+/// # Safety
+/// `ring` is the value of an array map, valid for the program run. Other
+/// CPUs may write it meanwhile (see [`new_flows`]).
+#[inline(always)]
+unsafe fn slot_of<K, const N: usize>(
+    ring: *mut NewFlowsOf<K, N>,
+    evict: bool,
+) -> Option<*mut KeyPair<K>> {
+    // SAFETY: the caller's guarantee; a racing cursor write loses or repeats
+    // a slot, which the ring tolerates; `get_mut` bounds the masked index.
+    unsafe {
+        let index = if evict {
+            let next = (*ring).next;
+            let mut at = (*ring).evict;
+            let waiting = next.wrapping_sub(at);
+            if waiting == 0 {
+                return None;
+            }
+            if waiting > N as u32 {
+                at = next.wrapping_sub(N as u32);
+            }
+            (*ring).evict = at.wrapping_add(1);
+            at
+        } else {
+            let at = (*ring).next;
+            (*ring).next = at.wrapping_add(1);
+            at
+        };
+        (*ring)
+            .pairs
+            .get_mut(index as usize & (N - 1))
+            .map(|pair| pair as *mut KeyPair<K>)
+    }
+}
+
+/// One family's connection-tracking entry: how it is written to its table,
+/// and where the fields are that packets update in place, so [`insert`],
+/// [`seen`] and [`mark_closing`] are written once for both families.
+pub(crate) trait Entry: Sized {
+    type Key: Table;
+    /// The table's update, its error as the map returns it.
+    fn insert(key: &Self::Key, entry: &Self, flags: u64) -> Result<(), i32>;
+    /// The fields packets update: state, flags, last seen, created.
+    ///
+    /// # Safety
+    /// `entry` is a value pointer the table's lookup returned, valid for
+    /// this program run.
+    unsafe fn fields(entry: *mut Self) -> Fields;
+}
+
+/// Pointers to the fields of an entry that packets update in place.
+pub(crate) struct Fields {
+    state: *mut u8,
+    flags: *mut u8,
+    last_seen_ns: *mut u64,
+    created_ns: *mut u64,
+}
+
+/// The protocol and TCP flags of a parsed packet of either family.
+pub(crate) trait Segment {
+    fn proto(&self) -> u8;
+    fn tcp_flags(&self) -> u8;
+    /// A FIN or an RST.
+    fn ends_connection(&self) -> bool;
+}
+
+impl Segment for Flow {
+    #[inline(always)]
+    fn proto(&self) -> u8 {
+        self.proto
+    }
+    #[inline(always)]
+    fn ends_connection(&self) -> bool {
+        Flow::ends_connection(self)
+    }
+    #[inline(always)]
+    fn tcp_flags(&self) -> u8 {
+        self.tcp_flags
+    }
+}
+
+impl Segment for Flow6 {
+    #[inline(always)]
+    fn proto(&self) -> u8 {
+        self.proto
+    }
+    #[inline(always)]
+    fn ends_connection(&self) -> bool {
+        Flow6::ends_connection(self)
+    }
+    #[inline(always)]
+    fn tcp_flags(&self) -> u8 {
+        self.tcp_flags
+    }
+}
+
+/// [`Table`] and [`Entry`] for one family: its key, entry, conntrack map,
+/// ring and address comparison.
+macro_rules! conntrack_table {
+    ($key:ty, $entry:ty, $table:ident, $ring:ident, $same:path) => {
+        impl Entry for $entry {
+            type Key = $key;
+            #[inline(always)]
+            fn insert(key: &$key, entry: &$entry, flags: u64) -> Result<(), i32> {
+                $table.insert(key, entry, flags)
+            }
+            #[inline(always)]
+            unsafe fn fields(entry: *mut $entry) -> Fields {
+                // SAFETY: the caller's guarantee: `entry` is valid; only
+                // field addresses are taken.
+                unsafe {
+                    Fields {
+                        state: core::ptr::addr_of_mut!((*entry).state),
+                        flags: core::ptr::addr_of_mut!((*entry).flags),
+                        last_seen_ns: core::ptr::addr_of_mut!((*entry).last_seen_ns),
+                        created_ns: core::ptr::addr_of_mut!((*entry).created_ns),
+                    }
+                }
+            }
+        }
+
+        impl Table for $key {
+            #[inline(always)]
+            fn take_slot(evict: bool) -> Option<*mut KeyPair<$key>> {
+                let ring = $ring.get_ptr_mut(0)?;
+                // SAFETY: the map's one value, valid for the program run.
+                unsafe { slot_of(ring, evict) }
+            }
+            #[inline(always)]
+            fn proto(&self) -> u8 {
+                self.proto
+            }
+            #[inline(always)]
+            fn clear(&mut self) {
+                self.proto = 0;
+            }
+            #[inline(always)]
+            fn evictable(pair: &KeyPair<$key>) -> bool {
+                let (fwd_key, reply_key) = (&pair.forward, &pair.reply);
+                // SAFETY: values of the conntrack map, read at once.
+                let (Some(fwd), Some(reply)) = (unsafe { $table.get(fwd_key) }, unsafe {
+                    $table.get(reply_key)
+                }) else {
+                    return false;
+                };
+                // The reply comes from the backend the forward entry names,
+                // to the client or to the address its source became.
+                let from_backend = $same(&reply_key.saddr_be, &fwd.nat_addr_be)
+                    && reply_key.sport_be == fwd.nat_port_be;
+                let to_client = ($same(&reply_key.daddr_be, &fwd_key.saddr_be)
+                    && reply_key.dport_be == fwd_key.sport_be)
+                    || ($same(&reply.snat_addr_be, &fwd_key.saddr_be)
+                        && reply.snat_port_be == fwd_key.sport_be);
+                from_backend
+                    && to_client
+                    && !established(fwd_key.proto, fwd.flags, fwd.state, reply.state)
+            }
+            #[inline(always)]
+            fn remove(&self) {
+                // Already gone is as good as removed.
+                let _ = $table.remove(self);
+            }
+        }
+    };
+}
+
+#[inline(always)]
+fn same4(a: &u32, b: &u32) -> bool {
+    a == b
+}
+
+conntrack_table!(CtKey, CtEntry, SB_CT_V5, SB_CT_NEW_V2, same4);
+conntrack_table!(
+    CtKey6,
+    CtEntry6,
+    SB_CT6_V1,
+    SB_CT6_NEW_V2,
+    crate::packet::v6::eq6
+);
+
+/// Remembers a new flow in the ring, over its oldest one.
+#[inline(always)]
+pub(crate) fn remember<K: Table>(fwd_key: &K, reply_key: &K) {
+    if let Some(pair) = K::take_slot(false) {
+        // SAFETY: a slot of the ring, valid for the program run; another
+        // CPU writing it too is caught by `Table::evictable`.
+        unsafe {
+            (*pair).forward = *fwd_key;
+            (*pair).reply = *reply_key;
+        }
+    }
+}
+
+/// Runs `insert`; while the table is full and room can be made
+/// ([`make_room`]), runs it again, [`new_flows::ROUNDS`] times at most (the
+/// room one removal made may go to another CPU's new flow first).
+#[inline(always)]
+pub(crate) fn with_room<K: Table>(
+    mut insert: impl FnMut() -> Result<(), NotTracked>,
+) -> Result<(), NotTracked> {
+    let mut result = insert();
+    for _ in 0..new_flows::ROUNDS {
+        match result {
+            Err(NotTracked::Full) if make_room::<K>() => result = insert(),
+            _ => break,
+        }
+    }
+    result
+}
+
+/// Makes room in a full table: examines up to [`new_flows::TRIES`] of the
+/// remembered flows, oldest first, and removes the first that is not
+/// established ([`Table::evictable`]). Whether one was removed. The keys are
+/// used where the ring holds them (no copy on the stack).
+#[inline(always)]
+pub(crate) fn make_room<K: Table>() -> bool {
+    for _ in 0..new_flows::TRIES {
+        let Some(pair) = K::take_slot(true) else {
+            return false;
+        };
+        // SAFETY: a slot of the ring, valid for the program run.
+        let pair = unsafe { &mut *pair };
+        if pair.forward.proto() == 0 {
+            continue;
+        }
+        let evict = K::evictable(pair);
+        if evict {
+            pair.reply.remove();
+            pair.forward.remove();
+        }
+        // Examined once: an empty slot from now on.
+        pair.forward.clear();
+        if evict {
+            return true;
+        }
+    }
+    false
+}
+
+/// Whether a flow is established, from its forward entry's flags and both
+/// entries' state: TCP once the client acknowledged the SYN-ACK (or, for an
+/// entry of an agent that did not record it, once answered), UDP once
+/// answered. A closing flow counts as established: it was, and a
+/// source-NATed one holds its port until the backend forgot it.
+#[inline(always)]
+pub(crate) fn established(protocol: u8, flags: u8, forward: u8, reply: u8) -> bool {
+    if flags & ct_flags::CLOSING != 0 {
+        return true;
+    }
+    if reply & ct_state::REPLIED == 0 {
+        return false;
+    }
+    protocol != proto::TCP || flags & ct_flags::HANDSHAKE == 0 || forward & ct_state::ACKED != 0
+}
+
+/// The state bits a packet brings to the entry of its direction.
+#[inline(always)]
+fn state_bits(protocol: u8, tcp_flags: u8, reply: bool) -> u8 {
+    let mut bits = if reply { ct_state::REPLIED } else { 0 };
+    if protocol == proto::TCP {
+        if tcp_flags & TCP_FLAG_FIN != 0 {
+            bits |= ct_state::FIN;
+        }
+        if tcp_flags & TCP_FLAG_RST != 0 {
+            bits |= ct_state::RST;
+        }
+        if !reply && tcp_flags & (TCP_FLAG_ACK | TCP_FLAG_SYN) == TCP_FLAG_ACK {
+            bits |= ct_state::ACKED;
+        }
+    }
+    bits
+}
+
+/// Notes a packet of a tracked flow in `entry`, the entry of the packet's
+/// direction (`reply`: the reply entry): the state bits it brings
+/// ([`ct_state`]), and the time, written at most every [`CT_REFRESH_NS`]
+/// unless the state changed. Per packet this is one clock read and, mostly,
+/// no write.
+#[inline(always)]
+pub(crate) fn seen<E: Entry>(entry: *mut E, flow: &impl Segment, reply: bool) {
+    let bits = state_bits(flow.proto(), flow.tcp_flags(), reply);
+    let now = now_ns();
+    // SAFETY: a value pointer the map lookup just returned, valid for this
+    // program run. Only packets of this entry's direction write its state
+    // byte (and they only add bits); a racing time stamp is as good as ours.
+    unsafe {
+        let f = E::fields(entry);
+        let state = *f.state;
+        if state | bits != state {
+            *f.state = state | bits;
+            *f.last_seen_ns = now;
+        } else if now.wrapping_sub(*f.last_seen_ns) >= CT_REFRESH_NS {
+            *f.last_seen_ns = now;
+        }
+    }
+}
+
+/// A packet of a tracked flow noted in the entry of its direction
+/// ([`seen`]); a FIN or an RST marks that entry and the flow's other one
+/// closing, the other looked up (`other`) only then.
+#[inline(always)]
+pub(crate) fn note<E: Entry>(
+    entry: *mut E,
+    flow: &impl Segment,
+    reply: bool,
+    other: impl FnOnce() -> Option<*mut E>,
+) {
+    seen(entry, flow, reply);
+    if flow.ends_connection() {
+        mark_closing(entry);
+        if let Some(other) = other() {
+            mark_closing(other);
+        }
+    }
+}
+
+/// Marks a connection-tracking entry of either family as belonging to a
+/// closing connection.
+#[inline(always)]
+pub(crate) fn mark_closing<E: Entry>(entry: *mut E) {
+    // SAFETY: a value pointer the map lookup just returned, valid for this
+    // program run; the only concurrent writes set the same bit (or the same
+    // kind of time stamp, which only dates the close).
+    unsafe {
+        let f = E::fields(entry);
+        if *f.flags & ct_flags::CLOSING == 0 {
+            *f.flags |= ct_flags::CLOSING;
+            *f.created_ns = now_ns();
+        }
+    }
+}
+
+/// [`insert_pair`] for an IPv6 flow. The reply entry is the forward one with
+/// `reply_nat` (address, port) in place of the backend and `reply_snat` in
+/// place of the source NAT: one entry on the stack, not two.
+#[inline(always)]
+pub(crate) fn insert_pair6(
+    fwd_key: &CtKey6,
+    reply_key: &CtKey6,
+    entry: &mut CtEntry6,
+    reply_nat: (&Addr6Be, u16),
+    reply_snat: (&Addr6Be, u16),
+) -> Result<(), NotTracked> {
+    with_room::<CtKey6>(|| insert(fwd_key, entry, 0))?;
+    entry.nat_addr_be = *reply_nat.0;
+    entry.nat_port_be = reply_nat.1;
+    entry.snat_addr_be = *reply_snat.0;
+    entry.snat_port_be = reply_snat.1;
+    if let Err(why) = with_room::<CtKey6>(|| insert(reply_key, entry, 0)) {
+        // Best effort, as in `insert_pair`.
+        let _ = SB_CT6_V1.remove(fwd_key);
+        return Err(why);
+    }
+    remember(fwd_key, reply_key);
+    Ok(())
+}

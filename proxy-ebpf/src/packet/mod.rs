@@ -1,0 +1,136 @@
+//! What both packet layers (tc and XDP) know about a packet: the header
+//! layout, the flow a TCP or UDP packet belongs to, why a packet is left
+//! alone, and incremental checksum arithmetic.
+
+pub mod ctx;
+pub mod v6;
+
+use proxy_common::{proto, CtKey};
+
+pub const ETH_HLEN: usize = 14;
+pub const ETH_P_IP_BE: u16 = 0x0800u16.to_be();
+pub const IPV4_MIN_HLEN: usize = 20;
+pub const IP_CSUM_OFF: usize = ETH_HLEN + 10;
+/// More-fragments flag and fragment offset, host order.
+pub const IP_FRAG_MASK: u16 = 0x3fff;
+/// The fragment offset alone (host order): non-zero in every fragment but
+/// the first.
+pub const IP_OFFSET_MASK: u16 = 0x1fff;
+pub const TCP_HLEN: usize = 20;
+pub const UDP_HLEN: usize = 8;
+pub const TCP_CSUM_OFF: usize = 16;
+pub const UDP_CSUM_OFF: usize = 6;
+pub const TCP_FLAG_FIN: u8 = 0x01;
+pub const TCP_FLAG_SYN: u8 = 0x02;
+pub const TCP_FLAG_RST: u8 = 0x04;
+pub const TCP_FLAG_ACK: u8 = 0x10;
+
+/// The fixed part of an IPv4 header, as laid out on the wire.
+#[repr(C)]
+pub struct Ipv4Hdr {
+    pub version_ihl: u8,
+    pub tos: u8,
+    pub tot_len_be: u16,
+    pub id_be: u16,
+    pub frag_off_be: u16,
+    pub ttl: u8,
+    pub proto: u8,
+    pub csum_be: u16,
+    pub saddr_be: u32,
+    pub daddr_be: u32,
+}
+
+/// The addresses and ports of one TCP or UDP packet.
+#[derive(Clone, Copy)]
+pub struct Flow {
+    pub saddr_be: u32,
+    pub daddr_be: u32,
+    pub sport_be: u16,
+    pub dport_be: u16,
+    pub proto: u8,
+    /// TCP flags byte (0 for UDP).
+    pub tcp_flags: u8,
+    /// Offset of the TCP/UDP header from the start of the frame.
+    pub l4_off: usize,
+    /// The first fragment of a fragmented datagram (more-fragments set,
+    /// offset 0): its later fragments follow its translation ([`crate::frag`]).
+    pub first_fragment: bool,
+}
+
+impl Flow {
+    /// A TCP SYN without ACK opens a new connection; a UDP datagram has no
+    /// connection to keep. Both must reach a backend that is still live.
+    #[inline(always)]
+    pub fn needs_live_backend(&self) -> bool {
+        self.proto == proto::UDP || self.opens_connection()
+    }
+
+    /// A TCP SYN without ACK: a client opening a connection.
+    #[inline(always)]
+    pub fn opens_connection(&self) -> bool {
+        self.proto == proto::TCP && self.tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK) == TCP_FLAG_SYN
+    }
+
+    /// A TCP SYN-ACK: a server accepting a connection.
+    #[inline(always)]
+    pub fn accepts_connection(&self) -> bool {
+        let both = TCP_FLAG_SYN | TCP_FLAG_ACK;
+        self.proto == proto::TCP && self.tcp_flags & both == both
+    }
+
+    /// A TCP FIN or RST: the connection is ending.
+    #[inline(always)]
+    pub fn ends_connection(&self) -> bool {
+        self.proto == proto::TCP && self.tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST) != 0
+    }
+
+    #[inline(always)]
+    pub fn ct_key(&self, dir: u8) -> CtKey {
+        CtKey {
+            saddr_be: self.saddr_be,
+            daddr_be: self.daddr_be,
+            sport_be: self.sport_be,
+            dport_be: self.dport_be,
+            proto: self.proto,
+            dir,
+            _pad: [0; 2],
+        }
+    }
+}
+
+/// Why a packet is not rewritten. Each maps to one explicit action.
+pub enum Skip {
+    /// Not IPv4 TCP/UDP, or not a frontend / tracked reply.
+    NotOurs,
+    /// Shorter than the headers it announces.
+    Malformed,
+    /// An IPv4 fragment: no ports to look up in it (the tc pod path: a
+    /// fragment other than the first).
+    Fragment,
+    /// ICMP (the tc pod path looks at errors about translated flows).
+    Icmp,
+}
+
+/// A checksum after a 32-bit field changed from `old` to `new` (RFC 1624,
+/// eqn. 3). All values as they are in the packet: one's-complement sums do
+/// not depend on byte order as long as every word uses the same.
+#[inline(always)]
+pub fn csum_replace4(csum: u16, old: u32, new: u32) -> u16 {
+    let mut sum = u32::from(!csum);
+    sum += (!old >> 16) + (!old & 0xffff);
+    sum += (new >> 16) + (new & 0xffff);
+    sum = (sum & 0xffff) + (sum >> 16);
+    sum = (sum & 0xffff) + (sum >> 16);
+    !(sum as u16)
+}
+
+/// The same for a 16-bit field.
+#[inline(always)]
+pub fn csum_replace2(csum: u16, old: u16, new: u16) -> u16 {
+    let mut sum = u32::from(!csum);
+    sum += u32::from(!old);
+    sum += u32::from(new);
+    sum = (sum & 0xffff) + (sum >> 16);
+    sum = (sum & 0xffff) + (sum >> 16);
+    !(sum as u16)
+}

@@ -1,0 +1,280 @@
+//! The cgroup socket hooks' entry points ([`crate::socklb`] holds what
+//! they share): `connect4/6` and `sendmsg4/6` balance a socket,
+//! `recvmsg4/6` and `getpeername4/6` show the frontend again, and
+//! `sock_release` forgets a closing socket.
+use crate::socklb::finish;
+use crate::socklb::netns_cookie;
+use crate::socklb::our_proto;
+use crate::socklb::pick;
+use crate::socklb::read_addr4;
+use crate::socklb::read_addr6;
+use crate::socklb::remember_reverse;
+use crate::socklb::socket_cookie;
+use crate::socklb::source_verdict;
+use crate::socklb::v4_mapped;
+use crate::socklb::write_addr4;
+use crate::socklb::write_addr6;
+use crate::socklb::write_mapped;
+use crate::socklb::Picked;
+use crate::socklb::SockAddr;
+use crate::socklb::SockFamily;
+use crate::socklb::Verdict;
+use crate::socklb::ALLOW;
+use crate::socklb::{AF_INET, AF_INET6};
+use crate::{
+    lb::{backend_is_live, frontend_key, lookup_frontend},
+    maps::{config, count},
+};
+use aya_ebpf::{
+    bindings::bpf_sock,
+    helpers::bpf_get_socket_cookie,
+    programs::{SockAddrContext, SockContext},
+    EbpfContext as _,
+};
+use proxy_common::{proto, sock_dir, stat, Addr6Be, FrontendSlot};
+/// `connect()`: a TCP socket (or a connected UDP socket of the node) to a
+/// frontend is connected to a backend instead.
+#[inline(always)]
+fn connect<A: SockFamily>(ctx: &SockAddrContext, dst: &SockAddr<A>) -> Verdict<A> {
+    let key = frontend_key(dst.addr_be, dst.port_be, dst.proto);
+    let Some(svc) = lookup_frontend(&key) else {
+        return Verdict::Pass;
+    };
+    if dst.proto == proto::UDP && netns_cookie(ctx) != config().host_netns_cookie {
+        return Verdict::Pass;
+    }
+    if let Some(verdict) = source_verdict(ctx, &svc) {
+        return verdict;
+    }
+    let picked = match pick(ctx, key, &svc) {
+        Ok(picked) => picked,
+        Err(why) => return Verdict::Refuse(why),
+    };
+    remember_reverse(socket_cookie(ctx), dst, &picked);
+    count(stat::SOCK_CONNECT);
+    Verdict::To(picked)
+}
+
+/// `connect4`.
+#[inline(always)]
+pub fn connect4(ctx: &SockAddrContext) -> i32 {
+    let Some(dst) = read_addr4(ctx) else {
+        return ALLOW;
+    };
+    finish(ctx, connect(ctx, &dst), write_addr4)
+}
+
+/// `connect6`; an IPv4-mapped destination goes through the IPv4 maps.
+#[inline(always)]
+pub fn connect6(ctx: &SockAddrContext) -> i32 {
+    let Some(dst) = read_addr6(ctx) else {
+        return ALLOW;
+    };
+    match v4_mapped(&dst.addr_be) {
+        Some(addr_be) => {
+            let dst = SockAddr {
+                addr_be,
+                port_be: dst.port_be,
+                proto: dst.proto,
+            };
+            finish(ctx, connect(ctx, &dst), write_mapped)
+        }
+        None => finish(ctx, connect(ctx, &dst), write_addr6),
+    }
+}
+
+/// `sendmsg()` with an address (unconnected UDP): every datagram to a frontend
+/// goes to the backend this socket was given for it, as long as that backend
+/// is live; then the socket gets a new one.
+#[inline(always)]
+fn sendmsg<A: SockFamily>(ctx: &SockAddrContext, dst: &SockAddr<A>) -> Verdict<A> {
+    if dst.proto != proto::UDP {
+        return Verdict::Pass;
+    }
+    let key = frontend_key(dst.addr_be, dst.port_be, dst.proto);
+    let Some(svc) = lookup_frontend(&key) else {
+        return Verdict::Pass;
+    };
+    if let Some(verdict) = source_verdict(ctx, &svc) {
+        return verdict;
+    }
+    let cookie = socket_cookie(ctx);
+    let picked = match kept_backend(cookie, dst, &svc) {
+        Some(kept) => kept,
+        None => match pick(ctx, key, &svc) {
+            Ok(picked) => {
+                remember_forward(cookie, dst, &picked);
+                remember_reverse(cookie, dst, &picked);
+                picked
+            }
+            Err(why) => return Verdict::Refuse(why),
+        },
+    };
+    count(stat::SOCK_SENDMSG);
+    Verdict::To(picked)
+}
+
+/// `sendmsg4`.
+#[inline(always)]
+pub fn sendmsg4(ctx: &SockAddrContext) -> i32 {
+    let Some(dst) = read_addr4(ctx) else {
+        return ALLOW;
+    };
+    finish(ctx, sendmsg(ctx, &dst), write_addr4)
+}
+
+/// `sendmsg6`. The kernel hands a datagram to an IPv4-mapped address to the
+/// IPv4 path (and `sendmsg4`) before this hook runs; should one get here all
+/// the same, it goes through the IPv4 maps.
+#[inline(always)]
+pub fn sendmsg6(ctx: &SockAddrContext) -> i32 {
+    let Some(dst) = read_addr6(ctx) else {
+        return ALLOW;
+    };
+    match v4_mapped(&dst.addr_be) {
+        Some(addr_be) => {
+            let dst = SockAddr {
+                addr_be,
+                port_be: dst.port_be,
+                proto: dst.proto,
+            };
+            finish(ctx, sendmsg(ctx, &dst), write_mapped)
+        }
+        None => finish(ctx, sendmsg(ctx, &dst), write_addr6),
+    }
+}
+
+/// The backend this socket already sends the frontend's datagrams to, if it is
+/// still live and still this service's.
+#[inline(always)]
+fn kept_backend<A: SockFamily>(
+    cookie: u64,
+    dst: &SockAddr<A>,
+    svc: &FrontendSlot,
+) -> Option<Picked<A>> {
+    let entry = A::sock_get(cookie, dst, sock_dir::FORWARD)?;
+    if entry.service_id == svc.service_id
+        && svc.backend_count > 0
+        && backend_is_live(entry.backend_id, entry.addr_be, entry.port_be)
+    {
+        return Some(entry);
+    }
+    count(stat::SOCK_RESELECTED);
+    None
+}
+
+#[inline(always)]
+fn remember_forward<A: SockFamily>(cookie: u64, dst: &SockAddr<A>, picked: &Picked<A>) {
+    if !A::sock_insert(cookie, dst, sock_dir::FORWARD, picked) {
+        count(stat::CT_INSERT_FAILED);
+    }
+}
+
+/// `recvmsg()` (UDP) and `getpeername()`: the frontend a backend this socket
+/// was balanced to stands for.
+#[inline(always)]
+fn frontend_of<A: SockFamily>(ctx: &SockAddrContext, peer: &SockAddr<A>) -> Option<(A, u16)> {
+    let entry = A::sock_get(socket_cookie(ctx), peer, sock_dir::REVERSE)?;
+    count(stat::SOCK_REVERSED);
+    Some((entry.addr_be, entry.port_be))
+}
+
+/// `recvmsg4` and `getpeername4`: a backend shows as its frontend. Both hooks
+/// must always allow.
+#[inline(always)]
+pub fn restore_peer4(ctx: &SockAddrContext) -> i32 {
+    if let Some(peer) = read_addr4(ctx) {
+        if let Some((addr_be, port_be)) = frontend_of(ctx, &peer) {
+            write_addr4(ctx, addr_be, port_be);
+        }
+    }
+    ALLOW
+}
+
+/// `recvmsg6` and `getpeername6`; an IPv4-mapped peer (a dual-stack socket's
+/// IPv4 flow) is looked up in the IPv4 socket map and shown mapped.
+#[inline(always)]
+pub fn restore_peer6(ctx: &SockAddrContext) -> i32 {
+    let Some(peer) = read_addr6(ctx) else {
+        return ALLOW;
+    };
+    match v4_mapped(&peer.addr_be) {
+        Some(addr_be) => {
+            let peer = SockAddr {
+                addr_be,
+                port_be: peer.port_be,
+                proto: peer.proto,
+            };
+            if let Some((addr_be, port_be)) = frontend_of(ctx, &peer) {
+                write_mapped(ctx, addr_be, port_be);
+            }
+        }
+        None => {
+            if let Some((addr_be, port_be)) = frontend_of(ctx, &peer) {
+                write_addr6(ctx, addr_be, port_be);
+            }
+        }
+    }
+    ALLOW
+}
+
+/// A socket closes: the entry that maps its backend back to the frontend
+/// goes, so the socket map holds live sockets rather than waiting for the LRU
+/// to push out dead ones (a node opening thousands of connections a second
+/// would otherwise keep it full). An unconnected UDP socket's per-frontend
+/// entries cannot be found from here; the LRU ages them out. An `AF_INET6`
+/// socket connected to an IPv4-mapped address has its entry in the IPv4 map.
+#[inline(always)]
+pub fn release(ctx: &SockContext) -> i32 {
+    let sk: *const bpf_sock = ctx.sock;
+    // SAFETY: the kernel hands a valid `bpf_sock`; these fields are readable
+    // in `sock_release` (the verifier checks each access).
+    let (family, protocol, port_be) = unsafe { ((*sk).family, (*sk).protocol, (*sk).dst_port) };
+    let Some(proto) = our_proto(protocol) else {
+        return ALLOW;
+    };
+    let removed = match family {
+        AF_INET => {
+            // SAFETY: as above.
+            let addr_be = unsafe { (*sk).dst_ip4 };
+            addr_be != 0 && forget(ctx, addr_be, port_be, proto)
+        }
+        AF_INET6 => {
+            // SAFETY: as above; each word of `dst_ip6` with its own 4-byte
+            // load at a constant offset.
+            let addr_be: Addr6Be = unsafe {
+                let ip = core::ptr::addr_of!((*sk).dst_ip6).cast::<u32>();
+                [
+                    core::ptr::read_volatile(ip),
+                    core::ptr::read_volatile(ip.add(1)),
+                    core::ptr::read_volatile(ip.add(2)),
+                    core::ptr::read_volatile(ip.add(3)),
+                ]
+            };
+            match v4_mapped(&addr_be) {
+                Some(v4) => v4 != 0 && forget(ctx, v4, port_be, proto),
+                None => addr_be != [0; 4] && forget(ctx, addr_be, port_be, proto),
+            }
+        }
+        _ => false,
+    };
+    if removed {
+        count(stat::SOCK_RELEASED);
+    }
+    ALLOW
+}
+
+/// Removes the closing socket's reverse entry for the backend `addr_be:port_be`.
+/// Most closing sockets were never balanced: a missing key is the rule, and
+/// there is nothing else to do about it.
+#[inline(always)]
+fn forget<A: SockFamily>(ctx: &SockContext, addr_be: A, port_be: u16, proto: u8) -> bool {
+    // SAFETY: the helper accepts a `sock_release` context (Linux 5.10+).
+    let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
+    let at = SockAddr {
+        addr_be,
+        port_be,
+        proto,
+    };
+    A::sock_remove(cookie, &at, sock_dir::REVERSE)
+}

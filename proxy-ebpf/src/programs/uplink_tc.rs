@@ -1,0 +1,237 @@
+//! `sb_from_uplink`: tc ingress on each uplink, north-south traffic for IPv4
+//! (the same decisions as `sb_xdp_uplink`, [`crate::nodeport`]): all the work
+//! with `--xdp-mode off`, and with XDP the packets XDP hands on (no neighbour
+//! entry yet, TTL 1, fragments, ICMP errors). IPv6 is tail-called into
+//! `sb_from_uplink6` ([`super::uplink_tc6`]).
+use crate::packet::ctx::parse_ipv4;
+use crate::packet::ctx::ptr_at;
+use crate::rewrite::rewrite_with_helpers;
+use crate::rewrite::Rewrite;
+use crate::rewrite::RewriteFailed;
+use crate::rewrite::Side;
+use crate::skb::drop_counted;
+use crate::skb::ethertype;
+use crate::{
+    maps::{count, count_service},
+    nodeport::{self, NotTranslated, Translation},
+    packet::v6::ETH_P_IPV6_BE,
+    packet::{Flow, Ipv4Hdr, Skip, ETH_HLEN, ETH_P_IP_BE, IP_CSUM_OFF},
+};
+use aya_ebpf::{
+    bindings::{TC_ACT_OK, TC_ACT_SHOT},
+    helpers::{bpf_fib_lookup, bpf_redirect_neigh},
+    programs::TcContext,
+};
+use core::{ffi::c_void, mem::size_of};
+use proxy_common::{proto, stat, tail};
+/// `sb_from_uplink` (`--xdp-mode off`): a packet from outside the node, as
+/// the XDP program would treat it ([`nodeport::classify`]), rewritten with
+/// helper stores; the kernel's stack then delivers or forwards it.
+#[inline(always)]
+pub fn try_from_uplink(ctx: &TcContext) -> Result<i32, Skip> {
+    // SAFETY: `ctx.skb.skb` is the kernel's `__sk_buff` for this run; a read.
+    let ingress = unsafe { (*ctx.skb.skb).ingress_ifindex };
+    // The family is decided once, here: IPv4 goes on as it always did, IPv6
+    // is a program of its own ([`crate::nodeport::v6`]).
+    let ethertype = ethertype(ctx)?;
+    if ethertype != ETH_P_IP_BE {
+        if ethertype == ETH_P_IPV6_BE {
+            return Ok(crate::skb::hand_over6(ctx, tail::FROM_UPLINK6));
+        }
+        return Err(Skip::NotOurs);
+    }
+    let flow = match parse_ipv4(ctx) {
+        Ok(flow) => flow,
+        Err(Skip::Fragment) => return later_fragment_from_uplink(ctx, ingress),
+        Err(Skip::Icmp) => return icmp_error_from_uplink(ctx, ingress),
+        Err(skip) => return Err(skip),
+    };
+    let translation = match nodeport::classify(ctx.skb.skb as *mut c_void, ingress, &flow) {
+        Ok(translation) => translation,
+        Err(NotTranslated::Pass(skip)) => return Err(skip),
+        Err(NotTranslated::Drop(counter)) => return drop_counted(counter),
+        Err(NotTranslated::Denied) => return Ok(TC_ACT_SHOT),
+        Err(NotTranslated::Reject) => return Ok(crate::reject::tc_reject(ctx, &flow)),
+    };
+    let (src, dst, service_id, counter) = match translation {
+        Translation::Local {
+            backend,
+            service_id,
+        } => (
+            None,
+            (backend.addr_be, backend.port_be),
+            service_id,
+            stat::EXT_LOCAL,
+        ),
+        Translation::Remote {
+            backend,
+            snat_addr_be,
+            snat_port_be,
+            service_id,
+        } => (
+            Some((snat_addr_be, snat_port_be)),
+            (backend.addr_be, backend.port_be),
+            service_id,
+            stat::EXT_REMOTE,
+        ),
+        Translation::Reply {
+            src_addr_be,
+            src_port_be,
+            dst_addr_be,
+            dst_port_be,
+        } => (
+            Some((src_addr_be, src_port_be)),
+            (dst_addr_be, dst_port_be),
+            0,
+            stat::EXT_REPLY,
+        ),
+    };
+    let leaves = src.is_some();
+    if leaves && ttl(ctx)? <= 1 {
+        return drop_counted(stat::TTL_EXCEEDED);
+    }
+    let mut now = flow;
+    if rewrite_side(ctx, &mut now, Side::Destination, dst, service_id).is_err() {
+        return drop_counted(stat::DROP_REWRITE_FAILED);
+    }
+    if let Some(src) = src {
+        if rewrite_side(ctx, &mut now, Side::Source, src, service_id).is_err() {
+            return drop_counted(stat::DROP_REWRITE_FAILED);
+        }
+    }
+    if service_id != 0 {
+        let len = u64::from(ctx.len());
+        count_service(service_id, |s| {
+            s.packets += 1;
+            s.bytes += len;
+        });
+    }
+    count(counter);
+    if flow.first_fragment {
+        let src_be = if leaves { now.saddr_be } else { 0 };
+        crate::frag::remember_uplink(ctx, &flow, now.daddr_be, src_be, service_id);
+    }
+    if leaves {
+        return send_out(ctx, ingress, &now);
+    }
+    Ok(TC_ACT_OK)
+}
+
+/// Rewrites one side of the packet `now` describes (helper stores), and
+/// `now` with it.
+#[inline(always)]
+pub(crate) fn rewrite_side(
+    ctx: &TcContext,
+    now: &mut Flow,
+    side: Side,
+    (addr_be, port_be): (u32, u16),
+    service_id: u32,
+) -> Result<(), RewriteFailed> {
+    let todo = Rewrite {
+        side,
+        new_addr_be: addr_be,
+        new_port_be: port_be,
+        service_id,
+        l4_off: now.l4_off,
+        proto: now.proto,
+    };
+    rewrite_with_helpers(ctx, now, &todo)?;
+    match side {
+        Side::Source => (now.saddr_be, now.sport_be) = (addr_be, port_be),
+        Side::Destination => (now.daddr_be, now.dport_be) = (addr_be, port_be),
+    }
+    Ok(())
+}
+
+/// An ICMP error about a flow source-NATed to another node: translated back
+/// ([`crate::icmp::translate_snat`]) and sent on to the client.
+#[inline(always)]
+pub(crate) fn icmp_error_from_uplink(ctx: &TcContext, ingress: u32) -> Result<i32, Skip> {
+    let outer = crate::icmp::translate_snat(ctx)?;
+    if ttl(ctx)? <= 1 {
+        return drop_counted(stat::TTL_EXCEEDED);
+    }
+    let now = Flow {
+        saddr_be: outer.saddr_be,
+        daddr_be: outer.daddr_be,
+        sport_be: 0,
+        dport_be: 0,
+        proto: proto::ICMP,
+        tcp_flags: 0,
+        l4_off: 0,
+        first_fragment: false,
+    };
+    send_out(ctx, ingress, &now)
+}
+
+/// A later fragment from outside: translated as its first fragment was, and
+/// sent out the same way when it leaves the node again.
+#[inline(always)]
+pub(crate) fn later_fragment_from_uplink(ctx: &TcContext, ingress: u32) -> Result<i32, Skip> {
+    match crate::frag::later_uplink(ctx) {
+        Ok((now, true)) => {
+            if ttl(ctx)? <= 1 {
+                return drop_counted(stat::TTL_EXCEEDED);
+            }
+            send_out(ctx, ingress, &now)
+        }
+        Ok((_, false)) => Ok(TC_ACT_OK),
+        Err(verdict) => verdict,
+    }
+}
+
+/// The TTL of the packet.
+#[inline(always)]
+pub(crate) fn ttl(ctx: &TcContext) -> Result<u8, Skip> {
+    let ip = ptr_at::<Ipv4Hdr>(ctx, ETH_HLEN)?;
+    // SAFETY: `ptr_at` checked the header lies inside the packet; a read.
+    Ok(unsafe { (*ip).ttl })
+}
+
+/// Sends a translated packet that leaves the node again (to a backend on
+/// another node, or a reply to the client) straight out of the route's
+/// interface, the kernel resolving the next hop (`bpf_redirect_neigh`), with
+/// the TTL down by one. Handing it to the stack instead would not work: it
+/// carries the node's own address as its source and would be dropped as a
+/// martian.
+#[inline(always)]
+pub(crate) fn send_out(ctx: &TcContext, ingress: u32, flow: &Flow) -> Result<i32, Skip> {
+    let mut params = nodeport::fib_params(ingress, flow.proto, flow.saddr_be, flow.daddr_be);
+    // SAFETY: `params` is a valid, initialised `bpf_fib_lookup` of the size
+    // passed; the context is this program's own.
+    let rc = unsafe {
+        bpf_fib_lookup(
+            ctx.skb.skb as *mut c_void,
+            &mut params,
+            size_of::<aya_ebpf::bindings::bpf_fib_lookup>() as i32,
+            0,
+        )
+    };
+    if rc != FIB_SUCCESS && rc != FIB_NO_NEIGH {
+        return drop_counted(stat::NO_ROUTE);
+    }
+    if decrement_ttl(ctx).is_err() {
+        return drop_counted(stat::DROP_REWRITE_FAILED);
+    }
+    // SAFETY: no memory is passed (the kernel looks the neighbour up).
+    let action = unsafe { bpf_redirect_neigh(params.ifindex, core::ptr::null_mut(), 0, 0) };
+    Ok(action as i32)
+}
+
+/// The TTL down by one, through helpers (the IPv4 checksum with it).
+#[inline(always)]
+pub(crate) fn decrement_ttl(ctx: &TcContext) -> Result<(), RewriteFailed> {
+    let ip = ptr_at::<Ipv4Hdr>(ctx, ETH_HLEN).map_err(|_| RewriteFailed)?;
+    // SAFETY: `ptr_at` checked the header lies inside the packet; reads.
+    let (ttl, proto) = unsafe { ((*ip).ttl, (*ip).proto) };
+    let old = u16::from_ne_bytes([ttl, proto]);
+    let new = u16::from_ne_bytes([ttl.wrapping_sub(1), proto]);
+    ctx.l3_csum_replace(IP_CSUM_OFF, u64::from(old), u64::from(new), 2)
+        .map_err(|_| RewriteFailed)?;
+    ctx.store(ETH_HLEN + 8, &ttl.wrapping_sub(1), 0)
+        .map_err(|_| RewriteFailed)
+}
+
+/// `bpf_fib_lookup` results that name the egress interface.
+pub(crate) const FIB_SUCCESS: i64 = 0;
+pub(crate) const FIB_NO_NEIGH: i64 = 7;
