@@ -38,7 +38,7 @@ const JOB_TIMEOUT: Duration = Duration::from_secs(15 * 60);
 /// A test executable cargo built.
 #[derive(Debug, Clone)]
 pub struct TestBinary {
-    /// `xtask/e2e_conntrack`, `proxy-user/lib`.
+    /// `xtask/e2e`, `proxy-user/kernel`, `proxy-user/proxy_user` (unit tests).
     pub label: String,
     pub path: PathBuf,
     /// The package's directory: cargo runs a package's tests there.

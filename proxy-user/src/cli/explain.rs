@@ -806,8 +806,8 @@ fn tracked(view: &View, query: &Query, set: &FrontendSlot, e: &mut Explanation) 
     true
 }
 
-/// Maglev or source hash, computed as `nodeport.rs` (IPv4) and
-/// `nodeport6.rs` (IPv6, [`hash::flow_hash6`] / [`hash::source_hash6`]) do.
+/// Maglev or source hash, computed as `nodeport/mod.rs` (IPv4) and
+/// `nodeport/v6.rs` (IPv6, [`hash::flow_hash6`] / [`hash::source_hash6`]) do.
 fn hashed(view: &View, query: &Query, set: &FrontendSlot, e: &mut Explanation) -> bool {
     let algorithm = set.flags & ff::ALGO_MASK;
     let t = &query.target;
@@ -881,7 +881,7 @@ fn hashed(view: &View, query: &Query, set: &FrontendSlot, e: &mut Explanation) -
     }
 }
 
-/// Session affinity, validated as `lb.rs` validates it.
+/// Session affinity, validated as the kernel's `lb` module validates it.
 fn affinity(
     view: &View,
     query: &Query,

@@ -76,7 +76,7 @@ pub const BUSY_FILL: f64 = 0.75;
 /// the collector takes at most 1/(1 + PACE) of a core however large and
 /// full the tables are (a full table of 512k entries takes a few hundred
 /// milliseconds to walk). The data path does not need it faster: a full
-/// table makes room among unestablished flows itself (`proxy-ebpf/src/ct.rs`).
+/// table makes room among unestablished flows itself (`proxy-ebpf/src/ct/mod.rs`).
 pub const PACE: u32 = 19;
 
 /// How long each phase of a flow lasts without traffic. The defaults are
