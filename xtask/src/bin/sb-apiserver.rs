@@ -93,9 +93,12 @@ fn load(server: &FakeApiServer, path: &Path) -> Result<usize> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let mut n = 0;
-    // JSON is YAML too; large generated sets come as JSON lists, and the
-    // parser's default limits (1024 documents) fit hand-written files.
-    let docs: Vec<Value> = serde_saphyr::from_multiple(&text)
+    // JSON is YAML too. The files are the tests' and benchmarks' own, some
+    // with thousands of documents: none of the parser's limits (1024
+    // documents by default, meant for files from elsewhere) applies.
+    let mut options = serde_saphyr::Options::default();
+    options.budget = None;
+    let docs: Vec<Value> = serde_saphyr::from_multiple_with_options(&text, options)
         .with_context(|| format!("parsing {}", path.display()))?;
     for v in docs {
         let items = match v.get("items").and_then(Value::as_array) {
@@ -188,4 +191,33 @@ fn main() -> Result<()> {
     }
     server.stop();
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The benchmarks hand it files of more than the parser's default 1024
+    /// documents.
+    #[test]
+    fn loads_a_file_of_thousands_of_documents() {
+        let dir = std::env::temp_dir().join(format!("sb-apiserver-load-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let path = dir.join("services.yaml");
+        let text: String = (0..1500)
+            .map(|i| {
+                format!(
+                    "---\napiVersion: v1\nkind: Service\nmetadata:\n  name: s{i}\n  namespace: bench\nspec:\n  clusterIP: 10.96.{}.{}\n  ports:\n  - port: 80\n    protocol: TCP\n",
+                    i / 250,
+                    i % 250 + 1
+                )
+            })
+            .collect();
+        std::fs::write(&path, text).expect("write the manifest");
+        let server = FakeApiServer::start("127.0.0.1:0").expect("start");
+        let loaded = load(&server, &path);
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(loaded.expect("load"), 1500);
+        assert_eq!(server.objects(Kind::Service).len(), 1500);
+    }
 }
