@@ -29,10 +29,12 @@
 //!
 //! Everything that is not ours passes untouched (`TC_ACT_UNSPEC`, so programs
 //! after us still run; socket calls are allowed unchanged). Truncated packets
-//! are counted and passed; they are never rewritten. On the pod path the later
-//! fragments of a translated datagram follow its first ([`frag`]) and ICMP
-//! errors about translated flows are translated back ([`icmp`]); the
-//! uplink programs pass fragments untouched, and IPv6 altogether. A frontend without backends is
+//! are counted and passed; they are never rewritten. The later fragments of a
+//! translated datagram follow its first ([`frag`]) and ICMP errors about
+//! translated flows are translated back ([`icmp`]), on the pod path and in
+//! the uplink's tc programs (XDP hands both on to tc); IPv6 uplink packets
+//! take the same paths in `sb_xdp_uplink6` and `sb_from_uplink6`
+//! ([`programs::uplink_xdp6`], [`programs::uplink_tc6`]). A frontend without backends is
 //! answered with an ICMP port unreachable ([`reject`], tc and XDP) or refuses
 //! with `ECONNREFUSED` (sockets). A pod given itself as the backend is reached
 //! from the hairpin address ([`hairpin`]).
