@@ -32,6 +32,7 @@
 pub mod capacity;
 pub mod hash;
 pub mod names;
+pub mod prefilter;
 pub mod programs;
 pub mod tail;
 

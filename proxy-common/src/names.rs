@@ -84,8 +84,16 @@ pub const SOURCE_RANGES6: &str = "SB_SRC_RANGE6_V1";
 /// source is outside the frontend's `loadBalancerSourceRanges` (a map of
 /// its own, so [`SERVICE_STATS`] keeps its layout across upgrades).
 pub const SERVICE_DENIED: &str = "SB_SVC_DENIED_V1";
+/// The pod path's bitmap of frontend addresses, both families
+/// ([`super::prefilter::frontends`]): a clear bit proves a destination is
+/// no frontend before any hash lookup.
+pub const FRONTEND_FILTER: &str = "SB_FE_FILTER_V1";
+/// The pod interfaces whose pod has no flow translated by the tc layer
+/// ([`super::prefilter::quiet`]): `sb_to_pod` passes their packets without
+/// a connection-tracking lookup.
+pub const QUIET_PODS: &str = "SB_QUIET_V1";
 /// Every map, in the order the CLI reports them.
-pub const ALL: [&str; 27] = [
+pub const ALL: [&str; 29] = [
     FRONTENDS,
     BACKENDS,
     CONNTRACK,
@@ -113,4 +121,6 @@ pub const ALL: [&str; 27] = [
     SOURCE_RANGES,
     SOURCE_RANGES6,
     SERVICE_DENIED,
+    FRONTEND_FILTER,
+    QUIET_PODS,
 ];

@@ -3,9 +3,12 @@
 //! - tc (clsact or TCX) on the host side of every pod veth ([`programs::pod`]):
 //!   `sb_from_pod` (ingress: packets the pod sends) rewrites a packet to a
 //!   Service frontend to a backend; `sb_to_pod` (egress: packets delivered to
-//!   the pod) rewrites the backend's replies back to the frontend. Neither
-//!   stores into packets directly: they tail-call `sb_rewrite` for a Service
-//!   rewrite, and use store helpers for the rarer ones (hairpin, reject,
+//!   the pod) rewrites the backend's replies back to the frontend. A packet
+//!   that is not for a frontend is told apart by one bit of a bitmap
+//!   ([`prefilter`]), a packet into a pod without translated flows by one
+//!   mark, both before any hash lookup; a packet of an existing flow costs
+//!   one connection-tracking lookup and a direct store of the rewrite
+//!   (store helpers for the rarer rewrites: hairpin, reject,
 //!   fragments, ICMP errors). IPv6 packets (ethertype 0x86DD, told apart
 //!   once, before the IPv4 parser) are tail-called into `sb_from_pod6` /
 //!   `sb_to_pod6` ([`programs::pod6`]): the same DNAT, reverse, conntrack, reject,
@@ -41,7 +44,7 @@
 //!
 //! The modules read bottom-up, without an import cycle: [`packet`] (headers,
 //! the parsed flow, checksums) and [`maps`]; [`skb`] (a tc program's packet
-//! access and verdicts); the concerns [`lb`], [`ct`], [`rewrite`], [`frag`],
+//! access and verdicts); [`prefilter`]; the concerns [`lb`], [`ct`], [`rewrite`], [`frag`],
 //! [`icmp`], [`reject`], [`hairpin`], [`nodeport`] and [`socklb`], each with
 //! its IPv6 part in a `v6` module beside it where the families still differ;
 //! and on top [`programs`], one entry file per attach point, whose `try_*`
@@ -57,6 +60,7 @@ mod lb;
 mod maps;
 mod nodeport;
 mod packet;
+mod prefilter;
 mod programs;
 mod reject;
 mod rewrite;
@@ -103,6 +107,7 @@ fn revision_guard(len: u32) -> bool {
 }
 
 #[classifier]
+#[inline(always)]
 pub fn sb_from_pod(ctx: TcContext) -> i32 {
     if revision_guard(ctx.len()) {
         return skb::pass(packet::Skip::NotOurs);
@@ -114,6 +119,7 @@ pub fn sb_from_pod(ctx: TcContext) -> i32 {
 }
 
 #[classifier]
+#[inline(always)]
 pub fn sb_to_pod(ctx: TcContext) -> i32 {
     if revision_guard(ctx.len()) {
         return skb::pass(packet::Skip::NotOurs);
@@ -126,12 +132,14 @@ pub fn sb_to_pod(ctx: TcContext) -> i32 {
 
 /// Tail-called by `sb_from_pod` for IPv6 packets ([`programs::pod6`]).
 #[classifier]
+#[inline(always)]
 pub fn sb_from_pod6(ctx: TcContext) -> i32 {
     programs::pod6::from_pod6(&ctx)
 }
 
 /// Tail-called by `sb_to_pod` for IPv6 packets ([`programs::pod6`]).
 #[classifier]
+#[inline(always)]
 pub fn sb_to_pod6(ctx: TcContext) -> i32 {
     programs::pod6::to_pod6(&ctx)
 }
@@ -139,12 +147,14 @@ pub fn sb_to_pod6(ctx: TcContext) -> i32 {
 /// Tail-called by `sb_from_pod` and `sb_to_pod` for the packets they rewrite:
 /// the only program that stores into packets directly (see `rewrite::rewrite_in_place`).
 #[classifier]
+#[inline(always)]
 pub fn sb_rewrite(ctx: TcContext) -> i32 {
     rewrite::rewrite_in_place(&ctx)
 }
 
 /// XDP on each uplink: traffic from outside the node ([`nodeport`]).
 #[xdp]
+#[inline(always)]
 pub fn sb_xdp_uplink(ctx: XdpContext) -> u32 {
     match programs::uplink_xdp::try_uplink(&ctx) {
         Ok(action) => action,
@@ -154,18 +164,21 @@ pub fn sb_xdp_uplink(ctx: XdpContext) -> u32 {
 
 /// Tail-called by `sb_xdp_uplink` for IPv6 packets ([`programs::uplink_xdp6`]).
 #[xdp]
+#[inline(always)]
 pub fn sb_xdp_uplink6(ctx: XdpContext) -> u32 {
     programs::uplink_xdp6::uplink6(&ctx)
 }
 
 /// Tail-called by `sb_from_uplink` for IPv6 packets ([`programs::uplink_tc6`]).
 #[classifier]
+#[inline(always)]
 pub fn sb_from_uplink6(ctx: TcContext) -> i32 {
     programs::uplink_tc6::from_uplink6(&ctx)
 }
 
 /// tc ingress on each uplink when XDP is off: the same as `sb_xdp_uplink`.
 #[classifier]
+#[inline(always)]
 pub fn sb_from_uplink(ctx: TcContext) -> i32 {
     match programs::uplink_tc::try_from_uplink(&ctx) {
         Ok(action) => action,
@@ -174,46 +187,55 @@ pub fn sb_from_uplink(ctx: TcContext) -> i32 {
 }
 
 #[cgroup_sock_addr(connect4)]
+#[inline(always)]
 pub fn sb_sock_connect4(ctx: SockAddrContext) -> i32 {
     programs::sock::connect4(&ctx)
 }
 
 #[cgroup_sock_addr(sendmsg4)]
+#[inline(always)]
 pub fn sb_sock_sendmsg4(ctx: SockAddrContext) -> i32 {
     programs::sock::sendmsg4(&ctx)
 }
 
 #[cgroup_sock_addr(recvmsg4)]
+#[inline(always)]
 pub fn sb_sock_recvmsg4(ctx: SockAddrContext) -> i32 {
     programs::sock::restore_peer4(&ctx)
 }
 
 #[cgroup_sock_addr(getpeername4)]
+#[inline(always)]
 pub fn sb_sock_getpeername4(ctx: SockAddrContext) -> i32 {
     programs::sock::restore_peer4(&ctx)
 }
 
 #[cgroup_sock_addr(connect6)]
+#[inline(always)]
 pub fn sb_sock_connect6(ctx: SockAddrContext) -> i32 {
     programs::sock::connect6(&ctx)
 }
 
 #[cgroup_sock_addr(sendmsg6)]
+#[inline(always)]
 pub fn sb_sock_sendmsg6(ctx: SockAddrContext) -> i32 {
     programs::sock::sendmsg6(&ctx)
 }
 
 #[cgroup_sock_addr(recvmsg6)]
+#[inline(always)]
 pub fn sb_sock_recvmsg6(ctx: SockAddrContext) -> i32 {
     programs::sock::restore_peer6(&ctx)
 }
 
 #[cgroup_sock_addr(getpeername6)]
+#[inline(always)]
 pub fn sb_sock_getpeername6(ctx: SockAddrContext) -> i32 {
     programs::sock::restore_peer6(&ctx)
 }
 
 #[cgroup_sock(sock_release)]
+#[inline(always)]
 pub fn sb_sock_release(ctx: SockContext) -> i32 {
     programs::sock::release(&ctx)
 }

@@ -8,10 +8,10 @@ use aya_ebpf::{
     macros::btf_map,
 };
 use proxy_common::{
-    capacity, stat, AffinityEntry, AffinityKey, AffinityKey6, Backend, Backend6, Config, CtEntry,
-    CtEntry6, CtKey, CtKey6, FragEntry, FragEntry6, FragKey, FragKey6, FrontendKey, FrontendKey6,
-    FrontendSlot, MaglevTable, NewFlows, NewFlows6, RevNat, RevNat6, SockAffinityKey, SockEntry,
-    SockEntry6, SockKey, SockKey6, SrcRange4, SrcRange6, SvcStats, Uplink, Uplink6,
+    capacity, prefilter, stat, AffinityEntry, AffinityKey, AffinityKey6, Backend, Backend6, Config,
+    CtEntry, CtEntry6, CtKey, CtKey6, FragEntry, FragEntry6, FragKey, FragKey6, FrontendKey,
+    FrontendKey6, FrontendSlot, MaglevTable, NewFlows, NewFlows6, RevNat, RevNat6, SockAffinityKey,
+    SockEntry, SockEntry6, SockKey, SockKey6, SrcRange4, SrcRange6, SvcStats, Uplink, Uplink6,
     SRC_RANGE_ID_BITS,
 };
 
@@ -112,6 +112,11 @@ pub static SB_SRC_RANGE6_V1: LpmTrie<SrcRange6, u8, { capacity::SOURCE_RANGES as
 #[btf_map]
 pub static SB_SVC_DENIED_V1: PerCpuArray<u64, { capacity::SERVICES as usize + 1 }> =
     PerCpuArray::new();
+
+#[btf_map]
+pub static SB_FE_FILTER_V1: Array<u64, { prefilter::frontends::WORDS as usize }> = Array::new();
+#[btf_map]
+pub static SB_QUIET_V1: Array<u32, { prefilter::quiet::SLOTS as usize }> = Array::new();
 
 #[btf_map]
 pub static SB_STATS_V5: PerCpuArray<u64, { stat::COUNT as usize }> = PerCpuArray::new();

@@ -256,6 +256,7 @@ pub async fn run(config: AgentConfig, object: &'static [u8]) -> anyhow::Result<(
     )
     .await?;
     attacher.set_uplinks(uplinks.iter().map(|(u, _)| u.index).collect());
+    attacher.settle_quiet(|| sync.syncer.store_mut().has_flows());
     let uplink_status: Vec<_> = uplinks.into_iter().map(|(_, status)| status).collect();
     match &config.socket_lb_cgroup {
         Some(cgroup) => socketlb::attach(&mut ebpf, cgroup, &config.pin_root)

@@ -26,6 +26,32 @@ pub(crate) fn tracked_backend(key: &CtKey, flow: &Flow, service_id: u32) -> Opti
     })
 }
 
+/// The entry of a packet that continues a tracked flow, found with one
+/// lookup and no frontend: a TCP segment past the SYN, or a UDP datagram
+/// whose backend is still live. A SYN, a flow not tracked, or a UDP flow
+/// whose backend left returns `None`, and the packet takes the new-flow
+/// path (frontend, source ranges, a live backend). The entry is trusted as
+/// conntrack is under kube-proxy: the agent removes the entries of a
+/// Service that is deleted (and of a UDP backend that leaves).
+#[inline(always)]
+pub(crate) fn continued_entry(key: &CtKey, flow: &Flow) -> Option<CtEntry> {
+    if flow.opens_connection() {
+        return None;
+    }
+    let entry_ptr = SB_CT_V5.get_ptr_mut(key)?;
+    // SAFETY: a value of the conntrack map, valid for this program run; copied out.
+    let entry = unsafe { *entry_ptr };
+    if flow.needs_live_backend()
+        && !backend_is_live(entry.backend_id, entry.nat_addr_be, entry.nat_port_be)
+    {
+        return None;
+    }
+    crate::ct::note(entry_ptr, flow, false, || {
+        SB_CT_V5.get_ptr_mut(reply_key_of(flow, &entry))
+    });
+    Some(entry)
+}
+
 /// [`tracked_backend`]'s entry, whole (the uplink layer also needs its
 /// source NAT).
 #[inline(always)]

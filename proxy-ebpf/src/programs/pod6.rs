@@ -19,10 +19,12 @@
 //! cancel in it), the port as a 2-byte change. UDP uses
 //! `BPF_F_MARK_MANGLED_0`: a computed 0 is sent as 0xffff, and a zero
 //! checksum (invalid in IPv6 except for tunnels, RFC 6935) stays zero. No
-//! direct stores and no tail call: these programs see every packet of the
-//! node and never store directly (see `rewrite::rewrite_in_place`).
+//! direct stores and no tail call. The first test of `sb_from_pod6` is the
+//! frontend bitmap ([`crate::prefilter`]); `sb_to_pod` checks the quiet mark
+//! before it tells the families apart.
 use crate::ct::track6::track6;
 use crate::ct::track6::tracked_backend6;
+use crate::prefilter::{maybe_frontend6, unquiet};
 use crate::rewrite::count_rewritten;
 use crate::rewrite::v6::rewrite6;
 use crate::{
@@ -82,6 +84,10 @@ fn try_from_pod6(ctx: &TcContext, s: &mut Scratch6) -> Result<i32, Skip> {
         Kind6::Icmp => return crate::icmp::v6::translate(ctx, s, ct_dir::FORWARD),
     }
     let flow = &s.flow;
+    if !maybe_frontend6(&flow.daddr_be) {
+        // No frontend has this address: only a hairpin reply can be ours.
+        return crate::hairpin::v6::reply(ctx, s);
+    }
     s.fe = frontend_key(flow.daddr_be, flow.dport_be, flow.proto);
     let Some(svc) = lookup_frontend(&s.fe) else {
         // A pod's reply to a hairpin flow goes to the hairpin address.
@@ -103,6 +109,8 @@ fn try_from_pod6(ctx: &TcContext, s: &mut Scratch6) -> Result<i32, Skip> {
             return drop_counted(stat::DROP_INCONSISTENT);
         };
         s.backend = backend;
+        // Replies of this flow will come to this pod's interface.
+        unquiet(ctx);
         let outcome = if crate::hairpin::v6::is_hairpin(&s.flow, &s.backend.addr_be) {
             crate::hairpin::v6::track(s, id, svc.service_id)
         } else {

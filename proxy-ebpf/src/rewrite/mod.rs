@@ -7,7 +7,7 @@ pub mod v6;
 
 use crate::packet::ctx::ptr_at;
 use crate::{
-    maps::{count, count_service, SB_TAIL_V1},
+    maps::{count, count_service},
     packet::{
         csum_replace4, Flow, ETH_HLEN, IPV4_MIN_HLEN, IP_CSUM_OFF, TCP_CSUM_OFF, UDP_CSUM_OFF,
     },
@@ -16,7 +16,7 @@ use aya_ebpf::{
     bindings::{BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR, TC_ACT_OK, TC_ACT_SHOT},
     programs::TcContext,
 };
-use proxy_common::{proto, stat, tail};
+use proxy_common::{proto, stat};
 /// Which side of the packet a rewrite touches.
 #[derive(Clone, Copy)]
 pub(crate) enum Side {
@@ -45,23 +45,6 @@ pub(crate) const SIDE_BIT: u32 = 1 << 16;
 
 impl Rewrite {
     #[inline(always)]
-    fn store(&self, ctx: &TcContext) {
-        let side = match self.side {
-            Side::Source => 0,
-            Side::Destination => SIDE_BIT,
-        };
-        let skb = ctx.skb.skb;
-        // SAFETY: `cb` is the program's own scratch space in `__sk_buff`,
-        // writable by tc programs and kept across a tail call.
-        unsafe {
-            (*skb).cb[0] = self.new_addr_be;
-            (*skb).cb[1] = u32::from(self.new_port_be);
-            (*skb).cb[2] = self.service_id;
-            (*skb).cb[3] = (self.l4_off as u32) | u32::from(self.proto) << 8 | side;
-        }
-    }
-
-    #[inline(always)]
     fn load(ctx: &TcContext) -> Rewrite {
         let skb = ctx.skb.skb;
         // SAFETY: reads of the program's scratch space in `__sk_buff`.
@@ -81,17 +64,6 @@ impl Rewrite {
     }
 }
 
-/// Tail-calls `sb_rewrite` with the rewrite in the control buffer. Returns only
-/// if the call failed (the agent has not filled the program array yet).
-#[inline(always)]
-pub(crate) fn hand_over(ctx: &TcContext, todo: &Rewrite) {
-    todo.store(ctx);
-    // SAFETY: a tail call with our own context and program array; on success
-    // it does not return.
-    unsafe { SB_TAIL_V1.tail_call(ctx, tail::REWRITE) };
-    count(stat::TAIL_CALL_MISSED);
-}
-
 /// Counts a rewritten packet of either family: a forwarded one for its
 /// service, a reversed one globally.
 #[inline(always)]
@@ -109,13 +81,13 @@ pub(crate) fn count_rewritten(ctx: &TcContext, side: Side, service_id: u32) {
     }
 }
 
-/// `sb_rewrite`: writes the rewrite `sb_from_pod` or `sb_to_pod` decided on.
+/// `sb_rewrite`: writes a rewrite handed over in the control buffer.
 ///
-/// It is a program of its own because it stores into the packet directly: the
-/// verifier makes such a program unclone a cloned skb on entry (copying its
-/// headers), and every TCP segment a pod sends is a clone. Here that happens
-/// only to packets we rewrite, which need a private copy anyway; the two
-/// programs that see every packet never store directly (only through helpers).
+/// `sb_from_pod` and `sb_to_pod` now store directly themselves (see
+/// [`store_in_place`]); this program stays for one release as the bridge of
+/// an upgrade: the previous release's pod programs, still attached until
+/// the new agent replaces them, tail-call it, and the new agent's load puts
+/// this one in their slot.
 #[inline(always)]
 pub fn rewrite_in_place(ctx: &TcContext) -> i32 {
     let todo = Rewrite::load(ctx);

@@ -10,7 +10,7 @@
 //! no packet sees neither program, none sees both), or replaces the filters
 //! the old one left.
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     fs, io,
     path::{Path, PathBuf},
 };
@@ -24,6 +24,9 @@ use aya::Ebpf;
 use futures::TryStreamExt as _;
 use netlink_packet_route::link::{InfoKind, LinkAttribute, LinkInfo, LinkMessage};
 use proxy_common::programs;
+
+use crate::dataplane::pins::Pins;
+use crate::dataplane::prefilter::QuietPods;
 use tracing::{debug, info, warn};
 
 /// One interface with switchboard's programs on it.
@@ -158,16 +161,74 @@ pub struct Attacher {
     /// Uplink interface indices: not pod interfaces, and their link pins
     /// (attached by [`crate::dataplane::uplink`]) are not ours to forget.
     uplinks: Vec<u32>,
+    /// The quiet marks of pod interfaces (`None` if the map could not be
+    /// opened: every reply is then looked up, as before the marks).
+    quiet: Option<QuietPods>,
+    /// Whether the interfaces found at start have been settled
+    /// ([`settle_quiet`](Self::settle_quiet)); interfaces that appear later
+    /// are new, and marked quiet before their first attach.
+    settled: bool,
+    /// The interfaces seen before that: they may carry an earlier agent's
+    /// programs and flows, and are never marked as new.
+    found_at_start: HashSet<u32>,
 }
 
 impl Attacher {
     pub fn new(mode: TcMode, pin_root: &Path) -> Self {
+        let quiet = match Pins::new(pin_root).quiet_pods() {
+            Ok(map) => Some(QuietPods::new(map)),
+            Err(error) => {
+                warn!(error = %anyhow::Error::from(error), "no quiet marks: every packet into a pod is looked up");
+                None
+            }
+        };
         Self {
             attached: HashMap::new(),
             mode,
             link_dir: pin_root.join("links"),
             uplinks: Vec::new(),
+            quiet,
+            settled: false,
+            found_at_start: HashSet::new(),
         }
+    }
+
+    /// Marks the pod interfaces found at start quiet unless a flow is
+    /// tracked (`flows_tracked`, asked after the marks are written: a flow
+    /// the data path tracked before a mark is then in the tables), and from
+    /// now on every new interface before its first attach. Call it once the
+    /// uplinks are known: an uplink is never quiet.
+    pub fn settle_quiet(&mut self, flows_tracked: impl FnOnce() -> bool) {
+        self.settled = true;
+        let Some(quiet) = &mut self.quiet else {
+            return;
+        };
+        let pods: Vec<u32> = self
+            .attached
+            .values()
+            .map(|(index, _)| *index)
+            .filter(|index| !self.uplinks.contains(index))
+            .collect();
+        let mut marked = Vec::new();
+        for index in pods {
+            match quiet.mark(index) {
+                Ok(()) => marked.push(index),
+                Err(error) => warn!(index, %error, "marking a pod interface quiet failed"),
+            }
+        }
+        if marked.is_empty() || !flows_tracked() {
+            info!(
+                interfaces = marked.len(),
+                "pod interfaces without translated flows marked quiet"
+            );
+            return;
+        }
+        for index in marked {
+            if let Err(error) = quiet.unmark(index) {
+                warn!(index, %error, "taking a quiet mark away failed; replies into that pod may go untranslated");
+            }
+        }
+        info!("flows are tracked: the pod interfaces found at start stay looked up");
     }
 
     /// Names the uplinks, which [`reconcile`](Self::reconcile) leaves alone.
@@ -186,15 +247,33 @@ impl Attacher {
             .cloned()
             .collect();
         let interfaces = interfaces.as_slice();
+        if !self.settled {
+            self.found_at_start
+                .extend(interfaces.iter().map(|i| i.index));
+        }
+        let quiet = &mut self.quiet;
         self.attached.retain(|name, (index, _)| {
-            interfaces
+            let kept = interfaces
                 .iter()
-                .any(|i| &i.name == name && i.index == *index)
+                .any(|i| &i.name == name && i.index == *index);
+            if let (false, Some(quiet)) = (kept, quiet.as_mut()) {
+                // Best effort: a mark of a gone interface matches nothing.
+                let _ = quiet.unmark(*index);
+            }
+            kept
         });
         self.forget_gone_links(interfaces);
         for iface in interfaces {
             if self.attached.get(&iface.name).map(|(index, _)| *index) == Some(iface.index) {
                 continue;
+            }
+            let new = self.settled && !self.found_at_start.contains(&iface.index);
+            if let (true, Some(quiet)) = (new, self.quiet.as_mut()) {
+                // New since the start: no flow of its pod can be tracked
+                // before our programs are on it.
+                if let Err(error) = quiet.mark(iface.index) {
+                    warn!(iface = %iface.name, %error, "marking a new pod interface quiet failed");
+                }
             }
             match attach(ebpf, iface, self.mode, &self.link_dir) {
                 Ok(how) => {

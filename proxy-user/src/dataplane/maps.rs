@@ -10,6 +10,7 @@ use std::path::Path;
 use crate::dataplane::{
     mapbatch,
     pins::{or_stand_in, MapsError, Pins},
+    prefilter::FrontendFilter,
 };
 use crate::model::cidr::IpCidr;
 use crate::model::IpFamily;
@@ -41,6 +42,8 @@ pub enum TakeError {
         name: &'static str,
         source: MapError,
     },
+    #[error("filling the frontend bitmap from the frontends already programmed")]
+    Filter(#[source] WriteError),
 }
 
 pub struct PinnedMaps {
@@ -72,6 +75,9 @@ pub struct PinnedMaps {
     absent_later: Vec<&'static str>,
     /// Puts held by [`MapStore::hold_puts`] until [`MapStore::flush`].
     held: Option<Held>,
+    /// The pod path's frontend bitmap, kept with the frontend map by the
+    /// writers (the agent, its tests); `None` for the CLI, which reads.
+    frontend_filter: Option<FrontendFilter>,
     /// The IPv6 maps that were not pinned (an agent older than IPv6) and
     /// stand in as empty, unpinned maps; see [`PinnedMaps::open_tolerant`].
     absent6: Vec<&'static str>,
@@ -166,14 +172,21 @@ impl PinnedMaps {
     /// Opens the maps pinned under `pin_root`, every one of them (the agent
     /// and its tests: a missing IPv6 map is [`MapsError::NotPinned`]).
     pub fn open(pin_root: &Path) -> Result<Self, MapsError> {
-        let maps = Self::open_tolerant(pin_root)?;
-        match maps.absent6.first().or(maps.absent_later.first()) {
-            Some(name) => Err(MapsError::NotPinned {
+        let mut maps = Self::open_tolerant(pin_root)?;
+        if let Some(name) = maps.absent6.first().or(maps.absent_later.first()) {
+            return Err(MapsError::NotPinned {
                 name,
                 path: pin_root.join(name),
-            }),
-            None => Ok(maps),
+            });
         }
+        let filter = Pins::new(pin_root).frontend_filter()?;
+        maps.frontend_filter = Some(FrontendFilter::new(filter, maps.frontend_heads()).map_err(
+            |source| MapsError::Filter {
+                pin_root: pin_root.to_owned(),
+                source: Box::new(source),
+            },
+        )?);
+        Ok(maps)
     }
 
     /// Opens the maps pinned under `pin_root` for the CLI's read-only
@@ -212,6 +225,7 @@ impl PinnedMaps {
                 PerCpuArray::create(1, 0)
             })?,
             held: None,
+            frontend_filter: None,
             absent6,
             absent_later,
         })
@@ -236,7 +250,7 @@ impl PinnedMaps {
     /// Takes the maps out of a loaded object.
     pub fn take(ebpf: &mut Ebpf) -> Result<Self, TakeError> {
         let mut take = |name: &'static str| ebpf.take_map(name).ok_or(TakeError::Missing { name });
-        Ok(Self {
+        Self {
             frontends: typed!(names::FRONTENDS, take(names::FRONTENDS)?),
             backends: typed!(names::BACKENDS, take(names::BACKENDS)?),
             frontends6: typed!(names::FRONTENDS6, take(names::FRONTENDS6)?),
@@ -257,9 +271,39 @@ impl PinnedMaps {
             source_ranges6: typed!(names::SOURCE_RANGES6, take(names::SOURCE_RANGES6)?),
             service_denied: typed!(names::SERVICE_DENIED, take(names::SERVICE_DENIED)?),
             held: None,
+            frontend_filter: None,
             absent6: Vec::new(),
             absent_later: Vec::new(),
-        })
+        }
+        .with_filter(typed!(
+            names::FRONTEND_FILTER,
+            take(names::FRONTEND_FILTER)?
+        ))
+    }
+
+    /// Takes the frontend bitmap over, filled for the frontends already
+    /// programmed.
+    fn with_filter(mut self, filter: Array<MapData, u64>) -> Result<Self, TakeError> {
+        self.frontend_filter =
+            Some(FrontendFilter::new(filter, self.frontend_heads()).map_err(TakeError::Filter)?);
+        Ok(self)
+    }
+
+    /// The slot-0 keys of the frontends the maps hold, both families.
+    fn frontend_heads(&self) -> Vec<AnyFrontendKey> {
+        let v4 = self
+            .frontends
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|k| k.slot == 0)
+            .map(AnyFrontendKey::V4);
+        let v6 = self
+            .frontends6
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|k| k.slot == 0)
+            .map(AnyFrontendKey::V6);
+        v4.chain(v6).collect()
     }
 
     /// Writes the data path's configuration (before anything is attached).
@@ -302,6 +346,11 @@ impl PinnedMaps {
                 })?;
         }
         Ok(())
+    }
+
+    /// Whether either family's connection-tracking table holds a flow.
+    pub fn has_flows(&self) -> bool {
+        self.conntrack.keys().any(|k| k.is_ok()) || self.conntrack6.keys().any(|k| k.is_ok())
     }
 
     /// Number of socket-layer entries.
@@ -461,6 +510,11 @@ fn entries<K: aya::Pod, V: aya::Pod>(
 
 impl MapStore for PinnedMaps {
     fn put_frontend(&mut self, key: AnyFrontendKey, value: FrontendSlot) -> Result<(), WriteError> {
+        // The bit before the frontend: the data path never finds a
+        // frontend its bitmap hides.
+        if let Some(filter) = &mut self.frontend_filter {
+            filter.add(key)?;
+        }
         if let Some(held) = &mut self.held {
             let announces = key.slot() == 0 && key.scope() == proxy_common::scope::INTERNAL;
             match key {
@@ -480,6 +534,10 @@ impl MapStore for PinnedMaps {
             AnyFrontendKey::V6(key) => {
                 delete_result(names::FRONTENDS6, self.frontends6.remove(&key))
             }
+        }?;
+        match &mut self.frontend_filter {
+            Some(filter) => filter.remove(key),
+            None => Ok(()),
         }
     }
     fn put_backend(&mut self, id: u32, value: AnyBackend) -> Result<(), WriteError> {

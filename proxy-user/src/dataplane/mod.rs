@@ -12,6 +12,7 @@ pub mod maps;
 pub mod migrate;
 pub mod pinroot;
 pub mod pins;
+pub mod prefilter;
 pub mod readout;
 pub mod resize;
 pub mod sockdiag;

@@ -47,6 +47,11 @@ pub enum MapsError {
         name: &'static str,
         source: Box<MapError>,
     },
+    #[error("filling the frontend bitmap under {} from the frontends pinned there", .pin_root.display())]
+    Filter {
+        pin_root: PathBuf,
+        source: Box<crate::sync::store::WriteError>,
+    },
 }
 
 /// The maps pinned under one pin root.
@@ -181,6 +186,8 @@ pinned_maps! {
     source_ranges: names::SOURCE_RANGES => LpmTrie<MapData, SrcRange4, u8>;
     source_ranges6: names::SOURCE_RANGES6 => LpmTrie<MapData, SrcRange6, u8>;
     service_denied: names::SERVICE_DENIED => PerCpuArray<MapData, u64>;
+    frontend_filter: names::FRONTEND_FILTER => Array<MapData, u64>;
+    quiet_pods: names::QUIET_PODS => Array<MapData, u32>;
     /// `SB_CT_V2`, an earlier version's connection tracking.
     conntrack_v2: migrate::CONNTRACK_V2 => Hash<CtKey, CtEntryV2>;
     /// `SB_CT_V4`, an earlier version's connection tracking.

@@ -1,0 +1,85 @@
+//! The pod path's first tests, before any hash lookup: most packets a pod
+//! sends or receives are not a Service's, and each such packet should cost
+//! little more than an empty program.
+//!
+//! - [`frontends`]: a bitmap over the addresses of every frontend, both
+//!   families, one bit per hash bucket. A clear bit proves the destination
+//!   is no frontend; a set bit sends the packet on to the lookups (a
+//!   collision only costs those lookups). The agent sets an address's bit
+//!   before its first frontend is written and clears it after its last is
+//!   removed.
+//! - [`quiet`]: the pod interfaces whose pod has no flow translated by the
+//!   tc layer, so nothing arriving there can be the reply of one. The agent
+//!   marks an interface quiet before it first attaches the programs there;
+//!   the data path unmarks it before it tracks the first flow from it. A
+//!   slot holds the interface index it speaks for, so two interfaces sharing
+//!   a slot never borrow each other's mark.
+
+/// The frontend address bitmap ([`super::names::FRONTEND_FILTER`]).
+pub mod frontends {
+    use crate::Addr6Be;
+
+    /// 64-bit words in the bitmap: 2^20 bits, 128 KiB. At 100k frontend
+    /// addresses about one bit in ten is set.
+    pub const WORDS: u32 = 16_384;
+
+    /// The bit an IPv4 address (network order, as the packet holds it)
+    /// hashes to: the top 20 bits of MurmurHash3's 32-bit finalizer, which
+    /// spreads neighbouring addresses (a Service range) over the bitmap.
+    #[inline(always)]
+    pub const fn bit4(addr_be: u32) -> u32 {
+        let mut x = addr_be;
+        x ^= x >> 16;
+        x = x.wrapping_mul(0x85eb_ca6b);
+        x ^= x >> 13;
+        x = x.wrapping_mul(0xc2b2_ae35);
+        x ^= x >> 16;
+        x >> 12
+    }
+
+    /// The bit an IPv6 address hashes to: its four words folded.
+    #[inline(always)]
+    pub const fn bit6(addr_be: &Addr6Be) -> u32 {
+        bit4(addr_be[0] ^ addr_be[1] ^ addr_be[2] ^ addr_be[3])
+    }
+
+    /// The word of the bitmap that holds `bit`, and the bit's mask in it.
+    #[inline(always)]
+    pub const fn word_and_mask(bit: u32) -> (u32, u64) {
+        (bit >> 6, 1u64 << (bit & 63))
+    }
+}
+
+/// The quiet pod interfaces ([`super::names::QUIET_PODS`]).
+pub mod quiet {
+    /// Slots in the array, one per interface index modulo this.
+    pub const SLOTS: u32 = 16_384;
+
+    /// The slot of interface `ifindex`.
+    #[inline(always)]
+    pub const fn slot(ifindex: u32) -> u32 {
+        ifindex & (SLOTS - 1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::frontends::*;
+
+    #[test]
+    fn bits_stay_inside_the_bitmap_and_spread() {
+        let mut seen = [0u8; (WORDS as usize) * 8];
+        for i in 0..50_000u32 {
+            // ClusterIPs of one /16: neighbours must not share a bit.
+            let addr_be = u32::from_ne_bytes([10, 96, (i >> 8) as u8, i as u8]);
+            let bit = bit4(addr_be);
+            let (word, mask) = word_and_mask(bit);
+            assert!(word < WORDS);
+            assert_eq!(mask.count_ones(), 1);
+            seen[(bit / 8) as usize] |= 1 << (bit % 8);
+        }
+        let set: u32 = seen.iter().map(|b| b.count_ones()).sum();
+        // 50k addresses in 2^20 bits: well under 5% collide.
+        assert!(set > 48_000, "{set} distinct bits of 50000 addresses");
+    }
+}

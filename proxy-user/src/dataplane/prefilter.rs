@@ -1,0 +1,187 @@
+//! The agent's side of the pod path's first tests (see
+//! `proxy_common::prefilter`): the frontend address bitmap, kept equal to
+//! the frontends the maps hold, and the marks of quiet pod interfaces.
+use std::{
+    borrow::BorrowMut,
+    collections::{HashMap, HashSet},
+};
+
+use aya::maps::{Array, MapData, MapError};
+use proxy_common::{names, prefilter};
+
+use crate::sync::encode::AnyFrontendKey;
+use crate::sync::store::WriteError;
+
+/// The frontend bitmap and what it counts: the frontend keys (slot 0 of
+/// each address, port, protocol and scope) each bit stands for.
+pub struct FrontendFilter {
+    map: Array<MapData, u64>,
+    /// The bitmap as written.
+    words: Vec<u64>,
+    /// How many counted keys hash to each set bit.
+    counts: HashMap<u32, u32>,
+    counted: HashSet<AnyFrontendKey>,
+}
+
+/// The bit a frontend key's address hashes to.
+fn bit_of(key: &AnyFrontendKey) -> u32 {
+    match key {
+        AnyFrontendKey::V4(k) => prefilter::frontends::bit4(k.addr_be),
+        AnyFrontendKey::V6(k) => prefilter::frontends::bit6(&k.addr_be),
+    }
+}
+
+/// The key that stands for a frontend: its slot 0.
+fn head(key: AnyFrontendKey) -> AnyFrontendKey {
+    match key {
+        AnyFrontendKey::V4(mut k) => {
+            k.slot = 0;
+            AnyFrontendKey::V4(k)
+        }
+        AnyFrontendKey::V6(mut k) => {
+            k.slot = 0;
+            AnyFrontendKey::V6(k)
+        }
+    }
+}
+
+fn write_error(source: MapError) -> WriteError {
+    WriteError::Other {
+        map: names::FRONTEND_FILTER,
+        source,
+    }
+}
+
+impl FrontendFilter {
+    /// Takes the bitmap over, rewritten for the frontends the maps already
+    /// hold (`existing`): whatever an earlier agent left, or nothing when
+    /// the map is new (an upgrade), it is whole before any program of ours
+    /// reads it.
+    pub fn new(
+        map: Array<MapData, u64>,
+        existing: impl IntoIterator<Item = AnyFrontendKey>,
+    ) -> Result<Self, WriteError> {
+        let mut filter = Self {
+            map,
+            words: vec![0; prefilter::frontends::WORDS as usize],
+            counts: HashMap::new(),
+            counted: HashSet::new(),
+        };
+        for key in existing {
+            filter.count(key);
+        }
+        for (index, word) in filter.words.iter().enumerate() {
+            let index = u32::try_from(index).unwrap_or(u32::MAX);
+            filter.map.set(index, word, 0).map_err(write_error)?;
+        }
+        Ok(filter)
+    }
+
+    /// Counts `key`; whether its bit was clear before.
+    fn count(&mut self, key: AnyFrontendKey) -> Option<u32> {
+        let key = head(key);
+        if !self.counted.insert(key) {
+            return None;
+        }
+        let bit = bit_of(&key);
+        let count = self.counts.entry(bit).or_insert(0);
+        *count += 1;
+        let (word, mask) = prefilter::frontends::word_and_mask(bit);
+        self.words[word as usize] |= mask;
+        (*count == 1).then_some(word)
+    }
+
+    /// Before a frontend key is written: its address's bit is set.
+    pub fn add(&mut self, key: AnyFrontendKey) -> Result<(), WriteError> {
+        match self.count(key) {
+            Some(word) => self.write(word),
+            None => Ok(()),
+        }
+    }
+
+    /// After a frontend key was deleted: the bit is cleared once no
+    /// frontend left hashes to it.
+    pub fn remove(&mut self, key: AnyFrontendKey) -> Result<(), WriteError> {
+        if key != head(key) {
+            // Only slot 0 stands for the frontend.
+            return Ok(());
+        }
+        if !self.counted.remove(&key) {
+            return Ok(());
+        }
+        let bit = bit_of(&key);
+        let Some(count) = self.counts.get_mut(&bit) else {
+            return Ok(());
+        };
+        *count -= 1;
+        if *count > 0 {
+            return Ok(());
+        }
+        self.counts.remove(&bit);
+        let (word, mask) = prefilter::frontends::word_and_mask(bit);
+        self.words[word as usize] &= !mask;
+        self.write(word)
+    }
+
+    fn write(&mut self, word: u32) -> Result<(), WriteError> {
+        self.map
+            .set(word, self.words[word as usize], 0)
+            .map_err(write_error)
+    }
+}
+
+/// The quiet marks of pod interfaces.
+pub struct QuietPods<T = MapData> {
+    map: Array<T, u32>,
+}
+
+impl<T: BorrowMut<MapData>> QuietPods<T> {
+    pub fn new(map: Array<T, u32>) -> Self {
+        Self { map }
+    }
+
+    /// Marks interface `ifindex` quiet. Sound only where no flow of its pod
+    /// can be tracked: before the programs are first attached there, or
+    /// followed by [`unmark`](Self::unmark) when a look at the
+    /// connection-tracking tables finds any flow (the data path takes the
+    /// mark away only after it tracked a flow, so a flow tracked before the
+    /// mark is in the tables when they are looked at).
+    pub fn mark(&mut self, ifindex: u32) -> Result<(), MapError> {
+        self.map.set(prefilter::quiet::slot(ifindex), ifindex, 0)
+    }
+
+    /// Takes interface `ifindex`'s mark away, if the slot holds it.
+    pub fn unmark(&mut self, ifindex: u32) -> Result<(), MapError> {
+        let slot = prefilter::quiet::slot(ifindex);
+        if self.map.get(&slot, 0)? == ifindex {
+            self.map.set(slot, 0, 0)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proxy_common::{scope, FrontendKey};
+
+    fn key(addr: [u8; 4], port: u16, slot: u16) -> AnyFrontendKey {
+        AnyFrontendKey::V4(FrontendKey {
+            addr_be: u32::from_ne_bytes(addr),
+            port_be: port.to_be(),
+            proto: 6,
+            scope: scope::INTERNAL,
+            slot,
+            _pad1: [0; 2],
+        })
+    }
+
+    #[test]
+    fn the_head_stands_for_every_slot() {
+        assert_eq!(head(key([10, 96, 0, 1], 80, 3)), key([10, 96, 0, 1], 80, 0));
+        assert_eq!(
+            bit_of(&key([10, 96, 0, 1], 80, 3)),
+            bit_of(&key([10, 96, 0, 1], 443, 0))
+        );
+    }
+}
