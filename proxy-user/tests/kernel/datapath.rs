@@ -277,7 +277,7 @@ fn replies_are_reverse_natted_only_for_tracked_flows() {
         (TC_ACT_UNSPEC, stray.build())
     );
     assert_eq!(fx.stat("reversed"), 2);
-    // Both directions were rewritten by the tail-called `sb_rewrite`.
+    // Both directions were rewritten in place, without a tail call.
     assert_eq!(fx.stat("tail_call_missed"), 0);
 }
 

@@ -16,5 +16,6 @@ mod datapath_fuzz;
 mod datapath_reject;
 mod datapath_uplink;
 mod datapath_uplink6;
+mod prefilter;
 mod sock6;
 mod sync_kernel;

@@ -413,12 +413,12 @@ pub fn write(results: &Value, dir: &Path) -> Result<String> {
         pp["xdp_note"].as_str().unwrap_or("not implemented yet")
     );
     md.push_str("\"existing flow\": the two ping-pong Services A ⇄ B (see proxy-user/benches/sb_bench.rs) make every repetition a full lookup + conntrack hit + DNAT with checksum updates; the data path's own counters are checked to grow by exactly the repetitions. \"no rewrite\": a Service whose backend is itself (lookups and conntrack, rewrite helpers skipped). \"16 source ranges\": the same existing flow after Service A is restricted by `loadBalancerSourceRanges` (16 blocks): the one trie lookup a restricted frontend adds; every other column is a frontend without ranges, which pays one flag test and no lookup. Single-shot columns: `repeat = 1` per call (median of many), which includes the kernel timer's overhead — compare them only with each other (\"empty\" is the empty tc program measured the same way).\n\n");
-    md.push_str("| Services | backends (target) | from_pod existing flow | from_pod no rewrite | from_pod, 16 source ranges | from_pod non-service | to_pod reply | to_pod non-service | single-shot: new flow | existing | empty |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
+    md.push_str("| Services | backends (target) | from_pod existing flow | from_pod no rewrite | from_pod, 16 source ranges | from_pod non-service (socket-balanced) | to_pod reply | to_pod non-service | to_pod, quiet pod (socket-balanced) | single-shot: new flow | existing | empty |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for r in &pp_rows {
         let ss = &r["single_shot"];
         let _ = writeln!(
             md,
-            "| {} | {} | {} ns | {} ns | {} ns | {} ns | {} ns | {} ns | {} ns | {} ns | {} ns |",
+            "| {} | {} | {} ns | {} ns | {} ns | {} ns | {} ns | {} ns | {} ns | {} ns | {} ns | {} ns |",
             size_label(r["services_nominal"].as_u64().unwrap_or(0)),
             r["target_backends"],
             fmt_opt(f(&r["from_pod_service_existing_ns"]), 0),
@@ -427,6 +427,7 @@ pub fn write(results: &Value, dir: &Path) -> Result<String> {
             fmt_opt(f(&r["from_pod_non_service_ns"]), 0),
             fmt_opt(f(&r["to_pod_reply_ns"]), 0),
             fmt_opt(f(&r["to_pod_non_service_ns"]), 0),
+            fmt_opt(f(&r["to_pod_quiet_ns"]), 0),
             fmt_opt(f(&ss["from_pod_service_new_ns"]), 0),
             fmt_opt(f(&ss["from_pod_service_existing_ns"]), 0),
             fmt_opt(f(&ss["empty_tc_ns"]), 0),
@@ -453,9 +454,16 @@ pub fn write(results: &Value, dir: &Path) -> Result<String> {
             "from_pod_service_existing_source_ranges_ns",
             "sb_from_pod, existing flow, 16 source ranges",
         ),
-        ("from_pod_non_service_ns", "sb_from_pod, non-service packet"),
+        (
+            "from_pod_non_service_ns",
+            "sb_from_pod, non-service packet (as a socket-balanced one)",
+        ),
         ("to_pod_reply_ns", "sb_to_pod, reply"),
         ("to_pod_non_service_ns", "sb_to_pod, non-service packet"),
+        (
+            "to_pod_quiet_ns",
+            "sb_to_pod, into a quiet pod (socket-balanced)",
+        ),
     ] {
         let a = pp_at(smallest, 1, key);
         let b = pp_at(largest, 1, key);
@@ -818,7 +826,7 @@ fn limits(
         );
         let _ = writeln!(
             out,
-            "- per packet ({} Services): the empty program is {empty:.0} ns; parsing and one frontend-map miss bring a non-service packet to {miss:.0} ns; the frontend hit, the conntrack hit, the counters and the tail call bring a Service packet to {plain:.0} ns ({:.2} × empty) before any byte is written; the rewrite (stores and the L4 checksum helper) adds {:.0} ns. A reply is one conntrack lookup plus the rewrite: {reply:.0} ns. Under 3 × needs fewer lookups per packet (for instance one combined flow lookup for established flows), not a cheaper rewrite alone.",
+            "- per packet ({} Services): the empty program is {empty:.0} ns; parsing and one bit of the frontend bitmap bring a non-service packet to {miss:.0} ns; the conntrack hit (one lookup, no frontend lookup), its clock read and state update and the counters bring a Service packet to {plain:.0} ns ({:.2} × empty) before any byte is written; the rewrite (direct stores and two L4 checksum helper calls) adds {:.0} ns. A reply is one conntrack lookup plus the rewrite: {reply:.0} ns. What is left is the hash lookup itself (jhash of a 16-byte key), the helper calls (each a call and a return through this CPU's return-thunk mitigation) and the per-packet clock read.",
             size_label(largest),
             plain / empty,
             hit - plain,
