@@ -112,8 +112,6 @@ fn new_flow(ctx: &TcContext, flow: &Flow, ct_key: &CtKey) -> Result<i32, Skip> {
             else {
                 return drop_counted(stat::DROP_INCONSISTENT);
             };
-            // Replies of this flow will come to this pod's interface.
-            unquiet(ctx);
             let outcome = if crate::hairpin::is_hairpin(flow, &backend) {
                 crate::hairpin::track(ct_key, flow, id, &backend, svc.service_id)
             } else {
@@ -123,6 +121,10 @@ fn new_flow(ctx: &TcContext, flow: &Flow, ct_key: &CtKey) -> Result<i32, Skip> {
                 // The table is full: the client retransmits.
                 return drop_counted(stat::CT_FULL);
             }
+            // Replies of this flow will come to this pod's interface. After
+            // the insert: an agent that marks the interface meanwhile then
+            // finds the flow in the table.
+            unquiet(ctx);
             backend
         }
     };

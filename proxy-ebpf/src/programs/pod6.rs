@@ -109,8 +109,6 @@ fn try_from_pod6(ctx: &TcContext, s: &mut Scratch6) -> Result<i32, Skip> {
             return drop_counted(stat::DROP_INCONSISTENT);
         };
         s.backend = backend;
-        // Replies of this flow will come to this pod's interface.
-        unquiet(ctx);
         let outcome = if crate::hairpin::v6::is_hairpin(&s.flow, &s.backend.addr_be) {
             crate::hairpin::v6::track(s, id, svc.service_id)
         } else {
@@ -120,6 +118,9 @@ fn try_from_pod6(ctx: &TcContext, s: &mut Scratch6) -> Result<i32, Skip> {
             // The table is full: the client retransmits.
             return drop_counted(stat::CT_FULL);
         }
+        // Replies of this flow will come to this pod's interface (after
+        // the insert, as in `pod`).
+        unquiet(ctx);
     }
     if crate::hairpin::v6::is_hairpin(&s.flow, &s.backend.addr_be) {
         return crate::hairpin::v6::forward(ctx, s, svc.service_id);

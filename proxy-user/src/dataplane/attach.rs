@@ -193,16 +193,22 @@ impl Attacher {
         }
     }
 
-    /// Marks the pod interfaces found at start quiet unless a flow is
-    /// tracked (`flows_tracked`, asked after the marks are written: a flow
-    /// the data path tracked before a mark is then in the tables), and from
-    /// now on every new interface before its first attach. Call it once the
-    /// uplinks are known: an uplink is never quiet.
-    pub fn settle_quiet(&mut self, flows_tracked: impl FnOnce() -> bool) {
+    /// Marks the pod interfaces found at start quiet when no flow is
+    /// tracked, and from now on every new interface before its first
+    /// attach. `flows_tracked` is asked before the marks (any flow: nothing
+    /// is marked) and again after them: a flow the data path tracked
+    /// meanwhile is then in the tables (it takes a mark away only after its
+    /// insert), and the marks are taken away again. Call it once the uplinks
+    /// are known: an uplink is never quiet.
+    pub fn settle_quiet(&mut self, mut flows_tracked: impl FnMut() -> bool) {
         self.settled = true;
         let Some(quiet) = &mut self.quiet else {
             return;
         };
+        if flows_tracked() {
+            info!("flows are tracked: the pod interfaces found at start stay looked up");
+            return;
+        }
         let pods: Vec<u32> = self
             .attached
             .values()
@@ -216,7 +222,7 @@ impl Attacher {
                 Err(error) => warn!(index, %error, "marking a pod interface quiet failed"),
             }
         }
-        if marked.is_empty() || !flows_tracked() {
+        if !flows_tracked() {
             info!(
                 interfaces = marked.len(),
                 "pod interfaces without translated flows marked quiet"
@@ -228,7 +234,7 @@ impl Attacher {
                 warn!(index, %error, "taking a quiet mark away failed; replies into that pod may go untranslated");
             }
         }
-        info!("flows are tracked: the pod interfaces found at start stay looked up");
+        info!("a flow was tracked meanwhile: the pod interfaces found at start stay looked up");
     }
 
     /// Names the uplinks, which [`reconcile`](Self::reconcile) leaves alone.
