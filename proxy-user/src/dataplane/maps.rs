@@ -348,6 +348,12 @@ impl PinnedMaps {
         Ok(())
     }
 
+    /// The frontend bitmap's map, where the maps keep one (the agent's and
+    /// its tests').
+    pub fn frontend_filter_map(&self) -> Option<&MapData> {
+        self.frontend_filter.as_ref().map(FrontendFilter::map)
+    }
+
     /// Whether either family's connection-tracking table holds a flow.
     pub fn has_flows(&self) -> bool {
         self.conntrack.keys().any(|k| k.is_ok()) || self.conntrack6.keys().any(|k| k.is_ok())

@@ -6,7 +6,7 @@ use std::{
     collections::{HashMap, HashSet},
 };
 
-use aya::maps::{Array, MapData, MapError};
+use aya::maps::{Array, IterableMap as _, MapData, MapError};
 use proxy_common::{names, prefilter};
 
 use crate::sync::encode::AnyFrontendKey;
@@ -121,6 +121,12 @@ impl FrontendFilter {
         let (word, mask) = prefilter::frontends::word_and_mask(bit);
         self.words[word as usize] &= !mask;
         self.write(word)
+    }
+
+    /// The bitmap's map (for a second handle, as the tests that write
+    /// frontends directly take).
+    pub fn map(&self) -> &MapData {
+        self.map.map()
     }
 
     fn write(&mut self, word: u32) -> Result<(), WriteError> {

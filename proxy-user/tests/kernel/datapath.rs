@@ -440,13 +440,13 @@ fn a_flow_whose_backend_left_the_service_is_given_a_live_one() {
     let query = PacketSpec::udp(CLIENT, 42000, VIP, 53).build();
     let (_, out) = fx.tc(programs::TC_FROM_POD, &query, None);
     assert_eq!(out[30..34], POD1.octets());
-    let desired = DesiredState {
-        frontends: [cluster_ip(VIP, 53, Protocol::Udp, "dns", &[(POD2, 5353)])]
-            .into_iter()
-            .map(|f| (f.addr, f))
-            .collect(),
-    };
-    let report = fx.syncer.apply(&desired);
+    let report = fx.program(vec![cluster_ip(
+        VIP,
+        53,
+        Protocol::Udp,
+        "dns",
+        &[(POD2, 5353)],
+    )]);
     assert!(report.conntrack_purged >= 1, "{report:?}");
     let (verdict, out) = fx.tc(programs::TC_FROM_POD, &query, None);
     assert_eq!(verdict, TC_ACT_OK);

@@ -8,10 +8,7 @@ use std::net::Ipv4Addr;
 use aya::maps::Array;
 use proxy_common::{names, prefilter, programs};
 use proxy_testkit::packet::PacketSpec;
-use proxy_user::{
-    dataplane::prefilter::QuietPods,
-    model::{DesiredState, Protocol},
-};
+use proxy_user::{dataplane::prefilter::QuietPods, model::Protocol};
 
 use crate::support::{be32, capacities, cluster_ip, rewritten, Loaded, TC_ACT_OK, TC_ACT_UNSPEC};
 
@@ -31,12 +28,10 @@ fn loaded() -> Loaded {
     )
 }
 
-/// The bitmap's bit of `addr`.
-fn bit_set(fx: &mut Loaded, addr: Ipv4Addr) -> bool {
-    let map: Array<_, u64> =
-        Array::try_from(fx.ebpf.map(names::FRONTEND_FILTER).expect("bitmap")).expect("array");
+/// The bitmap's bit of `addr`, as the kernel holds it.
+fn bit_set(fx: &Loaded, addr: Ipv4Addr) -> bool {
     let (word, mask) = prefilter::frontends::word_and_mask(prefilter::frontends::bit4(be32(addr)));
-    map.get(&word, 0).expect("word") & mask != 0
+    fx.maps6.frontend_filter.get(&word, 0).expect("word") & mask != 0
 }
 
 fn quiet(fx: &mut Loaded) -> QuietPods<&mut aya::maps::MapData> {
@@ -51,22 +46,22 @@ fn quiet(fx: &mut Loaded) -> QuietPods<&mut aya::maps::MapData> {
 #[test]
 fn the_frontend_bitmap_follows_the_frontends() {
     let mut fx = loaded();
-    assert!(bit_set(&mut fx, VIP));
-    assert!(bit_set(&mut fx, OTHER_VIP));
+    assert!(bit_set(&fx, VIP));
+    assert!(bit_set(&fx, OTHER_VIP));
     let request = PacketSpec::tcp(CLIENT, 61001, OTHER_VIP, 80);
     assert_eq!(fx.run_from_pod(&request.build()).0, TC_ACT_OK);
 
-    let only_web = DesiredState {
-        frontends: [cluster_ip(VIP, 80, Protocol::Tcp, "web", &[(POD1, 8080)])]
-            .into_iter()
-            .map(|f| (f.addr, f))
-            .collect(),
-    };
-    let report = fx.syncer.apply(&only_web);
+    let report = fx.program(vec![cluster_ip(
+        VIP,
+        80,
+        Protocol::Tcp,
+        "web",
+        &[(POD1, 8080)],
+    )]);
     assert!(report.failed.is_empty(), "{report:?}");
-    assert!(bit_set(&mut fx, VIP), "a frontend that stays keeps its bit");
+    assert!(bit_set(&fx, VIP), "a frontend that stays keeps its bit");
     assert!(
-        !bit_set(&mut fx, OTHER_VIP),
+        !bit_set(&fx, OTHER_VIP),
         "a removed frontend's bit is cleared"
     );
     let later = PacketSpec::tcp(CLIENT, 61002, OTHER_VIP, 80).build();

@@ -320,20 +320,25 @@ impl Loaded {
     /// every frontend must be written.
     pub fn new(caps: Capacities, frontends: Vec<Frontend>) -> Self {
         let (ebpf, maps) = load(&caps);
-        let mut syncer = Syncer::adopt(maps, caps);
-        let desired = DesiredState {
-            frontends: frontends.into_iter().map(|f| (f.addr, f)).collect(),
-        };
-        let report = syncer.apply(&desired);
-        assert!(report.failed.is_empty(), "{report:?}");
+        let syncer = Syncer::adopt(maps, caps);
         let maps6 = v6::Maps6::take(syncer.store());
-        Self {
+        let mut loaded = Self {
             ebpf,
             syncer,
             maps6,
             uplink: None,
             uplinks6: None,
-        }
+        };
+        let report = loaded.program(frontends);
+        assert!(report.failed.is_empty(), "{report:?}");
+        loaded
+    }
+
+    /// Makes the maps hold exactly `frontends`, as the agent would.
+    pub fn program(&mut self, frontends: Vec<Frontend>) -> proxy_user::sync::SyncReport {
+        self.syncer.apply(&DesiredState {
+            frontends: frontends.into_iter().map(|f| (f.addr, f)).collect(),
+        })
     }
 
     /// Loads the programs (in the calling thread's namespace) with room for

@@ -6,9 +6,10 @@ use std::net::Ipv6Addr;
 
 use std::os::fd::AsFd as _;
 
-use aya::maps::{HashMap, IterableMap as _, MapData};
+use aya::maps::{Array, HashMap, IterableMap as _, MapData};
 use proxy_common::{
-    addr6_be, frontend_flags, scope, Backend6, CtEntry6, CtKey6, FrontendKey6, FrontendSlot,
+    addr6_be, frontend_flags, prefilter, scope, Backend6, CtEntry6, CtKey6, FrontendKey6,
+    FrontendSlot,
 };
 
 pub const ETH_P_IPV6: u16 = 0x86dd;
@@ -327,6 +328,9 @@ pub struct Maps6 {
     pub frontends: HashMap<MapData, FrontendKey6, FrontendSlot>,
     pub backends: HashMap<MapData, u32, Backend6>,
     pub conntrack: HashMap<MapData, CtKey6, CtEntry6>,
+    /// The frontend address bitmap: a frontend written here gets its bit,
+    /// as the agent's writes do.
+    pub frontend_filter: Array<MapData, u64>,
 }
 
 /// Another handle on the same kernel map.
@@ -347,7 +351,25 @@ impl Maps6 {
             frontends: dup(&maps.frontends6),
             backends: dup(&maps.backends6),
             conntrack: dup(&maps.conntrack6),
+            frontend_filter: {
+                let map = maps
+                    .frontend_filter_map()
+                    .expect("the agent's maps keep the bitmap");
+                let fd = map.fd().as_fd().try_clone_to_owned().expect("dup map fd");
+                let data = MapData::from_fd(fd).expect("map from fd");
+                Array::try_from(aya::maps::Map::Array(data)).expect("array map")
+            },
         }
+    }
+
+    /// Sets the bitmap bit of frontend address `addr` (never cleared here).
+    fn announce(&mut self, addr: Ipv6Addr) {
+        let bit = prefilter::frontends::bit6(&addr6_be(addr.octets()));
+        let (word, mask) = prefilter::frontends::word_and_mask(bit);
+        let bits = self.frontend_filter.get(&word, 0).expect("bitmap word");
+        self.frontend_filter
+            .set(word, bits | mask, 0)
+            .expect("bitmap word written");
     }
 
     /// Writes an IPv6 ClusterIP frontend with service id `service_id`,
@@ -427,6 +449,7 @@ impl Maps6 {
         slot0: FrontendSlot,
         set: &[(u32, Ipv6Addr, u16)],
     ) {
+        self.announce(addr);
         let key = |slot: u16| FrontendKey6 {
             addr_be: addr6_be(addr.octets()),
             port_be: port.to_be(),
