@@ -15,8 +15,8 @@ use proxy_common::{
 };
 
 use crate::packet::{
-    ctx::LoadBytes, Skip, ETH_HLEN, TCP_FLAG_ACK, TCP_FLAG_FIN, TCP_FLAG_RST, TCP_FLAG_SYN,
-    TCP_HLEN, UDP_HLEN,
+    ctx::{ptr_at, LoadBytes, PacketCtx},
+    Skip, ETH_HLEN, TCP_FLAG_ACK, TCP_FLAG_FIN, TCP_FLAG_RST, TCP_FLAG_SYN, TCP_HLEN, UDP_HLEN,
 };
 
 pub const ETH_P_IPV6_BE: u16 = 0x86ddu16.to_be();
@@ -188,6 +188,58 @@ pub fn eq6(a: &Addr6Be, b: &Addr6Be) -> bool {
     a[0] == b[0] && a[1] == b[1] && a[2] == b[2] && a[3] == b[3]
 }
 
+/// The common case, read in place without a helper call: TCP or UDP right
+/// after the fixed header (no extension header), both headers inside the
+/// directly readable data. Whether it was that case (then `flow` holds the
+/// packet); anything else is left to the walk of [`parse6`], which decides
+/// it (and reads what is not linear).
+#[inline(always)]
+fn parse6_plain<C: PacketCtx>(ctx: &C, flow: &mut Flow6) -> bool {
+    let Ok(ip) = ptr_at::<[u32; 10]>(ctx, ETH_HLEN) else {
+        return false;
+    };
+    // SAFETY: `ptr_at` checked the 40-byte header lies inside the packet.
+    let (word0, word1) = unsafe { ((*ip)[0], (*ip)[1]) };
+    let next = (u32::from_be(word1) >> 8) as u8;
+    let l4_min = match next {
+        proto::TCP => TCP_HLEN,
+        proto::UDP => UDP_HLEN,
+        _ => return false,
+    };
+    if u32::from_be(word0) >> 28 != 6 || ((u32::from_be(word1) >> 16) as usize) < l4_min {
+        return false;
+    }
+    let (Ok(_whole), Ok(ports)) = (
+        ptr_at::<[u8; UDP_HLEN]>(ctx, IP6_L4_OFF + l4_min - UDP_HLEN),
+        ptr_at::<[u16; 2]>(ctx, IP6_L4_OFF),
+    ) else {
+        return false;
+    };
+    let tcp_flags = if next == proto::TCP {
+        match ptr_at::<u8>(ctx, IP6_L4_OFF + 13) {
+            // SAFETY: `ptr_at` checked the byte lies inside the packet.
+            Ok(flags) => unsafe { *flags },
+            Err(_) => return false,
+        }
+    } else {
+        0
+    };
+    // SAFETY: `ptr_at` checked the header and both ports lie inside the
+    // packet; reads.
+    unsafe {
+        flow.saddr_be = [(*ip)[2], (*ip)[3], (*ip)[4], (*ip)[5]];
+        flow.daddr_be = [(*ip)[6], (*ip)[7], (*ip)[8], (*ip)[9]];
+        flow.sport_be = (*ports)[0];
+        flow.dport_be = (*ports)[1];
+    }
+    flow.frag_id_be = 0;
+    flow.proto = next;
+    flow.tcp_flags = tcp_flags;
+    flow.first_fragment = false;
+    flow.l4_off = IP6_L4_OFF as u32;
+    true
+}
+
 /// Parses an IPv6 frame (the caller checked the ethertype) into `flow`: the
 /// fixed header, then at most [`MAX_EXT_HEADERS`] hop-by-hop, routing,
 /// destination options and fragment headers, then TCP or UDP, a later
@@ -195,7 +247,10 @@ pub fn eq6(a: &Addr6Be, b: &Addr6Be) -> bool {
 /// next header, other protocols) is not ours; a packet shorter than what it
 /// announces is malformed.
 #[inline(always)]
-pub fn parse6(ctx: &impl LoadBytes, flow: &mut Flow6) -> Result<Kind6, Skip> {
+pub fn parse6<C: LoadBytes + PacketCtx>(ctx: &C, flow: &mut Flow6) -> Result<Kind6, Skip> {
+    if parse6_plain(ctx, flow) {
+        return Ok(Kind6::Flow);
+    }
     let word1: [u32; 2] = load(ctx, ETH_HLEN)?;
     if u32::from_be(word1[0]) >> 28 != 6 {
         return Err(Skip::NotOurs);

@@ -22,6 +22,7 @@
 //! direct stores and no tail call. The first test of `sb_from_pod6` is the
 //! frontend bitmap ([`crate::prefilter`]); `sb_to_pod` checks the quiet mark
 //! before it tells the families apart.
+use crate::ct::track6::continued_entry6;
 use crate::ct::track6::track6;
 use crate::ct::track6::tracked_backend6;
 use crate::prefilter::{maybe_frontend6, unquiet};
@@ -83,11 +84,16 @@ fn try_from_pod6(ctx: &TcContext, s: &mut Scratch6) -> Result<i32, Skip> {
         Kind6::Later => return crate::frag::v6::later(ctx, s, ct_dir::FORWARD),
         Kind6::Icmp => return crate::icmp::v6::translate(ctx, s, ct_dir::FORWARD),
     }
-    let flow = &s.flow;
-    if !maybe_frontend6(&flow.daddr_be) {
+    if !maybe_frontend6(&s.flow.daddr_be) {
         // No frontend has this address: only a hairpin reply can be ours.
         return crate::hairpin::v6::reply(ctx, s);
     }
+    // A packet of an existing flow: one lookup, no frontend.
+    s.flow.ct_key_into(ct_dir::FORWARD, &mut s.key);
+    if let Some(service_id) = continued_entry6(s) {
+        return forward6(ctx, s, service_id);
+    }
+    let flow = &s.flow;
     s.fe = frontend_key(flow.daddr_be, flow.dport_be, flow.proto);
     let Some(svc) = lookup_frontend(&s.fe) else {
         // A pod's reply to a hairpin flow goes to the hairpin address.
@@ -101,7 +107,6 @@ fn try_from_pod6(ctx: &TcContext, s: &mut Scratch6) -> Result<i32, Skip> {
         count_service(svc.service_id, |st| st.drops_no_backend += 1);
         return Ok(crate::reject::v6::from_pod(ctx, s, &svc));
     }
-    flow.ct_key_into(ct_dir::FORWARD, &mut s.key);
     if !tracked_backend6(s, svc.service_id) {
         s.aff.client_addr_be = s.flow.saddr_be;
         s.aff.service_id = svc.service_id;
@@ -122,17 +127,24 @@ fn try_from_pod6(ctx: &TcContext, s: &mut Scratch6) -> Result<i32, Skip> {
         // the insert, as in `pod`).
         unquiet(ctx);
     }
+    forward6(ctx, s, svc.service_id)
+}
+
+/// A packet of a tracked flow to its backend (in `s.backend`): DNAT, or
+/// the hairpin's rewrite of both addresses.
+#[inline(always)]
+fn forward6(ctx: &TcContext, s: &mut Scratch6, service_id: u32) -> Result<i32, Skip> {
     if crate::hairpin::v6::is_hairpin(&s.flow, &s.backend.addr_be) {
-        return crate::hairpin::v6::forward(ctx, s, svc.service_id);
+        return crate::hairpin::v6::forward(ctx, s, service_id);
     }
     let port_be = s.backend.port_be;
     if s.flow.first_fragment {
-        crate::frag::v6::remember(s, Side::Destination, svc.service_id);
+        crate::frag::v6::remember(s, Side::Destination, service_id);
     }
     if rewrite6(ctx, &s.flow, Side::Destination, &s.backend.addr_be, port_be).is_err() {
         return drop_counted(stat::DROP_REWRITE_FAILED);
     }
-    count_rewritten(ctx, Side::Destination, svc.service_id);
+    count_rewritten(ctx, Side::Destination, service_id);
     Ok(TC_ACT_OK)
 }
 

@@ -1,8 +1,11 @@
-//! Rewrite and checksum of a translated IPv6 packet on the tc path (helper
-//! stores: the IPv6 header has no checksum, the L4 checksum takes one
-//! difference over the 16-byte address and the port).
+//! Rewrite and checksum of a translated IPv6 packet on the tc path (direct
+//! stores where the bytes are linear, helper stores elsewhere: the IPv6
+//! header has no checksum, the L4 checksum takes one difference over the
+//! 16-byte address and the port).
 use crate::{
+    packet::ctx::ptr_at,
     packet::v6::{addr_diff, eq6, Flow6, IP6_DADDR_OFF, IP6_SADDR_OFF},
+    packet::Skip,
     packet::{TCP_CSUM_OFF, UDP_CSUM_OFF},
     rewrite::RewriteFailed,
     rewrite::Side,
@@ -16,8 +19,8 @@ use proxy_common::{proto, Addr6Be};
 /// refuse the flag; the rewrite then retries without it.
 pub(crate) const BPF_F_IPV6: u64 = 1 << 7;
 
-/// Rewrites one side (address and port) of an IPv6 TCP/UDP packet with
-/// helper stores, and its L4 checksum through the kernel's helper.
+/// Rewrites one side (address and port) of an IPv6 TCP/UDP packet ([`store`]),
+/// and its L4 checksum through the kernel's helper.
 #[inline(always)]
 pub(crate) fn rewrite6(
     ctx: &TcContext,
@@ -38,13 +41,11 @@ pub(crate) fn rewrite6(
     };
     if !eq6(old_addr_be, new_addr_be) {
         let diff = addr_diff(old_addr_be, new_addr_be);
-        ctx.store(addr_off, new_addr_be, 0)
-            .map_err(|_| RewriteFailed)?;
+        store(ctx, addr_off, new_addr_be)?;
         l4_csum_diff(ctx, csum_off, diff, l4_flags)?;
     }
     if old_port_be != new_port_be {
-        ctx.store(port_off, &new_port_be, 0)
-            .map_err(|_| RewriteFailed)?;
+        store(ctx, port_off, &new_port_be)?;
         ctx.l4_csum_replace(
             csum_off,
             u64::from(old_port_be),
@@ -54,6 +55,34 @@ pub(crate) fn rewrite6(
         .map_err(|_| RewriteFailed)?;
     }
     Ok(())
+}
+
+/// The furthest offset [`store`] writes directly: past the fixed header
+/// and [`crate::packet::v6::MAX_EXT_HEADERS`] extension headers of common
+/// sizes.
+const MAX_DIRECT_OFF: usize = 512;
+
+/// Writes `value` at `off`: directly where the bytes are in the linear
+/// area (the verifier made the header private on entry), else through the
+/// store helper (the walk of `parse6` reads beyond the linear area).
+#[inline(always)]
+fn store<T: Copy>(ctx: &TcContext, off: usize, value: &T) -> Result<(), RewriteFailed> {
+    // The bound tells the verifier how far a variable offset (the port's,
+    // after the extension headers) can reach.
+    let direct = match off <= MAX_DIRECT_OFF {
+        true => ptr_at::<T>(ctx, off),
+        false => Err(Skip::Malformed),
+    };
+    match direct {
+        Ok(at) => {
+            // SAFETY: `ptr_at` checked the field lies inside the linear
+            // packet data, which this program may store into; no helper
+            // that moves packet data ran since the check.
+            unsafe { *at = *value };
+            Ok(())
+        }
+        Err(_) => ctx.store(off, value, 0).map_err(|_| RewriteFailed),
+    }
 }
 
 /// Adds the one's-complement difference `diff` of a pseudo-header address
