@@ -24,17 +24,12 @@ pub mod frontends {
     pub const WORDS: u32 = 16_384;
 
     /// The bit an IPv4 address (network order, as the packet holds it)
-    /// hashes to: the top 20 bits of MurmurHash3's 32-bit finalizer, which
+    /// hashes to: the top 20 bits of MurmurHash3's 32-bit finalizer
+    /// ([`crate::hash::fmix32`]), which
     /// spreads neighbouring addresses (a Service range) over the bitmap.
     #[inline(always)]
     pub const fn bit4(addr_be: u32) -> u32 {
-        let mut x = addr_be;
-        x ^= x >> 16;
-        x = x.wrapping_mul(0x85eb_ca6b);
-        x ^= x >> 13;
-        x = x.wrapping_mul(0xc2b2_ae35);
-        x ^= x >> 16;
-        x >> 12
+        crate::hash::fmix32(addr_be) >> 12
     }
 
     /// The bit an IPv6 address hashes to: its four words folded.
