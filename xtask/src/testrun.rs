@@ -386,14 +386,20 @@ fn run_job(job: &Job, envs: &[(String, PathBuf)]) -> Result<(bool, String)> {
     }
 }
 
+/// A log file of its own for one job. Two jobs may carry one label (a
+/// package's library and binary of the same name: `xtask/xtask`), so each
+/// file also gets the job's sequence number; a shared name let one job
+/// remove the other's log before it was read.
 fn tempfile(name: &str) -> Result<PathBuf> {
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let dir = crate::util::repo_root().join("target/test-logs");
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let file: String = name
         .chars()
         .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
         .collect();
-    Ok(dir.join(format!("{file}.log")))
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    Ok(dir.join(format!("{file}-{n}.log")))
 }
 
 fn report(done: &Finished) {

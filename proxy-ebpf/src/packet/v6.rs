@@ -2,8 +2,10 @@
 //! extension-header walk, the flow a TCP or UDP packet belongs to, and the
 //! checksum arithmetic over 128-bit addresses.
 //!
-//! The walk reads through `bpf_skb_load_bytes` (`TcContext::load`): the
-//! offsets it computes are variable, and a helper read needs no packet
+//! A plain TCP or UDP packet (no extension header, headers in the linear
+//! data) is read in place. Anything else takes the walk, which reads through
+//! `bpf_skb_load_bytes` (`TcContext::load`): the offsets it computes are
+//! variable, and a helper read needs no packet
 //! pointer arithmetic the verifier would have to follow, nor a linear area.
 use core::{
     ffi::c_void,

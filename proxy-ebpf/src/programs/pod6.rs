@@ -12,16 +12,19 @@
 //!
 //! IPv6 has no header checksum; the TCP/UDP checksum covers the addresses
 //! through the pseudo-header. A rewrite stores the new address (16 bytes)
-//! and port with `bpf_skb_store_bytes` and updates the L4 checksum with
+//! and port directly where they lie in the linear data (with
+//! `bpf_skb_store_bytes` elsewhere) and updates the L4 checksum with
 //! `bpf_l4_csum_replace`: the address as a one's-complement difference
 //! (size 0, `BPF_F_PSEUDO_HDR`, and `BPF_F_IPV6` so a `CHECKSUM_COMPLETE`
 //! skb's sum is left alone: the address change and the checksum change
 //! cancel in it), the port as a 2-byte change. UDP uses
 //! `BPF_F_MARK_MANGLED_0`: a computed 0 is sent as 0xffff, and a zero
-//! checksum (invalid in IPv6 except for tunnels, RFC 6935) stays zero. No
-//! direct stores and no tail call. The first test of `sb_from_pod6` is the
-//! frontend bitmap ([`crate::prefilter`]); `sb_to_pod` checks the quiet mark
-//! before it tells the families apart.
+//! checksum (invalid in IPv6 except for tunnels, RFC 6935) stays zero.
+//!
+//! Per packet, as IPv4: the frontend bitmap first ([`crate::prefilter`]),
+//! then for an existing flow one connection-tracking lookup and no frontend
+//! lookup; a plain TCP or UDP packet is parsed in place. `sb_to_pod` checks
+//! the quiet mark before it tells the families apart.
 use crate::ct::track6::continued_entry6;
 use crate::ct::track6::track6;
 use crate::ct::track6::tracked_backend6;
