@@ -163,16 +163,18 @@ fn parse_yaml<'p>(path: &'p Path, text: &str) -> Result<Collector<'p>, ManifestE
     let mut reader = text.as_bytes();
     let documents =
         serde_saphyr::read_with_options::<_, Spanned<Value>>(&mut reader, yaml_options(text.len()));
+    // The parser yields documents in order: one counter reads each line once.
+    let mut counter = DocumentCounter::new(text);
     for doc in documents {
         match doc {
             Ok(doc) => {
-                let document = document_at(text, doc.referenced.line(), doc.referenced.column());
+                let document = counter.at(doc.referenced.line(), doc.referenced.column());
                 out.value(doc.value, document, None)?;
             }
             Err(error) => {
                 let document = error
                     .location()
-                    .map_or(1, |at| document_at(text, at.line(), at.column()));
+                    .map_or(1, |at| counter.at(at.line(), at.column()));
                 return Err(ManifestError::Syntax {
                     path: path.to_path_buf(),
                     document,
@@ -201,42 +203,67 @@ fn yaml_options(len: usize) -> serde_saphyr::Options {
 }
 
 /// Which document (1-based) of `text` holds the position at `line` and
-/// `column` (1-based, as the parser reports them). The parser skips empty
-/// documents, so its count of documents is not the file's; the markers are
-/// counted instead. A line that starts with `---` begins a document, and no
-/// scalar may contain such a line, so the count is exact; after a `...` end
-/// marker, the next content begins a document of its own.
+/// `column` (1-based, as the parser reports them); see [`DocumentCounter`].
+#[cfg(test)]
 fn document_at(text: &str, line: u64, column: u64) -> usize {
-    let mut document = 0usize;
-    let mut open = false;
-    for (number, text_line) in (1u64..).zip(text.lines()) {
-        let marker = |m: &str| {
-            text_line
-                .strip_prefix(m)
-                .is_some_and(|rest| rest.is_empty() || rest.starts_with([' ', '\t']))
-        };
-        let (start, end) = (marker("---"), marker("..."));
-        // The position's own line counts unless the position is at the
-        // very start of a marker, which ends the document before it.
-        if number > line || (number == line && column <= 1 && (start || end)) {
-            break;
-        }
-        if start {
-            document += 1;
-            open = true;
-        } else if end {
-            open = false;
-        } else {
-            let content = text_line.trim_start();
-            let is_content =
-                !content.is_empty() && !content.starts_with('#') && !content.starts_with('%');
-            if is_content && !open {
-                document += 1;
-                open = true;
-            }
+    DocumentCounter::new(text).at(line, column)
+}
+
+/// Numbers the documents of `text` at positions the parser reports, in
+/// order. The parser skips empty documents, so its count of documents is
+/// not the file's; the markers are counted instead. A line that starts with
+/// `---` begins a document, and no scalar may contain such a line, so the
+/// count is exact; after a `...` end marker, the next content begins a
+/// document of its own. Each line is read once for the whole file (a file
+/// of thousands of documents was read once per document before).
+struct DocumentCounter<'t> {
+    lines: std::iter::Peekable<std::iter::Zip<std::ops::RangeFrom<u64>, std::str::Lines<'t>>>,
+    document: usize,
+    open: bool,
+}
+
+impl<'t> DocumentCounter<'t> {
+    fn new(text: &'t str) -> Self {
+        Self {
+            lines: (1u64..).zip(text.lines()).peekable(),
+            document: 0,
+            open: false,
         }
     }
-    document.max(1)
+
+    /// The document at `line` and `column`, for positions that do not go
+    /// back (an earlier one gets the document the counter has reached).
+    fn at(&mut self, line: u64, column: u64) -> usize {
+        while let Some(&(number, text_line)) = self.lines.peek() {
+            let marker = |m: &str| {
+                text_line
+                    .strip_prefix(m)
+                    .is_some_and(|rest| rest.is_empty() || rest.starts_with([' ', '\t']))
+            };
+            let (start, end) = (marker("---"), marker("..."));
+            // The position's own line counts unless the position is at the
+            // very start of a marker, which ends the document before it.
+            if number > line || (number == line && column <= 1 && (start || end)) {
+                break;
+            }
+            self.lines.next();
+            if start {
+                self.document += 1;
+                self.open = true;
+            } else if end {
+                self.open = false;
+            } else {
+                let content = text_line.trim_start();
+                let is_content =
+                    !content.is_empty() && !content.starts_with('#') && !content.starts_with('%');
+                if is_content && !self.open {
+                    self.document += 1;
+                    self.open = true;
+                }
+            }
+        }
+        self.document.max(1)
+    }
 }
 
 struct Note {
@@ -603,6 +630,23 @@ items:
             ),
             "{err:?}"
         );
+    }
+
+    /// One counter walked forward through a file numbers every position as
+    /// a counter made for that position alone does.
+    #[test]
+    fn one_counter_numbers_positions_in_order_as_fresh_ones_do() {
+        let text = "a: 1\n---\n---\nb: 2\n...\nc: 3\n--- {d: 4}\n# note\n---\ne: 5\n";
+        let mut counter = DocumentCounter::new(text);
+        for line in 1..=11u64 {
+            for column in [1u64, 3] {
+                assert_eq!(
+                    counter.at(line, column),
+                    document_at(text, line, column),
+                    "line {line} column {column}"
+                );
+            }
+        }
     }
 
     #[test]
