@@ -148,6 +148,18 @@ pub fn config() -> Config {
 
 /// The IPv6 tc path's per-CPU working memory ([`crate::packet::v6::Scratch6`]).
 /// Not pinned: each loaded object has its own, used within one program run.
+/// Each CPU's last read of the coarse clock and the tick it was read at
+/// (`crate::ct::now_ns`). Not pinned: a new program starts with a fresh one.
+#[btf_map]
+pub static SB_CLOCK_V1: PerCpuArray<CpuClock, 1> = PerCpuArray::new();
+
+/// One CPU's cached clock.
+#[repr(C)]
+pub struct CpuClock {
+    pub jiffies: u64,
+    pub ns: u64,
+}
+
 #[btf_map]
 pub static SB_SCRATCH6_V1: PerCpuArray<crate::packet::v6::Scratch6, 1> = PerCpuArray::new();
 

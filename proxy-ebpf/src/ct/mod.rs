@@ -19,14 +19,14 @@
 pub mod track;
 pub mod track6;
 
-use aya_ebpf::helpers::bpf_ktime_get_coarse_ns;
+use aya_ebpf::helpers::{bpf_jiffies64, bpf_ktime_get_coarse_ns};
 use proxy_common::{
     ct_flags, ct_state, new_flows, proto, Addr6Be, CtEntry, CtEntry6, CtKey, CtKey6, KeyPair,
     NewFlowsOf, CT_REFRESH_NS,
 };
 
 use crate::{
-    maps::{SB_CT6_NEW_V2, SB_CT6_V1, SB_CT_NEW_V2, SB_CT_V5},
+    maps::{SB_CLOCK_V1, SB_CT6_NEW_V2, SB_CT6_V1, SB_CT_NEW_V2, SB_CT_V5},
     packet::v6::Flow6,
     packet::{Flow, TCP_FLAG_ACK, TCP_FLAG_FIN, TCP_FLAG_RST, TCP_FLAG_SYN},
 };
@@ -44,13 +44,29 @@ pub(crate) enum NotTracked {
 }
 
 /// CLOCK_MONOTONIC, which the agent reads too, at the kernel tick's
-/// resolution (`bpf_ktime_get_coarse_ns`: no clock-source read, cheaper per
-/// packet; it lags CLOCK_MONOTONIC by at most a tick, 1-10 ms, which no
-/// timeout of seconds notices).
+/// resolution (`bpf_ktime_get_coarse_ns`: no clock-source read; it lags
+/// CLOCK_MONOTONIC by at most a tick, 1-10 ms, which no timeout of seconds
+/// notices). The coarse clock moves only at a tick, so each CPU keeps the
+/// value it read with the tick count it was read at (`bpf_jiffies64`, which
+/// the verifier turns into one load): within a tick a packet pays no helper
+/// call for the time.
 #[inline(always)]
 pub(crate) fn now_ns() -> u64 {
-    // SAFETY: a helper without preconditions (Linux 5.11+).
-    unsafe { bpf_ktime_get_coarse_ns() }
+    // SAFETY: helpers without preconditions (Linux 5.5+ and 5.11+).
+    let jiffies = unsafe { bpf_jiffies64() };
+    let Some(clock) = SB_CLOCK_V1.get_ptr_mut(0) else {
+        // SAFETY: as above.
+        return unsafe { bpf_ktime_get_coarse_ns() };
+    };
+    // SAFETY: this CPU's slot of a per-CPU array, valid for the program
+    // run; nothing else on this CPU writes it meanwhile.
+    unsafe {
+        if (*clock).jiffies != jiffies || (*clock).ns == 0 {
+            (*clock).ns = bpf_ktime_get_coarse_ns();
+            (*clock).jiffies = jiffies;
+        }
+        (*clock).ns
+    }
 }
 
 /// Writes one entry of either family's table (`flags`: `BPF_ANY`,
