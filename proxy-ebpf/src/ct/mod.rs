@@ -61,9 +61,14 @@ pub(crate) fn now_ns() -> u64 {
     // SAFETY: this CPU's slot of a per-CPU array, valid for the program
     // run; nothing else on this CPU writes it meanwhile.
     unsafe {
-        if (*clock).jiffies != jiffies || (*clock).ns == 0 {
-            (*clock).ns = bpf_ktime_get_coarse_ns();
-            (*clock).jiffies = jiffies;
+        if (*clock).jiffies != jiffies {
+            let ns = bpf_ktime_get_coarse_ns();
+            // The tick count moves a moment before the coarse clock: a
+            // value that has not moved yet is used, not kept for the tick.
+            if ns != (*clock).ns {
+                (*clock).jiffies = jiffies;
+            }
+            (*clock).ns = ns;
         }
         (*clock).ns
     }

@@ -284,6 +284,9 @@ fn last_seen_is_written_at_most_once_a_second_unless_the_state_changes() {
     let sport = 45000;
     assert_eq!(fx.send(Step::Request(SYN), proto::TCP, sport), TC_ACT_OK);
     assert_eq!(fx.send(Step::Reply(SYN_ACK), proto::TCP, sport), TC_ACT_OK);
+    // The client's first ACK changes the forward entry's state (ACKED),
+    // so it writes the time; the baseline is taken after it.
+    assert_eq!(fx.send(Step::Request(ACK), proto::TCP, sport), TC_ACT_OK);
     let (Some(f0), Some(r0)) = fx.pair(proto::TCP, sport) else {
         panic!("tracked");
     };
