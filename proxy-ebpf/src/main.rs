@@ -144,8 +144,9 @@ pub fn sb_to_pod6(ctx: TcContext) -> i32 {
     programs::pod6::to_pod6(&ctx)
 }
 
-/// Tail-called by `sb_from_pod` and `sb_to_pod` for the packets they rewrite:
-/// the only program that stores into packets directly (see `rewrite::rewrite_in_place`).
+/// The previous release's tail call for the packets its `sb_from_pod` and
+/// `sb_to_pod` rewrote, kept one release so an upgrade's still-attached old
+/// programs find it (see `rewrite::rewrite_in_place`).
 #[classifier]
 #[inline(always)]
 pub fn sb_rewrite(ctx: TcContext) -> i32 {

@@ -7,25 +7,46 @@ use crate::{
     packet::v6::{Flow6, Scratch6},
 };
 use proxy_common::{ct_dir, ct_flags, stat, Backend6, CtEntry6, CtKey6};
+/// The forward entry of `s.key`, its backend copied to `s.backend` and the
+/// fields the callers decide on copied out.
+struct Tracked6 {
+    entry_ptr: *mut CtEntry6,
+    service_id: u32,
+    flags: u8,
+    backend_id: u32,
+}
+
+#[inline(always)]
+fn lookup6(s: &mut Scratch6) -> Option<Tracked6> {
+    let entry_ptr = SB_CT6_V1.get_ptr_mut(s.key)?;
+    // SAFETY: a value of the conntrack map, valid for this program run; the
+    // fields are copied out.
+    unsafe {
+        s.backend.addr_be = (*entry_ptr).nat_addr_be;
+        s.backend.port_be = (*entry_ptr).nat_port_be;
+        Some(Tracked6 {
+            entry_ptr,
+            service_id: (*entry_ptr).service_id,
+            flags: (*entry_ptr).flags,
+            backend_id: (*entry_ptr).backend_id,
+        })
+    }
+}
+
 /// Whether the flow of `s.key` (forward) is tracked and keeps its backend,
 /// as [`crate::ct::track::tracked_backend`] decides it for IPv4 (same service, not
 /// a SYN on a closed flow, a live backend for new connections and UDP);
 /// then `s.backend` holds it.
 #[inline(always)]
 pub(crate) fn tracked_backend6(s: &mut Scratch6, service_id: u32) -> bool {
-    let Some(entry_ptr) = SB_CT6_V1.get_ptr_mut(s.key) else {
+    let Some(Tracked6 {
+        entry_ptr,
+        service_id: entry_service,
+        flags,
+        backend_id,
+    }) = lookup6(s)
+    else {
         return false;
-    };
-    // SAFETY: a value of the conntrack map, valid for this program run; the
-    // fields are copied out.
-    let (entry_service, flags, backend_id) = unsafe {
-        s.backend.addr_be = (*entry_ptr).nat_addr_be;
-        s.backend.port_be = (*entry_ptr).nat_port_be;
-        (
-            (*entry_ptr).service_id,
-            (*entry_ptr).flags,
-            (*entry_ptr).backend_id,
-        )
     };
     let flow = &s.flow;
     if entry_service != service_id {
@@ -85,18 +106,12 @@ pub(crate) fn continued_entry6(s: &mut Scratch6) -> Option<u32> {
     if s.flow.opens_connection() {
         return None;
     }
-    let entry_ptr = SB_CT6_V1.get_ptr_mut(s.key)?;
-    // SAFETY: a value of the conntrack map, valid for this program run; the
-    // fields are copied out.
-    let (service_id, flags, backend_id) = unsafe {
-        s.backend.addr_be = (*entry_ptr).nat_addr_be;
-        s.backend.port_be = (*entry_ptr).nat_port_be;
-        (
-            (*entry_ptr).service_id,
-            (*entry_ptr).flags,
-            (*entry_ptr).backend_id,
-        )
-    };
+    let Tracked6 {
+        entry_ptr,
+        service_id,
+        flags,
+        backend_id,
+    } = lookup6(s)?;
     if s.flow.needs_live_backend()
         && !backend_is_live(backend_id, s.backend.addr_be, s.backend.port_be)
     {

@@ -176,8 +176,8 @@ pub fn later_uplink(ctx: &TcContext) -> Result<(Flow, bool), Result<i32, Skip>> 
 }
 
 /// A fragment other than the first: the address its first fragment was
-/// given, with the IPv4 checksum, in one helper store (this program does not
-/// store into packets directly; see `rewrite::rewrite_with_helpers`).
+/// given, with the IPv4 checksum, in one helper store (the later fragment
+/// may lie outside the linear data a direct store reaches).
 #[inline(always)]
 fn later(ctx: &TcContext, dir: u8) -> Result<i32, Skip> {
     let (header, entry) = translation_of(ctx, dir)?;

@@ -1,8 +1,9 @@
 //! Rewrite and checksum of a translated IPv4 packet on the tc path: the
-//! rewrite `sb_from_pod`/`sb_to_pod` decide on ([`Rewrite`], carried in the
-//! skb's control buffer to `sb_rewrite`), the direct stores of `sb_rewrite`,
-//! the helper-store fallback when its tail call fails, and the L4 checksum
-//! update through the kernel's helper.
+//! rewrite `sb_from_pod`/`sb_to_pod` decide on ([`Rewrite`]), stored directly
+//! ([`store_in_place`]); the helper stores of the programs that do not store
+//! directly (the uplink's tc program, the hairpin's second side); the L4
+//! checksum update through the kernel's helper; and `sb_rewrite`, the
+//! previous release's tail-called program, kept for upgrades.
 pub mod v6;
 
 use crate::packet::ctx::ptr_at;
@@ -130,9 +131,8 @@ pub(crate) fn store_in_place(ctx: &TcContext, todo: &Rewrite) -> Result<(), Rewr
     l4_checksum(ctx, todo, old_addr_be, old_port_be)
 }
 
-/// The fallback when the tail call into `sb_rewrite` fails: the same
-/// rewrite, with every write through a helper (a direct store would make the
-/// verifier unclone every cloned skb this program sees, ours or not). Both
+/// The same rewrite with every write through a helper, for a program that
+/// does not store directly (`sb_from_uplink`) and for the hairpin's rewrite. Both
 /// addresses and the IPv4 checksum (computed here) go in one 10-byte store.
 #[inline(always)]
 pub(crate) fn rewrite_with_helpers(
