@@ -108,14 +108,14 @@ pub type NewFlows6 = NewFlowsOf<CtKey6, { new_flows::SLOTS6 as usize }>;
 /// imprecision costs nothing, and most packets then write nothing).
 pub const CT_REFRESH_NS: u64 = 1_000_000_000;
 
-/// Key of the connection-tracking map. Addresses and ports are as they
-/// appear in the packet the entry is looked up with.
+/// Key of the connection-tracking map of either family (`A`: `u32` for
+/// IPv4, [`Addr6Be`] for IPv6; [`CtKey`], [`CtKey6`]). Addresses and ports
+/// are as they appear in the packet the entry is looked up with.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
-pub struct CtKey {
-    pub saddr_be: u32,
-    pub daddr_be: u32,
+pub struct CtKeyOf<A> {
+    pub saddr_be: A,
+    pub daddr_be: A,
     pub sport_be: u16,
     pub dport_be: u16,
     pub proto: u8,
@@ -123,6 +123,11 @@ pub struct CtKey {
     pub dir: u8,
     pub _pad: [u8; 2],
 }
+
+/// The IPv4 connection-tracking key.
+pub type CtKey = CtKeyOf<u32>;
+/// The IPv6 connection-tracking key.
+pub type CtKey6 = CtKeyOf<Addr6Be>;
 
 /// Value of the connection-tracking map (a preallocated hash, not LRU: the
 /// agent removes expired flows, see `proxy-user/src/dataplane/conntrack.rs`).
@@ -136,15 +141,14 @@ pub struct CtKey {
 /// the same address.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
-pub struct CtEntry {
+pub struct CtEntryOf<A> {
     /// Forward entries: the backend the flow was given.
     pub backend_id: u32,
     /// Both directions: the service the flow belongs to.
     pub service_id: u32,
     /// Forward entries: the backend's address and port. Reply entries: the
     /// frontend's, which the reply's source becomes.
-    pub nat_addr_be: u32,
+    pub nat_addr_be: A,
     pub nat_port_be: u16,
     /// [`ct_flags`].
     pub flags: u8,
@@ -153,7 +157,7 @@ pub struct CtEntry {
     /// With [`ct_flags::SNAT`]: forward entries, the node address and port
     /// the source becomes; reply entries, the client address and port the
     /// destination is restored to. Zero otherwise.
-    pub snat_addr_be: u32,
+    pub snat_addr_be: A,
     pub snat_port_be: u16,
     pub _pad2: [u8; 2],
     /// CLOCK_MONOTONIC (`bpf_ktime_get_coarse_ns()`) when the entry was
@@ -165,6 +169,11 @@ pub struct CtEntry {
     /// [`CT_REFRESH_NS`] (and at every state change).
     pub last_seen_ns: u64,
 }
+
+/// The IPv4 connection-tracking entry.
+pub type CtEntry = CtEntryOf<u32>;
+/// The IPv6 connection-tracking entry.
+pub type CtEntry6 = CtEntryOf<Addr6Be>;
 
 /// Value of `SB_CT_V2`, a connection-tracking table of an earlier version
 /// (key: [`CtKey`]): the same entry for both directions of a flow, naming
@@ -200,36 +209,4 @@ pub struct CtEntryV4 {
     pub snat_port_be: u16,
     pub _pad2: [u8; 2],
     pub created_ns: u64,
-}
-
-/// [`CtKey`] of an IPv6 flow.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
-pub struct CtKey6 {
-    pub saddr_be: Addr6Be,
-    pub daddr_be: Addr6Be,
-    pub sport_be: u16,
-    pub dport_be: u16,
-    pub proto: u8,
-    pub dir: u8,
-    pub _pad: [u8; 2],
-}
-
-/// [`CtEntry`] of an IPv6 flow: the same fields, the same meaning.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
-pub struct CtEntry6 {
-    pub backend_id: u32,
-    pub service_id: u32,
-    pub nat_addr_be: Addr6Be,
-    pub nat_port_be: u16,
-    pub flags: u8,
-    pub state: u8,
-    pub snat_addr_be: Addr6Be,
-    pub snat_port_be: u16,
-    pub _pad2: [u8; 2],
-    pub created_ns: u64,
-    pub last_seen_ns: u64,
 }

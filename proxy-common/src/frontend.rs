@@ -111,16 +111,22 @@ pub mod frontend_flags {
     }
 }
 
-/// Value of the backend map (key: backend id, `u32`).
+/// Value of the backend maps of either family (key: backend id, `u32`;
+/// [`Backend`], [`Backend6`]).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
-pub struct Backend {
-    pub addr_be: u32,
+pub struct BackendOf<A> {
+    pub addr_be: A,
     pub port_be: u16,
     pub proto: u8,
     pub flags: u8,
 }
+
+/// An IPv4 backend.
+pub type Backend = BackendOf<u32>;
+/// An IPv6 backend (ids are shared with [`Backend`]'s: an id names a
+/// backend in exactly one of the two maps).
+pub type Backend6 = BackendOf<Addr6Be>;
 
 /// Value of the Maglev map (key: service id, `u32`): the backend id of each
 /// table entry. A flow from outside uses entry `hash % MAGLEV_TABLE`; the
@@ -163,14 +169,19 @@ impl Default for RevNat {
     }
 }
 
-/// Key of the session-affinity LRU map: one client of one service port.
+/// Key of the session-affinity LRU maps of either family: one client of
+/// one service port ([`AffinityKey`], [`AffinityKey6`]).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
-pub struct AffinityKey {
-    pub client_addr_be: u32,
+pub struct AffinityKeyOf<A> {
+    pub client_addr_be: A,
     pub service_id: u32,
 }
+
+/// The IPv4 affinity key.
+pub type AffinityKey = AffinityKeyOf<u32>;
+/// The IPv6 affinity key.
+pub type AffinityKey6 = AffinityKeyOf<Addr6Be>;
 
 /// Value of the session-affinity LRU map: the backend the client's last new
 /// flow got, and when. The data path uses it only while the slot still names
@@ -225,18 +236,6 @@ pub struct FrontendKey6 {
     pub _pad1: [u8; 2],
 }
 
-/// [`Backend`] with an IPv6 address (ids are shared with [`Backend`]'s:
-/// an id names a backend in exactly one of the two maps).
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
-pub struct Backend6 {
-    pub addr_be: Addr6Be,
-    pub port_be: u16,
-    pub proto: u8,
-    pub flags: u8,
-}
-
 /// [`RevNat`] of an IPv6 frontend (by the same service ids).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -259,13 +258,4 @@ impl Default for RevNat6 {
             name: [0; REVNAT_NAME_LEN],
         }
     }
-}
-
-/// [`AffinityKey`] of an IPv6 client.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
-pub struct AffinityKey6 {
-    pub client_addr_be: Addr6Be,
-    pub service_id: u32,
 }

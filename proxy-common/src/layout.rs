@@ -19,6 +19,29 @@ mod aya_pod {
         )*};
     }
 
+    /// `bytemuck::Pod` for the instances of the family-generic types (the
+    /// derive does not take generic types): the same promise.
+    macro_rules! bytemuck_pod {
+        ($($t:ty),* $(,)?) => {$(
+            // SAFETY: `#[repr(C)]`, no implicit padding (asserted below),
+            // valid for any bit pattern, all zeroes included.
+            unsafe impl bytemuck::Zeroable for $t {}
+            // SAFETY: as above.
+            unsafe impl bytemuck::Pod for $t {}
+        )*};
+    }
+
+    bytemuck_pod!(
+        Backend,
+        Backend6,
+        CtKey,
+        CtKey6,
+        CtEntry,
+        CtEntry6,
+        AffinityKey,
+        AffinityKey6,
+    );
+
     aya_pod!(
         FrontendKey,
         FrontendSlot,

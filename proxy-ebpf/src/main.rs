@@ -53,11 +53,13 @@
 #![no_main]
 
 mod ct;
+mod family;
 mod frag;
 mod hairpin;
 mod icmp;
 mod lb;
 mod maps;
+mod newflows;
 mod nodeport;
 mod packet;
 mod prefilter;
@@ -130,18 +132,24 @@ pub fn sb_to_pod(ctx: TcContext) -> i32 {
     }
 }
 
-/// Tail-called by `sb_from_pod` for IPv6 packets ([`programs::pod6`]).
+/// Tail-called by `sb_from_pod` for IPv6 packets ([`programs::pod`]).
 #[classifier]
 #[inline(always)]
 pub fn sb_from_pod6(ctx: TcContext) -> i32 {
-    programs::pod6::from_pod6(&ctx)
+    match programs::pod::from_pod::<proxy_common::Addr6Be>(&ctx) {
+        Ok(action) => action,
+        Err(skip) => skb::pass(skip),
+    }
 }
 
-/// Tail-called by `sb_to_pod` for IPv6 packets ([`programs::pod6`]).
+/// Tail-called by `sb_to_pod` for IPv6 packets ([`programs::pod`]).
 #[classifier]
 #[inline(always)]
 pub fn sb_to_pod6(ctx: TcContext) -> i32 {
-    programs::pod6::to_pod6(&ctx)
+    match programs::pod::to_pod::<proxy_common::Addr6Be>(&ctx) {
+        Ok(action) => action,
+        Err(skip) => skb::pass(skip),
+    }
 }
 
 /// The previous release's tail call for the packets its `sb_from_pod` and

@@ -146,8 +146,6 @@ pub fn config() -> Config {
     SB_CONFIG_V1.get(0).copied().unwrap_or_default()
 }
 
-/// The IPv6 tc path's per-CPU working memory ([`crate::packet::v6::Scratch6`]).
-/// Not pinned: each loaded object has its own, used within one program run.
 /// Each CPU's last read of the coarse clock and the tick it was read at
 /// (`crate::ct::now_ns`). Not pinned: a new program starts with a fresh one.
 #[btf_map]
@@ -159,9 +157,6 @@ pub struct CpuClock {
     pub jiffies: u64,
     pub ns: u64,
 }
-
-#[btf_map]
-pub static SB_SCRATCH6_V1: PerCpuArray<crate::packet::v6::Scratch6, 1> = PerCpuArray::new();
 
 /// Whether the frontend of slot 0 `svc` lets an IPv4 client in: always,
 /// unless its Service restricts sources (`loadBalancerSourceRanges`), and

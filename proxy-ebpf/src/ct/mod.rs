@@ -17,18 +17,16 @@
 //! reply) and takes its place. An established flow is never removed for a new one.
 
 pub mod track;
-pub mod track6;
 
 use aya_ebpf::helpers::{bpf_jiffies64, bpf_ktime_get_coarse_ns};
 use proxy_common::{
-    ct_flags, ct_state, new_flows, proto, Addr6Be, CtEntry, CtEntry6, CtKey, CtKey6, KeyPair,
-    NewFlowsOf, CT_REFRESH_NS,
+    ct_flags, ct_state, new_flows, proto, CtEntryOf, CtKeyOf, KeyPair, CT_REFRESH_NS,
 };
 
 use crate::{
-    maps::{SB_CLOCK_V1, SB_CT6_NEW_V2, SB_CT6_V1, SB_CT_NEW_V2, SB_CT_V5},
-    packet::v6::Flow6,
-    packet::{Flow, TCP_FLAG_ACK, TCP_FLAG_FIN, TCP_FLAG_RST, TCP_FLAG_SYN},
+    family::Family,
+    maps::SB_CLOCK_V1,
+    packet::{FlowOf, TCP_FLAG_ACK, TCP_FLAG_FIN, TCP_FLAG_RST, TCP_FLAG_SYN},
 };
 
 /// `E2BIG`: what a preallocated hash map's update returns when it has no
@@ -89,32 +87,29 @@ pub(crate) fn insert<E: Entry>(key: &E::Key, entry: &E, flags: u64) -> Result<()
 /// reply entry did not fit is removed again, so the table holds no flow
 /// whose replies would not be translated. A full table first makes room
 /// ([`with_room`]); the flow is remembered as a new one.
+///
+/// `entry` is the forward entry; the reply entry is the same with
+/// `reply_nat` (address, port) in place of the backend and `reply_snat` in
+/// place of the source NAT, written over it (one entry in memory, not two:
+/// the IPv6 ones live in scratch memory).
 #[inline(always)]
-pub(crate) fn insert_pair(
-    fwd_key: &CtKey,
-    fwd: &CtEntry,
-    reply_key: &CtKey,
-    reply: &CtEntry,
+pub(crate) fn insert_pair<A: Family>(
+    fwd_key: &CtKeyOf<A>,
+    reply_key: &CtKeyOf<A>,
+    entry: &mut CtEntryOf<A>,
+    reply_nat: (A, u16),
+    reply_snat: (A, u16),
 ) -> Result<(), NotTracked> {
-    with_room::<CtKey>(|| insert_both(fwd_key, fwd, reply_key, reply))?;
-    remember(fwd_key, reply_key);
-    Ok(())
-}
-
-#[inline(always)]
-fn insert_both(
-    fwd_key: &CtKey,
-    fwd: &CtEntry,
-    reply_key: &CtKey,
-    reply: &CtEntry,
-) -> Result<(), NotTracked> {
-    insert(fwd_key, fwd, 0)?;
-    if let Err(why) = insert(reply_key, reply, 0) {
+    with_room::<CtKeyOf<A>>(|| insert(fwd_key, entry, 0))?;
+    (entry.nat_addr_be, entry.nat_port_be) = reply_nat;
+    (entry.snat_addr_be, entry.snat_port_be) = reply_snat;
+    if let Err(why) = with_room::<CtKeyOf<A>>(|| insert(reply_key, entry, 0)) {
         // Best effort: should it fail, the agent's collector removes the
         // orphan.
-        let _ = SB_CT_V5.remove(fwd_key);
+        let _ = A::conntrack().remove(fwd_key);
         return Err(why);
     }
+    remember(fwd_key, reply_key);
     Ok(())
 }
 
@@ -133,45 +128,6 @@ pub(crate) trait Table: Copy {
     /// established ([`established`]).
     fn evictable(pair: &KeyPair<Self>) -> bool;
     fn remove(&self);
-}
-
-/// The slot of `ring` the chosen cursor names (masked), the cursor moved on.
-/// An examining cursor the writing one lapped restarts at the oldest flow
-/// still remembered.
-///
-/// # Safety
-/// `ring` is the value of an array map, valid for the program run. Other
-/// CPUs may write it meanwhile (see [`new_flows`]).
-#[inline(always)]
-unsafe fn slot_of<K, const N: usize>(
-    ring: *mut NewFlowsOf<K, N>,
-    evict: bool,
-) -> Option<*mut KeyPair<K>> {
-    // SAFETY: the caller's guarantee; a racing cursor write loses or repeats
-    // a slot, which the ring tolerates; `get_mut` bounds the masked index.
-    unsafe {
-        let index = if evict {
-            let next = (*ring).next;
-            let mut at = (*ring).evict;
-            let waiting = next.wrapping_sub(at);
-            if waiting == 0 {
-                return None;
-            }
-            if waiting > N as u32 {
-                at = next.wrapping_sub(N as u32);
-            }
-            (*ring).evict = at.wrapping_add(1);
-            at
-        } else {
-            let at = (*ring).next;
-            (*ring).next = at.wrapping_add(1);
-            at
-        };
-        (*ring)
-            .pairs
-            .get_mut(index as usize & (N - 1))
-            .map(|pair| pair as *mut KeyPair<K>)
-    }
 }
 
 /// One family's connection-tracking entry: how it is written to its table,
@@ -197,127 +153,66 @@ pub(crate) struct Fields {
     created_ns: *mut u64,
 }
 
-/// The protocol and TCP flags of a parsed packet of either family.
-pub(crate) trait Segment {
-    fn proto(&self) -> u8;
-    fn tcp_flags(&self) -> u8;
-    /// A FIN or an RST.
-    fn ends_connection(&self) -> bool;
+impl<A: Family> Entry for CtEntryOf<A> {
+    type Key = CtKeyOf<A>;
+    #[inline(always)]
+    fn insert(key: &CtKeyOf<A>, entry: &Self, flags: u64) -> Result<(), i32> {
+        A::conntrack().insert(key, entry, flags)
+    }
+    #[inline(always)]
+    unsafe fn fields(entry: *mut Self) -> Fields {
+        // SAFETY: the caller's guarantee: `entry` is valid; only field
+        // addresses are taken.
+        unsafe {
+            Fields {
+                state: core::ptr::addr_of_mut!((*entry).state),
+                flags: core::ptr::addr_of_mut!((*entry).flags),
+                last_seen_ns: core::ptr::addr_of_mut!((*entry).last_seen_ns),
+                created_ns: core::ptr::addr_of_mut!((*entry).created_ns),
+            }
+        }
+    }
 }
 
-impl Segment for Flow {
+impl<A: Family> Table for CtKeyOf<A> {
+    #[inline(always)]
+    fn take_slot(evict: bool) -> Option<*mut KeyPair<Self>> {
+        A::take_slot(evict)
+    }
     #[inline(always)]
     fn proto(&self) -> u8 {
         self.proto
     }
     #[inline(always)]
-    fn ends_connection(&self) -> bool {
-        Flow::ends_connection(self)
+    fn clear(&mut self) {
+        self.proto = 0;
     }
     #[inline(always)]
-    fn tcp_flags(&self) -> u8 {
-        self.tcp_flags
+    fn evictable(pair: &KeyPair<Self>) -> bool {
+        let (fwd_key, reply_key) = (&pair.forward, &pair.reply);
+        let table = A::conntrack();
+        // SAFETY: values of the conntrack map, read at once.
+        let (Some(fwd), Some(reply)) = (unsafe { table.get(fwd_key) }, unsafe {
+            table.get(reply_key)
+        }) else {
+            return false;
+        };
+        // The reply comes from the backend the forward entry names, to the
+        // client or to the address its source became.
+        let from_backend =
+            reply_key.saddr_be.same(&fwd.nat_addr_be) && reply_key.sport_be == fwd.nat_port_be;
+        let to_client = (reply_key.daddr_be.same(&fwd_key.saddr_be)
+            && reply_key.dport_be == fwd_key.sport_be)
+            || (reply.snat_addr_be.same(&fwd_key.saddr_be)
+                && reply.snat_port_be == fwd_key.sport_be);
+        from_backend && to_client && !established(fwd_key.proto, fwd.flags, fwd.state, reply.state)
     }
-}
-
-impl Segment for Flow6 {
     #[inline(always)]
-    fn proto(&self) -> u8 {
-        self.proto
-    }
-    #[inline(always)]
-    fn ends_connection(&self) -> bool {
-        Flow6::ends_connection(self)
-    }
-    #[inline(always)]
-    fn tcp_flags(&self) -> u8 {
-        self.tcp_flags
+    fn remove(&self) {
+        // Already gone is as good as removed.
+        let _ = A::conntrack().remove(self);
     }
 }
-
-/// [`Table`] and [`Entry`] for one family: its key, entry, conntrack map,
-/// ring and address comparison.
-macro_rules! conntrack_table {
-    ($key:ty, $entry:ty, $table:ident, $ring:ident, $same:path) => {
-        impl Entry for $entry {
-            type Key = $key;
-            #[inline(always)]
-            fn insert(key: &$key, entry: &$entry, flags: u64) -> Result<(), i32> {
-                $table.insert(key, entry, flags)
-            }
-            #[inline(always)]
-            unsafe fn fields(entry: *mut $entry) -> Fields {
-                // SAFETY: the caller's guarantee: `entry` is valid; only
-                // field addresses are taken.
-                unsafe {
-                    Fields {
-                        state: core::ptr::addr_of_mut!((*entry).state),
-                        flags: core::ptr::addr_of_mut!((*entry).flags),
-                        last_seen_ns: core::ptr::addr_of_mut!((*entry).last_seen_ns),
-                        created_ns: core::ptr::addr_of_mut!((*entry).created_ns),
-                    }
-                }
-            }
-        }
-
-        impl Table for $key {
-            #[inline(always)]
-            fn take_slot(evict: bool) -> Option<*mut KeyPair<$key>> {
-                let ring = $ring.get_ptr_mut(0)?;
-                // SAFETY: the map's one value, valid for the program run.
-                unsafe { slot_of(ring, evict) }
-            }
-            #[inline(always)]
-            fn proto(&self) -> u8 {
-                self.proto
-            }
-            #[inline(always)]
-            fn clear(&mut self) {
-                self.proto = 0;
-            }
-            #[inline(always)]
-            fn evictable(pair: &KeyPair<$key>) -> bool {
-                let (fwd_key, reply_key) = (&pair.forward, &pair.reply);
-                // SAFETY: values of the conntrack map, read at once.
-                let (Some(fwd), Some(reply)) = (unsafe { $table.get(fwd_key) }, unsafe {
-                    $table.get(reply_key)
-                }) else {
-                    return false;
-                };
-                // The reply comes from the backend the forward entry names,
-                // to the client or to the address its source became.
-                let from_backend = $same(&reply_key.saddr_be, &fwd.nat_addr_be)
-                    && reply_key.sport_be == fwd.nat_port_be;
-                let to_client = ($same(&reply_key.daddr_be, &fwd_key.saddr_be)
-                    && reply_key.dport_be == fwd_key.sport_be)
-                    || ($same(&reply.snat_addr_be, &fwd_key.saddr_be)
-                        && reply.snat_port_be == fwd_key.sport_be);
-                from_backend
-                    && to_client
-                    && !established(fwd_key.proto, fwd.flags, fwd.state, reply.state)
-            }
-            #[inline(always)]
-            fn remove(&self) {
-                // Already gone is as good as removed.
-                let _ = $table.remove(self);
-            }
-        }
-    };
-}
-
-#[inline(always)]
-fn same4(a: &u32, b: &u32) -> bool {
-    a == b
-}
-
-conntrack_table!(CtKey, CtEntry, SB_CT_V5, SB_CT_NEW_V2, same4);
-conntrack_table!(
-    CtKey6,
-    CtEntry6,
-    SB_CT6_V1,
-    SB_CT6_NEW_V2,
-    crate::packet::v6::eq6
-);
 
 /// Remembers a new flow in the ring, over its oldest one.
 #[inline(always)]
@@ -418,8 +313,8 @@ fn state_bits(protocol: u8, tcp_flags: u8, reply: bool) -> u8 {
 /// unless the state changed. Per packet this is one clock read and, mostly,
 /// no write.
 #[inline(always)]
-pub(crate) fn seen<E: Entry>(entry: *mut E, flow: &impl Segment, reply: bool) {
-    let bits = state_bits(flow.proto(), flow.tcp_flags(), reply);
+pub(crate) fn seen<E: Entry, A: Copy>(entry: *mut E, flow: &FlowOf<A>, reply: bool) {
+    let bits = state_bits(flow.proto, flow.tcp_flags, reply);
     let now = now_ns();
     // SAFETY: a value pointer the map lookup just returned, valid for this
     // program run. Only packets of this entry's direction write its state
@@ -440,9 +335,9 @@ pub(crate) fn seen<E: Entry>(entry: *mut E, flow: &impl Segment, reply: bool) {
 /// ([`seen`]); a FIN or an RST marks that entry and the flow's other one
 /// closing, the other looked up (`other`) only then.
 #[inline(always)]
-pub(crate) fn note<E: Entry>(
+pub(crate) fn note<E: Entry, A: Copy>(
     entry: *mut E,
-    flow: &impl Segment,
+    flow: &FlowOf<A>,
     reply: bool,
     other: impl FnOnce() -> Option<*mut E>,
 ) {
@@ -469,29 +364,4 @@ pub(crate) fn mark_closing<E: Entry>(entry: *mut E) {
             *f.created_ns = now_ns();
         }
     }
-}
-
-/// [`insert_pair`] for an IPv6 flow. The reply entry is the forward one with
-/// `reply_nat` (address, port) in place of the backend and `reply_snat` in
-/// place of the source NAT: one entry on the stack, not two.
-#[inline(always)]
-pub(crate) fn insert_pair6(
-    fwd_key: &CtKey6,
-    reply_key: &CtKey6,
-    entry: &mut CtEntry6,
-    reply_nat: (&Addr6Be, u16),
-    reply_snat: (&Addr6Be, u16),
-) -> Result<(), NotTracked> {
-    with_room::<CtKey6>(|| insert(fwd_key, entry, 0))?;
-    entry.nat_addr_be = *reply_nat.0;
-    entry.nat_port_be = reply_nat.1;
-    entry.snat_addr_be = *reply_snat.0;
-    entry.snat_port_be = reply_snat.1;
-    if let Err(why) = with_room::<CtKey6>(|| insert(reply_key, entry, 0)) {
-        // Best effort, as in `insert_pair`.
-        let _ = SB_CT6_V1.remove(fwd_key);
-        return Err(why);
-    }
-    remember(fwd_key, reply_key);
-    Ok(())
 }

@@ -1,160 +1,192 @@
-//! Connection tracking of an IPv4 flow on the tc and XDP paths: the tracked
-//! backend of a flow (with its state noted and a closing flow marked), and
-//! the two entries a new flow writes.
+//! Connection tracking of a flow on the tc and XDP paths, for both
+//! families: the tracked backend of a flow (with its state noted and a
+//! closing flow marked), and the two entries a new flow writes. Everything
+//! works in the family's [`Work`]: the packet's key in `w.key`, the entry
+//! found or written in `w.entry`, the other direction's key in `w.key2`.
 use crate::{
+    family::{Family, Work},
     lb::backend_is_live,
-    maps::{count, count_service, SB_CT_V5},
-    packet::Flow,
+    maps::{count, count_service},
 };
-use proxy_common::{ct_dir, ct_flags, stat, Backend, CtEntry, CtKey};
-/// The backend an existing flow was given, if the flow is tracked and belongs
-/// to this service. An established TCP connection keeps its backend even after
+use proxy_common::{ct_dir, ct_flags, stat, CtEntryOf};
+
+/// Looks up `w.key` and copies its entry to `w.entry`; the map's own
+/// entry is returned, for the notes of this packet.
+#[inline(always)]
+fn lookup<A: Family>(w: &mut Work<A>) -> Option<*mut CtEntryOf<A>> {
+    let entry_ptr = A::conntrack().get_ptr_mut(w.key)?;
+    // SAFETY: a value of the conntrack map, valid for this program run;
+    // copied out.
+    w.entry = unsafe { *entry_ptr };
+    Some(entry_ptr)
+}
+
+/// Whether the backend in `w.entry` is still live (for a flow that needs
+/// one: a new connection, or UDP).
+#[inline(always)]
+fn backend_live<A: Family>(w: &Work<A>) -> bool {
+    let e = &w.entry;
+    !w.flow.needs_live_backend() || backend_is_live(e.backend_id, e.nat_addr_be, e.nat_port_be)
+}
+
+/// Notes the packet in its forward entry `entry_ptr` (copied in
+/// `w.entry`); a FIN or RST also marks the reply entry closing.
+#[inline(always)]
+fn note_forward<A: Family>(w: &mut Work<A>, entry_ptr: *mut CtEntryOf<A>) {
+    let Work {
+        flow, entry, key2, ..
+    } = w;
+    crate::ct::note(entry_ptr, flow, false, || {
+        reply_key_of(flow, entry, key2);
+        A::conntrack().get_ptr_mut(*key2)
+    });
+}
+
+/// The backend an existing flow was given, if the flow of `w.key`
+/// (forward) is tracked and belongs to this service: then `w.entry` holds
+/// its entry. An established TCP connection keeps its backend even after
 /// the endpoint left the service (it drains, as under kube-proxy). A new
-/// connection or a UDP datagram whose tracked backend has gone (or whose id now
-/// names another address) gets a new one, counted: a deleted pod never
+/// connection or a UDP datagram whose tracked backend has gone (or whose id
+/// now names another address) gets a new one, counted: a deleted pod never
 /// black-holes a reused port or a long-lived UDP "flow" such as DNS.
 ///
 /// A SYN on the ports of a connection that has closed starts a new flow; a
 /// FIN or RST marks both entries of the flow as closing.
 #[inline(always)]
-pub(crate) fn tracked_backend(key: &CtKey, flow: &Flow, service_id: u32) -> Option<Backend> {
-    tracked_entry(key, flow, service_id).map(|entry| Backend {
-        addr_be: entry.nat_addr_be,
-        port_be: entry.nat_port_be,
-        proto: flow.proto,
-        flags: 0,
-    })
-}
-
-/// The entry of a packet that continues a tracked flow, found with one
-/// lookup and no frontend: a TCP segment past the SYN, or a UDP datagram
-/// whose backend is still live. A SYN, a flow not tracked, or a UDP flow
-/// whose backend left returns `None`, and the packet takes the new-flow
-/// path (frontend, source ranges, a live backend). The entry is trusted as
-/// conntrack is under kube-proxy: the agent removes the entries of a
-/// Service that is deleted (and of a UDP backend that leaves).
-#[inline(always)]
-pub(crate) fn continued_entry(key: &CtKey, flow: &Flow) -> Option<CtEntry> {
-    if flow.opens_connection() {
-        return None;
+pub(crate) fn tracked<A: Family>(w: &mut Work<A>, service_id: u32) -> bool {
+    let Some(entry_ptr) = lookup(w) else {
+        return false;
+    };
+    if w.entry.service_id != service_id {
+        return false;
     }
-    let entry_ptr = SB_CT_V5.get_ptr_mut(key)?;
-    // SAFETY: a value of the conntrack map, valid for this program run; copied out.
-    let entry = unsafe { *entry_ptr };
-    if flow.needs_live_backend()
-        && !backend_is_live(entry.backend_id, entry.nat_addr_be, entry.nat_port_be)
-    {
-        return None;
+    if w.flow.opens_connection() && w.entry.flags & ct_flags::CLOSING != 0 {
+        return false;
     }
-    crate::ct::note(entry_ptr, flow, false, || {
-        SB_CT_V5.get_ptr_mut(reply_key_of(flow, &entry))
-    });
-    Some(entry)
-}
-
-/// [`tracked_backend`]'s entry, whole (the uplink layer also needs its
-/// source NAT).
-#[inline(always)]
-pub(crate) fn tracked_entry(key: &CtKey, flow: &Flow, service_id: u32) -> Option<CtEntry> {
-    let entry_ptr = SB_CT_V5.get_ptr_mut(key)?;
-    // SAFETY: a value of the conntrack map, valid for this program run; copied out.
-    let entry = unsafe { *entry_ptr };
-    if entry.service_id != service_id {
-        return None;
-    }
-    if flow.opens_connection() && entry.flags & ct_flags::CLOSING != 0 {
-        return None;
-    }
-    crate::ct::note(entry_ptr, flow, false, || {
-        SB_CT_V5.get_ptr_mut(reply_key_of(flow, &entry))
-    });
-    if !flow.needs_live_backend()
-        || backend_is_live(entry.backend_id, entry.nat_addr_be, entry.nat_port_be)
-    {
-        return Some(entry);
+    note_forward(w, entry_ptr);
+    if backend_live(w) {
+        return true;
     }
     count(stat::CT_RESELECTED);
-    None
+    false
 }
 
-/// The reply key of a tracked flow from its forward entry: replies of a
-/// source-NATed flow come back to the node's address and port.
+/// Whether the packet of `w.key` (forward) continues a tracked flow, found
+/// with one lookup and no frontend: a TCP segment past the SYN, or a UDP
+/// datagram whose backend is still live. Then `w.entry` holds its entry. A
+/// SYN, a flow not tracked, or a UDP flow whose backend left takes the
+/// new-flow path (frontend, source ranges, a live backend). The entry is
+/// trusted as conntrack is under kube-proxy: the agent removes the entries
+/// of a Service that is deleted (and of a UDP backend that leaves).
 #[inline(always)]
-pub(crate) fn reply_key_of(flow: &Flow, forward: &CtEntry) -> CtKey {
-    let (daddr_be, dport_be) = if forward.flags & ct_flags::SNAT != 0 {
-        (forward.snat_addr_be, forward.snat_port_be)
-    } else {
-        (flow.saddr_be, flow.sport_be)
+pub(crate) fn continued<A: Family>(w: &mut Work<A>) -> bool {
+    if w.flow.opens_connection() {
+        return false;
+    }
+    let Some(entry_ptr) = lookup(w) else {
+        return false;
     };
-    CtKey {
-        saddr_be: forward.nat_addr_be,
-        daddr_be,
-        sport_be: forward.nat_port_be,
-        dport_be,
-        proto: flow.proto,
-        dir: ct_dir::REPLY,
-        _pad: [0; 2],
+    if !backend_live(w) {
+        return false;
     }
+    note_forward(w, entry_ptr);
+    true
 }
 
-/// The key a backend's replies to this flow are looked up with.
+/// Writes to `key` the reply key of a tracked flow from its forward entry:
+/// replies of a source-NATed flow come back to the node's address and port.
 #[inline(always)]
-pub(crate) fn reply_key(flow: &Flow, backend: &Backend) -> CtKey {
-    CtKey {
-        saddr_be: backend.addr_be,
-        daddr_be: flow.saddr_be,
-        sport_be: backend.port_be,
-        dport_be: flow.sport_be,
-        proto: flow.proto,
-        dir: ct_dir::REPLY,
-        _pad: [0; 2],
+pub(crate) fn reply_key_of<A: Family>(
+    flow: &crate::packet::FlowOf<A>,
+    forward: &CtEntryOf<A>,
+    key: &mut proxy_common::CtKeyOf<A>,
+) {
+    if forward.flags & ct_flags::SNAT != 0 {
+        key.daddr_be = forward.snat_addr_be;
+        key.dport_be = forward.snat_port_be;
+    } else {
+        key.daddr_be = flow.saddr_be;
+        key.dport_be = flow.sport_be;
     }
+    key.saddr_be = forward.nat_addr_be;
+    key.sport_be = forward.nat_port_be;
+    key.proto = flow.proto;
+    key.dir = ct_dir::REPLY;
+    key._pad = [0; 2];
 }
 
 /// The table was full: a new flow was not tracked, and its packet must be
 /// dropped (counted `stat::CT_FULL` by the caller).
 pub(crate) struct TableFull;
 
-/// Records both directions of a new flow: the forward entry names the backend,
-/// the reply entry the frontend the reply must come from. A full table is
-/// the caller's to act on ([`TableFull`]: drop); any other failed insert is
+/// Whose source a new flow's packets get.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Source {
+    /// The client's own (DNAT only).
+    Client,
+    /// The hairpin address, the client's port ([`crate::hairpin`]).
+    Hairpin,
+}
+
+/// Records both directions of a new flow of `w.flow` (`w.key` forward) to
+/// the backend in `w.backend`: the forward entry names the backend, the
+/// reply entry the frontend the reply must come from (and, for a hairpin
+/// flow, the client the destination is restored to). A full table is the
+/// caller's to act on ([`TableFull`]: drop); any other failed insert is
 /// counted and the packet still forwarded (the next packet picks again).
 #[inline(always)]
-pub(crate) fn track(
-    fwd: &CtKey,
-    flow: &Flow,
+pub(crate) fn track<A: Family>(
+    w: &mut Work<A>,
     backend_id: u32,
-    backend: &Backend,
     service_id: u32,
+    source: Source,
 ) -> Result<(), TableFull> {
     let now = crate::ct::now_ns();
-    let forward = CtEntry {
-        backend_id,
-        service_id,
-        nat_addr_be: backend.addr_be,
-        nat_port_be: backend.port_be,
-        flags: ct_flags::HANDSHAKE,
-        state: 0,
-        snat_addr_be: 0,
-        snat_port_be: 0,
-        _pad2: [0; 2],
-        created_ns: now,
-        last_seen_ns: now,
+    let flow = &w.flow;
+    let (snat, reply_to, reply_snat) = match source {
+        Source::Client => ((A::ZERO, 0), (flow.saddr_be, flow.sport_be), (A::ZERO, 0)),
+        Source::Hairpin => (
+            (A::HAIRPIN, flow.sport_be),
+            (A::HAIRPIN, flow.sport_be),
+            (flow.saddr_be, flow.sport_be),
+        ),
     };
-    let reply = CtEntry {
-        nat_addr_be: flow.daddr_be,
-        nat_port_be: flow.dport_be,
-        ..forward
+    let e = &mut w.entry;
+    e.backend_id = backend_id;
+    e.service_id = service_id;
+    e.nat_addr_be = w.backend.addr_be;
+    e.nat_port_be = w.backend.port_be;
+    e.flags = match source {
+        Source::Client => ct_flags::HANDSHAKE,
+        Source::Hairpin => ct_flags::SNAT | ct_flags::HANDSHAKE,
     };
-    tracked(
-        crate::ct::insert_pair(fwd, &forward, &reply_key(flow, backend), &reply),
+    e.state = 0;
+    (e.snat_addr_be, e.snat_port_be) = snat;
+    e._pad2 = [0; 2];
+    e.created_ns = now;
+    e.last_seen_ns = now;
+    let k = &mut w.key2;
+    k.saddr_be = w.backend.addr_be;
+    k.sport_be = w.backend.port_be;
+    (k.daddr_be, k.dport_be) = reply_to;
+    k.proto = flow.proto;
+    k.dir = ct_dir::REPLY;
+    k._pad = [0; 2];
+    tracked_outcome(
+        crate::ct::insert_pair(
+            &w.key,
+            &w.key2,
+            &mut w.entry,
+            (flow.daddr_be, flow.dport_be),
+            reply_snat,
+        ),
         service_id,
     )
 }
 
 /// Counts the outcome of a new flow's inserts.
 #[inline(always)]
-pub(crate) fn tracked(
+pub(crate) fn tracked_outcome(
     result: Result<(), crate::ct::NotTracked>,
     service_id: u32,
 ) -> Result<(), TableFull> {

@@ -165,6 +165,7 @@ pub fn later_uplink(ctx: &TcContext) -> Result<(Flow, bool), Result<i32, Skip>> 
     let now_flow = Flow {
         saddr_be: new_saddr_be,
         daddr_be: entry.addr_be,
+        frag_id_be: 0,
         sport_be: 0,
         dport_be: 0,
         proto,

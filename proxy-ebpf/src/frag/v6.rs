@@ -13,8 +13,9 @@ use aya_ebpf::{bindings::TC_ACT_OK, helpers::bpf_ktime_get_ns, programs::TcConte
 use proxy_common::{ct_dir, frag, stat};
 
 use crate::{
+    family::Scratch6,
     maps::{count, count_service, SB_FRAG6_V1},
-    packet::v6::{Scratch6, IP6_DADDR_OFF, IP6_SADDR_OFF},
+    packet::v6::{IP6_DADDR_OFF, IP6_SADDR_OFF},
     packet::Skip,
     rewrite::Side,
     skb::drop_counted,

@@ -2,9 +2,10 @@
 //! backend. After DNAT alone the packet would go from the pod to the pod's
 //! own address, and the pod's kernel would see a packet from itself (a SYN
 //! "from itself" that it answers to itself, over its loopback, bypassing
-//! us). So the source is rewritten too, to [`hairpin::ADDR_BE`]
-//! (169.254.42.1; the client port is kept), as kube-proxy's masquerade and
-//! Cilium's loopback address do.
+//! us). So the source is rewritten too, to the family's hairpin address
+//! ([`Family::HAIRPIN`]: 169.254.42.1, or `fd53:6221::1` for IPv6; the
+//! client port is kept), as kube-proxy's masquerade and Cilium's loopback
+//! address do.
 //!
 //! Both directions are handled in `sb_from_pod` on the pod's veth and sent
 //! straight back into the same pod (`bpf_redirect` to the veth's egress,
@@ -19,11 +20,12 @@
 //! and the node needs no route, neighbour or rp_filter exception for the
 //! hairpin address.
 //!
-//! Connection tracking uses the source-NAT encoding of the north-south path
+//! Connection tracking (`ct::track::track` with `Source::Hairpin`) uses
+//! the source-NAT encoding of the north-south path
 //! ([`ct_flags::SNAT`]): the forward entry names the backend and, as the
 //! source the packet gets, `169.254.42.1:p`; the reply entry, keyed
 //! `pod:8080 → 169.254.42.1:p`, names the frontend and, as the address the
-//! destination is restored to, the pod's `pod:p`. So `ct::track::tracked_entry`
+//! destination is restored to, the pod's `pod:p`. So `ct::track::tracked`
 //! finds the reply entry of a hairpin flow to mark it closing, as for any
 //! other source-NATed flow.
 //!
@@ -37,95 +39,30 @@
 //! not translated (the fragment path records one-sided DNAT only); a pod
 //! reaching itself with UDP datagrams above the MTU loses them.
 
-pub mod v6;
-
 use aya_ebpf::{bindings::TC_ACT_SHOT, programs::TcContext};
-use proxy_common::{ct_dir, ct_flags, hairpin, stat, Backend, CtEntry, CtKey};
+use proxy_common::{ct_dir, ct_flags, stat};
 
 use crate::{
-    ct::track::tracked,
-    ct::track::TableFull,
-    maps::{count, count_service, SB_CT_V5},
-    packet::{Flow, Skip},
-    rewrite::rewrite_with_helpers,
-    rewrite::Rewrite,
+    family::{Family, Work},
+    maps::{count, count_service},
+    packet::{FlowOf, Skip},
     rewrite::Side,
 };
 
-/// Whether `backend`, chosen for `flow` from a pod, is that pod itself.
+/// Whether the backend in `w.backend`, chosen for `w.flow` from a pod, is
+/// that pod itself.
 #[inline(always)]
-pub fn is_hairpin(flow: &Flow, backend: &Backend) -> bool {
-    backend.addr_be == flow.saddr_be
+pub fn is_hairpin<A: Family>(w: &Work<A>) -> bool {
+    w.backend.addr_be.same(&w.flow.saddr_be)
 }
 
-/// The reply key of a hairpin flow: the backend (the pod) answering the
-/// hairpin address.
+/// A request of a hairpin flow: destination the backend (the pod itself,
+/// `w.backend`), source the hairpin address, back into the pod.
 #[inline(always)]
-fn reply_key(flow: &Flow, backend: &Backend) -> CtKey {
-    CtKey {
-        saddr_be: backend.addr_be,
-        daddr_be: hairpin::ADDR_BE,
-        sport_be: backend.port_be,
-        dport_be: flow.sport_be,
-        proto: flow.proto,
-        dir: ct_dir::REPLY,
-        _pad: [0; 2],
-    }
-}
-
-/// Records both directions of a new hairpin flow (see the module's
-/// documentation), as [`crate::ct::track::track`] does.
-#[inline(always)]
-pub fn track(
-    fwd: &CtKey,
-    flow: &Flow,
-    backend_id: u32,
-    backend: &Backend,
-    service_id: u32,
-) -> Result<(), TableFull> {
-    let now = crate::ct::now_ns();
-    let forward = CtEntry {
-        backend_id,
-        service_id,
-        nat_addr_be: backend.addr_be,
-        nat_port_be: backend.port_be,
-        flags: ct_flags::SNAT | ct_flags::HANDSHAKE,
-        state: 0,
-        snat_addr_be: hairpin::ADDR_BE,
-        snat_port_be: flow.sport_be,
-        _pad2: [0; 2],
-        created_ns: now,
-        last_seen_ns: now,
-    };
-    let reply = CtEntry {
-        nat_addr_be: flow.daddr_be,
-        nat_port_be: flow.dport_be,
-        snat_addr_be: flow.saddr_be,
-        snat_port_be: flow.sport_be,
-        ..forward
-    };
-    tracked(
-        crate::ct::insert_pair(fwd, &forward, &reply_key(flow, backend), &reply),
-        service_id,
-    )
-}
-
-/// A request of a hairpin flow: destination the backend (the pod itself),
-/// source the hairpin address, back into the pod.
-#[inline(always)]
-pub fn forward(
-    ctx: &TcContext,
-    flow: &Flow,
-    backend: &Backend,
-    service_id: u32,
-) -> Result<i32, Skip> {
-    let action = send_back(
-        ctx,
-        flow,
-        (hairpin::ADDR_BE, flow.sport_be),
-        (backend.addr_be, backend.port_be),
-        service_id,
-    );
+pub fn forward<A: Family>(ctx: &TcContext, w: &mut Work<A>, service_id: u32) -> i32 {
+    let src = (A::HAIRPIN, w.flow.sport_be);
+    let dst = (w.backend.addr_be, w.backend.port_be);
+    let action = send_back(ctx, &mut w.flow, src, dst);
     if action != TC_ACT_SHOT {
         let len = u64::from(ctx.len());
         count_service(service_id, |s| {
@@ -134,7 +71,7 @@ pub fn forward(
         });
         count(stat::FORWARDED);
     }
-    Ok(action)
+    action
 }
 
 /// A packet a pod sends to the hairpin address: the reply of a tracked
@@ -142,44 +79,47 @@ pub fn forward(
 /// destination again, and goes back into the pod. Anything else to the
 /// hairpin address is not ours (and goes where the node's routing sends it).
 #[inline(always)]
-pub fn reply(ctx: &TcContext, flow: &Flow) -> Result<i32, Skip> {
-    if flow.daddr_be != hairpin::ADDR_BE {
+pub fn reply<A: Family>(ctx: &TcContext, w: &mut Work<A>) -> Result<i32, Skip> {
+    if !w.flow.daddr_be.same(&A::HAIRPIN) {
         return Err(Skip::NotOurs);
     }
-    let key = flow.ct_key(ct_dir::REPLY);
-    let Some(entry_ptr) = SB_CT_V5.get_ptr_mut(key) else {
+    w.flow.ct_key_into(ct_dir::REPLY, &mut w.key);
+    let Some(entry_ptr) = A::conntrack().get_ptr_mut(w.key) else {
         return Err(Skip::NotOurs);
     };
-    // SAFETY: a value of the conntrack map, valid for this program run; copied out.
-    let entry = unsafe { *entry_ptr };
+    // SAFETY: a value of the conntrack map, valid for this program run;
+    // copied out. The reply entry names the frontend (the new source) and
+    // the pod's own address and port (the new destination).
+    w.entry = unsafe { *entry_ptr };
+    let Work {
+        flow, key2, entry, ..
+    } = w;
     if entry.flags & ct_flags::SNAT == 0 {
         return Err(Skip::NotOurs);
     }
     if flow.accepts_connection() && entry.flags & ct_flags::CLOSING != 0 {
         // The flow has closed; nothing of ours answers on these ports now.
-        if SB_CT_V5.remove(key).is_ok() {
+        if A::conntrack().remove(w.key).is_ok() {
             count(stat::CT_STALE);
         }
         return Err(Skip::NotOurs);
     }
     crate::ct::note(entry_ptr, flow, true, || {
-        let forward = CtKey {
-            saddr_be: entry.snat_addr_be,
-            daddr_be: entry.nat_addr_be,
-            sport_be: entry.snat_port_be,
-            dport_be: entry.nat_port_be,
-            proto: flow.proto,
-            dir: ct_dir::FORWARD,
-            _pad: [0; 2],
-        };
-        SB_CT_V5.get_ptr_mut(forward)
+        // The forward entry: (pod:p → frontend).
+        key2.saddr_be = entry.snat_addr_be;
+        key2.daddr_be = entry.nat_addr_be;
+        key2.sport_be = entry.snat_port_be;
+        key2.dport_be = entry.nat_port_be;
+        key2.proto = flow.proto;
+        key2.dir = ct_dir::FORWARD;
+        key2._pad = [0; 2];
+        A::conntrack().get_ptr_mut(*key2)
     });
     let action = send_back(
         ctx,
         flow,
         (entry.nat_addr_be, entry.nat_port_be),
         (entry.snat_addr_be, entry.snat_port_be),
-        entry.service_id,
     );
     if action != TC_ACT_SHOT {
         count(stat::REVERSED);
@@ -187,36 +127,22 @@ pub fn reply(ctx: &TcContext, flow: &Flow) -> Result<i32, Skip> {
     Ok(action)
 }
 
-/// Rewrites both ends of the packet (helper stores: `sb_from_pod` never
-/// writes packets directly), swaps the Ethernet addresses and redirects the
-/// packet to the egress of the interface it came from, i.e. back into the pod.
+/// Rewrites both ends of the packet, swaps the Ethernet addresses and
+/// redirects the packet to the egress of the interface it came from, i.e.
+/// back into the pod.
 #[inline(always)]
-fn send_back(
+fn send_back<A: Family>(
     ctx: &TcContext,
-    flow: &Flow,
-    src: (u32, u16),
-    dst: (u32, u16),
-    service_id: u32,
+    flow: &mut FlowOf<A>,
+    src: (A, u16),
+    dst: (A, u16),
 ) -> i32 {
-    let mut todo = Rewrite {
-        side: Side::Destination,
-        new_addr_be: dst.0,
-        new_port_be: dst.1,
-        service_id,
-        l4_off: flow.l4_off,
-        proto: flow.proto,
-    };
-    if rewrite_with_helpers(ctx, flow, &todo).is_err() {
+    if A::rewrite(ctx, flow, Side::Destination, &dst.0, dst.1).is_err() {
         count(stat::DROP_REWRITE_FAILED);
         return TC_ACT_SHOT;
     }
-    let mut now = *flow;
-    now.daddr_be = dst.0;
-    now.dport_be = dst.1;
-    todo.side = Side::Source;
-    todo.new_addr_be = src.0;
-    todo.new_port_be = src.1;
-    if rewrite_with_helpers(ctx, &now, &todo).is_err() {
+    (flow.daddr_be, flow.dport_be) = dst;
+    if A::rewrite(ctx, flow, Side::Source, &src.0, src.1).is_err() {
         count(stat::DROP_REWRITE_FAILED);
         return TC_ACT_SHOT;
     }

@@ -31,10 +31,9 @@ use aya_ebpf::{bindings::TC_ACT_OK, programs::TcContext};
 use proxy_common::{ct_dir, ct_flags, proto, stat};
 
 use crate::{
+    family::Scratch6,
     maps::{count, SB_CT6_V1},
-    packet::v6::{
-        csum_replace16, eq6, load, load_into, Scratch6, IP6_DADDR_OFF, IP6_SADDR_OFF, IPV6_HLEN,
-    },
+    packet::v6::{csum_replace16, eq6, load, load_into, IP6_DADDR_OFF, IP6_SADDR_OFF, IPV6_HLEN},
     packet::{csum_replace2, Skip, TCP_CSUM_OFF, UDP_CSUM_OFF},
     skb::drop_counted,
 };

@@ -12,8 +12,8 @@ use aya_ebpf::{
     helpers::{bpf_get_prandom_u32, bpf_ktime_get_ns},
 };
 use proxy_common::{
-    capacity, frontend_flags, scope, stat, Addr6Be, AffinityEntry, Backend, Backend6, FrontendKey,
-    FrontendKey6, FrontendSlot,
+    capacity, frontend_flags, scope, stat, Addr6Be, AffinityEntry, Backend, Backend6, BackendOf,
+    FrontendKey, FrontendKey6, FrontendSlot,
 };
 
 use crate::maps::{
@@ -25,16 +25,15 @@ use crate::maps::{
 /// map.
 pub trait SlotKey: Copy {
     /// The family's address type.
-    type Addr;
-    type Backend: Copy;
+    type Addr: Copy;
     fn slot(&self) -> u16;
     fn set_slot(&mut self, slot: u16);
     /// A backend's address and port.
-    fn backend_addr(backend: &Self::Backend) -> (Self::Addr, u16);
+    fn backend_addr(backend: &BackendOf<Self::Addr>) -> (Self::Addr, u16);
     /// The frontend map's entry for this key, copied out.
     fn lookup(&self) -> Option<FrontendSlot>;
     /// The backend map's entry for `backend_id`, copied out.
-    fn backend(backend_id: u32) -> Option<Self::Backend>;
+    fn backend(backend_id: u32) -> Option<BackendOf<Self::Addr>>;
 }
 
 /// An address of one family, in map form.
@@ -48,7 +47,6 @@ pub trait FamilyAddr: Copy + PartialEq {
 
 impl SlotKey for FrontendKey {
     type Addr = u32;
-    type Backend = Backend;
     #[inline(always)]
     fn slot(&self) -> u16 {
         self.slot
@@ -77,7 +75,6 @@ impl SlotKey for FrontendKey {
 
 impl SlotKey for FrontendKey6 {
     type Addr = Addr6Be;
-    type Backend = Backend6;
     #[inline(always)]
     fn slot(&self) -> u16 {
         self.slot
@@ -175,7 +172,7 @@ pub fn choose_backend<F: SlotKey, K>(
     svc: &FrontendSlot,
     affinity: &LruHashMap<K, AffinityEntry, AFFINITY_ENTRIES>,
     affinity_key: &K,
-) -> Option<(u32, F::Backend)> {
+) -> Option<(u32, BackendOf<F::Addr>)> {
     if svc.flags & frontend_flags::AFFINITY_CLIENT_IP == 0 {
         return pick_backend(key, svc).map(|(id, backend, _)| (id, backend));
     }
@@ -207,7 +204,7 @@ pub fn choose_backend<F: SlotKey, K>(
 /// frontend's ids name entries of `SB_BE6_V1`, so an id that names no backend
 /// of the family (mid-update) gives `None` and the caller picks at random.
 #[inline(always)]
-pub fn maglev_backend<F: SlotKey>(service_id: u32, hash: u32) -> Option<(u32, F::Backend)> {
+pub fn maglev_backend<F: SlotKey>(service_id: u32, hash: u32) -> Option<(u32, BackendOf<F::Addr>)> {
     let table = SB_MAGLEV_V1.get_ptr(service_id)?;
     let index = (hash % capacity::MAGLEV_TABLE) as usize;
     // LLVM knows the remainder is in range and would drop the bounds check
@@ -230,7 +227,7 @@ fn affinity_backend<F: SlotKey, K>(
     affinity: &LruHashMap<K, AffinityEntry, AFFINITY_ENTRIES>,
     affinity_key: &K,
     now: u64,
-) -> Option<(u32, F::Backend, u16)> {
+) -> Option<(u32, BackendOf<F::Addr>, u16)> {
     // SAFETY: the fields are copied out at once.
     let entry = unsafe { affinity.get(affinity_key) }?;
     let (backend_id, slot, last_used_ns) = (entry.backend_id, entry.slot, entry.last_used_ns);
@@ -248,7 +245,10 @@ fn affinity_backend<F: SlotKey, K>(
 
 /// Picks a backend at random among the frontend's slots `1..=backend_count`.
 #[inline(always)]
-fn pick_backend<F: SlotKey>(mut key: F, svc: &FrontendSlot) -> Option<(u32, F::Backend, u16)> {
+fn pick_backend<F: SlotKey>(
+    mut key: F,
+    svc: &FrontendSlot,
+) -> Option<(u32, BackendOf<F::Addr>, u16)> {
     let count = u32::from(svc.backend_count).min(u32::from(capacity::MAX_BACKENDS_PER_SERVICE));
     if count == 0 {
         return None;

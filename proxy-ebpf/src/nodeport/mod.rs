@@ -32,9 +32,9 @@ use proxy_common::{
 };
 
 use crate::{
-    ct::track::track,
-    ct::track::tracked_entry,
+    ct::track::{track, tracked, Source},
     ct::{self, NotTracked},
+    family::Family,
     lb::{choose_backend, frontend_key, lookup_frontend, maglev_backend},
     maps::{
         count, count_denied, count_service, source_allowed4, SB_AFFINITY_V1, SB_CT_V5, SB_UPLINK_V1,
@@ -113,19 +113,24 @@ pub fn classify(ctx: *mut c_void, ingress: u32, flow: &Flow) -> Result<Translati
         }
         return Err(NotTranslated::Drop(stat::DROP_NO_BACKEND));
     }
-    let ct_key = flow.ct_key(ct_dir::FORWARD);
-    if let Some(entry) = tracked_entry(&ct_key, flow, svc.service_id) {
-        return Ok(from_tracked(&entry, flow));
+    let Some(w) = u32::work() else {
+        return Err(NotTranslated::Pass(Skip::NotOurs));
+    };
+    w.flow = *flow;
+    flow.ct_key_into(ct_dir::FORWARD, &mut w.key);
+    if tracked(w, svc.service_id) {
+        return Ok(from_tracked(&w.entry, flow));
     }
     let Some((id, backend)) = pick_backend(key, &svc, flow) else {
         return Err(NotTranslated::Drop(stat::DROP_INCONSISTENT));
     };
     if !local_only {
         if let Some(snat_addr_be) = remote_uplink_addr(ctx, ingress, flow, &backend) {
-            return new_remote_flow(&ct_key, flow, id, &backend, svc.service_id, snat_addr_be);
+            return new_remote_flow(&w.key, flow, id, &backend, svc.service_id, snat_addr_be);
         }
     }
-    if track(&ct_key, flow, id, &backend, svc.service_id).is_err() {
+    w.backend = backend;
+    if track(w, id, svc.service_id, Source::Client).is_err() {
         // The table is full: the client retransmits.
         return Err(NotTranslated::Drop(stat::CT_FULL));
     }

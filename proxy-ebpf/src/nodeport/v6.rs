@@ -46,14 +46,14 @@ use proxy_common::{
 };
 
 use crate::{
-    ct::track6::track6,
-    ct::track6::tracked_backend6,
+    ct::track::{track, tracked, Source},
     ct::{self, NotTracked},
+    family::Scratch6,
     lb::{choose_backend, frontend_key, lookup_frontend, maglev_backend},
     maps::SB_AFFINITY6_V1,
     maps::{count, count_denied, count_service, source_allowed6, SB_CT6_V1, SB_UPLINK6_V1},
     nodeport::NotTranslated,
-    packet::v6::{eq6, Scratch6},
+    packet::v6::eq6,
     packet::Skip,
 };
 
@@ -140,7 +140,7 @@ pub fn classify6(ctx: *mut c_void, ingress: u32, u: &mut Up6) -> Result<Out6, No
     }
     u.service_id = svc.service_id;
     u.s.flow.ct_key_into(ct_dir::FORWARD, &mut u.s.key);
-    if tracked_backend6(&mut u.s, svc.service_id) {
+    if tracked(&mut u.s, svc.service_id) {
         return from_tracked6(u);
     }
     let Some(id) = pick_backend6(u, &svc) else {
@@ -153,7 +153,7 @@ pub fn classify6(ctx: *mut c_void, ingress: u32, u: &mut Up6) -> Result<Out6, No
             Route::NoAddress => return Err(NotTranslated::Drop(stat::NO_ROUTE)),
         }
     }
-    if track6(&mut u.s, id, svc.service_id).is_err() {
+    if track(&mut u.s, id, svc.service_id, Source::Client).is_err() {
         // The table is full: the client retransmits.
         return Err(NotTranslated::Drop(stat::CT_FULL));
     }
@@ -222,22 +222,16 @@ fn backend_set6(u: &mut Up6, svc: FrontendSlot) -> (FrontendSlot, bool) {
 /// keeps its translation, with its source NAT if it has one.
 #[inline(always)]
 fn from_tracked6(u: &mut Up6) -> Result<Out6, NotTranslated> {
-    let Some(entry_ptr) = SB_CT6_V1.get_ptr(u.s.key) else {
-        // Removed since the lookup a moment ago: the next packet starts over.
-        return Err(NotTranslated::Drop(stat::DROP_INCONSISTENT));
-    };
-    // SAFETY: a value of the conntrack map, valid for this program run; the
-    // fields are copied out.
-    let (flags, snat_port_be) = unsafe {
-        u.to_saddr_be = (*entry_ptr).snat_addr_be;
-        ((*entry_ptr).flags, (*entry_ptr).snat_port_be)
-    };
-    if flags & ct_flags::SNAT == 0 {
+    let e = &u.s.entry;
+    u.s.backend.addr_be = e.nat_addr_be;
+    u.s.backend.port_be = e.nat_port_be;
+    if e.flags & ct_flags::SNAT == 0 {
         set_local(u);
         return Ok(Out6::Local);
     }
-    u.to_daddr_be = u.s.backend.addr_be;
-    u.to_ports_be = [snat_port_be, u.s.backend.port_be];
+    u.to_saddr_be = e.snat_addr_be;
+    u.to_daddr_be = e.nat_addr_be;
+    u.to_ports_be = [e.snat_port_be, e.nat_port_be];
     Ok(Out6::Remote)
 }
 

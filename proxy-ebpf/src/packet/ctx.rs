@@ -153,6 +153,7 @@ pub(crate) fn parse_ipv4<C: PacketCtx>(ctx: &C) -> Result<Flow, Skip> {
     Ok(Flow {
         saddr_be,
         daddr_be,
+        frag_id_be: 0,
         sport_be,
         dport_be,
         proto: ip_proto,

@@ -5,7 +5,7 @@
 pub mod ctx;
 pub mod v6;
 
-use proxy_common::{proto, CtKey};
+use proxy_common::{proto, Addr6Be, CtKeyOf};
 
 pub const ETH_HLEN: usize = 14;
 pub const ETH_P_IP_BE: u16 = 0x0800u16.to_be();
@@ -40,24 +40,38 @@ pub struct Ipv4Hdr {
     pub daddr_be: u32,
 }
 
-/// The addresses and ports of one TCP or UDP packet.
+/// The addresses and ports of one TCP or UDP packet of either family
+/// (`A`: `u32` for IPv4, [`Addr6Be`] for IPv6; [`Flow`], [`Flow6`]). For a
+/// later IPv6 fragment: its addresses, protocol and identification; for
+/// ICMPv6: its addresses, and `l4_off` where the ICMPv6 header starts.
+#[repr(C)]
 #[derive(Clone, Copy)]
-pub struct Flow {
-    pub saddr_be: u32,
-    pub daddr_be: u32,
+pub struct FlowOf<A> {
+    pub saddr_be: A,
+    pub daddr_be: A,
+    /// IPv6: the fragment header's identification (with `first_fragment`,
+    /// and in a later fragment). IPv4 keeps it in the header (0 here).
+    pub frag_id_be: u32,
     pub sport_be: u16,
     pub dport_be: u16,
     pub proto: u8,
     /// TCP flags byte (0 for UDP).
     pub tcp_flags: u8,
-    /// Offset of the TCP/UDP header from the start of the frame.
-    pub l4_off: usize,
-    /// The first fragment of a fragmented datagram (more-fragments set,
-    /// offset 0): its later fragments follow its translation ([`crate::frag`]).
+    /// The first fragment of a fragmented datagram (offset 0, more
+    /// fragments set): its later fragments follow its translation
+    /// ([`crate::frag`]).
     pub first_fragment: bool,
+    /// Offset of the TCP/UDP (or ICMPv6) header from the start of the
+    /// frame, after any IPv4 options or IPv6 extension headers.
+    pub l4_off: usize,
 }
 
-impl Flow {
+/// An IPv4 packet's flow.
+pub type Flow = FlowOf<u32>;
+/// An IPv6 packet's flow.
+pub type Flow6 = FlowOf<Addr6Be>;
+
+impl<A: Copy> FlowOf<A> {
     /// A TCP SYN without ACK opens a new connection; a UDP datagram has no
     /// connection to keep. Both must reach a backend that is still live.
     #[inline(always)]
@@ -85,8 +99,14 @@ impl Flow {
     }
 
     #[inline(always)]
-    pub fn ct_key(&self, dir: u8) -> CtKey {
-        CtKey {
+    pub fn l4_off(&self) -> usize {
+        self.l4_off
+    }
+
+    /// The flow's connection-tracking key of direction `dir`.
+    #[inline(always)]
+    pub fn ct_key(&self, dir: u8) -> CtKeyOf<A> {
+        CtKeyOf {
             saddr_be: self.saddr_be,
             daddr_be: self.daddr_be,
             sport_be: self.sport_be,
@@ -95,6 +115,19 @@ impl Flow {
             dir,
             _pad: [0; 2],
         }
+    }
+
+    /// Writes the flow's connection-tracking key of direction `dir` to
+    /// `key` (which may be scratch memory: no copy on the stack).
+    #[inline(always)]
+    pub fn ct_key_into(&self, dir: u8, key: &mut CtKeyOf<A>) {
+        key.saddr_be = self.saddr_be;
+        key.daddr_be = self.daddr_be;
+        key.sport_be = self.sport_be;
+        key.dport_be = self.dport_be;
+        key.proto = self.proto;
+        key.dir = dir;
+        key._pad = [0; 2];
     }
 }
 

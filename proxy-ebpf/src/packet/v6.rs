@@ -12,13 +12,12 @@ use core::{
     mem::{size_of, MaybeUninit},
 };
 
-use proxy_common::{
-    proto, Addr6Be, AffinityKey6, Backend6, CtEntry6, CtKey6, FragEntry6, FragKey6, FrontendKey6,
-};
+use proxy_common::{proto, Addr6Be};
 
+pub use crate::packet::Flow6;
 use crate::packet::{
     ctx::{ptr_at, LoadBytes, PacketCtx},
-    Skip, ETH_HLEN, TCP_FLAG_ACK, TCP_FLAG_FIN, TCP_FLAG_RST, TCP_FLAG_SYN, TCP_HLEN, UDP_HLEN,
+    Skip, ETH_HLEN, TCP_HLEN, UDP_HLEN,
 };
 
 pub const ETH_P_IPV6_BE: u16 = 0x86ddu16.to_be();
@@ -41,73 +40,6 @@ pub const MAX_EXT_HEADERS: usize = 4;
 const FRAG_OFFSET_MASK: u16 = 0xfff8;
 const FRAG_MORE: u16 = 0x0001;
 
-/// The addresses and ports of one IPv6 TCP or UDP packet (for a later
-/// fragment: its addresses, protocol and identification; for ICMPv6: its
-/// addresses, and `l4_off` where the ICMPv6 header starts).
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct Flow6 {
-    pub saddr_be: Addr6Be,
-    pub daddr_be: Addr6Be,
-    /// The fragment header's identification (with `first_fragment`, and in
-    /// a later fragment).
-    pub frag_id_be: u32,
-    pub sport_be: u16,
-    pub dport_be: u16,
-    pub proto: u8,
-    /// TCP flags byte (0 for UDP).
-    pub tcp_flags: u8,
-    /// The first fragment of a fragmented datagram (fragment header with
-    /// offset 0 and more-fragments set): its later fragments follow its
-    /// translation ([`crate::frag::v6`]).
-    pub first_fragment: bool,
-    pub _pad: u8,
-    /// Offset of the TCP/UDP (or ICMPv6) header from the start of the frame,
-    /// after the extension headers.
-    pub l4_off: u32,
-}
-
-impl Flow6 {
-    /// As [`crate::packet::Flow::needs_live_backend`].
-    #[inline(always)]
-    pub fn needs_live_backend(&self) -> bool {
-        self.proto == proto::UDP || self.opens_connection()
-    }
-
-    #[inline(always)]
-    pub fn opens_connection(&self) -> bool {
-        self.proto == proto::TCP && self.tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK) == TCP_FLAG_SYN
-    }
-
-    #[inline(always)]
-    pub fn accepts_connection(&self) -> bool {
-        let both = TCP_FLAG_SYN | TCP_FLAG_ACK;
-        self.proto == proto::TCP && self.tcp_flags & both == both
-    }
-
-    #[inline(always)]
-    pub fn ends_connection(&self) -> bool {
-        self.proto == proto::TCP && self.tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST) != 0
-    }
-
-    #[inline(always)]
-    pub fn l4_off(&self) -> usize {
-        self.l4_off as usize
-    }
-
-    /// Writes the flow's connection-tracking key of direction `dir` to `key`.
-    #[inline(always)]
-    pub fn ct_key_into(&self, dir: u8, key: &mut CtKey6) {
-        key.saddr_be = self.saddr_be;
-        key.daddr_be = self.daddr_be;
-        key.sport_be = self.sport_be;
-        key.dport_be = self.dport_be;
-        key.proto = self.proto;
-        key.dir = dir;
-        key._pad = [0; 2];
-    }
-}
-
 /// What the IPv6 parser found (the details are in the [`Flow6`] it filled).
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Kind6 {
@@ -117,28 +49,6 @@ pub enum Kind6 {
     Later,
     /// ICMPv6, not fragmented.
     Icmp,
-}
-
-/// The IPv6 path's working memory: its keys and entries do not fit on the
-/// BPF stack next to the IPv4 path's frame (512 bytes for the whole call
-/// chain), so they live in a per-CPU array entry (`SB_SCRATCH6_V1`), valid
-/// for one program run (nothing else runs on this CPU meanwhile).
-#[repr(C)]
-pub struct Scratch6 {
-    pub flow: Flow6,
-    /// The packet's connection-tracking key.
-    pub key: CtKey6,
-    /// The other direction's key.
-    pub key2: CtKey6,
-    pub entry: CtEntry6,
-    pub fe: FrontendKey6,
-    pub aff: AffinityKey6,
-    pub backend: Backend6,
-    pub frag_key: FragKey6,
-    pub frag_entry: FragEntry6,
-    /// The quote of an ICMPv6 error being built ([`crate::reject::v6`]): the
-    /// IPv6 header and 8 bytes of the UDP header, as in the packet.
-    pub quote: [u32; 12],
 }
 
 /// Reads a `T` at `off` through the load helper: `Malformed` when the packet
@@ -238,7 +148,7 @@ fn parse6_plain<C: PacketCtx>(ctx: &C, flow: &mut Flow6) -> bool {
     flow.proto = next;
     flow.tcp_flags = tcp_flags;
     flow.first_fragment = false;
-    flow.l4_off = IP6_L4_OFF as u32;
+    flow.l4_off = IP6_L4_OFF;
     true
 }
 
@@ -301,7 +211,7 @@ pub fn parse6<C: LoadBytes + PacketCtx>(ctx: &C, flow: &mut Flow6) -> Result<Kin
         i += 1;
     }
     flow.proto = next;
-    flow.l4_off = off as u32;
+    flow.l4_off = off;
     if next == proto::ICMPV6 {
         if flow.first_fragment {
             // An ICMPv6 message cut in fragments: nothing we translate.

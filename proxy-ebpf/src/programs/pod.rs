@@ -1,12 +1,16 @@
-//! The tc layer: DNAT of packets a pod sends to a frontend, and the reverse of
-//! it on the replies, with connection tracking in between.
+//! The tc layer on the pod veth, both families: DNAT of packets a pod sends
+//! to a frontend, and the reverse of it on the replies, with connection
+//! tracking in between. One generic body ([`from_pod`], [`to_pod`]) serves
+//! IPv4 (`sb_from_pod`, `sb_to_pod`) and IPv6 (`sb_from_pod6`,
+//! `sb_to_pod6`); what the families still do their own way (parsing,
+//! fragments, ICMP errors, reject) is [`PodFamily`].
 //!
 //! Per packet:
 //! - one a pod sends that is not for a frontend: the parse and one bit of
 //!   the frontend bitmap ([`crate::prefilter`]), no hash lookup;
 //! - one of an existing flow: the bitmap, one connection-tracking lookup
-//!   whose entry carries the backend, then the rewrite
-//!   ([`crate::rewrite::store_in_place`]: the address, port and IPv4
+//!   whose entry carries the backend, then the rewrite (IPv4:
+//!   [`crate::rewrite::store_in_place`], the address, port and header
 //!   checksum stored directly, the L4 checksum through the kernel's helper).
 //!   No frontend lookup, no tail call;
 //! - a reply: one connection-tracking lookup, whose entry carries the
@@ -26,34 +30,112 @@
 //! (`sb_rewrite`, kept one release for upgrades) and than helper stores.
 //!
 //! IPv6 is told apart by its ethertype before the IPv4 parser runs and
-//! handed to its own programs ([`super::pod6`]); the IPv4 path pays one
-//! compare for it.
-use crate::ct::track::continued_entry;
-use crate::ct::track::track;
-use crate::ct::track::tracked_backend;
-use crate::packet::ctx::parse_ipv4;
-use crate::packet::Flow;
-use crate::prefilter::{maybe_frontend4, quiet, unquiet};
-use crate::rewrite::count_rewritten;
-use crate::rewrite::Rewrite;
-use crate::rewrite::Side;
-use crate::skb::drop_counted;
-use crate::skb::ethertype;
+//! handed to its own programs: the two bodies' stack frames do not fit in
+//! one program's 512 bytes. The IPv4 path pays one compare for it.
+//!
+//! IPv6 has no header checksum; the TCP/UDP checksum covers the addresses
+//! through the pseudo-header ([`crate::rewrite::v6`]).
 use crate::{
+    ct::track::{continued, track, tracked, Source},
+    family::{Family, Work},
     lb::{choose_backend, frontend_key, lookup_frontend},
-    maps::{count, count_denied, count_service, source_allowed4, SB_AFFINITY_V1, SB_CT_V5},
-    packet::v6::ETH_P_IPV6_BE,
-    packet::{Skip, ETH_P_IP_BE},
+    maps::{count, count_denied, count_service},
+    packet::{
+        ctx::parse_ipv4,
+        v6::{parse6, Kind6, ETH_P_IPV6_BE},
+        Skip, ETH_P_IP_BE,
+    },
+    prefilter::{quiet, unquiet},
+    rewrite::{count_rewritten, Rewrite, Side},
+    skb::{drop_counted, ethertype},
 };
 use aya_ebpf::{
     bindings::{TC_ACT_OK, TC_ACT_SHOT},
     programs::TcContext,
 };
-use proxy_common::{ct_dir, ct_flags, stat, tail, AffinityKey, Backend, CtKey};
-/// A packet a pod sends: DNAT to a backend if it is for a frontend.
+use proxy_common::{ct_dir, ct_flags, stat, tail, Addr6Be, FrontendSlot};
+
+/// What the families of the pod path still do their own way.
+pub(crate) trait PodFamily: Family {
+    /// Parses the packet into `w.flow`. `Ok(None)`: a TCP or UDP packet
+    /// (whole, or the first fragment); `Ok(Some(result))`: a packet
+    /// handled on its own path (a later fragment, an ICMP error about a
+    /// translated flow) with its result. `dir` is the direction of the
+    /// program: `ct_dir::FORWARD` from the pod, `ct_dir::REPLY` to it.
+    fn parse(
+        ctx: &TcContext,
+        w: &mut Work<Self>,
+        dir: u8,
+    ) -> Result<Option<Result<i32, Skip>>, Skip>;
+    /// A packet to frontend `svc`, whose backend set is empty: rejected or
+    /// dropped ([`crate::reject`]).
+    fn reject(ctx: &TcContext, w: &mut Work<Self>, svc: &FrontendSlot) -> i32;
+    /// Remembers, for the later fragments of the first fragment in
+    /// `w.flow`, that its `side` became `w.backend`.
+    fn remember_fragment(ctx: &TcContext, w: &mut Work<Self>, side: Side, service_id: u32);
+}
+
+impl PodFamily for u32 {
+    #[inline(always)]
+    fn parse(
+        ctx: &TcContext,
+        w: &mut Work<u32>,
+        dir: u8,
+    ) -> Result<Option<Result<i32, Skip>>, Skip> {
+        match parse_ipv4(ctx) {
+            Ok(flow) => {
+                w.flow = flow;
+                Ok(None)
+            }
+            // Later fragments and ICMP errors of translated flows.
+            Err(skip) => Ok(Some(crate::frag::unparsed(ctx, skip, dir))),
+        }
+    }
+    #[inline(always)]
+    fn reject(ctx: &TcContext, w: &mut Work<u32>, svc: &FrontendSlot) -> i32 {
+        crate::reject::from_pod(ctx, &w.flow, svc)
+    }
+    #[inline(always)]
+    fn remember_fragment(ctx: &TcContext, w: &mut Work<u32>, side: Side, service_id: u32) {
+        let todo = Rewrite {
+            side,
+            new_addr_be: w.backend.addr_be,
+            new_port_be: w.backend.port_be,
+            service_id,
+            l4_off: w.flow.l4_off,
+            proto: w.flow.proto,
+        };
+        crate::frag::remember(ctx, &w.flow, &todo);
+    }
+}
+
+impl PodFamily for Addr6Be {
+    #[inline(always)]
+    fn parse(
+        ctx: &TcContext,
+        w: &mut Work<Addr6Be>,
+        dir: u8,
+    ) -> Result<Option<Result<i32, Skip>>, Skip> {
+        Ok(match parse6(ctx, &mut w.flow)? {
+            Kind6::Flow => None,
+            Kind6::Later => Some(crate::frag::v6::later(ctx, w, dir)),
+            Kind6::Icmp => Some(crate::icmp::v6::translate(ctx, w, dir)),
+        })
+    }
+    #[inline(always)]
+    fn reject(ctx: &TcContext, w: &mut Work<Addr6Be>, svc: &FrontendSlot) -> i32 {
+        crate::reject::v6::from_pod(ctx, w, svc)
+    }
+    #[inline(always)]
+    fn remember_fragment(_ctx: &TcContext, w: &mut Work<Addr6Be>, side: Side, service_id: u32) {
+        crate::frag::v6::remember(w, side, service_id);
+    }
+}
+
+/// `sb_from_pod`: the family is decided once, here; IPv6 goes to its own
+/// program.
 #[inline(always)]
 pub fn try_from_pod(ctx: &TcContext) -> Result<i32, Skip> {
-    // The family is decided once, here: IPv4 goes on as it always did.
     let ethertype = ethertype(ctx)?;
     if ethertype != ETH_P_IP_BE {
         if ethertype == ETH_P_IPV6_BE {
@@ -61,123 +143,18 @@ pub fn try_from_pod(ctx: &TcContext) -> Result<i32, Skip> {
         }
         return Err(Skip::NotOurs);
     }
-    let flow = match parse_ipv4(ctx) {
-        Ok(flow) => flow,
-        // Later fragments and ICMP errors of translated flows.
-        Err(skip) => return crate::frag::unparsed(ctx, skip, ct_dir::FORWARD),
-    };
-    if !maybe_frontend4(flow.daddr_be) {
-        // A pod's reply to a hairpin flow goes to the hairpin address.
-        return crate::hairpin::reply(ctx, &flow);
-    }
-    let ct_key = flow.ct_key(ct_dir::FORWARD);
-    if let Some(entry) = continued_entry(&ct_key, &flow) {
-        let backend = Backend {
-            addr_be: entry.nat_addr_be,
-            port_be: entry.nat_port_be,
-            proto: flow.proto,
-            flags: 0,
-        };
-        return Ok(forward(ctx, &flow, &backend, entry.service_id));
-    }
-    new_flow(ctx, &flow, &ct_key)
+    from_pod::<u32>(ctx)
 }
 
-/// The first packet of a flow to a frontend (or one whose tracked backend
-/// cannot go on): the frontend, its source ranges, a backend, both
-/// directions tracked.
-#[inline(always)]
-fn new_flow(ctx: &TcContext, flow: &Flow, ct_key: &CtKey) -> Result<i32, Skip> {
-    let fe_key = frontend_key(flow.daddr_be, flow.dport_be, flow.proto);
-    let Some(svc) = lookup_frontend(&fe_key) else {
-        // A bitmap collision, or the hairpin address itself.
-        return crate::hairpin::reply(ctx, flow);
-    };
-    if !source_allowed4(&svc, flow.saddr_be) {
-        count_denied(svc.service_id);
-        return Ok(TC_ACT_SHOT);
-    }
-    if svc.backend_count == 0 {
-        count_service(svc.service_id, |s| s.drops_no_backend += 1);
-        return Ok(crate::reject::from_pod(ctx, flow, &svc));
-    }
-    let backend = match tracked_backend(ct_key, flow, svc.service_id) {
-        Some(backend) => backend,
-        None => {
-            let affinity_key = AffinityKey {
-                client_addr_be: flow.saddr_be,
-                service_id: svc.service_id,
-            };
-            let Some((id, backend)) = choose_backend(fe_key, &svc, &SB_AFFINITY_V1, &affinity_key)
-            else {
-                return drop_counted(stat::DROP_INCONSISTENT);
-            };
-            let outcome = if crate::hairpin::is_hairpin(flow, &backend) {
-                crate::hairpin::track(ct_key, flow, id, &backend, svc.service_id)
-            } else {
-                track(ct_key, flow, id, &backend, svc.service_id)
-            };
-            if outcome.is_err() {
-                // The table is full: the client retransmits.
-                return drop_counted(stat::CT_FULL);
-            }
-            // Replies of this flow will come to this pod's interface. After
-            // the insert: an agent that marks the interface meanwhile then
-            // finds the flow in the table.
-            unquiet(ctx);
-            backend
-        }
-    };
-    Ok(forward(ctx, flow, &backend, svc.service_id))
-}
-
-/// A packet of a tracked flow to its backend: DNAT, or the hairpin's
-/// rewrite of both addresses.
-#[inline(always)]
-fn forward(ctx: &TcContext, flow: &Flow, backend: &Backend, service_id: u32) -> i32 {
-    if crate::hairpin::is_hairpin(flow, backend) {
-        return match crate::hairpin::forward(ctx, flow, backend, service_id) {
-            Ok(action) => action,
-            Err(skip) => crate::skb::pass(skip),
-        };
-    }
-    let todo = Rewrite {
-        side: Side::Destination,
-        new_addr_be: backend.addr_be,
-        new_port_be: backend.port_be,
-        service_id,
-        l4_off: flow.l4_off,
-        proto: flow.proto,
-    };
-    rewrite(ctx, flow, &todo)
-}
-
-/// Writes a decided rewrite (remembered first for the later fragments of a
-/// first fragment) and counts it; a failed rewrite drops the packet.
-#[inline(always)]
-fn rewrite(ctx: &TcContext, flow: &Flow, todo: &Rewrite) -> i32 {
-    if flow.first_fragment {
-        crate::frag::remember(ctx, flow, todo);
-    }
-    if crate::rewrite::store_in_place(ctx, todo).is_err() {
-        count(stat::DROP_REWRITE_FAILED);
-        return TC_ACT_SHOT;
-    }
-    count_rewritten(ctx, todo.side, todo.service_id);
-    TC_ACT_OK
-}
-
-/// A packet going into a pod: a reply of a tracked flow gets the frontend as
-/// its source again.
+/// `sb_to_pod`: a pod without translated flows receives no reply of one,
+/// of either family (its connections were balanced by the socket layer,
+/// or it made none through a Service); else the family is decided once,
+/// here.
 #[inline(always)]
 pub fn try_to_pod(ctx: &TcContext) -> Result<i32, Skip> {
-    // A pod without translated flows receives no reply of one, of either
-    // family: its connections were balanced by the socket layer, or it
-    // made none through a Service.
     if quiet(ctx) {
         return Err(Skip::NotOurs);
     }
-    // The family is decided once, here: IPv4 goes on as it always did.
     let ethertype = ethertype(ctx)?;
     if ethertype != ETH_P_IP_BE {
         if ethertype == ETH_P_IPV6_BE {
@@ -185,45 +162,147 @@ pub fn try_to_pod(ctx: &TcContext) -> Result<i32, Skip> {
         }
         return Err(Skip::NotOurs);
     }
-    let flow = match parse_ipv4(ctx) {
-        Ok(flow) => flow,
-        // Later fragments and ICMP errors of translated flows.
-        Err(skip) => return crate::frag::unparsed(ctx, skip, ct_dir::REPLY),
-    };
-    let key = flow.ct_key(ct_dir::REPLY);
-    let Some(entry_ptr) = SB_CT_V5.get_ptr_mut(key) else {
+    to_pod::<u32>(ctx)
+}
+
+/// A packet a pod sends: DNAT to a backend if it is for a frontend.
+#[inline(always)]
+pub fn from_pod<A: PodFamily>(ctx: &TcContext) -> Result<i32, Skip> {
+    let Some(w) = A::work() else {
         return Err(Skip::NotOurs);
     };
-    // SAFETY: a value of the conntrack map, valid for this program run; copied out.
-    let entry = unsafe { *entry_ptr };
-    let (nat_addr_be, nat_port_be) = (entry.nat_addr_be, entry.nat_port_be);
-    if flow.accepts_connection() && entry.flags & ct_flags::CLOSING != 0 {
+    if let Some(handled) = A::parse(ctx, w, ct_dir::FORWARD)? {
+        return handled;
+    }
+    if !A::maybe_frontend(&w.flow.daddr_be) {
+        // A pod's reply to a hairpin flow goes to the hairpin address.
+        return crate::hairpin::reply(ctx, w);
+    }
+    // A packet of an existing flow: one lookup, no frontend.
+    w.flow.ct_key_into(ct_dir::FORWARD, &mut w.key);
+    if continued(w) {
+        w.backend.addr_be = w.entry.nat_addr_be;
+        w.backend.port_be = w.entry.nat_port_be;
+        let service_id = w.entry.service_id;
+        return Ok(forward(ctx, w, service_id));
+    }
+    new_flow(ctx, w)
+}
+
+/// The first packet of a flow to a frontend (or one whose tracked backend
+/// cannot go on): the frontend, its source ranges, a backend, both
+/// directions tracked.
+#[inline(always)]
+fn new_flow<A: PodFamily>(ctx: &TcContext, w: &mut Work<A>) -> Result<i32, Skip> {
+    w.fe = frontend_key(w.flow.daddr_be, w.flow.dport_be, w.flow.proto);
+    let Some(svc) = lookup_frontend(&w.fe) else {
+        // A bitmap collision, or the hairpin address itself.
+        return crate::hairpin::reply(ctx, w);
+    };
+    if !A::source_allowed(&svc, &w.flow.saddr_be) {
+        count_denied(svc.service_id);
+        return Ok(TC_ACT_SHOT);
+    }
+    if svc.backend_count == 0 {
+        count_service(svc.service_id, |s| s.drops_no_backend += 1);
+        return Ok(A::reject(ctx, w, &svc));
+    }
+    if tracked(w, svc.service_id) {
+        w.backend.addr_be = w.entry.nat_addr_be;
+        w.backend.port_be = w.entry.nat_port_be;
+    } else {
+        w.aff.client_addr_be = w.flow.saddr_be;
+        w.aff.service_id = svc.service_id;
+        let Some((id, backend)) = choose_backend(w.fe, &svc, A::affinity(), &w.aff) else {
+            return drop_counted(stat::DROP_INCONSISTENT);
+        };
+        w.backend = backend;
+        let source = match crate::hairpin::is_hairpin(w) {
+            true => Source::Hairpin,
+            false => Source::Client,
+        };
+        if track(w, id, svc.service_id, source).is_err() {
+            // The table is full: the client retransmits.
+            return drop_counted(stat::CT_FULL);
+        }
+        // Replies of this flow will come to this pod's interface. After
+        // the insert: an agent that marks the interface meanwhile then
+        // finds the flow in the table.
+        unquiet(ctx);
+    }
+    Ok(forward(ctx, w, svc.service_id))
+}
+
+/// A packet of a tracked flow to its backend (`w.backend`): DNAT, or the
+/// hairpin's rewrite of both addresses.
+#[inline(always)]
+fn forward<A: PodFamily>(ctx: &TcContext, w: &mut Work<A>, service_id: u32) -> i32 {
+    if crate::hairpin::is_hairpin(w) {
+        return crate::hairpin::forward(ctx, w, service_id);
+    }
+    rewrite(ctx, w, Side::Destination, service_id)
+}
+
+/// Writes a decided rewrite of `side` to `w.backend` (remembered first for
+/// the later fragments of a first fragment) and counts it; a failed
+/// rewrite drops the packet.
+#[inline(always)]
+fn rewrite<A: PodFamily>(ctx: &TcContext, w: &mut Work<A>, side: Side, service_id: u32) -> i32 {
+    if w.flow.first_fragment {
+        A::remember_fragment(ctx, w, side, service_id);
+    }
+    if A::rewrite(ctx, &w.flow, side, &w.backend.addr_be, w.backend.port_be).is_err() {
+        count(stat::DROP_REWRITE_FAILED);
+        return TC_ACT_SHOT;
+    }
+    count_rewritten(ctx, side, service_id);
+    TC_ACT_OK
+}
+
+/// A packet going into a pod: a reply of a tracked flow gets the frontend as
+/// its source again.
+#[inline(always)]
+pub fn to_pod<A: PodFamily>(ctx: &TcContext) -> Result<i32, Skip> {
+    let Some(w) = A::work() else {
+        return Err(Skip::NotOurs);
+    };
+    if let Some(handled) = A::parse(ctx, w, ct_dir::REPLY)? {
+        return handled;
+    }
+    w.flow.ct_key_into(ct_dir::REPLY, &mut w.key);
+    let Some(entry_ptr) = A::conntrack().get_ptr_mut(w.key) else {
+        return Err(Skip::NotOurs);
+    };
+    // SAFETY: a value of the conntrack map, valid for this program run;
+    // the fields are copied out.
+    let (flags, service_id) = unsafe {
+        w.backend.addr_be = (*entry_ptr).nat_addr_be;
+        w.backend.port_be = (*entry_ptr).nat_port_be;
+        ((*entry_ptr).flags, (*entry_ptr).service_id)
+    };
+    if w.flow.accepts_connection() && flags & ct_flags::CLOSING != 0 {
         // The flow this entry was made for has closed and its ports were
         // reused by a connection that did not go through the frontend.
-        if SB_CT_V5.remove(key).is_ok() {
+        if A::conntrack().remove(w.key).is_ok() {
             count(stat::CT_STALE);
         }
         return Err(Skip::NotOurs);
     }
-    crate::ct::note(entry_ptr, &flow, true, || {
-        let forward = CtKey {
-            saddr_be: flow.daddr_be,
-            daddr_be: nat_addr_be,
-            sport_be: flow.dport_be,
-            dport_be: nat_port_be,
-            proto: flow.proto,
-            dir: ct_dir::FORWARD,
-            _pad: [0; 2],
-        };
-        SB_CT_V5.get_ptr_mut(forward)
+    let Work {
+        flow,
+        key2,
+        backend,
+        ..
+    } = w;
+    crate::ct::note(entry_ptr, flow, true, || {
+        key2.saddr_be = flow.daddr_be;
+        key2.daddr_be = backend.addr_be;
+        key2.sport_be = flow.dport_be;
+        key2.dport_be = backend.port_be;
+        key2.proto = flow.proto;
+        key2.dir = ct_dir::FORWARD;
+        key2._pad = [0; 2];
+        A::conntrack().get_ptr_mut(*key2)
     });
-    let todo = Rewrite {
-        side: Side::Source,
-        new_addr_be: nat_addr_be,
-        new_port_be: nat_port_be,
-        service_id: entry.service_id,
-        l4_off: flow.l4_off,
-        proto: flow.proto,
-    };
-    Ok(rewrite(ctx, &flow, &todo))
+    Ok(rewrite(ctx, w, Side::Source, service_id))
 }

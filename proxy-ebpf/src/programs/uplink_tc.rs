@@ -154,6 +154,7 @@ pub(crate) fn icmp_error_from_uplink(ctx: &TcContext, ingress: u32) -> Result<i3
     let now = Flow {
         saddr_be: outer.saddr_be,
         daddr_be: outer.daddr_be,
+        frag_id_be: 0,
         sport_be: 0,
         dport_be: 0,
         proto: proto::ICMP,

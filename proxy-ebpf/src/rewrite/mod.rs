@@ -93,7 +93,7 @@ pub(crate) fn count_rewritten(ctx: &TcContext, side: Side, service_id: u32) {
 pub fn rewrite_in_place(ctx: &TcContext) -> i32 {
     let todo = Rewrite::load(ctx);
     if todo.l4_off < ETH_HLEN + IPV4_MIN_HLEN
-        || todo.l4_off > ETH_HLEN + 60
+        || todo.l4_off > MAX_L4_OFF
         || (todo.proto != proto::TCP && todo.proto != proto::UDP)
     {
         count(stat::DROP_REWRITE_FAILED);
@@ -107,10 +107,19 @@ pub fn rewrite_in_place(ctx: &TcContext) -> i32 {
     TC_ACT_OK
 }
 
+/// Where the TCP/UDP header of an IPv4 packet starts at the latest: after
+/// a header with 40 bytes of options.
+const MAX_L4_OFF: usize = ETH_HLEN + 60;
+
 /// The address, port and IPv4 checksum stored directly, then the L4 checksum
 /// through the kernel's helper ([`l4_checksum`]).
 #[inline(always)]
 pub(crate) fn store_in_place(ctx: &TcContext, todo: &Rewrite) -> Result<(), RewriteFailed> {
+    // The bound tells the verifier how far the offset (read back from
+    // working memory) can reach: past a header with the most options.
+    if todo.l4_off > MAX_L4_OFF {
+        return Err(RewriteFailed);
+    }
     let (addr_off, port_off) = match todo.side {
         Side::Source => (ETH_HLEN + 12, todo.l4_off),
         Side::Destination => (ETH_HLEN + 16, todo.l4_off + 2),

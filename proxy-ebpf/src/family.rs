@@ -1,0 +1,222 @@
+//! The address family the family-generic programs are written over: IPv4
+//! (`u32`) and IPv6 ([`Addr6Be`]). A function generic over [`Family`] is
+//! monomorphised and inlined once per family, so each program is what a
+//! hand-written twin would be, written once.
+//!
+//! [`Family`] gathers what differs: the maps of the family (connection
+//! tracking and its ring of new flows, affinity; frontends and backends
+//! through [`crate::lb::FamilyAddr`]), how its addresses compare, its
+//! source ranges, its bit of the frontend bitmap, the hairpin address, and
+//! the family's working memory ([`Work`]).
+//!
+//! A program's keys and entries live in [`Work`], a per-CPU array entry of
+//! the family (`SB_SCRATCH4_V1`, `SB_SCRATCH6_V1`), not on the stack: the
+//! IPv6 ones do not fit in the 512 bytes a BPF call chain has, and the
+//! IPv4 ones follow the same code. The verifier inlines the array lookup
+//! (Linux 6.11+), so the memory costs no helper call.
+use aya_ebpf::{
+    btf_maps::{HashMap, LruHashMap, PerCpuArray},
+    macros::btf_map,
+    programs::TcContext,
+};
+use proxy_common::{
+    capacity, hairpin, Addr6Be, AffinityEntry, AffinityKeyOf, BackendOf, CtEntryOf, CtKeyOf,
+    FragEntry, FragEntry6, FragKey, FragKey6, FrontendSlot, KeyPair,
+};
+
+use crate::{
+    lb::FamilyAddr,
+    maps::{
+        source_allowed4, source_allowed6, AFFINITY_ENTRIES, SB_AFFINITY6_V1, SB_AFFINITY_V1,
+        SB_CT6_NEW_V2, SB_CT6_V1, SB_CT_NEW_V2, SB_CT_V5,
+    },
+    newflows::slot_of,
+    packet::{v6::eq6, FlowOf},
+    prefilter::{maybe_frontend4, maybe_frontend6},
+    rewrite::{store_in_place, v6::rewrite6, Rewrite, RewriteFailed, Side},
+};
+
+/// A family's connection-tracking table.
+pub(crate) type CtMap<A> = HashMap<CtKeyOf<A>, CtEntryOf<A>, { capacity::CONNTRACK as usize }>;
+/// A family's session-affinity map.
+pub(crate) type AffinityMap<A> = LruHashMap<AffinityKeyOf<A>, AffinityEntry, AFFINITY_ENTRIES>;
+
+/// An address family: see the module's documentation.
+pub(crate) trait Family: FamilyAddr + 'static {
+    /// The unspecified address (an entry without source NAT).
+    const ZERO: Self;
+    /// The address a pod reaching itself through a Service is given as
+    /// its client ([`crate::hairpin`]).
+    const HAIRPIN: Self;
+    /// The family's fragment-tracking key and entry, and the quote of an
+    /// ICMP error being built (IPv6 only; nothing for IPv4).
+    type FragKey;
+    type FragEntry;
+    type Quote;
+    /// Address equality (word by word for IPv6: a slice comparison would
+    /// call `bcmp`).
+    fn same(&self, other: &Self) -> bool;
+    fn conntrack() -> &'static CtMap<Self>;
+    /// The next slot of the family's ring of new flows to write (`evict ==
+    /// false`) or to examine (`evict == true`; none when every remembered
+    /// flow was examined), its cursor moved on ([`slot_of`]).
+    fn take_slot(evict: bool) -> Option<*mut KeyPair<CtKeyOf<Self>>>;
+    fn affinity() -> &'static AffinityMap<Self>;
+    /// Whether the frontend of slot 0 `svc` lets `client` in
+    /// (`loadBalancerSourceRanges`).
+    fn source_allowed(svc: &FrontendSlot, client: &Self) -> bool;
+    /// False only if no frontend has the address (the frontend bitmap,
+    /// [`crate::prefilter`]).
+    fn maybe_frontend(addr: &Self) -> bool;
+    /// This CPU's working memory of the family.
+    fn work() -> Option<&'static mut Work<Self>>;
+    /// Rewrites one side (address and port) of the TCP/UDP packet of
+    /// `flow` on the tc path, and its checksums ([`crate::rewrite`]).
+    fn rewrite(
+        ctx: &TcContext,
+        flow: &FlowOf<Self>,
+        side: Side,
+        addr_be: &Self,
+        port_be: u16,
+    ) -> Result<(), RewriteFailed>;
+}
+
+/// A program's working memory for one packet of family `A` (see the
+/// module's documentation), valid for one program run: no other program
+/// of ours runs on this CPU meanwhile (tc and XDP programs run with bottom
+/// halves off, and none calls another that uses it).
+#[repr(C)]
+pub struct Work<A: Family> {
+    pub flow: FlowOf<A>,
+    /// The packet's connection-tracking key.
+    pub key: CtKeyOf<A>,
+    /// The other direction's key.
+    pub key2: CtKeyOf<A>,
+    pub entry: CtEntryOf<A>,
+    pub fe: A::Key,
+    pub aff: AffinityKeyOf<A>,
+    pub backend: BackendOf<A>,
+    pub frag_key: A::FragKey,
+    pub frag_entry: A::FragEntry,
+    /// The quote of an ICMPv6 error being built ([`crate::reject::v6`]):
+    /// the IPv6 header and 8 bytes of the UDP header, as in the packet.
+    pub quote: A::Quote,
+}
+
+/// The IPv6 programs' working memory.
+pub type Scratch6 = Work<Addr6Be>;
+
+/// Not pinned: each loaded object has its own, used within one program run.
+#[btf_map]
+pub static SB_SCRATCH4_V1: PerCpuArray<Work<u32>, 1> = PerCpuArray::new();
+#[btf_map]
+pub static SB_SCRATCH6_V1: PerCpuArray<Work<Addr6Be>, 1> = PerCpuArray::new();
+
+impl Family for u32 {
+    const ZERO: u32 = 0;
+    const HAIRPIN: u32 = hairpin::ADDR_BE;
+    type FragKey = FragKey;
+    type FragEntry = FragEntry;
+    type Quote = ();
+    #[inline(always)]
+    fn same(&self, other: &u32) -> bool {
+        self == other
+    }
+    #[inline(always)]
+    fn conntrack() -> &'static CtMap<u32> {
+        &SB_CT_V5
+    }
+    #[inline(always)]
+    fn take_slot(evict: bool) -> Option<*mut KeyPair<CtKeyOf<u32>>> {
+        let ring = SB_CT_NEW_V2.get_ptr_mut(0)?;
+        // SAFETY: the map's one value, valid for the program run.
+        unsafe { slot_of(ring, evict) }
+    }
+    #[inline(always)]
+    fn affinity() -> &'static AffinityMap<u32> {
+        &SB_AFFINITY_V1
+    }
+    #[inline(always)]
+    fn source_allowed(svc: &FrontendSlot, client: &u32) -> bool {
+        source_allowed4(svc, *client)
+    }
+    #[inline(always)]
+    fn maybe_frontend(addr: &u32) -> bool {
+        maybe_frontend4(*addr)
+    }
+    #[inline(always)]
+    fn work() -> Option<&'static mut Work<u32>> {
+        let ptr = SB_SCRATCH4_V1.get_ptr_mut(0)?;
+        // SAFETY: this CPU's slot of a per-CPU array, valid for the program
+        // run, and used by one program run at a time (see `Work`).
+        Some(unsafe { &mut *ptr })
+    }
+    #[inline(always)]
+    fn rewrite(
+        ctx: &TcContext,
+        flow: &FlowOf<u32>,
+        side: Side,
+        addr_be: &u32,
+        port_be: u16,
+    ) -> Result<(), RewriteFailed> {
+        let todo = Rewrite {
+            side,
+            new_addr_be: *addr_be,
+            new_port_be: port_be,
+            service_id: 0,
+            l4_off: flow.l4_off,
+            proto: flow.proto,
+        };
+        store_in_place(ctx, &todo)
+    }
+}
+
+impl Family for Addr6Be {
+    const ZERO: Addr6Be = [0; 4];
+    const HAIRPIN: Addr6Be = hairpin::ADDR6_BE;
+    type FragKey = FragKey6;
+    type FragEntry = FragEntry6;
+    type Quote = [u32; 12];
+    #[inline(always)]
+    fn same(&self, other: &Addr6Be) -> bool {
+        eq6(self, other)
+    }
+    #[inline(always)]
+    fn conntrack() -> &'static CtMap<Addr6Be> {
+        &SB_CT6_V1
+    }
+    #[inline(always)]
+    fn take_slot(evict: bool) -> Option<*mut KeyPair<CtKeyOf<Addr6Be>>> {
+        let ring = SB_CT6_NEW_V2.get_ptr_mut(0)?;
+        // SAFETY: as for IPv4.
+        unsafe { slot_of(ring, evict) }
+    }
+    #[inline(always)]
+    fn affinity() -> &'static AffinityMap<Addr6Be> {
+        &SB_AFFINITY6_V1
+    }
+    #[inline(always)]
+    fn source_allowed(svc: &FrontendSlot, client: &Addr6Be) -> bool {
+        source_allowed6(svc, client)
+    }
+    #[inline(always)]
+    fn maybe_frontend(addr: &Addr6Be) -> bool {
+        maybe_frontend6(addr)
+    }
+    #[inline(always)]
+    fn work() -> Option<&'static mut Work<Addr6Be>> {
+        let ptr = SB_SCRATCH6_V1.get_ptr_mut(0)?;
+        // SAFETY: as for IPv4.
+        Some(unsafe { &mut *ptr })
+    }
+    #[inline(always)]
+    fn rewrite(
+        ctx: &TcContext,
+        flow: &FlowOf<Addr6Be>,
+        side: Side,
+        addr_be: &Addr6Be,
+        port_be: u16,
+    ) -> Result<(), RewriteFailed> {
+        rewrite6(ctx, flow, side, addr_be, port_be)
+    }
+}
