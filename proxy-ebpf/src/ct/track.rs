@@ -15,10 +15,20 @@ use proxy_common::{ct_dir, ct_flags, stat, CtEntryOf};
 #[inline(always)]
 fn lookup<A: Family>(w: &mut Work<A>) -> Option<*mut CtEntryOf<A>> {
     let entry_ptr = A::conntrack().get_ptr_mut(w.key)?;
-    // SAFETY: a value of the conntrack map, valid for this program run;
-    // copied out.
-    w.entry = unsafe { *entry_ptr };
+    copy_entry(entry_ptr, &mut w.entry);
     Some(entry_ptr)
+}
+
+/// Copies the conntrack entry at `entry_ptr` to `to` (working memory).
+/// A plain assignment between two pointers that may overlap becomes a
+/// call to `memmove`, a byte loop on BPF; these two never overlap, so the
+/// copy is a few loads and stores.
+#[inline(always)]
+pub(crate) fn copy_entry<A: Family>(entry_ptr: *const CtEntryOf<A>, to: &mut CtEntryOf<A>) {
+    // SAFETY: `entry_ptr` is a value of the conntrack map, valid for this
+    // program run; `to` is in the per-CPU working memory, another map:
+    // they do not overlap.
+    unsafe { core::ptr::copy_nonoverlapping(entry_ptr, to, 1) };
 }
 
 /// Whether the backend in `w.entry` is still live (for a flow that needs

@@ -43,6 +43,7 @@ use aya_ebpf::{bindings::TC_ACT_SHOT, programs::TcContext};
 use proxy_common::{ct_dir, ct_flags, stat};
 
 use crate::{
+    ct::track::copy_entry,
     family::{Family, Work},
     maps::{count, count_service},
     packet::{FlowOf, Skip},
@@ -87,10 +88,9 @@ pub fn reply<A: Family>(ctx: &TcContext, w: &mut Work<A>) -> Result<i32, Skip> {
     let Some(entry_ptr) = A::conntrack().get_ptr_mut(w.key) else {
         return Err(Skip::NotOurs);
     };
-    // SAFETY: a value of the conntrack map, valid for this program run;
-    // copied out. The reply entry names the frontend (the new source) and
-    // the pod's own address and port (the new destination).
-    w.entry = unsafe { *entry_ptr };
+    // The reply entry names the frontend (the new source) and the pod's
+    // own address and port (the new destination).
+    copy_entry(entry_ptr, &mut w.entry);
     let Work {
         flow, key2, entry, ..
     } = w;
