@@ -28,6 +28,8 @@ pub trait SlotKey: Copy {
     type Addr: Copy;
     fn slot(&self) -> u16;
     fn set_slot(&mut self, slot: u16);
+    /// Moves the key to the backend set of `scope` ([`proxy_common::scope`]).
+    fn set_scope(&mut self, scope: u8);
     /// A backend's address and port.
     fn backend_addr(backend: &BackendOf<Self::Addr>) -> (Self::Addr, u16);
     /// The frontend map's entry for this key, copied out.
@@ -56,6 +58,10 @@ impl SlotKey for FrontendKey {
         self.slot = slot;
     }
     #[inline(always)]
+    fn set_scope(&mut self, scope: u8) {
+        self.scope = scope;
+    }
+    #[inline(always)]
     fn backend_addr(backend: &Backend) -> (u32, u16) {
         (backend.addr_be, backend.port_be)
     }
@@ -82,6 +88,10 @@ impl SlotKey for FrontendKey6 {
     #[inline(always)]
     fn set_slot(&mut self, slot: u16) {
         self.slot = slot;
+    }
+    #[inline(always)]
+    fn set_scope(&mut self, scope: u8) {
+        self.scope = scope;
     }
     #[inline(always)]
     fn backend_addr(backend: &Backend6) -> (Addr6Be, u16) {

@@ -1,6 +1,8 @@
 //! North-south: what happens to a packet that arrives on an uplink from
-//! outside the node. Shared by the XDP program and its tc twin
-//! (`--xdp-mode off`); each applies the [`Translation`] with its own tools.
+//! outside the node, for both families ([`UplinkFamily`]). Shared by the XDP
+//! programs and their tc twins (`--xdp-mode off`); [`classify`] decides
+//! ([`Out`]) and writes the new addresses and ports to the family's working
+//! memory ([`Up`]), and each program applies them with its own tools.
 //!
 //! - To a frontend (NodePort on a node address, LoadBalancer IP, external
 //!   IP; a ClusterIP routed to the node works the same way):
@@ -16,59 +18,50 @@
 //!     kube-proxy does.
 //! - A reply to a source-NATed flow (destination port in [`snat`]'s range,
 //!   tracked) gets both translations reversed and goes back out.
+//! - A new flow to a frontend whose algorithm is Maglev or source hash picks
+//!   from the service's Maglev table (`SB_MAGLEV_V1`, both families) by the
+//!   family's flow or client hash, so every node picks the same backend for
+//!   the same flow (client); other frontends pick at random, with session
+//!   affinity. Tracked flows keep their backend.
+//! - To a frontend without any endpoint: the program answers as the pod
+//!   path does ([`crate::reject`]); `externalTrafficPolicy: Local` without a
+//!   local endpoint drops. An uplink without an address of the flow's
+//!   family drops flows to remote backends (`no_route`).
+//!
+//! The IPv6 programs are their own (`sb_xdp_uplink6`, `sb_from_uplink6`),
+//! tail-called on ethertype 0x86DD before the IPv4 parser, so the IPv4
+//! programs' frames stay what they were.
 
-pub mod v6;
+mod uplink;
 
-use core::{ffi::c_void, mem::size_of};
+pub(crate) use uplink::{fib_lookup, Up, UplinkFamily, FIB_NO_NEIGH, FIB_SUCCESS};
 
-use aya_ebpf::{
-    bindings::{bpf_fib_lookup as FibParams, BPF_NOEXIST},
-    helpers::{bpf_fib_lookup, bpf_get_prandom_u32},
-};
-use proxy_common::{
-    ct_dir, ct_flags, frontend_flags,
-    hash::{flow_hash, source_hash},
-    scope, snat, stat, AffinityKey, Backend, CtEntry, CtKey, FrontendKey, FrontendSlot,
-};
+use core::ffi::c_void;
+
+use aya_ebpf::bindings::BPF_NOEXIST;
+use aya_ebpf::helpers::bpf_get_prandom_u32;
+use proxy_common::{ct_dir, ct_flags, frontend_flags, scope, snat, stat, FrontendSlot};
 
 use crate::{
     ct::track::{track, tracked, Source},
     ct::{self, NotTracked},
-    family::Family,
-    lb::{choose_backend, frontend_key, lookup_frontend, maglev_backend},
-    maps::{
-        count, count_denied, count_service, source_allowed4, SB_AFFINITY_V1, SB_CT_V5, SB_UPLINK_V1,
-    },
-    packet::{Flow, Skip},
+    lb::{choose_backend, frontend_key, lookup_frontend, maglev_backend, SlotKey},
+    maps::{count, count_denied, count_service},
+    packet::Skip,
 };
 
-const AF_INET: u8 = 2;
-/// `bpf_fib_lookup` results that name the egress interface.
-const FIB_SUCCESS: i64 = 0;
-const FIB_NO_NEIGH: i64 = 7;
-
-/// What to do with a packet from outside that is ours.
-#[derive(Clone, Copy)]
-pub enum Translation {
-    /// To a backend on this node: the destination becomes the backend; the
-    /// kernel delivers the packet.
-    Local { backend: Backend, service_id: u32 },
-    /// To a backend on another node: destination the backend, source this
-    /// node's uplink address and a port of ours; the packet goes out again.
-    Remote {
-        backend: Backend,
-        snat_addr_be: u32,
-        snat_port_be: u16,
-        service_id: u32,
-    },
-    /// The reply of a `Remote` flow: the source becomes the frontend again and
-    /// the destination the client; the packet goes out again.
-    Reply {
-        src_addr_be: u32,
-        src_port_be: u16,
-        dst_addr_be: u32,
-        dst_port_be: u16,
-    },
+/// What [`classify`] decided (the addresses and ports are in [`Up`]).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Out {
+    /// To a backend on this node: only the destination changes; the kernel
+    /// delivers the packet.
+    Local,
+    /// To a backend on another node: both sides change; the packet goes out
+    /// again.
+    Remote,
+    /// The reply of a `Remote` flow: both sides change back; the packet goes
+    /// out again.
+    Reply,
 }
 
 /// Why a packet from outside is not translated.
@@ -77,8 +70,9 @@ pub enum NotTranslated {
     Pass(Skip),
     /// Ours, but it cannot be delivered: drop it, counting this counter.
     Drop(u32),
-    /// To a frontend without any endpoint: answer with an ICMP port
-    /// unreachable, as kube-proxy rejects ([`crate::reject`]).
+    /// To a frontend without any endpoint (its service id in
+    /// `u.service_id`): answer as kube-proxy rejects ([`crate::reject`]);
+    /// the program that answers counts it for the service.
     Reject,
     /// Its source is outside the frontend's `loadBalancerSourceRanges`:
     /// drop it silently, as kube-proxy's firewall does (already counted per
@@ -86,210 +80,227 @@ pub enum NotTranslated {
     Denied,
 }
 
-/// Decides what happens to a packet that arrived on uplink `ingress`.
-/// `ctx` is the program's context (`xdp_md` or `__sk_buff`), for the route
-/// lookup.
+/// Decides what happens to the TCP/UDP packet in `u.s.flow` that arrived
+/// on uplink `ingress`; the new addresses and ports go to `u`. `ctx` is the
+/// program's context, for the route lookup.
 #[inline(always)]
-pub fn classify(ctx: *mut c_void, ingress: u32, flow: &Flow) -> Result<Translation, NotTranslated> {
-    if let Some(reply) = snat_reply(flow)? {
-        return Ok(reply);
+pub fn classify<A: UplinkFamily>(
+    ctx: *mut c_void,
+    ingress: u32,
+    u: &mut Up<A>,
+) -> Result<Out, NotTranslated> {
+    if snat_reply(u)? {
+        return Ok(Out::Reply);
     }
-    let fe_key = frontend_key(flow.daddr_be, flow.dport_be, flow.proto);
-    let Some(svc) = lookup_frontend(&fe_key) else {
+    let flow = &u.s.flow;
+    u.s.fe = frontend_key(flow.daddr_be, flow.dport_be, flow.proto);
+    let Some(svc) = lookup_frontend(&u.s.fe) else {
         return Err(NotTranslated::Pass(Skip::NotOurs));
     };
-    if !source_allowed4(&svc, flow.saddr_be) {
+    if !A::source_allowed(&svc, &u.s.flow.saddr_be) {
         count_denied(svc.service_id);
         return Err(NotTranslated::Denied);
     }
     let cluster = svc;
-    let (key, svc, local_only) = backend_set(fe_key, svc);
+    let (svc, local_only) = backend_set(u, svc);
     if svc.backend_count == 0 {
-        count_service(svc.service_id, |s| s.drops_no_backend += 1);
         // kube-proxy rejects only when the Service has no endpoint at all;
         // `externalTrafficPolicy: Local` without a local one drops.
         if cluster.backend_count == 0 && crate::reject::rejects(&cluster) {
+            u.service_id = cluster.service_id;
             return Err(NotTranslated::Reject);
         }
+        count_service(svc.service_id, |s| s.drops_no_backend += 1);
         return Err(NotTranslated::Drop(stat::DROP_NO_BACKEND));
     }
-    let Some(w) = u32::work() else {
-        return Err(NotTranslated::Pass(Skip::NotOurs));
-    };
-    w.flow = *flow;
-    flow.ct_key_into(ct_dir::FORWARD, &mut w.key);
-    if tracked(w, svc.service_id) {
-        return Ok(from_tracked(&w.entry, flow));
+    u.service_id = svc.service_id;
+    u.s.flow.ct_key_into(ct_dir::FORWARD, &mut u.s.key);
+    if tracked(&mut u.s, svc.service_id) {
+        return Ok(from_tracked(u));
     }
-    let Some((id, backend)) = pick_backend(key, &svc, flow) else {
+    let Some(id) = pick_backend(u, &svc) else {
         return Err(NotTranslated::Drop(stat::DROP_INCONSISTENT));
     };
     if !local_only {
-        if let Some(snat_addr_be) = remote_uplink_addr(ctx, ingress, flow, &backend) {
-            return new_remote_flow(&w.key, flow, id, &backend, svc.service_id, snat_addr_be);
+        match remote_uplink(ctx, ingress, u) {
+            Route::Local => {}
+            Route::Remote => return new_remote_flow(u, id, svc.service_id),
+            Route::NoAddress => return Err(NotTranslated::Drop(stat::NO_ROUTE)),
         }
     }
-    w.backend = backend;
-    if track(w, id, svc.service_id, Source::Client).is_err() {
+    if track(&mut u.s, id, svc.service_id, Source::Client).is_err() {
         // The table is full: the client retransmits.
         return Err(NotTranslated::Drop(stat::CT_FULL));
     }
-    Ok(Translation::Local {
-        backend,
-        service_id: svc.service_id,
-    })
+    set_local(u);
+    Ok(Out::Local)
 }
 
-/// A new flow's backend: by the frontend's hashing algorithm (Maglev over
-/// the 5-tuple, or over the client address) when it has one and its table
-/// is there, else at random (with session affinity).
+/// A new flow's backend, written to `u.s.backend`: by the frontend's
+/// hashing algorithm (Maglev over the flow's hash, or over the client's)
+/// when it has one and its table is there, else at random (with session
+/// affinity). Returns the backend id.
 #[inline(always)]
-fn pick_backend(key: FrontendKey, svc: &FrontendSlot, flow: &Flow) -> Option<(u32, Backend)> {
-    let hashed = match svc.flags & frontend_flags::ALGO_MASK {
-        frontend_flags::ALGO_MAGLEV => Some(flow_hash(
-            flow.saddr_be,
-            flow.daddr_be,
-            flow.sport_be,
-            flow.dport_be,
-            flow.proto,
-        )),
-        frontend_flags::ALGO_SOURCE_HASH => Some(source_hash(flow.saddr_be)),
+fn pick_backend<A: UplinkFamily>(u: &mut Up<A>, svc: &FrontendSlot) -> Option<u32> {
+    let flow = &u.s.flow;
+    let hash = match svc.flags & frontend_flags::ALGO_MASK {
+        frontend_flags::ALGO_MAGLEV => Some(A::flow_hash(flow)),
+        frontend_flags::ALGO_SOURCE_HASH => Some(A::source_hash(&flow.saddr_be)),
         _ => None,
     };
-    if let Some(found) = hashed.and_then(|hash| maglev_backend::<FrontendKey>(svc.service_id, hash))
-    {
-        return Some(found);
+    if let Some(hash) = hash {
+        if let Some((id, backend)) = maglev_backend::<A::Key>(svc.service_id, hash) {
+            u.s.backend = backend;
+            return Some(id);
+        }
     }
-    let affinity_key = AffinityKey {
-        client_addr_be: flow.saddr_be,
-        service_id: svc.service_id,
-    };
-    choose_backend(key, svc, &SB_AFFINITY_V1, &affinity_key)
+    u.s.aff.client_addr_be = u.s.flow.saddr_be;
+    u.s.aff.service_id = svc.service_id;
+    let (id, backend) = choose_backend(u.s.fe, svc, A::affinity(), &u.s.aff)?;
+    u.s.backend = backend;
+    Some(id)
+}
+
+/// The translation of a flow to a local backend (in `u.s.backend`).
+#[inline(always)]
+fn set_local<A: UplinkFamily>(u: &mut Up<A>) {
+    u.to_saddr_be = u.s.flow.saddr_be;
+    u.to_daddr_be = u.s.backend.addr_be;
+    u.to_ports_be = [u.s.flow.sport_be, u.s.backend.port_be];
 }
 
 /// The backend set traffic from outside gets: the external (local-only) one
-/// under `externalTrafficPolicy: Local`, else the frontend's own. Returns its
-/// slot-0 key, its slot-0 entry and whether it is local-only. A local-only
-/// set whose entry is missing (mid-update) counts as empty.
+/// under `externalTrafficPolicy: Local` (then `u.s.fe` becomes its key),
+/// else the frontend's own. Returns its slot-0 entry and whether it is
+/// local-only. A local-only set whose entry is missing (mid-update) counts
+/// as empty.
 #[inline(always)]
-fn backend_set(key: FrontendKey, svc: FrontendSlot) -> (FrontendKey, FrontendSlot, bool) {
+fn backend_set<A: UplinkFamily>(u: &mut Up<A>, svc: FrontendSlot) -> (FrontendSlot, bool) {
     if !frontend_flags::has_external_set(svc.flags) {
-        return (key, svc, false);
+        return (svc, false);
     }
-    let ext_key = FrontendKey {
-        scope: scope::EXTERNAL,
-        ..key
-    };
-    let ext = lookup_frontend(&ext_key).unwrap_or(FrontendSlot {
+    u.s.fe.set_scope(scope::EXTERNAL);
+    let ext = lookup_frontend(&u.s.fe).unwrap_or(FrontendSlot {
         backend_count: 0,
         ..svc
     });
-    (ext_key, ext, true)
+    (ext, true)
 }
 
-/// A tracked flow keeps its translation.
+/// A tracked flow (its forward entry in `u.s.entry`) keeps its translation.
 #[inline(always)]
-fn from_tracked(entry: &CtEntry, flow: &Flow) -> Translation {
-    let backend = Backend {
-        addr_be: entry.nat_addr_be,
-        port_be: entry.nat_port_be,
-        proto: flow.proto,
-        flags: 0,
-    };
-    if entry.flags & ct_flags::SNAT != 0 {
-        Translation::Remote {
-            backend,
-            snat_addr_be: entry.snat_addr_be,
-            snat_port_be: entry.snat_port_be,
-            service_id: entry.service_id,
-        }
-    } else {
-        Translation::Local {
-            backend,
-            service_id: entry.service_id,
-        }
+fn from_tracked<A: UplinkFamily>(u: &mut Up<A>) -> Out {
+    let e = &u.s.entry;
+    u.s.backend.addr_be = e.nat_addr_be;
+    u.s.backend.port_be = e.nat_port_be;
+    if e.flags & ct_flags::SNAT == 0 {
+        set_local(u);
+        return Out::Local;
     }
+    u.to_saddr_be = e.snat_addr_be;
+    u.to_daddr_be = e.nat_addr_be;
+    u.to_ports_be = [e.snat_port_be, e.nat_port_be];
+    Out::Remote
 }
 
 /// A reply to a flow this node source-NATed: only packets to a port of the
-/// SNAT range are looked up.
+/// SNAT range are looked up. `Ok(true)`: `u` holds the reversed addresses.
 #[inline(always)]
-fn snat_reply(flow: &Flow) -> Result<Option<Translation>, NotTranslated> {
-    if !snat::is_snat_port(u16::from_be(flow.dport_be)) {
-        return Ok(None);
+fn snat_reply<A: UplinkFamily>(u: &mut Up<A>) -> Result<bool, NotTranslated> {
+    if !snat::is_snat_port(u16::from_be(u.s.flow.dport_be)) {
+        return Ok(false);
     }
-    let key = flow.ct_key(ct_dir::REPLY);
-    let Some(entry_ptr) = SB_CT_V5.get_ptr_mut(key) else {
-        return Ok(None);
+    u.s.flow.ct_key_into(ct_dir::REPLY, &mut u.s.key2);
+    let Some(entry_ptr) = A::conntrack().get_ptr_mut(u.s.key2) else {
+        return Ok(false);
     };
-    // SAFETY: a value of the conntrack map, valid for this program run; copied out.
-    let entry = unsafe { *entry_ptr };
-    if entry.flags & ct_flags::SNAT == 0 {
-        return Ok(None);
+    // SAFETY: a value of the conntrack map, valid for this program run; the
+    // fields are copied out.
+    let (flags, nat_port_be, snat_port_be) = unsafe {
+        u.to_saddr_be = (*entry_ptr).nat_addr_be;
+        u.to_daddr_be = (*entry_ptr).snat_addr_be;
+        (
+            (*entry_ptr).flags,
+            (*entry_ptr).nat_port_be,
+            (*entry_ptr).snat_port_be,
+        )
+    };
+    if flags & ct_flags::SNAT == 0 {
+        return Ok(false);
     }
-    if flow.accepts_connection() && entry.flags & ct_flags::CLOSING != 0 {
+    let flow = &u.s.flow;
+    if flow.accepts_connection() && flags & ct_flags::CLOSING != 0 {
         // The flow has closed; nothing of ours answers on this port now.
-        if SB_CT_V5.remove(key).is_ok() {
+        if A::conntrack().remove(u.s.key2).is_ok() {
             count(stat::CT_STALE);
         }
         return Err(NotTranslated::Pass(Skip::NotOurs));
     }
     crate::ct::note(entry_ptr, flow, true, || {
-        let forward = CtKey {
-            saddr_be: entry.snat_addr_be,
-            daddr_be: entry.nat_addr_be,
-            sport_be: entry.snat_port_be,
-            dport_be: entry.nat_port_be,
-            proto: flow.proto,
-            dir: ct_dir::FORWARD,
-            _pad: [0; 2],
-        };
-        SB_CT_V5.get_ptr_mut(forward)
+        let k = &mut u.s.key;
+        k.saddr_be = u.to_daddr_be;
+        k.daddr_be = u.to_saddr_be;
+        k.sport_be = snat_port_be;
+        k.dport_be = nat_port_be;
+        k.proto = flow.proto;
+        k.dir = ct_dir::FORWARD;
+        k._pad = [0; 2];
+        A::conntrack().get_ptr_mut(u.s.key)
     });
-    Ok(Some(Translation::Reply {
-        src_addr_be: entry.nat_addr_be,
-        src_port_be: entry.nat_port_be,
-        dst_addr_be: entry.snat_addr_be,
-        dst_port_be: entry.snat_port_be,
-    }))
+    u.to_ports_be = [nat_port_be, snat_port_be];
+    u.service_id = 0;
+    Ok(true)
 }
 
-/// The address of the uplink the route to `backend` leaves through, if it
-/// leaves through one (the backend is on another node). A backend reached
-/// through any other interface (a pod veth) is local.
+/// Where the route to a new flow's backend leaves.
+enum Route {
+    /// Not through an uplink: the backend is on this node.
+    Local,
+    /// Through an uplink with an address of the family (now in
+    /// `u.snat_addr_be`).
+    Remote,
+    /// Through an uplink without an address of the family.
+    NoAddress,
+}
+
+/// Whether the route to the backend in `u.s.backend` leaves through an
+/// uplink (the backend is on another node). A backend reached through any
+/// other interface (a pod veth) is local.
 #[inline(always)]
-fn remote_uplink_addr(
-    ctx: *mut c_void,
-    ingress: u32,
-    flow: &Flow,
-    backend: &Backend,
-) -> Option<u32> {
-    let mut params = fib_params(ingress, flow.proto, flow.saddr_be, backend.addr_be);
-    // SAFETY: `params` is a valid, initialised `bpf_fib_lookup` of the size
-    // passed; `ctx` is this program's own context.
-    let rc = unsafe { bpf_fib_lookup(ctx, &mut params, size_of::<FibParams>() as i32, 0) };
+fn remote_uplink<A: UplinkFamily>(ctx: *mut c_void, ingress: u32, u: &mut Up<A>) -> Route {
+    let (src, dst) = (&u.s.flow.saddr_be, &u.s.backend.addr_be);
+    A::fib_params(&mut u.fib, ingress, u.s.flow.proto, src, dst);
+    let rc = fib_lookup(ctx, &mut u.fib);
     if rc != FIB_SUCCESS && rc != FIB_NO_NEIGH {
-        return None;
+        return Route::Local;
     }
-    // SAFETY: the value is copied out at once.
-    unsafe { SB_UPLINK_V1.get(params.ifindex) }.map(|uplink| uplink.addr_be)
+    match A::uplink_addr(u.fib.ifindex) {
+        None => Route::Local,
+        Some(addr) if addr.same(&A::ZERO) => Route::NoAddress,
+        Some(addr) => {
+            u.snat_addr_be = addr;
+            Route::Remote
+        }
+    }
 }
 
-/// Takes the SNAT port `reply_key` names for a new flow: free (no entry), or
-/// held by a TCP flow that closed more than [`snat::REUSE_AFTER_NS`] ago.
-/// Taking a closed flow's port overwrites its entry and reads it back: when
-/// two CPUs take the same port at the same instant (the BPF target has no
-/// compare-and-exchange here), only the one whose client the entry names
-/// keeps it, and the other tries its next port. A full table ends the
-/// search ([`NotTracked::Full`]); a taken port is `Ok(false)`.
+/// Takes the SNAT port the key in `u.s.key2` names for the new flow whose
+/// reply entry is `u.s.entry`: free (no entry), or held by a TCP flow that
+/// closed more than [`snat::REUSE_AFTER_NS`] ago. Taking a closed flow's
+/// port overwrites its entry and reads it back: when two CPUs take the same
+/// port at the same instant (the BPF target has no compare-and-exchange
+/// here), only the one whose client the entry names keeps it, and the other
+/// tries its next port. A full table ends the search
+/// ([`NotTracked::Full`]); a taken port is `Ok(false)`.
 #[inline(always)]
-fn claim_port(reply_key: &CtKey, reply: &CtEntry, now: u64) -> Result<bool, NotTracked> {
-    match ct::insert(reply_key, reply, u64::from(BPF_NOEXIST)) {
+fn claim_port<A: UplinkFamily>(u: &Up<A>, now: u64) -> Result<bool, NotTracked> {
+    let table = A::conntrack();
+    match ct::insert(&u.s.key2, &u.s.entry, u64::from(BPF_NOEXIST)) {
         Ok(()) => return Ok(true),
         Err(NotTracked::Full) => return Err(NotTracked::Full),
         Err(NotTracked::Failed) => {}
     }
-    let Some(held) = SB_CT_V5.get_ptr(reply_key) else {
+    let Some(held) = table.get_ptr(u.s.key2) else {
         return Ok(false);
     };
     // SAFETY: a value of the conntrack map, valid for this program run; read once.
@@ -297,107 +308,88 @@ fn claim_port(reply_key: &CtKey, reply: &CtEntry, now: u64) -> Result<bool, NotT
     if flags & ct_flags::CLOSING == 0 || now.wrapping_sub(closed_ns) < snat::REUSE_AFTER_NS {
         return Ok(false);
     }
-    if SB_CT_V5.insert(reply_key, reply, 0).is_err() {
+    if table.insert(u.s.key2, u.s.entry, 0).is_err() {
         return Ok(false);
     }
-    // SAFETY: the value is copied out at once.
-    Ok(match unsafe { SB_CT_V5.get(reply_key) } {
-        Some(now_held) => {
-            now_held.snat_addr_be == reply.snat_addr_be
-                && now_held.snat_port_be == reply.snat_port_be
-                && now_held.nat_addr_be == reply.nat_addr_be
-        }
-        None => false,
+    let Some(now_held) = table.get_ptr(u.s.key2) else {
+        return Ok(false);
+    };
+    let mine = &u.s.entry;
+    // SAFETY: as above; read once.
+    Ok(unsafe {
+        (*now_held).snat_addr_be.same(&mine.snat_addr_be)
+            && (*now_held).snat_port_be == mine.snat_port_be
+            && (*now_held).nat_addr_be.same(&mine.nat_addr_be)
     })
 }
 
-/// Route-lookup parameters for an IPv4 packet arriving on `ifindex`.
+/// Records a new flow to a backend on another node (in `u.s.backend`,
+/// forward key in `u.s.key`) with a free port of the SNAT range: the reply
+/// entry is inserted first and only where no flow holds that port yet, so
+/// two flows never share one.
 #[inline(always)]
-pub fn fib_params(ifindex: u32, proto: u8, saddr_be: u32, daddr_be: u32) -> FibParams {
-    // SAFETY: `bpf_fib_lookup` is plain data; all-zero is a valid value.
-    let mut params: FibParams = unsafe { core::mem::zeroed() };
-    params.family = AF_INET;
-    params.l4_protocol = proto;
-    params.ifindex = ifindex;
-    params.__bindgen_anon_3.ipv4_src = saddr_be;
-    params.__bindgen_anon_4.ipv4_dst = daddr_be;
-    params
-}
-
-/// Records a new flow to a backend on another node, with a free port of
-/// the SNAT range: the reply entry is inserted first and only where no flow
-/// holds that port yet, so two flows never share one.
-#[inline(always)]
-fn new_remote_flow(
-    fwd: &CtKey,
-    flow: &Flow,
+fn new_remote_flow<A: UplinkFamily>(
+    u: &mut Up<A>,
     backend_id: u32,
-    backend: &Backend,
     service_id: u32,
-    snat_addr_be: u32,
-) -> Result<Translation, NotTranslated> {
+) -> Result<Out, NotTranslated> {
     // SAFETY: a helper without preconditions.
     let start = unsafe { bpf_get_prandom_u32() };
     let created_ns = ct::now_ns();
-    let reply = CtEntry {
-        backend_id,
-        service_id,
-        nat_addr_be: flow.daddr_be,
-        nat_port_be: flow.dport_be,
-        flags: ct_flags::SNAT | ct_flags::HANDSHAKE,
-        state: 0,
-        snat_addr_be: flow.saddr_be,
-        snat_port_be: flow.sport_be,
-        _pad2: [0; 2],
-        created_ns,
-        last_seen_ns: created_ns,
-    };
     for attempt in 0..snat::ATTEMPTS {
         let step = start.wrapping_add(attempt.wrapping_mul(snat::STRIDE));
-        let port = snat::port(step % snat::PORTS);
-        let reply_key = CtKey {
-            saddr_be: backend.addr_be,
-            daddr_be: snat_addr_be,
-            sport_be: backend.port_be,
-            dport_be: port.to_be(),
-            proto: flow.proto,
-            dir: ct_dir::REPLY,
-            _pad: [0; 2],
-        };
-        match claim_port(&reply_key, &reply, created_ns) {
+        let port_be = snat::port(step % snat::PORTS).to_be();
+        let e = &mut u.s.entry;
+        e.backend_id = backend_id;
+        e.service_id = service_id;
+        e.nat_addr_be = u.s.flow.daddr_be;
+        e.nat_port_be = u.s.flow.dport_be;
+        e.flags = ct_flags::SNAT | ct_flags::HANDSHAKE;
+        e.state = 0;
+        e.snat_addr_be = u.s.flow.saddr_be;
+        e.snat_port_be = u.s.flow.sport_be;
+        e._pad2 = [0; 2];
+        e.created_ns = created_ns;
+        e.last_seen_ns = created_ns;
+        let k = &mut u.s.key2;
+        k.saddr_be = u.s.backend.addr_be;
+        k.daddr_be = u.snat_addr_be;
+        k.sport_be = u.s.backend.port_be;
+        k.dport_be = port_be;
+        k.proto = u.s.flow.proto;
+        k.dir = ct_dir::REPLY;
+        k._pad = [0; 2];
+        match claim_port(u, created_ns) {
             Ok(true) => {}
             Ok(false) => continue,
             // Full: the next port is tried once a flow that is not
             // established made room.
-            Err(_) if ct::make_room::<CtKey>() => continue,
+            Err(_) if ct::make_room::<proxy_common::CtKeyOf<A>>() => continue,
             // The client retransmits once the agent made room.
             Err(_) => return Err(NotTranslated::Drop(stat::CT_FULL)),
         }
-        let forward = CtEntry {
-            nat_addr_be: backend.addr_be,
-            nat_port_be: backend.port_be,
-            snat_addr_be,
-            snat_port_be: port.to_be(),
-            ..reply
-        };
-        match ct::with_room::<CtKey>(|| ct::insert(fwd, &forward, 0)) {
+        let e = &mut u.s.entry;
+        e.nat_addr_be = u.s.backend.addr_be;
+        e.nat_port_be = u.s.backend.port_be;
+        e.snat_addr_be = u.snat_addr_be;
+        e.snat_port_be = port_be;
+        let (fwd, reply) = (&u.s.key, &u.s.key2);
+        match ct::with_room::<proxy_common::CtKeyOf<A>>(|| ct::insert(fwd, &u.s.entry, 0)) {
             Ok(()) => {
                 count_service(service_id, |s| s.new_flows += 1);
-                ct::remember(fwd, &reply_key);
+                ct::remember(fwd, reply);
             }
             Err(NotTracked::Failed) => count(stat::CT_INSERT_FAILED),
             Err(NotTracked::Full) => {
                 // Give the port back: no half-tracked flow.
-                let _ = SB_CT_V5.remove(reply_key);
+                let _ = A::conntrack().remove(reply);
                 return Err(NotTranslated::Drop(stat::CT_FULL));
             }
         }
-        return Ok(Translation::Remote {
-            backend: *backend,
-            snat_addr_be,
-            snat_port_be: port.to_be(),
-            service_id,
-        });
+        u.to_saddr_be = u.snat_addr_be;
+        u.to_daddr_be = u.s.backend.addr_be;
+        u.to_ports_be = [port_be, u.s.backend.port_be];
+        return Ok(Out::Remote);
     }
     Err(NotTranslated::Drop(stat::SNAT_EXHAUSTED))
 }

@@ -103,20 +103,6 @@ impl<A: Copy> FlowOf<A> {
         self.l4_off
     }
 
-    /// The flow's connection-tracking key of direction `dir`.
-    #[inline(always)]
-    pub fn ct_key(&self, dir: u8) -> CtKeyOf<A> {
-        CtKeyOf {
-            saddr_be: self.saddr_be,
-            daddr_be: self.daddr_be,
-            sport_be: self.sport_be,
-            dport_be: self.dport_be,
-            proto: self.proto,
-            dir,
-            _pad: [0; 2],
-        }
-    }
-
     /// Writes the flow's connection-tracking key of direction `dir` to
     /// `key` (which may be scratch memory: no copy on the stack).
     #[inline(always)]

@@ -25,6 +25,8 @@ pub const IPV6_HLEN: usize = 40;
 /// Offsets (from the start of the frame) of the IPv6 header's fields.
 pub const IP6_SADDR_OFF: usize = ETH_HLEN + 8;
 pub const IP6_DADDR_OFF: usize = ETH_HLEN + 24;
+/// Offset of the hop limit from the start of the frame.
+pub const IP6_HOP_LIMIT_OFF: usize = ETH_HLEN + 7;
 /// Where the next header starts when there are no extension headers.
 pub const IP6_L4_OFF: usize = ETH_HLEN + IPV6_HLEN;
 

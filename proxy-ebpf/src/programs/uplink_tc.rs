@@ -13,16 +13,17 @@ use crate::skb::drop_counted;
 use crate::skb::ethertype;
 use crate::{
     maps::{count, count_service},
-    nodeport::{self, NotTranslated, Translation},
+    nodeport::{self, NotTranslated, Out, UplinkFamily, FIB_NO_NEIGH, FIB_SUCCESS},
     packet::v6::ETH_P_IPV6_BE,
     packet::{Flow, Ipv4Hdr, Skip, ETH_HLEN, ETH_P_IP_BE, IP_CSUM_OFF},
 };
 use aya_ebpf::{
+    bindings::bpf_fib_lookup as FibParams,
     bindings::{TC_ACT_OK, TC_ACT_SHOT},
-    helpers::{bpf_fib_lookup, bpf_redirect_neigh},
+    helpers::bpf_redirect_neigh,
     programs::TcContext,
 };
-use core::{ffi::c_void, mem::size_of};
+use core::ffi::c_void;
 use proxy_common::{proto, stat, tail};
 /// `sb_from_uplink` (`--xdp-mode off`): a packet from outside the node, as
 /// the XDP program would treat it ([`nodeport::classify`]), rewritten with
@@ -46,45 +47,27 @@ pub fn try_from_uplink(ctx: &TcContext) -> Result<i32, Skip> {
         Err(Skip::Icmp) => return icmp_error_from_uplink(ctx, ingress),
         Err(skip) => return Err(skip),
     };
-    let translation = match nodeport::classify(ctx.skb.skb as *mut c_void, ingress, &flow) {
-        Ok(translation) => translation,
+    let Some(u) = u32::up() else {
+        return Err(Skip::NotOurs);
+    };
+    u.s.flow = flow;
+    let out = match nodeport::classify(ctx.skb.skb as *mut c_void, ingress, u) {
+        Ok(out) => out,
         Err(NotTranslated::Pass(skip)) => return Err(skip),
         Err(NotTranslated::Drop(counter)) => return drop_counted(counter),
         Err(NotTranslated::Denied) => return Ok(TC_ACT_SHOT),
-        Err(NotTranslated::Reject) => return Ok(crate::reject::tc_reject(ctx, &flow)),
+        Err(NotTranslated::Reject) => {
+            count_service(u.service_id, |s| s.drops_no_backend += 1);
+            return Ok(crate::reject::tc_reject(ctx, &flow));
+        }
     };
-    let (src, dst, service_id, counter) = match translation {
-        Translation::Local {
-            backend,
-            service_id,
-        } => (
-            None,
-            (backend.addr_be, backend.port_be),
-            service_id,
-            stat::EXT_LOCAL,
-        ),
-        Translation::Remote {
-            backend,
-            snat_addr_be,
-            snat_port_be,
-            service_id,
-        } => (
-            Some((snat_addr_be, snat_port_be)),
-            (backend.addr_be, backend.port_be),
-            service_id,
-            stat::EXT_REMOTE,
-        ),
-        Translation::Reply {
-            src_addr_be,
-            src_port_be,
-            dst_addr_be,
-            dst_port_be,
-        } => (
-            Some((src_addr_be, src_port_be)),
-            (dst_addr_be, dst_port_be),
-            0,
-            stat::EXT_REPLY,
-        ),
+    let dst = (u.to_daddr_be, u.to_ports_be[1]);
+    let src = (u.to_saddr_be, u.to_ports_be[0]);
+    let service_id = u.service_id;
+    let (src, counter) = match out {
+        Out::Local => (None, stat::EXT_LOCAL),
+        Out::Remote => (Some(src), stat::EXT_REMOTE),
+        Out::Reply => (Some(src), stat::EXT_REPLY),
     };
     let leaves = src.is_some();
     if leaves && ttl(ctx)? <= 1 {
@@ -197,17 +180,16 @@ pub(crate) fn ttl(ctx: &TcContext) -> Result<u8, Skip> {
 /// martian.
 #[inline(always)]
 pub(crate) fn send_out(ctx: &TcContext, ingress: u32, flow: &Flow) -> Result<i32, Skip> {
-    let mut params = nodeport::fib_params(ingress, flow.proto, flow.saddr_be, flow.daddr_be);
-    // SAFETY: `params` is a valid, initialised `bpf_fib_lookup` of the size
-    // passed; the context is this program's own.
-    let rc = unsafe {
-        bpf_fib_lookup(
-            ctx.skb.skb as *mut c_void,
-            &mut params,
-            size_of::<aya_ebpf::bindings::bpf_fib_lookup>() as i32,
-            0,
-        )
-    };
+    // SAFETY: `bpf_fib_lookup` is plain data; all-zero is a valid value.
+    let mut params: FibParams = unsafe { core::mem::zeroed() };
+    u32::fib_params(
+        &mut params,
+        ingress,
+        flow.proto,
+        &flow.saddr_be,
+        &flow.daddr_be,
+    );
+    let rc = nodeport::fib_lookup(ctx.skb.skb as *mut c_void, &mut params);
     if rc != FIB_SUCCESS && rc != FIB_NO_NEIGH {
         return drop_counted(stat::NO_ROUTE);
     }
@@ -232,7 +214,3 @@ pub(crate) fn decrement_ttl(ctx: &TcContext) -> Result<(), RewriteFailed> {
     ctx.store(ETH_HLEN + 8, &ttl.wrapping_sub(1), 0)
         .map_err(|_| RewriteFailed)
 }
-
-/// `bpf_fib_lookup` results that name the egress interface.
-pub(crate) const FIB_SUCCESS: i64 = 0;
-pub(crate) const FIB_NO_NEIGH: i64 = 7;

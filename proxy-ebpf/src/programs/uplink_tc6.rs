@@ -2,13 +2,8 @@
 //! `sb_from_uplink` ([`crate::nodeport::v6`] decides): DNAT/SNAT, replies,
 //! ICMPv6 errors about source-NATed flows, and answers for frontends without
 //! endpoints ([`crate::reject::v6`]).
-use crate::nodeport::v6::classify6;
-use crate::nodeport::v6::fib_params6;
-use crate::nodeport::v6::scratch_up6;
-use crate::nodeport::v6::Out6;
-use crate::nodeport::v6::Up6;
-use crate::nodeport::v6::IP6_HOP_LIMIT_OFF;
-use crate::nodeport::v6::{FIB_NO_NEIGH, FIB_SUCCESS};
+use crate::nodeport::{classify, fib_lookup, Out, Up, UplinkFamily, FIB_NO_NEIGH, FIB_SUCCESS};
+use crate::packet::v6::IP6_HOP_LIMIT_OFF;
 use crate::{
     maps::{count, count_service, SB_CT6_V1},
     nodeport::NotTranslated,
@@ -22,19 +17,19 @@ use crate::{
     skb::drop_counted,
 };
 use aya_ebpf::{
-    bindings::{bpf_fib_lookup as FibParams, TC_ACT_OK, TC_ACT_SHOT},
-    helpers::{bpf_fib_lookup, bpf_redirect_neigh},
+    bindings::{TC_ACT_OK, TC_ACT_SHOT},
+    helpers::bpf_redirect_neigh,
     programs::TcContext,
 };
-use core::{ffi::c_void, mem::size_of};
-use proxy_common::{ct_dir, ct_flags, proto, snat, stat};
+use core::ffi::c_void;
+use proxy_common::{ct_dir, ct_flags, proto, snat, stat, Addr6Be};
 // ---- tc: `sb_from_uplink6` ----
 
 /// `sb_from_uplink6`: an IPv6 packet from outside the node (`--xdp-mode
 /// off`, and what XDP handed on), rewritten with helper stores.
 #[inline(always)]
 pub fn from_uplink6(ctx: &TcContext) -> i32 {
-    let Some(u) = scratch_up6() else {
+    let Some(u) = Addr6Be::up() else {
         return crate::skb::pass(Skip::NotOurs);
     };
     match try_from_uplink6(ctx, u) {
@@ -44,7 +39,7 @@ pub fn from_uplink6(ctx: &TcContext) -> i32 {
 }
 
 #[inline(always)]
-fn try_from_uplink6(ctx: &TcContext, u: &mut Up6) -> Result<i32, Skip> {
+fn try_from_uplink6(ctx: &TcContext, u: &mut Up<Addr6Be>) -> Result<i32, Skip> {
     match parse6(ctx, &mut u.s.flow)? {
         Kind6::Flow => {}
         // Not translated on the uplink yet: they pass untouched.
@@ -58,7 +53,7 @@ fn try_from_uplink6(ctx: &TcContext, u: &mut Up6) -> Result<i32, Skip> {
     }
     // SAFETY: `ctx.skb.skb` is the kernel's `__sk_buff` for this run; a read.
     let ingress = unsafe { (*ctx.skb.skb).ingress_ifindex };
-    let out = match classify6(ctx.skb.skb as *mut c_void, ingress, u) {
+    let out = match classify(ctx.skb.skb as *mut c_void, ingress, u) {
         Ok(out) => out,
         Err(NotTranslated::Pass(skip)) => return Err(skip),
         Err(NotTranslated::Drop(counter)) => return drop_counted(counter),
@@ -68,7 +63,7 @@ fn try_from_uplink6(ctx: &TcContext, u: &mut Up6) -> Result<i32, Skip> {
             return Ok(crate::reject::v6::answer(ctx, &mut u.s));
         }
     };
-    let leaves = out != Out6::Local;
+    let leaves = out != Out::Local;
     if leaves && load::<u8>(ctx, IP6_HOP_LIMIT_OFF)? <= 1 {
         return drop_counted(stat::TTL_EXCEEDED);
     }
@@ -88,9 +83,9 @@ fn try_from_uplink6(ctx: &TcContext, u: &mut Up6) -> Result<i32, Skip> {
         return drop_counted(stat::DROP_REWRITE_FAILED);
     }
     let counter = match out {
-        Out6::Local => stat::EXT_LOCAL,
-        Out6::Remote => stat::EXT_REMOTE,
-        Out6::Reply => stat::EXT_REPLY,
+        Out::Local => stat::EXT_LOCAL,
+        Out::Remote => stat::EXT_REMOTE,
+        Out::Reply => stat::EXT_REPLY,
     };
     if u.service_id != 0 {
         let len = u64::from(ctx.len());
@@ -110,19 +105,10 @@ fn try_from_uplink6(ctx: &TcContext, u: &mut Up6) -> Result<i32, Skip> {
 /// interface, the kernel resolving the next hop, with the hop limit down by
 /// one (IPv6 has no header checksum).
 #[inline(always)]
-fn send_out6(ctx: &TcContext, ingress: u32, u: &mut Up6) -> Result<i32, Skip> {
+fn send_out6(ctx: &TcContext, ingress: u32, u: &mut Up<Addr6Be>) -> Result<i32, Skip> {
     let (src, dst) = (u.to_saddr_be, u.to_daddr_be);
-    fib_params6(&mut u.fib, ingress, u.s.flow.proto, &src, &dst);
-    // SAFETY: `u.fib` is a valid, initialised `bpf_fib_lookup` of the size
-    // passed; the context is this program's own.
-    let rc = unsafe {
-        bpf_fib_lookup(
-            ctx.skb.skb as *mut c_void,
-            &mut u.fib,
-            size_of::<FibParams>() as i32,
-            0,
-        )
-    };
+    Addr6Be::fib_params(&mut u.fib, ingress, u.s.flow.proto, &src, &dst);
+    let rc = fib_lookup(ctx.skb.skb as *mut c_void, &mut u.fib);
     if rc != FIB_SUCCESS && rc != FIB_NO_NEIGH {
         return drop_counted(stat::NO_ROUTE);
     }
@@ -154,7 +140,7 @@ const ICMPV6_ERROR_MAX: u8 = 4;
 /// TCP/UDP checksum (where the quote holds it; a UDP 0 stays 0) and the
 /// ICMPv6 checksum follow. Anything else passes untouched.
 #[inline(always)]
-fn icmp_error_snat6(ctx: &TcContext, u: &mut Up6) -> Result<i32, Skip> {
+fn icmp_error_snat6(ctx: &TcContext, u: &mut Up<Addr6Be>) -> Result<i32, Skip> {
     let icmp_off = u.s.flow.l4_off();
     let head: [u8; 4] = load(ctx, icmp_off).map_err(|_| Skip::Icmp)?;
     if head[0] == 0 || head[0] > ICMPV6_ERROR_MAX {

@@ -1,5 +1,5 @@
 //! `sb_xdp_uplink`: the north-south path at the driver, before the kernel
-//! allocates anything for the packet. It parses, asks [`nodeport::classify`]
+//! allocates anything for the packet. It parses, asks [`crate::nodeport::classify`]
 //! and writes the translation directly with incremental checksums (XDP has no
 //! checksum helpers; a frame at this point carries complete checksums).
 //! Packets to a local backend go up the stack (`XDP_PASS`); packets to a
@@ -11,19 +11,19 @@
 //! fragments always do.
 use crate::maps::SB_XDP_TAIL6_V1;
 use crate::packet::ctx::{parse_ipv4, ptr_at};
-use core::{ffi::c_void, mem::size_of};
+use core::ffi::c_void;
 use proxy_common::tail;
 
 use aya_ebpf::{
-    bindings::{xdp_action, BPF_FIB_LKUP_RET_SUCCESS},
-    helpers::{bpf_fib_lookup, bpf_redirect},
+    bindings::{bpf_fib_lookup as FibParams, xdp_action, BPF_FIB_LKUP_RET_SUCCESS},
+    helpers::bpf_redirect,
     programs::XdpContext,
 };
 use proxy_common::{proto, stat};
 
 use crate::{
     maps::{count, count_service},
-    nodeport::{classify, fib_params, NotTranslated, Translation},
+    nodeport::{classify, fib_lookup, NotTranslated, Out, UplinkFamily},
     packet::v6::ETH_P_IPV6_BE,
     packet::{
         csum_replace2, csum_replace4, Flow, Ipv4Hdr, Skip, ETH_HLEN, ETH_P_IP_BE, TCP_CSUM_OFF,
@@ -54,62 +54,40 @@ pub fn try_uplink(ctx: &XdpContext) -> Result<u32, Skip> {
         }
         return Err(Skip::NotOurs);
     }
+    let Some(u) = u32::up() else {
+        return Err(Skip::NotOurs);
+    };
     let flow = parse_ipv4(ctx)?;
+    u.s.flow = flow;
     // SAFETY: `ctx.ctx` is the kernel's `xdp_md` for this run; a read.
     let ingress = unsafe { (*ctx.ctx).ingress_ifindex };
-    let translation = match classify(ctx.ctx as *mut c_void, ingress, &flow) {
-        Ok(translation) => translation,
+    let out = match classify(ctx.ctx as *mut c_void, ingress, u) {
+        Ok(out) => out,
         Err(NotTranslated::Pass(skip)) => return Err(skip),
         Err(NotTranslated::Drop(counter)) => {
             count(counter);
             return Ok(xdp_action::XDP_DROP);
         }
         Err(NotTranslated::Denied) => return Ok(xdp_action::XDP_DROP),
-        Err(NotTranslated::Reject) => return Ok(crate::reject::xdp_reject(ctx, &flow)),
+        Err(NotTranslated::Reject) => {
+            count_service(u.service_id, |s| s.drops_no_backend += 1);
+            return Ok(crate::reject::xdp_reject(ctx, &flow));
+        }
     };
-    match translation {
-        Translation::Local {
-            backend,
-            service_id,
-        } => {
-            let to = Endpoints {
-                saddr_be: flow.saddr_be,
-                sport_be: flow.sport_be,
-                daddr_be: backend.addr_be,
-                dport_be: backend.port_be,
-            };
+    let to = Endpoints {
+        saddr_be: u.to_saddr_be,
+        sport_be: u.to_ports_be[0],
+        daddr_be: u.to_daddr_be,
+        dport_be: u.to_ports_be[1],
+    };
+    match out {
+        Out::Local => {
             rewrite(ctx, &flow, &to)?;
-            count_forward(ctx, service_id, stat::EXT_LOCAL);
+            count_forward(ctx, u.service_id, stat::EXT_LOCAL);
             Ok(xdp_action::XDP_PASS)
         }
-        Translation::Remote {
-            backend,
-            snat_addr_be,
-            snat_port_be,
-            service_id,
-        } => {
-            let to = Endpoints {
-                saddr_be: snat_addr_be,
-                sport_be: snat_port_be,
-                daddr_be: backend.addr_be,
-                dport_be: backend.port_be,
-            };
-            send_out(ctx, ingress, &flow, &to, service_id, stat::EXT_REMOTE)
-        }
-        Translation::Reply {
-            src_addr_be,
-            src_port_be,
-            dst_addr_be,
-            dst_port_be,
-        } => {
-            let to = Endpoints {
-                saddr_be: src_addr_be,
-                sport_be: src_port_be,
-                daddr_be: dst_addr_be,
-                dport_be: dst_port_be,
-            };
-            send_out(ctx, ingress, &flow, &to, 0, stat::EXT_REPLY)
-        }
+        Out::Remote => send_out(ctx, ingress, &flow, &to, u.service_id, stat::EXT_REMOTE),
+        Out::Reply => send_out(ctx, ingress, &flow, &to, 0, stat::EXT_REPLY),
     }
 }
 
@@ -188,17 +166,10 @@ fn send_out(
     service_id: u32,
     counter: u32,
 ) -> Result<u32, Skip> {
-    let mut params = fib_params(ingress, flow.proto, to.saddr_be, to.daddr_be);
-    // SAFETY: `params` is a valid, initialised `bpf_fib_lookup` of the size
-    // passed; `ctx.ctx` is this program's own context.
-    let rc = unsafe {
-        bpf_fib_lookup(
-            ctx.ctx as *mut c_void,
-            &mut params,
-            size_of::<aya_ebpf::bindings::bpf_fib_lookup>() as i32,
-            0,
-        )
-    };
+    // SAFETY: `bpf_fib_lookup` is plain data; all-zero is a valid value.
+    let mut params: FibParams = unsafe { core::mem::zeroed() };
+    u32::fib_params(&mut params, ingress, flow.proto, &to.saddr_be, &to.daddr_be);
+    let rc = fib_lookup(ctx.ctx as *mut c_void, &mut params);
     if rc != i64::from(BPF_FIB_LKUP_RET_SUCCESS) || ttl(ctx)? <= 1 {
         count(stat::XDP_TO_TC);
         return Ok(xdp_action::XDP_PASS);

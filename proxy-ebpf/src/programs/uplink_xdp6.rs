@@ -15,16 +15,17 @@
 use core::{ffi::c_void, mem::size_of};
 
 use aya_ebpf::{
-    bindings::{bpf_fib_lookup as FibParams, xdp_action, BPF_FIB_LKUP_RET_SUCCESS},
-    helpers::{bpf_fib_lookup, bpf_redirect, bpf_xdp_store_bytes},
+    bindings::{xdp_action, BPF_FIB_LKUP_RET_SUCCESS},
+    helpers::{bpf_redirect, bpf_xdp_store_bytes},
     programs::XdpContext,
 };
 use proxy_common::{proto, stat, Addr6Be};
 
 use crate::{
     maps::{count, count_service},
-    nodeport::v6::{classify6, fib_params6, scratch_up6, Out6, Up6, IP6_HOP_LIMIT_OFF},
     nodeport::NotTranslated,
+    nodeport::{classify, fib_lookup, Out, Up, UplinkFamily},
+    packet::v6::IP6_HOP_LIMIT_OFF,
     packet::v6::{csum_replace16, load, parse6, Kind6, IP6_DADDR_OFF, IP6_SADDR_OFF},
     packet::{csum_replace2, Skip, TCP_CSUM_OFF, UDP_CSUM_OFF},
 };
@@ -35,7 +36,7 @@ struct StoreFailed;
 /// `sb_xdp_uplink6`.
 #[inline(always)]
 pub fn uplink6(ctx: &XdpContext) -> u32 {
-    let Some(u) = scratch_up6() else {
+    let Some(u) = Addr6Be::up() else {
         return xdp_action::XDP_PASS;
     };
     match try_uplink6(ctx, u) {
@@ -45,7 +46,7 @@ pub fn uplink6(ctx: &XdpContext) -> u32 {
 }
 
 #[inline(always)]
-fn try_uplink6(ctx: &XdpContext, u: &mut Up6) -> Result<u32, Skip> {
+fn try_uplink6(ctx: &XdpContext, u: &mut Up<Addr6Be>) -> Result<u32, Skip> {
     match parse6(ctx, &mut u.s.flow)? {
         Kind6::Flow => {}
         // To tc, as IPv4 fragments go.
@@ -58,7 +59,7 @@ fn try_uplink6(ctx: &XdpContext, u: &mut Up6) -> Result<u32, Skip> {
     }
     // SAFETY: `ctx.ctx` is the kernel's `xdp_md` for this run; a read.
     let ingress = unsafe { (*ctx.ctx).ingress_ifindex };
-    let out = match classify6(ctx.ctx as *mut c_void, ingress, u) {
+    let out = match classify(ctx.ctx as *mut c_void, ingress, u) {
         Ok(out) => out,
         Err(NotTranslated::Pass(skip)) => return Err(skip),
         Err(NotTranslated::Drop(counter)) => {
@@ -73,7 +74,7 @@ fn try_uplink6(ctx: &XdpContext, u: &mut Up6) -> Result<u32, Skip> {
             return Ok(xdp_action::XDP_PASS);
         }
     };
-    if out == Out6::Local {
+    if out == Out::Local {
         if rewrite(ctx, u).is_err() {
             count(stat::DROP_REWRITE_FAILED);
             return Ok(xdp_action::XDP_DROP);
@@ -81,7 +82,7 @@ fn try_uplink6(ctx: &XdpContext, u: &mut Up6) -> Result<u32, Skip> {
         count_forward(ctx, u.service_id, stat::EXT_LOCAL);
         return Ok(xdp_action::XDP_PASS);
     }
-    let counter = if out == Out6::Remote {
+    let counter = if out == Out::Remote {
         stat::EXT_REMOTE
     } else {
         stat::EXT_REPLY
@@ -128,7 +129,7 @@ fn store<T>(ctx: &XdpContext, off: usize, src: &T) -> Result<(), StoreFailed> {
 /// 0xffff. The checksum is read and computed before anything is written, so
 /// a failed read leaves the frame as it was.
 #[inline(always)]
-fn rewrite(ctx: &XdpContext, u: &Up6) -> Result<(), StoreFailed> {
+fn rewrite(ctx: &XdpContext, u: &Up<Addr6Be>) -> Result<(), StoreFailed> {
     let flow = &u.s.flow;
     let l4_off = flow.l4_off();
     let csum_off = if flow.proto == proto::TCP {
@@ -159,19 +160,15 @@ fn rewrite(ctx: &XdpContext, u: &Up6) -> Result<(), StoreFailed> {
 /// the lookup cannot finish or the hop limit would expire, the packet goes
 /// on untranslated to tc.
 #[inline(always)]
-fn send_out(ctx: &XdpContext, ingress: u32, u: &mut Up6, counter: u32) -> Result<u32, Skip> {
+fn send_out(
+    ctx: &XdpContext,
+    ingress: u32,
+    u: &mut Up<Addr6Be>,
+    counter: u32,
+) -> Result<u32, Skip> {
     let (src, dst) = (u.to_saddr_be, u.to_daddr_be);
-    fib_params6(&mut u.fib, ingress, u.s.flow.proto, &src, &dst);
-    // SAFETY: `u.fib` is a valid, initialised `bpf_fib_lookup` of the size
-    // passed; `ctx.ctx` is this program's own context.
-    let rc = unsafe {
-        bpf_fib_lookup(
-            ctx.ctx as *mut c_void,
-            &mut u.fib,
-            size_of::<FibParams>() as i32,
-            0,
-        )
-    };
+    Addr6Be::fib_params(&mut u.fib, ingress, u.s.flow.proto, &src, &dst);
+    let rc = fib_lookup(ctx.ctx as *mut c_void, &mut u.fib);
     let hop_limit: u8 = load(ctx, IP6_HOP_LIMIT_OFF)?;
     if rc != i64::from(BPF_FIB_LKUP_RET_SUCCESS) || hop_limit <= 1 {
         count(stat::XDP_TO_TC);
