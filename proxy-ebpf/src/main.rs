@@ -37,7 +37,7 @@
 //! translated flows are translated back ([`icmp`]), on the pod path and in
 //! the uplink's tc programs (XDP hands both on to tc); IPv6 uplink packets
 //! take the same paths in `sb_xdp_uplink6` and `sb_from_uplink6`
-//! ([`programs::uplink_xdp6`], [`programs::uplink_tc6`]). A frontend without backends is
+//! ([`programs::uplink_xdp`], [`programs::uplink_tc6`]). A frontend without backends is
 //! answered with an ICMP port unreachable ([`reject`], tc and XDP) or refuses
 //! with `ECONNREFUSED` (sockets). A pod given itself as the backend is reached
 //! from the hairpin address ([`hairpin`]).
@@ -171,11 +171,14 @@ pub fn sb_xdp_uplink(ctx: XdpContext) -> u32 {
     }
 }
 
-/// Tail-called by `sb_xdp_uplink` for IPv6 packets ([`programs::uplink_xdp6`]).
+/// Tail-called by `sb_xdp_uplink` for IPv6 packets ([`programs::uplink_xdp`]).
 #[xdp]
 #[inline(always)]
 pub fn sb_xdp_uplink6(ctx: XdpContext) -> u32 {
-    programs::uplink_xdp6::uplink6(&ctx)
+    match programs::uplink_xdp::uplink::<proxy_common::Addr6Be>(&ctx) {
+        Ok(action) => action,
+        Err(skip) => programs::uplink_xdp::pass(skip),
+    }
 }
 
 /// Tail-called by `sb_from_uplink` for IPv6 packets ([`programs::uplink_tc6`]).

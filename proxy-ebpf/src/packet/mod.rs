@@ -11,6 +11,10 @@ pub const ETH_HLEN: usize = 14;
 pub const ETH_P_IP_BE: u16 = 0x0800u16.to_be();
 pub const IPV4_MIN_HLEN: usize = 20;
 pub const IP_CSUM_OFF: usize = ETH_HLEN + 10;
+/// Where the TCP/UDP header of an IPv4 packet starts at the latest: after
+/// a header with 40 bytes of options. An offset read back from working
+/// memory is checked against it, which bounds it for the verifier.
+pub const MAX_L4_OFF: usize = ETH_HLEN + 60;
 /// More-fragments flag and fragment offset, host order.
 pub const IP_FRAG_MASK: u16 = 0x3fff;
 /// The fragment offset alone (host order): non-zero in every fragment but

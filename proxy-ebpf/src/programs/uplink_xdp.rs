@@ -1,35 +1,83 @@
-//! `sb_xdp_uplink`: the north-south path at the driver, before the kernel
-//! allocates anything for the packet. It parses, asks [`crate::nodeport::classify`]
-//! and writes the translation directly with incremental checksums (XDP has no
-//! checksum helpers; a frame at this point carries complete checksums).
+//! `sb_xdp_uplink` (IPv4) and `sb_xdp_uplink6` (IPv6, tail-called for
+//! ethertype 0x86DD): the north-south path at the driver, before the kernel
+//! allocates anything for the packet. One body for both families: it
+//! parses, asks [`crate::nodeport::classify`] and writes the translation
+//! with incremental checksums (XDP has no checksum helpers; a frame at this
+//! point carries complete checksums); what the families write differently
+//! is [`XdpFamily`].
+//!
 //! Packets to a local backend go up the stack (`XDP_PASS`); packets to a
-//! backend on another node, and their replies, leave again at once through the
-//! route's interface (`XDP_TX` on the same uplink, else a redirect), with the
-//! TTL decremented as a router does. When the route lookup cannot give the
-//! next hop's address (no neighbour entry yet) or the TTL would expire, the
-//! packet goes on untranslated to the uplink's tc program (`xdp_to_tc`), and
-//! fragments always do.
-use crate::maps::SB_XDP_TAIL6_V1;
-use crate::packet::ctx::{parse_ipv4, ptr_at};
-use core::ffi::c_void;
-use proxy_common::tail;
+//! backend on another node, and their replies, leave again at once through
+//! the route's interface (`XDP_TX` on the same uplink, else a redirect),
+//! with the TTL (hop limit) decremented as a router does. When the route
+//! lookup cannot give the next hop's address (no neighbour entry yet) or
+//! the TTL would expire, the packet goes on untranslated to the uplink's tc
+//! program (`xdp_to_tc`), which translates it again from the same
+//! connection-tracking entry and lets the kernel resolve the neighbour (a
+//! packet the stack got translated would carry the node's own address as
+//! its source, and be dropped as a martian). Fragments and ICMP (IPv6
+//! neighbour discovery included) always go on to tc untouched.
+//!
+//! IPv4 writes the frame directly. IPv6 writes through
+//! `bpf_xdp_store_bytes`: its TCP/UDP header lies after a variable run of
+//! extension headers, which its parser walks with the load helper.
+use core::{ffi::c_void, mem::size_of};
 
 use aya_ebpf::{
-    bindings::{bpf_fib_lookup as FibParams, xdp_action, BPF_FIB_LKUP_RET_SUCCESS},
-    helpers::bpf_redirect,
+    bindings::{xdp_action, BPF_FIB_LKUP_RET_SUCCESS},
+    helpers::{bpf_redirect, bpf_xdp_store_bytes},
     programs::XdpContext,
 };
-use proxy_common::{proto, stat};
+use proxy_common::{proto, stat, tail, Addr6Be};
 
 use crate::{
-    maps::{count, count_service},
-    nodeport::{classify, fib_lookup, NotTranslated, Out, UplinkFamily},
-    packet::v6::ETH_P_IPV6_BE,
+    maps::{count, count_service, SB_XDP_TAIL6_V1},
+    nodeport::{classify, fib_lookup, NotTranslated, Out, Up, UplinkFamily},
     packet::{
-        csum_replace2, csum_replace4, Flow, Ipv4Hdr, Skip, ETH_HLEN, ETH_P_IP_BE, TCP_CSUM_OFF,
-        UDP_CSUM_OFF,
+        csum_replace2, csum_replace4,
+        ctx::{parse_ipv4, ptr_at},
+        v6::{
+            csum_replace16, load, parse6, Kind6, ETH_P_IPV6_BE, IP6_DADDR_OFF, IP6_HOP_LIMIT_OFF,
+            IP6_SADDR_OFF,
+        },
+        Ipv4Hdr, Skip, ETH_HLEN, ETH_P_IP_BE, MAX_L4_OFF, TCP_CSUM_OFF, UDP_CSUM_OFF,
     },
 };
+
+/// A write into the frame failed: the frame must not go on.
+pub(crate) struct StoreFailed;
+
+/// What the families of the XDP uplink path do their own way.
+pub(crate) trait XdpFamily: UplinkFamily {
+    /// Parses the frame into `u.s.flow`: a whole TCP or UDP packet. A
+    /// fragment (`Skip::Fragment`) or ICMP (`Skip::Icmp`) goes on to tc.
+    fn parse(ctx: &XdpContext, u: &mut Up<Self>) -> Result<(), Skip>;
+    /// A packet to a frontend without endpoints (service `u.service_id`).
+    fn reject(ctx: &XdpContext, u: &mut Up<Self>) -> u32;
+    /// Writes `u.to_*` over the packet's addresses and ports, with their
+    /// checksums. A UDP checksum of zero ("none") stays zero; a computed
+    /// zero is sent as 0xffff.
+    fn write_translation(ctx: &XdpContext, u: &Up<Self>) -> Result<(), StoreFailed>;
+    /// The packet's TTL (hop limit).
+    fn hop_limit(ctx: &XdpContext) -> Result<u8, Skip>;
+    /// Writes the TTL `hop_limit` (above 1) one lower, with the IPv4
+    /// header checksum.
+    fn decrement_hop_limit(ctx: &XdpContext, hop_limit: u8) -> Result<(), StoreFailed>;
+}
+
+/// `sb_xdp_uplink`: the family is decided once, here.
+#[inline(always)]
+pub fn try_uplink(ctx: &XdpContext) -> Result<u32, Skip> {
+    // SAFETY: `ptr_at` checked the two bytes lie inside the frame.
+    let ethertype = unsafe { *ptr_at::<u16>(ctx, 12).map_err(|_| Skip::NotOurs)? };
+    if ethertype != ETH_P_IP_BE {
+        if ethertype == ETH_P_IPV6_BE {
+            return Ok(hand_over_xdp6(ctx));
+        }
+        return Err(Skip::NotOurs);
+    }
+    uplink::<u32>(ctx)
+}
 
 /// Lets a packet we leave alone continue, counting only the odd ones.
 #[inline(always)]
@@ -42,23 +90,13 @@ pub fn pass(skip: Skip) -> u32 {
     xdp_action::XDP_PASS
 }
 
+/// A packet from outside, either family.
 #[inline(always)]
-pub fn try_uplink(ctx: &XdpContext) -> Result<u32, Skip> {
-    // The family is decided once, here: IPv4 goes on as it always did, IPv6
-    // is a program of its own ([`crate::programs::uplink_xdp6`]).
-    // SAFETY: `ptr_at` checked the two bytes lie inside the frame.
-    let ethertype = unsafe { *ptr_at::<u16>(ctx, 12).map_err(|_| Skip::NotOurs)? };
-    if ethertype != ETH_P_IP_BE {
-        if ethertype == ETH_P_IPV6_BE {
-            return Ok(crate::programs::uplink_xdp::hand_over_xdp6(ctx));
-        }
-        return Err(Skip::NotOurs);
-    }
-    let Some(u) = u32::up() else {
+pub fn uplink<A: XdpFamily>(ctx: &XdpContext) -> Result<u32, Skip> {
+    let Some(u) = A::up() else {
         return Err(Skip::NotOurs);
     };
-    let flow = parse_ipv4(ctx)?;
-    u.s.flow = flow;
+    A::parse(ctx, u)?;
     // SAFETY: `ctx.ctx` is the kernel's `xdp_md` for this run; a read.
     let ingress = unsafe { (*ctx.ctx).ingress_ifindex };
     let out = match classify(ctx.ctx as *mut c_void, ingress, u) {
@@ -69,155 +107,82 @@ pub fn try_uplink(ctx: &XdpContext) -> Result<u32, Skip> {
             return Ok(xdp_action::XDP_DROP);
         }
         Err(NotTranslated::Denied) => return Ok(xdp_action::XDP_DROP),
-        Err(NotTranslated::Reject) => {
-            count_service(u.service_id, |s| s.drops_no_backend += 1);
-            return Ok(crate::reject::xdp_reject(ctx, &flow));
-        }
+        Err(NotTranslated::Reject) => return Ok(A::reject(ctx, u)),
     };
-    let to = Endpoints {
-        saddr_be: u.to_saddr_be,
-        sport_be: u.to_ports_be[0],
-        daddr_be: u.to_daddr_be,
-        dport_be: u.to_ports_be[1],
-    };
-    match out {
+    let counter = match out {
         Out::Local => {
-            rewrite(ctx, &flow, &to)?;
+            if A::write_translation(ctx, u).is_err() {
+                count(stat::DROP_REWRITE_FAILED);
+                return Ok(xdp_action::XDP_DROP);
+            }
             count_forward(ctx, u.service_id, stat::EXT_LOCAL);
-            Ok(xdp_action::XDP_PASS)
+            return Ok(xdp_action::XDP_PASS);
         }
-        Out::Remote => send_out(ctx, ingress, &flow, &to, u.service_id, stat::EXT_REMOTE),
-        Out::Reply => send_out(ctx, ingress, &flow, &to, 0, stat::EXT_REPLY),
-    }
-}
-
-/// Both addresses and ports a packet is rewritten to.
-struct Endpoints {
-    saddr_be: u32,
-    sport_be: u16,
-    daddr_be: u32,
-    dport_be: u16,
+        Out::Remote => stat::EXT_REMOTE,
+        Out::Reply => stat::EXT_REPLY,
+    };
+    send_out(ctx, ingress, u, counter)
 }
 
 #[inline(always)]
 fn count_forward(ctx: &XdpContext, service_id: u32, counter: u32) {
-    let len = (ctx.data_end() - ctx.data()) as u64;
-    count_service(service_id, |s| {
-        s.packets += 1;
-        s.bytes += len;
-    });
+    if service_id != 0 {
+        let len = (ctx.data_end() - ctx.data()) as u64;
+        count_service(service_id, |s| {
+            s.packets += 1;
+            s.bytes += len;
+        });
+    }
     count(counter);
 }
 
-/// Writes `to` over the packet's addresses and ports, updating the IPv4 and
-/// the L4 checksums incrementally. A UDP checksum of zero ("none") stays zero;
-/// a computed zero is sent as 0xffff (RFC 768).
+/// Rewrites a packet that leaves the node again and sends it straight back
+/// out: the route lookup (first, on the translated addresses) gives the
+/// interface and both MAC addresses; the TTL goes down by one. When the
+/// lookup cannot finish or the TTL would expire, the packet goes on
+/// untranslated to tc (see the module's documentation).
 #[inline(always)]
-fn rewrite(ctx: &XdpContext, flow: &Flow, to: &Endpoints) -> Result<(), Skip> {
-    let ip = ptr_at::<Ipv4Hdr>(ctx, ETH_HLEN)?;
-    let ports = ptr_at::<[u16; 2]>(ctx, flow.l4_off)?;
-    let csum_off = if flow.proto == proto::TCP {
-        flow.l4_off + TCP_CSUM_OFF
-    } else {
-        flow.l4_off + UDP_CSUM_OFF
-    };
-    let l4_csum = ptr_at::<u16>(ctx, csum_off)?;
-    // SAFETY: `ptr_at` checked every field lies inside the frame, which an XDP
-    // program may write; no helper that moves the frame runs in between.
-    unsafe {
-        let mut ip_csum = (*ip).csum_be;
-        ip_csum = csum_replace4(ip_csum, flow.saddr_be, to.saddr_be);
-        ip_csum = csum_replace4(ip_csum, flow.daddr_be, to.daddr_be);
-        (*ip).csum_be = ip_csum;
-        (*ip).saddr_be = to.saddr_be;
-        (*ip).daddr_be = to.daddr_be;
-
-        let old = *l4_csum;
-        if flow.proto == proto::TCP || old != 0 {
-            let mut csum = csum_replace4(old, flow.saddr_be, to.saddr_be);
-            csum = csum_replace4(csum, flow.daddr_be, to.daddr_be);
-            csum = csum_replace2(csum, flow.sport_be, to.sport_be);
-            csum = csum_replace2(csum, flow.dport_be, to.dport_be);
-            if flow.proto == proto::UDP && csum == 0 {
-                csum = 0xffff;
-            }
-            *l4_csum = csum;
-        }
-        (*ports)[0] = to.sport_be;
-        (*ports)[1] = to.dport_be;
-    }
-    Ok(())
-}
-
-/// Rewrites a packet to `to` and sends it straight back out: the route
-/// lookup (done first, on the translated addresses) gives the interface and
-/// both MAC addresses; the TTL goes down by one. When the lookup cannot
-/// finish (no neighbour entry yet) or the TTL would expire, the packet goes on
-/// untranslated to the uplink's tc program, which translates it again from
-/// the same connection-tracking entry and lets the kernel resolve the
-/// neighbour (a packet the stack got translated would carry the node's own
-/// address as its source, and be dropped as a martian).
-#[inline(always)]
-fn send_out(
+fn send_out<A: XdpFamily>(
     ctx: &XdpContext,
     ingress: u32,
-    flow: &Flow,
-    to: &Endpoints,
-    service_id: u32,
+    u: &mut Up<A>,
     counter: u32,
 ) -> Result<u32, Skip> {
-    // SAFETY: `bpf_fib_lookup` is plain data; all-zero is a valid value.
-    let mut params: FibParams = unsafe { core::mem::zeroed() };
-    u32::fib_params(&mut params, ingress, flow.proto, &to.saddr_be, &to.daddr_be);
-    let rc = fib_lookup(ctx.ctx as *mut c_void, &mut params);
-    if rc != i64::from(BPF_FIB_LKUP_RET_SUCCESS) || ttl(ctx)? <= 1 {
+    let proto = u.s.flow.proto;
+    A::fib_params(&mut u.fib, ingress, proto, &u.to_saddr_be, &u.to_daddr_be);
+    let rc = fib_lookup(ctx.ctx as *mut c_void, &mut u.fib);
+    let hop_limit = A::hop_limit(ctx)?;
+    if rc != i64::from(BPF_FIB_LKUP_RET_SUCCESS) || hop_limit <= 1 {
         count(stat::XDP_TO_TC);
         return Ok(xdp_action::XDP_PASS);
     }
-    rewrite(ctx, flow, to)?;
-    decrement_ttl(ctx)?;
-    let (dmac, smac) = (ptr_at::<[u8; 6]>(ctx, 0)?, ptr_at::<[u8; 6]>(ctx, 6)?);
-    // SAFETY: `ptr_at` checked both MAC addresses lie inside the frame.
-    unsafe {
-        *dmac = params.dmac;
-        *smac = params.smac;
+    let written = A::write_translation(ctx, u)
+        .and_then(|()| A::decrement_hop_limit(ctx, hop_limit))
+        .and_then(|()| set_macs(ctx, &u.fib.dmac, &u.fib.smac));
+    if written.is_err() {
+        count(stat::DROP_REWRITE_FAILED);
+        return Ok(xdp_action::XDP_DROP);
     }
-    if service_id != 0 {
-        count_forward(ctx, service_id, counter);
-    } else {
-        count(counter);
-    }
-    if params.ifindex == ingress {
+    count_forward(ctx, u.service_id, counter);
+    if u.fib.ifindex == ingress {
         return Ok(xdp_action::XDP_TX);
     }
     // SAFETY: a helper without memory arguments.
-    Ok(unsafe { bpf_redirect(params.ifindex, 0) as u32 })
+    Ok(unsafe { bpf_redirect(u.fib.ifindex, 0) as u32 })
 }
 
-/// The packet's TTL.
+/// The next hop's and our MAC addresses, as the route lookup gave them.
 #[inline(always)]
-fn ttl(ctx: &XdpContext) -> Result<u8, Skip> {
-    let ip = ptr_at::<Ipv4Hdr>(ctx, ETH_HLEN)?;
-    // SAFETY: `ptr_at` checked the header lies inside the frame; a read.
-    Ok(unsafe { (*ip).ttl })
-}
-
-/// Decrements the TTL, updating the IPv4 checksum. Fails (without writing)
-/// when the TTL would reach zero.
-#[inline(always)]
-fn decrement_ttl(ctx: &XdpContext) -> Result<(), Skip> {
-    let ip = ptr_at::<Ipv4Hdr>(ctx, ETH_HLEN)?;
-    // SAFETY: `ptr_at` checked the header lies inside the frame.
+fn set_macs(ctx: &XdpContext, dmac: &[u8; 6], smac: &[u8; 6]) -> Result<(), StoreFailed> {
+    let (to_dmac, to_smac) = match (ptr_at::<[u8; 6]>(ctx, 0), ptr_at::<[u8; 6]>(ctx, 6)) {
+        (Ok(d), Ok(s)) => (d, s),
+        _ => return Err(StoreFailed),
+    };
+    // SAFETY: `ptr_at` checked both MAC addresses lie inside the frame,
+    // which an XDP program may write.
     unsafe {
-        let ttl = (*ip).ttl;
-        if ttl <= 1 {
-            return Err(Skip::NotOurs);
-        }
-        // The 16-bit word the TTL shares with the protocol, as in memory.
-        let old = u16::from_ne_bytes([ttl, (*ip).proto]);
-        let new = u16::from_ne_bytes([ttl - 1, (*ip).proto]);
-        (*ip).csum_be = csum_replace2((*ip).csum_be, old, new);
-        (*ip).ttl = ttl - 1;
+        *to_dmac = *dmac;
+        *to_smac = *smac;
     }
     Ok(())
 }
@@ -231,4 +196,165 @@ pub fn hand_over_xdp6(ctx: &XdpContext) -> u32 {
     unsafe { SB_XDP_TAIL6_V1.tail_call(ctx, tail::XDP_UPLINK6) };
     count(stat::TAIL_CALL_MISSED);
     xdp_action::XDP_PASS
+}
+
+/// The L4 checksum after the rewrite of `u`, from `old` (all the
+/// addresses and ports of the family's flow, `replace` for its addresses),
+/// or `None` for a UDP packet without checksum.
+#[inline(always)]
+fn l4_checksum<A: XdpFamily>(
+    u: &Up<A>,
+    old: u16,
+    replace: impl Fn(u16, &A, &A) -> u16,
+) -> Option<u16> {
+    let flow = &u.s.flow;
+    if flow.proto != proto::TCP && old == 0 {
+        return None;
+    }
+    let [sport_be, dport_be] = u.to_ports_be;
+    let mut csum = replace(old, &flow.saddr_be, &u.to_saddr_be);
+    csum = replace(csum, &flow.daddr_be, &u.to_daddr_be);
+    csum = csum_replace2(csum, flow.sport_be, sport_be);
+    csum = csum_replace2(csum, flow.dport_be, dport_be);
+    if flow.proto == proto::UDP && csum == 0 {
+        csum = 0xffff;
+    }
+    Some(csum)
+}
+
+/// Where the L4 checksum of `proto` lies, from the L4 header.
+#[inline(always)]
+fn csum_off(proto: u8) -> usize {
+    if proto == proto::TCP {
+        TCP_CSUM_OFF
+    } else {
+        UDP_CSUM_OFF
+    }
+}
+
+impl XdpFamily for u32 {
+    #[inline(always)]
+    fn parse(ctx: &XdpContext, u: &mut Up<u32>) -> Result<(), Skip> {
+        u.s.flow = parse_ipv4(ctx)?;
+        Ok(())
+    }
+    #[inline(always)]
+    fn reject(ctx: &XdpContext, u: &mut Up<u32>) -> u32 {
+        // Answered here: counted here.
+        count_service(u.service_id, |s| s.drops_no_backend += 1);
+        crate::reject::xdp_reject(ctx, &u.s.flow)
+    }
+    #[inline(always)]
+    fn write_translation(ctx: &XdpContext, u: &Up<u32>) -> Result<(), StoreFailed> {
+        let flow = &u.s.flow;
+        if flow.l4_off > MAX_L4_OFF {
+            return Err(StoreFailed);
+        }
+        let ip = ptr_at::<Ipv4Hdr>(ctx, ETH_HLEN).map_err(|_| StoreFailed)?;
+        let ports = ptr_at::<[u16; 2]>(ctx, flow.l4_off).map_err(|_| StoreFailed)?;
+        let csum_off = flow.l4_off + csum_off(flow.proto);
+        let l4_csum = ptr_at::<u16>(ctx, csum_off).map_err(|_| StoreFailed)?;
+        // SAFETY: `ptr_at` checked every field lies inside the frame, which
+        // an XDP program may write; no helper that moves the frame runs in
+        // between.
+        unsafe {
+            let mut ip_csum = (*ip).csum_be;
+            ip_csum = csum_replace4(ip_csum, flow.saddr_be, u.to_saddr_be);
+            ip_csum = csum_replace4(ip_csum, flow.daddr_be, u.to_daddr_be);
+            (*ip).csum_be = ip_csum;
+            (*ip).saddr_be = u.to_saddr_be;
+            (*ip).daddr_be = u.to_daddr_be;
+            if let Some(csum) = l4_checksum(u, *l4_csum, |c, old, new| csum_replace4(c, *old, *new))
+            {
+                *l4_csum = csum;
+            }
+            *ports = u.to_ports_be;
+        }
+        Ok(())
+    }
+    #[inline(always)]
+    fn hop_limit(ctx: &XdpContext) -> Result<u8, Skip> {
+        let ip = ptr_at::<Ipv4Hdr>(ctx, ETH_HLEN)?;
+        // SAFETY: `ptr_at` checked the header lies inside the frame; a read.
+        Ok(unsafe { (*ip).ttl })
+    }
+    #[inline(always)]
+    fn decrement_hop_limit(ctx: &XdpContext, ttl: u8) -> Result<(), StoreFailed> {
+        let ip = ptr_at::<Ipv4Hdr>(ctx, ETH_HLEN).map_err(|_| StoreFailed)?;
+        // SAFETY: `ptr_at` checked the header lies inside the frame.
+        unsafe {
+            // The 16-bit word the TTL shares with the protocol, as in memory.
+            let old = u16::from_ne_bytes([ttl, (*ip).proto]);
+            let new = u16::from_ne_bytes([ttl - 1, (*ip).proto]);
+            (*ip).csum_be = csum_replace2((*ip).csum_be, old, new);
+            (*ip).ttl = ttl - 1;
+        }
+        Ok(())
+    }
+}
+
+impl XdpFamily for Addr6Be {
+    #[inline(always)]
+    fn parse(ctx: &XdpContext, u: &mut Up<Addr6Be>) -> Result<(), Skip> {
+        match parse6(ctx, &mut u.s.flow)? {
+            Kind6::Flow if u.s.flow.first_fragment => Err(Skip::Fragment),
+            Kind6::Flow => Ok(()),
+            // To tc, as IPv4 fragments go.
+            Kind6::Later => Err(Skip::Fragment),
+            // Neighbour discovery, echo and errors: never disturbed.
+            Kind6::Icmp => Err(Skip::Icmp),
+        }
+    }
+    #[inline(always)]
+    fn reject(_ctx: &XdpContext, _u: &mut Up<Addr6Be>) -> u32 {
+        // The answer is built by the uplink's tc program
+        // (`crate::reject::v6`), which sees the packet untouched and counts
+        // it.
+        count(stat::XDP_TO_TC);
+        xdp_action::XDP_PASS
+    }
+    /// The checksum is read and computed before anything is written, so a
+    /// failed read leaves the frame as it was.
+    #[inline(always)]
+    fn write_translation(ctx: &XdpContext, u: &Up<Addr6Be>) -> Result<(), StoreFailed> {
+        let flow = &u.s.flow;
+        let l4_off = flow.l4_off();
+        let csum_off = l4_off + csum_off(flow.proto);
+        let old: u16 = load(ctx, csum_off).map_err(|_| StoreFailed)?;
+        if let Some(csum) = l4_checksum(u, old, csum_replace16) {
+            store(ctx, csum_off, &csum)?;
+        }
+        store::<Addr6Be>(ctx, IP6_SADDR_OFF, &u.to_saddr_be)?;
+        store::<Addr6Be>(ctx, IP6_DADDR_OFF, &u.to_daddr_be)?;
+        store::<[u16; 2]>(ctx, l4_off, &u.to_ports_be)
+    }
+    #[inline(always)]
+    fn hop_limit(ctx: &XdpContext) -> Result<u8, Skip> {
+        load(ctx, IP6_HOP_LIMIT_OFF)
+    }
+    #[inline(always)]
+    fn decrement_hop_limit(ctx: &XdpContext, hop_limit: u8) -> Result<(), StoreFailed> {
+        store(ctx, IP6_HOP_LIMIT_OFF, &(hop_limit - 1))
+    }
+}
+
+/// Copies `size_of::<T>()` bytes of `src` (stack or map memory) into the
+/// frame at `off`.
+#[inline(always)]
+fn store<T>(ctx: &XdpContext, off: usize, src: &T) -> Result<(), StoreFailed> {
+    // SAFETY: the helper reads exactly `size_of::<T>()` bytes of `src`, and
+    // bounds-checks the frame itself; `ctx.ctx` is this program's context.
+    let ret = unsafe {
+        bpf_xdp_store_bytes(
+            ctx.ctx,
+            off as u32,
+            src as *const T as *mut c_void,
+            size_of::<T>() as u32,
+        )
+    };
+    if ret == 0 {
+        Ok(())
+    } else {
+        Err(StoreFailed)
+    }
 }

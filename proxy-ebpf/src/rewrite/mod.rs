@@ -10,7 +10,8 @@ use crate::packet::ctx::ptr_at;
 use crate::{
     maps::{count, count_service},
     packet::{
-        csum_replace4, Flow, ETH_HLEN, IPV4_MIN_HLEN, IP_CSUM_OFF, TCP_CSUM_OFF, UDP_CSUM_OFF,
+        csum_replace4, Flow, ETH_HLEN, IPV4_MIN_HLEN, IP_CSUM_OFF, MAX_L4_OFF, TCP_CSUM_OFF,
+        UDP_CSUM_OFF,
     },
 };
 use aya_ebpf::{
@@ -106,10 +107,6 @@ pub fn rewrite_in_place(ctx: &TcContext) -> i32 {
     count_rewritten(ctx, todo.side, todo.service_id);
     TC_ACT_OK
 }
-
-/// Where the TCP/UDP header of an IPv4 packet starts at the latest: after
-/// a header with 40 bytes of options.
-const MAX_L4_OFF: usize = ETH_HLEN + 60;
 
 /// The address, port and IPv4 checksum stored directly, then the L4 checksum
 /// through the kernel's helper ([`l4_checksum`]).
