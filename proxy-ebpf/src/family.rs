@@ -31,7 +31,7 @@ use crate::{
         SB_CT6_NEW_V2, SB_CT6_V1, SB_CT_NEW_V2, SB_CT_V5,
     },
     newflows::slot_of,
-    packet::{v6::eq6, FlowOf},
+    packet::{set, v6::eq6, FlowOf, Words},
     prefilter::{maybe_frontend4, maybe_frontend6},
     rewrite::{store_in_place, v6::rewrite6, Rewrite, RewriteFailed, Side},
 };
@@ -42,7 +42,7 @@ pub(crate) type CtMap<A> = HashMap<CtKeyOf<A>, CtEntryOf<A>, { capacity::CONNTRA
 pub(crate) type AffinityMap<A> = LruHashMap<AffinityKeyOf<A>, AffinityEntry, AFFINITY_ENTRIES>;
 
 /// An address family: see the module's documentation.
-pub(crate) trait Family: FamilyAddr + 'static {
+pub(crate) trait Family: FamilyAddr + Words + 'static {
     /// The unspecified address (an entry without source NAT).
     const ZERO: Self;
     /// The address a pod reaching itself through a Service is given as
@@ -101,6 +101,15 @@ pub struct Work<A: Family> {
     /// The quote of an ICMPv6 error being built ([`crate::reject::v6`]):
     /// the IPv6 header and 8 bytes of the UDP header, as in the packet.
     pub quote: A::Quote,
+}
+
+/// Copies a backend field by field (see [`set`]).
+#[inline(always)]
+pub(crate) fn set_backend<A: Family>(dst: &mut BackendOf<A>, src: &BackendOf<A>) {
+    set(&mut dst.addr_be, &src.addr_be);
+    dst.port_be = src.port_be;
+    dst.proto = src.proto;
+    dst.flags = src.flags;
 }
 
 /// The IPv6 programs' working memory.

@@ -26,7 +26,7 @@ use proxy_common::{
 use crate::{
     family::Family,
     maps::SB_CLOCK_V1,
-    packet::{FlowOf, TCP_FLAG_ACK, TCP_FLAG_FIN, TCP_FLAG_RST, TCP_FLAG_SYN},
+    packet::{FlowOf, Words, TCP_FLAG_ACK, TCP_FLAG_FIN, TCP_FLAG_RST, TCP_FLAG_SYN},
 };
 
 /// `E2BIG`: what a preallocated hash map's update returns when it has no
@@ -219,10 +219,13 @@ impl<A: Family> Table for CtKeyOf<A> {
 pub(crate) fn remember<K: Table>(fwd_key: &K, reply_key: &K) {
     if let Some(pair) = K::take_slot(false) {
         // SAFETY: a slot of the ring, valid for the program run; another
-        // CPU writing it too is caught by `Table::evictable`.
+        // CPU writing it too is caught by `Table::evictable`. The keys are
+        // in working memory or on the stack, never in the ring: the copies
+        // do not overlap (a plain assignment would call `memmove`, a byte
+        // loop on BPF).
         unsafe {
-            (*pair).forward = *fwd_key;
-            (*pair).reply = *reply_key;
+            core::ptr::copy_nonoverlapping(fwd_key, core::ptr::addr_of_mut!((*pair).forward), 1);
+            core::ptr::copy_nonoverlapping(reply_key, core::ptr::addr_of_mut!((*pair).reply), 1);
         }
     }
 }
@@ -313,7 +316,7 @@ fn state_bits(protocol: u8, tcp_flags: u8, reply: bool) -> u8 {
 /// unless the state changed. Per packet this is one clock read and, mostly,
 /// no write.
 #[inline(always)]
-pub(crate) fn seen<E: Entry, A: Copy>(entry: *mut E, flow: &FlowOf<A>, reply: bool) {
+pub(crate) fn seen<E: Entry, A: Words>(entry: *mut E, flow: &FlowOf<A>, reply: bool) {
     let bits = state_bits(flow.proto, flow.tcp_flags, reply);
     let now = now_ns();
     // SAFETY: a value pointer the map lookup just returned, valid for this
@@ -335,7 +338,7 @@ pub(crate) fn seen<E: Entry, A: Copy>(entry: *mut E, flow: &FlowOf<A>, reply: bo
 /// ([`seen`]); a FIN or an RST marks that entry and the flow's other one
 /// closing, the other looked up (`other`) only then.
 #[inline(always)]
-pub(crate) fn note<E: Entry, A: Copy>(
+pub(crate) fn note<E: Entry, A: Words>(
     entry: *mut E,
     flow: &FlowOf<A>,
     reply: bool,

@@ -7,6 +7,7 @@ use crate::{
     family::{Family, Work},
     lb::backend_is_live,
     maps::{count, count_service},
+    packet::set,
 };
 use proxy_common::{ct_dir, ct_flags, stat, CtEntryOf};
 
@@ -112,13 +113,13 @@ pub(crate) fn reply_key_of<A: Family>(
     key: &mut proxy_common::CtKeyOf<A>,
 ) {
     if forward.flags & ct_flags::SNAT != 0 {
-        key.daddr_be = forward.snat_addr_be;
+        set(&mut key.daddr_be, &forward.snat_addr_be);
         key.dport_be = forward.snat_port_be;
     } else {
-        key.daddr_be = flow.saddr_be;
+        set(&mut key.daddr_be, &flow.saddr_be);
         key.dport_be = flow.sport_be;
     }
-    key.saddr_be = forward.nat_addr_be;
+    set(&mut key.saddr_be, &forward.nat_addr_be);
     key.sport_be = forward.nat_port_be;
     key.proto = flow.proto;
     key.dir = ct_dir::REPLY;
@@ -164,7 +165,7 @@ pub(crate) fn track<A: Family>(
     let e = &mut w.entry;
     e.backend_id = backend_id;
     e.service_id = service_id;
-    e.nat_addr_be = w.backend.addr_be;
+    set(&mut e.nat_addr_be, &w.backend.addr_be);
     e.nat_port_be = w.backend.port_be;
     e.flags = match source {
         Source::Client => ct_flags::HANDSHAKE,
@@ -176,7 +177,7 @@ pub(crate) fn track<A: Family>(
     e.created_ns = now;
     e.last_seen_ns = now;
     let k = &mut w.key2;
-    k.saddr_be = w.backend.addr_be;
+    set(&mut k.saddr_be, &w.backend.addr_be);
     k.sport_be = w.backend.port_be;
     (k.daddr_be, k.dport_be) = reply_to;
     k.proto = flow.proto;

@@ -16,7 +16,7 @@ use crate::{
     family::Scratch6,
     maps::{count, count_service, SB_FRAG6_V1},
     packet::v6::{IP6_DADDR_OFF, IP6_SADDR_OFF},
-    packet::Skip,
+    packet::{set, Skip},
     rewrite::Side,
     skb::drop_counted,
 };
@@ -71,7 +71,7 @@ pub fn later(ctx: &TcContext, s: &mut Scratch6, dir: u8) -> Result<i32, Skip> {
     // SAFETY: a value of the LRU map, valid for this program run; the
     // fields are copied out at once.
     let (created_ns, service_id) = unsafe {
-        s.backend.addr_be = (*entry).addr_be;
+        set(&mut s.backend.addr_be, &(*entry).addr_be);
         ((*entry).created_ns, (*entry).service_id)
     };
     // SAFETY: a helper without preconditions.

@@ -46,7 +46,7 @@ use crate::{
     ct::track::copy_entry,
     family::{Family, Work},
     maps::{count, count_service},
-    packet::{FlowOf, Skip},
+    packet::{set, FlowOf, Skip},
     rewrite::Side,
 };
 
@@ -106,8 +106,8 @@ pub fn reply<A: Family>(ctx: &TcContext, w: &mut Work<A>) -> Result<i32, Skip> {
     }
     crate::ct::note(entry_ptr, flow, true, || {
         // The forward entry: (pod:p → frontend).
-        key2.saddr_be = entry.snat_addr_be;
-        key2.daddr_be = entry.nat_addr_be;
+        set(&mut key2.saddr_be, &entry.snat_addr_be);
+        set(&mut key2.daddr_be, &entry.nat_addr_be);
         key2.sport_be = entry.snat_port_be;
         key2.dport_be = entry.nat_port_be;
         key2.proto = flow.proto;

@@ -34,7 +34,7 @@ use crate::{
     family::Scratch6,
     maps::{count, SB_CT6_V1},
     packet::v6::{csum_replace16, eq6, load, load_into, IP6_DADDR_OFF, IP6_SADDR_OFF, IPV6_HLEN},
-    packet::{csum_replace2, Skip, TCP_CSUM_OFF, UDP_CSUM_OFF},
+    packet::{csum_replace2, set, Skip, TCP_CSUM_OFF, UDP_CSUM_OFF},
     skb::drop_counted,
 };
 
@@ -84,7 +84,7 @@ pub fn translate(ctx: &TcContext, s: &mut Scratch6, dir: u8) -> Result<i32, Skip
     // SAFETY: a value of the conntrack map, valid for this program run; the
     // fields are copied out at once.
     let flags = unsafe {
-        s.backend.addr_be = (*entry).nat_addr_be;
+        set(&mut s.backend.addr_be, &(*entry).nat_addr_be);
         s.backend.port_be = (*entry).nat_port_be;
         (*entry).flags
     };

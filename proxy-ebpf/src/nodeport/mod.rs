@@ -45,9 +45,10 @@ use proxy_common::{ct_dir, ct_flags, frontend_flags, scope, snat, stat, Frontend
 use crate::{
     ct::track::{track, tracked, Source},
     ct::{self, NotTracked},
+    family::set_backend,
     lb::{choose_backend, frontend_key, lookup_frontend, maglev_backend, SlotKey},
     maps::{count, count_denied, count_service},
-    packet::Skip,
+    packet::{set, Skip},
 };
 
 /// What [`classify`] decided (the addresses and ports are in [`Up`]).
@@ -150,22 +151,22 @@ fn pick_backend<A: UplinkFamily>(u: &mut Up<A>, svc: &FrontendSlot) -> Option<u3
     };
     if let Some(hash) = hash {
         if let Some((id, backend)) = maglev_backend::<A::Key>(svc.service_id, hash) {
-            u.s.backend = backend;
+            set_backend(&mut u.s.backend, &backend);
             return Some(id);
         }
     }
-    u.s.aff.client_addr_be = u.s.flow.saddr_be;
+    set(&mut u.s.aff.client_addr_be, &u.s.flow.saddr_be);
     u.s.aff.service_id = svc.service_id;
     let (id, backend) = choose_backend(u.s.fe, svc, A::affinity(), &u.s.aff)?;
-    u.s.backend = backend;
+    set_backend(&mut u.s.backend, &backend);
     Some(id)
 }
 
 /// The translation of a flow to a local backend (in `u.s.backend`).
 #[inline(always)]
 fn set_local<A: UplinkFamily>(u: &mut Up<A>) {
-    u.to_saddr_be = u.s.flow.saddr_be;
-    u.to_daddr_be = u.s.backend.addr_be;
+    set(&mut u.to_saddr_be, &u.s.flow.saddr_be);
+    set(&mut u.to_daddr_be, &u.s.backend.addr_be);
     u.to_ports_be = [u.s.flow.sport_be, u.s.backend.port_be];
 }
 
@@ -191,14 +192,14 @@ fn backend_set<A: UplinkFamily>(u: &mut Up<A>, svc: FrontendSlot) -> (FrontendSl
 #[inline(always)]
 fn from_tracked<A: UplinkFamily>(u: &mut Up<A>) -> Out {
     let e = &u.s.entry;
-    u.s.backend.addr_be = e.nat_addr_be;
+    set(&mut u.s.backend.addr_be, &e.nat_addr_be);
     u.s.backend.port_be = e.nat_port_be;
     if e.flags & ct_flags::SNAT == 0 {
         set_local(u);
         return Out::Local;
     }
-    u.to_saddr_be = e.snat_addr_be;
-    u.to_daddr_be = e.nat_addr_be;
+    set(&mut u.to_saddr_be, &e.snat_addr_be);
+    set(&mut u.to_daddr_be, &e.nat_addr_be);
     u.to_ports_be = [e.snat_port_be, e.nat_port_be];
     Out::Remote
 }
@@ -217,8 +218,8 @@ fn snat_reply<A: UplinkFamily>(u: &mut Up<A>) -> Result<bool, NotTranslated> {
     // SAFETY: a value of the conntrack map, valid for this program run; the
     // fields are copied out.
     let (flags, nat_port_be, snat_port_be) = unsafe {
-        u.to_saddr_be = (*entry_ptr).nat_addr_be;
-        u.to_daddr_be = (*entry_ptr).snat_addr_be;
+        set(&mut u.to_saddr_be, &(*entry_ptr).nat_addr_be);
+        set(&mut u.to_daddr_be, &(*entry_ptr).snat_addr_be);
         (
             (*entry_ptr).flags,
             (*entry_ptr).nat_port_be,
@@ -238,8 +239,8 @@ fn snat_reply<A: UplinkFamily>(u: &mut Up<A>) -> Result<bool, NotTranslated> {
     }
     crate::ct::note(entry_ptr, flow, true, || {
         let k = &mut u.s.key;
-        k.saddr_be = u.to_daddr_be;
-        k.daddr_be = u.to_saddr_be;
+        set(&mut k.saddr_be, &u.to_daddr_be);
+        set(&mut k.daddr_be, &u.to_saddr_be);
         k.sport_be = snat_port_be;
         k.dport_be = nat_port_be;
         k.proto = flow.proto;
@@ -342,18 +343,18 @@ fn new_remote_flow<A: UplinkFamily>(
         let e = &mut u.s.entry;
         e.backend_id = backend_id;
         e.service_id = service_id;
-        e.nat_addr_be = u.s.flow.daddr_be;
+        set(&mut e.nat_addr_be, &u.s.flow.daddr_be);
         e.nat_port_be = u.s.flow.dport_be;
         e.flags = ct_flags::SNAT | ct_flags::HANDSHAKE;
         e.state = 0;
-        e.snat_addr_be = u.s.flow.saddr_be;
+        set(&mut e.snat_addr_be, &u.s.flow.saddr_be);
         e.snat_port_be = u.s.flow.sport_be;
         e._pad2 = [0; 2];
         e.created_ns = created_ns;
         e.last_seen_ns = created_ns;
         let k = &mut u.s.key2;
-        k.saddr_be = u.s.backend.addr_be;
-        k.daddr_be = u.snat_addr_be;
+        set(&mut k.saddr_be, &u.s.backend.addr_be);
+        set(&mut k.daddr_be, &u.snat_addr_be);
         k.sport_be = u.s.backend.port_be;
         k.dport_be = port_be;
         k.proto = u.s.flow.proto;
@@ -369,9 +370,9 @@ fn new_remote_flow<A: UplinkFamily>(
             Err(_) => return Err(NotTranslated::Drop(stat::CT_FULL)),
         }
         let e = &mut u.s.entry;
-        e.nat_addr_be = u.s.backend.addr_be;
+        set(&mut e.nat_addr_be, &u.s.backend.addr_be);
         e.nat_port_be = u.s.backend.port_be;
-        e.snat_addr_be = u.snat_addr_be;
+        set(&mut e.snat_addr_be, &u.snat_addr_be);
         e.snat_port_be = port_be;
         let (fwd, reply) = (&u.s.key, &u.s.key2);
         match ct::with_room::<proxy_common::CtKeyOf<A>>(|| ct::insert(fwd, &u.s.entry, 0)) {
@@ -386,8 +387,8 @@ fn new_remote_flow<A: UplinkFamily>(
                 return Err(NotTranslated::Drop(stat::CT_FULL));
             }
         }
-        u.to_saddr_be = u.snat_addr_be;
-        u.to_daddr_be = u.s.backend.addr_be;
+        set(&mut u.to_saddr_be, &u.snat_addr_be);
+        set(&mut u.to_daddr_be, &u.s.backend.addr_be);
         u.to_ports_be = [port_be, u.s.backend.port_be];
         return Ok(Out::Remote);
     }

@@ -75,7 +75,7 @@ pub type Flow = FlowOf<u32>;
 /// An IPv6 packet's flow.
 pub type Flow6 = FlowOf<Addr6Be>;
 
-impl<A: Copy> FlowOf<A> {
+impl<A: Words> FlowOf<A> {
     /// A TCP SYN without ACK opens a new connection; a UDP datagram has no
     /// connection to keep. Both must reach a backend that is still live.
     #[inline(always)]
@@ -111,14 +111,53 @@ impl<A: Copy> FlowOf<A> {
     /// `key` (which may be scratch memory: no copy on the stack).
     #[inline(always)]
     pub fn ct_key_into(&self, dir: u8, key: &mut CtKeyOf<A>) {
-        key.saddr_be = self.saddr_be;
-        key.daddr_be = self.daddr_be;
+        set(&mut key.saddr_be, &self.saddr_be);
+        set(&mut key.daddr_be, &self.daddr_be);
         key.sport_be = self.sport_be;
         key.dport_be = self.dport_be;
         key.proto = self.proto;
         key.dir = dir;
         key._pad = [0; 2];
     }
+}
+
+/// A value copied as loads and stores of its words ([`set`]).
+pub trait Words: Copy {
+    fn set_from(&mut self, src: &Self);
+}
+
+impl Words for u16 {
+    #[inline(always)]
+    fn set_from(&mut self, src: &u16) {
+        *self = *src;
+    }
+}
+
+impl Words for u32 {
+    #[inline(always)]
+    fn set_from(&mut self, src: &u32) {
+        *self = *src;
+    }
+}
+
+impl Words for Addr6Be {
+    #[inline(always)]
+    fn set_from(&mut self, src: &Addr6Be) {
+        self[0] = src[0];
+        self[1] = src[1];
+        self[2] = src[2];
+        self[3] = src[3];
+    }
+}
+
+/// `*dst = *src`, word by word. A plain assignment of an IPv6 address (16
+/// bytes) becomes a `memcpy`, and LLVM turns a chain of them between places
+/// it cannot tell apart (map values, the packet, working memory) into a
+/// call to `memmove`, a byte loop on BPF. Word loads and stores stay what
+/// they are.
+#[inline(always)]
+pub fn set<T: Words>(dst: &mut T, src: &T) {
+    dst.set_from(src);
 }
 
 /// Why a packet is not rewritten. Each maps to one explicit action.

@@ -37,11 +37,12 @@
 //! through the pseudo-header ([`crate::rewrite::v6`]).
 use crate::{
     ct::track::{continued, track, tracked, Source},
-    family::{Family, Work},
+    family::{set_backend, Family, Work},
     lb::{choose_backend, frontend_key, lookup_frontend},
     maps::{count, count_denied, count_service},
     packet::{
         ctx::parse_ipv4,
+        set,
         v6::{parse6, Kind6, ETH_P_IPV6_BE},
         Skip, ETH_P_IP_BE,
     },
@@ -181,7 +182,7 @@ pub fn from_pod<A: PodFamily>(ctx: &TcContext) -> Result<i32, Skip> {
     // A packet of an existing flow: one lookup, no frontend.
     w.flow.ct_key_into(ct_dir::FORWARD, &mut w.key);
     if continued(w) {
-        w.backend.addr_be = w.entry.nat_addr_be;
+        set(&mut w.backend.addr_be, &w.entry.nat_addr_be);
         w.backend.port_be = w.entry.nat_port_be;
         let service_id = w.entry.service_id;
         return Ok(forward(ctx, w, service_id));
@@ -208,15 +209,15 @@ fn new_flow<A: PodFamily>(ctx: &TcContext, w: &mut Work<A>) -> Result<i32, Skip>
         return Ok(A::reject(ctx, w, &svc));
     }
     if tracked(w, svc.service_id) {
-        w.backend.addr_be = w.entry.nat_addr_be;
+        set(&mut w.backend.addr_be, &w.entry.nat_addr_be);
         w.backend.port_be = w.entry.nat_port_be;
     } else {
-        w.aff.client_addr_be = w.flow.saddr_be;
+        set(&mut w.aff.client_addr_be, &w.flow.saddr_be);
         w.aff.service_id = svc.service_id;
         let Some((id, backend)) = choose_backend(w.fe, &svc, A::affinity(), &w.aff) else {
             return drop_counted(stat::DROP_INCONSISTENT);
         };
-        w.backend = backend;
+        set_backend(&mut w.backend, &backend);
         let source = match crate::hairpin::is_hairpin(w) {
             true => Source::Hairpin,
             false => Source::Client,
@@ -276,7 +277,7 @@ pub fn to_pod<A: PodFamily>(ctx: &TcContext) -> Result<i32, Skip> {
     // SAFETY: a value of the conntrack map, valid for this program run;
     // the fields are copied out.
     let (flags, service_id) = unsafe {
-        w.backend.addr_be = (*entry_ptr).nat_addr_be;
+        set(&mut w.backend.addr_be, &(*entry_ptr).nat_addr_be);
         w.backend.port_be = (*entry_ptr).nat_port_be;
         ((*entry_ptr).flags, (*entry_ptr).service_id)
     };
@@ -295,8 +296,8 @@ pub fn to_pod<A: PodFamily>(ctx: &TcContext) -> Result<i32, Skip> {
         ..
     } = w;
     crate::ct::note(entry_ptr, flow, true, || {
-        key2.saddr_be = flow.daddr_be;
-        key2.daddr_be = backend.addr_be;
+        set(&mut key2.saddr_be, &flow.daddr_be);
+        set(&mut key2.daddr_be, &backend.addr_be);
         key2.sport_be = flow.dport_be;
         key2.dport_be = backend.port_be;
         key2.proto = flow.proto;

@@ -11,7 +11,7 @@ use crate::{
         csum_replace16, eq6, load, load_into, parse6, Kind6, IP6_DADDR_OFF, IP6_SADDR_OFF,
         IPV6_HLEN,
     },
-    packet::{csum_replace2, Skip, TCP_CSUM_OFF, UDP_CSUM_OFF},
+    packet::{csum_replace2, set, Skip, TCP_CSUM_OFF, UDP_CSUM_OFF},
     rewrite::v6::rewrite6,
     rewrite::Side,
     skb::drop_counted,
@@ -180,8 +180,8 @@ fn icmp_error_snat6(ctx: &TcContext, u: &mut Up<Addr6Be>) -> Result<i32, Skip> {
     // SAFETY: a value of the conntrack map, valid for this program run; the
     // fields are copied out at once.
     let flags = unsafe {
-        u.to_saddr_be = (*entry).nat_addr_be;
-        u.to_daddr_be = (*entry).snat_addr_be;
+        set(&mut u.to_saddr_be, &(*entry).nat_addr_be);
+        set(&mut u.to_daddr_be, &(*entry).snat_addr_be);
         u.to_ports_be = [(*entry).nat_port_be, (*entry).snat_port_be];
         (*entry).flags
     };

@@ -5,7 +5,7 @@
 use crate::{
     packet::ctx::ptr_at,
     packet::v6::{addr_diff, eq6, Flow6, IP6_DADDR_OFF, IP6_SADDR_OFF},
-    packet::Skip,
+    packet::{set, Skip, Words},
     packet::{TCP_CSUM_OFF, UDP_CSUM_OFF},
     rewrite::RewriteFailed,
     rewrite::Side,
@@ -66,7 +66,7 @@ const MAX_DIRECT_OFF: usize = 512;
 /// area (the verifier made the header private on entry), else through the
 /// store helper (the walk of `parse6` reads beyond the linear area).
 #[inline(always)]
-fn store<T: Copy>(ctx: &TcContext, off: usize, value: &T) -> Result<(), RewriteFailed> {
+fn store<T: Words>(ctx: &TcContext, off: usize, value: &T) -> Result<(), RewriteFailed> {
     // The bound tells the verifier how far a variable offset (the port's,
     // after the extension headers) can reach.
     let direct = match off <= MAX_DIRECT_OFF {
@@ -78,7 +78,7 @@ fn store<T: Copy>(ctx: &TcContext, off: usize, value: &T) -> Result<(), RewriteF
             // SAFETY: `ptr_at` checked the field lies inside the linear
             // packet data, which this program may store into; no helper
             // that moves packet data ran since the check.
-            unsafe { *at = *value };
+            unsafe { set(&mut *at, value) };
             Ok(())
         }
         Err(_) => ctx.store(off, value, 0).map_err(|_| RewriteFailed),
