@@ -17,7 +17,6 @@
 use aya_ebpf::{
     btf_maps::{HashMap, LruHashMap, PerCpuArray},
     macros::btf_map,
-    programs::TcContext,
 };
 use proxy_common::{
     capacity, hairpin, Addr6Be, AffinityEntry, AffinityKeyOf, BackendOf, CtEntryOf, CtKeyOf,
@@ -31,9 +30,9 @@ use crate::{
         SB_CT6_NEW_V2, SB_CT6_V1, SB_CT_NEW_V2, SB_CT_V5,
     },
     newflows::slot_of,
-    packet::{set, v6::eq6, FlowOf, Words},
+    packet::{set, v6::eq6, FlowOf},
     prefilter::{maybe_frontend4, maybe_frontend6},
-    rewrite::{store_in_place, v6::rewrite6, Rewrite, RewriteFailed, Side},
+    rewrite::Header,
 };
 
 /// A family's connection-tracking table.
@@ -42,7 +41,7 @@ pub(crate) type CtMap<A> = HashMap<CtKeyOf<A>, CtEntryOf<A>, { capacity::CONNTRA
 pub(crate) type AffinityMap<A> = LruHashMap<AffinityKeyOf<A>, AffinityEntry, AFFINITY_ENTRIES>;
 
 /// An address family: see the module's documentation.
-pub(crate) trait Family: FamilyAddr + Words + 'static {
+pub(crate) trait Family: FamilyAddr + Header + 'static {
     /// The unspecified address (an entry without source NAT).
     const ZERO: Self;
     /// The address a pod reaching itself through a Service is given as
@@ -70,15 +69,6 @@ pub(crate) trait Family: FamilyAddr + Words + 'static {
     fn maybe_frontend(addr: &Self) -> bool;
     /// This CPU's working memory of the family.
     fn work() -> Option<&'static mut Work<Self>>;
-    /// Rewrites one side (address and port) of the TCP/UDP packet of
-    /// `flow` on the tc path, and its checksums ([`crate::rewrite`]).
-    fn rewrite(
-        ctx: &TcContext,
-        flow: &FlowOf<Self>,
-        side: Side,
-        addr_be: &Self,
-        port_be: u16,
-    ) -> Result<(), RewriteFailed>;
 }
 
 /// A program's working memory for one packet of family `A` (see the
@@ -160,24 +150,6 @@ impl Family for u32 {
         // run, and used by one program run at a time (see `Work`).
         Some(unsafe { &mut *ptr })
     }
-    #[inline(always)]
-    fn rewrite(
-        ctx: &TcContext,
-        flow: &FlowOf<u32>,
-        side: Side,
-        addr_be: &u32,
-        port_be: u16,
-    ) -> Result<(), RewriteFailed> {
-        let todo = Rewrite {
-            side,
-            new_addr_be: *addr_be,
-            new_port_be: port_be,
-            service_id: 0,
-            l4_off: flow.l4_off,
-            proto: flow.proto,
-        };
-        store_in_place(ctx, &todo)
-    }
 }
 
 impl Family for Addr6Be {
@@ -217,15 +189,5 @@ impl Family for Addr6Be {
         let ptr = SB_SCRATCH6_V1.get_ptr_mut(0)?;
         // SAFETY: as for IPv4.
         Some(unsafe { &mut *ptr })
-    }
-    #[inline(always)]
-    fn rewrite(
-        ctx: &TcContext,
-        flow: &FlowOf<Addr6Be>,
-        side: Side,
-        addr_be: &Addr6Be,
-        port_be: u16,
-    ) -> Result<(), RewriteFailed> {
-        rewrite6(ctx, flow, side, addr_be, port_be)
     }
 }

@@ -137,12 +137,12 @@ fn send_back<A: Family>(
     src: (A, u16),
     dst: (A, u16),
 ) -> i32 {
-    if A::rewrite(ctx, flow, Side::Destination, &dst.0, dst.1).is_err() {
+    if crate::rewrite::rewrite(ctx, flow, Side::Destination, &dst.0, dst.1).is_err() {
         count(stat::DROP_REWRITE_FAILED);
         return TC_ACT_SHOT;
     }
     (flow.daddr_be, flow.dport_be) = dst;
-    if A::rewrite(ctx, flow, Side::Source, &src.0, src.1).is_err() {
+    if crate::rewrite::rewrite(ctx, flow, Side::Source, &src.0, src.1).is_err() {
         count(stat::DROP_REWRITE_FAILED);
         return TC_ACT_SHOT;
     }

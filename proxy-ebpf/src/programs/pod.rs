@@ -252,7 +252,7 @@ fn rewrite<A: PodFamily>(ctx: &TcContext, w: &mut Work<A>, side: Side, service_i
     if w.flow.first_fragment {
         A::remember_fragment(ctx, w, side, service_id);
     }
-    if A::rewrite(ctx, &w.flow, side, &w.backend.addr_be, w.backend.port_be).is_err() {
+    if crate::rewrite::rewrite(ctx, &w.flow, side, &w.backend.addr_be, w.backend.port_be).is_err() {
         count(stat::DROP_REWRITE_FAILED);
         return TC_ACT_SHOT;
     }

@@ -5,8 +5,7 @@
 //! `sb_from_uplink6` ([`super::uplink_tc6`]).
 use crate::packet::ctx::parse_ipv4;
 use crate::packet::ctx::ptr_at;
-use crate::rewrite::rewrite_with_helpers;
-use crate::rewrite::Rewrite;
+use crate::rewrite::rewrite;
 use crate::rewrite::RewriteFailed;
 use crate::rewrite::Side;
 use crate::skb::drop_counted;
@@ -74,11 +73,11 @@ pub fn try_from_uplink(ctx: &TcContext) -> Result<i32, Skip> {
         return drop_counted(stat::TTL_EXCEEDED);
     }
     let mut now = flow;
-    if rewrite_side(ctx, &mut now, Side::Destination, dst, service_id).is_err() {
+    if rewrite_side(ctx, &mut now, Side::Destination, dst).is_err() {
         return drop_counted(stat::DROP_REWRITE_FAILED);
     }
     if let Some(src) = src {
-        if rewrite_side(ctx, &mut now, Side::Source, src, service_id).is_err() {
+        if rewrite_side(ctx, &mut now, Side::Source, src).is_err() {
             return drop_counted(stat::DROP_REWRITE_FAILED);
         }
     }
@@ -100,25 +99,15 @@ pub fn try_from_uplink(ctx: &TcContext) -> Result<i32, Skip> {
     Ok(TC_ACT_OK)
 }
 
-/// Rewrites one side of the packet `now` describes (helper stores), and
-/// `now` with it.
+/// Rewrites one side of the packet `now` describes, and `now` with it.
 #[inline(always)]
 pub(crate) fn rewrite_side(
     ctx: &TcContext,
     now: &mut Flow,
     side: Side,
     (addr_be, port_be): (u32, u16),
-    service_id: u32,
 ) -> Result<(), RewriteFailed> {
-    let todo = Rewrite {
-        side,
-        new_addr_be: addr_be,
-        new_port_be: port_be,
-        service_id,
-        l4_off: now.l4_off,
-        proto: now.proto,
-    };
-    rewrite_with_helpers(ctx, now, &todo)?;
+    rewrite(ctx, now, side, &addr_be, port_be)?;
     match side {
         Side::Source => (now.saddr_be, now.sport_be) = (addr_be, port_be),
         Side::Destination => (now.daddr_be, now.dport_be) = (addr_be, port_be),

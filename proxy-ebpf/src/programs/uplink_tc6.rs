@@ -12,7 +12,7 @@ use crate::{
         IPV6_HLEN,
     },
     packet::{csum_replace2, set, Skip, TCP_CSUM_OFF, UDP_CSUM_OFF},
-    rewrite::v6::rewrite6,
+    rewrite::rewrite,
     rewrite::Side,
     skb::drop_counted,
 };
@@ -68,7 +68,7 @@ fn try_from_uplink6(ctx: &TcContext, u: &mut Up<Addr6Be>) -> Result<i32, Skip> {
         return drop_counted(stat::TTL_EXCEEDED);
     }
     let flow = &u.s.flow;
-    if rewrite6(
+    if rewrite(
         ctx,
         flow,
         Side::Destination,
@@ -79,7 +79,7 @@ fn try_from_uplink6(ctx: &TcContext, u: &mut Up<Addr6Be>) -> Result<i32, Skip> {
     {
         return drop_counted(stat::DROP_REWRITE_FAILED);
     }
-    if leaves && rewrite6(ctx, flow, Side::Source, &u.to_saddr_be, u.to_ports_be[0]).is_err() {
+    if leaves && rewrite(ctx, flow, Side::Source, &u.to_saddr_be, u.to_ports_be[0]).is_err() {
         return drop_counted(stat::DROP_REWRITE_FAILED);
     }
     let counter = match out {

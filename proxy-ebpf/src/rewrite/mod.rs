@@ -1,17 +1,20 @@
-//! Rewrite and checksum of a translated IPv4 packet on the tc path: the
-//! rewrite `sb_from_pod`/`sb_to_pod` decide on ([`Rewrite`]), stored directly
-//! ([`store_in_place`]); the helper stores of the programs that do not store
-//! directly (the uplink's tc program, the hairpin's second side); the L4
-//! checksum update through the kernel's helper; and `sb_rewrite`, the
+//! Rewrite and checksum of a translated TCP/UDP packet on the tc path, for
+//! both families ([`rewrite`]): the address and port of one side stored
+//! directly where they lie in the linear data (through the store helper
+//! elsewhere), the IPv4 header checksum computed, and the L4 checksum
+//! updated through the kernel's helper, which alone knows whether the skb
+//! carries a full checksum or a partial one for the device to finish. What
+//! the families do differently is [`Header`] (IPv4 here, IPv6 in [`v6`]).
+//! Also here: the counters of a rewritten packet, and `sb_rewrite`, the
 //! previous release's tail-called program, kept for upgrades.
 pub mod v6;
 
-use crate::packet::ctx::ptr_at;
 use crate::{
     maps::{count, count_service},
     packet::{
-        csum_replace4, Flow, ETH_HLEN, IPV4_MIN_HLEN, IP_CSUM_OFF, MAX_L4_OFF, TCP_CSUM_OFF,
-        UDP_CSUM_OFF,
+        csum_replace4,
+        ctx::{parse_ipv4, ptr_at},
+        set, FlowOf, Skip, Words, ETH_HLEN, IP_CSUM_OFF, TCP_CSUM_OFF, UDP_CSUM_OFF,
     },
 };
 use aya_ebpf::{
@@ -86,21 +89,22 @@ pub(crate) fn count_rewritten(ctx: &TcContext, side: Side, service_id: u32) {
 /// `sb_rewrite`: writes a rewrite handed over in the control buffer.
 ///
 /// `sb_from_pod` and `sb_to_pod` now store directly themselves (see
-/// [`store_in_place`]); this program stays for one release as the bridge of
+/// [`rewrite`]); this program stays for one release as the bridge of
 /// an upgrade: the previous release's pod programs, still attached until
 /// the new agent replaces them, tail-call it, and the new agent's load puts
 /// this one in their slot.
 #[inline(always)]
 pub fn rewrite_in_place(ctx: &TcContext) -> i32 {
     let todo = Rewrite::load(ctx);
-    if todo.l4_off < ETH_HLEN + IPV4_MIN_HLEN
-        || todo.l4_off > MAX_L4_OFF
-        || (todo.proto != proto::TCP && todo.proto != proto::UDP)
-    {
+    let Ok(flow) = parse_ipv4(ctx) else {
+        count(stat::DROP_REWRITE_FAILED);
+        return TC_ACT_SHOT;
+    };
+    if flow.l4_off != todo.l4_off || flow.proto != todo.proto {
         count(stat::DROP_REWRITE_FAILED);
         return TC_ACT_SHOT;
     }
-    if store_in_place(ctx, &todo).is_err() {
+    if rewrite(ctx, &flow, todo.side, &todo.new_addr_be, todo.new_port_be).is_err() {
         count(stat::DROP_REWRITE_FAILED);
         return TC_ACT_SHOT;
     }
@@ -108,104 +112,129 @@ pub fn rewrite_in_place(ctx: &TcContext) -> i32 {
     TC_ACT_OK
 }
 
-/// The address, port and IPv4 checksum stored directly, then the L4 checksum
-/// through the kernel's helper ([`l4_checksum`]).
+/// An address family's header, as a rewrite sees it.
+pub(crate) trait Header: Words {
+    /// Where the source and the destination address lie in the frame.
+    const SADDR_OFF: usize;
+    const DADDR_OFF: usize;
+    /// Whether two addresses differ.
+    fn differs(&self, other: &Self) -> bool;
+    /// Stores `new` over the address `old` at `off`, with the header
+    /// checksum the family has.
+    fn store_addr(ctx: &TcContext, off: usize, old: &Self, new: &Self)
+        -> Result<(), RewriteFailed>;
+    /// Updates the L4 checksum at `csum_off` for the pseudo-header address
+    /// change from `old` to `new` (`l4_flags`: the UDP flags).
+    fn l4_csum_addr(
+        ctx: &TcContext,
+        csum_off: usize,
+        old: &Self,
+        new: &Self,
+        l4_flags: u64,
+    ) -> Result<(), RewriteFailed>;
+}
+
+impl Header for u32 {
+    const SADDR_OFF: usize = ETH_HLEN + 12;
+    const DADDR_OFF: usize = ETH_HLEN + 16;
+    #[inline(always)]
+    fn differs(&self, other: &u32) -> bool {
+        self != other
+    }
+    #[inline(always)]
+    fn store_addr(ctx: &TcContext, off: usize, old: &u32, new: &u32) -> Result<(), RewriteFailed> {
+        let csum = ptr_at::<u16>(ctx, IP_CSUM_OFF).map_err(|_| RewriteFailed)?;
+        let addr = ptr_at::<u32>(ctx, off).map_err(|_| RewriteFailed)?;
+        // SAFETY: `ptr_at` checked both fields lie inside the linear packet
+        // data, which this program may store into (the verifier unclones
+        // the skb on entry).
+        unsafe {
+            *csum = csum_replace4(*csum, *old, *new);
+            *addr = *new;
+        }
+        Ok(())
+    }
+    #[inline(always)]
+    fn l4_csum_addr(
+        ctx: &TcContext,
+        csum_off: usize,
+        old: &u32,
+        new: &u32,
+        l4_flags: u64,
+    ) -> Result<(), RewriteFailed> {
+        let flags = u64::from(BPF_F_PSEUDO_HDR) | l4_flags | 4;
+        ctx.l4_csum_replace(csum_off, u64::from(*old), u64::from(*new), flags)
+            .map_err(|_| RewriteFailed)
+    }
+}
+
+/// Rewrites one side (address and port) of the TCP/UDP packet of `flow`
+/// to `new_addr_be:new_port_be`, and its checksums. A UDP checksum of zero
+/// ("none") stays zero (`BPF_F_MARK_MANGLED_0`: a computed 0 is sent as
+/// 0xffff). With `CHECKSUM_PARTIAL`, only the address (part of the
+/// pseudo-header) changes the L4 checksum field; the helper knows.
 #[inline(always)]
-pub(crate) fn store_in_place(ctx: &TcContext, todo: &Rewrite) -> Result<(), RewriteFailed> {
+pub(crate) fn rewrite<A: Header>(
+    ctx: &TcContext,
+    flow: &FlowOf<A>,
+    side: Side,
+    new_addr_be: &A,
+    new_port_be: u16,
+) -> Result<(), RewriteFailed> {
     // The bound tells the verifier how far the offset (read back from
-    // working memory) can reach: past a header with the most options.
-    if todo.l4_off > MAX_L4_OFF {
+    // working memory, or past IPv6 extension headers) can reach.
+    let l4_off = flow.l4_off;
+    if l4_off > MAX_DIRECT_OFF {
         return Err(RewriteFailed);
     }
-    let (addr_off, port_off) = match todo.side {
-        Side::Source => (ETH_HLEN + 12, todo.l4_off),
-        Side::Destination => (ETH_HLEN + 16, todo.l4_off + 2),
+    let (addr_off, old_addr_be, old_port_be, port_off) = match side {
+        Side::Source => (A::SADDR_OFF, &flow.saddr_be, flow.sport_be, l4_off),
+        Side::Destination => (A::DADDR_OFF, &flow.daddr_be, flow.dport_be, l4_off + 2),
     };
-    let csum_ptr = ptr_at::<u16>(ctx, IP_CSUM_OFF).map_err(|_| RewriteFailed)?;
-    let addr_ptr = ptr_at::<u32>(ctx, addr_off).map_err(|_| RewriteFailed)?;
-    let port_ptr = ptr_at::<u16>(ctx, port_off).map_err(|_| RewriteFailed)?;
-    // SAFETY: `ptr_at` checked each field lies inside the linear packet data;
-    // this program may store there (the verifier unclones the skb on entry).
-    // No helper that moves packet data runs before the last store.
-    let (old_addr_be, old_port_be) = unsafe {
-        let old = (*addr_ptr, *port_ptr);
-        *csum_ptr = csum_replace4(*csum_ptr, old.0, todo.new_addr_be);
-        *addr_ptr = todo.new_addr_be;
-        *port_ptr = todo.new_port_be;
-        old
-    };
-    l4_checksum(ctx, todo, old_addr_be, old_port_be)
-}
-
-/// The same rewrite with every write through a helper, for a program that
-/// does not store directly (`sb_from_uplink`) and for the hairpin's rewrite. Both
-/// addresses and the IPv4 checksum (computed here) go in one 10-byte store.
-#[inline(always)]
-pub(crate) fn rewrite_with_helpers(
-    ctx: &TcContext,
-    flow: &Flow,
-    todo: &Rewrite,
-) -> Result<(), RewriteFailed> {
-    let (old_addr_be, old_port_be, port_off) = match todo.side {
-        Side::Source => (flow.saddr_be, flow.sport_be, flow.l4_off),
-        Side::Destination => (flow.daddr_be, flow.dport_be, flow.l4_off + 2),
-    };
-    if old_addr_be != todo.new_addr_be {
-        let csum_ptr = ptr_at::<u16>(ctx, IP_CSUM_OFF).map_err(|_| RewriteFailed)?;
-        // SAFETY: `ptr_at` checked the field lies inside the packet; a read.
-        let old_csum = unsafe { *csum_ptr };
-        let (saddr_be, daddr_be) = match todo.side {
-            Side::Source => (todo.new_addr_be, flow.daddr_be),
-            Side::Destination => (flow.saddr_be, todo.new_addr_be),
-        };
-        let csum = csum_replace4(old_csum, old_addr_be, todo.new_addr_be).to_ne_bytes();
-        let (s, d) = (saddr_be.to_ne_bytes(), daddr_be.to_ne_bytes());
-        let l3: [u8; 10] = [
-            csum[0], csum[1], s[0], s[1], s[2], s[3], d[0], d[1], d[2], d[3],
-        ];
-        ctx.store(IP_CSUM_OFF, &l3, 0).map_err(|_| RewriteFailed)?;
-    }
-    if old_port_be != todo.new_port_be {
-        ctx.store(port_off, &todo.new_port_be, 0)
-            .map_err(|_| RewriteFailed)?;
-    }
-    l4_checksum(ctx, todo, old_addr_be, old_port_be)
-}
-
-/// Updates the TCP/UDP checksum for a rewrite from `old_addr_be:old_port_be`.
-/// Through the kernel's helper, which alone knows whether the skb carries a
-/// full checksum or a partial one for the device to finish
-/// (`CHECKSUM_PARTIAL`: only the address, part of the pseudo-header, may
-/// change it then). A UDP checksum of zero ("none") stays zero.
-#[inline(always)]
-pub(crate) fn l4_checksum(
-    ctx: &TcContext,
-    todo: &Rewrite,
-    old_addr_be: u32,
-    old_port_be: u16,
-) -> Result<(), RewriteFailed> {
-    let (csum_off, l4_flags) = if todo.proto == proto::TCP {
-        (todo.l4_off + TCP_CSUM_OFF, 0)
+    let (csum_off, l4_flags) = if flow.proto == proto::TCP {
+        (l4_off + TCP_CSUM_OFF, 0)
     } else {
-        (todo.l4_off + UDP_CSUM_OFF, u64::from(BPF_F_MARK_MANGLED_0))
+        (l4_off + UDP_CSUM_OFF, u64::from(BPF_F_MARK_MANGLED_0))
     };
-    if old_addr_be != todo.new_addr_be {
-        ctx.l4_csum_replace(
-            csum_off,
-            u64::from(old_addr_be),
-            u64::from(todo.new_addr_be),
-            u64::from(BPF_F_PSEUDO_HDR) | l4_flags | 4,
-        )
-        .map_err(|_| RewriteFailed)?;
+    if old_addr_be.differs(new_addr_be) {
+        A::store_addr(ctx, addr_off, old_addr_be, new_addr_be)?;
+        A::l4_csum_addr(ctx, csum_off, old_addr_be, new_addr_be, l4_flags)?;
     }
-    if old_port_be != todo.new_port_be {
+    if old_port_be != new_port_be {
+        store(ctx, port_off, &new_port_be)?;
         ctx.l4_csum_replace(
             csum_off,
             u64::from(old_port_be),
-            u64::from(todo.new_port_be),
+            u64::from(new_port_be),
             l4_flags | 2,
         )
         .map_err(|_| RewriteFailed)?;
     }
     Ok(())
+}
+
+/// The furthest offset [`store`] writes directly: past the fixed header and
+/// the options or extension headers of common sizes.
+const MAX_DIRECT_OFF: usize = 512;
+
+/// Writes `value` at `off`: directly where the bytes are in the linear
+/// area (the verifier made the header private on entry), else through the
+/// store helper (the IPv6 walk reads beyond the linear area).
+#[inline(always)]
+pub(crate) fn store<T: Words>(ctx: &TcContext, off: usize, value: &T) -> Result<(), RewriteFailed> {
+    // The bound tells the verifier how far a variable offset can reach.
+    let direct = match off <= MAX_DIRECT_OFF {
+        true => ptr_at::<T>(ctx, off),
+        false => Err(Skip::Malformed),
+    };
+    match direct {
+        Ok(at) => {
+            // SAFETY: `ptr_at` checked the field lies inside the linear
+            // packet data, which this program may store into; no helper
+            // that moves packet data ran since the check.
+            unsafe { set(&mut *at, value) };
+            Ok(())
+        }
+        Err(_) => ctx.store(off, value, 0).map_err(|_| RewriteFailed),
+    }
 }
