@@ -18,16 +18,15 @@ pub struct FragKey {
     pub dir: u8,
 }
 
-/// Value of the fragment map: what the datagram's first fragment was
-/// rewritten to. Later fragments get `addr_be` (as destination for `FORWARD`,
-/// as source for `REPLY`; for [`frag::UPLINK`] as destination, and
-/// `src_addr_be` as source when it is not 0); the port lives only in the
-/// first fragment.
+/// Value of the fragment maps of either family ([`FragEntry`],
+/// [`FragEntry6`]): what the datagram's first fragment was rewritten to.
+/// Later fragments get `addr_be` (as destination for `FORWARD`, as source
+/// for `REPLY`; for [`frag::UPLINK`] as destination, and `src_addr_be` as
+/// source when it is not 0); the port lives only in the first fragment.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
-pub struct FragEntry {
-    pub addr_be: u32,
+pub struct FragEntryOf<A> {
+    pub addr_be: A,
     pub port_be: u16,
     /// [`ct_dir`], as in the key.
     pub dir: u8,
@@ -36,11 +35,16 @@ pub struct FragEntry {
     /// [`frag::UPLINK`] entries of flows whose source is rewritten too (to a
     /// backend on another node, and their replies): the new source. 0
     /// otherwise.
-    pub src_addr_be: u32,
+    pub src_addr_be: A,
     /// `bpf_ktime_get_ns()` of the first fragment; entries older than
     /// [`frag::TIMEOUT_NS`] are not used (the IP id may have been reused).
     pub created_ns: u64,
 }
+
+/// An IPv4 datagram's fragment entry.
+pub type FragEntry = FragEntryOf<u32>;
+/// An IPv6 datagram's fragment entry.
+pub type FragEntry6 = FragEntryOf<Addr6Be>;
 
 /// Fragment tracking.
 pub mod frag {
@@ -64,18 +68,4 @@ pub struct FragKey6 {
     pub proto: u8,
     pub dir: u8,
     pub _pad: [u8; 2],
-}
-
-/// [`FragEntry`] of an IPv6 datagram.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
-pub struct FragEntry6 {
-    pub addr_be: Addr6Be,
-    pub port_be: u16,
-    pub dir: u8,
-    pub _pad: u8,
-    pub service_id: u32,
-    pub src_addr_be: Addr6Be,
-    pub created_ns: u64,
 }

@@ -40,6 +40,8 @@ mod aya_pod {
         CtEntry6,
         AffinityKey,
         AffinityKey6,
+        FragEntry,
+        FragEntry6,
     );
 
     aya_pod!(

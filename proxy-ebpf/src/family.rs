@@ -20,14 +20,14 @@ use aya_ebpf::{
 };
 use proxy_common::{
     capacity, hairpin, Addr6Be, AffinityEntry, AffinityKeyOf, BackendOf, CtEntryOf, CtKeyOf,
-    FragEntry, FragEntry6, FragKey, FragKey6, FrontendSlot, KeyPair,
+    FragEntryOf, FragKey, FragKey6, FrontendSlot, KeyPair,
 };
 
 use crate::{
     lb::FamilyAddr,
     maps::{
         source_allowed4, source_allowed6, AFFINITY_ENTRIES, SB_AFFINITY6_V1, SB_AFFINITY_V1,
-        SB_CT6_NEW_V2, SB_CT6_V1, SB_CT_NEW_V2, SB_CT_V5,
+        SB_CT6_NEW_V2, SB_CT6_V1, SB_CT_NEW_V2, SB_CT_V5, SB_FRAG6_V1, SB_FRAG_V1,
     },
     newflows::slot_of,
     packet::{set, v6::eq6, FlowOf},
@@ -37,6 +37,9 @@ use crate::{
 
 /// A family's connection-tracking table.
 pub(crate) type CtMap<A> = HashMap<CtKeyOf<A>, CtEntryOf<A>, { capacity::CONNTRACK as usize }>;
+/// A family's fragment-tracking map.
+pub(crate) type FragMap<A> =
+    LruHashMap<<A as Family>::FragKey, FragEntryOf<A>, { capacity::FRAGMENTS as usize }>;
 /// A family's session-affinity map.
 pub(crate) type AffinityMap<A> = LruHashMap<AffinityKeyOf<A>, AffinityEntry, AFFINITY_ENTRIES>;
 
@@ -47,10 +50,9 @@ pub(crate) trait Family: FamilyAddr + Header + 'static {
     /// The address a pod reaching itself through a Service is given as
     /// its client ([`crate::hairpin`]).
     const HAIRPIN: Self;
-    /// The family's fragment-tracking key and entry, and the quote of an
-    /// ICMP error being built (IPv6 only; nothing for IPv4).
+    /// The family's fragment-tracking key, and the quote of an ICMP error
+    /// being built (IPv6 only; nothing for IPv4).
     type FragKey;
-    type FragEntry;
     type Quote;
     /// Address equality (word by word for IPv6: a slice comparison would
     /// call `bcmp`).
@@ -61,6 +63,10 @@ pub(crate) trait Family: FamilyAddr + Header + 'static {
     /// flow was examined), its cursor moved on ([`slot_of`]).
     fn take_slot(evict: bool) -> Option<*mut KeyPair<CtKeyOf<Self>>>;
     fn affinity() -> &'static AffinityMap<Self>;
+    /// The family's fragment-tracking map ([`crate::frag`]).
+    fn frags() -> &'static FragMap<Self>;
+    /// Writes the fragment key of `flow`'s datagram in direction `dir`.
+    fn frag_key(flow: &FlowOf<Self>, dir: u8, key: &mut Self::FragKey);
     /// Whether the frontend of slot 0 `svc` lets `client` in
     /// (`loadBalancerSourceRanges`).
     fn source_allowed(svc: &FrontendSlot, client: &Self) -> bool;
@@ -87,7 +93,7 @@ pub struct Work<A: Family> {
     pub aff: AffinityKeyOf<A>,
     pub backend: BackendOf<A>,
     pub frag_key: A::FragKey,
-    pub frag_entry: A::FragEntry,
+    pub frag_entry: FragEntryOf<A>,
     /// The quote of an ICMPv6 error being built ([`crate::reject::v6`]):
     /// the IPv6 header and 8 bytes of the UDP header, as in the packet.
     pub quote: A::Quote,
@@ -115,8 +121,19 @@ impl Family for u32 {
     const ZERO: u32 = 0;
     const HAIRPIN: u32 = hairpin::ADDR_BE;
     type FragKey = FragKey;
-    type FragEntry = FragEntry;
     type Quote = ();
+    #[inline(always)]
+    fn frags() -> &'static FragMap<u32> {
+        &SB_FRAG_V1
+    }
+    #[inline(always)]
+    fn frag_key(flow: &FlowOf<u32>, dir: u8, key: &mut FragKey) {
+        key.saddr_be = flow.saddr_be;
+        key.daddr_be = flow.daddr_be;
+        key.id_be = flow.frag_id_be as u16;
+        key.proto = flow.proto;
+        key.dir = dir;
+    }
     #[inline(always)]
     fn same(&self, other: &u32) -> bool {
         self == other
@@ -156,8 +173,20 @@ impl Family for Addr6Be {
     const ZERO: Addr6Be = [0; 4];
     const HAIRPIN: Addr6Be = hairpin::ADDR6_BE;
     type FragKey = FragKey6;
-    type FragEntry = FragEntry6;
     type Quote = [u32; 12];
+    #[inline(always)]
+    fn frags() -> &'static FragMap<Addr6Be> {
+        &SB_FRAG6_V1
+    }
+    #[inline(always)]
+    fn frag_key(flow: &FlowOf<Addr6Be>, dir: u8, key: &mut FragKey6) {
+        set(&mut key.saddr_be, &flow.saddr_be);
+        set(&mut key.daddr_be, &flow.daddr_be);
+        key.id_be = flow.frag_id_be;
+        key.proto = flow.proto;
+        key.dir = dir;
+        key._pad = [0; 2];
+    }
     #[inline(always)]
     fn same(&self, other: &Addr6Be) -> bool {
         eq6(self, other)

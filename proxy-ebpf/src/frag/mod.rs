@@ -1,14 +1,17 @@
-//! Fragmented datagrams on the tc pod path (`sb_from_pod`, `sb_to_pod`).
+//! Fragmented datagrams on the tc pod path (`sb_from_pod`, `sb_to_pod`),
+//! both families ([`remember`], [`later`]).
 //!
-//! Only the first fragment of a datagram (more-fragments set, offset 0)
-//! carries the ports, so only it can be looked up as a flow. It is translated
-//! like an unfragmented packet: the L4 checksum of a fragmented datagram
-//! covers the whole datagram, and the incremental update for the changed
-//! address (pseudo-header) and port is right for it all the same. Its
-//! translation is remembered in `SB_FRAG_V1` under (source, destination, IP
-//! id, protocol, direction) as the packet carried them; the later fragments,
-//! which have the same four, get the same address (and the IPv4 checksum),
-//! nothing else: the port lives in the first fragment only.
+//! Only the first fragment of a datagram (IPv4: more-fragments set, offset
+//! 0; IPv6: a fragment header with offset 0 and more-fragments set) carries
+//! the ports, so only it can be looked up as a flow. It is translated like
+//! an unfragmented packet: the L4 checksum of a fragmented datagram covers
+//! the whole datagram, and the incremental update for the changed address
+//! (pseudo-header) and port is right for it all the same. Its translation is
+//! remembered in the family's map (`SB_FRAG_V1`, `SB_FRAG6_V1`) under
+//! (source, destination, identification, protocol, direction) as the packet
+//! carried them; the later fragments, which have the same, get the same
+//! address (and the IPv4 header checksum), nothing else: the port and the
+//! L4 checksum live in the first fragment only.
 //!
 //! A later fragment without an entry (not a Service's datagram, or one that
 //! overtook its first fragment: Linux senders send the first one first) is
@@ -17,75 +20,114 @@
 //! evicts them, and one older than [`frag::TIMEOUT_NS`] is not used, so a
 //! reused IP id does not pick up an old translation.
 //!
-//! The uplink's tc program (`sb_from_uplink`) does the same for datagrams
-//! from outside ([`remember_uplink`], [`later_uplink`]); its entries may
-//! carry a new source too (flows to a backend on another node, and their
-//! replies), and their later fragments leave the way their first one did.
-//! The XDP program passes every fragment on to it.
+//! The uplink's IPv4 tc program (`sb_from_uplink`) does the same for
+//! datagrams from outside ([`remember_uplink`], [`later_uplink`]); its
+//! entries may carry a new source too (flows to a backend on another node,
+//! and their replies), and their later fragments leave the way their first
+//! one did. The XDP program passes every fragment on to it. IPv6 fragments
+//! from outside are not translated yet: they pass untouched.
 //!
 //! Not covered: hairpin flows (their first fragment is source-NATed as well).
 
-pub mod v6;
-
 use aya_ebpf::{bindings::TC_ACT_OK, helpers::bpf_ktime_get_ns, programs::TcContext};
-use proxy_common::{ct_dir, frag, stat, FragEntry, FragKey};
+use proxy_common::{ct_dir, frag, proto, stat, FragEntry, FragKey};
 
 use crate::{
+    family::{Family, Work},
     maps::{count, count_service, SB_FRAG_V1},
-    packet::ctx::ptr_at,
-    packet::{csum_replace4, Flow, Ipv4Hdr, Skip, ETH_HLEN, IP_CSUM_OFF},
-    rewrite::Rewrite,
+    packet::ctx::{later_fragment4, ptr_at},
+    packet::{csum_replace4, set, Flow, Ipv4Hdr, Skip, ETH_HLEN, IP_CSUM_OFF},
     rewrite::Side,
     skb::drop_counted,
 };
 
-/// A packet `parse` did not make a flow of: a later fragment follows its
-/// first fragment's translation, an ICMP error about a translated flow is
-/// translated too ([`crate::icmp`]); anything else passes as `skip`
-/// says. `dir` is `ct_dir::FORWARD` in `sb_from_pod`, `ct_dir::REPLY` in
-/// `sb_to_pod`.
+/// An IPv4 packet `parse_ipv4` did not make a flow of (`skip`), in a pod
+/// program of direction `dir`: a later fragment follows its first
+/// fragment's translation ([`later`]), an ICMP error about a translated
+/// flow is translated too ([`crate::icmp`]); anything else passes as
+/// `skip` says.
 #[inline(always)]
-pub fn unparsed(ctx: &TcContext, skip: Skip, dir: u8) -> Result<i32, Skip> {
+pub fn unparsed(ctx: &TcContext, w: &mut Work<u32>, skip: Skip, dir: u8) -> Result<i32, Skip> {
     match skip {
-        Skip::Fragment => later(ctx, dir),
+        Skip::Fragment => {
+            later_fragment4(ctx, &mut w.flow)?;
+            if w.flow.proto != proto::TCP && w.flow.proto != proto::UDP {
+                return Err(Skip::NotOurs);
+            }
+            later(ctx, w, dir)
+        }
         Skip::Icmp => crate::icmp::translate(ctx, dir),
         skip => Err(skip),
     }
 }
 
-/// Remembers the translation of a first fragment for its later fragments.
-/// A failed insert is counted; the first fragment is still translated.
+/// Remembers the translation of a first fragment (`w.flow`, whose `side`
+/// became `w.backend`'s address and port) for its later fragments. A
+/// failed insert is counted; the first fragment is still translated.
 #[inline(always)]
-pub fn remember(ctx: &TcContext, flow: &Flow, todo: &Rewrite) {
-    let Ok(id_ptr) = ptr_at::<u16>(ctx, ETH_HLEN + 4) else {
-        return;
-    };
-    // SAFETY: `ptr_at` checked the field lies inside the packet; a read.
-    let id_be = unsafe { *id_ptr };
-    let dir = match todo.side {
+pub fn remember<A: Family>(w: &mut Work<A>, side: Side, service_id: u32) {
+    let dir = match side {
         Side::Destination => ct_dir::FORWARD,
         Side::Source => ct_dir::REPLY,
     };
-    let key = FragKey {
-        saddr_be: flow.saddr_be,
-        daddr_be: flow.daddr_be,
-        id_be,
-        proto: flow.proto,
-        dir,
-    };
-    let entry = FragEntry {
-        addr_be: todo.new_addr_be,
-        port_be: todo.new_port_be,
-        dir,
-        _pad: 0,
-        service_id: todo.service_id,
-        src_addr_be: 0,
-        // SAFETY: a helper without preconditions.
-        created_ns: unsafe { bpf_ktime_get_ns() },
-    };
-    if SB_FRAG_V1.insert(key, entry, 0).is_err() {
+    A::frag_key(&w.flow, dir, &mut w.frag_key);
+    let e = &mut w.frag_entry;
+    set(&mut e.addr_be, &w.backend.addr_be);
+    e.port_be = w.backend.port_be;
+    e.dir = dir;
+    e._pad = 0;
+    e.service_id = service_id;
+    set(&mut e.src_addr_be, &A::ZERO);
+    // SAFETY: a helper without preconditions.
+    e.created_ns = unsafe { bpf_ktime_get_ns() };
+    // By reference: a copy of the entry on the stack would be a copy more.
+    let (key, entry) = (&w.frag_key, &w.frag_entry);
+    if A::frags().insert(key, entry, 0).is_err() {
         count(stat::CT_INSERT_FAILED);
     }
+}
+
+/// A fragment other than the first (`w.flow`: its addresses, protocol and
+/// identification): the address its first fragment was given (the
+/// destination in `sb_from_pod`, `ct_dir::FORWARD`; the source in
+/// `sb_to_pod`, `ct_dir::REPLY`), with the IPv4 header checksum.
+#[inline(always)]
+pub fn later<A: Family>(ctx: &TcContext, w: &mut Work<A>, dir: u8) -> Result<i32, Skip> {
+    A::frag_key(&w.flow, dir, &mut w.frag_key);
+    let Some(entry) = A::frags().get_ptr(&w.frag_key) else {
+        count(stat::FRAG_UNKNOWN);
+        return Err(Skip::NotOurs);
+    };
+    // SAFETY: a value of the LRU map, valid for this program run; the
+    // fields are copied out at once.
+    let (created_ns, service_id) = unsafe {
+        set(&mut w.backend.addr_be, &(*entry).addr_be);
+        ((*entry).created_ns, (*entry).service_id)
+    };
+    // SAFETY: a helper without preconditions.
+    let now = unsafe { bpf_ktime_get_ns() };
+    if now.wrapping_sub(created_ns) > frag::TIMEOUT_NS {
+        count(stat::FRAG_UNKNOWN);
+        return Err(Skip::NotOurs);
+    }
+    let forward = dir == ct_dir::FORWARD;
+    let (off, old) = if forward {
+        (A::DADDR_OFF, &w.flow.daddr_be)
+    } else {
+        (A::SADDR_OFF, &w.flow.saddr_be)
+    };
+    if A::store_addr(ctx, off, old, &w.backend.addr_be).is_err() {
+        return drop_counted(stat::DROP_REWRITE_FAILED);
+    }
+    if forward {
+        let len = u64::from(ctx.len());
+        count_service(service_id, |s| {
+            s.packets += 1;
+            s.bytes += len;
+        });
+    }
+    count(stat::FRAG_TRANSLATED);
+    Ok(TC_ACT_OK)
 }
 
 /// Remembers what a first fragment from outside was rewritten to: its new
@@ -174,43 +216,6 @@ pub fn later_uplink(ctx: &TcContext) -> Result<(Flow, bool), Result<i32, Skip>> 
         first_fragment: false,
     };
     Ok((now_flow, entry.src_addr_be != 0))
-}
-
-/// A fragment other than the first: the address its first fragment was
-/// given, with the IPv4 checksum, in one helper store (the later fragment
-/// may lie outside the linear data a direct store reaches).
-#[inline(always)]
-fn later(ctx: &TcContext, dir: u8) -> Result<i32, Skip> {
-    let (header, entry) = translation_of(ctx, dir)?;
-    let Header {
-        csum_be,
-        saddr_be,
-        daddr_be,
-        ..
-    } = header;
-    let forward = dir == ct_dir::FORWARD;
-    let (new_saddr_be, new_daddr_be, old_be) = if forward {
-        (saddr_be, entry.addr_be, daddr_be)
-    } else {
-        (entry.addr_be, daddr_be, saddr_be)
-    };
-    let csum = csum_replace4(csum_be, old_be, entry.addr_be).to_ne_bytes();
-    let (s, d) = (new_saddr_be.to_ne_bytes(), new_daddr_be.to_ne_bytes());
-    let l3: [u8; 10] = [
-        csum[0], csum[1], s[0], s[1], s[2], s[3], d[0], d[1], d[2], d[3],
-    ];
-    if ctx.store(IP_CSUM_OFF, &l3, 0).is_err() {
-        return drop_counted(stat::DROP_REWRITE_FAILED);
-    }
-    if forward {
-        let len = u64::from(ctx.len());
-        count_service(entry.service_id, |s| {
-            s.packets += 1;
-            s.bytes += len;
-        });
-    }
-    count(stat::FRAG_TRANSLATED);
-    Ok(TC_ACT_OK)
 }
 
 /// The fields of a fragment's IPv4 header its translation needs.

@@ -102,7 +102,7 @@ pub(crate) fn parse_ipv4<C: PacketCtx>(ctx: &C) -> Result<Flow, Skip> {
     ctx.ensure(ETH_HLEN + IPV4_MIN_HLEN)?;
     let ip = ptr_at::<Ipv4Hdr>(ctx, ETH_HLEN)?;
     // SAFETY: `ptr_at` checked the whole fixed header lies inside the packet.
-    let (version_ihl, ip_proto, frag_off_be, tot_len_be, saddr_be, daddr_be) = unsafe {
+    let (version_ihl, ip_proto, frag_off_be, tot_len_be, saddr_be, daddr_be, id_be) = unsafe {
         (
             (*ip).version_ihl,
             (*ip).proto,
@@ -110,6 +110,7 @@ pub(crate) fn parse_ipv4<C: PacketCtx>(ctx: &C) -> Result<Flow, Skip> {
             (*ip).tot_len_be,
             (*ip).saddr_be,
             (*ip).daddr_be,
+            (*ip).id_be,
         )
     };
     let l4_min = match ip_proto {
@@ -153,7 +154,7 @@ pub(crate) fn parse_ipv4<C: PacketCtx>(ctx: &C) -> Result<Flow, Skip> {
     Ok(Flow {
         saddr_be,
         daddr_be,
-        frag_id_be: 0,
+        frag_id_be: u32::from(id_be),
         sport_be,
         dport_be,
         proto: ip_proto,
@@ -161,6 +162,27 @@ pub(crate) fn parse_ipv4<C: PacketCtx>(ctx: &C) -> Result<Flow, Skip> {
         l4_off,
         first_fragment: frag != 0,
     })
+}
+
+/// The flow of a later fragment of an IPv4 TCP or UDP datagram, which
+/// [`parse_ipv4`] skipped (`Skip::Fragment`; it made the fixed header
+/// linear): its addresses, protocol and identification, no ports.
+#[inline(always)]
+pub(crate) fn later_fragment4<C: PacketCtx>(ctx: &C, flow: &mut Flow) -> Result<(), Skip> {
+    let ip = ptr_at::<Ipv4Hdr>(ctx, ETH_HLEN)?;
+    // SAFETY: `ptr_at` checked the whole fixed header lies inside the packet.
+    unsafe {
+        flow.saddr_be = (*ip).saddr_be;
+        flow.daddr_be = (*ip).daddr_be;
+        flow.frag_id_be = u32::from((*ip).id_be);
+        flow.proto = (*ip).proto;
+    }
+    flow.sport_be = 0;
+    flow.dport_be = 0;
+    flow.tcp_flags = 0;
+    flow.first_fragment = false;
+    flow.l4_off = 0;
+    Ok(())
 }
 
 /// A program context whose packet bytes the IPv6 parser reads through a

@@ -47,7 +47,7 @@ use crate::{
         Skip, ETH_P_IP_BE,
     },
     prefilter::{quiet, unquiet},
-    rewrite::{count_rewritten, Rewrite, Side},
+    rewrite::{count_rewritten, Side},
     skb::{drop_counted, ethertype},
 };
 use aya_ebpf::{
@@ -71,9 +71,6 @@ pub(crate) trait PodFamily: Family {
     /// A packet to frontend `svc`, whose backend set is empty: rejected or
     /// dropped ([`crate::reject`]).
     fn reject(ctx: &TcContext, w: &mut Work<Self>, svc: &FrontendSlot) -> i32;
-    /// Remembers, for the later fragments of the first fragment in
-    /// `w.flow`, that its `side` became `w.backend`.
-    fn remember_fragment(ctx: &TcContext, w: &mut Work<Self>, side: Side, service_id: u32);
 }
 
 impl PodFamily for u32 {
@@ -89,24 +86,12 @@ impl PodFamily for u32 {
                 Ok(None)
             }
             // Later fragments and ICMP errors of translated flows.
-            Err(skip) => Ok(Some(crate::frag::unparsed(ctx, skip, dir))),
+            Err(skip) => Ok(Some(crate::frag::unparsed(ctx, w, skip, dir))),
         }
     }
     #[inline(always)]
     fn reject(ctx: &TcContext, w: &mut Work<u32>, svc: &FrontendSlot) -> i32 {
         crate::reject::from_pod(ctx, &w.flow, svc)
-    }
-    #[inline(always)]
-    fn remember_fragment(ctx: &TcContext, w: &mut Work<u32>, side: Side, service_id: u32) {
-        let todo = Rewrite {
-            side,
-            new_addr_be: w.backend.addr_be,
-            new_port_be: w.backend.port_be,
-            service_id,
-            l4_off: w.flow.l4_off,
-            proto: w.flow.proto,
-        };
-        crate::frag::remember(ctx, &w.flow, &todo);
     }
 }
 
@@ -119,17 +104,13 @@ impl PodFamily for Addr6Be {
     ) -> Result<Option<Result<i32, Skip>>, Skip> {
         Ok(match parse6(ctx, &mut w.flow)? {
             Kind6::Flow => None,
-            Kind6::Later => Some(crate::frag::v6::later(ctx, w, dir)),
+            Kind6::Later => Some(crate::frag::later(ctx, w, dir)),
             Kind6::Icmp => Some(crate::icmp::v6::translate(ctx, w, dir)),
         })
     }
     #[inline(always)]
     fn reject(ctx: &TcContext, w: &mut Work<Addr6Be>, svc: &FrontendSlot) -> i32 {
         crate::reject::v6::from_pod(ctx, w, svc)
-    }
-    #[inline(always)]
-    fn remember_fragment(_ctx: &TcContext, w: &mut Work<Addr6Be>, side: Side, service_id: u32) {
-        crate::frag::v6::remember(w, side, service_id);
     }
 }
 
@@ -250,7 +231,7 @@ fn forward<A: PodFamily>(ctx: &TcContext, w: &mut Work<A>, service_id: u32) -> i
 #[inline(always)]
 fn rewrite<A: PodFamily>(ctx: &TcContext, w: &mut Work<A>, side: Side, service_id: u32) -> i32 {
     if w.flow.first_fragment {
-        A::remember_fragment(ctx, w, side, service_id);
+        crate::frag::remember(w, side, service_id);
     }
     if crate::rewrite::rewrite(ctx, &w.flow, side, &w.backend.addr_be, w.backend.port_be).is_err() {
         count(stat::DROP_REWRITE_FAILED);
