@@ -18,9 +18,13 @@
 //! counters per service. The socket layer (cgroup hooks) adds an LRU map of
 //! per-socket translations and one of per-network-namespace affinity.
 //!
-//! Each IPv6 type mirrors its IPv4 twin field for field, with [`Addr6Be`] for
-//! every address; values without an address (`FrontendSlot`, `AffinityEntry`,
-//! `SvcStats`, `MaglevTable`, `SockAffinityKey`) serve both families.
+//! The types with an address are generic over it (`CtKeyOf<A>`, `CtEntryOf<A>`,
+//! `BackendOf<A>`, `AffinityKeyOf<A>`, `FragEntryOf<A>`; `A` is `u32` or
+//! [`Addr6Be`]), so the kernel's family-generic code writes each field once;
+//! the family names (`CtKey`, `CtKey6`, ...) are aliases of their instances.
+//! The other IPv6 types mirror their IPv4 twins field for field; values
+//! without an address (`FrontendSlot`, `AffinityEntry`, `SvcStats`,
+//! `MaglevTable`, `SockAffinityKey`) serve both families.
 //!
 //! The modules follow the concerns: the names and programs the agent pins
 //! and attaches ([`names`], [`programs`], [`tail`]), [`capacity`], addresses,

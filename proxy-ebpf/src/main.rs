@@ -7,19 +7,19 @@
 //!   that is not for a frontend is told apart by one bit of a bitmap
 //!   ([`prefilter`]), a packet into a pod without translated flows by one
 //!   mark, both before any hash lookup; a packet of an existing flow costs
-//!   one connection-tracking lookup and a direct store of the rewrite
-//!   (store helpers for the rarer rewrites: hairpin, reject,
-//!   fragments, ICMP errors). IPv6 packets (ethertype 0x86DD, told apart
-//!   once, before the IPv4 parser) are tail-called into `sb_from_pod6` /
-//!   `sb_to_pod6` ([`programs::pod6`]): the same DNAT, reverse, conntrack, reject,
-//!   ICMPv6 errors, fragments and hairpin over the IPv6 maps.
+//!   one connection-tracking lookup and a direct store of the rewrite.
+//!   IPv6 packets (ethertype 0x86DD, told apart once, before the IPv4
+//!   parser) are tail-called into `sb_from_pod6` / `sb_to_pod6`: the same
+//!   body over the IPv6 maps (each family's frame needs a program's stack
+//!   of its own).
 //! - XDP on each uplink ([`programs::uplink_xdp`], deciding with [`nodeport`]):
 //!   `sb_xdp_uplink` serves NodePorts, LoadBalancer IPs and external IPs to
 //!   clients outside the node, source-NATing flows to backends on other nodes
 //!   and sending them (and their replies) straight back out; `sb_from_uplink`
 //!   is its tc twin: all the work with `--xdp-mode off`, and with XDP the
-//!   packets XDP hands on (no neighbour entry yet, TTL 1, fragments, ICMP). The uplink's tc egress carries
-//!   `sb_to_pod`, which reverses a local backend's replies.
+//!   packets XDP hands on (no neighbour entry yet, TTL 1, fragments, ICMP).
+//!   The uplink's tc egress carries `sb_to_pod`, which reverses a local
+//!   backend's replies.
 //! - cgroup socket hooks ([`programs::sock`], over [`socklb`]): `connect4`, `sendmsg4`, `recvmsg4` and
 //!   `getpeername4` (and their IPv6 twins `connect6`, `sendmsg6`, `recvmsg6`
 //!   and `getpeername6`) balance a socket once, when it connects or sends, so
@@ -42,13 +42,20 @@
 //! with `ECONNREFUSED` (sockets). A pod given itself as the backend is reached
 //! from the hairpin address ([`hairpin`]).
 //!
-//! The modules read bottom-up, without an import cycle: [`packet`] (headers,
-//! the parsed flow, checksums) and [`maps`]; [`skb`] (a tc program's packet
-//! access and verdicts); [`prefilter`]; the concerns [`lb`], [`ct`], [`rewrite`], [`frag`],
-//! [`icmp`], [`reject`], [`hairpin`], [`nodeport`] and [`socklb`], each with
-//! its IPv6 part in a `v6` module beside it where the families still differ;
-//! and on top [`programs`], one entry file per attach point, whose `try_*`
-//! functions the program functions below call.
+//! One body serves both families: a function generic over the address
+//! ([`family::Family`]: `u32` for IPv4, `Addr6Be` for IPv6) is compiled
+//! once per family, its keys and entries in the family's per-CPU working
+//! memory ([`family::Work`]). What the families still do their own way
+//! (parsing, header writes, ICMP and ICMPv6, reject answers) is a trait
+//! method or a `v6` module beside its IPv4 part.
+//!
+//! The modules read bottom-up, without an import cycle (`cargo xtask test`
+//! checks it): [`packet`] (headers, the parsed flow, checksums),
+//! [`maps`] and [`newflows`]; [`skb`] (a tc program's packet access and
+//! verdicts), [`prefilter`], [`lb`] and [`rewrite`]; [`family`]; the
+//! concerns [`ct`], [`frag`], [`icmp`], [`reject`], [`hairpin`],
+//! [`nodeport`] and [`socklb`]; and on top [`programs`], one entry file per
+//! attach point, whose `try_*` functions the program functions below call.
 #![no_std]
 #![no_main]
 

@@ -25,7 +25,7 @@
 //! quote holds it (UDP's lies in the first 8 bytes; TCP's at offset 16 only
 //! when more than 8 bytes are quoted, as Linux does, else it is left), the
 //! ICMP checksum over the whole message, and the outer IPv4 header's when its
-//! address changes. Every write is a helper store, as in `rewrite::rewrite_with_helpers`.
+//! address changes. Every write is a helper store.
 
 pub mod v6;
 

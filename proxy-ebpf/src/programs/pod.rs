@@ -9,10 +9,10 @@
 //! - one a pod sends that is not for a frontend: the parse and one bit of
 //!   the frontend bitmap ([`crate::prefilter`]), no hash lookup;
 //! - one of an existing flow: the bitmap, one connection-tracking lookup
-//!   whose entry carries the backend, then the rewrite (IPv4:
-//!   [`crate::rewrite::store_in_place`], the address, port and header
-//!   checksum stored directly, the L4 checksum through the kernel's helper).
-//!   No frontend lookup, no tail call;
+//!   whose entry carries the backend, then the rewrite
+//!   ([`crate::rewrite::rewrite`]: the address, port and IPv4 header
+//!   checksum stored directly, the L4 checksum through the kernel's
+//!   helper). No frontend lookup, no tail call;
 //! - a reply: one connection-tracking lookup, whose entry carries the
 //!   frontend, then the same rewrite;
 //! - anything delivered to a pod without translated flows (a pod whose

@@ -32,7 +32,7 @@ pub fn try_from_uplink(ctx: &TcContext) -> Result<i32, Skip> {
     // SAFETY: `ctx.skb.skb` is the kernel's `__sk_buff` for this run; a read.
     let ingress = unsafe { (*ctx.skb.skb).ingress_ifindex };
     // The family is decided once, here: IPv4 goes on as it always did, IPv6
-    // is a program of its own ([`crate::nodeport::v6`]).
+    // is a program of its own ([`super::uplink_tc6`]).
     let ethertype = ethertype(ctx)?;
     if ethertype != ETH_P_IP_BE {
         if ethertype == ETH_P_IPV6_BE {

@@ -1,5 +1,5 @@
 //! `sb_from_uplink6`: tc ingress on each uplink for IPv6, tail-called by
-//! `sb_from_uplink` ([`crate::nodeport::v6`] decides): DNAT/SNAT, replies,
+//! `sb_from_uplink` ([`crate::nodeport`] decides): DNAT/SNAT, replies,
 //! ICMPv6 errors about source-NATed flows, and answers for frontends without
 //! endpoints ([`crate::reject::v6`]).
 use crate::nodeport::{classify, fib_lookup, Out, Up, UplinkFamily, FIB_NO_NEIGH, FIB_SUCCESS};

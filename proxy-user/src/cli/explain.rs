@@ -806,8 +806,10 @@ fn tracked(view: &View, query: &Query, set: &FrontendSlot, e: &mut Explanation) 
     true
 }
 
-/// Maglev or source hash, computed as `nodeport/mod.rs` (IPv4) and
-/// `nodeport/v6.rs` (IPv6, [`hash::flow_hash6`] / [`hash::source_hash6`]) do.
+/// Maglev or source hash, computed as the uplink programs do
+/// (`proxy-ebpf/src/nodeport/uplink.rs`: [`hash::flow_hash`] /
+/// [`hash::source_hash`], and for IPv6 [`hash::flow_hash6`] /
+/// [`hash::source_hash6`]).
 fn hashed(view: &View, query: &Query, set: &FrontendSlot, e: &mut Explanation) -> bool {
     let algorithm = set.flags & ff::ALGO_MASK;
     let t = &query.target;
