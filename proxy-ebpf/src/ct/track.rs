@@ -82,26 +82,38 @@ pub(crate) fn tracked<A: Family>(w: &mut Work<A>, service_id: u32) -> bool {
     false
 }
 
-/// Whether the packet of `w.key` (forward) continues a tracked flow, found
-/// with one lookup and no frontend: a TCP segment past the SYN, or a UDP
-/// datagram whose backend is still live. Then `w.entry` holds its entry. A
-/// SYN, a flow not tracked, or a UDP flow whose backend left takes the
-/// new-flow path (frontend, source ranges, a live backend). The entry is
-/// trusted as conntrack is under kube-proxy: the agent removes the entries
-/// of a Service that is deleted (and of a UDP backend that leaves).
+/// The service of the tracked flow the packet of `w.key` (forward)
+/// continues, found with one lookup and no frontend: a TCP segment past the
+/// SYN, or a UDP datagram whose backend is still live. Then `w.backend`
+/// holds its backend's address and port (only they are copied out: this is
+/// every packet's path). A SYN, a flow not tracked, or a UDP flow whose
+/// backend left takes the new-flow path (frontend, source ranges, a live
+/// backend). The entry is trusted as conntrack is under kube-proxy: the
+/// agent removes the entries of a Service that is deleted (and of a UDP
+/// backend that leaves).
 #[inline(always)]
-pub(crate) fn continued<A: Family>(w: &mut Work<A>) -> bool {
+pub(crate) fn continued<A: Family>(w: &mut Work<A>) -> Option<u32> {
     if w.flow.opens_connection() {
-        return false;
+        return None;
     }
-    let Some(entry_ptr) = lookup(w) else {
-        return false;
-    };
-    if !backend_live(w) {
-        return false;
+    let entry_ptr = A::conntrack().get_ptr_mut(w.key)?;
+    // SAFETY: a value of the conntrack map, valid for this program run;
+    // read in place.
+    let entry = unsafe { &*entry_ptr };
+    set(&mut w.backend.addr_be, &entry.nat_addr_be);
+    w.backend.port_be = entry.nat_port_be;
+    if w.flow.needs_live_backend()
+        && !backend_is_live(entry.backend_id, w.backend.addr_be, w.backend.port_be)
+    {
+        return None;
     }
-    note_forward(w, entry_ptr);
-    true
+    let service_id = entry.service_id;
+    let Work { flow, key2, .. } = w;
+    crate::ct::note(entry_ptr, flow, false, || {
+        reply_key_of(flow, entry, key2);
+        A::conntrack().get_ptr_mut(*key2)
+    });
+    Some(service_id)
 }
 
 /// Writes to `key` the reply key of a tracked flow from its forward entry:

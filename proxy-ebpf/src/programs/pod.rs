@@ -41,10 +41,10 @@ use crate::{
     lb::{choose_backend, frontend_key, lookup_frontend},
     maps::{count, count_denied, count_service},
     packet::{
-        ctx::parse_ipv4,
+        ctx::{parse_ipv4, ptr_at},
         set,
         v6::{parse6, Kind6, ETH_P_IPV6_BE},
-        Skip, ETH_P_IP_BE,
+        Ipv4Hdr, Skip, ETH_HLEN, ETH_P_IP_BE, IP_OFFSET_MASK,
     },
     prefilter::{quiet, unquiet},
     rewrite::{count_rewritten, Side},
@@ -54,7 +54,7 @@ use aya_ebpf::{
     bindings::{TC_ACT_OK, TC_ACT_SHOT},
     programs::TcContext,
 };
-use proxy_common::{ct_dir, ct_flags, stat, tail, Addr6Be, FrontendSlot};
+use proxy_common::{ct_dir, ct_flags, proto, stat, tail, Addr6Be, FrontendSlot};
 
 /// What the families of the pod path still do their own way.
 pub(crate) trait PodFamily: Family {
@@ -68,12 +68,25 @@ pub(crate) trait PodFamily: Family {
         w: &mut Work<Self>,
         dir: u8,
     ) -> Result<Option<Result<i32, Skip>>, Skip>;
+    /// The destination address of a packet that is no later fragment,
+    /// where the linear data holds it. `None` leaves the decision to the
+    /// parse (which pulls in what is not linear): a later fragment of a
+    /// datagram that is not ours is still counted (`frag_unknown`).
+    fn destination(ctx: &TcContext) -> Option<Self>;
     /// A packet to frontend `svc`, whose backend set is empty: rejected or
     /// dropped ([`crate::reject`]).
     fn reject(ctx: &TcContext, w: &mut Work<Self>, svc: &FrontendSlot) -> i32;
 }
 
 impl PodFamily for u32 {
+    #[inline(always)]
+    fn destination(ctx: &TcContext) -> Option<u32> {
+        let ip = ptr_at::<Ipv4Hdr>(ctx, ETH_HLEN).ok()?;
+        // SAFETY: `ptr_at` checked the fixed header lies inside the packet;
+        // reads.
+        let (frag_off_be, daddr_be) = unsafe { ((*ip).frag_off_be, (*ip).daddr_be) };
+        (u16::from_be(frag_off_be) & IP_OFFSET_MASK == 0).then_some(daddr_be)
+    }
     #[inline(always)]
     fn parse(
         ctx: &TcContext,
@@ -96,6 +109,16 @@ impl PodFamily for u32 {
 }
 
 impl PodFamily for Addr6Be {
+    #[inline(always)]
+    fn destination(ctx: &TcContext) -> Option<Addr6Be> {
+        let ip = ptr_at::<[u32; 10]>(ctx, ETH_HLEN).ok()?;
+        // SAFETY: `ptr_at` checked the fixed header lies inside the packet;
+        // reads, word by word.
+        let ip = unsafe { &*ip };
+        // TCP or UDP right after the fixed header: no fragment header.
+        let next = (u32::from_be(ip[1]) >> 8) as u8;
+        (next == proto::TCP || next == proto::UDP).then_some([ip[6], ip[7], ip[8], ip[9]])
+    }
     #[inline(always)]
     fn parse(
         ctx: &TcContext,
@@ -148,8 +171,19 @@ pub fn try_to_pod(ctx: &TcContext) -> Result<i32, Skip> {
 }
 
 /// A packet a pod sends: DNAT to a backend if it is for a frontend.
+///
+/// Every packet of ours from a pod goes to a frontend or to the hairpin
+/// address: a new or continued flow, a later fragment of one, an ICMP error
+/// about a reply from a frontend. So a destination that is neither is told
+/// apart from the header as it lies, before the parse, working memory or
+/// any lookup (one bit of the bitmap).
 #[inline(always)]
 pub fn from_pod<A: PodFamily>(ctx: &TcContext) -> Result<i32, Skip> {
+    if let Some(daddr) = A::destination(ctx) {
+        if !A::maybe_frontend(&daddr) && !daddr.same(&A::HAIRPIN) {
+            return Err(Skip::NotOurs);
+        }
+    }
     let Some(w) = A::work() else {
         return Err(Skip::NotOurs);
     };
@@ -162,10 +196,7 @@ pub fn from_pod<A: PodFamily>(ctx: &TcContext) -> Result<i32, Skip> {
     }
     // A packet of an existing flow: one lookup, no frontend.
     w.flow.ct_key_into(ct_dir::FORWARD, &mut w.key);
-    if continued(w) {
-        set(&mut w.backend.addr_be, &w.entry.nat_addr_be);
-        w.backend.port_be = w.entry.nat_port_be;
-        let service_id = w.entry.service_id;
+    if let Some(service_id) = continued(w) {
         return Ok(forward(ctx, w, service_id));
     }
     new_flow(ctx, w)
