@@ -7,9 +7,9 @@ use crate::{
     family::{Family, Work},
     lb::backend_is_live,
     maps::{count, count_service},
-    packet::set,
+    packet::{set, FlowOf},
 };
-use proxy_common::{ct_dir, ct_flags, stat, CtEntryOf};
+use proxy_common::{ct_dir, ct_flags, stat, CtEntryOf, CtKeyOf};
 
 /// Looks up `w.key` and copies its entry to `w.entry`; the map's own
 /// entry is returned, for the notes of this packet.
@@ -120,9 +120,9 @@ pub(crate) fn continued<A: Family>(w: &mut Work<A>) -> Option<u32> {
 /// replies of a source-NATed flow come back to the node's address and port.
 #[inline(always)]
 pub(crate) fn reply_key_of<A: Family>(
-    flow: &crate::packet::FlowOf<A>,
+    flow: &FlowOf<A>,
     forward: &CtEntryOf<A>,
-    key: &mut proxy_common::CtKeyOf<A>,
+    key: &mut CtKeyOf<A>,
 ) {
     if forward.flags & ct_flags::SNAT != 0 {
         set(&mut key.daddr_be, &forward.snat_addr_be);
@@ -136,6 +136,40 @@ pub(crate) fn reply_key_of<A: Family>(
     key.proto = flow.proto;
     key.dir = ct_dir::REPLY;
     key._pad = [0; 2];
+}
+
+/// Whether the reply `flow` found under `key` (its entry's `flags`) is a
+/// server accepting a connection on ports whose flow has closed: then they
+/// were reused by a connection that did not go through us, and the stale
+/// entry is removed (counted `ct_stale`).
+#[inline(always)]
+pub(crate) fn stale_reply<A: Family>(flow: &FlowOf<A>, flags: u8, key: &CtKeyOf<A>) -> bool {
+    if !flow.accepts_connection() || flags & ct_flags::CLOSING == 0 {
+        return false;
+    }
+    if A::conntrack().remove(key).is_ok() {
+        count(stat::CT_STALE);
+    }
+    true
+}
+
+/// The forward entry of a tracked flow seen from its reply: the entry of
+/// `src → dst` in the protocol of `flow`, its key built in `key`.
+#[inline(always)]
+pub(crate) fn forward_entry<A: Family>(
+    flow: &FlowOf<A>,
+    src: (&A, u16),
+    dst: (&A, u16),
+    key: &mut CtKeyOf<A>,
+) -> Option<*mut CtEntryOf<A>> {
+    set(&mut key.saddr_be, src.0);
+    set(&mut key.daddr_be, dst.0);
+    key.sport_be = src.1;
+    key.dport_be = dst.1;
+    key.proto = flow.proto;
+    key.dir = ct_dir::FORWARD;
+    key._pad = [0; 2];
+    A::conntrack().get_ptr_mut(*key)
 }
 
 /// The table was full: a new flow was not tracked, and its packet must be

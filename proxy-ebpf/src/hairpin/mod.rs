@@ -43,10 +43,10 @@ use aya_ebpf::{bindings::TC_ACT_SHOT, programs::TcContext};
 use proxy_common::{ct_dir, ct_flags, stat};
 
 use crate::{
-    ct::track::copy_entry,
+    ct::track::{copy_entry, forward_entry, stale_reply},
     family::{Family, Work},
     maps::{count, count_service},
-    packet::{set, FlowOf, Skip},
+    packet::{FlowOf, Skip},
     rewrite::Side,
 };
 
@@ -97,23 +97,13 @@ pub fn reply<A: Family>(ctx: &TcContext, w: &mut Work<A>) -> Result<i32, Skip> {
     if entry.flags & ct_flags::SNAT == 0 {
         return Err(Skip::NotOurs);
     }
-    if flow.accepts_connection() && entry.flags & ct_flags::CLOSING != 0 {
-        // The flow has closed; nothing of ours answers on these ports now.
-        if A::conntrack().remove(w.key).is_ok() {
-            count(stat::CT_STALE);
-        }
+    if stale_reply(flow, entry.flags, &w.key) {
         return Err(Skip::NotOurs);
     }
     crate::ct::note(entry_ptr, flow, true, || {
         // The forward entry: (pod:p → frontend).
-        set(&mut key2.saddr_be, &entry.snat_addr_be);
-        set(&mut key2.daddr_be, &entry.nat_addr_be);
-        key2.sport_be = entry.snat_port_be;
-        key2.dport_be = entry.nat_port_be;
-        key2.proto = flow.proto;
-        key2.dir = ct_dir::FORWARD;
-        key2._pad = [0; 2];
-        A::conntrack().get_ptr_mut(*key2)
+        let pod = (&entry.snat_addr_be, entry.snat_port_be);
+        forward_entry(flow, pod, (&entry.nat_addr_be, entry.nat_port_be), key2)
     });
     let action = send_back(
         ctx,

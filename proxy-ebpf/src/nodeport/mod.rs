@@ -43,7 +43,7 @@ use aya_ebpf::helpers::bpf_get_prandom_u32;
 use proxy_common::{ct_dir, ct_flags, frontend_flags, scope, snat, stat, FrontendSlot};
 
 use crate::{
-    ct::track::{track, tracked, Source},
+    ct::track::{forward_entry, stale_reply, track, tracked, Source},
     ct::{self, NotTracked},
     family::set_backend,
     lb::{choose_backend, frontend_key, lookup_frontend, maglev_backend, SlotKey},
@@ -230,23 +230,12 @@ fn snat_reply<A: UplinkFamily>(u: &mut Up<A>) -> Result<bool, NotTranslated> {
         return Ok(false);
     }
     let flow = &u.s.flow;
-    if flow.accepts_connection() && flags & ct_flags::CLOSING != 0 {
-        // The flow has closed; nothing of ours answers on this port now.
-        if A::conntrack().remove(u.s.key2).is_ok() {
-            count(stat::CT_STALE);
-        }
+    if stale_reply(flow, flags, &u.s.key2) {
         return Err(NotTranslated::Pass(Skip::NotOurs));
     }
     crate::ct::note(entry_ptr, flow, true, || {
-        let k = &mut u.s.key;
-        set(&mut k.saddr_be, &u.to_daddr_be);
-        set(&mut k.daddr_be, &u.to_saddr_be);
-        k.sport_be = snat_port_be;
-        k.dport_be = nat_port_be;
-        k.proto = flow.proto;
-        k.dir = ct_dir::FORWARD;
-        k._pad = [0; 2];
-        A::conntrack().get_ptr_mut(u.s.key)
+        let client = (&u.to_daddr_be, snat_port_be);
+        forward_entry(flow, client, (&u.to_saddr_be, nat_port_be), &mut u.s.key)
     });
     u.to_ports_be = [nat_port_be, snat_port_be];
     u.service_id = 0;

@@ -36,7 +36,7 @@
 //! IPv6 has no header checksum; the TCP/UDP checksum covers the addresses
 //! through the pseudo-header ([`crate::rewrite::v6`]).
 use crate::{
-    ct::track::{continued, track, tracked, Source},
+    ct::track::{continued, forward_entry, stale_reply, track, tracked, Source},
     family::{set_backend, Family, Work},
     lb::{choose_backend, frontend_key, lookup_frontend},
     maps::{count, count_denied, count_service},
@@ -54,7 +54,7 @@ use aya_ebpf::{
     bindings::{TC_ACT_OK, TC_ACT_SHOT},
     programs::TcContext,
 };
-use proxy_common::{ct_dir, ct_flags, proto, stat, tail, Addr6Be, FrontendSlot};
+use proxy_common::{ct_dir, proto, stat, tail, Addr6Be, FrontendSlot};
 
 /// What the families of the pod path still do their own way.
 pub(crate) trait PodFamily: Family {
@@ -293,12 +293,7 @@ pub fn to_pod<A: PodFamily>(ctx: &TcContext) -> Result<i32, Skip> {
         w.backend.port_be = (*entry_ptr).nat_port_be;
         ((*entry_ptr).flags, (*entry_ptr).service_id)
     };
-    if w.flow.accepts_connection() && flags & ct_flags::CLOSING != 0 {
-        // The flow this entry was made for has closed and its ports were
-        // reused by a connection that did not go through the frontend.
-        if A::conntrack().remove(w.key).is_ok() {
-            count(stat::CT_STALE);
-        }
+    if stale_reply(&w.flow, flags, &w.key) {
         return Err(Skip::NotOurs);
     }
     let Work {
@@ -308,14 +303,8 @@ pub fn to_pod<A: PodFamily>(ctx: &TcContext) -> Result<i32, Skip> {
         ..
     } = w;
     crate::ct::note(entry_ptr, flow, true, || {
-        set(&mut key2.saddr_be, &flow.daddr_be);
-        set(&mut key2.daddr_be, &backend.addr_be);
-        key2.sport_be = flow.dport_be;
-        key2.dport_be = backend.port_be;
-        key2.proto = flow.proto;
-        key2.dir = ct_dir::FORWARD;
-        key2._pad = [0; 2];
-        A::conntrack().get_ptr_mut(*key2)
+        let client = (&flow.daddr_be, flow.dport_be);
+        forward_entry(flow, client, (&backend.addr_be, backend.port_be), key2)
     });
     Ok(rewrite(ctx, w, Side::Source, service_id))
 }
