@@ -77,10 +77,13 @@ fn imports(text: &str) -> BTreeSet<String> {
     found
 }
 
+/// Each top-level module's imports of the others.
+type Graph = BTreeMap<String, BTreeSet<String>>;
+
 /// The kernel crate's files: each top-level module's imports of the
 /// others, and the files over [`MAX_LINES`] lines.
-fn survey(src: &Path) -> Result<(BTreeMap<String, BTreeSet<String>>, Vec<String>)> {
-    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+fn survey(src: &Path) -> Result<(Graph, Vec<String>)> {
+    let mut graph = Graph::new();
     let mut long = Vec::new();
     let mut pending = vec![src.to_path_buf()];
     while let Some(dir) = pending.pop() {
@@ -117,9 +120,9 @@ fn survey(src: &Path) -> Result<(BTreeMap<String, BTreeSet<String>>, Vec<String>
 }
 
 /// A cycle of imports, as `a -> b -> a`, if there is one.
-fn cycle(graph: &BTreeMap<String, BTreeSet<String>>) -> Option<String> {
+fn cycle(graph: &Graph) -> Option<String> {
     fn visit(
-        graph: &BTreeMap<String, BTreeSet<String>>,
+        graph: &Graph,
         node: &str,
         path: &mut Vec<String>,
         done: &mut BTreeSet<String>,
@@ -180,7 +183,7 @@ mod tests {
 
     #[test]
     fn a_cycle_is_found_and_shown() {
-        let mut graph = BTreeMap::new();
+        let mut graph = Graph::new();
         graph.insert("a".to_owned(), BTreeSet::from(["b".to_owned()]));
         graph.insert("b".to_owned(), BTreeSet::from(["c".to_owned()]));
         graph.insert("c".to_owned(), BTreeSet::from(["a".to_owned()]));
