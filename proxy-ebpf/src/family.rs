@@ -12,8 +12,8 @@
 //! A program's keys and entries live in [`Work`], a per-CPU array entry of
 //! the family (`SB_SCRATCH4_V1`, `SB_SCRATCH6_V1`), not on the stack: the
 //! IPv6 ones do not fit in the 512 bytes a BPF call chain has, and the
-//! IPv4 ones follow the same code. The verifier inlines the array lookup
-//! (Linux 6.11+), so the memory costs no helper call.
+//! IPv4 ones follow the same code. Recent kernels' verifiers inline the
+//! per-CPU array lookup (6.18 does: a few instructions, no helper call).
 use aya_ebpf::{
     btf_maps::{HashMap, LruHashMap, PerCpuArray},
     macros::btf_map,

@@ -10,8 +10,7 @@
 //!   one connection-tracking lookup and a direct store of the rewrite.
 //!   IPv6 packets (ethertype 0x86DD, told apart once, before the IPv4
 //!   parser) are tail-called into `sb_from_pod6` / `sb_to_pod6`: the same
-//!   body over the IPv6 maps (each family's frame needs a program's stack
-//!   of its own).
+//!   body over the IPv6 maps.
 //! - XDP on each uplink ([`programs::uplink_xdp`], deciding with [`nodeport`]):
 //!   `sb_xdp_uplink` serves NodePorts, LoadBalancer IPs and external IPs to
 //!   clients outside the node, source-NATing flows to backends on other nodes

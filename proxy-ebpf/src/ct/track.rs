@@ -98,19 +98,22 @@ pub(crate) fn continued<A: Family>(w: &mut Work<A>) -> Option<u32> {
     }
     let entry_ptr = A::conntrack().get_ptr_mut(w.key)?;
     // SAFETY: a value of the conntrack map, valid for this program run;
-    // read in place.
-    let entry = unsafe { &*entry_ptr };
-    set(&mut w.backend.addr_be, &entry.nat_addr_be);
-    w.backend.port_be = entry.nat_port_be;
+    // read in place, the reference unused once the note below writes.
+    let (backend_id, service_id) = unsafe {
+        let entry = &*entry_ptr;
+        set(&mut w.backend.addr_be, &entry.nat_addr_be);
+        w.backend.port_be = entry.nat_port_be;
+        (entry.backend_id, entry.service_id)
+    };
     if w.flow.needs_live_backend()
-        && !backend_is_live(entry.backend_id, w.backend.addr_be, w.backend.port_be)
+        && !backend_is_live(backend_id, w.backend.addr_be, w.backend.port_be)
     {
         return None;
     }
-    let service_id = entry.service_id;
     let Work { flow, key2, .. } = w;
     crate::ct::note(entry_ptr, flow, false, || {
-        reply_key_of(flow, entry, key2);
+        // SAFETY: as above; a new reference after the note's writes.
+        reply_key_of(flow, unsafe { &*entry_ptr }, key2);
         A::conntrack().get_ptr_mut(*key2)
     });
     Some(service_id)

@@ -30,8 +30,10 @@
 //! (`sb_rewrite`, kept one release for upgrades) and than helper stores.
 //!
 //! IPv6 is told apart by its ethertype before the IPv4 parser runs and
-//! handed to its own programs: the two bodies' stack frames do not fit in
-//! one program's 512 bytes. The IPv4 path pays one compare for it.
+//! handed to its own programs by a tail call (the two bodies did not fit
+//! one program's 512-byte stack when their keys lived on it; one program
+//! for both, now that they live in working memory, is not tried yet). The
+//! IPv4 path pays one compare for it.
 //!
 //! IPv6 has no header checksum; the TCP/UDP checksum covers the addresses
 //! through the pseudo-header ([`crate::rewrite::v6`]).
