@@ -7,7 +7,7 @@ use crate::maps::SB_TAIL6_V1;
 use crate::packet::ctx::{ensure_linear, ptr_at};
 use crate::{
     maps::count,
-    packet::{Skip, ETH_HLEN},
+    packet::{v6::ETH_P_IPV6_BE, Skip, ETH_HLEN, ETH_P_IP_BE},
 };
 use aya_ebpf::{
     bindings::{TC_ACT_SHOT, TC_ACT_UNSPEC},
@@ -46,11 +46,25 @@ pub(crate) fn ethertype(ctx: &TcContext) -> Result<u16, Skip> {
     Ok(unsafe { *ptr_at::<u16>(ctx, 12)? })
 }
 
+/// Decides the family of a tc program's packet, once: `Ok(None)` for
+/// IPv4, which the caller goes on with; IPv6 is tail-called into the
+/// program `slot6` (`tail::FROM_POD6`, `TO_POD6`, `FROM_UPLINK6`), and
+/// `Ok(Some(action))` returned only when that call failed; anything else is
+/// not ours.
+#[inline(always)]
+pub(crate) fn ipv4_or_hand_over6(ctx: &TcContext, slot6: u32) -> Result<Option<i32>, Skip> {
+    match ethertype(ctx)? {
+        ETH_P_IP_BE => Ok(None),
+        ETH_P_IPV6_BE => Ok(Some(hand_over6(ctx, slot6))),
+        _ => Err(Skip::NotOurs),
+    }
+}
+
 /// Tail-calls the IPv6 program `slot` (`tail::FROM_POD6`, `tail::TO_POD6`).
 /// Returns only if the call failed (the agent has not filled the array
 /// yet): the packet passes untouched, counted.
 #[inline(always)]
-pub fn hand_over6(ctx: &TcContext, slot: u32) -> i32 {
+fn hand_over6(ctx: &TcContext, slot: u32) -> i32 {
     // SAFETY: a tail call with our own context and program array; on success
     // it does not return.
     unsafe { SB_TAIL6_V1.tail_call(ctx, slot) };

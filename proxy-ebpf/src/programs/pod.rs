@@ -45,12 +45,12 @@ use crate::{
     packet::{
         ctx::{parse_ipv4, ptr_at},
         set,
-        v6::{parse6, Kind6, ETH_P_IPV6_BE},
-        Ipv4Hdr, Skip, ETH_HLEN, ETH_P_IP_BE, IP_OFFSET_MASK,
+        v6::{parse6, Kind6},
+        Ipv4Hdr, Skip, ETH_HLEN, IP_OFFSET_MASK,
     },
     prefilter::{quiet, unquiet},
     rewrite::{count_rewritten, Side},
-    skb::{drop_counted, ethertype},
+    skb::{drop_counted, ipv4_or_hand_over6},
 };
 use aya_ebpf::{
     bindings::{TC_ACT_OK, TC_ACT_SHOT},
@@ -143,12 +143,8 @@ impl PodFamily for Addr6Be {
 /// program.
 #[inline(always)]
 pub fn try_from_pod(ctx: &TcContext) -> Result<i32, Skip> {
-    let ethertype = ethertype(ctx)?;
-    if ethertype != ETH_P_IP_BE {
-        if ethertype == ETH_P_IPV6_BE {
-            return Ok(crate::skb::hand_over6(ctx, tail::FROM_POD6));
-        }
-        return Err(Skip::NotOurs);
+    if let Some(missed) = ipv4_or_hand_over6(ctx, tail::FROM_POD6)? {
+        return Ok(missed);
     }
     from_pod::<u32>(ctx)
 }
@@ -162,12 +158,8 @@ pub fn try_to_pod(ctx: &TcContext) -> Result<i32, Skip> {
     if quiet(ctx) {
         return Err(Skip::NotOurs);
     }
-    let ethertype = ethertype(ctx)?;
-    if ethertype != ETH_P_IP_BE {
-        if ethertype == ETH_P_IPV6_BE {
-            return Ok(crate::skb::hand_over6(ctx, tail::TO_POD6));
-        }
-        return Err(Skip::NotOurs);
+    if let Some(missed) = ipv4_or_hand_over6(ctx, tail::TO_POD6)? {
+        return Ok(missed);
     }
     to_pod::<u32>(ctx)
 }

@@ -9,12 +9,11 @@ use crate::rewrite::rewrite;
 use crate::rewrite::RewriteFailed;
 use crate::rewrite::Side;
 use crate::skb::drop_counted;
-use crate::skb::ethertype;
+use crate::skb::ipv4_or_hand_over6;
 use crate::{
     maps::{count, count_service},
     nodeport::{self, NotTranslated, Out, UplinkFamily, FIB_NO_NEIGH, FIB_SUCCESS},
-    packet::v6::ETH_P_IPV6_BE,
-    packet::{Flow, Ipv4Hdr, Skip, ETH_HLEN, ETH_P_IP_BE, IP_CSUM_OFF},
+    packet::{Flow, Ipv4Hdr, Skip, ETH_HLEN, IP_CSUM_OFF},
 };
 use aya_ebpf::{
     bindings::bpf_fib_lookup as FibParams,
@@ -31,14 +30,10 @@ use proxy_common::{proto, stat, tail};
 pub fn try_from_uplink(ctx: &TcContext) -> Result<i32, Skip> {
     // SAFETY: `ctx.skb.skb` is the kernel's `__sk_buff` for this run; a read.
     let ingress = unsafe { (*ctx.skb.skb).ingress_ifindex };
-    // The family is decided once, here: IPv4 goes on as it always did, IPv6
-    // is a program of its own ([`super::uplink_tc6`]).
-    let ethertype = ethertype(ctx)?;
-    if ethertype != ETH_P_IP_BE {
-        if ethertype == ETH_P_IPV6_BE {
-            return Ok(crate::skb::hand_over6(ctx, tail::FROM_UPLINK6));
-        }
-        return Err(Skip::NotOurs);
+    // The family is decided once, here: IPv6 is a program of its own
+    // ([`super::uplink_tc6`]).
+    if let Some(missed) = ipv4_or_hand_over6(ctx, tail::FROM_UPLINK6)? {
+        return Ok(missed);
     }
     let flow = match parse_ipv4(ctx) {
         Ok(flow) => flow,
