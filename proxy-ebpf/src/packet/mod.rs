@@ -54,7 +54,7 @@ pub struct FlowOf<A> {
     pub saddr_be: A,
     pub daddr_be: A,
     /// IPv6: the fragment header's identification (with `first_fragment`,
-    /// and in a later fragment). IPv4 keeps it in the header (0 here).
+    /// and in a later fragment); IPv4: the header's 16-bit identification.
     pub frag_id_be: u32,
     pub sport_be: u16,
     pub dport_be: u16,

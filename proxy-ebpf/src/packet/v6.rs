@@ -14,10 +14,9 @@ use core::{
 
 use proxy_common::{proto, Addr6Be};
 
-pub use crate::packet::Flow6;
 use crate::packet::{
     ctx::{ptr_at, LoadBytes, PacketCtx},
-    Skip, ETH_HLEN, TCP_HLEN, UDP_HLEN,
+    Flow6, Skip, ETH_HLEN, TCP_HLEN, UDP_HLEN,
 };
 
 pub const ETH_P_IPV6_BE: u16 = 0x86ddu16.to_be();

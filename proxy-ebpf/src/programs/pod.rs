@@ -61,15 +61,12 @@ use proxy_common::{ct_dir, proto, stat, tail, Addr6Be, FrontendSlot};
 /// What the families of the pod path still do their own way.
 pub(crate) trait PodFamily: Family {
     /// Parses the packet into `w.flow`. `Ok(None)`: a TCP or UDP packet
-    /// (whole, or the first fragment); `Ok(Some(result))`: a packet
-    /// handled on its own path (a later fragment, an ICMP error about a
-    /// translated flow) with its result. `dir` is the direction of the
-    /// program: `ct_dir::FORWARD` from the pod, `ct_dir::REPLY` to it.
-    fn parse(
-        ctx: &TcContext,
-        w: &mut Work<Self>,
-        dir: u8,
-    ) -> Result<Option<Result<i32, Skip>>, Skip>;
+    /// (whole, or the first fragment) to go on with; `Ok(Some(action))`: a
+    /// packet handled on its own path (a later fragment, an ICMP error
+    /// about a translated flow); `Err`: not ours, as the skip says. `dir`
+    /// is the direction of the program: `ct_dir::FORWARD` from the pod,
+    /// `ct_dir::REPLY` to it.
+    fn parse(ctx: &TcContext, w: &mut Work<Self>, dir: u8) -> Result<Option<i32>, Skip>;
     /// The destination address of a packet that is no later fragment,
     /// where the linear data holds it. `None` leaves the decision to the
     /// parse (which pulls in what is not linear): a later fragment of a
@@ -90,18 +87,14 @@ impl PodFamily for u32 {
         (u16::from_be(frag_off_be) & IP_OFFSET_MASK == 0).then_some(daddr_be)
     }
     #[inline(always)]
-    fn parse(
-        ctx: &TcContext,
-        w: &mut Work<u32>,
-        dir: u8,
-    ) -> Result<Option<Result<i32, Skip>>, Skip> {
+    fn parse(ctx: &TcContext, w: &mut Work<u32>, dir: u8) -> Result<Option<i32>, Skip> {
         match parse_ipv4(ctx) {
             Ok(flow) => {
                 w.flow = flow;
                 Ok(None)
             }
             // Later fragments and ICMP errors of translated flows.
-            Err(skip) => Ok(Some(crate::frag::unparsed(ctx, w, skip, dir))),
+            Err(skip) => crate::frag::unparsed(ctx, w, skip, dir).map(Some),
         }
     }
     #[inline(always)]
@@ -122,16 +115,12 @@ impl PodFamily for Addr6Be {
         (next == proto::TCP || next == proto::UDP).then_some([ip[6], ip[7], ip[8], ip[9]])
     }
     #[inline(always)]
-    fn parse(
-        ctx: &TcContext,
-        w: &mut Work<Addr6Be>,
-        dir: u8,
-    ) -> Result<Option<Result<i32, Skip>>, Skip> {
-        Ok(match parse6(ctx, &mut w.flow)? {
-            Kind6::Flow => None,
-            Kind6::Later => Some(crate::frag::later(ctx, w, dir)),
-            Kind6::Icmp => Some(crate::icmp::v6::translate(ctx, w, dir)),
-        })
+    fn parse(ctx: &TcContext, w: &mut Work<Addr6Be>, dir: u8) -> Result<Option<i32>, Skip> {
+        match parse6(ctx, &mut w.flow)? {
+            Kind6::Flow => Ok(None),
+            Kind6::Later => crate::frag::later(ctx, w, dir).map(Some),
+            Kind6::Icmp => crate::icmp::v6::translate(ctx, w, dir).map(Some),
+        }
     }
     #[inline(always)]
     fn reject(ctx: &TcContext, w: &mut Work<Addr6Be>, svc: &FrontendSlot) -> i32 {
@@ -181,8 +170,8 @@ pub fn from_pod<A: PodFamily>(ctx: &TcContext) -> Result<i32, Skip> {
     let Some(w) = A::work() else {
         return Err(Skip::NotOurs);
     };
-    if let Some(handled) = A::parse(ctx, w, ct_dir::FORWARD)? {
-        return handled;
+    if let Some(action) = A::parse(ctx, w, ct_dir::FORWARD)? {
+        return Ok(action);
     }
     if !A::maybe_frontend(&w.flow.daddr_be) {
         // A pod's reply to a hairpin flow goes to the hairpin address.
@@ -273,8 +262,8 @@ pub fn to_pod<A: PodFamily>(ctx: &TcContext) -> Result<i32, Skip> {
     let Some(w) = A::work() else {
         return Err(Skip::NotOurs);
     };
-    if let Some(handled) = A::parse(ctx, w, ct_dir::REPLY)? {
-        return handled;
+    if let Some(action) = A::parse(ctx, w, ct_dir::REPLY)? {
+        return Ok(action);
     }
     w.flow.ct_key_into(ct_dir::REPLY, &mut w.key);
     let Some(entry_ptr) = A::conntrack().get_ptr_mut(w.key) else {

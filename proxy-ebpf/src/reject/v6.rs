@@ -33,7 +33,8 @@ use proxy_common::{proto, stat, Addr6Be, FrontendSlot};
 use crate::{
     family::Scratch6,
     maps::count,
-    packet::v6::{is_unicast, load, load_into, Flow6, IP6_DADDR_OFF, IP6_L4_OFF, IP6_SADDR_OFF},
+    packet::v6::{is_unicast, load, load_into, IP6_DADDR_OFF, IP6_L4_OFF, IP6_SADDR_OFF},
+    packet::Flow6,
     packet::{ETH_HLEN, TCP_FLAG_ACK, TCP_FLAG_FIN, TCP_FLAG_RST, TCP_FLAG_SYN, TCP_HLEN},
 };
 

@@ -32,8 +32,9 @@ pub(crate) enum Side {
 /// A rewrite helper failed half-way; the packet must not go on.
 pub(crate) struct RewriteFailed;
 
-/// A rewrite decided by `sb_from_pod` or `sb_to_pod`, carried to `sb_rewrite`
-/// in the skb's control buffer.
+/// A rewrite the previous release's `sb_from_pod` or `sb_to_pod` decided
+/// and carried to `sb_rewrite` in the skb's control buffer (the upgrade
+/// bridge only: today's programs rewrite directly).
 pub(crate) struct Rewrite {
     pub(crate) side: Side,
     pub(crate) new_addr_be: u32,
