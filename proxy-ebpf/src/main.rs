@@ -36,7 +36,7 @@
 //! translated flows are translated back ([`icmp`]), on the pod path and in
 //! the uplink's tc programs (XDP hands both on to tc); IPv6 uplink packets
 //! take the same paths in `sb_xdp_uplink6` and `sb_from_uplink6`
-//! ([`programs::uplink_xdp`], [`programs::uplink_tc6`]). A frontend without backends is
+//! ([`programs::uplink_xdp`], [`programs::uplink_tc`]). A frontend without backends is
 //! answered with an ICMP port unreachable ([`reject`], tc and XDP) or refuses
 //! with `ECONNREFUSED` (sockets). A pod given itself as the backend is reached
 //! from the hairpin address ([`hairpin`]).
@@ -187,11 +187,14 @@ pub fn sb_xdp_uplink6(ctx: XdpContext) -> u32 {
     }
 }
 
-/// Tail-called by `sb_from_uplink` for IPv6 packets ([`programs::uplink_tc6`]).
+/// Tail-called by `sb_from_uplink` for IPv6 packets ([`programs::uplink_tc`]).
 #[classifier]
 #[inline(always)]
 pub fn sb_from_uplink6(ctx: TcContext) -> i32 {
-    programs::uplink_tc6::from_uplink6(&ctx)
+    match programs::uplink_tc::from_uplink::<proxy_common::Addr6Be>(&ctx) {
+        Ok(action) => action,
+        Err(skip) => skb::pass(skip),
+    }
 }
 
 /// tc ingress on each uplink when XDP is off: the same as `sb_xdp_uplink`.

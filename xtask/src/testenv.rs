@@ -38,6 +38,24 @@ pub fn sb_echo() -> PathBuf {
     bin("SB_ECHO_BIN")
 }
 
+/// The `sb-echo client` arguments of ten 3000-byte UDP datagrams to `addr`
+/// on a connected socket, each answered with 3000 bytes: at MTU 1500 every
+/// one is fragmented, both ways.
+pub fn fragmented_udp_args(addr: &str) -> [&str; 10] {
+    [
+        "--udp",
+        addr,
+        "--udp-mode",
+        "connected",
+        "--udp-size",
+        "3000",
+        "--count",
+        "10",
+        "--timeout-ms",
+        "1000",
+    ]
+}
+
 pub fn require_root() {
     assert!(
         crate::util::is_root(),

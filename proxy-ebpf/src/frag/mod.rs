@@ -1,5 +1,6 @@
 //! Fragmented datagrams on the tc pod path (`sb_from_pod`, `sb_to_pod`),
-//! both families ([`remember`], [`later`]).
+//! both families ([`remember`], [`later`]), and from outside
+//! ([`uplink`]).
 //!
 //! Only the first fragment of a datagram (IPv4: more-fragments set, offset
 //! 0; IPv6: a fragment header with offset 0 and more-fragments set) carries
@@ -20,23 +21,21 @@
 //! evicts them, and one older than [`frag::TIMEOUT_NS`] is not used, so a
 //! reused IP id does not pick up an old translation.
 //!
-//! The uplink's IPv4 tc program (`sb_from_uplink`) does the same for
-//! datagrams from outside ([`remember_uplink`], [`later_uplink`]); its
-//! entries may carry a new source too (flows to a backend on another node,
-//! and their replies), and their later fragments leave the way their first
-//! one did. The XDP program passes every fragment on to it. IPv6 fragments
-//! from outside are not translated yet: they pass untouched.
+//! The uplink's tc programs do the same for datagrams from outside, both
+//! families ([`uplink`]).
 //!
 //! Not covered: hairpin flows (their first fragment is source-NATed as well).
 
+pub mod uplink;
+
 use aya_ebpf::{bindings::TC_ACT_OK, helpers::bpf_ktime_get_ns, programs::TcContext};
-use proxy_common::{ct_dir, frag, proto, stat, FragEntry, FragKey};
+use proxy_common::{ct_dir, frag, proto, stat, FragEntryOf};
 
 use crate::{
     family::{Family, Work},
-    maps::{count, count_service, SB_FRAG_V1},
-    packet::ctx::{later_fragment4, ptr_at},
-    packet::{csum_replace4, set, Flow, Ipv4Hdr, Skip, ETH_HLEN, IP_CSUM_OFF},
+    maps::{count, count_service},
+    packet::ctx::later_fragment4,
+    packet::{set, Skip},
     rewrite::Side,
     skb::drop_counted,
 };
@@ -70,6 +69,13 @@ pub fn remember<A: Family>(w: &mut Work<A>, side: Side, service_id: u32) {
         Side::Destination => ct_dir::FORWARD,
         Side::Source => ct_dir::REPLY,
     };
+    record(w, dir, service_id, &A::ZERO);
+}
+
+/// Writes the fragment entry of `w.flow`'s datagram under direction `dir`:
+/// `w.backend` and the new source `src` (zero: unchanged).
+#[inline(always)]
+fn record<A: Family>(w: &mut Work<A>, dir: u8, service_id: u32, src: &A) {
     A::frag_key(&w.flow, dir, &mut w.frag_key);
     let e = &mut w.frag_entry;
     set(&mut e.addr_be, &w.backend.addr_be);
@@ -77,7 +83,7 @@ pub fn remember<A: Family>(w: &mut Work<A>, side: Side, service_id: u32) {
     e.dir = dir;
     e._pad = 0;
     e.service_id = service_id;
-    set(&mut e.src_addr_be, &A::ZERO);
+    set(&mut e.src_addr_be, src);
     // SAFETY: a helper without preconditions.
     e.created_ns = unsafe { bpf_ktime_get_ns() };
     // By reference: a copy of the entry on the stack would be a copy more.
@@ -94,22 +100,15 @@ pub fn remember<A: Family>(w: &mut Work<A>, side: Side, service_id: u32) {
 #[inline(always)]
 pub fn later<A: Family>(ctx: &TcContext, w: &mut Work<A>, dir: u8) -> Result<i32, Skip> {
     A::frag_key(&w.flow, dir, &mut w.frag_key);
-    let Some(entry) = A::frags().get_ptr(&w.frag_key) else {
-        count(stat::FRAG_UNKNOWN);
+    let Some(entry) = translation(w) else {
         return Err(Skip::NotOurs);
     };
     // SAFETY: a value of the LRU map, valid for this program run; the
     // fields are copied out at once.
-    let (created_ns, service_id) = unsafe {
+    let service_id = unsafe {
         set(&mut w.backend.addr_be, &(*entry).addr_be);
-        ((*entry).created_ns, (*entry).service_id)
+        (*entry).service_id
     };
-    // SAFETY: a helper without preconditions.
-    let now = unsafe { bpf_ktime_get_ns() };
-    if now.wrapping_sub(created_ns) > frag::TIMEOUT_NS {
-        count(stat::FRAG_UNKNOWN);
-        return Err(Skip::NotOurs);
-    }
     let forward = dir == ct_dir::FORWARD;
     let (off, old) = if forward {
         (A::DADDR_OFF, &w.flow.daddr_be)
@@ -130,137 +129,22 @@ pub fn later<A: Family>(ctx: &TcContext, w: &mut Work<A>, dir: u8) -> Result<i32
     Ok(TC_ACT_OK)
 }
 
-/// Remembers what a first fragment from outside was rewritten to: its new
-/// destination, and its new source when that changed (`src_addr_be`, else 0).
+/// The translation the first fragment of `w.frag_key`'s datagram left, if
+/// there is one younger than [`frag::TIMEOUT_NS`] (else counted as
+/// `frag_unknown`).
 #[inline(always)]
-pub fn remember_uplink(
-    ctx: &TcContext,
-    flow: &Flow,
-    dst_addr_be: u32,
-    src_addr_be: u32,
-    service_id: u32,
-) {
-    let Ok(id_ptr) = ptr_at::<u16>(ctx, ETH_HLEN + 4) else {
-        return;
-    };
-    // SAFETY: `ptr_at` checked the field lies inside the packet; a read.
-    let id_be = unsafe { *id_ptr };
-    let key = FragKey {
-        saddr_be: flow.saddr_be,
-        daddr_be: flow.daddr_be,
-        id_be,
-        proto: flow.proto,
-        dir: frag::UPLINK,
-    };
-    let entry = FragEntry {
-        addr_be: dst_addr_be,
-        port_be: 0,
-        dir: frag::UPLINK,
-        _pad: 0,
-        service_id,
-        src_addr_be,
-        // SAFETY: a helper without preconditions.
-        created_ns: unsafe { bpf_ktime_get_ns() },
-    };
-    if SB_FRAG_V1.insert(key, entry, 0).is_err() {
-        count(stat::CT_INSERT_FAILED);
-    }
-}
-
-/// A later fragment from outside: the addresses its first fragment was
-/// given, with the IPv4 checksum. Returns the addresses it now carries and
-/// whether its source changed (then it must leave the node the way the first
-/// fragment did), or `Err` when it is not one of ours.
-#[inline(always)]
-pub fn later_uplink(ctx: &TcContext) -> Result<(Flow, bool), Result<i32, Skip>> {
-    let (header, entry) = translation_of(ctx, frag::UPLINK).map_err(Err)?;
-    let Header {
-        id_be: _,
-        proto,
-        csum_be,
-        saddr_be,
-        daddr_be,
-    } = header;
-    let new_saddr_be = if entry.src_addr_be != 0 {
-        entry.src_addr_be
-    } else {
-        saddr_be
-    };
-    let mut csum = csum_replace4(csum_be, daddr_be, entry.addr_be);
-    csum = csum_replace4(csum, saddr_be, new_saddr_be);
-    let csum = csum.to_ne_bytes();
-    let (s, d) = (new_saddr_be.to_ne_bytes(), entry.addr_be.to_ne_bytes());
-    let l3: [u8; 10] = [
-        csum[0], csum[1], s[0], s[1], s[2], s[3], d[0], d[1], d[2], d[3],
-    ];
-    if ctx.store(IP_CSUM_OFF, &l3, 0).is_err() {
-        return Err(drop_counted(stat::DROP_REWRITE_FAILED));
-    }
-    if entry.service_id != 0 {
-        let len = u64::from(ctx.len());
-        count_service(entry.service_id, |s| {
-            s.packets += 1;
-            s.bytes += len;
-        });
-    }
-    count(stat::FRAG_TRANSLATED);
-    let now_flow = Flow {
-        saddr_be: new_saddr_be,
-        daddr_be: entry.addr_be,
-        frag_id_be: 0,
-        sport_be: 0,
-        dport_be: 0,
-        proto,
-        tcp_flags: 0,
-        l4_off: 0,
-        first_fragment: false,
-    };
-    Ok((now_flow, entry.src_addr_be != 0))
-}
-
-/// The fields of a fragment's IPv4 header its translation needs.
-struct Header {
-    id_be: u16,
-    proto: u8,
-    csum_be: u16,
-    saddr_be: u32,
-    daddr_be: u32,
-}
-
-/// A later fragment's header and the translation its first fragment left
-/// under `dir`, if there is one younger than [`frag::TIMEOUT_NS`] (counted as
-/// `frag_unknown` otherwise).
-#[inline(always)]
-fn translation_of(ctx: &TcContext, dir: u8) -> Result<(Header, FragEntry), Skip> {
-    // `parse` made sure the fixed IPv4 header is in the linear area.
-    let ip = ptr_at::<Ipv4Hdr>(ctx, ETH_HLEN)?;
-    // SAFETY: `ptr_at` checked the whole fixed header lies inside the packet.
-    let header = unsafe {
-        Header {
-            id_be: (*ip).id_be,
-            proto: (*ip).proto,
-            csum_be: (*ip).csum_be,
-            saddr_be: (*ip).saddr_be,
-            daddr_be: (*ip).daddr_be,
-        }
-    };
-    let key = FragKey {
-        saddr_be: header.saddr_be,
-        daddr_be: header.daddr_be,
-        id_be: header.id_be,
-        proto: header.proto,
-        dir,
-    };
-    // SAFETY: the value is copied out at once.
-    let Some(entry) = unsafe { SB_FRAG_V1.get(key) }.copied() else {
+fn translation<A: Family>(w: &Work<A>) -> Option<*const FragEntryOf<A>> {
+    let Some(entry) = A::frags().get_ptr(&w.frag_key) else {
         count(stat::FRAG_UNKNOWN);
-        return Err(Skip::NotOurs);
+        return None;
     };
+    // SAFETY: a value of the LRU map, valid for this program run; a read.
+    let created_ns = unsafe { (*entry).created_ns };
     // SAFETY: a helper without preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
-    if now.wrapping_sub(entry.created_ns) > frag::TIMEOUT_NS {
+    if now.wrapping_sub(created_ns) > frag::TIMEOUT_NS {
         count(stat::FRAG_UNKNOWN);
-        return Err(Skip::NotOurs);
+        return None;
     }
-    Ok((header, entry))
+    Some(entry)
 }

@@ -173,6 +173,19 @@ pub enum Skip {
     Icmp,
 }
 
+/// What a parser found, beyond "not ours" (the details are in the flow it
+/// filled).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// TCP or UDP, whole or the first fragment.
+    Flow,
+    /// A later fragment of a TCP or UDP datagram: addresses, protocol and
+    /// identification, no ports.
+    Later,
+    /// An ICMP (ICMPv6) message, not fragmented.
+    Icmp,
+}
+
 /// A checksum after a 32-bit field changed from `old` to `new` (RFC 1624,
 /// eqn. 3). All values as they are in the packet: one's-complement sums do
 /// not depend on byte order as long as every word uses the same.

@@ -16,7 +16,7 @@ use proxy_common::{proto, Addr6Be};
 
 use crate::packet::{
     ctx::{ptr_at, LoadBytes, PacketCtx},
-    Flow6, Skip, ETH_HLEN, TCP_HLEN, UDP_HLEN,
+    Flow6, Kind, Skip, ETH_HLEN, TCP_HLEN, UDP_HLEN,
 };
 
 pub const ETH_P_IPV6_BE: u16 = 0x86ddu16.to_be();
@@ -40,17 +40,6 @@ pub const MAX_EXT_HEADERS: usize = 4;
 /// more-fragments bit of the fragment header's second word.
 const FRAG_OFFSET_MASK: u16 = 0xfff8;
 const FRAG_MORE: u16 = 0x0001;
-
-/// What the IPv6 parser found (the details are in the [`Flow6`] it filled).
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub enum Kind6 {
-    /// TCP or UDP, whole or the first fragment.
-    Flow,
-    /// A later fragment of a TCP or UDP datagram.
-    Later,
-    /// ICMPv6, not fragmented.
-    Icmp,
-}
 
 /// Reads a `T` at `off` through the load helper: `Malformed` when the packet
 /// is shorter.
@@ -160,9 +149,9 @@ fn parse6_plain<C: PacketCtx>(ctx: &C, flow: &mut Flow6) -> bool {
 /// next header, other protocols) is not ours; a packet shorter than what it
 /// announces is malformed.
 #[inline(always)]
-pub fn parse6<C: LoadBytes + PacketCtx>(ctx: &C, flow: &mut Flow6) -> Result<Kind6, Skip> {
+pub fn parse6<C: LoadBytes + PacketCtx>(ctx: &C, flow: &mut Flow6) -> Result<Kind, Skip> {
     if parse6_plain(ctx, flow) {
-        return Ok(Kind6::Flow);
+        return Ok(Kind::Flow);
     }
     let word1: [u32; 2] = load(ctx, ETH_HLEN)?;
     if u32::from_be(word1[0]) >> 28 != 6 {
@@ -198,7 +187,7 @@ pub fn parse6<C: LoadBytes + PacketCtx>(ctx: &C, flow: &mut Flow6) -> Result<Kin
                 }
                 flow.proto = ext[0];
                 flow.frag_id_be = id_be;
-                return Ok(Kind6::Later);
+                return Ok(Kind::Later);
             }
             if frag & FRAG_MORE != 0 {
                 flow.first_fragment = true;
@@ -218,7 +207,7 @@ pub fn parse6<C: LoadBytes + PacketCtx>(ctx: &C, flow: &mut Flow6) -> Result<Kin
             // An ICMPv6 message cut in fragments: nothing we translate.
             return Err(Skip::NotOurs);
         }
-        return Ok(Kind6::Icmp);
+        return Ok(Kind::Icmp);
     }
     let l4_min = if next == proto::TCP {
         TCP_HLEN
@@ -236,7 +225,7 @@ pub fn parse6<C: LoadBytes + PacketCtx>(ctx: &C, flow: &mut Flow6) -> Result<Kin
     if next == proto::TCP {
         flow.tcp_flags = load::<u8>(ctx, off + 13)?;
     }
-    Ok(Kind6::Flow)
+    Ok(Kind::Flow)
 }
 
 /// One's-complement sum (unfolded, 32 bits) of the change from `old` to

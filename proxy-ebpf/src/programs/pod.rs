@@ -45,8 +45,8 @@ use crate::{
     packet::{
         ctx::{parse_ipv4, ptr_at},
         set,
-        v6::{parse6, Kind6},
-        Ipv4Hdr, Skip, ETH_HLEN, IP_OFFSET_MASK,
+        v6::parse6,
+        Ipv4Hdr, Kind, Skip, ETH_HLEN, IP_OFFSET_MASK,
     },
     prefilter::{quiet, unquiet},
     rewrite::{count_rewritten, Side},
@@ -117,9 +117,9 @@ impl PodFamily for Addr6Be {
     #[inline(always)]
     fn parse(ctx: &TcContext, w: &mut Work<Addr6Be>, dir: u8) -> Result<Option<i32>, Skip> {
         match parse6(ctx, &mut w.flow)? {
-            Kind6::Flow => Ok(None),
-            Kind6::Later => crate::frag::later(ctx, w, dir).map(Some),
-            Kind6::Icmp => crate::icmp::v6::translate(ctx, w, dir).map(Some),
+            Kind::Flow => Ok(None),
+            Kind::Later => crate::frag::later(ctx, w, dir).map(Some),
+            Kind::Icmp => crate::icmp::v6::translate(ctx, w, dir).map(Some),
         }
     }
     #[inline(always)]

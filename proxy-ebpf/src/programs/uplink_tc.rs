@@ -1,200 +1,276 @@
-//! `sb_from_uplink`: tc ingress on each uplink, north-south traffic for IPv4
-//! (the same decisions as `sb_xdp_uplink`, [`crate::nodeport`]): all the work
-//! with `--xdp-mode off`, and with XDP the packets XDP hands on (no neighbour
-//! entry yet, TTL 1, fragments, ICMP errors). IPv6 is tail-called into
-//! `sb_from_uplink6` ([`super::uplink_tc6`]).
-use crate::packet::ctx::parse_ipv4;
-use crate::packet::ctx::ptr_at;
-use crate::rewrite::rewrite;
-use crate::rewrite::RewriteFailed;
-use crate::rewrite::Side;
-use crate::skb::drop_counted;
-use crate::skb::ipv4_or_hand_over6;
+//! `sb_from_uplink` (IPv4) and `sb_from_uplink6` (IPv6, tail-called for
+//! ethertype 0x86DD): tc ingress on each uplink, north-south traffic (the
+//! same decisions as `sb_xdp_uplink`, [`crate::nodeport`]): all the work
+//! with `--xdp-mode off`, and with XDP the packets XDP hands on (no
+//! neighbour entry yet, TTL 1, fragments, ICMP errors). One body for both
+//! families ([`from_uplink`]); what they do their own way is
+//! [`UplinkTcFamily`].
+//!
+//! Packets to a local backend go up the stack translated; packets to a
+//! backend on another node, and their replies, leave again straight out of
+//! the route's interface ([`send_out`]). Fragments of a datagram follow its
+//! first fragment's translation ([`crate::frag::uplink`]); ICMP errors
+//! about flows source-NATed to another node go back to the client
+//! translated.
 use crate::{
     maps::{count, count_service},
-    nodeport::{self, NotTranslated, Out, UplinkFamily, FIB_NO_NEIGH, FIB_SUCCESS},
-    packet::{Flow, Ipv4Hdr, Skip, ETH_HLEN, IP_CSUM_OFF},
+    nodeport::{classify, fib_lookup, NotTranslated, Out, Up, UplinkFamily},
+    nodeport::{FIB_NO_NEIGH, FIB_SUCCESS},
+    packet::{
+        ctx::{later_fragment4, parse_ipv4, ptr_at},
+        v6::{load, parse6, IP6_HOP_LIMIT_OFF},
+        Ipv4Hdr, Kind, Skip, ETH_HLEN, IP_CSUM_OFF,
+    },
+    rewrite::{rewrite, Header, RewriteFailed, Side},
+    skb::{drop_counted, ipv4_or_hand_over6},
 };
 use aya_ebpf::{
-    bindings::bpf_fib_lookup as FibParams,
     bindings::{TC_ACT_OK, TC_ACT_SHOT},
     helpers::bpf_redirect_neigh,
     programs::TcContext,
 };
 use core::ffi::c_void;
-use proxy_common::{proto, stat, tail};
-/// `sb_from_uplink` (`--xdp-mode off`): a packet from outside the node, as
-/// the XDP program would treat it ([`nodeport::classify`]), rewritten with
-/// helper stores; the kernel's stack then delivers or forwards it.
+use proxy_common::{proto, stat, tail, Addr6Be};
+
+/// What the families of the uplink's tc program do their own way.
+pub(crate) trait UplinkTcFamily: UplinkFamily + Header {
+    /// The family's ICMP protocol number.
+    const ICMP: u8;
+    /// Parses the packet into `u.s.flow`. A later fragment is one of a TCP
+    /// or UDP datagram.
+    fn parse(ctx: &TcContext, u: &mut Up<Self>) -> Result<Kind, Skip>;
+    /// The packet's TTL (hop limit).
+    fn hop_limit(ctx: &TcContext) -> Result<u8, Skip>;
+    /// Writes the TTL one lower, with the IPv4 header checksum.
+    fn decrement_hop_limit(ctx: &TcContext) -> Result<(), RewriteFailed>;
+    /// Translates an ICMP error about a flow source-NATed to another node
+    /// ([`crate::icmp::translate_snat`], [`crate::icmp::v6::translate_snat`]),
+    /// leaving the new outer addresses in `u.to_saddr_be`, `u.to_daddr_be`.
+    fn translate_icmp_error(ctx: &TcContext, u: &mut Up<Self>) -> Result<(), Skip>;
+    /// A packet to a frontend without endpoints ([`crate::reject`]).
+    fn reject(ctx: &TcContext, u: &mut Up<Self>) -> i32;
+}
+
+impl UplinkTcFamily for u32 {
+    const ICMP: u8 = proto::ICMP;
+    #[inline(always)]
+    fn parse(ctx: &TcContext, u: &mut Up<u32>) -> Result<Kind, Skip> {
+        match parse_ipv4(ctx) {
+            Ok(flow) => {
+                u.s.flow = flow;
+                Ok(Kind::Flow)
+            }
+            Err(Skip::Fragment) => {
+                later_fragment4(ctx, &mut u.s.flow)?;
+                match u.s.flow.proto {
+                    proto::TCP | proto::UDP => Ok(Kind::Later),
+                    _ => Err(Skip::NotOurs),
+                }
+            }
+            Err(Skip::Icmp) => Ok(Kind::Icmp),
+            Err(skip) => Err(skip),
+        }
+    }
+    #[inline(always)]
+    fn hop_limit(ctx: &TcContext) -> Result<u8, Skip> {
+        let ip = ptr_at::<Ipv4Hdr>(ctx, ETH_HLEN)?;
+        // SAFETY: `ptr_at` checked the header lies inside the packet; a read.
+        Ok(unsafe { (*ip).ttl })
+    }
+    #[inline(always)]
+    fn decrement_hop_limit(ctx: &TcContext) -> Result<(), RewriteFailed> {
+        let ip = ptr_at::<Ipv4Hdr>(ctx, ETH_HLEN).map_err(|_| RewriteFailed)?;
+        // SAFETY: `ptr_at` checked the header lies inside the packet; reads.
+        let (ttl, proto) = unsafe { ((*ip).ttl, (*ip).proto) };
+        let old = u16::from_ne_bytes([ttl, proto]);
+        let new = u16::from_ne_bytes([ttl.wrapping_sub(1), proto]);
+        ctx.l3_csum_replace(IP_CSUM_OFF, u64::from(old), u64::from(new), 2)
+            .map_err(|_| RewriteFailed)?;
+        ctx.store(ETH_HLEN + 8, &ttl.wrapping_sub(1), 0)
+            .map_err(|_| RewriteFailed)
+    }
+    #[inline(always)]
+    fn translate_icmp_error(ctx: &TcContext, u: &mut Up<u32>) -> Result<(), Skip> {
+        let outer = crate::icmp::translate_snat(ctx)?;
+        u.to_saddr_be = outer.saddr_be;
+        u.to_daddr_be = outer.daddr_be;
+        Ok(())
+    }
+    #[inline(always)]
+    fn reject(ctx: &TcContext, u: &mut Up<u32>) -> i32 {
+        crate::reject::tc_reject(ctx, &u.s.flow)
+    }
+}
+
+impl UplinkTcFamily for Addr6Be {
+    const ICMP: u8 = proto::ICMPV6;
+    #[inline(always)]
+    fn parse(ctx: &TcContext, u: &mut Up<Addr6Be>) -> Result<Kind, Skip> {
+        parse6(ctx, &mut u.s.flow)
+    }
+    #[inline(always)]
+    fn hop_limit(ctx: &TcContext) -> Result<u8, Skip> {
+        load::<u8>(ctx, IP6_HOP_LIMIT_OFF)
+    }
+    /// IPv6 has no header checksum.
+    #[inline(always)]
+    fn decrement_hop_limit(ctx: &TcContext) -> Result<(), RewriteFailed> {
+        let hop_limit = load::<u8>(ctx, IP6_HOP_LIMIT_OFF).map_err(|_| RewriteFailed)?;
+        ctx.store(IP6_HOP_LIMIT_OFF, &hop_limit.wrapping_sub(1), 0)
+            .map_err(|_| RewriteFailed)
+    }
+    #[inline(always)]
+    fn translate_icmp_error(ctx: &TcContext, u: &mut Up<Addr6Be>) -> Result<(), Skip> {
+        crate::icmp::v6::translate_snat(ctx, u)
+    }
+    #[inline(always)]
+    fn reject(ctx: &TcContext, u: &mut Up<Addr6Be>) -> i32 {
+        crate::reject::v6::answer(ctx, &mut u.s)
+    }
+}
+
+/// `sb_from_uplink`: the family is decided once, here; IPv6 goes to its
+/// own program.
 #[inline(always)]
 pub fn try_from_uplink(ctx: &TcContext) -> Result<i32, Skip> {
-    // SAFETY: `ctx.skb.skb` is the kernel's `__sk_buff` for this run; a read.
-    let ingress = unsafe { (*ctx.skb.skb).ingress_ifindex };
-    // The family is decided once, here: IPv6 is a program of its own
-    // ([`super::uplink_tc6`]).
     if let Some(missed) = ipv4_or_hand_over6(ctx, tail::FROM_UPLINK6)? {
         return Ok(missed);
     }
-    let flow = match parse_ipv4(ctx) {
-        Ok(flow) => flow,
-        Err(Skip::Fragment) => return later_fragment_from_uplink(ctx, ingress),
-        Err(Skip::Icmp) => return icmp_error_from_uplink(ctx, ingress),
-        Err(skip) => return Err(skip),
-    };
-    let Some(u) = u32::up() else {
+    from_uplink::<u32>(ctx)
+}
+
+/// A packet from outside the node, either family, as the XDP program
+/// would treat it ([`classify`]), rewritten with the tc layer's stores; the
+/// kernel's stack then delivers it, or it leaves again ([`send_out`]).
+#[inline(always)]
+pub fn from_uplink<A: UplinkTcFamily>(ctx: &TcContext) -> Result<i32, Skip> {
+    let Some(u) = A::up() else {
         return Err(Skip::NotOurs);
     };
-    u.s.flow = flow;
-    let out = match nodeport::classify(ctx.skb.skb as *mut c_void, ingress, u) {
+    // SAFETY: `ctx.skb.skb` is the kernel's `__sk_buff` for this run; a read.
+    let ingress = unsafe { (*ctx.skb.skb).ingress_ifindex };
+    match A::parse(ctx, u)? {
+        Kind::Flow => {}
+        Kind::Later => return later_fragment(ctx, ingress, u),
+        Kind::Icmp => return icmp_error(ctx, ingress, u),
+    }
+    let out = match classify(ctx.skb.skb as *mut c_void, ingress, u) {
         Ok(out) => out,
         Err(NotTranslated::Pass(skip)) => return Err(skip),
         Err(NotTranslated::Drop(counter)) => return drop_counted(counter),
         Err(NotTranslated::Denied) => return Ok(TC_ACT_SHOT),
         Err(NotTranslated::Reject) => {
             count_service(u.service_id, |s| s.drops_no_backend += 1);
-            return Ok(crate::reject::tc_reject(ctx, &flow));
+            return Ok(A::reject(ctx, u));
         }
     };
-    let dst = (u.to_daddr_be, u.to_ports_be[1]);
-    let src = (u.to_saddr_be, u.to_ports_be[0]);
-    let service_id = u.service_id;
-    let (src, counter) = match out {
-        Out::Local => (None, stat::EXT_LOCAL),
-        Out::Remote => (Some(src), stat::EXT_REMOTE),
-        Out::Reply => (Some(src), stat::EXT_REPLY),
-    };
-    let leaves = src.is_some();
-    if leaves && ttl(ctx)? <= 1 {
+    let leaves = out != Out::Local;
+    if leaves && A::hop_limit(ctx)? <= 1 {
         return drop_counted(stat::TTL_EXCEEDED);
     }
-    let mut now = flow;
-    if rewrite_side(ctx, &mut now, Side::Destination, dst).is_err() {
+    if write_translation(ctx, u, leaves).is_err() {
         return drop_counted(stat::DROP_REWRITE_FAILED);
     }
-    if let Some(src) = src {
-        if rewrite_side(ctx, &mut now, Side::Source, src).is_err() {
-            return drop_counted(stat::DROP_REWRITE_FAILED);
-        }
-    }
-    if service_id != 0 {
+    if u.service_id != 0 {
         let len = u64::from(ctx.len());
-        count_service(service_id, |s| {
+        count_service(u.service_id, |s| {
             s.packets += 1;
             s.bytes += len;
         });
     }
-    count(counter);
-    if flow.first_fragment {
-        let src_be = if leaves { now.saddr_be } else { 0 };
-        crate::frag::remember_uplink(ctx, &flow, now.daddr_be, src_be, service_id);
+    count(match out {
+        Out::Local => stat::EXT_LOCAL,
+        Out::Remote => stat::EXT_REMOTE,
+        Out::Reply => stat::EXT_REPLY,
+    });
+    if u.s.flow.first_fragment {
+        crate::frag::uplink::remember(u, leaves);
     }
     if leaves {
-        return send_out(ctx, ingress, &now);
+        return send_out(ctx, ingress, u, u.s.flow.proto);
     }
     Ok(TC_ACT_OK)
 }
 
-/// Rewrites one side of the packet `now` describes, and `now` with it.
+/// Writes the destination `classify` chose, and the source too when the
+/// packet `leaves` the node.
 #[inline(always)]
-pub(crate) fn rewrite_side(
+fn write_translation<A: UplinkTcFamily>(
     ctx: &TcContext,
-    now: &mut Flow,
-    side: Side,
-    (addr_be, port_be): (u32, u16),
+    u: &Up<A>,
+    leaves: bool,
 ) -> Result<(), RewriteFailed> {
-    rewrite(ctx, now, side, &addr_be, port_be)?;
-    match side {
-        Side::Source => (now.saddr_be, now.sport_be) = (addr_be, port_be),
-        Side::Destination => (now.daddr_be, now.dport_be) = (addr_be, port_be),
+    let [sport_be, dport_be] = u.to_ports_be;
+    rewrite(ctx, &u.s.flow, Side::Destination, &u.to_daddr_be, dport_be)?;
+    if leaves {
+        rewrite(ctx, &u.s.flow, Side::Source, &u.to_saddr_be, sport_be)?;
     }
     Ok(())
 }
 
-/// An ICMP error about a flow source-NATed to another node: translated back
-/// ([`crate::icmp::translate_snat`]) and sent on to the client.
+/// A later fragment from outside: translated as its first fragment was,
+/// and sent out the same way when it leaves the node again.
 #[inline(always)]
-pub(crate) fn icmp_error_from_uplink(ctx: &TcContext, ingress: u32) -> Result<i32, Skip> {
-    let outer = crate::icmp::translate_snat(ctx)?;
-    if ttl(ctx)? <= 1 {
-        return drop_counted(stat::TTL_EXCEEDED);
-    }
-    let now = Flow {
-        saddr_be: outer.saddr_be,
-        daddr_be: outer.daddr_be,
-        frag_id_be: 0,
-        sport_be: 0,
-        dport_be: 0,
-        proto: proto::ICMP,
-        tcp_flags: 0,
-        l4_off: 0,
-        first_fragment: false,
-    };
-    send_out(ctx, ingress, &now)
-}
-
-/// A later fragment from outside: translated as its first fragment was, and
-/// sent out the same way when it leaves the node again.
-#[inline(always)]
-pub(crate) fn later_fragment_from_uplink(ctx: &TcContext, ingress: u32) -> Result<i32, Skip> {
-    match crate::frag::later_uplink(ctx) {
-        Ok((now, true)) => {
-            if ttl(ctx)? <= 1 {
+fn later_fragment<A: UplinkTcFamily>(
+    ctx: &TcContext,
+    ingress: u32,
+    u: &mut Up<A>,
+) -> Result<i32, Skip> {
+    match crate::frag::uplink::later(ctx, u) {
+        Ok(true) => {
+            if A::hop_limit(ctx)? <= 1 {
                 return drop_counted(stat::TTL_EXCEEDED);
             }
-            send_out(ctx, ingress, &now)
+            send_out(ctx, ingress, u, u.s.flow.proto)
         }
-        Ok((_, false)) => Ok(TC_ACT_OK),
+        Ok(false) => Ok(TC_ACT_OK),
         Err(verdict) => verdict,
     }
 }
 
-/// The TTL of the packet.
+/// An ICMP error about a flow source-NATed to another node: translated back
+/// and sent on to the client.
 #[inline(always)]
-pub(crate) fn ttl(ctx: &TcContext) -> Result<u8, Skip> {
-    let ip = ptr_at::<Ipv4Hdr>(ctx, ETH_HLEN)?;
-    // SAFETY: `ptr_at` checked the header lies inside the packet; a read.
-    Ok(unsafe { (*ip).ttl })
+fn icmp_error<A: UplinkTcFamily>(
+    ctx: &TcContext,
+    ingress: u32,
+    u: &mut Up<A>,
+) -> Result<i32, Skip> {
+    A::translate_icmp_error(ctx, u)?;
+    if A::hop_limit(ctx)? <= 1 {
+        return drop_counted(stat::TTL_EXCEEDED);
+    }
+    send_out(ctx, ingress, u, A::ICMP)
 }
 
 /// Sends a translated packet that leaves the node again (to a backend on
-/// another node, or a reply to the client) straight out of the route's
-/// interface, the kernel resolving the next hop (`bpf_redirect_neigh`), with
-/// the TTL down by one. Handing it to the stack instead would not work: it
-/// carries the node's own address as its source and would be dropped as a
-/// martian.
+/// another node, a reply to the client, an ICMP error) from `u.to_saddr_be`
+/// to `u.to_daddr_be` straight out of the route's interface, the kernel
+/// resolving the next hop (`bpf_redirect_neigh`), with the TTL (hop limit)
+/// down by one. Handing it to the stack instead would not work: it carries
+/// the node's own address as its source and would be dropped as a martian.
 #[inline(always)]
-pub(crate) fn send_out(ctx: &TcContext, ingress: u32, flow: &Flow) -> Result<i32, Skip> {
-    // SAFETY: `bpf_fib_lookup` is plain data; all-zero is a valid value.
-    let mut params: FibParams = unsafe { core::mem::zeroed() };
-    u32::fib_params(
-        &mut params,
+fn send_out<A: UplinkTcFamily>(
+    ctx: &TcContext,
+    ingress: u32,
+    u: &mut Up<A>,
+    l4_proto: u8,
+) -> Result<i32, Skip> {
+    A::fib_params(
+        &mut u.fib,
         ingress,
-        flow.proto,
-        &flow.saddr_be,
-        &flow.daddr_be,
+        l4_proto,
+        &u.to_saddr_be,
+        &u.to_daddr_be,
     );
-    let rc = nodeport::fib_lookup(ctx.skb.skb as *mut c_void, &mut params);
+    let rc = fib_lookup(ctx.skb.skb as *mut c_void, &mut u.fib);
     if rc != FIB_SUCCESS && rc != FIB_NO_NEIGH {
         return drop_counted(stat::NO_ROUTE);
     }
-    if decrement_ttl(ctx).is_err() {
+    if A::decrement_hop_limit(ctx).is_err() {
         return drop_counted(stat::DROP_REWRITE_FAILED);
     }
     // SAFETY: no memory is passed (the kernel looks the neighbour up).
-    let action = unsafe { bpf_redirect_neigh(params.ifindex, core::ptr::null_mut(), 0, 0) };
+    let action = unsafe { bpf_redirect_neigh(u.fib.ifindex, core::ptr::null_mut(), 0, 0) };
     Ok(action as i32)
-}
-
-/// The TTL down by one, through helpers (the IPv4 checksum with it).
-#[inline(always)]
-pub(crate) fn decrement_ttl(ctx: &TcContext) -> Result<(), RewriteFailed> {
-    let ip = ptr_at::<Ipv4Hdr>(ctx, ETH_HLEN).map_err(|_| RewriteFailed)?;
-    // SAFETY: `ptr_at` checked the header lies inside the packet; reads.
-    let (ttl, proto) = unsafe { ((*ip).ttl, (*ip).proto) };
-    let old = u16::from_ne_bytes([ttl, proto]);
-    let new = u16::from_ne_bytes([ttl.wrapping_sub(1), proto]);
-    ctx.l3_csum_replace(IP_CSUM_OFF, u64::from(old), u64::from(new), 2)
-        .map_err(|_| RewriteFailed)?;
-    ctx.store(ETH_HLEN + 8, &ttl.wrapping_sub(1), 0)
-        .map_err(|_| RewriteFailed)
 }

@@ -37,10 +37,10 @@ use crate::{
         csum_replace2, csum_replace4,
         ctx::{parse_ipv4, ptr_at},
         v6::{
-            csum_replace16, load, parse6, Kind6, ETH_P_IPV6_BE, IP6_DADDR_OFF, IP6_HOP_LIMIT_OFF,
+            csum_replace16, load, parse6, ETH_P_IPV6_BE, IP6_DADDR_OFF, IP6_HOP_LIMIT_OFF,
             IP6_SADDR_OFF,
         },
-        Ipv4Hdr, Skip, ETH_HLEN, ETH_P_IP_BE, MAX_L4_OFF, TCP_CSUM_OFF, UDP_CSUM_OFF,
+        Ipv4Hdr, Kind, Skip, ETH_HLEN, ETH_P_IP_BE, MAX_L4_OFF, TCP_CSUM_OFF, UDP_CSUM_OFF,
     },
 };
 
@@ -297,12 +297,12 @@ impl XdpFamily for Addr6Be {
     #[inline(always)]
     fn parse(ctx: &XdpContext, u: &mut Up<Addr6Be>) -> Result<(), Skip> {
         match parse6(ctx, &mut u.s.flow)? {
-            Kind6::Flow if u.s.flow.first_fragment => Err(Skip::Fragment),
-            Kind6::Flow => Ok(()),
+            Kind::Flow if u.s.flow.first_fragment => Err(Skip::Fragment),
+            Kind::Flow => Ok(()),
             // To tc, as IPv4 fragments go.
-            Kind6::Later => Err(Skip::Fragment),
+            Kind::Later => Err(Skip::Fragment),
             // Neighbour discovery, echo and errors: never disturbed.
-            Kind6::Icmp => Err(Skip::Icmp),
+            Kind::Icmp => Err(Skip::Icmp),
         }
     }
     #[inline(always)]

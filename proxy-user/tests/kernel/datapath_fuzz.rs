@@ -13,9 +13,9 @@
 //! errors quoting a flow, fragments, IP options; for IPv6 extension headers,
 //! fragment headers and ICMPv6 errors and neighbour discovery), from random
 //! addresses, and from random bytes, then mutated (bytes flipped, cut
-//! short). ICMPv6 informational messages (neighbour discovery) and IPv6
-//! fragments must also pass the uplink programs untouched (IPv6 to a
-//! frontend is translated there, as IPv4 is). The maps
+//! short). ICMPv6 informational messages (neighbour discovery) must also
+//! pass the uplink programs untouched, and IPv6 fragments the XDP program
+//! (IPv6 to a frontend is translated there, as IPv4 is). The maps
 //! keep their state from frame to frame, so replies meet real flows. The
 //! programs run in a network namespace of their own (the uplink programs'
 //! route lookups see only its loopback). Needs root.
@@ -517,14 +517,16 @@ fn check(programs: &mut Loaded, input: &Input) -> Result<(), TestCaseError> {
         && parse6(&input.frame).is_some_and(|p| {
             let informational =
                 p.proto == 58 && input.frame.get(p.l4_off).is_some_and(|&t| t >= 128);
-            informational || p.fragment.is_some_and(|(offset, more)| offset != 0 || more)
+            let fragment = p.fragment.is_some_and(|(offset, more)| offset != 0 || more);
+            informational || (fragment && input.hook == Hook::UplinkXdp)
         })
     {
-        // ICMPv6 informational messages (neighbour discovery above all) and
-        // fragments pass the uplink programs untouched, ours or not (an
-        // atomic fragment, offset 0 without more fragments, is a whole
-        // datagram, RFC 6946; errors about source-NATed flows are
-        // translated).
+        // ICMPv6 informational messages (neighbour discovery above all)
+        // pass the uplink programs untouched, ours or not (errors about
+        // source-NATed flows are translated), and fragments pass the XDP
+        // program untouched: it hands them on to tc, which translates them
+        // as it does IPv4 ones. An atomic fragment, offset 0 without more
+        // fragments, is a whole datagram (RFC 6946).
         prop_assert!(
             passes(input.hook, verdict),
             "ICMPv6 informational or a fragment on the uplink got verdict {verdict:#x}"

@@ -436,21 +436,21 @@ fn ipv6_packets_that_are_not_ours_pass_the_uplink_untouched() {
                     b"ping",
                 ),
             ));
-            // Fragments of a datagram to a frontend: not translated on the
-            // uplink (the first and the later ones alike).
-            let big = Packet6 {
-                payload: vec![0x5a; 64],
-                ..from_client(Packet6::udp(CLIENT, 40000, NODE, NODE_PORT))
-            };
-            for (i, f) in big.fragments(32, 7).into_iter().enumerate() {
-                cases.push((
-                    if i == 0 {
-                        "first fragment"
-                    } else {
-                        "later fragment"
-                    },
-                    f,
-                ));
+            // XDP hands the fragments of a datagram to a frontend on to the
+            // tc program, which translates them
+            // (`ipv6_fragments_from_outside_follow_their_first_fragment`).
+            if prog == Prog::Xdp {
+                let big = Packet6 {
+                    payload: vec![0x5a; 64],
+                    ..from_client(Packet6::udp(CLIENT, 40000, NODE, NODE_PORT))
+                };
+                for (i, f) in big.fragments(32, 7).into_iter().enumerate() {
+                    let name = match i {
+                        0 => "first fragment",
+                        _ => "later fragment",
+                    };
+                    cases.push((name, f));
+                }
             }
             for (name, frame) in cases {
                 let (verdict, out) = fx.run(prog, &frame);
@@ -460,6 +460,115 @@ fn ipv6_packets_that_are_not_ours_pass_the_uplink_untouched() {
             assert_eq!(fx.stat("ext_local"), 0);
             assert_eq!(fx.stat("tail_call_missed"), 0);
         }
+    });
+}
+
+/// The tc program translates a fragmented datagram from outside as IPv4's
+/// does: the first fragment like a whole packet, the later ones get the
+/// addresses it got (no ports, no checksum in them) and leave the node the
+/// way it did; to a local backend, to a remote one (DNAT and SNAT, sent out
+/// again) and that backend's fragmented reply back to the client.
+#[test]
+fn ipv6_fragments_from_outside_follow_their_first_fragment() {
+    THIS_NODE.run(|node| {
+        let prog = Prog::Tc;
+        let mut fx = uplinked(node, Some(NODE));
+        standard(&mut fx);
+        let datagram = |sport, dport| Packet6 {
+            payload: (0..100u8).collect(),
+            ..from_client(Packet6::udp(CLIENT, sport, NODE, dport))
+        };
+        let run_all = |fx: &mut Loaded, what, verdict, inputs: &[Vec<u8>], wants: &[Vec<u8>]| {
+            assert_eq!(inputs.len(), wants.len(), "{what}");
+            for (i, (input, want)) in inputs.iter().zip(wants).enumerate() {
+                let got = fx.run(prog, input);
+                assert_eq!(got, (verdict, want.clone()), "{what}: fragment {i}");
+            }
+        };
+
+        // A local backend: DNAT; the stack delivers the fragments.
+        let local = datagram(46000, NODE_PORT);
+        let translated = Packet6 {
+            dst: POD_LOCAL,
+            dport: POD_PORT,
+            ..local.clone()
+        };
+        assert!(checksums_valid6(&translated.build(), false));
+        let id = 0x0102_0304;
+        let inputs = local.fragments(48, id);
+        assert_eq!(inputs.len(), 3);
+        run_all(
+            &mut fx,
+            "local backend",
+            prog.delivered(),
+            &inputs,
+            &translated.fragments(48, id),
+        );
+
+        // A remote backend: DNAT and SNAT, every fragment sent back out.
+        let remote = datagram(46001, REMOTE_PORT);
+        let inputs = remote.fragments(48, id);
+        let (verdict, first) = fx.run(prog, &inputs[0]);
+        assert_eq!(verdict, TC_ACT_REDIRECT, "remote backend: first fragment");
+        let port = snat_port(&fx, PROTO_UDP, 46001, REMOTE_PORT);
+        let translated = Packet6 {
+            src: NODE,
+            sport: port,
+            dst: POD_REMOTE,
+            dport: POD_PORT,
+            ..remote.clone()
+        };
+        let wants: Vec<Vec<u8>> = translated
+            .fragments(48, id)
+            .into_iter()
+            .map(|f| with_hop_limit(f, 63))
+            .collect();
+        assert_eq!(first, wants[0], "remote backend: first fragment");
+        run_all(
+            &mut fx,
+            "remote backend",
+            TC_ACT_REDIRECT,
+            &inputs[1..],
+            &wants[1..],
+        );
+
+        // Its fragmented reply: both translations reversed, to the client.
+        let reply = Packet6 {
+            src_mac: GATEWAY_MAC,
+            dst_mac: UPLINK_MAC,
+            payload: (0..100u8).rev().collect(),
+            ..Packet6::udp(POD_REMOTE, POD_PORT, NODE, port)
+        };
+        let reversed = Packet6 {
+            src: NODE,
+            sport: REMOTE_PORT,
+            dst: CLIENT,
+            dport: 46001,
+            ..reply.clone()
+        };
+        let wants: Vec<Vec<u8>> = reversed
+            .fragments(48, 9)
+            .into_iter()
+            .map(|f| with_hop_limit(f, 63))
+            .collect();
+        run_all(
+            &mut fx,
+            "remote reply",
+            TC_ACT_REDIRECT,
+            &reply.fragments(48, 9),
+            &wants,
+        );
+        assert_eq!(fx.stat("frag_translated"), 6);
+
+        // A later fragment whose first fragment never came passes untouched.
+        let stray = datagram(46002, NODE_PORT).fragments(48, 0x0bad)[1].clone();
+        let (verdict, out) = fx.run(prog, &stray);
+        assert_eq!(
+            (verdict, &out),
+            (prog.untouched(), &stray),
+            "a stray fragment"
+        );
+        assert_eq!(fx.stat("frag_unknown"), 1);
     });
 }
 

@@ -34,7 +34,7 @@ use xtask::sandbox::{
     TwoNodeSandbox, PIN_BASE, POD_TCP_PORT, POD_UDP_PORT,
 };
 use xtask::testenv::{
-    pod_saw_ips, sb_echo, switchboard, two_node_sandbox, two_node_with_agents,
+    fragmented_udp_args, pod_saw_ips, sb_echo, switchboard, two_node_sandbox, two_node_with_agents,
     two_node_with_agents_on,
 };
 
@@ -540,22 +540,7 @@ fn fragmented_udp_through_a_nodeport_both_ways() {
         let sb = two_node_with_agents(Policy::Cluster, &pods, &[]);
         let addr = format!("{}:{NODEPORT_UDP}", Node::A.ip());
         let run = sb
-            .client(
-                &sb_echo(),
-                Client::One,
-                &[
-                    "--udp",
-                    &addr,
-                    "--udp-mode",
-                    "connected",
-                    "--udp-size",
-                    "3000",
-                    "--count",
-                    "10",
-                    "--timeout-ms",
-                    "1000",
-                ],
-            )
+            .client(&sb_echo(), Client::One, &fragmented_udp_args(&addr))
             .unwrap_or_else(|e| panic!("{e:#}"));
         assert!(
             run.all_ok(),

@@ -19,6 +19,9 @@
 //! - either way the client sees node A's `[address]:nodePort` as its peer
 //!   (replies reverse-translated, no pod or node B address leaks).
 //!
+//! Fragmented datagrams take the same paths: node A's uplink translates
+//! their later fragments as it did the first.
+//!
 //! The binaries come from SWITCHBOARD_BIN and SB_ECHO_BIN (`cargo xtask test`).
 
 use std::collections::BTreeSet;
@@ -30,7 +33,9 @@ use xtask::sandbox::two_node::manifests::{
 };
 use xtask::sandbox::two_node::{Client, Node, Pod};
 use xtask::sandbox::{find_at, Frontend, Lan, TwoNodeSandbox};
-use xtask::testenv::{pod_saw_ips, sb_echo, switchboard, two_node_sandbox_on};
+use xtask::testenv::{
+    counters, fragmented_udp_args, pod_saw_ips, sb_echo, switchboard, two_node_sandbox_on,
+};
 
 /// Attempts per entry point that must all succeed.
 const COUNT: u32 = 20;
@@ -235,4 +240,80 @@ fn nodeport6_cluster_policy_remote_backends_see_node_a() {
 #[test]
 fn nodeport6_cluster_policy_remote_backends_see_node_a_with_native_xdp() {
     cluster_policy_snats_to_node_a(Lan::XdpReady, &["--xdp-mode", "native"]);
+}
+
+/// 3000-byte UDP datagrams over IPv6 (three fragments each way at MTU
+/// 1500) from client 1 to node A's IPv6 NodePort, answered with 3000
+/// bytes, for each of `cases` (pods, policy, why): every datagram answered,
+/// the client seeing the NodePort as its peer, so the later fragments
+/// followed their first fragment's translation both ways.
+fn fragmented_udp6(lan: Lan, agent_args: &[&str], cases: &[(Vec<Pod>, Policy, &str)]) {
+    for (pods, policy, why) in cases {
+        let sb = dual_stack_with_agents(lan, *policy, pods, agent_args);
+        let addr = format!("[{}]:{DUAL_NODEPORT_UDP}", Node::A.ip6());
+        let run = sb
+            .client(&sb_echo(), Client::One, &fragmented_udp_args(&addr))
+            .unwrap_or_else(|e| panic!("{e:#}"));
+        let context = || {
+            format!(
+                "{}\n--- stats of node-a ---\n{}",
+                run.raw,
+                stats(&sb, Node::A)
+            )
+        };
+        assert!(
+            run.all_ok(),
+            "3000-byte datagrams to {addr} ({why}):\n{}",
+            context()
+        );
+        let answered: BTreeSet<String> = run.names().into_iter().collect();
+        let allowed: BTreeSet<String> = pods.iter().map(|p| p.name()).collect();
+        assert!(
+            answered.is_subset(&allowed),
+            "{why}: {answered:?}\n{}",
+            context()
+        );
+        assert_eq!(
+            run.client_saw(),
+            vec![addr.clone()],
+            "{why}:\n{}",
+            context()
+        );
+        // Ten datagrams, two later fragments each, both ways, through node
+        // A's uplink programs.
+        let translated = counters(&sb.pin_dir(Node::A))["frag_translated"];
+        assert!(
+            translated >= 40,
+            "{why}: {translated} later fragments translated"
+        );
+    }
+}
+
+#[test]
+fn nodeport6_fragmented_udp_both_ways() {
+    fragmented_udp6(
+        Lan::KindLike,
+        &[],
+        &[
+            (Node::A.pods(), Policy::Local, "local backends, DNAT only"),
+            (
+                Node::B.pods(),
+                Policy::Cluster,
+                "remote backends, DNAT and SNAT",
+            ),
+        ],
+    );
+}
+
+#[test]
+fn nodeport6_fragmented_udp_both_ways_with_native_xdp() {
+    fragmented_udp6(
+        Lan::XdpReady,
+        &["--xdp-mode", "native"],
+        &[(
+            Node::B.pods(),
+            Policy::Cluster,
+            "remote backends, XDP hands fragments to tc",
+        )],
+    );
 }

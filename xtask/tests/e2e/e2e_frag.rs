@@ -16,26 +16,14 @@
 //!   learn the path MTU and resend smaller segments: the transfer completes
 //!   instead of stalling.
 use xtask::sandbox::{Attempt, CLUSTER_IP, PODS};
-use xtask::testenv::{counters, demo_sandbox_with, sb_echo};
+use xtask::testenv::{counters, demo_sandbox_with, fragmented_udp_args, sb_echo};
 
 #[test]
 fn a_fragmented_udp_datagram_to_the_clusterip_gets_a_fragmented_answer() {
     let sb = demo_sandbox_with(&[]);
     let addr = format!("{CLUSTER_IP}:53");
     let run = sb
-        .client(
-            &sb_echo(),
-            &[
-                "--udp",
-                &addr,
-                "--udp-mode",
-                "connected",
-                "--udp-size",
-                "3000",
-                "--count",
-                "10",
-            ],
-        )
+        .client(&sb_echo(), &fragmented_udp_args(&addr))
         .unwrap_or_else(|e| panic!("{e:#}"));
     assert!(
         run.all_ok(),
