@@ -8,6 +8,7 @@
 //! sb_bench change [--quick]                       one EndpointSlice change → maps (incremental model), 1k–100k Services
 //! sb_bench fwd --ingress IF --pod IF:NS:IP ...    forwarding pps with XDP live frames
 //! sb_bench uplink [--quick]                       per-packet cost of the uplink (north-south) programs
+//! sb_bench xdpfwd [--quick] [--iptables F] [--nftables F]  uplink forwarding Mpps with XDP live frames
 //! sb_bench flood --dst IP:PORT ... [--secs S]     UDP flood from one CPU (north-south forwarding)
 //! sb_bench ... --out FILE                          JSON to FILE instead of stdout
 //! ```
@@ -17,7 +18,8 @@
 //! Modules: `perpacket` (tc per-packet cost), `sync` (control plane),
 //! `change` (one change through the incremental model), `fwd`
 //! (tc forwarding rate with XDP live frames), `uplink` (per-packet cost of
-//! the north-south XDP and tc programs), `flood` (the UDP sender of the
+//! the north-south XDP and tc programs), `xdpfwd` (the uplink's forwarding
+//! rate in Mpps, XDP live frames), `flood` (the UDP sender of the
 //! north-south forwarding rate), `common` (helpers they share).
 //!
 //! ## How per-packet cost is measured, and why the ping-pong
@@ -55,6 +57,8 @@ mod perpacket;
 mod sync;
 #[path = "sb_bench/uplink.rs"]
 mod uplink;
+#[path = "sb_bench/xdpfwd.rs"]
+mod xdpfwd;
 
 use std::{fs, path::PathBuf};
 
@@ -88,7 +92,9 @@ fn parse_args() -> Result<Args> {
                     it.next().ok_or_else(|| anyhow!("--out needs a path"))?,
                 ))
             }
-            "perpacket" | "sync" | "change" | "fwd" | "uplink" | "flood" if mode.is_none() => {
+            "perpacket" | "sync" | "change" | "fwd" | "uplink" | "xdpfwd" | "flood"
+                if mode.is_none() =>
+            {
                 mode = Some(arg)
             }
             _ => rest.push(arg),
@@ -108,7 +114,7 @@ fn main() -> Result<()> {
     let args = parse_args()?;
     if args.mode.is_empty() {
         eprintln!(
-            "sb_bench: nothing measured. Usage: sb_bench (perpacket | sync | change | fwd ... | uplink | flood ...) [--quick] [--out FILE], as root; `cargo xtask bench` runs all of them"
+            "sb_bench: nothing measured. Usage: sb_bench (perpacket | sync | change | fwd ... | uplink | xdpfwd ... | flood ...) [--quick] [--out FILE], as root; `cargo xtask bench` runs all of them"
         );
         return Ok(());
     }
@@ -127,6 +133,7 @@ fn main() -> Result<()> {
         "change" => change::change_bench(args.quick)?,
         "fwd" => fwd::fwd(&args.rest)?,
         "uplink" => uplink::uplink(args.quick)?,
+        "xdpfwd" => xdpfwd::xdpfwd(args.quick, &args.rest)?,
         "flood" => flood::flood(&args.rest)?,
         other => bail!("unknown mode {other}"),
     };

@@ -179,3 +179,36 @@ pub(crate) fn pin_to_cpu(cpu: usize) -> Result<()> {
     }
     Ok(())
 }
+
+fn netns_inode() -> Result<u64> {
+    use std::os::unix::fs::MetadataExt as _;
+    Ok(fs::metadata("/proc/thread-self/ns/net")?.ino())
+}
+
+/// Runs `body` on a thread of its own that first moves into a private
+/// network namespace (`unshare(CLONE_NEWNET)` changes the calling thread
+/// only; the commands it spawns inherit it). The namespace goes away with
+/// the thread; nothing outside it is touched.
+pub(crate) fn in_private_netns<T: Send + 'static>(
+    what: &str,
+    body: impl FnOnce() -> Result<T> + Send + 'static,
+) -> Result<T> {
+    let handle = std::thread::spawn(move || -> Result<T> {
+        let before = netns_inode()?;
+        // SAFETY: unshare changes only the calling thread's namespaces.
+        let rc = unsafe { libc::unshare(libc::CLONE_NEWNET) };
+        ensure!(
+            rc == 0,
+            "unshare(CLONE_NEWNET): {}",
+            std::io::Error::last_os_error()
+        );
+        ensure!(
+            netns_inode()? != before,
+            "the thread is still in the namespace it started in: refusing to touch it"
+        );
+        body()
+    });
+    handle
+        .join()
+        .map_err(|_| anyhow!("the {what} benchmark thread panicked"))?
+}

@@ -36,9 +36,9 @@
 //!   local case checks (its corrected single run against its repeated cost).
 //! - the tc twin `sb_from_uplink` with the same frames, next to the empty tc
 //!   program with the same `__sk_buff` context.
-use std::{fs, os::unix::fs::MetadataExt as _, process::Command};
+use std::{fs, process::Command};
 
-use anyhow::{anyhow, bail, ensure, Context as _, Result};
+use anyhow::{bail, ensure, Context as _, Result};
 use aya::{
     programs::{SchedClassifier, TestRun as _, TestRunOptions, Xdp},
     Ebpf,
@@ -60,34 +60,34 @@ use std::net::Ipv4Addr;
 use crate::common::*;
 use crate::progress;
 
-const XDP_PASS: u32 = 2;
-const XDP_TX: u32 = 3;
+pub(crate) const XDP_PASS: u32 = 2;
+pub(crate) const XDP_TX: u32 = 3;
 /// TC_ACT_REDIRECT: `bpf_redirect_neigh` accepted the packet.
 const TC_ACT_REDIRECT: u32 = 7;
 
-const NODE: Ipv4Addr = Ipv4Addr::new(192, 168, 50, 1);
-const UPLINK_MAC: [u8; 6] = [0x02, 0, 0, 0, 0x50, 0x01];
-const GATEWAY: Ipv4Addr = Ipv4Addr::new(192, 168, 50, 2);
-const GATEWAY_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x02];
-const EXT_CLIENT: Ipv4Addr = Ipv4Addr::new(192, 168, 50, 100);
-const EXT_CLIENT_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x64];
+pub(crate) const NODE: Ipv4Addr = Ipv4Addr::new(192, 168, 50, 1);
+pub(crate) const UPLINK_MAC: [u8; 6] = [0x02, 0, 0, 0, 0x50, 0x01];
+pub(crate) const GATEWAY: Ipv4Addr = Ipv4Addr::new(192, 168, 50, 2);
+pub(crate) const GATEWAY_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x02];
+pub(crate) const EXT_CLIENT: Ipv4Addr = Ipv4Addr::new(192, 168, 50, 100);
+pub(crate) const EXT_CLIENT_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x64];
 /// A LoadBalancer address routed to `pod0` (a local destination).
-const LB_LOCAL: Ipv4Addr = Ipv4Addr::new(192, 168, 60, 10);
+pub(crate) const LB_LOCAL: Ipv4Addr = Ipv4Addr::new(192, 168, 60, 10);
 /// A pod on another node (routed via GATEWAY on the uplink).
-const POD_REMOTE: Ipv4Addr = Ipv4Addr::new(10, 244, 2, 2);
+pub(crate) const POD_REMOTE: Ipv4Addr = Ipv4Addr::new(10, 244, 2, 2);
 const NP_PINGPONG: u16 = 30080;
 const LB_PINGPONG: u16 = 30081;
 const NP_REMOTE: u16 = 30082;
-const POD_PORT: u16 = 8080;
+pub(crate) const POD_PORT: u16 = 8080;
 
-fn mac_str(m: [u8; 6]) -> String {
+pub(crate) fn mac_str(m: [u8; 6]) -> String {
     m.iter()
         .map(|b| format!("{b:02x}"))
         .collect::<Vec<_>>()
         .join(":")
 }
 
-fn ip_cmd(args: &[&str]) -> Result<()> {
+pub(crate) fn ip_cmd(args: &[&str]) -> Result<()> {
     // `output` waits for the child, so none keeps the namespace alive.
     let out = Command::new("ip")
         .args(args)
@@ -102,13 +102,9 @@ fn ip_cmd(args: &[&str]) -> Result<()> {
     Ok(())
 }
 
-fn netns_inode() -> Result<u64> {
-    Ok(fs::metadata("/proc/thread-self/ns/net")?.ino())
-}
-
 /// Builds the node in the calling thread's (private) namespace; returns the
 /// uplink's ifindex.
-fn build_node() -> Result<u32> {
+pub(crate) fn build_node() -> Result<u32> {
     ip_cmd(&[
         "link",
         "add",
@@ -158,7 +154,7 @@ fn build_node() -> Result<u32> {
     ifindex("up0")
 }
 
-fn fe(
+pub(crate) fn fe(
     kind: FrontendKind,
     ip: Ipv4Addr,
     port: u16,
@@ -199,7 +195,7 @@ fn frame(src: Ipv4Addr, sport: u16, dst: Ipv4Addr, dport: u16) -> Vec<u8> {
 }
 
 /// struct xdp_md with the uplink as ingress interface.
-fn xdp_ctx(uplink: u32, len: usize) -> Vec<u8> {
+pub(crate) fn xdp_ctx(uplink: u32, len: usize) -> Vec<u8> {
     [0, len as u32, 0, uplink, 0, 0]
         .iter()
         .flat_map(|w: &u32| w.to_ne_bytes())
@@ -353,24 +349,7 @@ impl Bench {
 }
 
 pub(crate) fn uplink(quick: bool) -> Result<Value> {
-    let handle = std::thread::spawn(move || -> Result<Value> {
-        let before = netns_inode()?;
-        // SAFETY: unshare changes only the calling thread's namespaces.
-        let rc = unsafe { libc::unshare(libc::CLONE_NEWNET) };
-        ensure!(
-            rc == 0,
-            "unshare(CLONE_NEWNET): {}",
-            std::io::Error::last_os_error()
-        );
-        ensure!(
-            netns_inode()? != before,
-            "the thread is still in the namespace it started in: refusing to touch it"
-        );
-        measure(quick)
-    });
-    handle
-        .join()
-        .map_err(|_| anyhow!("the uplink benchmark thread panicked"))?
+    in_private_netns("uplink", move || measure(quick))
 }
 
 fn measure(quick: bool) -> Result<Value> {
