@@ -1,11 +1,13 @@
 //! `switchboard agent`: load and pin the programs, attach them to pod
 //! interfaces as they appear, and keep the maps in step with the source.
+mod links;
 pub mod syncloop;
+pub mod uplinks;
 
 use std::{path::PathBuf, time::Duration};
 
 use anyhow::{bail, Context as _};
-use futures::StreamExt as _;
+use futures::{FutureExt as _, StreamExt as _};
 use netlink_sys::{AsyncSocket as _, SocketAddr};
 use tokio::{
     signal::unix::{signal, SignalKind},
@@ -15,8 +17,10 @@ use tracing::{error, info, warn};
 
 use crate::model::cidr::IpCidr;
 use crate::{
+    agent::links::{netlink_groups, node_ipv4s, rescan, Links},
     agent::syncloop::{unix_now, NodePortAddresses, SyncLoop},
-    dataplane::attach::{self, Attacher, TcMode},
+    agent::uplinks::Uplinks,
+    dataplane::attach::{Attacher, TcMode},
     dataplane::conntrack,
     dataplane::ebpf,
     dataplane::maps::PinnedMaps,
@@ -24,7 +28,7 @@ use crate::{
     dataplane::pinroot,
     dataplane::resize,
     dataplane::socketlb,
-    dataplane::uplink::{self, LinkFacts, Uplink, UplinkError, XdpChoice, XdpHook, XdpMode},
+    dataplane::uplink::{self, XdpMode},
     model::{self, Model},
     node::health::{self, ProxyHealth},
     node::healthcheck::{self, HealthServers},
@@ -140,14 +144,19 @@ pub async fn run(config: AgentConfig, object: &'static [u8]) -> anyhow::Result<(
     connection
         .socket_mut()
         .socket_mut()
-        .bind(&SocketAddr::new(0, rtnetlink::constants::RTMGRP_LINK))
-        .context("subscribing to link events")?;
+        .bind(&SocketAddr::new(0, netlink_groups(&config.uplinks)))
+        .context("subscribing to link, address and route events")?;
     tokio::spawn(connection);
+    // Named uplinks that exist now; the others are waited for (see
+    // `uplinks`).
     let named_uplinks = match config.uplinks.is_empty() {
         true => Vec::new(),
-        false => uplink::resolve(&handle, &config.uplinks, &[])
-            .await
-            .context("finding the uplinks (--uplink)")?,
+        false => {
+            uplink::resolve(&handle, &config.uplinks, &[])
+                .await
+                .context("finding the uplinks (--uplink)")?
+                .uplinks
+        }
     };
     let mut feed = open_source(&config).await?;
     tokio::spawn(mark_queued(feed.publishes(), proxy_health.clone()));
@@ -233,31 +242,29 @@ pub async fn run(config: AgentConfig, object: &'static [u8]) -> anyhow::Result<(
     // Named uplinks are no pod interfaces, even when they are veths.
     attacher.set_uplinks(named_uplinks.iter().map(|u| u.index).collect());
     rescan(&handle, &mut attacher, &mut ebpf).await;
-    // The Node's (IPv4) addresses may name the uplinks.
-    let node_addrs: Vec<std::net::Ipv4Addr> = sync
-        .source_node
-        .as_ref()
-        .map(|n| {
-            n.addresses
-                .iter()
-                .filter_map(|a| match a {
-                    std::net::IpAddr::V4(a) => Some(*a),
-                    std::net::IpAddr::V6(_) => None,
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    let uplinks = setup_uplinks(
-        &handle,
-        &config,
-        &node_addrs,
-        &mut ebpf,
-        sync.syncer.store_mut(),
-    )
-    .await?;
-    attacher.set_uplinks(uplinks.iter().map(|(u, _)| u.index).collect());
+    let mut uplinks = Uplinks::new(
+        config.uplinks.clone(),
+        config.xdp_mode,
+        config.tc_mode,
+        &config.pin_root,
+    );
+    let started = uplinks
+        .refresh(
+            &handle,
+            &node_ipv4s(sync.source_node.as_ref()),
+            &mut ebpf,
+            sync.syncer.store_mut(),
+        )
+        .await
+        .context("setting up the uplinks")?;
+    if let Some(failure) = started.failures.into_iter().next() {
+        return Err(anyhow::Error::from(failure).context("setting up the uplinks"));
+    }
+    attacher.set_uplinks(uplinks.indices());
+    // An uplink found just now is no pod interface (a veth uplink looks
+    // like one): the attacher forgets it before the quiet marks.
+    rescan(&handle, &mut attacher, &mut ebpf).await;
     attacher.settle_quiet(|| sync.syncer.store_mut().has_flows());
-    let uplink_status: Vec<_> = uplinks.into_iter().map(|(_, status)| status).collect();
     match &config.socket_lb_cgroup {
         Some(cgroup) => socketlb::attach(&mut ebpf, cgroup, &config.pin_root)
             .context("attaching the socket layer (--socket-lb=false turns it off)")?,
@@ -273,7 +280,7 @@ pub async fn run(config: AgentConfig, object: &'static [u8]) -> anyhow::Result<(
         info!(?late, "entries created during the resize copied");
         resize.finish().context("pinning the resized maps")?;
     }
-    sync.set_interfaces(attacher.interfaces(), &uplink_status);
+    sync.set_interfaces(attacher.interfaces(), &uplinks.statuses());
     for migrated in migrate::finish(&config.pin_root, sync.syncer.store_mut()) {
         match migrated {
             Ok(m) => info!(
@@ -294,12 +301,18 @@ pub async fn run(config: AgentConfig, object: &'static [u8]) -> anyhow::Result<(
     first_start.succeeded();
     info!(
         interfaces = attacher.attached(),
-        uplinks = uplink_status.len(),
+        uplinks = uplinks.indices().len(),
         "{READY}"
     );
     let mut terminate = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
     let mut interrupt = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
     let mut tick = tokio::time::interval(RESCAN);
+    let mut links = Links {
+        handle: &handle,
+        attacher: &mut attacher,
+        uplinks: &mut uplinks,
+        ebpf: &mut ebpf,
+    };
     // `switchboard verify` asks on a socket next to the status file; the
     // loop answers between syncs.
     let (_verify_socket, mut verify_requests) =
@@ -319,14 +332,13 @@ pub async fn run(config: AgentConfig, object: &'static [u8]) -> anyhow::Result<(
                 sync.on_changes(feed.take());
             }
             Some(_) = link_events.next() => {
-                rescan(&handle, &mut attacher, &mut ebpf).await;
-                sync.set_interfaces(attacher.interfaces(), &uplink_status);
-                sync.on_addresses(&handle).await;
+                // One pass for a burst of events (a pod or an uplink
+                // coming up sends several).
+                while let Some(Some(_)) = link_events.next().now_or_never() {}
+                links.follow(&mut sync).await;
             }
             _ = tick.tick() => {
-                rescan(&handle, &mut attacher, &mut ebpf).await;
-                sync.set_interfaces(attacher.interfaces(), &uplink_status);
-                sync.on_addresses(&handle).await;
+                links.follow(&mut sync).await;
             }
             Some(request) = verify_requests.recv() => {
                 // The client may have given up; nothing to do then.
@@ -491,95 +503,4 @@ fn value_name(value: &impl clap::ValueEnum) -> String {
         .to_possible_value()
         .map(|v| v.get_name().to_owned())
         .unwrap_or_default()
-}
-
-/// Finds the uplinks, records their addresses in the uplink map and attaches
-/// their programs. Explicit `--uplink`s that cannot be used are an error;
-/// when none is given and none is found, the node has no north-south path
-/// (said in the log) and everything else works.
-async fn setup_uplinks(
-    handle: &rtnetlink::Handle,
-    config: &AgentConfig,
-    node_addrs: &[std::net::Ipv4Addr],
-    ebpf: &mut aya::Ebpf,
-    maps: &mut PinnedMaps,
-) -> anyhow::Result<Vec<(Uplink, attach::AttachedInterface)>> {
-    let uplinks = match uplink::resolve(handle, &config.uplinks, node_addrs).await {
-        Ok(found) => found,
-        Err(UplinkError::NotFound) if config.uplinks.is_empty() => {
-            warn!("no uplink found (no --uplink, no node address on an interface, no default route): traffic from outside the node is not balanced");
-            Vec::new()
-        }
-        Err(error) => return Err(error).context("finding the uplinks (--uplink)"),
-    };
-    let entries: Vec<(u32, std::net::Ipv4Addr)> =
-        uplinks.iter().map(|u| (u.index, u.addr)).collect();
-    maps.set_uplinks(&entries)
-        .context("writing the uplink map")?;
-    uplink::set_uplinks6(ebpf, &uplinks).context("writing the IPv6 uplink map")?;
-    let link_dir = config.pin_root.join("links");
-    let mut attached = Vec::new();
-    for up in uplinks {
-        let context = || format!("attaching the uplink programs to {}", up.name);
-        let mut facts = LinkFacts {
-            kind: up.kind.as_deref(),
-            native_refused: false,
-        };
-        let mut choice = uplink::resolve_xdp_mode(config.xdp_mode, &facts);
-        let tc = match uplink::attach(ebpf, &up, choice.hook, config.tc_mode, &link_dir) {
-            Ok(tc) => tc,
-            Err(error @ UplinkError::Xdp { .. }) if choice.hook == XdpHook::Native => {
-                facts.native_refused = true;
-                choice = uplink::resolve_xdp_mode(config.xdp_mode, &facts);
-                let error = anyhow::Error::from(error);
-                match config.xdp_mode {
-                    XdpMode::Native => {
-                        warn!(iface = %up.name, error = %error, "native XDP failed; using {} XDP", choice.hook)
-                    }
-                    _ => {
-                        info!(iface = %up.name, error = %error, "native XDP refused; using {}", choice.hook)
-                    }
-                }
-                uplink::attach(ebpf, &up, choice.hook, config.tc_mode, &link_dir)
-                    .with_context(context)?
-            }
-            Err(error) => return Err(error).with_context(context),
-        };
-        if let Some(warning) = &choice.warning {
-            warn!(iface = %up.name, xdp = %choice.hook, "{warning}");
-        }
-        info!(iface = %up.name, kind = %up.kind.as_deref().unwrap_or("physical"), xdp = %choice.hook, reason = %choice.reason, "uplink XDP mode");
-        let status = uplink_status(&up, tc, &choice);
-        attached.push((up, status));
-    }
-    Ok(attached)
-}
-
-/// An uplink as the status file lists it.
-fn uplink_status(up: &Uplink, tc: attach::Attached, xdp: &XdpChoice) -> attach::AttachedInterface {
-    let mut hooks = attach::hook_names(tc, &uplink::TC_HOOKS);
-    if xdp.hook != XdpHook::Off {
-        hooks.push(format!(
-            "xdp {} {}",
-            xdp.hook,
-            proxy_common::programs::XDP_UPLINK
-        ));
-    }
-    attach::AttachedInterface {
-        name: up.name.clone(),
-        index: up.index,
-        role: "uplink".to_owned(),
-        hooks,
-        xdp: Some(attach::UplinkXdp {
-            mode: xdp.hook.to_string(),
-            reason: xdp.reason.clone(),
-        }),
-    }
-}
-
-async fn rescan(handle: &rtnetlink::Handle, attacher: &mut Attacher, ebpf: &mut aya::Ebpf) {
-    match attach::pod_interfaces(handle).await {
-        Ok(interfaces) => attacher.reconcile(ebpf, &interfaces),
-        Err(error) => warn!(error = %anyhow::Error::from(error), "listing interfaces failed"),
-    }
 }

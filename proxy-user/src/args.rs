@@ -112,7 +112,9 @@ pub struct AgentArgs {
     /// An interface traffic from outside the node arrives on (repeat for
     /// several). Default: the interfaces holding the Node's InternalIP or
     /// ExternalIP, else the default route's interface. NodePorts,
-    /// LoadBalancer IPs and external IPs are served there.
+    /// LoadBalancer IPs and external IPs are served there. Followed while
+    /// the agent runs: an interface named here that does not exist yet is
+    /// waited for (with a warning) and attached when it appears.
     #[arg(long = "uplink", value_name = "IFACE")]
     pub uplinks: Vec<String>,
     /// How the uplink program runs: `auto` (per uplink: native XDP on a

@@ -67,6 +67,7 @@
 //! removes the directories. `purge_tag` and `cleanup_stale` know the
 //! namespaces, mounts, cgroups and agent status files of this layout too.
 
+mod links;
 pub mod manifests;
 
 use std::fs;
@@ -399,30 +400,7 @@ impl TwoNodeSandbox {
             for pod in node.pods() {
                 self.create_pod_link(pod)?;
             }
-            let other = node.other();
-            ip(&[
-                "-n",
-                &self.node_ns(node),
-                "route",
-                "add",
-                &other.pod_cidr(),
-                "via",
-                other.ip(),
-                "dev",
-                &self.uplink(node),
-            ])?;
-            ip(&[
-                "-n",
-                &self.node_ns(node),
-                "-6",
-                "route",
-                "add",
-                &other.pod_cidr6(),
-                "via",
-                other.ip6(),
-                "dev",
-                &self.uplink(node),
-            ])?;
+            self.route_other_pods(node)?;
             self.node_sysctls_everywhere(node)?;
         }
         for client in Client::ALL {
@@ -436,6 +414,35 @@ impl TwoNodeSandbox {
             self.create_node_state(node)?;
         }
         Ok(())
+    }
+
+    /// Routes the other node's pod ranges via its LAN addresses, over the
+    /// node's uplink (replacing routes it had).
+    fn route_other_pods(&self, node: Node) -> Result<()> {
+        let other = node.other();
+        ip(&[
+            "-n",
+            &self.node_ns(node),
+            "route",
+            "replace",
+            &other.pod_cidr(),
+            "via",
+            other.ip(),
+            "dev",
+            &self.uplink(node),
+        ])?;
+        ip(&[
+            "-n",
+            &self.node_ns(node),
+            "-6",
+            "route",
+            "replace",
+            &other.pod_cidr6(),
+            "via",
+            other.ip6(),
+            "dev",
+            &self.uplink(node),
+        ])
     }
 
     fn all_namespaces(&self) -> Vec<String> {

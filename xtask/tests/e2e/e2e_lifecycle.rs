@@ -190,13 +190,13 @@ fn a_failed_start_leaves_the_running_data_path_alone() {
     let pin = sb.pin_dir.to_string_lossy().into_owned();
     let bin = sw.to_string_lossy().into_owned();
     let node = sb.node_ns();
-    for (what, bad) in [
-        (
-            "a source directory that does not exist",
-            vec!["--source", "dir:/nonexistent/switchboard-typo"],
-        ),
-        ("an uplink that does not exist", vec!["--uplink", "nosuch0"]),
-    ] {
+    // An `--uplink` that does not exist is no failure: the agent waits for
+    // it (`e2e_links`).
+    let (what, bad) = (
+        "a source directory that does not exist",
+        ["--source", "dir:/nonexistent/switchboard-typo"],
+    );
+    {
         let mut args = vec![
             bin.as_str(),
             "agent",

@@ -1,0 +1,444 @@
+//! The agent's uplinks, kept in step with the interfaces: found at start
+//! and again after every link, address or route event (and on the rescan
+//! tick), the way start-up finds them ([`uplink::resolve`]). What changed is
+//! applied: new uplinks get their programs (XDP mode chosen and logged as at
+//! start), uplinks that went away lose theirs and their link pins, and the
+//! uplink maps (the IPv4 and IPv6 addresses flows to other nodes are
+//! source-NATed to) are rewritten when an uplink or one of those addresses
+//! changed.
+//!
+//! A named uplink (`--uplink`) that does not exist is waited for, with a
+//! warning, rather than failing the agent: at start (an interface created a
+//! little after the agent) and later (an interface deleted and created
+//! again, with a new index).
+use std::{
+    collections::HashSet,
+    net::{Ipv4Addr, Ipv6Addr},
+    path::{Path, PathBuf},
+};
+
+use tracing::{debug, info, warn};
+
+use crate::dataplane::{
+    attach::{self, AttachedInterface, TcMode},
+    maps::PinnedMaps,
+    uplink::{self, LinkFacts, Uplink, UplinkError, XdpChoice, XdpHook, XdpMode},
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum UplinksError {
+    #[error("finding the uplinks")]
+    Resolve(#[source] Box<UplinkError>),
+    #[error("writing the uplink map")]
+    Map4(#[source] Box<crate::sync::store::WriteError>),
+    #[error("writing the IPv6 uplink map")]
+    Map6(#[source] Box<UplinkError>),
+    #[error("attaching the uplink programs to {iface}")]
+    Attach {
+        iface: String,
+        #[source]
+        source: Box<UplinkError>,
+    },
+    #[error("detaching the uplink programs from {iface}")]
+    Detach {
+        iface: String,
+        #[source]
+        source: Box<UplinkError>,
+    },
+}
+
+/// What a new resolution asks of the current uplinks. An uplink is the same
+/// one while its name and index are (a re-created interface is a new one).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Plan {
+    /// Found now, without programs yet.
+    pub attach: Vec<Uplink>,
+    /// With programs, and no uplink any more (or gone).
+    pub detach: Vec<Uplink>,
+    /// Kept, with another IPv4 or IPv6 source-NAT address.
+    pub readdressed: Vec<Uplink>,
+    /// The uplink maps must be written again (an uplink or an address
+    /// changed since they were last written).
+    pub rewrite_maps: bool,
+}
+
+fn same(a: &Uplink, b: &Uplink) -> bool {
+    a.index == b.index && a.name == b.name
+}
+
+/// What the uplink maps hold for `uplinks`, in a comparable order.
+fn map_view(uplinks: &[Uplink]) -> Vec<(u32, Option<Ipv4Addr>, Option<Ipv6Addr>)> {
+    let mut view: Vec<_> = uplinks.iter().map(|u| (u.index, u.addr, u.addr6)).collect();
+    view.sort_unstable();
+    view
+}
+
+/// Compares the uplinks with programs (`active`) and what the maps hold
+/// (`written`, `None` before the first write) with a new resolution.
+pub fn plan(active: &[Uplink], written: Option<&[Uplink]>, wanted: &[Uplink]) -> Plan {
+    let attach = wanted
+        .iter()
+        .filter(|w| !active.iter().any(|a| same(a, w)))
+        .cloned()
+        .collect();
+    let detach = active
+        .iter()
+        .filter(|a| !wanted.iter().any(|w| same(a, w)))
+        .cloned()
+        .collect();
+    let readdressed = wanted
+        .iter()
+        .filter(|w| {
+            active
+                .iter()
+                .any(|a| same(a, w) && (a.addr, a.addr6) != (w.addr, w.addr6))
+        })
+        .cloned()
+        .collect();
+    let rewrite_maps = written.is_none_or(|written| map_view(written) != map_view(wanted));
+    Plan {
+        attach,
+        detach,
+        readdressed,
+        rewrite_maps,
+    }
+}
+
+/// What one [`Uplinks::refresh`] did.
+#[derive(Debug, Default)]
+pub struct Refreshed {
+    /// The set of uplinks with programs, or their status rows, changed.
+    pub changed: bool,
+    /// Uplinks whose programs could not be attached (the first failure
+    /// of each; tried again at every refresh, later failures logged at
+    /// debug level) or detached.
+    pub failures: Vec<UplinksError>,
+}
+
+/// The uplinks with programs on them, and what is needed to find them again.
+pub struct Uplinks {
+    /// `--uplink` (empty: found from the node's addresses).
+    names: Vec<String>,
+    xdp_mode: XdpMode,
+    tc_mode: TcMode,
+    /// `<pin root>/links`.
+    link_dir: PathBuf,
+    /// With programs on them, each with its status row.
+    active: Vec<(Uplink, AttachedInterface)>,
+    /// What the uplink maps hold (`None`: not yet written by this agent).
+    written: Option<Vec<Uplink>>,
+    /// Named uplinks found missing (warned about once until they appear).
+    missing: Vec<String>,
+    /// Whether the automatic search found none (warned about once).
+    none_found: bool,
+    /// Interfaces whose attach failed (warned about once until it works).
+    failed: HashSet<u32>,
+}
+
+impl Uplinks {
+    pub fn new(names: Vec<String>, xdp_mode: XdpMode, tc_mode: TcMode, pin_root: &Path) -> Self {
+        Self {
+            names,
+            xdp_mode,
+            tc_mode,
+            link_dir: pin_root.join("links"),
+            active: Vec::new(),
+            written: None,
+            missing: Vec::new(),
+            none_found: false,
+            failed: HashSet::new(),
+        }
+    }
+
+    /// The interface indices of the uplinks with programs.
+    pub fn indices(&self) -> Vec<u32> {
+        self.active.iter().map(|(u, _)| u.index).collect()
+    }
+
+    /// The uplinks' rows of the status file.
+    pub fn statuses(&self) -> Vec<AttachedInterface> {
+        self.active.iter().map(|(_, s)| s.clone()).collect()
+    }
+
+    /// Finds the uplinks again (`node_addrs`: the Node's IPv4 addresses)
+    /// and applies what changed: the maps first (new entries before stale
+    /// ones go), then the programs off the uplinks that went, then onto the
+    /// new ones. An error means nothing of the change was applied; the
+    /// failures of single uplinks are in [`Refreshed::failures`].
+    pub async fn refresh(
+        &mut self,
+        handle: &rtnetlink::Handle,
+        node_addrs: &[Ipv4Addr],
+        ebpf: &mut aya::Ebpf,
+        maps: &mut PinnedMaps,
+    ) -> Result<Refreshed, UplinksError> {
+        let resolved = uplink::resolve(handle, &self.names, node_addrs)
+            .await
+            .map_err(|e| UplinksError::Resolve(Box::new(e)))?;
+        self.note_missing(&resolved);
+        let active: Vec<Uplink> = self.active.iter().map(|(u, _)| u.clone()).collect();
+        let plan = plan(&active, self.written.as_deref(), &resolved.uplinks);
+        if plan.rewrite_maps {
+            self.write_maps(ebpf, maps, &resolved.uplinks)?;
+        }
+        let mut refreshed = Refreshed::default();
+        for up in &plan.detach {
+            self.detach(up, &mut refreshed);
+        }
+        for up in plan.readdressed {
+            self.readdress(up);
+        }
+        for up in plan.attach {
+            self.attach(ebpf, up, &mut refreshed);
+        }
+        self.failed
+            .retain(|i| resolved.uplinks.iter().any(|u| u.index == *i));
+        Ok(refreshed)
+    }
+
+    /// Logs named uplinks that went missing or came back, and an automatic
+    /// search that found none (or found one again).
+    fn note_missing(&mut self, resolved: &uplink::Resolved) {
+        for name in &resolved.missing {
+            if !self.missing.contains(name) {
+                warn!(iface = %name, "uplink (--uplink) does not exist: waiting for it; traffic from outside arriving there is not balanced until it appears");
+            }
+        }
+        for name in &self.missing {
+            if !resolved.missing.contains(name) {
+                info!(iface = %name, "uplink (--uplink) appeared");
+            }
+        }
+        self.missing.clone_from(&resolved.missing);
+        let none = self.names.is_empty() && resolved.uplinks.is_empty();
+        match (none, self.none_found) {
+            (true, false) => warn!("no uplink found (no --uplink, no node address on an interface, no default route): traffic from outside the node is not balanced until one appears"),
+            (false, true) => info!("an uplink was found"),
+            _ => {}
+        }
+        self.none_found = none;
+    }
+
+    fn write_maps(
+        &mut self,
+        ebpf: &mut aya::Ebpf,
+        maps: &mut PinnedMaps,
+        uplinks: &[Uplink],
+    ) -> Result<(), UplinksError> {
+        maps.set_uplinks(&uplink::map_entries4(uplinks))
+            .map_err(|e| UplinksError::Map4(Box::new(e)))?;
+        uplink::set_uplinks6(ebpf, uplinks).map_err(|e| UplinksError::Map6(Box::new(e)))?;
+        for up in uplinks.iter().filter(|u| u.addr.is_none()) {
+            warn!(iface = %up.name, "uplink has no IPv4 address: IPv4 flows to backends on other nodes are dropped until it has one");
+        }
+        self.written = Some(uplinks.to_vec());
+        Ok(())
+    }
+
+    fn detach(&mut self, up: &Uplink, refreshed: &mut Refreshed) {
+        match uplink::detach(up, &self.link_dir) {
+            Ok(()) => {
+                info!(iface = %up.name, index = up.index, "no uplink any more (or gone): its programs are off");
+                self.active.retain(|(a, _)| !same(a, up));
+                refreshed.changed = true;
+            }
+            Err(source) => refreshed.failures.push(UplinksError::Detach {
+                iface: up.name.clone(),
+                source: Box::new(source),
+            }),
+        }
+    }
+
+    fn readdress(&mut self, up: Uplink) {
+        let Some((kept, _)) = self.active.iter_mut().find(|(a, _)| same(a, &up)) else {
+            return;
+        };
+        info!(
+            iface = %up.name,
+            from = ?kept.addr,
+            to = ?up.addr,
+            from6 = ?kept.addr6,
+            to6 = ?up.addr6,
+            "uplink source-NAT address changed"
+        );
+        *kept = up;
+    }
+
+    fn attach(&mut self, ebpf: &mut aya::Ebpf, up: Uplink, refreshed: &mut Refreshed) {
+        match attach_uplink(ebpf, &up, self.xdp_mode, self.tc_mode, &self.link_dir) {
+            Ok(status) => {
+                self.failed.remove(&up.index);
+                self.active.push((up, status));
+                refreshed.changed = true;
+            }
+            Err(source) => {
+                let error = UplinksError::Attach {
+                    iface: up.name.clone(),
+                    source: Box::new(source),
+                };
+                match self.failed.insert(up.index) {
+                    true => refreshed.failures.push(error),
+                    false => {
+                        debug!(iface = %up.name, error = %anyhow::Error::from(error), "attaching the uplink failed again")
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Attaches the uplink programs to `up` in the XDP mode
+/// [`uplink::resolve_xdp_mode`] picks for it (native refused by the driver:
+/// picked again knowing that), and logs the choice with its reason.
+fn attach_uplink(
+    ebpf: &mut aya::Ebpf,
+    up: &Uplink,
+    xdp_mode: XdpMode,
+    tc_mode: TcMode,
+    link_dir: &Path,
+) -> Result<AttachedInterface, UplinkError> {
+    let mut facts = LinkFacts {
+        kind: up.kind.as_deref(),
+        native_refused: false,
+    };
+    let mut choice = uplink::resolve_xdp_mode(xdp_mode, &facts);
+    let tc = match uplink::attach(ebpf, up, choice.hook, tc_mode, link_dir) {
+        Ok(tc) => tc,
+        Err(error @ UplinkError::Xdp { .. }) if choice.hook == XdpHook::Native => {
+            facts.native_refused = true;
+            choice = uplink::resolve_xdp_mode(xdp_mode, &facts);
+            let error = anyhow::Error::from(error);
+            match xdp_mode {
+                XdpMode::Native => {
+                    warn!(iface = %up.name, error = %error, "native XDP failed; using {} XDP", choice.hook)
+                }
+                _ => {
+                    info!(iface = %up.name, error = %error, "native XDP refused; using {}", choice.hook)
+                }
+            }
+            uplink::attach(ebpf, up, choice.hook, tc_mode, link_dir)?
+        }
+        Err(error) => return Err(error),
+    };
+    if let Some(warning) = &choice.warning {
+        warn!(iface = %up.name, xdp = %choice.hook, "{warning}");
+    }
+    info!(iface = %up.name, kind = %up.kind.as_deref().unwrap_or("physical"), xdp = %choice.hook, reason = %choice.reason, "uplink XDP mode");
+    Ok(uplink_status(up, tc, &choice))
+}
+
+/// An uplink as the status file lists it.
+fn uplink_status(up: &Uplink, tc: attach::Attached, xdp: &XdpChoice) -> AttachedInterface {
+    let mut hooks = attach::hook_names(tc, &uplink::TC_HOOKS);
+    if xdp.hook != XdpHook::Off {
+        hooks.push(format!(
+            "xdp {} {}",
+            xdp.hook,
+            proxy_common::programs::XDP_UPLINK
+        ));
+    }
+    AttachedInterface {
+        name: up.name.clone(),
+        index: up.index,
+        role: "uplink".to_owned(),
+        hooks,
+        xdp: Some(attach::UplinkXdp {
+            mode: xdp.hook.to_string(),
+            reason: xdp.reason.clone(),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::slice::from_ref;
+
+    fn up(name: &str, index: u32, addr: Option<&str>, addr6: Option<&str>) -> Uplink {
+        Uplink {
+            name: name.to_owned(),
+            index,
+            addr: addr.map(|a| a.parse().expect("address")),
+            addr6: addr6.map(|a| a.parse().expect("address")),
+            kind: Some("veth".to_owned()),
+        }
+    }
+
+    fn names(uplinks: &[Uplink]) -> Vec<(&str, u32)> {
+        uplinks.iter().map(|u| (u.name.as_str(), u.index)).collect()
+    }
+
+    #[test]
+    fn the_first_resolution_attaches_everything_and_writes_the_maps() {
+        let wanted = [up("eth0", 2, Some("192.168.50.1"), None)];
+        let got = plan(&[], None, &wanted);
+        assert_eq!(names(&got.attach), [("eth0", 2)]);
+        assert!(got.detach.is_empty() && got.readdressed.is_empty());
+        assert!(got.rewrite_maps);
+        // None found at first: the maps are still written (emptied of what
+        // an earlier agent left).
+        assert!(plan(&[], None, &[]).rewrite_maps);
+    }
+
+    #[test]
+    fn an_unchanged_resolution_does_nothing() {
+        let now = [
+            up("eth0", 2, Some("192.168.50.1"), Some("fd00:50::1")),
+            up("eth1", 3, None, None),
+        ];
+        let got = plan(&now, Some(&now), &now);
+        assert_eq!(got, Plan::default());
+        // The order the kernel lists them in does not matter.
+        let swapped = [now[1].clone(), now[0].clone()];
+        assert_eq!(plan(&now, Some(&now), &swapped), Plan::default());
+    }
+
+    #[test]
+    fn a_new_and_a_gone_uplink_are_attached_and_detached() {
+        let eth0 = up("eth0", 2, Some("192.168.50.1"), None);
+        let eth1 = up("eth1", 3, Some("10.0.0.1"), None);
+        let got = plan(from_ref(&eth0), Some(from_ref(&eth0)), from_ref(&eth1));
+        assert_eq!(names(&got.attach), [("eth1", 3)]);
+        assert_eq!(names(&got.detach), [("eth0", 2)]);
+        assert!(got.rewrite_maps);
+        // Gone with nothing new: detached, and the maps lose its entry.
+        let got = plan(from_ref(&eth0), Some(from_ref(&eth0)), &[]);
+        assert_eq!(names(&got.detach), [("eth0", 2)]);
+        assert!(got.attach.is_empty() && got.rewrite_maps);
+    }
+
+    #[test]
+    fn a_recreated_interface_is_a_new_uplink() {
+        let old = up("eth0", 2, Some("192.168.50.1"), None);
+        let new = up("eth0", 7, Some("192.168.50.1"), None);
+        let got = plan(from_ref(&old), Some(from_ref(&old)), from_ref(&new));
+        assert_eq!(names(&got.attach), [("eth0", 7)]);
+        assert_eq!(names(&got.detach), [("eth0", 2)]);
+        assert!(got.readdressed.is_empty() && got.rewrite_maps);
+    }
+
+    #[test]
+    fn an_address_change_rewrites_the_maps_only() {
+        let old = up("eth0", 2, Some("192.168.50.1"), Some("fd00:50::1"));
+        for new in [
+            up("eth0", 2, Some("192.168.50.3"), Some("fd00:50::1")),
+            up("eth0", 2, Some("192.168.50.1"), Some("fd00:50::3")),
+            up("eth0", 2, None, Some("fd00:50::1")),
+            up("eth0", 2, Some("192.168.50.1"), None),
+        ] {
+            let got = plan(from_ref(&old), Some(from_ref(&old)), from_ref(&new));
+            assert!(got.attach.is_empty() && got.detach.is_empty(), "{new:?}");
+            assert_eq!(got.readdressed, from_ref(&new), "{new:?}");
+            assert!(got.rewrite_maps, "{new:?}");
+        }
+    }
+
+    #[test]
+    fn a_failed_attach_is_planned_again_without_rewriting_the_maps() {
+        let eth0 = up("eth0", 2, Some("192.168.50.1"), None);
+        // The maps were written with it, its attach failed: not active.
+        let got = plan(&[], Some(from_ref(&eth0)), from_ref(&eth0));
+        assert_eq!(names(&got.attach), [("eth0", 2)]);
+        assert!(!got.rewrite_maps);
+    }
+}
