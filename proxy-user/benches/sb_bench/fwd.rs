@@ -281,12 +281,6 @@ pub(crate) fn fwd(rest: &[String]) -> Result<Value> {
         drop(sb);
     }
     drop(sink_links);
-    rows.push(json!({
-        "path": "xdp",
-        "setup": "switchboard XDP NodePort",
-        "mpps": Value::Null,
-        "note": "not implemented yet: switchboard has no XDP program",
-    }));
     let mut meta = BTreeMap::new();
     meta.insert("cpu", json!(cpu));
     meta.insert("frame_bytes", json!(60));

@@ -43,6 +43,7 @@ pub mod northsouth;
 pub mod report;
 pub mod scale;
 pub mod workload;
+pub mod xdpfwd;
 
 use std::fs;
 use std::net::Ipv4Addr;

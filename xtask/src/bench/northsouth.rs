@@ -236,96 +236,29 @@ fn manifest(b: Backends) -> String {
 /// client's address, as switchboard does (kube-proxy would masquerade them too
 /// under `Cluster`; leaving that out makes the baseline cheaper, not dearer).
 pub fn iptables_rules() -> String {
-    use super::kubeproxy::hash16;
-    let mut chains = String::new();
-    let mut services = String::new();
-    let mut nodeports = String::new();
-    let mut rules = String::new();
+    super::kubeproxy::nodeport_iptables(&nodeport_services())
+}
+
+/// The two NodePort Services as kube-proxy sees them: each port with its
+/// cluster IP, node port and endpoints; remote backends masqueraded.
+fn nodeport_services() -> Vec<super::kubeproxy::NodePortSvc> {
+    let mut out = Vec::new();
     for b in [Backends::Local, Backends::Remote] {
-        let pods = b.pods();
         for (port_name, proto, port, target, node_port) in [
             ("http", "tcp", 80u16, POD_HTTP_PORT, b.http_node_port()),
             ("flood", "udp", 9u16, POD_FLOOD_PORT, b.udp_node_port()),
         ] {
-            let id = format!("{NAMESPACE}/{}:{port_name}", b.service());
-            let svc = format!("KUBE-SVC-{}", hash16(&format!("{id}{proto}")));
-            let ext = format!("KUBE-EXT-{}", hash16(&format!("{id}{proto}ext")));
-            let _ = writeln!(chains, ":{svc} - [0:0]\n:{ext} - [0:0]");
-            let _ = writeln!(
-                services,
-                "-A KUBE-SERVICES -m comment --comment \"{id} cluster IP\" -m {proto} -p {proto} -d {}/32 --dport {port} -j {svc}",
-                b.cluster_ip()
-            );
-            let _ = writeln!(
-                nodeports,
-                "-A KUBE-NODEPORTS -m comment --comment {id} -m {proto} -p {proto} --dport {node_port} -j {ext}"
-            );
-            if b == Backends::Remote {
-                let _ = writeln!(
-                    rules,
-                    "-A {ext} -m comment --comment \"masquerade traffic for {id} external destinations\" -j KUBE-MARK-MASQ"
-                );
-            }
-            let _ = writeln!(rules, "-A {ext} -j {svc}");
-            let _ = writeln!(
-                rules,
-                "-A {svc} -m comment --comment \"{id} cluster IP\" -m {proto} -p {proto} -d {}/32 --dport {port} ! -s 10.244.0.0/16 -j KUBE-MARK-MASQ",
-                b.cluster_ip()
-            );
-            for (i, pod) in pods.iter().enumerate() {
-                let ep = pod.ip();
-                let sep = format!("KUBE-SEP-{}", hash16(&format!("{id}{proto}{ep}:{target}")));
-                let _ = writeln!(chains, ":{sep} - [0:0]");
-                if i + 1 < pods.len() {
-                    let _ = writeln!(
-                        rules,
-                        "-A {svc} -m comment --comment \"{id} -> {ep}:{target}\" -m statistic --mode random --probability {:.10} -j {sep}",
-                        1.0 / (pods.len() - i) as f64
-                    );
-                } else {
-                    let _ = writeln!(
-                        rules,
-                        "-A {svc} -m comment --comment \"{id} -> {ep}:{target}\" -j {sep}"
-                    );
-                }
-                let _ = writeln!(
-                    rules,
-                    "-A {sep} -m comment --comment {id} -s {ep}/32 -j KUBE-MARK-MASQ"
-                );
-                let _ = writeln!(
-                    rules,
-                    "-A {sep} -m comment --comment {id} -m {proto} -p {proto} -j DNAT --to-destination {ep}:{target}"
-                );
-            }
+            out.push(super::kubeproxy::NodePortSvc {
+                id: format!("{NAMESPACE}/{}:{port_name}", b.service()),
+                proto,
+                cluster_ip: b.cluster_ip(),
+                port,
+                node_port,
+                endpoints: b.pods().iter().map(|p| (p.ip(), target)).collect(),
+                masquerade: b == Backends::Remote,
+            });
         }
     }
-    let mut out = String::new();
-    out.push_str("*filter\n:KUBE-FORWARD - [0:0]\n");
-    out.push_str(
-        "-A FORWARD -m comment --comment \"kubernetes forwarding rules\" -j KUBE-FORWARD\n",
-    );
-    out.push_str("-A KUBE-FORWARD -m conntrack --ctstate INVALID -j DROP\n");
-    out.push_str("-A KUBE-FORWARD -m comment --comment \"kubernetes forwarding rules\" -m mark --mark 0x4000/0x4000 -j ACCEPT\n");
-    out.push_str("-A KUBE-FORWARD -m comment --comment \"kubernetes forwarding conntrack rule\" -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT\n");
-    out.push_str("COMMIT\n*nat\n");
-    out.push_str(":KUBE-SERVICES - [0:0]\n:KUBE-NODEPORTS - [0:0]\n:KUBE-POSTROUTING - [0:0]\n:KUBE-MARK-MASQ - [0:0]\n");
-    out.push_str(&chains);
-    out.push_str(
-        "-A PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n",
-    );
-    out.push_str(
-        "-A OUTPUT -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n",
-    );
-    out.push_str("-A POSTROUTING -m comment --comment \"kubernetes postrouting rules\" -j KUBE-POSTROUTING\n");
-    out.push_str("-A KUBE-MARK-MASQ -j MARK --or-mark 0x4000\n");
-    out.push_str("-A KUBE-POSTROUTING -m mark ! --mark 0x4000/0x4000 -j RETURN\n");
-    out.push_str("-A KUBE-POSTROUTING -j MARK --xor-mark 0x4000\n");
-    out.push_str("-A KUBE-POSTROUTING -m comment --comment \"kubernetes service traffic requiring SNAT\" -j MASQUERADE --random-fully\n");
-    out.push_str(&services);
-    out.push_str("-A KUBE-SERVICES -m comment --comment \"kubernetes service nodeports; NOTE: this must be the last rule in this chain\" -m addrtype --dst-type LOCAL -j KUBE-NODEPORTS\n");
-    out.push_str(&nodeports);
-    out.push_str(&rules);
-    out.push_str("COMMIT\n");
     out
 }
 
@@ -814,6 +747,9 @@ pub(super) fn run(
         &dir.join("uplink.json"),
     )?;
 
+    progress("north-south forwarding rate on one core: XDP live frames through sb_xdp_uplink, the empty reflector and pass programs, and kube-proxy's iptables and nftables NodePort rules");
+    let xdpfwd = super::xdpfwd::run(sb_bench, plan.quick, dir)?;
+
     progress("north-south end to end: three two-node sandboxes (direct, switchboard, iptables NodePort rules) with sb-http in every pod");
     let mut sbs = Sandboxes::new(sb_http)?;
     let result = rounds(&mut sbs, plan, switchboard, sb_bench);
@@ -839,6 +775,7 @@ pub(super) fn run(
         .collect();
     Ok(json!({
         "perpacket": perpacket,
+        "xdpfwd": xdpfwd,
         "paths": paths,
         "rows": rows,
         "meta": {
