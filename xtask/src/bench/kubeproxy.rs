@@ -357,7 +357,7 @@ pub fn nodeport_nftables(ports: &[NodePortSvc]) -> String {
             p.cluster_ip, p.port
         ));
         nodeports.push(format!("{proto} . {} : goto {ext_chain}", p.node_port));
-        let _ = write!(chains, "\tchain {ext_chain} {{\n");
+        let _ = writeln!(chains, "\tchain {ext_chain} {{");
         if p.masquerade {
             chains.push_str("\t\tjump mark-for-masquerade\n");
         }
