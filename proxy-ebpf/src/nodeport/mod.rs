@@ -94,6 +94,12 @@ pub fn classify<A: UplinkFamily>(
         return Ok(Out::Reply);
     }
     let flow = &u.s.flow;
+    // Everything else of ours goes to a frontend: one bit of the frontend
+    // bitmap tells the rest (the node's own traffic, forwarded traffic)
+    // apart without a hash lookup.
+    if !A::maybe_frontend(&flow.daddr_be) {
+        return Err(NotTranslated::Pass(Skip::NotOurs));
+    }
     u.s.fe = frontend_key(flow.daddr_be, flow.dport_be, flow.proto);
     let Some(svc) = lookup_frontend(&u.s.fe) else {
         return Err(NotTranslated::Pass(Skip::NotOurs));
