@@ -140,6 +140,14 @@ impl Words for u32 {
     }
 }
 
+impl Words for [u16; 2] {
+    #[inline(always)]
+    fn set_from(&mut self, src: &[u16; 2]) {
+        self[0] = src[0];
+        self[1] = src[1];
+    }
+}
+
 impl Words for Addr6Be {
     #[inline(always)]
     fn set_from(&mut self, src: &Addr6Be) {

@@ -18,9 +18,10 @@
 //! its source, and be dropped as a martian). Fragments and ICMP (IPv6
 //! neighbour discovery included) always go on to tc untouched.
 //!
-//! IPv4 writes the frame directly. IPv6 writes through
-//! `bpf_xdp_store_bytes`: its TCP/UDP header lies after a variable run of
-//! extension headers, which its parser walks with the load helper.
+//! Both families write the frame directly. IPv6 falls back to
+//! `bpf_xdp_load_bytes`/`bpf_xdp_store_bytes` for a field past the frame's
+//! linear part (its TCP/UDP header lies after a variable run of extension
+//! headers, which the parser walks with the load helper).
 use core::{ffi::c_void, mem::size_of};
 
 use aya_ebpf::{
@@ -36,11 +37,12 @@ use crate::{
     packet::{
         csum_replace2, csum_replace4,
         ctx::{parse_ipv4, ptr_at},
+        set,
         v6::{
             csum_replace16, load, parse6, ETH_P_IPV6_BE, IP6_DADDR_OFF, IP6_HOP_LIMIT_OFF,
             IP6_SADDR_OFF,
         },
-        Ipv4Hdr, Kind, Skip, ETH_HLEN, ETH_P_IP_BE, MAX_L4_OFF, TCP_CSUM_OFF, UDP_CSUM_OFF,
+        Ipv4Hdr, Kind, Skip, Words, ETH_HLEN, ETH_P_IP_BE, MAX_L4_OFF, TCP_CSUM_OFF, UDP_CSUM_OFF,
     },
 };
 
@@ -320,22 +322,64 @@ impl XdpFamily for Addr6Be {
         let flow = &u.s.flow;
         let l4_off = flow.l4_off();
         let csum_off = l4_off + csum_off(flow.proto);
-        let old: u16 = load(ctx, csum_off).map_err(|_| StoreFailed)?;
+        let old: u16 = read(ctx, csum_off).map_err(|_| StoreFailed)?;
         if let Some(csum) = l4_checksum(u, old, csum_replace16) {
-            store(ctx, csum_off, &csum)?;
+            write(ctx, csum_off, &csum)?;
         }
-        store::<Addr6Be>(ctx, IP6_SADDR_OFF, &u.to_saddr_be)?;
-        store::<Addr6Be>(ctx, IP6_DADDR_OFF, &u.to_daddr_be)?;
-        store::<[u16; 2]>(ctx, l4_off, &u.to_ports_be)
+        write::<Addr6Be>(ctx, IP6_SADDR_OFF, &u.to_saddr_be)?;
+        write::<Addr6Be>(ctx, IP6_DADDR_OFF, &u.to_daddr_be)?;
+        write::<[u16; 2]>(ctx, l4_off, &u.to_ports_be)
     }
     #[inline(always)]
     fn hop_limit(ctx: &XdpContext) -> Result<u8, Skip> {
-        load(ctx, IP6_HOP_LIMIT_OFF)
+        read(ctx, IP6_HOP_LIMIT_OFF)
     }
     #[inline(always)]
     fn decrement_hop_limit(ctx: &XdpContext, hop_limit: u8) -> Result<(), StoreFailed> {
-        store(ctx, IP6_HOP_LIMIT_OFF, &(hop_limit - 1))
+        let Ok(at) = ptr_at::<u8>(ctx, IP6_HOP_LIMIT_OFF) else {
+            return store(ctx, IP6_HOP_LIMIT_OFF, &(hop_limit - 1));
+        };
+        // SAFETY: `ptr_at` checked the byte lies inside the frame, which an
+        // XDP program may write.
+        unsafe { *at = hop_limit - 1 };
+        Ok(())
     }
+}
+
+/// The furthest offset [`read`] and [`write`] reach directly: past the
+/// fixed header and extension headers of common sizes.
+const MAX_DIRECT_OFF: usize = MAX_L4_OFF + 32;
+
+/// Reads a `T` at `off`: directly where the frame's linear part holds it
+/// (a header without extension headers always is), else through the load
+/// helper (a frame whose headers run into its fragments).
+#[inline(always)]
+fn read<T: Copy>(ctx: &XdpContext, off: usize) -> Result<T, Skip> {
+    // The bound tells the verifier how far a variable offset can reach.
+    if off <= MAX_DIRECT_OFF {
+        if let Ok(at) = ptr_at::<T>(ctx, off) {
+            // SAFETY: `ptr_at` checked the field lies inside the frame; a
+            // read that does not assume alignment.
+            return Ok(unsafe { core::ptr::read_unaligned(at) });
+        }
+    }
+    load(ctx, off)
+}
+
+/// Writes `value` at `off`: directly where the frame's linear part holds
+/// it, else through the store helper (see [`read`]).
+#[inline(always)]
+fn write<T: Words>(ctx: &XdpContext, off: usize, value: &T) -> Result<(), StoreFailed> {
+    if off <= MAX_DIRECT_OFF {
+        if let Ok(at) = ptr_at::<T>(ctx, off) {
+            // SAFETY: `ptr_at` checked the field lies inside the frame,
+            // which an XDP program may write; no helper that moves the
+            // frame runs between the check and the write.
+            unsafe { set(&mut *at, value) };
+            return Ok(());
+        }
+    }
+    store(ctx, off, value)
 }
 
 /// Copies `size_of::<T>()` bytes of `src` (stack or map memory) into the
