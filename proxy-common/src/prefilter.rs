@@ -3,11 +3,14 @@
 //! little more than an empty program.
 //!
 //! - [`frontends`]: a bitmap over the addresses of every frontend, both
-//!   families, one bit per hash bucket. A clear bit proves the destination
-//!   is no frontend; a set bit sends the packet on to the lookups (a
-//!   collision only costs those lookups). The agent sets an address's bit
-//!   before its first frontend is written and clears it after its last is
-//!   removed.
+//!   families, one bit per hash bucket, and in the same bitmap over their
+//!   (address, port, protocol). A clear bit proves the destination is no
+//!   frontend; a set bit sends the packet on to the lookups (a collision
+//!   only costs those lookups). The pod path tests the address before it
+//!   parses the ports; the uplink, where the node's own traffic goes to
+//!   frontend addresses (the node's, for its NodePorts), tests the port too.
+//!   The agent sets a frontend's two bits before it is written and clears
+//!   each after the last frontend that hashes to it is removed.
 //! - [`quiet`]: the pod interfaces whose pod has no flow translated by the
 //!   tc layer, so nothing arriving there can be the reply of one. The agent
 //!   marks an interface quiet before it first attaches the programs there;
@@ -36,6 +39,15 @@ pub mod frontends {
     #[inline(always)]
     pub const fn bit6(addr_be: &Addr6Be) -> u32 {
         bit4(addr_be[0] ^ addr_be[1] ^ addr_be[2] ^ addr_be[3])
+    }
+
+    /// The bit an (address, port, protocol) hashes to, from the address's
+    /// own bit ([`bit4`], [`bit6`]): a second round of the finalizer over
+    /// it and the port and protocol.
+    #[inline(always)]
+    pub const fn port_bit(addr_bit: u32, port_be: u16, proto: u8) -> u32 {
+        let salt = ((port_be as u32) << 8) | proto as u32;
+        crate::hash::fmix32(addr_bit ^ crate::hash::fmix32(salt ^ 0x9e37_79b9)) >> 12
     }
 
     /// The word of the bitmap that holds `bit`, and the bit's mask in it.
@@ -76,5 +88,22 @@ mod tests {
         let set: u32 = seen.iter().map(|b| b.count_ones()).sum();
         // 50k addresses in 2^20 bits: well under 5% collide.
         assert!(set > 48_000, "{set} distinct bits of 50000 addresses");
+    }
+
+    #[test]
+    fn port_bits_stay_inside_and_spread_over_ports_of_one_address() {
+        let addr_bit = bit4(u32::from_ne_bytes([192, 168, 50, 1]));
+        let mut seen = [0u8; (WORDS as usize) * 8];
+        for port in 30000..32768u16 {
+            for proto in [6u8, 17] {
+                let bit = port_bit(addr_bit, port.to_be(), proto);
+                assert!(word_and_mask(bit).0 < WORDS);
+                seen[(bit / 8) as usize] |= 1 << (bit % 8);
+            }
+        }
+        let distinct: u32 = seen.iter().map(|b| b.count_ones()).sum();
+        // The NodePort range of one node address, both protocols: 5536
+        // keys, nearly all on bits of their own.
+        assert!(distinct > 5_400, "{distinct} distinct bits");
     }
 }

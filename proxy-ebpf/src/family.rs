@@ -31,7 +31,7 @@ use crate::{
     },
     newflows::slot_of,
     packet::{set, v6::eq6, FlowOf},
-    prefilter::{maybe_frontend4, maybe_frontend6},
+    prefilter::{maybe_frontend4, maybe_frontend6, maybe_frontend_port4, maybe_frontend_port6},
     rewrite::Header,
 };
 
@@ -73,6 +73,9 @@ pub(crate) trait Family: FamilyAddr + Header + 'static {
     /// False only if no frontend has the address (the frontend bitmap,
     /// [`crate::prefilter`]).
     fn maybe_frontend(addr: &Self) -> bool;
+    /// False only if no frontend has the address with that port and
+    /// protocol.
+    fn maybe_frontend_port(addr: &Self, port_be: u16, proto: u8) -> bool;
     /// This CPU's working memory of the family.
     fn work() -> Option<&'static mut Work<Self>>;
 }
@@ -161,6 +164,10 @@ impl Family for u32 {
         maybe_frontend4(*addr)
     }
     #[inline(always)]
+    fn maybe_frontend_port(addr: &u32, port_be: u16, proto: u8) -> bool {
+        maybe_frontend_port4(*addr, port_be, proto)
+    }
+    #[inline(always)]
     fn work() -> Option<&'static mut Work<u32>> {
         let ptr = SB_SCRATCH4_V1.get_ptr_mut(0)?;
         // SAFETY: this CPU's slot of a per-CPU array, valid for the program
@@ -212,6 +219,10 @@ impl Family for Addr6Be {
     #[inline(always)]
     fn maybe_frontend(addr: &Addr6Be) -> bool {
         maybe_frontend6(addr)
+    }
+    #[inline(always)]
+    fn maybe_frontend_port(addr: &Addr6Be, port_be: u16, proto: u8) -> bool {
+        maybe_frontend_port6(addr, port_be, proto)
     }
     #[inline(always)]
     fn work() -> Option<&'static mut Work<Addr6Be>> {

@@ -1,6 +1,7 @@
-//! The pod path's first tests, before any hash lookup (see
-//! `proxy_common::prefilter`): whether a destination may be a frontend, and
-//! whether a pod interface may receive replies of translated flows.
+//! The first tests before any hash lookup (see `proxy_common::prefilter`):
+//! whether a destination (an address, or an address, port and protocol)
+//! may be a frontend, and whether a pod interface may receive replies of
+//! translated flows.
 use aya_ebpf::programs::TcContext;
 use proxy_common::{prefilter, Addr6Be};
 
@@ -29,6 +30,21 @@ pub(crate) fn maybe_frontend4(addr_be: u32) -> bool {
 #[inline(always)]
 pub(crate) fn maybe_frontend6(addr_be: &Addr6Be) -> bool {
     frontend_bit(prefilter::frontends::bit6(addr_be))
+}
+
+/// False only if no frontend has the IPv4 address `addr_be` with port
+/// `port_be` and protocol `proto` (both bits of the bitmap are tested).
+#[inline(always)]
+pub(crate) fn maybe_frontend_port4(addr_be: u32, port_be: u16, proto: u8) -> bool {
+    let addr_bit = prefilter::frontends::bit4(addr_be);
+    frontend_bit(addr_bit) && frontend_bit(prefilter::frontends::port_bit(addr_bit, port_be, proto))
+}
+
+/// As [`maybe_frontend_port4`], for IPv6.
+#[inline(always)]
+pub(crate) fn maybe_frontend_port6(addr_be: &Addr6Be, port_be: u16, proto: u8) -> bool {
+    let addr_bit = prefilter::frontends::bit6(addr_be);
+    frontend_bit(addr_bit) && frontend_bit(prefilter::frontends::port_bit(addr_bit, port_be, proto))
 }
 
 /// The interface a tc program runs on.

@@ -94,10 +94,11 @@ pub fn classify<A: UplinkFamily>(
         return Ok(Out::Reply);
     }
     let flow = &u.s.flow;
-    // Everything else of ours goes to a frontend: one bit of the frontend
-    // bitmap tells the rest (the node's own traffic, forwarded traffic)
-    // apart without a hash lookup.
-    if !A::maybe_frontend(&flow.daddr_be) {
+    // Everything else of ours goes to a frontend: two bits of the frontend
+    // bitmap (the address's, and the address, port and protocol's) tell
+    // the rest apart without a hash lookup: forwarded traffic, and the
+    // node's own traffic to its addresses, which its NodePorts share.
+    if !A::maybe_frontend_port(&flow.daddr_be, flow.dport_be, flow.proto) {
         return Err(NotTranslated::Pass(Skip::NotOurs));
     }
     u.s.fe = frontend_key(flow.daddr_be, flow.dport_be, flow.proto);

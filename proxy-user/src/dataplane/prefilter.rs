@@ -23,12 +23,17 @@ pub struct FrontendFilter {
     counted: HashSet<AnyFrontendKey>,
 }
 
-/// The bit a frontend key's address hashes to.
-fn bit_of(key: &AnyFrontendKey) -> u32 {
-    match key {
-        AnyFrontendKey::V4(k) => prefilter::frontends::bit4(k.addr_be),
-        AnyFrontendKey::V6(k) => prefilter::frontends::bit6(&k.addr_be),
-    }
+/// The bits a frontend key sets: its address's and its (address, port,
+/// protocol)'s.
+fn bits_of(key: &AnyFrontendKey) -> [u32; 2] {
+    let (addr_bit, port_be, proto) = match key {
+        AnyFrontendKey::V4(k) => (prefilter::frontends::bit4(k.addr_be), k.port_be, k.proto),
+        AnyFrontendKey::V6(k) => (prefilter::frontends::bit6(&k.addr_be), k.port_be, k.proto),
+    };
+    [
+        addr_bit,
+        prefilter::frontends::port_bit(addr_bit, port_be, proto),
+    ]
 }
 
 /// The key that stands for a frontend: its slot 0.
@@ -77,30 +82,35 @@ impl FrontendFilter {
         Ok(filter)
     }
 
-    /// Counts `key`; whether its bit was clear before.
-    fn count(&mut self, key: AnyFrontendKey) -> Option<u32> {
+    /// Counts `key`; the words of its bits that were clear before.
+    fn count(&mut self, key: AnyFrontendKey) -> Vec<u32> {
         let key = head(key);
         if !self.counted.insert(key) {
-            return None;
+            return Vec::new();
         }
-        let bit = bit_of(&key);
-        let count = self.counts.entry(bit).or_insert(0);
-        *count += 1;
-        let (word, mask) = prefilter::frontends::word_and_mask(bit);
-        self.words[word as usize] |= mask;
-        (*count == 1).then_some(word)
+        let mut changed = Vec::new();
+        for bit in bits_of(&key) {
+            let count = self.counts.entry(bit).or_insert(0);
+            *count += 1;
+            let (word, mask) = prefilter::frontends::word_and_mask(bit);
+            self.words[word as usize] |= mask;
+            if *count == 1 {
+                changed.push(word);
+            }
+        }
+        changed
     }
 
-    /// Before a frontend key is written: its address's bit is set.
+    /// Before a frontend key is written: its bits are set.
     pub fn add(&mut self, key: AnyFrontendKey) -> Result<(), WriteError> {
-        match self.count(key) {
-            Some(word) => self.write(word),
-            None => Ok(()),
+        for word in self.count(key) {
+            self.write(word)?;
         }
+        Ok(())
     }
 
-    /// After a frontend key was deleted: the bit is cleared once no
-    /// frontend left hashes to it.
+    /// After a frontend key was deleted: each of its bits is cleared once
+    /// no frontend left hashes to it.
     pub fn remove(&mut self, key: AnyFrontendKey) -> Result<(), WriteError> {
         if key != head(key) {
             // Only slot 0 stands for the frontend.
@@ -109,18 +119,20 @@ impl FrontendFilter {
         if !self.counted.remove(&key) {
             return Ok(());
         }
-        let bit = bit_of(&key);
-        let Some(count) = self.counts.get_mut(&bit) else {
-            return Ok(());
-        };
-        *count -= 1;
-        if *count > 0 {
-            return Ok(());
+        for bit in bits_of(&key) {
+            let Some(count) = self.counts.get_mut(&bit) else {
+                continue;
+            };
+            *count -= 1;
+            if *count > 0 {
+                continue;
+            }
+            self.counts.remove(&bit);
+            let (word, mask) = prefilter::frontends::word_and_mask(bit);
+            self.words[word as usize] &= !mask;
+            self.write(word)?;
         }
-        self.counts.remove(&bit);
-        let (word, mask) = prefilter::frontends::word_and_mask(bit);
-        self.words[word as usize] &= !mask;
-        self.write(word)
+        Ok(())
     }
 
     /// The bitmap's map (for a second handle, as the tests that write
@@ -185,9 +197,14 @@ mod tests {
     #[test]
     fn the_head_stands_for_every_slot() {
         assert_eq!(head(key([10, 96, 0, 1], 80, 3)), key([10, 96, 0, 1], 80, 0));
+        // One address: one address bit; its ports have bits of their own.
+        let [a80, p80] = bits_of(&key([10, 96, 0, 1], 80, 3));
+        let [a443, p443] = bits_of(&key([10, 96, 0, 1], 443, 0));
+        assert_eq!(a80, a443);
+        assert_ne!(p80, p443);
         assert_eq!(
-            bit_of(&key([10, 96, 0, 1], 80, 3)),
-            bit_of(&key([10, 96, 0, 1], 443, 0))
+            bits_of(&key([10, 96, 0, 1], 80, 3)),
+            bits_of(&key([10, 96, 0, 1], 80, 0))
         );
     }
 }

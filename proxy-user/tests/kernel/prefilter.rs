@@ -34,6 +34,14 @@ fn bit_set(fx: &Loaded, addr: Ipv4Addr) -> bool {
     fx.maps6.frontend_filter.get(&word, 0).expect("word") & mask != 0
 }
 
+/// The bitmap's bit of (`addr`, `port`, TCP), as the kernel holds it.
+fn port_bit_set(fx: &Loaded, addr: Ipv4Addr, port: u16) -> bool {
+    let addr_bit = prefilter::frontends::bit4(be32(addr));
+    let bit = prefilter::frontends::port_bit(addr_bit, port.to_be(), 6);
+    let (word, mask) = prefilter::frontends::word_and_mask(bit);
+    fx.maps6.frontend_filter.get(&word, 0).expect("word") & mask != 0
+}
+
 fn quiet(fx: &mut Loaded) -> QuietPods<&mut aya::maps::MapData> {
     QuietPods::new(
         Array::try_from(fx.ebpf.map_mut(names::QUIET_PODS).expect("marks")).expect("array"),
@@ -48,6 +56,11 @@ fn the_frontend_bitmap_follows_the_frontends() {
     let mut fx = loaded();
     assert!(bit_set(&fx, VIP));
     assert!(bit_set(&fx, OTHER_VIP));
+    // The (address, port, protocol) bits the uplink tests: set for the
+    // frontends' ports, clear for another port of the same address.
+    assert!(port_bit_set(&fx, VIP, 80));
+    assert!(port_bit_set(&fx, OTHER_VIP, 80));
+    assert!(!port_bit_set(&fx, VIP, 81));
     let request = PacketSpec::tcp(CLIENT, 61001, OTHER_VIP, 80);
     assert_eq!(fx.run_from_pod(&request.build()).0, TC_ACT_OK);
 
@@ -63,6 +76,11 @@ fn the_frontend_bitmap_follows_the_frontends() {
     assert!(
         !bit_set(&fx, OTHER_VIP),
         "a removed frontend's bit is cleared"
+    );
+    assert!(port_bit_set(&fx, VIP, 80));
+    assert!(
+        !port_bit_set(&fx, OTHER_VIP, 80),
+        "a removed frontend's port bit is cleared"
     );
     let later = PacketSpec::tcp(CLIENT, 61002, OTHER_VIP, 80).build();
     assert_eq!(fx.run_from_pod(&later), (TC_ACT_UNSPEC, later.clone()));

@@ -362,14 +362,18 @@ impl Maps6 {
         }
     }
 
-    /// Sets the bitmap bit of frontend address `addr` (never cleared here).
-    fn announce(&mut self, addr: Ipv6Addr) {
-        let bit = prefilter::frontends::bit6(&addr6_be(addr.octets()));
-        let (word, mask) = prefilter::frontends::word_and_mask(bit);
-        let bits = self.frontend_filter.get(&word, 0).expect("bitmap word");
-        self.frontend_filter
-            .set(word, bits | mask, 0)
-            .expect("bitmap word written");
+    /// Sets the bitmap bits of frontend `addr`, `port`, `proto` (never
+    /// cleared here): the address's and the address, port and protocol's.
+    fn announce(&mut self, addr: Ipv6Addr, port: u16, proto: u8) {
+        let addr_bit = prefilter::frontends::bit6(&addr6_be(addr.octets()));
+        let port_bit = prefilter::frontends::port_bit(addr_bit, port.to_be(), proto);
+        for bit in [addr_bit, port_bit] {
+            let (word, mask) = prefilter::frontends::word_and_mask(bit);
+            let bits = self.frontend_filter.get(&word, 0).expect("bitmap word");
+            self.frontend_filter
+                .set(word, bits | mask, 0)
+                .expect("bitmap word written");
+        }
     }
 
     /// Writes an IPv6 ClusterIP frontend with service id `service_id`,
@@ -449,7 +453,7 @@ impl Maps6 {
         slot0: FrontendSlot,
         set: &[(u32, Ipv6Addr, u16)],
     ) {
-        self.announce(addr);
+        self.announce(addr, port, proto);
         let key = |slot: u16| FrontendKey6 {
             addr_be: addr6_be(addr.octets()),
             port_be: port.to_be(),
