@@ -119,6 +119,22 @@ pub(crate) fn continued<A: Family>(w: &mut Work<A>) -> Option<u32> {
     Some(service_id)
 }
 
+/// As [`continued`], with the whole forward entry copied to `w.entry`: the
+/// uplink's one lookup for a packet of an existing flow from outside (it
+/// needs the entry's source NAT too), before any frontend lookup.
+#[inline(always)]
+pub(crate) fn continued_entry<A: Family>(w: &mut Work<A>) -> Option<u32> {
+    if w.flow.opens_connection() {
+        return None;
+    }
+    let entry_ptr = lookup(w)?;
+    if !backend_live(w) {
+        return None;
+    }
+    note_forward(w, entry_ptr);
+    Some(w.entry.service_id)
+}
+
 /// Writes to `key` the reply key of a tracked flow from its forward entry:
 /// replies of a source-NATed flow come back to the node's address and port.
 #[inline(always)]

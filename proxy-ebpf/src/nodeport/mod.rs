@@ -43,7 +43,7 @@ use aya_ebpf::helpers::bpf_get_prandom_u32;
 use proxy_common::{ct_dir, ct_flags, frontend_flags, scope, snat, stat, FrontendSlot};
 
 use crate::{
-    ct::track::{forward_entry, stale_reply, track, tracked, Source},
+    ct::track::{continued_entry, forward_entry, stale_reply, track, tracked, Source},
     ct::{self, NotTracked},
     family::set_backend,
     lb::{choose_backend, frontend_key, lookup_frontend, maglev_backend, SlotKey},
@@ -101,6 +101,15 @@ pub fn classify<A: UplinkFamily>(
     if !A::maybe_frontend_port(&flow.daddr_be, flow.dport_be, flow.proto) {
         return Err(NotTranslated::Pass(Skip::NotOurs));
     }
+    // A packet of an existing flow: one connection-tracking lookup, no
+    // frontend (as on the pod path: the entry is trusted as conntrack is
+    // under kube-proxy; the agent removes a deleted Service's entries).
+    u.s.flow.ct_key_into(ct_dir::FORWARD, &mut u.s.key);
+    if let Some(service_id) = continued_entry(&mut u.s) {
+        u.service_id = service_id;
+        return Ok(from_tracked(u));
+    }
+    let flow = &u.s.flow;
     u.s.fe = frontend_key(flow.daddr_be, flow.dport_be, flow.proto);
     let Some(svc) = lookup_frontend(&u.s.fe) else {
         return Err(NotTranslated::Pass(Skip::NotOurs));
@@ -122,7 +131,6 @@ pub fn classify<A: UplinkFamily>(
         return Err(NotTranslated::Drop(stat::DROP_NO_BACKEND));
     }
     u.service_id = svc.service_id;
-    u.s.flow.ct_key_into(ct_dir::FORWARD, &mut u.s.key);
     if tracked(&mut u.s, svc.service_id) {
         return Ok(from_tracked(u));
     }
