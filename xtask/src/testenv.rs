@@ -353,6 +353,37 @@ pub fn counter(pin: &Path, name: &str) -> u64 {
         .unwrap_or_else(|| panic!("no counter {name}: {counters:?}"))
 }
 
+/// Every attempt of `run` (to `entry`) succeeded, was answered by one of
+/// `pods`, showed `entry` as the client's peer and `peer_ip` as the pod's.
+pub fn assert_answers(run: &ClientRun, entry: &EntryPoint, pods: &[Pod], peer_ip: &str, why: &str) {
+    assert!(
+        run.all_ok(),
+        "{entry}: {} of {} attempts failed ({why}):\n{}",
+        run.failures(),
+        run.attempts.len(),
+        run.raw
+    );
+    let answered: BTreeSet<String> = run.names().into_iter().collect();
+    let allowed: BTreeSet<String> = pods.iter().map(|p| p.name()).collect();
+    assert!(
+        answered.is_subset(&allowed),
+        "{entry}: answered by {answered:?}, expected only {allowed:?} ({why}):\n{}",
+        run.raw
+    );
+    assert_eq!(
+        run.client_saw(),
+        vec![entry.addr()],
+        "{entry}: the client saw another peer (replies not reverse-NATed):\n{}",
+        run.raw
+    );
+    assert_eq!(
+        pod_saw_ips(run),
+        BTreeSet::from([peer_ip.to_string()]),
+        "{entry}: the pods saw another peer address than {peer_ip} ({why}):\n{}",
+        run.raw
+    );
+}
+
 /// The addresses (without port) the pods saw as their peer, of either
 /// family (`addr:port` or `[addr]:port`).
 pub fn pod_saw_ips(run: &ClientRun) -> BTreeSet<String> {

@@ -87,6 +87,22 @@ pub(crate) fn mac_str(m: [u8; 6]) -> String {
         .join(":")
 }
 
+/// A permanent neighbour entry: `addr` at `lladdr` on `dev`.
+pub(crate) fn neighbour(addr: std::net::IpAddr, lladdr: [u8; 6], dev: &str) -> Result<()> {
+    let (addr, lladdr) = (addr.to_string(), mac_str(lladdr));
+    ip_cmd(&[
+        "neigh",
+        "add",
+        &addr,
+        "lladdr",
+        &lladdr,
+        "dev",
+        dev,
+        "nud",
+        "permanent",
+    ])
+}
+
 pub(crate) fn ip_cmd(args: &[&str]) -> Result<()> {
     // `output` waits for the child, so none keeps the namespace alive.
     let out = Command::new("ip")
@@ -125,17 +141,7 @@ pub(crate) fn build_node() -> Result<u32> {
     }
     ip_cmd(&["addr", "add", &format!("{NODE}/24"), "dev", "up0"])?;
     for (addr, lladdr) in [(GATEWAY, GATEWAY_MAC), (EXT_CLIENT, EXT_CLIENT_MAC)] {
-        ip_cmd(&[
-            "neigh",
-            "add",
-            &addr.to_string(),
-            "lladdr",
-            &mac_str(lladdr),
-            "dev",
-            "up0",
-            "nud",
-            "permanent",
-        ])?;
+        neighbour(addr.into(), lladdr, "up0")?;
     }
     ip_cmd(&[
         "route",
@@ -152,6 +158,23 @@ pub(crate) fn build_node() -> Result<u32> {
     // `up0` exists only in this namespace.
     fs::write("/proc/sys/net/ipv4/conf/up0/forwarding", "1").context("forwarding on up0")?;
     ifindex("up0")
+}
+
+/// Programs `frontends` and makes `uplink` (with the node's address) the
+/// uplink.
+pub(crate) fn program_node(
+    syncer: &mut Syncer<PinnedMaps>,
+    frontends: Vec<Frontend>,
+    uplink: u32,
+) -> Result<()> {
+    let report = syncer.apply(&DesiredState {
+        frontends: frontends.into_iter().map(|f| (f.addr, f)).collect(),
+    });
+    ensure!(report.failed.is_empty(), "sync failed: {report:?}");
+    syncer
+        .store_mut()
+        .set_uplinks(&[(uplink, NODE)])
+        .context("writing the uplink map")
 }
 
 pub(crate) fn fe(
@@ -387,14 +410,7 @@ fn measure(quick: bool) -> Result<Value> {
             (POD_REMOTE, POD_PORT),
         ),
     ];
-    let report = syncer.apply(&DesiredState {
-        frontends: frontends.into_iter().map(|f| (f.addr, f)).collect(),
-    });
-    ensure!(report.failed.is_empty(), "sync failed: {report:?}");
-    syncer
-        .store_mut()
-        .set_uplinks(&[(uplink, NODE)])
-        .context("write the uplink map")?;
+    program_node(&mut syncer, frontends, uplink)?;
     let mut b = Bench {
         ebpf,
         empty: load_empty()?,

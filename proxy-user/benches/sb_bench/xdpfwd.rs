@@ -46,7 +46,7 @@ use proxy_common::{addr6_be, names, programs, Uplink6};
 use proxy_testkit::packet::{checksum, PacketSpec};
 use proxy_user::{
     dataplane::{ebpf, maps::PinnedMaps},
-    model::{DesiredState, FrontendKind, Protocol},
+    model::{FrontendKind, Protocol},
     sync::{store::Capacities, Syncer},
 };
 use serde_json::{json, Value};
@@ -54,8 +54,8 @@ use serde_json::{json, Value};
 use crate::common::*;
 use crate::progress;
 use crate::uplink::{
-    build_node, fe, ip_cmd, mac_str, EXT_CLIENT, EXT_CLIENT_MAC, GATEWAY_MAC, NODE, POD_PORT,
-    POD_REMOTE, UPLINK_MAC,
+    build_node, fe, ip_cmd, mac_str, neighbour, program_node, EXT_CLIENT, EXT_CLIENT_MAC,
+    GATEWAY_MAC, NODE, POD_PORT, POD_REMOTE, UPLINK_MAC,
 };
 
 /// The generator's frame length (`GEN_TAIL_FRAME_LEN` in sb-empty).
@@ -110,48 +110,29 @@ struct Row {
     env: Env,
 }
 
-const fn row(
-    key: &'static str,
-    label: &'static str,
-    ipv6: bool,
-    target: Target,
-    dest: Dest,
-    flows: u32,
-    env: Env,
-) -> Row {
-    Row {
-        key,
-        label,
-        ipv6,
-        target,
-        dest,
-        flows,
-        env,
-    }
-}
-
 use Dest::*;
 use Target::*;
 
+#[rustfmt::skip]
 const ROWS: &[Row] = &[
-    row("reflector", "empty XDP_TX reflector (the limit)", false, Reflector, NodePortRemote, 1, Env::Plain),
-    row("remote_1", "switchboard NodePort, remote backend (DNAT+SNAT+XDP_TX), one flow", false, Switchboard, NodePortRemote, 1, Env::Plain),
-    row("remote_many", "switchboard NodePort, remote backend (DNAT+SNAT+XDP_TX), 1024 flows", false, Switchboard, NodePortRemote, MANY_FLOWS, Env::Plain),
-    row("local_1", "switchboard NodePort, local backend (DNAT, XDP_PASS, forwarded to the pod), one flow", false, Switchboard, NodePortLocal, 1, Env::Plain),
-    row("local_many", "switchboard NodePort, local backend (DNAT, XDP_PASS, forwarded to the pod), 1024 flows", false, Switchboard, NodePortLocal, MANY_FLOWS, Env::Plain),
-    row("pass", "empty XDP_PASS program, to the pod's address (forwarded by the stack)", false, Pass, Pod, MANY_FLOWS, Env::Plain),
-    row("not_ours", "switchboard, a frame not ours (to the pod's address, XDP_PASS)", false, Switchboard, Pod, MANY_FLOWS, Env::Plain),
-    row("iptables_remote_1", "kube-proxy iptables NodePort, remote backend (stack, conntrack, DNAT+MASQUERADE), one flow", false, Pass, NodePortRemote, 1, Env::Iptables),
-    row("iptables_remote_many", "kube-proxy iptables NodePort, remote backend, 1024 flows", false, Pass, NodePortRemote, MANY_FLOWS, Env::Iptables),
-    row("iptables_local_many", "kube-proxy iptables NodePort, local backend (stack, conntrack, DNAT), 1024 flows", false, Pass, NodePortLocal, MANY_FLOWS, Env::Iptables),
-    row("nftables_remote_1", "kube-proxy nftables NodePort, remote backend (stack, conntrack, DNAT+masquerade), one flow", false, Pass, NodePortRemote, 1, Env::Nftables),
-    row("nftables_remote_many", "kube-proxy nftables NodePort, remote backend, 1024 flows", false, Pass, NodePortRemote, MANY_FLOWS, Env::Nftables),
-    row("nftables_local_many", "kube-proxy nftables NodePort, local backend (stack, conntrack, DNAT), 1024 flows", false, Pass, NodePortLocal, MANY_FLOWS, Env::Nftables),
-    row("reflector6", "IPv6: empty XDP_TX reflector (the limit)", true, Reflector, NodePortRemote, 1, Env::Plain),
-    row("remote6_many", "IPv6: switchboard NodePort, remote backend, 1024 flows", true, Switchboard, NodePortRemote, MANY_FLOWS, Env::Plain),
-    row("local6_many", "IPv6: switchboard NodePort, local backend, 1024 flows", true, Switchboard, NodePortLocal, MANY_FLOWS, Env::Plain),
-    row("pass6", "IPv6: empty XDP_PASS program, to the pod's address", true, Pass, Pod, MANY_FLOWS, Env::Plain),
-    row("not_ours6", "IPv6: switchboard, a frame not ours (to the pod's address)", true, Switchboard, Pod, MANY_FLOWS, Env::Plain),
+    Row { key: "reflector", label: "empty XDP_TX reflector (the limit)", ipv6: false, target: Reflector, dest: NodePortRemote, flows: 1, env: Env::Plain },
+    Row { key: "remote_1", label: "switchboard NodePort, remote backend (DNAT+SNAT+XDP_TX), one flow", ipv6: false, target: Switchboard, dest: NodePortRemote, flows: 1, env: Env::Plain },
+    Row { key: "remote_many", label: "switchboard NodePort, remote backend (DNAT+SNAT+XDP_TX), 1024 flows", ipv6: false, target: Switchboard, dest: NodePortRemote, flows: MANY_FLOWS, env: Env::Plain },
+    Row { key: "local_1", label: "switchboard NodePort, local backend (DNAT, XDP_PASS, forwarded to the pod), one flow", ipv6: false, target: Switchboard, dest: NodePortLocal, flows: 1, env: Env::Plain },
+    Row { key: "local_many", label: "switchboard NodePort, local backend (DNAT, XDP_PASS, forwarded to the pod), 1024 flows", ipv6: false, target: Switchboard, dest: NodePortLocal, flows: MANY_FLOWS, env: Env::Plain },
+    Row { key: "pass", label: "empty XDP_PASS program, to the pod's address (forwarded by the stack)", ipv6: false, target: Pass, dest: Pod, flows: MANY_FLOWS, env: Env::Plain },
+    Row { key: "not_ours", label: "switchboard, a frame not ours (to the pod's address, XDP_PASS)", ipv6: false, target: Switchboard, dest: Pod, flows: MANY_FLOWS, env: Env::Plain },
+    Row { key: "iptables_remote_1", label: "kube-proxy iptables NodePort, remote backend (stack, conntrack, DNAT+MASQUERADE), one flow", ipv6: false, target: Pass, dest: NodePortRemote, flows: 1, env: Env::Iptables },
+    Row { key: "iptables_remote_many", label: "kube-proxy iptables NodePort, remote backend, 1024 flows", ipv6: false, target: Pass, dest: NodePortRemote, flows: MANY_FLOWS, env: Env::Iptables },
+    Row { key: "iptables_local_many", label: "kube-proxy iptables NodePort, local backend (stack, conntrack, DNAT), 1024 flows", ipv6: false, target: Pass, dest: NodePortLocal, flows: MANY_FLOWS, env: Env::Iptables },
+    Row { key: "nftables_remote_1", label: "kube-proxy nftables NodePort, remote backend (stack, conntrack, DNAT+masquerade), one flow", ipv6: false, target: Pass, dest: NodePortRemote, flows: 1, env: Env::Nftables },
+    Row { key: "nftables_remote_many", label: "kube-proxy nftables NodePort, remote backend, 1024 flows", ipv6: false, target: Pass, dest: NodePortRemote, flows: MANY_FLOWS, env: Env::Nftables },
+    Row { key: "nftables_local_many", label: "kube-proxy nftables NodePort, local backend (stack, conntrack, DNAT), 1024 flows", ipv6: false, target: Pass, dest: NodePortLocal, flows: MANY_FLOWS, env: Env::Nftables },
+    Row { key: "reflector6", label: "IPv6: empty XDP_TX reflector (the limit)", ipv6: true, target: Reflector, dest: NodePortRemote, flows: 1, env: Env::Plain },
+    Row { key: "remote6_many", label: "IPv6: switchboard NodePort, remote backend, 1024 flows", ipv6: true, target: Switchboard, dest: NodePortRemote, flows: MANY_FLOWS, env: Env::Plain },
+    Row { key: "local6_many", label: "IPv6: switchboard NodePort, local backend, 1024 flows", ipv6: true, target: Switchboard, dest: NodePortLocal, flows: MANY_FLOWS, env: Env::Plain },
+    Row { key: "pass6", label: "IPv6: empty XDP_PASS program, to the pod's address", ipv6: true, target: Pass, dest: Pod, flows: MANY_FLOWS, env: Env::Plain },
+    Row { key: "not_ours6", label: "IPv6: switchboard, a frame not ours (to the pod's address)", ipv6: true, target: Switchboard, dest: Pod, flows: MANY_FLOWS, env: Env::Plain },
 ];
 
 /// `xdpfwd [--quick] [--iptables FILE] [--nftables FILE] [--cpu C]`
@@ -483,19 +464,8 @@ fn build_more() -> Result<()> {
         std::fs::write(format!("/proc/sys/net/ipv6/conf/{dev}/accept_dad"), "0")
             .with_context(|| format!("DAD off on {dev}"))?;
     }
-    let pod_mac = mac_str(POD_LOCAL_MAC);
-    ip_cmd(&["link", "set", "pod0p", "address", &pod_mac])?;
-    ip_cmd(&[
-        "neigh",
-        "add",
-        &POD_LOCAL.to_string(),
-        "lladdr",
-        &pod_mac,
-        "dev",
-        "pod0",
-        "nud",
-        "permanent",
-    ])?;
+    ip_cmd(&["link", "set", "pod0p", "address", &mac_str(POD_LOCAL_MAC)])?;
+    neighbour(POD_LOCAL.into(), POD_LOCAL_MAC, "pod0")?;
     ip_cmd(&[
         "-6",
         "addr",
@@ -506,31 +476,9 @@ fn build_more() -> Result<()> {
         "nodad",
     ])?;
     for (addr, lladdr) in [(GATEWAY6, GATEWAY_MAC), (EXT_CLIENT6, EXT_CLIENT_MAC)] {
-        ip_cmd(&[
-            "-6",
-            "neigh",
-            "add",
-            &addr.to_string(),
-            "lladdr",
-            &mac_str(lladdr),
-            "dev",
-            "up0",
-            "nud",
-            "permanent",
-        ])?;
+        neighbour(addr.into(), lladdr, "up0")?;
     }
-    ip_cmd(&[
-        "-6",
-        "neigh",
-        "add",
-        &POD_LOCAL6.to_string(),
-        "lladdr",
-        &pod_mac,
-        "dev",
-        "pod0",
-        "nud",
-        "permanent",
-    ])?;
+    neighbour(POD_LOCAL6.into(), POD_LOCAL_MAC, "pod0")?;
     ip_cmd(&[
         "-6",
         "route",
@@ -593,14 +541,7 @@ fn load_switchboard(uplink: u32) -> Result<(Ebpf, Syncer<PinnedMaps>)> {
         udp(fe6(NP_REMOTE, "remote6", POD_REMOTE6)),
         udp(fe6(NP_LOCAL, "local6", POD_LOCAL6)),
     ];
-    let report = syncer.apply(&DesiredState {
-        frontends: frontends.into_iter().map(|f| (f.addr, f)).collect(),
-    });
-    ensure!(report.failed.is_empty(), "sync failed: {report:?}");
-    syncer
-        .store_mut()
-        .set_uplinks(&[(uplink, NODE)])
-        .context("writing the uplink map")?;
+    program_node(&mut syncer, frontends, uplink)?;
     Ok((ebpf, syncer))
 }
 

@@ -34,8 +34,8 @@ use xtask::sandbox::{
     TwoNodeSandbox, PIN_BASE, POD_TCP_PORT, POD_UDP_PORT,
 };
 use xtask::testenv::{
-    fragmented_udp_args, pod_saw_ips, sb_echo, switchboard, two_node_sandbox, two_node_with_agents,
-    two_node_with_agents_on,
+    assert_answers, fragmented_udp_args, pod_saw_ips, sb_echo, switchboard, two_node_sandbox,
+    two_node_with_agents, two_node_with_agents_on,
 };
 
 /// Attempts per entry point that must all succeed.
@@ -54,37 +54,6 @@ fn hit(
 
 fn names(pods: &[Pod]) -> BTreeSet<String> {
     pods.iter().map(|p| p.name()).collect()
-}
-
-/// Every attempt of `run` (to `entry`) succeeded, was answered by one of
-/// `pods`, showed `entry` as the client's peer and `peer_ip` as the pod's.
-fn assert_answers(run: &ClientRun, entry: &EntryPoint, pods: &[Pod], peer_ip: &str, why: &str) {
-    assert!(
-        run.all_ok(),
-        "{entry}: {} of {} attempts failed ({why}):\n{}",
-        run.failures(),
-        run.attempts.len(),
-        run.raw
-    );
-    let answered: BTreeSet<String> = run.names().into_iter().collect();
-    let allowed = names(pods);
-    assert!(
-        answered.is_subset(&allowed),
-        "{entry}: answered by {answered:?}, expected only {allowed:?} ({why}):\n{}",
-        run.raw
-    );
-    assert_eq!(
-        run.client_saw(),
-        vec![entry.addr()],
-        "{entry}: the client saw another peer (replies not reverse-NATed):\n{}",
-        run.raw
-    );
-    assert_eq!(
-        pod_saw_ips(run),
-        BTreeSet::from([peer_ip.to_string()]),
-        "{entry}: the pods saw another peer address than {peer_ip} ({why}):\n{}",
-        run.raw
-    );
 }
 
 /// A timeout (the request was dropped), not a refusal or a reset.

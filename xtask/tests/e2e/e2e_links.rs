@@ -24,7 +24,7 @@ use xtask::sandbox::two_node::manifests::{
 };
 use xtask::sandbox::two_node::{Client, Node};
 use xtask::sandbox::{find_at, ClientRun, TwoNodeSandbox};
-use xtask::testenv::{pod_saw_ips, sb_echo, switchboard, two_node_sandbox, wait_programmed};
+use xtask::testenv::{assert_answers, sb_echo, switchboard, two_node_sandbox, wait_programmed};
 
 /// Attempts per check that must all succeed.
 const COUNT: u32 = 10;
@@ -64,31 +64,7 @@ fn assert_remote_answers(sb: &mut TwoNodeSandbox, entry: &EntryPoint, snat: &str
         std::thread::sleep(Duration::from_millis(200));
     }
     let run = hit(sb, entry, COUNT);
-    assert!(
-        run.all_ok(),
-        "{entry}: {} of {COUNT} failed ({why}):\n{}",
-        run.failures(),
-        run.raw
-    );
-    let pods: Vec<String> = Node::B.pods().iter().map(|p| p.name()).collect();
-    assert!(
-        run.names().iter().all(|n| pods.contains(n)),
-        "{entry}: answered by {:?} ({why}):\n{}",
-        run.names(),
-        run.raw
-    );
-    assert_eq!(
-        run.client_saw(),
-        vec![entry.addr()],
-        "{entry}:\n{}",
-        run.raw
-    );
-    assert_eq!(
-        pod_saw_ips(&run).into_iter().collect::<Vec<_>>(),
-        vec![snat.to_owned()],
-        "{entry}: the pods saw another address than {snat} ({why}):\n{}",
-        run.raw
-    );
+    assert_answers(&run, entry, &Node::B.pods(), snat, why);
 }
 
 fn hit(sb: &TwoNodeSandbox, entry: &EntryPoint, count: u32) -> ClientRun {
