@@ -329,7 +329,13 @@ pub async fn run(config: AgentConfig, object: &'static [u8]) -> anyhow::Result<(
                     error!("the source stopped; what is programmed stays in place");
                     bail!("source stopped");
                 }
+                let node_addrs = node_ipv4s(sync.source_node.as_ref());
                 sync.on_changes(feed.take());
+                // The Node's addresses name the uplinks and their
+                // source-NAT addresses: a change is followed at once.
+                if node_ipv4s(sync.source_node.as_ref()) != node_addrs {
+                    links.follow(&mut sync).await;
+                }
             }
             Some(_) = link_events.next() => {
                 // One pass for a burst of events (a pod or an uplink

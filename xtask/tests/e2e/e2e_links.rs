@@ -17,6 +17,7 @@
 //!
 //! The binaries come from SWITCHBOARD_BIN and SB_ECHO_BIN (`cargo xtask test`).
 
+use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use xtask::sandbox::two_node::manifests::{
@@ -24,7 +25,9 @@ use xtask::sandbox::two_node::manifests::{
 };
 use xtask::sandbox::two_node::{Client, Node};
 use xtask::sandbox::{find_at, ClientRun, TwoNodeSandbox};
-use xtask::testenv::{assert_answers, sb_echo, switchboard, two_node_sandbox, wait_programmed};
+use xtask::testenv::{
+    assert_answers, pod_saw_ips, sb_echo, switchboard, two_node_sandbox, wait_programmed,
+};
 
 /// Attempts per check that must all succeed.
 const COUNT: u32 = 10;
@@ -45,14 +48,17 @@ fn nodeports(address: &str) -> Vec<EntryPoint> {
         .collect()
 }
 
-/// Waits until one attempt from client 1 to `entry` is answered, then sends
+/// Waits until one attempt from client 1 to `entry` is answered with
+/// `snat` as the client the pods see, then sends
 /// [`COUNT`] and asserts that each was answered by a pod of node B that saw
 /// `snat` as the client (the source NAT to node A's uplink address).
 fn assert_remote_answers(sb: &mut TwoNodeSandbox, entry: &EntryPoint, snat: &str, why: &str) {
     let deadline = Instant::now() + FOLLOW;
     loop {
+        // Answered, with the source NAT the test expects: the agent
+        // follows the change within FOLLOW.
         let run = hit(sb, entry, 1);
-        if run.all_ok() {
+        if run.all_ok() && pod_saw_ips(&run) == BTreeSet::from([snat.to_owned()]) {
             break;
         }
         assert!(
@@ -76,12 +82,14 @@ fn hit(sb: &TwoNodeSandbox, entry: &EntryPoint, count: u32) -> ClientRun {
 fn uplink_rows(sb: &TwoNodeSandbox) -> Vec<serde_json::Value> {
     let bin = switchboard().to_string_lossy().into_owned();
     let pin = sb.pin_dir(Node::A).to_string_lossy().into_owned();
-    let out = sb
-        .exec(
-            &sb.node_ns(Node::A),
-            &[&bin, "status", "--pin-root", &pin, "-o", "json"],
-        )
-        .unwrap_or_else(|e| panic!("{e:#}"));
+    // `status` exits non-zero while something it lists is not in place
+    // (an interface just deleted): no rows then, and the caller waits.
+    let Ok(out) = sb.exec(
+        &sb.node_ns(Node::A),
+        &[&bin, "status", "--pin-root", &pin, "-o", "json"],
+    ) else {
+        return Vec::new();
+    };
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("status -o json");
     json["interfaces"]
         .as_array()
@@ -114,10 +122,10 @@ fn wait_status_lists_uplink(sb: &TwoNodeSandbox, index: u32) {
     }
 }
 
-/// Waits until node A's agent logged `needle`.
-fn wait_log(sb: &TwoNodeSandbox, needle: &str) {
+/// Waits until node A's agent logged `needle` more than `seen` times.
+fn wait_log_more(sb: &TwoNodeSandbox, needle: &str, seen: usize) {
     let deadline = Instant::now() + FOLLOW;
-    while !sb.agent_log(Node::A).contains(needle) {
+    while sb.agent_log(Node::A).matches(needle).count() <= seen {
         assert!(
             Instant::now() < deadline,
             "agent A never logged {needle:?}:\n{}",
@@ -157,7 +165,7 @@ fn a_named_uplink_created_after_start_is_attached_and_follows_its_address() {
     sb.start_agent(Node::A, &switchboard(), &[])
         .unwrap_or_else(|e| panic!("start agent A: {e:#}"));
     wait_programmed(&mut sb, Node::A, &Node::B.pods());
-    wait_log(&sb, "uplink (--uplink) does not exist: waiting for it");
+    wait_log_more(&sb, "uplink (--uplink) does not exist: waiting for it", 0);
     assert!(sb.agent_running(Node::A), "{}", sb.agent_log(Node::A));
     assert!(
         uplink_rows(&sb).is_empty(),
@@ -203,7 +211,7 @@ fn a_named_uplink_created_after_start_is_attached_and_follows_its_address() {
     .unwrap_or_else(|e| panic!("{e:#}"));
     sb.del_uplink_addr(Node::A, Node::A.ip())
         .unwrap_or_else(|e| panic!("{e:#}"));
-    wait_log(&sb, "uplink source-NAT address changed");
+    wait_log_more(&sb, "uplink source-NAT address changed", 0);
     for entry in nodeports(NODE_A_NEW_IP) {
         assert_remote_answers(&mut sb, &entry, NODE_A_NEW_IP, "uplink address changed");
     }
@@ -226,7 +234,7 @@ fn a_found_uplink_follows_the_node_address_and_a_recreated_interface() {
     sb.start_agent_finding_uplink(Node::A, &switchboard(), &[])
         .unwrap_or_else(|e| panic!("start agent A: {e:#}"));
     wait_programmed(&mut sb, Node::A, &Node::B.pods());
-    wait_log(&sb, "no uplink found");
+    wait_log_more(&sb, "no uplink found", 0);
     assert!(sb.agent_running(Node::A), "{}", sb.agent_log(Node::A));
 
     sb.add_uplink_addr(Node::A, Node::A.ip())
