@@ -222,14 +222,9 @@ fn quoted_csum(
 /// frontend as source either way) in `u.to_saddr_be`, `u.to_daddr_be`.
 #[inline(always)]
 pub fn translate_snat(ctx: &TcContext, u: &mut Up<Addr6Be>) -> Result<(), Skip> {
-    let Quote6 {
-        icmp_off,
-        icmp_csum_be,
-        inner_off,
-        inner_l4,
-        inner_proto,
-        ports: [snat_port_be, backend_port_be],
-    } = quote_of(ctx, u.s.flow.l4_off())?;
+    let q = quote_of(ctx, u.s.flow.l4_off())?;
+    let (inner_off, inner_l4, inner_proto) = (q.inner_off, q.inner_l4, q.inner_proto);
+    let [snat_port_be, backend_port_be] = q.ports;
     if !snat::is_snat_port(u16::from_be(snat_port_be)) {
         return Err(Skip::NotOurs);
     }
@@ -273,7 +268,7 @@ pub fn translate_snat(ctx: &TcContext, u: &mut Up<Addr6Be>) -> Result<(), Skip> 
     };
     let l4_csum_off = l4_csum_off(inner_proto, inner_l4);
     let quoted_csum = quoted_csum(ctx, inner_proto, l4_csum_off, translated);
-    let mut icmp_csum = translated(icmp_csum_be);
+    let mut icmp_csum = translated(q.icmp_csum_be);
     if let Some((old, new)) = quoted_csum {
         icmp_csum = csum_replace2(icmp_csum, old, new);
     }
@@ -290,7 +285,7 @@ pub fn translate_snat(ctx: &TcContext, u: &mut Up<Addr6Be>) -> Result<(), Skip> 
         && ctx.store(inner_off + 24, frontend, 0).is_ok()
         && ctx.store(inner_l4, &quoted_ports, 0).is_ok()
         && quoted_csum.is_none_or(|(_, new)| ctx.store(l4_csum_off, &new, 0).is_ok())
-        && ctx.store(icmp_off + 2, &icmp_csum, 0).is_ok()
+        && ctx.store(q.icmp_off + 2, &icmp_csum, 0).is_ok()
         && ctx.store(IP6_DADDR_OFF, client, 0).is_ok()
         && (!source_changes || ctx.store(IP6_SADDR_OFF, frontend, 0).is_ok());
     if !stored {
