@@ -358,7 +358,7 @@ impl Bench {
             _ => None,
         };
         // Warm-up: every flow created, caches and neighbours warm.
-        let _warm_up_ns = self.run(&frame, 20_000)?;
+        self.run(&frame, 20_000)?;
         let sink_before = self.sink_total()?;
         let counter_before = counter.map(|c| self.stat(c));
         let started = Instant::now();

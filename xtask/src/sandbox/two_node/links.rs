@@ -36,33 +36,22 @@ impl TwoNodeSandbox {
 
     /// Takes `address` (IPv4, on the LAN's /24) off the node's uplink.
     pub fn del_uplink_addr(&self, node: Node, address: &str) -> Result<()> {
-        let addr = format!("{address}/{LAN_PREFIX_LEN}");
-        ip(&[
-            "-n",
-            &self.node_ns(node),
-            "addr",
-            "del",
-            &addr,
-            "dev",
-            &self.uplink(node),
-        ])
+        self.uplink_addr(node, "del", address)
     }
 
     /// Puts `address` (IPv4, on the LAN's /24) on the node's uplink, and the
     /// routes to the other node's pods back (the kernel may have dropped
     /// them with the last address of their gateway's subnet).
     pub fn add_uplink_addr(&self, node: Node, address: &str) -> Result<()> {
-        let addr = format!("{address}/{LAN_PREFIX_LEN}");
-        ip(&[
-            "-n",
-            &self.node_ns(node),
-            "addr",
-            "add",
-            &addr,
-            "dev",
-            &self.uplink(node),
-        ])?;
+        self.uplink_addr(node, "add", address)?;
         self.route_other_pods(node)
+    }
+
+    /// `ip addr add|del` of `address` on the node's uplink.
+    fn uplink_addr(&self, node: Node, verb: &str, address: &str) -> Result<()> {
+        let addr = format!("{address}/{LAN_PREFIX_LEN}");
+        let (ns, dev) = (self.node_ns(node), self.uplink(node));
+        ip(&["-n", &ns, "addr", verb, &addr, "dev", &dev])
     }
 
     /// The node's uplink's interface index.
