@@ -29,6 +29,18 @@ pub mod ct_flags {
     /// older rule (answered = established), so an upgrade does not shorten
     /// the life of a connection it did not see open.
     pub const HANDSHAKE: u8 = 1 << 2;
+    /// Direct server return, on the node that balanced the flow: the
+    /// backend's node answers the client itself, so this node sees only
+    /// the client's packets (the reply entry exists only so the flow has
+    /// its two entries). The flow's phase comes from the forward direction
+    /// alone: TCP established once the client acknowledged the SYN-ACK,
+    /// closed at the client's FIN or RST.
+    pub const DSR_BALANCED: u8 = 1 << 3;
+    /// Direct server return, on the backend's node: the flow arrived with
+    /// the frontend in an IPv4 option ([`crate::dsr`]); the replies leave
+    /// from here with the frontend as their source, and the SYN-ACK's MSS
+    /// leaves room for the option on the client's segments.
+    pub const DSR_ARRIVED: u8 = 1 << 4;
 }
 
 /// Bits of [`CtEntry::state`]: what was seen in the direction of the entry

@@ -101,6 +101,12 @@ pub mod frontend_flags {
     /// socket layer, which sees no source address at `connect()`, reads it
     /// for sockets of the node's network namespace.
     pub const SOURCE_RANGES_NODE: u16 = 1 << 6;
+    /// Direct server return (`--nodeport-mode dsr`) on a NodePort,
+    /// LoadBalancer or external-IP frontend: a flow from outside to a
+    /// backend on another node keeps its client as source, carries the
+    /// frontend to that node in an IPv4 option ([`crate::dsr`]), and the
+    /// backend's node sends the replies to the client itself.
+    pub const DIRECT_RETURN: u16 = 1 << 7;
 
     /// Whether a slot 0 with these flags announces an external (local-only)
     /// set under [`super::scope::EXTERNAL`]: `externalTrafficPolicy: Local`

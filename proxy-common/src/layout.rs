@@ -96,6 +96,7 @@ const _: () = assert!(size_of::<SockEntry>() == 16);
 const _: () = assert!(size_of::<SockAffinityKey>() == 16);
 const _: () = assert!(size_of::<Config>() == 8);
 const _: () = assert!(size_of::<Uplink>() == 8);
+const _: () = assert!(size_of::<DsrOpt4>() == dsr::OPT4_LEN as usize);
 const _: () = assert!(size_of::<Uplink6>() == 16);
 const _: () = assert!(size_of::<FragKey>() == 12);
 const _: () = assert!(size_of::<FragEntry>() == 24);

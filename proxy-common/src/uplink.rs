@@ -71,7 +71,48 @@ pub struct Uplink {
     /// The interface's IPv4 address: flows from outside to a backend on
     /// another node leave with it as their source.
     pub addr_be: u32,
-    pub _pad: [u8; 4],
+    /// [`uplink_flags`].
+    pub flags: u8,
+    pub _pad: [u8; 3],
+}
+
+/// Bits of [`Uplink::flags`].
+pub mod uplink_flags {
+    /// The node runs `--nodeport-mode dsr`: a packet arriving on this
+    /// uplink with the frontend in a direct-server-return option
+    /// ([`crate::dsr`]) is tracked so its backend's replies leave with that
+    /// frontend as their source. Without it the option is ignored, so a
+    /// host outside cannot choose the source of a pod's replies on a node
+    /// that does not use the mode.
+    pub const DSR_ACCEPT: u8 = 1 << 0;
+}
+
+/// Direct server return: the IPv4 option that carries a flow's frontend
+/// from the node that balanced it to its backend's node, right after the
+/// fixed IPv4 header of every packet of the flow that node forwards
+/// (type, length, port, address: 8 bytes, so the header stays a multiple
+/// of four). Its type has the copy bit set (fragments carry it too), class
+/// 0, number 26; a receiver that does not know it skips it (RFC 1122
+/// 3.2.1.8), so the backend's kernel delivers the packet unchanged.
+pub mod dsr {
+    /// The option's type byte.
+    pub const OPT4_TYPE: u8 = 0x80 | 26;
+    /// The option's length, its type and length bytes included.
+    pub const OPT4_LEN: u8 = 8;
+    /// The largest IPv4 header length (in 32-bit words) the option still
+    /// fits in.
+    pub const MAX_IHL_BEFORE: u8 = 15 - OPT4_LEN / 4;
+}
+
+/// The direct-server-return option as it lies in the packet ([`dsr`]).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DsrOpt4 {
+    pub kind: u8,
+    pub len: u8,
+    /// The frontend's port and address.
+    pub port_be: u16,
+    pub addr_be: u32,
 }
 
 /// Value of the IPv6 uplink map (key: interface index, `u32`).

@@ -15,7 +15,11 @@ pub struct PacketSpec {
     /// 6 (TCP) or 17 (UDP); anything else gets no L4 header.
     pub proto: u8,
     pub payload: Vec<u8>,
-    /// Extra IPv4 header words (options), each 4 bytes of NOP (0x01).
+    /// IPv4 options as they go in the header, first (a multiple of 4
+    /// bytes), such as switchboard's direct-server-return option.
+    pub ip_options: Vec<u8>,
+    /// Extra IPv4 header words (options) after `ip_options`, each 4 bytes
+    /// of NOP (0x01).
     pub ip_option_words: u8,
     /// Raw IPv4 flags+fragment offset field (host order).
     pub frag_off: u16,
@@ -36,6 +40,7 @@ impl PacketSpec {
             dport,
             proto: 6,
             payload: Vec::new(),
+            ip_options: Vec::new(),
             ip_option_words: 0,
             frag_off: 0x4000, // DF
             udp_zero_checksum: false,
@@ -77,7 +82,7 @@ impl PacketSpec {
 
     /// Ethernet + IPv4 header (with `frag_off`) + `data` as the IP payload.
     fn frame(&self, frag_off: u16, data: &[u8]) -> Vec<u8> {
-        let ihl = 20 + 4 * usize::from(self.ip_option_words);
+        let ihl = 20 + self.ip_options.len() + 4 * usize::from(self.ip_option_words);
         let total = ihl + data.len();
         let mut frame = Vec::with_capacity(ETH_HLEN + total);
         frame.extend_from_slice(&[0x02, 0, 0, 0, 0, 0x02]); // dst MAC
@@ -92,7 +97,9 @@ impl PacketSpec {
         ip[9] = self.proto;
         ip[12..16].copy_from_slice(&self.src.octets());
         ip[16..20].copy_from_slice(&self.dst.octets());
-        for byte in &mut ip[20..] {
+        let nops = 20 + self.ip_options.len();
+        ip[20..nops].copy_from_slice(&self.ip_options);
+        for byte in &mut ip[nops..] {
             *byte = 0x01;
         }
         let csum = checksum(&ip, 0);
@@ -262,6 +269,18 @@ pub fn checksums_valid(frame: &[u8]) -> bool {
 /// original TOS; then the ICMP header and the original IPv4 header with the
 /// first 8 bytes of its payload (RFC 792). Checksums computed here.
 pub fn icmp_port_unreachable(frame: &[u8]) -> Vec<u8> {
+    icmp_answer(frame, 3, 0)
+}
+
+/// The ICMP "fragmentation needed" (type 3, code 4, next-hop `mtu`) a
+/// program answers `frame` with, built as [`icmp_port_unreachable`] is.
+pub fn icmp_fragmentation_needed(frame: &[u8], mtu: u16) -> Vec<u8> {
+    icmp_answer(frame, 4, mtu)
+}
+
+/// A destination-unreachable answer of `code` to `frame` from its
+/// destination, with `mtu` in the header's last two bytes.
+fn icmp_answer(frame: &[u8], code: u8, mtu: u16) -> Vec<u8> {
     let quote = &frame[ETH_HLEN..ETH_HLEN + 28];
     let mut out = Vec::with_capacity(ETH_HLEN + 56);
     out.extend_from_slice(&frame[6..12]);
@@ -278,7 +297,8 @@ pub fn icmp_port_unreachable(frame: &[u8]) -> Vec<u8> {
     let csum = checksum(&ip, 0);
     ip[10..12].copy_from_slice(&csum.to_be_bytes());
     out.extend_from_slice(&ip);
-    let mut icmp = vec![3u8, 3, 0, 0, 0, 0, 0, 0];
+    let [mtu_hi, mtu_lo] = mtu.to_be_bytes();
+    let mut icmp = vec![3u8, code, 0, 0, 0, 0, mtu_hi, mtu_lo];
     icmp.extend_from_slice(quote);
     let csum = checksum(&icmp, 0);
     icmp[2..4].copy_from_slice(&csum.to_be_bytes());

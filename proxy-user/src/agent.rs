@@ -90,6 +90,8 @@ pub struct AgentConfig {
     pub xdp_mode: XdpMode,
     /// `--lb-algorithm`: for Services without the annotation.
     pub lb_algorithm: model::LbAlgorithm,
+    /// `--nodeport-mode`: source NAT or direct server return.
+    pub nodeport_mode: crate::dataplane::uplink::NodePortMode,
     /// `--nodeport-addresses`: NodePorts on the interface addresses in these
     /// blocks instead of the Node's addresses.
     pub nodeport_addresses: Vec<IpCidr>,
@@ -196,6 +198,7 @@ pub async fn run(config: AgentConfig, object: &'static [u8]) -> anyhow::Result<(
         .context("writing the data-path configuration")?;
     let mut syncer = Syncer::adopt(maps, capacities);
     syncer.set_default_algorithm(config.lb_algorithm);
+    syncer.set_direct_return(config.nodeport_mode == crate::dataplane::uplink::NodePortMode::Dsr);
     info!(
         pin_root = %config.pin_root.display(),
         lock = %lock.path().display(),
@@ -246,6 +249,7 @@ pub async fn run(config: AgentConfig, object: &'static [u8]) -> anyhow::Result<(
         config.uplinks.clone(),
         config.xdp_mode,
         config.tc_mode,
+        config.nodeport_mode,
         &config.pin_root,
     );
     let started = uplinks

@@ -9,7 +9,7 @@ use crate::{
     dataplane::attach::TcMode,
     dataplane::conntrack::Timeouts,
     dataplane::pinroot::DEFAULT_PIN_ROOT,
-    dataplane::uplink::XdpMode,
+    dataplane::uplink::{NodePortMode, XdpMode},
     model::cidr::IpCidr,
     model::LbAlgorithm,
     sync::store::Capacities,
@@ -133,6 +133,14 @@ pub struct AgentArgs {
     /// `source-hash` (by client address).
     #[arg(long, value_enum, default_value_t = LbAlgorithm::Random)]
     pub lb_algorithm: LbAlgorithm,
+    /// How flows from outside reach a backend on another node: `snat`
+    /// (source NAT to this node; replies come back through it, as under
+    /// kube-proxy) or `dsr` (direct server return, IPv4: the client's
+    /// address is kept and the backend's node answers the client itself,
+    /// one hop less; every node must run `dsr`, and IPv6 flows are
+    /// source-NATed).
+    #[arg(long, value_enum, default_value_t = NodePortMode::Snat)]
+    pub nodeport_mode: NodePortMode,
     /// Serve NodePorts on this node's interface addresses within these
     /// CIDRs of either family (comma-separated or repeated), as kube-proxy's
     /// flag does.
@@ -264,6 +272,7 @@ impl AgentArgs {
             uplinks: self.uplinks,
             xdp_mode: self.xdp_mode,
             lb_algorithm: self.lb_algorithm,
+            nodeport_mode: self.nodeport_mode,
             nodeport_addresses: self.nodeport_addresses,
             healthz_bind: self.healthz_bind_address.0,
             metrics_bind: self.metrics_bind_address.0,

@@ -40,7 +40,7 @@ use crate::{
     model::{BackendAddr, DesiredState, Frontend, FrontendAddr, IpFamily, LbAlgorithm, Protocol},
     sync::encode::{
         backend_addr, backend_value, frontend_addr, frontend_key, ipv4, ipv6, proto_number,
-        revnat_name, revnat_value, scoped_key, slot_zero_attributes, AnyBackend, AnyFrontendKey,
+        revnat_name, revnat_value, scoped_key, slot_zero_attributes, FrontendDefaults, AnyBackend, AnyFrontendKey,
         AnyRevNat,
     },
     sync::maglev::BackendKey,
@@ -140,7 +140,7 @@ pub struct Syncer<S: MapStore> {
     /// Source-range trie entries in use, per family.
     range_entries: PerFamily,
     /// For frontends whose Service does not choose (`switchboard.io/lb-algorithm`).
-    default_algorithm: LbAlgorithm,
+    defaults: FrontendDefaults,
     /// Frontends the last syncs could not program; retried at every sync
     /// (a removal elsewhere may have made room).
     failed: BTreeMap<FrontendAddr, Unprogrammed>,
@@ -204,7 +204,7 @@ impl<S: MapStore> Syncer<S> {
             frontend_entries: PerFamily::default(),
             backend_entries: PerFamily::default(),
             range_entries: PerFamily::default(),
-            default_algorithm: LbAlgorithm::Random,
+            defaults: FrontendDefaults::default(),
             failed: BTreeMap::new(),
             needs_full: false,
         };
@@ -215,12 +215,18 @@ impl<S: MapStore> Syncer<S> {
 
     /// The algorithm of frontends whose Service names none (`--lb-algorithm`).
     pub fn set_default_algorithm(&mut self, algorithm: LbAlgorithm) {
-        self.default_algorithm = algorithm;
+        self.defaults.algorithm = algorithm;
     }
 
-    /// `--lb-algorithm`, which slot 0 records for Services that name none.
-    pub fn default_algorithm(&self) -> LbAlgorithm {
-        self.default_algorithm
+    /// Whether NodePort, LoadBalancer and external-IP frontends return
+    /// flows to other nodes directly (`--nodeport-mode dsr`).
+    pub fn set_direct_return(&mut self, direct_return: bool) {
+        self.defaults.direct_return = direct_return;
+    }
+
+    /// What the agent's flags decide for every frontend, as slot 0 records it.
+    pub fn defaults(&self) -> FrontendDefaults {
+        self.defaults
     }
 
     /// The frontends not programmed, and why (capacity).
@@ -646,7 +652,7 @@ impl<S: MapStore> Syncer<S> {
         let addr = &frontend.addr;
         let old = self.programmed.get(addr).cloned();
         let wanted = sorted_set(&frontend.backends);
-        let (flags, affinity_timeout_s) = slot_zero_attributes(frontend, self.default_algorithm);
+        let (flags, affinity_timeout_s) = slot_zero_attributes(frontend, self.defaults);
         let wanted_external = frontend_flags::has_external_set(flags)
             .then(|| sorted_set(frontend.external_backends.as_deref().unwrap_or_default()));
         let wanted_ranges: Vec<IpCidr> = frontend

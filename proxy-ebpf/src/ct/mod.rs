@@ -286,6 +286,11 @@ pub(crate) fn established(protocol: u8, flags: u8, forward: u8, reply: u8) -> bo
     if flags & ct_flags::CLOSING != 0 {
         return true;
     }
+    if flags & ct_flags::DSR_BALANCED != 0 {
+        // No reply passes here: the client's ACK of the SYN-ACK shows the
+        // backend answered. A UDP flow shows nothing, and may give way.
+        return protocol == proto::TCP && forward & ct_state::ACKED != 0;
+    }
     if reply & ct_state::REPLIED == 0 {
         return false;
     }

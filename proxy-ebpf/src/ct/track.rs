@@ -119,6 +119,18 @@ pub(crate) fn continued<A: Family>(w: &mut Work<A>) -> Option<u32> {
     Some(service_id)
 }
 
+/// Whether the flow of `w.key` (forward) is tracked: then the packet is
+/// noted in its entry (copied to `w.entry`), with no check of its backend
+/// (a flow whose balancing node chose the backend, [`Source::Arrived`]).
+#[inline(always)]
+pub(crate) fn noted<A: Family>(w: &mut Work<A>) -> bool {
+    let Some(entry_ptr) = lookup(w) else {
+        return false;
+    };
+    note_forward(w, entry_ptr);
+    true
+}
+
 /// As [`continued`], with the whole forward entry copied to `w.entry`: the
 /// uplink's one lookup for a packet of an existing flow from outside (it
 /// needs the entry's source NAT too), before any frontend lookup.
@@ -195,13 +207,33 @@ pub(crate) fn forward_entry<A: Family>(
 /// dropped (counted `stat::CT_FULL` by the caller).
 pub(crate) struct TableFull;
 
-/// Whose source a new flow's packets get.
+/// Whose source a new flow's packets get, and who sees its replies.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Source {
     /// The client's own (DNAT only).
     Client,
     /// The hairpin address, the client's port ([`crate::hairpin`]).
     Hairpin,
+    /// The client's own, to a backend on another node that answers the
+    /// client itself: this node sees no reply ([`ct_flags::DSR_BALANCED`]).
+    Direct,
+    /// The client's own, balanced by another node to a backend here
+    /// ([`ct_flags::DSR_ARRIVED`]; `w.flow` names the frontend).
+    Arrived,
+}
+
+impl Source {
+    /// The flags of the new flow's entries.
+    #[inline(always)]
+    fn flags(self) -> u8 {
+        ct_flags::HANDSHAKE
+            | match self {
+                Source::Client => 0,
+                Source::Hairpin => ct_flags::SNAT,
+                Source::Direct => ct_flags::DSR_BALANCED,
+                Source::Arrived => ct_flags::DSR_ARRIVED,
+            }
+    }
 }
 
 /// Records both directions of a new flow of `w.flow` (`w.key` forward) to
@@ -220,7 +252,9 @@ pub(crate) fn track<A: Family>(
     let now = crate::ct::now_ns();
     let flow = &w.flow;
     let (snat, reply_to, reply_snat) = match source {
-        Source::Client => ((A::ZERO, 0), (flow.saddr_be, flow.sport_be), (A::ZERO, 0)),
+        Source::Client | Source::Direct | Source::Arrived => {
+            ((A::ZERO, 0), (flow.saddr_be, flow.sport_be), (A::ZERO, 0))
+        }
         Source::Hairpin => (
             (A::HAIRPIN, flow.sport_be),
             (A::HAIRPIN, flow.sport_be),
@@ -232,10 +266,7 @@ pub(crate) fn track<A: Family>(
     e.service_id = service_id;
     set(&mut e.nat_addr_be, &w.backend.addr_be);
     e.nat_port_be = w.backend.port_be;
-    e.flags = match source {
-        Source::Client => ct_flags::HANDSHAKE,
-        Source::Hairpin => ct_flags::SNAT | ct_flags::HANDSHAKE,
-    };
+    e.flags = source.flags();
     e.state = 0;
     (e.snat_addr_be, e.snat_port_be) = snat;
     e._pad2 = [0; 2];

@@ -32,9 +32,10 @@
 //! tail-called on ethertype 0x86DD before the IPv4 parser, so the IPv4
 //! programs' frames stay what they were.
 
+pub(crate) mod dsr;
 mod uplink;
 
-pub(crate) use uplink::{fib_lookup, Up, UplinkFamily, FIB_NO_NEIGH, FIB_SUCCESS};
+pub(crate) use uplink::{fib_lookup, Up, UplinkFamily, FIB_FRAG_NEEDED, FIB_NO_NEIGH, FIB_SUCCESS};
 
 use core::ffi::c_void;
 
@@ -63,6 +64,13 @@ pub enum Out {
     /// The reply of a `Remote` flow: both sides change back; the packet goes
     /// out again.
     Reply,
+    /// To a backend on another node that answers the client itself
+    /// ([`dsr`]): only the destination changes, the frontend (in `u.dsr_*`)
+    /// goes with the packet in an option, and the packet goes out again.
+    Direct,
+    /// Balanced to a backend here by another node ([`dsr`]): tracked, and
+    /// delivered unchanged.
+    Arrived,
 }
 
 /// Why a packet from outside is not translated.
@@ -90,6 +98,13 @@ pub fn classify<A: UplinkFamily>(
     ingress: u32,
     u: &mut Up<A>,
 ) -> Result<Out, NotTranslated> {
+    let flow = &u.s.flow;
+    if u.dsr_port_be != 0
+        && !A::maybe_frontend_port(&flow.daddr_be, flow.dport_be, flow.proto)
+        && A::accepts_dsr(ingress)
+    {
+        return dsr::arrived(u);
+    }
     if snat_reply(u)? {
         return Ok(Out::Reply);
     }
@@ -140,6 +155,9 @@ pub fn classify<A: UplinkFamily>(
     if !local_only {
         match remote_uplink(ctx, ingress, u) {
             Route::Local => {}
+            Route::Remote if A::DSR && svc.flags & frontend_flags::DIRECT_RETURN != 0 => {
+                return dsr::new_direct_flow(u, id, svc.service_id)
+            }
             Route::Remote => return new_remote_flow(u, id, svc.service_id),
             Route::NoAddress => return Err(NotTranslated::Drop(stat::NO_ROUTE)),
         }
@@ -179,7 +197,7 @@ fn pick_backend<A: UplinkFamily>(u: &mut Up<A>, svc: &FrontendSlot) -> Option<u3
 
 /// The translation of a flow to a local backend (in `u.s.backend`).
 #[inline(always)]
-fn set_local<A: UplinkFamily>(u: &mut Up<A>) {
+pub(super) fn set_local<A: UplinkFamily>(u: &mut Up<A>) {
     set(&mut u.to_saddr_be, &u.s.flow.saddr_be);
     set(&mut u.to_daddr_be, &u.s.backend.addr_be);
     u.to_ports_be = [u.s.flow.sport_be, u.s.backend.port_be];
@@ -209,6 +227,9 @@ fn from_tracked<A: UplinkFamily>(u: &mut Up<A>) -> Out {
     let e = &u.s.entry;
     set(&mut u.s.backend.addr_be, &e.nat_addr_be);
     u.s.backend.port_be = e.nat_port_be;
+    if dsr::is_direct(u) {
+        return dsr::set_direct(u);
+    }
     if e.flags & ct_flags::SNAT == 0 {
         set_local(u);
         return Out::Local;

@@ -9,13 +9,13 @@ use aya_ebpf::{
 };
 use proxy_common::{
     hash::{flow_hash, flow_hash6, source_hash, source_hash6},
-    Addr6Be,
+    uplink_flags, Addr6Be,
 };
 
 use crate::{
     family::{Family, Work},
     maps::{SB_UPLINK6_V1, SB_UPLINK_V1},
-    packet::FlowOf,
+    packet::{ctx::PacketCtx, FlowOf},
 };
 
 const AF_INET: u8 = 2;
@@ -23,6 +23,9 @@ const AF_INET6: u8 = 10;
 /// `bpf_fib_lookup` results that name the egress interface.
 pub(crate) const FIB_SUCCESS: i64 = 0;
 pub(crate) const FIB_NO_NEIGH: i64 = 7;
+/// The packet (its `tot_len`) is larger than the route's MTU, given in
+/// `mtu_result`.
+pub(crate) const FIB_FRAG_NEEDED: i64 = 8;
 
 /// The uplink path's working memory: the pod path's, plus the route
 /// lookup's parameters and the translation decided. A per-CPU array entry
@@ -40,6 +43,11 @@ pub struct Up<A: Family> {
     pub service_id: u32,
     /// The uplink address a new flow to a remote backend is source-NATed to.
     pub snat_addr_be: A,
+    /// Direct server return ([`super::dsr`]): the frontend the packet's
+    /// option names (arriving), or the one it will carry (leaving). Port 0:
+    /// none.
+    pub dsr_addr_be: A,
+    pub dsr_port_be: u16,
 }
 
 /// Not pinned: each loaded object has its own, used within one program run.
@@ -50,6 +58,10 @@ pub static SB_UP6TMP_V1: PerCpuArray<Up<Addr6Be>, 1> = PerCpuArray::new();
 
 /// An address family on the uplink path (see the module's documentation).
 pub(crate) trait UplinkFamily: Family {
+    /// Whether flows of the family can be returned directly
+    /// ([`super::dsr`]); without it a `DIRECT_RETURN` frontend's flows to
+    /// other nodes are source-NATed.
+    const DSR: bool;
     /// This CPU's uplink working memory of the family.
     fn up() -> Option<&'static mut Up<Self>>;
     /// Writes route-lookup parameters for a packet `src → dst` arriving
@@ -62,9 +74,16 @@ pub(crate) trait UplinkFamily: Family {
     fn flow_hash(flow: &FlowOf<Self>) -> u32;
     /// The client's hash for source hashing.
     fn source_hash(addr: &Self) -> u32;
+    /// Reads the frontend a direct-server-return option names into
+    /// `u.dsr_*` (port 0 when there is none; IPv6 has no option yet).
+    fn read_dsr_option<C: PacketCtx>(ctx: &C, u: &mut Up<Self>);
+    /// Whether uplink `ifindex` accepts direct-server-return options
+    /// ([`uplink_flags::DSR_ACCEPT`]).
+    fn accepts_dsr(ifindex: u32) -> bool;
 }
 
 impl UplinkFamily for u32 {
+    const DSR: bool = true;
     #[inline(always)]
     fn up() -> Option<&'static mut Up<u32>> {
         let ptr = SB_UP4TMP_V1.get_ptr_mut(0)?;
@@ -101,9 +120,20 @@ impl UplinkFamily for u32 {
     fn source_hash(addr: &u32) -> u32 {
         source_hash(*addr)
     }
+    #[inline(always)]
+    fn read_dsr_option<C: PacketCtx>(ctx: &C, u: &mut Up<u32>) {
+        super::dsr::read_option(ctx, u);
+    }
+    #[inline(always)]
+    fn accepts_dsr(ifindex: u32) -> bool {
+        // SAFETY: the value is copied out at once.
+        unsafe { SB_UPLINK_V1.get(ifindex) }
+            .is_some_and(|uplink| uplink.flags & uplink_flags::DSR_ACCEPT != 0)
+    }
 }
 
 impl UplinkFamily for Addr6Be {
+    const DSR: bool = false;
     #[inline(always)]
     fn up() -> Option<&'static mut Up<Addr6Be>> {
         let ptr = SB_UP6TMP_V1.get_ptr_mut(0)?;
@@ -138,6 +168,14 @@ impl UplinkFamily for Addr6Be {
     #[inline(always)]
     fn source_hash(addr: &Addr6Be) -> u32 {
         source_hash6(addr)
+    }
+    #[inline(always)]
+    fn read_dsr_option<C: PacketCtx>(_ctx: &C, u: &mut Up<Addr6Be>) {
+        u.dsr_port_be = 0;
+    }
+    #[inline(always)]
+    fn accepts_dsr(_ifindex: u32) -> bool {
+        false
     }
 }
 

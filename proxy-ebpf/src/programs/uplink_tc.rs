@@ -15,7 +15,7 @@
 use crate::{
     maps::{count, count_service},
     nodeport::{classify, fib_lookup, NotTranslated, Out, Up, UplinkFamily},
-    nodeport::{FIB_NO_NEIGH, FIB_SUCCESS},
+    nodeport::{dsr, FIB_FRAG_NEEDED, FIB_NO_NEIGH, FIB_SUCCESS},
     packet::{
         ctx::{later_fragment4, parse_ipv4, ptr_at},
         v6::{load, parse6, IP6_HOP_LIMIT_OFF},
@@ -49,6 +49,13 @@ pub(crate) trait UplinkTcFamily: UplinkFamily + Header {
     fn translate_icmp_error(ctx: &TcContext, u: &mut Up<Self>) -> Result<(), Skip>;
     /// A packet to a frontend without endpoints ([`crate::reject`]).
     fn reject(ctx: &TcContext, u: &mut Up<Self>) -> i32;
+    /// Direct server return ([`crate::nodeport::dsr`]): the packet's
+    /// length with the option (`None`: a GSO packet), the option put in,
+    /// and the answer to a packet the option would make larger than the
+    /// route's `mtu`.
+    fn grown_len(ctx: &TcContext) -> Result<Option<u16>, Skip>;
+    fn carry(ctx: &TcContext, u: &Up<Self>) -> Result<(), RewriteFailed>;
+    fn too_big(ctx: &TcContext, u: &Up<Self>, mtu: u16) -> i32;
 }
 
 impl UplinkTcFamily for u32 {
@@ -100,6 +107,18 @@ impl UplinkTcFamily for u32 {
     fn reject(ctx: &TcContext, u: &mut Up<u32>) -> i32 {
         crate::reject::tc_reject(ctx, &u.s.flow)
     }
+    #[inline(always)]
+    fn grown_len(ctx: &TcContext) -> Result<Option<u16>, Skip> {
+        dsr::tc_grown_len(ctx)
+    }
+    #[inline(always)]
+    fn carry(ctx: &TcContext, u: &Up<u32>) -> Result<(), RewriteFailed> {
+        dsr::carry_tc(ctx, u)
+    }
+    #[inline(always)]
+    fn too_big(ctx: &TcContext, u: &Up<u32>, mtu: u16) -> i32 {
+        crate::reject::tc_too_big(ctx, &u.s.flow, mtu)
+    }
 }
 
 impl UplinkTcFamily for Addr6Be {
@@ -127,6 +146,19 @@ impl UplinkTcFamily for Addr6Be {
     fn reject(ctx: &TcContext, u: &mut Up<Addr6Be>) -> i32 {
         crate::reject::v6::answer(ctx, &mut u.s)
     }
+    /// IPv6 flows are not returned directly yet (`UplinkFamily::DSR`).
+    #[inline(always)]
+    fn grown_len(_ctx: &TcContext) -> Result<Option<u16>, Skip> {
+        Err(Skip::NotOurs)
+    }
+    #[inline(always)]
+    fn carry(_ctx: &TcContext, _u: &Up<Addr6Be>) -> Result<(), RewriteFailed> {
+        Err(RewriteFailed)
+    }
+    #[inline(always)]
+    fn too_big(_ctx: &TcContext, _u: &Up<Addr6Be>, _mtu: u16) -> i32 {
+        TC_ACT_SHOT
+    }
 }
 
 /// `sb_from_uplink`: the family is decided once, here; IPv6 goes to its
@@ -150,7 +182,7 @@ pub fn from_uplink<A: UplinkTcFamily>(ctx: &TcContext) -> Result<i32, Skip> {
     // SAFETY: `ctx.skb.skb` is the kernel's `__sk_buff` for this run; a read.
     let ingress = unsafe { (*ctx.skb.skb).ingress_ifindex };
     match A::parse(ctx, u)? {
-        Kind::Flow => {}
+        Kind::Flow => A::read_dsr_option(ctx, u),
         Kind::Later => return later_fragment(ctx, ingress, u),
         Kind::Icmp => return icmp_error(ctx, ingress, u),
     }
@@ -164,11 +196,20 @@ pub fn from_uplink<A: UplinkTcFamily>(ctx: &TcContext) -> Result<i32, Skip> {
             return Ok(A::reject(ctx, u));
         }
     };
-    let leaves = out != Out::Local;
-    if leaves && A::hop_limit(ctx)? <= 1 {
-        return drop_counted(stat::TTL_EXCEEDED);
+    if out == Out::Arrived {
+        count(stat::EXT_LOCAL);
+        return Ok(TC_ACT_OK);
     }
-    if write_translation(ctx, u, leaves).is_err() {
+    let leaves = out != Out::Local;
+    if leaves {
+        if A::hop_limit(ctx)? <= 1 {
+            return drop_counted(stat::TTL_EXCEEDED);
+        }
+        if let Some(verdict) = route(ctx, ingress, u, u.s.flow.proto, out == Out::Direct)? {
+            return Ok(verdict);
+        }
+    }
+    if write_translation(ctx, u, out).is_err() {
         return drop_counted(stat::DROP_REWRITE_FAILED);
     }
     if u.service_id != 0 {
@@ -179,33 +220,37 @@ pub fn from_uplink<A: UplinkTcFamily>(ctx: &TcContext) -> Result<i32, Skip> {
         });
     }
     count(match out {
-        Out::Local => stat::EXT_LOCAL,
-        Out::Remote => stat::EXT_REMOTE,
+        Out::Local | Out::Arrived => stat::EXT_LOCAL,
+        Out::Remote | Out::Direct => stat::EXT_REMOTE,
         Out::Reply => stat::EXT_REPLY,
     });
     if u.s.flow.first_fragment {
         crate::frag::uplink::remember(u, leaves);
     }
     if leaves {
-        return send_out(ctx, ingress, u, u.s.flow.proto);
+        return send_out(ctx, u);
     }
     Ok(TC_ACT_OK)
 }
 
-/// Writes the destination `classify` chose, and the source too when the
-/// packet `leaves` the node.
+/// Writes the destination `classify` chose; the source too when the
+/// packet leaves the node source-NATed (or as a reply), the option with
+/// the frontend when it is returned directly.
 #[inline(always)]
 fn write_translation<A: UplinkTcFamily>(
     ctx: &TcContext,
     u: &Up<A>,
-    leaves: bool,
+    out: Out,
 ) -> Result<(), RewriteFailed> {
     let [sport_be, dport_be] = u.to_ports_be;
     rewrite(ctx, &u.s.flow, Side::Destination, &u.to_daddr_be, dport_be)?;
-    if leaves {
-        rewrite(ctx, &u.s.flow, Side::Source, &u.to_saddr_be, sport_be)?;
+    match out {
+        Out::Remote | Out::Reply => {
+            rewrite(ctx, &u.s.flow, Side::Source, &u.to_saddr_be, sport_be)
+        }
+        Out::Direct => A::carry(ctx, u),
+        Out::Local | Out::Arrived => Ok(()),
     }
-    Ok(())
 }
 
 /// A later fragment from outside: translated as its first fragment was,
@@ -221,7 +266,7 @@ fn later_fragment<A: UplinkTcFamily>(
             if A::hop_limit(ctx)? <= 1 {
                 return drop_counted(stat::TTL_EXCEEDED);
             }
-            send_out(ctx, ingress, u, u.s.flow.proto)
+            routed_out(ctx, ingress, u, u.s.flow.proto)
         }
         Ok(false) => Ok(TC_ACT_OK),
         Err(verdict) => verdict,
@@ -240,22 +285,21 @@ fn icmp_error<A: UplinkTcFamily>(
     if A::hop_limit(ctx)? <= 1 {
         return drop_counted(stat::TTL_EXCEEDED);
     }
-    send_out(ctx, ingress, u, A::ICMP)
+    routed_out(ctx, ingress, u, A::ICMP)
 }
 
-/// Sends a translated packet that leaves the node again (to a backend on
-/// another node, a reply to the client, an ICMP error) from `u.to_saddr_be`
-/// to `u.to_daddr_be` straight out of the route's interface, the kernel
-/// resolving the next hop (`bpf_redirect_neigh`), with the TTL (hop limit)
-/// down by one. Handing it to the stack instead would not work: it carries
-/// the node's own address as its source and would be dropped as a martian.
+/// Routes a packet that leaves the node again, from `u.to_saddr_be` to
+/// `u.to_daddr_be`, before it is rewritten: `None` when the route's
+/// interface is in `u.fib`, else the verdict (no route: dropped; too large
+/// for the route's MTU with the option of a `direct` packet: answered).
 #[inline(always)]
-fn send_out<A: UplinkTcFamily>(
+fn route<A: UplinkTcFamily>(
     ctx: &TcContext,
     ingress: u32,
     u: &mut Up<A>,
     l4_proto: u8,
-) -> Result<i32, Skip> {
+    direct: bool,
+) -> Result<Option<i32>, Skip> {
     A::fib_params(
         &mut u.fib,
         ingress,
@@ -263,10 +307,46 @@ fn send_out<A: UplinkTcFamily>(
         &u.to_saddr_be,
         &u.to_daddr_be,
     );
-    let rc = fib_lookup(ctx.skb.skb as *mut c_void, &mut u.fib);
-    if rc != FIB_SUCCESS && rc != FIB_NO_NEIGH {
-        return drop_counted(stat::NO_ROUTE);
+    if direct {
+        if let Some(len) = A::grown_len(ctx)? {
+            u.fib.__bindgen_anon_1.tot_len = len;
+        }
     }
+    let rc = fib_lookup(ctx.skb.skb as *mut c_void, &mut u.fib);
+    if direct && rc == FIB_FRAG_NEEDED {
+        // SAFETY: the lookup wrote the route's MTU over the length asked.
+        let mtu = unsafe { u.fib.__bindgen_anon_1.mtu_result };
+        let room = mtu.saturating_sub(u16::from(proxy_common::dsr::OPT4_LEN));
+        return Ok(Some(A::too_big(ctx, u, room)));
+    }
+    if rc != FIB_SUCCESS && rc != FIB_NO_NEIGH {
+        return drop_counted(stat::NO_ROUTE).map(Some);
+    }
+    Ok(None)
+}
+
+/// Routes ([`route`]) and sends out a translated packet.
+#[inline(always)]
+fn routed_out<A: UplinkTcFamily>(
+    ctx: &TcContext,
+    ingress: u32,
+    u: &mut Up<A>,
+    l4_proto: u8,
+) -> Result<i32, Skip> {
+    if let Some(verdict) = route(ctx, ingress, u, l4_proto, false)? {
+        return Ok(verdict);
+    }
+    send_out(ctx, u)
+}
+
+/// Sends a translated packet that leaves the node again (to a backend on
+/// another node, a reply to the client, an ICMP error), routed
+/// ([`route`]), straight out of the route's interface, the kernel
+/// resolving the next hop (`bpf_redirect_neigh`), with the TTL (hop limit)
+/// down by one. Handing it to the stack instead would not work: it carries
+/// the node's own address as its source and would be dropped as a martian.
+#[inline(always)]
+fn send_out<A: UplinkTcFamily>(ctx: &TcContext, u: &mut Up<A>) -> Result<i32, Skip> {
     if A::decrement_hop_limit(ctx).is_err() {
         return drop_counted(stat::DROP_REWRITE_FAILED);
     }

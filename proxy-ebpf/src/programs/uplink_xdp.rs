@@ -33,7 +33,7 @@ use proxy_common::{proto, stat, tail, Addr6Be};
 
 use crate::{
     maps::{count, count_service, SB_XDP_TAIL6_V1},
-    nodeport::{classify, fib_lookup, NotTranslated, Out, Up, UplinkFamily},
+    nodeport::{classify, dsr, fib_lookup, NotTranslated, Out, Up, UplinkFamily},
     packet::{
         csum_replace2, csum_replace4,
         ctx::{parse_ipv4, ptr_at},
@@ -65,6 +65,10 @@ pub(crate) trait XdpFamily: UplinkFamily {
     /// Writes the TTL `hop_limit` (above 1) one lower, with the IPv4
     /// header checksum.
     fn decrement_hop_limit(ctx: &XdpContext, hop_limit: u8) -> Result<(), StoreFailed>;
+    /// Direct server return: the packet's length with the option
+    /// ([`crate::nodeport::dsr`]), and the option put in.
+    fn grown_len(ctx: &XdpContext) -> Result<u16, Skip>;
+    fn carry(ctx: &XdpContext, u: &Up<Self>) -> Result<(), StoreFailed>;
 }
 
 /// `sb_xdp_uplink`: the family is decided once, here.
@@ -99,6 +103,7 @@ pub fn uplink<A: XdpFamily>(ctx: &XdpContext) -> Result<u32, Skip> {
         return Err(Skip::NotOurs);
     };
     A::parse(ctx, u)?;
+    A::read_dsr_option(ctx, u);
     // SAFETY: `ctx.ctx` is the kernel's `xdp_md` for this run; a read.
     let ingress = unsafe { (*ctx.ctx).ingress_ifindex };
     let out = match classify(ctx.ctx as *mut c_void, ingress, u) {
@@ -120,10 +125,14 @@ pub fn uplink<A: XdpFamily>(ctx: &XdpContext) -> Result<u32, Skip> {
             count_forward(ctx, u.service_id, stat::EXT_LOCAL);
             return Ok(xdp_action::XDP_PASS);
         }
-        Out::Remote => stat::EXT_REMOTE,
+        Out::Arrived => {
+            count(stat::EXT_LOCAL);
+            return Ok(xdp_action::XDP_PASS);
+        }
+        Out::Remote | Out::Direct => stat::EXT_REMOTE,
         Out::Reply => stat::EXT_REPLY,
     };
-    send_out(ctx, ingress, u, counter)
+    send_out(ctx, ingress, u, out == Out::Direct, counter)
 }
 
 #[inline(always)]
@@ -140,18 +149,24 @@ fn count_forward(ctx: &XdpContext, service_id: u32, counter: u32) {
 
 /// Rewrites a packet that leaves the node again and sends it straight back
 /// out: the route lookup (first, on the translated addresses) gives the
-/// interface and both MAC addresses; the TTL goes down by one. When the
-/// lookup cannot finish or the TTL would expire, the packet goes on
-/// untranslated to tc (see the module's documentation).
+/// interface and both MAC addresses; the TTL goes down by one. A packet
+/// returned `direct`ly gets the option with the frontend. When the lookup
+/// cannot finish, the packet would not fit the route's MTU with the option,
+/// or the TTL would expire, the packet goes on untranslated to tc (see the
+/// module's documentation).
 #[inline(always)]
 fn send_out<A: XdpFamily>(
     ctx: &XdpContext,
     ingress: u32,
     u: &mut Up<A>,
+    direct: bool,
     counter: u32,
 ) -> Result<u32, Skip> {
     let proto = u.s.flow.proto;
     A::fib_params(&mut u.fib, ingress, proto, &u.to_saddr_be, &u.to_daddr_be);
+    if direct {
+        u.fib.__bindgen_anon_1.tot_len = A::grown_len(ctx)?;
+    }
     let rc = fib_lookup(ctx.ctx as *mut c_void, &mut u.fib);
     let hop_limit = A::hop_limit(ctx)?;
     if rc != i64::from(BPF_FIB_LKUP_RET_SUCCESS) || hop_limit <= 1 {
@@ -159,6 +174,7 @@ fn send_out<A: XdpFamily>(
         return Ok(xdp_action::XDP_PASS);
     }
     let written = A::write_translation(ctx, u)
+        .and_then(|()| if direct { A::carry(ctx, u) } else { Ok(()) })
         .and_then(|()| A::decrement_hop_limit(ctx, hop_limit))
         .and_then(|()| set_macs(ctx, &u.fib.dmac, &u.fib.smac));
     if written.is_err() {
@@ -293,6 +309,14 @@ impl XdpFamily for u32 {
         }
         Ok(())
     }
+    #[inline(always)]
+    fn grown_len(ctx: &XdpContext) -> Result<u16, Skip> {
+        dsr::xdp_grown_len(ctx)
+    }
+    #[inline(always)]
+    fn carry(ctx: &XdpContext, u: &Up<u32>) -> Result<(), StoreFailed> {
+        dsr::carry_xdp(ctx, u).map_err(|_| StoreFailed)
+    }
 }
 
 impl XdpFamily for Addr6Be {
@@ -343,6 +367,15 @@ impl XdpFamily for Addr6Be {
         // XDP program may write.
         unsafe { *at = hop_limit - 1 };
         Ok(())
+    }
+    /// IPv6 flows are not returned directly yet (`UplinkFamily::DSR`).
+    #[inline(always)]
+    fn grown_len(_ctx: &XdpContext) -> Result<u16, Skip> {
+        Err(Skip::NotOurs)
+    }
+    #[inline(always)]
+    fn carry(_ctx: &XdpContext, _u: &Up<Addr6Be>) -> Result<(), StoreFailed> {
+        Err(StoreFailed)
     }
 }
 

@@ -76,6 +76,7 @@ const QUOTE_OFF: usize = ICMP_OFF + ICMP_HLEN;
 const PROTO_ICMP: u8 = 1;
 const ICMP_DEST_UNREACH: u8 = 3;
 const ICMP_PORT_UNREACH: u8 = 3;
+const ICMP_FRAG_NEEDED: u8 = 4;
 /// Fragment offset (host order), without the flags.
 const IP_OFFSET_MASK: u16 = 0x1fff;
 
@@ -105,8 +106,60 @@ pub fn from_pod(ctx: &TcContext, flow: &Flow, svc: &FrontendSlot) -> i32 {
 /// the packet cannot be reshaped. The per-service counter is the caller's.
 #[inline(always)]
 pub fn tc_reject(ctx: &TcContext, flow: &Flow) -> i32 {
+    tc_answer(ctx, flow, Answer::PortUnreachable)
+}
+
+/// `sb_from_uplink`: answers `flow`, to a frontend whose flows are
+/// returned directly and too large for the route's MTU once the option is
+/// in ([`crate::nodeport::dsr`]), with an ICMP "fragmentation needed"
+/// naming `mtu` (the room the option leaves), from the frontend, as
+/// [`tc_reject`] answers. A packet that cannot be answered is dropped
+/// (`drop_rewrite_failed`).
+#[inline(always)]
+pub fn tc_too_big(ctx: &TcContext, flow: &Flow, mtu: u16) -> i32 {
+    tc_answer(ctx, flow, Answer::FragmentationNeeded(mtu))
+}
+
+/// What the client is told (RFC 792; RFC 1191 for the MTU).
+#[derive(Clone, Copy)]
+enum Answer {
+    /// Type 3 code 3: the frontend has no endpoint.
+    PortUnreachable,
+    /// Type 3 code 4, with the next hop's MTU.
+    FragmentationNeeded(u16),
+}
+
+impl Answer {
+    /// The ICMP code, and the header's last four bytes.
+    #[inline(always)]
+    fn code_and_rest(self) -> (u8, [u8; 4]) {
+        match self {
+            Answer::PortUnreachable => (ICMP_PORT_UNREACH, [0; 4]),
+            Answer::FragmentationNeeded(mtu) => {
+                let [hi, lo] = mtu.to_be_bytes();
+                (ICMP_FRAG_NEEDED, [0, 0, hi, lo])
+            }
+        }
+    }
+
+    /// Counts a packet that is not answered.
+    #[inline(always)]
+    fn unanswered(self) -> u32 {
+        match self {
+            Answer::PortUnreachable => stat::DROP_NO_BACKEND,
+            Answer::FragmentationNeeded(_) => stat::DROP_REWRITE_FAILED,
+        }
+    }
+}
+
+#[inline(always)]
+fn tc_answer(ctx: &TcContext, flow: &Flow, answer: Answer) -> i32 {
+    let unanswered = || {
+        count(answer.unanswered());
+        TC_ACT_SHOT
+    };
     if !answerable(flow) {
-        return tc_drop();
+        return unanswered();
     }
     let skb = ctx.skb.skb;
     // One buffer (stack space is scarce): the original first bytes go in
@@ -123,16 +176,16 @@ pub fn tc_reject(ctx: &TcContext, flow: &Flow) -> i32 {
         ) == 0
     };
     if !loaded || is_later_fragment(&frame) {
-        return tc_drop();
+        return unanswered();
     }
-    build_in_place(&mut frame);
+    build_in_place(&mut frame, answer);
     // SAFETY: resizing helper on our own context; no packet pointer is used
     // after it.
     if unsafe { bpf_skb_change_tail(skb, FRAME_LEN as u32, 0) } != 0 {
-        return tc_drop();
+        return unanswered();
     }
     if ctx.store(0, &frame, 0).is_err() {
-        return tc_drop();
+        return unanswered();
     }
     count(stat::REJECTED);
     // SAFETY: a read of our context, then a helper without memory arguments.
@@ -173,7 +226,10 @@ pub fn xdp_reject(ctx: &XdpContext, flow: &Flow) -> u32 {
         return xdp_drop();
     }
     // SAFETY: the check above covers the whole frame; XDP may write it.
-    build_in_place(unsafe { &mut *(start as *mut [u8; FRAME_LEN]) });
+    build_in_place(
+        unsafe { &mut *(start as *mut [u8; FRAME_LEN]) },
+        Answer::PortUnreachable,
+    );
     count(stat::REJECTED);
     xdp_action::XDP_TX
 }
@@ -209,7 +265,7 @@ fn is_later_fragment(f: &[u8; FRAME_LEN]) -> bool {
 /// the quote, and the ICMP header (34..42) goes over what was left of the
 /// original.
 #[inline(always)]
-fn build_in_place(f: &mut [u8; FRAME_LEN]) {
+fn build_in_place(f: &mut [u8; FRAME_LEN], answer: Answer) {
     let mut k = 0;
     while k < QUOTE_LEN {
         f[QUOTE_OFF + k] = f[ETH_HLEN + k];
@@ -247,13 +303,16 @@ fn build_in_place(f: &mut [u8; FRAME_LEN]) {
     let csum = checksum::<ETH_HLEN, IPV4_MIN_HLEN>(f);
     f[ip + 10] = csum[0];
     f[ip + 11] = csum[1];
-    // ICMP (type, code, checksum, 4 unused bytes); its checksum covers the
-    // quote too.
+    // ICMP (type, code, checksum, 4 bytes: unused, or the next hop's
+    // MTU); its checksum covers the quote too.
+    let (code, rest) = answer.code_and_rest();
     f[ICMP_OFF] = ICMP_DEST_UNREACH;
-    f[ICMP_OFF + 1] = ICMP_PORT_UNREACH;
-    let mut u = 2;
-    while u < ICMP_HLEN {
-        f[ICMP_OFF + u] = 0;
+    f[ICMP_OFF + 1] = code;
+    f[ICMP_OFF + 2] = 0;
+    f[ICMP_OFF + 3] = 0;
+    let mut u = 0;
+    while u < rest.len() {
+        f[ICMP_OFF + 4 + u] = rest[u];
         u += 1;
     }
     let csum = checksum::<ICMP_OFF, { ICMP_HLEN + QUOTE_LEN }>(f);

@@ -138,7 +138,7 @@ impl<S: MapStore> SyncLoop<'_, S> {
         let dump = self.syncer.store().dump();
         let verification = verify::compare(
             self.model.desired(),
-            self.syncer.default_algorithm(),
+            self.syncer.defaults(),
             &dump,
             &unprogrammed,
         );

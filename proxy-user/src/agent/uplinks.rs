@@ -22,7 +22,7 @@ use tracing::{debug, info, warn};
 use crate::dataplane::{
     attach::{self, AttachedInterface, TcMode},
     maps::PinnedMaps,
-    uplink::{self, LinkFacts, Uplink, UplinkError, XdpChoice, XdpHook, XdpMode},
+    uplink::{self, LinkFacts, NodePortMode, Uplink, UplinkError, XdpChoice, XdpHook, XdpMode},
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -121,6 +121,7 @@ pub struct Uplinks {
     names: Vec<String>,
     xdp_mode: XdpMode,
     tc_mode: TcMode,
+    nodeport_mode: NodePortMode,
     /// `<pin root>/links`.
     link_dir: PathBuf,
     /// With programs on them, each with its status row.
@@ -136,11 +137,18 @@ pub struct Uplinks {
 }
 
 impl Uplinks {
-    pub fn new(names: Vec<String>, xdp_mode: XdpMode, tc_mode: TcMode, pin_root: &Path) -> Self {
+    pub fn new(
+        names: Vec<String>,
+        xdp_mode: XdpMode,
+        tc_mode: TcMode,
+        nodeport_mode: NodePortMode,
+        pin_root: &Path,
+    ) -> Self {
         Self {
             names,
             xdp_mode,
             tc_mode,
+            nodeport_mode,
             link_dir: pin_root.join("links"),
             active: Vec::new(),
             written: None,
@@ -225,7 +233,7 @@ impl Uplinks {
         maps: &mut PinnedMaps,
         uplinks: &[Uplink],
     ) -> Result<(), UplinksError> {
-        maps.set_uplinks(&uplink::map_entries4(uplinks))
+        maps.set_uplinks(&uplink::map_entries4(uplinks, self.nodeport_mode))
             .map_err(|e| UplinksError::Map4(Box::new(e)))?;
         uplink::set_uplinks6(ebpf, uplinks).map_err(|e| UplinksError::Map6(Box::new(e)))?;
         for up in uplinks.iter().filter(|u| u.addr.is_none()) {

@@ -155,6 +155,9 @@ impl Phase {
 /// established only once it did ([`ct_state::ACKED`]); an older entry is
 /// established once answered.
 pub fn phase(protocol: u8, flags: u8, forward: u8, reply: u8) -> Phase {
+    if flags & ct_flags::DSR_BALANCED != 0 {
+        return balanced_phase(protocol, forward);
+    }
     let both = forward | reply;
     if protocol != proto::TCP {
         return match reply & ct_state::REPLIED {
@@ -174,6 +177,24 @@ pub fn phase(protocol: u8, flags: u8, forward: u8, reply: u8) -> Phase {
         Phase::SynRecv
     } else {
         Phase::Established
+    }
+}
+
+/// The phase of a flow this node returned directly
+/// ([`ct_flags::DSR_BALANCED`]): the backend's node answers the client, so
+/// only the client's packets (`forward`) pass here. TCP is established once
+/// the client acknowledged the SYN-ACK, and closed at its FIN or RST (its
+/// ACKs of the server's last data keep it alive until they stop); UDP is a
+/// stream, since its replies are never seen.
+fn balanced_phase(protocol: u8, forward: u8) -> Phase {
+    if protocol != proto::TCP {
+        Phase::UdpStream
+    } else if forward & (ct_state::FIN | ct_state::RST) != 0 {
+        Phase::Closed
+    } else if forward & ct_state::ACKED != 0 {
+        Phase::Established
+    } else {
+        Phase::SynSent
     }
 }
 

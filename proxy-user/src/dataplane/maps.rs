@@ -317,13 +317,9 @@ impl PinnedMaps {
     }
 
     /// Makes the uplink map hold exactly `uplinks` (interface index →
-    /// address): new ones are written before old ones are deleted.
-    pub fn set_uplinks(&mut self, uplinks: &[(u32, std::net::Ipv4Addr)]) -> Result<(), WriteError> {
-        for (index, addr) in uplinks {
-            let value = Uplink {
-                addr_be: u32::from_ne_bytes(addr.octets()),
-                _pad: [0; 4],
-            };
+    /// address and flags): new ones are written before old ones are deleted.
+    pub fn set_uplinks(&mut self, uplinks: &[(u32, Uplink)]) -> Result<(), WriteError> {
+        for (index, value) in uplinks {
             self.uplinks
                 .insert(index, value, 0)
                 .map_err(|source| WriteError::Other {

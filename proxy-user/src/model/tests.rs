@@ -2300,7 +2300,7 @@ mod properties {
                     .collect();
                 let verified = crate::node::verify::compare(
                     model.desired(),
-                    syncer.default_algorithm(),
+                    syncer.defaults(),
                     &syncer.store().dump(),
                     &unprogrammed,
                 );

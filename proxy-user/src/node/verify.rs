@@ -24,11 +24,11 @@ use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, warn};
 
-use crate::model::{BackendAddr, DesiredState, Frontend, FrontendAddr, IpFamily, LbAlgorithm};
+use crate::model::{BackendAddr, DesiredState, Frontend, FrontendAddr, IpFamily};
 use crate::node::status;
 use crate::sync::encode::{
     backend_addr, frontend_addr, proto_number, revnat_name, revnat_value, scoped_key,
-    slot_zero_attributes, AnyBackend, AnyFrontendKey, AnyRevNat,
+    slot_zero_attributes, AnyBackend, FrontendDefaults, AnyFrontendKey, AnyRevNat,
 };
 use crate::sync::store::Dump;
 
@@ -113,12 +113,13 @@ impl Verification {
 /// (capacity): shown with the `missing` problem.
 pub type Unprogrammed = BTreeMap<FrontendAddr, String>;
 
-/// The maps in `dump` against `desired` (`default_algorithm`: the agent's
-/// `--lb-algorithm`, which slot 0 records for Services that name none).
+/// The maps in `dump` against `desired` (`defaults`: what the agent's flags
+/// make slot 0 record, such as `--lb-algorithm` for Services that name
+/// none).
 /// Maglev tables are not compared (see the README).
 pub fn compare(
     desired: &DesiredState,
-    default_algorithm: LbAlgorithm,
+    defaults: FrontendDefaults,
     dump: &Dump,
     unprogrammed: &Unprogrammed,
 ) -> Verification {
@@ -157,7 +158,7 @@ pub fn compare(
         compare_frontend(
             &maps,
             frontend,
-            default_algorithm,
+            defaults,
             unprogrammed,
             &mut problems,
         );
@@ -241,7 +242,7 @@ pub fn compare(
 fn compare_frontend(
     maps: &Maps,
     frontend: &Frontend,
-    default_algorithm: LbAlgorithm,
+    defaults: FrontendDefaults,
     unprogrammed: &Unprogrammed,
     problems: &mut Vec<Problem>,
 ) {
@@ -269,7 +270,7 @@ fn compare_frontend(
         );
         return;
     };
-    let (flags, affinity) = slot_zero_attributes(frontend, default_algorithm);
+    let (flags, affinity) = slot_zero_attributes(frontend, defaults);
     if head.flags != flags || head.affinity_timeout_s != affinity {
         push(
             ProblemKind::WrongAttributes,

@@ -364,9 +364,19 @@ pub fn revnat_value(addr: &FrontendAddr, name: &str) -> AnyRevNat {
     }
 }
 
+/// What the agent's flags decide for every frontend: the algorithm of
+/// Services that name none (`--lb-algorithm`), and whether flows from
+/// outside to backends on other nodes are returned directly
+/// (`--nodeport-mode dsr`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FrontendDefaults {
+    pub algorithm: LbAlgorithm,
+    pub direct_return: bool,
+}
+
 /// The flags and affinity timeout slot 0 records for `frontend`.
-pub fn slot_zero_attributes(frontend: &Frontend, default_algorithm: LbAlgorithm) -> (u16, u32) {
-    let algorithm = match frontend.algorithm.unwrap_or(default_algorithm) {
+pub fn slot_zero_attributes(frontend: &Frontend, defaults: FrontendDefaults) -> (u16, u32) {
+    let algorithm = match frontend.algorithm.unwrap_or(defaults.algorithm) {
         LbAlgorithm::Random => frontend_flags::ALGO_RANDOM,
         LbAlgorithm::Maglev => frontend_flags::ALGO_MAGLEV,
         LbAlgorithm::SourceHash => frontend_flags::ALGO_SOURCE_HASH,
@@ -383,6 +393,9 @@ pub fn slot_zero_attributes(frontend: &Frontend, default_algorithm: LbAlgorithm)
     }
     if frontend.terminating_fallback {
         flags |= frontend_flags::TERMINATING_FALLBACK;
+    }
+    if defaults.direct_return && frontend.kind != FrontendKind::ClusterIp {
+        flags |= frontend_flags::DIRECT_RETURN;
     }
     if let Some(ranges) = &frontend.source_ranges {
         flags |= frontend_flags::SOURCE_RANGES;

@@ -15,7 +15,7 @@ use crate::{
         BackendAddr, DesiredState, Frontend, FrontendAddr, FrontendKind, IpFamily, LbAlgorithm,
         Protocol, ServicePortName,
     },
-    sync::encode::{backend_addr, revnat_name, scoped_key, slot_zero_attributes},
+    sync::encode::{backend_addr, revnat_name, scoped_key, slot_zero_attributes, FrontendDefaults},
     sync::store::Capacities,
 };
 
@@ -278,7 +278,7 @@ fn expected(desired: &DesiredState) -> BTreeMap<FrontendAddr, Seen> {
         .values()
         .map(|frontend| {
             let (flags, affinity_timeout_s) =
-                slot_zero_attributes(frontend, LbAlgorithm::default());
+                slot_zero_attributes(frontend, FrontendDefaults::default());
             let sorted = |set: &[BackendAddr]| {
                 let mut set = set.to_vec();
                 set.sort();

@@ -25,12 +25,15 @@ use std::net::Ipv4Addr;
 use crate::support::{
     be32,
     netns::{Node, NodeSpec},
-    rewritten, rewritten_checksums, Case, Loaded, Uplink as Prog, TC_ACT_OK, TC_ACT_REDIRECT,
+    rewritten, rewritten_checksums, with, Case, Loaded, Uplink as Prog, TC_ACT_OK, TC_ACT_REDIRECT,
     TC_ACT_SHOT, TC_ACT_UNSPEC, XDP_DROP, XDP_PASS, XDP_TX,
 };
-use proxy_common::{ct_dir, ct_flags, proto, scope, snat, CtEntry, CtKey};
+use proxy_common::{
+    ct_dir, ct_flags, ct_state, dsr, proto, scope, snat, uplink_flags, CtEntry, CtKey,
+};
 use proxy_testkit::packet::{
-    checksum, checksums_valid, icmp_error_checksums_valid, icmp_frame, PacketSpec, ETH_HLEN,
+    checksum, checksums_valid, icmp_checksums_valid, icmp_error_checksums_valid, icmp_frame,
+    icmp_fragmentation_needed, PacketSpec, ETH_HLEN,
 };
 use proxy_user::{
     model::cidr::IpCidr,
@@ -1299,5 +1302,222 @@ fn load_balancer_source_ranges_admit_only_listed_clients() {
                 "{prog:?}"
             );
         }
+    });
+}
+
+// ---------------------------------------------------------------------------
+// Direct server return (`--nodeport-mode dsr`, IPv4).
+
+/// The frontend's node of a flow returned directly (another node, whose
+/// NodePort this node's backend answers for).
+const BALANCER: Ipv4Addr = Ipv4Addr::new(192, 168, 50, 9);
+
+/// The direct-server-return option naming frontend `addr:port`.
+fn dsr_option(addr: Ipv4Addr, port: u16) -> Vec<u8> {
+    let mut opt = vec![dsr::OPT4_TYPE, dsr::OPT4_LEN];
+    opt.extend_from_slice(&port.to_be_bytes());
+    opt.extend_from_slice(&addr.octets());
+    opt
+}
+
+/// Loads the programs on `node` with direct server return on: frontends
+/// outside the cluster return flows directly, and the uplink accepts the
+/// option.
+fn returning_directly(node: &Node, frontends: Vec<Frontend>) -> Loaded {
+    let mut fx = uplinked(node, Vec::new());
+    fx.syncer.set_direct_return(true);
+    fx.set_uplink_flags(node.uplink, NODE, uplink_flags::DSR_ACCEPT);
+    let report = fx.program(frontends);
+    assert!(report.failed.is_empty(), "{report:?}");
+    fx
+}
+
+/// The packet `spec` as a flow returned directly leaves this node: to the
+/// remote backend, the frontend in the option, routed to the gateway
+/// (`xdp`: MAC addresses of the route; tc: the kernel resolves them).
+fn carried(spec: &PacketSpec, xdp: bool) -> Vec<u8> {
+    let frame = rewritten(spec, |p| {
+        p.dst = POD_REMOTE;
+        p.dport = POD_PORT;
+        p.ip_options = dsr_option(NODE, NODE_PORT);
+    });
+    match xdp {
+        true => routed(frame, GATEWAY_MAC),
+        false => with_ttl(frame, 63),
+    }
+}
+
+#[test]
+fn a_remote_flow_is_returned_directly_with_the_frontend_in_an_option() {
+    THIS_NODE.run(|node| {
+        for (prog, sent) in [(Prog::Xdp, XDP_TX), (Prog::Tc, TC_ACT_REDIRECT)] {
+            for protocol in [Protocol::Tcp, Protocol::Udp] {
+                let fe = frontend(
+                    FrontendKind::NodePort,
+                    NODE,
+                    NODE_PORT,
+                    protocol,
+                    "dsr",
+                    &[POD_REMOTE],
+                );
+                let mut fx = returning_directly(node, vec![fe]);
+                let sport = 40000;
+                let request = spec(protocol, CLIENT, sport, NODE, NODE_PORT);
+                let (verdict, out) = fx.run(prog, &request.build());
+                let case = format!("{prog:?} {protocol:?}");
+                assert_eq!(verdict, sent, "{case}");
+                assert_eq!(
+                    out,
+                    carried(&request, prog == Prog::Xdp),
+                    "{case}: the client's source kept, the frontend carried"
+                );
+                assert!(checksums_valid(&out), "{case}");
+                assert_eq!(fx.stat("ext_remote"), 1, "{case}");
+
+                // Both entries, without source NAT; the reply entry only
+                // pairs them (the replies bypass this node).
+                let fwd = fx.ct(&forward_key(protocol, sport)).expect("forward entry");
+                assert_eq!(fwd.flags & ct_flags::SNAT, 0, "{case}: {fwd:?}");
+                assert_ne!(fwd.flags & ct_flags::DSR_BALANCED, 0, "{case}: {fwd:?}");
+                assert_eq!(
+                    (fwd.nat_addr_be, fwd.nat_port_be),
+                    (be32(POD_REMOTE), POD_PORT.to_be()),
+                    "{case}"
+                );
+                assert_eq!(fx.syncer.store().conntrack_len(), 2, "{case}");
+
+                // The next packet keeps its backend and carries the option.
+                let next = with(&request, |p| {
+                    p.tcp_flags = 0x10;
+                    p.payload = b"GET /".to_vec();
+                });
+                let (verdict, out) = fx.run(prog, &next.build());
+                assert_eq!(
+                    (verdict, out),
+                    (sent, carried(&next, prog == Prog::Xdp)),
+                    "{case}: next packet"
+                );
+                assert_eq!(fx.syncer.store().conntrack_len(), 2, "{case}");
+            }
+        }
+    });
+}
+
+#[test]
+fn a_flow_returned_directly_arrives_tracked_and_its_replies_leave_from_the_frontend() {
+    THIS_NODE.run(|node| {
+        for prog in Prog::BOTH {
+            for protocol in [Protocol::Tcp, Protocol::Udp] {
+                let case = format!("{prog:?} {protocol:?}");
+                let mut fx = returning_directly(node, Vec::new());
+                let sport = 40000;
+                let arriving = with(
+                    &spec(protocol, CLIENT, sport, POD_LOCAL, POD_PORT),
+                    |p| p.ip_options = dsr_option(BALANCER, NODE_PORT),
+                );
+                let (verdict, out) = fx.run(prog, &arriving.build());
+                assert_eq!(
+                    (verdict, out),
+                    (prog.delivered(), arriving.build()),
+                    "{case}: delivered unchanged"
+                );
+                assert_eq!(fx.stat("ext_local"), 1, "{case}");
+                let fwd_key = CtKey {
+                    daddr_be: be32(BALANCER),
+                    ..forward_key(protocol, sport)
+                };
+                let fwd = fx.ct(&fwd_key).expect("forward entry, by the frontend");
+                assert_ne!(fwd.flags & ct_flags::DSR_ARRIVED, 0, "{case}: {fwd:?}");
+                assert_eq!(
+                    (fwd.nat_addr_be, fwd.nat_port_be),
+                    (be32(POD_LOCAL), POD_PORT.to_be()),
+                    "{case}"
+                );
+
+                // The pod's reply leaves the uplink from the frontend.
+                let reply = spec(protocol, POD_LOCAL, POD_PORT, CLIENT, sport);
+                let reply = match protocol {
+                    Protocol::Tcp => with(&reply, |p| p.tcp_flags = 0x12),
+                    Protocol::Udp => reply,
+                };
+                let (verdict, out) = fx.run_egress(&reply.build());
+                assert_eq!(verdict, TC_ACT_OK, "{case}: reply");
+                assert_eq!(
+                    out,
+                    rewritten(&reply, |p| {
+                        p.src = BALANCER;
+                        p.sport = NODE_PORT;
+                    }),
+                    "{case}: reply from the frontend"
+                );
+                assert!(checksums_valid(&out), "{case}");
+
+                // The next packet is noted, not tracked anew.
+                let next = with(&arriving, |p| p.tcp_flags = 0x10);
+                let (verdict, _) = fx.run(prog, &next.build());
+                assert_eq!(verdict, prog.delivered(), "{case}");
+                assert_eq!(fx.syncer.store().conntrack_len(), 2, "{case}");
+                if protocol == Protocol::Tcp {
+                    let fwd = fx.ct(&fwd_key).expect("forward entry");
+                    assert_ne!(fwd.state & ct_state::ACKED, 0, "{case}: the ACK noted");
+                }
+            }
+        }
+    });
+}
+
+#[test]
+fn the_option_is_ignored_where_direct_return_is_off() {
+    THIS_NODE.run(|node| {
+        for prog in Prog::BOTH {
+            let mut fx = uplinked(node, Vec::new());
+            let arriving = with(
+                &PacketSpec::tcp(CLIENT, 40000, POD_LOCAL, POD_PORT),
+                |p| p.ip_options = dsr_option(BALANCER, NODE_PORT),
+            );
+            let (verdict, out) = fx.run(prog, &arriving.build());
+            assert_eq!(
+                (verdict, out),
+                (prog.untouched(), arriving.build()),
+                "{prog:?}: not ours"
+            );
+            assert_eq!(fx.syncer.store().conntrack_len(), 0, "{prog:?}");
+        }
+    });
+}
+
+#[test]
+fn a_packet_too_large_for_the_option_is_answered_with_fragmentation_needed() {
+    THIS_NODE.run(|node| {
+        let fe = frontend(
+            FrontendKind::NodePort,
+            NODE,
+            NODE_PORT,
+            Protocol::Udp,
+            "dsr",
+            &[POD_REMOTE],
+        );
+        let mut fx = returning_directly(node, vec![fe]);
+        // 1500 bytes of IPv4: the route's MTU, with no room for the option.
+        let mut big = PacketSpec::udp(CLIENT, 40000, NODE, NODE_PORT);
+        big.payload = vec![0x5a; 1500 - 20 - 8];
+        let frame = big.build();
+
+        // XDP leaves it to tc, untouched.
+        assert_eq!(fx.run(Prog::Xdp, &frame), (XDP_PASS, frame.clone()));
+        assert_eq!(fx.stat("xdp_to_tc"), 1);
+
+        // tc answers from the frontend, naming the room the option leaves.
+        let (verdict, out) = fx.run(Prog::Tc, &frame);
+        assert_eq!(verdict, TC_ACT_REDIRECT);
+        assert_eq!(out, icmp_fragmentation_needed(&frame, 1500 - 8));
+        assert!(icmp_checksums_valid(&out));
+        assert_eq!(fx.stat("rejected"), 1);
+        assert_eq!(fx.stat("ext_remote"), 0);
+
+        // One that fits goes through.
+        big.payload.truncate(1500 - 20 - 8 - 8);
+        let (verdict, out) = fx.run(Prog::Tc, &big.build());
+        assert_eq!((verdict, out), (TC_ACT_REDIRECT, carried(&big, false)));
     });
 }

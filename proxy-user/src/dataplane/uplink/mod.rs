@@ -97,12 +97,39 @@ pub struct Uplink {
     pub kind: Option<String>,
 }
 
+/// How flows from outside reach a backend on another node
+/// (`--nodeport-mode`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum NodePortMode {
+    /// Source NAT to the uplink's address: the replies come back through
+    /// this node, which translates them back (kube-proxy's way).
+    #[default]
+    Snat,
+    /// Direct server return (IPv4): the client stays the source, the
+    /// frontend travels to the backend's node in an IPv4 option, and that
+    /// node answers the client itself. Every node must run it: a node
+    /// accepts the option only in this mode. IPv6 flows are source-NATed.
+    Dsr,
+}
+
 /// The IPv4 uplink map's entries for `uplinks` (interface index → IPv4
-/// address, all-zero for an uplink without one).
-pub fn map_entries4(uplinks: &[Uplink]) -> Vec<(u32, Ipv4Addr)> {
+/// address, all-zero for an uplink without one; flags by `mode`).
+pub fn map_entries4(uplinks: &[Uplink], mode: NodePortMode) -> Vec<(u32, proxy_common::Uplink)> {
+    let flags = match mode {
+        NodePortMode::Snat => 0,
+        NodePortMode::Dsr => proxy_common::uplink_flags::DSR_ACCEPT,
+    };
     uplinks
         .iter()
-        .map(|u| (u.index, u.addr.unwrap_or(Ipv4Addr::UNSPECIFIED)))
+        .map(|u| {
+            let addr = u.addr.unwrap_or(Ipv4Addr::UNSPECIFIED);
+            let value = proxy_common::Uplink {
+                addr_be: u32::from_ne_bytes(addr.octets()),
+                flags,
+                _pad: [0; 3],
+            };
+            (u.index, value)
+        })
         .collect()
 }
 

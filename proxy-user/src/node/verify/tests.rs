@@ -54,7 +54,7 @@ fn synced(frontends: Vec<Frontend>) -> (Syncer<MemStore>, DesiredState) {
 fn verify(syncer: &Syncer<MemStore>, desired: &DesiredState) -> Verification {
     compare(
         desired,
-        syncer.default_algorithm(),
+        syncer.defaults(),
         &syncer.store().dump(),
         &BTreeMap::new(),
     )
@@ -87,7 +87,7 @@ fn a_desired_frontend_not_in_the_maps_is_missing_with_the_reason_the_sync_gave()
     let reasons = BTreeMap::from([(d.addr, "frontend map full (4 entries)".to_owned())]);
     let v = compare(
         &desired,
-        syncer.default_algorithm(),
+        syncer.defaults(),
         &syncer.store().dump(),
         &reasons,
     );
@@ -281,7 +281,10 @@ fn slot_zero_attributes_and_reverse_nat_are_compared() {
     let (syncer, desired) = synced(vec![web()]);
     let v = compare(
         &desired,
-        LbAlgorithm::Maglev,
+        crate::sync::encode::FrontendDefaults {
+            algorithm: LbAlgorithm::Maglev,
+            ..Default::default()
+        },
         &syncer.store().dump(),
         &BTreeMap::new(),
     );
@@ -326,7 +329,7 @@ fn a_frontend_the_sync_could_not_fit_is_reported_missing() {
         .collect();
     let v = compare(
         &desired,
-        syncer.default_algorithm(),
+        syncer.defaults(),
         &syncer.store().dump(),
         &reasons,
     );

@@ -354,9 +354,20 @@ impl Loaded {
     /// Makes `ifindex` the node's uplink, with address `node`; the uplink
     /// hooks then feed frames as if they arrived on it.
     pub fn set_uplink(&mut self, ifindex: u32, node: Ipv4Addr) {
+        self.set_uplink_flags(ifindex, node, 0);
+    }
+
+    /// [`Loaded::set_uplink`] with the uplink map's `flags`
+    /// (`uplink_flags`).
+    pub fn set_uplink_flags(&mut self, ifindex: u32, node: Ipv4Addr, flags: u8) {
+        let value = proxy_common::Uplink {
+            addr_be: be32(node),
+            flags,
+            _pad: [0; 3],
+        };
         self.syncer
             .store_mut()
-            .set_uplinks(&[(ifindex, node)])
+            .set_uplinks(&[(ifindex, value)])
             .expect("write the uplink map");
         self.uplink = Some(ifindex);
     }

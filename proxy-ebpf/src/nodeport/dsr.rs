@@ -1,0 +1,264 @@
+//! Direct server return (`--nodeport-mode dsr`), IPv4: a flow from outside
+//! to a backend on another node keeps the client as its source, and the
+//! backend's node answers the client itself, with the frontend as the
+//! source of the replies. The frontend travels with the packets in an IPv4
+//! option ([`proxy_common::dsr`]); this kernel has no IPIP or Geneve, and
+//! an option costs 8 bytes where a tunnel costs 20 or more.
+//!
+//! - The node that balances the flow ([`new_direct_flow`]) tracks it with
+//!   [`ct_flags::DSR_BALANCED`] (it will see only the client's packets),
+//!   rewrites the destination to the backend and puts the option after the
+//!   fixed header of every packet it forwards ([`carry_xdp`], [`carry_tc`]),
+//!   so the backend's node can track the whole flow from the packets it
+//!   gets, and lose nothing on a restart of either agent.
+//! - The backend's node ([`arrived`]) tracks the flow as if it had been
+//!   balanced here: the forward entry keyed by the frontend the option
+//!   names, the reply entry by the backend. The packet goes on to the pod
+//!   unchanged (an unknown option is skipped by the receiver), and the
+//!   pod's replies get the frontend as their source on the uplink's egress
+//!   (`sb_to_pod`, one lookup), as a local NodePort backend's do.
+//! - A packet the option would make larger than the route's MTU is
+//!   answered with an ICMP "fragmentation needed" from the frontend,
+//!   quoting the packet as the client sent it, so the client's path MTU to
+//!   the frontend leaves room for the option ([`crate::reject::tc_too_big`]).
+//!   A GSO packet is resegmented by the kernel to fit instead.
+use aya_ebpf::{
+    bindings::bpf_adj_room_mode::BPF_ADJ_ROOM_NET,
+    helpers::{bpf_skb_adjust_room, bpf_xdp_adjust_head},
+    programs::{TcContext, XdpContext},
+};
+use proxy_common::{dsr, stat, DsrOpt4};
+
+use super::{NotTranslated, Out, Up, UplinkFamily};
+use crate::{
+    ct::track::{noted, track, Source},
+    packet::{
+        csum_replace2,
+        ctx::{ptr_at, PacketCtx},
+        set, Ipv4Hdr, Skip, ETH_HLEN, IPV4_MIN_HLEN, IP_CSUM_OFF,
+    },
+    rewrite::RewriteFailed,
+};
+use proxy_common::ct_flags;
+
+/// Where the option goes: right after the fixed IPv4 header.
+const OPT_OFF: usize = ETH_HLEN + IPV4_MIN_HLEN;
+const OPT_LEN: usize = dsr::OPT4_LEN as usize;
+
+/// Reads the frontend an IPv4 packet's first option names, when it is the
+/// direct-server-return option, into `u.dsr_addr_be` / `u.dsr_port_be`
+/// (port 0: none). Only a packet with options pays more than a compare.
+#[inline(always)]
+pub(crate) fn read_option<C: PacketCtx>(ctx: &C, u: &mut Up<u32>) {
+    u.dsr_port_be = 0;
+    if u.s.flow.l4_off < OPT_OFF + OPT_LEN {
+        return;
+    }
+    let Ok(at) = ptr_at::<DsrOpt4>(ctx, OPT_OFF) else {
+        return;
+    };
+    // SAFETY: `ptr_at` checked the option lies inside the packet; a read
+    // that does not assume alignment.
+    let opt = unsafe { core::ptr::read_unaligned(at) };
+    if opt.kind == dsr::OPT4_TYPE && opt.len == dsr::OPT4_LEN && opt.port_be != 0 {
+        u.dsr_addr_be = opt.addr_be;
+        u.dsr_port_be = opt.port_be;
+    }
+}
+
+/// A packet another node balanced to a backend here, the frontend in
+/// `u.dsr_*`: tracked (a new flow) or noted (a tracked one) under the
+/// frontend, so the backend's replies leave with it as their source. The
+/// packet itself is delivered unchanged.
+#[inline(always)]
+pub(crate) fn arrived<A: UplinkFamily>(u: &mut Up<A>) -> Result<Out, NotTranslated> {
+    // The flow as its client sent it: to the frontend, the packet's
+    // destination being the backend.
+    let flow = &mut u.s.flow;
+    set(&mut u.s.backend.addr_be, &flow.daddr_be);
+    u.s.backend.port_be = flow.dport_be;
+    set(&mut flow.daddr_be, &u.dsr_addr_be);
+    flow.dport_be = u.dsr_port_be;
+    flow.ct_key_into(proxy_common::ct_dir::FORWARD, &mut u.s.key);
+    // A SYN (re)starts the flow: a port reused after a close gets fresh
+    // entries, a retransmitted SYN the same ones again.
+    if !u.s.flow.opens_connection() && noted(&mut u.s) {
+        return Ok(Out::Arrived);
+    }
+    // The balancing node counts the flow for its service; this node does
+    // not know the service (the option names the frontend only).
+    match track(&mut u.s, 0, 0, Source::Arrived) {
+        Ok(()) => Ok(Out::Arrived),
+        Err(_) => Err(NotTranslated::Drop(stat::CT_FULL)),
+    }
+}
+
+/// Records a new flow to backend `backend_id` on another node (in
+/// `u.s.backend`, forward key in `u.s.key`) for direct server return.
+#[inline(always)]
+pub(crate) fn new_direct_flow<A: UplinkFamily>(
+    u: &mut Up<A>,
+    backend_id: u32,
+    service_id: u32,
+) -> Result<Out, NotTranslated> {
+    if track(&mut u.s, backend_id, service_id, Source::Direct).is_err() {
+        // The table is full: the client retransmits.
+        return Err(NotTranslated::Drop(stat::CT_FULL));
+    }
+    Ok(set_direct(u))
+}
+
+/// The translation of a flow returned directly (backend in `u.s.backend`):
+/// the destination only, and the frontend (the packet's destination now)
+/// to carry.
+#[inline(always)]
+pub(crate) fn set_direct<A: UplinkFamily>(u: &mut Up<A>) -> Out {
+    super::set_local(u);
+    set(&mut u.dsr_addr_be, &u.s.flow.daddr_be);
+    u.dsr_port_be = u.s.flow.dport_be;
+    Out::Direct
+}
+
+/// Whether the tracked flow entry in `u.s.entry` is returned directly.
+#[inline(always)]
+pub(crate) fn is_direct<A: UplinkFamily>(u: &Up<A>) -> bool {
+    u.s.entry.flags & ct_flags::DSR_BALANCED != 0
+}
+
+/// The option's bytes, as 16-bit words in packet order, for the checksum.
+#[inline(always)]
+fn option_words(addr_be: u32, port_be: u16) -> [u16; 4] {
+    let a = addr_be.to_ne_bytes();
+    [
+        u16::from_ne_bytes([dsr::OPT4_TYPE, dsr::OPT4_LEN]),
+        port_be,
+        u16::from_ne_bytes([a[0], a[1]]),
+        u16::from_ne_bytes([a[2], a[3]]),
+    ]
+}
+
+/// The IPv4 header's first word (version, IHL, TOS) and total length with
+/// the option added, and the header checksum over both and the option:
+/// `(word0, tot_len_be, csum)`. `None` when the header has no room left for
+/// the option.
+#[inline(always)]
+fn grown_header(ip: &Ipv4Hdr, u: &Up<u32>) -> Option<(u16, u16, u16)> {
+    let ihl = ip.version_ihl & 0x0f;
+    if ihl > dsr::MAX_IHL_BEFORE {
+        return None;
+    }
+    let old_word0 = u16::from_ne_bytes([ip.version_ihl, ip.tos]);
+    let new_word0 = u16::from_ne_bytes([ip.version_ihl + dsr::OPT4_LEN / 4, ip.tos]);
+    let tot_len_be = (u16::from_be(ip.tot_len_be).wrapping_add(OPT_LEN as u16)).to_be();
+    let mut csum = csum_replace2(ip.csum_be, old_word0, new_word0);
+    csum = csum_replace2(csum, ip.tot_len_be, tot_len_be);
+    let words = option_words(u.dsr_addr_be, u.dsr_port_be);
+    let mut i = 0;
+    while i < words.len() {
+        csum = csum_replace2(csum, 0, words[i]);
+        i += 1;
+    }
+    Some((new_word0, tot_len_be, csum))
+}
+
+/// XDP: puts the option of `u` after the fixed IPv4 header. The frame
+/// grows at its head: the Ethernet and fixed IPv4 headers move 8 bytes to
+/// the front, word by word in rising order (each word is read 8 bytes
+/// ahead of the last one written), then the header gets its new length
+/// and checksum. Every pointer is taken anew after the resize.
+#[inline(always)]
+pub(crate) fn carry_xdp(ctx: &XdpContext, u: &Up<u32>) -> Result<(), RewriteFailed> {
+    let ip = ptr_at::<Ipv4Hdr>(ctx, ETH_HLEN).map_err(|_| RewriteFailed)?;
+    // SAFETY: `ptr_at` checked the fixed header lies inside the frame; read.
+    let Some((word0, tot_len_be, csum)) = grown_header(unsafe { &*ip }, u) else {
+        return Err(RewriteFailed);
+    };
+    // SAFETY: a resizing helper on our own context; no packet pointer taken
+    // before it is used after it.
+    if unsafe { bpf_xdp_adjust_head(ctx.ctx, -(OPT_LEN as i32)) } != 0 {
+        return Err(RewriteFailed);
+    }
+    const WORDS: usize = (OPT_OFF + OPT_LEN) / 2;
+    const SHIFT: usize = OPT_LEN / 2;
+    let frame = ptr_at::<[u16; WORDS]>(ctx, 0).map_err(|_| RewriteFailed)?;
+    let words = frame as *mut u16;
+    let mut i = 0;
+    while i < WORDS - SHIFT {
+        // SAFETY: both words lie inside the checked `WORDS` words; the
+        // volatile accesses keep the copy a run of loads and stores (a
+        // plain copy of overlapping memory becomes `memmove`, a byte loop).
+        unsafe {
+            let w = core::ptr::read_volatile(words.add(i + SHIFT));
+            core::ptr::write_volatile(words.add(i), w);
+        }
+        i += 1;
+    }
+    let opt = option_words(u.dsr_addr_be, u.dsr_port_be);
+    let mut j = 0;
+    while j < opt.len() {
+        // SAFETY: as above: the option's words are the frame's last four
+        // checked words.
+        unsafe { core::ptr::write_volatile(words.add(OPT_OFF / 2 + j), opt[j]) };
+        j += 1;
+    }
+    // SAFETY: as above: the header's first, second and sixth words.
+    unsafe {
+        core::ptr::write_volatile(words.add(ETH_HLEN / 2), word0);
+        core::ptr::write_volatile(words.add(ETH_HLEN / 2 + 1), tot_len_be);
+        core::ptr::write_volatile(words.add(IP_CSUM_OFF / 2), csum);
+    }
+    Ok(())
+}
+
+/// tc: the same as [`carry_xdp`], the room made by the kernel after the
+/// fixed IPv4 header (`BPF_ADJ_ROOM_NET`; a GSO packet's segment size
+/// shrinks by as much, so its segments still fit the MTU).
+#[inline(always)]
+pub(crate) fn carry_tc(ctx: &TcContext, u: &Up<u32>) -> Result<(), RewriteFailed> {
+    let ip = ptr_at::<Ipv4Hdr>(ctx, ETH_HLEN).map_err(|_| RewriteFailed)?;
+    // SAFETY: `ptr_at` checked the fixed header lies inside the packet; read.
+    let Some((word0, tot_len_be, csum)) = grown_header(unsafe { &*ip }, u) else {
+        return Err(RewriteFailed);
+    };
+    // SAFETY: a resizing helper on our own context; no packet pointer taken
+    // before it is used after it.
+    let grown = unsafe {
+        bpf_skb_adjust_room(ctx.skb.skb, OPT_LEN as i32, BPF_ADJ_ROOM_NET, 0)
+    };
+    if grown != 0 {
+        return Err(RewriteFailed);
+    }
+    let opt = DsrOpt4 {
+        kind: dsr::OPT4_TYPE,
+        len: dsr::OPT4_LEN,
+        port_be: u.dsr_port_be,
+        addr_be: u.dsr_addr_be,
+    };
+    let head = [word0, tot_len_be];
+    ctx.store(OPT_OFF, &opt, 0).map_err(|_| RewriteFailed)?;
+    ctx.store(ETH_HLEN, &head, 0).map_err(|_| RewriteFailed)?;
+    ctx.store(IP_CSUM_OFF, &csum, 0).map_err(|_| RewriteFailed)
+}
+
+/// The IPv4 total length the packet will have with the option, or `None`
+/// for a GSO packet (the kernel resegments it to fit).
+#[inline(always)]
+pub(crate) fn tc_grown_len(ctx: &TcContext) -> Result<Option<u16>, Skip> {
+    // SAFETY: a read of our context.
+    if unsafe { (*ctx.skb.skb).gso_segs } > 1 {
+        return Ok(None);
+    }
+    let ip = ptr_at::<Ipv4Hdr>(ctx, ETH_HLEN)?;
+    // SAFETY: `ptr_at` checked the fixed header lies inside the packet; read.
+    let tot_len = u16::from_be(unsafe { (*ip).tot_len_be });
+    Ok(Some(tot_len.saturating_add(OPT_LEN as u16)))
+}
+
+/// The IPv4 total length of an XDP frame with the option.
+#[inline(always)]
+pub(crate) fn xdp_grown_len(ctx: &XdpContext) -> Result<u16, Skip> {
+    let ip = ptr_at::<Ipv4Hdr>(ctx, ETH_HLEN)?;
+    // SAFETY: `ptr_at` checked the fixed header lies inside the frame; read.
+    let tot_len = u16::from_be(unsafe { (*ip).tot_len_be });
+    Ok(tot_len.saturating_add(OPT_LEN as u16))
+}
