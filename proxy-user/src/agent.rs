@@ -495,6 +495,7 @@ fn status_template(config: &AgentConfig) -> AgentStatus {
         node_name: config.node_name.clone(),
         proxy_name: config.proxy_name.clone(),
         lb_algorithm: value_name(&config.lb_algorithm),
+        nodeport_mode: value_name(&config.nodeport_mode),
         max_endpoints_per_service: Some(config.max_endpoints_per_service),
         socket_lb_cgroup: config
             .socket_lb_cgroup

@@ -40,8 +40,8 @@ use crate::{
     model::{BackendAddr, DesiredState, Frontend, FrontendAddr, IpFamily, LbAlgorithm, Protocol},
     sync::encode::{
         backend_addr, backend_value, frontend_addr, frontend_key, ipv4, ipv6, proto_number,
-        revnat_name, revnat_value, scoped_key, slot_zero_attributes, FrontendDefaults, AnyBackend, AnyFrontendKey,
-        AnyRevNat,
+        revnat_name, revnat_value, scoped_key, slot_zero_attributes, AnyBackend, AnyFrontendKey,
+        AnyRevNat, FrontendDefaults,
     },
     sync::maglev::BackendKey,
     sync::store::Capacities,

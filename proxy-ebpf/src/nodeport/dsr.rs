@@ -222,9 +222,7 @@ pub(crate) fn carry_tc(ctx: &TcContext, u: &Up<u32>) -> Result<(), RewriteFailed
     };
     // SAFETY: a resizing helper on our own context; no packet pointer taken
     // before it is used after it.
-    let grown = unsafe {
-        bpf_skb_adjust_room(ctx.skb.skb, OPT_LEN as i32, BPF_ADJ_ROOM_NET, 0)
-    };
+    let grown = unsafe { bpf_skb_adjust_room(ctx.skb.skb, OPT_LEN as i32, BPF_ADJ_ROOM_NET, 0) };
     if grown != 0 {
         return Err(RewriteFailed);
     }

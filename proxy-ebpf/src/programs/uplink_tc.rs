@@ -245,9 +245,7 @@ fn write_translation<A: UplinkTcFamily>(
     let [sport_be, dport_be] = u.to_ports_be;
     rewrite(ctx, &u.s.flow, Side::Destination, &u.to_daddr_be, dport_be)?;
     match out {
-        Out::Remote | Out::Reply => {
-            rewrite(ctx, &u.s.flow, Side::Source, &u.to_saddr_be, sport_be)
-        }
+        Out::Remote | Out::Reply => rewrite(ctx, &u.s.flow, Side::Source, &u.to_saddr_be, sport_be),
         Out::Direct => A::carry(ctx, u),
         Out::Local | Out::Arrived => Ok(()),
     }

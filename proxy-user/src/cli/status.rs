@@ -411,6 +411,11 @@ fn render_agent(out: &mut String, report: &StatusReport) {
             s.proxy_name.clone().unwrap_or_else(|| "-".into()),
         ]);
         t.push(vec!["LB algorithm:".into(), or_dash(&s.lb_algorithm)]);
+        let nodeport_mode = match s.nodeport_mode.as_str() {
+            "" => "snat",
+            mode => mode,
+        };
+        t.push(vec!["NodePort mode:".into(), nodeport_mode.into()]);
         let sync = match report.last_sync_age_s {
             Some(age) => format!(
                 "{} ago, took {:.1} ms; {} frontends desired, {} not programmed",

@@ -812,6 +812,34 @@ mod tests {
         }
     }
 
+    /// A flow this node returned directly never sees a reply: the client's
+    /// packets alone decide (its ACK establishes; its FIN or RST closes).
+    #[test]
+    fn directly_returned_flows_are_judged_by_the_client_alone() {
+        use ct_state::*;
+        let flags = ct_flags::HANDSHAKE | ct_flags::DSR_BALANCED;
+        for (protocol, forward, want) in [
+            (proto::TCP, 0, Phase::SynSent),
+            (proto::TCP, ACKED, Phase::Established),
+            (proto::TCP, ACKED | FIN, Phase::Closed),
+            (proto::TCP, RST, Phase::Closed),
+            (proto::UDP, 0, Phase::UdpStream),
+        ] {
+            assert_eq!(
+                phase(protocol, flags, forward, 0),
+                want,
+                "{protocol} {forward:#b}"
+            );
+        }
+        // The backend's node sees both directions: the usual rules.
+        let arrived = ct_flags::HANDSHAKE | ct_flags::DSR_ARRIVED;
+        assert_eq!(phase(proto::TCP, arrived, ACKED, 0), Phase::SynSent);
+        assert_eq!(
+            phase(proto::TCP, arrived, ACKED, REPLIED),
+            Phase::Established
+        );
+    }
+
     #[test]
     fn expiry_uses_the_newer_time_stamp_and_the_phase_timeout() {
         use ct_state::*;

@@ -35,6 +35,9 @@ pub struct AgentStatus {
     pub proxy_name: Option<String>,
     /// `--lb-algorithm`: the default for Services without the annotation.
     pub lb_algorithm: String,
+    /// `--nodeport-mode`: `snat` or `dsr` (empty from an agent that
+    /// predates it: `snat`).
+    pub nodeport_mode: String,
     /// `--max-endpoints-per-service` (`None` from an agent that predates it).
     pub max_endpoints_per_service: Option<u16>,
     /// Seconds since the epoch of the last completed sync.

@@ -28,7 +28,7 @@ use crate::model::{BackendAddr, DesiredState, Frontend, FrontendAddr, IpFamily};
 use crate::node::status;
 use crate::sync::encode::{
     backend_addr, frontend_addr, proto_number, revnat_name, revnat_value, scoped_key,
-    slot_zero_attributes, AnyBackend, FrontendDefaults, AnyFrontendKey, AnyRevNat,
+    slot_zero_attributes, AnyBackend, AnyFrontendKey, AnyRevNat, FrontendDefaults,
 };
 use crate::sync::store::Dump;
 
@@ -155,13 +155,7 @@ pub fn compare(
     }
 
     for frontend in desired.frontends.values() {
-        compare_frontend(
-            &maps,
-            frontend,
-            defaults,
-            unprogrammed,
-            &mut problems,
-        );
+        compare_frontend(&maps, frontend, defaults, unprogrammed, &mut problems);
     }
     for (addr, (key, head)) in heads
         .iter()

@@ -32,8 +32,8 @@ use proxy_common::{
     ct_dir, ct_flags, ct_state, dsr, proto, scope, snat, uplink_flags, CtEntry, CtKey,
 };
 use proxy_testkit::packet::{
-    checksum, checksums_valid, icmp_checksums_valid, icmp_error_checksums_valid, icmp_frame,
-    icmp_fragmentation_needed, PacketSpec, ETH_HLEN,
+    checksum, checksums_valid, icmp_checksums_valid, icmp_error_checksums_valid,
+    icmp_fragmentation_needed, icmp_frame, PacketSpec, ETH_HLEN,
 };
 use proxy_user::{
     model::cidr::IpCidr,
@@ -1411,10 +1411,9 @@ fn a_flow_returned_directly_arrives_tracked_and_its_replies_leave_from_the_front
                 let case = format!("{prog:?} {protocol:?}");
                 let mut fx = returning_directly(node, Vec::new());
                 let sport = 40000;
-                let arriving = with(
-                    &spec(protocol, CLIENT, sport, POD_LOCAL, POD_PORT),
-                    |p| p.ip_options = dsr_option(BALANCER, NODE_PORT),
-                );
+                let arriving = with(&spec(protocol, CLIENT, sport, POD_LOCAL, POD_PORT), |p| {
+                    p.ip_options = dsr_option(BALANCER, NODE_PORT)
+                });
                 let (verdict, out) = fx.run(prog, &arriving.build());
                 assert_eq!(
                     (verdict, out),
@@ -1471,10 +1470,9 @@ fn the_option_is_ignored_where_direct_return_is_off() {
     THIS_NODE.run(|node| {
         for prog in Prog::BOTH {
             let mut fx = uplinked(node, Vec::new());
-            let arriving = with(
-                &PacketSpec::tcp(CLIENT, 40000, POD_LOCAL, POD_PORT),
-                |p| p.ip_options = dsr_option(BALANCER, NODE_PORT),
-            );
+            let arriving = with(&PacketSpec::tcp(CLIENT, 40000, POD_LOCAL, POD_PORT), |p| {
+                p.ip_options = dsr_option(BALANCER, NODE_PORT)
+            });
             let (verdict, out) = fx.run(prog, &arriving.build());
             assert_eq!(
                 (verdict, out),

@@ -9,6 +9,7 @@ mod cluster_agent;
 mod cluster_churn;
 mod e2e;
 mod e2e_conntrack;
+mod e2e_dsr;
 mod e2e_dualstack;
 mod e2e_external;
 mod e2e_external6;
