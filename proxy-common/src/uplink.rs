@@ -76,6 +76,18 @@ pub struct Uplink {
     pub _pad: [u8; 3],
 }
 
+impl Uplink {
+    /// The entry of an uplink with IPv4 address `addr_be` (network order)
+    /// and [`uplink_flags`] `flags`.
+    pub const fn new(addr_be: u32, flags: u8) -> Self {
+        Self {
+            addr_be,
+            flags,
+            _pad: [0; 3],
+        }
+    }
+}
+
 /// Bits of [`Uplink::flags`].
 pub mod uplink_flags {
     /// The node runs `--nodeport-mode dsr`: a packet arriving on this

@@ -162,10 +162,10 @@ fn grown_header(ip: &Ipv4Hdr, u: &Up<u32>) -> Option<(u16, u16, u16)> {
 }
 
 /// XDP: puts the option of `u` after the fixed IPv4 header. The frame
-/// grows at its head: the Ethernet and fixed IPv4 headers move 8 bytes to
-/// the front, word by word in rising order (each word is read 8 bytes
-/// ahead of the last one written), then the header gets its new length
-/// and checksum. Every pointer is taken anew after the resize.
+/// grows at its head: the ethertype and the fixed IPv4 header move 8 bytes
+/// to the front (the MAC addresses are not moved: the caller writes the
+/// route's), then the header gets its new length and checksum. Every
+/// pointer is taken anew after the resize.
 #[inline(always)]
 pub(crate) fn carry_xdp(ctx: &XdpContext, u: &Up<u32>) -> Result<(), RewriteFailed> {
     let ip = ptr_at::<Ipv4Hdr>(ctx, ETH_HLEN).map_err(|_| RewriteFailed)?;
@@ -178,26 +178,24 @@ pub(crate) fn carry_xdp(ctx: &XdpContext, u: &Up<u32>) -> Result<(), RewriteFail
     if unsafe { bpf_xdp_adjust_head(ctx.ctx, -(OPT_LEN as i32)) } != 0 {
         return Err(RewriteFailed);
     }
-    const WORDS: usize = (OPT_OFF + OPT_LEN) / 2;
-    const SHIFT: usize = OPT_LEN / 2;
-    let frame = ptr_at::<[u16; WORDS]>(ctx, 0).map_err(|_| RewriteFailed)?;
-    let words = frame as *mut u16;
-    let mut i = 0;
-    while i < WORDS - SHIFT {
-        // SAFETY: both words lie inside the checked `WORDS` words; the
-        // volatile accesses keep the copy a run of loads and stores (a
-        // plain copy of overlapping memory becomes `memmove`, a byte loop).
-        unsafe {
-            let w = core::ptr::read_volatile(words.add(i + SHIFT));
-            core::ptr::write_volatile(words.add(i), w);
-        }
-        i += 1;
+    let frame = ptr_at::<[u8; OPT_OFF + OPT_LEN]>(ctx, 0).map_err(|_| RewriteFailed)?;
+    let base = frame as *mut u8;
+    // From the ethertype to the end of the fixed header: 22 bytes, now 8
+    // bytes further than they belong.
+    const FROM: usize = 12;
+    const MOVED: usize = OPT_OFF - FROM;
+    // SAFETY: every byte read or written lies inside the checked frame
+    // head; the moves go in rising order, each read 8 bytes ahead of the
+    // last write.
+    unsafe {
+        move_down::<u32>(base, FROM, FROM + OPT_LEN, MOVED - 2);
+        move_down::<u16>(base, OPT_OFF - 2, OPT_OFF - 2 + OPT_LEN, 2);
     }
+    let words = base as *mut u16;
     let opt = option_words(u.dsr_addr_be, u.dsr_port_be);
     let mut j = 0;
     while j < opt.len() {
-        // SAFETY: as above: the option's words are the frame's last four
-        // checked words.
+        // SAFETY: the option's words are the checked head's last four.
         unsafe { core::ptr::write_volatile(words.add(OPT_OFF / 2 + j), opt[j]) };
         j += 1;
     }
@@ -208,6 +206,31 @@ pub(crate) fn carry_xdp(ctx: &XdpContext, u: &Up<u32>) -> Result<(), RewriteFail
         core::ptr::write_volatile(words.add(IP_CSUM_OFF / 2), csum);
     }
     Ok(())
+}
+
+/// Moves `len` bytes at `base + from` to `base + to` (`to < from`), `T`
+/// at a time in rising order, so a region that overlaps its destination
+/// is read before it is overwritten. The volatile accesses keep the copy
+/// loads and stores of `T` (a plain copy of overlapping memory becomes
+/// `memmove`, a byte loop on BPF).
+///
+/// # Safety
+/// Both ranges lie inside memory the caller may read and write. They need
+/// not be aligned for `T`: the program reads and writes the frame at any
+/// offset (the verifier enforces no alignment on packet memory on this
+/// architecture, as for the IPv4 header's fields at offset 14).
+#[inline(always)]
+unsafe fn move_down<T: Copy>(base: *mut u8, to: usize, from: usize, len: usize) {
+    let step = core::mem::size_of::<T>();
+    let mut i = 0;
+    while i < len / step {
+        // SAFETY: the caller's guarantee.
+        unsafe {
+            let w = core::ptr::read_volatile(base.add(from + i * step) as *const T);
+            core::ptr::write_volatile(base.add(to + i * step) as *mut T, w);
+        }
+        i += 1;
+    }
 }
 
 /// tc: the same as [`carry_xdp`], the room made by the kernel after the

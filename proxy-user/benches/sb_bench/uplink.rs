@@ -173,7 +173,10 @@ pub(crate) fn program_node(
     ensure!(report.failed.is_empty(), "sync failed: {report:?}");
     syncer
         .store_mut()
-        .set_uplinks(&[(uplink, NODE)])
+        .set_uplinks(&[(
+            uplink,
+            proxy_common::Uplink::new(u32::from_ne_bytes(NODE.octets()), 0),
+        )])
         .context("writing the uplink map")
 }
 

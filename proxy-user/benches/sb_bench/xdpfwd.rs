@@ -95,6 +95,9 @@ enum Dest {
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Env {
     Plain,
+    /// The same node with `--nodeport-mode dsr`: NodePorts to a remote
+    /// backend are returned directly (DNAT and the option, no SNAT).
+    Dsr,
     Iptables,
     Nftables,
 }
@@ -118,6 +121,8 @@ const ROWS: &[Row] = &[
     Row { key: "reflector", label: "empty XDP_TX reflector (the limit)", ipv6: false, target: Reflector, dest: NodePortRemote, flows: 1, env: Env::Plain },
     Row { key: "remote_1", label: "switchboard NodePort, remote backend (DNAT+SNAT+XDP_TX), one flow", ipv6: false, target: Switchboard, dest: NodePortRemote, flows: 1, env: Env::Plain },
     Row { key: "remote_many", label: "switchboard NodePort, remote backend (DNAT+SNAT+XDP_TX), 1024 flows", ipv6: false, target: Switchboard, dest: NodePortRemote, flows: MANY_FLOWS, env: Env::Plain },
+    Row { key: "dsr_remote_1", label: "switchboard NodePort, remote backend, direct server return (DNAT+option+XDP_TX), one flow", ipv6: false, target: Switchboard, dest: NodePortRemote, flows: 1, env: Env::Dsr },
+    Row { key: "dsr_remote_many", label: "switchboard NodePort, remote backend, direct server return (DNAT+option+XDP_TX), 1024 flows", ipv6: false, target: Switchboard, dest: NodePortRemote, flows: MANY_FLOWS, env: Env::Dsr },
     Row { key: "local_1", label: "switchboard NodePort, local backend (DNAT, XDP_PASS, forwarded to the pod), one flow", ipv6: false, target: Switchboard, dest: NodePortLocal, flows: 1, env: Env::Plain },
     Row { key: "local_many", label: "switchboard NodePort, local backend (DNAT, XDP_PASS, forwarded to the pod), 1024 flows", ipv6: false, target: Switchboard, dest: NodePortLocal, flows: MANY_FLOWS, env: Env::Plain },
     Row { key: "pass", label: "empty XDP_PASS program, to the pod's address (forwarded by the stack)", ipv6: false, target: Pass, dest: Pod, flows: MANY_FLOWS, env: Env::Plain },
@@ -156,10 +161,15 @@ pub(crate) fn xdpfwd(quick: bool, rest: &[String]) -> Result<Value> {
     };
     let rows: Vec<Row> = ROWS
         .iter()
-        .filter(|r| r.env == Env::Plain || rules.iter().any(|(env, _)| *env == r.env))
+        .filter(|r| {
+            matches!(r.env, Env::Plain | Env::Dsr) || rules.iter().any(|(env, _)| *env == r.env)
+        })
         .copied()
         .collect();
-    let mut envs = vec![Node::spawn(Env::Plain, None, cpu)?];
+    let mut envs = vec![
+        Node::spawn(Env::Plain, None, cpu)?,
+        Node::spawn(Env::Dsr, None, cpu)?,
+    ];
     for (env, text) in rules {
         envs.push(Node::spawn(env, Some(text), cpu)?);
     }
@@ -317,7 +327,8 @@ impl Bench {
             sinks.push(link);
         }
         let switchboard = match env {
-            Env::Plain => Some(load_switchboard(uplink)?),
+            Env::Plain => Some(load_switchboard(uplink, false)?),
+            Env::Dsr => Some(load_switchboard(uplink, true)?),
             Env::Iptables => {
                 load_rules("iptables-restore", rules)?;
                 None
@@ -495,7 +506,9 @@ fn build_more() -> Result<()> {
 
 /// switchboard's object with the NodePorts of both families and the
 /// uplink's addresses.
-fn load_switchboard(uplink: u32) -> Result<(Ebpf, Syncer<PinnedMaps>)> {
+/// Loads switchboard on the node, its NodePorts programmed; with
+/// `direct_return` as `--nodeport-mode dsr` does.
+fn load_switchboard(uplink: u32, direct_return: bool) -> Result<(Ebpf, Syncer<PinnedMaps>)> {
     let caps = Capacities {
         frontends: 1024,
         backends: 1024,
@@ -519,6 +532,7 @@ fn load_switchboard(uplink: u32) -> Result<(Ebpf, Syncer<PinnedMaps>)> {
     )?;
     let maps = PinnedMaps::take(&mut ebpf)?;
     let mut syncer = Syncer::adopt(maps, caps);
+    syncer.set_direct_return(direct_return);
     let udp = |mut f: proxy_user::model::Frontend| {
         f.addr.protocol = Protocol::Udp;
         f

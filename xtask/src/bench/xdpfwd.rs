@@ -69,8 +69,9 @@ fn mpps(x: &Value, key: &str) -> Option<f64> {
 }
 
 /// The targets of the forwarding rate: NodePort to a remote backend ≥ 3 ×
-/// iptables, ≥ 2 × nftables and ≥ 0.5 × the reflector; a frame not ours
-/// ≥ 0.9 × the empty pass program (IPv4, 1024 flows).
+/// iptables, ≥ 2 × nftables and ≥ 0.5 × the reflector; direct server
+/// return at least as fast as source NAT; a frame not ours ≥ 0.9 × the
+/// empty pass program (IPv4, 1024 flows).
 pub(super) fn goals(x: &Value) -> Vec<Goal> {
     [
         (
@@ -90,6 +91,12 @@ pub(super) fn goals(x: &Value) -> Vec<Goal> {
             "reflector",
             "NodePort to a remote backend, switchboard XDP ÷ the empty XDP_TX reflector",
             0.5,
+        ),
+        (
+            "dsr_remote_many",
+            "remote_many",
+            "NodePort to a remote backend, direct server return ÷ source NAT",
+            1.0,
         ),
         (
             "not_ours",

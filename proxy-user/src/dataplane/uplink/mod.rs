@@ -123,12 +123,8 @@ pub fn map_entries4(uplinks: &[Uplink], mode: NodePortMode) -> Vec<(u32, proxy_c
         .iter()
         .map(|u| {
             let addr = u.addr.unwrap_or(Ipv4Addr::UNSPECIFIED);
-            let value = proxy_common::Uplink {
-                addr_be: u32::from_ne_bytes(addr.octets()),
-                flags,
-                _pad: [0; 3],
-            };
-            (u.index, value)
+            let addr_be = u32::from_ne_bytes(addr.octets());
+            (u.index, proxy_common::Uplink::new(addr_be, flags))
         })
         .collect()
 }

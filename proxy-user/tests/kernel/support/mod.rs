@@ -360,14 +360,9 @@ impl Loaded {
     /// [`Loaded::set_uplink`] with the uplink map's `flags`
     /// (`uplink_flags`).
     pub fn set_uplink_flags(&mut self, ifindex: u32, node: Ipv4Addr, flags: u8) {
-        let value = proxy_common::Uplink {
-            addr_be: be32(node),
-            flags,
-            _pad: [0; 3],
-        };
         self.syncer
             .store_mut()
-            .set_uplinks(&[(ifindex, value)])
+            .set_uplinks(&[(ifindex, proxy_common::Uplink::new(be32(node), flags))])
             .expect("write the uplink map");
         self.uplink = Some(ifindex);
     }
