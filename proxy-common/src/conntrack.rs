@@ -37,9 +37,8 @@ pub mod ct_flags {
     /// closed at the client's FIN or RST.
     pub const DSR_BALANCED: u8 = 1 << 3;
     /// Direct server return, on the backend's node: the flow arrived with
-    /// the frontend in an IPv4 option ([`crate::dsr`]); the replies leave
-    /// from here with the frontend as their source, and the SYN-ACK's MSS
-    /// leaves room for the option on the client's segments.
+    /// the frontend in an option ([`crate::dsr`]); the replies leave from
+    /// here with the frontend as their source.
     pub const DSR_ARRIVED: u8 = 1 << 4;
 }
 

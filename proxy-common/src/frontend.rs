@@ -104,7 +104,8 @@ pub mod frontend_flags {
     /// Direct server return (`--nodeport-mode dsr`) on a NodePort,
     /// LoadBalancer or external-IP frontend: a flow from outside to a
     /// backend on another node keeps its client as source, carries the
-    /// frontend to that node in an IPv4 option ([`crate::dsr`]), and the
+    /// frontend to that node in an IPv4 option or an IPv6 destination
+    /// option ([`crate::dsr`]), and the
     /// backend's node sends the replies to the client itself.
     pub const DIRECT_RETURN: u16 = 1 << 7;
 

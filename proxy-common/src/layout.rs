@@ -97,6 +97,7 @@ const _: () = assert!(size_of::<SockAffinityKey>() == 16);
 const _: () = assert!(size_of::<Config>() == 8);
 const _: () = assert!(size_of::<Uplink>() == 8);
 const _: () = assert!(size_of::<DsrOpt4>() == dsr::OPT4_LEN as usize);
+const _: () = assert!(size_of::<DsrOpt6>() == dsr::HDR6_LEN as usize);
 const _: () = assert!(size_of::<Uplink6>() == 16);
 const _: () = assert!(size_of::<FragKey>() == 12);
 const _: () = assert!(size_of::<FragEntry>() == 24);

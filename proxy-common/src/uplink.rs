@@ -99,7 +99,8 @@ pub mod uplink_flags {
     pub const DSR_ACCEPT: u8 = 1 << 0;
 }
 
-/// Direct server return: the IPv4 option that carries a flow's frontend
+/// Direct server return: the IPv4 option (and the IPv6 destination
+/// options header, [`DsrOpt6`]) that carries a flow's frontend
 /// from the node that balanced it to its backend's node, right after the
 /// fixed IPv4 header of every packet of the flow that node forwards
 /// (type, length, port, address: 8 bytes, so the header stays a multiple
@@ -114,6 +115,34 @@ pub mod dsr {
     /// The largest IPv4 header length (in 32-bit words) the option still
     /// fits in.
     pub const MAX_IHL_BEFORE: u8 = 15 - OPT4_LEN / 4;
+    /// IPv6: the option's type in a destination options header right after
+    /// the fixed header: 0x1e, an experimental type (RFC 4727) whose top
+    /// bits say "skip if unknown, does not change en route", so the
+    /// backend's kernel delivers the packet unchanged.
+    pub const OPT6_TYPE: u8 = 0x1e;
+    /// The option's data: port, two reserved bytes, address.
+    pub const OPT6_DATA_LEN: u8 = 20;
+    /// The whole destination options header, in bytes.
+    pub const HDR6_LEN: u8 = 24;
+    /// Its length field: 8-byte units beyond the first.
+    pub const HDR6_EXT_LEN: u8 = HDR6_LEN / 8 - 1;
+}
+
+/// The IPv6 destination options header carrying the direct-server-return
+/// option ([`dsr`]), as it lies in the packet.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DsrOpt6 {
+    /// The header that follows (the packet's TCP or UDP).
+    pub next_hdr: u8,
+    /// [`dsr::HDR6_EXT_LEN`].
+    pub hdr_ext_len: u8,
+    pub opt_type: u8,
+    pub opt_len: u8,
+    /// The frontend's port and address.
+    pub port_be: u16,
+    pub _reserved: [u8; 2],
+    pub addr_be: Addr6Be,
 }
 
 /// The direct-server-return option as it lies in the packet ([`dsr`]).

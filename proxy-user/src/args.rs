@@ -135,10 +135,9 @@ pub struct AgentArgs {
     pub lb_algorithm: LbAlgorithm,
     /// How flows from outside reach a backend on another node: `snat`
     /// (source NAT to this node; replies come back through it, as under
-    /// kube-proxy) or `dsr` (direct server return, IPv4: the client's
-    /// address is kept and the backend's node answers the client itself,
-    /// one hop less; every node must run `dsr`, and IPv6 flows are
-    /// source-NATed).
+    /// kube-proxy) or `dsr` (direct server return: the client's address is
+    /// kept and the backend's node answers the client itself, one hop
+    /// less; every node must run `dsr`).
     #[arg(long, value_enum, default_value_t = NodePortMode::Snat)]
     pub nodeport_mode: NodePortMode,
     /// Serve NodePorts on this node's interface addresses within these

@@ -1,9 +1,10 @@
-//! Direct server return (`--nodeport-mode dsr`), IPv4: a flow from outside
+//! Direct server return (`--nodeport-mode dsr`): a flow from outside
 //! to a backend on another node keeps the client as its source, and the
 //! backend's node answers the client itself, with the frontend as the
 //! source of the replies. The frontend travels with the packets in an IPv4
-//! option ([`proxy_common::dsr`]); this kernel has no IPIP or Geneve, and
-//! an option costs 8 bytes where a tunnel costs 20 or more.
+//! option, or an IPv6 destination options header right after the fixed
+//! header ([`proxy_common::dsr`]); this kernel has no IPIP or Geneve, and
+//! an option costs 8 (24) bytes where a tunnel costs 20 (40) or more.
 //!
 //! - The node that balances the flow ([`new_direct_flow`]) tracks it with
 //!   [`ct_flags::DSR_BALANCED`] (it will see only the client's packets),
@@ -27,15 +28,17 @@ use aya_ebpf::{
     helpers::{bpf_skb_adjust_room, bpf_xdp_adjust_head},
     programs::{TcContext, XdpContext},
 };
-use proxy_common::{dsr, stat, DsrOpt4};
+use proxy_common::{dsr, stat, Addr6Be, DsrOpt4, DsrOpt6};
 
 use super::{NotTranslated, Out, Up, UplinkFamily};
 use crate::{
     ct::track::{noted, track, Source},
     packet::{
         csum_replace2,
-        ctx::{ptr_at, PacketCtx},
-        set, Ipv4Hdr, Skip, ETH_HLEN, IPV4_MIN_HLEN, IP_CSUM_OFF,
+        ctx::{ptr_at, LoadBytes, PacketCtx},
+        set,
+        v6::{load, IP6_L4_OFF, IPV6_HLEN, NEXTHDR_DEST},
+        Ipv4Hdr, Skip, ETH_HLEN, IPV4_MIN_HLEN, IP_CSUM_OFF,
     },
     rewrite::RewriteFailed,
 };
@@ -44,6 +47,14 @@ use proxy_common::ct_flags;
 /// Where the option goes: right after the fixed IPv4 header.
 const OPT_OFF: usize = ETH_HLEN + IPV4_MIN_HLEN;
 const OPT_LEN: usize = dsr::OPT4_LEN as usize;
+/// The IPv6 destination options header, right after the fixed header.
+const HDR6_LEN: usize = dsr::HDR6_LEN as usize;
+/// Offsets of the IPv6 payload length and next header.
+const IP6_PAYLOAD_LEN_OFF: usize = ETH_HLEN + 4;
+const IP6_NEXT_OFF: usize = ETH_HLEN + 6;
+/// Where the moves of [`carry_xdp`] and [`carry6_xdp`] start: the
+/// ethertype (the MAC addresses are the route's, written after).
+const MOVE_FROM: usize = 12;
 
 /// Reads the frontend an IPv4 packet's first option names, when it is the
 /// direct-server-return option, into `u.dsr_addr_be` / `u.dsr_port_be`
@@ -63,6 +74,31 @@ pub(crate) fn read_option<C: PacketCtx>(ctx: &C, u: &mut Up<u32>) {
     if opt.kind == dsr::OPT4_TYPE && opt.len == dsr::OPT4_LEN && opt.port_be != 0 {
         u.dsr_addr_be = opt.addr_be;
         u.dsr_port_be = opt.port_be;
+    }
+}
+
+/// IPv6: as [`read_option`], from a destination options header right
+/// after the fixed header holding the option alone.
+#[inline(always)]
+pub(crate) fn read_option6<C: PacketCtx + LoadBytes>(ctx: &C, u: &mut Up<Addr6Be>) {
+    u.dsr_port_be = 0;
+    let Ok(next) = ptr_at::<u8>(ctx, IP6_NEXT_OFF) else {
+        return;
+    };
+    // SAFETY: `ptr_at` checked the byte lies inside the packet; a read.
+    if unsafe { *next } != NEXTHDR_DEST {
+        return;
+    }
+    let Ok(hdr) = load::<DsrOpt6>(ctx, IP6_L4_OFF) else {
+        return;
+    };
+    if hdr.hdr_ext_len == dsr::HDR6_EXT_LEN
+        && hdr.opt_type == dsr::OPT6_TYPE
+        && hdr.opt_len == dsr::OPT6_DATA_LEN
+        && hdr.port_be != 0
+    {
+        set(&mut u.dsr_addr_be, &hdr.addr_be);
+        u.dsr_port_be = hdr.port_be;
     }
 }
 
@@ -178,19 +214,7 @@ pub(crate) fn carry_xdp(ctx: &XdpContext, u: &Up<u32>) -> Result<(), RewriteFail
     if unsafe { bpf_xdp_adjust_head(ctx.ctx, -(OPT_LEN as i32)) } != 0 {
         return Err(RewriteFailed);
     }
-    let frame = ptr_at::<[u8; OPT_OFF + OPT_LEN]>(ctx, 0).map_err(|_| RewriteFailed)?;
-    let base = frame as *mut u8;
-    // From the ethertype to the end of the fixed header: 22 bytes, now 8
-    // bytes further than they belong.
-    const FROM: usize = 12;
-    const MOVED: usize = OPT_OFF - FROM;
-    // SAFETY: every byte read or written lies inside the checked frame
-    // head; the moves go in rising order, each read 8 bytes ahead of the
-    // last write.
-    unsafe {
-        move_down::<u32>(base, FROM, FROM + OPT_LEN, MOVED - 2);
-        move_down::<u16>(base, OPT_OFF - 2, OPT_OFF - 2 + OPT_LEN, 2);
-    }
+    let base = moved_headers::<{ OPT_OFF + OPT_LEN }>(ctx, OPT_LEN)?;
     let words = base as *mut u16;
     let opt = option_words(u.dsr_addr_be, u.dsr_port_be);
     let mut j = 0;
@@ -206,6 +230,30 @@ pub(crate) fn carry_xdp(ctx: &XdpContext, u: &Up<u32>) -> Result<(), RewriteFail
         core::ptr::write_volatile(words.add(IP_CSUM_OFF / 2), csum);
     }
     Ok(())
+}
+
+/// After the frame grew by `grown` bytes at its head: moves the ethertype
+/// and the fixed IP header (up to `END - grown`) to the front, where they
+/// belong, leaving `grown` bytes after them. The frame's first `END` bytes
+/// (checked to be there), from where they start now.
+#[inline(always)]
+fn moved_headers<const END: usize>(
+    ctx: &XdpContext,
+    grown: usize,
+) -> Result<*mut u8, RewriteFailed> {
+    let frame = ptr_at::<[u8; END]>(ctx, 0).map_err(|_| RewriteFailed)?;
+    let base = frame as *mut u8;
+    let moved = END - grown - MOVE_FROM;
+    // SAFETY: every byte read or written lies inside the checked `END`
+    // bytes; the moves go in rising order, each read `grown` bytes ahead of
+    // the last write. `moved` is 22 (IPv4) or 42 (IPv6): 2 more than a
+    // multiple of 4.
+    unsafe {
+        move_down::<u32>(base, MOVE_FROM, MOVE_FROM + grown, moved - 2);
+        let last = MOVE_FROM + moved - 2;
+        move_down::<u16>(base, last, last + grown, 2);
+    }
+    Ok(base)
 }
 
 /// Moves `len` bytes at `base + from` to `base + to` (`to < from`), `T`
@@ -261,25 +309,126 @@ pub(crate) fn carry_tc(ctx: &TcContext, u: &Up<u32>) -> Result<(), RewriteFailed
     ctx.store(IP_CSUM_OFF, &csum, 0).map_err(|_| RewriteFailed)
 }
 
-/// The IPv4 total length the packet will have with the option, or `None`
-/// for a GSO packet (the kernel resegments it to fit).
+/// IPv6, XDP: puts the destination options header with the option of `u`
+/// after the fixed header, as [`carry_xdp`] puts the IPv4 option: the
+/// ethertype and fixed header move 24 bytes to the front, the header's
+/// next header becomes 60 (destination options, whose own next header is
+/// the packet's TCP or UDP) and its payload length grows by 24. The L4
+/// checksum does not change: its pseudo-header counts the L4 length.
 #[inline(always)]
-pub(crate) fn tc_grown_len(ctx: &TcContext) -> Result<Option<u16>, Skip> {
-    // SAFETY: a read of our context.
-    if unsafe { (*ctx.skb.skb).gso_segs } > 1 {
-        return Ok(None);
+pub(crate) fn carry6_xdp(ctx: &XdpContext, u: &Up<Addr6Be>) -> Result<(), RewriteFailed> {
+    // SAFETY: a resizing helper on our own context; no packet pointer taken
+    // before it is used after it.
+    if unsafe { bpf_xdp_adjust_head(ctx.ctx, -(HDR6_LEN as i32)) } != 0 {
+        return Err(RewriteFailed);
     }
+    let base = moved_headers::<{ IP6_L4_OFF + HDR6_LEN }>(ctx, HDR6_LEN)?;
+    // SAFETY: the fields and the header's 24 bytes lie inside the checked
+    // head; as in `moved_headers`, no alignment is assumed.
+    unsafe {
+        let next_at = base.add(IP6_NEXT_OFF);
+        let len_at = base.add(IP6_PAYLOAD_LEN_OFF) as *mut u16;
+        let next = core::ptr::read_volatile(next_at);
+        let len_be = core::ptr::read_volatile(len_at);
+        let words = header6_words(next, u);
+        let hdr = base.add(IP6_L4_OFF) as *mut u32;
+        let mut j = 0;
+        while j < words.len() {
+            core::ptr::write_volatile(hdr.add(j), words[j]);
+            j += 1;
+        }
+        core::ptr::write_volatile(len_at, grown_be(len_be, HDR6_LEN));
+        core::ptr::write_volatile(next_at, NEXTHDR_DEST);
+    }
+    Ok(())
+}
+
+/// IPv6, tc: the same as [`carry6_xdp`], the room made by the kernel after
+/// the fixed header (`BPF_ADJ_ROOM_NET`), as [`carry_tc`].
+#[inline(always)]
+pub(crate) fn carry6_tc(ctx: &TcContext, u: &Up<Addr6Be>) -> Result<(), RewriteFailed> {
+    let next: u8 = load(ctx, IP6_NEXT_OFF).map_err(|_| RewriteFailed)?;
+    let len_be: u16 = load(ctx, IP6_PAYLOAD_LEN_OFF).map_err(|_| RewriteFailed)?;
+    // SAFETY: a resizing helper on our own context; no packet pointer is
+    // held across it.
+    let grown = unsafe { bpf_skb_adjust_room(ctx.skb.skb, HDR6_LEN as i32, BPF_ADJ_ROOM_NET, 0) };
+    if grown != 0 {
+        return Err(RewriteFailed);
+    }
+    let hdr = DsrOpt6 {
+        next_hdr: next,
+        hdr_ext_len: dsr::HDR6_EXT_LEN,
+        opt_type: dsr::OPT6_TYPE,
+        opt_len: dsr::OPT6_DATA_LEN,
+        port_be: u.dsr_port_be,
+        _reserved: [0; 2],
+        addr_be: u.dsr_addr_be,
+    };
+    ctx.store(IP6_L4_OFF, &hdr, 0).map_err(|_| RewriteFailed)?;
+    ctx.store(IP6_PAYLOAD_LEN_OFF, &grown_be(len_be, HDR6_LEN), 0)
+        .map_err(|_| RewriteFailed)?;
+    ctx.store(IP6_NEXT_OFF, &NEXTHDR_DEST, 0)
+        .map_err(|_| RewriteFailed)
+}
+
+/// The destination options header carrying `u`'s frontend, before the
+/// header `next`, as 32-bit words in packet order.
+#[inline(always)]
+fn header6_words(next: u8, u: &Up<Addr6Be>) -> [u32; 6] {
+    let [p0, p1] = u.dsr_port_be.to_ne_bytes();
+    let a = &u.dsr_addr_be;
+    [
+        u32::from_ne_bytes([next, dsr::HDR6_EXT_LEN, dsr::OPT6_TYPE, dsr::OPT6_DATA_LEN]),
+        u32::from_ne_bytes([p0, p1, 0, 0]),
+        a[0],
+        a[1],
+        a[2],
+        a[3],
+    ]
+}
+
+/// A length field (network order) grown by `by`.
+#[inline(always)]
+fn grown_be(len_be: u16, by: usize) -> u16 {
+    u16::from_be(len_be).saturating_add(by as u16).to_be()
+}
+
+/// Whether the skb is a GSO packet (the kernel resegments it to fit).
+#[inline(always)]
+fn is_gso(ctx: &TcContext) -> bool {
+    // SAFETY: a read of our context.
+    unsafe { (*ctx.skb.skb).gso_segs > 1 }
+}
+
+/// The IPv4 total length of the packet at `ctx` with the option.
+#[inline(always)]
+pub(crate) fn grown_len<C: PacketCtx>(ctx: &C) -> Result<u16, Skip> {
     let ip = ptr_at::<Ipv4Hdr>(ctx, ETH_HLEN)?;
     // SAFETY: `ptr_at` checked the fixed header lies inside the packet; read.
     let tot_len = u16::from_be(unsafe { (*ip).tot_len_be });
-    Ok(Some(tot_len.saturating_add(OPT_LEN as u16)))
+    Ok(tot_len.saturating_add(OPT_LEN as u16))
 }
 
-/// The IPv4 total length of an XDP frame with the option.
+/// The IPv6 length (fixed header included, as the route lookup's MTU
+/// check counts it) of the packet at `ctx` with the destination options
+/// header.
 #[inline(always)]
-pub(crate) fn xdp_grown_len(ctx: &XdpContext) -> Result<u16, Skip> {
-    let ip = ptr_at::<Ipv4Hdr>(ctx, ETH_HLEN)?;
-    // SAFETY: `ptr_at` checked the fixed header lies inside the frame; read.
-    let tot_len = u16::from_be(unsafe { (*ip).tot_len_be });
-    Ok(tot_len.saturating_add(OPT_LEN as u16))
+pub(crate) fn grown_len6<C: PacketCtx>(ctx: &C) -> Result<u16, Skip> {
+    let len = ptr_at::<u16>(ctx, IP6_PAYLOAD_LEN_OFF)?;
+    // SAFETY: `ptr_at` checked the field lies inside the packet; read.
+    let payload = u16::from_be(unsafe { core::ptr::read_unaligned(len) });
+    Ok(payload.saturating_add((IPV6_HLEN + HDR6_LEN) as u16))
+}
+
+/// tc: the length `grown` (one of the above) gives, or `None` for a GSO
+/// packet (the kernel resegments it to fit).
+#[inline(always)]
+pub(crate) fn tc_grown_len(
+    ctx: &TcContext,
+    grown: fn(&TcContext) -> Result<u16, Skip>,
+) -> Result<Option<u16>, Skip> {
+    if is_gso(ctx) {
+        return Ok(None);
+    }
+    grown(ctx).map(Some)
 }

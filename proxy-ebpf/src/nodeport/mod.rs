@@ -101,7 +101,7 @@ pub fn classify<A: UplinkFamily>(
     let flow = &u.s.flow;
     if u.dsr_port_be != 0
         && !A::maybe_frontend_port(&flow.daddr_be, flow.dport_be, flow.proto)
-        && A::accepts_dsr(ingress)
+        && uplink::accepts_dsr(ingress)
     {
         return dsr::arrived(u);
     }
@@ -155,7 +155,7 @@ pub fn classify<A: UplinkFamily>(
     if !local_only {
         match remote_uplink(ctx, ingress, u) {
             Route::Local => {}
-            Route::Remote if A::DSR && svc.flags & frontend_flags::DIRECT_RETURN != 0 => {
+            Route::Remote if svc.flags & frontend_flags::DIRECT_RETURN != 0 => {
                 return dsr::new_direct_flow(u, id, svc.service_id)
             }
             Route::Remote => return new_remote_flow(u, id, svc.service_id),

@@ -15,7 +15,10 @@ use proxy_common::{
 use crate::{
     family::{Family, Work},
     maps::{SB_UPLINK6_V1, SB_UPLINK_V1},
-    packet::{ctx::PacketCtx, FlowOf},
+    packet::{
+        ctx::{LoadBytes, PacketCtx},
+        FlowOf,
+    },
 };
 
 const AF_INET: u8 = 2;
@@ -58,10 +61,6 @@ pub static SB_UP6TMP_V1: PerCpuArray<Up<Addr6Be>, 1> = PerCpuArray::new();
 
 /// An address family on the uplink path (see the module's documentation).
 pub(crate) trait UplinkFamily: Family {
-    /// Whether flows of the family can be returned directly
-    /// ([`super::dsr`]); without it a `DIRECT_RETURN` frontend's flows to
-    /// other nodes are source-NATed.
-    const DSR: bool;
     /// This CPU's uplink working memory of the family.
     fn up() -> Option<&'static mut Up<Self>>;
     /// Writes route-lookup parameters for a packet `src → dst` arriving
@@ -75,15 +74,21 @@ pub(crate) trait UplinkFamily: Family {
     /// The client's hash for source hashing.
     fn source_hash(addr: &Self) -> u32;
     /// Reads the frontend a direct-server-return option names into
-    /// `u.dsr_*` (port 0 when there is none; IPv6 has no option yet).
-    fn read_dsr_option<C: PacketCtx>(ctx: &C, u: &mut Up<Self>);
-    /// Whether uplink `ifindex` accepts direct-server-return options
-    /// ([`uplink_flags::DSR_ACCEPT`]).
-    fn accepts_dsr(ifindex: u32) -> bool;
+    /// `u.dsr_*` (port 0 when there is none).
+    fn read_dsr_option<C: PacketCtx + LoadBytes>(ctx: &C, u: &mut Up<Self>);
+}
+
+/// Whether uplink `ifindex` accepts direct-server-return options of
+/// either family ([`uplink_flags::DSR_ACCEPT`] in its IPv4 entry, which
+/// every uplink has).
+#[inline(always)]
+pub(crate) fn accepts_dsr(ifindex: u32) -> bool {
+    // SAFETY: the value is copied out at once.
+    unsafe { SB_UPLINK_V1.get(ifindex) }
+        .is_some_and(|uplink| uplink.flags & uplink_flags::DSR_ACCEPT != 0)
 }
 
 impl UplinkFamily for u32 {
-    const DSR: bool = true;
     #[inline(always)]
     fn up() -> Option<&'static mut Up<u32>> {
         let ptr = SB_UP4TMP_V1.get_ptr_mut(0)?;
@@ -121,19 +126,12 @@ impl UplinkFamily for u32 {
         source_hash(*addr)
     }
     #[inline(always)]
-    fn read_dsr_option<C: PacketCtx>(ctx: &C, u: &mut Up<u32>) {
+    fn read_dsr_option<C: PacketCtx + LoadBytes>(ctx: &C, u: &mut Up<u32>) {
         super::dsr::read_option(ctx, u);
-    }
-    #[inline(always)]
-    fn accepts_dsr(ifindex: u32) -> bool {
-        // SAFETY: the value is copied out at once.
-        unsafe { SB_UPLINK_V1.get(ifindex) }
-            .is_some_and(|uplink| uplink.flags & uplink_flags::DSR_ACCEPT != 0)
     }
 }
 
 impl UplinkFamily for Addr6Be {
-    const DSR: bool = false;
     #[inline(always)]
     fn up() -> Option<&'static mut Up<Addr6Be>> {
         let ptr = SB_UP6TMP_V1.get_ptr_mut(0)?;
@@ -170,12 +168,8 @@ impl UplinkFamily for Addr6Be {
         source_hash6(addr)
     }
     #[inline(always)]
-    fn read_dsr_option<C: PacketCtx>(_ctx: &C, u: &mut Up<Addr6Be>) {
-        u.dsr_port_be = 0;
-    }
-    #[inline(always)]
-    fn accepts_dsr(_ifindex: u32) -> bool {
-        false
+    fn read_dsr_option<C: PacketCtx + LoadBytes>(ctx: &C, u: &mut Up<Addr6Be>) {
+        super::dsr::read_option6(ctx, u);
     }
 }
 

@@ -52,10 +52,10 @@ pub(crate) trait UplinkTcFamily: UplinkFamily + Header {
     /// Direct server return ([`crate::nodeport::dsr`]): the packet's
     /// length with the option (`None`: a GSO packet), the option put in,
     /// and the answer to a packet the option would make larger than the
-    /// route's `mtu`.
+    /// route's `mtu` (naming the room the option leaves).
     fn grown_len(ctx: &TcContext) -> Result<Option<u16>, Skip>;
     fn carry(ctx: &TcContext, u: &Up<Self>) -> Result<(), RewriteFailed>;
-    fn too_big(ctx: &TcContext, u: &Up<Self>, mtu: u16) -> i32;
+    fn too_big(ctx: &TcContext, u: &mut Up<Self>, mtu: u16) -> i32;
 }
 
 impl UplinkTcFamily for u32 {
@@ -109,15 +109,16 @@ impl UplinkTcFamily for u32 {
     }
     #[inline(always)]
     fn grown_len(ctx: &TcContext) -> Result<Option<u16>, Skip> {
-        dsr::tc_grown_len(ctx)
+        dsr::tc_grown_len(ctx, dsr::grown_len::<TcContext>)
     }
     #[inline(always)]
     fn carry(ctx: &TcContext, u: &Up<u32>) -> Result<(), RewriteFailed> {
         dsr::carry_tc(ctx, u)
     }
     #[inline(always)]
-    fn too_big(ctx: &TcContext, u: &Up<u32>, mtu: u16) -> i32 {
-        crate::reject::tc_too_big(ctx, &u.s.flow, mtu)
+    fn too_big(ctx: &TcContext, u: &mut Up<u32>, mtu: u16) -> i32 {
+        let room = mtu.saturating_sub(u16::from(proxy_common::dsr::OPT4_LEN));
+        crate::reject::tc_too_big(ctx, &u.s.flow, room)
     }
 }
 
@@ -146,18 +147,18 @@ impl UplinkTcFamily for Addr6Be {
     fn reject(ctx: &TcContext, u: &mut Up<Addr6Be>) -> i32 {
         crate::reject::v6::answer(ctx, &mut u.s)
     }
-    /// IPv6 flows are not returned directly yet (`UplinkFamily::DSR`).
     #[inline(always)]
-    fn grown_len(_ctx: &TcContext) -> Result<Option<u16>, Skip> {
-        Err(Skip::NotOurs)
+    fn grown_len(ctx: &TcContext) -> Result<Option<u16>, Skip> {
+        dsr::tc_grown_len(ctx, dsr::grown_len6::<TcContext>)
     }
     #[inline(always)]
-    fn carry(_ctx: &TcContext, _u: &Up<Addr6Be>) -> Result<(), RewriteFailed> {
-        Err(RewriteFailed)
+    fn carry(ctx: &TcContext, u: &Up<Addr6Be>) -> Result<(), RewriteFailed> {
+        dsr::carry6_tc(ctx, u)
     }
     #[inline(always)]
-    fn too_big(_ctx: &TcContext, _u: &Up<Addr6Be>, _mtu: u16) -> i32 {
-        TC_ACT_SHOT
+    fn too_big(ctx: &TcContext, u: &mut Up<Addr6Be>, mtu: u16) -> i32 {
+        let room = mtu.saturating_sub(u16::from(proxy_common::dsr::HDR6_LEN));
+        crate::reject::v6::too_big(ctx, &mut u.s, room)
     }
 }
 
@@ -314,8 +315,7 @@ fn route<A: UplinkTcFamily>(
     if direct && rc == FIB_FRAG_NEEDED {
         // SAFETY: the lookup wrote the route's MTU over the length asked.
         let mtu = unsafe { u.fib.__bindgen_anon_1.mtu_result };
-        let room = mtu.saturating_sub(u16::from(proxy_common::dsr::OPT4_LEN));
-        return Ok(Some(A::too_big(ctx, u, room)));
+        return Ok(Some(A::too_big(ctx, u, mtu)));
     }
     if rc != FIB_SUCCESS && rc != FIB_NO_NEIGH {
         return drop_counted(stat::NO_ROUTE).map(Some);

@@ -311,7 +311,7 @@ impl XdpFamily for u32 {
     }
     #[inline(always)]
     fn grown_len(ctx: &XdpContext) -> Result<u16, Skip> {
-        dsr::xdp_grown_len(ctx)
+        dsr::grown_len(ctx)
     }
     #[inline(always)]
     fn carry(ctx: &XdpContext, u: &Up<u32>) -> Result<(), StoreFailed> {
@@ -368,14 +368,13 @@ impl XdpFamily for Addr6Be {
         unsafe { *at = hop_limit - 1 };
         Ok(())
     }
-    /// IPv6 flows are not returned directly yet (`UplinkFamily::DSR`).
     #[inline(always)]
-    fn grown_len(_ctx: &XdpContext) -> Result<u16, Skip> {
-        Err(Skip::NotOurs)
+    fn grown_len(ctx: &XdpContext) -> Result<u16, Skip> {
+        dsr::grown_len6(ctx)
     }
     #[inline(always)]
-    fn carry(_ctx: &XdpContext, _u: &Up<Addr6Be>) -> Result<(), StoreFailed> {
-        Err(StoreFailed)
+    fn carry(ctx: &XdpContext, u: &Up<Addr6Be>) -> Result<(), StoreFailed> {
+        dsr::carry6_xdp(ctx, u).map_err(|_| StoreFailed)
     }
 }
 

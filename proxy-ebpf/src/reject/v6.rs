@@ -42,12 +42,15 @@ use crate::{
 const ICMP6_HLEN: usize = 8;
 /// The quote: the IPv6 header and 8 bytes of the UDP header.
 const QUOTE_LEN: usize = 40 + 8;
+/// What a packet-too-big answer quotes beyond [`QUOTE_LEN`].
+const MORE_LEN: usize = 8;
 /// The ICMPv6 answer, Ethernet header included.
 pub const UNREACH_LEN: usize = IP6_L4_OFF + ICMP6_HLEN + QUOTE_LEN;
 /// The RST answer, Ethernet header included.
 pub const RST_LEN: usize = IP6_L4_OFF + TCP_HLEN;
 const ICMPV6_DEST_UNREACH: u8 = 1;
 const ICMPV6_PORT_UNREACH: u8 = 4;
+const ICMPV6_PKT_TOOBIG: u8 = 2;
 
 /// `sb_from_pod`: a packet to IPv6 frontend `svc`, whose backend set is
 /// empty, is answered or dropped.
@@ -77,7 +80,7 @@ pub fn answer(ctx: &TcContext, s: &mut Scratch6) -> i32 {
     let answered = if flow.proto == proto::TCP {
         rst(ctx, flow)
     } else {
-        unreachable(ctx, s)
+        icmp_error(ctx, s, ICMPV6_DEST_UNREACH, ICMPV6_PORT_UNREACH, 0, false)
     };
     if answered.is_err() {
         return drop();
@@ -91,6 +94,34 @@ pub fn answer(ctx: &TcContext, s: &mut Scratch6) -> i32 {
 fn drop() -> i32 {
     count(stat::DROP_NO_BACKEND);
     TC_ACT_SHOT
+}
+
+/// `sb_from_uplink6`: answers the packet in `s.flow`, to a frontend whose
+/// flows are returned directly and too large for the route's MTU once the
+/// destination options header is in ([`crate::nodeport::dsr`]), with an
+/// ICMPv6 packet too big (type 2, code 0; RFC 4443 3.2) naming `mtu` (the
+/// room the header leaves), from the frontend, quoting the IPv6 header and
+/// the next 16 bytes: the TCP/UDP header's first 8, or the fragment header
+/// and the UDP header of a first fragment (the client's kernel finds its
+/// socket, and lowers the path MTU, from either). A packet with other
+/// extension headers, or from a source that is not one host, is dropped
+/// (`drop_rewrite_failed`).
+#[inline(always)]
+pub fn too_big(ctx: &TcContext, s: &mut Scratch6, mtu: u16) -> i32 {
+    let l4_off = s.flow.l4_off();
+    let quotable = l4_off == IP6_L4_OFF || (s.flow.first_fragment && l4_off == IP6_L4_OFF + 8);
+    if !quotable || !is_unicast(&s.flow.saddr_be) {
+        count(stat::DROP_REWRITE_FAILED);
+        return TC_ACT_SHOT;
+    }
+    let rest = u32::from(mtu).to_be();
+    if icmp_error(ctx, s, ICMPV6_PKT_TOOBIG, 0, rest, true).is_err() {
+        count(stat::DROP_REWRITE_FAILED);
+        return TC_ACT_SHOT;
+    }
+    count(stat::REJECTED);
+    // SAFETY: a read of our context, then a helper without memory arguments.
+    unsafe { bpf_redirect((*ctx.skb.skb).ifindex, 0) as i32 }
 }
 
 /// The packet's Ethernet addresses, swapped.
@@ -220,30 +251,40 @@ fn rst(ctx: &TcContext, flow: &Flow6) -> Result<(), ()> {
     ctx.store(IP6_L4_OFF, &hdr, 0).map_err(|_| ())
 }
 
-/// The ICMPv6 port unreachable answering a UDP datagram (no extension
-/// headers).
+/// The ICMPv6 error of `icmp_type` and `code` (its last four header bytes
+/// `rest`, as in the packet) answering the packet, quoting its IPv6 header
+/// and 8 bytes after it, or 16 (`longer`).
 #[inline(always)]
-fn unreachable(ctx: &TcContext, s: &mut Scratch6) -> Result<(), ()> {
+fn icmp_error(
+    ctx: &TcContext,
+    s: &mut Scratch6,
+    icmp_type: u8,
+    code: u8,
+    rest: u32,
+    longer: bool,
+) -> Result<(), ()> {
     load_into(ctx, ETH_HLEN, &mut s.quote).map_err(|_| ())?;
-    let icmp_len = ICMP6_HLEN + QUOTE_LEN;
+    let more: [u32; 2] = match longer {
+        true => load(ctx, ETH_HLEN + QUOTE_LEN).map_err(|_| ())?,
+        false => [0; 2],
+    };
+    let more_len = if longer { MORE_LEN } else { 0 };
+    let icmp_len = ICMP6_HLEN + QUOTE_LEN + more_len;
     let mut sum = pseudo_sum(&s.flow.daddr_be, &s.flow.saddr_be, icmp_len, proto::ICMPV6);
     let mut i = 0;
     while i < 12 {
         sum += u64::from(s.quote[i]);
         i += 1;
     }
-    let head = u32::from_ne_bytes([ICMPV6_DEST_UNREACH, ICMPV6_PORT_UNREACH, 0, 0]);
-    sum += u64::from(head);
+    let head = u32::from_ne_bytes([icmp_type, code, 0, 0]);
+    sum += u64::from(head) + u64::from(rest) + u64::from(more[0]) + u64::from(more[1]);
     let c = fold(sum).to_ne_bytes();
-    let icmp: [u32; 2] = [
-        u32::from_ne_bytes([ICMPV6_DEST_UNREACH, ICMPV6_PORT_UNREACH, c[0], c[1]]),
-        0,
-    ];
+    let icmp: [u32; 2] = [u32::from_ne_bytes([icmp_type, code, c[0], c[1]]), rest];
     let macs = swapped_macs(ctx)?;
     answer_header(
         ctx,
         &macs,
-        UNREACH_LEN,
+        UNREACH_LEN + more_len,
         icmp_len,
         proto::ICMPV6,
         &s.flow.daddr_be,
@@ -251,5 +292,10 @@ fn unreachable(ctx: &TcContext, s: &mut Scratch6) -> Result<(), ()> {
     )?;
     ctx.store(IP6_L4_OFF, &icmp, 0).map_err(|_| ())?;
     ctx.store(IP6_L4_OFF + ICMP6_HLEN, &s.quote, 0)
-        .map_err(|_| ())
+        .map_err(|_| ())?;
+    if longer {
+        ctx.store(IP6_L4_OFF + ICMP6_HLEN + QUOTE_LEN, &more, 0)
+            .map_err(|_| ())?;
+    }
+    Ok(())
 }

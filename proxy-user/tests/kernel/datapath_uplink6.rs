@@ -27,9 +27,9 @@ use crate::support::{
     XDP_TX,
 };
 use proxy_common::{
-    addr6_be, capacity, ct_dir, ct_flags, frontend_flags,
+    addr6_be, capacity, ct_dir, ct_flags, dsr, frontend_flags,
     hash::{flow_hash6, source_hash6},
-    snat, MaglevTable,
+    snat, uplink_flags, MaglevTable,
 };
 use proxy_user::sync::maglev::{self, BackendKey};
 
@@ -1187,5 +1187,184 @@ fn ipv6_load_balancer_source_ranges_admit_only_listed_clients() {
             assert_eq!(denied.get(&32), Some(&1), "{prog:?}: {denied:?}");
             assert_eq!(denied.get(&31), None, "{prog:?}: {denied:?}");
         }
+    });
+}
+
+// ---------------------------------------------------------------------------
+// Direct server return (`--nodeport-mode dsr`): the frontend in a
+// destination options header.
+
+/// The frontend's node of a flow returned directly to a backend here.
+const BALANCER: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x50, 0, 0, 0, 0, 0, 9);
+
+/// `frame` (no extension headers) with the destination options header
+/// naming frontend `addr:port` after its fixed header.
+fn with_dsr_header(frame: Vec<u8>, addr: Ipv6Addr, port: u16) -> Vec<u8> {
+    let mut hdr = vec![
+        frame[20],
+        dsr::HDR6_EXT_LEN,
+        dsr::OPT6_TYPE,
+        dsr::OPT6_DATA_LEN,
+    ];
+    hdr.extend_from_slice(&port.to_be_bytes());
+    hdr.extend_from_slice(&[0, 0]);
+    hdr.extend_from_slice(&addr.octets());
+    let mut out = frame[..54].to_vec();
+    out[20] = NEXTHDR_DEST;
+    let len = u16::from_be_bytes([out[18], out[19]]) + u16::from(dsr::HDR6_LEN);
+    out[18..20].copy_from_slice(&len.to_be_bytes());
+    out.extend_from_slice(&hdr);
+    out.extend_from_slice(&frame[54..]);
+    out
+}
+
+/// The uplink with IPv6 address NODE, accepting the option (`dsr` mode).
+fn returning_directly(node: &Node) -> Loaded {
+    let mut fx = uplinked(node, Some(NODE));
+    fx.set_uplink_flags(
+        node.uplink,
+        Ipv4Addr::new(192, 168, 50, 1),
+        uplink_flags::DSR_ACCEPT,
+    );
+    fx
+}
+
+/// A NodePort of `proto` to POD_REMOTE whose flows are returned directly.
+fn direct_frontend(fx: &mut Loaded, proto: u8, service_id: u32) {
+    fx.maps6.write(&Fe6 {
+        addr: NODE,
+        port: REMOTE_PORT,
+        proto,
+        service_id,
+        kind: frontend_flags::KIND_NODE_PORT | frontend_flags::DIRECT_RETURN,
+        backend_port: POD_PORT,
+        backends: &[(100 + service_id, POD_REMOTE)],
+        local: None,
+    });
+}
+
+#[test]
+fn an_ipv6_remote_flow_is_returned_directly_with_the_frontend_in_a_destination_option() {
+    THIS_NODE.run(|node| {
+        for prog in Prog::BOTH {
+            let mut fx = returning_directly(node);
+            for (i, proto) in [PROTO_TCP, PROTO_UDP].into_iter().enumerate() {
+                direct_frontend(&mut fx, proto, 1 + i as u32);
+                let sport = 43100 + i as u16;
+                let case = format!("{prog:?} proto {proto}");
+                let input = from_client(match proto {
+                    PROTO_TCP => Packet6::tcp(CLIENT, sport, NODE, REMOTE_PORT),
+                    _ => Packet6::udp(CLIENT, sport, NODE, REMOTE_PORT),
+                });
+                let (verdict, out) = fx.run(prog, &input.build());
+                let translated = Packet6 {
+                    dst: POD_REMOTE,
+                    dport: POD_PORT,
+                    ..input.clone()
+                };
+                let want =
+                    with_dsr_header(with_hop_limit(translated.build(), 63), NODE, REMOTE_PORT);
+                match prog {
+                    Prog::Xdp => {
+                        assert_eq!(verdict, XDP_TX, "{case}");
+                        assert_eq!(out, with_macs(want, GATEWAY_MAC, UPLINK_MAC), "{case}");
+                    }
+                    Prog::Tc => {
+                        assert_eq!(verdict, TC_ACT_REDIRECT, "{case}");
+                        assert_eq!(out, want, "{case}");
+                    }
+                }
+                let fwd = fx
+                    .maps6
+                    .ct(&ct_key6(
+                        CLIENT,
+                        sport,
+                        NODE,
+                        REMOTE_PORT,
+                        proto,
+                        ct_dir::FORWARD,
+                    ))
+                    .expect("forward entry");
+                assert_eq!(fwd.flags & ct_flags::SNAT, 0, "{case}: {fwd:?}");
+                assert_ne!(fwd.flags & ct_flags::DSR_BALANCED, 0, "{case}: {fwd:?}");
+            }
+            assert_eq!(fx.stat("ext_remote"), 2, "{prog:?}");
+        }
+    });
+}
+
+#[test]
+fn an_ipv6_flow_returned_directly_arrives_tracked_and_its_replies_leave_from_the_frontend() {
+    THIS_NODE.run(|node| {
+        for prog in Prog::BOTH {
+            for (i, proto) in [PROTO_TCP, PROTO_UDP].into_iter().enumerate() {
+                let case = format!("{prog:?} proto {proto}");
+                let mut fx = returning_directly(node);
+                let sport = 43200 + i as u16;
+                let sent = from_client(match proto {
+                    PROTO_TCP => Packet6::tcp(CLIENT, sport, POD_LOCAL, POD_PORT),
+                    _ => Packet6::udp(CLIENT, sport, POD_LOCAL, POD_PORT),
+                });
+                let arriving = with_dsr_header(sent.build(), BALANCER, NODE_PORT);
+                let (verdict, out) = fx.run(prog, &arriving);
+                assert_eq!(
+                    (verdict, out),
+                    (prog.delivered(), arriving.clone()),
+                    "{case}: delivered unchanged"
+                );
+                let key = ct_key6(CLIENT, sport, BALANCER, NODE_PORT, proto, ct_dir::FORWARD);
+                let fwd = fx.maps6.ct(&key).expect("forward entry, by the frontend");
+                assert_ne!(fwd.flags & ct_flags::DSR_ARRIVED, 0, "{case}: {fwd:?}");
+                assert_eq!(fwd.nat_addr_be, addr6_be(POD_LOCAL.octets()), "{case}");
+
+                let mut reply = match proto {
+                    PROTO_TCP => Packet6::tcp(POD_LOCAL, POD_PORT, CLIENT, sport),
+                    _ => Packet6::udp(POD_LOCAL, POD_PORT, CLIENT, sport),
+                };
+                reply.tcp_flags = if proto == PROTO_TCP {
+                    TCP_SYN | TCP_ACK
+                } else {
+                    0
+                };
+                let (verdict, out) = fx.run_egress(&reply.build());
+                assert_eq!(verdict, TC_ACT_OK, "{case}: reply");
+                let want = Packet6 {
+                    src: BALANCER,
+                    sport: NODE_PORT,
+                    ..reply.clone()
+                };
+                assert_eq!(out, want.build(), "{case}: reply from the frontend");
+                assert!(checksums_valid6(&out, false), "{case}");
+            }
+        }
+    });
+}
+
+#[test]
+fn an_ipv6_packet_too_large_for_the_option_is_answered_with_packet_too_big() {
+    THIS_NODE.run(|node| {
+        let mut fx = returning_directly(node);
+        direct_frontend(&mut fx, PROTO_UDP, 1);
+        // 1500 bytes of IPv6: the route's MTU, with no room for the header.
+        let mut big = from_client(Packet6::udp(CLIENT, 43300, NODE, REMOTE_PORT));
+        big.payload = vec![0x5a; 1500 - 40 - 8];
+        let frame = big.build();
+        assert_eq!(fx.run(Prog::Xdp, &frame), (XDP_PASS, frame.clone()));
+        let (verdict, out) = fx.run(Prog::Tc, &frame);
+        assert_eq!(verdict, TC_ACT_REDIRECT);
+        let mtu = 1500 - u32::from(dsr::HDR6_LEN);
+        let want = icmp6_frame_macs(
+            UPLINK_MAC,
+            CLIENT_MAC,
+            NODE,
+            CLIENT,
+            2,
+            0,
+            mtu,
+            &frame[14..14 + 56],
+        );
+        assert_eq!(out, want, "packet too big from the frontend");
+        assert_eq!(fx.stat("rejected"), 1);
+        assert_eq!(fx.stat("ext_remote"), 0);
     });
 }

@@ -317,3 +317,52 @@ fn nodeport6_fragmented_udp_both_ways_with_native_xdp() {
         )],
     );
 }
+
+/// Direct server return over IPv6 (`--nodeport-mode dsr`), backends on node
+/// B: the pods see client 1's own IPv6 address, the client sees node A's
+/// `[address]:nodePort` (node B answers from it), and node A translates no
+/// reply; then 3000-byte datagrams: the first first-fragment too large for
+/// the destination options header gets a packet too big, the client's
+/// path MTU shrinks, and the rest arrive.
+fn direct_return6(lan: Lan, extra: &[&str]) {
+    let pods = Node::B.pods();
+    let args: Vec<&str> = ["--nodeport-mode", "dsr"]
+        .iter()
+        .chain(extra)
+        .copied()
+        .collect();
+    let sb = dual_stack_with_agents(lan, Policy::Cluster, &pods, &args);
+    for entry in nodeports_at(Node::A.ip6()) {
+        assert_answers(
+            &sb,
+            &entry,
+            &pods,
+            Client::One.ip6(),
+            &format!("IPv6 direct server return, agent args {args:?}"),
+        );
+    }
+    let addr = format!("[{}]:{DUAL_NODEPORT_UDP}", Node::A.ip6());
+    let run = sb
+        .client(&sb_echo(), Client::One, &fragmented_udp_args(&addr))
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    let a = counters(&sb.pin_dir(Node::A));
+    assert!(
+        run.failures() <= 1 && run.attempts.len() == 10,
+        "3000-byte datagrams to {addr}:\n{}\n{a:?}",
+        run.raw
+    );
+    assert_eq!(run.client_saw(), vec![addr.clone()], "{}", run.raw);
+    assert!(a["rejected"] >= 1, "no packet too big from node A: {a:?}");
+    assert_eq!(a["ext_reply"], 0, "a reply passed node A: {a:?}");
+    assert!(a["ext_remote"] >= 2 * u64::from(COUNT), "{a:?}");
+}
+
+#[test]
+fn nodeport6_direct_server_return() {
+    direct_return6(Lan::KindLike, &[]);
+}
+
+#[test]
+fn nodeport6_direct_server_return_with_native_xdp() {
+    direct_return6(Lan::XdpReady, &["--xdp-mode", "native"]);
+}

@@ -105,10 +105,10 @@ pub enum NodePortMode {
     /// this node, which translates them back (kube-proxy's way).
     #[default]
     Snat,
-    /// Direct server return (IPv4): the client stays the source, the
-    /// frontend travels to the backend's node in an IPv4 option, and that
-    /// node answers the client itself. Every node must run it: a node
-    /// accepts the option only in this mode. IPv6 flows are source-NATed.
+    /// Direct server return: the client stays the source, the frontend
+    /// travels to the backend's node in an IPv4 option (an IPv6
+    /// destination option), and that node answers the client itself. Every
+    /// node must run it: a node accepts the option only in this mode.
     Dsr,
 }
 
