@@ -17,7 +17,7 @@ use crate::{
     maps::{SB_UPLINK6_V1, SB_UPLINK_V1},
     packet::{
         ctx::{LoadBytes, PacketCtx},
-        FlowOf,
+        set, FlowOf,
     },
 };
 
@@ -59,6 +59,34 @@ pub static SB_UP4TMP_V1: PerCpuArray<Up<u32>, 1> = PerCpuArray::new();
 #[btf_map]
 pub static SB_UP6TMP_V1: PerCpuArray<Up<Addr6Be>, 1> = PerCpuArray::new();
 
+/// A route the XDP program looked up for packets leaving again to
+/// `dst_be` (arriving on `ingress`): the egress interface, the MAC
+/// addresses to write and the route's MTU, as of `stamp_ns`.
+#[repr(C)]
+pub struct RouteSlot<A> {
+    pub dst_be: A,
+    pub ingress: u32,
+    pub ifindex: u32,
+    pub dmac: [u8; 6],
+    pub smac: [u8; 6],
+    pub mtu: u16,
+    pub _pad: [u8; 2],
+    pub stamp_ns: u64,
+}
+
+/// Slots per CPU and family (a power of two): direct-mapped by destination.
+const ROUTE_SLOTS: u32 = 256;
+/// How long a remembered route is used: a changed route or neighbour is
+/// followed within this time.
+pub(crate) const ROUTE_TTL_NS: u64 = 50_000_000;
+
+/// Not pinned: each loaded object has its own, a cache per CPU.
+#[btf_map]
+pub static SB_ROUTE4TMP_V1: PerCpuArray<RouteSlot<u32>, { ROUTE_SLOTS as usize }> = PerCpuArray::new();
+#[btf_map]
+pub static SB_ROUTE6TMP_V1: PerCpuArray<RouteSlot<Addr6Be>, { ROUTE_SLOTS as usize }> =
+    PerCpuArray::new();
+
 /// An address family on the uplink path (see the module's documentation).
 pub(crate) trait UplinkFamily: Family {
     /// This CPU's uplink working memory of the family.
@@ -76,6 +104,65 @@ pub(crate) trait UplinkFamily: Family {
     /// Reads the frontend a direct-server-return option names into
     /// `u.dsr_*` (port 0 when there is none).
     fn read_dsr_option<C: PacketCtx + LoadBytes>(ctx: &C, u: &mut Up<Self>);
+    /// This CPU's route slot for destination `dst` ([`cached_route`]).
+    fn route_slot(dst: &Self) -> Option<&'static mut RouteSlot<Self>>;
+}
+
+/// The slot of a destination whose words fold to `folded`.
+#[inline(always)]
+fn slot_index(folded: u32) -> u32 {
+    folded.wrapping_mul(0x9e37_79b1) >> 24 & (ROUTE_SLOTS - 1)
+}
+
+/// The route for a packet leaving again from `u.to_saddr_be` to
+/// `u.to_daddr_be` (protocol `proto`, arrived on `ingress`), into `u.fib`
+/// (egress interface, MAC addresses): the lookup's result code, and the
+/// route's MTU. A route looked up on this CPU less than [`ROUTE_TTL_NS`]
+/// ago for the same destination and ingress is used as it was, with no
+/// lookup; else two lookups fill the slot: one asking for more than any
+/// MTU (which answers with the route's MTU), then the route itself. The
+/// cache is keyed by destination, not source: a node routing by source
+/// (policy rules on the source address) gets the route of the first
+/// source it saw for a destination, for up to that long.
+#[inline(always)]
+pub(crate) fn cached_route<A: UplinkFamily>(
+    ctx: *mut c_void,
+    ingress: u32,
+    u: &mut Up<A>,
+    proto: u8,
+) -> (i64, u16) {
+    let now = crate::ct::now_ns();
+    let slot = A::route_slot(&u.to_daddr_be);
+    if let Some(s) = slot.as_deref() {
+        if s.ingress == ingress
+            && s.dst_be.same(&u.to_daddr_be)
+            && now.wrapping_sub(s.stamp_ns) < ROUTE_TTL_NS
+        {
+            u.fib.ifindex = s.ifindex;
+            u.fib.dmac = s.dmac;
+            u.fib.smac = s.smac;
+            return (FIB_SUCCESS, s.mtu);
+        }
+    }
+    A::fib_params(&mut u.fib, ingress, proto, &u.to_saddr_be, &u.to_daddr_be);
+    u.fib.__bindgen_anon_1.tot_len = u16::MAX;
+    let mtu = match fib_lookup(ctx, &mut u.fib) {
+        // SAFETY: the lookup wrote the route's MTU over the length asked.
+        FIB_FRAG_NEEDED => unsafe { u.fib.__bindgen_anon_1.mtu_result },
+        _ => u16::MAX,
+    };
+    A::fib_params(&mut u.fib, ingress, proto, &u.to_saddr_be, &u.to_daddr_be);
+    let rc = fib_lookup(ctx, &mut u.fib);
+    if let (FIB_SUCCESS, Some(s)) = (rc, slot) {
+        set(&mut s.dst_be, &u.to_daddr_be);
+        s.ingress = ingress;
+        s.ifindex = u.fib.ifindex;
+        s.dmac = u.fib.dmac;
+        s.smac = u.fib.smac;
+        s.mtu = mtu;
+        s.stamp_ns = now;
+    }
+    (rc, mtu)
 }
 
 /// Whether uplink `ifindex` accepts direct-server-return options of
@@ -129,6 +216,13 @@ impl UplinkFamily for u32 {
     fn read_dsr_option<C: PacketCtx + LoadBytes>(ctx: &C, u: &mut Up<u32>) {
         super::dsr::read_option(ctx, u);
     }
+    #[inline(always)]
+    fn route_slot(dst: &u32) -> Option<&'static mut RouteSlot<u32>> {
+        let ptr = SB_ROUTE4TMP_V1.get_ptr_mut(slot_index(*dst))?;
+        // SAFETY: this CPU's slot of a per-CPU array, valid for the program
+        // run; no other program of ours runs on this CPU meanwhile.
+        Some(unsafe { &mut *ptr })
+    }
 }
 
 impl UplinkFamily for Addr6Be {
@@ -170,6 +264,13 @@ impl UplinkFamily for Addr6Be {
     #[inline(always)]
     fn read_dsr_option<C: PacketCtx + LoadBytes>(ctx: &C, u: &mut Up<Addr6Be>) {
         super::dsr::read_option6(ctx, u);
+    }
+    #[inline(always)]
+    fn route_slot(dst: &Addr6Be) -> Option<&'static mut RouteSlot<Addr6Be>> {
+        let folded = dst[0] ^ dst[1] ^ dst[2] ^ dst[3];
+        let ptr = SB_ROUTE6TMP_V1.get_ptr_mut(slot_index(folded))?;
+        // SAFETY: as for IPv4.
+        Some(unsafe { &mut *ptr })
     }
 }
 

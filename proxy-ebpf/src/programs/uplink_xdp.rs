@@ -33,7 +33,7 @@ use proxy_common::{proto, stat, tail, Addr6Be};
 
 use crate::{
     maps::{count, count_service, SB_XDP_TAIL6_V1},
-    nodeport::{classify, dsr, fib_lookup, NotTranslated, Out, Up, UplinkFamily},
+    nodeport::{cached_route, classify, dsr, NotTranslated, Out, Up, UplinkFamily},
     packet::{
         csum_replace2, csum_replace4,
         ctx::{parse_ipv4, ptr_at},
@@ -163,13 +163,10 @@ fn send_out<A: XdpFamily>(
     counter: u32,
 ) -> Result<u32, Skip> {
     let proto = u.s.flow.proto;
-    A::fib_params(&mut u.fib, ingress, proto, &u.to_saddr_be, &u.to_daddr_be);
-    if direct {
-        u.fib.__bindgen_anon_1.tot_len = A::grown_len(ctx)?;
-    }
-    let rc = fib_lookup(ctx.ctx as *mut c_void, &mut u.fib);
+    let (rc, mtu) = cached_route(ctx.ctx as *mut c_void, ingress, u, proto);
     let hop_limit = A::hop_limit(ctx)?;
-    if rc != i64::from(BPF_FIB_LKUP_RET_SUCCESS) || hop_limit <= 1 {
+    let too_big = direct && A::grown_len(ctx)? > mtu;
+    if rc != i64::from(BPF_FIB_LKUP_RET_SUCCESS) || hop_limit <= 1 || too_big {
         count(stat::XDP_TO_TC);
         return Ok(xdp_action::XDP_PASS);
     }
