@@ -82,7 +82,8 @@ pub(crate) const ROUTE_TTL_NS: u64 = 50_000_000;
 
 /// Not pinned: each loaded object has its own, a cache per CPU.
 #[btf_map]
-pub static SB_ROUTE4TMP_V1: PerCpuArray<RouteSlot<u32>, { ROUTE_SLOTS as usize }> = PerCpuArray::new();
+pub static SB_ROUTE4TMP_V1: PerCpuArray<RouteSlot<u32>, { ROUTE_SLOTS as usize }> =
+    PerCpuArray::new();
 #[btf_map]
 pub static SB_ROUTE6TMP_V1: PerCpuArray<RouteSlot<Addr6Be>, { ROUTE_SLOTS as usize }> =
     PerCpuArray::new();

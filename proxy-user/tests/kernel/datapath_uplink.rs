@@ -1519,3 +1519,45 @@ fn a_packet_too_large_for_the_option_is_answered_with_fragmentation_needed() {
         assert_eq!((verdict, out), (TC_ACT_REDIRECT, carried(&big, false)));
     });
 }
+
+/// The XDP program remembers a route for 50 ms per CPU: a neighbour that
+/// changes its MAC address is followed once that time has passed (on one
+/// CPU, so the runs share a cache: within the time, the remembered address
+/// is still used).
+#[test]
+fn a_changed_next_hop_is_followed_within_the_route_cache_time() {
+    THIS_NODE.run(|node| {
+        crate::support::run_on_cpu(0);
+        let fe = frontend(
+            FrontendKind::NodePort,
+            NODE,
+            NODE_PORT,
+            Protocol::Udp,
+            "remote",
+            &[POD_REMOTE],
+        );
+        let mut fx = uplinked(node, vec![fe]);
+        let request = PacketSpec::udp(CLIENT, 40000, NODE, NODE_PORT).build();
+        let (verdict, out) = fx.run(Prog::Xdp, &request);
+        assert_eq!((verdict, &out[0..6]), (XDP_TX, &GATEWAY_MAC[..]));
+        let moved = [0x02, 0, 0, 0, 0, 0x22];
+        crate::support::netns::ip(&[
+            "neigh",
+            "replace",
+            &GATEWAY.to_string(),
+            "lladdr",
+            &crate::support::netns::mac(moved),
+            "dev",
+            "up0",
+        ]);
+        let (_, out) = fx.run(Prog::Xdp, &request);
+        assert_eq!(&out[0..6], &GATEWAY_MAC[..], "remembered");
+        std::thread::sleep(std::time::Duration::from_millis(120));
+        let (verdict, out) = fx.run(Prog::Xdp, &request);
+        assert_eq!(
+            (verdict, &out[0..6]),
+            (XDP_TX, &moved[..]),
+            "the new MAC address after the cache time"
+        );
+    });
+}
