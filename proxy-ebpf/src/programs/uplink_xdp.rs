@@ -214,8 +214,9 @@ pub fn hand_over_xdp6(ctx: &XdpContext) -> u32 {
 }
 
 /// The L4 checksum after the rewrite of `u`, from `old` (all the
-/// addresses and ports of the family's flow, `replace` for its addresses),
-/// or `None` for a UDP packet without checksum.
+/// addresses and ports of the family's flow, `replace` for its addresses;
+/// a source that stays, as under DNAT only, costs one compare), or `None`
+/// for a UDP packet without checksum.
 #[inline(always)]
 fn l4_checksum<A: XdpFamily>(
     u: &Up<A>,
@@ -227,14 +228,24 @@ fn l4_checksum<A: XdpFamily>(
         return None;
     }
     let [sport_be, dport_be] = u.to_ports_be;
-    let mut csum = replace(old, &flow.saddr_be, &u.to_saddr_be);
-    csum = replace(csum, &flow.daddr_be, &u.to_daddr_be);
-    csum = csum_replace2(csum, flow.sport_be, sport_be);
+    let mut csum = replace(old, &flow.daddr_be, &u.to_daddr_be);
     csum = csum_replace2(csum, flow.dport_be, dport_be);
+    if !source_stays(u) {
+        csum = replace(csum, &flow.saddr_be, &u.to_saddr_be);
+        csum = csum_replace2(csum, flow.sport_be, sport_be);
+    }
     if flow.proto == proto::UDP && csum == 0 {
         csum = 0xffff;
     }
     Some(csum)
+}
+
+/// Whether the rewrite of `u` leaves the source as it is (DNAT only: a
+/// local backend, or a flow returned directly).
+#[inline(always)]
+fn source_stays<A: XdpFamily>(u: &Up<A>) -> bool {
+    let flow = &u.s.flow;
+    flow.saddr_be.same(&u.to_saddr_be) && flow.sport_be == u.to_ports_be[0]
 }
 
 /// Where the L4 checksum of `proto` lies, from the L4 header.
@@ -273,11 +284,12 @@ impl XdpFamily for u32 {
         // an XDP program may write; no helper that moves the frame runs in
         // between.
         unsafe {
-            let mut ip_csum = (*ip).csum_be;
-            ip_csum = csum_replace4(ip_csum, flow.saddr_be, u.to_saddr_be);
-            ip_csum = csum_replace4(ip_csum, flow.daddr_be, u.to_daddr_be);
+            let mut ip_csum = csum_replace4((*ip).csum_be, flow.daddr_be, u.to_daddr_be);
+            if flow.saddr_be != u.to_saddr_be {
+                ip_csum = csum_replace4(ip_csum, flow.saddr_be, u.to_saddr_be);
+                (*ip).saddr_be = u.to_saddr_be;
+            }
             (*ip).csum_be = ip_csum;
-            (*ip).saddr_be = u.to_saddr_be;
             (*ip).daddr_be = u.to_daddr_be;
             if let Some(csum) = l4_checksum(u, *l4_csum, |c, old, new| csum_replace4(c, *old, *new))
             {
@@ -347,7 +359,9 @@ impl XdpFamily for Addr6Be {
         if let Some(csum) = l4_checksum(u, old, csum_replace16) {
             write(ctx, csum_off, &csum)?;
         }
-        write::<Addr6Be>(ctx, IP6_SADDR_OFF, &u.to_saddr_be)?;
+        if !source_stays(u) {
+            write::<Addr6Be>(ctx, IP6_SADDR_OFF, &u.to_saddr_be)?;
+        }
         write::<Addr6Be>(ctx, IP6_DADDR_OFF, &u.to_daddr_be)?;
         write::<[u16; 2]>(ctx, l4_off, &u.to_ports_be)
     }
