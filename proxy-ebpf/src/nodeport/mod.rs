@@ -35,9 +35,7 @@
 pub(crate) mod dsr;
 mod uplink;
 
-pub(crate) use uplink::{
-    cached_route, fib_lookup, Up, UplinkFamily, FIB_FRAG_NEEDED, FIB_NO_NEIGH, FIB_SUCCESS,
-};
+pub(crate) use uplink::{cached_route, fib_lookup, Up, UplinkFamily, FIB_NO_NEIGH, FIB_SUCCESS};
 
 use core::ffi::c_void;
 

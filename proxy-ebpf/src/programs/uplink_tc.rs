@@ -14,8 +14,8 @@
 //! translated.
 use crate::{
     maps::{count, count_service},
-    nodeport::{classify, fib_lookup, NotTranslated, Out, Up, UplinkFamily},
-    nodeport::{dsr, FIB_FRAG_NEEDED, FIB_NO_NEIGH, FIB_SUCCESS},
+    nodeport::{cached_route, classify, NotTranslated, Out, Up, UplinkFamily},
+    nodeport::{dsr, FIB_NO_NEIGH, FIB_SUCCESS},
     packet::{
         ctx::{later_fragment4, parse_ipv4, ptr_at},
         v6::{load, parse6, IP6_HOP_LIMIT_OFF},
@@ -288,7 +288,8 @@ fn icmp_error<A: UplinkTcFamily>(
 }
 
 /// Routes a packet that leaves the node again, from `u.to_saddr_be` to
-/// `u.to_daddr_be`, before it is rewritten: `None` when the route's
+/// `u.to_daddr_be`, before it is rewritten (through the route cache the
+/// XDP program uses too, [`cached_route`]): `None` when the route's
 /// interface is in `u.fib`, else the verdict (no route: dropped; too large
 /// for the route's MTU with the option of a `direct` packet: answered).
 #[inline(always)]
@@ -299,23 +300,13 @@ fn route<A: UplinkTcFamily>(
     l4_proto: u8,
     direct: bool,
 ) -> Result<Option<i32>, Skip> {
-    A::fib_params(
-        &mut u.fib,
-        ingress,
-        l4_proto,
-        &u.to_saddr_be,
-        &u.to_daddr_be,
-    );
+    let (rc, mtu) = cached_route(ctx.skb.skb as *mut c_void, ingress, u, l4_proto);
     if direct {
         if let Some(len) = A::grown_len(ctx)? {
-            u.fib.__bindgen_anon_1.tot_len = len;
+            if len > mtu {
+                return Ok(Some(A::too_big(ctx, u, mtu)));
+            }
         }
-    }
-    let rc = fib_lookup(ctx.skb.skb as *mut c_void, &mut u.fib);
-    if direct && rc == FIB_FRAG_NEEDED {
-        // SAFETY: the lookup wrote the route's MTU over the length asked.
-        let mtu = unsafe { u.fib.__bindgen_anon_1.mtu_result };
-        return Ok(Some(A::too_big(ctx, u, mtu)));
     }
     if rc != FIB_SUCCESS && rc != FIB_NO_NEIGH {
         return drop_counted(stat::NO_ROUTE).map(Some);
