@@ -29,7 +29,7 @@ use crate::support::{
 use proxy_common::{
     addr6_be, capacity, ct_dir, ct_flags, dsr, frontend_flags,
     hash::{flow_hash6, source_hash6},
-    snat, uplink_flags, MaglevTable,
+    snat, uplink_flags, CtEntry6, MaglevTable,
 };
 use proxy_user::sync::maglev::{self, BackendKey};
 
@@ -199,17 +199,7 @@ fn outside_client_reaches_a_local_ipv6_backend_by_dnat_and_the_reply_is_reversed
                 assert!(checksums_valid6(&out, false));
 
                 // Tracked as the pod path tracks it: both directions, no SNAT.
-                let fwd = fx
-                    .maps6
-                    .ct(&ct_key6(
-                        CLIENT,
-                        sport,
-                        NODE,
-                        NODE_PORT,
-                        proto,
-                        ct_dir::FORWARD,
-                    ))
-                    .expect("forward entry");
+                let fwd = client_entry(&fx, proto, sport, NODE_PORT);
                 assert_eq!(fwd.nat_addr_be, addr6_be(POD_LOCAL.octets()));
                 assert_eq!(fwd.nat_port_be, POD_PORT.to_be());
                 assert_eq!(fwd.flags & ct_flags::SNAT, 0);
@@ -575,12 +565,16 @@ fn ipv6_fragments_from_outside_follow_their_first_fragment() {
 // ---------------------------------------------------------------------------
 // 2: a remote backend: DNAT + SNAT to the uplink's IPv6 address.
 
+/// The forward entry of the client's flow from `sport` to NODE's `dport`.
+fn client_entry(fx: &Loaded, proto: u8, sport: u16, dport: u16) -> CtEntry6 {
+    fx.maps6
+        .ct(&ct_key6(CLIENT, sport, NODE, dport, proto, ct_dir::FORWARD))
+        .expect("forward entry")
+}
+
 /// The SNAT port a remote flow got (from its forward entry).
 fn snat_port(fx: &Loaded, proto: u8, sport: u16, dport: u16) -> u16 {
-    let fwd = fx
-        .maps6
-        .ct(&ct_key6(CLIENT, sport, NODE, dport, proto, ct_dir::FORWARD))
-        .expect("forward entry");
+    let fwd = client_entry(fx, proto, sport, dport);
     assert_ne!(fwd.flags & ct_flags::SNAT, 0, "a source-NATed flow");
     assert_eq!(fwd.snat_addr_be, addr6_be(NODE.octets()));
     u16::from_be(fwd.snat_port_be)
@@ -1274,17 +1268,7 @@ fn an_ipv6_remote_flow_is_returned_directly_with_the_frontend_in_a_destination_o
                         assert_eq!(out, want, "{case}");
                     }
                 }
-                let fwd = fx
-                    .maps6
-                    .ct(&ct_key6(
-                        CLIENT,
-                        sport,
-                        NODE,
-                        REMOTE_PORT,
-                        proto,
-                        ct_dir::FORWARD,
-                    ))
-                    .expect("forward entry");
+                let fwd = client_entry(&fx, proto, sport, REMOTE_PORT);
                 assert_eq!(fwd.flags & ct_flags::SNAT, 0, "{case}: {fwd:?}");
                 assert_ne!(fwd.flags & ct_flags::DSR_BALANCED, 0, "{case}: {fwd:?}");
             }
