@@ -135,6 +135,7 @@ const ROWS: &[Row] = &[
     Row { key: "nftables_local_many", label: "kube-proxy nftables NodePort, local backend (stack, conntrack, DNAT), 1024 flows", ipv6: false, target: Pass, dest: NodePortLocal, flows: MANY_FLOWS, env: Env::Nftables },
     Row { key: "reflector6", label: "IPv6: empty XDP_TX reflector (the limit)", ipv6: true, target: Reflector, dest: NodePortRemote, flows: 1, env: Env::Plain },
     Row { key: "remote6_many", label: "IPv6: switchboard NodePort, remote backend, 1024 flows", ipv6: true, target: Switchboard, dest: NodePortRemote, flows: MANY_FLOWS, env: Env::Plain },
+    Row { key: "dsr_remote6_many", label: "IPv6: switchboard NodePort, remote backend, direct server return, 1024 flows", ipv6: true, target: Switchboard, dest: NodePortRemote, flows: MANY_FLOWS, env: Env::Dsr },
     Row { key: "local6_many", label: "IPv6: switchboard NodePort, local backend, 1024 flows", ipv6: true, target: Switchboard, dest: NodePortLocal, flows: MANY_FLOWS, env: Env::Plain },
     Row { key: "pass6", label: "IPv6: empty XDP_PASS program, to the pod's address", ipv6: true, target: Pass, dest: Pod, flows: MANY_FLOWS, env: Env::Plain },
     Row { key: "not_ours6", label: "IPv6: switchboard, a frame not ours (to the pod's address)", ipv6: true, target: Switchboard, dest: Pod, flows: MANY_FLOWS, env: Env::Plain },

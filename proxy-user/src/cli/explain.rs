@@ -547,6 +547,12 @@ pub fn explain(view: &View, query: &Query) -> Explanation {
         return e;
     }
     let (set_key, set) = backend_set(view, target, &head, query.scope, &mut e.reasons);
+    if query.scope == Scope::External
+        && head.flags & ff::DIRECT_RETURN != 0
+        && !ff::has_external_set(head.flags)
+    {
+        e.reasons.push("direct server return (--nodeport-mode dsr): a backend on another node sees the client's own address, and its node answers the client from this frontend (the reply does not come back through this node)".into());
+    }
     if head.flags & ff::TERMINATING_FALLBACK != 0 {
         e.reasons.push("no endpoint is ready: the set holds serving, terminating endpoints (kube-proxy's fallback)".into());
     }
@@ -800,6 +806,9 @@ fn tracked(view: &View, query: &Query, set: &FrontendSlot, e: &mut Explanation) 
         line.push_str(&format!(
             "; source NATed to {snat} (backend on another node)"
         ));
+    }
+    if entry.flags & ct_flags::DSR_BALANCED != 0 {
+        line.push_str("; returned directly: the backend's node answers the client");
     }
     e.reasons.push(line);
     e.backend = Some(nat);
@@ -1186,6 +1195,21 @@ mod tests {
         let e = explain(&v, &query(t, None, Scope::Internal));
         assert_eq!(e.verdict, Verdict::Forwarded);
         assert_eq!(e.backend_set.len(), 2);
+    }
+
+    #[test]
+    fn direct_return_is_explained_for_traffic_from_outside_only() {
+        let t = target("203.0.113.10:80");
+        let v = view(&t, 2, ff::KIND_LOAD_BALANCER | ff::DIRECT_RETURN);
+        let said = |scope| {
+            let src = Some((Ipv4Addr::new(192, 0, 2, 9), Some(5000)));
+            explain(&v, &query(t, src, scope))
+                .reasons
+                .iter()
+                .any(|r| r.starts_with("direct server return"))
+        };
+        assert!(said(Scope::External));
+        assert!(!said(Scope::Internal));
     }
 
     #[test]
