@@ -578,7 +578,7 @@ mod tests {
         let report = StatusReport { problems, ..report };
         let text = render(&report);
         assert!(text.contains("NOT RUNNING (last pid 42)"), "{text}");
-        assert!(text.contains("Source:        dir:/m"), "{text}");
+        assert!(text.contains("Source:         dir:/m"), "{text}");
         assert!(text.contains("PROBLEMS (2)"), "{text}");
     }
 
