@@ -19,13 +19,13 @@
 //! file keeps its last good objects in effect.
 
 use std::collections::hash_map::DefaultHasher;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::hash::{Hash as _, Hasher as _};
 use std::io;
 use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::{Instant, SystemTime};
 
 use tracing::{error, info, warn};
 
@@ -47,6 +47,49 @@ fn is_manifest_name(path: &Path) -> bool {
             .iter()
             .any(|x| e.eq_ignore_ascii_case(x))
     })
+}
+
+/// Which files a rescan reads by content, and which it leaves alone; every
+/// other file is read when its metadata changed.
+#[derive(Debug, Default)]
+pub(super) struct Reread {
+    /// Every file (the first scan; after lost events, or a new watch).
+    pub(super) all: bool,
+    /// The files a file-system event named since the last rescan.
+    pub(super) named: HashSet<PathBuf>,
+    /// Files being written (a write was seen, its close not yet), with when
+    /// the last write was seen: not read, whatever their metadata says, so a
+    /// half-written file never replaces its objects. Files stay here until
+    /// the watch sees them closed, renamed or removed (or [`Reread::forget_writes_before`]).
+    pub(super) writing: HashMap<PathBuf, Instant>,
+}
+
+impl Reread {
+    /// Every file, by content.
+    pub(super) fn all() -> Reread {
+        Reread {
+            all: true,
+            ..Reread::default()
+        }
+    }
+
+    fn by_content(&self, path: &Path) -> bool {
+        self.all || self.named.contains(path)
+    }
+
+    /// After a rescan: the events it answered are done with (the files
+    /// being written stay).
+    pub(super) fn answered(&mut self) {
+        self.all = false;
+        self.named.clear();
+    }
+
+    /// Stops waiting for the close of files whose last write is older than
+    /// `cutoff` (a writer that keeps its file open, or a close the watch
+    /// missed): the next rescan reads them as their metadata says.
+    pub(super) fn forget_writes_before(&mut self, cutoff: Instant) {
+        self.writing.retain(|_, at| *at >= cutoff);
+    }
 }
 
 /// Cheap change detection for the periodic rescan.
@@ -396,7 +439,7 @@ impl DirState {
     /// The first scan: records every object in effect, and this node's Node
     /// (also when there is none). Returns how many objects it recorded.
     pub(super) fn first(&mut self, feed: &FeedTx) -> usize {
-        let changes = self.scan(true);
+        let changes = self.scan(&Reread::all());
         self.apply(changes, None);
         self.started = true;
         for (key, svc) in self.services.iter() {
@@ -437,8 +480,8 @@ impl DirState {
     /// whose version in effect changed: added, changed or removed. Only the
     /// changed files' keys are compared, so one edited file costs its own
     /// objects, whatever the directory holds. Returns how many it recorded.
-    pub(super) fn refresh(&mut self, read_all: bool, feed: &FeedTx) -> usize {
-        let changes = self.scan(read_all);
+    pub(super) fn refresh(&mut self, reread: &Reread, feed: &FeedTx) -> usize {
+        let changes = self.scan(reread);
         let mut recorded = 0;
         if !changes.is_empty() {
             let mut before = Before::default();
@@ -539,10 +582,11 @@ impl DirState {
         }
     }
 
-    /// Reads what changed in the directory. With `read_all`, every file is
-    /// read and compared by content; otherwise only files whose metadata
-    /// changed. Returns the files whose objects changed, in path order.
-    fn scan(&mut self, read_all: bool) -> Vec<FileChange> {
+    /// Reads what changed in the directory: the files `reread` names (or
+    /// every file) by content, the others when their metadata changed, none
+    /// that is being written. Returns the files whose objects changed, in
+    /// path order.
+    fn scan(&mut self, reread: &Reread) -> Vec<FileChange> {
         let Some(entries) = self.read_dir() else {
             return Vec::new();
         };
@@ -554,7 +598,12 @@ impl DirState {
             if !is_manifest_name(&path) {
                 continue;
             }
-            match self.check_file(&path, read_all) {
+            if reread.writing.contains_key(&path) {
+                // Its objects (if it had any) stay as they are until the write ends.
+                seen.insert(path);
+                continue;
+            }
+            match self.check_file(&path, reread.by_content(&path)) {
                 Checked::Absent => continue,
                 Checked::Unchanged => {}
                 Checked::Changed(key, view) => changes.push(FileChange {
@@ -607,9 +656,9 @@ impl DirState {
         }
     }
 
-    /// Reads one manifest file if its metadata (or, with `read_all`, its
+    /// Reads one manifest file if its metadata (or, with `by_content`, its
     /// content) changed, and converts its objects.
-    fn check_file(&mut self, path: &Path, read_all: bool) -> Checked {
+    fn check_file(&mut self, path: &Path, by_content: bool) -> Checked {
         // metadata() follows symlinks, so ConfigMap-style links are read through.
         let meta = match std::fs::metadata(path) {
             Ok(m) => m,
@@ -624,7 +673,7 @@ impl DirState {
             return Checked::Absent;
         }
         let fingerprint = Fingerprint::of(&meta);
-        if !read_all
+        if !by_content
             && self
                 .files
                 .get(path)
@@ -808,7 +857,16 @@ mod tests {
 
         /// A rescan; returns what it recorded.
         fn refresh(&mut self, read_all: bool) -> Changes {
-            let recorded = self.state.refresh(read_all, &self.tx);
+            let reread = if read_all {
+                Reread::all()
+            } else {
+                Reread::default()
+            };
+            self.refresh_with(&reread)
+        }
+
+        fn refresh_with(&mut self, reread: &Reread) -> Changes {
+            let recorded = self.state.refresh(reread, &self.tx);
             let changes = self.take();
             assert_eq!(recorded, changes.len());
             changes
@@ -1019,6 +1077,63 @@ mod tests {
         std::fs::remove_file(&path).expect("remove");
         assert!(!fx.refresh(false).is_empty());
         assert!(fx.view.services.is_empty());
+    }
+
+    /// A file being written is not read, whatever its metadata says: its
+    /// objects stay until its write ends (then it is read).
+    #[test]
+    fn a_file_being_written_keeps_its_objects_until_its_write_ends() {
+        let tmp = TempDir::new("writing");
+        let path = tmp.0.join("a.yaml");
+        std::fs::write(&path, svc("10.96.0.1")).expect("write");
+        let mut fx = Fixture::new(&tmp.0, "node-a");
+        fx.first();
+        // Half of the new content: a valid document without its ports.
+        std::fs::write(
+            &path,
+            "apiVersion: v1\nkind: Service\nmetadata: {name: web}\n",
+        )
+        .expect("write");
+        let mut reread = Reread::default();
+        reread.writing.insert(path.clone(), Instant::now());
+        assert!(
+            fx.refresh_with(&reread).is_empty(),
+            "not read while written"
+        );
+        assert_eq!(fx.view.service_ips(), ["10.96.0.1"]);
+        std::fs::write(&path, svc("10.96.0.2")).expect("write");
+        reread.writing.clear();
+        reread.named.insert(path);
+        assert!(!fx.refresh_with(&reread).is_empty(), "read once closed");
+        assert_eq!(fx.view.service_ips(), ["10.96.0.2"]);
+    }
+
+    /// A file an event named is read by content: a rewrite that leaves its
+    /// size, inode and modification time as they were is seen too.
+    #[test]
+    fn a_named_file_is_read_even_when_its_metadata_did_not_change() {
+        let tmp = TempDir::new("named");
+        let path = tmp.0.join("a.yaml");
+        std::fs::write(&path, svc("10.96.0.1")).expect("write");
+        let mut fx = Fixture::new(&tmp.0, "node-a");
+        fx.first();
+        let modified = std::fs::metadata(&path)
+            .and_then(|m| m.modified())
+            .expect("mtime");
+        std::fs::write(&path, svc("10.96.0.2")).expect("write");
+        std::fs::File::options()
+            .write(true)
+            .open(&path)
+            .and_then(|f| f.set_modified(modified))
+            .expect("set mtime");
+        assert!(
+            fx.refresh(false).is_empty(),
+            "the metadata alone shows nothing"
+        );
+        let mut reread = Reread::default();
+        reread.named.insert(path);
+        assert!(!fx.refresh_with(&reread).is_empty());
+        assert_eq!(fx.view.service_ips(), ["10.96.0.2"]);
     }
 
     fn problem_texts(changes: &Changes) -> Option<Vec<String>> {
