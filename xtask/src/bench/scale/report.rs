@@ -95,19 +95,49 @@ pub(in crate::bench) fn goals(scale: &Value) -> Vec<Goal> {
                 met: v.map(|v| v < bound),
             });
         }
-        for (n, bound) in targets::RSS_MIB {
-            let v = row(n).and_then(|r| f(&r["rss_mib"]));
-            goals.push(Goal {
-                what: format!(
-                    "agent RSS, {} Services × 10 from {label}",
-                    size_label(n.into())
-                ),
-                goal: format!("< {bound} MiB"),
-                measured: v.map_or("not measured in this run".into(), |v| format!("{v:.1} MiB")),
-                met: v.map(|v| v < bound),
-            });
+        for (table, field, what) in [
+            (&targets::RSS_MIB[..], "rss_mib", "agent RSS"),
+            (&targets::PEAK_RSS_MIB[..], "peak_rss_mib", "agent peak RSS"),
+        ] {
+            for &(n, bound) in table {
+                let v = row(n).and_then(|r| f(&r[field]));
+                goals.push(Goal {
+                    what: format!(
+                        "{what}, {} Services × 10 from {label}",
+                        size_label(n.into())
+                    ),
+                    goal: format!("< {bound} MiB"),
+                    measured: v
+                        .map_or("not measured in this run".into(), |v| format!("{v:.1} MiB")),
+                    met: v.map(|v| v < bound),
+                });
+            }
         }
     }
+    let n = targets::FILE_CHANGE_SERVICES;
+    let change = start
+        .iter()
+        .find(|r| r["source"] == "yaml" && services(r) == u64::from(n))
+        .map(|r| &r["file_change"])
+        .filter(|c| !c.is_null());
+    let median = change.and_then(|c| f(&c["median_ms"]));
+    goals.push(Goal {
+        what: format!(
+            "file change → new backend answering, {} Services × 10, directory source, median",
+            size_label(n.into())
+        ),
+        goal: format!("< {} ms", targets::FILE_CHANGE_MS),
+        measured: match change {
+            Some(c) => format!(
+                "{} ms (max {} ms, {} changes)",
+                fmt_opt(median, 0),
+                fmt_opt(f(&c["max_ms"]), 0),
+                c["rounds_ms"].as_array().map_or(0, Vec::len)
+            ),
+            None => "not measured in this run".into(),
+        },
+        met: median.map(|v| v < targets::FILE_CHANGE_MS),
+    });
     goals
 }
 
@@ -178,13 +208,15 @@ pub(in crate::bench) fn section(scale: &Value, sync_runs: &[Value]) -> String {
     }
 
     // ---- start and memory ----
-    md.push_str("\n### Agent start → maps synced, and memory\n\nA fresh `switchboard agent` in a sandbox (fresh pins, so it programs everything), Services × 10 endpoints. YAML: the manifests are written before the agent starts (`--source dir:`). Cluster: the fake API server (the release `sb-apiserver`, in the sandbox's node namespace) loads the same YAML before the agent starts (`--source cluster --kubeconfig`: paged lists and watches over HTTP, as against kube-apiserver; its serving of the lists is part of start → synced). Start → synced: from spawning the agent to its `maps synced` log line with every frontend. RSS: VmRSS 0.5 s after that; peak: VmHWM.\n\n| source | Services | start → synced | target | | RSS | target | | peak RSS | input |\n|---|---|---|---|---|---|---|---|---|---|\n");
+    md.push_str("\n### Agent start → maps synced, and memory\n\nA fresh `switchboard agent` in a sandbox (fresh pins, so it programs everything), Services × 10 endpoints. YAML: the manifests are written before the agent starts (`--source dir:`). Cluster: the fake API server (the release `sb-apiserver`, in the sandbox's node namespace) loads the same YAML before the agent starts (`--source cluster --kubeconfig`: paged lists and watches over HTTP, as against kube-apiserver; its serving of the lists is part of start → synced). Start → synced: from spawning the agent to its `maps synced` log line with every frontend. RSS: VmRSS 0.5 s after that; peak: VmHWM.\n\n| source | Services | start → synced | target | | RSS | target | | peak RSS | target | | input |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for r in start_rows(scale) {
         let n = services(&r);
         let synced = f(&r["startup_to_synced_s"]);
         let rss = f(&r["rss_mib"]);
         let (st, sm) = against(targets::at(&targets::SYNCED_S, n), synced, "s");
         let (rt, rm) = against(targets::at(&targets::RSS_MIB, n), rss, "MiB");
+        let peak = f(&r["peak_rss_mib"]);
+        let (pt, pm) = against(targets::at(&targets::PEAK_RSS_MIB, n), peak, "MiB");
         let input = match r["source"].as_str() {
             Some("cluster") => format!(
                 "{} objects, API server up {} s after its start",
@@ -195,12 +227,33 @@ pub(in crate::bench) fn section(scale: &Value, sync_runs: &[Value]) -> String {
         };
         let _ = writeln!(
             md,
-            "| {} | {} | {} s | {st} | {sm} | {} MiB | {rt} | {rm} | {} MiB | {input} |",
+            "| {} | {} | {} s | {st} | {sm} | {} MiB | {rt} | {rm} | {} MiB | {pt} | {pm} | {input} |",
             source_label(&r),
             size_label(n),
             fmt_opt(synced, 2),
             fmt_opt(rss, 1),
-            fmt_opt(f(&r["peak_rss_mib"]), 1),
+            fmt_opt(peak, 1),
+        );
+    }
+    if let Some(r) = start_rows(scale)
+        .iter()
+        .find(|r| !r["file_change"].is_null())
+    {
+        let c = &r["file_change"];
+        let median = f(&c["median_ms"]);
+        let (target, met) = against(Some(targets::FILE_CHANGE_MS), median, "ms");
+        let _ = writeln!(
+            md,
+            "\n### File change → new backend answering (directory source)\n\nThe YAML agent above ({} Services), once measured: the pods start, then the manifest file holding the target Service is replaced atomically (written under a hidden name, renamed into place) with the target's endpoints moved to another pod, while `sb-echo client` connects to the Service back to back from the client namespace (tc path). Time: from the rename to the first connection of the final stretch the new pod answers (the client's millisecond stamps). One warm-up change, then {} changes alternating between two pods.\n\n| changes (ms) | median | max | failed connections | target (median) | |\n|---|---|---|---|---|---|\n| {} | {} ms | {} ms | {} | {target} | {met} |",
+            size_label(services(r)),
+            c["rounds_ms"].as_array().map_or(0, Vec::len),
+            c["rounds_ms"]
+                .as_array()
+                .map(|v| v.iter().map(ToString::to_string).collect::<Vec<_>>().join(", "))
+                .unwrap_or_default(),
+            fmt_opt(median, 0),
+            fmt_opt(f(&c["max_ms"]), 0),
+            c["failed_connections"],
         );
     }
     if let Some(r) = start_rows(scale)
