@@ -33,6 +33,7 @@ use crate::{
     node::health::{self, ProxyHealth},
     node::healthcheck::{self, HealthServers},
     node::lock,
+    node::memory,
     node::metrics::{self, SyncObserver},
     node::status::{self, AgentStatus},
     node::verify,
@@ -158,7 +159,15 @@ pub async fn run(config: AgentConfig, object: &'static [u8]) -> anyhow::Result<(
                 .uplinks
         }
     };
+    let before_source = memory::heap();
     let mut feed = open_source(&config).await?;
+    let source_read = memory::heap();
+    info!(
+        heap_before_mib = before_source.live_mib(),
+        heap_mib = source_read.live_mib(),
+        heap_peak_mib = source_read.peak_mib(),
+        "the source's first view is read"
+    );
     tokio::spawn(mark_queued(feed.publishes(), proxy_health.clone()));
 
     let mut ebpf = ebpf::load(object, &config.pin_root, &capacities, resize.maps())
@@ -233,7 +242,11 @@ pub async fn run(config: AgentConfig, object: &'static [u8]) -> anyhow::Result<(
     };
     sync.nodeports.refresh(&handle).await;
     let initial = feed.take();
-    info!(objects = initial.len(), "first view of the source");
+    info!(
+        objects = initial.len(),
+        heap_mib = memory::heap().live_mib(),
+        "first view of the source"
+    );
     sync.on_changes(initial);
 
     // The maps hold the source's view: the programs may take over.

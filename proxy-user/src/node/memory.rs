@@ -16,7 +16,11 @@
 //!
 //! [`tune`] turns fast bins off and caps the arenas; [`trim`] hands what a
 //! large sync freed back to the kernel. Both are glibc's; elsewhere they do
-//! nothing.
+//! nothing. [`Counting`] counts the bytes the program holds on the heap, so
+//! the agent can say where its memory goes ([`heap`]).
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Call once, before the runtime starts its threads.
 pub fn tune() {
@@ -53,5 +57,85 @@ pub fn trim() {
         unsafe {
             libc::malloc_trim(0);
         }
+    }
+}
+
+/// The heap as [`Counting`] sees it: bytes the program asked for and has
+/// not freed (what it holds, without the allocator's own overhead and free
+/// lists), and the most it held at once.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Heap {
+    pub live: usize,
+    pub peak: usize,
+}
+
+impl Heap {
+    pub fn live_mib(self) -> f64 {
+        self.live as f64 / 1_048_576.0
+    }
+    pub fn peak_mib(self) -> f64 {
+        self.peak as f64 / 1_048_576.0
+    }
+}
+
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+static PEAK: AtomicUsize = AtomicUsize::new(0);
+
+/// The system allocator, counting the bytes held (two relaxed atomic
+/// operations per allocation). The `switchboard` binary installs it as its
+/// global allocator; elsewhere [`heap`] reads zeros.
+pub struct Counting;
+
+fn grew(by: usize) {
+    let now = LIVE.fetch_add(by, Ordering::Relaxed) + by;
+    PEAK.fetch_max(now, Ordering::Relaxed);
+}
+
+// SAFETY: every call is passed to `System` unchanged; the counters only
+// record the sizes of what it returned and was given back.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: the caller's guarantees for `layout` are System's.
+        let p = unsafe { System.alloc(layout) };
+        if !p.is_null() {
+            grew(layout.size());
+        }
+        p
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: as for `alloc`.
+        let p = unsafe { System.alloc_zeroed(layout) };
+        if !p.is_null() {
+            grew(layout.size());
+        }
+        p
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: `ptr` came from this allocator (so from System) with `layout`.
+        unsafe { System.dealloc(ptr, layout) };
+        LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        // SAFETY: as for `dealloc`, and `new_size` is the caller's to vouch for.
+        let p = unsafe { System.realloc(ptr, layout, new_size) };
+        if !p.is_null() {
+            if new_size >= layout.size() {
+                grew(new_size - layout.size());
+            } else {
+                LIVE.fetch_sub(layout.size() - new_size, Ordering::Relaxed);
+            }
+        }
+        p
+    }
+}
+
+/// What [`Counting`] has seen so far (zeros when it is not the global allocator).
+pub fn heap() -> Heap {
+    Heap {
+        live: LIVE.load(Ordering::Relaxed),
+        peak: PEAK.load(Ordering::Relaxed),
     }
 }

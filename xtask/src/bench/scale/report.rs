@@ -235,6 +235,29 @@ pub(in crate::bench) fn section(scale: &Value, sync_runs: &[Value]) -> String {
             fmt_opt(peak, 1),
         );
     }
+    md.push_str("\n### Where the memory goes\n\nThe agent counts the bytes it holds on the heap (its global allocator counts every allocation and free) and logs them at each step of its start; the rows above, read from their logs (MiB). Each step is the heap after it minus the heap before it: the source's first view (its objects, its indexes and the batch of changes it hands over), loading the eBPF objects and opening the maps, the batch replaced by the model's inputs (the model's maps from keys to the source's objects, the batch freed), the model's desired state, and the sync's mirror of the maps. RSS − heap: the binary, thread stacks, and what the allocator holds beyond the live bytes (free lists, fragmentation).\n\n| source | Services | before the source | source's first view | eBPF + maps loaded | batch → model inputs | desired state | sync mirror | heap after the sync | heap peak | RSS | RSS − heap |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    for r in start_rows(scale) {
+        let h = &r["heap"];
+        let at = |k: &str| f(&h[k]);
+        let step = |to: &str, from: &str| Some(at(to)? - at(from)?);
+        let rss = f(&r["rss_mib"]);
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            source_label(&r),
+            size_label(services(&r)),
+            fmt_opt(at("before_source_mib"), 1),
+            fmt_opt(step("source_read_mib", "before_source_mib"), 1),
+            fmt_opt(step("maps_loaded_mib", "source_read_mib"), 1),
+            fmt_opt(step("inputs_mib", "changes_mib"), 1),
+            fmt_opt(step("model_mib", "inputs_mib"), 1),
+            fmt_opt(step("synced_mib", "model_mib"), 1),
+            fmt_opt(at("synced_mib"), 1),
+            fmt_opt(at("peak_mib"), 1),
+            fmt_opt(rss, 1),
+            fmt_opt(rss.zip(at("synced_mib")).map(|(r, h)| r - h), 1),
+        );
+    }
     if let Some(r) = start_rows(scale)
         .iter()
         .find(|r| !r["file_change"].is_null())
