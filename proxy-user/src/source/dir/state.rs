@@ -29,7 +29,7 @@ use std::time::{Instant, SystemTime};
 
 use tracing::{error, info, warn};
 
-use super::parse::{parse_manifests, FileObjects, ManifestError};
+use super::parse::{parse_manifests, yaml_documents, FileObjects, ManifestError};
 use super::watch::log_node_change;
 use crate::model::{Interner, ModelWarning, NodeInfo, ObjectKey, ServiceInfo, SliceInfo};
 use crate::source::feed::FeedTx;
@@ -138,7 +138,7 @@ impl Keyed for SliceInfo {
 /// What one file contributes, converted as soon as the file parsed: the
 /// k8s-openapi objects are dropped then, so the source holds only what the
 /// model reads, and at most one file's k8s objects at a time.
-#[derive(Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 struct FileView {
     /// In key order, one per key.
     services: Vec<Arc<ServiceInfo>>,
@@ -183,9 +183,19 @@ impl FileView {
             );
         }
         FileView {
-            services: first_per_key(path, "Service", services),
-            slices: first_per_key(path, "EndpointSlice", slices),
+            services,
+            slices,
             node,
+        }
+        .finish(path)
+    }
+
+    /// Puts the objects in key order, keeping each key's first copy.
+    fn finish(self, path: &Path) -> FileView {
+        FileView {
+            services: first_per_key(path, "Service", self.services),
+            slices: first_per_key(path, "EndpointSlice", self.slices),
+            node: self.node,
         }
     }
 
@@ -311,16 +321,78 @@ pub(super) struct FileState {
     content_hash: Option<u64>,
     /// The objects from the last time this file parsed.
     good: Option<FileView>,
+    /// Its documents then, in order (empty for a file parsed whole): a
+    /// document whose text is unchanged keeps its objects without a parse.
+    docs: Vec<Doc>,
     /// The current problem, if the file is broken (logged once per change).
     error: Option<String>,
     /// The same, as the agent reports it.
     problem: Option<ModelWarning>,
 }
 
+/// One document of a file as last converted, by the hash of its text.
+#[derive(Clone, Debug)]
+struct Doc {
+    hash: u64,
+    objects: DocObjects,
+}
+
+/// What one document contributes; most hold one object (no allocation of
+/// their own then).
+#[derive(Clone, Debug)]
+enum DocObjects {
+    Empty,
+    Service(Arc<ServiceInfo>),
+    Slice(Arc<SliceInfo>),
+    More(Box<FileView>),
+}
+
+impl DocObjects {
+    fn of(view: FileView) -> DocObjects {
+        match (&view.services[..], &view.slices[..], &view.node) {
+            ([], [], None) => DocObjects::Empty,
+            ([svc], [], None) => DocObjects::Service(Arc::clone(svc)),
+            ([], [slice], None) => DocObjects::Slice(Arc::clone(slice)),
+            _ => DocObjects::More(Box::new(view)),
+        }
+    }
+
+    /// Adds these objects to `view` (in document order; see [`FileView::finish`]).
+    fn add_to(&self, view: &mut FileView, path: &Path, node_name: &str) {
+        match self {
+            DocObjects::Empty => {}
+            DocObjects::Service(svc) => view.services.push(Arc::clone(svc)),
+            DocObjects::Slice(slice) => view.slices.push(Arc::clone(slice)),
+            DocObjects::More(more) => {
+                view.services.extend(more.services.iter().cloned());
+                view.slices.extend(more.slices.iter().cloned());
+                if let Some(node) = &more.node {
+                    if view.node.is_some() {
+                        warn!(
+                            "{}: Node {node_name} is defined twice in this file; the later copy is ignored",
+                            path.display()
+                        );
+                    } else {
+                        view.node = Some(Arc::clone(node));
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// A file whose objects changed: its new objects (`None`: the file is gone).
 struct FileChange {
     path: Arc<Path>,
     view: Option<FileView>,
+}
+
+/// A file read: its objects, its documents (see [`Doc`]), and how many
+/// of them were parsed (the others were unchanged).
+struct Read {
+    view: FileView,
+    docs: Vec<Doc>,
+    parsed: usize,
 }
 
 /// What a scan found for one directory entry.
@@ -700,11 +772,12 @@ impl DirState {
         if f.content_hash.replace(hash) == Some(hash) {
             return Checked::Unchanged;
         }
-        match parse_manifests(path, &bytes) {
-            Ok(objects) => {
-                drop(bytes);
-                self.loaded(key, objects, fingerprint.modified)
-            }
+        let read = match yaml_documents(path, &bytes) {
+            Some(documents) => self.read_documents(path, &documents, &bytes, fingerprint.modified),
+            None => self.read_whole(path, &bytes, fingerprint.modified),
+        };
+        match read {
+            Ok(read) => self.loaded(key, read),
             Err(e) => {
                 self.file_error(e, None);
                 Checked::Unchanged
@@ -712,28 +785,95 @@ impl DirState {
         }
     }
 
-    /// Logs a file that parsed and converts its objects.
-    fn loaded(
+    /// Parses the documents whose text changed since the file was last read
+    /// (the others keep their objects, unparsed) and puts the file's objects
+    /// together. After an error the whole file is parsed, so that the error
+    /// names its document as the file counts them.
+    fn read_documents(
         &mut self,
-        path: Arc<Path>,
+        path: &Path,
+        documents: &[&str],
+        bytes: &[u8],
+        modified: Option<SystemTime>,
+    ) -> Result<Read, ManifestError> {
+        let old: HashMap<u64, DocObjects> = self
+            .files
+            .get(path)
+            .map(|f| f.docs.iter().map(|d| (d.hash, d.objects.clone())).collect())
+            .unwrap_or_default();
+        let mut docs = Vec::with_capacity(documents.len());
+        let mut parsed = 0;
+        for text in documents {
+            let hash = content_hash(text.as_bytes());
+            let objects = match old.get(&hash) {
+                Some(objects) => objects.clone(),
+                None => {
+                    parsed += 1;
+                    match parse_manifests(path, text.as_bytes()) {
+                        Ok(objects) => DocObjects::of(self.convert(path, objects, modified)),
+                        Err(_) => return self.read_whole(path, bytes, modified),
+                    }
+                }
+            };
+            docs.push(Doc { hash, objects });
+        }
+        let mut view = FileView::default();
+        for doc in &docs {
+            doc.objects.add_to(&mut view, path, &self.node_name);
+        }
+        Ok(Read {
+            view: view.finish(path),
+            docs,
+            parsed,
+        })
+    }
+
+    /// Parses the whole file (JSON, or YAML that is not read by document).
+    fn read_whole(
+        &mut self,
+        path: &Path,
+        bytes: &[u8],
+        modified: Option<SystemTime>,
+    ) -> Result<Read, ManifestError> {
+        let objects = parse_manifests(path, bytes)?;
+        Ok(Read {
+            view: self.convert(path, objects, modified),
+            docs: Vec::new(),
+            parsed: 1,
+        })
+    }
+
+    /// Logs the notes of parsed objects and converts them (see [`Self::stamp`]).
+    fn convert(
+        &mut self,
+        path: &Path,
         objects: FileObjects,
         modified: Option<SystemTime>,
-    ) -> Checked {
+    ) -> FileView {
         for note in &objects.notes {
             info!("{note}");
         }
+        let mut view = FileView::convert(path, objects, &self.node_name, &mut self.interner);
+        self.stamp(&mut view, modified);
+        view
+    }
+
+    /// Logs a file that parsed and keeps its documents.
+    fn loaded(&mut self, path: Arc<Path>, read: Read) -> Checked {
+        let Read { view, docs, parsed } = read;
         info!(
             file = %path.display(),
-            services = objects.services.len(),
-            endpoint_slices = objects.endpoint_slices.len(),
-            nodes = objects.nodes.len(),
+            services = view.services.len(),
+            endpoint_slices = view.slices.len(),
+            this_node = view.node.is_some(),
+            documents = docs.len(),
+            parsed,
             "manifest file loaded"
         );
-        let mut view = FileView::convert(&path, objects, &self.node_name, &mut self.interner);
-        self.stamp(&mut view, modified);
         let Some(f) = self.files.get_mut(&path) else {
             return Checked::Unchanged; // unreachable: `check_file` made it
         };
+        f.docs = docs;
         if f.error.take().is_some() {
             info!(file = %path.display(), "manifest file is good again");
         }
@@ -1077,6 +1217,67 @@ mod tests {
         std::fs::remove_file(&path).expect("remove");
         assert!(!fx.refresh(false).is_empty());
         assert!(fx.view.services.is_empty());
+    }
+
+    /// A file is kept by document: when one document of a file changes, only
+    /// it is parsed again, and the other documents' objects stay the same
+    /// allocations (so only the changed object is recorded).
+    #[test]
+    fn a_change_to_one_document_parses_only_that_document() {
+        let tmp = TempDir::new("docs");
+        let path = tmp.0.join("a.yaml");
+        let named = |name: &str, ip: &str| svc(ip).replace("name: web", &format!("name: {name}"));
+        let file = |b_ip: &str| {
+            format!(
+                "{}---\n{}---\n{}---\n{SLICE}",
+                named("a", "10.96.0.1"),
+                named("b", b_ip),
+                named("c", "10.96.0.3")
+            )
+        };
+        std::fs::write(&path, file("10.96.0.2")).expect("write");
+        let mut fx = Fixture::new(&tmp.0, "node-a");
+        fx.first();
+        let used = |fx: &Fixture, name: &str| {
+            fx.state
+                .services
+                .used(&ObjectKey::new("default", name))
+                .cloned()
+                .expect("in effect")
+        };
+        let (a, c) = (used(&fx, "a"), used(&fx, "c"));
+        let slice = fx.state.slices.iter().next().map(|(_, s)| Arc::clone(s));
+        std::fs::write(&path, file("10.96.0.22")).expect("write");
+        let changes = fx.refresh(true);
+        assert_eq!(keys(&changes.services), ["default/b"]);
+        assert!(changes.slices.is_empty());
+        assert_eq!(
+            fx.view.service_ips(),
+            ["10.96.0.1", "10.96.0.22", "10.96.0.3"]
+        );
+        assert!(
+            Arc::ptr_eq(&a, &used(&fx, "a")),
+            "document 1 was parsed again"
+        );
+        assert!(
+            Arc::ptr_eq(&c, &used(&fx, "c")),
+            "document 3 was parsed again"
+        );
+        let slice_now = fx.state.slices.iter().next().map(|(_, s)| Arc::clone(s));
+        assert!(slice
+            .zip(slice_now)
+            .is_some_and(|(a, b)| Arc::ptr_eq(&a, &b)));
+
+        // A broken document: the problem names it as the file counts them,
+        // and the file's objects stay.
+        std::fs::write(&path, file("10.96.0.22").replace("name: c", "name: [c")).expect("write");
+        let broken = fx.refresh(true);
+        let texts = problem_texts(&broken).expect("a problem");
+        assert!(texts.iter().any(|t| t.contains("document 3")), "{texts:?}");
+        assert_eq!(
+            fx.view.service_ips(),
+            ["10.96.0.1", "10.96.0.22", "10.96.0.3"]
+        );
     }
 
     /// A file being written is not read, whatever its metadata says: its
