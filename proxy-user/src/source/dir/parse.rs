@@ -155,6 +155,44 @@ pub(super) fn yaml_documents<'t>(path: &Path, bytes: &'t [u8]) -> Option<Vec<&'t
     Some(documents)
 }
 
+/// Documents per thread below which [`parse_each`] stays on its own thread.
+const PER_THREAD_MIN: usize = 64;
+
+/// [`parse_manifests`] of each of `documents` (see [`yaml_documents`]), in
+/// order, spread over every core: parsing is most of the time a large
+/// directory takes to read.
+pub(super) fn parse_each(
+    path: &Path,
+    documents: &[&str],
+) -> Vec<Result<FileObjects, ManifestError>> {
+    let parse = |chunk: &[&str]| -> Vec<Result<FileObjects, ManifestError>> {
+        chunk
+            .iter()
+            .map(|text| parse_manifests(path, text.as_bytes()))
+            .collect()
+    };
+    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+    let threads = cores.min(documents.len() / PER_THREAD_MIN).max(1);
+    if threads == 1 {
+        return parse(documents);
+    }
+    let per_thread = documents.len().div_ceil(threads);
+    std::thread::scope(|scope| {
+        let running: Vec<_> = documents
+            .chunks(per_thread)
+            .map(|chunk| scope.spawn(move || parse(chunk)))
+            .collect();
+        running
+            .into_iter()
+            .flat_map(|thread| {
+                thread
+                    .join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+            })
+            .collect()
+    })
+}
+
 /// Parses the contents of a manifest file; `path` decides the format (`.json`
 /// or YAML) and names the file in errors and notes.
 pub fn parse_manifests(path: &Path, bytes: &[u8]) -> Result<FileObjects, ManifestError> {
@@ -509,6 +547,32 @@ mod tests {
         assert_eq!(yaml_documents(yaml, b"kind: A\n...\nkind: B\n"), None);
         assert_eq!(yaml_documents(Path::new("a.json"), b"{}"), None);
         assert_eq!(yaml_documents(yaml, b"kind: \xff\n"), None);
+    }
+
+    /// Spread over threads, the results come back in the documents' order,
+    /// errors included.
+    #[test]
+    fn parse_each_keeps_the_documents_order() {
+        let path = Path::new("a.yaml");
+        let texts: Vec<String> = (0..4 * PER_THREAD_MIN)
+            .map(|i| match i {
+                100 => "kind: [\n".to_string(),
+                _ => format!("---\napiVersion: v1\nkind: Service\nmetadata: {{name: s{i}}}\n"),
+            })
+            .collect();
+        let documents: Vec<&str> = texts.iter().map(String::as_str).collect();
+        let results = parse_each(path, &documents);
+        assert_eq!(results.len(), documents.len());
+        for (i, result) in results.iter().enumerate() {
+            match result {
+                Ok(objects) => assert_eq!(
+                    objects.services[0].metadata.name.as_deref(),
+                    Some(format!("s{i}").as_str())
+                ),
+                Err(_) => assert_eq!(i, 100, "only document 100 is broken"),
+            }
+        }
+        assert!(results[100].is_err());
     }
 
     /// The pieces parse to what the whole parses to.

@@ -29,7 +29,7 @@ use std::time::{Instant, SystemTime};
 
 use tracing::{error, info, warn};
 
-use super::parse::{parse_manifests, yaml_documents, FileObjects, ManifestError};
+use super::parse::{parse_each, parse_manifests, yaml_documents, FileObjects, ManifestError};
 use super::watch::log_node_change;
 use crate::model::{Interner, ModelWarning, NodeInfo, ObjectKey, ServiceInfo, SliceInfo};
 use crate::source::feed::FeedTx;
@@ -786,8 +786,8 @@ impl DirState {
     }
 
     /// Parses the documents whose text changed since the file was last read
-    /// (the others keep their objects, unparsed) and puts the file's objects
-    /// together. After an error the whole file is parsed, so that the error
+    /// (the others keep their objects, unparsed), on every core, and puts
+    /// the file's objects together. After an error the whole file is parsed, so that the error
     /// names its document as the file counts them.
     fn read_documents(
         &mut self,
@@ -801,19 +801,26 @@ impl DirState {
             .get(path)
             .map(|f| f.docs.iter().map(|d| (d.hash, d.objects.clone())).collect())
             .unwrap_or_default();
+        let hashes: Vec<u64> = documents
+            .iter()
+            .map(|text| content_hash(text.as_bytes()))
+            .collect();
+        let fresh: Vec<&str> = documents
+            .iter()
+            .zip(&hashes)
+            .filter(|(_, hash)| !old.contains_key(hash))
+            .map(|(text, _)| *text)
+            .collect();
+        let parsed = fresh.len();
+        let mut fresh = parse_each(path, &fresh).into_iter();
         let mut docs = Vec::with_capacity(documents.len());
-        let mut parsed = 0;
-        for text in documents {
-            let hash = content_hash(text.as_bytes());
+        for hash in hashes {
             let objects = match old.get(&hash) {
                 Some(objects) => objects.clone(),
-                None => {
-                    parsed += 1;
-                    match parse_manifests(path, text.as_bytes()) {
-                        Ok(objects) => DocObjects::of(self.convert(path, objects, modified)),
-                        Err(_) => return self.read_whole(path, bytes, modified),
-                    }
-                }
+                None => match fresh.next() {
+                    Some(Ok(objects)) => DocObjects::of(self.convert(path, objects, modified)),
+                    _ => return self.read_whole(path, bytes, modified),
+                },
             };
             docs.push(Doc { hash, objects });
         }
