@@ -994,6 +994,17 @@ mod tests {
             }
         }
 
+        /// A directory holding `a.yaml` with `contents`, read once: the
+        /// directory (removed on drop), the file, the fixture.
+        fn one_file(tag: &str, contents: &str) -> (TempDir, PathBuf, Fixture) {
+            let tmp = TempDir::new(tag);
+            let path = tmp.0.join("a.yaml");
+            std::fs::write(&path, contents).expect("write");
+            let mut fx = Fixture::new(&tmp.0, "node-a");
+            fx.first();
+            (tmp, path, fx)
+        }
+
         /// The first scan; returns what it recorded.
         fn first(&mut self) -> Changes {
             let recorded = self.state.first(&self.tx);
@@ -1213,11 +1224,7 @@ mod tests {
     /// The fallback rescan alone (no file-system events) picks up changes.
     #[test]
     fn periodic_rescan_sees_metadata_changes() {
-        let tmp = TempDir::new("rescan");
-        let path = tmp.0.join("a.yaml");
-        std::fs::write(&path, svc("10.96.0.1")).expect("write");
-        let mut fx = Fixture::new(&tmp.0, "node-a");
-        fx.first();
+        let (_tmp, path, mut fx) = Fixture::one_file("rescan", &svc("10.96.0.1"));
         std::fs::write(&path, svc("10.96.0.2")).expect("write");
         assert!(!fx.refresh(false).is_empty());
         assert_eq!(fx.view.service_ips(), ["10.96.0.2"]);
@@ -1231,8 +1238,6 @@ mod tests {
     /// allocations (so only the changed object is recorded).
     #[test]
     fn a_change_to_one_document_parses_only_that_document() {
-        let tmp = TempDir::new("docs");
-        let path = tmp.0.join("a.yaml");
         let named = |name: &str, ip: &str| svc(ip).replace("name: web", &format!("name: {name}"));
         let file = |b_ip: &str| {
             format!(
@@ -1242,9 +1247,7 @@ mod tests {
                 named("c", "10.96.0.3")
             )
         };
-        std::fs::write(&path, file("10.96.0.2")).expect("write");
-        let mut fx = Fixture::new(&tmp.0, "node-a");
-        fx.first();
+        let (_tmp, path, mut fx) = Fixture::one_file("docs", &file("10.96.0.2"));
         let used = |fx: &Fixture, name: &str| {
             fx.state
                 .services
@@ -1291,11 +1294,7 @@ mod tests {
     /// objects stay until its write ends (then it is read).
     #[test]
     fn a_file_being_written_keeps_its_objects_until_its_write_ends() {
-        let tmp = TempDir::new("writing");
-        let path = tmp.0.join("a.yaml");
-        std::fs::write(&path, svc("10.96.0.1")).expect("write");
-        let mut fx = Fixture::new(&tmp.0, "node-a");
-        fx.first();
+        let (_tmp, path, mut fx) = Fixture::one_file("writing", &svc("10.96.0.1"));
         // Half of the new content: a valid document without its ports.
         std::fs::write(
             &path,
@@ -1320,11 +1319,7 @@ mod tests {
     /// size, inode and modification time as they were is seen too.
     #[test]
     fn a_named_file_is_read_even_when_its_metadata_did_not_change() {
-        let tmp = TempDir::new("named");
-        let path = tmp.0.join("a.yaml");
-        std::fs::write(&path, svc("10.96.0.1")).expect("write");
-        let mut fx = Fixture::new(&tmp.0, "node-a");
-        fx.first();
+        let (_tmp, path, mut fx) = Fixture::one_file("named", &svc("10.96.0.1"));
         let modified = std::fs::metadata(&path)
             .and_then(|m| m.modified())
             .expect("mtime");

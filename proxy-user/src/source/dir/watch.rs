@@ -239,7 +239,9 @@ pub(super) fn log_node_change(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::source::dir::test_support::{svc, TempDir, View, NODE_A, SERVICE, SLICE};
+    use crate::source::dir::test_support::{
+        replace_atomically, svc, TempDir, View, NODE_A, SERVICE, SLICE,
+    };
     use crate::source::feed::{feed, FeedRx};
 
     /// Long enough for the watcher to have read a file it was told of (for
@@ -332,13 +334,11 @@ mod tests {
         assert_eq!(view.service_ips(), ["10.96.0.1", "10.96.0.3"]);
 
         // Fix it again, atomically (write a hidden temporary file, rename over).
-        let tmp_file = dir.join(".b.yml.tmp");
-        std::fs::write(
-            &tmp_file,
-            svc("10.96.0.4").replace("name: web", "name: web2"),
-        )
-        .expect("write");
-        std::fs::rename(&tmp_file, dir.join("b.yml")).expect("rename");
+        replace_atomically(
+            &dir,
+            "b.yml",
+            &svc("10.96.0.4").replace("name: web", "name: web2"),
+        );
         observe(&mut rx, &mut view, second, "fixed by rename", |v| {
             v.service_ips() == ["10.96.0.1", "10.96.0.4"]
         })
@@ -384,10 +384,8 @@ mod tests {
         let mut took = Vec::new();
         for i in 1..=5 {
             let ip = format!("10.96.1.{i}");
-            let staging = dir.join(".a.yaml.tmp");
-            std::fs::write(&staging, svc(&ip)).expect("write");
             let renamed = Instant::now();
-            std::fs::rename(&staging, dir.join("a.yaml")).expect("rename");
+            replace_atomically(&dir, "a.yaml", &svc(&ip));
             observe(&mut rx, &mut view, Duration::from_secs(1), &ip, |v| {
                 v.service_ips() == [ip.as_str()]
             })
@@ -430,13 +428,11 @@ mod tests {
             .expect("write");
         a.flush().expect("flush");
         // Another file's change rescans the directory.
-        let staging = dir.join(".b.yaml.tmp");
-        std::fs::write(
-            &staging,
-            svc("10.96.0.2").replace("name: web", "name: web2"),
-        )
-        .expect("write");
-        std::fs::rename(&staging, dir.join("b.yaml")).expect("rename");
+        replace_atomically(
+            &dir,
+            "b.yaml",
+            &svc("10.96.0.2").replace("name: web", "name: web2"),
+        );
         let second = Duration::from_secs(1);
         observe(&mut rx, &mut view, second, "the other file", |v| {
             v.service_ips().contains(&"10.96.0.2".to_string())
