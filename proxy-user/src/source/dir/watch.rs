@@ -365,6 +365,20 @@ mod tests {
         drop(rx);
     }
 
+    /// A directory holding `a.yaml` with `contents`, watched, with its
+    /// first view applied.
+    async fn watching(tag: &str, contents: &str) -> (TempDir, FeedRx, View) {
+        let tmp = TempDir::new(tag);
+        std::fs::write(tmp.0.join("a.yaml"), contents).expect("write");
+        let (tx, mut rx) = feed();
+        watch_dir(tmp.0.clone(), "node-a".to_string(), tx)
+            .await
+            .expect("watch_dir");
+        let mut view = View::default();
+        view.apply(&rx.take());
+        (tmp, rx, view)
+    }
+
     /// A file replaced atomically (written aside, renamed into place)
     /// reaches the feed as soon as the rename is seen: no fixed delay. A
     /// fixed delay of D after each event would make every one of these at
@@ -372,15 +386,8 @@ mod tests {
     /// well under a millisecond on an idle machine).
     #[tokio::test]
     async fn a_renamed_file_reaches_the_feed_without_a_fixed_delay() {
-        let tmp = TempDir::new("nodelay");
+        let (tmp, mut rx, mut view) = watching("nodelay", &svc("10.96.1.0")).await;
         let dir = tmp.0.clone();
-        std::fs::write(dir.join("a.yaml"), svc("10.96.1.0")).expect("write");
-        let (tx, mut rx) = feed();
-        watch_dir(dir.clone(), "node-a".to_string(), tx)
-            .await
-            .expect("watch_dir");
-        let mut view = View::default();
-        view.apply(&rx.take());
         let mut took = Vec::new();
         for i in 1..=5 {
             let ip = format!("10.96.1.{i}");
@@ -406,20 +413,13 @@ mod tests {
     #[tokio::test]
     async fn a_file_being_written_is_read_once_it_is_closed() {
         use std::io::Write as _;
-        let tmp = TempDir::new("halfwritten");
-        let dir = tmp.0.clone();
         let web3 = |ip: &str| svc(ip).replace("name: web", "name: web3");
-        std::fs::write(
-            dir.join("a.yaml"),
-            format!("{}---\n{}", svc("10.96.0.1"), web3("10.96.0.3")),
+        let (tmp, mut rx, mut view) = watching(
+            "halfwritten",
+            &format!("{}---\n{}", svc("10.96.0.1"), web3("10.96.0.3")),
         )
-        .expect("write");
-        let (tx, mut rx) = feed();
-        watch_dir(dir.clone(), "node-a".to_string(), tx)
-            .await
-            .expect("watch_dir");
-        let mut view = View::default();
-        view.apply(&rx.take());
+        .await;
+        let dir = tmp.0.clone();
         assert_eq!(view.service_ips(), ["10.96.0.1", "10.96.0.3"]);
 
         // Rewrite a.yaml in place, and stop halfway (the file stays open).
