@@ -20,7 +20,8 @@
 //! the agent can say where its memory goes ([`heap`]).
 
 use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::cell::Cell;
+use std::sync::atomic::{AtomicIsize, Ordering};
 
 /// Call once, before the runtime starts its threads.
 pub fn tune() {
@@ -78,17 +79,52 @@ impl Heap {
     }
 }
 
-static LIVE: AtomicUsize = AtomicUsize::new(0);
-static PEAK: AtomicUsize = AtomicUsize::new(0);
+static LIVE: AtomicIsize = AtomicIsize::new(0);
+static PEAK: AtomicIsize = AtomicIsize::new(0);
 
-/// The system allocator, counting the bytes held (two relaxed atomic
-/// operations per allocation). The `switchboard` binary installs it as its
-/// global allocator; elsewhere [`heap`] reads zeros.
+/// How far one thread's own count may run before it is added to the
+/// shared one: the shared counters are touched once per this many bytes
+/// allocated or freed, not at every allocation (a counter every thread
+/// writes at every allocation made the parse threads wait on each other).
+const FLUSH_BYTES: isize = 64 * 1024;
+
+thread_local! {
+    /// This thread's bytes allocated minus freed, not yet added to [`LIVE`].
+    static PENDING: Cell<isize> = const { Cell::new(0) };
+}
+
+/// The system allocator, counting the bytes held: each thread counts on
+/// its own and adds to the shared counters every [`FLUSH_BYTES`], so
+/// [`heap`] is exact to within that much per thread. The `switchboard`
+/// binary installs it as its global allocator; elsewhere [`heap`] reads zeros.
 pub struct Counting;
 
+fn count(delta: isize) {
+    let flush = PENDING.try_with(|pending| {
+        let now = pending.get() + delta;
+        if now.abs() < FLUSH_BYTES {
+            pending.set(now);
+            return 0;
+        }
+        pending.set(0);
+        now
+    });
+    // After this thread's locals are gone (its exit), count directly.
+    let flush = flush.unwrap_or(delta);
+    if flush != 0 {
+        let now = LIVE.fetch_add(flush, Ordering::Relaxed) + flush;
+        if flush > 0 {
+            PEAK.fetch_max(now, Ordering::Relaxed);
+        }
+    }
+}
+
 fn grew(by: usize) {
-    let now = LIVE.fetch_add(by, Ordering::Relaxed) + by;
-    PEAK.fetch_max(now, Ordering::Relaxed);
+    count(isize::try_from(by).unwrap_or(isize::MAX));
+}
+
+fn shrank(by: usize) {
+    count(-isize::try_from(by).unwrap_or(isize::MAX));
 }
 
 // SAFETY: every call is passed to `System` unchanged; the counters only
@@ -115,7 +151,7 @@ unsafe impl GlobalAlloc for Counting {
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         // SAFETY: `ptr` came from this allocator (so from System) with `layout`.
         unsafe { System.dealloc(ptr, layout) };
-        LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
+        shrank(layout.size());
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
@@ -125,17 +161,58 @@ unsafe impl GlobalAlloc for Counting {
             if new_size >= layout.size() {
                 grew(new_size - layout.size());
             } else {
-                LIVE.fetch_sub(layout.size() - new_size, Ordering::Relaxed);
+                shrank(layout.size() - new_size);
             }
         }
         p
     }
 }
 
-/// What [`Counting`] has seen so far (zeros when it is not the global allocator).
+/// What [`Counting`] has seen so far (zeros when it is not the global
+/// allocator), with this thread's own count added.
 pub fn heap() -> Heap {
+    let pending = PENDING.try_with(Cell::get).unwrap_or(0);
+    let live = LIVE.load(Ordering::Relaxed) + pending;
+    let peak = PEAK.load(Ordering::Relaxed).max(live);
     Heap {
-        live: LIVE.load(Ordering::Relaxed),
-        peak: PEAK.load(Ordering::Relaxed),
+        live: usize::try_from(live).unwrap_or(0),
+        peak: usize::try_from(peak).unwrap_or(0),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Only this test counts (the tests do not run with [`Counting`]
+    /// installed), so the shared counters move only with it.
+    #[test]
+    fn threads_count_on_their_own_and_add_up_every_flush() {
+        let start = heap();
+        std::thread::spawn(move || {
+            grew(1000);
+            assert_eq!(
+                heap().live,
+                start.live + 1000,
+                "this thread sees its own count"
+            );
+        })
+        .join()
+        .expect("thread");
+        assert_eq!(heap().live, start.live, "not added yet (under a flush)");
+        std::thread::spawn(move || {
+            grew(1000);
+            grew(FLUSH_BYTES as usize);
+        })
+        .join()
+        .expect("thread");
+        let big = start.live + 1000 + FLUSH_BYTES as usize;
+        assert_eq!(heap().live, big, "added at the flush");
+        assert!(heap().peak >= big);
+        std::thread::spawn(|| shrank(FLUSH_BYTES as usize))
+            .join()
+            .expect("thread");
+        assert_eq!(heap().live, start.live + 1000, "freed at the next flush");
+        assert!(heap().peak >= big, "the peak stays");
     }
 }
