@@ -23,6 +23,7 @@ use crate::{
     dataplane::attach::{Attacher, TcMode},
     dataplane::conntrack,
     dataplane::ebpf,
+    dataplane::kmem,
     dataplane::maps::PinnedMaps,
     dataplane::migrate,
     dataplane::pinroot,
@@ -205,10 +206,20 @@ pub async fn run(config: AgentConfig, object: &'static [u8]) -> anyhow::Result<(
         .context("writing the data-path configuration")?;
     let mut syncer = Syncer::adopt(maps, capacities);
     syncer.set_default_algorithm(config.lb_algorithm);
+    let (kernel, kernel6) = match kmem::map_memory(&config.pin_root) {
+        Ok(maps) => kmem::totals(&maps),
+        Err(error) => {
+            let error = format!("{:#}", anyhow::Error::from(error));
+            warn!(%error, "the maps' kernel memory could not be read");
+            (0, 0)
+        }
+    };
     info!(
         pin_root = %config.pin_root.display(),
         lock = %lock.path().display(),
         adopted = syncer.programmed().count(),
+        maps_kernel_mib = kernel as f64 / 1_048_576.0,
+        ipv6_maps_kernel_mib = kernel6 as f64 / 1_048_576.0,
         "maps loaded"
     );
     // /metrics reads the maps through pins of its own, at each scrape.

@@ -139,25 +139,31 @@ fn measure_start(sb: &mut Sandbox, pid: u32, frontends: usize, t0: Instant) -> R
     std::thread::sleep(Duration::from_millis(500));
     let rss = status_kb(pid, "VmRSS:")? as f64 / 1024.0;
     let hwm = status_kb(pid, "VmHWM:")? as f64 / 1024.0;
+    let log = sb.agent_log();
+    let loaded = log.lines().find(|l| l.contains("maps loaded"));
     Ok(json!({
         "endpoints_per_service": workload::FILLER_ENDPOINTS,
         "frontends": frontends,
         "rss_mib": rss,
         "peak_rss_mib": hwm,
         "startup_to_synced_s": startup,
-        "heap": heap_steps(&sb.agent_log(), frontends),
+        "heap": heap_steps(&log, frontends),
+        "maps_kernel_mib": log_field(loaded, "maps_kernel_mib"),
+        "ipv6_maps_kernel_mib": log_field(loaded, "ipv6_maps_kernel_mib"),
     }))
+}
+
+/// The number logged as `key=…` on `line`.
+fn log_field(line: Option<&str>, key: &str) -> Option<f64> {
+    line?
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix(key)?.strip_prefix('=')?.parse::<f64>().ok())
 }
 
 /// The agent's own memory accounting, from its log: the bytes it held on
 /// the heap (its counting allocator) at each step of the start, in MiB.
 /// The first sync is the `maps synced` line with every frontend.
 fn heap_steps(log: &str, frontends: usize) -> Value {
-    let field = |line: Option<&str>, key: &str| {
-        line?
-            .split_whitespace()
-            .find_map(|w| w.strip_prefix(key)?.strip_prefix('=')?.parse::<f64>().ok())
-    };
     let line = |what: &str| log.lines().find(|l| l.contains(what));
     let source = line("the source's first view is read");
     let loaded = line("first view of the source");
@@ -166,15 +172,15 @@ fn heap_steps(log: &str, frontends: usize) -> Value {
         .lines()
         .find(|l| l.contains("maps synced") && l.contains(&all));
     json!({
-        "before_source_mib": field(source, "heap_before_mib"),
-        "source_read_mib": field(source, "heap_mib"),
-        "source_read_peak_mib": field(source, "heap_peak_mib"),
-        "maps_loaded_mib": field(loaded, "heap_mib"),
-        "changes_mib": field(synced, "heap_changes_mib"),
-        "inputs_mib": field(synced, "heap_inputs_mib"),
-        "model_mib": field(synced, "heap_model_mib"),
-        "synced_mib": field(synced, "heap_synced_mib"),
-        "peak_mib": field(synced, "heap_peak_mib"),
+        "before_source_mib": log_field(source, "heap_before_mib"),
+        "source_read_mib": log_field(source, "heap_mib"),
+        "source_read_peak_mib": log_field(source, "heap_peak_mib"),
+        "maps_loaded_mib": log_field(loaded, "heap_mib"),
+        "changes_mib": log_field(synced, "heap_changes_mib"),
+        "inputs_mib": log_field(synced, "heap_inputs_mib"),
+        "model_mib": log_field(synced, "heap_model_mib"),
+        "synced_mib": log_field(synced, "heap_synced_mib"),
+        "peak_mib": log_field(synced, "heap_peak_mib"),
     })
 }
 

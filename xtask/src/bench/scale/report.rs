@@ -258,6 +258,17 @@ pub(in crate::bench) fn section(scale: &Value, sync_runs: &[Value]) -> String {
             fmt_opt(rss.zip(at("synced_mib")).map(|(r, h)| r - h), 1),
         );
     }
+    md.push_str("\n### Kernel memory of the maps\n\nThe same agents, at their start: the `memlock` the kernel accounts to every pinned map (the agent's `maps loaded` log line; per map in `switchboard status` and `switchboard_map_memory_bytes`). The bench passes `--max-frontend-entries`, `--max-backends` and `--max-services` sized to the Services; every other table (conntrack, sockets, affinity, fragments) is at its default, and each family's tables are preallocated whether the node uses that family or not. For scale: Cilium's defaults are `bpf-ct-global-tcp-max` 512k entries and `bpf-lb-map-max` 64k.\n\n| source | Services | all maps | of which IPv6 maps |\n|---|---|---|---|\n");
+    for r in start_rows(scale) {
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} MiB | {} MiB |",
+            source_label(&r),
+            size_label(services(&r)),
+            fmt_opt(f(&r["maps_kernel_mib"]), 1),
+            fmt_opt(f(&r["ipv6_maps_kernel_mib"]), 1),
+        );
+    }
     if let Some(r) = start_rows(scale)
         .iter()
         .find(|r| !r["file_change"].is_null())
