@@ -23,6 +23,7 @@ use crate::{
     dataplane::attach::{Attacher, TcMode},
     dataplane::conntrack,
     dataplane::ebpf,
+    dataplane::kmem,
     dataplane::maps::PinnedMaps,
     dataplane::migrate,
     dataplane::pinroot,
@@ -33,6 +34,7 @@ use crate::{
     node::health::{self, ProxyHealth},
     node::healthcheck::{self, HealthServers},
     node::lock,
+    node::memory,
     node::metrics::{self, SyncObserver},
     node::status::{self, AgentStatus},
     node::verify,
@@ -160,7 +162,15 @@ pub async fn run(config: AgentConfig, object: &'static [u8]) -> anyhow::Result<(
                 .uplinks
         }
     };
+    let before_source = memory::heap();
     let mut feed = open_source(&config).await?;
+    let source_read = memory::heap();
+    info!(
+        heap_before_mib = before_source.live_mib(),
+        heap_mib = source_read.live_mib(),
+        heap_peak_mib = source_read.peak_mib(),
+        "the source's first view is read"
+    );
     tokio::spawn(mark_queued(feed.publishes(), proxy_health.clone()));
 
     let mut ebpf = ebpf::load(object, &config.pin_root, &capacities, resize.maps())
@@ -199,10 +209,20 @@ pub async fn run(config: AgentConfig, object: &'static [u8]) -> anyhow::Result<(
     let mut syncer = Syncer::adopt(maps, capacities);
     syncer.set_default_algorithm(config.lb_algorithm);
     syncer.set_direct_return(config.nodeport_mode == crate::dataplane::uplink::NodePortMode::Dsr);
+    let (kernel, kernel6) = match kmem::map_memory(&config.pin_root) {
+        Ok(maps) => kmem::totals(&maps),
+        Err(error) => {
+            let error = format!("{:#}", anyhow::Error::from(error));
+            warn!(%error, "the maps' kernel memory could not be read");
+            (0, 0)
+        }
+    };
     info!(
         pin_root = %config.pin_root.display(),
         lock = %lock.path().display(),
         adopted = syncer.programmed().count(),
+        maps_kernel_mib = kernel as f64 / 1_048_576.0,
+        ipv6_maps_kernel_mib = kernel6 as f64 / 1_048_576.0,
         "maps loaded"
     );
     // /metrics reads the maps through pins of its own, at each scrape.
@@ -236,7 +256,11 @@ pub async fn run(config: AgentConfig, object: &'static [u8]) -> anyhow::Result<(
     };
     sync.nodeports.refresh(&handle).await;
     let initial = feed.take();
-    info!(objects = initial.len(), "first view of the source");
+    info!(
+        objects = initial.len(),
+        heap_mib = memory::heap().live_mib(),
+        "first view of the source"
+    );
     sync.on_changes(initial);
 
     // The maps hold the source's view: the programs may take over.

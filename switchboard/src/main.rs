@@ -33,6 +33,10 @@ enum Command {
     Ops(cli::Command),
 }
 
+/// Counts the bytes held on the heap, for the agent's memory accounting.
+#[global_allocator]
+static ALLOC: proxy_user::node::memory::Counting = proxy_user::node::memory::Counting;
+
 fn main() -> anyhow::Result<()> {
     let cli = parse()?;
     init_logging(cli.verbosity)?;

@@ -31,6 +31,33 @@ use crate::{
     sync::{SyncReport, Syncer, Unprogrammed},
 };
 
+/// The heap (see [`memory::heap`]) when a batch of changes arrived, and once
+/// the model's inputs held them (the batch dropped).
+#[derive(Clone, Copy)]
+struct HeapBefore {
+    changes: memory::Heap,
+    inputs: memory::Heap,
+}
+
+impl HeapBefore {
+    fn now() -> HeapBefore {
+        let heap = memory::heap();
+        HeapBefore {
+            changes: heap,
+            inputs: heap,
+        }
+    }
+}
+
+/// The heap at each step of one sync, logged with it: where the bytes go.
+struct HeapSteps {
+    before: HeapBefore,
+    /// After the model's update (its desired state).
+    model: memory::Heap,
+    /// After the maps were written (the sync's mirror of them).
+    synced: memory::Heap,
+}
+
 pub struct SyncLoop<'a, S: MapStore> {
     pub syncer: Syncer<S>,
     pub model: Model,
@@ -166,12 +193,13 @@ impl<S: MapStore> SyncLoop<'_, S> {
             info!(addresses = ?node.as_ref().map(|n| &n.addresses), "node addresses changed");
             self.proxy_health.queued();
             self.model.set_node(node);
-            self.sync(&[], None);
+            self.sync(&[], None, HeapBefore::now());
         }
     }
 
     /// Applies what the source published and syncs what it changed.
     pub fn on_changes(&mut self, changes: Changes) {
+        let at_changes = memory::heap();
         let mut slices = Vec::with_capacity(changes.slices.len());
         if let Some(node) = changes.node {
             self.proxy_health
@@ -192,15 +220,22 @@ impl<S: MapStore> SyncLoop<'_, S> {
             });
             self.model.set_slice(key, info);
         }
-        self.sync(&slices, Some(changes.seq));
+        // The batch's maps went with their loops above.
+        let seq = changes.seq;
+        let before = HeapBefore {
+            changes: at_changes,
+            inputs: memory::heap(),
+        };
+        self.sync(&slices, Some(seq), before);
     }
 
     /// Recomputes the model and writes what changed; `seq`: the source's
     /// publish this covers (for `/healthz`).
-    fn sync(&mut self, slices: &[SliceSynced], seq: Option<u64>) {
+    fn sync(&mut self, slices: &[SliceSynced], seq: Option<u64>, before: HeapBefore) {
         let started = Instant::now();
         let delta = self.model.update();
         let model_time = started.elapsed();
+        let model_heap = memory::heap();
         for warning in &delta.warnings_added {
             warn!(object = %warning.object, problem = %warning.problem, "input problem");
         }
@@ -208,7 +243,12 @@ impl<S: MapStore> SyncLoop<'_, S> {
         let report = self
             .syncer
             .apply_changed(self.model.desired(), &delta.frontends);
-        self.log(&delta, &report, started, model_time);
+        let heap = HeapSteps {
+            before,
+            model: model_heap,
+            synced: memory::heap(),
+        };
+        self.log(&delta, &report, started, model_time, heap);
         if self.close_sockets && !report.udp_sockets_left.is_empty() {
             close_departed_udp_sockets(&report.udp_sockets_left);
         }
@@ -258,6 +298,7 @@ impl<S: MapStore> SyncLoop<'_, S> {
         report: &SyncReport,
         started: Instant,
         model_time: std::time::Duration,
+        heap: HeapSteps,
     ) {
         for failed in report
             .failed
@@ -283,6 +324,11 @@ impl<S: MapStore> SyncLoop<'_, S> {
                 conntrack_purged = report.conntrack_purged,
                 model_ms = model_time.as_secs_f64() * 1e3,
                 elapsed_ms = started.elapsed().as_secs_f64() * 1e3,
+                heap_changes_mib = heap.before.changes.live_mib(),
+                heap_inputs_mib = heap.before.inputs.live_mib(),
+                heap_model_mib = heap.model.live_mib(),
+                heap_synced_mib = heap.synced.live_mib(),
+                heap_peak_mib = heap.synced.peak_mib(),
                 "maps synced"
             );
         }

@@ -11,7 +11,11 @@ use super::{
     AgentProcess, Common, Done, MapFill, Output,
 };
 use crate::{
-    dataplane::attach::UplinkXdp, dataplane::caps, dataplane::pinroot, node::status::AgentStatus,
+    dataplane::attach::UplinkXdp,
+    dataplane::caps,
+    dataplane::kmem::{self, MapMemory},
+    dataplane::pinroot,
+    node::status::AgentStatus,
 };
 
 /// Maps whose running full loses Services (the LRU ones evict instead).
@@ -35,6 +39,12 @@ pub struct StatusReport {
     /// Why the maps could not be read, when the kernel refused.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub maps_unreadable: Option<String>,
+    /// Every pinned map's kernel memory (`None` when no maps are pinned or
+    /// it could not be read).
+    pub map_memory: Option<Vec<MapMemory>>,
+    /// Why the maps' kernel memory could not be read.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub map_memory_unreadable: Option<String>,
     /// Why the programs on the interfaces could not be read, when the
     /// kernel refused: their state is then unknown.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -89,6 +99,12 @@ fn gather(pin_root: &Path) -> anyhow::Result<StatusReport> {
         Err(error) => (None, maps_unreadable(&error)),
     };
     let fills = maps.as_ref().map(|m| read_stats(m).maps);
+    let (map_memory, map_memory_unreadable) =
+        match maps.as_ref().map(|_| kmem::map_memory(pin_root)) {
+            None => (None, None),
+            Some(Ok(memory)) => (Some(memory), None),
+            Some(Err(error)) => (None, Some(format!("{:#}", anyhow::Error::from(error)))),
+        };
     let mut interfaces = if maps.is_some() || status.is_some() {
         interface_rows(status.as_ref(), &net.interfaces)
     } else {
@@ -114,6 +130,8 @@ fn gather(pin_root: &Path) -> anyhow::Result<StatusReport> {
         interfaces,
         maps: fills,
         maps_unreadable,
+        map_memory,
+        map_memory_unreadable,
         programs_unreadable: net.programs_unreadable,
         layout: pinroot::layout(pin_root),
         problems: Vec::new(),
@@ -463,6 +481,32 @@ fn render_maps(out: &mut String, report: &StatusReport) {
         ]);
     }
     out.push_str(&t.render());
+    render_memory(
+        out,
+        report.map_memory.as_deref(),
+        report.map_memory_unreadable.as_deref(),
+    );
+}
+
+/// Every map's kernel memory, and the totals (or why there are none).
+fn render_memory(out: &mut String, memory: Option<&[MapMemory]>, unreadable: Option<&str>) {
+    let _ = writeln!(out, "\nKERNEL MEMORY OF THE MAPS");
+    let Some(memory) = memory else {
+        let _ = writeln!(out, "  ({})", unreadable.unwrap_or("not pinned"));
+        return;
+    };
+    let mib = |bytes: u64| format!("{:.1} MiB", bytes as f64 / 1_048_576.0);
+    let mut t = Table::new(&["MAP", "CAPACITY", "MEMORY"])
+        .indent(2)
+        .right(1)
+        .right(2);
+    for m in memory {
+        t.push(vec![m.map.clone(), m.max_entries.to_string(), mib(m.bytes)]);
+    }
+    let (total, ipv6) = kmem::totals(memory);
+    t.push(vec!["total".into(), String::new(), mib(total)]);
+    t.push(vec!["of which IPv6 maps".into(), String::new(), mib(ipv6)]);
+    out.push_str(&t.render());
 }
 
 #[cfg(test)]
@@ -528,6 +572,8 @@ mod tests {
             pinned_links: Vec::new(),
             maps: None,
             maps_unreadable: None,
+            map_memory: None,
+            map_memory_unreadable: None,
             programs_unreadable: None,
             layout: pinroot::Layout::default(),
             problems: Vec::new(),
@@ -539,6 +585,37 @@ mod tests {
         );
         assert!(rows[1].missing.is_empty());
         assert_eq!(rows[2].missing.len(), 2);
+    }
+
+    #[test]
+    fn kernel_memory_lists_every_map_with_the_totals() {
+        let m = |map: &str, max_entries, bytes| MapMemory {
+            map: map.into(),
+            max_entries,
+            bytes,
+        };
+        let maps = [
+            m(names::CONNTRACK, 262_144, 3 * 1_048_576),
+            m(names::CONNTRACK6, 262_144, 5 * 1_048_576),
+        ];
+        let mut out = String::new();
+        render_memory(&mut out, Some(&maps), None);
+        let line = |start: &str| out.lines().find(|l| l.trim_start().starts_with(start));
+        assert!(
+            line(names::CONNTRACK6).is_some_and(|l| l.contains("5.0 MiB")),
+            "{out}"
+        );
+        assert!(
+            line("total").is_some_and(|l| l.contains("8.0 MiB")),
+            "{out}"
+        );
+        assert!(
+            line("of which IPv6").is_some_and(|l| l.contains("5.0 MiB")),
+            "{out}"
+        );
+        let mut out = String::new();
+        render_memory(&mut out, None, Some("permission denied"));
+        assert!(out.contains("(permission denied)"), "{out}");
     }
 
     #[test]
@@ -565,6 +642,8 @@ mod tests {
                 capacity: 100,
             }]),
             maps_unreadable: None,
+            map_memory: None,
+            map_memory_unreadable: None,
             programs_unreadable: None,
             layout: pinroot::Layout::default(),
             problems: Vec::new(),
@@ -627,6 +706,8 @@ mod tests {
             pinned_links: Vec::new(),
             maps: Some(Vec::new()),
             maps_unreadable: None,
+            map_memory: None,
+            map_memory_unreadable: None,
             programs_unreadable: hooks::unreadable(&refused),
             layout: pinroot::Layout::default(),
             problems: Vec::new(),
@@ -679,6 +760,8 @@ mod tests {
             pinned_links: Vec::new(),
             maps: Some(Vec::new()),
             maps_unreadable: None,
+            map_memory: None,
+            map_memory_unreadable: None,
             programs_unreadable: None,
             layout: pinroot::Layout {
                 format: Some(pinroot::FORMAT),
@@ -734,6 +817,8 @@ mod tests {
             pinned_links: v4_only,
             maps: Some(Vec::new()),
             maps_unreadable: None,
+            map_memory: None,
+            map_memory_unreadable: None,
             programs_unreadable: None,
             layout: pinroot::Layout::default(),
             problems: Vec::new(),

@@ -7,6 +7,7 @@ pub mod attach;
 pub mod caps;
 pub mod conntrack;
 pub mod ebpf;
+pub mod kmem;
 pub mod mapbatch;
 pub mod maps;
 pub mod migrate;

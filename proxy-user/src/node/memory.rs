@@ -16,7 +16,12 @@
 //!
 //! [`tune`] turns fast bins off and caps the arenas; [`trim`] hands what a
 //! large sync freed back to the kernel. Both are glibc's; elsewhere they do
-//! nothing.
+//! nothing. [`Counting`] counts the bytes the program holds on the heap, so
+//! the agent can say where its memory goes ([`heap`]).
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::sync::atomic::{AtomicIsize, Ordering};
 
 /// Call once, before the runtime starts its threads.
 pub fn tune() {
@@ -53,5 +58,161 @@ pub fn trim() {
         unsafe {
             libc::malloc_trim(0);
         }
+    }
+}
+
+/// The heap as [`Counting`] sees it: bytes the program asked for and has
+/// not freed (what it holds, without the allocator's own overhead and free
+/// lists), and the most it held at once.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Heap {
+    pub live: usize,
+    pub peak: usize,
+}
+
+impl Heap {
+    pub fn live_mib(self) -> f64 {
+        self.live as f64 / 1_048_576.0
+    }
+    pub fn peak_mib(self) -> f64 {
+        self.peak as f64 / 1_048_576.0
+    }
+}
+
+static LIVE: AtomicIsize = AtomicIsize::new(0);
+static PEAK: AtomicIsize = AtomicIsize::new(0);
+
+/// How far one thread's own count may run before it is added to the
+/// shared one: the shared counters are touched once per this many bytes
+/// allocated or freed, not at every allocation (a counter every thread
+/// writes at every allocation made the parse threads wait on each other).
+const FLUSH_BYTES: isize = 64 * 1024;
+
+thread_local! {
+    /// This thread's bytes allocated minus freed, not yet added to [`LIVE`].
+    static PENDING: Cell<isize> = const { Cell::new(0) };
+}
+
+/// The system allocator, counting the bytes held: each thread counts on
+/// its own and adds to the shared counters every [`FLUSH_BYTES`], so
+/// [`heap`] is exact to within that much per thread. The `switchboard`
+/// binary installs it as its global allocator; elsewhere [`heap`] reads zeros.
+pub struct Counting;
+
+fn count(delta: isize) {
+    let flush = PENDING.try_with(|pending| {
+        let now = pending.get() + delta;
+        if now.abs() < FLUSH_BYTES {
+            pending.set(now);
+            return 0;
+        }
+        pending.set(0);
+        now
+    });
+    // After this thread's locals are gone (its exit), count directly.
+    let flush = flush.unwrap_or(delta);
+    if flush != 0 {
+        let now = LIVE.fetch_add(flush, Ordering::Relaxed) + flush;
+        if flush > 0 {
+            PEAK.fetch_max(now, Ordering::Relaxed);
+        }
+    }
+}
+
+fn grew(by: usize) {
+    count(isize::try_from(by).unwrap_or(isize::MAX));
+}
+
+fn shrank(by: usize) {
+    count(-isize::try_from(by).unwrap_or(isize::MAX));
+}
+
+// SAFETY: every call is passed to `System` unchanged; the counters only
+// record the sizes of what it returned and was given back.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: the caller's guarantees for `layout` are System's.
+        let p = unsafe { System.alloc(layout) };
+        if !p.is_null() {
+            grew(layout.size());
+        }
+        p
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: as for `alloc`.
+        let p = unsafe { System.alloc_zeroed(layout) };
+        if !p.is_null() {
+            grew(layout.size());
+        }
+        p
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: `ptr` came from this allocator (so from System) with `layout`.
+        unsafe { System.dealloc(ptr, layout) };
+        shrank(layout.size());
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        // SAFETY: as for `dealloc`, and `new_size` is the caller's to vouch for.
+        let p = unsafe { System.realloc(ptr, layout, new_size) };
+        if !p.is_null() {
+            if new_size >= layout.size() {
+                grew(new_size - layout.size());
+            } else {
+                shrank(layout.size() - new_size);
+            }
+        }
+        p
+    }
+}
+
+/// What [`Counting`] has seen so far (zeros when it is not the global
+/// allocator), with this thread's own count added.
+pub fn heap() -> Heap {
+    let pending = PENDING.try_with(Cell::get).unwrap_or(0);
+    let live = LIVE.load(Ordering::Relaxed) + pending;
+    let peak = PEAK.load(Ordering::Relaxed).max(live);
+    Heap {
+        live: usize::try_from(live).unwrap_or(0),
+        peak: usize::try_from(peak).unwrap_or(0),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Only this test counts (the tests do not run with [`Counting`]
+    /// installed), so the shared counters move only with it.
+    #[test]
+    fn threads_count_on_their_own_and_add_up_every_flush() {
+        let start = heap();
+        std::thread::spawn(move || {
+            grew(1000);
+            assert_eq!(
+                heap().live,
+                start.live + 1000,
+                "this thread sees its own count"
+            );
+        })
+        .join()
+        .expect("thread");
+        assert_eq!(heap().live, start.live, "not added yet (under a flush)");
+        std::thread::spawn(move || {
+            grew(1000);
+            grew(FLUSH_BYTES as usize);
+        })
+        .join()
+        .expect("thread");
+        let big = start.live + 1000 + FLUSH_BYTES as usize;
+        assert_eq!(heap().live, big, "added at the flush");
+        assert!(heap().peak >= big);
+        std::thread::spawn(|| shrank(FLUSH_BYTES as usize))
+            .join()
+            .expect("thread");
+        assert_eq!(heap().live, start.live + 1000, "freed at the next flush");
+        assert!(heap().peak >= big, "the peak stays");
     }
 }

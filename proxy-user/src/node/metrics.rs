@@ -8,6 +8,7 @@
 //! | `switchboard_sync_last_timestamp_seconds` (gauge, unix seconds) | `kubeproxy_sync_proxy_rules_last_timestamp_seconds` |
 //! | `switchboard_sync_unprogrammed_frontends` (gauge) | none (kube-proxy counts failed restores: `kubeproxy_sync_proxy_rules_iptables_restore_failures_total`) |
 //! | `switchboard_map_entries{map}`, `switchboard_map_capacity{map}` (gauges) | none: iptables chains have no capacity (`kubeproxy_sync_proxy_rules_iptables_total` counts rules) |
+//! | `switchboard_map_memory_bytes{map}` (gauge: the kernel's `memlock` of each pinned map, read once when the agent starts serving) | none |
 //! | `switchboard_service_packets_total`, `_bytes_total`, `_flows_total`, `_drops_total`, `_source_range_drops_total` `{service,frontend}` (counters) | none: the per-rule packet and byte counters `iptables -L -v` shows |
 //! | `switchboard_datapath_events_total{counter}` (counters) | none: the data path's own counters (`switchboard stats`) |
 //! | `switchboard_conntrack_gc_deleted_total`, `switchboard_conntrack_fill_ratio` (gauge), `switchboard_conntrack_gc_duration_seconds` (histogram), each `{family}` (`ipv4`: `SB_CT_V5`, `ipv6`: `SB_CT6_V1`) | none: the kernel's conntrack expires entries itself (`conntrack -S` counts) |
@@ -52,6 +53,7 @@ use prometheus_client::registry::Registry;
 use tracing::{info, warn};
 
 use crate::dataplane::conntrack::GcMetrics;
+use crate::dataplane::kmem::{self, KmemError, MapMemory};
 use crate::dataplane::{maps::PinnedMaps, pins::MapsError};
 use crate::node::health::{bind, BindError, Serving};
 use crate::node::healthcheck::http_response;
@@ -68,6 +70,8 @@ pub enum MetricsError {
     Bind(#[from] BindError),
     #[error("opening the pinned maps for /metrics")]
     Maps(#[from] MapsError),
+    #[error("reading the maps' kernel memory for /metrics")]
+    Kmem(#[from] KmemError),
 }
 
 /// The metrics the sync loop records. Clones share the same series.
@@ -358,6 +362,23 @@ impl Collector for MapsCollector {
     }
 }
 
+/// The maps' kernel memory: fixed while an agent runs (see [`kmem`]).
+#[derive(Debug)]
+struct MemoryCollector(Vec<MapMemory>);
+
+impl Collector for MemoryCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> fmt::Result {
+        gauges(
+            &mut encoder,
+            "switchboard_map_memory_bytes",
+            "Kernel memory of each pinned map (memlock; a preallocated map counts every entry it can hold).",
+            self.0
+                .iter()
+                .map(|m| (vec![("map", m.map.clone())], m.bytes)),
+        )
+    }
+}
+
 type Labels = Vec<(&'static str, String)>;
 
 /// One gauge family with a sample per label set.
@@ -418,6 +439,7 @@ pub fn serve(
     const FLAG: &str = "--metrics-bind-address";
     let maps = PinnedMaps::open(pin_root)?;
     let mut registry = registry(metrics, Arc::new(maps));
+    registry.register_collector(Box::new(MemoryCollector(kmem::map_memory(pin_root)?)));
     conntrack.register(&mut registry);
     let registry = Arc::new(registry);
     let listener = bind(addr, FLAG)?;

@@ -1079,6 +1079,9 @@ fn check_datapath(path: &E2ePath, http: &Value, requests: u64) -> Result<()> {
 
 /// Writes the manifests for `count` Services into the sandbox's manifest
 /// directory (replacing what is there).
+/// Services per manifest file the benchmark writes.
+const MANIFESTS_PER_FILE: usize = 1000;
+
 fn write_manifests(sb: &Sandbox, count: u32) -> Result<usize> {
     let dir = sb.manifest_dir();
     for entry in fs::read_dir(&dir)? {
@@ -1087,7 +1090,7 @@ fn write_manifests(sb: &Sandbox, count: u32) -> Result<usize> {
     let services = workload::services(count, &pod_ips());
     // Write into a hidden staging name first (the dir source ignores hidden
     // files), then rename, so the agent never reads a half-written file.
-    for (name, text) in workload::manifest_files(&services, 1000) {
+    for (name, text) in workload::manifest_files(&services, MANIFESTS_PER_FILE) {
         let staging = dir.join(format!(".{name}"));
         fs::write(&staging, text)?;
         fs::rename(&staging, dir.join(&name))?;

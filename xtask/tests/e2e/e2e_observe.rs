@@ -157,6 +157,14 @@ fn metrics_follow_traffic_and_syncs() {
         must(&before, r#"switchboard_map_capacity{map="SB_CT6_V1"}"#),
         must(&before, r#"switchboard_map_capacity{map="SB_CT_V5"}"#)
     );
+    // Every map's kernel memory: the IPv6 table, as large in entries as
+    // the IPv4 one, takes more (its keys hold 16-byte addresses).
+    let ct_memory = must(&before, r#"switchboard_map_memory_bytes{map="SB_CT_V5"}"#);
+    assert!(ct_memory > 0.0);
+    assert!(
+        must(&before, r#"switchboard_map_memory_bytes{map="SB_CT6_V1"}"#) > ct_memory,
+        "the IPv6 conntrack table takes more than the IPv4 one"
+    );
     // The collector reports each family after its first pass over that
     // family's table; the passes run one after the other.
     let fill_series =

@@ -37,7 +37,7 @@
 //!
 //! * `parse`: one manifest file's YAML/JSON documents into objects, or an error.
 //! * `state`: the directory as last read, the copy in effect per key, rescans.
-//! * `watch`: following the directory ([`watch_dir`]): events, debounce, rescan.
+//! * `watch`: following the directory ([`watch_dir`]): events (a rescan as soon as a file is complete, no fixed delay), rescan.
 //! * `test_support` (tests only): sample manifests, a temp dir, the feed's view.
 //!
 //! [`ServiceInfo`]: crate::model::ServiceInfo
@@ -54,4 +54,4 @@ mod watch;
 pub use parse::{
     load_file, parse_manifests, FileObjects, InvalidObject, ManifestError, SyntaxError,
 };
-pub use watch::{watch_dir, DEBOUNCE, RESCAN_INTERVAL};
+pub use watch::{watch_dir, RESCAN_INTERVAL};

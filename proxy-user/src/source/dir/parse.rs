@@ -112,6 +112,87 @@ pub fn load_file(path: &Path) -> Result<FileObjects, ManifestError> {
     parse_manifests(path, &bytes)
 }
 
+/// Is this line a document marker (`---` or `...`, alone or followed by a
+/// space or tab)? Such a line always ends the document before it: no scalar
+/// may contain one.
+fn is_marker(line: &str, marker: &str) -> bool {
+    line.strip_prefix(marker).is_some_and(|rest| {
+        rest.trim_end_matches(['\r', '\n']).is_empty() || rest.starts_with([' ', '\t'])
+    })
+}
+
+/// Splits the YAML documents of a manifest file's text, each from its `---`
+/// marker on (text before the first marker is a document of its own), so
+/// each can be parsed, and its objects kept, on its own. `None` for a
+/// `.json` file, for text that is not UTF-8, and for text with directives
+/// (`%`) or end markers (`...`), which belong to the documents around them:
+/// such a file is parsed whole. Parsing the pieces gives what parsing the
+/// whole gives, except for the document numbers in errors.
+pub(super) fn yaml_documents<'t>(path: &Path, bytes: &'t [u8]) -> Option<Vec<&'t str>> {
+    if path
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("json"))
+    {
+        return None;
+    }
+    let text = std::str::from_utf8(bytes).ok()?;
+    let mut documents = Vec::new();
+    let mut start = 0;
+    let mut at = 0;
+    for line in text.split_inclusive('\n') {
+        if line.starts_with('%') || is_marker(line, "...") {
+            return None;
+        }
+        if is_marker(line, "---") && at > start {
+            documents.push(&text[start..at]);
+            start = at;
+        }
+        at += line.len();
+    }
+    if at > start {
+        documents.push(&text[start..at]);
+    }
+    Some(documents)
+}
+
+/// Documents per thread below which [`parse_each`] stays on its own thread.
+const PER_THREAD_MIN: usize = 64;
+
+/// [`parse_manifests`] of each of `documents` (see [`yaml_documents`]), in
+/// order, spread over every core: parsing is most of the time a large
+/// directory takes to read.
+pub(super) fn parse_each(
+    path: &Path,
+    documents: &[&str],
+) -> Vec<Result<FileObjects, ManifestError>> {
+    let parse = |chunk: &[&str]| -> Vec<Result<FileObjects, ManifestError>> {
+        chunk
+            .iter()
+            .map(|text| parse_manifests(path, text.as_bytes()))
+            .collect()
+    };
+    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+    let threads = cores.min(documents.len() / PER_THREAD_MIN).max(1);
+    if threads == 1 {
+        return parse(documents);
+    }
+    let per_thread = documents.len().div_ceil(threads);
+    std::thread::scope(|scope| {
+        let running: Vec<_> = documents
+            .chunks(per_thread)
+            .map(|chunk| scope.spawn(move || parse(chunk)))
+            .collect();
+        running
+            .into_iter()
+            .flat_map(|thread| {
+                thread
+                    .join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+            })
+            .collect()
+    })
+}
+
 /// Parses the contents of a manifest file; `path` decides the format (`.json`
 /// or YAML) and names the file in errors and notes.
 pub fn parse_manifests(path: &Path, bytes: &[u8]) -> Result<FileObjects, ManifestError> {
@@ -235,12 +316,7 @@ impl<'t> DocumentCounter<'t> {
     /// back (an earlier one gets the document the counter has reached).
     fn at(&mut self, line: u64, column: u64) -> usize {
         while let Some(&(number, text_line)) = self.lines.peek() {
-            let marker = |m: &str| {
-                text_line
-                    .strip_prefix(m)
-                    .is_some_and(|rest| rest.is_empty() || rest.starts_with([' ', '\t']))
-            };
-            let (start, end) = (marker("---"), marker("..."));
+            let (start, end) = (is_marker(text_line, "---"), is_marker(text_line, "..."));
             // The position's own line counts unless the position is at the
             // very start of a marker, which ends the document before it.
             if number > line || (number == line && column <= 1 && (start || end)) {
@@ -446,6 +522,77 @@ fn default_namespace(meta: &mut ObjectMeta) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn yaml_documents_split_at_start_markers() {
+        let yaml = Path::new("a.yaml");
+        let text =
+            "# lead\nkind: A\n---\nkind: B\n--- {kind: C}\n---\r\nkind: D\n  ---not a marker\n";
+        assert_eq!(
+            yaml_documents(yaml, text.as_bytes()),
+            Some(vec![
+                "# lead\nkind: A\n",
+                "---\nkind: B\n",
+                "--- {kind: C}\n",
+                "---\r\nkind: D\n  ---not a marker\n"
+            ])
+        );
+        assert_eq!(
+            yaml_documents(yaml, b"---\nkind: A\n"),
+            Some(vec!["---\nkind: A\n"])
+        );
+        assert_eq!(yaml_documents(yaml, b""), Some(vec![]));
+        // Read whole: directives and end markers, JSON, not UTF-8.
+        assert_eq!(yaml_documents(yaml, b"%YAML 1.2\n---\nkind: A\n"), None);
+        assert_eq!(yaml_documents(yaml, b"kind: A\n...\nkind: B\n"), None);
+        assert_eq!(yaml_documents(Path::new("a.json"), b"{}"), None);
+        assert_eq!(yaml_documents(yaml, b"kind: \xff\n"), None);
+    }
+
+    /// Spread over threads, the results come back in the documents' order,
+    /// errors included.
+    #[test]
+    fn parse_each_keeps_the_documents_order() {
+        let path = Path::new("a.yaml");
+        let texts: Vec<String> = (0..4 * PER_THREAD_MIN)
+            .map(|i| match i {
+                100 => "kind: [\n".to_string(),
+                _ => format!("---\napiVersion: v1\nkind: Service\nmetadata: {{name: s{i}}}\n"),
+            })
+            .collect();
+        let documents: Vec<&str> = texts.iter().map(String::as_str).collect();
+        let results = parse_each(path, &documents);
+        assert_eq!(results.len(), documents.len());
+        for (i, result) in results.iter().enumerate() {
+            match result {
+                Ok(objects) => assert_eq!(
+                    objects.services[0].metadata.name.as_deref(),
+                    Some(format!("s{i}").as_str())
+                ),
+                Err(_) => assert_eq!(i, 100, "only document 100 is broken"),
+            }
+        }
+        assert!(results[100].is_err());
+    }
+
+    /// The pieces parse to what the whole parses to.
+    #[test]
+    fn yaml_documents_parse_as_the_whole_file_does() {
+        let path = Path::new("a.yaml");
+        let text = "apiVersion: v1\nkind: Service\nmetadata: {name: a}\nspec: {clusterIP: 10.96.0.1}\n---\n---\napiVersion: v1\nkind: List\nitems:\n- apiVersion: v1\n  kind: Service\n  metadata: {name: b}\n- apiVersion: v1\n  kind: ConfigMap\n  metadata: {name: c}\n--- # comment\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: d}\naddressType: IPv4\nendpoints: []\n";
+        let whole = parse_manifests(path, text.as_bytes()).expect("whole");
+        let mut pieces = FileObjects::default();
+        for doc in yaml_documents(path, text.as_bytes()).expect("split") {
+            let objects = parse_manifests(path, doc.as_bytes()).expect("piece");
+            pieces.services.extend(objects.services);
+            pieces.endpoint_slices.extend(objects.endpoint_slices);
+            pieces.nodes.extend(objects.nodes);
+        }
+        assert_eq!(pieces.services, whole.services);
+        assert_eq!(pieces.endpoint_slices, whole.endpoint_slices);
+        assert_eq!(whole.services.len(), 2);
+        assert_eq!(whole.endpoint_slices.len(), 1);
+    }
     use crate::source::dir::test_support::{node_b, NODE_A, SERVICE, SLICE};
 
     fn parse(name: &str, text: &str) -> Result<FileObjects, ManifestError> {

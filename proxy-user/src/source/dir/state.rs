@@ -19,17 +19,17 @@
 //! file keeps its last good objects in effect.
 
 use std::collections::hash_map::DefaultHasher;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::hash::{Hash as _, Hasher as _};
 use std::io;
 use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::{Instant, SystemTime};
 
 use tracing::{error, info, warn};
 
-use super::parse::{parse_manifests, FileObjects, ManifestError};
+use super::parse::{parse_each, parse_manifests, yaml_documents, FileObjects, ManifestError};
 use super::watch::log_node_change;
 use crate::model::{Interner, ModelWarning, NodeInfo, ObjectKey, ServiceInfo, SliceInfo};
 use crate::source::feed::FeedTx;
@@ -47,6 +47,49 @@ fn is_manifest_name(path: &Path) -> bool {
             .iter()
             .any(|x| e.eq_ignore_ascii_case(x))
     })
+}
+
+/// Which files a rescan reads by content, and which it leaves alone; every
+/// other file is read when its metadata changed.
+#[derive(Debug, Default)]
+pub(super) struct Reread {
+    /// Every file (the first scan; after lost events, or a new watch).
+    pub(super) all: bool,
+    /// The files a file-system event named since the last rescan.
+    pub(super) named: HashSet<PathBuf>,
+    /// Files being written (a write was seen, its close not yet), with when
+    /// the last write was seen: not read, whatever their metadata says, so a
+    /// half-written file never replaces its objects. Files stay here until
+    /// the watch sees them closed, renamed or removed (or [`Reread::forget_writes_before`]).
+    pub(super) writing: HashMap<PathBuf, Instant>,
+}
+
+impl Reread {
+    /// Every file, by content.
+    pub(super) fn all() -> Reread {
+        Reread {
+            all: true,
+            ..Reread::default()
+        }
+    }
+
+    fn by_content(&self, path: &Path) -> bool {
+        self.all || self.named.contains(path)
+    }
+
+    /// After a rescan: the events it answered are done with (the files
+    /// being written stay).
+    pub(super) fn answered(&mut self) {
+        self.all = false;
+        self.named.clear();
+    }
+
+    /// Stops waiting for the close of files whose last write is older than
+    /// `cutoff` (a writer that keeps its file open, or a close the watch
+    /// missed): the next rescan reads them as their metadata says.
+    pub(super) fn forget_writes_before(&mut self, cutoff: Instant) {
+        self.writing.retain(|_, at| *at >= cutoff);
+    }
 }
 
 /// Cheap change detection for the periodic rescan.
@@ -95,7 +138,7 @@ impl Keyed for SliceInfo {
 /// What one file contributes, converted as soon as the file parsed: the
 /// k8s-openapi objects are dropped then, so the source holds only what the
 /// model reads, and at most one file's k8s objects at a time.
-#[derive(Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 struct FileView {
     /// In key order, one per key.
     services: Vec<Arc<ServiceInfo>>,
@@ -140,9 +183,19 @@ impl FileView {
             );
         }
         FileView {
-            services: first_per_key(path, "Service", services),
-            slices: first_per_key(path, "EndpointSlice", slices),
+            services,
+            slices,
             node,
+        }
+        .finish(path)
+    }
+
+    /// Puts the objects in key order, keeping each key's first copy.
+    fn finish(self, path: &Path) -> FileView {
+        FileView {
+            services: first_per_key(path, "Service", self.services),
+            slices: first_per_key(path, "EndpointSlice", self.slices),
+            node: self.node,
         }
     }
 
@@ -268,16 +321,78 @@ pub(super) struct FileState {
     content_hash: Option<u64>,
     /// The objects from the last time this file parsed.
     good: Option<FileView>,
+    /// Its documents then, in order (empty for a file parsed whole): a
+    /// document whose text is unchanged keeps its objects without a parse.
+    docs: Vec<Doc>,
     /// The current problem, if the file is broken (logged once per change).
     error: Option<String>,
     /// The same, as the agent reports it.
     problem: Option<ModelWarning>,
 }
 
+/// One document of a file as last converted, by the hash of its text.
+#[derive(Clone, Debug)]
+struct Doc {
+    hash: u64,
+    objects: DocObjects,
+}
+
+/// What one document contributes; most hold one object (no allocation of
+/// their own then).
+#[derive(Clone, Debug)]
+enum DocObjects {
+    Empty,
+    Service(Arc<ServiceInfo>),
+    Slice(Arc<SliceInfo>),
+    More(Box<FileView>),
+}
+
+impl DocObjects {
+    fn of(view: FileView) -> DocObjects {
+        match (&view.services[..], &view.slices[..], &view.node) {
+            ([], [], None) => DocObjects::Empty,
+            ([svc], [], None) => DocObjects::Service(Arc::clone(svc)),
+            ([], [slice], None) => DocObjects::Slice(Arc::clone(slice)),
+            _ => DocObjects::More(Box::new(view)),
+        }
+    }
+
+    /// Adds these objects to `view` (in document order; see [`FileView::finish`]).
+    fn add_to(&self, view: &mut FileView, path: &Path, node_name: &str) {
+        match self {
+            DocObjects::Empty => {}
+            DocObjects::Service(svc) => view.services.push(Arc::clone(svc)),
+            DocObjects::Slice(slice) => view.slices.push(Arc::clone(slice)),
+            DocObjects::More(more) => {
+                view.services.extend(more.services.iter().cloned());
+                view.slices.extend(more.slices.iter().cloned());
+                if let Some(node) = &more.node {
+                    if view.node.is_some() {
+                        warn!(
+                            "{}: Node {node_name} is defined twice in this file; the later copy is ignored",
+                            path.display()
+                        );
+                    } else {
+                        view.node = Some(Arc::clone(node));
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// A file whose objects changed: its new objects (`None`: the file is gone).
 struct FileChange {
     path: Arc<Path>,
     view: Option<FileView>,
+}
+
+/// A file read: its objects, its documents (see [`Doc`]), and how many
+/// of them were parsed (the others were unchanged).
+struct Read {
+    view: FileView,
+    docs: Vec<Doc>,
+    parsed: usize,
 }
 
 /// What a scan found for one directory entry.
@@ -396,7 +511,7 @@ impl DirState {
     /// The first scan: records every object in effect, and this node's Node
     /// (also when there is none). Returns how many objects it recorded.
     pub(super) fn first(&mut self, feed: &FeedTx) -> usize {
-        let changes = self.scan(true);
+        let changes = self.scan(&Reread::all());
         self.apply(changes, None);
         self.started = true;
         for (key, svc) in self.services.iter() {
@@ -437,8 +552,8 @@ impl DirState {
     /// whose version in effect changed: added, changed or removed. Only the
     /// changed files' keys are compared, so one edited file costs its own
     /// objects, whatever the directory holds. Returns how many it recorded.
-    pub(super) fn refresh(&mut self, read_all: bool, feed: &FeedTx) -> usize {
-        let changes = self.scan(read_all);
+    pub(super) fn refresh(&mut self, reread: &Reread, feed: &FeedTx) -> usize {
+        let changes = self.scan(reread);
         let mut recorded = 0;
         if !changes.is_empty() {
             let mut before = Before::default();
@@ -539,10 +654,11 @@ impl DirState {
         }
     }
 
-    /// Reads what changed in the directory. With `read_all`, every file is
-    /// read and compared by content; otherwise only files whose metadata
-    /// changed. Returns the files whose objects changed, in path order.
-    fn scan(&mut self, read_all: bool) -> Vec<FileChange> {
+    /// Reads what changed in the directory: the files `reread` names (or
+    /// every file) by content, the others when their metadata changed, none
+    /// that is being written. Returns the files whose objects changed, in
+    /// path order.
+    fn scan(&mut self, reread: &Reread) -> Vec<FileChange> {
         let Some(entries) = self.read_dir() else {
             return Vec::new();
         };
@@ -554,7 +670,12 @@ impl DirState {
             if !is_manifest_name(&path) {
                 continue;
             }
-            match self.check_file(&path, read_all) {
+            if reread.writing.contains_key(&path) {
+                // Its objects (if it had any) stay as they are until the write ends.
+                seen.insert(path);
+                continue;
+            }
+            match self.check_file(&path, reread.by_content(&path)) {
                 Checked::Absent => continue,
                 Checked::Unchanged => {}
                 Checked::Changed(key, view) => changes.push(FileChange {
@@ -607,9 +728,9 @@ impl DirState {
         }
     }
 
-    /// Reads one manifest file if its metadata (or, with `read_all`, its
+    /// Reads one manifest file if its metadata (or, with `by_content`, its
     /// content) changed, and converts its objects.
-    fn check_file(&mut self, path: &Path, read_all: bool) -> Checked {
+    fn check_file(&mut self, path: &Path, by_content: bool) -> Checked {
         // metadata() follows symlinks, so ConfigMap-style links are read through.
         let meta = match std::fs::metadata(path) {
             Ok(m) => m,
@@ -624,7 +745,7 @@ impl DirState {
             return Checked::Absent;
         }
         let fingerprint = Fingerprint::of(&meta);
-        if !read_all
+        if !by_content
             && self
                 .files
                 .get(path)
@@ -651,11 +772,12 @@ impl DirState {
         if f.content_hash.replace(hash) == Some(hash) {
             return Checked::Unchanged;
         }
-        match parse_manifests(path, &bytes) {
-            Ok(objects) => {
-                drop(bytes);
-                self.loaded(key, objects, fingerprint.modified)
-            }
+        let read = match yaml_documents(path, &bytes) {
+            Some(documents) => self.read_documents(path, &documents, &bytes, fingerprint.modified),
+            None => self.read_whole(path, &bytes, fingerprint.modified),
+        };
+        match read {
+            Ok(read) => self.loaded(key, read),
             Err(e) => {
                 self.file_error(e, None);
                 Checked::Unchanged
@@ -663,28 +785,102 @@ impl DirState {
         }
     }
 
-    /// Logs a file that parsed and converts its objects.
-    fn loaded(
+    /// Parses the documents whose text changed since the file was last read
+    /// (the others keep their objects, unparsed), on every core, and puts
+    /// the file's objects together. After an error the whole file is parsed, so that the error
+    /// names its document as the file counts them.
+    fn read_documents(
         &mut self,
-        path: Arc<Path>,
+        path: &Path,
+        documents: &[&str],
+        bytes: &[u8],
+        modified: Option<SystemTime>,
+    ) -> Result<Read, ManifestError> {
+        let old: HashMap<u64, DocObjects> = self
+            .files
+            .get(path)
+            .map(|f| f.docs.iter().map(|d| (d.hash, d.objects.clone())).collect())
+            .unwrap_or_default();
+        let hashes: Vec<u64> = documents
+            .iter()
+            .map(|text| content_hash(text.as_bytes()))
+            .collect();
+        let fresh: Vec<&str> = documents
+            .iter()
+            .zip(&hashes)
+            .filter(|(_, hash)| !old.contains_key(hash))
+            .map(|(text, _)| *text)
+            .collect();
+        let parsed = fresh.len();
+        let mut fresh = parse_each(path, &fresh).into_iter();
+        let mut docs = Vec::with_capacity(documents.len());
+        for hash in hashes {
+            let objects = match old.get(&hash) {
+                Some(objects) => objects.clone(),
+                None => match fresh.next() {
+                    Some(Ok(objects)) => DocObjects::of(self.convert(path, objects, modified)),
+                    _ => return self.read_whole(path, bytes, modified),
+                },
+            };
+            docs.push(Doc { hash, objects });
+        }
+        let mut view = FileView::default();
+        for doc in &docs {
+            doc.objects.add_to(&mut view, path, &self.node_name);
+        }
+        Ok(Read {
+            view: view.finish(path),
+            docs,
+            parsed,
+        })
+    }
+
+    /// Parses the whole file (JSON, or YAML that is not read by document).
+    fn read_whole(
+        &mut self,
+        path: &Path,
+        bytes: &[u8],
+        modified: Option<SystemTime>,
+    ) -> Result<Read, ManifestError> {
+        let objects = parse_manifests(path, bytes)?;
+        Ok(Read {
+            view: self.convert(path, objects, modified),
+            docs: Vec::new(),
+            parsed: 1,
+        })
+    }
+
+    /// Logs the notes of parsed objects and converts them (see [`Self::stamp`]).
+    fn convert(
+        &mut self,
+        path: &Path,
         objects: FileObjects,
         modified: Option<SystemTime>,
-    ) -> Checked {
+    ) -> FileView {
         for note in &objects.notes {
             info!("{note}");
         }
+        let mut view = FileView::convert(path, objects, &self.node_name, &mut self.interner);
+        self.stamp(&mut view, modified);
+        view
+    }
+
+    /// Logs a file that parsed and keeps its documents.
+    fn loaded(&mut self, path: Arc<Path>, read: Read) -> Checked {
+        let Read { view, docs, parsed } = read;
         info!(
             file = %path.display(),
-            services = objects.services.len(),
-            endpoint_slices = objects.endpoint_slices.len(),
-            nodes = objects.nodes.len(),
+            services = view.services.len(),
+            endpoint_slices = view.slices.len(),
+            this_node = view.node.is_some(),
+            documents = docs.len(),
+            parsed,
             "manifest file loaded"
         );
-        let mut view = FileView::convert(&path, objects, &self.node_name, &mut self.interner);
-        self.stamp(&mut view, modified);
         let Some(f) = self.files.get_mut(&path) else {
             return Checked::Unchanged; // unreachable: `check_file` made it
         };
+        f.docs = docs;
         if f.error.take().is_some() {
             info!(file = %path.display(), "manifest file is good again");
         }
@@ -798,6 +994,17 @@ mod tests {
             }
         }
 
+        /// A directory holding `a.yaml` with `contents`, read once: the
+        /// directory (removed on drop), the file, the fixture.
+        fn one_file(tag: &str, contents: &str) -> (TempDir, PathBuf, Fixture) {
+            let tmp = TempDir::new(tag);
+            let path = tmp.0.join("a.yaml");
+            std::fs::write(&path, contents).expect("write");
+            let mut fx = Fixture::new(&tmp.0, "node-a");
+            fx.first();
+            (tmp, path, fx)
+        }
+
         /// The first scan; returns what it recorded.
         fn first(&mut self) -> Changes {
             let recorded = self.state.first(&self.tx);
@@ -808,7 +1015,16 @@ mod tests {
 
         /// A rescan; returns what it recorded.
         fn refresh(&mut self, read_all: bool) -> Changes {
-            let recorded = self.state.refresh(read_all, &self.tx);
+            let reread = if read_all {
+                Reread::all()
+            } else {
+                Reread::default()
+            };
+            self.refresh_with(&reread)
+        }
+
+        fn refresh_with(&mut self, reread: &Reread) -> Changes {
+            let recorded = self.state.refresh(reread, &self.tx);
             let changes = self.take();
             assert_eq!(recorded, changes.len());
             changes
@@ -1008,17 +1224,119 @@ mod tests {
     /// The fallback rescan alone (no file-system events) picks up changes.
     #[test]
     fn periodic_rescan_sees_metadata_changes() {
-        let tmp = TempDir::new("rescan");
-        let path = tmp.0.join("a.yaml");
-        std::fs::write(&path, svc("10.96.0.1")).expect("write");
-        let mut fx = Fixture::new(&tmp.0, "node-a");
-        fx.first();
+        let (_tmp, path, mut fx) = Fixture::one_file("rescan", &svc("10.96.0.1"));
         std::fs::write(&path, svc("10.96.0.2")).expect("write");
         assert!(!fx.refresh(false).is_empty());
         assert_eq!(fx.view.service_ips(), ["10.96.0.2"]);
         std::fs::remove_file(&path).expect("remove");
         assert!(!fx.refresh(false).is_empty());
         assert!(fx.view.services.is_empty());
+    }
+
+    /// A file is kept by document: when one document of a file changes, only
+    /// it is parsed again, and the other documents' objects stay the same
+    /// allocations (so only the changed object is recorded).
+    #[test]
+    fn a_change_to_one_document_parses_only_that_document() {
+        let named = |name: &str, ip: &str| svc(ip).replace("name: web", &format!("name: {name}"));
+        let file = |b_ip: &str| {
+            format!(
+                "{}---\n{}---\n{}---\n{SLICE}",
+                named("a", "10.96.0.1"),
+                named("b", b_ip),
+                named("c", "10.96.0.3")
+            )
+        };
+        let (_tmp, path, mut fx) = Fixture::one_file("docs", &file("10.96.0.2"));
+        let used = |fx: &Fixture, name: &str| {
+            fx.state
+                .services
+                .used(&ObjectKey::new("default", name))
+                .cloned()
+                .expect("in effect")
+        };
+        let (a, c) = (used(&fx, "a"), used(&fx, "c"));
+        let slice = fx.state.slices.iter().next().map(|(_, s)| Arc::clone(s));
+        std::fs::write(&path, file("10.96.0.22")).expect("write");
+        let changes = fx.refresh(true);
+        assert_eq!(keys(&changes.services), ["default/b"]);
+        assert!(changes.slices.is_empty());
+        assert_eq!(
+            fx.view.service_ips(),
+            ["10.96.0.1", "10.96.0.22", "10.96.0.3"]
+        );
+        assert!(
+            Arc::ptr_eq(&a, &used(&fx, "a")),
+            "document 1 was parsed again"
+        );
+        assert!(
+            Arc::ptr_eq(&c, &used(&fx, "c")),
+            "document 3 was parsed again"
+        );
+        let slice_now = fx.state.slices.iter().next().map(|(_, s)| Arc::clone(s));
+        assert!(slice
+            .zip(slice_now)
+            .is_some_and(|(a, b)| Arc::ptr_eq(&a, &b)));
+
+        // A broken document: the problem names it as the file counts them,
+        // and the file's objects stay.
+        std::fs::write(&path, file("10.96.0.22").replace("name: c", "name: [c")).expect("write");
+        let broken = fx.refresh(true);
+        let texts = problem_texts(&broken).expect("a problem");
+        assert!(texts.iter().any(|t| t.contains("document 3")), "{texts:?}");
+        assert_eq!(
+            fx.view.service_ips(),
+            ["10.96.0.1", "10.96.0.22", "10.96.0.3"]
+        );
+    }
+
+    /// A file being written is not read, whatever its metadata says: its
+    /// objects stay until its write ends (then it is read).
+    #[test]
+    fn a_file_being_written_keeps_its_objects_until_its_write_ends() {
+        let (_tmp, path, mut fx) = Fixture::one_file("writing", &svc("10.96.0.1"));
+        // Half of the new content: a valid document without its ports.
+        std::fs::write(
+            &path,
+            "apiVersion: v1\nkind: Service\nmetadata: {name: web}\n",
+        )
+        .expect("write");
+        let mut reread = Reread::default();
+        reread.writing.insert(path.clone(), Instant::now());
+        assert!(
+            fx.refresh_with(&reread).is_empty(),
+            "not read while written"
+        );
+        assert_eq!(fx.view.service_ips(), ["10.96.0.1"]);
+        std::fs::write(&path, svc("10.96.0.2")).expect("write");
+        reread.writing.clear();
+        reread.named.insert(path);
+        assert!(!fx.refresh_with(&reread).is_empty(), "read once closed");
+        assert_eq!(fx.view.service_ips(), ["10.96.0.2"]);
+    }
+
+    /// A file an event named is read by content: a rewrite that leaves its
+    /// size, inode and modification time as they were is seen too.
+    #[test]
+    fn a_named_file_is_read_even_when_its_metadata_did_not_change() {
+        let (_tmp, path, mut fx) = Fixture::one_file("named", &svc("10.96.0.1"));
+        let modified = std::fs::metadata(&path)
+            .and_then(|m| m.modified())
+            .expect("mtime");
+        std::fs::write(&path, svc("10.96.0.2")).expect("write");
+        std::fs::File::options()
+            .write(true)
+            .open(&path)
+            .and_then(|f| f.set_modified(modified))
+            .expect("set mtime");
+        assert!(
+            fx.refresh(false).is_empty(),
+            "the metadata alone shows nothing"
+        );
+        let mut reread = Reread::default();
+        reread.named.insert(path);
+        assert!(!fx.refresh_with(&reread).is_empty());
+        assert_eq!(fx.view.service_ips(), ["10.96.0.2"]);
     }
 
     fn problem_texts(changes: &Changes) -> Option<Vec<String>> {

@@ -25,6 +25,14 @@ pub(super) fn svc(ip: &str) -> String {
     SERVICE.replace("10.96.0.10", ip)
 }
 
+/// Replaces `name` in `dir` with `contents` atomically: written under a
+/// hidden name (the source skips it), then renamed into place.
+pub(super) fn replace_atomically(dir: &std::path::Path, name: &str, contents: &str) {
+    let staging = dir.join(format!(".{name}.tmp"));
+    std::fs::write(&staging, contents).expect("write");
+    std::fs::rename(&staging, dir.join(name)).expect("rename");
+}
+
 /// A fresh directory under the system temp dir, removed on drop.
 pub(super) struct TempDir(pub(super) PathBuf);
 

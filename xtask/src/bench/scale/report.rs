@@ -95,19 +95,49 @@ pub(in crate::bench) fn goals(scale: &Value) -> Vec<Goal> {
                 met: v.map(|v| v < bound),
             });
         }
-        for (n, bound) in targets::RSS_MIB {
-            let v = row(n).and_then(|r| f(&r["rss_mib"]));
-            goals.push(Goal {
-                what: format!(
-                    "agent RSS, {} Services × 10 from {label}",
-                    size_label(n.into())
-                ),
-                goal: format!("< {bound} MiB"),
-                measured: v.map_or("not measured in this run".into(), |v| format!("{v:.1} MiB")),
-                met: v.map(|v| v < bound),
-            });
+        for (table, field, what) in [
+            (&targets::RSS_MIB[..], "rss_mib", "agent RSS"),
+            (&targets::PEAK_RSS_MIB[..], "peak_rss_mib", "agent peak RSS"),
+        ] {
+            for &(n, bound) in table {
+                let v = row(n).and_then(|r| f(&r[field]));
+                goals.push(Goal {
+                    what: format!(
+                        "{what}, {} Services × 10 from {label}",
+                        size_label(n.into())
+                    ),
+                    goal: format!("< {bound} MiB"),
+                    measured: v
+                        .map_or("not measured in this run".into(), |v| format!("{v:.1} MiB")),
+                    met: v.map(|v| v < bound),
+                });
+            }
         }
     }
+    let n = targets::FILE_CHANGE_SERVICES;
+    let change = start
+        .iter()
+        .find(|r| r["source"] == "yaml" && services(r) == u64::from(n))
+        .map(|r| &r["file_change"])
+        .filter(|c| !c.is_null());
+    let median = change.and_then(|c| f(&c["median_ms"]));
+    goals.push(Goal {
+        what: format!(
+            "file change → new backend answering, {} Services × 10, directory source, median",
+            size_label(n.into())
+        ),
+        goal: format!("< {} ms", targets::FILE_CHANGE_MS),
+        measured: match change {
+            Some(c) => format!(
+                "{} ms (max {} ms, {} changes)",
+                fmt_opt(median, 0),
+                fmt_opt(f(&c["max_ms"]), 0),
+                c["rounds_ms"].as_array().map_or(0, Vec::len)
+            ),
+            None => "not measured in this run".into(),
+        },
+        met: median.map(|v| v < targets::FILE_CHANGE_MS),
+    });
     goals
 }
 
@@ -178,13 +208,15 @@ pub(in crate::bench) fn section(scale: &Value, sync_runs: &[Value]) -> String {
     }
 
     // ---- start and memory ----
-    md.push_str("\n### Agent start → maps synced, and memory\n\nA fresh `switchboard agent` in a sandbox (fresh pins, so it programs everything), Services × 10 endpoints. YAML: the manifests are written before the agent starts (`--source dir:`). Cluster: the fake API server (the release `sb-apiserver`, in the sandbox's node namespace) loads the same YAML before the agent starts (`--source cluster --kubeconfig`: paged lists and watches over HTTP, as against kube-apiserver; its serving of the lists is part of start → synced). Start → synced: from spawning the agent to its `maps synced` log line with every frontend. RSS: VmRSS 0.5 s after that; peak: VmHWM.\n\n| source | Services | start → synced | target | | RSS | target | | peak RSS | input |\n|---|---|---|---|---|---|---|---|---|---|\n");
+    md.push_str("\n### Agent start → maps synced, and memory\n\nA fresh `switchboard agent` in a sandbox (fresh pins, so it programs everything), Services × 10 endpoints. YAML: the manifests are written before the agent starts (`--source dir:`). Cluster: the fake API server (the release `sb-apiserver`, in the sandbox's node namespace) loads the same YAML before the agent starts (`--source cluster --kubeconfig`: paged lists and watches over HTTP, as against kube-apiserver; its serving of the lists is part of start → synced). Start → synced: from spawning the agent to its `maps synced` log line with every frontend. RSS: VmRSS 0.5 s after that; peak: VmHWM.\n\n| source | Services | start → synced | target | | RSS | target | | peak RSS | target | | input |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for r in start_rows(scale) {
         let n = services(&r);
         let synced = f(&r["startup_to_synced_s"]);
         let rss = f(&r["rss_mib"]);
         let (st, sm) = against(targets::at(&targets::SYNCED_S, n), synced, "s");
         let (rt, rm) = against(targets::at(&targets::RSS_MIB, n), rss, "MiB");
+        let peak = f(&r["peak_rss_mib"]);
+        let (pt, pm) = against(targets::at(&targets::PEAK_RSS_MIB, n), peak, "MiB");
         let input = match r["source"].as_str() {
             Some("cluster") => format!(
                 "{} objects, API server up {} s after its start",
@@ -195,12 +227,67 @@ pub(in crate::bench) fn section(scale: &Value, sync_runs: &[Value]) -> String {
         };
         let _ = writeln!(
             md,
-            "| {} | {} | {} s | {st} | {sm} | {} MiB | {rt} | {rm} | {} MiB | {input} |",
+            "| {} | {} | {} s | {st} | {sm} | {} MiB | {rt} | {rm} | {} MiB | {pt} | {pm} | {input} |",
             source_label(&r),
             size_label(n),
             fmt_opt(synced, 2),
             fmt_opt(rss, 1),
-            fmt_opt(f(&r["peak_rss_mib"]), 1),
+            fmt_opt(peak, 1),
+        );
+    }
+    md.push_str("\n### Where the memory goes\n\nThe agent counts the bytes it holds on the heap (its global allocator counts every allocation and free) and logs them at each step of its start; the rows above, read from their logs (MiB). Each step is the heap after it minus the heap before it: the source's first view (its objects, its indexes and the batch of changes it hands over), loading the eBPF objects and opening the maps, the batch replaced by the model's inputs (the model's maps from keys to the source's objects, the batch freed), the model's desired state, and the sync's mirror of the maps. RSS − heap: the binary, thread stacks, and what the allocator holds beyond the live bytes (free lists, fragmentation).\n\n| source | Services | before the source | source's first view | eBPF + maps loaded | batch → model inputs | desired state | sync mirror | heap after the sync | heap peak | RSS | RSS − heap |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    for r in start_rows(scale) {
+        let h = &r["heap"];
+        let at = |k: &str| f(&h[k]);
+        let step = |to: &str, from: &str| Some(at(to)? - at(from)?);
+        let rss = f(&r["rss_mib"]);
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            source_label(&r),
+            size_label(services(&r)),
+            fmt_opt(at("before_source_mib"), 1),
+            fmt_opt(step("source_read_mib", "before_source_mib"), 1),
+            fmt_opt(step("maps_loaded_mib", "source_read_mib"), 1),
+            fmt_opt(step("inputs_mib", "changes_mib"), 1),
+            fmt_opt(step("model_mib", "inputs_mib"), 1),
+            fmt_opt(step("synced_mib", "model_mib"), 1),
+            fmt_opt(at("synced_mib"), 1),
+            fmt_opt(at("peak_mib"), 1),
+            fmt_opt(rss, 1),
+            fmt_opt(rss.zip(at("synced_mib")).map(|(r, h)| r - h), 1),
+        );
+    }
+    md.push_str("\n### Kernel memory of the maps\n\nThe same agents, at their start: the `memlock` the kernel accounts to every pinned map (the agent's `maps loaded` log line; per map in `switchboard status` and `switchboard_map_memory_bytes`). The bench passes `--max-frontend-entries`, `--max-backends` and `--max-services` sized to the Services; every other table (conntrack, sockets, affinity, fragments) is at its default, and each family's tables are preallocated whether the node uses that family or not. For scale: Cilium's defaults are `bpf-ct-global-tcp-max` 512k entries and `bpf-lb-map-max` 64k.\n\n| source | Services | all maps | of which IPv6 maps |\n|---|---|---|---|\n");
+    for r in start_rows(scale) {
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} MiB | {} MiB |",
+            source_label(&r),
+            size_label(services(&r)),
+            fmt_opt(f(&r["maps_kernel_mib"]), 1),
+            fmt_opt(f(&r["ipv6_maps_kernel_mib"]), 1),
+        );
+    }
+    if let Some(r) = start_rows(scale)
+        .iter()
+        .find(|r| !r["file_change"].is_null())
+    {
+        let c = &r["file_change"];
+        let median = f(&c["median_ms"]);
+        let (target, met) = against(Some(targets::FILE_CHANGE_MS), median, "ms");
+        let _ = writeln!(
+            md,
+            "\n### File change → new backend answering (directory source)\n\nThe YAML agent above ({} Services), once measured: the pods start, then the manifest file holding the target Service is replaced atomically (written under a hidden name, renamed into place) with the target's endpoints moved to another pod, while `sb-echo client` connects to the Service back to back from the client namespace (tc path). Time: from the rename to the first connection of the final stretch the new pod answers (the client's millisecond stamps). One warm-up change, then {} changes alternating between two pods.\n\n| changes (ms) | median | max | failed connections | target (median) | |\n|---|---|---|---|---|---|\n| {} | {} ms | {} ms | {} | {target} | {met} |",
+            size_label(services(r)),
+            c["rounds_ms"].as_array().map_or(0, Vec::len),
+            c["rounds_ms"]
+                .as_array()
+                .map(|v| v.iter().map(ToString::to_string).collect::<Vec<_>>().join(", "))
+                .unwrap_or_default(),
+            fmt_opt(median, 0),
+            fmt_opt(f(&c["max_ms"]), 0),
+            c["failed_connections"],
         );
     }
     if let Some(r) = start_rows(scale)
