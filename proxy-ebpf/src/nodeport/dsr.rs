@@ -25,7 +25,7 @@
 //!   A GSO packet is resegmented by the kernel to fit instead.
 use aya_ebpf::{
     bindings::bpf_adj_room_mode::BPF_ADJ_ROOM_NET,
-    helpers::{bpf_skb_adjust_room, bpf_xdp_adjust_head},
+    helpers::{bpf_skb_adjust_room, bpf_xdp_adjust_head, bpf_xdp_adjust_meta},
     programs::{TcContext, XdpContext},
 };
 use proxy_common::{dsr, stat, Addr6Be, DsrOpt4, DsrOpt6};
@@ -127,6 +127,42 @@ pub(crate) fn arrived<A: UplinkFamily>(u: &mut Up<A>) -> Result<Out, NotTranslat
         Ok(()) => Ok(Out::Arrived),
         Err(_) => Err(NotTranslated::Drop(stat::CT_FULL)),
     }
+}
+
+/// The metadata XDP puts before a packet whose arrival it tracked, so the
+/// uplink's tc program, which sees the packet next, does not track it
+/// again (nor count it twice).
+const TRACKED_MARK: u32 = u32::from_be_bytes(*b"sbDR");
+
+/// XDP: marks the packet as tracked ([`TRACKED_MARK`], four bytes of
+/// metadata). A driver without metadata support refuses: then tc tracks
+/// the packet again, which notes the same state twice and counts it twice.
+#[inline(always)]
+pub(crate) fn mark_tracked(ctx: &XdpContext) {
+    // SAFETY: a resizing helper on our own context; pointers are taken
+    // anew after it.
+    if unsafe { bpf_xdp_adjust_meta(ctx.ctx, -4) } != 0 {
+        return;
+    }
+    let (meta, data) = (ctx.metadata(), ctx.data());
+    if meta + 4 > data {
+        return;
+    }
+    // SAFETY: the check above: the four metadata bytes lie before the
+    // packet, in memory the program may write.
+    unsafe { core::ptr::write_unaligned(meta as *mut u32, TRACKED_MARK) };
+}
+
+/// tc: whether XDP tracked this packet's arrival already ([`mark_tracked`]).
+#[inline(always)]
+pub(crate) fn tracked_by_xdp(ctx: &TcContext) -> bool {
+    // SAFETY: reads of our context.
+    let (meta, data) = unsafe { ((*ctx.skb.skb).data_meta as usize, ctx.data()) };
+    if meta + 4 > data {
+        return false;
+    }
+    // SAFETY: the check above: four metadata bytes lie before the packet.
+    unsafe { core::ptr::read_unaligned(meta as *const u32) == TRACKED_MARK }
 }
 
 /// Records a new flow to backend `backend_id` on another node (in
@@ -393,9 +429,10 @@ fn grown_be(len_be: u16, by: usize) -> u16 {
     u16::from_be(len_be).saturating_add(by as u16).to_be()
 }
 
-/// Whether the skb is a GSO packet (the kernel resegments it to fit).
+/// Whether the skb is a GSO packet (the kernel resegments it to fit the
+/// MTU with the option: its length is not checked).
 #[inline(always)]
-fn is_gso(ctx: &TcContext) -> bool {
+pub(crate) fn is_gso(ctx: &TcContext) -> bool {
     // SAFETY: a read of our context.
     unsafe { (*ctx.skb.skb).gso_segs > 1 }
 }
@@ -418,17 +455,4 @@ pub(crate) fn grown_len6<C: PacketCtx>(ctx: &C) -> Result<u16, Skip> {
     // SAFETY: `ptr_at` checked the field lies inside the packet; read.
     let payload = u16::from_be(unsafe { core::ptr::read_unaligned(len) });
     Ok(payload.saturating_add((IPV6_HLEN + HDR6_LEN) as u16))
-}
-
-/// tc: the length `grown` (one of the above) gives, or `None` for a GSO
-/// packet (the kernel resegments it to fit).
-#[inline(always)]
-pub(crate) fn tc_grown_len(
-    ctx: &TcContext,
-    grown: fn(&TcContext) -> Result<u16, Skip>,
-) -> Result<Option<u16>, Skip> {
-    if is_gso(ctx) {
-        return Ok(None);
-    }
-    grown(ctx).map(Some)
 }

@@ -11,7 +11,13 @@
 //!     egress (one connection-tracking lookup, as for pod clients);
 //!   - a backend on another node (the route to it leaves through an uplink)
 //!     gets DNAT plus SNAT to that uplink's address and a port of
-//!     [`snat`], so its reply comes back here;
+//!     [`snat`], so its reply comes back here; or, for a frontend that
+//!     returns flows directly (`--nodeport-mode dsr`), DNAT only and the
+//!     frontend carried in an option ([`dsr`]), its reply leaving the
+//!     backend's node straight to the client;
+//! - A packet another node returned directly to a backend here (the
+//!   option on a packet to an address that is no frontend) is tracked under
+//!   its frontend and delivered unchanged ([`dsr::arrived`]);
 //!   - under `externalTrafficPolicy: Local` only this node's endpoints are
 //!     used (the [`scope::EXTERNAL`] slots), never with SNAT: the pod sees the
 //!     client's address. Without local endpoints the packet is dropped, as
@@ -26,7 +32,8 @@
 //! - To a frontend without any endpoint: the program answers as the pod
 //!   path does ([`crate::reject`]); `externalTrafficPolicy: Local` without a
 //!   local endpoint drops. An uplink without an address of the flow's
-//!   family drops flows to remote backends (`no_route`).
+//!   family drops flows to remote backends it would source-NAT
+//!   (`no_route`).
 //!
 //! The IPv6 programs are their own (`sb_xdp_uplink6`, `sb_from_uplink6`),
 //! tail-called on ethertype 0x86DD before the IPv4 parser, so the IPv4
@@ -155,7 +162,8 @@ pub fn classify<A: UplinkFamily>(
     if !local_only {
         match remote_uplink(ctx, ingress, u) {
             Route::Local => {}
-            Route::Remote if svc.flags & frontend_flags::DIRECT_RETURN != 0 => {
+            // Returned directly, the flow needs no address of the uplink.
+            Route::Remote | Route::NoAddress if svc.flags & frontend_flags::DIRECT_RETURN != 0 => {
                 return dsr::new_direct_flow(u, id, svc.service_id)
             }
             Route::Remote => return new_remote_flow(u, id, svc.service_id),

@@ -17,7 +17,7 @@ use crate::{
     maps::{SB_UPLINK6_V1, SB_UPLINK_V1},
     packet::{
         ctx::{LoadBytes, PacketCtx},
-        set, FlowOf,
+        set, FlowOf, Skip,
     },
 };
 
@@ -105,6 +105,10 @@ pub(crate) trait UplinkFamily: Family {
     /// Reads the frontend a direct-server-return option names into
     /// `u.dsr_*` (port 0 when there is none).
     fn read_dsr_option<C: PacketCtx + LoadBytes>(ctx: &C, u: &mut Up<Self>);
+    /// Direct server return: the packet's length with the option, as the
+    /// route's MTU is compared with ([`super::dsr::grown_len`],
+    /// [`super::dsr::grown_len6`]).
+    fn grown_len<C: PacketCtx>(ctx: &C) -> Result<u16, Skip>;
     /// This CPU's route slot for destination `dst` ([`cached_route`]).
     fn route_slot(dst: &Self) -> Option<&'static mut RouteSlot<Self>>;
 }
@@ -218,6 +222,10 @@ impl UplinkFamily for u32 {
         super::dsr::read_option(ctx, u);
     }
     #[inline(always)]
+    fn grown_len<C: PacketCtx>(ctx: &C) -> Result<u16, Skip> {
+        super::dsr::grown_len(ctx)
+    }
+    #[inline(always)]
     fn route_slot(dst: &u32) -> Option<&'static mut RouteSlot<u32>> {
         let ptr = SB_ROUTE4TMP_V1.get_ptr_mut(slot_index(*dst))?;
         // SAFETY: this CPU's slot of a per-CPU array, valid for the program
@@ -265,6 +273,10 @@ impl UplinkFamily for Addr6Be {
     #[inline(always)]
     fn read_dsr_option<C: PacketCtx + LoadBytes>(ctx: &C, u: &mut Up<Addr6Be>) {
         super::dsr::read_option6(ctx, u);
+    }
+    #[inline(always)]
+    fn grown_len<C: PacketCtx>(ctx: &C) -> Result<u16, Skip> {
+        super::dsr::grown_len6(ctx)
     }
     #[inline(always)]
     fn route_slot(dst: &Addr6Be) -> Option<&'static mut RouteSlot<Addr6Be>> {

@@ -49,11 +49,9 @@ pub(crate) trait UplinkTcFamily: UplinkFamily + Header {
     fn translate_icmp_error(ctx: &TcContext, u: &mut Up<Self>) -> Result<(), Skip>;
     /// A packet to a frontend without endpoints ([`crate::reject`]).
     fn reject(ctx: &TcContext, u: &mut Up<Self>) -> i32;
-    /// Direct server return ([`crate::nodeport::dsr`]): the packet's
-    /// length with the option (`None`: a GSO packet), the option put in,
-    /// and the answer to a packet the option would make larger than the
-    /// route's `mtu` (naming the room the option leaves).
-    fn grown_len(ctx: &TcContext) -> Result<Option<u16>, Skip>;
+    /// Direct server return ([`crate::nodeport::dsr`]): the option put
+    /// in, and the answer to a packet the option would make larger than
+    /// the route's `mtu` (naming the room the option leaves).
     fn carry(ctx: &TcContext, u: &Up<Self>) -> Result<(), RewriteFailed>;
     fn too_big(ctx: &TcContext, u: &mut Up<Self>, mtu: u16) -> i32;
 }
@@ -108,10 +106,6 @@ impl UplinkTcFamily for u32 {
         crate::reject::tc_reject(ctx, &u.s.flow)
     }
     #[inline(always)]
-    fn grown_len(ctx: &TcContext) -> Result<Option<u16>, Skip> {
-        dsr::tc_grown_len(ctx, dsr::grown_len::<TcContext>)
-    }
-    #[inline(always)]
     fn carry(ctx: &TcContext, u: &Up<u32>) -> Result<(), RewriteFailed> {
         dsr::carry_tc(ctx, u)
     }
@@ -148,10 +142,6 @@ impl UplinkTcFamily for Addr6Be {
         crate::reject::v6::answer(ctx, &mut u.s)
     }
     #[inline(always)]
-    fn grown_len(ctx: &TcContext) -> Result<Option<u16>, Skip> {
-        dsr::tc_grown_len(ctx, dsr::grown_len6::<TcContext>)
-    }
-    #[inline(always)]
     fn carry(ctx: &TcContext, u: &Up<Addr6Be>) -> Result<(), RewriteFailed> {
         dsr::carry6_tc(ctx, u)
     }
@@ -183,7 +173,13 @@ pub fn from_uplink<A: UplinkTcFamily>(ctx: &TcContext) -> Result<i32, Skip> {
     // SAFETY: `ctx.skb.skb` is the kernel's `__sk_buff` for this run; a read.
     let ingress = unsafe { (*ctx.skb.skb).ingress_ifindex };
     match A::parse(ctx, u)? {
-        Kind::Flow => A::read_dsr_option(ctx, u),
+        Kind::Flow => {
+            A::read_dsr_option(ctx, u);
+            // Tracked by XDP already: a packet to a pod like any other.
+            if u.dsr_port_be != 0 && dsr::tracked_by_xdp(ctx) {
+                u.dsr_port_be = 0;
+            }
+        }
         Kind::Later => return later_fragment(ctx, ingress, u),
         Kind::Icmp => return icmp_error(ctx, ingress, u),
     }
@@ -301,12 +297,9 @@ fn route<A: UplinkTcFamily>(
     direct: bool,
 ) -> Result<Option<i32>, Skip> {
     let (rc, mtu) = cached_route(ctx.skb.skb as *mut c_void, ingress, u, l4_proto);
-    if direct {
-        if let Some(len) = A::grown_len(ctx)? {
-            if len > mtu {
-                return Ok(Some(A::too_big(ctx, u, mtu)));
-            }
-        }
+    // A GSO packet is resegmented by the kernel to fit.
+    if direct && !dsr::is_gso(ctx) && A::grown_len(ctx)? > mtu {
+        return Ok(Some(A::too_big(ctx, u, mtu)));
     }
     if rc != FIB_SUCCESS && rc != FIB_NO_NEIGH {
         return drop_counted(stat::NO_ROUTE).map(Some);

@@ -65,9 +65,8 @@ pub(crate) trait XdpFamily: UplinkFamily {
     /// Writes the TTL `hop_limit` (above 1) one lower, with the IPv4
     /// header checksum.
     fn decrement_hop_limit(ctx: &XdpContext, hop_limit: u8) -> Result<(), StoreFailed>;
-    /// Direct server return: the packet's length with the option
-    /// ([`crate::nodeport::dsr`]), and the option put in.
-    fn grown_len(ctx: &XdpContext) -> Result<u16, Skip>;
+    /// Direct server return: puts the option in
+    /// ([`crate::nodeport::dsr`]).
     fn carry(ctx: &XdpContext, u: &Up<Self>) -> Result<(), StoreFailed>;
 }
 
@@ -127,6 +126,7 @@ pub fn uplink<A: XdpFamily>(ctx: &XdpContext) -> Result<u32, Skip> {
         }
         Out::Arrived => {
             count(stat::EXT_LOCAL);
+            dsr::mark_tracked(ctx);
             return Ok(xdp_action::XDP_PASS);
         }
         Out::Remote | Out::Direct => stat::EXT_REMOTE,
@@ -148,7 +148,8 @@ fn count_forward(ctx: &XdpContext, service_id: u32, counter: u32) {
 }
 
 /// Rewrites a packet that leaves the node again and sends it straight back
-/// out: the route lookup (first, on the translated addresses) gives the
+/// out: the route (first, on the translated addresses, from this CPU's
+/// cache or `bpf_fib_lookup`: [`cached_route`]) gives the
 /// interface and both MAC addresses; the TTL goes down by one. A packet
 /// returned `direct`ly gets the option with the frontend. When the lookup
 /// cannot finish, the packet would not fit the route's MTU with the option,
@@ -319,10 +320,6 @@ impl XdpFamily for u32 {
         Ok(())
     }
     #[inline(always)]
-    fn grown_len(ctx: &XdpContext) -> Result<u16, Skip> {
-        dsr::grown_len(ctx)
-    }
-    #[inline(always)]
     fn carry(ctx: &XdpContext, u: &Up<u32>) -> Result<(), StoreFailed> {
         dsr::carry_xdp(ctx, u).map_err(|_| StoreFailed)
     }
@@ -378,10 +375,6 @@ impl XdpFamily for Addr6Be {
         // XDP program may write.
         unsafe { *at = hop_limit - 1 };
         Ok(())
-    }
-    #[inline(always)]
-    fn grown_len(ctx: &XdpContext) -> Result<u16, Skip> {
-        dsr::grown_len6(ctx)
     }
     #[inline(always)]
     fn carry(ctx: &XdpContext, u: &Up<Addr6Be>) -> Result<(), StoreFailed> {

@@ -9,7 +9,8 @@
 //! - the client sees the address it sent to as its peer (node B sends the
 //!   replies from the frontend);
 //! - the replies bypass node A: its uplink programs translate no reply
-//!   (`ext_reply` stays 0), while it forwards every request (`ext_remote`);
+//!   (`ext_reply` stays 0), while it forwards every request (`ext_remote`),
+//!   each tracked once on node B (`ext_local`);
 //! - large transfers work both ways: requests larger than the path MTU
 //!   once the option is in are answered with "fragmentation needed", and
 //!   the client's path-MTU discovery takes it from there.
@@ -59,6 +60,12 @@ fn replies_bypass_the_entry_node(sb: &TwoNodeSandbox, why: &str) {
     assert!(
         b["ext_local"] > 0,
         "{why}: node B tracked no arrival: {b:?}"
+    );
+    // Each packet node A sent on was tracked once on node B (XDP tells tc
+    // it did the work, so tc does not do it again).
+    assert_eq!(
+        b["ext_local"], a["ext_remote"],
+        "{why}: node B's arrivals against node A's forwarded packets"
     );
     let status = switchboard_out(&["status"], &sb.pin_dir(Node::A));
     let status = String::from_utf8_lossy(&status);

@@ -163,11 +163,25 @@ fn test_run<P>(
 where
     P: for<'a> TestRun<Opts<'a> = TestRunOptions<'a>, Result = TestRunResult>,
 {
+    test_run_with(program, frame, ctx, None)
+}
+
+/// [`test_run`], the context as the program left it written to `ctx_out`.
+fn test_run_with<P>(
+    program: &P,
+    frame: &[u8],
+    ctx: Option<&[u8]>,
+    ctx_out: Option<&mut [u8]>,
+) -> Result<(u32, Vec<u8>), ProgramError>
+where
+    P: for<'a> TestRun<Opts<'a> = TestRunOptions<'a>, Result = TestRunResult>,
+{
     let mut out = vec![0u8; OUT_LEN];
     let result = program.test_run(TestRunOptions {
         data_in: Some(frame),
         data_out: Some(&mut out),
         ctx_in: ctx,
+        ctx_out,
         ..TestRunOptions::default()
     })?;
     out.truncate(result.data_size_out as usize);
@@ -504,7 +518,17 @@ impl Loaded {
             .expect("program present")
             .try_into()
             .expect("XDP program");
-        test_run(xdp, frame, ctx.as_deref())
+        let Some(ctx) = ctx else {
+            return test_run(xdp, frame, None);
+        };
+        // The kernel's output starts at the metadata a program put before
+        // the frame; the context it gives back says how long that is
+        // (`data`, from the start of the metadata).
+        let mut ctx_out = [0u8; 24];
+        let (verdict, mut out) = test_run_with(xdp, frame, Some(&ctx), Some(&mut ctx_out))?;
+        let meta = u32::from_ne_bytes([ctx_out[0], ctx_out[1], ctx_out[2], ctx_out[3]]);
+        out.drain(..(meta as usize).min(out.len()));
+        Ok((verdict, out))
     }
 
     /// The global counter `name`, summed over CPUs.
