@@ -100,7 +100,7 @@ impl PodFamily for u32 {
     }
     #[inline(always)]
     fn reject(ctx: &TcContext, w: &mut Work<u32>, svc: &FrontendSlot) -> i32 {
-        crate::reject::from_pod(ctx, &w.flow, svc)
+        crate::reject::from_pod(ctx, w, svc)
     }
 }
 
@@ -120,12 +120,12 @@ impl PodFamily for Addr6Be {
         match parse6(ctx, &mut w.flow)? {
             Kind::Flow => Ok(None),
             Kind::Later => crate::frag::later(ctx, w, dir).map(Some),
-            Kind::Icmp => crate::icmp::v6::translate(ctx, w, dir).map(Some),
+            Kind::Icmp => crate::icmp::translate(ctx, w, dir).map(Some),
         }
     }
     #[inline(always)]
     fn reject(ctx: &TcContext, w: &mut Work<Addr6Be>, svc: &FrontendSlot) -> i32 {
-        crate::reject::v6::from_pod(ctx, w, svc)
+        crate::reject::from_pod(ctx, w, svc)
     }
 }
 
