@@ -911,8 +911,17 @@ fn limits(
         ) {
             let _ = writeln!(
                 out,
-                "- ÷ direct: the direct limit itself moved between {lo:.0} and {hi:.0} conn/s over the rounds ({:.0} % of its median), which is as large as the 5 % the target allows. The socket-LB and tc rows' packets also cross switchboard's tc programs on the pod veths (the non-service cost above, on every packet), which the direct sandbox does not have.",
+                "- ÷ direct: the direct limit itself moved between {lo:.0} and {hi:.0} conn/s over the rounds ({:.0} % of its median), which is as large as the 5 % the target allows.",
                 (hi - lo) / direct * 100.0
+            );
+        }
+        let inside = conn(e2e, DIRECT_SW, at);
+        if let (Some(inside), Some(sock)) = (inside, conn(e2e, SW_SOCK_POD, at)) {
+            let _ = writeln!(
+                out,
+                "- where the socket layer's gap to direct lies: the same pod client sending to the pods' own addresses inside switchboard's sandbox (its agent, tc programs and socket hooks, no Service) makes {inside:.0} conn/s, {:.2} × direct: what being on a switchboard node costs a connection that no Service balances. The socket layer's own work per connect (the frontend lookup, the backend pick, the socket's storage) is the rest: socket-LB ÷ that row = {:.2}.",
+                inside / direct,
+                sock / inside
             );
         }
     }
