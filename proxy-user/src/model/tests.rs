@@ -279,7 +279,7 @@ fn displays() {
         port: "port".into(),
     };
     assert_eq!(spn.to_string(), "ns/name:port");
-    spn.port.clear();
+    spn.port = "".into();
     assert_eq!(spn.to_string(), "ns/name");
     let w = ModelWarning {
         object: "Service ns/name".into(),
@@ -2338,7 +2338,7 @@ fn without_creation_times_the_next_claimant_by_name_takes_over_a_released_addres
             .values()
             .next()
             .expect("one frontend");
-        fe.service.name.clone()
+        fe.service.name.to_string()
     };
     assert_eq!(owner(&model), "a");
     let warned: Vec<String> = model.warnings().map(|w| w.object.clone()).collect();
