@@ -38,6 +38,7 @@ use tracing::{debug, warn};
 use crate::model::cidr::IpCidr;
 use crate::{
     model::{BackendAddr, DesiredState, Frontend, FrontendAddr, IpFamily, LbAlgorithm, Protocol},
+    sync::backends::Backends,
     sync::encode::{
         backend_addr, backend_value, frontend_addr, frontend_key, ipv4, ipv6, proto_number,
         revnat_name, revnat_value, scoped_key, slot_zero_attributes, AnyBackend, AnyFrontendKey,
@@ -48,23 +49,24 @@ use crate::{
     sync::store::{MapStore, WriteError},
 };
 
-/// What one frontend looks like in the maps.
+/// What one frontend looks like in the maps. Held for every frontend, so
+/// boxed slices (no spare capacity) rather than vectors.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Programmed {
     service_id: u32,
-    name: String,
+    name: Box<str>,
     /// [`frontend_flags`] and the affinity timeout written in slot 0.
     flags: u16,
     affinity_timeout_s: u32,
     /// Backend id per slot, slot 1 first.
-    slots: Vec<u32>,
+    slots: Box<[u32]>,
     /// The external (local-only) set's backend ids per slot, under
     /// [`scope::EXTERNAL`]: `Some` exactly when the frontend has one
     /// (`externalTrafficPolicy: Local`).
-    external: Option<Vec<u32>>,
+    external: Option<Box<[u32]>>,
     /// The `loadBalancerSourceRanges` blocks in the frontend's family's
     /// trie under its service id (sorted; empty without ranges).
-    ranges: Vec<IpCidr>,
+    ranges: Box<[IpCidr]>,
 }
 
 impl Programmed {
@@ -88,12 +90,6 @@ impl PerFamily {
             IpFamily::V6 => &mut self.v6,
         }
     }
-}
-
-#[derive(Clone, Copy, Debug)]
-struct BackendRef {
-    id: u32,
-    refs: u32,
 }
 
 /// A frontend the sync could not program, and why.
@@ -127,16 +123,14 @@ pub struct Syncer<S: MapStore> {
     store: S,
     caps: Capacities,
     programmed: BTreeMap<FrontendAddr, Programmed>,
-    backends: HashMap<(BackendAddr, Protocol), BackendRef>,
-    backend_addrs: HashMap<u32, (BackendAddr, Protocol)>,
+    /// Every backend entry written, by address and by id.
+    backends: Backends,
     service_ids: BTreeSet<u32>,
     next_service_id: u32,
     next_backend_id: u32,
     /// Frontend map entries in use (slot 0 plus one per backend, per
     /// frontend), per family: each family's map has the capacity.
     frontend_entries: PerFamily,
-    /// Backend map entries in use, per family.
-    backend_entries: PerFamily,
     /// Source-range trie entries in use, per family.
     range_entries: PerFamily,
     /// For frontends whose Service does not choose (`switchboard.io/lb-algorithm`).
@@ -196,13 +190,11 @@ impl<S: MapStore> Syncer<S> {
             store,
             caps,
             programmed: BTreeMap::new(),
-            backends: HashMap::new(),
-            backend_addrs: HashMap::new(),
+            backends: Backends::default(),
             service_ids: BTreeSet::new(),
             next_service_id: 1,
             next_backend_id: 1,
             frontend_entries: PerFamily::default(),
-            backend_entries: PerFamily::default(),
             range_entries: PerFamily::default(),
             defaults: FrontendDefaults::default(),
             failed: BTreeMap::new(),
@@ -254,10 +246,8 @@ impl<S: MapStore> Syncer<S> {
         let dump = self.store.dump();
         self.programmed.clear();
         self.backends.clear();
-        self.backend_addrs.clear();
         self.service_ids.clear();
         self.frontend_entries = PerFamily::default();
-        self.backend_entries = PerFamily::default();
         self.range_entries = PerFamily::default();
         let mut ranges: HashMap<u32, Vec<IpCidr>> = HashMap::new();
         for (id, block) in &dump.source_ranges {
@@ -314,8 +304,8 @@ impl<S: MapStore> Syncer<S> {
                 continue;
             }
             let other_family = ids.iter().chain(external.iter().flatten()).any(|id| {
-                self.backend_addrs
-                    .get(id)
+                self.backends
+                    .get(*id)
                     .is_some_and(|(b, _)| b.family() != addr.family())
             });
             if other_family {
@@ -333,12 +323,8 @@ impl<S: MapStore> Syncer<S> {
                 for id in set {
                     keep_backends.insert((*id, addr.family()));
                     let backend = backends[&(addr.family(), *id)];
-                    let entry = (backend_addr(&backend), addr.protocol);
                     self.backends
-                        .entry(entry)
-                        .and_modify(|r| r.refs += 1)
-                        .or_insert(BackendRef { id: *id, refs: 1 });
-                    self.backend_addrs.insert(*id, entry);
+                        .hold(*id, backend_addr(&backend), addr.protocol);
                 }
             }
             let name = revnat
@@ -359,12 +345,12 @@ impl<S: MapStore> Syncer<S> {
             blocks.sort();
             let programmed = Programmed {
                 service_id: head.service_id,
-                name,
+                name: name.into(),
                 flags: head.flags,
                 affinity_timeout_s: head.affinity_timeout_s,
-                slots: ids,
-                external,
-                ranges: blocks,
+                slots: ids.into(),
+                external: external.map(Into::into),
+                ranges: blocks.into(),
             };
             *self.frontend_entries.of(addr.family()) += programmed.entries();
             *self.range_entries.of(addr.family()) += programmed.ranges.len();
@@ -394,11 +380,8 @@ impl<S: MapStore> Syncer<S> {
                 log_write(self.store.delete_source_range(*id, *block));
             }
         }
-        for (backend, _) in self.backends.keys() {
-            *self.backend_entries.of(backend.family()) += 1;
-        }
         self.next_service_id = self.service_ids.last().map_or(1, |id| id + 1);
-        self.next_backend_id = self.backend_addrs.keys().max().map_or(1, |id| id + 1);
+        self.next_backend_id = self.backends.max_id().map_or(1, |id| id + 1);
     }
 
     /// The frontends programmed now, with their service name and backends.
@@ -407,9 +390,9 @@ impl<S: MapStore> Syncer<S> {
             let backends = p
                 .slots
                 .iter()
-                .filter_map(|id| self.backend_addrs.get(id).map(|(b, _)| *b))
+                .filter_map(|id| self.backends.get(*id).map(|(b, _)| b))
                 .collect();
-            (addr, p.name.as_str(), backends)
+            (addr, &*p.name, backends)
         })
     }
 
@@ -672,10 +655,10 @@ impl<S: MapStore> Syncer<S> {
         if let Some(old) = &old {
             if self.addrs_of(&old.slots) == wanted
                 && old.external.as_ref().map(|e| self.addrs_of(e)) == wanted_external
-                && old.name == name
+                && *old.name == *name
                 && old.flags == flags
                 && old.affinity_timeout_s == affinity_timeout_s
-                && old.ranges == wanted_ranges
+                && *old.ranges == *wanted_ranges
             {
                 report.unchanged += 1;
                 return Ok(());
@@ -705,9 +688,9 @@ impl<S: MapStore> Syncer<S> {
             .chain(wanted_external.iter().flatten())
             .collect::<HashSet<_>>()
             .into_iter()
-            .filter(|b| !self.backends.contains_key(&(**b, addr.protocol)))
+            .filter(|b| self.backends.id_of(**b, addr.protocol).is_none())
             .count();
-        if *self.backend_entries.of(family) + new_backends > self.caps.backends as usize {
+        if self.backends.len(family) + new_backends > self.caps.backends as usize {
             return Err(UpsertError::Capacity(format!(
                 "{which}backend map full ({} entries)",
                 self.caps.backends
@@ -733,7 +716,7 @@ impl<S: MapStore> Syncer<S> {
                 ))
             })?,
         };
-        if old.as_ref().is_none_or(|o| o.name != name) {
+        if old.as_ref().is_none_or(|o| *o.name != *name) {
             self.store
                 .put_revnat(service_id, revnat_value(addr, name))?;
             report.writes += 1;
@@ -829,12 +812,12 @@ impl<S: MapStore> Syncer<S> {
             *addr,
             Programmed {
                 service_id,
-                name: name.to_owned(),
+                name: name.into(),
                 flags,
                 affinity_timeout_s,
-                slots,
-                external,
-                ranges: wanted_ranges,
+                slots: slots.into(),
+                external: external.map(Into::into),
+                ranges: wanted_ranges.into(),
             },
         );
         Ok(())
@@ -847,7 +830,7 @@ impl<S: MapStore> Syncer<S> {
         let keys: Vec<(BackendKey, u32)> = ids
             .iter()
             .filter_map(|id| {
-                let (b, _) = self.backend_addrs.get(id)?;
+                let (b, _) = self.backends.get(*id)?;
                 Some((BackendKey::new(b.ip, b.port, proto_number(protocol)), *id))
             })
             .collect();
@@ -877,7 +860,7 @@ impl<S: MapStore> Syncer<S> {
     fn addrs_of(&self, ids: &[u32]) -> Vec<BackendAddr> {
         let mut addrs: Vec<BackendAddr> = ids
             .iter()
-            .filter_map(|id| self.backend_addrs.get(id).map(|(b, _)| *b))
+            .filter_map(|id| self.backends.get(*id).map(|(b, _)| b))
             .collect();
         addrs.sort();
         addrs
@@ -985,40 +968,27 @@ impl<S: MapStore> Syncer<S> {
         backend: BackendAddr,
         protocol: Protocol,
     ) -> Result<(u32, usize), WriteError> {
-        if let Some(existing) = self.backends.get_mut(&(backend, protocol)) {
-            existing.refs += 1;
-            return Ok((existing.id, 0));
+        if let Some(id) = self.backends.acquire(backend, protocol) {
+            return Ok((id, 0));
         }
         let mut id = self.next_backend_id.max(1);
-        while self.backend_addrs.contains_key(&id) {
+        while self.backends.contains_id(id) {
             id = id.wrapping_add(1).max(1);
         }
         self.store
             .put_backend(id, backend_value(backend, protocol))?;
         self.next_backend_id = id.wrapping_add(1).max(1);
-        self.backends
-            .insert((backend, protocol), BackendRef { id, refs: 1 });
-        self.backend_addrs.insert(id, (backend, protocol));
-        *self.backend_entries.of(backend.family()) += 1;
+        self.backends.hold(id, backend, protocol);
         Ok((id, 1))
     }
 
     /// Drops one reference; the entry goes when nobody uses it.
     fn release_backend(&mut self, id: u32) -> Result<usize, WriteError> {
-        let Some(entry) = self.backend_addrs.get(&id).copied() else {
+        let Some((backend, _)) = self.backends.release(id) else {
             return Ok(0);
         };
-        let Some(backend) = self.backends.get_mut(&entry) else {
-            return Ok(0);
-        };
-        backend.refs -= 1;
-        if backend.refs > 0 {
-            return Ok(0);
-        }
-        self.store.delete_backend(id, entry.0.family())?;
-        self.backends.remove(&entry);
-        self.backend_addrs.remove(&id);
-        *self.backend_entries.of(entry.0.family()) -= 1;
+        self.store.delete_backend(id, backend.family())?;
+        self.backends.remove(id);
         Ok(1)
     }
 }
@@ -1106,6 +1076,7 @@ fn place(old: &[u32], wanted: &[u32]) -> Vec<u32> {
     result.into_iter().flatten().collect()
 }
 
+mod backends;
 pub mod encode;
 pub mod maglev;
 #[cfg(test)]

@@ -43,7 +43,7 @@ pub(crate) fn frontend(
         ServicePortName {
             namespace: "bench".into(),
             name: name.into(),
-            port: String::new(),
+            port: "".into(),
         },
         backends,
     )

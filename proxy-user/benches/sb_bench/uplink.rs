@@ -198,7 +198,7 @@ pub(crate) fn fe(
             ServicePortName {
                 namespace: "bench".into(),
                 name: name.into(),
-                port: String::new(),
+                port: "".into(),
             },
             vec![BackendAddr {
                 ip: backend.0.into(),

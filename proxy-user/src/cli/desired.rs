@@ -300,7 +300,7 @@ mod tests {
             },
             ServicePortName {
                 namespace: "demo".into(),
-                name: format!("s{port}"),
+                name: format!("s{port}").into(),
                 port: "http".into(),
             },
             backends

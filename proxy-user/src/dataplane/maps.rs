@@ -98,7 +98,15 @@ pub const IPV6_MAPS: [&str; 5] = [
 struct Held {
     v4: HeldFamily<FrontendKey, Backend, RevNat>,
     v6: HeldFamily<FrontendKey6, Backend6, RevNat6>,
+    /// Entries already written by [`HeldFamily::spill`].
+    spilled: usize,
 }
+
+/// One family's frontend, backend and reverse-NAT maps, and their names.
+type FamilyMaps<'a> = (
+    (&'a MapData, &'a MapData, &'a MapData),
+    (&'static str, &'static str, &'static str),
+);
 
 /// One family's held puts, in the order that keeps every lookup whole: what
 /// slots name (reverse NAT, backends), then the slots (and the external
@@ -130,7 +138,30 @@ impl<K: bytemuck::Pod, B: bytemuck::Pod, R: bytemuck::Pod> HeldFamily<K, B, R> {
     }
 
     /// Writes everything held, in order; returns how many entries.
-    fn flush(
+    fn flush(&self, (maps, names): FamilyMaps<'_>) -> Result<usize, WriteError> {
+        let (frontends, _, _) = maps;
+        let (fe_name, _, _) = names;
+        let hidden = self.write_hidden(maps, names)?;
+        batch_put(fe_name, frontends, &self.heads)?;
+        Ok(hidden + self.heads.len())
+    }
+
+    /// Writes what no lookup reaches before a slot 0 names it (reverse
+    /// NAT, backends, then the slots) once [`SPILL_AT`] entries are held,
+    /// and lets it go: a start at 100k Services then never holds its two
+    /// million puts at once. Returns how many entries were written.
+    fn spill(&mut self, (maps, names): FamilyMaps<'_>) -> Result<usize, WriteError> {
+        if self.revnat.len() + self.backends.len() + self.slots.len() < SPILL_AT {
+            return Ok(0);
+        }
+        let written = self.write_hidden(maps, names)?;
+        self.revnat.clear();
+        self.backends.clear();
+        self.slots.clear();
+        Ok(written)
+    }
+
+    fn write_hidden(
         &self,
         (frontends, backends, revnat): (&MapData, &MapData, &MapData),
         (fe_name, be_name, rn_name): (&'static str, &'static str, &'static str),
@@ -138,10 +169,13 @@ impl<K: bytemuck::Pod, B: bytemuck::Pod, R: bytemuck::Pod> HeldFamily<K, B, R> {
         batch_put(rn_name, revnat, &self.revnat)?;
         batch_put(be_name, backends, &self.backends)?;
         batch_put(fe_name, frontends, &self.slots)?;
-        batch_put(fe_name, frontends, &self.heads)?;
-        Ok(self.revnat.len() + self.backends.len() + self.slots.len() + self.heads.len())
+        Ok(self.revnat.len() + self.backends.len() + self.slots.len())
     }
 }
+
+/// Held puts of one family that are written before more are held
+/// ([`HeldFamily::spill`]): a few MiB.
+const SPILL_AT: usize = 1 << 16;
 
 /// The maps added after IPv6, which an older running agent has not pinned.
 pub const LATER_MAPS: [&str; 3] = [
@@ -169,6 +203,26 @@ fn empty_hash<K: aya::Pod, V: aya::Pod>() -> Result<HashMap<MapData, K, V>, MapE
 }
 
 impl PinnedMaps {
+    /// The IPv4 frontend, backend and reverse-NAT maps, for held puts.
+    fn maps4(&self) -> FamilyMaps<'_> {
+        (
+            (self.frontends.map(), self.backends.map(), self.revnat.map()),
+            (names::FRONTENDS, names::BACKENDS, names::REVNAT),
+        )
+    }
+
+    /// [`maps4`](Self::maps4) for IPv6.
+    fn maps6(&self) -> FamilyMaps<'_> {
+        (
+            (
+                self.frontends6.map(),
+                self.backends6.map(),
+                self.revnat6.map(),
+            ),
+            (names::FRONTENDS6, names::BACKENDS6, names::REVNAT6),
+        )
+    }
+
     /// Opens the maps pinned under `pin_root`, every one of them (the agent
     /// and its tests: a missing IPv6 map is [`MapsError::NotPinned`]).
     pub fn open(pin_root: &Path) -> Result<Self, MapsError> {
@@ -517,13 +571,22 @@ impl MapStore for PinnedMaps {
         if let Some(filter) = &mut self.frontend_filter {
             filter.add(key)?;
         }
-        if let Some(held) = &mut self.held {
+        if let Some(mut held) = self.held.take() {
             let announces = key.slot() == 0 && key.scope() == proxy_common::scope::INTERNAL;
-            match key {
-                AnyFrontendKey::V4(key) => held.v4.frontend(announces, key, value),
-                AnyFrontendKey::V6(key) => held.v6.frontend(announces, key, value),
-            }
-            return Ok(());
+            let spilled = match key {
+                AnyFrontendKey::V4(key) => {
+                    held.v4.frontend(announces, key, value);
+                    held.v4.spill(self.maps4())
+                }
+                AnyFrontendKey::V6(key) => {
+                    held.v6.frontend(announces, key, value);
+                    held.v6.spill(self.maps6())
+                }
+            };
+            // Kept on a failure too: the flush reports it again.
+            held.spilled += *spilled.as_ref().unwrap_or(&0);
+            self.held = Some(held);
+            return spilled.map(|_| ());
         }
         match key {
             AnyFrontendKey::V4(key) => insert(&mut self.frontends, names::FRONTENDS, key, value),
@@ -637,19 +700,9 @@ impl MapStore for PinnedMaps {
         let Some(held) = self.held.take() else {
             return Ok(0);
         };
-        let v4 = held.v4.flush(
-            (self.frontends.map(), self.backends.map(), self.revnat.map()),
-            (names::FRONTENDS, names::BACKENDS, names::REVNAT),
-        )?;
-        let v6 = held.v6.flush(
-            (
-                self.frontends6.map(),
-                self.backends6.map(),
-                self.revnat6.map(),
-            ),
-            (names::FRONTENDS6, names::BACKENDS6, names::REVNAT6),
-        )?;
-        Ok(v4 + v6)
+        let v4 = held.v4.flush(self.maps4())?;
+        let v6 = held.v6.flush(self.maps6())?;
+        Ok(held.spilled + v4 + v6)
     }
     fn dump(&self) -> Dump {
         Dump {

@@ -72,7 +72,7 @@ impl Endpoints<'_, '_> {
     /// IPv4 nor IPv6.
     pub fn parse_slice<'s>(&mut self, slice: &'s SliceInfo) -> Option<ParsedSlice<'s>> {
         let object = format!("EndpointSlice {}", slice.key);
-        let family = match slice.address_type.as_str() {
+        let family = match &*slice.address_type {
             "" => {
                 self.warn(&object, "has no addressType; ignored");
                 return None;

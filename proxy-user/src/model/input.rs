@@ -81,7 +81,8 @@ impl fmt::Display for ObjectKey {
 }
 
 /// Shares equal strings (node names: one per node, named by every endpoint
-/// on it) so a million endpoints do not hold a million copies.
+/// on it; a slice's address type, port names and protocols) so a million
+/// endpoints do not hold a million copies.
 #[derive(Debug, Default)]
 pub struct Interner {
     strings: HashSet<Arc<str>>,
@@ -308,7 +309,8 @@ pub struct SliceInfo {
     pub labels: ProxyLabels,
     /// `kubernetes.io/service-name`: the Service (same namespace) it serves.
     pub service_name: Option<String>,
-    pub address_type: String,
+    /// Interned: one of a few values (`IPv4`, `IPv6`, `FQDN`) on every slice.
+    pub address_type: Arc<str>,
     pub endpoints: Vec<EndpointInfo>,
     pub ports: Vec<SlicePortInfo>,
     /// `endpoints.kubernetes.io/last-change-trigger-time`, when it parses.
@@ -376,10 +378,11 @@ pub struct Hints {
     pub for_zones: Vec<Arc<str>>,
 }
 
+/// Names and protocols are interned: every slice of a Service repeats them.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SlicePortInfo {
-    pub name: Option<String>,
-    pub protocol: Option<String>,
+    pub name: Option<Arc<str>>,
+    pub protocol: Option<Arc<str>>,
     pub port: Option<i32>,
 }
 
@@ -391,7 +394,7 @@ impl SliceInfo {
             key: ObjectKey::of(meta),
             labels: ProxyLabels::of(meta),
             service_name: label(meta, LABEL_SERVICE_NAME).map(str::to_owned),
-            address_type: slice.address_type.clone(),
+            address_type: interner.intern(&slice.address_type),
             endpoints: slice
                 .endpoints
                 .iter()
@@ -402,8 +405,8 @@ impl SliceInfo {
                 .iter()
                 .flatten()
                 .map(|p| SlicePortInfo {
-                    name: p.name.clone(),
-                    protocol: p.protocol.clone(),
+                    name: p.name.as_deref().map(|n| interner.intern(n)),
+                    protocol: p.protocol.as_deref().map(|n| interner.intern(n)),
                     port: p.port,
                 })
                 .collect(),
@@ -468,6 +471,39 @@ mod tests {
         assert_eq!(long.to_string(), "fd00:0:0::1");
         assert_eq!(long.ip(), Some(IpAddr::V6(v6)));
         assert_eq!(RawAddress::new("pod.example").ip(), None);
+    }
+
+    #[test]
+    fn slices_share_their_address_type_port_names_and_protocols() {
+        use k8s_openapi::api::discovery::v1::EndpointPort;
+        let slice = |name: &str| EndpointSlice {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                ..Default::default()
+            },
+            address_type: "IPv4".into(),
+            ports: Some(vec![EndpointPort {
+                name: Some("http".into()),
+                protocol: Some("TCP".into()),
+                port: Some(8080),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        };
+        let mut interner = Interner::default();
+        let a = SliceInfo::from_k8s(&slice("a"), &mut interner);
+        let b = SliceInfo::from_k8s(&slice("b"), &mut interner);
+        assert!(Arc::ptr_eq(&a.address_type, &b.address_type));
+        let (pa, pb) = (&a.ports[0], &b.ports[0]);
+        assert_eq!(pa.name.as_deref(), Some("http"));
+        assert!(Arc::ptr_eq(
+            pa.name.as_ref().unwrap(),
+            pb.name.as_ref().unwrap()
+        ));
+        assert!(Arc::ptr_eq(
+            pa.protocol.as_ref().unwrap(),
+            pb.protocol.as_ref().unwrap()
+        ));
     }
 
     #[test]

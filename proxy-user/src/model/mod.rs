@@ -177,11 +177,22 @@ impl fmt::Display for BackendAddr {
 
 /// A Service port, named as kube-proxy names it: `ns/name:port`, or `ns/name`
 /// when the port has no name (single-port Services).
+///
+/// Every frontend names its Service port, so the strings are shared: the
+/// namespace and name with the Service's [`ObjectKey`], the port name by
+/// every frontend of the port.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
 pub struct ServicePortName {
-    pub namespace: String,
-    pub name: String,
-    pub port: String,
+    #[serde(serialize_with = "serialize_str")]
+    pub namespace: Arc<str>,
+    #[serde(serialize_with = "serialize_str")]
+    pub name: Arc<str>,
+    #[serde(serialize_with = "serialize_str")]
+    pub port: Arc<str>,
+}
+
+fn serialize_str<S: serde::Serializer>(s: &Arc<str>, serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.serialize_str(s)
 }
 
 impl fmt::Display for ServicePortName {

@@ -444,9 +444,9 @@ impl ServiceBuilder<'_> {
             return;
         };
         let spn = ServicePortName {
-            namespace: svc.key.namespace.to_string(),
-            name: svc.key.name.to_string(),
-            port: sp.name.clone(),
+            namespace: Arc::clone(&svc.key.namespace),
+            name: Arc::clone(&svc.key.name),
+            port: Arc::from(sp.name.as_str()),
         };
         let mut addrs: Vec<(FrontendKind, IpAddr, u16)> = Vec::new();
         addrs.extend(

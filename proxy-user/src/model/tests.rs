@@ -279,7 +279,7 @@ fn displays() {
         port: "port".into(),
     };
     assert_eq!(spn.to_string(), "ns/name:port");
-    spn.port.clear();
+    spn.port = "".into();
     assert_eq!(spn.to_string(), "ns/name");
     let w = ModelWarning {
         object: "Service ns/name".into(),
@@ -2110,7 +2110,11 @@ mod properties {
                     prop_oneof![Just(None), Just(Some("UDP".to_string()))],
                     prop_oneof![Just(Some(8080)), Just(Some(5353)), Just(None), Just(Some(0))],
                 )
-                    .prop_map(|(name, protocol, port)| SlicePortInfo { name, protocol, port }),
+                    .prop_map(|(name, protocol, port)| SlicePortInfo {
+                        name: name.map(Into::into),
+                        protocol: protocol.map(Into::into),
+                        port,
+                    }),
                 0..3,
             ),
         )
@@ -2121,7 +2125,7 @@ mod properties {
                 SliceInfo {
                     key: ObjectKey::new(namespace, format!("e{j}")),
                     service_name: service.map(|i| format!("s{i}")),
-                    address_type,
+                    address_type: address_type.into(),
                     endpoints,
                     ports,
                     ..SliceInfo::default()
@@ -2223,7 +2227,7 @@ mod properties {
                 };
                 match (how, slice.ports.first_mut()) {
                     (false, Some(p)) => p.port = Some(0),
-                    _ => slice.address_type = String::new(),
+                    _ => slice.address_type = "".into(),
                 }
                 apply(&Change::Slice(*j, Some(slice)), model, r);
             }
@@ -2338,7 +2342,7 @@ fn without_creation_times_the_next_claimant_by_name_takes_over_a_released_addres
             .values()
             .next()
             .expect("one frontend");
-        fe.service.name.clone()
+        fe.service.name.to_string()
     };
     assert_eq!(owner(&model), "a");
     let warned: Vec<String> = model.warnings().map(|w| w.object.clone()).collect();

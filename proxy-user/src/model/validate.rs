@@ -185,7 +185,7 @@ fn family_problems(spec: &ServiceSpecInfo, problems: &mut Vec<String>) {
 /// Why a slice version cannot be used (see the module's list).
 pub(super) fn slice_problems(slice: &SliceInfo) -> Vec<String> {
     let mut problems = Vec::new();
-    match slice.address_type.as_str() {
+    match &*slice.address_type {
         "IPv4" | "IPv6" => {}
         "FQDN" => return problems, // not ours, nothing to judge
         "" => {

@@ -105,8 +105,8 @@ pub fn wanted(desired: &DesiredState) -> (BTreeMap<u16, ServiceHealth>, Vec<Port
     let mut services: BTreeMap<ServiceName, (Option<u16>, BTreeSet<IpAddr>)> = BTreeMap::new();
     for fe in desired.frontends.values() {
         let name = ServiceName {
-            namespace: fe.service.namespace.clone(),
-            name: fe.service.name.clone(),
+            namespace: fe.service.namespace.to_string(),
+            name: fe.service.name.to_string(),
         };
         let (port, local) = services.entry(name).or_default();
         if let Some(p) = fe.health_check_node_port.filter(|p| *p != 0) {
@@ -528,9 +528,9 @@ mod tests {
                 protocol: Protocol::Tcp,
             },
             ServicePortName {
-                namespace: ns.to_string(),
-                name: name.to_string(),
-                port: svc_port.to_string(),
+                namespace: ns.into(),
+                name: name.into(),
+                port: svc_port.to_string().into(),
             },
             Vec::new(),
         );

@@ -337,27 +337,30 @@ impl Known {
         self.epoch = self.epoch.wrapping_add(1);
     }
 
-    /// Notes an object the watch sent. True when it is new or its
+    /// Notes an object the watch sent. `Some` when it is new or its
     /// resourceVersion changed, so it must be recorded; an object without a
-    /// resourceVersion always is.
-    fn applied(&mut self, key: ObjectKey, resource_version: Option<&str>) -> bool {
+    /// resourceVersion always is. The key returned is the one held here
+    /// (for a known object, the first one seen), so the source, the feed
+    /// and the model share one copy of its strings.
+    fn applied(&mut self, key: ObjectKey, resource_version: Option<&str>) -> Option<ObjectKey> {
         let resource_version = resource_version.unwrap_or_default();
         match self.objects.entry(key) {
             Entry::Occupied(mut entry) => {
                 let seen = entry.get_mut();
                 seen.epoch = self.epoch;
                 if !resource_version.is_empty() && *seen.resource_version == *resource_version {
-                    return false;
+                    return None;
                 }
                 seen.resource_version = resource_version.into();
-                true
+                Some(entry.key().clone())
             }
             Entry::Vacant(entry) => {
+                let key = entry.key().clone();
                 entry.insert(Seen {
                     resource_version: resource_version.into(),
                     epoch: self.epoch,
                 });
-                true
+                Some(key)
             }
         }
     }
@@ -395,10 +398,11 @@ trait Recorder: Send + 'static {
         + 'static;
     const KIND: Kind;
 
-    /// Converts and records a new or changed object. False when nothing was
+    /// Converts and records a new or changed object under `key` (the one
+    /// [`Known`] holds, so both share its strings). False when nothing was
     /// recorded (not an object this watch reports, or no change the model
     /// reads).
-    fn apply(&mut self, feed: &FeedTx, obj: &Self::Object) -> bool;
+    fn apply(&mut self, feed: &FeedTx, key: ObjectKey, obj: &Self::Object) -> bool;
 
     /// Records a deletion; false when nothing was recorded.
     fn delete(&mut self, feed: &FeedTx, key: ObjectKey) -> bool;
@@ -413,8 +417,11 @@ impl Recorder for Services {
     type Object = Service;
     const KIND: Kind = Kind::Service;
 
-    fn apply(&mut self, feed: &FeedTx, svc: &Service) -> bool {
-        let info = ServiceInfo::from_k8s(svc);
+    fn apply(&mut self, feed: &FeedTx, key: ObjectKey, svc: &Service) -> bool {
+        let info = ServiceInfo {
+            key,
+            ..ServiceInfo::from_k8s(svc)
+        };
         feed.service(info.key.clone(), Some(Arc::new(info)));
         true
     }
@@ -436,8 +443,11 @@ impl Recorder for Slices {
     type Object = EndpointSlice;
     const KIND: Kind = Kind::EndpointSlice;
 
-    fn apply(&mut self, feed: &FeedTx, slice: &EndpointSlice) -> bool {
-        let info = SliceInfo::from_k8s(slice, &mut self.interner);
+    fn apply(&mut self, feed: &FeedTx, key: ObjectKey, slice: &EndpointSlice) -> bool {
+        let info = SliceInfo {
+            key,
+            ..SliceInfo::from_k8s(slice, &mut self.interner)
+        };
         feed.slice(info.key.clone(), Some(Arc::new(info)));
         self.since_prune += 1;
         if self.since_prune >= PRUNE_EVERY {
@@ -480,7 +490,7 @@ impl Recorder for Nodes {
     type Object = Node;
     const KIND: Kind = Kind::Node;
 
-    fn apply(&mut self, feed: &FeedTx, node: &Node) -> bool {
+    fn apply(&mut self, feed: &FeedTx, _key: ObjectKey, node: &Node) -> bool {
         if node.metadata.name.as_deref() != Some(self.name.as_str()) {
             return false;
         }
@@ -581,8 +591,10 @@ impl<R: Recorder> Watch<R> {
             Event::Apply(obj) | Event::InitApply(obj) => {
                 let meta = obj.meta();
                 let key = ObjectKey::of(meta);
-                self.known.applied(key, meta.resource_version.as_deref())
-                    && self.recorder.apply(&self.feed, &obj)
+                match self.known.applied(key, meta.resource_version.as_deref()) {
+                    Some(key) => self.recorder.apply(&self.feed, key, &obj),
+                    None => false,
+                }
             }
             Event::Delete(obj) => {
                 let key = ObjectKey::of(obj.meta());
@@ -770,15 +782,18 @@ mod tests {
     fn a_relist_yields_the_keys_it_no_longer_names() {
         let mut known = Known::default();
         known.list_started();
-        assert!(known.applied(key("a"), Some("1")));
-        assert!(known.applied(key("b"), Some("1")));
-        assert!(known.applied(key("c"), Some("1")));
+        assert!(known.applied(key("a"), Some("1")).is_some());
+        assert!(known.applied(key("b"), Some("1")).is_some());
+        assert!(known.applied(key("c"), Some("1")).is_some());
         assert!(known.list_done().is_empty());
         known.deleted(&key("c"));
 
         known.list_started();
-        assert!(!known.applied(key("a"), Some("1")), "unchanged: skipped");
-        assert!(known.applied(key("d"), Some("5")));
+        assert!(
+            known.applied(key("a"), Some("1")).is_none(),
+            "unchanged: skipped"
+        );
+        assert!(known.applied(key("d"), Some("5")).is_some());
         assert_eq!(known.list_done(), vec![key("b")], "c was deleted already");
         assert_eq!(known.len(), 2);
     }
@@ -787,21 +802,35 @@ mod tests {
     fn a_changed_or_missing_resource_version_is_recorded() {
         let mut known = Known::default();
         known.list_started();
-        assert!(known.applied(key("a"), Some("1")));
-        assert!(known.applied(key("a"), Some("2")));
-        assert!(!known.applied(key("a"), Some("2")));
-        assert!(known.applied(key("n"), None));
-        assert!(known.applied(key("n"), None));
+        assert!(known.applied(key("a"), Some("1")).is_some());
+        assert!(known.applied(key("a"), Some("2")).is_some());
+        assert!(known.applied(key("a"), Some("2")).is_none());
+        assert!(known.applied(key("n"), None).is_some());
+        assert!(known.applied(key("n"), None).is_some());
+    }
+
+    #[test]
+    fn a_changed_object_is_recorded_under_the_key_already_held() {
+        let mut known = Known::default();
+        known.list_started();
+        let first = known.applied(key("a"), Some("1")).expect("new");
+        let again = known.applied(key("a"), Some("2")).expect("changed");
+        assert_eq!(again, key("a"));
+        assert!(
+            Arc::ptr_eq(&first.name, &again.name),
+            "one copy of the name"
+        );
+        assert!(Arc::ptr_eq(&first.namespace, &again.namespace));
     }
 
     #[test]
     fn only_the_list_attempt_that_completes_counts() {
         let mut known = Known::default();
         known.list_started();
-        assert!(known.applied(key("a"), Some("1")));
+        assert!(known.applied(key("a"), Some("1")).is_some());
         // The list failed after a page; the watcher starts again.
         known.list_started();
-        assert!(known.applied(key("b"), Some("2")));
+        assert!(known.applied(key("b"), Some("2")).is_some());
         assert_eq!(known.list_done(), vec![key("a")]);
     }
 

@@ -88,8 +88,8 @@ impl FrontendSpec {
     fn frontend(&self) -> Frontend {
         let name = ServicePortName {
             namespace: "default".into(),
-            name: format!("svc-{}", self.service),
-            port: String::new(),
+            name: format!("svc-{}", self.service).into(),
+            port: "".into(),
         };
         let addr = frontend_addr(self.addr);
         let backend = |index| backend(addr.family(), index);

@@ -21,7 +21,7 @@ pub(crate) fn fe(
         ServicePortName {
             namespace: "default".into(),
             name: name.into(),
-            port: String::new(),
+            port: "".into(),
         },
         backends
             .iter()
@@ -41,6 +41,13 @@ pub(crate) fn state(frontends: Vec<Frontend>) -> DesiredState {
 
 pub(crate) fn caps() -> Capacities {
     Capacities::default()
+}
+
+/// The id the sync gave `backend`.
+fn backend_id(s: &Syncer<MemStore>, backend: BackendAddr, protocol: Protocol) -> u32 {
+    s.backends
+        .id_of(backend, protocol)
+        .expect("the backend is held")
 }
 
 #[test]
@@ -173,8 +180,8 @@ fn udp_flows_to_a_departed_backend_are_forgotten_tcp_flows_are_kept() {
     );
     s.apply(&state(vec![dns.clone()]));
     let id = s.programmed[&dns.addr].service_id;
-    let gone = s.backends[&(dns.backends[1], Protocol::Udp)].id;
-    let stays = s.backends[&(dns.backends[0], Protocol::Udp)].id;
+    let gone = backend_id(&s, dns.backends[1], Protocol::Udp);
+    let stays = backend_id(&s, dns.backends[0], Protocol::Udp);
     let udp = CtKey {
         proto: proto::UDP,
         ..CtKey::default()
@@ -221,8 +228,8 @@ fn sockets_balanced_to_a_departed_udp_backend_are_purged_and_reported() {
     s.apply(&state(vec![dns.clone()]));
     let id = s.programmed[&dns.addr].service_id;
     let gone_addr = dns.backends[1];
-    let gone = s.backends[&(gone_addr, Protocol::Udp)].id;
-    let stays = s.backends[&(dns.backends[0], Protocol::Udp)].id;
+    let gone = backend_id(&s, gone_addr, Protocol::Udp);
+    let stays = backend_id(&s, dns.backends[0], Protocol::Udp);
     let sock = |cookie: u64, dir: u8, backend: u32, addr: &BackendAddr| {
         (
             SockKey {
@@ -658,7 +665,7 @@ pub(crate) fn fe6(
         ServicePortName {
             namespace: "default".into(),
             name: name.into(),
-            port: String::new(),
+            port: "".into(),
         },
         backends
             .iter()
@@ -727,8 +734,8 @@ fn an_ipv6_frontend_moves_and_leaves_purging_only_ipv6_flows() {
     s.apply(&state(vec![dns4.clone(), dns6.clone()]));
     let id6 = s.programmed[&dns6.addr].service_id;
     let id4 = s.programmed[&dns4.addr].service_id;
-    let gone = s.backends[&(dns6.backends[1], Protocol::Udp)].id;
-    let stays = s.backends[&(dns6.backends[0], Protocol::Udp)].id;
+    let gone = backend_id(&s, dns6.backends[1], Protocol::Udp);
+    let stays = backend_id(&s, dns6.backends[0], Protocol::Udp);
     let udp6 = CtKey6 {
         proto: proto::UDP,
         ..CtKey6::default()
@@ -880,7 +887,7 @@ fn adoption_reads_both_families_and_drops_cross_family_leftovers() {
 
     // An IPv6 slot naming an IPv4 backend id is not a complete frontend:
     // adoption drops it and the next sync rewrites it.
-    let id4 = restarted.backends[&(web4.backends[0], Protocol::Tcp)].id;
+    let id4 = backend_id(&restarted, web4.backends[0], Protocol::Tcp);
     let mut store = std::mem::take(&mut restarted.store);
     store.frontends.insert(
         k(&frontend_key(&lb6.addr, 1)),
@@ -905,8 +912,8 @@ fn adoption_gives_an_id_found_in_both_families_maps_to_one_of_them() {
     let web6 = fe6(0x10, 80, Protocol::Tcp, "web6", &[(1, 8080)]);
     let desired = state(vec![web4.clone(), web6.clone()]);
     s.apply(&desired);
-    let id4 = s.backends[&(web4.backends[0], Protocol::Tcp)].id;
-    let id6 = s.backends[&(web6.backends[0], Protocol::Tcp)].id;
+    let id4 = backend_id(&s, web4.backends[0], Protocol::Tcp);
+    let id6 = backend_id(&s, web6.backends[0], Protocol::Tcp);
     // As if a crash had left the IPv6 backend under the IPv4 one's id.
     let mut store = std::mem::take(&mut s.store);
     let b6 = store

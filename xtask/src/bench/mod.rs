@@ -68,13 +68,16 @@ fn all_tags() -> impl Iterator<Item = &'static str> {
 }
 
 /// `SB_BENCH_ONLY=north-south` (or `scale`, or `e2e`) runs only that part
-/// (and the report); unset, everything runs.
+/// (and the report); `start` only the agent start and memory rows of
+/// `scale`; unset, everything runs.
 fn only() -> Result<Option<String>> {
     match std::env::var("SB_BENCH_ONLY") {
         Ok(v) if v.is_empty() => Ok(None),
-        Ok(v) if v == "north-south" || v == "scale" || v == "e2e" => Ok(Some(v)),
+        Ok(v) if ["north-south", "scale", "start", "e2e"].contains(&v.as_str()) => Ok(Some(v)),
         Ok(v) => {
-            bail!("SB_BENCH_ONLY={v}: the parts that run alone are e2e, north-south and scale")
+            bail!(
+                "SB_BENCH_ONLY={v}: the parts that run alone are e2e, north-south, scale and start"
+            )
         }
         Err(_) => Ok(None),
     }
@@ -207,6 +210,8 @@ pub fn run(opts: Options) -> Result<()> {
     TOTAL.store(
         if only.as_deref() == Some("north-south") {
             northsouth::steps(&plan) + 1
+        } else if only.as_deref() == Some("start") {
+            2 * plan.scale_sizes.len() + 1
         } else if only.as_deref() == Some("scale") {
             scale::steps(&plan) + 1
         } else if only.is_some() {
@@ -294,6 +299,9 @@ pub fn run(opts: Options) -> Result<()> {
     }
     if only.is_none() || only.as_deref() == Some("scale") {
         results["scale"] = scale::run(&plan, &sb_bench, &bins.switchboard, &dir)?;
+    }
+    if only.as_deref() == Some("start") {
+        results["scale"] = scale::run_start(&plan, &bins.switchboard)?;
     }
     if only.is_none() || only.as_deref() == Some("north-south") {
         results["northsouth"] =

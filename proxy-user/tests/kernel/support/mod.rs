@@ -100,7 +100,7 @@ pub fn frontend<A: Into<IpAddr> + Copy>(
     let service = ServicePortName {
         namespace: "test".into(),
         name: name.into(),
-        port: String::new(),
+        port: "".into(),
     };
     let backends = backends
         .iter()

@@ -104,7 +104,7 @@ pub(super) fn run(plan: &Plan, sb_bench: &Path, switchboard: &Path, dir: &Path) 
         progress(&format!(
             "agent start and memory: a fresh `switchboard agent --source dir:` with {n} Services x 10 endpoints"
         ));
-        start.push(start_yaml(switchboard, n)?);
+        start.push(start_yaml(switchboard, n, true)?);
         progress(&format!(
             "agent start and memory: a fresh `switchboard agent --source cluster` (fake API server) with {n} Services x 10 endpoints{}",
             if n == targets::CHURN_SERVICES { ", then churn" } else { "" }
@@ -128,6 +128,25 @@ pub(super) fn run(plan: &Plan, sb_bench: &Path, switchboard: &Path, dir: &Path) 
         .1;
     }
     Ok(json!({"change": change, "start": start, "churn": churned}))
+}
+
+/// `SB_BENCH_ONLY=start`: only the agent start and memory rows, from both
+/// sources, at every size (no change, churn or file-change measurement):
+/// `{"start": […]}`.
+pub(super) fn run_start(plan: &Plan, switchboard: &Path) -> Result<Value> {
+    let sb_apiserver = release_bin("sb-apiserver");
+    let mut start = Vec::new();
+    for &n in &plan.scale_sizes {
+        progress(&format!(
+            "agent start and memory, {n} Services: YAML source"
+        ));
+        start.push(start_yaml(switchboard, n, false)?);
+        progress(&format!(
+            "agent start and memory, {n} Services: cluster source"
+        ));
+        start.push(start_cluster(switchboard, &sb_apiserver, n, None)?.0);
+    }
+    Ok(json!({"start": start}))
 }
 
 /// Memory and start time of an agent started at `t0` that programs
@@ -185,7 +204,8 @@ fn heap_steps(log: &str, frontends: usize) -> Value {
 }
 
 /// The YAML source: the manifests are written, then the agent starts.
-fn start_yaml(switchboard: &Path, n: u32) -> Result<Value> {
+/// With `follow`, the file change is measured too at its size.
+fn start_yaml(switchboard: &Path, n: u32, follow: bool) -> Result<Value> {
     // A fresh sandbox each time: fresh pins, so the agent programs
     // everything instead of adopting.
     let mut sb = Sandbox::new(TAG)?;
@@ -204,7 +224,7 @@ fn start_yaml(switchboard: &Path, n: u32) -> Result<Value> {
     row["services"] = json!(n);
     row["manifest_mib"] = json!(yaml_bytes as f64 / 1048576.0);
     note_row(&row);
-    if n == targets::FILE_CHANGE_SERVICES {
+    if follow && n == targets::FILE_CHANGE_SERVICES {
         let services = workload::services(n, &pod_ips());
         let change = follow::run(&mut sb, &release_bin("sb-echo"), &services)?;
         note(&format!(
