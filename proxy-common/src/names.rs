@@ -92,6 +92,15 @@ pub const FRONTEND_FILTER: &str = "SB_FE_FILTER_V1";
 /// ([`super::prefilter::quiet`]): `sb_to_pod` passes their packets without
 /// a connection-tracking lookup.
 pub const QUIET_PODS: &str = "SB_QUIET_V1";
+/// Round-robin: each service id's turn counter (`u64`, an array by
+/// service id), advanced with an atomic add by every new flow of a
+/// round-robin frontend. Not pinned: a new agent starts the turns over.
+pub const ROUND_ROBIN: &str = "SB_RR_V1";
+/// Least-connection: each backend id's open flows (`u64`, a hash by
+/// backend id; an entry is made by the first flow counted). Not pinned:
+/// the counts follow from connection tracking and the socket map, and the
+/// agent rebuilds them from those at start and checks them periodically.
+pub const OPEN_FLOWS: &str = "SB_LC_V1";
 /// Every map, in the order the CLI reports them.
 pub const ALL: [&str; 29] = [
     FRONTENDS,

@@ -323,8 +323,18 @@ pub async fn run(config: AgentConfig, object: &'static [u8]) -> anyhow::Result<(
         }
     }
     // After any resize: the collector opens the pin the programs use.
-    conntrack::spawn(&config.pin_root, config.conntrack_timeouts, gc_metrics)
-        .context("starting the connection-tracking collector")?;
+    let open_flows = ebpf
+        .take_map(proxy_common::names::OPEN_FLOWS)
+        .context("the object has no least-connection count map")?
+        .try_into()
+        .context("least-connection's count map")?;
+    conntrack::spawn(
+        &config.pin_root,
+        config.conntrack_timeouts,
+        gc_metrics,
+        open_flows,
+    )
+    .context("starting the connection-tracking collector")?;
 
     first_start.succeeded();
     info!(
