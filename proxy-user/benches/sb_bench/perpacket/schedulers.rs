@@ -123,21 +123,13 @@ fn balance_run(pp: &mut PerPacket, algorithm: Option<LbAlgorithm>) -> Result<Val
     let mut open: Vec<(u32, u32, usize)> = Vec::new();
     let mut ratios = Vec::new();
     let mut worst: f64 = 0.0;
-    let client = |i: u32| {
-        (
-            nth_ip(Ipv4Addr::new(10, 244, 210, 0), 1 + i / 50_000),
-            1024 + (i % 50_000) as u16,
-        )
-    };
     for step in 0..BALANCE_FLOWS {
         let (ending, still): (Vec<_>, Vec<_>) = open.into_iter().partition(|f| f.0 <= step);
         open = still;
         for (_, i, backend) in ending {
             active[backend] -= 1;
             if algorithm.is_some() {
-                let (src, port) = client(i);
-                let rst = frame_tcp(src, port, BALANCE_VIP, 80, 0x04);
-                let (verdict, _) = run_once(pp, &rst)?;
+                let (verdict, _) = run_once(pp, &flow_frame(i, 0x04))?;
                 ensure!(
                     verdict == TC_ACT_OK,
                     "the RST of flow {i}: verdict {verdict:#x}"
@@ -146,9 +138,7 @@ fn balance_run(pp: &mut PerPacket, algorithm: Option<LbAlgorithm>) -> Result<Val
         }
         let backend = match algorithm {
             Some(_) => {
-                let (src, port) = client(step);
-                let syn = frame_tcp(src, port, BALANCE_VIP, 80, 0x02);
-                let (verdict, out) = run_once(pp, &syn)?;
+                let (verdict, out) = run_once(pp, &flow_frame(step, 0x02))?;
                 ensure!(
                     verdict == TC_ACT_OK,
                     "the SYN of flow {step}: verdict {verdict:#x}"
@@ -174,8 +164,7 @@ fn balance_run(pp: &mut PerPacket, algorithm: Option<LbAlgorithm>) -> Result<Val
     // The open flows end, so the next run starts from zero counts.
     if algorithm.is_some() {
         for (_, i, _) in open {
-            let (src, port) = client(i);
-            run_once(pp, &frame_tcp(src, port, BALANCE_VIP, 80, 0x04))?;
+            run_once(pp, &flow_frame(i, 0x04))?;
         }
     }
     let mean_ratio = ratios.iter().sum::<f64>() / ratios.len().max(1) as f64;
@@ -184,6 +173,13 @@ fn balance_run(pp: &mut PerPacket, algorithm: Option<LbAlgorithm>) -> Result<Val
         "max_over_mean_avg": mean_ratio,
         "max_over_mean_worst": worst,
     }))
+}
+
+/// A segment of balance flow `i` (its own client address and port) with
+/// TCP `flags`.
+fn flow_frame(i: u32, flags: u8) -> Vec<u8> {
+    let src = nth_ip(Ipv4Addr::new(10, 244, 210, 0), 1 + i / 50_000);
+    frame_tcp(src, 1024 + (i % 50_000) as u16, BALANCE_VIP, 80, flags)
 }
 
 /// One run of `sb_from_pod` on `frame`: its verdict and output frame.
