@@ -101,6 +101,11 @@ pub const ROUND_ROBIN: &str = "SB_RR_V1";
 /// the counts follow from connection tracking and the socket map, and the
 /// agent rebuilds them from those at start and checks them periodically.
 pub const OPEN_FLOWS: &str = "SB_LC_V1";
+/// Least-connection, socket layer: the backend id each socket connected
+/// to a least-connection frontend counts on (`u32`), by socket cookie
+/// (`u64`), an LRU hash. `sock_release` takes the socket off. Not pinned,
+/// as [`OPEN_FLOWS`].
+pub const OPEN_SOCKETS: &str = "SB_LC_SOCK_V1";
 /// Every map, in the order the CLI reports them.
 pub const ALL: [&str; 29] = [
     FRONTENDS,

@@ -123,6 +123,11 @@ pub static SB_RR_V1: Array<u64, { capacity::SERVICES as usize + 1 }> = Array::ne
 pub static SB_LC_V1: HashMap<u32, u64, { capacity::BACKENDS as usize }, NO_PREALLOC> =
     HashMap::new();
 
+/// The backend id each socket of a least-connection frontend counts on, by
+/// socket cookie ([`crate::lb::sched`]). Not pinned.
+#[btf_map]
+pub static SB_LC_SOCK_V1: LruHashMap<u64, u32, { capacity::SOCKETS as usize }> = LruHashMap::new();
+
 #[btf_map]
 pub static SB_FE_FILTER_V1: Array<u64, { prefilter::frontends::WORDS as usize }> = Array::new();
 #[btf_map]

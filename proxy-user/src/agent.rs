@@ -323,11 +323,8 @@ pub async fn run(config: AgentConfig, object: &'static [u8]) -> anyhow::Result<(
         }
     }
     // After any resize: the collector opens the pin the programs use.
-    let open_flows = ebpf
-        .take_map(proxy_common::names::OPEN_FLOWS)
-        .context("the object has no least-connection count map")?
-        .try_into()
-        .context("least-connection's count map")?;
+    let open_flows = crate::dataplane::openflows::LeastConnMaps::take(&mut ebpf)
+        .context("least-connection's maps")?;
     conntrack::spawn(
         &config.pin_root,
         config.conntrack_timeouts,

@@ -12,7 +12,7 @@ use core::arch::asm;
 use aya_ebpf::{bindings::BPF_NOEXIST, helpers::bpf_get_prandom_u32};
 use proxy_common::{ct_flags, stat};
 
-use crate::maps::{count, SB_LC_V1, SB_RR_V1};
+use crate::maps::{count, SB_LC_SOCK_V1, SB_LC_V1, SB_RR_V1};
 
 use super::SlotKey;
 
@@ -142,6 +142,33 @@ pub fn flow_closed(backend_id: u32) {
         if before == 0 || before > i64::MAX as u64 {
             fetch_add(counter, 1);
         }
+    }
+}
+
+/// A socket (`cookie`) connected to `backend_id` of a least-connection
+/// frontend: counted like a flow until [`socket_closed`]. A socket that
+/// connects again leaves its earlier backend first.
+#[inline(always)]
+pub fn socket_opened(cookie: u64, backend_id: u32) {
+    socket_closed(cookie);
+    flow_opened(backend_id);
+    if SB_LC_SOCK_V1.insert(cookie, backend_id, 0).is_err() {
+        // Not remembered, so never taken off: not counted either.
+        flow_closed(backend_id);
+        count(stat::CT_INSERT_FAILED);
+    }
+}
+
+/// A socket closes (or connects again): if it counts on a backend, it is
+/// taken off. Only the call that removes its entry takes it off.
+#[inline(always)]
+pub fn socket_closed(cookie: u64) {
+    // SAFETY: copied out at once.
+    let Some(backend_id) = (unsafe { SB_LC_SOCK_V1.get(cookie) }).copied() else {
+        return;
+    };
+    if SB_LC_SOCK_V1.remove(cookie).is_ok() {
+        flow_closed(backend_id);
     }
 }
 

@@ -22,7 +22,7 @@ use crate::socklb::Verdict;
 use crate::socklb::ALLOW;
 use crate::socklb::{AF_INET, AF_INET6};
 use crate::{
-    lb::{backend_is_live, frontend_key, lookup_frontend},
+    lb::{backend_is_live, counts_flows, frontend_key, lookup_frontend, sched},
     maps::{config, count},
 };
 use aya_ebpf::{
@@ -50,7 +50,12 @@ fn connect<A: SockFamily>(ctx: &SockAddrContext, dst: &SockAddr<A>) -> Verdict<A
         Ok(picked) => picked,
         Err(why) => return Verdict::Refuse(why),
     };
-    remember_reverse(socket_cookie(ctx), dst, &picked);
+    let cookie = socket_cookie(ctx);
+    remember_reverse(cookie, dst, &picked);
+    if counts_flows(&svc) {
+        // A connected socket is one of its backend's open flows.
+        sched::socket_opened(cookie, picked.backend_id);
+    }
     count(stat::SOCK_CONNECT);
     Verdict::To(picked)
 }
@@ -264,13 +269,17 @@ pub fn release(ctx: &SockContext) -> i32 {
     ALLOW
 }
 
-/// Removes the closing socket's reverse entry for the backend `addr_be:port_be`.
+/// Removes the closing socket's reverse entry for the backend `addr_be:port_be`,
+/// and takes it off least-connection's counts if it was on them.
 /// Most closing sockets were never balanced: a missing key is the rule, and
 /// there is nothing else to do about it.
 #[inline(always)]
 fn forget<A: SockFamily>(ctx: &SockContext, addr_be: A, port_be: u16, proto: u8) -> bool {
     // SAFETY: the helper accepts a `sock_release` context (Linux 5.10+).
     let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
+    // Least-connection: a socket that counted on a backend leaves it (one
+    // lookup, a miss for every other socket).
+    sched::socket_closed(cookie);
     let at = SockAddr {
         addr_be,
         port_be,

@@ -62,7 +62,7 @@ use serde::{Deserialize, Serialize};
 use tracing::{debug, warn};
 
 use crate::dataplane::{
-    openflows::{self, OpenFlowMetrics, Tally},
+    openflows::{self, LeastConnMaps, OpenFlowMetrics, Tally},
     pins::{MapsError, Pins},
 };
 
@@ -719,12 +719,13 @@ where
 /// the programs use): the IPv4 table (`SB_CT_V5`) and the IPv6 one
 /// (`SB_CT6_V1`), both created by the loader. It runs until the process
 /// exits. After each pass it settles least-connection's counts
-/// (`open_flows`, the loaded object's `SB_LC_V1`, which is not pinned).
+/// (`open_flows`: the loaded object's `SB_LC_V1` and `SB_LC_SOCK_V1`,
+/// which are not pinned).
 pub fn spawn(
     pin_root: &Path,
     timeouts: Timeouts,
     metrics: GcMetrics,
-    open_flows: HashMap<MapData, u32, u64>,
+    open_flows: LeastConnMaps,
 ) -> Result<(), GcError> {
     let pins = Pins::new(pin_root);
     let v4 = Tracked::new(pins, names::CONNTRACK, pins.conntrack())?;
@@ -747,7 +748,7 @@ fn ct_full(stats: &PerCpuArray<MapData, u64>) -> u64 {
 
 fn run(
     (mut v4, mut v6): (Tracked<CtKey>, Tracked<CtKey6>),
-    mut open_flows: HashMap<MapData, u32, u64>,
+    mut open_flows: LeastConnMaps,
     stats: &PerCpuArray<MapData, u64>,
     timeouts: &Timeouts,
     metrics: &GcMetrics,
@@ -763,9 +764,15 @@ fn run(
         ];
         // Settled only over a whole view: a table not read would look like
         // drift.
-        if fills.iter().all(Option::is_some) {
+        let sockets: Result<Vec<u32>, _> = open_flows
+            .sockets
+            .iter()
+            .map(|entry| entry.map(|(_, id)| id))
+            .collect();
+        if let (true, Ok(sockets)) = (fills.iter().all(Option::is_some), sockets) {
             tally.merge(tally6);
-            match openflows::settle(&mut open_flows, &tally, &mut last_drift) {
+            tally.note_sockets(sockets);
+            match openflows::settle(&mut open_flows.counts, &tally, &mut last_drift) {
                 Ok(settled) => metrics.open_flows.observe(&settled),
                 Err(error) => warn!(%error, "reading least-connection's open-flow counts failed"),
             }

@@ -208,6 +208,7 @@ fn load_with(
     // are indexed alongside.
     loader.map_max_entries(names::ROUND_ROBIN, caps.service_stats_entries());
     loader.map_max_entries(names::OPEN_FLOWS, caps.backends);
+    loader.map_max_entries(names::OPEN_SOCKETS, caps.conntrack);
     for (name, path) in &pins {
         loader.map_pin_path(name, path.as_path());
     }

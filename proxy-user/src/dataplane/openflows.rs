@@ -20,6 +20,11 @@
 //!   agent that starts, restarts or resizes the table rebuilds the counts
 //!   of the flows it adopts from the table.
 //!
+//! Sockets the socket layer connected to a least-connection frontend count
+//! too: the data path adds each at `connect()` and remembers its backend by
+//! socket cookie (`SB_LC_SOCK_V1`), and `sock_release` takes it off; the
+//! agent counts the remembered ones among the open flows.
+//!
 //! The agent writes a count with a lookup and an update, not an atomic
 //! add: a flow the data path counts between the two is lost, and found
 //! again as drift by a later pass.
@@ -33,7 +38,7 @@ use prometheus_client::{
     metrics::{counter::Counter, gauge::Gauge},
     registry::Registry,
 };
-use proxy_common::{ct_dir, ct_flags};
+use proxy_common::{ct_dir, ct_flags, names};
 
 use super::conntrack::{Entry, Key};
 
@@ -60,6 +65,14 @@ impl Tally {
         *tally.entry(entry.backend_id()).or_default() += 1;
     }
 
+    /// Notes the sockets of least-connection frontends (the socket layer's
+    /// `SB_LC_SOCK_V1`: the backend id of each) as open flows.
+    pub fn note_sockets(&mut self, backend_ids: impl IntoIterator<Item = u32>) {
+        for id in backend_ids {
+            *self.open.entry(id).or_default() += 1;
+        }
+    }
+
     /// Adds another family's tally.
     pub fn merge(&mut self, other: Tally) {
         for (id, n) in other.removed {
@@ -69,6 +82,51 @@ impl Tally {
             *self.open.entry(id).or_default() += n;
         }
     }
+}
+
+/// The loaded object's least-connection maps, which are not pinned: the
+/// counts by backend id (`SB_LC_V1`) and the counted sockets' backends by
+/// cookie (`SB_LC_SOCK_V1`).
+pub struct LeastConnMaps {
+    pub counts: HashMap<MapData, u32, u64>,
+    pub sockets: HashMap<MapData, u64, u32>,
+}
+
+impl LeastConnMaps {
+    /// Takes both maps out of the loaded object.
+    pub fn take(ebpf: &mut aya::Ebpf) -> Result<Self, LeastConnMapsError> {
+        let mut take = |name: &'static str| {
+            ebpf.take_map(name)
+                .ok_or(LeastConnMapsError::Missing { name })
+        };
+        let (counts, sockets) = (take(names::OPEN_FLOWS)?, take(names::OPEN_SOCKETS)?);
+        Ok(Self {
+            counts: counts
+                .try_into()
+                .map_err(|source| LeastConnMapsError::Layout {
+                    name: names::OPEN_FLOWS,
+                    source,
+                })?,
+            sockets: sockets
+                .try_into()
+                .map_err(|source| LeastConnMapsError::Layout {
+                    name: names::OPEN_SOCKETS,
+                    source,
+                })?,
+        })
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LeastConnMapsError {
+    #[error("the object has no map {name}")]
+    Missing { name: &'static str },
+    #[error("map {name} has another layout")]
+    Layout {
+        name: &'static str,
+        #[source]
+        source: aya::maps::MapError,
+    },
 }
 
 /// The count map, as [`settle`] uses it (a trait so the logic is tested
