@@ -42,6 +42,8 @@ mod aya_pod {
         AffinityKey6,
         FragEntry,
         FragEntry6,
+        SockConn,
+        SockConn6,
     );
 
     aya_pod!(
@@ -94,6 +96,8 @@ const _: () = assert!(size_of::<AffinityEntry>() == 16);
 const _: () = assert!(size_of::<SockKey>() == 16);
 const _: () = assert!(size_of::<SockEntry>() == 16);
 const _: () = assert!(size_of::<SockAffinityKey>() == 16);
+const _: () = assert!(size_of::<SockConn>() == 16);
+const _: () = assert!(size_of::<SockConn6>() == 40);
 const _: () = assert!(size_of::<Config>() == 8);
 const _: () = assert!(size_of::<Uplink>() == 8);
 const _: () = assert!(size_of::<DsrOpt4>() == dsr::OPT4_LEN as usize);

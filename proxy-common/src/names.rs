@@ -92,6 +92,11 @@ pub const FRONTEND_FILTER: &str = "SB_FE_FILTER_V1";
 /// ([`super::prefilter::quiet`]): `sb_to_pod` passes their packets without
 /// a connection-tracking lookup.
 pub const QUIET_PODS: &str = "SB_QUIET_V1";
+/// Socket layer: the socket-local storage of a TCP socket connected to a
+/// backend ([`super::SockConn`]), freed with the socket.
+pub const SOCK_CONNS: &str = "SB_SOCK_CONN_V1";
+/// The IPv6 twin of [`SOCK_CONNS`] ([`super::SockConn6`]).
+pub const SOCK_CONNS6: &str = "SB_SOCK_CONN6_V1";
 /// Round-robin: each service id's turn counter (`u64`, an array by
 /// service id), advanced with an atomic add by every new flow of a
 /// round-robin frontend. Not pinned: a new agent starts the turns over.
@@ -107,7 +112,7 @@ pub const OPEN_FLOWS: &str = "SB_LC_V1";
 /// as [`OPEN_FLOWS`].
 pub const OPEN_SOCKETS: &str = "SB_LC_SOCK_V1";
 /// Every map, in the order the CLI reports them.
-pub const ALL: [&str; 29] = [
+pub const ALL: [&str; 31] = [
     FRONTENDS,
     BACKENDS,
     CONNTRACK,
@@ -137,4 +142,6 @@ pub const ALL: [&str; 29] = [
     SERVICE_DENIED,
     FRONTEND_FILTER,
     QUIET_PODS,
+    SOCK_CONNS,
+    SOCK_CONNS6,
 ];

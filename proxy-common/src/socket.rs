@@ -41,6 +41,28 @@ pub struct SockEntry {
     pub service_id: u32,
 }
 
+/// The socket-local storage of a TCP socket the socket layer connected to a
+/// backend instead of a frontend (`SB_SOCK_CONN_V1`, `SB_SOCK_CONN6_V1`:
+/// `BPF_MAP_TYPE_SK_STORAGE`, freed by the kernel with the socket):
+/// `getpeername()` shows the frontend again. `A`: `u32` for IPv4,
+/// [`Addr6Be`] for IPv6 ([`SockConn`], [`SockConn6`]).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SockConnOf<A> {
+    /// The backend the socket is connected to.
+    pub backend_addr_be: A,
+    /// The frontend the application asked for.
+    pub frontend_addr_be: A,
+    pub backend_port_be: u16,
+    pub frontend_port_be: u16,
+    pub service_id: u32,
+}
+
+/// [`SockConnOf`] of an IPv4 socket.
+pub type SockConn = SockConnOf<u32>;
+/// [`SockConnOf`] of an IPv6 socket.
+pub type SockConn6 = SockConnOf<Addr6Be>;
+
 /// Key of the socket-layer session-affinity map: the socket layer sees no
 /// client address at connect time, so a client is its network namespace (a
 /// pod, or the host).

@@ -51,7 +51,7 @@ pub(crate) trait Family: FamilyAddr + Header + 'static {
     /// its client ([`crate::hairpin`]).
     const HAIRPIN: Self;
     /// The family's fragment-tracking key, and the quote of an ICMP error
-    /// being built (IPv6 only; nothing for IPv4).
+    /// being built ([`crate::reject`]: the header and 8 bytes after it).
     type FragKey;
     type Quote;
     /// Address equality (word by word for IPv6: a slice comparison would
@@ -97,8 +97,8 @@ pub struct Work<A: Family> {
     pub backend: BackendOf<A>,
     pub frag_key: A::FragKey,
     pub frag_entry: FragEntryOf<A>,
-    /// The quote of an ICMPv6 error being built ([`crate::reject::v6`]):
-    /// the IPv6 header and 8 bytes of the UDP header, as in the packet.
+    /// The quote of an ICMP error being built ([`crate::reject`]): the IP
+    /// header and 8 bytes of the TCP/UDP header, as in the packet.
     pub quote: A::Quote,
 }
 
@@ -111,9 +111,6 @@ pub(crate) fn set_backend<A: Family>(dst: &mut BackendOf<A>, src: &BackendOf<A>)
     dst.flags = src.flags;
 }
 
-/// The IPv6 programs' working memory.
-pub type Scratch6 = Work<Addr6Be>;
-
 /// Not pinned: each loaded object has its own, used within one program run.
 #[btf_map]
 pub static SB_SCRATCH4_V1: PerCpuArray<Work<u32>, 1> = PerCpuArray::new();
@@ -124,7 +121,7 @@ impl Family for u32 {
     const ZERO: u32 = 0;
     const HAIRPIN: u32 = hairpin::ADDR_BE;
     type FragKey = FragKey;
-    type Quote = ();
+    type Quote = [u32; 7];
     #[inline(always)]
     fn frags() -> &'static FragMap<u32> {
         &SB_FRAG_V1

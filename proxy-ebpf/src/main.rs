@@ -144,7 +144,7 @@ pub fn sb_to_pod(ctx: TcContext) -> i32 {
 #[classifier]
 #[inline(always)]
 pub fn sb_from_pod6(ctx: TcContext) -> i32 {
-    match programs::pod::from_pod::<proxy_common::Addr6Be>(&ctx) {
+    match programs::pod::try_from_pod6(&ctx) {
         Ok(action) => action,
         Err(skip) => skb::pass(skip),
     }

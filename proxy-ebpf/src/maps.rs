@@ -4,6 +4,7 @@
 use aya_ebpf::{
     btf_maps::{
         lpm_trie::Key as LpmKey, Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, ProgramArray,
+        SkStorage,
     },
     macros::btf_map,
 };
@@ -11,8 +12,8 @@ use proxy_common::{
     capacity, prefilter, stat, AffinityEntry, AffinityKey, AffinityKey6, Backend, Backend6, Config,
     CtEntry, CtEntry6, CtKey, CtKey6, FragEntry, FragEntry6, FragKey, FragKey6, FrontendKey,
     FrontendKey6, FrontendSlot, MaglevTable, NewFlows, NewFlows6, RevNat, RevNat6, SockAffinityKey,
-    SockEntry, SockEntry6, SockKey, SockKey6, SrcRange4, SrcRange6, SvcStats, Uplink, Uplink6,
-    SRC_RANGE_ID_BITS,
+    SockConn, SockConn6, SockEntry, SockEntry6, SockKey, SockKey6, SrcRange4, SrcRange6, SvcStats,
+    Uplink, Uplink6, SRC_RANGE_ID_BITS,
 };
 
 /// Capacity type parameter shared by both affinity maps, so one selection
@@ -43,6 +44,14 @@ pub static SB_SOCK_AFFINITY_V1: LruHashMap<SockAffinityKey, AffinityEntry, AFFIN
 #[btf_map]
 pub static SB_SOCK_V1: LruHashMap<SockKey, SockEntry, { capacity::SOCKETS as usize }> =
     LruHashMap::new();
+/// The frontend of each TCP socket the socket layer connected to a backend,
+/// stored with the socket and freed with it (no release hook, no table
+/// to fill): what `getpeername()` shows.
+#[btf_map]
+pub static SB_SOCK_CONN_V1: SkStorage<SockConn> = SkStorage::new();
+/// [`SB_SOCK_CONN_V1`] of IPv6 sockets.
+#[btf_map]
+pub static SB_SOCK_CONN6_V1: SkStorage<SockConn6> = SkStorage::new();
 #[btf_map]
 pub static SB_CONFIG_V1: Array<Config, 1> = Array::new();
 #[btf_map]

@@ -64,7 +64,7 @@ pub(crate) fn ipv4_or_hand_over6(ctx: &TcContext, slot6: u32) -> Result<Option<i
 /// Returns only if the call failed (the agent has not filled the array
 /// yet): the packet passes untouched, counted.
 #[inline(always)]
-fn hand_over6(ctx: &TcContext, slot: u32) -> i32 {
+pub(crate) fn hand_over6(ctx: &TcContext, slot: u32) -> i32 {
     // SAFETY: a tail call with our own context and program array; on success
     // it does not return.
     unsafe { SB_TAIL6_V1.tail_call(ctx, slot) };

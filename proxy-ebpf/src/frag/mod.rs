@@ -55,7 +55,7 @@ pub fn unparsed(ctx: &TcContext, w: &mut Work<u32>, skip: Skip, dir: u8) -> Resu
             }
             later(ctx, w, dir)
         }
-        Skip::Icmp => crate::icmp::translate(ctx, dir),
+        Skip::Icmp => crate::icmp::translate(ctx, w, dir),
         skip => Err(skip),
     }
 }

@@ -144,8 +144,8 @@ pub(crate) fn cached_route<A: UplinkFamily>(
             && now.wrapping_sub(s.stamp_ns) < ROUTE_TTL_NS
         {
             u.fib.ifindex = s.ifindex;
-            u.fib.dmac = s.dmac;
-            u.fib.smac = s.smac;
+            copy_mac(&mut u.fib.dmac, &s.dmac);
+            copy_mac(&mut u.fib.smac, &s.smac);
             return (FIB_SUCCESS, s.mtu);
         }
     }
@@ -162,12 +162,22 @@ pub(crate) fn cached_route<A: UplinkFamily>(
         set(&mut s.dst_be, &u.to_daddr_be);
         s.ingress = ingress;
         s.ifindex = u.fib.ifindex;
-        s.dmac = u.fib.dmac;
-        s.smac = u.fib.smac;
+        copy_mac(&mut s.dmac, &u.fib.dmac);
+        copy_mac(&mut s.smac, &u.fib.smac);
         s.mtu = mtu;
         s.stamp_ns = now;
     }
     (rc, mtu)
+}
+
+/// Copies a MAC address. A plain assignment between these places becomes
+/// a call to `memmove`, a byte loop on BPF; they never overlap, so the
+/// copy is two loads and two stores.
+#[inline(always)]
+fn copy_mac(to: &mut [u8; 6], from: &[u8; 6]) {
+    // SAFETY: two distinct 6-byte arrays (a route slot of a per-CPU map and
+    // the uplink's working memory, another map): they do not overlap.
+    unsafe { core::ptr::copy_nonoverlapping(from, to, 1) };
 }
 
 /// Whether uplink `ifindex` accepts direct-server-return options of

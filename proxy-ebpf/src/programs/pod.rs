@@ -48,9 +48,10 @@ use crate::{
         v6::parse6,
         Ipv4Hdr, Kind, Skip, ETH_HLEN, IP_OFFSET_MASK,
     },
+    packet::{v6::ETH_P_IPV6_BE, ETH_P_IP_BE},
     prefilter::{quiet, unquiet},
     rewrite::{count_rewritten, Side},
-    skb::{drop_counted, ipv4_or_hand_over6},
+    skb::{drop_counted, ethertype, hand_over6, ipv4_or_hand_over6},
 };
 use aya_ebpf::{
     bindings::{TC_ACT_OK, TC_ACT_SHOT},
@@ -99,7 +100,7 @@ impl PodFamily for u32 {
     }
     #[inline(always)]
     fn reject(ctx: &TcContext, w: &mut Work<u32>, svc: &FrontendSlot) -> i32 {
-        crate::reject::from_pod(ctx, &w.flow, svc)
+        crate::reject::from_pod(ctx, w, svc)
     }
 }
 
@@ -119,23 +120,57 @@ impl PodFamily for Addr6Be {
         match parse6(ctx, &mut w.flow)? {
             Kind::Flow => Ok(None),
             Kind::Later => crate::frag::later(ctx, w, dir).map(Some),
-            Kind::Icmp => crate::icmp::v6::translate(ctx, w, dir).map(Some),
+            Kind::Icmp => crate::icmp::translate(ctx, w, dir).map(Some),
         }
     }
     #[inline(always)]
     fn reject(ctx: &TcContext, w: &mut Work<Addr6Be>, svc: &FrontendSlot) -> i32 {
-        crate::reject::v6::from_pod(ctx, w, svc)
+        crate::reject::from_pod(ctx, w, svc)
     }
 }
 
-/// `sb_from_pod`: the family is decided once, here; IPv6 goes to its own
-/// program.
+/// `sb_from_pod`: the family is decided once, here, and a packet to no
+/// frontend of either family passes from its header ([`screen`]); IPv6 for
+/// a frontend goes on in its own program (`sb_from_pod6`, no tail call for
+/// the rest).
 #[inline(always)]
 pub fn try_from_pod(ctx: &TcContext) -> Result<i32, Skip> {
-    if let Some(missed) = ipv4_or_hand_over6(ctx, tail::FROM_POD6)? {
-        return Ok(missed);
+    match ethertype(ctx)? {
+        ETH_P_IP_BE => {
+            let frontend = screen::<u32>(ctx)?;
+            from_pod::<u32>(ctx, frontend)
+        }
+        ETH_P_IPV6_BE => {
+            screen::<Addr6Be>(ctx)?;
+            Ok(hand_over6(ctx, tail::FROM_POD6))
+        }
+        _ => Err(Skip::NotOurs),
     }
-    from_pod::<u32>(ctx)
+}
+
+/// `sb_from_pod6`: a packet `sb_from_pod` screened, or one of the previous
+/// release's `sb_from_pod` during an upgrade, which did not (both are
+/// right: the parse's own frontend test stays).
+#[inline(always)]
+pub fn try_from_pod6(ctx: &TcContext) -> Result<i32, Skip> {
+    from_pod::<Addr6Be>(ctx, false)
+}
+
+/// Every packet of ours from a pod goes to a frontend or to the hairpin
+/// address: a new or continued flow, a later fragment of one, an ICMP error
+/// about a reply from a frontend. So a destination that is neither is told
+/// apart from the header as it lies, before the parse, working memory or
+/// any lookup (one bit of the frontend bitmap): `Err(NotOurs)`. `Ok(true)`:
+/// the destination may be a frontend (the bitmap's bit is set), and the
+/// parse need not ask again; `Ok(false)`: the hairpin address, or a
+/// destination the header does not show (a later fragment).
+#[inline(always)]
+fn screen<A: PodFamily>(ctx: &TcContext) -> Result<bool, Skip> {
+    match A::destination(ctx) {
+        Some(daddr) if A::maybe_frontend(&daddr) => Ok(true),
+        Some(daddr) if !daddr.same(&A::HAIRPIN) => Err(Skip::NotOurs),
+        _ => Ok(false),
+    }
 }
 
 /// `sb_to_pod`: a pod without translated flows receives no reply of one,
@@ -153,27 +188,17 @@ pub fn try_to_pod(ctx: &TcContext) -> Result<i32, Skip> {
     to_pod::<u32>(ctx)
 }
 
-/// A packet a pod sends: DNAT to a backend if it is for a frontend.
-///
-/// Every packet of ours from a pod goes to a frontend or to the hairpin
-/// address: a new or continued flow, a later fragment of one, an ICMP error
-/// about a reply from a frontend. So a destination that is neither is told
-/// apart from the header as it lies, before the parse, working memory or
-/// any lookup (one bit of the bitmap).
+/// A packet a pod sends, past the [`screen`] (`frontend`: its answer):
+/// DNAT to a backend if it is for a frontend.
 #[inline(always)]
-pub fn from_pod<A: PodFamily>(ctx: &TcContext) -> Result<i32, Skip> {
-    if let Some(daddr) = A::destination(ctx) {
-        if !A::maybe_frontend(&daddr) && !daddr.same(&A::HAIRPIN) {
-            return Err(Skip::NotOurs);
-        }
-    }
+fn from_pod<A: PodFamily>(ctx: &TcContext, frontend: bool) -> Result<i32, Skip> {
     let Some(w) = A::work() else {
         return Err(Skip::NotOurs);
     };
     if let Some(action) = A::parse(ctx, w, ct_dir::FORWARD)? {
         return Ok(action);
     }
-    if !A::maybe_frontend(&w.flow.daddr_be) {
+    if !frontend && !A::maybe_frontend(&w.flow.daddr_be) {
         // A pod's reply to a hairpin flow goes to the hairpin address.
         return crate::hairpin::reply(ctx, w);
     }

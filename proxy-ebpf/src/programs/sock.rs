@@ -2,12 +2,14 @@
 //! they share): `connect4/6` and `sendmsg4/6` balance a socket,
 //! `recvmsg4/6` and `getpeername4/6` show the frontend again, and
 //! `sock_release` forgets a closing socket.
+use crate::socklb::conn_frontend;
 use crate::socklb::finish;
 use crate::socklb::netns_cookie;
 use crate::socklb::our_proto;
 use crate::socklb::pick;
 use crate::socklb::read_addr4;
 use crate::socklb::read_addr6;
+use crate::socklb::remember_conn;
 use crate::socklb::remember_reverse;
 use crate::socklb::socket_cookie;
 use crate::socklb::source_verdict;
@@ -50,8 +52,13 @@ fn connect<A: SockFamily>(ctx: &SockAddrContext, dst: &SockAddr<A>) -> Verdict<A
         Ok(picked) => picked,
         Err(why) => return Verdict::Refuse(why),
     };
+    // A TCP socket keeps its frontend itself; a connected UDP socket (of
+    // the node) in the socket map, where the agent finds it when its
+    // backend leaves.
     let cookie = socket_cookie(ctx);
-    remember_reverse(cookie, dst, &picked);
+    if dst.proto != proto::TCP || !remember_conn(ctx, dst, &picked) {
+        remember_reverse(cookie, dst, &picked);
+    }
     if counts_flows(&svc) {
         // A connected socket is one of its backend's open flows.
         sched::socket_opened(cookie, picked.backend_id);
@@ -179,9 +186,18 @@ fn remember_forward<A: SockFamily>(cookie: u64, dst: &SockAddr<A>, picked: &Pick
 /// was balanced to stands for.
 #[inline(always)]
 fn frontend_of<A: SockFamily>(ctx: &SockAddrContext, peer: &SockAddr<A>) -> Option<(A, u16)> {
-    let entry = A::sock_get(socket_cookie(ctx), peer, sock_dir::REVERSE)?;
+    let stored = match peer.proto {
+        proto::TCP => conn_frontend(ctx, peer),
+        _ => None,
+    };
+    // The socket map: UDP, and TCP sockets an earlier version connected.
+    let frontend = match stored {
+        Some(frontend) => frontend,
+        None => A::sock_get(socket_cookie(ctx), peer, sock_dir::REVERSE)
+            .map(|entry| (entry.addr_be, entry.port_be))?,
+    };
     count(stat::SOCK_REVERSED);
-    Some((entry.addr_be, entry.port_be))
+    Some(frontend)
 }
 
 /// `recvmsg4` and `getpeername4`: a backend shows as its frontend. Both hooks
@@ -223,12 +239,14 @@ pub fn restore_peer6(ctx: &SockAddrContext) -> i32 {
     ALLOW
 }
 
-/// A socket closes: the entry that maps its backend back to the frontend
-/// goes, so the socket map holds live sockets rather than waiting for the LRU
-/// to push out dead ones (a node opening thousands of connections a second
-/// would otherwise keep it full). An unconnected UDP socket's per-frontend
-/// entries cannot be found from here; the LRU ages them out. An `AF_INET6`
-/// socket connected to an IPv4-mapped address has its entry in the IPv4 map.
+/// A UDP socket closes: the entry that maps its backend back to the
+/// frontend goes, so the socket map holds live sockets rather than waiting
+/// for the LRU to push out dead ones. A TCP socket's frontend is in its own
+/// storage, which the kernel frees with it: nothing to do (a TCP socket an
+/// earlier version connected has its entry in the socket map, which the
+/// LRU ages out). An unconnected UDP socket's per-frontend entries cannot
+/// be found from here; the LRU ages them out too. An `AF_INET6` socket
+/// connected to an IPv4-mapped address has its entry in the IPv4 map.
 #[inline(always)]
 pub fn release(ctx: &SockContext) -> i32 {
     let sk: *const bpf_sock = ctx.sock;
@@ -238,6 +256,13 @@ pub fn release(ctx: &SockContext) -> i32 {
     let Some(proto) = our_proto(protocol) else {
         return ALLOW;
     };
+    if proto == proto::TCP {
+        // Least-connection: a TCP socket that counted on a backend leaves
+        // it (the cookie and one lookup, a miss for every other socket).
+        // SAFETY: the helper accepts a `sock_release` context (Linux 5.10+).
+        sched::socket_closed(unsafe { bpf_get_socket_cookie(ctx.as_ptr()) });
+        return ALLOW;
+    }
     let removed = match family {
         AF_INET => {
             // SAFETY: as above.

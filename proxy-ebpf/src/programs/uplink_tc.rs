@@ -13,6 +13,7 @@
 //! about flows source-NATed to another node go back to the client
 //! translated.
 use crate::{
+    icmp::IcmpFamily,
     maps::{count, count_service},
     nodeport::{cached_route, classify, NotTranslated, Out, Up, UplinkFamily},
     nodeport::{dsr, FIB_NO_NEIGH, FIB_SUCCESS},
@@ -21,6 +22,7 @@ use crate::{
         v6::{load, parse6, IP6_HOP_LIMIT_OFF},
         Ipv4Hdr, Kind, Skip, ETH_HLEN, IP_CSUM_OFF,
     },
+    reject::RejectFamily,
     rewrite::{rewrite, Header, RewriteFailed, Side},
     skb::{drop_counted, ipv4_or_hand_over6},
 };
@@ -33,9 +35,7 @@ use core::ffi::c_void;
 use proxy_common::{proto, stat, tail, Addr6Be};
 
 /// What the families of the uplink's tc program do their own way.
-pub(crate) trait UplinkTcFamily: UplinkFamily + Header {
-    /// The family's ICMP protocol number.
-    const ICMP: u8;
+pub(crate) trait UplinkTcFamily: UplinkFamily + Header + IcmpFamily + RejectFamily {
     /// Parses the packet into `u.s.flow`. A later fragment is one of a TCP
     /// or UDP datagram.
     fn parse(ctx: &TcContext, u: &mut Up<Self>) -> Result<Kind, Skip>;
@@ -43,12 +43,6 @@ pub(crate) trait UplinkTcFamily: UplinkFamily + Header {
     fn hop_limit(ctx: &TcContext) -> Result<u8, Skip>;
     /// Writes the TTL one lower, with the IPv4 header checksum.
     fn decrement_hop_limit(ctx: &TcContext) -> Result<(), RewriteFailed>;
-    /// Translates an ICMP error about a flow source-NATed to another node
-    /// ([`crate::icmp::translate_snat`], [`crate::icmp::v6::translate_snat`]),
-    /// leaving the new outer addresses in `u.to_saddr_be`, `u.to_daddr_be`.
-    fn translate_icmp_error(ctx: &TcContext, u: &mut Up<Self>) -> Result<(), Skip>;
-    /// A packet to a frontend without endpoints ([`crate::reject`]).
-    fn reject(ctx: &TcContext, u: &mut Up<Self>) -> i32;
     /// Direct server return ([`crate::nodeport::dsr`]): the option put
     /// in, and the answer to a packet the option would make larger than
     /// the route's `mtu` (naming the room the option leaves).
@@ -57,7 +51,6 @@ pub(crate) trait UplinkTcFamily: UplinkFamily + Header {
 }
 
 impl UplinkTcFamily for u32 {
-    const ICMP: u8 = proto::ICMP;
     #[inline(always)]
     fn parse(ctx: &TcContext, u: &mut Up<u32>) -> Result<Kind, Skip> {
         match parse_ipv4(ctx) {
@@ -95,29 +88,17 @@ impl UplinkTcFamily for u32 {
             .map_err(|_| RewriteFailed)
     }
     #[inline(always)]
-    fn translate_icmp_error(ctx: &TcContext, u: &mut Up<u32>) -> Result<(), Skip> {
-        let outer = crate::icmp::translate_snat(ctx)?;
-        u.to_saddr_be = outer.saddr_be;
-        u.to_daddr_be = outer.daddr_be;
-        Ok(())
-    }
-    #[inline(always)]
-    fn reject(ctx: &TcContext, u: &mut Up<u32>) -> i32 {
-        crate::reject::tc_reject(ctx, &u.s.flow)
-    }
-    #[inline(always)]
     fn carry(ctx: &TcContext, u: &Up<u32>) -> Result<(), RewriteFailed> {
         dsr::carry_tc(ctx, u)
     }
     #[inline(always)]
     fn too_big(ctx: &TcContext, u: &mut Up<u32>, mtu: u16) -> i32 {
         let room = mtu.saturating_sub(u16::from(proxy_common::dsr::OPT4_LEN));
-        crate::reject::tc_too_big(ctx, &u.s.flow, room)
+        crate::reject::tc_too_big(ctx, &mut u.s, room)
     }
 }
 
 impl UplinkTcFamily for Addr6Be {
-    const ICMP: u8 = proto::ICMPV6;
     #[inline(always)]
     fn parse(ctx: &TcContext, u: &mut Up<Addr6Be>) -> Result<Kind, Skip> {
         parse6(ctx, &mut u.s.flow)
@@ -134,21 +115,13 @@ impl UplinkTcFamily for Addr6Be {
             .map_err(|_| RewriteFailed)
     }
     #[inline(always)]
-    fn translate_icmp_error(ctx: &TcContext, u: &mut Up<Addr6Be>) -> Result<(), Skip> {
-        crate::icmp::v6::translate_snat(ctx, u)
-    }
-    #[inline(always)]
-    fn reject(ctx: &TcContext, u: &mut Up<Addr6Be>) -> i32 {
-        crate::reject::v6::answer(ctx, &mut u.s)
-    }
-    #[inline(always)]
     fn carry(ctx: &TcContext, u: &Up<Addr6Be>) -> Result<(), RewriteFailed> {
         dsr::carry6_tc(ctx, u)
     }
     #[inline(always)]
     fn too_big(ctx: &TcContext, u: &mut Up<Addr6Be>, mtu: u16) -> i32 {
         let room = mtu.saturating_sub(u16::from(proxy_common::dsr::HDR6_LEN));
-        crate::reject::v6::too_big(ctx, &mut u.s, room)
+        crate::reject::tc_too_big(ctx, &mut u.s, room)
     }
 }
 
@@ -190,7 +163,7 @@ pub fn from_uplink<A: UplinkTcFamily>(ctx: &TcContext) -> Result<i32, Skip> {
         Err(NotTranslated::Denied) => return Ok(TC_ACT_SHOT),
         Err(NotTranslated::Reject) => {
             count_service(u.service_id, |s| s.drops_no_backend += 1);
-            return Ok(A::reject(ctx, u));
+            return Ok(crate::reject::tc_reject(ctx, &mut u.s));
         }
     };
     if out == Out::Arrived {
@@ -276,11 +249,13 @@ fn icmp_error<A: UplinkTcFamily>(
     ingress: u32,
     u: &mut Up<A>,
 ) -> Result<i32, Skip> {
-    A::translate_icmp_error(ctx, u)?;
+    // The new outer addresses, for the route, in `u.to_saddr_be`,
+    // `u.to_daddr_be`.
+    crate::icmp::translate_snat(ctx, u)?;
     if A::hop_limit(ctx)? <= 1 {
         return drop_counted(stat::TTL_EXCEEDED);
     }
-    routed_out(ctx, ingress, u, A::ICMP)
+    routed_out(ctx, ingress, u, A::ICMP_PROTO)
 }
 
 /// Routes a packet that leaves the node again, from `u.to_saddr_be` to

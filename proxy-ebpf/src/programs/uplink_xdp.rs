@@ -269,7 +269,7 @@ impl XdpFamily for u32 {
     fn reject(ctx: &XdpContext, u: &mut Up<u32>) -> u32 {
         // Answered here: counted here.
         count_service(u.service_id, |s| s.drops_no_backend += 1);
-        crate::reject::xdp_reject(ctx, &u.s.flow)
+        crate::reject::xdp_reject(ctx, &mut u.s)
     }
     #[inline(always)]
     fn write_translation(ctx: &XdpContext, u: &Up<u32>) -> Result<(), StoreFailed> {
@@ -340,7 +340,7 @@ impl XdpFamily for Addr6Be {
     #[inline(always)]
     fn reject(_ctx: &XdpContext, _u: &mut Up<Addr6Be>) -> u32 {
         // The answer is built by the uplink's tc program
-        // (`crate::reject::v6`), which sees the packet untouched and counts
+        // (`crate::reject`), which sees the packet untouched and counts
         // it.
         count(stat::XDP_TO_TC);
         xdp_action::XDP_PASS

@@ -1033,6 +1033,29 @@ fn icmp_errors_about_a_remote_flow_reach_the_client_translated() {
             let (verdict, out) = fx.run(Prog::Tc, &error);
             assert_eq!((verdict, out), (TC_ACT_UNSPEC, error));
             assert_eq!(fx.stat("icmp_error_translated"), 1);
+
+            // The same error from a router on the way: the router stays the
+            // outer source; the rest is translated as above.
+            let error = icmp_frame(GATEWAY, NODE, 3, 4, 1400, &left[ETH_HLEN..ETH_HLEN + 28]);
+            let (verdict, out) = fx.run(Prog::Tc, &error);
+            assert_eq!(verdict, TC_ACT_REDIRECT, "{protocol:?}: from a router");
+            let expected = with_ttl(
+                icmp_frame(
+                    GATEWAY,
+                    CLIENT,
+                    3,
+                    4,
+                    1400,
+                    &original[ETH_HLEN..ETH_HLEN + 28],
+                ),
+                63,
+            );
+            assert_eq!(
+                out, expected,
+                "{protocol:?}: the router's error, translated"
+            );
+            assert!(icmp_error_checksums_valid(&out));
+            assert_eq!(fx.stat("icmp_error_translated"), 2);
         }
     });
 }

@@ -67,13 +67,15 @@ fn all_tags() -> impl Iterator<Item = &'static str> {
     TAGS.iter().chain(northsouth::TAGS.iter()).copied()
 }
 
-/// `SB_BENCH_ONLY=north-south` (or `scale`) runs only that part (and the
-/// report); unset, everything runs.
+/// `SB_BENCH_ONLY=north-south` (or `scale`, or `e2e`) runs only that part
+/// (and the report); unset, everything runs.
 fn only() -> Result<Option<String>> {
     match std::env::var("SB_BENCH_ONLY") {
         Ok(v) if v.is_empty() => Ok(None),
-        Ok(v) if v == "north-south" || v == "scale" => Ok(Some(v)),
-        Ok(v) => bail!("SB_BENCH_ONLY={v}: the parts that run alone are north-south and scale"),
+        Ok(v) if v == "north-south" || v == "scale" || v == "e2e" => Ok(Some(v)),
+        Ok(v) => {
+            bail!("SB_BENCH_ONLY={v}: the parts that run alone are e2e, north-south and scale")
+        }
         Err(_) => Ok(None),
     }
 }
@@ -95,6 +97,8 @@ struct Plan {
     fwd_frames: u32,
     /// Interleaved rounds per size (the report takes the median).
     rounds: usize,
+    /// The end-to-end paths measured (their keys); all when `None`.
+    paths: Option<Vec<String>>,
 }
 
 impl Plan {
@@ -109,6 +113,7 @@ impl Plan {
                 bulk_ms: 1000,
                 fwd_frames: 1_000_000,
                 rounds: 1,
+                paths: None,
             }
         } else {
             Plan {
@@ -120,8 +125,53 @@ impl Plan {
                 bulk_ms: 2000,
                 fwd_frames: 5_000_000,
                 rounds: 3,
+                paths: None,
             }
         }
+    }
+}
+
+impl Plan {
+    /// The end-to-end sizes, rounds and paths from `SB_BENCH_E2E_SIZES`
+    /// (comma separated Services counts), `SB_BENCH_ROUNDS` and
+    /// `SB_BENCH_PATHS` (comma separated path keys), when set: a run that
+    /// looks at a few paths at one size closely.
+    fn overridden(mut self) -> Result<Plan> {
+        if let Ok(v) = std::env::var("SB_BENCH_E2E_SIZES") {
+            self.e2e_sizes = v
+                .split(',')
+                .map(|n| n.trim().parse::<u32>())
+                .collect::<Result<_, _>>()
+                .with_context(|| {
+                    format!("SB_BENCH_E2E_SIZES={v}: Services counts, comma separated")
+                })?;
+            ensure!(!self.e2e_sizes.is_empty(), "SB_BENCH_E2E_SIZES is empty");
+        }
+        if let Ok(v) = std::env::var("SB_BENCH_ROUNDS") {
+            self.rounds = v
+                .parse()
+                .with_context(|| format!("SB_BENCH_ROUNDS={v}: a number of rounds"))?;
+            ensure!(self.rounds > 0, "SB_BENCH_ROUNDS must be at least 1");
+        }
+        if let Ok(v) = std::env::var("SB_BENCH_PATHS") {
+            let keys: Vec<String> = v.split(',').map(|k| k.trim().to_string()).collect();
+            for key in &keys {
+                ensure!(
+                    PATHS.iter().any(|p| p.key == key),
+                    "SB_BENCH_PATHS: no end-to-end path {key} (the paths: {})",
+                    PATHS.iter().map(|p| p.key).collect::<Vec<_>>().join(", ")
+                );
+            }
+            self.paths = Some(keys);
+        }
+        Ok(self)
+    }
+
+    /// Whether the end-to-end path `key` is measured in this run.
+    fn measures(&self, key: &str) -> bool {
+        self.paths
+            .as_ref()
+            .is_none_or(|keys| keys.iter().any(|k| k == key))
     }
 }
 
@@ -151,14 +201,16 @@ pub fn run(opts: Options) -> Result<()> {
             "cargo xtask bench needs root (it loads eBPF programs and builds network namespaces)"
         );
     }
-    let plan = Plan::new(opts.quick);
+    let plan = Plan::new(opts.quick).overridden()?;
     let only = only()?;
     STARTED.get_or_init(Instant::now);
     TOTAL.store(
         if only.as_deref() == Some("north-south") {
             northsouth::steps(&plan) + 1
-        } else if only.is_some() {
+        } else if only.as_deref() == Some("scale") {
             scale::steps(&plan) + 1
+        } else if only.is_some() {
+            plan.e2e_sizes.len() * (1 + PATHS.len() * plan.rounds) + 1 + 1
         } else {
             3 + 1
                 + plan.e2e_sizes.len() * (1 + PATHS.len() * plan.rounds)
@@ -233,7 +285,8 @@ pub fn run(opts: Options) -> Result<()> {
 
         progress("forwarding rate on one core: XDP live frames through the node's tc path");
         results["fwd"] = fwd(&sb_bench, &plan, &dir)?;
-
+    }
+    if only.is_none() || only.as_deref() == Some("e2e") {
         let (paths, e2e, programming) = e2e_all(&plan, &sb_http, &bins.switchboard, &dir)?;
         results["e2e_paths"] = Value::Array(paths);
         results["e2e"] = Value::Array(e2e);
@@ -601,6 +654,7 @@ struct E2ePath {
 /// Keys of the end-to-end paths in results.json (the report looks them up).
 pub const DIRECT: &str = "direct";
 pub const DIRECT_HOST: &str = "direct_host";
+pub const DIRECT_SW: &str = "direct_switchboard";
 pub const SW_TC: &str = "switchboard";
 pub const SW_SOCK_POD: &str = "socketlb_pod";
 pub const SW_SOCK_HOST: &str = "socketlb_host";
@@ -624,7 +678,7 @@ const SOCKET_LB_LOCAL_PORTS: &str = "47000 60999";
 const SOCKET_LB: &str = "switchboard's socket layer (cgroup connect4/sendmsg4/recvmsg4/getpeername4): the backend is chosen once per connect(), packets carry pod addresses and tc leaves them alone";
 
 /// Every end-to-end path, in the order of the first round.
-const PATHS: [E2ePath; 7] = [
+const PATHS: [E2ePath; 8] = [
     E2ePath {
         key: DIRECT,
         label: "direct (pod client)",
@@ -642,6 +696,15 @@ const PATHS: [E2ePath; 7] = [
         target: Target::Pods,
         balancer: "none (no Service): the limit for host clients",
         local_ports: None,
+    },
+    E2ePath {
+        key: DIRECT_SW,
+        label: "direct in switchboard's sandbox (pod client)",
+        setup: Setup::Switchboard,
+        client: Client::PodInCgroup,
+        target: Target::Pods,
+        balancer: "none (no Service), through everything switchboard adds to a node: its agent running, its tc programs on the veths and its socket hooks on the client's cgroup; the limit the socket layer can reach",
+        local_ports: Some(SOCKET_LB_LOCAL_PORTS),
     },
     E2ePath {
         key: SW_TC,
@@ -981,7 +1044,12 @@ fn measure(
         wrk(sb, path.client, &urls, 1)?; // warm-up (neighbours, caches, conntrack)
     }
     let c0 = snap()?;
+    let agent = (path.setup == Setup::Switchboard)
+        .then(|| sb.agent_pid())
+        .flatten();
+    let cpu0 = CpuUse::read(agent)?;
     let w = wrk(sb, path.client, &urls, plan.wrk_secs)?;
+    let cpu = CpuUse::read(agent)?.since(&cpu0);
     let c1 = snap()?;
     let udp_addrs: Vec<String> = hosts.iter().map(|h| format!("{h}:{udp_port}")).collect();
     let udp = udp(sb, path.client, &bin, &udp_addrs, plan.udp_ms)?;
@@ -1011,8 +1079,8 @@ fn measure(
     };
     let per_client: Vec<String> = w.per_client.iter().map(|r| format!("{r:.0}")).collect();
     note(&format!(
-        "{:.0} conn/s ({}; p50 {:.0} us, p99 {:.0} us, {} errors); UDP {:.0} req/s (p99 {} us); one TCP stream {:.2} Gbit/s",
-        w.rps, per_client.join(" + "), w.p50_us, w.p99_us, w.errors, udp["rate"].as_f64().unwrap_or(0.0), udp["p99_us"], bulk["gbit_s"].as_f64().unwrap_or(0.0)
+        "{:.0} conn/s ({}; p50 {:.0} us, p99 {:.0} us, {} errors; CPU {}); UDP {:.0} req/s (p99 {} us); one TCP stream {:.2} Gbit/s",
+        w.rps, per_client.join(" + "), w.p50_us, w.p99_us, w.errors, cpu.describe(), udp["rate"].as_f64().unwrap_or(0.0), udp["p99_us"], bulk["gbit_s"].as_f64().unwrap_or(0.0)
     ));
     Ok(json!({
         "conn_per_s": w.rps,
@@ -1024,7 +1092,102 @@ fn measure(
         "udp": udp,
         "bulk": bulk,
         "datapath": datapath,
+        "cpu": cpu.json(),
     }))
+}
+
+/// CPU time used, in clock ticks: the machine's, by kind (`/proc/stat`),
+/// and the agent's (`/proc/PID/stat`), if there is one.
+#[derive(Clone, Copy, Default)]
+struct CpuUse {
+    user: u64,
+    system: u64,
+    softirq: u64,
+    idle: u64,
+    agent: Option<u64>,
+}
+
+impl CpuUse {
+    fn read(agent: Option<u32>) -> Result<CpuUse> {
+        let stat = fs::read_to_string("/proc/stat").context("read /proc/stat")?;
+        let line = stat
+            .lines()
+            .find(|l| l.starts_with("cpu "))
+            .ok_or_else(|| anyhow!("/proc/stat has no cpu line"))?;
+        let v: Vec<u64> = line
+            .split_whitespace()
+            .skip(1)
+            .map(|x| x.parse().unwrap_or(0))
+            .collect();
+        let at = |i: usize| v.get(i).copied().unwrap_or(0);
+        let agent = match agent {
+            Some(pid) => Some(process_ticks(pid)?),
+            None => None,
+        };
+        Ok(CpuUse {
+            user: at(0) + at(1),
+            system: at(2),
+            softirq: at(5) + at(6),
+            idle: at(3) + at(4),
+            agent,
+        })
+    }
+
+    fn since(&self, before: &CpuUse) -> CpuUse {
+        CpuUse {
+            user: self.user - before.user,
+            system: self.system - before.system,
+            softirq: self.softirq - before.softirq,
+            idle: self.idle - before.idle,
+            agent: self.agent.zip(before.agent).map(|(a, b)| a - b),
+        }
+    }
+
+    fn total(&self) -> u64 {
+        (self.user + self.system + self.softirq + self.idle).max(1)
+    }
+
+    /// Shares of the machine's time (all CPUs together).
+    fn json(&self) -> Value {
+        let share = |t: u64| t as f64 / self.total() as f64;
+        json!({
+            "user": share(self.user),
+            "system": share(self.system),
+            "softirq": share(self.softirq),
+            "idle": share(self.idle),
+            "agent": self.agent.map(share),
+        })
+    }
+
+    fn describe(&self) -> String {
+        let pct = |t: u64| t as f64 * 100.0 / self.total() as f64;
+        let agent = self
+            .agent
+            .map(|a| format!(", agent {:.1} %", pct(a)))
+            .unwrap_or_default();
+        format!(
+            "user {:.0} %, system {:.0} %, softirq {:.0} %, idle {:.0} %{agent}",
+            pct(self.user),
+            pct(self.system),
+            pct(self.softirq),
+            pct(self.idle)
+        )
+    }
+}
+
+/// User and system clock ticks process `pid` has used.
+fn process_ticks(pid: u32) -> Result<u64> {
+    let text = fs::read_to_string(format!("/proc/{pid}/stat"))
+        .with_context(|| format!("read /proc/{pid}/stat"))?;
+    // The fields after the command name, which is in parentheses.
+    let rest = text
+        .rsplit_once(')')
+        .map(|(_, r)| r)
+        .ok_or_else(|| anyhow!("/proc/{pid}/stat: no command name"))?;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let tick = |i: usize| f.get(i).and_then(|x| x.parse::<u64>().ok()).unwrap_or(0);
+    // utime and stime are fields 14 and 15, 12 and 13 after the name.
+    Ok(tick(11) + tick(12))
 }
 
 /// switchboard's global data-path counters (`switchboard stats -o json`).
@@ -1060,7 +1223,13 @@ fn growth(before: &Value, after: &Value) -> Value {
 fn check_datapath(path: &E2ePath, http: &Value, requests: u64) -> Result<()> {
     let forwarded = http["tc_forwarded"].as_u64().unwrap_or(0);
     let connects = http["sock_connect"].as_u64().unwrap_or(0);
-    let (ok, layer) = if path.client.in_cgroup() {
+    let (ok, layer) = if path.target == Target::Pods {
+        // No Service: neither layer translates anything.
+        (
+            connects == 0 && forwarded <= requests / 1000,
+            "neither layer",
+        )
+    } else if path.client.in_cgroup() {
         // A stray retransmission of an earlier tc flow may still pass tc.
         (
             connects >= requests && forwarded <= requests / 1000,
@@ -1071,7 +1240,7 @@ fn check_datapath(path: &E2ePath, http: &Value, requests: u64) -> Result<()> {
     };
     ensure!(
         ok,
-        "{}: during wrk the socket layer balanced {connects} connects and tc rewrote {forwarded} packets for {requests} HTTP requests: the clients are not balanced by {layer} alone",
+        "{}: during wrk the socket layer balanced {connects} connects and tc rewrote {forwarded} packets for {requests} HTTP requests: the clients are not balanced by {layer}",
         path.label
     );
     Ok(())
@@ -1306,6 +1475,9 @@ fn e2e_all(
             for k in 0..PATHS.len() {
                 let i = (k + round) % PATHS.len();
                 let path = &PATHS[i];
+                if !plan.measures(path.key) {
+                    continue;
+                }
                 progress(&format!(
                     "end to end at {n} Services, round {}/{}: {}",
                     round + 1,

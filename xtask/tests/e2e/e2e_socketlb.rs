@@ -75,8 +75,10 @@ fn host_and_pod_clients_reach_the_cluster_ip_through_the_socket_layer() {
         grew("sock_reversed") >= 120,
         "getpeername/recvmsg: {after:?}"
     );
-    // Every balanced TCP socket's entry went when it closed.
-    assert_eq!(grew("sock_released"), 60, "sock_release: {after:?}");
+    // A balanced TCP socket keeps its frontend in its own storage (which
+    // answered getpeername above): it never had a socket-map entry to
+    // remove when it closed, and the UDP sockets were unconnected.
+    assert_eq!(grew("sock_released"), 0, "sock_release: {after:?}");
     assert_eq!(
         grew("forwarded"),
         0,
