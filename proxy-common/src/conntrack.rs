@@ -40,6 +40,13 @@ pub mod ct_flags {
     /// the frontend in an option ([`crate::dsr`]); the replies leave from
     /// here with the frontend as their source.
     pub const DSR_ARRIVED: u8 = 1 << 4;
+    /// Forward entries of a flow of a least-connection frontend: the flow
+    /// is one of its backend's open flows (`SB_LC_V1`). Whoever ends the
+    /// flow first clears the bit with an atomic AND and, when it was the
+    /// one to clear it, takes the flow off the count: the data path at the
+    /// first FIN or RST, or when it removes the flow to make room; the
+    /// agent's collector when it removes the entry.
+    pub const COUNTED: u8 = 1 << 5;
 }
 
 /// Bits of [`CtEntry::state`]: what was seen in the direction of the entry

@@ -75,7 +75,7 @@ pub mod frontend_flags {
     /// No endpoint was ready: these are serving, terminating ones.
     pub const TERMINATING_FALLBACK: u16 = 1 << 2;
     /// How traffic from outside the node picks a backend, in bits 3..=4
-    /// (traffic from this node always picks at random).
+    /// (traffic from this node picks at random, or by [`PICK_MASK`]).
     pub const ALGO_SHIFT: u16 = 3;
     pub const ALGO_MASK: u16 = 0b11 << ALGO_SHIFT;
     pub const ALGO_RANDOM: u16 = 0 << ALGO_SHIFT;
@@ -83,6 +83,20 @@ pub mod frontend_flags {
     pub const ALGO_MAGLEV: u16 = 1 << ALGO_SHIFT;
     /// The same table, indexed by a hash of the client address.
     pub const ALGO_SOURCE_HASH: u16 = 2 << ALGO_SHIFT;
+    /// How every new flow picks a backend on this node (its own traffic and
+    /// traffic from outside), in bits 10..=11, with [`ALGO_RANDOM`] in bits
+    /// 3..=4: a data path that predates these bits picks at random. Both
+    /// choose per node, not consistently across nodes.
+    pub const PICK_SHIFT: u16 = 10;
+    pub const PICK_MASK: u16 = 0b11 << PICK_SHIFT;
+    /// Slot `turn % backend_count + 1`, the turn an atomic add on the
+    /// service's cursor in `SB_RR_V1` hands out: strict order per node,
+    /// across CPUs (IPVS `rr`).
+    pub const PICK_ROUND_ROBIN: u16 = 1 << PICK_SHIFT;
+    /// The less loaded of two random slots by the backends' open flows in
+    /// `SB_LC_V1` (power of two choices; IPVS `lc` without the scan). The
+    /// flows of such a frontend count ([`crate::ct_flags::COUNTED`]).
+    pub const PICK_LEAST_CONN: u16 = 2 << PICK_SHIFT;
     /// Frontend kind, in bits 8..=9.
     pub const KIND_SHIFT: u16 = 8;
     pub const KIND_MASK: u16 = 0b11 << KIND_SHIFT;

@@ -97,6 +97,20 @@ pub const QUIET_PODS: &str = "SB_QUIET_V1";
 pub const SOCK_CONNS: &str = "SB_SOCK_CONN_V1";
 /// The IPv6 twin of [`SOCK_CONNS`] ([`super::SockConn6`]).
 pub const SOCK_CONNS6: &str = "SB_SOCK_CONN6_V1";
+/// Round-robin: each service id's turn counter (`u64`, an array by
+/// service id), advanced with an atomic add by every new flow of a
+/// round-robin frontend. Not pinned: a new agent starts the turns over.
+pub const ROUND_ROBIN: &str = "SB_RR_V1";
+/// Least-connection: each backend id's open flows (`u64`, a hash by
+/// backend id; an entry is made by the first flow counted). Not pinned:
+/// the counts follow from connection tracking and the socket map, and the
+/// agent rebuilds them from those at start and checks them periodically.
+pub const OPEN_FLOWS: &str = "SB_LC_V1";
+/// Least-connection, socket layer: the backend id each socket connected
+/// to a least-connection frontend counts on (`u32`), by socket cookie
+/// (`u64`), an LRU hash. `sock_release` takes the socket off. Not pinned,
+/// as [`OPEN_FLOWS`].
+pub const OPEN_SOCKETS: &str = "SB_LC_SOCK_V1";
 /// Every map, in the order the CLI reports them.
 pub const ALL: [&str; 31] = [
     FRONTENDS,

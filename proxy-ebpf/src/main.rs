@@ -57,6 +57,8 @@
 //! attach point, whose `try_*` functions the program functions below call.
 #![no_std]
 #![no_main]
+// The atomic operations of `lb::sched` (inline BPF assembly).
+#![feature(asm_experimental_arch)]
 
 mod ct;
 mod family;

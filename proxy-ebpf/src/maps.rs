@@ -122,6 +122,21 @@ pub static SB_SRC_RANGE6_V1: LpmTrie<SrcRange6, u8, { capacity::SOURCE_RANGES as
 pub static SB_SVC_DENIED_V1: PerCpuArray<u64, { capacity::SERVICES as usize + 1 }> =
     PerCpuArray::new();
 
+/// Round-robin turns by service id ([`crate::lb::sched`]). Not pinned.
+#[btf_map]
+pub static SB_RR_V1: Array<u64, { capacity::SERVICES as usize + 1 }> = Array::new();
+/// Open flows by backend id, of least-connection frontends
+/// ([`crate::lb::sched`]). Not pinned; an entry is allocated by the first
+/// flow counted.
+#[btf_map]
+pub static SB_LC_V1: HashMap<u32, u64, { capacity::BACKENDS as usize }, NO_PREALLOC> =
+    HashMap::new();
+
+/// The backend id each socket of a least-connection frontend counts on, by
+/// socket cookie ([`crate::lb::sched`]). Not pinned.
+#[btf_map]
+pub static SB_LC_SOCK_V1: LruHashMap<u64, u32, { capacity::SOCKETS as usize }> = LruHashMap::new();
+
 #[btf_map]
 pub static SB_FE_FILTER_V1: Array<u64, { prefilter::frontends::WORDS as usize }> = Array::new();
 #[btf_map]

@@ -323,8 +323,15 @@ pub async fn run(config: AgentConfig, object: &'static [u8]) -> anyhow::Result<(
         }
     }
     // After any resize: the collector opens the pin the programs use.
-    conntrack::spawn(&config.pin_root, config.conntrack_timeouts, gc_metrics)
-        .context("starting the connection-tracking collector")?;
+    let open_flows = crate::dataplane::openflows::LeastConnMaps::take(&mut ebpf)
+        .context("least-connection's maps")?;
+    conntrack::spawn(
+        &config.pin_root,
+        config.conntrack_timeouts,
+        gc_metrics,
+        open_flows,
+    )
+    .context("starting the connection-tracking collector")?;
 
     first_start.succeeded();
     info!(

@@ -127,10 +127,12 @@ pub struct AgentArgs {
     /// ingress program instead).
     #[arg(long, value_enum, default_value_t = XdpMode::Auto)]
     pub xdp_mode: XdpMode,
-    /// How new flows from outside the node pick a backend when the Service
-    /// has no `switchboard.io/lb-algorithm` annotation: `random`, `maglev`
-    /// (consistent hashing of the 5-tuple: every node picks alike) or
-    /// `source-hash` (by client address).
+    /// How new flows pick a backend when the Service has no
+    /// `switchboard.io/lb-algorithm` annotation: `random`; for flows from
+    /// outside the node `maglev` (consistent hashing of the 5-tuple: every
+    /// node picks alike) or `source-hash` (by client address); for every
+    /// new flow, per node, `round-robin` (in turn) or `least-conn` (the
+    /// less loaded of two random backends by open flows).
     #[arg(long, value_enum, default_value_t = LbAlgorithm::Random)]
     pub lb_algorithm: LbAlgorithm,
     /// How flows from outside reach a backend on another node: `snat`

@@ -25,6 +25,7 @@ use proxy_common::{
 
 use crate::{
     family::Family,
+    lb::sched,
     maps::SB_CLOCK_V1,
     packet::{FlowOf, Words, TCP_FLAG_ACK, TCP_FLAG_FIN, TCP_FLAG_RST, TCP_FLAG_SYN},
 };
@@ -100,12 +101,36 @@ pub(crate) fn insert_pair<A: Family>(
     reply_nat: (A, u16),
     reply_snat: (A, u16),
 ) -> Result<(), NotTracked> {
+    // Counted before the entry exists, so a removal racing the insert
+    // never takes off a flow not yet added.
+    let counted = entry.flags & ct_flags::COUNTED != 0;
+    let backend_id = entry.backend_id;
+    if counted {
+        sched::flow_opened(backend_id);
+    }
+    let result = insert_both(fwd_key, reply_key, entry, reply_nat, reply_snat);
+    if counted && result.is_err() {
+        sched::flow_closed(backend_id);
+    }
+    result
+}
+
+/// [`insert_pair`]'s inserts; the reply entry is never counted.
+#[inline(always)]
+fn insert_both<A: Family>(
+    fwd_key: &CtKeyOf<A>,
+    reply_key: &CtKeyOf<A>,
+    entry: &mut CtEntryOf<A>,
+    reply_nat: (A, u16),
+    reply_snat: (A, u16),
+) -> Result<(), NotTracked> {
     with_room::<CtKeyOf<A>>(|| insert(fwd_key, entry, 0))?;
     (entry.nat_addr_be, entry.nat_port_be) = reply_nat;
     (entry.snat_addr_be, entry.snat_port_be) = reply_snat;
+    entry.flags &= !ct_flags::COUNTED;
     if let Err(why) = with_room::<CtKeyOf<A>>(|| insert(reply_key, entry, 0)) {
         // Best effort: should it fail, the agent's collector removes the
-        // orphan.
+        // orphan (the caller takes the flow off the count).
         let _ = A::conntrack().remove(fwd_key);
         return Err(why);
     }
@@ -128,6 +153,9 @@ pub(crate) trait Table: Copy {
     /// established ([`established`]).
     fn evictable(pair: &KeyPair<Self>) -> bool;
     fn remove(&self);
+    /// Takes the flow of this (forward) key off its backend's open flows,
+    /// if it is counted there ([`Entry::uncount`]).
+    fn uncount(&self);
 }
 
 /// One family's connection-tracking entry: how it is written to its table,
@@ -143,6 +171,13 @@ pub(crate) trait Entry: Sized {
     /// `entry` is a value pointer the table's lookup returned, valid for
     /// this program run.
     unsafe fn fields(entry: *mut Self) -> Fields;
+    /// Takes the flow off its backend's open flows if this entry counts it
+    /// ([`ct_flags::COUNTED`]), clearing the bit: of several CPUs ending one
+    /// flow at once, one takes it off.
+    ///
+    /// # Safety
+    /// As for [`Entry::fields`].
+    unsafe fn uncount(entry: *mut Self);
 }
 
 /// Pointers to the fields of an entry that packets update in place.
@@ -169,6 +204,17 @@ impl<A: Family> Entry for CtEntryOf<A> {
                 flags: core::ptr::addr_of_mut!((*entry).flags),
                 last_seen_ns: core::ptr::addr_of_mut!((*entry).last_seen_ns),
                 created_ns: core::ptr::addr_of_mut!((*entry).created_ns),
+            }
+        }
+    }
+    #[inline(always)]
+    unsafe fn uncount(entry: *mut Self) {
+        // SAFETY: the caller's guarantee; the flags byte's 8-byte word lies
+        // inside the entry (it starts at the 8-aligned `nat_addr_be` of an
+        // IPv4 entry, at `nat_port_be` of an IPv6 one).
+        unsafe {
+            if sched::take_counted(entry.cast::<u8>(), core::mem::offset_of!(Self, flags)) {
+                sched::flow_closed((*entry).backend_id);
             }
         }
     }
@@ -211,6 +257,13 @@ impl<A: Family> Table for CtKeyOf<A> {
     fn remove(&self) {
         // Already gone is as good as removed.
         let _ = A::conntrack().remove(self);
+    }
+    #[inline(always)]
+    fn uncount(&self) {
+        if let Some(entry) = A::conntrack().get_ptr_mut(self) {
+            // SAFETY: a value the lookup just returned.
+            unsafe { CtEntryOf::<A>::uncount(entry) };
+        }
     }
 }
 
@@ -264,6 +317,7 @@ pub(crate) fn make_room<K: Table>() -> bool {
         }
         let evict = K::evictable(pair);
         if evict {
+            pair.forward.uncount();
             pair.reply.remove();
             pair.forward.remove();
         }
@@ -366,6 +420,11 @@ pub(crate) fn mark_closing<E: Entry>(entry: *mut E) {
     // program run; the only concurrent writes set the same bit (or the same
     // kind of time stamp, which only dates the close).
     unsafe {
+        // The flow leaves its backend's open flows at its first FIN or RST
+        // (IPVS counts a closing connection as inactive). Before the plain
+        // write of the flags below, which then reads the bit cleared and
+        // cannot write it back.
+        E::uncount(entry);
         let f = E::fields(entry);
         if *f.flags & ct_flags::CLOSING == 0 {
             *f.flags |= ct_flags::CLOSING;

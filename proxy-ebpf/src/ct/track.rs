@@ -4,6 +4,7 @@
 //! works in the family's [`Work`]: the packet's key in `w.key`, the entry
 //! found or written in `w.entry`, the other direction's key in `w.key2`.
 use crate::{
+    ct::Entry as _,
     family::{Family, Work},
     lb::backend_is_live,
     maps::{count, count_service},
@@ -68,18 +69,28 @@ pub(crate) fn tracked<A: Family>(w: &mut Work<A>, service_id: u32) -> bool {
     let Some(entry_ptr) = lookup(w) else {
         return false;
     };
-    if w.entry.service_id != service_id {
-        return false;
-    }
-    if w.flow.opens_connection() && w.entry.flags & ct_flags::CLOSING != 0 {
+    let closed = w.flow.opens_connection() && w.entry.flags & ct_flags::CLOSING != 0;
+    if w.entry.service_id != service_id || closed {
+        ends(entry_ptr);
         return false;
     }
     note_forward(w, entry_ptr);
     if backend_live(w) {
         return true;
     }
+    ends(entry_ptr);
     count(stat::CT_RESELECTED);
     false
+}
+
+/// The tracked flow of forward entry `entry_ptr` ends: a new flow's entries
+/// replace its own, so it leaves its backend's open flows if it counts
+/// there (a closed flow has left them already).
+#[inline(always)]
+fn ends<A: Family>(entry_ptr: *mut CtEntryOf<A>) {
+    // SAFETY: a value the conntrack lookup just returned, valid for this
+    // program run.
+    unsafe { CtEntryOf::<A>::uncount(entry_ptr) };
 }
 
 /// The service of the tracked flow the packet of `w.key` (forward)
@@ -242,12 +253,15 @@ impl Source {
 /// flow, the client the destination is restored to). A full table is the
 /// caller's to act on ([`TableFull`]: drop); any other failed insert is
 /// counted and the packet still forwarded (the next packet picks again).
+/// `counted`: the flow is one of its backend's open flows
+/// ([`ct_flags::COUNTED`], least-connection frontends).
 #[inline(always)]
 pub(crate) fn track<A: Family>(
     w: &mut Work<A>,
     backend_id: u32,
     service_id: u32,
     source: Source,
+    counted: bool,
 ) -> Result<(), TableFull> {
     let now = crate::ct::now_ns();
     let flow = &w.flow;
@@ -266,7 +280,7 @@ pub(crate) fn track<A: Family>(
     e.service_id = service_id;
     set(&mut e.nat_addr_be, &w.backend.addr_be);
     e.nat_port_be = w.backend.port_be;
-    e.flags = source.flags();
+    e.flags = source.flags() | if counted { ct_flags::COUNTED } else { 0 };
     e.state = 0;
     (e.snat_addr_be, e.snat_port_be) = snat;
     e._pad2 = [0; 2];

@@ -7,6 +7,8 @@
 //! what it did before IPv6 existed. The socket layer and the tc and XDP
 //! programs of both families use the same functions.
 
+pub mod sched;
+
 use aya_ebpf::{
     btf_maps::LruHashMap,
     helpers::{bpf_get_prandom_u32, bpf_ktime_get_ns},
@@ -253,7 +255,8 @@ fn affinity_backend<F: SlotKey, K>(
     Some((backend_id, backend, slot))
 }
 
-/// Picks a backend at random among the frontend's slots `1..=backend_count`.
+/// Picks a backend among the frontend's slots `1..=backend_count`: at
+/// random, or by the frontend's per-node scheduler ([`sched`]).
 #[inline(always)]
 fn pick_backend<F: SlotKey>(
     mut key: F,
@@ -263,10 +266,31 @@ fn pick_backend<F: SlotKey>(
     if count == 0 {
         return None;
     }
-    // SAFETY: a helper without preconditions.
-    let random = unsafe { bpf_get_prandom_u32() };
-    key.set_slot((random % count) as u16 + 1);
+    let slot = match svc.flags & frontend_flags::PICK_MASK {
+        frontend_flags::PICK_ROUND_ROBIN => match sched::round_robin(svc.service_id, count) {
+            Some(turn) => turn as u16 + 1,
+            None => random_slot(count),
+        },
+        frontend_flags::PICK_LEAST_CONN => sched::least_conn(key, count)?,
+        _ => random_slot(count),
+    };
+    key.set_slot(slot);
     let backend_id = key.lookup()?.backend_id;
     let backend = F::backend(backend_id)?;
     Some((backend_id, backend, key.slot()))
+}
+
+/// A slot in `1..=count` at random (`count > 0`).
+#[inline(always)]
+fn random_slot(count: u32) -> u16 {
+    // SAFETY: a helper without preconditions.
+    let random = unsafe { bpf_get_prandom_u32() };
+    (random % count) as u16 + 1
+}
+
+/// Whether the flows of frontend `svc` count among their backends' open
+/// flows ([`proxy_common::ct_flags::COUNTED`]).
+#[inline(always)]
+pub fn counts_flows(svc: &FrontendSlot) -> bool {
+    svc.flags & frontend_flags::PICK_MASK == frontend_flags::PICK_LEAST_CONN
 }

@@ -123,7 +123,7 @@ pub(crate) fn arrived<A: UplinkFamily>(u: &mut Up<A>) -> Result<Out, NotTranslat
     }
     // The balancing node counts the flow for its service; this node does
     // not know the service (the option names the frontend only).
-    match track(&mut u.s, 0, 0, Source::Arrived) {
+    match track(&mut u.s, 0, 0, Source::Arrived, false) {
         Ok(()) => Ok(Out::Arrived),
         Err(_) => Err(NotTranslated::Drop(stat::CT_FULL)),
     }
@@ -172,8 +172,9 @@ pub(crate) fn new_direct_flow<A: UplinkFamily>(
     u: &mut Up<A>,
     backend_id: u32,
     service_id: u32,
+    counted: bool,
 ) -> Result<Out, NotTranslated> {
-    if track(&mut u.s, backend_id, service_id, Source::Direct).is_err() {
+    if track(&mut u.s, backend_id, service_id, Source::Direct, counted).is_err() {
         // The table is full: the client retransmits.
         return Err(NotTranslated::Drop(stat::CT_FULL));
     }

@@ -54,7 +54,9 @@ use crate::{
     ct::track::{continued_entry, forward_entry, stale_reply, track, tracked, Source},
     ct::{self, NotTracked},
     family::set_backend,
-    lb::{choose_backend, frontend_key, lookup_frontend, maglev_backend, SlotKey},
+    lb::{
+        choose_backend, counts_flows, frontend_key, lookup_frontend, maglev_backend, sched, SlotKey,
+    },
     maps::{count, count_denied, count_service},
     packet::{set, Skip},
 };
@@ -164,13 +166,21 @@ pub fn classify<A: UplinkFamily>(
             Route::Local => {}
             // Returned directly, the flow needs no address of the uplink.
             Route::Remote | Route::NoAddress if svc.flags & frontend_flags::DIRECT_RETURN != 0 => {
-                return dsr::new_direct_flow(u, id, svc.service_id)
+                return dsr::new_direct_flow(u, id, svc.service_id, counts_flows(&svc))
             }
-            Route::Remote => return new_remote_flow(u, id, svc.service_id),
+            Route::Remote => return new_remote_flow(u, id, svc.service_id, counts_flows(&svc)),
             Route::NoAddress => return Err(NotTranslated::Drop(stat::NO_ROUTE)),
         }
     }
-    if track(&mut u.s, id, svc.service_id, Source::Client).is_err() {
+    if track(
+        &mut u.s,
+        id,
+        svc.service_id,
+        Source::Client,
+        counts_flows(&svc),
+    )
+    .is_err()
+    {
         // The table is full: the client retransmits.
         return Err(NotTranslated::Drop(stat::CT_FULL));
     }
@@ -360,12 +370,13 @@ fn claim_port<A: UplinkFamily>(u: &Up<A>, now: u64) -> Result<bool, NotTracked> 
 /// Records a new flow to a backend on another node (in `u.s.backend`,
 /// forward key in `u.s.key`) with a free port of the SNAT range: the reply
 /// entry is inserted first and only where no flow holds that port yet, so
-/// two flows never share one.
+/// two flows never share one. `counted`: as for [`track`].
 #[inline(always)]
 fn new_remote_flow<A: UplinkFamily>(
     u: &mut Up<A>,
     backend_id: u32,
     service_id: u32,
+    counted: bool,
 ) -> Result<Out, NotTranslated> {
     // SAFETY: a helper without preconditions.
     let start = unsafe { bpf_get_prandom_u32() };
@@ -407,8 +418,17 @@ fn new_remote_flow<A: UplinkFamily>(
         e.nat_port_be = u.s.backend.port_be;
         set(&mut e.snat_addr_be, &u.snat_addr_be);
         e.snat_port_be = port_be;
+        if counted {
+            // Counted before the entry exists, as in `ct::insert_pair`.
+            e.flags |= ct_flags::COUNTED;
+            sched::flow_opened(backend_id);
+        }
         let (fwd, reply) = (&u.s.key, &u.s.key2);
-        match ct::with_room::<proxy_common::CtKeyOf<A>>(|| ct::insert(fwd, &u.s.entry, 0)) {
+        let inserted = ct::with_room::<proxy_common::CtKeyOf<A>>(|| ct::insert(fwd, &u.s.entry, 0));
+        if counted && inserted.is_err() {
+            sched::flow_closed(backend_id);
+        }
+        match inserted {
             Ok(()) => {
                 count_service(service_id, |s| s.new_flows += 1);
                 ct::remember(fwd, reply);

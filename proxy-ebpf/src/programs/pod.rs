@@ -40,7 +40,7 @@
 use crate::{
     ct::track::{continued, forward_entry, stale_reply, track, tracked, Source},
     family::{set_backend, Family, Work},
-    lb::{choose_backend, frontend_key, lookup_frontend},
+    lb::{choose_backend, counts_flows, frontend_key, lookup_frontend},
     maps::{count, count_denied, count_service},
     packet::{
         ctx::{parse_ipv4, ptr_at},
@@ -242,7 +242,7 @@ fn new_flow<A: PodFamily>(ctx: &TcContext, w: &mut Work<A>) -> Result<i32, Skip>
             true => Source::Hairpin,
             false => Source::Client,
         };
-        if track(w, id, svc.service_id, source).is_err() {
+        if track(w, id, svc.service_id, source, counts_flows(&svc)).is_err() {
             // The table is full: the client retransmits.
             return drop_counted(stat::CT_FULL);
         }

@@ -24,7 +24,7 @@ use crate::socklb::Verdict;
 use crate::socklb::ALLOW;
 use crate::socklb::{AF_INET, AF_INET6};
 use crate::{
-    lb::{backend_is_live, frontend_key, lookup_frontend},
+    lb::{backend_is_live, counts_flows, frontend_key, lookup_frontend, sched},
     maps::{config, count},
 };
 use aya_ebpf::{
@@ -55,8 +55,13 @@ fn connect<A: SockFamily>(ctx: &SockAddrContext, dst: &SockAddr<A>) -> Verdict<A
     // A TCP socket keeps its frontend itself; a connected UDP socket (of
     // the node) in the socket map, where the agent finds it when its
     // backend leaves.
+    let cookie = socket_cookie(ctx);
     if dst.proto != proto::TCP || !remember_conn(ctx, dst, &picked) {
-        remember_reverse(socket_cookie(ctx), dst, &picked);
+        remember_reverse(cookie, dst, &picked);
+    }
+    if counts_flows(&svc) {
+        // A connected socket is one of its backend's open flows.
+        sched::socket_opened(cookie, picked.backend_id);
     }
     count(stat::SOCK_CONNECT);
     Verdict::To(picked)
@@ -252,6 +257,10 @@ pub fn release(ctx: &SockContext) -> i32 {
         return ALLOW;
     };
     if proto == proto::TCP {
+        // Least-connection: a TCP socket that counted on a backend leaves
+        // it (the cookie and one lookup, a miss for every other socket).
+        // SAFETY: the helper accepts a `sock_release` context (Linux 5.10+).
+        sched::socket_closed(unsafe { bpf_get_socket_cookie(ctx.as_ptr()) });
         return ALLOW;
     }
     let removed = match family {
@@ -285,13 +294,17 @@ pub fn release(ctx: &SockContext) -> i32 {
     ALLOW
 }
 
-/// Removes the closing socket's reverse entry for the backend `addr_be:port_be`.
+/// Removes the closing socket's reverse entry for the backend `addr_be:port_be`,
+/// and takes it off least-connection's counts if it was on them.
 /// Most closing sockets were never balanced: a missing key is the rule, and
 /// there is nothing else to do about it.
 #[inline(always)]
 fn forget<A: SockFamily>(ctx: &SockContext, addr_be: A, port_be: u16, proto: u8) -> bool {
     // SAFETY: the helper accepts a `sock_release` context (Linux 5.10+).
     let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
+    // Least-connection: a socket that counted on a backend leaves it (one
+    // lookup, a miss for every other socket).
+    sched::socket_closed(cookie);
     let at = SockAddr {
         addr_be,
         port_be,

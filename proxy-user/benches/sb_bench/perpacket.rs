@@ -30,6 +30,8 @@ use serde_json::{json, Value};
 use crate::common::*;
 use crate::progress;
 
+#[path = "perpacket/schedulers.rs"]
+mod schedulers;
 #[path = "perpacket/v6.rs"]
 mod v6;
 
@@ -491,6 +493,12 @@ pub(crate) fn perpacket(quick: bool) -> Result<Value> {
                 "new-flow case created {} flows, expected {singles}",
                 new_after - new_before
             );
+            // The same under each per-node scheduler, next to random.
+            let by_algorithm =
+                schedulers::new_flow_costs(&mut pp, &desired, singles, &mut next_sport)?;
+            progress(&format!(
+                "perpacket: {services} services, {backends} backends/target: single-shot new flow by algorithm {by_algorithm}"
+            ));
             let hit_single = measure_single(
                 tc(&mut pp.ebpf, programs::TC_FROM_POD)?,
                 (0..singles).map(|_| existing.clone()),
@@ -526,6 +534,7 @@ pub(crate) fn perpacket(quick: bool) -> Result<Value> {
                 "to_pod_quiet_ns": to_pod_quiet,
                 "single_shot": {
                     "from_pod_service_new_ns": new_flow,
+                    "from_pod_service_new_by_algorithm_ns": by_algorithm,
                     "from_pod_service_existing_ns": hit_single,
                     "empty_tc_ns": empty_single,
                 },
@@ -533,9 +542,13 @@ pub(crate) fn perpacket(quick: bool) -> Result<Value> {
         }
     }
     let ipv6 = v6::measure(&mut pp, sizes, repeat, rounds, empty_repeat)?;
+    // Last: it replaces every frontend with its own.
+    let balance = schedulers::balance(&mut pp)?;
+    progress(&format!("perpacket: scheduler balance {balance}"));
     Ok(json!({
         "kind": "perpacket",
         "ipv6": ipv6,
+        "scheduler_balance": balance,
         "repeat": repeat,
         "rounds": rounds,
         "single_shot_samples": singles,

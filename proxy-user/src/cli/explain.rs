@@ -11,7 +11,8 @@
 //! 4. from outside, Maglev or source hash through the Service's table;
 //! 5. `sessionAffinity: ClientIP`: the client's remembered backend while it
 //!    is valid;
-//! 6. otherwise a random slot.
+//! 6. otherwise a slot by the frontend's per-node scheduler (round-robin,
+//!    least-conn) or a random one.
 use std::{
     collections::HashMap,
     fmt::Write as _,
@@ -29,7 +30,7 @@ use serde::Serialize;
 use super::{hooks, Common, Done, Output};
 use crate::{
     dataplane::{maps::PinnedMaps, pins::Pins},
-    model::IpFamily,
+    model::{IpFamily, LbAlgorithm},
     node::status::UnprogrammedService,
     sync::encode::{backend_addr, revnat_name, AnyBackend, AnyFrontendKey},
     sync::store::MapStore as _,
@@ -175,6 +176,8 @@ pub struct Explanation {
     pub service_id: Option<u32>,
     /// ClusterIP, NodePort, LoadBalancer, ExternalIP.
     pub kind: Option<&'static str>,
+    /// How the frontend's new flows pick a backend.
+    pub algorithm: Option<LbAlgorithm>,
     /// The backend set this flow picks from.
     pub backend_set: Vec<String>,
     pub verdict: Verdict,
@@ -515,6 +518,7 @@ pub fn explain(view: &View, query: &Query) -> Explanation {
         service: None,
         service_id: None,
         kind: None,
+        algorithm: None,
         backend_set: Vec::new(),
         verdict: Verdict::NotHandled,
         backend: None,
@@ -536,6 +540,7 @@ pub fn explain(view: &View, query: &Query) -> Explanation {
     );
     e.service_id = Some(head.service_id);
     e.kind = Some(kind_name(head.flags));
+    e.algorithm = Some(LbAlgorithm::of_flags(head.flags));
     e.reasons.push(format!(
         "frontend {target} is {} {} of Service {} (id {})",
         a_or_an(kind_name(head.flags)),
@@ -572,10 +577,20 @@ pub fn explain(view: &View, query: &Query) -> Explanation {
     if set.flags & ff::AFFINITY_CLIENT_IP != 0 && affinity(view, query, &set_key, &set, &mut e) {
         return e;
     }
-    e.reasons.push(format!(
-        "the first packet of each new flow picks one of the {} backends at random",
-        set.backend_count
-    ));
+    e.reasons.push(match LbAlgorithm::of_flags(head.flags) {
+        LbAlgorithm::RoundRobin => format!(
+            "round-robin: each new flow takes the next of the {} backends in turn (one turn counter per Service port on this node, shared by its CPUs)",
+            set.backend_count
+        ),
+        LbAlgorithm::LeastConn => format!(
+            "least-conn: each new flow picks two of the {} backends at random and takes the one with fewer open flows on this node",
+            set.backend_count
+        ),
+        _ => format!(
+            "the first packet of each new flow picks one of the {} backends at random",
+            set.backend_count
+        ),
+    });
     if query.scope == Scope::Internal {
         e.reasons.push("sockets in the node's own namespace are balanced at connect()/sendmsg() by the socket layer, the same way".into());
     }
@@ -966,6 +981,9 @@ pub fn render(e: &Explanation) -> String {
             "Service:   {service} ({kind}, id {})",
             e.service_id.unwrap_or(0)
         );
+        if let Some(algorithm) = e.algorithm {
+            let _ = writeln!(out, "Algorithm: {}", algorithm.as_str());
+        }
         let set = if e.backend_set.is_empty() {
             "(none)".to_owned()
         } else {
@@ -1250,6 +1268,31 @@ mod tests {
             (hash::source_hash(u32::from_ne_bytes(src.octets())) % capacity::MAGLEV_TABLE) % 3 + 1;
         let e = explain(&v, &query(t, Some((src, None)), Scope::External));
         assert_eq!(e.backend, Some(format!("10.244.{id}.2:8080")));
+    }
+
+    #[test]
+    fn the_per_node_schedulers_are_named_and_explained() {
+        let t = target("10.96.0.10:80");
+        let src = Ipv4Addr::new(10, 244, 9, 9);
+        for (flags, name, how) in [
+            (ff::PICK_ROUND_ROBIN, "round-robin", "in turn"),
+            (ff::PICK_LEAST_CONN, "least-conn", "fewer open flows"),
+        ] {
+            let v = view(&t, 3, flags | ff::KIND_LOAD_BALANCER);
+            for scope in [Scope::Internal, Scope::External] {
+                let e = explain(&v, &query(t, Some((src, Some(40000))), scope));
+                assert_eq!(
+                    (e.verdict, e.backend.as_deref()),
+                    (Verdict::Forwarded, None)
+                );
+                assert!(
+                    e.reasons.iter().any(|r| r.contains(how)),
+                    "{name}: {:?}",
+                    e.reasons
+                );
+                assert!(render(&e).contains(&format!("Algorithm: {name}")));
+            }
+        }
     }
 
     #[test]

@@ -6,6 +6,7 @@ use crate::dataplane::{
     pins::MapsError,
     readout::{read_services, ServiceRow},
 };
+use crate::model::LbAlgorithm;
 
 /// `address:port`, an IPv6 address in brackets (`[fd00::1]:80`), as
 /// Kubernetes prints them.
@@ -80,6 +81,9 @@ fn attributes(row: &ServiceRow) -> String {
     }
     if let Some(timeout) = row.affinity_timeout_s {
         notes.push(format!("ClientIP affinity {timeout}s"));
+    }
+    if row.algorithm != LbAlgorithm::Random {
+        notes.push(format!("lb-algorithm {}", row.algorithm.as_str()));
     }
     notes.join(", ")
 }
@@ -251,8 +255,10 @@ mod tests {
         let mut r = row("demo/empty", 0);
         r.affinity_timeout_s = Some(10800);
         r.local_only = true;
+        r.algorithm = LbAlgorithm::LeastConn;
         let text = render_table(&[r]);
         assert!(text.contains("(none: packets are dropped)"));
+        assert!(text.contains("lb-algorithm least-conn"), "{text}");
         assert!(text.contains("this node's endpoints only"));
         let mut lb = row("demo/lb", 1);
         lb.kind = "LoadBalancer";

@@ -61,7 +61,10 @@ use proxy_common::{
 use serde::{Deserialize, Serialize};
 use tracing::{debug, warn};
 
-use crate::dataplane::pins::{MapsError, Pins};
+use crate::dataplane::{
+    openflows::{self, LeastConnMaps, OpenFlowMetrics, Tally},
+    pins::{MapsError, Pins},
+};
 
 /// How long an entry whose partner is missing may stay idle.
 pub const ORPHAN_GRACE: Duration = Duration::from_secs(10);
@@ -485,20 +488,32 @@ pub fn collect<K: Key>(
     now_ns: u64,
     t: &Timeouts,
 ) -> std::io::Result<Pass> {
+    collect_tallied(table, now_ns, t, &mut Tally::default())
+}
+
+/// [`collect`], noting in `tally` the flows counted for least-connection
+/// ([`ct_flags::COUNTED`]) it removed and those it kept
+/// ([`crate::dataplane::openflows`]).
+pub fn collect_tallied<K: Key>(
+    table: &mut impl CtTable<K>,
+    now_ns: u64,
+    t: &Timeouts,
+    tally: &mut Tally,
+) -> std::io::Result<Pass> {
     let all: StdHashMap<K, K::Entry> = table.read_all()?.into_iter().collect();
     let mut pass = Pass {
         entries: all.len(),
         deleted: 0,
     };
     for flow in flows(&all) {
-        if !judge(&flow, |k| all.get(k).copied(), now_ns, t) {
-            continue;
-        }
-        if !judge(&flow, |k| table.get(k), now_ns, t) {
-            continue;
-        }
+        let expired = judge(&flow, |k| all.get(k).copied(), now_ns, t)
+            && judge(&flow, |k| table.get(k), now_ns, t);
         for key in flow.keys() {
-            pass.deleted += usize::from(table.remove(&key));
+            let removed = expired && table.remove(&key);
+            pass.deleted += usize::from(removed);
+            if let Some(entry) = all.get(&key) {
+                tally.note(&key, entry, removed);
+            }
         }
     }
     Ok(pass)
@@ -551,6 +566,8 @@ pub struct GcMetrics {
     deleted: Family<FamilyLabel, Counter>,
     fill: Family<FamilyLabel, Gauge<f64, AtomicU64>>,
     duration: Family<FamilyLabel, Histogram, fn() -> Histogram>,
+    /// Least-connection's counts, reconciled after each pass.
+    open_flows: OpenFlowMetrics,
 }
 
 impl Default for GcMetrics {
@@ -559,12 +576,14 @@ impl Default for GcMetrics {
             deleted: Family::default(),
             fill: Family::default(),
             duration: Family::new_with_constructor(duration_histogram),
+            open_flows: OpenFlowMetrics::default(),
         }
     }
 }
 
 impl GcMetrics {
     pub fn register(&self, registry: &mut Registry) {
+        self.open_flows.register(registry);
         registry.register(
             "switchboard_conntrack_gc_deleted",
             "Connection-tracking entries the agent's collector removed (expired flows and orphans), by address family",
@@ -671,9 +690,10 @@ where
     }
 
     /// One pass; how full the table was (`None`: it could not be read).
-    fn pass(&mut self, timeouts: &Timeouts, metrics: &GcMetrics) -> Option<f64> {
+    /// Counted flows removed and kept are added to `tally`.
+    fn pass(&mut self, timeouts: &Timeouts, metrics: &GcMetrics, tally: &mut Tally) -> Option<f64> {
         let started = Instant::now();
-        match collect(&mut self.table, monotonic_ns(), timeouts) {
+        match collect_tallied(&mut self.table, monotonic_ns(), timeouts, tally) {
             Ok(pass) => {
                 let took = started.elapsed();
                 metrics.observe(K::FAMILY, &pass, self.capacity, took);
@@ -698,15 +718,22 @@ where
 /// `pin_root` (open them after any resize has finished: the pin is what
 /// the programs use): the IPv4 table (`SB_CT_V5`) and the IPv6 one
 /// (`SB_CT6_V1`), both created by the loader. It runs until the process
-/// exits.
-pub fn spawn(pin_root: &Path, timeouts: Timeouts, metrics: GcMetrics) -> Result<(), GcError> {
+/// exits. After each pass it settles least-connection's counts
+/// (`open_flows`: the loaded object's `SB_LC_V1` and `SB_LC_SOCK_V1`,
+/// which are not pinned).
+pub fn spawn(
+    pin_root: &Path,
+    timeouts: Timeouts,
+    metrics: GcMetrics,
+    open_flows: LeastConnMaps,
+) -> Result<(), GcError> {
     let pins = Pins::new(pin_root);
     let v4 = Tracked::new(pins, names::CONNTRACK, pins.conntrack())?;
     let v6 = Tracked::new(pins, names::CONNTRACK6, pins.conntrack6())?;
     let stats = pins.stats()?;
     std::thread::Builder::new()
         .name("conntrack-gc".into())
-        .spawn(move || run(v4, v6, &stats, &timeouts, &metrics))
+        .spawn(move || run((v4, v6), open_flows, &stats, &timeouts, &metrics))
         .map_err(GcError::Spawn)?;
     Ok(())
 }
@@ -720,16 +747,36 @@ fn ct_full(stats: &PerCpuArray<MapData, u64>) -> u64 {
 }
 
 fn run(
-    mut v4: Tracked<CtKey>,
-    mut v6: Tracked<CtKey6>,
+    (mut v4, mut v6): (Tracked<CtKey>, Tracked<CtKey6>),
+    mut open_flows: LeastConnMaps,
     stats: &PerCpuArray<MapData, u64>,
     timeouts: &Timeouts,
     metrics: &GcMetrics,
 ) {
     let mut refused = ct_full(stats);
+    let mut last_drift = None;
     loop {
         let started = Instant::now();
-        let fills = [v4.pass(timeouts, metrics), v6.pass(timeouts, metrics)];
+        let (mut tally, mut tally6) = (Tally::default(), Tally::default());
+        let fills = [
+            v4.pass(timeouts, metrics, &mut tally),
+            v6.pass(timeouts, metrics, &mut tally6),
+        ];
+        // Settled only over a whole view: a table not read would look like
+        // drift.
+        let sockets: Result<Vec<u32>, _> = open_flows
+            .sockets
+            .iter()
+            .map(|entry| entry.map(|(_, id)| id))
+            .collect();
+        if let (true, Ok(sockets)) = (fills.iter().all(Option::is_some), sockets) {
+            tally.merge(tally6);
+            tally.note_sockets(sockets);
+            match openflows::settle(&mut open_flows.counts, &tally, &mut last_drift) {
+                Ok(settled) => metrics.open_flows.observe(&settled),
+                Err(error) => warn!(%error, "reading least-connection's open-flow counts failed"),
+            }
+        }
         let took = started.elapsed();
         let wait = next_interval_after(&fills, took);
         // Sleep in steps, ending early when a table refused a flow (the

@@ -204,6 +204,11 @@ fn load_with(
     for (name, _, size) in sized_maps(caps) {
         loader.map_max_entries(name, size);
     }
+    // Not pinned, so never resized: sized at each load like the maps they
+    // are indexed alongside.
+    loader.map_max_entries(names::ROUND_ROBIN, caps.service_stats_entries());
+    loader.map_max_entries(names::OPEN_FLOWS, caps.backends);
+    loader.map_max_entries(names::OPEN_SOCKETS, caps.conntrack);
     for (name, path) in &pins {
         loader.map_pin_path(name, path.as_path());
     }

@@ -10,7 +10,7 @@ use serde::Serialize;
 
 use crate::{
     dataplane::maps::PinnedMaps,
-    model::{FrontendAddr, IpFamily},
+    model::{FrontendAddr, IpFamily, LbAlgorithm},
     sync::{
         encode::{backend_addr, frontend_addr, revnat_name, AnyBackend, AnyFrontendKey, AnyRevNat},
         store::{Dump, MapStore as _},
@@ -36,6 +36,9 @@ pub struct ServiceRow {
     pub terminating_fallback: bool,
     /// `sessionAffinity: ClientIP` timeout (the data path applies it).
     pub affinity_timeout_s: Option<u32>,
+    /// How new flows pick a backend (`switchboard.io/lb-algorithm` or
+    /// `--lb-algorithm`), as slot 0 records it.
+    pub algorithm: LbAlgorithm,
     pub backends: Vec<BackendRow>,
     /// Under `externalTrafficPolicy: Local`: the backends traffic from
     /// outside the node gets (this node's endpoints).
@@ -84,6 +87,7 @@ impl ServiceRow {
             local_only: false,
             terminating_fallback: false,
             affinity_timeout_s: None,
+            algorithm: LbAlgorithm::Random,
             backends,
             external_backends: None,
             missing_backends: 0,
@@ -181,6 +185,7 @@ pub fn rows(
             terminating_fallback: head.flags & ff::TERMINATING_FALLBACK != 0,
             affinity_timeout_s: (head.flags & ff::AFFINITY_CLIENT_IP != 0)
                 .then_some(head.affinity_timeout_s),
+            algorithm: LbAlgorithm::of_flags(head.flags),
             backends: backends_rows,
             external_backends,
             missing_backends: missing,

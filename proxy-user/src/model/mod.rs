@@ -44,7 +44,8 @@ pub const LABEL_HEADLESS: &str = "service.kubernetes.io/headless";
 /// Node label carrying the node's zone, used by topology hints.
 pub const LABEL_TOPOLOGY_ZONE: &str = "topology.kubernetes.io/zone";
 /// Service annotation choosing how traffic from outside the node picks a
-/// backend: `random`, `maglev` or `source-hash` ([`LbAlgorithm`]).
+/// backend: `random`, `maglev`, `source-hash`, `round-robin` or
+/// `least-conn` ([`LbAlgorithm`]).
 pub const ANNOTATION_LB_ALGORITHM: &str = "switchboard.io/lb-algorithm";
 /// `sessionAffinityConfig.clientIP.timeoutSeconds` when absent (3 hours).
 pub const DEFAULT_AFFINITY_TIMEOUT_S: u32 = 10_800;
@@ -278,6 +279,14 @@ pub enum LbAlgorithm {
     /// Maglev's table indexed by the client address alone: a client's flows
     /// all reach one backend, on every node (IPVS `sh`).
     SourceHash,
+    /// Each new flow to the next backend in turn, strictly per node (one
+    /// atomic add on a per-service cursor; IPVS `rr`). Every new flow, the
+    /// node's own included.
+    RoundRobin,
+    /// The less loaded of two random backends by their open flows on this
+    /// node, counted by the data path (IPVS `lc`, without its scan). Every
+    /// new flow, the node's own included.
+    LeastConn,
 }
 
 impl LbAlgorithm {
@@ -287,13 +296,34 @@ impl LbAlgorithm {
             LbAlgorithm::Random => "random",
             LbAlgorithm::Maglev => "maglev",
             LbAlgorithm::SourceHash => "source-hash",
+            LbAlgorithm::RoundRobin => "round-robin",
+            LbAlgorithm::LeastConn => "least-conn",
+        }
+    }
+
+    /// The algorithm slot-0 `flags` record (the inverse of the sync
+    /// engine's encoding).
+    pub fn of_flags(flags: u16) -> Self {
+        use proxy_common::frontend_flags as ff;
+        match (flags & ff::PICK_MASK, flags & ff::ALGO_MASK) {
+            (ff::PICK_ROUND_ROBIN, _) => LbAlgorithm::RoundRobin,
+            (ff::PICK_LEAST_CONN, _) => LbAlgorithm::LeastConn,
+            (_, ff::ALGO_MAGLEV) => LbAlgorithm::Maglev,
+            (_, ff::ALGO_SOURCE_HASH) => LbAlgorithm::SourceHash,
+            _ => LbAlgorithm::Random,
         }
     }
 
     fn from_annotation(value: &str) -> Option<Self> {
-        [Self::Random, Self::Maglev, Self::SourceHash]
-            .into_iter()
-            .find(|a| a.as_str() == value)
+        [
+            Self::Random,
+            Self::Maglev,
+            Self::SourceHash,
+            Self::RoundRobin,
+            Self::LeastConn,
+        ]
+        .into_iter()
+        .find(|a| a.as_str() == value)
     }
 }
 

@@ -358,7 +358,7 @@ impl ServiceBuilder<'_> {
         let algorithm = LbAlgorithm::from_annotation(value);
         if algorithm.is_none() {
             self.warn(format!(
-                "annotation {}: {value:?} is not random, maglev or source-hash; the agent's default is used",
+                "annotation {}: {value:?} is not random, maglev, source-hash, round-robin or least-conn; the agent's default is used",
                 super::ANNOTATION_LB_ALGORITHM
             ));
         }

@@ -380,6 +380,9 @@ pub fn slot_zero_attributes(frontend: &Frontend, defaults: FrontendDefaults) -> 
         LbAlgorithm::Random => frontend_flags::ALGO_RANDOM,
         LbAlgorithm::Maglev => frontend_flags::ALGO_MAGLEV,
         LbAlgorithm::SourceHash => frontend_flags::ALGO_SOURCE_HASH,
+        // Bits 3..=4 stay ALGO_RANDOM: an older data path picks at random.
+        LbAlgorithm::RoundRobin => frontend_flags::PICK_ROUND_ROBIN,
+        LbAlgorithm::LeastConn => frontend_flags::PICK_LEAST_CONN,
     };
     let mut flags = algorithm
         | match frontend.kind {

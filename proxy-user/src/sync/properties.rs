@@ -123,7 +123,9 @@ fn frontend_spec(addr: usize) -> impl Strategy<Value = FrontendSpec> {
             prop_oneof![
                 Just(LbAlgorithm::Random),
                 Just(LbAlgorithm::Maglev),
-                Just(LbAlgorithm::SourceHash)
+                Just(LbAlgorithm::SourceHash),
+                Just(LbAlgorithm::RoundRobin),
+                Just(LbAlgorithm::LeastConn)
             ],
         ),
         proptest::option::weighted(0.2, 1..100u32),
@@ -208,6 +210,15 @@ fn lookups(store: &MemStore) -> Result<BTreeMap<FrontendAddr, Seen>, String> {
         } else {
             None
         };
+        // The per-node schedulers keep bits 3..=4 random (an older data
+        // path picks at random).
+        if head.flags & frontend_flags::PICK_MASK != 0
+            && head.flags & frontend_flags::ALGO_MASK != frontend_flags::ALGO_RANDOM
+        {
+            return Err(format!(
+                "{addr}: a per-node scheduler with a hashing algorithm"
+            ));
+        }
         if head.flags & frontend_flags::ALGO_MASK != frontend_flags::ALGO_RANDOM {
             if let Some(table) = store.maglev.get(&head.service_id) {
                 // Id 0 fills the table of a frontend without backends.

@@ -358,8 +358,17 @@ fn an_agent_finding_no_ipv6_tables_pinned_creates_them() {
     assert_eq!(maps.conntrack6_len(), 0);
     assert_eq!(maps.conntrack_len(), 1, "--family ipv6 leaves IPv4 flows");
 
-    conntrack::spawn(pin_root, Timeouts::default(), GcMetrics::default())
-        .expect("the collector starts");
+    let open_flows = proxy_user::dataplane::openflows::LeastConnMaps {
+        counts: aya::maps::HashMap::create(16, 0).expect("a count map"),
+        sockets: aya::maps::HashMap::create(16, 0).expect("a socket map"),
+    };
+    conntrack::spawn(
+        pin_root,
+        Timeouts::default(),
+        GcMetrics::default(),
+        open_flows,
+    )
+    .expect("the collector starts");
 }
 
 /// `switchboard ARGS --pin-root PIN_ROOT`'s JSON output.

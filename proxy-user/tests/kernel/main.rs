@@ -17,5 +17,6 @@ mod datapath_reject;
 mod datapath_uplink;
 mod datapath_uplink6;
 mod prefilter;
+mod schedulers;
 mod sock6;
 mod sync_kernel;

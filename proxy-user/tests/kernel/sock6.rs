@@ -804,3 +804,64 @@ fn a_frontend_restricted_by_source_ranges_is_left_to_tc_for_pods_and_gated_for_t
         "the node's refused connect is counted"
     );
 }
+
+/// Least-connection's open flows in the loaded object: the counts' sum and
+/// the counted sockets.
+fn least_conn_open(ebpf: &Ebpf) -> (u64, usize) {
+    let counts: HashMap<_, u32, u64> =
+        HashMap::try_from(ebpf.map(names::OPEN_FLOWS).expect("SB_LC_V1")).expect("typed");
+    let sockets: HashMap<_, u64, u32> =
+        HashMap::try_from(ebpf.map(names::OPEN_SOCKETS).expect("SB_LC_SOCK_V1")).expect("typed");
+    (
+        counts.iter().flatten().map(|(_, n)| n).sum(),
+        sockets.keys().flatten().count(),
+    )
+}
+
+/// `least-conn` in the socket layer: a connected socket counts on its
+/// backend until it is closed, so while one is open every new connection
+/// goes to the other backend; closed, nothing stays counted.
+#[test]
+fn least_conn_counts_a_connected_socket_until_it_closes() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut w = world("sock6-lc");
+    {
+        let mut fe6: HashMap<_, FrontendKey6, FrontendSlot> =
+            HashMap::try_from(w.ebpf.map_mut(names::FRONTENDS6).expect("SB_FE6_V1"))
+                .expect("typed");
+        let key = key6(FE6, TCP_PORT, proto::TCP, 0);
+        let mut head = fe6.get(&key, 0).expect("slot 0 of the TCP frontend");
+        head.flags |= frontend_flags::PICK_LEAST_CONN;
+        fe6.insert(key, head, 0).expect("write slot 0");
+    }
+    let frontend = SocketAddr::from((FE6, TCP_PORT));
+    let member = w.cgroup.member();
+    let ebpf = &w.ebpf;
+    let (held_to, while_held, next, after) = in_netns(|| {
+        member.inside(|| {
+            let mut held = TcpStream::connect_timeout(&frontend, Duration::from_secs(2))
+                .unwrap_or_else(|e| panic!("connect {frontend}: {e}"));
+            held.set_read_timeout(Some(Duration::from_secs(2)))
+                .expect("read timeout");
+            let mut held_to = String::new();
+            held.read_to_string(&mut held_to)
+                .expect("the backend answers");
+            let while_held = least_conn_open(ebpf);
+            let next: Vec<String> = (0..ATTEMPTS)
+                .map(|_| {
+                    tcp_once(frontend)
+                        .unwrap_or_else(|e| panic!("connect {frontend}: {e}"))
+                        .0
+                })
+                .collect();
+            drop(held);
+            (held_to, while_held, next, least_conn_open(ebpf))
+        })
+    });
+    assert_eq!(while_held, (1, 1), "the held socket counts once");
+    assert!(
+        next.iter().all(|who| *who != held_to),
+        "new connections avoid {held_to}, which holds one: {next:?}"
+    );
+    assert_eq!(after, (0, 0), "closed sockets count no more");
+}

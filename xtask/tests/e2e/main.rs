@@ -21,6 +21,7 @@ mod e2e_maglev;
 mod e2e_observe;
 mod e2e_ops;
 mod e2e_reject;
+mod e2e_schedulers;
 mod e2e_semantics;
 mod e2e_socketlb;
 mod e2e_upgrade;
