@@ -5,7 +5,7 @@
 use core::{ffi::c_void, mem::size_of};
 
 use aya_ebpf::{
-    helpers::{bpf_skb_load_bytes, bpf_xdp_load_bytes},
+    helpers::{bpf_skb_load_bytes, bpf_xdp_load_bytes, bpf_xdp_store_bytes},
     programs::{TcContext, XdpContext},
 };
 use proxy_common::proto;
@@ -203,6 +203,25 @@ impl LoadBytes for TcContext {
         // `self.skb.skb` is this program's context.
         unsafe { bpf_skb_load_bytes(self.skb.skb as *const c_void, off, dst, len) }
     }
+}
+
+/// Copies `size_of::<T>()` bytes of `src` (stack or map memory) into the
+/// XDP frame at `off` through the store helper, which bounds-checks the
+/// frame itself (and reaches past the linear part of a multi-buffer
+/// frame); `false` if it refused.
+#[inline(always)]
+pub(crate) fn xdp_store<T>(ctx: &XdpContext, off: usize, src: &T) -> bool {
+    // SAFETY: the helper reads exactly `size_of::<T>()` bytes of `src` (it
+    // never writes them); `ctx.ctx` is this program's context.
+    let ret = unsafe {
+        bpf_xdp_store_bytes(
+            ctx.ctx,
+            off as u32,
+            src as *const T as *mut c_void,
+            size_of::<T>() as u32,
+        )
+    };
+    ret == 0
 }
 
 impl LoadBytes for XdpContext {

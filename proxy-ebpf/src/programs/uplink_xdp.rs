@@ -22,11 +22,11 @@
 //! `bpf_xdp_load_bytes`/`bpf_xdp_store_bytes` for a field past the frame's
 //! linear part (its TCP/UDP header lies after a variable run of extension
 //! headers, which the parser walks with the load helper).
-use core::{ffi::c_void, mem::size_of};
+use core::ffi::c_void;
 
 use aya_ebpf::{
     bindings::{xdp_action, BPF_FIB_LKUP_RET_SUCCESS},
-    helpers::{bpf_redirect, bpf_xdp_store_bytes},
+    helpers::bpf_redirect,
     programs::XdpContext,
 };
 use proxy_common::{proto, stat, tail, Addr6Be};
@@ -36,7 +36,7 @@ use crate::{
     nodeport::{cached_route, classify, dsr, NotTranslated, Out, Up, UplinkFamily},
     packet::{
         csum_replace2, csum_replace4,
-        ctx::{parse_ipv4, ptr_at},
+        ctx::{parse_ipv4, ptr_at, xdp_store},
         set,
         v6::{
             csum_replace16, load, parse6, ETH_P_IPV6_BE, IP6_DADDR_OFF, IP6_HOP_LIMIT_OFF,
@@ -418,23 +418,11 @@ fn write<T: Words>(ctx: &XdpContext, off: usize, value: &T) -> Result<(), StoreF
     store(ctx, off, value)
 }
 
-/// Copies `size_of::<T>()` bytes of `src` (stack or map memory) into the
-/// frame at `off`.
+/// [`xdp_store`], its refusal as [`StoreFailed`].
 #[inline(always)]
 fn store<T>(ctx: &XdpContext, off: usize, src: &T) -> Result<(), StoreFailed> {
-    // SAFETY: the helper reads exactly `size_of::<T>()` bytes of `src`, and
-    // bounds-checks the frame itself; `ctx.ctx` is this program's context.
-    let ret = unsafe {
-        bpf_xdp_store_bytes(
-            ctx.ctx,
-            off as u32,
-            src as *const T as *mut c_void,
-            size_of::<T>() as u32,
-        )
-    };
-    if ret == 0 {
-        Ok(())
-    } else {
-        Err(StoreFailed)
+    match xdp_store(ctx, off, src) {
+        true => Ok(()),
+        false => Err(StoreFailed),
     }
 }

@@ -71,11 +71,11 @@
 
 pub(crate) mod family;
 
-use core::{ffi::c_void, mem::size_of};
+use core::mem::size_of;
 
 use aya_ebpf::{
     bindings::{xdp_action, TC_ACT_SHOT},
-    helpers::{bpf_redirect, bpf_skb_change_tail, bpf_xdp_adjust_tail, bpf_xdp_store_bytes},
+    helpers::{bpf_redirect, bpf_skb_change_tail, bpf_xdp_adjust_tail},
     programs::{TcContext, XdpContext},
 };
 use proxy_common::{frontend_flags, proto, stat, FrontendSlot};
@@ -86,7 +86,7 @@ use crate::{
     family::Work,
     maps::count,
     packet::{
-        ctx::LoadBytes,
+        ctx::{xdp_store, LoadBytes},
         v6::{load, load_into},
         FlowOf, ETH_HLEN, TCP_FLAG_ACK, TCP_FLAG_FIN, TCP_FLAG_RST, TCP_FLAG_SYN, TCP_HLEN,
     },
@@ -215,20 +215,9 @@ impl AnswerCtx for XdpContext {
     }
     #[inline(always)]
     fn put<T>(&self, off: usize, value: &T) -> Result<(), ()> {
-        // SAFETY: the helper reads exactly `size_of::<T>()` bytes from
-        // `value` (it never writes them); `self.ctx` is this program's
-        // context.
-        let ret = unsafe {
-            bpf_xdp_store_bytes(
-                self.ctx,
-                off as u32,
-                value as *const T as *mut c_void,
-                size_of::<T>() as u32,
-            )
-        };
-        match ret {
-            0 => Ok(()),
-            _ => Err(()),
+        match xdp_store(self, off, value) {
+            true => Ok(()),
+            false => Err(()),
         }
     }
     #[inline(always)]
