@@ -242,11 +242,13 @@ pub fn restore_peer6(ctx: &SockAddrContext) -> i32 {
 /// A UDP socket closes: the entry that maps its backend back to the
 /// frontend goes, so the socket map holds live sockets rather than waiting
 /// for the LRU to push out dead ones. A TCP socket's frontend is in its own
-/// storage, which the kernel frees with it: nothing to do (a TCP socket an
-/// earlier version connected has its entry in the socket map, which the
-/// LRU ages out). An unconnected UDP socket's per-frontend entries cannot
-/// be found from here; the LRU ages them out too. An `AF_INET6` socket
-/// connected to an IPv4-mapped address has its entry in the IPv4 map.
+/// storage, which the kernel frees with it (a TCP socket an earlier version
+/// connected has its entry in the socket map, which the LRU ages out); a
+/// TCP socket only leaves least-connection's count, if it counted on a
+/// backend ([`sched::socket_closed`]). An unconnected UDP socket's
+/// per-frontend entries cannot be found from here; the LRU ages them out
+/// too. An `AF_INET6` socket connected to an IPv4-mapped address has its
+/// entry in the IPv4 map.
 #[inline(always)]
 pub fn release(ctx: &SockContext) -> i32 {
     let sk: *const bpf_sock = ctx.sock;

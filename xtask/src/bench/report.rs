@@ -219,7 +219,7 @@ pub fn write(results: &Value, dir: &Path) -> Result<String> {
             1.3,
         ),
         (
-            "not ours, IPv6: sb_from_pod6, a packet to no frontend, ÷ empty tc program"
+            "not ours, IPv6: sb_from_pod, an IPv6 packet to no frontend, ÷ empty tc program"
                 .to_string(),
             v6_at("from_pod_non_service_ns"),
             empty_tc,
