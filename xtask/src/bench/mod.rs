@@ -583,6 +583,14 @@ enum Target {
     Pods,
     /// Every client to the target Service's ClusterIP and ports.
     Service,
+    /// Client `i` to the Service whose one endpoint is pod `i`: the spread
+    /// of the direct rows, through a Service.
+    PinnedServices,
+    /// Every client to the address all pods share
+    /// ([`Sandbox::add_spread_address`]), on the pods' ports: each
+    /// connection lands on one pod by the node's multipath route, as a
+    /// balancer spreads them, with no Service.
+    Spread,
 }
 
 impl Target {
@@ -592,6 +600,8 @@ impl Target {
             .map(|i| match self {
                 Target::Pods => sandbox::pod_ip(i),
                 Target::Service => workload::TARGET_IP.to_string(),
+                Target::PinnedServices => workload::pinned_ip(i).to_string(),
+                Target::Spread => SPREAD_IP.to_string(),
             })
             .collect()
     }
@@ -599,12 +609,14 @@ impl Target {
     /// HTTP, UDP and bulk ports.
     fn ports(self) -> (u16, u16, u16) {
         match self {
-            Target::Pods => (
+            Target::Pods | Target::Spread => (
                 workload::POD_HTTP_PORT,
                 workload::POD_UDP_PORT,
                 workload::POD_BULK_PORT,
             ),
-            Target::Service => (workload::HTTP_PORT, workload::UDP_PORT, workload::BULK_PORT),
+            Target::Service | Target::PinnedServices => {
+                (workload::HTTP_PORT, workload::UDP_PORT, workload::BULK_PORT)
+            }
         }
     }
 
@@ -619,6 +631,14 @@ impl Target {
             Target::Service => format!(
                 "the Service {}: all clients (ports {http}, {udp}); the stream to :{bulk}",
                 workload::TARGET_IP
+            ),
+            Target::Spread => format!(
+                "{SPREAD_IP}, an address of all three pods: every client, each connection to one pod by the node's multipath route (port {http}; no UDP, which the pods answer from their own addresses); the stream to one of them"
+            ),
+            Target::PinnedServices => format!(
+                "{}–{}: one Service per client, each with one pod as its endpoint (ports {http}, {udp}); the stream to the first",
+                workload::pinned_ip(1),
+                workload::pinned_ip(CLIENTS)
             ),
         }
     }
@@ -662,9 +682,11 @@ struct E2ePath {
 /// Keys of the end-to-end paths in results.json (the report looks them up).
 pub const DIRECT: &str = "direct";
 pub const DIRECT_HOST: &str = "direct_host";
+pub const DIRECT_SPREAD: &str = "direct_spread";
 pub const DIRECT_SW: &str = "direct_switchboard";
 pub const SW_TC: &str = "switchboard";
 pub const SW_SOCK_POD: &str = "socketlb_pod";
+pub const SW_SOCK_PINNED: &str = "socketlb_pod_pinned";
 pub const SW_SOCK_HOST: &str = "socketlb_host";
 pub const IPTABLES: &str = "iptables";
 pub const NFTABLES: &str = "nftables";
@@ -680,13 +702,17 @@ pub const NFTABLES: &str = "nftables";
 /// rejects its SYN (PAWS) and the connection only opens on a SYN retransmit,
 /// a second later. (switchboard itself no longer captures such a connection:
 /// a SYN-ACK meeting a closed flow's entry passes untouched.)
+///
+/// Every other pod client gets a range of the same size, so that a client
+/// port comes round again as often in every row: the server's TIME_WAIT
+/// sockets are met as often, and connect() searches a range as large.
 const TC_LOCAL_PORTS: &str = "32768 46999";
 const SOCKET_LB_LOCAL_PORTS: &str = "47000 60999";
 
 const SOCKET_LB: &str = "switchboard's socket layer (cgroup connect4/sendmsg4/recvmsg4/getpeername4): the backend is chosen once per connect(), packets carry pod addresses and tc leaves them alone";
 
 /// Every end-to-end path, in the order of the first round.
-const PATHS: [E2ePath; 8] = [
+const PATHS: [E2ePath; 10] = [
     E2ePath {
         key: DIRECT,
         label: "direct (pod client)",
@@ -694,7 +720,16 @@ const PATHS: [E2ePath; 8] = [
         client: Client::Pod,
         target: Target::Pods,
         balancer: "none (no Service): the limit for pod clients",
-        local_ports: None,
+        local_ports: Some(SOCKET_LB_LOCAL_PORTS),
+    },
+    E2ePath {
+        key: DIRECT_SPREAD,
+        label: "direct, spread (pod client)",
+        setup: Setup::Direct,
+        client: Client::Pod,
+        target: Target::Spread,
+        balancer: "none (no Service, no NAT): the node's multipath route spreads each client's connections over the three pods by a hash of their ports, as a balancer does; the fair limit for the Service paths",
+        local_ports: Some(SOCKET_LB_LOCAL_PORTS),
     },
     E2ePath {
         key: DIRECT_HOST,
@@ -733,6 +768,15 @@ const PATHS: [E2ePath; 8] = [
         local_ports: Some(SOCKET_LB_LOCAL_PORTS),
     },
     E2ePath {
+        key: SW_SOCK_PINNED,
+        label: "switchboard socket-LB, one pod per client",
+        setup: Setup::Switchboard,
+        client: Client::PodInCgroup,
+        target: Target::PinnedServices,
+        balancer: "switchboard's socket layer, each client to a Service of one backend (its own pod), as in the direct rows: the socket layer's cost apart from spreading each client over three pods",
+        local_ports: Some(SOCKET_LB_LOCAL_PORTS),
+    },
+    E2ePath {
         key: SW_SOCK_HOST,
         label: "switchboard socket-LB (host client)",
         setup: Setup::Switchboard,
@@ -748,7 +792,7 @@ const PATHS: [E2ePath; 8] = [
         client: Client::Pod,
         target: Target::Service,
         balancer: "kube-proxy-style iptables NAT rules in the node namespace (conntrack)",
-        local_ports: None,
+        local_ports: Some(SOCKET_LB_LOCAL_PORTS),
     },
     E2ePath {
         key: NFTABLES,
@@ -757,9 +801,12 @@ const PATHS: [E2ePath; 8] = [
         client: Client::Pod,
         target: Target::Service,
         balancer: "kube-proxy-style nftables NAT rules in the node namespace (conntrack)",
-        local_ports: None,
+        local_ports: Some(SOCKET_LB_LOCAL_PORTS),
     },
 ];
+
+/// The address all pods of the direct sandbox share ([`Target::Spread`]).
+const SPREAD_IP: &str = "10.244.200.1";
 
 /// Clients run in parallel per measurement (wrk and UDP): one per pod.
 const CLIENTS: usize = sandbox::PODS;
@@ -1056,11 +1103,20 @@ fn measure(
         .then(|| sb.agent_pid())
         .flatten();
     let cpu0 = CpuUse::read(agent)?;
+    let profile = Profile::start(path.key, plan.wrk_secs)?;
     let w = wrk(sb, path.client, &urls, plan.wrk_secs)?;
     let cpu = CpuUse::read(agent)?.since(&cpu0);
+    profile.finish()?;
     let c1 = snap()?;
-    let udp_addrs: Vec<String> = hosts.iter().map(|h| format!("{h}:{udp_port}")).collect();
-    let udp = udp(sb, path.client, &bin, &udp_addrs, plan.udp_ms)?;
+    // The pods' UDP echo answers from its own address, not from the shared
+    // one a spread client sent to: no UDP there.
+    let udp = match path.target {
+        Target::Spread => json!({"rate": null, "p99_us": null}),
+        _ => {
+            let addrs: Vec<String> = hosts.iter().map(|h| format!("{h}:{udp_port}")).collect();
+            udp(sb, path.client, &bin, &addrs, plan.udp_ms)?
+        }
+    };
     let c2 = snap()?;
     let bulk_addr = format!("{}:{bulk_port}", hosts[0]);
     let bulk_ms = plan.bulk_ms.to_string();
@@ -1102,6 +1158,41 @@ fn measure(
         "datapath": datapath,
         "cpu": cpu.json(),
     }))
+}
+
+/// `SB_BENCH_PERF=DIR`: a `perf record -a -g` of the whole machine over
+/// each wrk phase, to `DIR/<path>-<n>.data` (for comparing where two paths
+/// spend their CPU with `perf report`); off unless set.
+struct Profile(Option<std::process::Child>);
+
+impl Profile {
+    fn start(key: &str, secs: u32) -> Result<Profile> {
+        let Some(dir) = std::env::var_os("SB_BENCH_PERF") else {
+            return Ok(Profile(None));
+        };
+        let dir = PathBuf::from(dir);
+        fs::create_dir_all(&dir)?;
+        let n = (0..)
+            .find(|n| !dir.join(format!("{key}-{n}.data")).exists())
+            .unwrap_or(0);
+        let out = dir.join(format!("{key}-{n}.data"));
+        let child = Command::new("perf")
+            .args(["record", "-a", "-g", "-F", "499", "-q", "-o"])
+            .arg(&out)
+            .args(["--", "sleep", &secs.to_string()])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .context("starting perf record (SB_BENCH_PERF)")?;
+        Ok(Profile(Some(child)))
+    }
+
+    fn finish(self) -> Result<()> {
+        if let Some(mut child) = self.0 {
+            child.wait().context("perf record")?;
+        }
+        Ok(())
+    }
 }
 
 /// CPU time used, in clock ticks: the machine's, by kind (`/proc/stat`),
@@ -1231,7 +1322,7 @@ fn growth(before: &Value, after: &Value) -> Value {
 fn check_datapath(path: &E2ePath, http: &Value, requests: u64) -> Result<()> {
     let forwarded = http["tc_forwarded"].as_u64().unwrap_or(0);
     let connects = http["sock_connect"].as_u64().unwrap_or(0);
-    let (ok, layer) = if path.target == Target::Pods {
+    let (ok, layer) = if matches!(path.target, Target::Pods | Target::Spread) {
         // No Service: neither layer translates anything.
         (
             connects == 0 && forwarded <= requests / 1000,
@@ -1264,7 +1355,7 @@ fn write_manifests(sb: &Sandbox, count: u32) -> Result<usize> {
     for entry in fs::read_dir(&dir)? {
         fs::remove_file(entry?.path())?;
     }
-    let services = workload::services(count, &pod_ips());
+    let services = workload::e2e_services(count, &pod_ips());
     // Write into a hidden staging name first (the dir source ignores hidden
     // files), then rename, so the agent never reads a half-written file.
     for (name, text) in workload::manifest_files(&services, MANIFESTS_PER_FILE) {
@@ -1418,6 +1509,7 @@ fn e2e_all(
         PATHS.len()
     ));
     let mut direct = Sandbox::new(Setup::Direct.tag())?;
+    direct.add_spread_address(SPREAD_IP)?;
     start_http_pods(&mut direct, sb_http)?;
     let mut sw = Sandbox::new(Setup::Switchboard.tag())?;
     start_http_pods(&mut sw, sb_http)?;
@@ -1447,7 +1539,7 @@ fn e2e_all(
         let mut ipt_s = 0.0;
         let mut nft_s = 0.0;
         for (set, sb) in [(RuleSet::Iptables, &ipt), (RuleSet::Nftables, &nft)] {
-            let services = workload::services(n, &pod_ips());
+            let services = workload::e2e_services(n, &pod_ips());
             let text = set.render(&services);
             let file = sb.dir.join(format!("{}-{n}.rules", set.name()));
             fs::write(&file, &text)?;

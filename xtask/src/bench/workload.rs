@@ -70,7 +70,57 @@ fn nth_ip(base: Ipv4Addr, n: u32) -> Ipv4Addr {
 /// rule after another, so a Service's position matters; the middle is the
 /// average case).
 pub fn services(count: u32, pods: &[Ipv4Addr]) -> Vec<Svc> {
-    let fillers = count.saturating_sub(1);
+    services_with(count, pods, 0)
+}
+
+/// The end-to-end benchmark's Services: [`services`] with, in place of
+/// fillers, one Service per pod whose only endpoint is that pod
+/// ([`pinned_ip`]), for the socket-layer row whose client `i` always reaches
+/// pod `i` as the direct rows do. `count` stays the total from 4 Services up.
+pub fn e2e_services(count: u32, pods: &[Ipv4Addr]) -> Vec<Svc> {
+    let mut all = services_with(count, pods, pods.len() as u32);
+    all.extend(pods.iter().enumerate().map(|(i, &pod)| Svc {
+        namespace: "bench".into(),
+        name: format!("pinned-{}", i + 1),
+        cluster_ip: pinned_ip(i + 1),
+        ports: target_ports(),
+        endpoints: vec![pod],
+    }));
+    all
+}
+
+/// The ClusterIP of the Service whose one endpoint is pod `i` (1-based).
+pub fn pinned_ip(i: usize) -> Ipv4Addr {
+    nth_ip(TARGET_IP, i as u32)
+}
+
+/// The target Service's ports (HTTP, UDP, the bulk stream).
+fn target_ports() -> Vec<Port> {
+    vec![
+        Port {
+            name: "http".into(),
+            port: HTTP_PORT,
+            target: POD_HTTP_PORT,
+            proto: Proto::Tcp,
+        },
+        Port {
+            name: "udp".into(),
+            port: UDP_PORT,
+            target: POD_UDP_PORT,
+            proto: Proto::Udp,
+        },
+        Port {
+            name: "bulk".into(),
+            port: BULK_PORT,
+            target: POD_BULK_PORT,
+            proto: Proto::Tcp,
+        },
+    ]
+}
+
+/// [`services`] with `reserved` fewer fillers (at least the target stays).
+fn services_with(count: u32, pods: &[Ipv4Addr], reserved: u32) -> Vec<Svc> {
+    let fillers = count.saturating_sub(1 + reserved);
     let mut all: Vec<Svc> = (0..fillers)
         .map(|i| Svc {
             namespace: "bench".into(),
@@ -91,26 +141,7 @@ pub fn services(count: u32, pods: &[Ipv4Addr]) -> Vec<Svc> {
         namespace: "bench".into(),
         name: "target".into(),
         cluster_ip: TARGET_IP,
-        ports: vec![
-            Port {
-                name: "http".into(),
-                port: HTTP_PORT,
-                target: POD_HTTP_PORT,
-                proto: Proto::Tcp,
-            },
-            Port {
-                name: "udp".into(),
-                port: UDP_PORT,
-                target: POD_UDP_PORT,
-                proto: Proto::Udp,
-            },
-            Port {
-                name: "bulk".into(),
-                port: BULK_PORT,
-                target: POD_BULK_PORT,
-                proto: Proto::Tcp,
-            },
-        ],
+        ports: target_ports(),
         endpoints: pods.to_vec(),
     };
     let middle = all.len() / 2;

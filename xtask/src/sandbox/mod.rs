@@ -259,6 +259,37 @@ impl Sandbox {
         Ok(())
     }
 
+    /// Gives every pod `addr` as well (on its loopback) and routes `addr`
+    /// from the node over all pods at once: one multipath route whose
+    /// next hop is chosen per flow by a hash of addresses and ports
+    /// (`fib_multipath_hash_policy` 1, set in the node namespace only). Each
+    /// connection to `addr` lands on one pod, as a balancer spreads them,
+    /// with no address translated and no connection tracked.
+    pub fn add_spread_address(&self, addr: &str) -> Result<()> {
+        let node = self.node_ns();
+        self.exec(
+            &node,
+            &[
+                "sh",
+                "-c",
+                "echo 1 > /proc/sys/net/ipv4/fib_multipath_hash_policy",
+            ],
+        )?;
+        let host = format!("{addr}/32");
+        let mut route = vec![
+            "-n".to_string(),
+            node,
+            "route".into(),
+            "add".into(),
+            host.clone(),
+        ];
+        for i in 1..=PODS {
+            ip(&["-n", &self.pod_ns(i), "addr", "add", &host, "dev", "lo"])?;
+            route.extend(["nexthop", "via", &pod_ip(i), "dev", &self.pod_if(i)].map(String::from));
+        }
+        ip(&route.iter().map(String::as_str).collect::<Vec<_>>())
+    }
+
     /// Starts `sb-echo` as pod1..pod3 (TCP 8080, UDP 5353) and waits until
     /// each answers on its own address (TCP, both families: the sandbox is
     /// dual-stack), from the client namespace.
