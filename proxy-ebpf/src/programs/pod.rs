@@ -6,8 +6,10 @@
 //! fragments, ICMP errors, reject) is [`PodFamily`].
 //!
 //! Per packet:
-//! - one a pod sends that is not for a frontend: the parse and one bit of
-//!   the frontend bitmap ([`crate::prefilter`]), no hash lookup;
+//! - one a pod sends that is not for a frontend: its destination read from
+//!   the header as it lies and one bit of the frontend bitmap
+//!   ([`crate::prefilter`]); no parse, no working memory, no hash lookup
+//!   ([`screen`]);
 //! - one of an existing flow: the bitmap, one connection-tracking lookup
 //!   whose entry carries the backend, then the rewrite
 //!   ([`crate::rewrite::rewrite`]: the address, port and IPv4 header

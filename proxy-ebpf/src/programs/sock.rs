@@ -24,6 +24,7 @@ use crate::socklb::Verdict;
 use crate::socklb::ALLOW;
 use crate::socklb::{AF_INET, AF_INET6};
 use crate::{
+    family::Family,
     lb::{backend_is_live, counts_flows, frontend_key, lookup_frontend, sched},
     maps::{config, count},
 };
@@ -34,12 +35,23 @@ use aya_ebpf::{
     EbpfContext as _,
 };
 use proxy_common::{proto, sock_dir, stat, Addr6Be, FrontendSlot};
+/// The frontend `dst` names, if any: most sockets connect to no frontend,
+/// and the frontend bitmap tells them apart with one array read before the
+/// hash lookup.
+#[inline(always)]
+fn frontend_at<A: SockFamily + Family>(dst: &SockAddr<A>) -> Option<(A::Key, FrontendSlot)> {
+    if !A::maybe_frontend_port(&dst.addr_be, dst.port_be, dst.proto) {
+        return None;
+    }
+    let key = frontend_key(dst.addr_be, dst.port_be, dst.proto);
+    lookup_frontend(&key).map(|svc| (key, svc))
+}
+
 /// `connect()`: a TCP socket (or a connected UDP socket of the node) to a
 /// frontend is connected to a backend instead.
 #[inline(always)]
-fn connect<A: SockFamily>(ctx: &SockAddrContext, dst: &SockAddr<A>) -> Verdict<A> {
-    let key = frontend_key(dst.addr_be, dst.port_be, dst.proto);
-    let Some(svc) = lookup_frontend(&key) else {
+fn connect<A: SockFamily + Family>(ctx: &SockAddrContext, dst: &SockAddr<A>) -> Verdict<A> {
+    let Some((key, svc)) = frontend_at(dst) else {
         return Verdict::Pass;
     };
     if dst.proto == proto::UDP && netns_cookie(ctx) != config().host_netns_cookie {
@@ -99,12 +111,11 @@ pub fn connect6(ctx: &SockAddrContext) -> i32 {
 /// goes to the backend this socket was given for it, as long as that backend
 /// is live; then the socket gets a new one.
 #[inline(always)]
-fn sendmsg<A: SockFamily>(ctx: &SockAddrContext, dst: &SockAddr<A>) -> Verdict<A> {
+fn sendmsg<A: SockFamily + Family>(ctx: &SockAddrContext, dst: &SockAddr<A>) -> Verdict<A> {
     if dst.proto != proto::UDP {
         return Verdict::Pass;
     }
-    let key = frontend_key(dst.addr_be, dst.port_be, dst.proto);
-    let Some(svc) = lookup_frontend(&key) else {
+    let Some((key, svc)) = frontend_at(dst) else {
         return Verdict::Pass;
     };
     if let Some(verdict) = source_verdict(ctx, &svc) {

@@ -171,18 +171,49 @@ fn program_maps(ebpf: &mut Ebpf) {
             }
         }
     }
-    let mut fe4: HashMap<_, FrontendKey, FrontendSlot> =
-        HashMap::try_from(ebpf.map_mut(names::FRONTENDS).expect("SB_FE_V1")).expect("typed");
-    // Service 4: FE4 TCP over 21 and 22; service 5: FE4 UDP over 31 and 32.
-    for (service, port, protocol, first_id) in
-        [(4, TCP_PORT, proto::TCP, 21), (5, UDP_PORT, proto::UDP, 31)]
     {
-        fe4.insert(key4(FE4, port, protocol, 0), slot0(service, 2), 0)
-            .expect("write SB_FE_V1");
-        for s in 1..=2u16 {
-            let id = first_id + u32::from(s) - 1;
-            fe4.insert(key4(FE4, port, protocol, s), slot(service, id), 0)
+        let mut fe4: HashMap<_, FrontendKey, FrontendSlot> =
+            HashMap::try_from(ebpf.map_mut(names::FRONTENDS).expect("SB_FE_V1")).expect("typed");
+        // Service 4: FE4 TCP over 21 and 22; service 5: FE4 UDP over 31 and 32.
+        for (service, port, protocol, first_id) in
+            [(4, TCP_PORT, proto::TCP, 21), (5, UDP_PORT, proto::UDP, 31)]
+        {
+            fe4.insert(key4(FE4, port, protocol, 0), slot0(service, 2), 0)
                 .expect("write SB_FE_V1");
+            for s in 1..=2u16 {
+                let id = first_id + u32::from(s) - 1;
+                fe4.insert(key4(FE4, port, protocol, s), slot(service, id), 0)
+                    .expect("write SB_FE_V1");
+            }
+        }
+    }
+    mark_frontends(ebpf);
+}
+
+/// Sets the frontend bitmap's bits of every frontend above, as the agent
+/// does before it writes a frontend: the socket hooks look a destination up
+/// only where its bits are set.
+fn mark_frontends(ebpf: &mut Ebpf) {
+    use proxy_common::prefilter::frontends::{bit4, bit6, port_bit, word_and_mask};
+    let mut filter: Array<_, u64> = Array::try_from(
+        ebpf.map_mut(names::FRONTEND_FILTER)
+            .expect("SB_FE_FILTER_V1"),
+    )
+    .expect("typed");
+    let ports = [(TCP_PORT, proto::TCP), (UDP_PORT, proto::UDP)];
+    let addr_bits = [
+        bit6(&addr6_be(FE6.octets())),
+        bit6(&addr6_be(FE6_EMPTY.octets())),
+        bit4(u32::from_ne_bytes(FE4.octets())),
+    ];
+    for addr_bit in addr_bits {
+        let port_bits = ports.map(|(port, protocol)| port_bit(addr_bit, port.to_be(), protocol));
+        for bit in [addr_bit].into_iter().chain(port_bits) {
+            let (word, mask) = word_and_mask(bit);
+            let old = filter.get(&word, 0).expect("read SB_FE_FILTER_V1");
+            filter
+                .set(word, old | mask, 0)
+                .expect("write SB_FE_FILTER_V1");
         }
     }
 }
