@@ -9,8 +9,7 @@
 //!   mark, both before any hash lookup; a packet of an existing flow costs
 //!   one connection-tracking lookup and a direct store of the rewrite.
 //!   IPv6 packets (ethertype 0x86DD, told apart once, before the IPv4
-//!   parser) are tail-called into `sb_from_pod6` / `sb_to_pod6`: the same
-//!   body over the IPv6 maps.
+//!   parser) take the same body over the IPv6 maps, in the same program.
 //! - XDP on each uplink ([`programs::uplink_xdp`], deciding with [`nodeport`]):
 //!   `sb_xdp_uplink` serves NodePorts, LoadBalancer IPs and external IPs to
 //!   clients outside the node, source-NATing flows to backends on other nodes
@@ -140,7 +139,8 @@ pub fn sb_to_pod(ctx: TcContext) -> i32 {
     }
 }
 
-/// Tail-called by `sb_from_pod` for IPv6 packets ([`programs::pod`]).
+/// Tail-called for IPv6 packets by the previous release's `sb_from_pod`
+/// during an upgrade (today's carries the IPv6 body itself).
 #[classifier]
 #[inline(always)]
 pub fn sb_from_pod6(ctx: TcContext) -> i32 {
@@ -150,7 +150,8 @@ pub fn sb_from_pod6(ctx: TcContext) -> i32 {
     }
 }
 
-/// Tail-called by `sb_to_pod` for IPv6 packets ([`programs::pod`]).
+/// Tail-called for IPv6 packets by the previous release's `sb_to_pod`
+/// during an upgrade (today's carries the IPv6 body itself).
 #[classifier]
 #[inline(always)]
 pub fn sb_to_pod6(ctx: TcContext) -> i32 {
