@@ -7,4 +7,5 @@ pub mod lock;
 pub mod memory;
 pub mod metrics;
 pub mod status;
+pub mod trace;
 pub mod verify;
