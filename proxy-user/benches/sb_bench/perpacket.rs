@@ -433,15 +433,19 @@ pub(crate) fn perpacket(quick: bool) -> Result<Value> {
             let non_service = frame_tcp(CLIENT, CLIENT_PORT, POD, 8080, 0x10);
             let to_pod_other = frame_tcp(POD, 8080, CLIENT, 50000, 0x10);
 
-            let hit = measure_repeat(
-                &mut pp,
-                programs::TC_FROM_POD,
-                &existing,
-                TC_ACT_OK,
-                Some("forwarded"),
-                repeat,
-                rounds,
-            )?;
+            // The existing flow's packet, repeated (also with the trace on).
+            let measure_hit = |pp: &mut PerPacket| {
+                measure_repeat(
+                    pp,
+                    programs::TC_FROM_POD,
+                    &existing,
+                    TC_ACT_OK,
+                    Some("forwarded"),
+                    repeat,
+                    rounds,
+                )
+            };
+            let hit = measure_hit(&mut pp)?;
             let self_frame = frame_tcp(CLIENT, CLIENT_PORT, VIP_SELF, 80, 0x10);
             let no_rewrite = measure_repeat(
                 &mut pp,
@@ -536,15 +540,7 @@ pub(crate) fn perpacket(quick: bool) -> Result<Value> {
             // reads the switch; a new flow writes its event (the ring buffer
             // drained first, and sized for the samples).
             pp.set_trace(proxy_common::trace::kind::ALL)?;
-            let hit_traced = measure_repeat(
-                &mut pp,
-                programs::TC_FROM_POD,
-                &existing,
-                TC_ACT_OK,
-                Some("forwarded"),
-                repeat,
-                rounds,
-            );
+            let hit_traced = measure_hit(&mut pp);
             let traced = singles.min(2000);
             let new_traced = pp.drain_trace().and_then(|_| {
                 measure_single(

@@ -181,24 +181,57 @@ fn kernel_switch(agent_pid: u32) -> u64 {
     panic!("the agent holds no SB_TRACE_ON_V1");
 }
 
+/// What a reader's filter selects, decided by the test from an event.
+type Selects = Box<dyn Fn(&Value) -> bool>;
+
 #[test]
 fn filters_select_exactly_their_events_and_killed_readers_switch_off() {
     let mut sb = sandbox();
     let agent = sb.agent_pid().expect("agent pid");
     assert_eq!(kernel_switch(agent), 0, "tracing on before any reader");
     let pod1 = pod_ip(1);
-    let filters: [(&str, Vec<&str>); 5] = [
+    // Each reader's filter, and what it selects as this test decides it.
+    let ip = |v: &Value| {
+        v.as_str()
+            .map(|s| s.rsplit_once(':').map_or(s, |(ip, _)| ip).to_owned())
+    };
+    let backend_ip = pod1.clone();
+    let filters: [(&str, Vec<&str>, Selects); 5] = [
         (
             "by-client",
             vec!["--client", "10.244.100.0/24", "--type", "new-flow"],
+            Box::new(move |e| {
+                e["kind"] == "new-flow"
+                    && ip(&e["client"]).is_some_and(|c| c.starts_with("10.244.100."))
+            }),
         ),
-        ("by-frontend", vec!["--frontend", "10.96.0.20:80"]),
-        ("by-backend", vec!["--backend", &pod1]),
-        ("by-service", vec!["--service", "demo/echo"]),
-        ("by-proto", vec!["--protocol", "udp"]),
+        (
+            "by-frontend",
+            vec!["--frontend", "10.96.0.20:80"],
+            Box::new(|e| e["frontend"] == "10.96.0.20:80"),
+        ),
+        (
+            "by-backend",
+            vec!["--backend", &pod1],
+            Box::new(move |e| ip(&e["backend"]).as_deref() == Some(backend_ip.as_str())),
+        ),
+        (
+            "by-service",
+            vec!["--service", "demo/echo"],
+            Box::new(|e| {
+                e["service"]
+                    .as_str()
+                    .is_some_and(|s| s.starts_with("demo/echo:"))
+            }),
+        ),
+        (
+            "by-proto",
+            vec!["--protocol", "udp"],
+            Box::new(|e| e["protocol"] == "udp"),
+        ),
     ];
     start_trace(&mut sb, "all", &[]);
-    for (label, args) in &filters {
+    for (label, args, _) in &filters {
         start_trace(&mut sb, label, args);
     }
     assert_eq!(
@@ -230,35 +263,8 @@ fn filters_select_exactly_their_events_and_killed_readers_switch_off() {
         new_flows >= 10,
         "the unfiltered reader saw {new_flows} new flows:\n{all:#?}"
     );
-    let ip = |v: &Value| v.as_str().map(|s| s.rsplit_once(':').unwrap().0.to_owned());
-    let expect: [(&str, Box<dyn Fn(&Value) -> bool>); 5] = [
-        (
-            "by-client",
-            Box::new(|e| {
-                e["kind"] == "new-flow"
-                    && ip(&e["client"]).is_some_and(|c| c.starts_with("10.244.100."))
-            }),
-        ),
-        (
-            "by-frontend",
-            Box::new(|e| e["frontend"] == "10.96.0.20:80"),
-        ),
-        (
-            "by-backend",
-            Box::new(|e| ip(&e["backend"]).as_deref() == Some(pod1.as_str())),
-        ),
-        (
-            "by-service",
-            Box::new(|e| {
-                e["service"]
-                    .as_str()
-                    .is_some_and(|s| s.starts_with("demo/echo:"))
-            }),
-        ),
-        ("by-proto", Box::new(|e| e["protocol"] == "udp")),
-    ];
-    for (label, pred) in &expect {
-        let want: Vec<&Value> = all.iter().filter(|e| pred(e)).collect();
+    for (label, _, selects) in &filters {
+        let want: Vec<&Value> = all.iter().filter(|e| selects(e)).collect();
         let got = events(&sb, label);
         assert!(
             !want.is_empty(),
@@ -268,7 +274,7 @@ fn filters_select_exactly_their_events_and_killed_readers_switch_off() {
     }
 
     // SIGKILL every reader: nothing stays switched on.
-    for label in std::iter::once("all").chain(filters.iter().map(|(l, _)| *l)) {
+    for label in std::iter::once("all").chain(filters.iter().map(|(l, _, _)| *l)) {
         sb.kill(label).expect("kill the reader");
     }
     let killed = Instant::now();

@@ -300,8 +300,8 @@ impl Hub {
             }
             let line = line
                 .get_or_insert_with(|| {
-                    let json =
-                        serde_json::to_string(&Record::Event(event.clone())).unwrap_or_default();
+                    let json = serde_json::to_string(&Record::Event(Box::new(event.clone())))
+                        .unwrap_or_default();
                     Arc::from(format!("{json}\n"))
                 })
                 .clone();
@@ -311,10 +311,10 @@ impl Hub {
                 Err(mpsc::error::TrySendError::Closed(_)) => gone.push(*id),
             }
         }
-        for id in gone {
-            self.clients.remove(&id);
-        }
-        if !self.clients.is_empty() || self.switch != 0 {
+        if !gone.is_empty() {
+            for id in gone {
+                self.clients.remove(&id);
+            }
             self.update_switch();
         }
     }

@@ -185,7 +185,7 @@ pub struct Event {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "record", rename_all = "kebab-case")]
 pub enum Record {
-    Event(Event),
+    Event(Box<Event>),
     /// Events lost since the last such record: `kernel`, the ring buffer
     /// was full (every client misses them); `reader`, this client's queue
     /// was full.

@@ -163,7 +163,7 @@ fn a_bad_filter_is_refused_with_a_reason() {
 #[test]
 fn records_round_trip_as_one_json_object_a_line() {
     for record in [
-        Record::Event(event(kind::NEW_FLOW)),
+        Record::Event(Box::new(event(kind::NEW_FLOW))),
         Record::Lost {
             kernel: 3,
             reader: 1,
