@@ -9,7 +9,10 @@
 //! task on the agent's runtime reads it and hands it to the sync loop, which
 //! answers between two syncs (never in the middle of one), so the dump and
 //! the model it is compared with describe the same moment. The answer is one
-//! JSON [`Verification`], then the agent closes the connection.
+//! JSON [`Verification`], then the agent closes the connection. The same
+//! socket serves `switchboard trace`: a first line `trace <filter>` hands
+//! the connection to the trace hub ([`crate::node::trace`]), which streams
+//! until the client closes it.
 //!
 //! [`compare`] is the comparison itself: a pure function over the desired
 //! state and a [`Dump`] of the maps.

@@ -8,7 +8,7 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 
 use aya::maps::{Array, MapData, PerCpuArray, RingBuf};
 use proxy_common::trace::{kind, layer, verdict, RING_BYTES};
-use proxy_common::{addr6_be, names, stat, TraceEvent};
+use proxy_common::{addr6_be, names, programs, stat, TraceEvent};
 use proxy_testkit::packet::PacketSpec;
 use proxy_user::model::{FrontendKind, Protocol};
 
@@ -206,4 +206,49 @@ fn a_full_ring_buffer_counts_what_it_lost_and_forwarding_goes_on() {
     // Room again once read.
     t.fx.run_from_pod(&reject);
     assert_eq!(t.drain().len(), 1);
+}
+
+#[test]
+fn a_flood_of_a_million_traced_drops_is_counted_lost_and_other_flows_go_on() {
+    use aya::programs::{SchedClassifier, TestRun as _, TestRunOptions};
+    crate::support::require_root();
+    let mut t = Traced::new();
+    t.switch(kind::ALL);
+    // One malformed packet (cut inside its TCP header), a million times in
+    // one test run: each is counted, traced, and passed untouched.
+    let mut cut = PacketSpec::tcp(CLIENT, 40040, VIP, 80).build();
+    cut.truncate(14 + 20 + 10);
+    const FLOOD: u32 = 1_000_000;
+    let malformed_before = t.fx.stat("malformed");
+    let tc: &mut SchedClassifier =
+        t.fx.ebpf
+            .program_mut(programs::TC_FROM_POD)
+            .expect("program present")
+            .try_into()
+            .expect("tc program");
+    let mut out = vec![0u8; cut.len() + 64];
+    tc.test_run(TestRunOptions {
+        data_in: Some(&cut),
+        data_out: Some(&mut out),
+        repeat: FLOOD,
+        ..TestRunOptions::default()
+    })
+    .expect("BPF_PROG_TEST_RUN");
+    assert_eq!(t.fx.stat("malformed") - malformed_before, u64::from(FLOOD));
+    let written = t.drain().len() as u64;
+    let lost = t.lost();
+    assert!(written <= u64::from(RING_BYTES) / 88, "written {written}");
+    assert_eq!(
+        written + lost,
+        u64::from(FLOOD),
+        "written {written}, lost {lost}"
+    );
+    // Another flow is still translated (and traced) during the flood's
+    // aftermath.
+    let (v, _) =
+        t.fx.run_from_pod(&PacketSpec::tcp(CLIENT, 40041, VIP, 80).build());
+    assert_eq!(v, TC_ACT_OK);
+    let events = t.drain();
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0].kind, kind::NEW_FLOW);
 }
