@@ -56,6 +56,7 @@ mod aya_pod {
         CtEntryV4,
         RevNat,
         SvcStats,
+        TraceEvent,
         AffinityKey,
         AffinityEntry,
         SockKey,
@@ -91,6 +92,7 @@ const _: () = assert!(size_of::<CtEntryV2>() == 24);
 const _: () = assert!(size_of::<CtEntryV4>() == 32);
 const _: () = assert!(size_of::<RevNat>() == 64);
 const _: () = assert!(size_of::<SvcStats>() == 32);
+const _: () = assert!(size_of::<TraceEvent>() == 80);
 const _: () = assert!(size_of::<AffinityKey>() == 8);
 const _: () = assert!(size_of::<AffinityEntry>() == 16);
 const _: () = assert!(size_of::<SockKey>() == 16);

@@ -39,6 +39,7 @@ pub mod names;
 pub mod prefilter;
 pub mod programs;
 pub mod tail;
+pub mod trace;
 
 mod addr;
 mod conntrack;
@@ -55,4 +56,5 @@ pub use counters::*;
 pub use fragments::*;
 pub use frontend::*;
 pub use socket::*;
+pub use trace::TraceEvent;
 pub use uplink::*;

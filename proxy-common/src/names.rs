@@ -111,6 +111,14 @@ pub const OPEN_FLOWS: &str = "SB_LC_V1";
 /// (`u64`), an LRU hash. `sock_release` takes the socket off. Not pinned,
 /// as [`OPEN_FLOWS`].
 pub const OPEN_SOCKETS: &str = "SB_LC_SOCK_V1";
+/// The live trace's ring buffer ([`super::TraceEvent`]). Not pinned,
+/// as the two below: the agent that loaded the programs reads it.
+pub const TRACE_EVENTS: &str = "SB_TRACE_V1";
+/// The trace's switch: one `u64`, bit `1 << kind` per event kind
+/// ([`super::trace::kind`]), written only by the agent.
+pub const TRACE_ON: &str = "SB_TRACE_ON_V1";
+/// Per-CPU count of events the ring buffer had no room for.
+pub const TRACE_LOST: &str = "SB_TRACE_LOST_V1";
 /// Every map, in the order the CLI reports them.
 pub const ALL: [&str; 31] = [
     FRONTENDS,

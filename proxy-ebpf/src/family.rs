@@ -33,6 +33,7 @@ use crate::{
     packet::{set, v6::eq6, FlowOf},
     prefilter::{maybe_frontend4, maybe_frontend6, maybe_frontend_port4, maybe_frontend_port6},
     rewrite::Header,
+    trace::TraceAddr,
 };
 
 /// A family's connection-tracking table.
@@ -44,7 +45,7 @@ pub(crate) type FragMap<A> =
 pub(crate) type AffinityMap<A> = LruHashMap<AffinityKeyOf<A>, AffinityEntry, AFFINITY_ENTRIES>;
 
 /// An address family: see the module's documentation.
-pub(crate) trait Family: FamilyAddr + Header + 'static {
+pub(crate) trait Family: FamilyAddr + Header + TraceAddr + 'static {
     /// The unspecified address (an entry without source NAT).
     const ZERO: Self;
     /// The address a pod reaching itself through a Service is given as

@@ -75,6 +75,7 @@ mod reject;
 mod rewrite;
 mod skb;
 mod socklb;
+mod trace;
 
 use aya_ebpf::{
     macros::{cgroup_sock, cgroup_sock_addr, classifier, xdp},

@@ -22,7 +22,10 @@ use proxy_common::stat;
 pub fn pass(skip: Skip) -> i32 {
     match skip {
         Skip::NotOurs | Skip::Icmp => {}
-        Skip::Malformed => count(stat::MALFORMED),
+        Skip::Malformed => {
+            count(stat::MALFORMED);
+            crate::trace::malformed(crate::trace::layer::TC);
+        }
         Skip::Fragment => count(stat::FRAGMENT),
     }
     TC_ACT_UNSPEC

@@ -79,7 +79,7 @@ impl<A: Copy> Picked<A> {
 /// An address family of the socket layer: its frontend and backend maps
 /// ([`FamilyAddr`]), its socket map (the LRU of UDP sockets' translations)
 /// and its socket-local storage (TCP sockets' frontends).
-pub(crate) trait SockFamily: FamilyAddr + 'static {
+pub(crate) trait SockFamily: FamilyAddr + crate::trace::TraceAddr + 'static {
     fn conns() -> &'static SkStorage<SockConnOf<Self>>;
     fn sock_get(cookie: u64, at: &SockAddr<Self>, dir: u8) -> Option<Picked<Self>>;
     /// Inserts (or replaces) an entry; `false` if the map refused.

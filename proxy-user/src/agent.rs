@@ -333,6 +333,10 @@ pub async fn run(config: AgentConfig, object: &'static [u8]) -> anyhow::Result<(
     )
     .context("starting the connection-tracking collector")?;
 
+    // `switchboard trace` streams from the verify socket (below).
+    let traces = crate::node::trace::hub::TraceMaps::take(&mut ebpf).context("the trace's maps")?;
+    let traces = crate::node::trace::hub::spawn(traces, &config.pin_root)
+        .context("starting the trace's reader")?;
     first_start.succeeded();
     info!(
         interfaces = attacher.attached(),
@@ -350,8 +354,8 @@ pub async fn run(config: AgentConfig, object: &'static [u8]) -> anyhow::Result<(
     };
     // `switchboard verify` asks on a socket next to the status file; the
     // loop answers between syncs.
-    let (_verify_socket, mut verify_requests) =
-        verify::serve(&config.pin_root).with_context(|| {
+    let (_verify_socket, mut verify_requests) = verify::serve(&config.pin_root, traces)
+        .with_context(|| {
             format!(
                 "listening on {}",
                 verify::socket_path(&config.pin_root).display()

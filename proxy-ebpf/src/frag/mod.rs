@@ -135,16 +135,22 @@ pub fn later<A: Family>(ctx: &TcContext, w: &mut Work<A>, dir: u8) -> Result<i32
 #[inline(always)]
 fn translation<A: Family>(w: &Work<A>) -> Option<*const FragEntryOf<A>> {
     let Some(entry) = A::frags().get_ptr(&w.frag_key) else {
-        count(stat::FRAG_UNKNOWN);
-        return None;
+        return unknown(w);
     };
     // SAFETY: a value of the LRU map, valid for this program run; a read.
     let created_ns = unsafe { (*entry).created_ns };
     // SAFETY: a helper without preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
     if now.wrapping_sub(created_ns) > frag::TIMEOUT_NS {
-        count(stat::FRAG_UNKNOWN);
-        return None;
+        return unknown(w);
     }
     Some(entry)
+}
+
+/// A later fragment of no translation remembered: counted, traced, passed.
+#[inline(always)]
+fn unknown<A: Family>(w: &Work<A>) -> Option<*const FragEntryOf<A>> {
+    count(stat::FRAG_UNKNOWN);
+    crate::trace::passed(crate::trace::layer::TC, stat::FRAG_UNKNOWN, &w.flow);
+    None
 }

@@ -59,6 +59,7 @@ use crate::{
     },
     maps::{count, count_denied, count_service},
     packet::{set, Skip},
+    trace,
 };
 
 /// What [`classify`] decided (the addresses and ports are in [`Up`]).
@@ -100,9 +101,10 @@ pub enum NotTranslated {
 
 /// Decides what happens to the TCP/UDP packet in `u.s.flow` that arrived
 /// on uplink `ingress`; the new addresses and ports go to `u`. `ctx` is the
-/// program's context, for the route lookup.
+/// program's context, for the route lookup; `LAYER` the program's
+/// (`trace::layer`), which the trace's events of new flows name.
 #[inline(always)]
-pub fn classify<A: UplinkFamily>(
+pub fn classify<A: UplinkFamily, const LAYER: u8>(
     ctx: *mut c_void,
     ingress: u32,
     u: &mut Up<A>,
@@ -114,7 +116,7 @@ pub fn classify<A: UplinkFamily>(
     {
         return dsr::arrived(u);
     }
-    if snat_reply(u)? {
+    if snat_reply::<A, LAYER>(u)? {
         return Ok(Out::Reply);
     }
     let flow = &u.s.flow;
@@ -138,6 +140,8 @@ pub fn classify<A: UplinkFamily>(
     let Some(svc) = lookup_frontend(&u.s.fe) else {
         return Err(NotTranslated::Pass(Skip::NotOurs));
     };
+    // Named by what follows: drops, rejects, new flows.
+    u.service_id = svc.service_id;
     if !A::source_allowed(&svc, &u.s.flow.saddr_be) {
         count_denied(svc.service_id);
         return Err(NotTranslated::Denied);
@@ -166,9 +170,13 @@ pub fn classify<A: UplinkFamily>(
             Route::Local => {}
             // Returned directly, the flow needs no address of the uplink.
             Route::Remote | Route::NoAddress if svc.flags & frontend_flags::DIRECT_RETURN != 0 => {
-                return dsr::new_direct_flow(u, id, svc.service_id, counts_flows(&svc))
+                let out = dsr::new_direct_flow(u, id, svc.service_id, counts_flows(&svc));
+                return out.inspect(|_| trace::new_flow(LAYER, &u.s.flow, &u.s.backend, &svc));
             }
-            Route::Remote => return new_remote_flow(u, id, svc.service_id, counts_flows(&svc)),
+            Route::Remote => {
+                let out = new_remote_flow(u, id, svc.service_id, counts_flows(&svc));
+                return out.inspect(|_| trace::new_flow(LAYER, &u.s.flow, &u.s.backend, &svc));
+            }
             Route::NoAddress => return Err(NotTranslated::Drop(stat::NO_ROUTE)),
         }
     }
@@ -185,6 +193,7 @@ pub fn classify<A: UplinkFamily>(
         return Err(NotTranslated::Drop(stat::CT_FULL));
     }
     set_local(u);
+    trace::new_flow(LAYER, &u.s.flow, &u.s.backend, &svc);
     Ok(Out::Local)
 }
 
@@ -261,12 +270,13 @@ fn from_tracked<A: UplinkFamily>(u: &mut Up<A>) -> Out {
 /// A reply to a flow this node source-NATed: only packets to a port of the
 /// SNAT range are looked up. `Ok(true)`: `u` holds the reversed addresses.
 #[inline(always)]
-fn snat_reply<A: UplinkFamily>(u: &mut Up<A>) -> Result<bool, NotTranslated> {
+fn snat_reply<A: UplinkFamily, const LAYER: u8>(u: &mut Up<A>) -> Result<bool, NotTranslated> {
     if !snat::is_snat_port(u16::from_be(u.s.flow.dport_be)) {
         return Ok(false);
     }
     u.s.flow.ct_key_into(ct_dir::REPLY, &mut u.s.key2);
     let Some(entry_ptr) = A::conntrack().get_ptr_mut(u.s.key2) else {
+        trace::revnat_miss(LAYER, &u.s.flow);
         return Ok(false);
     };
     // SAFETY: a value of the conntrack map, valid for this program run; the

@@ -55,6 +55,7 @@ use crate::{
     prefilter::{quiet, unquiet},
     rewrite::{count_rewritten, Side},
     skb::{drop_counted, ethertype},
+    trace::{self, layer},
 };
 use aya_ebpf::{
     bindings::{TC_ACT_OK, TC_ACT_SHOT},
@@ -224,10 +225,12 @@ fn new_flow<A: PodFamily>(ctx: &TcContext, w: &mut Work<A>) -> Result<i32, Skip>
     };
     if !A::source_allowed(&svc, &w.flow.saddr_be) {
         count_denied(svc.service_id);
+        trace::denied(layer::TC, &w.flow, svc.service_id);
         return Ok(TC_ACT_SHOT);
     }
     if svc.backend_count == 0 {
         count_service(svc.service_id, |s| s.drops_no_backend += 1);
+        trace::no_backend(layer::TC, &w.flow, &svc, crate::reject::rejects(&svc));
         return Ok(A::reject(ctx, w, &svc));
     }
     if tracked(w, svc.service_id) {
@@ -237,6 +240,7 @@ fn new_flow<A: PodFamily>(ctx: &TcContext, w: &mut Work<A>) -> Result<i32, Skip>
         set(&mut w.aff.client_addr_be, &w.flow.saddr_be);
         w.aff.service_id = svc.service_id;
         let Some((id, backend)) = choose_backend(w.fe, &svc, A::affinity(), &w.aff) else {
+            trace::dropped(layer::TC, stat::DROP_INCONSISTENT, &w.flow, svc.service_id);
             return drop_counted(stat::DROP_INCONSISTENT);
         };
         set_backend(&mut w.backend, &backend);
@@ -246,12 +250,14 @@ fn new_flow<A: PodFamily>(ctx: &TcContext, w: &mut Work<A>) -> Result<i32, Skip>
         };
         if track(w, id, svc.service_id, source, counts_flows(&svc)).is_err() {
             // The table is full: the client retransmits.
+            trace::dropped(layer::TC, stat::CT_FULL, &w.flow, svc.service_id);
             return drop_counted(stat::CT_FULL);
         }
         // Replies of this flow will come to this pod's interface. After
         // the insert: an agent that marks the interface meanwhile then
         // finds the flow in the table.
         unquiet(ctx);
+        trace::new_flow(layer::TC, &w.flow, &w.backend, &svc);
     }
     Ok(forward(ctx, w, svc.service_id))
 }

@@ -18,6 +18,7 @@ use crate::socklb::write_addr4;
 use crate::socklb::write_addr6;
 use crate::socklb::write_mapped;
 use crate::socklb::Picked;
+use crate::socklb::Refuse;
 use crate::socklb::SockAddr;
 use crate::socklb::SockFamily;
 use crate::socklb::Verdict;
@@ -27,6 +28,7 @@ use crate::{
     family::Family,
     lb::{backend_is_live, counts_flows, frontend_key, lookup_frontend, sched},
     maps::{config, count},
+    trace,
 };
 use aya_ebpf::{
     bindings::bpf_sock,
@@ -62,7 +64,7 @@ fn connect<A: SockFamily + Family>(ctx: &SockAddrContext, dst: &SockAddr<A>) -> 
     }
     let picked = match pick(ctx, key, &svc) {
         Ok(picked) => picked,
-        Err(why) => return Verdict::Refuse(why),
+        Err(why) => return refused(dst, &svc, why),
     };
     // A TCP socket keeps its frontend itself; a connected UDP socket (of
     // the node) in the socket map, where the agent finds it when its
@@ -76,7 +78,27 @@ fn connect<A: SockFamily + Family>(ctx: &SockAddrContext, dst: &SockAddr<A>) -> 
         sched::socket_opened(cookie, picked.backend_id);
     }
     count(stat::SOCK_CONNECT);
+    trace_new(dst, &svc, &picked);
     Verdict::To(picked)
+}
+
+/// Traces a socket given a backend: a new flow.
+#[inline(always)]
+fn trace_new<A: SockFamily>(dst: &SockAddr<A>, svc: &FrontendSlot, picked: &Picked<A>) {
+    let backend = Ok((&picked.addr_be, picked.port_be));
+    trace::socket(dst.proto, (&dst.addr_be, dst.port_be), svc, backend);
+}
+
+/// Traces a socket call [`pick`] refused, and refuses it.
+#[inline(always)]
+fn refused<A: SockFamily>(dst: &SockAddr<A>, svc: &FrontendSlot, why: Refuse) -> Verdict<A> {
+    let reason = match why {
+        Refuse::NoBackend => stat::SOCK_NO_BACKEND,
+        Refuse::Inconsistent => stat::DROP_INCONSISTENT,
+        Refuse::Denied => u32::from(proxy_common::trace::reason::SOURCE_DENIED),
+    };
+    trace::socket(dst.proto, (&dst.addr_be, dst.port_be), svc, Err(reason));
+    Verdict::Refuse(why)
 }
 
 /// `connect4`.
@@ -128,9 +150,10 @@ fn sendmsg<A: SockFamily + Family>(ctx: &SockAddrContext, dst: &SockAddr<A>) -> 
             Ok(picked) => {
                 remember_forward(cookie, dst, &picked);
                 remember_reverse(cookie, dst, &picked);
+                trace_new(dst, &svc, &picked);
                 picked
             }
-            Err(why) => return Verdict::Refuse(why),
+            Err(why) => return refused(dst, &svc, why),
         },
     };
     count(stat::SOCK_SENDMSG);

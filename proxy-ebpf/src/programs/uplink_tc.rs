@@ -25,6 +25,7 @@ use crate::{
     reject::RejectFamily,
     rewrite::{rewrite, Header, RewriteFailed, Side},
     skb::{drop_counted, ipv4_or_hand_over6},
+    trace::{self, layer},
 };
 use aya_ebpf::{
     bindings::{TC_ACT_OK, TC_ACT_SHOT},
@@ -156,12 +157,19 @@ pub fn from_uplink<A: UplinkTcFamily>(ctx: &TcContext) -> Result<i32, Skip> {
         Kind::Later => return later_fragment(ctx, ingress, u),
         Kind::Icmp => return icmp_error(ctx, ingress, u),
     }
-    let out = match classify(ctx.skb.skb as *mut c_void, ingress, u) {
+    let out = match classify::<A, { layer::TC }>(ctx.skb.skb as *mut c_void, ingress, u) {
         Ok(out) => out,
         Err(NotTranslated::Pass(skip)) => return Err(skip),
-        Err(NotTranslated::Drop(counter)) => return drop_counted(counter),
-        Err(NotTranslated::Denied) => return Ok(TC_ACT_SHOT),
+        Err(NotTranslated::Drop(counter)) => {
+            trace::dropped(layer::TC, counter, &u.s.flow, u.service_id);
+            return drop_counted(counter);
+        }
+        Err(NotTranslated::Denied) => {
+            trace::denied(layer::TC, &u.s.flow, u.service_id);
+            return Ok(TC_ACT_SHOT);
+        }
         Err(NotTranslated::Reject) => {
+            trace::rejected(layer::TC, &u.s.flow, u.service_id);
             count_service(u.service_id, |s| s.drops_no_backend += 1);
             return Ok(crate::reject::tc_reject(ctx, &mut u.s));
         }
@@ -277,6 +285,7 @@ fn route<A: UplinkTcFamily>(
         return Ok(Some(A::too_big(ctx, u, mtu)));
     }
     if rc != FIB_SUCCESS && rc != FIB_NO_NEIGH {
+        trace::dropped(layer::TC, stat::NO_ROUTE, &u.s.flow, u.service_id);
         return drop_counted(stat::NO_ROUTE).map(Some);
     }
     Ok(None)

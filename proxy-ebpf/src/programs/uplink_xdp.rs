@@ -44,6 +44,7 @@ use crate::{
         },
         Ipv4Hdr, Kind, Skip, Words, ETH_HLEN, ETH_P_IP_BE, MAX_L4_OFF, TCP_CSUM_OFF, UDP_CSUM_OFF,
     },
+    trace::{self, layer},
 };
 
 /// A write into the frame failed: the frame must not go on.
@@ -89,7 +90,10 @@ pub fn try_uplink(ctx: &XdpContext) -> Result<u32, Skip> {
 pub fn pass(skip: Skip) -> u32 {
     match skip {
         Skip::NotOurs | Skip::Icmp => {}
-        Skip::Malformed => count(stat::MALFORMED),
+        Skip::Malformed => {
+            count(stat::MALFORMED);
+            trace::malformed(layer::XDP);
+        }
         Skip::Fragment => count(stat::FRAGMENT),
     }
     xdp_action::XDP_PASS
@@ -105,15 +109,22 @@ pub fn uplink<A: XdpFamily>(ctx: &XdpContext) -> Result<u32, Skip> {
     A::read_dsr_option(ctx, u);
     // SAFETY: `ctx.ctx` is the kernel's `xdp_md` for this run; a read.
     let ingress = unsafe { (*ctx.ctx).ingress_ifindex };
-    let out = match classify(ctx.ctx as *mut c_void, ingress, u) {
+    let out = match classify::<A, { layer::XDP }>(ctx.ctx as *mut c_void, ingress, u) {
         Ok(out) => out,
         Err(NotTranslated::Pass(skip)) => return Err(skip),
         Err(NotTranslated::Drop(counter)) => {
             count(counter);
+            trace::dropped(layer::XDP, counter, &u.s.flow, u.service_id);
             return Ok(xdp_action::XDP_DROP);
         }
-        Err(NotTranslated::Denied) => return Ok(xdp_action::XDP_DROP),
-        Err(NotTranslated::Reject) => return Ok(A::reject(ctx, u)),
+        Err(NotTranslated::Denied) => {
+            trace::denied(layer::XDP, &u.s.flow, u.service_id);
+            return Ok(xdp_action::XDP_DROP);
+        }
+        Err(NotTranslated::Reject) => {
+            trace::rejected(layer::XDP, &u.s.flow, u.service_id);
+            return Ok(A::reject(ctx, u));
+        }
     };
     let counter = match out {
         Out::Local => {

@@ -153,6 +153,28 @@ impl PerPacket {
         })
     }
 
+    /// Sets the live trace's switch (`SB_TRACE_ON_V1`), as a `trace`
+    /// client makes the agent do.
+    fn set_trace(&mut self, mask: u64) -> Result<()> {
+        let map = self.ebpf.map_mut(names::TRACE_ON).context("trace switch")?;
+        Array::<_, u64>::try_from(map)?.set(0, mask, 0)?;
+        Ok(())
+    }
+
+    /// Reads (and frees) every trace event written; returns how many.
+    fn drain_trace(&mut self) -> Result<usize> {
+        let map = self
+            .ebpf
+            .map_mut(names::TRACE_EVENTS)
+            .context("trace ring")?;
+        let mut ring = aya::maps::RingBuf::try_from(map)?;
+        let mut n = 0;
+        while ring.next().is_some() {
+            n += 1;
+        }
+        Ok(n)
+    }
+
     fn apply(&mut self, desired: &DesiredState) -> Result<Duration> {
         let started = Instant::now();
         let report = self.syncer.apply(desired);
@@ -324,6 +346,18 @@ pub(crate) fn measure_single(
     Ok(median(&mut samples))
 }
 
+/// `n` TCP SYNs of flows never seen (a fresh source port per frame; the
+/// source address moves on every 60k so no flow is ever reused).
+fn new_flow_frames(next_sport: &mut u32, n: u32) -> Vec<Vec<u8>> {
+    (0..n)
+        .map(|_| {
+            *next_sport += 1;
+            let src = nth_ip(Ipv4Addr::new(10, 244, 200, 0), *next_sport / 60_000);
+            frame_tcp(src, 1024 + (*next_sport % 60_000) as u16, VIP_A, 80, 0x02)
+        })
+        .collect()
+}
+
 pub(crate) fn perpacket(quick: bool) -> Result<Value> {
     let sizes: &[u32] = if quick {
         &[1, 10_000]
@@ -399,15 +433,19 @@ pub(crate) fn perpacket(quick: bool) -> Result<Value> {
             let non_service = frame_tcp(CLIENT, CLIENT_PORT, POD, 8080, 0x10);
             let to_pod_other = frame_tcp(POD, 8080, CLIENT, 50000, 0x10);
 
-            let hit = measure_repeat(
-                &mut pp,
-                programs::TC_FROM_POD,
-                &existing,
-                TC_ACT_OK,
-                Some("forwarded"),
-                repeat,
-                rounds,
-            )?;
+            // The existing flow's packet, repeated (also with the trace on).
+            let measure_hit = |pp: &mut PerPacket| {
+                measure_repeat(
+                    pp,
+                    programs::TC_FROM_POD,
+                    &existing,
+                    TC_ACT_OK,
+                    Some("forwarded"),
+                    repeat,
+                    rounds,
+                )
+            };
+            let hit = measure_hit(&mut pp)?;
             let self_frame = frame_tcp(CLIENT, CLIENT_PORT, VIP_SELF, 80, 0x10);
             let no_rewrite = measure_repeat(
                 &mut pp,
@@ -471,13 +509,7 @@ pub(crate) fn perpacket(quick: bool) -> Result<Value> {
                 .store()
                 .service_stats(pp.ids(VIP_A, VIP_B, 80)?.0)
                 .new_flows;
-            let frames: Vec<Vec<u8>> = (0..singles)
-                .map(|_| {
-                    next_sport += 1;
-                    let src = nth_ip(Ipv4Addr::new(10, 244, 200, 0), next_sport / 60_000);
-                    frame_tcp(src, 1024 + (next_sport % 60_000) as u16, VIP_A, 80, 0x02)
-                })
-                .collect();
+            let frames = new_flow_frames(&mut next_sport, singles);
             let new_flow = measure_single(
                 tc(&mut pp.ebpf, programs::TC_FROM_POD)?,
                 frames.into_iter(),
@@ -504,6 +536,29 @@ pub(crate) fn perpacket(quick: bool) -> Result<Value> {
                 (0..singles).map(|_| existing.clone()),
                 TC_ACT_OK,
             )?;
+            // Tracing on (every event type): an existing flow's packet never
+            // reads the switch; a new flow writes its event (the ring buffer
+            // drained first, and sized for the samples).
+            pp.set_trace(proxy_common::trace::kind::ALL)?;
+            let hit_traced = measure_hit(&mut pp);
+            let traced = singles.min(2000);
+            let new_traced = pp.drain_trace().and_then(|_| {
+                measure_single(
+                    tc(&mut pp.ebpf, programs::TC_FROM_POD)?,
+                    new_flow_frames(&mut next_sport, traced).into_iter(),
+                    TC_ACT_OK,
+                )
+            });
+            let events = pp.drain_trace();
+            pp.set_trace(0)?;
+            let (hit_traced, new_traced, events) = (hit_traced?, new_traced?, events?);
+            ensure!(
+                events == traced as usize,
+                "traced new flows wrote {events} events, expected {traced}"
+            );
+            progress(&format!(
+                "perpacket: {services} services, {backends} backends/target: tracing on: from_pod hit {hit_traced:.1} ns, single-shot new {new_traced:.1} ns"
+            ));
             // The same existing flow once A is restricted by source ranges
             // (one trie lookup per packet); then A is open again.
             pp.apply(&with_source_ranges(&desired)?)?;
@@ -532,6 +587,10 @@ pub(crate) fn perpacket(quick: bool) -> Result<Value> {
                 "to_pod_reply_ns": rev,
                 "to_pod_non_service_ns": to_pod_pass,
                 "to_pod_quiet_ns": to_pod_quiet,
+                "tracing_on": {
+                    "from_pod_service_existing_ns": hit_traced,
+                    "single_shot_from_pod_service_new_ns": new_traced,
+                },
                 "single_shot": {
                     "from_pod_service_new_ns": new_flow,
                     "from_pod_service_new_by_algorithm_ns": by_algorithm,

@@ -1,8 +1,9 @@
-//! The operator CLI: `services`, `verify`, `stats`, `status`, `explain`, `conntrack`,
+//! The operator CLI: `services`, `verify`, `stats`, `status`, `explain`, `trace`, `conntrack`,
 //! `doctor` and `cleanup`. Each reads the pinned maps (and the agent's
 //! status file, the network namespace it runs in, the source) directly, so
-//! it works whether or not an agent runs; `verify` alone asks the running
-//! agent (only it knows its desired state).
+//! it works whether or not an agent runs; `verify` and `trace` alone ask
+//! the running agent (only it knows its desired state; only it reads the
+//! trace's ring buffer).
 //!
 //! Exit status of `status`, `doctor`, `verify` and `explain`: 0 when all is well (for
 //! `explain`: the flow reaches a backend), 1 when a problem is listed (the
@@ -25,6 +26,7 @@ mod services;
 mod stats;
 mod status;
 mod table;
+mod trace;
 mod verify;
 
 pub use agent_proc::{agent_process, AgentProcess};
@@ -101,6 +103,18 @@ pub enum Command {
         /// `external` (arrived on an uplink).
         #[arg(long, value_enum)]
         scope: Option<explain::Scope>,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Stream what the data path does, live, from the running agent: each
+    /// drop with its reason, each new flow with its backend, layer and
+    /// algorithm, each reverse-translation miss. Filters select by
+    /// Service, frontend, client, backend, protocol and event type. Events
+    /// are switched on in the kernel only while a trace runs; lost events
+    /// (a full ring buffer, a slow reader) are counted in the stream.
+    Trace {
+        #[command(flatten)]
+        args: trace::TraceArgs,
         #[command(flatten)]
         common: Common,
     },
@@ -195,6 +209,7 @@ pub fn run(command: Command) -> anyhow::Result<()> {
             scope,
             common,
         } => explain::run(&common, target, from, scope)?,
+        Command::Trace { args, common } => trace::run(&common, &args)?,
         Command::Conntrack { action } => conntrack::run(action)?,
         Command::Doctor { kubeconfig, common } => doctor::run(&common, kubeconfig)?,
         Command::Cleanup {

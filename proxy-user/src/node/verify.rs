@@ -9,7 +9,10 @@
 //! task on the agent's runtime reads it and hands it to the sync loop, which
 //! answers between two syncs (never in the middle of one), so the dump and
 //! the model it is compared with describe the same moment. The answer is one
-//! JSON [`Verification`], then the agent closes the connection.
+//! JSON [`Verification`], then the agent closes the connection. The same
+//! socket serves `switchboard trace`: a first line `trace <filter>` hands
+//! the connection to the trace hub ([`crate::node::trace`]), which streams
+//! until the client closes it.
 //!
 //! [`compare`] is the comparison itself: a pure function over the desired
 //! state and a [`Dump`] of the maps.
@@ -25,7 +28,7 @@ use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, warn};
 
 use crate::model::{BackendAddr, DesiredState, Frontend, FrontendAddr, IpFamily};
-use crate::node::status;
+use crate::node::{status, trace};
 use crate::sync::encode::{
     backend_addr, frontend_addr, proto_number, revnat_name, revnat_value, scoped_key,
     slot_zero_attributes, AnyBackend, AnyFrontendKey, AnyRevNat, FrontendDefaults,
@@ -474,9 +477,13 @@ pub struct Request {
 }
 
 /// The agent's side: listens on [`socket_path`] and passes each request to
-/// the sync loop through the returned channel. The socket file is removed
-/// when the returned guard drops.
-pub fn serve(pin_root: &Path) -> std::io::Result<(SocketGuard, mpsc::Receiver<Request>)> {
+/// the sync loop through the returned channel, and each `trace` request to
+/// `traces` ([`crate::node::trace`]). The socket file is removed when the
+/// returned guard drops.
+pub fn serve(
+    pin_root: &Path,
+    traces: trace::hub::Handle,
+) -> std::io::Result<(SocketGuard, mpsc::Receiver<Request>)> {
     let path = socket_path(pin_root);
     if let Some(dir) = path.parent() {
         crate::util::fsmode::ensure_dir(
@@ -495,7 +502,7 @@ pub fn serve(pin_root: &Path) -> std::io::Result<(SocketGuard, mpsc::Receiver<Re
     use std::os::unix::fs::PermissionsExt as _;
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
     let (tx, rx) = mpsc::channel(4);
-    tokio::spawn(accept(listener, tx));
+    tokio::spawn(accept(listener, tx, traces));
     Ok((SocketGuard(path), rx))
 }
 
@@ -508,11 +515,15 @@ impl Drop for SocketGuard {
     }
 }
 
-async fn accept(listener: tokio::net::UnixListener, tx: mpsc::Sender<Request>) {
+async fn accept(
+    listener: tokio::net::UnixListener,
+    tx: mpsc::Sender<Request>,
+    traces: trace::hub::Handle,
+) {
     loop {
         match listener.accept().await {
             Ok((stream, _)) => {
-                tokio::spawn(answer(stream, tx.clone()));
+                tokio::spawn(answer(stream, tx.clone(), traces.clone()));
             }
             Err(error) => {
                 warn!(%error, "verify socket: accept failed");
@@ -525,12 +536,24 @@ async fn accept(listener: tokio::net::UnixListener, tx: mpsc::Sender<Request>) {
     }
 }
 
-/// Reads one request line, waits for the loop's answer, writes it.
-async fn answer(stream: tokio::net::UnixStream, tx: mpsc::Sender<Request>) {
+/// Reads one request line, waits for the loop's answer, writes it; a
+/// `trace` request goes to the trace hub with the connection.
+async fn answer(
+    stream: tokio::net::UnixStream,
+    tx: mpsc::Sender<Request>,
+    traces: trace::hub::Handle,
+) {
     let (read, mut write) = stream.into_split();
     let mut line = String::new();
-    let mut reader = tokio::io::BufReader::new(read.take(256));
+    let mut reader = tokio::io::BufReader::new(read.take(4096));
     let read = tokio::time::timeout(REQUEST_TIMEOUT, reader.read_line(&mut line)).await;
+    if let (Ok(Ok(_)), Some(spec)) = (&read, line.strip_prefix(trace::REQUEST)) {
+        if spec.starts_with([' ', '\n']) {
+            let read = reader.into_inner().into_inner();
+            traces.join(spec, read, write).await;
+            return;
+        }
+    }
     let body = match read {
         Ok(Ok(_)) if line.trim() == REQUEST => {
             let (reply, answer) = oneshot::channel();

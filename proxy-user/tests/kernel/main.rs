@@ -20,3 +20,4 @@ mod prefilter;
 mod schedulers;
 mod sock6;
 mod sync_kernel;
+mod trace;

@@ -313,3 +313,79 @@ fn a_stamped_endpointslice_is_observed_in_the_programming_latency() {
     let after = scrape(&sb);
     assert_eq!(sample(&after, LATENCY_COUNT), Some(1.0), "{after}");
 }
+
+/// The metric names the agent's `/metrics` exports: each `# TYPE` family
+/// with the sample names its type gives it.
+fn exported_names(text: &str) -> std::collections::BTreeSet<String> {
+    let mut names = std::collections::BTreeSet::new();
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix("# TYPE ") else {
+            continue;
+        };
+        let mut words = rest.split_whitespace();
+        let (Some(name), Some(kind)) = (words.next(), words.next()) else {
+            continue;
+        };
+        let suffixes: &[&str] = match kind {
+            "counter" => &["_total", "_created"],
+            "histogram" => &["_bucket", "_sum", "_count", "_created"],
+            _ => &[""],
+        };
+        names.extend(suffixes.iter().map(|s| format!("{name}{s}")));
+    }
+    names
+}
+
+/// The metric names a PromQL expression reads (every `switchboard_`
+/// identifier in it).
+fn queried_names(expr: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut rest = expr;
+    while let Some(at) = rest.find("switchboard_") {
+        let tail = &rest[at..];
+        let end = tail
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':'))
+            .unwrap_or(tail.len());
+        found.push(tail[..end].to_owned());
+        rest = &tail[end..];
+    }
+    found
+}
+
+#[test]
+fn the_grafana_dashboard_queries_only_metrics_the_agent_exports() {
+    let path = xtask::util::repo_root().join("manifests/grafana-dashboard.json");
+    let dashboard: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).expect("read the dashboard"))
+            .expect("the dashboard is JSON");
+    let mut exprs: Vec<String> = dashboard["panels"]
+        .as_array()
+        .expect("panels")
+        .iter()
+        .flat_map(|p| p["targets"].as_array().cloned().unwrap_or_default())
+        .filter_map(|t| t["expr"].as_str().map(str::to_owned))
+        .collect();
+    exprs.extend(
+        dashboard["templating"]["list"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|v| v["query"].as_str().map(str::to_owned)),
+    );
+    assert!(exprs.len() >= 8, "{exprs:#?}");
+    let sb = demo_sandbox_with(&[]);
+    let exported = exported_names(&scrape(&sb));
+    let mut unknown = Vec::new();
+    for expr in exprs.iter().filter(|e| e.contains('(') || e.contains('{')) {
+        let names = queried_names(expr);
+        assert!(
+            !names.is_empty(),
+            "an expression reads no metric of the agent's: {expr}"
+        );
+        unknown.extend(names.into_iter().filter(|n| !exported.contains(n)));
+    }
+    assert!(
+        unknown.is_empty(),
+        "the dashboard queries metrics the agent does not export: {unknown:?}\nexported: {exported:#?}"
+    );
+}

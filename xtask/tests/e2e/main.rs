@@ -24,6 +24,7 @@ mod e2e_reject;
 mod e2e_schedulers;
 mod e2e_semantics;
 mod e2e_socketlb;
+mod e2e_trace;
 mod e2e_upgrade;
 mod fake_apiserver;
 mod image;
