@@ -159,7 +159,8 @@ fn measure_start(sb: &mut Sandbox, pid: u32, frontends: usize, t0: Instant) -> R
     let rss = status_kb(pid, "VmRSS:")? as f64 / 1024.0;
     let hwm = status_kb(pid, "VmHWM:")? as f64 / 1024.0;
     let log = sb.agent_log();
-    let loaded = log.lines().find(|l| l.contains("maps loaded"));
+    // Logged once any resize is done: the maps the programs use.
+    let loaded = log.lines().find(|l| l.contains("the maps' kernel memory"));
     Ok(json!({
         "endpoints_per_service": workload::FILLER_ENDPOINTS,
         "frontends": frontends,
