@@ -136,7 +136,8 @@ impl Plan {
 
 impl Plan {
     /// The end-to-end sizes, rounds and paths from `SB_BENCH_E2E_SIZES`
-    /// (comma separated Services counts), `SB_BENCH_ROUNDS` and
+    /// (comma separated Services counts; `SB_BENCH_SCALE_SIZES` the same
+    /// for the agent start and memory rows), `SB_BENCH_ROUNDS` and
     /// `SB_BENCH_PATHS` (comma separated path keys), when set: a run that
     /// looks at a few paths at one size closely.
     fn overridden(mut self) -> Result<Plan> {
@@ -149,6 +150,19 @@ impl Plan {
                     format!("SB_BENCH_E2E_SIZES={v}: Services counts, comma separated")
                 })?;
             ensure!(!self.e2e_sizes.is_empty(), "SB_BENCH_E2E_SIZES is empty");
+        }
+        if let Ok(v) = std::env::var("SB_BENCH_SCALE_SIZES") {
+            self.scale_sizes = v
+                .split(',')
+                .map(|n| n.trim().parse::<u32>())
+                .collect::<Result<_, _>>()
+                .with_context(|| {
+                    format!("SB_BENCH_SCALE_SIZES={v}: Services counts, comma separated")
+                })?;
+            ensure!(
+                !self.scale_sizes.is_empty(),
+                "SB_BENCH_SCALE_SIZES is empty"
+            );
         }
         if let Ok(v) = std::env::var("SB_BENCH_ROUNDS") {
             self.rounds = v
