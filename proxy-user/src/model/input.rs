@@ -160,7 +160,10 @@ pub struct ServiceInfo {
 /// The parts of `spec` (and `status.loadBalancer`) the model reads.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ServiceSpecInfo {
-    pub type_: Option<String>,
+    /// This and the other fields with a few usual values (the policies,
+    /// the affinity, the ports' protocols) share one copy of each usual
+    /// value ([`shared_value`]): no allocation per Service.
+    pub type_: Option<Arc<str>>,
     /// `clusterIPs` when it is set and not empty, else `clusterIP`; as written.
     pub cluster_ips: Vec<String>,
     /// `ipFamilies` (empty when unset).
@@ -172,11 +175,11 @@ pub struct ServiceSpecInfo {
     pub lb_ingress: Vec<LbIngress>,
     /// `loadBalancerSourceRanges`, as written.
     pub lb_source_ranges: Vec<String>,
-    pub session_affinity: Option<String>,
+    pub session_affinity: Option<Arc<str>>,
     /// `sessionAffinityConfig.clientIP.timeoutSeconds`.
     pub affinity_timeout_s: Option<i32>,
-    pub external_traffic_policy: Option<String>,
-    pub internal_traffic_policy: Option<String>,
+    pub external_traffic_policy: Option<Arc<str>>,
+    pub internal_traffic_policy: Option<Arc<str>>,
     pub health_check_node_port: Option<i32>,
     pub ports: Vec<ServicePortInfo>,
 }
@@ -227,9 +230,38 @@ pub struct LbIngress {
 pub struct ServicePortInfo {
     /// Empty when unnamed.
     pub name: String,
-    pub protocol: Option<String>,
+    pub protocol: Option<Arc<str>>,
     pub port: i32,
     pub node_port: Option<i32>,
+}
+
+/// `value`, shared when it is one of the values a Service's type,
+/// policies, affinity or port protocols usually take (one copy each for the
+/// whole process), else a copy of its own.
+pub fn shared_value(value: &str) -> Arc<str> {
+    static USUAL: std::sync::LazyLock<Vec<Arc<str>>> = std::sync::LazyLock::new(|| {
+        [
+            "ClusterIP",
+            "NodePort",
+            "LoadBalancer",
+            "ExternalName",
+            "None",
+            "ClientIP",
+            "Cluster",
+            "Local",
+            "TCP",
+            "UDP",
+            "SCTP",
+        ]
+        .into_iter()
+        .map(Arc::from)
+        .collect()
+    });
+    USUAL
+        .iter()
+        .find(|usual| ***usual == *value)
+        .cloned()
+        .unwrap_or_else(|| Arc::from(value))
 }
 
 impl ServiceInfo {
@@ -258,7 +290,7 @@ impl ServiceInfo {
                 .and_then(|a| a.get(ANNOTATION_LB_ALGORITHM))
                 .cloned(),
             spec: svc.spec.as_ref().map(|spec| ServiceSpecInfo {
-                type_: spec.type_.clone(),
+                type_: spec.type_.as_deref().map(shared_value),
                 cluster_ips: match spec.cluster_ips.as_deref() {
                     Some(list) if !list.is_empty() => list.to_vec(),
                     _ => spec.cluster_ip.iter().cloned().collect(),
@@ -287,14 +319,14 @@ impl ServiceInfo {
                     })
                     .collect(),
                 lb_source_ranges: spec.load_balancer_source_ranges.clone().unwrap_or_default(),
-                session_affinity: spec.session_affinity.clone(),
+                session_affinity: spec.session_affinity.as_deref().map(shared_value),
                 affinity_timeout_s: spec
                     .session_affinity_config
                     .as_ref()
                     .and_then(|c| c.client_ip.as_ref())
                     .and_then(|c| c.timeout_seconds),
-                external_traffic_policy: spec.external_traffic_policy.clone(),
-                internal_traffic_policy: spec.internal_traffic_policy.clone(),
+                external_traffic_policy: spec.external_traffic_policy.as_deref().map(shared_value),
+                internal_traffic_policy: spec.internal_traffic_policy.as_deref().map(shared_value),
                 health_check_node_port: spec.health_check_node_port,
                 ports: spec
                     .ports
@@ -302,7 +334,7 @@ impl ServiceInfo {
                     .flatten()
                     .map(|p| ServicePortInfo {
                         name: p.name.clone().unwrap_or_default(),
-                        protocol: p.protocol.clone(),
+                        protocol: p.protocol.as_deref().map(shared_value),
                         port: p.port,
                         node_port: p.node_port,
                     })
@@ -464,6 +496,19 @@ impl EndpointInfo {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn usual_service_values_are_shared_not_copied() {
+        let (a, b) = (shared_value("ClusterIP"), shared_value("ClusterIP"));
+        assert!(Arc::ptr_eq(&a, &b));
+        assert_eq!(&*shared_value("TCP"), "TCP");
+        let (x, y) = (shared_value("Unusual"), shared_value("Unusual"));
+        assert_eq!(x, y);
+        assert!(
+            !Arc::ptr_eq(&x, &y),
+            "an unusual value is a copy of its own"
+        );
+    }
 
     #[test]
     fn a_service_needs_the_ipv6_tables_when_it_lists_an_ipv6_address() {

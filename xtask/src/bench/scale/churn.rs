@@ -255,7 +255,16 @@ fn scrape(sb: &Sandbox, metrics: SocketAddr) -> Result<(Histogram, Histogram)> {
 fn buckets_json(h: &Histogram) -> Vec<Value> {
     h.buckets
         .iter()
-        .map(|(le, v)| json!([if le.is_finite() { json!(le) } else { json!("+Inf") }, v]))
+        .map(|(le, v)| {
+            json!([
+                if le.is_finite() {
+                    json!(le)
+                } else {
+                    json!("+Inf")
+                },
+                v
+            ])
+        })
         .collect()
 }
 

@@ -318,7 +318,14 @@ fn start_cluster(
     row["api_load_s"] = json!(load_s);
     note_row(&row);
     let event_plan = churn::ChurnPlan::event_to_map(quick);
-    let events = churn::run(&mut sb, API_ADDR, switchboard, &services, METRICS, &event_plan)?;
+    let events = churn::run(
+        &mut sb,
+        API_ADDR,
+        switchboard,
+        &services,
+        METRICS,
+        &event_plan,
+    )?;
     row["event_to_map"] = events["rates"][0].clone();
     let churned = match churn {
         Some(plan) => {
