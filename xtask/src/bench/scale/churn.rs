@@ -251,6 +251,20 @@ fn scrape(sb: &Sandbox, metrics: SocketAddr) -> Result<(Histogram, Histogram)> {
     ))
 }
 
+/// [`scrape`], waiting up to 60 s for /metrics: the agent serves it once its
+/// programs took over, which at 100k Services comes a while after the
+/// `maps synced` line the start measurement waits for.
+fn first_scrape(sb: &Sandbox, metrics: SocketAddr) -> Result<(Histogram, Histogram)> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        match scrape(sb, metrics) {
+            Ok(found) => return Ok(found),
+            Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(200)),
+            Err(e) => return Err(e.context("/metrics did not answer within 60 s")),
+        }
+    }
+}
+
 /// A histogram's buckets as JSON (`[bound, count]`, `"+Inf"` for the last).
 fn buckets_json(h: &Histogram) -> Vec<Value> {
     h.buckets
@@ -312,7 +326,7 @@ pub fn run(
     let mut seq = 0u32;
     let mut rows = Vec::new();
     let mut sustained: Option<u32> = None;
-    let mut before = scrape(sb, metrics)?;
+    let mut before = first_scrape(sb, metrics)?;
     for &rate in &plan.rates {
         let changes = (f64::from(rate) * plan.step.as_secs_f64()).round().max(2.0) as u64;
         let period = Duration::from_secs_f64(1.0 / f64::from(rate));
