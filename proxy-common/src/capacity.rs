@@ -19,6 +19,12 @@ pub const SERVICES: u32 = 16_384;
 pub const UPLINKS: u32 = 64;
 /// Fragmented datagrams in flight whose translation is remembered (LRU).
 pub const FRAGMENTS: u32 = 8_192;
+/// The IPv6 flow tables (conntrack, socket layer, affinity, fragments) of
+/// a node with no IPv6 Service: a few hundred entries each instead of the
+/// full sizes (the IPv6 conntrack table alone is about 55 MB at the
+/// defaults). The agent grows them, online, when the first IPv6 Service
+/// appears.
+pub const IPV6_IDLE: u32 = 512;
 /// Entries of one Maglev table: a prime (Maglev needs one), about 100×
 /// the backends a Service usually has, so each backend's share is even
 /// to within about 1%.

@@ -38,8 +38,8 @@ use crate::{
     node::metrics::{self, SyncObserver},
     node::status::{self, AgentStatus},
     node::verify,
-    source::{self, cluster, dir, FeedRx},
-    sync::store::Capacities,
+    source::{self, cluster, dir, Changes, FeedRx},
+    sync::store::{Capacities, Ipv6Tables},
     sync::Syncer,
 };
 
@@ -136,13 +136,6 @@ pub async fn run(config: AgentConfig, object: &'static [u8]) -> anyhow::Result<(
         .map(|addr| proxy_health.serve(addr))
         .transpose()?;
     let observer = SyncObserver::new(std::time::SystemTime::now());
-    let capacities = config.capacities;
-    let mismatches = ebpf::capacity_mismatches(&config.pin_root, &capacities);
-    for mismatch in &mismatches {
-        info!(map = mismatch.map, "{mismatch}: resizing online");
-    }
-    let resize = resize::Resize::prepare(&config.pin_root, &mismatches)
-        .context("preparing to resize the pinned maps")?;
     let (mut connection, handle, mut link_events) =
         rtnetlink::new_connection().context("opening a netlink socket")?;
     connection
@@ -172,6 +165,19 @@ pub async fn run(config: AgentConfig, object: &'static [u8]) -> anyhow::Result<(
         "the source's first view is read"
     );
     tokio::spawn(mark_queued(feed.publishes(), proxy_health.clone()));
+    let initial = feed.take();
+    // The IPv6 flow tables are sized to the node: small while it has no
+    // IPv6 Service (and no IPv6 flow pinned), grown when one appears.
+    let capacities = Capacities {
+        ipv6: ipv6_tables(&config.pin_root, &initial),
+        ..config.capacities
+    };
+    let mismatches = ebpf::capacity_mismatches(&config.pin_root, &capacities);
+    for mismatch in &mismatches {
+        info!(map = mismatch.map, "{mismatch}: resizing online");
+    }
+    let resize = resize::Resize::prepare(&config.pin_root, &mismatches)
+        .context("preparing to resize the pinned maps")?;
 
     let mut ebpf = ebpf::load(object, &config.pin_root, &capacities, resize.maps())
         .context("loading the eBPF programs")?;
@@ -209,28 +215,13 @@ pub async fn run(config: AgentConfig, object: &'static [u8]) -> anyhow::Result<(
     let mut syncer = Syncer::adopt(maps, capacities);
     syncer.set_default_algorithm(config.lb_algorithm);
     syncer.set_direct_return(config.nodeport_mode == crate::dataplane::uplink::NodePortMode::Dsr);
-    let (kernel, kernel6) = match kmem::map_memory(&config.pin_root) {
-        Ok(maps) => kmem::totals(&maps),
-        Err(error) => {
-            let error = format!("{:#}", anyhow::Error::from(error));
-            warn!(%error, "the maps' kernel memory could not be read");
-            (0, 0)
-        }
-    };
     info!(
         pin_root = %config.pin_root.display(),
         lock = %lock.path().display(),
         adopted = syncer.programmed().count(),
-        maps_kernel_mib = kernel as f64 / 1_048_576.0,
-        ipv6_maps_kernel_mib = kernel6 as f64 / 1_048_576.0,
         "maps loaded"
     );
-    // /metrics reads the maps through pins of its own, at each scrape.
     let gc_metrics = conntrack::GcMetrics::default();
-    let _metrics = config
-        .metrics_bind
-        .map(|addr| metrics::serve(addr, observer.metrics(), &gc_metrics, &config.pin_root))
-        .transpose()?;
     let mut sync = SyncLoop {
         syncer,
         model: {
@@ -255,7 +246,6 @@ pub async fn run(config: AgentConfig, object: &'static [u8]) -> anyhow::Result<(
         churned: 0,
     };
     sync.nodeports.refresh(&handle).await;
-    let initial = feed.take();
     info!(
         objects = initial.len(),
         heap_mib = memory::heap().live_mib(),
@@ -308,6 +298,13 @@ pub async fn run(config: AgentConfig, object: &'static [u8]) -> anyhow::Result<(
         info!(?late, "entries created during the resize copied");
         resize.finish().context("pinning the resized maps")?;
     }
+    // After any resize: what the pins hold now is what the programs use.
+    log_map_memory(&config.pin_root, capacities.ipv6);
+    // /metrics reads the maps through pins of its own, at each scrape.
+    let _metrics = config
+        .metrics_bind
+        .map(|addr| metrics::serve(addr, sync.observer.metrics(), &gc_metrics, &config.pin_root))
+        .transpose()?;
     sync.set_interfaces(attacher.interfaces(), &uplinks.statuses());
     for migrated in migrate::finish(&config.pin_root, sync.syncer.store_mut()) {
         match migrated {
@@ -369,7 +366,16 @@ pub async fn run(config: AgentConfig, object: &'static [u8]) -> anyhow::Result<(
                     bail!("source stopped");
                 }
                 let node_addrs = node_ipv4s(sync.source_node.as_ref());
-                sync.on_changes(feed.take());
+                let changes = feed.take();
+                let first_ipv6 = capacities.ipv6 == Ipv6Tables::Idle && has_ipv6_service(&changes);
+                sync.on_changes(changes);
+                if first_ipv6 {
+                    // Programmed already (it answers with the small tables
+                    // meanwhile); the restart grows them.
+                    info!("the first IPv6 Service appeared: restarting in place to grow the IPv6 flow tables online");
+                    drop(lock);
+                    return Err(restart_in_place());
+                }
                 // The Node's addresses name the uplinks and their
                 // source-NAT addresses: a change is followed at once.
                 if node_ipv4s(sync.source_node.as_ref()) != node_addrs {
@@ -398,6 +404,68 @@ pub async fn run(config: AgentConfig, object: &'static [u8]) -> anyhow::Result<(
     info!("agent stopping; programs and maps stay in place");
     drop(lock);
     Ok(())
+}
+
+/// Logs the pinned maps' kernel memory (the benchmark reads this line).
+fn log_map_memory(pin_root: &std::path::Path, ipv6: Ipv6Tables) {
+    match kmem::map_memory(pin_root) {
+        Ok(maps) => {
+            let (kernel, kernel6) = kmem::totals(&maps);
+            info!(
+                maps_kernel_mib = kernel as f64 / 1_048_576.0,
+                ipv6_maps_kernel_mib = kernel6 as f64 / 1_048_576.0,
+                ipv6_flow_tables = ?ipv6,
+                "{MAP_MEMORY}"
+            );
+        }
+        Err(error) => {
+            let error = format!("{:#}", anyhow::Error::from(error));
+            warn!(%error, "the maps' kernel memory could not be read");
+        }
+    }
+}
+
+/// The log line with the maps' kernel memory.
+pub const MAP_MEMORY: &str = "the maps' kernel memory";
+
+/// How big the IPv6 flow tables must be: full when the source's first view
+/// has an IPv6 Service, or an IPv6 map pinned here holds an entry (an
+/// earlier agent served IPv6: tables with live entries are never shrunk);
+/// else small ([`Ipv6Tables::Idle`]).
+fn ipv6_tables(pin_root: &std::path::Path, first_view: &Changes) -> Ipv6Tables {
+    if has_ipv6_service(first_view) || ebpf::ipv6_pinned_in_use(pin_root) {
+        Ipv6Tables::Full
+    } else {
+        Ipv6Tables::Idle
+    }
+}
+
+/// Whether `changes` hold a Service with an IPv6 address.
+fn has_ipv6_service(changes: &Changes) -> bool {
+    changes
+        .services
+        .values()
+        .flatten()
+        .any(|s| s.has_ipv6_address())
+}
+
+/// Replaces this process with a fresh start of the same binary and
+/// arguments (same pid: a supervisor sees no exit). The start is the
+/// ordinary one: it adopts the pinned maps, finds the IPv6 Service in its
+/// first view, and resizes the IPv6 flow tables online
+/// ([`crate::dataplane::resize`]) while the attached programs keep
+/// forwarding. Every descriptor this process holds is close-on-exec (the
+/// lock, the maps, the sockets), so nothing of this run stays. Returns only
+/// when the exec failed.
+fn restart_in_place() -> anyhow::Error {
+    use std::os::unix::process::CommandExt as _;
+    let mut args = std::env::args_os();
+    let arg0 = args.next().unwrap_or_else(|| "switchboard".into());
+    let error = std::process::Command::new("/proc/self/exe")
+        .arg0(arg0)
+        .args(args)
+        .exec();
+    anyhow::Error::from(error).context("restarting the agent in place to grow the IPv6 tables")
 }
 
 /// The first start on a pin root (nothing of switchboard's pinned there):

@@ -263,6 +263,8 @@ impl AgentArgs {
                 backends: self.max_backends,
                 conntrack: self.max_conntrack,
                 services: self.max_services,
+                // The agent decides once it has read its source.
+                ipv6: crate::sync::store::Ipv6Tables::Full,
             },
             max_endpoints_per_service: self.max_endpoints_per_service,
             kubeconfig: self.kubeconfig,

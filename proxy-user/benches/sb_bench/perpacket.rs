@@ -379,6 +379,7 @@ pub(crate) fn perpacket(quick: bool) -> Result<Value> {
         backends: (ids + 4096).next_power_of_two(),
         conntrack: 262_144,
         services: (ids + 1024).next_power_of_two(),
+        ..Capacities::default()
     };
 
     let mut empty = load_empty()?;

@@ -112,6 +112,7 @@ pub(crate) fn unpinned_syncer(
         backends: (count * endpoints + 4096).next_power_of_two(),
         conntrack: 262_144,
         services: (count + 1024).next_power_of_two(),
+        ..Capacities::default()
     };
     let mut ebpf = ebpf::load_unpinned(proxy_object::SWITCHBOARD, &caps)?;
     let maps = PinnedMaps::take(&mut ebpf)?;

@@ -385,6 +385,7 @@ fn measure(quick: bool) -> Result<Value> {
         backends: 1024,
         conntrack: 4096,
         services: 64,
+        ..Capacities::default()
     };
     let mut ebpf = ebpf::load_unpinned(proxy_object::SWITCHBOARD, &caps)
         .context("loading switchboard's object")?;

@@ -515,6 +515,7 @@ fn load_switchboard(uplink: u32, direct_return: bool) -> Result<(Ebpf, Syncer<Pi
         backends: 1024,
         conntrack: 65536,
         services: 64,
+        ..Capacities::default()
     };
     let mut ebpf = ebpf::load_unpinned(proxy_object::SWITCHBOARD, &caps)
         .context("loading switchboard's object")?;

@@ -193,7 +193,7 @@ impl<S: MapStore> SyncLoop<'_, S> {
             info!(addresses = ?node.as_ref().map(|n| &n.addresses), "node addresses changed");
             self.proxy_health.queued();
             self.model.set_node(node);
-            self.sync(&[], None, HeapBefore::now());
+            self.sync(&[], &[], None, HeapBefore::now());
         }
     }
 
@@ -226,12 +226,19 @@ impl<S: MapStore> SyncLoop<'_, S> {
             changes: at_changes,
             inputs: memory::heap(),
         };
-        self.sync(&slices, Some(seq), before);
+        self.sync(&slices, &changes.arrivals, Some(seq), before);
     }
 
     /// Recomputes the model and writes what changed; `seq`: the source's
-    /// publish this covers (for `/healthz`).
-    fn sync(&mut self, slices: &[SliceSynced], seq: Option<u64>, before: HeapBefore) {
+    /// publish this covers (for `/healthz`); `arrivals`: when its events
+    /// were recorded.
+    fn sync(
+        &mut self,
+        slices: &[SliceSynced],
+        arrivals: &[Instant],
+        seq: Option<u64>,
+        before: HeapBefore,
+    ) {
         let started = Instant::now();
         let delta = self.model.update();
         let model_time = started.elapsed();
@@ -255,6 +262,7 @@ impl<S: MapStore> SyncLoop<'_, S> {
         self.observer.synced(
             started.elapsed(),
             slices,
+            arrivals,
             report.failed.len(),
             SystemTime::now(),
         );

@@ -14,9 +14,12 @@ use aya::{
     programs::{CgroupSock, CgroupSockAddr, Program, ProgramError, SchedClassifier, Xdp},
     Ebpf, EbpfError, EbpfLoader,
 };
-use proxy_common::{names, programs, tail};
+use proxy_common::{capacity, names, programs, tail};
 
-use crate::{dataplane::pins::Pins, sync::store::Capacities};
+use crate::{
+    dataplane::pins::Pins,
+    sync::store::{Capacities, Ipv6Tables},
+};
 
 /// Filesystem magic of bpffs (`BPF_FS_MAGIC` in linux/magic.h).
 const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
@@ -105,8 +108,17 @@ impl std::fmt::Display for CapacityMismatch {
 
 /// The resizable maps: name, the flag that sizes it, and its wanted size.
 /// The socket-layer map holds one entry per balanced socket: sized like
-/// conntrack. Each IPv6 twin is sized by the same flag as its IPv4 map.
-fn sized_maps(caps: &Capacities) -> [(&'static str, &'static str, u32); 12] {
+/// conntrack. Each IPv6 twin is sized by the same flag as its IPv4 map,
+/// except the IPv6 flow tables of a node with no IPv6 Service
+/// ([`Ipv6Tables::Idle`]): [`capacity::IPV6_IDLE`] entries each.
+fn sized_maps(caps: &Capacities) -> [(&'static str, &'static str, u32); 14] {
+    let flows6 = |flag: &'static str, full: u32| match caps.ipv6 {
+        Ipv6Tables::Full => (flag, full),
+        Ipv6Tables::Idle => (IDLE6, capacity::IPV6_IDLE),
+    };
+    let (ct6_flag, ct6) = flows6("--max-conntrack", caps.conntrack);
+    let (aff6_flag, aff6) = flows6("the default", capacity::AFFINITY);
+    let (frag6_flag, frag6) = flows6("the default", capacity::FRAGMENTS);
     [
         (names::FRONTENDS, "--max-frontend-entries", caps.frontends),
         (names::BACKENDS, "--max-backends", caps.backends),
@@ -125,10 +137,34 @@ fn sized_maps(caps: &Capacities) -> [(&'static str, &'static str, u32); 12] {
         ),
         (names::FRONTENDS6, "--max-frontend-entries", caps.frontends),
         (names::BACKENDS6, "--max-backends", caps.backends),
-        (names::CONNTRACK6, "--max-conntrack", caps.conntrack),
-        (names::SOCKETS6, "--max-conntrack", caps.conntrack),
+        (names::CONNTRACK6, ct6_flag, ct6),
+        (names::SOCKETS6, ct6_flag, ct6),
         (names::REVNAT6, "--max-services", caps.services),
+        (names::AFFINITY6, aff6_flag, aff6),
+        (names::FRAGMENTS6, frag6_flag, frag6),
     ]
+}
+
+/// What sizes the IPv6 flow tables of a node with no IPv6 Service.
+const IDLE6: &str = "a node with no IPv6 Service";
+
+/// Whether an IPv6 map that holds flows (or, for the frontends, makes
+/// them) pinned under `pin_root` has an entry: an earlier agent served IPv6
+/// here, and its flows keep their room.
+pub fn ipv6_pinned_in_use(pin_root: &Path) -> bool {
+    let pins = Pins::new(pin_root);
+    has_entry(pins.frontends6())
+        || has_entry(pins.conntrack6())
+        || has_entry(pins.sockets6())
+        || has_entry(pins.affinity6())
+        || has_entry(pins.fragments6())
+}
+
+/// Whether `map` opened and holds at least one entry.
+fn has_entry<K: aya::Pod, V: aya::Pod>(
+    map: Result<aya::maps::HashMap<MapData, K, V>, crate::dataplane::pins::MapsError>,
+) -> bool {
+    map.is_ok_and(|map| map.keys().next().is_some_and(|key| key.is_ok()))
 }
 
 /// The maps pinned under `pin_root` whose size differs from `caps` (aya
@@ -344,6 +380,7 @@ mod tests {
             backends: 22,
             conntrack: 33,
             services: 44,
+            ipv6: Ipv6Tables::Full,
         };
         let sized = sized_maps(&caps);
         let size = |name| {
@@ -363,5 +400,32 @@ mod tests {
             assert_eq!(size(v4), size(v6), "{v6}");
         }
         assert_eq!(size(names::CONNTRACK6), Some(("--max-conntrack", 33)));
+    }
+
+    #[test]
+    fn a_node_without_ipv6_services_gets_small_ipv6_flow_tables_only() {
+        let full = Capacities::default();
+        let idle = Capacities {
+            ipv6: Ipv6Tables::Idle,
+            ..full
+        };
+        let (full, idle) = (sized_maps(&full), sized_maps(&idle));
+        let flows6 = [
+            names::CONNTRACK6,
+            names::SOCKETS6,
+            names::AFFINITY6,
+            names::FRAGMENTS6,
+        ];
+        for ((map, _, full_size), (_, flag, idle_size)) in full.iter().zip(&idle) {
+            if flows6.contains(map) {
+                assert_eq!(*idle_size, capacity::IPV6_IDLE, "{map}");
+                assert!(*full_size > capacity::IPV6_IDLE, "{map}: {full_size}");
+                assert_eq!(*flag, IDLE6);
+            } else {
+                // The IPv4 maps, and the IPv6 frontends, backends and
+                // reverse-NAT entries the sync writes, keep their size.
+                assert_eq!(full_size, idle_size, "{map}");
+            }
+        }
     }
 }

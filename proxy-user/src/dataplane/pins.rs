@@ -11,9 +11,9 @@ use std::path::{Path, PathBuf};
 use aya::maps::{lpm_trie::LpmTrie, Array, HashMap, Map, MapData, MapError, PerCpuArray};
 use proxy_common::{
     names, AffinityEntry, AffinityKey, AffinityKey6, Backend, Backend6, Config, CtEntry, CtEntry6,
-    CtEntryV2, CtEntryV4, CtKey, CtKey6, FragEntry, FragKey, FrontendKey, FrontendKey6,
-    FrontendSlot, MaglevTable, RevNat, RevNat6, SockEntry, SockEntry6, SockKey, SockKey6,
-    SrcRange4, SrcRange6, SvcStats, Uplink,
+    CtEntryV2, CtEntryV4, CtKey, CtKey6, FragEntry, FragEntry6, FragKey, FragKey6, FrontendKey,
+    FrontendKey6, FrontendSlot, MaglevTable, RevNat, RevNat6, SockEntry, SockEntry6, SockKey,
+    SockKey6, SrcRange4, SrcRange6, SvcStats, Uplink,
 };
 
 use crate::dataplane::migrate;
@@ -183,6 +183,7 @@ pinned_maps! {
     uplinks: names::UPLINKS => Hash<u32, Uplink>;
     maglev: names::MAGLEV => Hash<u32, MaglevTable>;
     fragments: names::FRAGMENTS => Hash<FragKey, FragEntry>;
+    fragments6: names::FRAGMENTS6 => Hash<FragKey6, FragEntry6>;
     source_ranges: names::SOURCE_RANGES => LpmTrie<MapData, SrcRange4, u8>;
     source_ranges6: names::SOURCE_RANGES6 => LpmTrie<MapData, SrcRange6, u8>;
     service_denied: names::SERVICE_DENIED => PerCpuArray<MapData, u64>;

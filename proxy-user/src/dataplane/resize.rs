@@ -173,6 +173,8 @@ fn copy_map(pin_root: &Path, map: &'static str, overwrite: bool) -> Result<Copie
         names::CONNTRACK6 => copy_hash(pins.conntrack6()?, open_at(map, &staging)?, overwrite),
         names::REVNAT6 => copy_hash(pins.revnat6()?, open_at(map, &staging)?, overwrite),
         names::SOCKETS6 => copy_hash(pins.sockets6()?, open_at(map, &staging)?, overwrite),
+        names::AFFINITY6 => copy_hash(pins.affinity6()?, open_at(map, &staging)?, overwrite),
+        names::FRAGMENTS6 => copy_hash(pins.fragments6()?, open_at(map, &staging)?, overwrite),
         names::SERVICE_STATS => copy_per_cpu_array(pins.service_stats()?, open_at(map, &staging)?),
         names::SERVICE_DENIED => {
             copy_per_cpu_array(pins.service_denied()?, open_at(map, &staging)?)

@@ -160,7 +160,10 @@ pub struct ServiceInfo {
 /// The parts of `spec` (and `status.loadBalancer`) the model reads.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ServiceSpecInfo {
-    pub type_: Option<String>,
+    /// This and the other fields with a few usual values (the policies,
+    /// the affinity, the ports' protocols) share one copy of each usual
+    /// value ([`shared_value`]): no allocation per Service.
+    pub type_: Option<Arc<str>>,
     /// `clusterIPs` when it is set and not empty, else `clusterIP`; as written.
     pub cluster_ips: Vec<String>,
     /// `ipFamilies` (empty when unset).
@@ -172,11 +175,11 @@ pub struct ServiceSpecInfo {
     pub lb_ingress: Vec<LbIngress>,
     /// `loadBalancerSourceRanges`, as written.
     pub lb_source_ranges: Vec<String>,
-    pub session_affinity: Option<String>,
+    pub session_affinity: Option<Arc<str>>,
     /// `sessionAffinityConfig.clientIP.timeoutSeconds`.
     pub affinity_timeout_s: Option<i32>,
-    pub external_traffic_policy: Option<String>,
-    pub internal_traffic_policy: Option<String>,
+    pub external_traffic_policy: Option<Arc<str>>,
+    pub internal_traffic_policy: Option<Arc<str>>,
     pub health_check_node_port: Option<i32>,
     pub ports: Vec<ServicePortInfo>,
 }
@@ -227,12 +230,51 @@ pub struct LbIngress {
 pub struct ServicePortInfo {
     /// Empty when unnamed.
     pub name: String,
-    pub protocol: Option<String>,
+    pub protocol: Option<Arc<str>>,
     pub port: i32,
     pub node_port: Option<i32>,
 }
 
+/// `value`, shared when it is one of the values a Service's type,
+/// policies, affinity or port protocols usually take (one copy each for the
+/// whole process), else a copy of its own.
+pub fn shared_value(value: &str) -> Arc<str> {
+    static USUAL: std::sync::LazyLock<Vec<Arc<str>>> = std::sync::LazyLock::new(|| {
+        [
+            "ClusterIP",
+            "NodePort",
+            "LoadBalancer",
+            "ExternalName",
+            "None",
+            "ClientIP",
+            "Cluster",
+            "Local",
+            "TCP",
+            "UDP",
+            "SCTP",
+        ]
+        .into_iter()
+        .map(Arc::from)
+        .collect()
+    });
+    USUAL
+        .iter()
+        .find(|usual| ***usual == *value)
+        .cloned()
+        .unwrap_or_else(|| Arc::from(value))
+}
+
 impl ServiceInfo {
+    /// Whether the Service lists an IPv6 address (cluster, external or
+    /// load-balancer ingress): it needs the node's IPv6 flow tables.
+    pub fn has_ipv6_address(&self) -> bool {
+        let Some(spec) = &self.spec else { return false };
+        let v6 = |s: &str| s.trim().parse::<std::net::Ipv6Addr>().is_ok();
+        spec.cluster_ips.iter().any(|ip| v6(ip))
+            || spec.external_ips.iter().any(|ip| v6(ip))
+            || spec.lb_ingress.iter().flat_map(|i| &i.ip).any(|ip| v6(ip))
+    }
+
     pub fn from_k8s(svc: &Service) -> ServiceInfo {
         let meta = &svc.metadata;
         ServiceInfo {
@@ -248,7 +290,7 @@ impl ServiceInfo {
                 .and_then(|a| a.get(ANNOTATION_LB_ALGORITHM))
                 .cloned(),
             spec: svc.spec.as_ref().map(|spec| ServiceSpecInfo {
-                type_: spec.type_.clone(),
+                type_: spec.type_.as_deref().map(shared_value),
                 cluster_ips: match spec.cluster_ips.as_deref() {
                     Some(list) if !list.is_empty() => list.to_vec(),
                     _ => spec.cluster_ip.iter().cloned().collect(),
@@ -277,14 +319,14 @@ impl ServiceInfo {
                     })
                     .collect(),
                 lb_source_ranges: spec.load_balancer_source_ranges.clone().unwrap_or_default(),
-                session_affinity: spec.session_affinity.clone(),
+                session_affinity: spec.session_affinity.as_deref().map(shared_value),
                 affinity_timeout_s: spec
                     .session_affinity_config
                     .as_ref()
                     .and_then(|c| c.client_ip.as_ref())
                     .and_then(|c| c.timeout_seconds),
-                external_traffic_policy: spec.external_traffic_policy.clone(),
-                internal_traffic_policy: spec.internal_traffic_policy.clone(),
+                external_traffic_policy: spec.external_traffic_policy.as_deref().map(shared_value),
+                internal_traffic_policy: spec.internal_traffic_policy.as_deref().map(shared_value),
                 health_check_node_port: spec.health_check_node_port,
                 ports: spec
                     .ports
@@ -292,7 +334,7 @@ impl ServiceInfo {
                     .flatten()
                     .map(|p| ServicePortInfo {
                         name: p.name.clone().unwrap_or_default(),
-                        protocol: p.protocol.clone(),
+                        protocol: p.protocol.as_deref().map(shared_value),
                         port: p.port,
                         node_port: p.node_port,
                     })
@@ -454,6 +496,42 @@ impl EndpointInfo {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn usual_service_values_are_shared_not_copied() {
+        let (a, b) = (shared_value("ClusterIP"), shared_value("ClusterIP"));
+        assert!(Arc::ptr_eq(&a, &b));
+        assert_eq!(&*shared_value("TCP"), "TCP");
+        let (x, y) = (shared_value("Unusual"), shared_value("Unusual"));
+        assert_eq!(x, y);
+        assert!(
+            !Arc::ptr_eq(&x, &y),
+            "an unusual value is a copy of its own"
+        );
+    }
+
+    #[test]
+    fn a_service_needs_the_ipv6_tables_when_it_lists_an_ipv6_address() {
+        let svc = |cluster: &[&str], external: &[&str], ingress: Option<&str>| ServiceInfo {
+            key: ObjectKey::new("default", "web"),
+            spec: Some(ServiceSpecInfo {
+                cluster_ips: cluster.iter().map(|s| s.to_string()).collect(),
+                external_ips: external.iter().map(|s| s.to_string()).collect(),
+                lb_ingress: vec![LbIngress {
+                    ip: ingress.map(Into::into),
+                    ip_mode: None,
+                }],
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        assert!(!svc(&["10.96.0.1"], &["192.0.2.1"], Some("192.0.2.2")).has_ipv6_address());
+        assert!(!svc(&["None"], &[], None).has_ipv6_address());
+        assert!(svc(&["10.96.0.1", "fd00:96::1"], &[], None).has_ipv6_address());
+        assert!(svc(&["10.96.0.1"], &["2001:db8::1"], None).has_ipv6_address());
+        assert!(svc(&["10.96.0.1"], &[], Some("2001:db8::2")).has_ipv6_address());
+        assert!(!ServiceInfo::default().has_ipv6_address());
+    }
 
     #[test]
     fn canonical_addresses_are_parsed_anything_else_kept_as_written() {

@@ -2007,7 +2007,7 @@ mod properties {
         )
             .prop_map(|(name, protocol, port, node_port)| ServicePortInfo {
                 name,
-                protocol,
+                protocol: protocol.map(Into::into),
                 port,
                 node_port,
             })
@@ -2038,17 +2038,17 @@ mod properties {
         )
             .prop_map(
                 |(type_, cluster_ips, external_ips, ports, (etp, itp), affinity)| ServiceSpecInfo {
-                    type_,
+                    type_: type_.map(Into::into),
                     cluster_ips,
                     external_ips,
                     lb_ingress: vec![LbIngress {
                         ip: Some("198.51.100.1".into()),
                         ip_mode: None,
                     }],
-                    session_affinity: affinity.map(|_| "ClientIP".to_string()),
+                    session_affinity: affinity.map(|_| "ClientIP".into()),
                     affinity_timeout_s: affinity,
-                    external_traffic_policy: etp,
-                    internal_traffic_policy: itp,
+                    external_traffic_policy: etp.map(Into::into),
+                    internal_traffic_policy: itp.map(Into::into),
                     ports,
                     ..ServiceSpecInfo::default()
                 },

@@ -5,15 +5,19 @@
 //! |---|---|
 //! | `switchboard_sync_duration_seconds` (histogram) | `kubeproxy_sync_proxy_rules_duration_seconds` |
 //! | `switchboard_network_programming_duration_seconds` (histogram) | `kubeproxy_network_programming_duration_seconds` |
+//! | `switchboard_event_to_map_duration_seconds` (histogram) | none |
 //! | `switchboard_sync_last_timestamp_seconds` (gauge, unix seconds) | `kubeproxy_sync_proxy_rules_last_timestamp_seconds` |
 //! | `switchboard_sync_unprogrammed_frontends` (gauge) | none (kube-proxy counts failed restores: `kubeproxy_sync_proxy_rules_iptables_restore_failures_total`) |
 //! | `switchboard_map_entries{map}`, `switchboard_map_capacity{map}` (gauges) | none: iptables chains have no capacity (`kubeproxy_sync_proxy_rules_iptables_total` counts rules) |
-//! | `switchboard_map_memory_bytes{map}` (gauge: the kernel's `memlock` of each pinned map, read once when the agent starts serving) | none |
+//! | `switchboard_map_memory_bytes{map}` (gauge: the kernel's `memlock` of each pinned map, read once when the agent starts serving, after any resize) | none |
 //! | `switchboard_service_packets_total`, `_bytes_total`, `_flows_total`, `_drops_total`, `_source_range_drops_total` `{service,frontend}` (counters) | none: the per-rule packet and byte counters `iptables -L -v` shows |
 //! | `switchboard_datapath_events_total{counter}` (counters) | none: the data path's own counters (`switchboard stats`) |
 //! | `switchboard_conntrack_gc_deleted_total`, `switchboard_conntrack_fill_ratio` (gauge), `switchboard_conntrack_gc_duration_seconds` (histogram), each `{family}` (`ipv4`: `SB_CT_V5`, `ipv6`: `SB_CT6_V1`) | none: the kernel's conntrack expires entries itself (`conntrack -S` counts) |
 //!
 //! * Sync duration: from a snapshot's arrival to the end of its map writes.
+//! * Event to map: from the source recording one Service or EndpointSlice
+//!   event (a watch event decoded, a file read) to the end of the map writes
+//!   of the sync that applied it; the first view is not timed.
 //! * Network programming latency, as kube-proxy measures it: the EndpointSlice
 //!   controller stamps a slice with `endpoints.kubernetes.io/last-change-trigger-time`
 //!   (RFC 3339) when the change that produced it happened (a pod turned
@@ -37,7 +41,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
 use http_body_util::Full;
@@ -79,6 +83,7 @@ pub enum MetricsError {
 pub struct SyncMetrics {
     sync_duration: Histogram,
     programming_latency: Histogram,
+    event_to_map: Histogram,
     last_sync: Gauge<f64, AtomicU64>,
     unprogrammed: Gauge,
 }
@@ -94,6 +99,12 @@ impl Default for SyncMetrics {
             programming_latency: Histogram::new([
                 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0,
                 60.0, 120.0, 300.0,
+            ]),
+            // 0.1 ms to 10 s, 1-2-5 steps: an event normally reaches the
+            // maps in well under a millisecond.
+            event_to_map: Histogram::new([
+                0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0,
+                2.0, 5.0, 10.0,
             ]),
             last_sync: Gauge::default(),
             unprogrammed: Gauge::default(),
@@ -113,6 +124,11 @@ impl SyncMetrics {
             "switchboard_network_programming_duration_seconds",
             "Time from an EndpointSlice's last-change-trigger-time to the end of the sync that programmed it",
             self.programming_latency.clone(),
+        );
+        registry.register(
+            "switchboard_event_to_map_duration_seconds",
+            "Time from the source recording a Service or EndpointSlice event (after the first view) to the end of the map writes of the sync that applied it",
+            self.event_to_map.clone(),
         );
         registry.register(
             "switchboard_sync_last_timestamp_seconds",
@@ -154,10 +170,16 @@ impl SyncObserver {
         &mut self,
         elapsed: Duration,
         slices: &[SliceSynced],
+        arrivals: &[Instant],
         unprogrammed: usize,
         now: SystemTime,
     ) {
         self.metrics.sync_duration.observe(elapsed.as_secs_f64());
+        let written = Instant::now();
+        for arrived in arrivals {
+            let latency = written.saturating_duration_since(*arrived);
+            self.metrics.event_to_map.observe(latency.as_secs_f64());
+        }
         for latency in self.latency.after_sync(slices, now) {
             self.metrics
                 .programming_latency
@@ -585,9 +607,11 @@ mod tests {
     #[test]
     fn rendering_has_every_series_with_its_labels() {
         let mut observer = SyncObserver::new(at(0));
+        let arrived = Instant::now();
         observer.synced(
             Duration::from_millis(3),
             &[slice("b", Some(&rfc3339(at(10))))],
+            &[arrived, arrived],
             2,
             at(11),
         );
@@ -600,6 +624,7 @@ mod tests {
             "switchboard_sync_duration_seconds_bucket{le=\"0.004\"} 1",
             "switchboard_network_programming_duration_seconds_count 1",
             "switchboard_network_programming_duration_seconds_sum 1.0",
+            "switchboard_event_to_map_duration_seconds_count 2",
             "switchboard_sync_last_timestamp_seconds 1700000011.0",
             "switchboard_sync_unprogrammed_frontends 2",
             "# TYPE switchboard_map_entries gauge",

@@ -15,6 +15,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Instant;
 
 use tokio::sync::watch;
 
@@ -33,6 +34,10 @@ pub struct Changes {
     pub problems: Option<Vec<ModelWarning>>,
     /// The publish count these changes cover (what `/healthz` tracks).
     pub seq: u64,
+    /// When each Service and EndpointSlice event of these changes was
+    /// recorded (after the first view only: the start is measured apart),
+    /// for the time from an event's arrival to the map write.
+    pub arrivals: Vec<Instant>,
 }
 
 impl Changes {
@@ -98,12 +103,24 @@ pub fn feed() -> (FeedTx, FeedRx) {
 impl FeedTx {
     /// Records a Service's new version (`None`: deleted).
     pub fn service(&self, key: ObjectKey, info: Option<Arc<ServiceInfo>>) {
-        self.shared.pending().services.insert(key, info);
+        let arrived = self.arrival();
+        let mut pending = self.shared.pending();
+        pending.services.insert(key, info);
+        pending.arrivals.extend(arrived);
     }
 
     /// Records an EndpointSlice's new version (`None`: deleted).
     pub fn slice(&self, key: ObjectKey, info: Option<Arc<SliceInfo>>) {
-        self.shared.pending().slices.insert(key, info);
+        let arrived = self.arrival();
+        let mut pending = self.shared.pending();
+        pending.slices.insert(key, info);
+        pending.arrivals.extend(arrived);
+    }
+
+    /// Now, once the first view is published (its objects are not events
+    /// to time, and would cost a stamp each at 100k).
+    fn arrival(&self) -> Option<Instant> {
+        (*self.shared.published.borrow() > 0).then(Instant::now)
     }
 
     /// Records this node's new state (`None`: gone or unknown).
@@ -184,6 +201,9 @@ mod tests {
         assert_eq!(changes.seq, 2);
         assert_eq!(changes.services.len(), 1);
         assert_eq!(changes.services[&key], Some(svc("web", 81)));
+        // The first version came before anything was published (the first
+        // view): not timed; the second is.
+        assert_eq!(changes.arrivals.len(), 1);
         assert!(rx.take().is_empty());
     }
 

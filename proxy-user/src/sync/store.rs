@@ -21,6 +21,19 @@ pub struct Capacities {
     pub backends: u32,
     pub conntrack: u32,
     pub services: u32,
+    /// How big the IPv6 flow tables are (conntrack, socket layer, affinity,
+    /// fragments): the node's IPv6 Services decide it (see the agent).
+    pub ipv6: Ipv6Tables,
+}
+
+/// The size of a node's IPv6 flow tables.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ipv6Tables {
+    /// Sized like their IPv4 twins: the node has IPv6 Services (or had
+    /// them: tables with live entries are never shrunk).
+    Full,
+    /// [`capacity::IPV6_IDLE`] entries each: the node has no IPv6 Service.
+    Idle,
 }
 
 impl Capacities {
@@ -38,6 +51,7 @@ impl Default for Capacities {
             backends: capacity::BACKENDS,
             conntrack: capacity::CONNTRACK,
             services: capacity::SERVICES,
+            ipv6: Ipv6Tables::Full,
         }
     }
 }

@@ -35,6 +35,7 @@ fn fixture(conntrack: u32) -> Loaded {
         backends: 64,
         conntrack,
         services: 64,
+        ..Capacities::default()
     };
     let frontends = vec![
         cluster_ip(VIP, 80, Protocol::Tcp, "svc80", &[(POD1, 8080)]),

@@ -129,6 +129,7 @@ fn a_batched_first_sync_and_incremental_changes_leave_exactly_the_desired_state(
         backends: 32_768,
         conntrack: 1024,
         services: 16_384,
+        ..Capacities::default()
     };
     let (_ebpf, maps) = crate::support::load(&caps);
     let mut syncer = Syncer::adopt(maps, caps);
@@ -186,6 +187,7 @@ fn max_services_n_gives_n_service_ports_each_with_counters() {
         backends: 64,
         conntrack: 64,
         services: n,
+        ..Capacities::default()
     };
     let (_ebpf, maps) = crate::support::load(&caps);
     assert_eq!(maps.service_stats.len(), n + 1);
@@ -230,6 +232,7 @@ fn dual_stack_services_fill_both_families_maps() {
         backends: 1024,
         conntrack: 256,
         services: 256,
+        ..Capacities::default()
     };
     let (_ebpf, maps) = crate::support::load(&caps);
     let mut syncer = Syncer::adopt(maps, caps);

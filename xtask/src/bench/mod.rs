@@ -104,6 +104,21 @@ struct Plan {
     paths: Option<Vec<String>>,
 }
 
+/// Services counts, comma separated, from the environment variable `name`
+/// (`None` when unset).
+fn sizes_from_env(name: &str) -> Result<Option<Vec<u32>>> {
+    let Ok(v) = std::env::var(name) else {
+        return Ok(None);
+    };
+    let sizes: Vec<u32> = v
+        .split(',')
+        .map(|n| n.trim().parse::<u32>())
+        .collect::<Result<_, _>>()
+        .with_context(|| format!("{name}={v}: Services counts, comma separated"))?;
+    ensure!(!sizes.is_empty(), "{name} is empty");
+    Ok(Some(sizes))
+}
+
 impl Plan {
     fn new(quick: bool) -> Plan {
         if quick {
@@ -136,19 +151,16 @@ impl Plan {
 
 impl Plan {
     /// The end-to-end sizes, rounds and paths from `SB_BENCH_E2E_SIZES`
-    /// (comma separated Services counts), `SB_BENCH_ROUNDS` and
+    /// (comma separated Services counts; `SB_BENCH_SCALE_SIZES` the same
+    /// for the agent start and memory rows), `SB_BENCH_ROUNDS` and
     /// `SB_BENCH_PATHS` (comma separated path keys), when set: a run that
     /// looks at a few paths at one size closely.
     fn overridden(mut self) -> Result<Plan> {
-        if let Ok(v) = std::env::var("SB_BENCH_E2E_SIZES") {
-            self.e2e_sizes = v
-                .split(',')
-                .map(|n| n.trim().parse::<u32>())
-                .collect::<Result<_, _>>()
-                .with_context(|| {
-                    format!("SB_BENCH_E2E_SIZES={v}: Services counts, comma separated")
-                })?;
-            ensure!(!self.e2e_sizes.is_empty(), "SB_BENCH_E2E_SIZES is empty");
+        if let Some(sizes) = sizes_from_env("SB_BENCH_E2E_SIZES")? {
+            self.e2e_sizes = sizes;
+        }
+        if let Some(sizes) = sizes_from_env("SB_BENCH_SCALE_SIZES")? {
+            self.scale_sizes = sizes;
         }
         if let Ok(v) = std::env::var("SB_BENCH_ROUNDS") {
             self.rounds = v

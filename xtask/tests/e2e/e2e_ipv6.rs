@@ -11,9 +11,12 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use xtask::sandbox::{
-    find_at, node_ip6, pod_ip, pod_ip6, pod_name, Frontend, Sandbox, CLIENT_IP, CLIENT_IP6, PODS,
+    find_at, node_ip6, pod_ip, pod_ip6, pod_name, Attempt, ClientRun, Frontend, Sandbox, CLIENT_IP,
+    CLIENT_IP6, PODS,
 };
-use xtask::testenv::{pod_saw_ips, require_root, sb_echo, switchboard, write_manifest};
+use xtask::testenv::{
+    bpftool_json, pod_saw_ips, require_root, sb_echo, switchboard, wait_agent_log, write_manifest,
+};
 
 const CLUSTER_IP4: &str = "10.96.0.20";
 const CLUSTER_IP6: &str = "fd00:96::20";
@@ -190,5 +193,184 @@ fn a_dual_stack_service_answers_over_both_families_from_pods_and_the_host() {
             }
         }
     }
+    sb.cleanup().expect("cleanup");
+}
+
+/// An IPv4-only Service (the node's only one at the start).
+const SERVICE4: &str = "apiVersion: v1
+kind: Service
+metadata:
+  name: only4
+  namespace: demo
+spec:
+  type: ClusterIP
+  clusterIP: 10.96.0.21
+  clusterIPs:
+  - 10.96.0.21
+  ipFamilies:
+  - IPv4
+  ipFamilyPolicy: SingleStack
+  ports:
+  - name: http
+    port: 80
+    protocol: TCP
+    targetPort: 8080
+";
+const CLUSTER_IP_ONLY4: &str = "10.96.0.21";
+
+/// [`slice`]'s IPv4 slice, for `only4`.
+fn slice_only4() -> String {
+    slice("IPv4")
+        .replace("name: dual-ipv4", "name: only4-ipv4")
+        .replace("service-name: dual", "service-name: only4")
+}
+
+/// Issue 22: a node that starts with no IPv6 Service keeps its IPv6 flow
+/// tables (conntrack, socket layer, affinity, fragments) small; when the
+/// first IPv6 Service appears the agent grows them online (a restart in
+/// place through the online resize, same pid) while IPv4 traffic flows
+/// without a single failed connection, and the IPv6 Service then answers.
+#[test]
+fn the_ipv6_tables_grow_online_when_the_first_ipv6_service_appears() {
+    require_root();
+    let mut sb = Sandbox::for_test().expect("create sandbox");
+    write_manifest(&sb, "only4-service.yaml", SERVICE4);
+    write_manifest(&sb, "only4-slice.yaml", &slice_only4());
+    sb.start_pods(&sb_echo()).expect("start pods");
+    sb.start_agent(&switchboard()).expect("start agent");
+    sb.wait_services(
+        &switchboard(),
+        Duration::from_secs(10),
+        "demo/only4 with every pod",
+        |f: &[Frontend]| {
+            find_at(f, CLUSTER_IP_ONLY4, 80, "TCP").is_some_and(|fe| fe.backends.len() == PODS)
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e:#}\nagent log:\n{}", sb.agent_log()));
+    let pid = sb.agent_pid().expect("the agent runs");
+    let pin_dir = sb.pin_dir.clone();
+    let max_entries = |map: &str| {
+        let pin = pin_dir.join(map);
+        bpftool_json(&["map", "show", "pinned", &pin.to_string_lossy()])["max_entries"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("max_entries of {map}"))
+    };
+    let flows6 = ["SB_CT6_V1", "SB_SOCK6_V1", "SB_AFFINITY6_V1", "SB_FRAG6_V1"];
+    let idle = u64::from(proxy_common::capacity::IPV6_IDLE);
+    for map in flows6 {
+        assert_eq!(max_entries(map), idle, "{map} starts small");
+    }
+    let ct4 = max_entries("SB_CT_V5");
+    assert!(
+        ct4 > 16 * idle,
+        "the IPv4 conntrack table is full size: {ct4}"
+    );
+
+    // IPv4 traffic throughout: a new connection every 10 ms.
+    let run_ms = 12_000;
+    let v4 = sb
+        .client_spawn(
+            &sb_echo(),
+            &[
+                "--tcp",
+                &format!("{CLUSTER_IP_ONLY4}:80"),
+                "--duration-ms",
+                &run_ms.to_string(),
+                "--interval-ms",
+                "10",
+                "--timeout-ms",
+                "2000",
+            ],
+        )
+        .expect("start the IPv4 client");
+    std::thread::sleep(Duration::from_millis(1000));
+
+    // The first IPv6 Service.
+    write_manifest(&sb, "dual-service.yaml", SERVICE);
+    write_manifest(&sb, "dual-slice-v4.yaml", &slice("IPv4"));
+    write_manifest(&sb, "dual-slice-v6.yaml", &slice("IPv6"));
+    wait_agent_log(
+        &sb,
+        "the first IPv6 Service appeared",
+        Duration::from_secs(10),
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while sb.agent_log().matches(xtask::sandbox::AGENT_READY).count() < 2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the restarted agent never took over:\n{}",
+            sb.agent_log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(sb.agent_pid(), Some(pid), "restarted in place");
+    assert!(sb.agent_running(), "the agent runs:\n{}", sb.agent_log());
+    for map in flows6 {
+        let size = max_entries(map);
+        assert!(size > idle, "{map} grew: {size}");
+        assert!(
+            !sb.pin_dir.join(format!("{map}_resize")).exists(),
+            "{map}: the staging pin took the old name"
+        );
+    }
+    assert_eq!(max_entries("SB_CT6_V1"), ct4, "sized like its IPv4 twin");
+    assert_eq!(
+        max_entries("SB_SOCK6_V1"),
+        max_entries("SB_SOCK_V1"),
+        "sized like its IPv4 twin"
+    );
+    assert_eq!(
+        max_entries("SB_FRAG6_V1"),
+        max_entries("SB_FRAG_V1"),
+        "sized like its IPv4 twin"
+    );
+    let programmed = |f: &[Frontend]| {
+        find_at(f, CLUSTER_IP6, 80, "TCP").is_some_and(|fe| fe.backends.len() == PODS)
+    };
+    sb.wait_services(
+        &switchboard(),
+        Duration::from_secs(10),
+        "demo/dual over IPv6",
+        programmed,
+    )
+    .unwrap_or_else(|e| panic!("{e:#}\nagent log:\n{}", sb.agent_log()));
+    let v6 = sb
+        .client(
+            &sb_echo(),
+            &[
+                "--tcp",
+                &format!("[{CLUSTER_IP6}]:80"),
+                "--count",
+                "20",
+                "--timeout-ms",
+                "1000",
+            ],
+        )
+        .expect("IPv6 client");
+    assert!(v6.all_ok(), "the IPv6 Service answers: {}", v6.raw);
+
+    // The kernel memory the small tables saved (shown with --nocapture).
+    for line in sb.agent_log().lines() {
+        if line.contains("the maps' kernel memory") {
+            eprintln!("{line}");
+        }
+    }
+    let out = v4.wait_with_output().expect("the IPv4 client");
+    let run = ClientRun::parse(&String::from_utf8_lossy(&out.stdout)).expect("client output");
+    let failed: Vec<_> = run
+        .attempts
+        .iter()
+        .filter(|a| matches!(a, Attempt::Err { .. }))
+        .collect();
+    assert!(
+        run.attempts.len() > 200,
+        "the IPv4 client ran throughout: {} attempts",
+        run.attempts.len()
+    );
+    assert!(
+        failed.is_empty(),
+        "IPv4 connections failed while the IPv6 tables grew: {failed:?}\nagent log:\n{}",
+        sb.agent_log()
+    );
     sb.cleanup().expect("cleanup");
 }

@@ -84,6 +84,7 @@ pub fn capacities(conntrack: u32) -> Capacities {
         backends: 1024,
         conntrack,
         services: 64,
+        ..Capacities::default()
     }
 }
 

@@ -35,6 +35,8 @@ use crate::sandbox::{self, Sandbox};
 
 const TRIGGER_ANNOTATION: &str = "endpoints.kubernetes.io/last-change-trigger-time";
 const HISTOGRAM: &str = "switchboard_network_programming_duration_seconds";
+/// The source recording an event → the map writes that applied it.
+const EVENT_HISTOGRAM: &str = "switchboard_event_to_map_duration_seconds";
 /// The share of the asked rate the bench must reach for the rate to count.
 const ACHIEVED_MIN: f64 = 0.95;
 
@@ -52,6 +54,15 @@ impl ChurnPlan {
             step: Duration::from_secs(if quick { 2 } else { 5 }),
         }
     }
+
+    /// One rate only: the event → map write measurement at
+    /// [`EVENT_RATE`](super::targets::EVENT_RATE) changes per second.
+    pub fn event_to_map(quick: bool) -> ChurnPlan {
+        ChurnPlan {
+            rates: vec![super::targets::EVENT_RATE],
+            step: Duration::from_secs(if quick { 3 } else { 10 }),
+        }
+    }
 }
 
 /// The histogram as /metrics shows it: cumulative counts per upper bound,
@@ -64,8 +75,13 @@ struct Histogram {
 
 impl Histogram {
     fn parse(text: &str) -> Result<Histogram> {
-        let bucket = format!("{HISTOGRAM}_bucket{{le=\"");
-        let count = format!("{HISTOGRAM}_count ");
+        Histogram::parse_named(text, HISTOGRAM)
+    }
+
+    /// The histogram `name` in `text`.
+    fn parse_named(text: &str, name: &str) -> Result<Histogram> {
+        let bucket = format!("{name}_bucket{{le=\"");
+        let count = format!("{name}_count ");
         let mut h = Histogram::default();
         let mut counted = false;
         for line in text.lines() {
@@ -89,7 +105,7 @@ impl Histogram {
             }
         }
         if !counted || h.buckets.is_empty() {
-            bail!("no {HISTOGRAM} histogram in /metrics");
+            bail!("no {name} histogram in /metrics");
         }
         h.buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
         Ok(h)
@@ -223,12 +239,47 @@ impl ApiClient {
     }
 }
 
-fn scrape(sb: &Sandbox, metrics: SocketAddr) -> Result<Histogram> {
+/// The network programming latency and the event → map write histograms.
+fn scrape(sb: &Sandbox, metrics: SocketAddr) -> Result<(Histogram, Histogram)> {
     let r = sandbox::http_get(&sb.node_ns(), metrics, "/metrics", Duration::from_secs(10))?;
     if r.status != 200 {
         bail!("/metrics answered {}: {}", r.status, r.body);
     }
-    Histogram::parse(&r.body)
+    Ok((
+        Histogram::parse(&r.body)?,
+        Histogram::parse_named(&r.body, EVENT_HISTOGRAM)?,
+    ))
+}
+
+/// [`scrape`], waiting up to 60 s for /metrics: the agent serves it once its
+/// programs took over, which at 100k Services comes a while after the
+/// `maps synced` line the start measurement waits for.
+fn first_scrape(sb: &Sandbox, metrics: SocketAddr) -> Result<(Histogram, Histogram)> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        match scrape(sb, metrics) {
+            Ok(found) => return Ok(found),
+            Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(200)),
+            Err(e) => return Err(e.context("/metrics did not answer within 60 s")),
+        }
+    }
+}
+
+/// A histogram's buckets as JSON (`[bound, count]`, `"+Inf"` for the last).
+fn buckets_json(h: &Histogram) -> Vec<Value> {
+    h.buckets
+        .iter()
+        .map(|(le, v)| {
+            json!([
+                if le.is_finite() {
+                    json!(le)
+                } else {
+                    json!("+Inf")
+                },
+                v
+            ])
+        })
+        .collect()
 }
 
 /// `t` as RFC 3339 in UTC with microseconds (`2024-05-01T12:00:00.123456Z`).
@@ -275,7 +326,7 @@ pub fn run(
     let mut seq = 0u32;
     let mut rows = Vec::new();
     let mut sustained: Option<u32> = None;
-    let mut before = scrape(sb, metrics)?;
+    let mut before = first_scrape(sb, metrics)?;
     for &rate in &plan.rates {
         let changes = (f64::from(rate) * plan.step.as_secs_f64()).round().max(2.0) as u64;
         let period = Duration::from_secs_f64(1.0 / f64::from(rate));
@@ -324,12 +375,13 @@ pub fn run(
         // a passing rate has long been programmed.
         std::thread::sleep(Duration::from_millis(500));
         let deadline = Instant::now() + Duration::from_secs(15);
-        let seen = loop {
+        let (seen, events) = loop {
             let now = scrape(sb, metrics)?;
-            let seen = now.since(&before);
+            let seen = now.0.since(&before.0);
             if seen.count >= changes as f64 || Instant::now() > deadline {
+                let events = now.1.since(&before.1);
                 before = now;
-                break seen;
+                break (seen, events);
             }
             std::thread::sleep(Duration::from_secs(1));
         };
@@ -352,10 +404,12 @@ pub fn run(
             )
         };
         note(&format!(
-            "churn at {rate}/s: {changes} changes issued at {achieved:.0}/s, {} observed, {over} above {} ms, max ≤ {:?} s{}",
+            "churn at {rate}/s: {changes} changes issued at {achieved:.0}/s, {} observed, {over} above {} ms, max ≤ {:?} s; event → map write p99 ≤ {:?} s, max ≤ {:?} s{}",
             seen.count,
             CHURN_BEHIND_S * 1e3,
             seen.bound(1.0),
+            events.bound(0.99),
+            events.bound(1.0),
             if passed { String::new() } else { format!(": not kept up ({why})") }
         ));
         rows.push(json!({
@@ -369,7 +423,12 @@ pub fn run(
             "p50_le_s": seen.bound(0.5),
             "p99_le_s": seen.bound(0.99),
             "max_le_s": seen.bound(1.0),
-            "buckets": seen.buckets.iter().map(|(le, v)| json!([if le.is_finite() { json!(le) } else { json!("+Inf") }, v])).collect::<Vec<_>>(),
+            "buckets": buckets_json(&seen),
+            "events": events.count,
+            "event_p50_le_s": events.bound(0.5),
+            "event_p99_le_s": events.bound(0.99),
+            "event_max_le_s": events.bound(1.0),
+            "event_buckets": buckets_json(&events),
             "passed": passed,
             "why": why,
         }));

@@ -51,6 +51,11 @@ pub mod targets {
     /// How far behind the maps may be during churn (s): a bucket bound of
     /// `switchboard_network_programming_duration_seconds`.
     pub const CHURN_BEHIND_S: f64 = 0.1;
+    /// Changes per second of the cluster source's event → map write
+    /// measurement (issue 22).
+    pub const EVENT_RATE: u32 = 1000;
+    /// Cluster source: a watch event → its map write, p99 (ms).
+    pub const EVENT_P99_MS: f64 = 20.0;
 
     /// The bound for `services` in `table`, if it has one.
     pub fn at(table: &[(u32, f64)], services: u64) -> Option<f64> {
@@ -110,7 +115,7 @@ pub(super) fn run(plan: &Plan, sb_bench: &Path, switchboard: &Path, dir: &Path) 
             if n == targets::CHURN_SERVICES { ", then churn" } else { "" }
         ));
         let with_churn = (n == targets::CHURN_SERVICES).then_some(&churn_plan);
-        let (row, churn) = start_cluster(switchboard, &sb_apiserver, n, with_churn)?;
+        let (row, churn) = start_cluster(switchboard, &sb_apiserver, n, plan.quick, with_churn)?;
         start.push(row);
         churned = churned.or(churn);
     }
@@ -123,6 +128,7 @@ pub(super) fn run(plan: &Plan, sb_bench: &Path, switchboard: &Path, dir: &Path) 
             switchboard,
             &sb_apiserver,
             targets::CHURN_SERVICES,
+            plan.quick,
             Some(&churn_plan),
         )?
         .1;
@@ -144,7 +150,7 @@ pub(super) fn run_start(plan: &Plan, switchboard: &Path) -> Result<Value> {
         progress(&format!(
             "agent start and memory, {n} Services: cluster source"
         ));
-        start.push(start_cluster(switchboard, &sb_apiserver, n, None)?.0);
+        start.push(start_cluster(switchboard, &sb_apiserver, n, plan.quick, None)?.0);
     }
     Ok(json!({"start": start}))
 }
@@ -159,7 +165,8 @@ fn measure_start(sb: &mut Sandbox, pid: u32, frontends: usize, t0: Instant) -> R
     let rss = status_kb(pid, "VmRSS:")? as f64 / 1024.0;
     let hwm = status_kb(pid, "VmHWM:")? as f64 / 1024.0;
     let log = sb.agent_log();
-    let loaded = log.lines().find(|l| l.contains("maps loaded"));
+    // Logged once any resize is done: the maps the programs use.
+    let loaded = log.lines().find(|l| l.contains("the maps' kernel memory"));
     Ok(json!({
         "endpoints_per_service": workload::FILLER_ENDPOINTS,
         "frontends": frontends,
@@ -242,12 +249,15 @@ fn start_yaml(switchboard: &Path, n: u32, follow: bool) -> Result<Value> {
 /// process of its own in the sandbox's node namespace: `cargo xtask` runs
 /// unoptimised, and an unoptimised server would take most of the start
 /// time serving the lists) loads the same YAML the YAML source reads, then
-/// the agent starts and lists and watches it over HTTP. With `churn`, the
-/// churn runs on this agent once its start is measured.
+/// the agent starts and lists and watches it over HTTP. Once its start is
+/// measured, EndpointSlice changes at [`targets::EVENT_RATE`] per second
+/// time each watch event to its map write; with `churn`, the churn then runs
+/// on this agent.
 fn start_cluster(
     switchboard: &Path,
     sb_apiserver: &Path,
     n: u32,
+    quick: bool,
     churn: Option<&churn::ChurnPlan>,
 ) -> Result<(Value, Option<Value>)> {
     let mut sb = Sandbox::new(TAG)?;
@@ -307,6 +317,16 @@ fn start_cluster(
     row["api_objects"] = json!(2 * services.len());
     row["api_load_s"] = json!(load_s);
     note_row(&row);
+    let event_plan = churn::ChurnPlan::event_to_map(quick);
+    let events = churn::run(
+        &mut sb,
+        API_ADDR,
+        switchboard,
+        &services,
+        METRICS,
+        &event_plan,
+    )?;
+    row["event_to_map"] = events["rates"][0].clone();
     let churned = match churn {
         Some(plan) => {
             let result = churn::run(&mut sb, API_ADDR, switchboard, &services, METRICS, plan)?;

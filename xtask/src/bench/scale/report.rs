@@ -258,7 +258,7 @@ pub(in crate::bench) fn section(scale: &Value, sync_runs: &[Value]) -> String {
             fmt_opt(rss.zip(at("synced_mib")).map(|(r, h)| r - h), 1),
         );
     }
-    md.push_str("\n### Kernel memory of the maps\n\nThe same agents, at their start: the `memlock` the kernel accounts to every pinned map (the agent's `maps loaded` log line; per map in `switchboard status` and `switchboard_map_memory_bytes`). The bench passes `--max-frontend-entries`, `--max-backends` and `--max-services` sized to the Services; every other table (conntrack, sockets, affinity, fragments) is at its default, and each family's tables are preallocated whether the node uses that family or not. For scale: Cilium's defaults are `bpf-ct-global-tcp-max` 512k entries and `bpf-lb-map-max` 64k.\n\n| source | Services | all maps | of which IPv6 maps |\n|---|---|---|---|\n");
+    md.push_str("\n### Kernel memory of the maps\n\nThe same agents, at their start: the `memlock` the kernel accounts to every pinned map (the agent's `the maps' kernel memory` log line, after any resize; per map in `switchboard status` and `switchboard_map_memory_bytes`). The bench passes `--max-frontend-entries`, `--max-backends` and `--max-services` sized to the Services; every other table (conntrack, sockets, affinity, fragments) is at its default. The benchmark's Services are IPv4 only, so the IPv6 flow tables (conntrack, sockets, affinity, fragments) are at their idle size (512 entries each), grown online when a first IPv6 Service appears; the IPv6 frontend, backend and reverse-NAT maps stay preallocated at the flags' sizes. For scale: Cilium's defaults are `bpf-ct-global-tcp-max` 512k entries and `bpf-lb-map-max` 64k.\n\n| source | Services | all maps | of which IPv6 maps |\n|---|---|---|---|\n");
     for r in start_rows(scale) {
         let _ = writeln!(
             md,
@@ -268,6 +268,32 @@ pub(in crate::bench) fn section(scale: &Value, sync_runs: &[Value]) -> String {
             fmt_opt(f(&r["maps_kernel_mib"]), 1),
             fmt_opt(f(&r["ipv6_maps_kernel_mib"]), 1),
         );
+    }
+    let events: Vec<Value> = start_rows(scale)
+        .into_iter()
+        .filter(|r| !r["event_to_map"].is_null())
+        .collect();
+    if !events.is_empty() {
+        let _ = write!(
+            md,
+            "\n### Cluster source: watch event → map write\n\nThe cluster agents above, once measured: EndpointSlice changes through the fake API server at {} per second (one endpoint of one filler Service's slice replaced per change, as in the churn below). The agent observes, for every Service and EndpointSlice event, the time from its source recording the decoded watch event to the end of the map writes of the sync that applied it (`switchboard_event_to_map_duration_seconds`; bounds are its bucket bounds, 1-2-5 steps from 0.1 ms).\n\n| Services | rate issued | events | p50 ≤ | p99 ≤ | max ≤ | target (p99) | |\n|---|---|---|---|---|---|---|---|\n",
+            targets::EVENT_RATE
+        );
+        for r in &events {
+            let e = &r["event_to_map"];
+            let ms = |k: &str| f(&e[k]).map(|v| v * 1e3);
+            let (target, met) = against(Some(targets::EVENT_P99_MS), ms("event_p99_le_s"), "ms");
+            let _ = writeln!(
+                md,
+                "| {} | {}/s | {} | {} ms | {} ms | {} ms | {target} | {met} |",
+                size_label(services(r)),
+                fmt_opt(f(&e["achieved_per_s"]), 0),
+                e["events"],
+                fmt_opt(ms("event_p50_le_s"), 1),
+                fmt_opt(ms("event_p99_le_s"), 1),
+                fmt_opt(ms("event_max_le_s"), 1),
+            );
+        }
     }
     if let Some(r) = start_rows(scale)
         .iter()
