@@ -230,6 +230,26 @@ mod tests {
     use super::*;
     use crate::dataplane::readout::BackendRow;
 
+    #[test]
+    fn weighted_backends_show_their_weight_and_drained_ones_say_so() {
+        let mut r = row("demo/web:http", 3);
+        for (b, w) in r.backends.iter_mut().zip([3, 1, 0]) {
+            b.weight = Some(w);
+        }
+        let table = render_table(&[r]);
+        assert!(
+            table.contains(
+                "10.244.1.2:8080 (weight 3), 10.244.2.2:8080 (weight 1), 10.244.3.2:8080 (drained)"
+            ),
+            "{table}"
+        );
+        let plain = render_table(&[row("demo/web:http", 2)]);
+        assert!(
+            plain.contains("10.244.1.2:8080, 10.244.2.2:8080"),
+            "{plain}"
+        );
+    }
+
     fn row(service: &str, backends: usize) -> ServiceRow {
         let backends = (0..backends)
             .map(|i| BackendRow {

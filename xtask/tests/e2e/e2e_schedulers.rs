@@ -121,7 +121,7 @@ fn weights_from_the_endpointslice_split_new_connections_3_to_1() {
         ),
         1,
     );
-    write_manifest(&mut sb, "endpointslice.yaml", &slice);
+    write_manifest(&sb, "endpointslice.yaml", &slice);
     if let Err(e) = sb.wait_services(
         &switchboard(),
         Duration::from_secs(5),
