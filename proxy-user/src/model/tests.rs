@@ -2899,6 +2899,12 @@ fn ipv6_addresses_display_bracketed() {
     assert_eq!(b.to_string(), "[fd00:10:244::2]:8080");
 }
 
+/// The Service `web` (10.96.0.10:80) followed by `slices`.
+fn weighted_web(slices: &str) -> &'static str {
+    let service = "apiVersion: v1\nkind: Service\nmetadata: {name: web}\nspec:\n  clusterIP: 10.96.0.10\n  ports: [{port: 80}]\n---\n";
+    Box::leak(format!("{service}{slices}").into_boxed_str())
+}
+
 /// Issue 23: endpoint weights from the EndpointSlice's annotation.
 #[test]
 fn endpoint_weight_rules() {
@@ -2907,14 +2913,7 @@ fn endpoint_weight_rules() {
             name: "weights by address; unlisted endpoints weigh 1; 0 keeps the endpoint (drained)",
             node: NodeSel::Unknown,
             proxy_name: None,
-            yaml: r#"
-apiVersion: v1
-kind: Service
-metadata: {name: web}
-spec:
-  clusterIP: 10.96.0.10
-  ports: [{port: 80}]
----
+            yaml: weighted_web(r#"
 apiVersion: discovery.k8s.io/v1
 kind: EndpointSlice
 metadata:
@@ -2927,7 +2926,7 @@ endpoints:
 - addresses: [10.244.1.2]
 - addresses: [10.244.1.3]
 - addresses: [10.244.1.4]
-"#,
+"#),
             frontends: &[
                 "10.96.0.10:80/TCP ClusterIP default/web -> 10.244.1.2:8080, 10.244.1.3:8080, 10.244.1.4:8080 [weights 10.244.1.2:8080=3 10.244.1.4:8080=0]",
             ],
@@ -2937,14 +2936,7 @@ endpoints:
             name: "a weights annotation that does not parse is reported by slice and ignored; other slices keep theirs",
             node: NodeSel::Unknown,
             proxy_name: None,
-            yaml: r#"
-apiVersion: v1
-kind: Service
-metadata: {name: web}
-spec:
-  clusterIP: 10.96.0.10
-  ports: [{port: 80}]
----
+            yaml: weighted_web(r#"
 apiVersion: discovery.k8s.io/v1
 kind: EndpointSlice
 metadata:
@@ -2967,7 +2959,7 @@ addressType: IPv4
 ports: [{port: 8080}]
 endpoints:
 - addresses: [10.244.2.2]
-"#,
+"#),
             frontends: &[
                 "10.96.0.10:80/TCP ClusterIP default/web -> 10.244.1.2:8080, 10.244.1.3:8080, 10.244.2.2:8080 [weights 10.244.2.2:8080=2]",
             ],
