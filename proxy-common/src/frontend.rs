@@ -128,8 +128,9 @@ pub mod frontend_flags {
     pub const DIRECT_RETURN: u16 = 1 << 7;
     /// The set's backends have unequal weights (`switchboard.io/weights`):
     /// slots `1..=backend_count` repeat each backend in proportion to its
-    /// weight, interleaved, and each such slot's `backend_count` holds the
-    /// backend's share (least-connection compares open flows ÷ share). The
+    /// weight, interleaved (a least-connection set holds each backend once),
+    /// and each such slot's `backend_count` holds the backend's share
+    /// (least-connection compares open flows ÷ share). The
     /// slots of drained backends (weight 0) follow, past the count, so new
     /// flows never pick them but their backend entries stay for the flows
     /// they have. Set on each weighted set's slot 0 (internal, external).

@@ -668,8 +668,8 @@ impl<S: MapStore> Syncer<S> {
         let wanted_external = frontend_flags::has_external_set(flags)
             .then(|| sorted_set(frontend.external_backends.as_deref().unwrap_or_default()));
         let distinct = wanted.len();
-        let wanted = SetPlan::new(frontend, wanted);
-        let wanted_external = wanted_external.map(|set| SetPlan::new(frontend, set));
+        let wanted = SetPlan::new(frontend, flags, wanted);
+        let wanted_external = wanted_external.map(|set| SetPlan::new(frontend, flags, set));
         let wanted_ranges: Vec<IpCidr> = frontend
             .source_ranges
             .as_ref()
@@ -1206,8 +1206,10 @@ struct SetPlan {
 }
 
 impl SetPlan {
-    /// The plan for `set` (sorted, distinct) with `frontend`'s weights.
-    fn new(frontend: &Frontend, set: Vec<BackendAddr>) -> SetPlan {
+    /// The plan for `set` (sorted, distinct) with `frontend`'s weights;
+    /// `flags` (slot 0's) say whether it balances by least connection,
+    /// whose sets hold each backend once ([`weights::layout_once`]).
+    fn new(frontend: &Frontend, flags: u16, set: Vec<BackendAddr>) -> SetPlan {
         if frontend.weights.is_empty() {
             return SetPlan {
                 addrs: set,
@@ -1215,7 +1217,11 @@ impl SetPlan {
             };
         }
         let weights: Vec<u16> = set.iter().map(|b| frontend.weight_of(b)).collect();
-        match weights::layout(&weights) {
+        let layout = match flags & frontend_flags::PICK_MASK {
+            frontend_flags::PICK_LEAST_CONN => weights::layout_once(&weights),
+            _ => weights::layout(&weights),
+        };
+        match layout {
             None => SetPlan {
                 addrs: set,
                 shares: None,

@@ -85,8 +85,9 @@ fn open_flows(backend_id: u32) -> u64 {
 /// slot's share in a weighted set ([`proxy_common::frontend_flags::WEIGHTED`]:
 /// a backend of weight 3 carries three times the flows of one of weight 1
 /// before it counts as busier), compared by cross-multiplying; an
-/// unweighted slot's share is 0 and counts as 1. A weighted set repeats
-/// heavier backends in more slots, so they are also drawn more often.
+/// unweighted slot's share is 0 and counts as 1. A weighted
+/// least-connection set holds each backend in one slot, so the two are
+/// drawn uniformly and the weight acts only here.
 #[inline(always)]
 pub fn least_conn<F: SlotKey>(mut key: F, count: u32) -> Option<u16> {
     // SAFETY: a helper without preconditions.

@@ -586,12 +586,19 @@ pub fn explain(view: &View, query: &Query) -> Explanation {
     if set.flags & ff::AFFINITY_CLIENT_IP != 0 && affinity(view, query, &set_key, &set, &mut e) {
         return e;
     }
-    let (of, load) = match set.flags & ff::WEIGHTED != 0 {
-        true => (
-            format!("{} weighted slots", set.backend_count),
+    // A weighted least-connection set holds each backend once and weighs
+    // them in the comparison; the others repeat them by weight.
+    let least_conn = LbAlgorithm::of_flags(head.flags) == LbAlgorithm::LeastConn;
+    let (of, load) = match (set.flags & ff::WEIGHTED != 0, least_conn) {
+        (true, true) => (
+            format!("{} backends", set.backend_count),
             "fewer open flows per unit of weight",
         ),
-        false => (
+        (true, false) => (
+            format!("{} weighted slots", set.backend_count),
+            "fewer open flows",
+        ),
+        (false, _) => (
             format!("{} backends", set.backend_count),
             "fewer open flows",
         ),

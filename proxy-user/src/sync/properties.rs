@@ -217,10 +217,10 @@ struct SetSeen {
     picks: Vec<(BackendAddr, usize)>,
     drained: Vec<BackendAddr>,
     weighted: bool,
-    /// Each weighted slot records its backend's share: the slots it has
+    /// The share each weighted slot records for its backend
     /// (least-connection reads it). A sync that stopped half-way may leave
     /// it behind for a moment, so it is compared only after a full sync.
-    shares_match: bool,
+    shares: Vec<(BackendAddr, u16)>,
 }
 
 /// What a lookup of each frontend finds. `Err` names the first slot that
@@ -357,14 +357,11 @@ fn backend_set_of(
             shares.insert(backend, value.backend_count);
         }
     }
-    let shares_match = shares
-        .iter()
-        .all(|(b, share)| usize::from(*share) == picks[b]);
     Ok(SetSeen {
         picks: picks.into_iter().collect(),
         drained,
         weighted,
-        shares_match,
+        shares: shares.into_iter().collect(),
     })
 }
 
@@ -372,6 +369,7 @@ fn backend_set_of(
 /// slots (the weights drawn are small, so never scaled), weight 0
 /// drained; with every weight equal and none 0, one slot each, unmarked.
 fn expected_set(frontend: &Frontend, set: &[BackendAddr]) -> SetSeen {
+    let once = frontend.algorithm == Some(LbAlgorithm::LeastConn);
     let weights: Vec<(BackendAddr, u16)> =
         set.iter().map(|b| (*b, frontend.weight_of(b))).collect();
     let live: Vec<u16> = weights.iter().map(|w| w.1).filter(|w| *w > 0).collect();
@@ -389,7 +387,7 @@ fn expected_set(frontend: &Frontend, set: &[BackendAddr]) -> SetSeen {
         .map(|(b, w)| {
             (
                 *b,
-                if weighted {
+                if weighted && !once {
                     usize::from(w / divisor)
                 } else {
                     1
@@ -398,13 +396,22 @@ fn expected_set(frontend: &Frontend, set: &[BackendAddr]) -> SetSeen {
         })
         .collect();
     picks.sort();
+    let mut shares: Vec<(BackendAddr, u16)> = match weighted {
+        true => weights
+            .iter()
+            .filter(|w| w.1 > 0)
+            .map(|(b, w)| (*b, w / divisor))
+            .collect(),
+        false => Vec::new(),
+    };
+    shares.sort();
     let mut drained: Vec<BackendAddr> = weights.iter().filter(|w| w.1 == 0).map(|w| w.0).collect();
     drained.sort();
     SetSeen {
         picks,
         drained,
         weighted,
-        shares_match: true,
+        shares,
     }
 }
 

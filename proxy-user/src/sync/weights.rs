@@ -81,6 +81,25 @@ pub fn shares(weights: &[u16]) -> Option<Vec<u16>> {
     Some(shares)
 }
 
+/// The slot layout of a `least-conn` set whose backends have `weights`:
+/// each live backend in one slot (its share recorded there), the drained
+/// after them. Least-connection draws its two candidates uniformly among
+/// the backends and weighs them by comparing open flows ÷ share; drawing
+/// from a repeated table as well would count a heavy backend twice (it
+/// would often be both candidates and win unopposed).
+pub fn layout_once(weights: &[u16]) -> Option<Layout> {
+    let shares = shares(weights)?;
+    let live = (0..shares.len()).filter(|i| shares[*i] > 0);
+    let drained = (0..shares.len()).filter(|i| shares[*i] == 0);
+    let slots: Vec<usize> = live.chain(drained).collect();
+    let picked = shares.iter().filter(|s| **s > 0).count();
+    Some(Layout {
+        shares: slots.iter().map(|i| shares[*i]).collect(),
+        slots,
+        picked,
+    })
+}
+
 /// The slot layout of a set whose backends have `weights` (in the set's
 /// order), or `None` when they are all equal and none is 0 ([`shares`]).
 ///
@@ -121,6 +140,15 @@ mod tests {
             counts[*index] += 1;
         }
         counts
+    }
+
+    #[test]
+    fn least_conn_sets_hold_each_backend_once_with_its_share() {
+        let l = layout_once(&[0, 3, 1]).expect("weighted");
+        assert_eq!(l.slots, vec![1, 2, 0]);
+        assert_eq!(l.shares, vec![3, 1, 0]);
+        assert_eq!(l.picked, 2);
+        assert_eq!(layout_once(&[2, 2]), None);
     }
 
     #[test]
