@@ -34,6 +34,11 @@ pub const MAGLEV_TABLE: u32 = 16_381;
 /// table needs more entries than backends ([`MAGLEV_TABLE`] − 1).
 /// `--max-endpoints-per-service` may be set up to this.
 pub const MAX_BACKENDS_PER_SERVICE: u16 = (MAGLEV_TABLE - 1) as u16;
+/// A weighted set (`switchboard.io/weights`) repeats each backend in
+/// proportion to its weight in at most `max(this, 4 × its backends)` slots
+/// (and never more than [`MAX_BACKENDS_PER_SERVICE`] with its drained
+/// ones): each backend's share is then right to within one slot in 1,024.
+pub const WEIGHTED_SLOTS: u16 = 1_024;
 /// `--max-endpoints-per-service` by default.
 pub const DEFAULT_BACKENDS_PER_SERVICE: u16 = 4_096;
 /// `loadBalancerSourceRanges` blocks per family, all restricted

@@ -50,7 +50,11 @@ pub struct FrontendSlot {
     /// The same in every slot of one frontend; indexes [`SvcStats`] and the
     /// reverse-NAT map.
     pub service_id: u32,
-    /// Slot 0: how many slots follow (0 = no endpoints: drop and count).
+    /// Slot 0: how many slots follow that new flows pick from (0 = no
+    /// endpoints: drop and count). Slot > 0 of a [`frontend_flags::WEIGHTED`]
+    /// set: the backend's share of the set's slots (its weight, scaled), 0
+    /// for a drained backend (weight 0), whose slot lies past the count;
+    /// otherwise 0.
     pub backend_count: u16,
     /// [`frontend_flags`].
     pub flags: u16,
@@ -122,6 +126,15 @@ pub mod frontend_flags {
     /// option ([`crate::dsr`]), and the
     /// backend's node sends the replies to the client itself.
     pub const DIRECT_RETURN: u16 = 1 << 7;
+    /// The set's backends have unequal weights (`switchboard.io/weights`):
+    /// slots `1..=backend_count` repeat each backend in proportion to its
+    /// weight, interleaved (a least-connection set holds each backend once),
+    /// and each such slot's `backend_count` holds the backend's share
+    /// (least-connection compares open flows ÷ share). The
+    /// slots of drained backends (weight 0) follow, past the count, so new
+    /// flows never pick them but their backend entries stay for the flows
+    /// they have. Set on each weighted set's slot 0 (internal, external).
+    pub const WEIGHTED: u16 = 1 << 12;
 
     /// Whether a slot 0 with these flags announces an external (local-only)
     /// set under [`super::scope::EXTERNAL`]: `externalTrafficPolicy: Local`

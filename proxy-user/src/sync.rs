@@ -67,9 +67,29 @@ struct Programmed {
     /// The `loadBalancerSourceRanges` blocks in the frontend's family's
     /// trie under its service id (sorted; empty without ranges).
     ranges: Box<[IpCidr]>,
+    /// The shares per slot of the sets that are weighted
+    /// ([`frontend_flags::WEIGHTED`]); `None` when neither is.
+    weights: Option<Box<Shares>>,
+}
+
+/// Each weighted set's share per slot (0: a drained backend's slot, past
+/// the count new flows pick from).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct Shares {
+    internal: Option<Box<[u16]>>,
+    external: Option<Box<[u16]>>,
 }
 
 impl Programmed {
+    /// The shares per slot of set `scope`, if it is weighted.
+    fn shares(&self, scope: u8) -> Option<&[u16]> {
+        let weights = self.weights.as_deref()?;
+        match scope {
+            scope::INTERNAL => weights.internal.as_deref(),
+            _ => weights.external.as_deref(),
+        }
+    }
+
     /// Frontend map entries this frontend uses.
     fn entries(&self) -> usize {
         1 + self.slots.len() + self.external.as_ref().map_or(0, |e| 1 + e.len())
@@ -277,10 +297,10 @@ impl<S: MapStore> Syncer<S> {
             let Some(addr) = frontend_addr(key) else {
                 continue;
             };
-            let ids = complete_slots(&slots, &backends, key, head);
+            let internal = complete_slots(&slots, &backends, key, head);
             // Outer `None`: announced but incomplete; inner `None`: no
             // external set.
-            let external: Option<Option<Vec<u32>>> = if frontend_flags::has_external_set(head.flags)
+            let external: Option<Option<SlotSet>> = if frontend_flags::has_external_set(head.flags)
             {
                 let ext_key = key.at(scope::EXTERNAL, 0);
                 slots
@@ -290,7 +310,7 @@ impl<S: MapStore> Syncer<S> {
             } else {
                 Some(None)
             };
-            let (Some(ids), Some(external)) = (ids, external) else {
+            let (Some((ids, internal_shares)), Some(external)) = (internal, external) else {
                 // Half-written by a crash: drop it; the next apply rewrites it.
                 warn!(frontend = %addr, "adopting maps: incomplete frontend entry removed");
                 continue;
@@ -303,6 +323,10 @@ impl<S: MapStore> Syncer<S> {
                 warn!(frontend = %addr, "adopting maps: incomplete frontend entry removed");
                 continue;
             }
+            let (external, external_shares) = match external {
+                Some((ids, shares)) => (Some(ids), shares),
+                None => (None, None),
+            };
             let other_family = ids.iter().chain(external.iter().flatten()).any(|id| {
                 self.backends
                     .get(*id)
@@ -343,14 +367,21 @@ impl<S: MapStore> Syncer<S> {
                 .copied()
                 .collect();
             blocks.sort();
+            let weights = (internal_shares.is_some() || external_shares.is_some()).then(|| {
+                Box::new(Shares {
+                    internal: internal_shares.map(Into::into),
+                    external: external_shares.map(Into::into),
+                })
+            });
             let programmed = Programmed {
                 service_id: head.service_id,
                 name: name.into(),
-                flags: head.flags,
+                flags: head.flags & !frontend_flags::WEIGHTED,
                 affinity_timeout_s: head.affinity_timeout_s,
                 slots: ids.into(),
                 external: external.map(Into::into),
                 ranges: blocks.into(),
+                weights,
             };
             *self.frontend_entries.of(addr.family()) += programmed.entries();
             *self.range_entries.of(addr.family()) += programmed.ranges.len();
@@ -384,14 +415,12 @@ impl<S: MapStore> Syncer<S> {
         self.next_backend_id = self.backends.max_id().map_or(1, |id| id + 1);
     }
 
-    /// The frontends programmed now, with their service name and backends.
+    /// The frontends programmed now, with their service name and backends
+    /// (sorted, each once).
     pub fn programmed(&self) -> impl Iterator<Item = (&FrontendAddr, &str, Vec<BackendAddr>)> {
         self.programmed.iter().map(|(addr, p)| {
-            let backends = p
-                .slots
-                .iter()
-                .filter_map(|id| self.backends.get(*id).map(|(b, _)| b))
-                .collect();
+            let mut backends = self.addrs_of(&p.slots);
+            backends.dedup();
             (addr, &*p.name, backends)
         })
     }
@@ -638,23 +667,31 @@ impl<S: MapStore> Syncer<S> {
         let (flags, affinity_timeout_s) = slot_zero_attributes(frontend, self.defaults);
         let wanted_external = frontend_flags::has_external_set(flags)
             .then(|| sorted_set(frontend.external_backends.as_deref().unwrap_or_default()));
+        let distinct = wanted.len();
+        let wanted = SetPlan::new(frontend, flags, wanted);
+        let wanted_external = wanted_external.map(|set| SetPlan::new(frontend, flags, set));
         let wanted_ranges: Vec<IpCidr> = frontend
             .source_ranges
             .as_ref()
             .map(|r| r.blocks.to_vec())
             .unwrap_or_default();
         let limit = usize::from(capacity::MAX_BACKENDS_PER_SERVICE);
-        if wanted.len() > limit {
+        if distinct > limit {
             return Err(UpsertError::Capacity(format!(
-                "{} endpoints, more than the {limit} one service port can have",
-                wanted.len()
+                "{distinct} endpoints, more than the {limit} one service port can have"
             )));
         }
 
-        // Unchanged? Compare backend sets, not slot order.
+        // Unchanged? Compare backend sets, not slot order (a weighted set's
+        // order is its layout).
         if let Some(old) = &old {
-            if self.addrs_of(&old.slots) == wanted
-                && old.external.as_ref().map(|e| self.addrs_of(e)) == wanted_external
+            let same_external = match (&old.external, &wanted_external) {
+                (None, None) => true,
+                (Some(ids), Some(plan)) => self.same_set(ids, old.shares(scope::EXTERNAL), plan),
+                _ => false,
+            };
+            if self.same_set(&old.slots, old.shares(scope::INTERNAL), &wanted)
+                && same_external
                 && *old.name == *name
                 && old.flags == flags
                 && old.affinity_timeout_s == affinity_timeout_s
@@ -668,7 +705,8 @@ impl<S: MapStore> Syncer<S> {
         // Capacity, checked before any write so a frontend that does not fit
         // leaves the maps as they were.
         let old_entries = old.as_ref().map_or(0, Programmed::entries);
-        let new_entries = 1 + wanted.len() + wanted_external.as_ref().map_or(0, |e| 1 + e.len());
+        let new_entries =
+            1 + wanted.addrs.len() + wanted_external.as_ref().map_or(0, |e| 1 + e.addrs.len());
         let family = addr.family();
         // The IPv4 wording predates IPv6 (and is kept).
         let which = match family {
@@ -684,8 +722,9 @@ impl<S: MapStore> Syncer<S> {
             )));
         }
         let new_backends = wanted
+            .addrs
             .iter()
-            .chain(wanted_external.iter().flatten())
+            .chain(wanted_external.iter().flat_map(|e| e.addrs.iter()))
             .collect::<HashSet<_>>()
             .into_iter()
             .filter(|b| self.backends.id_of(**b, addr.protocol).is_none())
@@ -724,26 +763,49 @@ impl<S: MapStore> Syncer<S> {
 
         // Take references on the new sets before dropping the old ones, so a
         // backend that stays is never deleted in between.
-        let wanted_ids = self.acquire_all(&wanted, addr.protocol, &mut report.writes)?;
+        let wanted_ids = self.acquire_all(&wanted.addrs, addr.protocol, &mut report.writes)?;
         let wanted_external_ids = match &wanted_external {
-            Some(set) => Some(self.acquire_all(set, addr.protocol, &mut report.writes)?),
+            Some(set) => Some(self.acquire_all(&set.addrs, addr.protocol, &mut report.writes)?),
             None => None,
         };
         let old_slots = old.as_ref().map(|o| o.slots.clone()).unwrap_or_default();
         let old_external = old.as_ref().and_then(|o| o.external.clone());
-        let slots = place(&old_slots, &wanted_ids);
-        let external = wanted_external_ids
-            .as_ref()
-            .map(|ids| place(old_external.as_deref().unwrap_or_default(), ids));
+        let old_weights = old.as_ref().and_then(|o| o.weights.clone());
+        let slots = wanted.place(&old_slots, wanted_ids);
+        let external = wanted_external_ids.map(|ids| {
+            let plan = wanted_external.as_ref().unwrap_or(&wanted);
+            plan.place(old_external.as_deref().unwrap_or_default(), ids)
+        });
+        let weights = (wanted.shares.is_some()
+            || wanted_external.as_ref().is_some_and(|e| e.shares.is_some()))
+        .then(|| {
+            Box::new(Shares {
+                internal: wanted.shares.clone().map(Into::into),
+                external: wanted_external
+                    .as_ref()
+                    .and_then(|e| e.shares.clone())
+                    .map(Into::into),
+            })
+        });
+        let shares_of = |weights: &Option<Box<Shares>>, scope: u8| -> Option<Box<[u16]>> {
+            let w = weights.as_deref()?;
+            match scope {
+                scope::INTERNAL => w.internal.clone(),
+                _ => w.external.clone(),
+            }
+        };
 
         // The Maglev table before either slot 0 announces the algorithm; it
         // names only backends referenced above.
-        let hashed_set = external.as_ref().unwrap_or(&slots);
+        let (hashed_set, hashed_shares) = match &external {
+            Some(external) => (external, shares_of(&weights, scope::EXTERNAL)),
+            None => (&slots, shares_of(&weights, scope::INTERNAL)),
+        };
         let old_hashed = old
             .as_ref()
             .is_some_and(|o| o.flags & frontend_flags::ALGO_MASK != frontend_flags::ALGO_RANDOM);
         if flags & frontend_flags::ALGO_MASK != frontend_flags::ALGO_RANDOM {
-            let table = self.maglev_table(hashed_set, addr.protocol);
+            let table = self.maglev_table(hashed_set, hashed_shares.as_deref(), addr.protocol);
             self.store.put_maglev(service_id, &table)?;
             report.writes += 1;
         }
@@ -762,8 +824,8 @@ impl<S: MapStore> Syncer<S> {
                 addr,
                 scope::EXTERNAL,
                 service_id,
-                old,
-                external,
+                (old, shares_of(&old_weights, scope::EXTERNAL).as_deref()),
+                (external, shares_of(&weights, scope::EXTERNAL).as_deref()),
                 (flags, affinity_timeout_s),
             )?;
         }
@@ -771,8 +833,11 @@ impl<S: MapStore> Syncer<S> {
             addr,
             scope::INTERNAL,
             service_id,
-            &old_slots,
-            &slots,
+            (
+                &old_slots,
+                shares_of(&old_weights, scope::INTERNAL).as_deref(),
+            ),
+            (&slots, shares_of(&weights, scope::INTERNAL).as_deref()),
             (flags, affinity_timeout_s),
         )?;
         if let (Some(old), None) = (&old_external, &external) {
@@ -818,15 +883,41 @@ impl<S: MapStore> Syncer<S> {
                 slots: slots.into(),
                 external: external.map(Into::into),
                 ranges: wanted_ranges.into(),
+                weights,
             },
         );
         Ok(())
     }
 
+    /// Whether the set programmed as `ids` (with `shares`, if weighted) is
+    /// what `plan` wants.
+    fn same_set(&self, ids: &[u32], shares: Option<&[u16]>, plan: &SetPlan) -> bool {
+        match (shares, &plan.shares) {
+            (None, None) => self.addrs_of(ids) == plan.addrs,
+            (Some(old), Some(new)) => {
+                *old == **new
+                    && ids.len() == plan.addrs.len()
+                    && ids
+                        .iter()
+                        .zip(&plan.addrs)
+                        .all(|(id, addr)| self.backends.get(*id).map(|(b, _)| b) == Some(*addr))
+            }
+            _ => false,
+        }
+    }
+
     /// The Maglev table over `ids` (a frontend's backend set): computed from
     /// the backends' addresses, so every node gets the same table, then
     /// written with this node's ids.
-    fn maglev_table(&self, ids: &[u32], protocol: Protocol) -> Box<MaglevTable> {
+    ///
+    /// A weighted set (`shares` per slot) weights the table's population
+    /// by each backend's share; drained backends get no entry.
+    fn maglev_table(
+        &self,
+        ids: &[u32],
+        shares: Option<&[u16]>,
+        protocol: Protocol,
+    ) -> Box<MaglevTable> {
         let keys: Vec<(BackendKey, u32)> = ids
             .iter()
             .filter_map(|id| {
@@ -836,7 +927,27 @@ impl<S: MapStore> Syncer<S> {
             .collect();
         let canonical =
             maglev::canonical_backends(&keys.iter().map(|(k, _)| *k).collect::<Vec<_>>());
+        let share_of: HashMap<u32, u16> = match shares {
+            Some(shares) => ids.iter().copied().zip(shares.iter().copied()).collect(),
+            None => HashMap::new(),
+        };
         let id_of: HashMap<BackendKey, u32> = keys.into_iter().collect();
+        let entries = match shares {
+            None => maglev::table(&canonical, capacity::MAGLEV_TABLE),
+            Some(_) => {
+                let weights: Vec<u16> = canonical
+                    .iter()
+                    .map(|k| {
+                        id_of
+                            .get(k)
+                            .and_then(|id| share_of.get(id))
+                            .copied()
+                            .unwrap_or(0)
+                    })
+                    .collect();
+                maglev::table_weighted(&canonical, &weights, capacity::MAGLEV_TABLE)
+            }
+        };
         let mut table = Box::new(MaglevTable {
             backend_ids: [0; capacity::MAGLEV_TABLE as usize],
         });
@@ -844,7 +955,7 @@ impl<S: MapStore> Syncer<S> {
         // by MAX_BACKENDS_PER_SERVICE, so the table cannot be refused; an
         // empty set leaves every entry 0 (no backend: the data path falls
         // back to its random pick, which finds none).
-        if let Ok(entries) = maglev::table(&canonical, capacity::MAGLEV_TABLE) {
+        if let Ok(entries) = entries {
             for (slot, index) in table.backend_ids.iter_mut().zip(entries) {
                 *slot = canonical
                     .get(usize::from(index))
@@ -885,35 +996,52 @@ impl<S: MapStore> Syncer<S> {
     /// Writes one backend set of a frontend: the slots that changed, then
     /// slot 0 with the new count, then deletes the slots past it. Returns the
     /// number of writes.
+    ///
+    /// A weighted set (`Some` shares, one per slot) records each slot's
+    /// share in it, counts only the slots of live backends in slot 0
+    /// (drained ones follow them) and marks slot 0
+    /// [`frontend_flags::WEIGHTED`].
     fn write_set(
         &mut self,
         addr: &FrontendAddr,
         scope: u8,
         service_id: u32,
-        old_slots: &[u32],
-        slots: &[u32],
+        (old_slots, old_shares): (&[u32], Option<&[u16]>),
+        (slots, shares): (&[u32], Option<&[u16]>),
         (flags, affinity_timeout_s): (u16, u32),
     ) -> Result<usize, WriteError> {
+        let share = |shares: Option<&[u16]>, index: usize| {
+            shares.and_then(|s| s.get(index)).copied().unwrap_or(0)
+        };
         let mut writes = 0;
         for (index, id) in slots.iter().enumerate() {
-            if old_slots.get(index) != Some(id) {
+            if old_slots.get(index) != Some(id) || share(old_shares, index) != share(shares, index)
+            {
                 self.store.put_frontend(
                     scoped_key(addr, scope, index as u16 + 1),
                     FrontendSlot {
                         backend_id: *id,
                         service_id,
+                        backend_count: share(shares, index),
                         ..FrontendSlot::default()
                     },
                 )?;
                 writes += 1;
             }
         }
+        let (count, flags) = match shares {
+            Some(shares) => (
+                shares.iter().filter(|s| **s > 0).count(),
+                flags | frontend_flags::WEIGHTED,
+            ),
+            None => (slots.len(), flags),
+        };
         self.store.put_frontend(
             scoped_key(addr, scope, 0),
             FrontendSlot {
                 backend_id: 0,
                 service_id,
-                backend_count: slots.len() as u16,
+                backend_count: count as u16,
                 flags,
                 affinity_timeout_s,
             },
@@ -922,6 +1050,20 @@ impl<S: MapStore> Syncer<S> {
         for slot in slots.len() + 1..=old_slots.len() {
             self.store
                 .delete_frontend(scoped_key(addr, scope, slot as u16))?;
+            writes += 1;
+        }
+        if shares.is_some() && old_slots.len() <= slots.len() && slots.len() < usize::from(u16::MAX)
+        {
+            // A weighted set's drained slots are read back as far as they
+            // run (`complete_slots`): make sure an orphan left by a failed
+            // write does not extend them. Best effort: the slot is almost
+            // always absent, which the kernel map reports as an error, and
+            // an orphan that stays is only adopted as drained until the
+            // next sync compares the set.
+            let fence = scoped_key(addr, scope, slots.len() as u16 + 1);
+            if let Err(error) = self.store.delete_frontend(fence) {
+                debug!(frontend = %addr, %error, "no slot past a weighted set");
+            }
             writes += 1;
         }
         Ok(writes)
@@ -1019,22 +1161,86 @@ fn sorted_set(backends: &[BackendAddr]) -> Vec<BackendAddr> {
     set
 }
 
+/// A set's backend ids per slot, and its shares per slot if it is weighted.
+type SlotSet = (Vec<u32>, Option<Vec<u16>>);
+
 /// The backend ids of slots `1..=count` of the set whose slot 0 is `head`, if
-/// every slot is present and names a backend of the frontend's family.
+/// every slot is present and names a backend of the frontend's family. A
+/// weighted set ([`frontend_flags::WEIGHTED`]) also has each slot's share,
+/// and its drained backends' slots past the count (share 0), as many as
+/// follow in a row.
 fn complete_slots(
     slots: &HashMap<AnyFrontendKey, FrontendSlot>,
     backends: &HashMap<(IpFamily, u32), AnyBackend>,
     key: &AnyFrontendKey,
     head: &FrontendSlot,
-) -> Option<Vec<u32>> {
-    (1..=head.backend_count)
-        .map(|slot| {
-            slots
-                .get(&key.at(key.scope(), slot))
-                .map(|v| v.backend_id)
-                .filter(|id| backends.contains_key(&(key.family(), *id)))
-        })
-        .collect()
+) -> Option<SlotSet> {
+    let entry = |slot: u16| {
+        slots
+            .get(&key.at(key.scope(), slot))
+            .filter(|v| backends.contains_key(&(key.family(), v.backend_id)))
+    };
+    let set: Vec<&FrontendSlot> = (1..=head.backend_count).map(entry).collect::<Option<_>>()?;
+    let mut ids: Vec<u32> = set.iter().map(|v| v.backend_id).collect();
+    if head.flags & frontend_flags::WEIGHTED == 0 {
+        return Some((ids, None));
+    }
+    let mut shares: Vec<u16> = set.iter().map(|v| v.backend_count.max(1)).collect();
+    let drained = (head.backend_count.saturating_add(1)..capacity::MAX_BACKENDS_PER_SERVICE)
+        .map_while(|slot| entry(slot).filter(|v| v.backend_count == 0));
+    for v in drained {
+        ids.push(v.backend_id);
+        shares.push(0);
+    }
+    Some((ids, Some(shares)))
+}
+
+/// What one backend set of a frontend should be: its backends in slot
+/// order, and for a weighted set each slot's share.
+struct SetPlan {
+    /// Unweighted: the backends, sorted, each once (slots are then placed
+    /// so that survivors keep theirs). Weighted: the backend of each slot,
+    /// as [`weights::layout`] lays them out (the table, then the drained).
+    addrs: Vec<BackendAddr>,
+    shares: Option<Vec<u16>>,
+}
+
+impl SetPlan {
+    /// The plan for `set` (sorted, distinct) with `frontend`'s weights;
+    /// `flags` (slot 0's) say whether it balances by least connection,
+    /// whose sets hold each backend once ([`weights::layout_once`]).
+    fn new(frontend: &Frontend, flags: u16, set: Vec<BackendAddr>) -> SetPlan {
+        if frontend.weights.is_empty() {
+            return SetPlan {
+                addrs: set,
+                shares: None,
+            };
+        }
+        let weights: Vec<u16> = set.iter().map(|b| frontend.weight_of(b)).collect();
+        let layout = match flags & frontend_flags::PICK_MASK {
+            frontend_flags::PICK_LEAST_CONN => weights::layout_once(&weights),
+            _ => weights::layout(&weights),
+        };
+        match layout {
+            None => SetPlan {
+                addrs: set,
+                shares: None,
+            },
+            Some(layout) => SetPlan {
+                addrs: layout.slots.iter().map(|i| set[*i]).collect(),
+                shares: Some(layout.shares),
+            },
+        }
+    }
+
+    /// The slots for `ids` (one per entry of `addrs`), given the set's
+    /// `old` slots.
+    fn place(&self, old: &[u32], ids: Vec<u32>) -> Vec<u32> {
+        match self.shares {
+            None => place(old, &ids),
+            Some(_) => ids,
+        }
+    }
 }
 
 /// New slot layout: backends that stay keep their slot; newcomers fill the
@@ -1086,3 +1292,4 @@ mod properties;
 pub mod store;
 #[cfg(test)]
 pub(crate) mod tests;
+pub mod weights;

@@ -81,7 +81,13 @@ fn open_flows(backend_id: u32) -> u64 {
 }
 
 /// Two slots at random (distinct when there are two), the less loaded
-/// one's slot `1..=count` (the first on a tie).
+/// one's slot `1..=count` (the first on a tie). Load is open flows ÷ the
+/// slot's share in a weighted set ([`proxy_common::frontend_flags::WEIGHTED`]:
+/// a backend of weight 3 carries three times the flows of one of weight 1
+/// before it counts as busier), compared by cross-multiplying; an
+/// unweighted slot's share is 0 and counts as 1. A weighted
+/// least-connection set holds each backend in one slot, so the two are
+/// drawn uniformly and the weight acts only here.
 #[inline(always)]
 pub fn least_conn<F: SlotKey>(mut key: F, count: u32) -> Option<u16> {
     // SAFETY: a helper without preconditions.
@@ -93,12 +99,17 @@ pub fn least_conn<F: SlotKey>(mut key: F, count: u32) -> Option<u16> {
     }
     let (first, second) = (first as u16 + 1, second as u16 + 1);
     key.set_slot(first);
-    let first_id = key.lookup()?.backend_id;
+    let first_slot = key.lookup()?;
     key.set_slot(second);
     let Some(second_slot) = key.lookup() else {
         return Some(first);
     };
-    if open_flows(second_slot.backend_id) < open_flows(first_id) {
+    let share = |slot: &proxy_common::FrontendSlot| u64::from(slot.backend_count.max(1));
+    // Below 2^32 flows, so the products fit.
+    let flows =
+        |slot: &proxy_common::FrontendSlot| open_flows(slot.backend_id).min(u64::from(u32::MAX));
+    // second / share(second) < first / share(first), without division.
+    if flows(&second_slot) * share(&first_slot) < flows(&first_slot) * share(&second_slot) {
         return Some(second);
     }
     Some(first)

@@ -321,6 +321,7 @@ mod tests {
                 id: u32::from(*i) + 40,
                 address: format!("10.244.{i}.2"),
                 port: 8080,
+                weight: None,
             })
             .collect();
         ServiceRow {

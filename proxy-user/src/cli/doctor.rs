@@ -540,6 +540,7 @@ mod tests {
                 id: i as u32,
                 address: "10.244.1.2".into(),
                 port: 8080,
+                weight: None,
             })
             .collect();
         ServiceRow::for_test(service, "10.96.0.20", 80, backends)

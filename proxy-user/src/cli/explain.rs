@@ -562,7 +562,16 @@ pub fn explain(view: &View, query: &Query) -> Explanation {
         e.reasons.push("no endpoint is ready: the set holds serving, terminating endpoints (kube-proxy's fallback)".into());
     }
     let slots = slot_backends(view, &set_key, &set);
-    e.backend_set = slots.iter().map(|(_, _, b)| addr_of(b)).collect();
+    e.backend_set = Vec::new();
+    for addr in slots.iter().map(|(_, _, b)| addr_of(b)) {
+        // A weighted set names a backend in several slots.
+        if !e.backend_set.contains(&addr) {
+            e.backend_set.push(addr);
+        }
+    }
+    if set.flags & ff::WEIGHTED != 0 {
+        e.reasons.push(weights_reason(view, &set_key, &set));
+    }
     if set.backend_count == 0 {
         empty_set(&mut e, &head, query.scope);
         return e;
@@ -577,19 +586,31 @@ pub fn explain(view: &View, query: &Query) -> Explanation {
     if set.flags & ff::AFFINITY_CLIENT_IP != 0 && affinity(view, query, &set_key, &set, &mut e) {
         return e;
     }
+    // A weighted least-connection set holds each backend once and weighs
+    // them in the comparison; the others repeat them by weight.
+    let least_conn = LbAlgorithm::of_flags(head.flags) == LbAlgorithm::LeastConn;
+    let (of, load) = match (set.flags & ff::WEIGHTED != 0, least_conn) {
+        (true, true) => (
+            format!("{} backends", set.backend_count),
+            "fewer open flows per unit of weight",
+        ),
+        (true, false) => (
+            format!("{} weighted slots", set.backend_count),
+            "fewer open flows",
+        ),
+        (false, _) => (
+            format!("{} backends", set.backend_count),
+            "fewer open flows",
+        ),
+    };
     e.reasons.push(match LbAlgorithm::of_flags(head.flags) {
         LbAlgorithm::RoundRobin => format!(
-            "round-robin: each new flow takes the next of the {} backends in turn (one turn counter per Service port on this node, shared by its CPUs)",
-            set.backend_count
+            "round-robin: each new flow takes the next of the {of} in turn (one turn counter per Service port on this node, shared by its CPUs)"
         ),
         LbAlgorithm::LeastConn => format!(
-            "least-conn: each new flow picks two of the {} backends at random and takes the one with fewer open flows on this node",
-            set.backend_count
+            "least-conn: each new flow picks two of the {of} at random and takes the one with {load} on this node"
         ),
-        _ => format!(
-            "the first packet of each new flow picks one of the {} backends at random",
-            set.backend_count
-        ),
+        _ => format!("the first packet of each new flow picks one of the {of} at random"),
     });
     if query.scope == Scope::Internal {
         e.reasons.push("sockets in the node's own namespace are balanced at connect()/sendmsg() by the socket layer, the same way".into());
@@ -766,6 +787,48 @@ fn slot_backends(
             Some((slot, id, *backend))
         })
         .collect()
+}
+
+/// A weighted set's weights as its slots record them: each backend's share
+/// of the slots new flows pick from, and its drained backends (the slots
+/// past the count).
+fn weights_reason(view: &View, key: &AnyFrontendKey, set: &FrontendSlot) -> String {
+    let mut shares: Vec<(String, u16)> = Vec::new();
+    for (slot, _, backend) in slot_backends(view, key, set) {
+        let share = view
+            .frontends
+            .get(&key.at(key.scope(), slot))
+            .map_or(0, |v| v.backend_count);
+        let addr = addr_of(&backend);
+        if !shares.iter().any(|(a, _)| *a == addr) {
+            shares.push((addr, share));
+        }
+    }
+    let drained: Vec<String> = (set.backend_count.saturating_add(1)..u16::MAX)
+        .map_while(|slot| {
+            let v = view
+                .frontends
+                .get(&key.at(key.scope(), slot))
+                .filter(|v| v.backend_count == 0)?;
+            let backend = view.backends.get(&v.backend_id)?;
+            Some(addr_of(backend))
+        })
+        .collect();
+    let mut text = format!(
+        "weights (switchboard.io/weights): {}",
+        shares
+            .iter()
+            .map(|(a, w)| format!("{a} weight {w}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    if !drained.is_empty() {
+        text.push_str(&format!(
+            "; drained (weight 0: no new flows, open ones keep their backend): {}",
+            drained.join(", ")
+        ));
+    }
+    text
 }
 
 /// An empty set: rejected, or dropped under a `Local` policy.

@@ -17,6 +17,17 @@ pub fn host_port(address: &str, port: u16) -> String {
     }
 }
 
+/// A backend as the table lists it: `address:port`, with its weight in a
+/// weighted set (`(weight 3)`, `(drained)` for weight 0).
+pub fn backend_cell(b: &crate::dataplane::readout::BackendRow) -> String {
+    let at = host_port(&b.address, b.port);
+    match b.weight {
+        None => at,
+        Some(0) => format!("{at} (drained)"),
+        Some(w) => format!("{at} (weight {w})"),
+    }
+}
+
 /// Marks the rows of Services the agent holds at their last good version
 /// (the Service's own newest version, or one of its slices', cannot be
 /// used), with the problems, from the agent's status file.
@@ -56,10 +67,7 @@ fn attributes(row: &ServiceRow) -> String {
                 "externalTrafficPolicy Local: no local endpoint, traffic from outside is dropped"
                     .to_owned()
             } else {
-                let list: Vec<String> = local
-                    .iter()
-                    .map(|b| host_port(&b.address, b.port))
-                    .collect();
+                let list: Vec<String> = local.iter().map(backend_cell).collect();
                 format!(
                     "externalTrafficPolicy Local: from outside -> {}",
                     list.join(", ")
@@ -100,7 +108,7 @@ pub fn render_table(rows: &[ServiceRow]) -> String {
         } else {
             row.backends
                 .iter()
-                .map(|b| host_port(&b.address, b.port))
+                .map(backend_cell)
                 .collect::<Vec<_>>()
                 .join(", ")
         };
@@ -222,12 +230,33 @@ mod tests {
     use super::*;
     use crate::dataplane::readout::BackendRow;
 
+    #[test]
+    fn weighted_backends_show_their_weight_and_drained_ones_say_so() {
+        let mut r = row("demo/web:http", 3);
+        for (b, w) in r.backends.iter_mut().zip([3, 1, 0]) {
+            b.weight = Some(w);
+        }
+        let table = render_table(&[r]);
+        assert!(
+            table.contains(
+                "10.244.1.2:8080 (weight 3), 10.244.2.2:8080 (weight 1), 10.244.3.2:8080 (drained)"
+            ),
+            "{table}"
+        );
+        let plain = render_table(&[row("demo/web:http", 2)]);
+        assert!(
+            plain.contains("10.244.1.2:8080, 10.244.2.2:8080"),
+            "{plain}"
+        );
+    }
+
     fn row(service: &str, backends: usize) -> ServiceRow {
         let backends = (0..backends)
             .map(|i| BackendRow {
                 id: i as u32 + 1,
                 address: format!("10.244.{}.2", i + 1),
                 port: 8080,
+                weight: None,
             })
             .collect();
         ServiceRow {
@@ -271,6 +300,7 @@ mod tests {
             id: 1,
             address: "10.244.1.2".to_owned(),
             port: 8080,
+            weight: None,
         }]);
         assert!(render_table(&[lb]).contains("from outside -> 10.244.1.2:8080"));
         assert!(text.contains("ClientIP affinity 10800s"));

@@ -66,6 +66,13 @@ pub struct BackendRow {
     pub id: u32,
     pub address: String,
     pub port: u16,
+    /// In a weighted set (`switchboard.io/weights`, not all equal): the
+    /// backend's weight as programmed, its share of the set's slots (the
+    /// weights divided by their common divisor, scaled down when their sum
+    /// is above the table's bound); 0: drained, no new flows. `None`: the
+    /// set's backends weigh the same.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub weight: Option<u16>,
 }
 
 #[cfg(test)]
@@ -204,28 +211,40 @@ pub fn rows(
 }
 
 /// The backends in slots `1..=count` of the set whose slot 0 is `head`, and
-/// how many slots name no backend (of the frontend's family).
+/// how many slots name no backend (of the frontend's family). A weighted
+/// set ([`ff::WEIGHTED`]) lists each backend once, with its share, and
+/// then its drained backends (the slots past the count, share 0).
 fn read_slots(
     slots: &HashMap<AnyFrontendKey, FrontendSlot>,
     backends: &HashMap<(IpFamily, u32), AnyBackend>,
     key: &AnyFrontendKey,
     head: &FrontendSlot,
 ) -> (Vec<BackendRow>, usize) {
-    let mut rows = Vec::new();
+    let mut rows: Vec<BackendRow> = Vec::new();
     let mut missing = 0;
-    for slot in 1..=head.backend_count {
-        let backend = slots.get(&key.at(key.scope(), slot)).and_then(|v| {
+    let weighted = head.flags & ff::WEIGHTED != 0;
+    let drained = (head.backend_count.saturating_add(1)..u16::MAX).map_while(|slot| {
+        slots
+            .get(&key.at(key.scope(), slot))
+            .filter(|v| weighted && v.backend_count == 0)
+            .map(|v| (slot, Some(v)))
+    });
+    let picked = (1..=head.backend_count).map(|slot| (slot, slots.get(&key.at(key.scope(), slot))));
+    for (_, value) in picked.chain(drained) {
+        let backend = value.and_then(|v| {
             backends
                 .get(&(key.family(), v.backend_id))
-                .map(|b| (v.backend_id, b))
+                .map(|b| (v.backend_id, v.backend_count, b))
         });
         match backend {
-            Some((id, b)) => {
+            Some((id, _, _)) if weighted && rows.iter().any(|r| r.id == id) => {}
+            Some((id, share, b)) => {
                 let b = backend_addr(b);
                 rows.push(BackendRow {
                     id,
                     address: b.ip.to_string(),
                     port: b.port,
+                    weight: weighted.then_some(share),
                 });
             }
             None => missing += 1,

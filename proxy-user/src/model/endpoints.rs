@@ -3,13 +3,15 @@
 //! then kube-proxy's cluster and local selections (with topology hints and
 //! the serving-and-terminating fallback).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 use std::sync::Arc;
 
+use std::collections::HashSet;
+
 use super::{
     port_u16, BackendAddr, EndpointInfo, IpFamily, ModelWarning, NodeInfo, Protocol, SliceInfo,
-    TopologyMode,
+    TopologyMode, ANNOTATION_WEIGHTS,
 };
 
 /// One endpoint address as the model sees it, after conditions are read.
@@ -20,6 +22,8 @@ pub(super) struct Ep {
     serving: bool,
     terminating: bool,
     local: bool,
+    /// From the slice's `switchboard.io/weights` (1 when not listed).
+    weight: u16,
     node_hints: BTreeSet<Arc<str>>,
     zone_hints: BTreeSet<Arc<str>>,
 }
@@ -50,6 +54,8 @@ pub(super) struct ParsedSlice<'a> {
 #[derive(Default)]
 pub(super) struct Selection {
     pub backends: Vec<BackendAddr>,
+    /// The backends whose weight is not 1, sorted.
+    pub weights: Vec<(BackendAddr, u16)>,
     pub terminating_fallback: bool,
     pub topology: Option<TopologyMode>,
 }
@@ -79,6 +85,7 @@ impl Endpoints<'_, '_> {
             }
             other => IpFamily::from_k8s(other)?, // FQDN slices are not ours
         };
+        let weights = self.slice_weights(slice, &object);
         let mut endpoints = Vec::new();
         for ep in &slice.endpoints {
             let Some(first) = &ep.address else {
@@ -104,7 +111,27 @@ impl Endpoints<'_, '_> {
                 );
                 continue;
             };
-            endpoints.push(self.endpoint(ep, ip));
+            let mut parsed = self.endpoint(ep, ip);
+            if let Some(weight) = weights.get(&ip) {
+                parsed.weight = *weight;
+            }
+            endpoints.push(parsed);
+        }
+        let listed: HashSet<IpAddr> = endpoints.iter().map(|e| e.ip).collect();
+        let mut unknown: Vec<String> = weights
+            .keys()
+            .filter(|ip| !listed.contains(ip))
+            .map(ToString::to_string)
+            .collect();
+        if !unknown.is_empty() {
+            unknown.sort();
+            self.warn(
+                &object,
+                format!(
+                    "annotation {ANNOTATION_WEIGHTS}: {} not an endpoint of this slice; ignored",
+                    unknown.join(", ")
+                ),
+            );
         }
         Some(ParsedSlice {
             slice,
@@ -112,6 +139,26 @@ impl Endpoints<'_, '_> {
             object,
             endpoints,
         })
+    }
+
+    /// The weights the slice's annotation gives its addresses; one that does
+    /// not parse is reported and every endpoint of the slice weighs 1.
+    fn slice_weights(&mut self, slice: &SliceInfo, object: &str) -> HashMap<IpAddr, u16> {
+        let Some(raw) = slice.weights.as_deref() else {
+            return HashMap::new();
+        };
+        match parse_weights(raw) {
+            Ok(weights) => weights,
+            Err(problem) => {
+                self.warn(
+                    object,
+                    format!(
+                        "annotation {ANNOTATION_WEIGHTS}: {problem}; ignored (every endpoint of this slice weighs 1)"
+                    ),
+                );
+                HashMap::new()
+            }
+        }
     }
 
     fn endpoint(&self, ep: &EndpointInfo, ip: IpAddr) -> Ep {
@@ -128,6 +175,7 @@ impl Endpoints<'_, '_> {
                 (Some(n), Some(epn)) => n.name == epn,
                 _ => false,
             },
+            weight: 1,
             node_hints: hints
                 .map(|h| h.for_nodes.iter().cloned().collect())
                 .unwrap_or_default(),
@@ -196,6 +244,7 @@ impl Endpoints<'_, '_> {
             .collect();
         if !ready.is_empty() {
             return Selection {
+                weights: weights_of(eps, &ready),
                 backends: ready,
                 terminating_fallback: false,
                 topology,
@@ -214,6 +263,7 @@ impl Endpoints<'_, '_> {
             .collect();
         if !local_ready.is_empty() {
             return Selection {
+                weights: weights_of(eps, &local_ready),
                 backends: local_ready,
                 ..Selection::default()
             };
@@ -248,9 +298,43 @@ fn fallback(eps: &[(BackendAddr, Ep)], eligible: impl Fn(&Ep) -> bool) -> Select
         .collect();
     Selection {
         terminating_fallback: !backends.is_empty(),
+        weights: weights_of(eps, &backends),
         backends,
         topology: None,
     }
+}
+
+/// The weights other than 1 of `chosen` (sorted, as `eps` is).
+fn weights_of(eps: &[(BackendAddr, Ep)], chosen: &[BackendAddr]) -> Vec<(BackendAddr, u16)> {
+    eps.iter()
+        .filter(|(a, e)| e.weight != 1 && chosen.binary_search(a).is_ok())
+        .map(|(a, e)| (*a, e.weight))
+        .collect()
+}
+
+/// Parses a `switchboard.io/weights` value: `address=weight` pairs, comma
+/// separated, spaces allowed around each part; weights `0..=65535`, each
+/// address once.
+pub(super) fn parse_weights(raw: &str) -> Result<HashMap<IpAddr, u16>, String> {
+    let mut weights = HashMap::new();
+    for pair in raw.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let Some((addr, weight)) = pair.split_once('=') else {
+            return Err(format!("{pair:?} is not address=weight"));
+        };
+        let Ok(ip) = addr.trim().parse::<IpAddr>() else {
+            return Err(format!("{:?} is not an IP address", addr.trim()));
+        };
+        let Ok(weight) = weight.trim().parse::<u16>() else {
+            return Err(format!(
+                "weight {:?} of {ip} is not a whole number in 0..=65535",
+                weight.trim()
+            ));
+        };
+        if weights.insert(ip, weight).is_some() {
+            return Err(format!("{ip} is listed twice"));
+        }
+    }
+    Ok(weights)
 }
 
 /// Topology hints are used only when every ready endpoint carries them and at

@@ -23,7 +23,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::chrono::DateTime;
 
 use super::{
-    IpFamily, ANNOTATION_LB_ALGORITHM, LABEL_HEADLESS, LABEL_SERVICE_NAME, LABEL_SERVICE_PROXY_NAME,
+    IpFamily, ANNOTATION_LB_ALGORITHM, ANNOTATION_WEIGHTS, LABEL_HEADLESS, LABEL_SERVICE_NAME,
+    LABEL_SERVICE_PROXY_NAME,
 };
 
 /// The annotation the EndpointSlice controller stamps with the time of the
@@ -357,6 +358,8 @@ pub struct SliceInfo {
     pub ports: Vec<SlicePortInfo>,
     /// `endpoints.kubernetes.io/last-change-trigger-time`, when it parses.
     pub trigger_time: Option<SystemTime>,
+    /// The `switchboard.io/weights` annotation, as written (rare: boxed).
+    pub weights: Option<Box<str>>,
 }
 
 /// An endpoint's address as written: parsed when it is written as the
@@ -458,6 +461,11 @@ impl SliceInfo {
                 .and_then(|a| a.get(TRIGGER_TIME_ANNOTATION))
                 .and_then(|v| DateTime::parse_from_rfc3339(v).ok())
                 .map(SystemTime::from),
+            weights: meta
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(ANNOTATION_WEIGHTS))
+                .map(|v| v.as_str().into()),
         }
     }
 }

@@ -47,6 +47,12 @@ pub const LABEL_TOPOLOGY_ZONE: &str = "topology.kubernetes.io/zone";
 /// backend: `random`, `maglev`, `source-hash`, `round-robin` or
 /// `least-conn` ([`LbAlgorithm`]).
 pub const ANNOTATION_LB_ALGORITHM: &str = "switchboard.io/lb-algorithm";
+/// EndpointSlice annotation giving its endpoints weights:
+/// `address=weight` pairs separated by commas (`10.244.1.5=3,10.244.2.7=0`),
+/// weights `0..=65535`; an endpoint not listed weighs 1 (IPVS's default).
+/// Weight 0 drains an endpoint: no new flows, its open flows stay. Read by
+/// every algorithm ([`Frontend::weights`]).
+pub const ANNOTATION_WEIGHTS: &str = "switchboard.io/weights";
 /// `sessionAffinityConfig.clientIP.timeoutSeconds` when absent (3 hours).
 pub const DEFAULT_AFFINITY_TIMEOUT_S: u32 = 10_800;
 /// The largest session-affinity timeout the API server accepts (1 day).
@@ -402,6 +408,12 @@ pub struct Frontend {
     /// reach the frontend, on every path. NodePort, external-IP and
     /// ClusterIP frontends of the same Service stay open, as in kube-proxy.
     pub source_ranges: Option<SourceRanges>,
+    /// The backends (of either set) whose weight is not 1, from their
+    /// EndpointSlices' `switchboard.io/weights` ([`ANNOTATION_WEIGHTS`]),
+    /// sorted by address; empty when every weight is 1. A backend of weight
+    /// 0 is drained: it stays in its set for the flows it has, and gets no
+    /// new one.
+    pub weights: Box<[(BackendAddr, u16)]>,
 }
 
 fn serialize_blocks<S: serde::Serializer>(
@@ -447,7 +459,15 @@ impl Frontend {
             topology: None,
             algorithm: None,
             source_ranges: None,
+            weights: Box::default(),
         }
+    }
+
+    /// The weight of `backend` (1 unless its slice's annotation says).
+    pub fn weight_of(&self, backend: &BackendAddr) -> u16 {
+        self.weights
+            .binary_search_by(|(b, _)| b.cmp(backend))
+            .map_or(1, |i| self.weights[i].1)
     }
 }
 
@@ -489,6 +509,14 @@ impl fmt::Display for Frontend {
         }
         if let Some(a) = self.algorithm {
             extras.push(format!("lb-algorithm {}", a.as_str()));
+        }
+        if !self.weights.is_empty() {
+            let weights: Vec<String> = self
+                .weights
+                .iter()
+                .map(|(b, w)| format!("{b}={w}"))
+                .collect();
+            extras.push(format!("weights {}", weights.join(" ")));
         }
         if let Some(r) = &self.source_ranges {
             let blocks: Vec<String> = r.blocks.iter().map(ToString::to_string).collect();

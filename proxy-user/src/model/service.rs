@@ -523,6 +523,8 @@ impl ServiceBuilder<'_> {
             return sel;
         }
         let dropped = sel.backends.split_off(self.max_endpoints);
+        let kept = &sel.backends;
+        sel.weights.retain(|(b, _)| kept.binary_search(b).is_ok());
         let (Some(first), Some(last)) = (dropped.first(), dropped.last()) else {
             return sel;
         };
@@ -607,15 +609,22 @@ fn frontend(
     cluster: &Selection,
     local: &Selection,
 ) -> Frontend {
-    let (local_only, sel, external_backends): (bool, &Selection, Option<Vec<BackendAddr>>) =
-        if kind.is_external() {
-            let external = attributes.external_local.then(|| local.backends.clone());
-            (attributes.external_local, cluster, external)
-        } else if attributes.internal_local {
-            (true, local, None)
-        } else {
-            (false, cluster, None)
-        };
+    let (local_only, sel, external): (bool, &Selection, Option<&Selection>) = if kind.is_external()
+    {
+        let external = attributes.external_local.then_some(local);
+        (attributes.external_local, cluster, external)
+    } else if attributes.internal_local {
+        (true, local, None)
+    } else {
+        (false, cluster, None)
+    };
+    let external_backends = external.map(|e| e.backends.clone());
+    let mut weights: Vec<(BackendAddr, u16)> = sel.weights.clone();
+    if let Some(external) = external {
+        weights.extend(external.weights.iter().copied());
+        weights.sort();
+        weights.dedup();
+    }
     Frontend {
         addr,
         service: spn.clone(),
@@ -635,5 +644,6 @@ fn frontend(
             }),
             _ => None,
         },
+        weights: weights.into(),
     }
 }

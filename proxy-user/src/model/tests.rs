@@ -253,6 +253,7 @@ endpoints:
                 topology: None,
                 algorithm: None,
                 source_ranges: None,
+                weights: Box::default(),
             },
         )]),
     };
@@ -2896,4 +2897,102 @@ fn ipv6_addresses_display_bracketed() {
         port: 8080,
     };
     assert_eq!(b.to_string(), "[fd00:10:244::2]:8080");
+}
+
+/// The Service `web` (10.96.0.10:80) followed by `slices`.
+fn weighted_web(slices: &str) -> &'static str {
+    let service = "apiVersion: v1\nkind: Service\nmetadata: {name: web}\nspec:\n  clusterIP: 10.96.0.10\n  ports: [{port: 80}]\n---\n";
+    Box::leak(format!("{service}{slices}").into_boxed_str())
+}
+
+/// Issue 23: endpoint weights from the EndpointSlice's annotation.
+#[test]
+fn endpoint_weight_rules() {
+    run(&[
+        Case {
+            name: "weights by address; unlisted endpoints weigh 1; 0 keeps the endpoint (drained)",
+            node: NodeSel::Unknown,
+            proxy_name: None,
+            yaml: weighted_web(r#"
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: web-1
+  labels: {kubernetes.io/service-name: web}
+  annotations: {switchboard.io/weights: " 10.244.1.2=3, 10.244.1.4 = 0 "}
+addressType: IPv4
+ports: [{port: 8080}]
+endpoints:
+- addresses: [10.244.1.2]
+- addresses: [10.244.1.3]
+- addresses: [10.244.1.4]
+"#),
+            frontends: &[
+                "10.96.0.10:80/TCP ClusterIP default/web -> 10.244.1.2:8080, 10.244.1.3:8080, 10.244.1.4:8080 [weights 10.244.1.2:8080=3 10.244.1.4:8080=0]",
+            ],
+            warnings: &[],
+        },
+        Case {
+            name: "a weights annotation that does not parse is reported by slice and ignored; other slices keep theirs",
+            node: NodeSel::Unknown,
+            proxy_name: None,
+            yaml: weighted_web(r#"
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: web-1
+  labels: {kubernetes.io/service-name: web}
+  annotations: {switchboard.io/weights: "10.244.1.2=3,10.244.1.3=heavy"}
+addressType: IPv4
+ports: [{port: 8080}]
+endpoints:
+- addresses: [10.244.1.2]
+- addresses: [10.244.1.3]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: web-2
+  labels: {kubernetes.io/service-name: web}
+  annotations: {switchboard.io/weights: "10.244.2.2=2,10.244.9.9=5"}
+addressType: IPv4
+ports: [{port: 8080}]
+endpoints:
+- addresses: [10.244.2.2]
+"#),
+            frontends: &[
+                "10.96.0.10:80/TCP ClusterIP default/web -> 10.244.1.2:8080, 10.244.1.3:8080, 10.244.2.2:8080 [weights 10.244.2.2:8080=2]",
+            ],
+            warnings: &[
+                "EndpointSlice default/web-1: annotation switchboard.io/weights: weight \"heavy\" of 10.244.1.3 is not a whole number in 0..=65535; ignored (every endpoint of this slice weighs 1)",
+                "EndpointSlice default/web-2: annotation switchboard.io/weights: 10.244.9.9 not an endpoint of this slice; ignored",
+            ],
+        },
+    ]);
+}
+
+#[test]
+fn weights_annotations_parse_strictly() {
+    use super::endpoints::parse_weights;
+    let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+    let w = parse_weights("10.0.0.1=3, fd00::1=0,,").unwrap();
+    assert_eq!(w.len(), 2);
+    assert_eq!(w[&ip("10.0.0.1")], 3);
+    assert_eq!(w[&ip("fd00::1")], 0);
+    assert!(parse_weights("").unwrap().is_empty());
+    for (bad, problem) in [
+        ("10.0.0.1", "\"10.0.0.1\" is not address=weight"),
+        ("pod-a=3", "\"pod-a\" is not an IP address"),
+        (
+            "10.0.0.1=65536",
+            "weight \"65536\" of 10.0.0.1 is not a whole number in 0..=65535",
+        ),
+        (
+            "10.0.0.1=-1",
+            "weight \"-1\" of 10.0.0.1 is not a whole number in 0..=65535",
+        ),
+        ("10.0.0.1=1,10.0.0.1=2", "10.0.0.1 is listed twice"),
+    ] {
+        assert_eq!(parse_weights(bad), Err(problem.to_string()), "{bad}");
+    }
 }

@@ -214,6 +214,45 @@ pub fn table(backends: &[BackendKey], size: u32) -> Result<Vec<u16>, MaglevError
     Ok(populate(&mut lists, size))
 }
 
+/// [`table`] with a weight per backend (`backends` sorted and distinct, as
+/// [`canonical_backends`] gives them; `weights` in the same order): in
+/// round `r` of the population loop a backend of weight `w` takes a turn
+/// when `⌊(r + 1) w / max⌋` passes `⌊r w / max⌋`, so the heaviest takes one
+/// every round and each backend's share of the table follows its weight
+/// (the weighted Maglev of Cilium and Katran). A backend of weight 0 gets
+/// no entry. Equal weights give exactly [`table`]'s table; every node
+/// builds the same one from the same set and weights.
+pub fn table_weighted(
+    backends: &[BackendKey],
+    weights: &[u16],
+    size: u32,
+) -> Result<Vec<u16>, MaglevError> {
+    validate_size(size, backends.len())?;
+    let max = weights.iter().copied().max().unwrap_or(0);
+    if max == 0 || weights.len() != backends.len() {
+        return Ok(Vec::new());
+    }
+    let mut lists: Vec<Permutation> = backends.iter().map(|b| b.permutation(size)).collect();
+    let mut entries = vec![EMPTY; size as usize];
+    let mut filled = 0u32;
+    let max = u64::from(max);
+    for round in 0u64.. {
+        for (index, (list, weight)) in (0u16..EMPTY).zip(lists.iter_mut().zip(weights)) {
+            let weight = u64::from(*weight);
+            if (round + 1) * weight / max == round * weight / max {
+                continue;
+            }
+            let slot = claim(&entries, list, size);
+            entries[slot] = index;
+            filled += 1;
+            if filled == size {
+                return Ok(entries);
+            }
+        }
+    }
+    Ok(entries)
+}
+
 /// Maglev's population loop: backends take turns, each claiming the next
 /// slot of its preference list that is still empty, until every slot is
 /// taken. Each backend thus gets `size / n` slots, give or take one.
@@ -494,6 +533,31 @@ mod tests {
 
     /// Golden: if this fails the table changed, and nodes running an older
     /// agent would send the same flows to other backends.
+    #[test]
+    fn weighted_tables_follow_the_weights() {
+        let set = backends(3);
+        let size = DEFAULT_TABLE_SIZE;
+        assert_eq!(
+            table_weighted(&set, &[2, 2, 2], size).unwrap(),
+            table(&set, size).unwrap()
+        );
+        let entries = table_weighted(&set, &[3, 1, 0], size).unwrap();
+        let count = |i: u16| entries.iter().filter(|e| **e == i).count() as f64;
+        let third = size as f64 / 4.0;
+        assert!(
+            (count(0) - 3.0 * third).abs() < 0.01 * size as f64,
+            "{}",
+            count(0)
+        );
+        assert!(
+            (count(1) - third).abs() < 0.01 * size as f64,
+            "{}",
+            count(1)
+        );
+        assert_eq!(count(2), 0.0);
+        assert!(table_weighted(&set, &[0, 0, 0], size).unwrap().is_empty());
+    }
+
     #[test]
     fn golden_table() {
         let set = [

@@ -41,6 +41,8 @@ struct FrontendSpec {
     local_set: Option<BTreeSet<usize>>,
     algorithm: Option<LbAlgorithm>,
     affinity_timeout_s: Option<u32>,
+    /// `switchboard.io/weights`: a weight per backend index (0: drained).
+    weights: Option<Vec<u16>>,
 }
 
 /// The first [`ADDRESSES_V4`] frontend addresses are IPv4, the rest IPv6.
@@ -105,6 +107,19 @@ impl FrontendSpec {
         }
         frontend.algorithm = self.algorithm;
         frontend.affinity_timeout_s = self.affinity_timeout_s;
+        if let Some(weights) = &self.weights {
+            let used: BTreeSet<usize> = self
+                .backends
+                .iter()
+                .chain(self.local_set.iter().flatten())
+                .copied()
+                .collect();
+            frontend.weights = used
+                .into_iter()
+                .filter(|i| weights[*i] != 1)
+                .map(|i| (backend(i), weights[i]))
+                .collect();
+        }
         frontend
     }
 }
@@ -129,15 +144,25 @@ fn frontend_spec(addr: usize) -> impl Strategy<Value = FrontendSpec> {
             ],
         ),
         proptest::option::weighted(0.2, 1..100u32),
+        proptest::option::weighted(
+            0.4,
+            proptest::collection::vec(
+                prop_oneof![1 => Just(0u16), 3 => 1..4u16, 1 => Just(6u16)],
+                BACKENDS,
+            ),
+        ),
     )
         .prop_map(
-            move |(service, backends, local_set, algorithm, affinity_timeout_s)| FrontendSpec {
-                addr,
-                service,
-                backends,
-                local_set,
-                algorithm,
-                affinity_timeout_s,
+            move |(service, backends, local_set, algorithm, affinity_timeout_s, weights)| {
+                FrontendSpec {
+                    addr,
+                    service,
+                    backends,
+                    local_set,
+                    algorithm,
+                    affinity_timeout_s,
+                    weights,
+                }
             },
         )
 }
@@ -173,14 +198,29 @@ fn stop() -> impl Strategy<Value = Stop> {
 }
 
 /// One frontend as a lookup sees it in the maps: the reverse-NAT name, the
-/// slot-0 attributes and the backend sets (sorted).
+/// slot-0 attributes and the backend sets.
 #[derive(Debug, PartialEq, Eq)]
 struct Seen {
     name: Option<String>,
     flags: u16,
     affinity_timeout_s: u32,
-    backends: Vec<BackendAddr>,
-    external: Option<Vec<BackendAddr>>,
+    backends: SetSeen,
+    external: Option<SetSeen>,
+    maglev_skips_drained: bool,
+}
+
+/// One backend set: how many of the slots new flows pick from name each
+/// backend (sorted by backend), and the drained backends (slots past the
+/// count, sorted), with whether slot 0 marks the set weighted.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct SetSeen {
+    picks: Vec<(BackendAddr, usize)>,
+    drained: Vec<BackendAddr>,
+    weighted: bool,
+    /// The share each weighted slot records for its backend
+    /// (least-connection reads it). A sync that stopped half-way may leave
+    /// it behind for a moment, so it is compared only after a full sync.
+    shares: Vec<(BackendAddr, u16)>,
 }
 
 /// What a lookup of each frontend finds. `Err` names the first slot that
@@ -232,6 +272,20 @@ fn lookups(store: &MemStore) -> Result<BTreeMap<FrontendAddr, Seen>, String> {
                 }
             }
         }
+        // A drained backend has no entry in the Maglev table (a sync
+        // stopped half-way may leave one for a moment: compared only after
+        // a full sync).
+        let hashed = external.as_ref().unwrap_or(&backends);
+        let maglev_skips_drained = head.flags & frontend_flags::ALGO_MASK
+            == frontend_flags::ALGO_RANDOM
+            || store.maglev.get(&head.service_id).is_none_or(|table| {
+                !table.iter().any(|id| {
+                    store
+                        .backends
+                        .get(&(addr.family(), *id))
+                        .is_some_and(|b| hashed.drained.contains(&backend_addr(b)))
+                })
+            });
         seen.insert(
             addr,
             Seen {
@@ -239,10 +293,11 @@ fn lookups(store: &MemStore) -> Result<BTreeMap<FrontendAddr, Seen>, String> {
                     .revnat
                     .get(&(addr.family(), head.service_id))
                     .map(revnat_name),
-                flags: head.flags,
+                flags: head.flags & !frontend_flags::WEIGHTED,
                 affinity_timeout_s: head.affinity_timeout_s,
                 backends,
                 external,
+                maglev_skips_drained,
             },
         );
     }
@@ -254,8 +309,28 @@ fn backend_set_of(
     addr: &FrontendAddr,
     scope: u8,
     head: &FrontendSlot,
-) -> Result<Vec<BackendAddr>, String> {
-    let mut set = Vec::new();
+) -> Result<SetSeen, String> {
+    let weighted = head.flags & frontend_flags::WEIGHTED != 0;
+    let mut picks: BTreeMap<BackendAddr, usize> = BTreeMap::new();
+    let mut shares: BTreeMap<BackendAddr, u16> = BTreeMap::new();
+    let mut drained = Vec::new();
+    let mut slot = head.backend_count;
+    while weighted && slot < u16::MAX {
+        slot += 1;
+        let Some(value) = store
+            .frontends
+            .get(&k(&scoped_key(addr, scope, slot)))
+            .filter(|v| v.backend_count == 0)
+        else {
+            break;
+        };
+        let backend = store
+            .backends
+            .get(&(addr.family(), value.backend_id))
+            .ok_or_else(|| format!("{addr}: drained slot {slot} names an absent backend"))?;
+        drained.push(backend_addr(backend));
+    }
+    drained.sort();
     for slot in 1..=head.backend_count {
         let value = store
             .frontends
@@ -276,10 +351,68 @@ fn backend_set_of(
                     value.backend_id
                 )
             })?;
-        set.push(backend_addr(backend));
+        let backend = backend_addr(backend);
+        *picks.entry(backend).or_default() += 1;
+        if weighted {
+            shares.insert(backend, value.backend_count);
+        }
     }
-    set.sort();
-    Ok(set)
+    Ok(SetSeen {
+        picks: picks.into_iter().collect(),
+        drained,
+        weighted,
+        shares: shares.into_iter().collect(),
+    })
+}
+
+/// What a set of `frontend` must look like: each backend in `w ÷ gcd`
+/// slots (the weights drawn are small, so never scaled), weight 0
+/// drained; with every weight equal and none 0, one slot each, unmarked.
+fn expected_set(frontend: &Frontend, set: &[BackendAddr]) -> SetSeen {
+    let once = frontend.algorithm == Some(LbAlgorithm::LeastConn);
+    let weights: Vec<(BackendAddr, u16)> =
+        set.iter().map(|b| (*b, frontend.weight_of(b))).collect();
+    let live: Vec<u16> = weights.iter().map(|w| w.1).filter(|w| *w > 0).collect();
+    let gcd = |mut a: u16, mut b: u16| {
+        while b != 0 {
+            (a, b) = (b, a % b);
+        }
+        a
+    };
+    let divisor = live.iter().copied().fold(0, gcd).max(1);
+    let weighted = live.len() < weights.len() || live.windows(2).any(|w| w[0] != w[1]);
+    let mut picks: Vec<(BackendAddr, usize)> = weights
+        .iter()
+        .filter(|w| w.1 > 0)
+        .map(|(b, w)| {
+            (
+                *b,
+                if weighted && !once {
+                    usize::from(w / divisor)
+                } else {
+                    1
+                },
+            )
+        })
+        .collect();
+    picks.sort();
+    let mut shares: Vec<(BackendAddr, u16)> = match weighted {
+        true => weights
+            .iter()
+            .filter(|w| w.1 > 0)
+            .map(|(b, w)| (*b, w / divisor))
+            .collect(),
+        false => Vec::new(),
+    };
+    shares.sort();
+    let mut drained: Vec<BackendAddr> = weights.iter().filter(|w| w.1 == 0).map(|w| w.0).collect();
+    drained.sort();
+    SetSeen {
+        picks,
+        drained,
+        weighted,
+        shares,
+    }
 }
 
 /// What the lookups must find for `desired`.
@@ -290,11 +423,7 @@ fn expected(desired: &DesiredState) -> BTreeMap<FrontendAddr, Seen> {
         .map(|frontend| {
             let (flags, affinity_timeout_s) =
                 slot_zero_attributes(frontend, FrontendDefaults::default());
-            let sorted = |set: &[BackendAddr]| {
-                let mut set = set.to_vec();
-                set.sort();
-                set
-            };
+            let sorted = |set: &[BackendAddr]| expected_set(frontend, set);
             let seen = Seen {
                 name: Some(format!(
                     "{}/{}",
@@ -304,6 +433,7 @@ fn expected(desired: &DesiredState) -> BTreeMap<FrontendAddr, Seen> {
                 affinity_timeout_s,
                 backends: sorted(&frontend.backends),
                 external: frontend.external_backends.as_deref().map(sorted),
+                maglev_skips_drained: true,
             };
             (frontend.addr, seen)
         })

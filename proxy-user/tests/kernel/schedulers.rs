@@ -238,3 +238,90 @@ fn the_algorithm_reaches_every_frontend_kind() {
     let fx = loaded(vec![node_port], 64);
     assert_eq!(fx.service_row("np").algorithm, LbAlgorithm::LeastConn);
 }
+
+/// `service` with weights (`switchboard.io/weights`) per pod index.
+fn weighted(algorithm: LbAlgorithm, weights: &[u16]) -> Frontend {
+    let mut fe = service(algorithm, weights.len());
+    fe.weights = weights
+        .iter()
+        .enumerate()
+        .filter(|(_, w)| **w != 1)
+        .map(|(i, w)| {
+            let backend = proxy_user::model::BackendAddr {
+                ip: PODS[i].into(),
+                port: 8080,
+            };
+            (backend, *w)
+        })
+        .collect();
+    fe
+}
+
+/// New flows per backend over `n` connections from fresh ports.
+fn spread(fx: &mut Loaded, first: u16, n: u16) -> [usize; 3] {
+    let mut got = [0; 3];
+    for i in 0..n {
+        got[open(fx, first + i)] += 1;
+    }
+    got
+}
+
+/// Weights 3:1 (and a drained third backend) through every per-node
+/// pick: round-robin exactly, random within a tolerance that equal
+/// weights (200 each of 400) could not meet, least-connection keeping
+/// open flows ÷ weight level. The drained backend gets nothing.
+#[test]
+fn weights_spread_new_flows_in_proportion_and_weight_zero_gets_none() {
+    let mut fx = loaded(vec![weighted(LbAlgorithm::RoundRobin, &[3, 1, 0])], 4096);
+    assert_eq!(spread(&mut fx, PORT0, 400), [300, 100, 0], "round-robin");
+    let row = fx.service_row("sched");
+    let weights: Vec<Option<u16>> = row.backends.iter().map(|b| b.weight).collect();
+    assert_eq!(
+        weights,
+        [Some(3), Some(1), Some(0)],
+        "the CLI reads the weights back"
+    );
+
+    let mut fx = loaded(vec![weighted(LbAlgorithm::Random, &[3, 1, 0])], 4096);
+    let got = spread(&mut fx, PORT0, 400);
+    // Binomial(400, 3/4): mean 300, sd 8.7; equal weights would give 200.
+    assert!((260..=340).contains(&got[0]), "random: {got:?}");
+    assert_eq!(got[2], 0, "random: {got:?}");
+
+    let mut fx = loaded(vec![weighted(LbAlgorithm::LeastConn, &[3, 1, 0])], 4096);
+    for i in 0..40 {
+        open(&mut fx, PORT0 + i);
+        let c = counts(&fx);
+        let (a, b) = (
+            c.get(&0).copied().unwrap_or(0),
+            c.get(&1).copied().unwrap_or(0),
+        );
+        // Power of two choices keeps a ÷ 3 and b ÷ 1 within a flow or two.
+        assert!(a.abs_diff(3 * b) <= 6, "least-conn after {}: {c:?}", i + 1);
+        assert_eq!(c.get(&2).copied().unwrap_or(0), 0, "least-conn: {c:?}");
+    }
+}
+
+/// Draining a backend (weight 0) keeps its open flows on it and gives it
+/// no new one; weighing it again brings it back.
+#[test]
+fn a_drained_backend_keeps_its_flows_and_gets_no_new_ones() {
+    let mut fx = loaded(vec![service(LbAlgorithm::RoundRobin, 3)], 4096);
+    let order: Vec<usize> = (0..3).map(|i| open(&mut fx, PORT0 + i)).collect();
+    let on_zero = PORT0
+        + order
+            .iter()
+            .position(|b| *b == 0)
+            .expect("pod 0 had a turn") as u16;
+    let report = fx.program(vec![weighted(LbAlgorithm::RoundRobin, &[0, 1, 1])]);
+    assert!(report.failed.is_empty(), "{report:?}");
+    assert_eq!(
+        send(&mut fx, on_zero, ACK),
+        (TC_ACT_OK, Some(0)),
+        "the open flow stays"
+    );
+    assert_eq!(spread(&mut fx, PORT0 + 10, 40), [0, 20, 20]);
+    let report = fx.program(vec![service(LbAlgorithm::RoundRobin, 3)]);
+    assert!(report.failed.is_empty(), "{report:?}");
+    assert_eq!(spread(&mut fx, PORT0 + 100, 30), [10, 10, 10]);
+}

@@ -535,6 +535,7 @@ pub fn write(results: &Value, dir: &Path) -> Result<String> {
     }
     md.push_str("\n![per-packet cost](perpacket.svg)\n");
     perpacket_ipv6(&mut md, &pp["ipv6"], &pp_at, empty_tc);
+    perpacket_schedulers(&mut md, pp);
 
     // ---- control plane ----
     md.push_str("\n## Control plane\n\n| what | Services × endpoints | time |\n|---|---|---|\n");
@@ -729,6 +730,118 @@ fn plot_conn(
 
 /// The IPv6 rows of the per-packet section: the same cases through the
 /// IPv6 pod path, next to the IPv4 figure at the same size (1 backend).
+/// The algorithms of `sb_bench perpacket`'s scheduler figures in the
+/// order the report lists them (any other the run names follows).
+const SCHEDULERS: [&str; 4] = ["random", "round-robin", "least-conn", "weighted random"];
+
+/// The names under `by` (a JSON object keyed by algorithm) in
+/// [`SCHEDULERS`]' order, then the rest.
+fn scheduler_names(by: &serde_json::Map<String, Value>) -> Vec<String> {
+    let mut names: Vec<String> = SCHEDULERS
+        .iter()
+        .filter(|n| by.contains_key(**n))
+        .map(|n| n.to_string())
+        .collect();
+    let rest: Vec<String> = by
+        .keys()
+        .filter(|k| !SCHEDULERS.contains(&k.as_str()))
+        .cloned()
+        .collect();
+    names.extend(rest);
+    names
+}
+
+/// The per-node schedulers (issue 23), from `sb_bench perpacket`: a new
+/// flow's single-shot cost under each algorithm next to `random` (each
+/// row's `single_shot.from_pod_service_new_by_algorithm_ns`), and the
+/// balance over mixed-length flows against IPVS `lc`'s ideal
+/// (`scheduler_balance`). Nothing when the run has neither.
+fn perpacket_schedulers(md: &mut String, pp: &Value) {
+    let rows: Vec<&Value> = pp["rows"]
+        .as_array()
+        .map(|r| r.iter().collect())
+        .unwrap_or_default();
+    let by_row: Vec<(&Value, &serde_json::Map<String, Value>)> = rows
+        .iter()
+        .filter_map(|r| {
+            let by = r["single_shot"]["from_pod_service_new_by_algorithm_ns"].as_object()?;
+            Some((*r, by))
+        })
+        .collect();
+    if let Some((_, first)) = by_row.first() {
+        let names = scheduler_names(first);
+        md.push_str("\n## Schedulers: a new flow's cost by algorithm\n\n");
+        md.push_str("Single shot (`repeat = 1`, timer included), the frame creating a new flow to ping-pong Service A under each algorithm: the median of five interleaved rounds' medians (the algorithms take turns), in parentheses the rounds' range, each ÷ `random`'s median.\n\n");
+        let _ = write!(md, "| Services | backends (target) |");
+        for name in &names {
+            match name.as_str() {
+                "random" => {
+                    let _ = write!(md, " `random` |");
+                }
+                other => {
+                    let _ = write!(md, " `{other}` ÷ random |");
+                }
+            }
+        }
+        let _ = writeln!(md, "\n|---|---|{}", "---|".repeat(names.len()));
+        for (r, by) in &by_row {
+            let random = f(&by.get("random").cloned().unwrap_or(Value::Null)["ns"]);
+            let _ = write!(
+                md,
+                "| {} | {} |",
+                size_label(r["services_nominal"].as_u64().unwrap_or(0)),
+                r["target_backends"]
+            );
+            for name in &names {
+                let cell = by.get(name).cloned().unwrap_or(Value::Null);
+                let (ns, lo, hi) = (f(&cell["ns"]), f(&cell["min"]), f(&cell["max"]));
+                let ratio = |v: Option<f64>| v.zip(random).map(|(v, r)| v / r);
+                if name == "random" {
+                    let _ = write!(md, " {} ns |", fmt_opt(ns, 0));
+                } else {
+                    let _ = write!(
+                        md,
+                        " {} ({}–{}) |",
+                        fmt_opt(ratio(ns), 2),
+                        fmt_opt(ratio(lo), 2),
+                        fmt_opt(ratio(hi), 2)
+                    );
+                }
+            }
+            md.push('\n');
+        }
+    }
+    let balance = &pp["scheduler_balance"];
+    let Some(rows) = balance["rows"].as_array() else {
+        return;
+    };
+    let ideal = rows
+        .iter()
+        .find(|r| {
+            r["algorithm"]
+                .as_str()
+                .is_some_and(|a| a.starts_with("ideal"))
+        })
+        .and_then(|r| f(&r["max_over_mean_avg"]));
+    let _ = writeln!(
+        md,
+        "\n## Schedulers: balance\n\n{} new flows to one Service of {} backends through `sb_from_pod`, one per step, lengths {}; each flow closes with an RST through the program. After each new flow past the first {}: the most loaded backend's active flows ÷ the mean (1.00 is perfect). IPVS `lc`'s ideal (always a least loaded backend) is computed on the same flows.\n",
+        balance["flows"], balance["backends"], balance["lengths"].as_str().unwrap_or("mixed"), balance["warmup_flows"]
+    );
+    md.push_str("| algorithm | max ÷ mean, average | worst | average ÷ IPVS lc's ideal |\n|---|---|---|---|\n");
+    for r in rows {
+        let avg = f(&r["max_over_mean_avg"]);
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} |",
+            r["algorithm"].as_str().unwrap_or("?"),
+            fmt_opt(avg, 2),
+            fmt_opt(f(&r["max_over_mean_worst"]), 2),
+            fmt_opt(avg.zip(ideal).map(|(a, i)| a / i), 2)
+        );
+    }
+}
+
 fn perpacket_ipv6(
     md: &mut String,
     ipv6: &Value,
@@ -1167,4 +1280,54 @@ fn northsouth_section(ns: &Value) -> String {
         meta["iptables_rules"].as_str().unwrap_or("")
     );
     md
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The scheduler figures `sb_bench perpacket` writes render as two
+    /// tables, algorithms in a fixed order, ratios to `random` and to the
+    /// ideal computed from the run's numbers.
+    #[test]
+    fn scheduler_rows_render_from_perpacket_json() {
+        let pp = serde_json::json!({
+            "rows": [{
+                "services_nominal": 10000,
+                "target_backends": 1000,
+                "single_shot": {"from_pod_service_new_by_algorithm_ns": {
+                    "least-conn": {"ns": 1500.0, "min": 1400.0, "max": 1650.0},
+                    "random": {"ns": 1000.0, "min": 950.0, "max": 1100.0},
+                    "round-robin": {"ns": 900.0, "min": 890.0, "max": 1020.0}
+                }}
+            }],
+            "scheduler_balance": {
+                "backends": 10, "flows": 10000, "warmup_flows": 2000,
+                "lengths": "80% 1-20 new flows long, 20% 200-2000",
+                "rows": [
+                    {"algorithm": "ideal lc (IPVS)", "max_over_mean_avg": 1.03, "max_over_mean_worst": 1.1},
+                    {"algorithm": "least-conn", "max_over_mean_avg": 1.0815, "max_over_mean_worst": 1.3}
+                ]
+            }
+        });
+        let mut md = String::new();
+        perpacket_schedulers(&mut md, &pp);
+        assert!(
+            md.contains("| Services | backends (target) | `random` | `round-robin` ÷ random | `least-conn` ÷ random |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| 10k | 1000 | 1000 ns | 0.90 (0.89–1.02) | 1.50 (1.40–1.65) |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| ideal lc (IPVS) | 1.03 | 1.10 | 1.00 |"),
+            "{md}"
+        );
+        assert!(md.contains("| least-conn | 1.08 | 1.30 | 1.05 |"), "{md}");
+        // A run without the figures (an older sb_bench) adds nothing.
+        let mut none = String::new();
+        perpacket_schedulers(&mut none, &serde_json::json!({"rows": [{}]}));
+        assert!(none.is_empty());
+    }
 }

@@ -34,6 +34,9 @@ pub struct Backend {
     pub id: u64,
     pub address: String,
     pub port: u16,
+    /// Its weight in a weighted set (`switchboard.io/weights`; 0: drained).
+    #[serde(default)]
+    pub weight: Option<u16>,
 }
 
 impl Frontend {

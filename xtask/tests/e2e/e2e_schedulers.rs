@@ -103,3 +103,49 @@ fn round_robin_sends_new_connections_to_every_backend_in_turn() {
     let after = short_round(&sb);
     assert_eq!(after, vec![SHORT / PODS; PODS], "{after:?}");
 }
+
+/// Weights from the EndpointSlice's `switchboard.io/weights`, with real
+/// connections: 3:1 with pod3 drained gives pod1 about three quarters of
+/// 200 new connections (125..=175; equal weights would give it 100, eight
+/// standard deviations away) and pod3 none.
+#[test]
+fn weights_from_the_endpointslice_split_new_connections_3_to_1() {
+    let mut sb = demo_sandbox_with(&[]);
+    let slice = endpointslice_yaml(&[1, 2, 3]).replacen(
+        "  labels:\n",
+        &format!(
+            "  annotations:\n    switchboard.io/weights: \"{}=3,{}=1,{}=0\"\n  labels:\n",
+            xtask::sandbox::pod_ip(1),
+            xtask::sandbox::pod_ip(2),
+            xtask::sandbox::pod_ip(3)
+        ),
+        1,
+    );
+    write_manifest(&sb, "endpointslice.yaml", &slice);
+    if let Err(e) = sb.wait_services(
+        &switchboard(),
+        Duration::from_secs(5),
+        "demo/echo:http with its weights",
+        |f| {
+            find(f, "demo/echo:http").is_some_and(|fe| {
+                let weights: Vec<Option<u16>> = fe.backends.iter().map(|b| b.weight).collect();
+                weights.contains(&Some(3)) && weights.contains(&Some(0))
+            })
+        },
+    ) {
+        panic!("{e:#}");
+    }
+    let addr = format!("{CLUSTER_IP}:80");
+    let run = sb
+        .client(&sb_echo(), &["--tcp", &addr, "--count", "200"])
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    assert!(run.all_ok(), "connections failed:\n{}", run.raw);
+    let spread = run.spread();
+    let got: Vec<usize> = (1..=PODS)
+        .map(|i| spread.get(&pod_name(i)).copied().unwrap_or(0))
+        .collect();
+    eprintln!("weights 3:1:0 over 200 connections: {got:?}");
+    assert!((125..=175).contains(&got[0]), "{got:?}");
+    assert_eq!(got[0] + got[1], 200, "{got:?}");
+    assert_eq!(got[2], 0, "the drained pod got new connections: {got:?}");
+}

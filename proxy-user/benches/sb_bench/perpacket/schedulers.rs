@@ -20,16 +20,34 @@ const ALGORITHMS: [LbAlgorithm; 3] = [
     LbAlgorithm::LeastConn,
 ];
 
-/// `desired` with the frontend at `vip` picking by `algorithm`.
-fn with_algorithm(desired: &DesiredState, vip: Ipv4Addr, algorithm: LbAlgorithm) -> DesiredState {
+/// `desired` with the frontend at `vip` picking by `algorithm`; `weighted`:
+/// its first backend weighs 3 (`switchboard.io/weights`), the others 1.
+fn with_algorithm(
+    desired: &DesiredState,
+    vip: Ipv4Addr,
+    algorithm: LbAlgorithm,
+    weighted: bool,
+) -> DesiredState {
     let mut out = desired.clone();
     for f in out.frontends.values_mut() {
         if f.addr.ip == vip {
             f.algorithm = Some(algorithm);
+            if let (true, Some(first)) = (weighted, f.backends.first()) {
+                f.weights = vec![(*first, 3)].into();
+            }
         }
     }
     out
 }
+
+/// The new-flow cases: each algorithm, then `random` over a weighted set
+/// (the pick is the same slot lookup over a longer slot table).
+const CASES: [(&str, LbAlgorithm, bool); 4] = [
+    ("random", LbAlgorithm::Random, false),
+    ("round-robin", LbAlgorithm::RoundRobin, false),
+    ("least-conn", LbAlgorithm::LeastConn, false),
+    ("weighted random", LbAlgorithm::Random, true),
+];
 
 /// Rounds of [`new_flow_costs`]: the algorithms take turns, so none is
 /// always measured first (on colder caches).
@@ -45,10 +63,10 @@ pub(super) fn new_flow_costs(
     singles: u32,
     next_sport: &mut u32,
 ) -> Result<Value> {
-    let mut medians: Vec<Vec<f64>> = vec![Vec::new(); ALGORITHMS.len()];
+    let mut medians: Vec<Vec<f64>> = vec![Vec::new(); CASES.len()];
     for _ in 0..ROUNDS {
-        for (i, algorithm) in ALGORITHMS.into_iter().enumerate() {
-            pp.apply(&with_algorithm(desired, VIP_A, algorithm))?;
+        for (i, (_, algorithm, weighted)) in CASES.into_iter().enumerate() {
+            pp.apply(&with_algorithm(desired, VIP_A, algorithm, weighted))?;
             let frames: Vec<Vec<u8>> = (0..singles.div_ceil(ROUNDS))
                 .map(|_| {
                     *next_sport += 1;
@@ -65,13 +83,13 @@ pub(super) fn new_flow_costs(
     }
     pp.apply(desired)?;
     let mut out = serde_json::Map::new();
-    for (algorithm, mut m) in ALGORITHMS.into_iter().zip(medians) {
+    for ((name, _, _), mut m) in CASES.into_iter().zip(medians) {
         let (lo, hi) = (
             m.iter().copied().fold(f64::INFINITY, f64::min),
             m.iter().copied().fold(0.0, f64::max),
         );
         out.insert(
-            algorithm.as_str().into(),
+            name.into(),
             json!({"ns": median(&mut m), "min": lo, "max": hi}),
         );
     }
