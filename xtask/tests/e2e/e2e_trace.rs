@@ -11,18 +11,28 @@
 //!   unfiltered reader that their filter selects;
 //! - readers killed with SIGKILL leave the kernel's switch at 0 within a
 //!   second, read from the kernel (the agent's map, found through its file
-//!   descriptors, dumped with bpftool).
+//!   descriptors, dumped with bpftool);
+//! - in the two-node sandbox (`xtask::sandbox::two_node`), a NodePort
+//!   connection from an outside client shows on a reader of the entry node
+//!   as a new flow of the uplink layer that decided it (tc with the agents'
+//!   defaults on veth uplinks, xdp with `--xdp-mode generic`), with the
+//!   client's own address, the NodePort frontend and the pod that answered.
 //!
 //! The binaries come from `cargo xtask test` (SWITCHBOARD_BIN, SB_ECHO_BIN).
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use xtask::sandbox::{pod_ip, Sandbox, CLIENT_IP, CLUSTER_IP, POD_TCP_PORT};
-use xtask::testenv::{demo_sandbox_with, sb_echo, switchboard, write_manifest};
+
+use xtask::sandbox::two_node::{Client, Node};
+use xtask::sandbox::{
+    pod_ip, Lan, Sandbox, TwoNodeSandbox, AGENT, CLIENT_IP, CLUSTER_IP, POD_TCP_PORT,
+};
+use xtask::testenv::{
+    demo_sandbox_with, sb_echo, switchboard, trace_events, two_node_with_agents_on,
+    wait_trace_event, write_manifest, TRACE_WITHIN as WITHIN,
+};
 
 const EMPTY_IP: &str = "10.96.0.20";
-/// How long an event may take from the packet to the reader.
-const WITHIN: Duration = Duration::from_secs(1);
 
 const EMPTY: &str = "apiVersion: v1\nkind: Service\nmetadata:\n  name: empty\n  namespace: demo\n\
 spec:\n  clusterIP: 10.96.0.20\n  ports:\n  - name: http\n    port: 80\n    protocol: TCP\n    targetPort: 8080\n\
@@ -47,48 +57,8 @@ fn sandbox() -> Sandbox {
 /// Starts `switchboard trace -o json <args>` in the node namespace as
 /// `label`, and waits until the agent counts it as a client.
 fn start_trace(sb: &mut Sandbox, label: &str, args: &[&str]) {
-    let joined_before = sb.agent_log().matches("trace: a client joined").count();
-    let (sw, pin) = (switchboard(), sb.pin_dir.clone());
-    let (sw, pin) = (sw.to_string_lossy(), pin.to_string_lossy());
-    let mut cmd = vec![&*sw, "trace", "--pin-root", &*pin, "-o", "json"];
-    cmd.extend_from_slice(args);
-    let ns = sb.node_ns();
-    sb.spawn(label, &ns, &cmd).expect("start switchboard trace");
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while sb.agent_log().matches("trace: a client joined").count() <= joined_before {
-        assert!(
-            Instant::now() < deadline,
-            "{label} never joined:\n{}\n--- agent ---\n{}",
-            sb.read_log(label),
-            sb.agent_log()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// The events `label` printed so far.
-fn events(sb: &Sandbox, label: &str) -> Vec<Value> {
-    sb.read_log(label)
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter(|v| v["record"] == "event")
-        .collect()
-}
-
-/// Waits (at most [`WITHIN`]) for an event of `label` that `pred` accepts.
-fn wait_event(sb: &Sandbox, label: &str, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
-    let deadline = Instant::now() + WITHIN;
-    loop {
-        if let Some(e) = events(sb, label).into_iter().find(&pred) {
-            return e;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no {what} within {WITHIN:?} in:\n{}",
-            sb.read_log(label)
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let (ns, pin) = (sb.node_ns(), sb.pin_dir.clone());
+    xtask::testenv::start_trace(sb, (&ns, &pin, AGENT), label, args);
 }
 
 /// One TCP connection from `ns` (outside the sandbox's cgroup: the tc
@@ -111,7 +81,7 @@ fn each_event_type_appears_with_its_fields_within_a_second() {
     let http = format!("{CLUSTER_IP}:80");
 
     connect(&sb, &client, &http);
-    let e = wait_event(&sb, "trace", "tc new flow", |e| {
+    let e = wait_trace_event(&sb, "trace", "tc new flow", |e| {
         e["kind"] == "new-flow" && e["layer"] == "tc"
     });
     assert_eq!(
@@ -130,7 +100,7 @@ fn each_event_type_appears_with_its_fields_within_a_second() {
     assert_eq!(e["algorithm"], "random", "{e}");
 
     connect(&sb, &client, &format!("{EMPTY_IP}:80"));
-    let e = wait_event(&sb, "trace", "reject", |e| e["kind"] == "drop");
+    let e = wait_trace_event(&sb, "trace", "reject", |e| e["kind"] == "drop");
     assert_eq!(e["reason"], "rejected", "{e}");
     assert_eq!(e["verdict"], "answered", "{e}");
     assert_eq!(e["service"], "demo/empty:http", "{e}");
@@ -140,7 +110,7 @@ fn each_event_type_appears_with_its_fields_within_a_second() {
     let node = sb.node_ns();
     sb.client_in_cgroup(&sb_echo(), &node, &["--tcp", &http, "--count", "1"])
         .expect("socket-layer client");
-    let e = wait_event(&sb, "trace", "socket-layer new flow", |e| {
+    let e = wait_trace_event(&sb, "trace", "socket-layer new flow", |e| {
         e["kind"] == "new-flow" && e["layer"] == "socket"
     });
     assert_eq!(e["frontend"], http.as_str(), "{e}");
@@ -257,7 +227,7 @@ fn filters_select_exactly_their_events_and_killed_readers_switch_off() {
     // Every reader has had its second.
     std::thread::sleep(WITHIN);
 
-    let all = events(&sb, "all");
+    let all = trace_events(&sb, "all");
     let new_flows = all.iter().filter(|e| e["kind"] == "new-flow").count();
     assert!(
         new_flows >= 10,
@@ -265,7 +235,7 @@ fn filters_select_exactly_their_events_and_killed_readers_switch_off() {
     );
     for (label, _, selects) in &filters {
         let want: Vec<&Value> = all.iter().filter(|e| selects(e)).collect();
-        let got = events(&sb, label);
+        let got = trace_events(&sb, label);
         assert!(
             !want.is_empty(),
             "{label}: no event to select in:\n{all:#?}"
@@ -285,4 +255,68 @@ fn filters_select_exactly_their_events_and_killed_readers_switch_off() {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+// --- from outside the node: the uplink layers (two-node sandbox) ----------
+
+/// A NodePort connection from the outside client 192.168.50.100 to node A
+/// (backends on node B, `Cluster` policy: the pod sees node A's address
+/// after SNAT) shows, within a second, on a reader on node A as a new flow
+/// of `layer` with the client's own address, the NodePort frontend and the
+/// node-B pod that answered.
+fn uplink_new_flow_is_traced(lan: Lan, agent_args: &[&str], layer: &str) {
+    use xtask::sandbox::two_node::manifests::{EntryPoint, Policy, Proto, NODEPORT_TCP};
+    let pods = Node::B.pods();
+    let mut sb = two_node_with_agents_on(lan, Policy::Cluster, &pods, agent_args);
+    let (ns, pin) = (sb.node_ns(Node::A), sb.pin_dir(Node::A));
+    let agent = TwoNodeSandbox::agent_label(Node::A);
+    xtask::testenv::start_trace(&mut sb, (&ns, &pin, &agent), "trace-a", &[]);
+
+    let entry = EntryPoint {
+        address: Node::A.ip().to_string(),
+        port: NODEPORT_TCP,
+        proto: Proto::Tcp,
+    };
+    let run = sb
+        .hit(&sb_echo(), Client::One, &entry, 1, 1000)
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    assert!(run.all_ok(), "{entry}:\n{}", run.raw);
+    let e = wait_trace_event(&sb, "trace-a", "uplink new flow", |e| {
+        e["kind"] == "new-flow" && e["frontend"] == entry.addr().as_str()
+    });
+    assert_eq!(e["layer"], layer, "{e}");
+    assert_eq!(
+        e["client"]
+            .as_str()
+            .and_then(|c| c.rsplit_once(':'))
+            .map(|c| c.0),
+        Some(Client::One.ip()),
+        "the client's own address: {e}"
+    );
+    let answered = &run.names()[0];
+    let backend = pods
+        .iter()
+        .find(|p| &p.name() == answered)
+        .map(|p| format!("{}:{POD_TCP_PORT}", p.ip()));
+    assert_eq!(
+        e["backend"].as_str(),
+        backend.as_deref(),
+        "the pod that answered ({answered}): {e}"
+    );
+    assert_eq!(e["service"], "ext/web:http", "{e}");
+    assert_eq!(e["protocol"], "tcp", "{e}");
+    assert_eq!(e["family"], 4, "{e}");
+}
+
+/// The agents' defaults on the kind-like LAN: XDP stays off on the veth
+/// uplink, the tc program decides.
+#[test]
+fn outside_nodeport_new_flow_is_traced_at_tc() {
+    uplink_new_flow_is_traced(Lan::KindLike, &[], "tc");
+}
+
+/// Generic XDP on the XDP-ready LAN: the XDP program decides.
+#[test]
+fn outside_nodeport_new_flow_is_traced_at_xdp() {
+    uplink_new_flow_is_traced(Lan::XdpReady, &["--xdp-mode", "generic"], "xdp");
 }
