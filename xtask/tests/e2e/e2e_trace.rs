@@ -15,15 +15,21 @@
 //! - in the two-node sandbox (`xtask::sandbox::two_node`), a NodePort
 //!   connection from an outside client shows on a reader of the entry node
 //!   as a new flow of the uplink layer that decided it (tc with the agents'
-//!   defaults on veth uplinks, xdp with `--xdp-mode generic`), with the
-//!   client's own address, the NodePort frontend and the pod that answered.
+//!   defaults on veth uplinks, xdp with `--xdp-mode generic` or `native`),
+//!   with the client's own address (though the pod sees the entry node's),
+//!   the NodePort frontend and the pod that answered; over IPv4 (`ext/web`)
+//!   and IPv6 (`ext/web6`, `e2e_external6`'s dual-stack sandbox).
 //!
 //! The binaries come from `cargo xtask test` (SWITCHBOARD_BIN, SB_ECHO_BIN).
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use xtask::sandbox::two_node::{Client, Node};
+use crate::e2e_external6::dual_stack_with_agents;
+use xtask::sandbox::two_node::manifests::{
+    EntryPoint, Policy, Proto, DUAL_NODEPORT_TCP, NODEPORT_TCP,
+};
+use xtask::sandbox::two_node::{Client, Node, Pod};
 use xtask::sandbox::{
     pod_ip, Lan, Sandbox, TwoNodeSandbox, AGENT, CLIENT_IP, CLUSTER_IP, POD_TCP_PORT,
 };
@@ -259,53 +265,76 @@ fn filters_select_exactly_their_events_and_killed_readers_switch_off() {
 
 // --- from outside the node: the uplink layers (two-node sandbox) ----------
 
-/// A NodePort connection from the outside client 192.168.50.100 to node A
+/// The NodePort `entry` of node A reached over TCP by outside client 1
 /// (backends on node B, `Cluster` policy: the pod sees node A's address
 /// after SNAT) shows, within a second, on a reader on node A as a new flow
-/// of `layer` with the client's own address, the NodePort frontend and the
-/// node-B pod that answered.
-fn uplink_new_flow_is_traced(lan: Lan, agent_args: &[&str], layer: &str) {
-    use xtask::sandbox::two_node::manifests::{EntryPoint, Policy, Proto, NODEPORT_TCP};
-    let pods = Node::B.pods();
-    let mut sb = two_node_with_agents_on(lan, Policy::Cluster, &pods, agent_args);
+/// of `layer` with the client's own address (`client_ip`), the NodePort
+/// frontend, the node-B pod that answered (`backend_ip` of it) and
+/// `service`.
+fn assert_uplink_new_flow_traced(
+    mut sb: TwoNodeSandbox,
+    entry: &EntryPoint,
+    (client_ip, backend_ip): (&str, fn(&Pod) -> String),
+    service: &str,
+    layer: &str,
+) {
     let (ns, pin) = (sb.node_ns(Node::A), sb.pin_dir(Node::A));
     let agent = TwoNodeSandbox::agent_label(Node::A);
     xtask::testenv::start_trace(&mut sb, (&ns, &pin, &agent), "trace-a", &[]);
 
-    let entry = EntryPoint {
-        address: Node::A.ip().to_string(),
-        port: NODEPORT_TCP,
-        proto: Proto::Tcp,
-    };
     let run = sb
-        .hit(&sb_echo(), Client::One, &entry, 1, 1000)
+        .hit(&sb_echo(), Client::One, entry, 1, 1000)
         .unwrap_or_else(|e| panic!("{e:#}"));
     assert!(run.all_ok(), "{entry}:\n{}", run.raw);
     let e = wait_trace_event(&sb, "trace-a", "uplink new flow", |e| {
         e["kind"] == "new-flow" && e["frontend"] == entry.addr().as_str()
     });
     assert_eq!(e["layer"], layer, "{e}");
-    assert_eq!(
-        e["client"]
-            .as_str()
+    let ip_of = |v: &Value| {
+        v.as_str()
             .and_then(|c| c.rsplit_once(':'))
-            .map(|c| c.0),
-        Some(Client::One.ip()),
+            .map(|(ip, _)| ip.trim_matches(['[', ']']).to_owned())
+    };
+    assert_eq!(
+        ip_of(&e["client"]).as_deref(),
+        Some(client_ip),
         "the client's own address: {e}"
     );
     let answered = &run.names()[0];
-    let backend = pods
+    let backend = Node::B
+        .pods()
         .iter()
         .find(|p| &p.name() == answered)
-        .map(|p| format!("{}:{POD_TCP_PORT}", p.ip()));
+        .map(backend_ip);
     assert_eq!(
-        e["backend"].as_str(),
-        backend.as_deref(),
+        ip_of(&e["backend"]),
+        backend,
         "the pod that answered ({answered}): {e}"
     );
-    assert_eq!(e["service"], "ext/web:http", "{e}");
+    assert_eq!(e["service"], service, "{e}");
     assert_eq!(e["protocol"], "tcp", "{e}");
-    assert_eq!(e["family"], 4, "{e}");
+    assert_eq!(
+        e["family"],
+        if client_ip.contains(':') { 6 } else { 4 },
+        "{e}"
+    );
+}
+
+/// `ext/web`'s TCP NodePort on node A's IPv4 address, backends on node B.
+fn uplink_new_flow_is_traced(lan: Lan, agent_args: &[&str], layer: &str) {
+    let sb = two_node_with_agents_on(lan, Policy::Cluster, &Node::B.pods(), agent_args);
+    let entry = EntryPoint {
+        address: Node::A.ip().to_string(),
+        port: NODEPORT_TCP,
+        proto: Proto::Tcp,
+    };
+    assert_uplink_new_flow_traced(
+        sb,
+        &entry,
+        (Client::One.ip(), |p: &Pod| p.ip()),
+        "ext/web:http",
+        layer,
+    );
 }
 
 /// The agents' defaults on the kind-like LAN: XDP stays off on the veth
@@ -319,4 +348,32 @@ fn outside_nodeport_new_flow_is_traced_at_tc() {
 #[test]
 fn outside_nodeport_new_flow_is_traced_at_xdp() {
     uplink_new_flow_is_traced(Lan::XdpReady, &["--xdp-mode", "generic"], "xdp");
+}
+
+/// IPv6: the dual-stack `ext/web6`'s TCP NodePort on node A's IPv6 address
+/// (`e2e_external6`'s sandbox), in `layer`.
+fn uplink_new_flow6_is_traced(lan: Lan, agent_args: &[&str], layer: &str) {
+    let sb = dual_stack_with_agents(lan, Policy::Cluster, &Node::B.pods(), agent_args);
+    let entry = EntryPoint {
+        address: Node::A.ip6().to_string(),
+        port: DUAL_NODEPORT_TCP,
+        proto: Proto::Tcp,
+    };
+    assert_uplink_new_flow_traced(
+        sb,
+        &entry,
+        (Client::One.ip6(), |p: &Pod| p.ip6()),
+        "ext/web6:http",
+        layer,
+    );
+}
+
+#[test]
+fn outside_nodeport6_new_flow_is_traced_at_tc() {
+    uplink_new_flow6_is_traced(Lan::KindLike, &[], "tc");
+}
+
+#[test]
+fn outside_nodeport6_new_flow_is_traced_at_xdp() {
+    uplink_new_flow6_is_traced(Lan::XdpReady, &["--xdp-mode", "native"], "xdp");
 }
