@@ -320,60 +320,47 @@ fn assert_uplink_new_flow_traced(
     );
 }
 
-/// `ext/web`'s TCP NodePort on node A's IPv4 address, backends on node B.
-fn uplink_new_flow_is_traced(lan: Lan, agent_args: &[&str], layer: &str) {
-    let sb = two_node_with_agents_on(lan, Policy::Cluster, &Node::B.pods(), agent_args);
+/// The TCP NodePort of node A in `family`, backends on node B: `ext/web`
+/// on node A's IPv4 address, or the dual-stack `ext/web6` on its IPv6
+/// address (`e2e_external6`'s sandbox), traced in `layer`.
+fn uplink_new_flow_is_traced(family: u8, lan: Lan, agent_args: &[&str], layer: &str) {
+    let pods = Node::B.pods();
+    let (sb, address, port, ips, service) = if family == 4 {
+        let sb = two_node_with_agents_on(lan, Policy::Cluster, &pods, agent_args);
+        let ips: (&str, fn(&Pod) -> String) = (Client::One.ip(), |p| p.ip());
+        (sb, Node::A.ip(), NODEPORT_TCP, ips, "ext/web:http")
+    } else {
+        let sb = dual_stack_with_agents(lan, Policy::Cluster, &pods, agent_args);
+        let ips: (&str, fn(&Pod) -> String) = (Client::One.ip6(), |p| p.ip6());
+        (sb, Node::A.ip6(), DUAL_NODEPORT_TCP, ips, "ext/web6:http")
+    };
     let entry = EntryPoint {
-        address: Node::A.ip().to_string(),
-        port: NODEPORT_TCP,
+        address: address.to_string(),
+        port,
         proto: Proto::Tcp,
     };
-    assert_uplink_new_flow_traced(
-        sb,
-        &entry,
-        (Client::One.ip(), |p: &Pod| p.ip()),
-        "ext/web:http",
-        layer,
-    );
+    assert_uplink_new_flow_traced(sb, &entry, ips, service, layer);
 }
 
 /// The agents' defaults on the kind-like LAN: XDP stays off on the veth
 /// uplink, the tc program decides.
 #[test]
 fn outside_nodeport_new_flow_is_traced_at_tc() {
-    uplink_new_flow_is_traced(Lan::KindLike, &[], "tc");
+    uplink_new_flow_is_traced(4, Lan::KindLike, &[], "tc");
 }
 
 /// Generic XDP on the XDP-ready LAN: the XDP program decides.
 #[test]
 fn outside_nodeport_new_flow_is_traced_at_xdp() {
-    uplink_new_flow_is_traced(Lan::XdpReady, &["--xdp-mode", "generic"], "xdp");
-}
-
-/// IPv6: the dual-stack `ext/web6`'s TCP NodePort on node A's IPv6 address
-/// (`e2e_external6`'s sandbox), in `layer`.
-fn uplink_new_flow6_is_traced(lan: Lan, agent_args: &[&str], layer: &str) {
-    let sb = dual_stack_with_agents(lan, Policy::Cluster, &Node::B.pods(), agent_args);
-    let entry = EntryPoint {
-        address: Node::A.ip6().to_string(),
-        port: DUAL_NODEPORT_TCP,
-        proto: Proto::Tcp,
-    };
-    assert_uplink_new_flow_traced(
-        sb,
-        &entry,
-        (Client::One.ip6(), |p: &Pod| p.ip6()),
-        "ext/web6:http",
-        layer,
-    );
+    uplink_new_flow_is_traced(4, Lan::XdpReady, &["--xdp-mode", "generic"], "xdp");
 }
 
 #[test]
 fn outside_nodeport6_new_flow_is_traced_at_tc() {
-    uplink_new_flow6_is_traced(Lan::KindLike, &[], "tc");
+    uplink_new_flow_is_traced(6, Lan::KindLike, &[], "tc");
 }
 
 #[test]
 fn outside_nodeport6_new_flow_is_traced_at_xdp() {
-    uplink_new_flow6_is_traced(Lan::XdpReady, &["--xdp-mode", "native"], "xdp");
+    uplink_new_flow_is_traced(6, Lan::XdpReady, &["--xdp-mode", "native"], "xdp");
 }
