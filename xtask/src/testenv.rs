@@ -5,12 +5,12 @@ use std::fs;
 use std::io::{BufRead as _, BufReader, Write as _};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::sandbox::two_node::manifests::{EntryPoint, ExternalService, Policy, Proto};
 use crate::sandbox::two_node::{Lan, Node, Pod};
 use crate::sandbox::{
-    find, find_at, pod_ip, pod_name, Attempt, ClientRun, Sandbox, TwoNodeSandbox, PODS,
+    find, find_at, pod_ip, pod_name, Attempt, ClientRun, NetnsCore, Sandbox, TwoNodeSandbox, PODS,
 };
 
 /// A binary named by environment variable `var`. Panics with the command to
@@ -395,4 +395,73 @@ pub fn pod_saw_ips(run: &ClientRun) -> BTreeSet<String> {
         })
         .map(|addr| addr.ip().to_string())
         .collect()
+}
+
+// --- `switchboard trace` readers ------------------------------------------
+
+/// How long a trace event may take from the packet to the reader.
+pub const TRACE_WITHIN: Duration = Duration::from_secs(1);
+
+/// Starts `switchboard trace --pin-root <pin> -o json <args>` in namespace
+/// `ns` of `core` as process `label`, and waits (5 s at most) until the agent
+/// logging as `agent_label` counts it as a client.
+pub fn start_trace(
+    core: &mut NetnsCore,
+    (ns, pin, agent_label): (&str, &Path, &str),
+    label: &str,
+    args: &[&str],
+) {
+    let joined = |core: &NetnsCore| {
+        core.read_log(agent_label)
+            .matches("trace: a client joined")
+            .count()
+    };
+    let joined_before = joined(core);
+    let (sw, pin) = (switchboard(), pin.to_string_lossy().into_owned());
+    let sw = sw.to_string_lossy();
+    let mut cmd = vec![&*sw, "trace", "--pin-root", &pin, "-o", "json"];
+    cmd.extend_from_slice(args);
+    core.spawn(label, ns, &cmd)
+        .expect("start switchboard trace");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while joined(core) <= joined_before {
+        assert!(
+            Instant::now() < deadline,
+            "{label} never joined:\n{}\n--- agent ---\n{}",
+            core.read_log(label),
+            core.read_log(agent_label)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The events the trace reader `label` printed so far.
+pub fn trace_events(core: &NetnsCore, label: &str) -> Vec<serde_json::Value> {
+    core.read_log(label)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["record"] == "event")
+        .collect()
+}
+
+/// Waits (at most [`TRACE_WITHIN`]) for an event of reader `label` that
+/// `pred` accepts; panics with the reader's output otherwise.
+pub fn wait_trace_event(
+    core: &NetnsCore,
+    label: &str,
+    what: &str,
+    pred: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let deadline = Instant::now() + TRACE_WITHIN;
+    loop {
+        if let Some(e) = trace_events(core, label).into_iter().find(&pred) {
+            return e;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no {what} within {TRACE_WITHIN:?} in:\n{}",
+            core.read_log(label)
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }

@@ -109,7 +109,7 @@ pub struct Sandbox {
 self::core::built_on_core!(Sandbox);
 
 /// The one node's agent: label `agent` in the node namespace.
-const AGENT: &str = "agent";
+pub const AGENT: &str = "agent";
 
 /// The IPv6 half of one node–peer link: `fd00:10:244:<subnet>::1/64` on the
 /// node's side, `::2/64` on the peer's with a default route to the node.

@@ -378,7 +378,8 @@ impl TwoNodeSandbox {
     pub fn cgroup(&self, node: Node) -> Option<&TestCgroup> {
         self.core.node_cgroup(node.index())
     }
-    fn agent_label(node: Node) -> String {
+    /// The process label of `node`'s agent (its log is `read_log(label)`).
+    pub fn agent_label(node: Node) -> String {
         format!("agent-{}", node.letter())
     }
     /// The node's agent, for the core.

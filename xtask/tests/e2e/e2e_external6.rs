@@ -59,7 +59,7 @@ fn nodeports_at(address: &str) -> Vec<EntryPoint> {
 /// under `policy` with `pods` in both EndpointSlices, an agent on each node
 /// (with `agent_args`), node A programmed with `pods` behind its NodePorts of
 /// both families, and both uplinks carrying the programs.
-fn dual_stack_with_agents(
+pub(crate) fn dual_stack_with_agents(
     lan: Lan,
     policy: Policy,
     pods: &[Pod],

@@ -11,18 +11,34 @@
 //!   unfiltered reader that their filter selects;
 //! - readers killed with SIGKILL leave the kernel's switch at 0 within a
 //!   second, read from the kernel (the agent's map, found through its file
-//!   descriptors, dumped with bpftool).
+//!   descriptors, dumped with bpftool);
+//! - in the two-node sandbox (`xtask::sandbox::two_node`), a NodePort
+//!   connection from an outside client shows on a reader of the entry node
+//!   as a new flow of the uplink layer that decided it (tc with the agents'
+//!   defaults on veth uplinks, xdp with `--xdp-mode generic` or `native`),
+//!   with the client's own address (though the pod sees the entry node's),
+//!   the NodePort frontend and the pod that answered; over IPv4 (`ext/web`)
+//!   and IPv6 (`ext/web6`, `e2e_external6`'s dual-stack sandbox).
 //!
 //! The binaries come from `cargo xtask test` (SWITCHBOARD_BIN, SB_ECHO_BIN).
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use xtask::sandbox::{pod_ip, Sandbox, CLIENT_IP, CLUSTER_IP, POD_TCP_PORT};
-use xtask::testenv::{demo_sandbox_with, sb_echo, switchboard, write_manifest};
+
+use crate::e2e_external6::dual_stack_with_agents;
+use xtask::sandbox::two_node::manifests::{
+    EntryPoint, Policy, Proto, DUAL_NODEPORT_TCP, NODEPORT_TCP,
+};
+use xtask::sandbox::two_node::{Client, Node, Pod};
+use xtask::sandbox::{
+    pod_ip, Lan, Sandbox, TwoNodeSandbox, AGENT, CLIENT_IP, CLUSTER_IP, POD_TCP_PORT,
+};
+use xtask::testenv::{
+    demo_sandbox_with, sb_echo, switchboard, trace_events, two_node_with_agents_on,
+    wait_trace_event, write_manifest, TRACE_WITHIN as WITHIN,
+};
 
 const EMPTY_IP: &str = "10.96.0.20";
-/// How long an event may take from the packet to the reader.
-const WITHIN: Duration = Duration::from_secs(1);
 
 const EMPTY: &str = "apiVersion: v1\nkind: Service\nmetadata:\n  name: empty\n  namespace: demo\n\
 spec:\n  clusterIP: 10.96.0.20\n  ports:\n  - name: http\n    port: 80\n    protocol: TCP\n    targetPort: 8080\n\
@@ -47,48 +63,8 @@ fn sandbox() -> Sandbox {
 /// Starts `switchboard trace -o json <args>` in the node namespace as
 /// `label`, and waits until the agent counts it as a client.
 fn start_trace(sb: &mut Sandbox, label: &str, args: &[&str]) {
-    let joined_before = sb.agent_log().matches("trace: a client joined").count();
-    let (sw, pin) = (switchboard(), sb.pin_dir.clone());
-    let (sw, pin) = (sw.to_string_lossy(), pin.to_string_lossy());
-    let mut cmd = vec![&*sw, "trace", "--pin-root", &*pin, "-o", "json"];
-    cmd.extend_from_slice(args);
-    let ns = sb.node_ns();
-    sb.spawn(label, &ns, &cmd).expect("start switchboard trace");
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while sb.agent_log().matches("trace: a client joined").count() <= joined_before {
-        assert!(
-            Instant::now() < deadline,
-            "{label} never joined:\n{}\n--- agent ---\n{}",
-            sb.read_log(label),
-            sb.agent_log()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// The events `label` printed so far.
-fn events(sb: &Sandbox, label: &str) -> Vec<Value> {
-    sb.read_log(label)
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter(|v| v["record"] == "event")
-        .collect()
-}
-
-/// Waits (at most [`WITHIN`]) for an event of `label` that `pred` accepts.
-fn wait_event(sb: &Sandbox, label: &str, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
-    let deadline = Instant::now() + WITHIN;
-    loop {
-        if let Some(e) = events(sb, label).into_iter().find(&pred) {
-            return e;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no {what} within {WITHIN:?} in:\n{}",
-            sb.read_log(label)
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let (ns, pin) = (sb.node_ns(), sb.pin_dir.clone());
+    xtask::testenv::start_trace(sb, (&ns, &pin, AGENT), label, args);
 }
 
 /// One TCP connection from `ns` (outside the sandbox's cgroup: the tc
@@ -111,7 +87,7 @@ fn each_event_type_appears_with_its_fields_within_a_second() {
     let http = format!("{CLUSTER_IP}:80");
 
     connect(&sb, &client, &http);
-    let e = wait_event(&sb, "trace", "tc new flow", |e| {
+    let e = wait_trace_event(&sb, "trace", "tc new flow", |e| {
         e["kind"] == "new-flow" && e["layer"] == "tc"
     });
     assert_eq!(
@@ -130,7 +106,7 @@ fn each_event_type_appears_with_its_fields_within_a_second() {
     assert_eq!(e["algorithm"], "random", "{e}");
 
     connect(&sb, &client, &format!("{EMPTY_IP}:80"));
-    let e = wait_event(&sb, "trace", "reject", |e| e["kind"] == "drop");
+    let e = wait_trace_event(&sb, "trace", "reject", |e| e["kind"] == "drop");
     assert_eq!(e["reason"], "rejected", "{e}");
     assert_eq!(e["verdict"], "answered", "{e}");
     assert_eq!(e["service"], "demo/empty:http", "{e}");
@@ -140,7 +116,7 @@ fn each_event_type_appears_with_its_fields_within_a_second() {
     let node = sb.node_ns();
     sb.client_in_cgroup(&sb_echo(), &node, &["--tcp", &http, "--count", "1"])
         .expect("socket-layer client");
-    let e = wait_event(&sb, "trace", "socket-layer new flow", |e| {
+    let e = wait_trace_event(&sb, "trace", "socket-layer new flow", |e| {
         e["kind"] == "new-flow" && e["layer"] == "socket"
     });
     assert_eq!(e["frontend"], http.as_str(), "{e}");
@@ -257,7 +233,7 @@ fn filters_select_exactly_their_events_and_killed_readers_switch_off() {
     // Every reader has had its second.
     std::thread::sleep(WITHIN);
 
-    let all = events(&sb, "all");
+    let all = trace_events(&sb, "all");
     let new_flows = all.iter().filter(|e| e["kind"] == "new-flow").count();
     assert!(
         new_flows >= 10,
@@ -265,7 +241,7 @@ fn filters_select_exactly_their_events_and_killed_readers_switch_off() {
     );
     for (label, _, selects) in &filters {
         let want: Vec<&Value> = all.iter().filter(|e| selects(e)).collect();
-        let got = events(&sb, label);
+        let got = trace_events(&sb, label);
         assert!(
             !want.is_empty(),
             "{label}: no event to select in:\n{all:#?}"
@@ -285,4 +261,106 @@ fn filters_select_exactly_their_events_and_killed_readers_switch_off() {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+// --- from outside the node: the uplink layers (two-node sandbox) ----------
+
+/// The NodePort `entry` of node A reached over TCP by outside client 1
+/// (backends on node B, `Cluster` policy: the pod sees node A's address
+/// after SNAT) shows, within a second, on a reader on node A as a new flow
+/// of `layer` with the client's own address (`client_ip`), the NodePort
+/// frontend, the node-B pod that answered (`backend_ip` of it) and
+/// `service`.
+fn assert_uplink_new_flow_traced(
+    mut sb: TwoNodeSandbox,
+    entry: &EntryPoint,
+    (client_ip, backend_ip): (&str, fn(&Pod) -> String),
+    service: &str,
+    layer: &str,
+) {
+    let (ns, pin) = (sb.node_ns(Node::A), sb.pin_dir(Node::A));
+    let agent = TwoNodeSandbox::agent_label(Node::A);
+    xtask::testenv::start_trace(&mut sb, (&ns, &pin, &agent), "trace-a", &[]);
+
+    let run = sb
+        .hit(&sb_echo(), Client::One, entry, 1, 1000)
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    assert!(run.all_ok(), "{entry}:\n{}", run.raw);
+    let e = wait_trace_event(&sb, "trace-a", "uplink new flow", |e| {
+        e["kind"] == "new-flow" && e["frontend"] == entry.addr().as_str()
+    });
+    assert_eq!(e["layer"], layer, "{e}");
+    let ip_of = |v: &Value| {
+        v.as_str()
+            .and_then(|c| c.rsplit_once(':'))
+            .map(|(ip, _)| ip.trim_matches(['[', ']']).to_owned())
+    };
+    assert_eq!(
+        ip_of(&e["client"]).as_deref(),
+        Some(client_ip),
+        "the client's own address: {e}"
+    );
+    let answered = &run.names()[0];
+    let backend = Node::B
+        .pods()
+        .iter()
+        .find(|p| &p.name() == answered)
+        .map(backend_ip);
+    assert_eq!(
+        ip_of(&e["backend"]),
+        backend,
+        "the pod that answered ({answered}): {e}"
+    );
+    assert_eq!(e["service"], service, "{e}");
+    assert_eq!(e["protocol"], "tcp", "{e}");
+    assert_eq!(
+        e["family"],
+        if client_ip.contains(':') { 6 } else { 4 },
+        "{e}"
+    );
+}
+
+/// The TCP NodePort of node A in `family`, backends on node B: `ext/web`
+/// on node A's IPv4 address, or the dual-stack `ext/web6` on its IPv6
+/// address (`e2e_external6`'s sandbox), traced in `layer`.
+fn uplink_new_flow_is_traced(family: u8, lan: Lan, agent_args: &[&str], layer: &str) {
+    let pods = Node::B.pods();
+    let (sb, address, port, ips, service) = if family == 4 {
+        let sb = two_node_with_agents_on(lan, Policy::Cluster, &pods, agent_args);
+        let ips: (&str, fn(&Pod) -> String) = (Client::One.ip(), |p| p.ip());
+        (sb, Node::A.ip(), NODEPORT_TCP, ips, "ext/web:http")
+    } else {
+        let sb = dual_stack_with_agents(lan, Policy::Cluster, &pods, agent_args);
+        let ips: (&str, fn(&Pod) -> String) = (Client::One.ip6(), |p| p.ip6());
+        (sb, Node::A.ip6(), DUAL_NODEPORT_TCP, ips, "ext/web6:http")
+    };
+    let entry = EntryPoint {
+        address: address.to_string(),
+        port,
+        proto: Proto::Tcp,
+    };
+    assert_uplink_new_flow_traced(sb, &entry, ips, service, layer);
+}
+
+/// The agents' defaults on the kind-like LAN: XDP stays off on the veth
+/// uplink, the tc program decides.
+#[test]
+fn outside_nodeport_new_flow_is_traced_at_tc() {
+    uplink_new_flow_is_traced(4, Lan::KindLike, &[], "tc");
+}
+
+/// Generic XDP on the XDP-ready LAN: the XDP program decides.
+#[test]
+fn outside_nodeport_new_flow_is_traced_at_xdp() {
+    uplink_new_flow_is_traced(4, Lan::XdpReady, &["--xdp-mode", "generic"], "xdp");
+}
+
+#[test]
+fn outside_nodeport6_new_flow_is_traced_at_tc() {
+    uplink_new_flow_is_traced(6, Lan::KindLike, &[], "tc");
+}
+
+#[test]
+fn outside_nodeport6_new_flow_is_traced_at_xdp() {
+    uplink_new_flow_is_traced(6, Lan::XdpReady, &["--xdp-mode", "native"], "xdp");
 }
