@@ -46,6 +46,15 @@ pub enum TakeError {
     Filter(#[source] WriteError),
 }
 
+/// Takes map `name` out of the loaded object as the typed map `M`.
+pub fn take_map<M: TryFrom<aya::maps::Map, Error = MapError>>(
+    ebpf: &mut Ebpf,
+    name: &'static str,
+) -> Result<M, TakeError> {
+    let map = ebpf.take_map(name).ok_or(TakeError::Missing { name })?;
+    M::try_from(map).map_err(|source| TakeError::Layout { name, source })
+}
+
 pub struct PinnedMaps {
     pub frontends: HashMap<MapData, FrontendKey, FrontendSlot>,
     pub backends: HashMap<MapData, u32, Backend>,

@@ -41,6 +41,7 @@ use prometheus_client::{
 use proxy_common::{ct_dir, ct_flags, names};
 
 use super::conntrack::{Entry, Key};
+use super::maps::{take_map, TakeError};
 
 /// Per backend id: counted flows removed by a pass, and counted flows
 /// still open after it.
@@ -94,39 +95,12 @@ pub struct LeastConnMaps {
 
 impl LeastConnMaps {
     /// Takes both maps out of the loaded object.
-    pub fn take(ebpf: &mut aya::Ebpf) -> Result<Self, LeastConnMapsError> {
-        let mut take = |name: &'static str| {
-            ebpf.take_map(name)
-                .ok_or(LeastConnMapsError::Missing { name })
-        };
-        let (counts, sockets) = (take(names::OPEN_FLOWS)?, take(names::OPEN_SOCKETS)?);
+    pub fn take(ebpf: &mut aya::Ebpf) -> Result<Self, TakeError> {
         Ok(Self {
-            counts: counts
-                .try_into()
-                .map_err(|source| LeastConnMapsError::Layout {
-                    name: names::OPEN_FLOWS,
-                    source,
-                })?,
-            sockets: sockets
-                .try_into()
-                .map_err(|source| LeastConnMapsError::Layout {
-                    name: names::OPEN_SOCKETS,
-                    source,
-                })?,
+            counts: take_map(ebpf, names::OPEN_FLOWS)?,
+            sockets: take_map(ebpf, names::OPEN_SOCKETS)?,
         })
     }
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum LeastConnMapsError {
-    #[error("the object has no map {name}")]
-    Missing { name: &'static str },
-    #[error("map {name} has another layout")]
-    Layout {
-        name: &'static str,
-        #[source]
-        source: aya::maps::MapError,
-    },
 }
 
 /// The count map, as [`settle`] uses it (a trait so the logic is tested

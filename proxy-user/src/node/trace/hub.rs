@@ -15,6 +15,7 @@ use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
 use super::{Event, Filter, FilterSpec, Record};
+use crate::dataplane::maps::{take_map, TakeError};
 use crate::dataplane::pins::Pins;
 use crate::sync::encode::revnat_name;
 
@@ -35,34 +36,13 @@ pub struct TraceMaps {
     pub lost: PerCpuArray<MapData, u64>,
 }
 
-#[derive(Debug, thiserror::Error)]
-pub enum TraceMapsError {
-    #[error("the object has no map {name}")]
-    Missing { name: &'static str },
-    #[error("map {name} has another layout")]
-    Layout {
-        name: &'static str,
-        #[source]
-        source: aya::maps::MapError,
-    },
-}
-
 impl TraceMaps {
     /// Takes the three maps out of the loaded object.
-    pub fn take(ebpf: &mut aya::Ebpf) -> Result<Self, TraceMapsError> {
-        fn take<M: TryFrom<aya::maps::Map, Error = aya::maps::MapError>>(
-            ebpf: &mut aya::Ebpf,
-            name: &'static str,
-        ) -> Result<M, TraceMapsError> {
-            let map = ebpf
-                .take_map(name)
-                .ok_or(TraceMapsError::Missing { name })?;
-            M::try_from(map).map_err(|source| TraceMapsError::Layout { name, source })
-        }
+    pub fn take(ebpf: &mut aya::Ebpf) -> Result<Self, TakeError> {
         Ok(Self {
-            events: take(ebpf, names::TRACE_EVENTS)?,
-            switch: take(ebpf, names::TRACE_ON)?,
-            lost: take(ebpf, names::TRACE_LOST)?,
+            events: take_map(ebpf, names::TRACE_EVENTS)?,
+            switch: take_map(ebpf, names::TRACE_ON)?,
+            lost: take_map(ebpf, names::TRACE_LOST)?,
         })
     }
 }
