@@ -1357,17 +1357,16 @@ fn check_datapath(path: &E2ePath, http: &Value, requests: u64) -> Result<()> {
     Ok(())
 }
 
-/// Writes the manifests for `count` Services into the sandbox's manifest
-/// directory (replacing what is there).
 /// Services per manifest file the benchmark writes.
 const MANIFESTS_PER_FILE: usize = 1000;
 
-fn write_manifests(sb: &Sandbox, count: u32) -> Result<usize> {
+/// Writes the manifests of `services` into the sandbox's manifest directory
+/// (replacing what is there); returns their number of frontends.
+fn write_manifests(sb: &Sandbox, services: &[workload::Svc]) -> Result<usize> {
     let dir = sb.manifest_dir();
     for entry in fs::read_dir(&dir)? {
         fs::remove_file(entry?.path())?;
     }
-    let services = workload::e2e_services(count, &pod_ips());
     // Write into a hidden staging name first (the dir source ignores hidden
     // files), then rename, so the agent never reads a half-written file.
     for (name, text) in workload::manifest_files(&services, MANIFESTS_PER_FILE) {
@@ -1375,7 +1374,7 @@ fn write_manifests(sb: &Sandbox, count: u32) -> Result<usize> {
         fs::write(&staging, text)?;
         fs::rename(&staging, dir.join(&name))?;
     }
-    Ok(workload::frontends(&services))
+    Ok(workload::frontends(services))
 }
 
 /// Agent capacity flags large enough for `services` × 10 endpoints.
@@ -1540,7 +1539,7 @@ fn e2e_all(
         // switchboard: the agent follows its manifest directory.
         let skip = sw.agent_log().len();
         let t0 = Instant::now();
-        let frontends = write_manifests(&sw, n)?;
+        let frontends = write_manifests(&sw, &workload::e2e_services(n, &pod_ips()))?;
         if !agent_started {
             start_agent(&mut sw, switchboard, max)?;
             agent_started = true;

@@ -216,7 +216,7 @@ fn start_yaml(switchboard: &Path, n: u32, follow: bool) -> Result<Value> {
     // A fresh sandbox each time: fresh pins, so the agent programs
     // everything instead of adopting.
     let mut sb = Sandbox::new(TAG)?;
-    let frontends = write_manifests(&sb, n)?;
+    let frontends = write_manifests(&sb, &workload::services(n, &pod_ips()))?;
     let yaml_bytes: u64 = fs::read_dir(sb.manifest_dir())?
         .filter_map(|e| e.ok()?.metadata().ok())
         .map(|m| m.len())
@@ -262,7 +262,7 @@ fn start_cluster(
 ) -> Result<(Value, Option<Value>)> {
     let mut sb = Sandbox::new(TAG)?;
     let services = workload::services(n, &pod_ips());
-    let frontends = write_manifests(&sb, n)?;
+    let frontends = write_manifests(&sb, &services)?;
     let kubeconfig = sb.dir.join("kubeconfig");
     let _ = fs::remove_file(&kubeconfig);
     let kc = kubeconfig.to_string_lossy().into_owned();
