@@ -1369,7 +1369,7 @@ fn write_manifests(sb: &Sandbox, services: &[workload::Svc]) -> Result<usize> {
     }
     // Write into a hidden staging name first (the dir source ignores hidden
     // files), then rename, so the agent never reads a half-written file.
-    for (name, text) in workload::manifest_files(&services, MANIFESTS_PER_FILE) {
+    for (name, text) in workload::manifest_files(services, MANIFESTS_PER_FILE) {
         let staging = dir.join(format!(".{name}"));
         fs::write(&staging, text)?;
         fs::rename(&staging, dir.join(&name))?;
