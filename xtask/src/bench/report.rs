@@ -998,7 +998,7 @@ fn limits(
         );
         let _ = writeln!(
             out,
-            "- per packet ({} Services): the empty program is {empty:.0} ns; parsing and one bit of the frontend bitmap bring a non-service packet to {miss:.0} ns; the conntrack hit (one lookup, no frontend lookup), its state update and the counters bring a Service packet to {plain:.0} ns ({:.2} × empty) before any byte is written; the rewrite (direct stores and two L4 checksum helper calls) adds {:.0} ns. A reply is one conntrack lookup plus the rewrite: {reply:.0} ns. What is left is the hash lookup itself (jhash of a 16-byte key), the helper calls (each a call and a return through this CPU's return-thunk mitigation) and the program's own instructions.",
+            "- per packet ({} Services): the empty program is {empty:.0} ns; a header read and one bit of the frontend bitmap (no parse) bring a non-service packet to {miss:.0} ns; the conntrack hit (one lookup, no frontend lookup), its state update and the counters bring a Service packet to {plain:.0} ns ({:.2} × empty) before any byte is written; the rewrite (direct stores and two L4 checksum helper calls) adds {:.0} ns. A reply is one conntrack lookup plus the rewrite: {reply:.0} ns. What is left is the hash lookup itself (jhash of a 16-byte key), the helper calls (each a call and a return through this CPU's return-thunk mitigation) and the program's own instructions.",
             size_label(largest),
             plain / empty,
             hit - plain,
