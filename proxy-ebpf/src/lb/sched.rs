@@ -19,43 +19,42 @@ use super::SlotKey;
 /// `EEXIST`: a `BPF_NOEXIST` insert found the key there.
 const EEXIST: i32 = 17;
 
-/// Adds `value` to the `u64` at `at` atomically, returning what it held.
-///
-/// # Safety
-/// `at` points into a map value valid for this program run, 8-aligned.
-#[inline(always)]
-unsafe fn fetch_add(at: *mut u64, value: u64) -> u64 {
-    let mut old = value;
-    // SAFETY: the caller's guarantee; one BPF_ATOMIC | BPF_FETCH add.
-    unsafe {
-        asm!(
-            "{old} = atomic_fetch_add((u64 *)({at} + 0), {old})",
-            at = in(reg) at,
-            old = inout(reg) old,
-            options(nostack),
-        );
-    }
-    old
+/// An atomic read-modify-write of the `u64` at `at` with `value`, returning
+/// what it held: one `BPF_ATOMIC | BPF_FETCH` instruction (inline assembly:
+/// LLVM refuses the value of an atomic for BPF CPU v1).
+macro_rules! atomic_fetch {
+    ($(#[$doc:meta])* $name:ident, $insn:literal) => {
+        $(#[$doc])*
+        ///
+        /// # Safety
+        /// `at` points into a map value valid for this program run, 8-aligned.
+        #[inline(always)]
+        unsafe fn $name(at: *mut u64, value: u64) -> u64 {
+            let mut old = value;
+            // SAFETY: the caller's guarantee; one fetching atomic instruction.
+            unsafe {
+                asm!(
+                    concat!("{old} = ", $insn, "((u64 *)({at} + 0), {old})"),
+                    at = in(reg) at,
+                    old = inout(reg) old,
+                    options(nostack),
+                );
+            }
+            old
+        }
+    };
 }
 
-/// ANDs `value` into the `u64` at `at` atomically, returning what it held.
-///
-/// # Safety
-/// As for [`fetch_add`].
-#[inline(always)]
-unsafe fn fetch_and(at: *mut u64, value: u64) -> u64 {
-    let mut old = value;
-    // SAFETY: the caller's guarantee; one BPF_ATOMIC | BPF_FETCH and.
-    unsafe {
-        asm!(
-            "{old} = atomic_fetch_and((u64 *)({at} + 0), {old})",
-            at = in(reg) at,
-            old = inout(reg) old,
-            options(nostack),
-        );
-    }
-    old
-}
+atomic_fetch!(
+    /// Adds `value` to the `u64` at `at` atomically, returning what it held.
+    fetch_add,
+    "atomic_fetch_add"
+);
+atomic_fetch!(
+    /// ANDs `value` into the `u64` at `at` atomically, returning what it held.
+    fetch_and,
+    "atomic_fetch_and"
+);
 
 /// The next turn of service `service_id`'s round-robin cursor, in
 /// `0..count` (`count > 0`): each new flow on any CPU of the node gets the

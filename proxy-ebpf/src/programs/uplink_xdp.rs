@@ -121,10 +121,7 @@ pub fn uplink<A: XdpFamily>(ctx: &XdpContext) -> Result<u32, Skip> {
             trace::denied(layer::XDP, &u.s.flow, u.service_id);
             return Ok(xdp_action::XDP_DROP);
         }
-        Err(NotTranslated::Reject) => {
-            trace::rejected(layer::XDP, &u.s.flow, u.service_id);
-            return Ok(A::reject(ctx, u));
-        }
+        Err(NotTranslated::Reject) => return Ok(A::reject(ctx, u)),
     };
     let counter = match out {
         Out::Local => {
@@ -278,8 +275,9 @@ impl XdpFamily for u32 {
     }
     #[inline(always)]
     fn reject(ctx: &XdpContext, u: &mut Up<u32>) -> u32 {
-        // Answered here: counted here.
+        // Answered here: counted and traced here.
         count_service(u.service_id, |s| s.drops_no_backend += 1);
+        trace::rejected(layer::XDP, &u.s.flow, u.service_id);
         crate::reject::xdp_reject(ctx, &mut u.s)
     }
     #[inline(always)]
@@ -351,8 +349,8 @@ impl XdpFamily for Addr6Be {
     #[inline(always)]
     fn reject(_ctx: &XdpContext, _u: &mut Up<Addr6Be>) -> u32 {
         // The answer is built by the uplink's tc program
-        // (`crate::reject`), which sees the packet untouched and counts
-        // it.
+        // (`crate::reject`), which sees the packet untouched, counts and
+        // traces it.
         count(stat::XDP_TO_TC);
         xdp_action::XDP_PASS
     }
