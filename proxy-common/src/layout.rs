@@ -80,10 +80,12 @@ mod aya_pod {
         FragEntry6,
         SrcRange4,
         SrcRange6,
+        prefilter::quiet::QuietMark,
     );
 }
 
 const _: () = assert!(size_of::<FrontendKey>() == 12);
+const _: () = assert!(size_of::<prefilter::quiet::QuietMark>() == 16);
 const _: () = assert!(size_of::<FrontendSlot>() == 16);
 const _: () = assert!(size_of::<Backend>() == 8);
 const _: () = assert!(size_of::<CtKey>() == 16);

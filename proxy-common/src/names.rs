@@ -88,10 +88,15 @@ pub const SERVICE_DENIED: &str = "SB_SVC_DENIED_V1";
 /// ([`super::prefilter::frontends`]): a clear bit proves a destination is
 /// no frontend before any hash lookup.
 pub const FRONTEND_FILTER: &str = "SB_FE_FILTER_V1";
-/// The pod interfaces whose pod has no flow translated by the tc layer
-/// ([`super::prefilter::quiet`]): `sb_to_pod` passes their packets without
-/// a connection-tracking lookup.
-pub const QUIET_PODS: &str = "SB_QUIET_V1";
+/// The pod interfaces whose pod has no flow translated by the tc layer, per
+/// class of protocol ([`super::prefilter::quiet::QuietMark`]; written by the
+/// agent): `sb_to_pod` passes their packets of that class without a
+/// connection-tracking lookup while the mark's generation is current.
+pub const QUIET_PODS: &str = "SB_QUIET_V2";
+/// The generation of each pod interface and class (`u64`, indexed as
+/// [`QUIET_PODS`]): the data path adds one with an atomic add after it
+/// tracks a flow from that interface, voiding the mark of an older one.
+pub const QUIET_GENS: &str = "SB_QUIET_GEN_V1";
 /// Socket layer: the socket-local storage of a TCP socket connected to a
 /// backend ([`super::SockConn`]), freed with the socket.
 pub const SOCK_CONNS: &str = "SB_SOCK_CONN_V1";
@@ -120,7 +125,7 @@ pub const TRACE_ON: &str = "SB_TRACE_ON_V1";
 /// Per-CPU count of events the ring buffer had no room for.
 pub const TRACE_LOST: &str = "SB_TRACE_LOST_V1";
 /// Every map, in the order the CLI reports them.
-pub const ALL: [&str; 31] = [
+pub const ALL: [&str; 32] = [
     FRONTENDS,
     BACKENDS,
     CONNTRACK,
@@ -150,6 +155,7 @@ pub const ALL: [&str; 31] = [
     SERVICE_DENIED,
     FRONTEND_FILTER,
     QUIET_PODS,
+    QUIET_GENS,
     SOCK_CONNS,
     SOCK_CONNS6,
 ];

@@ -12,11 +12,16 @@
 //!   The agent sets a frontend's two bits before it is written and clears
 //!   each after the last frontend that hashes to it is removed.
 //! - [`quiet`]: the pod interfaces whose pod has no flow translated by the
-//!   tc layer, so nothing arriving there can be the reply of one. The agent
-//!   marks an interface quiet before it first attaches the programs there;
-//!   the data path unmarks it before it tracks the first flow from it. A
-//!   slot holds the interface index it speaks for, so two interfaces sharing
-//!   a slot never borrow each other's mark.
+//!   tc layer, per class of protocol (TCP, the rest), so nothing of that
+//!   class arriving there can be the reply of one. The data path counts the
+//!   flows it tracks from each interface and class (a generation); the
+//!   agent reads the generation, finds no flow of the pod's addresses in the
+//!   connection-tracking tables, and writes a mark naming the interface and
+//!   that generation. A mark holds only while the generation is the one it
+//!   names, so a flow tracked after the agent's read voids it at once, and
+//!   a pod that stops making flows gets its mark again at a later pass. A
+//!   slot holds the interface index it speaks for, so two interfaces
+//!   sharing a slot never borrow each other's mark.
 
 /// The frontend address bitmap ([`super::names::FRONTEND_FILTER`]).
 pub mod frontends {
@@ -57,15 +62,63 @@ pub mod frontends {
     }
 }
 
-/// The quiet pod interfaces ([`super::names::QUIET_PODS`]).
+/// The quiet pod interfaces ([`super::names::QUIET_PODS`], written by the
+/// agent) and their generations ([`super::names::QUIET_GENS`], counted by the
+/// data path), indexed alike.
 pub mod quiet {
-    /// Slots in the array, one per interface index modulo this.
+    /// Slots per class, one per interface index modulo this.
     pub const SLOTS: u32 = 16_384;
+    /// TCP flows.
+    pub const TCP: u32 = 0;
+    /// Every other protocol's flows (UDP, SCTP).
+    pub const OTHER: u32 = 1;
+    /// Entries in each of the two arrays.
+    pub const ENTRIES: u32 = 2 * SLOTS;
 
-    /// The slot of interface `ifindex`.
+    /// The entry of interface `ifindex` for `class` ([`TCP`], [`OTHER`]).
     #[inline(always)]
-    pub const fn slot(ifindex: u32) -> u32 {
-        ifindex & (SLOTS - 1)
+    pub const fn index(ifindex: u32, class: u32) -> u32 {
+        (class & 1) * SLOTS + (ifindex & (SLOTS - 1))
+    }
+
+    /// The class a new flow of protocol `proto` counts in.
+    #[inline(always)]
+    pub const fn class_of_flow(proto: u8) -> u32 {
+        match proto {
+            crate::proto::TCP => TCP,
+            _ => OTHER,
+        }
+    }
+
+    /// The class whose mark lets a packet of IP protocol `proto` into a pod
+    /// unread; `None` for a protocol that may carry either class (an ICMP
+    /// error quotes a flow of any protocol), which needs both marks.
+    #[inline(always)]
+    pub const fn class_of_packet(proto: u8) -> Option<u32> {
+        match proto {
+            crate::proto::TCP => Some(TCP),
+            crate::proto::UDP => Some(OTHER),
+            _ => None,
+        }
+    }
+
+    /// A quiet mark: interface `ifindex` had no flow of its class when the
+    /// generation was `gen`. All zero: no mark (no interface has index 0).
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    #[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
+    pub struct QuietMark {
+        pub ifindex: u32,
+        pub _pad: u32,
+        pub gen: u64,
+    }
+
+    impl QuietMark {
+        /// Whether this mark speaks for `ifindex` at generation `gen`.
+        #[inline(always)]
+        pub const fn holds(&self, ifindex: u32, gen: u64) -> bool {
+            self.ifindex == ifindex && self.gen == gen
+        }
     }
 }
 

@@ -140,7 +140,10 @@ pub static SB_LC_SOCK_V1: LruHashMap<u64, u32, { capacity::SOCKETS as usize }> =
 #[btf_map]
 pub static SB_FE_FILTER_V1: Array<u64, { prefilter::frontends::WORDS as usize }> = Array::new();
 #[btf_map]
-pub static SB_QUIET_V1: Array<u32, { prefilter::quiet::SLOTS as usize }> = Array::new();
+pub static SB_QUIET_V2: Array<prefilter::quiet::QuietMark, { prefilter::quiet::ENTRIES as usize }> =
+    Array::new();
+#[btf_map]
+pub static SB_QUIET_GEN_V1: Array<u64, { prefilter::quiet::ENTRIES as usize }> = Array::new();
 
 #[btf_map]
 pub static SB_STATS_V5: PerCpuArray<u64, { stat::COUNT as usize }> = PerCpuArray::new();

@@ -5,7 +5,7 @@
 use aya_ebpf::programs::TcContext;
 use proxy_common::{prefilter, Addr6Be};
 
-use crate::maps::{SB_FE_FILTER_V1, SB_QUIET_V1};
+use crate::maps::{SB_FE_FILTER_V1, SB_QUIET_GEN_V1, SB_QUIET_V2};
 
 /// Whether `bit` of the frontend bitmap is set. An array lookup, which the
 /// verifier inlines: no hash, no helper call.
@@ -55,27 +55,41 @@ fn ifindex(ctx: &TcContext) -> u32 {
 }
 
 /// Whether the pod behind this interface has no flow the tc layer
-/// translated, so nothing arriving for it is the reply of one.
+/// translated that a packet of IP protocol `proto` could belong to, so it
+/// is the reply of none: the mark of its class (of both, for a protocol
+/// that may quote either) names this interface and the current generation.
 #[inline(always)]
-pub(crate) fn quiet(ctx: &TcContext) -> bool {
+pub(crate) fn quiet(ctx: &TcContext, proto: u8) -> bool {
     let ifindex = ifindex(ctx);
-    SB_QUIET_V1
-        .get(prefilter::quiet::slot(ifindex))
-        .is_some_and(|marked| *marked == ifindex)
+    match prefilter::quiet::class_of_packet(proto) {
+        Some(class) => quiet_in(ifindex, class),
+        None => {
+            quiet_in(ifindex, prefilter::quiet::TCP) && quiet_in(ifindex, prefilter::quiet::OTHER)
+        }
+    }
 }
 
-/// Takes this interface's quiet mark away: its pod is about to get a
-/// translated flow. Written only when set, so the cache line stays shared.
+/// Whether `ifindex` holds a current mark for `class`.
 #[inline(always)]
-pub(crate) fn unquiet(ctx: &TcContext) {
-    let ifindex = ifindex(ctx);
-    if let Some(marked) = SB_QUIET_V1.get_ptr_mut(prefilter::quiet::slot(ifindex)) {
-        // SAFETY: a value of an array map, valid for the program run; a
-        // racing write of the same zero is as good as ours.
-        unsafe {
-            if *marked == ifindex {
-                *marked = 0;
-            }
-        }
+fn quiet_in(ifindex: u32, class: u32) -> bool {
+    let index = prefilter::quiet::index(ifindex, class);
+    match (SB_QUIET_V2.get(index), SB_QUIET_GEN_V1.get(index)) {
+        (Some(mark), Some(gen)) => mark.holds(ifindex, *gen),
+        _ => false,
+    }
+}
+
+/// A flow of protocol `proto` from this interface's pod was just tracked:
+/// its class's generation moves on, voiding any mark the agent made from
+/// an earlier look at the tables. After the insert, so an agent that reads
+/// the generation before its look either finds the flow or sees the new
+/// generation.
+#[inline(always)]
+pub(crate) fn note_flow(ctx: &TcContext, proto: u8) {
+    let index = prefilter::quiet::index(ifindex(ctx), prefilter::quiet::class_of_flow(proto));
+    if let Some(gen) = SB_QUIET_GEN_V1.get_ptr_mut(index) {
+        // SAFETY: a value of an array map, valid for the program run and
+        // 8-aligned; the add is atomic, so no CPU's count is lost.
+        unsafe { crate::lb::sched::fetch_add(gen, 1) };
     }
 }

@@ -282,7 +282,7 @@ pub async fn run(config: AgentConfig, object: &'static [u8]) -> anyhow::Result<(
     // An uplink found just now is no pod interface (a veth uplink looks
     // like one): the attacher forgets it before the quiet marks.
     rescan(&handle, &mut attacher, &mut ebpf).await;
-    attacher.settle_quiet(|| sync.syncer.store_mut().has_flows());
+    attacher.start_marking();
     match &config.socket_lb_cgroup {
         Some(cgroup) => socketlb::attach(&mut ebpf, cgroup, &config.pin_root)
             .context("attaching the socket layer (--socket-lb=false turns it off)")?,
@@ -327,6 +327,7 @@ pub async fn run(config: AgentConfig, object: &'static [u8]) -> anyhow::Result<(
         config.conntrack_timeouts,
         gc_metrics,
         open_flows,
+        attacher.quiet_candidates(),
     )
     .context("starting the connection-tracking collector")?;
 

@@ -29,7 +29,7 @@ macro_rules! atomic_fetch {
         /// # Safety
         /// `at` points into a map value valid for this program run, 8-aligned.
         #[inline(always)]
-        unsafe fn $name(at: *mut u64, value: u64) -> u64 {
+        pub(crate) unsafe fn $name(at: *mut u64, value: u64) -> u64 {
             let mut old = value;
             // SAFETY: the caller's guarantee; one fetching atomic instruction.
             unsafe {

@@ -17,8 +17,10 @@
 //!   helper). No frontend lookup, no tail call;
 //! - a reply: one connection-tracking lookup, whose entry carries the
 //!   frontend, then the same rewrite;
-//! - anything delivered to a pod without translated flows (a pod whose
-//!   connections the socket layer balanced): one array read, no parse.
+//! - anything delivered to a pod without translated flows of its class (a
+//!   pod whose connections the socket layer balanced, or whose only tc flows
+//!   are UDP, as DNS): its protocol byte and two array reads (the agent's
+//!   mark and the data path's generation), no parse.
 //!
 //! A new flow (a SYN, a first datagram) looks up the frontend, checks its
 //! source ranges, picks a backend and tracks both directions.
@@ -52,7 +54,7 @@ use crate::{
         Ipv4Hdr, Kind, Skip, ETH_HLEN, IP_OFFSET_MASK,
     },
     packet::{v6::ETH_P_IPV6_BE, ETH_P_IP_BE},
-    prefilter::{quiet, unquiet},
+    prefilter::{note_flow, quiet},
     rewrite::{count_rewritten, Side},
     skb::{drop_counted, ethertype},
     trace::{self, layer},
@@ -65,6 +67,9 @@ use proxy_common::{ct_dir, proto, stat, Addr6Be, FrontendSlot};
 
 /// What the families of the pod path still do their own way.
 pub(crate) trait PodFamily: Family {
+    /// Where the IP protocol (IPv4) or the first next header (IPv6) lies
+    /// in the network header.
+    const PROTO_OFFSET: usize;
     /// Parses the packet into `w.flow`. `Ok(None)`: a TCP or UDP packet
     /// (whole, or the first fragment) to go on with; `Ok(Some(action))`: a
     /// packet handled on its own path (a later fragment, an ICMP error
@@ -83,6 +88,7 @@ pub(crate) trait PodFamily: Family {
 }
 
 impl PodFamily for u32 {
+    const PROTO_OFFSET: usize = 9;
     #[inline(always)]
     fn destination(ctx: &TcContext) -> Option<u32> {
         let ip = ptr_at::<Ipv4Hdr>(ctx, ETH_HLEN).ok()?;
@@ -109,6 +115,7 @@ impl PodFamily for u32 {
 }
 
 impl PodFamily for Addr6Be {
+    const PROTO_OFFSET: usize = 6;
     #[inline(always)]
     fn destination(ctx: &TcContext) -> Option<Addr6Be> {
         let ip = ptr_at::<[u32; 10]>(ctx, ETH_HLEN).ok()?;
@@ -175,20 +182,32 @@ fn screen<A: PodFamily>(ctx: &TcContext) -> Result<bool, Skip> {
     }
 }
 
-/// `sb_to_pod`: a pod without translated flows receives no reply of one,
-/// of either family (its connections were balanced by the socket layer,
-/// or it made none through a Service); else the family is decided once,
-/// here.
+/// `sb_to_pod`: the family is decided once, here; a pod without translated
+/// flows of the packet's class receives no reply of one (its connections
+/// were balanced by the socket layer, or it made none through a Service).
 #[inline(always)]
 pub fn try_to_pod(ctx: &TcContext) -> Result<i32, Skip> {
-    if quiet(ctx) {
-        return Err(Skip::NotOurs);
-    }
     match ethertype(ctx)? {
-        ETH_P_IP_BE => to_pod::<u32>(ctx),
-        ETH_P_IPV6_BE => to_pod::<Addr6Be>(ctx),
+        ETH_P_IP_BE => screened_to_pod::<u32>(ctx),
+        ETH_P_IPV6_BE => screened_to_pod::<Addr6Be>(ctx),
         _ => Err(Skip::NotOurs),
     }
+}
+
+/// [`to_pod`] past the quiet mark of the packet's class, read from its
+/// protocol field as it lies (one the linear data does not show counts as
+/// any protocol: both classes must be quiet).
+#[inline(always)]
+fn screened_to_pod<A: PodFamily>(ctx: &TcContext) -> Result<i32, Skip> {
+    let proto = match ptr_at::<u8>(ctx, ETH_HLEN + A::PROTO_OFFSET) {
+        // SAFETY: `ptr_at` checked the byte lies inside the packet; a read.
+        Ok(at) => unsafe { *at },
+        Err(_) => 0,
+    };
+    if quiet(ctx, proto) {
+        return Err(Skip::NotOurs);
+    }
+    to_pod::<A>(ctx)
 }
 
 /// A packet a pod sends, past the [`screen`] (`frontend`: its answer):
@@ -253,10 +272,10 @@ fn new_flow<A: PodFamily>(ctx: &TcContext, w: &mut Work<A>) -> Result<i32, Skip>
             trace::dropped(layer::TC, stat::CT_FULL, &w.flow, svc.service_id);
             return drop_counted(stat::CT_FULL);
         }
-        // Replies of this flow will come to this pod's interface. After
-        // the insert: an agent that marks the interface meanwhile then
-        // finds the flow in the table.
-        unquiet(ctx);
+        // Replies of this flow will come to this pod's interface: any
+        // quiet mark of its class is void from here (after the insert, see
+        // `note_flow`).
+        note_flow(ctx, w.flow.proto);
         trace::new_flow(layer::TC, &w.flow, &w.backend, &svc);
     }
     Ok(forward(ctx, w, svc.service_id))

@@ -17,7 +17,7 @@ use proxy_testkit::packet::PacketSpec;
 use proxy_user::{
     dataplane::ebpf,
     dataplane::maps::PinnedMaps,
-    dataplane::prefilter::QuietPods,
+    dataplane::quiet::QuietPods,
     model::cidr::IpCidr,
     model::{BackendAddr, DesiredState, FrontendAddr, Protocol, SourceRanges},
     sync::encode::frontend_key,
@@ -120,13 +120,22 @@ const LOOPBACK_IFINDEX: u32 = 1;
 impl PerPacket {
     /// Marks interface `ifindex` quiet (`on`) or takes the mark away.
     fn set_quiet(&mut self, ifindex: u32, on: bool) -> Result<()> {
-        let map = self
+        // The generations, through a handle of their own (the marks borrow
+        // the object mutably).
+        let gens: Array<&MapData, u64> = Array::try_from(
+            self.ebpf
+                .map(names::QUIET_GENS)
+                .context("the quiet generations")?,
+        )?;
+        let fd = gens.map().fd().as_fd().try_clone_to_owned()?;
+        let gens = Array::try_from(Map::from_map_data(MapData::from_fd(fd)?)?)?;
+        let marks = self
             .ebpf
             .map_mut(names::QUIET_PODS)
-            .context("the quiet-pods map")?;
-        let mut quiet = QuietPods::new(Array::try_from(map)?);
+            .context("the quiet marks")?;
+        let mut quiet = QuietPods::new(Array::try_from(marks)?, gens);
         match on {
-            true => quiet.mark(ifindex)?,
+            true => quiet.mark_unattached(ifindex)?,
             false => quiet.unmark(ifindex)?,
         }
         Ok(())

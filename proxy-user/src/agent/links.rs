@@ -92,4 +92,5 @@ pub(super) async fn rescan(
         Ok(interfaces) => attacher.reconcile(ebpf, &interfaces),
         Err(error) => warn!(error = %anyhow::Error::from(error), "listing interfaces failed"),
     }
+    attacher.follow_routes(handle).await;
 }

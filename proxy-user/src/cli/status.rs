@@ -15,6 +15,8 @@ use crate::{
     dataplane::caps,
     dataplane::kmem::{self, MapMemory},
     dataplane::pinroot,
+    dataplane::pins::Pins,
+    dataplane::quiet::{self, QuietPods},
     node::status::AgentStatus,
 };
 
@@ -75,6 +77,11 @@ pub struct InterfaceRow {
     /// For an uplink: the XDP mode the agent chose for it, and why.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub xdp: Option<UplinkXdp>,
+    /// For a pod interface: the classes of protocol (`tcp`, `other`) its
+    /// pod has no tc-translated flow of, whose packets into it `sb_to_pod`
+    /// passes unread ([`crate::dataplane::quiet`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub quiet: Vec<String>,
 }
 
 pub fn run(common: &Common) -> anyhow::Result<Done> {
@@ -113,6 +120,7 @@ fn gather(pin_root: &Path) -> anyhow::Result<StatusReport> {
     if net.programs_unreadable.is_some() {
         mark_unknown(&mut interfaces);
     }
+    read_quiet(&mut interfaces, pin_root);
     let now = super::now_unix_s();
     let mut report = StatusReport {
         pin_root: pin_root.display().to_string(),
@@ -230,6 +238,22 @@ fn row(
         gone: now.is_none(),
         unknown: false,
         xdp: None,
+        quiet: Vec::new(),
+    }
+}
+
+/// Fills in the quiet classes of each pod interface from the pinned marks
+/// (left empty when they cannot be read).
+fn read_quiet(rows: &mut [InterfaceRow], pin_root: &Path) {
+    let Ok(quiet) = QuietPods::open(Pins::new(pin_root)) else {
+        return;
+    };
+    for row in rows.iter_mut().filter(|r| r.role == "pod" && !r.gone) {
+        row.quiet = quiet::CLASSES
+            .into_iter()
+            .filter(|class| quiet.is_quiet(row.index, *class).unwrap_or(false))
+            .map(|class| quiet::class_name(class).to_owned())
+            .collect();
     }
 }
 
@@ -342,7 +366,7 @@ pub fn render(report: &StatusReport) -> String {
     if report.interfaces.is_empty() {
         let _ = writeln!(out, "  (none)");
     } else {
-        let mut t = Table::new(&["NAME", "IFINDEX", "ROLE", "STATE", "ATTACHED"])
+        let mut t = Table::new(&["NAME", "IFINDEX", "ROLE", "STATE", "QUIET", "ATTACHED"])
             .indent(2)
             .right(1);
         for r in &report.interfaces {
@@ -355,11 +379,16 @@ pub fn render(report: &StatusReport) -> String {
             } else {
                 format!("MISSING {}", r.missing.join(", "))
             };
+            let quiet = match (r.role.as_str(), r.quiet.is_empty()) {
+                ("pod", true) => "-".to_owned(),
+                _ => r.quiet.join(","),
+            };
             t.push(vec![
                 r.name.clone(),
                 r.index.to_string(),
                 r.role.clone(),
                 state,
+                quiet,
                 r.attached.clone(),
             ]);
         }

@@ -26,7 +26,7 @@ use netlink_packet_route::link::{InfoKind, LinkAttribute, LinkInfo, LinkMessage}
 use proxy_common::programs;
 
 use crate::dataplane::pins::Pins;
-use crate::dataplane::prefilter::QuietPods;
+use crate::dataplane::quiet::{pod_routes, Candidates, QuietPods};
 use tracing::{debug, info, warn};
 
 /// One interface with switchboard's programs on it.
@@ -164,19 +164,21 @@ pub struct Attacher {
     /// The quiet marks of pod interfaces (`None` if the map could not be
     /// opened: every reply is then looked up, as before the marks).
     quiet: Option<QuietPods>,
-    /// Whether the interfaces found at start have been settled
-    /// ([`settle_quiet`](Self::settle_quiet)); interfaces that appear later
-    /// are new, and marked quiet before their first attach.
+    /// Whether the interfaces found at start have been told apart
+    /// ([`start_marking`](Self::start_marking)); interfaces that appear
+    /// later are new, and marked quiet before their first attach.
     settled: bool,
     /// The interfaces seen before that: they may carry an earlier agent's
     /// programs and flows, and are never marked as new.
     found_at_start: HashSet<u32>,
+    /// The pod interfaces the collector may mark quiet, with their routes.
+    candidates: Candidates,
 }
 
 impl Attacher {
     pub fn new(mode: TcMode, pin_root: &Path) -> Self {
-        let quiet = match Pins::new(pin_root).quiet_pods() {
-            Ok(map) => Some(QuietPods::new(map)),
+        let quiet = match QuietPods::open(Pins::new(pin_root)) {
+            Ok(quiet) => Some(quiet),
             Err(error) => {
                 warn!(error = %anyhow::Error::from(error), "no quiet marks: every packet into a pod is looked up");
                 None
@@ -190,51 +192,48 @@ impl Attacher {
             quiet,
             settled: false,
             found_at_start: HashSet::new(),
+            candidates: Candidates::default(),
         }
     }
 
-    /// Marks the pod interfaces found at start quiet when no flow is
-    /// tracked, and from now on every new interface before its first
-    /// attach. `flows_tracked` is asked before the marks (any flow: nothing
-    /// is marked) and again after them: a flow the data path tracked
-    /// meanwhile is then in the tables (it takes a mark away only after its
-    /// insert), and the marks are taken away again. Call it once the uplinks
-    /// are known: an uplink is never quiet.
-    pub fn settle_quiet(&mut self, mut flows_tracked: impl FnMut() -> bool) {
+    /// From now on, an interface that appears is new: marked quiet before
+    /// its first attach. Those found before may carry an earlier agent's
+    /// programs and flows; the collector marks them after a look at the
+    /// tables ([`crate::dataplane::quiet`]). Call it once the uplinks are
+    /// known: an uplink is never quiet.
+    pub fn start_marking(&mut self) {
         self.settled = true;
-        let Some(quiet) = &mut self.quiet else {
-            return;
-        };
-        if flows_tracked() {
-            info!("flows are tracked: the pod interfaces found at start stay looked up");
-            return;
-        }
-        let pods: Vec<u32> = self
-            .attached
+    }
+
+    /// The pod interfaces with programs on them, by index.
+    pub fn pod_indices(&self) -> Vec<u32> {
+        self.attached
             .values()
             .map(|(index, _)| *index)
             .filter(|index| !self.uplinks.contains(index))
-            .collect();
-        let mut marked = Vec::new();
-        for index in pods {
-            match quiet.mark(index) {
-                Ok(()) => marked.push(index),
-                Err(error) => warn!(index, %error, "marking a pod interface quiet failed"),
-            }
-        }
-        if !flows_tracked() {
-            info!(
-                interfaces = marked.len(),
-                "pod interfaces without translated flows marked quiet"
-            );
+            .collect()
+    }
+
+    /// The pod interfaces the connection-tracking collector may mark quiet
+    /// (shared: [`follow_routes`](Self::follow_routes) keeps it current).
+    pub fn quiet_candidates(&self) -> Candidates {
+        self.candidates.clone()
+    }
+
+    /// Reads the routes of the pod interfaces with programs on them: the
+    /// addresses the collector looks for among the clients of flows. A
+    /// failure leaves the last ones (a route of a pod changes only with its
+    /// interface).
+    pub async fn follow_routes(&self, handle: &rtnetlink::Handle) {
+        if self.quiet.is_none() {
             return;
         }
-        for index in marked {
-            if let Err(error) = quiet.unmark(index) {
-                warn!(index, %error, "taking a quiet mark away failed; replies into that pod may go untranslated");
+        match pod_routes(handle, &self.pod_indices()).await {
+            Ok(pods) => self.candidates.set(pods),
+            Err(error) => {
+                warn!(%error, "listing the routes of pod interfaces failed; quiet marks wait for the next rescan")
             }
         }
-        info!("a flow was tracked meanwhile: the pod interfaces found at start stay looked up");
     }
 
     /// Names the uplinks, which [`reconcile`](Self::reconcile) leaves alone.
@@ -277,7 +276,7 @@ impl Attacher {
             if let (true, Some(quiet)) = (new, self.quiet.as_mut()) {
                 // New since the start: no flow of its pod can be tracked
                 // before our programs are on it.
-                if let Err(error) = quiet.mark(iface.index) {
+                if let Err(error) = quiet.mark_unattached(iface.index) {
                     warn!(iface = %iface.name, %error, "marking a new pod interface quiet failed");
                 }
             }

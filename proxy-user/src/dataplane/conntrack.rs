@@ -64,6 +64,7 @@ use tracing::{debug, warn};
 use crate::dataplane::{
     openflows::{self, LeastConnMaps, OpenFlowMetrics, Tally},
     pins::{MapsError, Pins},
+    quiet::{self, Candidates, LiveClients, Look, QuietPods},
 };
 
 /// How long an entry whose partner is missing may stay idle.
@@ -491,14 +492,39 @@ pub fn collect<K: Key>(
     collect_tallied(table, now_ns, t, &mut Tally::default())
 }
 
-/// [`collect`], noting in `tally` the flows counted for least-connection
-/// ([`ct_flags::COUNTED`]) it removed and those it kept
-/// ([`crate::dataplane::openflows`]).
+/// What a pass tells of each entry it read: removed, or kept.
+pub trait Observer {
+    fn note<K: Key>(&mut self, key: &K, entry: &K::Entry, removed: bool);
+}
+
+impl Observer for Tally {
+    fn note<K: Key>(&mut self, key: &K, entry: &K::Entry, removed: bool) {
+        Tally::note(self, key, entry, removed);
+    }
+}
+
+impl Observer for LiveClients {
+    fn note<K: Key>(&mut self, key: &K, _: &K::Entry, removed: bool) {
+        LiveClients::note(self, key, removed);
+    }
+}
+
+impl<A: Observer, B: Observer> Observer for (&mut A, &mut B) {
+    fn note<K: Key>(&mut self, key: &K, entry: &K::Entry, removed: bool) {
+        self.0.note(key, entry, removed);
+        self.1.note(key, entry, removed);
+    }
+}
+
+/// [`collect`], telling `tally` of every entry it read: least-connection
+/// notes the counted flows ([`ct_flags::COUNTED`]) removed and kept
+/// ([`crate::dataplane::openflows`]), the quiet marks the clients of kept
+/// ones ([`crate::dataplane::quiet`]).
 pub fn collect_tallied<K: Key>(
     table: &mut impl CtTable<K>,
     now_ns: u64,
     t: &Timeouts,
-    tally: &mut Tally,
+    tally: &mut impl Observer,
 ) -> std::io::Result<Pass> {
     let all: StdHashMap<K, K::Entry> = table.read_all()?.into_iter().collect();
     let mut pass = Pass {
@@ -690,8 +716,13 @@ where
     }
 
     /// One pass; how full the table was (`None`: it could not be read).
-    /// Counted flows removed and kept are added to `tally`.
-    fn pass(&mut self, timeouts: &Timeouts, metrics: &GcMetrics, tally: &mut Tally) -> Option<f64> {
+    /// Every entry read is told to `tally`.
+    fn pass(
+        &mut self,
+        timeouts: &Timeouts,
+        metrics: &GcMetrics,
+        tally: &mut impl Observer,
+    ) -> Option<f64> {
         let started = Instant::now();
         match collect_tallied(&mut self.table, monotonic_ns(), timeouts, tally) {
             Ok(pass) => {
@@ -720,22 +751,51 @@ where
 /// (`SB_CT6_V1`), both created by the loader. It runs until the process
 /// exits. After each pass it settles least-connection's counts
 /// (`open_flows`: the loaded object's `SB_LC_V1` and `SB_LC_SOCK_V1`,
-/// which are not pinned).
+/// which are not pinned), and marks quiet the pod interfaces among
+/// `candidates` whose pods no kept flow has as its client
+/// ([`crate::dataplane::quiet`]).
 pub fn spawn(
     pin_root: &Path,
     timeouts: Timeouts,
     metrics: GcMetrics,
     open_flows: LeastConnMaps,
+    candidates: Candidates,
 ) -> Result<(), GcError> {
     let pins = Pins::new(pin_root);
     let v4 = Tracked::new(pins, names::CONNTRACK, pins.conntrack())?;
     let v6 = Tracked::new(pins, names::CONNTRACK6, pins.conntrack6())?;
     let stats = pins.stats()?;
+    let quiet = QuietPods::open(pins)?;
+    let marks = QuietCollector { quiet, candidates };
     std::thread::Builder::new()
         .name("conntrack-gc".into())
-        .spawn(move || run((v4, v6), open_flows, &stats, &timeouts, &metrics))
+        .spawn(move || run((v4, v6), open_flows, marks, &stats, &timeouts, &metrics))
         .map_err(GcError::Spawn)?;
     Ok(())
+}
+
+/// The collector's part in the quiet marks.
+struct QuietCollector {
+    quiet: QuietPods,
+    candidates: Candidates,
+}
+
+impl QuietCollector {
+    /// Before a pass: the candidates' generations.
+    fn look(&self) -> Look {
+        Look::new(&self.quiet, self.candidates.get())
+    }
+
+    /// After a pass that read both tables whole.
+    fn settle(&mut self, look: &Look, live: &LiveClients) {
+        match quiet::settle(&mut self.quiet, look, live) {
+            Ok(0) => {}
+            Ok(marked) => debug!(marked, "pod interfaces marked quiet"),
+            Err(error) => {
+                warn!(%error, "writing a quiet mark failed; that pod's packets stay looked up")
+            }
+        }
+    }
 }
 
 /// The sum over CPUs of the `ct_full` counter.
@@ -749,6 +809,7 @@ fn ct_full(stats: &PerCpuArray<MapData, u64>) -> u64 {
 fn run(
     (mut v4, mut v6): (Tracked<CtKey>, Tracked<CtKey6>),
     mut open_flows: LeastConnMaps,
+    mut marks: QuietCollector,
     stats: &PerCpuArray<MapData, u64>,
     timeouts: &Timeouts,
     metrics: &GcMetrics,
@@ -758,10 +819,17 @@ fn run(
     loop {
         let started = Instant::now();
         let (mut tally, mut tally6) = (Tally::default(), Tally::default());
+        // Generations first: a flow tracked after this read voids the
+        // marks made from it.
+        let look = marks.look();
+        let mut live = LiveClients::default();
         let fills = [
-            v4.pass(timeouts, metrics, &mut tally),
-            v6.pass(timeouts, metrics, &mut tally6),
+            v4.pass(timeouts, metrics, &mut (&mut tally, &mut live)),
+            v6.pass(timeouts, metrics, &mut (&mut tally6, &mut live)),
         ];
+        if fills.iter().all(Option::is_some) {
+            marks.settle(&look, &live);
+        }
         // Settled only over a whole view: a table not read would look like
         // drift.
         let sockets: Result<Vec<u32>, _> = open_flows

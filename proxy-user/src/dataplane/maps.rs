@@ -413,11 +413,6 @@ impl PinnedMaps {
         self.frontend_filter.as_ref().map(FrontendFilter::map)
     }
 
-    /// Whether either family's connection-tracking table holds a flow.
-    pub fn has_flows(&self) -> bool {
-        self.conntrack.keys().any(|k| k.is_ok()) || self.conntrack6.keys().any(|k| k.is_ok())
-    }
-
     /// Number of socket-layer entries.
     pub fn sockets_len(&self) -> usize {
         self.sockets.keys().filter(Result::is_ok).count()

@@ -15,6 +15,7 @@ pub mod openflows;
 pub mod pinroot;
 pub mod pins;
 pub mod prefilter;
+pub mod quiet;
 pub mod readout;
 pub mod resize;
 pub mod sockdiag;

@@ -10,10 +10,10 @@ use std::path::{Path, PathBuf};
 
 use aya::maps::{lpm_trie::LpmTrie, Array, HashMap, Map, MapData, MapError, PerCpuArray};
 use proxy_common::{
-    names, AffinityEntry, AffinityKey, AffinityKey6, Backend, Backend6, Config, CtEntry, CtEntry6,
-    CtEntryV2, CtEntryV4, CtKey, CtKey6, FragEntry, FragEntry6, FragKey, FragKey6, FrontendKey,
-    FrontendKey6, FrontendSlot, MaglevTable, RevNat, RevNat6, SockEntry, SockEntry6, SockKey,
-    SockKey6, SrcRange4, SrcRange6, SvcStats, Uplink,
+    names, prefilter::quiet::QuietMark, AffinityEntry, AffinityKey, AffinityKey6, Backend,
+    Backend6, Config, CtEntry, CtEntry6, CtEntryV2, CtEntryV4, CtKey, CtKey6, FragEntry,
+    FragEntry6, FragKey, FragKey6, FrontendKey, FrontendKey6, FrontendSlot, MaglevTable, RevNat,
+    RevNat6, SockEntry, SockEntry6, SockKey, SockKey6, SrcRange4, SrcRange6, SvcStats, Uplink,
 };
 
 use crate::dataplane::migrate;
@@ -188,7 +188,8 @@ pinned_maps! {
     source_ranges6: names::SOURCE_RANGES6 => LpmTrie<MapData, SrcRange6, u8>;
     service_denied: names::SERVICE_DENIED => PerCpuArray<MapData, u64>;
     frontend_filter: names::FRONTEND_FILTER => Array<MapData, u64>;
-    quiet_pods: names::QUIET_PODS => Array<MapData, u32>;
+    quiet_pods: names::QUIET_PODS => Array<MapData, QuietMark>;
+    quiet_gens: names::QUIET_GENS => Array<MapData, u64>;
     /// `SB_CT_V2`, an earlier version's connection tracking.
     conntrack_v2: migrate::CONNTRACK_V2 => Hash<CtKey, CtEntryV2>;
     /// `SB_CT_V4`, an earlier version's connection tracking.

@@ -1,10 +1,8 @@
 //! The agent's side of the pod path's first tests (see
 //! `proxy_common::prefilter`): the frontend address bitmap, kept equal to
-//! the frontends the maps hold, and the marks of quiet pod interfaces.
-use std::{
-    borrow::BorrowMut,
-    collections::{HashMap, HashSet},
-};
+//! the frontends the maps hold. The quiet marks of pod interfaces are
+//! [`super::quiet`]'s.
+use std::collections::{HashMap, HashSet};
 
 use aya::maps::{Array, IterableMap as _, MapData, MapError};
 use proxy_common::{names, prefilter};
@@ -145,36 +143,6 @@ impl FrontendFilter {
         self.map
             .set(word, self.words[word as usize], 0)
             .map_err(write_error)
-    }
-}
-
-/// The quiet marks of pod interfaces.
-pub struct QuietPods<T = MapData> {
-    map: Array<T, u32>,
-}
-
-impl<T: BorrowMut<MapData>> QuietPods<T> {
-    pub fn new(map: Array<T, u32>) -> Self {
-        Self { map }
-    }
-
-    /// Marks interface `ifindex` quiet. Sound only where no flow of its pod
-    /// can be tracked: before the programs are first attached there, or
-    /// followed by [`unmark`](Self::unmark) when a look at the
-    /// connection-tracking tables finds any flow (the data path takes the
-    /// mark away only after it tracked a flow, so a flow tracked before the
-    /// mark is in the tables when they are looked at).
-    pub fn mark(&mut self, ifindex: u32) -> Result<(), MapError> {
-        self.map.set(prefilter::quiet::slot(ifindex), ifindex, 0)
-    }
-
-    /// Takes interface `ifindex`'s mark away, if the slot holds it.
-    pub fn unmark(&mut self, ifindex: u32) -> Result<(), MapError> {
-        let slot = prefilter::quiet::slot(ifindex);
-        if self.map.get(&slot, 0)? == ifindex {
-            self.map.set(slot, 0, 0)?;
-        }
-        Ok(())
     }
 }
 

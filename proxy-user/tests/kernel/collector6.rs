@@ -21,6 +21,7 @@ use proxy_user::{
     dataplane::conntrack::{self, GcMetrics, Pass, Timeouts},
     dataplane::ebpf,
     dataplane::maps::PinnedMaps,
+    dataplane::quiet::Candidates,
     dataplane::sockdiag,
     model::BackendAddr,
     sync::store::MapStore as _,
@@ -367,6 +368,7 @@ fn an_agent_finding_no_ipv6_tables_pinned_creates_them() {
         Timeouts::default(),
         GcMetrics::default(),
         open_flows,
+        Candidates::default(),
     )
     .expect("the collector starts");
 }
