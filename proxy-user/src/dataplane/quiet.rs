@@ -17,10 +17,13 @@
 //!   ([`Look`]). A pod that stops making flows through the tc layer (its
 //!   DNS flows expire) is quiet again at the next pass.
 //!
-//! A pod's addresses are the host routes through its interface (a CNI
-//! routes each pod address to its veth). An interface with any other route
-//! (a subnet behind the pod) is never marked: which clients answer through
-//! it is not known.
+//! The clients whose replies come through a pod interface are the
+//! destinations its routes cover: a host route per pod address (most CNIs),
+//! or the pod's own subnet on a point-to-point link. A client inside any
+//! prefix routed through the interface makes it busy; a more specific route
+//! elsewhere only makes that judgement stricter than it need be. An
+//! interface with no route of its own (a bridge's port: its pods' routes
+//! name the bridge) is never marked.
 use std::{
     borrow::{Borrow, BorrowMut},
     collections::{HashMap, HashSet},
@@ -30,8 +33,9 @@ use std::{
 
 use aya::maps::{Array, MapData, MapError};
 use futures::TryStreamExt as _;
-use netlink_packet_route::route::{
-    RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteType,
+use netlink_packet_route::{
+    route::{RouteAddress, RouteAttribute, RouteMessage, RouteType},
+    AddressFamily,
 };
 use proxy_common::{
     ct_dir,
@@ -121,11 +125,37 @@ impl<T: BorrowMut<MapData>, G: Borrow<MapData>> QuietPods<T, G> {
     }
 }
 
-/// An attached pod interface and its pod's addresses.
+/// An attached pod interface and the prefixes routed through it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PodRoutes {
     pub ifindex: u32,
-    pub addrs: Vec<IpAddr>,
+    pub prefixes: Vec<Prefix>,
+}
+
+/// A route's destination: an address, masked to its length.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Prefix {
+    pub addr: IpAddr,
+    pub len: u8,
+}
+
+impl Prefix {
+    /// `addr` masked to `len` bits (the family's width at most).
+    pub fn of(addr: IpAddr, len: u8) -> Self {
+        let addr = match addr {
+            IpAddr::V4(a) => {
+                let len = u32::from(len.min(32));
+                let mask = u32::MAX.checked_shl(32 - len).unwrap_or(0);
+                IpAddr::V4(Ipv4Addr::from(u32::from(a) & mask))
+            }
+            IpAddr::V6(a) => {
+                let len = u32::from(len.min(128));
+                let mask = u128::MAX.checked_shl(128 - len).unwrap_or(0);
+                IpAddr::V6(Ipv6Addr::from(u128::from(a) & mask))
+            }
+        };
+        Self { addr, len }
+    }
 }
 
 /// The pod interfaces the collector may mark: set by the agent's loop after
@@ -145,9 +175,8 @@ impl Candidates {
     }
 }
 
-/// The host routes of each of `pods` (interface indices), from the main
-/// table of both families; an interface with any other route is left out,
-/// and so is one with none.
+/// The routes through each of `pods` (interface indices), both families;
+/// an interface with none is left out.
 pub async fn pod_routes(
     handle: &rtnetlink::Handle,
     pods: &[u32],
@@ -158,41 +187,23 @@ pub async fn pod_routes(
         .get(rtnetlink::RouteMessageBuilder::<Ipv4Addr>::new().build())
         .execute();
     while let Some(route) = v4.try_next().await? {
-        routes.push(route);
+        routes.extend(route_of(&route));
     }
     let mut v6 = handle
         .route()
         .get(rtnetlink::RouteMessageBuilder::<Ipv6Addr>::new().build())
         .execute();
     while let Some(route) = v6.try_next().await? {
-        routes.push(route);
+        routes.extend(route_of(&route));
     }
-    Ok(host_routes(routes.iter().filter_map(route_of), pods))
+    Ok(by_interface(routes, pods))
 }
 
-/// What one route says for quiet marks.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Route {
-    pub oif: u32,
-    /// The destination when it is one address (a /32 or /128), `None` for
-    /// a wider prefix.
-    pub host: Option<IpAddr>,
-}
-
-/// A main-table unicast route's output interface and host destination;
-/// `None` for routes of other tables and types, link-local IPv6 routes
-/// (every interface has one; no Service client has such an address), and
-/// routes without one output interface.
-fn route_of(msg: &RouteMessage) -> Option<Route> {
-    let table = msg
-        .attributes
-        .iter()
-        .find_map(|a| match a {
-            RouteAttribute::Table(t) => Some(*t),
-            _ => None,
-        })
-        .unwrap_or(u32::from(msg.header.table));
-    if table != u32::from(RouteHeader::RT_TABLE_MAIN) || msg.header.kind != RouteType::Unicast {
+/// A unicast route's output interface and destination, of any table (a
+/// policy route sends replies too); `None` for other types (local,
+/// broadcast, multicast) and for routes without one output interface.
+fn route_of(msg: &RouteMessage) -> Option<(u32, Prefix)> {
+    if msg.header.kind != RouteType::Unicast {
         return None;
     }
     let mut oif = None;
@@ -205,40 +216,28 @@ fn route_of(msg: &RouteMessage) -> Option<Route> {
             _ => {}
         }
     }
-    if let Some(IpAddr::V6(a)) = dst {
-        if a.is_unicast_link_local() {
-            return None;
-        }
-    }
-    let host_len = match dst {
-        Some(IpAddr::V4(_)) => 32,
-        Some(IpAddr::V6(_)) => 128,
-        None => return oif.map(|oif| Route { oif, host: None }),
-    };
-    Some(Route {
-        oif: oif?,
-        host: (msg.header.destination_prefix_length == host_len).then_some(dst?),
-    })
+    // No destination: a default route.
+    let dst = dst.unwrap_or(match msg.header.address_family {
+        AddressFamily::Inet6 => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+        _ => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+    });
+    Some((oif?, Prefix::of(dst, msg.header.destination_prefix_length)))
 }
 
-/// Each of `pods` whose routes are all host routes, with their
-/// destinations.
-pub fn host_routes(routes: impl IntoIterator<Item = Route>, pods: &[u32]) -> Vec<PodRoutes> {
-    let mut addrs: HashMap<u32, Vec<IpAddr>> = HashMap::new();
-    let mut other: HashSet<u32> = HashSet::new();
-    for route in routes {
-        match route.host {
-            Some(addr) => addrs.entry(route.oif).or_default().push(addr),
-            None => {
-                other.insert(route.oif);
-            }
-        }
+/// Each of `pods` that `routes` (output interface, destination) name, with
+/// its prefixes.
+pub fn by_interface(
+    routes: impl IntoIterator<Item = (u32, Prefix)>,
+    pods: &[u32],
+) -> Vec<PodRoutes> {
+    let mut prefixes: HashMap<u32, Vec<Prefix>> = HashMap::new();
+    for (oif, prefix) in routes {
+        prefixes.entry(oif).or_default().push(prefix);
     }
     pods.iter()
-        .filter(|index| !other.contains(index))
         .filter_map(|&ifindex| {
-            let addrs = addrs.remove(&ifindex)?;
-            Some(PodRoutes { ifindex, addrs })
+            let prefixes = prefixes.remove(&ifindex)?;
+            Some(PodRoutes { ifindex, prefixes })
         })
         .collect()
 }
@@ -261,10 +260,6 @@ impl LiveClients {
         };
         self.0
             .insert((K::ip(client), quiet::class_of_flow(key.proto())));
-    }
-
-    fn has(&self, addr: IpAddr, class: u32) -> bool {
-        self.0.contains(&(addr, class))
     }
 }
 
@@ -292,14 +287,37 @@ impl Look {
     }
 
     /// The marks the pass's `live` clients allow: each (interface, class,
-    /// generation) whose pod's addresses are the client of no kept flow of
-    /// that class.
+    /// generation) with no kept flow of that class whose client lies in a
+    /// prefix routed through the interface. Each client is masked to each
+    /// prefix length the candidates have (a handful), and looked up.
     pub fn marks(&self, live: &LiveClients) -> Vec<(u32, u32, u64)> {
+        let mut through: HashMap<Prefix, Vec<u32>> = HashMap::new();
+        for (pod, _) in &self.before {
+            for prefix in &pod.prefixes {
+                through.entry(*prefix).or_default().push(pod.ifindex);
+            }
+        }
+        let mut lengths: Vec<(bool, u8)> =
+            through.keys().map(|p| (p.addr.is_ipv6(), p.len)).collect();
+        lengths.sort_unstable();
+        lengths.dedup();
+        let mut busy: HashSet<(u32, u32)> = HashSet::new();
+        for (client, class) in &live.0 {
+            let lens = lengths.iter().filter(|(v6, _)| *v6 == client.is_ipv6());
+            for (_, len) in lens {
+                for ifindex in through
+                    .get(&Prefix::of(*client, *len))
+                    .into_iter()
+                    .flatten()
+                {
+                    busy.insert((*ifindex, *class));
+                }
+            }
+        }
         let mut marks = Vec::new();
         for (pod, gens) in &self.before {
             for (class, gen) in CLASSES.into_iter().zip(gens) {
-                let busy = pod.addrs.iter().any(|addr| live.has(*addr, class));
-                if let (false, Some(gen)) = (busy, gen) {
+                if let (false, Some(gen)) = (busy.contains(&(pod.ifindex, class)), gen) {
                     marks.push((pod.ifindex, class, *gen));
                 }
             }
@@ -340,37 +358,35 @@ mod tests {
     use super::*;
     use proxy_common::{proto, CtKey};
 
-    fn v4(s: &str) -> IpAddr {
+    fn ip(s: &str) -> IpAddr {
         s.parse().expect("address")
     }
 
-    fn host(oif: u32, addr: &str) -> Route {
-        Route {
-            oif,
-            host: Some(v4(addr)),
-        }
+    fn prefix(s: &str, len: u8) -> Prefix {
+        Prefix::of(ip(s), len)
     }
 
     #[test]
-    fn only_interfaces_with_host_routes_alone_are_candidates() {
+    fn prefixes_are_masked_to_their_length() {
+        assert_eq!(prefix("10.244.1.2", 24), prefix("10.244.1.0", 24));
+        assert_eq!(prefix("10.244.1.2", 0).addr, ip("0.0.0.0"));
+        assert_eq!(prefix("fd00:10:244:1::2", 64).addr, ip("fd00:10:244:1::"));
+        assert_eq!(prefix("fd00::1", 128).addr, ip("fd00::1"));
+    }
+
+    #[test]
+    fn an_interface_without_routes_is_no_candidate() {
         let routes = [
-            host(5, "10.244.1.2"),
-            host(5, "fd00:10:244::2"),
-            host(6, "10.244.1.3"),
-            // A subnet behind pod 6: not a candidate.
-            Route { oif: 6, host: None },
+            (5, prefix("10.244.1.2", 32)),
+            (5, prefix("fd00:10:244::2", 128)),
+            (6, prefix("10.244.2.0", 24)),
             // The uplink's default route; the uplink is no pod.
-            Route { oif: 2, host: None },
+            (2, prefix("0.0.0.0", 0)),
         ];
-        let found = host_routes(routes, &[5, 6, 7]);
-        assert_eq!(
-            found,
-            vec![PodRoutes {
-                ifindex: 5,
-                addrs: vec![v4("10.244.1.2"), v4("fd00:10:244::2")],
-            }],
-            "6 has a subnet route, 7 none"
-        );
+        let found = by_interface(routes, &[5, 6, 7]);
+        let indices: Vec<u32> = found.iter().map(|p| p.ifindex).collect();
+        assert_eq!(indices, vec![5, 6], "7 has no route (a bridge port)");
+        assert_eq!(found[0].prefixes.len(), 2);
     }
 
     fn key(src: [u8; 4], dst: [u8; 4], protocol: u8, dir: u8) -> CtKey {
@@ -385,9 +401,19 @@ mod tests {
         }
     }
 
+    fn pod(
+        ifindex: u32,
+        prefixes: &[Prefix],
+        gens: [Option<u64>; 2],
+    ) -> (PodRoutes, [Option<u64>; 2]) {
+        let prefixes = prefixes.to_vec();
+        (PodRoutes { ifindex, prefixes }, gens)
+    }
+
     /// A pod with a UDP flow (DNS) is quiet for TCP and not for UDP; a pod
     /// whose only entry is a reply (its forward entry gone) is not quiet for
-    /// that class; a removed flow does not count.
+    /// that class; a client inside a pod's subnet route counts like one on
+    /// its host route; a removed flow does not count.
     #[test]
     fn marks_follow_the_clients_of_kept_flows_by_class() {
         let mut live = LiveClients::default();
@@ -405,38 +431,31 @@ mod tests {
             false,
         );
         live.note(
+            &key([10, 244, 9, 7], [10, 96, 0, 1], proto::TCP, ct_dir::FORWARD),
+            false,
+        );
+        live.note(
             &key([10, 244, 1, 4], [10, 96, 0, 1], proto::TCP, ct_dir::FORWARD),
             true,
         );
         let look = Look {
             before: vec![
-                (
-                    PodRoutes {
-                        ifindex: 5,
-                        addrs: vec![v4("10.244.1.2")],
-                    },
-                    [Some(7), Some(9)],
-                ),
-                (
-                    PodRoutes {
-                        ifindex: 6,
-                        addrs: vec![v4("10.244.1.3")],
-                    },
-                    [Some(1), Some(0)],
-                ),
-                (
-                    PodRoutes {
-                        ifindex: 8,
-                        addrs: vec![v4("10.244.1.4")],
-                    },
-                    // A generation that could not be read: no mark.
-                    [Some(3), None],
-                ),
+                pod(5, &[prefix("10.244.1.2", 32)], [Some(7), Some(9)]),
+                pod(6, &[prefix("10.244.1.3", 32)], [Some(1), Some(0)]),
+                // A subnet route: 10.244.9.7's TCP flow is behind it.
+                pod(7, &[prefix("10.244.9.0", 24)], [Some(2), Some(2)]),
+                // A generation that could not be read: no mark.
+                pod(8, &[prefix("10.244.1.4", 32)], [Some(3), None]),
             ],
         };
         assert_eq!(
             look.marks(&live),
-            vec![(5, quiet::TCP, 7), (6, quiet::OTHER, 0), (8, quiet::TCP, 3),]
+            vec![
+                (5, quiet::TCP, 7),
+                (6, quiet::OTHER, 0),
+                (7, quiet::OTHER, 2),
+                (8, quiet::TCP, 3),
+            ]
         );
     }
 }

@@ -17,7 +17,7 @@ use xtask::sandbox::two_node::manifests::{Policy, NODEPORT_TCP};
 use xtask::sandbox::two_node::{Client, Node, Pod};
 use xtask::sandbox::{Attempt, ClientRun, Sandbox, CLUSTER_IP};
 use xtask::testenv::{
-    counter, demo_sandbox_with, open_idle_with, sb_echo, sb_echo_in, switchboard_out,
+    counter, demo_sandbox_with, open_idle_with, sb_echo, sb_echo_in, switchboard, switchboard_out,
     two_node_with_agents, wake, IdleClient,
 };
 
@@ -351,4 +351,106 @@ fn a_spoofed_syn_flood_at_a_nodeport_locks_no_real_client_out() {
         agent_pid: sb.agent_pid(Node::A).expect("node A's agent runs"),
     });
     assert_flood_held(&figures);
+}
+
+/// The quiet classes (`tcp`, `other`) `switchboard status` shows for the
+/// client pod's interface, run in the node's namespace.
+fn client_quiet(sb: &Sandbox) -> Vec<String> {
+    let bin = switchboard().to_string_lossy().into_owned();
+    let pin = sb.pin_dir.to_string_lossy().into_owned();
+    let out = sb
+        .exec_status(
+            &sb.node_ns(),
+            &[&bin, "status", "--pin-root", &pin, "-o", "json"],
+        )
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("status -o json");
+    let row = json["interfaces"]
+        .as_array()
+        .and_then(|rows| rows.iter().find(|r| r["name"] == sb.client_if()))
+        .unwrap_or_else(|| panic!("no row for the client's interface: {json}"));
+    row["quiet"]
+        .as_array()
+        .map(|classes| {
+            classes
+                .iter()
+                .filter_map(|c| c.as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Polls [`client_quiet`] until it is `want`, for at most `within`.
+fn wait_quiet(sb: &Sandbox, want: &[&str], within: Duration) -> Vec<String> {
+    let deadline = Instant::now() + within;
+    loop {
+        let now = client_quiet(sb);
+        if now == want || Instant::now() > deadline {
+            return now;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+/// A pod's quiet marks come back: the collector marks the client pod's
+/// interface at its first pass (no flow), a DNS query through the tc layer
+/// takes the `other` mark at once (its generation moved) and leaves `tcp`,
+/// a TCP connection takes `tcp`, and once the flows expired the next pass
+/// (the collector waits up to 30 s on a near-empty table) marks both again.
+/// Connections made while marked, or right after, are translated: a mark
+/// never hides the replies of a flow made after it.
+#[test]
+fn a_pod_is_quiet_again_once_its_tc_flows_expire() {
+    let sb = demo_sandbox_with(&[
+        "--conntrack-udp-timeout",
+        "1s",
+        "--conntrack-udp-timeout-stream",
+        "1s",
+        "--conntrack-tcp-timeout-closed",
+        "1s",
+    ]);
+    let both = ["tcp", "other"];
+    let quiet = wait_quiet(&sb, &both, Duration::from_secs(10));
+    assert_eq!(quiet, both, "the first pass marks a pod without flows");
+
+    let bin = sb_echo();
+    let query = |count: &str| {
+        let run = sb
+            .client(
+                &bin,
+                &["--udp", &format!("{CLUSTER_IP}:53"), "--count", count],
+            )
+            .unwrap_or_else(|e| panic!("{e:#}"));
+        assert!(
+            run.all_ok(),
+            "DNS through the tc layer failed:\n{}",
+            run.raw
+        );
+    };
+    let connect = |count: &str| {
+        let run = sb
+            .client(
+                &bin,
+                &["--tcp", &format!("{CLUSTER_IP}:80"), "--count", count],
+            )
+            .unwrap_or_else(|e| panic!("{e:#}"));
+        assert!(
+            run.all_ok(),
+            "TCP through the tc layer failed:\n{}",
+            run.raw
+        );
+    };
+    query("3");
+    assert_eq!(client_quiet(&sb), ["tcp"], "a UDP flow voids only `other`");
+    connect("3");
+    assert!(client_quiet(&sb).is_empty(), "a TCP flow voids `tcp`");
+
+    let quiet = wait_quiet(&sb, &both, Duration::from_secs(45));
+    assert_eq!(
+        quiet, both,
+        "flows expired, yet the pod was not marked again"
+    );
+    // Marked again, the pod's new flows are translated both ways.
+    query("3");
+    connect("3");
 }

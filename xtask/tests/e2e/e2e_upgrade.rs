@@ -14,6 +14,8 @@
 //!   format stamp. Its other maps had the names and layouts of today's.
 //! - f7bc505: today's layouts without the `loadBalancerSourceRanges` maps
 //!   and without a format stamp.
+//! - 49c1942 (format 3): `SB_QUIET_V1`, quiet marks without generations,
+//!   in place of `SB_QUIET_V2` and `SB_QUIET_GEN_V1`.
 //!
 //! Binaries as in e2e.rs (SWITCHBOARD_BIN, SB_ECHO_BIN).
 
@@ -34,6 +36,7 @@ use xtask::testenv::{
 /// Idle connections held across the upgrade.
 const IDLE: usize = 6;
 
+const BPF_MAP_TYPE_ARRAY: u32 = 2;
 const BPF_MAP_TYPE_PERCPU_ARRAY: u32 = 6;
 const BPF_MAP_TYPE_LRU_HASH: u32 = 9;
 
@@ -148,6 +151,18 @@ fn as_f7bc505(pin: &Path) -> usize {
     ] {
         unpin(pin, name);
     }
+    0
+}
+
+/// Turns the stopped agent's pin root into what an agent of 49c1942 (pin
+/// root format 3) left: quiet marks that lasted until a flow took them
+/// (`SB_QUIET_V1`, a `u32` interface index per slot), no generations.
+fn as_49c1942(pin: &Path) -> usize {
+    for name in [names::QUIET_PODS, names::QUIET_GENS, "SB_FORMAT"] {
+        unpin(pin, name);
+    }
+    let _ = create_pinned(&pin.join("SB_QUIET_V1"), BPF_MAP_TYPE_ARRAY, 4, 4, 16_384);
+    std::os::unix::fs::symlink("3", pin.join("SB_FORMAT")).expect("stamp format 3");
     0
 }
 
@@ -303,6 +318,11 @@ fn upgrade_keeps_every_connection(earlier: fn(&Path) -> usize, migrated_pins: &[
 #[test]
 fn an_upgrade_from_the_e805261_layout_keeps_every_connection() {
     upgrade_keeps_every_connection(as_e805261, &["SB_CT_V2", "SB_STATS_V1"]);
+}
+
+#[test]
+fn an_upgrade_from_the_49c1942_layout_keeps_every_connection() {
+    upgrade_keeps_every_connection(as_49c1942, &["SB_QUIET_V1"]);
 }
 
 #[test]
