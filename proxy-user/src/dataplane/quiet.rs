@@ -182,19 +182,15 @@ pub async fn pod_routes(
     pods: &[u32],
 ) -> Result<Vec<PodRoutes>, rtnetlink::Error> {
     let mut routes = Vec::new();
-    let mut v4 = handle
-        .route()
-        .get(rtnetlink::RouteMessageBuilder::<Ipv4Addr>::new().build())
-        .execute();
-    while let Some(route) = v4.try_next().await? {
-        routes.extend(route_of(&route));
-    }
-    let mut v6 = handle
-        .route()
-        .get(rtnetlink::RouteMessageBuilder::<Ipv6Addr>::new().build())
-        .execute();
-    while let Some(route) = v6.try_next().await? {
-        routes.extend(route_of(&route));
+    let dumps = [
+        rtnetlink::RouteMessageBuilder::<Ipv4Addr>::new().build(),
+        rtnetlink::RouteMessageBuilder::<Ipv6Addr>::new().build(),
+    ];
+    for request in dumps {
+        let mut dump = handle.route().get(request).execute();
+        while let Some(route) = dump.try_next().await? {
+            routes.extend(route_of(&route));
+        }
     }
     Ok(by_interface(routes, pods))
 }

@@ -414,35 +414,22 @@ fn a_pod_is_quiet_again_once_its_tc_flows_expire() {
     assert_eq!(quiet, both, "the first pass marks a pod without flows");
 
     let bin = sb_echo();
-    let query = |count: &str| {
+    let through_tc = |proto: &str, port: u16| {
+        let addr = format!("{CLUSTER_IP}:{port}");
         let run = sb
-            .client(
-                &bin,
-                &["--udp", &format!("{CLUSTER_IP}:53"), "--count", count],
-            )
+            .client(&bin, &[proto, &addr, "--count", "3"])
             .unwrap_or_else(|e| panic!("{e:#}"));
         assert!(
             run.all_ok(),
-            "DNS through the tc layer failed:\n{}",
+            "{proto} {addr} through the tc layer failed:\n{}",
             run.raw
         );
     };
-    let connect = |count: &str| {
-        let run = sb
-            .client(
-                &bin,
-                &["--tcp", &format!("{CLUSTER_IP}:80"), "--count", count],
-            )
-            .unwrap_or_else(|e| panic!("{e:#}"));
-        assert!(
-            run.all_ok(),
-            "TCP through the tc layer failed:\n{}",
-            run.raw
-        );
-    };
-    query("3");
+    let query = || through_tc("--udp", 53);
+    let connect = || through_tc("--tcp", 80);
+    query();
     assert_eq!(client_quiet(&sb), ["tcp"], "a UDP flow voids only `other`");
-    connect("3");
+    connect();
     assert!(client_quiet(&sb).is_empty(), "a TCP flow voids `tcp`");
 
     let quiet = wait_quiet(&sb, &both, Duration::from_secs(45));
@@ -451,6 +438,6 @@ fn a_pod_is_quiet_again_once_its_tc_flows_expire() {
         "flows expired, yet the pod was not marked again"
     );
     // Marked again, the pod's new flows are translated both ways.
-    query("3");
-    connect("3");
+    query();
+    connect();
 }
