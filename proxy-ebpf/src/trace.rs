@@ -5,9 +5,13 @@
 //! Cost: a call site sits only where a new flow is given a backend or a
 //! packet of ours is dropped, rejected or passed untranslated, never on an
 //! established flow's packet. There, with tracing off, it is one read of
-//! the switch (`SB_TRACE_ON_V1`, an array the verifier inlines) and one
-//! branch; the event itself is built only behind it, straight into the
-//! ring buffer's reservation. A full ring buffer loses the event and
+//! the switch (`SB_TRACE_ON_V1`, an array lookup the verifier inlines) and
+//! the test of the kind's bit. As loaded on 6.18 that is about ten
+//! instructions with three conditional branches, each taken the same way
+//! on every packet while the switch is off: the inlined lookup's index
+//! bound, the null test of its result, the bit (`bpftool prog dump xlated`
+//! of `sb_from_pod`). The event itself is built only behind them, straight
+//! into the ring buffer's reservation. A full ring buffer loses the event and
 //! counts it (`SB_TRACE_LOST_V1`), never waits.
 //!
 //! One body serves both families: [`TraceAddr`] widens an address to the
@@ -61,8 +65,8 @@ impl TraceAddr for Addr6Be {
     }
 }
 
-/// Whether events of `kind` are switched on: the one branch a call site
-/// costs when they are not.
+/// Whether events of `kind` are switched on: what a call site costs when
+/// they are not (see the module's documentation).
 #[inline(always)]
 fn on(kind: u8) -> bool {
     SB_TRACE_ON_V1

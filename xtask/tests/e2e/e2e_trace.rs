@@ -410,7 +410,7 @@ endpoints:\n- addresses:\n  - 10.244.9.9\n  conditions:\n    ready: true\n  node
 ports:\n- name: http\n  port: 8080\n  protocol: TCP\n";
 
 /// Packets in the flood: the whole million (on 2 cores the sender takes
-/// about 4.5 s; the test about 11 s).
+/// 3-4.5 s; the test 9-11 s).
 const FLOOD_PACKETS: u64 = 1_000_000;
 
 /// Field `field` (`VmRSS`, `VmHWM`) of `/proc/<pid>/status`, in KiB.
@@ -455,9 +455,10 @@ fn signal(pid: u32, sig: libc::c_int) {
 /// follows `demo/echo`. Meanwhile pod 2 keeps opening connections through
 /// `demo/echo`. Then:
 /// - the agent's resident memory, peak included (`VmHWM`, reset before the
-///   flood), grew by less than 4 MiB (measured: 0.4 MiB; the stopped
-///   reader alone misses more than 800k events, which a queue without a
-///   bound would hold as some 250 MiB);
+///   flood), grew by less than 4 MiB (measured: 0-1.3 MiB, the stopped
+///   reader's full queue being 4,096 lines of about 330 bytes; that reader
+///   alone misses some 700k events, which a queue without a bound would
+///   hold as more than 200 MiB);
 /// - every connection through `demo/echo` was answered;
 /// - every drop the kernel counted reached the stopped reader, or was
 ///   reported to it as lost (by the kernel's ring buffer, or its own full
