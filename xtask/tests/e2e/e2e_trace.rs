@@ -140,8 +140,10 @@ fn each_event_type_appears_with_its_fields_within_a_second() {
 }
 
 /// The value of the trace switch in the kernel: the agent's
-/// `SB_TRACE_ON_V1`, found among its open map descriptors.
+/// switch map (`names::TRACE_ON`, its first 15 characters in the kernel),
+/// found among its open map descriptors.
 fn kernel_switch(agent_pid: u32) -> u64 {
+    let name = &proxy_common::names::TRACE_ON[..15];
     let fds = std::fs::read_dir(format!("/proc/{agent_pid}/fdinfo")).expect("agent fdinfo");
     for fd in fds.flatten() {
         let info = std::fs::read_to_string(fd.path()).unwrap_or_default();
@@ -153,7 +155,7 @@ fn kernel_switch(agent_pid: u32) -> u64 {
             continue;
         };
         let show = xtask::testenv::bpftool_json(&["map", "show", "id", &id]);
-        if show["name"] != "SB_TRACE_ON_V1" {
+        if show["name"] != name {
             continue;
         }
         let dump =
@@ -166,7 +168,7 @@ fn kernel_switch(agent_pid: u32) -> u64 {
             .collect();
         return u64::from_le_bytes(bytes.try_into().expect("8 bytes"));
     }
-    panic!("the agent holds no SB_TRACE_ON_V1");
+    panic!("the agent holds no {name}");
 }
 
 /// What a reader's filter selects, decided by the test from an event.
