@@ -120,8 +120,11 @@ pub const OPEN_SOCKETS: &str = "SB_LC_SOCK_V1";
 /// as the two below: the agent that loaded the programs reads it.
 pub const TRACE_EVENTS: &str = "SB_TRACE_V1";
 /// The trace's switch: one `u64`, bit `1 << kind` per event kind
-/// ([`super::trace::kind`]), written only by the agent.
-pub const TRACE_ON: &str = "SB_TRACE_ON_V1";
+/// ([`super::trace::kind`]), written only by the agent. A global of the
+/// programs in a data section of its own, which the loader makes a
+/// one-entry array map named as the section (the kernel keeps the first 15
+/// characters: `.data.sb_trace_`).
+pub const TRACE_ON: &str = ".data.sb_trace_on";
 /// Per-CPU count of events the ring buffer had no room for.
 pub const TRACE_LOST: &str = "SB_TRACE_LOST_V1";
 /// Every map, in the order the CLI reports them.

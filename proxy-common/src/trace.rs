@@ -7,12 +7,14 @@
 //!   ([`RING_BYTES`] bytes: bounded, so a flood loses events instead of
 //!   slowing the data path; each reserve that fails is counted in the
 //!   per-CPU `SB_TRACE_LOST_V1`).
-//! - The switch: `SB_TRACE_ON_V1`, an array of one `u64` whose bit
-//!   `1 << kind` turns [`kind`] on. Only the agent writes it (the union of
-//!   its connected `trace` clients' kinds); a program reads it only where an
-//!   event would be emitted (a new flow, a drop), never on an established
-//!   flow's packet. None of the three maps is pinned: they live with the
-//!   agent's loaded object.
+//! - The switch: one `u64` whose bit `1 << kind` turns [`kind`] on, a
+//!   global of the programs in the data section `.data.sb_trace_on`, which
+//!   the loader makes a one-entry array map of that name
+//!   ([`crate::names::TRACE_ON`]). Only the agent writes it (the union of
+//!   its connected `trace` clients' kinds); a program reads it (one load)
+//!   only where an event would be emitted (a new flow, a drop), never on an
+//!   established flow's packet. None of the three maps is pinned: they live
+//!   with the agent's loaded object.
 
 /// The event kinds; bit `1 << kind` of the switch turns one on.
 pub mod kind {

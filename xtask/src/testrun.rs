@@ -30,7 +30,11 @@ use cargo_metadata::Message;
 use crate::testcmd::{add_result_line, Counts};
 
 /// Tests that load the machine by design: each runs with no other job.
-const ALONE: &[&str] = &["spoofed_syn_flood", "burst_ten_times_the_table"];
+const ALONE: &[&str] = &[
+    "spoofed_syn_flood",
+    "burst_ten_times_the_table",
+    "a_flood_of_drops_while_tracing",
+];
 
 /// A job that runs longer than this is stopped and fails.
 const JOB_TIMEOUT: Duration = Duration::from_secs(15 * 60);

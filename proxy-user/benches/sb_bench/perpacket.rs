@@ -162,7 +162,7 @@ impl PerPacket {
         })
     }
 
-    /// Sets the live trace's switch (`SB_TRACE_ON_V1`), as a `trace`
+    /// Sets the live trace's switch (`names::TRACE_ON`), as a `trace`
     /// client makes the agent do.
     fn set_trace(&mut self, mask: u64) -> Result<()> {
         let map = self.ebpf.map_mut(names::TRACE_ON).context("trace switch")?;

@@ -92,6 +92,10 @@ struct SynfloodArgs {
     /// Distinct SYNs prepared (source address and port), sent in turn.
     #[arg(long, default_value_t = 65_536)]
     flows: u32,
+    /// Stop once this many SYNs were sent (or `--duration-ms` is up,
+    /// whichever comes first).
+    #[arg(long)]
+    count: Option<u64>,
 }
 
 #[derive(Args)]
@@ -672,7 +676,8 @@ fn syn_packet(src: std::net::Ipv4Addr, sport: u16, to: std::net::SocketAddrV4) -
 }
 
 /// Sends SYNs from random sources of `--sources` to `--to` until the time is
-/// up, through a raw IPv4 socket; prints `sent N in S s`.
+/// up (or `--count` were sent), through a raw IPv4 socket; prints `sent N in
+/// S s`.
 fn synflood(args: &SynfloodArgs) -> Result<()> {
     let (base, size) = parse_block(&args.sources)?;
     // xorshift, seeded from the clock: no two runs alike, no dependency.
@@ -725,6 +730,9 @@ fn synflood(args: &SynfloodArgs) -> Result<()> {
             };
             if rc >= 0 {
                 sent += 1;
+                if args.count.is_some_and(|count| sent >= count) {
+                    break 'send;
+                }
             }
             tries += 1;
             if tries.is_multiple_of(256) && std::time::Instant::now() >= until {

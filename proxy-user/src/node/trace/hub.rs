@@ -28,6 +28,10 @@ const TICK: Duration = Duration::from_millis(250);
 const NAMES_FOR: Duration = Duration::from_secs(5);
 /// The most clients at once.
 const MAX_CLIENTS: usize = 64;
+/// The most events read from the ring buffer before they are handed out:
+/// under a flood the ring refills as fast as it is read, and the hub's
+/// memory stays this batch and the clients' queues.
+const BATCH: usize = 512;
 
 /// The loaded object's trace maps, which are not pinned.
 pub struct TraceMaps {
@@ -143,6 +147,9 @@ struct Hub {
     clients: BTreeMap<u64, Client>,
     next_id: u64,
     lost_seen: u64,
+    /// Events read from the ring buffer, not handed out yet (at most
+    /// [`BATCH`]; kept to reuse its allocation).
+    batch: Vec<TraceEvent>,
     names: Names,
     /// Wall-clock time minus the monotonic clock the kernel stamps with.
     epoch_offset_ns: i128,
@@ -169,6 +176,7 @@ impl Hub {
             clients: BTreeMap::new(),
             next_id: 0,
             lost_seen,
+            batch: Vec::with_capacity(BATCH),
             names: Names::new(pin_root),
             epoch_offset_ns: epoch_offset_ns(),
         })
@@ -194,19 +202,27 @@ impl Hub {
                         warn!("trace: the ring buffer cannot be polled; tracing stops");
                         break;
                     };
-                    let mut raw = Vec::new();
+                    let mut batch = std::mem::take(&mut self.batch);
                     let ring = guard.get_inner_mut();
-                    while let Some(item) = ring.next() {
+                    while batch.len() < BATCH {
+                        let Some(item) = ring.next() else {
+                            // Drained: wait for the kernel's next wake-up.
+                            guard.clear_ready();
+                            break;
+                        };
                         if let Ok(event) = bytemuck::try_pod_read_unaligned::<TraceEvent>(
                             &item[..item.len().min(size_of::<TraceEvent>())],
                         ) {
-                            raw.push(event);
+                            batch.push(event);
                         }
                     }
-                    guard.clear_ready();
-                    for event in raw {
+                    // A full batch leaves the ring marked readable: the
+                    // next turn of the loop reads on, after the other arms
+                    // had their chance.
+                    for event in batch.drain(..) {
                         self.dispatch(&event);
                     }
+                    self.batch = batch;
                 }
                 _ = tick.tick() => self.report_lost(),
             }
