@@ -61,6 +61,37 @@ pub fn trim() {
     }
 }
 
+/// Asks the kernel to reclaim the whole pages of `bytes` now (they are
+/// read from the file again if they are ever touched). For data read once
+/// at the start, such as the eBPF object the binary embeds (6.7 MiB, all
+/// resident after the load parsed it): it stays in the binary's file, not in
+/// the agent's RSS. Content is kept whatever the memory is
+/// (`MADV_PAGEOUT` reclaims, never discards); pages mapped by another
+/// process too, or a kernel before 5.4, leave the RSS as it was. Returns
+/// the bytes asked for.
+pub fn release(bytes: &[u8]) -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
+    let start = (bytes.as_ptr() as usize).next_multiple_of(page);
+    let end = (bytes.as_ptr() as usize + bytes.len()) / page * page;
+    if end <= start {
+        return 0;
+    }
+    // SAFETY: [start, end) lies within `bytes`, memory this process has
+    // mapped; MADV_PAGEOUT only reclaims pages (their content stays
+    // readable) and changes nothing the program can observe.
+    let done =
+        unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_PAGEOUT) };
+    if done != 0 {
+        tracing::debug!(
+            error = %std::io::Error::last_os_error(),
+            "the kernel did not reclaim the pages asked for"
+        );
+        return 0;
+    }
+    end - start
+}
+
 /// The heap as [`Counting`] sees it: bytes the program asked for and has
 /// not freed (what it holds, without the allocator's own overhead and free
 /// lists), and the most it held at once.
