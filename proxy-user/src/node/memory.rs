@@ -99,6 +99,9 @@ pub fn release(bytes: &[u8]) -> usize {
 pub struct Heap {
     pub live: usize,
     pub peak: usize,
+    /// Blocks held (allocations not freed): each costs the allocator a
+    /// header and rounding beyond its bytes (glibc: 8 to 23 bytes).
+    pub blocks: usize,
 }
 
 impl Heap {
@@ -112,6 +115,7 @@ impl Heap {
 
 static LIVE: AtomicIsize = AtomicIsize::new(0);
 static PEAK: AtomicIsize = AtomicIsize::new(0);
+static BLOCKS: AtomicIsize = AtomicIsize::new(0);
 
 /// How far one thread's own count may run before it is added to the
 /// shared one: the shared counters are touched once per this many bytes
@@ -122,6 +126,28 @@ const FLUSH_BYTES: isize = 64 * 1024;
 thread_local! {
     /// This thread's bytes allocated minus freed, not yet added to [`LIVE`].
     static PENDING: Cell<isize> = const { Cell::new(0) };
+    /// This thread's blocks allocated minus freed, not yet added to [`BLOCKS`].
+    static PENDING_BLOCKS: Cell<isize> = const { Cell::new(0) };
+}
+
+/// How far one thread's block count may run before it is added to the
+/// shared one.
+const FLUSH_BLOCKS: isize = 1024;
+
+fn count_block(delta: isize) {
+    let flush = PENDING_BLOCKS.try_with(|pending| {
+        let now = pending.get() + delta;
+        if now.abs() < FLUSH_BLOCKS {
+            pending.set(now);
+            return 0;
+        }
+        pending.set(0);
+        now
+    });
+    let flush = flush.unwrap_or(delta);
+    if flush != 0 {
+        BLOCKS.fetch_add(flush, Ordering::Relaxed);
+    }
 }
 
 /// The system allocator, counting the bytes held: each thread counts on
@@ -166,6 +192,7 @@ unsafe impl GlobalAlloc for Counting {
         let p = unsafe { System.alloc(layout) };
         if !p.is_null() {
             grew(layout.size());
+            count_block(1);
         }
         p
     }
@@ -175,6 +202,7 @@ unsafe impl GlobalAlloc for Counting {
         let p = unsafe { System.alloc_zeroed(layout) };
         if !p.is_null() {
             grew(layout.size());
+            count_block(1);
         }
         p
     }
@@ -183,6 +211,7 @@ unsafe impl GlobalAlloc for Counting {
         // SAFETY: `ptr` came from this allocator (so from System) with `layout`.
         unsafe { System.dealloc(ptr, layout) };
         shrank(layout.size());
+        count_block(-1);
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
@@ -205,9 +234,11 @@ pub fn heap() -> Heap {
     let pending = PENDING.try_with(Cell::get).unwrap_or(0);
     let live = LIVE.load(Ordering::Relaxed) + pending;
     let peak = PEAK.load(Ordering::Relaxed).max(live);
+    let blocks = BLOCKS.load(Ordering::Relaxed) + PENDING_BLOCKS.try_with(Cell::get).unwrap_or(0);
     Heap {
         live: usize::try_from(live).unwrap_or(0),
         peak: usize::try_from(peak).unwrap_or(0),
+        blocks: usize::try_from(blocks).unwrap_or(0),
     }
 }
 

@@ -266,6 +266,7 @@ fn heap_steps(log: &str, frontends: usize) -> Value {
         "model_mib": log_field(synced, "heap_model_mib"),
         "synced_mib": log_field(synced, "heap_synced_mib"),
         "peak_mib": log_field(synced, "heap_peak_mib"),
+        "blocks": log_field(synced, "heap_blocks"),
     })
 }
 

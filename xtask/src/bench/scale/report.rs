@@ -258,7 +258,7 @@ pub(in crate::bench) fn section(scale: &Value, sync_runs: &[Value]) -> String {
             fmt_opt(rss.zip(at("synced_mib")).map(|(r, h)| r - h), 1),
         );
     }
-    md.push_str("\n### RSS beyond the heap\n\nThe same agents' RSS by mapping, from `/proc/<pid>/smaps` once synced (MiB): the `switchboard` binary's pages (its code and read-only data; the embedded eBPF object is handed back once loaded), the shared libraries, and the allocator's memory (the main heap and the anonymous mappings: the other malloc arena and the threads' stacks) next to the live heap bytes it holds; the difference is the allocator's own overhead (chunk headers, free lists, fragmentation).\n\n| source | Services | binary | libraries | allocator's memory | live heap | allocator overhead | threads |\n|---|---|---|---|---|---|---|---|\n");
+    md.push_str("\n### RSS beyond the heap\n\nThe same agents' RSS by mapping, from `/proc/<pid>/smaps` once synced (MiB): the `switchboard` binary's pages (its code and read-only data; the embedded eBPF object is handed back once loaded), the shared libraries, and the allocator's memory (the main heap and the anonymous mappings: the other malloc arena and the threads' stacks) next to the live heap bytes it holds; the difference is the allocator's own overhead (a header and rounding per block: 8 to 23 bytes with glibc, then free lists and fragmentation), next to the blocks the heap holds.\n\n| source | Services | binary | libraries | allocator's memory | live heap | allocator overhead | blocks held | threads |\n|---|---|---|---|---|---|---|---|---|\n");
     for r in start_rows(scale) {
         let m = &r["rss_by_mapping"];
         if m.is_null() {
@@ -270,7 +270,7 @@ pub(in crate::bench) fn section(scale: &Value, sync_runs: &[Value]) -> String {
         let live = f(&r["heap"]["synced_mib"]);
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             source_label(&r),
             size_label(services(&r)),
             fmt_opt(f(&m["binary_mib"]), 1),
@@ -278,6 +278,7 @@ pub(in crate::bench) fn section(scale: &Value, sync_runs: &[Value]) -> String {
             fmt_opt(held, 1),
             fmt_opt(live, 1),
             fmt_opt(held.zip(live).map(|(h, l)| h - l), 1),
+            f(&r["heap"]["blocks"]).map_or("–".to_owned(), |b| format!("{:.2} M", b / 1e6)),
             m["threads"],
         );
     }
