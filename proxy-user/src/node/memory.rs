@@ -22,6 +22,7 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::sync::atomic::{AtomicIsize, Ordering};
+use std::thread::LocalKey;
 
 /// Call once, before the runtime starts its threads.
 pub fn tune() {
@@ -134,17 +135,25 @@ thread_local! {
 /// shared one.
 const FLUSH_BLOCKS: isize = 1024;
 
+/// Adds `delta` to this thread's `pending` count; returns what is due to
+/// the shared counter (the whole count once it reaches `flush_at`, else 0).
+/// After this thread's locals are gone (its exit), `delta` is due directly.
+fn pend(pending: &'static LocalKey<Cell<isize>>, delta: isize, flush_at: isize) -> isize {
+    pending
+        .try_with(|pending| {
+            let now = pending.get() + delta;
+            if now.abs() < flush_at {
+                pending.set(now);
+                return 0;
+            }
+            pending.set(0);
+            now
+        })
+        .unwrap_or(delta)
+}
+
 fn count_block(delta: isize) {
-    let flush = PENDING_BLOCKS.try_with(|pending| {
-        let now = pending.get() + delta;
-        if now.abs() < FLUSH_BLOCKS {
-            pending.set(now);
-            return 0;
-        }
-        pending.set(0);
-        now
-    });
-    let flush = flush.unwrap_or(delta);
+    let flush = pend(&PENDING_BLOCKS, delta, FLUSH_BLOCKS);
     if flush != 0 {
         BLOCKS.fetch_add(flush, Ordering::Relaxed);
     }
@@ -157,17 +166,7 @@ fn count_block(delta: isize) {
 pub struct Counting;
 
 fn count(delta: isize) {
-    let flush = PENDING.try_with(|pending| {
-        let now = pending.get() + delta;
-        if now.abs() < FLUSH_BYTES {
-            pending.set(now);
-            return 0;
-        }
-        pending.set(0);
-        now
-    });
-    // After this thread's locals are gone (its exit), count directly.
-    let flush = flush.unwrap_or(delta);
+    let flush = pend(&PENDING, delta, FLUSH_BYTES);
     if flush != 0 {
         let now = LIVE.fetch_add(flush, Ordering::Relaxed) + flush;
         if flush > 0 {
