@@ -89,6 +89,38 @@ pub struct ModelDelta {
     pub warnings_removed: Vec<ModelWarning>,
 }
 
+/// One Service's slices, sorted by name: the usual one inline (no block
+/// of its own), more in a vector.
+#[derive(Debug)]
+enum ServiceSlices {
+    One(Arc<SliceInfo>),
+    Many(Vec<Arc<SliceInfo>>),
+}
+
+impl ServiceSlices {
+    fn as_slice(&self) -> &[Arc<SliceInfo>] {
+        match self {
+            ServiceSlices::One(slice) => std::slice::from_ref(slice),
+            ServiceSlices::Many(slices) => slices,
+        }
+    }
+
+    /// Changes the list with `f`; returns whether it is empty now.
+    fn edit(&mut self, f: impl FnOnce(&mut Vec<Arc<SliceInfo>>)) -> bool {
+        let mut list = match std::mem::replace(self, ServiceSlices::Many(Vec::new())) {
+            ServiceSlices::One(slice) => vec![slice],
+            ServiceSlices::Many(slices) => slices,
+        };
+        f(&mut list);
+        let empty = list.is_empty();
+        *self = match <[Arc<SliceInfo>; 1]>::try_from(list) {
+            Ok([one]) => ServiceSlices::One(one),
+            Err(list) => ServiceSlices::Many(list),
+        };
+        empty
+    }
+}
+
 /// The frontends an update touched, as they were before it.
 type Before = HashMap<FrontendAddr, Option<Box<Frontend>>>;
 
@@ -111,9 +143,9 @@ pub struct Model {
     services: HashMap<ObjectKey, Arc<ServiceInfo>>,
     slices: HashMap<ObjectKey, Arc<SliceInfo>>,
     /// Slices by the Service they name (same namespace), sorted by slice
-    /// name. A Service has one slice per 100 endpoints, so a sorted Vec is
-    /// both the smallest and a fast enough container.
-    slices_by_service: HashMap<ObjectKey, Vec<Arc<SliceInfo>>>,
+    /// name. A Service has one slice per 100 endpoints, so a sorted list
+    /// is both the smallest and a fast enough container.
+    slices_by_service: HashMap<ObjectKey, ServiceSlices>,
     claims: HashMap<ObjectKey, Claims>,
     /// The creation time of each address's owner: with the owner's key (the
     /// Service its frontend in `desired` names), its [`Rank`].
@@ -303,8 +335,8 @@ impl Model {
             self.slices.remove(&key);
             if let Some(service) = slice_service(&old) {
                 if let Some(list) = self.slices_by_service.get_mut(&service) {
-                    list.retain(|s| s.key.name != key.name);
-                    if list.is_empty() {
+                    let empty = list.edit(|list| list.retain(|s| s.key.name != key.name));
+                    if empty {
                         self.slices_by_service.remove(&service);
                     }
                 }
@@ -313,9 +345,14 @@ impl Model {
         }
         if let Some(new) = info {
             if let Some(service) = slice_service(&new) {
-                let list = self.slices_by_service.entry(service.clone()).or_default();
-                let at = list.partition_point(|s| s.key.name < key.name);
-                list.insert(at, Arc::clone(&new));
+                let list = self
+                    .slices_by_service
+                    .entry(service.clone())
+                    .or_insert_with(|| ServiceSlices::Many(Vec::new()));
+                list.edit(|list| {
+                    let at = list.partition_point(|s| s.key.name < key.name);
+                    list.insert(at, Arc::clone(&new));
+                });
                 self.dirty.insert(service);
             }
             self.slices.insert(key, new);
@@ -415,6 +452,7 @@ impl Model {
         let slices: Vec<&SliceInfo> = self
             .slices_by_service
             .get(key)
+            .map(ServiceSlices::as_slice)
             .into_iter()
             .flatten()
             .filter(|s| s.labels.selected(self.proxy_name.as_deref()))
