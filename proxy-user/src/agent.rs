@@ -13,7 +13,7 @@ use tokio::{
     signal::unix::{signal, SignalKind},
     sync::watch,
 };
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::model::cidr::IpCidr;
 use crate::{
@@ -181,6 +181,12 @@ pub async fn run(config: AgentConfig, object: &'static [u8]) -> anyhow::Result<(
 
     let mut ebpf = ebpf::load(object, &config.pin_root, &capacities, resize.maps())
         .context("loading the eBPF programs")?;
+    // The object is parsed and loaded; it is read again only by a restart.
+    let released = memory::release(object);
+    debug!(
+        mib = released as f64 / 1_048_576.0,
+        "the embedded eBPF object's pages handed back"
+    );
     if pinroot::stamp(&config.pin_root).context("recording the pin root's format")? {
         info!(
             format = pinroot::FORMAT,

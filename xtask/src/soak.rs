@@ -65,6 +65,9 @@ pub struct ChurnReport {
     pub rss_warm_kib: u64,
     pub rss_peak_kib: u64,
     pub rss_end_kib: u64,
+    /// The RSS curve: (seconds since the churn started, KiB), one sample
+    /// every [`CURVE_EVERY`] and the end figure.
+    pub rss_curve: Vec<(f64, u64)>,
     /// From the end of the churn until the maps held the final state.
     pub converged_after_s: f64,
     /// `switchboard verify` passed.
@@ -74,6 +77,9 @@ pub struct ChurnReport {
     pub faults_injected: u64,
     pub fault_phases: Vec<String>,
 }
+
+/// How often the RSS curve is sampled.
+pub const CURVE_EVERY: Duration = Duration::from_secs(10);
 
 /// The RSS growth allowed over the warm-up figure: 8 MiB or a tenth of it.
 pub fn rss_margin_kib(rss_warm_kib: u64) -> u64 {
@@ -139,6 +145,17 @@ impl ChurnReport {
             self.converged_after_s,
             if self.verify_ok { "match" } else { "DIFFERENCES" },
         );
+        if !self.rss_curve.is_empty() {
+            let points: Vec<String> = self
+                .rss_curve
+                .iter()
+                .map(|(t, kib)| format!("{t:.0} s {:.1}", mib(*kib)))
+                .collect();
+            s.push_str(&format!(
+                "agent RSS over the churn (MiB): {}\n",
+                points.join(", ")
+            ));
+        }
         if !self.fault_phases.is_empty() {
             s.push_str(&format!(
                 "API server faults: {} ({} reads answered 500/429)\n",
@@ -393,6 +410,8 @@ fn run_in(sb: &mut Sandbox, opts: &ChurnOptions) -> Result<ChurnReport> {
     let sent = AtomicU64::new(0);
     let failed = AtomicU64::new(0);
     let peak = AtomicU64::new(report.rss_start_kib);
+    let curve = std::sync::Mutex::new(Vec::new());
+    let churn_started = Instant::now();
     let sb_ref: &Sandbox = sb;
     let target = format!("{CLUSTER_IP}:80");
     let converged_after = std::thread::scope(|scope| -> Result<f64> {
@@ -414,9 +433,17 @@ fn run_in(sb: &mut Sandbox, opts: &ChurnOptions) -> Result<ChurnReport> {
             }
         });
         scope.spawn(|| {
+            let mut next_point = Duration::ZERO;
             while !stop_traffic.load(Ordering::Relaxed) {
                 if let Ok(kib) = rss_kib(pid) {
                     peak.fetch_max(kib, Ordering::Relaxed);
+                    let at = churn_started.elapsed();
+                    if at >= next_point {
+                        next_point += CURVE_EVERY;
+                        if let Ok(mut c) = curve.lock() {
+                            c.push((at.as_secs_f64(), kib));
+                        }
+                    }
                 }
                 std::thread::sleep(Duration::from_millis(100));
             }
@@ -439,6 +466,10 @@ fn run_in(sb: &mut Sandbox, opts: &ChurnOptions) -> Result<ChurnReport> {
     std::thread::sleep(Duration::from_secs(1));
     report.rss_end_kib = rss_kib(pid)?;
     report.rss_peak_kib = peak.load(Ordering::Relaxed).max(report.rss_end_kib);
+    report.rss_curve = curve.into_inner().unwrap_or_default();
+    report
+        .rss_curve
+        .push((churn_started.elapsed().as_secs_f64(), report.rss_end_kib));
     let (ok, text) = verify(sb, &opts.switchboard)?;
     report.verify_ok = ok;
     report.verify_text = text;

@@ -337,6 +337,7 @@ impl<S: MapStore> SyncLoop<'_, S> {
                 heap_model_mib = heap.model.live_mib(),
                 heap_synced_mib = heap.synced.live_mib(),
                 heap_peak_mib = heap.synced.peak_mib(),
+                heap_blocks = heap.synced.blocks,
                 "maps synced"
             );
         }

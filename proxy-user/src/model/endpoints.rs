@@ -50,6 +50,18 @@ pub(super) struct ParsedSlice<'a> {
     endpoints: Vec<Ep>,
 }
 
+impl ParsedSlice<'_> {
+    /// The slice's copy of the port name `name`, if one of its ports has
+    /// it (the sources share each name between every slice naming it).
+    pub fn port_name(&self, name: &str) -> Option<&Arc<str>> {
+        self.slice
+            .ports
+            .iter()
+            .filter_map(|p| p.name.as_ref())
+            .find(|n| ***n == *name)
+    }
+}
+
 /// The backends chosen for one frontend and why.
 #[derive(Default)]
 pub(super) struct Selection {

@@ -89,13 +89,50 @@ pub struct ModelDelta {
     pub warnings_removed: Vec<ModelWarning>,
 }
 
-/// What a Service currently claims, and the warnings it (and its slices) raised.
-#[derive(Debug, Default)]
+/// One Service's slices, sorted by name: the usual one inline (no block
+/// of its own), more in a vector.
+#[derive(Debug)]
+enum ServiceSlices {
+    One(Arc<SliceInfo>),
+    Many(Vec<Arc<SliceInfo>>),
+}
+
+impl ServiceSlices {
+    fn as_slice(&self) -> &[Arc<SliceInfo>] {
+        match self {
+            ServiceSlices::One(slice) => std::slice::from_ref(slice),
+            ServiceSlices::Many(slices) => slices,
+        }
+    }
+
+    /// Changes the list with `f`; returns whether it is empty now.
+    fn edit(&mut self, f: impl FnOnce(&mut Vec<Arc<SliceInfo>>)) -> bool {
+        let mut list = match std::mem::replace(self, ServiceSlices::Many(Vec::new())) {
+            ServiceSlices::One(slice) => vec![slice],
+            ServiceSlices::Many(slices) => slices,
+        };
+        f(&mut list);
+        let empty = list.is_empty();
+        *self = match <[Arc<SliceInfo>; 1]>::try_from(list) {
+            Ok([one]) => ServiceSlices::One(one),
+            Err(list) => ServiceSlices::Many(list),
+        };
+        empty
+    }
+}
+
+/// The frontends an update touched, as they were before it.
+type Before = HashMap<FrontendAddr, Option<Box<Frontend>>>;
+
+/// What a Service currently claims, and the warnings it (and its slices)
+/// raised. Held for every Service, so boxed slices (no spare capacity),
+/// and of its rank only the creation time (the key is the map's).
+#[derive(Debug)]
 struct Claims {
-    /// The rank the addresses were claimed with.
-    rank: Option<Rank>,
-    addrs: Vec<FrontendAddr>,
-    warnings: Vec<ModelWarning>,
+    /// The creation time the addresses were claimed with ([`Rank`]).
+    created_ms: i64,
+    addrs: Box<[FrontendAddr]>,
+    warnings: Box<[ModelWarning]>,
 }
 
 /// The desired state, maintained incrementally.
@@ -106,12 +143,13 @@ pub struct Model {
     services: HashMap<ObjectKey, Arc<ServiceInfo>>,
     slices: HashMap<ObjectKey, Arc<SliceInfo>>,
     /// Slices by the Service they name (same namespace), sorted by slice
-    /// name. A Service has one slice per 100 endpoints, so a sorted Vec is
-    /// both the smallest and a fast enough container.
-    slices_by_service: HashMap<ObjectKey, Vec<Arc<SliceInfo>>>,
+    /// name. A Service has one slice per 100 endpoints, so a sorted list
+    /// is both the smallest and a fast enough container.
+    slices_by_service: HashMap<ObjectKey, ServiceSlices>,
     claims: HashMap<ObjectKey, Claims>,
-    /// The rank of each address's owner (the Service of its frontend in `desired`).
-    owners: HashMap<FrontendAddr, Rank>,
+    /// The creation time of each address's owner: with the owner's key (the
+    /// Service its frontend in `desired` names), its [`Rank`].
+    owners: HashMap<FrontendAddr, i64>,
     /// Claims that lost an address to an older Service: address → claimant → its frontend.
     contested: HashMap<FrontendAddr, BTreeMap<Rank, Frontend>>,
     /// Objects whose newest version cannot be used.
@@ -297,8 +335,8 @@ impl Model {
             self.slices.remove(&key);
             if let Some(service) = slice_service(&old) {
                 if let Some(list) = self.slices_by_service.get_mut(&service) {
-                    list.retain(|s| s.key.name != key.name);
-                    if list.is_empty() {
+                    let empty = list.edit(|list| list.retain(|s| s.key.name != key.name));
+                    if empty {
                         self.slices_by_service.remove(&service);
                     }
                 }
@@ -307,9 +345,14 @@ impl Model {
         }
         if let Some(new) = info {
             if let Some(service) = slice_service(&new) {
-                let list = self.slices_by_service.entry(service.clone()).or_default();
-                let at = list.partition_point(|s| s.key.name < key.name);
-                list.insert(at, Arc::clone(&new));
+                let list = self
+                    .slices_by_service
+                    .entry(service.clone())
+                    .or_insert_with(|| ServiceSlices::Many(Vec::new()));
+                list.edit(|list| {
+                    let at = list.partition_point(|s| s.key.name < key.name);
+                    list.insert(at, Arc::clone(&new));
+                });
                 self.dirty.insert(service);
             }
             self.slices.insert(key, new);
@@ -345,8 +388,10 @@ impl Model {
     pub fn update(&mut self) -> ModelDelta {
         let mut delta = ModelDelta::default();
         // Each touched address's frontend before this update, to report only
-        // real changes.
-        let mut before: HashMap<FrontendAddr, Option<Frontend>> = HashMap::new();
+        // real changes. Boxed: a first sync touches every address, none of
+        // which had a frontend, and an inline `Option<Frontend>` would cost
+        // a whole frontend's bytes for each.
+        let mut before: Before = HashMap::new();
         for (old, new) in std::mem::take(&mut self.pending_warnings) {
             self.count_warnings(&old, &new, &mut delta);
         }
@@ -354,33 +399,39 @@ impl Model {
         // claimant always owns), so dirty Services need no sorting.
         for key in std::mem::take(&mut self.dirty) {
             let output = self.compute(&key);
-            let old = self.claims.remove(&key).unwrap_or_default();
-            if let Some(rank) = &old.rank {
+            let old = self.claims.remove(&key);
+            if let Some(old) = &old {
+                let rank = Rank {
+                    created_ms: old.created_ms,
+                    key: key.clone(),
+                };
                 for addr in &old.addrs {
                     self.remember(&mut before, addr);
-                    self.withdraw(rank, addr);
+                    self.withdraw(&rank, addr);
                 }
             }
-            self.count_warnings(&old.warnings, &output.warnings, &mut delta);
+            let old_warnings = old.map(|o| o.warnings).unwrap_or_default();
+            self.count_warnings(&old_warnings, &output.warnings, &mut delta);
             let rank = Rank::of(self.services.get(&key).map(|s| &**s), &key);
-            let mut claims = Claims {
-                rank: Some(rank.clone()),
-                addrs: Vec::with_capacity(output.frontends.len()),
-                warnings: output.warnings,
-            };
+            let mut addrs = Vec::with_capacity(output.frontends.len());
             for fe in output.frontends {
                 self.remember(&mut before, &fe.addr);
-                claims.addrs.push(fe.addr);
+                addrs.push(fe.addr);
                 self.claim(&rank, fe);
             }
-            if !claims.addrs.is_empty() || !claims.warnings.is_empty() {
+            if !addrs.is_empty() || !output.warnings.is_empty() {
+                let claims = Claims {
+                    created_ms: rank.created_ms,
+                    addrs: addrs.into(),
+                    warnings: output.warnings.into(),
+                };
                 self.claims.insert(key, claims);
             }
             delta.services += 1;
         }
         for (addr, old) in before {
             self.conflicts(&addr, &mut delta);
-            if self.desired.frontends.get(&addr) != old.as_ref() {
+            if self.desired.frontends.get(&addr) != old.as_deref() {
                 delta.frontends.insert(addr);
             }
         }
@@ -401,6 +452,7 @@ impl Model {
         let slices: Vec<&SliceInfo> = self
             .slices_by_service
             .get(key)
+            .map(ServiceSlices::as_slice)
             .into_iter()
             .flatten()
             .filter(|s| s.labels.selected(self.proxy_name.as_deref()))
@@ -409,16 +461,30 @@ impl Model {
         service::compute(svc, &slices, self.node.as_ref(), self.max_endpoints)
     }
 
-    fn remember(&self, before: &mut HashMap<FrontendAddr, Option<Frontend>>, addr: &FrontendAddr) {
+    fn remember(&self, before: &mut Before, addr: &FrontendAddr) {
         before
             .entry(*addr)
-            .or_insert_with(|| self.desired.frontends.get(addr).cloned());
+            .or_insert_with(|| self.desired.frontends.get(addr).cloned().map(Box::new));
+    }
+
+    /// The rank of `addr`'s owner: its creation time, and the key of the
+    /// Service its frontend names.
+    fn owner(&self, addr: &FrontendAddr) -> Option<Rank> {
+        let created_ms = *self.owners.get(addr)?;
+        let service = &self.desired.frontends.get(addr)?.service;
+        Some(Rank {
+            created_ms,
+            key: ObjectKey {
+                namespace: Arc::clone(&service.namespace),
+                name: Arc::clone(&service.name),
+            },
+        })
     }
 
     /// Drops the claim of rank `rank` on `addr`; when it owned the address,
     /// the next claimant in order takes it over.
     fn withdraw(&mut self, rank: &Rank, addr: &FrontendAddr) {
-        if self.owners.get(addr) != Some(rank) {
+        if self.owner(addr).as_ref() != Some(rank) {
             if let Some(waiting) = self.contested.get_mut(addr) {
                 waiting.remove(rank);
                 if waiting.is_empty() {
@@ -432,7 +498,7 @@ impl Model {
         if let Some(waiting) = self.contested.get_mut(addr) {
             if let Some((next_rank, next)) = waiting.pop_first() {
                 self.desired.frontends.insert(*addr, next);
-                self.owners.insert(*addr, next_rank);
+                self.owners.insert(*addr, next_rank.created_ms);
             }
             if waiting.is_empty() {
                 self.contested.remove(addr);
@@ -443,14 +509,14 @@ impl Model {
     /// Adds a claim: it owns the address unless an older Service does.
     fn claim(&mut self, rank: &Rank, fe: Frontend) {
         let addr = fe.addr;
-        let Some(owner_rank) = self.owners.get(&addr).cloned() else {
+        let Some(owner_rank) = self.owner(&addr) else {
             self.desired.frontends.insert(addr, fe);
-            self.owners.insert(addr, rank.clone());
+            self.owners.insert(addr, rank.created_ms);
             return;
         };
         if *rank < owner_rank {
             let displaced = self.desired.frontends.insert(addr, fe);
-            self.owners.insert(addr, rank.clone());
+            self.owners.insert(addr, rank.created_ms);
             if let Some(displaced) = displaced {
                 self.contested
                     .entry(addr)

@@ -446,7 +446,13 @@ impl ServiceBuilder<'_> {
         let spn = ServicePortName {
             namespace: Arc::clone(&svc.key.namespace),
             name: Arc::clone(&svc.key.name),
-            port: Arc::from(sp.name.as_str()),
+            // The slices' copy, when they have one: every frontend of
+            // every Service naming its port `http` then shares one string.
+            port: parsed
+                .iter()
+                .find_map(|ps| ps.port_name(&sp.name))
+                .cloned()
+                .unwrap_or_else(|| port_name(&sp.name)),
         };
         let mut addrs: Vec<(FrontendKind, IpAddr, u16)> = Vec::new();
         addrs.extend(
@@ -645,5 +651,16 @@ fn frontend(
             _ => None,
         },
         weights: weights.into(),
+    }
+}
+
+/// A port name of the Service's own: one shared copy of the empty name
+/// (single-port Services), a copy of any other.
+fn port_name(name: &str) -> Arc<str> {
+    static UNNAMED: std::sync::LazyLock<Arc<str>> = std::sync::LazyLock::new(|| Arc::from(""));
+    if name.is_empty() {
+        Arc::clone(&UNNAMED)
+    } else {
+        Arc::from(name)
     }
 }

@@ -257,7 +257,12 @@ pub fn run(opts: Options) -> Result<()> {
         "{} missing after the build",
         sb_http.display()
     );
-    let sb_bench = build_bench()?;
+    // The start rows run the agent alone: no in-process benchmark to build.
+    let sb_bench = if only.as_deref() == Some("start") {
+        PathBuf::new()
+    } else {
+        build_bench()?
+    };
     for tag in all_tags() {
         sandbox::purge_tag(tag)?;
     }

@@ -241,7 +241,9 @@ impl ApiClient {
 
 /// The network programming latency and the event → map write histograms.
 fn scrape(sb: &Sandbox, metrics: SocketAddr) -> Result<(Histogram, Histogram)> {
-    let r = sandbox::http_get(&sb.node_ns(), metrics, "/metrics", Duration::from_secs(10))?;
+    // At 100k Services /metrics carries every frontend's counters: a
+    // scrape takes seconds.
+    let r = sandbox::http_get(&sb.node_ns(), metrics, "/metrics", Duration::from_secs(120))?;
     if r.status != 200 {
         bail!("/metrics answered {}: {}", r.status, r.body);
     }

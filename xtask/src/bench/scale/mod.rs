@@ -70,6 +70,16 @@ pub mod targets {
 /// each time).
 pub const TAG: &str = "sbbrss";
 
+/// The start rows' sandbox tag: [`TAG`], or `SB_BENCH_SCALE_TAG` when set
+/// (two worktrees measuring on one machine at once must not share a
+/// sandbox: each run removes the leftovers of its tag first).
+fn tag() -> String {
+    std::env::var("SB_BENCH_SCALE_TAG")
+        .ok()
+        .filter(|t| !t.is_empty())
+        .unwrap_or_else(|| TAG.to_owned())
+}
+
 /// The node name the agents are given (no Node object exists for it, in
 /// either source: the same for both).
 const NODE_NAME: &str = "sbb-node";
@@ -164,6 +174,7 @@ fn measure_start(sb: &mut Sandbox, pid: u32, frontends: usize, t0: Instant) -> R
     std::thread::sleep(Duration::from_millis(500));
     let rss = status_kb(pid, "VmRSS:")? as f64 / 1024.0;
     let hwm = status_kb(pid, "VmHWM:")? as f64 / 1024.0;
+    let mappings = rss_by_mapping(pid)?;
     let log = sb.agent_log();
     // Logged once any resize is done: the maps the programs use.
     let loaded = log.lines().find(|l| l.contains("the maps' kernel memory"));
@@ -174,8 +185,56 @@ fn measure_start(sb: &mut Sandbox, pid: u32, frontends: usize, t0: Instant) -> R
         "peak_rss_mib": hwm,
         "startup_to_synced_s": startup,
         "heap": heap_steps(&log, frontends),
+        "rss_by_mapping": mappings,
         "maps_kernel_mib": log_field(loaded, "maps_kernel_mib"),
         "ipv6_maps_kernel_mib": log_field(loaded, "ipv6_maps_kernel_mib"),
+    }))
+}
+
+/// The agent's RSS by what is mapped (MiB), from `/proc/<pid>/smaps`: its
+/// binary, the shared libraries, the main heap (`[heap]`), anonymous
+/// mappings (the other malloc arenas and the threads' stacks), the main
+/// thread's stack; and its threads.
+fn rss_by_mapping(pid: u32) -> Result<Value> {
+    let smaps = fs::read_to_string(format!("/proc/{pid}/smaps"))?;
+    let exe = fs::read_link(format!("/proc/{pid}/exe"))?;
+    let exe = exe.to_string_lossy();
+    let exe = exe.trim_end_matches(" (deleted)");
+    let (mut binary, mut libs, mut heap, mut anon, mut stack) = (0u64, 0u64, 0u64, 0u64, 0u64);
+    let mut anon_mappings = 0u32;
+    let mut current: Option<String> = None;
+    for line in smaps.lines() {
+        let mut words = line.split_whitespace();
+        let first = words.next().unwrap_or_default();
+        if first.contains('-') && first.chars().all(|c| c.is_ascii_hexdigit() || c == '-') {
+            // A mapping's header: address perms offset dev inode [path].
+            current = Some(words.nth(4).unwrap_or_default().to_owned());
+            continue;
+        }
+        if first != "Rss:" {
+            continue;
+        }
+        let kib: u64 = words.next().and_then(|v| v.parse().ok()).unwrap_or(0);
+        match current.as_deref() {
+            Some(path) if path == exe => binary += kib,
+            Some("[heap]") => heap += kib,
+            Some("[stack]") => stack += kib,
+            Some("") | None => {
+                anon += kib;
+                anon_mappings += u32::from(kib > 0);
+            }
+            Some(_) => libs += kib,
+        }
+    }
+    let mib = |k: u64| k as f64 / 1024.0;
+    Ok(json!({
+        "binary_mib": mib(binary),
+        "libraries_mib": mib(libs),
+        "main_heap_mib": mib(heap),
+        "anonymous_mib": mib(anon),
+        "anonymous_mappings": anon_mappings,
+        "main_stack_mib": mib(stack),
+        "threads": status_kb(pid, "Threads:")?,
     }))
 }
 
@@ -207,6 +266,7 @@ fn heap_steps(log: &str, frontends: usize) -> Value {
         "model_mib": log_field(synced, "heap_model_mib"),
         "synced_mib": log_field(synced, "heap_synced_mib"),
         "peak_mib": log_field(synced, "heap_peak_mib"),
+        "blocks": log_field(synced, "heap_blocks"),
     })
 }
 
@@ -215,7 +275,7 @@ fn heap_steps(log: &str, frontends: usize) -> Value {
 fn start_yaml(switchboard: &Path, n: u32, follow: bool) -> Result<Value> {
     // A fresh sandbox each time: fresh pins, so the agent programs
     // everything instead of adopting.
-    let mut sb = Sandbox::new(TAG)?;
+    let mut sb = Sandbox::new(&tag())?;
     let frontends = write_manifests(&sb, &workload::services(n, &pod_ips()))?;
     let yaml_bytes: u64 = fs::read_dir(sb.manifest_dir())?
         .filter_map(|e| e.ok()?.metadata().ok())
@@ -260,7 +320,7 @@ fn start_cluster(
     quick: bool,
     churn: Option<&churn::ChurnPlan>,
 ) -> Result<(Value, Option<Value>)> {
-    let mut sb = Sandbox::new(TAG)?;
+    let mut sb = Sandbox::new(&tag())?;
     let services = workload::services(n, &pod_ips());
     let frontends = write_manifests(&sb, &services)?;
     let kubeconfig = sb.dir.join("kubeconfig");
@@ -344,6 +404,19 @@ fn start_cluster(
 }
 
 fn note_row(row: &Value) {
+    let m = &row["rss_by_mapping"];
+    note(&format!(
+        "RSS by mapping (MiB): binary {:.1}, libraries {:.1}, main heap {:.1}, anonymous {:.1} in {} mappings, main stack {:.1}; {} threads; heap after the sync {:.1} (peak {:.1})",
+        m["binary_mib"].as_f64().unwrap_or(f64::NAN),
+        m["libraries_mib"].as_f64().unwrap_or(f64::NAN),
+        m["main_heap_mib"].as_f64().unwrap_or(f64::NAN),
+        m["anonymous_mib"].as_f64().unwrap_or(f64::NAN),
+        m["anonymous_mappings"],
+        m["main_stack_mib"].as_f64().unwrap_or(f64::NAN),
+        m["threads"],
+        row["heap"]["synced_mib"].as_f64().unwrap_or(f64::NAN),
+        row["heap"]["peak_mib"].as_f64().unwrap_or(f64::NAN),
+    ));
     note(&format!(
         "{} Services from {}: start → maps synced {:.2} s, RSS {:.1} MiB (peak {:.1} MiB){}",
         row["services"],

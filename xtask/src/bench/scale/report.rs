@@ -258,6 +258,30 @@ pub(in crate::bench) fn section(scale: &Value, sync_runs: &[Value]) -> String {
             fmt_opt(rss.zip(at("synced_mib")).map(|(r, h)| r - h), 1),
         );
     }
+    md.push_str("\n### RSS beyond the heap\n\nThe same agents' RSS by mapping, from `/proc/<pid>/smaps` once synced (MiB): the `switchboard` binary's pages (its code and read-only data; the embedded eBPF object is handed back once loaded), the shared libraries, and the allocator's memory (the main heap and the anonymous mappings: the other malloc arena and the threads' stacks) next to the live heap bytes it holds; the difference is the allocator's own overhead (a header and rounding per block: 8 to 23 bytes with glibc, then free lists and fragmentation), next to the blocks the heap holds.\n\n| source | Services | binary | libraries | allocator's memory | live heap | allocator overhead | blocks held | threads |\n|---|---|---|---|---|---|---|---|---|\n");
+    for r in start_rows(scale) {
+        let m = &r["rss_by_mapping"];
+        if m.is_null() {
+            continue;
+        }
+        let held = f(&m["main_heap_mib"])
+            .zip(f(&m["anonymous_mib"]))
+            .map(|(h, a)| h + a + f(&m["main_stack_mib"]).unwrap_or(0.0));
+        let live = f(&r["heap"]["synced_mib"]);
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            source_label(&r),
+            size_label(services(&r)),
+            fmt_opt(f(&m["binary_mib"]), 1),
+            fmt_opt(f(&m["libraries_mib"]), 1),
+            fmt_opt(held, 1),
+            fmt_opt(live, 1),
+            fmt_opt(held.zip(live).map(|(h, l)| h - l), 1),
+            f(&r["heap"]["blocks"]).map_or("–".to_owned(), |b| format!("{:.2} M", b / 1e6)),
+            m["threads"],
+        );
+    }
     md.push_str("\n### Kernel memory of the maps\n\nThe same agents, at their start: the `memlock` the kernel accounts to every pinned map (the agent's `the maps' kernel memory` log line, after any resize; per map in `switchboard status` and `switchboard_map_memory_bytes`). The bench passes `--max-frontend-entries`, `--max-backends` and `--max-services` sized to the Services; every other table (conntrack, sockets, affinity, fragments) is at its default. The benchmark's Services are IPv4 only, so the IPv6 flow tables (conntrack, sockets, affinity, fragments) are at their idle size (512 entries each), grown online when a first IPv6 Service appears; the IPv6 frontend, backend and reverse-NAT maps stay preallocated at the flags' sizes. For scale: Cilium's defaults are `bpf-ct-global-tcp-max` 512k entries and `bpf-lb-map-max` 64k.\n\n| source | Services | all maps | of which IPv6 maps |\n|---|---|---|---|\n");
     for r in start_rows(scale) {
         let _ = writeln!(
