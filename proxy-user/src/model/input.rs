@@ -194,7 +194,7 @@ pub enum Raw<T> {
 }
 
 impl<T> Raw<T> {
-    fn new(s: &str, parse: impl Fn(&str) -> Option<T>) -> Raw<T> {
+    pub(crate) fn new(s: &str, parse: impl Fn(&str) -> Option<T>) -> Raw<T> {
         match parse(s) {
             Some(known) => Raw::Known(known),
             None => Raw::Other(s.into()),
@@ -211,7 +211,7 @@ pub enum IpFamilyPolicy {
 }
 
 impl IpFamilyPolicy {
-    fn from_k8s(value: &str) -> Option<IpFamilyPolicy> {
+    pub(crate) fn from_k8s(value: &str) -> Option<IpFamilyPolicy> {
         match value {
             "SingleStack" => Some(IpFamilyPolicy::SingleStack),
             "PreferDualStack" => Some(IpFamilyPolicy::PreferDualStack),
@@ -372,7 +372,7 @@ pub enum RawAddress {
 }
 
 impl RawAddress {
-    fn new(s: &str) -> RawAddress {
+    pub(crate) fn new(s: &str) -> RawAddress {
         match s.parse::<IpAddr>() {
             // Only when it prints back as written, so Display shows the text
             // the user wrote (a warning names it as found).
@@ -468,6 +468,37 @@ impl SliceInfo {
                 .map(|v| v.as_str().into()),
         }
     }
+}
+
+impl SliceInfo {
+    /// Puts the strings a slice shares with others (address type, port
+    /// names and protocols, node names, hints) through `interner`: for a
+    /// slice decoded without one (`source::wire`, on any thread).
+    pub fn share(&mut self, interner: &mut Interner) {
+        let mut share = |s: &mut Arc<str>| *s = interner.intern(s);
+        share(&mut self.address_type);
+        for port in &mut self.ports {
+            port.name
+                .iter_mut()
+                .chain(&mut port.protocol)
+                .for_each(&mut share);
+        }
+        for ep in &mut self.endpoints {
+            ep.node_name.iter_mut().for_each(&mut share);
+            if let Some(hints) = &mut ep.hints {
+                hints
+                    .for_nodes
+                    .iter_mut()
+                    .chain(&mut hints.for_zones)
+                    .for_each(&mut share);
+            }
+        }
+    }
+}
+
+/// `ipFamilies` item: parsed when it is `IPv4` or `IPv6`.
+pub(crate) fn ip_family(value: &str) -> Raw<IpFamily> {
+    Raw::new(value, IpFamily::from_k8s)
 }
 
 impl EndpointInfo {
