@@ -1,9 +1,10 @@
 //! What the model reads from a Service or an EndpointSlice, and nothing else.
 //!
-//! Both sources convert each object as it arrives ([`ServiceInfo::from_k8s`],
-//! [`SliceInfo::from_k8s`]) and drop the k8s-openapi object: an agent at 100k
-//! Services holds these instead of whole objects (managed fields, selectors,
-//! status it never reads). The conversion never fails and never judges:
+//! Both sources decode each object straight into these
+//! (`crate::source::wire`, which gives what [`ServiceInfo::from_k8s`] and
+//! [`SliceInfo::from_k8s`] give for the k8s-openapi objects the CLI reads):
+//! an agent at 100k Services holds these instead of whole objects (managed
+//! fields, selectors, status it never reads). The conversion never fails and never judges:
 //! a value the model will refuse (an address that does not parse, a port out
 //! of range) is kept as written, so the model can name it in its warning.
 //!

@@ -1,11 +1,13 @@
 //! The Kubernetes API source: Services, EndpointSlices and this node's Node
 //! object, watched through the API server with kube-runtime watchers.
 //!
-//! Each object is converted as it arrives ([`ServiceInfo::from_k8s`],
-//! [`SliceInfo::from_k8s`], [`NodeInfo::from_node`]), recorded into the
-//! [`FeedTx`], and the k8s-openapi object is dropped: at 100k Services the
-//! agent holds what the model reads, not whole objects, and a change costs
-//! one record rather than a copy of the world. What a watch keeps for itself
+//! Services and EndpointSlices are decoded from the API server's JSON
+//! straight into the model's input types ([`crate::source::wire`]: only the
+//! fields the model reads; no k8s-openapi object is built), the Node with
+//! the k8s-openapi type ([`NodeInfo::from_node`]); each is recorded into the
+//! [`FeedTx`] as it arrives: at 100k Services the agent holds what the model
+//! reads, not whole objects, and a change costs one record rather than a
+//! copy of the world. What a watch keeps for itself
 //! is the key and resourceVersion of each object it recorded ([`Known`]).
 //!
 //! Nothing is published until all three watches have completed their first
