@@ -161,6 +161,59 @@ impl<'de> Deserialize<'de> for Annotations {
     }
 }
 
+/// An optional number or boolean as the tree of values reads it: only a
+/// number is an `i32` (not a string of digits, which a YAML parser asked
+/// for an `i32` would take from a quoted `'80'`), only `true`/`false` a
+/// boolean; the errors are serde's for those types.
+struct Strict<T>(std::marker::PhantomData<T>);
+
+impl<'de> Visitor<'de> for Strict<i32> {
+    type Value = Option<i32>;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("i32")
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+    fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<Self::Value, E> {
+        i32::try_from(v)
+            .map(Some)
+            .map_err(|_| E::invalid_value(de::Unexpected::Signed(v), &self))
+    }
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
+        i32::try_from(v)
+            .map(Some)
+            .map_err(|_| E::invalid_value(de::Unexpected::Unsigned(v), &self))
+    }
+}
+
+impl<'de> Visitor<'de> for Strict<bool> {
+    type Value = Option<bool>;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a boolean")
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+    fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+    fn visit_bool<E: de::Error>(self, v: bool) -> Result<Self::Value, E> {
+        Ok(Some(v))
+    }
+}
+
+fn opt_i32<'de, D: Deserializer<'de>>(d: D) -> Result<Option<i32>, D::Error> {
+    d.deserialize_any(Strict::<i32>(std::marker::PhantomData))
+}
+
+fn opt_bool<'de, D: Deserializer<'de>>(d: D) -> Result<Option<bool>, D::Error> {
+    d.deserialize_any(Strict::<bool>(std::marker::PhantomData))
+}
+
 /// `metadata.creationTimestamp` in milliseconds; a value that is not an
 /// RFC 3339 time is an error, as with the k8s-openapi type.
 fn created_ms<E: de::Error>(meta: &Meta<'_>) -> Result<Option<i64>, E> {
@@ -207,6 +260,7 @@ struct WireServiceSpec<'a> {
     external_traffic_policy: Option<Str<'a>>,
     #[serde(borrow)]
     internal_traffic_policy: Option<Str<'a>>,
+    #[serde(default, deserialize_with = "opt_i32")]
     health_check_node_port: Option<i32>,
     #[serde(borrow)]
     ports: Option<Vec<WireServicePort<'a>>>,
@@ -221,6 +275,7 @@ struct WireAffinityConfig {
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct WireClientIp {
+    #[serde(default, deserialize_with = "opt_i32")]
     timeout_seconds: Option<i32>,
 }
 
@@ -230,7 +285,9 @@ struct WireServicePort<'a> {
     name: Option<String>,
     #[serde(borrow)]
     protocol: Option<Str<'a>>,
+    #[serde(default, deserialize_with = "opt_i32")]
     port: Option<i32>,
+    #[serde(default, deserialize_with = "opt_i32")]
     node_port: Option<i32>,
 }
 
@@ -370,8 +427,11 @@ impl<'de: 'a, 'a> Deserialize<'de> for Addresses<'a> {
 
 #[derive(Deserialize)]
 struct WireConditions {
+    #[serde(default, deserialize_with = "opt_bool")]
     ready: Option<bool>,
+    #[serde(default, deserialize_with = "opt_bool")]
     serving: Option<bool>,
+    #[serde(default, deserialize_with = "opt_bool")]
     terminating: Option<bool>,
 }
 
@@ -396,6 +456,7 @@ struct WireSlicePort<'a> {
     name: Option<Str<'a>>,
     #[serde(borrow)]
     protocol: Option<Str<'a>>,
+    #[serde(default, deserialize_with = "opt_i32")]
     port: Option<i32>,
 }
 

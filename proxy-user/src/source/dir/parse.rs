@@ -675,6 +675,60 @@ mod tests {
         text
     }
 
+    /// A document read in one pass gives what the general path gives;
+    /// what one pass would read differently (a plain scalar that is a
+    /// number or a boolean where a string goes, `yes` for a boolean) takes
+    /// the general path, errors and all.
+    #[test]
+    fn one_pass_reads_what_the_general_path_reads() {
+        let path = Path::new("a.yaml");
+        let svc = |meta: &str, spec: &str| {
+            format!("---\napiVersion: v1\nkind: Service\nmetadata: {meta}\nspec: {spec}\n")
+        };
+        let slice = |endpoints: &str| {
+            format!("apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: s, namespace: shop}}\naddressType: IPv4\nendpoints: {endpoints}\nports: [{{name: http, port: 80}}]\n")
+        };
+        let one_pass = [
+            svc(
+                "{name: web}",
+                "{clusterIP: 10.96.0.10, ports: [{port: 80, name: http}]}",
+            ),
+            svc(
+                "{name: web, namespace: '', labels: {a: b}}",
+                "{type: NodePort, ports: [{port: 80, nodePort: 30080}]}",
+            ),
+            slice("[{addresses: [10.0.0.1], conditions: {ready: true}, nodeName: n1}]"),
+            slice("[]"),
+        ];
+        for doc in &one_pass {
+            let direct = Inputs::direct(doc).expect("one pass");
+            let general = parse_as::<Inputs>(path, doc.as_bytes()).expect("general");
+            assert_eq!(direct, general, "{doc}");
+        }
+        let general_only = [
+            svc("{name: 0123}", "{}"),
+            svc("{name: web}", "{ports: [{port: 80, name: 8080}]}"),
+            svc("{name: web}", "{ports: [{port: '80'}]}"),
+            svc("{name: web}", "{clusterIP: null, sessionAffinity: true}"),
+            slice("[{addresses: [10.0.0.1], conditions: {ready: yes}}]"),
+            "apiVersion: v1\nkind: List\nitems: []\n".to_string(),
+            "# nothing\n".to_string(),
+        ];
+        for doc in &general_only {
+            assert!(Inputs::direct(doc).is_none(), "{doc}");
+            let general = parse_as::<Inputs>(path, doc.as_bytes()).map_err(|e| e.to_string());
+            let document = parse_document::<Inputs>(path, doc).map_err(|e| e.to_string());
+            assert_eq!(document, general, "{doc}");
+        }
+        let err =
+            parse_document::<Inputs>(path, &general_only[1]).expect_err("a number for a name");
+        assert!(
+            err.to_string()
+                .contains("Service web: spec.ports[0].name: invalid type: integer"),
+            "{err}"
+        );
+    }
+
     /// How long a file of the benchmark's shape takes to decode, per
     /// object: in one pass on every core (what the directory source does),
     /// in one pass on one core, and through the tree of values on one core
