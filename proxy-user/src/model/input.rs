@@ -61,12 +61,15 @@ impl ObjectKey {
 
     /// The key of an object from its metadata.
     pub fn of(meta: &ObjectMeta) -> ObjectKey {
+        ObjectKey::named(meta.namespace.as_deref(), meta.name.as_deref())
+    }
+
+    /// The key of an object with this namespace and name, as written
+    /// (either may be missing).
+    pub fn named(namespace: Option<&str>, name: Option<&str>) -> ObjectKey {
         ObjectKey::new(
-            meta.namespace
-                .as_deref()
-                .filter(|n| !n.is_empty())
-                .unwrap_or("default"),
-            meta.name.as_deref().unwrap_or_default(),
+            namespace.filter(|n| !n.is_empty()).unwrap_or("default"),
+            name.unwrap_or_default(),
         )
     }
 }

@@ -56,19 +56,15 @@ struct Meta<'a> {
     resource_version: Option<Str<'a>>,
     #[serde(borrow)]
     creation_timestamp: Option<Str<'a>>,
+    #[serde(default, deserialize_with = "picked")]
     labels: Option<Labels>,
+    #[serde(default, deserialize_with = "picked")]
     annotations: Option<Annotations>,
 }
 
 impl Meta<'_> {
     fn key(&self) -> ObjectKey {
-        ObjectKey::new(
-            self.namespace
-                .as_deref()
-                .filter(|n| !n.is_empty())
-                .unwrap_or("default"),
-            self.name.as_deref().unwrap_or_default(),
-        )
+        ObjectKey::named(self.namespace.as_deref(), self.name.as_deref())
     }
 
     fn proxy_labels(&self) -> ProxyLabels {
@@ -91,8 +87,30 @@ impl Meta<'_> {
     }
 }
 
-/// The labels the model reads; the others are skipped. A value that is not
-/// a string is an error, as in a k8s-openapi object's label map.
+/// A map of strings of which a few keys are kept; a value that is not a
+/// string is an error, as in a k8s-openapi object's label map.
+trait Picks: Default {
+    fn pick(&mut self, key: &str, value: Str<'_>);
+}
+
+struct PickVisitor<T>(std::marker::PhantomData<T>);
+
+impl<'de, T: Picks> Visitor<'de> for PickVisitor<T> {
+    type Value = T;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a map of strings")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<T, A::Error> {
+        let mut picked = T::default();
+        while let Some(key) = map.next_key::<Str<'de>>()? {
+            let value = map.next_value::<Str<'de>>()?;
+            picked.pick(&key, value);
+        }
+        Ok(picked)
+    }
+}
+
+/// The labels the model reads; the others are skipped.
 #[derive(Default)]
 struct Labels {
     proxy_name: Option<String>,
@@ -100,29 +118,14 @@ struct Labels {
     service_name: Option<String>,
 }
 
-impl<'de> Deserialize<'de> for Labels {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = Labels;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a map of strings")
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Labels, A::Error> {
-                let mut labels = Labels::default();
-                while let Some(key) = map.next_key::<Str<'de>>()? {
-                    let value = map.next_value::<Str<'de>>()?;
-                    match &*key {
-                        LABEL_SERVICE_PROXY_NAME => labels.proxy_name = Some(value.into_owned()),
-                        LABEL_HEADLESS => labels.headless = true,
-                        LABEL_SERVICE_NAME => labels.service_name = Some(value.into_owned()),
-                        _ => {}
-                    }
-                }
-                Ok(labels)
-            }
+impl Picks for Labels {
+    fn pick(&mut self, key: &str, value: Str<'_>) {
+        match key {
+            LABEL_SERVICE_PROXY_NAME => self.proxy_name = Some(value.into_owned()),
+            LABEL_HEADLESS => self.headless = true,
+            LABEL_SERVICE_NAME => self.service_name = Some(value.into_owned()),
+            _ => {}
         }
-        d.deserialize_map(V)
     }
 }
 
@@ -134,30 +137,29 @@ struct Annotations {
     weights: Option<String>,
 }
 
-impl<'de> Deserialize<'de> for Annotations {
+impl Picks for Annotations {
+    fn pick(&mut self, key: &str, value: Str<'_>) {
+        let slot = match key {
+            ANNOTATION_LB_ALGORITHM => &mut self.lb_algorithm,
+            TRIGGER_TIME_ANNOTATION => &mut self.trigger_time,
+            ANNOTATION_WEIGHTS => &mut self.weights,
+            _ => return,
+        };
+        *slot = Some(value.into_owned());
+    }
+}
+
+fn picked<'de, D: Deserializer<'de>, T: Picks>(d: D) -> Result<Option<T>, D::Error> {
+    Option::<Picked<T>>::deserialize(d).map(|p| p.map(|p| p.0))
+}
+
+/// A [`Picks`] map, for `Option` around it.
+struct Picked<T>(T);
+
+impl<'de, T: Picks> Deserialize<'de> for Picked<T> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = Annotations;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a map of strings")
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Annotations, A::Error> {
-                let mut annotations = Annotations::default();
-                while let Some(key) = map.next_key::<Str<'de>>()? {
-                    let value = map.next_value::<Str<'de>>()?;
-                    let slot = match &*key {
-                        ANNOTATION_LB_ALGORITHM => &mut annotations.lb_algorithm,
-                        TRIGGER_TIME_ANNOTATION => &mut annotations.trigger_time,
-                        ANNOTATION_WEIGHTS => &mut annotations.weights,
-                        _ => continue,
-                    };
-                    *slot = Some(value.into_owned());
-                }
-                Ok(annotations)
-            }
-        }
-        d.deserialize_map(V)
+        d.deserialize_map(PickVisitor(std::marker::PhantomData))
+            .map(Picked)
     }
 }
 
@@ -167,17 +169,26 @@ impl<'de> Deserialize<'de> for Annotations {
 /// boolean; the errors are serde's for those types.
 struct Strict<T>(std::marker::PhantomData<T>);
 
-impl<'de> Visitor<'de> for Strict<i32> {
-    type Value = Option<i32>;
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("i32")
-    }
-    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
-        Ok(None)
-    }
-    fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
-        Ok(None)
-    }
+/// The visitor of `Strict<$t>`: null is `None`, and `$visits` the values.
+macro_rules! strict {
+    ($t:ty, $expecting:literal, { $($visits:item)* }) => {
+        impl<'de> Visitor<'de> for Strict<$t> {
+            type Value = Option<$t>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str($expecting)
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+                Ok(None)
+            }
+            fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
+                Ok(None)
+            }
+            $($visits)*
+        }
+    };
+}
+
+strict!(i32, "i32", {
     fn visit_i64<E: de::Error>(self, v: i64) -> Result<Self::Value, E> {
         i32::try_from(v)
             .map(Some)
@@ -188,23 +199,13 @@ impl<'de> Visitor<'de> for Strict<i32> {
             .map(Some)
             .map_err(|_| E::invalid_value(de::Unexpected::Unsigned(v), &self))
     }
-}
+});
 
-impl<'de> Visitor<'de> for Strict<bool> {
-    type Value = Option<bool>;
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a boolean")
-    }
-    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
-        Ok(None)
-    }
-    fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
-        Ok(None)
-    }
+strict!(bool, "a boolean", {
     fn visit_bool<E: de::Error>(self, v: bool) -> Result<Self::Value, E> {
         Ok(Some(v))
     }
-}
+});
 
 fn opt_i32<'de, D: Deserializer<'de>>(d: D) -> Result<Option<i32>, D::Error> {
     d.deserialize_any(Strict::<i32>(std::marker::PhantomData))
