@@ -1,9 +1,10 @@
 //! What the model reads from a Service or an EndpointSlice, and nothing else.
 //!
-//! Both sources convert each object as it arrives ([`ServiceInfo::from_k8s`],
-//! [`SliceInfo::from_k8s`]) and drop the k8s-openapi object: an agent at 100k
-//! Services holds these instead of whole objects (managed fields, selectors,
-//! status it never reads). The conversion never fails and never judges:
+//! Both sources decode each object straight into these
+//! (`crate::source::wire`, which gives what [`ServiceInfo::from_k8s`] and
+//! [`SliceInfo::from_k8s`] give for the k8s-openapi objects the CLI reads):
+//! an agent at 100k Services holds these instead of whole objects (managed
+//! fields, selectors, status it never reads). The conversion never fails and never judges:
 //! a value the model will refuse (an address that does not parse, a port out
 //! of range) is kept as written, so the model can name it in its warning.
 //!
@@ -60,12 +61,15 @@ impl ObjectKey {
 
     /// The key of an object from its metadata.
     pub fn of(meta: &ObjectMeta) -> ObjectKey {
+        ObjectKey::named(meta.namespace.as_deref(), meta.name.as_deref())
+    }
+
+    /// The key of an object with this namespace and name, as written
+    /// (either may be missing).
+    pub fn named(namespace: Option<&str>, name: Option<&str>) -> ObjectKey {
         ObjectKey::new(
-            meta.namespace
-                .as_deref()
-                .filter(|n| !n.is_empty())
-                .unwrap_or("default"),
-            meta.name.as_deref().unwrap_or_default(),
+            namespace.filter(|n| !n.is_empty()).unwrap_or("default"),
+            name.unwrap_or_default(),
         )
     }
 }
@@ -194,7 +198,7 @@ pub enum Raw<T> {
 }
 
 impl<T> Raw<T> {
-    fn new(s: &str, parse: impl Fn(&str) -> Option<T>) -> Raw<T> {
+    pub(crate) fn new(s: &str, parse: impl Fn(&str) -> Option<T>) -> Raw<T> {
         match parse(s) {
             Some(known) => Raw::Known(known),
             None => Raw::Other(s.into()),
@@ -211,7 +215,7 @@ pub enum IpFamilyPolicy {
 }
 
 impl IpFamilyPolicy {
-    fn from_k8s(value: &str) -> Option<IpFamilyPolicy> {
+    pub(crate) fn from_k8s(value: &str) -> Option<IpFamilyPolicy> {
         match value {
             "SingleStack" => Some(IpFamilyPolicy::SingleStack),
             "PreferDualStack" => Some(IpFamilyPolicy::PreferDualStack),
@@ -372,7 +376,7 @@ pub enum RawAddress {
 }
 
 impl RawAddress {
-    fn new(s: &str) -> RawAddress {
+    pub(crate) fn new(s: &str) -> RawAddress {
         match s.parse::<IpAddr>() {
             // Only when it prints back as written, so Display shows the text
             // the user wrote (a warning names it as found).
@@ -468,6 +472,37 @@ impl SliceInfo {
                 .map(|v| v.as_str().into()),
         }
     }
+}
+
+impl SliceInfo {
+    /// Puts the strings a slice shares with others (address type, port
+    /// names and protocols, node names, hints) through `interner`: for a
+    /// slice decoded without one (`source::wire`, on any thread).
+    pub fn share(&mut self, interner: &mut Interner) {
+        let mut share = |s: &mut Arc<str>| *s = interner.intern(s);
+        share(&mut self.address_type);
+        for port in &mut self.ports {
+            port.name
+                .iter_mut()
+                .chain(&mut port.protocol)
+                .for_each(&mut share);
+        }
+        for ep in &mut self.endpoints {
+            ep.node_name.iter_mut().for_each(&mut share);
+            if let Some(hints) = &mut ep.hints {
+                hints
+                    .for_nodes
+                    .iter_mut()
+                    .chain(&mut hints.for_zones)
+                    .for_each(&mut share);
+            }
+        }
+    }
+}
+
+/// `ipFamilies` item: parsed when it is `IPv4` or `IPv6`.
+pub(crate) fn ip_family(value: &str) -> Raw<IpFamily> {
+    Raw::new(value, IpFamily::from_k8s)
 }
 
 impl EndpointInfo {

@@ -1,11 +1,13 @@
 //! The Kubernetes API source: Services, EndpointSlices and this node's Node
 //! object, watched through the API server with kube-runtime watchers.
 //!
-//! Each object is converted as it arrives ([`ServiceInfo::from_k8s`],
-//! [`SliceInfo::from_k8s`], [`NodeInfo::from_node`]), recorded into the
-//! [`FeedTx`], and the k8s-openapi object is dropped: at 100k Services the
-//! agent holds what the model reads, not whole objects, and a change costs
-//! one record rather than a copy of the world. What a watch keeps for itself
+//! Services and EndpointSlices are decoded from the API server's JSON
+//! straight into the model's input types ([`crate::source::wire`]: only the
+//! fields the model reads; no k8s-openapi object is built), the Node with
+//! the k8s-openapi type ([`NodeInfo::from_node`]); each is recorded into the
+//! [`FeedTx`] as it arrives: at 100k Services the agent holds what the model
+//! reads, not whole objects, and a change costs one record rather than a
+//! copy of the world. What a watch keeps for itself
 //! is the key and resourceVersion of each object it recorded ([`Known`]).
 //!
 //! Nothing is published until all three watches have completed their first
@@ -65,6 +67,7 @@ use serde::de::DeserializeOwned;
 use tracing::{debug, info, warn};
 
 use super::feed::FeedTx;
+use super::wire::{ServiceObject, SliceObject};
 use crate::model::{
     Interner, NodeInfo, ObjectKey, ServiceInfo, SliceInfo, LABEL_HEADLESS, LABEL_SERVICE_PROXY_NAME,
 };
@@ -402,7 +405,7 @@ trait Recorder: Send + 'static {
     /// [`Known`] holds, so both share its strings). False when nothing was
     /// recorded (not an object this watch reports, or no change the model
     /// reads).
-    fn apply(&mut self, feed: &FeedTx, key: ObjectKey, obj: &Self::Object) -> bool;
+    fn apply(&mut self, feed: &FeedTx, key: ObjectKey, obj: Self::Object) -> bool;
 
     /// Records a deletion; false when nothing was recorded.
     fn delete(&mut self, feed: &FeedTx, key: ObjectKey) -> bool;
@@ -414,14 +417,11 @@ trait Recorder: Send + 'static {
 struct Services;
 
 impl Recorder for Services {
-    type Object = Service;
+    type Object = ServiceObject;
     const KIND: Kind = Kind::Service;
 
-    fn apply(&mut self, feed: &FeedTx, key: ObjectKey, svc: &Service) -> bool {
-        let info = ServiceInfo {
-            key,
-            ..ServiceInfo::from_k8s(svc)
-        };
+    fn apply(&mut self, feed: &FeedTx, key: ObjectKey, svc: ServiceObject) -> bool {
+        let info = ServiceInfo { key, ..svc.info };
         feed.service(info.key.clone(), Some(Arc::new(info)));
         true
     }
@@ -440,14 +440,12 @@ struct Slices {
 }
 
 impl Recorder for Slices {
-    type Object = EndpointSlice;
+    type Object = SliceObject;
     const KIND: Kind = Kind::EndpointSlice;
 
-    fn apply(&mut self, feed: &FeedTx, key: ObjectKey, slice: &EndpointSlice) -> bool {
-        let info = SliceInfo {
-            key,
-            ..SliceInfo::from_k8s(slice, &mut self.interner)
-        };
+    fn apply(&mut self, feed: &FeedTx, key: ObjectKey, slice: SliceObject) -> bool {
+        let mut info = SliceInfo { key, ..slice.info };
+        info.share(&mut self.interner);
         feed.slice(info.key.clone(), Some(Arc::new(info)));
         self.since_prune += 1;
         if self.since_prune >= PRUNE_EVERY {
@@ -490,11 +488,11 @@ impl Recorder for Nodes {
     type Object = Node;
     const KIND: Kind = Kind::Node;
 
-    fn apply(&mut self, feed: &FeedTx, _key: ObjectKey, node: &Node) -> bool {
+    fn apply(&mut self, feed: &FeedTx, _key: ObjectKey, node: Node) -> bool {
         if node.metadata.name.as_deref() != Some(self.name.as_str()) {
             return false;
         }
-        let info = NodeInfo::from_node(node);
+        let info = NodeInfo::from_node(&node);
         if self.last.as_ref() == Some(&info) {
             return false;
         }
@@ -592,7 +590,7 @@ impl<R: Recorder> Watch<R> {
                 let meta = obj.meta();
                 let key = ObjectKey::of(meta);
                 match self.known.applied(key, meta.resource_version.as_deref()) {
-                    Some(key) => self.recorder.apply(&self.feed, key, &obj),
+                    Some(key) => self.recorder.apply(&self.feed, key, obj),
                     None => false,
                 }
             }
@@ -740,10 +738,13 @@ mod tests {
         }
     }
 
-    fn svc(name: &str, rv: &str) -> Service {
-        Service {
-            metadata: meta(name, rv),
-            ..Service::default()
+    fn svc(name: &str, rv: &str) -> ServiceObject {
+        ServiceObject {
+            meta: meta(name, rv),
+            info: ServiceInfo {
+                key: key(name),
+                ..ServiceInfo::default()
+            },
         }
     }
 

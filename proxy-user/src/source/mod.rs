@@ -7,6 +7,7 @@
 pub mod cluster;
 pub mod dir;
 pub mod feed;
+pub mod wire;
 
 pub use dir::{load_file, watch_dir, InvalidObject, ManifestError};
 pub use feed::{feed, Changes, FeedRx, FeedTx};

@@ -62,9 +62,13 @@ use crate::util::{cargo, is_root, release_bin, repo_root, run_capture, show};
 /// two-node sandboxes are in [`northsouth::TAGS`]).
 const TAGS: [&str; 6] = ["sbbfwd", "sbbdir", "sbbsw", "sbbipt", "sbbnft", "sbbrss"];
 
-/// Every tag a run may create.
-fn all_tags() -> impl Iterator<Item = &'static str> {
-    TAGS.iter().chain(northsouth::TAGS.iter()).copied()
+/// Every tag a run may create; with `SB_BENCH_SANDBOX_TAG`, only that one
+/// (see [`scale::tag`]).
+fn all_tags() -> Box<dyn Iterator<Item = &'static str>> {
+    match scale::own_tag() {
+        Some(tag) => Box::new(std::iter::once(tag)),
+        None => Box::new(TAGS.iter().chain(northsouth::TAGS.iter()).copied()),
+    }
 }
 
 /// `SB_BENCH_ONLY=north-south` (or `scale`, or `e2e`) runs only that part

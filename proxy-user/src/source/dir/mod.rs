@@ -10,7 +10,9 @@
 //!   (what `kubectl get -o yaml` prints for several objects) and typed lists
 //!   (`ServiceList`, `EndpointSliceList`, `NodeList`) are expanded.
 //! * Kinds: `v1` `Service`, `discovery.k8s.io/v1` `EndpointSlice` and `v1`
-//!   `Node`, read with the k8s-openapi types the cluster source uses. Other
+//!   `Node`. Services and EndpointSlices are decoded straight into the
+//!   model's input types ([`crate::source::wire`]); Nodes with the k8s-openapi
+//!   type. Other
 //!   kinds are skipped with a note. A Service or EndpointSlice without a
 //!   namespace is put in `default`; a Node is cluster-scoped (a namespace on it
 //!   is ignored).
@@ -26,9 +28,10 @@
 //! * The same object (kind, namespace, name; kind and name for a Node) in two
 //!   files: the one in the file whose path sorts first is used; the other is
 //!   reported and ignored. Twice in one file: the first copy is used.
-//! * Changes: each file's objects are converted to the model's input types
-//!   ([`ServiceInfo`], [`SliceInfo`], [`NodeInfo`]) as soon as the file parses,
-//!   and the k8s-openapi objects dropped. The first scan records the complete
+//! * Changes: each file's objects are read as the model's input types
+//!   ([`ServiceInfo`], [`SliceInfo`], [`NodeInfo`]); a YAML document that is
+//!   a Service or an EndpointSlice is read in one pass, without a tree of
+//!   values, and the documents of a file are read on every core. The first scan records the complete
 //!   view into the [`FeedTx`]; after that a rescan compares only the keys of
 //!   the files that changed, and records the objects whose version in effect
 //!   changed (added, changed, removed).

@@ -12,15 +12,108 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::Value;
 use serde_saphyr::Spanned;
 
-/// What one manifest file holds.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct FileObjects {
-    pub services: Vec<Service>,
-    pub endpoint_slices: Vec<EndpointSlice>,
+use crate::model::{ServiceInfo, SliceInfo};
+use crate::source::wire::{DocInfo, ServiceObject, SliceObject};
+
+/// What one manifest file holds: k8s-openapi objects (what [`load_file`]
+/// and [`parse_manifests`] give), or, for the directory source, the model's
+/// input types decoded straight from the documents ([`Inputs`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct FileObjects<S = Service, E = EndpointSlice> {
+    pub services: Vec<S>,
+    pub endpoint_slices: Vec<E>,
     /// Nodes of any name (only the one named like this node is used).
     pub nodes: Vec<Node>,
     /// Notes about skipped objects, each naming the file and the document.
     pub notes: Vec<String>,
+}
+
+impl<S, E> Default for FileObjects<S, E> {
+    fn default() -> Self {
+        FileObjects {
+            services: Vec::new(),
+            endpoint_slices: Vec::new(),
+            nodes: Vec::new(),
+            notes: Vec::new(),
+        }
+    }
+}
+
+/// What a file's Services and EndpointSlices are decoded into. Either way
+/// a field of the wrong type is an error naming the object and the field;
+/// [`Inputs`] looks only at the fields the model reads.
+pub trait Decoder {
+    type Service;
+    type Slice;
+    fn service(value: Value) -> Result<Self::Service, PathError>;
+    fn slice(value: Value) -> Result<Self::Slice, PathError>;
+
+    /// One YAML document (the text of one, from [`yaml_documents`])
+    /// decoded in one pass, when that gives exactly what the general path
+    /// would; `None` sends it down the general path, which also names any
+    /// problem.
+    fn direct(_text: &str) -> Option<FileObjects<Self::Service, Self::Slice>> {
+        None
+    }
+}
+
+type PathError = serde_path_to_error::Error<serde_json::Error>;
+
+/// A document's (or file's) objects as `D` decodes them, or the problem.
+pub(super) type Parsed<D> =
+    Result<FileObjects<<D as Decoder>::Service, <D as Decoder>::Slice>, ManifestError>;
+
+/// Whole k8s-openapi objects (the CLI, which reads selectors and more).
+pub struct K8s;
+
+impl Decoder for K8s {
+    type Service = Service;
+    type Slice = EndpointSlice;
+    fn service(value: Value) -> Result<Service, PathError> {
+        let mut svc: Service = serde_path_to_error::deserialize(value)?;
+        default_namespace(&mut svc.metadata);
+        Ok(svc)
+    }
+    fn slice(value: Value) -> Result<EndpointSlice, PathError> {
+        let mut slice: EndpointSlice = serde_path_to_error::deserialize(value)?;
+        default_namespace(&mut slice.metadata);
+        Ok(slice)
+    }
+}
+
+/// The model's input types, decoded straight from the document
+/// ([`crate::source::wire`]); a slice's shared strings are not shared yet
+/// ([`SliceInfo::share`]).
+pub struct Inputs;
+
+impl Decoder for Inputs {
+    type Service = ServiceInfo;
+    type Slice = SliceInfo;
+    fn service(value: Value) -> Result<ServiceInfo, PathError> {
+        serde_path_to_error::deserialize(&value).map(|o: ServiceObject| o.info)
+    }
+    fn slice(value: Value) -> Result<SliceInfo, PathError> {
+        serde_path_to_error::deserialize(&value).map(|o: SliceObject| o.info)
+    }
+
+    /// A Service or an EndpointSlice straight from the YAML (no tree of
+    /// values: most of the time a document took). Plain scalars that read
+    /// as numbers or booleans are refused as strings (`no_schema`), and
+    /// only `true`/`false` are booleans, so what this path accepts, it
+    /// reads as the general path does; anything else (other kinds, Lists,
+    /// empty documents, any error) takes the general path.
+    fn direct(text: &str) -> Option<FileObjects<ServiceInfo, SliceInfo>> {
+        let mut options = yaml_options(text.len());
+        options.no_schema = true;
+        options.strict_booleans = true;
+        let mut out = FileObjects::default();
+        match serde_saphyr::from_str_with_options::<DocInfo>(text, options).ok()? {
+            DocInfo::Service(svc) => out.services.push(svc),
+            DocInfo::Slice(slice) => out.endpoint_slices.push(slice),
+            DocInfo::Other => return None,
+        }
+        Some(out)
+    }
 }
 
 /// Why a manifest file was rejected. Every message names the file, and
@@ -161,14 +254,15 @@ const PER_THREAD_MIN: usize = 64;
 /// [`parse_manifests`] of each of `documents` (see [`yaml_documents`]), in
 /// order, spread over every core: parsing is most of the time a large
 /// directory takes to read.
-pub(super) fn parse_each(
-    path: &Path,
-    documents: &[&str],
-) -> Vec<Result<FileObjects, ManifestError>> {
-    let parse = |chunk: &[&str]| -> Vec<Result<FileObjects, ManifestError>> {
+pub(super) fn parse_each<D: Decoder>(path: &Path, documents: &[&str]) -> Vec<Parsed<D>>
+where
+    D::Service: Send,
+    D::Slice: Send,
+{
+    let parse = |chunk: &[&str]| -> Vec<Parsed<D>> {
         chunk
             .iter()
-            .map(|text| parse_manifests(path, text.as_bytes()))
+            .map(|text| parse_document::<D>(path, text))
             .collect()
     };
     let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
@@ -193,9 +287,26 @@ pub(super) fn parse_each(
     })
 }
 
+/// One document's text (see [`yaml_documents`]): [`Decoder::direct`], else
+/// [`parse_as`].
+pub(super) fn parse_document<D: Decoder>(
+    path: &Path,
+    text: &str,
+) -> Result<FileObjects<D::Service, D::Slice>, ManifestError> {
+    D::direct(text).map_or_else(|| parse_as::<D>(path, text.as_bytes()), Ok)
+}
+
 /// Parses the contents of a manifest file; `path` decides the format (`.json`
 /// or YAML) and names the file in errors and notes.
 pub fn parse_manifests(path: &Path, bytes: &[u8]) -> Result<FileObjects, ManifestError> {
+    parse_as::<K8s>(path, bytes)
+}
+
+/// [`parse_manifests`], decoding Services and EndpointSlices with `D`.
+pub fn parse_as<D: Decoder>(
+    path: &Path,
+    bytes: &[u8],
+) -> Result<FileObjects<D::Service, D::Slice>, ManifestError> {
     let text = std::str::from_utf8(bytes).map_err(|e| ManifestError::Read {
         path: path.to_path_buf(),
         error: io::Error::new(io::ErrorKind::InvalidData, format!("not UTF-8 text: {e}")),
@@ -204,7 +315,7 @@ pub fn parse_manifests(path: &Path, bytes: &[u8]) -> Result<FileObjects, Manifes
         .extension()
         .is_some_and(|e| e.eq_ignore_ascii_case("json"));
     let out = if is_json {
-        let mut out = Collector::new(path);
+        let mut out = Collector::<D>::new(path);
         let stream = serde_json::Deserializer::from_str(text).into_iter::<Value>();
         for (i, doc) in stream.enumerate() {
             let document = i + 1;
@@ -217,7 +328,7 @@ pub fn parse_manifests(path: &Path, bytes: &[u8]) -> Result<FileObjects, Manifes
         }
         out
     } else {
-        parse_yaml(path, text)?
+        parse_yaml::<D>(path, text)?
     };
     let notes = out
         .notes
@@ -239,7 +350,10 @@ pub fn parse_manifests(path: &Path, bytes: &[u8]) -> Result<FileObjects, Manifes
     })
 }
 
-fn parse_yaml<'p>(path: &'p Path, text: &str) -> Result<Collector<'p>, ManifestError> {
+fn parse_yaml<'p, D: Decoder>(
+    path: &'p Path,
+    text: &str,
+) -> Result<Collector<'p, D>, ManifestError> {
     let mut out = Collector::new(path);
     let mut reader = text.as_bytes();
     let documents =
@@ -348,16 +462,16 @@ struct Note {
     text: String,
 }
 
-struct Collector<'p> {
+struct Collector<'p, D: Decoder> {
     path: &'p Path,
-    services: Vec<Service>,
-    slices: Vec<EndpointSlice>,
+    services: Vec<D::Service>,
+    slices: Vec<D::Slice>,
     nodes: Vec<Node>,
     notes: Vec<Note>,
 }
 
-impl<'p> Collector<'p> {
-    fn new(path: &'p Path) -> Collector<'p> {
+impl<'p, D: Decoder> Collector<'p, D> {
+    fn new(path: &'p Path) -> Collector<'p, D> {
         Collector {
             path,
             services: Vec::new(),
@@ -368,7 +482,7 @@ impl<'p> Collector<'p> {
     }
 }
 
-impl Collector<'_> {
+impl<D: Decoder> Collector<'_, D> {
     fn not_an_object(
         &self,
         document: usize,
@@ -442,14 +556,11 @@ impl Collector<'_> {
 
         match (api_version.as_str(), kind.as_str()) {
             ("v1", "Service") => {
-                let mut svc: Service = serde_path_to_error::deserialize(value).map_err(invalid)?;
-                default_namespace(&mut svc.metadata);
+                let svc = D::service(value).map_err(invalid)?;
                 self.services.push(svc);
             }
             ("discovery.k8s.io/v1", "EndpointSlice") => {
-                let mut slice: EndpointSlice =
-                    serde_path_to_error::deserialize(value).map_err(invalid)?;
-                default_namespace(&mut slice.metadata);
+                let slice = D::slice(value).map_err(invalid)?;
                 self.slices.push(slice);
             }
             ("v1", "Node") => {
@@ -549,6 +660,110 @@ mod tests {
         assert_eq!(yaml_documents(yaml, b"kind: \xff\n"), None);
     }
 
+    /// `n` Services with an EndpointSlice of 10 endpoints each, as the
+    /// benchmark writes them (`kubectl get -o yaml` style).
+    fn workload_yaml(n: usize) -> String {
+        let mut text = String::new();
+        for i in 0..n {
+            text.push_str(&format!("---\napiVersion: v1\nkind: Service\nmetadata:\n  name: fill-{i}\n  namespace: default\nspec:\n  type: ClusterIP\n  clusterIP: 10.96.{}.{}\n  clusterIPs:\n  - 10.96.{}.{}\n  selector:\n    app: fill-{i}\n  ports:\n  - name: http\n    port: 80\n    protocol: TCP\n    targetPort: 8080\n", i / 250, i % 250, i / 250, i % 250));
+            text.push_str(&format!("---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\naddressType: IPv4\nmetadata:\n  name: fill-{i}-abcde\n  namespace: default\n  labels:\n    kubernetes.io/service-name: fill-{i}\nendpoints:\n"));
+            for e in 0..10 {
+                text.push_str(&format!("- addresses:\n  - 10.244.{}.{e}\n  conditions:\n    ready: true\n    serving: true\n    terminating: false\n", i % 250));
+            }
+            text.push_str("ports:\n- name: http\n  port: 8080\n  protocol: TCP\n");
+        }
+        text
+    }
+
+    /// A document read in one pass gives what the general path gives;
+    /// what one pass would read differently (a plain scalar that is a
+    /// number or a boolean where a string goes, `yes` for a boolean) takes
+    /// the general path, errors and all.
+    #[test]
+    fn one_pass_reads_what_the_general_path_reads() {
+        let path = Path::new("a.yaml");
+        let svc = |meta: &str, spec: &str| {
+            format!("---\napiVersion: v1\nkind: Service\nmetadata: {meta}\nspec: {spec}\n")
+        };
+        let slice = |endpoints: &str| {
+            format!("apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: s, namespace: shop}}\naddressType: IPv4\nendpoints: {endpoints}\nports: [{{name: http, port: 80}}]\n")
+        };
+        let one_pass = [
+            svc(
+                "{name: web}",
+                "{clusterIP: 10.96.0.10, ports: [{port: 80, name: http}]}",
+            ),
+            svc(
+                "{name: web, namespace: '', labels: {a: b}}",
+                "{type: NodePort, ports: [{port: 80, nodePort: 30080}]}",
+            ),
+            slice("[{addresses: [10.0.0.1], conditions: {ready: true}, nodeName: n1}]"),
+            slice("[]"),
+        ];
+        for doc in &one_pass {
+            let direct = Inputs::direct(doc).expect("one pass");
+            let general = parse_as::<Inputs>(path, doc.as_bytes()).expect("general");
+            assert_eq!(direct, general, "{doc}");
+        }
+        let general_only = [
+            svc("{name: 0123}", "{}"),
+            svc("{name: web}", "{ports: [{port: 80, name: 8080}]}"),
+            svc("{name: web}", "{ports: [{port: '80'}]}"),
+            svc("{name: web}", "{clusterIP: null, sessionAffinity: true}"),
+            slice("[{addresses: [10.0.0.1], conditions: {ready: yes}}]"),
+            "apiVersion: v1\nkind: List\nitems: []\n".to_string(),
+            "# nothing\n".to_string(),
+        ];
+        for doc in &general_only {
+            assert!(Inputs::direct(doc).is_none(), "{doc}");
+            let general = parse_as::<Inputs>(path, doc.as_bytes()).map_err(|e| e.to_string());
+            let document = parse_document::<Inputs>(path, doc).map_err(|e| e.to_string());
+            assert_eq!(document, general, "{doc}");
+        }
+        let err =
+            parse_document::<Inputs>(path, &general_only[1]).expect_err("a number for a name");
+        assert!(
+            err.to_string()
+                .contains("Service web: spec.ports[0].name: invalid type: integer"),
+            "{err}"
+        );
+    }
+
+    /// How long a file of the benchmark's shape takes to decode, per
+    /// object: in one pass on every core (what the directory source does),
+    /// in one pass on one core, and through the tree of values on one core
+    /// (`cargo test --release -p proxy-user --lib decode_time -- --ignored --nocapture`).
+    #[test]
+    #[ignore = "a timing, not a test"]
+    fn decode_time() {
+        let path = Path::new("bench.yaml");
+        let text = workload_yaml(2000);
+        let documents = yaml_documents(path, text.as_bytes()).expect("split");
+        assert!(
+            documents.iter().all(|d| Inputs::direct(d).is_some()),
+            "each in one pass"
+        );
+        let per = |n: usize, t: std::time::Instant| t.elapsed() / n as u32;
+        for round in 0..3 {
+            let t = std::time::Instant::now();
+            let results = parse_each::<Inputs>(path, &documents);
+            let every_core = per(documents.len(), t);
+            assert!(results.iter().all(Result::is_ok));
+            let some = &documents[..400];
+            let t = std::time::Instant::now();
+            for doc in some {
+                parse_document::<Inputs>(path, doc).expect("parses");
+            }
+            let one_pass = per(some.len(), t);
+            let t = std::time::Instant::now();
+            for doc in some {
+                parse_as::<Inputs>(path, doc.as_bytes()).expect("parses");
+            }
+            let values = per(some.len(), t);
+            eprintln!("round {round}: {every_core:?} per object on every core; on one core {one_pass:?} in one pass, {values:?} through values");
+        }
+    }
+
     /// Spread over threads, the results come back in the documents' order,
     /// errors included.
     #[test]
@@ -561,7 +776,7 @@ mod tests {
             })
             .collect();
         let documents: Vec<&str> = texts.iter().map(String::as_str).collect();
-        let results = parse_each(path, &documents);
+        let results = parse_each::<K8s>(path, &documents);
         assert_eq!(results.len(), documents.len());
         for (i, result) in results.iter().enumerate() {
             match result {

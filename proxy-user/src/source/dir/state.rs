@@ -29,7 +29,7 @@ use std::time::{Instant, SystemTime};
 
 use tracing::{error, info, warn};
 
-use super::parse::{parse_each, parse_manifests, yaml_documents, FileObjects, ManifestError};
+use super::parse::{parse_as, parse_each, yaml_documents, FileObjects, Inputs, ManifestError};
 use super::watch::log_node_change;
 use crate::model::{Interner, ModelWarning, NodeInfo, ObjectKey, ServiceInfo, SliceInfo};
 use crate::source::feed::FeedTx;
@@ -135,9 +135,12 @@ impl Keyed for SliceInfo {
     }
 }
 
-/// What one file contributes, converted as soon as the file parsed: the
-/// k8s-openapi objects are dropped then, so the source holds only what the
-/// model reads, and at most one file's k8s objects at a time.
+/// The objects of one file or document, decoded straight into the model's
+/// input types.
+type Decoded = FileObjects<ServiceInfo, SliceInfo>;
+
+/// What one file contributes: the model's input types, decoded straight
+/// from the documents (no k8s-openapi objects are built).
 #[derive(Clone, Debug, Default, PartialEq)]
 struct FileView {
     /// In key order, one per key.
@@ -149,11 +152,12 @@ struct FileView {
 }
 
 impl FileView {
-    /// Converts a parsed file. An object the file holds twice keeps its first
-    /// copy, as an object in two files keeps the first path's.
+    /// Puts a parsed file's objects together, sharing their strings. An
+    /// object the file holds twice keeps its first copy, as an object in two
+    /// files keeps the first path's.
     fn convert(
         path: &Path,
-        objects: FileObjects,
+        objects: Decoded,
         node_name: &str,
         interner: &mut Interner,
     ) -> FileView {
@@ -163,14 +167,13 @@ impl FileView {
             nodes,
             ..
         } = objects;
-        // `into_iter`: each k8s object is dropped as soon as it is converted.
-        let services = services
-            .into_iter()
-            .map(|svc| Arc::new(ServiceInfo::from_k8s(&svc)))
-            .collect();
+        let services = services.into_iter().map(Arc::new).collect();
         let slices = endpoint_slices
             .into_iter()
-            .map(|slice| Arc::new(SliceInfo::from_k8s(&slice, interner)))
+            .map(|mut slice| {
+                slice.share(interner);
+                Arc::new(slice)
+            })
             .collect();
         let mut this_node = nodes
             .iter()
@@ -812,7 +815,7 @@ impl DirState {
             .map(|(text, _)| *text)
             .collect();
         let parsed = fresh.len();
-        let mut fresh = parse_each(path, &fresh).into_iter();
+        let mut fresh = parse_each::<Inputs>(path, &fresh).into_iter();
         let mut docs = Vec::with_capacity(documents.len());
         for hash in hashes {
             let objects = match old.get(&hash) {
@@ -842,7 +845,7 @@ impl DirState {
         bytes: &[u8],
         modified: Option<SystemTime>,
     ) -> Result<Read, ManifestError> {
-        let objects = parse_manifests(path, bytes)?;
+        let objects = parse_as::<Inputs>(path, bytes)?;
         Ok(Read {
             view: self.convert(path, objects, modified),
             docs: Vec::new(),
@@ -851,12 +854,7 @@ impl DirState {
     }
 
     /// Logs the notes of parsed objects and converts them (see [`Self::stamp`]).
-    fn convert(
-        &mut self,
-        path: &Path,
-        objects: FileObjects,
-        modified: Option<SystemTime>,
-    ) -> FileView {
+    fn convert(&mut self, path: &Path, objects: Decoded, modified: Option<SystemTime>) -> FileView {
         for note in &objects.notes {
             info!("{note}");
         }

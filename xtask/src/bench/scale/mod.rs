@@ -70,14 +70,23 @@ pub mod targets {
 /// each time).
 pub const TAG: &str = "sbbrss";
 
-/// The start rows' sandbox tag: [`TAG`], or `SB_BENCH_SCALE_TAG` when set
-/// (two worktrees measuring on one machine at once must not share a
-/// sandbox: each run removes the leftovers of its tag first).
-fn tag() -> String {
-    std::env::var("SB_BENCH_SCALE_TAG")
-        .ok()
-        .filter(|t| !t.is_empty())
-        .unwrap_or_else(|| TAG.to_owned())
+/// The sandbox of the start and churn measurements: [`TAG`], or
+/// `SB_BENCH_SANDBOX_TAG` (at most 6 characters) for a run of the start
+/// rows beside another benchmark on the same machine: each has its own
+/// sandbox, and such a run purges only its own.
+pub fn tag() -> &'static str {
+    own_tag().unwrap_or(TAG)
+}
+
+/// `SB_BENCH_SANDBOX_TAG`, when set.
+pub(super) fn own_tag() -> Option<&'static str> {
+    static OWN: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    OWN.get_or_init(|| {
+        std::env::var("SB_BENCH_SANDBOX_TAG")
+            .ok()
+            .filter(|t| !t.is_empty())
+    })
+    .as_deref()
 }
 
 /// The node name the agents are given (no Node object exists for it, in
@@ -186,6 +195,7 @@ fn measure_start(sb: &mut Sandbox, pid: u32, frontends: usize, t0: Instant) -> R
         "startup_to_synced_s": startup,
         "heap": heap_steps(&log, frontends),
         "rss_by_mapping": mappings,
+        "phases": phases(&log, frontends),
         "maps_kernel_mib": log_field(loaded, "maps_kernel_mib"),
         "ipv6_maps_kernel_mib": log_field(loaded, "ipv6_maps_kernel_mib"),
     }))
@@ -238,6 +248,38 @@ fn rss_by_mapping(pid: u32) -> Result<Value> {
     }))
 }
 
+/// Where the start went (s), from the agent's log timestamps: reading the
+/// source's first view (from the agent's first log line), loading the
+/// programs and maps, and the first sync (to the `maps synced` line with
+/// every frontend).
+fn phases(log: &str, frontends: usize) -> Value {
+    // `2026-12-05T05:27:41.302898Z …`: seconds into the day.
+    let at = |line: Option<&str>| -> Option<f64> {
+        let time = line?.split_whitespace().next()?.split('T').nth(1)?;
+        let mut hms = time.trim_end_matches('Z').split(':');
+        let (h, m, s) = (hms.next()?, hms.next()?, hms.next()?);
+        Some(
+            h.parse::<f64>().ok()? * 3600.0
+                + m.parse::<f64>().ok()? * 60.0
+                + s.parse::<f64>().ok()?,
+        )
+    };
+    let line = |what: &str| log.lines().find(|l| l.contains(what));
+    let all = format!("frontends={frontends} ");
+    let start = at(log.lines().next());
+    let read = at(line("the source's first view is read"));
+    let loaded = at(line("first view of the source"));
+    let synced = at(log
+        .lines()
+        .find(|l| l.contains("maps synced") && l.contains(&all)));
+    let span = |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| b - a);
+    json!({
+        "source_s": span(start, read),
+        "load_s": span(read, loaded),
+        "sync_s": span(loaded, synced),
+    })
+}
+
 /// The number logged as `key=…` on `line`.
 fn log_field(line: Option<&str>, key: &str) -> Option<f64> {
     line?
@@ -275,7 +317,7 @@ fn heap_steps(log: &str, frontends: usize) -> Value {
 fn start_yaml(switchboard: &Path, n: u32, follow: bool) -> Result<Value> {
     // A fresh sandbox each time: fresh pins, so the agent programs
     // everything instead of adopting.
-    let mut sb = Sandbox::new(&tag())?;
+    let mut sb = Sandbox::new(tag())?;
     let frontends = write_manifests(&sb, &workload::services(n, &pod_ips()))?;
     let yaml_bytes: u64 = fs::read_dir(sb.manifest_dir())?
         .filter_map(|e| e.ok()?.metadata().ok())
@@ -320,7 +362,7 @@ fn start_cluster(
     quick: bool,
     churn: Option<&churn::ChurnPlan>,
 ) -> Result<(Value, Option<Value>)> {
-    let mut sb = Sandbox::new(&tag())?;
+    let mut sb = Sandbox::new(tag())?;
     let services = workload::services(n, &pod_ips());
     let frontends = write_manifests(&sb, &services)?;
     let kubeconfig = sb.dir.join("kubeconfig");
@@ -418,10 +460,13 @@ fn note_row(row: &Value) {
         row["heap"]["peak_mib"].as_f64().unwrap_or(f64::NAN),
     ));
     note(&format!(
-        "{} Services from {}: start → maps synced {:.2} s, RSS {:.1} MiB (peak {:.1} MiB){}",
+        "{} Services from {}: start → maps synced {:.2} s (source read {:.2} s, maps loaded {:.2} s, first sync {:.2} s), RSS {:.1} MiB (peak {:.1} MiB){}",
         row["services"],
         row["source"].as_str().unwrap_or("?"),
         row["startup_to_synced_s"].as_f64().unwrap_or(f64::NAN),
+        row["phases"]["source_s"].as_f64().unwrap_or(f64::NAN),
+        row["phases"]["load_s"].as_f64().unwrap_or(f64::NAN),
+        row["phases"]["sync_s"].as_f64().unwrap_or(f64::NAN),
         row["rss_mib"].as_f64().unwrap_or(f64::NAN),
         row["peak_rss_mib"].as_f64().unwrap_or(f64::NAN),
         match row["api_load_s"].as_f64() {
