@@ -533,6 +533,7 @@ pub fn write(results: &Value, dir: &Path) -> Result<String> {
             fmt_opt(b.zip(empty_tc).map(|(b, e)| b / e), 2)
         );
     }
+    tracing_rows(&mut md, &pp_rows);
     md.push_str("\n![per-packet cost](perpacket.svg)\n");
     perpacket_ipv6(&mut md, &pp["ipv6"], &pp_at, empty_tc);
     perpacket_schedulers(&mut md, pp);
@@ -1280,6 +1281,27 @@ fn northsouth_section(ns: &Value) -> String {
         meta["iptables_rules"].as_str().unwrap_or("")
     );
     md
+}
+
+/// The live trace's cost: the existing flow and a new flow's single shot
+/// with every event kind switched on (an existing flow's packet writes no
+/// event; each new flow writes one, drained between samples), beside the
+/// same figures with tracing off.
+fn tracing_rows(md: &mut String, rows: &[Value]) {
+    md.push_str("\nThe live trace (`switchboard trace`): the same packets with every event kind switched on, beside the figures above, taken with it off (the switch is one load and one branch per call site; an existing flow's packet writes no event, a new flow writes one to the ring buffer). The single-shot columns are medians of different samples (tracing on: at most 2000 new flows, after the others), so they move by more than the event's cost; the existing-flow columns compare like for like.\n\n| Services | backends (target) | existing flow, tracing off | tracing on | single-shot new flow, tracing off | tracing on |\n|---|---|---|---|---|---|\n");
+    for r in rows {
+        let on = &r["tracing_on"];
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} ns | {} ns | {} ns | {} ns |",
+            size_label(r["services_nominal"].as_u64().unwrap_or(0)),
+            r["target_backends"],
+            fmt_opt(f(&r["from_pod_service_existing_ns"]), 0),
+            fmt_opt(f(&on["from_pod_service_existing_ns"]), 0),
+            fmt_opt(f(&r["single_shot"]["from_pod_service_new_ns"]), 0),
+            fmt_opt(f(&on["single_shot_from_pod_service_new_ns"]), 0),
+        );
+    }
 }
 
 #[cfg(test)]
