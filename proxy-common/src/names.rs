@@ -88,6 +88,10 @@ pub const SERVICE_DENIED: &str = "SB_SVC_DENIED_V1";
 /// ([`super::prefilter::frontends`]): a clear bit proves a destination is
 /// no frontend before any hash lookup.
 pub const FRONTEND_FILTER: &str = "SB_FE_FILTER_V1";
+/// The global that tells the programs how to index the frontend bitmap
+/// (`prefilter::frontends::shift_for` its size), set when the object is
+/// loaded: the bitmap is sized with the frontend map.
+pub const FRONTEND_FILTER_SHIFT: &str = "SB_FE_FILTER_SHIFT";
 /// The pod interfaces whose pod has no flow translated by the tc layer, per
 /// class of protocol ([`super::prefilter::quiet::QuietMark`]; written by the
 /// agent): `sb_to_pod` passes their packets of that class without a

@@ -27,32 +27,62 @@
 pub mod frontends {
     use crate::Addr6Be;
 
-    /// 64-bit words in the bitmap: 2^20 bits, 128 KiB. At 100k frontend
-    /// addresses about one bit in ten is set.
-    pub const WORDS: u32 = 16_384;
+    /// The fewest 64-bit words a bitmap has: 2^20 bits, 128 KiB.
+    pub const MIN_WORDS: u32 = 1 << 14;
+    /// The most: 2^28 bits, 32 MiB (a frontend map of 2^23 entries).
+    pub const MAX_WORDS: u32 = 1 << 22;
+    /// Bits per entry of the frontend map the bitmap is sized for. A
+    /// frontend sets two bits (its address's and its port's) and holds at
+    /// least one entry, so at most one bit in 16 is set, fewer the more
+    /// backend slots frontends have: a packet to a destination that is no
+    /// frontend takes the lookups at most one time in 16 (at 100k Services
+    /// in a map of 2^18 entries, one in 40).
+    pub const BITS_PER_ENTRY: u32 = 32;
+
+    /// The size of the bitmap for a frontend map of `entries`, in 64-bit
+    /// words: a power of two from [`MIN_WORDS`] to [`MAX_WORDS`].
+    pub const fn words_for(entries: u32) -> u32 {
+        let bits = (entries as u64).next_power_of_two() * BITS_PER_ENTRY as u64;
+        let words = bits / 64;
+        if words < MIN_WORDS as u64 {
+            MIN_WORDS
+        } else if words > MAX_WORDS as u64 {
+            MAX_WORDS
+        } else {
+            words as u32
+        }
+    }
+
+    /// How far a 32-bit hash is shifted right to index a bitmap of `words`
+    /// (a power of two, as [`words_for`] makes them): 32 less the bits of
+    /// a bit's index. An earlier agent's bitmap of [`MIN_WORDS`] used 12.
+    pub const fn shift_for(words: u32) -> u32 {
+        32 - 6 - words.trailing_zeros()
+    }
 
     /// The bit an IPv4 address (network order, as the packet holds it)
-    /// hashes to: the top 20 bits of MurmurHash3's 32-bit finalizer
-    /// ([`crate::hash::fmix32`]), which
-    /// spreads neighbouring addresses (a Service range) over the bitmap.
+    /// hashes to in a bitmap indexed with `shift` ([`shift_for`]): the top
+    /// bits of MurmurHash3's 32-bit finalizer ([`crate::hash::fmix32`]),
+    /// which spreads neighbouring addresses (a Service range) over the
+    /// bitmap.
     #[inline(always)]
-    pub const fn bit4(addr_be: u32) -> u32 {
-        crate::hash::fmix32(addr_be) >> 12
+    pub const fn bit4(addr_be: u32, shift: u32) -> u32 {
+        crate::hash::fmix32(addr_be) >> shift
     }
 
     /// The bit an IPv6 address hashes to: its four words folded.
     #[inline(always)]
-    pub const fn bit6(addr_be: &Addr6Be) -> u32 {
-        bit4(addr_be[0] ^ addr_be[1] ^ addr_be[2] ^ addr_be[3])
+    pub const fn bit6(addr_be: &Addr6Be, shift: u32) -> u32 {
+        bit4(addr_be[0] ^ addr_be[1] ^ addr_be[2] ^ addr_be[3], shift)
     }
 
     /// The bit an (address, port, protocol) hashes to, from the address's
     /// own bit ([`bit4`], [`bit6`]): a second round of the finalizer over
     /// it and the port and protocol.
     #[inline(always)]
-    pub const fn port_bit(addr_bit: u32, port_be: u16, proto: u8) -> u32 {
+    pub const fn port_bit(addr_bit: u32, port_be: u16, proto: u8, shift: u32) -> u32 {
         let salt = ((port_be as u32) << 8) | proto as u32;
-        crate::hash::fmix32(addr_bit ^ crate::hash::fmix32(salt ^ 0x9e37_79b9)) >> 12
+        crate::hash::fmix32(addr_bit ^ crate::hash::fmix32(salt ^ 0x9e37_79b9)) >> shift
     }
 
     /// The word of the bitmap that holds `bit`, and the bit's mask in it.
@@ -128,13 +158,14 @@ mod tests {
 
     #[test]
     fn bits_stay_inside_the_bitmap_and_spread() {
-        let mut seen = [0u8; (WORDS as usize) * 8];
+        let shift = shift_for(MIN_WORDS);
+        let mut seen = [0u8; (MIN_WORDS as usize) * 8];
         for i in 0..50_000u32 {
             // ClusterIPs of one /16: neighbours must not share a bit.
             let addr_be = u32::from_ne_bytes([10, 96, (i >> 8) as u8, i as u8]);
-            let bit = bit4(addr_be);
+            let bit = bit4(addr_be, shift);
             let (word, mask) = word_and_mask(bit);
-            assert!(word < WORDS);
+            assert!(word < MIN_WORDS);
             assert_eq!(mask.count_ones(), 1);
             seen[(bit / 8) as usize] |= 1 << (bit % 8);
         }
@@ -145,12 +176,13 @@ mod tests {
 
     #[test]
     fn port_bits_stay_inside_and_spread_over_ports_of_one_address() {
-        let addr_bit = bit4(u32::from_ne_bytes([192, 168, 50, 1]));
-        let mut seen = [0u8; (WORDS as usize) * 8];
+        let shift = shift_for(MIN_WORDS);
+        let addr_bit = bit4(u32::from_ne_bytes([192, 168, 50, 1]), shift);
+        let mut seen = [0u8; (MIN_WORDS as usize) * 8];
         for port in 30000..32768u16 {
             for proto in [6u8, 17] {
-                let bit = port_bit(addr_bit, port.to_be(), proto);
-                assert!(word_and_mask(bit).0 < WORDS);
+                let bit = port_bit(addr_bit, port.to_be(), proto, shift);
+                assert!(word_and_mask(bit).0 < MIN_WORDS);
                 seen[(bit / 8) as usize] |= 1 << (bit % 8);
             }
         }
@@ -158,5 +190,53 @@ mod tests {
         // The NodePort range of one node address, both protocols: 5536
         // keys, nearly all on bits of their own.
         assert!(distinct > 5_400, "{distinct} distinct bits");
+    }
+
+    #[test]
+    fn the_bitmap_grows_with_the_frontend_map_and_keeps_the_old_indexing_at_its_smallest() {
+        // The smallest keeps the bits an earlier agent's fixed 2^20-bit
+        // bitmap used, so a map it pinned is read alike.
+        assert_eq!(words_for(1024), MIN_WORDS);
+        assert_eq!(shift_for(MIN_WORDS), 12);
+        // 32 bits per entry, rounded up to a power of two.
+        assert_eq!(words_for(65_536), 1 << 15);
+        assert_eq!(words_for(200_000), 1 << 17);
+        assert_eq!(words_for(u32::MAX), MAX_WORDS);
+        for words in [MIN_WORDS, 1 << 17, MAX_WORDS] {
+            let shift = shift_for(words);
+            for addr in [0u32, 1, 0x0a60_0001, u32::MAX] {
+                let (word, _) = word_and_mask(bit4(addr, shift));
+                assert!(word < words);
+                let (word, _) = word_and_mask(port_bit(bit4(addr, shift), 80, 6, shift));
+                assert!(word < words);
+            }
+        }
+    }
+
+    #[test]
+    fn at_100k_services_few_destinations_that_are_no_frontend_pass_the_address_test() {
+        // 110k frontend addresses with one port each, in the bitmap for a
+        // frontend map of 2^18 entries (the 100k bench's): the share of
+        // other addresses whose bit is set is what pays the lookups.
+        let words = words_for(1 << 18);
+        let shift = shift_for(words);
+        extern crate std;
+        let mut bitmap = std::vec![0u64; words as usize];
+        let mut set = |bit: u32| {
+            let (word, mask) = word_and_mask(bit);
+            bitmap[word as usize] |= mask;
+        };
+        for i in 0..110_000u32 {
+            let addr_bit = bit4((0x0a60_0000 + i).to_be(), shift);
+            set(addr_bit);
+            set(port_bit(addr_bit, 80u16.to_be(), 6, shift));
+        }
+        let false_positives = (0..100_000u32)
+            .filter(|i| {
+                let (word, mask) = word_and_mask(bit4((0xc0a8_0000 + i).to_be(), shift));
+                bitmap[word as usize] & mask != 0
+            })
+            .count();
+        assert!(false_positives < 4_000, "{false_positives} of 100000");
     }
 }

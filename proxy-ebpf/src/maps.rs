@@ -137,8 +137,16 @@ pub static SB_LC_V1: HashMap<u32, u64, { capacity::BACKENDS as usize }, NO_PREAL
 #[btf_map]
 pub static SB_LC_SOCK_V1: LruHashMap<u64, u32, { capacity::SOCKETS as usize }> = LruHashMap::new();
 
+/// The frontend bitmap; the agent sizes it with the frontend map
+/// (`prefilter::frontends::words_for`) and sets [`SB_FE_FILTER_SHIFT`] to
+/// match.
 #[btf_map]
-pub static SB_FE_FILTER_V1: Array<u64, { prefilter::frontends::WORDS as usize }> = Array::new();
+pub static SB_FE_FILTER_V1: Array<u64, { prefilter::frontends::MIN_WORDS as usize }> = Array::new();
+/// How a hash indexes [`SB_FE_FILTER_V1`] (`prefilter::frontends::shift_for`
+/// its size): read-only data, set by the loader.
+#[unsafe(no_mangle)]
+pub static SB_FE_FILTER_SHIFT: u32 =
+    prefilter::frontends::shift_for(prefilter::frontends::MIN_WORDS);
 #[btf_map]
 pub static SB_QUIET_V2: Array<prefilter::quiet::QuietMark, { prefilter::quiet::ENTRIES as usize }> =
     Array::new();

@@ -5,7 +5,16 @@
 use aya_ebpf::programs::TcContext;
 use proxy_common::{prefilter, Addr6Be};
 
-use crate::maps::{SB_FE_FILTER_V1, SB_QUIET_GEN_V1, SB_QUIET_V2};
+use crate::maps::{SB_FE_FILTER_SHIFT, SB_FE_FILTER_V1, SB_QUIET_GEN_V1, SB_QUIET_V2};
+
+/// How a hash indexes the bitmap, as the loader set it for its size.
+#[inline(always)]
+fn shift() -> u32 {
+    // SAFETY: a global of the program's object, always there and aligned;
+    // read-only once loaded. Volatile: the compiler must not fold in the
+    // value the object was built with.
+    unsafe { core::ptr::read_volatile(&SB_FE_FILTER_SHIFT) }
+}
 
 /// Whether `bit` of the frontend bitmap is set. An array lookup, which the
 /// verifier inlines: no hash, no helper call.
@@ -23,28 +32,36 @@ fn frontend_bit(bit: u32) -> bool {
 /// False only if no frontend has the IPv4 address `addr_be`.
 #[inline(always)]
 pub(crate) fn maybe_frontend4(addr_be: u32) -> bool {
-    frontend_bit(prefilter::frontends::bit4(addr_be))
+    frontend_bit(prefilter::frontends::bit4(addr_be, shift()))
 }
 
 /// False only if no frontend has the IPv6 address `addr_be`.
 #[inline(always)]
 pub(crate) fn maybe_frontend6(addr_be: &Addr6Be) -> bool {
-    frontend_bit(prefilter::frontends::bit6(addr_be))
+    frontend_bit(prefilter::frontends::bit6(addr_be, shift()))
 }
 
 /// False only if no frontend has the IPv4 address `addr_be` with port
 /// `port_be` and protocol `proto` (both bits of the bitmap are tested).
 #[inline(always)]
 pub(crate) fn maybe_frontend_port4(addr_be: u32, port_be: u16, proto: u8) -> bool {
-    let addr_bit = prefilter::frontends::bit4(addr_be);
-    frontend_bit(addr_bit) && frontend_bit(prefilter::frontends::port_bit(addr_bit, port_be, proto))
+    let shift = shift();
+    let addr_bit = prefilter::frontends::bit4(addr_be, shift);
+    frontend_bit(addr_bit)
+        && frontend_bit(prefilter::frontends::port_bit(
+            addr_bit, port_be, proto, shift,
+        ))
 }
 
 /// As [`maybe_frontend_port4`], for IPv6.
 #[inline(always)]
 pub(crate) fn maybe_frontend_port6(addr_be: &Addr6Be, port_be: u16, proto: u8) -> bool {
-    let addr_bit = prefilter::frontends::bit6(addr_be);
-    frontend_bit(addr_bit) && frontend_bit(prefilter::frontends::port_bit(addr_bit, port_be, proto))
+    let shift = shift();
+    let addr_bit = prefilter::frontends::bit6(addr_be, shift);
+    frontend_bit(addr_bit)
+        && frontend_bit(prefilter::frontends::port_bit(
+            addr_bit, port_be, proto, shift,
+        ))
 }
 
 /// The interface a tc program runs on.

@@ -14,7 +14,7 @@ use aya::{
     programs::{CgroupSock, CgroupSockAddr, Program, ProgramError, SchedClassifier, Xdp},
     Ebpf, EbpfError, EbpfLoader,
 };
-use proxy_common::{capacity, names, programs, tail};
+use proxy_common::{capacity, names, prefilter, programs, tail};
 
 use crate::{
     dataplane::pins::Pins,
@@ -110,8 +110,10 @@ impl std::fmt::Display for CapacityMismatch {
 /// The socket-layer map holds one entry per balanced socket: sized like
 /// conntrack. Each IPv6 twin is sized by the same flag as its IPv4 map,
 /// except the IPv6 flow tables of a node with no IPv6 Service
-/// ([`Ipv6Tables::Idle`]): [`capacity::IPV6_IDLE`] entries each.
-fn sized_maps(caps: &Capacities) -> [(&'static str, &'static str, u32); 14] {
+/// ([`Ipv6Tables::Idle`]): [`capacity::IPV6_IDLE`] entries each. The
+/// frontend bitmap grows with the frontend map, so that few destinations
+/// that are no frontend share a bit with one.
+fn sized_maps(caps: &Capacities) -> [(&'static str, &'static str, u32); 15] {
     let flows6 = |flag: &'static str, full: u32| match caps.ipv6 {
         Ipv6Tables::Full => (flag, full),
         Ipv6Tables::Idle => (IDLE6, capacity::IPV6_IDLE),
@@ -121,6 +123,11 @@ fn sized_maps(caps: &Capacities) -> [(&'static str, &'static str, u32); 14] {
     let (frag6_flag, frag6) = flows6("the default", capacity::FRAGMENTS);
     [
         (names::FRONTENDS, "--max-frontend-entries", caps.frontends),
+        (
+            names::FRONTEND_FILTER,
+            "--max-frontend-entries",
+            caps.frontend_filter_words(),
+        ),
         (names::BACKENDS, "--max-backends", caps.backends),
         (names::CONNTRACK, "--max-conntrack", caps.conntrack),
         (names::SOCKETS, "--max-conntrack", caps.conntrack),
@@ -245,6 +252,9 @@ fn load_with(
     loader.map_max_entries(names::ROUND_ROBIN, caps.service_stats_entries());
     loader.map_max_entries(names::OPEN_FLOWS, caps.backends);
     loader.map_max_entries(names::OPEN_SOCKETS, caps.conntrack);
+    // The programs index the bitmap for the size it is loaded with.
+    let shift = prefilter::frontends::shift_for(caps.frontend_filter_words());
+    loader.override_global(names::FRONTEND_FILTER_SHIFT, &shift, true);
     for (name, path) in &pins {
         loader.map_pin_path(name, path.as_path());
     }

@@ -14,6 +14,8 @@ use crate::sync::store::WriteError;
 /// each address, port, protocol and scope) each bit stands for.
 pub struct FrontendFilter {
     map: Array<MapData, u64>,
+    /// How a hash indexes it (`prefilter::frontends::shift_for` its size).
+    shift: u32,
     /// The bitmap as written.
     words: Vec<u64>,
     /// How many counted keys hash to each set bit.
@@ -21,16 +23,24 @@ pub struct FrontendFilter {
     counted: HashSet<AnyFrontendKey>,
 }
 
-/// The bits a frontend key sets: its address's and its (address, port,
-/// protocol)'s.
-fn bits_of(key: &AnyFrontendKey) -> [u32; 2] {
+/// The bits a frontend key sets in a bitmap indexed with `shift`: its
+/// address's and its (address, port, protocol)'s.
+fn bits_of(key: &AnyFrontendKey, shift: u32) -> [u32; 2] {
     let (addr_bit, port_be, proto) = match key {
-        AnyFrontendKey::V4(k) => (prefilter::frontends::bit4(k.addr_be), k.port_be, k.proto),
-        AnyFrontendKey::V6(k) => (prefilter::frontends::bit6(&k.addr_be), k.port_be, k.proto),
+        AnyFrontendKey::V4(k) => (
+            prefilter::frontends::bit4(k.addr_be, shift),
+            k.port_be,
+            k.proto,
+        ),
+        AnyFrontendKey::V6(k) => (
+            prefilter::frontends::bit6(&k.addr_be, shift),
+            k.port_be,
+            k.proto,
+        ),
     };
     [
         addr_bit,
-        prefilter::frontends::port_bit(addr_bit, port_be, proto),
+        prefilter::frontends::port_bit(addr_bit, port_be, proto, shift),
     ]
 }
 
@@ -58,15 +68,18 @@ fn write_error(source: MapError) -> WriteError {
 impl FrontendFilter {
     /// Takes the bitmap over, rewritten for the frontends the maps already
     /// hold (`existing`): whatever an earlier agent left, or nothing when
-    /// the map is new (an upgrade), it is whole before any program of ours
-    /// reads it.
+    /// the map is new (an upgrade, a resize), it is whole before any
+    /// program of ours reads it. Indexed for its size, as the programs
+    /// loaded with it are.
     pub fn new(
         map: Array<MapData, u64>,
         existing: impl IntoIterator<Item = AnyFrontendKey>,
     ) -> Result<Self, WriteError> {
+        let words = map.len();
         let mut filter = Self {
             map,
-            words: vec![0; prefilter::frontends::WORDS as usize],
+            shift: prefilter::frontends::shift_for(words),
+            words: vec![0; words as usize],
             counts: HashMap::new(),
             counted: HashSet::new(),
         };
@@ -87,7 +100,7 @@ impl FrontendFilter {
             return Vec::new();
         }
         let mut changed = Vec::new();
-        for bit in bits_of(&key) {
+        for bit in bits_of(&key, self.shift) {
             let count = self.counts.entry(bit).or_insert(0);
             *count += 1;
             let (word, mask) = prefilter::frontends::word_and_mask(bit);
@@ -117,7 +130,7 @@ impl FrontendFilter {
         if !self.counted.remove(&key) {
             return Ok(());
         }
-        for bit in bits_of(&key) {
+        for bit in bits_of(&key, self.shift) {
             let Some(count) = self.counts.get_mut(&bit) else {
                 continue;
             };
@@ -151,6 +164,8 @@ mod tests {
     use super::*;
     use proxy_common::{scope, FrontendKey};
 
+    const SHIFT: u32 = prefilter::frontends::shift_for(prefilter::frontends::MIN_WORDS);
+
     fn key(addr: [u8; 4], port: u16, slot: u16) -> AnyFrontendKey {
         AnyFrontendKey::V4(FrontendKey {
             addr_be: u32::from_ne_bytes(addr),
@@ -166,13 +181,13 @@ mod tests {
     fn the_head_stands_for_every_slot() {
         assert_eq!(head(key([10, 96, 0, 1], 80, 3)), key([10, 96, 0, 1], 80, 0));
         // One address: one address bit; its ports have bits of their own.
-        let [a80, p80] = bits_of(&key([10, 96, 0, 1], 80, 3));
-        let [a443, p443] = bits_of(&key([10, 96, 0, 1], 443, 0));
+        let [a80, p80] = bits_of(&key([10, 96, 0, 1], 80, 3), SHIFT);
+        let [a443, p443] = bits_of(&key([10, 96, 0, 1], 443, 0), SHIFT);
         assert_eq!(a80, a443);
         assert_ne!(p80, p443);
         assert_eq!(
-            bits_of(&key([10, 96, 0, 1], 80, 3)),
-            bits_of(&key([10, 96, 0, 1], 80, 0))
+            bits_of(&key([10, 96, 0, 1], 80, 3), SHIFT),
+            bits_of(&key([10, 96, 0, 1], 80, 0), SHIFT)
         );
     }
 }

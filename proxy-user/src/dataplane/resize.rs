@@ -179,6 +179,10 @@ fn copy_map(pin_root: &Path, map: &'static str, overwrite: bool) -> Result<Copie
         names::SERVICE_DENIED => {
             copy_per_cpu_array(pins.service_denied()?, open_at(map, &staging)?)
         }
+        // Nothing to copy: the agent writes the new bitmap whole, for the
+        // frontends the (copied) frontend maps hold, before the programs
+        // that read it are attached; its bits sit elsewhere at a new size.
+        names::FRONTEND_FILTER => Ok(Copied::default()),
         _ => return Err(ResizeError::Unsupported { map }),
     };
     copied.map_err(|source| ResizeError::Copy { map, source })

@@ -42,6 +42,12 @@ impl Capacities {
     pub fn service_stats_entries(&self) -> u32 {
         self.services.saturating_add(1)
     }
+
+    /// The frontend bitmap's 64-bit words, sized with the frontend map
+    /// (`proxy_common::prefilter::frontends::words_for`).
+    pub fn frontend_filter_words(&self) -> u32 {
+        proxy_common::prefilter::frontends::words_for(self.frontends)
+    }
 }
 
 impl Default for Capacities {

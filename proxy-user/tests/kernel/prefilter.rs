@@ -32,14 +32,21 @@ fn loaded() -> Loaded {
 
 /// The bitmap's bit of `addr`, as the kernel holds it.
 fn bit_set(fx: &Loaded, addr: Ipv4Addr) -> bool {
-    let (word, mask) = prefilter::frontends::word_and_mask(prefilter::frontends::bit4(be32(addr)));
+    let bit = prefilter::frontends::bit4(be32(addr), shift(fx));
+    let (word, mask) = prefilter::frontends::word_and_mask(bit);
     fx.maps6.frontend_filter.get(&word, 0).expect("word") & mask != 0
+}
+
+/// How the loaded bitmap is indexed, from its size.
+fn shift(fx: &Loaded) -> u32 {
+    prefilter::frontends::shift_for(fx.maps6.frontend_filter.len())
 }
 
 /// The bitmap's bit of (`addr`, `port`, TCP), as the kernel holds it.
 fn port_bit_set(fx: &Loaded, addr: Ipv4Addr, port: u16) -> bool {
-    let addr_bit = prefilter::frontends::bit4(be32(addr));
-    let bit = prefilter::frontends::port_bit(addr_bit, port.to_be(), 6);
+    let shift = shift(fx);
+    let addr_bit = prefilter::frontends::bit4(be32(addr), shift);
+    let bit = prefilter::frontends::port_bit(addr_bit, port.to_be(), 6, shift);
     let (word, mask) = prefilter::frontends::word_and_mask(bit);
     fx.maps6.frontend_filter.get(&word, 0).expect("word") & mask != 0
 }

@@ -194,20 +194,22 @@ fn program_maps(ebpf: &mut Ebpf) {
 /// does before it writes a frontend: the socket hooks look a destination up
 /// only where its bits are set.
 fn mark_frontends(ebpf: &mut Ebpf) {
-    use proxy_common::prefilter::frontends::{bit4, bit6, port_bit, word_and_mask};
+    use proxy_common::prefilter::frontends::{bit4, bit6, port_bit, shift_for, word_and_mask};
     let mut filter: Array<_, u64> = Array::try_from(
         ebpf.map_mut(names::FRONTEND_FILTER)
             .expect("SB_FE_FILTER_V1"),
     )
     .expect("typed");
+    let shift = shift_for(filter.len());
     let ports = [(TCP_PORT, proto::TCP), (UDP_PORT, proto::UDP)];
     let addr_bits = [
-        bit6(&addr6_be(FE6.octets())),
-        bit6(&addr6_be(FE6_EMPTY.octets())),
-        bit4(u32::from_ne_bytes(FE4.octets())),
+        bit6(&addr6_be(FE6.octets()), shift),
+        bit6(&addr6_be(FE6_EMPTY.octets()), shift),
+        bit4(u32::from_ne_bytes(FE4.octets()), shift),
     ];
     for addr_bit in addr_bits {
-        let port_bits = ports.map(|(port, protocol)| port_bit(addr_bit, port.to_be(), protocol));
+        let port_bits =
+            ports.map(|(port, protocol)| port_bit(addr_bit, port.to_be(), protocol, shift));
         for bit in [addr_bit].into_iter().chain(port_bits) {
             let (word, mask) = word_and_mask(bit);
             let old = filter.get(&word, 0).expect("read SB_FE_FILTER_V1");

@@ -346,15 +346,18 @@ fn a_pin_root_that_is_not_a_bpffs_is_refused() {
 
 #[test]
 fn a_capacity_change_resizes_the_maps_online_and_keeps_established_flows() {
-    let mut sb = demo_sandbox_with(&["--max-conntrack", "4096"]);
+    let mut sb = demo_sandbox_with(&["--max-conntrack", "4096", "--max-frontend-entries", "32768"]);
     let sw = switchboard();
     let ct = sb.pin_dir.join("SB_CT_V5");
+    // The frontend bitmap grows with the frontend map: 32 bits per entry.
+    let bitmap = sb.pin_dir.join(proxy_common::names::FRONTEND_FILTER);
     let max_entries = |path: &Path| {
         bpftool_json(&["map", "show", "pinned", &path.to_string_lossy()])["max_entries"]
             .as_u64()
             .expect("max_entries")
     };
     assert_eq!(max_entries(&ct), 4096);
+    assert_eq!(max_entries(&bitmap), 16384);
     let hold = sb
         .client_spawn(
             &sb_echo(),
@@ -363,13 +366,21 @@ fn a_capacity_change_resizes_the_maps_online_and_keeps_established_flows() {
         .expect("a long-lived connection");
     std::thread::sleep(Duration::from_millis(700));
     sb.stop_agent().expect("stop the agent");
-    sb.start_agent_with(&sw, &["--max-conntrack", "8192"])
-        .expect("restart with a bigger conntrack map");
+    sb.start_agent_with(
+        &sw,
+        &["--max-conntrack", "8192", "--max-frontend-entries", "65536"],
+    )
+    .expect("restart with bigger conntrack and frontend maps");
     wait_agent_log(&sb, "map resized", Duration::from_secs(10));
     assert_eq!(
         max_entries(&ct),
         8192,
         "the pinned conntrack map has the new size"
+    );
+    assert_eq!(
+        max_entries(&bitmap),
+        32768,
+        "the pinned frontend bitmap grew with the frontend map"
     );
     assert!(
         !sb.pin_dir.join("SB_CT_V5_resize").exists(),

@@ -365,8 +365,9 @@ impl Maps6 {
     /// Sets the bitmap bits of frontend `addr`, `port`, `proto` (never
     /// cleared here): the address's and the address, port and protocol's.
     fn announce(&mut self, addr: Ipv6Addr, port: u16, proto: u8) {
-        let addr_bit = prefilter::frontends::bit6(&addr6_be(addr.octets()));
-        let port_bit = prefilter::frontends::port_bit(addr_bit, port.to_be(), proto);
+        let shift = prefilter::frontends::shift_for(self.frontend_filter.len());
+        let addr_bit = prefilter::frontends::bit6(&addr6_be(addr.octets()), shift);
+        let port_bit = prefilter::frontends::port_bit(addr_bit, port.to_be(), proto, shift);
         for bit in [addr_bit, port_bit] {
             let (word, mask) = prefilter::frontends::word_and_mask(bit);
             let bits = self.frontend_filter.get(&word, 0).expect("bitmap word");
