@@ -87,7 +87,9 @@ pub const SERVICE_DENIED: &str = "SB_SVC_DENIED_V1";
 /// The pod path's bitmap of frontend addresses, both families
 /// ([`super::prefilter::frontends`]): a clear bit proves a destination is
 /// no frontend before any hash lookup.
-pub const FRONTEND_FILTER: &str = "SB_FE_FILTER_V1";
+/// V2: sized with the frontend map, indexed as `SB_FE_FILTER_SHIFT` says
+/// (V1 had 2^20 bits).
+pub const FRONTEND_FILTER: &str = "SB_FE_FILTER_V2";
 /// The global that tells the programs how to index the frontend bitmap
 /// (`prefilter::frontends::shift_for` its size), set when the object is
 /// loaded: the bitmap is sized with the frontend map.
@@ -129,6 +131,11 @@ pub const TRACE_EVENTS: &str = "SB_TRACE_V1";
 /// one-entry array map named as the section (the kernel keeps the first 15
 /// characters: `.data.sb_trace_`).
 pub const TRACE_ON: &str = ".data.sb_trace_on";
+/// Whether a pod's connected UDP socket is balanced at `connect()` (1) or
+/// left to the tc layer (0): a global in a data section of its own (the
+/// kernel keeps `.data.sb_pod_ud`), set by the agent before it attaches the
+/// socket layer, when it can close such a socket in the pod's namespace.
+pub const POD_UDP_AT_CONNECT: &str = ".data.sb_pod_udp";
 /// Per-CPU count of events the ring buffer had no room for.
 pub const TRACE_LOST: &str = "SB_TRACE_LOST_V1";
 /// Every map, in the order the CLI reports them.

@@ -237,7 +237,7 @@ pub async fn run(config: AgentConfig, object: &'static [u8]) -> anyhow::Result<(
         },
         pin_root: &config.pin_root,
         last_failed: Vec::new(),
-        close_sockets: config.socket_lb_cgroup.is_some(),
+        socket_cgroup: config.socket_lb_cgroup.clone(),
         health: HealthServers::new(&healthcheck::DEFAULT_BINDS),
         health_frontends: Default::default(),
         nodeports: NodePortAddresses {

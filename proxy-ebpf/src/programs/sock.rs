@@ -7,6 +7,7 @@ use crate::socklb::finish;
 use crate::socklb::netns_cookie;
 use crate::socklb::our_proto;
 use crate::socklb::pick;
+use crate::socklb::pod_udp_at_connect;
 use crate::socklb::read_addr4;
 use crate::socklb::read_addr6;
 use crate::socklb::remember_conn;
@@ -49,14 +50,18 @@ fn frontend_at<A: SockFamily + Family>(dst: &SockAddr<A>) -> Option<(A::Key, Fro
     lookup_frontend(&key).map(|svc| (key, svc))
 }
 
-/// `connect()`: a TCP socket (or a connected UDP socket of the node) to a
-/// frontend is connected to a backend instead.
+/// `connect()`: a TCP or UDP socket (of the node, or of a pod when the agent
+/// can close it there: [`pod_udp_at_connect`]) to a frontend is connected to
+/// a backend instead.
 #[inline(always)]
 fn connect<A: SockFamily + Family>(ctx: &SockAddrContext, dst: &SockAddr<A>) -> Verdict<A> {
     let Some((key, svc)) = frontend_at(dst) else {
         return Verdict::Pass;
     };
-    if dst.proto == proto::UDP && netns_cookie(ctx) != config().host_netns_cookie {
+    if dst.proto == proto::UDP
+        && !pod_udp_at_connect()
+        && netns_cookie(ctx) != config().host_netns_cookie
+    {
         return Verdict::Pass;
     }
     if let Some(verdict) = source_verdict(ctx, &svc) {
@@ -66,9 +71,9 @@ fn connect<A: SockFamily + Family>(ctx: &SockAddrContext, dst: &SockAddr<A>) -> 
         Ok(picked) => picked,
         Err(why) => return refused(dst, &svc, why),
     };
-    // A TCP socket keeps its frontend itself; a connected UDP socket (of
-    // the node) in the socket map, where the agent finds it when its
-    // backend leaves.
+    // A TCP socket keeps its frontend itself; a connected UDP socket in the
+    // socket map, where the agent finds it (by its cookie, in whichever
+    // network namespace it lives) when its backend leaves.
     let cookie = socket_cookie(ctx);
     if dst.proto != proto::TCP || !remember_conn(ctx, dst, &picked) {
         remember_reverse(cookie, dst, &picked);

@@ -10,14 +10,14 @@
 //! `/metrics` and the healthCheckNodePort servers run on the workers and are
 //! never held up by a sync.
 use std::collections::BTreeSet;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Instant, SystemTime};
 
 use tracing::{error, info, warn};
 
 use crate::{
-    dataplane::sockdiag,
     dataplane::uplink,
+    dataplane::{namespaces, sockdiag},
     model::cidr::IpCidr,
     model::{self, FrontendAddr, Model, ModelDelta, NodeInfo, ObjectKind},
     node::health::ProxyHealth,
@@ -64,9 +64,10 @@ pub struct SyncLoop<'a, S: MapStore> {
     pub pin_root: &'a Path,
     /// Logged once when they appear, not again on every sync.
     pub last_failed: Vec<Unprogrammed>,
-    /// The socket layer is on: connected UDP sockets whose backend left are
-    /// closed.
-    pub close_sockets: bool,
+    /// The socket layer's cgroup, when it is on: connected UDP sockets whose
+    /// backend left are closed, the node's and those of the namespaces of
+    /// the processes in it (pods).
+    pub socket_cgroup: Option<PathBuf>,
     /// The healthCheckNodePort servers (tasks on the agent's runtime).
     pub health: HealthServers,
     /// Frontends with a healthCheckNodePort: a change to one of them (or a
@@ -256,8 +257,10 @@ impl<S: MapStore> SyncLoop<'_, S> {
             synced: memory::heap(),
         };
         self.log(&delta, &report, started, model_time, heap);
-        if self.close_sockets && !report.udp_sockets_left.is_empty() {
-            close_departed_udp_sockets(&report.udp_sockets_left);
+        if let Some(cgroup) = &self.socket_cgroup {
+            if !report.udp_sockets_left.is_empty() {
+                close_departed_udp_sockets(&report.udp_sockets_left, cgroup);
+            }
         }
         self.observer.synced(
             started.elapsed(),
@@ -381,11 +384,12 @@ pub fn unix_now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-/// Closes the node's connected UDP sockets whose backend left (see
+/// Closes the connected UDP sockets whose backend left, the node's and the
+/// pods' (those in the namespaces of the processes in `cgroup`; see
 /// [`sockdiag`]); a failure is logged, the sync itself stands.
-fn close_departed_udp_sockets(left: &[(u64, model::BackendAddr)]) {
+fn close_departed_udp_sockets(left: &[(u64, model::BackendAddr)], cgroup: &Path) {
     let doomed = left.iter().copied().collect();
-    match sockdiag::close_udp_sockets(&doomed) {
+    match sockdiag::close_udp_sockets(&doomed, || namespaces::of_cgroup(cgroup)) {
         Ok(closed) => {
             if closed.closed > 0 {
                 info!(

@@ -11,6 +11,7 @@ pub mod kmem;
 pub mod mapbatch;
 pub mod maps;
 pub mod migrate;
+pub mod namespaces;
 pub mod openflows;
 pub mod pinroot;
 pub mod pins;

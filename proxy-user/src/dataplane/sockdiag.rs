@@ -7,17 +7,22 @@
 //! `CONFIG_INET_DIAG_DESTROY`). The owner's next call fails with
 //! `ECONNABORTED`, and a resolver that opens a new socket gets a live backend.
 //!
-//! sock_diag sees the sockets of the agent's own network namespace: the node's.
-//! Pods' connected UDP sockets are not balanced at connect (see the eBPF
-//! socket layer), so they never need this.
+//! sock_diag sees the sockets of the namespace it is asked from. The agent
+//! asks its own (the node's) first; sockets it did not find there live in a
+//! pod, and it asks each network namespace of the processes in the socket
+//! layer's cgroup in turn ([`super::namespaces`]), from a thread that enters
+//! them, until every one is found.
 //!
 //! Both families are listed: IPv4 sockets, and IPv6 ones (whose peer may
 //! also be an IPv4 backend as a mapped address, `::ffff:10.0.0.1`).
 use std::{
     collections::HashMap,
-    io,
+    fs, io,
     net::{IpAddr, SocketAddr},
+    path::PathBuf,
 };
+
+use nix::sched::{setns, CloneFlags};
 
 use netlink_packet_sock_diag::{
     constants::{AF_INET, AF_INET6, IPPROTO_UDP},
@@ -29,7 +34,7 @@ use sock_diag_core::{
     NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST,
 };
 
-use tracing::warn;
+use tracing::{debug, warn};
 
 use crate::model::BackendAddr;
 
@@ -52,14 +57,80 @@ pub struct Closed {
     pub refused: Vec<(u64, io::ErrorKind)>,
 }
 
-/// Destroys the connected UDP sockets of this namespace whose cookie is a key
-/// of `doomed` and whose peer is still the backend recorded for it.
-pub fn close_udp_sockets(doomed: &HashMap<u64, BackendAddr>) -> Result<Closed, SockDiagError> {
-    let peers: HashMap<u64, SocketAddr> = doomed
+/// Destroys the connected UDP sockets whose cookie is a key of `doomed` and
+/// whose peer is still the backend recorded for it: those of this namespace,
+/// then those of the namespaces `elsewhere` lists (asked only if some were
+/// not found here). A namespace that cannot be searched is logged and
+/// skipped.
+pub fn close_udp_sockets(
+    doomed: &HashMap<u64, BackendAddr>,
+    elsewhere: impl FnOnce() -> Vec<PathBuf>,
+) -> Result<Closed, SockDiagError> {
+    let mut peers: HashMap<u64, SocketAddr> = doomed
         .iter()
         .map(|(cookie, backend)| (*cookie, SocketAddr::new(backend.ip, backend.port)))
         .collect();
-    close_udp_peers(&peers)
+    let (mut closed, found) = close_here(&peers)?;
+    for cookie in found {
+        peers.remove(&cookie);
+    }
+    if !peers.is_empty() {
+        closed.add(close_in_namespaces(peers, elsewhere()));
+    }
+    Ok(closed)
+}
+
+impl Closed {
+    fn add(&mut self, other: Closed) {
+        self.closed += other.closed;
+        self.refused.extend(other.refused);
+    }
+}
+
+/// Searches each namespace of `namespaces` (handles such as
+/// `/proc/<pid>/ns/net`) in turn for the sockets of `doomed`, until all are
+/// found, from a thread of its own: entering a namespace changes only the
+/// calling thread's.
+fn close_in_namespaces(mut doomed: HashMap<u64, SocketAddr>, namespaces: Vec<PathBuf>) -> Closed {
+    let search = move || {
+        let mut closed = Closed::default();
+        for handle in namespaces {
+            if doomed.is_empty() {
+                break;
+            }
+            let entered = fs::File::open(&handle)
+                .and_then(|ns| setns(ns, CloneFlags::CLONE_NEWNET).map_err(io::Error::from));
+            if let Err(error) = entered {
+                // Most often a process that exited since it was listed.
+                debug!(namespace = %handle.display(), %error, "namespace not entered");
+                continue;
+            }
+            match close_here(&doomed) {
+                Ok((here, found)) => {
+                    closed.add(here);
+                    for cookie in found {
+                        doomed.remove(&cookie);
+                    }
+                }
+                Err(error) => warn!(
+                    namespace = %handle.display(),
+                    error = %anyhow::Error::from(error),
+                    "could not list the UDP sockets of a namespace"
+                ),
+            }
+        }
+        closed
+    };
+    match std::thread::Builder::new()
+        .name("sb-sockdiag".into())
+        .spawn(search)
+    {
+        Ok(thread) => thread.join().unwrap_or_default(),
+        Err(error) => {
+            warn!(%error, "no thread to search the pods' namespaces for UDP sockets");
+            Closed::default()
+        }
+    }
 }
 
 /// Whether the socket `id` still talks to `peer` (an IPv4 peer of an IPv6
@@ -73,9 +144,15 @@ pub fn talks_to(id: &SocketId, peer: SocketAddr) -> bool {
 /// sockets (IPv4 and IPv6) of this namespace whose cookie is a key of
 /// `doomed` and whose peer is still the address recorded for it.
 pub fn close_udp_peers(doomed: &HashMap<u64, SocketAddr>) -> Result<Closed, SockDiagError> {
+    close_here(doomed).map(|(closed, _)| closed)
+}
+
+/// [`close_udp_peers`], and the cookies of `doomed` it found here (closed
+/// or refused).
+fn close_here(doomed: &HashMap<u64, SocketAddr>) -> Result<(Closed, Vec<u64>), SockDiagError> {
     let mut closed = Closed::default();
     if doomed.is_empty() {
-        return Ok(closed);
+        return Ok((closed, Vec::new()));
     }
     let socket = open()?;
     let mut found = dump_connected_udp(&socket, AF_INET)?;
@@ -95,14 +172,16 @@ pub fn close_udp_peers(doomed: &HashMap<u64, SocketAddr>) -> Result<Closed, Sock
             doomed.get(&cookie).is_some_and(|peer| talks_to(id, *peer))
         })
         .collect();
+    let mut matched = Vec::with_capacity(victims.len());
     for id in victims {
         let cookie = u64::from_ne_bytes(id.cookie);
+        matched.push(cookie);
         match destroy(&socket, id) {
             Ok(()) => closed.closed += 1,
             Err(error) => closed.refused.push((cookie, error.kind())),
         }
     }
-    Ok(closed)
+    Ok((closed, matched))
 }
 
 fn open() -> Result<Socket, SockDiagError> {

@@ -60,6 +60,10 @@ pub enum SocketLbError {
     Remove { path: PathBuf, source: io::Error },
     #[error("reading this network namespace's cookie (SO_NETNS_COOKIE, Linux 5.14+)")]
     NetnsCookie(#[source] io::Error),
+    #[error("setting whether pods' connected UDP sockets are balanced at connect")]
+    PodUdpSwitch(#[source] crate::dataplane::maps::TakeError),
+    #[error("writing whether pods' connected UDP sockets are balanced at connect")]
+    PodUdpWrite(#[source] aya::maps::MapError),
 }
 
 /// The mount point of the first cgroup2 file system in `mountinfo` text.
@@ -157,13 +161,40 @@ pub fn attach(ebpf: &mut Ebpf, cgroup: &Path, pin_root: &Path) -> Result<(), Soc
         path: dir.clone(),
         source,
     })?;
+    let pod_udp = can_enter_pod_namespaces();
+    set_pod_udp_at_connect(ebpf, pod_udp)?;
     for program in all_programs() {
         let link = attach_one(ebpf, program, &cgroup_dir, cgroup)?;
         pin_replacing(link, program, &link_path(pin_root, program))?;
         debug!(program, cgroup = %cgroup.display(), "socket-layer program attached");
     }
-    info!(cgroup = %cgroup.display(), "socket-layer balancing attached");
+    info!(
+        cgroup = %cgroup.display(),
+        pod_udp_at_connect = pod_udp,
+        "socket-layer balancing attached"
+    );
     Ok(())
+}
+
+/// Whether this agent can close a pod's connected UDP socket whose backend
+/// left: entering another network namespace takes CAP_SYS_ADMIN (and
+/// finding the pods' processes, the host's PID namespace).
+fn can_enter_pod_namespaces() -> bool {
+    let status = fs::read_to_string("/proc/self/status").unwrap_or_default();
+    crate::dataplane::caps::parse_cap_eff(&status)
+        .is_some_and(|cap_eff| cap_eff & (1u64 << crate::dataplane::caps::CAP_SYS_ADMIN) != 0)
+}
+
+/// Balances pods' connected UDP sockets at `connect()` (`on`), or leaves
+/// them to the tc layer, which checks the backend on every datagram: for
+/// an agent that could not close them when their backend leaves.
+fn set_pod_udp_at_connect(ebpf: &mut Ebpf, on: bool) -> Result<(), SocketLbError> {
+    let mut switch: aya::maps::Array<aya::maps::MapData, u64> =
+        crate::dataplane::maps::take_map(ebpf, proxy_common::names::POD_UDP_AT_CONNECT)
+            .map_err(SocketLbError::PodUdpSwitch)?;
+    switch
+        .set(0, u64::from(on), 0)
+        .map_err(SocketLbError::PodUdpWrite)
 }
 
 /// Every socket-layer program: the `sock_addr` hooks of both families and

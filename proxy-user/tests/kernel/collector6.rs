@@ -721,10 +721,73 @@ fn departed_peers_ipv6_udp_sockets_are_closed() {
             port: port4,
         };
         let doomed: HashMap<u64, BackendAddr> = [(cookie(&mapped), backend)].into_iter().collect();
-        let closed = sockdiag::close_udp_sockets(&doomed).expect("sock_diag");
+        let closed = sockdiag::close_udp_sockets(&doomed, Vec::new).expect("sock_diag");
         assert_eq!(closed.closed, 1);
         assert_destroyed(&mapped);
     })
     .join()
     .expect("the namespace thread");
+}
+
+/// A pod's connected UDP socket, balanced at `connect()` like the node's:
+/// the agent does not find it in its own namespace, so it looks in the
+/// namespaces it is given (a pod's), destroys it there, and leaves the
+/// pod's other sockets alone.
+#[test]
+fn a_departed_peers_udp_socket_in_another_namespace_is_closed() {
+    use crate::support::netns::in_new_netns;
+    use std::sync::mpsc;
+
+    let lo_up = || {
+        let status = Command::new("ip")
+            .args(["link", "set", "lo", "up"])
+            .status()
+            .expect("ip");
+        assert!(status.success());
+    };
+    // The agent's namespace, and the pod's on a thread of its own inside it.
+    in_new_netns(|| {
+        let (to_agent, from_pod) = mpsc::channel();
+        let (to_pod, from_agent) = mpsc::channel::<()>();
+        let pod = std::thread::spawn(move || {
+            in_new_netns(move || {
+                lo_up();
+                let server = UdpSocket::bind("127.0.0.1:0").expect("bind");
+                let doomed = UdpSocket::bind("127.0.0.1:0").expect("bind");
+                doomed
+                    .connect(server.local_addr().expect("addr"))
+                    .expect("connect");
+                let kept = UdpSocket::bind("127.0.0.1:0").expect("bind");
+                kept.connect(doomed.local_addr().expect("addr"))
+                    .expect("connect");
+                // SAFETY: gettid has no preconditions.
+                let tid = unsafe { libc::gettid() };
+                let handle = PathBuf::from(format!("/proc/self/task/{tid}/ns/net"));
+                let peer = server.local_addr().expect("addr");
+                to_agent
+                    .send((handle, cookie(&doomed), cookie(&kept), peer))
+                    .expect("to the agent");
+                from_agent.recv().expect("the agent searched");
+                assert_destroyed(&doomed);
+                kept.send(b"x").expect("untouched");
+                assert!(kept.peer_addr().is_ok());
+            })
+        });
+        let (handle, doomed, kept, peer) = from_pod.recv().expect("the pod's sockets");
+        let backend = BackendAddr {
+            ip: peer.ip(),
+            port: peer.port(),
+        };
+        let elsewhere = BackendAddr {
+            ip: peer.ip(),
+            port: peer.port().wrapping_add(1),
+        };
+        // `kept` is recorded with a peer it does not talk to.
+        let departed: HashMap<u64, BackendAddr> =
+            [(doomed, backend), (kept, elsewhere)].into_iter().collect();
+        let closed = sockdiag::close_udp_sockets(&departed, || vec![handle]).expect("sock_diag");
+        assert_eq!(closed.closed, 1, "{closed:?}");
+        to_pod.send(()).expect("to the pod");
+        pod.join().expect("the pod's thread");
+    });
 }

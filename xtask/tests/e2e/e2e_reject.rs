@@ -259,8 +259,7 @@ fn a_service_without_endpoints_refuses_at_once_with_the_socket_layer_on() {
         let sock_before = counter(&sb, "sock_no_backend");
         let began = Instant::now();
         // A host client: the socket layer balances its TCP and connected UDP
-        // sockets at connect (in a pod's namespace, connected UDP is left to
-        // the tc layer).
+        // sockets at connect.
         let run = sb
             .client_in_cgroup(&echo, &sb.node_ns(), args)
             .unwrap_or_else(|e| panic!("{e:#}"));

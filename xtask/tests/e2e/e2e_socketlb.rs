@@ -158,79 +158,96 @@ fn socket_layer_keeps_a_udp_socket_on_one_backend_and_honours_affinity() {
     }
 }
 
-/// A host client's connected UDP socket (a resolver's) whose backend is
-/// deleted is closed by the agent; the client opens a new one and reaches a
-/// live backend within a second.
+/// A connected UDP socket (a resolver's) of the node and of a pod is
+/// balanced at `connect()`; when its backend is deleted, the agent closes it
+/// (the pod's in the pod's namespace), and the client's next socket reaches
+/// a live backend within a second.
 #[test]
-fn connected_udp_client_moves_to_a_live_backend_within_a_second() {
+fn connected_udp_clients_of_the_node_and_of_pods_move_to_a_live_backend_within_a_second() {
     let sb = demo_sandbox_with(&[]);
-    let node = sb.node_ns();
-    let child = sb
-        .client_in_cgroup_spawn(
-            &sb_echo(),
-            &node,
-            &[
-                "--udp",
-                DNS,
-                "--udp-mode",
-                "connected",
-                "--duration-ms",
-                "3000",
-                "--interval-ms",
-                "20",
-                "--timeout-ms",
-                "200",
-            ],
-        )
-        .expect("start the connected UDP client");
-    std::thread::sleep(Duration::from_millis(700));
-    // Keep only the last pod: unless the client was already on it, its
-    // backend is gone.
-    let keep = PODS;
-    let removed_at = now_ms();
-    write_manifest(&sb, "endpointslice.yaml", &endpointslice_yaml(&[keep]));
-    let out = child.wait_with_output().expect("client output");
-    let run = ClientRun::parse(&String::from_utf8_lossy(&out.stdout)).unwrap();
-    let before: Vec<&Attempt> = run
-        .attempts
-        .iter()
-        .filter(|a| a.start_ms() < removed_at)
-        .collect();
-    assert!(
-        before.iter().all(|a| matches!(a, Attempt::Ok { .. })),
-        "failures before the change: {}",
-        run.raw
-    );
-    let first_pod = before
-        .first()
-        .and_then(|a| a.name())
-        .expect("answers before")
-        .to_string();
-    assert!(
-        before.iter().all(|a| a.name() == Some(first_pod.as_str())),
-        "a connected socket changed backend on its own: {}",
-        run.raw
-    );
-    let live = pod_name(keep);
-    // After a second, every attempt is answered by the live pod.
-    let late: Vec<&Attempt> = run
-        .attempts
-        .iter()
-        .filter(|a| a.start_ms() > removed_at + 1000)
-        .collect();
-    assert!(!late.is_empty(), "{}", run.raw);
-    assert!(
-        late.iter().all(|a| a.name() == Some(live.as_str())),
-        "still not on the live backend 1 s after the change (was on {first_pod}): {}",
-        run.raw
-    );
-    if first_pod != live {
+    let closed_line = "closed connected UDP sockets whose backend left";
+    for (round, (who, ns)) in [("host", sb.node_ns()), ("pod", sb.client_ns())]
+        .into_iter()
+        .enumerate()
+    {
+        // The first pod alone: the client's socket is connected to it.
+        write_manifest(&sb, "endpointslice.yaml", &endpointslice_yaml(&[1]));
+        wait_only_on(&sb, 1);
+        let child = sb
+            .client_in_cgroup_spawn(
+                &sb_echo(),
+                &ns,
+                &[
+                    "--udp",
+                    DNS,
+                    "--udp-mode",
+                    "connected",
+                    "--duration-ms",
+                    "3000",
+                    "--interval-ms",
+                    "20",
+                    "--timeout-ms",
+                    "200",
+                ],
+            )
+            .expect("start the connected UDP client");
+        std::thread::sleep(Duration::from_millis(700));
+        // Its backend leaves; the second pod is the live one.
+        let removed_at = now_ms();
+        write_manifest(&sb, "endpointslice.yaml", &endpointslice_yaml(&[2]));
+        let out = child.wait_with_output().expect("client output");
+        let run = ClientRun::parse(&String::from_utf8_lossy(&out.stdout)).unwrap();
+        let before: Vec<&Attempt> = run
+            .attempts
+            .iter()
+            .filter(|a| a.start_ms() < removed_at)
+            .collect();
+        assert!(!before.is_empty(), "{who}: {}", run.raw);
         assert!(
-            sb.agent_log()
-                .contains("closed connected UDP sockets whose backend left"),
-            "{}",
+            before
+                .iter()
+                .all(|a| a.name() == Some(pod_name(1).as_str())),
+            "{who}: failures or another backend before the change: {}",
+            run.raw
+        );
+        // After a second, every attempt is answered by the live pod.
+        let late: Vec<&Attempt> = run
+            .attempts
+            .iter()
+            .filter(|a| a.start_ms() > removed_at + 1000)
+            .collect();
+        assert!(!late.is_empty(), "{who}: {}", run.raw);
+        assert!(
+            late.iter().all(|a| a.name() == Some(pod_name(2).as_str())),
+            "{who}: still not on the live backend 1 s after the change: {}",
+            run.raw
+        );
+        // The socket layer balanced it and the agent closed it (the tc
+        // layer would have moved the pod's datagrams without a close).
+        let closes = sb.agent_log().matches(closed_line).count();
+        assert!(
+            closes > round,
+            "{who}: the agent closed {closes} time(s) in {} rounds:\n{}",
+            round + 1,
             sb.agent_log()
         );
+    }
+}
+
+/// Waits until new connections reach only pod `pod` (its slice programmed).
+fn wait_only_on(sb: &Sandbox, pod: usize) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let run = in_cgroup(sb, &sb.node_ns(), &["--tcp", HTTP, "--count", "6"]);
+        if run.all_ok() && run.names().iter().all(|n| *n == pod_name(pod)) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not only on pod {pod}: {}",
+            run.raw
+        );
+        std::thread::sleep(Duration::from_millis(50));
     }
 }
 

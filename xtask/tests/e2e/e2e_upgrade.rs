@@ -15,7 +15,9 @@
 //! - f7bc505: today's layouts without the `loadBalancerSourceRanges` maps
 //!   and without a format stamp.
 //! - 49c1942 (format 3): `SB_QUIET_V1`, quiet marks without generations,
-//!   in place of `SB_QUIET_V2` and `SB_QUIET_GEN_V1`.
+//!   in place of `SB_QUIET_V2` and `SB_QUIET_GEN_V1`, and `SB_FE_FILTER_V1`.
+//! - 0d0aa87 (format 4): `SB_FE_FILTER_V1`, the frontend bitmap at a fixed
+//!   2^20 bits, in place of `SB_FE_FILTER_V2`.
 //!
 //! Binaries as in e2e.rs (SWITCHBOARD_BIN, SB_ECHO_BIN).
 
@@ -158,11 +160,33 @@ fn as_f7bc505(pin: &Path) -> usize {
 /// root format 3) left: quiet marks that lasted until a flow took them
 /// (`SB_QUIET_V1`, a `u32` interface index per slot), no generations.
 fn as_49c1942(pin: &Path) -> usize {
-    for name in [names::QUIET_PODS, names::QUIET_GENS, "SB_FORMAT"] {
+    for name in [names::QUIET_PODS, names::QUIET_GENS] {
         unpin(pin, name);
     }
     let _ = create_pinned(&pin.join("SB_QUIET_V1"), BPF_MAP_TYPE_ARRAY, 4, 4, 16_384);
-    std::os::unix::fs::symlink("3", pin.join("SB_FORMAT")).expect("stamp format 3");
+    with_fixed_bitmap(pin, "3")
+}
+
+/// Turns the stopped agent's pin root into what an agent of 0d0aa87 (pin
+/// root format 4) left: the frontend bitmap at a fixed 2^20 bits.
+fn as_0d0aa87(pin: &Path) -> usize {
+    with_fixed_bitmap(pin, "4")
+}
+
+/// The frontend bitmap of 2^20 bits (`SB_FE_FILTER_V1`) in place of
+/// today's, and the format stamp `format`.
+fn with_fixed_bitmap(pin: &Path, format: &str) -> usize {
+    for name in [names::FRONTEND_FILTER, "SB_FORMAT"] {
+        unpin(pin, name);
+    }
+    let _ = create_pinned(
+        &pin.join("SB_FE_FILTER_V1"),
+        BPF_MAP_TYPE_ARRAY,
+        4,
+        8,
+        16_384,
+    );
+    std::os::unix::fs::symlink(format, pin.join("SB_FORMAT")).expect("stamp the format");
     0
 }
 
@@ -322,7 +346,12 @@ fn an_upgrade_from_the_e805261_layout_keeps_every_connection() {
 
 #[test]
 fn an_upgrade_from_the_49c1942_layout_keeps_every_connection() {
-    upgrade_keeps_every_connection(as_49c1942, &["SB_QUIET_V1"]);
+    upgrade_keeps_every_connection(as_49c1942, &["SB_QUIET_V1", "SB_FE_FILTER_V1"]);
+}
+
+#[test]
+fn an_upgrade_from_the_0d0aa87_layout_keeps_every_connection() {
+    upgrade_keeps_every_connection(as_0d0aa87, &["SB_FE_FILTER_V1"]);
 }
 
 #[test]
