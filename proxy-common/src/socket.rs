@@ -107,8 +107,10 @@ pub struct SockEntry6 {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
 pub struct Config {
-    /// Network-namespace cookie of the node (the agent's namespace). Connected
-    /// UDP sockets there are balanced at connect time; elsewhere (pods) the tc
-    /// layer balances them per datagram, so a departed backend is left at once.
+    /// Network-namespace cookie of the node (the agent's namespace).
+    /// Connected UDP sockets there are balanced at connect time; elsewhere
+    /// (pods) too when the agent can close them there (`names::POD_UDP_AT_CONNECT`),
+    /// else the tc layer balances them per datagram. Restricted frontends are
+    /// judged by it too (the node's sockets here, a pod's by tc).
     pub host_netns_cookie: u64,
 }
