@@ -404,6 +404,12 @@ fn close_departed_udp_sockets(left: &[(u64, model::BackendAddr)], cgroup: &Path)
                     "the kernel refused to close a UDP socket whose backend left"
                 );
             }
+            if closed.unfound > 0 {
+                warn!(
+                    unfound = closed.unfound,
+                    "connected UDP sockets whose backend left were found in no namespace searched (closed meanwhile, or a pod's the agent cannot see without the host's PID namespace)"
+                );
+            }
         }
         Err(error) => warn!(
             error = %anyhow::Error::from(error),

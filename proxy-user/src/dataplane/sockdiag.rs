@@ -55,6 +55,9 @@ pub struct Closed {
     pub closed: usize,
     /// Sockets found but not destroyed (the kernel refused), with its answer.
     pub refused: Vec<(u64, io::ErrorKind)>,
+    /// Sockets found in no namespace searched (closed meanwhile, or a pod's
+    /// the agent cannot see: outside the host's PID namespace).
+    pub unfound: usize,
 }
 
 /// Destroys the connected UDP sockets whose cookie is a key of `doomed` and
@@ -84,6 +87,7 @@ impl Closed {
     fn add(&mut self, other: Closed) {
         self.closed += other.closed;
         self.refused.extend(other.refused);
+        self.unfound += other.unfound;
     }
 }
 
@@ -92,6 +96,7 @@ impl Closed {
 /// found, from a thread of its own: entering a namespace changes only the
 /// calling thread's.
 fn close_in_namespaces(mut doomed: HashMap<u64, SocketAddr>, namespaces: Vec<PathBuf>) -> Closed {
+    let count = doomed.len();
     let search = move || {
         let mut closed = Closed::default();
         for handle in namespaces {
@@ -119,16 +124,24 @@ fn close_in_namespaces(mut doomed: HashMap<u64, SocketAddr>, namespaces: Vec<Pat
                 ),
             }
         }
+        closed.unfound = doomed.len();
         closed
+    };
+    let unsearched = Closed {
+        unfound: count,
+        ..Closed::default()
     };
     match std::thread::Builder::new()
         .name("sb-sockdiag".into())
         .spawn(search)
     {
-        Ok(thread) => thread.join().unwrap_or_default(),
+        Ok(thread) => thread.join().unwrap_or_else(|_| {
+            warn!("the search of the pods' namespaces for UDP sockets panicked");
+            unsearched
+        }),
         Err(error) => {
             warn!(%error, "no thread to search the pods' namespaces for UDP sockets");
-            Closed::default()
+            unsearched
         }
     }
 }
