@@ -13,7 +13,7 @@ use serde_json::Value;
 use serde_saphyr::Spanned;
 
 use crate::model::{ServiceInfo, SliceInfo};
-use crate::source::wire::{DocInfo, ServiceObject, SliceObject};
+use crate::source::wire::{DocInfo, ServiceInput, SliceInput};
 
 /// What one manifest file holds: k8s-openapi objects (what [`load_file`]
 /// and [`parse_manifests`] give), or, for the directory source, the model's
@@ -90,10 +90,10 @@ impl Decoder for Inputs {
     type Service = ServiceInfo;
     type Slice = SliceInfo;
     fn service(value: Value) -> Result<ServiceInfo, PathError> {
-        serde_path_to_error::deserialize(&value).map(|o: ServiceObject| o.info)
+        serde_path_to_error::deserialize(&value).map(|o: ServiceInput| o.0)
     }
     fn slice(value: Value) -> Result<SliceInfo, PathError> {
-        serde_path_to_error::deserialize(&value).map(|o: SliceObject| o.info)
+        serde_path_to_error::deserialize(&value).map(|o: SliceInput| o.0)
     }
 
     /// A Service or an EndpointSlice straight from the YAML (no tree of
