@@ -100,11 +100,19 @@ impl<'de, T: Picks> Visitor<'de> for PickVisitor<T> {
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("a map of strings")
     }
+    /// A key given twice is an error, as YAML has it (the directory
+    /// source's one-pass read leaves duplicates to this map; JSON objects
+    /// from the API server never repeat a key).
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<T, A::Error> {
         let mut picked = T::default();
+        let mut seen: Vec<Str<'de>> = Vec::new();
         while let Some(key) = map.next_key::<Str<'de>>()? {
+            if seen.contains(&key) {
+                return Err(de::Error::custom(format_args!("duplicate key {key:?}")));
+            }
             let value = map.next_value::<Str<'de>>()?;
             picked.pick(&key, value);
+            seen.push(key);
         }
         Ok(picked)
     }
@@ -660,8 +668,16 @@ enum Input<'a> {
 }
 
 impl<'a> Input<'a> {
-    /// Decoded as `T`, or what is wrong, by field.
+    /// Decoded as `T`, or what is wrong, by field (the field found by a
+    /// second decode that tracks where it is: only a bad object pays it).
     fn decode<T: Deserialize<'a>>(self) -> Result<T, Undecodable> {
+        let fast = match self {
+            Input::Text(text) => T::deserialize(&mut serde_json::Deserializer::from_str(text)),
+            Input::Value(value) => T::deserialize(value),
+        };
+        if let Ok(decoded) = fast {
+            return Ok(decoded);
+        }
         let decoded = match self {
             Input::Text(text) => {
                 serde_path_to_error::deserialize(&mut serde_json::Deserializer::from_str(text))
