@@ -41,7 +41,16 @@ pub struct BatchError {
 /// Writes `entries` into `map` (create or replace), in order, `CHUNK` at a
 /// time.
 pub fn update<K: Pod, V: Pod>(map: &MapData, entries: &[(K, V)]) -> Result<(), BatchError> {
-    let fd = map.fd().as_fd().as_raw_fd();
+    update_fd(map.fd().as_fd(), entries)
+}
+
+/// [`update`] into the map behind `fd` (a thread of its own may hold a
+/// duplicate of the map's descriptor).
+pub fn update_fd<K: Pod, V: Pod>(
+    fd: std::os::fd::BorrowedFd<'_>,
+    entries: &[(K, V)],
+) -> Result<(), BatchError> {
+    let fd = fd.as_raw_fd();
     let mut written = 0;
     for chunk in entries.chunks(CHUNK) {
         let keys: Vec<K> = chunk.iter().map(|(k, _)| *k).collect();

@@ -5,6 +5,7 @@
 //! [`MapStore`] (the sync's, in `sync/store.rs`) is the narrow set of writes
 //! the sync engine needs; the sync logic is unit-tested against an in-memory
 //! store and runs against [`PinnedMaps`] for real.
+use std::os::fd::AsFd as _;
 use std::path::Path;
 
 use crate::dataplane::{
@@ -107,8 +108,10 @@ pub const IPV6_MAPS: [&str; 5] = [
 struct Held {
     v4: HeldFamily<FrontendKey, Backend, RevNat>,
     v6: HeldFamily<FrontendKey6, Backend6, RevNat6>,
-    /// Entries already written by [`HeldFamily::spill`].
+    /// Entries handed to the writer by [`HeldFamily::spill`].
     spilled: usize,
+    /// Started at the first spill.
+    writer: Option<SpillWriter>,
 }
 
 /// One family's frontend, backend and reverse-NAT maps, and their names.
@@ -116,6 +119,92 @@ type FamilyMaps<'a> = (
     (&'a MapData, &'a MapData, &'a MapData),
     (&'static str, &'static str, &'static str),
 );
+
+/// A batch of spilled puts, written on the writer's thread.
+type SpillJob = Box<dyn FnOnce() -> Result<usize, WriteError> + Send>;
+
+/// Writes what [`HeldFamily::spill`] lets go on a thread of its own while
+/// the sync goes on computing the next puts: a start at 100k Services
+/// spends about as long in the kernel writing entries as computing them,
+/// and on two cores the two now overlap. At most one batch waits while one
+/// is written (a few MiB). The first error stops the writing (later batches
+/// are dropped unwritten) and is what [`finish`](Self::finish) returns: the
+/// caller then believes the maps and writes one entry at a time, as after
+/// any failed batch.
+struct SpillWriter {
+    jobs: Option<std::sync::mpsc::SyncSender<SpillJob>>,
+    thread: Option<std::thread::JoinHandle<Result<usize, WriteError>>>,
+}
+
+impl SpillWriter {
+    fn start() -> Result<SpillWriter, WriteError> {
+        let (jobs, pending) = std::sync::mpsc::sync_channel::<SpillJob>(1);
+        let thread = std::thread::Builder::new()
+            .name("sb-map-writer".into())
+            .spawn(move || {
+                let mut outcome = Ok(0);
+                for job in pending {
+                    if let Ok(written) = &mut outcome {
+                        match job() {
+                            Ok(n) => *written += n,
+                            Err(error) => outcome = Err(error),
+                        }
+                    }
+                }
+                outcome
+            })
+            .map_err(|error| spill_error("a map writer thread", error))?;
+        Ok(SpillWriter {
+            jobs: Some(jobs),
+            thread: Some(thread),
+        })
+    }
+
+    fn write(&mut self, job: SpillJob) {
+        if let Some(jobs) = &self.jobs {
+            // Fails only if the thread is gone (a panic): `finish` says so.
+            let _ = jobs.send(job);
+        }
+    }
+
+    /// Waits for every batch handed over; how many entries they held.
+    fn finish(&mut self) -> Result<usize, WriteError> {
+        self.jobs = None;
+        match self.thread.take().map(std::thread::JoinHandle::join) {
+            None => Ok(0),
+            Some(Ok(outcome)) => outcome,
+            Some(Err(panic)) => std::panic::resume_unwind(panic),
+        }
+    }
+}
+
+impl Drop for SpillWriter {
+    /// Never leaves writes running past the maps' owner.
+    fn drop(&mut self) {
+        self.jobs = None;
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// The puts of `v`, leaving room for as many again (what the next spill
+/// likely holds: no growing from nothing).
+fn take_again<T>(v: &mut Vec<T>) -> Vec<T> {
+    let capacity = v.len();
+    std::mem::replace(v, Vec::with_capacity(capacity))
+}
+
+/// A failure to set up a spill (a thread, a duplicated map descriptor).
+fn spill_error(what: &'static str, io_error: std::io::Error) -> WriteError {
+    WriteError::Other {
+        map: what,
+        source: MapError::SyscallError(aya::sys::SyscallError {
+            call: "spill",
+            io_error,
+        }),
+    }
+}
 
 /// One family's held puts, in the order that keeps every lookup whole: what
 /// slots name (reverse NAT, backends), then the slots (and the external
@@ -155,19 +244,54 @@ impl<K: bytemuck::Pod, B: bytemuck::Pod, R: bytemuck::Pod> HeldFamily<K, B, R> {
         Ok(hidden + self.heads.len())
     }
 
-    /// Writes what no lookup reaches before a slot 0 names it (reverse
-    /// NAT, backends, then the slots) once [`SPILL_AT`] entries are held,
-    /// and lets it go: a start at 100k Services then never holds its two
-    /// million puts at once. Returns how many entries were written.
-    fn spill(&mut self, (maps, names): FamilyMaps<'_>) -> Result<usize, WriteError> {
+    /// Hands what no lookup reaches before a slot 0 names it (reverse
+    /// NAT, backends, then the slots) to `writer` once [`SPILL_AT`] entries
+    /// are held, and lets it go: a start at 100k Services then never holds
+    /// its two million puts at once. Slot 0s are written by the flush,
+    /// after the writer is done. Returns how many entries were handed over.
+    fn spill(
+        &mut self,
+        (maps, names): FamilyMaps<'_>,
+        writer: &mut Option<SpillWriter>,
+    ) -> Result<usize, WriteError>
+    where
+        K: Send + 'static,
+        B: Send + 'static,
+        R: Send + 'static,
+    {
         if self.revnat.len() + self.backends.len() + self.slots.len() < SPILL_AT {
             return Ok(0);
         }
-        let written = self.write_hidden(maps, names)?;
-        self.revnat.clear();
-        self.backends.clear();
-        self.slots.clear();
-        Ok(written)
+        let (frontends, backends, revnat) = maps;
+        let (fe_name, be_name, rn_name) = names;
+        // The writer's own descriptors: it outlives no borrow of the maps.
+        let fd = |map: &MapData, name: &'static str| {
+            map.fd()
+                .as_fd()
+                .try_clone_to_owned()
+                .map_err(|e| spill_error(name, e))
+        };
+        let fds = (
+            fd(frontends, fe_name)?,
+            fd(backends, be_name)?,
+            fd(revnat, rn_name)?,
+        );
+        let writer = match writer {
+            Some(writer) => writer,
+            None => writer.insert(SpillWriter::start()?),
+        };
+        let revnat_puts = take_again(&mut self.revnat);
+        let backend_puts = take_again(&mut self.backends);
+        let slot_puts = take_again(&mut self.slots);
+        let handed = revnat_puts.len() + backend_puts.len() + slot_puts.len();
+        writer.write(Box::new(move || {
+            let (fe_fd, be_fd, rn_fd) = fds;
+            batch_put_fd(rn_name, rn_fd.as_fd(), &revnat_puts)?;
+            batch_put_fd(be_name, be_fd.as_fd(), &backend_puts)?;
+            batch_put_fd(fe_name, fe_fd.as_fd(), &slot_puts)?;
+            Ok(handed)
+        }));
+        Ok(handed)
     }
 
     fn write_hidden(
@@ -529,7 +653,16 @@ fn batch_put<K: bytemuck::Pod, V: bytemuck::Pod>(
     data: &MapData,
     entries: &[(K, V)],
 ) -> Result<(), WriteError> {
-    mapbatch::update(data, entries).map_err(|e| {
+    batch_put_fd(map, data.fd().as_fd(), entries)
+}
+
+/// [`batch_put`] into the map behind `fd`.
+fn batch_put_fd<K: bytemuck::Pod, V: bytemuck::Pod>(
+    map: &'static str,
+    fd: std::os::fd::BorrowedFd<'_>,
+    entries: &[(K, V)],
+) -> Result<(), WriteError> {
+    mapbatch::update_fd(fd, entries).map_err(|e| {
         if e.error.raw_os_error() == Some(libc::E2BIG) {
             return WriteError::Full { map };
         }
@@ -580,11 +713,11 @@ impl MapStore for PinnedMaps {
             let spilled = match key {
                 AnyFrontendKey::V4(key) => {
                     held.v4.frontend(announces, key, value);
-                    held.v4.spill(self.maps4())
+                    held.v4.spill(self.maps4(), &mut held.writer)
                 }
                 AnyFrontendKey::V6(key) => {
                     held.v6.frontend(announces, key, value);
-                    held.v6.spill(self.maps6())
+                    held.v6.spill(self.maps6(), &mut held.writer)
                 }
             };
             // Kept on a failure too: the flush reports it again.
@@ -701,9 +834,13 @@ impl MapStore for PinnedMaps {
         self.held.get_or_insert_with(Held::default);
     }
     fn flush(&mut self) -> Result<usize, WriteError> {
-        let Some(held) = self.held.take() else {
+        let Some(mut held) = self.held.take() else {
             return Ok(0);
         };
+        // Every spilled entry is in before the rest and the slot 0s.
+        if let Some(writer) = &mut held.writer {
+            writer.finish()?;
+        }
         let v4 = held.v4.flush(self.maps4())?;
         let v6 = held.v6.flush(self.maps6())?;
         Ok(held.spilled + v4 + v6)

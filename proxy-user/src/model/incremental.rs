@@ -135,6 +135,14 @@ struct Claims {
     warnings: Box<[ModelWarning]>,
 }
 
+/// Dirty Services computed together (over the cores) before their outputs
+/// are put in place: what one batch's outputs hold at once.
+const COMPUTE_BATCH: usize = 8192;
+
+/// Services per thread below which [`Model::update`] computes on its own
+/// thread.
+const COMPUTE_PER_THREAD_MIN: usize = 512;
+
 /// The desired state, maintained incrementally.
 #[derive(Debug)]
 pub struct Model {
@@ -397,37 +405,11 @@ impl Model {
         }
         // Claims settle to the same owners in any order (the oldest
         // claimant always owns), so dirty Services need no sorting.
-        for key in std::mem::take(&mut self.dirty) {
-            let output = self.compute(&key);
-            let old = self.claims.remove(&key);
-            if let Some(old) = &old {
-                let rank = Rank {
-                    created_ms: old.created_ms,
-                    key: key.clone(),
-                };
-                for addr in &old.addrs {
-                    self.remember(&mut before, addr);
-                    self.withdraw(&rank, addr);
-                }
+        let dirty: Vec<ObjectKey> = std::mem::take(&mut self.dirty).into_iter().collect();
+        for batch in dirty.chunks(COMPUTE_BATCH) {
+            for (key, output) in batch.iter().zip(self.compute_all(batch)) {
+                self.settle(key.clone(), output, &mut before, &mut delta);
             }
-            let old_warnings = old.map(|o| o.warnings).unwrap_or_default();
-            self.count_warnings(&old_warnings, &output.warnings, &mut delta);
-            let rank = Rank::of(self.services.get(&key).map(|s| &**s), &key);
-            let mut addrs = Vec::with_capacity(output.frontends.len());
-            for fe in output.frontends {
-                self.remember(&mut before, &fe.addr);
-                addrs.push(fe.addr);
-                self.claim(&rank, fe);
-            }
-            if !addrs.is_empty() || !output.warnings.is_empty() {
-                let claims = Claims {
-                    created_ms: rank.created_ms,
-                    addrs: addrs.into(),
-                    warnings: output.warnings.into(),
-                };
-                self.claims.insert(key, claims);
-            }
-            delta.services += 1;
         }
         for (addr, old) in before {
             self.conflicts(&addr, &mut delta);
@@ -438,6 +420,54 @@ impl Model {
         delta.warnings_added.sort();
         delta.warnings_removed.sort();
         delta
+    }
+
+    /// [`compute`](Self::compute) of each of `keys`, in order: spread over
+    /// the cores when there are many (a start computes every Service; each
+    /// computation reads the model and nothing else).
+    fn compute_all(&self, keys: &[ObjectKey]) -> Vec<ServiceOutput> {
+        crate::util::cores::chunks_on_cores(keys, COMPUTE_PER_THREAD_MIN, |chunk| {
+            chunk.iter().map(|key| self.compute(key)).collect()
+        })
+    }
+
+    /// Puts a dirty Service's new output in place of its old claims.
+    fn settle(
+        &mut self,
+        key: ObjectKey,
+        output: ServiceOutput,
+        before: &mut Before,
+        delta: &mut ModelDelta,
+    ) {
+        let old = self.claims.remove(&key);
+        if let Some(old) = &old {
+            let rank = Rank {
+                created_ms: old.created_ms,
+                key: key.clone(),
+            };
+            for addr in &old.addrs {
+                self.remember(before, addr);
+                self.withdraw(&rank, addr);
+            }
+        }
+        let old_warnings = old.map(|o| o.warnings).unwrap_or_default();
+        self.count_warnings(&old_warnings, &output.warnings, delta);
+        let rank = Rank::of(self.services.get(&key).map(|s| &**s), &key);
+        let mut addrs = Vec::with_capacity(output.frontends.len());
+        for fe in output.frontends {
+            self.remember(before, &fe.addr);
+            addrs.push(fe.addr);
+            self.claim(&rank, fe);
+        }
+        if !addrs.is_empty() || !output.warnings.is_empty() {
+            let claims = Claims {
+                created_ms: rank.created_ms,
+                addrs: addrs.into(),
+                warnings: output.warnings.into(),
+            };
+            self.claims.insert(key, claims);
+        }
+        delta.services += 1;
     }
 
     /// The Service's frontends and warnings now; nothing when it is gone or

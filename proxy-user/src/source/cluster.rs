@@ -44,7 +44,7 @@
 //! applies [`ProxyLabels::selected`](crate::model::ProxyLabels::selected).
 //! The Node is selected by name.
 use std::{
-    collections::{hash_map::Entry, HashMap},
+    collections::{hash_map::Entry, BTreeMap, HashMap},
     path::PathBuf,
     sync::{Arc, Mutex, PoisonError},
     time::Duration,
@@ -64,12 +64,13 @@ use kube::{
     Api, Client, Config, Resource,
 };
 use serde::de::DeserializeOwned;
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 use super::feed::FeedTx;
-use super::wire::{ServiceObject, SliceObject};
+use super::wire::{ServiceObject, SliceObject, Undecodable};
 use crate::model::{
-    Interner, NodeInfo, ObjectKey, ServiceInfo, SliceInfo, LABEL_HEADLESS, LABEL_SERVICE_PROXY_NAME,
+    Interner, ModelWarning, NodeInfo, ObjectKey, ServiceInfo, SliceInfo, LABEL_HEADLESS,
+    LABEL_SERVICE_PROXY_NAME,
 };
 
 /// The resources the agent watches, as `(API group, plural resource)`: taken
@@ -186,6 +187,7 @@ pub fn watch_cluster(
     let labels = label_selector(proxy_name.as_deref());
     debug!(%labels, "Service and EndpointSlice label selector");
     let first = Arc::new(FirstList::default());
+    let bad = Arc::new(BadObjects::default());
     let timeout = u32::try_from(timing.watch_timeout.as_secs())
         .unwrap_or(u32::MAX)
         .max(1);
@@ -196,7 +198,7 @@ pub fn watch_cluster(
         base.clone().labels(&labels),
         timing,
         &feed,
-        &first,
+        (&first, &bad),
     );
     spawn(
         Slices::default(),
@@ -204,7 +206,7 @@ pub fn watch_cluster(
         base.clone().labels(&labels),
         timing,
         &feed,
-        &first,
+        (&first, &bad),
     );
     let by_name = format!("metadata.name={node_name}");
     spawn(
@@ -213,7 +215,7 @@ pub fn watch_cluster(
         base.fields(&by_name),
         timing,
         &feed,
-        &first,
+        (&first, &bad),
     );
     tokio::spawn(log_waiting(first, feed));
 }
@@ -233,9 +235,10 @@ fn spawn<R: Recorder>(
     config: watcher::Config,
     timing: WatchTiming,
     feed: &FeedTx,
-    first: &Arc<FirstList>,
+    (first, bad): (&Arc<FirstList>, &Arc<BadObjects>),
 ) {
     let mut watch = Watch::new(recorder, feed.clone(), Arc::clone(first), timing);
+    watch.bad = Arc::clone(bad);
     let stream = watcher::watcher(api, config).default_backoff();
     tokio::spawn(async move { watch.run(stream).await });
 }
@@ -256,7 +259,7 @@ async fn log_waiting(first: Arc<FirstList>, feed: FeedTx) {
 }
 
 /// The kinds watched, in the order [`FirstList`] counts them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Kind {
     Service = 0,
     EndpointSlice = 1,
@@ -272,6 +275,97 @@ impl Kind {
             Kind::EndpointSlice => "endpointslices",
             Kind::Node => "node",
         }
+    }
+
+    /// As the model names objects (`Service demo/echo`).
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Service => "Service",
+            Kind::EndpointSlice => "EndpointSlice",
+            Kind::Node => "Node",
+        }
+    }
+}
+
+/// The objects the API server sent that the model cannot read, with what
+/// is wrong with each: the source's problems (`switchboard services` and
+/// `status` list them), shared by the watches, since the feed takes the
+/// complete set. An object leaves the set when a version of it that reads
+/// arrives, or when it is deleted.
+#[derive(Debug, Default)]
+struct BadObjects {
+    objects: Mutex<BTreeMap<(Kind, ObjectKey), BadObject>>,
+}
+
+#[derive(Debug)]
+struct BadObject {
+    problem: String,
+    /// The model keeps the last version that read (this object was read
+    /// before it went bad).
+    keeps_last_good: bool,
+}
+
+/// What becomes of an object that cannot be read.
+fn consequence(keeps_last_good: bool) -> &'static str {
+    if keeps_last_good {
+        "keeping the last version that could be read"
+    } else {
+        "not used until a version that can be read arrives"
+    }
+}
+
+impl BadObjects {
+    fn objects(&self) -> std::sync::MutexGuard<'_, BTreeMap<(Kind, ObjectKey), BadObject>> {
+        // Every update is one map insert or remove: a poisoned lock is still consistent.
+        self.objects.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Notes a bad version of an object; `known_before`: the watch had a
+    /// version of it. Records the problems now in force into `feed`;
+    /// returns whether the model keeps a last good version.
+    fn bad(
+        &self,
+        feed: &FeedTx,
+        kind: Kind,
+        key: ObjectKey,
+        problem: String,
+        known_before: bool,
+    ) -> bool {
+        let mut objects = self.objects();
+        let keeps_last_good = match objects.get(&(kind, key.clone())) {
+            Some(earlier) => earlier.keeps_last_good,
+            None => known_before,
+        };
+        objects.insert(
+            (kind, key),
+            BadObject {
+                problem,
+                keeps_last_good,
+            },
+        );
+        feed.problems(Self::warnings(&objects));
+        keeps_last_good
+    }
+
+    /// The object reads again, or is gone: true (and the problems now in
+    /// force recorded into `feed`) when it was bad.
+    fn forget(&self, feed: &FeedTx, kind: Kind, key: &ObjectKey) -> bool {
+        let mut objects = self.objects();
+        if objects.is_empty() || objects.remove(&(kind, key.clone())).is_none() {
+            return false;
+        }
+        feed.problems(Self::warnings(&objects));
+        true
+    }
+
+    fn warnings(objects: &BTreeMap<(Kind, ObjectKey), BadObject>) -> Vec<ModelWarning> {
+        objects
+            .iter()
+            .map(|((kind, key), bad)| ModelWarning {
+                object: format!("{} {key}", kind.name()),
+                problem: format!("{}; {}", bad.problem, consequence(bad.keeps_last_good)),
+            })
+            .collect()
     }
 }
 
@@ -372,6 +466,10 @@ impl Known {
         self.objects.remove(key);
     }
 
+    fn contains(&self, key: &ObjectKey) -> bool {
+        self.objects.contains_key(key)
+    }
+
     /// A list completed: the keys it did not name, now forgotten, for the
     /// caller to record as deleted.
     fn list_done(&mut self) -> Vec<ObjectKey> {
@@ -401,6 +499,11 @@ trait Recorder: Send + 'static {
         + 'static;
     const KIND: Kind;
 
+    /// What keeps the model from reading `obj`, if anything.
+    fn undecodable(_obj: &Self::Object) -> Option<&Undecodable> {
+        None
+    }
+
     /// Converts and records a new or changed object under `key` (the one
     /// [`Known`] holds, so both share its strings). False when nothing was
     /// recorded (not an object this watch reports, or no change the model
@@ -420,8 +523,15 @@ impl Recorder for Services {
     type Object = ServiceObject;
     const KIND: Kind = Kind::Service;
 
+    fn undecodable(svc: &ServiceObject) -> Option<&Undecodable> {
+        svc.info.as_ref().err()
+    }
+
     fn apply(&mut self, feed: &FeedTx, key: ObjectKey, svc: ServiceObject) -> bool {
-        let info = ServiceInfo { key, ..svc.info };
+        let Ok(info) = svc.info else {
+            return false;
+        };
+        let info = ServiceInfo { key, ..info };
         feed.service(info.key.clone(), Some(Arc::new(info)));
         true
     }
@@ -443,8 +553,15 @@ impl Recorder for Slices {
     type Object = SliceObject;
     const KIND: Kind = Kind::EndpointSlice;
 
+    fn undecodable(slice: &SliceObject) -> Option<&Undecodable> {
+        slice.info.as_ref().err()
+    }
+
     fn apply(&mut self, feed: &FeedTx, key: ObjectKey, slice: SliceObject) -> bool {
-        let mut info = SliceInfo { key, ..slice.info };
+        let Ok(info) = slice.info else {
+            return false;
+        };
+        let mut info = SliceInfo { key, ..info };
         info.share(&mut self.interner);
         feed.slice(info.key.clone(), Some(Arc::new(info)));
         self.since_prune += 1;
@@ -518,6 +635,8 @@ struct Watch<R> {
     known: Known,
     feed: FeedTx,
     first: Arc<FirstList>,
+    /// Shared with the other watches (a watch of its own: its own set).
+    bad: Arc<BadObjects>,
     /// Failed attempts since the last event (0: healthy).
     failures: u32,
     timing: WatchTiming,
@@ -530,6 +649,7 @@ impl<R: Recorder> Watch<R> {
             known: Known::default(),
             feed,
             first,
+            bad: Arc::default(),
             failures: 0,
             timing,
         }
@@ -589,18 +709,70 @@ impl<R: Recorder> Watch<R> {
             Event::Apply(obj) | Event::InitApply(obj) => {
                 let meta = obj.meta();
                 let key = ObjectKey::of(meta);
+                if let Some(bad) = R::undecodable(&obj) {
+                    return self.undecodable(key, meta.resource_version.as_deref(), bad);
+                }
+                let fixed = self.bad.forget(&self.feed, kind, &key);
                 match self.known.applied(key, meta.resource_version.as_deref()) {
-                    Some(key) => self.recorder.apply(&self.feed, key, obj),
-                    None => false,
+                    Some(key) => self.recorder.apply(&self.feed, key, obj) | fixed,
+                    None => fixed,
                 }
             }
-            Event::Delete(obj) => {
-                let key = ObjectKey::of(obj.meta());
-                self.known.deleted(&key);
-                self.recorder.delete(&self.feed, key)
-            }
+            Event::Delete(obj) => self.deleted(ObjectKey::of(obj.meta())),
             Event::InitDone => self.list_done(),
         }
+    }
+
+    /// An object the model cannot read: reported by name (log and the
+    /// source's problems), not recorded, so the model keeps the last version
+    /// of it that read, if any; the rest of its list page or watch goes on.
+    /// Noted in [`Known`] all the same: a relist that sends it unchanged
+    /// neither reports it again nor counts it as vanished.
+    fn undecodable(
+        &mut self,
+        key: ObjectKey,
+        resource_version: Option<&str>,
+        bad: &Undecodable,
+    ) -> bool {
+        let kind = R::KIND;
+        if key.name.is_empty() {
+            error!(
+                kind = kind.name(),
+                namespace = %key.namespace,
+                problem = %bad,
+                "the API server sent {} {} without a readable name; skipped",
+                kind.name(),
+                key,
+            );
+            return false;
+        }
+        let known_before = self.known.contains(&key);
+        let Some(key) = self.known.applied(key, resource_version) else {
+            return false;
+        };
+        let kept = self.bad.bad(
+            &self.feed,
+            kind,
+            key.clone(),
+            bad.problem.clone(),
+            known_before,
+        );
+        error!(
+            kind = kind.name(),
+            object = %key,
+            problem = %bad,
+            "{} {key} cannot be read: {bad}; {}",
+            kind.name(),
+            consequence(kept)
+        );
+        true
+    }
+
+    /// Records a deletion (or an object a relist no longer names).
+    fn deleted(&mut self, key: ObjectKey) -> bool {
+        self.known.deleted(&key);
+        let was_bad = self.bad.forget(&self.feed, R::KIND, &key);
+        self.recorder.delete(&self.feed, key) | was_bad
     }
 
     /// Logs a failed attempt with what the watch now waits for; the
@@ -627,6 +799,7 @@ impl<R: Recorder> Watch<R> {
     fn list_done(&mut self) -> bool {
         let mut recorded = false;
         for key in self.known.list_done() {
+            recorded |= self.bad.forget(&self.feed, R::KIND, &key);
             recorded |= self.recorder.delete(&self.feed, key);
         }
         self.recorder.listed();
@@ -741,10 +914,10 @@ mod tests {
     fn svc(name: &str, rv: &str) -> ServiceObject {
         ServiceObject {
             meta: meta(name, rv),
-            info: ServiceInfo {
+            info: Ok(ServiceInfo {
                 key: key(name),
                 ..ServiceInfo::default()
-            },
+            }),
         }
     }
 
@@ -1010,6 +1183,88 @@ mod tests {
         // Gone from a relist: recorded as unknown.
         run(&mut nodes, list(vec![])).await;
         assert_eq!(rx.take().node, Some(None));
+    }
+
+    fn bad_svc(name: &str, rv: &str) -> ServiceObject {
+        ServiceObject {
+            info: Err(Undecodable {
+                problem: "spec.ports: invalid type: map, expected a sequence".into(),
+            }),
+            ..svc(name, rv)
+        }
+    }
+
+    fn problems(changes: &crate::source::feed::Changes) -> Vec<String> {
+        changes
+            .problems
+            .as_ref()
+            .expect("problems recorded")
+            .iter()
+            .map(ToString::to_string)
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn an_object_that_cannot_be_read_is_reported_by_name_and_the_rest_is_used() {
+        let (tx, mut rx) = feed();
+        let mut services = listed_watch(Services, tx);
+        run(
+            &mut services,
+            list(vec![svc("a", "1"), bad_svc("bad", "1"), svc("b", "1")]),
+        )
+        .await;
+        assert_eq!(publishes(&rx), 1);
+        let changes = rx.take();
+        assert_eq!(
+            changes.services.keys().cloned().collect::<Vec<_>>(),
+            [key("a"), key("b")]
+        );
+        assert_eq!(
+            problems(&changes),
+            ["Service default/bad: spec.ports: invalid type: map, expected a sequence; not used until a version that can be read arrives"]
+        );
+
+        // A relist sending it unchanged: neither reported again nor vanished.
+        run(
+            &mut services,
+            list(vec![svc("a", "1"), bad_svc("bad", "1"), svc("b", "1")]),
+        )
+        .await;
+        assert!(rx.take().is_empty());
+
+        // A known object going bad: its last good version stays in use.
+        run(&mut services, vec![Ok(Event::Apply(bad_svc("a", "2")))]).await;
+        let changes = rx.take();
+        assert!(changes.services.is_empty(), "nothing recorded for a");
+        assert_eq!(
+            problems(&changes),
+            [
+                "Service default/a: spec.ports: invalid type: map, expected a sequence; keeping the last version that could be read",
+                "Service default/bad: spec.ports: invalid type: map, expected a sequence; not used until a version that can be read arrives",
+            ]
+        );
+
+        // Fixed, and deleted: each leaves the problems.
+        run(&mut services, vec![Ok(Event::Apply(svc("bad", "3")))]).await;
+        let changes = rx.take();
+        assert_eq!(
+            changes.services.keys().cloned().collect::<Vec<_>>(),
+            [key("bad")]
+        );
+        assert_eq!(problems(&changes).len(), 1);
+        run(&mut services, vec![Ok(Event::Delete(bad_svc("a", "4")))]).await;
+        let changes = rx.take();
+        assert_eq!(changes.services.get(&key("a")), Some(&None));
+        assert!(problems(&changes).is_empty());
+
+        // Without a readable name: skipped, nothing else disturbed.
+        let nameless = ServiceObject {
+            meta: ObjectMeta::default(),
+            ..bad_svc("", "")
+        };
+        let before = publishes(&rx);
+        run(&mut services, vec![Ok(Event::Apply(nameless))]).await;
+        assert_eq!(publishes(&rx), before);
     }
 
     fn status(code: u16, reason: &str, message: &str) -> kube::core::ErrorResponse {

@@ -100,11 +100,19 @@ impl<'de, T: Picks> Visitor<'de> for PickVisitor<T> {
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("a map of strings")
     }
+    /// A key given twice is an error, as YAML has it (the directory
+    /// source's one-pass read leaves duplicates to this map; JSON objects
+    /// from the API server never repeat a key).
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<T, A::Error> {
         let mut picked = T::default();
+        let mut seen: Vec<Str<'de>> = Vec::new();
         while let Some(key) = map.next_key::<Str<'de>>()? {
+            if seen.contains(&key) {
+                return Err(de::Error::custom(format_args!("duplicate key {key:?}")));
+            }
             let value = map.next_value::<Str<'de>>()?;
             picked.pick(&key, value);
+            seen.push(key);
         }
         Ok(picked)
     }
@@ -587,42 +595,270 @@ impl<'de> Deserialize<'de> for DocInfo {
     }
 }
 
-/// A Service as decoded: its identity for the watch, and the model's input.
+/// An object the model cannot read at all (a field it reads with the wrong
+/// type, a malformed creation time): what is wrong, naming the field
+/// (`spec.ports[1].port: invalid type: string "eighty", expected i32`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Undecodable {
+    pub problem: String,
+}
+
+impl fmt::Display for Undecodable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.problem)
+    }
+}
+
+/// A Service as the API server sent it: its identity for the watch, and the
+/// model's input or what keeps the model from reading it.
 #[derive(Clone, Debug)]
 pub struct ServiceObject {
-    /// Name, namespace and resourceVersion only.
+    /// Name, namespace and resourceVersion only (as far as they could be
+    /// read, for an object that is [`Undecodable`]).
     pub meta: ObjectMeta,
-    pub info: ServiceInfo,
+    pub info: Result<ServiceInfo, Undecodable>,
 }
 
-/// An EndpointSlice as decoded (its shared strings not yet shared: see
-/// [`SliceInfo::share`]).
+/// An EndpointSlice as the API server sent it (its shared strings not yet
+/// shared: see [`SliceInfo::share`]).
 #[derive(Clone, Debug)]
 pub struct SliceObject {
-    /// Name, namespace and resourceVersion only.
+    /// As [`ServiceObject::meta`].
     pub meta: ObjectMeta,
-    pub info: SliceInfo,
+    pub info: Result<SliceInfo, Undecodable>,
 }
 
+// Each object of a list page or watch event is decoded on its own, and a
+// problem in it becomes the object's `Undecodable`, not an error that fails
+// the whole page (every other object of it lost until the object is fixed)
+// or a watch that fails on the same event each time it resumes.
 impl<'de> Deserialize<'de> for ServiceObject {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let wire = WireService::deserialize(d)?;
-        let meta = wire.metadata.object_meta();
-        Ok(ServiceObject {
-            meta,
-            info: wire.info()?,
-        })
+        d.deserialize_newtype_struct(RAW_VALUE_TOKEN, ObjectVisitor(std::marker::PhantomData))
     }
 }
 
 impl<'de> Deserialize<'de> for SliceObject {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let wire = WireSlice::deserialize(d)?;
-        let meta = wire.metadata.object_meta();
-        Ok(SliceObject {
-            meta,
-            info: wire.info(),
+        d.deserialize_newtype_struct(RAW_VALUE_TOKEN, ObjectVisitor(std::marker::PhantomData))
+    }
+}
+
+/// The name serde_json's `RawValue` asks for: a serde_json deserializer
+/// asked for a newtype of this name (with its `raw_value` feature) hands
+/// over the object's JSON text, borrowed from the page (scanned once to find
+/// where the object ends; nothing copied), rather than its contents. Any
+/// other deserializer (kube-client's watch events go through serde's
+/// buffer, the event being adjacently tagged) gives the contents, which are
+/// decoded through a tree of values: slower, the same result. A test holds
+/// list pages to the fast path.
+const RAW_VALUE_TOKEN: &str = "$serde_json::private::RawValue";
+
+#[cfg(test)]
+thread_local! {
+    /// Objects decoded from their JSON text on this thread.
+    static FROM_TEXT: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// One object as the API server sent it: its JSON text, or a tree of values.
+#[derive(Clone, Copy)]
+enum Input<'a> {
+    Text(&'a str),
+    Value(&'a serde_json::Value),
+}
+
+impl<'a> Input<'a> {
+    /// Decoded as `T`, or what is wrong, by field (the field found by a
+    /// second decode that tracks where it is: only a bad object pays it).
+    fn decode<T: Deserialize<'a>>(self) -> Result<T, Undecodable> {
+        let fast = match self {
+            Input::Text(text) => T::deserialize(&mut serde_json::Deserializer::from_str(text)),
+            Input::Value(value) => T::deserialize(value),
+        };
+        if let Ok(decoded) = fast {
+            return Ok(decoded);
+        }
+        let decoded = match self {
+            Input::Text(text) => {
+                serde_path_to_error::deserialize(&mut serde_json::Deserializer::from_str(text))
+            }
+            Input::Value(value) => serde_path_to_error::deserialize(value),
+        };
+        decoded.map_err(|e| {
+            let path = e.path().to_string();
+            let error = without_position(e.inner());
+            Undecodable {
+                problem: if path == "." {
+                    error
+                } else {
+                    format!("{path}: {error}")
+                },
+            }
         })
+    }
+
+    /// The object's name, namespace and resourceVersion, read on their own
+    /// (empty when even they are unreadable).
+    fn identity(self) -> ObjectMeta {
+        #[derive(Deserialize, Default)]
+        struct Identity<'a> {
+            #[serde(borrow, default)]
+            metadata: IdentityMeta<'a>,
+        }
+        #[derive(Deserialize, Default)]
+        #[serde(rename_all = "camelCase")]
+        struct IdentityMeta<'a> {
+            #[serde(borrow)]
+            name: Option<Str<'a>>,
+            #[serde(borrow)]
+            namespace: Option<Str<'a>>,
+            #[serde(borrow)]
+            resource_version: Option<Str<'a>>,
+        }
+        let id = match self {
+            Input::Text(text) => serde_json::from_str::<Identity<'_>>(text),
+            Input::Value(value) => Identity::deserialize(value),
+        }
+        .unwrap_or_default();
+        let owned = |s: Option<Str<'_>>| s.map(Cow::into_owned);
+        ObjectMeta {
+            name: owned(id.metadata.name),
+            namespace: owned(id.metadata.namespace),
+            resource_version: owned(id.metadata.resource_version),
+            ..ObjectMeta::default()
+        }
+    }
+}
+
+/// An object decoded from its [`Input`], never failing: a problem is kept
+/// in the object.
+trait FromInput {
+    fn from_input(input: Input<'_>) -> Self;
+}
+
+impl FromInput for ServiceObject {
+    fn from_input(input: Input<'_>) -> Self {
+        match input.decode::<WireService<'_>>() {
+            Ok(wire) => ServiceObject {
+                meta: wire.metadata.object_meta(),
+                info: wire.info().map_err(|e: serde_json::Error| Undecodable {
+                    problem: without_position(&e),
+                }),
+            },
+            Err(bad) => ServiceObject {
+                meta: input.identity(),
+                info: Err(bad),
+            },
+        }
+    }
+}
+
+impl FromInput for SliceObject {
+    fn from_input(input: Input<'_>) -> Self {
+        match input.decode::<WireSlice<'_>>() {
+            Ok(wire) => SliceObject {
+                meta: wire.metadata.object_meta(),
+                info: Ok(wire.info()),
+            },
+            Err(bad) => SliceObject {
+                meta: input.identity(),
+                info: Err(bad),
+            },
+        }
+    }
+}
+
+/// A string, borrowed from the input where it can be (serde's own `Cow`
+/// always copies).
+struct Text<'a>(Str<'a>);
+
+impl<'de> Deserialize<'de> for Text<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Text<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Text<'de>, E> {
+                Ok(Text(Cow::Borrowed(v)))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Text<'de>, E> {
+                Ok(Text(Cow::Owned(v.to_owned())))
+            }
+            fn visit_string<E: de::Error>(self, v: String) -> Result<Text<'de>, E> {
+                Ok(Text(Cow::Owned(v)))
+            }
+        }
+        d.deserialize_str(V)
+    }
+}
+
+/// Takes an object from whatever the deserializer gives ([`RAW_VALUE_TOKEN`]).
+struct ObjectVisitor<T>(std::marker::PhantomData<T>);
+
+impl<'de, T: FromInput> Visitor<'de> for ObjectVisitor<T> {
+    type Value = T;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("an object")
+    }
+
+    /// serde_json's raw value (a map of the one key [`RAW_VALUE_TOKEN`] to
+    /// the text), or the object's own map from a deserializer that knows
+    /// no raw values.
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<T, A::Error> {
+        let mut object = serde_json::Map::new();
+        if let Some(Text(key)) = map.next_key::<Text<'de>>()? {
+            if key == RAW_VALUE_TOKEN {
+                let Text(text) = map.next_value::<Text<'de>>()?;
+                #[cfg(test)]
+                FROM_TEXT.with(|n| n.set(n.get() + 1));
+                return Ok(T::from_input(Input::Text(&text)));
+            }
+            object.insert(key.into_owned(), map.next_value()?);
+            while let Some((key, value)) = map.next_entry()? {
+                object.insert(key, value);
+            }
+        }
+        Ok(T::from_input(Input::Value(&serde_json::Value::Object(
+            object,
+        ))))
+    }
+
+    /// A buffered deserializer's contents (kube-client's watch events).
+    fn visit_newtype_struct<D: Deserializer<'de>>(self, d: D) -> Result<T, D::Error> {
+        let value = serde_json::Value::deserialize(d)?;
+        Ok(T::from_input(Input::Value(&value)))
+    }
+}
+
+/// serde_json's message without its ` at line 1 column 312` (a position in
+/// one object's text means nothing to the reader; the field path does).
+fn without_position(e: &serde_json::Error) -> String {
+    let text = e.to_string();
+    match text.rfind(" at line ") {
+        Some(at) if e.line() > 0 => text[..at].to_owned(),
+        _ => text,
+    }
+}
+
+/// A Service's model input, decoded from anything serde reads (the
+/// directory source's general path); a problem is an error naming the field.
+pub struct ServiceInput(pub ServiceInfo);
+
+/// An EndpointSlice's model input (see [`SliceInfo::share`]), as [`ServiceInput`].
+pub struct SliceInput(pub SliceInfo);
+
+impl<'de> Deserialize<'de> for ServiceInput {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        WireService::deserialize(d)?.info().map(ServiceInput)
+    }
+}
+
+impl<'de> Deserialize<'de> for SliceInput {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Ok(SliceInput(WireSlice::deserialize(d)?.info()))
     }
 }
 
@@ -666,16 +902,6 @@ watched_as!(
     k8s_openapi::api::discovery::v1::EndpointSlice,
     k8s_openapi::NamespaceResourceScope
 );
-
-/// The model's input for a Service, decoded from anything serde reads.
-pub fn service_info<'de, D: Deserializer<'de>>(d: D) -> Result<ServiceInfo, D::Error> {
-    WireService::deserialize(d)?.info()
-}
-
-/// The model's input for an EndpointSlice (see [`SliceInfo::share`]).
-pub fn slice_info<'de, D: Deserializer<'de>>(d: D) -> Result<SliceInfo, D::Error> {
-    Ok(WireSlice::deserialize(d)?.info())
-}
 
 #[cfg(test)]
 mod tests {
@@ -755,10 +981,15 @@ mod tests {
         SliceInfo::from_k8s(&slice, &mut Interner::default())
     }
 
-    fn wire_slice(text: &str) -> SliceObject {
-        let mut obj: SliceObject = serde_json::from_str(text).expect("wire");
-        obj.info.share(&mut Interner::default());
-        obj
+    fn wire_slice(text: &str) -> SliceInfo {
+        let obj: SliceObject = serde_json::from_str(text).expect("wire");
+        let mut info = obj.info.expect("decodable");
+        info.share(&mut Interner::default());
+        info
+    }
+
+    fn wire_service(text: &str) -> ServiceObject {
+        serde_json::from_str(text).expect("wire")
     }
 
     /// The decoder gives what the k8s-openapi types and their conversion
@@ -771,10 +1002,10 @@ mod tests {
             json!({}),
         ] {
             let text = v.to_string();
-            let obj: ServiceObject = serde_json::from_str(&text).expect("wire");
-            assert_eq!(obj.info, k8s_service(&v), "{text}");
-            let from_value: ServiceObject = serde_path_to_error::deserialize(&v).expect("value");
-            assert_eq!(from_value.info, obj.info);
+            let info = wire_service(&text).info.expect("decodable");
+            assert_eq!(info, k8s_service(&v), "{text}");
+            let from_value: ServiceInput = serde_path_to_error::deserialize(&v).expect("value");
+            assert_eq!(from_value.0, info);
         }
         for v in [
             full_slice(),
@@ -782,44 +1013,162 @@ mod tests {
             json!({}),
         ] {
             let text = v.to_string();
-            assert_eq!(wire_slice(&text).info, k8s_slice(&v), "{text}");
+            assert_eq!(wire_slice(&text), k8s_slice(&v), "{text}");
+            let from_value: SliceInput = serde_path_to_error::deserialize(&v).expect("value");
+            let mut info = from_value.0;
+            info.share(&mut Interner::default());
+            assert_eq!(info, k8s_slice(&v), "{text}");
         }
     }
 
     #[test]
     fn the_watch_gets_the_identity_only() {
-        let obj: ServiceObject = serde_json::from_str(&full_service().to_string()).expect("wire");
+        let obj = wire_service(&full_service().to_string());
         assert_eq!(obj.meta.name.as_deref(), Some("web"));
         assert_eq!(obj.meta.namespace.as_deref(), Some("shop"));
         assert_eq!(obj.meta.resource_version.as_deref(), Some("42"));
         assert!(obj.meta.labels.is_none() && obj.meta.managed_fields.is_none());
         let slice = wire_slice(&full_slice().to_string());
-        assert_eq!(slice.info.key, ObjectKey::new("default", "web-abcde"));
+        assert_eq!(slice.key, ObjectKey::new("default", "web-abcde"));
+    }
+
+    /// The problem of an object the model cannot read, by field; the
+    /// object still carries its identity.
+    fn undecodable_service(v: &Value) -> (ObjectMeta, String) {
+        let obj = wire_service(&v.to_string());
+        (obj.meta, obj.info.expect_err("undecodable").problem)
     }
 
     #[test]
     fn a_field_the_model_reads_with_the_wrong_type_is_named() {
         let mut v = full_service();
         v["spec"]["ports"][1]["port"] = json!("eighty");
-        let err = serde_path_to_error::deserialize::<_, ServiceObject>(&v).expect_err("bad port");
+        let (meta, problem) = undecodable_service(&v);
+        assert_eq!(
+            problem,
+            r#"spec.ports[1].port: invalid type: string "eighty", expected i32"#
+        );
+        assert_eq!(
+            (meta.namespace.as_deref(), meta.name.as_deref()),
+            (Some("shop"), Some("web"))
+        );
+        assert_eq!(meta.resource_version.as_deref(), Some("42"));
+        let err = serde_path_to_error::deserialize::<_, ServiceInput>(&v)
+            .err()
+            .expect("bad port");
         assert_eq!(err.path().to_string(), "spec.ports[1].port");
-        assert!(err.to_string().contains("expected i32"), "{err}");
 
         let mut v = full_slice();
         v["endpoints"][0]["conditions"]["ready"] = json!("yes");
-        let err = serde_path_to_error::deserialize::<_, SliceObject>(&v).expect_err("bad ready");
-        assert_eq!(err.path().to_string(), "endpoints[0].conditions.ready");
+        let obj: SliceObject = serde_json::from_str(&v.to_string()).expect("wire");
+        let problem = obj.info.expect_err("bad ready").problem;
+        assert!(
+            problem.starts_with("endpoints[0].conditions.ready: invalid type: string"),
+            "{problem}"
+        );
+        assert_eq!(obj.meta.name.as_deref(), Some("web-abcde"));
 
         let mut v = full_service();
         v["metadata"]["labels"]["app"] = json!(3);
-        assert!(
-            serde_json::from_value::<ServiceObject>(v).is_err(),
-            "labels are strings"
+        let (_, problem) = undecodable_service(&v);
+        assert_eq!(
+            problem,
+            "metadata.labels.app: invalid type: integer `3`, expected a string"
         );
 
         let mut v = full_service();
         v["metadata"]["creationTimestamp"] = json!("yesterday");
-        assert!(serde_json::from_value::<ServiceObject>(v).is_err());
+        let (meta, problem) = undecodable_service(&v);
+        assert!(
+            problem.starts_with(r#"metadata.creationTimestamp "yesterday": "#),
+            "{problem}"
+        );
+        assert_eq!(meta.name.as_deref(), Some("web"));
+
+        // Not even the name reads: the problem still does.
+        let (meta, problem) = undecodable_service(&json!({"metadata": {"name": 7}}));
+        assert_eq!(meta.name, None);
+        assert!(
+            problem.starts_with("metadata.name: invalid type"),
+            "{problem}"
+        );
+    }
+
+    /// One bad object in a list page costs only itself.
+    #[test]
+    fn a_bad_item_leaves_the_rest_of_its_page_readable() {
+        let mut bad = full_service();
+        bad["metadata"]["name"] = json!("bad");
+        bad["spec"]["ports"] = json!({"port": 80});
+        let mut good = full_service();
+        good["metadata"]["name"] = json!("good");
+        let page = json!({"items": [full_service(), bad, good]}).to_string();
+        #[derive(Deserialize)]
+        struct Page {
+            items: Vec<ServiceObject>,
+        }
+        let page: Page = serde_json::from_str(&page).expect("the page reads");
+        let names: Vec<_> = page
+            .items
+            .iter()
+            .map(|o| (o.meta.name.clone().unwrap_or_default(), o.info.is_ok()))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                ("web".into(), true),
+                ("bad".into(), false),
+                ("good".into(), true)
+            ]
+        );
+        assert_eq!(
+            page.items[1].info.as_ref().expect_err("bad").problem,
+            "spec.ports: invalid type: map, expected a sequence"
+        );
+    }
+
+    /// A list page's objects are decoded from their text (no tree of
+    /// values); a watch event, which kube-client decodes through serde's
+    /// buffer (the event is adjacently tagged), through a tree: the same
+    /// objects, the same problems.
+    #[test]
+    fn pages_are_decoded_from_text_and_watch_events_through_a_tree() {
+        #[derive(Deserialize)]
+        struct Page {
+            items: Vec<ServiceObject>,
+        }
+        #[derive(Deserialize)]
+        #[serde(tag = "type", content = "object")]
+        enum Event {
+            #[serde(rename = "ADDED")]
+            Added(ServiceObject),
+        }
+        let mut bad = full_service();
+        bad["spec"]["ports"][0]["port"] = json!(true);
+        let before = FROM_TEXT.with(|n| n.get());
+        let page: Page =
+            serde_json::from_str(&json!({"items": [full_service(), bad.clone()]}).to_string())
+                .expect("page");
+        assert_eq!(FROM_TEXT.with(|n| n.get()) - before, 2, "from text");
+
+        let before = FROM_TEXT.with(|n| n.get());
+        let events: Vec<ServiceObject> = [full_service(), bad]
+            .into_iter()
+            .map(|o| {
+                let line = json!({"type": "ADDED", "object": o}).to_string();
+                let Event::Added(obj) = serde_json::from_str(&line).expect("event");
+                obj
+            })
+            .collect();
+        assert_eq!(FROM_TEXT.with(|n| n.get()), before, "through a tree");
+        for (listed, watched) in page.items.iter().zip(&events) {
+            assert_eq!(listed.info, watched.info);
+            assert_eq!(listed.meta, watched.meta);
+        }
+        assert_eq!(
+            events[1].info.as_ref().expect_err("bad").problem,
+            "spec.ports[0].port: invalid type: boolean `true`, expected i32"
+        );
     }
 
     #[test]
@@ -827,20 +1176,24 @@ mod tests {
         let mut v = full_service();
         v["spec"]["selector"] = json!(["not", "a", "map"]);
         v["metadata"]["managedFields"] = json!(17);
-        let obj: ServiceObject = serde_json::from_value(v).expect("skipped");
-        assert_eq!(obj.info.key, ObjectKey::new("shop", "web"));
+        let info = wire_service(&v.to_string()).info.expect("skipped");
+        assert_eq!(info.key, ObjectKey::new("shop", "web"));
     }
 
     #[test]
     fn shared_strings_are_shared_after_share() {
         let text = full_slice().to_string();
         let mut interner = Interner::default();
-        let mut a: SliceObject = serde_json::from_str(&text).expect("wire");
-        let mut b: SliceObject = serde_json::from_str(&text).expect("wire");
-        a.info.share(&mut interner);
-        b.info.share(&mut interner);
-        let node = |s: &SliceObject| s.info.endpoints[0].node_name.clone().expect("node");
+        let decode = |interner: &mut Interner| {
+            let obj: SliceObject = serde_json::from_str(&text).expect("wire");
+            let mut info = obj.info.expect("decodable");
+            info.share(interner);
+            info
+        };
+        let a = decode(&mut interner);
+        let b = decode(&mut interner);
+        let node = |s: &SliceInfo| s.endpoints[0].node_name.clone().expect("node");
         assert!(Arc::ptr_eq(&node(&a), &node(&b)));
-        assert!(Arc::ptr_eq(&a.info.address_type, &b.info.address_type));
+        assert!(Arc::ptr_eq(&a.address_type, &b.address_type));
     }
 }

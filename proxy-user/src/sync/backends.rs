@@ -177,6 +177,9 @@ impl<A: Address> Table<A> {
 pub(super) struct Backends {
     v4: Table<Ipv4Addr>,
     v6: Table<Ipv6Addr>,
+    /// No id above this was ever held: the allocator's next id is most
+    /// often past it, and then free without a lookup in either table.
+    highest: u32,
 }
 
 impl Backends {
@@ -207,7 +210,7 @@ impl Backends {
     }
 
     pub(super) fn contains_id(&self, id: u32) -> bool {
-        self.v4.find_id(id).is_some() || self.v6.find_id(id).is_some()
+        id <= self.highest && (self.v4.find_id(id).is_some() || self.v6.find_id(id).is_some())
     }
 
     /// The largest id held.
@@ -228,6 +231,7 @@ impl Backends {
     /// or one more reference on the entry `id` already has (adopting maps
     /// where several slots name it).
     pub(super) fn hold(&mut self, id: u32, backend: BackendAddr, protocol: Protocol) {
+        self.highest = self.highest.max(id);
         match backend.ip {
             IpAddr::V4(ip) => self.v4.hold(id, (ip, backend.port, protocol)),
             IpAddr::V6(ip) => self.v6.hold(id, (ip, backend.port, protocol)),

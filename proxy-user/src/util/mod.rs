@@ -1,2 +1,3 @@
 //! Helpers shared by layers that do not otherwise meet.
+pub mod cores;
 pub mod fsmode;

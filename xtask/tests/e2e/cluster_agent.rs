@@ -78,6 +78,12 @@ impl Cluster {
 
     /// [`start`](Self::start) with extra agent flags.
     fn start_with(pods: &[usize], agent_args: &[&str]) -> Cluster {
+        Cluster::start_serving(pods, agent_args, &[])
+    }
+
+    /// [`start_with`](Self::start_with), the API server holding `extra`
+    /// objects too when the agent starts.
+    fn start_serving(pods: &[usize], agent_args: &[&str], extra: &[Value]) -> Cluster {
         xtask::testenv::require_root();
         let mut sb = Sandbox::for_test().expect("sandbox");
         sb.start_pods(&sb_echo()).expect("pods");
@@ -86,6 +92,9 @@ impl Cluster {
         api.apply(node()).expect("node");
         api.apply(service()).expect("service");
         api.apply(slice(pods)).expect("slice");
+        for obj in extra {
+            api.apply(obj).expect("extra object");
+        }
         let kubeconfig = sb.dir.join("kubeconfig");
         api.write_kubeconfig(&kubeconfig).expect("kubeconfig");
         let mut cluster = Cluster {
@@ -597,4 +606,107 @@ fn hex_bytes(v: &Value) -> Vec<String> {
                 .collect()
         })
         .unwrap_or_default()
+}
+
+/// The problems `switchboard services` lists, once one contains `needle`.
+fn wait_problem(c: &Cluster, needle: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let table = c.sb.services_raw(&switchboard(), false).expect("services");
+        let problems = table
+            .split_once("PROBLEMS (")
+            .map(|(_, p)| p.to_owned())
+            .unwrap_or_default();
+        if problems.contains(needle) {
+            return problems;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no problem naming {needle:?}:\n{table}\n--- agent log ---\n{}",
+            c.sb.read_log("agent")
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Issue 22: an object the agent cannot read (a field of the wrong type, as
+/// a broken controller or a schema skew might send) costs only itself. In
+/// the first list page, the good Service is programmed and answers, the bad
+/// Service and EndpointSlice are reported by name with the field at fault;
+/// a bad version arriving by watch keeps the last good one (the Service
+/// keeps answering from it), and a good version clears the problem.
+#[test]
+fn an_object_that_cannot_be_read_is_reported_by_name_and_the_rest_is_programmed() {
+    let broken_service = json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "broken", "namespace": "demo"},
+        "spec": {"clusterIP": "10.96.0.99", "clusterIPs": ["10.96.0.99"],
+                 "ports": [{"name": "http", "protocol": "TCP", "port": "eighty"}]}
+    });
+    // A second slice of the echo Service, with pod 3: were it read, pod 3
+    // would be a backend.
+    let mut broken_slice = slice(&[3]);
+    broken_slice["metadata"]["name"] = json!("echo-broken");
+    broken_slice["endpoints"][0]["conditions"]["ready"] = json!("yes");
+    let mut c = Cluster::start_serving(&[1, 2], &[], &[broken_service, broken_slice]);
+    c.wait("ClusterIP with the good slice's 2 backends", |f| {
+        Cluster::backends(f, CLUSTER_IP, 80, "TCP") == Some(pod_backends(&[1, 2], 8080))
+    });
+    assert_eq!(c.tcp_names(20), ["pod1", "pod2"]);
+    let problems = wait_problem(&c, "Service demo/broken");
+    assert!(
+        problems.contains(
+            "Service demo/broken: spec.ports[0].port: invalid type: string \"eighty\", expected i32; not used until a version that can be read arrives"
+        ),
+        "{problems}"
+    );
+    assert!(
+        problems.contains(
+            "EndpointSlice demo/echo-broken: endpoints[0].conditions.ready: invalid type: string \"yes\", expected a boolean; not used"
+        ),
+        "{problems}"
+    );
+    let frontends = c.sb.services(&switchboard()).expect("services");
+    assert!(
+        !frontends.iter().any(|f| f.address == "10.96.0.99"),
+        "the broken Service has no frontend"
+    );
+
+    // By watch: a bad version of the good slice keeps its last good one.
+    let mut bad = slice(&[1]);
+    bad["endpoints"][0]["addresses"] = json!("10.244.0.1");
+    c.api.apply(bad).expect("bad slice");
+    let problems = wait_problem(&c, "EndpointSlice demo/echo-abc12");
+    assert!(
+        problems.contains(
+            "EndpointSlice demo/echo-abc12: endpoints[0].addresses: invalid type: string \"10.244.0.1\", expected a sequence of strings; keeping the last version that could be read"
+        ),
+        "{problems}"
+    );
+    assert_eq!(
+        c.tcp_names(20),
+        ["pod1", "pod2"],
+        "the last good version is kept"
+    );
+
+    // Good versions of both: used, and the problems are gone.
+    c.api.apply(slice(&[2])).expect("slice");
+    let mut fixed = slice(&[3]);
+    fixed["metadata"]["name"] = json!("echo-broken");
+    c.api.apply(fixed).expect("fixed slice");
+    c.wait("ClusterIP with pods 2 and 3", |f| {
+        Cluster::backends(f, CLUSTER_IP, 80, "TCP") == Some(pod_backends(&[2, 3], 8080))
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let table = c.sb.services_raw(&switchboard(), false).expect("services");
+        if !table.contains("echo-abc12") && !table.contains("echo-broken") {
+            assert!(table.contains("Service demo/broken"), "{table}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "problems linger:\n{table}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(c.tcp_names(20), ["pod2", "pod3"]);
+    c.sb.cleanup().expect("cleanup");
 }

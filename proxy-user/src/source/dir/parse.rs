@@ -13,7 +13,7 @@ use serde_json::Value;
 use serde_saphyr::Spanned;
 
 use crate::model::{ServiceInfo, SliceInfo};
-use crate::source::wire::{DocInfo, ServiceObject, SliceObject};
+use crate::source::wire::{DocInfo, ServiceInput, SliceInput};
 
 /// What one manifest file holds: k8s-openapi objects (what [`load_file`]
 /// and [`parse_manifests`] give), or, for the directory source, the model's
@@ -90,10 +90,10 @@ impl Decoder for Inputs {
     type Service = ServiceInfo;
     type Slice = SliceInfo;
     fn service(value: Value) -> Result<ServiceInfo, PathError> {
-        serde_path_to_error::deserialize(&value).map(|o: ServiceObject| o.info)
+        serde_path_to_error::deserialize(&value).map(|o: ServiceInput| o.0)
     }
     fn slice(value: Value) -> Result<SliceInfo, PathError> {
-        serde_path_to_error::deserialize(&value).map(|o: SliceObject| o.info)
+        serde_path_to_error::deserialize(&value).map(|o: SliceInput| o.0)
     }
 
     /// A Service or an EndpointSlice straight from the YAML (no tree of
@@ -106,6 +106,13 @@ impl Decoder for Inputs {
         let mut options = yaml_options(text.len());
         options.no_schema = true;
         options.strict_booleans = true;
+        // The parser remembers no keys (a third of its time): a key given
+        // twice reaches the decoder, where a struct's field given twice is
+        // serde's error and a label or annotation map refuses it (then the
+        // general path names it); a merge key (`<<`) is an error here, and
+        // the general path expands it.
+        options.duplicate_keys = serde_saphyr::DuplicateKeyPolicy::PassThrough;
+        options.merge_keys = serde_saphyr::MergeKeyPolicy::Error;
         let mut out = FileObjects::default();
         match serde_saphyr::from_str_with_options::<DocInfo>(text, options).ok()? {
             DocInfo::Service(svc) => out.services.push(svc),
@@ -265,26 +272,7 @@ where
             .map(|text| parse_document::<D>(path, text))
             .collect()
     };
-    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
-    let threads = cores.min(documents.len() / PER_THREAD_MIN).max(1);
-    if threads == 1 {
-        return parse(documents);
-    }
-    let per_thread = documents.len().div_ceil(threads);
-    std::thread::scope(|scope| {
-        let running: Vec<_> = documents
-            .chunks(per_thread)
-            .map(|chunk| scope.spawn(move || parse(chunk)))
-            .collect();
-        running
-            .into_iter()
-            .flat_map(|thread| {
-                thread
-                    .join()
-                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
-            })
-            .collect()
-    })
+    crate::util::cores::chunks_on_cores(documents, PER_THREAD_MIN, parse)
 }
 
 /// One document's text (see [`yaml_documents`]): [`Decoder::direct`], else
@@ -711,6 +699,12 @@ mod tests {
             svc("{name: web}", "{ports: [{port: '80'}]}"),
             svc("{name: web}", "{clusterIP: null, sessionAffinity: true}"),
             slice("[{addresses: [10.0.0.1], conditions: {ready: yes}}]"),
+            svc("{name: web, labels: {a: b, a: c}}", "{}"),
+            svc("{name: web, name: web2}", "{}"),
+            svc(
+                "{name: web}",
+                "{<<: {clusterIP: 10.96.0.10}, ports: [{port: 80}]}",
+            ),
             "apiVersion: v1\nkind: List\nitems: []\n".to_string(),
             "# nothing\n".to_string(),
         ];
