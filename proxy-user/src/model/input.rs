@@ -170,23 +170,23 @@ pub struct ServiceSpecInfo {
     /// value ([`shared_value`]): no allocation per Service.
     pub type_: Option<Arc<str>>,
     /// `clusterIPs` when it is set and not empty, else `clusterIP`; as written.
-    pub cluster_ips: Vec<String>,
+    pub cluster_ips: Box<[String]>,
     /// `ipFamilies` (empty when unset).
-    pub ip_families: Vec<Raw<IpFamily>>,
+    pub ip_families: Box<[Raw<IpFamily>]>,
     /// `ipFamilyPolicy`.
     pub ip_family_policy: Option<Raw<IpFamilyPolicy>>,
-    pub external_ips: Vec<String>,
+    pub external_ips: Box<[String]>,
     /// `status.loadBalancer.ingress`.
-    pub lb_ingress: Vec<LbIngress>,
+    pub lb_ingress: Box<[LbIngress]>,
     /// `loadBalancerSourceRanges`, as written.
-    pub lb_source_ranges: Vec<String>,
+    pub lb_source_ranges: Box<[String]>,
     pub session_affinity: Option<Arc<str>>,
     /// `sessionAffinityConfig.clientIP.timeoutSeconds`.
     pub affinity_timeout_s: Option<i32>,
     pub external_traffic_policy: Option<Arc<str>>,
     pub internal_traffic_policy: Option<Arc<str>>,
     pub health_check_node_port: Option<i32>,
-    pub ports: Vec<ServicePortInfo>,
+    pub ports: Box<[ServicePortInfo]>,
 }
 
 /// A field with a few valid values: parsed when it is one of them (no
@@ -297,7 +297,7 @@ impl ServiceInfo {
             spec: svc.spec.as_ref().map(|spec| ServiceSpecInfo {
                 type_: spec.type_.as_deref().map(shared_value),
                 cluster_ips: match spec.cluster_ips.as_deref() {
-                    Some(list) if !list.is_empty() => list.to_vec(),
+                    Some(list) if !list.is_empty() => list.into(),
                     _ => spec.cluster_ip.iter().cloned().collect(),
                 },
                 ip_families: spec
@@ -310,7 +310,7 @@ impl ServiceInfo {
                     .ip_family_policy
                     .as_deref()
                     .map(|p| Raw::new(p, IpFamilyPolicy::from_k8s)),
-                external_ips: spec.external_ips.clone().unwrap_or_default(),
+                external_ips: spec.external_ips.clone().unwrap_or_default().into(),
                 lb_ingress: svc
                     .status
                     .as_ref()
@@ -323,7 +323,11 @@ impl ServiceInfo {
                         ip_mode: i.ip_mode.clone(),
                     })
                     .collect(),
-                lb_source_ranges: spec.load_balancer_source_ranges.clone().unwrap_or_default(),
+                lb_source_ranges: spec
+                    .load_balancer_source_ranges
+                    .clone()
+                    .unwrap_or_default()
+                    .into(),
                 session_affinity: spec.session_affinity.as_deref().map(shared_value),
                 affinity_timeout_s: spec
                     .session_affinity_config
@@ -358,8 +362,8 @@ pub struct SliceInfo {
     pub service_name: Option<String>,
     /// Interned: one of a few values (`IPv4`, `IPv6`, `FQDN`) on every slice.
     pub address_type: Arc<str>,
-    pub endpoints: Vec<EndpointInfo>,
-    pub ports: Vec<SlicePortInfo>,
+    pub endpoints: Box<[EndpointInfo]>,
+    pub ports: Box<[SlicePortInfo]>,
     /// `endpoints.kubernetes.io/last-change-trigger-time`, when it parses.
     pub trigger_time: Option<SystemTime>,
     /// The `switchboard.io/weights` annotation, as written (rare: boxed).
@@ -423,8 +427,8 @@ pub struct EndpointInfo {
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Hints {
-    pub for_nodes: Vec<Arc<str>>,
-    pub for_zones: Vec<Arc<str>>,
+    pub for_nodes: Box<[Arc<str>]>,
+    pub for_zones: Box<[Arc<str>]>,
 }
 
 /// Names and protocols are interned: every slice of a Service repeats them.
@@ -560,10 +564,10 @@ mod tests {
             spec: Some(ServiceSpecInfo {
                 cluster_ips: cluster.iter().map(|s| s.to_string()).collect(),
                 external_ips: external.iter().map(|s| s.to_string()).collect(),
-                lb_ingress: vec![LbIngress {
+                lb_ingress: Box::new([LbIngress {
                     ip: ingress.map(Into::into),
                     ip_mode: None,
-                }],
+                }]),
                 ..Default::default()
             }),
             ..Default::default()

@@ -325,7 +325,7 @@ impl WireService<'_> {
             spec: self.spec.map(|spec| ServiceSpecInfo {
                 type_: shared(spec.type_),
                 cluster_ips: match spec.cluster_ips {
-                    Some(list) if !list.is_empty() => list,
+                    Some(list) if !list.is_empty() => list.into(),
                     _ => spec.cluster_ip.into_iter().collect(),
                 },
                 ip_families: spec
@@ -337,7 +337,7 @@ impl WireService<'_> {
                 ip_family_policy: spec
                     .ip_family_policy
                     .map(|p| Raw::new(&p, IpFamilyPolicy::from_k8s)),
-                external_ips: spec.external_ips.unwrap_or_default(),
+                external_ips: spec.external_ips.unwrap_or_default().into(),
                 lb_ingress: self
                     .status
                     .and_then(|s| s.load_balancer)
@@ -349,7 +349,7 @@ impl WireService<'_> {
                         ip_mode: i.ip_mode,
                     })
                     .collect(),
-                lb_source_ranges: spec.load_balancer_source_ranges.unwrap_or_default(),
+                lb_source_ranges: spec.load_balancer_source_ranges.unwrap_or_default().into(),
                 session_affinity: shared(spec.session_affinity),
                 affinity_timeout_s: spec
                     .session_affinity_config
@@ -471,7 +471,7 @@ impl WireSlice<'_> {
     fn info(self) -> SliceInfo {
         let meta = &self.metadata;
         let annotations = meta.annotations.as_ref();
-        let names = |list: Option<Vec<WireNamed<'_>>>| -> Vec<Arc<str>> {
+        let names = |list: Option<Vec<WireNamed<'_>>>| -> Box<[Arc<str>]> {
             list.into_iter()
                 .flatten()
                 .map(|n| unshared(n.name.as_deref().unwrap_or_default()))
