@@ -23,6 +23,7 @@ use k8s_openapi::api::discovery::v1::{Endpoint, EndpointSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::chrono::DateTime;
 
+use super::packed::Endpoints;
 use super::{
     IpFamily, ANNOTATION_LB_ALGORITHM, ANNOTATION_WEIGHTS, LABEL_HEADLESS, LABEL_SERVICE_NAME,
     LABEL_SERVICE_PROXY_NAME,
@@ -362,7 +363,8 @@ pub struct SliceInfo {
     pub service_name: Option<String>,
     /// Interned: one of a few values (`IPv4`, `IPv6`, `FQDN`) on every slice.
     pub address_type: Arc<str>,
-    pub endpoints: Box<[EndpointInfo]>,
+    /// Compact ([`Endpoints`]): built from [`EndpointInfo`]s.
+    pub endpoints: Endpoints,
     pub ports: Box<[SlicePortInfo]>,
     /// `endpoints.kubernetes.io/last-change-trigger-time`, when it parses.
     pub trigger_time: Option<SystemTime>,
@@ -491,16 +493,7 @@ impl SliceInfo {
                 .chain(&mut port.protocol)
                 .for_each(&mut share);
         }
-        for ep in &mut self.endpoints {
-            ep.node_name.iter_mut().for_each(&mut share);
-            if let Some(hints) = &mut ep.hints {
-                hints
-                    .for_nodes
-                    .iter_mut()
-                    .chain(&mut hints.for_zones)
-                    .for_each(&mut share);
-            }
-        }
+        self.endpoints.share(&mut share);
     }
 }
 

@@ -26,6 +26,7 @@ pub mod cidr;
 mod endpoints;
 mod incremental;
 pub mod input;
+mod packed;
 mod service;
 mod validate;
 
@@ -34,6 +35,7 @@ pub use input::{
     EndpointInfo, Hints, Interner, IpFamilyPolicy, LbIngress, ObjectKey, ProxyLabels, Raw,
     RawAddress, ServiceInfo, ServicePortInfo, ServiceSpecInfo, SliceInfo, SlicePortInfo,
 };
+pub use packed::{Address, Endpoint, Endpoints};
 
 /// Label on an EndpointSlice naming the Service it belongs to (same namespace).
 pub const LABEL_SERVICE_NAME: &str = "kubernetes.io/service-name";

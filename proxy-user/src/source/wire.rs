@@ -839,7 +839,13 @@ mod tests {
         let mut b: SliceObject = serde_json::from_str(&text).expect("wire");
         a.info.share(&mut interner);
         b.info.share(&mut interner);
-        let node = |s: &SliceObject| s.info.endpoints[0].node_name.clone().expect("node");
+        let node = |s: &SliceObject| {
+            s.info
+                .endpoints
+                .get(0)
+                .and_then(|e| e.node_name.cloned())
+                .expect("node")
+        };
         assert!(Arc::ptr_eq(&node(&a), &node(&b)));
         assert!(Arc::ptr_eq(&a.info.address_type, &b.info.address_type));
     }
