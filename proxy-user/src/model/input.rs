@@ -234,8 +234,9 @@ pub struct LbIngress {
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ServicePortInfo {
-    /// Empty when unnamed.
-    pub name: String,
+    /// Empty when unnamed; shared by every Service naming a port alike
+    /// (see [`ServiceInfo::share`]).
+    pub name: Arc<str>,
     pub protocol: Option<Arc<str>>,
     pub port: i32,
     pub node_port: Option<i32>,
@@ -343,7 +344,7 @@ impl ServiceInfo {
                     .iter()
                     .flatten()
                     .map(|p| ServicePortInfo {
-                        name: p.name.clone().unwrap_or_default(),
+                        name: p.name.as_deref().unwrap_or_default().into(),
                         protocol: p.protocol.as_deref().map(shared_value),
                         port: p.port,
                         node_port: p.node_port,
@@ -480,12 +481,26 @@ impl SliceInfo {
     }
 }
 
-impl SliceInfo {
-    /// Puts the strings a slice shares with others (address type, port
-    /// names and protocols, node names, hints) through `interner`: for a
-    /// slice decoded without one (`source::wire`, on any thread).
+impl ServiceInfo {
+    /// Puts the strings a Service shares with others (its namespace, port
+    /// names) through `interner`: for a Service decoded without one.
     pub fn share(&mut self, interner: &mut Interner) {
         let mut share = |s: &mut Arc<str>| *s = interner.intern(s);
+        share(&mut self.key.namespace);
+        if let Some(spec) = &mut self.spec {
+            spec.ports.iter_mut().for_each(|p| share(&mut p.name));
+        }
+    }
+}
+
+impl SliceInfo {
+    /// Puts the strings a slice shares with others (namespace, address
+    /// type, port names and protocols, node names, hints) through
+    /// `interner`: for a slice decoded without one (`source::wire`, on any
+    /// thread).
+    pub fn share(&mut self, interner: &mut Interner) {
+        let mut share = |s: &mut Arc<str>| *s = interner.intern(s);
+        share(&mut self.key.namespace);
         share(&mut self.address_type);
         for port in &mut self.ports {
             port.name

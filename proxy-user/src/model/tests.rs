@@ -2007,7 +2007,7 @@ mod properties {
             prop::option::of(prop_oneof![Just(30080), Just(30053), Just(0)]),
         )
             .prop_map(|(name, protocol, port, node_port)| ServicePortInfo {
-                name,
+                name: name.into(),
                 protocol: protocol.map(Into::into),
                 port,
                 node_port,

@@ -191,7 +191,7 @@ pub fn watch_cluster(
         .max(1);
     let base = watcher::Config::default().timeout(timeout);
     spawn(
-        Services,
+        Services::default(),
         Api::all(client.clone()),
         base.clone().labels(&labels),
         timing,
@@ -323,6 +323,8 @@ impl FirstList {
 #[derive(Debug, Default)]
 struct Known {
     objects: HashMap<ObjectKey, Seen>,
+    /// The keys' namespaces, one copy each (pruned after each list).
+    namespaces: Interner,
     /// Bumped when a list starts; what the list names is stamped with it.
     epoch: u32,
 }
@@ -358,11 +360,17 @@ impl Known {
                 Some(entry.key().clone())
             }
             Entry::Vacant(entry) => {
-                let key = entry.key().clone();
-                entry.insert(Seen {
-                    resource_version: resource_version.into(),
-                    epoch: self.epoch,
-                });
+                // A new key: its namespace is shared with the other keys'.
+                let namespace = self.namespaces.intern(&entry.key().namespace);
+                let mut key = entry.into_key();
+                key.namespace = namespace;
+                self.objects.insert(
+                    key.clone(),
+                    Seen {
+                        resource_version: resource_version.into(),
+                        epoch: self.epoch,
+                    },
+                );
                 Some(key)
             }
         }
@@ -383,6 +391,7 @@ impl Known {
             }
             listed
         });
+        self.namespaces.prune();
         vanished
     }
 
@@ -414,14 +423,42 @@ trait Recorder: Send + 'static {
     fn listed(&mut self) {}
 }
 
-struct Services;
+/// An interner of the strings one watch's objects share, pruned after
+/// every [`PRUNE_EVERY`] objects and each list (a string nothing holds any
+/// more stays until then).
+#[derive(Default)]
+struct Sharing {
+    interner: Interner,
+    since_prune: u32,
+}
+
+impl Sharing {
+    /// The interner, for one more object.
+    fn interner(&mut self) -> &mut Interner {
+        self.since_prune += 1;
+        if self.since_prune >= PRUNE_EVERY {
+            self.prune();
+        }
+        &mut self.interner
+    }
+
+    fn prune(&mut self) {
+        self.interner.prune();
+        self.since_prune = 0;
+    }
+}
+
+/// Services, with port names shared.
+#[derive(Default)]
+struct Services(Sharing);
 
 impl Recorder for Services {
     type Object = ServiceObject;
     const KIND: Kind = Kind::Service;
 
     fn apply(&mut self, feed: &FeedTx, key: ObjectKey, svc: ServiceObject) -> bool {
-        let info = ServiceInfo { key, ..svc.info };
+        let mut info = ServiceInfo { key, ..svc.info };
+        info.share(self.0.interner());
         feed.service(info.key.clone(), Some(Arc::new(info)));
         true
     }
@@ -430,14 +467,15 @@ impl Recorder for Services {
         feed.service(key, None);
         true
     }
+
+    fn listed(&mut self) {
+        self.0.prune();
+    }
 }
 
-/// EndpointSlices, with node names shared through one interner per watch.
+/// EndpointSlices, with node names, port names and the like shared.
 #[derive(Default)]
-struct Slices {
-    interner: Interner,
-    since_prune: u32,
-}
+struct Slices(Sharing);
 
 impl Recorder for Slices {
     type Object = SliceObject;
@@ -445,12 +483,8 @@ impl Recorder for Slices {
 
     fn apply(&mut self, feed: &FeedTx, key: ObjectKey, slice: SliceObject) -> bool {
         let mut info = SliceInfo { key, ..slice.info };
-        info.share(&mut self.interner);
+        info.share(self.0.interner());
         feed.slice(info.key.clone(), Some(Arc::new(info)));
-        self.since_prune += 1;
-        if self.since_prune >= PRUNE_EVERY {
-            self.prune();
-        }
         true
     }
 
@@ -460,14 +494,7 @@ impl Recorder for Slices {
     }
 
     fn listed(&mut self) {
-        self.prune();
-    }
-}
-
-impl Slices {
-    fn prune(&mut self) {
-        self.interner.prune();
-        self.since_prune = 0;
+        self.0.prune();
     }
 }
 
@@ -873,7 +900,7 @@ mod tests {
         let (tx, mut rx) = feed();
         let first = Arc::new(FirstList::default());
         let mut services = Watch::new(
-            Services,
+            Services::default(),
             tx.clone(),
             Arc::clone(&first),
             WatchTiming::default(),
@@ -918,7 +945,7 @@ mod tests {
         let first = Arc::new(FirstList::default());
         run(
             &mut Watch::new(
-                Services,
+                Services::default(),
                 tx.clone(),
                 Arc::clone(&first),
                 WatchTiming::default(),
@@ -956,7 +983,7 @@ mod tests {
     #[tokio::test]
     async fn a_relist_records_changes_and_deletions_only() {
         let (tx, mut rx) = feed();
-        let mut services = listed_watch(Services, tx);
+        let mut services = listed_watch(Services::default(), tx);
         run(
             &mut services,
             list(vec![svc("a", "1"), svc("b", "1"), svc("gone", "1")]),

@@ -363,7 +363,7 @@ impl WireService<'_> {
                     .into_iter()
                     .flatten()
                     .map(|p| ServicePortInfo {
-                        name: p.name.unwrap_or_default(),
+                        name: p.name.unwrap_or_default().into(),
                         protocol: shared(p.protocol),
                         port: p.port.unwrap_or_default(),
                         node_port: p.node_port,
