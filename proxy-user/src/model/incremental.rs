@@ -592,6 +592,6 @@ impl Model {
 fn slice_service(slice: &SliceInfo) -> Option<ObjectKey> {
     slice.service_name.as_ref().map(|name| ObjectKey {
         namespace: Arc::clone(&slice.key.namespace),
-        name: Arc::from(name.as_str()),
+        name: Arc::clone(name),
     })
 }

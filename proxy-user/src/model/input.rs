@@ -360,8 +360,9 @@ impl ServiceInfo {
 pub struct SliceInfo {
     pub key: ObjectKey,
     pub labels: ProxyLabels,
-    /// `kubernetes.io/service-name`: the Service (same namespace) it serves.
-    pub service_name: Option<String>,
+    /// `kubernetes.io/service-name`: the Service (same namespace) it
+    /// serves. Shared with the model's key of that Service's slices.
+    pub service_name: Option<Arc<str>>,
     /// Interned: one of a few values (`IPv4`, `IPv6`, `FQDN`) on every slice.
     pub address_type: Arc<str>,
     /// Compact ([`Endpoints`]): built from [`EndpointInfo`]s.
@@ -449,7 +450,7 @@ impl SliceInfo {
         SliceInfo {
             key: ObjectKey::of(meta),
             labels: ProxyLabels::of(meta),
-            service_name: label(meta, LABEL_SERVICE_NAME).map(str::to_owned),
+            service_name: label(meta, LABEL_SERVICE_NAME).map(Arc::from),
             address_type: interner.intern(&slice.address_type),
             endpoints: slice
                 .endpoints

@@ -4,8 +4,9 @@
 //! the model. As [`EndpointInfo`]s (a 24-byte address that may be text, a
 //! node name, hints, three conditions) they took 56 bytes each; here an
 //! endpoint takes 16: an IPv4 address inline, the conditions in one byte,
-//! and indexes into the slice's tables of the rare parts (IPv6 addresses,
-//! addresses kept as text, node names once per slice, hints).
+//! and indexes into the slice's tables of the other parts (node names once
+//! per slice; IPv6 addresses, addresses kept as text and hints in a table
+//! of their own that most slices do without).
 //!
 //! [`Endpoints`] is built from [`EndpointInfo`]s (what the decoders and the
 //! tests write) and read back as [`Endpoint`] views, whose fields say what
@@ -71,11 +72,19 @@ fn one_based(len: usize) -> u32 {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Endpoints {
     packed: Box<[Packed]>,
+    /// The node names the endpoints name, each once.
+    nodes: Box<[Arc<str>]>,
+    /// `None` when every table in it is empty (an IPv4 slice without
+    /// hints): 8 bytes per slice rather than 48.
+    rare: Option<Box<Rare>>,
+}
+
+/// The tables most slices leave empty.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct Rare {
     v6: Box<[Ipv6Addr]>,
     /// Addresses not written as they print, kept as written.
     other: Box<[Box<str>]>,
-    /// The node names the endpoints name, each once.
-    nodes: Box<[Arc<str>]>,
     hints: Box<[Hints]>,
 }
 
@@ -144,11 +153,14 @@ impl Endpoints {
 
     fn view(&self, p: &Packed) -> Endpoint<'_> {
         let at = p.addr as usize;
+        let rare = self.rare.as_deref();
         let address = match p.kind {
             Kind::None => None,
             Kind::V4 => Some(Address::V4(Ipv4Addr::from(p.addr))),
-            Kind::V6 => self.v6.get(at).copied().map(Address::V6),
-            Kind::Other => self.other.get(at).map(|s| Address::Other(s)),
+            Kind::V6 => rare.and_then(|r| r.v6.get(at)).copied().map(Address::V6),
+            Kind::Other => rare
+                .and_then(|r| r.other.get(at))
+                .map(|s| Address::Other(s)),
         };
         let nth = |i: u32| (i as usize).checked_sub(1);
         Endpoint {
@@ -158,7 +170,7 @@ impl Endpoints {
             serving: uncond(p.conds, 2),
             terminating: uncond(p.conds, 4),
             node_name: nth(p.node).and_then(|i| self.nodes.get(i)),
-            hints: nth(p.hints).and_then(|i| self.hints.get(i)),
+            hints: nth(p.hints).and_then(|i| rare?.hints.get(i)),
         }
     }
 
@@ -166,7 +178,8 @@ impl Endpoints {
     /// [`super::SliceInfo::share`]).
     pub(super) fn share(&mut self, share: &mut impl FnMut(&mut Arc<str>)) {
         self.nodes.iter_mut().for_each(&mut *share);
-        for hints in self.hints.iter_mut() {
+        let hints = self.rare.as_deref_mut().map(|r| &mut r.hints[..]);
+        for hints in hints.into_iter().flatten() {
             hints
                 .for_nodes
                 .iter_mut()
@@ -248,12 +261,15 @@ impl Builder {
     }
 
     fn finish(self) -> Endpoints {
-        Endpoints {
-            packed: self.packed.into(),
+        let rare = Rare {
             v6: self.v6.into(),
             other: self.other.into(),
-            nodes: self.nodes.into(),
             hints: self.hints.into(),
+        };
+        Endpoints {
+            packed: self.packed.into(),
+            nodes: self.nodes.into(),
+            rare: (rare != Rare::default()).then(|| Box::new(rare)),
         }
     }
 }
@@ -329,6 +345,11 @@ mod tests {
             assert_eq!(read.hints, w.hints.as_deref());
         }
         assert_eq!(packed.nodes.len(), 2, "each node name once per slice");
+        let plain: Endpoints = vec![written[0].clone()].into();
+        assert!(
+            plain.rare.is_none(),
+            "an IPv4 slice without hints has no rare table"
+        );
         let other = packed.get(2).and_then(|e| e.address).expect("address");
         assert_eq!(other.to_string(), " 10.0.0.2", "shown as written");
         assert_eq!(other.ip(), Some("10.0.0.2".parse().unwrap()));

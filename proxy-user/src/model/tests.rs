@@ -2126,7 +2126,7 @@ mod properties {
                 let namespace = service.map_or("default".to_string(), |i| service_key(i).namespace.to_string());
                 SliceInfo {
                     key: ObjectKey::new(namespace, format!("e{j}")),
-                    service_name: service.map(|i| format!("s{i}")),
+                    service_name: service.map(|i| format!("s{i}").into()),
                     address_type: address_type.into(),
                     endpoints: endpoints.into(),
                     ports: ports.into(),

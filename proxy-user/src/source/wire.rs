@@ -480,7 +480,10 @@ impl WireSlice<'_> {
         SliceInfo {
             key: meta.key(),
             labels: meta.proxy_labels(),
-            service_name: meta.labels.as_ref().and_then(|l| l.service_name.clone()),
+            service_name: meta
+                .labels
+                .as_ref()
+                .and_then(|l| l.service_name.as_deref().map(Arc::from)),
             address_type: shared_value(self.address_type.as_deref().unwrap_or_default()),
             endpoints: self
                 .endpoints
