@@ -331,8 +331,43 @@ struct Known {
 
 #[derive(Debug)]
 struct Seen {
-    resource_version: Box<str>,
+    resource_version: Version,
     epoch: u32,
+}
+
+/// A resourceVersion as recorded: the usual decimal number inline (no
+/// block of its own for each of 200k objects), anything else as written.
+#[derive(Debug, PartialEq, Eq)]
+enum Version {
+    Number(u64),
+    Text(Box<Box<str>>),
+}
+
+impl Version {
+    fn of(text: &str) -> Version {
+        match Version::number(text) {
+            Some(n) => Version::Number(n),
+            None => Version::Text(Box::new(text.into())),
+        }
+    }
+
+    /// The number `text` writes, when it writes one as it prints (digits
+    /// only, no leading zero), so that a number and its text are one version.
+    fn number(text: &str) -> Option<u64> {
+        let digits = !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit());
+        let leading_zero = text.len() > 1 && text.starts_with('0');
+        (digits && !leading_zero)
+            .then(|| text.parse().ok())
+            .flatten()
+    }
+
+    /// Whether this is the version written `text`.
+    fn is(&self, text: &str) -> bool {
+        match self {
+            Version::Number(n) => Version::number(text) == Some(*n),
+            Version::Text(t) => ***t == *text,
+        }
+    }
 }
 
 impl Known {
@@ -353,10 +388,10 @@ impl Known {
             Entry::Occupied(mut entry) => {
                 let seen = entry.get_mut();
                 seen.epoch = self.epoch;
-                if !resource_version.is_empty() && *seen.resource_version == *resource_version {
+                if !resource_version.is_empty() && seen.resource_version.is(resource_version) {
                     return None;
                 }
-                seen.resource_version = resource_version.into();
+                seen.resource_version = Version::of(resource_version);
                 Some(entry.key().clone())
             }
             Entry::Vacant(entry) => {
@@ -367,7 +402,7 @@ impl Known {
                 self.objects.insert(
                     key.clone(),
                     Seen {
-                        resource_version: resource_version.into(),
+                        resource_version: Version::of(resource_version),
                         epoch: self.epoch,
                     },
                 );
@@ -824,6 +859,28 @@ mod tests {
         assert!(known.applied(key("d"), Some("5")).is_some());
         assert_eq!(known.list_done(), vec![key("b")], "c was deleted already");
         assert_eq!(known.len(), 2);
+    }
+
+    #[test]
+    fn resource_versions_are_compared_as_written() {
+        for text in [
+            "1",
+            "0",
+            "18446744073709551615",
+            "01",
+            "+1",
+            "abc",
+            "",
+            "18446744073709551616",
+        ] {
+            let v = Version::of(text);
+            assert!(v.is(text), "{text:?} is itself");
+            for other in ["1", "0", "01", "+1", "abc", "", "2"] {
+                assert_eq!(v.is(other), other == text, "{text:?} against {other:?}");
+            }
+        }
+        assert_eq!(Version::of("42"), Version::Number(42));
+        assert!(matches!(Version::of("042"), Version::Text(_)));
     }
 
     #[test]
