@@ -114,7 +114,7 @@ impl Interner {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ProxyLabels {
     /// `service.kubernetes.io/service-proxy-name`.
-    pub proxy_name: Option<String>,
+    pub proxy_name: Option<Box<str>>,
     /// `service.kubernetes.io/headless` is present.
     pub headless: bool,
 }
@@ -122,7 +122,7 @@ pub struct ProxyLabels {
 impl ProxyLabels {
     fn of(meta: &ObjectMeta) -> ProxyLabels {
         ProxyLabels {
-            proxy_name: label(meta, LABEL_SERVICE_PROXY_NAME).map(str::to_owned),
+            proxy_name: label(meta, LABEL_SERVICE_PROXY_NAME).map(Box::from),
             headless: label(meta, LABEL_HEADLESS).is_some(),
         }
     }
@@ -137,7 +137,7 @@ impl ProxyLabels {
         }
         match &self.proxy_name {
             None => true,
-            Some(v) => proxy_name == Some(v.as_str()),
+            Some(v) => proxy_name == Some(&**v),
         }
     }
 }
@@ -158,7 +158,7 @@ pub struct ServiceInfo {
     /// `source::dir`).
     pub created_unix_ms: Option<i64>,
     /// The `switchboard.io/lb-algorithm` annotation, as written.
-    pub lb_algorithm: Option<String>,
+    pub lb_algorithm: Option<Box<str>>,
     /// `None`: the object has no spec.
     pub spec: Option<ServiceSpecInfo>,
 }
@@ -295,7 +295,7 @@ impl ServiceInfo {
                 .annotations
                 .as_ref()
                 .and_then(|a| a.get(ANNOTATION_LB_ALGORITHM))
-                .cloned(),
+                .map(|v| v.as_str().into()),
             spec: svc.spec.as_ref().map(|spec| ServiceSpecInfo {
                 type_: spec.type_.as_deref().map(shared_value),
                 cluster_ips: match spec.cluster_ips.as_deref() {

@@ -2063,7 +2063,7 @@ mod properties {
             .prop_map(move |(spec, proxy_name, created_unix_ms)| ServiceInfo {
                 key: service_key(i),
                 labels: ProxyLabels {
-                    proxy_name,
+                    proxy_name: proxy_name.map(Into::into),
                     headless: false,
                 },
                 created_unix_ms,

@@ -70,7 +70,7 @@ impl Meta<'_> {
     fn proxy_labels(&self) -> ProxyLabels {
         let labels = self.labels.as_ref();
         ProxyLabels {
-            proxy_name: labels.and_then(|l| l.proxy_name.clone()),
+            proxy_name: labels.and_then(|l| l.proxy_name.as_deref().map(Box::from)),
             headless: labels.is_some_and(|l| l.headless),
         }
     }
@@ -321,7 +321,7 @@ impl WireService<'_> {
             lb_algorithm: meta
                 .annotations
                 .as_ref()
-                .and_then(|a| a.lb_algorithm.clone()),
+                .and_then(|a| a.lb_algorithm.as_deref().map(Box::from)),
             spec: self.spec.map(|spec| ServiceSpecInfo {
                 type_: shared(spec.type_),
                 cluster_ips: match spec.cluster_ips {
