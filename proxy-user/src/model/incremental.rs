@@ -26,7 +26,8 @@ use std::sync::Arc;
 use super::service::{self, ServiceOutput};
 use super::validate;
 use super::{
-    DesiredState, Frontend, FrontendAddr, ModelWarning, NodeInfo, ObjectKey, ServiceInfo, SliceInfo,
+    DesiredState, Frontend, FrontendAddr, Keyed, ModelWarning, NodeInfo, ObjectKey, ServiceInfo,
+    SliceInfo,
 };
 
 /// Which claim on an address wins: the smallest. The creation time in
@@ -125,22 +126,6 @@ impl ServiceSlices {
 /// 32 bytes per object more, at 100k Services 6 MiB).
 #[derive(Debug)]
 struct ByKey<T>(Arc<T>);
-
-trait Keyed {
-    fn key(&self) -> &ObjectKey;
-}
-
-impl Keyed for ServiceInfo {
-    fn key(&self) -> &ObjectKey {
-        &self.key
-    }
-}
-
-impl Keyed for SliceInfo {
-    fn key(&self) -> &ObjectKey {
-        &self.key
-    }
-}
 
 impl<T: Keyed> ByKey<T> {
     fn key(&self) -> &ObjectKey {

@@ -86,6 +86,23 @@ impl fmt::Display for ObjectKey {
     }
 }
 
+/// An object found by its key (a Service or an EndpointSlice).
+pub trait Keyed {
+    fn key(&self) -> &ObjectKey;
+}
+
+impl Keyed for ServiceInfo {
+    fn key(&self) -> &ObjectKey {
+        &self.key
+    }
+}
+
+impl Keyed for SliceInfo {
+    fn key(&self) -> &ObjectKey {
+        &self.key
+    }
+}
+
 /// Shares equal strings (node names: one per node, named by every endpoint
 /// on it; a slice's address type, port names and protocols) so a million
 /// endpoints do not hold a million copies.

@@ -32,7 +32,7 @@ mod validate;
 
 pub use incremental::{Model, ModelDelta, ObjectKind, Rejection};
 pub use input::{
-    EndpointInfo, Hints, Interner, IpFamilyPolicy, LbIngress, ObjectKey, ProxyLabels, Raw,
+    EndpointInfo, Hints, Interner, IpFamilyPolicy, Keyed, LbIngress, ObjectKey, ProxyLabels, Raw,
     RawAddress, ServiceInfo, ServicePortInfo, ServiceSpecInfo, SliceInfo, SlicePortInfo,
 };
 pub use packed::{Address, Endpoint, Endpoints};

@@ -31,7 +31,7 @@ use tracing::{error, info, warn};
 
 use super::parse::{parse_as, parse_each, yaml_documents, FileObjects, Inputs, ManifestError};
 use super::watch::log_node_change;
-use crate::model::{Interner, ModelWarning, NodeInfo, ObjectKey, ServiceInfo, SliceInfo};
+use crate::model::{Interner, Keyed, ModelWarning, NodeInfo, ObjectKey, ServiceInfo, SliceInfo};
 use crate::source::feed::FeedTx;
 
 /// Is this directory entry a manifest we read?
@@ -116,23 +116,6 @@ fn content_hash(bytes: &[u8]) -> u64 {
     let mut h = DefaultHasher::new();
     bytes.hash(&mut h);
     h.finish()
-}
-
-/// An object the source finds by its key.
-pub(super) trait Keyed {
-    fn key(&self) -> &ObjectKey;
-}
-
-impl Keyed for ServiceInfo {
-    fn key(&self) -> &ObjectKey {
-        &self.key
-    }
-}
-
-impl Keyed for SliceInfo {
-    fn key(&self) -> &ObjectKey {
-        &self.key
-    }
 }
 
 /// The objects of one file or document, decoded straight into the model's
