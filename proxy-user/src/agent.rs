@@ -157,6 +157,11 @@ pub async fn run(config: AgentConfig, object: &'static [u8]) -> anyhow::Result<(
     };
     let before_source = memory::heap();
     let mut feed = open_source(&config).await?;
+    // What reading it freed (file text, list pages, the parse's own
+    // allocations on every core) goes back to the kernel before the first
+    // sync adds the model, the desired state and the map mirror: otherwise
+    // it stays resident beside them and makes the start's peak.
+    memory::trim();
     let source_read = memory::heap();
     info!(
         heap_before_mib = before_source.live_mib(),

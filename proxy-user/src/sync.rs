@@ -54,7 +54,10 @@ use crate::{
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Programmed {
     service_id: u32,
-    name: Box<str>,
+    /// The name its reverse-NAT entry was written with, hashed
+    /// ([`NameHash`]): only ever compared, to rewrite the entry when the
+    /// name changes (the name itself is in the map; the model has it too).
+    name: NameHash,
     /// [`frontend_flags`] and the affinity timeout written in slot 0.
     flags: u16,
     affinity_timeout_s: u32,
@@ -70,6 +73,23 @@ struct Programmed {
     /// The shares per slot of the sets that are weighted
     /// ([`frontend_flags::WEIGHTED`]); `None` when neither is.
     weights: Option<Box<Shares>>,
+}
+
+/// A reverse-NAT name as the sync remembers it: 8 bytes per frontend
+/// rather than a copy of the string (a `Service ns/name:port` at 100k
+/// frontends took 4 MiB with its allocations). Two names that differ hash
+/// alike once in 2^64.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct NameHash(u64);
+
+impl NameHash {
+    fn of(name: &str) -> NameHash {
+        use std::hash::{Hash as _, Hasher as _};
+        // SipHash with fixed keys: the same name hashes alike in every run.
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        name.hash(&mut h);
+        NameHash(h.finish())
+    }
 }
 
 /// Each weighted set's share per slot (0: a drained backend's slot, past
@@ -375,7 +395,7 @@ impl<S: MapStore> Syncer<S> {
             });
             let programmed = Programmed {
                 service_id: head.service_id,
-                name: name.into(),
+                name: NameHash::of(&name),
                 flags: head.flags & !frontend_flags::WEIGHTED,
                 affinity_timeout_s: head.affinity_timeout_s,
                 slots: ids.into(),
@@ -415,13 +435,12 @@ impl<S: MapStore> Syncer<S> {
         self.next_backend_id = self.backends.max_id().map_or(1, |id| id + 1);
     }
 
-    /// The frontends programmed now, with their service name and backends
-    /// (sorted, each once).
-    pub fn programmed(&self) -> impl Iterator<Item = (&FrontendAddr, &str, Vec<BackendAddr>)> {
+    /// The frontends programmed now, with their backends (sorted, each once).
+    pub fn programmed(&self) -> impl Iterator<Item = (&FrontendAddr, Vec<BackendAddr>)> {
         self.programmed.iter().map(|(addr, p)| {
             let mut backends = self.addrs_of(&p.slots);
             backends.dedup();
-            (addr, &*p.name, backends)
+            (addr, backends)
         })
     }
 
@@ -692,7 +711,7 @@ impl<S: MapStore> Syncer<S> {
             };
             if self.same_set(&old.slots, old.shares(scope::INTERNAL), &wanted)
                 && same_external
-                && *old.name == *name
+                && old.name == NameHash::of(name)
                 && old.flags == flags
                 && old.affinity_timeout_s == affinity_timeout_s
                 && *old.ranges == *wanted_ranges
@@ -755,7 +774,7 @@ impl<S: MapStore> Syncer<S> {
                 ))
             })?,
         };
-        if old.as_ref().is_none_or(|o| *o.name != *name) {
+        if old.as_ref().is_none_or(|o| o.name != NameHash::of(name)) {
             self.store
                 .put_revnat(service_id, revnat_value(addr, name))?;
             report.writes += 1;
@@ -877,7 +896,7 @@ impl<S: MapStore> Syncer<S> {
             *addr,
             Programmed {
                 service_id,
-                name: name.into(),
+                name: NameHash::of(name),
                 flags,
                 affinity_timeout_s,
                 slots: slots.into(),

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::collections::HashSet;
 
 use super::{
-    port_u16, BackendAddr, EndpointInfo, IpFamily, ModelWarning, NodeInfo, Protocol, SliceInfo,
+    port_u16, BackendAddr, Endpoint, IpFamily, ModelWarning, NodeInfo, Protocol, SliceInfo,
     TopologyMode, ANNOTATION_WEIGHTS,
 };
 
@@ -99,7 +99,7 @@ impl Endpoints<'_, '_> {
         };
         let weights = self.slice_weights(slice, &object);
         let mut endpoints = Vec::new();
-        for ep in &slice.endpoints {
+        for ep in slice.endpoints.iter() {
             let Some(first) = &ep.address else {
                 self.warn(&object, "an endpoint has no addresses; ignored");
                 continue;
@@ -123,7 +123,7 @@ impl Endpoints<'_, '_> {
                 );
                 continue;
             };
-            let mut parsed = self.endpoint(ep, ip);
+            let mut parsed = self.endpoint(&ep, ip);
             if let Some(weight) = weights.get(&ip) {
                 parsed.weight = *weight;
             }
@@ -173,8 +173,8 @@ impl Endpoints<'_, '_> {
         }
     }
 
-    fn endpoint(&self, ep: &EndpointInfo, ip: IpAddr) -> Ep {
-        let hints = ep.hints.as_deref();
+    fn endpoint(&self, ep: &Endpoint<'_>, ip: IpAddr) -> Ep {
+        let hints = ep.hints;
         Ep {
             ip,
             // `ready` as the slice says. kube-proxy never reads the Service's
@@ -183,8 +183,8 @@ impl Endpoints<'_, '_> {
             ready: ep.ready.unwrap_or(true),
             serving: ep.serving.unwrap_or(true),
             terminating: ep.terminating.unwrap_or(false),
-            local: match (self.node, ep.node_name.as_deref()) {
-                (Some(n), Some(epn)) => n.name == epn,
+            local: match (self.node, ep.node_name) {
+                (Some(n), Some(epn)) => *n.name == **epn,
                 _ => false,
             },
             weight: 1,

@@ -26,7 +26,8 @@ use std::sync::Arc;
 use super::service::{self, ServiceOutput};
 use super::validate;
 use super::{
-    DesiredState, Frontend, FrontendAddr, ModelWarning, NodeInfo, ObjectKey, ServiceInfo, SliceInfo,
+    DesiredState, Frontend, FrontendAddr, Keyed, ModelWarning, NodeInfo, ObjectKey, ServiceInfo,
+    SliceInfo,
 };
 
 /// Which claim on an address wins: the smallest. The creation time in
@@ -121,6 +122,37 @@ impl ServiceSlices {
     }
 }
 
+/// An object in a set found by its key (a map would hold every key twice:
+/// 32 bytes per object more, at 100k Services 6 MiB).
+#[derive(Debug)]
+struct ByKey<T>(Arc<T>);
+
+impl<T: Keyed> ByKey<T> {
+    fn key(&self) -> &ObjectKey {
+        self.0.key()
+    }
+}
+
+impl<T: Keyed> PartialEq for ByKey<T> {
+    fn eq(&self, other: &Self) -> bool {
+        self.key() == other.key()
+    }
+}
+
+impl<T: Keyed> Eq for ByKey<T> {}
+
+impl<T: Keyed> std::hash::Hash for ByKey<T> {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.key().hash(state);
+    }
+}
+
+impl<T: Keyed> std::borrow::Borrow<ObjectKey> for ByKey<T> {
+    fn borrow(&self) -> &ObjectKey {
+        self.key()
+    }
+}
+
 /// The frontends an update touched, as they were before it.
 type Before = HashMap<FrontendAddr, Option<Box<Frontend>>>;
 
@@ -148,8 +180,9 @@ const COMPUTE_PER_THREAD_MIN: usize = 512;
 pub struct Model {
     node: Option<NodeInfo>,
     proxy_name: Option<String>,
-    services: HashMap<ObjectKey, Arc<ServiceInfo>>,
-    slices: HashMap<ObjectKey, Arc<SliceInfo>>,
+    /// By key: the object's own (see [`ByKey`]).
+    services: HashSet<ByKey<ServiceInfo>>,
+    slices: HashSet<ByKey<SliceInfo>>,
     /// Slices by the Service they name (same namespace), sorted by slice
     /// name. A Service has one slice per 100 endpoints, so a sorted list
     /// is both the smallest and a fast enough container.
@@ -184,8 +217,8 @@ impl Model {
         Model {
             node,
             proxy_name,
-            services: HashMap::new(),
-            slices: HashMap::new(),
+            services: HashSet::new(),
+            slices: HashSet::new(),
             slices_by_service: HashMap::new(),
             claims: HashMap::new(),
             owners: HashMap::new(),
@@ -210,7 +243,8 @@ impl Model {
             return;
         }
         self.max_endpoints = max;
-        self.dirty.extend(self.services.keys().cloned());
+        self.dirty
+            .extend(self.services.iter().map(ByKey::key).cloned());
         self.dirty.extend(self.claims.keys().cloned());
     }
 
@@ -223,7 +257,7 @@ impl Model {
             }
             _ => Vec::new(),
         };
-        let held = !problems.is_empty() && self.services.contains_key(&key);
+        let held = !problems.is_empty() && self.services.contains(&key);
         self.set_rejection(ObjectKind::Service, &key, problems, held, None);
         if self
             .rejections
@@ -236,7 +270,7 @@ impl Model {
 
     fn use_service(&mut self, key: ObjectKey, info: Option<Arc<ServiceInfo>>) {
         let unchanged = match (&info, self.services.get(&key)) {
-            (Some(new), Some(old)) => Arc::ptr_eq(new, old) || new == old,
+            (Some(new), Some(ByKey(old))) => Arc::ptr_eq(new, old) || new == old,
             (None, None) => true,
             _ => false,
         };
@@ -244,8 +278,13 @@ impl Model {
             return;
         }
         match info {
-            Some(info) => self.services.insert(key.clone(), info),
-            None => self.services.remove(&key),
+            Some(info) => {
+                debug_assert_eq!(info.key, key, "a Service is recorded under its own key");
+                self.services.replace(ByKey(info));
+            }
+            None => {
+                self.services.remove(&key);
+            }
         };
         self.dirty.insert(key);
     }
@@ -259,7 +298,7 @@ impl Model {
             }
             _ => Vec::new(),
         };
-        let kept = self.slices.get(&key);
+        let kept = self.slices.get(&key).map(|k| &k.0);
         let held = !problems.is_empty() && kept.is_some();
         let service = kept.and_then(|s| slice_service(s));
         self.set_rejection(ObjectKind::EndpointSlice, &key, problems, held, service);
@@ -334,7 +373,7 @@ impl Model {
     }
 
     fn use_slice(&mut self, key: ObjectKey, info: Option<Arc<SliceInfo>>) {
-        let old = match (&info, self.slices.get(&key)) {
+        let old = match (&info, self.slices.get(&key).map(|k| &k.0)) {
             (Some(new), Some(old)) if Arc::ptr_eq(new, old) || new == old => return,
             (None, None) => return,
             (_, old) => old.cloned(),
@@ -363,7 +402,8 @@ impl Model {
                 });
                 self.dirty.insert(service);
             }
-            self.slices.insert(key, new);
+            debug_assert_eq!(new.key, key, "a slice is recorded under its own key");
+            self.slices.replace(ByKey(new));
         }
     }
 
@@ -373,7 +413,8 @@ impl Model {
             return;
         }
         self.node = node;
-        self.dirty.extend(self.services.keys().cloned());
+        self.dirty
+            .extend(self.services.iter().map(ByKey::key).cloned());
         self.dirty.extend(self.claims.keys().cloned());
     }
 
@@ -452,7 +493,7 @@ impl Model {
         }
         let old_warnings = old.map(|o| o.warnings).unwrap_or_default();
         self.count_warnings(&old_warnings, &output.warnings, delta);
-        let rank = Rank::of(self.services.get(&key).map(|s| &**s), &key);
+        let rank = Rank::of(self.services.get(&key).map(|s| &*s.0), &key);
         let mut addrs = Vec::with_capacity(output.frontends.len());
         for fe in output.frontends {
             self.remember(before, &fe.addr);
@@ -473,7 +514,7 @@ impl Model {
     /// The Service's frontends and warnings now; nothing when it is gone or
     /// belongs to another proxy.
     fn compute(&self, key: &ObjectKey) -> ServiceOutput {
-        let Some(svc) = self.services.get(key) else {
+        let Some(ByKey(svc)) = self.services.get(key) else {
             return ServiceOutput::default();
         };
         if !svc.labels.selected(self.proxy_name.as_deref()) {
@@ -622,6 +663,6 @@ impl Model {
 fn slice_service(slice: &SliceInfo) -> Option<ObjectKey> {
     slice.service_name.as_ref().map(|name| ObjectKey {
         namespace: Arc::clone(&slice.key.namespace),
-        name: Arc::from(name.as_str()),
+        name: Arc::clone(name),
     })
 }

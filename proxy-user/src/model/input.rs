@@ -23,6 +23,7 @@ use k8s_openapi::api::discovery::v1::{Endpoint, EndpointSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::chrono::DateTime;
 
+use super::packed::Endpoints;
 use super::{
     IpFamily, ANNOTATION_LB_ALGORITHM, ANNOTATION_WEIGHTS, LABEL_HEADLESS, LABEL_SERVICE_NAME,
     LABEL_SERVICE_PROXY_NAME,
@@ -85,6 +86,23 @@ impl fmt::Display for ObjectKey {
     }
 }
 
+/// An object found by its key (a Service or an EndpointSlice).
+pub trait Keyed {
+    fn key(&self) -> &ObjectKey;
+}
+
+impl Keyed for ServiceInfo {
+    fn key(&self) -> &ObjectKey {
+        &self.key
+    }
+}
+
+impl Keyed for SliceInfo {
+    fn key(&self) -> &ObjectKey {
+        &self.key
+    }
+}
+
 /// Shares equal strings (node names: one per node, named by every endpoint
 /// on it; a slice's address type, port names and protocols) so a million
 /// endpoints do not hold a million copies.
@@ -113,7 +131,7 @@ impl Interner {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ProxyLabels {
     /// `service.kubernetes.io/service-proxy-name`.
-    pub proxy_name: Option<String>,
+    pub proxy_name: Option<Box<str>>,
     /// `service.kubernetes.io/headless` is present.
     pub headless: bool,
 }
@@ -121,7 +139,7 @@ pub struct ProxyLabels {
 impl ProxyLabels {
     fn of(meta: &ObjectMeta) -> ProxyLabels {
         ProxyLabels {
-            proxy_name: label(meta, LABEL_SERVICE_PROXY_NAME).map(str::to_owned),
+            proxy_name: label(meta, LABEL_SERVICE_PROXY_NAME).map(Box::from),
             headless: label(meta, LABEL_HEADLESS).is_some(),
         }
     }
@@ -136,7 +154,7 @@ impl ProxyLabels {
         }
         match &self.proxy_name {
             None => true,
-            Some(v) => proxy_name == Some(v.as_str()),
+            Some(v) => proxy_name == Some(&**v),
         }
     }
 }
@@ -157,7 +175,7 @@ pub struct ServiceInfo {
     /// `source::dir`).
     pub created_unix_ms: Option<i64>,
     /// The `switchboard.io/lb-algorithm` annotation, as written.
-    pub lb_algorithm: Option<String>,
+    pub lb_algorithm: Option<Box<str>>,
     /// `None`: the object has no spec.
     pub spec: Option<ServiceSpecInfo>,
 }
@@ -170,23 +188,23 @@ pub struct ServiceSpecInfo {
     /// value ([`shared_value`]): no allocation per Service.
     pub type_: Option<Arc<str>>,
     /// `clusterIPs` when it is set and not empty, else `clusterIP`; as written.
-    pub cluster_ips: Vec<String>,
+    pub cluster_ips: Box<[String]>,
     /// `ipFamilies` (empty when unset).
-    pub ip_families: Vec<Raw<IpFamily>>,
+    pub ip_families: Box<[Raw<IpFamily>]>,
     /// `ipFamilyPolicy`.
     pub ip_family_policy: Option<Raw<IpFamilyPolicy>>,
-    pub external_ips: Vec<String>,
+    pub external_ips: Box<[String]>,
     /// `status.loadBalancer.ingress`.
-    pub lb_ingress: Vec<LbIngress>,
+    pub lb_ingress: Box<[LbIngress]>,
     /// `loadBalancerSourceRanges`, as written.
-    pub lb_source_ranges: Vec<String>,
+    pub lb_source_ranges: Box<[String]>,
     pub session_affinity: Option<Arc<str>>,
     /// `sessionAffinityConfig.clientIP.timeoutSeconds`.
     pub affinity_timeout_s: Option<i32>,
     pub external_traffic_policy: Option<Arc<str>>,
     pub internal_traffic_policy: Option<Arc<str>>,
     pub health_check_node_port: Option<i32>,
-    pub ports: Vec<ServicePortInfo>,
+    pub ports: Box<[ServicePortInfo]>,
 }
 
 /// A field with a few valid values: parsed when it is one of them (no
@@ -233,8 +251,9 @@ pub struct LbIngress {
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ServicePortInfo {
-    /// Empty when unnamed.
-    pub name: String,
+    /// Empty when unnamed; shared by every Service naming a port alike
+    /// (see [`ServiceInfo::share`]).
+    pub name: Arc<str>,
     pub protocol: Option<Arc<str>>,
     pub port: i32,
     pub node_port: Option<i32>,
@@ -293,11 +312,11 @@ impl ServiceInfo {
                 .annotations
                 .as_ref()
                 .and_then(|a| a.get(ANNOTATION_LB_ALGORITHM))
-                .cloned(),
+                .map(|v| v.as_str().into()),
             spec: svc.spec.as_ref().map(|spec| ServiceSpecInfo {
                 type_: spec.type_.as_deref().map(shared_value),
                 cluster_ips: match spec.cluster_ips.as_deref() {
-                    Some(list) if !list.is_empty() => list.to_vec(),
+                    Some(list) if !list.is_empty() => list.into(),
                     _ => spec.cluster_ip.iter().cloned().collect(),
                 },
                 ip_families: spec
@@ -310,7 +329,7 @@ impl ServiceInfo {
                     .ip_family_policy
                     .as_deref()
                     .map(|p| Raw::new(p, IpFamilyPolicy::from_k8s)),
-                external_ips: spec.external_ips.clone().unwrap_or_default(),
+                external_ips: spec.external_ips.clone().unwrap_or_default().into(),
                 lb_ingress: svc
                     .status
                     .as_ref()
@@ -323,7 +342,11 @@ impl ServiceInfo {
                         ip_mode: i.ip_mode.clone(),
                     })
                     .collect(),
-                lb_source_ranges: spec.load_balancer_source_ranges.clone().unwrap_or_default(),
+                lb_source_ranges: spec
+                    .load_balancer_source_ranges
+                    .clone()
+                    .unwrap_or_default()
+                    .into(),
                 session_affinity: spec.session_affinity.as_deref().map(shared_value),
                 affinity_timeout_s: spec
                     .session_affinity_config
@@ -338,7 +361,7 @@ impl ServiceInfo {
                     .iter()
                     .flatten()
                     .map(|p| ServicePortInfo {
-                        name: p.name.clone().unwrap_or_default(),
+                        name: p.name.as_deref().unwrap_or_default().into(),
                         protocol: p.protocol.as_deref().map(shared_value),
                         port: p.port,
                         node_port: p.node_port,
@@ -354,12 +377,14 @@ impl ServiceInfo {
 pub struct SliceInfo {
     pub key: ObjectKey,
     pub labels: ProxyLabels,
-    /// `kubernetes.io/service-name`: the Service (same namespace) it serves.
-    pub service_name: Option<String>,
+    /// `kubernetes.io/service-name`: the Service (same namespace) it
+    /// serves. Shared with the model's key of that Service's slices.
+    pub service_name: Option<Arc<str>>,
     /// Interned: one of a few values (`IPv4`, `IPv6`, `FQDN`) on every slice.
     pub address_type: Arc<str>,
-    pub endpoints: Vec<EndpointInfo>,
-    pub ports: Vec<SlicePortInfo>,
+    /// Compact ([`Endpoints`]): built from [`EndpointInfo`]s.
+    pub endpoints: Endpoints,
+    pub ports: Box<[SlicePortInfo]>,
     /// `endpoints.kubernetes.io/last-change-trigger-time`, when it parses.
     pub trigger_time: Option<SystemTime>,
     /// The `switchboard.io/weights` annotation, as written (rare: boxed).
@@ -423,8 +448,8 @@ pub struct EndpointInfo {
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Hints {
-    pub for_nodes: Vec<Arc<str>>,
-    pub for_zones: Vec<Arc<str>>,
+    pub for_nodes: Box<[Arc<str>]>,
+    pub for_zones: Box<[Arc<str>]>,
 }
 
 /// Names and protocols are interned: every slice of a Service repeats them.
@@ -442,7 +467,7 @@ impl SliceInfo {
         SliceInfo {
             key: ObjectKey::of(meta),
             labels: ProxyLabels::of(meta),
-            service_name: label(meta, LABEL_SERVICE_NAME).map(str::to_owned),
+            service_name: label(meta, LABEL_SERVICE_NAME).map(Arc::from),
             address_type: interner.intern(&slice.address_type),
             endpoints: slice
                 .endpoints
@@ -474,12 +499,26 @@ impl SliceInfo {
     }
 }
 
-impl SliceInfo {
-    /// Puts the strings a slice shares with others (address type, port
-    /// names and protocols, node names, hints) through `interner`: for a
-    /// slice decoded without one (`source::wire`, on any thread).
+impl ServiceInfo {
+    /// Puts the strings a Service shares with others (its namespace, port
+    /// names) through `interner`: for a Service decoded without one.
     pub fn share(&mut self, interner: &mut Interner) {
         let mut share = |s: &mut Arc<str>| *s = interner.intern(s);
+        share(&mut self.key.namespace);
+        if let Some(spec) = &mut self.spec {
+            spec.ports.iter_mut().for_each(|p| share(&mut p.name));
+        }
+    }
+}
+
+impl SliceInfo {
+    /// Puts the strings a slice shares with others (namespace, address
+    /// type, port names and protocols, node names, hints) through
+    /// `interner`: for a slice decoded without one (`source::wire`, on any
+    /// thread).
+    pub fn share(&mut self, interner: &mut Interner) {
+        let mut share = |s: &mut Arc<str>| *s = interner.intern(s);
+        share(&mut self.key.namespace);
         share(&mut self.address_type);
         for port in &mut self.ports {
             port.name
@@ -487,16 +526,7 @@ impl SliceInfo {
                 .chain(&mut port.protocol)
                 .for_each(&mut share);
         }
-        for ep in &mut self.endpoints {
-            ep.node_name.iter_mut().for_each(&mut share);
-            if let Some(hints) = &mut ep.hints {
-                hints
-                    .for_nodes
-                    .iter_mut()
-                    .chain(&mut hints.for_zones)
-                    .for_each(&mut share);
-            }
-        }
+        self.endpoints.share(&mut share);
     }
 }
 
@@ -560,10 +590,10 @@ mod tests {
             spec: Some(ServiceSpecInfo {
                 cluster_ips: cluster.iter().map(|s| s.to_string()).collect(),
                 external_ips: external.iter().map(|s| s.to_string()).collect(),
-                lb_ingress: vec![LbIngress {
+                lb_ingress: Box::new([LbIngress {
                     ip: ingress.map(Into::into),
                     ip_mode: None,
-                }],
+                }]),
                 ..Default::default()
             }),
             ..Default::default()

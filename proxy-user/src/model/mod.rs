@@ -26,14 +26,16 @@ pub mod cidr;
 mod endpoints;
 mod incremental;
 pub mod input;
+mod packed;
 mod service;
 mod validate;
 
 pub use incremental::{Model, ModelDelta, ObjectKind, Rejection};
 pub use input::{
-    EndpointInfo, Hints, Interner, IpFamilyPolicy, LbIngress, ObjectKey, ProxyLabels, Raw,
+    EndpointInfo, Hints, Interner, IpFamilyPolicy, Keyed, LbIngress, ObjectKey, ProxyLabels, Raw,
     RawAddress, ServiceInfo, ServicePortInfo, ServiceSpecInfo, SliceInfo, SlicePortInfo,
 };
+pub use packed::{Address, Endpoint, Endpoints};
 
 /// Label on an EndpointSlice naming the Service it belongs to (same namespace).
 pub const LABEL_SERVICE_NAME: &str = "kubernetes.io/service-name";

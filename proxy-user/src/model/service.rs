@@ -452,7 +452,7 @@ impl ServiceBuilder<'_> {
                 .iter()
                 .find_map(|ps| ps.port_name(&sp.name))
                 .cloned()
-                .unwrap_or_else(|| port_name(&sp.name)),
+                .unwrap_or_else(|| Arc::clone(&sp.name)),
         };
         let mut addrs: Vec<(FrontendKind, IpAddr, u16)> = Vec::new();
         addrs.extend(
@@ -651,16 +651,5 @@ fn frontend(
             _ => None,
         },
         weights: weights.into(),
-    }
-}
-
-/// A port name of the Service's own: one shared copy of the empty name
-/// (single-port Services), a copy of any other.
-fn port_name(name: &str) -> Arc<str> {
-    static UNNAMED: std::sync::LazyLock<Arc<str>> = std::sync::LazyLock::new(|| Arc::from(""));
-    if name.is_empty() {
-        Arc::clone(&UNNAMED)
-    } else {
-        Arc::from(name)
     }
 }

@@ -2007,7 +2007,7 @@ mod properties {
             prop::option::of(prop_oneof![Just(30080), Just(30053), Just(0)]),
         )
             .prop_map(|(name, protocol, port, node_port)| ServicePortInfo {
-                name,
+                name: name.into(),
                 protocol: protocol.map(Into::into),
                 port,
                 node_port,
@@ -2040,17 +2040,18 @@ mod properties {
             .prop_map(
                 |(type_, cluster_ips, external_ips, ports, (etp, itp), affinity)| ServiceSpecInfo {
                     type_: type_.map(Into::into),
-                    cluster_ips,
-                    external_ips,
+                    cluster_ips: cluster_ips.into(),
+                    external_ips: external_ips.into(),
                     lb_ingress: vec![LbIngress {
                         ip: Some("198.51.100.1".into()),
                         ip_mode: None,
-                    }],
+                    }]
+                    .into(),
                     session_affinity: affinity.map(|_| "ClientIP".into()),
                     affinity_timeout_s: affinity,
                     external_traffic_policy: etp.map(Into::into),
                     internal_traffic_policy: itp.map(Into::into),
-                    ports,
+                    ports: ports.into(),
                     ..ServiceSpecInfo::default()
                 },
             );
@@ -2062,7 +2063,7 @@ mod properties {
             .prop_map(move |(spec, proxy_name, created_unix_ms)| ServiceInfo {
                 key: service_key(i),
                 labels: ProxyLabels {
-                    proxy_name,
+                    proxy_name: proxy_name.map(Into::into),
                     headless: false,
                 },
                 created_unix_ms,
@@ -2125,10 +2126,10 @@ mod properties {
                 let namespace = service.map_or("default".to_string(), |i| service_key(i).namespace.to_string());
                 SliceInfo {
                     key: ObjectKey::new(namespace, format!("e{j}")),
-                    service_name: service.map(|i| format!("s{i}")),
+                    service_name: service.map(|i| format!("s{i}").into()),
                     address_type: address_type.into(),
-                    endpoints,
-                    ports,
+                    endpoints: endpoints.into(),
+                    ports: ports.into(),
                     ..SliceInfo::default()
                 }
             })
@@ -2215,7 +2216,7 @@ mod properties {
                 if let Some(spec) = &mut svc.spec {
                     match (how, spec.ports.first_mut()) {
                         (true, Some(p)) => p.port = 70_000,
-                        _ => spec.cluster_ips = vec![String::new()],
+                        _ => spec.cluster_ips = Box::new([String::new()]),
                     }
                 }
                 apply(&Change::Service(*i, Some(svc)), model, r);
@@ -2321,11 +2322,11 @@ fn without_creation_times_the_next_claimant_by_name_takes_over_a_released_addres
         Arc::new(ServiceInfo {
             key: ObjectKey::new("default", name),
             spec: Some(ServiceSpecInfo {
-                cluster_ips: vec!["10.96.0.1".into()],
-                ports: vec![ServicePortInfo {
+                cluster_ips: Box::new(["10.96.0.1".into()]),
+                ports: Box::new([ServicePortInfo {
                     port: 80,
                     ..ServicePortInfo::default()
-                }],
+                }]),
                 ..ServiceSpecInfo::default()
             }),
             ..ServiceInfo::default()

@@ -193,7 +193,7 @@ pub fn watch_cluster(
         .max(1);
     let base = watcher::Config::default().timeout(timeout);
     spawn(
-        Services,
+        Services::default(),
         Api::all(client.clone()),
         base.clone().labels(&labels),
         timing,
@@ -417,14 +417,51 @@ impl FirstList {
 #[derive(Debug, Default)]
 struct Known {
     objects: HashMap<ObjectKey, Seen>,
+    /// The keys' namespaces, one copy each (pruned after each list).
+    namespaces: Interner,
     /// Bumped when a list starts; what the list names is stamped with it.
     epoch: u32,
 }
 
 #[derive(Debug)]
 struct Seen {
-    resource_version: Box<str>,
+    resource_version: Version,
     epoch: u32,
+}
+
+/// A resourceVersion as recorded: the usual decimal number inline (no
+/// block of its own for each of 200k objects), anything else as written.
+#[derive(Debug, PartialEq, Eq)]
+enum Version {
+    Number(u64),
+    Text(Box<Box<str>>),
+}
+
+impl Version {
+    fn of(text: &str) -> Version {
+        match Version::number(text) {
+            Some(n) => Version::Number(n),
+            None => Version::Text(Box::new(text.into())),
+        }
+    }
+
+    /// The number `text` writes, when it writes one as it prints (digits
+    /// only, no leading zero), so that a number and its text are one version.
+    fn number(text: &str) -> Option<u64> {
+        let digits = !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit());
+        let leading_zero = text.len() > 1 && text.starts_with('0');
+        (digits && !leading_zero)
+            .then(|| text.parse().ok())
+            .flatten()
+    }
+
+    /// Whether this is the version written `text`.
+    fn is(&self, text: &str) -> bool {
+        match self {
+            Version::Number(n) => Version::number(text) == Some(*n),
+            Version::Text(t) => ***t == *text,
+        }
+    }
 }
 
 impl Known {
@@ -445,18 +482,24 @@ impl Known {
             Entry::Occupied(mut entry) => {
                 let seen = entry.get_mut();
                 seen.epoch = self.epoch;
-                if !resource_version.is_empty() && *seen.resource_version == *resource_version {
+                if !resource_version.is_empty() && seen.resource_version.is(resource_version) {
                     return None;
                 }
-                seen.resource_version = resource_version.into();
+                seen.resource_version = Version::of(resource_version);
                 Some(entry.key().clone())
             }
             Entry::Vacant(entry) => {
-                let key = entry.key().clone();
-                entry.insert(Seen {
-                    resource_version: resource_version.into(),
-                    epoch: self.epoch,
-                });
+                // A new key: its namespace is shared with the other keys'.
+                let namespace = self.namespaces.intern(&entry.key().namespace);
+                let mut key = entry.into_key();
+                key.namespace = namespace;
+                self.objects.insert(
+                    key.clone(),
+                    Seen {
+                        resource_version: Version::of(resource_version),
+                        epoch: self.epoch,
+                    },
+                );
                 Some(key)
             }
         }
@@ -481,6 +524,7 @@ impl Known {
             }
             listed
         });
+        self.namespaces.prune();
         vanished
     }
 
@@ -517,7 +561,34 @@ trait Recorder: Send + 'static {
     fn listed(&mut self) {}
 }
 
-struct Services;
+/// An interner of the strings one watch's objects share, pruned after
+/// every [`PRUNE_EVERY`] objects and each list (a string nothing holds any
+/// more stays until then).
+#[derive(Default)]
+struct Sharing {
+    interner: Interner,
+    since_prune: u32,
+}
+
+impl Sharing {
+    /// The interner, for one more object.
+    fn interner(&mut self) -> &mut Interner {
+        self.since_prune += 1;
+        if self.since_prune >= PRUNE_EVERY {
+            self.prune();
+        }
+        &mut self.interner
+    }
+
+    fn prune(&mut self) {
+        self.interner.prune();
+        self.since_prune = 0;
+    }
+}
+
+/// Services, with port names shared.
+#[derive(Default)]
+struct Services(Sharing);
 
 impl Recorder for Services {
     type Object = ServiceObject;
@@ -531,7 +602,8 @@ impl Recorder for Services {
         let Ok(info) = svc.info else {
             return false;
         };
-        let info = ServiceInfo { key, ..info };
+        let mut info = ServiceInfo { key, ..info };
+        info.share(self.0.interner());
         feed.service(info.key.clone(), Some(Arc::new(info)));
         true
     }
@@ -540,14 +612,15 @@ impl Recorder for Services {
         feed.service(key, None);
         true
     }
+
+    fn listed(&mut self) {
+        self.0.prune();
+    }
 }
 
-/// EndpointSlices, with node names shared through one interner per watch.
+/// EndpointSlices, with node names, port names and the like shared.
 #[derive(Default)]
-struct Slices {
-    interner: Interner,
-    since_prune: u32,
-}
+struct Slices(Sharing);
 
 impl Recorder for Slices {
     type Object = SliceObject;
@@ -562,12 +635,8 @@ impl Recorder for Slices {
             return false;
         };
         let mut info = SliceInfo { key, ..info };
-        info.share(&mut self.interner);
+        info.share(self.0.interner());
         feed.slice(info.key.clone(), Some(Arc::new(info)));
-        self.since_prune += 1;
-        if self.since_prune >= PRUNE_EVERY {
-            self.prune();
-        }
         true
     }
 
@@ -577,14 +646,7 @@ impl Recorder for Slices {
     }
 
     fn listed(&mut self) {
-        self.prune();
-    }
-}
-
-impl Slices {
-    fn prune(&mut self) {
-        self.interner.prune();
-        self.since_prune = 0;
+        self.0.prune();
     }
 }
 
@@ -973,6 +1035,28 @@ mod tests {
     }
 
     #[test]
+    fn resource_versions_are_compared_as_written() {
+        for text in [
+            "1",
+            "0",
+            "18446744073709551615",
+            "01",
+            "+1",
+            "abc",
+            "",
+            "18446744073709551616",
+        ] {
+            let v = Version::of(text);
+            assert!(v.is(text), "{text:?} is itself");
+            for other in ["1", "0", "01", "+1", "abc", "", "2"] {
+                assert_eq!(v.is(other), other == text, "{text:?} against {other:?}");
+            }
+        }
+        assert_eq!(Version::of("42"), Version::Number(42));
+        assert!(matches!(Version::of("042"), Version::Text(_)));
+    }
+
+    #[test]
     fn a_changed_or_missing_resource_version_is_recorded() {
         let mut known = Known::default();
         known.list_started();
@@ -1046,7 +1130,7 @@ mod tests {
         let (tx, mut rx) = feed();
         let first = Arc::new(FirstList::default());
         let mut services = Watch::new(
-            Services,
+            Services::default(),
             tx.clone(),
             Arc::clone(&first),
             WatchTiming::default(),
@@ -1091,7 +1175,7 @@ mod tests {
         let first = Arc::new(FirstList::default());
         run(
             &mut Watch::new(
-                Services,
+                Services::default(),
                 tx.clone(),
                 Arc::clone(&first),
                 WatchTiming::default(),
@@ -1129,7 +1213,7 @@ mod tests {
     #[tokio::test]
     async fn a_relist_records_changes_and_deletions_only() {
         let (tx, mut rx) = feed();
-        let mut services = listed_watch(Services, tx);
+        let mut services = listed_watch(Services::default(), tx);
         run(
             &mut services,
             list(vec![svc("a", "1"), svc("b", "1"), svc("gone", "1")]),
@@ -1207,7 +1291,7 @@ mod tests {
     #[tokio::test]
     async fn an_object_that_cannot_be_read_is_reported_by_name_and_the_rest_is_used() {
         let (tx, mut rx) = feed();
-        let mut services = listed_watch(Services, tx);
+        let mut services = listed_watch(Services::default(), tx);
         run(
             &mut services,
             list(vec![svc("a", "1"), bad_svc("bad", "1"), svc("b", "1")]),

@@ -178,10 +178,10 @@ mod tests {
         Arc::new(ServiceInfo {
             key: ObjectKey::new("default", name),
             spec: Some(crate::model::ServiceSpecInfo {
-                ports: vec![crate::model::ServicePortInfo {
+                ports: Box::new([crate::model::ServicePortInfo {
                     port,
                     ..Default::default()
-                }],
+                }]),
                 ..Default::default()
             }),
             ..Default::default()

@@ -70,7 +70,7 @@ impl Meta<'_> {
     fn proxy_labels(&self) -> ProxyLabels {
         let labels = self.labels.as_ref();
         ProxyLabels {
-            proxy_name: labels.and_then(|l| l.proxy_name.clone()),
+            proxy_name: labels.and_then(|l| l.proxy_name.as_deref().map(Box::from)),
             headless: labels.is_some_and(|l| l.headless),
         }
     }
@@ -329,11 +329,11 @@ impl WireService<'_> {
             lb_algorithm: meta
                 .annotations
                 .as_ref()
-                .and_then(|a| a.lb_algorithm.clone()),
+                .and_then(|a| a.lb_algorithm.as_deref().map(Box::from)),
             spec: self.spec.map(|spec| ServiceSpecInfo {
                 type_: shared(spec.type_),
                 cluster_ips: match spec.cluster_ips {
-                    Some(list) if !list.is_empty() => list,
+                    Some(list) if !list.is_empty() => list.into(),
                     _ => spec.cluster_ip.into_iter().collect(),
                 },
                 ip_families: spec
@@ -345,7 +345,7 @@ impl WireService<'_> {
                 ip_family_policy: spec
                     .ip_family_policy
                     .map(|p| Raw::new(&p, IpFamilyPolicy::from_k8s)),
-                external_ips: spec.external_ips.unwrap_or_default(),
+                external_ips: spec.external_ips.unwrap_or_default().into(),
                 lb_ingress: self
                     .status
                     .and_then(|s| s.load_balancer)
@@ -357,7 +357,7 @@ impl WireService<'_> {
                         ip_mode: i.ip_mode,
                     })
                     .collect(),
-                lb_source_ranges: spec.load_balancer_source_ranges.unwrap_or_default(),
+                lb_source_ranges: spec.load_balancer_source_ranges.unwrap_or_default().into(),
                 session_affinity: shared(spec.session_affinity),
                 affinity_timeout_s: spec
                     .session_affinity_config
@@ -371,7 +371,7 @@ impl WireService<'_> {
                     .into_iter()
                     .flatten()
                     .map(|p| ServicePortInfo {
-                        name: p.name.unwrap_or_default(),
+                        name: p.name.unwrap_or_default().into(),
                         protocol: shared(p.protocol),
                         port: p.port.unwrap_or_default(),
                         node_port: p.node_port,
@@ -479,7 +479,7 @@ impl WireSlice<'_> {
     fn info(self) -> SliceInfo {
         let meta = &self.metadata;
         let annotations = meta.annotations.as_ref();
-        let names = |list: Option<Vec<WireNamed<'_>>>| -> Vec<Arc<str>> {
+        let names = |list: Option<Vec<WireNamed<'_>>>| -> Box<[Arc<str>]> {
             list.into_iter()
                 .flatten()
                 .map(|n| unshared(n.name.as_deref().unwrap_or_default()))
@@ -488,7 +488,10 @@ impl WireSlice<'_> {
         SliceInfo {
             key: meta.key(),
             labels: meta.proxy_labels(),
-            service_name: meta.labels.as_ref().and_then(|l| l.service_name.clone()),
+            service_name: meta
+                .labels
+                .as_ref()
+                .and_then(|l| l.service_name.as_deref().map(Arc::from)),
             address_type: shared_value(self.address_type.as_deref().unwrap_or_default()),
             endpoints: self
                 .endpoints
@@ -1192,7 +1195,12 @@ mod tests {
         };
         let a = decode(&mut interner);
         let b = decode(&mut interner);
-        let node = |s: &SliceInfo| s.endpoints[0].node_name.clone().expect("node");
+        let node = |s: &SliceInfo| {
+            s.endpoints
+                .get(0)
+                .and_then(|e| e.node_name.cloned())
+                .expect("node")
+        };
         assert!(Arc::ptr_eq(&node(&a), &node(&b)));
         assert!(Arc::ptr_eq(&a.address_type, &b.address_type));
     }

@@ -31,7 +31,7 @@ use tracing::{error, info, warn};
 
 use super::parse::{parse_as, parse_each, yaml_documents, FileObjects, Inputs, ManifestError};
 use super::watch::log_node_change;
-use crate::model::{Interner, ModelWarning, NodeInfo, ObjectKey, ServiceInfo, SliceInfo};
+use crate::model::{Interner, Keyed, ModelWarning, NodeInfo, ObjectKey, ServiceInfo, SliceInfo};
 use crate::source::feed::FeedTx;
 
 /// Is this directory entry a manifest we read?
@@ -118,23 +118,6 @@ fn content_hash(bytes: &[u8]) -> u64 {
     h.finish()
 }
 
-/// An object the source finds by its key.
-pub(super) trait Keyed {
-    fn key(&self) -> &ObjectKey;
-}
-
-impl Keyed for ServiceInfo {
-    fn key(&self) -> &ObjectKey {
-        &self.key
-    }
-}
-
-impl Keyed for SliceInfo {
-    fn key(&self) -> &ObjectKey {
-        &self.key
-    }
-}
-
 /// The objects of one file or document, decoded straight into the model's
 /// input types.
 type Decoded = FileObjects<ServiceInfo, SliceInfo>;
@@ -167,7 +150,13 @@ impl FileView {
             nodes,
             ..
         } = objects;
-        let services = services.into_iter().map(Arc::new).collect();
+        let services = services
+            .into_iter()
+            .map(|mut svc| {
+                svc.share(interner);
+                Arc::new(svc)
+            })
+            .collect();
         let slices = endpoint_slices
             .into_iter()
             .map(|mut slice| {
@@ -225,43 +214,75 @@ fn first_per_key<T: Keyed>(path: &Path, kind: &str, mut objects: Vec<Arc<T>>) ->
     objects
 }
 
-/// The files holding one object, in path order: the first one's copy is used.
+/// The files holding one object, in path order: the first one's copy is
+/// used. Held for every object, so the usual single file is inline (no
+/// block of its own).
 #[derive(Debug)]
-pub(super) struct Owners<T>(Vec<(Arc<Path>, Arc<T>)>);
+pub(super) enum Owners<T> {
+    One((Arc<Path>, Arc<T>)),
+    Many(Vec<(Arc<Path>, Arc<T>)>),
+}
 
 impl<T> Default for Owners<T> {
     fn default() -> Self {
-        Owners(Vec::new())
+        Owners::Many(Vec::new())
     }
 }
 
 impl<T> Owners<T> {
+    fn as_slice(&self) -> &[(Arc<Path>, Arc<T>)] {
+        match self {
+            Owners::One(one) => std::slice::from_ref(one),
+            Owners::Many(many) => many,
+        }
+    }
+
+    /// Changes the list with `f`, keeping a single owner inline.
+    fn edit<R>(&mut self, f: impl FnOnce(&mut Vec<(Arc<Path>, Arc<T>)>) -> R) -> R {
+        let mut list = match std::mem::take(self) {
+            Owners::One(one) => vec![one],
+            Owners::Many(many) => many,
+        };
+        let result = f(&mut list);
+        *self = match <[_; 1]>::try_from(list) {
+            Ok([one]) => Owners::One(one),
+            Err(list) => Owners::Many(list),
+        };
+        result
+    }
+
+    fn is_empty(&self) -> bool {
+        self.as_slice().is_empty()
+    }
+
     fn used(&self) -> Option<&Arc<T>> {
-        self.0.first().map(|(_, obj)| obj)
+        self.as_slice().first().map(|(_, obj)| obj)
     }
 
     /// Adds `path`'s copy. When another file holds the object too, returns
     /// (the path whose copy is used, the path whose copy is now ignored).
     fn insert(&mut self, path: &Arc<Path>, obj: Arc<T>) -> Option<(Arc<Path>, Arc<Path>)> {
-        let at = match self.0.binary_search_by(|(p, _)| p.cmp(path)) {
-            // Not expected (a changed file's old copies go first); replace.
-            Ok(at) => {
-                self.0[at].1 = obj;
-                return None;
-            }
-            Err(at) => at,
-        };
-        self.0.insert(at, (Arc::clone(path), obj));
-        let ignored = if at == 0 {
-            self.0.get(1)
-        } else {
-            Some(&self.0[at])
-        };
-        Some((Arc::clone(&self.0[0].0), Arc::clone(&ignored?.0)))
+        self.edit(|owners| {
+            let at = match owners.binary_search_by(|(p, _)| p.cmp(path)) {
+                // Not expected (a changed file's old copies go first); replace.
+                Ok(at) => {
+                    owners[at].1 = obj;
+                    return None;
+                }
+                Err(at) => at,
+            };
+            owners.insert(at, (Arc::clone(path), obj));
+            let ignored = if at == 0 {
+                owners.get(1)
+            } else {
+                Some(&owners[at])
+            };
+            Some((Arc::clone(&owners[0].0), Arc::clone(&ignored?.0)))
+        })
     }
 
     fn remove(&mut self, path: &Path) {
-        self.0.retain(|(p, _)| **p != *path);
+        self.edit(|owners| owners.retain(|(p, _)| **p != *path));
     }
 }
 
@@ -287,7 +308,7 @@ impl<T: Keyed> Index<T> {
     fn insert(&mut self, path: &Arc<Path>, obj: Arc<T>) {
         let Some(owners) = self.by_key.get_mut(obj.key()) else {
             self.by_key
-                .insert(obj.key().clone(), Owners(vec![(Arc::clone(path), obj)]));
+                .insert(obj.key().clone(), Owners::One((Arc::clone(path), obj)));
             return;
         };
         let key = obj.key().clone();
@@ -304,7 +325,7 @@ impl<T: Keyed> Index<T> {
     fn remove(&mut self, path: &Path, key: &ObjectKey) {
         if let Some(owners) = self.by_key.get_mut(key) {
             owners.remove(path);
-            if owners.0.is_empty() {
+            if owners.is_empty() {
                 self.by_key.remove(key);
             }
         }
@@ -479,7 +500,8 @@ pub(super) struct DirState {
     pub(super) slices: Index<SliceInfo>,
     /// This node's Node, by file.
     node: Owners<NodeInfo>,
-    /// Node names in endpoints, shared across all files.
+    /// Namespaces, port names, node names and the like, shared across all
+    /// files.
     interner: Interner,
     /// The directory's identity, to notice it being replaced (then the watch is renewed).
     pub(super) dir_id: Option<(u64, u64)>,
