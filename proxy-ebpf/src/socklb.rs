@@ -14,8 +14,8 @@
 //! namespace or in a pod's, and destroys it, so a long-lived DNS socket is
 //! never pinned to a departed backend. An agent that cannot enter the pods'
 //! namespaces (no CAP_SYS_ADMIN) leaves a pod's connected UDP sockets to the
-//! tc layer, which checks the backend on every datagram
-//! ([`pod_udp_at_connect`]).
+//! tc layer, which checks the backend on every datagram (the switch is
+//! `crate::programs::sock`'s).
 use aya_ebpf::btf_maps::SkStorage;
 use aya_ebpf::{
     bindings::bpf_sock_addr,
@@ -347,24 +347,6 @@ pub(crate) fn write_mapped(ctx: &SockAddrContext, addr_be: u32, port_be: u16) {
 pub(crate) fn socket_cookie(ctx: &SockAddrContext) -> u64 {
     // SAFETY: the helper accepts a sock_addr context.
     unsafe { bpf_get_socket_cookie(ctx.as_ptr()) }
-}
-
-/// The switch of [`pod_udp_at_connect`] (`proxy_common::names::POD_UDP_AT_CONNECT`):
-/// a global in a data section of its own, which the loader makes a
-/// one-entry array map the agent writes.
-#[unsafe(no_mangle)]
-#[unsafe(link_section = ".data.sb_pod_udp")]
-static mut SB_POD_UDP: u64 = 0;
-
-/// Whether a connected UDP socket outside the node's namespace (a pod's) is
-/// balanced at `connect()`: only when the agent can close it in that
-/// namespace once its backend leaves.
-#[inline(always)]
-pub(crate) fn pod_udp_at_connect() -> bool {
-    // SAFETY: a global of the program's object, always there; only the
-    // agent writes it (through its map), a whole aligned word at a time.
-    // Volatile: the compiler must not assume its initial value.
-    unsafe { core::ptr::read_volatile(&raw const SB_POD_UDP) != 0 }
 }
 
 #[inline(always)]

@@ -7,7 +7,6 @@ use crate::socklb::finish;
 use crate::socklb::netns_cookie;
 use crate::socklb::our_proto;
 use crate::socklb::pick;
-use crate::socklb::pod_udp_at_connect;
 use crate::socklb::read_addr4;
 use crate::socklb::read_addr6;
 use crate::socklb::remember_conn;
@@ -48,6 +47,24 @@ fn frontend_at<A: SockFamily + Family>(dst: &SockAddr<A>) -> Option<(A::Key, Fro
     }
     let key = frontend_key(dst.addr_be, dst.port_be, dst.proto);
     lookup_frontend(&key).map(|svc| (key, svc))
+}
+
+/// The switch of [`pod_udp_at_connect`] (`proxy_common::names::POD_UDP_AT_CONNECT`):
+/// a global in a data section of its own, which the loader makes a
+/// one-entry array map the agent writes.
+#[unsafe(no_mangle)]
+#[unsafe(link_section = ".data.sb_pod_udp")]
+static mut SB_POD_UDP: u64 = 0;
+
+/// Whether a connected UDP socket outside the node's namespace (a pod's) is
+/// balanced at `connect()`: only when the agent can close it in that
+/// namespace once its backend leaves.
+#[inline(always)]
+fn pod_udp_at_connect() -> bool {
+    // SAFETY: a global of the program's object, always there; only the
+    // agent writes it (through its map), a whole aligned word at a time.
+    // Volatile: the compiler must not assume its initial value.
+    unsafe { core::ptr::read_volatile(&raw const SB_POD_UDP) != 0 }
 }
 
 /// `connect()`: a TCP or UDP socket (of the node, or of a pod when the agent
