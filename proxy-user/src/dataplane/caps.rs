@@ -70,6 +70,17 @@ pub fn parse_cap_eff(status: &str) -> Option<u64> {
         .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
 }
 
+/// This process's `CapEff` mask, if `/proc/self/status` reads.
+pub fn own_cap_eff() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    parse_cap_eff(&status)
+}
+
+/// Whether this process holds capability `bit` (effective).
+pub fn own_has(bit: u32) -> bool {
+    own_cap_eff().is_some_and(|cap_eff| cap_eff & (1u64 << bit) != 0)
+}
+
 /// The needed capabilities missing from `cap_eff`.
 pub fn missing(cap_eff: u64) -> Vec<Needed> {
     let has = |bit: u32| cap_eff & (1u64 << bit) != 0;
@@ -104,10 +115,7 @@ pub fn name_missing(error: anyhow::Error) -> anyhow::Error {
     if !error.chain().any(permission_denied) {
         return error;
     }
-    let cap_eff = std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| parse_cap_eff(&s));
-    match cap_eff.and_then(hint) {
+    match own_cap_eff().and_then(hint) {
         Some(hint) => error.context(hint),
         None => error,
     }

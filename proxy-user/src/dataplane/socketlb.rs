@@ -180,9 +180,7 @@ pub fn attach(ebpf: &mut Ebpf, cgroup: &Path, pin_root: &Path) -> Result<(), Soc
 /// left: entering another network namespace takes CAP_SYS_ADMIN (and
 /// finding the pods' processes, the host's PID namespace).
 fn can_enter_pod_namespaces() -> bool {
-    let status = fs::read_to_string("/proc/self/status").unwrap_or_default();
-    crate::dataplane::caps::parse_cap_eff(&status)
-        .is_some_and(|cap_eff| cap_eff & (1u64 << crate::dataplane::caps::CAP_SYS_ADMIN) != 0)
+    crate::dataplane::caps::own_has(crate::dataplane::caps::CAP_SYS_ADMIN)
 }
 
 /// Balances pods' connected UDP sockets at `connect()` (`on`), or leaves
