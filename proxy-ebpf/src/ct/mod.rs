@@ -30,6 +30,14 @@ use crate::{
     packet::{FlowOf, Words, TCP_FLAG_ACK, TCP_FLAG_FIN, TCP_FLAG_RST, TCP_FLAG_SYN},
 };
 
+/// The entry of `key`, looked up where the key lies (working memory, a map
+/// value): the map API copies a key passed by value to the stack first,
+/// 16 or 40 bytes more per packet.
+#[inline(always)]
+pub(crate) fn entry<A: Family>(key: &CtKeyOf<A>) -> Option<*mut CtEntryOf<A>> {
+    A::conntrack().get_ptr_mut(key)
+}
+
 /// `E2BIG`: what a preallocated hash map's update returns when it has no
 /// free element left.
 const E2BIG: i32 = 7;

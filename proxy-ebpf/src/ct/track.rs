@@ -8,7 +8,7 @@ use crate::{
     family::{Family, Work},
     lb::backend_is_live,
     maps::{count, count_service},
-    packet::{set, FlowOf},
+    packet::{set, set_ct_tail, FlowOf},
 };
 use proxy_common::{ct_dir, ct_flags, stat, CtEntryOf, CtKeyOf};
 
@@ -16,7 +16,7 @@ use proxy_common::{ct_dir, ct_flags, stat, CtEntryOf, CtKeyOf};
 /// entry is returned, for the notes of this packet.
 #[inline(always)]
 fn lookup<A: Family>(w: &mut Work<A>) -> Option<*mut CtEntryOf<A>> {
-    let entry_ptr = A::conntrack().get_ptr_mut(w.key)?;
+    let entry_ptr = super::entry(&w.key)?;
     copy_entry(entry_ptr, &mut w.entry);
     Some(entry_ptr)
 }
@@ -50,7 +50,7 @@ fn note_forward<A: Family>(w: &mut Work<A>, entry_ptr: *mut CtEntryOf<A>) {
     } = w;
     crate::ct::note(entry_ptr, flow, false, || {
         reply_key_of(flow, entry, key2);
-        A::conntrack().get_ptr_mut(*key2)
+        super::entry(key2)
     });
 }
 
@@ -107,7 +107,7 @@ pub(crate) fn continued<A: Family>(w: &mut Work<A>) -> Option<u32> {
     if w.flow.opens_connection() {
         return None;
     }
-    let entry_ptr = A::conntrack().get_ptr_mut(w.key)?;
+    let entry_ptr = super::entry(&w.key)?;
     // SAFETY: a value of the conntrack map, valid for this program run;
     // read in place, the reference unused once the note below writes.
     let (backend_id, service_id) = unsafe {
@@ -125,7 +125,7 @@ pub(crate) fn continued<A: Family>(w: &mut Work<A>) -> Option<u32> {
     crate::ct::note(entry_ptr, flow, false, || {
         // SAFETY: as above; a new reference after the note's writes.
         reply_key_of(flow, unsafe { &*entry_ptr }, key2);
-        A::conntrack().get_ptr_mut(*key2)
+        super::entry(key2)
     });
     Some(service_id)
 }
@@ -166,18 +166,21 @@ pub(crate) fn reply_key_of<A: Family>(
     forward: &CtEntryOf<A>,
     key: &mut CtKeyOf<A>,
 ) {
-    if forward.flags & ct_flags::SNAT != 0 {
+    let dport_be = if forward.flags & ct_flags::SNAT != 0 {
         set(&mut key.daddr_be, &forward.snat_addr_be);
-        key.dport_be = forward.snat_port_be;
+        forward.snat_port_be
     } else {
         set(&mut key.daddr_be, &flow.saddr_be);
-        key.dport_be = flow.sport_be;
-    }
+        flow.sport_be
+    };
     set(&mut key.saddr_be, &forward.nat_addr_be);
-    key.sport_be = forward.nat_port_be;
-    key.proto = flow.proto;
-    key.dir = ct_dir::REPLY;
-    key._pad = [0; 2];
+    set_ct_tail(
+        key,
+        forward.nat_port_be,
+        dport_be,
+        flow.proto,
+        ct_dir::REPLY,
+    );
 }
 
 /// Whether the reply `flow` found under `key` (its entry's `flags`) is a
@@ -206,12 +209,8 @@ pub(crate) fn forward_entry<A: Family>(
 ) -> Option<*mut CtEntryOf<A>> {
     set(&mut key.saddr_be, src.0);
     set(&mut key.daddr_be, dst.0);
-    key.sport_be = src.1;
-    key.dport_be = dst.1;
-    key.proto = flow.proto;
-    key.dir = ct_dir::FORWARD;
-    key._pad = [0; 2];
-    A::conntrack().get_ptr_mut(*key)
+    set_ct_tail(key, src.1, dst.1, flow.proto, ct_dir::FORWARD);
+    super::entry(key)
 }
 
 /// The table was full: a new flow was not tracked, and its packet must be
@@ -288,11 +287,15 @@ pub(crate) fn track<A: Family>(
     e.last_seen_ns = now;
     let k = &mut w.key2;
     set(&mut k.saddr_be, &w.backend.addr_be);
-    k.sport_be = w.backend.port_be;
-    (k.daddr_be, k.dport_be) = reply_to;
-    k.proto = flow.proto;
-    k.dir = ct_dir::REPLY;
-    k._pad = [0; 2];
+    let (reply_addr_be, reply_port_be) = reply_to;
+    set(&mut k.daddr_be, &reply_addr_be);
+    set_ct_tail(
+        k,
+        w.backend.port_be,
+        reply_port_be,
+        flow.proto,
+        ct_dir::REPLY,
+    );
     tracked_outcome(
         crate::ct::insert_pair(
             &w.key,

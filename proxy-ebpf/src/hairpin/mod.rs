@@ -85,7 +85,7 @@ pub fn reply<A: Family>(ctx: &TcContext, w: &mut Work<A>) -> Result<i32, Skip> {
         return Err(Skip::NotOurs);
     }
     w.flow.ct_key_into(ct_dir::REPLY, &mut w.key);
-    let Some(entry_ptr) = A::conntrack().get_ptr_mut(w.key) else {
+    let Some(entry_ptr) = crate::ct::entry(&w.key) else {
         return Err(Skip::NotOurs);
     };
     // The reply entry names the frontend (the new source) and the pod's

@@ -55,7 +55,7 @@ use crate::{
     maps::count,
     nodeport::Up,
     packet::v6::load_into,
-    packet::{csum_replace2, set, Skip, ETH_HLEN},
+    packet::{csum_replace2, set, set_ct_tail, Skip, ETH_HLEN},
     rewrite::Header,
     skb::drop_counted,
 };
@@ -85,12 +85,8 @@ pub fn translate<A: IcmpFamily>(ctx: &TcContext, w: &mut Work<A>, dir: u8) -> Re
     let k = &mut w.key;
     load_into(ctx, inner_off + daddr_at::<A>(), &mut k.saddr_be).map_err(|_| Skip::NotOurs)?;
     load_into(ctx, inner_off + saddr_at::<A>(), &mut k.daddr_be).map_err(|_| Skip::NotOurs)?;
-    k.sport_be = inner_dport_be;
-    k.dport_be = inner_sport_be;
-    k.proto = inner.proto;
-    k.dir = dir;
-    k._pad = [0; 2];
-    let Some(entry) = A::conntrack().get_ptr(w.key) else {
+    set_ct_tail(k, inner_dport_be, inner_sport_be, inner.proto, dir);
+    let Some(entry) = crate::ct::entry(&w.key) else {
         return Err(Skip::NotOurs);
     };
     // SAFETY: a value of the conntrack map, valid for this program run; the
@@ -192,16 +188,12 @@ pub fn translate_snat<A: IcmpFamily>(ctx: &TcContext, u: &mut Up<A>) -> Result<(
     let k = &mut u.s.key2;
     load_into(ctx, inner_off + daddr_at::<A>(), &mut k.saddr_be).map_err(|_| Skip::NotOurs)?;
     load_into(ctx, inner_off + saddr_at::<A>(), &mut k.daddr_be).map_err(|_| Skip::NotOurs)?;
-    k.sport_be = backend_port_be;
-    k.dport_be = snat_port_be;
-    k.proto = inner.proto;
-    k.dir = ct_dir::REPLY;
-    k._pad = [0; 2];
+    set_ct_tail(k, backend_port_be, snat_port_be, inner.proto, ct_dir::REPLY);
     if !u.s.flow.daddr_be.same(&u.s.key2.daddr_be) {
         // Not addressed to the address the quote comes from.
         return Err(Skip::NotOurs);
     }
-    let Some(entry) = A::conntrack().get_ptr(u.s.key2) else {
+    let Some(entry) = crate::ct::entry(&u.s.key2) else {
         return Err(Skip::NotOurs);
     };
     // SAFETY: a value of the conntrack map, valid for this program run; the

@@ -58,7 +58,7 @@ use crate::{
         choose_backend, counts_flows, frontend_key, lookup_frontend, maglev_backend, sched, SlotKey,
     },
     maps::{count, count_denied, count_service},
-    packet::{set, Skip},
+    packet::{set, set_ct_tail, Skip},
     trace,
 };
 
@@ -275,7 +275,7 @@ fn snat_reply<A: UplinkFamily, const LAYER: u8>(u: &mut Up<A>) -> Result<bool, N
         return Ok(false);
     }
     u.s.flow.ct_key_into(ct_dir::REPLY, &mut u.s.key2);
-    let Some(entry_ptr) = A::conntrack().get_ptr_mut(u.s.key2) else {
+    let Some(entry_ptr) = crate::ct::entry(&u.s.key2) else {
         trace::revnat_miss(LAYER, &u.s.flow);
         return Ok(false);
     };
@@ -409,11 +409,13 @@ fn new_remote_flow<A: UplinkFamily>(
         let k = &mut u.s.key2;
         set(&mut k.saddr_be, &u.s.backend.addr_be);
         set(&mut k.daddr_be, &u.snat_addr_be);
-        k.sport_be = u.s.backend.port_be;
-        k.dport_be = port_be;
-        k.proto = u.s.flow.proto;
-        k.dir = ct_dir::REPLY;
-        k._pad = [0; 2];
+        set_ct_tail(
+            k,
+            u.s.backend.port_be,
+            port_be,
+            u.s.flow.proto,
+            ct_dir::REPLY,
+        );
         match claim_port(u, created_ns) {
             Ok(true) => {}
             Ok(false) => continue,

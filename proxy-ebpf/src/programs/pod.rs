@@ -318,7 +318,7 @@ pub fn to_pod<A: PodFamily>(ctx: &TcContext) -> Result<i32, Skip> {
         return Ok(action);
     }
     w.flow.ct_key_into(ct_dir::REPLY, &mut w.key);
-    let Some(entry_ptr) = A::conntrack().get_ptr_mut(w.key) else {
+    let Some(entry_ptr) = crate::ct::entry(&w.key) else {
         return Err(Skip::NotOurs);
     };
     // SAFETY: a value of the conntrack map, valid for this program run;
