@@ -88,8 +88,9 @@ pub const SERVICE_DENIED: &str = "SB_SVC_DENIED_V1";
 /// ([`super::prefilter::frontends`]): a clear bit proves a destination is
 /// no frontend before any hash lookup.
 /// V2: sized with the frontend map, indexed as `SB_FE_FILTER_SHIFT` says
-/// (V1 had 2^20 bits).
-pub const FRONTEND_FILTER: &str = "SB_FE_FILTER_V2";
+/// (V1 had 2^20 bits). V3: the same sizes, bits chosen by Fibonacci
+/// hashing (V2 used MurmurHash3's finalizer).
+pub const FRONTEND_FILTER: &str = "SB_FE_FILTER_V3";
 /// The global that tells the programs how to index the frontend bitmap
 /// (`prefilter::frontends::shift_for` its size), set when the object is
 /// loaded: the bitmap is sized with the frontend map.

@@ -141,8 +141,8 @@ pub static SB_LC_SOCK_V1: LruHashMap<u64, u32, { capacity::SOCKETS as usize }> =
 /// (`prefilter::frontends::words_for`) and sets [`SB_FE_FILTER_SHIFT`] to
 /// match.
 #[btf_map]
-pub static SB_FE_FILTER_V2: Array<u64, { prefilter::frontends::MIN_WORDS as usize }> = Array::new();
-/// How a hash indexes [`SB_FE_FILTER_V2`] (`prefilter::frontends::shift_for`
+pub static SB_FE_FILTER_V3: Array<u64, { prefilter::frontends::MIN_WORDS as usize }> = Array::new();
+/// How a hash indexes [`SB_FE_FILTER_V3`] (`prefilter::frontends::shift_for`
 /// its size): read-only data, set by the loader.
 #[unsafe(no_mangle)]
 pub static SB_FE_FILTER_SHIFT: u32 =

@@ -5,7 +5,7 @@
 use aya_ebpf::programs::TcContext;
 use proxy_common::{prefilter, Addr6Be};
 
-use crate::maps::{SB_FE_FILTER_SHIFT, SB_FE_FILTER_V2, SB_QUIET_GEN_V1, SB_QUIET_V2};
+use crate::maps::{SB_FE_FILTER_SHIFT, SB_FE_FILTER_V3, SB_QUIET_GEN_V1, SB_QUIET_V2};
 
 /// How a hash indexes the bitmap, as the loader set it for its size.
 #[inline(always)]
@@ -21,7 +21,7 @@ fn shift() -> u32 {
 #[inline(always)]
 fn frontend_bit(bit: u32) -> bool {
     let (word, mask) = prefilter::frontends::word_and_mask(bit);
-    match SB_FE_FILTER_V2.get(word) {
+    match SB_FE_FILTER_V3.get(word) {
         Some(bits) => bits & mask != 0,
         // Out of range cannot happen (the word is below the size); should it,
         // the lookups decide.

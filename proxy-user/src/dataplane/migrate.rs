@@ -8,7 +8,8 @@
 //! | `SB_CT_V4` | LRU hash; entries carry their own translation, no TCP state | entries of `SB_CT_V5` |
 //! | `SB_STATS_V1` | per-CPU counters 0-10 | added to the same counters of `SB_STATS_V5` |
 //! | `SB_QUIET_V1` | quiet marks that last until a flow takes them | nothing: `SB_QUIET_V2` starts empty and the collector marks again |
-//! | `SB_FE_FILTER_V1` | the frontend bitmap at a fixed 2^20 bits | nothing: `SB_FE_FILTER_V2` is written whole from the frontends before the programs that read it are attached |
+//! | `SB_FE_FILTER_V1` | the frontend bitmap at a fixed 2^20 bits | nothing: `SB_FE_FILTER_V3` is written whole from the frontends before the programs that read it are attached |
+//! | `SB_FE_FILTER_V2` | the frontend bitmap indexed by MurmurHash3's finalizer | nothing, as `SB_FE_FILTER_V1` |
 //!
 //! Flows are copied twice: at start, before the programs are replaced (the
 //! old programs still track new flows in the old table meanwhile), and once
@@ -38,12 +39,13 @@ use crate::dataplane::{
 };
 
 /// The pins of earlier layouts, oldest first.
-pub const EARLIER: [&str; 5] = [
+pub const EARLIER: [&str; 6] = [
     CONNTRACK_V2,
     names::CONNTRACK_V4,
     GLOBAL_STATS_V1,
     QUIET_V1,
     FRONTEND_FILTER_V1,
+    FRONTEND_FILTER_V2,
 ];
 
 /// The connection-tracking table before flows carried their own translation.
@@ -56,6 +58,9 @@ pub const QUIET_V1: &str = "SB_QUIET_V1";
 /// previous release's programs read it (a downgrade to that release is
 /// refused by the pin root's format); once they are gone it is unpinned.
 pub const FRONTEND_FILTER_V1: &str = "SB_FE_FILTER_V1";
+/// The frontend bitmap before its bits were chosen by Fibonacci hashing
+/// (same sizes, other bits): as `FRONTEND_FILTER_V1`.
+pub const FRONTEND_FILTER_V2: &str = "SB_FE_FILTER_V2";
 /// The data-path counters before the socket layer's were added.
 pub const GLOBAL_STATS_V1: &str = "SB_STATS_V1";
 /// How many counters `SB_STATS_V1` had; 1 to 10 mean what they mean now
@@ -238,7 +243,7 @@ pub fn finish(pin_root: &Path, maps: &mut PinnedMaps) -> Vec<Result<Migrated, Mi
         })),
         Err(e) => done.push(Err(e)),
     }
-    for pin in [QUIET_V1, FRONTEND_FILTER_V1] {
+    for pin in [QUIET_V1, FRONTEND_FILTER_V1, FRONTEND_FILTER_V2] {
         if pin_root.join(pin).exists() {
             done.push(Ok(Migrated { pin, copied: 0 }));
         }

@@ -25,7 +25,7 @@ use crate::dataplane::resize;
 /// map's name, type or entry layout (the names are in
 /// `proxy_common::names::ALL`; the test `the_format_follows_the_map_names`
 /// fails until this is raised when they change).
-pub const FORMAT: u32 = 5;
+pub const FORMAT: u32 = 6;
 
 /// Where the agent pins its maps unless told otherwise.
 pub const DEFAULT_PIN_ROOT: &str = "/sys/fs/bpf/switchboard";
@@ -393,7 +393,7 @@ mod tests {
     #[test]
     fn the_format_follows_the_map_names() {
         let recorded: (u32, &[&str]) = (
-            5,
+            6,
             &[
                 "SB_FE_V1",
                 "SB_BE_V1",
@@ -422,7 +422,7 @@ mod tests {
                 "SB_SRC_RANGE_V1",
                 "SB_SRC_RANGE6_V1",
                 "SB_SVC_DENIED_V1",
-                "SB_FE_FILTER_V2",
+                "SB_FE_FILTER_V3",
                 "SB_QUIET_V2",
                 "SB_QUIET_GEN_V1",
                 "SB_SOCK_CONN_V1",

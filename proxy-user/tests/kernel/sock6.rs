@@ -197,7 +197,7 @@ fn mark_frontends(ebpf: &mut Ebpf) {
     use proxy_common::prefilter::frontends::{bit4, bit6, port_bit, shift_for, word_and_mask};
     let mut filter: Array<_, u64> = Array::try_from(
         ebpf.map_mut(names::FRONTEND_FILTER)
-            .expect("SB_FE_FILTER_V2"),
+            .expect("SB_FE_FILTER_V3"),
     )
     .expect("typed");
     let shift = shift_for(filter.len());
@@ -212,10 +212,10 @@ fn mark_frontends(ebpf: &mut Ebpf) {
             ports.map(|(port, protocol)| port_bit(addr_bit, port.to_be(), protocol, shift));
         for bit in [addr_bit].into_iter().chain(port_bits) {
             let (word, mask) = word_and_mask(bit);
-            let old = filter.get(&word, 0).expect("read SB_FE_FILTER_V2");
+            let old = filter.get(&word, 0).expect("read SB_FE_FILTER_V3");
             filter
                 .set(word, old | mask, 0)
-                .expect("write SB_FE_FILTER_V2");
+                .expect("write SB_FE_FILTER_V3");
         }
     }
 }

@@ -17,7 +17,9 @@
 //! - 49c1942 (format 3): `SB_QUIET_V1`, quiet marks without generations,
 //!   in place of `SB_QUIET_V2` and `SB_QUIET_GEN_V1`, and `SB_FE_FILTER_V1`.
 //! - 0d0aa87 (format 4): `SB_FE_FILTER_V1`, the frontend bitmap at a fixed
-//!   2^20 bits, in place of `SB_FE_FILTER_V2`.
+//!   2^20 bits, in place of `SB_FE_FILTER_V3`.
+//! - 0a02f6a (format 5): `SB_FE_FILTER_V2`, the frontend bitmap sized as
+//!   today's but with its bits chosen by another hash.
 //!
 //! Binaries as in e2e.rs (SWITCHBOARD_BIN, SB_ECHO_BIN).
 
@@ -173,19 +175,26 @@ fn as_0d0aa87(pin: &Path) -> usize {
     with_fixed_bitmap(pin, "4")
 }
 
+/// Turns the stopped agent's pin root into what an agent of 0a02f6a (pin
+/// root format 5) left: the frontend bitmap of today's size, its bits
+/// chosen by MurmurHash3's finalizer.
+fn as_0a02f6a(pin: &Path) -> usize {
+    with_bitmap(pin, "SB_FE_FILTER_V2", 1 << 15, "5")
+}
+
 /// The frontend bitmap of 2^20 bits (`SB_FE_FILTER_V1`) in place of
 /// today's, and the format stamp `format`.
 fn with_fixed_bitmap(pin: &Path, format: &str) -> usize {
+    with_bitmap(pin, "SB_FE_FILTER_V1", 16_384, format)
+}
+
+/// An earlier frontend bitmap, pinned as `name` with `words` words, in
+/// place of today's, and the format stamp `format`.
+fn with_bitmap(pin: &Path, name: &str, words: u32, format: &str) -> usize {
     for name in [names::FRONTEND_FILTER, "SB_FORMAT"] {
         unpin(pin, name);
     }
-    let _ = create_pinned(
-        &pin.join("SB_FE_FILTER_V1"),
-        BPF_MAP_TYPE_ARRAY,
-        4,
-        8,
-        16_384,
-    );
+    let _ = create_pinned(&pin.join(name), BPF_MAP_TYPE_ARRAY, 4, 8, words);
     std::os::unix::fs::symlink(format, pin.join("SB_FORMAT")).expect("stamp the format");
     0
 }
@@ -352,6 +361,11 @@ fn an_upgrade_from_the_49c1942_layout_keeps_every_connection() {
 #[test]
 fn an_upgrade_from_the_0d0aa87_layout_keeps_every_connection() {
     upgrade_keeps_every_connection(as_0d0aa87, &["SB_FE_FILTER_V1"]);
+}
+
+#[test]
+fn an_upgrade_from_the_0a02f6a_layout_keeps_every_connection() {
+    upgrade_keeps_every_connection(as_0a02f6a, &["SB_FE_FILTER_V2"]);
 }
 
 #[test]
