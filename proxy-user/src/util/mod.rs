@@ -1,3 +1,4 @@
 //! Helpers shared by layers that do not otherwise meet.
 pub mod cores;
 pub mod fsmode;
+pub mod malloc;

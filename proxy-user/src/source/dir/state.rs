@@ -791,14 +791,31 @@ impl DirState {
             Some((key, _)) => Arc::clone(key),
             None => Arc::from(path),
         };
-        let hash = content_hash(&bytes);
+        // A file read by document is hashed by document (each byte once).
+        let documents = yaml_documents(path, &bytes).map(|documents| {
+            let hashes: Vec<u64> = documents
+                .iter()
+                .map(|text| content_hash(text.as_bytes()))
+                .collect();
+            (documents, hashes)
+        });
+        let hash = match &documents {
+            Some((_, hashes)) => {
+                let mut h = DefaultHasher::new();
+                hashes.hash(&mut h);
+                h.finish()
+            }
+            None => content_hash(&bytes),
+        };
         let f = self.files.entry(Arc::clone(&key)).or_default();
         f.fingerprint = Some(fingerprint);
         if f.content_hash.replace(hash) == Some(hash) {
             return Checked::Unchanged;
         }
-        let read = match yaml_documents(path, &bytes) {
-            Some(documents) => self.read_documents(path, &documents, &bytes, fingerprint.modified),
+        let read = match documents {
+            Some((documents, hashes)) => {
+                self.read_documents(path, &documents, hashes, &bytes, fingerprint.modified)
+            }
             None => self.read_whole(path, &bytes, fingerprint.modified),
         };
         match read {
@@ -810,14 +827,16 @@ impl DirState {
         }
     }
 
-    /// Parses the documents whose text changed since the file was last read
-    /// (the others keep their objects, unparsed), on every core, and puts
+    /// Parses the documents (`hashes`: of each one's text) whose text
+    /// changed since the file was last read (the others keep their objects,
+    /// unparsed), on every core, and puts
     /// the file's objects together. After an error the whole file is parsed, so that the error
     /// names its document as the file counts them.
     fn read_documents(
         &mut self,
         path: &Path,
         documents: &[&str],
+        hashes: Vec<u64>,
         bytes: &[u8],
         modified: Option<SystemTime>,
     ) -> Result<Read, ManifestError> {
@@ -826,10 +845,6 @@ impl DirState {
             .get(path)
             .map(|f| f.docs.iter().map(|d| (d.hash, d.objects.clone())).collect())
             .unwrap_or_default();
-        let hashes: Vec<u64> = documents
-            .iter()
-            .map(|text| content_hash(text.as_bytes()))
-            .collect();
         let fresh: Vec<&str> = documents
             .iter()
             .zip(&hashes)
@@ -974,7 +989,9 @@ impl DirState {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::source::dir::test_support::{node_b, svc, TempDir, View, NODE_A, SERVICE, SLICE};
+    use crate::source::dir::test_support::{
+        bench_yaml, node_b, svc, TempDir, View, NODE_A, SERVICE, SLICE,
+    };
     use crate::source::feed::{feed, Changes, FeedRx};
 
     #[test]
@@ -1357,6 +1374,104 @@ mod tests {
         reread.named.insert(path);
         assert!(!fx.refresh_with(&reread).is_empty());
         assert_eq!(fx.view.service_ips(), ["10.96.0.2"]);
+    }
+
+    /// `VmRSS` and `VmHWM` of this process, in MiB.
+    fn rss() -> (f64, f64) {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| v.trim().trim_end_matches(" kB").parse::<f64>().ok())
+                .map_or(f64::NAN, |kb| kb / 1024.0)
+        };
+        (field("VmRSS:"), field("VmHWM:"))
+    }
+
+    /// Where the time and the memory of the first view of a directory of
+    /// the benchmark's shape go (`SB_PROBE_SERVICES`, default 100000,
+    /// 1000 a file): `cargo test --release -p proxy-user --lib
+    /// first_view_probe -- --ignored --nocapture`.
+    #[test]
+    #[ignore = "a measurement, not a test"]
+    fn first_view_probe() {
+        use crate::util::malloc::{mib, MallocStats};
+        crate::node::memory::tune();
+        let n: usize = std::env::var("SB_PROBE_SERVICES")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(100_000);
+        let tmp = TempDir::new("probe");
+        for (i, start) in (0..n).step_by(1000).enumerate() {
+            let text = bench_yaml(start..(start + 1000).min(n));
+            std::fs::write(tmp.0.join(format!("services-{i:04}.yaml")), text).expect("write");
+        }
+        let used = || MallocStats::now().unwrap_or_default();
+        let report = |what: &str, before: MallocStats| {
+            let now = used();
+            let (rss, hwm) = rss();
+            eprintln!(
+                "{what}: in use {:.1} MiB ({:+.1}), arenas {:.1} MiB, free in them {:.1} MiB, mapped {:.1} MiB; RSS {rss:.1} MiB (peak {hwm:.1})",
+                mib(now.in_use),
+                (now.in_use as f64 - before.in_use as f64) / 1_048_576.0,
+                mib(now.arena),
+                mib(now.free),
+                mib(now.mapped),
+            );
+            now
+        };
+        let start = report("start", used());
+        let t = Instant::now();
+        let (tx, mut rx) = feed();
+        let mut state = DirState::new(tmp.0.clone(), "node-a".to_string());
+        let recorded = state.first(&tx);
+        let first = t.elapsed();
+        let read = report("first view read", start);
+        crate::node::memory::trim();
+        let trimmed = report("trimmed", read);
+        let t = Instant::now();
+        let changes = rx.take();
+        assert_eq!(changes.len(), recorded);
+        eprintln!(
+            "first view: {first:?} for {recorded} objects; take {:?}",
+            t.elapsed()
+        );
+        drop(changes);
+        let no_feed = report("without the feed's changes", trimmed);
+        state.files.clear();
+        let no_files = report("without the files' documents and views", no_feed);
+        state.first_seen = HashMap::new();
+        let no_stamps = report("without first_seen", no_files);
+        state.interner = Interner::default();
+        let no_interner = report("without the interner's set", no_stamps);
+        state.services.by_key.clear();
+        let no_services = report("without the Services (and their index)", no_interner);
+        state.slices.by_key.clear();
+        report("without the slices (and their index)", no_services);
+
+        // The parse alone, on every core.
+        let texts: Vec<(PathBuf, Vec<u8>)> = std::fs::read_dir(&tmp.0)
+            .expect("dir")
+            .map(|e| {
+                let path = e.expect("entry").path();
+                let bytes = std::fs::read(&path).expect("read");
+                (path, bytes)
+            })
+            .collect();
+        let t = Instant::now();
+        let mut docs = 0;
+        for (path, bytes) in &texts {
+            let documents = yaml_documents(path, bytes).expect("split");
+            docs += documents.len();
+            let parsed = parse_each::<Inputs>(path, &documents);
+            assert!(parsed.iter().all(Result::is_ok));
+        }
+        let parse = t.elapsed();
+        eprintln!(
+            "parse alone: {parse:?} for {docs} documents, {:?} per document on every core",
+            parse / docs.max(1) as u32
+        );
     }
 
     fn problem_texts(changes: &Changes) -> Option<Vec<String>> {
