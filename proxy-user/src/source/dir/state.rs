@@ -8,9 +8,11 @@
 //! its file's modification time (so that after an agent restart the files
 //! that were there keep their order as far as their files show it);
 //! afterwards, the time of the scan that read it. The stamp stays while the
-//! object exists (edits, moves between files); deleting it forgets it. A new
-//! file therefore never takes an address from a Service already running;
-//! equal stamps are settled by namespace/name.
+//! object exists (edits, moves between files): a new version without a
+//! timestamp takes the one of the version in effect (which is that stamp, or
+//! the timestamp that version was written with); deleting the object forgets
+//! it. A new file therefore never takes an address from a Service already
+//! running; equal stamps are settled by namespace/name.
 //!
 //! Problems with the files themselves (not YAML, not readable, a symlink
 //! loop) and with the directory are recorded into the feed as the complete
@@ -216,16 +218,16 @@ fn first_per_key<T: Keyed>(path: &Path, kind: &str, mut objects: Vec<Arc<T>>) ->
 
 /// The files holding one object, in path order: the first one's copy is
 /// used. Held for every object, so the usual single file is inline (no
-/// block of its own).
+/// block of its own), and the rare list boxed (24 bytes in all).
 #[derive(Debug)]
 pub(super) enum Owners<T> {
     One((Arc<Path>, Arc<T>)),
-    Many(Vec<(Arc<Path>, Arc<T>)>),
+    Many(Box<[(Arc<Path>, Arc<T>)]>),
 }
 
 impl<T> Default for Owners<T> {
     fn default() -> Self {
-        Owners::Many(Vec::new())
+        Owners::Many(Box::default())
     }
 }
 
@@ -241,12 +243,12 @@ impl<T> Owners<T> {
     fn edit<R>(&mut self, f: impl FnOnce(&mut Vec<(Arc<Path>, Arc<T>)>) -> R) -> R {
         let mut list = match std::mem::take(self) {
             Owners::One(one) => vec![one],
-            Owners::Many(many) => many,
+            Owners::Many(many) => many.into_vec(),
         };
         let result = f(&mut list);
         *self = match <[_; 1]>::try_from(list) {
             Ok([one]) => Owners::One(one),
-            Err(list) => Owners::Many(list),
+            Err(list) => Owners::Many(list.into_boxed_slice()),
         };
         result
     }
@@ -312,14 +314,8 @@ impl<T: Keyed> Index<T> {
             return;
         };
         let key = obj.key().clone();
-        if let Some((used, ignored)) = owners.insert(path, obj) {
-            warn!(
-                "{}: {} {key} is also defined in {}; this copy is ignored",
-                ignored.display(),
-                self.kind,
-                used.display()
-            );
-        }
+        let twice = owners.insert(path, obj);
+        self.note_twice(twice, &key);
     }
 
     fn remove(&mut self, path: &Path, key: &ObjectKey) {
@@ -328,6 +324,53 @@ impl<T: Keyed> Index<T> {
             if owners.is_empty() {
                 self.by_key.remove(key);
             }
+        }
+    }
+
+    /// Fills an empty index with the objects of `files` (in path order):
+    /// what [`Index::insert`] of each would, but built whole, its nodes full
+    /// (one insert at a time leaves them a third empty or more).
+    fn fill<'v>(&mut self, files: impl Iterator<Item = (&'v Arc<Path>, &'v [Arc<T>])>)
+    where
+        T: 'v,
+    {
+        if !self.by_key.is_empty() {
+            for (path, objects) in files {
+                objects
+                    .iter()
+                    .for_each(|o| self.insert(path, Arc::clone(o)));
+            }
+            return;
+        }
+        let mut all: Vec<(&Arc<Path>, &Arc<T>)> = files
+            .flat_map(|(path, objects)| objects.iter().map(move |o| (path, o)))
+            .collect();
+        // Stable: a key's copies stay in path order.
+        all.sort_by(|a, b| a.1.key().cmp(b.1.key()));
+        let mut entries: Vec<(ObjectKey, Owners<T>)> = Vec::with_capacity(all.len());
+        for (path, obj) in all {
+            match entries.last_mut() {
+                Some((key, owners)) if key == obj.key() => {
+                    self.note_twice(owners.insert(path, Arc::clone(obj)), key);
+                }
+                _ => entries.push((
+                    obj.key().clone(),
+                    Owners::One((Arc::clone(path), Arc::clone(obj))),
+                )),
+            }
+        }
+        self.by_key = entries.into_iter().collect();
+    }
+
+    /// Warns about an object defined in two files (see [`Owners::insert`]).
+    fn note_twice(&self, twice: Option<(Arc<Path>, Arc<Path>)>, key: &ObjectKey) {
+        if let Some((used, ignored)) = twice {
+            warn!(
+                "{}: {} {key} is also defined in {}; this copy is ignored",
+                ignored.display(),
+                self.kind,
+                used.display()
+            );
         }
     }
 
@@ -506,9 +549,6 @@ pub(super) struct DirState {
     /// The directory's identity, to notice it being replaced (then the watch is renewed).
     pub(super) dir_id: Option<(u64, u64)>,
     dir_error: Option<String>,
-    /// When each Service without a creationTimestamp was first seen (ms
-    /// since the epoch; see the module).
-    first_seen: HashMap<ObjectKey, i64>,
     /// The first scan is done.
     started: bool,
     /// The problems last recorded into the feed.
@@ -527,7 +567,6 @@ impl DirState {
             interner: Interner::default(),
             dir_id: None,
             dir_error: None,
-            first_seen: HashMap::new(),
             started: false,
             sent_problems: Vec::new(),
         }
@@ -539,12 +578,14 @@ impl DirState {
         let changes = self.scan(&Reread::all());
         self.apply(changes, None);
         self.started = true;
-        for (key, svc) in self.services.iter() {
-            feed.service(key.clone(), Some(Arc::clone(svc)));
-        }
-        for (key, slice) in self.slices.iter() {
-            feed.slice(key.clone(), Some(Arc::clone(slice)));
-        }
+        feed.versions(
+            self.services
+                .iter()
+                .map(|(key, svc)| (key.clone(), Some(Arc::clone(svc)))),
+            self.slices
+                .iter()
+                .map(|(key, slice)| (key.clone(), Some(Arc::clone(slice)))),
+        );
         let node = self.node.used();
         log_node_change(self, None, node.map(|n| &**n), true);
         feed.node(node.map(|n| NodeInfo::clone(n)));
@@ -612,7 +653,6 @@ impl DirState {
     /// interned names may have lost their last user).
     fn apply(&mut self, changes: Vec<FileChange>, mut before: Option<&mut Before>) -> bool {
         let mut dropped = false;
-        let mut removed = Vec::new();
         // Every changed file's old objects go first, so an object moving
         // between two files in one scan is not reported as defined twice.
         for change in &changes {
@@ -627,22 +667,34 @@ impl DirState {
             if let Some(old) = old {
                 dropped |= !old.is_empty();
                 self.remove_view(&change.path, &old);
-                removed.extend(old.services.iter().map(|s| s.key.clone()));
             }
         }
         // In path order (`scan` sorts), so the first path's copy is the one
         // reported as used.
-        for FileChange { path, view } in changes {
-            let Some(view) = view else { continue };
-            self.insert_view(&path, &view);
-            if let Some(f) = self.files.get_mut(&path) {
-                f.good = Some(view);
+        let new = || {
+            changes
+                .iter()
+                .filter_map(|c| Some((&c.path, c.view.as_ref()?)))
+        };
+        self.services
+            .fill(new().map(|(path, view)| (path, &view.services[..])));
+        self.slices
+            .fill(new().map(|(path, view)| (path, &view.slices[..])));
+        for (path, view) in new() {
+            if let Some(node) = &view.node {
+                if let Some((used, ignored)) = self.node.insert(path, Arc::clone(node)) {
+                    warn!(
+                        "{}: Node {} is also defined in {}; this copy is ignored",
+                        ignored.display(),
+                        self.node_name,
+                        used.display()
+                    );
+                }
             }
         }
-        // A Service gone from every file forgets when it was first seen.
-        for key in removed {
-            if !self.services.by_key.contains_key(&key) {
-                self.first_seen.remove(&key);
+        for FileChange { path, view } in changes {
+            if let (Some(view), Some(f)) = (view, self.files.get_mut(&path)) {
+                f.good = Some(view);
             }
         }
         dropped
@@ -657,25 +709,6 @@ impl DirState {
         }
         if view.node.is_some() {
             self.node.remove(path);
-        }
-    }
-
-    fn insert_view(&mut self, path: &Arc<Path>, view: &FileView) {
-        for svc in &view.services {
-            self.services.insert(path, Arc::clone(svc));
-        }
-        for slice in &view.slices {
-            self.slices.insert(path, Arc::clone(slice));
-        }
-        if let Some(node) = &view.node {
-            if let Some((used, ignored)) = self.node.insert(path, Arc::clone(node)) {
-                warn!(
-                    "{}: Node {} is also defined in {}; this copy is ignored",
-                    ignored.display(),
-                    self.node_name,
-                    used.display()
-                );
-            }
         }
     }
 
@@ -941,7 +974,13 @@ impl DirState {
             if svc.created_unix_ms.is_some() {
                 continue;
             }
-            let stamp = *self.first_seen.entry(svc.key.clone()).or_insert(ms);
+            // The version in effect has a stamp (or a timestamp of its
+            // own): every Service in the index has one.
+            let stamp = self
+                .services
+                .used(&svc.key)
+                .and_then(|used| used.created_unix_ms)
+                .unwrap_or(ms);
             Arc::make_mut(svc).created_unix_ms = Some(stamp);
         }
     }
@@ -1441,10 +1480,8 @@ mod tests {
         let no_feed = report("without the feed's changes", trimmed);
         state.files.clear();
         let no_files = report("without the files' documents and views", no_feed);
-        state.first_seen = HashMap::new();
-        let no_stamps = report("without first_seen", no_files);
         state.interner = Interner::default();
-        let no_interner = report("without the interner's set", no_stamps);
+        let no_interner = report("without the interner's set", no_files);
         state.services.by_key.clear();
         let no_services = report("without the Services (and their index)", no_interner);
         state.slices.by_key.clear();
