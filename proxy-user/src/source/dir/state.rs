@@ -1469,6 +1469,15 @@ mod tests {
         let read = report("first view read", start);
         crate::node::memory::trim();
         let trimmed = report("trimmed", read);
+        if std::env::var_os("SB_PROBE_MALLOC_INFO").is_some() {
+            // SAFETY: malloc_info writes the allocator's state to a stream
+            // opened on standard error, flushed and then leaked (fd 2 stays).
+            unsafe {
+                let err = libc::fdopen(2, c"w".as_ptr());
+                libc::malloc_info(0, err);
+                libc::fflush(err);
+            }
+        }
         let t = Instant::now();
         let changes = rx.take();
         assert_eq!(changes.len(), recorded);
@@ -1496,6 +1505,16 @@ mod tests {
                 (path, bytes)
             })
             .collect();
+        let t = Instant::now();
+        for (path, bytes) in &texts {
+            let documents = yaml_documents(path, bytes).expect("split");
+            let hashes: Vec<u64> = documents
+                .iter()
+                .map(|d| content_hash(d.as_bytes()))
+                .collect();
+            assert_eq!(hashes.len(), documents.len());
+        }
+        eprintln!("split and hash alone (one core): {:?}", t.elapsed());
         let t = Instant::now();
         let mut docs = 0;
         for (path, bytes) in &texts {
