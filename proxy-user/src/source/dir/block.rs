@@ -535,11 +535,20 @@ struct De<'a, 't> {
     at: usize,
 }
 
-impl<'a> De<'a, '_> {
+impl<'a, 't> De<'a, 't> {
     fn next(&mut self) -> Result<Token> {
         let token = *self.tokens.get(self.at).ok_or(NotHere)?;
         self.at += 1;
         Ok(token)
+    }
+
+    /// The contents of the collection just read: `len` entries to `end`.
+    fn entries(&mut self, end: u32, len: u32) -> Entries<'_, 'a, 't> {
+        Entries {
+            de: self,
+            end: end as usize,
+            len,
+        }
     }
 
     /// `value`, when its visitor read the collection to its `end`.
@@ -570,19 +579,11 @@ impl<'de> Deserializer<'de> for &mut De<'de, '_> {
                 visitor.visit_borrowed_str(&self.text[start as usize..end as usize])
             }
             Token::Map { end, len } => {
-                let value = visitor.visit_map(Entries {
-                    de: &mut *self,
-                    end: end as usize,
-                    len,
-                })?;
+                let value = visitor.visit_map(self.entries(end, len))?;
                 self.ended(end, value)
             }
             Token::Seq { end, len } => {
-                let value = visitor.visit_seq(Entries {
-                    de: &mut *self,
-                    end: end as usize,
-                    len,
-                })?;
+                let value = visitor.visit_seq(self.entries(end, len))?;
                 self.ended(end, value)
             }
         }
@@ -636,14 +637,21 @@ struct Entries<'d, 'a, 't> {
     len: u32,
 }
 
-impl<'de> MapAccess<'de> for Entries<'_, 'de, '_> {
-    type Error = NotHere;
-
-    fn next_key_seed<K: DeserializeSeed<'de>>(&mut self, seed: K) -> Result<Option<K::Value>> {
+impl<'de> Entries<'_, 'de, '_> {
+    /// The next entry (a key, or an element) through `seed`; `None` at the end.
+    fn next<S: DeserializeSeed<'de>>(&mut self, seed: S) -> Result<Option<S::Value>> {
         if self.de.at >= self.end {
             return Ok(None);
         }
         seed.deserialize(&mut *self.de).map(Some)
+    }
+}
+
+impl<'de> MapAccess<'de> for Entries<'_, 'de, '_> {
+    type Error = NotHere;
+
+    fn next_key_seed<K: DeserializeSeed<'de>>(&mut self, seed: K) -> Result<Option<K::Value>> {
+        self.next(seed)
     }
 
     fn next_value_seed<V: DeserializeSeed<'de>>(&mut self, seed: V) -> Result<V::Value> {
@@ -659,10 +667,7 @@ impl<'de> SeqAccess<'de> for Entries<'_, 'de, '_> {
     type Error = NotHere;
 
     fn next_element_seed<T: DeserializeSeed<'de>>(&mut self, seed: T) -> Result<Option<T::Value>> {
-        if self.de.at >= self.end {
-            return Ok(None);
-        }
-        seed.deserialize(&mut *self.de).map(Some)
+        self.next(seed)
     }
 
     fn size_hint(&self) -> Option<usize> {
