@@ -1436,7 +1436,13 @@ mod tests {
     #[ignore = "a measurement, not a test"]
     fn first_view_probe() {
         use crate::util::malloc::{mib, MallocStats};
-        crate::node::memory::tune();
+        // The agent's malloc settings (`node::memory::tune`): no fast bins,
+        // two arenas.
+        // SAFETY: mallopt only changes allocator tuning, with values in range.
+        unsafe {
+            libc::mallopt(libc::M_MXFAST, 0);
+            libc::mallopt(libc::M_ARENA_MAX, 2);
+        }
         let n: usize = std::env::var("SB_PROBE_SERVICES")
             .ok()
             .and_then(|v| v.parse().ok())
@@ -1467,7 +1473,11 @@ mod tests {
         let recorded = state.first(&tx);
         let first = t.elapsed();
         let read = report("first view read", start);
-        crate::node::memory::trim();
+        // As the agent does after the first view (`node::memory::trim`).
+        // SAFETY: malloc_trim only releases memory the allocator holds free.
+        unsafe {
+            libc::malloc_trim(0);
+        }
         let trimmed = report("trimmed", read);
         if std::env::var_os("SB_PROBE_MALLOC_INFO").is_some() {
             // SAFETY: malloc_info writes the allocator's state to a stream
