@@ -35,6 +35,7 @@ use super::parse::{parse_as, parse_each, yaml_documents, FileObjects, Inputs, Ma
 use super::watch::log_node_change;
 use crate::model::{Interner, Keyed, ModelWarning, NodeInfo, ObjectKey, ServiceInfo, SliceInfo};
 use crate::source::feed::FeedTx;
+use crate::util::btree::extend_whole;
 
 /// Is this directory entry a manifest we read?
 fn is_manifest_name(path: &Path) -> bool {
@@ -327,8 +328,8 @@ impl<T: Keyed> Index<T> {
         }
     }
 
-    /// Fills an empty index with the objects of `files` (in path order):
-    /// what [`Index::insert`] of each would, but built whole, its nodes full
+    /// Adds the objects of `files` (in path order): what [`Index::insert`]
+    /// of each would, but into an empty index built whole, its nodes full
     /// (one insert at a time leaves them a third empty or more).
     fn fill<'v>(&mut self, files: impl Iterator<Item = (&'v Arc<Path>, &'v [Arc<T>])>)
     where
@@ -342,24 +343,19 @@ impl<T: Keyed> Index<T> {
             }
             return;
         }
-        let mut all: Vec<(&Arc<Path>, &Arc<T>)> = files
-            .flat_map(|(path, objects)| objects.iter().map(move |o| (path, o)))
-            .collect();
-        // Stable: a key's copies stay in path order.
-        all.sort_by(|a, b| a.1.key().cmp(b.1.key()));
-        let mut entries: Vec<(ObjectKey, Owners<T>)> = Vec::with_capacity(all.len());
-        for (path, obj) in all {
-            match entries.last_mut() {
-                Some((key, owners)) if key == obj.key() => {
-                    self.note_twice(owners.insert(path, Arc::clone(obj)), key);
-                }
-                _ => entries.push((
-                    obj.key().clone(),
-                    Owners::One((Arc::clone(path), Arc::clone(obj))),
-                )),
+        let items = files.flat_map(|(path, objects)| {
+            objects.iter().map(move |o| {
+                let owners = Owners::One((Arc::clone(path), Arc::clone(o)));
+                (o.key().clone(), owners)
+            })
+        });
+        let mut by_key = std::mem::take(&mut self.by_key);
+        extend_whole(&mut by_key, items, |key, owners, new| {
+            if let Owners::One((path, obj)) = new {
+                self.note_twice(owners.insert(&path, obj), key);
             }
-        }
-        self.by_key = entries.into_iter().collect();
+        });
+        self.by_key = by_key;
     }
 
     /// Warns about an object defined in two files (see [`Owners::insert`]).
