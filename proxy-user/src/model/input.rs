@@ -404,8 +404,9 @@ impl RawAddress {
     pub(crate) fn new(s: &str) -> RawAddress {
         match s.parse::<IpAddr>() {
             // Only when it prints back as written, so Display shows the text
-            // the user wrote (a warning names it as found).
-            Ok(IpAddr::V4(ip)) if ip.to_string() == s => RawAddress::V4(ip),
+            // the user wrote (a warning names it as found). An IPv4 address
+            // parses only in that form (no leading zeros, no spaces).
+            Ok(IpAddr::V4(ip)) => RawAddress::V4(ip),
             Ok(IpAddr::V6(ip)) if ip.to_string() == s => RawAddress::V6(ip),
             _ => RawAddress::Other(s.into()),
         }
@@ -612,6 +613,9 @@ mod tests {
             RawAddress::new("10.0.0.1"),
             RawAddress::V4(Ipv4Addr::new(10, 0, 0, 1))
         );
+        let zeros = RawAddress::new("10.0.0.01");
+        assert_eq!(zeros.to_string(), "10.0.0.01");
+        assert_eq!(zeros.ip(), None);
         let spaced = RawAddress::new(" 10.0.0.1");
         assert_eq!(spaced.to_string(), " 10.0.0.1");
         assert_eq!(spaced.ip(), Some(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1))));

@@ -20,6 +20,7 @@ use std::time::Instant;
 use tokio::sync::watch;
 
 use crate::model::{ModelWarning, NodeInfo, ObjectKey, ServiceInfo, SliceInfo};
+use crate::util::btree::extend_whole;
 
 /// Everything recorded since the last take. `None` values are deletions.
 #[derive(Debug, Default)]
@@ -117,6 +118,30 @@ impl FeedTx {
         pending.arrivals.extend(arrived);
     }
 
+    /// Records many versions at once: a first view (a list). The maps are
+    /// built whole, their nodes full (one insert at a time leaves every
+    /// node of an ordered run half empty: 15 MiB rather than 8 for 100k
+    /// Services and their slices).
+    pub fn versions(
+        &self,
+        services: impl IntoIterator<Item = (ObjectKey, Option<Arc<ServiceInfo>>)>,
+        slices: impl IntoIterator<Item = (ObjectKey, Option<Arc<SliceInfo>>)>,
+    ) {
+        let arrived = self.arrival();
+        let mut pending = self.shared.pending();
+        fn newest<V>(_: &ObjectKey, old: &mut V, new: V) {
+            *old = new;
+        }
+        let mut n = 0;
+        let services = services.into_iter().inspect(|_| n += 1);
+        extend_whole(&mut pending.services, services, newest);
+        let slices = slices.into_iter().inspect(|_| n += 1);
+        extend_whole(&mut pending.slices, slices, newest);
+        if let Some(at) = arrived {
+            pending.arrivals.extend(std::iter::repeat_n(at, n));
+        }
+    }
+
     /// Now, once the first view is published (its objects are not events
     /// to time, and would cost a stamp each at 100k).
     fn arrival(&self) -> Option<Instant> {
@@ -205,6 +230,26 @@ mod tests {
         // view): not timed; the second is.
         assert_eq!(changes.arrivals.len(), 1);
         assert!(rx.take().is_empty());
+    }
+
+    /// Many versions at once are recorded as one at a time would be.
+    #[tokio::test]
+    async fn versions_at_once_are_recorded_as_one_by_one() {
+        let (tx, mut rx) = feed();
+        let (a, b) = (
+            ObjectKey::new("default", "a"),
+            ObjectKey::new("default", "b"),
+        );
+        tx.versions([(a.clone(), Some(svc("a", 80)))], []);
+        tx.versions([(b.clone(), None), (a.clone(), None)], []);
+        tx.publish();
+        rx.changed().await.expect("published");
+        let changes = rx.take();
+        assert_eq!(changes.services.keys().collect::<Vec<_>>(), [&a, &b]);
+        assert_eq!(changes.services[&a], None);
+        assert!(changes.arrivals.is_empty(), "before the first publish");
+        tx.versions([(a.clone(), Some(svc("a", 81)))], []);
+        assert_eq!(rx.take().arrivals.len(), 1);
     }
 
     #[tokio::test]

@@ -1,3 +1,5 @@
 //! Helpers shared by layers that do not otherwise meet.
+pub mod btree;
 pub mod cores;
 pub mod fsmode;
+pub mod malloc;

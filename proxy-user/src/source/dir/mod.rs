@@ -48,6 +48,7 @@
 //! [`NodeInfo`]: crate::model::NodeInfo
 //! [`FeedTx`]: super::feed::FeedTx
 
+mod block;
 mod parse;
 mod state;
 #[cfg(test)]

@@ -97,30 +97,38 @@ impl Decoder for Inputs {
     }
 
     /// A Service or an EndpointSlice straight from the YAML (no tree of
-    /// values: most of the time a document took). Plain scalars that read
-    /// as numbers or booleans are refused as strings (`no_schema`), and
-    /// only `true`/`false` are booleans, so what this path accepts, it
-    /// reads as the general path does; anything else (other kinds, Lists,
-    /// empty documents, any error) takes the general path.
+    /// values: most of the time a document took): in the usual block shape
+    /// by [`super::block`], else by the general parser ([`direct_saphyr`]).
+    /// Either reads what it accepts as the general path does; anything else
+    /// (other kinds, Lists, empty documents, any error) takes the general
+    /// path, which names the problem.
     fn direct(text: &str) -> Option<FileObjects<ServiceInfo, SliceInfo>> {
-        let mut options = yaml_options(text.len());
-        options.no_schema = true;
-        options.strict_booleans = true;
-        // The parser remembers no keys (a third of its time): a key given
-        // twice reaches the decoder, where a struct's field given twice is
-        // serde's error and a label or annotation map refuses it (then the
-        // general path names it); a merge key (`<<`) is an error here, and
-        // the general path expands it.
-        options.duplicate_keys = serde_saphyr::DuplicateKeyPolicy::PassThrough;
-        options.merge_keys = serde_saphyr::MergeKeyPolicy::Error;
+        let doc = match super::block::decode::<DocInfo>(text) {
+            Some(doc) => doc,
+            None => direct_saphyr(text)?,
+        };
         let mut out = FileObjects::default();
-        match serde_saphyr::from_str_with_options::<DocInfo>(text, options).ok()? {
+        match doc {
             DocInfo::Service(svc) => out.services.push(svc),
             DocInfo::Slice(slice) => out.endpoint_slices.push(slice),
             DocInfo::Other => return None,
         }
         Some(out)
     }
+}
+
+/// A document [`super::block`] does not take, through the general YAML
+/// parser without a tree of values. Plain scalars that read as numbers or
+/// booleans are refused as strings (`no_schema`), and only `true`/`false`
+/// are booleans, so what this accepts, it reads as the general path does; a
+/// key given twice is an error, as there, and a merge key (`<<`) too (the
+/// general path expands it).
+fn direct_saphyr(text: &str) -> Option<DocInfo> {
+    let mut options = yaml_options(text.len());
+    options.no_schema = true;
+    options.strict_booleans = true;
+    options.merge_keys = serde_saphyr::MergeKeyPolicy::Error;
+    serde_saphyr::from_str_with_options::<DocInfo>(text, options).ok()
 }
 
 /// Why a manifest file was rejected. Every message names the file, and
@@ -239,15 +247,19 @@ pub(super) fn yaml_documents<'t>(path: &Path, bytes: &'t [u8]) -> Option<Vec<&'t
     let mut documents = Vec::new();
     let mut start = 0;
     let mut at = 0;
-    for line in text.split_inclusive('\n') {
-        if line.starts_with('%') || is_marker(line, "...") {
-            return None;
+    while at < text.len() {
+        let end = text[at..].find('\n').map_or(text.len(), |i| at + i + 1);
+        // Only lines that start with `%`, `.` or `-` need a closer look.
+        match text.as_bytes()[at] {
+            b'%' => return None,
+            b'.' if is_marker(&text[at..end], "...") => return None,
+            b'-' if at > start && is_marker(&text[at..end], "---") => {
+                documents.push(&text[start..at]);
+                start = at;
+            }
+            _ => {}
         }
-        if is_marker(line, "---") && at > start {
-            documents.push(&text[start..at]);
-            start = at;
-        }
-        at += line.len();
+        at = end;
     }
     if at > start {
         documents.push(&text[start..at]);
@@ -648,21 +660,6 @@ mod tests {
         assert_eq!(yaml_documents(yaml, b"kind: \xff\n"), None);
     }
 
-    /// `n` Services with an EndpointSlice of 10 endpoints each, as the
-    /// benchmark writes them (`kubectl get -o yaml` style).
-    fn workload_yaml(n: usize) -> String {
-        let mut text = String::new();
-        for i in 0..n {
-            text.push_str(&format!("---\napiVersion: v1\nkind: Service\nmetadata:\n  name: fill-{i}\n  namespace: default\nspec:\n  type: ClusterIP\n  clusterIP: 10.96.{}.{}\n  clusterIPs:\n  - 10.96.{}.{}\n  selector:\n    app: fill-{i}\n  ports:\n  - name: http\n    port: 80\n    protocol: TCP\n    targetPort: 8080\n", i / 250, i % 250, i / 250, i % 250));
-            text.push_str(&format!("---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\naddressType: IPv4\nmetadata:\n  name: fill-{i}-abcde\n  namespace: default\n  labels:\n    kubernetes.io/service-name: fill-{i}\nendpoints:\n"));
-            for e in 0..10 {
-                text.push_str(&format!("- addresses:\n  - 10.244.{}.{e}\n  conditions:\n    ready: true\n    serving: true\n    terminating: false\n", i % 250));
-            }
-            text.push_str("ports:\n- name: http\n  port: 8080\n  protocol: TCP\n");
-        }
-        text
-    }
-
     /// A document read in one pass gives what the general path gives;
     /// what one pass would read differently (a plain scalar that is a
     /// number or a boolean where a string goes, `yes` for a boolean) takes
@@ -731,7 +728,7 @@ mod tests {
     #[ignore = "a timing, not a test"]
     fn decode_time() {
         let path = Path::new("bench.yaml");
-        let text = workload_yaml(2000);
+        let text = crate::source::dir::test_support::bench_yaml(0..2000);
         let documents = yaml_documents(path, text.as_bytes()).expect("split");
         assert!(
             documents.iter().all(|d| Inputs::direct(d).is_some()),

@@ -8,9 +8,11 @@
 //! its file's modification time (so that after an agent restart the files
 //! that were there keep their order as far as their files show it);
 //! afterwards, the time of the scan that read it. The stamp stays while the
-//! object exists (edits, moves between files); deleting it forgets it. A new
-//! file therefore never takes an address from a Service already running;
-//! equal stamps are settled by namespace/name.
+//! object exists (edits, moves between files): a new version without a
+//! timestamp takes the one of the version in effect (which is that stamp, or
+//! the timestamp that version was written with); deleting the object forgets
+//! it. A new file therefore never takes an address from a Service already
+//! running; equal stamps are settled by namespace/name.
 //!
 //! Problems with the files themselves (not YAML, not readable, a symlink
 //! loop) and with the directory are recorded into the feed as the complete
@@ -33,6 +35,7 @@ use super::parse::{parse_as, parse_each, yaml_documents, FileObjects, Inputs, Ma
 use super::watch::log_node_change;
 use crate::model::{Interner, Keyed, ModelWarning, NodeInfo, ObjectKey, ServiceInfo, SliceInfo};
 use crate::source::feed::FeedTx;
+use crate::util::btree::extend_whole;
 
 /// Is this directory entry a manifest we read?
 fn is_manifest_name(path: &Path) -> bool {
@@ -216,16 +219,16 @@ fn first_per_key<T: Keyed>(path: &Path, kind: &str, mut objects: Vec<Arc<T>>) ->
 
 /// The files holding one object, in path order: the first one's copy is
 /// used. Held for every object, so the usual single file is inline (no
-/// block of its own).
+/// block of its own), and the rare list boxed (24 bytes in all).
 #[derive(Debug)]
 pub(super) enum Owners<T> {
     One((Arc<Path>, Arc<T>)),
-    Many(Vec<(Arc<Path>, Arc<T>)>),
+    Many(Box<[(Arc<Path>, Arc<T>)]>),
 }
 
 impl<T> Default for Owners<T> {
     fn default() -> Self {
-        Owners::Many(Vec::new())
+        Owners::Many(Box::default())
     }
 }
 
@@ -241,12 +244,12 @@ impl<T> Owners<T> {
     fn edit<R>(&mut self, f: impl FnOnce(&mut Vec<(Arc<Path>, Arc<T>)>) -> R) -> R {
         let mut list = match std::mem::take(self) {
             Owners::One(one) => vec![one],
-            Owners::Many(many) => many,
+            Owners::Many(many) => many.into_vec(),
         };
         let result = f(&mut list);
         *self = match <[_; 1]>::try_from(list) {
             Ok([one]) => Owners::One(one),
-            Err(list) => Owners::Many(list),
+            Err(list) => Owners::Many(list.into_boxed_slice()),
         };
         result
     }
@@ -312,14 +315,8 @@ impl<T: Keyed> Index<T> {
             return;
         };
         let key = obj.key().clone();
-        if let Some((used, ignored)) = owners.insert(path, obj) {
-            warn!(
-                "{}: {} {key} is also defined in {}; this copy is ignored",
-                ignored.display(),
-                self.kind,
-                used.display()
-            );
-        }
+        let twice = owners.insert(path, obj);
+        self.note_twice(twice, &key);
     }
 
     fn remove(&mut self, path: &Path, key: &ObjectKey) {
@@ -328,6 +325,48 @@ impl<T: Keyed> Index<T> {
             if owners.is_empty() {
                 self.by_key.remove(key);
             }
+        }
+    }
+
+    /// Adds the objects of `files` (in path order): what [`Index::insert`]
+    /// of each would, but into an empty index built whole, its nodes full
+    /// (one insert at a time leaves them a third empty or more).
+    fn fill<'v>(&mut self, files: impl Iterator<Item = (&'v Arc<Path>, &'v [Arc<T>])>)
+    where
+        T: 'v,
+    {
+        if !self.by_key.is_empty() {
+            for (path, objects) in files {
+                objects
+                    .iter()
+                    .for_each(|o| self.insert(path, Arc::clone(o)));
+            }
+            return;
+        }
+        let items = files.flat_map(|(path, objects)| {
+            objects.iter().map(move |o| {
+                let owners = Owners::One((Arc::clone(path), Arc::clone(o)));
+                (o.key().clone(), owners)
+            })
+        });
+        let mut by_key = std::mem::take(&mut self.by_key);
+        extend_whole(&mut by_key, items, |key, owners, new| {
+            if let Owners::One((path, obj)) = new {
+                self.note_twice(owners.insert(&path, obj), key);
+            }
+        });
+        self.by_key = by_key;
+    }
+
+    /// Warns about an object defined in two files (see [`Owners::insert`]).
+    fn note_twice(&self, twice: Option<(Arc<Path>, Arc<Path>)>, key: &ObjectKey) {
+        if let Some((used, ignored)) = twice {
+            warn!(
+                "{}: {} {key} is also defined in {}; this copy is ignored",
+                ignored.display(),
+                self.kind,
+                used.display()
+            );
         }
     }
 
@@ -506,9 +545,6 @@ pub(super) struct DirState {
     /// The directory's identity, to notice it being replaced (then the watch is renewed).
     pub(super) dir_id: Option<(u64, u64)>,
     dir_error: Option<String>,
-    /// When each Service without a creationTimestamp was first seen (ms
-    /// since the epoch; see the module).
-    first_seen: HashMap<ObjectKey, i64>,
     /// The first scan is done.
     started: bool,
     /// The problems last recorded into the feed.
@@ -527,7 +563,6 @@ impl DirState {
             interner: Interner::default(),
             dir_id: None,
             dir_error: None,
-            first_seen: HashMap::new(),
             started: false,
             sent_problems: Vec::new(),
         }
@@ -539,12 +574,14 @@ impl DirState {
         let changes = self.scan(&Reread::all());
         self.apply(changes, None);
         self.started = true;
-        for (key, svc) in self.services.iter() {
-            feed.service(key.clone(), Some(Arc::clone(svc)));
-        }
-        for (key, slice) in self.slices.iter() {
-            feed.slice(key.clone(), Some(Arc::clone(slice)));
-        }
+        feed.versions(
+            self.services
+                .iter()
+                .map(|(key, svc)| (key.clone(), Some(Arc::clone(svc)))),
+            self.slices
+                .iter()
+                .map(|(key, slice)| (key.clone(), Some(Arc::clone(slice)))),
+        );
         let node = self.node.used();
         log_node_change(self, None, node.map(|n| &**n), true);
         feed.node(node.map(|n| NodeInfo::clone(n)));
@@ -612,7 +649,6 @@ impl DirState {
     /// interned names may have lost their last user).
     fn apply(&mut self, changes: Vec<FileChange>, mut before: Option<&mut Before>) -> bool {
         let mut dropped = false;
-        let mut removed = Vec::new();
         // Every changed file's old objects go first, so an object moving
         // between two files in one scan is not reported as defined twice.
         for change in &changes {
@@ -627,22 +663,34 @@ impl DirState {
             if let Some(old) = old {
                 dropped |= !old.is_empty();
                 self.remove_view(&change.path, &old);
-                removed.extend(old.services.iter().map(|s| s.key.clone()));
             }
         }
         // In path order (`scan` sorts), so the first path's copy is the one
         // reported as used.
-        for FileChange { path, view } in changes {
-            let Some(view) = view else { continue };
-            self.insert_view(&path, &view);
-            if let Some(f) = self.files.get_mut(&path) {
-                f.good = Some(view);
+        let new = || {
+            changes
+                .iter()
+                .filter_map(|c| Some((&c.path, c.view.as_ref()?)))
+        };
+        self.services
+            .fill(new().map(|(path, view)| (path, &view.services[..])));
+        self.slices
+            .fill(new().map(|(path, view)| (path, &view.slices[..])));
+        for (path, view) in new() {
+            if let Some(node) = &view.node {
+                if let Some((used, ignored)) = self.node.insert(path, Arc::clone(node)) {
+                    warn!(
+                        "{}: Node {} is also defined in {}; this copy is ignored",
+                        ignored.display(),
+                        self.node_name,
+                        used.display()
+                    );
+                }
             }
         }
-        // A Service gone from every file forgets when it was first seen.
-        for key in removed {
-            if !self.services.by_key.contains_key(&key) {
-                self.first_seen.remove(&key);
+        for FileChange { path, view } in changes {
+            if let (Some(view), Some(f)) = (view, self.files.get_mut(&path)) {
+                f.good = Some(view);
             }
         }
         dropped
@@ -657,25 +705,6 @@ impl DirState {
         }
         if view.node.is_some() {
             self.node.remove(path);
-        }
-    }
-
-    fn insert_view(&mut self, path: &Arc<Path>, view: &FileView) {
-        for svc in &view.services {
-            self.services.insert(path, Arc::clone(svc));
-        }
-        for slice in &view.slices {
-            self.slices.insert(path, Arc::clone(slice));
-        }
-        if let Some(node) = &view.node {
-            if let Some((used, ignored)) = self.node.insert(path, Arc::clone(node)) {
-                warn!(
-                    "{}: Node {} is also defined in {}; this copy is ignored",
-                    ignored.display(),
-                    self.node_name,
-                    used.display()
-                );
-            }
         }
     }
 
@@ -791,14 +820,31 @@ impl DirState {
             Some((key, _)) => Arc::clone(key),
             None => Arc::from(path),
         };
-        let hash = content_hash(&bytes);
+        // A file read by document is hashed by document (each byte once).
+        let documents = yaml_documents(path, &bytes).map(|documents| {
+            let hashes: Vec<u64> = documents
+                .iter()
+                .map(|text| content_hash(text.as_bytes()))
+                .collect();
+            (documents, hashes)
+        });
+        let hash = match &documents {
+            Some((_, hashes)) => {
+                let mut h = DefaultHasher::new();
+                hashes.hash(&mut h);
+                h.finish()
+            }
+            None => content_hash(&bytes),
+        };
         let f = self.files.entry(Arc::clone(&key)).or_default();
         f.fingerprint = Some(fingerprint);
         if f.content_hash.replace(hash) == Some(hash) {
             return Checked::Unchanged;
         }
-        let read = match yaml_documents(path, &bytes) {
-            Some(documents) => self.read_documents(path, &documents, &bytes, fingerprint.modified),
+        let read = match documents {
+            Some((documents, hashes)) => {
+                self.read_documents(path, &documents, hashes, &bytes, fingerprint.modified)
+            }
             None => self.read_whole(path, &bytes, fingerprint.modified),
         };
         match read {
@@ -810,14 +856,16 @@ impl DirState {
         }
     }
 
-    /// Parses the documents whose text changed since the file was last read
-    /// (the others keep their objects, unparsed), on every core, and puts
+    /// Parses the documents (`hashes`: of each one's text) whose text
+    /// changed since the file was last read (the others keep their objects,
+    /// unparsed), on every core, and puts
     /// the file's objects together. After an error the whole file is parsed, so that the error
     /// names its document as the file counts them.
     fn read_documents(
         &mut self,
         path: &Path,
         documents: &[&str],
+        hashes: Vec<u64>,
         bytes: &[u8],
         modified: Option<SystemTime>,
     ) -> Result<Read, ManifestError> {
@@ -826,10 +874,6 @@ impl DirState {
             .get(path)
             .map(|f| f.docs.iter().map(|d| (d.hash, d.objects.clone())).collect())
             .unwrap_or_default();
-        let hashes: Vec<u64> = documents
-            .iter()
-            .map(|text| content_hash(text.as_bytes()))
-            .collect();
         let fresh: Vec<&str> = documents
             .iter()
             .zip(&hashes)
@@ -926,7 +970,13 @@ impl DirState {
             if svc.created_unix_ms.is_some() {
                 continue;
             }
-            let stamp = *self.first_seen.entry(svc.key.clone()).or_insert(ms);
+            // The version in effect has a stamp (or a timestamp of its
+            // own): every Service in the index has one.
+            let stamp = self
+                .services
+                .used(&svc.key)
+                .and_then(|used| used.created_unix_ms)
+                .unwrap_or(ms);
             Arc::make_mut(svc).created_unix_ms = Some(stamp);
         }
     }
@@ -974,7 +1024,9 @@ impl DirState {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::source::dir::test_support::{node_b, svc, TempDir, View, NODE_A, SERVICE, SLICE};
+    use crate::source::dir::test_support::{
+        bench_yaml, node_b, svc, TempDir, View, NODE_A, SERVICE, SLICE,
+    };
     use crate::source::feed::{feed, Changes, FeedRx};
 
     #[test]
@@ -1357,6 +1409,131 @@ mod tests {
         reread.named.insert(path);
         assert!(!fx.refresh_with(&reread).is_empty());
         assert_eq!(fx.view.service_ips(), ["10.96.0.2"]);
+    }
+
+    /// `VmRSS` and `VmHWM` of this process, in MiB.
+    fn rss() -> (f64, f64) {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| v.trim().trim_end_matches(" kB").parse::<f64>().ok())
+                .map_or(f64::NAN, |kb| kb / 1024.0)
+        };
+        (field("VmRSS:"), field("VmHWM:"))
+    }
+
+    /// Where the time and the memory of the first view of a directory of
+    /// the benchmark's shape go (`SB_PROBE_SERVICES`, default 100000,
+    /// 1000 a file): `cargo test --release -p proxy-user --lib
+    /// first_view_probe -- --ignored --nocapture`.
+    #[test]
+    #[ignore = "a measurement, not a test"]
+    fn first_view_probe() {
+        use crate::util::malloc::{mib, MallocStats};
+        // The agent's malloc settings (`node::memory::tune`): no fast bins,
+        // two arenas.
+        // SAFETY: mallopt only changes allocator tuning, with values in range.
+        unsafe {
+            libc::mallopt(libc::M_MXFAST, 0);
+            libc::mallopt(libc::M_ARENA_MAX, 2);
+        }
+        let n: usize = std::env::var("SB_PROBE_SERVICES")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(100_000);
+        let tmp = TempDir::new("probe");
+        for (i, start) in (0..n).step_by(1000).enumerate() {
+            let text = bench_yaml(start..(start + 1000).min(n));
+            std::fs::write(tmp.0.join(format!("services-{i:04}.yaml")), text).expect("write");
+        }
+        let used = || MallocStats::now().unwrap_or_default();
+        let report = |what: &str, before: MallocStats| {
+            let now = used();
+            let (rss, hwm) = rss();
+            eprintln!(
+                "{what}: in use {:.1} MiB ({:+.1}), arenas {:.1} MiB, free in them {:.1} MiB, mapped {:.1} MiB; RSS {rss:.1} MiB (peak {hwm:.1})",
+                mib(now.in_use),
+                (now.in_use as f64 - before.in_use as f64) / 1_048_576.0,
+                mib(now.arena),
+                mib(now.free),
+                mib(now.mapped),
+            );
+            now
+        };
+        let start = report("start", used());
+        let t = Instant::now();
+        let (tx, mut rx) = feed();
+        let mut state = DirState::new(tmp.0.clone(), "node-a".to_string());
+        let recorded = state.first(&tx);
+        let first = t.elapsed();
+        let read = report("first view read", start);
+        // As the agent does after the first view (`node::memory::trim`).
+        // SAFETY: malloc_trim only releases memory the allocator holds free.
+        unsafe {
+            libc::malloc_trim(0);
+        }
+        let trimmed = report("trimmed", read);
+        if std::env::var_os("SB_PROBE_MALLOC_INFO").is_some() {
+            // SAFETY: malloc_info writes the allocator's state to a stream
+            // opened on standard error, flushed and then leaked (fd 2 stays).
+            unsafe {
+                let err = libc::fdopen(2, c"w".as_ptr());
+                libc::malloc_info(0, err);
+                libc::fflush(err);
+            }
+        }
+        let t = Instant::now();
+        let changes = rx.take();
+        assert_eq!(changes.len(), recorded);
+        eprintln!(
+            "first view: {first:?} for {recorded} objects; take {:?}",
+            t.elapsed()
+        );
+        drop(changes);
+        let no_feed = report("without the feed's changes", trimmed);
+        state.files.clear();
+        let no_files = report("without the files' documents and views", no_feed);
+        state.interner = Interner::default();
+        let no_interner = report("without the interner's set", no_files);
+        state.services.by_key.clear();
+        let no_services = report("without the Services (and their index)", no_interner);
+        state.slices.by_key.clear();
+        report("without the slices (and their index)", no_services);
+
+        // The parse alone, on every core.
+        let texts: Vec<(PathBuf, Vec<u8>)> = std::fs::read_dir(&tmp.0)
+            .expect("dir")
+            .map(|e| {
+                let path = e.expect("entry").path();
+                let bytes = std::fs::read(&path).expect("read");
+                (path, bytes)
+            })
+            .collect();
+        let t = Instant::now();
+        for (path, bytes) in &texts {
+            let documents = yaml_documents(path, bytes).expect("split");
+            let hashes: Vec<u64> = documents
+                .iter()
+                .map(|d| content_hash(d.as_bytes()))
+                .collect();
+            assert_eq!(hashes.len(), documents.len());
+        }
+        eprintln!("split and hash alone (one core): {:?}", t.elapsed());
+        let t = Instant::now();
+        let mut docs = 0;
+        for (path, bytes) in &texts {
+            let documents = yaml_documents(path, bytes).expect("split");
+            docs += documents.len();
+            let parsed = parse_each::<Inputs>(path, &documents);
+            assert!(parsed.iter().all(Result::is_ok));
+        }
+        let parse = t.elapsed();
+        eprintln!(
+            "parse alone: {parse:?} for {docs} documents, {:?} per document on every core",
+            parse / docs.max(1) as u32
+        );
     }
 
     fn problem_texts(changes: &Changes) -> Option<Vec<String>> {

@@ -21,6 +21,22 @@ pub(super) fn node_b() -> String {
         .replace("192.168.1.10", "192.168.1.11")
 }
 
+/// Services `range` with an EndpointSlice of 10 endpoints each, as the
+/// benchmark writes them (`kubectl get -o yaml` style).
+pub(super) fn bench_yaml(range: std::ops::Range<usize>) -> String {
+    let mut text = String::new();
+    for i in range {
+        let (a, b) = (i / 250, i % 250);
+        text.push_str(&format!("---\napiVersion: v1\nkind: Service\nmetadata:\n  name: fill-{i}\n  namespace: bench\nspec:\n  type: ClusterIP\n  clusterIP: 10.96.{a}.{b}\n  clusterIPs:\n  - 10.96.{a}.{b}\n  selector:\n    app: fill-{i}\n  ports:\n  - name: http\n    port: 80\n    protocol: TCP\n    targetPort: 8080\n"));
+        text.push_str(&format!("---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\naddressType: IPv4\nmetadata:\n  name: fill-{i}-abcde\n  namespace: bench\n  labels:\n    kubernetes.io/service-name: fill-{i}\nendpoints:\n"));
+        for e in 0..10 {
+            text.push_str(&format!("- addresses:\n  - 10.{}.{}.{e}\n  conditions:\n    ready: true\n    serving: true\n    terminating: false\n", 128 + i / 62500, (i / 250) % 250));
+        }
+        text.push_str("ports:\n- name: http\n  port: 8080\n  protocol: TCP\n");
+    }
+    text
+}
+
 pub(super) fn svc(ip: &str) -> String {
     SERVICE.replace("10.96.0.10", ip)
 }

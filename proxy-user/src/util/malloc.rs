@@ -1,0 +1,39 @@
+//! What glibc's malloc holds, for probes that say where the memory goes.
+
+/// The allocator's own view of the heap (all arenas), in bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MallocStats {
+    /// Obtained from the system for the arenas (not counting large blocks
+    /// mapped on their own).
+    pub arena: usize,
+    /// Large blocks mapped on their own.
+    pub mapped: usize,
+    /// Handed out to the program and not freed.
+    pub in_use: usize,
+    /// Free inside the arenas (kept for reuse, resident unless trimmed).
+    pub free: usize,
+}
+
+impl MallocStats {
+    /// Now, when the allocator is glibc's.
+    pub fn now() -> Option<MallocStats> {
+        #[cfg(target_env = "gnu")]
+        {
+            // SAFETY: mallinfo2 only reads the allocator's counters.
+            let info = unsafe { libc::mallinfo2() };
+            Some(MallocStats {
+                arena: info.arena,
+                mapped: info.hblkhd,
+                in_use: info.uordblks,
+                free: info.fordblks,
+            })
+        }
+        #[cfg(not(target_env = "gnu"))]
+        None
+    }
+}
+
+/// `bytes` in MiB.
+pub fn mib(bytes: usize) -> f64 {
+    bytes as f64 / 1_048_576.0
+}
