@@ -832,8 +832,16 @@ impl MapStore for PinnedMaps {
     }
     fn hold_puts(&mut self) {
         self.held.get_or_insert_with(Held::default);
+        if let Some(filter) = &mut self.frontend_filter {
+            filter.hold();
+        }
     }
     fn flush(&mut self) -> Result<usize, WriteError> {
+        // The bits before the slot 0s that need them (the spills write no
+        // slot 0).
+        if let Some(filter) = &mut self.frontend_filter {
+            filter.release()?;
+        }
         let Some(mut held) = self.held.take() else {
             return Ok(0);
         };

@@ -21,6 +21,12 @@ pub struct FrontendFilter {
     /// How many counted keys hash to each set bit.
     counts: HashMap<u32, u32>,
     counted: HashSet<AnyFrontendKey>,
+    /// While puts are held ([`Self::hold`]): the words that gained a bit
+    /// and are not yet written.
+    held: Option<Vec<u32>>,
+    /// A release failed: the kernel's bitmap may lack bits, and the next
+    /// write rewrites every word.
+    stale: bool,
 }
 
 /// The bits a frontend key sets in a bitmap indexed with `shift`: its
@@ -82,15 +88,66 @@ impl FrontendFilter {
             words: vec![0; words as usize],
             counts: HashMap::new(),
             counted: HashSet::new(),
+            held: None,
+            stale: false,
         };
         for key in existing {
             filter.count(key);
         }
-        for (index, word) in filter.words.iter().enumerate() {
-            let index = u32::try_from(index).unwrap_or(u32::MAX);
-            filter.map.set(index, word, 0).map_err(write_error)?;
-        }
+        // Every word (a stale bit would let an address that is no
+        // frontend through), in a few system calls: at 100k Services the
+        // bitmap has 2^17 words.
+        let all: Vec<u32> = (0..words).collect();
+        filter.write_words(&all)?;
         Ok(filter)
+    }
+
+    /// From now on the words a new frontend sets are written by
+    /// [`Self::release`], together, rather than one system call each (the
+    /// frontends they stand for are held as well: see the map store's
+    /// `hold_puts`).
+    pub fn hold(&mut self) {
+        self.held.get_or_insert_with(Vec::new);
+    }
+
+    /// Writes the words held since [`Self::hold`], before any frontend held
+    /// with them is written; writes go one at a time again. After a
+    /// failure, the next write rewrites every word.
+    pub fn release(&mut self) -> Result<(), WriteError> {
+        let Some(mut held) = self.held.take() else {
+            return Ok(());
+        };
+        held.sort_unstable();
+        held.dedup();
+        let written = self.write_words(&held);
+        self.stale = written.is_err();
+        written
+    }
+
+    /// Rewrites every word if a release failed.
+    fn refresh(&mut self) -> Result<(), WriteError> {
+        if self.stale {
+            let all: Vec<u32> = (0..self.words.len() as u32).collect();
+            self.write_words(&all)?;
+            self.stale = false;
+        }
+        Ok(())
+    }
+
+    /// Writes `indices` (each a word of the bitmap) in batches; if the
+    /// kernel refuses a batch, one at a time.
+    fn write_words(&mut self, indices: &[u32]) -> Result<(), WriteError> {
+        let entries: Vec<(u32, u64)> = indices
+            .iter()
+            .map(|&index| (index, self.words[index as usize]))
+            .collect();
+        if crate::dataplane::mapbatch::update(self.map.map(), &entries).is_ok() {
+            return Ok(());
+        }
+        for &index in indices {
+            self.write(index)?;
+        }
+        Ok(())
     }
 
     /// Counts `key`; the words of its bits that were clear before.
@@ -114,7 +171,13 @@ impl FrontendFilter {
 
     /// Before a frontend key is written: its bits are set.
     pub fn add(&mut self, key: AnyFrontendKey) -> Result<(), WriteError> {
-        for word in self.count(key) {
+        let changed = self.count(key);
+        if let Some(held) = &mut self.held {
+            held.extend(changed);
+            return Ok(());
+        }
+        self.refresh()?;
+        for word in changed {
             self.write(word)?;
         }
         Ok(())
@@ -130,6 +193,7 @@ impl FrontendFilter {
         if !self.counted.remove(&key) {
             return Ok(());
         }
+        self.refresh()?;
         for bit in bits_of(&key, self.shift) {
             let Some(count) = self.counts.get_mut(&bit) else {
                 continue;
