@@ -2,7 +2,7 @@
 //! `proxy_common::prefilter`): the frontend address bitmap, kept equal to
 //! the frontends the maps hold. The quiet marks of pod interfaces are
 //! [`super::quiet`]'s.
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 
 use aya::maps::{Array, IterableMap as _, MapData, MapError};
 use proxy_common::{names, prefilter};
@@ -10,8 +10,15 @@ use proxy_common::{names, prefilter};
 use crate::sync::encode::AnyFrontendKey;
 use crate::sync::store::WriteError;
 
-/// The frontend bitmap and what it counts: the frontend keys (slot 0 of
-/// each address, port, protocol and scope) each bit stands for.
+/// The frontend bitmap and what it counts: how many frontend keys (slot 0
+/// of each address, port, protocol and scope) each bit stands for.
+///
+/// The keys themselves are not kept here: the frontend maps hold them. The
+/// writer (the map store) counts a key when it puts a slot 0 the maps do not
+/// hold yet ([`Self::add`]), and uncounts it once the maps deleted it
+/// ([`Self::remove`]). A key counted twice (a failed batch written again)
+/// only keeps its bits set after it is gone, which lets a few more packets
+/// through to the lookup; a frontend never lacks its bits.
 pub struct FrontendFilter {
     map: Array<MapData, u64>,
     /// How a hash indexes it (`prefilter::frontends::shift_for` its size).
@@ -20,7 +27,6 @@ pub struct FrontendFilter {
     words: Vec<u64>,
     /// How many counted keys hash to each set bit.
     counts: HashMap<u32, u32>,
-    counted: HashSet<AnyFrontendKey>,
     /// While puts are held ([`Self::hold`]): the words that gained a bit
     /// and are not yet written.
     held: Option<Vec<u32>>,
@@ -87,7 +93,6 @@ impl FrontendFilter {
             shift: prefilter::frontends::shift_for(words),
             words: vec![0; words as usize],
             counts: HashMap::new(),
-            counted: HashSet::new(),
             held: None,
             stale: false,
         };
@@ -150,12 +155,10 @@ impl FrontendFilter {
         Ok(())
     }
 
-    /// Counts `key`; the words of its bits that were clear before.
+    /// Counts `key`'s frontend; the words of its bits that were clear
+    /// before.
     fn count(&mut self, key: AnyFrontendKey) -> Vec<u32> {
         let key = head(key);
-        if !self.counted.insert(key) {
-            return Vec::new();
-        }
         let mut changed = Vec::new();
         for bit in bits_of(&key, self.shift) {
             let count = self.counts.entry(bit).or_insert(0);
@@ -169,7 +172,8 @@ impl FrontendFilter {
         changed
     }
 
-    /// Before a frontend key is written: its bits are set.
+    /// Before the slot 0 of a frontend the maps do not hold yet is written:
+    /// its bits are set.
     pub fn add(&mut self, key: AnyFrontendKey) -> Result<(), WriteError> {
         let changed = self.count(key);
         if let Some(held) = &mut self.held {
@@ -183,14 +187,11 @@ impl FrontendFilter {
         Ok(())
     }
 
-    /// After a frontend key was deleted: each of its bits is cleared once
-    /// no frontend left hashes to it.
+    /// After the maps deleted a frontend key they held: if it was a slot
+    /// 0, each of its bits is cleared once no frontend left hashes to it.
     pub fn remove(&mut self, key: AnyFrontendKey) -> Result<(), WriteError> {
         if key != head(key) {
             // Only slot 0 stands for the frontend.
-            return Ok(());
-        }
-        if !self.counted.remove(&key) {
             return Ok(());
         }
         self.refresh()?;
