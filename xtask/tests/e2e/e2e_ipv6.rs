@@ -225,6 +225,14 @@ fn slice_only4() -> String {
         .replace("service-name: dual", "service-name: only4")
 }
 
+/// The capacity of the map pinned as `map` under `pin_dir`.
+fn max_entries(pin_dir: &std::path::Path, map: &str) -> u64 {
+    let pin = pin_dir.join(map);
+    bpftool_json(&["map", "show", "pinned", &pin.to_string_lossy()])["max_entries"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("max_entries of {map}"))
+}
+
 /// Issue 22: the agent loads the eBPF object while the source reads its
 /// first view, with the IPv6 flow tables sized as the pins suggest (small
 /// on a fresh pin root). A first view with an IPv6 Service undoes that load
@@ -239,12 +247,7 @@ fn a_first_view_with_an_ipv6_service_starts_with_full_ipv6_flow_tables() {
         "the early load was undone:\n{log}"
     );
     assert!(!log.contains("resizing online"), "no resize:\n{log}");
-    let max_entries = |map: &str| {
-        let pin = sb.pin_dir.join(map);
-        bpftool_json(&["map", "show", "pinned", &pin.to_string_lossy()])["max_entries"]
-            .as_u64()
-            .unwrap_or_else(|| panic!("max_entries of {map}"))
-    };
+    let max_entries = |map: &str| max_entries(&sb.pin_dir, map);
     for (v6, v4) in [
         ("SB_CT6_V1", "SB_CT_V5"),
         ("SB_SOCK6_V1", "SB_SOCK_V1"),
@@ -290,12 +293,7 @@ fn the_ipv6_tables_grow_online_when_the_first_ipv6_service_appears() {
     .unwrap_or_else(|e| panic!("{e:#}\nagent log:\n{}", sb.agent_log()));
     let pid = sb.agent_pid().expect("the agent runs");
     let pin_dir = sb.pin_dir.clone();
-    let max_entries = |map: &str| {
-        let pin = pin_dir.join(map);
-        bpftool_json(&["map", "show", "pinned", &pin.to_string_lossy()])["max_entries"]
-            .as_u64()
-            .unwrap_or_else(|| panic!("max_entries of {map}"))
-    };
+    let max_entries = |map: &str| max_entries(&pin_dir, map);
     let flows6 = ["SB_CT6_V1", "SB_SOCK6_V1", "SB_AFFINITY6_V1", "SB_FRAG6_V1"];
     let idle = u64::from(proxy_common::capacity::IPV6_IDLE);
     for map in flows6 {

@@ -586,13 +586,7 @@ fn a_failed_first_start_leaves_no_pins() {
         "it failed where meant to:\n{stderr}"
     );
     assert!(stderr.contains("the pins it made are removed"), "{stderr}");
-    let left: Vec<String> = std::fs::read_dir(&sb.pin_dir)
-        .expect("read the pin root")
-        .flatten()
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        // The bpffs mount's own entries (maps.debug, progs.debug) stay.
-        .filter(|name| name.starts_with("SB_") || name == "links")
-        .collect();
+    let left = pins_left(&sb);
     assert!(left.is_empty(), "nothing stays pinned: {left:?}");
     assert!(
         !xtask::sandbox::status_file(&sb.pin_dir).exists(),
@@ -631,12 +625,18 @@ fn a_source_that_fails_while_the_object_loads_leaves_no_pins() {
         stderr.contains("switchboard-typo"),
         "it failed where meant to:\n{stderr}"
     );
-    let left: Vec<String> = std::fs::read_dir(&sb.pin_dir)
+    let left = pins_left(&sb);
+    assert!(left.is_empty(), "nothing stays pinned: {left:?}\n{stderr}");
+    sb.cleanup().expect("cleanup");
+}
+
+/// What of switchboard's is pinned under the sandbox's pin root (the
+/// bpffs mount's own entries, maps.debug and progs.debug, are not).
+fn pins_left(sb: &Sandbox) -> Vec<String> {
+    std::fs::read_dir(&sb.pin_dir)
         .expect("read the pin root")
         .flatten()
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .filter(|name| name.starts_with("SB_") || name == "links")
-        .collect();
-    assert!(left.is_empty(), "nothing stays pinned: {left:?}\n{stderr}");
-    sb.cleanup().expect("cleanup");
+        .collect()
 }
