@@ -1,6 +1,7 @@
 //! `switchboard agent`: load and pin the programs, attach them to pod
 //! interfaces as they appear, and keep the maps in step with the source.
 mod links;
+mod preload;
 pub mod syncloop;
 pub mod uplinks;
 
@@ -18,6 +19,7 @@ use tracing::{debug, error, info, warn};
 use crate::model::cidr::IpCidr;
 use crate::{
     agent::links::{netlink_groups, node_ipv4s, rescan, Links},
+    agent::preload::Preload,
     agent::syncloop::{unix_now, NodePortAddresses, SyncLoop},
     agent::uplinks::Uplinks,
     dataplane::attach::{Attacher, TcMode},
@@ -115,9 +117,11 @@ const RESCAN: Duration = Duration::from_secs(2);
 
 /// Runs the agent. The start is ordered so that one that fails leaves the
 /// data path as it was: pin-root check, lock, capacity check, the source's
-/// first complete view, loading (maps created or adopted, nothing written),
-/// the first sync, and only then the programs take over (tail calls, pod
-/// interfaces, uplinks, socket layer). `object` is the compiled programs
+/// first complete view, loading (maps created or adopted, nothing written;
+/// it runs while the source reads, and is undone if the source fails or
+/// its first view sizes the maps otherwise), the first sync, and only then
+/// the programs take over (tail calls, pod interfaces, uplinks, socket
+/// layer). `object` is the compiled programs
 /// (the binary embeds them from `proxy-object`).
 pub async fn run(config: AgentConfig, object: &'static [u8]) -> anyhow::Result<()> {
     // Before the lock: a refused pin root leaves no lock file behind.
@@ -155,8 +159,27 @@ pub async fn run(config: AgentConfig, object: &'static [u8]) -> anyhow::Result<(
                 .uplinks
         }
     };
+    // The IPv6 flow tables are sized to the node: small while it has no
+    // IPv6 Service (and no IPv6 flow pinned), grown when one appears. The
+    // pins tell now; the first view may add an IPv6 Service.
+    let ipv6_pinned = ebpf::ipv6_pinned_in_use(&config.pin_root);
+    let expected = Capacities {
+        ipv6: ipv6_tables(ipv6_pinned, false),
+        ..config.capacities
+    };
+    // Loading needs nothing else from the source: it runs meanwhile.
+    let preload = Preload::start(object, &config.pin_root, expected);
     let before_source = memory::heap();
-    let mut feed = open_source(&config).await?;
+    let mut feed = match open_source(&config).await {
+        Ok(feed) => feed,
+        Err(error) => {
+            // The pin root as it was before the load.
+            if let Some(preload) = preload {
+                preload.abandon();
+            }
+            return Err(error);
+        }
+    };
     // What reading it freed (file text, list pages, the parse's own
     // allocations on every core) goes back to the kernel before the first
     // sync adds the model, the desired state and the map mirror: otherwise
@@ -171,21 +194,29 @@ pub async fn run(config: AgentConfig, object: &'static [u8]) -> anyhow::Result<(
     );
     tokio::spawn(mark_queued(feed.publishes(), proxy_health.clone()));
     let initial = feed.take();
-    // The IPv6 flow tables are sized to the node: small while it has no
-    // IPv6 Service (and no IPv6 flow pinned), grown when one appears.
     let capacities = Capacities {
-        ipv6: ipv6_tables(&config.pin_root, &initial),
+        ipv6: ipv6_tables(ipv6_pinned, has_ipv6_service(&initial)),
         ..config.capacities
     };
-    let mismatches = ebpf::capacity_mismatches(&config.pin_root, &capacities);
-    for mismatch in &mismatches {
-        info!(map = mismatch.map, "{mismatch}: resizing online");
-    }
-    let resize = resize::Resize::prepare(&config.pin_root, &mismatches)
-        .context("preparing to resize the pinned maps")?;
-
-    let mut ebpf = ebpf::load(object, &config.pin_root, &capacities, resize.maps())
-        .context("loading the eBPF programs")?;
+    let (mut ebpf, resize) = match preload.and_then(|preload| preload.finish(&capacities)) {
+        Some(loaded) => {
+            // Loaded with these capacities and no pinned map of another size.
+            let resize = resize::Resize::prepare(&config.pin_root, &[])
+                .context("preparing to resize the pinned maps")?;
+            (loaded.context("loading the eBPF programs")?, resize)
+        }
+        None => {
+            let mismatches = ebpf::capacity_mismatches(&config.pin_root, &capacities);
+            for mismatch in &mismatches {
+                info!(map = mismatch.map, "{mismatch}: resizing online");
+            }
+            let resize = resize::Resize::prepare(&config.pin_root, &mismatches)
+                .context("preparing to resize the pinned maps")?;
+            let ebpf = ebpf::load(object, &config.pin_root, &capacities, resize.maps())
+                .context("loading the eBPF programs")?;
+            (ebpf, resize)
+        }
+    };
     // The object is parsed and loaded; it is read again only by a restart.
     let released = memory::release(object);
     debug!(
@@ -441,11 +472,11 @@ fn log_map_memory(pin_root: &std::path::Path, ipv6: Ipv6Tables) {
 pub const MAP_MEMORY: &str = "the maps' kernel memory";
 
 /// How big the IPv6 flow tables must be: full when the source's first view
-/// has an IPv6 Service, or an IPv6 map pinned here holds an entry (an
-/// earlier agent served IPv6: tables with live entries are never shrunk);
-/// else small ([`Ipv6Tables::Idle`]).
-fn ipv6_tables(pin_root: &std::path::Path, first_view: &Changes) -> Ipv6Tables {
-    if has_ipv6_service(first_view) || ebpf::ipv6_pinned_in_use(pin_root) {
+/// has an IPv6 Service (`ipv6_service`), or an IPv6 map pinned here holds
+/// an entry (`pinned_in_use`: an earlier agent served IPv6, and tables with
+/// live entries are never shrunk); else small ([`Ipv6Tables::Idle`]).
+fn ipv6_tables(pinned_in_use: bool, ipv6_service: bool) -> Ipv6Tables {
+    if ipv6_service || pinned_in_use {
         Ipv6Tables::Full
     } else {
         Ipv6Tables::Idle

@@ -493,6 +493,15 @@ impl PinnedMaps {
         v4.chain(v6).collect()
     }
 
+    /// Whether the frontend maps hold `key` (a key that does not read
+    /// back counts as absent).
+    fn holds_frontend(&self, key: AnyFrontendKey) -> bool {
+        match key {
+            AnyFrontendKey::V4(key) => self.frontends.get(&key, 0).is_ok(),
+            AnyFrontendKey::V6(key) => self.frontends6.get(&key, 0).is_ok(),
+        }
+    }
+
     /// Writes the data path's configuration (before anything is attached).
     pub fn set_config(&mut self, config: Config) -> Result<(), WriteError> {
         self.config
@@ -704,9 +713,15 @@ fn entries<K: aya::Pod, V: aya::Pod>(
 impl MapStore for PinnedMaps {
     fn put_frontend(&mut self, key: AnyFrontendKey, value: FrontendSlot) -> Result<(), WriteError> {
         // The bit before the frontend: the data path never finds a
-        // frontend its bitmap hides.
-        if let Some(filter) = &mut self.frontend_filter {
-            filter.add(key)?;
+        // frontend its bitmap hides. Counted once, when its slot 0 is new
+        // (held puts go into maps the sync found empty of them).
+        if self.frontend_filter.is_some()
+            && key.slot() == 0
+            && (self.held.is_some() || !self.holds_frontend(key))
+        {
+            if let Some(filter) = &mut self.frontend_filter {
+                filter.add(key)?;
+            }
         }
         if let Some(mut held) = self.held.take() {
             let announces = key.slot() == 0 && key.scope() == proxy_common::scope::INTERNAL;
@@ -731,15 +746,16 @@ impl MapStore for PinnedMaps {
         }
     }
     fn delete_frontend(&mut self, key: AnyFrontendKey) -> Result<(), WriteError> {
-        match key {
-            AnyFrontendKey::V4(key) => delete_result(names::FRONTENDS, self.frontends.remove(&key)),
-            AnyFrontendKey::V6(key) => {
-                delete_result(names::FRONTENDS6, self.frontends6.remove(&key))
-            }
-        }?;
+        let (name, deleted) = match key {
+            AnyFrontendKey::V4(key) => (names::FRONTENDS, self.frontends.remove(&key)),
+            AnyFrontendKey::V6(key) => (names::FRONTENDS6, self.frontends6.remove(&key)),
+        };
+        // Only a key the maps held was counted.
+        let existed = deleted.is_ok();
+        delete_result(name, deleted)?;
         match &mut self.frontend_filter {
-            Some(filter) => filter.remove(key),
-            None => Ok(()),
+            Some(filter) if existed => filter.remove(key),
+            _ => Ok(()),
         }
     }
     fn put_backend(&mut self, id: u32, value: AnyBackend) -> Result<(), WriteError> {
@@ -832,8 +848,16 @@ impl MapStore for PinnedMaps {
     }
     fn hold_puts(&mut self) {
         self.held.get_or_insert_with(Held::default);
+        if let Some(filter) = &mut self.frontend_filter {
+            filter.hold();
+        }
     }
     fn flush(&mut self) -> Result<usize, WriteError> {
+        // The bits before the slot 0s that need them (the spills write no
+        // slot 0).
+        if let Some(filter) = &mut self.frontend_filter {
+            filter.release()?;
+        }
         let Some(mut held) = self.held.take() else {
             return Ok(0);
         };

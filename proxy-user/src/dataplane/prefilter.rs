@@ -2,7 +2,7 @@
 //! `proxy_common::prefilter`): the frontend address bitmap, kept equal to
 //! the frontends the maps hold. The quiet marks of pod interfaces are
 //! [`super::quiet`]'s.
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 
 use aya::maps::{Array, IterableMap as _, MapData, MapError};
 use proxy_common::{names, prefilter};
@@ -10,8 +10,15 @@ use proxy_common::{names, prefilter};
 use crate::sync::encode::AnyFrontendKey;
 use crate::sync::store::WriteError;
 
-/// The frontend bitmap and what it counts: the frontend keys (slot 0 of
-/// each address, port, protocol and scope) each bit stands for.
+/// The frontend bitmap and what it counts: how many frontend keys (slot 0
+/// of each address, port, protocol and scope) each bit stands for.
+///
+/// The keys themselves are not kept here: the frontend maps hold them. The
+/// writer (the map store) counts a key when it puts a slot 0 the maps do not
+/// hold yet ([`Self::add`]), and uncounts it once the maps deleted it
+/// ([`Self::remove`]). A key counted twice (a failed batch written again)
+/// only keeps its bits set after it is gone, which lets a few more packets
+/// through to the lookup; a frontend never lacks its bits.
 pub struct FrontendFilter {
     map: Array<MapData, u64>,
     /// How a hash indexes it (`prefilter::frontends::shift_for` its size).
@@ -20,7 +27,12 @@ pub struct FrontendFilter {
     words: Vec<u64>,
     /// How many counted keys hash to each set bit.
     counts: HashMap<u32, u32>,
-    counted: HashSet<AnyFrontendKey>,
+    /// While puts are held ([`Self::hold`]): the words that gained a bit
+    /// and are not yet written.
+    held: Option<Vec<u32>>,
+    /// A release failed: the kernel's bitmap may lack bits, and the next
+    /// write rewrites every word.
+    stale: bool,
 }
 
 /// The bits a frontend key sets in a bitmap indexed with `shift`: its
@@ -81,24 +93,72 @@ impl FrontendFilter {
             shift: prefilter::frontends::shift_for(words),
             words: vec![0; words as usize],
             counts: HashMap::new(),
-            counted: HashSet::new(),
+            held: None,
+            stale: false,
         };
         for key in existing {
             filter.count(key);
         }
-        for (index, word) in filter.words.iter().enumerate() {
-            let index = u32::try_from(index).unwrap_or(u32::MAX);
-            filter.map.set(index, word, 0).map_err(write_error)?;
-        }
+        // Every word (a stale bit would let an address that is no
+        // frontend through), in a few system calls: at 100k Services the
+        // bitmap has 2^17 words.
+        let all: Vec<u32> = (0..words).collect();
+        filter.write_words(&all)?;
         Ok(filter)
     }
 
-    /// Counts `key`; the words of its bits that were clear before.
+    /// From now on the words a new frontend sets are written by
+    /// [`Self::release`], together, rather than one system call each (the
+    /// frontends they stand for are held as well: see the map store's
+    /// `hold_puts`).
+    pub fn hold(&mut self) {
+        self.held.get_or_insert_with(Vec::new);
+    }
+
+    /// Writes the words held since [`Self::hold`], before any frontend held
+    /// with them is written; writes go one at a time again. After a
+    /// failure, the next write rewrites every word.
+    pub fn release(&mut self) -> Result<(), WriteError> {
+        let Some(mut held) = self.held.take() else {
+            return Ok(());
+        };
+        held.sort_unstable();
+        held.dedup();
+        let written = self.write_words(&held);
+        self.stale = written.is_err();
+        written
+    }
+
+    /// Rewrites every word if a release failed.
+    fn refresh(&mut self) -> Result<(), WriteError> {
+        if self.stale {
+            let all: Vec<u32> = (0..self.words.len() as u32).collect();
+            self.write_words(&all)?;
+            self.stale = false;
+        }
+        Ok(())
+    }
+
+    /// Writes `indices` (each a word of the bitmap) in batches; if the
+    /// kernel refuses a batch, one at a time.
+    fn write_words(&mut self, indices: &[u32]) -> Result<(), WriteError> {
+        let entries: Vec<(u32, u64)> = indices
+            .iter()
+            .map(|&index| (index, self.words[index as usize]))
+            .collect();
+        if crate::dataplane::mapbatch::update(self.map.map(), &entries).is_ok() {
+            return Ok(());
+        }
+        for &index in indices {
+            self.write(index)?;
+        }
+        Ok(())
+    }
+
+    /// Counts `key`'s frontend; the words of its bits that were clear
+    /// before.
     fn count(&mut self, key: AnyFrontendKey) -> Vec<u32> {
         let key = head(key);
-        if !self.counted.insert(key) {
-            return Vec::new();
-        }
         let mut changed = Vec::new();
         for bit in bits_of(&key, self.shift) {
             let count = self.counts.entry(bit).or_insert(0);
@@ -112,24 +172,29 @@ impl FrontendFilter {
         changed
     }
 
-    /// Before a frontend key is written: its bits are set.
+    /// Before the slot 0 of a frontend the maps do not hold yet is written:
+    /// its bits are set.
     pub fn add(&mut self, key: AnyFrontendKey) -> Result<(), WriteError> {
-        for word in self.count(key) {
+        let changed = self.count(key);
+        if let Some(held) = &mut self.held {
+            held.extend(changed);
+            return Ok(());
+        }
+        self.refresh()?;
+        for word in changed {
             self.write(word)?;
         }
         Ok(())
     }
 
-    /// After a frontend key was deleted: each of its bits is cleared once
-    /// no frontend left hashes to it.
+    /// After the maps deleted a frontend key they held: if it was a slot
+    /// 0, each of its bits is cleared once no frontend left hashes to it.
     pub fn remove(&mut self, key: AnyFrontendKey) -> Result<(), WriteError> {
         if key != head(key) {
             // Only slot 0 stands for the frontend.
             return Ok(());
         }
-        if !self.counted.remove(&key) {
-            return Ok(());
-        }
+        self.refresh()?;
         for bit in bits_of(&key, self.shift) {
             let Some(count) = self.counts.get_mut(&bit) else {
                 continue;

@@ -193,18 +193,59 @@ pub struct ServiceSpecInfo {
     pub ip_families: Box<[Raw<IpFamily>]>,
     /// `ipFamilyPolicy`.
     pub ip_family_policy: Option<Raw<IpFamilyPolicy>>,
+    pub session_affinity: Option<Arc<str>>,
+    pub external_traffic_policy: Option<Arc<str>>,
+    pub internal_traffic_policy: Option<Arc<str>>,
+    pub ports: Box<[ServicePortInfo]>,
+    /// The fields most Services leave unset, in a block of their own
+    /// ([`RareSpec::boxed`]: `None` when every one is unset), so that a
+    /// usual Service does not pay for them.
+    pub rare: Option<Box<RareSpec>>,
+}
+
+/// The fields of a Service's spec (and status) most Services leave unset.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RareSpec {
     pub external_ips: Box<[String]>,
     /// `status.loadBalancer.ingress`.
     pub lb_ingress: Box<[LbIngress]>,
     /// `loadBalancerSourceRanges`, as written.
     pub lb_source_ranges: Box<[String]>,
-    pub session_affinity: Option<Arc<str>>,
     /// `sessionAffinityConfig.clientIP.timeoutSeconds`.
     pub affinity_timeout_s: Option<i32>,
-    pub external_traffic_policy: Option<Arc<str>>,
-    pub internal_traffic_policy: Option<Arc<str>>,
     pub health_check_node_port: Option<i32>,
-    pub ports: Box<[ServicePortInfo]>,
+}
+
+impl RareSpec {
+    /// `self` in a block of its own, or `None` when every field is unset.
+    pub fn boxed(self) -> Option<Box<RareSpec>> {
+        (self != RareSpec::default()).then(|| Box::new(self))
+    }
+}
+
+impl ServiceSpecInfo {
+    pub fn external_ips(&self) -> &[String] {
+        self.rare.as_deref().map_or(&[], |r| &r.external_ips)
+    }
+
+    /// `status.loadBalancer.ingress`.
+    pub fn lb_ingress(&self) -> &[LbIngress] {
+        self.rare.as_deref().map_or(&[], |r| &r.lb_ingress)
+    }
+
+    /// `loadBalancerSourceRanges`, as written.
+    pub fn lb_source_ranges(&self) -> &[String] {
+        self.rare.as_deref().map_or(&[], |r| &r.lb_source_ranges)
+    }
+
+    /// `sessionAffinityConfig.clientIP.timeoutSeconds`.
+    pub fn affinity_timeout_s(&self) -> Option<i32> {
+        self.rare.as_deref().and_then(|r| r.affinity_timeout_s)
+    }
+
+    pub fn health_check_node_port(&self) -> Option<i32> {
+        self.rare.as_deref().and_then(|r| r.health_check_node_port)
+    }
 }
 
 /// A field with a few valid values: parsed when it is one of them (no
@@ -295,8 +336,12 @@ impl ServiceInfo {
         let Some(spec) = &self.spec else { return false };
         let v6 = |s: &str| s.trim().parse::<std::net::Ipv6Addr>().is_ok();
         spec.cluster_ips.iter().any(|ip| v6(ip))
-            || spec.external_ips.iter().any(|ip| v6(ip))
-            || spec.lb_ingress.iter().flat_map(|i| &i.ip).any(|ip| v6(ip))
+            || spec.external_ips().iter().any(|ip| v6(ip))
+            || spec
+                .lb_ingress()
+                .iter()
+                .flat_map(|i| &i.ip)
+                .any(|ip| v6(ip))
     }
 
     pub fn from_k8s(svc: &Service) -> ServiceInfo {
@@ -329,33 +374,36 @@ impl ServiceInfo {
                     .ip_family_policy
                     .as_deref()
                     .map(|p| Raw::new(p, IpFamilyPolicy::from_k8s)),
-                external_ips: spec.external_ips.clone().unwrap_or_default().into(),
-                lb_ingress: svc
-                    .status
-                    .as_ref()
-                    .and_then(|s| s.load_balancer.as_ref())
-                    .and_then(|lb| lb.ingress.as_ref())
-                    .into_iter()
-                    .flatten()
-                    .map(|i| LbIngress {
-                        ip: i.ip.clone(),
-                        ip_mode: i.ip_mode.clone(),
-                    })
-                    .collect(),
-                lb_source_ranges: spec
-                    .load_balancer_source_ranges
-                    .clone()
-                    .unwrap_or_default()
-                    .into(),
+                rare: RareSpec {
+                    external_ips: spec.external_ips.clone().unwrap_or_default().into(),
+                    lb_ingress: svc
+                        .status
+                        .as_ref()
+                        .and_then(|s| s.load_balancer.as_ref())
+                        .and_then(|lb| lb.ingress.as_ref())
+                        .into_iter()
+                        .flatten()
+                        .map(|i| LbIngress {
+                            ip: i.ip.clone(),
+                            ip_mode: i.ip_mode.clone(),
+                        })
+                        .collect(),
+                    lb_source_ranges: spec
+                        .load_balancer_source_ranges
+                        .clone()
+                        .unwrap_or_default()
+                        .into(),
+                    affinity_timeout_s: spec
+                        .session_affinity_config
+                        .as_ref()
+                        .and_then(|c| c.client_ip.as_ref())
+                        .and_then(|c| c.timeout_seconds),
+                    health_check_node_port: spec.health_check_node_port,
+                }
+                .boxed(),
                 session_affinity: spec.session_affinity.as_deref().map(shared_value),
-                affinity_timeout_s: spec
-                    .session_affinity_config
-                    .as_ref()
-                    .and_then(|c| c.client_ip.as_ref())
-                    .and_then(|c| c.timeout_seconds),
                 external_traffic_policy: spec.external_traffic_policy.as_deref().map(shared_value),
                 internal_traffic_policy: spec.internal_traffic_policy.as_deref().map(shared_value),
-                health_check_node_port: spec.health_check_node_port,
                 ports: spec
                     .ports
                     .iter()
@@ -590,11 +638,15 @@ mod tests {
             key: ObjectKey::new("default", "web"),
             spec: Some(ServiceSpecInfo {
                 cluster_ips: cluster.iter().map(|s| s.to_string()).collect(),
-                external_ips: external.iter().map(|s| s.to_string()).collect(),
-                lb_ingress: Box::new([LbIngress {
-                    ip: ingress.map(Into::into),
-                    ip_mode: None,
-                }]),
+                rare: RareSpec {
+                    external_ips: external.iter().map(|s| s.to_string()).collect(),
+                    lb_ingress: Box::new([LbIngress {
+                        ip: ingress.map(Into::into),
+                        ip_mode: None,
+                    }]),
+                    ..Default::default()
+                }
+                .boxed(),
                 ..Default::default()
             }),
             ..Default::default()

@@ -32,8 +32,9 @@ mod validate;
 
 pub use incremental::{Model, ModelDelta, ObjectKind, Rejection};
 pub use input::{
-    EndpointInfo, Hints, Interner, IpFamilyPolicy, Keyed, LbIngress, ObjectKey, ProxyLabels, Raw,
-    RawAddress, ServiceInfo, ServicePortInfo, ServiceSpecInfo, SliceInfo, SlicePortInfo,
+    EndpointInfo, Hints, Interner, IpFamilyPolicy, Keyed, LbIngress, ObjectKey, ProxyLabels,
+    RareSpec, Raw, RawAddress, ServiceInfo, ServicePortInfo, ServiceSpecInfo, SliceInfo,
+    SlicePortInfo,
 };
 pub use packed::{Address, Endpoint, Endpoints};
 

@@ -156,7 +156,7 @@ impl ServiceBuilder<'_> {
             }
         }
         let mut external = Vec::new();
-        for raw in &spec.external_ips {
+        for raw in spec.external_ips() {
             match parse_ip(raw) {
                 Some(ip) => external.push(ip),
                 None => self.warn(format!("externalIP {raw:?} is not an IP address")),
@@ -200,7 +200,7 @@ impl ServiceBuilder<'_> {
 
     fn load_balancer_ips(&mut self, spec: &ServiceSpecInfo) -> Vec<IpAddr> {
         let mut ips = Vec::new();
-        for ing in &spec.lb_ingress {
+        for ing in spec.lb_ingress() {
             // ipMode Proxy: the load balancer proxies and delivers to the node
             // itself, so kube-proxy programs nothing for this IP.
             if ing.ip_mode.as_deref() == Some("Proxy") {
@@ -230,7 +230,7 @@ impl ServiceBuilder<'_> {
         let affinity_timeout_s = self.affinity(spec);
         let (internal_local, external_local) = self.traffic_policies(spec, kind, addresses);
         let health_check_node_port = if kind == FrontendKind::LoadBalancer && external_local {
-            spec.health_check_node_port.and_then(port_u16)
+            spec.health_check_node_port().and_then(port_u16)
         } else {
             None
         };
@@ -264,7 +264,7 @@ impl ServiceBuilder<'_> {
             return None;
         }
         let written: Vec<&str> = spec
-            .lb_source_ranges
+            .lb_source_ranges()
             .iter()
             .map(|r| r.trim())
             .filter(|r| !r.is_empty())
@@ -368,7 +368,7 @@ impl ServiceBuilder<'_> {
     /// `sessionAffinity: ClientIP` and its timeout.
     fn affinity(&mut self, spec: &ServiceSpecInfo) -> Option<u32> {
         match spec.session_affinity.as_deref() {
-            Some("ClientIP") => match spec.affinity_timeout_s {
+            Some("ClientIP") => match spec.affinity_timeout_s() {
                 None => Some(DEFAULT_AFFINITY_TIMEOUT_S),
                 Some(t) => match u32::try_from(t) {
                     Ok(t) if (1..=MAX_AFFINITY_TIMEOUT_S).contains(&t) => Some(t),

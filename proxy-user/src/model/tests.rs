@@ -2041,14 +2041,18 @@ mod properties {
                 |(type_, cluster_ips, external_ips, ports, (etp, itp), affinity)| ServiceSpecInfo {
                     type_: type_.map(Into::into),
                     cluster_ips: cluster_ips.into(),
-                    external_ips: external_ips.into(),
-                    lb_ingress: vec![LbIngress {
-                        ip: Some("198.51.100.1".into()),
-                        ip_mode: None,
-                    }]
-                    .into(),
+                    rare: RareSpec {
+                        external_ips: external_ips.into(),
+                        lb_ingress: vec![LbIngress {
+                            ip: Some("198.51.100.1".into()),
+                            ip_mode: None,
+                        }]
+                        .into(),
+                        affinity_timeout_s: affinity,
+                        ..RareSpec::default()
+                    }
+                    .boxed(),
                     session_affinity: affinity.map(|_| "ClientIP".into()),
-                    affinity_timeout_s: affinity,
                     external_traffic_policy: etp.map(Into::into),
                     internal_traffic_policy: itp.map(Into::into),
                     ports: ports.into(),

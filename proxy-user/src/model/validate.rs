@@ -80,7 +80,7 @@ pub(super) fn service_problems(svc: &ServiceInfo) -> Vec<String> {
         }
     }
     family_problems(spec, &mut problems);
-    for (i, raw) in spec.external_ips.iter().enumerate() {
+    for (i, raw) in spec.external_ips().iter().enumerate() {
         if parse_ip(raw).is_none() {
             problems.push(format!(
                 "spec.externalIPs[{i}]: {raw:?} is not an IP address"

@@ -36,8 +36,8 @@ use serde::Deserialize;
 
 use crate::model::input::{ip_family, shared_value, TRIGGER_TIME_ANNOTATION};
 use crate::model::{
-    EndpointInfo, Hints, IpFamilyPolicy, LbIngress, ObjectKey, ProxyLabels, Raw, RawAddress,
-    ServiceInfo, ServicePortInfo, ServiceSpecInfo, SliceInfo, SlicePortInfo,
+    EndpointInfo, Hints, IpFamilyPolicy, LbIngress, ObjectKey, ProxyLabels, RareSpec, Raw,
+    RawAddress, ServiceInfo, ServicePortInfo, ServiceSpecInfo, SliceInfo, SlicePortInfo,
     ANNOTATION_LB_ALGORITHM, ANNOTATION_WEIGHTS, LABEL_HEADLESS, LABEL_SERVICE_NAME,
     LABEL_SERVICE_PROXY_NAME,
 };
@@ -345,27 +345,30 @@ impl WireService<'_> {
                 ip_family_policy: spec
                     .ip_family_policy
                     .map(|p| Raw::new(&p, IpFamilyPolicy::from_k8s)),
-                external_ips: spec.external_ips.unwrap_or_default().into(),
-                lb_ingress: self
-                    .status
-                    .and_then(|s| s.load_balancer)
-                    .and_then(|lb| lb.ingress)
-                    .into_iter()
-                    .flatten()
-                    .map(|i| LbIngress {
-                        ip: i.ip,
-                        ip_mode: i.ip_mode,
-                    })
-                    .collect(),
-                lb_source_ranges: spec.load_balancer_source_ranges.unwrap_or_default().into(),
+                rare: RareSpec {
+                    external_ips: spec.external_ips.unwrap_or_default().into(),
+                    lb_ingress: self
+                        .status
+                        .and_then(|s| s.load_balancer)
+                        .and_then(|lb| lb.ingress)
+                        .into_iter()
+                        .flatten()
+                        .map(|i| LbIngress {
+                            ip: i.ip,
+                            ip_mode: i.ip_mode,
+                        })
+                        .collect(),
+                    lb_source_ranges: spec.load_balancer_source_ranges.unwrap_or_default().into(),
+                    affinity_timeout_s: spec
+                        .session_affinity_config
+                        .and_then(|c| c.client_ip)
+                        .and_then(|c| c.timeout_seconds),
+                    health_check_node_port: spec.health_check_node_port,
+                }
+                .boxed(),
                 session_affinity: shared(spec.session_affinity),
-                affinity_timeout_s: spec
-                    .session_affinity_config
-                    .and_then(|c| c.client_ip)
-                    .and_then(|c| c.timeout_seconds),
                 external_traffic_policy: shared(spec.external_traffic_policy),
                 internal_traffic_policy: shared(spec.internal_traffic_policy),
-                health_check_node_port: spec.health_check_node_port,
                 ports: spec
                     .ports
                     .into_iter()

@@ -98,6 +98,18 @@ fn the_frontend_bitmap_follows_the_frontends() {
     );
     let later = PacketSpec::tcp(CLIENT, 61002, OTHER_VIP, 80).build();
     assert_eq!(fx.run_from_pod(&later), (TC_ACT_UNSPEC, later.clone()));
+
+    // Rewritten twice (a new backend, then the first again), the frontend
+    // is counted once: removing it clears its bits.
+    for backend in [(POD1, 8081), (POD1, 8080)] {
+        let report = fx.program(vec![cluster_ip(VIP, 80, Protocol::Tcp, "web", &[backend])]);
+        assert!(report.failed.is_empty(), "{report:?}");
+        assert!(bit_set(&fx, VIP));
+    }
+    let report = fx.program(Vec::new());
+    assert!(report.failed.is_empty(), "{report:?}");
+    assert!(!bit_set(&fx, VIP), "the last frontend's bit is cleared");
+    assert!(!port_bit_set(&fx, VIP, 80));
 }
 
 /// A reply of a tracked flow into its pod, translated (`true`) or passed

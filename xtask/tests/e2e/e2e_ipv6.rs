@@ -225,6 +225,50 @@ fn slice_only4() -> String {
         .replace("service-name: dual", "service-name: only4")
 }
 
+/// The capacity of the map pinned as `map` under `pin_dir`.
+fn max_entries(pin_dir: &std::path::Path, map: &str) -> u64 {
+    let pin = pin_dir.join(map);
+    bpftool_json(&["map", "show", "pinned", &pin.to_string_lossy()])["max_entries"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("max_entries of {map}"))
+}
+
+/// Issue 22: the agent loads the eBPF object while the source reads its
+/// first view, with the IPv6 flow tables sized as the pins suggest (small
+/// on a fresh pin root). A first view with an IPv6 Service undoes that load
+/// and loads again: the node starts with full-size IPv6 flow tables, no
+/// resize, no staging pin, and the Service answers over IPv6.
+#[test]
+fn a_first_view_with_an_ipv6_service_starts_with_full_ipv6_flow_tables() {
+    let mut sb = dual_stack_sandbox();
+    let log = sb.agent_log();
+    assert!(
+        log.contains("the early load sized the IPv6 flow tables otherwise"),
+        "the early load was undone:\n{log}"
+    );
+    assert!(!log.contains("resizing online"), "no resize:\n{log}");
+    let max_entries = |map: &str| max_entries(&sb.pin_dir, map);
+    for (v6, v4) in [
+        ("SB_CT6_V1", "SB_CT_V5"),
+        ("SB_SOCK6_V1", "SB_SOCK_V1"),
+        ("SB_FRAG6_V1", "SB_FRAG_V1"),
+    ] {
+        assert_eq!(max_entries(v6), max_entries(v4), "{v6} sized like {v4}");
+        assert!(
+            !sb.pin_dir.join(format!("{v6}_resize")).exists(),
+            "{v6}: no staging pin"
+        );
+    }
+    let run = sb
+        .client(
+            &sb_echo(),
+            &["--tcp", &format!("[{CLUSTER_IP6}]:80"), "--count", "9"],
+        )
+        .expect("client");
+    assert!(run.all_ok(), "the Service answers over IPv6:\n{}", run.raw);
+    sb.cleanup().expect("cleanup");
+}
+
 /// Issue 22: a node that starts with no IPv6 Service keeps its IPv6 flow
 /// tables (conntrack, socket layer, affinity, fragments) small; when the
 /// first IPv6 Service appears the agent grows them online (a restart in
@@ -249,12 +293,7 @@ fn the_ipv6_tables_grow_online_when_the_first_ipv6_service_appears() {
     .unwrap_or_else(|e| panic!("{e:#}\nagent log:\n{}", sb.agent_log()));
     let pid = sb.agent_pid().expect("the agent runs");
     let pin_dir = sb.pin_dir.clone();
-    let max_entries = |map: &str| {
-        let pin = pin_dir.join(map);
-        bpftool_json(&["map", "show", "pinned", &pin.to_string_lossy()])["max_entries"]
-            .as_u64()
-            .unwrap_or_else(|| panic!("max_entries of {map}"))
-    };
+    let max_entries = |map: &str| max_entries(&pin_dir, map);
     let flows6 = ["SB_CT6_V1", "SB_SOCK6_V1", "SB_AFFINITY6_V1", "SB_FRAG6_V1"];
     let idle = u64::from(proxy_common::capacity::IPV6_IDLE);
     for map in flows6 {

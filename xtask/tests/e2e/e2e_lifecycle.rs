@@ -586,17 +586,57 @@ fn a_failed_first_start_leaves_no_pins() {
         "it failed where meant to:\n{stderr}"
     );
     assert!(stderr.contains("the pins it made are removed"), "{stderr}");
-    let left: Vec<String> = std::fs::read_dir(&sb.pin_dir)
-        .expect("read the pin root")
-        .flatten()
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        // The bpffs mount's own entries (maps.debug, progs.debug) stay.
-        .filter(|name| name.starts_with("SB_") || name == "links")
-        .collect();
+    let left = pins_left(&sb);
     assert!(left.is_empty(), "nothing stays pinned: {left:?}");
     assert!(
         !xtask::sandbox::status_file(&sb.pin_dir).exists(),
         "no status file of an agent that never ran"
     );
     sb.cleanup().expect("cleanup");
+}
+
+/// Issue 22: the agent loads the eBPF object while its source reads; a
+/// source that fails on a fresh pin root (here at once, while the load is
+/// under way) leaves nothing pinned: the load is undone before the agent
+/// exits.
+#[test]
+fn a_source_that_fails_while_the_object_loads_leaves_no_pins() {
+    xtask::testenv::require_root();
+    let mut sb = Sandbox::for_test().expect("sandbox");
+    let sw = switchboard().to_string_lossy().into_owned();
+    let pin = sb.pin_dir.to_string_lossy().into_owned();
+    let out = sb
+        .exec_status(
+            &sb.node_ns(),
+            &[
+                &sw,
+                "agent",
+                "--pin-root",
+                &pin,
+                "--socket-lb=false",
+                "--source",
+                "dir:/nonexistent/switchboard-typo",
+            ],
+        )
+        .expect("run the agent");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "the start must fail:\n{stderr}");
+    assert!(
+        stderr.contains("switchboard-typo"),
+        "it failed where meant to:\n{stderr}"
+    );
+    let left = pins_left(&sb);
+    assert!(left.is_empty(), "nothing stays pinned: {left:?}\n{stderr}");
+    sb.cleanup().expect("cleanup");
+}
+
+/// What of switchboard's is pinned under the sandbox's pin root (the
+/// bpffs mount's own entries, maps.debug and progs.debug, are not).
+fn pins_left(sb: &Sandbox) -> Vec<String> {
+    std::fs::read_dir(&sb.pin_dir)
+        .expect("read the pin root")
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|name| name.starts_with("SB_") || name == "links")
+        .collect()
 }
