@@ -200,7 +200,7 @@ mod tests {
     }
 
     #[test]
-    fn the_bitmap_grows_with_the_frontend_map_and_keeps_the_old_indexing_at_its_smallest() {
+    fn the_bitmap_grows_with_the_frontend_map_and_every_bit_stays_inside() {
         assert_eq!(words_for(1024), MIN_WORDS);
         assert_eq!(shift_for(MIN_WORDS), 12);
         // 32 bits per entry, rounded up to a power of two.

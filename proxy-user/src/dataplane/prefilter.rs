@@ -102,8 +102,7 @@ impl FrontendFilter {
         // Every word (a stale bit would let an address that is no
         // frontend through), in a few system calls: at 100k Services the
         // bitmap has 2^17 words.
-        let all: Vec<u32> = (0..words).collect();
-        filter.write_words(&all)?;
+        filter.write_all()?;
         Ok(filter)
     }
 
@@ -132,11 +131,16 @@ impl FrontendFilter {
     /// Rewrites every word if a release failed.
     fn refresh(&mut self) -> Result<(), WriteError> {
         if self.stale {
-            let all: Vec<u32> = (0..self.words.len() as u32).collect();
-            self.write_words(&all)?;
+            self.write_all()?;
             self.stale = false;
         }
         Ok(())
+    }
+
+    /// Writes every word of the bitmap.
+    fn write_all(&mut self) -> Result<(), WriteError> {
+        let all: Vec<u32> = (0..self.words.len() as u32).collect();
+        self.write_words(&all)
     }
 
     /// Writes `indices` (each a word of the bitmap) in batches; if the

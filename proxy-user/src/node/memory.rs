@@ -30,28 +30,7 @@ use std::cell::Cell;
 use std::sync::atomic::{AtomicIsize, Ordering};
 use std::thread::LocalKey;
 
-/// Call once, before the runtime starts its threads.
-pub fn tune() {
-    #[cfg(target_env = "gnu")]
-    {
-        // SAFETY: mallopt only changes allocator tuning; it is called before
-        // any other thread exists, and both values are in range (M_MXFAST 0
-        // turns fast bins off; M_ARENA_MAX takes any positive count).
-        let (fast, arenas) = unsafe {
-            (
-                libc::mallopt(libc::M_MXFAST, 0),
-                libc::mallopt(libc::M_ARENA_MAX, 1),
-            )
-        };
-        if fast != 1 || arenas != 1 {
-            tracing::debug!(
-                fast,
-                arenas,
-                "glibc refused a malloc setting; it stays at its default"
-            );
-        }
-    }
-}
+pub use crate::util::malloc::tune;
 
 /// Returns free memory at the top of the heaps and free pages inside them
 /// to the kernel. Costs a walk over the free lists (about a millisecond per

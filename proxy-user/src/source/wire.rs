@@ -101,7 +101,8 @@ impl<'de, T: Picks> Visitor<'de> for PickVisitor<T> {
         f.write_str("a map of strings")
     }
     /// A key given twice is an error, as YAML has it (the directory
-    /// source's one-pass read leaves duplicates to this map; JSON objects
+    /// source's serde-saphyr fast path, taken when its block reader refuses
+    /// a document, leaves duplicates to this map; JSON objects
     /// from the API server never repeat a key).
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<T, A::Error> {
         let mut picked = T::default();

@@ -1,4 +1,5 @@
-//! What glibc's malloc holds, for probes that say where the memory goes.
+//! glibc's malloc: the agent's settings ([`tune`], why in `node::memory`)
+//! and what it holds, for probes that say where the memory goes.
 
 /// The allocator's own view of the heap (all arenas), in bytes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -36,4 +37,27 @@ impl MallocStats {
 /// `bytes` in MiB.
 pub fn mib(bytes: usize) -> f64 {
     bytes as f64 / 1_048_576.0
+}
+
+/// Call once, before the runtime starts its threads.
+pub fn tune() {
+    #[cfg(target_env = "gnu")]
+    {
+        // SAFETY: mallopt only changes allocator tuning; it is called before
+        // any other thread exists, and both values are in range (M_MXFAST 0
+        // turns fast bins off; M_ARENA_MAX takes any positive count).
+        let (fast, arenas) = unsafe {
+            (
+                libc::mallopt(libc::M_MXFAST, 0),
+                libc::mallopt(libc::M_ARENA_MAX, 1),
+            )
+        };
+        if fast != 1 || arenas != 1 {
+            tracing::debug!(
+                fast,
+                arenas,
+                "glibc refused a malloc setting; it stays at its default"
+            );
+        }
+    }
 }

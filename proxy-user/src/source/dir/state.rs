@@ -1432,13 +1432,8 @@ mod tests {
     #[ignore = "a measurement, not a test"]
     fn first_view_probe() {
         use crate::util::malloc::{mib, MallocStats};
-        // The agent's malloc settings (`node::memory::tune`): no fast bins,
-        // two arenas.
-        // SAFETY: mallopt only changes allocator tuning, with values in range.
-        unsafe {
-            libc::mallopt(libc::M_MXFAST, 0);
-            libc::mallopt(libc::M_ARENA_MAX, 2);
-        }
+        // The agent's malloc settings.
+        crate::util::malloc::tune();
         let n: usize = std::env::var("SB_PROBE_SERVICES")
             .ok()
             .and_then(|v| v.parse().ok())

@@ -203,7 +203,7 @@ fn measure_start(sb: &mut Sandbox, pid: u32, frontends: usize, t0: Instant) -> R
 
 /// The agent's RSS by what is mapped (MiB), from `/proc/<pid>/smaps`: its
 /// binary, the shared libraries, the main heap (`[heap]`), anonymous
-/// mappings (the other malloc arenas and the threads' stacks), the main
+/// mappings (blocks malloc maps on their own, the threads' stacks), the main
 /// thread's stack; and its threads.
 fn rss_by_mapping(pid: u32) -> Result<Value> {
     let smaps = fs::read_to_string(format!("/proc/{pid}/smaps"))?;
