@@ -415,6 +415,7 @@ pub(crate) fn perpacket(quick: bool) -> Result<Value> {
         let mut v = Vec::new();
         for _ in 0..rounds {
             let mut out = vec![0u8; syn.len() + 256];
+            let started = Instant::now();
             let r = prog.test_run(TestRunOptions {
                 data_in: Some(&syn),
                 data_out: Some(&mut out),
@@ -422,7 +423,7 @@ pub(crate) fn perpacket(quick: bool) -> Result<Value> {
                 ..TestRunOptions::default()
             })?;
             ensure!(r.return_value == 2, "empty xdp verdict {}", r.return_value);
-            v.push(r.duration.as_nanos() as f64);
+            v.push(ns_per_run(r.duration, started.elapsed(), repeat));
         }
         median(&mut v)
     };

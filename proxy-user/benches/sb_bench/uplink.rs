@@ -36,7 +36,7 @@
 //!   local case checks (its corrected single run against its repeated cost).
 //! - the tc twin `sb_from_uplink` with the same frames, next to the empty tc
 //!   program with the same `__sk_buff` context.
-use std::{fs, process::Command};
+use std::{fs, process::Command, time::Instant};
 
 use anyhow::{bail, ensure, Context as _, Result};
 use aya::{
@@ -237,10 +237,11 @@ fn skb_ctx(uplink: u32) -> Vec<u8> {
     ctx
 }
 
-/// One run: (verdict, kernel ns per repetition, output frame).
+/// One run: (verdict, ns per repetition as [`ns_per_run`] takes it, output frame).
 fn run_xdp(prog: &Xdp, frame: &[u8], uplink: u32, repeat: u32) -> Result<(u32, f64, Vec<u8>)> {
     let ctx = xdp_ctx(uplink, frame.len());
     let mut out = vec![0u8; frame.len() + 256];
+    let started = Instant::now();
     let r = prog
         .test_run(TestRunOptions {
             data_in: Some(frame),
@@ -251,7 +252,11 @@ fn run_xdp(prog: &Xdp, frame: &[u8], uplink: u32, repeat: u32) -> Result<(u32, f
         })
         .context("BPF_PROG_TEST_RUN (XDP)")?;
     out.truncate(r.data_size_out as usize);
-    Ok((r.return_value, r.duration.as_nanos() as f64, out))
+    Ok((
+        r.return_value,
+        ns_per_run(r.duration, started.elapsed(), repeat),
+        out,
+    ))
 }
 
 fn run_tc(
@@ -262,6 +267,7 @@ fn run_tc(
 ) -> Result<(u32, f64, Vec<u8>)> {
     let ctx = skb_ctx(uplink);
     let mut out = vec![0u8; frame.len() + 256];
+    let started = Instant::now();
     let r = prog
         .test_run(TestRunOptions {
             data_in: Some(frame),
@@ -272,7 +278,11 @@ fn run_tc(
         })
         .context("BPF_PROG_TEST_RUN (tc)")?;
     out.truncate(r.data_size_out as usize);
-    Ok((r.return_value, r.duration.as_nanos() as f64, out))
+    Ok((
+        r.return_value,
+        ns_per_run(r.duration, started.elapsed(), repeat),
+        out,
+    ))
 }
 
 #[derive(Clone, Copy)]

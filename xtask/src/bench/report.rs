@@ -173,8 +173,8 @@ pub fn write(results: &Value, dir: &Path) -> Result<String> {
         measured: format!(
             "{} ({} ns ÷ {} ns)",
             fmt_opt(flat, 2),
-            fmt_opt(hit_large, 0),
-            fmt_opt(hit_small, 0)
+            fmt_opt(hit_large, 1),
+            fmt_opt(hit_small, 1)
         ),
         met: flat.map(|r| r <= 1.1),
     });
@@ -249,8 +249,8 @@ pub fn write(results: &Value, dir: &Path) -> Result<String> {
             measured: format!(
                 "{} ({} ns ÷ {} ns)",
                 fmt_opt(r, 2),
-                fmt_opt(num, 0),
-                fmt_opt(den, 0)
+                fmt_opt(num, 1),
+                fmt_opt(den, 1)
             ),
             met: r.map(|r| r <= target),
         });
@@ -262,7 +262,7 @@ pub fn write(results: &Value, dir: &Path) -> Result<String> {
             goal: "≤ 3".into(),
             measured: format!(
                 "not measured in this run (empty XDP: {} ns)",
-                fmt_opt(f(&pp["empty_xdp_ns"]), 0)
+                fmt_opt(f(&pp["empty_xdp_ns"]), 1)
             ),
             met: None,
         });
@@ -467,8 +467,8 @@ pub fn write(results: &Value, dir: &Path) -> Result<String> {
     let _ = writeln!(
         md,
         "Floors on the same frame: empty tc program **{} ns**, empty XDP program **{} ns**. switchboard's XDP data path: {}.\n",
-        fmt_opt(empty_tc, 0),
-        fmt_opt(f(&pp["empty_xdp_ns"]), 0),
+        fmt_opt(empty_tc, 1),
+        fmt_opt(f(&pp["empty_xdp_ns"]), 1),
         pp["xdp_note"].as_str().unwrap_or("not implemented yet")
     );
     md.push_str("\"existing flow\": the two ping-pong Services A ⇄ B (see proxy-user/benches/sb_bench.rs) make every repetition a full lookup + conntrack hit + DNAT with checksum updates; the data path's own counters are checked to grow by exactly the repetitions. \"no rewrite\": a Service whose backend is itself (lookups and conntrack, rewrite helpers skipped). \"16 source ranges\": the same existing flow after Service A is restricted by `loadBalancerSourceRanges` (16 blocks): the one trie lookup a restricted frontend adds; every other column is a frontend without ranges, which pays one flag test and no lookup. Single-shot columns: `repeat = 1` per call (median of many), which includes the kernel timer's overhead — compare them only with each other (\"empty\" is the empty tc program measured the same way).\n\n");
@@ -480,13 +480,13 @@ pub fn write(results: &Value, dir: &Path) -> Result<String> {
             "| {} | {} | {} ns | {} ns | {} ns | {} ns | {} ns | {} ns | {} ns | {} ns | {} ns | {} ns |",
             size_label(r["services_nominal"].as_u64().unwrap_or(0)),
             r["target_backends"],
-            fmt_opt(f(&r["from_pod_service_existing_ns"]), 0),
-            fmt_opt(f(&r["from_pod_service_existing_no_rewrite_ns"]), 0),
-            fmt_opt(f(&r["from_pod_service_existing_source_ranges_ns"]), 0),
-            fmt_opt(f(&r["from_pod_non_service_ns"]), 0),
-            fmt_opt(f(&r["to_pod_reply_ns"]), 0),
-            fmt_opt(f(&r["to_pod_non_service_ns"]), 0),
-            fmt_opt(f(&r["to_pod_quiet_ns"]), 0),
+            fmt_opt(f(&r["from_pod_service_existing_ns"]), 1),
+            fmt_opt(f(&r["from_pod_service_existing_no_rewrite_ns"]), 1),
+            fmt_opt(f(&r["from_pod_service_existing_source_ranges_ns"]), 1),
+            fmt_opt(f(&r["from_pod_non_service_ns"]), 1),
+            fmt_opt(f(&r["to_pod_reply_ns"]), 1),
+            fmt_opt(f(&r["to_pod_non_service_ns"]), 1),
+            fmt_opt(f(&r["to_pod_quiet_ns"]), 1),
             fmt_opt(f(&ss["from_pod_service_new_ns"]), 0),
             fmt_opt(f(&ss["from_pod_service_existing_ns"]), 0),
             fmt_opt(f(&ss["empty_tc_ns"]), 0),
@@ -872,9 +872,9 @@ fn perpacket_ipv6(
                 md,
                 "| {} | {name} | {} ns | {} | {} ns | {} |",
                 size_label(size),
-                fmt_opt(v6, 0),
+                fmt_opt(v6, 1),
                 fmt_opt(v6.zip(empty_tc).map(|(a, e)| a / e), 2),
-                fmt_opt(v4, 0),
+                fmt_opt(v4, 1),
                 fmt_opt(v6.zip(v4).map(|(a, b)| a / b), 2),
             );
         }
@@ -1115,8 +1115,8 @@ fn northsouth_goals(ns: &Value) -> Vec<Goal> {
             measured: format!(
                 "{} ({} ns ÷ {} ns)",
                 fmt_opt(ratio, 2),
-                fmt_opt(row.and_then(|r| f(&r["ns"])), 0),
-                fmt_opt(row.and_then(|r| f(&r["empty_ns"])), 0)
+                fmt_opt(row.and_then(|r| f(&r["ns"])), 1),
+                fmt_opt(row.and_then(|r| f(&r["empty_ns"])), 1)
             ),
             met: ratio.map(|r| r <= 3.0),
         });
