@@ -79,6 +79,8 @@ pub(crate) trait Family: FamilyAddr + Header + TraceAddr + 'static {
     fn maybe_frontend_port(addr: &Self, port_be: u16, proto: u8) -> bool;
     /// This CPU's working memory of the family.
     fn work() -> Option<&'static mut Work<Self>>;
+    /// The family's per-CPU cache of established flows ([`crate::ct::cache`]).
+    fn flow_cache() -> &'static crate::ct::cache::Cache<Self>;
 }
 
 /// A program's working memory for one packet of family `A` (see the
@@ -101,6 +103,9 @@ pub struct Work<A: Family> {
     /// The quote of an ICMP error being built ([`crate::reject`]): the IP
     /// header and 8 bytes of the TCP/UDP header, as in the packet.
     pub quote: A::Quote,
+    /// The connection-tracking table's generation, read before the lookup
+    /// whose entry may fill a flow cache's slot ([`crate::ct::cache`]).
+    pub ct_gen: u64,
 }
 
 /// Copies a backend field by field (see [`set`]).
@@ -172,6 +177,10 @@ impl Family for u32 {
         // run, and used by one program run at a time (see `Work`).
         Some(unsafe { &mut *ptr })
     }
+    #[inline(always)]
+    fn flow_cache() -> &'static crate::ct::cache::Cache<u32> {
+        &crate::ct::cache::SB_FLOW_CACHE4_V1
+    }
 }
 
 impl Family for Addr6Be {
@@ -227,5 +236,9 @@ impl Family for Addr6Be {
         let ptr = SB_SCRATCH6_V1.get_ptr_mut(0)?;
         // SAFETY: as for IPv4.
         Some(unsafe { &mut *ptr })
+    }
+    #[inline(always)]
+    fn flow_cache() -> &'static crate::ct::cache::Cache<Addr6Be> {
+        &crate::ct::cache::SB_FLOW_CACHE6_V1
     }
 }

@@ -156,10 +156,7 @@ pub fn sb_from_pod6(ctx: TcContext) -> i32 {
 #[classifier]
 #[inline(always)]
 pub fn sb_to_pod6(ctx: TcContext) -> i32 {
-    match programs::pod::to_pod::<proxy_common::Addr6Be>(&ctx) {
-        Ok(action) => action,
-        Err(skip) => skb::pass(skip),
-    }
+    programs::pod::to_pod::<proxy_common::Addr6Be>(&ctx)
 }
 
 /// The previous release's tail call for the packets its `sb_from_pod` and

@@ -153,6 +153,13 @@ pub static SB_QUIET_V2: Array<prefilter::quiet::QuietMark, { prefilter::quiet::E
 #[btf_map]
 pub static SB_QUIET_GEN_V1: Array<u64, { prefilter::quiet::ENTRIES as usize }> = Array::new();
 
+/// The connection-tracking table's generation: moved on after every
+/// removal or replacement of an entry, by the data path (an atomic add of
+/// one) and by the agent (`proxy_common::conntrack::CT_GEN_AGENT_STEP`);
+/// what the flow caches hold is void once it moved (`crate::ct::cache`).
+#[btf_map]
+pub static SB_CT_GEN_V1: Array<u64, 1> = Array::new();
+
 #[btf_map]
 pub static SB_STATS_V5: PerCpuArray<u64, { stat::COUNT as usize }> = PerCpuArray::new();
 

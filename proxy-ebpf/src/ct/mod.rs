@@ -16,9 +16,13 @@
 //! the client's ACK of the SYN-ACK, [`ct_state::ACKED`]; UDP without a
 //! reply) and takes its place. An established flow is never removed for a new one.
 
+pub mod cache;
 pub mod track;
 
-use aya_ebpf::helpers::{bpf_jiffies64, bpf_ktime_get_coarse_ns};
+use aya_ebpf::{
+    bindings::{BPF_ANY, BPF_NOEXIST},
+    helpers::{bpf_jiffies64, bpf_ktime_get_coarse_ns},
+};
 use proxy_common::{
     ct_flags, ct_state, new_flows, proto, CtEntryOf, CtKeyOf, KeyPair, CT_REFRESH_NS,
 };
@@ -41,6 +45,19 @@ pub(crate) fn entry<A: Family>(key: &CtKeyOf<A>) -> Option<*mut CtEntryOf<A>> {
 /// `E2BIG`: what a preallocated hash map's update returns when it has no
 /// free element left.
 const E2BIG: i32 = 7;
+/// `EEXIST`: what an update with `BPF_NOEXIST` returns for a key present.
+const EEXIST: i32 = 17;
+
+/// Removes the entry of `key`, if present; a removal moves the table's
+/// generation on (the flow caches, [`cache`]). Whether it was there.
+#[inline(always)]
+pub(crate) fn remove<A: Family>(key: &CtKeyOf<A>) -> bool {
+    let removed = A::conntrack().remove(key).is_ok();
+    if removed {
+        cache::invalidate();
+    }
+    removed
+}
 
 /// Why a new flow's entry was not written.
 pub(crate) enum NotTracked {
@@ -139,7 +156,7 @@ fn insert_both<A: Family>(
     if let Err(why) = with_room::<CtKeyOf<A>>(|| insert(reply_key, entry, 0)) {
         // Best effort: should it fail, the agent's collector removes the
         // orphan (the caller takes the flow off the count).
-        let _ = A::conntrack().remove(fwd_key);
+        remove::<A>(fwd_key);
         return Err(why);
     }
     remember(fwd_key, reply_key);
@@ -199,8 +216,22 @@ pub(crate) struct Fields {
 impl<A: Family> Entry for CtEntryOf<A> {
     type Key = CtKeyOf<A>;
     #[inline(always)]
+    /// An entry written over another (`BPF_ANY` on a key present: a
+    /// reused tuple) moves the table's generation on after the write, as a
+    /// removal does: a flow cache may hold the old one ([`cache`]).
     fn insert(key: &CtKeyOf<A>, entry: &Self, flags: u64) -> Result<(), i32> {
-        A::conntrack().insert(key, entry, flags)
+        let table = A::conntrack();
+        if flags != u64::from(BPF_ANY) {
+            return table.insert(key, entry, flags);
+        }
+        match table.insert(key, entry, u64::from(BPF_NOEXIST)) {
+            Err(errno) if errno == -EEXIST => {
+                let replaced = table.insert(key, entry, flags);
+                cache::invalidate();
+                replaced
+            }
+            other => other,
+        }
     }
     #[inline(always)]
     unsafe fn fields(entry: *mut Self) -> Fields {
@@ -264,7 +295,7 @@ impl<A: Family> Table for CtKeyOf<A> {
     #[inline(always)]
     fn remove(&self) {
         // Already gone is as good as removed.
-        let _ = A::conntrack().remove(self);
+        remove::<A>(self);
     }
     #[inline(always)]
     fn uncount(&self) {
@@ -361,7 +392,7 @@ pub(crate) fn established(protocol: u8, flags: u8, forward: u8, reply: u8) -> bo
 
 /// The state bits a packet brings to the entry of its direction.
 #[inline(always)]
-fn state_bits(protocol: u8, tcp_flags: u8, reply: bool) -> u8 {
+pub(crate) fn state_bits(protocol: u8, tcp_flags: u8, reply: bool) -> u8 {
     let mut bits = if reply { ct_state::REPLIED } else { 0 };
     if protocol == proto::TCP {
         if tcp_flags & TCP_FLAG_FIN != 0 {

@@ -4,7 +4,7 @@
 //! works in the family's [`Work`]: the packet's key in `w.key`, the entry
 //! found or written in `w.entry`, the other direction's key in `w.key2`.
 use crate::{
-    ct::Entry as _,
+    ct::{cache, Entry as _},
     family::{Family, Work},
     lb::backend_is_live,
     maps::{count, count_service},
@@ -107,6 +107,9 @@ pub(crate) fn continued<A: Family>(w: &mut Work<A>) -> Option<u32> {
     if w.flow.opens_connection() {
         return None;
     }
+    if let Some(service_id) = cache::hit(w, false) {
+        return Some(service_id);
+    }
     let entry_ptr = super::entry(&w.key)?;
     // SAFETY: a value of the conntrack map, valid for this program run;
     // read in place, the reference unused once the note below writes.
@@ -121,12 +124,19 @@ pub(crate) fn continued<A: Family>(w: &mut Work<A>) -> Option<u32> {
     {
         return None;
     }
-    let Work { flow, key2, .. } = w;
+    let Work {
+        flow,
+        key,
+        key2,
+        ct_gen,
+        ..
+    } = w;
     crate::ct::note(entry_ptr, flow, false, || {
         // SAFETY: as above; a new reference after the note's writes.
         reply_key_of(flow, unsafe { &*entry_ptr }, key2);
         super::entry(key2)
     });
+    cache::fill(key, entry_ptr, flow, *ct_gen);
     Some(service_id)
 }
 
@@ -192,6 +202,10 @@ pub(crate) fn stale_reply<A: Family>(flow: &FlowOf<A>, flags: u8, key: &CtKeyOf<
     if !flow.accepts_connection() || flags & ct_flags::CLOSING == 0 {
         return false;
     }
+    // The generation moves first here: a closing flow is never cached
+    // again (`cache::fill`), so what a cache may hold of it is void either
+    // way, and the compiler keeps this path's registers plain.
+    cache::invalidate();
     if A::conntrack().remove(key).is_ok() {
         count(stat::CT_STALE);
     }

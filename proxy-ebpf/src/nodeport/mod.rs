@@ -448,7 +448,7 @@ fn new_remote_flow<A: UplinkFamily>(
             Err(NotTracked::Failed) => count(stat::CT_INSERT_FAILED),
             Err(NotTracked::Full) => {
                 // Give the port back: no half-tracked flow.
-                let _ = A::conntrack().remove(reply);
+                ct::remove::<A>(reply);
                 return Err(NotTranslated::Drop(stat::CT_FULL));
             }
         }

@@ -43,7 +43,10 @@
 //! IPv6 has no header checksum; the TCP/UDP checksum covers the addresses
 //! through the pseudo-header ([`crate::rewrite::v6`]).
 use crate::{
-    ct::track::{continued, forward_entry, stale_reply, track, tracked, Source},
+    ct::{
+        cache,
+        track::{continued, forward_entry, stale_reply, track, tracked, Source},
+    },
     family::{set_backend, Family, Work},
     lb::{choose_backend, counts_flows, frontend_key, lookup_frontend},
     maps::{count, count_denied, count_service},
@@ -207,7 +210,7 @@ fn screened_to_pod<A: PodFamily>(ctx: &TcContext) -> Result<i32, Skip> {
     if quiet(ctx, proto) {
         return Err(Skip::NotOurs);
     }
-    to_pod::<A>(ctx)
+    Ok(to_pod::<A>(ctx))
 }
 
 /// A packet a pod sends, past the [`screen`] (`frontend`: its answer):
@@ -308,9 +311,22 @@ fn rewrite<A: PodFamily>(ctx: &TcContext, w: &mut Work<A>, side: Side, service_i
 }
 
 /// A packet going into a pod: a reply of a tracked flow gets the frontend as
-/// its source again.
+/// its source again; anything else passes as its skip says. The action
+/// is decided here rather than returned as a `Result`: the compiler packs a
+/// `Result` into one register with the action's bits unset on the error
+/// paths, and where such a path holds a pointer in that register the
+/// verifier refuses the packing's shift.
 #[inline(always)]
-pub fn to_pod<A: PodFamily>(ctx: &TcContext) -> Result<i32, Skip> {
+pub fn to_pod<A: PodFamily>(ctx: &TcContext) -> i32 {
+    match reply::<A>(ctx) {
+        Ok(action) => action,
+        Err(skip) => crate::skb::pass(skip),
+    }
+}
+
+/// [`to_pod`]'s reply path.
+#[inline(always)]
+fn reply<A: PodFamily>(ctx: &TcContext) -> Result<i32, Skip> {
     let Some(w) = A::work() else {
         return Err(Skip::NotOurs);
     };
@@ -318,6 +334,9 @@ pub fn to_pod<A: PodFamily>(ctx: &TcContext) -> Result<i32, Skip> {
         return Ok(action);
     }
     w.flow.ct_key_into(ct_dir::REPLY, &mut w.key);
+    if let Some(service_id) = cache::hit(w, true) {
+        return Ok(rewrite(ctx, w, Side::Source, service_id));
+    }
     let Some(entry_ptr) = crate::ct::entry(&w.key) else {
         return Err(Skip::NotOurs);
     };
@@ -333,13 +352,16 @@ pub fn to_pod<A: PodFamily>(ctx: &TcContext) -> Result<i32, Skip> {
     }
     let Work {
         flow,
+        key,
         key2,
         backend,
+        ct_gen,
         ..
     } = w;
     crate::ct::note(entry_ptr, flow, true, || {
         let client = (&flow.daddr_be, flow.dport_be);
         forward_entry(flow, client, (&backend.addr_be, backend.port_be), key2)
     });
+    cache::fill(key, entry_ptr, flow, *ct_gen);
     Ok(rewrite(ctx, w, Side::Source, service_id))
 }

@@ -440,7 +440,10 @@ pub(crate) fn perpacket(quick: bool) -> Result<Value> {
             let sync_time = pp.apply(&desired)?;
             pp.seed_pingpong()?;
             let existing = frame_tcp(CLIENT, CLIENT_PORT, VIP_A, 80, 0x10);
-            let reply = frame_tcp(VIP_B, 80, CLIENT, CLIENT_PORT, 0x12);
+            // A reply of the established flow (an ACK), and its first reply
+            // (the SYN-ACK), which no flow cache answers.
+            let reply = frame_tcp(VIP_B, 80, CLIENT, CLIENT_PORT, 0x10);
+            let first_reply = frame_tcp(VIP_B, 80, CLIENT, CLIENT_PORT, 0x12);
             let non_service = frame_tcp(CLIENT, CLIENT_PORT, POD, 8080, 0x10);
             let to_pod_other = frame_tcp(POD, 8080, CLIENT, 50000, 0x10);
 
@@ -481,6 +484,15 @@ pub(crate) fn perpacket(quick: bool) -> Result<Value> {
                 &mut pp,
                 programs::TC_TO_POD,
                 &reply,
+                TC_ACT_OK,
+                Some("reversed"),
+                repeat,
+                rounds,
+            )?;
+            let rev_first = measure_repeat(
+                &mut pp,
+                programs::TC_TO_POD,
+                &first_reply,
                 TC_ACT_OK,
                 Some("reversed"),
                 repeat,
@@ -596,6 +608,7 @@ pub(crate) fn perpacket(quick: bool) -> Result<Value> {
                 "from_pod_service_existing_source_ranges_ns": hit_ranged,
                 "from_pod_non_service_ns": pass,
                 "to_pod_reply_ns": rev,
+                "to_pod_first_reply_ns": rev_first,
                 "to_pod_non_service_ns": to_pod_pass,
                 "to_pod_quiet_ns": to_pod_quiet,
                 "tracing_on": {

@@ -172,7 +172,8 @@ pub(super) fn measure(
         pp.apply(&desired)?;
         seed(pp)?;
         let existing = frame6_tcp(CLIENT6, CLIENT_PORT, VIP_A6, 80, 0x10);
-        let reply = frame6_tcp(VIP_B6, 80, CLIENT6, CLIENT_PORT, 0x12);
+        let reply = frame6_tcp(VIP_B6, 80, CLIENT6, CLIENT_PORT, 0x10);
+        let first_reply = frame6_tcp(VIP_B6, 80, CLIENT6, CLIENT_PORT, 0x12);
         let non_service = frame6_tcp(CLIENT6, CLIENT_PORT, POD6, 8080, 0x10);
         let mut run = |program, frame: &[u8], verdict, counter| {
             measure_repeat(pp, program, frame, verdict, counter, repeat, rounds)
@@ -185,6 +186,12 @@ pub(super) fn measure(
         )?;
         let pass = run(programs::TC_FROM_POD, &non_service, TC_ACT_UNSPEC, None)?;
         let rev = run(programs::TC_TO_POD, &reply, TC_ACT_OK, Some("reversed"))?;
+        let rev_first = run(
+            programs::TC_TO_POD,
+            &first_reply,
+            TC_ACT_OK,
+            Some("reversed"),
+        )?;
         progress(&format!(
             "perpacket IPv6: {services} services: from_pod hit {hit:.1} ns ({:.2}× empty), non-service {pass:.1} ns, to_pod reply {rev:.1} ns ({:.2}× empty)",
             hit / empty_tc_ns,
@@ -196,6 +203,7 @@ pub(super) fn measure(
             "from_pod_service_existing_ns": hit,
             "from_pod_non_service_ns": pass,
             "to_pod_reply_ns": rev,
+            "to_pod_first_reply_ns": rev_first,
         }));
     }
     Ok(json!({

@@ -1,0 +1,209 @@
+//! Each CPU's cache of established TCP flows, in front of the
+//! connection-tracking table. A segment of a flow this CPU passed recently
+//! finds its translation in one slot of a per-CPU array, picked by one
+//! multiply over the key's words and checked word by word, instead of the
+//! kernel's hash table: the table's lookup (jhash over the 16- or 40-byte
+//! key, the bucket walk, `memcmp`) is about a quarter of an existing
+//! flow's cost on these machines, more than any other part.
+//!
+//! The cache must never translate a packet the table would not, nor keep
+//! back from the table what the table must see:
+//! - every removal or replacement of an entry, by the data path or by the
+//!   agent, moves the table's generation on ([`SB_CT_GEN_V1`], after the
+//!   write); a slot holds the generation read before the table lookup that
+//!   filled it, and is void once the generation moved;
+//! - only TCP segments without SYN, FIN or RST use it: a SYN or SYN-ACK
+//!   opens a flow or finds a stale one, a FIN or RST starts the close, and
+//!   UDP re-checks its backend per datagram; all of them take the table;
+//! - a segment that would add a state bit to its entry (the client's first
+//!   ACK, the first reply) takes the table, which records it;
+//! - the entry's last-seen time: a slot stands for the entry only until
+//!   that time is due to be refreshed ([`CT_REFRESH_NS`] after it, counted
+//!   in kernel ticks: one load, no clock read); then the table refreshes
+//!   it, as the table path would, so the agent sees the same times.
+//!
+//! What the table writes in place (state, flags, times) the cache does not
+//! hold, except the state it checks against; the translation (address,
+//! port, service) of an entry never changes in place.
+use aya_ebpf::{btf_maps::PerCpuArray, helpers::bpf_jiffies64, macros::btf_map};
+use proxy_common::{ct_flags, proto, Addr6Be, CtEntryOf, CtKeyOf, CT_REFRESH_NS};
+
+use crate::{
+    family::{Family, Work},
+    maps::SB_CT_GEN_V1,
+    packet::{set, FlowOf, TCP_FLAG_FIN, TCP_FLAG_RST, TCP_FLAG_SYN},
+};
+
+/// Slots per CPU and family; a power of two.
+pub(crate) const SLOTS: u32 = 1024;
+const SLOT_BITS: u32 = SLOTS.trailing_zeros();
+const _: () = assert!(SLOTS.is_power_of_two());
+/// Fibonacci hashing's multiplier (2^32 divided by the golden ratio).
+const GOLDEN: u32 = 0x9e37_79b1;
+/// The longest kernel tick: Linux on x86-64 and arm64 ticks at least 100
+/// times a second (`CONFIG_HZ` 100, 250, 300 or 1000). A slot's time is
+/// counted in ticks of this length, so on a faster tick it ends sooner,
+/// never later.
+const LONGEST_TICK_NS: u64 = 10_000_000;
+/// What the working memory's generation holds for a segment the cache
+/// does not take, or when the generation's map has no entry (which cannot
+/// happen): no slot holds it, and none is filled with it.
+pub(crate) const NO_GENERATION: u64 = u64::MAX;
+
+/// One cached flow direction: the key it answers, the translation, the
+/// entry's state when it was filled, the tick until which it stands for
+/// the entry, and the table's generation then. Not shared with the agent
+/// and never pinned (each loaded object starts empty); the IPv4 slot ends
+/// in 4 bytes of padding the compiler adds.
+#[repr(C)]
+pub struct Slot<A: Family> {
+    pub gen: u64,
+    /// `bpf_jiffies64` before which the slot answers: until the entry's
+    /// last-seen time is due to be refreshed.
+    pub until_jiffies: u64,
+    pub key: CtKeyOf<A>,
+    pub nat_addr_be: A,
+    pub nat_port_be: u16,
+    pub state: u8,
+    pub _pad: u8,
+    pub service_id: u32,
+}
+const _: () = assert!(core::mem::size_of::<Slot<u32>>() == 48);
+const _: () = assert!(core::mem::size_of::<Slot<Addr6Be>>() == 80);
+
+/// A family's cache: one array of slots per CPU.
+pub(crate) type Cache<A> = PerCpuArray<Slot<A>, { SLOTS as usize }>;
+
+#[btf_map]
+pub static SB_FLOW_CACHE4_V1: Cache<u32> = PerCpuArray::new();
+#[btf_map]
+pub static SB_FLOW_CACHE6_V1: Cache<Addr6Be> = PerCpuArray::new();
+
+/// Moves the table's generation on, after the data path removed or
+/// replaced an entry: every slot filled before is void.
+#[inline(always)]
+pub(crate) fn invalidate() {
+    if let Some(gen) = SB_CT_GEN_V1.get_ptr_mut(0) {
+        // SAFETY: the map's one value, valid for the program run and
+        // 8-aligned; one atomic add that does not fetch (`BPF_ATOMIC |
+        // BPF_ADD`), so other CPUs' adds are not lost. Not
+        // `sched::fetch_add`: its fetched value, unused here, made the
+        // compiler reuse a register the verifier then refused.
+        unsafe {
+            core::arch::asm!(
+                "lock *(u64 *)({at} + 0) += {one}",
+                at = in(reg) gen,
+                one = in(reg) 1u64,
+                options(nostack),
+            );
+        }
+    }
+}
+
+/// Whether a segment may be answered by the cache (and fill it).
+#[inline(always)]
+fn cacheable<A: Family>(flow: &FlowOf<A>) -> bool {
+    flow.proto == proto::TCP && flow.tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_FIN | TCP_FLAG_RST) == 0
+}
+
+/// The key as 32-bit words, for the index and the compare.
+#[inline(always)]
+fn word<A: Family>(key: &CtKeyOf<A>, i: usize) -> u32 {
+    // SAFETY: `i` is below the key's size in words (callers loop to
+    // `words`); the key is 4-aligned plain data.
+    unsafe { *(key as *const CtKeyOf<A>).cast::<u32>().add(i) }
+}
+
+/// How many 32-bit words a family's key has.
+#[inline(always)]
+const fn words<A: Family>() -> usize {
+    core::mem::size_of::<CtKeyOf<A>>() / 4
+}
+
+/// The slot a key hashes to: its words folded, one multiply.
+#[inline(always)]
+fn index<A: Family>(key: &CtKeyOf<A>) -> u32 {
+    let mut folded = 0u32;
+    for i in 0..words::<A>() {
+        folded ^= word(key, i);
+    }
+    folded.wrapping_mul(GOLDEN) >> (32 - SLOT_BITS)
+}
+
+/// The service of the flow direction of `w.key` (already written) if this
+/// CPU's cache holds it; then `w.backend` holds the address and port the
+/// packet is translated to. Either way `w.ct_gen` holds what [`fill`]
+/// takes: the table's generation, read before the table is looked up.
+/// `reply`: the packet goes to the client (the state bit a reply brings).
+#[inline(always)]
+pub(crate) fn hit<A: Family>(w: &mut Work<A>, reply: bool) -> Option<u32> {
+    w.ct_gen = NO_GENERATION;
+    if !cacheable(&w.flow) {
+        return None;
+    }
+    w.ct_gen = SB_CT_GEN_V1.get(0).copied().unwrap_or(NO_GENERATION);
+    let slot = A::flow_cache().get_ptr(index(&w.key))?;
+    // SAFETY: this CPU's slot of a per-CPU array, valid for the program
+    // run; only this CPU's programs write it, and not meanwhile.
+    let slot = unsafe { &*slot };
+    for i in 0..words::<A>() {
+        if word(&slot.key, i) != word(&w.key, i) {
+            return None;
+        }
+    }
+    let bits = super::state_bits(w.flow.proto, w.flow.tcp_flags, reply);
+    // SAFETY: a helper without preconditions (Linux 5.5+); the verifier
+    // makes it one load.
+    let jiffies = unsafe { bpf_jiffies64() };
+    if slot.gen != w.ct_gen || slot.state | bits != slot.state || jiffies >= slot.until_jiffies {
+        return None;
+    }
+    set(&mut w.backend.addr_be, &slot.nat_addr_be);
+    w.backend.port_be = slot.nat_port_be;
+    Some(slot.service_id)
+}
+
+/// Caches the entry at `entry_ptr`, which the table answered for `key`
+/// after generation `gen` was read ([`hit`]) and which this packet (`flow`)
+/// was just noted in. A closing flow, and an entry whose last-seen time is
+/// due to be refreshed, are left to the table.
+#[inline(always)]
+pub(crate) fn fill<A: Family>(
+    key: &CtKeyOf<A>,
+    entry_ptr: *const CtEntryOf<A>,
+    flow: &FlowOf<A>,
+    gen: u64,
+) {
+    if gen == NO_GENERATION || !cacheable(flow) {
+        return;
+    }
+    // SAFETY: a value of the conntrack map, valid for this program run.
+    let entry = unsafe { &*entry_ptr };
+    if entry.flags & ct_flags::CLOSING != 0 {
+        return;
+    }
+    let due_ns = entry.last_seen_ns.wrapping_add(CT_REFRESH_NS);
+    let left_ns = due_ns.wrapping_sub(super::now_ns());
+    if left_ns as i64 <= 0 {
+        return;
+    }
+    let Some(slot) = A::flow_cache().get_ptr_mut(index(key)) else {
+        return;
+    };
+    // SAFETY: this CPU's slot of a per-CPU array (as in `hit`); it does
+    // not overlap the entry, a value of another map.
+    let slot = unsafe { &mut *slot };
+    let to = (&mut slot.key as *mut CtKeyOf<A>).cast::<u32>();
+    for i in 0..words::<A>() {
+        // SAFETY: `i` is below the key's size in words; the slot's key is
+        // 4-aligned plain data.
+        unsafe { *to.add(i) = word(key, i) };
+    }
+    set(&mut slot.nat_addr_be, &entry.nat_addr_be);
+    slot.nat_port_be = entry.nat_port_be;
+    slot.state = entry.state;
+    slot.service_id = entry.service_id;
+    // SAFETY: as in `hit`.
+    slot.until_jiffies = unsafe { bpf_jiffies64() } + left_ns / LONGEST_TICK_NS;
+    slot.gen = gen;
+}
