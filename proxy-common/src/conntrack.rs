@@ -126,6 +126,12 @@ pub type NewFlows6 = NewFlowsOf<CtKey6, { new_flows::SLOTS6 as usize }>;
 /// imprecision costs nothing, and most packets then write nothing).
 pub const CT_REFRESH_NS: u64 = 1_000_000_000;
 
+/// What the agent adds to the table's generation (`names::CT_GEN`) after it
+/// removes entries; the data path adds one. The agent's step is a read and
+/// a write: a data-path add lost between them still leaves a value above
+/// every earlier one.
+pub const CT_GEN_AGENT_STEP: u64 = 1 << 32;
+
 /// Key of the connection-tracking map of either family (`A`: `u32` for
 /// IPv4, [`Addr6Be`] for IPv6; [`CtKey`], [`CtKey6`]). Addresses and ports
 /// are as they appear in the packet the entry is looked up with.

@@ -104,6 +104,11 @@ pub const QUIET_PODS: &str = "SB_QUIET_V2";
 /// [`QUIET_PODS`]): the data path adds one with an atomic add after it
 /// tracks a flow from that interface, voiding the mark of an older one.
 pub const QUIET_GENS: &str = "SB_QUIET_GEN_V1";
+/// The connection-tracking table's generation (one `u64`): moved on after
+/// every removal or replacement of an entry (by one in the data path, by
+/// [`super::CT_GEN_AGENT_STEP`] in the agent); the data path's per-CPU flow
+/// caches answer only for the generation they were filled at.
+pub const CT_GEN: &str = "SB_CT_GEN_V1";
 /// Socket layer: the socket-local storage of a TCP socket connected to a
 /// backend ([`super::SockConn`]), freed with the socket.
 pub const SOCK_CONNS: &str = "SB_SOCK_CONN_V1";
@@ -140,7 +145,7 @@ pub const POD_UDP_AT_CONNECT: &str = ".data.sb_pod_udp";
 /// Per-CPU count of events the ring buffer had no room for.
 pub const TRACE_LOST: &str = "SB_TRACE_LOST_V1";
 /// Every map, in the order the CLI reports them.
-pub const ALL: [&str; 32] = [
+pub const ALL: [&str; 33] = [
     FRONTENDS,
     BACKENDS,
     CONNTRACK,
@@ -173,4 +178,5 @@ pub const ALL: [&str; 32] = [
     QUIET_GENS,
     SOCK_CONNS,
     SOCK_CONNS6,
+    CT_GEN,
 ];

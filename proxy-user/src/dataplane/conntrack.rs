@@ -62,6 +62,7 @@ use serde::{Deserialize, Serialize};
 use tracing::{debug, warn};
 
 use crate::dataplane::{
+    ctgen::CtGeneration,
     openflows::{self, LeastConnMaps, OpenFlowMetrics, Tally},
     pins::{MapsError, Pins},
     quiet::{self, Candidates, LiveClients, Look, QuietPods},
@@ -693,10 +694,13 @@ where
     }
 }
 
-/// One family's table as the collector holds it.
+/// One family's table as the collector holds it, and the table's
+/// generation it moves on after a pass that removed entries
+/// ([`crate::dataplane::ctgen`]).
 struct Tracked<K: Key> {
     table: HashMap<MapData, K, K::Entry>,
     capacity: u32,
+    gen: CtGeneration,
 }
 
 impl<K> Tracked<K>
@@ -712,7 +716,12 @@ where
     ) -> Result<Self, GcError> {
         let table = table?;
         let capacity = pins.capacity(name, table.map())?;
-        Ok(Self { table, capacity })
+        let gen = CtGeneration::new(pins.ct_gen()?);
+        Ok(Self {
+            table,
+            capacity,
+            gen,
+        })
     }
 
     /// One pass; how full the table was (`None`: it could not be read).
@@ -735,6 +744,11 @@ where
                     ?took,
                     "conntrack collected"
                 );
+                if pass.deleted > 0 {
+                    if let Err(error) = self.gen.advance() {
+                        warn!(family = K::FAMILY, %error, "moving the connection-tracking generation on failed; the removed flows may be translated for up to a second more");
+                    }
+                }
                 Some(fill(pass.entries, self.capacity))
             }
             Err(error) => {

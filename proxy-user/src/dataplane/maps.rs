@@ -8,7 +8,10 @@
 use std::os::fd::AsFd as _;
 use std::path::Path;
 
+use tracing::warn;
+
 use crate::dataplane::{
+    ctgen::CtGeneration,
     mapbatch,
     pins::{or_stand_in, MapsError, Pins},
     prefilter::FrontendFilter,
@@ -88,6 +91,9 @@ pub struct PinnedMaps {
     /// The pod path's frontend bitmap, kept with the frontend map by the
     /// writers (the agent, its tests); `None` for the CLI, which reads.
     frontend_filter: Option<FrontendFilter>,
+    /// The connection-tracking table's generation, moved on after a purge
+    /// removed entries (the writers); `None` for the CLI.
+    ct_gen: Option<CtGeneration>,
     /// The IPv6 maps that were not pinned (an agent older than IPv6) and
     /// stand in as empty, unpinned maps; see [`PinnedMaps::open_tolerant`].
     absent6: Vec<&'static str>,
@@ -366,6 +372,7 @@ impl PinnedMaps {
                 path: pin_root.join(name),
             });
         }
+        maps.ct_gen = Some(CtGeneration::new(Pins::new(pin_root).ct_gen()?));
         let filter = Pins::new(pin_root).frontend_filter()?;
         maps.frontend_filter = Some(FrontendFilter::new(filter, maps.frontend_heads()).map_err(
             |source| MapsError::Filter {
@@ -413,9 +420,38 @@ impl PinnedMaps {
             })?,
             held: None,
             frontend_filter: None,
+            ct_gen: None,
             absent6,
             absent_later,
         })
+    }
+
+    /// The connection-tracking table's generation as it is now; `None` for
+    /// maps opened read-only, and if the read fails.
+    pub fn ct_generation(&self) -> Option<u64> {
+        self.ct_gen.as_ref()?.read().ok()
+    }
+
+    /// After a purge removed `removed` conntrack entries: the table's
+    /// generation moves on, so no flow cache answers for them
+    /// ([`crate::dataplane::ctgen`]).
+    fn conntrack_removed(&mut self, removed: usize) {
+        if removed > 0 {
+            self.conntrack_changed();
+        }
+    }
+
+    /// After conntrack entries were written or removed other than through
+    /// the purges (which call this themselves): the table's generation
+    /// moves on, so the data path's flow caches answer from the table
+    /// again ([`crate::dataplane::ctgen`]).
+    pub fn conntrack_changed(&mut self) {
+        let Some(gen) = self.ct_gen.as_mut() else {
+            return;
+        };
+        if let Err(error) = gen.advance() {
+            warn!(%error, "moving the connection-tracking generation on failed; flows removed or rewritten may be translated as before for up to a second more");
+        }
     }
 
     /// The IPv6 maps that were not pinned ([`open_tolerant`](Self::open_tolerant)):
@@ -459,6 +495,10 @@ impl PinnedMaps {
             service_denied: typed!(names::SERVICE_DENIED, take(names::SERVICE_DENIED)?),
             held: None,
             frontend_filter: None,
+            ct_gen: Some(CtGeneration::new(typed!(
+                names::CT_GEN,
+                take(names::CT_GEN)?
+            ))),
             absent6: Vec::new(),
             absent_later: Vec::new(),
         }
@@ -835,13 +875,17 @@ impl MapStore for PinnedMaps {
         }
     }
     fn purge_conntrack(&mut self, doomed: &dyn Fn(&CtKey, &CtEntry) -> bool) -> usize {
-        purge(&mut self.conntrack, doomed).len()
+        let removed = purge(&mut self.conntrack, doomed).len();
+        self.conntrack_removed(removed);
+        removed
     }
     fn purge_sockets(&mut self, doomed: &dyn Fn(&SockKey, &SockEntry) -> bool) -> Vec<SockKey> {
         purge(&mut self.sockets, doomed)
     }
     fn purge_conntrack6(&mut self, doomed: &dyn Fn(&CtKey6, &CtEntry6) -> bool) -> usize {
-        purge(&mut self.conntrack6, doomed).len()
+        let removed = purge(&mut self.conntrack6, doomed).len();
+        self.conntrack_removed(removed);
+        removed
     }
     fn purge_sockets6(&mut self, doomed: &dyn Fn(&SockKey6, &SockEntry6) -> bool) -> Vec<SockKey6> {
         purge(&mut self.sockets6, doomed)

@@ -6,6 +6,7 @@
 pub mod attach;
 pub mod caps;
 pub mod conntrack;
+pub mod ctgen;
 pub mod ebpf;
 pub mod kmem;
 pub mod mapbatch;

@@ -190,6 +190,7 @@ pinned_maps! {
     frontend_filter: names::FRONTEND_FILTER => Array<MapData, u64>;
     quiet_pods: names::QUIET_PODS => Array<MapData, QuietMark>;
     quiet_gens: names::QUIET_GENS => Array<MapData, u64>;
+    ct_gen: names::CT_GEN => Array<MapData, u64>;
     /// `SB_CT_V2`, an earlier version's connection tracking.
     conntrack_v2: migrate::CONNTRACK_V2 => Hash<CtKey, CtEntryV2>;
     /// `SB_CT_V4`, an earlier version's connection tracking.

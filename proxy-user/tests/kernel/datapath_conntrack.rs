@@ -3,7 +3,7 @@
 //! they write it, and what a full table does. Needs root (CAP_BPF).
 use std::net::Ipv4Addr;
 
-use crate::support::{cluster_ip, run_on_cpu, Loaded, TC_ACT_OK, TC_ACT_SHOT};
+use crate::support::{cluster_ip, run_on_cpu, Loaded, TC_ACT_OK, TC_ACT_SHOT, TC_ACT_UNSPEC};
 use proxy_common::{ct_dir, ct_flags, ct_state, programs, proto, CtEntry, CtKey, CT_REFRESH_NS};
 use proxy_testkit::packet::PacketSpec;
 use proxy_user::{
@@ -316,6 +316,10 @@ fn last_seen_is_written_at_most_once_a_second_unless_the_state_changes() {
         .conntrack
         .insert(key, aged, 0)
         .expect("age the entry");
+    // A write from here moves the table's generation on, as every write of
+    // the agent does: this CPU's flow cache stood for the entry as it was
+    // (two seconds later in earnest, its slot's time would have run out).
+    fx.syncer.store_mut().conntrack_changed();
     let before = conntrack::monotonic_ns() - TICK_NS;
     assert_eq!(fx.send(Step::Request(ACK), proto::TCP, sport), TC_ACT_OK);
     let (Some(f2), Some(r2)) = fx.pair(proto::TCP, sport) else {
@@ -512,4 +516,77 @@ fn unestablished_flows_give_way_to_new_ones_and_established_flows_never_do() {
             "{sport} survived"
         );
     }
+}
+
+/// Each CPU's flow cache answers an established flow's segments without
+/// the table (`proxy-ebpf/src/ct/cache.rs`); once the agent removed the
+/// flow (its Service deleted, the Service's address still a frontend of
+/// another port), neither direction is translated any more, though the
+/// cached slots' time has not run out: the purge moved the table's
+/// generation on.
+#[test]
+fn a_flow_the_agent_removed_is_not_translated_from_a_cache() {
+    use Step::*;
+    run_on_cpu(0);
+    let mut loaded = fixture(1024);
+    let sport = 41000;
+    let handshake = [Request(SYN), Reply(SYN_ACK), Request(ACK)];
+    for step in handshake {
+        assert_eq!(loaded.send(step, proto::TCP, sport), TC_ACT_OK, "{step:?}");
+    }
+    // Established: these segments are answered from this CPU's cache.
+    let request = PacketSpec {
+        tcp_flags: ACK,
+        ..PacketSpec::tcp(CLIENT, sport, VIP, 80)
+    }
+    .build();
+    let reply = PacketSpec {
+        tcp_flags: ACK,
+        ..PacketSpec::tcp(POD1, 8080, CLIENT, sport)
+    }
+    .build();
+    let gen_before = loaded.ct_generation();
+    for _ in 0..3 {
+        let (verdict, out) = loaded.run(programs::TC_FROM_POD, &request);
+        assert_eq!((verdict, dst(&out)), (TC_ACT_OK, POD1), "a request, cached");
+        let (verdict, out) = loaded.run(programs::TC_TO_POD, &reply);
+        assert_eq!((verdict, src(&out)), (TC_ACT_OK, VIP), "a reply, cached");
+    }
+    assert_eq!(
+        loaded.ct_generation(),
+        gen_before,
+        "packets of a tracked flow leave the generation alone"
+    );
+    // The TCP Service goes; the UDP one keeps VIP a frontend address.
+    loaded.program(vec![cluster_ip(
+        VIP,
+        53,
+        Protocol::Udp,
+        "svc53",
+        &[(POD1, 5353)],
+    )]);
+    assert_eq!(loaded.pair(proto::TCP, sport), (None, None), "purged");
+    assert!(loaded.ct_generation() > gen_before, "the purge moved it on");
+    let (verdict, out) = loaded.run(programs::TC_FROM_POD, &request);
+    assert_eq!(
+        (verdict, dst(&out)),
+        (TC_ACT_UNSPEC, VIP),
+        "a request after the purge passes untranslated"
+    );
+    let (verdict, out) = loaded.run(programs::TC_TO_POD, &reply);
+    assert_eq!(
+        (verdict, src(&out)),
+        (TC_ACT_UNSPEC, POD1),
+        "a reply after the purge passes untranslated"
+    );
+}
+
+/// The IPv4 destination of a frame.
+fn dst(frame: &[u8]) -> Ipv4Addr {
+    Ipv4Addr::new(frame[30], frame[31], frame[32], frame[33])
+}
+
+/// The IPv4 source of a frame.
+fn src(frame: &[u8]) -> Ipv4Addr {
+    Ipv4Addr::new(frame[26], frame[27], frame[28], frame[29])
 }

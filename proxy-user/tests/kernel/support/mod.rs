@@ -548,6 +548,14 @@ impl Loaded {
         self.syncer.store().conntrack.get(key, 0).ok()
     }
 
+    /// The connection-tracking table's generation (the flow caches').
+    pub fn ct_generation(&self) -> u64 {
+        self.syncer
+            .store()
+            .ct_generation()
+            .expect("the loaded object's SB_CT_GEN_V1")
+    }
+
     /// How many IPv4 conntrack entries there are.
     pub fn ct_entries(&self) -> usize {
         self.syncer

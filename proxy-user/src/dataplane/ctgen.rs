@@ -1,0 +1,37 @@
+//! The connection-tracking table's generation (`SB_CT_GEN_V1`, one `u64`).
+//! The data path's per-CPU flow caches hold the generation they were
+//! filled at and answer only while it still holds
+//! (`proxy-ebpf/src/ct/cache.rs`). The data path moves it on by one with an
+//! atomic add after it removes or replaces an entry; the agent moves it on
+//! after it removes entries (a pass of the collector that removed any, a
+//! purge), by [`CT_GEN_AGENT_STEP`] with a read and a write. A data-path
+//! add landing between the two is lost, but the value written is still
+//! above every value the generation held before, so no slot filled earlier
+//! holds it.
+//!
+//! A generation that is not moved on (the write failed) costs at most one
+//! refresh interval (`CT_REFRESH_NS`): a slot stands for its entry only
+//! until the entry's last-seen time is due again, and a removed entry is
+//! never cached again.
+use aya::maps::{Array, MapData, MapError};
+use proxy_common::CT_GEN_AGENT_STEP;
+
+/// The generation's map, as the agent writes it.
+pub struct CtGeneration(Array<MapData, u64>);
+
+impl CtGeneration {
+    pub fn new(map: Array<MapData, u64>) -> Self {
+        Self(map)
+    }
+
+    /// Moves the generation on after the agent removed entries.
+    pub fn advance(&mut self) -> Result<(), MapError> {
+        let now = self.0.get(&0, 0)?;
+        self.0.set(0, now.wrapping_add(CT_GEN_AGENT_STEP), 0)
+    }
+
+    /// The generation as it is now (tests, the CLI).
+    pub fn read(&self) -> Result<u64, MapError> {
+        self.0.get(&0, 0)
+    }
+}
