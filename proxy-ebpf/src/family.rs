@@ -79,8 +79,8 @@ pub(crate) trait Family: FamilyAddr + Header + TraceAddr + 'static {
     fn maybe_frontend_port(addr: &Self, port_be: u16, proto: u8) -> bool;
     /// This CPU's working memory of the family.
     fn work() -> Option<&'static mut Work<Self>>;
-    /// The family's per-CPU cache of established flows ([`crate::ct::cache`]).
-    fn flow_cache() -> &'static crate::ct::cache::Cache<Self>;
+    /// The family's per-CPU cache of established flows (`crate::ct::cache`).
+    fn flow_cache() -> &'static crate::maps::FlowCache<Self>;
 }
 
 /// A program's working memory for one packet of family `A` (see the
@@ -104,7 +104,7 @@ pub struct Work<A: Family> {
     /// header and 8 bytes of the TCP/UDP header, as in the packet.
     pub quote: A::Quote,
     /// The connection-tracking table's generation, read before the lookup
-    /// whose entry may fill a flow cache's slot ([`crate::ct::cache`]).
+    /// whose entry may fill a flow cache's slot (`crate::ct::cache`).
     pub ct_gen: u64,
 }
 
@@ -178,8 +178,8 @@ impl Family for u32 {
         Some(unsafe { &mut *ptr })
     }
     #[inline(always)]
-    fn flow_cache() -> &'static crate::ct::cache::Cache<u32> {
-        &crate::ct::cache::SB_FLOW_CACHE4_V1
+    fn flow_cache() -> &'static crate::maps::FlowCache<u32> {
+        &crate::maps::SB_FLOW_CACHE4_V1
     }
 }
 
@@ -238,7 +238,7 @@ impl Family for Addr6Be {
         Some(unsafe { &mut *ptr })
     }
     #[inline(always)]
-    fn flow_cache() -> &'static crate::ct::cache::Cache<Addr6Be> {
-        &crate::ct::cache::SB_FLOW_CACHE6_V1
+    fn flow_cache() -> &'static crate::maps::FlowCache<Addr6Be> {
+        &crate::maps::SB_FLOW_CACHE6_V1
     }
 }

@@ -9,11 +9,11 @@ use aya_ebpf::{
     macros::btf_map,
 };
 use proxy_common::{
-    capacity, prefilter, stat, AffinityEntry, AffinityKey, AffinityKey6, Backend, Backend6, Config,
-    CtEntry, CtEntry6, CtKey, CtKey6, FragEntry, FragEntry6, FragKey, FragKey6, FrontendKey,
-    FrontendKey6, FrontendSlot, MaglevTable, NewFlows, NewFlows6, RevNat, RevNat6, SockAffinityKey,
-    SockConn, SockConn6, SockEntry, SockEntry6, SockKey, SockKey6, SrcRange4, SrcRange6, SvcStats,
-    Uplink, Uplink6, SRC_RANGE_ID_BITS,
+    capacity, prefilter, stat, Addr6Be, AffinityEntry, AffinityKey, AffinityKey6, Backend,
+    Backend6, Config, CtEntry, CtEntry6, CtKey, CtKey6, CtKeyOf, FragEntry, FragEntry6, FragKey,
+    FragKey6, FrontendKey, FrontendKey6, FrontendSlot, MaglevTable, NewFlows, NewFlows6, RevNat,
+    RevNat6, SockAffinityKey, SockConn, SockConn6, SockEntry, SockEntry6, SockKey, SockKey6,
+    SrcRange4, SrcRange6, SvcStats, Uplink, Uplink6, SRC_RANGE_ID_BITS,
 };
 
 /// Capacity type parameter shared by both affinity maps, so one selection
@@ -152,6 +152,40 @@ pub static SB_QUIET_V2: Array<prefilter::quiet::QuietMark, { prefilter::quiet::E
     Array::new();
 #[btf_map]
 pub static SB_QUIET_GEN_V1: Array<u64, { prefilter::quiet::ENTRIES as usize }> = Array::new();
+
+/// Each CPU's cache of established flows (`crate::ct::cache`): slots per
+/// CPU and family, a power of two.
+pub const FLOW_SLOTS: u32 = 1024;
+const _: () = assert!(FLOW_SLOTS.is_power_of_two());
+
+/// One cached flow direction (`crate::ct::cache`): the key it answers, the
+/// translation, the entry's state when it was filled, the tick until which
+/// it stands for the entry, and the table's generation then. Not shared
+/// with the agent and never pinned (each loaded object starts empty); the
+/// IPv4 slot ends in 4 bytes of padding the compiler adds.
+#[repr(C)]
+pub struct FlowSlot<A> {
+    pub gen: u64,
+    /// `bpf_jiffies64` before which the slot answers: until the entry's
+    /// last-seen time is due to be refreshed.
+    pub until_jiffies: u64,
+    pub key: CtKeyOf<A>,
+    pub nat_addr_be: A,
+    pub nat_port_be: u16,
+    pub state: u8,
+    pub _pad: u8,
+    pub service_id: u32,
+}
+const _: () = assert!(core::mem::size_of::<FlowSlot<u32>>() == 48);
+const _: () = assert!(core::mem::size_of::<FlowSlot<Addr6Be>>() == 80);
+
+/// A family's flow cache: one array of slots per CPU.
+pub type FlowCache<A> = PerCpuArray<FlowSlot<A>, { FLOW_SLOTS as usize }>;
+
+#[btf_map]
+pub static SB_FLOW_CACHE4_V1: FlowCache<u32> = PerCpuArray::new();
+#[btf_map]
+pub static SB_FLOW_CACHE6_V1: FlowCache<Addr6Be> = PerCpuArray::new();
 
 /// The connection-tracking table's generation: moved on after every
 /// removal or replacement of an entry, by the data path (an atomic add of

@@ -25,19 +25,17 @@
 //! What the table writes in place (state, flags, times) the cache does not
 //! hold, except the state it checks against; the translation (address,
 //! port, service) of an entry never changes in place.
-use aya_ebpf::{btf_maps::PerCpuArray, helpers::bpf_jiffies64, macros::btf_map};
-use proxy_common::{ct_flags, proto, Addr6Be, CtEntryOf, CtKeyOf, CT_REFRESH_NS};
+use aya_ebpf::helpers::bpf_jiffies64;
+use proxy_common::{ct_flags, proto, CtEntryOf, CtKeyOf, CT_REFRESH_NS};
 
 use crate::{
     family::{Family, Work},
-    maps::SB_CT_GEN_V1,
+    maps::{FLOW_SLOTS, SB_CT_GEN_V1},
     packet::{set, FlowOf, TCP_FLAG_FIN, TCP_FLAG_RST, TCP_FLAG_SYN},
 };
 
-/// Slots per CPU and family; a power of two.
-pub(crate) const SLOTS: u32 = 1024;
-const SLOT_BITS: u32 = SLOTS.trailing_zeros();
-const _: () = assert!(SLOTS.is_power_of_two());
+/// Slots per CPU and family: [`FLOW_SLOTS`].
+const SLOT_BITS: u32 = FLOW_SLOTS.trailing_zeros();
 /// Fibonacci hashing's multiplier (2^32 divided by the golden ratio).
 const GOLDEN: u32 = 0x9e37_79b1;
 /// The longest kernel tick: Linux on x86-64 and arm64 ticks at least 100
@@ -49,35 +47,6 @@ const LONGEST_TICK_NS: u64 = 10_000_000;
 /// does not take, or when the generation's map has no entry (which cannot
 /// happen): no slot holds it, and none is filled with it.
 pub(crate) const NO_GENERATION: u64 = u64::MAX;
-
-/// One cached flow direction: the key it answers, the translation, the
-/// entry's state when it was filled, the tick until which it stands for
-/// the entry, and the table's generation then. Not shared with the agent
-/// and never pinned (each loaded object starts empty); the IPv4 slot ends
-/// in 4 bytes of padding the compiler adds.
-#[repr(C)]
-pub struct Slot<A: Family> {
-    pub gen: u64,
-    /// `bpf_jiffies64` before which the slot answers: until the entry's
-    /// last-seen time is due to be refreshed.
-    pub until_jiffies: u64,
-    pub key: CtKeyOf<A>,
-    pub nat_addr_be: A,
-    pub nat_port_be: u16,
-    pub state: u8,
-    pub _pad: u8,
-    pub service_id: u32,
-}
-const _: () = assert!(core::mem::size_of::<Slot<u32>>() == 48);
-const _: () = assert!(core::mem::size_of::<Slot<Addr6Be>>() == 80);
-
-/// A family's cache: one array of slots per CPU.
-pub(crate) type Cache<A> = PerCpuArray<Slot<A>, { SLOTS as usize }>;
-
-#[btf_map]
-pub static SB_FLOW_CACHE4_V1: Cache<u32> = PerCpuArray::new();
-#[btf_map]
-pub static SB_FLOW_CACHE6_V1: Cache<Addr6Be> = PerCpuArray::new();
 
 /// Moves the table's generation on, after the data path removed or
 /// replaced an entry: every slot filled before is void.

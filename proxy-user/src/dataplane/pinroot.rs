@@ -393,7 +393,7 @@ mod tests {
     #[test]
     fn the_format_follows_the_map_names() {
         let recorded: (u32, &[&str]) = (
-            6,
+            7,
             &[
                 "SB_FE_V1",
                 "SB_BE_V1",

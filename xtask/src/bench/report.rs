@@ -472,12 +472,13 @@ pub fn write(results: &Value, dir: &Path) -> Result<String> {
         pp["xdp_note"].as_str().unwrap_or("not implemented yet")
     );
     md.push_str("\"existing flow\": the two ping-pong Services A ⇄ B (see proxy-user/benches/sb_bench.rs) make every repetition a full lookup + conntrack hit + DNAT with checksum updates; the data path's own counters are checked to grow by exactly the repetitions. \"no rewrite\": a Service whose backend is itself (lookups and conntrack, rewrite helpers skipped). \"16 source ranges\": the same existing flow after Service A is restricted by `loadBalancerSourceRanges` (16 blocks): the one trie lookup a restricted frontend adds; every other column is a frontend without ranges, which pays one flag test and no lookup. Single-shot columns: `repeat = 1` per call (median of many), which includes the kernel timer's overhead — compare them only with each other (\"empty\" is the empty tc program measured the same way).\n\n");
-    md.push_str("| Services | backends (target) | from_pod existing flow | from_pod no rewrite | from_pod, 16 source ranges | from_pod non-service (socket-balanced) | to_pod reply | to_pod non-service | to_pod, quiet pod (socket-balanced) | single-shot: new flow | existing | empty |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    md.push_str("\"reply\": an ACK of the established flow from its backend; \"first reply\": the SYN-ACK, which no flow cache answers (a SYN-ACK may find a stale flow, so it always takes the table). Existing flows and replies repeat one flow, which each CPU's flow cache answers after the first repetition (`proxy-ebpf/src/ct/cache.rs`); \"to_pod non-service\" is a TCP segment of no tracked flow, which pays the cache's miss and the table's.\n\n");
+    md.push_str("| Services | backends (target) | from_pod existing flow | from_pod no rewrite | from_pod, 16 source ranges | from_pod non-service (socket-balanced) | to_pod reply | to_pod first reply (SYN-ACK) | to_pod non-service | to_pod, quiet pod (socket-balanced) | single-shot: new flow | existing | empty |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for r in &pp_rows {
         let ss = &r["single_shot"];
         let _ = writeln!(
             md,
-            "| {} | {} | {} ns | {} ns | {} ns | {} ns | {} ns | {} ns | {} ns | {} ns | {} ns | {} ns |",
+            "| {} | {} | {} ns | {} ns | {} ns | {} ns | {} ns | {} ns | {} ns | {} ns | {} ns | {} ns | {} ns |",
             size_label(r["services_nominal"].as_u64().unwrap_or(0)),
             r["target_backends"],
             fmt_opt(f(&r["from_pod_service_existing_ns"]), 1),
@@ -485,6 +486,7 @@ pub fn write(results: &Value, dir: &Path) -> Result<String> {
             fmt_opt(f(&r["from_pod_service_existing_source_ranges_ns"]), 1),
             fmt_opt(f(&r["from_pod_non_service_ns"]), 1),
             fmt_opt(f(&r["to_pod_reply_ns"]), 1),
+            fmt_opt(f(&r["to_pod_first_reply_ns"]), 1),
             fmt_opt(f(&r["to_pod_non_service_ns"]), 1),
             fmt_opt(f(&r["to_pod_quiet_ns"]), 1),
             fmt_opt(f(&ss["from_pod_service_new_ns"]), 0),
@@ -865,6 +867,7 @@ fn perpacket_ipv6(
             ("from_pod_service_existing_ns", "sb_from_pod, existing flow"),
             ("from_pod_non_service_ns", "sb_from_pod, non-service"),
             ("to_pod_reply_ns", "sb_to_pod, reply"),
+            ("to_pod_first_reply_ns", "sb_to_pod, first reply (SYN-ACK)"),
         ] {
             let v6 = r[key].as_f64();
             let v4 = pp_at(size, 1, key);
@@ -991,15 +994,16 @@ fn limits(
     });
     if let (Some(row), Some(empty)) = (row, empty_tc) {
         let ns = |key: &str| f(&row[key]).unwrap_or(f64::NAN);
-        let (hit, plain, miss, reply) = (
+        let (hit, plain, miss, reply, first_reply) = (
             ns("from_pod_service_existing_ns"),
             ns("from_pod_service_existing_no_rewrite_ns"),
             ns("from_pod_non_service_ns"),
             ns("to_pod_reply_ns"),
+            ns("to_pod_first_reply_ns"),
         );
         let _ = writeln!(
             out,
-            "- per packet ({} Services): the empty program is {empty:.0} ns; a header read and one bit of the frontend bitmap (no parse) bring a non-service packet to {miss:.0} ns; the conntrack hit (one lookup, no frontend lookup), its state update and the counters bring a Service packet to {plain:.0} ns ({:.2} × empty) before any byte is written; the rewrite (direct stores and two L4 checksum helper calls) adds {:.0} ns. A reply is one conntrack lookup plus the rewrite: {reply:.0} ns. What is left is the hash lookup itself (jhash of a 16-byte key), the helper calls (each a call and a return through this CPU's return-thunk mitigation) and the program's own instructions.",
+            "- per packet ({} Services): the empty program is {empty:.1} ns; a header read and one bit of the frontend bitmap (no parse) bring a non-service packet to {miss:.1} ns; the parse, this CPU's flow cache (one slot read and compared: no hash-table lookup, no frontend lookup) and the counters bring an established flow's packet to {plain:.1} ns ({:.2} × empty) before any byte is written; the rewrite (direct stores and two L4 checksum helper calls, which a tc program needs because only the kernel knows whether the skb's checksum is partial) adds {:.1} ns. A reply from the cache is {reply:.1} ns; the first reply (the SYN-ACK), which takes the table (jhash of the 16-byte key, the bucket walk, the compare), {first_reply:.1} ns: that lookup is the difference.",
             size_label(largest),
             plain / empty,
             hit - plain,
