@@ -215,10 +215,10 @@ pub(crate) struct Fields {
 
 impl<A: Family> Entry for CtEntryOf<A> {
     type Key = CtKeyOf<A>;
-    #[inline(always)]
     /// An entry written over another (`BPF_ANY` on a key present: a
     /// reused tuple) moves the table's generation on after the write, as a
     /// removal does: a flow cache may hold the old one ([`cache`]).
+    #[inline(always)]
     fn insert(key: &CtKeyOf<A>, entry: &Self, flags: u64) -> Result<(), i32> {
         let table = A::conntrack();
         if flags != u64::from(BPF_ANY) {

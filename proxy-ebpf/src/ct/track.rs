@@ -94,8 +94,9 @@ fn ends<A: Family>(entry_ptr: *mut CtEntryOf<A>) {
 }
 
 /// The service of the tracked flow the packet of `w.key` (forward)
-/// continues, found with one lookup and no frontend: a TCP segment past the
-/// SYN, or a UDP datagram whose backend is still live. Then `w.backend`
+/// continues, found with one lookup and no frontend (for an established
+/// TCP segment, in this CPU's flow cache first: [`cache`]): a TCP segment
+/// past the SYN, or a UDP datagram whose backend is still live. Then `w.backend`
 /// holds its backend's address and port (only they are copied out: this is
 /// every packet's path). A SYN, a flow not tracked, or a UDP flow whose
 /// backend left takes the new-flow path (frontend, source ranges, a live
@@ -202,9 +203,9 @@ pub(crate) fn stale_reply<A: Family>(flow: &FlowOf<A>, flags: u8, key: &CtKeyOf<
     if !flow.accepts_connection() || flags & ct_flags::CLOSING == 0 {
         return false;
     }
-    // The generation moves first here: a closing flow is never cached
-    // again (`cache::fill`), so what a cache may hold of it is void either
-    // way, and the compiler keeps this path's registers plain.
+    // The generation moves before the removal here, which holds as well:
+    // a closing flow is never cached (`cache::fill`), so no slot takes the
+    // entry between the two.
     cache::invalidate();
     if A::conntrack().remove(key).is_ok() {
         count(stat::CT_STALE);

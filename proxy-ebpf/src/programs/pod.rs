@@ -10,13 +10,15 @@
 //!   the header as it lies and one bit of the frontend bitmap
 //!   ([`crate::prefilter`]); no parse, no working memory, no hash lookup
 //!   ([`screen`]);
-//! - one of an existing flow: the bitmap, one connection-tracking lookup
-//!   whose entry carries the backend, then the rewrite
+//! - one of an existing flow: the bitmap, then (an established TCP
+//!   segment) this CPU's flow cache, one slot of a per-CPU array
+//!   ([`crate::ct::cache`]), else one connection-tracking lookup whose
+//!   entry carries the backend (and fills the slot); then the rewrite
 //!   ([`crate::rewrite::rewrite`]: the address, port and IPv4 header
 //!   checksum stored directly, the L4 checksum through the kernel's
 //!   helper). No frontend lookup, no tail call;
-//! - a reply: one connection-tracking lookup, whose entry carries the
-//!   frontend, then the same rewrite;
+//! - a reply: the flow cache, else one connection-tracking lookup, whose
+//!   entry carries the frontend; then the same rewrite;
 //! - anything delivered to a pod without translated flows of its class (a
 //!   pod whose connections the socket layer balanced, or whose only tc flows
 //!   are UDP, as DNS): its protocol byte and two array reads (the agent's
