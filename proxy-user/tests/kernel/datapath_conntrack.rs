@@ -590,3 +590,56 @@ fn dst(frame: &[u8]) -> Ipv4Addr {
 fn src(frame: &[u8]) -> Ipv4Addr {
     Ipv4Addr::new(frame[26], frame[27], frame[28], frame[29])
 }
+
+/// A client reuses its port for a new connection after the backend of the
+/// old one left the Service (its established flow kept draining, so its
+/// entries are still there): the SYN finds the old flow's backend gone,
+/// is balanced to a live one, and its entry is written over the old flow's
+/// (the data path moves the table's generation on); the segments after it
+/// go to the new backend, not to the one this CPU's flow cache held.
+#[test]
+fn a_reused_tuple_goes_to_its_new_backend_not_to_a_cached_one() {
+    use Step::*;
+    const POD2: Ipv4Addr = Ipv4Addr::new(10, 244, 2, 2);
+    run_on_cpu(0);
+    let mut loaded = fixture(1024);
+    let sport = 42000;
+    for step in [Request(SYN), Reply(SYN_ACK), Request(ACK)] {
+        assert_eq!(loaded.send(step, proto::TCP, sport), TC_ACT_OK, "{step:?}");
+    }
+    let request = |flags| {
+        PacketSpec {
+            tcp_flags: flags,
+            ..PacketSpec::tcp(CLIENT, sport, VIP, 80)
+        }
+        .build()
+    };
+    for _ in 0..3 {
+        let (verdict, out) = loaded.run(programs::TC_FROM_POD, &request(ACK));
+        assert_eq!((verdict, dst(&out)), (TC_ACT_OK, POD1), "cached, to POD1");
+    }
+    // POD1 leaves the Service; its TCP flow is left to drain.
+    loaded.program(vec![
+        cluster_ip(VIP, 80, Protocol::Tcp, "svc80", &[(POD2, 8080)]),
+        cluster_ip(VIP, 53, Protocol::Udp, "svc53", &[(POD1, 5353)]),
+    ]);
+    let gen = loaded.ct_generation();
+    assert!(
+        loaded.pair(proto::TCP, sport).0.is_some(),
+        "the drained flow is kept"
+    );
+    let (verdict, out) = loaded.run(programs::TC_FROM_POD, &request(SYN));
+    assert_eq!((verdict, dst(&out)), (TC_ACT_OK, POD2), "the new SYN");
+    assert!(
+        loaded.ct_generation() > gen,
+        "the entry written over the old one moved the generation on"
+    );
+    for _ in 0..3 {
+        let (verdict, out) = loaded.run(programs::TC_FROM_POD, &request(ACK));
+        assert_eq!(
+            (verdict, dst(&out)),
+            (TC_ACT_OK, POD2),
+            "the new connection's segments"
+        );
+    }
+}
