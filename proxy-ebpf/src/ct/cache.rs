@@ -34,7 +34,7 @@ use crate::{
     packet::{set, FlowOf, TCP_FLAG_FIN, TCP_FLAG_RST, TCP_FLAG_SYN},
 };
 
-/// Slots per CPU and family: [`FLOW_SLOTS`].
+/// The index's width: [`FLOW_SLOTS`] is two to this power.
 const SLOT_BITS: u32 = FLOW_SLOTS.trailing_zeros();
 /// Fibonacci hashing's multiplier (2^32 divided by the golden ratio).
 const GOLDEN: u32 = 0x9e37_79b1;
@@ -55,9 +55,8 @@ pub(crate) fn invalidate() {
     if let Some(gen) = SB_CT_GEN_V1.get_ptr_mut(0) {
         // SAFETY: the map's one value, valid for the program run and
         // 8-aligned; one atomic add that does not fetch (`BPF_ATOMIC |
-        // BPF_ADD`), so other CPUs' adds are not lost. Not
-        // `sched::fetch_add`: its fetched value, unused here, made the
-        // compiler reuse a register the verifier then refused.
+        // BPF_ADD`: nothing needs the old value), so other CPUs' adds are
+        // not lost.
         unsafe {
             core::arch::asm!(
                 "lock *(u64 *)({at} + 0) += {one}",
