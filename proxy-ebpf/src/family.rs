@@ -104,8 +104,10 @@ pub struct Work<A: Family> {
     /// header and 8 bytes of the TCP/UDP header, as in the packet.
     pub quote: A::Quote,
     /// The connection-tracking table's generation, read before the lookup
-    /// whose entry may fill a flow cache's slot (`crate::ct::cache`).
+    /// whose entry may fill a flow cache's slot (`crate::ct::cache`), and
+    /// that slot's index.
     pub ct_gen: u64,
+    pub ct_slot: u32,
 }
 
 /// Copies a backend field by field (see [`set`]).

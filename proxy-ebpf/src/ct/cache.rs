@@ -100,8 +100,9 @@ fn index<A: Family>(key: &CtKeyOf<A>) -> u32 {
 
 /// The service of the flow direction of `w.key` (already written) if this
 /// CPU's cache holds it; then `w.backend` holds the address and port the
-/// packet is translated to. Either way `w.ct_gen` holds what [`fill`]
-/// takes: the table's generation, read before the table is looked up.
+/// packet is translated to. Either way `w.ct_gen` and `w.ct_slot` hold what
+/// [`fill`] takes: the table's generation, read before the table is looked
+/// up, and the key's slot.
 /// `reply`: the packet goes to the client (the state bit a reply brings).
 #[inline(always)]
 pub(crate) fn hit<A: Family>(w: &mut Work<A>, reply: bool) -> Option<u32> {
@@ -110,7 +111,8 @@ pub(crate) fn hit<A: Family>(w: &mut Work<A>, reply: bool) -> Option<u32> {
         return None;
     }
     w.ct_gen = SB_CT_GEN_V1.get(0).copied().unwrap_or(NO_GENERATION);
-    let slot = A::flow_cache().get_ptr(index(&w.key))?;
+    w.ct_slot = index(&w.key);
+    let slot = A::flow_cache().get_ptr(w.ct_slot)?;
     // SAFETY: this CPU's slot of a per-CPU array, valid for the program
     // run; only this CPU's programs write it, and not meanwhile.
     let slot = unsafe { &*slot };
@@ -131,16 +133,18 @@ pub(crate) fn hit<A: Family>(w: &mut Work<A>, reply: bool) -> Option<u32> {
     Some(slot.service_id)
 }
 
-/// Caches the entry at `entry_ptr`, which the table answered for `key`
-/// after generation `gen` was read ([`hit`]) and which this packet (`flow`)
-/// was just noted in. A closing flow, and an entry whose last-seen time is
-/// due to be refreshed, are left to the table.
+/// Caches, in the slot [`hit`] found for `key` (`slot`), the entry at
+/// `entry_ptr`, which the table answered for `key` after generation `gen`
+/// was read and which this packet (`flow`) was just noted in at `now_ns`.
+/// A closing flow, and an entry whose last-seen time is due to be
+/// refreshed, are left to the table.
 #[inline(always)]
 pub(crate) fn fill<A: Family>(
     key: &CtKeyOf<A>,
     entry_ptr: *const CtEntryOf<A>,
     flow: &FlowOf<A>,
-    gen: u64,
+    (gen, slot): (u64, u32),
+    now_ns: u64,
 ) {
     if gen == NO_GENERATION || !cacheable(flow) {
         return;
@@ -151,11 +155,11 @@ pub(crate) fn fill<A: Family>(
         return;
     }
     let due_ns = entry.last_seen_ns.wrapping_add(CT_REFRESH_NS);
-    let left_ns = due_ns.wrapping_sub(super::now_ns());
+    let left_ns = due_ns.wrapping_sub(now_ns);
     if left_ns as i64 <= 0 {
         return;
     }
-    let Some(slot) = A::flow_cache().get_ptr_mut(index(key)) else {
+    let Some(slot) = A::flow_cache().get_ptr_mut(slot) else {
         return;
     };
     // SAFETY: this CPU's slot of a per-CPU array (as in `hit`); it does

@@ -412,9 +412,9 @@ pub(crate) fn state_bits(protocol: u8, tcp_flags: u8, reply: bool) -> u8 {
 /// direction (`reply`: the reply entry): the state bits it brings
 /// ([`ct_state`]), and the time, written at most every [`CT_REFRESH_NS`]
 /// unless the state changed. Per packet this is one clock read and, mostly,
-/// no write.
+/// no write. The time it read is returned (for the flow cache's slot).
 #[inline(always)]
-pub(crate) fn seen<E: Entry, A: Words>(entry: *mut E, flow: &FlowOf<A>, reply: bool) {
+pub(crate) fn seen<E: Entry, A: Words>(entry: *mut E, flow: &FlowOf<A>, reply: bool) -> u64 {
     let bits = state_bits(flow.proto, flow.tcp_flags, reply);
     let now = now_ns();
     // SAFETY: a value pointer the map lookup just returned, valid for this
@@ -430,25 +430,28 @@ pub(crate) fn seen<E: Entry, A: Words>(entry: *mut E, flow: &FlowOf<A>, reply: b
             *f.last_seen_ns = now;
         }
     }
+    now
 }
 
 /// A packet of a tracked flow noted in the entry of its direction
 /// ([`seen`]); a FIN or an RST marks that entry and the flow's other one
-/// closing, the other looked up (`other`) only then.
+/// closing, the other looked up (`other`) only then. The time [`seen`]
+/// read is returned.
 #[inline(always)]
 pub(crate) fn note<E: Entry, A: Words>(
     entry: *mut E,
     flow: &FlowOf<A>,
     reply: bool,
     other: impl FnOnce() -> Option<*mut E>,
-) {
-    seen(entry, flow, reply);
+) -> u64 {
+    let now = seen(entry, flow, reply);
     if flow.ends_connection() {
         mark_closing(entry);
         if let Some(other) = other() {
             mark_closing(other);
         }
     }
+    now
 }
 
 /// Marks a connection-tracking entry of either family as belonging to a

@@ -130,14 +130,15 @@ pub(crate) fn continued<A: Family>(w: &mut Work<A>) -> Option<u32> {
         key,
         key2,
         ct_gen,
+        ct_slot,
         ..
     } = w;
-    crate::ct::note(entry_ptr, flow, false, || {
+    let now_ns = crate::ct::note(entry_ptr, flow, false, || {
         // SAFETY: as above; a new reference after the note's writes.
         reply_key_of(flow, unsafe { &*entry_ptr }, key2);
         super::entry(key2)
     });
-    cache::fill(key, entry_ptr, flow, *ct_gen);
+    cache::fill(key, entry_ptr, flow, (*ct_gen, *ct_slot), now_ns);
     Some(service_id)
 }
 
@@ -203,11 +204,7 @@ pub(crate) fn stale_reply<A: Family>(flow: &FlowOf<A>, flags: u8, key: &CtKeyOf<
     if !flow.accepts_connection() || flags & ct_flags::CLOSING == 0 {
         return false;
     }
-    // The generation moves before the removal here, which holds as well:
-    // a closing flow is never cached (`cache::fill`), so no slot takes the
-    // entry between the two.
-    cache::invalidate();
-    if A::conntrack().remove(key).is_ok() {
+    if super::remove::<A>(key) {
         count(stat::CT_STALE);
     }
     true

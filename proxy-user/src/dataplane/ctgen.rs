@@ -30,7 +30,7 @@ impl CtGeneration {
         self.0.set(0, now.wrapping_add(CT_GEN_AGENT_STEP), 0)
     }
 
-    /// The generation as it is now (tests, the CLI).
+    /// The generation as it is now (the kernel tests read it).
     pub fn read(&self) -> Result<u64, MapError> {
         self.0.get(&0, 0)
     }
