@@ -19,6 +19,9 @@
 //!    wrk in parallel, `Connection: close`), UDP request/response rate (three
 //!    clients), one TCP stream's throughput; plus the time to program 10k
 //!    Services × 10 endpoints with each (iptables-restore, `nft -f`, agent);
+//!    and after the rounds (full runs) one phase per switchboard path with
+//!    the kernel's BPF run-time statistics on: its programs' time per
+//!    connection (`progtime.rs`);
 //! 5. the control plane at scale (`scale/`): one EndpointSlice change →
 //!    maps through the incremental model at 1k, 10k, 100k Services
 //!    (`sb_bench change`); a real agent's start → synced and memory from
@@ -40,6 +43,7 @@
 
 pub mod kubeproxy;
 pub mod northsouth;
+pub mod progtime;
 pub mod report;
 pub mod scale;
 pub mod workload;
@@ -231,10 +235,12 @@ pub fn run(opts: Options) -> Result<()> {
         } else if only.as_deref() == Some("scale") {
             scale::steps(&plan) + 1
         } else if only.is_some() {
-            plan.e2e_sizes.len() * (1 + PATHS.len() * plan.rounds) + 1 + 1
+            plan.e2e_sizes.len() * (1 + PATHS.len() * plan.rounds + usize::from(!plan.quick))
+                + 1
+                + 1
         } else {
             3 + 1
-                + plan.e2e_sizes.len() * (1 + PATHS.len() * plan.rounds)
+                + plan.e2e_sizes.len() * (1 + PATHS.len() * plan.rounds + usize::from(!plan.quick))
                 + northsouth::steps(&plan)
                 + scale::steps(&plan)
                 + 1
@@ -313,10 +319,11 @@ pub fn run(opts: Options) -> Result<()> {
         results["fwd"] = fwd(&sb_bench, &plan, &dir)?;
     }
     if only.is_none() || only.as_deref() == Some("e2e") {
-        let (paths, e2e, programming) = e2e_all(&plan, &sb_http, &bins.switchboard, &dir)?;
-        results["e2e_paths"] = Value::Array(paths);
-        results["e2e"] = Value::Array(e2e);
-        results["programming"] = Value::Array(programming);
+        let e2e = e2e_all(&plan, &sb_http, &bins.switchboard, &dir)?;
+        results["e2e_paths"] = Value::Array(e2e.paths);
+        results["e2e"] = Value::Array(e2e.rows);
+        results["programming"] = Value::Array(e2e.programming);
+        results["e2e_program_time"] = Value::Array(e2e.prog_time);
     }
     if only.is_none() || only.as_deref() == Some("scale") {
         results["scale"] = scale::run(&plan, &sb_bench, &bins.switchboard, &dir)?;
@@ -1111,11 +1118,8 @@ fn measure(
     let snap = || counters.map(|read| read()).transpose();
     let bin = sb_http.to_string_lossy().into_owned();
     let hosts = path.target.hosts();
-    let (http, udp_port, bulk_port) = path.target.ports();
-    let urls: Vec<String> = hosts
-        .iter()
-        .map(|h| format!("http://{h}:{http}/"))
-        .collect();
+    let (_, udp_port, bulk_port) = path.target.ports();
+    let urls = urls(path);
     if !plan.quick {
         wrk(sb, path.client, &urls, 1)?; // warm-up (neighbours, caches, conntrack)
     }
@@ -1261,6 +1265,13 @@ impl CpuUse {
             idle: self.idle - before.idle,
             agent: self.agent.zip(before.agent).map(|(a, b)| a - b),
         }
+    }
+
+    /// The machine's busy time (all CPUs together), in seconds.
+    fn busy_secs(&self) -> f64 {
+        // SAFETY: sysconf only reads a system constant.
+        let tck = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1);
+        (self.user + self.system + self.softirq) as f64 / tck as f64
     }
 
     fn total(&self) -> u64 {
@@ -1518,12 +1529,7 @@ fn median_of(runs: &[Value], key: &str) -> Value {
 /// and the report takes the median over rounds. On a small machine shared
 /// with other work this keeps slow drifts from favouring whichever path
 /// happened to run in a quiet moment.
-fn e2e_all(
-    plan: &Plan,
-    sb_http: &Path,
-    switchboard: &Path,
-    dir: &Path,
-) -> Result<(Vec<Value>, Vec<Value>, Vec<Value>)> {
+fn e2e_all(plan: &Plan, sb_http: &Path, switchboard: &Path, dir: &Path) -> Result<E2e> {
     progress(&format!(
         "end to end: four sandboxes (direct, switchboard, iptables, nftables) with three sb-http pods each; {} paths",
         PATHS.len()
@@ -1540,6 +1546,7 @@ fn e2e_all(
     let max = *plan.e2e_sizes.iter().max().unwrap_or(&1);
     let mut rows = Vec::new();
     let mut programming = Vec::new();
+    let mut prog_time = Vec::new();
     let mut agent_started = false;
     for &n in &plan.e2e_sizes {
         progress(&format!(
@@ -1610,25 +1617,21 @@ fn e2e_all(
                     Setup::Iptables => &ipt,
                     Setup::Nftables => &nft,
                 };
-                if matches!(path.setup, Setup::Iptables | Setup::Nftables) {
-                    // Forget earlier connections (conntrack is per namespace).
-                    let _ = sb.exec_status(&sb.node_ns(), &["conntrack", "-F"]);
-                }
-                if let Some(range) = path.local_ports {
-                    let ns = path.client.ns(sb);
-                    sb.exec(
-                        &ns,
-                        &[
-                            "sysctl",
-                            "-qw",
-                            &format!("net.ipv4.ip_local_port_range={range}"),
-                        ],
-                    )?;
-                }
+                prepare(sb, path)?;
                 let read = || sb_counters(sb, switchboard);
                 let counters = (path.setup == Setup::Switchboard).then_some(&read as Counters);
                 let m = measure(sb, path, sb_http, plan, counters)?;
                 runs[i].push(m);
+            }
+        }
+        if !plan.quick {
+            progress(&format!(
+                "end to end at {n} Services: switchboard's programs per connection (BPF run-time statistics)"
+            ));
+            for path in PATHS.iter().filter(|p| p.setup == Setup::Switchboard) {
+                if plan.measures(path.key) {
+                    prog_time.push(program_time(&sw, path, n, plan)?);
+                }
             }
         }
         for (path, r) in PATHS.iter().zip(&runs) {
@@ -1681,7 +1684,77 @@ fn e2e_all(
             })
         })
         .collect();
-    Ok((paths, rows, programming))
+    Ok(E2e {
+        paths,
+        rows,
+        programming,
+        prog_time,
+    })
+}
+
+/// What [`e2e_all`] measured.
+struct E2e {
+    paths: Vec<Value>,
+    rows: Vec<Value>,
+    programming: Vec<Value>,
+    /// [`program_time`] of each switchboard path and size.
+    prog_time: Vec<Value>,
+}
+
+/// Readies `path`'s client before a measurement: its own ephemeral port
+/// range, and no conntrack entries of earlier connections in the NAT rows.
+fn prepare(sb: &Sandbox, path: &E2ePath) -> Result<()> {
+    if matches!(path.setup, Setup::Iptables | Setup::Nftables) {
+        // Forget earlier connections (conntrack is per namespace).
+        let _ = sb.exec_status(&sb.node_ns(), &["conntrack", "-F"]);
+    }
+    if let Some(range) = path.local_ports {
+        let ns = path.client.ns(sb);
+        sb.exec(
+            &ns,
+            &[
+                "sysctl",
+                "-qw",
+                &format!("net.ipv4.ip_local_port_range={range}"),
+            ],
+        )?;
+    }
+    Ok(())
+}
+
+/// The wrk targets of `path`: one URL per client.
+fn urls(path: &E2ePath) -> Vec<String> {
+    let (http, _, _) = path.target.ports();
+    path.target
+        .hosts()
+        .iter()
+        .map(|h| format!("http://{h}:{http}/"))
+        .collect()
+}
+
+/// One wrk phase of `path` with the kernel's BPF run-time statistics on:
+/// switchboard's programs' time per connection ([`progtime`]).
+fn program_time(sb: &Sandbox, path: &E2ePath, n: u32, plan: &Plan) -> Result<Value> {
+    prepare(sb, path)?;
+    let stats = progtime::Stats::enable()?;
+    let before = progtime::snapshot()?;
+    let cpu0 = CpuUse::read(None)?;
+    let w = wrk(sb, path.client, &urls(path), plan.wrk_secs)?;
+    let cpu = CpuUse::read(None)?.since(&cpu0);
+    let after = progtime::snapshot()?;
+    drop(stats);
+    let time = progtime::per_connection(&before, &after, w.requests, cpu.busy_secs());
+    note(&format!(
+        "{}: {:.0} conn/s with the statistics on; switchboard's programs {:.2} us per connection of {:.1} us busy CPU ({:.1} %)",
+        path.label,
+        w.rps,
+        time["programs_ns_per_conn"].as_f64().unwrap_or(0.0) / 1000.0,
+        time["busy_ns_per_conn"].as_f64().unwrap_or(0.0) / 1000.0,
+        time["share"].as_f64().unwrap_or(0.0) * 100.0
+    ));
+    Ok(
+        json!({"path": path.key, "label": path.label, "services": n, "conn_per_s": w.rps, "time": time}),
+    )
 }
 
 /// A process's `/proc/PID/status` field, in kB.

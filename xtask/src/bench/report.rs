@@ -457,6 +457,12 @@ pub fn write(results: &Value, dir: &Path) -> Result<String> {
         }
     }
     md.push_str("\n![new connections per second](conn_per_s.svg)\n");
+    md.push_str(&super::progtime::report_md(
+        results["e2e_program_time"]
+            .as_array()
+            .map(Vec::as_slice)
+            .unwrap_or_default(),
+    ));
 
     // ---- per packet ----
     let _ = writeln!(
