@@ -19,8 +19,8 @@
 use aya_ebpf::btf_maps::SkStorage;
 use aya_ebpf::{
     bindings::bpf_sock_addr,
-    helpers::{bpf_get_netns_cookie, bpf_get_socket_cookie, bpf_set_retval, bpf_sk_storage_get},
-    programs::{SockAddrContext, SockContext},
+    helpers::{bpf_get_netns_cookie, bpf_get_socket_cookie, bpf_set_retval},
+    programs::SockAddrContext,
     EbpfContext as _,
 };
 use proxy_common::{
@@ -445,26 +445,6 @@ pub(crate) fn remember_conn<A: SockFamily>(
         (*conn).service_id = picked.service_id;
     }
     true
-}
-
-/// Whether the closing socket holds storage of `map` ([`remember_conn`]'s):
-/// a TCP socket the socket layer connected. Every other socket has no
-/// storage at all, and the helper answers from one pointer of the socket.
-#[inline(always)]
-pub(crate) fn holds_conn<T>(ctx: &SockContext, map: &'static SkStorage<T>) -> bool {
-    // SAFETY: `sock_release`'s context is the socket the helper takes
-    // (`bpf_sk_storage_get` for cgroup socket programs, Linux 5.10+); the map
-    // pointer is the map's definition, as aya's own calls pass it; no value
-    // and no create flag, so the helper only looks.
-    let found = unsafe {
-        bpf_sk_storage_get(
-            core::ptr::from_ref(map).cast_mut().cast(),
-            ctx.as_ptr(),
-            core::ptr::null_mut(),
-            0,
-        )
-    };
-    !found.is_null()
 }
 
 /// The frontend a TCP socket connected to `peer` (a backend) asked for, from

@@ -4,7 +4,6 @@
 //! `sock_release` forgets a closing socket.
 use crate::socklb::conn_frontend;
 use crate::socklb::finish;
-use crate::socklb::holds_conn;
 use crate::socklb::netns_cookie;
 use crate::socklb::our_proto;
 use crate::socklb::pick;
@@ -33,7 +32,8 @@ use crate::{
 };
 use aya_ebpf::{
     bindings::bpf_sock,
-    helpers::bpf_get_socket_cookie,
+    btf_maps::SkStorage,
+    helpers::{bpf_get_socket_cookie, bpf_sk_storage_get},
     programs::{SockAddrContext, SockContext},
     EbpfContext as _,
 };
@@ -375,6 +375,26 @@ fn balanced_tcp(ctx: &SockContext, family: u32) -> bool {
         AF_INET6 => holds_conn(ctx, &SB_SOCK_CONN6_V1) || holds_conn(ctx, &SB_SOCK_CONN_V1),
         _ => false,
     }
+}
+
+/// Whether the closing socket holds storage of `map` ([`crate::socklb::remember_conn`]'s):
+/// a TCP socket the socket layer connected. Every other socket has no
+/// storage at all, and the helper answers from one pointer of the socket.
+#[inline(always)]
+fn holds_conn<T>(ctx: &SockContext, map: &'static SkStorage<T>) -> bool {
+    // SAFETY: `sock_release`'s context is the socket the helper takes
+    // (`bpf_sk_storage_get` for cgroup socket programs, Linux 5.10+); the map
+    // pointer is the map's definition, as aya's own calls pass it; no value
+    // and no create flag, so the helper only looks.
+    let found = unsafe {
+        bpf_sk_storage_get(
+            core::ptr::from_ref(map).cast_mut().cast(),
+            ctx.as_ptr(),
+            core::ptr::null_mut(),
+            0,
+        )
+    };
+    !found.is_null()
 }
 
 /// Removes the closing socket's reverse entry for the backend `addr_be:port_be`,

@@ -84,6 +84,9 @@ pub fn pod_ip6(i: usize) -> String {
     format!("fd00:10:244:{i}::2")
 }
 
+/// The subnet of [`Sandbox::add_second_client`]'s link (10.244.101.0/24).
+const SECOND_CLIENT_SUBNET: usize = 101;
+
 /// IPv6 address of the client namespace.
 pub const CLIENT_IP6: &str = "fd00:10:244:100::2";
 
@@ -221,42 +224,52 @@ impl Sandbox {
         let mut links = vec![(self.client_ns(), self.client_if(), 100usize)];
         links.extend((1..=PODS).map(|i| (self.pod_ns(i), self.pod_if(i), i)));
         for (peer_ns, host_if, subnet) in links {
-            let host_addr = format!("10.244.{subnet}.1");
-            let peer_addr = format!("10.244.{subnet}.2");
-            // Created directly inside the node namespace, peer directly in its
-            // own namespace: nothing ever appears in the root namespace.
-            ip(&[
-                "-n", &node, "link", "add", &host_if, "type", "veth", "peer", "name", "eth0",
-                "netns", &peer_ns,
-            ])?;
-            ip(&[
-                "-n",
-                &node,
-                "addr",
-                "add",
-                &format!("{host_addr}/24"),
-                "dev",
-                &host_if,
-            ])?;
-            ip(&["-n", &node, "link", "set", &host_if, "up"])?;
-            ip(&[
-                "-n",
-                &peer_ns,
-                "addr",
-                "add",
-                &format!("{peer_addr}/24"),
-                "dev",
-                "eth0",
-            ])?;
-            ip(&["-n", &peer_ns, "link", "set", "eth0", "up"])?;
-            ip(&["-n", &peer_ns, "route", "add", "default", "via", &host_addr])?;
-            add_ipv6(&node, &host_if, &peer_ns, subnet)?;
+            self.link(&peer_ns, &host_if, subnet)?;
         }
 
         let run_dir = self.core.run_dir();
         let tag = self.tag.clone();
         self.core.add_node(&run_dir, &tag)?;
         Ok(())
+    }
+
+    /// A second client namespace (`<tag>-c2`, 10.244.101.2, host-side
+    /// interface `<tag>c2`), for a pod client whose traffic must not share
+    /// the first client's pod interface (the benchmark's tc row: its
+    /// translated flows would make the first client's pod not quiet). Added
+    /// before the agent starts, it is one more pod interface to it.
+    pub fn add_second_client(&mut self) -> Result<()> {
+        let ns = self.second_client_ns();
+        self.core.add_netns(&ns)?;
+        self.link(&ns, &format!("{}c2", self.tag), SECOND_CLIENT_SUBNET)
+    }
+
+    /// The namespace [`Sandbox::add_second_client`] adds.
+    pub fn second_client_ns(&self) -> String {
+        format!("{}-c2", self.tag)
+    }
+
+    /// A veth from the node namespace (`host_if`, 10.244.`subnet`.1 and
+    /// fd00:10:244:`subnet`::1) to `eth0` in `peer_ns` (.2 and ::2, the
+    /// node its default route).
+    fn link(&self, peer_ns: &str, host_if: &str, subnet: usize) -> Result<()> {
+        let node = self.node_ns();
+        let host_addr = format!("10.244.{subnet}.1");
+        let peer_addr = format!("10.244.{subnet}.2");
+        // Created directly inside the node namespace, peer directly in its
+        // own namespace: nothing ever appears in the root namespace.
+        ip(&[
+            "-n", &node, "link", "add", host_if, "type", "veth", "peer", "name", "eth0", "netns",
+            peer_ns,
+        ])?;
+        let host_cidr = format!("{host_addr}/24");
+        ip(&["-n", &node, "addr", "add", &host_cidr, "dev", host_if])?;
+        ip(&["-n", &node, "link", "set", host_if, "up"])?;
+        let peer_cidr = format!("{peer_addr}/24");
+        ip(&["-n", peer_ns, "addr", "add", &peer_cidr, "dev", "eth0"])?;
+        ip(&["-n", peer_ns, "link", "set", "eth0", "up"])?;
+        ip(&["-n", peer_ns, "route", "add", "default", "via", &host_addr])?;
+        add_ipv6(&node, host_if, peer_ns, subnet)
     }
 
     /// Gives every pod `addr` as well (on its loopback) and routes `addr`

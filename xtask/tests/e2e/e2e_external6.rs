@@ -113,7 +113,10 @@ pub(crate) fn dual_stack_with_agents(
             })
         })
     };
-    if let Err(e) = sb.wait_services(Node::A, &sw, Duration::from_secs(10), &what, programmed) {
+    // The deadline covers both agents' starts (each loads its object, twice
+    // when the early load sized the IPv6 tables otherwise): 10 s under the
+    // test runner's parallel lanes on two cores, seen.
+    if let Err(e) = sb.wait_services(Node::A, &sw, Duration::from_secs(30), &what, programmed) {
         panic!("{e:#}");
     }
     for node in Node::ALL {
