@@ -91,8 +91,8 @@ fn connect<A: SockFamily + Family>(ctx: &SockAddrContext, dst: &SockAddr<A>) -> 
     };
     // A TCP socket keeps its frontend itself; a connected UDP socket in the
     // socket map, where the agent finds it (by its cookie, in whichever
-    // network namespace it lives) when its backend leaves. The cookie only
-    // where it is needed: a TCP socket's costs a write of the socket.
+    // network namespace it lives) when its backend leaves. The cookie is
+    // read only where it is used: a socket's first read generates it.
     let tcp_kept = dst.proto == proto::TCP && remember_conn(ctx, dst, &picked);
     if !tcp_kept {
         remember_reverse(socket_cookie(ctx), dst, &picked);

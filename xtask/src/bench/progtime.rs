@@ -138,3 +138,38 @@ pub fn report_md(rows: &[Value]) -> String {
     }
     md
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn snap(rows: &[(&str, u64, u64)]) -> Snapshot {
+        Snapshot(
+            rows.iter()
+                .map(|&(n, runs, ns)| (n.to_string(), (runs, ns)))
+                .collect(),
+        )
+    }
+
+    /// Each program's growth over the phase, per connection; a program that
+    /// did not run in the phase is left out; the share is of the busy time.
+    #[test]
+    fn per_connection_divides_each_programs_growth_by_the_connections() {
+        let before = snap(&[("sb_from_pod", 1000, 50_000), ("sb_sock_release", 7, 700)]);
+        let after = snap(&[
+            ("sb_from_pod", 21_000, 2_050_000),
+            ("sb_sock_connect", 2_000, 2_000_000),
+            ("sb_sock_release", 7, 700),
+        ]);
+        // 2000 connections in 0.2 s of busy CPU: 100 µs each.
+        let v = per_connection(&before, &after, 2000, 0.2);
+        let p = &v["programs"];
+        assert_eq!(p["sb_from_pod"]["runs_per_conn"], 10.0);
+        assert_eq!(p["sb_from_pod"]["ns_per_run"], 100.0);
+        assert_eq!(p["sb_sock_connect"]["ns_per_conn"], 1000.0);
+        assert!(p.get("sb_sock_release").is_none(), "{p}");
+        assert_eq!(v["programs_ns_per_conn"], 2000.0);
+        assert_eq!(v["busy_ns_per_conn"], 100_000.0);
+        assert_eq!(v["share"], 0.02);
+    }
+}
