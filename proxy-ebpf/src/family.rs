@@ -104,9 +104,9 @@ pub struct Work<A: Family> {
     /// header and 8 bytes of the TCP/UDP header, as in the packet.
     pub quote: A::Quote,
     /// The connection-tracking table's generation, read before the lookup
-    /// whose entry may fill a flow cache's slot (`crate::ct::cache`), and
-    /// that slot's index.
+    /// whose entry may fill a flow cache's slot (`crate::ct::cache`).
     pub ct_gen: u64,
+    /// That slot's index, as the cache's lookup computed it.
     pub ct_slot: u32,
 }
 

@@ -745,17 +745,14 @@ pub const SW_SOCK_HOST: &str = "socketlb_host";
 pub const IPTABLES: &str = "iptables";
 pub const NFTABLES: &str = "nftables";
 
-/// Ephemeral port ranges of the pod clients, all of the same size, so that a
-/// client port comes round again as often in every row: the server's
-/// TIME_WAIT sockets are met as often, and connect() searches a range as
-/// large. The tc row's client is a pod of its own (its own address and pod
-/// interface: its translated flows keep no other row's pod from being
-/// quiet); its range stays apart from the socket-LB rows' as well, as it had
-/// to when both shared one namespace (a tuple a pod holds in TIME_WAIT after
-/// a DNAT connection, reused by a direct one whose TCP timestamps carry
-/// another offset, is refused by PAWS until a SYN retransmit a second later).
-const TC_LOCAL_PORTS: &str = "32768 46999";
-const SOCKET_LB_LOCAL_PORTS: &str = "47000 60999";
+/// The ephemeral port range of every pod client (each row's client sets it
+/// before its measurement), one size for all, so that a client port comes
+/// round again as often in every row: the server's TIME_WAIT sockets are met
+/// as often, and connect() searches a range as large. The tc row's client is
+/// a pod of its own ([`Client::SecondPod`]), so no two rows of one sandbox
+/// reach a pod from the same address once through DNAT and once directly
+/// (which a pod's TIME_WAIT socket refuses by PAWS until a SYN retransmit).
+const POD_LOCAL_PORTS: &str = "47000 60999";
 
 const SOCKET_LB: &str = "switchboard's socket layer (cgroup connect4/sendmsg4/recvmsg4/getpeername4): the backend is chosen once per connect(), packets carry pod addresses and tc leaves them alone";
 
@@ -768,7 +765,7 @@ const PATHS: [E2ePath; 10] = [
         client: Client::Pod,
         target: Target::Pods,
         balancer: "none (no Service): the limit for pod clients",
-        local_ports: Some(SOCKET_LB_LOCAL_PORTS),
+        local_ports: Some(POD_LOCAL_PORTS),
     },
     E2ePath {
         key: DIRECT_SPREAD,
@@ -777,7 +774,7 @@ const PATHS: [E2ePath; 10] = [
         client: Client::Pod,
         target: Target::Spread,
         balancer: "none (no Service, no NAT): the node's multipath route spreads each client's connections over the three pods by a hash of their ports, as a balancer does; the fair limit for the Service paths",
-        local_ports: Some(SOCKET_LB_LOCAL_PORTS),
+        local_ports: Some(POD_LOCAL_PORTS),
     },
     E2ePath {
         key: DIRECT_HOST,
@@ -795,7 +792,7 @@ const PATHS: [E2ePath; 10] = [
         client: Client::PodInCgroup,
         target: Target::Pods,
         balancer: "none (no Service), through everything switchboard adds to a node: its agent running, its tc programs on the veths and its socket hooks on the client's cgroup; the limit the socket layer can reach",
-        local_ports: Some(SOCKET_LB_LOCAL_PORTS),
+        local_ports: Some(POD_LOCAL_PORTS),
     },
     E2ePath {
         key: SW_TC,
@@ -804,7 +801,7 @@ const PATHS: [E2ePath; 10] = [
         client: Client::SecondPod,
         target: Target::Service,
         balancer: "switchboard's tc programs on the node's veths (per-packet DNAT and connection tracking)",
-        local_ports: Some(TC_LOCAL_PORTS),
+        local_ports: Some(POD_LOCAL_PORTS),
     },
     E2ePath {
         key: SW_SOCK_POD,
@@ -813,7 +810,7 @@ const PATHS: [E2ePath; 10] = [
         client: Client::PodInCgroup,
         target: Target::Service,
         balancer: SOCKET_LB,
-        local_ports: Some(SOCKET_LB_LOCAL_PORTS),
+        local_ports: Some(POD_LOCAL_PORTS),
     },
     E2ePath {
         key: SW_SOCK_PINNED,
@@ -822,7 +819,7 @@ const PATHS: [E2ePath; 10] = [
         client: Client::PodInCgroup,
         target: Target::PinnedServices,
         balancer: "switchboard's socket layer, each client to a Service of one backend (its own pod), as in the direct rows: the socket layer's cost apart from spreading each client over three pods",
-        local_ports: Some(SOCKET_LB_LOCAL_PORTS),
+        local_ports: Some(POD_LOCAL_PORTS),
     },
     E2ePath {
         key: SW_SOCK_HOST,
@@ -840,7 +837,7 @@ const PATHS: [E2ePath; 10] = [
         client: Client::Pod,
         target: Target::Service,
         balancer: "kube-proxy-style iptables NAT rules in the node namespace (conntrack)",
-        local_ports: Some(SOCKET_LB_LOCAL_PORTS),
+        local_ports: Some(POD_LOCAL_PORTS),
     },
     E2ePath {
         key: NFTABLES,
@@ -849,7 +846,7 @@ const PATHS: [E2ePath; 10] = [
         client: Client::Pod,
         target: Target::Service,
         balancer: "kube-proxy-style nftables NAT rules in the node namespace (conntrack)",
-        local_ports: Some(SOCKET_LB_LOCAL_PORTS),
+        local_ports: Some(POD_LOCAL_PORTS),
     },
 ];
 
