@@ -43,6 +43,7 @@
 
 pub mod kubeproxy;
 pub mod northsouth;
+mod paired;
 pub mod progtime;
 pub mod report;
 pub mod scale;
@@ -114,6 +115,9 @@ struct Plan {
     rounds_at_max: usize,
     /// The end-to-end paths measured (their keys); all when `None`.
     paths: Option<Vec<String>>,
+    /// Repetitions of the paired conn/s phases at the largest size
+    /// ([`paired`]).
+    paired_reps: usize,
 }
 
 /// Services counts, comma separated, from the environment variable `name`
@@ -145,6 +149,7 @@ impl Plan {
                 rounds: 1,
                 rounds_at_max: 1,
                 paths: None,
+                paired_reps: 0,
             }
         } else {
             Plan {
@@ -158,6 +163,7 @@ impl Plan {
                 rounds: 3,
                 rounds_at_max: 5,
                 paths: None,
+                paired_reps: 15,
             }
         }
     }
@@ -182,6 +188,11 @@ impl Plan {
                 .with_context(|| format!("SB_BENCH_ROUNDS={v}: a number of rounds"))?;
             ensure!(self.rounds > 0, "SB_BENCH_ROUNDS must be at least 1");
             self.rounds_at_max = self.rounds;
+        }
+        if let Ok(v) = std::env::var("SB_BENCH_PAIRED") {
+            self.paired_reps = v
+                .parse()
+                .with_context(|| format!("SB_BENCH_PAIRED={v}: a number of repetitions"))?;
         }
         if let Ok(v) = std::env::var("SB_BENCH_PATHS") {
             let keys: Vec<String> = v.split(',').map(|k| k.trim().to_string()).collect();
@@ -212,7 +223,8 @@ impl Plan {
         self.e2e_sizes
             .iter()
             .map(|&n| 1 + PATHS.len() * self.rounds_at(n) + usize::from(!self.quick))
-            .sum()
+            .sum::<usize>()
+            + paired::repetitions(self)
     }
 
     /// Whether the end-to-end path `key` is measured in this run.
@@ -343,6 +355,7 @@ pub fn run(opts: Options) -> Result<()> {
         results["e2e"] = Value::Array(e2e.rows);
         results["programming"] = Value::Array(e2e.programming);
         results["e2e_program_time"] = Value::Array(e2e.prog_time);
+        results["e2e_paired"] = e2e.paired;
     }
     if only.is_none() || only.as_deref() == Some("scale") {
         results["scale"] = scale::run(&plan, &sb_bench, &bins.switchboard, &dir)?;
@@ -1568,6 +1581,7 @@ fn e2e_all(plan: &Plan, sb_http: &Path, switchboard: &Path, dir: &Path) -> Resul
     let mut programming = Vec::new();
     let mut prog_time = Vec::new();
     let mut agent_started = false;
+    let mut paired_conn = Value::Null;
     for &n in &plan.e2e_sizes {
         progress(&format!(
             "end to end at {n} Services: programming switchboard, iptables, nftables"
@@ -1645,6 +1659,15 @@ fn e2e_all(plan: &Plan, sb_http: &Path, switchboard: &Path, dir: &Path) -> Resul
                 runs[i].push(m);
             }
         }
+        if n == max {
+            let sandbox = |path: &E2ePath| match path.setup {
+                Setup::Direct => &direct,
+                Setup::Switchboard => &sw,
+                Setup::Iptables => &ipt,
+                Setup::Nftables => &nft,
+            };
+            paired_conn = paired::run(plan, n, sandbox)?;
+        }
         if !plan.quick {
             progress(&format!(
                 "end to end at {n} Services: switchboard's programs per connection (BPF run-time statistics)"
@@ -1710,6 +1733,7 @@ fn e2e_all(plan: &Plan, sb_http: &Path, switchboard: &Path, dir: &Path) -> Resul
         rows,
         programming,
         prog_time,
+        paired: paired_conn,
     })
 }
 
@@ -1720,6 +1744,8 @@ struct E2e {
     programming: Vec<Value>,
     /// [`program_time`] of each switchboard path and size.
     prog_time: Vec<Value>,
+    /// [`paired::run`] at the largest size (null when not run).
+    paired: Value,
 }
 
 /// Readies `path`'s client before a measurement: its own ephemeral port
