@@ -292,6 +292,7 @@ pub fn run(opts: Options) -> Result<()> {
 
     crate::setup::run()?;
     let bins = crate::build::run()?;
+    let switchboard = agent_binary(&bins.switchboard)?;
     let sb_http = release_bin("sb-http");
     ensure!(
         sb_http.exists(),
@@ -328,6 +329,9 @@ pub fn run(opts: Options) -> Result<()> {
     let mut results = json!({
         "meta": meta(&stamp, plan.quick)?,
     });
+    if switchboard != bins.switchboard {
+        results["meta"]["switchboard_binary"] = json!(switchboard.display().to_string());
+    }
 
     let quick = if plan.quick { vec!["--quick"] } else { vec![] };
 
@@ -350,7 +354,7 @@ pub fn run(opts: Options) -> Result<()> {
         results["fwd"] = fwd(&sb_bench, &plan, &dir)?;
     }
     if only.is_none() || only.as_deref() == Some("e2e") {
-        let e2e = e2e_all(&plan, &sb_http, &bins.switchboard, &dir)?;
+        let e2e = e2e_all(&plan, &sb_http, &switchboard, &dir)?;
         results["e2e_paths"] = Value::Array(e2e.paths);
         results["e2e"] = Value::Array(e2e.rows);
         results["programming"] = Value::Array(e2e.programming);
@@ -358,14 +362,13 @@ pub fn run(opts: Options) -> Result<()> {
         results["e2e_paired"] = e2e.paired;
     }
     if only.is_none() || only.as_deref() == Some("scale") {
-        results["scale"] = scale::run(&plan, &sb_bench, &bins.switchboard, &dir)?;
+        results["scale"] = scale::run(&plan, &sb_bench, &switchboard, &dir)?;
     }
     if only.as_deref() == Some("start") {
-        results["scale"] = scale::run_start(&plan, &bins.switchboard)?;
+        results["scale"] = scale::run_start(&plan, &switchboard)?;
     }
     if only.is_none() || only.as_deref() == Some("north-south") {
-        results["northsouth"] =
-            northsouth::run(&plan, &sb_http, &bins.switchboard, &sb_bench, &dir)?;
+        results["northsouth"] = northsouth::run(&plan, &sb_http, &switchboard, &sb_bench, &dir)?;
     }
 
     progress("report: tables, ratios and plots");
@@ -423,6 +426,28 @@ fn publish_figures(latest: &Path) -> Result<()> {
 }
 
 /// `cargo bench -p proxy-user --bench sb_bench --no-run`; the executable's path.
+/// The agent the end-to-end, scale and north-south parts run: this tree's
+/// build, or `SB_BENCH_SWITCHBOARD=PATH`, another build's `switchboard`
+/// binary (its eBPF object is inside it), for measuring two builds with
+/// one harness on one machine. The per-packet rows always measure this
+/// tree's object.
+fn agent_binary(built: &Path) -> Result<PathBuf> {
+    let Some(path) = std::env::var_os("SB_BENCH_SWITCHBOARD") else {
+        return Ok(built.to_path_buf());
+    };
+    let path = PathBuf::from(path);
+    ensure!(
+        path.is_file(),
+        "SB_BENCH_SWITCHBOARD={}: no such file",
+        path.display()
+    );
+    println!(
+        "bench: the agent is {} (SB_BENCH_SWITCHBOARD)",
+        path.display()
+    );
+    Ok(path)
+}
+
 fn build_bench() -> Result<PathBuf> {
     println!("build: cargo bench -p proxy-user --bench sb_bench --no-run");
     let mut c = cargo();

@@ -169,6 +169,30 @@ pub(super) fn report_md(paired: &Value) -> String {
     md
 }
 
+/// What the paired phases take apart, for the report's "what limits
+/// them": the socket layer's own work (held to one pod per client, against
+/// the same client with no Service in the same sandbox), what spreading
+/// costs (the socket layer spreading, against it held to one pod), and tc
+/// against the socket layer. Empty without paired phases.
+pub(super) fn limits_md(paired: &Value) -> String {
+    let line = |num: &str, den: &str, what: &str| {
+        ratio(paired, num, den).map(|p| {
+            format!(
+                "- {what}: {:.3} (paired, quartiles {:.3}–{:.3}).\n",
+                p.median, p.q1, p.q3
+            )
+        })
+    };
+    [
+        line(SW_SOCK_PINNED, DIRECT_SW, "the socket layer's own work per connection, each client held to one pod, ÷ the same client sending to the pods' own addresses in switchboard's sandbox (no Service; the same programs attached)"),
+        line(SW_SOCK_POD, SW_SOCK_PINNED, "spreading: the socket layer spreading each client's connections over the three pods ÷ the socket layer holding each client to one pod (the same programs, the same work per connection; each client then wakes three servers rather than one on two cores, which the direct spread pays too)"),
+        line(SW_TC, SW_SOCK_POD, "tc ÷ the socket layer (the same spread; tc's programs run per packet, with the connection-tracking inserts and lookups of each connection)"),
+    ]
+    .into_iter()
+    .flatten()
+    .collect()
+}
+
 /// The first and third quartiles (nearest rank).
 fn quartiles(v: &[f64]) -> (f64, f64) {
     let mut s = v.to_vec();

@@ -380,6 +380,12 @@ pub fn write(results: &Value, dir: &Path) -> Result<String> {
         meta["nft"].as_str().unwrap_or(""),
         meta["wrk"].as_str().unwrap_or(""),
     );
+    if let Some(agent) = meta["switchboard_binary"].as_str() {
+        let _ = writeln!(
+            md,
+            "- agent: `{agent}` (`SB_BENCH_SWITCHBOARD`: another build's agent and programs in the end-to-end, scale and north-south parts; the per-packet rows measure this commit's object)\n"
+        );
+    }
     md.push_str("Every figure below was measured in this run; ratios are computed from them.\n\n");
 
     let mut headline = String::new();
@@ -401,6 +407,7 @@ pub fn write(results: &Value, dir: &Path) -> Result<String> {
     md.push_str("## Goals\n\n");
     md.push_str(&headline);
     md.push_str(&limits(&e2e, e2e_max, &pp_rows, largest, empty_tc));
+    md.push_str(&super::paired::limits_md(&results["e2e_paired"]));
 
     // ---- end to end ----
     md.push_str("\n## End to end (netns sandbox: client → node → 3 pods)\n\n");
