@@ -425,7 +425,6 @@ fn publish_figures(latest: &Path) -> Result<()> {
     Ok(())
 }
 
-/// `cargo bench -p proxy-user --bench sb_bench --no-run`; the executable's path.
 /// The agent the end-to-end, scale and north-south parts run: this tree's
 /// build, or `SB_BENCH_SWITCHBOARD=PATH`, another build's `switchboard`
 /// binary (its eBPF object is inside it), for measuring two builds with
@@ -448,6 +447,7 @@ fn agent_binary(built: &Path) -> Result<PathBuf> {
     Ok(path)
 }
 
+/// `cargo bench -p proxy-user --bench sb_bench --no-run`; the executable's path.
 fn build_bench() -> Result<PathBuf> {
     println!("build: cargo bench -p proxy-user --bench sb_bench --no-run");
     let mut c = cargo();
@@ -1656,6 +1656,12 @@ fn e2e_all(plan: &Plan, sb_http: &Path, switchboard: &Path, dir: &Path) -> Resul
         if n == max {
             programming.push(json!({"tool": "switchboard agent (YAML written → maps synced)", "services": n, "seconds": agent_s}));
         }
+        let sandbox = |path: &E2ePath| match path.setup {
+            Setup::Direct => &direct,
+            Setup::Switchboard => &sw,
+            Setup::Iptables => &ipt,
+            Setup::Nftables => &nft,
+        };
         let mut runs: Vec<Vec<Value>> = vec![Vec::new(); PATHS.len()];
         let rounds = plan.rounds_at(n);
         for round in 0..rounds {
@@ -1671,12 +1677,7 @@ fn e2e_all(plan: &Plan, sb_http: &Path, switchboard: &Path, dir: &Path) -> Resul
                     rounds,
                     path.label
                 ));
-                let sb = match path.setup {
-                    Setup::Direct => &direct,
-                    Setup::Switchboard => &sw,
-                    Setup::Iptables => &ipt,
-                    Setup::Nftables => &nft,
-                };
+                let sb = sandbox(path);
                 prepare(sb, path)?;
                 let read = || sb_counters(sb, switchboard);
                 let counters = (path.setup == Setup::Switchboard).then_some(&read as Counters);
@@ -1685,12 +1686,6 @@ fn e2e_all(plan: &Plan, sb_http: &Path, switchboard: &Path, dir: &Path) -> Resul
             }
         }
         if n == max {
-            let sandbox = |path: &E2ePath| match path.setup {
-                Setup::Direct => &direct,
-                Setup::Switchboard => &sw,
-                Setup::Iptables => &ipt,
-                Setup::Nftables => &nft,
-            };
             paired_conn = paired::run(plan, n, sandbox)?;
         }
         if !plan.quick {
