@@ -116,7 +116,7 @@ struct Plan {
     /// The end-to-end paths measured (their keys); all when `None`.
     paths: Option<Vec<String>>,
     /// Repetitions of the paired conn/s phases at the largest size
-    /// ([`paired`]).
+    /// ([`paired`]; none in a quick run unless `SB_BENCH_PAIRED` asks).
     paired_reps: usize,
 }
 
@@ -224,7 +224,7 @@ impl Plan {
             .iter()
             .map(|&n| 1 + PATHS.len() * self.rounds_at(n) + usize::from(!self.quick))
             .sum::<usize>()
-            + paired::repetitions(self)
+            + self.paired_reps
     }
 
     /// Whether the end-to-end path `key` is measured in this run.

@@ -36,15 +36,6 @@ pub(super) const PAIRED: [&str; 5] = [DIRECT_SPREAD, SW_SOCK_POD, SW_TC, DIRECT_
 /// Seconds of one measured wrk phase.
 const PHASE_SECS: u32 = 2;
 
-/// How many repetitions a plan runs (none in a quick run).
-pub(super) fn repetitions(plan: &Plan) -> usize {
-    if plan.quick {
-        0
-    } else {
-        plan.paired_reps
-    }
-}
-
 /// Runs the repetitions at `n` Services; `sandbox` gives each path's
 /// sandbox. Paths the plan leaves out are left out here too; without the
 /// limit nothing is measured.
@@ -58,7 +49,7 @@ pub(super) fn run<'a>(
         .filter(|key| plan.measures(key))
         .filter_map(|key| PATHS.iter().find(|p| p.key == *key))
         .collect();
-    let reps = repetitions(plan);
+    let reps = plan.paired_reps;
     if reps == 0 || paths.first().map(|p| p.key) != Some(DIRECT_SPREAD) {
         return Ok(Value::Null);
     }
