@@ -35,6 +35,7 @@
 
 pub mod capacity;
 pub mod hash;
+pub mod kctx;
 pub mod names;
 pub mod prefilter;
 pub mod programs;

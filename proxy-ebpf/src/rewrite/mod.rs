@@ -7,6 +7,7 @@
 //! the families do differently is [`Header`] (IPv4 here, IPv6 in [`v6`]).
 //! Also here: the counters of a rewritten packet, and `sb_rewrite`, the
 //! previous release's tail-called program, kept for upgrades.
+pub mod l4;
 pub mod v6;
 
 use crate::{
@@ -124,8 +125,12 @@ pub(crate) trait Header: Words {
     /// checksum the family has.
     fn store_addr(ctx: &TcContext, off: usize, old: &Self, new: &Self)
         -> Result<(), RewriteFailed>;
+    /// The one's-complement difference of the address changing from `old`
+    /// to `new`, as the pseudo-header sees it.
+    fn pseudo_diff(old: &Self, new: &Self) -> u64;
     /// Updates the L4 checksum at `csum_off` for the pseudo-header address
-    /// change from `old` to `new` (`l4_flags`: the UDP flags).
+    /// change from `old` to `new` through the helper (`l4_flags`: the UDP
+    /// flags).
     fn l4_csum_addr(
         ctx: &TcContext,
         csum_off: usize,
@@ -156,6 +161,10 @@ impl Header for u32 {
         Ok(())
     }
     #[inline(always)]
+    fn pseudo_diff(old: &u32, new: &u32) -> u64 {
+        u64::from(!*old) + u64::from(*new)
+    }
+    #[inline(always)]
     fn l4_csum_addr(
         ctx: &TcContext,
         csum_off: usize,
@@ -170,10 +179,9 @@ impl Header for u32 {
 }
 
 /// Rewrites one side (address and port) of the TCP/UDP packet of `flow`
-/// to `new_addr_be:new_port_be`, and its checksums. A UDP checksum of zero
-/// ("none") stays zero (`BPF_F_MARK_MANGLED_0`: a computed 0 is sent as
-/// 0xffff). With `CHECKSUM_PARTIAL`, only the address (part of the
-/// pseudo-header) changes the L4 checksum field; the helper knows.
+/// to `new_addr_be:new_port_be`, and its checksums: the IPv4 header's in
+/// place, the L4 one as [`l4`] says (in place unless the skb carries a
+/// `CHECKSUM_COMPLETE` sum or the kfunc is missing).
 #[inline(always)]
 pub(crate) fn rewrite<A: Header>(
     ctx: &TcContext,
@@ -182,6 +190,8 @@ pub(crate) fn rewrite<A: Header>(
     new_addr_be: &A,
     new_port_be: u16,
 ) -> Result<(), RewriteFailed> {
+    // Before any packet pointer: a call.
+    let how = l4::update(ctx);
     // The bound tells the verifier how far the offset (read back from
     // working memory, or past IPv6 extension headers) can reach.
     let l4_off = flow.l4_off;
@@ -192,17 +202,58 @@ pub(crate) fn rewrite<A: Header>(
         Side::Source => (A::SADDR_OFF, &flow.saddr_be, flow.sport_be, l4_off),
         Side::Destination => (A::DADDR_OFF, &flow.daddr_be, flow.dport_be, l4_off + 2),
     };
-    let (csum_off, l4_flags) = if flow.proto == proto::TCP {
-        (l4_off + TCP_CSUM_OFF, 0)
-    } else {
-        (l4_off + UDP_CSUM_OFF, u64::from(BPF_F_MARK_MANGLED_0))
+    let udp = flow.proto != proto::TCP;
+    let csum_off = match udp {
+        false => l4_off + TCP_CSUM_OFF,
+        true => l4_off + UDP_CSUM_OFF,
     };
-    if old_addr_be.differs(new_addr_be) {
+    let new_addr = old_addr_be.differs(new_addr_be);
+    let new_port = old_port_be != new_port_be;
+    if new_addr {
         A::store_addr(ctx, addr_off, old_addr_be, new_addr_be)?;
+    }
+    if new_port {
+        store(ctx, port_off, &new_port_be)?;
+    }
+    let field = match how {
+        l4::Update::Helper => Err(Skip::Malformed),
+        _ => ptr_at::<u16>(ctx, csum_off),
+    };
+    let Ok(field) = field else {
+        // The helper pulls in a field beyond the linear data.
+        return l4_csum_helper(ctx, csum_off, udp, (new_addr, old_addr_be, new_addr_be), (new_port, old_port_be, new_port_be));
+    };
+    let mut diff = 0;
+    if new_addr {
+        diff += A::pseudo_diff(old_addr_be, new_addr_be);
+    }
+    if new_port && how == l4::Update::Full {
+        diff += l4::diff16(old_port_be, new_port_be);
+    }
+    // SAFETY: `ptr_at` checked the field lies inside the linear packet
+    // data, which this program may store into; no helper ran since.
+    unsafe { *field = l4::updated(*field, diff, how, udp) };
+    Ok(())
+}
+
+/// [`rewrite`]'s L4 checksum through the kernel's helper, which knows the
+/// skb's checksum state: one call per changed field (`(changed, old, new)`).
+#[inline(always)]
+fn l4_csum_helper<A: Header>(
+    ctx: &TcContext,
+    csum_off: usize,
+    udp: bool,
+    (new_addr, old_addr_be, new_addr_be): (bool, &A, &A),
+    (new_port, old_port_be, new_port_be): (bool, u16, u16),
+) -> Result<(), RewriteFailed> {
+    let l4_flags = match udp {
+        true => u64::from(BPF_F_MARK_MANGLED_0),
+        false => 0,
+    };
+    if new_addr {
         A::l4_csum_addr(ctx, csum_off, old_addr_be, new_addr_be, l4_flags)?;
     }
-    if old_port_be != new_port_be {
-        store(ctx, port_off, &new_port_be)?;
+    if new_port {
         ctx.l4_csum_replace(
             csum_off,
             u64::from(old_port_be),

@@ -28,6 +28,10 @@ impl Header for Addr6Be {
     ) -> Result<(), RewriteFailed> {
         store(ctx, off, new)
     }
+    #[inline(always)]
+    fn pseudo_diff(old: &Addr6Be, new: &Addr6Be) -> u64 {
+        u64::from(addr_diff(old, new))
+    }
     /// The difference as `bpf_l4_csum_replace` takes it with size 0 and
     /// `BPF_F_PSEUDO_HDR`; `BPF_F_IPV6` leaves a `CHECKSUM_COMPLETE` skb's
     /// sum alone (the address change and the checksum change cancel in it).

@@ -17,7 +17,10 @@ use aya::{
 use proxy_common::{capacity, names, prefilter, programs, tail};
 
 use crate::{
-    dataplane::pins::Pins,
+    dataplane::{
+        kctx::{self, Access},
+        pins::Pins,
+    },
     sync::store::{Capacities, Ipv6Tables},
 };
 
@@ -45,6 +48,8 @@ pub enum LoadError {
     MissingMap { name: &'static str },
     #[error("filling the tail-call program array")]
     TailCalls { source: aya::maps::MapError },
+    #[error("patching the eBPF object for the kernel's sk_buff")]
+    Patch { source: crate::dataplane::kctx::KctxError },
     #[error("loading program {name} into the kernel")]
     Program {
         name: &'static str,
@@ -224,6 +229,9 @@ pub fn load_unpinned(object: &[u8], caps: &Capacities) -> Result<Ebpf, LoadError
     Ok(ebpf)
 }
 
+/// [`load_once`] with the checksum state read through the kfunc where the
+/// kernel has it; a program the kernel refuses that way is loaded again
+/// with the checksum helper (said at warning level), before giving up.
 fn load_with(
     object: &[u8],
     pins_at: Option<(&Path, &[&'static str])>,
@@ -232,6 +240,29 @@ fn load_with(
     if object.is_empty() {
         return Err(LoadError::NoObject);
     }
+    let access = Access::detect();
+    match load_once(object, pins_at, caps, &access) {
+        Err(LoadError::Program { name, source }) if access != Access::Helper => {
+            tracing::warn!(
+                program = name,
+                error = %source,
+                "the kernel refused the in-place checksum update; loading with the checksum helper"
+            );
+            load_once(object, pins_at, caps, &Access::Helper)
+        }
+        loaded => loaded,
+    }
+}
+
+/// Loads `object` once, its checksum markers patched for `access`
+/// ([`crate::dataplane::kctx`]).
+pub fn load_once(
+    object: &[u8],
+    pins_at: Option<(&Path, &[&'static str])>,
+    caps: &Capacities,
+    access: &Access,
+) -> Result<Ebpf, LoadError> {
+    let patched = kctx::patch(object, access).map_err(|source| LoadError::Patch { source })?;
     let pin_root = pins_at.map(|(root, _)| root);
     let pins: Vec<(&str, PathBuf)> = match pins_at {
         Some((root, staged)) => names::ALL
@@ -255,10 +286,12 @@ fn load_with(
     // The programs index the bitmap for the size it is loaded with.
     let shift = prefilter::frontends::shift_for(caps.frontend_filter_words());
     loader.override_global(names::FRONTEND_FILTER_SHIFT, &shift, true);
+    let summed_shift = access.shift();
+    loader.override_global(proxy_common::kctx::SUMMED_SHIFT, &summed_shift, true);
     for (name, path) in &pins {
         loader.map_pin_path(name, path.as_path());
     }
-    let mut ebpf = loader.load(object).map_err(|source| LoadError::Load {
+    let mut ebpf = loader.load(patched.bytes()).map_err(|source| LoadError::Load {
         pin_root: pin_root.map(Path::to_owned).unwrap_or_default(),
         source: Box::new(source),
     })?;

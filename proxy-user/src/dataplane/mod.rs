@@ -4,10 +4,12 @@
 //! only through [`pins`]), their resize and migration, the conntrack
 //! collector and socket closing. It implements the sync's `MapStore`.
 pub mod attach;
+pub mod btf;
 pub mod caps;
 pub mod conntrack;
 pub mod ctgen;
 pub mod ebpf;
+pub mod kctx;
 pub mod kmem;
 pub mod mapbatch;
 pub mod maps;
