@@ -48,7 +48,10 @@ use anyhow::{anyhow, Context, Result};
 pub use self::core::{client_run, AgentRef, NetnsCore, PodSpec};
 pub use cgroup::TestCgroup;
 pub use cleanup::{cleanup_stale, list_netns, purge_tag, status_file};
-pub use netns::{enable_gro, gro_enabled, http_get, in_netns, tx_checksum_enabled, HttpResponse};
+pub use netns::{
+    disable_tx_checksum, enable_gro, gro_enabled, http_get, in_netns, tx_checksum_enabled,
+    HttpResponse,
+};
 pub use output::{find, find_at, Attempt, Backend, ClientRun, Frontend};
 pub use sys::is_mountpoint;
 pub use two_node::{Lan, TwoNodeSandbox};
