@@ -221,7 +221,13 @@ pub(crate) fn rewrite<A: Header>(
     };
     let Ok(field) = field else {
         // The helper pulls in a field beyond the linear data.
-        return l4_csum_helper(ctx, csum_off, udp, (new_addr, old_addr_be, new_addr_be), (new_port, old_port_be, new_port_be));
+        return l4_csum_helper(
+            ctx,
+            csum_off,
+            udp,
+            (new_addr, old_addr_be, new_addr_be),
+            (new_port, old_port_be, new_port_be),
+        );
     };
     let mut diff = 0;
     if new_addr {

@@ -77,9 +77,14 @@ impl<'a> Btf<'a> {
         let mut at = types_at;
         while at < types_end {
             let id = btf.types.len() as u32 + 1;
+            if at + 12 > types_end {
+                return Err(BtfError::Truncated { id });
+            }
             let record = btf.record_at(at).ok_or(BtfError::Truncated { id })?;
-            let size = extra_size(record.kind, record.vlen)
-                .ok_or(BtfError::UnknownKind { id, kind: record.kind })?;
+            let size = extra_size(record.kind, record.vlen).ok_or(BtfError::UnknownKind {
+                id,
+                kind: record.kind,
+            })?;
             btf.types.push(at);
             at = record.extra + size;
             if at > types_end {
@@ -223,7 +228,17 @@ mod tests {
                 // 2: u8
                 vec![24, info(1, false, 0), 1, 8],
                 // 3: the anonymous struct of bitfields (offsets: size << 24 | bit)
-                vec![0, info(KIND_STRUCT, true, 2), 1, 13, 2, 3 << 24, 15, 2, 2 << 24 | 3],
+                vec![
+                    0,
+                    info(KIND_STRUCT, true, 2),
+                    1,
+                    13,
+                    2,
+                    3 << 24,
+                    15,
+                    2,
+                    2 << 24 | 3,
+                ],
                 // 4: the anonymous union
                 vec![0, info(KIND_UNION, false, 2), 1, 0, 3, 0, 20, 2, 0],
                 // 5: struct outer
@@ -242,11 +257,17 @@ mod tests {
         let btf = Btf::parse(&data).expect("parses");
         assert_eq!(
             btf.member_bits("outer", "flag"),
-            Some(MemberBits { offset: 35, size: 2 })
+            Some(MemberBits {
+                offset: 35,
+                size: 2
+            })
         );
         assert_eq!(
             btf.member_bits("outer", "y"),
-            Some(MemberBits { offset: 32, size: 0 })
+            Some(MemberBits {
+                offset: 32,
+                size: 0
+            })
         );
         assert_eq!(btf.member_bits("outer", "missing"), None);
         assert_eq!(btf.member_bits("nothing", "a"), None);
@@ -271,7 +292,7 @@ mod tests {
         data[proto + 4] = 1;
         assert!(matches!(
             Btf::parse(&data),
-            Err(BtfError::Truncated { .. } | BtfError::Header)
+            Err(BtfError::Truncated { id: 7 })
         ));
     }
 }

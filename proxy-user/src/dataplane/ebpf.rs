@@ -49,7 +49,9 @@ pub enum LoadError {
     #[error("filling the tail-call program array")]
     TailCalls { source: aya::maps::MapError },
     #[error("patching the eBPF object for the kernel's sk_buff")]
-    Patch { source: crate::dataplane::kctx::KctxError },
+    Patch {
+        source: crate::dataplane::kctx::KctxError,
+    },
     #[error("loading program {name} into the kernel")]
     Program {
         name: &'static str,
@@ -229,6 +231,21 @@ pub fn load_unpinned(object: &[u8], caps: &Capacities) -> Result<Ebpf, LoadError
     Ok(ebpf)
 }
 
+/// [`load_unpinned`] with the checksum state read as `access` says, and no
+/// second try (the fixtures of either way).
+pub fn load_unpinned_as(
+    object: &[u8],
+    caps: &Capacities,
+    access: &Access,
+) -> Result<Ebpf, LoadError> {
+    if object.is_empty() {
+        return Err(LoadError::NoObject);
+    }
+    let mut ebpf = load_once(object, None, caps, access)?;
+    install_tail_calls(&mut ebpf)?;
+    Ok(ebpf)
+}
+
 /// [`load_once`] with the checksum state read through the kfunc where the
 /// kernel has it; a program the kernel refuses that way is loaded again
 /// with the checksum helper (said at warning level), before giving up.
@@ -256,7 +273,7 @@ fn load_with(
 
 /// Loads `object` once, its checksum markers patched for `access`
 /// ([`crate::dataplane::kctx`]).
-pub fn load_once(
+fn load_once(
     object: &[u8],
     pins_at: Option<(&Path, &[&'static str])>,
     caps: &Capacities,
@@ -291,10 +308,12 @@ pub fn load_once(
     for (name, path) in &pins {
         loader.map_pin_path(name, path.as_path());
     }
-    let mut ebpf = loader.load(patched.bytes()).map_err(|source| LoadError::Load {
-        pin_root: pin_root.map(Path::to_owned).unwrap_or_default(),
-        source: Box::new(source),
-    })?;
+    let mut ebpf = loader
+        .load(patched.bytes())
+        .map_err(|source| LoadError::Load {
+            pin_root: pin_root.map(Path::to_owned).unwrap_or_default(),
+            source: Box::new(source),
+        })?;
     for name in [
         programs::TC_FROM_POD,
         programs::TC_TO_POD,

@@ -34,11 +34,15 @@ pub enum KctxError {
     NoKfunc,
     #[error("the kernel's struct sk_buff has no member ip_summed")]
     NoField,
-    #[error("sk_buff.ip_summed lies at bit {offset}, {size} bits wide: not two bits inside one byte")]
+    #[error(
+        "sk_buff.ip_summed lies at bit {offset}, {size} bits wide: not two bits inside one byte"
+    )]
     Field { offset: u32, size: u32 },
     #[error("the eBPF object does not parse as ELF")]
     Elf { source: object::Error },
-    #[error("the marker call at byte {at} of section {section} is not followed by the marker load")]
+    #[error(
+        "the marker call at byte {at} of section {section} is not followed by the marker load"
+    )]
     Unpaired { section: String, at: u64 },
 }
 
@@ -186,7 +190,16 @@ fn patch_section(insns: &mut [u8], access: &Access) -> Result<usize, u64> {
             Access::Kfunc(found) => {
                 let id = found.kfunc_id.to_le_bytes();
                 (
-                    [OP_CALL, BPF_PSEUDO_KFUNC_CALL << 4, 0, 0, id[0], id[1], id[2], id[3]],
+                    [
+                        OP_CALL,
+                        BPF_PSEUDO_KFUNC_CALL << 4,
+                        0,
+                        0,
+                        id[0],
+                        id[1],
+                        id[2],
+                        id[3],
+                    ],
                     found.byte,
                 )
             }
@@ -255,7 +268,10 @@ mod tests {
     fn the_running_kernel_has_the_kfunc_and_the_field() {
         let found = SkbSummed::of_running_kernel().expect("kernel BTF");
         assert!(found.kfunc_id > 0);
-        assert!(found.byte > 100, "ip_summed is past sk_buff's list heads: {found:?}");
+        assert!(
+            found.byte > 100,
+            "ip_summed is past sk_buff's list heads: {found:?}"
+        );
         assert!(found.shift <= 6);
     }
 }

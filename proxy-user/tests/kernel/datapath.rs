@@ -9,6 +9,7 @@ use crate::support::{
 };
 use proxy_common::programs;
 use proxy_testkit::packet::{checksums_valid, PacketSpec};
+use proxy_user::dataplane::kctx::Access;
 use proxy_user::{
     model::{DesiredState, Frontend, Protocol},
     sync::store::MapStore,
@@ -24,20 +25,44 @@ const POD3: Ipv4Addr = Ipv4Addr::new(10, 244, 3, 2);
 /// One backend per frontend, so every rewrite is predictable; plus a
 /// frontend without endpoints.
 fn single_backend() -> Loaded {
-    loaded(vec![
+    single_backend_as(&Access::detect())
+}
+
+/// [`single_backend`] with the checksum state read as `access` says.
+fn single_backend_as(access: &Access) -> Loaded {
+    let frontends = vec![
         cluster_ip(VIP, 80, Protocol::Tcp, "web", &[(POD1, 8080)]),
         cluster_ip(VIP, 53, Protocol::Udp, "dns", &[(POD1, 5353)]),
         cluster_ip(EMPTY_VIP, 80, Protocol::Tcp, "empty", &[]),
-    ])
+    ];
+    Loaded::new_as(capacities(4096), frontends, access)
 }
 
 fn loaded(frontends: Vec<Frontend>) -> Loaded {
     Loaded::new(capacities(4096), frontends)
 }
 
+/// The fixtures with each L4 checksum update in place, from the skb's
+/// `ip_summed` (read through the kfunc this kernel has).
 #[test]
 fn request_and_malformed_fixtures() {
-    let mut fx = single_backend();
+    let access = Access::detect();
+    assert!(
+        matches!(access, Access::Kfunc(_)),
+        "this kernel (6.2+, with BTF) should give the programs ip_summed: {access:?}"
+    );
+    request_and_malformed(&access);
+}
+
+/// The same fixtures, the same packets out, with every L4 checksum update
+/// through `bpf_l4_csum_replace`, as on a kernel without the kfunc.
+#[test]
+fn request_and_malformed_fixtures_through_the_checksum_helper() {
+    request_and_malformed(&Access::Helper);
+}
+
+fn request_and_malformed(access: &Access) {
+    let mut fx = single_backend_as(access);
     let syn = PacketSpec::tcp(CLIENT, 40000, VIP, 80);
     let udp = PacketSpec::udp(CLIENT, 40001, VIP, 53);
     let udp_nocsum = PacketSpec {

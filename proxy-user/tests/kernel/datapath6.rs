@@ -15,6 +15,7 @@ use crate::support::{
     with, Case, Hook, Loaded, TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT, TC_ACT_UNSPEC,
 };
 use proxy_common::{ct_dir, ct_flags, hairpin, programs};
+use proxy_user::dataplane::kctx::Access;
 
 const CLIENT: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x244, 0x100, 0, 0, 0, 0, 2);
 const VIP: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x96, 0, 0, 0, 0, 0, 0x10);
@@ -37,7 +38,12 @@ const SVC_SELF: u32 = 15;
 /// without endpoints, one with affinity over two backends, and one whose
 /// backend is the client pod itself (hairpin).
 fn fixture() -> Loaded {
-    let mut fx = Loaded::new(capacities(4096), Vec::new());
+    fixture_as(&Access::detect())
+}
+
+/// [`fixture`] with the checksum state read as `access` says.
+fn fixture_as(access: &Access) -> Loaded {
+    let mut fx = Loaded::new_as(capacities(4096), Vec::new(), access);
     let maps = &mut fx.maps6;
     maps.frontend(VIP, 80, PROTO_TCP, SVC_WEB, None, &[(901, POD1, 8080)]);
     maps.frontend(VIP, 53, PROTO_UDP, SVC_DNS, None, &[(902, POD1, 5353)]);
@@ -57,7 +63,18 @@ fn fixture() -> Loaded {
 
 #[test]
 fn requests_replies_and_packets_that_are_not_ours() {
-    let mut fx = fixture();
+    requests_replies_and_not_ours(&Access::detect());
+}
+
+/// The same fixtures, the same packets out, with every L4 checksum update
+/// through `bpf_l4_csum_replace`, as on a kernel without the kfunc.
+#[test]
+fn requests_replies_and_packets_that_are_not_ours_through_the_checksum_helper() {
+    requests_replies_and_not_ours(&Access::Helper);
+}
+
+fn requests_replies_and_not_ours(access: &Access) {
+    let mut fx = fixture_as(access);
     let syn = Packet6::tcp(CLIENT, 40000, VIP, 80);
     let syn_ack = Packet6 {
         tcp_flags: TCP_SYN | TCP_ACK,

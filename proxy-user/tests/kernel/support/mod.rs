@@ -18,6 +18,7 @@ use aya::{
 use proxy_common::{addr6_be, names, programs, CtEntry, CtKey, Uplink6};
 use proxy_user::{
     dataplane::ebpf,
+    dataplane::kctx::Access,
     dataplane::maps::PinnedMaps,
     model::{
         BackendAddr, DesiredState, Frontend, FrontendAddr, FrontendKind, Protocol, ServicePortName,
@@ -192,8 +193,19 @@ where
 /// The eBPF object loaded unpinned with room for `caps`, and its maps taken
 /// out of it (empty).
 pub fn load(caps: &Capacities) -> (Ebpf, PinnedMaps) {
+    load_as(caps, &Access::detect())
+}
+
+/// [`load`] with the checksum state read as `access` says (no fallback).
+pub fn load_as(caps: &Capacities, access: &Access) -> (Ebpf, PinnedMaps) {
     require_root();
-    let mut ebpf = ebpf::load_unpinned(proxy_object::SWITCHBOARD, caps).expect("load eBPF object");
+    let mut ebpf =
+        ebpf::load_unpinned_as(proxy_object::SWITCHBOARD, caps, access).unwrap_or_else(|e| {
+            panic!(
+                "load eBPF object ({access:?}): {:?}",
+                anyhow::Error::from(e)
+            )
+        });
     let maps = PinnedMaps::take(&mut ebpf).expect("maps");
     (ebpf, maps)
 }
@@ -334,7 +346,12 @@ impl Loaded {
     /// Loads the object with `caps` and programs `frontends` into its maps;
     /// every frontend must be written.
     pub fn new(caps: Capacities, frontends: Vec<Frontend>) -> Self {
-        let (ebpf, maps) = load(&caps);
+        Self::new_as(caps, frontends, &Access::detect())
+    }
+
+    /// [`Loaded::new`] with the checksum state read as `access` says.
+    pub fn new_as(caps: Capacities, frontends: Vec<Frontend>, access: &Access) -> Self {
+        let (ebpf, maps) = load_as(&caps, access);
         let syncer = Syncer::adopt(maps, caps);
         let maps6 = v6::Maps6::take(syncer.store());
         let mut loaded = Self {
