@@ -1036,7 +1036,7 @@ fn limits(
         );
         let _ = writeln!(
             out,
-            "- per packet ({} Services): the empty program is {empty:.1} ns; a header read and one bit of the frontend bitmap (no parse) bring a non-service packet to {miss:.1} ns; the parse, this CPU's flow cache (one slot read and compared: no hash-table lookup, no frontend lookup) and the counters bring an established flow's packet to {plain:.1} ns ({:.2} × empty) before any byte is written; the rewrite (direct stores and two L4 checksum helper calls, which a tc program needs because only the kernel knows whether the skb's checksum is partial) adds {:.1} ns. A reply from the cache is {reply:.1} ns; the first reply (the SYN-ACK), which takes the table (jhash of the 16-byte key, the bucket walk, the compare), {first_reply:.1} ns: that lookup is the difference.",
+            "- per packet ({} Services): the empty program is {empty:.1} ns; a header read and one bit of the frontend bitmap (no parse) bring a non-service packet to {miss:.1} ns; the parse, this CPU's flow cache (one slot read and compared: no hash-table lookup, no frontend lookup) and the counters bring an established flow's packet to {plain:.1} ns ({:.2} × empty) before any byte is written; the rewrite (the address, the port and both checksums stored directly, the L4 one updated in place as the skb's `ip_summed` says, read through the kfunc `bpf_cast_to_kern_ctx`) adds {:.1} ns. A reply from the cache is {reply:.1} ns; the first reply (the SYN-ACK), which takes the table (jhash of the 16-byte key, the bucket walk, the compare), {first_reply:.1} ns: that lookup is the difference.",
             size_label(largest),
             plain / empty,
             hit - plain,
