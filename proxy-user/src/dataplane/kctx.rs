@@ -99,12 +99,15 @@ pub enum Access {
 
 impl Access {
     /// The kfunc where the running kernel has it, else the helper (saying
-    /// why at debug level: every kernel before 6.2 lands here).
+    /// why: every kernel before 6.2 lands here, and forwards as before).
     pub fn detect() -> Access {
         match SkbSummed::of_running_kernel() {
-            Ok(found) => Access::Kfunc(found),
+            Ok(found) => {
+                tracing::debug!(?found, "L4 checksums updated in place");
+                Access::Kfunc(found)
+            }
             Err(error) => {
-                tracing::debug!(error = %error, "checksums through the kernel's helper");
+                tracing::info!(reason = %error, "L4 checksums through bpf_l4_csum_replace");
                 Access::Helper
             }
         }
