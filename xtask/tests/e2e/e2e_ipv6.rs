@@ -11,7 +11,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use xtask::sandbox::{
-    find_at, node_ip6, pod_ip, pod_ip6, pod_name, Attempt, ClientRun, Frontend, Sandbox, CLIENT_IP,
+    disable_tx_checksum, find_at, node_ip6, pod_ip, pod_ip6, pod_name, Attempt, ClientRun, Frontend, Sandbox, CLIENT_IP,
     CLIENT_IP6, PODS,
 };
 use xtask::testenv::{
@@ -191,6 +191,37 @@ fn a_dual_stack_service_answers_over_both_families_from_pods_and_the_host() {
                     "{what}: pods saw the client as {saw:?}, expected within {expected:?}"
                 );
             }
+        }
+    }
+    sb.cleanup().expect("cleanup");
+}
+
+/// The tc programs update a translated packet's L4 checksum in place, as
+/// its `ip_summed` says: a local socket's segment over a veth carries only
+/// the pseudo-header sum, which a port change must not touch. Here the
+/// node finishes every checksum in software before a pod gets the packet
+/// (no checksum offload on the node's ends of the pods' and the client's
+/// veths, as a NIC finishes it before the wire), so the receivers check
+/// each one: a seed updated wrongly loses connections and datagrams, both
+/// ways (the replies are finished on the client's veth), in both families.
+#[test]
+fn translated_packets_keep_right_checksums_when_the_node_finishes_them() {
+    let mut sb = dual_stack_sandbox();
+    let node = sb.node_ns();
+    for ifname in (1..=PODS).map(|i| sb.pod_if(i)).chain([sb.client_if()]) {
+        disable_tx_checksum(&node, &ifname).unwrap_or_else(|e| panic!("{e:#}"));
+    }
+    let echo = sb_echo();
+    for ip in [CLUSTER_IP4.to_string(), format!("[{CLUSTER_IP6}]")] {
+        for (proto, port) in [("--tcp", 80), ("--udp", 53)] {
+            let addr = format!("{ip}:{port}");
+            let args = [proto, &addr, "--count", "30", "--timeout-ms", "1000"];
+            let run = sb
+                .client(&echo, &args)
+                .unwrap_or_else(|e| panic!("{proto} {addr}: {e:#}"));
+            assert!(run.all_ok(), "{proto} {addr} had failures:\n{}", run.raw);
+            let reached: BTreeSet<String> = run.names().into_iter().collect();
+            assert_eq!(reached, all_pods(), "{proto} {addr} spread: {}", run.raw);
         }
     }
     sb.cleanup().expect("cleanup");
