@@ -15,8 +15,8 @@ use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use xtask::sandbox::{
-    find, list_netns, pod_ip, pod_name, Attempt, ClientRun, Frontend, Sandbox,
-    CLIENT_IP, CLUSTER_IP, PIN_BASE, PODS, POD_TCP_PORT, POD_UDP_PORT,
+    find, list_netns, pod_ip, pod_name, Attempt, ClientRun, Frontend, Sandbox, CLIENT_IP,
+    CLUSTER_IP, PIN_BASE, PODS, POD_TCP_PORT, POD_UDP_PORT,
 };
 use xtask::testenv::{
     demo_sandbox_with, endpointslice_yaml, pod_saw_ips, require_root, sb_echo, switchboard,

@@ -11,8 +11,8 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use xtask::sandbox::{
-    disable_tx_checksum, find_at, node_ip6, pod_ip, pod_ip6, pod_name, Attempt, ClientRun, Frontend, Sandbox, CLIENT_IP,
-    CLIENT_IP6, PODS,
+    disable_tx_checksum, find_at, node_ip6, pod_ip, pod_ip6, pod_name, Attempt, ClientRun,
+    Frontend, Sandbox, CLIENT_IP, CLIENT_IP6, PODS,
 };
 use xtask::testenv::{
     bpftool_json, pod_saw_ips, require_root, sb_echo, switchboard, wait_agent_log, write_manifest,
