@@ -198,7 +198,7 @@ pub async fn run(config: AgentConfig, object: &'static [u8]) -> anyhow::Result<(
         ipv6: ipv6_tables(ipv6_pinned, has_ipv6_service(&initial)),
         ..config.capacities
     };
-    let (mut ebpf, resize) = match preload.and_then(|preload| preload.finish(&capacities)) {
+    let (loaded, resize) = match preload.and_then(|preload| preload.finish(&capacities)) {
         Some(loaded) => {
             // Loaded with these capacities and no pinned map of another size.
             let resize = resize::Resize::prepare(&config.pin_root, &[])
@@ -217,6 +217,10 @@ pub async fn run(config: AgentConfig, object: &'static [u8]) -> anyhow::Result<(
             (ebpf, resize)
         }
     };
+    let ebpf::Loaded {
+        mut ebpf,
+        checksums,
+    } = loaded;
     // The object is parsed and loaded; it is read again only by a restart.
     let released = memory::release(object);
     debug!(
@@ -282,7 +286,10 @@ pub async fn run(config: AgentConfig, object: &'static [u8]) -> anyhow::Result<(
             local: Vec::new(),
         },
         source_node: None,
-        status: status_template(&config),
+        status: AgentStatus {
+            l4_checksums: checksums.describe(),
+            ..status_template(&config)
+        },
         proxy_health,
         observer,
         churned: 0,

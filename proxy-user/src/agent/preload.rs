@@ -18,7 +18,6 @@ use std::{
     time::{Duration, Instant},
 };
 
-use aya::Ebpf;
 use proxy_common::names;
 use tracing::{info, warn};
 
@@ -41,7 +40,7 @@ pub(super) struct Preload {
 }
 
 /// What the load's thread returns: the load and how long it took.
-type Loaded = (Result<Ebpf, LoadError>, Duration);
+type Loaded = (Result<ebpf::Loaded, LoadError>, Duration);
 
 impl Preload {
     /// Starts loading `object` with `capacities`, unless a pinned map has
@@ -84,7 +83,7 @@ impl Preload {
 
     /// The load, when it was made with `capacities`: waits for it to end.
     /// Otherwise the load is undone ([`Self::abandon`]) and `None` returned.
-    pub(super) fn finish(self, capacities: &Capacities) -> Option<Result<Ebpf, LoadError>> {
+    pub(super) fn finish(self, capacities: &Capacities) -> Option<Result<ebpf::Loaded, LoadError>> {
         if self.capacities.ipv6 != capacities.ipv6 {
             info!(
                 guessed = ?self.capacities.ipv6,

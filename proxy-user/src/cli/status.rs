@@ -463,6 +463,11 @@ fn render_agent(out: &mut String, report: &StatusReport) {
             mode => mode,
         };
         t.push(vec!["NodePort mode:".into(), nodeport_mode.into()]);
+        let checksums = match s.l4_checksums.as_str() {
+            "" => "through bpf_l4_csum_replace",
+            how => how,
+        };
+        t.push(vec!["L4 checksums:".into(), checksums.into()]);
         let sync = match report.last_sync_age_s {
             Some(age) => format!(
                 "{} ago, took {:.1} ms; {} frontends desired, {} not programmed",

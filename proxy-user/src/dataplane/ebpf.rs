@@ -218,15 +218,21 @@ pub fn load(
     pin_root: &Path,
     caps: &Capacities,
     staged: &[&'static str],
-) -> Result<Ebpf, LoadError> {
+) -> Result<Loaded, LoadError> {
     check_pin_root(pin_root)?;
     load_with(object, Some((pin_root, staged)), caps)
+}
+
+/// A loaded object, and how its programs update L4 checksums.
+pub struct Loaded {
+    pub ebpf: Ebpf,
+    pub checksums: Access,
 }
 
 /// Loads `object` with private, unpinned maps (packet fixtures,
 /// benchmarks), tail calls installed.
 pub fn load_unpinned(object: &[u8], caps: &Capacities) -> Result<Ebpf, LoadError> {
-    let mut ebpf = load_with(object, None, caps)?;
+    let mut ebpf = load_with(object, None, caps)?.ebpf;
     install_tail_calls(&mut ebpf)?;
     Ok(ebpf)
 }
@@ -253,7 +259,7 @@ fn load_with(
     object: &[u8],
     pins_at: Option<(&Path, &[&'static str])>,
     caps: &Capacities,
-) -> Result<Ebpf, LoadError> {
+) -> Result<Loaded, LoadError> {
     if object.is_empty() {
         return Err(LoadError::NoObject);
     }
@@ -265,9 +271,16 @@ fn load_with(
                 error = %source,
                 "the kernel refused the in-place checksum update; loading with the checksum helper"
             );
-            load_once(object, pins_at, caps, &Access::Helper)
+            let ebpf = load_once(object, pins_at, caps, &Access::Helper)?;
+            Ok(Loaded {
+                ebpf,
+                checksums: Access::Helper,
+            })
         }
-        loaded => loaded,
+        loaded => loaded.map(|ebpf| Loaded {
+            ebpf,
+            checksums: access,
+        }),
     }
 }
 

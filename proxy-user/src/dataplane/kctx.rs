@@ -113,6 +113,14 @@ impl Access {
         }
     }
 
+    /// How the programs update L4 checksums, for `switchboard status`.
+    pub fn describe(&self) -> String {
+        match self {
+            Access::Kfunc(_) => "in place (ip_summed through bpf_cast_to_kern_ctx)".to_owned(),
+            Access::Helper => "through bpf_l4_csum_replace".to_owned(),
+        }
+    }
+
     /// The value of the global `proxy_common::kctx::SUMMED_SHIFT`.
     pub fn shift(&self) -> u32 {
         match self {

@@ -38,6 +38,9 @@ pub struct AgentStatus {
     /// `--nodeport-mode`: `snat` or `dsr` (empty from an agent that
     /// predates it: `snat`).
     pub nodeport_mode: String,
+    /// How the tc programs update L4 checksums (empty from an agent that
+    /// predates it: through the helper).
+    pub l4_checksums: String,
     /// `--max-endpoints-per-service` (`None` from an agent that predates it).
     pub max_endpoints_per_service: Option<u16>,
     /// Seconds since the epoch of the last completed sync.

@@ -15,7 +15,8 @@ use xtask::sandbox::{
     Frontend, Sandbox, CLIENT_IP, CLIENT_IP6, PODS,
 };
 use xtask::testenv::{
-    bpftool_json, pod_saw_ips, require_root, sb_echo, switchboard, wait_agent_log, write_manifest,
+    bpftool_json, pod_saw_ips, require_root, sb_echo, switchboard, switchboard_out, wait_agent_log,
+    write_manifest,
 };
 
 const CLUSTER_IP4: &str = "10.96.0.20";
@@ -207,6 +208,14 @@ fn a_dual_stack_service_answers_over_both_families_from_pods_and_the_host() {
 #[test]
 fn translated_packets_keep_right_checksums_when_the_node_finishes_them() {
     let mut sb = dual_stack_sandbox();
+    let status = switchboard_out(&["status"], &sb.pin_dir);
+    let status = String::from_utf8_lossy(&status);
+    assert!(
+        status
+            .lines()
+            .any(|l| l.starts_with("L4 checksums:") && l.contains("in place")),
+        "this kernel (6.2+, with BTF) should run the in-place update: status:\n{status}"
+    );
     let node = sb.node_ns();
     for ifname in (1..=PODS).map(|i| sb.pod_if(i)).chain([sb.client_if()]) {
         disable_tx_checksum(&node, &ifname).unwrap_or_else(|e| panic!("{e:#}"));
