@@ -275,8 +275,9 @@ fn an_agent_finding_no_ipv6_tables_pinned_creates_them() {
         _pad: [0; 2],
     };
     {
-        let mut ebpf =
-            ebpf::load(proxy_object::SWITCHBOARD, pin_root, &caps, &[]).expect("first load");
+        let mut ebpf = ebpf::load(proxy_object::SWITCHBOARD, pin_root, &caps, &[])
+            .expect("first load")
+            .ebpf;
         let mut maps = PinnedMaps::take(&mut ebpf).expect("maps");
         maps.conntrack
             .insert(v4, CtEntry::default(), 0)
@@ -393,7 +394,9 @@ fn the_cli_reads_an_agent_that_predates_ipv6() {
         _pad: [0; 2],
     };
     {
-        let mut ebpf = ebpf::load(proxy_object::SWITCHBOARD, pin_root, &caps, &[]).expect("load");
+        let mut ebpf = ebpf::load(proxy_object::SWITCHBOARD, pin_root, &caps, &[])
+            .expect("load")
+            .ebpf;
         let mut maps = PinnedMaps::take(&mut ebpf).expect("maps");
         maps.conntrack
             .insert(v4, CtEntry::default(), 0)
@@ -468,7 +471,9 @@ fn explain_reads_ipv6_conntrack_and_affinity_from_the_pins() {
     let fs = Bpffs::mount_at("collector6-explain");
     let pin_root = fs.0.as_path();
     let caps = capacities(64);
-    let mut ebpf = ebpf::load(proxy_object::SWITCHBOARD, pin_root, &caps, &[]).expect("load");
+    let mut ebpf = ebpf::load(proxy_object::SWITCHBOARD, pin_root, &caps, &[])
+        .expect("load")
+        .ebpf;
     let mut maps = PinnedMaps::take(&mut ebpf).expect("maps");
     let (vip, service) = ("fd00:96::10", 5u32);
     let fe = |slot: u16| proxy_common::FrontendKey6 {
