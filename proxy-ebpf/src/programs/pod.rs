@@ -15,8 +15,8 @@
 //!   ([`crate::ct::cache`]), else one connection-tracking lookup whose
 //!   entry carries the backend (and fills the slot); then the rewrite
 //!   ([`crate::rewrite::rewrite`]: the address, port and IPv4 header
-//!   checksum stored directly, the L4 checksum through the kernel's
-//!   helper). No frontend lookup, no tail call;
+//!   checksum stored directly, the L4 checksum updated in place from the
+//!   skb's `ip_summed`). No frontend lookup, no tail call;
 //! - a reply: the flow cache, else one connection-tracking lookup, whose
 //!   entry carries the frontend; then the same rewrite;
 //! - anything delivered to a pod without translated flows of its class (a

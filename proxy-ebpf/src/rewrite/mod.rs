@@ -2,8 +2,8 @@
 //! both families ([`rewrite`]): the address and port of one side stored
 //! directly where they lie in the linear data (through the store helper
 //! elsewhere), the IPv4 header checksum computed, and the L4 checksum
-//! updated through the kernel's helper, which alone knows whether the skb
-//! carries a full checksum or a partial one for the device to finish. What
+//! updated in place as the skb's `ip_summed` says (full or partial), or
+//! through the kernel's helper where a program cannot ([`l4`]). What
 //! the families do differently is [`Header`] (IPv4 here, IPv6 in [`v6`]).
 //! Also here: the counters of a rewritten packet, and `sb_rewrite`, the
 //! previous release's tail-called program, kept for upgrades.
@@ -190,7 +190,7 @@ pub(crate) fn rewrite<A: Header>(
     new_addr_be: &A,
     new_port_be: u16,
 ) -> Result<(), RewriteFailed> {
-    // Before any packet pointer: a call.
+    // Before any packet pointer is taken: a call.
     let how = l4::update(ctx);
     // The bound tells the verifier how far the offset (read back from
     // working memory, or past IPv6 extension headers) can reach.
