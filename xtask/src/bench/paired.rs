@@ -23,15 +23,23 @@ use anyhow::Result;
 use serde_json::{json, Value};
 
 use super::{median, note, prepare, progress, urls, wrk, E2ePath, Plan, PATHS};
-use super::{DIRECT_SPREAD, DIRECT_SW, SW_SOCK_PINNED, SW_SOCK_POD, SW_TC};
+use super::{DIRECT, DIRECT_SPREAD, DIRECT_SW, SW_SOCK_PINNED, SW_SOCK_POD, SW_TC};
 use crate::sandbox::Sandbox;
 
 /// The paths compared, the limit first: direct traffic spread over the
 /// pods, the socket layer and tc; and the pair that holds each client to
 /// one pod (the same pods reached with no Service in switchboard's sandbox,
 /// and the socket layer held the same way), which tells what spreading
-/// costs from what the socket layer costs.
-pub(super) const PAIRED: [&str; 5] = [DIRECT_SPREAD, SW_SOCK_POD, SW_TC, DIRECT_SW, SW_SOCK_PINNED];
+/// costs from what the socket layer costs; and direct traffic held the same
+/// way with no balancer at all, which tells what spreading costs there.
+pub(super) const PAIRED: [&str; 6] = [
+    DIRECT_SPREAD,
+    SW_SOCK_POD,
+    SW_TC,
+    DIRECT_SW,
+    SW_SOCK_PINNED,
+    DIRECT,
+];
 
 /// Seconds of one measured wrk phase.
 const PHASE_SECS: u32 = 2;
@@ -197,6 +205,7 @@ pub(super) fn limits_md(paired: &Value) -> String {
     [
         line(SW_SOCK_PINNED, DIRECT_SW, "the socket layer's own work per connection, each client held to one pod, ÷ the same client sending to the pods' own addresses in switchboard's sandbox (no Service; the same programs attached)"),
         line(SW_SOCK_POD, SW_SOCK_PINNED, "spreading: the socket layer spreading each client's connections over the three pods ÷ the socket layer holding each client to one pod (the same programs, the same work per connection; each client then wakes three servers rather than one on two cores, which the direct spread pays too)"),
+        line(DIRECT_SPREAD, DIRECT, "spreading with no balancer: the multipath route spreading each client's connections over the three pods ÷ each client sending to its own pod, both in the direct sandbox (the counterpart of the line above)"),
         line(SW_TC, SW_SOCK_POD, "tc ÷ the socket layer (the same spread; tc's programs run per packet, with the connection-tracking inserts and lookups of each connection)"),
     ]
     .into_iter()
