@@ -330,6 +330,18 @@ pub fn switchboard_out(args: &[&str], pin: &Path) -> Vec<u8> {
     )
 }
 
+/// What `switchboard status` (the agent on pin root `pin`) shows on its line
+/// labelled `label` (`"NodePort mode:"`), trimmed, if it has that line; and
+/// the whole output, for a failing test's message.
+pub fn status_line(pin: &Path, label: &str) -> (Option<String>, String) {
+    let out = String::from_utf8_lossy(&switchboard_out(&["status"], pin)).into_owned();
+    let value = out
+        .lines()
+        .find_map(|l| l.strip_prefix(label))
+        .map(|v| v.trim().to_owned());
+    (value, out)
+}
+
 /// `bpftool -j <args>`, parsed; panics on failure.
 pub fn bpftool_json(args: &[&str]) -> serde_json::Value {
     let out = stdout_of(Command::new("bpftool").arg("-j").args(args));

@@ -464,7 +464,7 @@ fn render_agent(out: &mut String, report: &StatusReport) {
         };
         t.push(vec!["NodePort mode:".into(), nodeport_mode.into()]);
         let checksums = match s.l4_checksums.as_str() {
-            "" => "through bpf_l4_csum_replace",
+            "" => crate::dataplane::kctx::HELPER_DESCRIPTION,
             how => how,
         };
         t.push(vec!["L4 checksums:".into(), checksums.into()]);

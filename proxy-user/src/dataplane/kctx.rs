@@ -97,6 +97,10 @@ pub enum Access {
     Helper,
 }
 
+/// [`Access::describe`] of the helper: also what `switchboard status` shows
+/// for an agent that predates the in-place update.
+pub const HELPER_DESCRIPTION: &str = "through bpf_l4_csum_replace";
+
 impl Access {
     /// The kfunc where the running kernel has it, else the helper (saying
     /// why: every kernel before 6.2 lands here, and forwards as before).
@@ -113,11 +117,12 @@ impl Access {
         }
     }
 
-    /// How the programs update L4 checksums, for `switchboard status`.
+    /// How the programs update L4 checksums, for `switchboard status`
+    /// ([`HELPER_DESCRIPTION`] through the helper).
     pub fn describe(&self) -> String {
         match self {
             Access::Kfunc(_) => "in place (ip_summed through bpf_cast_to_kern_ctx)".to_owned(),
-            Access::Helper => "through bpf_l4_csum_replace".to_owned(),
+            Access::Helper => HELPER_DESCRIPTION.to_owned(),
         }
     }
 

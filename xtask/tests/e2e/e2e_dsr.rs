@@ -23,8 +23,7 @@ use xtask::sandbox::two_node::manifests::{
 use xtask::sandbox::two_node::{Client, Node};
 use xtask::sandbox::{Lan, TwoNodeSandbox};
 use xtask::testenv::{
-    assert_answers, counters, fragmented_udp_args, sb_echo, switchboard_out,
-    two_node_with_agents_on,
+    assert_answers, counters, fragmented_udp_args, sb_echo, status_line, two_node_with_agents_on,
 };
 
 const DSR: [&str; 2] = ["--nodeport-mode", "dsr"];
@@ -67,12 +66,9 @@ fn replies_bypass_the_entry_node(sb: &TwoNodeSandbox, why: &str) {
         b["ext_local"], a["ext_remote"],
         "{why}: node B's arrivals against node A's forwarded packets"
     );
-    let status = switchboard_out(&["status"], &sb.pin_dir(Node::A));
-    let status = String::from_utf8_lossy(&status);
+    let (mode, status) = status_line(&sb.pin_dir(Node::A), "NodePort mode:");
     assert!(
-        status
-            .lines()
-            .any(|l| l.starts_with("NodePort mode:") && l.ends_with("dsr")),
+        mode.is_some_and(|m| m.ends_with("dsr")),
         "{why}: status:\n{status}"
     );
 }

@@ -15,7 +15,7 @@ use xtask::sandbox::{
     Frontend, Sandbox, CLIENT_IP, CLIENT_IP6, PODS,
 };
 use xtask::testenv::{
-    bpftool_json, pod_saw_ips, require_root, sb_echo, switchboard, switchboard_out, wait_agent_log,
+    bpftool_json, pod_saw_ips, require_root, sb_echo, status_line, switchboard, wait_agent_log,
     write_manifest,
 };
 
@@ -208,12 +208,9 @@ fn a_dual_stack_service_answers_over_both_families_from_pods_and_the_host() {
 #[test]
 fn translated_packets_keep_right_checksums_when_the_node_finishes_them() {
     let mut sb = dual_stack_sandbox();
-    let status = switchboard_out(&["status"], &sb.pin_dir);
-    let status = String::from_utf8_lossy(&status);
+    let (checksums, status) = status_line(&sb.pin_dir, "L4 checksums:");
     assert!(
-        status
-            .lines()
-            .any(|l| l.starts_with("L4 checksums:") && l.contains("in place")),
+        checksums.is_some_and(|c| c.contains("in place")),
         "this kernel (6.2+, with BTF) should run the in-place update: status:\n{status}"
     );
     let node = sb.node_ns();
