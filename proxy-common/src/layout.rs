@@ -44,6 +44,8 @@ mod aya_pod {
         FragEntry6,
         SockConn,
         SockConn6,
+        SockTarget,
+        SockTarget6,
     );
 
     aya_pod!(
@@ -78,6 +80,10 @@ mod aya_pod {
         SockEntry6,
         FragKey6,
         FragEntry6,
+        SockConn,
+        SockConn6,
+        SockTarget,
+        SockTarget6,
         SrcRange4,
         SrcRange6,
         prefilter::quiet::QuietMark,
@@ -100,8 +106,10 @@ const _: () = assert!(size_of::<AffinityEntry>() == 16);
 const _: () = assert!(size_of::<SockKey>() == 16);
 const _: () = assert!(size_of::<SockEntry>() == 16);
 const _: () = assert!(size_of::<SockAffinityKey>() == 16);
-const _: () = assert!(size_of::<SockConn>() == 16);
-const _: () = assert!(size_of::<SockConn6>() == 40);
+const _: () = assert!(size_of::<SockConn>() == 20);
+const _: () = assert!(size_of::<SockConn6>() == 44);
+const _: () = assert!(size_of::<SockTarget>() == 16);
+const _: () = assert!(size_of::<SockTarget6>() == 40);
 const _: () = assert!(size_of::<Config>() == 8);
 const _: () = assert!(size_of::<Uplink>() == 8);
 const _: () = assert!(size_of::<DsrOpt4>() == dsr::OPT4_LEN as usize);

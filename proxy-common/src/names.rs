@@ -111,9 +111,15 @@ pub const QUIET_GENS: &str = "SB_QUIET_GEN_V1";
 pub const CT_GEN: &str = "SB_CT_GEN_V1";
 /// Socket layer: the socket-local storage of a TCP socket connected to a
 /// backend ([`super::SockConn`]), freed with the socket.
-pub const SOCK_CONNS: &str = "SB_SOCK_CONN_V1";
+pub const SOCK_CONNS: &str = "SB_SOCK_CONN_V2";
 /// The IPv6 twin of [`SOCK_CONNS`] ([`super::SockConn6`]).
-pub const SOCK_CONNS6: &str = "SB_SOCK_CONN6_V1";
+pub const SOCK_CONNS6: &str = "SB_SOCK_CONN6_V2";
+/// [`SOCK_CONNS`] as format 7 laid it out ([`super::SockTarget`]: no
+/// flags), adopted and read for the TCP sockets the previous release
+/// connected (`getpeername`); nothing writes it any more.
+pub const SOCK_CONNS_V1: &str = "SB_SOCK_CONN_V1";
+/// [`SOCK_CONNS_V1`] of IPv6 sockets ([`super::SockTarget6`]).
+pub const SOCK_CONNS6_V1: &str = "SB_SOCK_CONN6_V1";
 /// Round-robin: each service id's turn counter (`u64`, an array by
 /// service id), advanced with an atomic add by every new flow of a
 /// round-robin frontend. Not pinned: a new agent starts the turns over.
@@ -145,7 +151,7 @@ pub const POD_UDP_AT_CONNECT: &str = ".data.sb_pod_udp";
 /// Per-CPU count of events the ring buffer had no room for.
 pub const TRACE_LOST: &str = "SB_TRACE_LOST_V1";
 /// Every map, in the order the CLI reports them.
-pub const ALL: [&str; 33] = [
+pub const ALL: [&str; 35] = [
     FRONTENDS,
     BACKENDS,
     CONNTRACK,
@@ -176,7 +182,9 @@ pub const ALL: [&str; 33] = [
     FRONTEND_FILTER,
     QUIET_PODS,
     QUIET_GENS,
+    SOCK_CONNS_V1,
+    SOCK_CONNS6_V1,
+    CT_GEN,
     SOCK_CONNS,
     SOCK_CONNS6,
-    CT_GEN,
 ];

@@ -41,14 +41,22 @@ pub struct SockEntry {
     pub service_id: u32,
 }
 
-/// The socket-local storage of a TCP socket the socket layer connected to a
-/// backend instead of a frontend (`SB_SOCK_CONN_V1`, `SB_SOCK_CONN6_V1`:
-/// `BPF_MAP_TYPE_SK_STORAGE`, freed by the kernel with the socket):
-/// `getpeername()` shows the frontend again. `A`: `u32` for IPv4,
-/// [`Addr6Be`] for IPv6 ([`SockConn`], [`SockConn6`]).
+/// Bits of [`SockConnOf::flags`].
+pub mod sock_conn_flags {
+    /// The socket counts on its backend in least-connection's open flows
+    /// (`SB_LC_SOCK_V1`): `sock_release` takes it off. A socket without it
+    /// closes with no lookup.
+    pub const COUNTED: u32 = 1;
+}
+
+/// What the socket layer connected a TCP socket to: the backend it got and
+/// the frontend the application asked for. `A`: `u32` for IPv4,
+/// [`Addr6Be`] for IPv6. Alone, it is the whole socket-local storage of
+/// pin-root format 7 (`SB_SOCK_CONN_V1`, `SB_SOCK_CONN6_V1`), which this
+/// release still reads for the sockets its predecessor connected.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct SockConnOf<A> {
+pub struct SockTargetOf<A> {
     /// The backend the socket is connected to.
     pub backend_addr_be: A,
     /// The frontend the application asked for.
@@ -58,10 +66,27 @@ pub struct SockConnOf<A> {
     pub service_id: u32,
 }
 
+/// The socket-local storage of a TCP socket the socket layer connected to a
+/// backend instead of a frontend (`SB_SOCK_CONN_V2`, `SB_SOCK_CONN6_V2`:
+/// `BPF_MAP_TYPE_SK_STORAGE`, freed by the kernel with the socket):
+/// `getpeername()` shows the frontend again, and `sock_release` knows
+/// from it alone whether the socket leaves least-connection's count.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SockConnOf<A> {
+    pub target: SockTargetOf<A>,
+    /// [`sock_conn_flags`].
+    pub flags: u32,
+}
+
 /// [`SockConnOf`] of an IPv4 socket.
 pub type SockConn = SockConnOf<u32>;
 /// [`SockConnOf`] of an IPv6 socket.
 pub type SockConn6 = SockConnOf<Addr6Be>;
+/// [`SockTargetOf`] of an IPv4 socket: format 7's `SockConn`.
+pub type SockTarget = SockTargetOf<u32>;
+/// [`SockTargetOf`] of an IPv6 socket: format 7's `SockConn6`.
+pub type SockTarget6 = SockTargetOf<Addr6Be>;
 
 /// Key of the socket-layer session-affinity map: the socket layer sees no
 /// client address at connect time, so a client is its network namespace (a

@@ -13,7 +13,7 @@ use proxy_common::{
     Backend6, Config, CtEntry, CtEntry6, CtKey, CtKey6, CtKeyOf, FragEntry, FragEntry6, FragKey,
     FragKey6, FrontendKey, FrontendKey6, FrontendSlot, MaglevTable, NewFlows, NewFlows6, RevNat,
     RevNat6, SockAffinityKey, SockConn, SockConn6, SockEntry, SockEntry6, SockKey, SockKey6,
-    SrcRange4, SrcRange6, SvcStats, Uplink, Uplink6, SRC_RANGE_ID_BITS,
+    SockTarget, SockTarget6, SrcRange4, SrcRange6, SvcStats, Uplink, Uplink6, SRC_RANGE_ID_BITS,
 };
 
 /// Capacity type parameter shared by both affinity maps, so one selection
@@ -45,13 +45,20 @@ pub static SB_SOCK_AFFINITY_V1: LruHashMap<SockAffinityKey, AffinityEntry, AFFIN
 pub static SB_SOCK_V1: LruHashMap<SockKey, SockEntry, { capacity::SOCKETS as usize }> =
     LruHashMap::new();
 /// The frontend of each TCP socket the socket layer connected to a backend,
-/// stored with the socket and freed with it (no release hook, no table
-/// to fill): what `getpeername()` shows.
+/// stored with the socket and freed with it (no table to fill): what
+/// `getpeername()` shows; and whether the socket counts on its backend.
 #[btf_map]
-pub static SB_SOCK_CONN_V1: SkStorage<SockConn> = SkStorage::new();
+pub static SB_SOCK_CONN_V2: SkStorage<SockConn> = SkStorage::new();
+/// [`SB_SOCK_CONN_V2`] of IPv6 sockets.
+#[btf_map]
+pub static SB_SOCK_CONN6_V2: SkStorage<SockConn6> = SkStorage::new();
+/// [`SB_SOCK_CONN_V2`] as the previous release laid it out (no flags):
+/// read for the sockets it connected (`crate::socklb::conn`).
+#[btf_map]
+pub static SB_SOCK_CONN_V1: SkStorage<SockTarget> = SkStorage::new();
 /// [`SB_SOCK_CONN_V1`] of IPv6 sockets.
 #[btf_map]
-pub static SB_SOCK_CONN6_V1: SkStorage<SockConn6> = SkStorage::new();
+pub static SB_SOCK_CONN6_V1: SkStorage<SockTarget6> = SkStorage::new();
 #[btf_map]
 pub static SB_CONFIG_V1: Array<Config, 1> = Array::new();
 #[btf_map]

@@ -3,6 +3,7 @@
 //! `recvmsg4/6` and `getpeername4/6` show the frontend again, and
 //! `sock_release` forgets a closing socket.
 use crate::socklb::conn_frontend;
+use crate::socklb::counted_tcp;
 use crate::socklb::finish;
 use crate::socklb::netns_cookie;
 use crate::socklb::our_proto;
@@ -27,13 +28,12 @@ use crate::socklb::{AF_INET, AF_INET6};
 use crate::{
     family::Family,
     lb::{backend_is_live, counts_flows, frontend_key, lookup_frontend, sched},
-    maps::{config, count, SB_SOCK_CONN6_V1, SB_SOCK_CONN_V1},
+    maps::{config, count},
     trace,
 };
 use aya_ebpf::{
     bindings::bpf_sock,
-    btf_maps::SkStorage,
-    helpers::{bpf_get_socket_cookie, bpf_sk_storage_get},
+    helpers::bpf_get_socket_cookie,
     programs::{SockAddrContext, SockContext},
     EbpfContext as _,
 };
@@ -89,18 +89,20 @@ fn connect<A: SockFamily + Family>(ctx: &SockAddrContext, dst: &SockAddr<A>) -> 
         Ok(picked) => picked,
         Err(why) => return refused(dst, &svc, why),
     };
-    // A TCP socket keeps its frontend itself; a connected UDP socket in the
-    // socket map, where the agent finds it (by its cookie, in whichever
-    // network namespace it lives) when its backend leaves. The cookie is
-    // read only where it is used: a socket's first read generates it.
-    let tcp_kept = dst.proto == proto::TCP && remember_conn(ctx, dst, &picked);
+    // A TCP socket keeps its frontend itself, and whether it counts on its
+    // backend; a connected UDP socket in the socket map, where the agent
+    // finds it (by its cookie, in whichever network namespace it lives)
+    // when its backend leaves. The cookie is read only where it is used: a
+    // socket's first read generates it.
+    let counts = counts_flows(&svc);
+    let tcp_kept = dst.proto == proto::TCP && remember_conn(ctx, dst, &picked, counts);
     if !tcp_kept {
         remember_reverse(socket_cookie(ctx), dst, &picked);
     }
     // A connected socket is one of its backend's open flows; a TCP socket
-    // only when it holds its storage, by which `release` knows to take it
+    // only when its storage says so, by which `release` knows to take it
     // off (the kernel had no memory for it: not counted).
-    if counts_flows(&svc) && (tcp_kept || dst.proto != proto::TCP) {
+    if counts && (tcp_kept || dst.proto != proto::TCP) {
         sched::socket_opened(socket_cookie(ctx), picked.backend_id);
     }
     count(stat::SOCK_CONNECT);
@@ -304,12 +306,10 @@ pub fn restore_peer6(ctx: &SockAddrContext) -> i32 {
 /// for the LRU to push out dead ones. A TCP socket's frontend is in its own
 /// storage, which the kernel frees with it (a TCP socket an earlier version
 /// connected has its entry in the socket map, which the LRU ages out); a
-/// TCP socket only leaves least-connection's count, if it counted on a
-/// backend ([`sched::socket_closed`]), and only a socket that holds that
-/// storage can have: every other TCP socket returns after one storage
-/// check (measured with the kernel's run-time statistics in a wrk run of
-/// short connections: 0.52 µs per close with the cookie and the map
-/// lookup, 0.11 µs with the check). An unconnected UDP socket's
+/// TCP socket only leaves least-connection's count, if its storage says it
+/// counted on a backend ([`sched::socket_closed`]): every other TCP socket
+/// returns after a storage check, without the cookie and the map lookup
+/// ([`counted_tcp`]). An unconnected UDP socket's
 /// per-frontend entries cannot be found from here; the LRU ages them out
 /// too. An `AF_INET6` socket connected to an IPv4-mapped address has its
 /// entry in the IPv4 map.
@@ -324,10 +324,8 @@ pub fn release(ctx: &SockContext) -> i32 {
     };
     if proto == proto::TCP {
         // Least-connection: a TCP socket that counted on a backend leaves
-        // it. Only a socket the socket layer connected can have counted, and
-        // only such a socket holds storage; every other socket (most of a
-        // node's) closes without the cookie and the map lookup.
-        if balanced_tcp(ctx, family) {
+        // it; its own storage says whether it did.
+        if counted_tcp(ctx, family) {
             // SAFETY: the helper accepts a `sock_release` context (Linux 5.10+).
             sched::socket_closed(unsafe { bpf_get_socket_cookie(ctx.as_ptr()) });
         }
@@ -362,39 +360,6 @@ pub fn release(ctx: &SockContext) -> i32 {
         count(stat::SOCK_RELEASED);
     }
     ALLOW
-}
-
-/// Whether the closing TCP socket is one the socket layer connected: it
-/// holds the storage [`remember_conn`] wrote, of the IPv4 map or (an
-/// `AF_INET6` socket) of either map, since a dual-stack socket connected to
-/// an IPv4-mapped address was balanced through the IPv4 maps.
-#[inline(always)]
-fn balanced_tcp(ctx: &SockContext, family: u32) -> bool {
-    match family {
-        AF_INET => holds_conn(ctx, &SB_SOCK_CONN_V1),
-        AF_INET6 => holds_conn(ctx, &SB_SOCK_CONN6_V1) || holds_conn(ctx, &SB_SOCK_CONN_V1),
-        _ => false,
-    }
-}
-
-/// Whether the closing socket holds storage of `map` ([`crate::socklb::remember_conn`]'s):
-/// a TCP socket the socket layer connected. Every other socket has no
-/// storage at all, and the helper answers from one pointer of the socket.
-#[inline(always)]
-fn holds_conn<T>(ctx: &SockContext, map: &'static SkStorage<T>) -> bool {
-    // SAFETY: `sock_release`'s context is the socket the helper takes
-    // (`bpf_sk_storage_get` for cgroup socket programs, Linux 5.10+); the map
-    // pointer is the map's definition, as aya's own calls pass it; no value
-    // and no create flag, so the helper only looks.
-    let found = unsafe {
-        bpf_sk_storage_get(
-            core::ptr::from_ref(map).cast_mut().cast(),
-            ctx.as_ptr(),
-            core::ptr::null_mut(),
-            0,
-        )
-    };
-    !found.is_null()
 }
 
 /// Removes the closing socket's reverse entry for the backend `addr_be:port_be`,

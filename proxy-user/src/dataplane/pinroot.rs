@@ -25,7 +25,7 @@ use crate::dataplane::resize;
 /// map's name, type or entry layout (the names are in
 /// `proxy_common::names::ALL`; the test `the_format_follows_the_map_names`
 /// fails until this is raised when they change).
-pub const FORMAT: u32 = 7;
+pub const FORMAT: u32 = 8;
 
 /// Where the agent pins its maps unless told otherwise.
 pub const DEFAULT_PIN_ROOT: &str = "/sys/fs/bpf/switchboard";
@@ -393,7 +393,7 @@ mod tests {
     #[test]
     fn the_format_follows_the_map_names() {
         let recorded: (u32, &[&str]) = (
-            7,
+            8,
             &[
                 "SB_FE_V1",
                 "SB_BE_V1",
@@ -428,6 +428,8 @@ mod tests {
                 "SB_SOCK_CONN_V1",
                 "SB_SOCK_CONN6_V1",
                 "SB_CT_GEN_V1",
+                "SB_SOCK_CONN_V2",
+                "SB_SOCK_CONN6_V2",
             ],
         );
         assert_eq!(

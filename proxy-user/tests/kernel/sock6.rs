@@ -34,13 +34,14 @@ use crate::support::{
     require_root,
 };
 use aya::{
-    maps::{Array, HashMap, PerCpuArray},
+    maps::{Array, HashMap, PerCpuArray, SkStorage},
     programs::{CgroupAttachMode, CgroupSock, CgroupSockAddr},
     Ebpf,
 };
 use proxy_common::{
-    addr6_be, frontend_flags, names, programs, proto, scope, sock_dir, stat, Backend, Backend6,
-    Config, FrontendKey, FrontendKey6, FrontendSlot, SockEntry6, SockKey6,
+    addr6_be, frontend_flags, names, programs, proto, scope, sock_conn_flags, sock_dir, stat,
+    Backend, Backend6, Config, FrontendKey, FrontendKey6, FrontendSlot, SockConn6, SockEntry6,
+    SockKey6, SockTarget6,
 };
 use proxy_user::dataplane::{ebpf, socketlb};
 
@@ -851,6 +852,114 @@ fn least_conn_open(ebpf: &Ebpf) -> (u64, usize) {
     )
 }
 
+/// Makes [`FE6`]'s TCP frontend pick by least connections.
+fn pick_least_conn(ebpf: &mut Ebpf) {
+    let mut fe6: HashMap<_, FrontendKey6, FrontendSlot> =
+        HashMap::try_from(ebpf.map_mut(names::FRONTENDS6).expect("SB_FE6_V1")).expect("typed");
+    let key = key6(FE6, TCP_PORT, proto::TCP, 0);
+    let mut head = fe6.get(&key, 0).expect("slot 0 of the TCP frontend");
+    head.flags |= frontend_flags::PICK_LEAST_CONN;
+    fe6.insert(key, head, 0).expect("write slot 0");
+}
+
+/// One TCP connection to `frontend`, held while its socket's own storage
+/// (`SB_SOCK_CONN6_V2`) is read.
+fn storage_of_one(ebpf: &Ebpf, frontend: SocketAddr) -> SockConn6 {
+    let conns: SkStorage<_, SockConn6> =
+        SkStorage::try_from(ebpf.map(names::SOCK_CONNS6).expect("SB_SOCK_CONN6_V2"))
+            .expect("typed");
+    let stream = TcpStream::connect_timeout(&frontend, Duration::from_secs(2))
+        .unwrap_or_else(|e| panic!("connect {frontend}: {e}"));
+    conns.get(&stream, 0).expect("the socket's storage")
+}
+
+/// A connected TCP socket's own storage names its frontend and backend and
+/// says whether the socket counts on its backend: one of a frontend that
+/// picks at random does not (so it closes with no least-connection
+/// lookup), one of a least-connection frontend does.
+#[test]
+fn a_sockets_storage_says_whether_it_counts_on_its_backend() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut w = world("sock6-conn");
+    let frontend = SocketAddr::from((FE6, TCP_PORT));
+    let member = w.cgroup.member();
+    let random = in_netns(|| member.inside(|| storage_of_one(&w.ebpf, frontend)));
+    pick_least_conn(&mut w.ebpf);
+    let counted = in_netns(|| member.inside(|| storage_of_one(&w.ebpf, frontend)));
+    assert_eq!(random.flags, 0, "a random pick counts nowhere: {random:?}");
+    assert_eq!(
+        counted.flags,
+        sock_conn_flags::COUNTED,
+        "a least-connection pick counts: {counted:?}"
+    );
+    let backends: Vec<_> = BE6.iter().map(|ip| addr6_be(ip.octets())).collect();
+    for conn in [random, counted] {
+        let target = conn.target;
+        assert_eq!(
+            (
+                target.frontend_addr_be,
+                u16::from_be(target.frontend_port_be)
+            ),
+            (addr6_be(FE6.octets()), TCP_PORT),
+            "{conn:?}"
+        );
+        assert!(backends.contains(&target.backend_addr_be), "{conn:?}");
+        assert_eq!(u16::from_be(target.backend_port_be), POD_TCP, "{conn:?}");
+        assert_eq!(target.service_id, 1, "{conn:?}");
+    }
+    assert_eq!(
+        least_conn_open(&w.ebpf),
+        (0, 0),
+        "closed sockets count no more"
+    );
+}
+
+/// A TCP socket the previous release connected holds that release's
+/// storage (`SB_SOCK_CONN6_V1`: no flags), which this release reads: after
+/// an upgrade its peer still shows as the frontend. Here the storage is
+/// written the way that release wrote it, onto a socket connected straight
+/// to a backend.
+#[test]
+fn a_socket_the_previous_release_connected_still_shows_its_frontend() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut w = world("sock6-conn-v1");
+    let mut previous: SkStorage<_, SockTarget6> = SkStorage::try_from(
+        w.ebpf
+            .take_map(names::SOCK_CONNS6_V1)
+            .expect("SB_SOCK_CONN6_V1"),
+    )
+    .expect("typed");
+    let (backend, frontend) = (
+        SocketAddr::from((BE6[0], POD_TCP)),
+        SocketAddr::from((FE6, TCP_PORT)),
+    );
+    let target = SockTarget6 {
+        backend_addr_be: addr6_be(BE6[0].octets()),
+        frontend_addr_be: addr6_be(FE6.octets()),
+        backend_port_be: POD_TCP.to_be(),
+        frontend_port_be: TCP_PORT.to_be(),
+        service_id: 1,
+    };
+    let member = w.cgroup.member();
+    let (before, after) = in_netns(|| {
+        member.inside(|| {
+            let stream = TcpStream::connect_timeout(&backend, Duration::from_secs(2))
+                .unwrap_or_else(|e| panic!("connect {backend}: {e}"));
+            let before = stream.peer_addr().expect("peer");
+            previous
+                .insert(&stream, target, 0)
+                .expect("write the previous release's storage");
+            (before, stream.peer_addr().expect("peer"))
+        })
+    });
+    assert_eq!(before, backend, "a socket connected to a backend shows it");
+    assert_eq!(
+        after, frontend,
+        "the previous release's storage names the frontend"
+    );
+    assert_eq!(least_conn_open(&w.ebpf), (0, 0), "it counts nowhere");
+}
+
 /// `least-conn` in the socket layer: a connected socket counts on its
 /// backend until it is closed, so while one is open every new connection
 /// goes to the other backend; closed, nothing stays counted.
@@ -858,15 +967,7 @@ fn least_conn_open(ebpf: &Ebpf) -> (u64, usize) {
 fn least_conn_counts_a_connected_socket_until_it_closes() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let mut w = world("sock6-lc");
-    {
-        let mut fe6: HashMap<_, FrontendKey6, FrontendSlot> =
-            HashMap::try_from(w.ebpf.map_mut(names::FRONTENDS6).expect("SB_FE6_V1"))
-                .expect("typed");
-        let key = key6(FE6, TCP_PORT, proto::TCP, 0);
-        let mut head = fe6.get(&key, 0).expect("slot 0 of the TCP frontend");
-        head.flags |= frontend_flags::PICK_LEAST_CONN;
-        fe6.insert(key, head, 0).expect("write slot 0");
-    }
+    pick_least_conn(&mut w.ebpf);
     let frontend = SocketAddr::from((FE6, TCP_PORT));
     let member = w.cgroup.member();
     let ebpf = &w.ebpf;

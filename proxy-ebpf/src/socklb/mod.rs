@@ -25,14 +25,17 @@ use aya_ebpf::{
 };
 use proxy_common::{
     frontend_flags, proto, sock_dir, stat, Addr6Be, FrontendSlot, SockAffinityKey, SockConnOf,
-    SockEntry, SockEntry6, SockKey, SockKey6,
+    SockEntry, SockEntry6, SockKey, SockKey6, SockTargetOf,
 };
+
+mod conn;
+pub(crate) use conn::{conn_frontend, counted_tcp, remember_conn};
 
 use crate::{
     lb::{choose_backend, FamilyAddr, SlotKey},
     maps::{
         config, count, count_denied, count_service, SB_SOCK6_V1, SB_SOCK_AFFINITY_V1,
-        SB_SOCK_CONN6_V1, SB_SOCK_CONN_V1, SB_SOCK_V1,
+        SB_SOCK_CONN6_V1, SB_SOCK_CONN6_V2, SB_SOCK_CONN_V1, SB_SOCK_CONN_V2, SB_SOCK_V1,
     },
 };
 
@@ -84,7 +87,10 @@ impl<A: Copy> Picked<A> {
 /// ([`FamilyAddr`]), its socket map (the LRU of UDP sockets' translations)
 /// and its socket-local storage (TCP sockets' frontends).
 pub(crate) trait SockFamily: FamilyAddr + crate::trace::TraceAddr + 'static {
+    /// The socket-local storage of the TCP sockets it connects.
     fn conns() -> &'static SkStorage<SockConnOf<Self>>;
+    /// The previous release's ([`conn`]), read only.
+    fn conns_v1() -> &'static SkStorage<SockTargetOf<Self>>;
     fn sock_get(cookie: u64, at: &SockAddr<Self>, dir: u8) -> Option<Picked<Self>>;
     /// Inserts (or replaces) an entry; `false` if the map refused.
     fn sock_insert(cookie: u64, at: &SockAddr<Self>, dir: u8, value: &Picked<Self>) -> bool;
@@ -95,6 +101,11 @@ pub(crate) trait SockFamily: FamilyAddr + crate::trace::TraceAddr + 'static {
 impl SockFamily for u32 {
     #[inline(always)]
     fn conns() -> &'static SkStorage<SockConnOf<u32>> {
+        &SB_SOCK_CONN_V2
+    }
+
+    #[inline(always)]
+    fn conns_v1() -> &'static SkStorage<SockTargetOf<u32>> {
         &SB_SOCK_CONN_V1
     }
 
@@ -144,6 +155,11 @@ pub(crate) fn sock_key(cookie: u64, at: &SockAddr<u32>, dir: u8) -> SockKey {
 impl SockFamily for Addr6Be {
     #[inline(always)]
     fn conns() -> &'static SkStorage<SockConnOf<Addr6Be>> {
+        &SB_SOCK_CONN6_V2
+    }
+
+    #[inline(always)]
+    fn conns_v1() -> &'static SkStorage<SockTargetOf<Addr6Be>> {
         &SB_SOCK_CONN6_V1
     }
 
@@ -415,62 +431,6 @@ pub(crate) fn pick<A: SockFamily>(
         backend_id,
         service_id: svc.service_id,
     })
-}
-
-/// Records the frontend a TCP socket asked for in the socket's own storage
-/// (socket-local storage: created here, freed by the kernel with the
-/// socket), so `getpeername` can show it; `false` if the kernel had no
-/// memory for it (then the socket map takes it, [`remember_reverse`]).
-#[inline(always)]
-pub(crate) fn remember_conn<A: SockFamily>(
-    ctx: &SockAddrContext,
-    dst: &SockAddr<A>,
-    picked: &Picked<A>,
-) -> bool {
-    // SAFETY: the context's socket is the one connecting, which the helper
-    // takes; it returns this socket's storage (created zeroed when missing)
-    // or null.
-    let conn = unsafe { A::conns().get_or_insert_ptr_mut(ctx, None) };
-    if conn.is_null() {
-        return false;
-    }
-    // SAFETY: non-null: this socket's storage, valid for the program run;
-    // the socket's own `connect()` holds the socket lock, so no other hook
-    // of this socket writes it meanwhile.
-    unsafe {
-        (*conn).backend_addr_be = picked.addr_be;
-        (*conn).backend_port_be = picked.port_be;
-        (*conn).frontend_addr_be = dst.addr_be;
-        (*conn).frontend_port_be = dst.port_be;
-        (*conn).service_id = picked.service_id;
-    }
-    true
-}
-
-/// The frontend a TCP socket connected to `peer` (a backend) asked for, from
-/// the socket's own storage ([`remember_conn`]).
-#[inline(always)]
-pub(crate) fn conn_frontend<A: SockFamily>(
-    ctx: &SockAddrContext,
-    peer: &SockAddr<A>,
-) -> Option<(A, u16)> {
-    // SAFETY: as in `remember_conn`, without creating the storage.
-    let conn = unsafe { A::conns().get_ptr_mut(ctx) };
-    if conn.is_null() {
-        return None;
-    }
-    // SAFETY: non-null: this socket's storage, valid for the program run;
-    // the fields are copied out.
-    let (backend_addr_be, backend_port_be, frontend_addr_be, frontend_port_be) = unsafe {
-        (
-            (*conn).backend_addr_be,
-            (*conn).backend_port_be,
-            (*conn).frontend_addr_be,
-            (*conn).frontend_port_be,
-        )
-    };
-    (backend_addr_be == peer.addr_be && backend_port_be == peer.port_be)
-        .then_some((frontend_addr_be, frontend_port_be))
 }
 
 /// Records which frontend a backend stands for on this socket, so `recvmsg`
