@@ -293,11 +293,9 @@ fn a_restarted_agent_adopts_the_maps_and_established_connections_survive() {
         ids_before, ids_after,
         "the restarted agent adopts the pinned services (same ids)"
     );
-    let log = c.sb.read_log("agent");
-    assert!(
-        log.contains("adopted=4"),
-        "agent log does not show adoption:\n{log}"
-    );
+    // The held connection may end before the new agent has loaded its
+    // programs (its verifier pass takes longer than the hold's rest).
+    c.wait_log("adopted=4", Duration::from_secs(20));
     c.sb.cleanup().expect("cleanup");
 }
 
