@@ -46,6 +46,8 @@ mod aya_pod {
         SockConn6,
         SockTarget,
         SockTarget6,
+        SockEntry,
+        SockEntry6,
     );
 
     aya_pod!(

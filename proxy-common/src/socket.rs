@@ -27,12 +27,12 @@ pub struct SockKey {
 
 /// Value of the socket-layer LRU map: where the socket's datagrams to the key's
 /// frontend go (`FORWARD`), or which frontend the key's backend stands for
-/// (`REVERSE`).
+/// (`REVERSE`). `A`: `u32` for IPv4 ([`SockEntry`]), [`Addr6Be`] for IPv6
+/// ([`SockEntry6`]).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
-pub struct SockEntry {
-    pub addr_be: u32,
+pub struct SockEntryOf<A> {
+    pub addr_be: A,
     pub port_be: u16,
     pub _pad: [u8; 2],
     /// `FORWARD`: the backend id, checked against the backend map on every
@@ -40,6 +40,11 @@ pub struct SockEntry {
     pub backend_id: u32,
     pub service_id: u32,
 }
+
+/// [`SockEntryOf`] of the IPv4 socket map.
+pub type SockEntry = SockEntryOf<u32>;
+/// [`SockEntryOf`] of the IPv6 socket map.
+pub type SockEntry6 = SockEntryOf<Addr6Be>;
 
 /// Bits of [`SockConnOf::flags`].
 pub mod sock_conn_flags {
@@ -112,18 +117,6 @@ pub struct SockKey6 {
     pub proto: u8,
     pub dir: u8,
     pub _pad: [u8; 4],
-}
-
-/// [`SockEntry`] of an IPv6 socket.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
-pub struct SockEntry6 {
-    pub addr_be: Addr6Be,
-    pub port_be: u16,
-    pub _pad: [u8; 2],
-    pub backend_id: u32,
-    pub service_id: u32,
 }
 
 /// The single entry (key 0) of the config array, written by the agent before

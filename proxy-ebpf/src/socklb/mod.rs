@@ -16,7 +16,7 @@
 //! namespaces (no CAP_SYS_ADMIN) leaves a pod's connected UDP sockets to the
 //! tc layer, which checks the backend on every datagram (the switch is
 //! `crate::programs::sock`'s).
-use aya_ebpf::btf_maps::SkStorage;
+use aya_ebpf::btf_maps::{LruHashMap, SkStorage};
 use aya_ebpf::{
     bindings::bpf_sock_addr,
     helpers::{bpf_get_netns_cookie, bpf_get_socket_cookie, bpf_set_retval},
@@ -24,8 +24,8 @@ use aya_ebpf::{
     EbpfContext as _,
 };
 use proxy_common::{
-    frontend_flags, proto, sock_dir, stat, Addr6Be, FrontendSlot, SockAffinityKey, SockConnOf,
-    SockEntry, SockEntry6, SockKey, SockKey6, SockTargetOf,
+    capacity, frontend_flags, proto, sock_dir, stat, Addr6Be, FrontendSlot, SockAffinityKey,
+    SockConnOf, SockEntryOf, SockKey, SockKey6, SockTargetOf,
 };
 
 mod conn;
@@ -87,18 +87,60 @@ impl<A: Copy> Picked<A> {
 /// ([`FamilyAddr`]), its socket map (the LRU of UDP sockets' translations)
 /// and its socket-local storage (TCP sockets' frontends).
 pub(crate) trait SockFamily: FamilyAddr + crate::trace::TraceAddr + 'static {
+    /// The socket map's key.
+    type SockKey: 'static;
     /// The socket-local storage of the TCP sockets it connects.
     fn conns() -> &'static SkStorage<SockConnOf<Self>>;
     /// The previous release's ([`conn`]), read only.
     fn conns_v1() -> &'static SkStorage<SockTargetOf<Self>>;
-    fn sock_get(cookie: u64, at: &SockAddr<Self>, dir: u8) -> Option<Picked<Self>>;
+    /// The socket map.
+    fn sockets() -> &'static SocketMap<Self::SockKey, Self>;
+    /// The socket map's key of one socket (`cookie`), one address it sends
+    /// to or hears from, and the direction ([`sock_dir`]).
+    fn sock_key(cookie: u64, at: &SockAddr<Self>, dir: u8) -> Self::SockKey;
+
+    #[inline(always)]
+    fn sock_get(cookie: u64, at: &SockAddr<Self>, dir: u8) -> Option<Picked<Self>> {
+        // SAFETY: the fields are copied out at once.
+        let entry = unsafe { Self::sockets().get(Self::sock_key(cookie, at, dir)) }.copied()?;
+        Some(Picked {
+            addr_be: entry.addr_be,
+            port_be: entry.port_be,
+            backend_id: entry.backend_id,
+            service_id: entry.service_id,
+        })
+    }
+
     /// Inserts (or replaces) an entry; `false` if the map refused.
-    fn sock_insert(cookie: u64, at: &SockAddr<Self>, dir: u8, value: &Picked<Self>) -> bool;
+    #[inline(always)]
+    fn sock_insert(cookie: u64, at: &SockAddr<Self>, dir: u8, value: &Picked<Self>) -> bool {
+        let entry = SockEntryOf {
+            addr_be: value.addr_be,
+            port_be: value.port_be,
+            _pad: [0; 2],
+            backend_id: value.backend_id,
+            service_id: value.service_id,
+        };
+        Self::sockets()
+            .insert(Self::sock_key(cookie, at, dir), entry, 0)
+            .is_ok()
+    }
+
     /// Removes an entry; `false` if there was none.
-    fn sock_remove(cookie: u64, at: &SockAddr<Self>, dir: u8) -> bool;
+    #[inline(always)]
+    fn sock_remove(cookie: u64, at: &SockAddr<Self>, dir: u8) -> bool {
+        Self::sockets()
+            .remove(Self::sock_key(cookie, at, dir))
+            .is_ok()
+    }
 }
 
+/// The socket map of family `A`, keyed by `K`.
+pub(crate) type SocketMap<K, A> = LruHashMap<K, SockEntryOf<A>, { capacity::SOCKETS as usize }>;
+
 impl SockFamily for u32 {
+    type SockKey = SockKey;
+
     #[inline(always)]
     fn conns() -> &'static SkStorage<SockConnOf<u32>> {
         &SB_SOCK_CONN_V2
@@ -110,49 +152,25 @@ impl SockFamily for u32 {
     }
 
     #[inline(always)]
-    fn sock_get(cookie: u64, at: &SockAddr<u32>, dir: u8) -> Option<Picked<u32>> {
-        // SAFETY: the fields are copied out at once.
-        let entry = unsafe { SB_SOCK_V1.get(sock_key(cookie, at, dir)) }.copied()?;
-        Some(Picked {
-            addr_be: entry.addr_be,
-            port_be: entry.port_be,
-            backend_id: entry.backend_id,
-            service_id: entry.service_id,
-        })
+    fn sockets() -> &'static SocketMap<SockKey, u32> {
+        &SB_SOCK_V1
     }
 
     #[inline(always)]
-    fn sock_insert(cookie: u64, at: &SockAddr<u32>, dir: u8, value: &Picked<u32>) -> bool {
-        let entry = SockEntry {
-            addr_be: value.addr_be,
-            port_be: value.port_be,
-            _pad: [0; 2],
-            backend_id: value.backend_id,
-            service_id: value.service_id,
-        };
-        SB_SOCK_V1
-            .insert(sock_key(cookie, at, dir), entry, 0)
-            .is_ok()
-    }
-
-    #[inline(always)]
-    fn sock_remove(cookie: u64, at: &SockAddr<u32>, dir: u8) -> bool {
-        SB_SOCK_V1.remove(sock_key(cookie, at, dir)).is_ok()
-    }
-}
-
-#[inline(always)]
-pub(crate) fn sock_key(cookie: u64, at: &SockAddr<u32>, dir: u8) -> SockKey {
-    SockKey {
-        cookie,
-        addr_be: at.addr_be,
-        port_be: at.port_be,
-        proto: at.proto,
-        dir,
+    fn sock_key(cookie: u64, at: &SockAddr<u32>, dir: u8) -> SockKey {
+        SockKey {
+            cookie,
+            addr_be: at.addr_be,
+            port_be: at.port_be,
+            proto: at.proto,
+            dir,
+        }
     }
 }
 
 impl SockFamily for Addr6Be {
+    type SockKey = SockKey6;
+
     #[inline(always)]
     fn conns() -> &'static SkStorage<SockConnOf<Addr6Be>> {
         &SB_SOCK_CONN6_V2
@@ -164,46 +182,20 @@ impl SockFamily for Addr6Be {
     }
 
     #[inline(always)]
-    fn sock_get(cookie: u64, at: &SockAddr<Addr6Be>, dir: u8) -> Option<Picked<Addr6Be>> {
-        // SAFETY: the fields are copied out at once.
-        let entry = unsafe { SB_SOCK6_V1.get(sock_key6(cookie, at, dir)) }.copied()?;
-        Some(Picked {
-            addr_be: entry.addr_be,
-            port_be: entry.port_be,
-            backend_id: entry.backend_id,
-            service_id: entry.service_id,
-        })
+    fn sockets() -> &'static SocketMap<SockKey6, Addr6Be> {
+        &SB_SOCK6_V1
     }
 
     #[inline(always)]
-    fn sock_insert(cookie: u64, at: &SockAddr<Addr6Be>, dir: u8, value: &Picked<Addr6Be>) -> bool {
-        let entry = SockEntry6 {
-            addr_be: value.addr_be,
-            port_be: value.port_be,
-            _pad: [0; 2],
-            backend_id: value.backend_id,
-            service_id: value.service_id,
-        };
-        SB_SOCK6_V1
-            .insert(sock_key6(cookie, at, dir), entry, 0)
-            .is_ok()
-    }
-
-    #[inline(always)]
-    fn sock_remove(cookie: u64, at: &SockAddr<Addr6Be>, dir: u8) -> bool {
-        SB_SOCK6_V1.remove(sock_key6(cookie, at, dir)).is_ok()
-    }
-}
-
-#[inline(always)]
-pub(crate) fn sock_key6(cookie: u64, at: &SockAddr<Addr6Be>, dir: u8) -> SockKey6 {
-    SockKey6 {
-        cookie,
-        addr_be: at.addr_be,
-        port_be: at.port_be,
-        proto: at.proto,
-        dir,
-        _pad: [0; 4],
+    fn sock_key(cookie: u64, at: &SockAddr<Addr6Be>, dir: u8) -> SockKey6 {
+        SockKey6 {
+            cookie,
+            addr_be: at.addr_be,
+            port_be: at.port_be,
+            proto: at.proto,
+            dir,
+            _pad: [0; 4],
+        }
     }
 }
 
