@@ -244,9 +244,6 @@ pub fn load_unpinned_as(
     caps: &Capacities,
     access: &Access,
 ) -> Result<Ebpf, LoadError> {
-    if object.is_empty() {
-        return Err(LoadError::NoObject);
-    }
     let mut ebpf = load_once(object, None, caps, access)?;
     install_tail_calls(&mut ebpf)?;
     Ok(ebpf)
@@ -260,28 +257,22 @@ fn load_with(
     pins_at: Option<(&Path, &[&'static str])>,
     caps: &Capacities,
 ) -> Result<Loaded, LoadError> {
-    if object.is_empty() {
-        return Err(LoadError::NoObject);
-    }
     let access = Access::detect();
-    match load_once(object, pins_at, caps, &access) {
+    let (ebpf, checksums) = match load_once(object, pins_at, caps, &access) {
         Err(LoadError::Program { name, source }) if access != Access::Helper => {
             tracing::warn!(
                 program = name,
                 error = %source,
                 "the kernel refused the in-place checksum update; loading with the checksum helper"
             );
-            let ebpf = load_once(object, pins_at, caps, &Access::Helper)?;
-            Ok(Loaded {
-                ebpf,
-                checksums: Access::Helper,
-            })
+            (
+                load_once(object, pins_at, caps, &Access::Helper)?,
+                Access::Helper,
+            )
         }
-        loaded => loaded.map(|ebpf| Loaded {
-            ebpf,
-            checksums: access,
-        }),
-    }
+        loaded => (loaded?, access),
+    };
+    Ok(Loaded { ebpf, checksums })
 }
 
 /// Loads `object` once, its checksum markers patched for `access`
@@ -292,6 +283,9 @@ fn load_once(
     caps: &Capacities,
     access: &Access,
 ) -> Result<Ebpf, LoadError> {
+    if object.is_empty() {
+        return Err(LoadError::NoObject);
+    }
     let patched = kctx::patch(object, access).map_err(|source| LoadError::Patch { source })?;
     let pin_root = pins_at.map(|(root, _)| root);
     let pins: Vec<(&str, PathBuf)> = match pins_at {
