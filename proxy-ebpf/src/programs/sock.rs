@@ -252,7 +252,8 @@ fn frontend_of<A: SockFamily>(ctx: &SockAddrContext, peer: &SockAddr<A>) -> Opti
         proto::TCP => conn_frontend(ctx, peer),
         _ => None,
     };
-    // The socket map: UDP, and TCP sockets an earlier version connected.
+    // The socket map: UDP, and TCP sockets a release from before the
+    // socket-local storage connected.
     let frontend = match stored {
         Some(frontend) => frontend,
         None => A::sock_get(socket_cookie(ctx), peer, sock_dir::REVERSE)
@@ -304,8 +305,9 @@ pub fn restore_peer6(ctx: &SockAddrContext) -> i32 {
 /// A UDP socket closes: the entry that maps its backend back to the
 /// frontend goes, so the socket map holds live sockets rather than waiting
 /// for the LRU to push out dead ones. A TCP socket's frontend is in its own
-/// storage, which the kernel frees with it (a TCP socket an earlier version
-/// connected has its entry in the socket map, which the LRU ages out); a
+/// storage, which the kernel frees with it (a TCP socket a release from
+/// before that storage connected has its entry in the socket map, which the
+/// LRU ages out); a
 /// TCP socket only leaves least-connection's count, if its storage says it
 /// counted on a backend ([`sched::socket_closed`]): every other TCP socket
 /// returns after a storage check, without the cookie and the map lookup
