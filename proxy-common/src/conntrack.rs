@@ -127,9 +127,10 @@ pub type NewFlows6 = NewFlowsOf<CtKey6, { new_flows::SLOTS6 as usize }>;
 pub const CT_REFRESH_NS: u64 = 1_000_000_000;
 
 /// What the agent adds to the table's generation (`names::CT_GEN`) after it
-/// removes entries; the data path adds one. The agent's step is a read and
-/// a write: a data-path add lost between them still leaves a value above
-/// every earlier one.
+/// removes entries; the previous release's data path adds one (this
+/// release's moves a generation per flow-cache slot instead). The agent's
+/// step is a read and a write: a data-path add lost between them still
+/// leaves a value above every earlier one.
 pub const CT_GEN_AGENT_STEP: u64 = 1 << 32;
 
 /// Key of the connection-tracking map of either family (`A`: `u32` for

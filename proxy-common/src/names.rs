@@ -104,10 +104,12 @@ pub const QUIET_PODS: &str = "SB_QUIET_V2";
 /// [`QUIET_PODS`]): the data path adds one with an atomic add after it
 /// tracks a flow from that interface, voiding the mark of an older one.
 pub const QUIET_GENS: &str = "SB_QUIET_GEN_V1";
-/// The connection-tracking table's generation (one `u64`): moved on after
-/// every removal or replacement of an entry (by one in the data path, by
-/// [`super::CT_GEN_AGENT_STEP`] in the agent); the data path's per-CPU flow
-/// caches answer only for the generation they were filled at.
+/// The connection-tracking table's generation (one `u64`): moved on by
+/// [`super::CT_GEN_AGENT_STEP`] after the agent removed entries (and by one
+/// after each removal or replacement by the previous release's programs;
+/// this release's void only the flow-cache slot of the key they write); the
+/// data path's per-CPU flow caches answer only for the generation they were
+/// filled at.
 pub const CT_GEN: &str = "SB_CT_GEN_V1";
 /// Socket layer: the socket-local storage of a TCP socket connected to a
 /// backend ([`super::SockConn`]), freed with the socket.

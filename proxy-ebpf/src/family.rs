@@ -108,6 +108,8 @@ pub struct Work<A: Family> {
     pub ct_gen: u64,
     /// That slot's index, as the cache's lookup computed it.
     pub ct_slot: u32,
+    /// The slot index's own generation (its low half), read with `ct_gen`.
+    pub ct_slot_gen: u32,
 }
 
 /// Copies a backend field by field (see [`set`]).

@@ -167,9 +167,10 @@ const _: () = assert!(FLOW_SLOTS.is_power_of_two());
 
 /// One cached flow direction (`crate::ct::cache`): the key it answers, the
 /// translation, the entry's state when it was filled, the tick until which
-/// it stands for the entry, and the table's generation then. Not shared
-/// with the agent and never pinned (each loaded object starts empty); the
-/// IPv4 slot ends in 4 bytes of padding the compiler adds.
+/// it stands for the entry, and the two generations then (the table's and
+/// its slot's). Not shared with the agent and never pinned (each loaded
+/// object starts empty); the IPv6 slot ends in 4 bytes of padding the
+/// compiler adds.
 #[repr(C)]
 pub struct FlowSlot<A> {
     pub gen: u64,
@@ -182,9 +183,13 @@ pub struct FlowSlot<A> {
     pub state: u8,
     pub _pad: u8,
     pub service_id: u32,
+    /// The low half of [`SB_FLOW_SLOT_GEN_V1`] at this slot's index when
+    /// it was filled: it wraps only after 2^32 replacements hashed to one
+    /// slot, far more than fit in the slot's life (`until_jiffies`).
+    pub slot_gen: u32,
 }
 const _: () = assert!(core::mem::size_of::<FlowSlot<u32>>() == 48);
-const _: () = assert!(core::mem::size_of::<FlowSlot<Addr6Be>>() == 80);
+const _: () = assert!(core::mem::size_of::<FlowSlot<Addr6Be>>() == 88);
 
 /// A family's flow cache: one array of slots per CPU.
 pub type FlowCache<A> = PerCpuArray<FlowSlot<A>, { FLOW_SLOTS as usize }>;
@@ -194,12 +199,21 @@ pub static SB_FLOW_CACHE4_V1: FlowCache<u32> = PerCpuArray::new();
 #[btf_map]
 pub static SB_FLOW_CACHE6_V1: FlowCache<Addr6Be> = PerCpuArray::new();
 
-/// The connection-tracking table's generation: moved on after every
-/// removal or replacement of an entry, by the data path (an atomic add of
-/// one) and by the agent (`proxy_common::conntrack::CT_GEN_AGENT_STEP`);
-/// what the flow caches hold is void once it moved (`crate::ct::cache`).
+/// The connection-tracking table's generation: moved on by the agent after
+/// it removed entries (`proxy_common::conntrack::CT_GEN_AGENT_STEP`); what
+/// the flow caches hold is void once it moved (`crate::ct::cache`). The
+/// previous release's programs also add one after each removal or
+/// replacement of theirs, which voids this release's slots as well.
 #[btf_map]
 pub static SB_CT_GEN_V1: Array<u64, 1> = Array::new();
+
+/// The generation of each flow-cache slot index, shared by all CPUs and
+/// both families: the data path adds one (atomically) after it removes or
+/// replaces the entry of a key that hashes to the index, which voids that
+/// index's slot on every CPU and no other (`crate::ct::cache`). Not pinned:
+/// only this object's caches hold its values.
+#[btf_map]
+pub static SB_FLOW_SLOT_GEN_V1: Array<u64, { FLOW_SLOTS as usize }> = Array::new();
 
 #[btf_map]
 pub static SB_STATS_V5: PerCpuArray<u64, { stat::COUNT as usize }> = PerCpuArray::new();

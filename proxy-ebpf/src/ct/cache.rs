@@ -8,10 +8,17 @@
 //!
 //! The cache must never translate a packet the table would not, nor keep
 //! back from the table what the table must see:
-//! - every removal or replacement of an entry, by the data path or by the
-//!   agent, moves the table's generation on ([`SB_CT_GEN_V1`], after the
-//!   write); a slot holds the generation read before the table lookup that
-//!   filled it, and is void once the generation moved;
+//! - every removal or replacement of an entry moves a generation on, after
+//!   the write: the data path's, that of the key's slot index
+//!   ([`SB_FLOW_SLOT_GEN_V1`], one per index, shared by all CPUs); the
+//!   agent's, the table's ([`SB_CT_GEN_V1`]). A slot holds both as read
+//!   before the table lookup that filled it, and is void once either
+//!   moved. A client reusing its port replaces its old flow's entries with
+//!   every new connection (the closed flow is kept for a while): one
+//!   generation for the whole table, moved on by each of those, voided
+//!   every CPU's slots thousands of times a second under such load, so
+//!   established flows went to the table nearly always; one per index
+//!   voids the replaced key's slot alone;
 //! - only TCP segments without SYN, FIN or RST use it: a SYN or SYN-ACK
 //!   opens a flow or finds a stale one, a FIN or RST starts the close, and
 //!   UDP re-checks its backend per datagram; all of them take the table;
@@ -30,7 +37,7 @@ use proxy_common::{ct_flags, proto, CtEntryOf, CtKeyOf, CT_REFRESH_NS};
 
 use crate::{
     family::{Family, Work},
-    maps::{FLOW_SLOTS, SB_CT_GEN_V1},
+    maps::{FLOW_SLOTS, SB_CT_GEN_V1, SB_FLOW_SLOT_GEN_V1},
     packet::{set, FlowOf, TCP_FLAG_FIN, TCP_FLAG_RST, TCP_FLAG_SYN},
 };
 
@@ -48,12 +55,13 @@ const LONGEST_TICK_NS: u64 = 10_000_000;
 /// happen): no slot holds it, and none is filled with it.
 pub(crate) const NO_GENERATION: u64 = u64::MAX;
 
-/// Moves the table's generation on, after the data path removed or
-/// replaced an entry: every slot filled before is void.
+/// Moves the generation of `key`'s slot index on, after the data path
+/// removed or replaced the key's entry: that index's slot, on every CPU, is
+/// void if it was filled before.
 #[inline(always)]
-pub(crate) fn invalidate() {
-    if let Some(gen) = SB_CT_GEN_V1.get_ptr_mut(0) {
-        // SAFETY: the map's one value, valid for the program run and
+pub(crate) fn invalidate<A: Family>(key: &CtKeyOf<A>) {
+    if let Some(gen) = SB_FLOW_SLOT_GEN_V1.get_ptr_mut(index(key)) {
+        // SAFETY: a value of an array map, valid for the program run and
         // 8-aligned; one atomic add that does not fetch (`BPF_ATOMIC |
         // BPF_ADD`: nothing needs the old value), so other CPUs' adds are
         // not lost.
@@ -100,9 +108,9 @@ fn index<A: Family>(key: &CtKeyOf<A>) -> u32 {
 
 /// The service of the flow direction of `w.key` (already written) if this
 /// CPU's cache holds it; then `w.backend` holds the address and port the
-/// packet is translated to. Either way `w.ct_gen` and `w.ct_slot` hold what
-/// [`fill`] takes: the table's generation, read before the table is looked
-/// up, and the key's slot.
+/// packet is translated to. Either way `w.ct_gen`, `w.ct_slot` and
+/// `w.ct_slot_gen` hold what [`fill`] takes: the table's generation and the
+/// slot index's, read before the table is looked up, and the key's slot.
 /// `reply`: the packet goes to the client (the state bit a reply brings).
 #[inline(always)]
 pub(crate) fn hit<A: Family>(w: &mut Work<A>, reply: bool) -> Option<u32> {
@@ -110,8 +118,13 @@ pub(crate) fn hit<A: Family>(w: &mut Work<A>, reply: bool) -> Option<u32> {
     if !cacheable(&w.flow) {
         return None;
     }
-    w.ct_gen = SB_CT_GEN_V1.get(0).copied().unwrap_or(NO_GENERATION);
     w.ct_slot = index(&w.key);
+    let Some(slot_gen) = SB_FLOW_SLOT_GEN_V1.get(w.ct_slot) else {
+        // Cannot happen (the index is below the size): nothing is cached.
+        return None;
+    };
+    w.ct_slot_gen = *slot_gen as u32;
+    w.ct_gen = SB_CT_GEN_V1.get(0).copied().unwrap_or(NO_GENERATION);
     let slot = A::flow_cache().get_ptr(w.ct_slot)?;
     // SAFETY: this CPU's slot of a per-CPU array, valid for the program
     // run; only this CPU's programs write it, and not meanwhile.
@@ -125,7 +138,11 @@ pub(crate) fn hit<A: Family>(w: &mut Work<A>, reply: bool) -> Option<u32> {
     // SAFETY: a helper without preconditions (Linux 5.5+); the verifier
     // makes it one load.
     let jiffies = unsafe { bpf_jiffies64() };
-    if slot.gen != w.ct_gen || slot.state | bits != slot.state || jiffies >= slot.until_jiffies {
+    if slot.gen != w.ct_gen
+        || slot.slot_gen != w.ct_slot_gen
+        || slot.state | bits != slot.state
+        || jiffies >= slot.until_jiffies
+    {
         return None;
     }
     set(&mut w.backend.addr_be, &slot.nat_addr_be);
@@ -134,8 +151,9 @@ pub(crate) fn hit<A: Family>(w: &mut Work<A>, reply: bool) -> Option<u32> {
 }
 
 /// Caches, in the slot [`hit`] found for `key` (`slot`), the entry at
-/// `entry_ptr`, which the table answered for `key` after generation `gen`
-/// was read and which this packet (`flow`) was just noted in at `now_ns`.
+/// `entry_ptr`, which the table answered for `key` after the generations
+/// `gen` (the table's) and `slot_gen` (the slot index's) were read and which
+/// this packet (`flow`) was just noted in at `now_ns`.
 /// A closing flow, and an entry whose last-seen time is due to be
 /// refreshed, are left to the table.
 #[inline(always)]
@@ -143,7 +161,7 @@ pub(crate) fn fill<A: Family>(
     key: &CtKeyOf<A>,
     entry_ptr: *const CtEntryOf<A>,
     flow: &FlowOf<A>,
-    (gen, slot): (u64, u32),
+    (gen, slot, slot_gen): (u64, u32, u32),
     now_ns: u64,
 ) {
     if gen == NO_GENERATION || !cacheable(flow) {
@@ -178,4 +196,5 @@ pub(crate) fn fill<A: Family>(
     // SAFETY: as in `hit`.
     slot.until_jiffies = unsafe { bpf_jiffies64() } + left_ns / LONGEST_TICK_NS;
     slot.gen = gen;
+    slot.slot_gen = slot_gen;
 }

@@ -20,7 +20,7 @@ pub mod cache;
 pub mod track;
 
 use aya_ebpf::{
-    bindings::{BPF_ANY, BPF_NOEXIST},
+    bindings::BPF_ANY,
     helpers::{bpf_jiffies64, bpf_ktime_get_coarse_ns},
 };
 use proxy_common::{
@@ -45,16 +45,14 @@ pub(crate) fn entry<A: Family>(key: &CtKeyOf<A>) -> Option<*mut CtEntryOf<A>> {
 /// `E2BIG`: what a preallocated hash map's update returns when it has no
 /// free element left.
 const E2BIG: i32 = 7;
-/// `EEXIST`: what an update with `BPF_NOEXIST` returns for a key present.
-const EEXIST: i32 = 17;
 
-/// Removes the entry of `key`, if present; a removal moves the table's
-/// generation on (the flow caches, [`cache`]). Whether it was there.
+/// Removes the entry of `key`, if present; a removal moves the generation
+/// of the key's flow-cache slot on ([`cache`]). Whether it was there.
 #[inline(always)]
 pub(crate) fn remove<A: Family>(key: &CtKeyOf<A>) -> bool {
     let removed = A::conntrack().remove(key).is_ok();
     if removed {
-        cache::invalidate();
+        cache::invalidate(key);
     }
     removed
 }
@@ -215,23 +213,21 @@ pub(crate) struct Fields {
 
 impl<A: Family> Entry for CtEntryOf<A> {
     type Key = CtKeyOf<A>;
-    /// An entry written over another (`BPF_ANY` on a key present: a
-    /// reused tuple) moves the table's generation on after the write, as a
-    /// removal does: a flow cache may hold the old one ([`cache`]).
+    /// An entry that may be written over another (`BPF_ANY`: a reused
+    /// tuple) moves the generation of the key's flow-cache slot on after
+    /// the write, as a removal does: a flow cache may hold the old one
+    /// ([`cache`]). Whether there was one is not asked: under a client
+    /// reusing its ports nearly every new flow replaces a closed one, and
+    /// asking (`BPF_NOEXIST` first, then the write) cost a second update
+    /// of the table per entry, where voiding a slot that held nothing of
+    /// this key costs an atomic add.
     #[inline(always)]
     fn insert(key: &CtKeyOf<A>, entry: &Self, flags: u64) -> Result<(), i32> {
-        let table = A::conntrack();
-        if flags != u64::from(BPF_ANY) {
-            return table.insert(key, entry, flags);
+        let written = A::conntrack().insert(key, entry, flags);
+        if flags == u64::from(BPF_ANY) && written.is_ok() {
+            cache::invalidate(key);
         }
-        match table.insert(key, entry, u64::from(BPF_NOEXIST)) {
-            Err(errno) if errno == -EEXIST => {
-                let replaced = table.insert(key, entry, flags);
-                cache::invalidate();
-                replaced
-            }
-            other => other,
-        }
+        written
     }
     #[inline(always)]
     unsafe fn fields(entry: *mut Self) -> Fields {

@@ -131,6 +131,7 @@ pub(crate) fn continued<A: Family>(w: &mut Work<A>) -> Option<u32> {
         key2,
         ct_gen,
         ct_slot,
+        ct_slot_gen,
         ..
     } = w;
     let now_ns = crate::ct::note(entry_ptr, flow, false, || {
@@ -138,7 +139,13 @@ pub(crate) fn continued<A: Family>(w: &mut Work<A>) -> Option<u32> {
         reply_key_of(flow, unsafe { &*entry_ptr }, key2);
         super::entry(key2)
     });
-    cache::fill(key, entry_ptr, flow, (*ct_gen, *ct_slot), now_ns);
+    cache::fill(
+        key,
+        entry_ptr,
+        flow,
+        (*ct_gen, *ct_slot, *ct_slot_gen),
+        now_ns,
+    );
     Some(service_id)
 }
 
