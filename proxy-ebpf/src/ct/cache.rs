@@ -19,9 +19,12 @@
 //!   every CPU's slots thousands of times a second under such load, so
 //!   established flows went to the table nearly always; one per index
 //!   voids the replaced key's slot alone;
-//! - only TCP segments without SYN, FIN or RST use it: a SYN or SYN-ACK
-//!   opens a flow or finds a stale one, a FIN or RST starts the close, and
-//!   UDP re-checks its backend per datagram; all of them take the table;
+//! - only TCP segments without SYN, FIN or RST are answered by it: a SYN or
+//!   SYN-ACK opens a flow or finds a stale one, a FIN or RST starts the
+//!   close, and UDP re-checks its backend per datagram; all of them take
+//!   the table. The table's answer to a SYN-ACK (checked against a stale
+//!   flow first) fills the reply's slot, so the server's next segment finds
+//!   it;
 //! - a segment that would add a state bit to its entry (the client's first
 //!   ACK, the first reply) takes the table, which records it;
 //! - the entry's last-seen time: a slot stands for the entry only until
@@ -76,10 +79,20 @@ pub(crate) fn invalidate<A: Family>(key: &CtKeyOf<A>) {
     }
 }
 
-/// Whether a segment may be answered by the cache (and fill it).
+/// Whether a segment may be answered by the cache.
 #[inline(always)]
-fn cacheable<A: Family>(flow: &FlowOf<A>) -> bool {
+fn answerable<A: Family>(flow: &FlowOf<A>) -> bool {
     flow.proto == proto::TCP && flow.tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_FIN | TCP_FLAG_RST) == 0
+}
+
+/// Whether the table's answer to a segment may fill its slot: the
+/// segments the cache answers, and a SYN-ACK (which the table answers, and
+/// which the reply path checks against a stale flow first), so the
+/// reply's next segment finds its slot filled.
+#[inline(always)]
+fn fills<A: Family>(flow: &FlowOf<A>) -> bool {
+    answerable(flow)
+        || flow.accepts_connection() && flow.tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST) == 0
 }
 
 /// The key as 32-bit words, for the index and the compare.
@@ -115,7 +128,7 @@ fn index<A: Family>(key: &CtKeyOf<A>) -> u32 {
 #[inline(always)]
 pub(crate) fn hit<A: Family>(w: &mut Work<A>, reply: bool) -> Option<u32> {
     w.ct_gen = NO_GENERATION;
-    if !cacheable(&w.flow) {
+    if !fills(&w.flow) {
         return None;
     }
     w.ct_slot = index(&w.key);
@@ -125,6 +138,10 @@ pub(crate) fn hit<A: Family>(w: &mut Work<A>, reply: bool) -> Option<u32> {
     };
     w.ct_slot_gen = *slot_gen as u32;
     w.ct_gen = SB_CT_GEN_V1.get(0).copied().unwrap_or(NO_GENERATION);
+    if !answerable(&w.flow) {
+        // A SYN-ACK: the table answers, its answer fills the slot.
+        return None;
+    }
     let slot = A::flow_cache().get_ptr(w.ct_slot)?;
     // SAFETY: this CPU's slot of a per-CPU array, valid for the program
     // run; only this CPU's programs write it, and not meanwhile.
@@ -164,7 +181,7 @@ pub(crate) fn fill<A: Family>(
     (gen, slot, slot_gen): (u64, u32, u32),
     now_ns: u64,
 ) {
-    if gen == NO_GENERATION || !cacheable(flow) {
+    if gen == NO_GENERATION || !fills(flow) {
         return;
     }
     // SAFETY: a value of the conntrack map, valid for this program run.

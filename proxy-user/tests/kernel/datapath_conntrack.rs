@@ -645,3 +645,44 @@ fn a_reused_tuple_goes_to_its_new_backend_not_to_a_cached_one() {
         );
     }
 }
+
+/// The table's answer to a SYN-ACK fills the reply's slot of this CPU's
+/// flow cache, so the server's next segment needs no table lookup: with
+/// the reply entry taken out behind the caches' back (no generation moved,
+/// which the agent never does), that segment is still translated, from
+/// the slot alone. Once the table's generation moves, as after any removal
+/// by the agent, it is not.
+#[test]
+fn a_syn_ack_fills_the_reply_slot_for_the_servers_next_segment() {
+    use Step::*;
+    run_on_cpu(0);
+    let mut loaded = fixture(1024);
+    let sport = 43000;
+    for step in [Request(SYN), Reply(SYN_ACK)] {
+        assert_eq!(loaded.send(step, proto::TCP, sport), TC_ACT_OK, "{step:?}");
+    }
+    loaded
+        .syncer
+        .store_mut()
+        .conntrack
+        .remove(&reply_key(proto::TCP, sport))
+        .expect("take the reply entry out");
+    let reply = PacketSpec {
+        tcp_flags: ACK,
+        ..PacketSpec::tcp(POD1, 8080, CLIENT, sport)
+    }
+    .build();
+    let (verdict, out) = loaded.run(programs::TC_TO_POD, &reply);
+    assert_eq!(
+        (verdict, src(&out)),
+        (TC_ACT_OK, VIP),
+        "the server's segment after the SYN-ACK, from the slot"
+    );
+    loaded.syncer.store_mut().conntrack_changed();
+    let (verdict, out) = loaded.run(programs::TC_TO_POD, &reply);
+    assert_eq!(
+        (verdict, src(&out)),
+        (TC_ACT_UNSPEC, POD1),
+        "the same segment once the table's generation moved"
+    );
+}
