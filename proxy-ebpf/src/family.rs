@@ -103,13 +103,22 @@ pub struct Work<A: Family> {
     /// The quote of an ICMP error being built ([`crate::reject`]): the IP
     /// header and 8 bytes of the TCP/UDP header, as in the packet.
     pub quote: A::Quote,
-    /// The connection-tracking table's generation, read before the lookup
-    /// whose entry may fill a flow cache's slot (`crate::ct::cache`).
-    pub ct_gen: u64,
-    /// That slot's index, as the cache's lookup computed it.
-    pub ct_slot: u32,
-    /// The slot index's own generation (its low half), read with `ct_gen`.
-    pub ct_slot_gen: u32,
+    /// What the flow cache's lookup read for the fill that may follow it.
+    pub ct: CacheTicket,
+}
+
+/// What a flow cache's lookup (`crate::ct::cache::hit`) reads for the fill
+/// that may follow the table's answer: the two generations, read before
+/// the table is looked up, and the key's slot.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CacheTicket {
+    /// The connection-tracking table's generation.
+    pub gen: u64,
+    /// The slot's index.
+    pub slot: u32,
+    /// The slot index's own generation (its low half).
+    pub slot_gen: u32,
 }
 
 /// Copies a backend field by field (see [`set`]).

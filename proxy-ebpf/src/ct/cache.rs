@@ -39,7 +39,7 @@ use aya_ebpf::helpers::bpf_jiffies64;
 use proxy_common::{ct_flags, proto, CtEntryOf, CtKeyOf, CT_REFRESH_NS};
 
 use crate::{
-    family::{Family, Work},
+    family::{CacheTicket, Family, Work},
     maps::{FLOW_SLOTS, SB_CT_GEN_V1, SB_FLOW_SLOT_GEN_V1},
     packet::{set, FlowOf, TCP_FLAG_FIN, TCP_FLAG_RST, TCP_FLAG_SYN},
 };
@@ -121,28 +121,28 @@ fn index<A: Family>(key: &CtKeyOf<A>) -> u32 {
 
 /// The service of the flow direction of `w.key` (already written) if this
 /// CPU's cache holds it; then `w.backend` holds the address and port the
-/// packet is translated to. Either way `w.ct_gen`, `w.ct_slot` and
-/// `w.ct_slot_gen` hold what [`fill`] takes: the table's generation and the
-/// slot index's, read before the table is looked up, and the key's slot.
+/// packet is translated to. Either way `w.ct` holds what [`fill`] takes:
+/// the table's generation and the slot index's, read before the table is
+/// looked up, and the key's slot.
 /// `reply`: the packet goes to the client (the state bit a reply brings).
 #[inline(always)]
 pub(crate) fn hit<A: Family>(w: &mut Work<A>, reply: bool) -> Option<u32> {
-    w.ct_gen = NO_GENERATION;
+    w.ct.gen = NO_GENERATION;
     if !fills(&w.flow) {
         return None;
     }
-    w.ct_slot = index(&w.key);
-    let Some(slot_gen) = SB_FLOW_SLOT_GEN_V1.get(w.ct_slot) else {
+    w.ct.slot = index(&w.key);
+    let Some(slot_gen) = SB_FLOW_SLOT_GEN_V1.get(w.ct.slot) else {
         // Cannot happen (the index is below the size): nothing is cached.
         return None;
     };
-    w.ct_slot_gen = *slot_gen as u32;
-    w.ct_gen = SB_CT_GEN_V1.get(0).copied().unwrap_or(NO_GENERATION);
+    w.ct.slot_gen = *slot_gen as u32;
+    w.ct.gen = SB_CT_GEN_V1.get(0).copied().unwrap_or(NO_GENERATION);
     if !answerable(&w.flow) {
         // A SYN-ACK: the table answers, its answer fills the slot.
         return None;
     }
-    let slot = A::flow_cache().get_ptr(w.ct_slot)?;
+    let slot = A::flow_cache().get_ptr(w.ct.slot)?;
     // SAFETY: this CPU's slot of a per-CPU array, valid for the program
     // run; only this CPU's programs write it, and not meanwhile.
     let slot = unsafe { &*slot };
@@ -155,8 +155,8 @@ pub(crate) fn hit<A: Family>(w: &mut Work<A>, reply: bool) -> Option<u32> {
     // SAFETY: a helper without preconditions (Linux 5.5+); the verifier
     // makes it one load.
     let jiffies = unsafe { bpf_jiffies64() };
-    if slot.gen != w.ct_gen
-        || slot.slot_gen != w.ct_slot_gen
+    if slot.gen != w.ct.gen
+        || slot.slot_gen != w.ct.slot_gen
         || slot.state | bits != slot.state
         || jiffies >= slot.until_jiffies
     {
@@ -167,10 +167,10 @@ pub(crate) fn hit<A: Family>(w: &mut Work<A>, reply: bool) -> Option<u32> {
     Some(slot.service_id)
 }
 
-/// Caches, in the slot [`hit`] found for `key` (`slot`), the entry at
-/// `entry_ptr`, which the table answered for `key` after the generations
-/// `gen` (the table's) and `slot_gen` (the slot index's) were read and which
-/// this packet (`flow`) was just noted in at `now_ns`.
+/// Caches, in the slot [`hit`] found for `key` (`ticket`: that slot, and
+/// the generations read before the table lookup), the entry at
+/// `entry_ptr`, which the table answered for `key` and which this packet
+/// (`flow`) was just noted in at `now_ns`.
 /// A closing flow, and an entry whose last-seen time is due to be
 /// refreshed, are left to the table.
 #[inline(always)]
@@ -178,10 +178,10 @@ pub(crate) fn fill<A: Family>(
     key: &CtKeyOf<A>,
     entry_ptr: *const CtEntryOf<A>,
     flow: &FlowOf<A>,
-    (gen, slot, slot_gen): (u64, u32, u32),
+    ticket: CacheTicket,
     now_ns: u64,
 ) {
-    if gen == NO_GENERATION || !fills(flow) {
+    if ticket.gen == NO_GENERATION || !fills(flow) {
         return;
     }
     // SAFETY: a value of the conntrack map, valid for this program run.
@@ -194,7 +194,7 @@ pub(crate) fn fill<A: Family>(
     if left_ns as i64 <= 0 {
         return;
     }
-    let Some(slot) = A::flow_cache().get_ptr_mut(slot) else {
+    let Some(slot) = A::flow_cache().get_ptr_mut(ticket.slot) else {
         return;
     };
     // SAFETY: this CPU's slot of a per-CPU array (as in `hit`); it does
@@ -212,6 +212,6 @@ pub(crate) fn fill<A: Family>(
     slot.service_id = entry.service_id;
     // SAFETY: as in `hit`.
     slot.until_jiffies = unsafe { bpf_jiffies64() } + left_ns / LONGEST_TICK_NS;
-    slot.gen = gen;
-    slot.slot_gen = slot_gen;
+    slot.gen = ticket.gen;
+    slot.slot_gen = ticket.slot_gen;
 }

@@ -129,9 +129,7 @@ pub(crate) fn continued<A: Family>(w: &mut Work<A>) -> Option<u32> {
         flow,
         key,
         key2,
-        ct_gen,
-        ct_slot,
-        ct_slot_gen,
+        ct,
         ..
     } = w;
     let now_ns = crate::ct::note(entry_ptr, flow, false, || {
@@ -139,13 +137,7 @@ pub(crate) fn continued<A: Family>(w: &mut Work<A>) -> Option<u32> {
         reply_key_of(flow, unsafe { &*entry_ptr }, key2);
         super::entry(key2)
     });
-    cache::fill(
-        key,
-        entry_ptr,
-        flow,
-        (*ct_gen, *ct_slot, *ct_slot_gen),
-        now_ns,
-    );
+    cache::fill(key, entry_ptr, flow, *ct, now_ns);
     Some(service_id)
 }
 

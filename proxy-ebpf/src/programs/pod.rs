@@ -357,21 +357,13 @@ fn reply<A: PodFamily>(ctx: &TcContext) -> Result<i32, Skip> {
         key,
         key2,
         backend,
-        ct_gen,
-        ct_slot,
-        ct_slot_gen,
+        ct,
         ..
     } = w;
     let now_ns = crate::ct::note(entry_ptr, flow, true, || {
         let client = (&flow.daddr_be, flow.dport_be);
         forward_entry(flow, client, (&backend.addr_be, backend.port_be), key2)
     });
-    cache::fill(
-        key,
-        entry_ptr,
-        flow,
-        (*ct_gen, *ct_slot, *ct_slot_gen),
-        now_ns,
-    );
+    cache::fill(key, entry_ptr, flow, *ct, now_ns);
     Ok(rewrite(ctx, w, Side::Source, service_id))
 }
