@@ -13,12 +13,10 @@
 //!   ([`SB_FLOW_SLOT_GEN_V1`], one per index, shared by all CPUs); the
 //!   agent's, the table's ([`SB_CT_GEN_V1`]). A slot holds both as read
 //!   before the table lookup that filled it, and is void once either
-//!   moved. A client reusing its port replaces its old flow's entries with
-//!   every new connection (the closed flow is kept for a while): one
-//!   generation for the whole table, moved on by each of those, voided
-//!   every CPU's slots thousands of times a second under such load, so
-//!   established flows went to the table nearly always; one per index
-//!   voids the replaced key's slot alone;
+//!   moved. The data path's is per index because a client reusing its
+//!   ports replaces a closed flow's entries with every new connection: one
+//!   generation for the table would void every CPU's whole cache that often
+//!   (`docs/datapath.md`);
 //! - only TCP segments without SYN, FIN or RST are answered by it: a SYN or
 //!   SYN-ACK opens a flow or finds a stale one, a FIN or RST starts the
 //!   close, and UDP re-checks its backend per datagram; all of them take
