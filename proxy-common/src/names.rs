@@ -95,6 +95,10 @@ pub const FRONTEND_FILTER: &str = "SB_FE_FILTER_V3";
 /// (`prefilter::frontends::shift_for` its size), set when the object is
 /// loaded: the bitmap is sized with the frontend map.
 pub const FRONTEND_FILTER_SHIFT: &str = "SB_FE_FILTER_SHIFT";
+/// The global that tells the XDP program whether the kernel lets it call
+/// `bpf_xdp_adjust_meta` (1) or not (0), set when the object is loaded from
+/// a probe of the running kernel.
+pub const XDP_META: &str = "SB_XDP_META";
 /// The pod interfaces whose pod has no flow translated by the tc layer, per
 /// class of protocol ([`super::prefilter::quiet::QuietMark`]; written by the
 /// agent): `sb_to_pod` passes their packets of that class without a

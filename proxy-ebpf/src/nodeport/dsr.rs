@@ -134,11 +134,34 @@ pub(crate) fn arrived<A: UplinkFamily>(u: &mut Up<A>) -> Result<Out, NotTranslat
 /// again (nor count it twice).
 const TRACKED_MARK: u32 = u32::from_be_bytes(*b"sbDR");
 
+/// Whether this kernel lets XDP programs call `bpf_xdp_adjust_meta` (1) or
+/// not (0; some hardened kernels refuse the helper to XDP): read-only data,
+/// set by the loader from a probe (`proxy_common::names::XDP_META`). The
+/// verifier reads it as a constant, so without it the call is dead code it
+/// never checks.
+#[unsafe(no_mangle)]
+pub static SB_XDP_META: u32 = 1;
+
+/// Whether XDP can mark the packets whose arrival it tracks
+/// ([`SB_XDP_META`]). When it cannot, it leaves every packet that carries
+/// the option to tc, which then is the only layer to track arrivals.
+#[inline(always)]
+pub(crate) fn xdp_marks() -> bool {
+    // SAFETY: a read of the program's read-only data; volatile so the
+    // compiler keeps the load the verifier reads as a constant.
+    unsafe { core::ptr::read_volatile(&SB_XDP_META) != 0 }
+}
+
 /// XDP: marks the packet as tracked ([`TRACKED_MARK`], four bytes of
 /// metadata). A driver without metadata support refuses: then tc tracks
 /// the packet again, which notes the same state twice and counts it twice.
 #[inline(always)]
 pub(crate) fn mark_tracked(ctx: &XdpContext) {
+    // The verifier sees this branch as constant and never checks the call
+    // where the kernel has no such helper for XDP.
+    if !xdp_marks() {
+        return;
+    }
     // SAFETY: a resizing helper on our own context; pointers are taken
     // anew after it.
     if unsafe { bpf_xdp_adjust_meta(ctx.ctx, -4) } != 0 {

@@ -107,6 +107,11 @@ pub fn uplink<A: XdpFamily>(ctx: &XdpContext) -> Result<u32, Skip> {
     };
     A::parse(ctx, u)?;
     A::read_dsr_option(ctx, u);
+    // A kernel that refuses XDP its metadata leaves tc no way to tell which
+    // arrivals XDP tracked: tc takes every packet with the option.
+    if u.dsr_port_be != 0 && !dsr::xdp_marks() {
+        return Err(Skip::NotOurs);
+    }
     // SAFETY: `ctx.ctx` is the kernel's `xdp_md` for this run; a read.
     let ingress = unsafe { (*ctx.ctx).ingress_ifindex };
     let out = match classify::<A, { layer::XDP }>(ctx.ctx as *mut c_void, ingress, u) {

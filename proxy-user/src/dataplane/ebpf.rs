@@ -275,6 +275,35 @@ fn load_with(
     Ok(Loaded { ebpf, checksums })
 }
 
+/// Whether the running kernel lets XDP programs call `bpf_xdp_adjust_meta`,
+/// through which `sb_xdp_uplink` tells tc which direct-server-return
+/// arrivals it tracked. Some hardened kernels refuse that helper to XDP;
+/// there the program leaves those packets to tc (said at info level), and
+/// everything else stays at the driver. A probe that fails outright counts
+/// as a refusal: the object then still loads wherever XDP loads at all.
+/// Probed once per process.
+pub fn xdp_metadata_supported() -> bool {
+    static SUPPORTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *SUPPORTED.get_or_init(probe_xdp_metadata)
+}
+
+fn probe_xdp_metadata() -> bool {
+    use aya::{programs::ProgramType, sys::BpfHelper};
+    match aya::sys::is_helper_supported(ProgramType::Xdp, BpfHelper::BPF_FUNC_xdp_adjust_meta) {
+        Ok(true) => true,
+        Ok(false) => {
+            tracing::info!(
+                "the kernel refuses bpf_xdp_adjust_meta to XDP programs: packets carrying the direct-server-return option are tracked by tc alone"
+            );
+            false
+        }
+        Err(error) => {
+            tracing::warn!(%error, "probing bpf_xdp_adjust_meta for XDP failed; loading as if the kernel refused it");
+            false
+        }
+    }
+}
+
 /// Loads `object` once, its checksum markers patched for `access`
 /// ([`crate::dataplane::kctx`]).
 fn load_once(
@@ -312,6 +341,8 @@ fn load_once(
     loader.override_global(names::FRONTEND_FILTER_SHIFT, &shift, true);
     let summed_shift = access.shift();
     loader.override_global(proxy_common::kctx::SUMMED_SHIFT, &summed_shift, true);
+    let xdp_meta = u32::from(xdp_metadata_supported());
+    loader.override_global(names::XDP_META, &xdp_meta, true);
     for (name, path) in &pins {
         loader.map_pin_path(name, path.as_path());
     }

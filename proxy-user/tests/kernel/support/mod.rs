@@ -249,6 +249,16 @@ impl Uplink {
         }
     }
 
+    /// Whether this program tracks a packet that arrives with the
+    /// direct-server-return option: tc always; XDP where the kernel lets it
+    /// mark the packets it tracked (else it leaves them all to tc).
+    pub fn tracks_dsr_arrivals(self) -> bool {
+        match self {
+            Uplink::Xdp => proxy_user::dataplane::ebpf::xdp_metadata_supported(),
+            Uplink::Tc => true,
+        }
+    }
+
     /// The verdict of a packet rewritten for a backend on this node.
     pub fn delivered(self) -> u32 {
         match self {
