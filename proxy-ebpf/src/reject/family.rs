@@ -45,19 +45,30 @@ pub(crate) trait RejectFamily: Family {
     /// The one's-complement sum of the quote's words, and of an address's.
     fn quote_sum(quote: &Self::Quote) -> u64;
     fn addr_sum(addr: &Self) -> u64;
+    /// Bytes of options an ICMP answer carries before its ICMP header when
+    /// it is written over a packet whose checksum is partial
+    /// ([`super::shielded_checksum`]); 0: the family's answers go
+    /// unshielded.
+    const SHIELD_OPT_LEN: usize;
+    /// Sets the quoted header's identification to `id` (bytes in network
+    /// order), its header checksum kept valid (the answer's shield; IPv6
+    /// headers have no such field and are never shielded).
+    fn set_quoted_id(quote: &mut Self::Quote, id: [u8; 2]);
     /// The type of service an answer quoting `quote` carries.
     fn tos(quote: &Self::Quote) -> u8;
     /// The length of the packet's L4 segment, as its header says.
     fn l4_len(ctx: &impl LoadBytes) -> Result<u32, ()>;
     /// Writes the answer's IP header from `src` to `dst`, carrying
-    /// `payload_len` bytes of protocol `next` with type of service `tos`.
+    /// `payload_len` bytes of protocol `next` with type of service `tos`,
+    /// and `opt_len` bytes of options (end of the option list, zeros;
+    /// IPv4 only: IPv6 passes 0).
     fn put_header<C: AnswerCtx>(
         ctx: &C,
         src: &Self,
         dst: &Self,
-        payload_len: usize,
-        next: u8,
+        payload: (usize, u8),
         tos: u8,
+        opt_len: usize,
     ) -> Result<(), ()>;
 }
 
@@ -69,6 +80,7 @@ impl RejectFamily for u32 {
     const TOO_BIG: (u8, u8) = (3, 4);
     const TOO_BIG_MORE: usize = 0;
     const TCP_RST: bool = false;
+    const SHIELD_OPT_LEN: usize = 4;
     /// A fixed 20-byte header: RFC 792 asks to quote options too, and a
     /// fixed quote keeps the copy constant-size. Not 0.0.0.0, multicast or
     /// the limited broadcast (RFC 1122 3.2.2).
@@ -94,6 +106,16 @@ impl RejectFamily for u32 {
     fn addr_sum(addr: &u32) -> u64 {
         u64::from(*addr)
     }
+    #[inline(always)]
+    fn set_quoted_id(quote: &mut [u32; 7], id: [u8; 2]) {
+        let b = quote[1].to_ne_bytes();
+        quote[1] = u32::from_ne_bytes([id[0], id[1], b[2], b[3]]);
+        let c = quote[2].to_ne_bytes();
+        quote[2] = u32::from_ne_bytes([c[0], c[1], 0, 0]);
+        let header = [quote[0], quote[1], quote[2], quote[3], quote[4]];
+        let sum = fold(sum_words(&header)).to_ne_bytes();
+        quote[2] = u32::from_ne_bytes([c[0], c[1], sum[0], sum[1]]);
+    }
     /// The original's.
     #[inline(always)]
     fn tos(quote: &[u32; 7]) -> u8 {
@@ -110,13 +132,15 @@ impl RejectFamily for u32 {
         ctx: &C,
         src: &u32,
         dst: &u32,
-        payload_len: usize,
-        next: u8,
+        (payload_len, next): (usize, u8),
         tos: u8,
+        opt_len: usize,
     ) -> Result<(), ()> {
-        let [len_hi, len_lo] = ((IPV4_MIN_HLEN + payload_len) as u16).to_be_bytes();
+        let hlen = IPV4_MIN_HLEN + opt_len;
+        let [len_hi, len_lo] = ((hlen + payload_len) as u16).to_be_bytes();
+        let version_ihl = 0x40 | (hlen / 4) as u8;
         let mut hdr: [u32; 5] = [
-            u32::from_ne_bytes([0x45, tos, len_hi, len_lo]),
+            u32::from_ne_bytes([version_ihl, tos, len_hi, len_lo]),
             0,
             u32::from_ne_bytes([TTL, next, 0, 0]),
             *src,
@@ -124,7 +148,13 @@ impl RejectFamily for u32 {
         ];
         let c = fold(sum_words(&hdr)).to_ne_bytes();
         hdr[2] = u32::from_ne_bytes([TTL, next, c[0], c[1]]);
-        ctx.put(ETH_HLEN, &hdr)
+        ctx.put(ETH_HLEN, &hdr)?;
+        if opt_len != 0 {
+            // End of the option list, and padding: no word of it adds to
+            // a sum.
+            ctx.put(ETH_HLEN + IPV4_MIN_HLEN, &0u32)?;
+        }
+        Ok(())
     }
 }
 
@@ -136,6 +166,7 @@ impl RejectFamily for Addr6Be {
     const TOO_BIG: (u8, u8) = (2, 0);
     const TOO_BIG_MORE: usize = 8;
     const TCP_RST: bool = true;
+    const SHIELD_OPT_LEN: usize = 0;
     /// No extension headers (the fixed-size quote would cut them): a port
     /// unreachable answers no fragment, a "too big" also the first fragment
     /// (its fragment header quoted). Not `::` nor multicast (RFC 4443 2.4
@@ -163,6 +194,9 @@ impl RejectFamily for Addr6Be {
     fn addr_sum(addr: &Addr6Be) -> u64 {
         sum_words(addr)
     }
+    /// Never called ([`Self::SHIELD_OPT_LEN`] is 0).
+    #[inline(always)]
+    fn set_quoted_id(_quote: &mut [u32; 12], _id: [u8; 2]) {}
     /// Traffic class 0.
     #[inline(always)]
     fn tos(_quote: &[u32; 12]) -> u8 {
@@ -179,9 +213,9 @@ impl RejectFamily for Addr6Be {
         ctx: &C,
         src: &Addr6Be,
         dst: &Addr6Be,
-        payload_len: usize,
-        next: u8,
+        (payload_len, next): (usize, u8),
         tos: u8,
+        _opt_len: usize,
     ) -> Result<(), ()> {
         let fixed: [u32; 2] = [
             (0x6000_0000u32 | u32::from(tos) << 20).to_be(),

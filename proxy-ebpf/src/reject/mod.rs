@@ -65,9 +65,15 @@
 //! longer than the smallest packet that triggers it, and a pod can only reach
 //! itself.
 //!
-//! A skb that arrives `CHECKSUM_PARTIAL` (from a veth) keeps that state: the
-//! answer goes straight back into the veth, whose receiver trusts it as
-//! checked; nothing on that path finishes the (stale) partial checksum.
+//! A skb that arrives `CHECKSUM_PARTIAL` (from a veth or a virtio NIC) keeps
+//! that state, and a program cannot clear it. Where nothing finishes the
+//! checksum, the receiver trusts the answer as checked; where something does
+//! (a device without checksum offload, or a NIC that offloads it), the
+//! kernel's store would spoil an ICMP answer laid out as above, so an IPv4
+//! answer over such a packet is laid out to make that store change nothing
+//! ([`shielded_checksum`]). IPv6 answers are not shielded yet: an ICMPv6
+//! error or a RST over a partial checksum is spoiled where the checksum is
+//! finished on the way back.
 
 pub(crate) mod family;
 
@@ -173,6 +179,10 @@ pub(crate) trait AnswerCtx: LoadBytes {
     fn put<T>(&self, off: usize, value: &T) -> Result<(), ()>;
     /// Sends the packet back out of the interface it came in on.
     fn send_back(&self) -> Self::Action;
+    /// Whether the packet's L4 checksum is partial, left to be finished
+    /// ([`shielded_checksum`]); `false` where that cannot be known (XDP,
+    /// or a kernel without `bpf_cast_to_kern_ctx`).
+    fn partial_checksum(&self) -> bool;
 }
 
 impl AnswerCtx for TcContext {
@@ -196,6 +206,10 @@ impl AnswerCtx for TcContext {
         // SAFETY: a read of our context, then a helper without memory
         // arguments.
         unsafe { bpf_redirect((*self.skb.skb).ifindex, 0) as i32 }
+    }
+    #[inline(always)]
+    fn partial_checksum(&self) -> bool {
+        crate::rewrite::l4::update(self) == crate::rewrite::l4::Update::Seed
     }
 }
 
@@ -223,6 +237,10 @@ impl AnswerCtx for XdpContext {
     #[inline(always)]
     fn send_back(&self) -> u32 {
         xdp_action::XDP_TX
+    }
+    #[inline(always)]
+    fn partial_checksum(&self) -> bool {
+        false
     }
 }
 
@@ -270,22 +288,75 @@ fn icmp_error<A: RejectFamily, C: AnswerCtx>(
     let icmp_len = ICMP_HLEN + quote_len + more_len;
     let (src, dst) = (&w.flow.daddr_be, &w.flow.saddr_be);
     let head = u32::from_ne_bytes([icmp_type, code, 0, 0]);
-    let mut sum = A::quote_sum(&w.quote) + sum_words(&[head, rest, more[0], more[1]]);
-    if A::ICMP_PSEUDO_HEADER {
-        sum += pseudo_sum(src, dst, icmp_len, A::ICMP_PROTO);
+    let shield = A::SHIELD_OPT_LEN != 0 && ctx.partial_checksum();
+    let (opt_len, mut rest) = (if shield { A::SHIELD_OPT_LEN } else { 0 }, rest);
+    let c = if shield {
+        shielded_checksum::<A>(w.flow.proto, &mut w.quote, head, &mut rest, &more)
+    } else {
+        let mut sum = A::quote_sum(&w.quote) + sum_words(&[head, rest, more[0], more[1]]);
+        if A::ICMP_PSEUDO_HEADER {
+            sum += pseudo_sum(src, dst, icmp_len, A::ICMP_PROTO);
+        }
+        fold(sum)
     }
-    let c = fold(sum).to_ne_bytes();
+    .to_ne_bytes();
     let icmp: [u32; 2] = [u32::from_ne_bytes([icmp_type, code, c[0], c[1]]), rest];
     let macs = swapped_macs(ctx)?;
-    ctx.resize(A::L4_OFF + icmp_len)?;
+    let l4_off = A::L4_OFF + opt_len;
+    ctx.resize(l4_off + icmp_len)?;
     ctx.put(0, &macs)?;
-    A::put_header(ctx, src, dst, icmp_len, A::ICMP_PROTO, A::tos(&w.quote))?;
-    ctx.put(A::L4_OFF, &icmp)?;
-    ctx.put(A::L4_OFF + ICMP_HLEN, &w.quote)?;
+    let payload = (icmp_len, A::ICMP_PROTO);
+    A::put_header(ctx, src, dst, payload, A::tos(&w.quote), opt_len)?;
+    ctx.put(l4_off, &icmp)?;
+    ctx.put(l4_off + ICMP_HLEN, &w.quote)?;
     if more_len != 0 {
-        ctx.put(A::L4_OFF + ICMP_HLEN + quote_len, &more)?;
+        ctx.put(l4_off + ICMP_HLEN + quote_len, &more)?;
     }
     Ok(())
+}
+
+/// The ICMP checksum of an answer written over a packet whose checksum is
+/// partial (`CHECKSUM_PARTIAL`: a TCP or UDP packet from a veth or a virtio
+/// NIC, whose sender left its checksum to be finished). The answer inherits
+/// the kernel's note to finish it: a device without checksum offload that
+/// sends the answer on (or a NIC that offloads it) sums the bytes from where
+/// the packet's L4 header began, right after a 20-byte header, to the end,
+/// and stores the result 16 (TCP) or 6 (UDP) bytes further on. Written over
+/// the answer as it is otherwise laid out, that store lands on the quoted
+/// protocol (TCP) or on the unused word (UDP) and spoils the answer, which
+/// the client then ignores: a "fragmentation needed" lost that way stalled
+/// a client's upload for good. The kernel offers a program no way to clear
+/// the note, so the answer is laid out to make the store change nothing:
+/// 4 bytes of options (end of list, zeros) come before the ICMP header, so
+/// the sum is the ICMP message's own, all ones when its checksum is valid,
+/// and the kernel stores 0xffff (or a NIC 0, the same in one's complement)
+/// over a word holding 0xffff already: for TCP the quoted identification
+/// (the quoted header's checksum kept valid; no receiver matches the
+/// identification), for UDP the ICMP checksum itself, valid through the 16
+/// unused bits beside it. `head` is the ICMP header's first word without
+/// its checksum, `rest` its second; `more` what follows the quote.
+#[inline(always)]
+fn shielded_checksum<A: RejectFamily>(
+    proto_nr: u8,
+    quote: &mut A::Quote,
+    head: u32,
+    rest: &mut u32,
+    more: &[u32; 2],
+) -> u16 {
+    const ALL_ONES: u16 = 0xffff;
+    if proto_nr == proto::TCP {
+        A::set_quoted_id(quote, ALL_ONES.to_ne_bytes());
+    }
+    let checksum = fold(A::quote_sum(quote) + sum_words(&[head, *rest, more[0], more[1]]));
+    if proto_nr != proto::UDP {
+        return checksum;
+    }
+    // Unused bits that make the sum all ones without the checksum, so
+    // 0xffff is the checksum.
+    let fill = checksum.to_ne_bytes();
+    let r = rest.to_ne_bytes();
+    *rest = u32::from_ne_bytes([fill[0], fill[1], r[2], r[3]]);
+    ALL_ONES
 }
 
 /// The RST answering a TCP segment (no options, no extension headers).
@@ -332,7 +403,7 @@ fn tcp_rst<A: RejectFamily, C: AnswerCtx>(ctx: &C, flow: &FlowOf<A>) -> Result<(
     let macs = swapped_macs(ctx)?;
     ctx.resize(A::L4_OFF + TCP_HLEN)?;
     ctx.put(0, &macs)?;
-    A::put_header(ctx, src, dst, TCP_HLEN, proto::TCP, 0)?;
+    A::put_header(ctx, src, dst, (TCP_HLEN, proto::TCP), 0, 0)?;
     ctx.put(A::L4_OFF, &hdr)
 }
 
