@@ -69,11 +69,11 @@
 //! that state, and a program cannot clear it. Where nothing finishes the
 //! checksum, the receiver trusts the answer as checked; where something does
 //! (a device without checksum offload, or a NIC that offloads it), the
-//! kernel's store would spoil an ICMP answer laid out as above, so an IPv4
+//! kernel's store would spoil an ICMP answer laid out as above, so an ICMP
 //! answer over such a packet is laid out to make that store change nothing
-//! ([`shielded_checksum`]). IPv6 answers are not shielded yet: an ICMPv6
-//! error or a RST over a partial checksum is spoiled where the checksum is
-//! finished on the way back.
+//! ([`Shield`]); a RST over one carries the pseudo-header's sum where its
+//! checksum goes, as the kernel's own partial checksums do, so the store
+//! finishes it.
 
 pub(crate) mod family;
 
@@ -180,7 +180,7 @@ pub(crate) trait AnswerCtx: LoadBytes {
     /// Sends the packet back out of the interface it came in on.
     fn send_back(&self) -> Self::Action;
     /// Whether the packet's L4 checksum is partial, left to be finished
-    /// ([`shielded_checksum`]); `false` where that cannot be known (XDP,
+    /// ([`Shield`]); `false` where that cannot be known (XDP,
     /// or a kernel without `bpf_cast_to_kern_ctx`).
     fn partial_checksum(&self) -> bool;
 }
@@ -288,25 +288,35 @@ fn icmp_error<A: RejectFamily, C: AnswerCtx>(
     let icmp_len = ICMP_HLEN + quote_len + more_len;
     let (src, dst) = (&w.flow.daddr_be, &w.flow.saddr_be);
     let head = u32::from_ne_bytes([icmp_type, code, 0, 0]);
-    let shield = A::SHIELD_OPT_LEN != 0 && ctx.partial_checksum();
-    let (opt_len, mut rest) = (if shield { A::SHIELD_OPT_LEN } else { 0 }, rest);
-    let c = if shield {
-        shielded_checksum::<A>(w.flow.proto, &mut w.quote, head, &mut rest, &more)
-    } else {
-        let mut sum = A::quote_sum(&w.quote) + sum_words(&[head, rest, more[0], more[1]]);
-        if A::ICMP_PSEUDO_HEADER {
-            sum += pseudo_sum(src, dst, icmp_len, A::ICMP_PROTO);
-        }
-        fold(sum)
-    }
-    .to_ne_bytes();
+    let mut rest = rest;
+    let words = sum_words(&[head, rest, more[0], more[1]]);
+    let pseudo = match A::ICMP_PSEUDO_HEADER {
+        true => pseudo_sum(src, dst, icmp_len, A::ICMP_PROTO),
+        false => 0,
+    };
+    let shield = match ctx.partial_checksum() {
+        true => Some(A::shield(
+            w.flow.proto,
+            &mut w.quote,
+            words + pseudo,
+            pseudo,
+            &mut rest,
+        )),
+        false => None,
+    };
+    let (c, opt_len) = match &shield {
+        Some(shield) => (shield.checksum, A::SHIELD_OPT_LEN),
+        None => (fold(A::quote_sum(&w.quote) + words + pseudo), 0),
+    };
+    let c = c.to_ne_bytes();
     let icmp: [u32; 2] = [u32::from_ne_bytes([icmp_type, code, c[0], c[1]]), rest];
     let macs = swapped_macs(ctx)?;
     let l4_off = A::L4_OFF + opt_len;
     ctx.resize(l4_off + icmp_len)?;
     ctx.put(0, &macs)?;
     let payload = (icmp_len, A::ICMP_PROTO);
-    A::put_header(ctx, src, dst, payload, A::tos(&w.quote), opt_len)?;
+    let opts = shield.as_ref().map(|s| &s.opts);
+    A::put_header(ctx, src, dst, payload, A::tos(&w.quote), opts)?;
     ctx.put(l4_off, &icmp)?;
     ctx.put(l4_off + ICMP_HLEN, &w.quote)?;
     if more_len != 0 {
@@ -315,48 +325,28 @@ fn icmp_error<A: RejectFamily, C: AnswerCtx>(
     Ok(())
 }
 
-/// The ICMP checksum of an answer written over a packet whose checksum is
-/// partial (`CHECKSUM_PARTIAL`: a TCP or UDP packet from a veth or a virtio
-/// NIC, whose sender left its checksum to be finished). The answer inherits
-/// the kernel's note to finish it: a device without checksum offload that
-/// sends the answer on (or a NIC that offloads it) sums the bytes from where
-/// the packet's L4 header began, right after a 20-byte header, to the end,
-/// and stores the result 16 (TCP) or 6 (UDP) bytes further on. Written over
-/// the answer as it is otherwise laid out, that store lands on the quoted
-/// protocol (TCP) or on the unused word (UDP) and spoils the answer, which
-/// the client then ignores: a "fragmentation needed" lost that way stalled
-/// a client's upload for good. The kernel offers a program no way to clear
-/// the note, so the answer is laid out to make the store change nothing:
-/// 4 bytes of options (end of list, zeros) come before the ICMP header, so
-/// the sum is the ICMP message's own, all ones when its checksum is valid,
-/// and the kernel stores 0xffff (or a NIC 0, the same in one's complement)
-/// over a word holding 0xffff already: for TCP the quoted identification
-/// (the quoted header's checksum kept valid; no receiver matches the
-/// identification), for UDP the ICMP checksum itself, valid through the 16
-/// unused bits beside it. `head` is the ICMP header's first word without
-/// its checksum, `rest` its second; `more` what follows the quote.
-#[inline(always)]
-fn shielded_checksum<A: RejectFamily>(
-    proto_nr: u8,
-    quote: &mut A::Quote,
-    head: u32,
-    rest: &mut u32,
-    more: &[u32; 2],
-) -> u16 {
-    const ALL_ONES: u16 = 0xffff;
-    if proto_nr == proto::TCP {
-        A::set_quoted_id(quote, ALL_ONES.to_ne_bytes());
-    }
-    let checksum = fold(A::quote_sum(quote) + sum_words(&[head, *rest, more[0], more[1]]));
-    if proto_nr != proto::UDP {
-        return checksum;
-    }
-    // Unused bits that make the sum all ones without the checksum, so
-    // 0xffff is the checksum.
-    let fill = checksum.to_ne_bytes();
-    let r = rest.to_ne_bytes();
-    *rest = u32::from_ne_bytes([fill[0], fill[1], r[2], r[3]]);
-    ALL_ONES
+/// What an ICMP answer written over a packet whose checksum is partial
+/// carries, so that the kernel's finishing store changes nothing: the
+/// packet (`CHECKSUM_PARTIAL`: a TCP or UDP packet from a veth or a virtio
+/// NIC, its checksum left to be finished) hands the answer the kernel's note
+/// to finish it, which a program cannot clear. A device without checksum
+/// offload that sends the answer on (or a NIC that offloads it) sums the
+/// bytes from where the packet's L4 header began (right after the fixed
+/// header) to the end, and stores the result 16 (TCP) or 6 (UDP) bytes
+/// further on. On the answer as it is otherwise laid out that store lands
+/// on the quoted header and spoils the answer, which the client then
+/// ignores: a "fragmentation needed" lost that way stalled a client's
+/// upload for good. So a shielded answer puts options (IPv4: 4 bytes, end
+/// of list) or a destination options header (IPv6: 8 bytes) before its ICMP
+/// header, and the store's sum becomes that header's plus the ICMP
+/// message's; the family chooses the words the store reads and lands on so
+/// it writes what is already there ([`RejectFamily::shield`]). A NIC may
+/// store 0 where the kernel stores 0xffff: the same in one's complement.
+pub(crate) struct Shield {
+    /// The options (IPv4: the first word) or destination options header.
+    pub(crate) opts: [u32; 2],
+    /// The ICMP checksum.
+    pub(crate) checksum: u16,
 }
 
 /// The RST answering a TCP segment (no options, no extension headers).
@@ -395,15 +385,22 @@ fn tcp_rst<A: RejectFamily, C: AnswerCtx>(ctx: &C, flow: &FlowOf<A>) -> Result<(
         0,
     ];
     let (src, dst) = (&flow.daddr_be, &flow.saddr_be);
-    let sum = pseudo_sum(src, dst, TCP_HLEN, proto::TCP) + sum_words(&hdr);
+    let pseudo = pseudo_sum(src, dst, TCP_HLEN, proto::TCP);
+    // Over a partial checksum the RST inherits the note to finish it (see
+    // `Shield`), which lands on its own checksum: the field then holds the
+    // pseudo-header's sum, as the kernel's own partial segments' does.
+    let c = match ctx.partial_checksum() {
+        true => !fold(pseudo),
+        false => fold(pseudo + sum_words(&hdr)),
+    };
     // The checksum is bytes 16..18: the first half of the last word, as in
     // memory.
-    let c = fold(sum).to_ne_bytes();
+    let c = c.to_ne_bytes();
     hdr[4] = u32::from_ne_bytes([c[0], c[1], 0, 0]);
     let macs = swapped_macs(ctx)?;
     ctx.resize(A::L4_OFF + TCP_HLEN)?;
     ctx.put(0, &macs)?;
-    A::put_header(ctx, src, dst, (TCP_HLEN, proto::TCP), 0, 0)?;
+    A::put_header(ctx, src, dst, (TCP_HLEN, proto::TCP), 0, None)?;
     ctx.put(A::L4_OFF, &hdr)
 }
 

@@ -324,9 +324,12 @@ fn nodeport6_fragmented_udp_both_ways_with_native_xdp() {
 /// Direct server return over IPv6 (`--nodeport-mode dsr`), backends on node
 /// B: the pods see client 1's own IPv6 address, the client sees node A's
 /// `[address]:nodePort` (node B answers from it), and node A translates no
-/// reply; then 3000-byte datagrams: the first first-fragment too large for
-/// the destination options header gets a packet too big, the client's
-/// path MTU shrinks, and the rest arrive.
+/// reply; then 200 kB over TCP from a client that sends one segment per
+/// skb (no GSO), so every full segment gets a packet too big, over a
+/// partial checksum on the kind-like LAN (see `e2e_dsr`); then 3000-byte
+/// datagrams: the first first-fragment too large for the destination
+/// options header gets a packet too big, the client's path MTU shrinks,
+/// and the rest arrive.
 fn direct_return6(lan: Lan, extra: &[&str]) {
     let pods = Node::B.pods();
     let args: Vec<&str> = ["--nodeport-mode", "dsr"]
@@ -344,6 +347,38 @@ fn direct_return6(lan: Lan, extra: &[&str]) {
             &format!("IPv6 direct server return, agent args {args:?}"),
         );
     }
+    let client_ns = sb.client_ns(Client::One);
+    sb.exec(
+        &client_ns,
+        &["ip", "link", "set", "dev", "eth0", "gso_max_segs", "1"],
+    )
+    .unwrap_or_else(|e| panic!("{e:#}"));
+    let tcp = format!("[{}]:{DUAL_NODEPORT_TCP}", Node::A.ip6());
+    let tcp_args = [
+        "--tcp",
+        &tcp,
+        "--tcp-size",
+        "200000",
+        "--count",
+        "3",
+        "--timeout-ms",
+        "15000",
+    ];
+    let run = sb
+        .client(&sb_echo(), Client::One, &tcp_args)
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    let a = counters(&sb.pin_dir(Node::A));
+    assert!(run.all_ok(), "200 kB through {tcp}:\n{}\n{a:?}", run.raw);
+    assert_eq!(run.client_saw(), vec![tcp.clone()], "{}", run.raw);
+    let too_big_tcp = a["rejected"];
+    assert!(
+        too_big_tcp >= 1,
+        "no TCP segment got a packet too big: {a:?}"
+    );
+    // The path MTU TCP learned is forgotten, so UDP learns it again.
+    sb.exec(&client_ns, &["ip", "-6", "route", "flush", "cache"])
+        .unwrap_or_else(|e| panic!("{e:#}"));
+
     let addr = format!("[{}]:{DUAL_NODEPORT_UDP}", Node::A.ip6());
     let run = sb
         .client(&sb_echo(), Client::One, &fragmented_udp_args(&addr))
@@ -355,7 +390,10 @@ fn direct_return6(lan: Lan, extra: &[&str]) {
         run.raw
     );
     assert_eq!(run.client_saw(), vec![addr.clone()], "{}", run.raw);
-    assert!(a["rejected"] >= 1, "no packet too big from node A: {a:?}");
+    assert!(
+        a["rejected"] > too_big_tcp,
+        "no packet too big for UDP from node A: {a:?}"
+    );
     assert_eq!(a["ext_reply"], 0, "a reply passed node A: {a:?}");
     assert!(a["ext_remote"] >= 2 * u64::from(COUNT), "{a:?}");
 }
