@@ -25,13 +25,15 @@
 //! The binaries come from SWITCHBOARD_BIN and SB_ECHO_BIN (`cargo xtask test`).
 
 use std::collections::BTreeSet;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use xtask::sandbox::two_node::manifests::{
     dual_stack_nodeport_yaml, dual_stack_slice_yaml, node_file, node_yaml_dual_stack, EntryPoint,
     Policy, Proto, DUAL_NODEPORT_TCP, DUAL_NODEPORT_UDP,
 };
 use xtask::sandbox::two_node::{Client, Node, Pod};
+
+use crate::e2e_reject::assert_refused;
 use xtask::sandbox::{find_at, Frontend, Lan, TwoNodeSandbox};
 use xtask::testenv::{
     counters, fragmented_udp_args, pod_saw_ips, sb_echo, switchboard, two_node_sandbox_on,
@@ -396,6 +398,31 @@ fn direct_return6(lan: Lan, extra: &[&str]) {
     );
     assert_eq!(a["ext_reply"], 0, "a reply passed node A: {a:?}");
     assert!(a["ext_remote"] >= 2 * u64::from(COUNT), "{a:?}");
+}
+
+/// A NodePort without endpoints refuses a client outside the cluster at
+/// once, in both families (kube-proxy's REJECT): IPv4 with an ICMP port
+/// unreachable, IPv6 with a RST, each written over the client's SYN, whose
+/// checksum is partial (it left a veth), on the kind-like LAN, which
+/// finishes checksums on the way to the client. Spoiled by that, the
+/// answer would be dropped and the connect would time out
+/// (`reject::Shield`).
+#[test]
+fn a_nodeport_without_endpoints_refuses_an_outside_client_at_once() {
+    let sb = dual_stack_with_agents(Lan::KindLike, Policy::Cluster, &[], &[]);
+    let addresses = [
+        format!("{}:{DUAL_NODEPORT_TCP}", Node::A.ip()),
+        format!("[{}]:{DUAL_NODEPORT_TCP}", Node::A.ip6()),
+    ];
+    for address in addresses {
+        let args = ["--tcp", &address, "--count", "3", "--timeout-ms", "5000"];
+        let began = Instant::now();
+        let run = sb
+            .client(&sb_echo(), Client::One, &args)
+            .unwrap_or_else(|e| panic!("{e:#}"));
+        let what = format!("TCP connect to {address}");
+        assert_refused(&run, began.elapsed(), 3, &what, || sb.agent_log(Node::A));
+    }
 }
 
 #[test]

@@ -155,8 +155,15 @@ fn counter(sb: &Sandbox, name: &str) -> u64 {
 }
 
 /// Every attempt failed with "Connection refused", and the whole run (with
-/// `attempts` attempts) took less than `AT_ONCE` per attempt.
-fn assert_refused(sb: &Sandbox, run: &ClientRun, took: Duration, attempts: u32, what: &str) {
+/// `attempts` attempts) took less than `AT_ONCE` per attempt; `agent_log`
+/// tells what the agent said when not.
+pub(crate) fn assert_refused(
+    run: &ClientRun,
+    took: Duration,
+    attempts: u32,
+    what: &str,
+    agent_log: impl Fn() -> String,
+) {
     assert_eq!(run.attempts.len(), attempts as usize, "{what}: {}", run.raw);
     for a in &run.attempts {
         match a {
@@ -164,7 +171,7 @@ fn assert_refused(sb: &Sandbox, run: &ClientRun, took: Duration, attempts: u32, 
             other => panic!(
                 "{what}: want \"Connection refused\", got {other:?}\n{}\n--- agent log ---\n{}",
                 run.raw,
-                sb.agent_log()
+                agent_log()
             ),
         }
     }
@@ -200,7 +207,13 @@ fn a_service_without_endpoints_refuses_at_once_on_the_tc_path() {
             &["--tcp", &tcp, "--count", "3", "--timeout-ms", "3000"],
             "TCP connect",
         );
-        assert_refused(&sb, &run, took, 3, &format!("{ns}: TCP connect to {tcp}"));
+        assert_refused(
+            &run,
+            took,
+            3,
+            &format!("{ns}: TCP connect to {tcp}"),
+            || sb.agent_log(),
+        );
         // One connected socket: the first send provokes the ICMP error, the
         // next receive reports it (then sb-echo opens a new socket).
         let (run, took) = client_in(
@@ -218,7 +231,13 @@ fn a_service_without_endpoints_refuses_at_once_on_the_tc_path() {
             ],
             "UDP",
         );
-        assert_refused(&sb, &run, took, 3, &format!("{ns}: connected UDP to {udp}"));
+        assert_refused(
+            &run,
+            took,
+            3,
+            &format!("{ns}: connected UDP to {udp}"),
+            || sb.agent_log(),
+        );
     }
     let rejected = counter(&sb, "rejected") - before;
     assert!(rejected >= 12, "rejected rose by {rejected}, want ≥ 12");
@@ -264,11 +283,11 @@ fn a_service_without_endpoints_refuses_at_once_with_the_socket_layer_on() {
             .client_in_cgroup(&echo, &sb.node_ns(), args)
             .unwrap_or_else(|e| panic!("{e:#}"));
         assert_refused(
-            &sb,
             &run,
             began.elapsed(),
             3,
             &format!("{what} in the cgroup"),
+            || sb.agent_log(),
         );
         assert!(
             counter(&sb, "sock_no_backend") > sock_before,
@@ -277,7 +296,9 @@ fn a_service_without_endpoints_refuses_at_once_with_the_socket_layer_on() {
 
         let rejected_before = counter(&sb, "rejected");
         let (run, took) = client_in(&sb, &sb.client_ns(), args, what);
-        assert_refused(&sb, &run, took, 3, &format!("{what} outside the cgroup"));
+        assert_refused(&run, took, 3, &format!("{what} outside the cgroup"), || {
+            sb.agent_log()
+        });
         assert!(
             counter(&sb, "rejected") > rejected_before,
             "{what}: tc rejected"
