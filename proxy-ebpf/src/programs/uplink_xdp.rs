@@ -108,8 +108,10 @@ pub fn uplink<A: XdpFamily>(ctx: &XdpContext) -> Result<u32, Skip> {
     A::parse(ctx, u)?;
     A::read_dsr_option(ctx, u);
     // A kernel that refuses XDP its metadata leaves tc no way to tell which
-    // arrivals XDP tracked: tc takes every packet with the option.
-    if u.dsr_port_be != 0 && !dsr::xdp_marks() {
+    // arrivals XDP tracked: tc takes every packet with the option. The
+    // constant comes first, so where the kernel has the helper the verifier
+    // drops the whole test.
+    if !dsr::xdp_marks() && u.dsr_port_be != 0 {
         return Err(Skip::NotOurs);
     }
     // SAFETY: `ctx.ctx` is the kernel's `xdp_md` for this run; a read.

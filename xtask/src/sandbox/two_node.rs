@@ -344,6 +344,21 @@ impl TwoNodeSandbox {
     pub fn client_ns(&self, client: Client) -> String {
         format!("{}-{}", self.tag, client.id())
     }
+    /// Makes `client` send every TCP segment in an skb of its own (no GSO,
+    /// `gso_max_segs 1`), as a sender without segmentation offload does:
+    /// each full-sized segment then meets whatever answers it on its own.
+    pub fn one_segment_per_skb(&self, client: Client) -> Result<()> {
+        let ns = self.client_ns(client);
+        let cmd = ["ip", "link", "set", "dev", "eth0", "gso_max_segs", "1"];
+        self.exec(&ns, &cmd).map(|_| ())
+    }
+    /// Makes `client` forget the path MTUs it learned, both families.
+    pub fn forget_path_mtus(&self, client: Client) -> Result<()> {
+        let ns = self.client_ns(client);
+        self.exec(&ns, &["ip", "route", "flush", "cache"])?;
+        self.exec(&ns, &["ip", "-6", "route", "flush", "cache"])
+            .map(|_| ())
+    }
     /// The bridge in the LAN namespace, `<tag>br`.
     pub fn bridge(&self) -> String {
         format!("{}br", self.tag)

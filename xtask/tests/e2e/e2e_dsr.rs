@@ -100,12 +100,8 @@ fn dsr_replies_bypass_the_entry_node_with_native_xdp() {
 fn dsr_large_transfers_work_both_ways() {
     let sb = dsr_sandbox(Lan::KindLike, &[]);
     let pods: BTreeSet<String> = Node::B.pods().iter().map(|p| p.name()).collect();
-    let client_ns = sb.client_ns(Client::One);
-    sb.exec(
-        &client_ns,
-        &["ip", "link", "set", "dev", "eth0", "gso_max_segs", "1"],
-    )
-    .unwrap_or_else(|e| panic!("{e:#}"));
+    sb.one_segment_per_skb(Client::One)
+        .unwrap_or_else(|e| panic!("{e:#}"));
     let tcp = format!("{}:{NODEPORT_TCP}", Node::A.ip());
     let run = sb
         .client(
@@ -142,7 +138,7 @@ fn dsr_large_transfers_work_both_ways() {
     // A connected UDP socket gets EMSGSIZE once, at the error that lowers
     // its path MTU; it is replaced, and the rest arrive. The path MTU TCP
     // learned to node A is forgotten first, so UDP learns it again.
-    sb.exec(&client_ns, &["ip", "route", "flush", "cache"])
+    sb.forget_path_mtus(Client::One)
         .unwrap_or_else(|e| panic!("{e:#}"));
     let udp = format!("{}:{NODEPORT_UDP}", Node::A.ip());
     let run = sb

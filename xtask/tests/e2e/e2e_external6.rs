@@ -349,12 +349,8 @@ fn direct_return6(lan: Lan, extra: &[&str]) {
             &format!("IPv6 direct server return, agent args {args:?}"),
         );
     }
-    let client_ns = sb.client_ns(Client::One);
-    sb.exec(
-        &client_ns,
-        &["ip", "link", "set", "dev", "eth0", "gso_max_segs", "1"],
-    )
-    .unwrap_or_else(|e| panic!("{e:#}"));
+    sb.one_segment_per_skb(Client::One)
+        .unwrap_or_else(|e| panic!("{e:#}"));
     let tcp = format!("[{}]:{DUAL_NODEPORT_TCP}", Node::A.ip6());
     let tcp_args = [
         "--tcp",
@@ -378,7 +374,7 @@ fn direct_return6(lan: Lan, extra: &[&str]) {
         "no TCP segment got a packet too big: {a:?}"
     );
     // The path MTU TCP learned is forgotten, so UDP learns it again.
-    sb.exec(&client_ns, &["ip", "-6", "route", "flush", "cache"])
+    sb.forget_path_mtus(Client::One)
         .unwrap_or_else(|e| panic!("{e:#}"));
 
     let addr = format!("[{}]:{DUAL_NODEPORT_UDP}", Node::A.ip6());
