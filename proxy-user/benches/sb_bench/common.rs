@@ -9,7 +9,8 @@ use std::{
 
 use anyhow::{anyhow, ensure, Context as _, Result};
 use aya::{
-    programs::{SchedClassifier, TestRun as _, TestRunOptions, Xdp},
+    programs::{ProgramError, SchedClassifier, TestRun as _, TestRunOptions, Xdp},
+    sys::SyscallError,
     Ebpf, EbpfLoader,
 };
 use proxy_user::{
@@ -52,6 +53,35 @@ pub(crate) fn frontend(
         },
         backends,
     )
+}
+
+/// Why the kernel will not run XDP live frames (`BPF_F_TEST_XDP_LIVE_FRAMES`),
+/// when `err`, from a live-frame test run, is that refusal: EPERM from a
+/// kernel built to forbid the flag (this project's hardened CI kernels), or
+/// EOPNOTSUPP/ENOTSUPP from one that lacks the test run for XDP. Any other
+/// error is the bench's own and is `None`, so it still fails the run.
+pub(crate) fn live_frames_refused(err: &anyhow::Error) -> Option<String> {
+    /// The kernel's internal ENOTSUPP, which the syscall returns as is.
+    const ENOTSUPP: i32 = 524;
+    let io_error = err.chain().find_map(|e| match e.downcast_ref() {
+        Some(ProgramError::SyscallError(SyscallError { io_error, .. })) => Some(io_error),
+        _ => None,
+    })?;
+    let why = match io_error.raw_os_error()? {
+        libc::EPERM => "refuses",
+        libc::EOPNOTSUPP | ENOTSUPP => "does not support",
+        _ => return None,
+    };
+    Some(format!(
+        "not measured: this kernel {why} BPF_PROG_TEST_RUN with BPF_F_TEST_XDP_LIVE_FRAMES ({io_error}), the only sender here that needs no userspace"
+    ))
+}
+
+/// The output of a live-frame mode (`kind`) that could not measure: no
+/// rows, and `why` where the report looks for it.
+pub(crate) fn live_frames_unavailable(kind: &str, why: &str) -> serde_json::Value {
+    crate::progress(&format!("{kind}: {why}"));
+    serde_json::json!({"kind": kind, "meta": {}, "rows": [], "not_measured": why})
 }
 
 pub(crate) fn nth_ip(base: Ipv4Addr, n: u32) -> Ipv4Addr {

@@ -228,14 +228,21 @@ pub(crate) fn fwd(rest: &[String]) -> Result<Value> {
         };
         let gen = xdp(&mut empty, "sb_gen_xdp")?;
         // Warm-up (neighbour entries, caches), then the measured run.
-        gen.test_run(TestRunOptions {
-            data_in: Some(&frame),
-            ctx_in: Some(ctx),
-            repeat: 10_000,
-            attrs: TestRunAttrs::new().xdp_live_frames(64),
-            ..TestRunOptions::default()
-        })
-        .context("XDP live-frame run (warm-up)")?;
+        let warm_up = gen
+            .test_run(TestRunOptions {
+                data_in: Some(&frame),
+                ctx_in: Some(ctx),
+                repeat: 10_000,
+                attrs: TestRunAttrs::new().xdp_live_frames(64),
+                ..TestRunOptions::default()
+            })
+            .context("XDP live-frame run (warm-up)");
+        if let Err(e) = warm_up {
+            return match live_frames_refused(&e) {
+                Some(why) => Ok(live_frames_unavailable("fwd", &why)),
+                None => Err(e),
+            };
+        }
         let sink_mid = sink_total(&sink_count)?;
         let started = Instant::now();
         let r = gen

@@ -184,7 +184,15 @@ pub(crate) fn xdpfwd(quick: bool, rest: &[String]) -> Result<Value> {
                 .iter()
                 .find(|n| n.env == r.env)
                 .ok_or_else(|| anyhow!("no namespace for {:?}", r.env))?;
-            let m = node.measure(r, frames)?;
+            let m = match node.measure(r, frames) {
+                Ok(m) => m,
+                Err(e) => {
+                    return match live_frames_refused(&e) {
+                        Some(why) => Ok(live_frames_unavailable("xdpfwd", &why)),
+                        None => Err(e),
+                    };
+                }
+            };
             progress(&format!(
                 "xdpfwd, round {}/{rounds}: {}: {:.3} Mpps ({:.3} s wall, {:.1} ns per frame in the kernel)",
                 round + 1,

@@ -613,13 +613,17 @@ pub fn write(results: &Value, dir: &Path) -> Result<String> {
 
     // ---- forwarding ----
     let fmeta = &results["fwd"]["meta"];
-    let _ = writeln!(
-        md,
-        "\n## Forwarding rate, one core (CPU {})\n\n{}. Frames: {} bytes UDP.\n\n| hook | setup | Mpps | ns/packet | frames reaching the pods |\n|---|---|---|---|---|",
-        fmeta["cpu"],
-        fmeta["generator"].as_str().unwrap_or(""),
-        fmeta["frame_bytes"]
-    );
+    if let Some(why) = results["fwd"]["not_measured"].as_str() {
+        let _ = writeln!(md, "\n## Forwarding rate, one core\n\n{why}.");
+    } else {
+        let _ = writeln!(
+            md,
+            "\n## Forwarding rate, one core (CPU {})\n\n{}. Frames: {} bytes UDP.\n\n| hook | setup | Mpps | ns/packet | frames reaching the pods |\n|---|---|---|---|---|",
+            fmeta["cpu"],
+            fmeta["generator"].as_str().unwrap_or(""),
+            fmeta["frame_bytes"]
+        );
+    }
     for r in &fwd_rows {
         let _ = writeln!(
             md,
