@@ -129,32 +129,72 @@ fn refused<A: SockFamily>(dst: &SockAddr<A>, svc: &FrontendSlot, why: Refuse) ->
     Verdict::Refuse(why)
 }
 
+/// One socket call's work, over whichever family's maps its address
+/// belongs to; `write` puts an address back in the form the hook saw
+/// (IPv4, IPv6, or IPv4-mapped IPv6). [`hook4`] and [`hook6`] read the
+/// address and choose the family, so each call is written once.
+trait SockCall {
+    fn call<A: SockFamily + Family>(
+        ctx: &SockAddrContext,
+        at: &SockAddr<A>,
+        write: impl FnOnce(&SockAddrContext, A, u16),
+    ) -> i32;
+}
+
+/// An IPv4 hook: call `C` over the IPv4 maps.
+#[inline(always)]
+fn hook4<C: SockCall>(ctx: &SockAddrContext) -> i32 {
+    match read_addr4(ctx) {
+        Some(at) => C::call(ctx, &at, write_addr4),
+        None => ALLOW,
+    }
+}
+
+/// An IPv6 hook: call `C` over the IPv6 maps, or, for an IPv4-mapped
+/// address (a dual-stack socket's IPv4 peer), over the IPv4 maps with the
+/// answer written back mapped.
+#[inline(always)]
+fn hook6<C: SockCall>(ctx: &SockAddrContext) -> i32 {
+    let Some(at) = read_addr6(ctx) else {
+        return ALLOW;
+    };
+    match v4_mapped(&at.addr_be) {
+        Some(addr_be) => {
+            let at = SockAddr {
+                addr_be,
+                port_be: at.port_be,
+                proto: at.proto,
+            };
+            C::call(ctx, &at, write_mapped)
+        }
+        None => C::call(ctx, &at, write_addr6),
+    }
+}
+
+/// `connect()`: [`connect`]'s verdict carried out.
+struct Connect;
+
+impl SockCall for Connect {
+    #[inline(always)]
+    fn call<A: SockFamily + Family>(
+        ctx: &SockAddrContext,
+        at: &SockAddr<A>,
+        write: impl FnOnce(&SockAddrContext, A, u16),
+    ) -> i32 {
+        finish(ctx, connect(ctx, at), write)
+    }
+}
+
 /// `connect4`.
 #[inline(always)]
 pub fn connect4(ctx: &SockAddrContext) -> i32 {
-    let Some(dst) = read_addr4(ctx) else {
-        return ALLOW;
-    };
-    finish(ctx, connect(ctx, &dst), write_addr4)
+    hook4::<Connect>(ctx)
 }
 
 /// `connect6`; an IPv4-mapped destination goes through the IPv4 maps.
 #[inline(always)]
 pub fn connect6(ctx: &SockAddrContext) -> i32 {
-    let Some(dst) = read_addr6(ctx) else {
-        return ALLOW;
-    };
-    match v4_mapped(&dst.addr_be) {
-        Some(addr_be) => {
-            let dst = SockAddr {
-                addr_be,
-                port_be: dst.port_be,
-                proto: dst.proto,
-            };
-            finish(ctx, connect(ctx, &dst), write_mapped)
-        }
-        None => finish(ctx, connect(ctx, &dst), write_addr6),
-    }
+    hook6::<Connect>(ctx)
 }
 
 /// `sendmsg()` with an address (unconnected UDP): every datagram to a frontend
@@ -188,13 +228,24 @@ fn sendmsg<A: SockFamily + Family>(ctx: &SockAddrContext, dst: &SockAddr<A>) -> 
     Verdict::To(picked)
 }
 
+/// `sendmsg()`: [`sendmsg`]'s verdict carried out.
+struct Sendmsg;
+
+impl SockCall for Sendmsg {
+    #[inline(always)]
+    fn call<A: SockFamily + Family>(
+        ctx: &SockAddrContext,
+        at: &SockAddr<A>,
+        write: impl FnOnce(&SockAddrContext, A, u16),
+    ) -> i32 {
+        finish(ctx, sendmsg(ctx, at), write)
+    }
+}
+
 /// `sendmsg4`.
 #[inline(always)]
 pub fn sendmsg4(ctx: &SockAddrContext) -> i32 {
-    let Some(dst) = read_addr4(ctx) else {
-        return ALLOW;
-    };
-    finish(ctx, sendmsg(ctx, &dst), write_addr4)
+    hook4::<Sendmsg>(ctx)
 }
 
 /// `sendmsg6`. The kernel hands a datagram to an IPv4-mapped address to the
@@ -202,20 +253,7 @@ pub fn sendmsg4(ctx: &SockAddrContext) -> i32 {
 /// the same, it goes through the IPv4 maps.
 #[inline(always)]
 pub fn sendmsg6(ctx: &SockAddrContext) -> i32 {
-    let Some(dst) = read_addr6(ctx) else {
-        return ALLOW;
-    };
-    match v4_mapped(&dst.addr_be) {
-        Some(addr_be) => {
-            let dst = SockAddr {
-                addr_be,
-                port_be: dst.port_be,
-                proto: dst.proto,
-            };
-            finish(ctx, sendmsg(ctx, &dst), write_mapped)
-        }
-        None => finish(ctx, sendmsg(ctx, &dst), write_addr6),
-    }
+    hook6::<Sendmsg>(ctx)
 }
 
 /// The backend this socket already sends the frontend's datagrams to, if it is
@@ -263,43 +301,35 @@ fn frontend_of<A: SockFamily>(ctx: &SockAddrContext, peer: &SockAddr<A>) -> Opti
     Some(frontend)
 }
 
-/// `recvmsg4` and `getpeername4`: a backend shows as its frontend. Both hooks
-/// must always allow.
+/// `recvmsg()` and `getpeername()`: a backend shows as its frontend. Both
+/// hooks must always allow.
+struct RestorePeer;
+
+impl SockCall for RestorePeer {
+    #[inline(always)]
+    fn call<A: SockFamily + Family>(
+        ctx: &SockAddrContext,
+        at: &SockAddr<A>,
+        write: impl FnOnce(&SockAddrContext, A, u16),
+    ) -> i32 {
+        if let Some((addr_be, port_be)) = frontend_of(ctx, at) {
+            write(ctx, addr_be, port_be);
+        }
+        ALLOW
+    }
+}
+
+/// `recvmsg4` and `getpeername4`.
 #[inline(always)]
 pub fn restore_peer4(ctx: &SockAddrContext) -> i32 {
-    if let Some(peer) = read_addr4(ctx) {
-        if let Some((addr_be, port_be)) = frontend_of(ctx, &peer) {
-            write_addr4(ctx, addr_be, port_be);
-        }
-    }
-    ALLOW
+    hook4::<RestorePeer>(ctx)
 }
 
 /// `recvmsg6` and `getpeername6`; an IPv4-mapped peer (a dual-stack socket's
 /// IPv4 flow) is looked up in the IPv4 socket map and shown mapped.
 #[inline(always)]
 pub fn restore_peer6(ctx: &SockAddrContext) -> i32 {
-    let Some(peer) = read_addr6(ctx) else {
-        return ALLOW;
-    };
-    match v4_mapped(&peer.addr_be) {
-        Some(addr_be) => {
-            let peer = SockAddr {
-                addr_be,
-                port_be: peer.port_be,
-                proto: peer.proto,
-            };
-            if let Some((addr_be, port_be)) = frontend_of(ctx, &peer) {
-                write_mapped(ctx, addr_be, port_be);
-            }
-        }
-        None => {
-            if let Some((addr_be, port_be)) = frontend_of(ctx, &peer) {
-                write_addr6(ctx, addr_be, port_be);
-            }
-        }
-    }
-    ALLOW
+    hook6::<RestorePeer>(ctx)
 }
 
 /// A UDP socket closes: the entry that maps its backend back to the
