@@ -211,49 +211,49 @@ pub fn sb_from_uplink(ctx: TcContext) -> i32 {
 #[cgroup_sock_addr(connect4)]
 #[inline(always)]
 pub fn sb_sock_connect4(ctx: SockAddrContext) -> i32 {
-    programs::sock::connect4(&ctx)
+    programs::sock::hook4::<programs::sock::Connect>(&ctx)
 }
 
 #[cgroup_sock_addr(sendmsg4)]
 #[inline(always)]
 pub fn sb_sock_sendmsg4(ctx: SockAddrContext) -> i32 {
-    programs::sock::sendmsg4(&ctx)
+    programs::sock::hook4::<programs::sock::Sendmsg>(&ctx)
 }
 
 #[cgroup_sock_addr(recvmsg4)]
 #[inline(always)]
 pub fn sb_sock_recvmsg4(ctx: SockAddrContext) -> i32 {
-    programs::sock::restore_peer4(&ctx)
+    programs::sock::hook4::<programs::sock::RestorePeer>(&ctx)
 }
 
 #[cgroup_sock_addr(getpeername4)]
 #[inline(always)]
 pub fn sb_sock_getpeername4(ctx: SockAddrContext) -> i32 {
-    programs::sock::restore_peer4(&ctx)
+    programs::sock::hook4::<programs::sock::RestorePeer>(&ctx)
 }
 
 #[cgroup_sock_addr(connect6)]
 #[inline(always)]
 pub fn sb_sock_connect6(ctx: SockAddrContext) -> i32 {
-    programs::sock::connect6(&ctx)
+    programs::sock::hook6::<programs::sock::Connect>(&ctx)
 }
 
 #[cgroup_sock_addr(sendmsg6)]
 #[inline(always)]
 pub fn sb_sock_sendmsg6(ctx: SockAddrContext) -> i32 {
-    programs::sock::sendmsg6(&ctx)
+    programs::sock::hook6::<programs::sock::Sendmsg>(&ctx)
 }
 
 #[cgroup_sock_addr(recvmsg6)]
 #[inline(always)]
 pub fn sb_sock_recvmsg6(ctx: SockAddrContext) -> i32 {
-    programs::sock::restore_peer6(&ctx)
+    programs::sock::hook6::<programs::sock::RestorePeer>(&ctx)
 }
 
 #[cgroup_sock_addr(getpeername6)]
 #[inline(always)]
 pub fn sb_sock_getpeername6(ctx: SockAddrContext) -> i32 {
-    programs::sock::restore_peer6(&ctx)
+    programs::sock::hook6::<programs::sock::RestorePeer>(&ctx)
 }
 
 #[cgroup_sock(sock_release)]

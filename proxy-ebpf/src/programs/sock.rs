@@ -38,6 +38,66 @@ use aya_ebpf::{
     EbpfContext as _,
 };
 use proxy_common::{proto, sock_dir, stat, Addr6Be, FrontendSlot};
+
+/// One socket call's work, over whichever family's maps its address
+/// belongs to; `write` puts an address back in the form the hook saw
+/// (IPv4, IPv6, or IPv4-mapped IPv6). [`hook4`] and [`hook6`] read the
+/// address and choose the family, so each call is written once.
+pub(crate) trait SockCall {
+    fn call<A: SockFamily + Family>(
+        ctx: &SockAddrContext,
+        at: &SockAddr<A>,
+        write: impl FnOnce(&SockAddrContext, A, u16),
+    ) -> i32;
+}
+
+/// A call that balances the socket ([`Connect`], [`Sendmsg`]): its verdict,
+/// which [`finish`] carries out.
+pub(crate) trait Balance {
+    fn verdict<A: SockFamily + Family>(ctx: &SockAddrContext, dst: &SockAddr<A>) -> Verdict<A>;
+}
+
+impl<B: Balance> SockCall for B {
+    #[inline(always)]
+    fn call<A: SockFamily + Family>(
+        ctx: &SockAddrContext,
+        at: &SockAddr<A>,
+        write: impl FnOnce(&SockAddrContext, A, u16),
+    ) -> i32 {
+        finish(ctx, B::verdict(ctx, at), write)
+    }
+}
+
+/// An IPv4 hook: call `C` over the IPv4 maps.
+#[inline(always)]
+pub(crate) fn hook4<C: SockCall>(ctx: &SockAddrContext) -> i32 {
+    match read_addr4(ctx) {
+        Some(at) => C::call(ctx, &at, write_addr4),
+        None => ALLOW,
+    }
+}
+
+/// An IPv6 hook: call `C` over the IPv6 maps, or, for an IPv4-mapped
+/// address (a dual-stack socket's IPv4 peer), over the IPv4 maps with the
+/// answer written back mapped.
+#[inline(always)]
+pub(crate) fn hook6<C: SockCall>(ctx: &SockAddrContext) -> i32 {
+    let Some(at) = read_addr6(ctx) else {
+        return ALLOW;
+    };
+    match v4_mapped(&at.addr_be) {
+        Some(addr_be) => {
+            let at = SockAddr {
+                addr_be,
+                port_be: at.port_be,
+                proto: at.proto,
+            };
+            C::call(ctx, &at, write_mapped)
+        }
+        None => C::call(ctx, &at, write_addr6),
+    }
+}
+
 /// The frontend `dst` names, if any: most sockets connect to no frontend,
 /// and the frontend bitmap tells them apart with one array read before the
 /// hash lookup.
@@ -71,43 +131,47 @@ fn pod_udp_at_connect() -> bool {
 /// `connect()`: a TCP or UDP socket (of the node, or of a pod when the agent
 /// can close it there: [`pod_udp_at_connect`]) to a frontend is connected to
 /// a backend instead.
-#[inline(always)]
-fn connect<A: SockFamily + Family>(ctx: &SockAddrContext, dst: &SockAddr<A>) -> Verdict<A> {
-    let Some((key, svc)) = frontend_at(dst) else {
-        return Verdict::Pass;
-    };
-    if dst.proto == proto::UDP
-        && !pod_udp_at_connect()
-        && netns_cookie(ctx) != config().host_netns_cookie
-    {
-        return Verdict::Pass;
+pub(crate) struct Connect;
+
+impl Balance for Connect {
+    #[inline(always)]
+    fn verdict<A: SockFamily + Family>(ctx: &SockAddrContext, dst: &SockAddr<A>) -> Verdict<A> {
+        let Some((key, svc)) = frontend_at(dst) else {
+            return Verdict::Pass;
+        };
+        if dst.proto == proto::UDP
+            && !pod_udp_at_connect()
+            && netns_cookie(ctx) != config().host_netns_cookie
+        {
+            return Verdict::Pass;
+        }
+        if let Some(verdict) = source_verdict(ctx, &svc) {
+            return verdict;
+        }
+        let picked = match pick(ctx, key, &svc) {
+            Ok(picked) => picked,
+            Err(why) => return refused(dst, &svc, why),
+        };
+        // A TCP socket keeps its frontend itself, and whether it counts on its
+        // backend; a connected UDP socket in the socket map, where the agent
+        // finds it (by its cookie, in whichever network namespace it lives)
+        // when its backend leaves. The cookie is read only where it is used: a
+        // socket's first read generates it.
+        let counts = counts_flows(&svc);
+        let tcp_kept = dst.proto == proto::TCP && remember_conn(ctx, dst, &picked, counts);
+        if !tcp_kept {
+            remember_reverse(socket_cookie(ctx), dst, &picked);
+        }
+        // A connected socket is one of its backend's open flows; a TCP socket
+        // only when its storage says so, by which `release` knows to take it
+        // off (the kernel had no memory for it: not counted).
+        if counts && (tcp_kept || dst.proto != proto::TCP) {
+            sched::socket_opened(socket_cookie(ctx), picked.backend_id);
+        }
+        count(stat::SOCK_CONNECT);
+        trace_new(dst, &svc, &picked);
+        Verdict::To(picked)
     }
-    if let Some(verdict) = source_verdict(ctx, &svc) {
-        return verdict;
-    }
-    let picked = match pick(ctx, key, &svc) {
-        Ok(picked) => picked,
-        Err(why) => return refused(dst, &svc, why),
-    };
-    // A TCP socket keeps its frontend itself, and whether it counts on its
-    // backend; a connected UDP socket in the socket map, where the agent
-    // finds it (by its cookie, in whichever network namespace it lives)
-    // when its backend leaves. The cookie is read only where it is used: a
-    // socket's first read generates it.
-    let counts = counts_flows(&svc);
-    let tcp_kept = dst.proto == proto::TCP && remember_conn(ctx, dst, &picked, counts);
-    if !tcp_kept {
-        remember_reverse(socket_cookie(ctx), dst, &picked);
-    }
-    // A connected socket is one of its backend's open flows; a TCP socket
-    // only when its storage says so, by which `release` knows to take it
-    // off (the kernel had no memory for it: not counted).
-    if counts && (tcp_kept || dst.proto != proto::TCP) {
-        sched::socket_opened(socket_cookie(ctx), picked.backend_id);
-    }
-    count(stat::SOCK_CONNECT);
-    trace_new(dst, &svc, &picked);
-    Verdict::To(picked)
 }
 
 /// Traces a socket given a backend: a new flow.
@@ -129,131 +193,42 @@ fn refused<A: SockFamily>(dst: &SockAddr<A>, svc: &FrontendSlot, why: Refuse) ->
     Verdict::Refuse(why)
 }
 
-/// One socket call's work, over whichever family's maps its address
-/// belongs to; `write` puts an address back in the form the hook saw
-/// (IPv4, IPv6, or IPv4-mapped IPv6). [`hook4`] and [`hook6`] read the
-/// address and choose the family, so each call is written once.
-trait SockCall {
-    fn call<A: SockFamily + Family>(
-        ctx: &SockAddrContext,
-        at: &SockAddr<A>,
-        write: impl FnOnce(&SockAddrContext, A, u16),
-    ) -> i32;
-}
-
-/// An IPv4 hook: call `C` over the IPv4 maps.
-#[inline(always)]
-fn hook4<C: SockCall>(ctx: &SockAddrContext) -> i32 {
-    match read_addr4(ctx) {
-        Some(at) => C::call(ctx, &at, write_addr4),
-        None => ALLOW,
-    }
-}
-
-/// An IPv6 hook: call `C` over the IPv6 maps, or, for an IPv4-mapped
-/// address (a dual-stack socket's IPv4 peer), over the IPv4 maps with the
-/// answer written back mapped.
-#[inline(always)]
-fn hook6<C: SockCall>(ctx: &SockAddrContext) -> i32 {
-    let Some(at) = read_addr6(ctx) else {
-        return ALLOW;
-    };
-    match v4_mapped(&at.addr_be) {
-        Some(addr_be) => {
-            let at = SockAddr {
-                addr_be,
-                port_be: at.port_be,
-                proto: at.proto,
-            };
-            C::call(ctx, &at, write_mapped)
-        }
-        None => C::call(ctx, &at, write_addr6),
-    }
-}
-
-/// `connect()`: [`connect`]'s verdict carried out.
-struct Connect;
-
-impl SockCall for Connect {
-    #[inline(always)]
-    fn call<A: SockFamily + Family>(
-        ctx: &SockAddrContext,
-        at: &SockAddr<A>,
-        write: impl FnOnce(&SockAddrContext, A, u16),
-    ) -> i32 {
-        finish(ctx, connect(ctx, at), write)
-    }
-}
-
-/// `connect4`.
-#[inline(always)]
-pub fn connect4(ctx: &SockAddrContext) -> i32 {
-    hook4::<Connect>(ctx)
-}
-
-/// `connect6`; an IPv4-mapped destination goes through the IPv4 maps.
-#[inline(always)]
-pub fn connect6(ctx: &SockAddrContext) -> i32 {
-    hook6::<Connect>(ctx)
-}
-
 /// `sendmsg()` with an address (unconnected UDP): every datagram to a frontend
 /// goes to the backend this socket was given for it, as long as that backend
-/// is live; then the socket gets a new one.
-#[inline(always)]
-fn sendmsg<A: SockFamily + Family>(ctx: &SockAddrContext, dst: &SockAddr<A>) -> Verdict<A> {
-    if dst.proto != proto::UDP {
-        return Verdict::Pass;
-    }
-    let Some((key, svc)) = frontend_at(dst) else {
-        return Verdict::Pass;
-    };
-    if let Some(verdict) = source_verdict(ctx, &svc) {
-        return verdict;
-    }
-    let cookie = socket_cookie(ctx);
-    let picked = match kept_backend(cookie, dst, &svc) {
-        Some(kept) => kept,
-        None => match pick(ctx, key, &svc) {
-            Ok(picked) => {
-                remember_forward(cookie, dst, &picked);
-                remember_reverse(cookie, dst, &picked);
-                trace_new(dst, &svc, &picked);
-                picked
-            }
-            Err(why) => return refused(dst, &svc, why),
-        },
-    };
-    count(stat::SOCK_SENDMSG);
-    Verdict::To(picked)
-}
+/// is live; then the socket gets a new one. The kernel hands a datagram of an
+/// `AF_INET6` socket to an IPv4-mapped address to the IPv4 path (and
+/// `sendmsg4`) before `sendmsg6` runs; should one reach `sendmsg6` all the
+/// same, it goes through the IPv4 maps ([`hook6`]).
+pub(crate) struct Sendmsg;
 
-/// `sendmsg()`: [`sendmsg`]'s verdict carried out.
-struct Sendmsg;
-
-impl SockCall for Sendmsg {
+impl Balance for Sendmsg {
     #[inline(always)]
-    fn call<A: SockFamily + Family>(
-        ctx: &SockAddrContext,
-        at: &SockAddr<A>,
-        write: impl FnOnce(&SockAddrContext, A, u16),
-    ) -> i32 {
-        finish(ctx, sendmsg(ctx, at), write)
+    fn verdict<A: SockFamily + Family>(ctx: &SockAddrContext, dst: &SockAddr<A>) -> Verdict<A> {
+        if dst.proto != proto::UDP {
+            return Verdict::Pass;
+        }
+        let Some((key, svc)) = frontend_at(dst) else {
+            return Verdict::Pass;
+        };
+        if let Some(verdict) = source_verdict(ctx, &svc) {
+            return verdict;
+        }
+        let cookie = socket_cookie(ctx);
+        let picked = match kept_backend(cookie, dst, &svc) {
+            Some(kept) => kept,
+            None => match pick(ctx, key, &svc) {
+                Ok(picked) => {
+                    remember_forward(cookie, dst, &picked);
+                    remember_reverse(cookie, dst, &picked);
+                    trace_new(dst, &svc, &picked);
+                    picked
+                }
+                Err(why) => return refused(dst, &svc, why),
+            },
+        };
+        count(stat::SOCK_SENDMSG);
+        Verdict::To(picked)
     }
-}
-
-/// `sendmsg4`.
-#[inline(always)]
-pub fn sendmsg4(ctx: &SockAddrContext) -> i32 {
-    hook4::<Sendmsg>(ctx)
-}
-
-/// `sendmsg6`. The kernel hands a datagram to an IPv4-mapped address to the
-/// IPv4 path (and `sendmsg4`) before this hook runs; should one get here all
-/// the same, it goes through the IPv4 maps.
-#[inline(always)]
-pub fn sendmsg6(ctx: &SockAddrContext) -> i32 {
-    hook6::<Sendmsg>(ctx)
 }
 
 /// The backend this socket already sends the frontend's datagrams to, if it is
@@ -303,7 +278,7 @@ fn frontend_of<A: SockFamily>(ctx: &SockAddrContext, peer: &SockAddr<A>) -> Opti
 
 /// `recvmsg()` and `getpeername()`: a backend shows as its frontend. Both
 /// hooks must always allow.
-struct RestorePeer;
+pub(crate) struct RestorePeer;
 
 impl SockCall for RestorePeer {
     #[inline(always)]
@@ -317,19 +292,6 @@ impl SockCall for RestorePeer {
         }
         ALLOW
     }
-}
-
-/// `recvmsg4` and `getpeername4`.
-#[inline(always)]
-pub fn restore_peer4(ctx: &SockAddrContext) -> i32 {
-    hook4::<RestorePeer>(ctx)
-}
-
-/// `recvmsg6` and `getpeername6`; an IPv4-mapped peer (a dual-stack socket's
-/// IPv4 flow) is looked up in the IPv4 socket map and shown mapped.
-#[inline(always)]
-pub fn restore_peer6(ctx: &SockAddrContext) -> i32 {
-    hook6::<RestorePeer>(ctx)
 }
 
 /// A UDP socket closes: the entry that maps its backend back to the
