@@ -179,6 +179,30 @@ mod tests {
         assert_eq!(nodeport_nftables(&services()), golden_nft);
     }
 
+    /// A kernel that refuses live frames leaves every forwarding goal not
+    /// measured, saying why, rather than not met; the report's section
+    /// says why too, and measured rows still give their ratios.
+    #[test]
+    fn a_kernel_without_live_frames_leaves_the_goals_not_measured() {
+        let why =
+            "not measured: this kernel refuses BPF_PROG_TEST_RUN with BPF_F_TEST_XDP_LIVE_FRAMES";
+        let refused =
+            serde_json::json!({"kind": "xdpfwd", "meta": {}, "rows": [], "not_measured": why});
+        let not_measured = goals(&refused);
+        assert!(!not_measured.is_empty());
+        for g in &not_measured {
+            assert_eq!(g.met, None, "{}", g.what);
+            assert_eq!(g.measured, why);
+        }
+        assert!(section(&refused).contains(why));
+
+        let row = |key: &str, mpps: f64| serde_json::json!({"key": key, "mpps": mpps});
+        let measured = serde_json::json!({"rows": [row("remote_many", 3.0), row("iptables_remote_many", 0.5)]});
+        let first = &goals(&measured)[0];
+        assert_eq!(first.met, Some(true));
+        assert!(first.measured.starts_with("6.00"), "{}", first.measured);
+    }
+
     #[test]
     fn rules_name_the_bench_nodeports() {
         let ipt = nodeport_iptables(&services());
