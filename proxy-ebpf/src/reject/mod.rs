@@ -290,20 +290,15 @@ fn icmp_error<A: RejectFamily, C: AnswerCtx>(
     let head = u32::from_ne_bytes([icmp_type, code, 0, 0]);
     let mut rest = rest;
     let words = sum_words(&[head, rest, more[0], more[1]]);
-    let pseudo = match A::ICMP_PSEUDO_HEADER {
-        true => pseudo_sum(src, dst, icmp_len, A::ICMP_PROTO),
-        false => 0,
+    let pseudo = if A::ICMP_PSEUDO_HEADER {
+        pseudo_sum(src, dst, icmp_len, A::ICMP_PROTO)
+    } else {
+        0
     };
-    let shield = match ctx.partial_checksum() {
-        true => Some(A::shield(
-            w.flow.proto,
-            &mut w.quote,
-            words + pseudo,
-            pseudo,
-            &mut rest,
-        )),
-        false => None,
-    };
+    let shield = ctx.partial_checksum().then(|| {
+        let sum = words + pseudo;
+        A::shield(w.flow.proto, &mut w.quote, sum, pseudo, &mut rest)
+    });
     let (c, opt_len) = match &shield {
         Some(shield) => (shield.checksum, A::SHIELD_OPT_LEN),
         None => (fold(A::quote_sum(&w.quote) + words + pseudo), 0),

@@ -57,7 +57,7 @@ pub(crate) fn frontend(
 
 /// Why the kernel will not run XDP live frames (`BPF_F_TEST_XDP_LIVE_FRAMES`),
 /// when `err`, from a live-frame test run, is that refusal: EPERM from a
-/// kernel built to forbid the flag (this project's hardened CI kernels), or
+/// kernel built to forbid the flag (as the 6.18.44 of these machines is), or
 /// EOPNOTSUPP/ENOTSUPP from one that lacks the test run for XDP. Any other
 /// error is the bench's own and is `None`, so it still fails the run.
 pub(crate) fn live_frames_refused(err: &anyhow::Error) -> Option<String> {
