@@ -1,4 +1,10 @@
 //! Test and benchmark support for switchboard, kept out of the shipped
 //! binary: proxy-user's kernel fixture tests and `sb_bench` use it as a
-//! dev-dependency.
+//! dev-dependency. The one home of the frame builders of both families:
+//! [`packet`] (IPv4), [`packet6`] (IPv6), and [`Frame`], what a test written
+//! once for both families builds its frames with.
+pub mod frame;
 pub mod packet;
+pub mod packet6;
+
+pub use frame::Frame;

@@ -28,7 +28,7 @@ use crate::support::{
     capacities,
     netns::in_new_netns,
     require_root,
-    v6::{checksums_valid6, icmp6_frame, parse6, Maps6, Packet6},
+    v6::Maps6,
     Hook, Loaded, TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT, TC_ACT_UNSPEC, XDP_DROP, XDP_PASS,
     XDP_REDIRECT, XDP_TX,
 };
@@ -41,6 +41,7 @@ use proxy_testkit::packet::{
     checksums_valid, icmp_checksums_valid, icmp_error_checksums_valid, icmp_frame, PacketSpec,
     ETH_HLEN,
 };
+use proxy_testkit::packet6::{checksums_valid6, icmp6_frame, parse6, Packet6};
 use proxy_user::model::{Frontend, FrontendKind, Protocol};
 
 const NODE: Ipv4Addr = Ipv4Addr::new(192, 168, 50, 1);

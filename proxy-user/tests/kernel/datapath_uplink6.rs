@@ -19,10 +19,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use crate::support::{
     netns::{Node, NodeSpec},
-    v6::{
-        checksums_valid6, ct_key6, icmp6_frame_macs, Fe6, Packet6, NEXTHDR_DEST, NEXTHDR_HOP,
-        NEXTHDR_ROUTING, PROTO_TCP, PROTO_UDP, TCP_ACK, TCP_RST, TCP_SYN,
-    },
+    v6::{ct_key6, Fe6},
     Loaded, Uplink as Prog, TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT, TC_ACT_UNSPEC, XDP_PASS,
     XDP_TX,
 };
@@ -30,6 +27,10 @@ use proxy_common::{
     addr6_be, capacity, ct_dir, ct_flags, dsr, frontend_flags,
     hash::{flow_hash6, source_hash6},
     snat, uplink_flags, CtEntry6, MaglevTable,
+};
+use proxy_testkit::packet6::{
+    checksums_valid6, icmp6_frame_macs, Packet6, NEXTHDR_DEST, NEXTHDR_HOP, NEXTHDR_ROUTING,
+    PROTO_TCP, PROTO_UDP, TCP_ACK, TCP_RST, TCP_SYN,
 };
 use proxy_user::sync::maglev::{self, BackendKey};
 

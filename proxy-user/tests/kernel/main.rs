@@ -4,12 +4,11 @@
 //! need root (CAP_BPF, BPF_PROG_TEST_RUN) and say so when they fail without
 //! it. `support` is the harness they share.
 //!
-//! One module: `cargo test --release -p proxy-user --test kernel datapath6::`.
+//! One module: `cargo test --release -p proxy-user --test kernel datapath::`.
 mod support;
 
 mod collector6;
 mod datapath;
-mod datapath6;
 mod datapath_conntrack;
 mod datapath_frag;
 mod datapath_fuzz;

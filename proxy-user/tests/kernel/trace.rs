@@ -10,13 +10,10 @@ use aya::maps::{Array, MapData, PerCpuArray, RingBuf};
 use proxy_common::trace::{kind, layer, verdict, RING_BYTES};
 use proxy_common::{addr6_be, names, programs, stat, TraceEvent};
 use proxy_testkit::packet::PacketSpec;
+use proxy_testkit::packet6::{Packet6, PROTO_TCP};
 use proxy_user::model::{FrontendKind, Protocol};
 
-use crate::support::{
-    be32, capacities, frontend,
-    v6::{Packet6, PROTO_TCP},
-    Loaded, TC_ACT_OK, TC_ACT_REDIRECT,
-};
+use crate::support::{be32, capacities, frontend, Loaded, TC_ACT_OK, TC_ACT_REDIRECT};
 
 const CLIENT: Ipv4Addr = Ipv4Addr::new(10, 244, 100, 2);
 const VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);

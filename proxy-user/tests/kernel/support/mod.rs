@@ -4,7 +4,9 @@
 //! expected verdict, expected output frame) run through them ([`Case`],
 //! [`Loaded::run_table`]), the counters and conntrack entries read back, and
 //! the private network namespaces and node the uplink fixtures need, for
-//! either address family ([`netns`]).
+//! either address family ([`netns`]), and what a fixture written once for
+//! both families asks of a family ([`family`]).
+pub mod family;
 pub mod netns;
 pub mod v6;
 
@@ -16,6 +18,7 @@ use aya::{
     Ebpf,
 };
 use proxy_common::{addr6_be, names, programs, CtEntry, CtKey, Uplink6};
+use proxy_testkit::Frame;
 use proxy_user::{
     dataplane::ebpf,
     dataplane::kctx::Access,
@@ -306,26 +309,8 @@ pub fn truncated(mut frame: Vec<u8>, len: usize) -> Vec<u8> {
     frame
 }
 
-/// A frame builder of either family ([`proxy_testkit::packet::PacketSpec`],
-/// [`v6::Packet6`]).
-pub trait Build: Clone {
-    fn build(&self) -> Vec<u8>;
-}
-
-impl Build for proxy_testkit::packet::PacketSpec {
-    fn build(&self) -> Vec<u8> {
-        proxy_testkit::packet::PacketSpec::build(self)
-    }
-}
-
-impl Build for v6::Packet6 {
-    fn build(&self) -> Vec<u8> {
-        v6::Packet6::build(self)
-    }
-}
-
-/// The frame of `spec` changed by `f`.
-pub fn rewritten<P: Build>(spec: &P, f: impl FnOnce(&mut P)) -> Vec<u8> {
+/// The frame of `spec` (of either family's builder) changed by `f`.
+pub fn rewritten<P: Frame>(spec: &P, f: impl FnOnce(&mut P)) -> Vec<u8> {
     with(spec, f).build()
 }
 

@@ -128,11 +128,12 @@ impl Family for Ipv6Addr {
     }
 
     fn checksums_valid(output: &[u8], input: &[u8]) -> bool {
-        let zero_ok = super::v6::parse6(input).is_some_and(|p| {
-            p.proto == super::v6::PROTO_UDP
+        use proxy_testkit::packet6::{checksums_valid6, parse6, PROTO_UDP};
+        let zero_ok = parse6(input).is_some_and(|p| {
+            p.proto == PROTO_UDP
                 && input.get(p.l4_off + 6..p.l4_off + 8) == Some(&[0, 0][..])
         });
-        super::v6::checksums_valid6(output, zero_ok)
+        checksums_valid6(output, zero_ok)
     }
 }
 
