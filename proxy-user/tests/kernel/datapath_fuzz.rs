@@ -25,12 +25,8 @@ use std::{
 };
 
 use crate::support::{
-    capacities,
-    netns::in_new_netns,
-    require_root,
-    v6::Maps6,
-    Hook, Loaded, TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT, TC_ACT_UNSPEC, XDP_DROP, XDP_PASS,
-    XDP_REDIRECT, XDP_TX,
+    capacities, netns::in_new_netns, require_root, v6::Maps6, Hook, Loaded, TC_ACT_OK,
+    TC_ACT_REDIRECT, TC_ACT_SHOT, TC_ACT_UNSPEC, XDP_DROP, XDP_PASS, XDP_REDIRECT, XDP_TX,
 };
 use proptest::{
     prelude::*,

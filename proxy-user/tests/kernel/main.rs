@@ -14,7 +14,6 @@ mod datapath_frag;
 mod datapath_fuzz;
 mod datapath_reject;
 mod datapath_uplink;
-mod datapath_uplink6;
 mod prefilter;
 mod schedulers;
 mod sock6;

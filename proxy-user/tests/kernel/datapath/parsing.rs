@@ -6,9 +6,8 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 
 use super::{fixture6, single_backend_as, Pods};
 use crate::support::{
-    family::ct_key,
-    hex, translated_checksums, truncated, Case, Hook, Loaded, TC_ACT_OK, TC_ACT_REDIRECT,
-    TC_ACT_UNSPEC,
+    family::ct_key, hex, translated_checksums, truncated, Case, Hook, Loaded, TC_ACT_OK,
+    TC_ACT_REDIRECT, TC_ACT_UNSPEC,
 };
 use proxy_common::{ct_dir, ct_state, programs};
 use proxy_testkit::packet::PacketSpec;
@@ -120,7 +119,11 @@ fn requests_replies_and_not_ours<F: Headers>(access: &Access) {
             TC_ACT_OK,
             udp_zero.to(pod1, 5353).build(),
         ),
-        untouched("traffic to a pod address is not ours", true, other_host.build()),
+        untouched(
+            "traffic to a pod address is not ours",
+            true,
+            other_host.build(),
+        ),
         untouched(
             "a port the Service does not have is not ours",
             true,
@@ -170,9 +173,15 @@ fn requests_replies_and_not_ours<F: Headers>(access: &Access) {
     assert_eq!(fx.stat("reversed"), 2);
     assert_eq!(fx.stat("malformed"), 3, "the three truncated frames");
     assert_eq!(fx.stat("drop_no_backend"), 0);
-    assert_eq!((web.packets, web.new_flows, web.drops_no_backend), (2, 2, 0));
+    assert_eq!(
+        (web.packets, web.new_flows, web.drops_no_backend),
+        (2, 2, 0)
+    );
     let dns = fx.service_row("dns");
-    assert_eq!((dns.packets, dns.new_flows, dns.drops_no_backend), (3, 3, 0));
+    assert_eq!(
+        (dns.packets, dns.new_flows, dns.drops_no_backend),
+        (3, 3, 0)
+    );
     F::check_own_counters(&fx);
 }
 
@@ -340,7 +349,11 @@ impl Headers for Ipv6Addr {
                 true,
                 short_payload,
             ),
-            untouched("neighbour solicitation for the frontend: untouched", true, ns),
+            untouched(
+                "neighbour solicitation for the frontend: untouched",
+                true,
+                ns,
+            ),
             untouched("neighbour advertisement into the pod: untouched", false, na),
             untouched("router solicitation: untouched", true, rs),
             untouched("echo request to the frontend: untouched", true, echo),

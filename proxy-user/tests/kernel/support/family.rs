@@ -1,7 +1,7 @@
 //! What a fixture written once for both address families asks of a family:
 //! its frame builder ([`proxy_testkit::Frame`]: [`PacketSpec`] or
 //! [`Packet6`]), its header's TTL or hop limit, its conntrack keys and
-//! entries, its ICMP errors. Implemented on the address types, so a fixture
+//! entries. Implemented on the address types, so a fixture
 //! generic over `F: TestFamily` takes its addresses as `F` (each module
 //! names its own in a trait of its own, e.g. the uplink node's).
 //!
@@ -14,7 +14,7 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 
 use proxy_common::{addr6_be, proto, Addr6Be, CtEntryOf, CtKeyOf};
 use proxy_testkit::packet::{self, PacketSpec, ETH_HLEN};
-use proxy_testkit::packet6::{self, Packet6};
+use proxy_testkit::packet6::Packet6;
 use proxy_testkit::Frame;
 use proxy_user::model::Protocol;
 
@@ -44,8 +44,6 @@ pub trait TestFamily: netns::Family + Ord + Hash + Debug {
     type Packet: Frame<Addr = Self>;
     /// An address as the maps hold it (network byte order).
     type Be: Copy + Eq + Debug + Default;
-    /// "IPv4" or "IPv6", for failure messages.
-    const NAME: &'static str;
     /// The length of the IP header of a frame without options or extension
     /// headers.
     const IP_HLEN: usize;
@@ -71,11 +69,6 @@ pub trait TestFamily: netns::Family + Ord + Hash + Debug {
     fn ct(fx: &Loaded, key: &CtKeyOf<Self::Be>) -> Option<CtEntryOf<Self::Be>>;
     /// How many conntrack entries of this family there are.
     fn ct_len(fx: &Loaded) -> usize;
-
-    /// An ICMP(v6) error of `icmp_type`/`code` with the 4 bytes `rest`,
-    /// quoting `quoted`, in a frame from `src` to `dst`, checksums valid.
-    fn icmp_error(src: Self, dst: Self, icmp_type: u8, code: u8, rest: u32, quoted: &[u8])
-        -> Vec<u8>;
 }
 
 /// The conntrack key of a flow of either family.
@@ -116,7 +109,6 @@ pub fn with_macs(mut frame: Vec<u8>, dst: [u8; 6], src: [u8; 6]) -> Vec<u8> {
 impl TestFamily for Ipv4Addr {
     type Packet = PacketSpec;
     type Be = u32;
-    const NAME: &'static str = "IPv4";
     const IP_HLEN: usize = 20;
 
     fn be(self) -> u32 {
@@ -143,23 +135,11 @@ impl TestFamily for Ipv4Addr {
     fn ct_len(fx: &Loaded) -> usize {
         fx.syncer.store().conntrack_len()
     }
-
-    fn icmp_error(
-        src: Self,
-        dst: Self,
-        icmp_type: u8,
-        code: u8,
-        rest: u32,
-        quoted: &[u8],
-    ) -> Vec<u8> {
-        packet::icmp_frame(src, dst, icmp_type, code, rest, quoted)
-    }
 }
 
 impl TestFamily for Ipv6Addr {
     type Packet = Packet6;
     type Be = Addr6Be;
-    const NAME: &'static str = "IPv6";
     const IP_HLEN: usize = 40;
 
     fn be(self) -> Addr6Be {
@@ -181,16 +161,5 @@ impl TestFamily for Ipv6Addr {
 
     fn ct_len(fx: &Loaded) -> usize {
         fx.syncer.store().conntrack6_len()
-    }
-
-    fn icmp_error(
-        src: Self,
-        dst: Self,
-        icmp_type: u8,
-        code: u8,
-        rest: u32,
-        quoted: &[u8],
-    ) -> Vec<u8> {
-        packet6::icmp6_frame(src, dst, icmp_type, code, rest, quoted)
     }
 }

@@ -130,8 +130,7 @@ impl Family for Ipv6Addr {
     fn checksums_valid(output: &[u8], input: &[u8]) -> bool {
         use proxy_testkit::packet6::{checksums_valid6, parse6, PROTO_UDP};
         let zero_ok = parse6(input).is_some_and(|p| {
-            p.proto == PROTO_UDP
-                && input.get(p.l4_off + 6..p.l4_off + 8) == Some(&[0, 0][..])
+            p.proto == PROTO_UDP && input.get(p.l4_off + 6..p.l4_off + 8) == Some(&[0, 0][..])
         });
         checksums_valid6(output, zero_ok)
     }
