@@ -42,7 +42,8 @@ const JOB_TIMEOUT: Duration = Duration::from_secs(15 * 60);
 /// A test executable cargo built.
 #[derive(Debug, Clone)]
 pub struct TestBinary {
-    /// `xtask/e2e`, `proxy-user/kernel`, `proxy-user/proxy_user` (unit tests).
+    /// The package and the binary: xtask/e2e, proxy-user/kernel,
+    /// proxy-user/proxy_user (unit tests).
     pub label: String,
     pub path: PathBuf,
     /// The package's directory: cargo runs a package's tests there.
@@ -391,7 +392,7 @@ fn run_job(job: &Job, envs: &[(String, PathBuf)]) -> Result<(bool, String)> {
 }
 
 /// A log file of its own for one job. Two jobs may carry one label (a
-/// package's library and binary of the same name: `xtask/xtask`), so each
+/// package's library and binary of the same name, both xtask/xtask), so each
 /// file also gets the job's sequence number; a shared name let one job
 /// remove the other's log before it was read.
 fn tempfile(name: &str) -> Result<PathBuf> {
