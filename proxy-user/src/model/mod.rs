@@ -28,6 +28,7 @@ mod incremental;
 pub mod input;
 mod packed;
 mod service;
+mod slice_endpoint;
 mod validate;
 
 pub use incremental::{Model, ModelDelta, ObjectKind, Rejection};

@@ -79,9 +79,9 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 
 use super::cgroup::TestCgroup;
-use super::cleanup::NODE_ROLES;
 use super::core::{AgentRef, NetnsCore, PodSpec};
 use super::netns::{attach_xdp_pass, disable_tx_checksum, enable_gro, HttpResponse};
+use super::roles::NODE_ROLES;
 use super::sys::ip;
 use super::{next_test_tag, ClientRun, Frontend, POD_TCP_PORT, POD_UDP_PORT};
 use manifests::{node_file, node_yaml, EntryPoint, ExternalService, Policy};
@@ -1032,7 +1032,8 @@ impl TwoNodeSandbox {
 
 #[cfg(test)]
 mod tests {
-    use super::super::cleanup::{is_role, status_file_tag, test_tag_of};
+    use super::super::cleanup::{status_file_tag, test_tag_of};
+    use super::super::roles::is_role;
     use super::super::status_file;
     use super::super::PIN_BASE;
     use super::*;
