@@ -15,6 +15,7 @@ mod e2e_external;
 mod e2e_external6;
 mod e2e_frag;
 mod e2e_ipv6;
+mod e2e_k3s;
 mod e2e_lifecycle;
 mod e2e_links;
 mod e2e_maglev;
