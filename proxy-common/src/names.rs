@@ -154,6 +154,12 @@ pub const TRACE_ON: &str = ".data.sb_trace_on";
 /// kernel keeps `.data.sb_pod_ud`), set by the agent before it attaches the
 /// socket layer, when it can close such a socket in the pod's namespace.
 pub const POD_UDP_AT_CONNECT: &str = ".data.sb_pod_udp";
+/// Whether the socket layer balances only the node's own sockets (1), a
+/// pod's being left to the tc layer, or every socket in its cgroup (0): a
+/// global in a data section of its own (`.data.sb_hostns`, within the
+/// kernel's 15 characters), set by the agent before it attaches the socket
+/// layer (`--socket-lb-host-namespace-only`).
+pub const HOST_NAMESPACE_ONLY: &str = ".data.sb_hostns";
 /// Per-CPU count of events the ring buffer had no room for.
 pub const TRACE_LOST: &str = "SB_TRACE_LOST_V1";
 /// Every map, in the order the CLI reports them.

@@ -97,6 +97,13 @@ pub mod uplink_flags {
     /// host outside cannot choose the source of a pod's replies on a node
     /// that does not use the mode.
     pub const DSR_ACCEPT: u8 = 1 << 0;
+    /// An overlay device (VXLAN, WireGuard, an IP tunnel) to other nodes'
+    /// pods rather than an uplink: flows from outside whose route leaves
+    /// through it are source-NATed to its address, as through an uplink,
+    /// but XDP never redirects into it (tunnel devices take no XDP
+    /// frames): such a packet goes on to the tc program, which sends it
+    /// with `bpf_redirect_neigh`.
+    pub const OVERLAY: u8 = 1 << 1;
 }
 
 /// Direct server return: the IPv4 option (and the IPv6 destination

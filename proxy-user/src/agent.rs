@@ -85,6 +85,8 @@ pub struct AgentConfig {
     /// The cgroup the socket-layer programs attach to; `None` turns the socket
     /// layer off (and removes what an earlier agent attached).
     pub socket_lb_cgroup: Option<PathBuf>,
+    /// Whose sockets the socket layer balances.
+    pub socket_lb_scope: socketlb::SocketScope,
     /// How the tc programs attach to pod interfaces.
     pub tc_mode: TcMode,
     /// `--uplink`: the interfaces traffic from outside arrives on (empty:
@@ -333,8 +335,10 @@ pub async fn run(config: AgentConfig, object: &'static [u8]) -> anyhow::Result<(
     rescan(&handle, &mut attacher, &mut ebpf).await;
     attacher.start_marking();
     match &config.socket_lb_cgroup {
-        Some(cgroup) => socketlb::attach(&mut ebpf, cgroup, &config.pin_root)
-            .context("attaching the socket layer (--socket-lb=false turns it off)")?,
+        Some(cgroup) => {
+            socketlb::attach(&mut ebpf, cgroup, &config.pin_root, config.socket_lb_scope)
+                .context("attaching the socket layer (--socket-lb=false turns it off)")?
+        }
         None => {
             socketlb::detach(&config.pin_root).context("detaching the socket layer")?;
         }

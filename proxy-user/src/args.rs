@@ -9,6 +9,7 @@ use crate::{
     dataplane::attach::TcMode,
     dataplane::conntrack::Timeouts,
     dataplane::pinroot::DEFAULT_PIN_ROOT,
+    dataplane::socketlb::SocketScope,
     dataplane::uplink::{NodePortMode, XdpMode},
     model::cidr::IpCidr,
     model::LbAlgorithm,
@@ -99,6 +100,19 @@ pub struct AgentArgs {
     /// `--socket-lb=false` turns it off and detaches what is attached.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub socket_lb: bool,
+    /// Keep the socket layer to the node's own network namespace: a pod's
+    /// connects and sends reach the frontend unchanged, and the tc program
+    /// on the pod's interface balances its packets. Set it under a service
+    /// mesh whose sidecar takes a pod's outbound connections and routes by
+    /// their original destination (Istio, Linkerd): the sidecar then sees
+    /// the ClusterIP, not a pod address.
+    #[arg(
+        long,
+        env = "SOCKET_LB_HOST_NAMESPACE_ONLY",
+        default_value_t = false,
+        action = clap::ArgAction::Set
+    )]
+    pub socket_lb_host_namespace_only: bool,
     /// The cgroup the socket layer attaches to (default: the host's cgroup2
     /// mount, found in /proc/self/mountinfo). Every process in it and below
     /// is balanced.
@@ -271,6 +285,10 @@ impl AgentArgs {
             node_name,
             proxy_name: self.proxy_name,
             socket_lb_cgroup,
+            socket_lb_scope: match self.socket_lb_host_namespace_only {
+                true => SocketScope::HostNamespace,
+                false => SocketScope::Everywhere,
+            },
             tc_mode: self.tc_attach,
             uplinks: self.uplinks,
             xdp_mode: self.xdp_mode,

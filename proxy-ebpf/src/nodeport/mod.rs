@@ -9,8 +9,10 @@
 //!   - a backend on this node gets DNAT only, and the kernel delivers the
 //!     packet; the pod's reply is reversed by the tc program on the uplink's
 //!     egress (one connection-tracking lookup, as for pod clients);
-//!   - a backend on another node (the route to it leaves through an uplink)
-//!     gets DNAT plus SNAT to that uplink's address and a port of
+//!   - a backend on another node (the route to it leaves through an uplink,
+//!     or through an overlay device such as flannel's VXLAN: the agent puts
+//!     both in the uplink maps) gets DNAT plus SNAT to that interface's
+//!     address and a port of
 //!     [`snat`], so its reply comes back here; or, for a frontend that
 //!     returns flows directly (`--nodeport-mode dsr`), DNAT only and the
 //!     frontend carried in an option ([`dsr`]), its reply leaving the
@@ -42,7 +44,9 @@
 pub(crate) mod dsr;
 mod uplink;
 
-pub(crate) use uplink::{cached_route, fib_lookup, Up, UplinkFamily, FIB_NO_NEIGH, FIB_SUCCESS};
+pub(crate) use uplink::{
+    cached_route, fib_lookup, is_overlay, Up, UplinkFamily, FIB_NO_NEIGH, FIB_SUCCESS,
+};
 
 use core::ffi::c_void;
 
@@ -308,18 +312,19 @@ fn snat_reply<A: UplinkFamily, const LAYER: u8>(u: &mut Up<A>) -> Result<bool, N
 
 /// Where the route to a new flow's backend leaves.
 enum Route {
-    /// Not through an uplink: the backend is on this node.
+    /// Not through an uplink or overlay: the backend is on this node.
     Local,
-    /// Through an uplink with an address of the family (now in
+    /// Through an uplink or overlay with an address of the family (now in
     /// `u.snat_addr_be`).
     Remote,
-    /// Through an uplink without an address of the family.
+    /// Through an uplink or overlay without an address of the family.
     NoAddress,
 }
 
 /// Whether the route to the backend in `u.s.backend` leaves through an
-/// uplink (the backend is on another node). A backend reached through any
-/// other interface (a pod veth) is local.
+/// uplink or an overlay device (the backend is on another node). A backend
+/// reached through any other interface (a pod veth, a bridge of pods) is
+/// local.
 #[inline(always)]
 fn remote_uplink<A: UplinkFamily>(ctx: *mut c_void, ingress: u32, u: &mut Up<A>) -> Route {
     let (src, dst) = (&u.s.flow.saddr_be, &u.s.backend.addr_be);

@@ -190,6 +190,15 @@ pub(crate) fn accepts_dsr(ifindex: u32) -> bool {
         .is_some_and(|uplink| uplink.flags & uplink_flags::DSR_ACCEPT != 0)
 }
 
+/// Whether interface `ifindex` is an overlay device
+/// ([`uplink_flags::OVERLAY`]): XDP cannot send into it.
+#[inline(always)]
+pub(crate) fn is_overlay(ifindex: u32) -> bool {
+    // SAFETY: the value is copied out at once.
+    unsafe { SB_UPLINK_V1.get(ifindex) }
+        .is_some_and(|uplink| uplink.flags & uplink_flags::OVERLAY != 0)
+}
+
 impl UplinkFamily for u32 {
     #[inline(always)]
     fn up() -> Option<&'static mut Up<u32>> {

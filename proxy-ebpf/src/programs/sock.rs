@@ -64,8 +64,32 @@ impl<B: Balance> SockCall for B {
         at: &SockAddr<A>,
         write: impl FnOnce(&SockAddrContext, A, u16),
     ) -> i32 {
+        if host_namespace_only() && netns_cookie(ctx) != config().host_netns_cookie {
+            return ALLOW;
+        }
         finish(ctx, B::verdict(ctx, at), write)
     }
+}
+
+/// The switch of [`host_namespace_only`]
+/// (`proxy_common::names::HOST_NAMESPACE_ONLY`): a global in a data section
+/// of its own, which the loader makes a one-entry array map the agent
+/// writes.
+#[unsafe(no_mangle)]
+#[unsafe(link_section = ".data.sb_hostns")]
+static mut SB_HOSTNS: u64 = 0;
+
+/// Whether the socket layer balances only the node's own sockets
+/// (`--socket-lb-host-namespace-only`): a pod's connects and sends then go
+/// out to the frontend unchanged, where a service mesh's sidecar redirect
+/// sees the ClusterIP, and the tc program on the pod's interface balances
+/// the packets.
+#[inline(always)]
+fn host_namespace_only() -> bool {
+    // SAFETY: a global of the program's object, always there; only the
+    // agent writes it (through its map), a whole aligned word at a time.
+    // Volatile: the compiler must not assume its initial value.
+    unsafe { core::ptr::read_volatile(&raw const SB_HOSTNS) != 0 }
 }
 
 /// An IPv4 hook: call `C` over the IPv4 maps.

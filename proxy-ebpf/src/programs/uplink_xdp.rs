@@ -11,7 +11,9 @@
 //! the route's interface (`XDP_TX` on the same uplink, else a redirect),
 //! with the TTL (hop limit) decremented as a router does. When the route
 //! lookup cannot give the next hop's address (no neighbour entry yet) or
-//! the TTL would expire, the packet goes on untranslated to the uplink's tc
+//! the TTL would expire, or the route leaves through an overlay device
+//! (a tunnel, which takes no XDP frames), the packet goes on untranslated
+//! to the uplink's tc
 //! program (`xdp_to_tc`), which translates it again from the same
 //! connection-tracking entry and lets the kernel resolve the neighbour (a
 //! packet the stack got translated would carry the node's own address as
@@ -33,7 +35,7 @@ use proxy_common::{proto, stat, tail, Addr6Be};
 
 use crate::{
     maps::{count, count_service, SB_XDP_TAIL6_V1},
-    nodeport::{cached_route, classify, dsr, NotTranslated, Out, Up, UplinkFamily},
+    nodeport::{cached_route, classify, dsr, is_overlay, NotTranslated, Out, Up, UplinkFamily},
     packet::{
         csum_replace2, csum_replace4,
         ctx::{parse_ipv4, ptr_at, xdp_store},
@@ -168,6 +170,7 @@ fn count_forward(ctx: &XdpContext, service_id: u32, counter: u32) {
 /// interface and both MAC addresses; the TTL goes down by one. A packet
 /// returned `direct`ly gets the option with the frontend. When the lookup
 /// cannot finish, the packet would not fit the route's MTU with the option,
+/// the route leaves through an overlay device (which takes no XDP frames),
 /// or the TTL would expire, the packet goes on untranslated to tc (see the
 /// module's documentation).
 #[inline(always)]
@@ -182,7 +185,8 @@ fn send_out<A: XdpFamily>(
     let (rc, mtu) = cached_route(ctx.ctx as *mut c_void, ingress, u, proto);
     let hop_limit = A::hop_limit(ctx)?;
     let too_big = direct && A::grown_len(ctx)? > mtu;
-    if rc != i64::from(BPF_FIB_LKUP_RET_SUCCESS) || hop_limit <= 1 || too_big {
+    let unsendable = rc != i64::from(BPF_FIB_LKUP_RET_SUCCESS) || is_overlay(u.fib.ifindex);
+    if unsendable || hop_limit <= 1 || too_big {
         count(stat::XDP_TO_TC);
         return Ok(xdp_action::XDP_PASS);
     }

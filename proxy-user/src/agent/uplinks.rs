@@ -22,7 +22,9 @@ use tracing::{debug, info, warn};
 use crate::dataplane::{
     attach::{self, AttachedInterface, TcMode},
     maps::PinnedMaps,
-    uplink::{self, LinkFacts, NodePortMode, Uplink, UplinkError, XdpChoice, XdpHook, XdpMode},
+    uplink::{
+        self, LinkFacts, NodePortMode, Role, Uplink, UplinkError, XdpChoice, XdpHook, XdpMode,
+    },
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -309,7 +311,14 @@ fn attach_uplink(
         kind: up.kind.as_deref(),
         native_refused: false,
     };
-    let mut choice = uplink::resolve_xdp_mode(xdp_mode, &facts);
+    let mut choice = match up.role {
+        Role::Uplink => uplink::resolve_xdp_mode(xdp_mode, &facts),
+        Role::Overlay => XdpChoice {
+            hook: XdpHook::Off,
+            reason: "overlay: tc only (tunnel devices take no XDP)".to_owned(),
+            warning: None,
+        },
+    };
     let tc = match uplink::attach(ebpf, up, choice.hook, tc_mode, link_dir) {
         Ok(tc) => tc,
         Err(error @ UplinkError::Xdp { .. }) if choice.hook == XdpHook::Native => {
@@ -331,7 +340,7 @@ fn attach_uplink(
     if let Some(warning) = &choice.warning {
         warn!(iface = %up.name, xdp = %choice.hook, "{warning}");
     }
-    info!(iface = %up.name, kind = %up.kind.as_deref().unwrap_or("physical"), xdp = %choice.hook, reason = %choice.reason, "uplink XDP mode");
+    info!(iface = %up.name, role = up.role.as_str(), kind = %up.kind.as_deref().unwrap_or("physical"), xdp = %choice.hook, reason = %choice.reason, "uplink XDP mode");
     Ok(uplink_status(up, tc, &choice))
 }
 
@@ -348,7 +357,7 @@ fn uplink_status(up: &Uplink, tc: attach::Attached, xdp: &XdpChoice) -> Attached
     AttachedInterface {
         name: up.name.clone(),
         index: up.index,
-        role: "uplink".to_owned(),
+        role: up.role.as_str().to_owned(),
         hooks,
         xdp: Some(attach::UplinkXdp {
             mode: xdp.hook.to_string(),
@@ -369,6 +378,7 @@ mod tests {
             addr: addr.map(|a| a.parse().expect("address")),
             addr6: addr6.map(|a| a.parse().expect("address")),
             kind: Some("veth".to_owned()),
+            role: uplink::Role::Uplink,
         }
     }
 

@@ -19,7 +19,7 @@ use aya::{
     },
     Ebpf,
 };
-use proxy_common::{programs, Config};
+use proxy_common::{names, programs, Config};
 use tracing::{debug, info};
 
 /// Directory under the pin root that holds the pinned links.
@@ -60,10 +60,18 @@ pub enum SocketLbError {
     Remove { path: PathBuf, source: io::Error },
     #[error("reading this network namespace's cookie (SO_NETNS_COOKIE, Linux 5.14+)")]
     NetnsCookie(#[source] io::Error),
-    #[error("setting whether pods' connected UDP sockets are balanced at connect")]
-    PodUdpSwitch(#[source] crate::dataplane::maps::TakeError),
-    #[error("writing whether pods' connected UDP sockets are balanced at connect")]
-    PodUdpWrite(#[source] aya::maps::MapError),
+    #[error("opening the socket layer's switch {name}")]
+    Switch {
+        name: &'static str,
+        #[source]
+        source: crate::dataplane::maps::TakeError,
+    },
+    #[error("writing the socket layer's switch {name}")]
+    SwitchWrite {
+        name: &'static str,
+        #[source]
+        source: aya::maps::MapError,
+    },
 }
 
 /// The mount point of the first cgroup2 file system in `mountinfo` text.
@@ -144,9 +152,27 @@ fn link_path(pin_root: &Path, program: &str) -> PathBuf {
     pin_root.join(LINK_DIR).join(program)
 }
 
-/// Attaches the socket-layer programs to `cgroup`, replacing the links an
-/// earlier agent pinned under `pin_root`.
-pub fn attach(ebpf: &mut Ebpf, cgroup: &Path, pin_root: &Path) -> Result<(), SocketLbError> {
+/// Whose sockets the socket layer balances (`--socket-lb-host-namespace-only`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SocketScope {
+    /// Every socket in the cgroup: the node's and the pods'.
+    #[default]
+    Everywhere,
+    /// The node's own network namespace only: pods' sockets reach the
+    /// frontend unchanged (a service mesh's sidecar sees the ClusterIP) and
+    /// the tc layer balances their packets.
+    HostNamespace,
+}
+
+/// Attaches the socket-layer programs to `cgroup`, balancing the sockets
+/// `scope` names, replacing the links an earlier agent pinned under
+/// `pin_root`.
+pub fn attach(
+    ebpf: &mut Ebpf,
+    cgroup: &Path,
+    pin_root: &Path,
+    scope: SocketScope,
+) -> Result<(), SocketLbError> {
     let cgroup_dir = fs::File::open(cgroup).map_err(|source| SocketLbError::OpenCgroup {
         path: cgroup.to_owned(),
         source,
@@ -163,6 +189,11 @@ pub fn attach(ebpf: &mut Ebpf, cgroup: &Path, pin_root: &Path) -> Result<(), Soc
     })?;
     let pod_udp = can_enter_pod_namespaces();
     set_pod_udp_at_connect(ebpf, pod_udp)?;
+    set_switch(
+        ebpf,
+        names::HOST_NAMESPACE_ONLY,
+        scope == SocketScope::HostNamespace,
+    )?;
     for program in all_programs() {
         let link = attach_one(ebpf, program, &cgroup_dir, cgroup)?;
         pin_replacing(link, program, &link_path(pin_root, program))?;
@@ -170,6 +201,7 @@ pub fn attach(ebpf: &mut Ebpf, cgroup: &Path, pin_root: &Path) -> Result<(), Soc
     }
     info!(
         cgroup = %cgroup.display(),
+        ?scope,
         pod_udp_at_connect = pod_udp,
         "socket-layer balancing attached"
     );
@@ -187,12 +219,18 @@ fn can_enter_pod_namespaces() -> bool {
 /// them to the tc layer, which checks the backend on every datagram: for
 /// an agent that could not close them when their backend leaves.
 fn set_pod_udp_at_connect(ebpf: &mut Ebpf, on: bool) -> Result<(), SocketLbError> {
+    set_switch(ebpf, names::POD_UDP_AT_CONNECT, on)
+}
+
+/// Writes the socket layer's switch `name` (a one-word global of the
+/// programs) before they are attached.
+fn set_switch(ebpf: &mut Ebpf, name: &'static str, on: bool) -> Result<(), SocketLbError> {
     let mut switch: aya::maps::Array<aya::maps::MapData, u64> =
-        crate::dataplane::maps::take_map(ebpf, proxy_common::names::POD_UDP_AT_CONNECT)
-            .map_err(SocketLbError::PodUdpSwitch)?;
+        crate::dataplane::maps::take_map(ebpf, name)
+            .map_err(|source| SocketLbError::Switch { name, source })?;
     switch
         .set(0, u64::from(on), 0)
-        .map_err(SocketLbError::PodUdpWrite)
+        .map_err(|source| SocketLbError::SwitchWrite { name, source })
 }
 
 /// Every socket-layer program: the `sock_addr` hooks of both families and

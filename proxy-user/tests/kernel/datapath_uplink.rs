@@ -24,7 +24,7 @@ use std::net::Ipv4Addr;
 
 use crate::support::{
     be32,
-    netns::{Node, NodeSpec},
+    netns::{self, Node, NodeSpec},
     rewritten, rewritten_checksums, with, Case, Loaded, Uplink as Prog, TC_ACT_OK, TC_ACT_REDIRECT,
     TC_ACT_SHOT, TC_ACT_UNSPEC, XDP_DROP, XDP_PASS, XDP_TX,
 };
@@ -965,6 +965,94 @@ fn xdp_leaves_a_remote_flow_without_next_hop_neighbour_to_the_tc_twin() {
         );
         assert!(checksums_valid(&out));
         assert_eq!(fx.stat("ext_remote"), 1);
+    });
+}
+
+/// The overlay device of [`a_backend_behind_an_overlay_is_source_nated_to_it`]:
+/// flannel's shape, a VXLAN over `up0` with its own address, routing
+/// another node's pods (10.244.4.0/24) through it.
+const OVERLAY_ADDR: Ipv4Addr = Ipv4Addr::new(10, 244, 1, 0);
+const POD_OVERLAY: Ipv4Addr = Ipv4Addr::new(10, 244, 4, 2);
+
+/// Adds the overlay `ovl0` to the test namespace; returns its index.
+fn add_overlay() -> u32 {
+    for command in [
+        "link add ovl0 type vxlan id 1 local 192.168.50.1 dstport 8472",
+        "link set ovl0 address 02:00:00:00:f1:01 mtu 1450 up",
+        "addr add 10.244.1.0/32 dev ovl0",
+        "neigh add 10.244.4.0 lladdr 02:00:00:00:f1:04 dev ovl0 nud permanent",
+        "route add 10.244.4.0/24 via 10.244.4.0 dev ovl0 onlink",
+    ] {
+        netns::ip(&command.split_whitespace().collect::<Vec<_>>());
+    }
+    netns::ifindex("ovl0")
+}
+
+/// A backend behind an overlay device (another node's pod, reached through
+/// flannel's VXLAN rather than an uplink) is on another node: its flow is
+/// source-NATed to the overlay's address (as kube-proxy's masquerade picks
+/// it), so the pod's reply comes back through the overlay and is translated
+/// there. XDP cannot send into a tunnel: it hands the packet to the tc twin,
+/// which redirects it through the overlay.
+#[test]
+fn a_backend_behind_an_overlay_is_source_nated_to_it() {
+    THIS_NODE.run(|node| {
+        let overlay = add_overlay();
+        for protocol in [Protocol::Tcp, Protocol::Udp] {
+            let mut fx = uplinked(
+                node,
+                vec![frontend(
+                    FrontendKind::NodePort,
+                    NODE,
+                    NODE_PORT,
+                    protocol,
+                    "overlay",
+                    &[POD_OVERLAY],
+                )],
+            );
+            fx.syncer
+                .store_mut()
+                .set_uplinks(&[
+                    (node.uplink, proxy_common::Uplink::new(be32(NODE), 0)),
+                    (
+                        overlay,
+                        proxy_common::Uplink::new(be32(OVERLAY_ADDR), uplink_flags::OVERLAY),
+                    ),
+                ])
+                .expect("write the uplink map");
+            let request = spec(protocol, CLIENT, 40000, NODE, NODE_PORT);
+            let (verdict, out) = fx.run(Prog::Xdp, &request.build());
+            assert_eq!(verdict, XDP_PASS, "{protocol:?}: XDP hands it to tc");
+            assert_eq!(out, request.build(), "{protocol:?}: passed untranslated");
+            assert_eq!(fx.stat("xdp_to_tc"), 1, "{protocol:?}");
+
+            let (verdict, out) = fx.run(Prog::Tc, &request.build());
+            assert_eq!(verdict, TC_ACT_REDIRECT, "{protocol:?}");
+            let (src, snat_port) = src_of(&out);
+            assert_eq!(src, OVERLAY_ADDR, "{protocol:?}: the overlay's address");
+            assert!(snat::is_snat_port(snat_port), "{protocol:?}: {snat_port}");
+            let left = rewritten(&request, |p| {
+                p.src = OVERLAY_ADDR;
+                p.sport = snat_port;
+                p.dst = POD_OVERLAY;
+                p.dport = POD_PORT;
+            });
+            assert_eq!(out, with_ttl(left, 63), "{protocol:?}");
+            assert!(checksums_valid(&out), "{protocol:?}");
+
+            let reply = spec(protocol, POD_OVERLAY, POD_PORT, OVERLAY_ADDR, snat_port);
+            let (verdict, out) = fx.run(Prog::Tc, &reply.build());
+            assert_eq!(verdict, TC_ACT_REDIRECT, "{protocol:?}: the reply goes out");
+            let back = rewritten(&reply, |p| {
+                p.src = NODE;
+                p.sport = NODE_PORT;
+                p.dst = CLIENT;
+                p.dport = 40000;
+            });
+            assert_eq!(out, with_ttl(back, 63), "{protocol:?}");
+            assert_eq!(fx.stat("ext_remote"), 1, "{protocol:?}");
+            assert_eq!(fx.stat("ext_reply"), 1, "{protocol:?}");
+        }
     });
 }
 

@@ -58,6 +58,32 @@ impl TestCgroup {
         self.real.join("cgroup.procs")
     }
 
+    /// Makes `cmd` join this cgroup between fork and exec: before an `ip
+    /// netns exec` it wraps remounts /sys, so the command runs under the
+    /// socket layer attached here.
+    pub fn join_on_exec(&self, cmd: &mut Command) -> Result<()> {
+        use std::os::unix::process::CommandExt as _;
+        let procs = std::ffi::CString::new(self.procs_file().as_os_str().as_encoded_bytes())
+            .map_err(|_| anyhow!("cgroup path with NUL byte"))?;
+        // SAFETY: between fork and exec only open/write/close, which are
+        // async-signal-safe; the path was prepared before the fork.
+        unsafe {
+            cmd.pre_exec(move || {
+                let fd = libc::open(procs.as_ptr(), libc::O_WRONLY);
+                if fd < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                let written = libc::write(fd, b"0".as_ptr().cast(), 1);
+                libc::close(fd);
+                if written != 1 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        Ok(())
+    }
+
     /// Kills what is left in the cgroup, unmounts the bind and removes both.
     pub fn remove(&self) -> Result<()> {
         if is_mountpoint(&self.bound) {

@@ -37,7 +37,6 @@ mod sys;
 pub mod two_node;
 
 use std::fs;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -450,31 +449,11 @@ impl Sandbox {
     /// so the agent's socket layer balances it (`ns` is the node's namespace
     /// for a host client).
     pub fn command_in_cgroup(&self, ns: &str, cmd: &[&str]) -> Result<Command> {
-        let procs = self
+        let cgroup = self
             .cgroup()
-            .ok_or_else(|| anyhow!("sandbox has no cgroup"))?
-            .procs_file();
-        let procs = std::ffi::CString::new(procs.as_os_str().as_encoded_bytes())
-            .map_err(|_| anyhow!("cgroup path with NUL byte"))?;
+            .ok_or_else(|| anyhow!("sandbox has no cgroup"))?;
         let mut c = self.command(ns, cmd);
-        // SAFETY: between fork and exec only open/write/close, which are
-        // async-signal-safe; the path was prepared before the fork. Joining
-        // the cgroup here, before `ip netns exec` remounts /sys, is what puts
-        // the command under the socket layer.
-        unsafe {
-            c.pre_exec(move || {
-                let fd = libc::open(procs.as_ptr(), libc::O_WRONLY);
-                if fd < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                let written = libc::write(fd, b"0".as_ptr().cast(), 1);
-                libc::close(fd);
-                if written != 1 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
+        cgroup.join_on_exec(&mut c)?;
         Ok(c)
     }
 

@@ -390,3 +390,172 @@ fn now_ms() -> u128 {
         .unwrap()
         .as_millis()
 }
+
+/// A service mesh's sidecar, as Istio and Linkerd set it up: an init
+/// container's rule in the pod redirects every outbound TCP connection to a
+/// local proxy, which reads the connection's original destination
+/// (`SO_ORIGINAL_DST`) to route it, then connects to a pod itself. With the
+/// socket layer everywhere, `connect()` inside the pod already swapped the
+/// ClusterIP for a pod address, so the sidecar never sees the Service; with
+/// `--socket-lb-host-namespace-only` it reads the ClusterIP, its own
+/// connection to a pod address works, and the tc layer leaves it alone.
+#[test]
+fn a_mesh_sidecar_reads_the_cluster_ip_with_the_socket_layer_kept_to_the_host() {
+    let mut sb = demo_sandbox_with(&[]);
+    let pod = sb.client_ns();
+    // The init container's rule; the sidecar's own connections carry its
+    // mark and are let through.
+    sb.exec(
+        &pod,
+        &[
+            "iptables",
+            "-t",
+            "nat",
+            "-A",
+            "OUTPUT",
+            "-p",
+            "tcp",
+            "!",
+            "-d",
+            "127.0.0.0/8",
+            "-m",
+            "mark",
+            "!",
+            "--mark",
+            SIDECAR_MARK_STR,
+            "-j",
+            "REDIRECT",
+            "--to-ports",
+            "15001",
+        ],
+    )
+    .expect("the sidecar's redirect rule in the pod");
+    let upstream: std::net::SocketAddr = format!("{}:{}", xtask::sandbox::pod_ip(1), 8080)
+        .parse()
+        .expect("pod address");
+    let sidecar = Sidecar::start(&pod, upstream);
+
+    let run = in_cgroup(&sb, &pod, &["--tcp", HTTP, "--count", "3"]);
+    assert!(run.all_ok(), "through the sidecar: {}", run.raw);
+    let seen = sidecar.take_seen();
+    assert_eq!(seen.len(), 3, "{seen:?}");
+    assert!(
+        seen.iter().all(|d| d != HTTP),
+        "with the socket layer in the pod the sidecar sees a pod address: {seen:?}"
+    );
+
+    sb.stop_agent().expect("stop agent");
+    sb.start_agent_with(&switchboard(), &["--socket-lb-host-namespace-only=true"])
+        .expect("restart agent with the mesh flag");
+    wait_agent_log(&sb, "scope=HostNamespace", Duration::from_secs(10));
+    let run = in_cgroup(&sb, &pod, &["--tcp", HTTP, "--count", "3"]);
+    assert!(run.all_ok(), "through the sidecar: {}", run.raw);
+    assert_eq!(
+        run.names(),
+        vec![pod_name(1); 3],
+        "the sidecar's own connection reaches the pod it chose"
+    );
+    assert_eq!(sidecar.take_seen(), vec![HTTP.to_string(); 3]);
+    // The node's own sockets are still balanced at the socket layer.
+    let host = in_cgroup(&sb, &sb.node_ns(), &["--tcp", HTTP, "--count", "3"]);
+    assert!(host.all_ok(), "host client: {}", host.raw);
+}
+
+/// The mark of the sidecar's own connections, which its redirect rule
+/// lets through (as Istio exempts its proxy's).
+const SIDECAR_MARK: u32 = 1337;
+const SIDECAR_MARK_STR: &str = "1337";
+
+/// A sidecar proxy listening on 127.0.0.1:15001 in a pod's namespace: for
+/// each connection it records the original destination and relays the bytes
+/// to `upstream` over a connection of its own (marked [`SIDECAR_MARK`]).
+struct Sidecar {
+    seen: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl Sidecar {
+    fn start(ns: &str, upstream: std::net::SocketAddr) -> Sidecar {
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let listener = xtask::sandbox::in_netns(ns, || {
+            std::net::TcpListener::bind("127.0.0.1:15001").map_err(anyhow::Error::from)
+        })
+        .expect("the sidecar's listener in the pod");
+        let ns = ns.to_owned();
+        let record = seen.clone();
+        std::thread::spawn(move || {
+            for conn in listener.incoming().flatten() {
+                let (record, ns) = (record.clone(), ns.clone());
+                std::thread::spawn(move || {
+                    if let Some(dst) = original_dst(&conn) {
+                        record.lock().expect("sidecar record").push(dst);
+                    }
+                    let _ = relay(conn, &ns, upstream);
+                });
+            }
+        });
+        Sidecar { seen }
+    }
+
+    fn take_seen(&self) -> Vec<String> {
+        std::mem::take(&mut *self.seen.lock().expect("sidecar record"))
+    }
+}
+
+/// `SO_ORIGINAL_DST` of a redirected IPv4 connection.
+fn original_dst(conn: &std::net::TcpStream) -> Option<String> {
+    use std::os::fd::AsRawFd as _;
+    // SAFETY: an all-zero sockaddr_in is valid.
+    let mut addr: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    // SAFETY: `addr` and `len` are valid for writes of the sizes given.
+    let rc = unsafe {
+        libc::getsockopt(
+            conn.as_raw_fd(),
+            libc::SOL_IP,
+            libc::SO_ORIGINAL_DST,
+            (&raw mut addr).cast(),
+            &mut len,
+        )
+    };
+    (rc == 0).then(|| {
+        let ip = std::net::Ipv4Addr::from(u32::from_be(addr.sin_addr.s_addr));
+        format!("{ip}:{}", u16::from_be(addr.sin_port))
+    })
+}
+
+/// Connects to `upstream` from namespace `ns` with the sidecar's mark and
+/// copies both ways until either side closes.
+fn relay(
+    conn: std::net::TcpStream,
+    ns: &str,
+    upstream: std::net::SocketAddr,
+) -> anyhow::Result<()> {
+    use std::os::fd::AsRawFd as _;
+    let up = xtask::sandbox::in_netns(ns, || {
+        let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
+        let mark = SIDECAR_MARK;
+        // SAFETY: a u32 option value of its own size.
+        let rc = unsafe {
+            libc::setsockopt(
+                socket.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_MARK,
+                (&raw const mark).cast(),
+                std::mem::size_of::<u32>() as libc::socklen_t,
+            )
+        };
+        anyhow::ensure!(rc == 0, "SO_MARK: {}", std::io::Error::last_os_error());
+        socket.connect_timeout(&upstream.into(), Duration::from_secs(2))?;
+        Ok(std::net::TcpStream::from(socket))
+    })?;
+    let (mut up_read, mut conn_write) = (up.try_clone()?, conn.try_clone()?);
+    let back = std::thread::spawn(move || {
+        let _ = std::io::copy(&mut up_read, &mut conn_write);
+        let _ = conn_write.shutdown(std::net::Shutdown::Both);
+    });
+    let (mut conn_read, mut up_write) = (conn, up);
+    let _ = std::io::copy(&mut conn_read, &mut up_write);
+    let _ = up_write.shutdown(std::net::Shutdown::Both);
+    let _ = back.join();
+    Ok(())
+}

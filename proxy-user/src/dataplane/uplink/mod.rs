@@ -19,6 +19,15 @@
 //! without one is written with the all-zero address, and the data path then
 //! drops IPv6 flows to backends on other nodes (counted as `no_route`).
 //!
+//! Overlay devices (a VXLAN or WireGuard device, an IP tunnel: the way
+//! flannel, Calico in its tunnel modes and others reach other nodes' pods)
+//! are found by their link kind, whatever `--uplink` says, and get the same
+//! tc programs and map entries with [`Role::Overlay`]: a flow from outside
+//! whose backend is reached through one is source-NATed to the overlay's
+//! address (as kube-proxy's masquerade picks it), and the backend's reply,
+//! which comes back through the overlay, is translated there. They get no
+//! XDP program, and XDP on an uplink hands flows routed into them to tc.
+//!
 //! Links are pinned under `<pin root>/links` like the pod interfaces' ones,
 //! so they outlive the agent; a new agent swaps its program into a pinned XDP
 //! link atomically (`bpf_link_update`).
@@ -44,7 +53,7 @@ use proxy_common::{addr6_be, names, programs, Uplink6};
 use tracing::{debug, info};
 
 use crate::dataplane::attach::{self, AttachError, Attached, Hook, PodInterface, TcMode};
-pub use resolve::{local_addresses, resolve, Resolved};
+pub use resolve::{local_addresses, resolve, Resolved, OVERLAY_KINDS};
 pub use xdpmode::{resolve_xdp_mode, LinkFacts, XdpChoice, XdpHook, XdpMode};
 
 #[derive(Debug, thiserror::Error)]
@@ -81,6 +90,32 @@ pub enum UplinkError {
     Map6(#[source] MapError),
 }
 
+/// What an interface that gets the uplink programs is to the node.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Role {
+    /// Traffic from outside the node arrives here (`--uplink`, or found
+    /// from the node's addresses).
+    #[default]
+    Uplink,
+    /// A tunnel to other nodes' pods (flannel's `flannel.1`, Calico's
+    /// `tunl0` or `vxlan.calico`, a WireGuard device): found by its link
+    /// kind ([`OVERLAY_KINDS`]). Flows from outside to a backend
+    /// behind it are source-NATed to its address, so the backend's replies
+    /// come back through it, where `sb_from_uplink` translates them back.
+    /// tc programs only: tunnel devices take no XDP.
+    Overlay,
+}
+
+impl Role {
+    /// `uplink` or `overlay`, as `switchboard status` lists it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Uplink => "uplink",
+            Role::Overlay => "overlay",
+        }
+    }
+}
+
 /// One uplink: its interface and the address flows are source-NATed to.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Uplink {
@@ -95,6 +130,8 @@ pub struct Uplink {
     /// Its link kind (`veth`, `bridge`, ...; `None`: a physical NIC), see
     /// [`LinkFacts::kind`].
     pub kind: Option<String>,
+    /// An uplink proper, or an overlay device.
+    pub role: Role,
 }
 
 /// How flows from outside reach a backend on another node
@@ -124,7 +161,11 @@ pub fn map_entries4(uplinks: &[Uplink], mode: NodePortMode) -> Vec<(u32, proxy_c
         .map(|u| {
             let addr = u.addr.unwrap_or(Ipv4Addr::UNSPECIFIED);
             let addr_be = u32::from_ne_bytes(addr.octets());
-            (u.index, proxy_common::Uplink::new(addr_be, flags))
+            let role = match u.role {
+                Role::Uplink => 0,
+                Role::Overlay => proxy_common::uplink_flags::OVERLAY,
+            };
+            (u.index, proxy_common::Uplink::new(addr_be, flags | role))
         })
         .collect()
 }

@@ -12,7 +12,20 @@ use netlink_packet_route::{
     route::{RouteAttribute, RouteMessage},
 };
 
-use super::{Uplink, UplinkError};
+use super::{Role, Uplink, UplinkError};
+
+/// Link kinds of overlay devices ([`Role::Overlay`]): the tunnels CNI
+/// plugins reach other nodes' pods through.
+pub const OVERLAY_KINDS: &[&str] = &[
+    "vxlan",
+    "geneve",
+    "wireguard",
+    "ipip",
+    "sit",
+    "gre",
+    "ip6tnl",
+    "ip6gre",
+];
 
 /// What the interfaces of this namespace hold.
 struct Interfaces {
@@ -98,7 +111,22 @@ impl Interfaces {
             addr: self.snat_addr(index, node_addrs),
             addr6: self.addrs6.get(&index).and_then(|a| a.first()).copied(),
             kind: self.kinds.get(&index).cloned(),
+            role: Role::Uplink,
         }
+    }
+
+    /// The overlay devices: interfaces of an [`OVERLAY_KINDS`] kind with an
+    /// address of either family, by index.
+    fn overlays(&self) -> Vec<u32> {
+        let mut overlays: Vec<u32> = self
+            .kinds
+            .iter()
+            .filter(|(_, kind)| OVERLAY_KINDS.contains(&kind.as_str()))
+            .map(|(index, _)| *index)
+            .filter(|index| self.addrs.contains_key(index) || self.addrs6.contains_key(index))
+            .collect();
+        overlays.sort_unstable();
+        overlays
     }
 
     /// The interfaces holding one of `node_addrs`, by index.
@@ -122,10 +150,31 @@ pub struct Resolved {
     pub missing: Vec<String>,
 }
 
-/// Chooses the uplinks among `interfaces`: `names` if given (each that
-/// exists; the others are missing), else the interfaces holding one of
-/// `node_addrs`, else `default_oif` (the default route's interface).
+/// Chooses the uplinks among `interfaces` ([`select_uplinks`]), then adds
+/// the overlay devices that are not uplinks already.
 fn select(
+    interfaces: &Interfaces,
+    names: &[String],
+    node_addrs: &[Ipv4Addr],
+    default_oif: Option<u32>,
+) -> Resolved {
+    let mut resolved = select_uplinks(interfaces, names, node_addrs, default_oif);
+    for index in interfaces.overlays() {
+        if resolved.uplinks.iter().all(|u| u.index != index) {
+            let overlay = Uplink {
+                role: Role::Overlay,
+                ..interfaces.uplink(index, node_addrs)
+            };
+            resolved.uplinks.push(overlay);
+        }
+    }
+    resolved
+}
+
+/// Chooses the uplinks proper: `names` if given (each that exists; the
+/// others are missing), else the interfaces holding one of `node_addrs`,
+/// else `default_oif` (the default route's interface).
+fn select_uplinks(
     interfaces: &Interfaces,
     names: &[String],
     node_addrs: &[Ipv4Addr],
@@ -299,6 +348,43 @@ mod tests {
         // meanwhile) gives none.
         assert!(select(&interfaces(), &[], &[], Some(42)).uplinks.is_empty());
         assert!(select(&interfaces(), &[], &[], None).uplinks.is_empty());
+    }
+
+    /// [`interfaces`] plus flannel's overlay (4, vxlan, 10.244.1.0 and
+    /// fd00:10:244:1::) and a vxlan without an address (5).
+    fn with_overlay() -> Interfaces {
+        let mut ifs = interfaces();
+        ifs.by_name.insert("flannel.1".to_owned(), 4);
+        ifs.by_name.insert("vxlan.idle".to_owned(), 5);
+        ifs.kinds.insert(4, "vxlan".to_owned());
+        ifs.kinds.insert(5, "vxlan".to_owned());
+        ifs.addrs.insert(4, vec![ip("10.244.1.0")]);
+        ifs.addrs6
+            .insert(4, vec!["fd00:10:244:1::".parse().expect("address")]);
+        ifs
+    }
+
+    #[test]
+    fn overlays_with_an_address_join_the_uplinks_whatever_names_them() {
+        let overlay = |got: &Resolved| {
+            got.uplinks
+                .iter()
+                .filter(|u| u.role == Role::Overlay)
+                .map(|u| (u.name.clone(), u.index, u.addr))
+                .collect::<Vec<_>>()
+        };
+        let want = [("flannel.1".to_owned(), 4, Some(ip("10.244.1.0")))];
+        let found = select(&with_overlay(), &[], &[ip("192.168.50.1")], None);
+        assert_eq!(names(&found), [("eth0", 2), ("flannel.1", 4)]);
+        assert_eq!(overlay(&found), want);
+        assert_eq!(found.uplinks[0].role, Role::Uplink);
+        let named = select(&with_overlay(), &["eth0".to_owned()], &[], None);
+        assert_eq!(overlay(&named), want);
+        assert!(named.uplinks[1].addr6.is_some());
+        // Named as an uplink, an overlay device is one (listed once).
+        let both = select(&with_overlay(), &["flannel.1".to_owned()], &[], None);
+        assert_eq!(names(&both), [("flannel.1", 4)]);
+        assert_eq!(both.uplinks[0].role, Role::Uplink);
     }
 
     #[test]
