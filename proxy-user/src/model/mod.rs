@@ -398,9 +398,15 @@ pub struct Frontend {
     pub health_check_node_port: Option<u16>,
     /// No endpoint was ready, so `backends` are the serving-and-terminating
     /// ones (kube-proxy's fallback that lets connections drain during rollouts).
-    /// Describes `backends` only (`external_backends` falls back the same way
-    /// among this node's endpoints).
+    /// Describes `backends` only (see
+    /// [`external_terminating_fallback`](Self::external_terminating_fallback)).
     pub terminating_fallback: bool,
+    /// No endpoint of this node was ready, so
+    /// [`external_backends`](Self::external_backends) are this node's
+    /// serving-and-terminating ones: traffic from outside still drains to
+    /// them, but they are not ready endpoints (the healthCheckNodePort does
+    /// not count them).
+    pub external_terminating_fallback: bool,
     /// Topology hints narrowed `backends` (only when every ready endpoint has
     /// hints; never for a local-only set).
     pub topology: Option<TopologyMode>,
@@ -460,6 +466,7 @@ impl Frontend {
             local_only: false,
             health_check_node_port: None,
             terminating_fallback: false,
+            external_terminating_fallback: false,
             topology: None,
             algorithm: None,
             source_ranges: None,
@@ -507,6 +514,9 @@ impl fmt::Display for Frontend {
         }
         if self.terminating_fallback {
             extras.push("terminating fallback".to_string());
+        }
+        if self.external_terminating_fallback {
+            extras.push("terminating fallback from outside".to_string());
         }
         if let Some(t) = self.topology {
             extras.push(format!("topology {t}"));
