@@ -134,6 +134,9 @@ fn starts_with(chars: &[char], at: usize, word: &str) -> bool {
 /// ends.
 fn tree(chars: &[char], mut at: usize) -> (Vec<Vec<String>>, usize) {
     let mut prefix = Vec::new();
+    if chars.get(at) == Some(&'{') {
+        return group(chars, at + 1, &prefix);
+    }
     loop {
         let start = at;
         while at < chars.len() && (chars[at].is_alphanumeric() || chars[at] == '_') {
@@ -145,36 +148,41 @@ fn tree(chars: &[char], mut at: usize) -> (Vec<Vec<String>>, usize) {
         if starts_with(chars, at, "::") {
             at += 2;
             if chars.get(at) == Some(&'{') {
-                at += 1;
-                let mut out = Vec::new();
-                loop {
-                    while at < chars.len() && (chars[at].is_whitespace() || chars[at] == ',') {
-                        at += 1;
-                    }
-                    if at >= chars.len() || chars[at] == '}' {
-                        return (out, at + 1);
-                    }
-                    if starts_with(chars, at, "self") {
-                        out.push(prefix.clone());
-                        at += 4;
-                        continue;
-                    }
-                    let (inner, end) = tree(chars, at);
-                    for p in inner {
-                        let mut full = prefix.clone();
-                        full.extend(p);
-                        out.push(full);
-                    }
-                    // Skip an `as alias` and anything up to the next item.
-                    at = end;
-                    while at < chars.len() && chars[at] != ',' && chars[at] != '}' {
-                        at += 1;
-                    }
-                }
+                return group(chars, at + 1, &prefix);
             }
             continue;
         }
         return (vec![prefix], at);
+    }
+}
+
+/// The trees of a `{...}` group whose items start at `at`, each under
+/// `prefix`. Returns their paths and where the group ends.
+fn group(chars: &[char], mut at: usize, prefix: &[String]) -> (Vec<Vec<String>>, usize) {
+    let mut out = Vec::new();
+    loop {
+        while at < chars.len() && (chars[at].is_whitespace() || chars[at] == ',') {
+            at += 1;
+        }
+        if at >= chars.len() || chars[at] == '}' {
+            return (out, at + 1);
+        }
+        if starts_with(chars, at, "self") {
+            out.push(prefix.to_vec());
+            at += 4;
+            continue;
+        }
+        let (inner, end) = tree(chars, at);
+        for p in inner {
+            let mut full = prefix.to_vec();
+            full.extend(p);
+            out.push(full);
+        }
+        // Skip an `as alias` and anything up to the next item.
+        at = end.max(at + 1);
+        while at < chars.len() && chars[at] != ',' && chars[at] != '}' {
+            at += 1;
+        }
     }
 }
 
@@ -331,6 +339,38 @@ mod tests {
         );
         graph.insert(p("c.rs"), BTreeSet::new());
         assert_eq!(cycle(&graph), None);
+    }
+
+    #[test]
+    fn a_cycle_between_files_of_a_tree_is_found() {
+        let root = std::env::temp_dir().join(format!("sb-cycles-{}", std::process::id()));
+        let write = |rel: &str, text: &str| {
+            let path = root.join(rel);
+            fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
+            fs::write(path, text).expect("write");
+        };
+        write("lib.rs", "pub mod dataplane;\n");
+        write(
+            "dataplane/mod.rs",
+            "pub mod migrate;\npub mod pins;\npub use pins::Pins;\n",
+        );
+        write(
+            "dataplane/pins.rs",
+            "use crate::dataplane::migrate::CONNTRACK_V2;\n",
+        );
+        write("dataplane/migrate.rs", "use super::{pins::Pins, Other};\n");
+        let found = cycle(&graph(&root).expect("graph"));
+        write(
+            "dataplane/pins.rs",
+            "use proxy_common::names::CONNTRACK_V2;\n",
+        );
+        let gone = cycle(&graph(&root).expect("graph"));
+        let _ = fs::remove_dir_all(&root);
+        assert_eq!(
+            found.as_deref(),
+            Some("dataplane/migrate.rs -> dataplane/pins.rs -> dataplane/migrate.rs")
+        );
+        assert_eq!(gone, None);
     }
 
     /// The workspace as committed.

@@ -748,10 +748,9 @@ fn run(
 
 #[cfg(test)]
 mod tests {
-    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
     use super::*;
-    use proxy_common::{addr6_octets, Addr6Be, CtEntry6};
+    use proxy_common::{Addr6Be, CtEntry6};
 
     const S: u64 = 1_000_000_000;
 

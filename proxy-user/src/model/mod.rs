@@ -380,8 +380,8 @@ pub struct Frontend {
     /// this node's endpoints (ready ones, else serving-and-terminating ones;
     /// possibly none, and then such traffic is dropped). It may happen to equal
     /// `backends` (every endpoint is local). `None`: outside traffic gets
-    /// `backends`. Recorded for the external path (NodePort from outside, XDP);
-    /// the data path does not use it yet.
+    /// `backends`. The sync writes it as the frontend's external set, which
+    /// the uplink programs pick from for traffic from outside.
     pub external_backends: Option<Vec<BackendAddr>>,
     pub kind: FrontendKind,
     /// `sessionAffinity: ClientIP`, with its timeout in seconds.
