@@ -14,6 +14,12 @@ pub const CONNTRACK: &str = "SB_CT_V5";
 /// The V4 table (LRU, no state), which an agent upgrading from one copies
 /// into [`CONNTRACK`] once and then unpins.
 pub const CONNTRACK_V4: &str = "SB_CT_V4";
+/// The connection-tracking table before flows carried their own
+/// translation (an earlier layout the agent carries over).
+pub const CONNTRACK_V2: &str = "SB_CT_V2";
+/// The data-path counters before the socket layer's were added (an earlier
+/// layout the agent carries over).
+pub const GLOBAL_STATS_V1: &str = "SB_STATS_V1";
 pub const REVNAT: &str = "SB_RNAT_V1";
 pub const SERVICE_STATS: &str = "SB_SVC_STATS_V1";
 /// V3: counters of the uplink (north-south) programs added.

@@ -9,10 +9,18 @@ use clap::{CommandFactory as _, FromArgMatches as _, Parser, Subcommand};
 use proxy_user::{agent, args::AgentArgs, cli};
 use tracing_subscriber::EnvFilter;
 
+/// The release and the git revision the binary was built from.
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (git ",
+    env!("SB_GIT_REVISION"),
+    ")"
+);
+
 #[derive(Parser)]
 #[command(
     name = "switchboard",
-    version,
+    version = VERSION,
     about = "eBPF Service load balancer (kube-proxy replacement)"
 )]
 struct Cli {
@@ -29,6 +37,8 @@ enum Command {
     /// Load the programs, attach them to pod interfaces and keep the maps in
     /// step with the Services and EndpointSlices of the source.
     Agent(Box<AgentArgs>),
+    /// Print the release and the git revision of this binary.
+    Version,
     #[command(flatten)]
     Ops(cli::Command),
 }
@@ -57,6 +67,10 @@ fn main() -> anyhow::Result<()> {
             runtime
                 .block_on(agent::run(config, proxy_object::SWITCHBOARD))
                 .map_err(proxy_user::dataplane::caps::name_missing)
+        }
+        Command::Version => {
+            println!("switchboard {VERSION}");
+            Ok(())
         }
         Command::Ops(command) => cli::run(command),
     }

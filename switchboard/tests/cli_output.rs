@@ -46,3 +46,24 @@ fn a_closed_pipe_ends_the_output_without_a_panic() {
         assert_eq!(code, Some(want), "{args:?}: {stderr}");
     }
 }
+
+/// `switchboard version` names the release and the git revision the binary
+/// was built from, as `--version` does.
+#[test]
+fn version_names_the_release_and_the_revision() {
+    let out = switchboard()
+        .arg("version")
+        .output()
+        .expect("run switchboard");
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    let want = format!("switchboard {} (git ", env!("CARGO_PKG_VERSION"));
+    assert!(text.starts_with(&want), "{text:?}");
+    let revision = text.trim().trim_start_matches(&want).trim_end_matches(')');
+    assert!(!revision.is_empty(), "{text:?}");
+    let flag = switchboard()
+        .arg("--version")
+        .output()
+        .expect("run switchboard");
+    assert_eq!(String::from_utf8_lossy(&flag.stdout), text);
+}

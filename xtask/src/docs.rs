@@ -19,6 +19,9 @@ use std::path::{Component, Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
+pub mod headline;
+pub mod sources;
+
 /// Where `cargo xtask bench` writes the figures of its latest full run,
 /// relative to the repository root.
 pub const FIGURES_PATH: &str = "docs/benchmarks/latest.json";
@@ -195,10 +198,13 @@ pub fn links(text: &str) -> Vec<(usize, String)> {
 
 /// The top-level folders whose paths, quoted as inline code in prose, must
 /// exist.
-const TREE_ROOTS: [&str; 7] = [
+const TREE_ROOTS: [&str; 10] = [
     "proxy-common/",
     "proxy-ebpf/",
+    "proxy-object/",
+    "proxy-testkit/",
     "proxy-user/",
+    "switchboard/",
     "xtask/",
     "manifests/",
     "docs/",
@@ -584,11 +590,13 @@ pub fn load_figures(root: &Path) -> Result<BenchFigures> {
 }
 
 /// The whole check on the tree at `root`: every finding, sorted by file.
-/// The README must hold a marked block, and `docs/benchmarks.md` one that
-/// shows every goal.
+/// The README must hold the generated headline figures ([`headline`]), and
+/// `docs/benchmarks.md` a marked block that shows every goal.
 pub fn check_tree(root: &Path) -> Result<Vec<Finding>> {
     let files = doc_files(root)?;
     let mut findings = check_links(root, &files)?;
+    findings.extend(sources::check_layout(root)?);
+    findings.extend(sources::check_doc_comments(root)?);
     let figures = load_figures(root)?;
     if let Ok(report) = fs::read_to_string(root.join(LATEST_REPORT)) {
         findings.extend(check_figures_file(&figures, &report));
@@ -597,31 +605,37 @@ pub fn check_tree(root: &Path) -> Result<Vec<Finding>> {
         let text = fs::read_to_string(root.join(file))?;
         let (count, found) = check_figures(file, &text, &figures)?;
         findings.extend(found);
-        let required = match file.to_str() {
-            Some("README.md") => Some(false),
-            Some("docs/benchmarks.md") => Some(true),
-            _ => None,
-        };
-        if let Some(all) = required {
-            let has = count > 0 && blocks(file, &text)?.iter().any(|b| b.all || !all);
-            if !has {
-                findings.push(Finding {
-                    file: file.clone(),
-                    line: 1,
-                    what: format!(
-                        "no `{BLOCK_OPEN} goals{} -->` block: the quoted figures would go unchecked",
-                        if all { ", all" } else { "" }
-                    ),
-                });
+        match file.to_str() {
+            Some("README.md") => findings.extend(headline::check(file, &text, &figures)),
+            Some("docs/benchmarks.md") => {
+                let has = count > 0 && blocks(file, &text)?.iter().any(|b| b.all);
+                if !has {
+                    findings.push(Finding {
+                        file: file.clone(),
+                        line: 1,
+                        what: format!(
+                            "no `{BLOCK_OPEN} goals, all -->` block: the quoted figures would go unchecked"
+                        ),
+                    });
+                }
             }
+            _ => {}
         }
     }
     Ok(findings)
 }
 
-/// `cargo xtask docs`: prints every finding and fails when there is one.
-pub fn run() -> Result<()> {
+/// `cargo xtask docs`: prints every finding and fails when there is one;
+/// with `write`, first writes the README's headline figures again from
+/// the latest run.
+pub fn run(write: bool) -> Result<()> {
     let root = crate::util::repo_root();
+    if write {
+        let readme = root.join("README.md");
+        let text = fs::read_to_string(&readme).context("read README.md")?;
+        let figures = load_figures(&root)?;
+        fs::write(&readme, headline::write(&text, &figures)?).context("write README.md")?;
+    }
     let findings = check_tree(&root)?;
     for f in &findings {
         println!("{f}");

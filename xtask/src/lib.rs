@@ -9,6 +9,7 @@ pub mod demo;
 pub mod docs;
 pub mod fake_apiserver;
 pub mod image;
+pub mod import_cycles;
 pub mod kernel_shape;
 pub mod sandbox;
 pub mod setup;

@@ -21,7 +21,12 @@ enum Cmd {
     /// Check the docs: every relative link in README.md and docs/ reaches a
     /// file and heading, and the quoted benchmark figures match
     /// docs/benchmarks/latest.json (also a unit test under `cargo xtask test`).
-    Docs,
+    Docs {
+        /// First write the README's headline figures again from
+        /// docs/benchmarks/latest.json (after a benchmark run).
+        #[arg(long)]
+        write: bool,
+    },
     /// Benchmarks against kube-proxy-style iptables/nftables and a direct
     /// path; writes xtask/results/<timestamp>/report.md. Needs root.
     Bench {
@@ -89,7 +94,7 @@ fn main() -> Result<()> {
         Cmd::Build => xtask::build::run().map(|_| ()),
         Cmd::Demo => xtask::demo::run(),
         Cmd::Test => xtask::testcmd::run(),
-        Cmd::Docs => xtask::docs::run(),
+        Cmd::Docs { write } => xtask::docs::run(write),
         Cmd::Bench {
             report_only: Some(dir),
             ..

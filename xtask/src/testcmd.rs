@@ -14,34 +14,6 @@ use crate::util::{cargo, repo_root, run_inherit, show};
 /// two cores well (`SB_TEST_LANES` overrides).
 const LANES: usize = 3;
 
-#[derive(Default, Debug, PartialEq, Eq)]
-pub struct Counts {
-    pub passed: u64,
-    pub failed: u64,
-    pub ignored: u64,
-}
-
-/// Adds up libtest's `test result: ok. 5 passed; 0 failed; 1 ignored; ...` line.
-pub fn add_result_line(counts: &mut Counts, line: &str) -> bool {
-    let Some(rest) = line.trim().strip_prefix("test result: ") else {
-        return false;
-    };
-    for part in rest.split(';') {
-        let mut words = part.split_whitespace().rev();
-        let (Some(kind), Some(n)) = (words.next(), words.next()) else {
-            continue;
-        };
-        let Ok(n) = n.parse::<u64>() else { continue };
-        match kind {
-            "passed" => counts.passed += n,
-            "failed" => counts.failed += n,
-            "ignored" => counts.ignored += n,
-            _ => {}
-        }
-    }
-    true
-}
-
 pub fn run() -> Result<()> {
     if !crate::util::is_root() {
         bail!(
@@ -219,31 +191,4 @@ fn clippy_bpf() -> Result<()> {
         .env_remove("RUSTC_WORKSPACE_WRAPPER");
     println!("test: {}", show(&cmd));
     run_inherit(&mut cmd)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn sums_result_lines() {
-        let mut c = Counts::default();
-        assert!(add_result_line(
-            &mut c,
-            "test result: ok. 5 passed; 0 failed; 1 ignored; 0 measured; 0 filtered out; finished in 0.00s"
-        ));
-        assert!(add_result_line(
-            &mut c,
-            "test result: FAILED. 2 passed; 3 failed; 0 ignored; 0 measured; 0 filtered out; finished in 1.2s"
-        ));
-        assert!(!add_result_line(&mut c, "running 5 tests"));
-        assert_eq!(
-            c,
-            Counts {
-                passed: 7,
-                failed: 3,
-                ignored: 1
-            }
-        );
-    }
 }

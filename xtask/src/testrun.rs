@@ -27,7 +27,33 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use cargo_metadata::Message;
 
-use crate::testcmd::{add_result_line, Counts};
+#[derive(Default, Debug, PartialEq, Eq)]
+pub struct Counts {
+    pub passed: u64,
+    pub failed: u64,
+    pub ignored: u64,
+}
+
+/// Adds up libtest's `test result: ok. 5 passed; 0 failed; 1 ignored; ...` line.
+pub fn add_result_line(counts: &mut Counts, line: &str) -> bool {
+    let Some(rest) = line.trim().strip_prefix("test result: ") else {
+        return false;
+    };
+    for part in rest.split(';') {
+        let mut words = part.split_whitespace().rev();
+        let (Some(kind), Some(n)) = (words.next(), words.next()) else {
+            continue;
+        };
+        let Ok(n) = n.parse::<u64>() else { continue };
+        match kind {
+            "passed" => counts.passed += n,
+            "failed" => counts.failed += n,
+            "ignored" => counts.ignored += n,
+            _ => {}
+        }
+    }
+    true
+}
 
 /// Tests that load the machine by design: each runs with no other job.
 const ALONE: &[&str] = &[
@@ -42,7 +68,8 @@ const JOB_TIMEOUT: Duration = Duration::from_secs(15 * 60);
 /// A test executable cargo built.
 #[derive(Debug, Clone)]
 pub struct TestBinary {
-    /// `xtask/e2e`, `proxy-user/kernel`, `proxy-user/proxy_user` (unit tests).
+    /// The package and the binary: xtask/e2e, proxy-user/kernel,
+    /// proxy-user/proxy_user (unit tests).
     pub label: String,
     pub path: PathBuf,
     /// The package's directory: cargo runs a package's tests there.
@@ -391,7 +418,7 @@ fn run_job(job: &Job, envs: &[(String, PathBuf)]) -> Result<(bool, String)> {
 }
 
 /// A log file of its own for one job. Two jobs may carry one label (a
-/// package's library and binary of the same name: `xtask/xtask`), so each
+/// package's library and binary of the same name, both xtask/xtask), so each
 /// file also gets the job's sequence number; a shared name let one job
 /// remove the other's log before it was read.
 fn tempfile(name: &str) -> Result<PathBuf> {
@@ -424,6 +451,28 @@ fn report(done: &Finished) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sums_result_lines() {
+        let mut c = Counts::default();
+        assert!(add_result_line(
+            &mut c,
+            "test result: ok. 5 passed; 0 failed; 1 ignored; 0 measured; 0 filtered out; finished in 0.00s"
+        ));
+        assert!(add_result_line(
+            &mut c,
+            "test result: FAILED. 2 passed; 3 failed; 0 ignored; 0 measured; 0 filtered out; finished in 1.2s"
+        ));
+        assert!(!add_result_line(&mut c, "running 5 tests"));
+        assert_eq!(
+            c,
+            Counts {
+                passed: 7,
+                failed: 3,
+                ignored: 1
+            }
+        );
+    }
 
     fn binary(label: &str, end_to_end: bool) -> TestBinary {
         TestBinary {

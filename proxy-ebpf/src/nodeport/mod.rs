@@ -44,9 +44,7 @@
 pub(crate) mod dsr;
 mod uplink;
 
-pub(crate) use uplink::{
-    cached_route, fib_lookup, is_overlay, Up, UplinkFamily, FIB_NO_NEIGH, FIB_SUCCESS,
-};
+pub(crate) use uplink::{cached_route, fib_lookup, is_overlay, names_egress, Up, UplinkFamily};
 
 use core::ffi::c_void;
 
@@ -330,7 +328,7 @@ fn remote_uplink<A: UplinkFamily>(ctx: *mut c_void, ingress: u32, u: &mut Up<A>)
     let (src, dst) = (&u.s.flow.saddr_be, &u.s.backend.addr_be);
     A::fib_params(&mut u.fib, ingress, u.s.flow.proto, src, dst);
     let rc = fib_lookup(ctx, &mut u.fib);
-    if rc != FIB_SUCCESS && rc != FIB_NO_NEIGH {
+    if !names_egress(rc) {
         return Route::Local;
     }
     match A::uplink_addr(u.fib.ifindex) {

@@ -30,6 +30,18 @@ pub(crate) const FIB_NO_NEIGH: i64 = 7;
 /// `mtu_result`.
 pub(crate) const FIB_FRAG_NEEDED: i64 = 8;
 
+/// Whether a `bpf_fib_lookup` result names the route's egress interface
+/// (in `ifindex`): found, found without a neighbour entry, or found for a
+/// packet larger than its MTU. A tc program's lookup without `tot_len`
+/// measures the packet itself against the egress device after the route
+/// is found, so a full-sized packet (a client's first fragment, say)
+/// headed into an overlay 50 bytes narrower still names that overlay; a
+/// tunnel then fragments the packet it carries.
+#[inline(always)]
+pub(crate) fn names_egress(rc: i64) -> bool {
+    rc == FIB_SUCCESS || rc == FIB_NO_NEIGH || rc == FIB_FRAG_NEEDED
+}
+
 /// The uplink path's working memory: the pod path's, plus the route
 /// lookup's parameters and the translation decided. A per-CPU array entry
 /// of the family (`SB_UP4TMP_V1`, `SB_UP6TMP_V1`), as [`Work`].

@@ -16,7 +16,7 @@ use crate::{
     icmp::IcmpFamily,
     maps::{count, count_service},
     nodeport::{cached_route, classify, NotTranslated, Out, Up, UplinkFamily},
-    nodeport::{dsr, FIB_NO_NEIGH, FIB_SUCCESS},
+    nodeport::{dsr, names_egress},
     packet::{
         ctx::{later_fragment4, parse_ipv4, ptr_at},
         v6::{load, parse6, IP6_HOP_LIMIT_OFF},
@@ -284,7 +284,7 @@ fn route<A: UplinkTcFamily>(
     if direct && !dsr::is_gso(ctx) && A::grown_len(ctx)? > mtu {
         return Ok(Some(A::too_big(ctx, u, mtu)));
     }
-    if rc != FIB_SUCCESS && rc != FIB_NO_NEIGH {
+    if !names_egress(rc) {
         trace::dropped(layer::TC, stat::NO_ROUTE, &u.s.flow, u.service_id);
         return drop_counted(stat::NO_ROUTE).map(Some);
     }

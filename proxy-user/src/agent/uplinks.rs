@@ -238,7 +238,10 @@ impl Uplinks {
         maps.set_uplinks(&uplink::map_entries4(uplinks, self.nodeport_mode))
             .map_err(|e| UplinksError::Map4(Box::new(e)))?;
         uplink::set_uplinks6(ebpf, uplinks).map_err(|e| UplinksError::Map6(Box::new(e)))?;
-        for up in uplinks.iter().filter(|u| u.addr.is_none()) {
+        for up in uplinks
+            .iter()
+            .filter(|u| u.addr.is_none() && u.role == Role::Uplink)
+        {
             warn!(iface = %up.name, "uplink has no IPv4 address: IPv4 flows to backends on other nodes are dropped until it has one");
         }
         self.written = Some(uplinks.to_vec());

@@ -1,6 +1,7 @@
 //! `switchboard explain IP:PORT/PROTO [--from IP[:PORT]]`: what the data
 //! path does with one flow, decided from the maps exactly as the kernel
-//! programs decide (`proxy-ebpf/src/lb.rs` and `nodeport.rs`):
+//! programs decide (`proxy-ebpf/src/lb/mod.rs` and
+//! `proxy-ebpf/src/nodeport/mod.rs`):
 //!
 //! 1. the frontend's slot 0 (internal set); traffic from outside to a
 //!    frontend under `externalTrafficPolicy: Local` uses the external set;

@@ -20,6 +20,7 @@ use crate::{
     dataplane::{
         kctx::{self, Access},
         pins::Pins,
+        resize::CapacityMismatch,
     },
     sync::store::{Capacities, Ipv6Tables},
 };
@@ -90,27 +91,6 @@ pub fn check_pin_root(pin_root: &Path) -> Result<(), LoadError> {
         path: pin_root.to_owned(),
         source,
     })
-}
-
-/// A pinned map whose capacity differs from the one asked for: the agent
-/// resizes it online (see [`crate::dataplane::resize`]).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CapacityMismatch {
-    pub map: &'static str,
-    /// The flag that sets it.
-    pub flag: &'static str,
-    pub pinned: u32,
-    pub wanted: u32,
-}
-
-impl std::fmt::Display for CapacityMismatch {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "pinned map {} holds {} entries and {} asks for {}",
-            self.map, self.pinned, self.flag, self.wanted
-        )
-    }
 }
 
 /// The resizable maps: name, the flag that sizes it, and its wanted size.

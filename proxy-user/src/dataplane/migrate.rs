@@ -49,7 +49,7 @@ pub const EARLIER: [&str; 6] = [
 ];
 
 /// The connection-tracking table before flows carried their own translation.
-pub const CONNTRACK_V2: &str = "SB_CT_V2";
+pub const CONNTRACK_V2: &str = names::CONNTRACK_V2;
 /// The quiet marks before they named a generation: a mark lasted until
 /// the pod's next flow took it. Only the previous release's programs read
 /// it; once they are gone it is unpinned.
@@ -62,7 +62,7 @@ pub const FRONTEND_FILTER_V1: &str = "SB_FE_FILTER_V1";
 /// (same sizes, other bits): as `FRONTEND_FILTER_V1`.
 pub const FRONTEND_FILTER_V2: &str = "SB_FE_FILTER_V2";
 /// The data-path counters before the socket layer's were added.
-pub const GLOBAL_STATS_V1: &str = "SB_STATS_V1";
+pub const GLOBAL_STATS_V1: &str = names::GLOBAL_STATS_V1;
 /// How many counters `SB_STATS_V1` had; 1 to 10 mean what they mean now
 /// (0 counted packets that were not ours, no longer counted).
 const STATS_V1_COUNT: u32 = 11;
@@ -182,7 +182,7 @@ fn read_table<V: aya::Pod + bytemuck::Pod>(
 /// the current one, keeping what it holds: per table found, how many
 /// entries came over, or why none could (the pin is then left alone).
 pub fn copy_flows(pin_root: &Path, maps: &mut PinnedMaps) -> Vec<Result<Migrated, MigrateError>> {
-    let now = crate::dataplane::conntrack::monotonic_ns();
+    let now = crate::util::clock::monotonic_ns();
     let mut copied = Vec::new();
     let pins = Pins::new(pin_root);
     match read_table(pins, CONNTRACK_V2, pins.conntrack_v2()) {

@@ -7,6 +7,7 @@ pub mod attach;
 pub mod btf;
 pub mod caps;
 pub mod conntrack;
+pub mod conntrack_entry;
 pub mod ctgen;
 pub mod ebpf;
 pub mod kctx;

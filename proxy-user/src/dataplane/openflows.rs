@@ -40,7 +40,7 @@ use prometheus_client::{
 };
 use proxy_common::{ct_dir, ct_flags, names};
 
-use super::conntrack::{Entry, Key};
+use super::conntrack_entry::{Entry, Key};
 use super::maps::{take_map, TakeError};
 
 /// Per backend id: counted flows removed by a pass, and counted flows

@@ -16,8 +16,6 @@ use proxy_common::{
     RevNat6, SockEntry, SockEntry6, SockKey, SockKey6, SrcRange4, SrcRange6, SvcStats, Uplink,
 };
 
-use crate::dataplane::migrate;
-
 /// Opening a pinned map failed. (The kernel's error is boxed: it is large,
 /// and this error travels inside others.)
 #[derive(Debug, thiserror::Error)]
@@ -192,9 +190,9 @@ pinned_maps! {
     quiet_gens: names::QUIET_GENS => Array<MapData, u64>;
     ct_gen: names::CT_GEN => Array<MapData, u64>;
     /// `SB_CT_V2`, an earlier version's connection tracking.
-    conntrack_v2: migrate::CONNTRACK_V2 => Hash<CtKey, CtEntryV2>;
+    conntrack_v2: names::CONNTRACK_V2 => Hash<CtKey, CtEntryV2>;
     /// `SB_CT_V4`, an earlier version's connection tracking.
     conntrack_v4: names::CONNTRACK_V4 => Hash<CtKey, CtEntryV4>;
     /// `SB_STATS_V1`, an earlier version's data-path counters.
-    stats_v1: migrate::GLOBAL_STATS_V1 => PerCpuArray<MapData, u64>;
+    stats_v1: names::GLOBAL_STATS_V1 => PerCpuArray<MapData, u64>;
 }

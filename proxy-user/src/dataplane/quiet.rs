@@ -43,7 +43,7 @@ use proxy_common::{
 };
 
 use super::{
-    conntrack::Key,
+    conntrack_entry::Key,
     pins::{MapsError, Pins},
 };
 

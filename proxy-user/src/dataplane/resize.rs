@@ -26,10 +26,7 @@ use aya::{
 use proxy_common::names;
 use tracing::{info, warn};
 
-use crate::dataplane::{
-    ebpf::CapacityMismatch,
-    pins::{open_at, MapsError, Pins},
-};
+use crate::dataplane::pins::{open_at, MapsError, Pins};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ResizeError {
@@ -47,6 +44,27 @@ pub enum ResizeError {
     Copy { map: &'static str, source: MapError },
     #[error("map {map} cannot be resized online")]
     Unsupported { map: &'static str },
+}
+
+/// A pinned map whose capacity differs from the one asked for: the agent
+/// resizes it online (see this module's documentation).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CapacityMismatch {
+    pub map: &'static str,
+    /// The flag that sets it.
+    pub flag: &'static str,
+    pub pinned: u32,
+    pub wanted: u32,
+}
+
+impl std::fmt::Display for CapacityMismatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "pinned map {} holds {} entries and {} asks for {}",
+            self.map, self.pinned, self.flag, self.wanted
+        )
+    }
 }
 
 /// What a staging pin's name ends with.

@@ -28,6 +28,7 @@ mod incremental;
 pub mod input;
 mod packed;
 mod service;
+mod slice_endpoint;
 mod validate;
 
 pub use incremental::{Model, ModelDelta, ObjectKind, Rejection};
@@ -379,8 +380,8 @@ pub struct Frontend {
     /// this node's endpoints (ready ones, else serving-and-terminating ones;
     /// possibly none, and then such traffic is dropped). It may happen to equal
     /// `backends` (every endpoint is local). `None`: outside traffic gets
-    /// `backends`. Recorded for the external path (NodePort from outside, XDP);
-    /// the data path does not use it yet.
+    /// `backends`. The sync writes it as the frontend's external set, which
+    /// the uplink programs pick from for traffic from outside.
     pub external_backends: Option<Vec<BackendAddr>>,
     pub kind: FrontendKind,
     /// `sessionAffinity: ClientIP`, with its timeout in seconds.
@@ -397,9 +398,15 @@ pub struct Frontend {
     pub health_check_node_port: Option<u16>,
     /// No endpoint was ready, so `backends` are the serving-and-terminating
     /// ones (kube-proxy's fallback that lets connections drain during rollouts).
-    /// Describes `backends` only (`external_backends` falls back the same way
-    /// among this node's endpoints).
+    /// Describes `backends` only (see
+    /// [`external_terminating_fallback`](Self::external_terminating_fallback)).
     pub terminating_fallback: bool,
+    /// No endpoint of this node was ready, so
+    /// [`external_backends`](Self::external_backends) are this node's
+    /// serving-and-terminating ones: traffic from outside still drains to
+    /// them, but they are not ready endpoints (the healthCheckNodePort does
+    /// not count them).
+    pub external_terminating_fallback: bool,
     /// Topology hints narrowed `backends` (only when every ready endpoint has
     /// hints; never for a local-only set).
     pub topology: Option<TopologyMode>,
@@ -459,6 +466,7 @@ impl Frontend {
             local_only: false,
             health_check_node_port: None,
             terminating_fallback: false,
+            external_terminating_fallback: false,
             topology: None,
             algorithm: None,
             source_ranges: None,
@@ -506,6 +514,9 @@ impl fmt::Display for Frontend {
         }
         if self.terminating_fallback {
             extras.push("terminating fallback".to_string());
+        }
+        if self.external_terminating_fallback {
+            extras.push("terminating fallback from outside".to_string());
         }
         if let Some(t) = self.topology {
             extras.push(format!("topology {t}"));

@@ -15,7 +15,7 @@
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
 
-use super::input::{EndpointInfo, Hints, RawAddress};
+use super::slice_endpoint::{EndpointInfo, Hints, RawAddress};
 
 /// One endpoint: 16 bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -641,6 +641,7 @@ fn frontend(
         local_only,
         health_check_node_port: attributes.health_check_node_port,
         terminating_fallback: sel.terminating_fallback,
+        external_terminating_fallback: external.is_some_and(|e| e.terminating_fallback),
         topology: sel.topology,
         algorithm: attributes.algorithm,
         source_ranges: match (&attributes.source_ranges, kind) {

@@ -250,6 +250,7 @@ endpoints:
                 local_only: false,
                 health_check_node_port: None,
                 terminating_fallback: false,
+                external_terminating_fallback: false,
                 topology: None,
                 algorithm: None,
                 source_ranges: None,
@@ -1642,6 +1643,39 @@ endpoints:
 - {addresses: [10.244.2.2], nodeName: node-b, conditions: {ready: true}}
 "#,
                 frontends: &["10.96.0.10:80/TCP ClusterIP default/web -> 10.244.1.2:8080 [local-only, terminating fallback]"],
+                warnings: &[],
+            },
+            Case {
+                name: "externalTrafficPolicy Local: no local ready endpoint, outside traffic falls back to local serving+terminating ones",
+                node: NodeSel::A,
+                proxy_name: None,
+                yaml: r#"
+apiVersion: v1
+kind: Service
+metadata: {name: web}
+spec:
+  type: LoadBalancer
+  clusterIP: 10.96.0.10
+  externalTrafficPolicy: Local
+  healthCheckNodePort: 32000
+  ports: [{port: 80, nodePort: 30080}]
+status: {loadBalancer: {ingress: [{ip: 198.51.100.7}]}}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-1, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{port: 8080}]
+endpoints:
+- {addresses: [10.244.1.2], nodeName: node-a, conditions: {ready: false, serving: true, terminating: true}}
+- {addresses: [10.244.2.2], nodeName: node-b, conditions: {ready: true}}
+"#,
+                frontends: &[
+                    "10.96.0.10:80/TCP ClusterIP default/web -> 10.244.2.2:8080 [healthCheckNodePort 32000]",
+                    "192.168.1.10:30080/TCP NodePort default/web -> 10.244.2.2:8080; from outside -> 10.244.1.2:8080 [local-only, healthCheckNodePort 32000, terminating fallback from outside]",
+                    "198.51.100.7:80/TCP LoadBalancer default/web -> 10.244.2.2:8080; from outside -> 10.244.1.2:8080 [local-only, healthCheckNodePort 32000, terminating fallback from outside]",
+                    "203.0.113.10:30080/TCP NodePort default/web -> 10.244.2.2:8080; from outside -> 10.244.1.2:8080 [local-only, healthCheckNodePort 32000, terminating fallback from outside]",
+                ],
                 warnings: &[],
             },
             Case {

@@ -14,8 +14,10 @@
 //!
 //! with `Content-Type: application/json` and `X-Content-Type-Options: nosniff`,
 //! and status 200 when `N > 0`, 503 when `N == 0`. `N` is the number of this
-//! node's endpoints of the Service: here, the distinct addresses among the
-//! `external_backends` of all its frontends (all its ports).
+//! node's ready endpoints of the Service: here, the distinct addresses among
+//! the `external_backends` of all its frontends (all its ports), except where
+//! those are the serving-and-terminating fallback. Traffic still drains to
+//! terminating endpoints, but the load balancer is told to stop sending more.
 //!
 //! [`HealthServers::update`] follows the model: one listener per wanted port
 //! and bind address ([`DEFAULT_BINDS`]: an IPv4 `0.0.0.0` socket and an
@@ -83,9 +85,9 @@ impl fmt::Display for ServiceName {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ServiceHealth {
     pub service: ServiceName,
-    /// Distinct local endpoint addresses (over all the Service's ports), of
-    /// the family that has more: a dual-stack pod has an address in each
-    /// family's slices and counts once.
+    /// Distinct ready local endpoint addresses (over all the Service's
+    /// ports), of the family that has more: a dual-stack pod has an address
+    /// in each family's slices and counts once.
     pub local_endpoints: usize,
 }
 
@@ -101,7 +103,7 @@ pub struct PortConflict {
 /// The ports that should be served, and the Services that lost a port to
 /// another one. Pure: the model's frontends in, no I/O.
 pub fn wanted(desired: &DesiredState) -> (BTreeMap<u16, ServiceHealth>, Vec<PortConflict>) {
-    // Per Service: its health check port and its local endpoint addresses.
+    // Per Service: its health check port and its ready local endpoint addresses.
     let mut services: BTreeMap<ServiceName, (Option<u16>, BTreeSet<IpAddr>)> = BTreeMap::new();
     for fe in desired.frontends.values() {
         let name = ServiceName {
@@ -112,7 +114,9 @@ pub fn wanted(desired: &DesiredState) -> (BTreeMap<u16, ServiceHealth>, Vec<Port
         if let Some(p) = fe.health_check_node_port.filter(|p| *p != 0) {
             port.get_or_insert(p);
         }
-        local.extend(fe.external_backends.iter().flatten().map(|b| b.ip));
+        if !fe.external_terminating_fallback {
+            local.extend(fe.external_backends.iter().flatten().map(|b| b.ip));
+        }
     }
     let mut by_port: BTreeMap<u16, ServiceHealth> = BTreeMap::new();
     let mut conflicts = Vec::new();
@@ -641,6 +645,112 @@ mod tests {
         frontends.push(v6);
         let (wanted, _) = wanted(&state(frontends));
         assert_eq!(wanted[&30_000].local_endpoints, 2);
+    }
+
+    /// `shop/web` (LoadBalancer, `externalTrafficPolicy: Local`, health check
+    /// on `health_port`) through the model on `node-a`, with one endpoint per
+    /// `(address, node, ready)`; an endpoint that is not ready is serving
+    /// and terminating.
+    fn through_model(health_port: u16, endpoints: &[(&str, &str, bool)]) -> DesiredState {
+        let service = serde_json::from_value(serde_json::json!({
+            "metadata": {"namespace": "shop", "name": "web"},
+            "spec": {
+                "type": "LoadBalancer",
+                "clusterIP": "10.96.0.10",
+                "externalTrafficPolicy": "Local",
+                "healthCheckNodePort": health_port,
+                "ports": [{"port": 80, "nodePort": 30080}],
+            },
+        }))
+        .expect("a Service");
+        let endpoints: Vec<_> = endpoints
+            .iter()
+            .map(|(ip, node, ready)| {
+                serde_json::json!({
+                    "addresses": [ip],
+                    "nodeName": node,
+                    "conditions": {"ready": ready, "serving": true, "terminating": !ready},
+                })
+            })
+            .collect();
+        let slice = serde_json::from_value(serde_json::json!({
+            "metadata": {
+                "namespace": "shop",
+                "name": "web-1",
+                "labels": {"kubernetes.io/service-name": "web"},
+            },
+            "addressType": "IPv4",
+            "ports": [{"port": 8080}],
+            "endpoints": endpoints,
+        }))
+        .expect("an EndpointSlice");
+        let node = crate::model::NodeInfo {
+            name: "node-a".into(),
+            addresses: vec![Ipv4Addr::new(192, 168, 1, 10).into()],
+            zone: None,
+            deleting: false,
+        };
+        let (desired, warnings) =
+            crate::model::build_for_node(&[service], &[slice], Some(&node), None);
+        assert!(warnings.is_empty(), "{warnings:?}");
+        desired
+    }
+
+    #[test]
+    fn wanted_counts_only_ready_local_endpoints() {
+        let count = |endpoints: &[(&str, &str, bool)]| {
+            wanted(&through_model(30_000, endpoints)).0[&30_000].local_endpoints
+        };
+        let remote = ("10.244.2.2", "node-b", true);
+        let ready = [
+            ("10.244.1.2", "node-a", true),
+            ("10.244.1.3", "node-a", true),
+            remote,
+        ];
+        assert_eq!(count(&ready), 2, "ready");
+        let terminating = [("10.244.1.2", "node-a", false), remote];
+        assert_eq!(count(&terminating), 0, "only terminating");
+        let mix = [
+            ("10.244.1.2", "node-a", true),
+            ("10.244.1.3", "node-a", false),
+            remote,
+        ];
+        assert_eq!(count(&mix), 1, "a mix");
+    }
+
+    #[test]
+    fn terminating_local_endpoints_still_take_outside_traffic() {
+        let desired = through_model(30_000, &[("10.244.1.2", "node-a", false)]);
+        let nodeport = desired
+            .frontends
+            .values()
+            .find(|fe| fe.kind == FrontendKind::NodePort)
+            .expect("a NodePort frontend");
+        let local: Vec<String> = nodeport
+            .external_backends
+            .iter()
+            .flatten()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(local, ["10.244.1.2:8080"], "{nodeport}");
+        assert_eq!(wanted(&desired).0[&30_000].local_endpoints, 0);
+    }
+
+    #[tokio::test]
+    async fn only_terminating_local_endpoints_answer_503() {
+        let port = free_port();
+        let ready = [("10.244.1.2", "node-a", true)];
+        let terminating = [("10.244.1.2", "node-a", false)];
+        let mut servers = HealthServers::new(&[LOCALHOST]);
+        servers.update(&through_model(port, &ready));
+        let answer = get(port).await;
+        assert_eq!((answer.status, answer.body), (200, body("shop", "web", 1)));
+        servers.update(&through_model(port, &terminating));
+        let answer = get(port).await;
+        assert_eq!((answer.status, answer.body), (503, body("shop", "web", 0)));
+        servers.update(&through_model(port, &[]));
+        let answer = get(port).await;
+        assert_eq!((answer.status, answer.body), (503, body("shop", "web", 0)));
     }
 
     #[tokio::test]

@@ -1,5 +1,6 @@
 //! Helpers shared by layers that do not otherwise meet.
 pub mod btree;
+pub mod clock;
 pub mod cores;
 pub mod fsmode;
 pub mod malloc;

@@ -41,6 +41,7 @@
 //! interrupted one left, and Ctrl-C removes them before exiting. Rules and
 //! traffic exist only inside the sandbox namespaces.
 
+mod goals;
 pub mod kubeproxy;
 pub mod northsouth;
 mod paired;

@@ -15,38 +15,7 @@ use super::{
     SW_SOCK_PINNED, SW_SOCK_POD, SW_TC,
 };
 
-pub(super) fn f(v: &Value) -> Option<f64> {
-    v.as_f64()
-}
-
-pub(super) fn fmt_opt(v: Option<f64>, digits: usize) -> String {
-    match v {
-        Some(x) if x.is_finite() => format!("{x:.digits$}"),
-        _ => "–".into(),
-    }
-}
-
-pub(super) fn size_label(n: u64) -> String {
-    match n {
-        n if n >= 1000 && n % 1000 == 0 => format!("{}k", n / 1000),
-        n => n.to_string(),
-    }
-}
-
-pub(super) struct Goal {
-    pub(super) what: String,
-    pub(super) goal: String,
-    pub(super) measured: String,
-    pub(super) met: Option<bool>,
-}
-
-pub(super) fn verdict(met: Option<bool>) -> &'static str {
-    match met {
-        Some(true) => "**met**",
-        Some(false) => "**not met**",
-        None => "not measured",
-    }
-}
+use super::goals::{f, fmt_opt, size_label, verdict, Goal};
 
 /// The file of the figures the docs may quote (the Goals table and the
 /// run's header): `figures.json`, next to report.md.

@@ -8,8 +8,8 @@ use std::{fmt::Write as _, fs, net::Ipv4Addr, path::Path};
 use anyhow::Result;
 use serde_json::Value;
 
+use super::goals::{f, fmt_opt, Goal};
 use super::kubeproxy::{nodeport_iptables, nodeport_nftables, NodePortSvc};
-use super::report::{f, fmt_opt, Goal};
 
 /// The bench's NodePorts (as `sb_bench xdpfwd` programs them): UDP 30090
 /// to a pod on another node (masqueraded), UDP 30091 to a pod on this one.

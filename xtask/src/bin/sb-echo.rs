@@ -3,7 +3,8 @@
 //!
 //! Server: `sb-echo --name NAME --tcp PORT --udp PORT`
 //! - TCP: on accept, writes `NAME <peer-ip>:<peer-port>\n`; then, for every line
-//!   received, writes the same line again, until the client closes.
+//!   received, writes the same line again (padded to M bytes for a line
+//!   starting `reply=M `), until the client closes.
 //! - UDP: answers every datagram with `NAME <peer-ip>:<peer-port>\n`, padded
 //!   with spaces to the request's size when the request is longer.
 //!
@@ -22,7 +23,10 @@
 //! `--udp-size N` sends N-byte datagrams (fragmented above the path MTU) and
 //! wants N-byte answers; `--tcp-size N` sends, after the greeting, one line
 //! of N bytes and waits for its answer (path-MTU discovery must work for a
-//! line longer than the path MTU to arrive).
+//! line longer than the path MTU to arrive). `--tcp-reply-size M` asks for
+//! an M-byte answer to that line (or to a short one without `--tcp-size`):
+//! the line starts with `reply=M `, and the server answers such a line with
+//! its greeting padded with spaces to M bytes (the last one a newline).
 //! `--idle-until-stdin` opens one TCP connection, prints `connected NAME
 //! POD-SAW CLIENT-SAW`, leaves it idle until a line arrives on standard input
 //! and then sends `--count` lines that the same pod must answer.
@@ -138,6 +142,10 @@ struct ClientArgs {
     /// for its answer.
     #[arg(long, requires = "tcp")]
     tcp_size: Option<usize>,
+    /// TCP: ask the server to answer the line with this many bytes (the
+    /// greeting padded with spaces).
+    #[arg(long, requires = "tcp")]
+    tcp_reply_size: Option<usize>,
     /// Source port of every attempt (bind before sending or connecting);
     /// TCP attempts then close with a reset, leaving no TIME_WAIT.
     #[arg(long)]
@@ -320,8 +328,47 @@ fn tcp_conn(stream: TcpStream, name: &str) -> std::io::Result<()> {
         if reader.read_line(&mut buf)? == 0 {
             return Ok(());
         }
-        writer.write_all(line.as_bytes())?;
+        writer.write_all(&answer_to(&buf, &line))?;
     }
+}
+
+/// The answer to `request`: `greeting`, padded with spaces to M bytes
+/// (ending in a newline) when the request starts with `reply=M `.
+fn answer_to(request: &str, greeting: &str) -> Vec<u8> {
+    let wanted = request
+        .strip_prefix("reply=")
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|m| m.parse::<usize>().ok());
+    let mut answer = greeting.as_bytes().to_vec();
+    if let Some(m) = wanted.filter(|&m| m > answer.len()) {
+        answer.pop();
+        answer.resize(m - 1, b' ');
+        answer.push(b'\n');
+    }
+    answer
+}
+
+/// `--tcp-size` and `--tcp-reply-size`.
+#[derive(Clone, Copy)]
+struct LineSizes {
+    request: Option<usize>,
+    reply: Option<usize>,
+}
+
+/// The line `tcp_once` sends after the greeting, if any: `request` bytes
+/// (at least the `reply=M ` prefix and a newline), `x`s after the prefix.
+fn request_line(sizes: LineSizes) -> Option<Vec<u8>> {
+    if sizes.request.is_none() && sizes.reply.is_none() {
+        return None;
+    }
+    let mut line = match sizes.reply {
+        Some(m) => format!("reply={m} ").into_bytes(),
+        None => Vec::new(),
+    };
+    let size = sizes.request.unwrap_or(0).max(line.len() + 1);
+    line.resize(size - 1, b'x');
+    line.push(b'\n');
+    Some(line)
 }
 
 fn now_ms() -> u128 {
@@ -367,7 +414,13 @@ fn client(args: ClientArgs) -> Result<bool> {
         }
         let start = now_ms();
         let result = match (args.tcp, args.udp) {
-            (Some(addr), _) => tcp_once(addr, timeout, args.tcp_size, args.sport),
+            (Some(addr), _) => {
+                let sizes = LineSizes {
+                    request: args.tcp_size,
+                    reply: args.tcp_reply_size,
+                };
+                tcp_once(addr, timeout, sizes, args.sport)
+            }
             (None, Some(addr)) => udp.once(addr, timeout),
             (None, None) => bail!("give --tcp ADDR or --udp ADDR"),
         };
@@ -389,7 +442,7 @@ fn client(args: ClientArgs) -> Result<bool> {
 fn tcp_once(
     addr: SocketAddr,
     timeout: Duration,
-    size: Option<usize>,
+    sizes: LineSizes,
     sport: Option<u16>,
 ) -> Result<(String, String, SocketAddr)> {
     let stream = match sport {
@@ -402,16 +455,21 @@ fn tcp_once(
     let mut reader = BufReader::new(&stream);
     reader.read_line(&mut line).context("read greeting")?;
     let (name, pod_saw) = parse_reply(&line)?;
-    if let Some(size) = size {
-        let mut big = vec![b'x'; size.max(1)];
-        *big.last_mut().context("empty line")? = b'\n';
-        (&stream).write_all(&big).context("send the long line")?;
+    if let Some(request) = request_line(sizes) {
+        (&stream)
+            .write_all(&request)
+            .context("send the long line")?;
         let mut answer = String::new();
         reader
             .read_line(&mut answer)
-            .with_context(|| format!("no answer to a line of {size} bytes"))?;
-        if answer != line {
-            bail!("answer {answer:?} differs from greeting {line:?}");
+            .with_context(|| format!("no answer to a line of {} bytes", request.len()))?;
+        let want_len = sizes.reply.unwrap_or(0).max(line.len());
+        if answer.len() != want_len || answer.trim_end() != line.trim_end() {
+            bail!(
+                "answer of {} bytes ({:?}...) differs from greeting {line:?} padded to {want_len}",
+                answer.len(),
+                answer.chars().take(80).collect::<String>()
+            );
         }
     }
     Ok((name, pod_saw, client_saw))

@@ -138,7 +138,7 @@ pub fn purge(tag: &str, bound: &Path) -> Result<()> {
         let name = entry.file_name().to_string_lossy().into_owned();
         let is_node = name
             .strip_prefix(&node_prefix)
-            .is_some_and(super::cleanup::is_role);
+            .is_some_and(super::roles::is_role);
         if is_node {
             if let Err(e) = remove_cgroup(&entry.path()) {
                 errors.push(format!("{e:#}"));

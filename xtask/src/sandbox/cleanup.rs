@@ -2,13 +2,12 @@
 //! died, and everything of one tag.
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use anyhow::{anyhow, Result};
 
-use super::sys::{delete_netns, mounts_below, remove_dir_if_exists, umount};
+use super::roles::{is_role, NODE_ROLES};
+use super::sys::{delete_netns, list_netns, mounts_below, remove_dir_if_exists, umount};
 use super::{cgroup, PIN_BASE};
-use crate::util::run_capture;
 
 /// Removes test sandboxes (`sbt<pid>-<n>-*` namespaces and pin mounts) whose
 /// process is gone. Sandboxes of live processes are left alone.
@@ -65,11 +64,6 @@ pub(super) fn status_file_tag(name: &str) -> Option<&str> {
     test_tag_pid(tag).map(|_| tag)
 }
 
-/// Roles (namespace suffixes, and directory names under the tag's `/run`
-/// directory) of the two-node sandbox's nodes, which each have their own pin
-/// root `<PIN_BASE>/<tag>/<role>/bpf` and cgroup `switchboard-test-<tag>-<role>`.
-pub(super) const NODE_ROLES: [&str; 2] = ["na", "nb"];
-
 /// `sbt<pid>-<n>` → pid.
 pub(super) fn test_tag_pid(tag: &str) -> Option<u32> {
     let rest = tag.strip_prefix("sbt")?;
@@ -83,22 +77,6 @@ pub(super) fn test_tag_of(ns: &str) -> Option<String> {
     let (tag, role) = ns.rsplit_once('-')?;
     test_tag_pid(tag)?;
     is_role(role).then(|| tag.to_string())
-}
-
-/// Namespace roles: the one-node sandbox's `node`, `cli` and `p<i>`, and the
-/// two-node sandbox's `lan`, `na`, `nb`, `c<i>` (clients) and `pa<i>`, `pb<i>`
-/// (pods of node A and B).
-pub(super) fn is_role(role: &str) -> bool {
-    let numbered = |prefix: &str| {
-        role.strip_prefix(prefix)
-            .is_some_and(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()))
-    };
-    matches!(role, "node" | "cli" | "lan")
-        || NODE_ROLES.contains(&role)
-        || numbered("p")
-        || numbered("pa")
-        || numbered("pb")
-        || numbered("c")
 }
 
 /// Removes everything a sandbox with this tag may have left: its namespaces
@@ -176,13 +154,4 @@ pub(super) fn remove_status_file(pin_dir: &Path) {
     let status = status_file(pin_dir);
     let _ = fs::remove_file(status.with_extension("lock"));
     let _ = fs::remove_file(status);
-}
-
-/// Names from `ip netns list`.
-pub fn list_netns() -> Result<Vec<String>> {
-    let out = run_capture(Command::new("ip").args(["netns", "list"]))?;
-    Ok(String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| l.split_whitespace().next().map(str::to_string))
-        .collect())
 }

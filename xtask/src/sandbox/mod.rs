@@ -33,6 +33,7 @@ mod core;
 mod netns;
 mod output;
 mod procs;
+mod roles;
 mod sys;
 pub mod two_node;
 
@@ -46,13 +47,14 @@ use anyhow::{anyhow, Context, Result};
 
 pub use self::core::{client_run, AgentRef, NetnsCore, PodSpec};
 pub use cgroup::TestCgroup;
-pub use cleanup::{cleanup_stale, list_netns, purge_tag, status_file};
+pub use cleanup::{cleanup_stale, purge_tag, status_file};
 pub use netns::{
     disable_tx_checksum, enable_gro, gro_enabled, http_get, in_netns, tx_checksum_enabled,
     HttpResponse,
 };
 pub use output::{find, find_at, Attempt, Backend, ClientRun, Frontend};
 pub use sys::is_mountpoint;
+pub use sys::list_netns;
 pub use two_node::{Lan, TwoNodeSandbox};
 
 use crate::util::show;
@@ -472,7 +474,8 @@ impl Sandbox {
 
 #[cfg(test)]
 mod tests {
-    use super::cleanup::{is_role, status_file_tag, test_tag_of, test_tag_pid};
+    use super::cleanup::{status_file_tag, test_tag_of, test_tag_pid};
+    use super::roles::is_role;
     use super::*;
 
     #[test]

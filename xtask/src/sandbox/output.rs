@@ -20,6 +20,10 @@ pub struct Frontend {
     pub kind: String,
     #[serde(default)]
     pub backends: Vec<Backend>,
+    /// Under `externalTrafficPolicy: Local`: the backends traffic from
+    /// outside the node gets (this node's endpoints).
+    #[serde(default)]
+    pub external_backends: Option<Vec<Backend>>,
     /// `loadBalancerSourceRanges` in force (`None`: open to every source).
     #[serde(default)]
     pub source_ranges: Option<Vec<String>>,
@@ -42,14 +46,24 @@ pub struct Backend {
 impl Frontend {
     /// Backends as sorted `address:port` strings.
     pub fn backend_addrs(&self) -> Vec<String> {
-        let mut v: Vec<String> = self
-            .backends
-            .iter()
-            .map(|b| format!("{}:{}", b.address, b.port))
-            .collect();
-        v.sort();
-        v
+        addrs(&self.backends)
     }
+
+    /// [`external_backends`](Self::external_backends) as sorted
+    /// `address:port` strings.
+    pub fn external_backend_addrs(&self) -> Option<Vec<String>> {
+        self.external_backends.as_deref().map(addrs)
+    }
+}
+
+/// `backends` as sorted `address:port` strings.
+fn addrs(backends: &[Backend]) -> Vec<String> {
+    let mut v: Vec<String> = backends
+        .iter()
+        .map(|b| format!("{}:{}", b.address, b.port))
+        .collect();
+    v.sort();
+    v
 }
 
 /// Finds the frontend for `service` (e.g. `demo/echo:http`).

@@ -10,7 +10,6 @@ use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
 
-use super::cleanup::list_netns;
 use crate::util::run_capture;
 
 /// Kills every process in `ns`, then deletes it (its veths go with it).
@@ -180,4 +179,13 @@ pub(super) fn remove_dir_if_exists(dir: &Path) -> Result<()> {
         );
     }
     fs::remove_dir_all(dir).with_context(|| format!("remove {}", dir.display()))
+}
+
+/// Names from `ip netns list`.
+pub fn list_netns() -> Result<Vec<String>> {
+    let out = run_capture(Command::new("ip").args(["netns", "list"]))?;
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+        .collect())
 }

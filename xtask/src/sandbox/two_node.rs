@@ -30,9 +30,11 @@
 //! - Nodes: `ip_forward=1`, `rp_filter=0` and `send_redirects=0` (a node
 //!   forwarding a client's packet back onto the LAN must not redirect the
 //!   client to the other node) on every interface. Each routes the other
-//!   node's pod range (`10.244.<1|2>.0/24`) via the other node's LAN address.
-//! - Pods: `eth0` holds the pod address as a /32; the pod routes its node's
-//!   gateway (`10.244.<1|2>.1`) on-link and uses it as default route. The
+//!   node's pod range (`10.244.<1|2>.0/24`) via the other node's LAN address
+//!   (over the overlay on [`Lan::K3sLike`]).
+//! - Pods (kind-like and XDP-ready LANs): `eth0` holds the pod address as a
+//!   /32; the pod routes its node's gateway (`10.244.<1|2>.1`) on-link and
+//!   uses it as default route. The
 //!   node-side veth holds that gateway as a /32 (the same address on each pod
 //!   veth of the node) and a /32 link route to the pod. So two pods of one
 //!   node share a /24 without sharing a link.
@@ -40,7 +42,7 @@
 //!   `10.244.0.0/16` via node A, and the Service addresses [`LB_IP`] and
 //!   [`EXTERNAL_IP`] (as /32s) via node A until
 //!   [`TwoNodeSandbox::route_services_via`] says otherwise.
-//! - The LAN is one of two kinds ([`Lan`]). By default ([`Lan::KindLike`])
+//! - The LAN is one of three kinds ([`Lan`]). By default ([`Lan::KindLike`])
 //!   it is what a kind cluster gives a node: a veth uplink on a bridge, pods
 //!   and clients sending with checksum offload on (partial checksums), no XDP
 //!   program and no GRO on the uplinks' peers. Two places finish checksums in
@@ -55,6 +57,33 @@
 //!   XDP redirect from the uplink into a pod veth lands there), and every
 //!   sender writing complete checksums (offload off), as frames off a wire
 //!   carry them.
+//! - [`Lan::K3sLike`] keeps that LAN and its senders but builds each node's
+//!   pod network as k3s's flannel (VXLAN backend) does ([`flannel`]):
+//!
+//!   ```text
+//!   node A (<tag>-na)                                      node B: the same with
+//!    <tag>ua 192.168.50.1 ── LAN ── 192.168.50.2 <tag>ub   s=2, o=1, letter b
+//!     ├─ <tag>fa  vxlan id 1 local 192.168.50.1 dev <tag>ua dstport 8472
+//!     │           nolearning, MTU 1450, 10.244.1.0/32 (flannel.1)
+//!     ├─ <tag>va  the same over IPv6 (local fd00:50::1), MTU 1430,
+//!     │           fd00:10:244:1::/128 (flannel-v6.1)
+//!     └─ <tag>ka  bridge, 10.244.1.1/24, fd00:10:244:1::1/64, MTU 1450 (cni0)
+//!         ├─ <tag>a1 (port, no address) ── eth0 10.244.1.2/24 (podA1)
+//!         └─ <tag>a2 (port, no address) ── eth0 10.244.1.3/24 (podA2)
+//!   ```
+//!
+//!   Pods hold `10.244.<s>.<n+1>/24` and `fd00:10:244:<s>::<n+1>/64`, MTU
+//!   1450, default routes via the bridge's addresses; pods of one node talk
+//!   over the bridge without the node routing. Each node routes the other's
+//!   pod range `10.244.<o>.0/24 via 10.244.<o>.0 dev <tag>f<x> onlink` with
+//!   a permanent neighbour entry for `10.244.<o>.0` (the other VXLAN
+//!   device's fixed MAC, [`Node::vxlan_mac`]) and a forwarding entry sending
+//!   that MAC to the other node's LAN address; IPv6 likewise over the IPv6
+//!   VXLAN device (`fd00:10:244:<o>::/64 via fd00:10:244:<o>::`), whose MTU
+//!   is 1430 (IPv6 packets over 1430 bytes from a pod to the other node get
+//!   a packet too big, as on a dual-stack flannel cluster). Nothing routes
+//!   pods via the other node's LAN address. Clients still route the pod
+//!   range via node A (which forwards over the overlay).
 //! - Each node has its own bpffs pin root `/run/switchboard-test/<tag>/<na|nb>/bpf`
 //!   and its own cgroup (`<cgroup2>/switchboard-test-<tag>-<na|nb>`, bound at
 //!   `/run/switchboard-test/<tag>/<na|nb>/cgroup`), and runs its own agent
@@ -63,10 +92,11 @@
 //!
 //! Cleanup (explicit or on drop, also after a failed setup) kills the
 //! processes, deletes the namespaces (the lan namespace takes the bridge and
-//! every veth with it), removes the cgroups, unmounts the pin roots and
+//! every veth with it, a node namespace its pod bridge and VXLAN devices), removes the cgroups, unmounts the pin roots and
 //! removes the directories. `purge_tag` and `cleanup_stale` know the
 //! namespaces, mounts, cgroups and agent status files of this layout too.
 
+pub mod flannel;
 mod links;
 pub mod manifests;
 
@@ -79,9 +109,9 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 
 use super::cgroup::TestCgroup;
-use super::cleanup::NODE_ROLES;
 use super::core::{AgentRef, NetnsCore, PodSpec};
 use super::netns::{attach_xdp_pass, disable_tx_checksum, enable_gro, HttpResponse};
+use super::roles::NODE_ROLES;
 use super::sys::ip;
 use super::{next_test_tag, ClientRun, Frontend, POD_TCP_PORT, POD_UDP_PORT};
 use manifests::{node_file, node_yaml, EntryPoint, ExternalService, Policy};
@@ -126,6 +156,11 @@ pub enum Lan {
     /// program on the uplinks' peers, GRO on the pods' `eth0`, every sender
     /// writing complete checksums.
     XdpReady,
+    /// As on k3s with flannel's VXLAN backend: the kind-like LAN and
+    /// senders, but each node's pods on a bridge holding their gateway
+    /// (MTU 1450), and the other node's pods behind VXLAN devices (see
+    /// [`flannel`]).
+    K3sLike,
 }
 
 /// One of the two nodes.
@@ -413,17 +448,14 @@ impl TwoNodeSandbox {
         self.create_lan()?;
         for node in Node::ALL {
             self.create_uplink(node)?;
-            for pod in node.pods() {
-                self.create_pod_link(pod)?;
-            }
-            self.route_other_pods(node)?;
+            self.create_pods_and_routes(node)?;
             self.node_sysctls_everywhere(node)?;
         }
         for client in Client::ALL {
             self.create_client(client)?;
         }
         match self.lan {
-            Lan::KindLike => self.finish_checksums_before_receivers()?,
+            Lan::KindLike | Lan::K3sLike => self.finish_checksums_before_receivers()?,
             Lan::XdpReady => self.enable_napi()?,
         }
         for node in Node::ALL {
@@ -432,9 +464,26 @@ impl TwoNodeSandbox {
         Ok(())
     }
 
+    /// The node's pods and the routes to the other node's: routed veths and
+    /// routes via the other node's LAN address, or on [`Lan::K3sLike`] a
+    /// bridge and an overlay.
+    fn create_pods_and_routes(&self, node: Node) -> Result<()> {
+        if self.bridged_pods() {
+            return self.create_bridged_pods(node);
+        }
+        for pod in node.pods() {
+            self.create_pod_link(pod)?;
+        }
+        self.route_other_pods(node)
+    }
+
     /// Routes the other node's pod ranges via its LAN addresses, over the
-    /// node's uplink (replacing routes it had).
+    /// node's uplink (replacing routes it had); on [`Lan::K3sLike`] over the
+    /// overlay instead.
     fn route_other_pods(&self, node: Node) -> Result<()> {
+        if self.bridged_pods() {
+            return self.route_over_overlay(node);
+        }
         let other = node.other();
         ip(&[
             "-n",
@@ -1032,7 +1081,8 @@ impl TwoNodeSandbox {
 
 #[cfg(test)]
 mod tests {
-    use super::super::cleanup::{is_role, status_file_tag, test_tag_of};
+    use super::super::cleanup::{status_file_tag, test_tag_of};
+    use super::super::roles::is_role;
     use super::super::status_file;
     use super::super::PIN_BASE;
     use super::*;

@@ -352,6 +352,97 @@ fn health_check_node_port_reports_local_endpoints() {
     );
 }
 
+/// Writes every `ExternalService`'s EndpointSlice with `ready` and
+/// `terminating` pods, then waits until node A's maps send traffic from the
+/// nodes to `ready` and traffic from outside to node A's own pods among
+/// `local` (the Local policy's set: ready ones, else terminating ones).
+fn write_slices_and_wait(
+    sb: &mut TwoNodeSandbox,
+    ready: &[Pod],
+    terminating: &[Pod],
+    local: &[Pod],
+) {
+    for service in ExternalService::ALL {
+        sb.write_manifest(
+            &service.slice_file(),
+            &service.endpointslice_yaml_terminating(ready, terminating),
+        )
+        .expect("write the EndpointSlice");
+    }
+    let set = |pods: &[Pod], proto: Proto| -> Vec<String> {
+        let mut v: Vec<String> = pods
+            .iter()
+            .map(|p| format!("{}:{}", p.ip(), proto.pod_port()))
+            .collect();
+        v.sort();
+        v
+    };
+    let what = format!(
+        "backends {:?}, from outside {:?}",
+        names(ready),
+        names(local)
+    );
+    sb.wait_services(
+        Node::A,
+        &switchboard(),
+        Duration::from_secs(10),
+        &what,
+        |f| {
+            entry_points(Node::A).iter().all(|e| {
+                find_at(f, &e.address, e.port, e.proto.as_str()).is_some_and(|fe| {
+                    fe.backend_addrs() == set(ready, e.proto)
+                        && fe.external_backend_addrs() == Some(set(local, e.proto))
+                })
+            })
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e:#}"));
+}
+
+/// A local pod's whole termination, as kube-proxy answers it (upstream's
+/// "should fail health check node port if there are only terminating
+/// endpoints"), with podA1 on node A and podB1 on node B behind every
+/// Service under `Local`. Ready: node A's healthCheckNodePort answers 200,
+/// `"localEndpoints": 1`. Terminating (not ready, still serving): 503,
+/// `"localEndpoints": 0`, since only ready endpoints count, while traffic
+/// from outside through node A still reaches podA1 (the Local policy's
+/// fallback to serving-and-terminating local endpoints), not podB1. Gone:
+/// 503, and that traffic is dropped.
+#[test]
+fn health_check_node_port_fails_while_the_local_endpoint_terminates() {
+    let a1 = Pod::new(Node::A, 1);
+    let b1 = Pod::new(Node::B, 1);
+    let mut sb = two_node_with_agents(Policy::Local, &[a1, b1], &[]);
+    let body = wait_health(&sb, Node::A, 200);
+    assert_eq!(local_endpoints(&body), Some(1), "podA1 ready: {body}");
+
+    write_slices_and_wait(&mut sb, &[b1], &[a1], &[a1]);
+    let body = wait_health(&sb, Node::A, 503);
+    assert_eq!(local_endpoints(&body), Some(0), "podA1 terminating: {body}");
+    for entry in entry_points(Node::A) {
+        let run = hit(&sb, Client::One, &entry, COUNT, 1000);
+        assert_answers(
+            &run,
+            &entry,
+            &[a1],
+            Client::One.ip(),
+            "Local policy falls back to the terminating local pod",
+        );
+    }
+
+    write_slices_and_wait(&mut sb, &[b1], &[], &[]);
+    let body = wait_health(&sb, Node::A, 503);
+    assert_eq!(local_endpoints(&body), Some(0), "podA1 gone: {body}");
+    for entry in entry_points(Node::A) {
+        let run = hit(&sb, Client::One, &entry, 3, 500);
+        assert_dropped(
+            &run,
+            &entry,
+            "Local policy through node A, whose pod is gone",
+        );
+    }
+}
+
 /// NodePort (TCP and UDP) through node A to backends on node B, with the
 /// agents in `xdp_mode` on `lan`: every request answered by node B's pods,
 /// which see node A's address.

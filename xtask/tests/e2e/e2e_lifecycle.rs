@@ -5,7 +5,7 @@
 //! changed programs, with the Service changing meanwhile.
 //!
 //! The upgrade build comes from `cargo xtask test` (SWITCHBOARD_UPGRADE_BIN:
-//! the same tree built with the `switchboard/revision-1` feature, whose pod
+//! the same tree built with `switchboard`'s feature `revision-1`, whose pod
 //! programs have other instructions).
 
 use std::path::{Path, PathBuf};

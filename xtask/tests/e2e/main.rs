@@ -16,6 +16,7 @@ mod e2e_external6;
 mod e2e_frag;
 mod e2e_hostnet;
 mod e2e_ipv6;
+mod e2e_k3s;
 mod e2e_lifecycle;
 mod e2e_links;
 mod e2e_maglev;

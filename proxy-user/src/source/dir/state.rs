@@ -32,7 +32,6 @@ use std::time::{Instant, SystemTime};
 use tracing::{error, info, warn};
 
 use super::parse::{parse_as, parse_each, yaml_documents, FileObjects, Inputs, ManifestError};
-use super::watch::log_node_change;
 use crate::model::{Interner, Keyed, ModelWarning, NodeInfo, ObjectKey, ServiceInfo, SliceInfo};
 use crate::source::feed::FeedTx;
 use crate::util::btree::extend_whole;
@@ -1018,6 +1017,31 @@ impl DirState {
         std::fs::metadata(&self.dir)
             .ok()
             .map(|m| (m.dev(), m.ino()))
+    }
+}
+
+/// Logs this node's Node appearing, changing or going (at start: whether it is there).
+pub(super) fn log_node_change(
+    state: &DirState,
+    old: Option<&NodeInfo>,
+    new: Option<&NodeInfo>,
+    start: bool,
+) {
+    if old == new && !start {
+        return;
+    }
+    match new {
+        Some(node) => info!(
+            node = %node.name,
+            addresses = ?node.addresses,
+            zone = node.zone.as_deref().unwrap_or(""),
+            "this node's Node read from the manifest directory"
+        ),
+        None => info!(
+            node = %state.node_name,
+            dir = %state.dir.display(),
+            "no Node of this node's name in the manifest directory: no NodePort frontends, Local traffic policies act as Cluster"
+        ),
     }
 }
 

@@ -18,7 +18,6 @@ use notify::{EventKind, RecommendedWatcher, RecursiveMode, Watcher as _};
 use tracing::{debug, info, warn};
 
 use super::state::{DirState, Reread};
-use crate::model::NodeInfo;
 use crate::source::feed::FeedTx;
 
 /// The fallback rescan, in case an event is missed (it compares file metadata,
@@ -208,31 +207,6 @@ fn refresh_and_publish(state: &mut DirState, reread: &Reread, feed: &FeedTx) {
             "manifest changes recorded"
         );
         feed.publish();
-    }
-}
-
-/// Logs this node's Node appearing, changing or going (at start: whether it is there).
-pub(super) fn log_node_change(
-    state: &DirState,
-    old: Option<&NodeInfo>,
-    new: Option<&NodeInfo>,
-    start: bool,
-) {
-    if old == new && !start {
-        return;
-    }
-    match new {
-        Some(node) => info!(
-            node = %node.name,
-            addresses = ?node.addresses,
-            zone = node.zone.as_deref().unwrap_or(""),
-            "this node's Node read from the manifest directory"
-        ),
-        None => info!(
-            node = %state.node_name,
-            dir = %state.dir.display(),
-            "no Node of this node's name in the manifest directory: no NodePort frontends, Local traffic policies act as Cluster"
-        ),
     }
 }
 

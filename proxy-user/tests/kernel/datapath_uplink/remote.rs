@@ -333,38 +333,49 @@ fn a_backend_behind_an_overlay_is_source_nated_to_it() {
                     ),
                 ])
                 .expect("write the uplink map");
-            let request = V4::packet(protocol, V4::CLIENT, 40000, V4::NODE, NODE_PORT);
-            let (verdict, out) = fx.run(Prog::Xdp, &request.build());
-            assert_eq!(verdict, XDP_PASS, "{protocol:?}: XDP hands it to tc");
-            assert_eq!(out, request.build(), "{protocol:?}: passed untranslated");
-            assert_eq!(fx.stat("xdp_to_tc"), 1, "{protocol:?}");
+            // A small packet, and a full-sized one (1500 bytes, a client's
+            // first fragment, say), larger than the overlay's MTU: the
+            // route still names the overlay, which fragments what it carries.
+            let l4_header = if protocol == Protocol::Tcp { 20 } else { 8 };
+            for (n, (sport, payload)) in [(40000, 0), (40001, 1500 - 20 - l4_header)]
+                .into_iter()
+                .enumerate()
+            {
+                let mut request = V4::packet(protocol, V4::CLIENT, sport, V4::NODE, NODE_PORT);
+                request.payload = vec![0x5a; payload];
+                let what = format!("{protocol:?}, {payload}-byte payload");
+                let (verdict, out) = fx.run(Prog::Xdp, &request.build());
+                assert_eq!(verdict, XDP_PASS, "{what}: XDP hands it to tc");
+                assert_eq!(out, request.build(), "{what}: passed untranslated");
+                assert_eq!(fx.stat("xdp_to_tc"), n as u64 + 1, "{what}");
 
-            let (verdict, out) = fx.run(Prog::Tc, &request.build());
-            assert_eq!(verdict, TC_ACT_REDIRECT, "{protocol:?}");
-            let (src, snat_port) = src_of::<V4>(&out);
-            assert_eq!(src, OVERLAY_ADDR, "{protocol:?}: the overlay's address");
-            assert!(snat::is_snat_port(snat_port), "{protocol:?}: {snat_port}");
-            let left = rewritten(&request, |p| {
-                p.src = OVERLAY_ADDR;
-                p.sport = snat_port;
-                p.dst = POD_OVERLAY;
-                p.dport = POD_PORT;
-            });
-            assert_eq!(out, V4::with_ttl(left, 63), "{protocol:?}");
-            assert!(proxy_testkit::packet::checksums_valid(&out), "{protocol:?}");
+                let (verdict, out) = fx.run(Prog::Tc, &request.build());
+                assert_eq!(verdict, TC_ACT_REDIRECT, "{what}");
+                let (src, snat_port) = src_of::<V4>(&out);
+                assert_eq!(src, OVERLAY_ADDR, "{what}: the overlay's address");
+                assert!(snat::is_snat_port(snat_port), "{what}: {snat_port}");
+                let left = rewritten(&request, |p| {
+                    p.src = OVERLAY_ADDR;
+                    p.sport = snat_port;
+                    p.dst = POD_OVERLAY;
+                    p.dport = POD_PORT;
+                });
+                assert_eq!(out, V4::with_ttl(left, 63), "{what}");
+                assert!(proxy_testkit::packet::checksums_valid(&out), "{what}");
 
-            let reply = V4::packet(protocol, POD_OVERLAY, POD_PORT, OVERLAY_ADDR, snat_port);
-            let (verdict, out) = fx.run(Prog::Tc, &reply.build());
-            assert_eq!(verdict, TC_ACT_REDIRECT, "{protocol:?}: the reply goes out");
-            let back = rewritten(&reply, |p| {
-                p.src = V4::NODE;
-                p.sport = NODE_PORT;
-                p.dst = V4::CLIENT;
-                p.dport = 40000;
-            });
-            assert_eq!(out, V4::with_ttl(back, 63), "{protocol:?}");
-            assert_eq!(fx.stat("ext_remote"), 1, "{protocol:?}");
-            assert_eq!(fx.stat("ext_reply"), 1, "{protocol:?}");
+                let reply = V4::packet(protocol, POD_OVERLAY, POD_PORT, OVERLAY_ADDR, snat_port);
+                let (verdict, out) = fx.run(Prog::Tc, &reply.build());
+                assert_eq!(verdict, TC_ACT_REDIRECT, "{what}: the reply goes out");
+                let back = rewritten(&reply, |p| {
+                    p.src = V4::NODE;
+                    p.sport = NODE_PORT;
+                    p.dst = V4::CLIENT;
+                    p.dport = sport;
+                });
+                assert_eq!(out, V4::with_ttl(back, 63), "{what}");
+                assert_eq!(fx.stat("ext_remote"), n as u64 + 1, "{what}");
+                assert_eq!(fx.stat("ext_reply"), n as u64 + 1, "{what}");
+            }
         }
     });
 }

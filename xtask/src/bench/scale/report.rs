@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 
 use serde_json::Value;
 
-use super::super::report::{f, fmt_opt, size_label, verdict, Goal};
+use super::super::goals::{f, fmt_opt, size_label, verdict, Goal};
 use super::targets;
 
 fn services(row: &Value) -> u64 {

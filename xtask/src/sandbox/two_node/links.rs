@@ -19,10 +19,15 @@ impl TwoNodeSandbox {
     }
 
     /// Creates the node's uplink again as the setup did (addresses, bridge
-    /// port, routes to the other node's pods, and on [`Lan::XdpReady`] GRO
+    /// port, on [`Lan::K3sLike`] the VXLAN devices, routes to the other
+    /// node's pods, and on [`Lan::XdpReady`] GRO
     /// and an `XDP_PASS` program on its peer): a new interface index.
     pub fn recreate_uplink(&mut self, node: Node) -> Result<()> {
         self.create_uplink(node)?;
+        if self.bridged_pods() {
+            // The VXLAN devices went with their uplink.
+            self.create_overlay(node)?;
+        }
         self.route_other_pods(node)?;
         self.node_sysctls_everywhere(node)?;
         if self.lan == Lan::XdpReady {

@@ -246,19 +246,36 @@ impl ExternalService {
 
     /// The Service's EndpointSlice with `pods` as ready endpoints.
     pub fn endpointslice_yaml(self, pods: &[Pod]) -> String {
+        self.endpointslice_yaml_terminating(pods, &[])
+    }
+
+    /// The Service's EndpointSlice with `ready` as ready endpoints, then
+    /// `terminating` as pods being deleted that still answer (`ready: false`,
+    /// `serving: true`, `terminating: true`).
+    pub fn endpointslice_yaml_terminating(self, ready: &[Pod], terminating: &[Pod]) -> String {
         let mut s = format!(
             "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\naddressType: IPv4\n\
              metadata:\n  name: {name}-1\n  namespace: {NAMESPACE}\n  labels:\n    kubernetes.io/service-name: {name}\n",
             name = self.name()
         );
-        if pods.is_empty() {
+        if ready.is_empty() && terminating.is_empty() {
             s.push_str("endpoints: []\n");
         } else {
             s.push_str("endpoints:\n");
         }
-        for pod in pods {
+        let conditions =
+            ready
+                .iter()
+                .map(|pod| (pod, "ready: true"))
+                .chain(terminating.iter().map(|pod| {
+                    (
+                        pod,
+                        "ready: false\n    serving: true\n    terminating: true",
+                    )
+                }));
+        for (pod, conditions) in conditions {
             s.push_str(&format!(
-                "- addresses:\n  - {}\n  conditions:\n    ready: true\n  nodeName: {}\n  targetRef:\n    kind: Pod\n    name: {}\n    namespace: {NAMESPACE}\n",
+                "- addresses:\n  - {}\n  conditions:\n    {conditions}\n  nodeName: {}\n  targetRef:\n    kind: Pod\n    name: {}\n    namespace: {NAMESPACE}\n",
                 pod.ip(),
                 pod.node.name(),
                 pod.name().to_lowercase()
