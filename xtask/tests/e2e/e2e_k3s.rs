@@ -23,6 +23,12 @@
 //! - Across the overlay through node A's NodePort to node B's pods:
 //!   3000-byte UDP datagrams (fragmented at the client's MTU 1500, again at
 //!   the overlay's 1450) and a 200 kB TCP line each way.
+//! - Direct server return (`--nodeport-mode dsr` on both agents) through
+//!   node A to node B's pods across the overlay: the pod sees the client,
+//!   the client the entry point, and no reply passes node A.
+//! - IPv6 (dual-stack Nodes and `ext/web6`, default flags): node A's IPv6
+//!   NodePort with node B's pods, across the IPv6 overlay, SNATed to node
+//!   A's IPv6 overlay address.
 //!
 //! The binaries come from SWITCHBOARD_BIN and SB_ECHO_BIN (`cargo xtask test`).
 
@@ -31,16 +37,19 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use xtask::sandbox::two_node::manifests::{
-    EntryPoint, ExternalService, Policy, HEALTH_CHECK_NODE_PORT, NODEPORT_TCP, NODEPORT_UDP,
+    EntryPoint, ExternalService, Policy, Proto, DUAL_NODEPORT_TCP, DUAL_NODEPORT_UDP,
+    HEALTH_CHECK_NODE_PORT, NODEPORT_TCP, NODEPORT_UDP,
 };
 use xtask::sandbox::two_node::{Client, Node, Pod};
 use xtask::sandbox::{
     find_at, Attempt, ClientRun, Frontend, Lan, TwoNodeSandbox, POD_TCP_PORT, POD_UDP_PORT,
 };
 use xtask::testenv::{
-    fragmented_udp_args, pod_saw_ips, sb_echo, switchboard, two_node_sandbox_on,
+    counters, fragmented_udp_args, pod_saw_ips, sb_echo, switchboard, two_node_sandbox_on,
     two_node_with_agents_on, wait_programmed,
 };
+
+use crate::e2e_external6::dual_stack_with_agents;
 
 /// Attempts per address that must all succeed.
 const COUNT: u32 = 10;
@@ -392,4 +401,66 @@ fn external_clients_reach_remote_backends_over_the_overlay() {
         .unwrap_or_else(|e| panic!("{e:#}"));
     let what = format!("3000-byte datagrams to {udp}, backends on node B");
     assert_run(&sb, &run, &what, &pods, &udp, &overlay_a);
+}
+
+/// Direct server return on the k3s shape: both agents with
+/// `--nodeport-mode dsr`, `Cluster` policy, backends only on node B,
+/// through node A's NodePort, LoadBalancer IP and external IP, TCP and UDP:
+/// the request crosses the overlay unSNATed (the pod sees client 1), node
+/// B answers from the entry point itself (the client sees the address it
+/// sent to), and node A's uplink translates no reply.
+#[test]
+fn dsr_through_node_a_to_remote_backends_over_the_overlay() {
+    let pods = Node::B.pods();
+    let sb = two_node_with_agents_on(
+        Lan::K3sLike,
+        Policy::Cluster,
+        &pods,
+        &["--nodeport-mode", "dsr"],
+    );
+    assert_overlay_routes(&sb);
+    let entries = entry_points(Node::A);
+    for entry in &entries {
+        let run = hit(&sb, entry, COUNT, 1000);
+        let what = format!("{entry}, DSR, backends on node B, over the overlay");
+        assert_run(&sb, &run, &what, &pods, &entry.addr(), Client::One.ip());
+    }
+    let a = counters(&sb.pin_dir(Node::A));
+    assert!(
+        a["ext_remote"] >= u64::from(COUNT) * entries.len() as u64,
+        "DSR: node A forwarded fewer requests than sent: {a:?}\n{}",
+        diagnostics(&sb)
+    );
+    assert_eq!(
+        a["ext_reply"],
+        0,
+        "DSR: a reply passed node A: {a:?}\n{}",
+        diagnostics(&sb)
+    );
+}
+
+/// IPv6 across the overlay, default flags: dual-stack Nodes and `ext/web6`
+/// (`Cluster` policy) with node B's pods; client 1 to node A's IPv6
+/// NodePorts, TCP and UDP: every attempt answered by node B's pods, which
+/// see node A's IPv6 overlay address (the request left through the IPv6
+/// VXLAN device), the client seeing the NodePort.
+#[test]
+fn nodeport6_reaches_remote_backends_over_the_overlay() {
+    let pods = Node::B.pods();
+    let sb = dual_stack_with_agents(Lan::K3sLike, Policy::Cluster, &pods, &[]);
+    assert_overlay_routes(&sb);
+    let overlay_a6 = Node::A.overlay_ip6();
+    for (port, proto) in [
+        (DUAL_NODEPORT_TCP, Proto::Tcp),
+        (DUAL_NODEPORT_UDP, Proto::Udp),
+    ] {
+        let entry = EntryPoint {
+            address: Node::A.ip6().to_string(),
+            port,
+            proto,
+        };
+        let run = hit(&sb, &entry, COUNT, 1000);
+        let what = format!("{entry}, IPv6, Cluster policy, backends on node B, over the overlay");
+        assert_run(&sb, &run, &what, &pods, &entry.addr(), &overlay_a6);
+    }
 }
