@@ -552,6 +552,11 @@ impl PinnedMaps {
             })
     }
 
+    /// The data path's configuration as the map holds it now.
+    pub fn config(&self) -> Result<Config, aya::maps::MapError> {
+        self.config.get(&0, 0)
+    }
+
     /// Makes the uplink map hold exactly `uplinks` (interface index →
     /// address and flags): new ones are written before old ones are deleted.
     pub fn set_uplinks(&mut self, uplinks: &[(u32, Uplink)]) -> Result<(), WriteError> {
