@@ -240,7 +240,7 @@ impl Healer {
         }
         let missing = missing.join(", ");
         warn!(cgroup = %cgroup.display(), %missing, "drift: socket-layer links missing; attaching the socket layer again");
-        match socketlb::attach(ebpf, &cgroup, &self.pin_root) {
+        match socketlb::attach_links(ebpf, &cgroup, &self.pin_root) {
             Ok(()) => sync.repaired(
                 "socket-layer",
                 format!("cgroup {}: {missing} not attached", cgroup.display()),

@@ -147,6 +147,22 @@ fn link_path(pin_root: &Path, program: &str) -> PathBuf {
 /// Attaches the socket-layer programs to `cgroup`, replacing the links an
 /// earlier agent pinned under `pin_root`.
 pub fn attach(ebpf: &mut Ebpf, cgroup: &Path, pin_root: &Path) -> Result<(), SocketLbError> {
+    let pod_udp = can_enter_pod_namespaces();
+    set_pod_udp_at_connect(ebpf, pod_udp)?;
+    attach_links(ebpf, cgroup, pin_root)?;
+    info!(
+        cgroup = %cgroup.display(),
+        pod_udp_at_connect = pod_udp,
+        "socket-layer balancing attached"
+    );
+    Ok(())
+}
+
+/// Attaches every socket-layer program to `cgroup` as a new link and pins
+/// it over the earlier one (which is let go only then): what [`attach`]
+/// does after its one-time switch, and how links found missing are put
+/// back.
+pub fn attach_links(ebpf: &mut Ebpf, cgroup: &Path, pin_root: &Path) -> Result<(), SocketLbError> {
     let cgroup_dir = fs::File::open(cgroup).map_err(|source| SocketLbError::OpenCgroup {
         path: cgroup.to_owned(),
         source,
@@ -161,18 +177,11 @@ pub fn attach(ebpf: &mut Ebpf, cgroup: &Path, pin_root: &Path) -> Result<(), Soc
         path: dir.clone(),
         source,
     })?;
-    let pod_udp = can_enter_pod_namespaces();
-    set_pod_udp_at_connect(ebpf, pod_udp)?;
     for program in all_programs() {
         let link = attach_one(ebpf, program, &cgroup_dir, cgroup)?;
         pin_replacing(link, program, &link_path(pin_root, program))?;
         debug!(program, cgroup = %cgroup.display(), "socket-layer program attached");
     }
-    info!(
-        cgroup = %cgroup.display(),
-        pod_udp_at_connect = pod_udp,
-        "socket-layer balancing attached"
-    );
     Ok(())
 }
 
