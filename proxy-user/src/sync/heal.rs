@@ -178,7 +178,13 @@ impl<S: MapStore> Syncer<S> {
 
 /// Slot 0 and slots `1..` of one backend set, as [`Syncer::write_set`]
 /// writes them.
-fn push_set(maps: &mut Dump, addr: &crate::model::FrontendAddr, set: u8, p: &Programmed, ids: &[u32]) {
+fn push_set(
+    maps: &mut Dump,
+    addr: &crate::model::FrontendAddr,
+    set: u8,
+    p: &Programmed,
+    ids: &[u32],
+) {
     let shares = p.shares(set);
     let share = |i: usize| shares.and_then(|s| s.get(i)).copied().unwrap_or(0);
     for (i, id) in ids.iter().enumerate() {
@@ -220,8 +226,11 @@ fn revnat_present(expected: &Expected, actual: &Dump) -> bool {
     if expected.revnat_unknown.is_empty() {
         return true;
     }
-    let present: HashSet<(IpFamily, u32)> =
-        actual.revnat.iter().map(|(id, r)| (r.family(), *id)).collect();
+    let present: HashSet<(IpFamily, u32)> = actual
+        .revnat
+        .iter()
+        .map(|(id, r)| (r.family(), *id))
+        .collect();
     expected.revnat_unknown.is_subset(&present)
 }
 
@@ -356,7 +365,10 @@ fn diff_frontends(expected: &Dump, actual: &Dump, r: &mut MapRepairs) {
         r.delete_frontends.push(*k);
         r.findings.push(Finding {
             map: "frontends",
-            what: format!("{}: left over (no frontend the agent programmed has it)", frontend_name(k)),
+            what: format!(
+                "{}: left over (no frontend the agent programmed has it)",
+                frontend_name(k)
+            ),
         });
     }
 }
@@ -417,11 +429,7 @@ fn diff_revnat(expected: &Expected, actual: &Dump, r: &mut MapRepairs) {
     for (id, v) in &expected.maps.revnat {
         let what = match have.get(&(v.family(), *id)) {
             Some(h) if h == v => continue,
-            Some(h) => format!(
-                "says {:?}, expected {:?}",
-                revnat_name(h),
-                revnat_name(v)
-            ),
+            Some(h) => format!("says {:?}, expected {:?}", revnat_name(h), revnat_name(v)),
             None => format!("missing (expected {:?})", revnat_name(v)),
         };
         r.put_revnat.push((*id, *v));

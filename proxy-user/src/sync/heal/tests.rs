@@ -101,7 +101,9 @@ fn a_corrupted_slot_and_a_deleted_backend_are_mended_and_nothing_else_written() 
 fn entries_the_agent_did_not_write_are_removed_and_revnat_restored() {
     let (mut s, desired) = synced();
     let stray = scoped_key(&web().addr, scope::INTERNAL, 7);
-    s.store_mut().put_frontend(stray, FrontendSlot::default()).expect("put");
+    s.store_mut()
+        .put_frontend(stray, FrontendSlot::default())
+        .expect("put");
     let head = s.store().frontends[&k(&frontend_key(&dns().addr, 0))];
     let right = s.store().revnat[&(IpFamily::V4, head.service_id)];
     s.store_mut()
@@ -208,9 +210,20 @@ fn heal_cost_at_100k_services() {
     let frontends = (0..SERVICES).map(|i| {
         let [_, _, c, d] = (i + 1).to_be_bytes();
         let backends: Vec<(u8, u16)> = (0..3u32)
-            .map(|j| (((i * 3 + j) % 250) as u8 + 1, 8000 + ((i * 3 + j) / 250 % 120) as u16))
+            .map(|j| {
+                (
+                    ((i * 3 + j) % 250) as u8 + 1,
+                    8000 + ((i * 3 + j) / 250 % 120) as u16,
+                )
+            })
             .collect();
-        fe([10, 96, c, d], 80, Protocol::Tcp, &format!("svc-{i}"), &backends)
+        fe(
+            [10, 96, c, d],
+            80,
+            Protocol::Tcp,
+            &format!("svc-{i}"),
+            &backends,
+        )
     });
     let desired = state(frontends.collect());
     let caps = crate::sync::store::Capacities {
