@@ -1,5 +1,6 @@
 //! `switchboard agent`: load and pin the programs, attach them to pod
 //! interfaces as they appear, and keep the maps in step with the source.
+mod heal;
 mod links;
 mod preload;
 pub mod syncloop;
@@ -89,6 +90,9 @@ pub struct AgentConfig {
     pub socket_lb_scope: socketlb::SocketScope,
     /// How the tc programs attach to pod interfaces.
     pub tc_mode: TcMode,
+    /// `--repair-interval`: how often drift is looked for (zero: never
+    /// repaired).
+    pub repair_interval: Duration,
     /// `--uplink`: the interfaces traffic from outside arrives on (empty:
     /// found from the node's addresses or the default route).
     pub uplinks: Vec<String>,
@@ -258,7 +262,9 @@ pub async fn run(config: AgentConfig, object: &'static [u8]) -> anyhow::Result<(
             }
         }
     }
-    maps.set_config(socketlb::datapath_config().context("reading the node's network namespace")?)
+    let datapath_config =
+        socketlb::datapath_config().context("reading the node's network namespace")?;
+    maps.set_config(datapath_config)
         .context("writing the data-path configuration")?;
     let mut syncer = Syncer::adopt(maps, capacities);
     syncer.set_default_algorithm(config.lb_algorithm);
@@ -397,6 +403,8 @@ pub async fn run(config: AgentConfig, object: &'static [u8]) -> anyhow::Result<(
     let mut terminate = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
     let mut interrupt = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
     let mut tick = tokio::time::interval(RESCAN);
+    let mut healer = heal::Healer::new(config.repair_interval, &config.pin_root, datapath_config);
+    healer.record_pins();
     let mut links = Links {
         handle: &handle,
         attacher: &mut attacher,
@@ -441,9 +449,12 @@ pub async fn run(config: AgentConfig, object: &'static [u8]) -> anyhow::Result<(
                 // coming up sends several).
                 while let Some(Some(_)) = link_events.next().now_or_never() {}
                 links.follow(&mut sync).await;
+                healer.programs(&mut links, &mut sync).await;
             }
             _ = tick.tick() => {
                 links.follow(&mut sync).await;
+                healer.programs(&mut links, &mut sync).await;
+                healer.check(&mut sync);
             }
             Some(request) = verify_requests.recv() => {
                 // The client may have given up; nothing to do then.
@@ -661,6 +672,10 @@ fn status_template(config: &AgentConfig) -> AgentStatus {
         healthz_bind: bind(config.healthz_bind),
         metrics_bind: bind(config.metrics_bind),
         conntrack_timeouts: config.conntrack_timeouts,
+        repairs: status::Repairs {
+            enabled: !config.repair_interval.is_zero(),
+            ..status::Repairs::default()
+        },
         ..AgentStatus::default()
     }
 }

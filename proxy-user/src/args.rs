@@ -118,6 +118,15 @@ pub struct AgentArgs {
     /// is balanced.
     #[arg(long)]
     pub cgroup_root: Option<PathBuf>,
+    /// How often the agent compares what it owns outside itself (the
+    /// maps it writes, the pins under the pin root) with what it wants
+    /// there, and writes back what drifted; programs missing from an
+    /// interface or the cgroup are found at once from netlink events and at
+    /// the 2 s rescan. `0` turns every repair off (drift is then only
+    /// reported, by `verify`, `status` and `doctor`). Stretched when one
+    /// check takes long, so that checking costs at most 5% of a core.
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = parse_duration)]
+    pub repair_interval: Duration,
     /// How the tc programs attach to pod interfaces: TCX links (Linux
     /// 6.6+, pinned under the pin root), netlink clsact filters, or TCX
     /// where the kernel has it.
@@ -290,6 +299,7 @@ impl AgentArgs {
                 false => SocketScope::Everywhere,
             },
             tc_mode: self.tc_attach,
+            repair_interval: self.repair_interval,
             uplinks: self.uplinks,
             xdp_mode: self.xdp_mode,
             lb_algorithm: self.lb_algorithm,

@@ -1303,6 +1303,7 @@ fn place(old: &[u32], wanted: &[u32]) -> Vec<u32> {
 
 mod backends;
 pub mod encode;
+pub mod heal;
 pub mod maglev;
 #[cfg(test)]
 pub(crate) mod memstore;

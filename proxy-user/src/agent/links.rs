@@ -12,18 +12,20 @@ use crate::{
 };
 
 /// The netlink groups the agent follows: links (pod interfaces, uplinks),
-/// IPv4 and IPv6 addresses (uplink addresses, `--nodeport-addresses`), and,
+/// qdiscs and filters (programs taken off), IPv4 and IPv6 addresses (uplink addresses, `--nodeport-addresses`), and,
 /// when the uplinks are found without `--uplink`, IPv4 routes (the default
 /// route may name the uplink).
 pub(super) fn netlink_groups(named_uplinks: &[String]) -> u32 {
     use rtnetlink::constants::{
-        RTMGRP_IPV4_IFADDR, RTMGRP_IPV4_ROUTE, RTMGRP_IPV6_IFADDR, RTMGRP_LINK,
+        RTMGRP_IPV4_IFADDR, RTMGRP_IPV4_ROUTE, RTMGRP_IPV6_IFADDR, RTMGRP_LINK, RTMGRP_TC,
     };
     let routes = match named_uplinks.is_empty() {
         true => RTMGRP_IPV4_ROUTE,
         false => 0,
     };
-    RTMGRP_LINK | RTMGRP_IPV4_IFADDR | RTMGRP_IPV6_IFADDR | routes
+    // The tc group: a qdisc or filter deleted behind the agent is
+    // repaired at once (see `heal`).
+    RTMGRP_LINK | RTMGRP_IPV4_IFADDR | RTMGRP_IPV6_IFADDR | RTMGRP_TC | routes
 }
 
 /// The Node's IPv4 addresses (they name the uplinks when `--uplink` is not

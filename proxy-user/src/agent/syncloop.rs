@@ -179,6 +179,33 @@ impl<S: MapStore> SyncLoop<'_, S> {
         verification
     }
 
+    /// Records a repair of `kind` (`what`: what was wrong) in the status
+    /// file and the metrics; the caller has logged it.
+    pub fn repaired(&mut self, kind: &'static str, what: String) {
+        let repairs = &mut self.status.repairs;
+        repairs.count += 1;
+        repairs.last = Some(status::Repair {
+            unix_s: unix_now(),
+            kind: kind.to_owned(),
+            what,
+        });
+        self.observer.metrics().repaired(kind);
+        self.write_status();
+    }
+
+    /// Records a look at the maps and pins that took `took`.
+    pub fn drift_checked(&mut self, took: std::time::Duration) {
+        self.observer.metrics().drift_checked(took);
+        self.status.repairs.last_check_unix_s = unix_now();
+        self.write_status();
+    }
+
+    /// Syncs with no change from the source: after a repair that needs
+    /// every frontend compared again, the sync does that.
+    pub fn sync_again(&mut self) {
+        self.sync(&[], &[], None, HeapBefore::now());
+    }
+
     /// Writes the status file the CLI reads.
     fn write_status(&mut self) {
         self.status.updated_unix_s = unix_now();

@@ -206,6 +206,22 @@ impl Uplinks {
         Ok(refreshed)
     }
 
+    /// Attaches the programs of uplink `index` again (they were found
+    /// missing from it); `false` if it is no uplink with programs.
+    pub fn reattach(&mut self, ebpf: &mut aya::Ebpf, index: u32) -> Result<bool, UplinksError> {
+        let Some(entry) = self.active.iter_mut().find(|(u, _)| u.index == index) else {
+            return Ok(false);
+        };
+        let up = entry.0.clone();
+        entry.1 = attach_uplink(ebpf, &up, self.xdp_mode, self.tc_mode, &self.link_dir).map_err(
+            |source| UplinksError::Attach {
+                iface: up.name.clone(),
+                source: Box::new(source),
+            },
+        )?;
+        Ok(true)
+    }
+
     /// Logs named uplinks that went missing or came back, and an automatic
     /// search that found none (or found one again).
     fn note_missing(&mut self, resolved: &uplink::Resolved) {

@@ -480,6 +480,10 @@ fn render_agent(out: &mut String, report: &StatusReport) {
         };
         t.push(vec!["Last sync:".into(), sync]);
         t.push(vec![
+            "Repairs:".into(),
+            repairs_line(&s.repairs, super::now_unix_s()),
+        ]);
+        t.push(vec![
             "Socket LB:".into(),
             s.socket_lb_cgroup
                 .clone()
@@ -493,6 +497,23 @@ fn render_agent(out: &mut String, report: &StatusReport) {
     for line in t.render().lines().skip(1) {
         let _ = writeln!(out, "{line}");
     }
+}
+
+/// `3, last 12s ago (maps: 10.96.0.10:53/UDP slot 0: missing); checked 2s ago`.
+pub fn repairs_line(r: &crate::node::status::Repairs, now: u64) -> String {
+    if !r.enabled {
+        return "off (--repair-interval 0): drift is reported, not repaired".into();
+    }
+    let ago = |t: u64| human_duration(now.saturating_sub(t) as f64);
+    let last = match &r.last {
+        Some(l) => format!(", last {} ago ({}: {})", ago(l.unix_s), l.kind, l.what),
+        None => String::new(),
+    };
+    let checked = match r.last_check_unix_s {
+        0 => String::new(),
+        t => format!("; maps and pins checked {} ago", ago(t)),
+    };
+    format!("{}{last}{checked}", r.count)
 }
 
 fn render_maps(out: &mut String, report: &StatusReport) {

@@ -292,6 +292,26 @@ impl Attacher {
         }
     }
 
+    /// Attaches the programs of pod interface `index` again (they were
+    /// found missing from it), replacing what is left of ours there.
+    pub fn reattach(&mut self, ebpf: &mut Ebpf, index: u32) -> Result<(), AttachError> {
+        let Some((name, _)) = self
+            .attached
+            .iter()
+            .find(|(_, (i, _))| *i == index)
+            .map(|(name, (i, how))| (name.clone(), (*i, *how)))
+        else {
+            return Ok(());
+        };
+        let iface = PodInterface {
+            name: name.clone(),
+            index,
+        };
+        let how = attach(ebpf, &iface, self.mode, &self.link_dir)?;
+        self.attached.insert(name, (index, how));
+        Ok(())
+    }
+
     pub fn attached(&self) -> usize {
         self.attached.len()
     }

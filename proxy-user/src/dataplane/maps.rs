@@ -552,6 +552,11 @@ impl PinnedMaps {
             })
     }
 
+    /// The data path's configuration as the map holds it now.
+    pub fn config(&self) -> Result<Config, aya::maps::MapError> {
+        self.config.get(&0, 0)
+    }
+
     /// Makes the uplink map hold exactly `uplinks` (interface index →
     /// address and flags): new ones are written before old ones are deleted.
     pub fn set_uplinks(&mut self, uplinks: &[(u32, Uplink)]) -> Result<(), WriteError> {
@@ -743,11 +748,17 @@ fn insert<K: aya::Pod, V: aya::Pod>(
     map.insert(key, value, 0).map_err(|e| write_error(name, e))
 }
 
-/// Every entry of `map` that reads back.
-fn entries<K: aya::Pod, V: aya::Pod>(
+/// Every entry of `map`: in batches (a few system calls for the whole
+/// map: the agent's drift check reads these maps every few seconds), or
+/// one entry at a time where the kernel refuses batches.
+fn entries<K: aya::Pod + bytemuck::Pod, V: aya::Pod + bytemuck::Pod>(
     map: &HashMap<MapData, K, V>,
-) -> impl Iterator<Item = (K, V)> + '_ {
-    map.iter().filter_map(Result::ok)
+) -> Vec<(K, V)> {
+    use aya::maps::IterableMap as _;
+    match crate::dataplane::mapbatch::lookup_all(map.map()) {
+        Ok(entries) => entries,
+        Err(_) => map.iter().filter_map(Result::ok).collect(),
+    }
 }
 
 impl MapStore for PinnedMaps {
@@ -916,16 +927,31 @@ impl MapStore for PinnedMaps {
     fn dump(&self) -> Dump {
         Dump {
             frontends: entries(&self.frontends)
+                .into_iter()
                 .map(|(k, v)| (AnyFrontendKey::V4(k), v))
-                .chain(entries(&self.frontends6).map(|(k, v)| (AnyFrontendKey::V6(k), v)))
+                .chain(
+                    entries(&self.frontends6)
+                        .into_iter()
+                        .map(|(k, v)| (AnyFrontendKey::V6(k), v)),
+                )
                 .collect(),
             backends: entries(&self.backends)
+                .into_iter()
                 .map(|(id, b)| (id, AnyBackend::V4(b)))
-                .chain(entries(&self.backends6).map(|(id, b)| (id, AnyBackend::V6(b))))
+                .chain(
+                    entries(&self.backends6)
+                        .into_iter()
+                        .map(|(id, b)| (id, AnyBackend::V6(b))),
+                )
                 .collect(),
             revnat: entries(&self.revnat)
+                .into_iter()
                 .map(|(id, r)| (id, AnyRevNat::V4(r)))
-                .chain(entries(&self.revnat6).map(|(id, r)| (id, AnyRevNat::V6(r))))
+                .chain(
+                    entries(&self.revnat6)
+                        .into_iter()
+                        .map(|(id, r)| (id, AnyRevNat::V6(r))),
+                )
                 .collect(),
             source_ranges: self.source_range_blocks(),
         }

@@ -173,6 +173,28 @@ pub fn attach(
     pin_root: &Path,
     scope: SocketScope,
 ) -> Result<(), SocketLbError> {
+    let pod_udp = can_enter_pod_namespaces();
+    set_pod_udp_at_connect(ebpf, pod_udp)?;
+    set_switch(
+        ebpf,
+        names::HOST_NAMESPACE_ONLY,
+        scope == SocketScope::HostNamespace,
+    )?;
+    attach_links(ebpf, cgroup, pin_root)?;
+    info!(
+        cgroup = %cgroup.display(),
+        ?scope,
+        pod_udp_at_connect = pod_udp,
+        "socket-layer balancing attached"
+    );
+    Ok(())
+}
+
+/// Attaches every socket-layer program to `cgroup` as a new link and pins
+/// it over the earlier one (which is let go only then): what [`attach`]
+/// does after writing its switches, and how links found missing are put
+/// back.
+pub fn attach_links(ebpf: &mut Ebpf, cgroup: &Path, pin_root: &Path) -> Result<(), SocketLbError> {
     let cgroup_dir = fs::File::open(cgroup).map_err(|source| SocketLbError::OpenCgroup {
         path: cgroup.to_owned(),
         source,
@@ -187,24 +209,11 @@ pub fn attach(
         path: dir.clone(),
         source,
     })?;
-    let pod_udp = can_enter_pod_namespaces();
-    set_pod_udp_at_connect(ebpf, pod_udp)?;
-    set_switch(
-        ebpf,
-        names::HOST_NAMESPACE_ONLY,
-        scope == SocketScope::HostNamespace,
-    )?;
     for program in all_programs() {
         let link = attach_one(ebpf, program, &cgroup_dir, cgroup)?;
         pin_replacing(link, program, &link_path(pin_root, program))?;
         debug!(program, cgroup = %cgroup.display(), "socket-layer program attached");
     }
-    info!(
-        cgroup = %cgroup.display(),
-        ?scope,
-        pod_udp_at_connect = pod_udp,
-        "socket-layer balancing attached"
-    );
     Ok(())
 }
 

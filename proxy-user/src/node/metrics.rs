@@ -86,6 +86,13 @@ pub struct SyncMetrics {
     event_to_map: Histogram,
     last_sync: Gauge<f64, AtomicU64>,
     unprogrammed: Gauge,
+    /// Drift repaired, by what was repaired (`programs`, `maps`, ...).
+    repairs: prometheus_client::metrics::family::Family<
+        [(&'static str, &'static str); 1],
+        prometheus_client::metrics::counter::Counter,
+    >,
+    /// How long the last look at the maps and pins took.
+    drift_check: Gauge<f64, AtomicU64>,
 }
 
 impl Default for SyncMetrics {
@@ -108,6 +115,8 @@ impl Default for SyncMetrics {
             ]),
             last_sync: Gauge::default(),
             unprogrammed: Gauge::default(),
+            repairs: Default::default(),
+            drift_check: Gauge::default(),
         }
     }
 }
@@ -136,10 +145,32 @@ impl SyncMetrics {
             self.last_sync.clone(),
         );
         registry.register(
+            "switchboard_repairs",
+            "Drift the agent found and repaired in what it owns outside itself, by kind (programs, socket-layer, pins, maps, config)",
+            self.repairs.clone(),
+        );
+        registry.register(
+            "switchboard_drift_check_seconds",
+            "How long the agent's last comparison of the maps and pins with what it wants there took",
+            self.drift_check.clone(),
+        );
+        registry.register(
             "switchboard_sync_unprogrammed_frontends",
             "Frontends the last sync could not program (a full map, ...); everything else is programmed",
             self.unprogrammed.clone(),
         );
+    }
+}
+
+impl SyncMetrics {
+    /// Counts one repair of `kind`.
+    pub fn repaired(&self, kind: &'static str) {
+        self.repairs.get_or_create(&[("kind", kind)]).inc();
+    }
+
+    /// Records how long a look at the maps and pins took.
+    pub fn drift_checked(&self, took: Duration) {
+        self.drift_check.set(took.as_secs_f64());
     }
 }
 

@@ -62,9 +62,37 @@ pub struct AgentStatus {
     /// `--healthz-bind-address` and `--metrics-bind-address` (empty: off).
     pub healthz_bind: String,
     pub metrics_bind: String,
+    /// Drift the agent found in what it owns outside itself and mended
+    /// (programs, pins, map entries); see `agent/heal.rs`.
+    pub repairs: Repairs,
     /// The connection-tracking timeouts (`--conntrack-*`), for
     /// `switchboard conntrack list`'s time to expiry.
     pub conntrack_timeouts: crate::dataplane::conntrack::Timeouts,
+}
+
+/// The agent's repairs of drift, as the status file shows them.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Repairs {
+    /// Whether the agent repairs at all (`--repair-interval` not 0).
+    pub enabled: bool,
+    /// Repairs since the agent started.
+    pub count: u64,
+    /// Seconds since the epoch of the last look at the maps and pins (the
+    /// programs are looked at on every interface event and rescan).
+    pub last_check_unix_s: u64,
+    /// The last repair.
+    pub last: Option<Repair>,
+}
+
+/// One repair: when, of what, and what was wrong.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Repair {
+    pub unix_s: u64,
+    /// `programs`, `socket-layer`, `pins`, `maps` or `config`.
+    pub kind: String,
+    pub what: String,
 }
 
 /// An object whose newest version the model cannot use.

@@ -251,6 +251,18 @@ impl Backends {
         }
     }
 
+    /// Every entry held: id, backend and protocol (both families).
+    pub(super) fn all(&self) -> impl Iterator<Item = (u32, BackendAddr, Protocol)> + '_ {
+        let v4 = self.v4.entries.iter().map(|e| {
+            let (b, p) = e.backend();
+            (e.id, b, p)
+        });
+        v4.chain(self.v6.entries.iter().map(|e| {
+            let (b, p) = e.backend();
+            (e.id, b, p)
+        }))
+    }
+
     /// Forgets the entry of `id`.
     pub(super) fn remove(&mut self, id: u32) {
         if let Some(i) = self.v4.find_id(id) {

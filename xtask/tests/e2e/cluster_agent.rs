@@ -545,7 +545,8 @@ fn a_silent_watch_is_restarted_after_its_timeout_and_a_quarter() {
 
 #[test]
 fn verify_reports_a_damaged_map_per_frontend() {
-    let mut c = Cluster::start(&[1, 2]);
+    // Repairs off: the damage stays for verify to find.
+    let mut c = Cluster::start_with(&[1, 2], &["--repair-interval", "0"]);
     c.synced_to(&[1, 2], "initial sync");
     let (ok, text) = c.verify();
     assert!(ok, "{text}");

@@ -332,7 +332,13 @@ fn doctor_names_a_stopped_agent() {
 
 #[test]
 fn doctor_names_a_missing_program_and_a_missing_map_entry() {
-    let sb = settled_demo();
+    // Repairs off: the damage stays for doctor to find (`e2e_heal` has the
+    // agent repair it).
+    let sb = demo_sandbox_with(&["--repair-interval", "0"]);
+    eventually("`switchboard status` to exit 0", || {
+        let out = sw(&sb, &["status"]);
+        out.status.success().then_some(()).ok_or(stdout(&out))
+    });
     let index = ifindex(&sb, &sb.pod_if(1));
     let pin = sb
         .pin_dir

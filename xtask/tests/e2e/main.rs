@@ -14,6 +14,7 @@ mod e2e_dualstack;
 mod e2e_external;
 mod e2e_external6;
 mod e2e_frag;
+mod e2e_heal;
 mod e2e_hostnet;
 mod e2e_ipv6;
 mod e2e_k3s;
