@@ -6,7 +6,7 @@
 //! (`bpf_fib_lookup`), so the whole mode runs on a thread of its own that
 //! first moves into a private network namespace (`unshare(CLONE_NEWNET)`
 //! changes the calling thread only; the `ip` commands it spawns inherit it)
-//! and builds the node of `proxy-user/tests/kernel/datapath_uplink.rs` there:
+//! and builds the node of `proxy-user/tests/kernel/datapath_uplink/` there:
 //!
 //! ```text
 //! up0  (veth) 192.168.50.1/24, forwarding on              <- the uplink
