@@ -239,18 +239,23 @@ fn graph(root: &Path) -> Result<Graph> {
     Ok(graph)
 }
 
-/// A cycle of imports, as `a -> b -> a`, if there is one.
-fn cycle(graph: &Graph) -> Option<String> {
-    fn visit(
-        graph: &Graph,
-        node: &PathBuf,
-        path: &mut Vec<PathBuf>,
-        done: &mut BTreeSet<PathBuf>,
+/// A cycle of a graph of imports, as `a -> b -> a` (each node written by
+/// `show`), if there is one. Also what `kernel_shape` checks its modules
+/// with.
+pub fn cycle<N: Ord + Clone>(
+    graph: &BTreeMap<N, BTreeSet<N>>,
+    show: impl Fn(&N) -> String + Copy,
+) -> Option<String> {
+    fn visit<N: Ord + Clone>(
+        graph: &BTreeMap<N, BTreeSet<N>>,
+        node: &N,
+        path: &mut Vec<N>,
+        done: &mut BTreeSet<N>,
+        show: impl Fn(&N) -> String + Copy,
     ) -> Option<String> {
         if let Some(at) = path.iter().position(|n| n == node) {
-            let mut shown: Vec<String> =
-                path[at..].iter().map(|p| p.display().to_string()).collect();
-            shown.push(node.display().to_string());
+            let mut shown: Vec<String> = path[at..].iter().map(show).collect();
+            shown.push(show(node));
             return Some(shown.join(" -> "));
         }
         if done.contains(node) {
@@ -258,7 +263,7 @@ fn cycle(graph: &Graph) -> Option<String> {
         }
         path.push(node.clone());
         for next in graph.get(node).into_iter().flatten() {
-            if let Some(found) = visit(graph, next, path, done) {
+            if let Some(found) = visit(graph, next, path, done, show) {
                 return Some(found);
             }
         }
@@ -269,7 +274,12 @@ fn cycle(graph: &Graph) -> Option<String> {
     let mut done = BTreeSet::new();
     graph
         .keys()
-        .find_map(|node| visit(graph, node, &mut Vec::new(), &mut done))
+        .find_map(|node| visit(graph, node, &mut Vec::new(), &mut done, show))
+}
+
+/// A file's path as a cycle shows it.
+fn shown(path: &PathBuf) -> String {
+    path.display().to_string()
 }
 
 /// The import cycles of every tree under `root` (empty when there is none),
@@ -277,7 +287,7 @@ fn cycle(graph: &Graph) -> Option<String> {
 pub fn findings(root: &Path) -> Result<Vec<String>> {
     let mut found = Vec::new();
     for tree in TREES {
-        if let Some(cycle) = cycle(&graph(&root.join(tree))?) {
+        if let Some(cycle) = cycle(&graph(&root.join(tree))?, shown) {
             found.push(format!("{tree}: import cycle: {cycle}"));
         }
     }
@@ -334,11 +344,11 @@ mod tests {
         graph.insert(p("b.rs"), BTreeSet::from([p("c.rs")]));
         graph.insert(p("c.rs"), BTreeSet::from([p("a.rs")]));
         assert_eq!(
-            cycle(&graph).as_deref(),
+            cycle(&graph, shown).as_deref(),
             Some("a.rs -> b.rs -> c.rs -> a.rs")
         );
         graph.insert(p("c.rs"), BTreeSet::new());
-        assert_eq!(cycle(&graph), None);
+        assert_eq!(cycle(&graph, shown), None);
     }
 
     #[test]
@@ -359,12 +369,12 @@ mod tests {
             "use crate::dataplane::migrate::CONNTRACK_V2;\n",
         );
         write("dataplane/migrate.rs", "use super::{pins::Pins, Other};\n");
-        let found = cycle(&graph(&root).expect("graph"));
+        let found = cycle(&graph(&root).expect("graph"), shown);
         write(
             "dataplane/pins.rs",
             "use proxy_common::names::CONNTRACK_V2;\n",
         );
-        let gone = cycle(&graph(&root).expect("graph"));
+        let gone = cycle(&graph(&root).expect("graph"), shown);
         let _ = fs::remove_dir_all(&root);
         assert_eq!(
             found.as_deref(),

@@ -119,43 +119,11 @@ fn survey(src: &Path) -> Result<(Graph, Vec<String>)> {
     Ok((graph, long))
 }
 
-/// A cycle of imports, as `a -> b -> a`, if there is one.
-fn cycle(graph: &Graph) -> Option<String> {
-    fn visit(
-        graph: &Graph,
-        node: &str,
-        path: &mut Vec<String>,
-        done: &mut BTreeSet<String>,
-    ) -> Option<String> {
-        if let Some(at) = path.iter().position(|n| n == node) {
-            let mut shown = path[at..].to_vec();
-            shown.push(node.to_owned());
-            return Some(shown.join(" -> "));
-        }
-        if done.contains(node) {
-            return None;
-        }
-        path.push(node.to_owned());
-        for next in graph.get(node).into_iter().flatten() {
-            if let Some(found) = visit(graph, next, path, done) {
-                return Some(found);
-            }
-        }
-        path.pop();
-        done.insert(node.to_owned());
-        None
-    }
-    let mut done = BTreeSet::new();
-    graph
-        .keys()
-        .find_map(|node| visit(graph, node, &mut Vec::new(), &mut done))
-}
-
 /// What is wrong with the kernel crate's shape under `root` (empty when
 /// nothing is).
 pub fn findings(root: &Path) -> Result<Vec<String>> {
     let (graph, mut found) = survey(&root.join("proxy-ebpf/src"))?;
-    if let Some(cycle) = cycle(&graph) {
+    if let Some(cycle) = crate::import_cycles::cycle(&graph, String::clone) {
         found.push(format!("import cycle: {cycle}"));
     }
     Ok(found)
@@ -187,6 +155,7 @@ mod tests {
         graph.insert("a".to_owned(), BTreeSet::from(["b".to_owned()]));
         graph.insert("b".to_owned(), BTreeSet::from(["c".to_owned()]));
         graph.insert("c".to_owned(), BTreeSet::from(["a".to_owned()]));
+        let cycle = |g: &Graph| crate::import_cycles::cycle(g, String::clone);
         assert_eq!(cycle(&graph).as_deref(), Some("a -> b -> c -> a"));
         graph.insert("c".to_owned(), BTreeSet::new());
         assert_eq!(cycle(&graph), None);
