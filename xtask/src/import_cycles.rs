@@ -278,16 +278,14 @@ pub fn cycle<N: Ord + Clone>(
 }
 
 /// A file's path as a cycle shows it.
-fn shown(path: &PathBuf) -> String {
-    path.display().to_string()
-}
+const SHOWN: fn(&PathBuf) -> String = |path| path.display().to_string();
 
 /// The import cycles of every tree under `root` (empty when there is none),
 /// one per tree at most.
 pub fn findings(root: &Path) -> Result<Vec<String>> {
     let mut found = Vec::new();
     for tree in TREES {
-        if let Some(cycle) = cycle(&graph(&root.join(tree))?, shown) {
+        if let Some(cycle) = cycle(&graph(&root.join(tree))?, SHOWN) {
             found.push(format!("{tree}: import cycle: {cycle}"));
         }
     }
@@ -344,11 +342,11 @@ mod tests {
         graph.insert(p("b.rs"), BTreeSet::from([p("c.rs")]));
         graph.insert(p("c.rs"), BTreeSet::from([p("a.rs")]));
         assert_eq!(
-            cycle(&graph, shown).as_deref(),
+            cycle(&graph, SHOWN).as_deref(),
             Some("a.rs -> b.rs -> c.rs -> a.rs")
         );
         graph.insert(p("c.rs"), BTreeSet::new());
-        assert_eq!(cycle(&graph, shown), None);
+        assert_eq!(cycle(&graph, SHOWN), None);
     }
 
     #[test]
@@ -369,12 +367,12 @@ mod tests {
             "use crate::dataplane::migrate::CONNTRACK_V2;\n",
         );
         write("dataplane/migrate.rs", "use super::{pins::Pins, Other};\n");
-        let found = cycle(&graph(&root).expect("graph"), shown);
+        let found = cycle(&graph(&root).expect("graph"), SHOWN);
         write(
             "dataplane/pins.rs",
             "use proxy_common::names::CONNTRACK_V2;\n",
         );
-        let gone = cycle(&graph(&root).expect("graph"), shown);
+        let gone = cycle(&graph(&root).expect("graph"), SHOWN);
         let _ = fs::remove_dir_all(&root);
         assert_eq!(
             found.as_deref(),
