@@ -127,7 +127,12 @@ fn http_slot(sb: &Sandbox, slot: u64) -> Value {
         .into_iter()
         .find(|e| {
             let k = &e["formatted"]["key"];
-            k["port_be"] == u64::from(80u16.to_be()) && k["slot"] == slot && k["scope"] == 0
+            // The address too: the untouched Service has port 80 as well.
+            k["addr_be"] == u64::from(u32::from_ne_bytes([10, 96, 0, 10]))
+                && k["port_be"] == u64::from(80u16.to_be())
+                && k["proto"] == 6
+                && k["slot"] == slot
+                && k["scope"] == 0
         })
         .unwrap_or_else(|| panic!("no slot {slot} of 10.96.0.10:80/TCP"))
 }
