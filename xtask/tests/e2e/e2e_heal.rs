@@ -191,7 +191,7 @@ fn tcp_all_pods(sb: &Sandbox) -> Result<(), String> {
             .client(
                 &echo,
                 // 30 random picks miss one of three pods about once in 60k
-                // checks; 12 missed one about once in 40.
+                // checks, so every pod answering is not left to chance.
                 &[proto, &addr, "--count", "30", "--timeout-ms", "500"],
             )
             .map_err(|e| format!("{e:#}"))?;
