@@ -155,7 +155,7 @@ pub type CtKey = CtKeyOf<u32>;
 pub type CtKey6 = CtKeyOf<Addr6Be>;
 
 /// Value of the connection-tracking map (a preallocated hash, not LRU: the
-/// agent removes expired flows, see `proxy-user/src/dataplane/conntrack.rs`).
+/// agent removes expired flows, see `proxy-user/src/dataplane/flows/expiry.rs`).
 ///
 /// Each entry carries the address and port its direction is rewritten to:
 /// a forward entry the backend's, a reply entry the frontend's. So an
@@ -203,7 +203,7 @@ pub type CtEntry6 = CtEntryOf<Addr6Be>;
 /// Value of `SB_CT_V2`, a connection-tracking table of an earlier version
 /// (key: [`CtKey`]): the same entry for both directions of a flow, naming
 /// its backend. The agent reads it only to carry flows over to [`CtEntry`]
-/// on an upgrade (`proxy-user/src/dataplane/migrate.rs`).
+/// on an upgrade (`proxy-user/src/dataplane/pins/migrate.rs`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]

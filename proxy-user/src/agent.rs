@@ -23,24 +23,24 @@ use crate::{
     agent::preload::Preload,
     agent::syncloop::{unix_now, NodePortAddresses, SyncLoop},
     agent::uplinks::Uplinks,
-    dataplane::attach::{Attacher, TcMode},
-    dataplane::conntrack,
-    dataplane::ebpf,
-    dataplane::kmem,
+    dataplane::attach::pods::{Attacher, TcMode},
+    dataplane::flows::expiry,
+    dataplane::load::object,
+    dataplane::pins::memory,
     dataplane::maps::PinnedMaps,
-    dataplane::migrate,
-    dataplane::pinroot,
-    dataplane::resize,
-    dataplane::socketlb,
-    dataplane::uplink::{self, XdpMode},
+    dataplane::pins::migrate,
+    dataplane::pins::format,
+    dataplane::pins::resize,
+    dataplane::attach::socket_layer,
+    dataplane::attach::uplink::{self, XdpMode},
     model::{self, Model},
-    node::health::{self, ProxyHealth},
-    node::healthcheck::{self, HealthServers},
-    node::lock,
-    node::memory,
-    node::metrics::{self, SyncObserver},
-    node::status::{self, AgentStatus},
-    node::verify,
+    observe::health::{self, ProxyHealth},
+    observe::healthcheck::{self, HealthServers},
+    observe::lock,
+    util::heap,
+    observe::metrics::{self, SyncObserver},
+    observe::status::{self, AgentStatus},
+    observe::verify,
     source::{self, cluster, dir, Changes, FeedRx},
     sync::store::{Capacities, Ipv6Tables},
     sync::Syncer,
@@ -70,7 +70,7 @@ impl std::str::FromStr for Source {
 
 pub struct AgentConfig {
     /// The connection-tracking timeouts (`--conntrack-*`).
-    pub conntrack_timeouts: crate::dataplane::conntrack::Timeouts,
+    pub conntrack_timeouts: crate::dataplane::flows::expiry::Timeouts,
     pub source: Source,
     pub pin_root: PathBuf,
     pub capacities: Capacities,
@@ -87,7 +87,7 @@ pub struct AgentConfig {
     /// layer off (and removes what an earlier agent attached).
     pub socket_lb_cgroup: Option<PathBuf>,
     /// Whose sockets the socket layer balances.
-    pub socket_lb_scope: socketlb::SocketScope,
+    pub socket_lb_scope: socket_layer::SocketScope,
     /// How the tc programs attach to pod interfaces.
     pub tc_mode: TcMode,
     /// `--repair-interval`: how often drift is looked for (zero: never
@@ -101,7 +101,7 @@ pub struct AgentConfig {
     /// `--lb-algorithm`: for Services without the annotation.
     pub lb_algorithm: model::LbAlgorithm,
     /// `--nodeport-mode`: source NAT or direct server return.
-    pub nodeport_mode: crate::dataplane::uplink::NodePortMode,
+    pub nodeport_mode: crate::dataplane::attach::uplink::NodePortMode,
     /// `--nodeport-addresses`: NodePorts on the interface addresses in these
     /// blocks instead of the Node's addresses.
     pub nodeport_addresses: Vec<IpCidr>,
@@ -131,9 +131,9 @@ const RESCAN: Duration = Duration::from_secs(2);
 /// (the binary embeds them from `proxy-object`).
 pub async fn run(config: AgentConfig, object: &'static [u8]) -> anyhow::Result<()> {
     // Before the lock: a refused pin root leaves no lock file behind.
-    ebpf::check_pin_root(&config.pin_root)?;
+    object::check_pin_root(&config.pin_root)?;
     // A newer version's pin root is refused before anything is touched.
-    let format = pinroot::check_format(&config.pin_root)?;
+    let format = format::check_format(&config.pin_root)?;
     let lock = lock::acquire(&config.pin_root)?;
     // On a pin root with nothing pinned yet, a start that fails takes away
     // what it pinned.
@@ -168,14 +168,14 @@ pub async fn run(config: AgentConfig, object: &'static [u8]) -> anyhow::Result<(
     // The IPv6 flow tables are sized to the node: small while it has no
     // IPv6 Service (and no IPv6 flow pinned), grown when one appears. The
     // pins tell now; the first view may add an IPv6 Service.
-    let ipv6_pinned = ebpf::ipv6_pinned_in_use(&config.pin_root);
+    let ipv6_pinned = object::ipv6_pinned_in_use(&config.pin_root);
     let expected = Capacities {
         ipv6: ipv6_tables(ipv6_pinned, false),
         ..config.capacities
     };
     // Loading needs nothing else from the source: it runs meanwhile.
     let preload = Preload::start(object, &config.pin_root, expected);
-    let before_source = memory::heap();
+    let before_source = heap::heap();
     let mut feed = match open_source(&config).await {
         Ok(feed) => feed,
         Err(error) => {
@@ -190,8 +190,8 @@ pub async fn run(config: AgentConfig, object: &'static [u8]) -> anyhow::Result<(
     // allocations on every core) goes back to the kernel before the first
     // sync adds the model, the desired state and the map mirror: otherwise
     // it stays resident beside them and makes the start's peak.
-    memory::trim();
-    let source_read = memory::heap();
+    heap::trim();
+    let source_read = heap::heap();
     info!(
         heap_before_mib = before_source.live_mib(),
         heap_mib = source_read.live_mib(),
@@ -212,30 +212,30 @@ pub async fn run(config: AgentConfig, object: &'static [u8]) -> anyhow::Result<(
             (loaded.context("loading the eBPF programs")?, resize)
         }
         None => {
-            let mismatches = ebpf::capacity_mismatches(&config.pin_root, &capacities);
+            let mismatches = object::capacity_mismatches(&config.pin_root, &capacities);
             for mismatch in &mismatches {
                 info!(map = mismatch.map, "{mismatch}: resizing online");
             }
             let resize = resize::Resize::prepare(&config.pin_root, &mismatches)
                 .context("preparing to resize the pinned maps")?;
-            let ebpf = ebpf::load(object, &config.pin_root, &capacities, resize.maps())
+            let ebpf = object::load(object, &config.pin_root, &capacities, resize.maps())
                 .context("loading the eBPF programs")?;
             (ebpf, resize)
         }
     };
-    let ebpf::Loaded {
+    let object::Loaded {
         mut ebpf,
         checksums,
     } = loaded;
     // The object is parsed and loaded; it is read again only by a restart.
-    let released = memory::release(object);
+    let released = heap::release(object);
     debug!(
         mib = released as f64 / 1_048_576.0,
         "the embedded eBPF object's pages handed back"
     );
-    if pinroot::stamp(&config.pin_root).context("recording the pin root's format")? {
+    if format::stamp(&config.pin_root).context("recording the pin root's format")? {
         info!(
-            format = pinroot::FORMAT,
+            format = format::FORMAT,
             previous = ?format,
             "pin root format recorded"
         );
@@ -263,19 +263,19 @@ pub async fn run(config: AgentConfig, object: &'static [u8]) -> anyhow::Result<(
         }
     }
     let datapath_config =
-        socketlb::datapath_config().context("reading the node's network namespace")?;
+        socket_layer::datapath_config().context("reading the node's network namespace")?;
     maps.set_config(datapath_config)
         .context("writing the data-path configuration")?;
     let mut syncer = Syncer::adopt(maps, capacities);
     syncer.set_default_algorithm(config.lb_algorithm);
-    syncer.set_direct_return(config.nodeport_mode == crate::dataplane::uplink::NodePortMode::Dsr);
+    syncer.set_direct_return(config.nodeport_mode == crate::dataplane::attach::uplink::NodePortMode::Dsr);
     info!(
         pin_root = %config.pin_root.display(),
         lock = %lock.path().display(),
         adopted = syncer.programmed().count(),
         "maps loaded"
     );
-    let gc_metrics = conntrack::GcMetrics::default();
+    let gc_metrics = expiry::GcMetrics::default();
     let mut sync = SyncLoop {
         syncer,
         model: {
@@ -305,13 +305,13 @@ pub async fn run(config: AgentConfig, object: &'static [u8]) -> anyhow::Result<(
     sync.nodeports.refresh(&handle).await;
     info!(
         objects = initial.len(),
-        heap_mib = memory::heap().live_mib(),
+        heap_mib = heap::heap().live_mib(),
         "first view of the source"
     );
     sync.on_changes(initial);
 
     // The maps hold the source's view: the programs may take over.
-    ebpf::install_tail_calls(&mut ebpf).context("installing the tail-call program")?;
+    object::install_tail_calls(&mut ebpf).context("installing the tail-call program")?;
     let mut attacher = Attacher::new(config.tc_mode, &config.pin_root);
     // Named uplinks are no pod interfaces, even when they are veths.
     attacher.set_uplinks(named_uplinks.iter().map(|u| u.index).collect());
@@ -342,11 +342,11 @@ pub async fn run(config: AgentConfig, object: &'static [u8]) -> anyhow::Result<(
     attacher.start_marking();
     match &config.socket_lb_cgroup {
         Some(cgroup) => {
-            socketlb::attach(&mut ebpf, cgroup, &config.pin_root, config.socket_lb_scope)
+            socket_layer::attach(&mut ebpf, cgroup, &config.pin_root, config.socket_lb_scope)
                 .context("attaching the socket layer (--socket-lb=false turns it off)")?
         }
         None => {
-            socketlb::detach(&config.pin_root).context("detaching the socket layer")?;
+            socket_layer::detach(&config.pin_root).context("detaching the socket layer")?;
         }
     }
     if !resize.maps().is_empty() {
@@ -379,9 +379,9 @@ pub async fn run(config: AgentConfig, object: &'static [u8]) -> anyhow::Result<(
         }
     }
     // After any resize: the collector opens the pin the programs use.
-    let open_flows = crate::dataplane::openflows::LeastConnMaps::take(&mut ebpf)
+    let open_flows = crate::dataplane::flows::open_counts::LeastConnMaps::take(&mut ebpf)
         .context("least-connection's maps")?;
-    conntrack::spawn(
+    expiry::spawn(
         &config.pin_root,
         config.conntrack_timeouts,
         gc_metrics,
@@ -391,8 +391,8 @@ pub async fn run(config: AgentConfig, object: &'static [u8]) -> anyhow::Result<(
     .context("starting the connection-tracking collector")?;
 
     // `switchboard trace` streams from the verify socket (below).
-    let traces = crate::node::trace::hub::TraceMaps::take(&mut ebpf).context("the trace's maps")?;
-    let traces = crate::node::trace::hub::spawn(traces, &config.pin_root)
+    let traces = crate::observe::trace::hub::TraceMaps::take(&mut ebpf).context("the trace's maps")?;
+    let traces = crate::observe::trace::hub::spawn(traces, &config.pin_root)
         .context("starting the trace's reader")?;
     first_start.succeeded();
     info!(
@@ -473,9 +473,9 @@ pub async fn run(config: AgentConfig, object: &'static [u8]) -> anyhow::Result<(
 
 /// Logs the pinned maps' kernel memory (the benchmark reads this line).
 fn log_map_memory(pin_root: &std::path::Path, ipv6: Ipv6Tables) {
-    match kmem::map_memory(pin_root) {
+    match memory::map_memory(pin_root) {
         Ok(maps) => {
-            let (kernel, kernel6) = kmem::totals(&maps);
+            let (kernel, kernel6) = memory::totals(&maps);
             info!(
                 maps_kernel_mib = kernel as f64 / 1_048_576.0,
                 ipv6_maps_kernel_mib = kernel6 as f64 / 1_048_576.0,
@@ -518,7 +518,7 @@ fn has_ipv6_service(changes: &Changes) -> bool {
 /// arguments (same pid: a supervisor sees no exit). The start is the
 /// ordinary one: it adopts the pinned maps, finds the IPv6 Service in its
 /// first view, and resizes the IPv6 flow tables online
-/// ([`crate::dataplane::resize`]) while the attached programs keep
+/// ([`crate::dataplane::pins::resize`]) while the attached programs keep
 /// forwarding. Every descriptor this process holds is close-on-exec (the
 /// lock, the maps, the sockets), so nothing of this run stays. Returns only
 /// when the exec failed.

@@ -2342,7 +2342,7 @@ mod properties {
                     .unprogrammed()
                     .map(|u| (u.frontend, u.reason.clone()))
                     .collect();
-                let verified = crate::node::verify::compare(
+                let verified = crate::observe::verify::compare(
                     model.desired(),
                     syncer.defaults(),
                     &syncer.store().dump(),

@@ -3,4 +3,5 @@ pub mod btree;
 pub mod clock;
 pub mod cores;
 pub mod fsmode;
+pub mod heap;
 pub mod malloc;

@@ -43,7 +43,7 @@ use proxy_common::{
     Backend, Backend6, Config, FrontendKey, FrontendKey6, FrontendSlot, SockConn6, SockEntry6,
     SockKey6, SockTarget6,
 };
-use proxy_user::dataplane::{ebpf, socketlb};
+use proxy_user::dataplane::{load::object, attach::socket_layer};
 
 /// An IPv6 Service: TCP on 80, UDP on 53, over two backends.
 const FE6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x96, 0, 0, 0, 0, 0, 0x10);
@@ -241,7 +241,7 @@ struct TestCgroup {
 
 impl TestCgroup {
     fn create(name: &str) -> Self {
-        let root = socketlb::find_cgroup_root().expect("a cgroup2 mount");
+        let root = socket_layer::find_cgroup_root().expect("a cgroup2 mount");
         let own = fs::read_to_string("/proc/self/cgroup").expect("/proc/self/cgroup");
         let relative = own
             .lines()
@@ -438,7 +438,7 @@ struct World {
 
 fn world(name: &str) -> World {
     require_root();
-    let mut ebpf = ebpf::load_unpinned(proxy_object::SWITCHBOARD, &capacities(1024))
+    let mut ebpf = object::load_unpinned(proxy_object::SWITCHBOARD, &capacities(1024))
         .expect("load the eBPF object");
     program_maps(&mut ebpf);
     let cgroup = TestCgroup::create(name);
@@ -704,7 +704,7 @@ fn host_connected_udp_is_balanced_at_connect_and_affinity_holds_per_netns() {
     let ebpf = &mut w.ebpf;
     let (connected, sticky) = in_netns(|| {
         // This namespace plays the node's.
-        let config = socketlb::datapath_config().expect("this namespace's cookie");
+        let config = socket_layer::datapath_config().expect("this namespace's cookie");
         let mut array: Array<_, Config> =
             Array::try_from(ebpf.map_mut(names::CONFIG).expect("SB_CONFIG_V1")).expect("typed");
         array.set(0, config, 0).expect("write SB_CONFIG_V1");
@@ -796,7 +796,7 @@ fn a_frontend_restricted_by_source_ranges_is_left_to_tc_for_pods_and_gated_for_t
         set_flags(ebpf, frontend_flags::SOURCE_RANGES);
         // Not the node's namespace: the configuration names another one.
         let pod = member.inside(|| TcpStream::connect_timeout(&frontend, Duration::from_secs(1)));
-        let config = socketlb::datapath_config().expect("this namespace's cookie");
+        let config = socket_layer::datapath_config().expect("this namespace's cookie");
         let mut array: Array<_, Config> =
             Array::try_from(ebpf.map_mut(names::CONFIG).expect("SB_CONFIG_V1")).expect("typed");
         array.set(0, config, 0).expect("write SB_CONFIG_V1");

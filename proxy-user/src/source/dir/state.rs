@@ -1488,7 +1488,7 @@ mod tests {
         let recorded = state.first(&tx);
         let first = t.elapsed();
         let read = report("first view read", start);
-        // As the agent does after the first view (`node::memory::trim`).
+        // As the agent does after the first view (`util::heap::trim`).
         // SAFETY: malloc_trim only releases memory the allocator holds free.
         unsafe {
             libc::malloc_trim(0);

@@ -15,7 +15,7 @@ use proxy_testkit::packet6::{
     checksums_valid6, icmp6_frame, Packet6, NEXTHDR_DEST, NEXTHDR_HOP, NEXTHDR_ROUTING,
 };
 use proxy_testkit::Frame;
-use proxy_user::dataplane::kctx::Access;
+use proxy_user::dataplane::load::ip_summed::Access;
 use proxy_user::model::Protocol;
 use proxy_user::sync::store::MapStore as _;
 
@@ -266,7 +266,7 @@ impl Headers for Ipv4Addr {
         assert_eq!(fx.stat("frag_unknown"), 1);
         assert_eq!(fx.stat("rejected"), 1);
         assert_eq!(fx.service_row("empty").drops_no_backend, 1);
-        let stats = proxy_user::dataplane::readout::read_stats(fx.syncer.store());
+        let stats = proxy_user::dataplane::maps::readback::read_stats(fx.syncer.store());
         assert_eq!(stats.counters["forwarded"], 5);
         let fe = &stats.maps[0];
         // web and dns: slot 0 + one backend each; empty: slot 0 only.

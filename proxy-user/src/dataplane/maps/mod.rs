@@ -5,16 +5,19 @@
 //! [`MapStore`] (the sync's, in `sync/store.rs`) is the narrow set of writes
 //! the sync engine needs; the sync logic is unit-tested against an in-memory
 //! store and runs against [`PinnedMaps`] for real.
+
+pub mod batch;
+pub mod frontend_filter;
+pub mod readback;
 use std::os::fd::AsFd as _;
 use std::path::Path;
 
 use tracing::warn;
 
 use crate::dataplane::{
-    ctgen::CtGeneration,
-    mapbatch,
+    flows::generation::CtGeneration,
     pins::{or_stand_in, MapsError, Pins},
-    prefilter::FrontendFilter,
+    maps::frontend_filter::FrontendFilter,
 };
 use crate::model::cidr::IpCidr;
 use crate::model::IpFamily;
@@ -434,7 +437,7 @@ impl PinnedMaps {
 
     /// After a purge removed `removed` conntrack entries: the table's
     /// generation moves on, so no flow cache answers for them
-    /// ([`crate::dataplane::ctgen`]).
+    /// ([`crate::dataplane::flows::generation`]).
     fn conntrack_removed(&mut self, removed: usize) {
         if removed > 0 {
             self.conntrack_changed();
@@ -444,7 +447,7 @@ impl PinnedMaps {
     /// After conntrack entries were written or removed other than through
     /// the purges (which call this themselves): the table's generation
     /// moves on, so the data path's flow caches answer from the table
-    /// again ([`crate::dataplane::ctgen`]).
+    /// again ([`crate::dataplane::flows::generation`]).
     pub fn conntrack_changed(&mut self) {
         let Some(gen) = self.ct_gen.as_mut() else {
             return;
@@ -716,7 +719,7 @@ fn batch_put_fd<K: bytemuck::Pod, V: bytemuck::Pod>(
     fd: std::os::fd::BorrowedFd<'_>,
     entries: &[(K, V)],
 ) -> Result<(), WriteError> {
-    mapbatch::update_fd(fd, entries).map_err(|e| {
+    batch::update_fd(fd, entries).map_err(|e| {
         if e.error.raw_os_error() == Some(libc::E2BIG) {
             return WriteError::Full { map };
         }
@@ -755,7 +758,7 @@ fn entries<K: aya::Pod + bytemuck::Pod, V: aya::Pod + bytemuck::Pod>(
     map: &HashMap<MapData, K, V>,
 ) -> Vec<(K, V)> {
     use aya::maps::IterableMap as _;
-    match crate::dataplane::mapbatch::lookup_all(map.map()) {
+    match crate::dataplane::maps::batch::lookup_all(map.map()) {
         Ok(entries) => entries,
         Err(_) => map.iter().filter_map(Result::ok).collect(),
     }

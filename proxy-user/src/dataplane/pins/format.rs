@@ -19,7 +19,7 @@ use std::{
 
 use proxy_common::names;
 
-use crate::dataplane::resize;
+use crate::dataplane::pins::resize;
 
 /// This version's pin root format. Raise it with every change of a pinned
 /// map's name, type or entry layout (the names are in
@@ -186,7 +186,7 @@ pub fn layout(pin_root: &Path) -> Layout {
             layout.maps_pinned = true;
         } else if name.ends_with(resize::STAGING_SUFFIX) {
             layout.staging.push(name);
-        } else if crate::dataplane::migrate::EARLIER.contains(&name.as_str()) {
+        } else if crate::dataplane::pins::migrate::EARLIER.contains(&name.as_str()) {
             layout.to_migrate.push(name);
         } else if name.starts_with("SB_") && !is_stamp(&name) {
             layout.unknown.push(name);

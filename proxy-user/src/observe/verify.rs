@@ -11,7 +11,7 @@
 //! the model it is compared with describe the same moment. The answer is one
 //! JSON [`Verification`], then the agent closes the connection. The same
 //! socket serves `switchboard trace`: a first line `trace <filter>` hands
-//! the connection to the trace hub ([`crate::node::trace`]), which streams
+//! the connection to the trace hub ([`crate::observe::trace`]), which streams
 //! until the client closes it.
 //!
 //! [`compare`] is the comparison itself: a pure function over the desired
@@ -28,7 +28,7 @@ use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, warn};
 
 use crate::model::{BackendAddr, DesiredState, Frontend, FrontendAddr, IpFamily};
-use crate::node::{status, trace};
+use crate::observe::{status, trace};
 use crate::sync::encode::{
     backend_addr, frontend_addr, proto_number, revnat_name, revnat_value, scoped_key,
     slot_zero_attributes, AnyBackend, AnyFrontendKey, AnyRevNat, FrontendDefaults,
@@ -478,7 +478,7 @@ pub struct Request {
 
 /// The agent's side: listens on [`socket_path`] and passes each request to
 /// the sync loop through the returned channel, and each `trace` request to
-/// `traces` ([`crate::node::trace`]). The socket file is removed when the
+/// `traces` ([`crate::observe::trace`]). The socket file is removed when the
 /// returned guard drops.
 pub fn serve(
     pin_root: &Path,

@@ -18,9 +18,9 @@ use proxy_common::{capacity, names, prefilter, programs, tail};
 
 use crate::{
     dataplane::{
-        kctx::{self, Access},
+        load::ip_summed::{self, Access},
         pins::Pins,
-        resize::CapacityMismatch,
+        pins::resize::CapacityMismatch,
     },
     sync::store::{Capacities, Ipv6Tables},
 };
@@ -51,7 +51,7 @@ pub enum LoadError {
     TailCalls { source: aya::maps::MapError },
     #[error("patching the eBPF object for the kernel's sk_buff")]
     Patch {
-        source: crate::dataplane::kctx::KctxError,
+        source: crate::dataplane::load::ip_summed::KctxError,
     },
     #[error("loading program {name} into the kernel")]
     Program {
@@ -191,7 +191,7 @@ pub fn capacity_mismatches(pin_root: &Path, caps: &Capacities) -> Vec<CapacityMi
 /// programs are attached).
 ///
 /// The maps named in `staged` are created fresh at their staging pins
-/// ([`crate::dataplane::resize::staging_path`]) instead of adopted: they are being
+/// ([`crate::dataplane::pins::resize::staging_path`]) instead of adopted: they are being
 /// resized.
 pub fn load(
     object: &[u8],
@@ -285,7 +285,7 @@ fn probe_xdp_metadata() -> bool {
 }
 
 /// Loads `object` once, its checksum markers patched for `access`
-/// ([`crate::dataplane::kctx`]).
+/// ([`crate::dataplane::load::ip_summed`]).
 fn load_once(
     object: &[u8],
     pins_at: Option<(&Path, &[&'static str])>,
@@ -295,13 +295,13 @@ fn load_once(
     if object.is_empty() {
         return Err(LoadError::NoObject);
     }
-    let patched = kctx::patch(object, access).map_err(|source| LoadError::Patch { source })?;
+    let patched = ip_summed::patch(object, access).map_err(|source| LoadError::Patch { source })?;
     let pin_root = pins_at.map(|(root, _)| root);
     let pins: Vec<(&str, PathBuf)> = match pins_at {
         Some((root, staged)) => names::ALL
             .iter()
             .map(|name| match staged.contains(name) {
-                true => (*name, crate::dataplane::resize::staging_path(root, name)),
+                true => (*name, crate::dataplane::pins::resize::staging_path(root, name)),
                 false => (*name, root.join(name)),
             })
             .collect(),
@@ -320,7 +320,7 @@ fn load_once(
     let shift = prefilter::frontends::shift_for(caps.frontend_filter_words());
     loader.override_global(names::FRONTEND_FILTER_SHIFT, &shift, true);
     let summed_shift = access.shift();
-    loader.override_global(proxy_common::kctx::SUMMED_SHIFT, &summed_shift, true);
+    loader.override_global(proxy_common::ip_summed::SUMMED_SHIFT, &summed_shift, true);
     let xdp_meta = u32::from(xdp_metadata_supported());
     loader.override_global(names::XDP_META, &xdp_meta, true);
     for (name, path) in &pins {

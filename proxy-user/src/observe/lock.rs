@@ -14,7 +14,7 @@ use nix::{
     fcntl::{Flock, FlockArg},
 };
 
-use crate::{node::status, util::fsmode};
+use crate::{observe::status, util::fsmode};
 
 #[derive(Debug, thiserror::Error)]
 pub enum LockError {

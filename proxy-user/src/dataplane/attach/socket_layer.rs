@@ -221,7 +221,7 @@ pub fn attach_links(ebpf: &mut Ebpf, cgroup: &Path, pin_root: &Path) -> Result<(
 /// left: entering another network namespace takes CAP_SYS_ADMIN (and
 /// finding the pods' processes, the host's PID namespace).
 fn can_enter_pod_namespaces() -> bool {
-    crate::dataplane::caps::own_has(crate::dataplane::caps::CAP_SYS_ADMIN)
+    crate::dataplane::load::caps::own_has(crate::dataplane::load::caps::CAP_SYS_ADMIN)
 }
 
 /// Balances pods' connected UDP sockets at `connect()` (`on`), or leaves

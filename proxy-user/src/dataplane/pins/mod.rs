@@ -3,9 +3,14 @@
 //! reads as) and opens it from the pin root, typed. Every failure is a
 //! [`MapsError`] that names the map and the path.
 //!
-//! [`PinnedMaps`](super::maps::PinnedMaps) (the agent's and the CLI's set),
+//! [`PinnedMaps`](crate::dataplane::maps::PinnedMaps) (the agent's and the CLI's set),
 //! the conntrack collector, the migration of earlier layouts, the resize and
 //! the CLI's `explain` and `conntrack` all open their pins here.
+
+pub mod format;
+pub mod memory;
+pub mod migrate;
+pub mod resize;
 use std::path::{Path, PathBuf};
 
 use aya::maps::{lpm_trie::LpmTrie, Array, HashMap, Map, MapData, MapError, PerCpuArray};

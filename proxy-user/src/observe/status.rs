@@ -9,7 +9,7 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
-use crate::{dataplane::attach::AttachedInterface, util::fsmode};
+use crate::{dataplane::attach::pods::AttachedInterface, util::fsmode};
 
 /// Where status files live; one per pin root, so two agents on one machine
 /// keep theirs apart.
@@ -67,7 +67,7 @@ pub struct AgentStatus {
     pub repairs: Repairs,
     /// The connection-tracking timeouts (`--conntrack-*`), for
     /// `switchboard conntrack list`'s time to expiry.
-    pub conntrack_timeouts: crate::dataplane::conntrack::Timeouts,
+    pub conntrack_timeouts: crate::dataplane::flows::expiry::Timeouts,
 }
 
 /// The agent's repairs of drift, as the status file shows them.
@@ -149,7 +149,7 @@ pub fn read(pin_root: &Path) -> Option<AgentStatus> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dataplane::attach::UplinkXdp;
+    use crate::dataplane::attach::pods::UplinkXdp;
 
     #[test]
     fn status_paths_differ_per_pin_root() {

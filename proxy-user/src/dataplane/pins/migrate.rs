@@ -170,7 +170,7 @@ fn read_table<V: aya::Pod + bytemuck::Pod>(
     let Some(table) = if_pinned(opened)? else {
         return Ok(None);
     };
-    crate::dataplane::mapbatch::lookup_all::<CtKey, V>(table.map())
+    crate::dataplane::maps::batch::lookup_all::<CtKey, V>(table.map())
         .map(Some)
         .map_err(|source| MigrateError::Read {
             path: pins.path(name),
@@ -317,7 +317,7 @@ mod tests {
     use proxy_common::{ct_flags, proto};
 
     use super::*;
-    use crate::dataplane::conntrack::{verdict, Flow, Phase, Timeouts};
+    use crate::dataplane::flows::expiry::{verdict, Flow, Phase, Timeouts};
 
     const S: u64 = 1_000_000_000;
 

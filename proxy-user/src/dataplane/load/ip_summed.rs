@@ -1,5 +1,5 @@
 //! The loader's half of reading `ip_summed` in the tc programs
-//! ([`proxy_common::kctx`] tells the whole scheme): finding the kfunc
+//! ([`proxy_common::ip_summed`] tells the whole scheme): finding the kfunc
 //! `bpf_cast_to_kern_ctx` and `struct sk_buff`'s `ip_summed` in the running
 //! kernel's BTF, and patching the object's marker instructions with them
 //! (or, where either is missing, into instructions the programs skip, with
@@ -7,9 +7,9 @@
 use std::{io, path::Path};
 
 use object::{Object, ObjectSection, SectionKind};
-use proxy_common::kctx::{CALL_MARKER, LOAD_MARKER, SUMMED_UNKNOWN};
+use proxy_common::ip_summed::{CALL_MARKER, LOAD_MARKER, SUMMED_UNKNOWN};
 
-use crate::dataplane::btf::{Btf, BtfError};
+use crate::dataplane::load::btf::{Btf, BtfError};
 
 /// Where the running kernel describes itself.
 pub const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
@@ -126,7 +126,7 @@ impl Access {
         }
     }
 
-    /// The value of the global `proxy_common::kctx::SUMMED_SHIFT`.
+    /// The value of the global `proxy_common::ip_summed::SUMMED_SHIFT`.
     pub fn shift(&self) -> u32 {
         match self {
             Access::Kfunc(found) => found.shift,

@@ -49,7 +49,7 @@ use k8s_openapi::chrono::{DateTime, SecondsFormat, Utc};
 use tokio::task::JoinHandle;
 use tracing::info;
 
-use crate::node::healthcheck::{http_response, listen, serve_http};
+use crate::observe::healthcheck::{http_response, listen, serve_http};
 
 /// How long a queued change may wait for a sync before the agent reports
 /// itself unhealthy: kube-proxy's default (twice its 30 s sync period). The
@@ -444,7 +444,7 @@ mod tests {
 
     async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
         let stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
-        let answer = crate::node::healthcheck::test_http::get_on(stream, path).await;
+        let answer = crate::observe::healthcheck::test_http::get_on(stream, path).await;
         (answer.status, answer.body)
     }
 

@@ -56,11 +56,11 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 use tracing::{info, warn};
 
-use crate::dataplane::conntrack::GcMetrics;
-use crate::dataplane::kmem::{self, KmemError, MapMemory};
+use crate::dataplane::flows::expiry::GcMetrics;
+use crate::dataplane::pins::memory::{self, MapMemoryError, MapMemory};
 use crate::dataplane::{maps::PinnedMaps, pins::MapsError};
-use crate::node::health::{bind, BindError, Serving};
-use crate::node::healthcheck::http_response;
+use crate::observe::health::{bind, BindError, Serving};
+use crate::observe::healthcheck::http_response;
 
 pub use crate::model::input::TRIGGER_TIME_ANNOTATION;
 use crate::model::ObjectKey;
@@ -75,7 +75,7 @@ pub enum MetricsError {
     #[error("opening the pinned maps for /metrics")]
     Maps(#[from] MapsError),
     #[error("reading the maps' kernel memory for /metrics")]
-    Kmem(#[from] KmemError),
+    Kmem(#[from] MapMemoryError),
 }
 
 /// The metrics the sync loop records. Clones share the same series.
@@ -305,8 +305,8 @@ pub trait ReadMaps: Send + Sync + 'static {
 
 impl ReadMaps for PinnedMaps {
     fn read(&self) -> MapReading {
-        let stats = crate::dataplane::readout::read_stats(self);
-        let services = crate::dataplane::readout::read_services(self);
+        let stats = crate::dataplane::maps::readback::read_stats(self);
+        let services = crate::dataplane::maps::readback::read_services(self);
         MapReading {
             fill: stats
                 .maps
@@ -415,7 +415,7 @@ impl Collector for MapsCollector {
     }
 }
 
-/// The maps' kernel memory: fixed while an agent runs (see [`kmem`]).
+/// The maps' kernel memory: fixed while an agent runs (see [`memory`]).
 #[derive(Debug)]
 struct MemoryCollector(Vec<MapMemory>);
 
@@ -492,7 +492,7 @@ pub fn serve(
     const FLAG: &str = "--metrics-bind-address";
     let maps = PinnedMaps::open(pin_root)?;
     let mut registry = registry(metrics, Arc::new(maps));
-    registry.register_collector(Box::new(MemoryCollector(kmem::map_memory(pin_root)?)));
+    registry.register_collector(Box::new(MemoryCollector(memory::map_memory(pin_root)?)));
     conntrack.register(&mut registry);
     let registry = Arc::new(registry);
     let listener = bind(addr, FLAG)?;

@@ -10,7 +10,7 @@
 //! sock_diag sees the sockets of the namespace it is asked from. The agent
 //! asks its own (the node's) first; sockets it did not find there live in a
 //! pod, and it asks each network namespace of the processes in the socket
-//! layer's cgroup in turn ([`super::namespaces`]), from a thread that enters
+//! layer's cgroup in turn ([`crate::dataplane::attach::pod_netns`]), from a thread that enters
 //! them, until every one is found.
 //!
 //! Both families are listed: IPv4 sockets, and IPv6 ones (whose peer may

@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use crate::dataplane::pins::{data_at, MapsError};
 
 #[derive(Debug, thiserror::Error)]
-pub enum KmemError {
+pub enum MapMemoryError {
     #[error(transparent)]
     Open(#[from] MapsError),
     #[error("reading the kernel's information on map {map}")]
@@ -50,7 +50,7 @@ fn parse_fdinfo(text: &str) -> (Option<u32>, Option<u64>) {
 
 /// Every map of this version pinned under `pin_root` (those not pinned,
 /// such as an older layout's, are left out), in [`names::ALL`] order.
-pub fn map_memory(pin_root: &Path) -> Result<Vec<MapMemory>, KmemError> {
+pub fn map_memory(pin_root: &Path) -> Result<Vec<MapMemory>, MapMemoryError> {
     let mut out = Vec::new();
     for map in names::ALL {
         let data = match data_at(map, &pin_root.join(map)) {
@@ -60,12 +60,12 @@ pub fn map_memory(pin_root: &Path) -> Result<Vec<MapMemory>, KmemError> {
         };
         let fd = data.fd().as_fd().as_raw_fd();
         let text = std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}"))
-            .map_err(|source| KmemError::Fdinfo { map, source })?;
+            .map_err(|source| MapMemoryError::Fdinfo { map, source })?;
         let (max_entries, memlock) = parse_fdinfo(&text);
         out.push(MapMemory {
             map: map.to_owned(),
             max_entries: max_entries.unwrap_or(0),
-            bytes: memlock.ok_or(KmemError::NoMemlock { map })?,
+            bytes: memlock.ok_or(MapMemoryError::NoMemlock { map })?,
         });
     }
     Ok(out)

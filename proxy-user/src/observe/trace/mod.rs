@@ -3,7 +3,7 @@
 //!
 //! The agent alone reads the ring buffer and owns the switch ([`hub`]). A
 //! client connects to the agent's socket (the `verify` socket, mode 0600:
-//! [`crate::node::verify::socket_path`]), sends one line, `trace` and its
+//! [`crate::observe::verify::socket_path`]), sends one line, `trace` and its
 //! [`FilterSpec`] as JSON, and then reads [`Record`]s, one JSON object a
 //! line, until it closes the connection. The agent switches on in the
 //! kernel the union of its clients' event kinds and switches off what no

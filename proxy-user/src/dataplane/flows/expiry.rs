@@ -55,16 +55,16 @@ use prometheus_client::{
 };
 use proxy_common::{ct_dir, ct_flags, ct_state, names, proto, snat, stat, CtEntry, CtKey, CtKey6};
 
-pub use crate::dataplane::conntrack_entry::{Entry, Key};
+pub use crate::dataplane::flows::entry::{Entry, Key};
 pub use crate::util::clock::monotonic_ns;
 use serde::{Deserialize, Serialize};
 use tracing::{debug, warn};
 
 use crate::dataplane::{
-    ctgen::CtGeneration,
-    openflows::{self, LeastConnMaps, OpenFlowMetrics, Tally},
+    flows::generation::CtGeneration,
+    flows::open_counts::{self, LeastConnMaps, OpenFlowMetrics, Tally},
     pins::{MapsError, Pins},
-    quiet::{self, Candidates, LiveClients, Look, QuietPods},
+    flows::quiet_pods::{self, Candidates, LiveClients, Look, QuietPods},
 };
 
 /// How long an entry whose partner is missing may stay idle.
@@ -407,8 +407,8 @@ impl<A: Observer, B: Observer> Observer for (&mut A, &mut B) {
 
 /// [`collect`], telling `tally` of every entry it read: least-connection
 /// notes the counted flows ([`ct_flags::COUNTED`]) removed and kept
-/// ([`crate::dataplane::openflows`]), the quiet marks the clients of kept
-/// ones ([`crate::dataplane::quiet`]).
+/// ([`crate::dataplane::flows::open_counts`]), the quiet marks the clients of kept
+/// ones ([`crate::dataplane::flows::quiet_pods`]).
 pub fn collect_tallied<K: Key>(
     table: &mut impl CtTable<K>,
     now_ns: u64,
@@ -553,7 +553,7 @@ where
     E: Entry + aya::Pod + bytemuck::Pod,
 {
     fn read_all(&self) -> std::io::Result<Vec<(K, E)>> {
-        crate::dataplane::mapbatch::lookup_all(self.map())
+        crate::dataplane::maps::batch::lookup_all(self.map())
     }
     fn get(&self, key: &K) -> Option<E> {
         HashMap::get(self, key, 0).ok()
@@ -565,7 +565,7 @@ where
 
 /// One family's table as the collector holds it, and the table's
 /// generation it moves on after a pass that removed entries
-/// ([`crate::dataplane::ctgen`]).
+/// ([`crate::dataplane::flows::generation`]).
 struct Tracked<K: Key> {
     table: HashMap<MapData, K, K::Entry>,
     capacity: u32,
@@ -636,7 +636,7 @@ where
 /// (`open_flows`: the loaded object's `SB_LC_V1` and `SB_LC_SOCK_V1`,
 /// which are not pinned), and marks quiet the pod interfaces among
 /// `candidates` whose pods no kept flow has as its client
-/// ([`crate::dataplane::quiet`]).
+/// ([`crate::dataplane::flows::quiet_pods`]).
 pub fn spawn(
     pin_root: &Path,
     timeouts: Timeouts,
@@ -671,7 +671,7 @@ impl QuietCollector {
 
     /// After a pass that read both tables whole.
     fn settle(&mut self, look: &Look, live: &LiveClients) {
-        match quiet::settle(&mut self.quiet, look, live) {
+        match quiet_pods::settle(&mut self.quiet, look, live) {
             Ok(0) => {}
             Ok(marked) => debug!(marked, "pod interfaces marked quiet"),
             Err(error) => {
@@ -723,7 +723,7 @@ fn run(
         if let (true, Ok(sockets)) = (fills.iter().all(Option::is_some), sockets) {
             tally.merge(tally6);
             tally.note_sockets(sockets);
-            match openflows::settle(&mut open_flows.counts, &tally, &mut last_drift) {
+            match open_counts::settle(&mut open_flows.counts, &tally, &mut last_drift) {
                 Ok(settled) => metrics.open_flows.observe(&settled),
                 Err(error) => warn!(%error, "reading least-connection's open-flow counts failed"),
             }

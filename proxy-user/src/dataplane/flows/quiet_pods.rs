@@ -42,8 +42,8 @@ use proxy_common::{
     prefilter::quiet::{self, QuietMark},
 };
 
-use super::{
-    conntrack_entry::Key,
+use crate::dataplane::{
+    flows::entry::Key,
     pins::{MapsError, Pins},
 };
 

@@ -26,7 +26,7 @@ use netlink_packet_route::link::{InfoKind, LinkAttribute, LinkInfo, LinkMessage}
 use proxy_common::programs;
 
 use crate::dataplane::pins::Pins;
-use crate::dataplane::quiet::{pod_routes, Candidates, QuietPods};
+use crate::dataplane::flows::quiet_pods::{pod_routes, Candidates, QuietPods};
 use tracing::{debug, info, warn};
 
 /// One interface with switchboard's programs on it.
@@ -159,7 +159,7 @@ pub struct Attacher {
     /// Where TCX links are pinned (`<pin root>/links`).
     link_dir: PathBuf,
     /// Uplink interface indices: not pod interfaces, and their link pins
-    /// (attached by [`crate::dataplane::uplink`]) are not ours to forget.
+    /// (attached by [`crate::dataplane::attach::uplink`]) are not ours to forget.
     uplinks: Vec<u32>,
     /// The quiet marks of pod interfaces (`None` if the map could not be
     /// opened: every reply is then looked up, as before the marks).
@@ -199,7 +199,7 @@ impl Attacher {
     /// From now on, an interface that appears is new: marked quiet before
     /// its first attach. Those found before may carry an earlier agent's
     /// programs and flows; the collector marks them after a look at the
-    /// tables ([`crate::dataplane::quiet`]). Call it once the uplinks are
+    /// tables ([`crate::dataplane::flows::quiet_pods`]). Call it once the uplinks are
     /// known: an uplink is never quiet.
     pub fn start_marking(&mut self) {
         self.settled = true;

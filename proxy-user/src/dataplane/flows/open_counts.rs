@@ -40,8 +40,8 @@ use prometheus_client::{
 };
 use proxy_common::{ct_dir, ct_flags, names};
 
-use super::conntrack_entry::{Entry, Key};
-use super::maps::{take_map, TakeError};
+use crate::dataplane::flows::entry::{Entry, Key};
+use crate::dataplane::maps::{take_map, TakeError};
 
 /// Per backend id: counted flows removed by a pass, and counted flows
 /// still open after it.

@@ -1,7 +1,7 @@
 //! The network namespaces the socket layer serves besides the agent's own:
 //! those of the processes in its cgroup (on a node, the pods'). A pod's
 //! connected UDP socket is balanced at `connect()` like the node's, so when
-//! its backend leaves, the agent looks for it there ([`super::sockdiag`]).
+//! its backend leaves, the agent looks for it there ([`crate::dataplane::flows::udp_sockets`]).
 use std::{
     collections::HashSet,
     fs, io,

@@ -1,7 +1,7 @@
 //! The agent's side of the pod path's first tests (see
 //! `proxy_common::prefilter`): the frontend address bitmap, kept equal to
 //! the frontends the maps hold. The quiet marks of pod interfaces are
-//! [`super::quiet`]'s.
+//! [`crate::dataplane::flows::quiet_pods`]'s.
 use std::collections::HashMap;
 
 use aya::maps::{Array, IterableMap as _, MapData, MapError};
@@ -150,7 +150,7 @@ impl FrontendFilter {
             .iter()
             .map(|&index| (index, self.words[index as usize]))
             .collect();
-        if crate::dataplane::mapbatch::update(self.map.map(), &entries).is_ok() {
+        if crate::dataplane::maps::batch::update(self.map.map(), &entries).is_ok() {
             return Ok(());
         }
         for &index in indices {

@@ -52,7 +52,7 @@ use aya::{
 use proxy_common::{addr6_be, names, programs, Uplink6};
 use tracing::{debug, info};
 
-use crate::dataplane::attach::{self, AttachError, Attached, Hook, PodInterface, TcMode};
+use crate::dataplane::attach::pods::{self, AttachError, Attached, Hook, PodInterface, TcMode};
 pub use resolve::{local_addresses, resolve, Resolved, OVERLAY_KINDS};
 pub use xdpmode::{resolve_xdp_mode, LinkFacts, XdpChoice, XdpHook, XdpMode};
 
@@ -223,7 +223,7 @@ pub fn attach(
     };
     // A pod program an earlier agent may have put here before it knew this
     // was an uplink (a veth uplink looks like a pod interface).
-    attach::detach_hooks(
+    pods::detach_hooks(
         &iface,
         link_dir,
         &[(programs::TC_FROM_POD, TcAttachType::Ingress)],
@@ -234,7 +234,7 @@ pub fn attach(
         }
     }
     // tc first: from then on every packet XDP lets through is handled.
-    let tc = attach::attach_hooks(ebpf, &iface, tc_mode, link_dir, &TC_HOOKS)
+    let tc = pods::attach_hooks(ebpf, &iface, tc_mode, link_dir, &TC_HOOKS)
         .map_err(|e| UplinkError::Tc(Box::new(e)))?;
     if mode != XdpHook::Off {
         attach_xdp(ebpf, uplink, mode, link_dir)?;
@@ -255,7 +255,7 @@ pub fn detach(uplink: &Uplink, link_dir: &Path) -> Result<(), UplinkError> {
         name: uplink.name.clone(),
         index: uplink.index,
     };
-    attach::detach_hooks(&iface, link_dir, &TC_HOOKS);
+    pods::detach_hooks(&iface, link_dir, &TC_HOOKS);
     for mode in XdpHook::ALL {
         remove_xdp_pin(&xdp_pin(link_dir, uplink.index, mode))?;
     }
@@ -308,8 +308,8 @@ fn attach_xdp(
         source,
     })?;
     let path = xdp_pin(link_dir, uplink.index, mode);
-    let prog: &mut Xdp = crate::dataplane::ebpf::typed(ebpf, name).map_err(|e| match e {
-        crate::dataplane::ebpf::LoadError::Program { source, .. } => xdp_error(source),
+    let prog: &mut Xdp = crate::dataplane::load::object::typed(ebpf, name).map_err(|e| match e {
+        crate::dataplane::load::object::LoadError::Program { source, .. } => xdp_error(source),
         _ => xdp_error(ProgramError::NotLoaded),
     })?;
     if let Some(existing) = pinned_xdp_link(&path) {
