@@ -363,20 +363,20 @@ mod tests {
             "pub mod migrate;\npub mod pins;\npub use pins::Pins;\n",
         );
         write(
-            "dataplane/pins/mod.rs",
-            "use crate::dataplane::pins::migrate::CONNTRACK_V2;\n",
+            "dataplane/pins.rs",
+            "use crate::dataplane::migrate::CONNTRACK_V2;\n",
         );
-        write("dataplane/pins/migrate.rs", "use super::{pins::Pins, Other};\n");
+        write("dataplane/migrate.rs", "use super::{pins::Pins, Other};\n");
         let found = cycle(&graph(&root).expect("graph"), SHOWN);
         write(
-            "dataplane/pins/mod.rs",
+            "dataplane/pins.rs",
             "use proxy_common::names::CONNTRACK_V2;\n",
         );
         let gone = cycle(&graph(&root).expect("graph"), SHOWN);
         let _ = fs::remove_dir_all(&root);
         assert_eq!(
             found.as_deref(),
-            Some("dataplane/pins/migrate.rs -> dataplane/pins/mod.rs -> dataplane/pins/migrate.rs")
+            Some("dataplane/migrate.rs -> dataplane/pins.rs -> dataplane/migrate.rs")
         );
         assert_eq!(gone, None);
     }

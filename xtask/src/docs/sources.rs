@@ -185,7 +185,7 @@ mod tests {
                 "agent/preload.rs",
                 "agent/sub/deep.rs",
                 "node/trace/mod.rs",
-                "util/heap.rs",
+                "node/memory.rs",
                 "util/btree.rs"
             ]
         );
