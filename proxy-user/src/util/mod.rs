@@ -4,3 +4,5 @@ pub mod clock;
 pub mod cores;
 pub mod fsmode;
 pub mod malloc;
+#[cfg(test)]
+pub(crate) mod txtar;
