@@ -85,7 +85,10 @@ pub(crate) struct Produced {
 /// do not count.
 fn normal(body: &str) -> String {
     let lines: Vec<&str> = body.lines().map(str::trim_end).collect();
-    let end = lines.iter().rposition(|l| !l.is_empty()).map_or(0, |i| i + 1);
+    let end = lines
+        .iter()
+        .rposition(|l| !l.is_empty())
+        .map_or(0, |i| i + 1);
     lines[..end].iter().map(|l| format!("{l}\n")).collect()
 }
 
@@ -160,7 +163,9 @@ pub(crate) fn run_dir(dir: &str, case: impl Fn(&Archive) -> Result<Vec<Produced>
             }
         };
         if produced.is_empty() {
-            failures.push(format!("{shown}: expects nothing (a case that cannot fail)"));
+            failures.push(format!(
+                "{shown}: expects nothing (a case that cannot fail)"
+            ));
             continue;
         }
         let mut inserts = Vec::new();
