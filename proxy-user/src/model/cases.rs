@@ -34,13 +34,14 @@ fn cases() {
 
 /// The objects of one `input.yaml`.
 #[derive(Default)]
-struct Objects {
-    services: Vec<Service>,
-    slices: Vec<EndpointSlice>,
+pub(super) struct Objects {
+    pub(super) services: Vec<Service>,
+    pub(super) slices: Vec<EndpointSlice>,
     nodes: Vec<Node>,
 }
 
-fn objects(yaml: &str) -> Result<Objects, String> {
+/// Services, EndpointSlices and a Node from a multi-document manifest.
+pub(super) fn objects(yaml: &str) -> Result<Objects, String> {
     let mut objects = Objects::default();
     let docs: Vec<serde_json::Value> =
         serde_saphyr::from_multiple(yaml).map_err(|e| format!("input.yaml: {e}"))?;

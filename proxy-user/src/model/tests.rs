@@ -6,26 +6,6 @@ use super::*;
 use std::collections::BTreeSet;
 use std::net::Ipv4Addr;
 
-/// Services and EndpointSlices from a multi-document manifest.
-fn objects(yaml: &str) -> (Vec<Service>, Vec<EndpointSlice>) {
-    let mut services = Vec::new();
-    let mut slices = Vec::new();
-    let docs: Vec<serde_json::Value> = serde_saphyr::from_multiple(yaml).expect("test YAML parses");
-    for value in docs {
-        if value.is_null() {
-            continue;
-        }
-        match value["kind"].as_str() {
-            Some("Service") => services.push(serde_json::from_value(value).expect("a Service")),
-            Some("EndpointSlice") => {
-                slices.push(serde_json::from_value(value).expect("an EndpointSlice"))
-            }
-            other => panic!("unexpected kind {other:?} in test YAML"),
-        }
-    }
-    (services, slices)
-}
-
 #[derive(Clone, Copy, Debug)]
 enum NodeSel {
     /// node-a, addresses 192.168.1.10 and 203.0.113.10, zone zone-a.
@@ -54,7 +34,7 @@ fn node(sel: NodeSel) -> Option<NodeInfo> {
 /// case files compare the Display rendering, which shows every field).
 #[test]
 fn clusterip_exact_state() {
-    let (services, slices) = objects(
+    let objects = super::cases::objects(
         r#"
 apiVersion: v1
 kind: Service
@@ -73,8 +53,9 @@ endpoints:
 - addresses: [10.244.1.2]
   conditions: {ready: true}
 "#,
-    );
-    let (state, warnings) = build(&services, &slices);
+    )
+    .expect("the objects parse");
+    let (state, warnings) = build(&objects.services, &objects.slices);
     assert!(warnings.is_empty(), "{warnings:?}");
     let addr = FrontendAddr {
         ip: Ipv4Addr::new(10, 96, 0, 10).into(),

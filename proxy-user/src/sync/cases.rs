@@ -34,7 +34,7 @@ use proxy_common::{CtEntry, CtEntry6, CtKey, CtKey6, SockEntry, SockEntry6, Sock
 use super::*;
 use crate::model::{FrontendKind, ServicePortName, SourceRanges, TopologyMode};
 use crate::sync::encode::addr4_be;
-use crate::sync::maptext::Edit;
+use crate::sync::maptext::{frontend_addr, Edit};
 use crate::sync::memstore::{k, MemStore};
 use crate::util::txtar::{self, Archive, At, Produced};
 
@@ -297,24 +297,6 @@ fn report_text(r: &SyncReport) -> String {
         );
     }
     out
-}
-
-fn frontend_addr(text: &str) -> Result<FrontendAddr, String> {
-    let (at, protocol) = text
-        .rsplit_once('/')
-        .ok_or_else(|| format!("{text:?} is not address:port/PROTOCOL"))?;
-    let at: SocketAddr = at
-        .parse()
-        .map_err(|_| format!("{at:?}: not address:port"))?;
-    Ok(FrontendAddr {
-        ip: at.ip(),
-        port: at.port(),
-        protocol: match protocol {
-            "TCP" => Protocol::Tcp,
-            "UDP" => Protocol::Udp,
-            other => return Err(format!("{other:?}: not TCP or UDP")),
-        },
-    })
 }
 
 fn backend_list(text: &str) -> Result<Vec<BackendAddr>, String> {

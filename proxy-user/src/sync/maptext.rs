@@ -259,7 +259,7 @@ fn protocol(text: &str) -> Result<Protocol, String> {
 }
 
 /// `10.96.0.10:80/TCP`.
-fn frontend_addr(text: &str) -> Result<FrontendAddr, String> {
+pub(crate) fn frontend_addr(text: &str) -> Result<FrontendAddr, String> {
     let (at, proto) = text
         .rsplit_once('/')
         .ok_or_else(|| format!("{text:?} is not address:port/PROTOCOL"))?;
