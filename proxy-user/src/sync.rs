@@ -407,9 +407,26 @@ impl<S: MapStore> Syncer<S> {
             *self.range_entries.of(addr.family()) += programmed.ranges.len();
             self.programmed.insert(addr, programmed);
         }
-        // Orphans: slots of dropped frontends, unused backends and rev-NAT entries.
-        for key in slots.keys().filter(|k| !keep_slots.contains(k)) {
-            log_write(self.store.delete_frontend(*key));
+        // Orphans: slots of dropped frontends, unused backends and rev-NAT
+        // entries. Every slot 0 goes first, so a dropped frontend stops
+        // matching before its other slots go (as a removal does).
+        let mut orphans: Vec<AnyFrontendKey> = slots
+            .keys()
+            .filter(|k| !keep_slots.contains(k))
+            .copied()
+            .collect();
+        orphans.sort_by_key(|k| {
+            (
+                k.slot() != 0,
+                k.ip(),
+                k.port(),
+                k.proto(),
+                k.scope(),
+                k.slot(),
+            )
+        });
+        for key in orphans {
+            log_write(self.store.delete_frontend(key));
         }
         for (id, backend) in &dump.backends {
             if !keep_backends.contains(&(*id, backend.family())) {
@@ -1302,9 +1319,13 @@ fn place(old: &[u32], wanted: &[u32]) -> Vec<u32> {
 }
 
 mod backends;
+#[cfg(test)]
+mod cases;
 pub mod encode;
 pub mod heal;
 pub mod maglev;
+#[cfg(test)]
+pub(crate) mod maptext;
 #[cfg(test)]
 pub(crate) mod memstore;
 #[cfg(test)]

@@ -5,3 +5,5 @@ pub mod cores;
 pub mod fsmode;
 pub mod heap;
 pub mod malloc;
+#[cfg(test)]
+pub(crate) mod txtar;
