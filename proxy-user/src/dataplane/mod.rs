@@ -1,7 +1,7 @@
 //! The data plane: everything that talks to the kernel. Loading the
 //! programs and pinning their maps, attaching them (pod interfaces,
 //! uplinks, the cgroup socket hooks), the pinned maps themselves (opened
-//! only through [`pins`]), their resize and migration, the conntrack
+//! only through [`pins`]) and their resize, the conntrack
 //! collector and socket closing. It implements the sync's `MapStore`.
 pub mod attach;
 pub mod btf;
@@ -14,7 +14,6 @@ pub mod kctx;
 pub mod kmem;
 pub mod mapbatch;
 pub mod maps;
-pub mod migrate;
 pub mod namespaces;
 pub mod openflows;
 pub mod pinroot;
