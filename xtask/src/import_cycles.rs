@@ -368,10 +368,7 @@ mod tests {
         );
         write("dataplane/maps.rs", "use super::{pins::Pins, Other};\n");
         let found = cycle(&graph(&root).expect("graph"), SHOWN);
-        write(
-            "dataplane/pins.rs",
-            "use proxy_common::names::CONNTRACK;\n",
-        );
+        write("dataplane/pins.rs", "use proxy_common::names::CONNTRACK;\n");
         let gone = cycle(&graph(&root).expect("graph"), SHOWN);
         let _ = fs::remove_dir_all(&root);
         assert_eq!(

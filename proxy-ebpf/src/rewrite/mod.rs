@@ -12,9 +12,8 @@ pub mod v6;
 use crate::{
     maps::{count, count_service},
     packet::{
-        csum_replace4,
-        ctx::ptr_at,
-        set, FlowOf, Skip, Words, ETH_HLEN, IP_CSUM_OFF, TCP_CSUM_OFF, UDP_CSUM_OFF,
+        csum_replace4, ctx::ptr_at, set, FlowOf, Skip, Words, ETH_HLEN, IP_CSUM_OFF, TCP_CSUM_OFF,
+        UDP_CSUM_OFF,
     },
 };
 use aya_ebpf::{

@@ -11,9 +11,9 @@ use std::path::{Path, PathBuf};
 use aya::maps::{lpm_trie::LpmTrie, Array, HashMap, Map, MapData, MapError, PerCpuArray};
 use proxy_common::{
     names, prefilter::quiet::QuietMark, AffinityEntry, AffinityKey, AffinityKey6, Backend,
-    Backend6, Config, CtEntry, CtEntry6, CtKey, CtKey6, FragEntry,
-    FragEntry6, FragKey, FragKey6, FrontendKey, FrontendKey6, FrontendSlot, MaglevTable, RevNat,
-    RevNat6, SockEntry, SockEntry6, SockKey, SockKey6, SrcRange4, SrcRange6, SvcStats, Uplink,
+    Backend6, Config, CtEntry, CtEntry6, CtKey, CtKey6, FragEntry, FragEntry6, FragKey, FragKey6,
+    FrontendKey, FrontendKey6, FrontendSlot, MaglevTable, RevNat, RevNat6, SockEntry, SockEntry6,
+    SockKey, SockKey6, SrcRange4, SrcRange6, SvcStats, Uplink,
 };
 
 /// Opening a pinned map failed. (The kernel's error is boxed: it is large,

@@ -207,10 +207,15 @@ fn an_upgrade_keeps_every_connection_counter_and_programmed_map() {
     let active = held_tcp(&sb, run_ms as f64 / 1000.0);
     std::thread::sleep(Duration::from_millis(1000));
     sb.stop_agent().expect("stop the agent");
-    let (pins, ids, format) = (sb_pins(&sb.pin_dir), map_ids(&sb.pin_dir), stamp(&sb.pin_dir));
+    let (pins, ids, format) = (
+        sb_pins(&sb.pin_dir),
+        map_ids(&sb.pin_dir),
+        stamp(&sb.pin_dir),
+    );
     let services = programmed(&sb);
     let counted = counters(&sb.pin_dir);
-    sb.start_agent(&upgrade).expect("start the next release's agent");
+    sb.start_agent(&upgrade)
+        .expect("start the next release's agent");
     wait_agent_log(&sb, AGENT_READY, Duration::from_secs(15));
     let log = sb.agent_log();
 
@@ -310,7 +315,10 @@ fn an_older_layout_is_adopted_and_restamped_and_its_unknown_pins_listed_until_cl
     let text = stdout(&status);
     assert!(!status.status.success(), "{text}");
     assert!(!text.contains("older than"), "{text}");
-    assert!(text.contains("does not use") && text.contains("SB_CT_V4"), "{text}");
+    assert!(
+        text.contains("does not use") && text.contains("SB_CT_V4"),
+        "{text}"
+    );
     let findings = layout_findings(&sb);
     assert!(
         findings.len() == 1
@@ -340,6 +348,9 @@ fn an_older_layout_is_adopted_and_restamped_and_its_unknown_pins_listed_until_cl
             .collect(),
         Err(_) => Vec::new(),
     };
-    assert!(left.is_empty(), "pin root not empty after cleanup: {left:?}");
+    assert!(
+        left.is_empty(),
+        "pin root not empty after cleanup: {left:?}"
+    );
     sb.cleanup().expect("cleanup");
 }
