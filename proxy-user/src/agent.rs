@@ -28,7 +28,6 @@ use crate::{
     dataplane::load::object,
     dataplane::pins::memory,
     dataplane::maps::PinnedMaps,
-    dataplane::pins::migrate,
     dataplane::pins::format,
     dataplane::pins::resize,
     dataplane::attach::socket_layer,
@@ -247,21 +246,6 @@ pub async fn run(config: AgentConfig, object: &'static [u8]) -> anyhow::Result<(
         info!(?copied, "resized maps filled from the pinned ones");
     }
     let mut maps = PinnedMaps::take(&mut ebpf).context("opening the maps")?;
-    // An agent of an earlier layout ran: its flows come over (again after
-    // the programs were replaced, for the flows it tracked meanwhile).
-    for early in migrate::copy_flows(&config.pin_root, &mut maps) {
-        match early {
-            Ok(early) => info!(
-                pin = early.pin,
-                copied = early.copied,
-                "flows copied from an earlier layout"
-            ),
-            Err(error) => {
-                let error = format!("{:#}", anyhow::Error::from(error));
-                warn!(%error, "an earlier layout's pin was left alone");
-            }
-        }
-    }
     let datapath_config =
         socket_layer::datapath_config().context("reading the node's network namespace")?;
     maps.set_config(datapath_config)
@@ -365,19 +349,6 @@ pub async fn run(config: AgentConfig, object: &'static [u8]) -> anyhow::Result<(
         .map(|addr| metrics::serve(addr, sync.observer.metrics(), &gc_metrics, &config.pin_root))
         .transpose()?;
     sync.set_interfaces(attacher.interfaces(), &uplinks.statuses());
-    for migrated in migrate::finish(&config.pin_root, sync.syncer.store_mut()) {
-        match migrated {
-            Ok(m) => info!(
-                pin = m.pin,
-                copied = m.copied,
-                "earlier layout migrated and unpinned"
-            ),
-            Err(error) => {
-                let error = format!("{:#}", anyhow::Error::from(error));
-                warn!(%error, "an earlier layout's pin was left alone");
-            }
-        }
-    }
     // After any resize: the collector opens the pin the programs use.
     let open_flows = crate::dataplane::flows::open_counts::LeastConnMaps::take(&mut ebpf)
         .context("least-connection's maps")?;

@@ -145,7 +145,7 @@ impl Healer {
     }
 
     /// Remembers the map pins under the pin root and their maps (after
-    /// any resize or migration: these are the maps the programs use).
+    /// any resize: these are the maps the programs use).
     pub(super) fn record_pins(&mut self) {
         let Ok(entries) = std::fs::read_dir(&self.pin_root) else {
             return;

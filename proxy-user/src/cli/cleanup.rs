@@ -20,11 +20,10 @@ use serde::Serialize;
 use super::{agent_process, hooks, kube_proxy, Common, Done, Output};
 
 /// The tc programs switchboard attaches, by hook.
-const TC_PROGRAMS: [(&str, TcAttachType); 4] = [
+const TC_PROGRAMS: [(&str, TcAttachType); 3] = [
     (programs::TC_FROM_POD, TcAttachType::Ingress),
     (programs::TC_FROM_UPLINK, TcAttachType::Ingress),
     (programs::TC_TO_POD, TcAttachType::Egress),
-    (programs::TC_REWRITE, TcAttachType::Ingress),
 ];
 /// How long released links may take to leave their hooks.
 const SETTLE: Duration = Duration::from_secs(3);

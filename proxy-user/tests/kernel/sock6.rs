@@ -41,7 +41,7 @@ use aya::{
 use proxy_common::{
     addr6_be, frontend_flags, names, programs, proto, scope, sock_conn_flags, sock_dir, stat,
     Backend, Backend6, Config, FrontendKey, FrontendKey6, FrontendSlot, SockConn6, SockEntry6,
-    SockKey6, SockTarget6,
+    SockKey6,
 };
 use proxy_user::dataplane::{load::object, attach::socket_layer};
 
@@ -912,52 +912,6 @@ fn a_sockets_storage_says_whether_it_counts_on_its_backend() {
         (0, 0),
         "closed sockets count no more"
     );
-}
-
-/// A TCP socket the previous release connected holds that release's
-/// storage (`SB_SOCK_CONN6_V1`: no flags), which this release reads: after
-/// an upgrade its peer still shows as the frontend. Here the storage is
-/// written the way that release wrote it, onto a socket connected straight
-/// to a backend.
-#[test]
-fn a_socket_the_previous_release_connected_still_shows_its_frontend() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let mut w = world("sock6-conn-v1");
-    let mut previous: SkStorage<_, SockTarget6> = SkStorage::try_from(
-        w.ebpf
-            .take_map(names::SOCK_CONNS6_V1)
-            .expect("SB_SOCK_CONN6_V1"),
-    )
-    .expect("typed");
-    let (backend, frontend) = (
-        SocketAddr::from((BE6[0], POD_TCP)),
-        SocketAddr::from((FE6, TCP_PORT)),
-    );
-    let target = SockTarget6 {
-        backend_addr_be: addr6_be(BE6[0].octets()),
-        frontend_addr_be: addr6_be(FE6.octets()),
-        backend_port_be: POD_TCP.to_be(),
-        frontend_port_be: TCP_PORT.to_be(),
-        service_id: 1,
-    };
-    let member = w.cgroup.member();
-    let (before, after) = in_netns(|| {
-        member.inside(|| {
-            let stream = TcpStream::connect_timeout(&backend, Duration::from_secs(2))
-                .unwrap_or_else(|e| panic!("connect {backend}: {e}"));
-            let before = stream.peer_addr().expect("peer");
-            previous
-                .insert(&stream, target, 0)
-                .expect("write the previous release's storage");
-            (before, stream.peer_addr().expect("peer"))
-        })
-    });
-    assert_eq!(before, backend, "a socket connected to a backend shows it");
-    assert_eq!(
-        after, frontend,
-        "the previous release's storage names the frontend"
-    );
-    assert_eq!(least_conn_open(&w.ebpf), (0, 0), "it counts nowhere");
 }
 
 /// `least-conn` in the socket layer: a connected socket counts on its

@@ -3,13 +3,9 @@
 //! filled at and answer only while it still holds
 //! (`proxy-ebpf/src/ct/cache.rs`). The agent moves it on after it removes
 //! entries (a pass of the collector that removed any, a purge), by
-//! [`CT_GEN_AGENT_STEP`] with a read and a write. The data path voids only
-//! the slot of a key whose entry it removes or replaces (a generation per
-//! slot index, its own map); the previous release's programs, during an
-//! upgrade, still add one to this generation with an atomic add. Such an
-//! add landing between the agent's read and write is lost, but the value
-//! written is still above every value the generation held before, so no
-//! slot filled earlier holds it.
+//! [`CT_GEN_AGENT_STEP`] with a read and a write: only the agent writes it.
+//! The data path voids only the slot of a key whose entry it removes or
+//! replaces (a generation per slot index, its own map).
 //!
 //! A generation that is not moved on (the write failed) costs at most one
 //! refresh interval (`CT_REFRESH_NS`): a slot stands for its entry only

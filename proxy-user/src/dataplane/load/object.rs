@@ -186,9 +186,9 @@ pub fn capacity_mismatches(pin_root: &Path, caps: &Capacities) -> Vec<CapacityMi
 /// socket-layer programs loaded into the kernel (not yet attached).
 ///
 /// Nothing the running data path uses changes: maps are created or adopted
-/// but not written, and the tail-call slot still holds the running agent's
-/// `sb_rewrite` until [`install_tail_calls`] (called right before the
-/// programs are attached).
+/// but not written, and the tail-call slots still hold the running agent's
+/// IPv6 uplink programs until [`install_tail_calls`] (called right before
+/// the programs are attached).
 ///
 /// The maps named in `staged` are created fresh at their staging pins
 /// ([`crate::dataplane::pins::resize::staging_path`]) instead of adopted: they are being
@@ -335,9 +335,6 @@ fn load_once(
     for name in [
         programs::TC_FROM_POD,
         programs::TC_TO_POD,
-        programs::TC_REWRITE,
-        programs::TC_FROM_POD6,
-        programs::TC_TO_POD6,
         programs::TC_FROM_UPLINK,
         programs::TC_FROM_UPLINK6,
     ] {
@@ -358,26 +355,10 @@ fn load_once(
     Ok(ebpf)
 }
 
-/// Puts `sb_rewrite` in its slot of the tail-call array (pinned, so an
-/// earlier agent's programs, still attached, call the new one at once), and
-/// the IPv6 pod programs in theirs.
+/// Puts the IPv6 uplink programs in their slots of the tail-call arrays
+/// (pinned, so the uplink programs still attached, a running agent's
+/// included, call the new ones at once).
 pub fn install_tail_calls(ebpf: &mut Ebpf) -> Result<(), LoadError> {
-    install_tail_call(ebpf, names::TAIL_CALLS, tail::REWRITE, programs::TC_REWRITE)?;
-    // IPv6 on the pod path: programs of their own, tail-called by the IPv4
-    // ones through a pinned array of their own.
-    install_tail_call(
-        ebpf,
-        names::TAIL_CALLS6,
-        tail::FROM_POD6,
-        programs::TC_FROM_POD6,
-    )?;
-    install_tail_call(
-        ebpf,
-        names::TAIL_CALLS6,
-        tail::TO_POD6,
-        programs::TC_TO_POD6,
-    )?;
-    // IPv6 on the uplinks: the same, for the tc and the XDP program.
     install_tail_call(
         ebpf,
         names::TAIL_CALLS6,

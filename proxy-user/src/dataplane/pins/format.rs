@@ -6,12 +6,16 @@
 //! version number (bpffs holds BPF objects, directories and symbolic links,
 //! no regular files). `readlink` reads it without any BPF privilege, and an
 //! older binary's `switchboard cleanup`, which removes every `SB_` name,
-//! removes it too. A pin root without it was written by an agent from before
-//! format versions (format 0).
+//! removes it too.
 //!
 //! An agent refuses a pin root of a newer format than its own: that agent's
 //! maps may have layouts this one would misread, and its programs would be
-//! left attached beside this one's.
+//! left attached beside this one's. Over an older format, or a pin root
+//! without a stamp, it adopts the maps of its own layout (a map's name
+//! stands for its layout), creates the others and records its format; the
+//! `SB_` pins it does not know stay where they are, read by nothing, and
+//! `status` and `doctor` list them until they are removed (`switchboard
+//! cleanup` removes every `SB_` pin).
 use std::{
     fs, io,
     path::{Path, PathBuf},
@@ -25,7 +29,7 @@ use crate::dataplane::pins::resize;
 /// map's name, type or entry layout (the names are in
 /// `proxy_common::names::ALL`; the test `the_format_follows_the_map_names`
 /// fails until this is raised when they change).
-pub const FORMAT: u32 = 8;
+pub const FORMAT: u32 = 9;
 
 /// Where the agent pins its maps unless told otherwise.
 pub const DEFAULT_PIN_ROOT: &str = "/sys/fs/bpf/switchboard";
@@ -53,7 +57,7 @@ pub enum FormatError {
 }
 
 /// The format recorded in `pin_root`: `None` when there is no stamp (an
-/// empty pin root, or one of an agent from before format versions).
+/// empty pin root, or one whose stamp was removed).
 pub fn read_format(pin_root: &Path) -> Result<Option<u32>, FormatError> {
     let path = pin_root.join(FORMAT_PIN);
     let target = match fs::read_link(&path) {
@@ -161,10 +165,7 @@ pub struct Layout {
     pub format_error: Option<String>,
     /// Whether any map of this version is pinned.
     pub maps_pinned: bool,
-    /// `SB_` pins of earlier layouts that this version migrates at start.
-    pub to_migrate: Vec<String>,
-    /// `SB_` pins this version does not know (earlier layouts, or a newer
-    /// version's).
+    /// `SB_` pins this version does not know (another version's layout).
     pub unknown: Vec<String>,
     /// Staging pins of a resize that did not finish.
     pub staging: Vec<String>,
@@ -186,8 +187,6 @@ pub fn layout(pin_root: &Path) -> Layout {
             layout.maps_pinned = true;
         } else if name.ends_with(resize::STAGING_SUFFIX) {
             layout.staging.push(name);
-        } else if crate::dataplane::pins::migrate::EARLIER.contains(&name.as_str()) {
-            layout.to_migrate.push(name);
         } else if name.starts_with("SB_") && !is_stamp(&name) {
             layout.unknown.push(name);
         }
@@ -219,22 +218,13 @@ pub fn problems(layout: &Layout, pin_root: &Path) -> Vec<Problem> {
         }),
         Some(format) if format < FORMAT => found.push(Problem {
             what: format!("pin root {root} is of format {format}, older than this switchboard's (format {FORMAT})"),
-            fix: "start this version's agent: it migrates the pin root at start".into(),
+            fix: "start this version's agent: it adopts the maps of its layout and records its format".into(),
         }),
         None if layout.maps_pinned && layout.format_error.is_none() => found.push(Problem {
-            what: format!("pin root {root} has no format stamp ({FORMAT_PIN}): an agent from before format versions wrote it (this switchboard's format is {FORMAT})"),
+            what: format!("pin root {root} holds maps but no format stamp ({FORMAT_PIN}; this switchboard's format is {FORMAT})"),
             fix: "start this version's agent: it adopts the maps and records its format".into(),
         }),
         _ => {}
-    }
-    if !layout.to_migrate.is_empty() {
-        found.push(Problem {
-            what: format!(
-                "pins of an earlier layout not yet migrated: {}",
-                layout.to_migrate.join(", ")
-            ),
-            fix: "start (or restart) this version's agent: it copies their entries into the current maps and unpins them (a pin still here after a start was not of its layout: the agent's log names the problem)".into(),
-        });
     }
     if !layout.unknown.is_empty() {
         found.push(Problem {
@@ -350,34 +340,37 @@ mod tests {
             "{:?}",
             problems(&layout(&root), &root)
         );
-        // Earlier layouts to migrate, a pin of another version, a stale
+        // Pins of other layouts (an older map name, a newer one), a stale
         // resize.
-        pin(
-            &root,
-            &["SB_CT_V2", "SB_STATS_V1", names::CONNTRACK_V4, "SB_FE_V9"],
-        );
+        pin(&root, &["SB_CT_V4", "SB_FE_V9"]);
         pin(
             &root,
             &[&format!("{}{}", names::CONNTRACK, resize::STAGING_SUFFIX)],
         );
         let found = layout(&root);
-        assert_eq!(found.unknown, ["SB_FE_V9"]);
-        let mut to_migrate = found.to_migrate.clone();
-        to_migrate.sort();
-        assert_eq!(to_migrate, ["SB_CT_V2", names::CONNTRACK_V4, "SB_STATS_V1"]);
+        assert_eq!(found.unknown, ["SB_CT_V4", "SB_FE_V9"]);
         assert_eq!(found.staging, [format!("{}_resize", names::CONNTRACK)]);
         let what: Vec<String> = problems(&found, &root)
             .into_iter()
             .map(|p| p.what)
             .collect();
-        assert_eq!(what.len(), 3, "{what:?}");
+        assert_eq!(what.len(), 2, "{what:?}");
         assert!(
-            what[0].contains("SB_CT_V2") && what[0].contains("SB_STATS_V1"),
+            what[0].contains("SB_CT_V4, SB_FE_V9") && what[0].contains("does not use"),
             "{what:?}"
         );
-        assert!(what[1].contains("SB_FE_V9"), "{what:?}");
-        assert!(what[2].contains("_resize"), "{what:?}");
-        // Maps without a stamp: written by an agent from before format versions.
+        assert!(what[1].contains("_resize"), "{what:?}");
+        // An older format: the agent adopts and restamps.
+        fs::remove_file(root.join(FORMAT_PIN)).expect("rm");
+        std::os::unix::fs::symlink((FORMAT - 1).to_string(), root.join(FORMAT_PIN))
+            .expect("older stamp");
+        let older = problems(&layout(&root), &root);
+        assert!(
+            older[0].what.contains("older than this switchboard's")
+                && older[0].fix.contains("records its format"),
+            "{older:?}"
+        );
+        // Maps without a stamp.
         remove_stamp(&root).expect("unstamp");
         let what: Vec<String> = problems(&layout(&root), &root)
             .into_iter()
@@ -393,7 +386,7 @@ mod tests {
     #[test]
     fn the_format_follows_the_map_names() {
         let recorded: (u32, &[&str]) = (
-            8,
+            9,
             &[
                 "SB_FE_V1",
                 "SB_BE_V1",
@@ -405,7 +398,6 @@ mod tests {
                 "SB_SOCK_V1",
                 "SB_SOCK_AFFINITY_V1",
                 "SB_CONFIG_V1",
-                "SB_TAIL_V1",
                 "SB_UPLINK_V1",
                 "SB_MAGLEV_V1",
                 "SB_FRAG_V1",
@@ -425,8 +417,6 @@ mod tests {
                 "SB_FE_FILTER_V3",
                 "SB_QUIET_V2",
                 "SB_QUIET_GEN_V1",
-                "SB_SOCK_CONN_V1",
-                "SB_SOCK_CONN6_V1",
                 "SB_CT_GEN_V1",
                 "SB_SOCK_CONN_V2",
                 "SB_SOCK_CONN6_V2",

@@ -48,8 +48,8 @@ fn parse_fdinfo(text: &str) -> (Option<u32>, Option<u64>) {
     )
 }
 
-/// Every map of this version pinned under `pin_root` (those not pinned,
-/// such as an older layout's, are left out), in [`names::ALL`] order.
+/// Every map of this version pinned under `pin_root` (one not pinned there
+/// is left out), in [`names::ALL`] order.
 pub fn map_memory(pin_root: &Path) -> Result<Vec<MapMemory>, MapMemoryError> {
     let mut out = Vec::new();
     for map in names::ALL {

@@ -4,21 +4,20 @@
 //! [`MapsError`] that names the map and the path.
 //!
 //! [`PinnedMaps`](crate::dataplane::maps::PinnedMaps) (the agent's and the CLI's set),
-//! the conntrack collector, the migration of earlier layouts, the resize and
+//! the conntrack collector, the resize and
 //! the CLI's `explain` and `conntrack` all open their pins here.
 
 pub mod format;
 pub mod memory;
-pub mod migrate;
 pub mod resize;
 use std::path::{Path, PathBuf};
 
 use aya::maps::{lpm_trie::LpmTrie, Array, HashMap, Map, MapData, MapError, PerCpuArray};
 use proxy_common::{
     names, prefilter::quiet::QuietMark, AffinityEntry, AffinityKey, AffinityKey6, Backend,
-    Backend6, Config, CtEntry, CtEntry6, CtEntryV2, CtEntryV4, CtKey, CtKey6, FragEntry,
-    FragEntry6, FragKey, FragKey6, FrontendKey, FrontendKey6, FrontendSlot, MaglevTable, RevNat,
-    RevNat6, SockEntry, SockEntry6, SockKey, SockKey6, SrcRange4, SrcRange6, SvcStats, Uplink,
+    Backend6, Config, CtEntry, CtEntry6, CtKey, CtKey6, FragEntry, FragEntry6, FragKey, FragKey6,
+    FrontendKey, FrontendKey6, FrontendSlot, MaglevTable, RevNat, RevNat6, SockEntry, SockEntry6,
+    SockKey, SockKey6, SrcRange4, SrcRange6, SvcStats, Uplink,
 };
 
 /// Opening a pinned map failed. (The kernel's error is boxed: it is large,
@@ -194,10 +193,4 @@ pinned_maps! {
     quiet_pods: names::QUIET_PODS => Array<MapData, QuietMark>;
     quiet_gens: names::QUIET_GENS => Array<MapData, u64>;
     ct_gen: names::CT_GEN => Array<MapData, u64>;
-    /// `SB_CT_V2`, an earlier version's connection tracking.
-    conntrack_v2: names::CONNTRACK_V2 => Hash<CtKey, CtEntryV2>;
-    /// `SB_CT_V4`, an earlier version's connection tracking.
-    conntrack_v4: names::CONNTRACK_V4 => Hash<CtKey, CtEntryV4>;
-    /// `SB_STATS_V1`, an earlier version's data-path counters.
-    stats_v1: names::GLOBAL_STATS_V1 => PerCpuArray<MapData, u64>;
 }
