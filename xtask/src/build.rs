@@ -101,22 +101,22 @@ pub fn bench() -> Result<Binaries> {
 /// nothing else, xtask without its `harness` feature unless `harness`; the
 /// paths of switchboard and sb-echo.
 fn build(profile: &str, bins: &[&str], harness: bool) -> Result<Binaries> {
-    let mut cmd = cargo();
-    cmd.current_dir(repo_root())
-        .args([
-            "build",
-            "--profile",
-            profile,
-            "-p",
-            "switchboard",
-            "-p",
-            "xtask",
-        ])
-        .args(bins.iter().flat_map(|bin| ["--bin", bin]));
+    let mut args = vec![
+        "build",
+        "--profile",
+        profile,
+        "-p",
+        "switchboard",
+        "-p",
+        "xtask",
+    ];
+    args.extend(bins.iter().flat_map(|bin| ["--bin", bin]));
     if !harness {
-        cmd.arg("--no-default-features");
+        args.push("--no-default-features");
     }
-    println!("build: {}", show(&cmd));
+    println!("build: cargo {}", args.join(" "));
+    let mut cmd = cargo();
+    cmd.current_dir(repo_root()).args(&args);
     run_inherit(&mut cmd)?;
     let dir = target_dir().join(profile);
     for bin in bins {

@@ -14,7 +14,8 @@ enum Cmd {
     Setup,
     /// Release build of `switchboard` and `sb-echo`.
     Build,
-    /// setup + build + a netns sandbox: client → ClusterIP → three pods.
+    /// setup + a build of switchboard and sb-echo (the `demo` profile) + a
+    /// netns sandbox: client → ClusterIP → three pods.
     Demo,
     /// setup + build + every test (unit, fixtures, netns e2e) + clippy. Needs root.
     Test,
