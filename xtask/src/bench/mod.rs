@@ -292,7 +292,7 @@ pub fn run(opts: Options) -> Result<()> {
     .context("install Ctrl-C handler")?;
 
     crate::setup::run()?;
-    let bins = crate::build::run()?;
+    let bins = crate::build::bench()?;
     let switchboard = agent_binary(&bins.switchboard)?;
     let sb_http = release_bin("sb-http");
     ensure!(
