@@ -26,6 +26,7 @@
 //! one allocator each, so an id names an entry in exactly one family's map;
 //! the Maglev tables (by service id) are shared. Each family's map has the
 //! full capacity, so capacity is counted per family.
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::IpAddr;
 
@@ -46,7 +47,7 @@ use crate::{
     },
     sync::maglev::BackendKey,
     sync::store::Capacities,
-    sync::store::{MapStore, WriteError},
+    sync::store::{Dump, MapStore, WriteError},
 };
 
 /// What one frontend looks like in the maps. Held for every frontend, so
@@ -114,6 +115,22 @@ impl Programmed {
     fn entries(&self) -> usize {
         1 + self.slots.len() + self.external.as_ref().map_or(0, |e| 1 + e.len())
     }
+
+    /// The slots and shares of set `scope` (the external set's slots are
+    /// empty when it has none).
+    fn set(&self, scope: u8) -> (&[u32], Option<&[u16]>) {
+        let slots = match scope {
+            scope::INTERNAL => &self.slots[..],
+            _ => self.external.as_deref().unwrap_or_default(),
+        };
+        (slots, self.shares(scope))
+    }
+
+    /// Whether slot 0 names a hashing algorithm, whose Maglev table is in
+    /// the maps under the service id.
+    fn hashed(&self) -> bool {
+        self.flags & frontend_flags::ALGO_MASK != frontend_flags::ALGO_RANDOM
+    }
 }
 
 /// A count per address family.
@@ -128,6 +145,13 @@ impl PerFamily {
         match family {
             IpFamily::V4 => &mut self.v4,
             IpFamily::V6 => &mut self.v6,
+        }
+    }
+
+    fn get(&self, family: IpFamily) -> usize {
+        match family {
+            IpFamily::V4 => self.v4,
+            IpFamily::V6 => self.v6,
         }
     }
 }
@@ -221,6 +245,16 @@ impl Purge {
     }
 }
 
+/// One sync under way: what it did so far, the flows to purge once it is
+/// done, and whether a write failed.
+#[derive(Default)]
+struct Pass {
+    report: SyncReport,
+    purge: Purge,
+    /// A write failed half-way: the maps are reloaded at the end.
+    failed_write: bool,
+}
+
 impl<S: MapStore> Syncer<S> {
     /// Starts from what the maps already hold (a restarted agent adopts the
     /// pinned state instead of flushing it). Entries that belong to no complete
@@ -281,7 +315,12 @@ impl<S: MapStore> Syncer<S> {
         &mut self.store
     }
 
-    /// Rebuilds the in-memory view from the maps and removes orphans.
+    /// Rebuilds the in-memory view from the maps and removes orphans:
+    /// every whole frontend is adopted as the maps hold it (see
+    /// [`adopt_frontend`](Self::adopt_frontend)), then every entry no
+    /// adopted frontend uses is deleted. A frontend left half-written (by a
+    /// crash, or a failed write) is not adopted; its entries go with the
+    /// orphans, and the next apply writes it again.
     fn reload(&mut self) {
         let dump = self.store.dump();
         self.programmed.clear();
@@ -289,135 +328,105 @@ impl<S: MapStore> Syncer<S> {
         self.service_ids.clear();
         self.frontend_entries = PerFamily::default();
         self.range_entries = PerFamily::default();
-        let mut ranges: HashMap<u32, Vec<IpCidr>> = HashMap::new();
-        for (id, block) in &dump.source_ranges {
-            ranges.entry(*id).or_default().push(*block);
-        }
-
-        // Each family's backends by id. Ids are one space: an id found in
-        // both maps (a crash between a delete and a reuse) is kept for the
-        // first frontend that uses it; another family's frontend naming it
-        // is dropped and rewritten with a fresh id.
-        let backends: HashMap<(IpFamily, u32), AnyBackend> = dump
-            .backends
-            .iter()
-            .map(|(id, b)| ((b.family(), *id), *b))
-            .collect();
-        let revnat: HashMap<u32, AnyRevNat> = dump.revnat.iter().copied().collect();
-        let slots: HashMap<AnyFrontendKey, FrontendSlot> = dump.frontends.iter().copied().collect();
-        let mut keep_slots: HashSet<AnyFrontendKey> = HashSet::new();
-        let mut keep_backends: HashSet<(u32, IpFamily)> = HashSet::new();
-        let mut service_family: HashMap<u32, IpFamily> = HashMap::new();
-
+        let index = DumpIndex::new(&dump);
+        let mut adopted = Adopted::default();
         for (key, head) in dump
             .frontends
             .iter()
             .filter(|(k, _)| k.slot() == 0 && k.scope() == scope::INTERNAL)
         {
-            let Some(addr) = frontend_addr(key) else {
-                continue;
-            };
-            let internal = complete_slots(&slots, &backends, key, head);
-            // Outer `None`: announced but incomplete; inner `None`: no
-            // external set.
-            let external: Option<Option<SlotSet>> = if frontend_flags::has_external_set(head.flags)
-            {
-                let ext_key = key.at(scope::EXTERNAL, 0);
-                slots
-                    .get(&ext_key)
-                    .and_then(|ext_head| complete_slots(&slots, &backends, &ext_key, ext_head))
-                    .map(Some)
-            } else {
-                Some(None)
-            };
-            let (Some((ids, internal_shares)), Some(external)) = (internal, external) else {
-                // Half-written by a crash: drop it; the next apply rewrites it.
-                warn!(frontend = %addr, "adopting maps: incomplete frontend entry removed");
-                continue;
-            };
-            if head.service_id == 0
-                || service_family
-                    .get(&head.service_id)
-                    .is_some_and(|f| *f != addr.family())
-            {
-                warn!(frontend = %addr, "adopting maps: incomplete frontend entry removed");
-                continue;
-            }
-            let (external, external_shares) = match external {
-                Some((ids, shares)) => (Some(ids), shares),
-                None => (None, None),
-            };
-            let other_family = ids.iter().chain(external.iter().flatten()).any(|id| {
+            self.adopt_frontend(&index, key, head, &mut adopted);
+        }
+        self.remove_orphans(&dump, &index, &adopted);
+        self.next_service_id = self.service_ids.last().map_or(1, |id| id + 1);
+        self.next_backend_id = self.backends.max_id().map_or(1, |id| id + 1);
+    }
+
+    /// Adopts the frontend whose internal slot 0 is `head` if it is whole:
+    /// every slot of its sets present and naming a backend of its family, a
+    /// service id no frontend of the other family has, and no backend id
+    /// an adopted frontend of the other family holds. Ids are one space,
+    /// so an id found in both families' maps (a crash between a delete and
+    /// a reuse) stays with the first frontend that uses it; another
+    /// family's frontend naming it is left out and rewritten with a fresh
+    /// id.
+    fn adopt_frontend(
+        &mut self,
+        index: &DumpIndex,
+        key: &AnyFrontendKey,
+        head: &FrontendSlot,
+        adopted: &mut Adopted,
+    ) {
+        let Some(addr) = frontend_addr(key) else {
+            return;
+        };
+        let Some((internal, external)) = index.complete_sets(key, head) else {
+            // Half-written by a crash: drop it; the next apply rewrites it.
+            warn!(frontend = %addr, "adopting maps: incomplete frontend entry removed");
+            return;
+        };
+        if head.service_id == 0
+            || adopted
+                .service_family
+                .get(&head.service_id)
+                .is_some_and(|f| *f != addr.family())
+        {
+            warn!(frontend = %addr, "adopting maps: incomplete frontend entry removed");
+            return;
+        }
+        let other_family = internal
+            .0
+            .iter()
+            .chain(external.iter().flat_map(|(ids, _)| ids))
+            .any(|id| {
                 self.backends
                     .get(*id)
                     .is_some_and(|(b, _)| b.family() != addr.family())
             });
-            if other_family {
-                warn!(frontend = %addr, "adopting maps: a backend id of this frontend is used by the other address family; the frontend is rewritten");
-                continue;
-            }
-            for (scope, set) in [
-                (scope::INTERNAL, Some(&ids)),
-                (scope::EXTERNAL, external.as_ref()),
-            ] {
-                let Some(set) = set else { continue };
-                for slot in 0..=set.len() as u16 {
-                    keep_slots.insert(key.at(scope, slot));
-                }
-                for id in set {
-                    keep_backends.insert((*id, addr.family()));
-                    let backend = backends[&(addr.family(), *id)];
-                    self.backends
-                        .hold(*id, backend_addr(&backend), addr.protocol);
-                }
-            }
-            let name = revnat
-                .get(&head.service_id)
-                .filter(|r| r.family() == addr.family())
-                .map(revnat_name)
-                .unwrap_or_default();
-            self.service_ids.insert(head.service_id);
-            service_family.insert(head.service_id, addr.family());
-            // Blocks of the other family under this id are orphans.
-            let mut blocks: Vec<IpCidr> = ranges
-                .get(&head.service_id)
-                .into_iter()
-                .flatten()
-                .filter(|b| b.is_ipv4() == (addr.family() == IpFamily::V4))
-                .copied()
-                .collect();
-            blocks.sort();
-            let weights = (internal_shares.is_some() || external_shares.is_some()).then(|| {
-                Box::new(Shares {
-                    internal: internal_shares.map(Into::into),
-                    external: external_shares.map(Into::into),
-                })
-            });
-            let programmed = Programmed {
-                service_id: head.service_id,
-                name: NameHash::of(&name),
-                flags: head.flags & !frontend_flags::WEIGHTED,
-                affinity_timeout_s: head.affinity_timeout_s,
-                slots: ids.into(),
-                external: external.map(Into::into),
-                ranges: blocks.into(),
-                weights,
-            };
-            *self.frontend_entries.of(addr.family()) += programmed.entries();
-            *self.range_entries.of(addr.family()) += programmed.ranges.len();
-            self.programmed.insert(addr, programmed);
+        if other_family {
+            warn!(frontend = %addr, "adopting maps: a backend id of this frontend is used by the other address family; the frontend is rewritten");
+            return;
         }
-        // Orphans: slots of dropped frontends, unused backends and rev-NAT entries.
-        for key in slots.keys().filter(|k| !keep_slots.contains(k)) {
+        let sets = [
+            (scope::INTERNAL, Some(&internal.0)),
+            (scope::EXTERNAL, external.as_ref().map(|(ids, _)| ids)),
+        ];
+        for (scope, set) in sets {
+            let Some(set) = set else { continue };
+            for slot in 0..=set.len() as u16 {
+                adopted.slots.insert(key.at(scope, slot));
+            }
+            for id in set {
+                adopted.backends.insert((*id, addr.family()));
+                let backend = index.backends[&(addr.family(), *id)];
+                self.backends
+                    .hold(*id, backend_addr(&backend), addr.protocol);
+            }
+        }
+        let programmed = index.programmed(&addr, head, internal, external);
+        self.service_ids.insert(head.service_id);
+        adopted
+            .service_family
+            .insert(head.service_id, addr.family());
+        *self.frontend_entries.of(addr.family()) += programmed.entries();
+        *self.range_entries.of(addr.family()) += programmed.ranges.len();
+        self.programmed.insert(addr, programmed);
+    }
+
+    /// Deletes what no adopted frontend uses: the slots of frontends left
+    /// out, unused backends, and the reverse-NAT entries and source blocks
+    /// of service ids no frontend of their family has.
+    fn remove_orphans(&mut self, dump: &Dump, index: &DumpIndex, adopted: &Adopted) {
+        for key in index.slots.keys().filter(|k| !adopted.slots.contains(k)) {
             log_write(self.store.delete_frontend(*key));
         }
         for (id, backend) in &dump.backends {
-            if !keep_backends.contains(&(*id, backend.family())) {
+            if !adopted.backends.contains(&(*id, backend.family())) {
                 log_write(self.store.delete_backend(*id, backend.family()));
             }
         }
         for (id, rnat) in &dump.revnat {
-            if service_family.get(id) != Some(&rnat.family()) {
+            if adopted.service_family.get(id) != Some(&rnat.family()) {
                 log_write(self.store.delete_revnat(*id, rnat.family()));
             }
         }
@@ -427,12 +436,10 @@ impl<S: MapStore> Syncer<S> {
             } else {
                 IpFamily::V6
             };
-            if service_family.get(id) != Some(&family) {
+            if adopted.service_family.get(id) != Some(&family) {
                 log_write(self.store.delete_source_range(*id, *block));
             }
         }
-        self.next_service_id = self.service_ids.last().map_or(1, |id| id + 1);
-        self.next_backend_id = self.backends.max_id().map_or(1, |id| id + 1);
     }
 
     /// The frontends programmed now, with their backends (sorted, each once).
@@ -481,40 +488,28 @@ impl<S: MapStore> Syncer<S> {
         self.sync_frontends(desired, &addrs, batching)
     }
 
+    /// Brings the `changed` frontends, and those that failed before (a
+    /// removal elsewhere may have made room), to `desired`. The steps'
+    /// order is what the sync promises:
+    /// 1. the frontends `desired` no longer has are removed, so the
+    ///    entries they free are there for what is added;
+    /// 2. the others are added or updated ([`upsert`](Self::upsert));
+    ///    into empty maps, in batches;
+    /// 3. the flows and sockets of what left are purged, once no slot
+    ///    names it.
+    ///
+    /// A write that fails half-way makes the maps the truth: they are
+    /// reloaded, and the next sync compares every frontend. A failed batch
+    /// is written again at once, one entry at a time.
     fn sync_frontends(
         &mut self,
         desired: &DesiredState,
         changed: &BTreeSet<FrontendAddr>,
         batching: Batching,
     ) -> SyncReport {
-        let mut retry: BTreeSet<FrontendAddr> = self.failed.keys().copied().collect();
-        let changed = if retry.is_empty() {
-            changed
-        } else {
-            retry.extend(changed.iter().copied());
-            &retry
-        };
-        let mut report = SyncReport::default();
-        let mut purge = Purge::default();
-        let mut failed_write = false;
-
-        for addr in changed
-            .iter()
-            .filter(|a| !desired.frontends.contains_key(a))
-        {
-            self.failed.remove(addr);
-            if !self.programmed.contains_key(addr) {
-                continue;
-            }
-            match self.remove(addr, &mut purge, &mut report.writes) {
-                Ok(()) => report.removed += 1,
-                Err(error) => {
-                    failed_write = true;
-                    warn!(frontend = %addr, %error, "removing frontend failed");
-                }
-            }
-        }
-
+        let changed = self.with_failed(changed);
+        let mut pass = Pass::default();
+        self.remove_gone(desired, &changed, &mut pass);
         // Into empty maps (a fresh start), puts go out in batches: a start
         // at 100k Services writes over two million entries.
         let batched = batching == Batching::Allowed
@@ -523,17 +518,93 @@ impl<S: MapStore> Syncer<S> {
         if batched {
             self.store.hold_puts();
         }
+        self.upsert_desired(desired, &changed, &mut pass);
+        if batched {
+            if let Err(error) = self.store.flush() {
+                // Which frontends made it is unknown: believe the maps, then
+                // write the rest one entry at a time, so a failure is
+                // reported against its frontend.
+                warn!(%error, "batched map writes failed; writing one by one");
+                self.reload();
+                return self.sync_all(desired, Batching::Off);
+            }
+        }
+        let Pass {
+            mut report,
+            purge,
+            failed_write,
+        } = pass;
+        report.failed = self.failed.values().cloned().collect();
+        self.purge_flows(&purge, &mut report);
+        if failed_write {
+            // Some write failed half-way: believe the maps, not our
+            // bookkeeping, and compare everything at the next sync.
+            self.reload();
+            self.needs_full = true;
+        }
+        report
+    }
+
+    /// `changed`, and the frontends that failed before.
+    fn with_failed<'a>(
+        &self,
+        changed: &'a BTreeSet<FrontendAddr>,
+    ) -> Cow<'a, BTreeSet<FrontendAddr>> {
+        if self.failed.is_empty() {
+            return Cow::Borrowed(changed);
+        }
+        let mut all: BTreeSet<FrontendAddr> = self.failed.keys().copied().collect();
+        all.extend(changed.iter().copied());
+        Cow::Owned(all)
+    }
+
+    /// Step 1: removes the `changed` frontends `desired` no longer has
+    /// (slot 0 first: see [`remove`](Self::remove)). They are no longer
+    /// failed either.
+    fn remove_gone(
+        &mut self,
+        desired: &DesiredState,
+        changed: &BTreeSet<FrontendAddr>,
+        pass: &mut Pass,
+    ) {
+        for addr in changed
+            .iter()
+            .filter(|a| !desired.frontends.contains_key(a))
+        {
+            self.failed.remove(addr);
+            if !self.programmed.contains_key(addr) {
+                continue;
+            }
+            match self.remove(addr, &mut pass.purge, &mut pass.report.writes) {
+                Ok(()) => pass.report.removed += 1,
+                Err(error) => {
+                    pass.failed_write = true;
+                    warn!(frontend = %addr, %error, "removing frontend failed");
+                }
+            }
+        }
+    }
+
+    /// Step 2: adds or updates the `changed` frontends `desired` has. One
+    /// that does not fit, or whose write failed, is recorded as failed, with
+    /// the reason; one programmed is no longer failed.
+    fn upsert_desired(
+        &mut self,
+        desired: &DesiredState,
+        changed: &BTreeSet<FrontendAddr>,
+        pass: &mut Pass,
+    ) {
         for frontend in changed.iter().filter_map(|a| desired.frontends.get(a)) {
             let addr = &frontend.addr;
             let name = frontend.service.to_string();
-            let reason = match self.upsert(frontend, &name, &mut purge, &mut report) {
+            let reason = match self.upsert(frontend, &name, &mut pass.purge, &mut pass.report) {
                 Ok(()) => {
                     self.failed.remove(addr);
                     continue;
                 }
                 Err(UpsertError::Capacity(reason)) => reason,
                 Err(UpsertError::Write(error)) => {
-                    failed_write = true;
+                    pass.failed_write = true;
                     match &error {
                         WriteError::Full { map } => format!("map {map} is full"),
                         WriteError::Other { .. } => error.to_string(),
@@ -547,80 +618,65 @@ impl<S: MapStore> Syncer<S> {
             };
             self.failed.insert(*addr, failed);
         }
-        if batched {
-            if let Err(error) = self.store.flush() {
-                // Which frontends made it is unknown: believe the maps, then
-                // write the rest one entry at a time, so a failure is
-                // reported against its frontend.
-                warn!(%error, "batched map writes failed; writing one by one");
-                self.reload();
-                return self.sync_all(desired, Batching::Off);
-            }
-        }
-        report.failed = self.failed.values().cloned().collect();
+    }
 
-        if !purge.services.is_empty() || !purge.udp_backends.is_empty() {
-            if purge.v4 {
-                report.conntrack_purged +=
-                    self.store.purge_conntrack(&|key: &CtKey, entry: &CtEntry| {
-                        purge.dooms(key.proto, entry.service_id, entry.backend_id)
-                    });
-                let purged = self
-                    .store
-                    .purge_sockets(&|key: &SockKey, entry: &SockEntry| {
-                        purge.dooms(key.proto, entry.service_id, entry.backend_id)
-                    });
-                report.sockets_purged += purged.len();
-                report.udp_sockets_left.extend(
-                    purged
-                        .iter()
-                        .filter(|key| key.proto == proto::UDP && key.dir == sock_dir::REVERSE)
-                        .map(|key| {
-                            (
-                                key.cookie,
-                                BackendAddr {
-                                    ip: IpAddr::V4(ipv4(key.addr_be)),
-                                    port: u16::from_be(key.port_be),
-                                },
-                            )
-                        }),
-                );
-            }
-            if purge.v6 {
-                report.conntrack_purged +=
-                    self.store
-                        .purge_conntrack6(&|key: &CtKey6, entry: &CtEntry6| {
-                            purge.dooms(key.proto, entry.service_id, entry.backend_id)
-                        });
-                let purged = self
-                    .store
-                    .purge_sockets6(&|key: &SockKey6, entry: &SockEntry6| {
-                        purge.dooms(key.proto, entry.service_id, entry.backend_id)
-                    });
-                report.sockets_purged += purged.len();
-                report.udp_sockets_left.extend(
-                    purged
-                        .iter()
-                        .filter(|key| key.proto == proto::UDP && key.dir == sock_dir::REVERSE)
-                        .map(|key| {
-                            (
-                                key.cookie,
-                                BackendAddr {
-                                    ip: IpAddr::V6(ipv6(key.addr_be)),
-                                    port: u16::from_be(key.port_be),
-                                },
-                            )
-                        }),
-                );
-            }
+    /// Step 3: drops the connection-tracking and socket-layer entries of
+    /// the service ports that left, and the UDP ones of backends that left
+    /// their service (the next datagram picks a live backend), scanning
+    /// only the tables of the families concerned. The connected UDP sockets
+    /// among them are reported ([`SyncReport::udp_sockets_left`]).
+    fn purge_flows(&mut self, purge: &Purge, report: &mut SyncReport) {
+        if purge.services.is_empty() && purge.udp_backends.is_empty() {
+            return;
         }
-        if failed_write {
-            // Some write failed half-way: believe the maps, not our
-            // bookkeeping, and compare everything at the next sync.
-            self.reload();
-            self.needs_full = true;
+        let udp_reverse = |proto: u8, dir: u8| proto == proto::UDP && dir == sock_dir::REVERSE;
+        if purge.v4 {
+            report.conntrack_purged +=
+                self.store.purge_conntrack(&|key: &CtKey, entry: &CtEntry| {
+                    purge.dooms(key.proto, entry.service_id, entry.backend_id)
+                });
+            let purged = self
+                .store
+                .purge_sockets(&|key: &SockKey, entry: &SockEntry| {
+                    purge.dooms(key.proto, entry.service_id, entry.backend_id)
+                });
+            report.sockets_purged += purged.len();
+            report.udp_sockets_left.extend(
+                purged
+                    .iter()
+                    .filter(|key| udp_reverse(key.proto, key.dir))
+                    .map(|key| {
+                        (
+                            key.cookie,
+                            sock_backend(IpAddr::V4(ipv4(key.addr_be)), key.port_be),
+                        )
+                    }),
+            );
         }
-        report
+        if purge.v6 {
+            report.conntrack_purged +=
+                self.store
+                    .purge_conntrack6(&|key: &CtKey6, entry: &CtEntry6| {
+                        purge.dooms(key.proto, entry.service_id, entry.backend_id)
+                    });
+            let purged = self
+                .store
+                .purge_sockets6(&|key: &SockKey6, entry: &SockEntry6| {
+                    purge.dooms(key.proto, entry.service_id, entry.backend_id)
+                });
+            report.sockets_purged += purged.len();
+            report.udp_sockets_left.extend(
+                purged
+                    .iter()
+                    .filter(|key| udp_reverse(key.proto, key.dir))
+                    .map(|key| {
+                        (
+                            key.cookie,
+                            sock_backend(IpAddr::V6(ipv6(key.addr_be)), key.port_be),
+                        )
+                    }),
+            );
+        }
     }
 
     fn remove(
@@ -673,6 +729,15 @@ impl<S: MapStore> Syncer<S> {
         Ok(())
     }
 
+    /// Adds `frontend`, or brings it to what it should be, under `name`,
+    /// in the order the module doc gives: nothing is written when it is
+    /// unchanged or would not fit (checked before any write); else the
+    /// reverse-NAT entry, the new sets' backends
+    /// ([`acquire_sets`](Self::acquire_sets)), what slot 0 announces and
+    /// the slots ([`write_new`](Self::write_new)), and only then what the
+    /// old frontend used and the new one does not
+    /// ([`delete_unused`](Self::delete_unused),
+    /// [`release_old`](Self::release_old)).
     fn upsert(
         &mut self,
         frontend: &Frontend,
@@ -682,57 +747,89 @@ impl<S: MapStore> Syncer<S> {
     ) -> Result<(), UpsertError> {
         let addr = &frontend.addr;
         let old = self.programmed.get(addr).cloned();
-        let wanted = sorted_set(&frontend.backends);
-        let (flags, affinity_timeout_s) = slot_zero_attributes(frontend, self.defaults);
-        let wanted_external = frontend_flags::has_external_set(flags)
-            .then(|| sorted_set(frontend.external_backends.as_deref().unwrap_or_default()));
-        let distinct = wanted.len();
-        let wanted = SetPlan::new(frontend, flags, wanted);
-        let wanted_external = wanted_external.map(|set| SetPlan::new(frontend, flags, set));
-        let wanted_ranges: Vec<IpCidr> = frontend
-            .source_ranges
+        let wanted = Wanted::new(frontend, name, self.defaults)?;
+        if old
             .as_ref()
-            .map(|r| r.blocks.to_vec())
-            .unwrap_or_default();
-        let limit = usize::from(capacity::MAX_BACKENDS_PER_SERVICE);
-        if distinct > limit {
-            return Err(UpsertError::Capacity(format!(
-                "{distinct} endpoints, more than the {limit} one service port can have"
-            )));
+            .is_some_and(|old| self.is_unchanged(old, &wanted))
+        {
+            report.unchanged += 1;
+            return Ok(());
         }
-
-        // Unchanged? Compare backend sets, not slot order (a weighted set's
-        // order is its layout).
-        if let Some(old) = &old {
-            let same_external = match (&old.external, &wanted_external) {
-                (None, None) => true,
-                (Some(ids), Some(plan)) => self.same_set(ids, old.shares(scope::EXTERNAL), plan),
-                _ => false,
-            };
-            if self.same_set(&old.slots, old.shares(scope::INTERNAL), &wanted)
-                && same_external
-                && old.name == NameHash::of(name)
-                && old.flags == flags
-                && old.affinity_timeout_s == affinity_timeout_s
-                && *old.ranges == *wanted_ranges
-            {
-                report.unchanged += 1;
-                return Ok(());
-            }
+        self.check_capacity(addr, old.as_ref(), &wanted)?;
+        let service_id = match &old {
+            Some(old) => old.service_id,
+            None => self.allocate_service_id().ok_or_else(|| {
+                UpsertError::Capacity(format!(
+                    "service id space full ({} service ports, --max-services)",
+                    self.caps.services
+                ))
+            })?,
+        };
+        if old.as_ref().is_none_or(|o| o.name != wanted.name) {
+            self.store
+                .put_revnat(service_id, revnat_value(addr, name))?;
+            report.writes += 1;
         }
+        let (old_entries, new_entries) = (
+            old.as_ref().map_or(0, Programmed::entries),
+            wanted.entries(),
+        );
+        let old_ranges = old.as_ref().map_or(0, |o| o.ranges.len());
+        let (slots, external) =
+            self.acquire_sets(&wanted, old.as_ref(), addr.protocol, &mut report.writes)?;
+        let new = wanted.programmed(service_id, slots, external);
+        self.write_new(addr, old.as_ref(), &new, &mut report.writes)?;
+        self.delete_unused(addr, old.as_ref(), &new, &mut report.writes)?;
+        let family = addr.family();
+        let ranges = self.range_entries.of(family);
+        *ranges = *ranges - old_ranges + new.ranges.len();
+        self.release_old(addr, old.as_ref(), &new, purge, &mut report.writes)?;
+        let entries = self.frontend_entries.of(family);
+        *entries = *entries - old_entries + new_entries;
+        if old.is_some() {
+            report.updated += 1;
+        } else {
+            report.added += 1;
+        }
+        self.programmed.insert(*addr, new);
+        Ok(())
+    }
 
-        // Capacity, checked before any write so a frontend that does not fit
-        // leaves the maps as they were.
-        let old_entries = old.as_ref().map_or(0, Programmed::entries);
-        let new_entries =
-            1 + wanted.addrs.len() + wanted_external.as_ref().map_or(0, |e| 1 + e.addrs.len());
+    /// Whether `old` is what `wanted` asks for. Backend sets are compared,
+    /// not slot order (a weighted set's order is its layout).
+    fn is_unchanged(&self, old: &Programmed, wanted: &Wanted) -> bool {
+        let same_external = match (&old.external, &wanted.external) {
+            (None, None) => true,
+            (Some(ids), Some(plan)) => self.same_set(ids, old.shares(scope::EXTERNAL), plan),
+            _ => false,
+        };
+        self.same_set(&old.slots, old.shares(scope::INTERNAL), &wanted.internal)
+            && same_external
+            && old.name == wanted.name
+            && old.flags == wanted.flags
+            && old.affinity_timeout_s == wanted.affinity_timeout_s
+            && *old.ranges == *wanted.ranges
+    }
+
+    /// Whether `wanted` fits where `old` (if any) was: the frontend map's
+    /// entries, the backend map's (backends no frontend has yet) and the
+    /// source-range trie's, each counted in the frontend's family. Checked
+    /// before any write, so a frontend that does not fit leaves the maps
+    /// as they were.
+    fn check_capacity(
+        &self,
+        addr: &FrontendAddr,
+        old: Option<&Programmed>,
+        wanted: &Wanted,
+    ) -> Result<(), UpsertError> {
         let family = addr.family();
         // The IPv4 wording predates IPv6 (and is kept).
         let which = match family {
             IpFamily::V4 => "",
             IpFamily::V6 => "IPv6 ",
         };
-        if *self.frontend_entries.of(family) - old_entries + new_entries
+        let old_entries = old.map_or(0, Programmed::entries);
+        if self.frontend_entries.get(family) - old_entries + wanted.entries()
             > self.caps.frontends as usize
         {
             return Err(UpsertError::Capacity(format!(
@@ -741,9 +838,10 @@ impl<S: MapStore> Syncer<S> {
             )));
         }
         let new_backends = wanted
+            .internal
             .addrs
             .iter()
-            .chain(wanted_external.iter().flat_map(|e| e.addrs.iter()))
+            .chain(wanted.external.iter().flat_map(|e| e.addrs.iter()))
             .collect::<HashSet<_>>()
             .into_iter()
             .filter(|b| self.backends.id_of(**b, addr.protocol).is_none())
@@ -754,9 +852,8 @@ impl<S: MapStore> Syncer<S> {
                 self.caps.backends
             )));
         }
-
-        let old_ranges = old.as_ref().map_or(0, |o| o.ranges.len());
-        if *self.range_entries.of(family) - old_ranges + wanted_ranges.len()
+        let old_ranges = old.map_or(0, |o| o.ranges.len());
+        if self.range_entries.get(family) - old_ranges + wanted.ranges.len()
             > capacity::SOURCE_RANGES as usize
         {
             return Err(UpsertError::Capacity(format!(
@@ -764,147 +861,140 @@ impl<S: MapStore> Syncer<S> {
                 capacity::SOURCE_RANGES
             )));
         }
+        Ok(())
+    }
 
-        let service_id = match &old {
-            Some(old) => old.service_id,
-            None => self.allocate_service_id().ok_or_else(|| {
-                UpsertError::Capacity(format!(
-                    "service id space full ({} service ports, --max-services)",
-                    self.caps.services
-                ))
-            })?,
-        };
-        if old.as_ref().is_none_or(|o| o.name != NameHash::of(name)) {
-            self.store
-                .put_revnat(service_id, revnat_value(addr, name))?;
-            report.writes += 1;
-        }
-
-        // Take references on the new sets before dropping the old ones, so a
-        // backend that stays is never deleted in between.
-        let wanted_ids = self.acquire_all(&wanted.addrs, addr.protocol, &mut report.writes)?;
-        let wanted_external_ids = match &wanted_external {
-            Some(set) => Some(self.acquire_all(&set.addrs, addr.protocol, &mut report.writes)?),
+    /// Takes a reference on every backend of `wanted`'s sets, writing the
+    /// entries of new ones, before any reference of `old` is dropped: a
+    /// backend that stays is never deleted in between. Returns each set's
+    /// slots (the external set's `None` when it has none); survivors keep
+    /// their slot ([`SetPlan::place`]).
+    fn acquire_sets(
+        &mut self,
+        wanted: &Wanted,
+        old: Option<&Programmed>,
+        protocol: Protocol,
+        writes: &mut usize,
+    ) -> Result<(Vec<u32>, Option<Vec<u32>>), WriteError> {
+        let internal = self.acquire_all(&wanted.internal.addrs, protocol, writes)?;
+        let external = match &wanted.external {
+            Some(set) => Some(self.acquire_all(&set.addrs, protocol, writes)?),
             None => None,
         };
-        let old_slots = old.as_ref().map(|o| o.slots.clone()).unwrap_or_default();
-        let old_external = old.as_ref().and_then(|o| o.external.clone());
-        let old_weights = old.as_ref().and_then(|o| o.weights.clone());
-        let slots = wanted.place(&old_slots, wanted_ids);
-        let external = wanted_external_ids.map(|ids| {
-            let plan = wanted_external.as_ref().unwrap_or(&wanted);
-            plan.place(old_external.as_deref().unwrap_or_default(), ids)
-        });
-        let weights = (wanted.shares.is_some()
-            || wanted_external.as_ref().is_some_and(|e| e.shares.is_some()))
-        .then(|| {
-            Box::new(Shares {
-                internal: wanted.shares.clone().map(Into::into),
-                external: wanted_external
-                    .as_ref()
-                    .and_then(|e| e.shares.clone())
-                    .map(Into::into),
-            })
-        });
-        let shares_of = |weights: &Option<Box<Shares>>, scope: u8| -> Option<Box<[u16]>> {
-            let w = weights.as_deref()?;
-            match scope {
-                scope::INTERNAL => w.internal.clone(),
-                _ => w.external.clone(),
-            }
-        };
-
-        // The Maglev table before either slot 0 announces the algorithm; it
-        // names only backends referenced above.
-        let (hashed_set, hashed_shares) = match &external {
-            Some(external) => (external, shares_of(&weights, scope::EXTERNAL)),
-            None => (&slots, shares_of(&weights, scope::INTERNAL)),
-        };
-        let old_hashed = old
+        let slots = wanted
+            .internal
+            .place(set_or_empty(old, scope::INTERNAL).0, internal);
+        let external = wanted
+            .external
             .as_ref()
-            .is_some_and(|o| o.flags & frontend_flags::ALGO_MASK != frontend_flags::ALGO_RANDOM);
-        if flags & frontend_flags::ALGO_MASK != frontend_flags::ALGO_RANDOM {
-            let table = self.maglev_table(hashed_set, hashed_shares.as_deref(), addr.protocol);
-            self.store.put_maglev(service_id, &table)?;
-            report.writes += 1;
+            .zip(external)
+            .map(|(plan, ids)| plan.place(set_or_empty(old, scope::EXTERNAL).0, ids));
+        Ok((slots, external))
+    }
+
+    /// Writes `new` over `old` (if any) so that every lookup meets a whole
+    /// frontend: the Maglev table and the new source blocks before either
+    /// slot 0 announces them (the table names only backends referenced
+    /// already; no source the new list allows is denied meanwhile), and
+    /// the external set before the internal set, whose slot 0 announces it
+    /// ([`write_set`](Self::write_set) for each).
+    fn write_new(
+        &mut self,
+        addr: &FrontendAddr,
+        old: Option<&Programmed>,
+        new: &Programmed,
+        writes: &mut usize,
+    ) -> Result<(), WriteError> {
+        if new.hashed() {
+            let (set, shares) = match &new.external {
+                Some(external) => (&**external, new.shares(scope::EXTERNAL)),
+                None => (&*new.slots, new.shares(scope::INTERNAL)),
+            };
+            let table = self.maglev_table(set, shares, addr.protocol);
+            self.store.put_maglev(new.service_id, &table)?;
+            *writes += 1;
         }
-        // New source blocks before slot 0 announces them, stale ones after:
-        // at no moment is a source the new list allows denied, and the old
-        // list's blocks go within this sync.
-        let old_blocks = old.as_ref().map(|o| o.ranges.clone()).unwrap_or_default();
-        for block in wanted_ranges.iter().filter(|b| !old_blocks.contains(b)) {
-            self.store.put_source_range(service_id, *block)?;
-            report.writes += 1;
+        let old_blocks = old.map_or(&[][..], |o| &o.ranges);
+        for block in new.ranges.iter().filter(|b| !old_blocks.contains(b)) {
+            self.store.put_source_range(new.service_id, *block)?;
+            *writes += 1;
         }
-        // The external set first: slot 0 of the internal set announces it.
-        if let Some(external) = &external {
-            let old = old_external.as_deref().unwrap_or_default();
-            report.writes += self.write_set(
+        let attributes = (new.flags, new.affinity_timeout_s);
+        if new.external.is_some() {
+            *writes += self.write_set(
                 addr,
                 scope::EXTERNAL,
-                service_id,
-                (old, shares_of(&old_weights, scope::EXTERNAL).as_deref()),
-                (external, shares_of(&weights, scope::EXTERNAL).as_deref()),
-                (flags, affinity_timeout_s),
+                new.service_id,
+                set_or_empty(old, scope::EXTERNAL),
+                new.set(scope::EXTERNAL),
+                attributes,
             )?;
         }
-        report.writes += self.write_set(
+        *writes += self.write_set(
             addr,
             scope::INTERNAL,
-            service_id,
-            (
-                &old_slots,
-                shares_of(&old_weights, scope::INTERNAL).as_deref(),
-            ),
-            (&slots, shares_of(&weights, scope::INTERNAL).as_deref()),
-            (flags, affinity_timeout_s),
+            new.service_id,
+            set_or_empty(old, scope::INTERNAL),
+            new.set(scope::INTERNAL),
+            attributes,
         )?;
-        if let (Some(old), None) = (&old_external, &external) {
-            report.writes += self.delete_external_set(addr, old.len())?;
+        Ok(())
+    }
+
+    /// Deletes what `old` (if any) used and `new`, now announced, does
+    /// not: its external set, its Maglev table, and its stale source
+    /// blocks (the old list's blocks go within this sync).
+    fn delete_unused(
+        &mut self,
+        addr: &FrontendAddr,
+        old: Option<&Programmed>,
+        new: &Programmed,
+        writes: &mut usize,
+    ) -> Result<(), WriteError> {
+        let Some(old) = old else {
+            return Ok(());
+        };
+        if let (Some(old), None) = (&old.external, &new.external) {
+            *writes += self.delete_external_set(addr, old.len())?;
         }
-        if old_hashed && flags & frontend_flags::ALGO_MASK == frontend_flags::ALGO_RANDOM {
-            self.store.delete_maglev(service_id)?;
-            report.writes += 1;
+        if old.hashed() && !new.hashed() {
+            self.store.delete_maglev(new.service_id)?;
+            *writes += 1;
         }
-        for block in old_blocks.iter().filter(|b| !wanted_ranges.contains(b)) {
-            self.store.delete_source_range(service_id, *block)?;
-            report.writes += 1;
+        for block in old.ranges.iter().filter(|b| !new.ranges.contains(b)) {
+            self.store.delete_source_range(new.service_id, *block)?;
+            *writes += 1;
         }
-        let ranges = self.range_entries.of(family);
-        *ranges = *ranges - old_blocks.len() + wanted_ranges.len();
-        let kept: HashSet<u32> = slots
+        Ok(())
+    }
+
+    /// Drops the references `old` (if any) held on its backends, once `new`
+    /// is announced: an entry nobody uses goes. A UDP backend that left the
+    /// service has its flows purged after the sync.
+    fn release_old(
+        &mut self,
+        addr: &FrontendAddr,
+        old: Option<&Programmed>,
+        new: &Programmed,
+        purge: &mut Purge,
+        writes: &mut usize,
+    ) -> Result<(), WriteError> {
+        let Some(old) = old else {
+            return Ok(());
+        };
+        let kept: HashSet<u32> = new
+            .slots
             .iter()
-            .chain(external.iter().flatten())
+            .chain(new.external.iter().flatten())
             .copied()
             .collect();
-        for id in old_slots.iter().chain(old_external.iter().flatten()) {
+        for id in old.slots.iter().chain(old.external.iter().flatten()) {
             if addr.protocol == Protocol::Udp && !kept.contains(id) {
-                purge.udp_backends.insert((service_id, *id));
+                purge.udp_backends.insert((new.service_id, *id));
                 purge.family(addr.family());
             }
-            report.writes += self.release_backend(*id)?;
+            *writes += self.release_backend(*id)?;
         }
-
-        let entries = self.frontend_entries.of(family);
-        *entries = *entries - old_entries + new_entries;
-        if old.is_some() {
-            report.updated += 1;
-        } else {
-            report.added += 1;
-        }
-        self.programmed.insert(
-            *addr,
-            Programmed {
-                service_id,
-                name: NameHash::of(name),
-                flags,
-                affinity_timeout_s,
-                slots: slots.into(),
-                external: external.map(Into::into),
-                ranges: wanted_ranges.into(),
-                weights,
-            },
-        );
         Ok(())
     }
 
@@ -1214,6 +1304,111 @@ fn complete_slots(
     Some((ids, Some(shares)))
 }
 
+/// A [`Dump`] of the maps, looked up by key.
+struct DumpIndex {
+    /// Each family's backends by id.
+    backends: HashMap<(IpFamily, u32), AnyBackend>,
+    revnat: HashMap<u32, AnyRevNat>,
+    slots: HashMap<AnyFrontendKey, FrontendSlot>,
+    /// The source blocks under each service id, both families.
+    ranges: HashMap<u32, Vec<IpCidr>>,
+}
+
+impl DumpIndex {
+    fn new(dump: &Dump) -> DumpIndex {
+        let mut ranges: HashMap<u32, Vec<IpCidr>> = HashMap::new();
+        for (id, block) in &dump.source_ranges {
+            ranges.entry(*id).or_default().push(*block);
+        }
+        DumpIndex {
+            backends: dump
+                .backends
+                .iter()
+                .map(|(id, b)| ((b.family(), *id), *b))
+                .collect(),
+            revnat: dump.revnat.iter().copied().collect(),
+            slots: dump.frontends.iter().copied().collect(),
+            ranges,
+        }
+    }
+
+    /// The sets of the frontend whose internal slot 0 is `head`: the
+    /// internal one, and the external one when slot 0 announces it
+    /// ([`frontend_flags::has_external_set`]); `None` when either is
+    /// incomplete ([`complete_slots`]).
+    fn complete_sets(
+        &self,
+        key: &AnyFrontendKey,
+        head: &FrontendSlot,
+    ) -> Option<(SlotSet, Option<SlotSet>)> {
+        let internal = complete_slots(&self.slots, &self.backends, key, head)?;
+        if !frontend_flags::has_external_set(head.flags) {
+            return Some((internal, None));
+        }
+        let ext_key = key.at(scope::EXTERNAL, 0);
+        let ext_head = self.slots.get(&ext_key)?;
+        let external = complete_slots(&self.slots, &self.backends, &ext_key, ext_head)?;
+        Some((internal, Some(external)))
+    }
+
+    /// The frontend at `addr` as the maps hold it, from its slot 0 (`head`)
+    /// and its complete sets: its reverse-NAT name and source blocks are
+    /// those of its family under its service id.
+    fn programmed(
+        &self,
+        addr: &FrontendAddr,
+        head: &FrontendSlot,
+        (ids, internal_shares): SlotSet,
+        external: Option<SlotSet>,
+    ) -> Programmed {
+        let (external, external_shares) = match external {
+            Some((ids, shares)) => (Some(ids), shares),
+            None => (None, None),
+        };
+        let name = self
+            .revnat
+            .get(&head.service_id)
+            .filter(|r| r.family() == addr.family())
+            .map(revnat_name)
+            .unwrap_or_default();
+        // Blocks of the other family under this id are orphans.
+        let mut blocks: Vec<IpCidr> = self
+            .ranges
+            .get(&head.service_id)
+            .into_iter()
+            .flatten()
+            .filter(|b| b.is_ipv4() == (addr.family() == IpFamily::V4))
+            .copied()
+            .collect();
+        blocks.sort();
+        let weights = (internal_shares.is_some() || external_shares.is_some()).then(|| {
+            Box::new(Shares {
+                internal: internal_shares.map(Into::into),
+                external: external_shares.map(Into::into),
+            })
+        });
+        Programmed {
+            service_id: head.service_id,
+            name: NameHash::of(&name),
+            flags: head.flags & !frontend_flags::WEIGHTED,
+            affinity_timeout_s: head.affinity_timeout_s,
+            slots: ids.into(),
+            external: external.map(Into::into),
+            ranges: blocks.into(),
+            weights,
+        }
+    }
+}
+
+/// What the frontends adopted so far use; the rest of the dump is orphaned.
+#[derive(Default)]
+struct Adopted {
+    slots: HashSet<AnyFrontendKey>,
+    backends: HashSet<(u32, IpFamily)>,
+    /// The family of each service id adopted.
+    service_family: HashMap<u32, IpFamily>,
+}
+
 /// What one backend set of a frontend should be: its backends in slot
 /// order, and for a weighted set each slot's share.
 struct SetPlan {
@@ -1259,6 +1454,104 @@ impl SetPlan {
             None => place(old, &ids),
             Some(_) => ids,
         }
+    }
+}
+
+/// What one frontend should look like in the maps, before its backends
+/// have ids.
+struct Wanted {
+    /// The reverse-NAT name, hashed.
+    name: NameHash,
+    /// Slot 0's flags and affinity timeout.
+    flags: u16,
+    affinity_timeout_s: u32,
+    internal: SetPlan,
+    /// `Some` exactly when slot 0 announces an external set.
+    external: Option<SetPlan>,
+    ranges: Vec<IpCidr>,
+}
+
+impl Wanted {
+    /// What `frontend` asks for, under `name`, with the agent's
+    /// `defaults`; refused when it has more endpoints than one service
+    /// port can have.
+    fn new(
+        frontend: &Frontend,
+        name: &str,
+        defaults: FrontendDefaults,
+    ) -> Result<Wanted, UpsertError> {
+        let internal = sorted_set(&frontend.backends);
+        let (flags, affinity_timeout_s) = slot_zero_attributes(frontend, defaults);
+        let external = frontend_flags::has_external_set(flags)
+            .then(|| sorted_set(frontend.external_backends.as_deref().unwrap_or_default()));
+        let distinct = internal.len();
+        let wanted = Wanted {
+            name: NameHash::of(name),
+            flags,
+            affinity_timeout_s,
+            internal: SetPlan::new(frontend, flags, internal),
+            external: external.map(|set| SetPlan::new(frontend, flags, set)),
+            ranges: frontend
+                .source_ranges
+                .as_ref()
+                .map(|r| r.blocks.to_vec())
+                .unwrap_or_default(),
+        };
+        let limit = usize::from(capacity::MAX_BACKENDS_PER_SERVICE);
+        if distinct > limit {
+            return Err(UpsertError::Capacity(format!(
+                "{distinct} endpoints, more than the {limit} one service port can have"
+            )));
+        }
+        Ok(wanted)
+    }
+
+    /// Frontend map entries it takes (as [`Programmed::entries`]).
+    fn entries(&self) -> usize {
+        1 + self.internal.addrs.len() + self.external.as_ref().map_or(0, |e| 1 + e.addrs.len())
+    }
+
+    /// The frontend as it will be programmed, with `service_id` and its
+    /// sets' `slots` and `external` slots.
+    fn programmed(
+        self,
+        service_id: u32,
+        slots: Vec<u32>,
+        external: Option<Vec<u32>>,
+    ) -> Programmed {
+        let internal_shares = self.internal.shares.map(Into::into);
+        let external_shares = self.external.and_then(|e| e.shares).map(Into::into);
+        let weights = (internal_shares.is_some() || external_shares.is_some()).then(|| {
+            Box::new(Shares {
+                internal: internal_shares,
+                external: external_shares,
+            })
+        });
+        Programmed {
+            service_id,
+            name: self.name,
+            flags: self.flags,
+            affinity_timeout_s: self.affinity_timeout_s,
+            slots: slots.into(),
+            external: external.map(Into::into),
+            ranges: self.ranges.into(),
+            weights,
+        }
+    }
+}
+
+/// The slots and shares of set `scope` of `programmed`; none of a
+/// frontend not programmed.
+fn set_or_empty(programmed: Option<&Programmed>, scope: u8) -> (&[u32], Option<&[u16]>) {
+    programmed.map_or((&[], None), |p| p.set(scope))
+}
+
+/// The backend a socket-layer entry was balanced to (its port in network
+/// byte order).
+fn sock_backend(ip: IpAddr, port_be: u16) -> BackendAddr {
+    BackendAddr {
+        ip,
+        port: u16::from_be(port_be),
     }
 }
 
