@@ -2,6 +2,9 @@ pub(crate) use super::memstore::{k, MemStore};
 use super::*;
 use crate::model::FrontendKind;
 use crate::model::ServicePortName;
+use crate::model::{Frontend, Protocol};
+use crate::sync::encode::{backend_addr, revnat_name, revnat_value, AnyBackend, AnyRevNat};
+use proxy_common::{capacity, FrontendSlot};
 use proxy_common::{Backend, CtEntry, CtKey};
 use std::net::{Ipv4Addr, Ipv6Addr};
 
