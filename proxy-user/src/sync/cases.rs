@@ -32,7 +32,7 @@ use clap::ValueEnum as _;
 use proxy_common::{CtEntry, CtEntry6, CtKey, CtKey6, SockEntry, SockEntry6, SockKey, SockKey6};
 
 use super::*;
-use crate::model::{FrontendKind, ServicePortName, SourceRanges, TopologyMode};
+use crate::model::{Frontend, FrontendKind, ServicePortName, SourceRanges, TopologyMode};
 use crate::sync::encode::addr4_be;
 use crate::sync::maptext::{frontend_addr, Edit};
 use crate::sync::memstore::{k, MemStore};

@@ -4,7 +4,7 @@
 //! counter array sized for `--max-services`.
 pub(crate) use super::memstore::{k, MemStore};
 use super::*;
-use crate::model::ServicePortName;
+use crate::model::{Frontend, Protocol, ServicePortName};
 use std::net::{Ipv4Addr, Ipv6Addr};
 
 pub(crate) fn fe(
