@@ -7,10 +7,10 @@ use anyhow::Context as _;
 use crate::{
     agent::{AgentConfig, Source},
     dataplane::attach::pods::TcMode,
-    dataplane::flows::expiry::Timeouts,
-    dataplane::pins::format::DEFAULT_PIN_ROOT,
     dataplane::attach::socket_layer::SocketScope,
     dataplane::attach::uplink::{NodePortMode, XdpMode},
+    dataplane::flows::expiry::Timeouts,
+    dataplane::pins::format::DEFAULT_PIN_ROOT,
     model::cidr::IpCidr,
     model::LbAlgorithm,
     sync::store::Capacities,

@@ -15,9 +15,9 @@ use aya::{
 use proxy_common::{ct_dir, names, programs, proto, CtEntry, CtKey};
 use proxy_testkit::packet::PacketSpec;
 use proxy_user::{
+    dataplane::flows::quiet_pods::QuietPods,
     dataplane::load::object,
     dataplane::maps::PinnedMaps,
-    dataplane::flows::quiet_pods::QuietPods,
     model::cidr::IpCidr,
     model::{BackendAddr, DesiredState, FrontendAddr, Protocol, SourceRanges},
     sync::encode::frontend_key,

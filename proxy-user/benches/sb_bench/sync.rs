@@ -10,7 +10,8 @@ use k8s_openapi::{
     apimachinery::pkg::{apis::meta::v1::ObjectMeta, util::intstr::IntOrString},
 };
 use proxy_user::{
-    dataplane::load::object, dataplane::maps::PinnedMaps, model, sync::store::Capacities, sync::Syncer,
+    dataplane::load::object, dataplane::maps::PinnedMaps, model, sync::store::Capacities,
+    sync::Syncer,
 };
 use serde_json::{json, Value};
 

@@ -19,7 +19,10 @@ use crate::{
     agent::uplinks::Uplinks,
     dataplane::attach::pods::Attacher,
     dataplane::attach::uplink::Uplink,
-    dataplane::{flows::expiry, load::object, pins::memory, maps::PinnedMaps, flows::open_counts, pins::resize, attach::socket_layer},
+    dataplane::{
+        attach::socket_layer, flows::expiry, flows::open_counts, load::object, maps::PinnedMaps,
+        pins::memory, pins::resize,
+    },
     observe::health::Serving,
     observe::metrics,
     observe::trace::hub as trace,
@@ -151,8 +154,10 @@ async fn attach_interfaces(
 /// the socket layer off, detaches what an earlier agent attached.
 fn attach_socket_layer(config: &AgentConfig, ebpf: &mut Ebpf) -> anyhow::Result<()> {
     match &config.socket_lb_cgroup {
-        Some(cgroup) => socket_layer::attach(ebpf, cgroup, &config.pin_root, config.socket_lb_scope)
-            .context("attaching the socket layer (--socket-lb=false turns it off)")?,
+        Some(cgroup) => {
+            socket_layer::attach(ebpf, cgroup, &config.pin_root, config.socket_lb_scope)
+                .context("attaching the socket layer (--socket-lb=false turns it off)")?
+        }
         None => {
             socket_layer::detach(&config.pin_root).context("detaching the socket layer")?;
         }

@@ -11,11 +11,11 @@ use crate::{
     model::Model,
     observe::health::ProxyHealth,
     observe::healthcheck::{self, HealthServers},
-    util::heap,
     observe::metrics::SyncObserver,
     observe::status::{self, AgentStatus},
     source::Changes,
     sync::Syncer,
+    util::heap,
 };
 
 /// The sync loop around `syncer`, reporting to `health` and `observer`;

@@ -8,8 +8,8 @@ use tracing::info;
 use crate::{
     agent::config::{AgentConfig, Source},
     observe::health::ProxyHealth,
-    util::heap,
     source::{self, cluster, dir, Changes, FeedRx},
+    util::heap,
 };
 
 /// The source, and the first complete view it gave.

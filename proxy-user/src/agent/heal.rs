@@ -36,8 +36,8 @@ use crate::{
     agent::{links::Links, syncloop::SyncLoop},
     cli::{hooks, status},
     dataplane::attach::pods::AttachedInterface,
-    dataplane::maps::PinnedMaps,
     dataplane::attach::socket_layer,
+    dataplane::maps::PinnedMaps,
     observe::status::AgentStatus,
 };
 

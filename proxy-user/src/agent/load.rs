@@ -14,11 +14,14 @@ use crate::{
     agent::config::AgentConfig,
     agent::lock::LockedPinRoot,
     agent::preload::Preload,
-    dataplane::{load::object, load::ip_summed, maps::PinnedMaps, pins::format, pins::resize::Resize, attach::socket_layer},
-    util::heap,
+    dataplane::{
+        attach::socket_layer, load::ip_summed, load::object, maps::PinnedMaps, pins::format,
+        pins::resize::Resize,
+    },
     source::Changes,
     sync::store::{Capacities, Ipv6Tables},
     sync::Syncer,
+    util::heap,
 };
 
 /// A load started before the source's first view.
@@ -171,7 +174,9 @@ fn adopt(
 ) -> Syncer<PinnedMaps> {
     let mut syncer = Syncer::adopt(maps, capacities);
     syncer.set_default_algorithm(config.lb_algorithm);
-    syncer.set_direct_return(config.nodeport_mode == crate::dataplane::attach::uplink::NodePortMode::Dsr);
+    syncer.set_direct_return(
+        config.nodeport_mode == crate::dataplane::attach::uplink::NodePortMode::Dsr,
+    );
     info!(
         pin_root = %config.pin_root.display(),
         lock = %locked.lock.path().display(),

@@ -83,7 +83,10 @@ impl Preload {
 
     /// The load, when it was made with `capacities`: waits for it to end.
     /// Otherwise the load is undone ([`Self::abandon`]) and `None` returned.
-    pub(super) fn finish(self, capacities: &Capacities) -> Option<Result<object::Loaded, LoadError>> {
+    pub(super) fn finish(
+        self,
+        capacities: &Capacities,
+    ) -> Option<Result<object::Loaded, LoadError>> {
         if self.capacities.ipv6 != capacities.ipv6 {
             info!(
                 guessed = ?self.capacities.ipv6,

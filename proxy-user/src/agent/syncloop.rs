@@ -22,13 +22,13 @@ use crate::{
     model::{self, FrontendAddr, Model, ModelDelta, NodeInfo, ObjectKind},
     observe::health::ProxyHealth,
     observe::healthcheck::HealthServers,
-    util::heap,
     observe::metrics::{SliceSynced, SyncObserver},
     observe::status::{self, AgentStatus, RejectedObject, UnprogrammedService},
     observe::verify,
     source::Changes,
     sync::store::MapStore,
     sync::{SyncReport, Syncer, Unprogrammed},
+    util::heap,
 };
 
 /// The heap (see [`heap::heap`]) when a batch of changes arrived, and once

@@ -21,10 +21,10 @@ use tracing::{debug, info, warn};
 
 use crate::dataplane::{
     attach::pods::{self, AttachedInterface, TcMode},
-    maps::PinnedMaps,
     attach::uplink::{
         self, LinkFacts, NodePortMode, Role, Uplink, UplinkError, XdpChoice, XdpHook, XdpMode,
     },
+    maps::PinnedMaps,
 };
 
 #[derive(Debug, thiserror::Error)]

@@ -34,8 +34,10 @@ pub use cleanup::{cleanup, CleanupReport};
 pub use services::{render_status, render_table, services};
 pub use stats::{render_stats, stats};
 
+use crate::dataplane::maps::readback::{
+    read_services, read_stats, BackendRow, MapFill, ServiceRow,
+};
 use crate::dataplane::pins::format::DEFAULT_PIN_ROOT;
-use crate::dataplane::maps::readback::{read_services, read_stats, BackendRow, MapFill, ServiceRow};
 
 /// What every command takes: the pin root and the output format.
 #[derive(clap::Args, Clone, Debug)]

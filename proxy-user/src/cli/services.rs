@@ -3,8 +3,8 @@
 use std::{fmt::Write as _, path::Path};
 
 use crate::dataplane::{
-    pins::MapsError,
     maps::readback::{read_services, ServiceRow},
+    pins::MapsError,
 };
 use crate::model::LbAlgorithm;
 

@@ -12,11 +12,11 @@ use super::{
 };
 use crate::{
     dataplane::attach::pods::UplinkXdp,
-    dataplane::load::caps,
-    dataplane::pins::memory::{self, MapMemory},
-    dataplane::pins::format,
-    dataplane::pins::Pins,
     dataplane::flows::quiet_pods::{self, QuietPods},
+    dataplane::load::caps,
+    dataplane::pins::format,
+    dataplane::pins::memory::{self, MapMemory},
+    dataplane::pins::Pins,
     observe::status::AgentStatus,
 };
 

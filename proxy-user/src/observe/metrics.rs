@@ -57,7 +57,7 @@ use prometheus_client::registry::Registry;
 use tracing::{info, warn};
 
 use crate::dataplane::flows::expiry::GcMetrics;
-use crate::dataplane::pins::memory::{self, MapMemoryError, MapMemory};
+use crate::dataplane::pins::memory::{self, MapMemory, MapMemoryError};
 use crate::dataplane::{maps::PinnedMaps, pins::MapsError};
 use crate::observe::health::{bind, BindError, Serving};
 use crate::observe::healthcheck::http_response;

@@ -128,7 +128,16 @@ impl<S: MapStore> Syncer<S> {
             .filter(|k| !adopted.slots.contains(k))
             .copied()
             .collect();
-        orphans.sort_by_key(|k| (k.slot() != 0, k.ip(), k.port(), k.proto(), k.scope(), k.slot()));
+        orphans.sort_by_key(|k| {
+            (
+                k.slot() != 0,
+                k.ip(),
+                k.port(),
+                k.proto(),
+                k.scope(),
+                k.slot(),
+            )
+        });
         for key in orphans {
             log_write(self.store.delete_frontend(key));
         }

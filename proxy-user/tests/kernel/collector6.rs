@@ -19,10 +19,10 @@ use proxy_common::{
 };
 use proxy_user::{
     dataplane::flows::expiry::{self, GcMetrics, Pass, Timeouts},
-    dataplane::load::object,
-    dataplane::maps::PinnedMaps,
     dataplane::flows::quiet_pods::Candidates,
     dataplane::flows::udp_sockets,
+    dataplane::load::object,
+    dataplane::maps::PinnedMaps,
     model::BackendAddr,
     sync::store::MapStore as _,
 };
@@ -139,8 +139,7 @@ fn a_collector_pass_over_the_kernel_ipv6_table() {
         .insert(v4.0, v4.1, 0)
         .expect("write SB_CT_V5");
 
-    let pass =
-        expiry::collect(&mut maps.conntrack6, now, &Timeouts::default()).expect("collect");
+    let pass = expiry::collect(&mut maps.conntrack6, now, &Timeouts::default()).expect("collect");
     assert_eq!(
         pass,
         Pass {

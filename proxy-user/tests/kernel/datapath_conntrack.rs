@@ -401,8 +401,8 @@ fn a_full_table_refuses_new_flows_and_keeps_tracked_ones() {
     // The collector, a minute on: the closed flows go, the idle one stays.
     let timeouts = Timeouts::default();
     let later = expiry::monotonic_ns() + 60 * 1_000_000_000;
-    let pass = expiry::collect(&mut fx.syncer.store_mut().conntrack, later, &timeouts)
-        .expect("collect");
+    let pass =
+        expiry::collect(&mut fx.syncer.store_mut().conntrack, later, &timeouts).expect("collect");
     assert_eq!(pass.entries, CAPACITY as usize);
     assert_eq!(pass.deleted, 2 * short.len());
     assert!(matches!(fx.pair(proto::TCP, idle), (Some(_), Some(_))));

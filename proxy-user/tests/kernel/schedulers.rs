@@ -168,7 +168,8 @@ fn least_conn_counts_fall_when_the_collector_removes_an_expired_flow() {
     let mut map: HashMap<&mut MapData, u32, u64> =
         HashMap::try_from(fx.ebpf.map_mut(names::OPEN_FLOWS).expect("the count map"))
             .expect("typed");
-    let settled = open_counts::settle(&mut map, &tally, &mut Some(BTreeMap::new())).expect("settle");
+    let settled =
+        open_counts::settle(&mut map, &tally, &mut Some(BTreeMap::new())).expect("settle");
     assert_eq!(settled, open_counts::Settled::default());
     assert_eq!(total(&fx), 0);
 }

@@ -43,7 +43,7 @@ use proxy_common::{
     Backend, Backend6, Config, FrontendKey, FrontendKey6, FrontendSlot, SockConn6, SockEntry6,
     SockKey6,
 };
-use proxy_user::dataplane::{load::object, attach::socket_layer};
+use proxy_user::dataplane::{attach::socket_layer, load::object};
 
 /// An IPv6 Service: TCP on 80, UDP on 53, over two backends.
 const FE6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x96, 0, 0, 0, 0, 0, 0x10);

@@ -262,7 +262,14 @@ fn yaml_flow(svc: &Svc, out: &mut String) {
     let ports: Vec<String> = svc
         .ports
         .iter()
-        .map(|p| format!("{{name: {}, port: {}, protocol: {}}}", p.name, p.target, p.proto.upper()))
+        .map(|p| {
+            format!(
+                "{{name: {}, port: {}, protocol: {}}}",
+                p.name,
+                p.target,
+                p.proto.upper()
+            )
+        })
         .collect();
     let _ = writeln!(out, "ports: [{}]", ports.join(", "));
 }

@@ -25,8 +25,8 @@ use futures::TryStreamExt as _;
 use netlink_packet_route::link::{InfoKind, LinkAttribute, LinkInfo, LinkMessage};
 use proxy_common::programs;
 
-use crate::dataplane::pins::Pins;
 use crate::dataplane::flows::quiet_pods::{pod_routes, Candidates, QuietPods};
+use crate::dataplane::pins::Pins;
 use tracing::{debug, info, warn};
 
 /// One interface with switchboard's programs on it.

@@ -63,8 +63,8 @@ use tracing::{debug, warn};
 use crate::dataplane::{
     flows::generation::CtGeneration,
     flows::open_counts::{self, LeastConnMaps, OpenFlowMetrics, Tally},
-    pins::{MapsError, Pins},
     flows::quiet_pods::{self, Candidates, LiveClients, Look, QuietPods},
+    pins::{MapsError, Pins},
 };
 
 /// How long an entry whose partner is missing may stay idle.

@@ -19,8 +19,8 @@ use proxy_common::{capacity, names, prefilter, programs, tail};
 use crate::{
     dataplane::{
         load::ip_summed::{self, Access},
-        pins::Pins,
         pins::resize::CapacityMismatch,
+        pins::Pins,
     },
     sync::store::{Capacities, Ipv6Tables},
 };
@@ -301,7 +301,10 @@ fn load_once(
         Some((root, staged)) => names::ALL
             .iter()
             .map(|name| match staged.contains(name) {
-                true => (*name, crate::dataplane::pins::resize::staging_path(root, name)),
+                true => (
+                    *name,
+                    crate::dataplane::pins::resize::staging_path(root, name),
+                ),
                 false => (*name, root.join(name)),
             })
             .collect(),

@@ -16,8 +16,8 @@ use tracing::warn;
 
 use crate::dataplane::{
     flows::generation::CtGeneration,
-    pins::{or_stand_in, MapsError, Pins},
     maps::frontend_filter::FrontendFilter,
+    pins::{or_stand_in, MapsError, Pins},
 };
 use crate::model::cidr::IpCidr;
 use crate::model::IpFamily;

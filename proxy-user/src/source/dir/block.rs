@@ -658,7 +658,10 @@ impl<'a, 't> Parser<'a, 't> {
         let (token, after) = match self.bytes[at] {
             b'"' | b'\'' => self.quoted(at, self.line_end(at))?,
             b if b.is_ascii_alphabetic() => {
-                let len = self.bytes[at..].iter().take_while(|b| key_byte(**b)).count();
+                let len = self.bytes[at..]
+                    .iter()
+                    .take_while(|b| key_byte(**b))
+                    .count();
                 let token = Token::Str {
                     start: at as u32,
                     end: (at + len) as u32,
@@ -1110,7 +1113,9 @@ mod tests {
                 if direct.as_ref().map_err(ToString::to_string)
                     != whole.as_ref().map_err(ToString::to_string)
                 {
-                    return Err(format!("document {n}: {direct:?} here, {whole:?} generally"));
+                    return Err(format!(
+                        "document {n}: {direct:?} here, {whole:?} generally"
+                    ));
                 }
             }
             let Some(expected) = case.documents.get(i) else {

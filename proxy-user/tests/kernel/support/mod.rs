@@ -20,8 +20,8 @@ use aya::{
 use proxy_common::{addr6_be, names, programs, CtEntry, CtKey, Uplink6};
 use proxy_testkit::Frame;
 use proxy_user::{
-    dataplane::load::object,
     dataplane::load::ip_summed::Access,
+    dataplane::load::object,
     dataplane::maps::PinnedMaps,
     model::{
         BackendAddr, DesiredState, Frontend, FrontendAddr, FrontendKind, Protocol, ServicePortName,
@@ -202,8 +202,8 @@ pub fn load(caps: &Capacities) -> (Ebpf, PinnedMaps) {
 /// [`load`] with the checksum state read as `access` says (no fallback).
 pub fn load_as(caps: &Capacities, access: &Access) -> (Ebpf, PinnedMaps) {
     require_root();
-    let mut ebpf =
-        object::load_unpinned_as(proxy_object::SWITCHBOARD, caps, access).unwrap_or_else(|e| {
+    let mut ebpf = object::load_unpinned_as(proxy_object::SWITCHBOARD, caps, access)
+        .unwrap_or_else(|e| {
             panic!(
                 "load eBPF object ({access:?}): {:?}",
                 anyhow::Error::from(e)

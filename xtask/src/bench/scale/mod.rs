@@ -27,11 +27,11 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, ensure, Result};
 use serde_json::{json, Value};
 
+use super::workload::Style;
 use super::{
     agent_caps, note, pod_ips, progress, run_json, status_kb, wait_synced, workload,
     write_manifests, Plan,
 };
-use super::workload::Style;
 use crate::sandbox::Sandbox;
 use crate::util::release_bin;
 
@@ -105,8 +105,7 @@ const API_ADDR: &str = "127.0.0.1:6443";
 
 /// Progress lines this part prints.
 pub(super) fn steps(plan: &Plan) -> usize {
-    1 + start_steps(plan)
-        + usize::from(!plan.scale_sizes.contains(&targets::CHURN_SERVICES))
+    1 + start_steps(plan) + usize::from(!plan.scale_sizes.contains(&targets::CHURN_SERVICES))
 }
 
 /// Progress lines of the start rows: per size, YAML of each style and

@@ -308,10 +308,11 @@ fn attach_xdp(
         source,
     })?;
     let path = xdp_pin(link_dir, uplink.index, mode);
-    let prog: &mut Xdp = crate::dataplane::load::object::typed(ebpf, name).map_err(|e| match e {
-        crate::dataplane::load::object::LoadError::Program { source, .. } => xdp_error(source),
-        _ => xdp_error(ProgramError::NotLoaded),
-    })?;
+    let prog: &mut Xdp =
+        crate::dataplane::load::object::typed(ebpf, name).map_err(|e| match e {
+            crate::dataplane::load::object::LoadError::Program { source, .. } => xdp_error(source),
+            _ => xdp_error(ProgramError::NotLoaded),
+        })?;
     if let Some(existing) = pinned_xdp_link(&path) {
         match prog.attach_to_link(existing) {
             Ok(link_id) => {
