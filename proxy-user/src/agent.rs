@@ -27,14 +27,22 @@ use crate::agent::{load::Load, serve::Serve};
 /// and scripts wait for it).
 pub const READY: &str = "ready: the programs took over";
 
-/// Runs the agent. The start is ordered so that one that fails leaves the
-/// data path as it was: pin-root check, lock, capacity check, the source's
-/// first complete view, loading (maps created or adopted, nothing written;
-/// it runs while the source reads, and is undone if the source fails or
-/// its first view sizes the maps otherwise), the first sync, and only then
-/// the programs take over (tail calls, pod interfaces, uplinks, socket
-/// layer). A first start on a pin root that fails takes away what it
-/// pinned. `object` is the compiled programs (the binary embeds them from
+/// Runs the agent, phase by phase. The start is ordered so that one that
+/// fails leaves the data path as it was:
+/// 1. lock: the pin root checked (one refused is left untouched) and
+///    locked;
+/// 2. listen: `/healthz` answers and netlink events are followed;
+/// 3. load and first view: the object loads (maps created or adopted,
+///    nothing written) while the source reads its first complete view;
+///    the load is undone if the source fails, and done again if that view
+///    sizes the maps otherwise;
+/// 4. first sync: the maps get the source's view;
+/// 5. attach: only then do the programs take over (tail calls, pod
+///    interfaces, uplinks, socket layer);
+/// 6. serve, until told to stop.
+///
+/// A first start on a pin root that fails takes away what it pinned.
+/// `object` is the compiled programs (the binary embeds them from
 /// `proxy-object`).
 pub async fn run(config: AgentConfig, object: &'static [u8]) -> anyhow::Result<()> {
     let mut locked = lock::lock_pin_root(&config.pin_root)?;

@@ -1,11 +1,14 @@
 //! The agent's last phase, once the programs took over: it serves until
 //! told to stop, following the source, the interfaces, the repair tick and
 //! `switchboard verify`'s questions, one at a time.
-use std::time::Duration;
+use std::{path::Path, time::Duration};
 
 use anyhow::{bail, Context as _};
 use futures::{FutureExt as _, StreamExt as _};
-use tokio::signal::unix::{signal, SignalKind};
+use tokio::{
+    signal::unix::{signal, SignalKind},
+    sync::mpsc,
+};
 use tracing::{error, info};
 
 use crate::{
@@ -19,6 +22,7 @@ use crate::{
     agent::syncloop::SyncLoop,
     dataplane::maps::PinnedMaps,
     observe::health::Serving,
+    observe::trace::hub as trace,
     observe::verify,
     source::FeedRx,
     sync::store::Ipv6Tables,
@@ -70,13 +74,8 @@ impl Serve<'_> {
             uplinks: &mut self.datapath.uplinks,
             ebpf: &mut self.datapath.ebpf,
         };
-        // `switchboard verify` asks on a socket next to the status file; the
-        // loop answers between syncs.
-        let pin_root = &self.config.pin_root;
-        let (_verify_socket, mut verify_requests) = verify::serve(pin_root, self.datapath.traces)
-            .with_context(|| {
-            format!("listening on {}", verify::socket_path(pin_root).display())
-        })?;
+        let (_verify_socket, mut verify_requests) =
+            serve_verify(&self.config.pin_root, self.datapath.traces)?;
         let sync = &mut self.sync;
         loop {
             tokio::select! {
@@ -115,6 +114,17 @@ impl Serve<'_> {
         drop(self.locked);
         Ok(())
     }
+}
+
+/// Opens the socket `switchboard verify` asks on, next to the status
+/// file; the loop answers between syncs, and streams `switchboard trace`
+/// from `traces`.
+fn serve_verify(
+    pin_root: &Path,
+    traces: trace::Handle,
+) -> anyhow::Result<(verify::SocketGuard, mpsc::Receiver<verify::Request>)> {
+    verify::serve(pin_root, traces)
+        .with_context(|| format!("listening on {}", verify::socket_path(pin_root).display()))
 }
 
 /// Syncs the source's changes since the last batch. The Node's addresses
