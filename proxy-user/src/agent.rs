@@ -454,11 +454,15 @@ pub async fn run(config: AgentConfig, object: &'static [u8]) -> anyhow::Result<(
             _ = tick.tick() => {
                 links.follow(&mut sync).await;
                 healer.programs(&mut links, &mut sync).await;
-                healer.check(&mut sync);
+                healer.check(&mut links, &mut sync);
             }
             Some(request) = verify_requests.recv() => {
+                let uplinks = match links.uplinks.maps_drift(links.ebpf, sync.syncer.store()) {
+                    Ok(drift) => drift.map(|d| d.findings()).unwrap_or_default(),
+                    Err(error) => vec![format!("the uplink maps could not be read: {:#}", anyhow::Error::from(error))],
+                };
                 // The client may have given up; nothing to do then.
-                let _ = request.reply.send(sync.verify());
+                let _ = request.reply.send(sync.verify(uplinks));
             }
             _ = terminate.recv() => break,
             _ = interrupt.recv() => break,

@@ -181,6 +181,9 @@ pub struct Syncer<S: MapStore> {
     /// The maps were reloaded after a failed write: the next sync compares
     /// every frontend, not only the changed ones.
     needs_full: bool,
+    /// What the drift check knows of the Maglev tables written, and where
+    /// its rotation goes on ([`heal::maglev`]).
+    maglev_watch: heal::maglev::Watch,
 }
 
 /// Whether a sync into empty maps may write in batches (off when retrying
@@ -239,6 +242,7 @@ impl<S: MapStore> Syncer<S> {
             defaults: FrontendDefaults::default(),
             failed: BTreeMap::new(),
             needs_full: false,
+            maglev_watch: heal::maglev::Watch::default(),
         };
         syncer.reload();
         syncer.needs_full = false;
@@ -285,6 +289,7 @@ impl<S: MapStore> Syncer<S> {
     fn reload(&mut self) {
         let dump = self.store.dump();
         self.programmed.clear();
+        self.maglev_watch.forget();
         self.backends.clear();
         self.service_ids.clear();
         self.frontend_entries = PerFamily::default();
@@ -644,6 +649,7 @@ impl<S: MapStore> Syncer<S> {
         }
         if programmed.flags & frontend_flags::ALGO_MASK != frontend_flags::ALGO_RANDOM {
             self.store.delete_maglev(programmed.service_id)?;
+            self.maglev_watch.deleted(programmed.service_id);
             *writes += 1;
         }
         self.store
@@ -826,6 +832,7 @@ impl<S: MapStore> Syncer<S> {
         if flags & frontend_flags::ALGO_MASK != frontend_flags::ALGO_RANDOM {
             let table = self.maglev_table(hashed_set, hashed_shares.as_deref(), addr.protocol);
             self.store.put_maglev(service_id, &table)?;
+            self.maglev_watch.wrote(service_id, &table);
             report.writes += 1;
         }
         // New source blocks before slot 0 announces them, stale ones after:
@@ -864,6 +871,7 @@ impl<S: MapStore> Syncer<S> {
         }
         if old_hashed && flags & frontend_flags::ALGO_MASK == frontend_flags::ALGO_RANDOM {
             self.store.delete_maglev(service_id)?;
+            self.maglev_watch.deleted(service_id);
             report.writes += 1;
         }
         for block in old_blocks.iter().filter(|b| !wanted_ranges.contains(b)) {
@@ -984,6 +992,17 @@ impl<S: MapStore> Syncer<S> {
             }
         }
         table
+    }
+
+    /// The Maglev table a hashed frontend's set must have, as
+    /// [`upsert`](Self::upsert) wrote it: over the external set when it
+    /// has one (traffic from outside uses that), else over its own.
+    fn programmed_table(&self, addr: &FrontendAddr, p: &Programmed) -> Box<MaglevTable> {
+        let (ids, scope) = match &p.external {
+            Some(external) => (external, scope::EXTERNAL),
+            None => (&p.slots, scope::INTERNAL),
+        };
+        self.maglev_table(ids, p.shares(scope), addr.protocol)
     }
 
     /// The addresses of backend ids, sorted.

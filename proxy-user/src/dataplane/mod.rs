@@ -12,6 +12,7 @@ pub mod ctgen;
 pub mod ebpf;
 pub mod kctx;
 pub mod kmem;
+pub mod linkinfo;
 pub mod mapbatch;
 pub mod maps;
 pub mod migrate;
