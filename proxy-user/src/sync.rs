@@ -410,6 +410,9 @@ impl<S: MapStore> Syncer<S> {
             };
             *self.frontend_entries.of(addr.family()) += programmed.entries();
             *self.range_entries.of(addr.family()) += programmed.ranges.len();
+            if heal::maglev::hashed(programmed.flags) {
+                self.maglev_watch.adopted(addr, programmed.service_id);
+            }
             self.programmed.insert(addr, programmed);
         }
         // Orphans: slots of dropped frontends, unused backends and rev-NAT entries.
@@ -649,7 +652,7 @@ impl<S: MapStore> Syncer<S> {
         }
         if programmed.flags & frontend_flags::ALGO_MASK != frontend_flags::ALGO_RANDOM {
             self.store.delete_maglev(programmed.service_id)?;
-            self.maglev_watch.deleted(programmed.service_id);
+            self.maglev_watch.deleted(addr);
             *writes += 1;
         }
         self.store
@@ -832,7 +835,7 @@ impl<S: MapStore> Syncer<S> {
         if flags & frontend_flags::ALGO_MASK != frontend_flags::ALGO_RANDOM {
             let table = self.maglev_table(hashed_set, hashed_shares.as_deref(), addr.protocol);
             self.store.put_maglev(service_id, &table)?;
-            self.maglev_watch.wrote(service_id, &table);
+            self.maglev_watch.wrote(*addr, service_id, &table);
             report.writes += 1;
         }
         // New source blocks before slot 0 announces them, stale ones after:
@@ -871,7 +874,7 @@ impl<S: MapStore> Syncer<S> {
         }
         if old_hashed && flags & frontend_flags::ALGO_MASK == frontend_flags::ALGO_RANDOM {
             self.store.delete_maglev(service_id)?;
-            self.maglev_watch.deleted(service_id);
+            self.maglev_watch.deleted(addr);
             report.writes += 1;
         }
         for block in old_blocks.iter().filter(|b| !wanted_ranges.contains(b)) {

@@ -22,7 +22,7 @@
 //!
 //! `switchboard verify` compares every table at once
 //! ([`Syncer::maglev_problems`]), with the same comparison.
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet};
 use std::ops::Bound;
 
 use proxy_common::{capacity, frontend_flags, MaglevTable};
@@ -31,45 +31,76 @@ use tracing::warn;
 use super::{entry_hash, Finding, HealReport};
 use crate::model::FrontendAddr;
 use crate::sync::store::MapStore;
-use crate::sync::{Programmed, Syncer};
+use crate::sync::Syncer;
 
 /// What the drift check knows of the Maglev tables written.
 #[derive(Debug, Default)]
 pub struct Watch {
-    /// Each table's digest as written, by service id.
-    digests: HashMap<u32, u64>,
+    /// Every hashed frontend programmed, with its table.
+    tables: BTreeMap<FrontendAddr, Table>,
     /// The frontend the rotation goes on after (`None`: from the first).
     after: Option<FrontendAddr>,
     /// The service id the walk of the map's keys goes on after.
     walk: Option<u32>,
 }
 
+/// A hashed frontend's table.
+#[derive(Clone, Copy, Debug)]
+struct Table {
+    service_id: u32,
+    /// Its digest as written (`None`: adopted from the maps, digested at
+    /// its first look).
+    digest: Option<u64>,
+}
+
 impl Watch {
-    /// The sync wrote `table` for `service_id`.
-    pub fn wrote(&mut self, service_id: u32, table: &MaglevTable) {
-        self.digests.insert(service_id, digest(table));
+    /// The sync wrote `table` for `addr` (service `service_id`).
+    pub fn wrote(&mut self, addr: FrontendAddr, service_id: u32, table: &MaglevTable) {
+        let digest = Some(digest(table));
+        self.tables.insert(addr, Table { service_id, digest });
     }
 
-    /// The sync deleted `service_id`'s table.
-    pub fn deleted(&mut self, service_id: u32) {
-        self.digests.remove(&service_id);
+    /// The sync adopted hashed frontend `addr` from the maps.
+    pub fn adopted(&mut self, addr: FrontendAddr, service_id: u32) {
+        let digest = None;
+        self.tables.insert(addr, Table { service_id, digest });
     }
 
-    /// The sync reloaded its view from the maps: every table is digested
-    /// again at its next look.
+    /// `addr` has no table any more (removed, or no longer hashed).
+    pub fn deleted(&mut self, addr: &FrontendAddr) {
+        self.tables.remove(addr);
+    }
+
+    /// The sync reloads its view from the maps (and adopts again).
     pub fn forget(&mut self) {
-        self.digests.clear();
+        self.tables.clear();
     }
 }
 
-/// A digest of a table's entries.
+/// A digest of a table's entries: four independent lanes over pairs of
+/// entries (a multiply's latency is not on one chain), each step a
+/// bijection of the lane for a given word, so a single changed entry
+/// always changes the digest; the lanes folded with
+/// [`entry_hash`]'s finish.
 pub fn digest(table: &MaglevTable) -> u64 {
-    entry_hash(&bytemuck::bytes_of(table))
+    const K: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut lanes = [K, K ^ 1, K ^ 2, K ^ 3];
+    let mut words = table.backend_ids.chunks_exact(8);
+    for chunk in &mut words {
+        for (lane, pair) in lanes.iter_mut().zip(chunk.chunks_exact(2)) {
+            let word = u64::from(pair[0]) | (u64::from(pair[1]) << 32);
+            *lane = (*lane ^ word).wrapping_mul(K).rotate_left(29);
+        }
+    }
+    for (i, id) in words.remainder().iter().enumerate() {
+        lanes[i % 4] = (lanes[i % 4] ^ u64::from(*id)).wrapping_mul(K).rotate_left(29);
+    }
+    entry_hash(&lanes)
 }
 
 /// Whether a frontend has a table (Maglev or source hash).
-fn hashed(p: &Programmed) -> bool {
-    p.flags & frontend_flags::ALGO_MASK != frontend_flags::ALGO_RANDOM
+pub fn hashed(flags: u16) -> bool {
+    flags & frontend_flags::ALGO_MASK != frontend_flags::ALGO_RANDOM
 }
 
 /// A zeroed table on the heap.
@@ -146,13 +177,15 @@ impl<S: MapStore> Syncer<S> {
         buf: &mut MaglevTable,
         may_compute: bool,
     ) -> std::io::Result<Look> {
-        let Some(p) = self.programmed.get(addr) else {
+        let (Some(p), Some(table)) = (
+            self.programmed.get(addr),
+            self.maglev_watch.tables.get(addr).copied(),
+        ) else {
             return Ok(Look::Right);
         };
         let service_id = p.service_id;
         let present = self.store.maglev(service_id, buf)?;
-        let held = present.then(|| digest(buf));
-        if held.is_some() && held == self.maglev_watch.digests.get(&service_id).copied() {
+        if present && table.digest == Some(digest(buf)) {
             return Ok(Look::Right);
         }
         if !may_compute {
@@ -160,8 +193,8 @@ impl<S: MapStore> Syncer<S> {
         }
         let expected = self.programmed_table(addr, p);
         let Some(what) = table_drift(present.then_some(&*buf), &expected) else {
-            // Adopted, or written before a reload: right, and known now.
-            self.maglev_watch.wrote(service_id, &expected);
+            // Adopted: right, and known now.
+            self.maglev_watch.wrote(*addr, service_id, &expected);
             return Ok(Look::Computed(None));
         };
         Ok(Look::Computed(Some(Drifted {
@@ -173,28 +206,22 @@ impl<S: MapStore> Syncer<S> {
 
     /// Up to `budget` hashed frontends, going on after the last check's.
     fn next_hashed(&self, budget: usize) -> Vec<FrontendAddr> {
+        let tables = &self.maglev_watch.tables;
         let after = self.maglev_watch.after;
         let tail = match after {
-            Some(a) => self.programmed.range((Bound::Excluded(a), Bound::Unbounded)),
-            None => self.programmed.range(..),
+            Some(a) => tables.range((Bound::Excluded(a), Bound::Unbounded)),
+            None => tables.range(..),
         };
-        let head = after
-            .map(|a| self.programmed.range(..=a))
-            .into_iter()
-            .flatten();
-        tail.chain(head)
-            .filter(|(_, p)| hashed(p))
-            .map(|(addr, _)| *addr)
-            .take(budget)
-            .collect()
+        let head = after.map(|a| tables.range(..=a)).into_iter().flatten();
+        tail.chain(head).map(|(addr, _)| *addr).take(budget).collect()
     }
 
     /// The service ids of every hashed frontend.
     fn hashed_ids(&self) -> HashSet<u32> {
-        self.programmed
+        self.maglev_watch
+            .tables
             .values()
-            .filter(|p| hashed(p))
-            .map(|p| p.service_id)
+            .map(|t| t.service_id)
             .collect()
     }
 
@@ -226,7 +253,7 @@ impl<S: MapStore> Syncer<S> {
             let Some(d) = drifted else { continue };
             match self.store.put_maglev(d.service_id, &d.expected) {
                 Ok(()) => {
-                    self.maglev_watch.wrote(d.service_id, &d.expected);
+                    self.maglev_watch.wrote(addr, d.service_id, &d.expected);
                     report.writes += 1;
                 }
                 Err(error) => {
@@ -272,12 +299,7 @@ impl<S: MapStore> Syncer<S> {
     pub fn maglev_problems(&mut self) -> Vec<(Option<FrontendAddr>, String)> {
         let mut problems = Vec::new();
         let mut buf = empty_table();
-        let hashed: Vec<FrontendAddr> = self
-            .programmed
-            .iter()
-            .filter(|(_, p)| hashed(p))
-            .map(|(addr, _)| *addr)
-            .collect();
+        let hashed: Vec<FrontendAddr> = self.maglev_watch.tables.keys().copied().collect();
         for addr in hashed {
             match self.look_at_table(&addr, &mut buf, true) {
                 Ok(Look::Computed(Some(d))) => problems.push((Some(addr), d.what)),

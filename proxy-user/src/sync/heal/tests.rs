@@ -352,6 +352,22 @@ fn computing_adopted_tables_is_spread_over_looks() {
     assert_eq!(looks, [(2, true), (2, true), (5, true), (5, true)]);
 }
 
+/// Any one entry changed, wherever it is (the remainder past the last
+/// whole chunk too), changes the digest.
+#[test]
+fn one_changed_entry_changes_the_digest() {
+    let mut table = Box::new(proxy_common::MaglevTable {
+        backend_ids: [3; 16381],
+    });
+    let right = maglev::digest(&table);
+    for i in [0, 1, 7, 8, 9000, 16375, 16379, 16380] {
+        table.backend_ids[i] = 4;
+        assert_ne!(maglev::digest(&table), right, "entry {i}");
+        table.backend_ids[i] = 3;
+    }
+    assert_eq!(maglev::digest(&table), right);
+}
+
 #[test]
 fn the_table_diff_counts_the_entries_that_differ() {
     let table = |f: fn(usize) -> u32| {
@@ -386,7 +402,8 @@ fn the_table_diff_counts_the_entries_that_differ() {
 fn heal_cost_at_100k_services() {
     const SERVICES: u32 = 100_000;
     let frontends = (0..SERVICES).map(|i| {
-        let [_, _, c, d] = (i + 1).to_be_bytes();
+        // 10.96.0.1 on, into 10.97/16 past 65535: every address distinct.
+        let [_, b, c, d] = (i + 1).to_be_bytes();
         let backends: Vec<(u8, u16)> = (0..3u32)
             .map(|j| {
                 (
@@ -396,7 +413,7 @@ fn heal_cost_at_100k_services() {
             })
             .collect();
         fe(
-            [10, 96, c, d],
+            [10, 96 + b, c, d],
             80,
             Protocol::Tcp,
             &format!("svc-{i}"),
@@ -404,6 +421,7 @@ fn heal_cost_at_100k_services() {
         )
     });
     let desired = state(frontends.collect());
+    assert_eq!(desired.frontends.len(), SERVICES as usize);
     let caps = crate::sync::store::Capacities {
         frontends: 1 << 20,
         backends: 1 << 17,
@@ -453,17 +471,19 @@ fn heal_cost_of_maglev_tables() {
     const SERVICES: u32 = 100_000;
     const HASHED: u32 = 10_000;
     let frontends = (0..SERVICES).map(|i| {
-        let [_, _, c, d] = (i + 1).to_be_bytes();
+        // 10.96.0.1 on, into 10.97/16 past 65535: every address distinct.
+        let [_, b, c, d] = (i + 1).to_be_bytes();
         let backends: Vec<(u8, u16)> = (0..3u32)
             .map(|j| (((i * 3 + j) % 250) as u8 + 1, 8000 + ((i * 3 + j) / 250 % 120) as u16))
             .collect();
-        let mut f = fe([10, 96, c, d], 80, Protocol::Tcp, &format!("svc-{i}"), &backends);
+        let mut f = fe([10, 96 + b, c, d], 80, Protocol::Tcp, &format!("svc-{i}"), &backends);
         if i < HASHED {
             f.algorithm = Some(crate::model::LbAlgorithm::Maglev);
         }
         f
     });
     let desired = state(frontends.collect());
+    assert_eq!(desired.frontends.len(), SERVICES as usize);
     let caps = crate::sync::store::Capacities {
         frontends: 1 << 20,
         backends: 1 << 17,
@@ -499,3 +519,4 @@ fn heal_cost_of_maglev_tables() {
         ms(adopted) * 1e3 / maglev::PER_CHECK.computed as f64,
     );
 }
+
