@@ -42,11 +42,10 @@ use tracing::{debug, info, warn};
 use crate::{
     agent::{links::Links, syncloop::SyncLoop},
     cli::{hooks, status},
-    dataplane::attach::AttachedInterface,
-    dataplane::linkinfo,
+    dataplane::attach::pods::AttachedInterface,
+    dataplane::attach::{linkinfo, socket_layer},
     dataplane::maps::PinnedMaps,
-    dataplane::socketlb,
-    node::status::AgentStatus,
+    observe::status::AgentStatus,
     sync::heal::{maglev, Finding},
 };
 
@@ -154,7 +153,7 @@ impl Healer {
     }
 
     /// Remembers the map pins under the pin root and their maps (after
-    /// any resize or migration: these are the maps the programs use).
+    /// any resize: these are the maps the programs use).
     pub(super) fn record_pins(&mut self) {
         let Ok(entries) = std::fs::read_dir(&self.pin_root) else {
             return;
@@ -248,7 +247,7 @@ impl Healer {
         self.note_foreign_socket_programs(&cgroup);
         let missing = unattached.join(", ");
         warn!(cgroup = %cgroup.display(), %missing, "drift: socket-layer programs not attached (a link's pin removed, or a link detached from the cgroup); attaching the socket layer again");
-        match socketlb::attach_links(ebpf, &cgroup, &self.pin_root) {
+        match socket_layer::attach_links(ebpf, &cgroup, &self.pin_root) {
             Ok(()) => sync.repaired(
                 "socket-layer",
                 format!("cgroup {}: {missing} not attached", cgroup.display()),
@@ -266,8 +265,8 @@ impl Healer {
         let Ok(names) = hooks::program_names() else {
             return;
         };
-        for program in socketlb::all_programs() {
-            let Some(attach_type) = socketlb::attach_type(program) else {
+        for program in socket_layer::all_programs() {
+            let Some(attach_type) = socket_layer::attach_type(program) else {
                 continue;
             };
             let ids = match linkinfo::cgroup_programs(cgroup, attach_type) {
@@ -282,7 +281,10 @@ impl Healer {
                 .map(|id| names.get(id).cloned().unwrap_or_else(|| format!("id {id}")))
                 .filter(|name| !name.starts_with("sb_"));
             for name in foreign {
-                if self.noted.insert(format!("{} {program} {name}", cgroup.display())) {
+                if self
+                    .noted
+                    .insert(format!("{} {program} {name}", cgroup.display()))
+                {
                     info!(cgroup = %cgroup.display(), hook = program, foreign = %name, "a program that is not switchboard's runs on a socket-layer hook of the agent's cgroup; left alone");
                 }
             }
@@ -411,7 +413,10 @@ impl Healer {
         }
         let findings: Vec<Finding> = findings
             .into_iter()
-            .map(|what| Finding { map: "uplinks", what })
+            .map(|what| Finding {
+                map: "uplinks",
+                what,
+            })
             .collect();
         if let Some(what) = summary(&findings) {
             sync.repaired("uplink-maps", what);

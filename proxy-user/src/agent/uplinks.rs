@@ -21,11 +21,11 @@ use proxy_common::Uplink6;
 use tracing::{debug, info, warn};
 
 use crate::dataplane::{
-    attach::{self, AttachedInterface, TcMode},
-    maps::PinnedMaps,
-    uplink::{
+    attach::pods::{self, AttachedInterface, TcMode},
+    attach::uplink::{
         self, LinkFacts, NodePortMode, Role, Uplink, UplinkError, XdpChoice, XdpHook, XdpMode,
     },
+    maps::PinnedMaps,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -143,7 +143,9 @@ pub fn map_drift<V: Copy + PartialEq>(
             None => format!("missing (expected {})", show(want)),
         };
         drift.put.push((*index, *want));
-        drift.findings.push(format!("{map} ifindex {index}: {what}"));
+        drift
+            .findings
+            .push(format!("{map} ifindex {index}: {what}"));
     }
     for (index, held) in actual {
         if expected.iter().all(|(i, _)| i != index) {
@@ -158,7 +160,11 @@ pub fn map_drift<V: Copy + PartialEq>(
 }
 
 fn show4(v: &proxy_common::Uplink) -> String {
-    format!("{} flags {:#04x}", Ipv4Addr::from(v.addr_be.to_ne_bytes()), v.flags)
+    format!(
+        "{} flags {:#04x}",
+        Ipv4Addr::from(v.addr_be.to_ne_bytes()),
+        v.flags
+    )
 }
 
 fn show6(v: &Uplink6) -> String {
@@ -496,8 +502,8 @@ fn attach_uplink(
 }
 
 /// An uplink as the status file lists it.
-fn uplink_status(up: &Uplink, tc: attach::Attached, xdp: &XdpChoice) -> AttachedInterface {
-    let mut hooks = attach::hook_names(tc, &uplink::TC_HOOKS);
+fn uplink_status(up: &Uplink, tc: pods::Attached, xdp: &XdpChoice) -> AttachedInterface {
+    let mut hooks = pods::hook_names(tc, &uplink::TC_HOOKS);
     if xdp.hook != XdpHook::Off {
         hooks.push(format!(
             "xdp {} {}",
@@ -510,7 +516,7 @@ fn uplink_status(up: &Uplink, tc: attach::Attached, xdp: &XdpChoice) -> Attached
         index: up.index,
         role: up.role.as_str().to_owned(),
         hooks,
-        xdp: Some(attach::UplinkXdp {
+        xdp: Some(pods::UplinkXdp {
             mode: xdp.hook.to_string(),
             reason: xdp.reason.clone(),
         }),
@@ -625,7 +631,9 @@ mod tests {
             ]
         );
         let up6 = Uplink6 {
-            addr_be: proxy_common::addr6_be("fd00:50::1".parse::<Ipv6Addr>().expect("address").octets()),
+            addr_be: proxy_common::addr6_be(
+                "fd00:50::1".parse::<Ipv6Addr>().expect("address").octets(),
+            ),
         };
         let drift6 = map_drift("SB_UPLINK6_V1", &[(2, up6)], &[], show6);
         assert_eq!(

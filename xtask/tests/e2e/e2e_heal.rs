@@ -34,8 +34,8 @@ use xtask::sandbox::two_node::manifests::{ExternalService, Policy};
 use xtask::sandbox::two_node::{Client, Node, Pod, LB_IP, NODE_A_IP};
 use xtask::sandbox::{ClientRun, Lan, NetnsCore, Sandbox, TwoNodeSandbox, AGENT, CLUSTER_IP};
 use xtask::testenv::{
-    demo_sandbox_with, open_idle_with, sb_echo, switchboard, two_node_sandbox_on,
-    wait_programmed, wake, IdleClient,
+    demo_sandbox_with, open_idle_with, sb_echo, switchboard, two_node_sandbox_on, wait_programmed,
+    wake, IdleClient,
 };
 
 /// How long a repair may take, from the damage to traffic answered.
@@ -193,7 +193,10 @@ impl Agent<'_> {
     fn ifindex(&self, iface: &str) -> u32 {
         let out = self
             .core
-            .exec(&self.ns, &["cat", &format!("/sys/class/net/{iface}/ifindex")])
+            .exec(
+                &self.ns,
+                &["cat", &format!("/sys/class/net/{iface}/ifindex")],
+            )
             .expect("ifindex");
         text(&out).trim().parse().expect("an interface index")
     }
@@ -619,7 +622,10 @@ fn remove_uplink_xdp(sb: &TwoNodeSandbox) {
     let agent = sb.agent();
     let uplink = sb.uplink(Node::A);
     let out = sb
-        .exec_status(&agent.ns, &["ip", "link", "set", "dev", &uplink, "xdp", "off"])
+        .exec_status(
+            &agent.ns,
+            &["ip", "link", "set", "dev", &uplink, "xdp", "off"],
+        )
         .expect("ip link");
     if !out.status.success() {
         eprintln!(
@@ -678,8 +684,11 @@ fn heal_table_two_node(lan: Lan, args: &[&str], cases: &[Case<TwoNodeSandbox>]) 
     sb.write_manifest(&lb.service_file(), &yaml)
         .expect("write the annotated Service");
     let keep_pod = Pod::new(Node::A, 2);
-    sb.write_manifest("keep.yaml", &keep_yaml(&keep_pod.ip(), Some(Node::A.name())))
-        .expect("write the untouched Service");
+    sb.write_manifest(
+        "keep.yaml",
+        &keep_yaml(&keep_pod.ip(), Some(Node::A.name())),
+    )
+    .expect("write the untouched Service");
     let sw = switchboard();
     for node in Node::ALL {
         sb.start_agent(node, &sw, args)
@@ -691,9 +700,13 @@ fn heal_table_two_node(lan: Lan, args: &[&str], cases: &[Case<TwoNodeSandbox>]) 
             panic!("{e:#}");
         }
     }
-    sb.wait_services(Node::A, &sw, Duration::from_secs(10), "demo/keep:http", |f| {
-        xtask::sandbox::find(f, "demo/keep:http").is_some_and(|fe| fe.backends.len() == 1)
-    })
+    sb.wait_services(
+        Node::A,
+        &sw,
+        Duration::from_secs(10),
+        "demo/keep:http",
+        |f| xtask::sandbox::find(f, "demo/keep:http").is_some_and(|fe| fe.backends.len() == 1),
+    )
     .unwrap_or_else(|e| panic!("{e:#}"));
     let flows = untouched(&sb, &sb.pod_ns(Pod::new(Node::A, 1)), cases.len());
     for case in cases {

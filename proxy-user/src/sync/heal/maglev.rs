@@ -93,7 +93,9 @@ pub fn digest(table: &MaglevTable) -> u64 {
         }
     }
     for (i, id) in words.remainder().iter().enumerate() {
-        lanes[i % 4] = (lanes[i % 4] ^ u64::from(*id)).wrapping_mul(K).rotate_left(29);
+        lanes[i % 4] = (lanes[i % 4] ^ u64::from(*id))
+            .wrapping_mul(K)
+            .rotate_left(29);
     }
     entry_hash(&lanes)
 }
@@ -213,7 +215,10 @@ impl<S: MapStore> Syncer<S> {
             None => tables.range(..),
         };
         let head = after.map(|a| tables.range(..=a)).into_iter().flatten();
-        tail.chain(head).map(|(addr, _)| *addr).take(budget).collect()
+        tail.chain(head)
+            .map(|(addr, _)| *addr)
+            .take(budget)
+            .collect()
     }
 
     /// The service ids of every hashed frontend.
@@ -344,5 +349,7 @@ const WALK_CHUNK: usize = 4096;
 const WALK_CHUNKS: usize = 1024;
 
 fn leftover(service_id: u32) -> String {
-    format!("service id {service_id}: table left over (no hashed frontend the agent programmed has it)")
+    format!(
+        "service id {service_id}: table left over (no hashed frontend the agent programmed has it)"
+    )
 }
