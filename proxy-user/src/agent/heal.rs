@@ -47,7 +47,12 @@ use crate::{
     dataplane::maps::PinnedMaps,
     observe::status::AgentStatus,
     sync::heal::{maglev, Finding},
+    util::heap,
 };
+
+/// A comparison of at least this many entries (both sides) hands its
+/// memory back to the kernel once done.
+const TRIM_AFTER_ENTRIES: usize = 500_000;
 
 /// A look at the maps may cost this fraction of the time between looks.
 const CHECK_BUDGET: u32 = 20;
@@ -356,6 +361,12 @@ impl Healer {
     /// what the sync wrote.
     fn entries(&mut self, sync: &mut SyncLoop<'_, PinnedMaps>) {
         let report = sync.syncer.heal(sync.model.desired());
+        // Both sides of the comparison were built whole and dropped: at
+        // 100k Services that is about 100 MiB the allocator would keep as
+        // the agent's RSS until the next check.
+        if report.entries >= TRIM_AFTER_ENTRIES {
+            heap::trim();
+        }
         if report.clean {
             return;
         }
