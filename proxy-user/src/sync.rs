@@ -200,6 +200,9 @@ pub struct Syncer<S: MapStore> {
     /// The maps were reloaded after a failed write: the next sync compares
     /// every frontend, not only the changed ones.
     needs_full: bool,
+    /// What the drift check knows of the Maglev tables written, and where
+    /// its rotation goes on ([`heal::maglev`]).
+    maglev_watch: heal::maglev::Watch,
 }
 
 /// Whether a sync into empty maps may write in batches (off when retrying
@@ -268,6 +271,7 @@ impl<S: MapStore> Syncer<S> {
             defaults: FrontendDefaults::default(),
             failed: BTreeMap::new(),
             needs_full: false,
+            maglev_watch: heal::maglev::Watch::default(),
         };
         syncer.reload();
         syncer.needs_full = false;
@@ -568,6 +572,7 @@ impl<S: MapStore> Syncer<S> {
         }
         if programmed.flags & frontend_flags::ALGO_MASK != frontend_flags::ALGO_RANDOM {
             self.store.delete_maglev(programmed.service_id)?;
+            self.maglev_watch.deleted(addr);
             *writes += 1;
         }
         self.store

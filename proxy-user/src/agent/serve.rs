@@ -100,11 +100,12 @@ impl Serve<'_> {
                 _ = tick.tick() => {
                     links.follow(sync).await;
                     healer.programs(&mut links, sync).await;
-                    healer.check(sync);
+                    healer.check(&mut links, sync);
                 }
                 Some(request) = verify_requests.recv() => {
+                    let uplinks = uplink_findings(&links, sync);
                     // The client may have given up; nothing to do then.
-                    let _ = request.reply.send(sync.verify());
+                    let _ = request.reply.send(sync.verify(uplinks));
                 }
                 _ = terminate.recv() => break,
                 _ = interrupt.recv() => break,
@@ -169,4 +170,16 @@ fn restart_in_place() -> anyhow::Error {
         .args(args)
         .exec();
     anyhow::Error::from(error).context("restarting the agent in place to grow the IPv6 tables")
+}
+
+/// `switchboard verify`'s findings about the uplink maps: the entries that
+/// differ from what this agent wrote, compared as the drift repair does.
+fn uplink_findings(links: &Links<'_>, sync: &SyncLoop<'_, PinnedMaps>) -> Vec<String> {
+    match links.uplinks.maps_drift(links.ebpf, sync.syncer.store()) {
+        Ok(drift) => drift.map(|d| d.findings()).unwrap_or_default(),
+        Err(error) => {
+            let error = anyhow::Error::from(error);
+            vec![format!("the uplink maps could not be read: {error:#}")]
+        }
+    }
 }

@@ -154,9 +154,12 @@ impl<S: MapStore> SyncLoop<'_, S> {
     }
 
     /// Compares the maps with the model's desired state (`switchboard
-    /// verify`). Called from the loop between syncs, so the two describe
-    /// the same moment.
-    pub fn verify(&self) -> verify::Verification {
+    /// verify`): the frontends, backends and reverse-NAT entries
+    /// ([`verify::compare`]), every Maglev table as the drift repair
+    /// compares them, and the uplink maps (`uplinks`: what differs there,
+    /// as the repair found it). Called from the loop between syncs, so the
+    /// maps and the model describe the same moment.
+    pub fn verify(&mut self, uplinks: Vec<String>) -> verify::Verification {
         let started = Instant::now();
         let unprogrammed: verify::Unprogrammed = self
             .syncer
@@ -164,12 +167,33 @@ impl<S: MapStore> SyncLoop<'_, S> {
             .map(|u| (u.frontend, u.reason.clone()))
             .collect();
         let dump = self.syncer.store().dump();
-        let verification = verify::compare(
+        let mut verification = verify::compare(
             self.model.desired(),
             self.syncer.defaults(),
             &dump,
             &unprogrammed,
         );
+        let desired = self.model.desired();
+        for (frontend, detail) in self.syncer.maglev_problems() {
+            verification.problems.push(verify::Problem {
+                frontend: frontend.map(|f| f.to_string()).unwrap_or_default(),
+                service: frontend
+                    .and_then(|f| desired.frontends.get(&f))
+                    .map(|f| f.service.to_string())
+                    .unwrap_or_default(),
+                kind: verify::ProblemKind::WrongMaglev,
+                detail,
+            });
+        }
+        verification
+            .problems
+            .extend(uplinks.into_iter().map(|detail| verify::Problem {
+                frontend: String::new(),
+                service: String::new(),
+                kind: verify::ProblemKind::WrongUplink,
+                detail,
+            }));
+        verification.problems.sort();
         info!(
             frontends = verification.frontends_desired,
             problems = verification.problems.len(),

@@ -327,12 +327,10 @@ fn problems(report: &StatusReport) -> Vec<String> {
         .as_ref()
         .and_then(|s| s.socket_lb_cgroup.as_ref())
     {
-        let missing: Vec<&str> = crate::dataplane::attach::socket_layer::all_programs()
-            .filter(|p| !report.pinned_links.iter().any(|l| l.name == *p))
-            .collect();
+        let missing = hooks::socket_layer_unattached(&report.pinned_links);
         if !missing.is_empty() {
             found.push(format!(
-                "socket layer (cgroup {cgroup}): not attached: {}; restart the agent to attach them",
+                "socket layer (cgroup {cgroup}): not attached: {}; the agent attaches them again within a few seconds (unless it runs with --repair-interval 0)",
                 missing.join(", ")
             ));
         }
@@ -843,6 +841,7 @@ mod tests {
             path: std::path::PathBuf::from("/sys/fs/bpf/switchboard/links").join(name),
             kind: "cgroup",
             index: None,
+            detached: false,
         };
         let v4_only: Vec<hooks::LinkPin> = [
             programs::SOCK_CONNECT4,
@@ -887,11 +886,23 @@ mod tests {
         let all: Vec<hooks::LinkPin> = crate::dataplane::attach::socket_layer::all_programs()
             .map(pin)
             .collect();
-        let report = StatusReport {
+        let mut report = StatusReport {
             pinned_links: all,
             ..report
         };
         assert!(problems(&report).is_empty(), "{:?}", problems(&report));
+        // A link detached behind its pin runs no more: as good as missing.
+        report.pinned_links[0].detached = true;
+        let found = problems(&report);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(
+            found[0].contains(&format!(
+                "not attached: {} (detached, pin kept)",
+                report.pinned_links[0].name
+            )),
+            "{found:?}"
+        );
+        report.pinned_links[0].detached = false;
         let text = render(&report);
         assert!(text.contains("pinned links: 9 (9 socket-layer: "), "{text}");
         assert!(text.contains("connect6"), "{text}");

@@ -146,7 +146,7 @@ impl SyncMetrics {
         );
         registry.register(
             "switchboard_repairs",
-            "Drift the agent found and repaired in what it owns outside itself, by kind (programs, socket-layer, pins, maps, config)",
+            "Drift the agent found and repaired in what it owns outside itself, by kind (programs, socket-layer, pins, maps, maglev, uplink-maps, config)",
             self.repairs.clone(),
         );
         registry.register(

@@ -67,6 +67,13 @@ pub enum ProblemKind {
     /// A reverse-NAT entry no slot 0 names, or one slot 0 names that is
     /// missing or describes another frontend.
     WrongRevnat,
+    /// A hashed frontend's Maglev table is missing or holds other entries
+    /// than the ones computed for its backends, or a table no hashed
+    /// frontend has is there.
+    WrongMaglev,
+    /// An uplink map entry differs from what the agent wrote for its
+    /// uplinks (`frontend` and `service` empty).
+    WrongUplink,
 }
 
 impl ProblemKind {
@@ -80,6 +87,8 @@ impl ProblemKind {
             ProblemKind::OrphanedSlot => "orphaned-slot",
             ProblemKind::OrphanedBackend => "orphaned-backend",
             ProblemKind::WrongRevnat => "wrong-revnat",
+            ProblemKind::WrongMaglev => "wrong-maglev",
+            ProblemKind::WrongUplink => "wrong-uplink",
         }
     }
 }
@@ -119,7 +128,8 @@ pub type Unprogrammed = BTreeMap<FrontendAddr, String>;
 /// The maps in `dump` against `desired` (`defaults`: what the agent's flags
 /// make slot 0 record, such as `--lb-algorithm` for Services that name
 /// none).
-/// Maglev tables are not compared (see the README).
+/// The Maglev tables and the uplink maps are compared by the agent itself
+/// (`SyncLoop::verify`), with the comparison its drift repair makes.
 pub fn compare(
     desired: &DesiredState,
     defaults: FrontendDefaults,

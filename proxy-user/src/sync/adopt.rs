@@ -27,6 +27,7 @@ impl<S: MapStore> Syncer<S> {
     pub(super) fn reload(&mut self) {
         let dump = self.store.dump();
         self.programmed.clear();
+        self.maglev_watch.forget();
         self.backends.clear();
         self.service_ids.clear();
         self.frontend_entries = PerFamily::default();
@@ -105,6 +106,9 @@ impl<S: MapStore> Syncer<S> {
             .insert(head.service_id, addr.family());
         *self.frontend_entries.of(addr.family()) += programmed.entries();
         *self.range_entries.of(addr.family()) += programmed.ranges.len();
+        if programmed.hashed() {
+            self.maglev_watch.adopted(addr, programmed.service_id);
+        }
         self.programmed.insert(addr, programmed);
     }
 

@@ -164,6 +164,22 @@ impl MapStore for MemStore {
         self.maglev.remove(&id);
         Ok(())
     }
+    fn maglev(&self, id: u32, into: &mut MaglevTable) -> std::io::Result<bool> {
+        let Some(table) = self.maglev.get(&id) else {
+            return Ok(false);
+        };
+        into.backend_ids.copy_from_slice(table);
+        Ok(true)
+    }
+    fn maglev_ids(&self, after: Option<u32>, max: usize) -> std::io::Result<Vec<u32>> {
+        let from = after.map_or(std::ops::Bound::Unbounded, std::ops::Bound::Excluded);
+        Ok(self
+            .maglev
+            .range((from, std::ops::Bound::Unbounded))
+            .map(|(id, _)| *id)
+            .take(max)
+            .collect())
+    }
     fn put_source_range(&mut self, id: u32, block: IpCidr) -> Result<(), WriteError> {
         self.write("source_range")?;
         self.log.push(format!("put {}", maptext::range(id, &block)));

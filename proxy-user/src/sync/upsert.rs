@@ -201,12 +201,9 @@ impl<S: MapStore> Syncer<S> {
         writes: &mut usize,
     ) -> Result<(), WriteError> {
         if new.hashed() {
-            let (set, shares) = match &new.external {
-                Some(external) => (&**external, new.shares(scope::EXTERNAL)),
-                None => (&*new.slots, new.shares(scope::INTERNAL)),
-            };
-            let table = self.maglev_table(set, shares, addr.protocol);
+            let table = self.programmed_table(addr, new);
             self.store.put_maglev(new.service_id, &table)?;
+            self.maglev_watch.wrote(*addr, new.service_id, &table);
             *writes += 1;
         }
         let old_blocks = old.map_or(&[][..], |o| &o.ranges);
@@ -254,6 +251,7 @@ impl<S: MapStore> Syncer<S> {
         }
         if old.hashed() && !new.hashed() {
             self.store.delete_maglev(new.service_id)?;
+            self.maglev_watch.deleted(addr);
             *writes += 1;
         }
         for block in old.ranges.iter().filter(|b| !new.ranges.contains(b)) {
@@ -308,6 +306,17 @@ impl<S: MapStore> Syncer<S> {
             }
             _ => false,
         }
+    }
+
+    /// The Maglev table of programmed frontend `addr`: over its external
+    /// set when it has one (the set traffic from outside hashes over), else
+    /// its slots.
+    pub(super) fn programmed_table(&self, addr: &FrontendAddr, p: &Programmed) -> Box<MaglevTable> {
+        let (set, shares) = match &p.external {
+            Some(external) => (&**external, p.shares(scope::EXTERNAL)),
+            None => (&*p.slots, p.shares(scope::INTERNAL)),
+        };
+        self.maglev_table(set, shares, addr.protocol)
     }
 
     /// The Maglev table over `ids` (a frontend's backend set): computed from

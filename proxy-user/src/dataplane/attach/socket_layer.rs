@@ -250,6 +250,23 @@ pub fn all_programs() -> impl Iterator<Item = &'static str> {
         .chain([programs::SOCK_RELEASE])
 }
 
+/// The cgroup hook (`enum bpf_attach_type`) each socket-layer program is
+/// attached at: where to look for other programs on the same hook.
+pub fn attach_type(program: &str) -> Option<u32> {
+    Some(match program {
+        programs::SOCK_CONNECT4 => 10,     // BPF_CGROUP_INET4_CONNECT
+        programs::SOCK_CONNECT6 => 11,     // BPF_CGROUP_INET6_CONNECT
+        programs::SOCK_SENDMSG4 => 14,     // BPF_CGROUP_UDP4_SENDMSG
+        programs::SOCK_SENDMSG6 => 15,     // BPF_CGROUP_UDP6_SENDMSG
+        programs::SOCK_RECVMSG4 => 19,     // BPF_CGROUP_UDP4_RECVMSG
+        programs::SOCK_RECVMSG6 => 20,     // BPF_CGROUP_UDP6_RECVMSG
+        programs::SOCK_GETPEERNAME4 => 29, // BPF_CGROUP_INET4_GETPEERNAME
+        programs::SOCK_GETPEERNAME6 => 30, // BPF_CGROUP_INET6_GETPEERNAME
+        programs::SOCK_RELEASE => 34,      // BPF_CGROUP_INET_SOCK_RELEASE
+        _ => return None,
+    })
+}
+
 /// Attaches one program to the cgroup as a BPF link.
 fn attach_one(
     ebpf: &mut Ebpf,
@@ -347,6 +364,14 @@ mod tests {
             cgroup2_mount_in(mountinfo),
             Some(PathBuf::from("/sys/fs/cgroup/unified"))
         );
+    }
+
+    #[test]
+    fn every_socket_layer_program_has_its_own_hook() {
+        let types: std::collections::BTreeSet<u32> =
+            all_programs().filter_map(attach_type).collect();
+        assert_eq!(types.len(), all_programs().count());
+        assert_eq!(attach_type("sb_to_pod"), None);
     }
 
     #[test]

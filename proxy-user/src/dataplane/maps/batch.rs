@@ -1,9 +1,13 @@
-//! Many map entries in one system call (`BPF_MAP_UPDATE_BATCH`, Linux 5.6+).
+//! Many map entries in one system call (`BPF_MAP_UPDATE_BATCH`, Linux 5.6+),
+//! and the two single-entry calls aya 0.14 makes in a way the drift check
+//! cannot use: a lookup into a caller's buffer (a Maglev table is 64 KiB,
+//! which aya copies through the stack) and the next key after a given one
+//! (aya's key walk always starts at the first).
 //!
 //! A start at 100k Services writes over two million entries; one
 //! `bpf(BPF_MAP_UPDATE_ELEM)` each spends more time entering the kernel than
 //! updating the map. aya 0.14 has no batch operations, so this is the one
-//! place that issues the `bpf` system call itself.
+//! place that issues the `bpf` system call on maps itself.
 
 use std::os::fd::{AsFd as _, AsRawFd as _};
 
@@ -132,5 +136,73 @@ pub fn lookup_all<K: Pod, V: Pod>(map: &MapData) -> std::io::Result<Vec<(K, V)>>
             Some(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(out),
             Some(e) => return Err(e),
         }
+    }
+}
+
+/// `BPF_MAP_LOOKUP_ELEM` and `BPF_MAP_GET_NEXT_KEY` from `enum bpf_cmd`.
+const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
+const BPF_MAP_GET_NEXT_KEY: libc::c_long = 4;
+
+/// The element member of `union bpf_attr` (`value` is `next_key` for
+/// `BPF_MAP_GET_NEXT_KEY`).
+#[repr(C)]
+#[derive(Default)]
+struct ElemAttr {
+    map_fd: u32,
+    _pad: u32,
+    key: u64,
+    value: u64,
+    flags: u64,
+}
+
+fn map_call(cmd: libc::c_long, attr: &mut ElemAttr) -> std::io::Result<()> {
+    // SAFETY: `attr` is the kernel's element layout (repr(C), sized as
+    // passed); the caller's pointers in it point to a key and a value (or
+    // next key) of the map's types that outlive the call.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            cmd,
+            attr as *mut ElemAttr,
+            std::mem::size_of::<ElemAttr>(),
+        )
+    };
+    if rc < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Reads the value of `key` into `value`; `Ok(false)` when the map has no
+/// such key.
+pub fn lookup_into<K: Pod, V: Pod>(map: &MapData, key: &K, value: &mut V) -> std::io::Result<bool> {
+    let mut attr = ElemAttr {
+        map_fd: map.fd().as_fd().as_raw_fd() as u32,
+        key: key as *const K as u64,
+        value: value as *mut V as u64,
+        ..ElemAttr::default()
+    };
+    match map_call(BPF_MAP_LOOKUP_ELEM, &mut attr) {
+        Ok(()) => Ok(true),
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// The key after `after` in the map's own order (the first key when
+/// `after` is `None`, and, for a hash map, when `after` is no longer
+/// there); `None` past the last.
+pub fn next_key<K: Pod>(map: &MapData, after: Option<&K>) -> std::io::Result<Option<K>> {
+    let mut next: K = bytemuck::Zeroable::zeroed();
+    let mut attr = ElemAttr {
+        map_fd: map.fd().as_fd().as_raw_fd() as u32,
+        key: after.map_or(0, |k| k as *const K as u64),
+        value: &mut next as *mut K as u64,
+        ..ElemAttr::default()
+    };
+    match map_call(BPF_MAP_GET_NEXT_KEY, &mut attr) {
+        Ok(()) => Ok(Some(next)),
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(None),
+        Err(e) => Err(e),
     }
 }

@@ -588,6 +588,23 @@ impl PinnedMaps {
         Ok(())
     }
 
+    /// The uplink map's entries (interface index → address and flags).
+    pub fn uplink_entries(&self) -> Vec<(u32, Uplink)> {
+        self.uplinks.iter().filter_map(Result::ok).collect()
+    }
+
+    /// Writes one uplink map entry.
+    pub fn put_uplink(&mut self, index: u32, value: Uplink) -> Result<(), WriteError> {
+        self.uplinks
+            .insert(index, value, 0)
+            .map_err(|e| write_error(names::UPLINKS, e))
+    }
+
+    /// Deletes one uplink map entry (absent is fine).
+    pub fn delete_uplink(&mut self, index: u32) -> Result<(), WriteError> {
+        delete_result(names::UPLINKS, self.uplinks.remove(&index))
+    }
+
     /// The frontend bitmap's map, where the maps keep one (the agent's and
     /// its tests').
     pub fn frontend_filter_map(&self) -> Option<&MapData> {
@@ -857,6 +874,23 @@ impl MapStore for PinnedMaps {
     }
     fn delete_maglev(&mut self, service_id: u32) -> Result<(), WriteError> {
         delete_result(names::MAGLEV, self.maglev.remove(&service_id))
+    }
+    fn maglev(&self, service_id: u32, into: &mut MaglevTable) -> std::io::Result<bool> {
+        batch::lookup_into(self.maglev.map(), &service_id, into)
+    }
+    fn maglev_ids(&self, after: Option<u32>, max: usize) -> std::io::Result<Vec<u32>> {
+        let mut ids = Vec::new();
+        let mut at = after;
+        while ids.len() < max {
+            match batch::next_key(self.maglev.map(), at.as_ref())? {
+                Some(id) => {
+                    ids.push(id);
+                    at = Some(id);
+                }
+                None => break,
+            }
+        }
+        Ok(ids)
     }
     fn put_source_range(&mut self, service_id: u32, block: IpCidr) -> Result<(), WriteError> {
         if let Some((len, data)) = source_range_key4(service_id, &block) {

@@ -170,20 +170,58 @@ pub fn map_entries4(uplinks: &[Uplink], mode: NodePortMode) -> Vec<(u32, proxy_c
         .collect()
 }
 
+/// The IPv6 uplink map's entries for `uplinks` (interface index → IPv6
+/// address, all-zero for an uplink without one).
+pub fn map_entries6(uplinks: &[Uplink]) -> Vec<(u32, Uplink6)> {
+    uplinks
+        .iter()
+        .map(|up| {
+            let addr_be = up.addr6.map(|a| addr6_be(a.octets())).unwrap_or([0; 4]);
+            (up.index, Uplink6 { addr_be })
+        })
+        .collect()
+}
+
+/// The IPv6 uplink map of `ebpf`, to write.
+fn uplinks6_mut(ebpf: &mut Ebpf) -> Result<BpfHashMap<&mut MapData, u32, Uplink6>, UplinkError> {
+    let map = ebpf
+        .map_mut(names::UPLINKS6)
+        .ok_or(UplinkError::MissingMap(names::UPLINKS6))?;
+    BpfHashMap::try_from(map).map_err(UplinkError::Map6)
+}
+
+/// The IPv6 uplink map's entries as it holds them now.
+pub fn uplinks6(ebpf: &Ebpf) -> Result<Vec<(u32, Uplink6)>, UplinkError> {
+    let map = ebpf
+        .map(names::UPLINKS6)
+        .ok_or(UplinkError::MissingMap(names::UPLINKS6))?;
+    let map: BpfHashMap<&MapData, u32, Uplink6> =
+        BpfHashMap::try_from(map).map_err(UplinkError::Map6)?;
+    Ok(map.iter().filter_map(Result::ok).collect())
+}
+
+/// Writes one IPv6 uplink map entry.
+pub fn put_uplink6(ebpf: &mut Ebpf, index: u32, value: Uplink6) -> Result<(), UplinkError> {
+    uplinks6_mut(ebpf)?
+        .insert(index, value, 0)
+        .map_err(UplinkError::Map6)
+}
+
+/// Deletes one IPv6 uplink map entry (absent is fine).
+pub fn delete_uplink6(ebpf: &mut Ebpf, index: u32) -> Result<(), UplinkError> {
+    match uplinks6_mut(ebpf)?.remove(&index) {
+        Ok(()) | Err(MapError::KeyNotFound) => Ok(()),
+        Err(error) => Err(UplinkError::Map6(error)),
+    }
+}
+
 /// Makes the IPv6 uplink map of `ebpf` hold exactly `uplinks` (interface
 /// index → IPv6 address, all-zero for an uplink without one): new entries
 /// are written before stale ones are deleted.
 pub fn set_uplinks6(ebpf: &mut Ebpf, uplinks: &[Uplink]) -> Result<(), UplinkError> {
-    let map = ebpf
-        .map_mut(names::UPLINKS6)
-        .ok_or(UplinkError::MissingMap(names::UPLINKS6))?;
-    let mut map: BpfHashMap<&mut MapData, u32, Uplink6> =
-        BpfHashMap::try_from(map).map_err(UplinkError::Map6)?;
-    for up in uplinks {
-        let value = Uplink6 {
-            addr_be: up.addr6.map(|a| addr6_be(a.octets())).unwrap_or([0; 4]),
-        };
-        map.insert(up.index, value, 0).map_err(UplinkError::Map6)?;
+    let mut map = uplinks6_mut(ebpf)?;
+    for (up, (index, value)) in uplinks.iter().zip(map_entries6(uplinks)) {
+        map.insert(index, value, 0).map_err(UplinkError::Map6)?;
         match up.addr6 {
             Some(addr) => debug!(iface = %up.name, %addr, "uplink IPv6 address"),
             None => {
