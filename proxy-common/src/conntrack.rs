@@ -154,7 +154,7 @@ pub type CtKey = CtKeyOf<u32>;
 /// The IPv6 connection-tracking key.
 pub type CtKey6 = CtKeyOf<Addr6Be>;
 
-/// Value of the connection-tracking map (a preallocated hash, not LRU: the
+/// Value of the connection-tracking map (a plain hash, not LRU: the
 /// agent removes expired flows, see `proxy-user/src/dataplane/conntrack.rs`).
 ///
 /// Each entry carries the address and port its direction is rewritten to:

@@ -7,7 +7,7 @@ pub const BACKENDS: &str = "SB_BE_V1";
 /// directions (`nat_addr_be`), so a reply needs no reverse-NAT lookup.
 /// V4: entries of flows from outside the node to a backend on another
 /// node also carry the source NAT (`snat_addr_be`, `snat_port_be`).
-/// V5: a plain (preallocated, non-LRU) hash the agent garbage-collects;
+/// V5: a plain (non-LRU) hash the agent garbage-collects;
 /// entries carry `last_seen_ns` and per-direction TCP state
 /// (`ct_state`), so a live flow is never evicted for a new one.
 pub const CONNTRACK: &str = "SB_CT_V5";

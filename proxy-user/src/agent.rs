@@ -26,6 +26,7 @@ use crate::{
     dataplane::attach::{Attacher, TcMode},
     dataplane::conntrack,
     dataplane::ebpf,
+    dataplane::growth,
     dataplane::kmem,
     dataplane::maps::PinnedMaps,
     dataplane::migrate,
@@ -41,8 +42,8 @@ use crate::{
     node::metrics::{self, SyncObserver},
     node::status::{self, AgentStatus},
     node::verify,
-    source::{self, cluster, dir, Changes, FeedRx},
-    sync::store::{Capacities, Ipv6Tables},
+    source::{self, cluster, dir, FeedRx},
+    sync::store::Capacities,
     sync::Syncer,
 };
 
@@ -165,16 +166,14 @@ pub async fn run(config: AgentConfig, object: &'static [u8]) -> anyhow::Result<(
                 .uplinks
         }
     };
-    // The IPv6 flow tables are sized to the node: small while it has no
-    // IPv6 Service (and no IPv6 flow pinned), grown when one appears. The
-    // pins tell now; the first view may add an IPv6 Service.
-    let ipv6_pinned = ebpf::ipv6_pinned_in_use(&config.pin_root);
-    let expected = Capacities {
-        ipv6: ipv6_tables(ipv6_pinned, false),
-        ..config.capacities
-    };
-    // Loading needs nothing else from the source: it runs meanwhile.
-    let preload = Preload::start(object, &config.pin_root, expected);
+    // The flow tables that grow are sized by what they hold: one half full
+    // or more grows now (`growth`).
+    let (flows, grown) = growth::plan(&config.pin_root, &config.capacities);
+    for g in &grown {
+        info!(map = g.map, from = g.from, to = g.to, entries = g.entries, "{}", growth::GROWING);
+    }
+    // Loading needs nothing from the source: it runs meanwhile.
+    let preload = Preload::start(object, &config.pin_root, config.capacities, flows);
     let before_source = memory::heap();
     let mut feed = match open_source(&config).await {
         Ok(feed) => feed,
@@ -200,11 +199,8 @@ pub async fn run(config: AgentConfig, object: &'static [u8]) -> anyhow::Result<(
     );
     tokio::spawn(mark_queued(feed.publishes(), proxy_health.clone()));
     let initial = feed.take();
-    let capacities = Capacities {
-        ipv6: ipv6_tables(ipv6_pinned, has_ipv6_service(&initial)),
-        ..config.capacities
-    };
-    let (loaded, resize) = match preload.and_then(|preload| preload.finish(&capacities)) {
+    let capacities = config.capacities;
+    let (loaded, resize) = match preload.and_then(Preload::finish) {
         Some(loaded) => {
             // Loaded with these capacities and no pinned map of another size.
             let resize = resize::Resize::prepare(&config.pin_root, &[])
@@ -212,13 +208,13 @@ pub async fn run(config: AgentConfig, object: &'static [u8]) -> anyhow::Result<(
             (loaded.context("loading the eBPF programs")?, resize)
         }
         None => {
-            let mismatches = ebpf::capacity_mismatches(&config.pin_root, &capacities);
+            let mismatches = ebpf::capacity_mismatches(&config.pin_root, &capacities, &flows);
             for mismatch in &mismatches {
                 info!(map = mismatch.map, "{mismatch}: resizing online");
             }
             let resize = resize::Resize::prepare(&config.pin_root, &mismatches)
                 .context("preparing to resize the pinned maps")?;
-            let ebpf = ebpf::load(object, &config.pin_root, &capacities, resize.maps())
+            let ebpf = ebpf::load(object, &config.pin_root, &capacities, &flows, resize.maps())
                 .context("loading the eBPF programs")?;
             (ebpf, resize)
         }
@@ -358,11 +354,14 @@ pub async fn run(config: AgentConfig, object: &'static [u8]) -> anyhow::Result<(
         resize.finish().context("pinning the resized maps")?;
     }
     // After any resize: what the pins hold now is what the programs use.
-    log_map_memory(&config.pin_root, capacities.ipv6);
+    log_map_memory(&config.pin_root);
     // /metrics reads the maps through pins of its own, at each scrape.
     let _metrics = config
         .metrics_bind
-        .map(|addr| metrics::serve(addr, sync.observer.metrics(), &gc_metrics, &config.pin_root))
+        .map(|addr| {
+            let limits = growth::limits(&capacities);
+            metrics::serve(addr, sync.observer.metrics(), &gc_metrics, &config.pin_root, limits)
+        })
         .transpose()?;
     sync.set_interfaces(attacher.interfaces(), &uplinks.statuses());
     for migrated in migrate::finish(&config.pin_root, sync.syncer.store_mut()) {
@@ -420,6 +419,8 @@ pub async fn run(config: AgentConfig, object: &'static [u8]) -> anyhow::Result<(
                 verify::socket_path(&config.pin_root).display()
             )
         })?;
+    let mut growth_due = growth::watch(&config.pin_root, &capacities)
+        .context("starting the flow tables' occupancy check")?;
     loop {
         tokio::select! {
             changed = feed.changed() => {
@@ -428,16 +429,7 @@ pub async fn run(config: AgentConfig, object: &'static [u8]) -> anyhow::Result<(
                     bail!("source stopped");
                 }
                 let node_addrs = node_ipv4s(sync.source_node.as_ref());
-                let changes = feed.take();
-                let first_ipv6 = capacities.ipv6 == Ipv6Tables::Idle && has_ipv6_service(&changes);
-                sync.on_changes(changes);
-                if first_ipv6 {
-                    // Programmed already (it answers with the small tables
-                    // meanwhile); the restart grows them.
-                    info!("the first IPv6 Service appeared: restarting in place to grow the IPv6 flow tables online");
-                    drop(lock);
-                    return Err(restart_in_place());
-                }
+                sync.on_changes(feed.take());
                 // The Node's addresses name the uplinks and their
                 // source-NAT addresses: a change is followed at once.
                 if node_ipv4s(sync.source_node.as_ref()) != node_addrs {
@@ -456,6 +448,12 @@ pub async fn run(config: AgentConfig, object: &'static [u8]) -> anyhow::Result<(
                 healer.programs(&mut links, &mut sync).await;
                 healer.check(&mut sync);
             }
+            Some(due) = growth_due.recv() => {
+                // The restart's start grows it online (`growth::plan`).
+                info!(map = due.map, size = due.size, max = due.max, entries = due.entries, "{}", growth::DUE);
+                drop(lock);
+                return Err(restart_in_place());
+            }
             Some(request) = verify_requests.recv() => {
                 // The client may have given up; nothing to do then.
                 let _ = request.reply.send(sync.verify());
@@ -472,14 +470,13 @@ pub async fn run(config: AgentConfig, object: &'static [u8]) -> anyhow::Result<(
 }
 
 /// Logs the pinned maps' kernel memory (the benchmark reads this line).
-fn log_map_memory(pin_root: &std::path::Path, ipv6: Ipv6Tables) {
+fn log_map_memory(pin_root: &std::path::Path) {
     match kmem::map_memory(pin_root) {
         Ok(maps) => {
             let (kernel, kernel6) = kmem::totals(&maps);
             info!(
                 maps_kernel_mib = kernel as f64 / 1_048_576.0,
                 ipv6_maps_kernel_mib = kernel6 as f64 / 1_048_576.0,
-                ipv6_flow_tables = ?ipv6,
                 "{MAP_MEMORY}"
             );
         }
@@ -493,31 +490,10 @@ fn log_map_memory(pin_root: &std::path::Path, ipv6: Ipv6Tables) {
 /// The log line with the maps' kernel memory.
 pub const MAP_MEMORY: &str = "the maps' kernel memory";
 
-/// How big the IPv6 flow tables must be: full when the source's first view
-/// has an IPv6 Service (`ipv6_service`), or an IPv6 map pinned here holds
-/// an entry (`pinned_in_use`: an earlier agent served IPv6, and tables with
-/// live entries are never shrunk); else small ([`Ipv6Tables::Idle`]).
-fn ipv6_tables(pinned_in_use: bool, ipv6_service: bool) -> Ipv6Tables {
-    if ipv6_service || pinned_in_use {
-        Ipv6Tables::Full
-    } else {
-        Ipv6Tables::Idle
-    }
-}
-
-/// Whether `changes` hold a Service with an IPv6 address.
-fn has_ipv6_service(changes: &Changes) -> bool {
-    changes
-        .services
-        .values()
-        .flatten()
-        .any(|s| s.has_ipv6_address())
-}
-
 /// Replaces this process with a fresh start of the same binary and
 /// arguments (same pid: a supervisor sees no exit). The start is the
-/// ordinary one: it adopts the pinned maps, finds the IPv6 Service in its
-/// first view, and resizes the IPv6 flow tables online
+/// ordinary one: it adopts the pinned maps, finds the flow table that is
+/// half full ([`growth::plan`]), and grows it online
 /// ([`crate::dataplane::resize`]) while the attached programs keep
 /// forwarding. Every descriptor this process holds is close-on-exec (the
 /// lock, the maps, the sockets), so nothing of this run stays. Returns only
@@ -530,7 +506,7 @@ fn restart_in_place() -> anyhow::Error {
         .arg0(arg0)
         .args(args)
         .exec();
-    anyhow::Error::from(error).context("restarting the agent in place to grow the IPv6 tables")
+    anyhow::Error::from(error).context("restarting the agent in place to grow a flow table")
 }
 
 /// The first start on a pin root (nothing of switchboard's pinned there):
@@ -672,6 +648,10 @@ fn status_template(config: &AgentConfig) -> AgentStatus {
         healthz_bind: bind(config.healthz_bind),
         metrics_bind: bind(config.metrics_bind),
         conntrack_timeouts: config.conntrack_timeouts,
+        flow_table_max: growth::limits(&config.capacities)
+            .into_iter()
+            .map(|(map, max)| (map.to_owned(), max))
+            .collect(),
         repairs: status::Repairs {
             enabled: !config.repair_interval.is_zero(),
             ..status::Repairs::default()

@@ -1,4 +1,5 @@
-//! Many map entries in one system call (`BPF_MAP_UPDATE_BATCH`, Linux 5.6+).
+//! Many map entries in one system call (`BPF_MAP_UPDATE_BATCH` and
+//! `BPF_MAP_LOOKUP_BATCH`, Linux 5.6+).
 //!
 //! A start at 100k Services writes over two million entries; one
 //! `bpf(BPF_MAP_UPDATE_ELEM)` each spends more time entering the kernel than
@@ -132,5 +133,118 @@ pub fn lookup_all<K: Pod, V: Pod>(map: &MapData) -> std::io::Result<Vec<(K, V)>>
             Some(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(out),
             Some(e) => return Err(e),
         }
+    }
+}
+
+/// `BPF_MAP_GET_NEXT_KEY` from `enum bpf_cmd`.
+const BPF_MAP_GET_NEXT_KEY: libc::c_long = 4;
+
+/// How many entries the hash map `map` holds, read in batches of keys and
+/// values `CHUNK` at a time (its key and value sizes from the kernel, so
+/// any hash map is counted without its types), or key by key where the
+/// kernel refuses batches. A map written meanwhile is counted as the walk
+/// saw it.
+pub fn count(map: &MapData) -> std::io::Result<usize> {
+    let info = map
+        .info()
+        .map_err(|e| std::io::Error::other(e.to_string()))?;
+    let fd = map.fd().as_fd().as_raw_fd();
+    let (key_size, value_size) = (info.key_size() as usize, info.value_size() as usize);
+    match count_batched(fd, key_size, value_size) {
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL | libc::ENOTSUP)) => {
+            count_keys(fd, key_size, info.max_entries() as usize)
+        }
+        counted => counted,
+    }
+}
+
+/// [`count`] through `BPF_MAP_LOOKUP_BATCH`.
+fn count_batched(fd: i32, key_size: usize, value_size: usize) -> std::io::Result<usize> {
+    // u64 words: the kernel copies keys and values packed, at their sizes.
+    let words = |size: usize| vec![0u64; (size * CHUNK).div_ceil(8)];
+    let (mut keys, mut values) = (words(key_size), words(value_size));
+    let mut token = [0u64; 1];
+    let mut first = true;
+    let mut total = 0;
+    loop {
+        let mut attr = BatchAttr {
+            in_batch: if first { 0 } else { token.as_ptr() as u64 },
+            out_batch: token.as_mut_ptr() as u64,
+            keys: keys.as_mut_ptr() as u64,
+            values: values.as_mut_ptr() as u64,
+            count: CHUNK as u32,
+            map_fd: fd as u32,
+            ..BatchAttr::default()
+        };
+        // SAFETY: `attr` is the kernel's `batch` layout; `keys` and `values`
+        // have room for `count` keys and values of the sizes the kernel
+        // reported for this map, and `token` for the position; all outlive
+        // the call.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                BPF_MAP_LOOKUP_BATCH,
+                &mut attr as *mut BatchAttr,
+                std::mem::size_of::<BatchAttr>(),
+            )
+        };
+        let error = (rc < 0).then(std::io::Error::last_os_error);
+        total += (attr.count as usize).min(CHUNK);
+        match error {
+            None => first = false,
+            Some(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(total),
+            Some(e) => return Err(e),
+        }
+    }
+}
+
+/// The `map_elem` member of `union bpf_attr`, as `BPF_MAP_GET_NEXT_KEY`
+/// reads it.
+#[repr(C)]
+#[derive(Default)]
+struct NextKeyAttr {
+    map_fd: u32,
+    _pad: u32,
+    key: u64,
+    next_key: u64,
+    flags: u64,
+}
+
+/// [`count`] one `BPF_MAP_GET_NEXT_KEY` per entry, `limit` at most (a key
+/// removed under the walk starts it over from the first).
+fn count_keys(fd: i32, key_size: usize, limit: usize) -> std::io::Result<usize> {
+    let mut key = vec![0u8; key_size];
+    let mut next = vec![0u8; key_size];
+    let mut total = 0;
+    loop {
+        let mut attr = NextKeyAttr {
+            map_fd: fd as u32,
+            // No key: the first one.
+            key: if total == 0 { 0 } else { key.as_ptr() as u64 },
+            next_key: next.as_mut_ptr() as u64,
+            ..NextKeyAttr::default()
+        };
+        // SAFETY: `attr` is the kernel's `map_elem` layout; `key` and
+        // `next` hold one key of the map's size each and outlive the call.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                BPF_MAP_GET_NEXT_KEY,
+                &mut attr as *mut NextKeyAttr,
+                std::mem::size_of::<NextKeyAttr>(),
+            )
+        };
+        if rc < 0 {
+            let e = std::io::Error::last_os_error();
+            return match e.raw_os_error() {
+                Some(libc::ENOENT) => Ok(total),
+                _ => Err(e),
+            };
+        }
+        total += 1;
+        if total >= limit {
+            return Ok(total);
+        }
+        std::mem::swap(&mut key, &mut next);
     }
 }

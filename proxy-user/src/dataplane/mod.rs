@@ -1,7 +1,7 @@
 //! The data plane: everything that talks to the kernel. Loading the
 //! programs and pinning their maps, attaching them (pod interfaces,
 //! uplinks, the cgroup socket hooks), the pinned maps themselves (opened
-//! only through [`pins`]), their resize and migration, the conntrack
+//! only through [`pins`]), their resize, growth and migration, the conntrack
 //! collector and socket closing. It implements the sync's `MapStore`.
 pub mod attach;
 pub mod btf;
@@ -10,6 +10,7 @@ pub mod conntrack;
 pub mod conntrack_entry;
 pub mod ctgen;
 pub mod ebpf;
+pub mod growth;
 pub mod kctx;
 pub mod kmem;
 pub mod mapbatch;

@@ -20,6 +20,7 @@ use proxy_common::{
 use proxy_user::{
     dataplane::conntrack::{self, GcMetrics, Pass, Timeouts},
     dataplane::ebpf,
+    dataplane::growth::FlowSizes,
     dataplane::maps::PinnedMaps,
     dataplane::quiet::Candidates,
     dataplane::sockdiag,
@@ -275,7 +276,7 @@ fn an_agent_finding_no_ipv6_tables_pinned_creates_them() {
         _pad: [0; 2],
     };
     {
-        let mut ebpf = ebpf::load(proxy_object::SWITCHBOARD, pin_root, &caps, &[])
+        let mut ebpf = ebpf::load(proxy_object::SWITCHBOARD, pin_root, &caps, &FlowSizes::at_max(&caps), &[])
             .expect("first load")
             .ebpf;
         let mut maps = PinnedMaps::take(&mut ebpf).expect("maps");
@@ -291,7 +292,7 @@ fn an_agent_finding_no_ipv6_tables_pinned_creates_them() {
         "the agent's open needs the IPv6 pins"
     );
 
-    let _ebpf = ebpf::load(proxy_object::SWITCHBOARD, pin_root, &caps, &[])
+    let _ebpf = ebpf::load(proxy_object::SWITCHBOARD, pin_root, &caps, &FlowSizes::at_max(&caps), &[])
         .expect("load onto the older pin root");
     for name in [names::CONNTRACK6, names::SOCKETS6] {
         assert!(pin_root.join(name).exists(), "{name} pinned");
@@ -394,7 +395,7 @@ fn the_cli_reads_an_agent_that_predates_ipv6() {
         _pad: [0; 2],
     };
     {
-        let mut ebpf = ebpf::load(proxy_object::SWITCHBOARD, pin_root, &caps, &[])
+        let mut ebpf = ebpf::load(proxy_object::SWITCHBOARD, pin_root, &caps, &FlowSizes::at_max(&caps), &[])
             .expect("load")
             .ebpf;
         let mut maps = PinnedMaps::take(&mut ebpf).expect("maps");
@@ -471,7 +472,7 @@ fn explain_reads_ipv6_conntrack_and_affinity_from_the_pins() {
     let fs = Bpffs::mount_at("collector6-explain");
     let pin_root = fs.0.as_path();
     let caps = capacities(64);
-    let mut ebpf = ebpf::load(proxy_object::SWITCHBOARD, pin_root, &caps, &[])
+    let mut ebpf = ebpf::load(proxy_object::SWITCHBOARD, pin_root, &caps, &FlowSizes::at_max(&caps), &[])
         .expect("load")
         .ebpf;
     let mut maps = PinnedMaps::take(&mut ebpf).expect("maps");
