@@ -22,7 +22,7 @@ use crate::{
         pins::Pins,
         resize::CapacityMismatch,
     },
-    dataplane::growth::{self, FlowSizes},
+    dataplane::growth::FlowSizes,
     sync::store::Capacities,
 };
 
@@ -458,7 +458,7 @@ mod tests {
             services: 44,
             flow_start: 5,
         };
-        let sized = sized_maps(&caps, &FlowSizes::at_start(&caps));
+        let sized = sized_maps(&caps, &FlowSizes::at_start(&caps, 0));
         let size = |name| {
             sized
                 .iter()
@@ -484,11 +484,11 @@ mod tests {
     #[test]
     fn every_map_allocated_per_entry_is_resizable() {
         let caps = Capacities::default();
-        let sized = sized_maps(&caps, &FlowSizes::at_start(&caps));
+        let sized = sized_maps(&caps, &FlowSizes::at_start(&caps, 0));
         for map in PER_ENTRY {
             assert!(sized.iter().any(|(n, _, _)| *n == map), "{map}");
             assert!(
-                growth::TABLES.iter().all(|t| t.map != map),
+                crate::dataplane::growth::TABLES.iter().all(|t| t.map != map),
                 "{map}: an LRU table cannot be allocated per entry"
             );
         }

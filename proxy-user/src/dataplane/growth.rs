@@ -51,11 +51,27 @@ impl Table {
         (self.max)(caps).max(1)
     }
 
-    /// The size it starts at: `--flow-table-start-entries`, or its maximum
-    /// when that is smaller.
-    pub fn start(&self, caps: &Capacities) -> u32 {
-        caps.flow_start.clamp(1, self.max(caps))
+    /// The size it starts at: `--flow-table-start-entries`, at least
+    /// `floor` ([`lru_floor`]), or its maximum when that is smaller.
+    pub fn start(&self, caps: &Capacities, floor: u32) -> u32 {
+        caps.flow_start.max(floor).clamp(1, self.max(caps))
     }
+}
+
+/// The kernel's LRU hash keeps up to this many free entries aside per CPU
+/// (`LOCAL_FREE_TARGET` in kernel/bpf/bpf_lru_list.c), and evicts from the
+/// shared list when that runs dry, even while other CPUs hold free ones.
+const LRU_LOCAL_FREE: u32 = 128;
+
+/// The smallest size an LRU table starts at on this machine: four times
+/// [`LRU_LOCAL_FREE`] per possible CPU. A table that size evicts nothing
+/// before it holds its size less what the CPUs keep aside, which is at
+/// least half of it: the point at which it grows ([`due`]).
+pub fn lru_floor() -> u32 {
+    let cpus = aya::util::nr_cpus().unwrap_or(1).max(1);
+    u32::try_from(cpus)
+        .unwrap_or(u32::MAX)
+        .saturating_mul(4 * LRU_LOCAL_FREE)
 }
 
 /// What sizes the tables with no flag of their own.
@@ -116,9 +132,9 @@ impl FlowSizes {
         Self(TABLES.map(|t| t.max(caps)))
     }
 
-    /// Every table at its start size.
-    pub fn at_start(caps: &Capacities) -> Self {
-        Self(TABLES.map(|t| t.start(caps)))
+    /// Every table at its start size (no smaller than `floor`).
+    pub fn at_start(caps: &Capacities, floor: u32) -> Self {
+        Self(TABLES.map(|t| t.start(caps, floor)))
     }
 
     /// The size of `map`, if it is one of [`TABLES`].
@@ -194,10 +210,11 @@ fn pinned(pin_root: &Path, map: &'static str) -> Option<Result<Pinned, String>> 
 /// The sizes to load [`TABLES`] with under `pin_root` ([`wanted`] of what
 /// is pinned there), and the tables that grow.
 pub fn plan(pin_root: &Path, caps: &Capacities) -> (FlowSizes, Vec<Growth>) {
-    let mut sizes = FlowSizes::at_start(caps);
+    let floor = lru_floor();
+    let mut sizes = FlowSizes::at_start(caps, floor);
     let mut grown = Vec::new();
     for (index, table) in TABLES.iter().enumerate() {
-        let (max, start) = (table.max(caps), table.start(caps));
+        let (max, start) = (table.max(caps), table.start(caps, floor));
         sizes.0[index] = match pinned(pin_root, table.map) {
             None => start,
             Some(Err(error)) => {
@@ -361,9 +378,12 @@ mod tests {
             flow_start: 2000,
             ..Capacities::default()
         };
-        let start = FlowSizes::at_start(&caps);
+        let start = FlowSizes::at_start(&caps, 0);
         assert_eq!(start.get(names::SOCKETS), Some(1000));
         assert_eq!(start.get(names::AFFINITY6), Some(2000));
+        let floored = FlowSizes::at_start(&caps, 4000);
+        assert_eq!(floored.get(names::AFFINITY6), Some(4000), "never below the floor");
+        assert_eq!(floored.get(names::SOCKETS), Some(1000), "nor above the maximum");
         assert_eq!(start.get(names::CONNTRACK), None, "not a growing table");
         let max = FlowSizes::at_max(&caps);
         assert_eq!(max.get(names::SOCKETS6), Some(1000));
