@@ -15,7 +15,7 @@ use xtask::sandbox::{
     Frontend, Sandbox, CLIENT_IP, CLIENT_IP6, PODS,
 };
 use xtask::testenv::{
-    bpftool_json, pod_saw_ips, require_root, sb_echo, status_line, switchboard, wait_agent_log,
+    bpftool_json, pod_saw_ips, require_root, sb_echo, status_line, switchboard,
     write_manifest,
 };
 

@@ -14,7 +14,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use xtask::sandbox::{Attempt, ClientRun, Sandbox, AGENT_READY, CLUSTER_IP};
-use xtask::testenv::{demo_sandbox_with, sb_echo, status_line, switchboard, wait_agent_log};
+use xtask::testenv::{demo_sandbox_with, sb_echo, status_line, wait_agent_log};
 
 use crate::e2e_observe::{must, sample, scrape, wait_reachable};
 

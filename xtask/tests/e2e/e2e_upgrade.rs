@@ -20,6 +20,9 @@
 //!   2^20 bits, in place of `SB_FE_FILTER_V3`.
 //! - 0a02f6a (format 5): `SB_FE_FILTER_V2`, the frontend bitmap sized as
 //!   today's but with its bits chosen by another hash.
+//! - b867dcc (format 8): today's layouts, but the frontend, backend,
+//!   reverse-NAT and conntrack maps of both families preallocated, and the
+//!   socket layer's table at its full size.
 //!
 //! Binaries as in e2e.rs (SWITCHBOARD_BIN, SB_ECHO_BIN).
 
@@ -28,10 +31,13 @@ use std::path::Path;
 use std::process::{Child, Stdio};
 use std::time::Duration;
 
-use aya::maps::{HashMap, Map, MapData, PerCpuArray};
+use aya::maps::{HashMap, IterableMap as _, Map, MapData, PerCpuArray};
 use aya_obj::maps::{bpf_map_def, LegacyMap, PinningType};
 use aya_obj::EbpfSectionKind;
-use proxy_common::{ct_dir, ct_flags, names, CtEntry, CtEntryV2, CtKey};
+use proxy_common::{
+    ct_dir, ct_flags, names, Backend, Backend6, CtEntry, CtEntry6, CtEntryV2, CtKey, CtKey6,
+    FrontendKey, FrontendKey6, FrontendSlot, RevNat, RevNat6, SockEntry, SockKey,
+};
 use xtask::sandbox::{Attempt, ClientRun, Sandbox, AGENT_READY, CLUSTER_IP};
 use xtask::testenv::{
     demo_sandbox_with, open_idle_with, sb_echo_in, switchboard, wait_agent_log, wake, IdleClient,
@@ -40,6 +46,7 @@ use xtask::testenv::{
 /// Idle connections held across the upgrade.
 const IDLE: usize = 6;
 
+const BPF_MAP_TYPE_HASH: u32 = 1;
 const BPF_MAP_TYPE_ARRAY: u32 = 2;
 const BPF_MAP_TYPE_PERCPU_ARRAY: u32 = 6;
 const BPF_MAP_TYPE_LRU_HASH: u32 = 9;
@@ -199,6 +206,61 @@ fn with_bitmap(pin: &Path, name: &str, words: u32, format: &str) -> usize {
     0
 }
 
+/// Replaces the map pinned as `name` with a preallocated hash map of its
+/// size holding its entries, as format 8 pinned it; returns how many.
+fn preallocated<K: aya::Pod, V: aya::Pod>(pin: &Path, name: &str, map_type: u32) -> usize {
+    let current: HashMap<MapData, K, V> =
+        HashMap::try_from(open_pinned(pin, name)).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let max_entries = current.map().info().expect("map info").max_entries();
+    let entries: Vec<(K, V)> = current
+        .iter()
+        .map(|item| item.unwrap_or_else(|e| panic!("an entry of {name}: {e}")))
+        .collect();
+    drop(current);
+    unpin(pin, name);
+    let mut old: HashMap<MapData, K, V> = HashMap::try_from(create_pinned(
+        &pin.join(name),
+        map_type,
+        std::mem::size_of::<K>() as u32,
+        std::mem::size_of::<V>() as u32,
+        max_entries,
+    ))
+    .expect("a hash map");
+    for (key, value) in &entries {
+        old.insert(key, value, 0)
+            .unwrap_or_else(|e| panic!("write {name}: {e}"));
+    }
+    entries.len()
+}
+
+/// The socket layer's table size format 8 pinned (`--max-conntrack`).
+const FORMAT8_SOCKETS: u32 = 524_288;
+
+/// Turns the stopped agent's pin root into what an agent of b867dcc (pin
+/// root format 8) left: the frontend, backend, reverse-NAT and conntrack
+/// maps of both families preallocated, with their entries, and the socket
+/// layer's table at its full size. Returns the conntrack entries.
+fn as_b867dcc(pin: &Path) -> usize {
+    let h = BPF_MAP_TYPE_HASH;
+    preallocated::<FrontendKey, FrontendSlot>(pin, names::FRONTENDS, h);
+    preallocated::<u32, Backend>(pin, names::BACKENDS, h);
+    preallocated::<u32, RevNat>(pin, names::REVNAT, h);
+    preallocated::<FrontendKey6, FrontendSlot>(pin, names::FRONTENDS6, h);
+    preallocated::<u32, Backend6>(pin, names::BACKENDS6, h);
+    preallocated::<u32, RevNat6>(pin, names::REVNAT6, h);
+    preallocated::<CtKey6, CtEntry6>(pin, names::CONNTRACK6, h);
+    let flows = preallocated::<CtKey, CtEntry>(pin, names::CONNTRACK, h);
+    unpin(pin, names::SOCKETS);
+    let _ = create_pinned(
+        &pin.join(names::SOCKETS),
+        BPF_MAP_TYPE_LRU_HASH,
+        std::mem::size_of::<SockKey>() as u32,
+        std::mem::size_of::<SockEntry>() as u32,
+        FORMAT8_SOCKETS,
+    );
+    flows
+}
+
 /// A UDP stream through the Service from one socket (one flow), a datagram
 /// every 20 ms.
 fn udp_stream(sb: &Sandbox, ms: u64) -> Child {
@@ -265,8 +327,8 @@ fn wait_ready(sb: &Sandbox) {
 /// pin root turned into an earlier version's by `earlier`, and a start of
 /// this version's agent: every connection answers from its own pod, the
 /// stream never fails nor changes pod, and the earlier pins are gone, each
-/// with a log line.
-fn upgrade_keeps_every_connection(earlier: fn(&Path) -> usize, migrated_pins: &[&str]) {
+/// with a log line. Returns the sandbox, its agent running.
+fn upgrade_keeps_every_connection(earlier: fn(&Path) -> usize, migrated_pins: &[&str]) -> Sandbox {
     let mut sb = demo_sandbox_with(&[]);
     let addr = format!("{CLUSTER_IP}:80");
     let ns = sb.client_ns();
@@ -346,29 +408,64 @@ fn upgrade_keeps_every_connection(earlier: fn(&Path) -> usize, migrated_pins: &[
         !doctor_out.contains("earlier layout") && !doctor_out.contains("does not use"),
         "doctor still sees the earlier layout:\n{doctor_out}"
     );
+    sb
 }
 
 #[test]
 fn an_upgrade_from_the_e805261_layout_keeps_every_connection() {
-    upgrade_keeps_every_connection(as_e805261, &["SB_CT_V2", "SB_STATS_V1"]);
+    let _ = upgrade_keeps_every_connection(as_e805261, &["SB_CT_V2", "SB_STATS_V1"]);
 }
 
 #[test]
 fn an_upgrade_from_the_49c1942_layout_keeps_every_connection() {
-    upgrade_keeps_every_connection(as_49c1942, &["SB_QUIET_V1", "SB_FE_FILTER_V1"]);
+    let _ = upgrade_keeps_every_connection(as_49c1942, &["SB_QUIET_V1", "SB_FE_FILTER_V1"]);
 }
 
 #[test]
 fn an_upgrade_from_the_0d0aa87_layout_keeps_every_connection() {
-    upgrade_keeps_every_connection(as_0d0aa87, &["SB_FE_FILTER_V1"]);
+    let _ = upgrade_keeps_every_connection(as_0d0aa87, &["SB_FE_FILTER_V1"]);
 }
 
 #[test]
 fn an_upgrade_from_the_0a02f6a_layout_keeps_every_connection() {
-    upgrade_keeps_every_connection(as_0a02f6a, &["SB_FE_FILTER_V2"]);
+    let _ = upgrade_keeps_every_connection(as_0a02f6a, &["SB_FE_FILTER_V2"]);
 }
 
 #[test]
 fn an_upgrade_from_the_f7bc505_layout_keeps_every_connection() {
-    upgrade_keeps_every_connection(as_f7bc505, &[]);
+    let _ = upgrade_keeps_every_connection(as_f7bc505, &[]);
+}
+
+/// Format 8's preallocated maps are recreated allocated per entry, online
+/// (every connection kept, above), and its empty full-size socket table
+/// starts over small.
+#[test]
+fn an_upgrade_from_the_b867dcc_layout_keeps_every_connection() {
+    let sb = upgrade_keeps_every_connection(as_b867dcc, &[]);
+    let log = sb.agent_log();
+    for name in [
+        names::FRONTENDS,
+        names::BACKENDS,
+        names::REVNAT,
+        names::CONNTRACK,
+        names::FRONTENDS6,
+        names::BACKENDS6,
+        names::REVNAT6,
+        names::CONNTRACK6,
+    ] {
+        let data = MapData::from_pin(sb.pin_dir.join(name)).expect("pinned");
+        let flags = data.info().expect("map info").map_flags();
+        assert_eq!(flags & 1, 1, "{name} is allocated per entry (flags {flags:#x})");
+        assert!(
+            log.lines()
+                .any(|l| l.contains(name) && l.contains("recreated allocated per entry")),
+            "no log line for {name}:\n{log}"
+        );
+    }
+    let data = MapData::from_pin(sb.pin_dir.join(names::SOCKETS)).expect("pinned");
+    let size = data.info().expect("map info").max_entries();
+    assert!(
+        size < FORMAT8_SOCKETS / 16,
+        "the empty socket table starts over small: {size}"
+    );
 }
