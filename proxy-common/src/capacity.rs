@@ -23,8 +23,8 @@ pub const FRAGMENTS: u32 = 8_192;
 /// The size the LRU flow tables (socket layer, affinity, fragments, both
 /// families) start at (`--flow-table-start-entries`): an LRU map is
 /// preallocated, every entry it may hold paid for at once, so each starts
-/// this small and the agent doubles it online while it is half full or
-/// more, up to its maximum.
+/// this small and the agent grows it online when it is half full, up to
+/// its maximum.
 pub const FLOW_TABLE_START: u32 = 4_096;
 /// Entries of one Maglev table: a prime (Maglev needs one), about 100×
 /// the backends a Service usually has, so each backend's share is even

@@ -52,9 +52,10 @@ pub struct AgentArgs {
     /// The size the LRU flow tables start at (the socket layer's
     /// translations, session affinity, fragments; both families), at
     /// least 512 per CPU. The kernel preallocates an LRU table whole, so
-    /// each starts this small and the agent doubles it online (a restart in
-    /// place, same pid, no entry lost) whenever it is half full or more, up
-    /// to its maximum (`--max-conntrack` for the socket layer's).
+    /// each starts this small and the agent grows it online (a restart in
+    /// place, same pid, no entry lost; twice the size or more) when it is
+    /// half full, up to its maximum (`--max-conntrack` for the socket
+    /// layer's).
     #[arg(long, default_value_t = Capacities::default().flow_start, value_parser = capacity)]
     pub flow_table_start_entries: u32,
     /// How long an idle established TCP connection stays tracked

@@ -14,15 +14,18 @@
 //! copied, the programs replaced, the entries written meanwhile copied too,
 //! the pin moved. That happens at an agent's start, so:
 //!
-//! - at its start the agent sizes each table by [`wanted`]: its pinned size
-//!   (never less than the start size), doubled while it is half full or
-//!   more, never above its maximum; a pinned table with no entry goes back
-//!   to the start size ([`plan`]);
 //! - while it runs, [`watch`] counts each table's entries every [`CHECK`]
 //!   (batched lookups, a few system calls per table), and when a table
 //!   below its maximum is half full or more ([`due`]) the agent restarts
-//!   in place, and the start grows it. A pass's cost is bounded: the next
-//!   one waits at least [`PACE`] times as long as the last took.
+//!   in place. A pass's cost is bounded: the next one waits at least
+//!   [`PACE`] times as long as the last took;
+//! - at its start the agent sizes each table by [`wanted`]: its pinned size
+//!   (never less than the start size), doubled while it is 3/8 full or
+//!   more, never above its maximum; a pinned table with no entry goes back
+//!   to the start size ([`plan`]). The start grows at a lower fill than the
+//!   check restarts at, so that the restart a half-full table made grows
+//!   it even if some of its entries went meanwhile: a fill that hovers
+//!   about one half makes one restart, not one every check.
 use std::{
     path::{Path, PathBuf},
     time::{Duration, Instant},
@@ -65,8 +68,8 @@ const LRU_LOCAL_FREE: u32 = 128;
 
 /// The smallest size an LRU table starts at on this machine: four times
 /// [`LRU_LOCAL_FREE`] per possible CPU. A table that size evicts nothing
-/// before it holds its size less what the CPUs keep aside, which is at
-/// least half of it: the point at which it grows ([`due`]).
+/// before it holds its size less what the CPUs keep aside, at least three
+/// quarters of it: well past the half at which it grows ([`due`]).
 pub fn lru_floor() -> u32 {
     let cpus = aya::util::nr_cpus().unwrap_or(1).max(1);
     u32::try_from(cpus)
@@ -154,7 +157,7 @@ impl FlowSizes {
 /// The size a table is loaded with: `pinned` (its size, if it is pinned)
 /// holding `entries`, given its start size and maximum. A pinned table
 /// keeps its size, or the start size if that is larger; it doubles while
-/// it is half full or more; it never exceeds `max`. A table with no entry
+/// it is 3/8 full or more; it never exceeds `max`. A table with no entry
 /// starts over at `start` (nothing is lost by shrinking it).
 pub fn wanted(pinned: Option<u32>, entries: u64, start: u32, max: u32) -> u32 {
     let max = max.max(1);
@@ -163,7 +166,7 @@ pub fn wanted(pinned: Option<u32>, entries: u64, start: u32, max: u32) -> u32 {
         Some(pinned) if entries > 0 => pinned.max(start),
         _ => start,
     };
-    while size < max && due(size, entries, max) {
+    while size < max && entries.saturating_mul(8) >= u64::from(size).saturating_mul(3) {
         size = size.saturating_mul(2);
     }
     size.min(max)
@@ -327,13 +330,15 @@ mod tests {
         // Nothing pinned: the start size, capped by the maximum.
         (None, 0, 4096, 524288, 4096),
         (None, 0, 4096, 1000, 1000),
-        // Pinned and below half full: it stays.
-        (Some(4096), 2047, 4096, 524288, 4096),
+        // Pinned and below 3/8 full: it stays.
+        (Some(4096), 1535, 4096, 524288, 4096),
         (Some(16384), 100, 4096, 524288, 16384),
-        // Half full or more: doubled.
+        // 3/8 full or more: doubled (the check restarts at one half, and
+        // some entries may have gone by the start).
+        (Some(4096), 1536, 4096, 524288, 8192),
         (Some(4096), 2048, 4096, 524288, 8192),
         (Some(4096), 3000, 4096, 524288, 8192),
-        // Filled further: doubled until below half.
+        // Filled further: doubled until below 3/8.
         (Some(4096), 4096, 4096, 524288, 16384),
         (Some(4096), 9000, 4096, 524288, 32768),
         // Never above the maximum.
