@@ -3,8 +3,8 @@
 //! flow notes in the entry of its direction.
 //!
 //! The table (`SB_CT_V5`) is a hash allocated per entry, not an LRU: a
-//! live flow is never evicted to make room, and the agent removes expired flows (see
-//! `proxy-user/src/dataplane/conntrack.rs`). When it is full a new flow cannot be
+//! live flow is never evicted to make room, and the agent removes expired
+//! flows (see `proxy-user/src/dataplane/flows/expiry.rs`). When it is full a new flow cannot be
 //! tracked; its packet is dropped and counted (`stat::CT_FULL`), as Cilium
 //! does, and the client's retransmission gets through once the agent made
 //! room. Packets of tracked flows are not affected.

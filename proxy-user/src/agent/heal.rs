@@ -35,10 +35,10 @@ use tracing::{debug, info, warn};
 use crate::{
     agent::{links::Links, syncloop::SyncLoop},
     cli::{hooks, status},
-    dataplane::attach::AttachedInterface,
+    dataplane::attach::pods::AttachedInterface,
+    dataplane::attach::socket_layer,
     dataplane::maps::PinnedMaps,
-    dataplane::socketlb,
-    node::status::AgentStatus,
+    observe::status::AgentStatus,
 };
 
 /// A look at the maps may cost this fraction of the time between looks.
@@ -145,7 +145,7 @@ impl Healer {
     }
 
     /// Remembers the map pins under the pin root and their maps (after
-    /// any resize or migration: these are the maps the programs use).
+    /// any resize: these are the maps the programs use).
     pub(super) fn record_pins(&mut self) {
         let Ok(entries) = std::fs::read_dir(&self.pin_root) else {
             return;
@@ -232,7 +232,7 @@ impl Healer {
             return;
         };
         let dir = self.pin_root.join("links");
-        let missing: Vec<&str> = socketlb::all_programs()
+        let missing: Vec<&str> = socket_layer::all_programs()
             .filter(|p| !dir.join(p).exists())
             .collect();
         if missing.is_empty() {
@@ -240,7 +240,7 @@ impl Healer {
         }
         let missing = missing.join(", ");
         warn!(cgroup = %cgroup.display(), %missing, "drift: socket-layer links missing; attaching the socket layer again");
-        match socketlb::attach_links(ebpf, &cgroup, &self.pin_root) {
+        match socket_layer::attach_links(ebpf, &cgroup, &self.pin_root) {
             Ok(()) => sync.repaired(
                 "socket-layer",
                 format!("cgroup {}: {missing} not attached", cgroup.display()),

@@ -21,8 +21,8 @@ use proxy_common::names;
 use tracing::{info, warn};
 
 use crate::{
-    dataplane::ebpf::{self, LoadError},
-    dataplane::growth::FlowSizes,
+    dataplane::load::object::{self, LoadError},
+    dataplane::pins::growth::FlowSizes,
     sync::store::Capacities,
 };
 
@@ -34,7 +34,7 @@ pub(super) struct Preload {
 }
 
 /// What the load's thread returns: the load and how long it took.
-type Loaded = (Result<ebpf::Loaded, LoadError>, Duration);
+type Loaded = (Result<object::Loaded, LoadError>, Duration);
 
 impl Preload {
     /// Starts loading `object` with `capacities` and `flows`, unless a
@@ -46,7 +46,7 @@ impl Preload {
         capacities: Capacities,
         flows: FlowSizes,
     ) -> Option<Self> {
-        if !ebpf::capacity_mismatches(pin_root, &capacities, &flows).is_empty() {
+        if !object::capacity_mismatches(pin_root, &capacities, &flows).is_empty() {
             return None;
         }
         let absent = names::ALL
@@ -59,7 +59,7 @@ impl Preload {
             .name("sb-preload".to_owned())
             .spawn(move || {
                 let started = Instant::now();
-                let loaded = ebpf::load(object, &root, &capacities, &flows, &[]);
+                let loaded = object::load(object, &root, &capacities, &flows, &[]);
                 (loaded, started.elapsed())
             });
         match job {
@@ -74,7 +74,7 @@ impl Preload {
 
     /// The load: waits for it to end (`None` if its thread panicked: the
     /// pins it made are removed).
-    pub(super) fn finish(self) -> Option<Result<ebpf::Loaded, LoadError>> {
+    pub(super) fn finish(self) -> Option<Result<object::Loaded, LoadError>> {
         let waited = Instant::now();
         let Some((loaded, took)) = join(self.job) else {
             unpin(&self.absent);

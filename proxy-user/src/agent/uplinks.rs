@@ -20,11 +20,11 @@ use std::{
 use tracing::{debug, info, warn};
 
 use crate::dataplane::{
-    attach::{self, AttachedInterface, TcMode},
-    maps::PinnedMaps,
-    uplink::{
+    attach::pods::{self, AttachedInterface, TcMode},
+    attach::uplink::{
         self, LinkFacts, NodePortMode, Role, Uplink, UplinkError, XdpChoice, XdpHook, XdpMode,
     },
+    maps::PinnedMaps,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -364,8 +364,8 @@ fn attach_uplink(
 }
 
 /// An uplink as the status file lists it.
-fn uplink_status(up: &Uplink, tc: attach::Attached, xdp: &XdpChoice) -> AttachedInterface {
-    let mut hooks = attach::hook_names(tc, &uplink::TC_HOOKS);
+fn uplink_status(up: &Uplink, tc: pods::Attached, xdp: &XdpChoice) -> AttachedInterface {
+    let mut hooks = pods::hook_names(tc, &uplink::TC_HOOKS);
     if xdp.hook != XdpHook::Off {
         hooks.push(format!(
             "xdp {} {}",
@@ -378,7 +378,7 @@ fn uplink_status(up: &Uplink, tc: attach::Attached, xdp: &XdpChoice) -> Attached
         index: up.index,
         role: up.role.as_str().to_owned(),
         hooks,
-        xdp: Some(attach::UplinkXdp {
+        xdp: Some(pods::UplinkXdp {
             mode: xdp.hook.to_string(),
             reason: xdp.reason.clone(),
         }),

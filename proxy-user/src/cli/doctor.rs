@@ -21,7 +21,7 @@ use super::{
     agent_process, desired, hooks, kube_proxy, read_services, status::interface_rows, Common, Done,
     Output, ServiceRow,
 };
-use crate::{dataplane::pinroot, node::status::AgentStatus};
+use crate::{dataplane::pins::format, observe::status::AgentStatus};
 
 /// At most this many Services get a Pod lookup (one list call each).
 const MAX_SELECTOR_LOOKUPS: usize = 50;
@@ -88,7 +88,7 @@ pub fn run(common: &Common, kubeconfig: Option<PathBuf>) -> anyhow::Result<Done>
 
 async fn checks(common: &Common, kubeconfig: Option<PathBuf>) -> anyhow::Result<Vec<Check>> {
     let pin_root = &common.pin_root;
-    let status = crate::node::status::read(pin_root);
+    let status = crate::observe::status::read(pin_root);
     let (maps, maps_unreadable) = match super::open_maps(pin_root) {
         Ok(maps) => (Some(maps), None),
         Err(error) => (None, super::status::maps_unreadable(&error)),
@@ -99,7 +99,7 @@ async fn checks(common: &Common, kubeconfig: Option<PathBuf>) -> anyhow::Result<
     let mut checks = vec![agent_check(pin_root, status.as_ref())];
     checks.push(pin_root_check(
         pin_root,
-        &pinroot::layout(pin_root),
+        &format::layout(pin_root),
         maps_unreadable,
     ));
     checks.push(endpoints_check(rows.as_deref()));
@@ -288,11 +288,11 @@ async fn selector_check(source: &Source, rows: Option<&[ServiceRow]>) -> Check {
 /// layouts, stale resize pins, and whether its maps can be read at all.
 fn pin_root_check(
     pin_root: &std::path::Path,
-    layout: &pinroot::Layout,
+    layout: &format::Layout,
     maps_unreadable: Option<String>,
 ) -> Check {
     let name = "pin root layout";
-    let mut findings: Vec<Finding> = pinroot::problems(layout, pin_root)
+    let mut findings: Vec<Finding> = format::problems(layout, pin_root)
         .into_iter()
         .map(|p| Finding {
             what: p.what,
@@ -306,8 +306,8 @@ fn pin_root_check(
         });
     }
     let detail = match layout.format {
-        Some(format) => format!("format {format} (this binary: {})", pinroot::FORMAT),
-        None => format!("no format stamp (this binary: format {})", pinroot::FORMAT),
+        Some(format) => format!("format {format} (this binary: {})", format::FORMAT),
+        None => format!("no format stamp (this binary: format {})", format::FORMAT),
     };
     Check::new(name, detail, findings)
 }
@@ -434,7 +434,7 @@ fn verify_check(pin_root: &std::path::Path, status: Option<&AgentStatus>) -> Che
     if !agent_process(pin_root, status).alive {
         return Check::skipped(name, "no agent running");
     }
-    match crate::node::verify::ask(pin_root) {
+    match crate::observe::verify::ask(pin_root) {
         Ok(v) => {
             let findings = v
                 .problems
@@ -601,7 +601,7 @@ mod tests {
     #[test]
     fn a_held_service_is_named_with_its_problem() {
         let status = AgentStatus {
-            rejected: vec![crate::node::status::RejectedObject {
+            rejected: vec![crate::observe::status::RejectedObject {
                 kind: "EndpointSlice".into(),
                 object: "demo/echo-1".into(),
                 service: Some("demo/echo".into()),
@@ -655,11 +655,11 @@ mod tests {
 
     #[test]
     fn a_newer_pin_root_and_stale_pins_are_doctor_findings() {
-        let layout = pinroot::Layout {
-            format: Some(pinroot::FORMAT + 1),
+        let layout = format::Layout {
+            format: Some(format::FORMAT + 1),
             maps_pinned: true,
             staging: vec!["SB_FE_V1_resize".into()],
-            ..pinroot::Layout::default()
+            ..format::Layout::default()
         };
         let c = pin_root_check(std::path::Path::new("/p"), &layout, None);
         assert_eq!(c.state, State::Problem);
@@ -671,10 +671,10 @@ mod tests {
             "{c:?}"
         );
         assert!(c.findings[1].what.contains("SB_FE_V1_resize"), "{c:?}");
-        let ok = pinroot::Layout {
-            format: Some(pinroot::FORMAT),
+        let ok = format::Layout {
+            format: Some(format::FORMAT),
             maps_pinned: true,
-            ..pinroot::Layout::default()
+            ..format::Layout::default()
         };
         assert_eq!(
             pin_root_check(std::path::Path::new("/p"), &ok, None).state,

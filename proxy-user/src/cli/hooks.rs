@@ -22,7 +22,7 @@ use rtnetlink::packet_core::{NetlinkMessage, NetlinkPayload, NLM_F_DUMP, NLM_F_R
 use rtnetlink::packet_utils::nla::Nla as _;
 use serde::Serialize;
 
-use crate::dataplane::attach;
+use crate::dataplane::attach::pods;
 
 /// clsact's ingress and egress parents (`TC_H_CLSACT` with
 /// `TC_H_MIN_INGRESS` / `TC_H_MIN_EGRESS`).
@@ -159,7 +159,7 @@ pub async fn inspect(handle: &mut rtnetlink::Handle) -> anyhow::Result<NetView> 
 /// the kernel refused (EPERM or EACCES, anywhere in its causes), `None`
 /// for anything else (a program unloaded while we looked).
 pub fn unreadable(error: &ProgramError) -> Option<String> {
-    crate::dataplane::caps::permission_denied(error).then(|| CANNOT_INSPECT.to_owned())
+    crate::dataplane::load::caps::permission_denied(error).then(|| CANNOT_INSPECT.to_owned())
 }
 
 /// Program id → name, for every loaded program; fails only when the
@@ -209,7 +209,7 @@ fn iface_hooks(
     let hooks = IfaceHooks {
         tcx_ingress: tcx(TcAttachType::Ingress),
         tcx_egress: tcx(TcAttachType::Egress),
-        pod: attach::pod_interface(link).is_some(),
+        pod: pods::pod_interface(link).is_some(),
         xdp: xdp_program(link, names),
         index: link.header.index,
         name,

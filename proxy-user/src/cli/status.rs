@@ -11,13 +11,13 @@ use super::{
     AgentProcess, Common, Done, MapFill, Output,
 };
 use crate::{
-    dataplane::attach::UplinkXdp,
-    dataplane::caps,
-    dataplane::kmem::{self, MapMemory},
-    dataplane::pinroot,
+    dataplane::attach::pods::UplinkXdp,
+    dataplane::flows::quiet_pods::{self, QuietPods},
+    dataplane::load::caps,
+    dataplane::pins::format,
+    dataplane::pins::memory::{self, MapMemory},
     dataplane::pins::Pins,
-    dataplane::quiet::{self, QuietPods},
-    node::status::AgentStatus,
+    observe::status::AgentStatus,
 };
 
 /// Maps whose running full loses Services (the LRU ones evict instead).
@@ -52,7 +52,7 @@ pub struct StatusReport {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub programs_unreadable: Option<String>,
     /// The pin root's format and the pins this version does not use.
-    pub layout: pinroot::Layout,
+    pub layout: format::Layout,
     pub problems: Vec<String>,
 }
 
@@ -79,7 +79,7 @@ pub struct InterfaceRow {
     pub xdp: Option<UplinkXdp>,
     /// For a pod interface: the classes of protocol (`tcp`, `other`) its
     /// pod has no tc-translated flow of, whose packets into it `sb_to_pod`
-    /// passes unread ([`crate::dataplane::quiet`]).
+    /// passes unread ([`crate::dataplane::flows::quiet_pods`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub quiet: Vec<String>,
 }
@@ -95,7 +95,7 @@ pub fn run(common: &Common) -> anyhow::Result<Done> {
 }
 
 fn gather(pin_root: &Path) -> anyhow::Result<StatusReport> {
-    let status = crate::node::status::read(pin_root);
+    let status = crate::observe::status::read(pin_root);
     let agent = agent_process(pin_root, status.as_ref());
     let net = super::block_on(async {
         let mut handle = hooks::connect()?;
@@ -107,7 +107,7 @@ fn gather(pin_root: &Path) -> anyhow::Result<StatusReport> {
     };
     let fills = maps.as_ref().map(|m| read_stats(m).maps);
     let (map_memory, map_memory_unreadable) =
-        match maps.as_ref().map(|_| kmem::map_memory(pin_root)) {
+        match maps.as_ref().map(|_| memory::map_memory(pin_root)) {
             None => (None, None),
             Some(Ok(memory)) => (Some(memory), None),
             Some(Err(error)) => (None, Some(format!("{:#}", anyhow::Error::from(error)))),
@@ -141,7 +141,7 @@ fn gather(pin_root: &Path) -> anyhow::Result<StatusReport> {
         map_memory,
         map_memory_unreadable,
         programs_unreadable: net.programs_unreadable,
-        layout: pinroot::layout(pin_root),
+        layout: format::layout(pin_root),
         problems: Vec::new(),
     };
     report.problems = problems(&report);
@@ -249,10 +249,10 @@ fn read_quiet(rows: &mut [InterfaceRow], pin_root: &Path) {
         return;
     };
     for row in rows.iter_mut().filter(|r| r.role == "pod" && !r.gone) {
-        row.quiet = quiet::CLASSES
+        row.quiet = quiet_pods::CLASSES
             .into_iter()
             .filter(|class| quiet.is_quiet(row.index, *class).unwrap_or(false))
-            .map(|class| quiet::class_name(class).to_owned())
+            .map(|class| quiet_pods::class_name(class).to_owned())
             .collect();
     }
 }
@@ -296,7 +296,7 @@ fn problems(report: &StatusReport) -> Vec<String> {
             report.pin_root
         )),
     }
-    for p in pinroot::problems(&report.layout, std::path::Path::new(&report.pin_root)) {
+    for p in format::problems(&report.layout, std::path::Path::new(&report.pin_root)) {
         found.push(format!("{}: {}", p.what, p.fix));
     }
     for m in report.maps.iter().flatten() {
@@ -327,7 +327,7 @@ fn problems(report: &StatusReport) -> Vec<String> {
         .as_ref()
         .and_then(|s| s.socket_lb_cgroup.as_ref())
     {
-        let missing: Vec<&str> = crate::dataplane::socketlb::all_programs()
+        let missing: Vec<&str> = crate::dataplane::attach::socket_layer::all_programs()
             .filter(|p| !report.pinned_links.iter().any(|l| l.name == *p))
             .collect();
         if !missing.is_empty() {
@@ -464,7 +464,7 @@ fn render_agent(out: &mut String, report: &StatusReport) {
         };
         t.push(vec!["NodePort mode:".into(), nodeport_mode.into()]);
         let checksums = match s.l4_checksums.as_str() {
-            "" => crate::dataplane::kctx::HELPER_DESCRIPTION,
+            "" => crate::dataplane::load::ip_summed::HELPER_DESCRIPTION,
             how => how,
         };
         t.push(vec!["L4 checksums:".into(), checksums.into()]);
@@ -500,7 +500,7 @@ fn render_agent(out: &mut String, report: &StatusReport) {
 }
 
 /// `3, last 12s ago (maps: 10.96.0.10:53/UDP slot 0: missing); checked 2s ago`.
-pub fn repairs_line(r: &crate::node::status::Repairs, now: u64) -> String {
+pub fn repairs_line(r: &crate::observe::status::Repairs, now: u64) -> String {
     if !r.enabled {
         return "off (--repair-interval 0): drift is reported, not repaired".into();
     }
@@ -576,8 +576,13 @@ fn render_memory(
             mib(m.bytes),
         ]);
     }
-    let (total, ipv6) = kmem::totals(memory);
-    t.push(vec!["total".into(), String::new(), String::new(), mib(total)]);
+    let (total, ipv6) = memory::totals(memory);
+    t.push(vec![
+        "total".into(),
+        String::new(),
+        String::new(),
+        mib(total),
+    ]);
     t.push(vec![
         "of which IPv6 maps".into(),
         String::new(),
@@ -590,7 +595,7 @@ fn render_memory(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dataplane::attach::AttachedInterface;
+    use crate::dataplane::attach::pods::AttachedInterface;
 
     fn iface(name: &str, index: u32, pod: bool) -> hooks::IfaceHooks {
         hooks::IfaceHooks {
@@ -653,7 +658,7 @@ mod tests {
             map_memory: None,
             map_memory_unreadable: None,
             programs_unreadable: None,
-            layout: pinroot::Layout::default(),
+            layout: format::Layout::default(),
             problems: Vec::new(),
         };
         let text = render(&report);
@@ -736,7 +741,7 @@ mod tests {
             map_memory: None,
             map_memory_unreadable: None,
             programs_unreadable: None,
-            layout: pinroot::Layout::default(),
+            layout: format::Layout::default(),
             problems: Vec::new(),
         };
         let problems = problems(&report);
@@ -800,7 +805,7 @@ mod tests {
             map_memory: None,
             map_memory_unreadable: None,
             programs_unreadable: hooks::unreadable(&refused),
-            layout: pinroot::Layout::default(),
+            layout: format::Layout::default(),
             problems: Vec::new(),
         };
         let found = problems(&report);
@@ -854,12 +859,12 @@ mod tests {
             map_memory: None,
             map_memory_unreadable: None,
             programs_unreadable: None,
-            layout: pinroot::Layout {
-                format: Some(pinroot::FORMAT),
+            layout: format::Layout {
+                format: Some(format::FORMAT),
                 maps_pinned: true,
                 unknown: vec!["SB_CT_V2".into(), "SB_STATS_V1".into()],
                 staging: vec!["SB_CT_V5_resize".into()],
-                ..pinroot::Layout::default()
+                ..format::Layout::default()
             },
             problems: Vec::new(),
         };
@@ -911,7 +916,7 @@ mod tests {
             map_memory: None,
             map_memory_unreadable: None,
             programs_unreadable: None,
-            layout: pinroot::Layout::default(),
+            layout: format::Layout::default(),
             problems: Vec::new(),
         };
         let found = problems(&report);
@@ -920,7 +925,7 @@ mod tests {
             found[0].contains("not attached: sb_sock_getpeername6, sb_sock_recvmsg6, sb_sock_sendmsg6, sb_sock_connect6"),
             "{found:?}"
         );
-        let all: Vec<hooks::LinkPin> = crate::dataplane::socketlb::all_programs()
+        let all: Vec<hooks::LinkPin> = crate::dataplane::attach::socket_layer::all_programs()
             .map(pin)
             .collect();
         let report = StatusReport {

@@ -1,12 +1,12 @@
 //! The maps' memory against the kernel (root): which maps the object
 //! allocates per entry, and the count of an LRU flow table's entries the
-//! agent's occupancy check makes (`proxy-user/src/dataplane/growth.rs`),
+//! agent's occupancy check makes (`proxy-user/src/dataplane/pins/growth.rs`),
 //! with what it costs.
 use std::time::Instant;
 
 use aya::maps::{HashMap, IterableMap as _, MapData};
 use proxy_common::{names, proto, sock_dir, SockEntry, SockKey};
-use proxy_user::dataplane::{ebpf, growth, mapbatch};
+use proxy_user::dataplane::{load::object, maps::batch, pins::growth};
 
 use crate::support::{capacities, require_root};
 
@@ -15,7 +15,9 @@ const NO_PREALLOC: u32 = 1;
 
 /// The flags of map `name` of the loaded object.
 fn flags(ebpf: &aya::Ebpf, name: &str) -> u32 {
-    let map = ebpf.map(name).unwrap_or_else(|| panic!("{name} is in the object"));
+    let map = ebpf
+        .map(name)
+        .unwrap_or_else(|| panic!("{name} is in the object"));
     let data: &MapData = match map {
         aya::maps::Map::HashMap(data) | aya::maps::Map::LruHashMap(data) => data,
         _ => panic!("{name} is a hash map"),
@@ -24,13 +26,13 @@ fn flags(ebpf: &aya::Ebpf, name: &str) -> u32 {
 }
 
 /// The maps the agent expects to find allocated per entry
-/// ([`ebpf::PER_ENTRY`]) are so in the object, and so is least-connection's
+/// ([`object::PER_ENTRY`]) are so in the object, and so is least-connection's
 /// socket map; the flow tables that grow are LRU maps, preallocated.
 #[test]
 fn the_hash_maps_that_are_no_lru_are_allocated_per_entry() {
     require_root();
-    let ebpf = ebpf::load_unpinned(proxy_object::SWITCHBOARD, &capacities(1024)).expect("load");
-    for name in ebpf::PER_ENTRY.iter().chain(&[names::OPEN_SOCKETS]) {
+    let ebpf = object::load_unpinned(proxy_object::SWITCHBOARD, &capacities(1024)).expect("load");
+    for name in object::PER_ENTRY.iter().chain(&[names::OPEN_SOCKETS]) {
         assert_eq!(flags(&ebpf, name) & NO_PREALLOC, NO_PREALLOC, "{name}");
     }
     for table in growth::TABLES {
@@ -52,7 +54,7 @@ fn an_lru_tables_entries_are_counted_in_batches() {
     require_root();
     let size = 262_144;
     let mut ebpf =
-        ebpf::load_unpinned(proxy_object::SWITCHBOARD, &capacities(size)).expect("load");
+        object::load_unpinned(proxy_object::SWITCHBOARD, &capacities(size)).expect("load");
     let mut sockets: HashMap<MapData, SockKey, SockEntry> =
         HashMap::try_from(ebpf.take_map(names::SOCKETS).expect("the socket map"))
             .expect("a hash map");
@@ -70,7 +72,7 @@ fn an_lru_tables_entries_are_counted_in_batches() {
             .expect("insert");
     }
     let started = Instant::now();
-    let counted = mapbatch::count(sockets.map()).expect("count");
+    let counted = batch::count(sockets.map()).expect("count");
     let took = started.elapsed();
     eprintln!("counted {counted} entries of a {size}-entry LRU table in {took:?}");
     assert_eq!(counted, held as usize);

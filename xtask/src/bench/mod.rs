@@ -269,7 +269,7 @@ pub fn run(opts: Options) -> Result<()> {
         if only.as_deref() == Some("north-south") {
             northsouth::steps(&plan) + 1
         } else if only.as_deref() == Some("start") {
-            2 * plan.scale_sizes.len() + 1
+            scale::start_steps(&plan) + 1
         } else if only.as_deref() == Some("scale") {
             scale::steps(&plan) + 1
         } else if only.is_some() {
@@ -292,7 +292,7 @@ pub fn run(opts: Options) -> Result<()> {
     .context("install Ctrl-C handler")?;
 
     crate::setup::run()?;
-    let bins = crate::build::run()?;
+    let bins = crate::build::bench()?;
     let switchboard = agent_binary(&bins.switchboard)?;
     let sb_http = release_bin("sb-http");
     ensure!(
@@ -1438,14 +1438,18 @@ const MANIFESTS_PER_FILE: usize = 1000;
 
 /// Writes the manifests of `services` into the sandbox's manifest directory
 /// (replacing what is there); returns their number of frontends.
-fn write_manifests(sb: &Sandbox, services: &[workload::Svc]) -> Result<usize> {
+fn write_manifests(
+    sb: &Sandbox,
+    services: &[workload::Svc],
+    style: workload::Style,
+) -> Result<usize> {
     let dir = sb.manifest_dir();
     for entry in fs::read_dir(&dir)? {
         fs::remove_file(entry?.path())?;
     }
     // Write into a hidden staging name first (the dir source ignores hidden
     // files), then rename, so the agent never reads a half-written file.
-    for (name, text) in workload::manifest_files(services, MANIFESTS_PER_FILE) {
+    for (name, text) in workload::manifest_files(services, MANIFESTS_PER_FILE, style) {
         let staging = dir.join(format!(".{name}"));
         fs::write(&staging, text)?;
         fs::rename(&staging, dir.join(&name))?;
@@ -1615,7 +1619,11 @@ fn e2e_all(plan: &Plan, sb_http: &Path, switchboard: &Path, dir: &Path) -> Resul
         // switchboard: the agent follows its manifest directory.
         let skip = sw.agent_log().len();
         let t0 = Instant::now();
-        let frontends = write_manifests(&sw, &workload::e2e_services(n, &pod_ips()))?;
+        let frontends = write_manifests(
+            &sw,
+            &workload::e2e_services(n, &pod_ips()),
+            workload::Style::Block,
+        )?;
         if !agent_started {
             start_agent(&mut sw, switchboard, max)?;
             agent_started = true;

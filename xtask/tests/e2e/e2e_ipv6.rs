@@ -15,8 +15,7 @@ use xtask::sandbox::{
     Frontend, Sandbox, CLIENT_IP, CLIENT_IP6, PODS,
 };
 use xtask::testenv::{
-    bpftool_json, pod_saw_ips, require_root, sb_echo, status_line, switchboard,
-    write_manifest,
+    bpftool_json, pod_saw_ips, require_root, sb_echo, status_line, switchboard, write_manifest,
 };
 
 const CLUSTER_IP4: &str = "10.96.0.20";
@@ -419,7 +418,11 @@ fn the_first_ipv6_service_is_served_by_the_tables_as_they_are() {
     );
     assert_eq!(sb.agent_pid(), Some(pid), "the same agent");
     let log = sb.agent_log();
-    assert_eq!(log.matches(xtask::sandbox::AGENT_READY).count(), 1, "no restart:\n{log}");
+    assert_eq!(
+        log.matches(xtask::sandbox::AGENT_READY).count(),
+        1,
+        "no restart:\n{log}"
+    );
     assert!(!log.contains("resizing online"), "no resize:\n{log}");
     sb.cleanup().expect("cleanup");
 }

@@ -40,10 +40,7 @@ fn an_idle_node_holds_at_most_32_mib_of_map_memory() {
     wait_reachable(&sb);
     let text = scrape(&sb);
     let total = total_memory(&text);
-    eprintln!(
-        "the idle node's map memory: {:.1} MiB",
-        total / 1_048_576.0
-    );
+    eprintln!("the idle node's map memory: {:.1} MiB", total / 1_048_576.0);
     assert!(
         total > 0.0 && total <= IDLE_BUDGET,
         "{:.1} MiB of map memory on an idle node:\n{text}",
@@ -101,7 +98,8 @@ fn a_flow_table_grows_online_under_traffic_without_losing_an_entry() {
     let mut sb = demo_sandbox_with(&["--flow-table-start-entries", &start]);
     wait_reachable(&sb);
     let pid = sb.agent_pid().expect("the agent runs");
-    let capacity = |sb: &Sandbox| sample(&scrape(sb), r#"switchboard_map_capacity{map="SB_SOCK_V1"}"#);
+    let capacity =
+        |sb: &Sandbox| sample(&scrape(sb), r#"switchboard_map_capacity{map="SB_SOCK_V1"}"#);
     assert_eq!(capacity(&sb), Some(f64::from(START)), "starts at the flag");
 
     // TCP connections through the socket layer throughout: one every 10 ms.
@@ -204,7 +202,10 @@ fn a_flow_table_grows_online_under_traffic_without_losing_an_entry() {
     let kernel = status
         .split("KERNEL MEMORY")
         .nth(1)
-        .and_then(|s| s.lines().find(|l| l.trim_start().starts_with("SB_SOCK_V1 ")))
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.trim_start().starts_with("SB_SOCK_V1 "))
+        })
         .map(|l| l.split_whitespace().map(str::to_owned).collect::<Vec<_>>())
         .unwrap_or_else(|| panic!("no SB_SOCK_V1 memory row:\n{status}"));
     assert_eq!(

@@ -40,7 +40,7 @@ fn target_file(services: &[workload::Svc], pod: std::net::Ipv4Addr) -> Result<(S
     let mut changed = services.to_vec();
     changed[at].endpoints = vec![pod];
     let per_file = super::super::MANIFESTS_PER_FILE;
-    workload::manifest_files(&changed, per_file)
+    workload::manifest_files(&changed, per_file, workload::Style::Block)
         .into_iter()
         .nth(at / per_file)
         .context("the target's manifest file")

@@ -4,9 +4,11 @@
 //!   endpoints, in process (`sb_bench change`: the incremental model and
 //!   `Syncer::apply_changed` into real kernel maps);
 //! - start → maps synced, and the agent's memory, for a real `switchboard
-//!   agent` in a sandbox, from YAML (`--source dir:`) and from the cluster
-//!   source (the fake API server, the release `sb-apiserver` in the
-//!   sandbox's node namespace, loaded from the same YAML);
+//!   agent` in a sandbox, from YAML (`--source dir:`) in both styles a
+//!   directory comes in ([`workload::Style`]: block, as `kubectl` prints,
+//!   and flow, as people write by hand) and from the cluster source (the
+//!   fake API server, the release `sb-apiserver` in the sandbox's node
+//!   namespace, loaded from the block YAML);
 //! - churn ([`churn`]): the EndpointSlice changes per second the agent keeps
 //!   up with at 10k Services, the maps never more than 100 ms behind;
 //! - file change → new backend answering ([`follow`]), the directory source
@@ -25,6 +27,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, ensure, Result};
 use serde_json::{json, Value};
 
+use super::workload::Style;
 use super::{
     agent_caps, note, pod_ips, progress, run_json, status_kb, wait_synced, workload,
     write_manifests, Plan,
@@ -38,7 +41,8 @@ pub mod targets {
     pub const CHANGE_P99_MS: [(u32, f64); 2] = [(10_000, 5.0), (100_000, 20.0)];
     /// Agent start → maps synced (s), from either source.
     pub const SYNCED_S: [(u32, f64); 1] = [(100_000, 5.0)];
-    /// Agent RSS after the initial sync (MiB), from either source.
+    /// Agent RSS after the initial sync (MiB), from either source (and
+    /// from YAML of either style).
     pub const RSS_MIB: [(u32, f64); 2] = [(10_000, 48.0), (100_000, 300.0)];
     /// Agent peak RSS (VmHWM) through the initial sync (MiB): the peak counts too.
     pub const PEAK_RSS_MIB: [(u32, f64); 1] = [(100_000, 300.0)];
@@ -101,8 +105,13 @@ const API_ADDR: &str = "127.0.0.1:6443";
 
 /// Progress lines this part prints.
 pub(super) fn steps(plan: &Plan) -> usize {
-    1 + 2 * plan.scale_sizes.len()
-        + usize::from(!plan.scale_sizes.contains(&targets::CHURN_SERVICES))
+    1 + start_steps(plan) + usize::from(!plan.scale_sizes.contains(&targets::CHURN_SERVICES))
+}
+
+/// Progress lines of the start rows: per size, YAML of each style and
+/// the cluster source.
+pub(super) fn start_steps(plan: &Plan) -> usize {
+    3 * plan.scale_sizes.len()
 }
 
 /// The whole part: `{"change": …, "start": […], "churn": …}`.
@@ -125,10 +134,13 @@ pub(super) fn run(plan: &Plan, sb_bench: &Path, switchboard: &Path, dir: &Path) 
     let mut start = Vec::new();
     let mut churned = None;
     for &n in &plan.scale_sizes {
-        progress(&format!(
-            "agent start and memory: a fresh `switchboard agent --source dir:` with {n} Services x 10 endpoints"
-        ));
-        start.push(start_yaml(switchboard, n, true)?);
+        for style in [Style::Block, Style::Flow] {
+            progress(&format!(
+                "agent start and memory: a fresh `switchboard agent --source dir:` with {n} Services x 10 endpoints, {} YAML",
+                style.name()
+            ));
+            start.push(start_yaml(switchboard, n, style, style == Style::Block)?);
+        }
         progress(&format!(
             "agent start and memory: a fresh `switchboard agent --source cluster` (fake API server) with {n} Services x 10 endpoints{}",
             if n == targets::CHURN_SERVICES { ", then churn" } else { "" }
@@ -162,10 +174,13 @@ pub(super) fn run_start(plan: &Plan, switchboard: &Path) -> Result<Value> {
     let sb_apiserver = release_bin("sb-apiserver");
     let mut start = Vec::new();
     for &n in &plan.scale_sizes {
-        progress(&format!(
-            "agent start and memory, {n} Services: YAML source"
-        ));
-        start.push(start_yaml(switchboard, n, false)?);
+        for style in [Style::Block, Style::Flow] {
+            progress(&format!(
+                "agent start and memory, {n} Services: YAML source, {} style",
+                style.name()
+            ));
+            start.push(start_yaml(switchboard, n, style, false)?);
+        }
         progress(&format!(
             "agent start and memory, {n} Services: cluster source"
         ));
@@ -312,13 +327,14 @@ fn heap_steps(log: &str, frontends: usize) -> Value {
     })
 }
 
-/// The YAML source: the manifests are written, then the agent starts.
-/// With `follow`, the file change is measured too at its size.
-fn start_yaml(switchboard: &Path, n: u32, follow: bool) -> Result<Value> {
+/// The YAML source: the manifests are written in `style`, then the agent
+/// starts. With `follow`, the file change is measured too at its size (on
+/// block YAML: the change rewrites a file in that style).
+fn start_yaml(switchboard: &Path, n: u32, style: Style, follow: bool) -> Result<Value> {
     // A fresh sandbox each time: fresh pins, so the agent programs
     // everything instead of adopting.
     let mut sb = Sandbox::new(tag())?;
-    let frontends = write_manifests(&sb, &workload::services(n, &pod_ips()))?;
+    let frontends = write_manifests(&sb, &workload::services(n, &pod_ips()), style)?;
     let yaml_bytes: u64 = fs::read_dir(sb.manifest_dir())?
         .filter_map(|e| e.ok()?.metadata().ok())
         .map(|m| m.len())
@@ -330,10 +346,11 @@ fn start_yaml(switchboard: &Path, n: u32, follow: bool) -> Result<Value> {
     let pid = sb.start_agent_with(switchboard, &args)?;
     let mut row = measure_start(&mut sb, pid, frontends, t0)?;
     row["source"] = json!("yaml");
+    row["yaml_style"] = json!(style.name());
     row["services"] = json!(n);
     row["manifest_mib"] = json!(yaml_bytes as f64 / 1048576.0);
     note_row(&row);
-    if follow && n == targets::FILE_CHANGE_SERVICES {
+    if follow && style == Style::Block && n == targets::FILE_CHANGE_SERVICES {
         let services = workload::services(n, &pod_ips());
         let change = follow::run(&mut sb, &release_bin("sb-echo"), &services)?;
         note(&format!(
@@ -364,7 +381,7 @@ fn start_cluster(
 ) -> Result<(Value, Option<Value>)> {
     let mut sb = Sandbox::new(tag())?;
     let services = workload::services(n, &pod_ips());
-    let frontends = write_manifests(&sb, &services)?;
+    let frontends = write_manifests(&sb, &services, Style::Block)?;
     let kubeconfig = sb.dir.join("kubeconfig");
     let _ = fs::remove_file(&kubeconfig);
     let kc = kubeconfig.to_string_lossy().into_owned();
@@ -462,7 +479,7 @@ fn note_row(row: &Value) {
     note(&format!(
         "{} Services from {}: start → maps synced {:.2} s (source read {:.2} s, maps loaded {:.2} s, first sync {:.2} s), RSS {:.1} MiB (peak {:.1} MiB){}",
         row["services"],
-        row["source"].as_str().unwrap_or("?"),
+        report::source_label(row),
         row["startup_to_synced_s"].as_f64().unwrap_or(f64::NAN),
         row["phases"]["source_s"].as_f64().unwrap_or(f64::NAN),
         row["phases"]["load_s"].as_f64().unwrap_or(f64::NAN),

@@ -24,12 +24,23 @@ fn start_rows(scale: &Value) -> Vec<Value> {
     scale["start"].as_array().cloned().unwrap_or_default()
 }
 
-fn source_label(row: &Value) -> &'static str {
-    match row["source"].as_str() {
-        Some("cluster") => "cluster (fake API server)",
+/// The row's source as the tables name it.
+pub(super) fn source_label(row: &Value) -> &'static str {
+    match (row["source"].as_str(), row["yaml_style"].as_str()) {
+        (Some("cluster"), _) => "cluster (fake API server)",
+        (_, Some("block")) => "YAML, block style",
+        (_, Some("flow")) => "YAML, flow style",
         _ => "YAML",
     }
 }
+
+/// The start rows' sources, each as the goals name it: `(source, YAML
+/// style, label)`.
+const GOAL_SOURCES: [(&str, Option<&str>, &str); 3] = [
+    ("yaml", Some("block"), "block-style YAML"),
+    ("yaml", Some("flow"), "flow-style YAML"),
+    ("cluster", None, "the cluster source"),
+];
 
 /// `≤ 5 ms` and whether `value` meets it; `–` without a target.
 fn against(bound: Option<f64>, value: Option<f64>, unit: &str) -> (String, String) {
@@ -72,16 +83,13 @@ pub(in crate::bench) fn goals(scale: &Value) -> Vec<Goal> {
         });
     }
     let start = start_rows(scale);
-    for source in ["yaml", "cluster"] {
+    for (source, style, label) in GOAL_SOURCES {
         let row = |n: u32| {
-            start
-                .iter()
-                .find(|r| r["source"] == source && services(r) == u64::from(n))
-        };
-        let label = if source == "yaml" {
-            "YAML"
-        } else {
-            "the cluster source"
+            start.iter().find(|r| {
+                r["source"] == source
+                    && r["yaml_style"].as_str() == style
+                    && services(r) == u64::from(n)
+            })
         };
         for (n, bound) in targets::SYNCED_S {
             let v = row(n).and_then(|r| f(&r["startup_to_synced_s"]));
@@ -117,9 +125,9 @@ pub(in crate::bench) fn goals(scale: &Value) -> Vec<Goal> {
     let n = targets::FILE_CHANGE_SERVICES;
     let change = start
         .iter()
-        .find(|r| r["source"] == "yaml" && services(r) == u64::from(n))
+        .filter(|r| r["source"] == "yaml" && services(r) == u64::from(n))
         .map(|r| &r["file_change"])
-        .filter(|c| !c.is_null());
+        .find(|c| !c.is_null());
     let median = change.and_then(|c| f(&c["median_ms"]));
     goals.push(Goal {
         what: format!(

@@ -1,0 +1,144 @@
+//! The agent's last phase, once the programs took over: it serves until
+//! told to stop, following the source, the interfaces, the repair tick,
+//! the flow tables' occupancy check and `switchboard verify`'s questions,
+//! one at a time.
+use std::time::Duration;
+
+use anyhow::{bail, Context as _};
+use futures::{FutureExt as _, StreamExt as _};
+use tokio::signal::unix::{signal, SignalKind};
+use tracing::{error, info};
+
+use crate::{
+    agent::attach::DataPath,
+    agent::config::AgentConfig,
+    agent::heal::Healer,
+    agent::links::{node_ipv4s, Links},
+    agent::listen::Netlink,
+    agent::lock::LockedPinRoot,
+    agent::syncloop::SyncLoop,
+    dataplane::maps::PinnedMaps,
+    dataplane::pins::growth,
+    observe::health::Serving,
+    observe::verify,
+    source::FeedRx,
+};
+
+/// How often interfaces are listed again in case a netlink event was missed.
+const RESCAN: Duration = Duration::from_secs(2);
+
+/// Everything the agent serves with. Fields drop in order, the lock last.
+pub(super) struct Serve<'a> {
+    pub config: &'a AgentConfig,
+    pub feed: FeedRx,
+    pub sync: SyncLoop<'a, PinnedMaps>,
+    pub datapath: DataPath,
+    pub netlink: Netlink,
+    /// The server of `/healthz` and `/livez`, kept to the end.
+    pub _healthz: Option<Serving>,
+    pub locked: LockedPinRoot,
+}
+
+impl Serve<'_> {
+    /// Serves until SIGTERM or SIGINT, then leaves the programs attached
+    /// and the maps pinned: traffic keeps flowing until the next agent
+    /// adopts them. Fails when the source stops (what is programmed stays
+    /// in place); returns only if exec fails when a flow table found half
+    /// full restarts the agent in place ([`growth::watch`]).
+    pub(super) async fn run(mut self) -> anyhow::Result<()> {
+        let mut terminate =
+            signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
+        let mut interrupt = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
+        let mut tick = tokio::time::interval(RESCAN);
+        let mut healer = Healer::new(
+            self.config.repair_interval,
+            &self.config.pin_root,
+            self.datapath.config,
+        );
+        healer.record_pins();
+        let mut links = Links {
+            handle: &self.netlink.handle,
+            attacher: &mut self.datapath.attacher,
+            uplinks: &mut self.datapath.uplinks,
+            ebpf: &mut self.datapath.ebpf,
+        };
+        // `switchboard verify` asks on a socket next to the status file; the
+        // loop answers between syncs.
+        let pin_root = &self.config.pin_root;
+        let (_verify_socket, mut verify_requests) = verify::serve(pin_root, self.datapath.traces)
+            .with_context(|| {
+            format!("listening on {}", verify::socket_path(pin_root).display())
+        })?;
+        let mut growth_due = growth::watch(pin_root, &self.config.capacities)
+            .context("starting the flow tables' occupancy check")?;
+        let sync = &mut self.sync;
+        loop {
+            tokio::select! {
+                changed = self.feed.changed() => {
+                    if changed.is_err() {
+                        error!("the source stopped; what is programmed stays in place");
+                        bail!("source stopped");
+                    }
+                    on_changes(&mut self.feed, sync, &mut links).await;
+                }
+                Some(_) = self.netlink.events.next() => {
+                    // One pass for a burst of events (a pod or an uplink
+                    // coming up sends several).
+                    while let Some(Some(_)) = self.netlink.events.next().now_or_never() {}
+                    links.follow(sync).await;
+                    healer.programs(&mut links, sync).await;
+                }
+                _ = tick.tick() => {
+                    links.follow(sync).await;
+                    healer.programs(&mut links, sync).await;
+                    healer.check(sync);
+                }
+                Some(due) = growth_due.recv() => {
+                    // The restart's start grows it online (`growth::plan`).
+                    info!(map = due.map, size = due.size, max = due.max, entries = due.entries, "{}", growth::DUE);
+                    drop(self.locked);
+                    return Err(restart_in_place());
+                }
+                Some(request) = verify_requests.recv() => {
+                    // The client may have given up; nothing to do then.
+                    let _ = request.reply.send(sync.verify());
+                }
+                _ = terminate.recv() => break,
+                _ = interrupt.recv() => break,
+            }
+        }
+        info!("agent stopping; programs and maps stay in place");
+        drop(self.locked);
+        Ok(())
+    }
+}
+
+/// Syncs the source's changes since the last batch. The Node's addresses
+/// name the uplinks and their source-NAT addresses: a change to them is
+/// followed at once.
+async fn on_changes(feed: &mut FeedRx, sync: &mut SyncLoop<'_, PinnedMaps>, links: &mut Links<'_>) {
+    let node_addrs = node_ipv4s(sync.source_node.as_ref());
+    sync.on_changes(feed.take());
+    if node_ipv4s(sync.source_node.as_ref()) != node_addrs {
+        links.follow(sync).await;
+    }
+}
+
+/// Replaces this process with a fresh start of the same binary and
+/// arguments (same pid: a supervisor sees no exit). The start is the
+/// ordinary one: it adopts the pinned maps, finds the flow table that is
+/// half full ([`growth::plan`]), and grows it online
+/// ([`crate::dataplane::pins::resize`]) while the attached programs keep
+/// forwarding. Every descriptor this process holds is close-on-exec (the
+/// lock, the maps, the sockets), so nothing of this run stays. Returns only
+/// when the exec failed.
+fn restart_in_place() -> anyhow::Error {
+    use std::os::unix::process::CommandExt as _;
+    let mut args = std::env::args_os();
+    let arg0 = args.next().unwrap_or_else(|| "switchboard".into());
+    let error = std::process::Command::new("/proc/self/exe")
+        .arg0(arg0)
+        .args(args)
+        .exec();
+    anyhow::Error::from(error).context("restarting the agent in place to grow a flow table")
+}
