@@ -68,6 +68,9 @@ fn an_idle_node_holds_at_most_32_mib_of_map_memory() {
         "and may grow to --max-conntrack"
     );
     let (total_line, status) = status_line(&sb.pin_dir, "  total");
+    if let Some(memory) = status.split("KERNEL MEMORY OF THE MAPS").nth(1) {
+        eprintln!("switchboard status, kernel memory of the maps:{memory}");
+    }
     let status_mib: f64 = total_line
         .as_deref()
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
@@ -239,6 +242,17 @@ fn a_flow_table_grows_online_under_traffic_without_losing_an_entry() {
         .iter()
         .filter(|a| matches!(a, Attempt::Err { .. }))
         .collect();
+    eprintln!(
+        "growth: SB_SOCK_V1 from {START} to {want} holding {}; {HELD} connected UDP sockets \
+         answered before and after ({} failed after); {} TCP connections meanwhile, {} failed",
+        grown
+            .split_whitespace()
+            .find(|w| w.starts_with("entries="))
+            .unwrap_or("entries=?"),
+        second.failures(),
+        run.attempts.len(),
+        failed.len()
+    );
     assert!(
         run.attempts.len() > 300,
         "the TCP client ran throughout: {} attempts",
