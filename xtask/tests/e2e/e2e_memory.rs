@@ -237,11 +237,6 @@ fn a_flow_table_grows_online_under_traffic_without_losing_an_entry() {
 
     let out = tcp.wait_with_output().expect("the TCP client");
     let run = ClientRun::parse(&String::from_utf8_lossy(&out.stdout)).expect("client output");
-    let failed: Vec<_> = run
-        .attempts
-        .iter()
-        .filter(|a| matches!(a, Attempt::Err { .. }))
-        .collect();
     eprintln!(
         "growth: SB_SOCK_V1 from {START} to {want} holding {}; {HELD} connected UDP sockets \
          answered before and after ({} failed after); {} TCP connections meanwhile, {} failed",
@@ -251,7 +246,7 @@ fn a_flow_table_grows_online_under_traffic_without_losing_an_entry() {
             .unwrap_or("entries=?"),
         second.failures(),
         run.attempts.len(),
-        failed.len()
+        run.failures()
     );
     assert!(
         run.attempts.len() > 300,
@@ -259,8 +254,9 @@ fn a_flow_table_grows_online_under_traffic_without_losing_an_entry() {
         run.attempts.len()
     );
     assert!(
-        failed.is_empty(),
-        "connections failed while the table grew: {failed:?}\nagent log:\n{}",
+        run.failures() == 0,
+        "connections failed while the table grew:\n{}\nagent log:\n{}",
+        run.raw,
         sb.agent_log()
     );
     sb.cleanup().expect("cleanup");

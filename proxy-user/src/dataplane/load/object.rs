@@ -17,9 +17,9 @@ use aya::{
 use proxy_common::{names, prefilter, programs, tail};
 
 use crate::{
-    dataplane::pins::growth::FlowSizes,
     dataplane::{
         load::ip_summed::{self, Access},
+        pins::growth::FlowSizes,
         pins::resize::CapacityMismatch,
         pins::Pins,
     },
@@ -133,8 +133,8 @@ fn sized_maps(caps: &Capacities, flows: &FlowSizes) -> Vec<(&'static str, &'stat
 const GROWTH: &str = "its load (--flow-table-start-entries and its maximum)";
 
 /// The pinned maps the object allocates per entry (`BPF_F_NO_PREALLOC`),
-/// among the resizable ones: one pinned without the flag (by an earlier
-/// version) is recreated with it, online, like a map of another size.
+/// among the resizable ones: one pinned without the flag is recreated with
+/// it, online, like a map of another size.
 pub const PER_ENTRY: [&str; 8] = [
     names::FRONTENDS,
     names::BACKENDS,

@@ -90,32 +90,51 @@ pub fn update_fd<K: Pod, V: Pod>(
 /// `BPF_MAP_LOOKUP_BATCH` from `enum bpf_cmd`.
 const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
 
-/// Reads every entry of a hash map, `CHUNK` per system call (instead of two
-/// system calls per entry). Entries written or removed meanwhile may or may
-/// not be seen, as with any walk of a live map.
-pub fn lookup_all<K: Pod, V: Pod>(map: &MapData) -> std::io::Result<Vec<(K, V)>> {
-    let fd = map.fd().as_fd().as_raw_fd();
-    let mut out = Vec::new();
-    let mut keys: Vec<K> = vec![bytemuck::Zeroable::zeroed(); CHUNK];
-    let mut values: Vec<V> = vec![bytemuck::Zeroable::zeroed(); CHUNK];
-    // The position token: a bucket index for hash maps (8 bytes is room
-    // enough for any map type's token).
-    let mut token = [0u64; 1];
-    let mut first = true;
-    loop {
+/// A walk over a map with `BPF_MAP_LOOKUP_BATCH`, up to `CHUNK` entries a
+/// call.
+struct LookupWalk {
+    fd: i32,
+    /// The position token: a bucket index for hash maps (8 bytes is room
+    /// enough for any map type's token).
+    token: [u64; 1],
+    first: bool,
+}
+
+impl LookupWalk {
+    fn new(fd: i32) -> Self {
+        Self {
+            fd,
+            token: [0],
+            first: true,
+        }
+    }
+
+    /// The next batch, written to `keys` and `values`: how many entries it
+    /// holds, and whether the walk goes on (the last batch may hold
+    /// entries too).
+    ///
+    /// # Safety
+    ///
+    /// `keys` and `values` must each have room for `CHUNK` keys and values
+    /// of the map's key and value sizes, and any bytes written there must
+    /// be valid for what they are read as.
+    unsafe fn next(&mut self, keys: *mut u8, values: *mut u8) -> std::io::Result<(usize, bool)> {
         let mut attr = BatchAttr {
-            in_batch: if first { 0 } else { token.as_ptr() as u64 },
-            out_batch: token.as_mut_ptr() as u64,
-            keys: keys.as_mut_ptr() as u64,
-            values: values.as_mut_ptr() as u64,
+            in_batch: if self.first {
+                0
+            } else {
+                self.token.as_ptr() as u64
+            },
+            out_batch: self.token.as_mut_ptr() as u64,
+            keys: keys as u64,
+            values: values as u64,
             count: CHUNK as u32,
-            map_fd: fd as u32,
+            map_fd: self.fd as u32,
             ..BatchAttr::default()
         };
         // SAFETY: `attr` is the kernel's `batch` layout; `keys` and `values`
-        // have room for `count` keys and values of the map's types (Pod: any
-        // bytes the kernel writes are valid), and `token` for the position;
-        // all outlive the call.
+        // have room for `count` keys and values (the caller's promise), and
+        // `token` for the position; all outlive the call.
         let rc = unsafe {
             libc::syscall(
                 libc::SYS_bpf,
@@ -126,12 +145,33 @@ pub fn lookup_all<K: Pod, V: Pod>(map: &MapData) -> std::io::Result<Vec<(K, V)>>
         };
         let error = (rc < 0).then(std::io::Error::last_os_error);
         let n = (attr.count as usize).min(CHUNK);
-        out.extend(keys[..n].iter().copied().zip(values[..n].iter().copied()));
         match error {
-            None => first = false,
+            None => {
+                self.first = false;
+                Ok((n, true))
+            }
             // The walk reached the end (with the last entries, if any).
-            Some(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(out),
-            Some(e) => return Err(e),
+            Some(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok((n, false)),
+            Some(e) => Err(e),
+        }
+    }
+}
+
+/// Reads every entry of a hash map, `CHUNK` per system call (instead of two
+/// system calls per entry). Entries written or removed meanwhile may or may
+/// not be seen, as with any walk of a live map.
+pub fn lookup_all<K: Pod, V: Pod>(map: &MapData) -> std::io::Result<Vec<(K, V)>> {
+    let mut walk = LookupWalk::new(map.fd().as_fd().as_raw_fd());
+    let mut out = Vec::new();
+    let mut keys: Vec<K> = vec![bytemuck::Zeroable::zeroed(); CHUNK];
+    let mut values: Vec<V> = vec![bytemuck::Zeroable::zeroed(); CHUNK];
+    loop {
+        // SAFETY: `keys` and `values` hold `CHUNK` keys and values of the
+        // map's types (Pod: any bytes the kernel writes are valid).
+        let (n, more) = unsafe { walk.next(keys.as_mut_ptr().cast(), values.as_mut_ptr().cast())? };
+        out.extend(keys[..n].iter().copied().zip(values[..n].iter().copied()));
+        if !more {
+            return Ok(out);
         }
     }
 }
@@ -163,37 +203,16 @@ fn count_batched(fd: i32, key_size: usize, value_size: usize) -> std::io::Result
     // u64 words: the kernel copies keys and values packed, at their sizes.
     let words = |size: usize| vec![0u64; (size * CHUNK).div_ceil(8)];
     let (mut keys, mut values) = (words(key_size), words(value_size));
-    let mut token = [0u64; 1];
-    let mut first = true;
+    let mut walk = LookupWalk::new(fd);
     let mut total = 0;
     loop {
-        let mut attr = BatchAttr {
-            in_batch: if first { 0 } else { token.as_ptr() as u64 },
-            out_batch: token.as_mut_ptr() as u64,
-            keys: keys.as_mut_ptr() as u64,
-            values: values.as_mut_ptr() as u64,
-            count: CHUNK as u32,
-            map_fd: fd as u32,
-            ..BatchAttr::default()
-        };
-        // SAFETY: `attr` is the kernel's `batch` layout; `keys` and `values`
-        // have room for `count` keys and values of the sizes the kernel
-        // reported for this map, and `token` for the position; all outlive
-        // the call.
-        let rc = unsafe {
-            libc::syscall(
-                libc::SYS_bpf,
-                BPF_MAP_LOOKUP_BATCH,
-                &mut attr as *mut BatchAttr,
-                std::mem::size_of::<BatchAttr>(),
-            )
-        };
-        let error = (rc < 0).then(std::io::Error::last_os_error);
-        total += (attr.count as usize).min(CHUNK);
-        match error {
-            None => first = false,
-            Some(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(total),
-            Some(e) => return Err(e),
+        // SAFETY: `keys` and `values` have room for `CHUNK` keys and values
+        // of the sizes the kernel reported for this map; they are counted,
+        // never read.
+        let (n, more) = unsafe { walk.next(keys.as_mut_ptr().cast(), values.as_mut_ptr().cast())? };
+        total += n;
+        if !more {
+            return Ok(total);
         }
     }
 }
