@@ -1,8 +1,9 @@
 //! The start's load phase: the flow tables sized by what their pins hold
 //! (`growth`), the eBPF object loaded and its maps created or adopted while
-//! the source reads (see `preload`), the pin root stamped, and the maps opened for the sync, which
-//! adopts what they hold. No program is attached yet: the programs already
-//! attached keep forwarding with the maps they use.
+//! the source reads (see `preload`), the pin root stamped, and the maps
+//! opened for the sync, which adopts what they hold. No program is
+//! attached yet: the programs already attached keep forwarding with the
+//! maps they use.
 use std::path::Path;
 
 use anyhow::Context as _;
