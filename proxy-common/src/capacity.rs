@@ -2,8 +2,9 @@
 /// Frontend map entries: one per service port plus one per backend slot.
 pub const FRONTENDS: u32 = 65_536;
 pub const BACKENDS: u32 = 65_536;
-/// Connection-tracking entries (two per flow). Preallocated: a full
-/// table refuses new flows rather than evicting live ones.
+/// Connection-tracking entries (two per flow). Not LRU: a full table
+/// refuses new flows rather than evicting live ones. Allocated per entry:
+/// an empty table costs its bucket array only (16 bytes an entry).
 pub const CONNTRACK: u32 = 524_288;
 /// Socket-layer translations: two per balanced UDP socket and service, one
 /// per connected socket (LRU: the oldest go first).
@@ -19,12 +20,12 @@ pub const SERVICES: u32 = 16_384;
 pub const UPLINKS: u32 = 64;
 /// Fragmented datagrams in flight whose translation is remembered (LRU).
 pub const FRAGMENTS: u32 = 8_192;
-/// The IPv6 flow tables (conntrack, socket layer, affinity, fragments) of
-/// a node with no IPv6 Service: a few hundred entries each instead of the
-/// full sizes (the IPv6 conntrack table alone is about 55 MB at the
-/// defaults). The agent grows them, online, when the first IPv6 Service
-/// appears.
-pub const IPV6_IDLE: u32 = 512;
+/// The size the LRU flow tables (socket layer, affinity, fragments, both
+/// families) start at (`--flow-table-start-entries`): an LRU map is
+/// preallocated, every entry it may hold paid for at once, so each starts
+/// this small and the agent grows it online when it is half full, up to
+/// its maximum.
+pub const FLOW_TABLE_START: u32 = 4_096;
 /// Entries of one Maglev table: a prime (Maglev needs one), about 100×
 /// the backends a Service usually has, so each backend's share is even
 /// to within about 1%.

@@ -152,8 +152,9 @@ pub type CtKey = CtKeyOf<u32>;
 /// The IPv6 connection-tracking key.
 pub type CtKey6 = CtKeyOf<Addr6Be>;
 
-/// Value of the connection-tracking map (a preallocated hash, not LRU: the
-/// agent removes expired flows, see `proxy-user/src/dataplane/flows/expiry.rs`).
+/// Value of the connection-tracking map (a hash allocated per entry, not
+/// LRU: the agent removes expired flows, see
+/// `proxy-user/src/dataplane/flows/expiry.rs`).
 ///
 /// Each entry carries the address and port its direction is rewritten to:
 /// a forward entry the backend's, a reply entry the frontend's. So an

@@ -3,7 +3,8 @@
 //! agent never reads a pinned map written with another layout.
 pub const FRONTENDS: &str = "SB_FE_V1";
 pub const BACKENDS: &str = "SB_BE_V1";
-/// A plain (preallocated, non-LRU) hash the agent garbage-collects. Each
+/// A plain (non-LRU) hash allocated per entry, which the agent
+/// garbage-collects. Each
 /// entry carries the address the packet is rewritten to in its direction
 /// (`nat_addr_be`, so a reply needs no reverse-NAT lookup), the source NAT
 /// of a flow from outside the node to a backend on another node

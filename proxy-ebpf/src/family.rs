@@ -37,7 +37,12 @@ use crate::{
 };
 
 /// A family's connection-tracking table.
-pub(crate) type CtMap<A> = HashMap<CtKeyOf<A>, CtEntryOf<A>, { capacity::CONNTRACK as usize }>;
+pub(crate) type CtMap<A> = HashMap<
+    CtKeyOf<A>,
+    CtEntryOf<A>,
+    { capacity::CONNTRACK as usize },
+    { crate::maps::NO_PREALLOC },
+>;
 /// A family's fragment-tracking map.
 pub(crate) type FragMap<A> =
     LruHashMap<<A as Family>::FragKey, FragEntryOf<A>, { capacity::FRAGMENTS as usize }>;

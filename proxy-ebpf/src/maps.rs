@@ -16,22 +16,38 @@ use proxy_common::{
     SrcRange4, SrcRange6, SvcStats, Uplink, Uplink6, SRC_RANGE_ID_BITS,
 };
 
+/// The flags of a hash map allocated per entry.
+pub(crate) const NO_PREALLOC: usize = aya_ebpf::bindings::BPF_F_NO_PREALLOC as usize;
+
 /// Capacity type parameter shared by both affinity maps, so one selection
 /// function serves both.
 pub const AFFINITY_ENTRIES: usize = capacity::AFFINITY as usize;
 
+// The hash maps that are no LRU (the frontends, backends, reverse NAT and
+// connection tracking of both families) are allocated per entry
+// (`BPF_F_NO_PREALLOC`): the kernel holds their bucket array and the
+// entries in use, not every entry they may hold, so their memory follows
+// what they hold up to the capacity the agent gives them. The agent checks
+// the flags of the maps it finds pinned (`proxy_user::dataplane::load::object`).
 #[btf_map]
-pub static SB_FE_V1: HashMap<FrontendKey, FrontendSlot, { capacity::FRONTENDS as usize }> =
+pub static SB_FE_V1: HashMap<
+    FrontendKey,
+    FrontendSlot,
+    { capacity::FRONTENDS as usize },
+    NO_PREALLOC,
+> = HashMap::new();
+#[btf_map]
+pub static SB_BE_V1: HashMap<u32, Backend, { capacity::BACKENDS as usize }, NO_PREALLOC> =
     HashMap::new();
+/// Not LRU: live flows are never evicted; the agent removes expired ones
+/// ([`crate::ct`]).
 #[btf_map]
-pub static SB_BE_V1: HashMap<u32, Backend, { capacity::BACKENDS as usize }> = HashMap::new();
-/// Preallocated and not LRU: live flows are never evicted; the agent
-/// removes expired ones ([`crate::ct`]).
-#[btf_map]
-pub static SB_CT_V5: HashMap<CtKey, CtEntry, { capacity::CONNTRACK as usize }> = HashMap::new();
+pub static SB_CT_V5: HashMap<CtKey, CtEntry, { capacity::CONNTRACK as usize }, NO_PREALLOC> =
+    HashMap::new();
 /// Read by the CLI only; kept here so it is created and pinned with the rest.
 #[btf_map]
-pub static SB_RNAT_V1: HashMap<u32, RevNat, { capacity::SERVICES as usize }> = HashMap::new();
+pub static SB_RNAT_V1: HashMap<u32, RevNat, { capacity::SERVICES as usize }, NO_PREALLOC> =
+    HashMap::new();
 #[btf_map]
 pub static SB_SVC_STATS_V1: PerCpuArray<SvcStats, { capacity::SERVICES as usize + 1 }> =
     PerCpuArray::new();
@@ -61,12 +77,11 @@ pub static SB_TAIL6_V1: ProgramArray<1> = ProgramArray::new();
 /// program array holds programs of one type only.
 #[btf_map]
 pub static SB_XDP_TAIL6_V1: ProgramArray<1> = ProgramArray::new();
-/// Allocated per entry (`BPF_F_NO_PREALLOC`): a table is 64 KiB and only
+/// Allocated per entry, like the maps above: a table is 64 KiB and only
 /// Services with a hashing algorithm have one.
 #[btf_map]
 pub static SB_MAGLEV_V1: HashMap<u32, MaglevTable, { capacity::SERVICES as usize }, NO_PREALLOC> =
     HashMap::new();
-const NO_PREALLOC: usize = aya_ebpf::bindings::BPF_F_NO_PREALLOC as usize;
 #[btf_map]
 pub static SB_UPLINK_V1: HashMap<u32, Uplink, { capacity::UPLINKS as usize }> = HashMap::new();
 /// The tc pod path's fragmented datagrams ([`crate::frag`]).
@@ -78,14 +93,21 @@ pub static SB_FRAG_V1: LruHashMap<FragKey, FragEntry, { capacity::FRAGMENTS as u
 // Ids are shared with the IPv4 maps; the counters, Maglev tables, socket
 // affinity, configuration and tail calls above serve both families.
 #[btf_map]
-pub static SB_FE6_V1: HashMap<FrontendKey6, FrontendSlot, { capacity::FRONTENDS as usize }> =
+pub static SB_FE6_V1: HashMap<
+    FrontendKey6,
+    FrontendSlot,
+    { capacity::FRONTENDS as usize },
+    NO_PREALLOC,
+> = HashMap::new();
+#[btf_map]
+pub static SB_BE6_V1: HashMap<u32, Backend6, { capacity::BACKENDS as usize }, NO_PREALLOC> =
     HashMap::new();
 #[btf_map]
-pub static SB_BE6_V1: HashMap<u32, Backend6, { capacity::BACKENDS as usize }> = HashMap::new();
+pub static SB_CT6_V1: HashMap<CtKey6, CtEntry6, { capacity::CONNTRACK as usize }, NO_PREALLOC> =
+    HashMap::new();
 #[btf_map]
-pub static SB_CT6_V1: HashMap<CtKey6, CtEntry6, { capacity::CONNTRACK as usize }> = HashMap::new();
-#[btf_map]
-pub static SB_RNAT6_V1: HashMap<u32, RevNat6, { capacity::SERVICES as usize }> = HashMap::new();
+pub static SB_RNAT6_V1: HashMap<u32, RevNat6, { capacity::SERVICES as usize }, NO_PREALLOC> =
+    HashMap::new();
 #[btf_map]
 pub static SB_AFFINITY6_V1: LruHashMap<AffinityKey6, AffinityEntry, AFFINITY_ENTRIES> =
     LruHashMap::new();
@@ -130,9 +152,12 @@ pub static SB_LC_V1: HashMap<u32, u64, { capacity::BACKENDS as usize }, NO_PREAL
     HashMap::new();
 
 /// The backend id each socket of a least-connection frontend counts on, by
-/// socket cookie ([`crate::lb::sched`]). Not pinned.
+/// socket cookie ([`crate::lb::sched`]): removed when the socket closes.
+/// Not pinned; allocated per entry, and no LRU: a socket still open is
+/// never forgotten (a full map leaves a new socket uncounted).
 #[btf_map]
-pub static SB_LC_SOCK_V1: LruHashMap<u64, u32, { capacity::SOCKETS as usize }> = LruHashMap::new();
+pub static SB_LC_SOCK_V1: HashMap<u64, u32, { capacity::SOCKETS as usize }, NO_PREALLOC> =
+    HashMap::new();
 
 /// The frontend bitmap; the agent sizes it with the frontend map
 /// (`prefilter::frontends::words_for`) and sets [`SB_FE_FILTER_SHIFT`] to

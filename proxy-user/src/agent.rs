@@ -52,7 +52,7 @@ pub async fn run(config: AgentConfig, object: &'static [u8]) -> anyhow::Result<(
         Ok(view) => view,
         Err(error) => return Err(load.abandon(error)),
     };
-    let (loaded, syncer) = load.finish(object, &config, &locked, &view.changes)?;
+    let (loaded, syncer) = load.finish(object, &config, &locked)?;
     let mut sync = firstsync::sync_loop(
         &config,
         syncer,

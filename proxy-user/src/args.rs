@@ -43,10 +43,21 @@ pub struct AgentArgs {
     #[arg(long, default_value_t = Capacities::default().backends, value_parser = capacity)]
     pub max_backends: u32,
     /// Capacity of the connection-tracking map (two entries per flow;
-    /// preallocated). When it is full a new flow's packet is dropped and
-    /// counted (`ct_full`); tracked flows are never evicted for new ones.
+    /// allocated per entry, so an idle table costs 16 bytes an entry). When
+    /// it is full a new flow's packet is dropped and counted (`ct_full`);
+    /// tracked flows are never evicted for new ones. Also the most the
+    /// socket layer's translation tables grow to.
     #[arg(long, default_value_t = Capacities::default().conntrack, value_parser = capacity)]
     pub max_conntrack: u32,
+    /// The size the LRU flow tables start at (the socket layer's
+    /// translations, session affinity, fragments; both families), at
+    /// least 512 per CPU. The kernel preallocates an LRU table whole, so
+    /// each starts this small and the agent grows it online (a restart in
+    /// place, same pid, no entry lost; twice the size or more) when it is
+    /// half full, up to its maximum (`--max-conntrack` for the socket
+    /// layer's).
+    #[arg(long, default_value_t = Capacities::default().flow_start, value_parser = capacity)]
+    pub flow_table_start_entries: u32,
     /// How long an idle established TCP connection stays tracked
     /// (kube-proxy's flag). Durations as kube-proxy writes them: `24h0m0s`,
     /// `90m`, `30s`; `0` (kube-proxy: leave the kernel's setting) takes the
@@ -286,8 +297,7 @@ impl AgentArgs {
                 backends: self.max_backends,
                 conntrack: self.max_conntrack,
                 services: self.max_services,
-                // The agent decides once it has read its source.
-                ipv6: crate::sync::store::Ipv6Tables::Full,
+                flow_start: self.flow_table_start_entries,
             },
             max_endpoints_per_service: self.max_endpoints_per_service,
             kubeconfig: self.kubeconfig,
@@ -640,6 +650,7 @@ mod tests {
             "--max-services",
             "--max-frontend-entries",
             "--max-backends",
+            "--flow-table-start-entries",
         ] {
             let err = Cli::try_parse_from(["x", flag, "0"])
                 .err()

@@ -2,9 +2,9 @@
 //! flow's two entries (both or neither), and what each packet of a tracked
 //! flow notes in the entry of its direction.
 //!
-//! The table (`SB_CT_V5`) is a preallocated hash, not an LRU: a live flow is
-//! never evicted to make room, and the agent removes expired flows (see
-//! `proxy-user/src/dataplane/flows/expiry.rs`). When it is full a new flow cannot be
+//! The table (`SB_CT_V5`) is a hash allocated per entry, not an LRU: a
+//! live flow is never evicted to make room, and the agent removes expired
+//! flows (see `proxy-user/src/dataplane/flows/expiry.rs`). When it is full a new flow cannot be
 //! tracked; its packet is dropped and counted (`stat::CT_FULL`), as Cilium
 //! does, and the client's retransmission gets through once the agent made
 //! room. Packets of tracked flows are not affected.
@@ -42,8 +42,8 @@ pub(crate) fn entry<A: Family>(key: &CtKeyOf<A>) -> Option<*mut CtEntryOf<A>> {
     A::conntrack().get_ptr_mut(key)
 }
 
-/// `E2BIG`: what a preallocated hash map's update returns when it has no
-/// free element left.
+/// `E2BIG`: what a hash map's update returns when it holds as many entries
+/// as it may.
 const E2BIG: i32 = 7;
 
 /// Removes the entry of `key`, if present; a removal moves the generation

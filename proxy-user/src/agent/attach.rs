@@ -21,12 +21,11 @@ use crate::{
     dataplane::attach::uplink::Uplink,
     dataplane::{
         attach::socket_layer, flows::expiry, flows::open_counts, load::object, maps::PinnedMaps,
-        pins::memory, pins::resize,
+        pins::growth, pins::memory, pins::resize,
     },
     observe::health::Serving,
     observe::metrics,
     observe::trace::hub as trace,
-    sync::store::Ipv6Tables,
 };
 
 /// The data path as the agent keeps it once the programs took over.
@@ -38,8 +37,6 @@ pub(super) struct DataPath {
     /// The data-path configuration the maps hold (drift repair puts it
     /// back).
     pub config: Config,
-    /// How big the IPv6 flow tables are (the first IPv6 Service grows them).
-    pub ipv6: Ipv6Tables,
     /// The live trace's reader, for the verify socket.
     pub traces: trace::Handle,
     /// The server of `/metrics` (`None` without `--metrics-bind-address`);
@@ -74,12 +71,21 @@ pub(super) async fn take_over(
     attach_socket_layer(config, &mut ebpf)?;
     finish_resize(resize)?;
     // After any resize: what the pins hold now is what the programs use.
-    log_map_memory(&config.pin_root, capacities.ipv6);
+    log_map_memory(&config.pin_root);
     let gc_metrics = expiry::GcMetrics::default();
     // /metrics reads the maps through pins of its own, at each scrape.
     let metrics = config
         .metrics_bind
-        .map(|addr| metrics::serve(addr, sync.observer.metrics(), &gc_metrics, &config.pin_root))
+        .map(|addr| {
+            let limits = growth::limits(&capacities);
+            metrics::serve(
+                addr,
+                sync.observer.metrics(),
+                &gc_metrics,
+                &config.pin_root,
+                limits,
+            )
+        })
         .transpose()?;
     sync.set_interfaces(attacher.interfaces(), &uplinks.statuses());
     // After any resize: the collector opens the pin the programs use.
@@ -101,7 +107,6 @@ pub(super) async fn take_over(
         attacher,
         uplinks,
         config: datapath_config,
-        ipv6: capacities.ipv6,
         traces,
         _metrics: metrics,
     })
@@ -179,14 +184,13 @@ fn finish_resize(resize: resize::Resize) -> anyhow::Result<()> {
 }
 
 /// Logs the pinned maps' kernel memory (the benchmark reads this line).
-fn log_map_memory(pin_root: &Path, ipv6: Ipv6Tables) {
+fn log_map_memory(pin_root: &Path) {
     match memory::map_memory(pin_root) {
         Ok(maps) => {
             let (kernel, kernel6) = memory::totals(&maps);
             info!(
                 maps_kernel_mib = kernel as f64 / 1_048_576.0,
                 ipv6_maps_kernel_mib = kernel6 as f64 / 1_048_576.0,
-                ipv6_flow_tables = ?ipv6,
                 "{MAP_MEMORY}"
             );
         }

@@ -7,7 +7,7 @@ use tracing::info;
 use crate::{
     agent::config::{AgentConfig, Source},
     agent::syncloop::{unix_now, NodePortAddresses, SyncLoop},
-    dataplane::{load::ip_summed, maps::PinnedMaps},
+    dataplane::{load::ip_summed, maps::PinnedMaps, pins::growth},
     model::Model,
     observe::health::ProxyHealth,
     observe::healthcheck::{self, HealthServers},
@@ -94,6 +94,10 @@ fn status_template(config: &AgentConfig) -> AgentStatus {
         healthz_bind: bind(config.healthz_bind),
         metrics_bind: bind(config.metrics_bind),
         conntrack_timeouts: config.conntrack_timeouts,
+        flow_table_max: growth::limits(&config.capacities)
+            .into_iter()
+            .map(|(map, max)| (map.to_owned(), max))
+            .collect(),
         repairs: status::Repairs {
             enabled: !config.repair_interval.is_zero(),
             ..status::Repairs::default()

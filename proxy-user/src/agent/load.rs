@@ -1,8 +1,9 @@
-//! The start's load phase: the eBPF object loaded and its maps created or
-//! adopted while the source reads (see `preload`), then sized to the first
-//! view, the pin root stamped, and the maps opened for the sync, which
-//! adopts what they hold. No program is attached yet: the programs already
-//! attached keep forwarding with the maps they use.
+//! The start's load phase: the flow tables sized by what their pins hold
+//! (`growth`), the eBPF object loaded and its maps created or adopted while
+//! the source reads (see `preload`), the pin root stamped, and the maps
+//! opened for the sync, which adopts what they hold. No program is
+//! attached yet: the programs already attached keep forwarding with the
+//! maps they use.
 use std::path::Path;
 
 use anyhow::Context as _;
@@ -15,11 +16,15 @@ use crate::{
     agent::lock::LockedPinRoot,
     agent::preload::Preload,
     dataplane::{
-        attach::socket_layer, load::ip_summed, load::object, maps::PinnedMaps, pins::format,
+        attach::socket_layer,
+        load::ip_summed,
+        load::object,
+        maps::PinnedMaps,
+        pins::format,
+        pins::growth::{self, FlowSizes},
         pins::resize::Resize,
     },
-    source::Changes,
-    sync::store::{Capacities, Ipv6Tables},
+    sync::store::Capacities,
     sync::Syncer,
     util::heap,
 };
@@ -29,8 +34,8 @@ pub(super) struct Load {
     /// The load under way (`None` when a pinned map has another size: the
     /// load then waits for the first view).
     preload: Option<Preload>,
-    /// Whether an IPv6 map pinned here holds an entry.
-    ipv6_pinned: bool,
+    /// The sizes the flow tables that grow are loaded with.
+    flows: FlowSizes,
 }
 
 /// What the load hands the later phases (the maps go to the syncer).
@@ -48,18 +53,24 @@ pub(super) struct Loaded {
 }
 
 impl Load {
-    /// Starts loading `object` on a thread of its own, with the IPv6 flow
-    /// tables sized as the pins tell (see [`ipv6_tables`]): the first view
-    /// may still add an IPv6 Service.
+    /// Starts loading `object` on a thread of its own, with each flow table
+    /// that grows sized by its pin: one that is full enough grows now
+    /// ([`growth::plan`]).
     pub(super) fn start(object: &'static [u8], config: &AgentConfig) -> Load {
-        let ipv6_pinned = object::ipv6_pinned_in_use(&config.pin_root);
-        let expected = Capacities {
-            ipv6: ipv6_tables(ipv6_pinned, false),
-            ..config.capacities
-        };
+        let (flows, grown) = growth::plan(&config.pin_root, &config.capacities);
+        for g in &grown {
+            info!(
+                map = g.map,
+                from = g.from,
+                to = g.to,
+                entries = g.entries,
+                "{}",
+                growth::GROWING
+            );
+        }
         Load {
-            preload: Preload::start(object, &config.pin_root, expected),
-            ipv6_pinned,
+            preload: Preload::start(object, &config.pin_root, config.capacities, flows),
+            flows,
         }
     }
 
@@ -72,20 +83,16 @@ impl Load {
         error
     }
 
-    /// Finishes the load with the capacities `first_view` calls for, and
-    /// hands the maps to a syncer, which adopts what they hold. Every map
-    /// resized is filled from its pinned copy before the syncer reads it.
+    /// Finishes the load, and hands the maps to a syncer, which adopts what
+    /// they hold. Every map resized is filled from its pinned copy before
+    /// the syncer reads it.
     pub(super) fn finish(
         self,
         object: &'static [u8],
         config: &AgentConfig,
         locked: &LockedPinRoot,
-        first_view: &Changes,
     ) -> anyhow::Result<(Loaded, Syncer<PinnedMaps>)> {
-        let capacities = Capacities {
-            ipv6: ipv6_tables(self.ipv6_pinned, has_ipv6_service(first_view)),
-            ..config.capacities
-        };
+        let capacities = config.capacities;
         let (loaded, resize) = self.load_with(object, &config.pin_root, &capacities)?;
         let object::Loaded {
             mut ebpf,
@@ -115,8 +122,8 @@ impl Load {
         Ok((loaded, syncer))
     }
 
-    /// The load with `capacities`: the early one when it loaded these and
-    /// no pinned map has another size; else a load now, with the pinned
+    /// The load with `capacities`: the early one when no pinned map had
+    /// another size (or other flags); else a load now, with the pinned
     /// maps of another size staged for an online resize.
     fn load_with(
         self,
@@ -124,18 +131,19 @@ impl Load {
         pin_root: &Path,
         capacities: &Capacities,
     ) -> anyhow::Result<(object::Loaded, Resize)> {
-        if let Some(loaded) = self.preload.and_then(|p| p.finish(capacities)) {
+        if let Some(loaded) = self.preload.and_then(Preload::finish) {
             let resize =
                 Resize::prepare(pin_root, &[]).context("preparing to resize the pinned maps")?;
             return Ok((loaded.context("loading the eBPF programs")?, resize));
         }
-        let mismatches = object::capacity_mismatches(pin_root, capacities);
+        let flows = &self.flows;
+        let mismatches = object::capacity_mismatches(pin_root, capacities, flows);
         for mismatch in &mismatches {
             info!(map = mismatch.map, "{mismatch}: resizing online");
         }
         let resize = Resize::prepare(pin_root, &mismatches)
             .context("preparing to resize the pinned maps")?;
-        let loaded = object::load(object, pin_root, capacities, resize.maps())
+        let loaded = object::load(object, pin_root, capacities, flows, resize.maps())
             .context("loading the eBPF programs")?;
         Ok((loaded, resize))
     }
@@ -184,26 +192,4 @@ fn adopt(
         "maps loaded"
     );
     syncer
-}
-
-/// How big the IPv6 flow tables must be: full when the source's first view
-/// has an IPv6 Service (`ipv6_service`), or an IPv6 map pinned here holds
-/// an entry (`pinned_in_use`: an earlier agent served IPv6, and tables with
-/// live entries are never shrunk); else small ([`Ipv6Tables::Idle`]). Small
-/// while the node has no IPv6 Service, grown when one appears.
-fn ipv6_tables(pinned_in_use: bool, ipv6_service: bool) -> Ipv6Tables {
-    if ipv6_service || pinned_in_use {
-        Ipv6Tables::Full
-    } else {
-        Ipv6Tables::Idle
-    }
-}
-
-/// Whether `changes` hold a Service with an IPv6 address.
-pub(super) fn has_ipv6_service(changes: &Changes) -> bool {
-    changes
-        .services
-        .values()
-        .flatten()
-        .any(|s| s.has_ipv6_address())
 }

@@ -1,12 +1,11 @@
 //! Loading the eBPF object while the source reads its first view.
 //!
 //! Loading (parsing the object, creating or adopting the maps, the
-//! verifier's pass over every program) needs nothing from the source but
-//! the size of the IPv6 flow tables, which a node's first view decides (see
-//! the agent's `ipv6_tables`). [`Preload::start`] loads on a thread of its
-//! own with the size the pins suggest; [`Preload::finish`] hands the load
-//! over when the first view agrees, and otherwise undoes it so that the
-//! agent loads as if nothing had been tried.
+//! verifier's pass over every program) needs nothing from the source: the
+//! flags and the pins size every map. [`Preload::start`] loads on a thread
+//! of its own; [`Preload::finish`] hands the load over, and
+//! [`Preload::abandon`] undoes it when the source cannot be read, so that
+//! the pin root is as it was.
 //!
 //! Undoing is exact: a load adopts the maps already pinned without writing
 //! them, and pins only the maps that were absent; [`Preload`] remembers
@@ -23,17 +22,12 @@ use tracing::{info, warn};
 
 use crate::{
     dataplane::load::object::{self, LoadError},
+    dataplane::pins::growth::FlowSizes,
     sync::store::Capacities,
 };
 
-/// Logged when the first view sizes the IPv6 flow tables otherwise than the
-/// early load did (a node's first IPv6 Service arrived while it was down).
-const RELOAD: &str = "the early load sized the IPv6 flow tables otherwise: loading again";
-
 /// A load under way on its own thread.
 pub(super) struct Preload {
-    /// The capacities it loads with.
-    capacities: Capacities,
     /// The map pins that did not exist before it started.
     absent: Vec<PathBuf>,
     job: JoinHandle<Loaded>,
@@ -43,15 +37,16 @@ pub(super) struct Preload {
 type Loaded = (Result<object::Loaded, LoadError>, Duration);
 
 impl Preload {
-    /// Starts loading `object` with `capacities`, unless a pinned map has
-    /// another size: a resize then waits for the first view (it is rare,
-    /// and it copies entries the running data path still writes).
+    /// Starts loading `object` with `capacities` and `flows`, unless a
+    /// pinned map has another size: a resize then waits for the first view
+    /// (it copies entries the running data path still writes).
     pub(super) fn start(
         object: &'static [u8],
         pin_root: &Path,
         capacities: Capacities,
+        flows: FlowSizes,
     ) -> Option<Self> {
-        if !object::capacity_mismatches(pin_root, &capacities).is_empty() {
+        if !object::capacity_mismatches(pin_root, &capacities, &flows).is_empty() {
             return None;
         }
         let absent = names::ALL
@@ -64,15 +59,11 @@ impl Preload {
             .name("sb-preload".to_owned())
             .spawn(move || {
                 let started = Instant::now();
-                let loaded = object::load(object, &root, &capacities, &[]);
+                let loaded = object::load(object, &root, &capacities, &flows, &[]);
                 (loaded, started.elapsed())
             });
         match job {
-            Ok(job) => Some(Self {
-                capacities,
-                absent,
-                job,
-            }),
+            Ok(job) => Some(Self { absent, job }),
             Err(error) => {
                 // The agent loads after the first view instead.
                 warn!(%error, "no thread to load the eBPF object early");
@@ -81,21 +72,9 @@ impl Preload {
         }
     }
 
-    /// The load, when it was made with `capacities`: waits for it to end.
-    /// Otherwise the load is undone ([`Self::abandon`]) and `None` returned.
-    pub(super) fn finish(
-        self,
-        capacities: &Capacities,
-    ) -> Option<Result<object::Loaded, LoadError>> {
-        if self.capacities.ipv6 != capacities.ipv6 {
-            info!(
-                guessed = ?self.capacities.ipv6,
-                wanted = ?capacities.ipv6,
-                "{RELOAD}"
-            );
-            self.abandon();
-            return None;
-        }
+    /// The load: waits for it to end (`None` if its thread panicked: the
+    /// pins it made are removed).
+    pub(super) fn finish(self) -> Option<Result<object::Loaded, LoadError>> {
         let waited = Instant::now();
         let Some((loaded, took)) = join(self.job) else {
             unpin(&self.absent);

@@ -1,6 +1,7 @@
 //! The agent's last phase, once the programs took over: it serves until
-//! told to stop, following the source, the interfaces, the repair tick and
-//! `switchboard verify`'s questions, one at a time.
+//! told to stop, following the source, the interfaces, the repair tick,
+//! the flow tables' occupancy check and `switchboard verify`'s questions,
+//! one at a time.
 use std::{path::Path, time::Duration};
 
 use anyhow::{bail, Context as _};
@@ -17,15 +18,14 @@ use crate::{
     agent::heal::Healer,
     agent::links::{node_ipv4s, Links},
     agent::listen::Netlink,
-    agent::load::has_ipv6_service,
     agent::lock::LockedPinRoot,
     agent::syncloop::SyncLoop,
     dataplane::maps::PinnedMaps,
+    dataplane::pins::growth,
     observe::health::Serving,
     observe::trace::hub as trace,
     observe::verify,
     source::FeedRx,
-    sync::store::Ipv6Tables,
 };
 
 /// How often interfaces are listed again in case a netlink event was missed.
@@ -43,20 +43,12 @@ pub(super) struct Serve<'a> {
     pub locked: LockedPinRoot,
 }
 
-/// What the loop does after a batch of changes.
-#[derive(PartialEq, Eq)]
-enum Next {
-    Serve,
-    /// Start again in place, to grow the IPv6 flow tables.
-    Restart,
-}
-
 impl Serve<'_> {
     /// Serves until SIGTERM or SIGINT, then leaves the programs attached
     /// and the maps pinned: traffic keeps flowing until the next agent
     /// adopts them. Fails when the source stops (what is programmed stays
-    /// in place); returns only if exec fails when the first IPv6 Service
-    /// restarts the agent in place.
+    /// in place); returns only if exec fails when a flow table found half
+    /// full restarts the agent in place ([`growth::watch`]).
     pub(super) async fn run(mut self) -> anyhow::Result<()> {
         let mut terminate =
             signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
@@ -76,6 +68,8 @@ impl Serve<'_> {
         };
         let (_verify_socket, mut verify_requests) =
             serve_verify(&self.config.pin_root, self.datapath.traces)?;
+        let mut growth_due = growth::watch(&self.config.pin_root, &self.config.capacities)
+            .context("starting the flow tables' occupancy check")?;
         let sync = &mut self.sync;
         loop {
             tokio::select! {
@@ -84,11 +78,7 @@ impl Serve<'_> {
                         error!("the source stopped; what is programmed stays in place");
                         bail!("source stopped");
                     }
-                    let ipv6 = self.datapath.ipv6;
-                    if on_changes(&mut self.feed, sync, &mut links, ipv6).await == Next::Restart {
-                        drop(self.locked);
-                        return Err(restart_in_place());
-                    }
+                    on_changes(&mut self.feed, sync, &mut links).await;
                 }
                 Some(_) = self.netlink.events.next() => {
                     // One pass for a burst of events (a pod or an uplink
@@ -101,6 +91,12 @@ impl Serve<'_> {
                     links.follow(sync).await;
                     healer.programs(&mut links, sync).await;
                     healer.check(&mut links, sync);
+                }
+                Some(due) = growth_due.recv() => {
+                    // The restart's start grows it online (`growth::plan`).
+                    info!(map = due.map, size = due.size, max = due.max, entries = due.entries, "{}", growth::DUE);
+                    drop(self.locked);
+                    return Err(restart_in_place());
                 }
                 Some(request) = verify_requests.recv() => {
                     let uplinks = uplink_findings(&links, sync);
@@ -130,33 +126,19 @@ fn serve_verify(
 
 /// Syncs the source's changes since the last batch. The Node's addresses
 /// name the uplinks and their source-NAT addresses: a change to them is
-/// followed at once. The node's first IPv6 Service, while the IPv6 flow
-/// tables are small ([`Ipv6Tables::Idle`]), is programmed (it answers with
-/// the small tables meanwhile) and then asks for a restart that grows them.
-async fn on_changes(
-    feed: &mut FeedRx,
-    sync: &mut SyncLoop<'_, PinnedMaps>,
-    links: &mut Links<'_>,
-    ipv6: Ipv6Tables,
-) -> Next {
+/// followed at once.
+async fn on_changes(feed: &mut FeedRx, sync: &mut SyncLoop<'_, PinnedMaps>, links: &mut Links<'_>) {
     let node_addrs = node_ipv4s(sync.source_node.as_ref());
-    let changes = feed.take();
-    let first_ipv6 = ipv6 == Ipv6Tables::Idle && has_ipv6_service(&changes);
-    sync.on_changes(changes);
-    if first_ipv6 {
-        info!("the first IPv6 Service appeared: restarting in place to grow the IPv6 flow tables online");
-        return Next::Restart;
-    }
+    sync.on_changes(feed.take());
     if node_ipv4s(sync.source_node.as_ref()) != node_addrs {
         links.follow(sync).await;
     }
-    Next::Serve
 }
 
 /// Replaces this process with a fresh start of the same binary and
 /// arguments (same pid: a supervisor sees no exit). The start is the
-/// ordinary one: it adopts the pinned maps, finds the IPv6 Service in its
-/// first view, and resizes the IPv6 flow tables online
+/// ordinary one: it adopts the pinned maps, finds the flow table that is
+/// half full ([`growth::plan`]), and grows it online
 /// ([`crate::dataplane::pins::resize`]) while the attached programs keep
 /// forwarding. Every descriptor this process holds is close-on-exec (the
 /// lock, the maps, the sockets), so nothing of this run stays. Returns only
@@ -169,7 +151,7 @@ fn restart_in_place() -> anyhow::Error {
         .arg0(arg0)
         .args(args)
         .exec();
-    anyhow::Error::from(error).context("restarting the agent in place to grow the IPv6 tables")
+    anyhow::Error::from(error).context("restarting the agent in place to grow a flow table")
 }
 
 /// `switchboard verify`'s findings about the uplink maps: the entries that

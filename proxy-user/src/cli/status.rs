@@ -538,27 +538,55 @@ fn render_maps(out: &mut String, report: &StatusReport) {
         out,
         report.map_memory.as_deref(),
         report.map_memory_unreadable.as_deref(),
+        report.status.as_ref().map(|s| &s.flow_table_max),
     );
 }
 
-/// Every map's kernel memory, and the totals (or why there are none).
-fn render_memory(out: &mut String, memory: Option<&[MapMemory]>, unreadable: Option<&str>) {
+/// Every map's capacity and kernel memory, and the totals (or why there
+/// are none); for the flow tables that grow, the most each may hold
+/// (`grows_to`, from the agent's status file).
+fn render_memory(
+    out: &mut String,
+    memory: Option<&[MapMemory]>,
+    unreadable: Option<&str>,
+    grows_to: Option<&std::collections::BTreeMap<String, u32>>,
+) {
     let _ = writeln!(out, "\nKERNEL MEMORY OF THE MAPS");
     let Some(memory) = memory else {
         let _ = writeln!(out, "  ({})", unreadable.unwrap_or("not pinned"));
         return;
     };
     let mib = |bytes: u64| format!("{:.1} MiB", bytes as f64 / 1_048_576.0);
-    let mut t = Table::new(&["MAP", "CAPACITY", "MEMORY"])
+    let mut t = Table::new(&["MAP", "CAPACITY", "GROWS TO", "MEMORY"])
         .indent(2)
         .right(1)
-        .right(2);
+        .right(2)
+        .right(3);
     for m in memory {
-        t.push(vec![m.map.clone(), m.max_entries.to_string(), mib(m.bytes)]);
+        let max = grows_to
+            .and_then(|g| g.get(&m.map))
+            .map(u32::to_string)
+            .unwrap_or_default();
+        t.push(vec![
+            m.map.clone(),
+            m.max_entries.to_string(),
+            max,
+            mib(m.bytes),
+        ]);
     }
     let (total, ipv6) = memory::totals(memory);
-    t.push(vec!["total".into(), String::new(), mib(total)]);
-    t.push(vec!["of which IPv6 maps".into(), String::new(), mib(ipv6)]);
+    t.push(vec![
+        "total".into(),
+        String::new(),
+        String::new(),
+        mib(total),
+    ]);
+    t.push(vec![
+        "of which IPv6 maps".into(),
+        String::new(),
+        String::new(),
+        mib(ipv6),
+    ]);
     out.push_str(&t.render());
 }
 
@@ -650,14 +678,27 @@ mod tests {
         let maps = [
             m(names::CONNTRACK, 262_144, 3 * 1_048_576),
             m(names::CONNTRACK6, 262_144, 5 * 1_048_576),
+            m(names::SOCKETS, 4096, 0),
         ];
+        let grows_to = [(names::SOCKETS.to_owned(), 524_288)].into_iter().collect();
         let mut out = String::new();
-        render_memory(&mut out, Some(&maps), None);
+        render_memory(&mut out, Some(&maps), None, Some(&grows_to));
         let line = |start: &str| out.lines().find(|l| l.trim_start().starts_with(start));
         assert!(
             line(names::CONNTRACK6).is_some_and(|l| l.contains("5.0 MiB")),
             "{out}"
         );
+        let words = |start: &str| {
+            line(start).map_or(Vec::new(), |l| {
+                l.split_whitespace().map(str::to_owned).collect::<Vec<_>>()
+            })
+        };
+        assert_eq!(
+            words(names::SOCKETS),
+            [names::SOCKETS, "4096", "524288", "0.0", "MiB"],
+            "a growing table says how far it grows:\n{out}"
+        );
+        assert_eq!(words(names::CONNTRACK)[2], "3.0", "{out}");
         assert!(
             line("total").is_some_and(|l| l.contains("8.0 MiB")),
             "{out}"
@@ -667,7 +708,7 @@ mod tests {
             "{out}"
         );
         let mut out = String::new();
-        render_memory(&mut out, None, Some("permission denied"));
+        render_memory(&mut out, None, Some("permission denied"), None);
         assert!(out.contains("(permission denied)"), "{out}");
     }
 

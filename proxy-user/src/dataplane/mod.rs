@@ -3,7 +3,7 @@
 //! | module | holds |
 //! |---|---|
 //! | [`load`] | loading the eBPF object: the kernel's BTF facts it needs, permissions |
-//! | [`pins`] | the one way to open a pinned map, the pin root's format, resizing, kernel memory |
+//! | [`pins`] | the one way to open a pinned map, the pin root's format, resizing, the flow tables' growth, kernel memory |
 //! | [`maps`] | typed handles on the maps (the sync's `MapStore`), batched writes, reading them back |
 //! | [`attach`] | attaching the programs: pod interfaces, uplinks, the cgroup socket hooks |
 //! | [`flows`] | connection-tracking housekeeping: expiry, least-connection counts, quiet pods, closing UDP sockets |

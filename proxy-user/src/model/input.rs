@@ -330,20 +330,6 @@ pub fn shared_value(value: &str) -> Arc<str> {
 }
 
 impl ServiceInfo {
-    /// Whether the Service lists an IPv6 address (cluster, external or
-    /// load-balancer ingress): it needs the node's IPv6 flow tables.
-    pub fn has_ipv6_address(&self) -> bool {
-        let Some(spec) = &self.spec else { return false };
-        let v6 = |s: &str| s.trim().parse::<std::net::Ipv6Addr>().is_ok();
-        spec.cluster_ips.iter().any(|ip| v6(ip))
-            || spec.external_ips().iter().any(|ip| v6(ip))
-            || spec
-                .lb_ingress()
-                .iter()
-                .flat_map(|i| &i.ip)
-                .any(|ip| v6(ip))
-    }
-
     pub fn from_k8s(svc: &Service) -> ServiceInfo {
         let meta = &svc.metadata;
         ServiceInfo {
@@ -569,33 +555,6 @@ mod tests {
             !Arc::ptr_eq(&x, &y),
             "an unusual value is a copy of its own"
         );
-    }
-
-    #[test]
-    fn a_service_needs_the_ipv6_tables_when_it_lists_an_ipv6_address() {
-        let svc = |cluster: &[&str], external: &[&str], ingress: Option<&str>| ServiceInfo {
-            key: ObjectKey::new("default", "web"),
-            spec: Some(ServiceSpecInfo {
-                cluster_ips: cluster.iter().map(|s| s.to_string()).collect(),
-                rare: RareSpec {
-                    external_ips: external.iter().map(|s| s.to_string()).collect(),
-                    lb_ingress: Box::new([LbIngress {
-                        ip: ingress.map(Into::into),
-                        ip_mode: None,
-                    }]),
-                    ..Default::default()
-                }
-                .boxed(),
-                ..Default::default()
-            }),
-            ..Default::default()
-        };
-        assert!(!svc(&["10.96.0.1"], &["192.0.2.1"], Some("192.0.2.2")).has_ipv6_address());
-        assert!(!svc(&["None"], &[], None).has_ipv6_address());
-        assert!(svc(&["10.96.0.1", "fd00:96::1"], &[], None).has_ipv6_address());
-        assert!(svc(&["10.96.0.1"], &["2001:db8::1"], None).has_ipv6_address());
-        assert!(svc(&["10.96.0.1"], &[], Some("2001:db8::2")).has_ipv6_address());
-        assert!(!ServiceInfo::default().has_ipv6_address());
     }
 
     #[test]

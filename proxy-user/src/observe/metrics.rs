@@ -8,8 +8,9 @@
 //! | `switchboard_event_to_map_duration_seconds` (histogram) | none |
 //! | `switchboard_sync_last_timestamp_seconds` (gauge, unix seconds) | `kubeproxy_sync_proxy_rules_last_timestamp_seconds` |
 //! | `switchboard_sync_unprogrammed_frontends` (gauge) | none (kube-proxy counts failed restores: `kubeproxy_sync_proxy_rules_iptables_restore_failures_total`) |
-//! | `switchboard_map_entries{map}`, `switchboard_map_capacity{map}` (gauges) | none: iptables chains have no capacity (`kubeproxy_sync_proxy_rules_iptables_total` counts rules) |
-//! | `switchboard_map_memory_bytes{map}` (gauge: the kernel's `memlock` of each pinned map, read once when the agent starts serving, after any resize) | none |
+//! | `switchboard_map_entries{map}`, `switchboard_map_capacity{map}` (gauges; the capacity of every pinned map) | none: iptables chains have no capacity (`kubeproxy_sync_proxy_rules_iptables_total` counts rules) |
+//! | `switchboard_map_capacity_max{map}` (gauge: the most each flow table that grows may hold, see `dataplane/pins/growth.rs`) | none |
+//! | `switchboard_map_memory_bytes{map}` (gauge: the kernel's `memlock` of each pinned map) | none |
 //! | `switchboard_service_packets_total`, `_bytes_total`, `_flows_total`, `_drops_total`, `_source_range_drops_total` `{service,frontend}` (counters) | none: the per-rule packet and byte counters `iptables -L -v` shows |
 //! | `switchboard_datapath_events_total{counter}` (counters) | none: the data path's own counters (`switchboard stats`) |
 //! | `switchboard_conntrack_gc_deleted_total`, `switchboard_conntrack_fill_ratio` (gauge), `switchboard_conntrack_gc_duration_seconds` (histogram), each `{family}` (`ipv4`: `SB_CT_V5`, `ipv6`: `SB_CT6_V1`) | none: the kernel's conntrack expires entries itself (`conntrack -S` counts) |
@@ -29,8 +30,10 @@
 //!   (one series per frontend: ClusterIP, NodePort, LoadBalancer and external
 //!   IPs of one Service port each have their own). Drops are packets dropped
 //!   because the Service had no backend.
-//! * Map fill and the data path's counters are read from the pinned maps at
-//!   scrape time, through handles of the metrics server's own. Counting a
+//! * Map fill, capacities, kernel memory and the data path's counters are
+//!   read from the pinned maps at scrape time, through handles of the
+//!   metrics server's own: a map allocated per entry takes memory as it
+//!   fills, and a flow table's capacity changes when it grows. Counting a
 //!   hash map's entries walks it (one syscall per entry): a scrape of a full
 //!   connection-tracking map costs a fraction of a second, run on a blocking
 //!   thread.
@@ -291,8 +294,8 @@ pub struct FrontendCounters {
 /// What the maps say at one scrape.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct MapReading {
-    /// Map name, entries, capacity.
-    pub fill: Vec<(String, u64, u64)>,
+    /// Map name, entries.
+    pub fill: Vec<(String, u64)>,
     /// The data path's counters by name.
     pub counters: Vec<(String, u64)>,
     pub frontends: Vec<FrontendCounters>,
@@ -311,7 +314,7 @@ impl ReadMaps for PinnedMaps {
             fill: stats
                 .maps
                 .iter()
-                .map(|m| (m.map.to_string(), m.entries as u64, u64::from(m.capacity)))
+                .map(|m| (m.map.to_string(), m.entries as u64))
                 .collect(),
             counters: stats
                 .counters
@@ -346,23 +349,14 @@ impl fmt::Debug for MapsCollector {
 impl Collector for MapsCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> fmt::Result {
         let reading = self.0.read();
-        let fill = |f: fn(&(String, u64, u64)) -> u64| {
-            reading
-                .fill
-                .iter()
-                .map(move |m| (vec![("map", m.0.clone())], f(m)))
-        };
         gauges(
             &mut encoder,
             "switchboard_map_entries",
             "Entries in each map (read at scrape time).",
-            fill(|m| m.1),
-        )?;
-        gauges(
-            &mut encoder,
-            "switchboard_map_capacity",
-            "Capacity (max_entries) of each map.",
-            fill(|m| m.2),
+            reading
+                .fill
+                .iter()
+                .map(|(map, entries)| (vec![("map", map.clone())], *entries)),
         )?;
         let per_frontend = |f: fn(&FrontendCounters) -> u64| {
             reading.frontends.iter().map(move |fe| {
@@ -415,21 +409,56 @@ impl Collector for MapsCollector {
     }
 }
 
-/// The maps' kernel memory: fixed while an agent runs (see [`memory`]).
+/// Every pinned map's capacity and kernel memory, read at each scrape
+/// ([`memory`]), and the most each flow table that grows may hold.
 #[derive(Debug)]
-struct MemoryCollector(Vec<MapMemory>);
+struct MemoryCollector {
+    pin_root: std::path::PathBuf,
+    /// The flow tables that grow, and their maximum.
+    limits: Vec<(&'static str, u32)>,
+}
 
 impl Collector for MemoryCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> fmt::Result {
-        gauges(
-            &mut encoder,
-            "switchboard_map_memory_bytes",
-            "Kernel memory of each pinned map (memlock; a preallocated map counts every entry it can hold).",
-            self.0
-                .iter()
-                .map(|m| (vec![("map", m.map.clone())], m.bytes)),
-        )
+        let maps = memory::map_memory(&self.pin_root).unwrap_or_else(|error| {
+            let error = format!("{:#}", anyhow::Error::from(error));
+            warn!(%error, "the maps' capacities and kernel memory could not be read");
+            Vec::new()
+        });
+        encode_memory(&mut encoder, &maps, &self.limits)
     }
+}
+
+/// The capacity and memory gauges of `maps`, and the maxima of `limits`.
+fn encode_memory(
+    encoder: &mut DescriptorEncoder,
+    maps: &[MapMemory],
+    limits: &[(&'static str, u32)],
+) -> fmt::Result {
+    let per_map = |f: fn(&MapMemory) -> u64| {
+        maps.iter()
+            .map(move |m| (vec![("map", m.map.clone())], f(m)))
+    };
+    gauges(
+        encoder,
+        "switchboard_map_capacity",
+        "Capacity (max_entries) of each pinned map: a flow table's grows with its load.",
+        per_map(|m| u64::from(m.max_entries)),
+    )?;
+    gauges(
+        encoder,
+        "switchboard_map_capacity_max",
+        "The most entries each flow table that grows may hold.",
+        limits
+            .iter()
+            .map(|(map, max)| (vec![("map", (*map).to_owned())], u64::from(*max))),
+    )?;
+    gauges(
+        encoder,
+        "switchboard_map_memory_bytes",
+        "Kernel memory of each pinned map (memlock: a preallocated map counts every entry it can hold, one allocated per entry its bucket array and the entries it holds).",
+        per_map(|m| m.bytes),
+    )
 }
 
 type Labels = Vec<(&'static str, String)>;
@@ -481,18 +510,24 @@ pub fn encode(registry: &Registry) -> String {
 }
 
 /// Serves `/metrics` on `addr` (`--metrics-bind-address`), reading the maps
-/// pinned under `pin_root` at each scrape. Must be called inside a tokio
-/// runtime.
+/// pinned under `pin_root` at each scrape; `limits` are the flow tables
+/// that grow and their maximum. Must be called inside a tokio runtime.
 pub fn serve(
     addr: SocketAddr,
     metrics: &SyncMetrics,
     conntrack: &GcMetrics,
     pin_root: &Path,
+    limits: Vec<(&'static str, u32)>,
 ) -> Result<Serving, MetricsError> {
     const FLAG: &str = "--metrics-bind-address";
     let maps = PinnedMaps::open(pin_root)?;
     let mut registry = registry(metrics, Arc::new(maps));
-    registry.register_collector(Box::new(MemoryCollector(memory::map_memory(pin_root)?)));
+    // Readable now, or said at once rather than at the first scrape.
+    memory::map_memory(pin_root)?;
+    registry.register_collector(Box::new(MemoryCollector {
+        pin_root: pin_root.to_owned(),
+        limits,
+    }));
     conntrack.register(&mut registry);
     let registry = Arc::new(registry);
     let listener = bind(addr, FLAG)?;
@@ -618,10 +653,7 @@ mod tests {
 
     fn reading() -> MapReading {
         MapReading {
-            fill: vec![
-                ("SB_FE_V1".to_owned(), 8, 65536),
-                ("SB_CT_V1".to_owned(), 4, 262144),
-            ],
+            fill: vec![("SB_FE_V1".to_owned(), 8), ("SB_CT_V1".to_owned(), 4)],
             counters: vec![("forwarded".to_owned(), 42), ("malformed".to_owned(), 0)],
             frontends: vec![FrontendCounters {
                 service: "demo/echo:http".to_owned(),
@@ -660,7 +692,6 @@ mod tests {
             "switchboard_sync_unprogrammed_frontends 2",
             "# TYPE switchboard_map_entries gauge",
             "switchboard_map_entries{map=\"SB_FE_V1\"} 8",
-            "switchboard_map_capacity{map=\"SB_CT_V1\"} 262144",
             "# TYPE switchboard_service_packets counter",
             "switchboard_service_packets_total{service=\"demo/echo:http\",frontend=\"10.96.0.10:80/TCP\"} 12",
             "switchboard_service_bytes_total{service=\"demo/echo:http\",frontend=\"10.96.0.10:80/TCP\"} 900",
@@ -670,6 +701,39 @@ mod tests {
             "switchboard_datapath_events_total{counter=\"forwarded\"} 42",
             "switchboard_datapath_events_total{counter=\"malformed\"} 0",
             "# EOF",
+        ] {
+            assert!(
+                text.lines().any(|l| l == line),
+                "missing {line:?} in:\n{text}"
+            );
+        }
+    }
+
+    #[test]
+    fn every_pinned_map_has_its_capacity_and_memory_and_each_growing_table_its_maximum() {
+        #[derive(Debug)]
+        struct Fixed(Vec<MapMemory>);
+        impl Collector for Fixed {
+            fn encode(&self, mut encoder: DescriptorEncoder) -> fmt::Result {
+                encode_memory(&mut encoder, &self.0, &[("SB_SOCK_V1", 524288)])
+            }
+        }
+        let m = |map: &str, max_entries, bytes| MapMemory {
+            map: map.to_owned(),
+            max_entries,
+            bytes,
+        };
+        let mut registry = Registry::default();
+        registry.register_collector(Box::new(Fixed(vec![
+            m("SB_CT_V5", 524288, 8_400_000),
+            m("SB_SOCK_V1", 8192, 790_000),
+        ])));
+        let text = encode(&registry);
+        for line in [
+            "switchboard_map_capacity{map=\"SB_CT_V5\"} 524288",
+            "switchboard_map_capacity{map=\"SB_SOCK_V1\"} 8192",
+            "switchboard_map_capacity_max{map=\"SB_SOCK_V1\"} 524288",
+            "switchboard_map_memory_bytes{map=\"SB_CT_V5\"} 8400000",
         ] {
             assert!(
                 text.lines().any(|l| l == line),

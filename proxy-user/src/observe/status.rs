@@ -68,6 +68,9 @@ pub struct AgentStatus {
     /// The connection-tracking timeouts (`--conntrack-*`), for
     /// `switchboard conntrack list`'s time to expiry.
     pub conntrack_timeouts: crate::dataplane::flows::expiry::Timeouts,
+    /// The flow tables that grow with their load, and the most each may
+    /// hold (`dataplane/pins/growth.rs`).
+    pub flow_table_max: std::collections::BTreeMap<String, u32>,
 }
 
 /// The agent's repairs of drift, as the status file shows them.

@@ -13,27 +13,17 @@ use crate::{
     sync::encode::{AnyBackend, AnyFrontendKey, AnyRevNat},
 };
 
-/// How many entries each map holds. A pinned map of another size is resized
-/// by the agent at start (the data plane's `resize`).
+/// How many entries each map holds at most. A pinned map of another size
+/// is resized by the agent at start (the data plane's `resize`).
 #[derive(Clone, Copy, Debug)]
 pub struct Capacities {
     pub frontends: u32,
     pub backends: u32,
     pub conntrack: u32,
     pub services: u32,
-    /// How big the IPv6 flow tables are (conntrack, socket layer, affinity,
-    /// fragments): the node's IPv6 Services decide it (see the agent).
-    pub ipv6: Ipv6Tables,
-}
-
-/// The size of a node's IPv6 flow tables.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Ipv6Tables {
-    /// Sized like their IPv4 twins: the node has IPv6 Services (or had
-    /// them: tables with live entries are never shrunk).
-    Full,
-    /// [`capacity::IPV6_IDLE`] entries each: the node has no IPv6 Service.
-    Idle,
+    /// The size the LRU flow tables start at (`--flow-table-start-entries`);
+    /// the data plane's `growth` grows each up to its maximum.
+    pub flow_start: u32,
 }
 
 impl Capacities {
@@ -57,7 +47,7 @@ impl Default for Capacities {
             backends: capacity::BACKENDS,
             conntrack: capacity::CONNTRACK,
             services: capacity::SERVICES,
-            ipv6: Ipv6Tables::Full,
+            flow_start: capacity::FLOW_TABLE_START,
         }
     }
 }

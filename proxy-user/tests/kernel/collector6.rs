@@ -23,6 +23,7 @@ use proxy_user::{
     dataplane::flows::udp_sockets,
     dataplane::load::object,
     dataplane::maps::PinnedMaps,
+    dataplane::pins::growth::FlowSizes,
     model::BackendAddr,
     sync::store::MapStore as _,
 };
@@ -274,9 +275,15 @@ fn an_agent_finding_no_ipv6_tables_pinned_creates_them() {
         _pad: [0; 2],
     };
     {
-        let mut ebpf = object::load(proxy_object::SWITCHBOARD, pin_root, &caps, &[])
-            .expect("first load")
-            .ebpf;
+        let mut ebpf = object::load(
+            proxy_object::SWITCHBOARD,
+            pin_root,
+            &caps,
+            &FlowSizes::at_max(&caps),
+            &[],
+        )
+        .expect("first load")
+        .ebpf;
         let mut maps = PinnedMaps::take(&mut ebpf).expect("maps");
         maps.conntrack
             .insert(v4, CtEntry::default(), 0)
@@ -290,8 +297,14 @@ fn an_agent_finding_no_ipv6_tables_pinned_creates_them() {
         "the agent's open needs the IPv6 pins"
     );
 
-    let _ebpf = object::load(proxy_object::SWITCHBOARD, pin_root, &caps, &[])
-        .expect("load onto the older pin root");
+    let _ebpf = object::load(
+        proxy_object::SWITCHBOARD,
+        pin_root,
+        &caps,
+        &FlowSizes::at_max(&caps),
+        &[],
+    )
+    .expect("load onto the older pin root");
     for name in [names::CONNTRACK6, names::SOCKETS6] {
         assert!(pin_root.join(name).exists(), "{name} pinned");
     }
@@ -393,9 +406,15 @@ fn the_cli_reads_an_agent_that_predates_ipv6() {
         _pad: [0; 2],
     };
     {
-        let mut ebpf = object::load(proxy_object::SWITCHBOARD, pin_root, &caps, &[])
-            .expect("load")
-            .ebpf;
+        let mut ebpf = object::load(
+            proxy_object::SWITCHBOARD,
+            pin_root,
+            &caps,
+            &FlowSizes::at_max(&caps),
+            &[],
+        )
+        .expect("load")
+        .ebpf;
         let mut maps = PinnedMaps::take(&mut ebpf).expect("maps");
         maps.conntrack
             .insert(v4, CtEntry::default(), 0)
@@ -470,9 +489,15 @@ fn explain_reads_ipv6_conntrack_and_affinity_from_the_pins() {
     let fs = Bpffs::mount_at("collector6-explain");
     let pin_root = fs.0.as_path();
     let caps = capacities(64);
-    let mut ebpf = object::load(proxy_object::SWITCHBOARD, pin_root, &caps, &[])
-        .expect("load")
-        .ebpf;
+    let mut ebpf = object::load(
+        proxy_object::SWITCHBOARD,
+        pin_root,
+        &caps,
+        &FlowSizes::at_max(&caps),
+        &[],
+    )
+    .expect("load")
+    .ebpf;
     let mut maps = PinnedMaps::take(&mut ebpf).expect("maps");
     let (vip, service) = ("fd00:96::10", 5u32);
     let fe = |slot: u16| proxy_common::FrontendKey6 {

@@ -14,6 +14,7 @@ mod datapath_frag;
 mod datapath_fuzz;
 mod datapath_reject;
 mod datapath_uplink;
+mod growth;
 mod prefilter;
 mod schedulers;
 mod sock6;

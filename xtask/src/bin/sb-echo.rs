@@ -30,6 +30,11 @@
 //! `--idle-until-stdin` opens one TCP connection, prints `connected NAME
 //! POD-SAW CLIENT-SAW`, leaves it idle until a line arrives on standard input
 //! and then sends `--count` lines that the same pod must answer.
+//! `--keep-until-stdin` with `--udp` opens `--count` connected UDP sockets,
+//! one exchange on each (a line each), prints `held N`, keeps them all open
+//! until a line arrives on standard input, and then makes one more exchange
+//! on each, which must be answered by the pod that answered it first, and
+//! whose peer (`getpeername`) must be the same (a line each).
 //! `--sport N` sends every attempt from source port N (the socket is bound
 //! to the unspecified address of its family, port N, before it sends or connects, with SO_REUSEADDR), so a test
 //! can repeat one 5-tuple; a TCP attempt then ends with a reset
@@ -132,6 +137,12 @@ struct ClientArgs {
     /// answered by the same pod, and print the usual `ok`/`err` line.
     #[arg(long, requires = "tcp", conflicts_with = "hold")]
     idle_until_stdin: bool,
+    /// Open `--count` connected UDP sockets, one exchange each, print
+    /// `held N`, and keep them open until a line arrives on standard input;
+    /// then one more exchange on each, answered by the same pod and from
+    /// the same peer.
+    #[arg(long, requires = "udp", conflicts_with_all = ["duration_ms", "sport"])]
+    keep_until_stdin: bool,
     /// How UDP attempts use sockets.
     #[arg(long, value_enum, default_value_t = UdpMode::Fresh)]
     udp_mode: UdpMode,
@@ -395,6 +406,9 @@ fn client(args: ClientArgs) -> Result<bool> {
     if let (Some(addr), true) = (args.tcp, args.idle_until_stdin) {
         return Ok(idle(addr, args.count, timeout));
     }
+    if let (Some(addr), true) = (args.udp, args.keep_until_stdin) {
+        return keep(addr, args.count, timeout);
+    }
     let mut all_ok = true;
     let stdout = std::io::stdout();
     let began = Instant::now();
@@ -657,6 +671,73 @@ fn idle(addr: SocketAddr, count: u32, timeout: Duration) -> bool {
         Ok(conn)
     })();
     report(start, result, replies)
+}
+
+/// `--keep-until-stdin`: `count` connected UDP sockets kept open; each
+/// exchanges once, then once more after a line on standard input, which
+/// the same pod must answer from the same peer. Prints a line per
+/// exchange; whether all went well.
+fn keep(addr: SocketAddr, count: u32, timeout: Duration) -> Result<bool> {
+    raise_open_files(u64::from(count) + 64);
+    let mut all_ok = true;
+    let mut out = std::io::stdout().lock();
+    let mut kept = Vec::new();
+    for _ in 0..count {
+        let start = now_ms();
+        let mut udp = UdpClient::new(UdpMode::Connected, None, None);
+        match udp.exchange(addr, timeout) {
+            Ok((name, pod_saw, client_saw)) => {
+                writeln!(out, "ok {start} {name} {pod_saw} {client_saw}")?;
+                kept.push((udp, name, client_saw));
+            }
+            Err(e) => {
+                all_ok = false;
+                writeln!(out, "err {start} {e:#}")?;
+            }
+        }
+    }
+    writeln!(out, "held {}", kept.len())?;
+    out.flush()?;
+    let mut go = String::new();
+    std::io::stdin()
+        .read_line(&mut go)
+        .context("wait on standard input")?;
+    for (mut udp, first, peer) in kept {
+        let start = now_ms();
+        match udp.exchange(addr, timeout) {
+            Ok((name, pod_saw, client_saw)) if name == first && client_saw == peer => {
+                writeln!(out, "ok {start} {name} {pod_saw} {client_saw}")?
+            }
+            Ok((name, _, client_saw)) => {
+                all_ok = false;
+                writeln!(
+                    out,
+                    "err {start} answered by {name} from {client_saw}, first by {first} from {peer}"
+                )?
+            }
+            Err(e) => {
+                all_ok = false;
+                writeln!(out, "err {start} {e:#}")?
+            }
+        }
+    }
+    out.flush()?;
+    Ok(all_ok)
+}
+
+/// Raises the soft limit of open files to `want` (within the hard limit).
+fn raise_open_files(want: u64) {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `limit` is a valid rlimit for the kernel to fill, then read.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 && limit.rlim_cur < want {
+            limit.rlim_cur = want.min(limit.rlim_max);
+            libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+        }
+    }
 }
 
 /// One long-lived TCP connection: a line every 100 ms, each must be answered.

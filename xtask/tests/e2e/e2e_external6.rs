@@ -115,9 +115,8 @@ pub(crate) fn dual_stack_with_agents(
             })
         })
     };
-    // The deadline covers both agents' starts (each loads its object, twice
-    // when the early load sized the IPv6 tables otherwise): 10 s under the
-    // test runner's parallel lanes on two cores, seen.
+    // The deadline covers both agents' starts (each loads its object):
+    // 10 s under the test runner's parallel lanes on two cores, seen.
     if let Err(e) = sb.wait_services(Node::A, &sw, Duration::from_secs(30), &what, programmed) {
         panic!("{e:#}");
     }

@@ -5,7 +5,10 @@
 //! `docs/operate.md` says. The newer format's refusal is in
 //! `e2e_lifecycle.rs`; here an older one is adopted and restamped, the
 //! maps it lacks are created, and the pins this version does not use are
-//! listed until `switchboard cleanup` removes them.
+//! listed until `switchboard cleanup` removes them. A pin root whose hash
+//! maps were pinned preallocated, and whose socket-layer table was pinned
+//! at its full size, keeps its format: the agent recreates those maps
+//! allocated per entry and starts the empty table over small, online.
 //!
 //! The next release is the upgrade build of `cargo xtask test`
 //! (`SWITCHBOARD_UPGRADE_BIN`: the same tree built with `switchboard`'s
@@ -17,7 +20,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Output, Stdio};
 use std::time::Duration;
 
-use proxy_common::names;
+use aya::maps::{HashMap, MapData};
+use proxy_common::{
+    names, Backend, Backend6, CtEntry, CtEntry6, CtKey, CtKey6, FrontendKey, FrontendKey6,
+    FrontendSlot, RevNat, RevNat6, SockEntry, SockKey,
+};
 use xtask::sandbox::{Attempt, ClientRun, Frontend, Sandbox, AGENT_READY, CLUSTER_IP};
 use xtask::testenv::{
     bpftool_json, counters, demo_sandbox_with, open_idle_with, sb_echo_in, switchboard,
@@ -176,11 +183,18 @@ fn layout_findings(sb: &Sandbox) -> Vec<serde_json::Value> {
 /// Creates a small hash map pinned at `path`, as another version's agent
 /// leaves one under a name this version does not know.
 fn pin_a_map(path: &Path) {
+    create_map(path, "hash", 4, 4, 16, "sb_other");
+}
+
+/// Creates a map of `kind` (bpftool's word: `hash`, `lru_hash`) with no
+/// flags, so preallocated, pinned at `path`.
+fn create_map(path: &Path, kind: &str, key: usize, value: usize, entries: u32, name: &str) {
+    let (key, value, entries) = (key.to_string(), value.to_string(), entries.to_string());
     let out = std::process::Command::new("bpftool")
         .args(["map", "create"])
         .arg(path)
         .args([
-            "type", "hash", "key", "4", "value", "4", "entries", "16", "name", "sb_other",
+            "type", kind, "key", &key, "value", &value, "entries", &entries, "name", name,
         ])
         .output()
         .expect("run bpftool");
@@ -190,6 +204,65 @@ fn pin_a_map(path: &Path) {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// `BPF_F_NO_PREALLOC` from linux/bpf.h.
+const BPF_F_NO_PREALLOC: u32 = 1;
+
+/// The flags and capacity of the map pinned as `name`.
+fn flags_and_size(pin: &Path, name: &str) -> (u32, u32) {
+    let data = MapData::from_pin(pin.join(name)).unwrap_or_else(|e| panic!("open {name}: {e}"));
+    let info = data.info().unwrap_or_else(|e| panic!("{name}'s info: {e}"));
+    (info.map_flags(), info.max_entries())
+}
+
+/// Replaces the hash map pinned as `name` with a preallocated one of its
+/// size holding its entries; returns how many.
+fn preallocated<K: aya::Pod, V: aya::Pod>(pin: &Path, name: &str) -> usize {
+    let path = pin.join(name);
+    let open = |what: &str| -> HashMap<MapData, K, V> {
+        let data = MapData::from_pin(&path).unwrap_or_else(|e| panic!("open {what} {name}: {e}"));
+        HashMap::try_from(aya::maps::Map::HashMap(data))
+            .unwrap_or_else(|e| panic!("{what} {name}: {e}"))
+    };
+    let current = open("the pinned");
+    let (_, size) = flags_and_size(pin, name);
+    let entries: Vec<(K, V)> = current
+        .iter()
+        .map(|item| item.unwrap_or_else(|e| panic!("an entry of {name}: {e}")))
+        .collect();
+    drop(current);
+    std::fs::remove_file(&path).unwrap_or_else(|e| panic!("unpin {name}: {e}"));
+    let bpf_name = name.to_ascii_lowercase();
+    create_map(
+        &path,
+        "hash",
+        std::mem::size_of::<K>(),
+        std::mem::size_of::<V>(),
+        size,
+        &bpf_name,
+    );
+    let mut old = open("the preallocated");
+    for (key, value) in &entries {
+        old.insert(key, value, 0)
+            .unwrap_or_else(|e| panic!("write {name}: {e}"));
+    }
+    entries.len()
+}
+
+/// The hash maps the object allocates per entry.
+const PER_ENTRY: [&str; 8] = [
+    names::FRONTENDS,
+    names::BACKENDS,
+    names::REVNAT,
+    names::CONNTRACK,
+    names::FRONTENDS6,
+    names::BACKENDS6,
+    names::REVNAT6,
+    names::CONNTRACK6,
+];
+
+/// A full-size socket-layer table (`--max-conntrack`'s default).
+const FULL_SOCKETS: u32 = 524_288;
 
 /// Held connections, a held active one and a UDP stream across a stop of
 /// this version's agent and a start of the next release's: every
@@ -352,5 +425,90 @@ fn an_older_layout_is_adopted_and_restamped_and_its_unknown_pins_listed_until_cl
         left.is_empty(),
         "pin root not empty after cleanup: {left:?}"
     );
+    sb.cleanup().expect("cleanup");
+}
+
+/// A pin root whose hash maps (frontends, backends, reverse NAT,
+/// conntrack; both families) were pinned preallocated, holding their
+/// entries, and whose socket-layer table was pinned empty at its full size:
+/// the agent recreates each hash map allocated per entry and starts the
+/// socket table over small, online. Held connections go on, the frontends
+/// and backends stay programmed, the format stays, and each recreated map
+/// has its log line.
+#[test]
+fn preallocated_maps_are_recreated_per_entry_online_keeping_every_connection() {
+    let mut sb = demo_sandbox_with(&[]);
+    let format = stamp(&sb.pin_dir);
+    let idle = open_idle(&sb, IDLE);
+    let run_ms = 6000;
+    let active = held_tcp(&sb, run_ms as f64 / 1000.0);
+    std::thread::sleep(Duration::from_millis(1000));
+    sb.stop_agent().expect("stop the agent");
+    let services = programmed(&sb);
+    let pin = sb.pin_dir.clone();
+    preallocated::<FrontendKey, FrontendSlot>(&pin, names::FRONTENDS);
+    preallocated::<u32, Backend>(&pin, names::BACKENDS);
+    preallocated::<u32, RevNat>(&pin, names::REVNAT);
+    preallocated::<FrontendKey6, FrontendSlot>(&pin, names::FRONTENDS6);
+    preallocated::<u32, Backend6>(&pin, names::BACKENDS6);
+    preallocated::<u32, RevNat6>(&pin, names::REVNAT6);
+    preallocated::<CtKey6, CtEntry6>(&pin, names::CONNTRACK6);
+    let flows = preallocated::<CtKey, CtEntry>(&pin, names::CONNTRACK);
+    assert!(
+        flows >= 2 * IDLE,
+        "the held connections are tracked: {flows} entries"
+    );
+    for name in PER_ENTRY {
+        let (flags, _) = flags_and_size(&pin, name);
+        assert_eq!(flags & BPF_F_NO_PREALLOC, 0, "{name} pinned preallocated");
+    }
+    std::fs::remove_file(pin.join(names::SOCKETS)).expect("unpin the socket table");
+    create_map(
+        &pin.join(names::SOCKETS),
+        "lru_hash",
+        std::mem::size_of::<SockKey>(),
+        std::mem::size_of::<SockEntry>(),
+        FULL_SOCKETS,
+        "sb_sock_v1",
+    );
+
+    sb.start_agent(&switchboard()).expect("start the agent");
+    wait_agent_log(&sb, AGENT_READY, Duration::from_secs(15));
+    let log = sb.agent_log();
+    let mut lost = lost_idle(idle);
+    let active = finish(active, "held connection");
+    if !active.all_ok() {
+        lost.push(format!("held active connection: {}", active.raw));
+    }
+    eprintln!(
+        "preallocated to per entry: {flows} conntrack entries, {IDLE} idle connections \
+         and 1 active held, {} lost",
+        lost.len()
+    );
+    assert!(
+        lost.is_empty(),
+        "connections lost recreating the maps:\n{}\n{log}",
+        lost.join("\n")
+    );
+    for name in PER_ENTRY {
+        let (flags, _) = flags_and_size(&pin, name);
+        assert_eq!(
+            flags & BPF_F_NO_PREALLOC,
+            BPF_F_NO_PREALLOC,
+            "{name} is allocated per entry (flags {flags:#x})"
+        );
+        assert!(
+            log.lines()
+                .any(|l| l.contains(name) && l.contains("recreated allocated per entry")),
+            "no log line for {name}:\n{log}"
+        );
+    }
+    let (_, sockets) = flags_and_size(&pin, names::SOCKETS);
+    assert!(
+        sockets < FULL_SOCKETS / 16,
+        "the empty socket table starts over small: {sockets}"
+    );
+    assert_eq!(programmed(&sb), services, "the programmed maps changed");
+    assert_eq!(stamp(&pin), format, "the format changed");
     sb.cleanup().expect("cleanup");
 }

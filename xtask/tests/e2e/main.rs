@@ -21,6 +21,7 @@ mod e2e_k3s;
 mod e2e_lifecycle;
 mod e2e_links;
 mod e2e_maglev;
+mod e2e_memory;
 mod e2e_observe;
 mod e2e_ops;
 mod e2e_reject;

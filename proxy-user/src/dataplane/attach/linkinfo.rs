@@ -108,7 +108,11 @@ fn parse_link_info(info: &[u64; 32]) -> LinkTarget {
     let word = |i: usize| info[i / 2].to_ne_bytes();
     let half = |i: usize| {
         let w = word(i);
-        let b = if i.is_multiple_of(2) { &w[..4] } else { &w[4..] };
+        let b = if i.is_multiple_of(2) {
+            &w[..4]
+        } else {
+            &w[4..]
+        };
         u32::from_ne_bytes([b[0], b[1], b[2], b[3]])
     };
     let link_type = half(0);

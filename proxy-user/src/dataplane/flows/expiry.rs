@@ -7,7 +7,7 @@
 //! `SB_CT6_V1` (IPv6, [`CtKey6`]), with the same fields and meaning; the
 //! logic below is written once over the [`Key`] and [`Entry`] traits.
 //!
-//! Each table is a preallocated hash. Each flow has two entries,
+//! Each table is a plain hash (allocated per entry). Each flow has two entries,
 //! forward and reply; the data path stamps each with the last time a packet
 //! of its direction passed (at most once a second) and the TCP state it saw
 //! in that direction ([`ct_state`]). A flow expires as a whole: its phase

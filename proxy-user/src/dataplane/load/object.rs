@@ -14,15 +14,16 @@ use aya::{
     programs::{CgroupSock, CgroupSockAddr, Program, ProgramError, SchedClassifier, Xdp},
     Ebpf, EbpfError, EbpfLoader,
 };
-use proxy_common::{capacity, names, prefilter, programs, tail};
+use proxy_common::{names, prefilter, programs, tail};
 
 use crate::{
     dataplane::{
         load::ip_summed::{self, Access},
+        pins::growth::FlowSizes,
         pins::resize::CapacityMismatch,
         pins::Pins,
     },
-    sync::store::{Capacities, Ipv6Tables},
+    sync::store::Capacities,
 };
 
 /// Filesystem magic of bpffs (`BPF_FS_MAGIC` in linux/magic.h).
@@ -94,21 +95,12 @@ pub fn check_pin_root(pin_root: &Path) -> Result<(), LoadError> {
 }
 
 /// The resizable maps: name, the flag that sizes it, and its wanted size.
-/// The socket-layer map holds one entry per balanced socket: sized like
-/// conntrack. Each IPv6 twin is sized by the same flag as its IPv4 map,
-/// except the IPv6 flow tables of a node with no IPv6 Service
-/// ([`Ipv6Tables::Idle`]): [`capacity::IPV6_IDLE`] entries each. The
-/// frontend bitmap grows with the frontend map, so that few destinations
-/// that are no frontend share a bit with one.
-fn sized_maps(caps: &Capacities) -> [(&'static str, &'static str, u32); 15] {
-    let flows6 = |flag: &'static str, full: u32| match caps.ipv6 {
-        Ipv6Tables::Full => (flag, full),
-        Ipv6Tables::Idle => (IDLE6, capacity::IPV6_IDLE),
-    };
-    let (ct6_flag, ct6) = flows6("--max-conntrack", caps.conntrack);
-    let (aff6_flag, aff6) = flows6("the default", capacity::AFFINITY);
-    let (frag6_flag, frag6) = flows6("the default", capacity::FRAGMENTS);
-    [
+/// The flow tables that grow ([`growth::TABLES`]) are sized by `flows`;
+/// each IPv6 twin of the others is sized by the same flag as its IPv4 map.
+/// The frontend bitmap grows with the frontend map, so that few
+/// destinations that are no frontend share a bit with one.
+fn sized_maps(caps: &Capacities, flows: &FlowSizes) -> Vec<(&'static str, &'static str, u32)> {
+    let mut sized = vec![
         (names::FRONTENDS, "--max-frontend-entries", caps.frontends),
         (
             names::FRONTEND_FILTER,
@@ -117,7 +109,6 @@ fn sized_maps(caps: &Capacities) -> [(&'static str, &'static str, u32); 15] {
         ),
         (names::BACKENDS, "--max-backends", caps.backends),
         (names::CONNTRACK, "--max-conntrack", caps.conntrack),
-        (names::SOCKETS, "--max-conntrack", caps.conntrack),
         (names::REVNAT, "--max-services", caps.services),
         (
             names::SERVICE_STATS,
@@ -131,52 +122,54 @@ fn sized_maps(caps: &Capacities) -> [(&'static str, &'static str, u32); 15] {
         ),
         (names::FRONTENDS6, "--max-frontend-entries", caps.frontends),
         (names::BACKENDS6, "--max-backends", caps.backends),
-        (names::CONNTRACK6, ct6_flag, ct6),
-        (names::SOCKETS6, ct6_flag, ct6),
+        (names::CONNTRACK6, "--max-conntrack", caps.conntrack),
         (names::REVNAT6, "--max-services", caps.services),
-        (names::AFFINITY6, aff6_flag, aff6),
-        (names::FRAGMENTS6, frag6_flag, frag6),
-    ]
+    ];
+    sized.extend(flows.iter().map(|(table, size)| (table.map, GROWTH, size)));
+    sized
 }
 
-/// What sizes the IPv6 flow tables of a node with no IPv6 Service.
-const IDLE6: &str = "a node with no IPv6 Service";
+/// What sizes the flow tables that grow.
+const GROWTH: &str = "its load (--flow-table-start-entries and its maximum)";
 
-/// Whether an IPv6 map that holds flows (or, for the frontends, makes
-/// them) pinned under `pin_root` has an entry: an earlier agent served IPv6
-/// here, and its flows keep their room.
-pub fn ipv6_pinned_in_use(pin_root: &Path) -> bool {
-    let pins = Pins::new(pin_root);
-    has_entry(pins.frontends6())
-        || has_entry(pins.conntrack6())
-        || has_entry(pins.sockets6())
-        || has_entry(pins.affinity6())
-        || has_entry(pins.fragments6())
-}
+/// The pinned maps the object allocates per entry (`BPF_F_NO_PREALLOC`),
+/// among the resizable ones: one pinned without the flag is recreated with
+/// it, online, like a map of another size.
+pub const PER_ENTRY: [&str; 8] = [
+    names::FRONTENDS,
+    names::BACKENDS,
+    names::CONNTRACK,
+    names::REVNAT,
+    names::FRONTENDS6,
+    names::BACKENDS6,
+    names::CONNTRACK6,
+    names::REVNAT6,
+];
 
-/// Whether `map` opened and holds at least one entry.
-fn has_entry<K: aya::Pod, V: aya::Pod>(
-    map: Result<aya::maps::HashMap<MapData, K, V>, crate::dataplane::pins::MapsError>,
-) -> bool {
-    map.is_ok_and(|map| map.keys().next().is_some_and(|key| key.is_ok()))
-}
+/// `BPF_F_NO_PREALLOC` from linux/bpf.h.
+pub const BPF_F_NO_PREALLOC: u32 = 1;
 
-/// The maps pinned under `pin_root` whose size differs from `caps` (aya
-/// would reuse them as they are).
-pub fn capacity_mismatches(pin_root: &Path, caps: &Capacities) -> Vec<CapacityMismatch> {
-    sized_maps(caps)
+/// The maps pinned under `pin_root` whose size differs from `caps` and
+/// `flows`, or that are preallocated where the object allocates per entry
+/// (aya would reuse them as they are).
+pub fn capacity_mismatches(
+    pin_root: &Path,
+    caps: &Capacities,
+    flows: &FlowSizes,
+) -> Vec<CapacityMismatch> {
+    sized_maps(caps, flows)
         .into_iter()
         .filter_map(|(map, flag, wanted)| {
-            let pinned = Pins::new(pin_root)
-                .data(map)
-                .ok()
-                .and_then(|m| m.info().ok())
-                .map(|info| info.max_entries())?;
-            (pinned != wanted).then_some(CapacityMismatch {
+            let info = Pins::new(pin_root).data(map).ok()?.info().ok()?;
+            let pinned = info.max_entries();
+            let preallocated =
+                PER_ENTRY.contains(&map) && info.map_flags() & BPF_F_NO_PREALLOC == 0;
+            (pinned != wanted || preallocated).then_some(CapacityMismatch {
                 map,
                 flag,
                 pinned,
                 wanted,
+                preallocated,
             })
         })
         .collect()
@@ -197,10 +190,11 @@ pub fn load(
     object: &[u8],
     pin_root: &Path,
     caps: &Capacities,
+    flows: &FlowSizes,
     staged: &[&'static str],
 ) -> Result<Loaded, LoadError> {
     check_pin_root(pin_root)?;
-    load_with(object, Some((pin_root, staged)), caps)
+    load_with(object, Some((pin_root, staged)), caps, flows)
 }
 
 /// A loaded object, and how its programs update L4 checksums.
@@ -210,9 +204,9 @@ pub struct Loaded {
 }
 
 /// Loads `object` with private, unpinned maps (packet fixtures,
-/// benchmarks), tail calls installed.
+/// benchmarks), tail calls installed; the flow tables at their maximum.
 pub fn load_unpinned(object: &[u8], caps: &Capacities) -> Result<Ebpf, LoadError> {
-    let mut ebpf = load_with(object, None, caps)?.ebpf;
+    let mut ebpf = load_with(object, None, caps, &FlowSizes::at_max(caps))?.ebpf;
     install_tail_calls(&mut ebpf)?;
     Ok(ebpf)
 }
@@ -224,7 +218,7 @@ pub fn load_unpinned_as(
     caps: &Capacities,
     access: &Access,
 ) -> Result<Ebpf, LoadError> {
-    let mut ebpf = load_once(object, None, caps, access)?;
+    let mut ebpf = load_once(object, None, caps, &FlowSizes::at_max(caps), access)?;
     install_tail_calls(&mut ebpf)?;
     Ok(ebpf)
 }
@@ -236,9 +230,10 @@ fn load_with(
     object: &[u8],
     pins_at: Option<(&Path, &[&'static str])>,
     caps: &Capacities,
+    flows: &FlowSizes,
 ) -> Result<Loaded, LoadError> {
     let access = Access::detect();
-    let (ebpf, checksums) = match load_once(object, pins_at, caps, &access) {
+    let (ebpf, checksums) = match load_once(object, pins_at, caps, flows, &access) {
         Err(LoadError::Program { name, source }) if access != Access::Helper => {
             tracing::warn!(
                 program = name,
@@ -246,7 +241,7 @@ fn load_with(
                 "the kernel refused the in-place checksum update; loading with the checksum helper"
             );
             (
-                load_once(object, pins_at, caps, &Access::Helper)?,
+                load_once(object, pins_at, caps, flows, &Access::Helper)?,
                 Access::Helper,
             )
         }
@@ -290,6 +285,7 @@ fn load_once(
     object: &[u8],
     pins_at: Option<(&Path, &[&'static str])>,
     caps: &Capacities,
+    flows: &FlowSizes,
     access: &Access,
 ) -> Result<Ebpf, LoadError> {
     if object.is_empty() {
@@ -311,11 +307,11 @@ fn load_once(
         None => Vec::new(),
     };
     let mut loader = EbpfLoader::new();
-    for (name, _, size) in sized_maps(caps) {
+    for (name, _, size) in sized_maps(caps, flows) {
         loader.map_max_entries(name, size);
     }
     // Not pinned, so never resized: sized at each load like the maps they
-    // are indexed alongside.
+    // are indexed alongside (the open sockets are allocated per entry).
     loader.map_max_entries(names::ROUND_ROBIN, caps.service_stats_entries());
     loader.map_max_entries(names::OPEN_FLOWS, caps.backends);
     loader.map_max_entries(names::OPEN_SOCKETS, caps.conntrack);
@@ -444,9 +440,9 @@ mod tests {
             backends: 22,
             conntrack: 33,
             services: 44,
-            ipv6: Ipv6Tables::Full,
+            flow_start: 5,
         };
-        let sized = sized_maps(&caps);
+        let sized = sized_maps(&caps, &FlowSizes::at_start(&caps, 0));
         let size = |name| {
             sized
                 .iter()
@@ -459,37 +455,28 @@ mod tests {
             (names::CONNTRACK, names::CONNTRACK6),
             (names::SOCKETS, names::SOCKETS6),
             (names::REVNAT, names::REVNAT6),
+            (names::AFFINITY, names::AFFINITY6),
+            (names::FRAGMENTS, names::FRAGMENTS6),
         ] {
             assert!(size(v4).is_some(), "{v4}");
             assert_eq!(size(v4), size(v6), "{v6}");
         }
         assert_eq!(size(names::CONNTRACK6), Some(("--max-conntrack", 33)));
+        assert_eq!(size(names::SOCKETS6), Some((GROWTH, 5)));
     }
 
     #[test]
-    fn a_node_without_ipv6_services_gets_small_ipv6_flow_tables_only() {
-        let full = Capacities::default();
-        let idle = Capacities {
-            ipv6: Ipv6Tables::Idle,
-            ..full
-        };
-        let (full, idle) = (sized_maps(&full), sized_maps(&idle));
-        let flows6 = [
-            names::CONNTRACK6,
-            names::SOCKETS6,
-            names::AFFINITY6,
-            names::FRAGMENTS6,
-        ];
-        for ((map, _, full_size), (_, flag, idle_size)) in full.iter().zip(&idle) {
-            if flows6.contains(map) {
-                assert_eq!(*idle_size, capacity::IPV6_IDLE, "{map}");
-                assert!(*full_size > capacity::IPV6_IDLE, "{map}: {full_size}");
-                assert_eq!(*flag, IDLE6);
-            } else {
-                // The IPv4 maps, and the IPv6 frontends, backends and
-                // reverse-NAT entries the sync writes, keep their size.
-                assert_eq!(full_size, idle_size, "{map}");
-            }
+    fn every_map_allocated_per_entry_is_resizable() {
+        let caps = Capacities::default();
+        let sized = sized_maps(&caps, &FlowSizes::at_start(&caps, 0));
+        for map in PER_ENTRY {
+            assert!(sized.iter().any(|(n, _, _)| *n == map), "{map}");
+            assert!(
+                crate::dataplane::pins::growth::TABLES
+                    .iter()
+                    .all(|t| t.map != map),
+                "{map}: an LRU table cannot be allocated per entry"
+            );
         }
     }
 }

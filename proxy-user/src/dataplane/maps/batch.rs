@@ -1,8 +1,9 @@
-//! Many map entries in one system call (`BPF_MAP_UPDATE_BATCH`, Linux 5.6+),
-//! and the two single-entry calls aya 0.14 makes in a way the drift check
-//! cannot use: a lookup into a caller's buffer (a Maglev table is 64 KiB,
-//! which aya copies through the stack) and the next key after a given one
-//! (aya's key walk always starts at the first).
+//! Many map entries in one system call (`BPF_MAP_UPDATE_BATCH` and
+//! `BPF_MAP_LOOKUP_BATCH`, Linux 5.6+), and the two single-entry calls aya
+//! 0.14 makes in a way the drift check cannot use: a lookup into a
+//! caller's buffer (a Maglev table is 64 KiB, which aya copies through the
+//! stack) and the next key after a given one (aya's key walk always starts
+//! at the first).
 //!
 //! A start at 100k Services writes over two million entries; one
 //! `bpf(BPF_MAP_UPDATE_ELEM)` each spends more time entering the kernel than
@@ -93,32 +94,51 @@ pub fn update_fd<K: Pod, V: Pod>(
 /// `BPF_MAP_LOOKUP_BATCH` from `enum bpf_cmd`.
 const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
 
-/// Reads every entry of a hash map, `CHUNK` per system call (instead of two
-/// system calls per entry). Entries written or removed meanwhile may or may
-/// not be seen, as with any walk of a live map.
-pub fn lookup_all<K: Pod, V: Pod>(map: &MapData) -> std::io::Result<Vec<(K, V)>> {
-    let fd = map.fd().as_fd().as_raw_fd();
-    let mut out = Vec::new();
-    let mut keys: Vec<K> = vec![bytemuck::Zeroable::zeroed(); CHUNK];
-    let mut values: Vec<V> = vec![bytemuck::Zeroable::zeroed(); CHUNK];
-    // The position token: a bucket index for hash maps (8 bytes is room
-    // enough for any map type's token).
-    let mut token = [0u64; 1];
-    let mut first = true;
-    loop {
+/// A walk over a map with `BPF_MAP_LOOKUP_BATCH`, up to `CHUNK` entries a
+/// call.
+struct LookupWalk {
+    fd: i32,
+    /// The position token: a bucket index for hash maps (8 bytes is room
+    /// enough for any map type's token).
+    token: [u64; 1],
+    first: bool,
+}
+
+impl LookupWalk {
+    fn new(fd: i32) -> Self {
+        Self {
+            fd,
+            token: [0],
+            first: true,
+        }
+    }
+
+    /// The next batch, written to `keys` and `values`: how many entries it
+    /// holds, and whether the walk goes on (the last batch may hold
+    /// entries too).
+    ///
+    /// # Safety
+    ///
+    /// `keys` and `values` must each have room for `CHUNK` keys and values
+    /// of the map's key and value sizes, and any bytes written there must
+    /// be valid for what they are read as.
+    unsafe fn next(&mut self, keys: *mut u8, values: *mut u8) -> std::io::Result<(usize, bool)> {
         let mut attr = BatchAttr {
-            in_batch: if first { 0 } else { token.as_ptr() as u64 },
-            out_batch: token.as_mut_ptr() as u64,
-            keys: keys.as_mut_ptr() as u64,
-            values: values.as_mut_ptr() as u64,
+            in_batch: if self.first {
+                0
+            } else {
+                self.token.as_ptr() as u64
+            },
+            out_batch: self.token.as_mut_ptr() as u64,
+            keys: keys as u64,
+            values: values as u64,
             count: CHUNK as u32,
-            map_fd: fd as u32,
+            map_fd: self.fd as u32,
             ..BatchAttr::default()
         };
         // SAFETY: `attr` is the kernel's `batch` layout; `keys` and `values`
-        // have room for `count` keys and values of the map's types (Pod: any
-        // bytes the kernel writes are valid), and `token` for the position;
-        // all outlive the call.
+        // have room for `count` keys and values (the caller's promise), and
+        // `token` for the position; all outlive the call.
         let rc = unsafe {
             libc::syscall(
                 libc::SYS_bpf,
@@ -129,12 +149,14 @@ pub fn lookup_all<K: Pod, V: Pod>(map: &MapData) -> std::io::Result<Vec<(K, V)>>
         };
         let error = (rc < 0).then(std::io::Error::last_os_error);
         let n = (attr.count as usize).min(CHUNK);
-        out.extend(keys[..n].iter().copied().zip(values[..n].iter().copied()));
         match error {
-            None => first = false,
+            None => {
+                self.first = false;
+                Ok((n, true))
+            }
             // The walk reached the end (with the last entries, if any).
-            Some(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(out),
-            Some(e) => return Err(e),
+            Some(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok((n, false)),
+            Some(e) => Err(e),
         }
     }
 }
@@ -204,5 +226,91 @@ pub fn next_key<K: Pod>(map: &MapData, after: Option<&K>) -> std::io::Result<Opt
         Ok(()) => Ok(Some(next)),
         Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(None),
         Err(e) => Err(e),
+    }
+}
+
+/// Reads every entry of a hash map, `CHUNK` per system call (instead of two
+/// system calls per entry). Entries written or removed meanwhile may or may
+/// not be seen, as with any walk of a live map.
+pub fn lookup_all<K: Pod, V: Pod>(map: &MapData) -> std::io::Result<Vec<(K, V)>> {
+    let mut walk = LookupWalk::new(map.fd().as_fd().as_raw_fd());
+    let mut out = Vec::new();
+    let mut keys: Vec<K> = vec![bytemuck::Zeroable::zeroed(); CHUNK];
+    let mut values: Vec<V> = vec![bytemuck::Zeroable::zeroed(); CHUNK];
+    loop {
+        // SAFETY: `keys` and `values` hold `CHUNK` keys and values of the
+        // map's types (Pod: any bytes the kernel writes are valid).
+        let (n, more) = unsafe { walk.next(keys.as_mut_ptr().cast(), values.as_mut_ptr().cast())? };
+        out.extend(keys[..n].iter().copied().zip(values[..n].iter().copied()));
+        if !more {
+            return Ok(out);
+        }
+    }
+}
+
+/// How many entries the hash map `map` holds, read in batches of keys and
+/// values `CHUNK` at a time (its key and value sizes from the kernel, so
+/// any hash map is counted without its types), or key by key where the
+/// kernel refuses batches. A map written meanwhile is counted as the walk
+/// saw it.
+pub fn count(map: &MapData) -> std::io::Result<usize> {
+    let info = map
+        .info()
+        .map_err(|e| std::io::Error::other(e.to_string()))?;
+    let fd = map.fd().as_fd().as_raw_fd();
+    let (key_size, value_size) = (info.key_size() as usize, info.value_size() as usize);
+    match count_batched(fd, key_size, value_size) {
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL | libc::ENOTSUP)) => {
+            count_keys(fd, key_size, info.max_entries() as usize)
+        }
+        counted => counted,
+    }
+}
+
+/// [`count`] through `BPF_MAP_LOOKUP_BATCH`.
+fn count_batched(fd: i32, key_size: usize, value_size: usize) -> std::io::Result<usize> {
+    // u64 words: the kernel copies keys and values packed, at their sizes.
+    let words = |size: usize| vec![0u64; (size * CHUNK).div_ceil(8)];
+    let (mut keys, mut values) = (words(key_size), words(value_size));
+    let mut walk = LookupWalk::new(fd);
+    let mut total = 0;
+    loop {
+        // SAFETY: `keys` and `values` have room for `CHUNK` keys and values
+        // of the sizes the kernel reported for this map; they are counted,
+        // never read.
+        let (n, more) = unsafe { walk.next(keys.as_mut_ptr().cast(), values.as_mut_ptr().cast())? };
+        total += n;
+        if !more {
+            return Ok(total);
+        }
+    }
+}
+
+/// [`count`] one `BPF_MAP_GET_NEXT_KEY` per entry, `limit` at most (a key
+/// removed under the walk starts it over from the first).
+fn count_keys(fd: i32, key_size: usize, limit: usize) -> std::io::Result<usize> {
+    let mut key = vec![0u8; key_size];
+    let mut next = vec![0u8; key_size];
+    let mut total = 0;
+    loop {
+        let mut attr = ElemAttr {
+            map_fd: fd as u32,
+            // No key: the first one.
+            key: if total == 0 { 0 } else { key.as_ptr() as u64 },
+            value: next.as_mut_ptr() as u64,
+            ..ElemAttr::default()
+        };
+        // `key` and `next` hold one key of the map's size each and outlive
+        // the call.
+        match map_call(BPF_MAP_GET_NEXT_KEY, &mut attr) {
+            Ok(()) => {}
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(total),
+            Err(e) => return Err(e),
+        }
+        total += 1;
+        if total >= limit {
+            return Ok(total);
+        }
+        std::mem::swap(&mut key, &mut next);
     }
 }

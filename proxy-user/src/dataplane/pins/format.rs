@@ -28,7 +28,9 @@ use crate::dataplane::pins::resize;
 /// This version's pin root format. Raise it with every change of a pinned
 /// map's name, type or entry layout (the names are in
 /// `proxy_common::names::ALL`; the test `the_format_follows_the_map_names`
-/// fails until this is raised when they change).
+/// fails until this is raised when they change). A map's size and flags
+/// (preallocated or allocated per entry) are no part of it: an agent
+/// recreates a pinned map of another size or flags online ([`resize`]).
 pub const FORMAT: u32 = 9;
 
 /// Where the agent pins its maps unless told otherwise.

@@ -1,8 +1,8 @@
 //! The kernel memory of the pinned maps, as the kernel accounts it: the
 //! `memlock` line of each map's file-descriptor info (for a preallocated
-//! hash map, every entry it can hold, used or not). The maps keep their
-//! sizes while an agent runs (a resize happens at its start), so one reading
-//! after the load holds for the agent's life.
+//! map, every entry it can hold, used or not; for a hash map allocated per
+//! entry, its bucket array and the entries it holds, so a reading is good
+//! for the moment it is taken).
 use std::{
     os::fd::{AsFd as _, AsRawFd as _},
     path::Path,

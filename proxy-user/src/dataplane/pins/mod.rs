@@ -8,6 +8,7 @@
 //! the CLI's `explain` and `conntrack` all open their pins here.
 
 pub mod format;
+pub mod growth;
 pub mod memory;
 pub mod resize;
 use std::path::{Path, PathBuf};
@@ -16,8 +17,8 @@ use aya::maps::{lpm_trie::LpmTrie, Array, HashMap, Map, MapData, MapError, PerCp
 use proxy_common::{
     names, prefilter::quiet::QuietMark, AffinityEntry, AffinityKey, AffinityKey6, Backend,
     Backend6, Config, CtEntry, CtEntry6, CtKey, CtKey6, FragEntry, FragEntry6, FragKey, FragKey6,
-    FrontendKey, FrontendKey6, FrontendSlot, MaglevTable, RevNat, RevNat6, SockEntry, SockEntry6,
-    SockKey, SockKey6, SrcRange4, SrcRange6, SvcStats, Uplink,
+    FrontendKey, FrontendKey6, FrontendSlot, MaglevTable, RevNat, RevNat6, SockAffinityKey,
+    SockEntry, SockEntry6, SockKey, SockKey6, SrcRange4, SrcRange6, SvcStats, Uplink,
 };
 
 /// Opening a pinned map failed. (The kernel's error is boxed: it is large,
@@ -173,6 +174,7 @@ pinned_maps! {
     conntrack: names::CONNTRACK => Hash<CtKey, CtEntry>;
     sockets: names::SOCKETS => Hash<SockKey, SockEntry>;
     affinity: names::AFFINITY => Hash<AffinityKey, AffinityEntry>;
+    sock_affinity: names::SOCK_AFFINITY => Hash<SockAffinityKey, AffinityEntry>;
     frontends6: names::FRONTENDS6 => Hash<FrontendKey6, FrontendSlot>;
     backends6: names::BACKENDS6 => Hash<u32, Backend6>;
     revnat6: names::REVNAT6 => Hash<u32, RevNat6>;

@@ -1,7 +1,9 @@
 //! Resizing pinned maps online, without losing flows.
 //!
-//! A pinned map keeps the size it was created with, and aya reuses a pinned
-//! map as it finds it. When a `--max-*` flag asks for another size, the agent
+//! A pinned map keeps the size and the flags it was created with, and aya
+//! reuses a pinned map as it finds it. When a `--max-*` flag asks for
+//! another size, a flow table grows ([`crate::dataplane::pins::growth`]), or a map
+//! the object allocates per entry was pinned preallocated, the agent
 //! loads its object with a fresh map of the new size pinned beside the old
 //! one (`<NAME>_resize`), copies every entry over, syncs, and attaches the
 //! programs (which use the new map from then on). It then copies again what
@@ -46,8 +48,9 @@ pub enum ResizeError {
     Unsupported { map: &'static str },
 }
 
-/// A pinned map whose capacity differs from the one asked for: the agent
-/// resizes it online (see this module's documentation).
+/// A pinned map whose capacity differs from the one asked for, or that is
+/// preallocated where the object allocates it per entry: the agent
+/// recreates it online (see this module's documentation).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CapacityMismatch {
     pub map: &'static str,
@@ -55,6 +58,8 @@ pub struct CapacityMismatch {
     pub flag: &'static str,
     pub pinned: u32,
     pub wanted: u32,
+    /// Pinned preallocated; the object allocates it per entry.
+    pub preallocated: bool,
 }
 
 impl std::fmt::Display for CapacityMismatch {
@@ -63,7 +68,11 @@ impl std::fmt::Display for CapacityMismatch {
             f,
             "pinned map {} holds {} entries and {} asks for {}",
             self.map, self.pinned, self.flag, self.wanted
-        )
+        )?;
+        if self.preallocated {
+            f.write_str("; it is preallocated and is recreated allocated per entry")?;
+        }
+        Ok(())
     }
 }
 
@@ -184,6 +193,11 @@ fn copy_map(pin_root: &Path, map: &'static str, overwrite: bool) -> Result<Copie
         names::FRONTENDS => copy_hash(pins.frontends()?, open_at(map, &staging)?, overwrite),
         names::BACKENDS => copy_hash(pins.backends()?, open_at(map, &staging)?, overwrite),
         names::CONNTRACK => copy_hash(pins.conntrack()?, open_at(map, &staging)?, overwrite),
+        names::AFFINITY => copy_hash(pins.affinity()?, open_at(map, &staging)?, overwrite),
+        names::SOCK_AFFINITY => {
+            copy_hash(pins.sock_affinity()?, open_at(map, &staging)?, overwrite)
+        }
+        names::FRAGMENTS => copy_hash(pins.fragments()?, open_at(map, &staging)?, overwrite),
         names::REVNAT => copy_hash(pins.revnat()?, open_at(map, &staging)?, overwrite),
         names::SOCKETS => copy_hash(pins.sockets()?, open_at(map, &staging)?, overwrite),
         names::FRONTENDS6 => copy_hash(pins.frontends6()?, open_at(map, &staging)?, overwrite),
