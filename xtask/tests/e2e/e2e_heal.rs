@@ -30,7 +30,7 @@ use std::process::{Child, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use xtask::sandbox::two_node::manifests::{ExternalService, Policy};
+use xtask::sandbox::two_node::manifests::Policy;
 use xtask::sandbox::two_node::{Client, Node, Pod, LB_IP, NODE_A_IP};
 use xtask::sandbox::{ClientRun, Lan, NetnsCore, Sandbox, TwoNodeSandbox, AGENT, CLUSTER_IP};
 use xtask::testenv::{
@@ -304,6 +304,20 @@ fn run_case<W: World>(w: &W, case: &Case<W>) {
     );
 }
 
+/// Runs `cases` one after another while the untouched Service is asked
+/// from `client_ns`; then no untouched request may have failed, and
+/// `status` shows the repairs.
+fn run_table<W: World>(w: &W, core: &NetnsCore, client_ns: &str, cases: &[Case<W>]) {
+    let flows = untouched(core, client_ns, cases.len());
+    for case in cases {
+        run_case(w, case);
+    }
+    flows.assert_unharmed();
+    let status = text(&w.agent().sw(&["status"]));
+    eprintln!("{status}");
+    assert!(status.contains("Repairs:"), "{status}");
+}
+
 /// The untouched Service asked throughout a table: a steady client (a new
 /// connection every 100 ms) and one established connection.
 struct Untouched {
@@ -493,14 +507,8 @@ fn heal_table(args: &[&str], cases: &[Case<Sandbox>]) {
         xtask::sandbox::find(f, "demo/keep:http").is_some_and(|fe| fe.backends.len() == 1)
     })
     .unwrap_or_else(|e| panic!("{e:#}"));
-    let flows = untouched(&sb, &sb.client_ns(), cases.len());
-    for case in cases {
-        run_case(&sb, case);
-    }
-    flows.assert_unharmed();
-    let status = text(&sb.agent().sw(&["status"]));
-    eprintln!("{status}");
-    assert!(status.contains("Repairs:"), "{status}");
+    let client_ns = sb.client_ns();
+    run_table(&sb, &sb, &client_ns, cases);
 }
 
 /// The default flags (TCX links, the socket layer on the sandbox's cgroup).
@@ -674,15 +682,7 @@ fn heal_table_two_node(lan: Lan, args: &[&str], cases: &[Case<TwoNodeSandbox>]) 
     sb.write_nodes().expect("write the Node manifests");
     sb.write_services(Policy::Cluster, &pods)
         .expect("write the Service manifests");
-    let lb = ExternalService::LoadBalancer;
-    let yaml = lb.yaml(Policy::Cluster).replacen(
-        "metadata:\n",
-        "metadata:\n  annotations:\n    switchboard.io/lb-algorithm: maglev\n",
-        1,
-    );
-    assert!(yaml.contains("switchboard.io/lb-algorithm"), "{yaml}");
-    sb.write_manifest(&lb.service_file(), &yaml)
-        .expect("write the annotated Service");
+    crate::e2e_maglev::write_maglev_load_balancer(&sb);
     let keep_pod = Pod::new(Node::A, 2);
     sb.write_manifest(
         "keep.yaml",
@@ -708,14 +708,8 @@ fn heal_table_two_node(lan: Lan, args: &[&str], cases: &[Case<TwoNodeSandbox>]) 
         |f| xtask::sandbox::find(f, "demo/keep:http").is_some_and(|fe| fe.backends.len() == 1),
     )
     .unwrap_or_else(|e| panic!("{e:#}"));
-    let flows = untouched(&sb, &sb.pod_ns(Pod::new(Node::A, 1)), cases.len());
-    for case in cases {
-        run_case(&sb, case);
-    }
-    flows.assert_unharmed();
-    let status = text(&sb.agent().sw(&["status"]));
-    eprintln!("{status}");
-    assert!(status.contains("Repairs:"), "{status}");
+    let client_ns = sb.pod_ns(Pod::new(Node::A, 1));
+    run_table(&sb, &sb, &client_ns, cases);
 }
 
 /// Node A with native XDP on its uplink (TCX links for tc).

@@ -182,15 +182,7 @@ fn maglev_by_annotation_sends_a_five_tuple_to_the_same_backend_through_either_no
     sb.write_nodes().expect("write the Node manifests");
     sb.write_services(Policy::Cluster, &pods)
         .expect("write the Service manifests");
-    let lb = ExternalService::LoadBalancer;
-    let yaml = lb.yaml(Policy::Cluster).replacen(
-        "metadata:\n",
-        "metadata:\n  annotations:\n    switchboard.io/lb-algorithm: maglev\n",
-        1,
-    );
-    assert!(yaml.contains("switchboard.io/lb-algorithm"), "{yaml}");
-    sb.write_manifest(&lb.service_file(), &yaml)
-        .expect("write the annotated Service");
+    write_maglev_load_balancer(&sb);
     let sw = switchboard();
     for node in Node::ALL {
         sb.start_agent(node, &sw, &[])
@@ -231,4 +223,18 @@ fn source_hash_sends_a_client_to_one_backend() {
         sb.route_services_via(Client::One, Node::A)
             .expect("route services via node A");
     }
+}
+
+/// Writes `ext/web-lb` (the LoadBalancer Service) annotated
+/// `switchboard.io/lb-algorithm: maglev`, over its plain manifest.
+pub(crate) fn write_maglev_load_balancer(sb: &TwoNodeSandbox) {
+    let lb = ExternalService::LoadBalancer;
+    let yaml = lb.yaml(Policy::Cluster).replacen(
+        "metadata:\n",
+        "metadata:\n  annotations:\n    switchboard.io/lb-algorithm: maglev\n",
+        1,
+    );
+    assert!(yaml.contains("switchboard.io/lb-algorithm"), "{yaml}");
+    sb.write_manifest(&lb.service_file(), &yaml)
+        .expect("write the annotated Service");
 }

@@ -398,6 +398,28 @@ fn the_table_diff_counts_the_entries_that_differ() {
     );
 }
 
+/// Frontend number `i` of the measurements: 10.96.0.1 on, into 10.97/16
+/// past 65535 (every address distinct), three backends from a pool of 30k
+/// pods.
+fn numbered_frontend(i: u32) -> crate::model::Frontend {
+    let [_, b, c, d] = (i + 1).to_be_bytes();
+    let backends: Vec<(u8, u16)> = (0..3u32)
+        .map(|j| {
+            (
+                ((i * 3 + j) % 250) as u8 + 1,
+                8000 + ((i * 3 + j) / 250 % 120) as u16,
+            )
+        })
+        .collect();
+    fe(
+        [10, 96 + b, c, d],
+        80,
+        Protocol::Tcp,
+        &format!("svc-{i}"),
+        &backends,
+    )
+}
+
 /// The periodic check's cost at 100k Services (one frontend each, three
 /// backends from a pool of 30k pods): building what the maps must hold
 /// from the sync's memory, and the digests of both sides, against a dump
@@ -407,25 +429,7 @@ fn the_table_diff_counts_the_entries_that_differ() {
 #[ignore = "a measurement; run by hand"]
 fn heal_cost_at_100k_services() {
     const SERVICES: u32 = 100_000;
-    let frontends = (0..SERVICES).map(|i| {
-        // 10.96.0.1 on, into 10.97/16 past 65535: every address distinct.
-        let [_, b, c, d] = (i + 1).to_be_bytes();
-        let backends: Vec<(u8, u16)> = (0..3u32)
-            .map(|j| {
-                (
-                    ((i * 3 + j) % 250) as u8 + 1,
-                    8000 + ((i * 3 + j) / 250 % 120) as u16,
-                )
-            })
-            .collect();
-        fe(
-            [10, 96 + b, c, d],
-            80,
-            Protocol::Tcp,
-            &format!("svc-{i}"),
-            &backends,
-        )
-    });
+    let frontends = (0..SERVICES).map(numbered_frontend);
     let desired = state(frontends.collect());
     assert_eq!(desired.frontends.len(), SERVICES as usize);
     let caps = crate::sync::store::Capacities {
@@ -477,23 +481,7 @@ fn heal_cost_of_maglev_tables() {
     const SERVICES: u32 = 100_000;
     const HASHED: u32 = 10_000;
     let frontends = (0..SERVICES).map(|i| {
-        // 10.96.0.1 on, into 10.97/16 past 65535: every address distinct.
-        let [_, b, c, d] = (i + 1).to_be_bytes();
-        let backends: Vec<(u8, u16)> = (0..3u32)
-            .map(|j| {
-                (
-                    ((i * 3 + j) % 250) as u8 + 1,
-                    8000 + ((i * 3 + j) / 250 % 120) as u16,
-                )
-            })
-            .collect();
-        let mut f = fe(
-            [10, 96 + b, c, d],
-            80,
-            Protocol::Tcp,
-            &format!("svc-{i}"),
-            &backends,
-        );
+        let mut f = numbered_frontend(i);
         if i < HASHED {
             f.algorithm = Some(crate::model::LbAlgorithm::Maglev);
         }
