@@ -61,6 +61,17 @@ pub struct Svc {
     pub endpoints: Vec<Ipv4Addr>,
 }
 
+/// The sandbox pods' addresses, the target Service's endpoints.
+pub fn pod_ips() -> Vec<Ipv4Addr> {
+    (1..=crate::sandbox::PODS)
+        .map(|i| {
+            crate::sandbox::pod_ip(i)
+                .parse()
+                .expect("valid pod address")
+        })
+        .collect()
+}
+
 fn nth_ip(base: Ipv4Addr, n: u32) -> Ipv4Addr {
     Ipv4Addr::from(u32::from(base) + n)
 }
