@@ -14,13 +14,13 @@ use serde::Deserialize;
 use super::agent::{start_agent, wait_synced, write_manifests};
 use super::clients::{self, Bulk, Udp, Wrk};
 use super::fmt::fmt_opt;
-use super::paths::{E2ePath, Setup, Target, PATHS, SPREAD_IP};
+use super::paths::{E2ePath, Setup, Target, Workload, PATHS, SPREAD_IP};
 use super::plan::Plan;
 use super::profile::{CpuUse, Profile};
 use super::progress::{note, progress};
 use super::results::{
-    self, Datapath, E2eMedians, E2eRow, Growth, Paired, PathInfo, ProgTimeRow, Programming,
-    UdpMedians,
+    self, ConnMedians, Datapath, E2eMedians, E2eRow, Growth, Paired, PathInfo, ProgTimeRow,
+    Programming, UdpMedians,
 };
 use super::stats::median_by;
 use super::{kubeproxy, paired, progtime, workload};
@@ -321,11 +321,12 @@ fn path_info(p: &E2ePath) -> PathInfo {
 
 /// A path's figures over its rounds: medians, and every round's conn/s.
 fn medians(r: &[Measurement]) -> E2eMedians {
+    let light = conn_medians(r, |m| &m.light);
     E2eMedians {
-        conn_per_s: median_by(r, |m| Some(m.wrk.rps)),
-        p50_us: median_by(r, |m| Some(m.wrk.p50_us)),
-        p99_us: median_by(r, |m| Some(m.wrk.p99_us)),
-        errors: r.iter().map(|m| m.wrk.errors).sum(),
+        conn_per_s: median_by(r, |m| Some(m.conn.wrk.rps)),
+        p50_us: median_by(r, |m| Some(m.conn.wrk.p50_us)),
+        p99_us: median_by(r, |m| Some(m.conn.wrk.p99_us)),
+        errors: r.iter().map(|m| m.conn.wrk.errors).sum(),
         udp: UdpMedians {
             rate: median_by(r, |m| m.udp.map(|u| u.rate)),
             p50_us: median_by(r, |m| m.udp.map(|u| u.p50_us)),
@@ -334,9 +335,24 @@ fn medians(r: &[Measurement]) -> E2eMedians {
         bulk: results::Bulk {
             gbit_s: median_by(r, |m| Some(m.bulk.gbit_s)),
         },
-        conn_per_s_rounds: r.iter().map(|m| m.wrk.rps).collect(),
-        conn_per_s_clients_rounds: r.iter().map(|m| m.wrk.per_client.clone()).collect(),
+        conn_per_s_rounds: r.iter().map(|m| m.conn.wrk.rps).collect(),
+        conn_per_s_clients_rounds: r.iter().map(|m| m.conn.wrk.per_client.clone()).collect(),
         datapath_rounds: r.iter().filter_map(|m| m.datapath).collect(),
+        busy_us_per_conn: median_by(r, |m| Some(m.conn.busy_us_per_conn())),
+        light: (!r.is_empty()).then_some(light),
+    }
+}
+
+/// The medians of one workload's wrk phase over the rounds.
+fn conn_medians(r: &[Measurement], phase: fn(&Measurement) -> &ConnPhase) -> ConnMedians {
+    ConnMedians {
+        conn_per_s: median_by(r, |m| Some(phase(m).wrk.rps)),
+        p50_us: median_by(r, |m| Some(phase(m).wrk.p50_us)),
+        p99_us: median_by(r, |m| Some(phase(m).wrk.p99_us)),
+        errors: r.iter().map(|m| phase(m).wrk.errors).sum(),
+        busy_us_per_conn: median_by(r, |m| Some(phase(m).busy_us_per_conn())),
+        conn_per_s_rounds: r.iter().map(|m| phase(m).wrk.rps).collect(),
+        conn_per_s_clients_rounds: r.iter().map(|m| phase(m).wrk.per_client.clone()).collect(),
     }
 }
 
@@ -359,6 +375,8 @@ fn start_http_pods(sb: &mut Sandbox, sb_http: &Path) -> Result<()> {
                 &workload::POD_UDP_PORT.to_string(),
                 "--bulk",
                 &workload::POD_BULK_PORT.to_string(),
+                "--light",
+                &workload::POD_LIGHT_PORT.to_string(),
             ],
         )?;
     }
@@ -406,22 +424,75 @@ fn wait_udp(sb: &Sandbox, sb_http: &Path, addr: &str) -> Result<()> {
     }
 }
 
-/// One path measured once: wrk, the UDP clients (none on the spread path)
-/// and the stream; on switchboard's paths, its counters' growth.
+/// One path measured once: wrk, the UDP clients (none on the spread path),
+/// the stream and wrk against the light server; on switchboard's paths,
+/// its counters' growth.
 struct Measurement {
-    wrk: Wrk,
+    conn: ConnPhase,
     udp: Option<Udp>,
     bulk: Bulk,
+    light: ConnPhase,
     datapath: Option<Datapath>,
+}
+
+/// One wrk phase: what wrk saw, the machine's CPU over it, and
+/// switchboard's counters' growth.
+struct ConnPhase {
+    wrk: Wrk,
+    cpu: CpuUse,
+    growth: Option<Growth>,
+}
+
+impl ConnPhase {
+    /// The machine's busy CPU per connection (µs).
+    fn busy_us_per_conn(&self) -> f64 {
+        self.cpu.busy_secs() * 1e6 / self.wrk.requests.max(1) as f64
+    }
 }
 
 /// switchboard's counters, read between the phases of a measurement.
 type CounterRead<'a> = &'a dyn Fn() -> Result<Counters>;
 
+/// One wrk phase of `path` against `workload`'s server (after a warm-up
+/// second in a full run), its CPU and, with `counters`, its counters'
+/// growth, checked against the path's label ([`check_datapath`]).
+fn conn_phase(
+    sb: &Sandbox,
+    path: &E2ePath,
+    workload: Workload,
+    plan: &Plan,
+    counters: Option<CounterRead>,
+) -> Result<ConnPhase> {
+    let urls = path.urls(workload);
+    if !plan.quick {
+        clients::wrk(sb, path.client, &urls, 1)?; // warm-up (neighbours, caches, conntrack)
+    }
+    let c0 = counters.map(|read| read()).transpose()?;
+    let agent = (path.setup == Setup::Switchboard)
+        .then(|| sb.agent_pid())
+        .flatten();
+    let cpu0 = CpuUse::read(agent)?;
+    let key = match workload {
+        Workload::Default => path.key.to_owned(),
+        Workload::Light => format!("{}-light", path.key),
+    };
+    let profile = Profile::start(&key, plan.wrk_secs)?;
+    let wrk = clients::wrk(sb, path.client, &urls, plan.wrk_secs)?;
+    let cpu = CpuUse::read(agent)?.since(&cpu0);
+    profile.finish()?;
+    let c1 = counters.map(|read| read()).transpose()?;
+    let growth = c0.zip(c1).map(|(c0, c1)| c1.since(&c0));
+    if let Some(growth) = &growth {
+        check_datapath(path, growth, wrk.requests)?;
+    }
+    Ok(ConnPhase { wrk, cpu, growth })
+}
+
 /// Everything measured over one path at one size: three wrk clients, three
-/// UDP clients, one TCP stream (to the first address). With `counters`, the
-/// growth of switchboard's counters over each phase goes into `datapath`, and
-/// the wrk phase is checked against the path's label ([`check_datapath`]).
+/// UDP clients, one TCP stream (to the first address), three wrk clients
+/// against the light server. With `counters`, the growth of switchboard's
+/// counters over each phase goes into `datapath`, and each wrk phase is
+/// checked against the path's label ([`check_datapath`]).
 fn measure(
     sb: &Sandbox,
     path: &E2ePath,
@@ -432,63 +503,67 @@ fn measure(
     let snap = || counters.map(|read| read()).transpose();
     let bin = sb_http.to_string_lossy().into_owned();
     let hosts = path.target.hosts();
-    let (_, udp_port, bulk_port) = path.target.ports();
-    let urls = path.urls();
-    if !plan.quick {
-        clients::wrk(sb, path.client, &urls, 1)?; // warm-up (neighbours, caches, conntrack)
-    }
-    let c0 = snap()?;
-    let agent = (path.setup == Setup::Switchboard)
-        .then(|| sb.agent_pid())
-        .flatten();
-    let cpu0 = CpuUse::read(agent)?;
-    let profile = Profile::start(path.key, plan.wrk_secs)?;
-    let w = clients::wrk(sb, path.client, &urls, plan.wrk_secs)?;
-    let cpu = CpuUse::read(agent)?.since(&cpu0);
-    profile.finish()?;
+    let ports = path.target.ports();
+    let w = conn_phase(sb, path, Workload::Default, plan, counters)?;
     let c1 = snap()?;
     // The pods' UDP echo answers from its own address, not from the shared
     // one a spread client sent to: no UDP there.
     let udp = match path.target {
         Target::Spread => None,
         _ => {
-            let addrs: Vec<String> = hosts.iter().map(|h| format!("{h}:{udp_port}")).collect();
+            let addrs: Vec<String> = hosts.iter().map(|h| format!("{h}:{}", ports.udp)).collect();
             Some(clients::udp(sb, path.client, &bin, &addrs, plan.udp_ms)?)
         }
     };
     let c2 = snap()?;
-    let bulk_addr = format!("{}:{bulk_port}", hosts[0]);
+    let bulk_addr = format!("{}:{}", hosts[0], ports.bulk);
     let bulk = clients::bulk(sb, path.client, &bin, &bulk_addr, plan.bulk_ms)?;
     let c3 = snap()?;
-    let datapath = match (c0, c1, c2, c3) {
-        (Some(c0), Some(c1), Some(c2), Some(c3)) => {
-            let http = c1.since(&c0);
-            check_datapath(path, &http, w.requests)?;
-            Some(Datapath {
-                http,
-                udp: c2.since(&c1),
-                bulk: c3.since(&c2),
-            })
-        }
+    let light = conn_phase(sb, path, Workload::Light, plan, counters)?;
+    let datapath = match (w.growth, c1, c2, c3) {
+        (Some(http), Some(c1), Some(c2), Some(c3)) => Some(Datapath {
+            http,
+            udp: c2.since(&c1),
+            bulk: c3.since(&c2),
+            light: light.growth,
+        }),
         _ => None,
     };
-    let per_client: Vec<String> = w.per_client.iter().map(|r| format!("{r:.0}")).collect();
+    let clients = |w: &Wrk| -> String {
+        w.per_client
+            .iter()
+            .map(|r| format!("{r:.0}"))
+            .collect::<Vec<_>>()
+            .join(" + ")
+    };
     note(&format!(
-        "{:.0} conn/s ({}; p50 {:.0} us, p99 {:.0} us, {} errors; CPU {}); UDP {:.0} req/s (p99 {} us); one TCP stream {:.2} Gbit/s",
-        w.rps,
-        per_client.join(" + "),
-        w.p50_us,
-        w.p99_us,
-        w.errors,
-        cpu.describe(),
+        "{:.0} conn/s ({}; p50 {:.0} us, p99 {:.0} us, {} errors; CPU {}, {:.0} us busy per connection); UDP {:.0} req/s (p99 {} us); one TCP stream {:.2} Gbit/s",
+        w.wrk.rps,
+        clients(&w.wrk),
+        w.wrk.p50_us,
+        w.wrk.p99_us,
+        w.wrk.errors,
+        w.cpu.describe(),
+        w.busy_us_per_conn(),
         udp.map_or(0.0, |u| u.rate),
         fmt_opt(udp.map(|u| u.p99_us), 0),
         bulk.gbit_s
     ));
+    note(&format!(
+        "light: {:.0} conn/s ({}; p50 {:.0} us, p99 {:.0} us, {} errors; CPU {}, {:.0} us busy per connection)",
+        light.wrk.rps,
+        clients(&light.wrk),
+        light.wrk.p50_us,
+        light.wrk.p99_us,
+        light.wrk.errors,
+        light.cpu.describe(),
+        light.busy_us_per_conn(),
+    ));
     Ok(Measurement {
-        wrk: w,
+        conn: w,
         udp,
         bulk,
+        light,
         datapath,
     })
 }
@@ -568,7 +643,12 @@ fn program_time(sb: &Sandbox, path: &E2ePath, n: u32, plan: &Plan) -> Result<Pro
     let stats = progtime::Stats::enable()?;
     let before = progtime::snapshot()?;
     let cpu0 = CpuUse::read(None)?;
-    let w = clients::wrk(sb, path.client, &path.urls(), plan.wrk_secs)?;
+    let w = clients::wrk(
+        sb,
+        path.client,
+        &path.urls(Workload::Default),
+        plan.wrk_secs,
+    )?;
     let cpu = CpuUse::read(None)?.since(&cpu0);
     let after = progtime::snapshot()?;
     drop(stats);

@@ -2,11 +2,12 @@
 //! goal's figure is computed from the run's results, and its verdict. The
 //! report's Goals table is [`all`], in this order: per packet, north-south
 //! (the uplink programs and the forwarding rate), new connections per
-//! second, the control plane, the control plane at scale.
+//! second (the default workload, then the light one), the control plane,
+//! the control plane at scale.
 
 use super::fmt::{fmt_opt, raw, size_label};
 use super::paths::{
-    DIRECT, DIRECT_HOST, DIRECT_SPREAD, DIRECT_SW, IPTABLES, NFTABLES, SW_SOCK_HOST,
+    Workload, DIRECT, DIRECT_HOST, DIRECT_SPREAD, DIRECT_SW, IPTABLES, NFTABLES, SW_SOCK_HOST,
     SW_SOCK_PINNED, SW_SOCK_POD, SW_TC,
 };
 use super::results::{
@@ -324,49 +325,86 @@ const CONN: [(&str, &str, f64, bool); 14] = [
     (SW_TC, NFTABLES, 1.2, false),
 ];
 
-/// [`CONN`]'s goals: each ratio from the paired phases where they measured
-/// both paths (the rounds' medians beside it), else from the rounds.
+/// New TCP connections/s of the light workload at the largest size:
+/// `(path, path it is divided by, at least)`: the socket layer with one
+/// backend per client against each client sending to its own pod, the
+/// socket layer and tc against the same pods reached by the multipath
+/// route.
+const LIGHT: [(&str, &str, f64); 3] = [
+    (SW_SOCK_PINNED, DIRECT, 0.97),
+    (SW_SOCK_POD, DIRECT_SPREAD, 0.98),
+    (SW_TC, DIRECT_SPREAD, 0.97),
+];
+
+/// [`CONN`]'s goals, then [`LIGHT`]'s.
 fn conn(results: &Results) -> Vec<Goal> {
+    let default = CONN.into_iter().map(|(num, den, goal, informative)| {
+        conn_goal(results, Workload::Default, (num, den), goal, informative)
+    });
+    let light = LIGHT
+        .into_iter()
+        .map(|(num, den, goal)| conn_goal(results, Workload::Light, (num, den), goal, false));
+    default.chain(light).collect()
+}
+
+/// `num ÷ den` of `workload` at the largest size, at least `goal`: the
+/// ratio from the paired phases where they measured both paths (the
+/// rounds' medians beside it), else from the rounds.
+fn conn_goal(
+    results: &Results,
+    workload: Workload,
+    (num, den): (&str, &str),
+    goal: f64,
+    informative: bool,
+) -> Goal {
     let e2e_max = results.e2e_sizes().last().copied();
     let paths = results.e2e_paths();
     let at = e2e_max.map(size_label).unwrap_or_default();
-    CONN.into_iter()
-        .map(|(num, den, goal, informative)| {
-            let (a, b) = (results.conn(num, e2e_max), results.conn(den, e2e_max));
-            let rounds = a.zip(b).map(|(a, b)| a / b);
-            let rounds_text = format!(
-                "{} ({} ÷ {})",
-                fmt_opt(rounds, 2),
-                fmt_opt(a, 0),
-                fmt_opt(b, 0)
-            );
-            let paired = results.paired().and_then(|p| p.ratio(num, den));
-            let (r, measured) = match paired {
-                Some(p) => (
-                    Some(p.median),
-                    format!(
-                        "{:.3} paired (quartiles {:.3}–{:.3}, {} repetitions); rounds' medians {rounds_text}",
-                        p.median, p.q1, p.q3, p.repetitions
-                    ),
-                ),
-                None => (rounds, rounds_text),
-            };
-            Goal {
-                what: format!(
-                    "new TCP connections/s at {at} Services, {} ÷ {}",
-                    label_of(&paths, num),
-                    label_of(&paths, den)
-                ),
-                goal: if informative {
-                    format!("≥ {goal} (informative)")
-                } else {
-                    format!("≥ {goal}")
-                },
-                measured,
-                met: r.map(|r| r >= goal),
-            }
-        })
-        .collect()
+    let (a, b) = (
+        results.conn_of(workload, num, e2e_max),
+        results.conn_of(workload, den, e2e_max),
+    );
+    let rounds = a.zip(b).map(|(a, b)| a / b);
+    let rounds_text = format!(
+        "{} ({} ÷ {})",
+        fmt_opt(rounds, 2),
+        fmt_opt(a, 0),
+        fmt_opt(b, 0)
+    );
+    let paired = results
+        .paired()
+        .and_then(|p| p.ratio_of(workload, num, den));
+    let unmeasured =
+        workload == Workload::Light && results.e2e().iter().all(|r| r.m.light.is_none());
+    let (r, measured) = match paired {
+        _ if unmeasured => (None, "not measured in this run".to_owned()),
+        Some(p) => (
+            Some(p.median),
+            format!(
+                "{:.3} paired (quartiles {:.3}–{:.3}, {} repetitions); rounds' medians {rounds_text}",
+                p.median, p.q1, p.q3, p.repetitions
+            ),
+        ),
+        None => (rounds, rounds_text),
+    };
+    let workload = match workload {
+        Workload::Default => "",
+        Workload::Light => ", light workload",
+    };
+    Goal {
+        what: format!(
+            "new TCP connections/s at {at} Services{workload}, {} ÷ {}",
+            label_of(&paths, num),
+            label_of(&paths, den)
+        ),
+        goal: if informative {
+            format!("≥ {goal} (informative)")
+        } else {
+            format!("≥ {goal}")
+        },
+        measured,
+        met: r.map(|r| r >= goal),
+    }
 }
 
 /// The largest size programmed into the maps in under half a second.
@@ -563,5 +601,40 @@ mod tests {
             .expect("tc ÷ spread");
         assert_eq!(tc.measured, "0.99 (19800 ÷ 20000)");
         assert_eq!(tc.met, Some(true));
+        // A run without the light workload leaves its goals not measured.
+        let light: Vec<&Goal> = goals
+            .iter()
+            .filter(|g| g.what.contains(", light workload, "))
+            .collect();
+        assert_eq!(light.len(), LIGHT.len());
+        for g in light {
+            assert_eq!(g.measured, "not measured in this run");
+            assert_eq!(g.met, None);
+        }
+    }
+
+    /// The light workload's goals read the light phase of the rows, and
+    /// hold the socket layer to 0.98 × the spread.
+    #[test]
+    fn light_goals_read_the_light_phase() {
+        let row = |path: &str, conn: f64, light: f64| {
+            serde_json::json!({"path": path, "label": path, "services": 10000, "program_s": null,
+                "m": {"conn_per_s": conn, "light": {"conn_per_s": light, "p50_us": null,
+                      "p99_us": null, "errors": 0, "busy_us_per_conn": null,
+                      "conn_per_s_rounds": [light], "conn_per_s_clients_rounds": []}}})
+        };
+        let results: Results = serde_json::from_value(serde_json::json!({
+            "meta": crate::bench::results::Meta::default(),
+            "e2e": [row(DIRECT_SPREAD, 20000.0, 40000.0), row(SW_SOCK_POD, 20000.0, 38800.0)],
+        }))
+        .expect("results json");
+        let goals = conn(&results);
+        let sock = goals
+            .iter()
+            .find(|g| g.what.ends_with("light workload, socketlb_pod ÷ direct_spread"))
+            .expect("the light socket-layer goal");
+        assert_eq!(sock.goal, "≥ 0.98");
+        assert_eq!(sock.measured, "0.97 (38800 ÷ 40000)");
+        assert_eq!(sock.met, Some(false));
     }
 }

@@ -192,7 +192,7 @@ const NS_PATHS: [NsPath; 8] = [
 
 /// Progress steps this part prints (for the run's step count).
 pub fn steps(plan: &Plan) -> usize {
-    2 + NS_PATHS.len() * plan.rounds
+    3 + NS_PATHS.len() * plan.rounds
 }
 
 // ---------------------------------------------------------------------------

@@ -23,7 +23,7 @@ use anyhow::Result;
 
 use super::clients::wrk;
 use super::paths::{
-    E2ePath, DIRECT, DIRECT_SPREAD, DIRECT_SW, PATHS, SW_SOCK_PINNED, SW_SOCK_POD, SW_TC,
+    E2ePath, Workload, DIRECT, DIRECT_SPREAD, DIRECT_SW, PATHS, SW_SOCK_PINNED, SW_SOCK_POD, SW_TC,
 };
 use super::plan::Plan;
 use super::progress::{note, progress};
@@ -50,8 +50,10 @@ const PAIRED: [&str; 6] = [
 const PHASE_SECS: u32 = 2;
 
 /// Runs the repetitions at `n` Services; `sandbox` gives each path's
-/// sandbox. Paths the plan leaves out are left out here too; without the
-/// limit nothing is measured.
+/// sandbox. Each repetition runs the phases of both workloads, the default
+/// one's and then the light one's, so both see the same drift. Paths the
+/// plan leaves out are left out here too; without the limit nothing is
+/// measured.
 pub fn run<'a>(
     plan: &Plan,
     n: u32,
@@ -66,53 +68,100 @@ pub fn run<'a>(
     if reps == 0 || paths.first().map(|p| p.key) != Some(DIRECT_SPREAD) {
         return Ok(None);
     }
-    // One warm-up phase per path (neighbours, the servers' threads).
-    for path in &paths {
-        let sb = sandbox(path);
-        path.prepare(sb)?;
-        wrk(sb, path.client, &path.urls(), 1)?;
+    // One warm-up phase per path and workload (neighbours, the servers'
+    // threads).
+    for workload in WORKLOADS {
+        for path in &paths {
+            let sb = sandbox(path);
+            path.prepare(sb)?;
+            wrk(sb, path.client, &path.urls(workload), 1)?;
+        }
     }
-    let (limit, others) = (paths[0], &paths[1..]);
-    let phase = |path: &E2ePath| -> Result<f64> {
+    let phase = |path: &E2ePath, workload: Workload| -> Result<f64> {
         let sb = sandbox(path);
         path.prepare(sb)?;
-        Ok(wrk(sb, path.client, &path.urls(), PHASE_SECS)?.rps)
+        Ok(wrk(sb, path.client, &path.urls(workload), PHASE_SECS)?.rps)
     };
-    // Per path: its rate and the mean of the limit phases around it.
-    let mut rates: Vec<Vec<f64>> = vec![Vec::with_capacity(reps); paths.len()];
-    let mut refs: Vec<Vec<f64>> = vec![Vec::with_capacity(reps); paths.len()];
+    let mut phases = WORKLOADS.map(|_| Phases::new(paths.len(), reps));
     for rep in 0..reps {
         progress(&format!(
             "end to end at {n} Services, paired conn/s {}/{reps}",
             rep + 1
         ));
+        for (workload, set) in WORKLOADS.into_iter().zip(&mut phases) {
+            let line = set.repetition(rep, &paths, |path| phase(path, workload))?;
+            match workload {
+                Workload::Default => note(&line),
+                Workload::Light => note(&format!("light: {line}")),
+            }
+        }
+    }
+    let [default, light] = phases;
+    Ok(Some(Paired {
+        services: n.into(),
+        phase_secs: PHASE_SECS.into(),
+        repetitions: reps,
+        limit: DIRECT_SPREAD.into(),
+        paths: summarize(&paths, &default),
+        light: summarize(&paths, &light),
+    }))
+}
+
+/// The workloads of the paired phases, in the order each repetition runs
+/// them.
+const WORKLOADS: [Workload; 2] = [Workload::Default, Workload::Light];
+
+/// One workload's phases: per path, its rate in each repetition and the
+/// mean of the limit phases around it.
+struct Phases {
+    rates: Vec<Vec<f64>>,
+    refs: Vec<Vec<f64>>,
+}
+
+impl Phases {
+    fn new(paths: usize, reps: usize) -> Phases {
+        Phases {
+            rates: vec![Vec::with_capacity(reps); paths],
+            refs: vec![Vec::with_capacity(reps); paths],
+        }
+    }
+
+    /// Repetition `rep`: the limit (`paths[0]`), then every other path in
+    /// an order rotated by `rep`, each followed by the limit again;
+    /// `phase` measures one. Returns the repetition's rates as a line.
+    fn repetition(
+        &mut self,
+        rep: usize,
+        paths: &[&E2ePath],
+        mut phase: impl FnMut(&E2ePath) -> Result<f64>,
+    ) -> Result<String> {
+        let (limit, others) = (paths[0], &paths[1..]);
         let mut before = phase(limit)?;
-        rates[0].push(before);
-        refs[0].push(before);
+        self.rates[0].push(before);
+        self.refs[0].push(before);
         let mut line = vec![format!("{} {before:.0}", limit.key)];
         for k in 0..others.len() {
             let i = 1 + (k + rep) % others.len();
             let rate = phase(paths[i])?;
             let after = phase(limit)?;
-            rates[i].push(rate);
-            refs[i].push((before + after) / 2.0);
+            self.rates[i].push(rate);
+            self.refs[i].push((before + after) / 2.0);
             line.push(format!(
                 "{} {rate:.0}, {} {after:.0}",
                 paths[i].key, limit.key
             ));
             before = after;
         }
-        note(&line.join(", "));
+        Ok(line.join(", "))
     }
-    Ok(Some(summarize(n, &paths, &rates, &refs)))
 }
 
 /// Each path's rates, its ratios to the limit phases around it
-/// (`refs`) repetition by repetition, and their median and quartiles.
-fn summarize(n: u32, paths: &[&E2ePath], rates: &[Vec<f64>], refs: &[Vec<f64>]) -> Paired {
-    let rows = paths
+/// repetition by repetition, and their median and quartiles.
+fn summarize(paths: &[&E2ePath], phases: &Phases) -> Vec<PairedPath> {
+    paths
         .iter()
-        .zip(rates.iter().zip(refs))
+        .zip(phases.rates.iter().zip(&phases.refs))
         .map(|(path, (r, around))| {
             let ratios: Vec<f64> = r.iter().zip(around).map(|(a, b)| a / b).collect();
             let (q1, q3) = quartiles(&ratios);
@@ -129,14 +178,7 @@ fn summarize(n: u32, paths: &[&E2ePath], rates: &[Vec<f64>], refs: &[Vec<f64>]) 
                 ratio_q3: finite(q3),
             }
         })
-        .collect();
-    Paired {
-        services: n.into(),
-        phase_secs: PHASE_SECS.into(),
-        repetitions: rates[0].len(),
-        limit: DIRECT_SPREAD.into(),
-        paths: rows,
-    }
+        .collect()
 }
 
 #[cfg(test)]
@@ -159,13 +201,12 @@ mod tests {
             vec![18000.0, 9000.0, 17100.0],
         ];
         let refs = vec![rates[0].clone(), vec![20000.0, 10000.0, 19000.0]];
-        let v = summarize(10_000, &paths, &rates, &refs);
-        let sock = &v.paths[1];
+        let v = summarize(&paths, &Phases { rates, refs });
+        let sock = &v[1];
         assert_eq!(sock.path, SW_SOCK_POD);
         assert!((sock.ratio.unwrap() - 0.9).abs() < 1e-9);
         assert!((sock.ratio_q1.unwrap() - 0.9).abs() < 1e-9);
-        assert_eq!(v.paths[0].ratio, Some(1.0));
-        assert_eq!(v.repetitions, 3);
+        assert_eq!(v[0].ratio, Some(1.0));
     }
 
     #[test]
@@ -175,10 +216,66 @@ mod tests {
         // each against its own limit, the socket layer is 1.2 × tc.
         let rates = vec![vec![20000.0], vec![18000.0], vec![7500.0]];
         let refs = vec![vec![20000.0], vec![20000.0], vec![10000.0]];
-        let v = summarize(10_000, &paths, &rates, &refs);
-        let r = v.ratio(SW_SOCK_POD, SW_TC).expect("both measured");
+        let v = Paired {
+            services: 10_000,
+            phase_secs: 2,
+            repetitions: 1,
+            limit: DIRECT_SPREAD.into(),
+            paths: Vec::new(),
+            light: summarize(&paths, &Phases { rates, refs }),
+        };
+        let r = v
+            .ratio_of(Workload::Light, SW_SOCK_POD, SW_TC)
+            .expect("both measured");
         assert!((r.median - 1.2).abs() < 1e-9);
         assert_eq!(r.repetitions, 1);
-        assert!(v.ratio(SW_SOCK_POD, DIRECT_SW).is_none());
+        assert!(
+            v.ratio(SW_SOCK_POD, SW_TC).is_none(),
+            "not in the default workload's phases"
+        );
+        assert!(v
+            .ratio_of(Workload::Light, SW_SOCK_POD, DIRECT_SW)
+            .is_none());
+    }
+
+    /// A repetition runs the limit between every two paths, in an order
+    /// rotated by the repetition, and divides each path's rate by the mean
+    /// of the limit phases on either side.
+    #[test]
+    fn a_repetition_alternates_with_the_limit() {
+        let paths = paths(&[DIRECT_SPREAD, SW_SOCK_POD, SW_TC]);
+        let mut set = Phases::new(paths.len(), 2);
+        let mut order = Vec::new();
+        let mut limit = 10000.0;
+        for rep in 0..2 {
+            set.repetition(rep, &paths, |p| {
+                order.push(p.key);
+                Ok(if p.key == DIRECT_SPREAD {
+                    limit += 1000.0;
+                    limit
+                } else {
+                    9000.0
+                })
+            })
+            .expect("phases");
+        }
+        assert_eq!(
+            order,
+            [
+                DIRECT_SPREAD,
+                SW_SOCK_POD,
+                DIRECT_SPREAD,
+                SW_TC,
+                DIRECT_SPREAD,
+                DIRECT_SPREAD,
+                SW_TC,
+                DIRECT_SPREAD,
+                SW_SOCK_POD,
+                DIRECT_SPREAD,
+            ]
+        );
+        // The socket layer ran between the limit at 11000 and 12000 first.
+        assert_eq!(set.refs[1], [11500.0, 15500.0]);
+        assert_eq!(set.rates[0], [11000.0, 14000.0]);
     }
 }

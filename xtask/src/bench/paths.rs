@@ -99,42 +99,72 @@ impl Target {
             .collect()
     }
 
-    /// HTTP, UDP and bulk ports.
-    pub fn ports(self) -> (u16, u16, u16) {
+    /// The ports the clients send to.
+    pub fn ports(self) -> Ports {
         match self {
-            Target::Pods | Target::Spread => (
-                workload::POD_HTTP_PORT,
-                workload::POD_UDP_PORT,
-                workload::POD_BULK_PORT,
-            ),
-            Target::Service | Target::PinnedServices => {
-                (workload::HTTP_PORT, workload::UDP_PORT, workload::BULK_PORT)
-            }
+            Target::Pods | Target::Spread => Ports {
+                http: workload::POD_HTTP_PORT,
+                udp: workload::POD_UDP_PORT,
+                bulk: workload::POD_BULK_PORT,
+                light: workload::POD_LIGHT_PORT,
+            },
+            Target::Service | Target::PinnedServices => Ports {
+                http: workload::HTTP_PORT,
+                udp: workload::UDP_PORT,
+                bulk: workload::BULK_PORT,
+                light: workload::LIGHT_PORT,
+            },
         }
     }
 
     pub fn describe(self) -> String {
-        let (http, udp, bulk) = self.ports();
+        let Ports {
+            http,
+            udp,
+            bulk,
+            light,
+        } = self.ports();
         match self {
             Target::Pods => format!(
-                "pod1, pod2, pod3: one client each ({}–{}, ports {http}, {udp}); the stream to pod1:{bulk}",
+                "pod1, pod2, pod3: one client each ({}–{}, ports {http}, {udp}, light {light}); the stream to pod1:{bulk}",
                 sandbox::pod_ip(1),
                 sandbox::pod_ip(CLIENTS)
             ),
             Target::Service => format!(
-                "the Service {}: all clients (ports {http}, {udp}); the stream to :{bulk}",
+                "the Service {}: all clients (ports {http}, {udp}, light {light}); the stream to :{bulk}",
                 workload::TARGET_IP
             ),
             Target::Spread => format!(
-                "{SPREAD_IP}, an address of all three pods: every client, each connection to one pod by the node's multipath route (port {http}; no UDP, which the pods answer from their own addresses); the stream to one of them"
+                "{SPREAD_IP}, an address of all three pods: every client, each connection to one pod by the node's multipath route (port {http}, light {light}; no UDP, which the pods answer from their own addresses); the stream to one of them"
             ),
             Target::PinnedServices => format!(
-                "{}–{}: one Service per client, each with one pod as its endpoint (ports {http}, {udp}); the stream to the first",
+                "{}–{}: one Service per client, each with one pod as its endpoint (ports {http}, {udp}, light {light}); the stream to the first",
                 workload::pinned_ip(1),
                 workload::pinned_ip(CLIENTS)
             ),
         }
     }
+}
+
+/// The ports of a target: HTTP (the default workload's wrk), UDP, the
+/// stream, and the light workload's server.
+#[derive(Clone, Copy, Debug)]
+pub struct Ports {
+    pub http: u16,
+    pub udp: u16,
+    pub bulk: u16,
+    pub light: u16,
+}
+
+/// The server the conn/s clients connect to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Workload {
+    /// `sb-http serve --http`: 16 threads blocked in accept, each serving
+    /// the connection it took (a thread woken per connection).
+    Default,
+    /// `sb-http serve --light`: one thread, four system calls per
+    /// connection.
+    Light,
 }
 
 /// Which of the four sandboxes a path runs in.
@@ -318,13 +348,17 @@ impl E2ePath {
         Ok(())
     }
 
-    /// The wrk targets: one URL per client.
-    pub fn urls(&self) -> Vec<String> {
-        let (http, _, _) = self.target.ports();
+    /// The wrk targets of `workload`: one URL per client.
+    pub fn urls(&self, workload: Workload) -> Vec<String> {
+        let ports = self.target.ports();
+        let port = match workload {
+            Workload::Default => ports.http,
+            Workload::Light => ports.light,
+        };
         self.target
             .hosts()
             .iter()
-            .map(|h| format!("http://{h}:{http}/"))
+            .map(|h| format!("http://{h}:{port}/"))
             .collect()
     }
 }

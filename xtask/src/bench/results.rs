@@ -15,6 +15,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+use super::paths::Workload;
 use super::stats::{median, quartiles};
 
 /// The fields of an `sb_bench` output the report does not read.
@@ -69,6 +70,15 @@ impl Results {
     /// The median conn/s of `path` at `services` Services.
     pub fn conn(&self, path: &str, services: Option<u64>) -> Option<f64> {
         self.e2e_row(path, services).and_then(|r| r.m.conn_per_s)
+    }
+
+    /// The median conn/s of `path` under `workload` at `services` Services.
+    pub fn conn_of(&self, workload: Workload, path: &str, services: Option<u64>) -> Option<f64> {
+        let row = self.e2e_row(path, services)?;
+        match workload {
+            Workload::Default => row.m.conn_per_s,
+            Workload::Light => row.m.light.as_ref()?.conn_per_s,
+        }
     }
 
     /// The Services counts of the end-to-end rows, smallest first.
@@ -462,6 +472,25 @@ pub struct E2eMedians {
     /// On switchboard's paths: its counters' growth over each phase.
     #[serde(default)]
     pub datapath_rounds: Vec<Datapath>,
+    /// The machine's busy CPU per connection during wrk (µs), median.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub busy_us_per_conn: Option<f64>,
+    /// The same clients against the light server (runs before it: none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub light: Option<ConnMedians>,
+}
+
+/// One workload's wrk phase of a path over the rounds.
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub struct ConnMedians {
+    pub conn_per_s: Option<f64>,
+    pub p50_us: Option<f64>,
+    pub p99_us: Option<f64>,
+    pub errors: u64,
+    /// The machine's busy CPU per connection (µs), median.
+    pub busy_us_per_conn: Option<f64>,
+    pub conn_per_s_rounds: Vec<f64>,
+    pub conn_per_s_clients_rounds: Vec<Vec<f64>>,
 }
 
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -478,12 +507,15 @@ pub struct Bulk {
     pub gbit_s: Option<f64>,
 }
 
-/// switchboard's counters' growth over the wrk, UDP and stream phases.
+/// switchboard's counters' growth over the wrk, UDP, stream and light
+/// phases.
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
 pub struct Datapath {
     pub http: Growth,
     pub udp: Growth,
     pub bulk: Growth,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub light: Option<Growth>,
 }
 
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
@@ -537,6 +569,10 @@ pub struct Paired {
     /// The key of the limit every phase is divided by.
     pub limit: String,
     pub paths: Vec<PairedPath>,
+    /// The same phases against the light server, in the same repetitions
+    /// (runs before it: none).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub light: Vec<PairedPath>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -563,14 +599,27 @@ pub struct PairedRatio {
 }
 
 impl Paired {
-    /// `num ÷ den` repetition by repetition (each path's ratio to the
-    /// limit phases around it, so two paths measured at different moments
-    /// of a repetition are each compared at their own): its median, first
-    /// and third quartiles and the number of repetitions (`None` when
-    /// either path was not measured).
+    /// The phases of `workload`.
+    pub fn paths(&self, workload: Workload) -> &[PairedPath] {
+        match workload {
+            Workload::Default => &self.paths,
+            Workload::Light => &self.light,
+        }
+    }
+
+    /// `num ÷ den` of the default workload ([`Paired::ratio_of`]).
     pub fn ratio(&self, num: &str, den: &str) -> Option<PairedRatio> {
+        self.ratio_of(Workload::Default, num, den)
+    }
+
+    /// `num ÷ den` of `workload`, repetition by repetition (each path's
+    /// ratio to the limit phases around it, so two paths measured at
+    /// different moments of a repetition are each compared at their own):
+    /// its median, first and third quartiles and the number of repetitions
+    /// (`None` when either path was not measured).
+    pub fn ratio_of(&self, workload: Workload, num: &str, den: &str) -> Option<PairedRatio> {
         let reps = |key: &str| {
-            self.paths
+            self.paths(workload)
                 .iter()
                 .find(|p| p.path == key)
                 .map(|p| &p.ratio_reps)

@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 
 use crate::bench::fmt::{fmt_opt, size_label};
 use crate::bench::paths::{DIRECT, DIRECT_HOST, IPTABLES, NFTABLES};
-use crate::bench::results::{label_of, E2eRow, Paired, PathInfo, ProgTimeRow, Results};
+use crate::bench::results::{label_of, E2eRow, Paired, PairedPath, PathInfo, ProgTimeRow, Results};
 
 /// The section, and its conn/s table (printed again at the end of a run).
 pub fn section(results: &Results) -> (String, String) {
@@ -115,7 +115,17 @@ fn paired_section(paired: &Paired) -> String {
         paired.phase_secs,
         paired.repetitions
     );
-    for row in &paired.paths {
+    paired_rows(&mut md, &paired.paths);
+    if !paired.light.is_empty() {
+        md.push_str("\nThe light workload ([below](#light-workload)), in the same repetitions (each repetition runs the default workload's phases, then the light workload's, the light direct spread between every two paths):\n\n| path | conn/s (median) | ÷ direct spread, paired: median | quartiles |\n|---|---|---|---|\n");
+        paired_rows(&mut md, &paired.light);
+    }
+    md
+}
+
+/// One table row per path of the paired phases.
+fn paired_rows(md: &mut String, rows: &[PairedPath]) {
+    for row in rows {
         let f = |v: Option<f64>| v.unwrap_or(f64::NAN);
         let _ = writeln!(
             md,
@@ -127,7 +137,6 @@ fn paired_section(paired: &Paired) -> String {
             f(row.ratio_q3)
         );
     }
-    md
 }
 
 /// switchboard's programs per connection: one row per path and size.

@@ -2,7 +2,8 @@
 //! the goals with the ratios computed from this run's numbers), the
 //! figures the docs may quote (`figures.json`) and SVG plots drawn with
 //! plotters. One writer per section, in the report's order: the header,
-//! the goals and what limits them ([`limits`]), end to end ([`e2e`]), per
+//! the goals and what limits them ([`limits`]), end to end ([`e2e`], then
+//! each conn/s row against its limit and the light workload, [`light`]), per
 //! packet ([`perpacket`]), the control plane ([`control`], then
 //! [`scale`]), the forwarding rate ([`forwarding`]) and north-south
 //! ([`northsouth`]).
@@ -10,6 +11,7 @@
 mod control;
 mod e2e;
 mod forwarding;
+mod light;
 mod limits;
 mod northsouth;
 mod perpacket;
@@ -41,6 +43,7 @@ pub fn write(results: &Results, dir: &Path) -> Result<String> {
     md.push_str(&limits::section(results));
     let (e2e, table) = e2e::section(results);
     md.push_str(&e2e);
+    md.push_str(&light::section(results));
     md.push_str(&perpacket::section(results.perpacket.as_ref()));
     md.push_str(&control::section(results));
     md.push_str(&forwarding::section(results.fwd.as_ref()));
