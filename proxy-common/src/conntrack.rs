@@ -127,11 +127,9 @@ pub type NewFlows6 = NewFlowsOf<CtKey6, { new_flows::SLOTS6 as usize }>;
 pub const CT_REFRESH_NS: u64 = 1_000_000_000;
 
 /// What the agent adds to the table's generation (`names::CT_GEN`) after it
-/// removes entries; the previous release's data path adds one (this
-/// release's moves a generation per flow-cache slot instead). The agent's
-/// step is a read and a write: a data-path add lost between them still
-/// leaves a value above every earlier one.
-pub const CT_GEN_AGENT_STEP: u64 = 1 << 32;
+/// removes entries. Only the agent writes it (the data path moves a
+/// generation per flow-cache slot instead), so a read and a write suffice.
+pub const CT_GEN_AGENT_STEP: u64 = 1;
 
 /// Key of the connection-tracking map of either family (`A`: `u32` for
 /// IPv4, [`Addr6Be`] for IPv6; [`CtKey`], [`CtKey6`]). Addresses and ports
@@ -155,7 +153,7 @@ pub type CtKey = CtKeyOf<u32>;
 pub type CtKey6 = CtKeyOf<Addr6Be>;
 
 /// Value of the connection-tracking map (a preallocated hash, not LRU: the
-/// agent removes expired flows, see `proxy-user/src/dataplane/conntrack.rs`).
+/// agent removes expired flows, see `proxy-user/src/dataplane/flows/expiry.rs`).
 ///
 /// Each entry carries the address and port its direction is rewritten to:
 /// a forward entry the backend's, a reply entry the frontend's. So an
@@ -199,39 +197,3 @@ pub struct CtEntryOf<A> {
 pub type CtEntry = CtEntryOf<u32>;
 /// The IPv6 connection-tracking entry.
 pub type CtEntry6 = CtEntryOf<Addr6Be>;
-
-/// Value of `SB_CT_V2`, a connection-tracking table of an earlier version
-/// (key: [`CtKey`]): the same entry for both directions of a flow, naming
-/// its backend. The agent reads it only to carry flows over to [`CtEntry`]
-/// on an upgrade (`proxy-user/src/dataplane/migrate.rs`).
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
-pub struct CtEntryV2 {
-    pub backend_id: u32,
-    pub service_id: u32,
-    pub backend_addr_be: u32,
-    pub backend_port_be: u16,
-    pub _pad: [u8; 2],
-    pub created_ns: u64,
-}
-
-/// Value of `SB_CT_V4` ([`names::CONNTRACK_V4`]), the connection-tracking
-/// table of an earlier version (key: [`CtKey`]): [`CtEntry`] without TCP
-/// state or last-seen time. Read only to carry flows over on an upgrade.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
-pub struct CtEntryV4 {
-    pub backend_id: u32,
-    pub service_id: u32,
-    pub nat_addr_be: u32,
-    pub nat_port_be: u16,
-    /// [`ct_flags`].
-    pub flags: u8,
-    pub _pad: u8,
-    pub snat_addr_be: u32,
-    pub snat_port_be: u16,
-    pub _pad2: [u8; 2],
-    pub created_ns: u64,
-}

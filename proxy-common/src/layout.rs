@@ -44,8 +44,6 @@ mod aya_pod {
         FragEntry6,
         SockConn,
         SockConn6,
-        SockTarget,
-        SockTarget6,
         SockEntry,
         SockEntry6,
     );
@@ -56,8 +54,6 @@ mod aya_pod {
         Backend,
         CtKey,
         CtEntry,
-        CtEntryV2,
-        CtEntryV4,
         RevNat,
         SvcStats,
         TraceEvent,
@@ -84,8 +80,6 @@ mod aya_pod {
         FragEntry6,
         SockConn,
         SockConn6,
-        SockTarget,
-        SockTarget6,
         SrcRange4,
         SrcRange6,
         prefilter::quiet::QuietMark,
@@ -98,8 +92,6 @@ const _: () = assert!(size_of::<FrontendSlot>() == 16);
 const _: () = assert!(size_of::<Backend>() == 8);
 const _: () = assert!(size_of::<CtKey>() == 16);
 const _: () = assert!(size_of::<CtEntry>() == 40);
-const _: () = assert!(size_of::<CtEntryV2>() == 24);
-const _: () = assert!(size_of::<CtEntryV4>() == 32);
 const _: () = assert!(size_of::<RevNat>() == 64);
 const _: () = assert!(size_of::<SvcStats>() == 32);
 const _: () = assert!(size_of::<TraceEvent>() == 80);
@@ -110,8 +102,6 @@ const _: () = assert!(size_of::<SockEntry>() == 16);
 const _: () = assert!(size_of::<SockAffinityKey>() == 16);
 const _: () = assert!(size_of::<SockConn>() == 20);
 const _: () = assert!(size_of::<SockConn6>() == 44);
-const _: () = assert!(size_of::<SockTarget>() == 16);
-const _: () = assert!(size_of::<SockTarget6>() == 40);
 const _: () = assert!(size_of::<Config>() == 8);
 const _: () = assert!(size_of::<Uplink>() == 8);
 const _: () = assert!(size_of::<DsrOpt4>() == dsr::OPT4_LEN as usize);

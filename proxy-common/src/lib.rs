@@ -35,7 +35,7 @@
 
 pub mod capacity;
 pub mod hash;
-pub mod kctx;
+pub mod ip_summed;
 pub mod names;
 pub mod prefilter;
 pub mod programs;

@@ -3,29 +3,16 @@
 //! agent never reads a pinned map written with another layout.
 pub const FRONTENDS: &str = "SB_FE_V1";
 pub const BACKENDS: &str = "SB_BE_V1";
-/// V3: the entry carries the address the packet is rewritten to in both
-/// directions (`nat_addr_be`), so a reply needs no reverse-NAT lookup.
-/// V4: entries of flows from outside the node to a backend on another
-/// node also carry the source NAT (`snat_addr_be`, `snat_port_be`).
-/// V5: a plain (preallocated, non-LRU) hash the agent garbage-collects;
-/// entries carry `last_seen_ns` and per-direction TCP state
-/// (`ct_state`), so a live flow is never evicted for a new one.
+/// A plain (preallocated, non-LRU) hash the agent garbage-collects. Each
+/// entry carries the address the packet is rewritten to in its direction
+/// (`nat_addr_be`, so a reply needs no reverse-NAT lookup), the source NAT
+/// of a flow from outside the node to a backend on another node
+/// (`snat_addr_be`, `snat_port_be`), `last_seen_ns` and its direction's TCP
+/// state (`ct_state`), so a live flow is never evicted for a new one.
 pub const CONNTRACK: &str = "SB_CT_V5";
-/// The V4 table (LRU, no state), which an agent upgrading from one copies
-/// into [`CONNTRACK`] once and then unpins.
-pub const CONNTRACK_V4: &str = "SB_CT_V4";
-/// The connection-tracking table before flows carried their own
-/// translation (an earlier layout the agent carries over).
-pub const CONNTRACK_V2: &str = "SB_CT_V2";
-/// The data-path counters before the socket layer's were added (an earlier
-/// layout the agent carries over).
-pub const GLOBAL_STATS_V1: &str = "SB_STATS_V1";
 pub const REVNAT: &str = "SB_RNAT_V1";
 pub const SERVICE_STATS: &str = "SB_SVC_STATS_V1";
-/// V3: counters of the uplink (north-south) programs added.
-/// V4: `rejected` added; `frag_translated`, `frag_unknown` and
-/// `icmp_error_translated` added.
-/// V5: `ct_full` added.
+/// The data path's per-CPU counters, indexed by [`super::stat`].
 pub const GLOBAL_STATS: &str = "SB_STATS_V5";
 pub const AFFINITY: &str = "SB_AFFINITY_V1";
 /// Socket layer: per-socket translations ([`super::SockKey`]).
@@ -34,15 +21,11 @@ pub const SOCKETS: &str = "SB_SOCK_V1";
 pub const SOCK_AFFINITY: &str = "SB_SOCK_AFFINITY_V1";
 /// One [`super::Config`] entry the agent writes at start-up.
 pub const CONFIG: &str = "SB_CONFIG_V1";
-/// The tc layer's tail calls: slot [`super::tail::REWRITE`] holds
-/// `sb_rewrite`. Pinned, so the slot stays filled while no agent runs.
-pub const TAIL_CALLS: &str = "SB_TAIL_V1";
-/// The tc pod path's IPv6 programs, tail-called by `sb_from_pod` and
-/// `sb_to_pod` for ethertype 0x86DD (slots [`super::tail::FROM_POD6`],
-/// [`super::tail::TO_POD6`]). Pinned like [`TAIL_CALLS`], so the IPv6
-/// programs stay reachable while no agent runs (an agent killed or
-/// restarting loses no IPv6 Service traffic), and a new agent's load
-/// puts its own IPv6 programs in for the programs still attached.
+/// The tc uplink program's IPv6 twin, tail-called by `sb_from_uplink` for
+/// ethertype 0x86DD (slot [`super::tail::FROM_UPLINK6`]). Pinned, so the
+/// IPv6 program stays reachable while no agent runs (an agent killed or
+/// restarting loses no IPv6 traffic from outside), and a new agent's load
+/// puts its own IPv6 program in for the program still attached.
 pub const TAIL_CALLS6: &str = "SB_TAIL6_V1";
 /// The node's uplinks by interface index ([`super::Uplink`]): where
 /// traffic from outside arrives, and the address flows to a backend on
@@ -66,9 +49,7 @@ pub const MAGLEV: &str = "SB_MAGLEV_V1";
 pub const FRAGMENTS: &str = "SB_FRAG_V1";
 /// The IPv6 twins of the address-bearing maps. Each family has its own
 /// maps, as Cilium's `lb4_*`/`lb6_*`: an IPv4 key stays 12 bytes instead
-/// of 36, the IPv4 maps and their pins are exactly what they were before
-/// IPv6 existed (an upgrade keeps every IPv4 flow), and a program looks in
-/// one family's map only. Service ids and backend ids come from one id
+/// of 36, and a program looks in one family's map only. Service ids and backend ids come from one id
 /// space shared by both families, so the per-service counters, the
 /// Maglev tables and the socket-layer affinity (all keyed by id) are
 /// shared maps.
@@ -93,9 +74,8 @@ pub const SERVICE_DENIED: &str = "SB_SVC_DENIED_V1";
 /// The pod path's bitmap of frontend addresses, both families
 /// ([`super::prefilter::frontends`]): a clear bit proves a destination is
 /// no frontend before any hash lookup.
-/// V2: sized with the frontend map, indexed as `SB_FE_FILTER_SHIFT` says
-/// (V1 had 2^20 bits). V3: the same sizes, bits chosen by Fibonacci
-/// hashing (V2 used MurmurHash3's finalizer).
+/// Sized with the frontend map, indexed as `SB_FE_FILTER_SHIFT` says, its
+/// bits chosen by Fibonacci hashing.
 pub const FRONTEND_FILTER: &str = "SB_FE_FILTER_V3";
 /// The global that tells the programs how to index the frontend bitmap
 /// (`prefilter::frontends::shift_for` its size), set when the object is
@@ -115,10 +95,9 @@ pub const QUIET_PODS: &str = "SB_QUIET_V2";
 /// tracks a flow from that interface, voiding the mark of an older one.
 pub const QUIET_GENS: &str = "SB_QUIET_GEN_V1";
 /// The connection-tracking table's generation (one `u64`): moved on by
-/// [`super::CT_GEN_AGENT_STEP`] after the agent removed entries (and by one
-/// after each removal or replacement by the previous release's programs;
-/// this release's void only the flow-cache slot of the key they write); the
-/// data path's per-CPU flow caches answer only for the generation they were
+/// [`super::CT_GEN_AGENT_STEP`] after the agent removed entries (the
+/// programs void only the flow-cache slot of the key they write); the data
+/// path's per-CPU flow caches answer only for the generation they were
 /// filled at.
 pub const CT_GEN: &str = "SB_CT_GEN_V1";
 /// Socket layer: the socket-local storage of a TCP socket connected to a
@@ -126,12 +105,6 @@ pub const CT_GEN: &str = "SB_CT_GEN_V1";
 pub const SOCK_CONNS: &str = "SB_SOCK_CONN_V2";
 /// The IPv6 twin of [`SOCK_CONNS`] ([`super::SockConn6`]).
 pub const SOCK_CONNS6: &str = "SB_SOCK_CONN6_V2";
-/// [`SOCK_CONNS`] as format 7 laid it out ([`super::SockTarget`]: no
-/// flags), adopted and read for the TCP sockets the previous release
-/// connected (`getpeername`); nothing writes it any more.
-pub const SOCK_CONNS_V1: &str = "SB_SOCK_CONN_V1";
-/// [`SOCK_CONNS_V1`] of IPv6 sockets ([`super::SockTarget6`]).
-pub const SOCK_CONNS6_V1: &str = "SB_SOCK_CONN6_V1";
 /// Round-robin: each service id's turn counter (`u64`, an array by
 /// service id), advanced with an atomic add by every new flow of a
 /// round-robin frontend. Not pinned: a new agent starts the turns over.
@@ -169,7 +142,7 @@ pub const HOST_NAMESPACE_ONLY: &str = ".data.sb_hostns";
 /// Per-CPU count of events the ring buffer had no room for.
 pub const TRACE_LOST: &str = "SB_TRACE_LOST_V1";
 /// Every map, in the order the CLI reports them.
-pub const ALL: [&str; 35] = [
+pub const ALL: [&str; 32] = [
     FRONTENDS,
     BACKENDS,
     CONNTRACK,
@@ -180,7 +153,6 @@ pub const ALL: [&str; 35] = [
     SOCKETS,
     SOCK_AFFINITY,
     CONFIG,
-    TAIL_CALLS,
     UPLINKS,
     MAGLEV,
     FRAGMENTS,
@@ -200,8 +172,6 @@ pub const ALL: [&str; 35] = [
     FRONTEND_FILTER,
     QUIET_PODS,
     QUIET_GENS,
-    SOCK_CONNS_V1,
-    SOCK_CONNS6_V1,
     CT_GEN,
     SOCK_CONNS,
     SOCK_CONNS6,

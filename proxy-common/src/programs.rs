@@ -20,13 +20,6 @@ pub const SOCK_SENDMSG6: &str = "sb_sock_sendmsg6";
 pub const SOCK_RECVMSG6: &str = "sb_sock_recvmsg6";
 /// cgroup `getpeername6`: [`SOCK_GETPEERNAME4`] for IPv6 sockets.
 pub const SOCK_GETPEERNAME6: &str = "sb_sock_getpeername6";
-/// tc, tail-called by both tc programs: writes the rewrite they decided on.
-pub const TC_REWRITE: &str = "sb_rewrite";
-/// tc, tail-called by `sb_from_pod` for IPv6 packets (its own program: the
-/// IPv6 path's stack does not fit next to the IPv4 path's).
-pub const TC_FROM_POD6: &str = "sb_from_pod6";
-/// tc, tail-called by `sb_to_pod` for IPv6 packets.
-pub const TC_TO_POD6: &str = "sb_to_pod6";
 /// XDP, tail-called by `sb_xdp_uplink` for IPv6 packets.
 pub const XDP_UPLINK6: &str = "sb_xdp_uplink6";
 /// tc, tail-called by `sb_from_uplink` for IPv6 packets.

@@ -56,9 +56,7 @@ pub mod sock_conn_flags {
 
 /// What the socket layer connected a TCP socket to: the backend it got and
 /// the frontend the application asked for. `A`: `u32` for IPv4,
-/// [`Addr6Be`] for IPv6. Alone, it is the whole socket-local storage of
-/// pin-root format 7 (`SB_SOCK_CONN_V1`, `SB_SOCK_CONN6_V1`), which this
-/// release still reads for the sockets its predecessor connected.
+/// [`Addr6Be`] for IPv6.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SockTargetOf<A> {
@@ -88,10 +86,6 @@ pub struct SockConnOf<A> {
 pub type SockConn = SockConnOf<u32>;
 /// [`SockConnOf`] of an IPv6 socket.
 pub type SockConn6 = SockConnOf<Addr6Be>;
-/// [`SockTargetOf`] of an IPv4 socket: format 7's `SockConn`.
-pub type SockTarget = SockTargetOf<u32>;
-/// [`SockTargetOf`] of an IPv6 socket: format 7's `SockConn6`.
-pub type SockTarget6 = SockTargetOf<Addr6Be>;
 
 /// Key of the socket-layer session-affinity map: the socket layer sees no
 /// client address at connect time, so a client is its network namespace (a

@@ -140,34 +140,6 @@ pub fn sb_to_pod(ctx: TcContext) -> i32 {
     }
 }
 
-/// Tail-called for IPv6 packets by the previous release's `sb_from_pod`
-/// during an upgrade (today's carries the IPv6 body itself).
-#[classifier]
-#[inline(always)]
-pub fn sb_from_pod6(ctx: TcContext) -> i32 {
-    match programs::pod::try_from_pod6(&ctx) {
-        Ok(action) => action,
-        Err(skip) => skb::pass(skip),
-    }
-}
-
-/// Tail-called for IPv6 packets by the previous release's `sb_to_pod`
-/// during an upgrade (today's carries the IPv6 body itself).
-#[classifier]
-#[inline(always)]
-pub fn sb_to_pod6(ctx: TcContext) -> i32 {
-    programs::pod::to_pod::<proxy_common::Addr6Be>(&ctx)
-}
-
-/// The previous release's tail call for the packets its `sb_from_pod` and
-/// `sb_to_pod` rewrote, kept one release so an upgrade's still-attached old
-/// programs find it (see `rewrite::rewrite_in_place`).
-#[classifier]
-#[inline(always)]
-pub fn sb_rewrite(ctx: TcContext) -> i32 {
-    rewrite::rewrite_in_place(&ctx)
-}
-
 /// XDP on each uplink: traffic from outside the node ([`nodeport`]).
 #[xdp]
 #[inline(always)]

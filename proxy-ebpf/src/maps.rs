@@ -13,7 +13,7 @@ use proxy_common::{
     Backend6, Config, CtEntry, CtEntry6, CtKey, CtKey6, CtKeyOf, FragEntry, FragEntry6, FragKey,
     FragKey6, FrontendKey, FrontendKey6, FrontendSlot, MaglevTable, NewFlows, NewFlows6, RevNat,
     RevNat6, SockAffinityKey, SockConn, SockConn6, SockEntry, SockEntry6, SockKey, SockKey6,
-    SockTarget, SockTarget6, SrcRange4, SrcRange6, SvcStats, Uplink, Uplink6, SRC_RANGE_ID_BITS,
+    SrcRange4, SrcRange6, SvcStats, Uplink, Uplink6, SRC_RANGE_ID_BITS,
 };
 
 /// Capacity type parameter shared by both affinity maps, so one selection
@@ -52,21 +52,11 @@ pub static SB_SOCK_CONN_V2: SkStorage<SockConn> = SkStorage::new();
 /// [`SB_SOCK_CONN_V2`] of IPv6 sockets.
 #[btf_map]
 pub static SB_SOCK_CONN6_V2: SkStorage<SockConn6> = SkStorage::new();
-/// [`SB_SOCK_CONN_V2`] as the previous release laid it out (no flags):
-/// read for the sockets it connected (`crate::socklb::conn`).
-#[btf_map]
-pub static SB_SOCK_CONN_V1: SkStorage<SockTarget> = SkStorage::new();
-/// [`SB_SOCK_CONN_V1`] of IPv6 sockets.
-#[btf_map]
-pub static SB_SOCK_CONN6_V1: SkStorage<SockTarget6> = SkStorage::new();
 #[btf_map]
 pub static SB_CONFIG_V1: Array<Config, 1> = Array::new();
+/// The IPv6 tc uplink program (`proxy_common::tail::FROM_UPLINK6`).
 #[btf_map]
-pub static SB_TAIL_V1: ProgramArray<1> = ProgramArray::new();
-/// The IPv6 tc programs (`proxy_common::tail::FROM_POD6`, `TO_POD6`,
-/// `FROM_UPLINK6`).
-#[btf_map]
-pub static SB_TAIL6_V1: ProgramArray<3> = ProgramArray::new();
+pub static SB_TAIL6_V1: ProgramArray<1> = ProgramArray::new();
 /// The IPv6 XDP uplink program (`proxy_common::tail::XDP_UPLINK6`): a
 /// program array holds programs of one type only.
 #[btf_map]
@@ -201,9 +191,7 @@ pub static SB_FLOW_CACHE6_V1: FlowCache<Addr6Be> = PerCpuArray::new();
 
 /// The connection-tracking table's generation: moved on by the agent after
 /// it removed entries (`proxy_common::conntrack::CT_GEN_AGENT_STEP`); what
-/// the flow caches hold is void once it moved (`crate::ct::cache`). The
-/// previous release's programs also add one after each removal or
-/// replacement of theirs, which voids this release's slots as well.
+/// the flow caches hold is void once it moved (`crate::ct::cache`).
 #[btf_map]
 pub static SB_CT_GEN_V1: Array<u64, 1> = Array::new();
 

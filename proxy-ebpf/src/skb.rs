@@ -51,7 +51,7 @@ pub(crate) fn ethertype(ctx: &TcContext) -> Result<u16, Skip> {
 
 /// Decides the family of a tc program's packet, once: `Ok(None)` for
 /// IPv4, which the caller goes on with; IPv6 is tail-called into the
-/// program `slot6` (`tail::FROM_POD6`, `TO_POD6`, `FROM_UPLINK6`), and
+/// program `slot6` (`tail::FROM_UPLINK6`), and
 /// `Ok(Some(action))` returned only when that call failed; anything else is
 /// not ours.
 #[inline(always)]
@@ -63,7 +63,7 @@ pub(crate) fn ipv4_or_hand_over6(ctx: &TcContext, slot6: u32) -> Result<Option<i
     }
 }
 
-/// Tail-calls the IPv6 program `slot` (`tail::FROM_POD6`, `tail::TO_POD6`).
+/// Tail-calls the IPv6 program `slot` (`tail::FROM_UPLINK6`).
 /// Returns only if the call failed (the agent has not filled the array
 /// yet): the packet passes untouched, counted.
 #[inline(always)]

@@ -6,11 +6,11 @@ use anyhow::Context as _;
 
 use crate::{
     agent::{AgentConfig, Source},
-    dataplane::attach::TcMode,
-    dataplane::conntrack::Timeouts,
-    dataplane::pinroot::DEFAULT_PIN_ROOT,
-    dataplane::socketlb::SocketScope,
-    dataplane::uplink::{NodePortMode, XdpMode},
+    dataplane::attach::pods::TcMode,
+    dataplane::attach::socket_layer::SocketScope,
+    dataplane::attach::uplink::{NodePortMode, XdpMode},
+    dataplane::flows::expiry::Timeouts,
+    dataplane::pins::format::DEFAULT_PIN_ROOT,
     model::cidr::IpCidr,
     model::LbAlgorithm,
     sync::store::Capacities,
@@ -266,7 +266,7 @@ impl AgentArgs {
             (false, _) => None,
             (true, Some(root)) => Some(root),
             (true, None) => Some(
-                crate::dataplane::socketlb::find_cgroup_root()
+                crate::dataplane::attach::socket_layer::find_cgroup_root()
                     .context("finding the cgroup root for the socket layer")?,
             ),
         };

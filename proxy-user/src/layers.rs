@@ -9,7 +9,7 @@ const LAYERS: [(&str, u8); 10] = [
     ("source", 2),
     ("sync", 3),
     ("dataplane", 4),
-    ("node", 5),
+    ("observe", 5),
     ("cli", 6),
     ("agent", 7),
     ("args", 7),

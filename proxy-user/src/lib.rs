@@ -1,7 +1,7 @@
 //! switchboard's userspace: the agent (source → model → sync → maps), the
 //! loader and attach logic, and the CLI, grouped by layer. Each layer
 //! imports only from the ones below it (bottom first): `util`, `model`,
-//! `source`, `sync`, `dataplane`, `node`, `cli`, then the composition root
+//! `source`, `sync`, `dataplane`, `observe`, `cli`, then the composition root
 //! (`agent`, `args`; the `switchboard` binary's `main.rs` in its own
 //! crate). See `docs/layout.md`; the test in `layers.rs` checks the rule.
 // The agent handles every failure: no unwrap, expect or panic outside tests.
@@ -14,7 +14,7 @@ pub mod args;
 pub mod cli;
 pub mod dataplane;
 pub mod model;
-pub mod node;
+pub mod observe;
 pub mod source;
 pub mod sync;
 pub mod util;

@@ -26,25 +26,21 @@
 //! one allocator each, so an id names an entry in exactly one family's map;
 //! the Maglev tables (by service id) are shared. Each family's map has the
 //! full capacity, so capacity is counted per family.
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::borrow::Cow;
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::net::IpAddr;
 
 use proxy_common::{
-    capacity, frontend_flags, proto, scope, sock_dir, CtEntry, CtEntry6, CtKey, CtKey6,
-    FrontendSlot, MaglevTable, SockEntry, SockEntry6, SockKey, SockKey6,
+    frontend_flags, proto, scope, sock_dir, CtEntry, CtEntry6, CtKey, CtKey6, SockEntry,
+    SockEntry6, SockKey, SockKey6,
 };
 use tracing::{debug, warn};
 
 use crate::model::cidr::IpCidr;
 use crate::{
-    model::{BackendAddr, DesiredState, Frontend, FrontendAddr, IpFamily, LbAlgorithm, Protocol},
+    model::{BackendAddr, DesiredState, FrontendAddr, IpFamily, LbAlgorithm},
     sync::backends::Backends,
-    sync::encode::{
-        backend_addr, backend_value, frontend_addr, frontend_key, ipv4, ipv6, proto_number,
-        revnat_name, revnat_value, scoped_key, slot_zero_attributes, AnyBackend, AnyFrontendKey,
-        AnyRevNat, FrontendDefaults,
-    },
-    sync::maglev::BackendKey,
+    sync::encode::{frontend_key, ipv4, ipv6, scoped_key, FrontendDefaults},
     sync::store::Capacities,
     sync::store::{MapStore, WriteError},
 };
@@ -114,6 +110,22 @@ impl Programmed {
     fn entries(&self) -> usize {
         1 + self.slots.len() + self.external.as_ref().map_or(0, |e| 1 + e.len())
     }
+
+    /// The slots and shares of set `scope` (the external set's slots are
+    /// empty when it has none).
+    fn set(&self, scope: u8) -> (&[u32], Option<&[u16]>) {
+        let slots = match scope {
+            scope::INTERNAL => &self.slots[..],
+            _ => self.external.as_deref().unwrap_or_default(),
+        };
+        (slots, self.shares(scope))
+    }
+
+    /// Whether slot 0 names a hashing algorithm, whose Maglev table is in
+    /// the maps under the service id.
+    fn hashed(&self) -> bool {
+        self.flags & frontend_flags::ALGO_MASK != frontend_flags::ALGO_RANDOM
+    }
 }
 
 /// A count per address family.
@@ -128,6 +140,13 @@ impl PerFamily {
         match family {
             IpFamily::V4 => &mut self.v4,
             IpFamily::V6 => &mut self.v6,
+        }
+    }
+
+    fn get(&self, family: IpFamily) -> usize {
+        match family {
+            IpFamily::V4 => self.v4,
+            IpFamily::V6 => self.v6,
         }
     }
 }
@@ -181,6 +200,9 @@ pub struct Syncer<S: MapStore> {
     /// The maps were reloaded after a failed write: the next sync compares
     /// every frontend, not only the changed ones.
     needs_full: bool,
+    /// What the drift check knows of the Maglev tables written, and where
+    /// its rotation goes on ([`heal::maglev`]).
+    maglev_watch: heal::maglev::Watch,
 }
 
 /// Whether a sync into empty maps may write in batches (off when retrying
@@ -221,6 +243,16 @@ impl Purge {
     }
 }
 
+/// One sync under way: what it did so far, the flows to purge once it is
+/// done, and whether a write failed.
+#[derive(Default)]
+struct Pass {
+    report: SyncReport,
+    purge: Purge,
+    /// A write failed half-way: the maps are reloaded at the end.
+    failed_write: bool,
+}
+
 impl<S: MapStore> Syncer<S> {
     /// Starts from what the maps already hold (a restarted agent adopts the
     /// pinned state instead of flushing it). Entries that belong to no complete
@@ -239,6 +271,7 @@ impl<S: MapStore> Syncer<S> {
             defaults: FrontendDefaults::default(),
             failed: BTreeMap::new(),
             needs_full: false,
+            maglev_watch: heal::maglev::Watch::default(),
         };
         syncer.reload();
         syncer.needs_full = false;
@@ -279,160 +312,6 @@ impl<S: MapStore> Syncer<S> {
     /// bypass the sync's bookkeeping.
     pub fn store_mut(&mut self) -> &mut S {
         &mut self.store
-    }
-
-    /// Rebuilds the in-memory view from the maps and removes orphans.
-    fn reload(&mut self) {
-        let dump = self.store.dump();
-        self.programmed.clear();
-        self.backends.clear();
-        self.service_ids.clear();
-        self.frontend_entries = PerFamily::default();
-        self.range_entries = PerFamily::default();
-        let mut ranges: HashMap<u32, Vec<IpCidr>> = HashMap::new();
-        for (id, block) in &dump.source_ranges {
-            ranges.entry(*id).or_default().push(*block);
-        }
-
-        // Each family's backends by id. Ids are one space: an id found in
-        // both maps (a crash between a delete and a reuse) is kept for the
-        // first frontend that uses it; another family's frontend naming it
-        // is dropped and rewritten with a fresh id.
-        let backends: HashMap<(IpFamily, u32), AnyBackend> = dump
-            .backends
-            .iter()
-            .map(|(id, b)| ((b.family(), *id), *b))
-            .collect();
-        let revnat: HashMap<u32, AnyRevNat> = dump.revnat.iter().copied().collect();
-        let slots: HashMap<AnyFrontendKey, FrontendSlot> = dump.frontends.iter().copied().collect();
-        let mut keep_slots: HashSet<AnyFrontendKey> = HashSet::new();
-        let mut keep_backends: HashSet<(u32, IpFamily)> = HashSet::new();
-        let mut service_family: HashMap<u32, IpFamily> = HashMap::new();
-
-        for (key, head) in dump
-            .frontends
-            .iter()
-            .filter(|(k, _)| k.slot() == 0 && k.scope() == scope::INTERNAL)
-        {
-            let Some(addr) = frontend_addr(key) else {
-                continue;
-            };
-            let internal = complete_slots(&slots, &backends, key, head);
-            // Outer `None`: announced but incomplete; inner `None`: no
-            // external set.
-            let external: Option<Option<SlotSet>> = if frontend_flags::has_external_set(head.flags)
-            {
-                let ext_key = key.at(scope::EXTERNAL, 0);
-                slots
-                    .get(&ext_key)
-                    .and_then(|ext_head| complete_slots(&slots, &backends, &ext_key, ext_head))
-                    .map(Some)
-            } else {
-                Some(None)
-            };
-            let (Some((ids, internal_shares)), Some(external)) = (internal, external) else {
-                // Half-written by a crash: drop it; the next apply rewrites it.
-                warn!(frontend = %addr, "adopting maps: incomplete frontend entry removed");
-                continue;
-            };
-            if head.service_id == 0
-                || service_family
-                    .get(&head.service_id)
-                    .is_some_and(|f| *f != addr.family())
-            {
-                warn!(frontend = %addr, "adopting maps: incomplete frontend entry removed");
-                continue;
-            }
-            let (external, external_shares) = match external {
-                Some((ids, shares)) => (Some(ids), shares),
-                None => (None, None),
-            };
-            let other_family = ids.iter().chain(external.iter().flatten()).any(|id| {
-                self.backends
-                    .get(*id)
-                    .is_some_and(|(b, _)| b.family() != addr.family())
-            });
-            if other_family {
-                warn!(frontend = %addr, "adopting maps: a backend id of this frontend is used by the other address family; the frontend is rewritten");
-                continue;
-            }
-            for (scope, set) in [
-                (scope::INTERNAL, Some(&ids)),
-                (scope::EXTERNAL, external.as_ref()),
-            ] {
-                let Some(set) = set else { continue };
-                for slot in 0..=set.len() as u16 {
-                    keep_slots.insert(key.at(scope, slot));
-                }
-                for id in set {
-                    keep_backends.insert((*id, addr.family()));
-                    let backend = backends[&(addr.family(), *id)];
-                    self.backends
-                        .hold(*id, backend_addr(&backend), addr.protocol);
-                }
-            }
-            let name = revnat
-                .get(&head.service_id)
-                .filter(|r| r.family() == addr.family())
-                .map(revnat_name)
-                .unwrap_or_default();
-            self.service_ids.insert(head.service_id);
-            service_family.insert(head.service_id, addr.family());
-            // Blocks of the other family under this id are orphans.
-            let mut blocks: Vec<IpCidr> = ranges
-                .get(&head.service_id)
-                .into_iter()
-                .flatten()
-                .filter(|b| b.is_ipv4() == (addr.family() == IpFamily::V4))
-                .copied()
-                .collect();
-            blocks.sort();
-            let weights = (internal_shares.is_some() || external_shares.is_some()).then(|| {
-                Box::new(Shares {
-                    internal: internal_shares.map(Into::into),
-                    external: external_shares.map(Into::into),
-                })
-            });
-            let programmed = Programmed {
-                service_id: head.service_id,
-                name: NameHash::of(&name),
-                flags: head.flags & !frontend_flags::WEIGHTED,
-                affinity_timeout_s: head.affinity_timeout_s,
-                slots: ids.into(),
-                external: external.map(Into::into),
-                ranges: blocks.into(),
-                weights,
-            };
-            *self.frontend_entries.of(addr.family()) += programmed.entries();
-            *self.range_entries.of(addr.family()) += programmed.ranges.len();
-            self.programmed.insert(addr, programmed);
-        }
-        // Orphans: slots of dropped frontends, unused backends and rev-NAT entries.
-        for key in slots.keys().filter(|k| !keep_slots.contains(k)) {
-            log_write(self.store.delete_frontend(*key));
-        }
-        for (id, backend) in &dump.backends {
-            if !keep_backends.contains(&(*id, backend.family())) {
-                log_write(self.store.delete_backend(*id, backend.family()));
-            }
-        }
-        for (id, rnat) in &dump.revnat {
-            if service_family.get(id) != Some(&rnat.family()) {
-                log_write(self.store.delete_revnat(*id, rnat.family()));
-            }
-        }
-        for (id, block) in &dump.source_ranges {
-            let family = if block.is_ipv4() {
-                IpFamily::V4
-            } else {
-                IpFamily::V6
-            };
-            if service_family.get(id) != Some(&family) {
-                log_write(self.store.delete_source_range(*id, *block));
-            }
-        }
-        self.next_service_id = self.service_ids.last().map_or(1, |id| id + 1);
-        self.next_backend_id = self.backends.max_id().map_or(1, |id| id + 1);
     }
 
     /// The frontends programmed now, with their backends (sorted, each once).
@@ -481,40 +360,28 @@ impl<S: MapStore> Syncer<S> {
         self.sync_frontends(desired, &addrs, batching)
     }
 
+    /// Brings the `changed` frontends, and those that failed before (a
+    /// removal elsewhere may have made room), to `desired`. The steps'
+    /// order is what the sync promises:
+    /// 1. the frontends `desired` no longer has are removed, so the
+    ///    entries they free are there for what is added;
+    /// 2. the others are added or updated ([`upsert`](Self::upsert));
+    ///    into empty maps, in batches;
+    /// 3. the flows and sockets of what left are purged, once no slot
+    ///    names it.
+    ///
+    /// A write that fails half-way makes the maps the truth: they are
+    /// reloaded, and the next sync compares every frontend. A failed batch
+    /// is written again at once, one entry at a time.
     fn sync_frontends(
         &mut self,
         desired: &DesiredState,
         changed: &BTreeSet<FrontendAddr>,
         batching: Batching,
     ) -> SyncReport {
-        let mut retry: BTreeSet<FrontendAddr> = self.failed.keys().copied().collect();
-        let changed = if retry.is_empty() {
-            changed
-        } else {
-            retry.extend(changed.iter().copied());
-            &retry
-        };
-        let mut report = SyncReport::default();
-        let mut purge = Purge::default();
-        let mut failed_write = false;
-
-        for addr in changed
-            .iter()
-            .filter(|a| !desired.frontends.contains_key(a))
-        {
-            self.failed.remove(addr);
-            if !self.programmed.contains_key(addr) {
-                continue;
-            }
-            match self.remove(addr, &mut purge, &mut report.writes) {
-                Ok(()) => report.removed += 1,
-                Err(error) => {
-                    failed_write = true;
-                    warn!(frontend = %addr, %error, "removing frontend failed");
-                }
-            }
-        }
-
+        let changed = self.with_failed(changed);
+        let mut pass = Pass::default();
+        self.remove_gone(desired, &changed, &mut pass);
         // Into empty maps (a fresh start), puts go out in batches: a start
         // at 100k Services writes over two million entries.
         let batched = batching == Batching::Allowed
@@ -523,17 +390,93 @@ impl<S: MapStore> Syncer<S> {
         if batched {
             self.store.hold_puts();
         }
+        self.upsert_desired(desired, &changed, &mut pass);
+        if batched {
+            if let Err(error) = self.store.flush() {
+                // Which frontends made it is unknown: believe the maps, then
+                // write the rest one entry at a time, so a failure is
+                // reported against its frontend.
+                warn!(%error, "batched map writes failed; writing one by one");
+                self.reload();
+                return self.sync_all(desired, Batching::Off);
+            }
+        }
+        let Pass {
+            mut report,
+            purge,
+            failed_write,
+        } = pass;
+        report.failed = self.failed.values().cloned().collect();
+        self.purge_flows(&purge, &mut report);
+        if failed_write {
+            // Some write failed half-way: believe the maps, not our
+            // bookkeeping, and compare everything at the next sync.
+            self.reload();
+            self.needs_full = true;
+        }
+        report
+    }
+
+    /// `changed`, and the frontends that failed before.
+    fn with_failed<'a>(
+        &self,
+        changed: &'a BTreeSet<FrontendAddr>,
+    ) -> Cow<'a, BTreeSet<FrontendAddr>> {
+        if self.failed.is_empty() {
+            return Cow::Borrowed(changed);
+        }
+        let mut all: BTreeSet<FrontendAddr> = self.failed.keys().copied().collect();
+        all.extend(changed.iter().copied());
+        Cow::Owned(all)
+    }
+
+    /// Step 1: removes the `changed` frontends `desired` no longer has
+    /// (slot 0 first: see [`remove`](Self::remove)). They are no longer
+    /// failed either.
+    fn remove_gone(
+        &mut self,
+        desired: &DesiredState,
+        changed: &BTreeSet<FrontendAddr>,
+        pass: &mut Pass,
+    ) {
+        for addr in changed
+            .iter()
+            .filter(|a| !desired.frontends.contains_key(a))
+        {
+            self.failed.remove(addr);
+            if !self.programmed.contains_key(addr) {
+                continue;
+            }
+            match self.remove(addr, &mut pass.purge, &mut pass.report.writes) {
+                Ok(()) => pass.report.removed += 1,
+                Err(error) => {
+                    pass.failed_write = true;
+                    warn!(frontend = %addr, %error, "removing frontend failed");
+                }
+            }
+        }
+    }
+
+    /// Step 2: adds or updates the `changed` frontends `desired` has. One
+    /// that does not fit, or whose write failed, is recorded as failed, with
+    /// the reason; one programmed is no longer failed.
+    fn upsert_desired(
+        &mut self,
+        desired: &DesiredState,
+        changed: &BTreeSet<FrontendAddr>,
+        pass: &mut Pass,
+    ) {
         for frontend in changed.iter().filter_map(|a| desired.frontends.get(a)) {
             let addr = &frontend.addr;
             let name = frontend.service.to_string();
-            let reason = match self.upsert(frontend, &name, &mut purge, &mut report) {
+            let reason = match self.upsert(frontend, &name, &mut pass.purge, &mut pass.report) {
                 Ok(()) => {
                     self.failed.remove(addr);
                     continue;
                 }
                 Err(UpsertError::Capacity(reason)) => reason,
                 Err(UpsertError::Write(error)) => {
-                    failed_write = true;
+                    pass.failed_write = true;
                     match &error {
                         WriteError::Full { map } => format!("map {map} is full"),
                         WriteError::Other { .. } => error.to_string(),
@@ -547,80 +490,65 @@ impl<S: MapStore> Syncer<S> {
             };
             self.failed.insert(*addr, failed);
         }
-        if batched {
-            if let Err(error) = self.store.flush() {
-                // Which frontends made it is unknown: believe the maps, then
-                // write the rest one entry at a time, so a failure is
-                // reported against its frontend.
-                warn!(%error, "batched map writes failed; writing one by one");
-                self.reload();
-                return self.sync_all(desired, Batching::Off);
-            }
-        }
-        report.failed = self.failed.values().cloned().collect();
+    }
 
-        if !purge.services.is_empty() || !purge.udp_backends.is_empty() {
-            if purge.v4 {
-                report.conntrack_purged +=
-                    self.store.purge_conntrack(&|key: &CtKey, entry: &CtEntry| {
-                        purge.dooms(key.proto, entry.service_id, entry.backend_id)
-                    });
-                let purged = self
-                    .store
-                    .purge_sockets(&|key: &SockKey, entry: &SockEntry| {
-                        purge.dooms(key.proto, entry.service_id, entry.backend_id)
-                    });
-                report.sockets_purged += purged.len();
-                report.udp_sockets_left.extend(
-                    purged
-                        .iter()
-                        .filter(|key| key.proto == proto::UDP && key.dir == sock_dir::REVERSE)
-                        .map(|key| {
-                            (
-                                key.cookie,
-                                BackendAddr {
-                                    ip: IpAddr::V4(ipv4(key.addr_be)),
-                                    port: u16::from_be(key.port_be),
-                                },
-                            )
-                        }),
-                );
-            }
-            if purge.v6 {
-                report.conntrack_purged +=
-                    self.store
-                        .purge_conntrack6(&|key: &CtKey6, entry: &CtEntry6| {
-                            purge.dooms(key.proto, entry.service_id, entry.backend_id)
-                        });
-                let purged = self
-                    .store
-                    .purge_sockets6(&|key: &SockKey6, entry: &SockEntry6| {
-                        purge.dooms(key.proto, entry.service_id, entry.backend_id)
-                    });
-                report.sockets_purged += purged.len();
-                report.udp_sockets_left.extend(
-                    purged
-                        .iter()
-                        .filter(|key| key.proto == proto::UDP && key.dir == sock_dir::REVERSE)
-                        .map(|key| {
-                            (
-                                key.cookie,
-                                BackendAddr {
-                                    ip: IpAddr::V6(ipv6(key.addr_be)),
-                                    port: u16::from_be(key.port_be),
-                                },
-                            )
-                        }),
-                );
-            }
+    /// Step 3: drops the connection-tracking and socket-layer entries of
+    /// the service ports that left, and the UDP ones of backends that left
+    /// their service (the next datagram picks a live backend), scanning
+    /// only the tables of the families concerned. The connected UDP sockets
+    /// among them are reported ([`SyncReport::udp_sockets_left`]).
+    fn purge_flows(&mut self, purge: &Purge, report: &mut SyncReport) {
+        if purge.services.is_empty() && purge.udp_backends.is_empty() {
+            return;
         }
-        if failed_write {
-            // Some write failed half-way: believe the maps, not our
-            // bookkeeping, and compare everything at the next sync.
-            self.reload();
-            self.needs_full = true;
+        let udp_reverse = |proto: u8, dir: u8| proto == proto::UDP && dir == sock_dir::REVERSE;
+        if purge.v4 {
+            report.conntrack_purged +=
+                self.store.purge_conntrack(&|key: &CtKey, entry: &CtEntry| {
+                    purge.dooms(key.proto, entry.service_id, entry.backend_id)
+                });
+            let purged = self
+                .store
+                .purge_sockets(&|key: &SockKey, entry: &SockEntry| {
+                    purge.dooms(key.proto, entry.service_id, entry.backend_id)
+                });
+            report.sockets_purged += purged.len();
+            report.udp_sockets_left.extend(
+                purged
+                    .iter()
+                    .filter(|key| udp_reverse(key.proto, key.dir))
+                    .map(|key| {
+                        (
+                            key.cookie,
+                            sock_backend(IpAddr::V4(ipv4(key.addr_be)), key.port_be),
+                        )
+                    }),
+            );
         }
-        report
+        if purge.v6 {
+            report.conntrack_purged +=
+                self.store
+                    .purge_conntrack6(&|key: &CtKey6, entry: &CtEntry6| {
+                        purge.dooms(key.proto, entry.service_id, entry.backend_id)
+                    });
+            let purged = self
+                .store
+                .purge_sockets6(&|key: &SockKey6, entry: &SockEntry6| {
+                    purge.dooms(key.proto, entry.service_id, entry.backend_id)
+                });
+            report.sockets_purged += purged.len();
+            report.udp_sockets_left.extend(
+                purged
+                    .iter()
+                    .filter(|key| udp_reverse(key.proto, key.dir))
+                    .map(|key| {
+                        (
+                            key.cookie,
+                            sock_backend(IpAddr::V6(ipv6(key.addr_be)), key.port_be),
+                        )
+                    }),
+            );
+        }
     }
 
     fn remove(
@@ -644,6 +572,7 @@ impl<S: MapStore> Syncer<S> {
         }
         if programmed.flags & frontend_flags::ALGO_MASK != frontend_flags::ALGO_RANDOM {
             self.store.delete_maglev(programmed.service_id)?;
+            self.maglev_watch.deleted(addr);
             *writes += 1;
         }
         self.store
@@ -673,319 +602,6 @@ impl<S: MapStore> Syncer<S> {
         Ok(())
     }
 
-    fn upsert(
-        &mut self,
-        frontend: &Frontend,
-        name: &str,
-        purge: &mut Purge,
-        report: &mut SyncReport,
-    ) -> Result<(), UpsertError> {
-        let addr = &frontend.addr;
-        let old = self.programmed.get(addr).cloned();
-        let wanted = sorted_set(&frontend.backends);
-        let (flags, affinity_timeout_s) = slot_zero_attributes(frontend, self.defaults);
-        let wanted_external = frontend_flags::has_external_set(flags)
-            .then(|| sorted_set(frontend.external_backends.as_deref().unwrap_or_default()));
-        let distinct = wanted.len();
-        let wanted = SetPlan::new(frontend, flags, wanted);
-        let wanted_external = wanted_external.map(|set| SetPlan::new(frontend, flags, set));
-        let wanted_ranges: Vec<IpCidr> = frontend
-            .source_ranges
-            .as_ref()
-            .map(|r| r.blocks.to_vec())
-            .unwrap_or_default();
-        let limit = usize::from(capacity::MAX_BACKENDS_PER_SERVICE);
-        if distinct > limit {
-            return Err(UpsertError::Capacity(format!(
-                "{distinct} endpoints, more than the {limit} one service port can have"
-            )));
-        }
-
-        // Unchanged? Compare backend sets, not slot order (a weighted set's
-        // order is its layout).
-        if let Some(old) = &old {
-            let same_external = match (&old.external, &wanted_external) {
-                (None, None) => true,
-                (Some(ids), Some(plan)) => self.same_set(ids, old.shares(scope::EXTERNAL), plan),
-                _ => false,
-            };
-            if self.same_set(&old.slots, old.shares(scope::INTERNAL), &wanted)
-                && same_external
-                && old.name == NameHash::of(name)
-                && old.flags == flags
-                && old.affinity_timeout_s == affinity_timeout_s
-                && *old.ranges == *wanted_ranges
-            {
-                report.unchanged += 1;
-                return Ok(());
-            }
-        }
-
-        // Capacity, checked before any write so a frontend that does not fit
-        // leaves the maps as they were.
-        let old_entries = old.as_ref().map_or(0, Programmed::entries);
-        let new_entries =
-            1 + wanted.addrs.len() + wanted_external.as_ref().map_or(0, |e| 1 + e.addrs.len());
-        let family = addr.family();
-        // The IPv4 wording predates IPv6 (and is kept).
-        let which = match family {
-            IpFamily::V4 => "",
-            IpFamily::V6 => "IPv6 ",
-        };
-        if *self.frontend_entries.of(family) - old_entries + new_entries
-            > self.caps.frontends as usize
-        {
-            return Err(UpsertError::Capacity(format!(
-                "{which}frontend map full ({} entries)",
-                self.caps.frontends
-            )));
-        }
-        let new_backends = wanted
-            .addrs
-            .iter()
-            .chain(wanted_external.iter().flat_map(|e| e.addrs.iter()))
-            .collect::<HashSet<_>>()
-            .into_iter()
-            .filter(|b| self.backends.id_of(**b, addr.protocol).is_none())
-            .count();
-        if self.backends.len(family) + new_backends > self.caps.backends as usize {
-            return Err(UpsertError::Capacity(format!(
-                "{which}backend map full ({} entries)",
-                self.caps.backends
-            )));
-        }
-
-        let old_ranges = old.as_ref().map_or(0, |o| o.ranges.len());
-        if *self.range_entries.of(family) - old_ranges + wanted_ranges.len()
-            > capacity::SOURCE_RANGES as usize
-        {
-            return Err(UpsertError::Capacity(format!(
-                "{which}loadBalancerSourceRanges map full ({} blocks)",
-                capacity::SOURCE_RANGES
-            )));
-        }
-
-        let service_id = match &old {
-            Some(old) => old.service_id,
-            None => self.allocate_service_id().ok_or_else(|| {
-                UpsertError::Capacity(format!(
-                    "service id space full ({} service ports, --max-services)",
-                    self.caps.services
-                ))
-            })?,
-        };
-        if old.as_ref().is_none_or(|o| o.name != NameHash::of(name)) {
-            self.store
-                .put_revnat(service_id, revnat_value(addr, name))?;
-            report.writes += 1;
-        }
-
-        // Take references on the new sets before dropping the old ones, so a
-        // backend that stays is never deleted in between.
-        let wanted_ids = self.acquire_all(&wanted.addrs, addr.protocol, &mut report.writes)?;
-        let wanted_external_ids = match &wanted_external {
-            Some(set) => Some(self.acquire_all(&set.addrs, addr.protocol, &mut report.writes)?),
-            None => None,
-        };
-        let old_slots = old.as_ref().map(|o| o.slots.clone()).unwrap_or_default();
-        let old_external = old.as_ref().and_then(|o| o.external.clone());
-        let old_weights = old.as_ref().and_then(|o| o.weights.clone());
-        let slots = wanted.place(&old_slots, wanted_ids);
-        let external = wanted_external_ids.map(|ids| {
-            let plan = wanted_external.as_ref().unwrap_or(&wanted);
-            plan.place(old_external.as_deref().unwrap_or_default(), ids)
-        });
-        let weights = (wanted.shares.is_some()
-            || wanted_external.as_ref().is_some_and(|e| e.shares.is_some()))
-        .then(|| {
-            Box::new(Shares {
-                internal: wanted.shares.clone().map(Into::into),
-                external: wanted_external
-                    .as_ref()
-                    .and_then(|e| e.shares.clone())
-                    .map(Into::into),
-            })
-        });
-        let shares_of = |weights: &Option<Box<Shares>>, scope: u8| -> Option<Box<[u16]>> {
-            let w = weights.as_deref()?;
-            match scope {
-                scope::INTERNAL => w.internal.clone(),
-                _ => w.external.clone(),
-            }
-        };
-
-        // The Maglev table before either slot 0 announces the algorithm; it
-        // names only backends referenced above.
-        let (hashed_set, hashed_shares) = match &external {
-            Some(external) => (external, shares_of(&weights, scope::EXTERNAL)),
-            None => (&slots, shares_of(&weights, scope::INTERNAL)),
-        };
-        let old_hashed = old
-            .as_ref()
-            .is_some_and(|o| o.flags & frontend_flags::ALGO_MASK != frontend_flags::ALGO_RANDOM);
-        if flags & frontend_flags::ALGO_MASK != frontend_flags::ALGO_RANDOM {
-            let table = self.maglev_table(hashed_set, hashed_shares.as_deref(), addr.protocol);
-            self.store.put_maglev(service_id, &table)?;
-            report.writes += 1;
-        }
-        // New source blocks before slot 0 announces them, stale ones after:
-        // at no moment is a source the new list allows denied, and the old
-        // list's blocks go within this sync.
-        let old_blocks = old.as_ref().map(|o| o.ranges.clone()).unwrap_or_default();
-        for block in wanted_ranges.iter().filter(|b| !old_blocks.contains(b)) {
-            self.store.put_source_range(service_id, *block)?;
-            report.writes += 1;
-        }
-        // The external set first: slot 0 of the internal set announces it.
-        if let Some(external) = &external {
-            let old = old_external.as_deref().unwrap_or_default();
-            report.writes += self.write_set(
-                addr,
-                scope::EXTERNAL,
-                service_id,
-                (old, shares_of(&old_weights, scope::EXTERNAL).as_deref()),
-                (external, shares_of(&weights, scope::EXTERNAL).as_deref()),
-                (flags, affinity_timeout_s),
-            )?;
-        }
-        report.writes += self.write_set(
-            addr,
-            scope::INTERNAL,
-            service_id,
-            (
-                &old_slots,
-                shares_of(&old_weights, scope::INTERNAL).as_deref(),
-            ),
-            (&slots, shares_of(&weights, scope::INTERNAL).as_deref()),
-            (flags, affinity_timeout_s),
-        )?;
-        if let (Some(old), None) = (&old_external, &external) {
-            report.writes += self.delete_external_set(addr, old.len())?;
-        }
-        if old_hashed && flags & frontend_flags::ALGO_MASK == frontend_flags::ALGO_RANDOM {
-            self.store.delete_maglev(service_id)?;
-            report.writes += 1;
-        }
-        for block in old_blocks.iter().filter(|b| !wanted_ranges.contains(b)) {
-            self.store.delete_source_range(service_id, *block)?;
-            report.writes += 1;
-        }
-        let ranges = self.range_entries.of(family);
-        *ranges = *ranges - old_blocks.len() + wanted_ranges.len();
-        let kept: HashSet<u32> = slots
-            .iter()
-            .chain(external.iter().flatten())
-            .copied()
-            .collect();
-        for id in old_slots.iter().chain(old_external.iter().flatten()) {
-            if addr.protocol == Protocol::Udp && !kept.contains(id) {
-                purge.udp_backends.insert((service_id, *id));
-                purge.family(addr.family());
-            }
-            report.writes += self.release_backend(*id)?;
-        }
-
-        let entries = self.frontend_entries.of(family);
-        *entries = *entries - old_entries + new_entries;
-        if old.is_some() {
-            report.updated += 1;
-        } else {
-            report.added += 1;
-        }
-        self.programmed.insert(
-            *addr,
-            Programmed {
-                service_id,
-                name: NameHash::of(name),
-                flags,
-                affinity_timeout_s,
-                slots: slots.into(),
-                external: external.map(Into::into),
-                ranges: wanted_ranges.into(),
-                weights,
-            },
-        );
-        Ok(())
-    }
-
-    /// Whether the set programmed as `ids` (with `shares`, if weighted) is
-    /// what `plan` wants.
-    fn same_set(&self, ids: &[u32], shares: Option<&[u16]>, plan: &SetPlan) -> bool {
-        match (shares, &plan.shares) {
-            (None, None) => self.addrs_of(ids) == plan.addrs,
-            (Some(old), Some(new)) => {
-                *old == **new
-                    && ids.len() == plan.addrs.len()
-                    && ids
-                        .iter()
-                        .zip(&plan.addrs)
-                        .all(|(id, addr)| self.backends.get(*id).map(|(b, _)| b) == Some(*addr))
-            }
-            _ => false,
-        }
-    }
-
-    /// The Maglev table over `ids` (a frontend's backend set): computed from
-    /// the backends' addresses, so every node gets the same table, then
-    /// written with this node's ids.
-    ///
-    /// A weighted set (`shares` per slot) weights the table's population
-    /// by each backend's share; drained backends get no entry.
-    fn maglev_table(
-        &self,
-        ids: &[u32],
-        shares: Option<&[u16]>,
-        protocol: Protocol,
-    ) -> Box<MaglevTable> {
-        let keys: Vec<(BackendKey, u32)> = ids
-            .iter()
-            .filter_map(|id| {
-                let (b, _) = self.backends.get(*id)?;
-                Some((BackendKey::new(b.ip, b.port, proto_number(protocol)), *id))
-            })
-            .collect();
-        let canonical =
-            maglev::canonical_backends(&keys.iter().map(|(k, _)| *k).collect::<Vec<_>>());
-        let share_of: HashMap<u32, u16> = match shares {
-            Some(shares) => ids.iter().copied().zip(shares.iter().copied()).collect(),
-            None => HashMap::new(),
-        };
-        let id_of: HashMap<BackendKey, u32> = keys.into_iter().collect();
-        let entries = match shares {
-            None => maglev::table(&canonical, capacity::MAGLEV_TABLE),
-            Some(_) => {
-                let weights: Vec<u16> = canonical
-                    .iter()
-                    .map(|k| {
-                        id_of
-                            .get(k)
-                            .and_then(|id| share_of.get(id))
-                            .copied()
-                            .unwrap_or(0)
-                    })
-                    .collect();
-                maglev::table_weighted(&canonical, &weights, capacity::MAGLEV_TABLE)
-            }
-        };
-        let mut table = Box::new(MaglevTable {
-            backend_ids: [0; capacity::MAGLEV_TABLE as usize],
-        });
-        // The size is a compile-time prime and the backend count is bounded
-        // by MAX_BACKENDS_PER_SERVICE, so the table cannot be refused; an
-        // empty set leaves every entry 0 (no backend: the data path falls
-        // back to its random pick, which finds none).
-        if let Ok(entries) = entries {
-            for (slot, index) in table.backend_ids.iter_mut().zip(entries) {
-                *slot = canonical
-                    .get(usize::from(index))
-                    .and_then(|k| id_of.get(k))
-                    .copied()
-                    .unwrap_or(0);
-            }
-        }
-        table
-    }
-
     /// The addresses of backend ids, sorted.
     fn addrs_of(&self, ids: &[u32]) -> Vec<BackendAddr> {
         let mut addrs: Vec<BackendAddr> = ids
@@ -994,98 +610,6 @@ impl<S: MapStore> Syncer<S> {
             .collect();
         addrs.sort();
         addrs
-    }
-
-    /// A reference on each backend of `set`, creating entries as needed.
-    fn acquire_all(
-        &mut self,
-        set: &[BackendAddr],
-        protocol: Protocol,
-        writes: &mut usize,
-    ) -> Result<Vec<u32>, WriteError> {
-        let mut ids = Vec::with_capacity(set.len());
-        for backend in set {
-            let (id, written) = self.acquire_backend(*backend, protocol)?;
-            *writes += written;
-            ids.push(id);
-        }
-        Ok(ids)
-    }
-
-    /// Writes one backend set of a frontend: the slots that changed, then
-    /// slot 0 with the new count, then deletes the slots past it. Returns the
-    /// number of writes.
-    ///
-    /// A weighted set (`Some` shares, one per slot) records each slot's
-    /// share in it, counts only the slots of live backends in slot 0
-    /// (drained ones follow them) and marks slot 0
-    /// [`frontend_flags::WEIGHTED`].
-    fn write_set(
-        &mut self,
-        addr: &FrontendAddr,
-        scope: u8,
-        service_id: u32,
-        (old_slots, old_shares): (&[u32], Option<&[u16]>),
-        (slots, shares): (&[u32], Option<&[u16]>),
-        (flags, affinity_timeout_s): (u16, u32),
-    ) -> Result<usize, WriteError> {
-        let share = |shares: Option<&[u16]>, index: usize| {
-            shares.and_then(|s| s.get(index)).copied().unwrap_or(0)
-        };
-        let mut writes = 0;
-        for (index, id) in slots.iter().enumerate() {
-            if old_slots.get(index) != Some(id) || share(old_shares, index) != share(shares, index)
-            {
-                self.store.put_frontend(
-                    scoped_key(addr, scope, index as u16 + 1),
-                    FrontendSlot {
-                        backend_id: *id,
-                        service_id,
-                        backend_count: share(shares, index),
-                        ..FrontendSlot::default()
-                    },
-                )?;
-                writes += 1;
-            }
-        }
-        let (count, flags) = match shares {
-            Some(shares) => (
-                shares.iter().filter(|s| **s > 0).count(),
-                flags | frontend_flags::WEIGHTED,
-            ),
-            None => (slots.len(), flags),
-        };
-        self.store.put_frontend(
-            scoped_key(addr, scope, 0),
-            FrontendSlot {
-                backend_id: 0,
-                service_id,
-                backend_count: count as u16,
-                flags,
-                affinity_timeout_s,
-            },
-        )?;
-        writes += 1;
-        for slot in slots.len() + 1..=old_slots.len() {
-            self.store
-                .delete_frontend(scoped_key(addr, scope, slot as u16))?;
-            writes += 1;
-        }
-        if shares.is_some() && old_slots.len() <= slots.len() && slots.len() < usize::from(u16::MAX)
-        {
-            // A weighted set's drained slots are read back as far as they
-            // run (`complete_slots`): make sure an orphan left by a failed
-            // write does not extend them. Best effort: the slot is almost
-            // always absent, which the kernel map reports as an error, and
-            // an orphan that stays is only adopted as drained until the
-            // next sync compares the set.
-            let fence = scoped_key(addr, scope, slots.len() as u16 + 1);
-            if let Err(error) = self.store.delete_frontend(fence) {
-                debug!(frontend = %addr, %error, "no slot past a weighted set");
-            }
-            writes += 1;
-        }
-        Ok(writes)
     }
 
     /// Deletes a frontend's external set (slot 0 first). Returns the writes.
@@ -1099,48 +623,6 @@ impl<S: MapStore> Syncer<S> {
                 .delete_frontend(scoped_key(addr, scope::EXTERNAL, slot as u16))?;
         }
         Ok(len + 1)
-    }
-
-    fn allocate_service_id(&mut self) -> Option<u32> {
-        // Ids are 1..=services: the counter array has one more entry.
-        let max = self.caps.services;
-        if self.service_ids.len() as u32 >= max {
-            return None;
-        }
-        // Walk forward from the cursor so a freed id is not reused at once.
-        let mut id = self.next_service_id;
-        loop {
-            if id == 0 || id > max {
-                id = 1;
-            }
-            if !self.service_ids.contains(&id) {
-                self.service_ids.insert(id);
-                self.next_service_id = id + 1;
-                return Some(id);
-            }
-            id += 1;
-        }
-    }
-
-    /// A reference on the backend id for `backend`, creating the entry if it is
-    /// new. Returns the id and the number of map writes.
-    fn acquire_backend(
-        &mut self,
-        backend: BackendAddr,
-        protocol: Protocol,
-    ) -> Result<(u32, usize), WriteError> {
-        if let Some(id) = self.backends.acquire(backend, protocol) {
-            return Ok((id, 0));
-        }
-        let mut id = self.next_backend_id.max(1);
-        while self.backends.contains_id(id) {
-            id = id.wrapping_add(1).max(1);
-        }
-        self.store
-            .put_backend(id, backend_value(backend, protocol))?;
-        self.next_backend_id = id.wrapping_add(1).max(1);
-        self.backends.hold(id, backend, protocol);
-        Ok((id, 1))
     }
 
     /// Drops one reference; the entry goes when nobody uses it.
@@ -1166,99 +648,12 @@ impl From<WriteError> for UpsertError {
     }
 }
 
-fn log_write(result: Result<(), WriteError>) {
-    if let Err(error) = result {
-        warn!(%error, "removing an orphaned map entry failed");
-    }
-}
-
-/// Sorted, deduplicated.
-fn sorted_set(backends: &[BackendAddr]) -> Vec<BackendAddr> {
-    let mut set = backends.to_vec();
-    set.sort();
-    set.dedup();
-    set
-}
-
-/// A set's backend ids per slot, and its shares per slot if it is weighted.
-type SlotSet = (Vec<u32>, Option<Vec<u16>>);
-
-/// The backend ids of slots `1..=count` of the set whose slot 0 is `head`, if
-/// every slot is present and names a backend of the frontend's family. A
-/// weighted set ([`frontend_flags::WEIGHTED`]) also has each slot's share,
-/// and its drained backends' slots past the count (share 0), as many as
-/// follow in a row.
-fn complete_slots(
-    slots: &HashMap<AnyFrontendKey, FrontendSlot>,
-    backends: &HashMap<(IpFamily, u32), AnyBackend>,
-    key: &AnyFrontendKey,
-    head: &FrontendSlot,
-) -> Option<SlotSet> {
-    let entry = |slot: u16| {
-        slots
-            .get(&key.at(key.scope(), slot))
-            .filter(|v| backends.contains_key(&(key.family(), v.backend_id)))
-    };
-    let set: Vec<&FrontendSlot> = (1..=head.backend_count).map(entry).collect::<Option<_>>()?;
-    let mut ids: Vec<u32> = set.iter().map(|v| v.backend_id).collect();
-    if head.flags & frontend_flags::WEIGHTED == 0 {
-        return Some((ids, None));
-    }
-    let mut shares: Vec<u16> = set.iter().map(|v| v.backend_count.max(1)).collect();
-    let drained = (head.backend_count.saturating_add(1)..capacity::MAX_BACKENDS_PER_SERVICE)
-        .map_while(|slot| entry(slot).filter(|v| v.backend_count == 0));
-    for v in drained {
-        ids.push(v.backend_id);
-        shares.push(0);
-    }
-    Some((ids, Some(shares)))
-}
-
-/// What one backend set of a frontend should be: its backends in slot
-/// order, and for a weighted set each slot's share.
-struct SetPlan {
-    /// Unweighted: the backends, sorted, each once (slots are then placed
-    /// so that survivors keep theirs). Weighted: the backend of each slot,
-    /// as [`weights::layout`] lays them out (the table, then the drained).
-    addrs: Vec<BackendAddr>,
-    shares: Option<Vec<u16>>,
-}
-
-impl SetPlan {
-    /// The plan for `set` (sorted, distinct) with `frontend`'s weights;
-    /// `flags` (slot 0's) say whether it balances by least connection,
-    /// whose sets hold each backend once ([`weights::layout_once`]).
-    fn new(frontend: &Frontend, flags: u16, set: Vec<BackendAddr>) -> SetPlan {
-        if frontend.weights.is_empty() {
-            return SetPlan {
-                addrs: set,
-                shares: None,
-            };
-        }
-        let weights: Vec<u16> = set.iter().map(|b| frontend.weight_of(b)).collect();
-        let layout = match flags & frontend_flags::PICK_MASK {
-            frontend_flags::PICK_LEAST_CONN => weights::layout_once(&weights),
-            _ => weights::layout(&weights),
-        };
-        match layout {
-            None => SetPlan {
-                addrs: set,
-                shares: None,
-            },
-            Some(layout) => SetPlan {
-                addrs: layout.slots.iter().map(|i| set[*i]).collect(),
-                shares: Some(layout.shares),
-            },
-        }
-    }
-
-    /// The slots for `ids` (one per entry of `addrs`), given the set's
-    /// `old` slots.
-    fn place(&self, old: &[u32], ids: Vec<u32>) -> Vec<u32> {
-        match self.shares {
-            None => place(old, &ids),
-            Some(_) => ids,
-        }
+/// The backend a socket-layer entry was balanced to (its port in network
+/// byte order).
+fn sock_backend(ip: IpAddr, port_be: u16) -> BackendAddr {
+    BackendAddr {
+        ip,
+        port: u16::from_be(port_be),
     }
 }
 
@@ -1301,10 +696,15 @@ fn place(old: &[u32], wanted: &[u32]) -> Vec<u32> {
     result.into_iter().flatten().collect()
 }
 
+mod adopt;
 mod backends;
+#[cfg(test)]
+mod cases;
 pub mod encode;
 pub mod heal;
 pub mod maglev;
+#[cfg(test)]
+pub(crate) mod maptext;
 #[cfg(test)]
 pub(crate) mod memstore;
 #[cfg(test)]
@@ -1312,4 +712,5 @@ mod properties;
 pub mod store;
 #[cfg(test)]
 pub(crate) mod tests;
+mod upsert;
 pub mod weights;

@@ -517,7 +517,7 @@ fn daemonset_runs_without_kube_proxy_and_with_least_privilege() {
     let run = mount_at("/run/switchboard");
     assert_eq!(host_path_of(&run.name).as_deref(), Some("/run/switchboard"));
     assert!(
-        Path::new(proxy_user::node::status::STATUS_DIR).starts_with("/run/switchboard"),
+        Path::new(proxy_user::observe::status::STATUS_DIR).starts_with("/run/switchboard"),
         "the status directory moved out of the mounted /run/switchboard"
     );
 

@@ -45,7 +45,7 @@ enum Command {
 
 /// Counts the bytes held on the heap, for the agent's memory accounting.
 #[global_allocator]
-static ALLOC: proxy_user::node::memory::Counting = proxy_user::node::memory::Counting;
+static ALLOC: proxy_user::util::heap::Counting = proxy_user::util::heap::Counting;
 
 fn main() -> anyhow::Result<()> {
     let cli = parse()?;
@@ -57,7 +57,7 @@ fn main() -> anyhow::Result<()> {
         }
         Command::Agent(args) => {
             let config = args.into_config()?;
-            proxy_user::node::memory::tune();
+            proxy_user::util::heap::tune();
             let runtime = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
                 .enable_all()
@@ -66,7 +66,7 @@ fn main() -> anyhow::Result<()> {
             // A permission error names the capabilities this process lacks.
             runtime
                 .block_on(agent::run(config, proxy_object::SWITCHBOARD))
-                .map_err(proxy_user::dataplane::caps::name_missing)
+                .map_err(proxy_user::dataplane::load::caps::name_missing)
         }
         Command::Version => {
             println!("switchboard {VERSION}");

@@ -1,12 +1,12 @@
 //! `cargo xtask build`: release build of `switchboard` (with the eBPF object
 //! embedded from proxy-object, built by proxy-object/build.rs) and of the
-//! `sb-echo` pod server.
+//! `sb-echo` pod server; the demo's and the benchmark's builds.
 
 use std::path::PathBuf;
 
 use anyhow::{bail, Context as _, Result};
 
-use crate::util::{cargo, release_bin, repo_root, run_inherit, show};
+use crate::util::{cargo, release_bin, repo_root, run_inherit, show, target_dir};
 
 pub struct Binaries {
     pub switchboard: PathBuf,
@@ -74,26 +74,60 @@ pub fn test_binaries(upgrade: &std::path::Path) -> Result<Binaries> {
     Ok(bins)
 }
 
+/// `cargo xtask build` (and image, soak): the release `switchboard` and
+/// `sb-echo`, nothing else.
 pub fn run() -> Result<Binaries> {
-    println!("build: cargo build --release -p switchboard -p xtask --bins");
-    run_inherit(cargo().current_dir(repo_root()).args([
+    build("release", &["switchboard", "sb-echo"], false)
+}
+
+/// The demo's binaries, `switchboard` and `sb-echo`, in the `demo` profile
+/// (see the workspace's Cargo.toml): built in a fraction of the release
+/// build's time.
+pub fn demo() -> Result<Binaries> {
+    build("demo", &["switchboard", "sb-echo"], false)
+}
+
+/// The benchmark's binaries: the release build's and its pod servers
+/// `sb-http` and `sb-apiserver`.
+pub fn bench() -> Result<Binaries> {
+    build(
+        "release",
+        &["switchboard", "sb-echo", "sb-http", "sb-apiserver"],
+        true,
+    )
+}
+
+/// `cargo build --profile PROFILE` of `bins` (of switchboard and xtask) and
+/// nothing else, xtask without its `harness` feature unless `harness`; the
+/// paths of switchboard and sb-echo.
+fn build(profile: &str, bins: &[&str], harness: bool) -> Result<Binaries> {
+    let mut args = vec![
         "build",
-        "--release",
+        "--profile",
+        profile,
         "-p",
         "switchboard",
         "-p",
         "xtask",
-        "--bins",
-    ]))?;
-    let bins = Binaries {
-        switchboard: release_bin("switchboard"),
-        sb_echo: release_bin("sb-echo"),
-    };
-    for bin in [&bins.switchboard, &bins.sb_echo] {
-        if !bin.exists() {
-            bail!("build: expected {} after the build", bin.display());
-        }
-        println!("build: {}", bin.display());
+    ];
+    args.extend(bins.iter().flat_map(|bin| ["--bin", bin]));
+    if !harness {
+        args.push("--no-default-features");
     }
-    Ok(bins)
+    println!("build: cargo {}", args.join(" "));
+    let mut cmd = cargo();
+    cmd.current_dir(repo_root()).args(&args);
+    run_inherit(&mut cmd)?;
+    let dir = target_dir().join(profile);
+    for bin in bins {
+        let path = dir.join(bin);
+        if !path.exists() {
+            bail!("build: expected {} after the build", path.display());
+        }
+        println!("build: {}", path.display());
+    }
+    Ok(Binaries {
+        switchboard: dir.join("switchboard"),
+        sb_echo: dir.join("sb-echo"),
+    })
 }

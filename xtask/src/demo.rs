@@ -23,7 +23,7 @@ pub fn run() -> Result<()> {
         bail!("demo: run as root (it creates network namespaces and loads eBPF programs)");
     }
     crate::setup::run()?;
-    let bins = crate::build::run()?;
+    let bins = crate::build::demo()?;
 
     // Ctrl-C / SIGTERM: remove the sandbox before exiting. (A run killed with
     // SIGKILL is cleaned up by the next run, which purges the `sbx` tag first.)

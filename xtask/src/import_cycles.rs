@@ -360,23 +360,20 @@ mod tests {
         write("lib.rs", "pub mod dataplane;\n");
         write(
             "dataplane/mod.rs",
-            "pub mod migrate;\npub mod pins;\npub use pins::Pins;\n",
+            "pub mod maps;\npub mod pins;\npub use pins::Pins;\n",
         );
         write(
             "dataplane/pins.rs",
-            "use crate::dataplane::migrate::CONNTRACK_V2;\n",
+            "use crate::dataplane::maps::PinnedMaps;\n",
         );
-        write("dataplane/migrate.rs", "use super::{pins::Pins, Other};\n");
+        write("dataplane/maps.rs", "use super::{pins::Pins, Other};\n");
         let found = cycle(&graph(&root).expect("graph"), SHOWN);
-        write(
-            "dataplane/pins.rs",
-            "use proxy_common::names::CONNTRACK_V2;\n",
-        );
+        write("dataplane/pins.rs", "use proxy_common::names::CONNTRACK;\n");
         let gone = cycle(&graph(&root).expect("graph"), SHOWN);
         let _ = fs::remove_dir_all(&root);
         assert_eq!(
             found.as_deref(),
-            Some("dataplane/migrate.rs -> dataplane/pins.rs -> dataplane/migrate.rs")
+            Some("dataplane/maps.rs -> dataplane/pins.rs -> dataplane/maps.rs")
         );
         assert_eq!(gone, None);
     }

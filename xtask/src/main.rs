@@ -14,7 +14,8 @@ enum Cmd {
     Setup,
     /// Release build of `switchboard` and `sb-echo`.
     Build,
-    /// setup + build + a netns sandbox: client → ClusterIP → three pods.
+    /// setup + a build of switchboard and sb-echo (the `demo` profile) + a
+    /// netns sandbox: client → ClusterIP → three pods.
     Demo,
     /// setup + build + every test (unit, fixtures, netns e2e) + clippy. Needs root.
     Test,
@@ -95,12 +96,22 @@ fn main() -> Result<()> {
         Cmd::Demo => xtask::demo::run(),
         Cmd::Test => xtask::testcmd::run(),
         Cmd::Docs { write } => xtask::docs::run(write),
+        Cmd::CleanupStale => {
+            xtask::sandbox::cleanup_stale()?;
+            xtask::sandbox::purge_tag(xtask::sandbox::DEMO_TAG)
+        }
+        #[cfg(not(feature = "harness"))]
+        Cmd::Bench { .. } | Cmd::Image { .. } | Cmd::Soak { .. } => with_harness(),
+        #[cfg(feature = "harness")]
         Cmd::Bench {
             report_only: Some(dir),
             ..
         } => xtask::bench::report_again(&dir),
+        #[cfg(feature = "harness")]
         Cmd::Bench { quick, out, .. } => xtask::bench::run(xtask::bench::Options { quick, out }),
+        #[cfg(feature = "harness")]
         Cmd::Image { out, tag } => xtask::image::run(out, tag),
+        #[cfg(feature = "harness")]
         Cmd::Soak {
             duration,
             warmup,
@@ -114,14 +125,34 @@ fn main() -> Result<()> {
             floods(flood_secs)?;
             soak(duration, warmup, rate, services, faults)
         }
-        Cmd::CleanupStale => {
-            xtask::sandbox::cleanup_stale()?;
-            xtask::sandbox::purge_tag(xtask::sandbox::DEMO_TAG)
-        }
     }
 }
 
+/// bench, image and soak: the same command in an xtask built with the
+/// `harness` feature, which the `cargo xtask` alias leaves out (see
+/// Cargo.toml). Replaces this process, so Ctrl-C and the exit status are
+/// the other one's.
+#[cfg(not(feature = "harness"))]
+fn with_harness() -> Result<()> {
+    use std::os::unix::process::CommandExt as _;
+    let mut cmd = xtask::util::cargo();
+    cmd.current_dir(xtask::util::repo_root())
+        .args([
+            "run",
+            "--quiet",
+            "--package",
+            "xtask",
+            "--features",
+            "harness",
+            "--",
+        ])
+        .args(std::env::args_os().skip(1));
+    let err = cmd.exec();
+    Err(anyhow::Error::new(err).context(format!("could not start `{}`", xtask::util::show(&cmd))))
+}
+
 /// The fuzz and the property tests at soak length.
+#[cfg(feature = "harness")]
 fn properties(fuzz_cases: u64) -> Result<()> {
     if fuzz_cases == 0 {
         return Ok(());
@@ -155,6 +186,7 @@ fn properties(fuzz_cases: u64) -> Result<()> {
 }
 
 /// The flood tests of `e2e_conntrack` at soak length.
+#[cfg(feature = "harness")]
 fn floods(secs: u64) -> Result<()> {
     if secs == 0 {
         return Ok(());
@@ -175,6 +207,7 @@ fn floods(secs: u64) -> Result<()> {
     Ok(())
 }
 
+#[cfg(feature = "harness")]
 fn soak(duration: u64, warmup: u64, rate: u32, services: usize, faults: bool) -> Result<()> {
     let bins = xtask::build::run()?;
     let mut failed = false;

@@ -132,14 +132,21 @@ fn bpf_linker() -> Result<()> {
     }
     println!(
         "setup: installing bpf-linker {BPF_LINKER_VERSION} \
-         (cargo install bpf-linker --version {BPF_LINKER_VERSION} --locked; takes a few minutes)"
+         (cargo install bpf-linker --version {BPF_LINKER_VERSION} --locked, \
+         without debug info; takes a few minutes)"
     );
-    run_inherit(crate::util::cargo().args([
-        "install",
-        "bpf-linker",
-        "--version",
-        BPF_LINKER_VERSION,
-        "--locked",
-        "--force",
-    ]))
+    run_inherit(
+        crate::util::cargo()
+            .args([
+                "install",
+                "bpf-linker",
+                "--version",
+                BPF_LINKER_VERSION,
+                "--locked",
+                "--force",
+            ])
+            // Its release profile asks for full debug info, which lengthens
+            // the build and serves only a debugger on the linker itself.
+            .env("CARGO_PROFILE_RELEASE_DEBUG", "false"),
+    )
 }

@@ -1,8 +1,9 @@
 //! `cargo xtask test`: the one command that runs every test (`.ci/run` calls
 //! it). setup → `cargo fmt --check` → build (the upgrade variant, the
 //! binaries, the test binaries) → the tests, several jobs at a time (see
-//! `testrun`) → clippy, on the host and for the BPF target → the ten longest
-//! jobs and a closing `test: N passed, M failed` line.
+//! `testrun`) → clippy, on the host (xtask also without its `harness`
+//! feature) and for the BPF target → the ten longest jobs and a closing
+//! `test: N passed, M failed` line.
 
 use std::time::{Duration, Instant};
 
@@ -90,6 +91,26 @@ pub fn run() -> Result<()> {
     if let Err(e) = &clippy {
         println!("test: clippy failed: {e:#}");
     }
+    // xtask as the `cargo xtask` alias builds it: the code behind
+    // `not(feature = "harness")` and the imports it leaves unused.
+    let mut light = cargo();
+    light.current_dir(repo_root()).args([
+        "clippy",
+        "--release",
+        "-p",
+        "xtask",
+        "--no-default-features",
+        "--lib",
+        "--bins",
+        "--",
+        "-D",
+        "warnings",
+    ]);
+    println!("test: {}", show(&light));
+    let light_clippy = steps.time("clippy: xtask without harness", || run_inherit(&mut light));
+    if let Err(e) = &light_clippy {
+        println!("test: clippy on xtask without harness failed: {e:#}");
+    }
     let bpf_clippy = steps.time("clippy: BPF target", clippy_bpf);
     if let Err(e) = &bpf_clippy {
         println!("test: clippy on the BPF target failed: {e:#}");
@@ -131,6 +152,7 @@ pub fn run() -> Result<()> {
         bail!("failed: {}", summary.failed_jobs.join(", "));
     }
     clippy?;
+    light_clippy?;
     bpf_clippy?;
     fmt?;
     Ok(())

@@ -146,6 +146,7 @@ where
     c
 }
 
+#[cfg(feature = "harness")]
 /// `t` as RFC 3339 in UTC, with the seconds `precision` asks for.
 pub fn rfc3339(t: std::time::SystemTime, precision: k8s_openapi::chrono::SecondsFormat) -> String {
     use k8s_openapi::chrono::DateTime;

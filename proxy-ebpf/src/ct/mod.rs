@@ -4,7 +4,7 @@
 //!
 //! The table (`SB_CT_V5`) is a preallocated hash, not an LRU: a live flow is
 //! never evicted to make room, and the agent removes expired flows (see
-//! `proxy-user/src/dataplane/conntrack.rs`). When it is full a new flow cannot be
+//! `proxy-user/src/dataplane/flows/expiry.rs`). When it is full a new flow cannot be
 //! tracked; its packet is dropped and counted (`stat::CT_FULL`), as Cilium
 //! does, and the client's retransmission gets through once the agent made
 //! room. Packets of tracked flows are not affected.

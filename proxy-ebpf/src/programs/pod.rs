@@ -1,9 +1,9 @@
 //! The tc layer on the pod veth, both families: DNAT of packets a pod sends
 //! to a frontend, and the reverse of it on the replies, with connection
 //! tracking in between. One generic body ([`from_pod`], [`to_pod`]) serves
-//! IPv4 (`sb_from_pod`, `sb_to_pod`) and IPv6 (`sb_from_pod6`,
-//! `sb_to_pod6`); what the families still do their own way (parsing,
-//! fragments, ICMP errors, reject) is [`PodFamily`].
+//! IPv4 and IPv6 in the same two programs (`sb_from_pod`, `sb_to_pod`);
+//! what the families still do their own way (parsing, fragments, ICMP
+//! errors, reject) is [`PodFamily`].
 //!
 //! Per packet:
 //! - one a pod sends that is not for a frontend: its destination read from
@@ -32,15 +32,13 @@
 //! header is shared. A segment of a local TCP socket is a clone whose header
 //! is its own (TCP releases the header of the copy it keeps), so the
 //! common case costs one helper call and no copy; measured, that is cheaper
-//! than the tail call into a storing program these programs used before
-//! (`sb_rewrite`, kept one release for upgrades) and than helper stores.
+//! than a tail call into a storing program and than helper stores.
 //!
 //! IPv6 is told apart by its ethertype before the IPv4 parser runs, and the
 //! one program carries both bodies (their keys and entries live in per-CPU
 //! working memory, so both fit one stack): no tail call for IPv6, which
-//! saved it 2-7 ns per packet of an existing flow. `sb_from_pod6` and
-//! `sb_to_pod6` stay one release, as the tail-call targets of the previous
-//! release's programs during an upgrade. The IPv4 path pays one compare.
+//! saves it 2-7 ns per packet of an existing flow. The IPv4 path pays one
+//! compare.
 //!
 //! IPv6 has no header checksum; the TCP/UDP checksum covers the addresses
 //! through the pseudo-header ([`crate::rewrite::v6`]).
@@ -160,14 +158,6 @@ pub fn try_from_pod(ctx: &TcContext) -> Result<i32, Skip> {
         }
         _ => Err(Skip::NotOurs),
     }
-}
-
-/// `sb_from_pod6`: an IPv6 packet the previous release's `sb_from_pod`
-/// tail-calls during an upgrade (unscreened: the parse's own frontend test
-/// stays).
-#[inline(always)]
-pub fn try_from_pod6(ctx: &TcContext) -> Result<i32, Skip> {
-    from_pod::<Addr6Be>(ctx, false)
 }
 
 /// Every packet of ours from a pod goes to a frontend or to the hairpin

@@ -289,8 +289,8 @@ fn frontend_of<A: SockFamily>(ctx: &SockAddrContext, peer: &SockAddr<A>) -> Opti
         proto::TCP => conn_frontend(ctx, peer),
         _ => None,
     };
-    // The socket map: UDP, and TCP sockets a release from before the
-    // socket-local storage connected.
+    // The socket map: UDP, and a TCP socket whose storage the kernel had no
+    // memory for (`remember_reverse` at connect).
     let frontend = match stored {
         Some(frontend) => frontend,
         None => A::sock_get(socket_cookie(ctx), peer, sock_dir::REVERSE)

@@ -185,7 +185,10 @@ fn send_out<A: XdpFamily>(
     let (rc, mtu) = cached_route(ctx.ctx as *mut c_void, ingress, u, proto);
     let hop_limit = A::hop_limit(ctx)?;
     let too_big = direct && A::grown_len(ctx)? > mtu;
-    let unsendable = rc != i64::from(BPF_FIB_LKUP_RET_SUCCESS) || is_overlay(u.fib.ifindex);
+    // The ingress is an uplink, never an overlay: only another interface
+    // costs the lookup.
+    let unsendable = rc != i64::from(BPF_FIB_LKUP_RET_SUCCESS)
+        || (u.fib.ifindex != ingress && is_overlay(u.fib.ifindex));
     if unsendable || hop_limit <= 1 || too_big {
         count(stat::XDP_TO_TC);
         return Ok(xdp_action::XDP_PASS);

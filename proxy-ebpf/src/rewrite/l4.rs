@@ -2,7 +2,7 @@
 //! checksum state allows, else through `bpf_l4_csum_replace`.
 //!
 //! What the update must do depends on `ip_summed`, which only the kernel's
-//! `struct sk_buff` holds ([`proxy_common::kctx`] says how the programs
+//! `struct sk_buff` holds ([`proxy_common::ip_summed`] says how the programs
 //! read it):
 //! - `CHECKSUM_NONE` or `CHECKSUM_UNNECESSARY`: the field is a complete
 //!   checksum; every changed word (address and port) goes into it
@@ -18,11 +18,11 @@
 //! Either way a UDP checksum of zero (none) stays zero, and a computed zero
 //! is sent as 0xffff, as the helper does with `BPF_F_MARK_MANGLED_0`.
 use aya_ebpf::programs::TcContext;
-use proxy_common::kctx::{summed, CALL_MARKER, LOAD_MARKER, SUMMED_UNKNOWN};
+use proxy_common::ip_summed::{summed, CALL_MARKER, LOAD_MARKER, SUMMED_UNKNOWN};
 
 /// Where `ip_summed` lies in the byte the patched load reads (its lowest
 /// bit), or `SUMMED_UNKNOWN`: read-only data, set by the loader
-/// (`proxy_common::kctx::SUMMED_SHIFT`).
+/// (`proxy_common::ip_summed::SUMMED_SHIFT`).
 #[unsafe(no_mangle)]
 pub static SB_SKB_SUMMED_SHIFT: u32 = SUMMED_UNKNOWN;
 

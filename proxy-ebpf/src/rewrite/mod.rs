@@ -5,21 +5,19 @@
 //! updated in place as the skb's `ip_summed` says (full or partial), or
 //! through the kernel's helper where a program cannot ([`l4`]). What
 //! the families do differently is [`Header`] (IPv4 here, IPv6 in [`v6`]).
-//! Also here: the counters of a rewritten packet, and `sb_rewrite`, the
-//! previous release's tail-called program, kept for upgrades.
+//! Also here: the counters of a rewritten packet.
 pub mod l4;
 pub mod v6;
 
 use crate::{
     maps::{count, count_service},
     packet::{
-        csum_replace4,
-        ctx::{parse_ipv4, ptr_at},
-        set, FlowOf, Skip, Words, ETH_HLEN, IP_CSUM_OFF, TCP_CSUM_OFF, UDP_CSUM_OFF,
+        csum_replace4, ctx::ptr_at, set, FlowOf, Skip, Words, ETH_HLEN, IP_CSUM_OFF, TCP_CSUM_OFF,
+        UDP_CSUM_OFF,
     },
 };
 use aya_ebpf::{
-    bindings::{BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR, TC_ACT_OK, TC_ACT_SHOT},
+    bindings::{BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR},
     programs::TcContext,
 };
 use proxy_common::{proto, stat};
@@ -32,44 +30,6 @@ pub(crate) enum Side {
 
 /// A rewrite helper failed half-way; the packet must not go on.
 pub(crate) struct RewriteFailed;
-
-/// A rewrite the previous release's `sb_from_pod` or `sb_to_pod` decided
-/// and carried to `sb_rewrite` in the skb's control buffer (the upgrade
-/// bridge only: today's programs rewrite directly).
-pub(crate) struct Rewrite {
-    pub(crate) side: Side,
-    pub(crate) new_addr_be: u32,
-    pub(crate) new_port_be: u16,
-    /// For the per-service counters (forward direction).
-    pub(crate) service_id: u32,
-    pub(crate) l4_off: usize,
-    pub(crate) proto: u8,
-}
-
-/// Where the control buffer words go: cb[0] the new address, cb[1] the new
-/// port, cb[2] the service id, cb[3] `l4_off | proto << 8 | side << 16`.
-pub(crate) const SIDE_BIT: u32 = 1 << 16;
-
-impl Rewrite {
-    #[inline(always)]
-    fn load(ctx: &TcContext) -> Rewrite {
-        let skb = ctx.skb.skb;
-        // SAFETY: reads of the program's scratch space in `__sk_buff`.
-        let cb = unsafe { (*skb).cb };
-        Rewrite {
-            side: if cb[3] & SIDE_BIT != 0 {
-                Side::Destination
-            } else {
-                Side::Source
-            },
-            new_addr_be: cb[0],
-            new_port_be: cb[1] as u16,
-            service_id: cb[2],
-            l4_off: (cb[3] & 0xff) as usize,
-            proto: (cb[3] >> 8) as u8,
-        }
-    }
-}
 
 /// Counts a rewritten packet of either family: a forwarded one for its
 /// service, a reversed one globally.
@@ -86,32 +46,6 @@ pub(crate) fn count_rewritten(ctx: &TcContext, side: Side, service_id: u32) {
         }
         Side::Source => count(stat::REVERSED),
     }
-}
-
-/// `sb_rewrite`: writes a rewrite handed over in the control buffer.
-///
-/// `sb_from_pod` and `sb_to_pod` now store directly themselves (see
-/// [`rewrite`]); this program stays for one release as the bridge of
-/// an upgrade: the previous release's pod programs, still attached until
-/// the new agent replaces them, tail-call it, and the new agent's load puts
-/// this one in their slot.
-#[inline(always)]
-pub fn rewrite_in_place(ctx: &TcContext) -> i32 {
-    let todo = Rewrite::load(ctx);
-    let Ok(flow) = parse_ipv4(ctx) else {
-        count(stat::DROP_REWRITE_FAILED);
-        return TC_ACT_SHOT;
-    };
-    if flow.l4_off != todo.l4_off || flow.proto != todo.proto {
-        count(stat::DROP_REWRITE_FAILED);
-        return TC_ACT_SHOT;
-    }
-    if rewrite(ctx, &flow, todo.side, &todo.new_addr_be, todo.new_port_be).is_err() {
-        count(stat::DROP_REWRITE_FAILED);
-        return TC_ACT_SHOT;
-    }
-    count_rewritten(ctx, todo.side, todo.service_id);
-    TC_ACT_OK
 }
 
 /// An address family's header, as a rewrite sees it.

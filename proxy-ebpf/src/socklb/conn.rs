@@ -2,13 +2,6 @@
 //! with the socket): what the socket layer connected it to, which
 //! `getpeername` shows, and whether it counts on its backend, which
 //! `sock_release` acts on.
-//!
-//! The storage as pin-root format 7 laid it out (`SB_SOCK_CONN_V1`: the
-//! target alone, no flags) is still read for the sockets the previous
-//! release connected, so their peer still shows as the frontend after an
-//! upgrade. None of them counts on a backend in this release's maps:
-//! least-connection's socket map is not pinned, and the previous release's
-//! counts left with its programs.
 use aya_ebpf::{
     btf_maps::SkStorage,
     helpers::bpf_sk_storage_get,
@@ -55,7 +48,7 @@ pub(crate) fn remember_conn<A: SockFamily>(
 }
 
 /// The frontend a TCP socket connected to `peer` (a backend) asked for, from
-/// the socket's own storage ([`remember_conn`], or the previous release's).
+/// the socket's own storage ([`remember_conn`]).
 #[inline(always)]
 pub(crate) fn conn_frontend<A: SockFamily>(
     ctx: &SockAddrContext,
@@ -63,24 +56,17 @@ pub(crate) fn conn_frontend<A: SockFamily>(
 ) -> Option<(A, u16)> {
     // SAFETY: as in `remember_conn`, without creating the storage.
     let conn = unsafe { A::conns().get_ptr_mut(ctx) };
-    let target = if conn.is_null() {
-        // SAFETY: as above, in the previous release's storage.
-        unsafe { A::conns_v1().get_ptr_mut(ctx) }
-    } else {
-        // SAFETY: non-null: this socket's storage; only its address is taken.
-        unsafe { core::ptr::addr_of_mut!((*conn).target) }
-    };
-    if target.is_null() {
+    if conn.is_null() {
         return None;
     }
     // SAFETY: non-null: this socket's storage, valid for the program run;
     // the fields are copied out.
     let (backend_addr_be, backend_port_be, frontend_addr_be, frontend_port_be) = unsafe {
         (
-            (*target).backend_addr_be,
-            (*target).backend_port_be,
-            (*target).frontend_addr_be,
-            (*target).frontend_port_be,
+            (*conn).target.backend_addr_be,
+            (*conn).target.backend_port_be,
+            (*conn).target.frontend_addr_be,
+            (*conn).target.frontend_port_be,
         )
     };
     (backend_addr_be == peer.addr_be && backend_port_be == peer.port_be)

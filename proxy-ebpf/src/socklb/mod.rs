@@ -25,7 +25,7 @@ use aya_ebpf::{
 };
 use proxy_common::{
     capacity, frontend_flags, proto, sock_dir, stat, Addr6Be, FrontendSlot, SockAffinityKey,
-    SockConnOf, SockEntryOf, SockKey, SockKey6, SockTargetOf,
+    SockConnOf, SockEntryOf, SockKey, SockKey6,
 };
 
 mod conn;
@@ -35,7 +35,7 @@ use crate::{
     lb::{choose_backend, FamilyAddr, SlotKey},
     maps::{
         config, count, count_denied, count_service, SB_SOCK6_V1, SB_SOCK_AFFINITY_V1,
-        SB_SOCK_CONN6_V1, SB_SOCK_CONN6_V2, SB_SOCK_CONN_V1, SB_SOCK_CONN_V2, SB_SOCK_V1,
+        SB_SOCK_CONN6_V2, SB_SOCK_CONN_V2, SB_SOCK_V1,
     },
 };
 
@@ -91,8 +91,6 @@ pub(crate) trait SockFamily: FamilyAddr + crate::trace::TraceAddr + 'static {
     type SockKey: 'static;
     /// The socket-local storage of the TCP sockets it connects.
     fn conns() -> &'static SkStorage<SockConnOf<Self>>;
-    /// The previous release's ([`conn`]), read only.
-    fn conns_v1() -> &'static SkStorage<SockTargetOf<Self>>;
     /// The socket map.
     fn sockets() -> &'static SocketMap<Self::SockKey, Self>;
     /// The socket map's key of one socket (`cookie`), one address it sends
@@ -147,11 +145,6 @@ impl SockFamily for u32 {
     }
 
     #[inline(always)]
-    fn conns_v1() -> &'static SkStorage<SockTargetOf<u32>> {
-        &SB_SOCK_CONN_V1
-    }
-
-    #[inline(always)]
     fn sockets() -> &'static SocketMap<SockKey, u32> {
         &SB_SOCK_V1
     }
@@ -174,11 +167,6 @@ impl SockFamily for Addr6Be {
     #[inline(always)]
     fn conns() -> &'static SkStorage<SockConnOf<Addr6Be>> {
         &SB_SOCK_CONN6_V2
-    }
-
-    #[inline(always)]
-    fn conns_v1() -> &'static SkStorage<SockTargetOf<Addr6Be>> {
-        &SB_SOCK_CONN6_V1
     }
 
     #[inline(always)]

@@ -14,7 +14,7 @@ use aya::{
 use proxy_common::programs;
 use proxy_testkit::packet::PacketSpec;
 use proxy_user::{
-    dataplane::ebpf,
+    dataplane::load::object,
     dataplane::maps::PinnedMaps,
     model::{BackendAddr, DesiredState, Protocol},
     sync::store::Capacities,
@@ -173,7 +173,7 @@ pub(crate) fn fwd(rest: &[String]) -> Result<Value> {
             }
             _ => {
                 let caps = Capacities::default();
-                let mut ebpf = ebpf::load_unpinned(proxy_object::SWITCHBOARD, &caps)?;
+                let mut ebpf = object::load_unpinned(proxy_object::SWITCHBOARD, &caps)?;
                 let maps = PinnedMaps::take(&mut ebpf)?;
                 let mut syncer = Syncer::adopt(maps, caps);
                 let mut f = frontend(

@@ -15,9 +15,9 @@ use aya::{
 use proxy_common::{ct_dir, names, programs, proto, CtEntry, CtKey};
 use proxy_testkit::packet::PacketSpec;
 use proxy_user::{
-    dataplane::ebpf,
+    dataplane::flows::quiet_pods::QuietPods,
+    dataplane::load::object,
     dataplane::maps::PinnedMaps,
-    dataplane::quiet::QuietPods,
     model::cidr::IpCidr,
     model::{BackendAddr, DesiredState, FrontendAddr, Protocol, SourceRanges},
     sync::encode::frontend_key,
@@ -142,7 +142,7 @@ impl PerPacket {
     }
 
     fn new(caps: Capacities) -> Result<Self> {
-        let mut ebpf = ebpf::load_unpinned(proxy_object::SWITCHBOARD, &caps)
+        let mut ebpf = object::load_unpinned(proxy_object::SWITCHBOARD, &caps)
             .context("loading switchboard's object")?;
         let maps = PinnedMaps::take(&mut ebpf)?;
         let fd = maps

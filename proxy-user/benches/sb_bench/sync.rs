@@ -10,7 +10,8 @@ use k8s_openapi::{
     apimachinery::pkg::{apis::meta::v1::ObjectMeta, util::intstr::IntOrString},
 };
 use proxy_user::{
-    dataplane::ebpf, dataplane::maps::PinnedMaps, model, sync::store::Capacities, sync::Syncer,
+    dataplane::load::object, dataplane::maps::PinnedMaps, model, sync::store::Capacities,
+    sync::Syncer,
 };
 use serde_json::{json, Value};
 
@@ -114,7 +115,7 @@ pub(crate) fn unpinned_syncer(
         services: (count + 1024).next_power_of_two(),
         ..Capacities::default()
     };
-    let mut ebpf = ebpf::load_unpinned(proxy_object::SWITCHBOARD, &caps)?;
+    let mut ebpf = object::load_unpinned(proxy_object::SWITCHBOARD, &caps)?;
     let maps = PinnedMaps::take(&mut ebpf)?;
     Ok((ebpf, Syncer::adopt(maps, caps)))
 }

@@ -46,7 +46,7 @@ use aya::{
 use proxy_common::programs;
 use proxy_testkit::packet::PacketSpec;
 use proxy_user::{
-    dataplane::ebpf,
+    dataplane::load::object,
     dataplane::maps::PinnedMaps,
     model::{
         BackendAddr, DesiredState, Frontend, FrontendAddr, FrontendKind, Protocol, ServicePortName,
@@ -397,7 +397,7 @@ fn measure(quick: bool) -> Result<Value> {
         services: 64,
         ..Capacities::default()
     };
-    let mut ebpf = ebpf::load_unpinned(proxy_object::SWITCHBOARD, &caps)
+    let mut ebpf = object::load_unpinned(proxy_object::SWITCHBOARD, &caps)
         .context("loading switchboard's object")?;
     let maps = PinnedMaps::take(&mut ebpf)?;
     let mut syncer = Syncer::adopt(maps, caps);

@@ -45,7 +45,7 @@ use aya::{
 use proxy_common::{addr6_be, names, programs, Uplink6};
 use proxy_testkit::packet::{checksum, PacketSpec};
 use proxy_user::{
-    dataplane::{ebpf, maps::PinnedMaps},
+    dataplane::{load::object, maps::PinnedMaps},
     model::{FrontendKind, Protocol},
     sync::{store::Capacities, Syncer},
 };
@@ -525,10 +525,10 @@ fn load_switchboard(uplink: u32, direct_return: bool) -> Result<(Ebpf, Syncer<Pi
         services: 64,
         ..Capacities::default()
     };
-    let mut ebpf = ebpf::load_unpinned(proxy_object::SWITCHBOARD, &caps)
+    let mut ebpf = object::load_unpinned(proxy_object::SWITCHBOARD, &caps)
         .context("loading switchboard's object")?;
     // Loads the programs (sb_xdp_uplink included) and fills the arrays.
-    ebpf::install_tail_calls(&mut ebpf).context("installing the tail calls")?;
+    object::install_tail_calls(&mut ebpf).context("installing the tail calls")?;
     let mut uplinks6: BpfHashMap<&mut MapData, u32, Uplink6> = BpfHashMap::try_from(
         ebpf.map_mut(names::UPLINKS6)
             .ok_or_else(|| anyhow!("the IPv6 uplink map is missing"))?,

@@ -11,16 +11,23 @@
 //!   the two tell the same story. An interface missing a program is
 //!   attached again (a TCX link whose pin went, a netlink filter or the
 //!   clsact qdisc deleted, an XDP link detached).
+//! - The socket layer's links are looked at with the interfaces: a link
+//!   whose pin was removed, or that was detached from the cgroup while its
+//!   pin stayed (the link then names no cgroup), is attached again, the new
+//!   link pinned over the old one.
 //! - The maps, pins and configuration are looked at every
 //!   `--repair-interval` (5 s), stretched to twenty times what the last
 //!   look took (at most 5% of a core). The map entries are compared with
 //!   what the sync remembers writing ([`crate::sync::heal`]): only the
 //!   entries that differ are written, service and backend ids are kept, and
-//!   connection tracking is left alone.
+//!   connection tracking is left alone. The Maglev tables are compared a
+//!   bounded share per look, going on where the last look stopped
+//!   ([`crate::sync::heal::maglev`]); the uplink maps against what the agent
+//!   last wrote for its uplinks.
 //!
 //! What the agent does not own is never removed: another program on the
-//! same hook is only named in the log, and a pin holding another map is
-//! left where it is.
+//! same hook (an interface's, or the socket layer's cgroup's) is only named
+//! in the log, and a pin holding another map is left where it is.
 //!
 //! Every repair is logged at warn level with what was wrong, counted in
 //! `switchboard_repairs{kind}`, and recorded in the status file
@@ -35,11 +42,17 @@ use tracing::{debug, info, warn};
 use crate::{
     agent::{links::Links, syncloop::SyncLoop},
     cli::{hooks, status},
-    dataplane::attach::AttachedInterface,
+    dataplane::attach::pods::AttachedInterface,
+    dataplane::attach::{linkinfo, socket_layer},
     dataplane::maps::PinnedMaps,
-    dataplane::socketlb,
-    node::status::AgentStatus,
+    observe::status::AgentStatus,
+    sync::heal::{maglev, Finding},
+    util::heap,
 };
+
+/// A comparison of at least this many entries (both sides) hands its
+/// memory back to the kernel once done.
+const TRIM_AFTER_ENTRIES: usize = 500_000;
 
 /// A look at the maps may cost this fraction of the time between looks.
 const CHECK_BUDGET: u32 = 20;
@@ -145,7 +158,7 @@ impl Healer {
     }
 
     /// Remembers the map pins under the pin root and their maps (after
-    /// any resize or migration: these are the maps the programs use).
+    /// any resize: these are the maps the programs use).
     pub(super) fn record_pins(&mut self) {
         let Ok(entries) = std::fs::read_dir(&self.pin_root) else {
             return;
@@ -224,23 +237,22 @@ impl Healer {
         }
     }
 
-    /// The socket layer's links: one pin each under `<pin root>/links`
-    /// (as `status` checks); any missing, all are attached again (the new
-    /// links go on before the old ones are let go).
+    /// The socket layer's links: one pin each under `<pin root>/links`,
+    /// each attached to the cgroup (as `status` and `doctor` check them);
+    /// any missing or detached, all are attached again (the new links go
+    /// on before the old ones are let go).
     fn socket_layer(&mut self, ebpf: &mut aya::Ebpf, sync: &mut SyncLoop<'_, PinnedMaps>) {
         let Some(cgroup) = sync.socket_cgroup.clone() else {
             return;
         };
-        let dir = self.pin_root.join("links");
-        let missing: Vec<&str> = socketlb::all_programs()
-            .filter(|p| !dir.join(p).exists())
-            .collect();
-        if missing.is_empty() {
+        let unattached = hooks::socket_layer_unattached(&hooks::pinned_links(&self.pin_root));
+        if unattached.is_empty() {
             return;
         }
-        let missing = missing.join(", ");
-        warn!(cgroup = %cgroup.display(), %missing, "drift: socket-layer links missing; attaching the socket layer again");
-        match socketlb::attach_links(ebpf, &cgroup, &self.pin_root) {
+        self.note_foreign_socket_programs(&cgroup);
+        let missing = unattached.join(", ");
+        warn!(cgroup = %cgroup.display(), %missing, "drift: socket-layer programs not attached (a link's pin removed, or a link detached from the cgroup); attaching the socket layer again");
+        match socket_layer::attach_links(ebpf, &cgroup, &self.pin_root) {
             Ok(()) => sync.repaired(
                 "socket-layer",
                 format!("cgroup {}: {missing} not attached", cgroup.display()),
@@ -251,8 +263,42 @@ impl Healer {
         }
     }
 
-    /// When due: the map pins, the configuration and the map entries.
-    pub(super) fn check(&mut self, sync: &mut SyncLoop<'_, PinnedMaps>) {
+    /// Names, once each, the programs that are not switchboard's on the
+    /// socket layer's cgroup hooks: they are left alone (cgroup hooks run
+    /// several programs, so none is in the way of ours).
+    fn note_foreign_socket_programs(&mut self, cgroup: &Path) {
+        let Ok(names) = hooks::program_names() else {
+            return;
+        };
+        for program in socket_layer::all_programs() {
+            let Some(attach_type) = socket_layer::attach_type(program) else {
+                continue;
+            };
+            let ids = match linkinfo::cgroup_programs(cgroup, attach_type) {
+                Ok(ids) => ids,
+                Err(error) => {
+                    debug!(hook = program, %error, "listing the programs on a socket-layer hook failed");
+                    continue;
+                }
+            };
+            let foreign = ids
+                .iter()
+                .map(|id| names.get(id).cloned().unwrap_or_else(|| format!("id {id}")))
+                .filter(|name| !name.starts_with("sb_"));
+            for name in foreign {
+                if self
+                    .noted
+                    .insert(format!("{} {program} {name}", cgroup.display()))
+                {
+                    info!(cgroup = %cgroup.display(), hook = program, foreign = %name, "a program that is not switchboard's runs on a socket-layer hook of the agent's cgroup; left alone");
+                }
+            }
+        }
+    }
+
+    /// When due: the map pins, the configuration, the map entries, a share
+    /// of the Maglev tables and the uplink maps.
+    pub(super) fn check(&mut self, links: &mut Links<'_>, sync: &mut SyncLoop<'_, PinnedMaps>) {
         if !self.enabled() || Instant::now() < self.next_check {
             return;
         }
@@ -260,6 +306,8 @@ impl Healer {
         self.pins(sync);
         self.config(sync);
         self.entries(sync);
+        self.maglev(sync);
+        self.uplink_maps(links, sync);
         let took = started.elapsed();
         self.next_check = Instant::now() + self.interval.max(took * CHECK_BUDGET);
         sync.drift_checked(took);
@@ -313,36 +361,87 @@ impl Healer {
     /// what the sync wrote.
     fn entries(&mut self, sync: &mut SyncLoop<'_, PinnedMaps>) {
         let report = sync.syncer.heal(sync.model.desired());
+        // Both sides of the comparison were built whole and dropped: at
+        // 100k Services that is about 100 MiB the allocator would keep as
+        // the agent's RSS until the next check.
+        if report.entries >= TRIM_AFTER_ENTRIES {
+            heap::trim();
+        }
         if report.clean {
             return;
         }
         for finding in report.findings.iter().take(FINDINGS_LOGGED) {
             warn!(map = finding.map, what = %finding.what, "drift: a map entry differs from what the agent wrote; written back");
         }
-        let more = report.findings.len().saturating_sub(FINDINGS_LOGGED);
         warn!(
             findings = report.findings.len(),
-            not_logged = more,
+            not_logged = report.findings.len().saturating_sub(FINDINGS_LOGGED),
             writes = report.writes,
             failed = ?report.failed,
             entries_compared = report.entries,
             "drift: map entries repaired"
         );
-        let what = match report.findings.first() {
-            Some(first) if more + report.findings.len() > 1 => format!(
-                "{}: {} (and {} more)",
-                first.map,
-                first.what,
-                report.findings.len() - 1
-            ),
-            Some(first) => format!("{}: {}", first.map, first.what),
-            None => "entries compared again".to_owned(),
-        };
+        let what = summary(&report.findings).unwrap_or_else(|| "entries compared again".to_owned());
         sync.repaired("maps", what);
         // A reverse-NAT value not known here, or a failed write: the sync
         // compares every frontend now.
         sync.sync_again();
     }
+
+    /// The next share of the Maglev tables against what they must hold.
+    fn maglev(&mut self, sync: &mut SyncLoop<'_, PinnedMaps>) {
+        let report = sync.syncer.heal_maglev(maglev::PER_CHECK);
+        if let Some(failed) = &report.failed {
+            warn!(%failed, "the Maglev check could not read or write a table; trying again at its next look");
+        }
+        let Some(what) = summary(&report.findings) else {
+            return;
+        };
+        for finding in report.findings.iter().take(FINDINGS_LOGGED) {
+            warn!(map = finding.map, what = %finding.what, "drift: a Maglev table differs from what the agent wrote; written back (same backend ids)");
+        }
+        warn!(
+            findings = report.findings.len(),
+            writes = report.writes,
+            tables_compared = report.entries,
+            "drift: Maglev tables repaired"
+        );
+        sync.repaired("maglev", what);
+    }
+
+    /// The uplink maps against what the agent last wrote for its uplinks.
+    fn uplink_maps(&mut self, links: &mut Links<'_>, sync: &mut SyncLoop<'_, PinnedMaps>) {
+        let maps = sync.syncer.store_mut();
+        let findings = match links.uplinks.heal_maps(links.ebpf, maps) {
+            Ok(findings) => findings,
+            Err(error) => {
+                warn!(error = %format!("{:#}", anyhow::Error::from(error)), "checking or writing back the uplink maps failed; trying again at the next look");
+                return;
+            }
+        };
+        for what in &findings {
+            warn!(%what, "drift: an uplink map entry differs from what the agent wrote; written back");
+        }
+        let findings: Vec<Finding> = findings
+            .into_iter()
+            .map(|what| Finding {
+                map: "uplinks",
+                what,
+            })
+            .collect();
+        if let Some(what) = summary(&findings) {
+            sync.repaired("uplink-maps", what);
+        }
+    }
+}
+
+/// One line for the status file: the first finding, and how many more.
+fn summary(findings: &[Finding]) -> Option<String> {
+    let first = findings.first()?;
+    Some(match findings.len() {
+        1 => format!("{}: {}", first.map, first.what),
+        n => format!("{}: {} (and {} more)", first.map, first.what, n - 1),
+    })
 }
 
 #[cfg(test)]

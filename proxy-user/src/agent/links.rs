@@ -6,7 +6,7 @@ use tracing::warn;
 
 use crate::{
     agent::{syncloop::SyncLoop, uplinks::Uplinks},
-    dataplane::attach::{self, Attacher},
+    dataplane::attach::pods::{self, Attacher},
     dataplane::maps::PinnedMaps,
     model::NodeInfo,
 };
@@ -90,7 +90,7 @@ pub(super) async fn rescan(
     attacher: &mut Attacher,
     ebpf: &mut aya::Ebpf,
 ) {
-    match attach::pod_interfaces(handle).await {
+    match pods::pod_interfaces(handle).await {
         Ok(interfaces) => attacher.reconcile(ebpf, &interfaces),
         Err(error) => warn!(error = %anyhow::Error::from(error), "listing interfaces failed"),
     }

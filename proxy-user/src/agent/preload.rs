@@ -22,7 +22,7 @@ use proxy_common::names;
 use tracing::{info, warn};
 
 use crate::{
-    dataplane::ebpf::{self, LoadError},
+    dataplane::load::object::{self, LoadError},
     sync::store::Capacities,
 };
 
@@ -40,7 +40,7 @@ pub(super) struct Preload {
 }
 
 /// What the load's thread returns: the load and how long it took.
-type Loaded = (Result<ebpf::Loaded, LoadError>, Duration);
+type Loaded = (Result<object::Loaded, LoadError>, Duration);
 
 impl Preload {
     /// Starts loading `object` with `capacities`, unless a pinned map has
@@ -51,7 +51,7 @@ impl Preload {
         pin_root: &Path,
         capacities: Capacities,
     ) -> Option<Self> {
-        if !ebpf::capacity_mismatches(pin_root, &capacities).is_empty() {
+        if !object::capacity_mismatches(pin_root, &capacities).is_empty() {
             return None;
         }
         let absent = names::ALL
@@ -64,7 +64,7 @@ impl Preload {
             .name("sb-preload".to_owned())
             .spawn(move || {
                 let started = Instant::now();
-                let loaded = ebpf::load(object, &root, &capacities, &[]);
+                let loaded = object::load(object, &root, &capacities, &[]);
                 (loaded, started.elapsed())
             });
         match job {
@@ -83,7 +83,10 @@ impl Preload {
 
     /// The load, when it was made with `capacities`: waits for it to end.
     /// Otherwise the load is undone ([`Self::abandon`]) and `None` returned.
-    pub(super) fn finish(self, capacities: &Capacities) -> Option<Result<ebpf::Loaded, LoadError>> {
+    pub(super) fn finish(
+        self,
+        capacities: &Capacities,
+    ) -> Option<Result<object::Loaded, LoadError>> {
         if self.capacities.ipv6 != capacities.ipv6 {
             info!(
                 guessed = ?self.capacities.ipv6,

@@ -16,32 +16,32 @@ use std::time::{Instant, SystemTime};
 use tracing::{error, info, warn};
 
 use crate::{
-    dataplane::uplink,
-    dataplane::{namespaces, sockdiag},
+    dataplane::attach::uplink,
+    dataplane::{attach::pod_netns, flows::udp_sockets},
     model::cidr::IpCidr,
     model::{self, FrontendAddr, Model, ModelDelta, NodeInfo, ObjectKind},
-    node::health::ProxyHealth,
-    node::healthcheck::HealthServers,
-    node::memory,
-    node::metrics::{SliceSynced, SyncObserver},
-    node::status::{self, AgentStatus, RejectedObject, UnprogrammedService},
-    node::verify,
+    observe::health::ProxyHealth,
+    observe::healthcheck::HealthServers,
+    observe::metrics::{SliceSynced, SyncObserver},
+    observe::status::{self, AgentStatus, RejectedObject, UnprogrammedService},
+    observe::verify,
     source::Changes,
     sync::store::MapStore,
     sync::{SyncReport, Syncer, Unprogrammed},
+    util::heap,
 };
 
-/// The heap (see [`memory::heap`]) when a batch of changes arrived, and once
+/// The heap (see [`heap::heap`]) when a batch of changes arrived, and once
 /// the model's inputs held them (the batch dropped).
 #[derive(Clone, Copy)]
 struct HeapBefore {
-    changes: memory::Heap,
-    inputs: memory::Heap,
+    changes: heap::Heap,
+    inputs: heap::Heap,
 }
 
 impl HeapBefore {
     fn now() -> HeapBefore {
-        let heap = memory::heap();
+        let heap = heap::heap();
         HeapBefore {
             changes: heap,
             inputs: heap,
@@ -53,9 +53,9 @@ impl HeapBefore {
 struct HeapSteps {
     before: HeapBefore,
     /// After the model's update (its desired state).
-    model: memory::Heap,
+    model: heap::Heap,
     /// After the maps were written (the sync's mirror of them).
-    synced: memory::Heap,
+    synced: heap::Heap,
 }
 
 pub struct SyncLoop<'a, S: MapStore> {
@@ -88,7 +88,7 @@ pub struct SyncLoop<'a, S: MapStore> {
 }
 
 /// Free memory is handed back to the kernel once this many Services have
-/// been recomputed (a start, a relist, a burst); see [`memory::trim`].
+/// been recomputed (a start, a relist, a burst); see [`heap::trim`].
 const TRIM_AFTER_SERVICES: usize = 1000;
 
 /// Where NodePorts are served under `--nodeport-addresses`.
@@ -143,8 +143,8 @@ impl<S: MapStore> SyncLoop<'_, S> {
     /// they changed (no sync: the maps do not depend on them).
     pub fn set_interfaces(
         &mut self,
-        pods: Vec<crate::dataplane::attach::AttachedInterface>,
-        uplinks: &[crate::dataplane::attach::AttachedInterface],
+        pods: Vec<crate::dataplane::attach::pods::AttachedInterface>,
+        uplinks: &[crate::dataplane::attach::pods::AttachedInterface],
     ) {
         let interfaces: Vec<_> = uplinks.iter().cloned().chain(pods).collect();
         if interfaces != self.status.interfaces {
@@ -154,9 +154,12 @@ impl<S: MapStore> SyncLoop<'_, S> {
     }
 
     /// Compares the maps with the model's desired state (`switchboard
-    /// verify`). Called from the loop between syncs, so the two describe
-    /// the same moment.
-    pub fn verify(&self) -> verify::Verification {
+    /// verify`): the frontends, backends and reverse-NAT entries
+    /// ([`verify::compare`]), every Maglev table as the drift repair
+    /// compares them, and the uplink maps (`uplinks`: what differs there,
+    /// as the repair found it). Called from the loop between syncs, so the
+    /// maps and the model describe the same moment.
+    pub fn verify(&mut self, uplinks: Vec<String>) -> verify::Verification {
         let started = Instant::now();
         let unprogrammed: verify::Unprogrammed = self
             .syncer
@@ -164,12 +167,33 @@ impl<S: MapStore> SyncLoop<'_, S> {
             .map(|u| (u.frontend, u.reason.clone()))
             .collect();
         let dump = self.syncer.store().dump();
-        let verification = verify::compare(
+        let mut verification = verify::compare(
             self.model.desired(),
             self.syncer.defaults(),
             &dump,
             &unprogrammed,
         );
+        let desired = self.model.desired();
+        for (frontend, detail) in self.syncer.maglev_problems() {
+            verification.problems.push(verify::Problem {
+                frontend: frontend.map(|f| f.to_string()).unwrap_or_default(),
+                service: frontend
+                    .and_then(|f| desired.frontends.get(&f))
+                    .map(|f| f.service.to_string())
+                    .unwrap_or_default(),
+                kind: verify::ProblemKind::WrongMaglev,
+                detail,
+            });
+        }
+        verification
+            .problems
+            .extend(uplinks.into_iter().map(|detail| verify::Problem {
+                frontend: String::new(),
+                service: String::new(),
+                kind: verify::ProblemKind::WrongUplink,
+                detail,
+            }));
+        verification.problems.sort();
         info!(
             frontends = verification.frontends_desired,
             problems = verification.problems.len(),
@@ -227,7 +251,7 @@ impl<S: MapStore> SyncLoop<'_, S> {
 
     /// Applies what the source published and syncs what it changed.
     pub fn on_changes(&mut self, changes: Changes) {
-        let at_changes = memory::heap();
+        let at_changes = heap::heap();
         let mut slices = Vec::with_capacity(changes.slices.len());
         if let Some(node) = changes.node {
             self.proxy_health
@@ -252,7 +276,7 @@ impl<S: MapStore> SyncLoop<'_, S> {
         let seq = changes.seq;
         let before = HeapBefore {
             changes: at_changes,
-            inputs: memory::heap(),
+            inputs: heap::heap(),
         };
         self.sync(&slices, &changes.arrivals, Some(seq), before);
     }
@@ -270,7 +294,7 @@ impl<S: MapStore> SyncLoop<'_, S> {
         let started = Instant::now();
         let delta = self.model.update();
         let model_time = started.elapsed();
-        let model_heap = memory::heap();
+        let model_heap = heap::heap();
         for warning in &delta.warnings_added {
             warn!(object = %warning.object, problem = %warning.problem, "input problem");
         }
@@ -281,7 +305,7 @@ impl<S: MapStore> SyncLoop<'_, S> {
         let heap = HeapSteps {
             before,
             model: model_heap,
-            synced: memory::heap(),
+            synced: heap::heap(),
         };
         self.log(&delta, &report, started, model_time, heap);
         if let Some(cgroup) = &self.socket_cgroup {
@@ -305,7 +329,7 @@ impl<S: MapStore> SyncLoop<'_, S> {
         self.churned += delta.services;
         if self.churned >= TRIM_AFTER_SERVICES {
             self.churned = 0;
-            memory::trim();
+            heap::trim();
         }
     }
 
@@ -413,10 +437,10 @@ pub fn unix_now() -> u64 {
 
 /// Closes the connected UDP sockets whose backend left, the node's and the
 /// pods' (those in the namespaces of the processes in `cgroup`; see
-/// [`sockdiag`]); a failure is logged, the sync itself stands.
+/// [`udp_sockets`]); a failure is logged, the sync itself stands.
 fn close_departed_udp_sockets(left: &[(u64, model::BackendAddr)], cgroup: &Path) {
     let doomed = left.iter().copied().collect();
-    match sockdiag::close_udp_sockets(&doomed, || namespaces::of_cgroup(cgroup)) {
+    match udp_sockets::close_udp_sockets(&doomed, || pod_netns::of_cgroup(cgroup)) {
         Ok(closed) => {
             if closed.closed > 0 {
                 info!(

@@ -17,14 +17,15 @@ use std::{
     path::{Path, PathBuf},
 };
 
+use proxy_common::Uplink6;
 use tracing::{debug, info, warn};
 
 use crate::dataplane::{
-    attach::{self, AttachedInterface, TcMode},
-    maps::PinnedMaps,
-    uplink::{
+    attach::pods::{self, AttachedInterface, TcMode},
+    attach::uplink::{
         self, LinkFacts, NodePortMode, Role, Uplink, UplinkError, XdpChoice, XdpHook, XdpMode,
     },
+    maps::PinnedMaps,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -103,6 +104,88 @@ pub fn plan(active: &[Uplink], written: Option<&[Uplink]>, wanted: &[Uplink]) ->
         detach,
         readdressed,
         rewrite_maps,
+    }
+}
+
+/// One uplink map's entries that differ from what the agent wrote, and
+/// the writes that mend them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MapDrift<V> {
+    pub put: Vec<(u32, V)>,
+    pub delete: Vec<u32>,
+    /// What was wrong, one line per entry.
+    pub findings: Vec<String>,
+}
+
+impl<V> MapDrift<V> {
+    pub fn is_empty(&self) -> bool {
+        self.findings.is_empty()
+    }
+}
+
+/// Uplink map `map` as it holds `actual` against what the agent wrote,
+/// `expected` (both by interface index; `show` prints a value). Pure.
+pub fn map_drift<V: Copy + PartialEq>(
+    map: &str,
+    expected: &[(u32, V)],
+    actual: &[(u32, V)],
+    show: impl Fn(&V) -> String,
+) -> MapDrift<V> {
+    let mut drift = MapDrift {
+        put: Vec::new(),
+        delete: Vec::new(),
+        findings: Vec::new(),
+    };
+    for (index, want) in expected {
+        let what = match actual.iter().find(|(i, _)| i == index) {
+            Some((_, held)) if held == want => continue,
+            Some((_, held)) => format!("holds {}, expected {}", show(held), show(want)),
+            None => format!("missing (expected {})", show(want)),
+        };
+        drift.put.push((*index, *want));
+        drift
+            .findings
+            .push(format!("{map} ifindex {index}: {what}"));
+    }
+    for (index, held) in actual {
+        if expected.iter().all(|(i, _)| i != index) {
+            drift.delete.push(*index);
+            drift.findings.push(format!(
+                "{map} ifindex {index}: left over (holds {}; the agent has no uplink there)",
+                show(held)
+            ));
+        }
+    }
+    drift
+}
+
+fn show4(v: &proxy_common::Uplink) -> String {
+    format!(
+        "{} flags {:#04x}",
+        Ipv4Addr::from(v.addr_be.to_ne_bytes()),
+        v.flags
+    )
+}
+
+fn show6(v: &Uplink6) -> String {
+    crate::sync::encode::ipv6(v.addr_be).to_string()
+}
+
+/// Both uplink maps' drift.
+pub struct UplinkMapsDrift {
+    pub v4: MapDrift<proxy_common::Uplink>,
+    pub v6: MapDrift<Uplink6>,
+}
+
+impl UplinkMapsDrift {
+    /// What was wrong, both maps.
+    pub fn findings(&self) -> Vec<String> {
+        self.v4
+            .findings
+            .iter()
+            .chain(&self.v6.findings)
+            .cloned()
+            .collect()
     }
 }
 
@@ -220,6 +303,61 @@ impl Uplinks {
             },
         )?;
         Ok(true)
+    }
+
+    /// What the uplink maps hold that differs from what this agent last
+    /// wrote there (`None` before its first write).
+    pub fn maps_drift(
+        &self,
+        ebpf: &aya::Ebpf,
+        maps: &PinnedMaps,
+    ) -> Result<Option<UplinkMapsDrift>, UplinksError> {
+        let Some(written) = &self.written else {
+            return Ok(None);
+        };
+        let v4 = map_drift(
+            proxy_common::names::UPLINKS,
+            &uplink::map_entries4(written, self.nodeport_mode),
+            &maps.uplink_entries(),
+            show4,
+        );
+        let actual6 = uplink::uplinks6(ebpf).map_err(|e| UplinksError::Map6(Box::new(e)))?;
+        let v6 = map_drift(
+            proxy_common::names::UPLINKS6,
+            &uplink::map_entries6(written),
+            &actual6,
+            show6,
+        );
+        Ok(Some(UplinkMapsDrift { v4, v6 }))
+    }
+
+    /// Writes back the uplink map entries that differ from what this agent
+    /// wrote (new and changed ones before left-over ones go); returns what
+    /// was wrong (empty when nothing was).
+    pub fn heal_maps(
+        &mut self,
+        ebpf: &mut aya::Ebpf,
+        maps: &mut PinnedMaps,
+    ) -> Result<Vec<String>, UplinksError> {
+        let Some(drift) = self.maps_drift(ebpf, maps)? else {
+            return Ok(Vec::new());
+        };
+        let map6 = |e| UplinksError::Map6(Box::new(e));
+        for (index, value) in &drift.v4.put {
+            maps.put_uplink(*index, *value)
+                .map_err(|e| UplinksError::Map4(Box::new(e)))?;
+        }
+        for (index, value) in &drift.v6.put {
+            uplink::put_uplink6(ebpf, *index, *value).map_err(map6)?;
+        }
+        for index in &drift.v4.delete {
+            maps.delete_uplink(*index)
+                .map_err(|e| UplinksError::Map4(Box::new(e)))?;
+        }
+        for index in &drift.v6.delete {
+            uplink::delete_uplink6(ebpf, *index).map_err(map6)?;
+        }
+        Ok(drift.findings())
     }
 
     /// Logs named uplinks that went missing or came back, and an automatic
@@ -364,8 +502,8 @@ fn attach_uplink(
 }
 
 /// An uplink as the status file lists it.
-fn uplink_status(up: &Uplink, tc: attach::Attached, xdp: &XdpChoice) -> AttachedInterface {
-    let mut hooks = attach::hook_names(tc, &uplink::TC_HOOKS);
+fn uplink_status(up: &Uplink, tc: pods::Attached, xdp: &XdpChoice) -> AttachedInterface {
+    let mut hooks = pods::hook_names(tc, &uplink::TC_HOOKS);
     if xdp.hook != XdpHook::Off {
         hooks.push(format!(
             "xdp {} {}",
@@ -378,7 +516,7 @@ fn uplink_status(up: &Uplink, tc: attach::Attached, xdp: &XdpChoice) -> Attached
         index: up.index,
         role: up.role.as_str().to_owned(),
         hooks,
-        xdp: Some(attach::UplinkXdp {
+        xdp: Some(pods::UplinkXdp {
             mode: xdp.hook.to_string(),
             reason: xdp.reason.clone(),
         }),
@@ -468,6 +606,47 @@ mod tests {
             assert_eq!(got.readdressed, from_ref(&new), "{new:?}");
             assert!(got.rewrite_maps, "{new:?}");
         }
+    }
+
+    /// What an uplink map holds against what the agent wrote: an entry
+    /// deleted or changed is written back, one for an index the agent has
+    /// no uplink at is deleted, and entries that agree cost nothing.
+    #[test]
+    fn uplink_map_entries_that_differ_are_mended_one_by_one() {
+        let a = proxy_common::Uplink::new(u32::from_ne_bytes([192, 168, 50, 1]), 0);
+        let b = proxy_common::Uplink::new(u32::from_ne_bytes([10, 0, 0, 1]), 0);
+        let odd = proxy_common::Uplink::new(u32::from_ne_bytes([10, 0, 0, 9]), 1);
+        let expected = [(2, a), (3, b)];
+        let clean = map_drift("SB_UPLINK_V1", &expected, &[(3, b), (2, a)], show4);
+        assert!(clean.is_empty() && clean.put.is_empty() && clean.delete.is_empty());
+        let drift = map_drift("SB_UPLINK_V1", &expected, &[(3, odd), (7, a)], show4);
+        assert_eq!(drift.put, [(2, a), (3, b)]);
+        assert_eq!(drift.delete, [7]);
+        assert_eq!(
+            drift.findings,
+            [
+                "SB_UPLINK_V1 ifindex 2: missing (expected 192.168.50.1 flags 0x00)",
+                "SB_UPLINK_V1 ifindex 3: holds 10.0.0.9 flags 0x01, expected 10.0.0.1 flags 0x00",
+                "SB_UPLINK_V1 ifindex 7: left over (holds 192.168.50.1 flags 0x00; the agent has no uplink there)",
+            ]
+        );
+        let up6 = Uplink6 {
+            addr_be: proxy_common::addr6_be(
+                "fd00:50::1".parse::<Ipv6Addr>().expect("address").octets(),
+            ),
+        };
+        let drift6 = map_drift("SB_UPLINK6_V1", &[(2, up6)], &[], show6);
+        assert_eq!(
+            drift6.findings,
+            ["SB_UPLINK6_V1 ifindex 2: missing (expected fd00:50::1)"]
+        );
+        // What the agent writes for an uplink is what it expects back.
+        let eth0 = up("eth0", 2, Some("192.168.50.1"), Some("fd00:50::1"));
+        assert_eq!(uplink::map_entries6(from_ref(&eth0)), [(2, up6)]);
+        assert_eq!(
+            uplink::map_entries4(from_ref(&eth0), NodePortMode::Snat),
+            [(2, a)]
+        );
     }
 
     #[test]

@@ -1,11 +1,11 @@
-//! Is an agent running for this pin root? The agent lock ([`crate::node::lock`])
+//! Is an agent running for this pin root? The agent lock ([`crate::observe::lock`])
 //! names the holder while it lives; the status file's pid is the fallback
 //! for agents that predate the lock.
 use std::path::Path;
 
 use serde::Serialize;
 
-use crate::node::status::AgentStatus;
+use crate::observe::status::AgentStatus;
 
 /// The agent of a pin root, as far as can be told.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -20,7 +20,7 @@ pub struct AgentProcess {
 /// The agent of `pin_root`: the lock holder if the lock is held, else the
 /// status file's writer (alive when its process still runs an `agent`).
 pub fn agent_process(pin_root: &Path, status: Option<&AgentStatus>) -> AgentProcess {
-    if let Some(pid) = crate::node::lock::holder(pin_root) {
+    if let Some(pid) = crate::observe::lock::holder(pin_root) {
         return AgentProcess {
             pid: Some(pid),
             alive: true,

@@ -20,11 +20,10 @@ use serde::Serialize;
 use super::{agent_process, hooks, kube_proxy, Common, Done, Output};
 
 /// The tc programs switchboard attaches, by hook.
-const TC_PROGRAMS: [(&str, TcAttachType); 4] = [
+const TC_PROGRAMS: [(&str, TcAttachType); 3] = [
     (programs::TC_FROM_POD, TcAttachType::Ingress),
     (programs::TC_FROM_UPLINK, TcAttachType::Ingress),
     (programs::TC_TO_POD, TcAttachType::Egress),
-    (programs::TC_REWRITE, TcAttachType::Ingress),
 ];
 /// How long released links may take to leave their hooks.
 const SETTLE: Duration = Duration::from_secs(3);
@@ -75,7 +74,7 @@ pub fn run(common: &Common, kube_proxy: bool, force: bool) -> anyhow::Result<Don
 /// this network namespace and cgroup; with `kube_proxy`, kube-proxy's
 /// chains and tables too. Refuses while an agent runs, unless `force`.
 pub fn cleanup(pin_root: &Path, kube_proxy: bool, force: bool) -> anyhow::Result<CleanupReport> {
-    let status = crate::node::status::read(pin_root);
+    let status = crate::observe::status::read(pin_root);
     let agent = agent_process(pin_root, status.as_ref());
     if let (true, Some(pid), false) = (agent.alive, agent.pid, force) {
         return Err(CleanupError::AgentRunning {
@@ -91,19 +90,19 @@ pub fn cleanup(pin_root: &Path, kube_proxy: bool, force: bool) -> anyhow::Result
     unpin_links(pin_root, &mut report);
     super::block_on(detach_netlink(&mut report, kube_proxy))?.map_err(CleanupError::Netlink)?;
     unpin_maps(pin_root, &mut report);
-    match fs::remove_file(crate::node::status::status_path(pin_root)) {
+    match fs::remove_file(crate::observe::status::status_path(pin_root)) {
         Ok(()) => report.status_file_removed = true,
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
         Err(e) => report.errors.push(format!("removing the status file: {e}")),
     }
     // The lock file and the verify socket a killed agent left, unless an
     // agent (--force) still holds the lock.
-    if crate::node::lock::holder(pin_root).is_none() {
+    if crate::observe::lock::holder(pin_root).is_none() {
         for (what, path) in [
-            ("the lock file", crate::node::lock::lock_path(pin_root)),
+            ("the lock file", crate::observe::lock::lock_path(pin_root)),
             (
                 "the verify socket",
-                crate::node::verify::socket_path(pin_root),
+                crate::observe::verify::socket_path(pin_root),
             ),
         ] {
             match fs::remove_file(path) {
@@ -260,7 +259,7 @@ fn unpin_maps(pin_root: &Path, report: &mut CleanupReport) {
         }
         match fs::remove_file(entry.path()) {
             // The format stamp is no map.
-            Ok(()) if crate::dataplane::pinroot::is_stamp(&name) => {}
+            Ok(()) if crate::dataplane::pins::format::is_stamp(&name) => {}
             Ok(()) => report.maps_unpinned.push(name),
             Err(e) => report
                 .errors

@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use super::{table::Table, Common, Done, Output};
 use crate::{
-    dataplane::conntrack::{self as gc, Entry as _, Key},
+    dataplane::flows::expiry::{self as gc, Entry as _, Key},
     dataplane::{maps::PinnedMaps, pins::Pins},
     sync::encode::revnat_name,
     sync::store::MapStore as _,
@@ -117,7 +117,7 @@ pub fn run(action: Action) -> anyhow::Result<Done> {
 fn list(common: &Common, service: Option<&str>, family: Option<Family>) -> anyhow::Result<Done> {
     let maps = super::open_maps(&common.pin_root)?;
     let names = service_names(&maps, &common.pin_root);
-    let timeouts = crate::node::status::read(&common.pin_root)
+    let timeouts = crate::observe::status::read(&common.pin_root)
         .map(|s| s.conntrack_timeouts)
         .unwrap_or_default();
     let now = super::monotonic_ns();

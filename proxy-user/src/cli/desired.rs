@@ -18,7 +18,7 @@ use serde::Serialize;
 use super::ServiceRow;
 use crate::{
     model::{self, DesiredState, NodeInfo},
-    node::status::{AgentStatus, UnprogrammedService},
+    observe::status::{AgentStatus, UnprogrammedService},
     source::{cluster, load_file},
 };
 

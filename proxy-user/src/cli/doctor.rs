@@ -21,7 +21,7 @@ use super::{
     agent_process, desired, hooks, kube_proxy, read_services, status::interface_rows, Common, Done,
     Output, ServiceRow,
 };
-use crate::{dataplane::pinroot, node::status::AgentStatus};
+use crate::{dataplane::pins::format, observe::status::AgentStatus};
 
 /// At most this many Services get a Pod lookup (one list call each).
 const MAX_SELECTOR_LOOKUPS: usize = 50;
@@ -88,7 +88,7 @@ pub fn run(common: &Common, kubeconfig: Option<PathBuf>) -> anyhow::Result<Done>
 
 async fn checks(common: &Common, kubeconfig: Option<PathBuf>) -> anyhow::Result<Vec<Check>> {
     let pin_root = &common.pin_root;
-    let status = crate::node::status::read(pin_root);
+    let status = crate::observe::status::read(pin_root);
     let (maps, maps_unreadable) = match super::open_maps(pin_root) {
         Ok(maps) => (Some(maps), None),
         Err(error) => (None, super::status::maps_unreadable(&error)),
@@ -99,13 +99,18 @@ async fn checks(common: &Common, kubeconfig: Option<PathBuf>) -> anyhow::Result<
     let mut checks = vec![agent_check(pin_root, status.as_ref())];
     checks.push(pin_root_check(
         pin_root,
-        &pinroot::layout(pin_root),
+        &format::layout(pin_root),
         maps_unreadable,
     ));
     checks.push(endpoints_check(rows.as_deref()));
     let source = Source::open(status.as_ref(), kubeconfig.as_ref()).await;
     checks.push(selector_check(&source, rows.as_deref()).await);
-    checks.push(attach_check(status.as_ref(), maps.is_some(), &net));
+    checks.push(attach_check(
+        status.as_ref(),
+        maps.is_some(),
+        &net,
+        &hooks::pinned_links(pin_root),
+    ));
     checks.push(maps_check(&source, status.as_ref(), rows.as_deref()));
     checks.push(verify_check(pin_root, status.as_ref()));
     let names: Vec<String> = net.interfaces.iter().map(|i| i.name.clone()).collect();
@@ -288,11 +293,11 @@ async fn selector_check(source: &Source, rows: Option<&[ServiceRow]>) -> Check {
 /// layouts, stale resize pins, and whether its maps can be read at all.
 fn pin_root_check(
     pin_root: &std::path::Path,
-    layout: &pinroot::Layout,
+    layout: &format::Layout,
     maps_unreadable: Option<String>,
 ) -> Check {
     let name = "pin root layout";
-    let mut findings: Vec<Finding> = pinroot::problems(layout, pin_root)
+    let mut findings: Vec<Finding> = format::problems(layout, pin_root)
         .into_iter()
         .map(|p| Finding {
             what: p.what,
@@ -306,14 +311,24 @@ fn pin_root_check(
         });
     }
     let detail = match layout.format {
-        Some(format) => format!("format {format} (this binary: {})", pinroot::FORMAT),
-        None => format!("no format stamp (this binary: format {})", pinroot::FORMAT),
+        Some(format) => format!("format {format} (this binary: {})", format::FORMAT),
+        None => format!("no format stamp (this binary: format {})", format::FORMAT),
     };
     Check::new(name, detail, findings)
 }
 
-/// Pod interfaces and uplinks without the programs they should carry.
-fn attach_check(status: Option<&AgentStatus>, maps: bool, net: &hooks::NetView) -> Check {
+/// What to do about a program not attached.
+const REATTACH_FIX: &str = "the agent attaches it again within a few seconds (unless it runs with --repair-interval 0); if it stays missing, the agent's log says what is in the way (restart the agent, after `switchboard cleanup` if another tool replaced its programs)";
+
+/// Pod interfaces and uplinks without the programs they should carry, and
+/// socket-layer programs not on the agent's cgroup (`pins`: the pinned
+/// links), as `status` and the agent's repair see them.
+fn attach_check(
+    status: Option<&AgentStatus>,
+    maps: bool,
+    net: &hooks::NetView,
+    pins: &[hooks::LinkPin],
+) -> Check {
     let name = "programs attached";
     if status.is_none() && !maps {
         return Check::skipped(name, "no agent has run here");
@@ -331,14 +346,33 @@ fn attach_check(status: Option<&AgentStatus>, maps: bool, net: &hooks::NetView) 
         );
     }
     let rows = interface_rows(status, &net.interfaces);
-    let findings = rows
+    let mut findings: Vec<Finding> = rows
         .iter()
         .filter(|r| !r.missing.is_empty())
         .map(|r| Finding {
-            what: format!("{} ({}, ifindex {}): {} not attached (attached: {})", r.name, r.role, r.index, r.missing.join(", "), r.attached),
-            fix: "restart the agent: it attaches to every pod interface and uplink at start-up (`switchboard cleanup` first if another tool replaced its programs)".into(),
+            what: format!(
+                "{} ({}, ifindex {}): {} not attached (attached: {})",
+                r.name,
+                r.role,
+                r.index,
+                r.missing.join(", "),
+                r.attached
+            ),
+            fix: REATTACH_FIX.into(),
         })
         .collect();
+    if let Some(cgroup) = status.and_then(|s| s.socket_lb_cgroup.as_ref()) {
+        let missing = hooks::socket_layer_unattached(pins);
+        if !missing.is_empty() {
+            findings.push(Finding {
+                what: format!(
+                    "socket layer (cgroup {cgroup}): {} not attached",
+                    missing.join(", ")
+                ),
+                fix: REATTACH_FIX.into(),
+            });
+        }
+    }
     Check::new(
         name,
         format!(
@@ -434,7 +468,7 @@ fn verify_check(pin_root: &std::path::Path, status: Option<&AgentStatus>) -> Che
     if !agent_process(pin_root, status).alive {
         return Check::skipped(name, "no agent running");
     }
-    match crate::node::verify::ask(pin_root) {
+    match crate::observe::verify::ask(pin_root) {
         Ok(v) => {
             let findings = v
                 .problems
@@ -601,7 +635,7 @@ mod tests {
     #[test]
     fn a_held_service_is_named_with_its_problem() {
         let status = AgentStatus {
-            rejected: vec![crate::node::status::RejectedObject {
+            rejected: vec![crate::observe::status::RejectedObject {
                 kind: "EndpointSlice".into(),
                 object: "demo/echo-1".into(),
                 service: Some("demo/echo".into()),
@@ -635,7 +669,7 @@ mod tests {
             }],
             ..Default::default()
         };
-        let c = attach_check(Some(&AgentStatus::default()), true, &net);
+        let c = attach_check(Some(&AgentStatus::default()), true, &net, &[]);
         assert_eq!(c.findings.len(), 1, "{c:?}");
         assert!(
             c.findings[0].what.starts_with(hooks::CANNOT_INSPECT),
@@ -649,17 +683,55 @@ mod tests {
             programs_unreadable: None,
             ..net
         };
-        let c = attach_check(Some(&AgentStatus::default()), true, &net);
+        let c = attach_check(Some(&AgentStatus::default()), true, &net, &[]);
         assert!(c.findings[0].what.contains("not attached"), "{c:?}");
+    }
+
+    /// The socket layer as `status` and the repair see it: a program
+    /// without a pin, or whose pinned link was detached, is not attached.
+    #[test]
+    fn socket_layer_programs_not_attached_are_doctor_findings() {
+        let status = AgentStatus {
+            socket_lb_cgroup: Some("/sys/fs/cgroup".into()),
+            ..AgentStatus::default()
+        };
+        let mut pins: Vec<hooks::LinkPin> = crate::dataplane::attach::socket_layer::all_programs()
+            .map(|name| hooks::LinkPin {
+                name: name.into(),
+                path: std::path::PathBuf::from("/p/links").join(name),
+                kind: "cgroup",
+                index: None,
+                detached: false,
+            })
+            .collect();
+        let net = hooks::NetView::default();
+        assert_eq!(
+            attach_check(Some(&status), true, &net, &pins).state,
+            State::Ok
+        );
+        pins[0].detached = true;
+        pins.pop();
+        let c = attach_check(Some(&status), true, &net, &pins);
+        assert_eq!(c.findings.len(), 1, "{c:?}");
+        assert!(
+            c.findings[0]
+                .what
+                .contains(&format!("{} (detached, pin kept)", pins[0].name)),
+            "{c:?}"
+        );
+        assert!(c.findings[0].what.contains("sb_sock_release"), "{c:?}");
+        // The socket layer off: nothing to look for.
+        let c = attach_check(Some(&AgentStatus::default()), true, &net, &pins);
+        assert_eq!(c.state, State::Ok);
     }
 
     #[test]
     fn a_newer_pin_root_and_stale_pins_are_doctor_findings() {
-        let layout = pinroot::Layout {
-            format: Some(pinroot::FORMAT + 1),
+        let layout = format::Layout {
+            format: Some(format::FORMAT + 1),
             maps_pinned: true,
             staging: vec!["SB_FE_V1_resize".into()],
-            ..pinroot::Layout::default()
+            ..format::Layout::default()
         };
         let c = pin_root_check(std::path::Path::new("/p"), &layout, None);
         assert_eq!(c.state, State::Problem);
@@ -671,10 +743,10 @@ mod tests {
             "{c:?}"
         );
         assert!(c.findings[1].what.contains("SB_FE_V1_resize"), "{c:?}");
-        let ok = pinroot::Layout {
-            format: Some(pinroot::FORMAT),
+        let ok = format::Layout {
+            format: Some(format::FORMAT),
             maps_pinned: true,
-            ..pinroot::Layout::default()
+            ..format::Layout::default()
         };
         assert_eq!(
             pin_root_check(std::path::Path::new("/p"), &ok, None).state,

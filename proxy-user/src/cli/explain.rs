@@ -32,7 +32,7 @@ use super::{hooks, Common, Done, Output};
 use crate::{
     dataplane::{maps::PinnedMaps, pins::Pins},
     model::{IpFamily, LbAlgorithm},
-    node::status::UnprogrammedService,
+    observe::status::UnprogrammedService,
     sync::encode::{backend_addr, revnat_name, AnyBackend, AnyFrontendKey},
     sync::store::MapStore as _,
 };
@@ -214,7 +214,7 @@ pub fn run(
                 hooks::inspect(&mut handle).await
             })??;
             // An uplink may be a veth too; it is never a pod interface.
-            let listed = crate::node::status::read(&common.pin_root).map(|s| s.interfaces).unwrap_or_default();
+            let listed = crate::observe::status::read(&common.pin_root).map(|s| s.interfaces).unwrap_or_default();
             for iface in &mut net.interfaces {
                 if listed.iter().any(|l| l.index == iface.index && l.role == "uplink") {
                     iface.pod = false;
@@ -235,7 +235,7 @@ pub fn run(
         v4: pins.affinity().ok(),
         v6: pins.affinity6().ok(),
     };
-    let status = crate::node::status::read(&common.pin_root);
+    let status = crate::observe::status::read(&common.pin_root);
     let view = load_view(
         &maps,
         &affinity,

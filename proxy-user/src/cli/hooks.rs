@@ -22,7 +22,7 @@ use rtnetlink::packet_core::{NetlinkMessage, NetlinkPayload, NLM_F_DUMP, NLM_F_R
 use rtnetlink::packet_utils::nla::Nla as _;
 use serde::Serialize;
 
-use crate::dataplane::attach;
+use crate::dataplane::attach::{linkinfo, pods};
 
 /// clsact's ingress and egress parents (`TC_H_CLSACT` with
 /// `TC_H_MIN_INGRESS` / `TC_H_MIN_EGRESS`).
@@ -159,13 +159,13 @@ pub async fn inspect(handle: &mut rtnetlink::Handle) -> anyhow::Result<NetView> 
 /// the kernel refused (EPERM or EACCES, anywhere in its causes), `None`
 /// for anything else (a program unloaded while we looked).
 pub fn unreadable(error: &ProgramError) -> Option<String> {
-    crate::dataplane::caps::permission_denied(error).then(|| CANNOT_INSPECT.to_owned())
+    crate::dataplane::load::caps::permission_denied(error).then(|| CANNOT_INSPECT.to_owned())
 }
 
 /// Program id → name, for every loaded program; fails only when the
 /// kernel refuses to list them (a program that goes away meanwhile is
 /// skipped).
-fn program_names() -> Result<HashMap<u32, String>, ProgramError> {
+pub fn program_names() -> Result<HashMap<u32, String>, ProgramError> {
     let mut names = HashMap::new();
     for info in aya::programs::loaded_programs() {
         match info {
@@ -209,7 +209,7 @@ fn iface_hooks(
     let hooks = IfaceHooks {
         tcx_ingress: tcx(TcAttachType::Ingress),
         tcx_egress: tcx(TcAttachType::Egress),
-        pod: attach::pod_interface(link).is_some(),
+        pod: pods::pod_interface(link).is_some(),
         xdp: xdp_program(link, names),
         index: link.header.index,
         name,
@@ -382,6 +382,10 @@ pub struct LinkPin {
     pub kind: &'static str,
     /// The interface index a `tcx_`/`xdp_` pin names.
     pub index: Option<u32>,
+    /// The pin holds a link attached to nothing any more (detached with
+    /// `bpftool link detach`, say): the program no longer runs.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub detached: bool,
 }
 
 /// The pinned links of `pin_root` (none when the directory is missing).
@@ -394,16 +398,34 @@ pub fn pinned_links(pin_root: &Path) -> Vec<LinkPin> {
         .map(|e| {
             let name = e.file_name().to_string_lossy().into_owned();
             let (kind, index) = classify_pin(&name);
+            // A pin that cannot be read (permissions) is taken as attached:
+            // nothing is known to be wrong with it.
+            let detached =
+                kind != "other" && linkinfo::link_target(&e.path()).is_ok_and(|t| t.detached());
             LinkPin {
                 path: e.path(),
                 name,
                 kind,
                 index,
+                detached,
             }
         })
         .collect();
     pins.sort_by(|a, b| a.name.cmp(&b.name));
     pins
+}
+
+/// The socket-layer programs that do not run on the agent's cgroup, from
+/// its pinned links: a program without a pin, or whose pinned link was
+/// detached (`status`, `doctor` and the agent's repair read them alike).
+pub fn socket_layer_unattached(pins: &[LinkPin]) -> Vec<String> {
+    crate::dataplane::attach::socket_layer::all_programs()
+        .filter_map(|program| match pins.iter().find(|l| l.name == program) {
+            None => Some(program.to_owned()),
+            Some(pin) if pin.detached => Some(format!("{program} (detached, pin kept)")),
+            Some(_) => None,
+        })
+        .collect()
 }
 
 /// `tcx_<index>_<program>`, `xdp_<index>_<mode>`, or a socket-layer program.

@@ -34,8 +34,10 @@ pub use cleanup::{cleanup, CleanupReport};
 pub use services::{render_status, render_table, services};
 pub use stats::{render_stats, stats};
 
-use crate::dataplane::pinroot::DEFAULT_PIN_ROOT;
-use crate::dataplane::readout::{read_services, read_stats, BackendRow, MapFill, ServiceRow};
+use crate::dataplane::maps::readback::{
+    read_services, read_stats, BackendRow, MapFill, ServiceRow,
+};
+use crate::dataplane::pins::format::DEFAULT_PIN_ROOT;
 
 /// What every command takes: the pin root and the output format.
 #[derive(clap::Args, Clone, Debug)]
@@ -265,7 +267,7 @@ fn now_unix_s() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-use crate::dataplane::conntrack::monotonic_ns;
+use crate::dataplane::flows::expiry::monotonic_ns;
 
 fn to_json<T: serde::Serialize>(value: &T) -> anyhow::Result<String> {
     Ok(serde_json::to_string_pretty(value)? + "\n")

@@ -3,8 +3,8 @@
 use std::{fmt::Write as _, path::Path};
 
 use crate::dataplane::{
+    maps::readback::{read_services, ServiceRow},
     pins::MapsError,
-    readout::{read_services, ServiceRow},
 };
 use crate::model::LbAlgorithm;
 
@@ -19,7 +19,7 @@ pub fn host_port(address: &str, port: u16) -> String {
 
 /// A backend as the table lists it: `address:port`, with its weight in a
 /// weighted set (`(weight 3)`, `(drained)` for weight 0).
-pub fn backend_cell(b: &crate::dataplane::readout::BackendRow) -> String {
+pub fn backend_cell(b: &crate::dataplane::maps::readback::BackendRow) -> String {
     let at = host_port(&b.address, b.port);
     match b.weight {
         None => at,
@@ -31,7 +31,7 @@ pub fn backend_cell(b: &crate::dataplane::readout::BackendRow) -> String {
 /// Marks the rows of Services the agent holds at their last good version
 /// (the Service's own newest version, or one of its slices', cannot be
 /// used), with the problems, from the agent's status file.
-pub fn mark_held(rows: &mut [ServiceRow], status: &crate::node::status::AgentStatus) {
+pub fn mark_held(rows: &mut [ServiceRow], status: &crate::observe::status::AgentStatus) {
     for row in rows {
         let service = row
             .service
@@ -175,7 +175,7 @@ pub fn render_table(rows: &[ServiceRow]) -> String {
 
 /// What the agent could not program, and whether it is running (`alive`:
 /// see [`super::agent_process`]).
-pub fn render_status(status: &crate::node::status::AgentStatus, alive: bool) -> String {
+pub fn render_status(status: &crate::observe::status::AgentStatus, alive: bool) -> String {
     let mut out = String::new();
     if !alive {
         let _ = writeln!(
@@ -210,7 +210,7 @@ pub fn services(pin_root: &Path, json: bool) -> anyhow::Result<String> {
         Err(error) => return Err(error.into()),
     };
     let mut rows = read_services(&maps);
-    let status = crate::node::status::read(pin_root);
+    let status = crate::observe::status::read(pin_root);
     if let Some(status) = &status {
         mark_held(&mut rows, status);
     }
@@ -228,7 +228,7 @@ pub fn services(pin_root: &Path, json: bool) -> anyhow::Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dataplane::readout::BackendRow;
+    use crate::dataplane::maps::readback::BackendRow;
 
     #[test]
     fn weighted_backends_show_their_weight_and_drained_ones_say_so() {
@@ -312,7 +312,7 @@ mod tests {
     /// agent's problems (files that do not parse among them) follow the table.
     #[test]
     fn held_services_are_marked_and_problems_listed() {
-        use crate::node::status::{AgentStatus, RejectedObject};
+        use crate::observe::status::{AgentStatus, RejectedObject};
         let status = AgentStatus {
             pid: 1,
             warnings: vec![
@@ -380,7 +380,7 @@ mod tests {
 
     #[test]
     fn rows_of_both_families_with_ipv6_bracketed() {
-        use crate::dataplane::readout::rows;
+        use crate::dataplane::maps::readback::rows;
         use crate::model::Protocol;
         use crate::sync::store::MapStore as _;
         use crate::sync::tests::{caps, fe, fe6, state, MemStore};

@@ -3,7 +3,7 @@
 //! twin).
 use std::{fmt::Write as _, path::Path};
 
-use crate::dataplane::readout::{read_stats, StatsReport};
+use crate::dataplane::maps::readback::{read_stats, StatsReport};
 
 pub fn render_stats(report: &StatsReport) -> String {
     let mut out = String::new();
@@ -42,7 +42,7 @@ pub fn stats(pin_root: &Path, json: bool) -> anyhow::Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dataplane::readout::fill;
+    use crate::dataplane::maps::readback::fill;
 
     #[test]
     fn stats_show_counters_and_how_full_each_map_is() {

@@ -11,13 +11,13 @@ use super::{
     AgentProcess, Common, Done, MapFill, Output,
 };
 use crate::{
-    dataplane::attach::UplinkXdp,
-    dataplane::caps,
-    dataplane::kmem::{self, MapMemory},
-    dataplane::pinroot,
+    dataplane::attach::pods::UplinkXdp,
+    dataplane::flows::quiet_pods::{self, QuietPods},
+    dataplane::load::caps,
+    dataplane::pins::format,
+    dataplane::pins::memory::{self, MapMemory},
     dataplane::pins::Pins,
-    dataplane::quiet::{self, QuietPods},
-    node::status::AgentStatus,
+    observe::status::AgentStatus,
 };
 
 /// Maps whose running full loses Services (the LRU ones evict instead).
@@ -52,7 +52,7 @@ pub struct StatusReport {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub programs_unreadable: Option<String>,
     /// The pin root's format and the pins this version does not use.
-    pub layout: pinroot::Layout,
+    pub layout: format::Layout,
     pub problems: Vec<String>,
 }
 
@@ -79,7 +79,7 @@ pub struct InterfaceRow {
     pub xdp: Option<UplinkXdp>,
     /// For a pod interface: the classes of protocol (`tcp`, `other`) its
     /// pod has no tc-translated flow of, whose packets into it `sb_to_pod`
-    /// passes unread ([`crate::dataplane::quiet`]).
+    /// passes unread ([`crate::dataplane::flows::quiet_pods`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub quiet: Vec<String>,
 }
@@ -95,7 +95,7 @@ pub fn run(common: &Common) -> anyhow::Result<Done> {
 }
 
 fn gather(pin_root: &Path) -> anyhow::Result<StatusReport> {
-    let status = crate::node::status::read(pin_root);
+    let status = crate::observe::status::read(pin_root);
     let agent = agent_process(pin_root, status.as_ref());
     let net = super::block_on(async {
         let mut handle = hooks::connect()?;
@@ -107,7 +107,7 @@ fn gather(pin_root: &Path) -> anyhow::Result<StatusReport> {
     };
     let fills = maps.as_ref().map(|m| read_stats(m).maps);
     let (map_memory, map_memory_unreadable) =
-        match maps.as_ref().map(|_| kmem::map_memory(pin_root)) {
+        match maps.as_ref().map(|_| memory::map_memory(pin_root)) {
             None => (None, None),
             Some(Ok(memory)) => (Some(memory), None),
             Some(Err(error)) => (None, Some(format!("{:#}", anyhow::Error::from(error)))),
@@ -141,7 +141,7 @@ fn gather(pin_root: &Path) -> anyhow::Result<StatusReport> {
         map_memory,
         map_memory_unreadable,
         programs_unreadable: net.programs_unreadable,
-        layout: pinroot::layout(pin_root),
+        layout: format::layout(pin_root),
         problems: Vec::new(),
     };
     report.problems = problems(&report);
@@ -249,10 +249,10 @@ fn read_quiet(rows: &mut [InterfaceRow], pin_root: &Path) {
         return;
     };
     for row in rows.iter_mut().filter(|r| r.role == "pod" && !r.gone) {
-        row.quiet = quiet::CLASSES
+        row.quiet = quiet_pods::CLASSES
             .into_iter()
             .filter(|class| quiet.is_quiet(row.index, *class).unwrap_or(false))
-            .map(|class| quiet::class_name(class).to_owned())
+            .map(|class| quiet_pods::class_name(class).to_owned())
             .collect();
     }
 }
@@ -296,7 +296,7 @@ fn problems(report: &StatusReport) -> Vec<String> {
             report.pin_root
         )),
     }
-    for p in pinroot::problems(&report.layout, std::path::Path::new(&report.pin_root)) {
+    for p in format::problems(&report.layout, std::path::Path::new(&report.pin_root)) {
         found.push(format!("{}: {}", p.what, p.fix));
     }
     for m in report.maps.iter().flatten() {
@@ -327,12 +327,10 @@ fn problems(report: &StatusReport) -> Vec<String> {
         .as_ref()
         .and_then(|s| s.socket_lb_cgroup.as_ref())
     {
-        let missing: Vec<&str> = crate::dataplane::socketlb::all_programs()
-            .filter(|p| !report.pinned_links.iter().any(|l| l.name == *p))
-            .collect();
+        let missing = hooks::socket_layer_unattached(&report.pinned_links);
         if !missing.is_empty() {
             found.push(format!(
-                "socket layer (cgroup {cgroup}): not attached: {}; restart the agent to attach them",
+                "socket layer (cgroup {cgroup}): not attached: {}; the agent attaches them again within a few seconds (unless it runs with --repair-interval 0)",
                 missing.join(", ")
             ));
         }
@@ -464,7 +462,7 @@ fn render_agent(out: &mut String, report: &StatusReport) {
         };
         t.push(vec!["NodePort mode:".into(), nodeport_mode.into()]);
         let checksums = match s.l4_checksums.as_str() {
-            "" => crate::dataplane::kctx::HELPER_DESCRIPTION,
+            "" => crate::dataplane::load::ip_summed::HELPER_DESCRIPTION,
             how => how,
         };
         t.push(vec!["L4 checksums:".into(), checksums.into()]);
@@ -500,7 +498,7 @@ fn render_agent(out: &mut String, report: &StatusReport) {
 }
 
 /// `3, last 12s ago (maps: 10.96.0.10:53/UDP slot 0: missing); checked 2s ago`.
-pub fn repairs_line(r: &crate::node::status::Repairs, now: u64) -> String {
+pub fn repairs_line(r: &crate::observe::status::Repairs, now: u64) -> String {
     if !r.enabled {
         return "off (--repair-interval 0): drift is reported, not repaired".into();
     }
@@ -558,7 +556,7 @@ fn render_memory(out: &mut String, memory: Option<&[MapMemory]>, unreadable: Opt
     for m in memory {
         t.push(vec![m.map.clone(), m.max_entries.to_string(), mib(m.bytes)]);
     }
-    let (total, ipv6) = kmem::totals(memory);
+    let (total, ipv6) = memory::totals(memory);
     t.push(vec!["total".into(), String::new(), mib(total)]);
     t.push(vec!["of which IPv6 maps".into(), String::new(), mib(ipv6)]);
     out.push_str(&t.render());
@@ -567,7 +565,7 @@ fn render_memory(out: &mut String, memory: Option<&[MapMemory]>, unreadable: Opt
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dataplane::attach::AttachedInterface;
+    use crate::dataplane::attach::pods::AttachedInterface;
 
     fn iface(name: &str, index: u32, pod: bool) -> hooks::IfaceHooks {
         hooks::IfaceHooks {
@@ -630,7 +628,7 @@ mod tests {
             map_memory: None,
             map_memory_unreadable: None,
             programs_unreadable: None,
-            layout: pinroot::Layout::default(),
+            layout: format::Layout::default(),
             problems: Vec::new(),
         };
         let text = render(&report);
@@ -700,7 +698,7 @@ mod tests {
             map_memory: None,
             map_memory_unreadable: None,
             programs_unreadable: None,
-            layout: pinroot::Layout::default(),
+            layout: format::Layout::default(),
             problems: Vec::new(),
         };
         let problems = problems(&report);
@@ -764,7 +762,7 @@ mod tests {
             map_memory: None,
             map_memory_unreadable: None,
             programs_unreadable: hooks::unreadable(&refused),
-            layout: pinroot::Layout::default(),
+            layout: format::Layout::default(),
             problems: Vec::new(),
         };
         let found = problems(&report);
@@ -818,12 +816,12 @@ mod tests {
             map_memory: None,
             map_memory_unreadable: None,
             programs_unreadable: None,
-            layout: pinroot::Layout {
-                format: Some(pinroot::FORMAT),
+            layout: format::Layout {
+                format: Some(format::FORMAT),
                 maps_pinned: true,
                 unknown: vec!["SB_CT_V2".into(), "SB_STATS_V1".into()],
                 staging: vec!["SB_CT_V5_resize".into()],
-                ..pinroot::Layout::default()
+                ..format::Layout::default()
             },
             problems: Vec::new(),
         };
@@ -843,6 +841,7 @@ mod tests {
             path: std::path::PathBuf::from("/sys/fs/bpf/switchboard/links").join(name),
             kind: "cgroup",
             index: None,
+            detached: false,
         };
         let v4_only: Vec<hooks::LinkPin> = [
             programs::SOCK_CONNECT4,
@@ -875,7 +874,7 @@ mod tests {
             map_memory: None,
             map_memory_unreadable: None,
             programs_unreadable: None,
-            layout: pinroot::Layout::default(),
+            layout: format::Layout::default(),
             problems: Vec::new(),
         };
         let found = problems(&report);
@@ -884,14 +883,26 @@ mod tests {
             found[0].contains("not attached: sb_sock_getpeername6, sb_sock_recvmsg6, sb_sock_sendmsg6, sb_sock_connect6"),
             "{found:?}"
         );
-        let all: Vec<hooks::LinkPin> = crate::dataplane::socketlb::all_programs()
+        let all: Vec<hooks::LinkPin> = crate::dataplane::attach::socket_layer::all_programs()
             .map(pin)
             .collect();
-        let report = StatusReport {
+        let mut report = StatusReport {
             pinned_links: all,
             ..report
         };
         assert!(problems(&report).is_empty(), "{:?}", problems(&report));
+        // A link detached behind its pin runs no more: as good as missing.
+        report.pinned_links[0].detached = true;
+        let found = problems(&report);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(
+            found[0].contains(&format!(
+                "not attached: {} (detached, pin kept)",
+                report.pinned_links[0].name
+            )),
+            "{found:?}"
+        );
+        report.pinned_links[0].detached = false;
         let text = render(&report);
         assert!(text.contains("pinned links: 9 (9 socket-layer: "), "{text}");
         assert!(text.contains("connect6"), "{text}");

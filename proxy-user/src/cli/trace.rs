@@ -1,5 +1,5 @@
 //! `switchboard trace`: streams the data path's events from the running
-//! agent ([`crate::node::trace`]) and prints each as it comes, one line
+//! agent ([`crate::observe::trace`]) and prints each as it comes, one line
 //! for people or one JSON object for scripts, until interrupted (or
 //! `--count` events, or `--duration`).
 use std::io::{BufRead as _, BufReader, Write as _};
@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context as _};
 
 use super::{Common, Done, Output};
-use crate::node::trace::{FilterSpec, Record, REQUEST};
-use crate::node::verify::socket_path;
+use crate::observe::trace::{FilterSpec, Record, REQUEST};
+use crate::observe::verify::socket_path;
 
 /// What to stream.
 #[derive(clap::Args, Clone, Debug)]
@@ -61,7 +61,7 @@ impl TraceArgs {
 
 pub fn run(common: &Common, args: &TraceArgs) -> anyhow::Result<Done> {
     // Refused here already, with the same words the agent would use.
-    crate::node::trace::Filter::try_from(&args.spec()).map_err(anyhow::Error::msg)?;
+    crate::observe::trace::Filter::try_from(&args.spec()).map_err(anyhow::Error::msg)?;
     let path = socket_path(&common.pin_root);
     let mut stream = UnixStream::connect(&path).with_context(|| {
         format!(

@@ -1,11 +1,11 @@
 //! `switchboard verify`: asks the running agent to compare the pinned maps
-//! with its desired state (see [`crate::node::verify`]) and prints the
+//! with its desired state (see [`crate::observe::verify`]) and prints the
 //! differences, per frontend. Exits 0 when they match, 1 when they do not
 //! or no agent answers.
 use std::fmt::Write as _;
 
 use super::{Common, Done, Output};
-use crate::node::verify::{self, Verification};
+use crate::observe::verify::{self, Verification};
 
 pub fn run(common: &Common) -> anyhow::Result<Done> {
     let verification = verify::ask(&common.pin_root)?;
@@ -54,7 +54,7 @@ pub fn render(v: &Verification) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::node::verify::{Problem, ProblemKind};
+    use crate::observe::verify::{Problem, ProblemKind};
 
     #[test]
     fn a_match_says_so_and_a_difference_is_listed_per_frontend() {

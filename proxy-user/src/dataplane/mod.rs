@@ -1,28 +1,14 @@
-//! The data plane: everything that talks to the kernel. Loading the
-//! programs and pinning their maps, attaching them (pod interfaces,
-//! uplinks, the cgroup socket hooks), the pinned maps themselves (opened
-//! only through [`pins`]), their resize and migration, the conntrack
-//! collector and socket closing. It implements the sync's `MapStore`.
+//! The data plane: everything that talks to the kernel, one room per concern.
+//!
+//! | module | holds |
+//! |---|---|
+//! | [`load`] | loading the eBPF object: the kernel's BTF facts it needs, permissions |
+//! | [`pins`] | the one way to open a pinned map, the pin root's format, resizing, kernel memory |
+//! | [`maps`] | typed handles on the maps (the sync's `MapStore`), batched writes, reading them back |
+//! | [`attach`] | attaching the programs: pod interfaces, uplinks, the cgroup socket hooks |
+//! | [`flows`] | connection-tracking housekeeping: expiry, least-connection counts, quiet pods, closing UDP sockets |
 pub mod attach;
-pub mod btf;
-pub mod caps;
-pub mod conntrack;
-pub mod conntrack_entry;
-pub mod ctgen;
-pub mod ebpf;
-pub mod kctx;
-pub mod kmem;
-pub mod mapbatch;
+pub mod flows;
+pub mod load;
 pub mod maps;
-pub mod migrate;
-pub mod namespaces;
-pub mod openflows;
-pub mod pinroot;
 pub mod pins;
-pub mod prefilter;
-pub mod quiet;
-pub mod readout;
-pub mod resize;
-pub mod sockdiag;
-pub mod socketlb;
-pub mod uplink;

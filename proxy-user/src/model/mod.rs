@@ -715,4 +715,6 @@ impl ServicePortName {
 }
 
 #[cfg(test)]
+mod cases;
+#[cfg(test)]
 mod tests;

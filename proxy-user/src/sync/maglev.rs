@@ -147,8 +147,11 @@ struct Permutation {
 impl Permutation {
     /// Moves to the next slot of the list.
     fn advance(&mut self, size: u32) {
-        // next < size and skip < size, so the sum fits: size <= MAX_TABLE_SIZE.
-        self.next = (self.next + self.skip) % size;
+        // next < size and skip < size, so the sum fits (size <=
+        // MAX_TABLE_SIZE) and is below 2 × size: one subtraction is the
+        // remainder, without the division (the population loop's cost).
+        let next = self.next + self.skip;
+        self.next = if next >= size { next - size } else { next };
     }
 }
 

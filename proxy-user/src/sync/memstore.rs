@@ -1,4 +1,5 @@
-//! An in-memory stand-in for the kernel maps, for the sync engine's tests.
+//! An in-memory stand-in for the kernel maps, for the sync engine's tests,
+//! and its contents and writes as text (`sync/maptext.rs`).
 use std::collections::BTreeMap;
 
 use proxy_common::{
@@ -8,8 +9,9 @@ use proxy_common::{
 
 use crate::{
     model::cidr::IpCidr,
-    model::{BackendAddr, FrontendAddr, IpFamily},
-    sync::encode::{backend_addr, frontend_key, AnyBackend, AnyFrontendKey, AnyRevNat},
+    model::{BackendAddr, IpFamily},
+    sync::encode::{backend_addr, AnyBackend, AnyFrontendKey, AnyRevNat},
+    sync::maptext::{self, Flow, Socket},
     sync::store::{Dump, MapStore, WriteError},
 };
 
@@ -18,7 +20,7 @@ use crate::{
 pub(crate) struct MemStore {
     /// Both families' frontend maps (the key says which).
     pub(crate) frontends: BTreeMap<FeKey, FrontendSlot>,
-    /// Frontend writes in order (`put`/`delete` and the key).
+    /// Every write in order, as text: `put ENTRY` or `delete KEY`.
     pub(crate) log: Vec<String>,
     /// Maglev tables by service id.
     pub(crate) maglev: BTreeMap<u32, Vec<u32>>,
@@ -99,11 +101,6 @@ impl MemStore {
         self.writes += 1;
         Ok(())
     }
-
-    /// The frontend entries of one family.
-    pub(crate) fn frontends_of(&self, family: IpFamily) -> usize {
-        self.frontends.keys().filter(|key| key.0 == family).count()
-    }
 }
 
 impl MapStore for MemStore {
@@ -114,55 +111,85 @@ impl MapStore for MemStore {
             }
         }
         self.write("frontends")?;
-        self.log.push(format!("put {:?}", k(&key)));
+        self.log
+            .push(format!("put {}", maptext::frontend(&key, &value)));
         self.frontends.insert(k(&key), value);
         Ok(())
     }
     fn delete_frontend(&mut self, key: AnyFrontendKey) -> Result<(), WriteError> {
         self.write("frontends")?;
-        self.log.push(format!("delete {:?}", k(&key)));
+        self.log
+            .push(format!("delete {}", maptext::frontend_key(&key)));
         self.frontends.remove(&k(&key));
         Ok(())
     }
     fn put_backend(&mut self, id: u32, value: AnyBackend) -> Result<(), WriteError> {
         self.write("backends")?;
+        self.log
+            .push(format!("put {}", maptext::backend(id, &value)));
         self.backends.insert((value.family(), id), value);
         Ok(())
     }
     fn delete_backend(&mut self, id: u32, family: IpFamily) -> Result<(), WriteError> {
         self.write("backends")?;
+        self.log
+            .push(format!("delete {}", maptext::by_id("backend", id, family)));
         self.backends.remove(&(family, id));
         Ok(())
     }
     fn put_revnat(&mut self, id: u32, value: AnyRevNat) -> Result<(), WriteError> {
         self.write("revnat")?;
+        self.log
+            .push(format!("put {}", maptext::revnat(id, &value)));
         self.revnat.insert((value.family(), id), value);
         Ok(())
     }
     fn delete_revnat(&mut self, id: u32, family: IpFamily) -> Result<(), WriteError> {
         self.write("revnat")?;
+        self.log
+            .push(format!("delete {}", maptext::by_id("revnat", id, family)));
         self.revnat.remove(&(family, id));
         Ok(())
     }
     fn put_maglev(&mut self, id: u32, table: &MaglevTable) -> Result<(), WriteError> {
         self.write("maglev")?;
+        self.log
+            .push(format!("put {}", self.maglev_text(id, &table.backend_ids)));
         self.maglev.insert(id, table.backend_ids.to_vec());
         Ok(())
     }
     fn delete_maglev(&mut self, id: u32) -> Result<(), WriteError> {
         self.write("maglev")?;
+        self.log.push(format!("delete maglev {id}"));
         self.maglev.remove(&id);
         Ok(())
     }
+    fn maglev(&self, id: u32, into: &mut MaglevTable) -> std::io::Result<bool> {
+        let Some(table) = self.maglev.get(&id) else {
+            return Ok(false);
+        };
+        into.backend_ids.copy_from_slice(table);
+        Ok(true)
+    }
+    fn maglev_ids(&self, after: Option<u32>, max: usize) -> std::io::Result<Vec<u32>> {
+        let from = after.map_or(std::ops::Bound::Unbounded, std::ops::Bound::Excluded);
+        Ok(self
+            .maglev
+            .range((from, std::ops::Bound::Unbounded))
+            .map(|(id, _)| *id)
+            .take(max)
+            .collect())
+    }
     fn put_source_range(&mut self, id: u32, block: IpCidr) -> Result<(), WriteError> {
         self.write("source_range")?;
-        self.log.push(format!("put range {id} {block}"));
+        self.log.push(format!("put {}", maptext::range(id, &block)));
         self.source_ranges.insert((id, block));
         Ok(())
     }
     fn delete_source_range(&mut self, id: u32, block: IpCidr) -> Result<(), WriteError> {
         self.write("source_range")?;
-        self.log.push(format!("delete range {id} {block}"));
+        self.log
+            .push(format!("delete {}", maptext::range(id, &block)));
         self.source_ranges.remove(&(id, block));
         Ok(())
     }
@@ -207,17 +234,89 @@ impl MapStore for MemStore {
 }
 
 impl MemStore {
-    /// The backends the data path would choose from, per frontend.
-    pub(crate) fn view(&self, addr: &FrontendAddr) -> Option<Vec<BackendAddr>> {
-        let head = self.frontends.get(&k(&frontend_key(addr, 0)))?;
-        let mut out = Vec::new();
-        for slot in 1..=head.backend_count {
-            let v = self.frontends.get(&k(&frontend_key(addr, slot)))?;
-            out.push(backend_addr(
-                self.backends.get(&(addr.family(), v.backend_id))?,
-            ));
-        }
-        out.sort();
-        Some(out)
+    /// A Maglev table as text, its ids resolved to the addresses this
+    /// store's backend maps hold.
+    fn maglev_text(&self, id: u32, table: &[u32]) -> String {
+        maptext::maglev(id, table, |backend| {
+            [IpFamily::V4, IpFamily::V6]
+                .iter()
+                .find_map(|f| self.backends.get(&(*f, backend)))
+                .map_or_else(
+                    || format!("missing {backend}"),
+                    |b| backend_addr(b).to_string(),
+                )
+        })
+    }
+
+    /// Every map, one entry a line (`sync/maptext.rs`): frontends in
+    /// address order, then backends, reverse-NAT entries, Maglev tables and
+    /// source ranges by id, then the flows and sockets as they were put.
+    pub(crate) fn text(&self) -> String {
+        let mut frontends: Vec<(AnyFrontendKey, &FrontendSlot)> = self
+            .frontends
+            .iter()
+            .map(|(key, v)| (unk(key), v))
+            .collect();
+        frontends
+            .sort_by_key(|(key, _)| (key.ip(), key.port(), key.proto(), key.scope(), key.slot()));
+        let mut lines: Vec<String> = frontends
+            .iter()
+            .map(|(key, slot)| maptext::frontend(key, slot))
+            .collect();
+        let mut backends: Vec<_> = self.backends.iter().collect();
+        backends.sort_by_key(|((family, id), _)| (*id, *family));
+        lines.extend(backends.iter().map(|((_, id), b)| maptext::backend(*id, b)));
+        let mut revnat: Vec<_> = self.revnat.iter().collect();
+        revnat.sort_by_key(|((family, id), _)| (*id, *family));
+        lines.extend(revnat.iter().map(|((_, id), r)| maptext::revnat(*id, r)));
+        lines.extend(self.maglev.iter().map(|(id, t)| self.maglev_text(*id, t)));
+        lines.extend(
+            self.source_ranges
+                .iter()
+                .map(|(id, b)| maptext::range(*id, b)),
+        );
+        lines.extend(self.conntrack.iter().map(|(key, entry)| {
+            maptext::flow(&Flow {
+                family: IpFamily::V4,
+                proto: key.proto,
+                service_id: entry.service_id,
+                backend_id: entry.backend_id,
+            })
+        }));
+        lines.extend(self.conntrack6.iter().map(|(key, entry)| {
+            maptext::flow(&Flow {
+                family: IpFamily::V6,
+                proto: key.proto,
+                service_id: entry.service_id,
+                backend_id: entry.backend_id,
+            })
+        }));
+        lines.extend(self.sockets.iter().map(|(key, entry)| {
+            maptext::socket(&Socket {
+                cookie: key.cookie,
+                dir: key.dir,
+                proto: key.proto,
+                addr: BackendAddr {
+                    ip: crate::sync::encode::ipv4(key.addr_be).into(),
+                    port: u16::from_be(key.port_be),
+                },
+                service_id: entry.service_id,
+                backend_id: entry.backend_id,
+            })
+        }));
+        lines.extend(self.sockets6.iter().map(|(key, entry)| {
+            maptext::socket(&Socket {
+                cookie: key.cookie,
+                dir: key.dir,
+                proto: key.proto,
+                addr: BackendAddr {
+                    ip: crate::sync::encode::ipv6(key.addr_be).into(),
+                    port: u16::from_be(key.port_be),
+                },
+                service_id: entry.service_id,
+                backend_id: entry.backend_id,
+            })
+        }));
+        lines.iter().map(|l| format!("{l}\n")).collect()
     }
 }

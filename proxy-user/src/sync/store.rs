@@ -89,6 +89,14 @@ pub trait MapStore {
     fn put_maglev(&mut self, service_id: u32, table: &MaglevTable) -> Result<(), WriteError>;
     /// Removes service `service_id`'s Maglev table (absent is fine).
     fn delete_maglev(&mut self, service_id: u32) -> Result<(), WriteError>;
+    /// Reads service `service_id`'s Maglev table into `into`; `Ok(false)`
+    /// when there is none.
+    fn maglev(&self, service_id: u32, into: &mut MaglevTable) -> std::io::Result<bool>;
+    /// The service ids of up to `max` Maglev tables after `after` in the
+    /// map's own order (from the first when `after` is `None` or gone):
+    /// fewer than `max` once the last is reached. A walk that goes on
+    /// from where the last call stopped visits every table.
+    fn maglev_ids(&self, after: Option<u32>, max: usize) -> std::io::Result<Vec<u32>>;
     /// Allows the client block `block` to reach service `service_id`
     /// (`loadBalancerSourceRanges`; the block's family picks the map).
     fn put_source_range(&mut self, service_id: u32, block: IpCidr) -> Result<(), WriteError>;

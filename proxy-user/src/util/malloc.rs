@@ -1,4 +1,4 @@
-//! glibc's malloc: the agent's settings ([`tune`], why in `node::memory`)
+//! glibc's malloc: the agent's settings ([`tune`], why in `util::heap`)
 //! and what it holds, for probes that say where the memory goes.
 
 /// The allocator's own view of the heap (all arenas), in bytes.

@@ -18,11 +18,11 @@ use proxy_common::{
     SockEntry6, SockKey6,
 };
 use proxy_user::{
-    dataplane::conntrack::{self, GcMetrics, Pass, Timeouts},
-    dataplane::ebpf,
+    dataplane::flows::expiry::{self, GcMetrics, Pass, Timeouts},
+    dataplane::flows::quiet_pods::Candidates,
+    dataplane::flows::udp_sockets,
+    dataplane::load::object,
     dataplane::maps::PinnedMaps,
-    dataplane::quiet::Candidates,
-    dataplane::sockdiag,
     model::BackendAddr,
     sync::store::MapStore as _,
 };
@@ -92,7 +92,7 @@ fn flow(
 #[test]
 fn a_collector_pass_over_the_kernel_ipv6_table() {
     let (_ebpf, mut maps) = crate::support::load(&capacities(64));
-    let now = conntrack::monotonic_ns();
+    let now = expiry::monotonic_ns();
     let minute_ago = now - 60 * S;
     let fin = ct_state::FIN;
     let live = flow(1, 40001, (0, ct_state::REPLIED), 0, now);
@@ -139,8 +139,7 @@ fn a_collector_pass_over_the_kernel_ipv6_table() {
         .insert(v4.0, v4.1, 0)
         .expect("write SB_CT_V5");
 
-    let pass =
-        conntrack::collect(&mut maps.conntrack6, now, &Timeouts::default()).expect("collect");
+    let pass = expiry::collect(&mut maps.conntrack6, now, &Timeouts::default()).expect("collect");
     assert_eq!(
         pass,
         Pass {
@@ -171,7 +170,7 @@ fn a_collector_pass_over_the_kernel_ipv6_table() {
 #[test]
 fn ipv6_purges_remove_the_selected_entries() {
     let (_ebpf, mut maps) = crate::support::load(&capacities(64));
-    let now = conntrack::monotonic_ns();
+    let now = expiry::monotonic_ns();
     for (k, v) in flow(1, 40001, (0, 0), 0, now)
         .iter()
         .chain(&flow(2, 40002, (0, 0), 0, now))
@@ -275,7 +274,7 @@ fn an_agent_finding_no_ipv6_tables_pinned_creates_them() {
         _pad: [0; 2],
     };
     {
-        let mut ebpf = ebpf::load(proxy_object::SWITCHBOARD, pin_root, &caps, &[])
+        let mut ebpf = object::load(proxy_object::SWITCHBOARD, pin_root, &caps, &[])
             .expect("first load")
             .ebpf;
         let mut maps = PinnedMaps::take(&mut ebpf).expect("maps");
@@ -291,7 +290,7 @@ fn an_agent_finding_no_ipv6_tables_pinned_creates_them() {
         "the agent's open needs the IPv6 pins"
     );
 
-    let _ebpf = ebpf::load(proxy_object::SWITCHBOARD, pin_root, &caps, &[])
+    let _ebpf = object::load(proxy_object::SWITCHBOARD, pin_root, &caps, &[])
         .expect("load onto the older pin root");
     for name in [names::CONNTRACK6, names::SOCKETS6] {
         assert!(pin_root.join(name).exists(), "{name} pinned");
@@ -304,7 +303,7 @@ fn an_agent_finding_no_ipv6_tables_pinned_creates_them() {
     assert_eq!(maps.conntrack6_len(), 0);
 
     // The CLI reads both tables from the pins.
-    let now = conntrack::monotonic_ns();
+    let now = expiry::monotonic_ns();
     for (k, v) in flow(1, 40001, (0, ct_state::REPLIED), 0, now) {
         maps.conntrack6.insert(k, v, 0).expect("write SB_CT6_V1");
     }
@@ -360,11 +359,11 @@ fn an_agent_finding_no_ipv6_tables_pinned_creates_them() {
     assert_eq!(maps.conntrack6_len(), 0);
     assert_eq!(maps.conntrack_len(), 1, "--family ipv6 leaves IPv4 flows");
 
-    let open_flows = proxy_user::dataplane::openflows::LeastConnMaps {
+    let open_flows = proxy_user::dataplane::flows::open_counts::LeastConnMaps {
         counts: aya::maps::HashMap::create(16, 0).expect("a count map"),
         sockets: aya::maps::HashMap::create(16, 0).expect("a socket map"),
     };
-    conntrack::spawn(
+    expiry::spawn(
         pin_root,
         Timeouts::default(),
         GcMetrics::default(),
@@ -394,7 +393,7 @@ fn the_cli_reads_an_agent_that_predates_ipv6() {
         _pad: [0; 2],
     };
     {
-        let mut ebpf = ebpf::load(proxy_object::SWITCHBOARD, pin_root, &caps, &[])
+        let mut ebpf = object::load(proxy_object::SWITCHBOARD, pin_root, &caps, &[])
             .expect("load")
             .ebpf;
         let mut maps = PinnedMaps::take(&mut ebpf).expect("maps");
@@ -471,7 +470,7 @@ fn explain_reads_ipv6_conntrack_and_affinity_from_the_pins() {
     let fs = Bpffs::mount_at("collector6-explain");
     let pin_root = fs.0.as_path();
     let caps = capacities(64);
-    let mut ebpf = ebpf::load(proxy_object::SWITCHBOARD, pin_root, &caps, &[])
+    let mut ebpf = object::load(proxy_object::SWITCHBOARD, pin_root, &caps, &[])
         .expect("load")
         .ebpf;
     let mut maps = PinnedMaps::take(&mut ebpf).expect("maps");
@@ -513,7 +512,7 @@ fn explain_reads_ipv6_conntrack_and_affinity_from_the_pins() {
             .insert(id, backend, 0)
             .expect("write SB_BE6_V1");
     }
-    let now = conntrack::monotonic_ns();
+    let now = expiry::monotonic_ns();
     let client = "fd00:244::99";
     let tracked = CtKey6 {
         saddr_be: addr(client),
@@ -709,10 +708,10 @@ fn departed_peers_ipv6_udp_sockets_are_closed() {
         ]
         .into_iter()
         .collect();
-        let closed = sockdiag::close_udp_peers(&peers).expect("sock_diag");
+        let closed = udp_sockets::close_udp_peers(&peers).expect("sock_diag");
         assert_eq!(
             closed,
-            sockdiag::Closed {
+            udp_sockets::Closed {
                 closed: 1,
                 refused: vec![],
                 unfound: 0,
@@ -727,7 +726,7 @@ fn departed_peers_ipv6_udp_sockets_are_closed() {
             port: port4,
         };
         let doomed: HashMap<u64, BackendAddr> = [(cookie(&mapped), backend)].into_iter().collect();
-        let closed = sockdiag::close_udp_sockets(&doomed, Vec::new).expect("sock_diag");
+        let closed = udp_sockets::close_udp_sockets(&doomed, Vec::new).expect("sock_diag");
         assert_eq!(closed.closed, 1);
         assert_destroyed(&mapped);
     })
@@ -791,7 +790,7 @@ fn a_departed_peers_udp_socket_in_another_namespace_is_closed() {
         // `kept` is recorded with a peer it does not talk to.
         let departed: HashMap<u64, BackendAddr> =
             [(doomed, backend), (kept, elsewhere)].into_iter().collect();
-        let closed = sockdiag::close_udp_sockets(&departed, || vec![handle]).expect("sock_diag");
+        let closed = udp_sockets::close_udp_sockets(&departed, || vec![handle]).expect("sock_diag");
         // `kept` talks to another peer: found in no namespace as recorded.
         assert_eq!((closed.closed, closed.unfound), (1, 1), "{closed:?}");
         to_pod.send(()).expect("to the pod");

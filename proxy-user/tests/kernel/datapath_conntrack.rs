@@ -7,7 +7,7 @@ use crate::support::{cluster_ip, run_on_cpu, Loaded, TC_ACT_OK, TC_ACT_SHOT, TC_
 use proxy_common::{ct_dir, ct_flags, ct_state, programs, proto, CtEntry, CtKey, CT_REFRESH_NS};
 use proxy_testkit::packet::PacketSpec;
 use proxy_user::{
-    dataplane::conntrack::{self, Phase, Timeouts},
+    dataplane::flows::expiry::{self, Phase, Timeouts},
     model::Protocol,
     sync::store::Capacities,
 };
@@ -226,7 +226,7 @@ fn entries_follow_the_connection_state_in_both_directions() {
     let mut fx = fixture(1024);
     for (i, case) in cases.iter().enumerate() {
         let sport = 40000 + i as u16;
-        let before = conntrack::monotonic_ns() - TICK_NS;
+        let before = expiry::monotonic_ns() - TICK_NS;
         for step in case.steps {
             assert_eq!(
                 fx.send(*step, case.protocol, sport),
@@ -235,7 +235,7 @@ fn entries_follow_the_connection_state_in_both_directions() {
                 case.name
             );
         }
-        let after = conntrack::monotonic_ns();
+        let after = expiry::monotonic_ns();
         let (Some(f), Some(r)) = fx.pair(case.protocol, sport) else {
             panic!(
                 "{}: both entries are there: {:?}",
@@ -270,7 +270,7 @@ fn entries_follow_the_connection_state_in_both_directions() {
             case.name
         );
         assert_eq!(
-            conntrack::phase(case.protocol, f.flags | r.flags, f.state, r.state),
+            expiry::phase(case.protocol, f.flags | r.flags, f.state, r.state),
             case.phase,
             "{}",
             case.name
@@ -320,7 +320,7 @@ fn last_seen_is_written_at_most_once_a_second_unless_the_state_changes() {
     // the agent does: this CPU's flow cache stood for the entry as it was
     // (two seconds later in earnest, its slot's time would have run out).
     fx.syncer.store_mut().conntrack_changed();
-    let before = conntrack::monotonic_ns() - TICK_NS;
+    let before = expiry::monotonic_ns() - TICK_NS;
     assert_eq!(fx.send(Step::Request(ACK), proto::TCP, sport), TC_ACT_OK);
     let (Some(f2), Some(r2)) = fx.pair(proto::TCP, sport) else {
         panic!("tracked");
@@ -339,7 +339,7 @@ fn last_seen_is_written_at_most_once_a_second_unless_the_state_changes() {
         .conntrack
         .insert(key, aged, 0)
         .expect("age the entry");
-    let before = conntrack::monotonic_ns() - TICK_NS;
+    let before = expiry::monotonic_ns() - TICK_NS;
     assert_eq!(fx.send(Step::Reply(FIN_ACK), proto::TCP, sport), TC_ACT_OK);
     let (_, Some(r3)) = fx.pair(proto::TCP, sport) else {
         panic!("tracked");
@@ -400,9 +400,9 @@ fn a_full_table_refuses_new_flows_and_keeps_tracked_ones() {
 
     // The collector, a minute on: the closed flows go, the idle one stays.
     let timeouts = Timeouts::default();
-    let later = conntrack::monotonic_ns() + 60 * 1_000_000_000;
-    let pass = conntrack::collect(&mut fx.syncer.store_mut().conntrack, later, &timeouts)
-        .expect("collect");
+    let later = expiry::monotonic_ns() + 60 * 1_000_000_000;
+    let pass =
+        expiry::collect(&mut fx.syncer.store_mut().conntrack, later, &timeouts).expect("collect");
     assert_eq!(pass.entries, CAPACITY as usize);
     assert_eq!(pass.deleted, 2 * short.len());
     assert!(matches!(fx.pair(proto::TCP, idle), (Some(_), Some(_))));

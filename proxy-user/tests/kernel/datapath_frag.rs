@@ -146,7 +146,7 @@ fn fragments_of_a_request_and_of_its_reply_follow_their_first_fragment() {
     assert_eq!(fx.stat("frag_unknown"), 2);
     assert_eq!(fx.stat("forwarded"), 1);
     assert_eq!(fx.stat("reversed"), 1);
-    let rows = proxy_user::dataplane::readout::read_services(fx.syncer.store());
+    let rows = proxy_user::dataplane::maps::readback::read_services(fx.syncer.store());
     let dns = rows
         .iter()
         .find(|r| r.service == "test/dns")
@@ -156,7 +156,7 @@ fn fragments_of_a_request_and_of_its_reply_follow_their_first_fragment() {
         (3, 1),
         "every request fragment counted"
     );
-    let stats = proxy_user::dataplane::readout::read_stats(fx.syncer.store());
+    let stats = proxy_user::dataplane::maps::readback::read_stats(fx.syncer.store());
     let frags = stats
         .maps
         .iter()

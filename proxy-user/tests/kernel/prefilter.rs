@@ -8,7 +8,7 @@ use std::net::Ipv4Addr;
 use aya::maps::Array;
 use proxy_common::{names, prefilter, prefilter::quiet, programs};
 use proxy_testkit::packet::PacketSpec;
-use proxy_user::{dataplane::quiet::QuietPods, model::Protocol};
+use proxy_user::{dataplane::flows::quiet_pods::QuietPods, model::Protocol};
 
 use crate::support::{be32, capacities, cluster_ip, rewritten, Loaded, TC_ACT_OK, TC_ACT_UNSPEC};
 

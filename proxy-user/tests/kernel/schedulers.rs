@@ -10,8 +10,8 @@ use proxy_common::{names, programs, CtKey};
 use proxy_testkit::packet::PacketSpec;
 use proxy_user::{
     dataplane::{
-        conntrack::{self, Timeouts},
-        openflows::{self, Tally},
+        flows::expiry::{self, Timeouts},
+        flows::open_counts::{self, Tally},
     },
     model::{Frontend, FrontendKind, LbAlgorithm, Protocol},
 };
@@ -153,9 +153,9 @@ fn least_conn_counts_fall_when_the_collector_removes_an_expired_flow() {
     // expire unanswered.
     send(&mut fx, PORT0, FIN_ACK);
     assert_eq!(total(&fx), 3);
-    let later = conntrack::monotonic_ns() + 120 * 1_000_000_000;
+    let later = expiry::monotonic_ns() + 120 * 1_000_000_000;
     let mut tally = Tally::default();
-    let pass = conntrack::collect_tallied(
+    let pass = expiry::collect_tallied(
         &mut fx.syncer.store_mut().conntrack,
         later,
         &Timeouts::default(),
@@ -168,8 +168,9 @@ fn least_conn_counts_fall_when_the_collector_removes_an_expired_flow() {
     let mut map: HashMap<&mut MapData, u32, u64> =
         HashMap::try_from(fx.ebpf.map_mut(names::OPEN_FLOWS).expect("the count map"))
             .expect("typed");
-    let settled = openflows::settle(&mut map, &tally, &mut Some(BTreeMap::new())).expect("settle");
-    assert_eq!(settled, openflows::Settled::default());
+    let settled =
+        open_counts::settle(&mut map, &tally, &mut Some(BTreeMap::new())).expect("settle");
+    assert_eq!(settled, open_counts::Settled::default());
     assert_eq!(total(&fx), 0);
 }
 

@@ -41,9 +41,9 @@ use aya::{
 use proxy_common::{
     addr6_be, frontend_flags, names, programs, proto, scope, sock_conn_flags, sock_dir, stat,
     Backend, Backend6, Config, FrontendKey, FrontendKey6, FrontendSlot, SockConn6, SockEntry6,
-    SockKey6, SockTarget6,
+    SockKey6,
 };
-use proxy_user::dataplane::{ebpf, socketlb};
+use proxy_user::dataplane::{attach::socket_layer, load::object};
 
 /// An IPv6 Service: TCP on 80, UDP on 53, over two backends.
 const FE6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x96, 0, 0, 0, 0, 0, 0x10);
@@ -241,7 +241,7 @@ struct TestCgroup {
 
 impl TestCgroup {
     fn create(name: &str) -> Self {
-        let root = socketlb::find_cgroup_root().expect("a cgroup2 mount");
+        let root = socket_layer::find_cgroup_root().expect("a cgroup2 mount");
         let own = fs::read_to_string("/proc/self/cgroup").expect("/proc/self/cgroup");
         let relative = own
             .lines()
@@ -438,7 +438,7 @@ struct World {
 
 fn world(name: &str) -> World {
     require_root();
-    let mut ebpf = ebpf::load_unpinned(proxy_object::SWITCHBOARD, &capacities(1024))
+    let mut ebpf = object::load_unpinned(proxy_object::SWITCHBOARD, &capacities(1024))
         .expect("load the eBPF object");
     program_maps(&mut ebpf);
     let cgroup = TestCgroup::create(name);
@@ -704,7 +704,7 @@ fn host_connected_udp_is_balanced_at_connect_and_affinity_holds_per_netns() {
     let ebpf = &mut w.ebpf;
     let (connected, sticky) = in_netns(|| {
         // This namespace plays the node's.
-        let config = socketlb::datapath_config().expect("this namespace's cookie");
+        let config = socket_layer::datapath_config().expect("this namespace's cookie");
         let mut array: Array<_, Config> =
             Array::try_from(ebpf.map_mut(names::CONFIG).expect("SB_CONFIG_V1")).expect("typed");
         array.set(0, config, 0).expect("write SB_CONFIG_V1");
@@ -796,7 +796,7 @@ fn a_frontend_restricted_by_source_ranges_is_left_to_tc_for_pods_and_gated_for_t
         set_flags(ebpf, frontend_flags::SOURCE_RANGES);
         // Not the node's namespace: the configuration names another one.
         let pod = member.inside(|| TcpStream::connect_timeout(&frontend, Duration::from_secs(1)));
-        let config = socketlb::datapath_config().expect("this namespace's cookie");
+        let config = socket_layer::datapath_config().expect("this namespace's cookie");
         let mut array: Array<_, Config> =
             Array::try_from(ebpf.map_mut(names::CONFIG).expect("SB_CONFIG_V1")).expect("typed");
         array.set(0, config, 0).expect("write SB_CONFIG_V1");
@@ -912,52 +912,6 @@ fn a_sockets_storage_says_whether_it_counts_on_its_backend() {
         (0, 0),
         "closed sockets count no more"
     );
-}
-
-/// A TCP socket the previous release connected holds that release's
-/// storage (`SB_SOCK_CONN6_V1`: no flags), which this release reads: after
-/// an upgrade its peer still shows as the frontend. Here the storage is
-/// written the way that release wrote it, onto a socket connected straight
-/// to a backend.
-#[test]
-fn a_socket_the_previous_release_connected_still_shows_its_frontend() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let mut w = world("sock6-conn-v1");
-    let mut previous: SkStorage<_, SockTarget6> = SkStorage::try_from(
-        w.ebpf
-            .take_map(names::SOCK_CONNS6_V1)
-            .expect("SB_SOCK_CONN6_V1"),
-    )
-    .expect("typed");
-    let (backend, frontend) = (
-        SocketAddr::from((BE6[0], POD_TCP)),
-        SocketAddr::from((FE6, TCP_PORT)),
-    );
-    let target = SockTarget6 {
-        backend_addr_be: addr6_be(BE6[0].octets()),
-        frontend_addr_be: addr6_be(FE6.octets()),
-        backend_port_be: POD_TCP.to_be(),
-        frontend_port_be: TCP_PORT.to_be(),
-        service_id: 1,
-    };
-    let member = w.cgroup.member();
-    let (before, after) = in_netns(|| {
-        member.inside(|| {
-            let stream = TcpStream::connect_timeout(&backend, Duration::from_secs(2))
-                .unwrap_or_else(|e| panic!("connect {backend}: {e}"));
-            let before = stream.peer_addr().expect("peer");
-            previous
-                .insert(&stream, target, 0)
-                .expect("write the previous release's storage");
-            (before, stream.peer_addr().expect("peer"))
-        })
-    });
-    assert_eq!(before, backend, "a socket connected to a backend shows it");
-    assert_eq!(
-        after, frontend,
-        "the previous release's storage names the frontend"
-    );
-    assert_eq!(least_conn_open(&w.ebpf), (0, 0), "it counts nowhere");
 }
 
 /// `least-conn` in the socket layer: a connected socket counts on its

@@ -15,14 +15,18 @@ pub const MANIFESTS_PER_FILE: usize = 1000;
 
 /// Writes the manifests of `services` into the sandbox's manifest directory
 /// (replacing what is there); returns their number of frontends.
-pub fn write_manifests(sb: &Sandbox, services: &[workload::Svc]) -> Result<usize> {
+pub fn write_manifests(
+    sb: &Sandbox,
+    services: &[workload::Svc],
+    style: workload::Style,
+) -> Result<usize> {
     let dir = sb.manifest_dir();
     for entry in fs::read_dir(&dir)? {
         fs::remove_file(entry?.path())?;
     }
     // Write into a hidden staging name first (the dir source ignores hidden
     // files), then rename, so the agent never reads a half-written file.
-    for (name, text) in workload::manifest_files(services, MANIFESTS_PER_FILE) {
+    for (name, text) in workload::manifest_files(services, MANIFESTS_PER_FILE, style) {
         let staging = dir.join(format!(".{name}"));
         fs::write(&staging, text)?;
         fs::rename(&staging, dir.join(&name))?;

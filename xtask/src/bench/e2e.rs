@@ -178,8 +178,11 @@ impl Sandboxes {
         ));
         let skip = self.sw.agent_log().len();
         let t0 = Instant::now();
-        let frontends =
-            write_manifests(&self.sw, &workload::e2e_services(n, &workload::pod_ips()))?;
+        let frontends = write_manifests(
+            &self.sw,
+            &workload::e2e_services(n, &workload::pod_ips()),
+            workload::Style::Block,
+        )?;
         if !self.agent_started {
             start_agent(&mut self.sw, switchboard, max)?;
             self.agent_started = true;

@@ -457,17 +457,20 @@ fn scale_goals(scale: &Scale) -> Vec<Goal> {
             met: p99.map(|v| v < bound),
         });
     }
-    for source in ["yaml", "cluster"] {
+    // The start rows' sources, each as the goals name it: `(source, YAML
+    // style, label)`.
+    const SOURCES: [(&str, Option<&str>, &str); 3] = [
+        ("yaml", Some("block"), "block-style YAML"),
+        ("yaml", Some("flow"), "flow-style YAML"),
+        ("cluster", None, "the cluster source"),
+    ];
+    for (source, style, label) in SOURCES {
         let row = |n: u32| {
-            scale
-                .start
-                .iter()
-                .find(|r| r.source == source && r.services == u64::from(n))
-        };
-        let label = if source == "yaml" {
-            "YAML"
-        } else {
-            "the cluster source"
+            scale.start.iter().find(|r| {
+                r.source == source
+                    && r.yaml_style.as_deref() == style
+                    && r.services == u64::from(n)
+            })
         };
         for (n, bound) in targets::SYNCED_S {
             let v = row(n).map(|r| r.startup_to_synced_s);
@@ -506,7 +509,7 @@ fn scale_goals(scale: &Scale) -> Vec<Goal> {
     let change = scale
         .start
         .iter()
-        .find(|r| r.source == "yaml" && r.services == u64::from(n))
+        .find(|r| r.source == "yaml" && r.services == u64::from(n) && r.file_change.is_some())
         .and_then(|r| r.file_change.as_ref());
     let median = change.map(|c| c.median_ms as f64);
     goals.push(Goal {

@@ -117,7 +117,7 @@ pub struct Options {
 fn steps(plan: &Plan, only: Option<Part>) -> usize {
     match only {
         Some(Part::NorthSouth) => northsouth::steps(plan) + 1,
-        Some(Part::Start) => 2 * plan.scale_sizes.len() + 1,
+        Some(Part::Start) => scale::start_steps(plan) + 1,
         Some(Part::Scale) => scale::steps(plan) + 1,
         Some(Part::E2e) => plan.e2e_steps() + 1 + 1,
         None => 3 + 1 + plan.e2e_steps() + northsouth::steps(plan) + scale::steps(plan) + 1,
@@ -146,7 +146,7 @@ pub fn run(opts: Options) -> Result<()> {
     .context("install Ctrl-C handler")?;
 
     crate::setup::run()?;
-    let bins = crate::build::run()?;
+    let bins = crate::build::bench()?;
     let switchboard = agent_binary(&bins.switchboard)?;
     let sb_http = release_bin("sb-http");
     ensure!(

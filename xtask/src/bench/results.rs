@@ -675,6 +675,9 @@ pub struct StartRow {
     pub maps_kernel_mib: Option<f64>,
     #[serde(default)]
     pub ipv6_maps_kernel_mib: Option<f64>,
+    /// YAML: the style the manifests are written in (`block` or `flow`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub yaml_style: Option<String>,
     /// YAML: the manifests' size.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub manifest_mib: Option<f64>,

@@ -185,9 +185,39 @@ pub fn frontends(services: &[Svc]) -> usize {
     services.iter().map(|s| s.ports.len()).sum()
 }
 
-/// One Service and its EndpointSlice as YAML documents, in the shape
-/// `kubectl get -o yaml` prints them.
-pub fn yaml(svc: &Svc, out: &mut String) {
+/// How the manifests are written: the two shapes a directory of YAML comes
+/// in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Style {
+    /// Block mappings and sequences throughout, as `kubectl get -o yaml`
+    /// prints objects.
+    Block,
+    /// As people write manifests by hand: block structure at the top, flow
+    /// mappings and sequences inside (`metadata: {name: a, namespace: b}`,
+    /// `ports: [{port: 80}]`), the slices' addresses quoted.
+    Flow,
+}
+
+impl Style {
+    /// `block` or `flow`, as the benchmark's results name it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Style::Block => "block",
+            Style::Flow => "flow",
+        }
+    }
+}
+
+/// One Service and its EndpointSlice as YAML documents in `style`.
+pub fn yaml(svc: &Svc, style: Style, out: &mut String) {
+    match style {
+        Style::Block => yaml_block(svc, out),
+        Style::Flow => yaml_flow(svc, out),
+    }
+}
+
+/// [`yaml`] in the shape `kubectl get -o yaml` prints.
+fn yaml_block(svc: &Svc, out: &mut String) {
     let _ = write!(
         out,
         "---\napiVersion: v1\nkind: Service\nmetadata:\n  name: {name}\n  namespace: {ns}\nspec:\n  type: ClusterIP\n  clusterIP: {ip}\n  clusterIPs:\n  - {ip}\n  selector:\n    app: {name}\n  ports:\n",
@@ -227,6 +257,52 @@ pub fn yaml(svc: &Svc, out: &mut String) {
             p.proto.upper()
         );
     }
+}
+
+/// [`yaml`] as people write it by hand (see [`Style::Flow`]).
+fn yaml_flow(svc: &Svc, out: &mut String) {
+    let _ = write!(
+        out,
+        "---\napiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: {ns}}}\nspec:\n  type: ClusterIP\n  clusterIP: {ip}\n  clusterIPs: [{ip}]\n  selector: {{app: {name}}}\n  ports:\n",
+        name = svc.name,
+        ns = svc.namespace,
+        ip = svc.cluster_ip
+    );
+    for p in &svc.ports {
+        let _ = writeln!(
+            out,
+            "  - {{name: {}, port: {}, protocol: {}, targetPort: {}}}",
+            p.name,
+            p.port,
+            p.proto.upper(),
+            p.target
+        );
+    }
+    let _ = write!(
+        out,
+        "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\naddressType: IPv4\nmetadata:\n  name: {name}-abcde\n  namespace: {ns}\n  labels: {{kubernetes.io/service-name: {name}}}\nendpoints:\n",
+        name = svc.name,
+        ns = svc.namespace
+    );
+    for ep in &svc.endpoints {
+        let _ = writeln!(
+            out,
+            "- addresses: [\"{ep}\"]\n  conditions: {{ready: true, serving: true, terminating: false}}"
+        );
+    }
+    let ports: Vec<String> = svc
+        .ports
+        .iter()
+        .map(|p| {
+            format!(
+                "{{name: {}, port: {}, protocol: {}}}",
+                p.name,
+                p.target,
+                p.proto.upper()
+            )
+        })
+        .collect();
+    let _ = writeln!(out, "ports: [{}]", ports.join(", "));
 }
 
 /// One Service as the API server holds it (the same object [`yaml`] writes),
@@ -270,16 +346,16 @@ pub fn slice_json(svc: &Svc) -> serde_json::Value {
     })
 }
 
-/// The Services as manifest files of at most `per_file` Services each:
-/// `(file name, contents)`.
-pub fn manifest_files(services: &[Svc], per_file: usize) -> Vec<(String, String)> {
+/// The Services as manifest files of at most `per_file` Services each, in
+/// `style`: `(file name, contents)`.
+pub fn manifest_files(services: &[Svc], per_file: usize, style: Style) -> Vec<(String, String)> {
     services
         .chunks(per_file.max(1))
         .enumerate()
         .map(|(i, chunk)| {
             let mut text = String::with_capacity(chunk.len() * 1200);
             for svc in chunk {
-                yaml(svc, &mut text);
+                yaml(svc, style, &mut text);
             }
             (format!("services-{i:04}.yaml"), text)
         })
@@ -320,24 +396,30 @@ mod tests {
         assert_eq!(frontends(&s), 996 + 4 * 4);
     }
 
+    /// Both styles write the objects the fake API server holds (the
+    /// target, with three ports and several endpoints, and a filler).
     #[test]
-    fn json_objects_match_the_yaml() {
-        let pods = [Ipv4Addr::new(10, 244, 1, 2)];
+    fn json_objects_match_the_yaml_of_either_style() {
+        let pods = [Ipv4Addr::new(10, 244, 1, 2), Ipv4Addr::new(10, 244, 1, 3)];
         let all = services(3, &pods);
-        let mut text = String::new();
-        yaml(&all[0], &mut text);
-        let docs: Vec<serde_json::Value> = text
-            .split("---\n")
-            .filter(|d| !d.trim().is_empty())
-            .map(|d| serde_saphyr::from_str(d).unwrap())
-            .collect();
-        assert_eq!(docs, vec![service_json(&all[0]), slice_json(&all[0])]);
+        for style in [Style::Block, Style::Flow] {
+            for svc in &all {
+                let mut text = String::new();
+                yaml(svc, style, &mut text);
+                let docs: Vec<serde_json::Value> = text
+                    .split("---\n")
+                    .filter(|d| !d.trim().is_empty())
+                    .map(|d| serde_saphyr::from_str(d).unwrap())
+                    .collect();
+                assert_eq!(docs, vec![service_json(svc), slice_json(svc)], "{style:?}");
+            }
+        }
     }
 
     #[test]
     fn yaml_has_both_kinds() {
         let pods = [Ipv4Addr::new(10, 244, 1, 2)];
-        let files = manifest_files(&services(3, &pods), 2);
+        let files = manifest_files(&services(3, &pods), 2, Style::Block);
         assert_eq!(files.len(), 2);
         assert!(files[0].1.contains("kind: Service\n"));
         assert!(files[0].1.contains("kind: EndpointSlice\n"));

@@ -1,6 +1,6 @@
 //! `perpacket`, IPv6: the same ping-pong as the IPv4 rows (Services A ⇄ B,
 //! each the other's only backend, both flows tracked), through the IPv6 pod
-//! path (`sb_from_pod`/`sb_to_pod` dispatching to `sb_from_pod6`/`sb_to_pod6`),
+//! path (`sb_from_pod`/`sb_to_pod`, which tell the families apart by ethertype),
 //! with a frame of the same TCP payload. Each size has that many IPv4 filler
 //! Services (the IPv4 rows' state) and up to 10k IPv6 ones.
 use std::net::Ipv6Addr;

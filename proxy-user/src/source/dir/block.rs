@@ -1,32 +1,47 @@
 //! The YAML manifests are usually written in: block mappings and sequences
-//! of one-line scalars (what `kubectl get -o yaml` and most generators
-//! print), read in one pass over the text into any [`Deserialize`] type,
-//! strings borrowed from the text.
+//! (what `kubectl get -o yaml` and most generators print), with flow
+//! mappings and sequences inside them where people write by hand
+//! (`metadata: {name: a, namespace: b}`, `ports: [{port: 80}]`), of
+//! one-line scalars; read in one pass over the text into any
+//! [`Deserialize`] type, strings borrowed from the text.
 //!
 //! A general YAML parser spends most of a Service's or an EndpointSlice's
-//! time on what such documents never hold (flow collections, anchors,
-//! tags, multi-line scalars, the events and spans of each node). This
-//! reader takes the common shape only and refuses anything else, so that
-//! the general path reads it (and names any problem); whatever it accepts,
-//! it reads as the general path does:
+//! time on what such documents never hold (anchors, tags, multi-line
+//! scalars, the events and spans of each node). This reader takes the
+//! common shape only and refuses anything else, so that the general path
+//! reads it (and names any problem); whatever it accepts, it reads as the
+//! general path does:
 //!
-//! * Structure: block mappings (`key: value`, plain keys of letters,
+//! * Block structure: block mappings (`key: value`, plain keys of letters,
 //!   digits and `._/-`, starting with a letter), block sequences (`- `,
-//!   also at the indentation of the key that holds them), `[]` and `{}`,
-//!   comments and blank lines, one leading `---`. A key given twice is
-//!   refused (the general path rejects it).
+//!   also at the indentation of the key that holds them), comments and
+//!   blank lines, one leading `---`.
+//! * Flow structure, as a value in the block structure or as the whole
+//!   document: flow sequences (`[a, b]`) and flow mappings (`{a: b}`,
+//!   keys plain as above or quoted, each followed by `: `), one inside
+//!   another, a `,` allowed after the last entry, empty ones (`[]`, `{}`).
+//!   A flow collection may go on over the lines below, at any indentation
+//!   (as the general parser takes them), with comments and blank lines;
+//!   the rest of its last line holds nothing but a comment.
+//! * A key given twice, in either structure, is refused (the general path
+//!   rejects it).
 //! * Scalars, on one line: plain, single-quoted without `''`,
-//!   double-quoted without escapes. A plain scalar is typed as the general
-//!   parser types it when that is certain: `null`, `Null`, `NULL`, `~` and
-//!   nothing are null; `true`/`false` (and `True`, `TRUE`, ...) booleans;
-//!   decimal integers without leading zeros numbers; a scalar that starts
-//!   with a letter and is no YAML 1.1 boolean or null a string, as are
-//!   dotted IPv4 addresses and IPv6 addresses. Any other plain scalar is
-//!   refused (it might be a number the general parser reads differently).
-//! * Refused: tabs, carriage returns, a byte-order mark, flow collections
-//!   with content, anchors, aliases, tags, block scalars (`|`, `>`),
-//!   continuation lines, complex keys (`?`), merge keys, directives, and
-//!   content on the `---` line.
+//!   double-quoted without escapes (quoted ones may hold anything else,
+//!   `,` `}` `:` `#` included). In a flow collection a plain scalar ends at
+//!   `,`, a bracket, a `:` followed by a space, a comment or the end of
+//!   the line. A plain scalar is typed as the general parser types it when
+//!   that is certain: `null`, `Null`, `NULL`, `~` and nothing are null;
+//!   `true`/`false` (and `True`, `TRUE`, ...) booleans; decimal integers
+//!   without leading zeros numbers; a scalar that starts with a letter and
+//!   is no YAML 1.1 boolean or null a string, as are dotted IPv4 addresses
+//!   and IPv6 addresses. Any other plain scalar is refused (it might be a
+//!   number the general parser reads differently).
+//! * Refused: tabs, carriage returns, a byte-order mark, anchors, aliases,
+//!   tags, block scalars (`|`, `>`), continuation lines (of a plain or a
+//!   quoted scalar, in either structure), complex keys (`?`), merge keys,
+//!   empty values and single pairs (`[a: b]`) in flow collections,
+//!   directives, content on the `---` line, and collections more than
+//!   [`MAX_DEPTH`] deep.
 //!
 //! Any error, whether the reader's or the target type's, is just "not
 //! here" ([`decode`] gives `None`): the caller takes the general path.
@@ -131,7 +146,13 @@ struct Parser<'a, 't> {
     next: usize,
     /// The line being read (`None`: the end of the document).
     line: Option<Line>,
+    /// Collections open around the node being read.
+    depth: usize,
 }
+
+/// The most collections one inside another this reader takes (a deeper
+/// document goes to the general path, which has its own limit).
+const MAX_DEPTH: usize = 64;
 
 /// Can `b` be in a plain key?
 fn key_byte(b: u8) -> bool {
@@ -217,7 +238,17 @@ impl<'a, 't> Parser<'a, 't> {
             tokens,
             next: 0,
             line: None,
+            depth: 0,
         }
+    }
+
+    /// Enters a collection: refused past [`MAX_DEPTH`].
+    fn enter(&mut self) -> Result<()> {
+        self.depth += 1;
+        if self.depth > MAX_DEPTH {
+            return Err(NotHere);
+        }
+        Ok(())
     }
 
     fn document(mut self) -> Result<()> {
@@ -241,10 +272,14 @@ impl<'a, 't> Parser<'a, 't> {
         let Some(line) = self.line else {
             return Err(NotHere); // an empty document: the general path skips it
         };
-        if self.entry_key(line).is_none() {
+        if self.bytes[line.start] == b'{' {
+            self.flow_value(line.start)?;
+            self.advance()?;
+        } else if self.entry_key(line).is_some() {
+            self.map(line.column)?;
+        } else {
             return Err(NotHere);
         }
-        self.map(line.column)?;
         if self.line.is_some() {
             return Err(NotHere);
         }
@@ -323,6 +358,7 @@ impl<'a, 't> Parser<'a, 't> {
 
     /// A block mapping whose keys are at `column`, from the current line.
     fn map(&mut self, column: usize) -> Result<()> {
+        self.enter()?;
         let map = self.push(Token::Map { end: 0, len: 0 });
         let mut len = 0;
         while let Some(line) = self.line {
@@ -362,6 +398,7 @@ impl<'a, 't> Parser<'a, 't> {
             end: self.tokens.len() as u32,
             len,
         };
+        self.depth -= 1;
         Ok(())
     }
 
@@ -406,7 +443,7 @@ impl<'a, 't> Parser<'a, 't> {
     }
 
     /// The node starting at `line` (the current line, or the rest of it
-    /// after a `- `): a sequence, a mapping, or a scalar.
+    /// after a `- `): a sequence, a mapping, or a scalar or flow collection.
     fn node(&mut self, line: Line) -> Result<()> {
         if self.dash(line) {
             self.seq(line.column)
@@ -420,6 +457,7 @@ impl<'a, 't> Parser<'a, 't> {
 
     /// A block sequence whose `-` are at `column`, from the current line.
     fn seq(&mut self, column: usize) -> Result<()> {
+        self.enter()?;
         let seq = self.push(Token::Seq { end: 0, len: 0 });
         let mut len = 0;
         while let Some(line) = self.line {
@@ -456,56 +494,238 @@ impl<'a, 't> Parser<'a, 't> {
             end: self.tokens.len() as u32,
             len,
         };
+        self.depth -= 1;
         Ok(())
     }
 
-    /// A scalar (or `[]`, `{}`) filling the rest of `line`, but for a comment.
+    /// A scalar or a flow collection filling the rest of `line`, but for a
+    /// comment (a flow collection may go on over the lines below).
     fn scalar(&mut self, line: Line) -> Result<()> {
         let bytes = &self.bytes[line.start..line.end];
         let (token, after) = match bytes[0] {
-            quote @ (b'"' | b'\'') => {
-                let len = bytes[1..].iter().position(|b| *b == quote).ok_or(NotHere)?;
-                let inner = &bytes[1..1 + len];
-                if quote == b'"' && inner.contains(&b'\\') {
-                    return Err(NotHere);
-                }
-                if bytes.get(len + 2) == Some(&quote) {
-                    return Err(NotHere); // '' inside single quotes
-                }
-                let start = line.start + 1;
-                (
-                    Token::Str {
-                        start: start as u32,
-                        end: (start + len) as u32,
-                    },
-                    line.start + len + 2,
-                )
-            }
-            b'[' | b'{' => {
-                if bytes.get(1) != Some(&if bytes[0] == b'[' { b']' } else { b'}' }) {
-                    return Err(NotHere);
-                }
-                let end = (self.tokens.len() + 1) as u32;
-                let token = if bytes[0] == b'[' {
-                    Token::Seq { end, len: 0 }
-                } else {
-                    Token::Map { end, len: 0 }
-                };
-                (token, line.start + 2)
-            }
+            b'"' | b'\'' => self.quoted(line.start, line.end)?,
+            b'[' | b'{' => return self.flow_value(line.start),
             b'-' if bytes.get(1).is_some_and(u8::is_ascii_digit) => self.plain(line)?,
             b'-' | b'?' | b':' | b',' | b']' | b'}' | b'#' | b'&' | b'*' | b'!' | b'|' | b'>'
             | b'%' | b'@' | b'`' => return Err(NotHere),
             _ => self.plain(line)?,
         };
-        if after < line.end {
-            let rest = &self.text[after..line.end];
-            let trimmed = rest.trim_start_matches(' ');
-            if !(trimmed.is_empty() || trimmed.starts_with('#') && trimmed.len() < rest.len()) {
-                return Err(NotHere);
-            }
+        if !self.only_comment(after, line.end) {
+            return Err(NotHere);
         }
         self.push(token);
+        Ok(())
+    }
+
+    /// Whether `at..end` (the rest of a line) holds nothing but spaces and
+    /// a comment.
+    fn only_comment(&self, at: usize, end: usize) -> bool {
+        let rest = &self.bytes[at.min(end)..end];
+        let spaces = rest.iter().take_while(|b| **b == b' ').count();
+        spaces == rest.len() || (rest[spaces] == b'#' && spaces > 0)
+    }
+
+    /// A quoted scalar from `at` that closes before `end` (on its line):
+    /// the string, and where it ends. Escapes (`\`, `''`) are refused:
+    /// the string is the text between the quotes.
+    fn quoted(&self, at: usize, end: usize) -> Result<(Token, usize)> {
+        let quote = self.bytes[at];
+        let bytes = &self.bytes[at + 1..end];
+        let len = bytes.iter().position(|b| *b == quote).ok_or(NotHere)?;
+        if quote == b'"' && bytes[..len].contains(&b'\\') {
+            return Err(NotHere);
+        }
+        if bytes.get(len + 1) == Some(&quote) {
+            return Err(NotHere); // '' inside single quotes
+        }
+        let start = at + 1;
+        let token = Token::Str {
+            start: start as u32,
+            end: (start + len) as u32,
+        };
+        Ok((token, start + len + 1))
+    }
+
+    /// Where the line holding `at` ends (its line break, or the end of
+    /// the text).
+    fn line_end(&self, at: usize) -> usize {
+        self.bytes[at..]
+            .iter()
+            .position(|b| *b == b'\n')
+            .map_or(self.bytes.len(), |i| at + i)
+    }
+
+    /// A flow collection from its `[` or `{` at `at`, which may go on over
+    /// the lines below; the rest of its last line holds nothing but a
+    /// comment. The next line read is the one after it.
+    fn flow_value(&mut self, at: usize) -> Result<()> {
+        let mut pos = at;
+        self.flow(&mut pos)?;
+        let end = self.line_end(pos);
+        if !self.only_comment(pos, end) {
+            return Err(NotHere);
+        }
+        self.next = (end + 1).min(self.bytes.len());
+        Ok(())
+    }
+
+    /// A flow sequence or mapping from its `[` or `{` at `pos`, to just
+    /// after its `]` or `}`. Entries are separated by `,` (one may follow
+    /// the last); a mapping's entries are `key: value`, a plain key of
+    /// [`key_byte`]s or a quoted one, and a value.
+    fn flow(&mut self, pos: &mut usize) -> Result<()> {
+        self.enter()?;
+        let map = self.bytes[*pos] == b'{';
+        let close = if map { b'}' } else { b']' };
+        let at = self.push(Token::Null);
+        *pos += 1;
+        let mut len = 0;
+        loop {
+            self.gap(pos)?;
+            if self.bytes[*pos] == close {
+                break;
+            }
+            if map {
+                self.flow_key(pos, at)?;
+                self.gap(pos)?;
+                if matches!(self.bytes[*pos], b',' | b'}') {
+                    return Err(NotHere); // an empty value
+                }
+            }
+            self.flow_node(pos)?;
+            len += 1;
+            self.gap(pos)?;
+            match self.bytes[*pos] {
+                b',' => *pos += 1,
+                b if b == close => break,
+                _ => return Err(NotHere),
+            }
+        }
+        *pos += 1;
+        let end = self.tokens.len() as u32;
+        self.tokens[at] = if map {
+            Token::Map { end, len }
+        } else {
+            Token::Seq { end, len }
+        };
+        self.depth -= 1;
+        Ok(())
+    }
+
+    /// Moves `pos` over spaces, line breaks and comments inside a flow
+    /// collection, to its next content. Indentation does not count there
+    /// (the general parser takes a line at any column), but a line must be
+    /// no document marker or directive; the document must not end inside
+    /// the collection.
+    fn gap(&self, pos: &mut usize) -> Result<()> {
+        let bytes = self.bytes;
+        // After a space or a line break, `#` starts a comment.
+        let mut spaced = false;
+        loop {
+            match bytes.get(*pos) {
+                None => return Err(NotHere),
+                Some(b' ') => {
+                    *pos += 1;
+                    spaced = true;
+                }
+                Some(b'#') if spaced => *pos = self.line_end(*pos),
+                Some(b'\n') => {
+                    let start = *pos + 1;
+                    let column = bytes[start..].iter().take_while(|b| **b == b' ').count();
+                    let content = start + column;
+                    let rest = &self.text[content..];
+                    let blank = rest.is_empty() || rest.starts_with(['\n', '#']);
+                    if !blank
+                        && column == 0
+                        && (rest.starts_with("---")
+                            || rest.starts_with("...")
+                            || rest.starts_with('%'))
+                    {
+                        return Err(NotHere);
+                    }
+                    *pos = content;
+                    spaced = true;
+                }
+                Some(_) => return Ok(()),
+            }
+        }
+    }
+
+    /// A flow mapping's key at `pos` and its `:` (followed by a space or a
+    /// line break), for the mapping at token `map`; `pos` ends after the `:`.
+    fn flow_key(&mut self, pos: &mut usize, map: usize) -> Result<()> {
+        let at = *pos;
+        let (token, after) = match self.bytes[at] {
+            b'"' | b'\'' => self.quoted(at, self.line_end(at))?,
+            b if b.is_ascii_alphabetic() => {
+                let len = self.bytes[at..]
+                    .iter()
+                    .take_while(|b| key_byte(**b))
+                    .count();
+                let token = Token::Str {
+                    start: at as u32,
+                    end: (at + len) as u32,
+                };
+                (token, at + len)
+            }
+            _ => return Err(NotHere),
+        };
+        let Token::Str { start, end } = token else {
+            return Err(NotHere);
+        };
+        let key = &self.text[start as usize..end as usize];
+        if key.is_empty() || key == "<<" {
+            return Err(NotHere);
+        }
+        if self.bytes.get(after) != Some(&b':')
+            || !matches!(self.bytes.get(after + 1), Some(b' ' | b'\n'))
+        {
+            return Err(NotHere);
+        }
+        self.check_new_key(map, key)?;
+        self.push(token);
+        *pos = after + 1;
+        Ok(())
+    }
+
+    /// A node inside a flow collection, at `pos`: a flow collection, a
+    /// quoted scalar (on one line) or a plain one (on one line, to a `,`,
+    /// a bracket, a `: `, a comment or the line's end).
+    fn flow_node(&mut self, pos: &mut usize) -> Result<()> {
+        let at = *pos;
+        let bytes = self.bytes;
+        match bytes[at] {
+            b'[' | b'{' => return self.flow(pos),
+            b'"' | b'\'' => {
+                let (token, after) = self.quoted(at, self.line_end(at))?;
+                self.push(token);
+                *pos = after;
+                return Ok(());
+            }
+            b'-' if bytes.get(at + 1).is_some_and(u8::is_ascii_digit) => {}
+            b'-' | b'?' | b':' | b',' | b']' | b'}' | b'#' | b'&' | b'*' | b'!' | b'|' | b'>'
+            | b'%' | b'@' | b'`' => return Err(NotHere),
+            _ => {}
+        }
+        let mut end = at;
+        for (i, &b) in bytes.iter().enumerate().skip(at) {
+            match b {
+                b'\n' | b',' | b'[' | b']' | b'{' | b'}' => break,
+                b'#' if bytes[i - 1] == b' ' => break,
+                b':' if matches!(
+                    bytes.get(i + 1),
+                    None | Some(b' ' | b'\n' | b',' | b'[' | b']' | b'{' | b'}')
+                ) =>
+                {
+                    break
+                }
+                b' ' => {}
+                _ => end = i + 1,
+            }
+        }
+        let token = plain(&self.text[at..end], at)?;
+        self.push(token);
+        *pos = end;
         Ok(())
     }
 
@@ -680,7 +900,7 @@ mod tests {
     use std::path::Path;
 
     use super::*;
-    use crate::source::dir::parse::{parse_as, Inputs};
+    use crate::source::dir::parse::{parse_as, parse_document, parse_each, yaml_documents, Inputs};
     use crate::source::wire::DocInfo;
 
     /// What the general path reads from `doc`: the Service or the slice,
@@ -758,10 +978,6 @@ mod tests {
             SERVICE.replace("name: web\n", "name: web: x\n"),
             SERVICE.replace("name: web\n", "name:\tweb\n"),
             SERVICE.replace("\n", "\r\n"),
-            SERVICE.replace(
-                "ipFamilies:\n  - IPv4\n  - IPv6",
-                "ipFamilies: [IPv4, IPv6]",
-            ),
             SERVICE.replace("  type: ClusterIP\n", "  <<: {type: ClusterIP}\n"),
             SERVICE.replace("  type: ClusterIP\n", "  ? type\n  : ClusterIP\n"),
             SERVICE.replace("  type: ClusterIP\n", "   type: ClusterIP\n"),
@@ -775,6 +991,183 @@ mod tests {
         for doc in &refused {
             assert_eq!(block(doc), None, "{doc}");
         }
+    }
+
+    /// One case file (see [`cases_read_as_they_say`]): its documents'
+    /// expected reads, then the file's expected error, if any.
+    struct Case {
+        input: String,
+        documents: Vec<Expected>,
+        error: Option<String>,
+    }
+
+    #[derive(Debug)]
+    enum Expected {
+        /// Read here as this value (and by the general parser too).
+        Fast(serde_json::Value),
+        /// Left to the general path, which reads this value.
+        General(serde_json::Value),
+        /// Nothing in it (left to the general path, which skips it).
+        Empty,
+    }
+
+    /// The case file `text`: comment lines, then `=== in` and the file's
+    /// text, then `=== out` and one entry per document, each a line
+    /// starting with `fast`, `general` (each followed by the document as
+    /// JSON, which may go on over lines starting with a space) or `empty`,
+    /// and last, for a file that does not parse, `error` and its message.
+    fn case(text: &str) -> std::result::Result<Case, String> {
+        let (head, out) = text.split_once("=== out\n").ok_or("no `=== out` line")?;
+        let (_, input) = head.split_once("=== in\n").ok_or("no `=== in` line")?;
+        let mut entries: Vec<String> = Vec::new();
+        for line in out.lines() {
+            match (line.strip_prefix(' '), entries.last_mut()) {
+                (Some(more), Some(entry)) => entry.push_str(more),
+                _ if line.is_empty() => {}
+                _ => entries.push(line.to_string()),
+            }
+        }
+        let mut case = Case {
+            input: input.to_string(),
+            documents: Vec::new(),
+            error: None,
+        };
+        for entry in entries {
+            if case.error.is_some() {
+                return Err("an entry after `error`".into());
+            }
+            let (word, rest) = entry.split_once(' ').unwrap_or((&entry, ""));
+            let json = || serde_json::from_str(rest).map_err(|e| format!("`{entry}`: {e}"));
+            match word {
+                "fast" => case.documents.push(Expected::Fast(json()?)),
+                "general" => case.documents.push(Expected::General(json()?)),
+                "empty" => case.documents.push(Expected::Empty),
+                "error" => case.error = Some(rest.to_string()),
+                _ => return Err(format!("unknown entry `{entry}`")),
+            }
+        }
+        Ok(case)
+    }
+
+    /// What the general YAML parser (the directory source's options)
+    /// reads from one document: its value, none for an empty one, or the
+    /// error.
+    fn general_values(doc: &str) -> std::result::Result<Vec<serde_json::Value>, String> {
+        let mut reader = doc.as_bytes();
+        let options = crate::source::dir::parse::yaml_options(doc.len());
+        serde_saphyr::read_with_options::<_, serde_json::Value>(&mut reader, options)
+            .collect::<std::result::Result<_, _>>()
+            .map_err(|e| e.to_string())
+    }
+
+    /// The file's objects as the directory source reads them (each
+    /// document on its own, the whole file again after an error), or the
+    /// error's message.
+    fn as_the_source_reads(path: &Path, input: &str) -> std::result::Result<String, String> {
+        let documents = yaml_documents(path, input.as_bytes()).ok_or("not split")?;
+        let mut objects = Vec::new();
+        for parsed in parse_each::<Inputs>(path, &documents) {
+            match parsed {
+                Ok(o) => objects.push(format!("{:?}{:?}", o.services, o.endpoint_slices)),
+                Err(_) => {
+                    let whole = parse_as::<Inputs>(path, input.as_bytes());
+                    return Err(whole.map_or_else(|e| e.to_string(), |_| "parsed whole".into()));
+                }
+            }
+        }
+        Ok(objects.concat())
+    }
+
+    /// What one case file says of its documents, or what is wrong.
+    fn check_case(path: &Path, case: &Case) -> std::result::Result<(), String> {
+        let documents = yaml_documents(path, case.input.as_bytes()).ok_or("not split")?;
+        let broken = case.error.is_some().then_some(case.documents.len());
+        // A broken file has entries for the documents before the broken one.
+        let counted = match broken {
+            Some(at) => documents.len() > at,
+            None => documents.len() == case.documents.len(),
+        };
+        if !counted {
+            return Err(format!(
+                "{} documents, {} entries",
+                documents.len(),
+                case.documents.len()
+            ));
+        }
+        for (i, doc) in documents.iter().enumerate() {
+            let n = i + 1;
+            let fast = decode::<serde_json::Value>(doc);
+            let general = general_values(doc);
+            // Whatever is read here, the general parser reads the same.
+            if let Some(value) = &fast {
+                if general.as_ref() != Ok(&vec![value.clone()]) {
+                    return Err(format!(
+                        "document {n}: read here as {value}, by the general parser as {general:?}"
+                    ));
+                }
+            }
+            // A Service or a slice read here is the one the general path reads.
+            if let Some(DocInfo::Service(_) | DocInfo::Slice(_)) = decode::<DocInfo>(doc) {
+                let direct = parse_document::<Inputs>(path, doc).map(|o| format!("{o:?}"));
+                let whole = parse_as::<Inputs>(path, doc.as_bytes()).map(|o| format!("{o:?}"));
+                if direct.as_ref().map_err(ToString::to_string)
+                    != whole.as_ref().map_err(ToString::to_string)
+                {
+                    return Err(format!(
+                        "document {n}: {direct:?} here, {whole:?} generally"
+                    ));
+                }
+            }
+            let Some(expected) = case.documents.get(i) else {
+                if Some(i) == broken && decode::<DocInfo>(doc).is_some() {
+                    return Err(format!("document {n}: the broken one, read here"));
+                }
+                continue;
+            };
+            let ok = match expected {
+                Expected::Fast(v) => fast.as_ref() == Some(v),
+                Expected::General(v) => fast.is_none() && general.as_ref() == Ok(&vec![v.clone()]),
+                Expected::Empty => fast.is_none() && general.as_ref().is_ok_and(Vec::is_empty),
+            };
+            if !ok {
+                return Err(format!(
+                    "document {n}: expected {expected:?}; read here: {fast:?}; by the general parser: {general:?}"
+                ));
+            }
+        }
+        let read = as_the_source_reads(path, &case.input);
+        match (&case.error, read) {
+            (None, Ok(_)) => Ok(()),
+            (Some(want), Err(got)) if *want == got => Ok(()),
+            (want, got) => Err(format!("the file: expected error {want:?}, got {got:?}")),
+        }
+    }
+
+    /// The case files of `tests/fixtures/yaml-reader/`: each holds a
+    /// manifest file and what each of its documents reads as (here or on
+    /// the general path), or the error the file gives.
+    #[test]
+    fn cases_read_as_they_say() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/yaml-reader");
+        let mut files: Vec<_> = std::fs::read_dir(&dir)
+            .expect("the case directory")
+            .map(|e| e.expect("an entry").path())
+            .filter(|p| p.extension().is_some_and(|e| e == "case"))
+            .collect();
+        files.sort();
+        assert!(files.len() >= 10, "{} case files", files.len());
+        let mut failed = Vec::new();
+        for file in &files {
+            let name = file.file_name().map(|n| n.to_string_lossy().into_owned());
+            let name = name.unwrap_or_default();
+            let text = std::fs::read_to_string(file).expect("a case file");
+            let path = Path::new(name.trim_end_matches(".case")).with_extension("yaml");
+            let result = case(&text).and_then(|c| check_case(&path, &c));
+            if let Err(e) = result {
+                failed.push(format!("{name}: {e}"));
+            }
+        }
+        assert!(failed.is_empty(), "\n{}", failed.join("\n"));
     }
 
     #[test]

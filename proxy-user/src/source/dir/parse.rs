@@ -385,7 +385,7 @@ fn parse_yaml<'p, D: Decoder>(
 /// configuration file; a manifest file may hold thousands of objects, so
 /// the counts grow with the file (no object is smaller than a byte), while
 /// the alias limits, which guard against expansion bombs, stay as they are.
-fn yaml_options(len: usize) -> serde_saphyr::Options {
+pub(super) fn yaml_options(len: usize) -> serde_saphyr::Options {
     let mut budget = serde_saphyr::Budget::default();
     budget.max_reader_input_bytes = None;
     budget.max_documents = budget.max_documents.max(len);

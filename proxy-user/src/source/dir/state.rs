@@ -1049,7 +1049,7 @@ pub(super) fn log_node_change(
 mod tests {
     use super::*;
     use crate::source::dir::test_support::{
-        bench_yaml, node_b, svc, TempDir, View, NODE_A, SERVICE, SLICE,
+        bench_yaml, bench_yaml_flow, node_b, svc, TempDir, View, NODE_A, SERVICE, SLICE,
     };
     use crate::source::feed::{feed, Changes, FeedRx};
 
@@ -1464,7 +1464,11 @@ mod tests {
             .unwrap_or(100_000);
         let tmp = TempDir::new("probe");
         for (i, start) in (0..n).step_by(1000).enumerate() {
-            let text = bench_yaml(start..(start + 1000).min(n));
+            let range = start..(start + 1000).min(n);
+            let text = match std::env::var("SB_PROBE_STYLE").as_deref() {
+                Ok("flow") => bench_yaml_flow(range),
+                _ => bench_yaml(range),
+            };
             std::fs::write(tmp.0.join(format!("services-{i:04}.yaml")), text).expect("write");
         }
         let used = || MallocStats::now().unwrap_or_default();
@@ -1488,7 +1492,7 @@ mod tests {
         let recorded = state.first(&tx);
         let first = t.elapsed();
         let read = report("first view read", start);
-        // As the agent does after the first view (`node::memory::trim`).
+        // As the agent does after the first view (`util::heap::trim`).
         // SAFETY: malloc_trim only releases memory the allocator holds free.
         unsafe {
             libc::malloc_trim(0);

@@ -37,6 +37,22 @@ pub(super) fn bench_yaml(range: std::ops::Range<usize>) -> String {
     text
 }
 
+/// [`bench_yaml`]'s objects as people write them by hand: flow mappings
+/// and sequences inside the block structure, some scalars quoted.
+pub(super) fn bench_yaml_flow(range: std::ops::Range<usize>) -> String {
+    let mut text = String::new();
+    for i in range {
+        let (a, b) = (i / 250, i % 250);
+        text.push_str(&format!("---\napiVersion: v1\nkind: Service\nmetadata: {{name: fill-{i}, namespace: bench}}\nspec:\n  type: ClusterIP\n  clusterIP: 10.96.{a}.{b}\n  clusterIPs: [10.96.{a}.{b}]\n  selector: {{app: fill-{i}}}\n  ports: [{{name: http, port: 80, protocol: TCP, targetPort: 8080}}]\n"));
+        text.push_str(&format!("---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\naddressType: IPv4\nmetadata:\n  name: fill-{i}-abcde\n  namespace: bench\n  labels: {{kubernetes.io/service-name: fill-{i}}}\nendpoints:\n"));
+        for e in 0..10 {
+            text.push_str(&format!("- addresses: [\"10.{}.{}.{e}\"]\n  conditions: {{ready: true, serving: true, terminating: false}}\n", 128 + i / 62500, (i / 250) % 250));
+        }
+        text.push_str("ports: [{name: http, port: 8080, protocol: TCP}]\n");
+    }
+    text
+}
+
 pub(super) fn svc(ip: &str) -> String {
     SERVICE.replace("10.96.0.10", ip)
 }

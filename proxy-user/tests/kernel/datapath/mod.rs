@@ -24,7 +24,7 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 
 use crate::support::{capacities, cluster_ip, family::TestFamily, v6::Maps6, Loaded};
 use proxy_testkit::packet6::{PROTO_TCP, PROTO_UDP};
-use proxy_user::dataplane::kctx::Access;
+use proxy_user::dataplane::load::ip_summed::Access;
 use proxy_user::model::{Frontend, Protocol};
 
 mod answers;

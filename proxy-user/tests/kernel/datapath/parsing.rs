@@ -15,7 +15,7 @@ use proxy_testkit::packet6::{
     checksums_valid6, icmp6_frame, Packet6, NEXTHDR_DEST, NEXTHDR_HOP, NEXTHDR_ROUTING,
 };
 use proxy_testkit::Frame;
-use proxy_user::dataplane::kctx::Access;
+use proxy_user::dataplane::load::ip_summed::Access;
 use proxy_user::model::Protocol;
 use proxy_user::sync::store::MapStore as _;
 
@@ -266,7 +266,7 @@ impl Headers for Ipv4Addr {
         assert_eq!(fx.stat("frag_unknown"), 1);
         assert_eq!(fx.stat("rejected"), 1);
         assert_eq!(fx.service_row("empty").drops_no_backend, 1);
-        let stats = proxy_user::dataplane::readout::read_stats(fx.syncer.store());
+        let stats = proxy_user::dataplane::maps::readback::read_stats(fx.syncer.store());
         assert_eq!(stats.counters["forwarded"], 5);
         let fe = &stats.maps[0];
         // web and dns: slot 0 + one backend each; empty: slot 0 only.
@@ -421,7 +421,7 @@ fn ipv6_fragments_follow_their_first_fragment() {
 }
 
 #[test]
-fn the_pod_programs_translate_ipv6_themselves_without_the_tail_called_programs() {
+fn the_pod_programs_translate_ipv6_themselves_without_a_tail_call() {
     let mut fx = fixture6();
     let (client, vip, pod1) = (super::CLIENT6, super::VIP6, super::POD1_6);
     let map = fx
@@ -430,12 +430,10 @@ fn the_pod_programs_translate_ipv6_themselves_without_the_tail_called_programs()
         .expect("IPv6 tail-call array");
     let mut tail: aya::maps::ProgramArray<_> =
         aya::maps::ProgramArray::try_from(map).expect("program array");
-    for slot in [proxy_common::tail::FROM_POD6, proxy_common::tail::TO_POD6] {
-        tail.clear_index(&slot).expect("clear the slot");
-    }
-    // sb_from_pod and sb_to_pod run the IPv6 body themselves: the slots
-    // (kept for the previous release's programs during an upgrade) are not
-    // needed.
+    tail.clear_index(&proxy_common::tail::FROM_UPLINK6)
+        .expect("clear the slot");
+    // sb_from_pod and sb_to_pod run the IPv6 body themselves: an empty
+    // tail-call array costs them nothing.
     let syn = Packet6::tcp(client, 50000, vip, 80);
     let (verdict, out) = fx.run(programs::TC_FROM_POD, &syn.build());
     assert_eq!(verdict, TC_ACT_OK);

@@ -20,8 +20,8 @@ use aya::{
 use proxy_common::{addr6_be, names, programs, CtEntry, CtKey, Uplink6};
 use proxy_testkit::Frame;
 use proxy_user::{
-    dataplane::ebpf,
-    dataplane::kctx::Access,
+    dataplane::load::ip_summed::Access,
+    dataplane::load::object,
     dataplane::maps::PinnedMaps,
     model::{
         BackendAddr, DesiredState, Frontend, FrontendAddr, FrontendKind, Protocol, ServicePortName,
@@ -202,8 +202,8 @@ pub fn load(caps: &Capacities) -> (Ebpf, PinnedMaps) {
 /// [`load`] with the checksum state read as `access` says (no fallback).
 pub fn load_as(caps: &Capacities, access: &Access) -> (Ebpf, PinnedMaps) {
     require_root();
-    let mut ebpf =
-        ebpf::load_unpinned_as(proxy_object::SWITCHBOARD, caps, access).unwrap_or_else(|e| {
+    let mut ebpf = object::load_unpinned_as(proxy_object::SWITCHBOARD, caps, access)
+        .unwrap_or_else(|e| {
             panic!(
                 "load eBPF object ({access:?}): {:?}",
                 anyhow::Error::from(e)
@@ -257,7 +257,7 @@ impl Uplink {
     /// mark the packets it tracked (else it leaves them all to tc).
     pub fn tracks_dsr_arrivals(self) -> bool {
         match self {
-            Uplink::Xdp => proxy_user::dataplane::ebpf::xdp_metadata_supported(),
+            Uplink::Xdp => proxy_user::dataplane::load::object::xdp_metadata_supported(),
             Uplink::Tc => true,
         }
     }
@@ -586,8 +586,8 @@ impl Loaded {
     }
 
     /// The `switchboard services` row of the Service `test/name`.
-    pub fn service_row(&self, name: &str) -> proxy_user::dataplane::readout::ServiceRow {
-        let rows = proxy_user::dataplane::readout::read_services(self.syncer.store());
+    pub fn service_row(&self, name: &str) -> proxy_user::dataplane::maps::readback::ServiceRow {
+        let rows = proxy_user::dataplane::maps::readback::read_services(self.syncer.store());
         let names: Vec<String> = rows.iter().map(|r| r.service.clone()).collect();
         rows.into_iter()
             .find(|r| r.service == format!("test/{name}"))

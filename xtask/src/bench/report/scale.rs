@@ -35,9 +35,12 @@ pub fn section(scale: &Scale, sync_runs: &[SyncRun]) -> String {
     md
 }
 
+/// The row's source as the tables name it.
 fn source_label(row: &StartRow) -> &'static str {
-    match row.source.as_str() {
-        "cluster" => "cluster (fake API server)",
+    match (row.source.as_str(), row.yaml_style.as_deref()) {
+        ("cluster", _) => "cluster (fake API server)",
+        (_, Some("block")) => "YAML, block style",
+        (_, Some("flow")) => "YAML, flow style",
         _ => "YAML",
     }
 }

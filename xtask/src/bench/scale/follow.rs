@@ -41,7 +41,7 @@ fn target_file(services: &[workload::Svc], pod: std::net::Ipv4Addr) -> Result<(S
     let mut changed = services.to_vec();
     changed[at].endpoints = vec![pod];
     let per_file = MANIFESTS_PER_FILE;
-    workload::manifest_files(&changed, per_file)
+    workload::manifest_files(&changed, per_file, workload::Style::Block)
         .into_iter()
         .nth(at / per_file)
         .context("the target's manifest file")

@@ -3,9 +3,11 @@
 //!   endpoints, in process (`sb_bench change`: the incremental model and
 //!   `Syncer::apply_changed` into real kernel maps);
 //! - start → maps synced, and the agent's memory, for a real `switchboard
-//!   agent` in a sandbox, from YAML (`--source dir:`) and from the cluster
-//!   source (the fake API server, the release `sb-apiserver` in the
-//!   sandbox's node namespace, loaded from the same YAML);
+//!   agent` in a sandbox, from YAML (`--source dir:`) in both styles a
+//!   directory comes in ([`workload::Style`]: block, as `kubectl` prints,
+//!   and flow, as people write by hand) and from the cluster source (the
+//!   fake API server, the release `sb-apiserver` in the sandbox's node
+//!   namespace, loaded from the block YAML);
 //! - churn ([`churn`]): the EndpointSlice changes per second the agent keeps
 //!   up with at 10k Services, the maps never more than 100 ms behind;
 //! - file change → new backend answering ([`follow`]), the directory source
@@ -30,7 +32,7 @@ use super::profile::status_kb;
 use super::progress::{note, progress};
 use super::results::{Churn, Heap, RssByMapping, Scale, StartPhases, StartRow};
 use super::run_json;
-use super::workload::{self, pod_ips};
+use super::workload::{self, pod_ips, Style};
 use crate::sandbox::Sandbox;
 use crate::util::release_bin;
 
@@ -69,8 +71,13 @@ const API_ADDR: &str = "127.0.0.1:6443";
 
 /// Progress lines this part prints.
 pub fn steps(plan: &Plan) -> usize {
-    1 + 2 * plan.scale_sizes.len()
-        + usize::from(!plan.scale_sizes.contains(&targets::CHURN_SERVICES))
+    1 + start_steps(plan) + usize::from(!plan.scale_sizes.contains(&targets::CHURN_SERVICES))
+}
+
+/// Progress lines of the start rows: per size, YAML of each style and
+/// the cluster source.
+pub fn start_steps(plan: &Plan) -> usize {
+    3 * plan.scale_sizes.len()
 }
 
 /// The whole part: one change, every start, the churn.
@@ -93,10 +100,13 @@ pub fn run(plan: &Plan, sb_bench: &Path, switchboard: &Path, dir: &Path) -> Resu
     let mut start = Vec::new();
     let mut churned = None;
     for &n in &plan.scale_sizes {
-        progress(&format!(
-            "agent start and memory: a fresh `switchboard agent --source dir:` with {n} Services x 10 endpoints"
-        ));
-        start.push(start_yaml(switchboard, n, true)?);
+        for style in [Style::Block, Style::Flow] {
+            progress(&format!(
+                "agent start and memory: a fresh `switchboard agent --source dir:` with {n} Services x 10 endpoints, {} YAML",
+                style.name()
+            ));
+            start.push(start_yaml(switchboard, n, style, style == Style::Block)?);
+        }
         progress(&format!(
             "agent start and memory: a fresh `switchboard agent --source cluster` (fake API server) with {n} Services x 10 endpoints{}",
             if n == targets::CHURN_SERVICES { ", then churn" } else { "" }
@@ -133,10 +143,13 @@ pub fn run_start(plan: &Plan, switchboard: &Path) -> Result<Scale> {
     let sb_apiserver = release_bin("sb-apiserver");
     let mut start = Vec::new();
     for &n in &plan.scale_sizes {
-        progress(&format!(
-            "agent start and memory, {n} Services: YAML source"
-        ));
-        start.push(start_yaml(switchboard, n, false)?);
+        for style in [Style::Block, Style::Flow] {
+            progress(&format!(
+                "agent start and memory, {n} Services: YAML source, {} style",
+                style.name()
+            ));
+            start.push(start_yaml(switchboard, n, style, false)?);
+        }
         progress(&format!(
             "agent start and memory, {n} Services: cluster source"
         ));
@@ -294,13 +307,14 @@ fn heap_steps(log: &str, frontends: usize) -> Heap {
     }
 }
 
-/// The YAML source: the manifests are written, then the agent starts.
-/// With `follow`, the file change is measured too at its size.
-fn start_yaml(switchboard: &Path, n: u32, follow: bool) -> Result<StartRow> {
+/// The YAML source: the manifests are written in `style`, then the agent
+/// starts. With `follow`, the file change is measured too at its size (on
+/// block YAML: the change rewrites a file in that style).
+fn start_yaml(switchboard: &Path, n: u32, style: Style, follow: bool) -> Result<StartRow> {
     // A fresh sandbox each time: fresh pins, so the agent programs
     // everything instead of adopting.
     let mut sb = Sandbox::new(tag())?;
-    let frontends = write_manifests(&sb, &workload::services(n, &pod_ips()))?;
+    let frontends = write_manifests(&sb, &workload::services(n, &pod_ips()), style)?;
     let yaml_bytes: u64 = fs::read_dir(sb.manifest_dir())?
         .filter_map(|e| e.ok()?.metadata().ok())
         .map(|m| m.len())
@@ -312,8 +326,9 @@ fn start_yaml(switchboard: &Path, n: u32, follow: bool) -> Result<StartRow> {
     let pid = sb.start_agent_with(switchboard, &args)?;
     let mut row = measure_start(&mut sb, pid, ("yaml", n, frontends), t0)?;
     row.manifest_mib = Some(yaml_bytes as f64 / 1048576.0);
+    row.yaml_style = Some(style.name().to_owned());
     note_row(&row);
-    if follow && n == targets::FILE_CHANGE_SERVICES {
+    if follow && style == Style::Block && n == targets::FILE_CHANGE_SERVICES {
         let services = workload::services(n, &pod_ips());
         let change = follow::run(&mut sb, &release_bin("sb-echo"), &services)?;
         note(&format!(
@@ -344,7 +359,7 @@ fn start_cluster(
 ) -> Result<(StartRow, Option<Churn>)> {
     let mut sb = Sandbox::new(tag())?;
     let services = workload::services(n, &pod_ips());
-    let frontends = write_manifests(&sb, &services)?;
+    let frontends = write_manifests(&sb, &services, Style::Block)?;
     let kubeconfig = sb.dir.join("kubeconfig");
     let _ = fs::remove_file(&kubeconfig);
     let kc = kubeconfig.to_string_lossy().into_owned();

@@ -1,0 +1,495 @@
+//! Loading the eBPF object (the bytes the `switchboard` binary embeds from
+//! `proxy-object`) with its maps pinned under the pin root.
+//!
+//! Maps are pinned by name (`<pin root>/<MAP NAME>`). A pinned map that already
+//! exists is reused rather than recreated, so a restarted agent keeps the
+//! frontends, backends and connection-tracking state the kernel is using.
+use std::{
+    io,
+    path::{Path, PathBuf},
+};
+
+use aya::{
+    maps::{MapData, ProgramArray},
+    programs::{CgroupSock, CgroupSockAddr, Program, ProgramError, SchedClassifier, Xdp},
+    Ebpf, EbpfError, EbpfLoader,
+};
+use proxy_common::{capacity, names, prefilter, programs, tail};
+
+use crate::{
+    dataplane::{
+        load::ip_summed::{self, Access},
+        pins::resize::CapacityMismatch,
+        pins::Pins,
+    },
+    sync::store::{Capacities, Ipv6Tables},
+};
+
+/// Filesystem magic of bpffs (`BPF_FS_MAGIC` in linux/magic.h).
+const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
+
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("this switchboard binary was built without its eBPF object (bpf-linker was missing); run `cargo xtask setup` and rebuild")]
+    NoObject,
+    #[error("cannot create pin root {path}")]
+    CreatePinRoot { path: PathBuf, source: io::Error },
+    #[error("pin root {path} is not on a bpffs: maps pinned there would not outlive this process's mount namespace, and a restart would reset every connection; mount one on the host (`mount -t bpf bpf /sys/fs/bpf`; the DaemonSet's init container does) or point --pin-root at one")]
+    NotBpffs { path: PathBuf },
+    #[error("cannot check the filesystem of pin root {path}")]
+    Statfs { path: PathBuf, source: nix::Error },
+    #[error("loading the eBPF object with maps pinned under {pin_root}")]
+    Load {
+        pin_root: PathBuf,
+        source: Box<EbpfError>,
+    },
+    #[error("program {name} is missing from the eBPF object")]
+    MissingProgram { name: &'static str },
+    #[error("map {name} is missing from the eBPF object")]
+    MissingMap { name: &'static str },
+    #[error("filling the tail-call program array")]
+    TailCalls { source: aya::maps::MapError },
+    #[error("patching the eBPF object for the kernel's sk_buff")]
+    Patch {
+        source: crate::dataplane::load::ip_summed::KctxError,
+    },
+    #[error("loading program {name} into the kernel")]
+    Program {
+        name: &'static str,
+        source: ProgramError,
+    },
+}
+
+/// Makes sure `pin_root` exists on a bpffs. A plain directory is refused
+/// rather than mounted over: a bpffs mounted by the agent lives in the agent's
+/// mount namespace (under `ip netns exec` or in a container, a private one)
+/// and vanishes with it, taking every pin, so the next agent would start
+/// from empty maps and reset every connection.
+pub fn check_pin_root(pin_root: &Path) -> Result<(), LoadError> {
+    // Judge the directory, or the nearest one that exists: nothing is
+    // created outside a bpffs.
+    let existing = pin_root
+        .ancestors()
+        .find(|p| p.exists())
+        .unwrap_or(Path::new("/"));
+    let stat = nix::sys::statfs::statfs(existing).map_err(|source| LoadError::Statfs {
+        path: existing.to_owned(),
+        source,
+    })?;
+    if stat.filesystem_type().0 as i64 != BPF_FS_MAGIC {
+        return Err(LoadError::NotBpffs {
+            path: pin_root.to_owned(),
+        });
+    }
+    // Only root may add or remove pins, whatever the umask.
+    crate::util::fsmode::ensure_dir(
+        pin_root,
+        crate::util::fsmode::PIN_DIR_MODE,
+        crate::util::fsmode::Existing::Tighten,
+    )
+    .map_err(|source| LoadError::CreatePinRoot {
+        path: pin_root.to_owned(),
+        source,
+    })
+}
+
+/// The resizable maps: name, the flag that sizes it, and its wanted size.
+/// The socket-layer map holds one entry per balanced socket: sized like
+/// conntrack. Each IPv6 twin is sized by the same flag as its IPv4 map,
+/// except the IPv6 flow tables of a node with no IPv6 Service
+/// ([`Ipv6Tables::Idle`]): [`capacity::IPV6_IDLE`] entries each. The
+/// frontend bitmap grows with the frontend map, so that few destinations
+/// that are no frontend share a bit with one.
+fn sized_maps(caps: &Capacities) -> [(&'static str, &'static str, u32); 15] {
+    let flows6 = |flag: &'static str, full: u32| match caps.ipv6 {
+        Ipv6Tables::Full => (flag, full),
+        Ipv6Tables::Idle => (IDLE6, capacity::IPV6_IDLE),
+    };
+    let (ct6_flag, ct6) = flows6("--max-conntrack", caps.conntrack);
+    let (aff6_flag, aff6) = flows6("the default", capacity::AFFINITY);
+    let (frag6_flag, frag6) = flows6("the default", capacity::FRAGMENTS);
+    [
+        (names::FRONTENDS, "--max-frontend-entries", caps.frontends),
+        (
+            names::FRONTEND_FILTER,
+            "--max-frontend-entries",
+            caps.frontend_filter_words(),
+        ),
+        (names::BACKENDS, "--max-backends", caps.backends),
+        (names::CONNTRACK, "--max-conntrack", caps.conntrack),
+        (names::SOCKETS, "--max-conntrack", caps.conntrack),
+        (names::REVNAT, "--max-services", caps.services),
+        (
+            names::SERVICE_STATS,
+            "--max-services",
+            caps.service_stats_entries(),
+        ),
+        (
+            names::SERVICE_DENIED,
+            "--max-services",
+            caps.service_stats_entries(),
+        ),
+        (names::FRONTENDS6, "--max-frontend-entries", caps.frontends),
+        (names::BACKENDS6, "--max-backends", caps.backends),
+        (names::CONNTRACK6, ct6_flag, ct6),
+        (names::SOCKETS6, ct6_flag, ct6),
+        (names::REVNAT6, "--max-services", caps.services),
+        (names::AFFINITY6, aff6_flag, aff6),
+        (names::FRAGMENTS6, frag6_flag, frag6),
+    ]
+}
+
+/// What sizes the IPv6 flow tables of a node with no IPv6 Service.
+const IDLE6: &str = "a node with no IPv6 Service";
+
+/// Whether an IPv6 map that holds flows (or, for the frontends, makes
+/// them) pinned under `pin_root` has an entry: an earlier agent served IPv6
+/// here, and its flows keep their room.
+pub fn ipv6_pinned_in_use(pin_root: &Path) -> bool {
+    let pins = Pins::new(pin_root);
+    has_entry(pins.frontends6())
+        || has_entry(pins.conntrack6())
+        || has_entry(pins.sockets6())
+        || has_entry(pins.affinity6())
+        || has_entry(pins.fragments6())
+}
+
+/// Whether `map` opened and holds at least one entry.
+fn has_entry<K: aya::Pod, V: aya::Pod>(
+    map: Result<aya::maps::HashMap<MapData, K, V>, crate::dataplane::pins::MapsError>,
+) -> bool {
+    map.is_ok_and(|map| map.keys().next().is_some_and(|key| key.is_ok()))
+}
+
+/// The maps pinned under `pin_root` whose size differs from `caps` (aya
+/// would reuse them as they are).
+pub fn capacity_mismatches(pin_root: &Path, caps: &Capacities) -> Vec<CapacityMismatch> {
+    sized_maps(caps)
+        .into_iter()
+        .filter_map(|(map, flag, wanted)| {
+            let pinned = Pins::new(pin_root)
+                .data(map)
+                .ok()
+                .and_then(|m| m.info().ok())
+                .map(|info| info.max_entries())?;
+            (pinned != wanted).then_some(CapacityMismatch {
+                map,
+                flag,
+                pinned,
+                wanted,
+            })
+        })
+        .collect()
+}
+
+/// Loads `object`: maps pinned (or reused) under `pin_root`, the tc, XDP and
+/// socket-layer programs loaded into the kernel (not yet attached).
+///
+/// Nothing the running data path uses changes: maps are created or adopted
+/// but not written, and the tail-call slots still hold the running agent's
+/// IPv6 uplink programs until [`install_tail_calls`] (called right before
+/// the programs are attached).
+///
+/// The maps named in `staged` are created fresh at their staging pins
+/// ([`crate::dataplane::pins::resize::staging_path`]) instead of adopted: they are being
+/// resized.
+pub fn load(
+    object: &[u8],
+    pin_root: &Path,
+    caps: &Capacities,
+    staged: &[&'static str],
+) -> Result<Loaded, LoadError> {
+    check_pin_root(pin_root)?;
+    load_with(object, Some((pin_root, staged)), caps)
+}
+
+/// A loaded object, and how its programs update L4 checksums.
+pub struct Loaded {
+    pub ebpf: Ebpf,
+    pub checksums: Access,
+}
+
+/// Loads `object` with private, unpinned maps (packet fixtures,
+/// benchmarks), tail calls installed.
+pub fn load_unpinned(object: &[u8], caps: &Capacities) -> Result<Ebpf, LoadError> {
+    let mut ebpf = load_with(object, None, caps)?.ebpf;
+    install_tail_calls(&mut ebpf)?;
+    Ok(ebpf)
+}
+
+/// [`load_unpinned`] with the checksum state read as `access` says, and no
+/// second try (the fixtures of either way).
+pub fn load_unpinned_as(
+    object: &[u8],
+    caps: &Capacities,
+    access: &Access,
+) -> Result<Ebpf, LoadError> {
+    let mut ebpf = load_once(object, None, caps, access)?;
+    install_tail_calls(&mut ebpf)?;
+    Ok(ebpf)
+}
+
+/// [`load_once`] with the checksum state read through the kfunc where the
+/// kernel has it; a program the kernel refuses that way is loaded again
+/// with the checksum helper (said at warning level), before giving up.
+fn load_with(
+    object: &[u8],
+    pins_at: Option<(&Path, &[&'static str])>,
+    caps: &Capacities,
+) -> Result<Loaded, LoadError> {
+    let access = Access::detect();
+    let (ebpf, checksums) = match load_once(object, pins_at, caps, &access) {
+        Err(LoadError::Program { name, source }) if access != Access::Helper => {
+            tracing::warn!(
+                program = name,
+                error = %source,
+                "the kernel refused the in-place checksum update; loading with the checksum helper"
+            );
+            (
+                load_once(object, pins_at, caps, &Access::Helper)?,
+                Access::Helper,
+            )
+        }
+        loaded => (loaded?, access),
+    };
+    Ok(Loaded { ebpf, checksums })
+}
+
+/// Whether the running kernel lets XDP programs call `bpf_xdp_adjust_meta`,
+/// through which `sb_xdp_uplink` tells tc which direct-server-return
+/// arrivals it tracked. Some hardened kernels refuse that helper to XDP;
+/// there the program leaves those packets to tc (said at info level), and
+/// everything else stays at the driver. A probe that fails outright counts
+/// as a refusal: the object then still loads wherever XDP loads at all.
+/// Probed once per process.
+pub fn xdp_metadata_supported() -> bool {
+    static SUPPORTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *SUPPORTED.get_or_init(probe_xdp_metadata)
+}
+
+fn probe_xdp_metadata() -> bool {
+    use aya::{programs::ProgramType, sys::BpfHelper};
+    match aya::sys::is_helper_supported(ProgramType::Xdp, BpfHelper::BPF_FUNC_xdp_adjust_meta) {
+        Ok(true) => true,
+        Ok(false) => {
+            tracing::info!(
+                "the kernel refuses bpf_xdp_adjust_meta to XDP programs: packets carrying the direct-server-return option are tracked by tc alone"
+            );
+            false
+        }
+        Err(error) => {
+            tracing::warn!(%error, "probing bpf_xdp_adjust_meta for XDP failed; loading as if the kernel refused it");
+            false
+        }
+    }
+}
+
+/// Loads `object` once, its checksum markers patched for `access`
+/// ([`crate::dataplane::load::ip_summed`]).
+fn load_once(
+    object: &[u8],
+    pins_at: Option<(&Path, &[&'static str])>,
+    caps: &Capacities,
+    access: &Access,
+) -> Result<Ebpf, LoadError> {
+    if object.is_empty() {
+        return Err(LoadError::NoObject);
+    }
+    let patched = ip_summed::patch(object, access).map_err(|source| LoadError::Patch { source })?;
+    let pin_root = pins_at.map(|(root, _)| root);
+    let pins: Vec<(&str, PathBuf)> = match pins_at {
+        Some((root, staged)) => names::ALL
+            .iter()
+            .map(|name| match staged.contains(name) {
+                true => (
+                    *name,
+                    crate::dataplane::pins::resize::staging_path(root, name),
+                ),
+                false => (*name, root.join(name)),
+            })
+            .collect(),
+        None => Vec::new(),
+    };
+    let mut loader = EbpfLoader::new();
+    for (name, _, size) in sized_maps(caps) {
+        loader.map_max_entries(name, size);
+    }
+    // Not pinned, so never resized: sized at each load like the maps they
+    // are indexed alongside.
+    loader.map_max_entries(names::ROUND_ROBIN, caps.service_stats_entries());
+    loader.map_max_entries(names::OPEN_FLOWS, caps.backends);
+    loader.map_max_entries(names::OPEN_SOCKETS, caps.conntrack);
+    // The programs index the bitmap for the size it is loaded with.
+    let shift = prefilter::frontends::shift_for(caps.frontend_filter_words());
+    loader.override_global(names::FRONTEND_FILTER_SHIFT, &shift, true);
+    let summed_shift = access.shift();
+    loader.override_global(proxy_common::ip_summed::SUMMED_SHIFT, &summed_shift, true);
+    let xdp_meta = u32::from(xdp_metadata_supported());
+    loader.override_global(names::XDP_META, &xdp_meta, true);
+    for (name, path) in &pins {
+        loader.map_pin_path(name, path.as_path());
+    }
+    let mut ebpf = loader
+        .load(patched.bytes())
+        .map_err(|source| LoadError::Load {
+            pin_root: pin_root.map(Path::to_owned).unwrap_or_default(),
+            source: Box::new(source),
+        })?;
+    for name in [
+        programs::TC_FROM_POD,
+        programs::TC_TO_POD,
+        programs::TC_FROM_UPLINK,
+        programs::TC_FROM_UPLINK6,
+    ] {
+        let result = typed::<SchedClassifier>(&mut ebpf, name)?.load();
+        result.map_err(|source| LoadError::Program { name, source })?;
+    }
+    for name in [programs::XDP_UPLINK, programs::XDP_UPLINK6] {
+        let result = typed::<Xdp>(&mut ebpf, name)?.load();
+        result.map_err(|source| LoadError::Program { name, source })?;
+    }
+    for name in programs::SOCKET_LB {
+        let result = typed::<CgroupSockAddr>(&mut ebpf, name)?.load();
+        result.map_err(|source| LoadError::Program { name, source })?;
+    }
+    let name = programs::SOCK_RELEASE;
+    let result = typed::<CgroupSock>(&mut ebpf, name)?.load();
+    result.map_err(|source| LoadError::Program { name, source })?;
+    Ok(ebpf)
+}
+
+/// Puts the IPv6 uplink programs in their slots of the tail-call arrays
+/// (pinned, so the uplink programs still attached, a running agent's
+/// included, call the new ones at once).
+pub fn install_tail_calls(ebpf: &mut Ebpf) -> Result<(), LoadError> {
+    install_tail_call(
+        ebpf,
+        names::TAIL_CALLS6,
+        tail::FROM_UPLINK6,
+        programs::TC_FROM_UPLINK6,
+    )?;
+    install_xdp_tail_call(
+        ebpf,
+        names::XDP_TAIL_CALLS6,
+        tail::XDP_UPLINK6,
+        programs::XDP_UPLINK6,
+    )
+}
+
+/// [`install_tail_call`] for an XDP program.
+fn install_xdp_tail_call(
+    ebpf: &mut Ebpf,
+    array: &'static str,
+    slot: u32,
+    name: &'static str,
+) -> Result<(), LoadError> {
+    let fd = typed::<Xdp>(ebpf, name)?
+        .fd()
+        .map_err(|source| LoadError::Program { name, source })?
+        .try_clone()
+        .map_err(|source| LoadError::TailCalls {
+            source: aya::maps::MapError::from(source),
+        })?;
+    let map = ebpf
+        .map_mut(array)
+        .ok_or(LoadError::MissingMap { name: array })?;
+    let mut tail: ProgramArray<&mut MapData> =
+        ProgramArray::try_from(map).map_err(|source| LoadError::TailCalls { source })?;
+    tail.set(slot, &fd, 0)
+        .map_err(|source| LoadError::TailCalls { source })
+}
+
+/// Puts program `name` in slot `slot` of tail-call array `array`.
+fn install_tail_call(
+    ebpf: &mut Ebpf,
+    array: &'static str,
+    slot: u32,
+    name: &'static str,
+) -> Result<(), LoadError> {
+    let fd = typed::<SchedClassifier>(ebpf, name)?
+        .fd()
+        .map_err(|source| LoadError::Program { name, source })?
+        .try_clone()
+        .map_err(|source| LoadError::TailCalls {
+            source: aya::maps::MapError::from(source),
+        })?;
+    let map = ebpf
+        .map_mut(array)
+        .ok_or(LoadError::MissingMap { name: array })?;
+    let mut tail: ProgramArray<&mut MapData> =
+        ProgramArray::try_from(map).map_err(|source| LoadError::TailCalls { source })?;
+    tail.set(slot, &fd, 0)
+        .map_err(|source| LoadError::TailCalls { source })
+}
+
+/// Program `name` of the object as its aya type `T`.
+pub fn typed<'a, T>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut T, LoadError>
+where
+    &'a mut T: TryFrom<&'a mut Program, Error = ProgramError>,
+{
+    ebpf.program_mut(name)
+        .ok_or(LoadError::MissingProgram { name })?
+        .try_into()
+        .map_err(|source| LoadError::Program { name, source })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_ipv6_map_is_sized_like_its_ipv4_twin() {
+        let caps = Capacities {
+            frontends: 11,
+            backends: 22,
+            conntrack: 33,
+            services: 44,
+            ipv6: Ipv6Tables::Full,
+        };
+        let sized = sized_maps(&caps);
+        let size = |name| {
+            sized
+                .iter()
+                .find(|(n, _, _)| *n == name)
+                .map(|(_, flag, size)| (*flag, *size))
+        };
+        for (v4, v6) in [
+            (names::FRONTENDS, names::FRONTENDS6),
+            (names::BACKENDS, names::BACKENDS6),
+            (names::CONNTRACK, names::CONNTRACK6),
+            (names::SOCKETS, names::SOCKETS6),
+            (names::REVNAT, names::REVNAT6),
+        ] {
+            assert!(size(v4).is_some(), "{v4}");
+            assert_eq!(size(v4), size(v6), "{v6}");
+        }
+        assert_eq!(size(names::CONNTRACK6), Some(("--max-conntrack", 33)));
+    }
+
+    #[test]
+    fn a_node_without_ipv6_services_gets_small_ipv6_flow_tables_only() {
+        let full = Capacities::default();
+        let idle = Capacities {
+            ipv6: Ipv6Tables::Idle,
+            ..full
+        };
+        let (full, idle) = (sized_maps(&full), sized_maps(&idle));
+        let flows6 = [
+            names::CONNTRACK6,
+            names::SOCKETS6,
+            names::AFFINITY6,
+            names::FRAGMENTS6,
+        ];
+        for ((map, _, full_size), (_, flag, idle_size)) in full.iter().zip(&idle) {
+            if flows6.contains(map) {
+                assert_eq!(*idle_size, capacity::IPV6_IDLE, "{map}");
+                assert!(*full_size > capacity::IPV6_IDLE, "{map}: {full_size}");
+                assert_eq!(*flag, IDLE6);
+            } else {
+                // The IPv4 maps, and the IPv6 frontends, backends and
+                // reverse-NAT entries the sync writes, keep their size.
+                assert_eq!(full_size, idle_size, "{map}");
+            }
+        }
+    }
+}
