@@ -36,6 +36,7 @@
 //!   bridge, node A, node B, pods) runs on the sender's CPU: veth hands
 //!   packets on within the sending CPU's softirq.
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::fs;
 use std::net::Ipv4Addr;
@@ -44,9 +45,15 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
-use serde_json::{json, Value};
+use serde::Deserialize;
 
-use super::{median, note, parse_wrk, progress, run_parallel, Plan, Wrk, WRK_CONNECTIONS};
+use super::clients::{run_wrk, wrk_args, Wrk};
+use super::plan::Plan;
+use super::progress::{note, progress};
+use super::results::{
+    Flood, NorthSouth, NsDatapath, NsMedians, NsMeta, NsPathInfo, NsRound, NsRow,
+};
+use super::stats::median_by;
 use crate::sandbox::find_at;
 use crate::sandbox::two_node::{Client as Ext, Lan, Node, Pod, TwoNodeSandbox, NODE_A_IP};
 use crate::util::{run_capture, show};
@@ -184,8 +191,8 @@ const NS_PATHS: [NsPath; 8] = [
 ];
 
 /// Progress steps this part prints (for the run's step count).
-pub(super) fn steps(plan: &Plan) -> usize {
-    2 + NS_PATHS.len() * plan.rounds
+pub fn steps(plan: &Plan) -> usize {
+    3 + NS_PATHS.len() * plan.rounds
 }
 
 // ---------------------------------------------------------------------------
@@ -511,64 +518,43 @@ fn pod_udp_in(sb: &TwoNodeSandbox, pod: Pod) -> Result<u64> {
     Ok(get("InDatagrams") + get("NoPorts") + get("InErrors"))
 }
 
-/// switchboard's global counters on node A (`switchboard stats -o json`).
-fn counters(sb: &TwoNodeSandbox, switchboard: &Path) -> Result<Value> {
+/// switchboard's global counters on node A (`switchboard stats -o json`),
+/// by name.
+fn counters(sb: &TwoNodeSandbox, switchboard: &Path) -> Result<BTreeMap<String, u64>> {
+    #[derive(Deserialize)]
+    struct Stats {
+        counters: BTreeMap<String, u64>,
+    }
     let bin = switchboard.to_string_lossy().into_owned();
     let pin = sb.pin_dir(Node::A).to_string_lossy().into_owned();
     let out = sb.exec(
         &sb.node_ns(Node::A),
         &[&bin, "stats", "--pin-root", &pin, "-o", "json"],
     )?;
-    let v: Value = serde_json::from_slice(&out.stdout).context("`switchboard stats -o json`")?;
-    Ok(v["counters"].clone())
+    let stats: Stats =
+        serde_json::from_slice(&out.stdout).context("`switchboard stats -o json`")?;
+    Ok(stats.counters)
 }
 
-fn grew(before: &Value, after: &Value, key: &str) -> u64 {
-    after[key]
-        .as_u64()
-        .unwrap_or(0)
-        .saturating_sub(before[key].as_u64().unwrap_or(0))
+fn grew(before: &BTreeMap<String, u64>, after: &BTreeMap<String, u64>, key: &str) -> u64 {
+    let at = |c: &BTreeMap<String, u64>| c.get(key).copied().unwrap_or(0);
+    at(after).saturating_sub(at(before))
 }
 
 fn wrk_all(sb: &TwoNodeSandbox, ns: &str, urls: &[String], secs: u32) -> Result<Wrk> {
-    let d = format!("{secs}s");
     let cmds = urls
         .iter()
         .map(|url| {
-            let mut c = sb.command(
-                ns,
-                &[
-                    "wrk",
-                    "-t",
-                    "1",
-                    "-c",
-                    WRK_CONNECTIONS,
-                    "-d",
-                    &d,
-                    "--latency",
-                    "-H",
-                    "Connection: close",
-                    url,
-                ],
-            );
+            let args = wrk_args(url, secs);
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            let mut c = sb.command(ns, &args);
             c.stdin(Stdio::null())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped());
             c
         })
         .collect();
-    let each = run_parallel(cmds)?
-        .iter()
-        .map(|out| parse_wrk(&String::from_utf8_lossy(&out.stdout)))
-        .collect::<Result<Vec<_>>>()?;
-    Ok(Wrk {
-        rps: each.iter().map(|w| w.rps).sum(),
-        p50_us: median(each.iter().map(|w| w.p50_us).collect()),
-        p99_us: each.iter().map(|w| w.p99_us).fold(0.0, f64::max),
-        requests: each.iter().map(|w| w.requests).sum(),
-        errors: each.iter().map(|w| w.errors).sum(),
-        per_client: each.iter().map(|w| w.rps).collect(),
-    })
+    run_wrk(cmds)
 }
 
 fn measure(
@@ -577,7 +563,7 @@ fn measure(
     plan: &Plan,
     switchboard: &Path,
     sb_bench: &Path,
-) -> Result<Value> {
+) -> Result<NsRound> {
     if let Via::Switchboard(mode) = path.via {
         sbs.agent(switchboard, mode)?;
     }
@@ -611,7 +597,7 @@ fn measure(
     };
     let ns = sb.client_ns(client);
     let is_sw = matches!(path.via, Via::Switchboard(_));
-    let snap = || -> Result<Option<Value>> {
+    let snap = || -> Result<Option<BTreeMap<String, u64>>> {
         if is_sw {
             counters(sb, switchboard).map(Some)
         } else {
@@ -652,7 +638,13 @@ fn measure(
     c.stdin(Stdio::null());
     let out = run_capture(&mut c).with_context(|| format!("`{}`", show(&c)))?;
     let flood_took = t_flood.elapsed().as_secs_f64();
-    let flood: Value = serde_json::from_slice(&out.stdout).context("sb_bench flood output")?;
+    #[derive(Deserialize)]
+    struct FloodOut {
+        #[serde(default)]
+        sent: u64,
+        wall_s: Option<f64>,
+    }
+    let flood: FloodOut = serde_json::from_slice(&out.stdout).context("sb_bench flood output")?;
     std::thread::sleep(Duration::from_millis(300));
     let after: Vec<u64> = pods
         .iter()
@@ -661,8 +653,8 @@ fn measure(
     let c2 = snap()?;
     let arrived: u64 = after.iter().zip(&before).map(|(a, b)| a - b).sum();
     let per_pod: Vec<u64> = after.iter().zip(&before).map(|(a, b)| a - b).collect();
-    let sent = flood["sent"].as_u64().unwrap_or(0);
-    let wall = flood["wall_s"].as_f64().unwrap_or(f64::NAN);
+    let sent = flood.sent;
+    let wall = flood.wall_s.unwrap_or(f64::NAN);
     let mpps = arrived as f64 / wall / 1e6;
     ensure!(
         arrived > 0,
@@ -685,9 +677,13 @@ fn measure(
                 path.label,
                 w.requests
             );
-            json!({"counter": key, "during_wrk": http, "during_flood": udp})
+            Some(NsDatapath {
+                counter: key.into(),
+                during_wrk: http,
+                during_flood: udp,
+            })
         }
-        _ => Value::Null,
+        _ => None,
     };
     note(&format!(
         "{:.0} conn/s ({}; p50 {:.0} us, p99 {:.0} us, {} errors); flood {:.3} Mpps reached the pods ({arrived} of {sent} sent in {wall:.2} s, {per_pod:?} per pod; the flood command took {:.1} s)",
@@ -699,46 +695,35 @@ fn measure(
         mpps,
         flood_took
     ));
-    Ok(json!({
-        "conn_per_s": w.rps,
-        "conn_per_s_clients": w.per_client,
-        "p50_us": w.p50_us,
-        "p99_us": w.p99_us,
-        "requests": w.requests,
-        "errors": w.errors,
-        "flood": {
-            "mpps": mpps,
-            "sent": sent,
-            "arrived": arrived,
-            "arrived_per_pod": per_pod,
-            "sent_mpps": sent as f64 / wall / 1e6,
-            "wall_s": wall,
+    let finite = |x: f64| x.is_finite().then_some(x);
+    Ok(NsRound {
+        conn_per_s: w.rps,
+        conn_per_s_clients: w.per_client,
+        p50_us: w.p50_us,
+        p99_us: w.p99_us,
+        requests: w.requests,
+        errors: w.errors,
+        flood: Flood {
+            mpps: finite(mpps),
+            sent,
+            arrived,
+            arrived_per_pod: per_pod,
+            sent_mpps: finite(sent as f64 / wall / 1e6),
+            wall_s: finite(wall),
         },
-        "datapath": datapath,
-    }))
-}
-
-fn median_at(runs: &[Value], key: &str) -> Value {
-    let mut v: Vec<f64> = runs
-        .iter()
-        .filter_map(|r| r.pointer(key).and_then(Value::as_f64))
-        .collect();
-    if v.is_empty() {
-        return Value::Null;
-    }
-    v.sort_by(f64::total_cmp);
-    json!(v[v.len() / 2])
+        datapath,
+    })
 }
 
 /// Runs the north-south part: the per-packet cost of the uplink programs
 /// (`sb_bench uplink`), then every path of [`NS_PATHS`] in interleaved rounds.
-pub(super) fn run(
+pub fn run(
     plan: &Plan,
     sb_http: &Path,
     switchboard: &Path,
     sb_bench: &Path,
     dir: &Path,
-) -> Result<Value> {
+) -> Result<NorthSouth> {
     progress("north-south per-packet cost: BPF_PROG_TEST_RUN of sb_xdp_uplink / sb_from_uplink next to the empty XDP and tc programs");
     let quick: &[&str] = if plan.quick { &["--quick"] } else { &[] };
     let perpacket = super::run_json(
@@ -756,37 +741,49 @@ pub(super) fn run(
     let cleaned = sbs.cleanup();
     let rows = result?;
     cleaned?;
-    let paths: Vec<Value> = NS_PATHS
+    let paths = NS_PATHS
         .iter()
-        .map(|p| {
-            json!({
-                "path": p.key,
-                "label": p.label,
-                "backends": p.backends.describe(),
-                "via": match p.via {
-                    Via::Direct => "none: the pods' own addresses, routed through node A (the limit)".to_string(),
-                    Via::Switchboard("off") => "switchboard, --xdp-mode off: sb_from_uplink (tc) on node A's uplink".to_string(),
-                    Via::Switchboard(m) => format!("switchboard, --xdp-mode {m}: sb_xdp_uplink on node A's uplink"),
-                    Via::Iptables => "kube-proxy-style iptables NodePort rules in node A's namespace (conntrack)".to_string(),
-                },
-                "client": match p.via { Via::Direct => "external client 2 (192.168.50.101)", _ => "external client 1 (192.168.50.100)" },
-            })
+        .map(|p| NsPathInfo {
+            path: p.key.into(),
+            label: p.label.into(),
+            backends: p.backends.describe().into(),
+            via: match p.via {
+                Via::Direct => {
+                    "none: the pods' own addresses, routed through node A (the limit)".to_string()
+                }
+                Via::Switchboard("off") => {
+                    "switchboard, --xdp-mode off: sb_from_uplink (tc) on node A's uplink"
+                        .to_string()
+                }
+                Via::Switchboard(m) => {
+                    format!("switchboard, --xdp-mode {m}: sb_xdp_uplink on node A's uplink")
+                }
+                Via::Iptables => {
+                    "kube-proxy-style iptables NodePort rules in node A's namespace (conntrack)"
+                        .to_string()
+                }
+            },
+            client: match p.via {
+                Via::Direct => "external client 2 (192.168.50.101)",
+                _ => "external client 1 (192.168.50.100)",
+            }
+            .into(),
         })
         .collect();
-    Ok(json!({
-        "perpacket": perpacket,
-        "xdpfwd": xdpfwd,
-        "paths": paths,
-        "rows": rows,
-        "meta": {
-            "flood_cpu": FLOOD_CPU,
-            "flood_flows": FLOOD_FLOWS.parse::<u32>().unwrap_or(0),
-            "flood_secs": if plan.quick { 2 } else { 5 },
-            "wrk_secs": plan.wrk_secs,
-            "rounds": plan.rounds,
-            "iptables_rules": iptables_rules(),
+    Ok(NorthSouth {
+        perpacket,
+        xdpfwd,
+        paths: Some(paths),
+        rows,
+        meta: NsMeta {
+            flood_cpu: Some(FLOOD_CPU as u64),
+            flood_flows: FLOOD_FLOWS.parse().ok(),
+            flood_secs: Some(if plan.quick { 2 } else { 5 }),
+            wrk_secs: Some(plan.wrk_secs.into()),
+            rounds: Some(plan.rounds as u64),
+            iptables_rules: Some(iptables_rules()),
         },
-    }))
+    })
 }
 
 fn rounds(
@@ -794,8 +791,8 @@ fn rounds(
     plan: &Plan,
     switchboard: &Path,
     sb_bench: &Path,
-) -> Result<Vec<Value>> {
-    let mut runs: Vec<Vec<Value>> = vec![Vec::new(); NS_PATHS.len()];
+) -> Result<Vec<NsRow>> {
+    let mut runs: Vec<Vec<NsRound>> = NS_PATHS.iter().map(|_| Vec::new()).collect();
     for round in 0..plan.rounds {
         // Rotate the start by two paths a round, so switchboard's modes stay
         // grouped (fewer agent restarts) while the order changes.
@@ -813,24 +810,26 @@ fn rounds(
     }
     Ok(NS_PATHS
         .iter()
-        .zip(&runs)
-        .map(|(p, r)| {
-            json!({
-                "path": p.key,
-                "label": p.label,
-                "backends": match p.backends { Backends::Local => "local", Backends::Remote => "remote" },
-                "m": {
-                    "conn_per_s": median_at(r, "/conn_per_s"),
-                    "p50_us": median_at(r, "/p50_us"),
-                    "p99_us": median_at(r, "/p99_us"),
-                    "errors": r.iter().filter_map(|m| m["errors"].as_u64()).sum::<u64>(),
-                    "flood_mpps": median_at(r, "/flood/mpps"),
-                    "flood_sent_mpps": median_at(r, "/flood/sent_mpps"),
-                    "conn_per_s_rounds": r.iter().map(|m| m["conn_per_s"].clone()).collect::<Vec<_>>(),
-                    "flood_mpps_rounds": r.iter().map(|m| m["flood"]["mpps"].clone()).collect::<Vec<_>>(),
-                },
-                "rounds": r,
-            })
+        .zip(runs)
+        .map(|(p, r)| NsRow {
+            path: p.key.into(),
+            label: p.label.into(),
+            backends: match p.backends {
+                Backends::Local => "local",
+                Backends::Remote => "remote",
+            }
+            .into(),
+            m: NsMedians {
+                conn_per_s: median_by(&r, |m| Some(m.conn_per_s)),
+                p50_us: median_by(&r, |m| Some(m.p50_us)),
+                p99_us: median_by(&r, |m| Some(m.p99_us)),
+                errors: r.iter().map(|m| m.errors).sum(),
+                flood_mpps: median_by(&r, |m| m.flood.mpps),
+                flood_sent_mpps: median_by(&r, |m| m.flood.sent_mpps),
+                conn_per_s_rounds: r.iter().map(|m| m.conn_per_s).collect(),
+                flood_mpps_rounds: r.iter().map(|m| m.flood.mpps).collect(),
+            },
+            rounds: r,
         })
         .collect())
 }

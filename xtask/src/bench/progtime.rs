@@ -18,7 +18,8 @@ use std::collections::BTreeMap;
 use std::os::fd::OwnedFd;
 
 use anyhow::{Context, Result};
-use serde_json::{json, Value};
+
+use super::results::{ProgTime, ProgramCost};
 
 /// The statistics, on while this lives (the kernel turns them off when the
 /// last holder closes its descriptor).
@@ -61,9 +62,9 @@ pub fn per_connection(
     after: &Snapshot,
     connections: u64,
     busy_secs: f64,
-) -> Value {
+) -> ProgTime {
     let conns = connections.max(1) as f64;
-    let mut programs = serde_json::Map::new();
+    let mut programs = BTreeMap::new();
     let mut total_ns = 0.0;
     for (name, &(runs, ns)) in &after.0 {
         let (runs0, ns0) = before.0.get(name).copied().unwrap_or_default();
@@ -74,69 +75,21 @@ pub fn per_connection(
         total_ns += ns as f64 / conns;
         programs.insert(
             name.clone(),
-            json!({
-                "runs_per_conn": runs as f64 / conns,
-                "ns_per_run": ns as f64 / runs as f64,
-                "ns_per_conn": ns as f64 / conns,
-            }),
+            ProgramCost {
+                runs_per_conn: runs as f64 / conns,
+                ns_per_run: ns as f64 / runs as f64,
+                ns_per_conn: ns as f64 / conns,
+            },
         );
     }
     let busy_ns_per_conn = busy_secs * 1e9 / conns;
-    json!({
-        "connections": connections,
-        "programs": programs,
-        "programs_ns_per_conn": total_ns,
-        "busy_ns_per_conn": busy_ns_per_conn,
-        "share": total_ns / busy_ns_per_conn.max(1.0),
-    })
-}
-
-/// The report's section: one row per path and size.
-pub fn report_md(rows: &[Value]) -> String {
-    use std::fmt::Write as _;
-    if rows.is_empty() {
-        return String::new();
+    ProgTime {
+        connections,
+        programs,
+        programs_ns_per_conn: total_ns,
+        busy_ns_per_conn,
+        share: total_ns / busy_ns_per_conn.max(1.0),
     }
-    let mut md = String::from(
-        "\n### switchboard's programs per connection (BPF run-time statistics)\n\n\
-         One wrk phase per switchboard path after the rounds, with the kernel's run-time \
-         statistics of BPF programs on (they add a clock read to every run, so these are \
-         upper bounds; kernel work the programs cause outside their own run, such as freeing \
-         a socket's storage, is not in them). Per connection: each program's runs × its \
-         mean run time, their sum, and that sum's share of the machine's busy CPU time \
-         per connection in the same phase.\n\n\
-         | path | Services | conn/s | programs (runs × ns per run) | programs per conn | busy CPU per conn | share |\n\
-         |---|---|---|---|---|---|---|\n",
-    );
-    for r in rows {
-        let t = &r["time"];
-        let parts: Vec<String> = t["programs"]
-            .as_object()
-            .map(|m| {
-                m.iter()
-                    .map(|(name, p)| {
-                        format!(
-                            "`{name}` {:.1} × {:.0}",
-                            p["runs_per_conn"].as_f64().unwrap_or(0.0),
-                            p["ns_per_run"].as_f64().unwrap_or(0.0)
-                        )
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
-        let _ = writeln!(
-            md,
-            "| {} | {} | {:.0} | {} | {:.2} µs | {:.1} µs | {:.1} % |",
-            r["label"].as_str().unwrap_or(""),
-            r["services"].as_u64().unwrap_or(0),
-            r["conn_per_s"].as_f64().unwrap_or(0.0),
-            parts.join(", "),
-            t["programs_ns_per_conn"].as_f64().unwrap_or(0.0) / 1000.0,
-            t["busy_ns_per_conn"].as_f64().unwrap_or(0.0) / 1000.0,
-            t["share"].as_f64().unwrap_or(0.0) * 100.0,
-        );
-    }
-    md
 }
 
 #[cfg(test)]
@@ -163,13 +116,13 @@ mod tests {
         ]);
         // 2000 connections in 0.2 s of busy CPU: 100 µs each.
         let v = per_connection(&before, &after, 2000, 0.2);
-        let p = &v["programs"];
-        assert_eq!(p["sb_from_pod"]["runs_per_conn"], 10.0);
-        assert_eq!(p["sb_from_pod"]["ns_per_run"], 100.0);
-        assert_eq!(p["sb_sock_connect"]["ns_per_conn"], 1000.0);
-        assert!(p.get("sb_sock_release").is_none(), "{p}");
-        assert_eq!(v["programs_ns_per_conn"], 2000.0);
-        assert_eq!(v["busy_ns_per_conn"], 100_000.0);
-        assert_eq!(v["share"], 0.02);
+        let p = &v.programs;
+        assert_eq!(p["sb_from_pod"].runs_per_conn, 10.0);
+        assert_eq!(p["sb_from_pod"].ns_per_run, 100.0);
+        assert_eq!(p["sb_sock_connect"].ns_per_conn, 1000.0);
+        assert!(!p.contains_key("sb_sock_release"), "{p:?}");
+        assert_eq!(v.programs_ns_per_conn, 2000.0);
+        assert_eq!(v.busy_ns_per_conn, 100_000.0);
+        assert_eq!(v.share, 0.02);
     }
 }

@@ -18,6 +18,10 @@ pub const UDP_PORT: u16 = 53;
 pub const POD_UDP_PORT: u16 = 5353;
 pub const BULK_PORT: u16 = 5201;
 pub const POD_BULK_PORT: u16 = 5201;
+/// The light workload's server (`sb-http serve --light`), on the target
+/// Service and the pinned ones only.
+pub const LIGHT_PORT: u16 = 81;
+pub const POD_LIGHT_PORT: u16 = 8081;
 /// Endpoints per filler Service.
 pub const FILLER_ENDPOINTS: u32 = 10;
 /// The pods' network (kube-proxy's `--cluster-cidr`).
@@ -61,6 +65,17 @@ pub struct Svc {
     pub endpoints: Vec<Ipv4Addr>,
 }
 
+/// The sandbox pods' addresses, the target Service's endpoints.
+pub fn pod_ips() -> Vec<Ipv4Addr> {
+    (1..=crate::sandbox::PODS)
+        .map(|i| {
+            crate::sandbox::pod_ip(i)
+                .parse()
+                .expect("valid pod address")
+        })
+        .collect()
+}
+
 fn nth_ip(base: Ipv4Addr, n: u32) -> Ipv4Addr {
     Ipv4Addr::from(u32::from(base) + n)
 }
@@ -76,15 +91,31 @@ pub fn services(count: u32, pods: &[Ipv4Addr]) -> Vec<Svc> {
 /// The end-to-end benchmark's Services: [`services`] with, in place of
 /// fillers, one Service per pod whose only endpoint is that pod
 /// ([`pinned_ip`]), for the socket-layer row whose client `i` always reaches
-/// pod `i` as the direct rows do. `count` stays the total from 4 Services up.
+/// pod `i` as the direct rows do; the target and the pinned Services also
+/// have the light workload's port. `count` stays the total from 4 Services
+/// up.
 pub fn e2e_services(count: u32, pods: &[Ipv4Addr]) -> Vec<Svc> {
+    let light = Port {
+        name: "light".into(),
+        port: LIGHT_PORT,
+        target: POD_LIGHT_PORT,
+        proto: Proto::Tcp,
+    };
     let mut all = services_with(count, pods, pods.len() as u32);
-    all.extend(pods.iter().enumerate().map(|(i, &pod)| Svc {
-        namespace: "bench".into(),
-        name: format!("pinned-{}", i + 1),
-        cluster_ip: pinned_ip(i + 1),
-        ports: target_ports(),
-        endpoints: vec![pod],
+    for target in all.iter_mut().filter(|s| s.cluster_ip == TARGET_IP) {
+        target.ports.push(light.clone());
+    }
+    all.extend(pods.iter().enumerate().map(|(i, &pod)| {
+        Svc {
+            namespace: "bench".into(),
+            name: format!("pinned-{}", i + 1),
+            cluster_ip: pinned_ip(i + 1),
+            ports: target_ports()
+                .into_iter()
+                .chain(std::iter::once(light.clone()))
+                .collect(),
+            endpoints: vec![pod],
+        }
     }));
     all
 }
@@ -343,6 +374,26 @@ mod tests {
         assert_eq!(s[500].name, "target");
         assert_eq!(frontends(&s), 1000 + 3);
         assert_eq!(services(1, &pods).len(), 1);
+    }
+
+    /// The end-to-end Services keep the total, and only the target and
+    /// the pinned Services carry the light workload's port.
+    #[test]
+    fn e2e_services_add_the_light_port_to_the_target_and_the_pinned() {
+        let pods = [
+            Ipv4Addr::new(10, 244, 1, 2),
+            Ipv4Addr::new(10, 244, 2, 2),
+            Ipv4Addr::new(10, 244, 3, 2),
+        ];
+        let s = e2e_services(1000, &pods);
+        assert_eq!(s.len(), 1000);
+        let light: Vec<&str> = s
+            .iter()
+            .filter(|svc| svc.ports.iter().any(|p| p.port == LIGHT_PORT))
+            .map(|svc| svc.name.as_str())
+            .collect();
+        assert_eq!(light, ["target", "pinned-1", "pinned-2", "pinned-3"]);
+        assert_eq!(frontends(&s), 996 + 4 * 4);
     }
 
     /// Both styles write the objects the fake API server holds (the

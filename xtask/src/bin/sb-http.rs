@@ -1,12 +1,20 @@
 //! `sb-http`: the benchmark's pod server and its UDP and bulk clients
 //! (`cargo xtask bench`). Standard library only.
 //!
-//! Server: `sb-http serve --name NAME [--http PORT] [--udp PORT] [--bulk PORT] [--threads N]`
+//! Server: `sb-http serve --name NAME [--http PORT] [--udp PORT] [--bulk PORT] [--threads N]
+//! [--light PORT]`
 //! - HTTP/1.1 on `--http`: answers every request with `200 OK` and the body
 //!   `NAME\n`. Keep-alive unless the request says `Connection: close`, in which
 //!   case the server closes after the response (so the server side, not the
 //!   client, holds TIME_WAIT, as with nginx). `--threads` threads block in
 //!   `accept` on the same socket.
+//! - The light server on `--light`: as little work per connection as an HTTP
+//!   server can do, for the benchmark's light workload. One thread accepts
+//!   (the socket has `TCP_DEFER_ACCEPT`, so a connection is handed over
+//!   once its request has arrived), reads the request, writes one fixed
+//!   `200 OK` with an empty body and `Connection: close`, and closes (the
+//!   server side holds TIME_WAIT here too): four system calls, no other
+//!   thread woken.
 //! - UDP echo on `--udp`: every datagram is sent back as it came.
 //! - Bulk sink on `--bulk`: reads and discards until the peer closes.
 //!
@@ -100,6 +108,19 @@ fn serve(args: &[String]) -> Result<(), String> {
             }));
         }
     }
+    if let Some(port) = opt(args, "--light") {
+        let listener = TcpListener::bind(format!("0.0.0.0:{port}"))
+            .map_err(|e| format!("bind light {port}: {e}"))?;
+        defer_accept(&listener).map_err(|e| format!("light {port}: TCP_DEFER_ACCEPT: {e}"))?;
+        handles.push(std::thread::spawn(move || loop {
+            match listener.accept() {
+                Ok((stream, _)) => {
+                    let _ = light_conn(stream);
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(1)),
+            }
+        }));
+    }
     if let Some(port) = opt(args, "--udp") {
         let socket = UdpSocket::bind(format!("0.0.0.0:{port}"))
             .map_err(|e| format!("bind udp {port}: {e}"))?;
@@ -129,7 +150,7 @@ fn serve(args: &[String]) -> Result<(), String> {
         }));
     }
     if handles.is_empty() {
-        return Err("give --http, --udp and/or --bulk".into());
+        return Err("give --http, --light, --udp and/or --bulk".into());
     }
     eprintln!("sb-http: {name} serving");
     for h in handles {
@@ -172,6 +193,47 @@ fn http_conn(mut stream: TcpStream, body: &str) -> std::io::Result<()> {
         buf.copy_within(end..have, 0);
         have -= end;
     }
+}
+
+/// The light server's one answer.
+const LIGHT_RESPONSE: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+
+/// Hands a connection to `accept` only once data has arrived on it (up to 1 s
+/// after the handshake), so the light server's read does not wait.
+fn defer_accept(listener: &TcpListener) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let secs: libc::c_int = 1;
+    // SAFETY: setsockopt reads `size_of::<c_int>()` bytes from a live c_int
+    // on a socket this process owns.
+    let rc = unsafe {
+        libc::setsockopt(
+            listener.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_DEFER_ACCEPT,
+            (&secs as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// One connection of the light server: reads the request (to its blank
+/// line, so no unread byte turns the close into a reset), answers, closes.
+fn light_conn(mut stream: TcpStream) -> std::io::Result<()> {
+    let mut buf = [0u8; 1024];
+    let mut have = 0usize;
+    while find(&buf[..have], b"\r\n\r\n").is_none() && have < buf.len() {
+        let n = stream.read(&mut buf[have..])?;
+        if n == 0 {
+            return Ok(());
+        }
+        have += n;
+    }
+    stream.write_all(LIGHT_RESPONSE)
 }
 
 fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {

@@ -1,6 +1,6 @@
 //! Churn: the EndpointSlice changes per second an agent with the cluster
 //! source keeps up with, the maps never more than
-//! [`CHURN_BEHIND_S`](super::targets::CHURN_BEHIND_S) behind.
+//! [`CHURN_BEHIND_S`](targets::CHURN_BEHIND_S) behind.
 //!
 //! The bench changes slices through the fake API server at increasing rates
 //! ([`ChurnPlan`]), with an HTTP PUT on one kept-alive connection, as a
@@ -29,8 +29,10 @@ use std::time::{Duration, Instant, SystemTime};
 use anyhow::{anyhow, bail, Context as _, Result};
 use serde_json::{json, Value};
 
-use super::super::{note, workload};
-use super::targets::CHURN_BEHIND_S;
+use super::super::goals::targets::{self, CHURN_BEHIND_S};
+use super::super::progress::note;
+use super::super::results::{Churn, ChurnRate, FinalCheck};
+use super::super::workload;
 use crate::sandbox::{self, Sandbox};
 
 const TRIGGER_ANNOTATION: &str = "endpoints.kubernetes.io/last-change-trigger-time";
@@ -56,10 +58,10 @@ impl ChurnPlan {
     }
 
     /// One rate only: the event → map write measurement at
-    /// [`EVENT_RATE`](super::targets::EVENT_RATE) changes per second.
+    /// [`EVENT_RATE`](targets::EVENT_RATE) changes per second.
     pub fn event_to_map(quick: bool) -> ChurnPlan {
         ChurnPlan {
-            rates: vec![super::targets::EVENT_RATE],
+            rates: vec![targets::EVENT_RATE],
             step: Duration::from_secs(if quick { 3 } else { 10 }),
         }
     }
@@ -310,7 +312,7 @@ pub fn run(
     services: &[workload::Svc],
     metrics: &str,
     plan: &ChurnPlan,
-) -> Result<Value> {
+) -> Result<Churn> {
     let metrics: SocketAddr = metrics.parse()?;
     let mut api = ApiClient::connect(&sb.node_ns(), api.parse()?)?;
     let fillers: Vec<usize> = services
@@ -414,26 +416,27 @@ pub fn run(
             events.bound(1.0),
             if passed { String::new() } else { format!(": not kept up ({why})") }
         ));
-        rows.push(json!({
-            "rate": rate,
-            "seconds": plan.step.as_secs_f64(),
-            "changes": changes,
-            "achieved_per_s": achieved,
-            "driver_max_late_ms": max_late.as_secs_f64() * 1e3,
-            "observed": seen.count,
-            "over_behind": over,
-            "p50_le_s": seen.bound(0.5),
-            "p99_le_s": seen.bound(0.99),
-            "max_le_s": seen.bound(1.0),
-            "buckets": buckets_json(&seen),
-            "events": events.count,
-            "event_p50_le_s": events.bound(0.5),
-            "event_p99_le_s": events.bound(0.99),
-            "event_max_le_s": events.bound(1.0),
-            "event_buckets": buckets_json(&events),
-            "passed": passed,
-            "why": why,
-        }));
+        let finite = |x: Option<f64>| x.filter(|x| x.is_finite());
+        rows.push(ChurnRate {
+            rate,
+            seconds: plan.step.as_secs_f64(),
+            changes,
+            achieved_per_s: finite(Some(achieved)),
+            driver_max_late_ms: max_late.as_secs_f64() * 1e3,
+            observed: seen.count,
+            over_behind: over,
+            p50_le_s: finite(seen.bound(0.5)),
+            p99_le_s: finite(seen.bound(0.99)),
+            max_le_s: finite(seen.bound(1.0)),
+            buckets: buckets_json(&seen),
+            events: Some(events.count),
+            event_p50_le_s: finite(events.bound(0.5)),
+            event_p99_le_s: finite(events.bound(0.99)),
+            event_max_le_s: finite(events.bound(1.0)),
+            event_buckets: buckets_json(&events),
+            passed,
+            why,
+        });
         if !passed {
             break;
         }
@@ -469,14 +472,18 @@ pub fn run(
         checked - mismatched,
         example.as_deref().map(|e| format!(" (e.g. {e})")).unwrap_or_default()
     ));
-    Ok(json!({
-        "services": services.len(),
-        "behind_s": CHURN_BEHIND_S,
-        "achieved_min": ACHIEVED_MIN,
-        "rates": rows,
-        "sustained_per_s": sustained,
-        "final_check": {"services": checked, "mismatched": mismatched, "example": example},
-    }))
+    Ok(Churn {
+        services: services.len(),
+        behind_s: CHURN_BEHIND_S,
+        achieved_min: ACHIEVED_MIN,
+        rates: rows,
+        sustained_per_s: sustained,
+        final_check: FinalCheck {
+            services: checked,
+            mismatched,
+            example,
+        },
+    })
 }
 
 #[cfg(test)]

@@ -12,10 +12,11 @@ use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context as _, Result};
-use serde_json::{json, Value};
 
-use super::super::{pod_ips, workload};
-use super::targets;
+use super::super::agent::MANIFESTS_PER_FILE;
+use super::super::goals::targets;
+use super::super::results::FileChange;
+use super::super::workload::{self, pod_ips};
 use crate::sandbox::{self, Attempt, ClientRun, Sandbox};
 
 /// Measured changes (after one warm-up change that is not counted).
@@ -39,7 +40,7 @@ fn target_file(services: &[workload::Svc], pod: std::net::Ipv4Addr) -> Result<(S
     };
     let mut changed = services.to_vec();
     changed[at].endpoints = vec![pod];
-    let per_file = super::super::MANIFESTS_PER_FILE;
+    let per_file = MANIFESTS_PER_FILE;
     workload::manifest_files(&changed, per_file, workload::Style::Block)
         .into_iter()
         .nth(at / per_file)
@@ -114,27 +115,27 @@ fn one_change(
 
 /// Starts the pods and measures [`ROUNDS`] changes, alternating between
 /// pod1 and pod2 (a warm-up change to pod3 first).
-pub fn run(sb: &mut Sandbox, sb_echo: &Path, services: &[workload::Svc]) -> Result<Value> {
+pub fn run(sb: &mut Sandbox, sb_echo: &Path, services: &[workload::Svc]) -> Result<FileChange> {
     sb.start_pods(sb_echo)?;
     one_change(sb, sb_echo, services, 2)?;
     let mut ms = Vec::new();
     let mut failed = 0;
     for round in 0..ROUNDS {
         let (took, f) = one_change(sb, sb_echo, services, round % 2)?;
-        ms.push(took);
+        ms.push(u64::try_from(took).unwrap_or(u64::MAX));
         failed += f;
     }
     let mut sorted = ms.clone();
     sorted.sort_unstable();
     let median = sorted[sorted.len() / 2];
     let max = sorted[sorted.len() - 1];
-    Ok(json!({
-        "services": targets::FILE_CHANGE_SERVICES,
-        "rounds_ms": ms,
-        "median_ms": median,
-        "max_ms": max,
-        "failed_connections": failed,
-    }))
+    Ok(FileChange {
+        services: targets::FILE_CHANGE_SERVICES as usize,
+        rounds_ms: ms,
+        median_ms: median,
+        max_ms: max,
+        failed_connections: failed,
+    })
 }
 
 #[cfg(test)]

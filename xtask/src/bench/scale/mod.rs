@@ -1,5 +1,4 @@
-//! The control plane at scale (issue 10), each figure next to its target
-//! ([`targets`]):
+//! The control plane at scale, each figure next to its target:
 //! - one EndpointSlice change → maps at 1k, 10k, 100k Services × 10
 //!   endpoints, in process (`sb_bench change`: the incremental model and
 //!   `Syncer::apply_changed` into real kernel maps);
@@ -14,61 +13,28 @@
 //! - file change → new backend answering ([`follow`]), the directory source
 //!   at 10k Services, on the YAML agent measured above.
 //!
-//! Results go to `results["scale"]`; [`report`] renders them.
+//! Results go to `results["scale"]` ([`Scale`]), each figure's target is
+//! in [`super::goals::targets`].
 
 pub mod churn;
 pub mod follow;
-pub mod report;
 
 use std::fs;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Result};
-use serde_json::{json, Value};
 
-use super::workload::Style;
-use super::{
-    agent_caps, note, pod_ips, progress, run_json, status_kb, wait_synced, workload,
-    write_manifests, Plan,
-};
+use super::agent::{agent_caps, wait_synced, write_manifests};
+use super::goals::targets;
+use super::plan::Plan;
+use super::profile::status_kb;
+use super::progress::{note, progress};
+use super::results::{Churn, Heap, RssByMapping, Scale, StartPhases, StartRow};
+use super::run_json;
+use super::workload::{self, pod_ips, Style};
 use crate::sandbox::Sandbox;
 use crate::util::release_bin;
-
-/// The targets (issues 10 and 22), in one place: `(Services, bound)`.
-pub mod targets {
-    /// One EndpointSlice change → maps, p99 (ms).
-    pub const CHANGE_P99_MS: [(u32, f64); 2] = [(10_000, 5.0), (100_000, 20.0)];
-    /// Agent start → maps synced (s), from either source.
-    pub const SYNCED_S: [(u32, f64); 1] = [(100_000, 5.0)];
-    /// Agent RSS after the initial sync (MiB), from either source (and
-    /// from YAML of either style).
-    pub const RSS_MIB: [(u32, f64); 2] = [(10_000, 48.0), (100_000, 300.0)];
-    /// Agent peak RSS (VmHWM) through the initial sync (MiB): the peak counts too.
-    pub const PEAK_RSS_MIB: [(u32, f64); 1] = [(100_000, 300.0)];
-    /// Services of the file change → new backend answering measurement.
-    pub const FILE_CHANGE_SERVICES: u32 = 10_000;
-    /// File change → new backend answering, median (ms).
-    pub const FILE_CHANGE_MS: f64 = 20.0;
-    /// Services the churn runs at.
-    pub const CHURN_SERVICES: u32 = 10_000;
-    /// How far behind the maps may be during churn (s): a bucket bound of
-    /// `switchboard_network_programming_duration_seconds`.
-    pub const CHURN_BEHIND_S: f64 = 0.1;
-    /// Changes per second of the cluster source's event → map write
-    /// measurement (issue 22).
-    pub const EVENT_RATE: u32 = 1000;
-    /// Cluster source: a watch event → its map write, p99 (ms).
-    pub const EVENT_P99_MS: f64 = 20.0;
-
-    /// The bound for `services` in `table`, if it has one.
-    pub fn at(table: &[(u32, f64)], services: u64) -> Option<f64> {
-        table
-            .iter()
-            .find(|(n, _)| u64::from(*n) == services)
-            .map(|(_, bound)| *bound)
-    }
-}
 
 /// The sandbox the start and churn measurements use (one at a time, fresh
 /// each time).
@@ -83,7 +49,7 @@ pub fn tag() -> &'static str {
 }
 
 /// `SB_BENCH_SANDBOX_TAG`, when set.
-pub(super) fn own_tag() -> Option<&'static str> {
+pub fn own_tag() -> Option<&'static str> {
     static OWN: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
     OWN.get_or_init(|| {
         std::env::var("SB_BENCH_SANDBOX_TAG")
@@ -104,18 +70,18 @@ const METRICS: &str = "127.0.0.1:10249";
 const API_ADDR: &str = "127.0.0.1:6443";
 
 /// Progress lines this part prints.
-pub(super) fn steps(plan: &Plan) -> usize {
+pub fn steps(plan: &Plan) -> usize {
     1 + start_steps(plan) + usize::from(!plan.scale_sizes.contains(&targets::CHURN_SERVICES))
 }
 
 /// Progress lines of the start rows: per size, YAML of each style and
 /// the cluster source.
-pub(super) fn start_steps(plan: &Plan) -> usize {
+pub fn start_steps(plan: &Plan) -> usize {
     3 * plan.scale_sizes.len()
 }
 
-/// The whole part: `{"change": …, "start": […], "churn": …}`.
-pub(super) fn run(plan: &Plan, sb_bench: &Path, switchboard: &Path, dir: &Path) -> Result<Value> {
+/// The whole part: one change, every start, the churn.
+pub fn run(plan: &Plan, sb_bench: &Path, switchboard: &Path, dir: &Path) -> Result<Scale> {
     progress("control plane at scale: one EndpointSlice change through the incremental model into kernel maps, 1k/10k/100k Services x 10 endpoints");
     let quick: &[&str] = if plan.quick { &["--quick"] } else { &[] };
     let change = run_json(
@@ -164,13 +130,16 @@ pub(super) fn run(plan: &Plan, sb_bench: &Path, switchboard: &Path, dir: &Path) 
         )?
         .1;
     }
-    Ok(json!({"change": change, "start": start, "churn": churned}))
+    Ok(Scale {
+        change: Some(change),
+        start,
+        churn: churned,
+    })
 }
 
 /// `SB_BENCH_ONLY=start`: only the agent start and memory rows, from both
-/// sources, at every size (no change, churn or file-change measurement):
-/// `{"start": […]}`.
-pub(super) fn run_start(plan: &Plan, switchboard: &Path) -> Result<Value> {
+/// sources, at every size (no change, churn or file-change measurement).
+pub fn run_start(plan: &Plan, switchboard: &Path) -> Result<Scale> {
     let sb_apiserver = release_bin("sb-apiserver");
     let mut start = Vec::new();
     for &n in &plan.scale_sizes {
@@ -186,12 +155,20 @@ pub(super) fn run_start(plan: &Plan, switchboard: &Path) -> Result<Value> {
         ));
         start.push(start_cluster(switchboard, &sb_apiserver, n, plan.quick, None)?.0);
     }
-    Ok(json!({"start": start}))
+    Ok(Scale {
+        start,
+        ..Scale::default()
+    })
 }
 
 /// Memory and start time of an agent started at `t0` that programs
-/// `frontends`.
-fn measure_start(sb: &mut Sandbox, pid: u32, frontends: usize, t0: Instant) -> Result<Value> {
+/// `frontends` of `services` Services from `source`.
+fn measure_start(
+    sb: &mut Sandbox,
+    pid: u32,
+    (source, services, frontends): (&str, u32, usize),
+    t0: Instant,
+) -> Result<StartRow> {
     let synced = wait_synced(sb, frontends, 0, Duration::from_secs(600))?;
     let startup = (synced - t0).as_secs_f64();
     // Let the allocator settle after the initial sync.
@@ -202,25 +179,28 @@ fn measure_start(sb: &mut Sandbox, pid: u32, frontends: usize, t0: Instant) -> R
     let log = sb.agent_log();
     // Logged once any resize is done: the maps the programs use.
     let loaded = log.lines().find(|l| l.contains("the maps' kernel memory"));
-    Ok(json!({
-        "endpoints_per_service": workload::FILLER_ENDPOINTS,
-        "frontends": frontends,
-        "rss_mib": rss,
-        "peak_rss_mib": hwm,
-        "startup_to_synced_s": startup,
-        "heap": heap_steps(&log, frontends),
-        "rss_by_mapping": mappings,
-        "phases": phases(&log, frontends),
-        "maps_kernel_mib": log_field(loaded, "maps_kernel_mib"),
-        "ipv6_maps_kernel_mib": log_field(loaded, "ipv6_maps_kernel_mib"),
-    }))
+    Ok(StartRow {
+        source: source.into(),
+        services: services.into(),
+        endpoints_per_service: workload::FILLER_ENDPOINTS,
+        frontends,
+        rss_mib: rss,
+        peak_rss_mib: hwm,
+        startup_to_synced_s: startup,
+        heap: heap_steps(&log, frontends),
+        rss_by_mapping: Some(mappings),
+        phases: phases(&log, frontends),
+        maps_kernel_mib: log_field(loaded, "maps_kernel_mib"),
+        ipv6_maps_kernel_mib: log_field(loaded, "ipv6_maps_kernel_mib"),
+        ..StartRow::default()
+    })
 }
 
 /// The agent's RSS by what is mapped (MiB), from `/proc/<pid>/smaps`: its
 /// binary, the shared libraries, the main heap (`[heap]`), anonymous
 /// mappings (blocks malloc maps on their own, the threads' stacks), the main
 /// thread's stack; and its threads.
-fn rss_by_mapping(pid: u32) -> Result<Value> {
+fn rss_by_mapping(pid: u32) -> Result<RssByMapping> {
     let smaps = fs::read_to_string(format!("/proc/{pid}/smaps"))?;
     let exe = fs::read_link(format!("/proc/{pid}/exe"))?;
     let exe = exe.to_string_lossy();
@@ -252,22 +232,22 @@ fn rss_by_mapping(pid: u32) -> Result<Value> {
         }
     }
     let mib = |k: u64| k as f64 / 1024.0;
-    Ok(json!({
-        "binary_mib": mib(binary),
-        "libraries_mib": mib(libs),
-        "main_heap_mib": mib(heap),
-        "anonymous_mib": mib(anon),
-        "anonymous_mappings": anon_mappings,
-        "main_stack_mib": mib(stack),
-        "threads": status_kb(pid, "Threads:")?,
-    }))
+    Ok(RssByMapping {
+        binary_mib: mib(binary),
+        libraries_mib: mib(libs),
+        main_heap_mib: mib(heap),
+        anonymous_mib: mib(anon),
+        anonymous_mappings: anon_mappings,
+        main_stack_mib: mib(stack),
+        threads: status_kb(pid, "Threads:")?,
+    })
 }
 
 /// Where the start went (s), from the agent's log timestamps: reading the
 /// source's first view (from the agent's first log line), loading the
 /// programs and maps, and the first sync (to the `maps synced` line with
 /// every frontend).
-fn phases(log: &str, frontends: usize) -> Value {
+fn phases(log: &str, frontends: usize) -> StartPhases {
     // `2026-12-05T05:27:41.302898Z …`: seconds into the day.
     let at = |line: Option<&str>| -> Option<f64> {
         let time = line?.split_whitespace().next()?.split('T').nth(1)?;
@@ -288,11 +268,11 @@ fn phases(log: &str, frontends: usize) -> Value {
         .lines()
         .find(|l| l.contains("maps synced") && l.contains(&all)));
     let span = |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| b - a);
-    json!({
-        "source_s": span(start, read),
-        "load_s": span(read, loaded),
-        "sync_s": span(loaded, synced),
-    })
+    StartPhases {
+        source_s: span(start, read),
+        load_s: span(read, loaded),
+        sync_s: span(loaded, synced),
+    }
 }
 
 /// The number logged as `key=…` on `line`.
@@ -305,7 +285,7 @@ fn log_field(line: Option<&str>, key: &str) -> Option<f64> {
 /// The agent's own memory accounting, from its log: the bytes it held on
 /// the heap (its counting allocator) at each step of the start, in MiB.
 /// The first sync is the `maps synced` line with every frontend.
-fn heap_steps(log: &str, frontends: usize) -> Value {
+fn heap_steps(log: &str, frontends: usize) -> Heap {
     let line = |what: &str| log.lines().find(|l| l.contains(what));
     let source = line("the source's first view is read");
     let loaded = line("first view of the source");
@@ -313,24 +293,24 @@ fn heap_steps(log: &str, frontends: usize) -> Value {
     let synced = log
         .lines()
         .find(|l| l.contains("maps synced") && l.contains(&all));
-    json!({
-        "before_source_mib": log_field(source, "heap_before_mib"),
-        "source_read_mib": log_field(source, "heap_mib"),
-        "source_read_peak_mib": log_field(source, "heap_peak_mib"),
-        "maps_loaded_mib": log_field(loaded, "heap_mib"),
-        "changes_mib": log_field(synced, "heap_changes_mib"),
-        "inputs_mib": log_field(synced, "heap_inputs_mib"),
-        "model_mib": log_field(synced, "heap_model_mib"),
-        "synced_mib": log_field(synced, "heap_synced_mib"),
-        "peak_mib": log_field(synced, "heap_peak_mib"),
-        "blocks": log_field(synced, "heap_blocks"),
-    })
+    Heap {
+        before_source_mib: log_field(source, "heap_before_mib"),
+        source_read_mib: log_field(source, "heap_mib"),
+        source_read_peak_mib: log_field(source, "heap_peak_mib"),
+        maps_loaded_mib: log_field(loaded, "heap_mib"),
+        changes_mib: log_field(synced, "heap_changes_mib"),
+        inputs_mib: log_field(synced, "heap_inputs_mib"),
+        model_mib: log_field(synced, "heap_model_mib"),
+        synced_mib: log_field(synced, "heap_synced_mib"),
+        peak_mib: log_field(synced, "heap_peak_mib"),
+        blocks: log_field(synced, "heap_blocks"),
+    }
 }
 
 /// The YAML source: the manifests are written in `style`, then the agent
 /// starts. With `follow`, the file change is measured too at its size (on
 /// block YAML: the change rewrites a file in that style).
-fn start_yaml(switchboard: &Path, n: u32, style: Style, follow: bool) -> Result<Value> {
+fn start_yaml(switchboard: &Path, n: u32, style: Style, follow: bool) -> Result<StartRow> {
     // A fresh sandbox each time: fresh pins, so the agent programs
     // everything instead of adopting.
     let mut sb = Sandbox::new(tag())?;
@@ -344,20 +324,18 @@ fn start_yaml(switchboard: &Path, n: u32, style: Style, follow: bool) -> Result<
     args.extend(caps.iter().map(String::as_str));
     let t0 = Instant::now();
     let pid = sb.start_agent_with(switchboard, &args)?;
-    let mut row = measure_start(&mut sb, pid, frontends, t0)?;
-    row["source"] = json!("yaml");
-    row["yaml_style"] = json!(style.name());
-    row["services"] = json!(n);
-    row["manifest_mib"] = json!(yaml_bytes as f64 / 1048576.0);
+    let mut row = measure_start(&mut sb, pid, ("yaml", n, frontends), t0)?;
+    row.manifest_mib = Some(yaml_bytes as f64 / 1048576.0);
+    row.yaml_style = Some(style.name().to_owned());
     note_row(&row);
     if follow && style == Style::Block && n == targets::FILE_CHANGE_SERVICES {
         let services = workload::services(n, &pod_ips());
         let change = follow::run(&mut sb, &release_bin("sb-echo"), &services)?;
         note(&format!(
             "{n} Services from YAML: file change → new backend answering, median {} ms, max {} ms over {} changes",
-            change["median_ms"], change["max_ms"], follow::ROUNDS
+            change.median_ms, change.max_ms, follow::ROUNDS
         ));
-        row["file_change"] = change;
+        row.file_change = Some(change);
     }
     sb.stop_agent()?;
     sb.cleanup()?;
@@ -378,7 +356,7 @@ fn start_cluster(
     n: u32,
     quick: bool,
     churn: Option<&churn::ChurnPlan>,
-) -> Result<(Value, Option<Value>)> {
+) -> Result<(StartRow, Option<Churn>)> {
     let mut sb = Sandbox::new(tag())?;
     let services = workload::services(n, &pod_ips());
     let frontends = write_manifests(&sb, &services, Style::Block)?;
@@ -430,11 +408,9 @@ fn start_cluster(
     args.extend(caps.iter().map(String::as_str));
     let t0 = Instant::now();
     let pid = sb.start_agent_from(switchboard, "cluster", &args)?;
-    let mut row = measure_start(&mut sb, pid, frontends, t0)?;
-    row["source"] = json!("cluster");
-    row["services"] = json!(n);
-    row["api_objects"] = json!(2 * services.len());
-    row["api_load_s"] = json!(load_s);
+    let mut row = measure_start(&mut sb, pid, ("cluster", n, frontends), t0)?;
+    row.api_objects = Some(2 * services.len());
+    row.api_load_s = Some(load_s);
     note_row(&row);
     let event_plan = churn::ChurnPlan::event_to_map(quick);
     let events = churn::run(
@@ -445,14 +421,14 @@ fn start_cluster(
         METRICS,
         &event_plan,
     )?;
-    row["event_to_map"] = events["rates"][0].clone();
+    row.event_to_map = events.rates.into_iter().next();
     let churned = match churn {
         Some(plan) => {
             let result = churn::run(&mut sb, API_ADDR, switchboard, &services, METRICS, plan)?;
             let rss = status_kb(pid, "VmRSS:")? as f64 / 1024.0;
             let hwm = status_kb(pid, "VmHWM:")? as f64 / 1024.0;
-            row["rss_after_churn_mib"] = json!(rss);
-            row["peak_rss_after_churn_mib"] = json!(hwm);
+            row.rss_after_churn_mib = Some(rss);
+            row.peak_rss_after_churn_mib = Some(hwm);
             Some(result)
         }
         None => None,
@@ -462,36 +438,37 @@ fn start_cluster(
     Ok((row, churned))
 }
 
-fn note_row(row: &Value) {
-    let m = &row["rss_by_mapping"];
-    note(&format!(
-        "RSS by mapping (MiB): binary {:.1}, libraries {:.1}, main heap {:.1}, anonymous {:.1} in {} mappings, main stack {:.1}; {} threads; heap after the sync {:.1} (peak {:.1})",
-        m["binary_mib"].as_f64().unwrap_or(f64::NAN),
-        m["libraries_mib"].as_f64().unwrap_or(f64::NAN),
-        m["main_heap_mib"].as_f64().unwrap_or(f64::NAN),
-        m["anonymous_mib"].as_f64().unwrap_or(f64::NAN),
-        m["anonymous_mappings"],
-        m["main_stack_mib"].as_f64().unwrap_or(f64::NAN),
-        m["threads"],
-        row["heap"]["synced_mib"].as_f64().unwrap_or(f64::NAN),
-        row["heap"]["peak_mib"].as_f64().unwrap_or(f64::NAN),
-    ));
+fn note_row(row: &StartRow) {
+    let nan = |v: Option<f64>| v.unwrap_or(f64::NAN);
+    if let Some(m) = &row.rss_by_mapping {
+        note(&format!(
+            "RSS by mapping (MiB): binary {:.1}, libraries {:.1}, main heap {:.1}, anonymous {:.1} in {} mappings, main stack {:.1}; {} threads; heap after the sync {:.1} (peak {:.1})",
+            m.binary_mib,
+            m.libraries_mib,
+            m.main_heap_mib,
+            m.anonymous_mib,
+            m.anonymous_mappings,
+            m.main_stack_mib,
+            m.threads,
+            nan(row.heap.synced_mib),
+            nan(row.heap.peak_mib),
+        ));
+    }
     note(&format!(
         "{} Services from {}: start → maps synced {:.2} s (source read {:.2} s, maps loaded {:.2} s, first sync {:.2} s), RSS {:.1} MiB (peak {:.1} MiB){}",
-        row["services"],
-        report::source_label(row),
-        row["startup_to_synced_s"].as_f64().unwrap_or(f64::NAN),
-        row["phases"]["source_s"].as_f64().unwrap_or(f64::NAN),
-        row["phases"]["load_s"].as_f64().unwrap_or(f64::NAN),
-        row["phases"]["sync_s"].as_f64().unwrap_or(f64::NAN),
-        row["rss_mib"].as_f64().unwrap_or(f64::NAN),
-        row["peak_rss_mib"].as_f64().unwrap_or(f64::NAN),
-        match row["api_load_s"].as_f64() {
-            Some(s) => format!(
-                ", the fake API server up with {} objects {s:.1} s after its start",
-                row["api_objects"]
+        row.services,
+        row.source,
+        row.startup_to_synced_s,
+        nan(row.phases.source_s),
+        nan(row.phases.load_s),
+        nan(row.phases.sync_s),
+        row.rss_mib,
+        row.peak_rss_mib,
+        match (row.api_load_s, row.api_objects) {
+            (Some(s), Some(objects)) => format!(
+                ", the fake API server up with {objects} objects {s:.1} s after its start"
             ),
-            None => String::new(),
+            _ => String::new(),
         }
     ));
 }
