@@ -36,7 +36,7 @@
 //!   local case checks (its corrected single run against its repeated cost).
 //! - the tc twin `sb_from_uplink` with the same frames, next to the empty tc
 //!   program with the same `__sk_buff` context.
-use std::{fs, process::Command, time::Instant};
+use std::{fs, time::Instant};
 
 use anyhow::{bail, ensure, Context as _, Result};
 use aya::{
@@ -80,17 +80,10 @@ const LB_PINGPONG: u16 = 30081;
 const NP_REMOTE: u16 = 30082;
 pub(crate) const POD_PORT: u16 = 8080;
 
-pub(crate) fn mac_str(m: [u8; 6]) -> String {
-    m.iter()
-        .map(|b| format!("{b:02x}"))
-        .collect::<Vec<_>>()
-        .join(":")
-}
-
 /// A permanent neighbour entry: `addr` at `lladdr` on `dev`.
 pub(crate) fn neighbour(addr: std::net::IpAddr, lladdr: [u8; 6], dev: &str) -> Result<()> {
-    let (addr, lladdr) = (addr.to_string(), mac_str(lladdr));
-    ip_cmd(&[
+    let (addr, lladdr) = (addr.to_string(), mac_text(lladdr));
+    ip(&[
         "neigh",
         "add",
         &addr,
@@ -103,47 +96,32 @@ pub(crate) fn neighbour(addr: std::net::IpAddr, lladdr: [u8; 6], dev: &str) -> R
     ])
 }
 
-pub(crate) fn ip_cmd(args: &[&str]) -> Result<()> {
-    // `output` waits for the child, so none keeps the namespace alive.
-    let out = Command::new("ip")
-        .args(args)
-        .output()
-        .context("run `ip` (iproute2)")?;
-    ensure!(
-        out.status.success(),
-        "ip {}: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(())
-}
-
 /// Builds the node in the calling thread's (private) namespace; returns the
 /// uplink's ifindex.
 pub(crate) fn build_node() -> Result<u32> {
-    ip_cmd(&[
+    ip(&[
         "link",
         "add",
         "up0",
         "address",
-        &mac_str(UPLINK_MAC),
+        &mac_text(UPLINK_MAC),
         "type",
         "veth",
         "peer",
         "name",
         "up0p",
     ])?;
-    ip_cmd(&[
+    ip(&[
         "link", "add", "pod0", "type", "veth", "peer", "name", "pod0p",
     ])?;
     for dev in ["up0", "up0p", "pod0", "pod0p"] {
-        ip_cmd(&["link", "set", dev, "up"])?;
+        ip(&["link", "set", dev, "up"])?;
     }
-    ip_cmd(&["addr", "add", &format!("{NODE}/24"), "dev", "up0"])?;
+    ip(&["addr", "add", &format!("{NODE}/24"), "dev", "up0"])?;
     for (addr, lladdr) in [(GATEWAY, GATEWAY_MAC), (EXT_CLIENT, EXT_CLIENT_MAC)] {
         neighbour(addr.into(), lladdr, "up0")?;
     }
-    ip_cmd(&[
+    ip(&[
         "route",
         "add",
         "10.244.2.0/24",
@@ -152,8 +130,8 @@ pub(crate) fn build_node() -> Result<u32> {
         "dev",
         "up0",
     ])?;
-    ip_cmd(&["route", "add", "10.244.1.0/24", "dev", "pod0"])?;
-    ip_cmd(&["route", "add", &format!("{LB_LOCAL}/32"), "dev", "pod0"])?;
+    ip(&["route", "add", "10.244.1.0/24", "dev", "pod0"])?;
+    ip(&["route", "add", &format!("{LB_LOCAL}/32"), "dev", "pod0"])?;
     // bpf_fib_lookup answers only for an ingress interface that forwards;
     // `up0` exists only in this namespace.
     fs::write("/proc/sys/net/ipv4/conf/up0/forwarding", "1").context("forwarding on up0")?;
@@ -385,7 +363,7 @@ impl Bench {
 }
 
 pub(crate) fn uplink(quick: bool) -> Result<Value> {
-    in_private_netns("uplink", move || measure(quick))
+    in_new_netns(move || measure(quick))
 }
 
 fn measure(quick: bool) -> Result<Value> {

@@ -631,7 +631,7 @@ fn a_changed_next_hop_is_followed_within_the_route_cache_time() {
             "replace",
             &V4::GATEWAY.to_string(),
             "lladdr",
-            &crate::support::netns::mac(moved),
+            &proxy_testkit::netns::mac_text(moved),
             "dev",
             "up0",
         ]);

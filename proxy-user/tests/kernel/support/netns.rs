@@ -1,88 +1,36 @@
 //! Private network namespaces for the kernel fixture tests, and the node the
 //! uplink fixtures run on, for either address family.
 //!
-//! `unshare(CLONE_NEWNET)` affects the calling thread only, and the `ip`
-//! commands it spawns inherit it: a test body runs on a thread of its own
-//! that first moves into a namespace of its own. Nothing here touches the
+//! A test body runs on a thread of its own that first moves into a namespace
+//! of its own ([`proxy_testkit::netns`], here in forms that panic as a test
+//! does); the `ip` commands it spawns inherit it. Nothing here touches the
 //! namespace the tests were started in.
 use std::{
-    ffi::CString,
     fmt::Display,
     fs,
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
-    os::unix::fs::MetadataExt as _,
-    process::Command,
-    thread,
 };
 
-/// The inode of the calling thread's network namespace.
-pub fn netns_inode() -> u64 {
-    fs::metadata("/proc/thread-self/ns/net")
-        .expect("stat /proc/thread-self/ns/net")
-        .ino()
-}
+use proxy_testkit::netns;
 
-/// Runs `ip args…`; fails with its error output.
+/// Runs `ip args…` in the calling thread's namespace; panics with its error
+/// output.
 pub fn ip(args: &[&str]) {
-    // `output` waits for the child: no process outlives the command, so none
-    // keeps the namespace alive after the thread ends.
-    let out = Command::new("ip")
-        .args(args)
-        .output()
-        .expect("run `ip` (iproute2)");
-    assert!(
-        out.status.success(),
-        "ip {}: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    netns::ip(args).unwrap_or_else(|e| panic!("{e:#}"));
 }
 
 /// The index of interface `name` in the calling thread's namespace.
 pub fn ifindex(name: &str) -> u32 {
-    let name = CString::new(name).expect("interface name");
-    // SAFETY: a NUL-terminated string; the call only reads it.
-    let index = unsafe { libc::if_nametoindex(name.as_ptr()) };
-    assert_ne!(index, 0, "no interface {name:?} in the test namespace");
-    index
+    netns::ifindex(name).unwrap_or_else(|e| panic!("{e:#}"))
 }
 
-/// A MAC address as `ip` writes it.
-pub fn mac(m: [u8; 6]) -> String {
-    m.iter()
-        .map(|b| format!("{b:02x}"))
-        .collect::<Vec<_>>()
-        .join(":")
-}
-
-/// Runs `body` on a thread of its own inside a new network namespace;
-/// re-raises the body's panic. Threads the body leaves behind stay
-/// in that namespace until they end.
+/// Runs `body` on a thread of its own inside a new network namespace
+/// ([`netns::in_new_netns`]); panics if it could not, or with the body's
+/// panic message. Threads the body leaves behind stay in that namespace
+/// until they end.
 pub fn in_new_netns<T: Send>(body: impl FnOnce() -> T + Send) -> T {
     super::require_root();
-    thread::scope(|scope| {
-        let handle = scope.spawn(move || {
-            let before = netns_inode();
-            // SAFETY: unshare only changes the calling thread's namespaces.
-            let rc = unsafe { libc::unshare(libc::CLONE_NEWNET) };
-            assert_eq!(
-                rc,
-                0,
-                "unshare(CLONE_NEWNET): {}",
-                std::io::Error::last_os_error()
-            );
-            assert_ne!(
-                netns_inode(),
-                before,
-                "the thread is still in the namespace it started in: refusing to touch it"
-            );
-            body()
-        });
-        match handle.join() {
-            Ok(value) => value,
-            Err(panic) => std::panic::resume_unwind(panic),
-        }
-    })
+    netns::in_new_netns(|| Ok(body())).unwrap_or_else(|e| panic!("{e:#}"))
 }
 
 /// An address family, as the fixtures need it: how `ip` is told, how a
@@ -166,7 +114,7 @@ impl<A: Family> NodeSpec<A> {
             "add",
             "up0",
             "address",
-            &mac(self.uplink_mac),
+            &netns::mac_text(self.uplink_mac),
             "type",
             "veth",
             "peer",
@@ -190,7 +138,7 @@ impl<A: Family> NodeSpec<A> {
                 "add",
                 &addr.to_string(),
                 "lladdr",
-                &mac(*lladdr),
+                &netns::mac_text(*lladdr),
                 "dev",
                 "up0",
                 "nud",
