@@ -3,7 +3,6 @@
 use std::{
     fs,
     net::Ipv4Addr,
-    os::fd::AsFd as _,
     time::{Duration, Instant},
 };
 
@@ -201,14 +200,10 @@ pub(crate) struct XdpMd {
     pub(crate) egress_ifindex: u32,
 }
 
-pub(crate) fn ifindex(name: &str) -> Result<u32> {
-    let c = std::ffi::CString::new(name)?;
-    // SAFETY: `c` is a NUL-terminated string that outlives the call.
-    let idx = unsafe { libc::if_nametoindex(c.as_ptr()) };
-    ensure!(idx != 0, "no interface {name} in this namespace");
-    Ok(idx)
-}
+/// The namespace helpers the modes share with the tests.
+pub(crate) use proxy_testkit::netns::{ifindex, in_netns, in_new_netns, ip, mac_text};
 
+/// The MAC address of interface `name` in the calling thread's namespace.
 pub(crate) fn mac(name: &str) -> Result<[u8; 6]> {
     let text = fs::read_to_string(format!("/sys/class/net/{name}/address"))?;
     let bytes: Vec<u8> = text
@@ -217,18 +212,6 @@ pub(crate) fn mac(name: &str) -> Result<[u8; 6]> {
         .map(|h| u8::from_str_radix(h, 16))
         .collect::<Result<_, _>>()?;
     bytes.try_into().map_err(|_| anyhow!("bad MAC {text}"))
-}
-
-/// Runs `f` with this thread in network namespace `ns` (`/run/netns/<ns>`).
-pub(crate) fn in_netns<T>(ns: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
-    use nix::sched::{setns, CloneFlags};
-    let home = fs::File::open("/proc/thread-self/ns/net")?;
-    let target =
-        fs::File::open(format!("/run/netns/{ns}")).with_context(|| format!("open netns {ns}"))?;
-    setns(target.as_fd(), CloneFlags::CLONE_NEWNET).context("setns into pod")?;
-    let result = f();
-    setns(home.as_fd(), CloneFlags::CLONE_NEWNET).context("setns back")?;
-    result
 }
 
 pub(crate) fn pin_to_cpu(cpu: usize) -> Result<()> {
@@ -244,37 +227,4 @@ pub(crate) fn pin_to_cpu(cpu: usize) -> Result<()> {
         );
     }
     Ok(())
-}
-
-fn netns_inode() -> Result<u64> {
-    use std::os::unix::fs::MetadataExt as _;
-    Ok(fs::metadata("/proc/thread-self/ns/net")?.ino())
-}
-
-/// Runs `body` on a thread of its own that first moves into a private
-/// network namespace (`unshare(CLONE_NEWNET)` changes the calling thread
-/// only; the commands it spawns inherit it). The namespace goes away with
-/// the thread; nothing outside it is touched.
-pub(crate) fn in_private_netns<T: Send + 'static>(
-    what: &str,
-    body: impl FnOnce() -> Result<T> + Send + 'static,
-) -> Result<T> {
-    let handle = std::thread::spawn(move || -> Result<T> {
-        let before = netns_inode()?;
-        // SAFETY: unshare changes only the calling thread's namespaces.
-        let rc = unsafe { libc::unshare(libc::CLONE_NEWNET) };
-        ensure!(
-            rc == 0,
-            "unshare(CLONE_NEWNET): {}",
-            std::io::Error::last_os_error()
-        );
-        ensure!(
-            netns_inode()? != before,
-            "the thread is still in the namespace it started in: refusing to touch it"
-        );
-        body()
-    });
-    handle
-        .join()
-        .map_err(|_| anyhow!("the {what} benchmark thread panicked"))?
 }

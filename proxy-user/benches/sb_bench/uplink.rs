@@ -6,7 +6,8 @@
 //! (`bpf_fib_lookup`), so the whole mode runs on a thread of its own that
 //! first moves into a private network namespace (`unshare(CLONE_NEWNET)`
 //! changes the calling thread only; the `ip` commands it spawns inherit it)
-//! and builds the node of `proxy-user/tests/kernel/datapath_uplink/` there:
+//! and builds there the node the uplink fixtures build
+//! (`proxy-testkit/src/node.rs`), with these addresses and routes:
 //!
 //! ```text
 //! up0  (veth) 192.168.50.1/24, forwarding on              <- the uplink
@@ -36,7 +37,7 @@
 //!   local case checks (its corrected single run against its repeated cost).
 //! - the tc twin `sb_from_uplink` with the same frames, next to the empty tc
 //!   program with the same `__sk_buff` context.
-use std::{fs, process::Command, time::Instant};
+use std::time::Instant;
 
 use anyhow::{bail, ensure, Context as _, Result};
 use aya::{
@@ -44,7 +45,7 @@ use aya::{
     Ebpf,
 };
 use proxy_common::programs;
-use proxy_testkit::packet::PacketSpec;
+use proxy_testkit::{node::NodeSpec, packet::PacketSpec};
 use proxy_user::{
     dataplane::load::object,
     dataplane::maps::PinnedMaps,
@@ -80,17 +81,10 @@ const LB_PINGPONG: u16 = 30081;
 const NP_REMOTE: u16 = 30082;
 pub(crate) const POD_PORT: u16 = 8080;
 
-pub(crate) fn mac_str(m: [u8; 6]) -> String {
-    m.iter()
-        .map(|b| format!("{b:02x}"))
-        .collect::<Vec<_>>()
-        .join(":")
-}
-
 /// A permanent neighbour entry: `addr` at `lladdr` on `dev`.
 pub(crate) fn neighbour(addr: std::net::IpAddr, lladdr: [u8; 6], dev: &str) -> Result<()> {
-    let (addr, lladdr) = (addr.to_string(), mac_str(lladdr));
-    ip_cmd(&[
+    let (addr, lladdr) = (addr.to_string(), mac_text(lladdr));
+    ip(&[
         "neigh",
         "add",
         &addr,
@@ -103,61 +97,24 @@ pub(crate) fn neighbour(addr: std::net::IpAddr, lladdr: [u8; 6], dev: &str) -> R
     ])
 }
 
-pub(crate) fn ip_cmd(args: &[&str]) -> Result<()> {
-    // `output` waits for the child, so none keeps the namespace alive.
-    let out = Command::new("ip")
-        .args(args)
-        .output()
-        .context("run `ip` (iproute2)")?;
-    ensure!(
-        out.status.success(),
-        "ip {}: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(())
-}
+/// The node of the module documentation.
+const THIS_NODE: NodeSpec<Ipv4Addr> = NodeSpec {
+    uplink_mac: UPLINK_MAC,
+    addr: NODE,
+    prefix_len: 24,
+    neighbours: &[(GATEWAY, GATEWAY_MAC), (EXT_CLIENT, EXT_CLIENT_MAC)],
+    routes: &[
+        ("10.244.2.0/24", Some(GATEWAY)),
+        ("10.244.1.0/24", None),
+        // LB_LOCAL
+        ("192.168.60.10/32", None),
+    ],
+};
 
 /// Builds the node in the calling thread's (private) namespace; returns the
 /// uplink's ifindex.
 pub(crate) fn build_node() -> Result<u32> {
-    ip_cmd(&[
-        "link",
-        "add",
-        "up0",
-        "address",
-        &mac_str(UPLINK_MAC),
-        "type",
-        "veth",
-        "peer",
-        "name",
-        "up0p",
-    ])?;
-    ip_cmd(&[
-        "link", "add", "pod0", "type", "veth", "peer", "name", "pod0p",
-    ])?;
-    for dev in ["up0", "up0p", "pod0", "pod0p"] {
-        ip_cmd(&["link", "set", dev, "up"])?;
-    }
-    ip_cmd(&["addr", "add", &format!("{NODE}/24"), "dev", "up0"])?;
-    for (addr, lladdr) in [(GATEWAY, GATEWAY_MAC), (EXT_CLIENT, EXT_CLIENT_MAC)] {
-        neighbour(addr.into(), lladdr, "up0")?;
-    }
-    ip_cmd(&[
-        "route",
-        "add",
-        "10.244.2.0/24",
-        "via",
-        &GATEWAY.to_string(),
-        "dev",
-        "up0",
-    ])?;
-    ip_cmd(&["route", "add", "10.244.1.0/24", "dev", "pod0"])?;
-    ip_cmd(&["route", "add", &format!("{LB_LOCAL}/32"), "dev", "pod0"])?;
-    // bpf_fib_lookup answers only for an ingress interface that forwards;
-    // `up0` exists only in this namespace.
-    fs::write("/proc/sys/net/ipv4/conf/up0/forwarding", "1").context("forwarding on up0")?;
-    ifindex("up0")
+    Ok(THIS_NODE.build()?.uplink)
 }
 
 /// Programs `frontends` and makes `uplink` (with the node's address) the
@@ -385,7 +342,7 @@ impl Bench {
 }
 
 pub(crate) fn uplink(quick: bool) -> Result<Value> {
-    in_private_netns("uplink", move || measure(quick))
+    in_new_netns(move || measure(quick))
 }
 
 fn measure(quick: bool) -> Result<Value> {

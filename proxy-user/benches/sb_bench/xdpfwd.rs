@@ -54,8 +54,8 @@ use serde_json::{json, Value};
 use crate::common::*;
 use crate::progress;
 use crate::uplink::{
-    build_node, fe, ip_cmd, mac_str, neighbour, program_node, EXT_CLIENT, EXT_CLIENT_MAC,
-    GATEWAY_MAC, NODE, POD_PORT, POD_REMOTE, UPLINK_MAC,
+    build_node, fe, neighbour, program_node, EXT_CLIENT, EXT_CLIENT_MAC, GATEWAY_MAC, NODE,
+    POD_PORT, POD_REMOTE, UPLINK_MAC,
 };
 
 /// The generator's frame length (`GEN_TAIL_FRAME_LEN` in sb-empty).
@@ -251,7 +251,7 @@ impl Node {
         let (tx, rx) = mpsc::channel::<Request>();
         let (ready_tx, ready_rx) = mpsc::channel::<Result<()>>();
         let thread = std::thread::spawn(move || {
-            in_private_netns("xdpfwd", move || {
+            in_new_netns(move || {
                 let setup = Bench::new(env, rules.as_deref(), cpu);
                 let mut bench = match setup {
                     Ok(b) => {
@@ -484,9 +484,9 @@ fn build_more() -> Result<()> {
         std::fs::write(format!("/proc/sys/net/ipv6/conf/{dev}/accept_dad"), "0")
             .with_context(|| format!("DAD off on {dev}"))?;
     }
-    ip_cmd(&["link", "set", "pod0p", "address", &mac_str(POD_LOCAL_MAC)])?;
+    ip(&["link", "set", "pod0p", "address", &mac_text(POD_LOCAL_MAC)])?;
     neighbour(POD_LOCAL.into(), POD_LOCAL_MAC, "pod0")?;
-    ip_cmd(&[
+    ip(&[
         "-6",
         "addr",
         "add",
@@ -499,7 +499,7 @@ fn build_more() -> Result<()> {
         neighbour(addr.into(), lladdr, "up0")?;
     }
     neighbour(POD_LOCAL6.into(), POD_LOCAL_MAC, "pod0")?;
-    ip_cmd(&[
+    ip(&[
         "-6",
         "route",
         "add",
@@ -509,7 +509,7 @@ fn build_more() -> Result<()> {
         "dev",
         "up0",
     ])?;
-    ip_cmd(&["-6", "route", "add", "fd00:244:1::/64", "dev", "pod0"])?;
+    ip(&["-6", "route", "add", "fd00:244:1::/64", "dev", "pod0"])?;
     Ok(())
 }
 

@@ -12,7 +12,11 @@ use std::{
     process::Command,
 };
 
-use crate::support::{capacities, require_root};
+use crate::support::{
+    capacities,
+    netns::{in_new_netns, ip},
+    require_root,
+};
 use proxy_common::{
     addr6_be, ct_dir, ct_flags, ct_state, names, proto, Addr6Be, CtEntry, CtEntry6, CtKey, CtKey6,
     SockEntry6, SockKey6,
@@ -686,21 +690,8 @@ fn assert_destroyed(socket: &UdpSocket) {
 /// peer is another is left alone.
 #[test]
 fn departed_peers_ipv6_udp_sockets_are_closed() {
-    require_root();
-    std::thread::spawn(|| {
-        // SAFETY: unshare on this thread only; it owns no sockets yet.
-        let rc = unsafe { libc::unshare(libc::CLONE_NEWNET) };
-        assert_eq!(
-            rc,
-            0,
-            "unshare(CLONE_NEWNET): {}",
-            io::Error::last_os_error()
-        );
-        let status = Command::new("ip")
-            .args(["link", "set", "lo", "up"])
-            .status()
-            .expect("ip");
-        assert!(status.success());
+    in_new_netns(|| {
+        ip(&["link", "set", "lo", "up"]);
 
         let server6 = UdpSocket::bind("[::1]:0").expect("bind ::1");
         let other6 = UdpSocket::bind("[::1]:0").expect("bind ::1");
@@ -754,9 +745,7 @@ fn departed_peers_ipv6_udp_sockets_are_closed() {
         let closed = udp_sockets::close_udp_sockets(&doomed, Vec::new).expect("sock_diag");
         assert_eq!(closed.closed, 1);
         assert_destroyed(&mapped);
-    })
-    .join()
-    .expect("the namespace thread");
+    });
 }
 
 /// A pod's connected UDP socket, balanced at `connect()` like the node's:
@@ -765,23 +754,15 @@ fn departed_peers_ipv6_udp_sockets_are_closed() {
 /// pod's other sockets alone.
 #[test]
 fn a_departed_peers_udp_socket_in_another_namespace_is_closed() {
-    use crate::support::netns::in_new_netns;
     use std::sync::mpsc;
 
-    let lo_up = || {
-        let status = Command::new("ip")
-            .args(["link", "set", "lo", "up"])
-            .status()
-            .expect("ip");
-        assert!(status.success());
-    };
     // The agent's namespace, and the pod's on a thread of its own inside it.
     in_new_netns(|| {
         let (to_agent, from_pod) = mpsc::channel();
         let (to_pod, from_agent) = mpsc::channel::<()>();
         let pod = std::thread::spawn(move || {
             in_new_netns(move || {
-                lo_up();
+                ip(&["link", "set", "lo", "up"]);
                 let server = UdpSocket::bind("127.0.0.1:0").expect("bind");
                 let doomed = UdpSocket::bind("127.0.0.1:0").expect("bind");
                 doomed

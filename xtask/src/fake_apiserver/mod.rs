@@ -647,19 +647,6 @@ impl Drop for FakeApiServer {
     }
 }
 
-fn enter_netns(netns: &str) -> Result<()> {
-    use nix::sched::{setns, CloneFlags};
-    let path = if netns.starts_with('/') {
-        netns.to_string()
-    } else {
-        format!("/run/netns/{netns}")
-    };
-    let f =
-        std::fs::File::open(&path).with_context(|| format!("opening network namespace {path}"))?;
-    setns(&f, CloneFlags::CLONE_NEWNET).with_context(|| format!("setns into {path}"))?;
-    Ok(())
-}
-
 fn bind(addr: SocketAddr) -> Result<std::net::TcpListener> {
     use socket2::{Domain, Protocol, Socket, Type};
     let sock = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
@@ -687,7 +674,7 @@ fn spawn_server(
         .spawn(move || {
             let setup = || -> Result<(std::net::TcpListener, tokio::runtime::Runtime)> {
                 if let Some(ns) = &netns {
-                    enter_netns(ns)?;
+                    proxy_testkit::netns::enter_netns(ns)?;
                 }
                 let listener = bind(addr).with_context(|| {
                     let hint = match &netns {

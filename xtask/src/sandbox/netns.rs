@@ -1,34 +1,15 @@
 //! Work done in-process inside one of the sandbox's network namespaces: a
 //! short-lived thread enters the namespace (`setns` changes only the calling
-//! thread), does its job and ends. Used where no command-line tool exists on
-//! these machines (there is no `ethtool`) or where a tool would be overkill (a
-//! one-request HTTP client).
-use std::fs::File;
+//! thread, see [`proxy_testkit::netns::in_netns`]), does its job and ends.
+//! Used where no command-line tool exists on these machines (there is no
+//! `ethtool`) or where a tool would be overkill (a one-request HTTP client).
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
-use nix::sched::{setns, CloneFlags};
-
-/// Runs `f` on a new thread that has entered network namespace `ns` (as
-/// created by `ip netns add`, i.e. `/run/netns/<ns>`). The calling thread and
-/// the rest of the process stay where they are.
-pub fn in_netns<T: Send>(ns: &str, f: impl FnOnce() -> Result<T> + Send) -> Result<T> {
-    let path = Path::new("/run/netns").join(ns);
-    let handle = File::open(&path).with_context(|| format!("open {}", path.display()))?;
-    std::thread::scope(|scope| {
-        scope
-            .spawn(move || {
-                setns(&handle, CloneFlags::CLONE_NEWNET)
-                    .with_context(|| format!("setns into network namespace {ns}"))?;
-                f()
-            })
-            .join()
-            .map_err(|_| anyhow!("the thread working in namespace {ns} panicked"))?
-    })
-}
+use proxy_testkit::netns::ifindex;
+pub use proxy_testkit::netns::in_netns;
 
 /// `SIOCETHTOOL` from `<linux/sockios.h>`.
 const SIOCETHTOOL: libc::c_ulong = 0x8946;
@@ -139,17 +120,6 @@ pub fn attach_xdp_pass(ns: &str, ifname: &str) -> Result<std::os::fd::OwnedFd> {
         create_xdp_link(&prog, index)
     })
     .with_context(|| format!("attach an XDP_PASS program to {ifname} in {ns}"))
-}
-
-fn ifindex(ifname: &str) -> Result<u32> {
-    let name = std::ffi::CString::new(ifname).context("interface name")?;
-    // SAFETY: a NUL-terminated string that outlives the call.
-    let index = unsafe { libc::if_nametoindex(name.as_ptr()) };
-    if index == 0 {
-        return Err(std::io::Error::last_os_error())
-            .with_context(|| format!("no interface {ifname}"));
-    }
-    Ok(index)
 }
 
 /// `bpf(2)` with an attribute buffer; a new fd on success.

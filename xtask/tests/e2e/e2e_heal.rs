@@ -29,6 +29,7 @@ use std::path::PathBuf;
 use std::process::{Child, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use proxy_testkit::netns::{self, in_netns};
 use serde_json::Value;
 use xtask::sandbox::two_node::manifests::Policy;
 use xtask::sandbox::two_node::{Client, Node, Pod, LB_IP, NODE_A_IP};
@@ -191,14 +192,7 @@ impl Agent<'_> {
 
     /// The interface index of `iface` in the agent's namespace.
     fn ifindex(&self, iface: &str) -> u32 {
-        let out = self
-            .core
-            .exec(
-                &self.ns,
-                &["cat", &format!("/sys/class/net/{iface}/ifindex")],
-            )
-            .expect("ifindex");
-        text(&out).trim().parse().expect("an interface index")
+        in_netns(&self.ns, || netns::ifindex(iface)).expect("an interface index")
     }
 
     /// Slot `slot` of the internal set of frontend `ip:port/proto`.

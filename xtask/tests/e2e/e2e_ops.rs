@@ -10,6 +10,7 @@ use std::path::Path;
 use std::process::Output;
 use std::time::{Duration, Instant};
 
+use proxy_testkit::netns::{self, in_netns};
 use serde_json::{json, Value};
 use xtask::fake_apiserver::FakeApiServer;
 use xtask::sandbox::two_node::manifests::{ExternalService, Policy, Proto};
@@ -105,18 +106,6 @@ fn settled_demo() -> Sandbox {
         out.status.success().then_some(()).ok_or(stdout(&out))
     });
     sb
-}
-
-/// The interface index of `iface` in namespace `ns`.
-fn ifindex(sb: &Sandbox, iface: &str) -> u32 {
-    let out = sb
-        .exec(&sb.node_ns(), &["ip", "-o", "link", "show", "dev", iface])
-        .expect("ip link show");
-    stdout(&out)
-        .split(':')
-        .next()
-        .and_then(|n| n.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no ifindex in {}", stdout(&out)))
 }
 
 #[test]
@@ -339,7 +328,8 @@ fn doctor_names_a_missing_program_and_a_missing_map_entry() {
         let out = sw(&sb, &["status"]);
         out.status.success().then_some(()).ok_or(stdout(&out))
     });
-    let index = ifindex(&sb, &sb.pod_if(1));
+    let index =
+        in_netns(&sb.node_ns(), || netns::ifindex(&sb.pod_if(1))).expect("the pod veth's index");
     let pin = sb
         .pin_dir
         .join("links")

@@ -972,14 +972,7 @@ fn serves_inside_a_network_namespace() {
         "this test needs iproute2's `ip` (`cargo xtask setup` installs it)"
     );
     let ns = format!("sb-fakeapi-{}", std::process::id());
-    let ip = |args: &[&str]| {
-        let ok = std::process::Command::new("ip")
-            .args(args)
-            .status()
-            .map(|s| s.success())
-            .unwrap_or(false);
-        assert!(ok, "ip {args:?} failed");
-    };
+    let ip = |args: &[&str]| proxy_testkit::netns::ip(args).unwrap_or_else(|e| panic!("{e:#}"));
     struct Cleanup(String);
     impl Drop for Cleanup {
         fn drop(&mut self) {
@@ -1001,24 +994,15 @@ fn serves_inside_a_network_namespace() {
     // From the root namespace: nothing listens there.
     assert!(std::net::TcpStream::connect(("127.0.0.1", port)).is_err());
     // From inside (a thread that enters the namespace): the list answers.
-    let inside = {
-        let ns = ns.clone();
-        std::thread::spawn(move || {
-            let f = std::fs::File::open(format!("/run/netns/{ns}")).unwrap();
-            nix::sched::setns(&f, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
-            use std::io::{Read, Write};
-            let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-            s.write_all(b"GET /api/v1/services HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-                .unwrap();
-            let mut out = String::new();
-            s.read_to_string(&mut out).unwrap();
-            out
-        })
-        .join()
-        .unwrap()
-    };
-    assert!(inside.starts_with("HTTP/1.1 200"), "{inside}");
-    assert!(inside.contains("\"name\":\"web\""), "{inside}");
+    let inside = xtask::sandbox::http_get(
+        &ns,
+        ([127, 0, 0, 1], port).into(),
+        "/api/v1/services",
+        Duration::from_secs(5),
+    )
+    .expect("GET from inside the namespace");
+    assert_eq!(inside.status, 200, "{inside:?}");
+    assert!(inside.body.contains("\"name\":\"web\""), "{inside:?}");
     // Restart keeps the namespace.
     server.restart().unwrap();
     assert!(std::net::TcpStream::connect(("127.0.0.1", port)).is_err());

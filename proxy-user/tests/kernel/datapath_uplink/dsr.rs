@@ -5,11 +5,11 @@
 //! frontend; a packet without room for the option is answered.
 use super::{frontend, routed, uplinked, Uplinked, GATEWAY_MAC, NODE4, NODE_PORT, POD_PORT};
 use crate::support::{
-    family::ct_key, netns::Node, Loaded, Uplink as Prog, TC_ACT_OK, TC_ACT_REDIRECT, XDP_PASS,
-    XDP_TX,
+    family::ct_key, netns::RunNode as _, Loaded, Uplink as Prog, TC_ACT_OK, TC_ACT_REDIRECT,
+    XDP_PASS, XDP_TX,
 };
 use proxy_common::{ct_dir, ct_flags, ct_state, uplink_flags};
-use proxy_testkit::Frame;
+use proxy_testkit::{node::Node, Frame};
 use proxy_user::model::{Frontend, FrontendKind, Protocol};
 
 crate::both_families!(

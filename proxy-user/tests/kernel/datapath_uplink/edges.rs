@@ -9,8 +9,8 @@ use super::{
     POD_PORT, POD_REMOTE6, REMOTE_PORT, UPLINK_MAC,
 };
 use crate::support::{
-    rewritten_checksums, v6::Fe6, Case, Loaded, Uplink as Prog, TC_ACT_REDIRECT, TC_ACT_SHOT,
-    XDP_PASS,
+    netns::RunNode as _, rewritten_checksums, v6::Fe6, Case, Loaded, Uplink as Prog,
+    TC_ACT_REDIRECT, TC_ACT_SHOT, XDP_PASS,
 };
 use proxy_common::{frontend_flags, snat};
 use proxy_testkit::packet::{PacketSpec, ETH_HLEN};

@@ -8,8 +8,8 @@ use super::{
     Uplinked, CLIENT6, LB_IP6, NODE6, NODE_PORT, POD_LOCAL6, POD_PORT,
 };
 use crate::support::{
-    family::ct_key, rewritten, rewritten_checksums, v6::Fe6, Case, Loaded, Uplink as Prog,
-    TC_ACT_OK, TC_ACT_SHOT,
+    family::ct_key, netns::RunNode as _, rewritten, rewritten_checksums, v6::Fe6, Case, Loaded,
+    Uplink as Prog, TC_ACT_OK, TC_ACT_SHOT,
 };
 use proxy_common::{
     addr6_be, capacity, ct_dir, ct_flags, frontend_flags,

@@ -51,11 +51,11 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 
 use crate::support::{
     family::{with_macs, TestFamily},
-    netns::{Node, NodeSpec},
     v6::Fe6,
     Loaded,
 };
 use proxy_common::frontend_flags;
+use proxy_testkit::node::{Node, NodeSpec};
 use proxy_testkit::packet6::{Packet6, PROTO_TCP, PROTO_UDP};
 use proxy_testkit::Frame;
 use proxy_user::model::{BackendAddr, Frontend, FrontendKind, Protocol};

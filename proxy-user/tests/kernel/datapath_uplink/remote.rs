@@ -13,8 +13,9 @@ use super::{
 use crate::support::{
     be32,
     family::{ct_key, TestFamily},
-    netns, rewritten, Loaded, Uplink as Prog, TC_ACT_REDIRECT, TC_ACT_SHOT, TC_ACT_UNSPEC,
-    XDP_DROP, XDP_PASS, XDP_TX,
+    netns::{self, RunNode as _},
+    rewritten, Loaded, Uplink as Prog, TC_ACT_REDIRECT, TC_ACT_SHOT, TC_ACT_UNSPEC, XDP_DROP,
+    XDP_PASS, XDP_TX,
 };
 use proxy_common::{ct_dir, ct_flags, snat, uplink_flags, CtEntry, CtKey, CtKeyOf};
 use proxy_testkit::packet::{icmp_error_checksums_valid, icmp_frame, PacketSpec, ETH_HLEN};
@@ -631,7 +632,7 @@ fn a_changed_next_hop_is_followed_within_the_route_cache_time() {
             "replace",
             &V4::GATEWAY.to_string(),
             "lladdr",
-            &crate::support::netns::mac(moved),
+            &proxy_testkit::netns::mac_text(moved),
             "dev",
             "up0",
         ]);

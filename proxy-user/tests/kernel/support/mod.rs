@@ -372,7 +372,11 @@ impl Loaded {
     /// every SNAT port of one backend (33512) and then some, programs
     /// `frontends` and makes `node`'s `up0` the uplink, with IPv4 address
     /// `addr`.
-    pub fn on_uplink(node: &netns::Node, addr: Ipv4Addr, frontends: Vec<Frontend>) -> Self {
+    pub fn on_uplink(
+        node: &proxy_testkit::node::Node,
+        addr: Ipv4Addr,
+        frontends: Vec<Frontend>,
+    ) -> Self {
         let mut loaded = Self::new(capacities(65536), frontends);
         loaded.set_uplink(node.uplink, addr);
         loaded

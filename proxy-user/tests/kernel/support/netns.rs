@@ -1,113 +1,47 @@
 //! Private network namespaces for the kernel fixture tests, and the node the
-//! uplink fixtures run on, for either address family.
+//! uplink fixtures run on ([`proxy_testkit::node`]), for either address
+//! family.
 //!
-//! `unshare(CLONE_NEWNET)` affects the calling thread only, and the `ip`
-//! commands it spawns inherit it: a test body runs on a thread of its own
-//! that first moves into a namespace of its own. Nothing here touches the
+//! A test body runs on a thread of its own that first moves into a namespace
+//! of its own ([`proxy_testkit::netns`], here in forms that panic as a test
+//! does); the `ip` commands it spawns inherit it. Nothing here touches the
 //! namespace the tests were started in.
-use std::{
-    ffi::CString,
-    fmt::Display,
-    fs,
-    net::{IpAddr, Ipv4Addr, Ipv6Addr},
-    os::unix::fs::MetadataExt as _,
-    process::Command,
-    thread,
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use proxy_testkit::{
+    netns,
+    node::{Node, NodeFamily, NodeSpec},
 };
 
-/// The inode of the calling thread's network namespace.
-pub fn netns_inode() -> u64 {
-    fs::metadata("/proc/thread-self/ns/net")
-        .expect("stat /proc/thread-self/ns/net")
-        .ino()
-}
-
-/// Runs `ip args…`; fails with its error output.
+/// Runs `ip args…` in the calling thread's namespace; panics with its error
+/// output.
 pub fn ip(args: &[&str]) {
-    // `output` waits for the child: no process outlives the command, so none
-    // keeps the namespace alive after the thread ends.
-    let out = Command::new("ip")
-        .args(args)
-        .output()
-        .expect("run `ip` (iproute2)");
-    assert!(
-        out.status.success(),
-        "ip {}: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    netns::ip(args).unwrap_or_else(|e| panic!("{e:#}"));
 }
 
 /// The index of interface `name` in the calling thread's namespace.
 pub fn ifindex(name: &str) -> u32 {
-    let name = CString::new(name).expect("interface name");
-    // SAFETY: a NUL-terminated string; the call only reads it.
-    let index = unsafe { libc::if_nametoindex(name.as_ptr()) };
-    assert_ne!(index, 0, "no interface {name:?} in the test namespace");
-    index
+    netns::ifindex(name).unwrap_or_else(|e| panic!("{e:#}"))
 }
 
-/// A MAC address as `ip` writes it.
-pub fn mac(m: [u8; 6]) -> String {
-    m.iter()
-        .map(|b| format!("{b:02x}"))
-        .collect::<Vec<_>>()
-        .join(":")
-}
-
-/// Runs `body` on a thread of its own inside a new network namespace;
-/// re-raises the body's panic. Threads the body leaves behind stay
-/// in that namespace until they end.
+/// Runs `body` on a thread of its own inside a new network namespace
+/// ([`netns::in_new_netns`]); panics if it could not, or with the body's
+/// panic message. Threads the body leaves behind stay in that namespace
+/// until they end.
 pub fn in_new_netns<T: Send>(body: impl FnOnce() -> T + Send) -> T {
     super::require_root();
-    thread::scope(|scope| {
-        let handle = scope.spawn(move || {
-            let before = netns_inode();
-            // SAFETY: unshare only changes the calling thread's namespaces.
-            let rc = unsafe { libc::unshare(libc::CLONE_NEWNET) };
-            assert_eq!(
-                rc,
-                0,
-                "unshare(CLONE_NEWNET): {}",
-                std::io::Error::last_os_error()
-            );
-            assert_ne!(
-                netns_inode(),
-                before,
-                "the thread is still in the namespace it started in: refusing to touch it"
-            );
-            body()
-        });
-        match handle.join() {
-            Ok(value) => value,
-            Err(panic) => std::panic::resume_unwind(panic),
-        }
-    })
+    netns::in_new_netns(|| Ok(body())).unwrap_or_else(|e| panic!("{e:#}"))
 }
 
-/// An address family, as the fixtures need it: how `ip` is told, how a
-/// node's uplink forwards, how a translated frame's checksums are judged.
-pub trait Family: Copy + Into<IpAddr> + Display + Send + Sync + 'static {
-    /// `ip`'s family option.
-    const IP: &'static str;
-    /// Options `ip addr add` needs for an address usable at once.
-    const ADDR_OPTIONS: &'static [&'static str];
-    /// The sysctl that lets `bpf_fib_lookup` answer for packets arriving on
-    /// `dev` (a device of the test's own namespace).
-    fn forwarding_sysctl(dev: &str) -> String;
+/// An address family as the uplink fixtures need it: the node's
+/// ([`NodeFamily`]), and how a translated frame's checksums are judged.
+pub trait Family: NodeFamily + Into<IpAddr> + Send + Sync + 'static {
     /// Whether `output`'s checksums hold; `input` is the frame it came from
     /// (a UDP checksum of 0 may stay 0).
     fn checksums_valid(output: &[u8], input: &[u8]) -> bool;
 }
 
 impl Family for Ipv4Addr {
-    const IP: &'static str = "-4";
-    const ADDR_OPTIONS: &'static [&'static str] = &[];
-
-    fn forwarding_sysctl(dev: &str) -> String {
-        format!("/proc/sys/net/ipv4/conf/{dev}/forwarding")
-    }
-
     fn checksums_valid(output: &[u8], _input: &[u8]) -> bool {
         use proxy_testkit::packet::{checksums_valid, icmp_checksums_valid, ETH_HLEN};
         // An ICMP message has no pseudo-header in its checksum.
@@ -119,14 +53,6 @@ impl Family for Ipv4Addr {
 }
 
 impl Family for Ipv6Addr {
-    const IP: &'static str = "-6";
-    const ADDR_OPTIONS: &'static [&'static str] = &["nodad"];
-
-    fn forwarding_sysctl(_dev: &str) -> String {
-        // IPv6 forwarding is per namespace ("all"), not per device.
-        "/proc/sys/net/ipv6/conf/all/forwarding".to_owned()
-    }
-
     fn checksums_valid(output: &[u8], input: &[u8]) -> bool {
         use proxy_testkit::packet6::{checksums_valid6, parse6, PROTO_UDP};
         let zero_ok = parse6(input).is_some_and(|p| {
@@ -136,92 +62,14 @@ impl Family for Ipv6Addr {
     }
 }
 
-/// The node the uplink fixtures run on, in a namespace of its own:
-///
-/// ```text
-/// up0  (veth, `uplink_mac`) `addr`/`prefix_len`, forwarding on   <- the uplink
-///      `neighbours` (permanent)
-///      `routes` with a gateway: via it on up0
-/// pod0 (veth)  `routes` without a gateway: pods on this node
-/// ```
-pub struct NodeSpec<A: 'static> {
-    pub uplink_mac: [u8; 6],
-    pub addr: A,
-    pub prefix_len: u8,
-    pub neighbours: &'static [(A, [u8; 6])],
-    /// (destination prefix, gateway on the uplink or `None` for `pod0`).
-    pub routes: &'static [(&'static str, Option<A>)],
-}
-
-/// A [`NodeSpec`] built: the uplink's interface index.
-pub struct Node {
-    pub uplink: u32,
-}
-
-impl<A: Family> NodeSpec<A> {
-    /// Builds the node in the calling thread's (private) namespace.
-    fn build(&self) -> Node {
-        ip(&[
-            "link",
-            "add",
-            "up0",
-            "address",
-            &mac(self.uplink_mac),
-            "type",
-            "veth",
-            "peer",
-            "name",
-            "up0p",
-        ]);
-        ip(&[
-            "link", "add", "pod0", "type", "veth", "peer", "name", "pod0p",
-        ]);
-        for dev in ["up0", "up0p", "pod0", "pod0p"] {
-            ip(&["link", "set", dev, "up"]);
-        }
-        let addr = format!("{}/{}", self.addr, self.prefix_len);
-        let mut add = vec![A::IP, "addr", "add", &addr, "dev", "up0"];
-        add.extend_from_slice(A::ADDR_OPTIONS);
-        ip(&add);
-        for (addr, lladdr) in self.neighbours {
-            ip(&[
-                A::IP,
-                "neigh",
-                "add",
-                &addr.to_string(),
-                "lladdr",
-                &mac(*lladdr),
-                "dev",
-                "up0",
-                "nud",
-                "permanent",
-            ]);
-        }
-        for (prefix, gateway) in self.routes {
-            match gateway {
-                Some(gw) => ip(&[
-                    A::IP,
-                    "route",
-                    "add",
-                    prefix,
-                    "via",
-                    &gw.to_string(),
-                    "dev",
-                    "up0",
-                ]),
-                None => ip(&[A::IP, "route", "add", prefix, "dev", "pod0"]),
-            }
-        }
-        // bpf_fib_lookup answers only for an ingress interface that forwards.
-        // This is the test's own namespace: nothing else is changed.
-        fs::write(A::forwarding_sysctl("up0"), "1").expect("enable forwarding on up0");
-        Node {
-            uplink: ifindex("up0"),
-        }
-    }
-
+/// A fixture body run on a [`NodeSpec`]'s node.
+pub trait RunNode {
     /// Runs `body` in a new network namespace holding the node.
-    pub fn run<T: Send>(&self, body: impl FnOnce(&Node) -> T + Send) -> T {
-        in_new_netns(|| body(&self.build()))
+    fn run<T: Send>(&self, body: impl FnOnce(&Node) -> T + Send) -> T;
+}
+
+impl<A: NodeFamily + Sync> RunNode for NodeSpec<A> {
+    fn run<T: Send>(&self, body: impl FnOnce(&Node) -> T + Send) -> T {
+        in_new_netns(|| body(&self.build().unwrap_or_else(|e| panic!("{e:#}"))))
     }
 }
