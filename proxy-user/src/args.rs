@@ -635,7 +635,7 @@ mod tests {
         assert!(out.iter().any(|a| a == "--xdp-mode=auto"), "{out:?}");
     }
 
-    /// Issue 25: a zero capacity is refused when the flags are read (on
+    /// A zero capacity is refused when the flags are read (on
     /// the command line or from the file), naming the flag.
     #[test]
     fn zero_capacities_are_refused_naming_the_flag() {
@@ -686,7 +686,7 @@ mod tests {
         assert!(err.to_string().contains("--max-conntrack"), "{err}");
     }
 
-    /// Issue 25: a config file above the limit is refused before it is read
+    /// A config file above the limit is refused before it is read
     /// whole, naming the file and the limit.
     #[test]
     fn a_config_file_above_the_limit_is_refused_by_name() {

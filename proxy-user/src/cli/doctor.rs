@@ -630,7 +630,7 @@ mod tests {
         assert!(render(&[endpoints_check(Some(&[]))]).contains("No problem found."));
     }
 
-    /// Issue 11: a Service held at its last good version differs from the
+    /// A Service held at its last good version differs from the
     /// source on purpose; doctor says so instead of advising a restart.
     #[test]
     fn a_held_service_is_named_with_its_problem() {
@@ -651,7 +651,7 @@ mod tests {
         assert_eq!(held_problems(&status, "demo/other:http"), None);
     }
 
-    /// Issue 25: without CAP_SYS_ADMIN, doctor says it cannot inspect
+    /// Without CAP_SYS_ADMIN, doctor says it cannot inspect
     /// instead of listing every interface as missing and advising a restart.
     #[test]
     fn a_refused_program_listing_is_no_missing_program() {

@@ -510,7 +510,7 @@ mod tests {
         assert_eq!(nested_string(&bytes[..3], 7), None);
     }
 
-    /// Issue 25: without CAP_SYS_ADMIN the kernel refuses to list programs
+    /// Without CAP_SYS_ADMIN the kernel refuses to list programs
     /// (EPERM); that is told apart by errno from a program that vanished.
     #[test]
     fn a_refused_listing_reads_as_cannot_inspect() {

@@ -307,7 +307,7 @@ mod tests {
         assert!(render_table(&[]).contains("no frontends programmed"));
     }
 
-    /// Issue 11: a Service held at its last good version is marked in the
+    /// A Service held at its last good version is marked in the
     /// table (STATE `held`, the problem under its row) and in JSON; the
     /// agent's problems (files that do not parse among them) follow the table.
     #[test]

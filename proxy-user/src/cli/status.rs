@@ -755,7 +755,7 @@ mod tests {
         assert!(text.contains("PROBLEMS (2)"), "{text}");
     }
 
-    /// Issue 25: with a pod's capabilities (no CAP_SYS_ADMIN) the kernel
+    /// With a pod's capabilities (no CAP_SYS_ADMIN) the kernel
     /// refuses to list programs. The interfaces are unknown, not MISSING,
     /// and nothing advises a restart.
     #[test]
@@ -837,7 +837,7 @@ mod tests {
         assert_eq!(maps_unreadable(&absent), None);
     }
 
-    /// Issue 25: pins of another layout and stale resize pins are problems.
+    /// Pins of another layout and stale resize pins are problems.
     #[test]
     fn pins_of_another_layout_are_problems() {
         let report = StatusReport {

@@ -146,7 +146,7 @@ mod tests {
         let _ = std::fs::remove_file(path);
     }
 
-    /// Issue 25: with umask 000 the lock file was 0666.
+    /// With umask 000 the lock file was 0666.
     #[test]
     fn the_lock_file_and_its_directory_get_their_modes_whatever_the_umask() {
         let pin_root = PathBuf::from(format!("/tmp/sb-lock-mode-{}/bpf", std::process::id()));

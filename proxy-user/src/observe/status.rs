@@ -165,7 +165,7 @@ mod tests {
         );
     }
 
-    /// Issue 25: with umask 000 the status file was 0666.
+    /// With umask 000 the status file was 0666.
     #[test]
     fn the_status_file_is_0644_whatever_the_umask() {
         let pin_root = PathBuf::from(format!("/tmp/sb-status-mode-{}/bpf", std::process::id()));

@@ -176,7 +176,7 @@ fn a_batched_first_sync_and_incremental_changes_leave_exactly_the_desired_state(
     assert_eq!(report.unchanged, unchanged.len());
 }
 
-/// Issue 11: `--max-services N` programs N service ports, and every one of
+/// `--max-services N` programs N service ports, and every one of
 /// their ids has a slot in the kernel's per-service counter array (ids
 /// 1..=N, the array N + 1 entries); the N + 1st port is refused by name.
 #[test]
@@ -219,7 +219,7 @@ fn max_services_n_gives_n_service_ports_each_with_counters() {
     }
 }
 
-/// Issue 12: dual-stack Services in the real maps. Each IPv6 frontend, its
+/// Dual-stack Services in the real maps. Each IPv6 frontend, its
 /// backends and its reverse NAT are in the IPv6 maps (`SB_FE6_V1`,
 /// `SB_BE6_V1`, `SB_RNAT6_V1`), the IPv4 ones where they always were, with
 /// one id space; batched and entry by entry; a restarted agent adopts both

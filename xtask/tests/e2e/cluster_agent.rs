@@ -628,7 +628,7 @@ fn wait_problem(c: &Cluster, needle: &str) -> String {
     }
 }
 
-/// Issue 22: an object the agent cannot read (a field of the wrong type, as
+/// An object the agent cannot read (a field of the wrong type, as
 /// a broken controller or a schema skew might send) costs only itself. In
 /// the first list page, the good Service is programmed and answers, the bad
 /// Service and EndpointSlice are reported by name with the field at fault;

@@ -148,7 +148,7 @@ struct FloodSite<'a> {
     agent_pid: u32,
 }
 
-/// What a flood did, as the closing note of issue 25 reports it.
+/// What a flood did, in the figures the test reports.
 struct FloodFigures {
     flood: String,
     during: (usize, usize),

@@ -1,4 +1,4 @@
-//! Issue 12, the agent's side (root only, netns sandbox): a dual-stack
+//! The agent's side (root only, netns sandbox): a dual-stack
 //! Service from the manifest directory is programmed in both families' maps,
 //! each frontend with its own family's endpoints, and the CLI shows and
 //! explains the IPv6 frontend with bracketed addresses. (IPv6 packets

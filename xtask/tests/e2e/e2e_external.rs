@@ -217,7 +217,7 @@ fn two_node_topology_routes_pods_and_nodes() {
     assert!(!std::path::Path::new(PIN_BASE).join(&tag).exists());
 }
 
-// --- what the agent does with traffic from outside (issue 8) ---------------
+// --- what the agent does with traffic from outside ---------------
 
 /// Cluster policy, endpoints only on node A: through node A every request
 /// reaches a pod of node A, which sees the client's own address (DNAT only).
@@ -741,7 +741,7 @@ fn nodeport_addresses_select_the_node_addresses_nodeports_answer_on() {
     );
 }
 
-// --- loadBalancerSourceRanges (issue 26) -----------------------------------
+// --- loadBalancerSourceRanges -----------------------------------
 
 /// `ext/web-lb` restricted to client 1: client 1 reaches the LoadBalancer IP
 /// (TCP and UDP) and keeps its address; client 2 gets no answer there and

@@ -407,7 +407,7 @@ fn a_capacity_change_resizes_the_maps_online_and_keeps_established_flows() {
     sb.cleanup().expect("cleanup");
 }
 
-/// Issue 25: an agent that finds a pin root of a newer format (a newer
+/// An agent that finds a pin root of a newer format (a newer
 /// version ran there) refuses to start, naming both formats and the way
 /// out, and leaves the running data path alone; `status` reports it.
 #[test]
@@ -491,7 +491,7 @@ fn a_pin_root_of_a_newer_format_is_refused_naming_both_versions() {
     sb.cleanup().expect("cleanup");
 }
 
-/// Issue 25: with umask 000 the pin and link directories were 0777 and the
+/// With umask 000 the pin and link directories were 0777 and the
 /// status and lock files 0666 (any user could unlink a link pin and detach
 /// a pod's programs). The agent sets their modes itself.
 #[test]
@@ -548,7 +548,7 @@ fn the_agent_sets_its_file_modes_whatever_the_umask() {
     sb.cleanup().expect("cleanup");
 }
 
-/// Issue 25: a failed first start on a fresh pin root (nothing pinned
+/// A failed first start on a fresh pin root (nothing pinned
 /// before) takes away every pin it made, the link pins (and with them its
 /// programs on the pod interfaces) included.
 #[test]
@@ -595,7 +595,7 @@ fn a_failed_first_start_leaves_no_pins() {
     sb.cleanup().expect("cleanup");
 }
 
-/// Issue 22: the agent loads the eBPF object while its source reads; a
+/// The agent loads the eBPF object while its source reads; a
 /// source that fails on a fresh pin root (here at once, while the load is
 /// under way) leaves nothing pinned: the load is undone before the agent
 /// exits.

@@ -812,7 +812,7 @@ fn stale_resize_pins_and_other_layouts_are_reported_and_the_next_start_removes_t
     sb.cleanup().expect("cleanup");
 }
 
-/// Issue 25: with the agent pod's capabilities (CAP_BPF, CAP_NET_ADMIN,
+/// With the agent pod's capabilities (CAP_BPF, CAP_NET_ADMIN,
 /// CAP_PERFMON; no CAP_SYS_ADMIN, as `kubectl exec` gives) the kernel
 /// refuses to list programs: `status` and `doctor` say they cannot
 /// inspect, instead of calling every interface MISSING and advising a

@@ -810,7 +810,7 @@ fn established_connection_survives_its_endpoint_leaving() {
     );
 }
 
-/// Issue 11: an edit that parses but cannot be used (a port of 70000) keeps
+/// An edit that parses but cannot be used (a port of 70000) keeps
 /// the Service's last good state: it still answers, and `switchboard
 /// services` marks it held with the problem by field. A file with a syntax
 /// error is listed among the problems until it is removed; fixing the edit

@@ -266,7 +266,7 @@ fn copy_per_cpu_array<V: Pod>(
 mod tests {
     use super::*;
 
-    /// Issue 25: a start killed during a resize left `_resize` pins that a
+    /// A start killed during a resize left `_resize` pins that a
     /// later start which did not resize never removed. (A plain directory
     /// stands in for the bpffs: the pins are only names here.)
     #[test]

@@ -346,7 +346,7 @@ fn a_frontend_the_sync_could_not_fit_is_reported_missing() {
     );
 }
 
-/// Issue 12: both families are compared, each against its own maps.
+/// Both families are compared, each against its own maps.
 #[test]
 fn ipv6_frontends_are_compared_in_the_ipv6_maps() {
     let web6 = fe6(0x10, 80, Protocol::Tcp, "web6", &[(1, 8080), (2, 8080)]);

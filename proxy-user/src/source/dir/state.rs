@@ -1566,7 +1566,7 @@ mod tests {
             .map(|p| p.iter().map(ToString::to_string).collect())
     }
 
-    /// Issue 11: a file that stops parsing keeps its objects and its problem
+    /// A file that stops parsing keeps its objects and its problem
     /// reaches the feed (so the agent's warnings); fixing the file clears it.
     #[test]
     fn a_broken_file_keeps_its_objects_and_reports_its_problem_until_fixed() {
@@ -1607,7 +1607,7 @@ mod tests {
         assert_eq!(fx.view.service_ips(), ["10.96.0.2"]);
     }
 
-    /// Issue 11: a binary file and a symlink loop are reported by name (they
+    /// A binary file and a symlink loop are reported by name (they
     /// never held objects), and removing them clears the problem.
     #[test]
     fn unreadable_files_are_reported_and_cleared_when_removed() {
@@ -1643,7 +1643,7 @@ mod tests {
         assert_eq!(problem_texts(&fx.refresh(true)), Some(Vec::new()));
     }
 
-    /// Issue 11: a directory that cannot be read any more keeps the objects
+    /// A directory that cannot be read any more keeps the objects
     /// last read from it and says so.
     #[test]
     fn a_vanished_directory_is_reported() {
@@ -1667,7 +1667,7 @@ mod tests {
         assert_eq!(problem_texts(&fx.refresh(true)), Some(Vec::new()));
     }
 
-    /// Issue 11: a Service from a file is stamped with the time it was first
+    /// A Service from a file is stamped with the time it was first
     /// seen (its file's mtime in the first scan, the scan's time later), and
     /// keeps the stamp across edits until it is deleted; so a new file's
     /// Service is always younger than a running one.

@@ -1,4 +1,4 @@
-//! File change → new backend answering (issue 22), for an agent with the
+//! File change → new backend answering, for an agent with the
 //! directory source at [`targets::FILE_CHANGE_SERVICES`]: the manifest file
 //! holding the target Service is replaced atomically (written under a hidden
 //! name, renamed into place) with the target's endpoints moved to another
