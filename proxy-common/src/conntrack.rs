@@ -22,13 +22,7 @@ pub mod ct_flags {
     /// (a client that reuses its port to reach the pod directly). A new SYN
     /// through the frontend starts a new flow.
     pub const CLOSING: u8 = 1 << 0;
-    /// Written by a data path that records [`super::ct_state::ACKED`]: the
-    /// TCP flow counts as established only once the client acknowledged
-    /// the backend's SYN-ACK (as the kernel's conntrack does), not when the
-    /// SYN-ACK passed. Entries an older agent created lack it and keep the
-    /// older rule (answered = established), so an upgrade does not shorten
-    /// the life of a connection it did not see open.
-    pub const HANDSHAKE: u8 = 1 << 2;
+    // Bit 2 is unused.
     /// Direct server return, on the node that balanced the flow: the
     /// backend's node answers the client itself, so this node sees only
     /// the client's packets (the reply entry exists only so the flow has

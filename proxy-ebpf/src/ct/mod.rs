@@ -366,8 +366,8 @@ pub(crate) fn make_room<K: Table>() -> bool {
 }
 
 /// Whether a flow is established, from its forward entry's flags and both
-/// entries' state: TCP once the client acknowledged the SYN-ACK (or, for an
-/// entry of an agent that did not record it, once answered), UDP once
+/// entries' state: TCP once the client acknowledged the SYN-ACK (as the
+/// kernel's conntrack does, not when the SYN-ACK passed), UDP once
 /// answered. A closing flow counts as established: it was, and a
 /// source-NATed one holds its port until the backend forgot it.
 #[inline(always)]
@@ -383,7 +383,7 @@ pub(crate) fn established(protocol: u8, flags: u8, forward: u8, reply: u8) -> bo
     if reply & ct_state::REPLIED == 0 {
         return false;
     }
-    protocol != proto::TCP || flags & ct_flags::HANDSHAKE == 0 || forward & ct_state::ACKED != 0
+    protocol != proto::TCP || forward & ct_state::ACKED != 0
 }
 
 /// The state bits a packet brings to the entry of its direction.

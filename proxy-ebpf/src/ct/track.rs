@@ -247,13 +247,12 @@ impl Source {
     /// The flags of the new flow's entries.
     #[inline(always)]
     fn flags(self) -> u8 {
-        ct_flags::HANDSHAKE
-            | match self {
-                Source::Client => 0,
-                Source::Hairpin => ct_flags::SNAT,
-                Source::Direct => ct_flags::DSR_BALANCED,
-                Source::Arrived => ct_flags::DSR_ARRIVED,
-            }
+        match self {
+            Source::Client => 0,
+            Source::Hairpin => ct_flags::SNAT,
+            Source::Direct => ct_flags::DSR_BALANCED,
+            Source::Arrived => ct_flags::DSR_ARRIVED,
+        }
     }
 }
 

@@ -402,7 +402,7 @@ fn new_remote_flow<A: UplinkFamily>(
         e.service_id = service_id;
         set(&mut e.nat_addr_be, &u.s.flow.daddr_be);
         e.nat_port_be = u.s.flow.dport_be;
-        e.flags = ct_flags::SNAT | ct_flags::HANDSHAKE;
+        e.flags = ct_flags::SNAT;
         e.state = 0;
         set(&mut e.snat_addr_be, &u.s.flow.saddr_be);
         e.snat_port_be = u.s.flow.sport_be;

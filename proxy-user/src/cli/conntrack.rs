@@ -432,6 +432,8 @@ mod tests {
                     nat_port_be: 8080u16.to_be(),
                     created_ns: 10 * s,
                     last_seen_ns: 20 * s,
+                    // The client acknowledged the SYN-ACK.
+                    state: ct_state::ACKED,
                     ..CtEntry6::default()
                 },
             ),

@@ -154,10 +154,8 @@ impl Phase {
 
 /// The phase of a flow of protocol `protocol` whose entries carry `flags`
 /// ([`ct_flags`], both entries') and whose forward entry saw `forward` and
-/// reply entry saw `reply` ([`ct_state`] bits). A TCP flow created by a data
-/// path that records the client's ACK ([`ct_flags::HANDSHAKE`]) is
-/// established only once it did ([`ct_state::ACKED`]); an older entry is
-/// established once answered.
+/// reply entry saw `reply` ([`ct_state`] bits). A TCP flow is established
+/// once the client acknowledged the backend's SYN-ACK ([`ct_state::ACKED`]).
 pub fn phase(protocol: u8, flags: u8, forward: u8, reply: u8) -> Phase {
     if flags & ct_flags::DSR_BALANCED != 0 {
         return balanced_phase(protocol, forward);
@@ -177,7 +175,7 @@ pub fn phase(protocol: u8, flags: u8, forward: u8, reply: u8) -> Phase {
         Phase::Closed
     } else if both & ct_state::FIN != 0 {
         Phase::HalfClosed
-    } else if flags & ct_flags::HANDSHAKE != 0 && forward & ct_state::ACKED == 0 {
+    } else if forward & ct_state::ACKED == 0 {
         Phase::SynRecv
     } else {
         Phase::Established
@@ -773,9 +771,10 @@ mod tests {
         use ct_state::*;
         let cases = [
             (proto::TCP, 0, 0, Phase::SynSent),
-            (proto::TCP, 0, REPLIED, Phase::Established),
-            // With HANDSHAKE (below), only the client's ACK establishes.
+            // A SYN answered but never acknowledged: a spoofed source.
+            (proto::TCP, 0, REPLIED, Phase::SynRecv),
             (proto::TCP, ACKED, REPLIED, Phase::Established),
+            (proto::TCP, ACKED | FIN, REPLIED, Phase::HalfClosed),
             (proto::TCP, FIN, REPLIED, Phase::HalfClosed),
             (proto::TCP, 0, REPLIED | FIN, Phase::HalfClosed),
             (proto::TCP, FIN, REPLIED | FIN, Phase::Closed),
@@ -794,22 +793,6 @@ mod tests {
                 "{protocol} {forward:#b} {reply:#b}"
             );
         }
-        let handshake = ct_flags::HANDSHAKE;
-        for (protocol, forward, reply, want) in [
-            (proto::TCP, 0, 0, Phase::SynSent),
-            // A SYN answered but never acknowledged: a spoofed source.
-            (proto::TCP, 0, REPLIED, Phase::SynRecv),
-            (proto::TCP, ACKED, REPLIED, Phase::Established),
-            (proto::TCP, ACKED | FIN, REPLIED, Phase::HalfClosed),
-            (proto::TCP, 0, REPLIED | RST, Phase::Closed),
-            (proto::UDP, 0, REPLIED, Phase::UdpStream),
-        ] {
-            assert_eq!(
-                phase(protocol, handshake, forward, reply),
-                want,
-                "{protocol} {forward:#b} {reply:#b}"
-            );
-        }
     }
 
     /// A flow this node returned directly never sees a reply: the client's
@@ -817,7 +800,7 @@ mod tests {
     #[test]
     fn directly_returned_flows_are_judged_by_the_client_alone() {
         use ct_state::*;
-        let flags = ct_flags::HANDSHAKE | ct_flags::DSR_BALANCED;
+        let flags = ct_flags::DSR_BALANCED;
         for (protocol, forward, want) in [
             (proto::TCP, 0, Phase::SynSent),
             (proto::TCP, ACKED, Phase::Established),
@@ -832,7 +815,7 @@ mod tests {
             );
         }
         // The backend's node sees both directions: the usual rules.
-        let arrived = ct_flags::HANDSHAKE | ct_flags::DSR_ARRIVED;
+        let arrived = ct_flags::DSR_ARRIVED;
         assert_eq!(phase(proto::TCP, arrived, ACKED, 0), Phase::SynSent);
         assert_eq!(
             phase(proto::TCP, arrived, ACKED, REPLIED),
@@ -850,14 +833,14 @@ mod tests {
             // An idle established connection lasts a day from its newest packet.
             (
                 proto::TCP,
-                Some(entry(0, 0, 100)),
+                Some(entry(ACKED, 0, 100)),
                 Some(entry(REPLIED, 0, 200)),
                 200 + 86_399,
                 false,
             ),
             (
                 proto::TCP,
-                Some(entry(0, 0, 100)),
+                Some(entry(ACKED, 0, 100)),
                 Some(entry(REPLIED, 0, 200)),
                 200 + 86_400,
                 true,
@@ -865,7 +848,7 @@ mod tests {
             // Either side's packet keeps it.
             (
                 proto::TCP,
-                Some(entry(0, 0, 90_000)),
+                Some(entry(ACKED, 0, 90_000)),
                 Some(entry(REPLIED, 0, 200)),
                 90_000 + 100,
                 false,
@@ -1009,7 +992,7 @@ mod tests {
                 CtEntry {
                     nat_addr_be: u32::from_ne_bytes(BACKEND),
                     nat_port_be: 8080u16.to_be(),
-                    ..entry(0, 0, 100)
+                    ..entry(ct_state::ACKED, 0, 100)
                 },
             ),
             (
@@ -1030,7 +1013,7 @@ mod tests {
                     nat_port_be: 8080u16.to_be(),
                     snat_addr_be: proxy_common::hairpin::ADDR_BE,
                     snat_port_be: 40000u16.to_be(),
-                    ..entry(0, ct_flags::SNAT, 100)
+                    ..entry(ct_state::ACKED, ct_flags::SNAT, 100)
                 },
             ),
             (
@@ -1052,7 +1035,7 @@ mod tests {
                     nat_port_be: 8080u16.to_be(),
                     snat_addr_be: u32::from_ne_bytes(NODE),
                     snat_port_be: 1500u16.to_be(),
-                    ..entry(0, ct_flags::SNAT, 100)
+                    ..entry(ct_state::ACKED, ct_flags::SNAT, 100)
                 },
             ),
             (
@@ -1221,7 +1204,7 @@ mod tests {
                 CtEntry6 {
                     nat_addr_be: backend,
                     nat_port_be: 8080u16.to_be(),
-                    ..entry6(0, 0, 100)
+                    ..entry6(ct_state::ACKED, 0, 100)
                 },
             ),
             (
@@ -1241,7 +1224,7 @@ mod tests {
                     nat_port_be: 8080u16.to_be(),
                     snat_addr_be: proxy_common::hairpin::ADDR6_BE,
                     snat_port_be: 40000u16.to_be(),
-                    ..entry6(0, ct_flags::SNAT, 100)
+                    ..entry6(ct_state::ACKED, ct_flags::SNAT, 100)
                 },
             ),
             (
@@ -1269,7 +1252,7 @@ mod tests {
                     nat_port_be: 8080u16.to_be(),
                     snat_addr_be: node,
                     snat_port_be: 1500u16.to_be(),
-                    ..entry6(0, ct_flags::SNAT, 100)
+                    ..entry6(ct_state::ACKED, ct_flags::SNAT, 100)
                 },
             ),
             (

@@ -598,7 +598,7 @@ fn snat_ports_of_closed_flows_are_reused_only_after_time_wait() {
             (
                 u32::from_ne_bytes(V4::CLIENT.octets()),
                 40002,
-                ct_flags::SNAT | ct_flags::HANDSHAKE
+                ct_flags::SNAT
             ),
             "the entry now names the new client, open"
         );
