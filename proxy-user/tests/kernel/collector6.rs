@@ -100,7 +100,7 @@ fn a_collector_pass_over_the_kernel_ipv6_table() {
     let now = expiry::monotonic_ns();
     let minute_ago = now - 60 * S;
     let fin = ct_state::FIN;
-    let live = flow(1, 40001, (0, ct_state::REPLIED), 0, now);
+    let live = flow(1, 40001, (ct_state::ACKED, ct_state::REPLIED), 0, now);
     let closed = flow(
         1,
         40002,
@@ -321,7 +321,7 @@ fn an_agent_finding_no_ipv6_tables_pinned_creates_them() {
 
     // The CLI reads both tables from the pins.
     let now = expiry::monotonic_ns();
-    for (k, v) in flow(1, 40001, (0, ct_state::REPLIED), 0, now) {
+    for (k, v) in flow(1, 40001, (ct_state::ACKED, ct_state::REPLIED), 0, now) {
         maps.conntrack6.insert(k, v, 0).expect("write SB_CT6_V1");
     }
     let rows = cli(pin_root, &["conntrack", "list", "-o", "json"]);
