@@ -285,7 +285,7 @@ pub fn classify_source(net: &hooks::NetView, ip: Ipv4Addr) -> (Scope, String) {
 }
 
 /// The affinity maps (not among [`PinnedMaps`]: only `explain` reads
-/// them); either may be absent (an agent older than IPv6 has no IPv6 one).
+/// them); `explain` goes on without one that is not pinned.
 struct Affinity {
     v4: Option<BpfHashMap<MapData, AffinityKey, AffinityEntry>>,
     v6: Option<BpfHashMap<MapData, AffinityKey6, AffinityEntry>>,

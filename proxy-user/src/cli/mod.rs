@@ -166,17 +166,11 @@ pub enum Output {
 }
 
 /// What a command printed, and whether it found something wrong.
-/// Opens the pinned maps for a CLI command. An agent older than IPv6 (still
-/// running under a newer binary) has no IPv6 maps pinned: the command goes on
-/// with the IPv4 ones, and a note says so on stderr (stdout stays parseable).
+/// Opens the pinned maps for a CLI command, read-only.
 pub fn open_maps(
     pin_root: &std::path::Path,
 ) -> Result<crate::dataplane::maps::PinnedMaps, crate::dataplane::pins::MapsError> {
-    let maps = crate::dataplane::maps::PinnedMaps::open_tolerant(pin_root)?;
-    if let Some(note) = maps.ipv6_note() {
-        eprintln!("{note}");
-    }
-    Ok(maps)
+    crate::dataplane::maps::PinnedMaps::open_readonly(pin_root)
 }
 
 pub struct Done {

@@ -390,100 +390,6 @@ fn an_agent_finding_no_ipv6_tables_pinned_creates_them() {
     .expect("the collector starts");
 }
 
-/// `switchboard ARGS --pin-root PIN_ROOT`'s JSON output.
-/// A CLI from after IPv6 against a still-running agent from before it (its
-/// pin root has the IPv4 maps only): the read-only commands work and show
-/// the IPv4 entries, with a note; the agent's own open still wants them all.
-#[test]
-fn the_cli_reads_an_agent_that_predates_ipv6() {
-    require_root();
-    let fs = Bpffs::mount_at("collector6-old");
-    let pin_root = fs.0.as_path();
-    let caps = capacities(64);
-    let v4 = CtKey {
-        saddr_be: u32::from_ne_bytes([10, 0, 0, 2]),
-        daddr_be: u32::from_ne_bytes([10, 96, 0, 10]),
-        sport_be: 40000u16.to_be(),
-        dport_be: 80u16.to_be(),
-        proto: proto::TCP,
-        dir: ct_dir::FORWARD,
-        _pad: [0; 2],
-    };
-    {
-        let mut ebpf = object::load(
-            proxy_object::SWITCHBOARD,
-            pin_root,
-            &caps,
-            &FlowSizes::at_max(&caps),
-            &[],
-        )
-        .expect("load")
-        .ebpf;
-        let mut maps = PinnedMaps::take(&mut ebpf).expect("maps");
-        maps.conntrack
-            .insert(v4, CtEntry::default(), 0)
-            .expect("write SB_CT_V5");
-    }
-    // What an agent from before IPv6 pinned: none of the IPv6 tables.
-    for name in proxy_user::dataplane::maps::IPV6_MAPS
-        .into_iter()
-        .chain([names::AFFINITY6])
-    {
-        let _ = std::fs::remove_file(pin_root.join(name));
-        assert!(!pin_root.join(name).exists(), "{name} unpinned");
-    }
-
-    match PinnedMaps::open(pin_root) {
-        Err(proxy_user::dataplane::pins::MapsError::NotPinned { name, .. }) => {
-            assert_eq!(name, names::FRONTENDS6)
-        }
-        Err(other) => panic!("{other}"),
-        Ok(_) => panic!("the agent's open must want every IPv6 map"),
-    }
-    let maps = PinnedMaps::open_tolerant(pin_root).expect("the CLI's open");
-    assert_eq!(maps.absent_ipv6(), proxy_user::dataplane::maps::IPV6_MAPS);
-    assert_eq!(maps.conntrack_len(), 1);
-    assert_eq!(maps.conntrack6_len(), 0);
-    drop(maps);
-
-    let (rows, note) = cli_with_stderr(pin_root, &["conntrack", "list", "-o", "json"]);
-    let rows = rows.as_array().cloned().expect("a list");
-    assert_eq!(rows.len(), 1, "{rows:?}");
-    assert_eq!(rows[0]["family"], "ipv4", "{rows:?}");
-    assert!(note.contains("predates IPv6"), "{note}");
-    assert!(note.contains(names::CONNTRACK6), "{note}");
-
-    let (stats, _) = cli_with_stderr(pin_root, &["stats", "-o", "json"]);
-    let shown: Vec<&str> = stats["maps"]
-        .as_array()
-        .expect("maps")
-        .iter()
-        .filter_map(|m| m["map"].as_str())
-        .collect();
-    assert!(shown.contains(&names::CONNTRACK), "{stats}");
-    assert!(
-        !shown.contains(&names::CONNTRACK6),
-        "no row for a map that is not there: {stats}"
-    );
-
-    let (services, _) = cli_with_stderr(pin_root, &["services", "-o", "json"]);
-    assert_eq!(services.as_array().map(Vec::len), Some(0), "{services}");
-
-    let (flushed, _) = cli_with_stderr(
-        pin_root,
-        &["conntrack", "flush", "--family", "ipv6", "-o", "json"],
-    );
-    assert_eq!(flushed["removed"], 0);
-    let maps = PinnedMaps::open_tolerant(pin_root).expect("open");
-    assert_eq!(maps.conntrack_len(), 1, "the IPv4 flow stays");
-    for name in proxy_user::dataplane::maps::IPV6_MAPS {
-        assert!(
-            !pin_root.join(name).exists(),
-            "the CLI pinned nothing: {name}"
-        );
-    }
-}
-
 /// `switchboard explain` on an IPv6 flow reads the pinned SB_CT6_V1 (the
 /// tracked flow keeps its backend) and SB_AFFINITY6_V1 (another port of
 /// the same client sticks to its backend).
@@ -653,6 +559,7 @@ fn cli_with_stderr(pin_root: &Path, args: &[&str]) -> (serde_json::Value, String
     (serde_json::from_slice(&out.stdout).expect("JSON"), stderr)
 }
 
+/// `switchboard ARGS --pin-root PIN_ROOT`'s JSON output.
 fn cli(pin_root: &Path, args: &[&str]) -> serde_json::Value {
     cli_with_stderr(pin_root, args).0
 }

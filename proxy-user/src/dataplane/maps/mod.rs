@@ -17,7 +17,7 @@ use tracing::warn;
 use crate::dataplane::{
     flows::generation::CtGeneration,
     maps::frontend_filter::FrontendFilter,
-    pins::{or_stand_in, MapsError, Pins},
+    pins::{MapsError, Pins},
 };
 use crate::model::cidr::IpCidr;
 use crate::model::IpFamily;
@@ -86,9 +86,6 @@ pub struct PinnedMaps {
     pub source_ranges6: LpmTrie<MapData, SrcRange6, u8>,
     /// Packets denied by them, per service id (`SB_SVC_DENIED_V1`).
     pub service_denied: PerCpuArray<MapData, u64>,
-    /// The maps that came after IPv6 ([`LATER_MAPS`]) and were not pinned
-    /// (an older agent runs): empty stand-ins for the CLI.
-    absent_later: Vec<&'static str>,
     /// Puts held by [`MapStore::hold_puts`] until [`MapStore::flush`].
     held: Option<Held>,
     /// The pod path's frontend bitmap, kept with the frontend map by the
@@ -97,9 +94,6 @@ pub struct PinnedMaps {
     /// The connection-tracking table's generation, moved on after a purge
     /// removed entries (the writers); `None` for the CLI.
     ct_gen: Option<CtGeneration>,
-    /// The IPv6 maps that were not pinned (an agent older than IPv6) and
-    /// stand in as empty, unpinned maps; see [`PinnedMaps::open_tolerant`].
-    absent6: Vec<&'static str>,
 }
 
 /// The IPv6 maps [`PinnedMaps`] holds, in the order `open` opens them.
@@ -319,16 +313,6 @@ impl<K: bytemuck::Pod, B: bytemuck::Pod, R: bytemuck::Pod> HeldFamily<K, B, R> {
 /// ([`HeldFamily::spill`]): a few MiB.
 const SPILL_AT: usize = 1 << 16;
 
-/// The maps added after IPv6, which an older running agent has not pinned.
-pub const LATER_MAPS: [&str; 3] = [
-    names::SOURCE_RANGES,
-    names::SOURCE_RANGES6,
-    names::SERVICE_DENIED,
-];
-
-/// `BPF_F_NO_PREALLOC`, which the kernel requires of an LPM trie.
-const NO_PREALLOC: u32 = 1;
-
 macro_rules! typed {
     ($name:expr, $map:expr) => {
         $map.try_into().map_err(|source| TakeError::Layout {
@@ -336,12 +320,6 @@ macro_rules! typed {
             source,
         })?
     };
-}
-
-/// An empty unpinned hash map, standing in for an IPv6 map an agent older
-/// than IPv6 never pinned.
-fn empty_hash<K: aya::Pod, V: aya::Pod>() -> Result<HashMap<MapData, K, V>, MapError> {
-    HashMap::create(1, 0)
 }
 
 impl PinnedMaps {
@@ -368,13 +346,7 @@ impl PinnedMaps {
     /// Opens the maps pinned under `pin_root`, every one of them (the agent
     /// and its tests: a missing IPv6 map is [`MapsError::NotPinned`]).
     pub fn open(pin_root: &Path) -> Result<Self, MapsError> {
-        let mut maps = Self::open_tolerant(pin_root)?;
-        if let Some(name) = maps.absent6.first().or(maps.absent_later.first()) {
-            return Err(MapsError::NotPinned {
-                name,
-                path: pin_root.join(name),
-            });
-        }
+        let mut maps = Self::open_readonly(pin_root)?;
         maps.ct_gen = Some(CtGeneration::new(Pins::new(pin_root).ct_gen()?));
         let filter = Pins::new(pin_root).frontend_filter()?;
         maps.frontend_filter = Some(FrontendFilter::new(filter, maps.frontend_heads()).map_err(
@@ -387,20 +359,16 @@ impl PinnedMaps {
     }
 
     /// Opens the maps pinned under `pin_root` for the CLI's read-only
-    /// commands, which must work against an agent older than IPv6 that is
-    /// still running: IPv6 maps that are not pinned are empty stand-ins, and
-    /// [`absent_ipv6`](Self::absent_ipv6) names them. Every IPv4 map must be
-    /// there. Writes to a stand-in land nowhere.
-    pub fn open_tolerant(pin_root: &Path) -> Result<Self, MapsError> {
+    /// commands: every map, without the writers' frontend bitmap and
+    /// conntrack generation.
+    pub fn open_readonly(pin_root: &Path) -> Result<Self, MapsError> {
         let pins = Pins::new(pin_root);
-        let mut absent6 = Vec::new();
-        let mut absent_later = Vec::new();
         Ok(Self {
             frontends: pins.frontends()?,
             backends: pins.backends()?,
-            frontends6: or_stand_in(pins.frontends6(), &mut absent6, empty_hash)?,
-            backends6: or_stand_in(pins.backends6(), &mut absent6, empty_hash)?,
-            revnat6: or_stand_in(pins.revnat6(), &mut absent6, empty_hash)?,
+            frontends6: pins.frontends6()?,
+            backends6: pins.backends6()?,
+            revnat6: pins.revnat6()?,
             conntrack: pins.conntrack()?,
             revnat: pins.revnat()?,
             service_stats: pins.service_stats()?,
@@ -410,22 +378,14 @@ impl PinnedMaps {
             uplinks: pins.uplinks()?,
             maglev: pins.maglev()?,
             fragments: pins.fragments()?,
-            conntrack6: or_stand_in(pins.conntrack6(), &mut absent6, empty_hash)?,
-            sockets6: or_stand_in(pins.sockets6(), &mut absent6, empty_hash)?,
-            source_ranges: or_stand_in(pins.source_ranges(), &mut absent_later, || {
-                LpmTrie::create(1, NO_PREALLOC)
-            })?,
-            source_ranges6: or_stand_in(pins.source_ranges6(), &mut absent_later, || {
-                LpmTrie::create(1, NO_PREALLOC)
-            })?,
-            service_denied: or_stand_in(pins.service_denied(), &mut absent_later, || {
-                PerCpuArray::create(1, 0)
-            })?,
+            conntrack6: pins.conntrack6()?,
+            sockets6: pins.sockets6()?,
+            source_ranges: pins.source_ranges()?,
+            source_ranges6: pins.source_ranges6()?,
+            service_denied: pins.service_denied()?,
             held: None,
             frontend_filter: None,
             ct_gen: None,
-            absent6,
-            absent_later,
         })
     }
 
@@ -457,22 +417,6 @@ impl PinnedMaps {
         }
     }
 
-    /// The IPv6 maps that were not pinned ([`open_tolerant`](Self::open_tolerant)):
-    /// empty unless the agent predates IPv6.
-    pub fn absent_ipv6(&self) -> &[&'static str] {
-        &self.absent6
-    }
-
-    /// The note the CLI prints when the agent predates IPv6, if it does.
-    pub fn ipv6_note(&self) -> Option<String> {
-        (!self.absent6.is_empty()).then(|| {
-            format!(
-                "note: the running agent predates IPv6 ({} not pinned); IPv4 entries only",
-                self.absent6.join(", ")
-            )
-        })
-    }
-
     /// Takes the maps out of a loaded object.
     pub fn take(ebpf: &mut Ebpf) -> Result<Self, TakeError> {
         let mut take = |name: &'static str| ebpf.take_map(name).ok_or(TakeError::Missing { name });
@@ -502,8 +446,6 @@ impl PinnedMaps {
                 names::CT_GEN,
                 take(names::CT_GEN)?
             ))),
-            absent6: Vec::new(),
-            absent_later: Vec::new(),
         }
         .with_filter(typed!(
             names::FRONTEND_FILTER,

@@ -342,8 +342,6 @@ pub fn read_stats(maps: &PinnedMaps) -> StatsReport {
             ),
         ]
         .into_iter()
-        // An agent older than IPv6 has no IPv6 maps: no row for them.
-        .filter(|m| !maps.absent_ipv6().contains(&m.map))
         .collect(),
     }
 }

@@ -45,11 +45,6 @@ pub enum MapsError {
         path: PathBuf,
         source: Box<MapError>,
     },
-    #[error("creating an empty stand-in for map {name}, which is not pinned")]
-    StandIn {
-        name: &'static str,
-        source: Box<MapError>,
-    },
     #[error("filling the frontend bitmap under {} from the frontends pinned there", .pin_root.display())]
     Filter {
         pin_root: PathBuf,
@@ -129,26 +124,6 @@ pub fn open_at<M: TryFrom<Map, Error = MapError>>(
     };
     let map = Map::from_map_data(data_at(name, path)?).map_err(layout)?;
     M::try_from(map).map_err(layout)
-}
-
-/// `opened`, or, when the map was not pinned (an older agent pinned no
-/// such map), an empty unpinned stand-in made by `stand_in`, its name added
-/// to `absent`. Any other failure stays one.
-pub fn or_stand_in<M>(
-    opened: Result<M, MapsError>,
-    absent: &mut Vec<&'static str>,
-    stand_in: impl FnOnce() -> Result<M, MapError>,
-) -> Result<M, MapsError> {
-    match opened {
-        Err(MapsError::NotPinned { name, .. }) => {
-            absent.push(name);
-            stand_in().map_err(|source| MapsError::StandIn {
-                name,
-                source: Box::new(source),
-            })
-        }
-        other => other,
-    }
 }
 
 /// Each pinned map's function: its name and its type, once.
