@@ -258,19 +258,11 @@ impl TestCgroup {
     fn attach(&self, ebpf: &mut Ebpf) {
         let dir = fs::File::open(&self.path).expect("open the test cgroup");
         for name in programs::SOCKET_LB {
-            let prog: &mut CgroupSockAddr = ebpf
-                .program_mut(name)
-                .unwrap_or_else(|| panic!("{name} missing"))
-                .try_into()
-                .expect("a sock_addr program");
+            let prog: &mut CgroupSockAddr = crate::support::loaded_program(ebpf, name);
             prog.attach(&dir, CgroupAttachMode::Single)
                 .unwrap_or_else(|e| panic!("attaching {name}: {e}"));
         }
-        let prog: &mut CgroupSock = ebpf
-            .program_mut(programs::SOCK_RELEASE)
-            .expect("sock_release")
-            .try_into()
-            .expect("a sock program");
+        let prog: &mut CgroupSock = crate::support::loaded_program(ebpf, programs::SOCK_RELEASE);
         prog.attach(&dir, CgroupAttachMode::Single)
             .expect("attaching sock_release");
     }
@@ -438,8 +430,12 @@ struct World {
 
 fn world(name: &str) -> World {
     require_root();
-    let mut ebpf = object::load_unpinned(proxy_object::SWITCHBOARD, &capacities(1024))
-        .expect("load the eBPF object");
+    let mut ebpf = object::load_unpinned_maps_as(
+        proxy_object::SWITCHBOARD,
+        &capacities(1024),
+        &proxy_user::dataplane::load::ip_summed::Access::detect(),
+    )
+    .expect("load the eBPF object");
     program_maps(&mut ebpf);
     let cgroup = TestCgroup::create(name);
     cgroup.attach(&mut ebpf);

@@ -218,11 +218,7 @@ fn a_flood_of_a_million_traced_drops_is_counted_lost_and_other_flows_go_on() {
     const FLOOD: u32 = 1_000_000;
     let malformed_before = t.fx.stat("malformed");
     let tc: &mut SchedClassifier =
-        t.fx.ebpf
-            .program_mut(programs::TC_FROM_POD)
-            .expect("program present")
-            .try_into()
-            .expect("tc program");
+        crate::support::loaded_program(&mut t.fx.ebpf, programs::TC_FROM_POD);
     let mut out = vec![0u8; cut.len() + 64];
     tc.test_run(TestRunOptions {
         data_in: Some(&cut),

@@ -11,7 +11,7 @@ use std::{
 
 use aya::{
     maps::{MapData, ProgramArray},
-    programs::{CgroupSock, CgroupSockAddr, Program, ProgramError, SchedClassifier, Xdp},
+    programs::{Program, ProgramError, SchedClassifier, Xdp},
     Ebpf, EbpfError, EbpfLoader,
 };
 use proxy_common::{names, prefilter, programs, tail};
@@ -223,6 +223,46 @@ pub fn load_unpinned_as(
     Ok(ebpf)
 }
 
+/// [`load_unpinned_as`] with no program loaded yet: each goes in with
+/// [`load_unpinned_program`] when it is first used. The kernel's verifier
+/// spends seconds on the whole object, most of them on the programs a
+/// packet fixture of another hook never runs.
+pub fn load_unpinned_maps_as(
+    object: &[u8],
+    caps: &Capacities,
+    access: &Access,
+) -> Result<Ebpf, LoadError> {
+    create_maps(object, None, caps, &FlowSizes::at_max(caps), access)
+}
+
+/// Loads program `name` of an object from [`load_unpinned_maps_as`], unless
+/// it is loaded already; an uplink program together with the IPv6 program
+/// it tail-calls, the tail call installed.
+pub fn load_unpinned_program(ebpf: &mut Ebpf, name: &'static str) -> Result<(), LoadError> {
+    load_program(ebpf, name)?;
+    match name {
+        programs::TC_FROM_UPLINK => {
+            load_program(ebpf, programs::TC_FROM_UPLINK6)?;
+            install_tail_call(
+                ebpf,
+                names::TAIL_CALLS6,
+                tail::FROM_UPLINK6,
+                programs::TC_FROM_UPLINK6,
+            )
+        }
+        programs::XDP_UPLINK => {
+            load_program(ebpf, programs::XDP_UPLINK6)?;
+            install_xdp_tail_call(
+                ebpf,
+                names::XDP_TAIL_CALLS6,
+                tail::XDP_UPLINK6,
+                programs::XDP_UPLINK6,
+            )
+        }
+        _ => Ok(()),
+    }
+}
+
 /// [`load_once`] with the checksum state read through the kfunc where the
 /// kernel has it; a program the kernel refuses that way is loaded again
 /// with the checksum helper (said at warning level), before giving up.
@@ -288,6 +328,60 @@ fn load_once(
     flows: &FlowSizes,
     access: &Access,
 ) -> Result<Ebpf, LoadError> {
+    let mut ebpf = create_maps(object, pins_at, caps, flows, access)?;
+    for name in EVERY_PROGRAM {
+        load_program(&mut ebpf, name)?;
+    }
+    Ok(ebpf)
+}
+
+/// Every program of the object, in the order a load verifies them.
+const EVERY_PROGRAM: [&str; 15] = [
+    programs::TC_FROM_POD,
+    programs::TC_TO_POD,
+    programs::TC_FROM_UPLINK,
+    programs::TC_FROM_UPLINK6,
+    programs::XDP_UPLINK,
+    programs::XDP_UPLINK6,
+    programs::SOCKET_LB[0],
+    programs::SOCKET_LB[1],
+    programs::SOCKET_LB[2],
+    programs::SOCKET_LB[3],
+    programs::SOCKET_LB[4],
+    programs::SOCKET_LB[5],
+    programs::SOCKET_LB[6],
+    programs::SOCKET_LB[7],
+    programs::SOCK_RELEASE,
+];
+
+/// Verifies program `name` of `ebpf` and loads it into the kernel, unless
+/// it is loaded already.
+fn load_program(ebpf: &mut Ebpf, name: &'static str) -> Result<(), LoadError> {
+    let program = ebpf
+        .program_mut(name)
+        .ok_or(LoadError::MissingProgram { name })?;
+    if program.fd().is_ok() {
+        return Ok(());
+    }
+    let result = match program {
+        Program::SchedClassifier(p) => p.load(),
+        Program::Xdp(p) => p.load(),
+        Program::CgroupSockAddr(p) => p.load(),
+        Program::CgroupSock(p) => p.load(),
+        _ => Err(ProgramError::UnexpectedProgramType),
+    };
+    result.map_err(|source| LoadError::Program { name, source })
+}
+
+/// The object's maps created (pinned under `pins_at` when given) and its
+/// programs relocated against them, none of them loaded yet.
+fn create_maps(
+    object: &[u8],
+    pins_at: Option<(&Path, &[&'static str])>,
+    caps: &Capacities,
+    flows: &FlowSizes,
+    access: &Access,
+) -> Result<Ebpf, LoadError> {
     if object.is_empty() {
         return Err(LoadError::NoObject);
     }
@@ -325,33 +419,12 @@ fn load_once(
     for (name, path) in &pins {
         loader.map_pin_path(name, path.as_path());
     }
-    let mut ebpf = loader
+    loader
         .load(patched.bytes())
         .map_err(|source| LoadError::Load {
             pin_root: pin_root.map(Path::to_owned).unwrap_or_default(),
             source: Box::new(source),
-        })?;
-    for name in [
-        programs::TC_FROM_POD,
-        programs::TC_TO_POD,
-        programs::TC_FROM_UPLINK,
-        programs::TC_FROM_UPLINK6,
-    ] {
-        let result = typed::<SchedClassifier>(&mut ebpf, name)?.load();
-        result.map_err(|source| LoadError::Program { name, source })?;
-    }
-    for name in [programs::XDP_UPLINK, programs::XDP_UPLINK6] {
-        let result = typed::<Xdp>(&mut ebpf, name)?.load();
-        result.map_err(|source| LoadError::Program { name, source })?;
-    }
-    for name in programs::SOCKET_LB {
-        let result = typed::<CgroupSockAddr>(&mut ebpf, name)?.load();
-        result.map_err(|source| LoadError::Program { name, source })?;
-    }
-    let name = programs::SOCK_RELEASE;
-    let result = typed::<CgroupSock>(&mut ebpf, name)?.load();
-    result.map_err(|source| LoadError::Program { name, source })?;
-    Ok(ebpf)
+        })
 }
 
 /// Puts the IPv6 uplink programs in their slots of the tail-call arrays

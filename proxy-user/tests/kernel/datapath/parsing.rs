@@ -424,6 +424,10 @@ fn ipv6_fragments_follow_their_first_fragment() {
 fn the_pod_programs_translate_ipv6_themselves_without_a_tail_call() {
     let mut fx = fixture6();
     let (client, vip, pod1) = (super::CLIENT6, super::VIP6, super::POD1_6);
+    // The uplink program goes in with its IPv6 tail call, which is then
+    // taken out again.
+    let _: &mut aya::programs::SchedClassifier =
+        crate::support::loaded_program(&mut fx.ebpf, programs::TC_FROM_UPLINK);
     let map = fx
         .ebpf
         .take_map(proxy_common::names::TAIL_CALLS6)

@@ -193,8 +193,24 @@ where
     Ok((result.return_value, out))
 }
 
+/// Program `name` of an object from [`load`] as its aya type, verified
+/// and loaded into the kernel at its first use: a fixture pays the
+/// verifier only for the programs it runs.
+pub fn loaded_program<'a, T>(ebpf: &'a mut Ebpf, name: &'static str) -> &'a mut T
+where
+    &'a mut T: TryFrom<&'a mut aya::programs::Program, Error = ProgramError>,
+{
+    object::load_unpinned_program(ebpf, name)
+        .unwrap_or_else(|e| panic!("loading {name}: {:?}", anyhow::Error::from(e)));
+    ebpf.program_mut(name)
+        .unwrap_or_else(|| panic!("{name} missing"))
+        .try_into()
+        .unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
 /// The eBPF object loaded unpinned with room for `caps`, and its maps taken
-/// out of it (empty).
+/// out of it (empty); its programs go in at their first use
+/// ([`loaded_program`]).
 pub fn load(caps: &Capacities) -> (Ebpf, PinnedMaps) {
     load_as(caps, &Access::detect())
 }
@@ -202,7 +218,7 @@ pub fn load(caps: &Capacities) -> (Ebpf, PinnedMaps) {
 /// [`load`] with the checksum state read as `access` says (no fallback).
 pub fn load_as(caps: &Capacities, access: &Access) -> (Ebpf, PinnedMaps) {
     require_root();
-    let mut ebpf = object::load_unpinned_as(proxy_object::SWITCHBOARD, caps, access)
+    let mut ebpf = object::load_unpinned_maps_as(proxy_object::SWITCHBOARD, caps, access)
         .unwrap_or_else(|e| {
             panic!(
                 "load eBPF object ({access:?}): {:?}",
@@ -499,23 +515,23 @@ impl Loaded {
 
     /// The verdict of tc program `program` on `frame`, and the frame as it
     /// left it; `ctx` is the __sk_buff given to it ([`skb_ctx`]), if any.
-    pub fn tc(&mut self, program: &str, frame: &[u8], ctx: Option<&[u8]>) -> (u32, Vec<u8>) {
+    pub fn tc(
+        &mut self,
+        program: &'static str,
+        frame: &[u8],
+        ctx: Option<&[u8]>,
+    ) -> (u32, Vec<u8>) {
         self.try_tc(program, frame, ctx).expect("BPF_PROG_TEST_RUN")
     }
 
     /// [`Loaded::tc`], with the test run's failure returned.
     pub fn try_tc(
         &mut self,
-        program: &str,
+        program: &'static str,
         frame: &[u8],
         ctx: Option<&[u8]>,
     ) -> Result<(u32, Vec<u8>), ProgramError> {
-        let tc: &mut SchedClassifier = self
-            .ebpf
-            .program_mut(program)
-            .expect("program present")
-            .try_into()
-            .expect("tc program");
+        let tc: &mut SchedClassifier = loaded_program(&mut self.ebpf, program);
         test_run(tc, frame, ctx)
     }
 
@@ -529,12 +545,7 @@ impl Loaded {
         ingress_ifindex: Option<u32>,
     ) -> Result<(u32, Vec<u8>), ProgramError> {
         let ctx = ingress_ifindex.map(|ifindex| xdp_ctx(frame.len(), ifindex));
-        let xdp: &mut Xdp = self
-            .ebpf
-            .program_mut(programs::XDP_UPLINK)
-            .expect("program present")
-            .try_into()
-            .expect("XDP program");
+        let xdp: &mut Xdp = loaded_program(&mut self.ebpf, programs::XDP_UPLINK);
         let Some(ctx) = ctx else {
             return test_run(xdp, frame, None);
         };
