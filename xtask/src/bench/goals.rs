@@ -329,11 +329,14 @@ const CONN: [(&str, &str, f64, bool); 14] = [
 /// `(path, path it is divided by, at least)`: the socket layer with one
 /// backend per client against each client sending to its own pod, the
 /// socket layer and tc against the same pods reached by the multipath
-/// route.
-const LIGHT: [(&str, &str, f64); 3] = [
+/// route, and a node with switchboard installed but no Service in the way
+/// against the direct limit (being installed costs nothing a light
+/// workload notices).
+const LIGHT: [(&str, &str, f64); 4] = [
     (SW_SOCK_PINNED, DIRECT, 0.97),
     (SW_SOCK_POD, DIRECT_SPREAD, 0.98),
     (SW_TC, DIRECT_SPREAD, 0.97),
+    (DIRECT_SW, DIRECT, 0.98),
 ];
 
 /// [`CONN`]'s goals, then [`LIGHT`]'s.

@@ -23,7 +23,8 @@ use anyhow::Result;
 
 use super::clients::wrk;
 use super::paths::{
-    E2ePath, Workload, DIRECT, DIRECT_SPREAD, DIRECT_SW, PATHS, SW_SOCK_PINNED, SW_SOCK_POD, SW_TC,
+    E2ePath, Workload, DIRECT, DIRECT_SPREAD, DIRECT_SW, DIRECT_SW_TC, PATHS, SW_SOCK_PINNED,
+    SW_SOCK_POD, SW_TC,
 };
 use super::plan::Plan;
 use super::progress::{note, progress};
@@ -35,13 +36,16 @@ use crate::sandbox::Sandbox;
 /// pods, the socket layer and tc; and the pair that holds each client to
 /// one pod (the same pods reached with no Service in switchboard's sandbox,
 /// and the socket layer held the same way), which tells what spreading
-/// costs from what the socket layer costs; and direct traffic held the same
-/// way with no balancer at all, which tells what spreading costs there.
-const PAIRED: [&str; 6] = [
+/// costs from what the socket layer costs; the same pods reached from outside
+/// the hooked cgroup, which tells what the socket hooks cost from what the
+/// tc programs and the agent cost; and direct traffic held the same way with
+/// no balancer at all, which tells what spreading costs there.
+const PAIRED: [&str; 7] = [
     DIRECT_SPREAD,
     SW_SOCK_POD,
     SW_TC,
     DIRECT_SW,
+    DIRECT_SW_TC,
     SW_SOCK_PINNED,
     DIRECT,
 ];

@@ -207,6 +207,7 @@ pub const DIRECT: &str = "direct";
 pub const DIRECT_HOST: &str = "direct_host";
 pub const DIRECT_SPREAD: &str = "direct_spread";
 pub const DIRECT_SW: &str = "direct_switchboard";
+pub const DIRECT_SW_TC: &str = "direct_switchboard_tc";
 pub const SW_TC: &str = "switchboard";
 pub const SW_SOCK_POD: &str = "socketlb_pod";
 pub const SW_SOCK_PINNED: &str = "socketlb_pod_pinned";
@@ -226,7 +227,7 @@ const POD_LOCAL_PORTS: &str = "47000 60999";
 const SOCKET_LB: &str = "switchboard's socket layer (cgroup connect4/sendmsg4/recvmsg4/getpeername4): the backend is chosen once per connect(), packets carry pod addresses and tc leaves them alone";
 
 /// Every end-to-end path, in the order of the first round.
-pub const PATHS: [E2ePath; 10] = [
+pub const PATHS: [E2ePath; 11] = [
     E2ePath {
         key: DIRECT,
         label: "direct (pod client)",
@@ -261,6 +262,15 @@ pub const PATHS: [E2ePath; 10] = [
         client: Client::PodInCgroup,
         target: Target::Pods,
         balancer: "none (no Service), through everything switchboard adds to a node: its agent running, its tc programs on the veths and its socket hooks on the client's cgroup; the limit the socket layer can reach",
+        local_ports: Some(POD_LOCAL_PORTS),
+    },
+    E2ePath {
+        key: DIRECT_SW_TC,
+        label: "direct in switchboard's sandbox, outside its cgroup (pod client)",
+        setup: Setup::Switchboard,
+        client: Client::Pod,
+        target: Target::Pods,
+        balancer: "none (no Service), through switchboard's agent and its tc programs on the veths but not its socket hooks: with the row above, what the hooks cost apart from the rest",
         local_ports: Some(POD_LOCAL_PORTS),
     },
     E2ePath {

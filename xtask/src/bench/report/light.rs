@@ -9,20 +9,21 @@ use std::fmt::Write as _;
 
 use crate::bench::fmt::{fmt_opt, size_label};
 use crate::bench::paths::{
-    Workload, DIRECT, DIRECT_SPREAD, DIRECT_SW, IPTABLES, NFTABLES, SW_SOCK_PINNED, SW_SOCK_POD,
-    SW_TC,
+    Workload, DIRECT, DIRECT_SPREAD, DIRECT_SW, DIRECT_SW_TC, IPTABLES, NFTABLES, SW_SOCK_PINNED,
+    SW_SOCK_POD, SW_TC,
 };
 use crate::bench::results::{label_of, ConnMedians, E2eRow, Results};
 use crate::bench::stats::{median, range};
 
 /// The rows held to a limit: `(path, its limit)`.
-const AGAINST: [(&str, &str); 6] = [
+const AGAINST: [(&str, &str); 7] = [
     (SW_SOCK_POD, DIRECT_SPREAD),
     (SW_SOCK_PINNED, DIRECT),
     (SW_TC, DIRECT_SPREAD),
     (NFTABLES, DIRECT_SPREAD),
     (IPTABLES, DIRECT_SPREAD),
     (DIRECT_SW, DIRECT),
+    (DIRECT_SW_TC, DIRECT),
 ];
 
 /// What a limit is, as the table names it.
@@ -39,6 +40,10 @@ fn row_name(paths: &[(String, String)], key: &str) -> String {
     match key {
         DIRECT_SW => format!(
             "agent installed, no Service: {}, with the agent's tc programs on the veths and its socket hooks on the client's cgroup",
+            label_of(paths, key)
+        ),
+        DIRECT_SW_TC => format!(
+            "agent installed, no Service, client outside the hooked cgroup: {}, with the agent's tc programs on the veths only",
             label_of(paths, key)
         ),
         _ => label_of(paths, key).to_owned(),
