@@ -165,14 +165,15 @@ pub enum Output {
     Json,
 }
 
-/// What a command printed, and whether it found something wrong.
-/// Opens the pinned maps for a CLI command, read-only.
+/// Opens the pinned maps for a CLI command
+/// ([`PinnedMaps::open_for_cli`](crate::dataplane::maps::PinnedMaps::open_for_cli)).
 pub fn open_maps(
     pin_root: &std::path::Path,
 ) -> Result<crate::dataplane::maps::PinnedMaps, crate::dataplane::pins::MapsError> {
-    crate::dataplane::maps::PinnedMaps::open_readonly(pin_root)
+    crate::dataplane::maps::PinnedMaps::open_for_cli(pin_root)
 }
 
+/// What a command printed, and whether it found something wrong.
 pub struct Done {
     pub text: String,
     pub failed: bool,

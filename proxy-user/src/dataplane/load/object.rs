@@ -11,7 +11,7 @@ use std::{
 
 use aya::{
     maps::{MapData, ProgramArray},
-    programs::{Program, ProgramError, SchedClassifier, Xdp},
+    programs::{Program, ProgramError},
     Ebpf, EbpfError, EbpfLoader,
 };
 use proxy_common::{names, prefilter, programs, tail};
@@ -240,27 +240,11 @@ pub fn load_unpinned_maps_as(
 /// it tail-calls, the tail call installed.
 pub fn load_unpinned_program(ebpf: &mut Ebpf, name: &'static str) -> Result<(), LoadError> {
     load_program(ebpf, name)?;
-    match name {
-        programs::TC_FROM_UPLINK => {
-            load_program(ebpf, programs::TC_FROM_UPLINK6)?;
-            install_tail_call(
-                ebpf,
-                names::TAIL_CALLS6,
-                tail::FROM_UPLINK6,
-                programs::TC_FROM_UPLINK6,
-            )
-        }
-        programs::XDP_UPLINK => {
-            load_program(ebpf, programs::XDP_UPLINK6)?;
-            install_xdp_tail_call(
-                ebpf,
-                names::XDP_TAIL_CALLS6,
-                tail::XDP_UPLINK6,
-                programs::XDP_UPLINK6,
-            )
-        }
-        _ => Ok(()),
+    for call in TAIL_CALLS.iter().filter(|call| call.caller == name) {
+        load_program(ebpf, call.program)?;
+        install_tail_call(ebpf, call)?;
     }
+    Ok(())
 }
 
 /// [`load_once`] with the checksum state read through the kfunc where the
@@ -329,29 +313,26 @@ fn load_once(
     access: &Access,
 ) -> Result<Ebpf, LoadError> {
     let mut ebpf = create_maps(object, pins_at, caps, flows, access)?;
-    for name in EVERY_PROGRAM {
+    let socket_layer = programs::SOCKET_LB.into_iter();
+    for name in PACKET_PROGRAMS
+        .into_iter()
+        .chain(socket_layer)
+        .chain([programs::SOCK_RELEASE])
+    {
         load_program(&mut ebpf, name)?;
     }
     Ok(ebpf)
 }
 
-/// Every program of the object, in the order a load verifies them.
-const EVERY_PROGRAM: [&str; 15] = [
+/// The tc and XDP programs, in the order a load verifies them (the socket
+/// layer's follow).
+const PACKET_PROGRAMS: [&str; 6] = [
     programs::TC_FROM_POD,
     programs::TC_TO_POD,
     programs::TC_FROM_UPLINK,
     programs::TC_FROM_UPLINK6,
     programs::XDP_UPLINK,
     programs::XDP_UPLINK6,
-    programs::SOCKET_LB[0],
-    programs::SOCKET_LB[1],
-    programs::SOCKET_LB[2],
-    programs::SOCKET_LB[3],
-    programs::SOCKET_LB[4],
-    programs::SOCKET_LB[5],
-    programs::SOCKET_LB[6],
-    programs::SOCKET_LB[7],
-    programs::SOCK_RELEASE,
 ];
 
 /// Verifies program `name` of `ebpf` and loads it into the kernel, unless
@@ -427,32 +408,47 @@ fn create_maps(
         })
 }
 
+/// A program another one tail-calls: the IPv6 body of an uplink program,
+/// in its slot of a tail-call array.
+struct TailCall {
+    /// The program that calls it.
+    caller: &'static str,
+    array: &'static str,
+    slot: u32,
+    program: &'static str,
+}
+
+/// Every tail call of the object.
+const TAIL_CALLS: [TailCall; 2] = [
+    TailCall {
+        caller: programs::TC_FROM_UPLINK,
+        array: names::TAIL_CALLS6,
+        slot: tail::FROM_UPLINK6,
+        program: programs::TC_FROM_UPLINK6,
+    },
+    TailCall {
+        caller: programs::XDP_UPLINK,
+        array: names::XDP_TAIL_CALLS6,
+        slot: tail::XDP_UPLINK6,
+        program: programs::XDP_UPLINK6,
+    },
+];
+
 /// Puts the IPv6 uplink programs in their slots of the tail-call arrays
 /// (pinned, so the uplink programs still attached, a running agent's
 /// included, call the new ones at once).
 pub fn install_tail_calls(ebpf: &mut Ebpf) -> Result<(), LoadError> {
-    install_tail_call(
-        ebpf,
-        names::TAIL_CALLS6,
-        tail::FROM_UPLINK6,
-        programs::TC_FROM_UPLINK6,
-    )?;
-    install_xdp_tail_call(
-        ebpf,
-        names::XDP_TAIL_CALLS6,
-        tail::XDP_UPLINK6,
-        programs::XDP_UPLINK6,
-    )
+    TAIL_CALLS
+        .iter()
+        .try_for_each(|call| install_tail_call(ebpf, call))
 }
 
-/// [`install_tail_call`] for an XDP program.
-fn install_xdp_tail_call(
-    ebpf: &mut Ebpf,
-    array: &'static str,
-    slot: u32,
-    name: &'static str,
-) -> Result<(), LoadError> {
-    let fd = typed::<Xdp>(ebpf, name)?
+/// Puts `call`'s program, loaded, in its slot.
+fn install_tail_call(ebpf: &mut Ebpf, call: &TailCall) -> Result<(), LoadError> {
+    let name = call.program;
+    let fd = ebpf
+        .program(name)
+        .ok_or(LoadError::MissingProgram { name })?
         .fd()
         .map_err(|source| LoadError::Program { name, source })?
         .try_clone()
@@ -460,34 +456,11 @@ fn install_xdp_tail_call(
             source: aya::maps::MapError::from(source),
         })?;
     let map = ebpf
-        .map_mut(array)
-        .ok_or(LoadError::MissingMap { name: array })?;
+        .map_mut(call.array)
+        .ok_or(LoadError::MissingMap { name: call.array })?;
     let mut tail: ProgramArray<&mut MapData> =
         ProgramArray::try_from(map).map_err(|source| LoadError::TailCalls { source })?;
-    tail.set(slot, &fd, 0)
-        .map_err(|source| LoadError::TailCalls { source })
-}
-
-/// Puts program `name` in slot `slot` of tail-call array `array`.
-fn install_tail_call(
-    ebpf: &mut Ebpf,
-    array: &'static str,
-    slot: u32,
-    name: &'static str,
-) -> Result<(), LoadError> {
-    let fd = typed::<SchedClassifier>(ebpf, name)?
-        .fd()
-        .map_err(|source| LoadError::Program { name, source })?
-        .try_clone()
-        .map_err(|source| LoadError::TailCalls {
-            source: aya::maps::MapError::from(source),
-        })?;
-    let map = ebpf
-        .map_mut(array)
-        .ok_or(LoadError::MissingMap { name: array })?;
-    let mut tail: ProgramArray<&mut MapData> =
-        ProgramArray::try_from(map).map_err(|source| LoadError::TailCalls { source })?;
-    tail.set(slot, &fd, 0)
+    tail.set(call.slot, &fd, 0)
         .map_err(|source| LoadError::TailCalls { source })
 }
 

@@ -89,11 +89,12 @@ pub struct PinnedMaps {
     /// Puts held by [`MapStore::hold_puts`] until [`MapStore::flush`].
     held: Option<Held>,
     /// The pod path's frontend bitmap, kept with the frontend map by the
-    /// writers (the agent, its tests); `None` for the CLI, which reads.
+    /// writers (the agent, its tests); `None` for the CLI, which writes no
+    /// frontend.
     frontend_filter: Option<FrontendFilter>,
     /// The connection-tracking table's generation, moved on after a purge
-    /// removed entries (the writers); `None` for the CLI.
-    ct_gen: Option<CtGeneration>,
+    /// removed entries.
+    ct_gen: CtGeneration,
 }
 
 /// The IPv6 maps [`PinnedMaps`] holds, in the order `open` opens them.
@@ -346,8 +347,7 @@ impl PinnedMaps {
     /// Opens the maps pinned under `pin_root`, every one of them (the agent
     /// and its tests: a missing IPv6 map is [`MapsError::NotPinned`]).
     pub fn open(pin_root: &Path) -> Result<Self, MapsError> {
-        let mut maps = Self::open_readonly(pin_root)?;
-        maps.ct_gen = Some(CtGeneration::new(Pins::new(pin_root).ct_gen()?));
+        let mut maps = Self::open_for_cli(pin_root)?;
         let filter = Pins::new(pin_root).frontend_filter()?;
         maps.frontend_filter = Some(FrontendFilter::new(filter, maps.frontend_heads()).map_err(
             |source| MapsError::Filter {
@@ -358,10 +358,11 @@ impl PinnedMaps {
         Ok(maps)
     }
 
-    /// Opens the maps pinned under `pin_root` for the CLI's read-only
-    /// commands: every map, without the writers' frontend bitmap and
-    /// conntrack generation.
-    pub fn open_readonly(pin_root: &Path) -> Result<Self, MapsError> {
+    /// Opens the maps pinned under `pin_root` for the CLI: every map and
+    /// the conntrack generation (`conntrack flush` moves it on, so the data
+    /// path's flow caches let go of the flows it removed), without the
+    /// frontend bitmap, which only the agent's writes keep.
+    pub fn open_for_cli(pin_root: &Path) -> Result<Self, MapsError> {
         let pins = Pins::new(pin_root);
         Ok(Self {
             frontends: pins.frontends()?,
@@ -385,14 +386,14 @@ impl PinnedMaps {
             service_denied: pins.service_denied()?,
             held: None,
             frontend_filter: None,
-            ct_gen: None,
+            ct_gen: CtGeneration::new(pins.ct_gen()?),
         })
     }
 
-    /// The connection-tracking table's generation as it is now; `None` for
-    /// maps opened read-only, and if the read fails.
+    /// The connection-tracking table's generation as it is now; `None` if
+    /// the read fails.
     pub fn ct_generation(&self) -> Option<u64> {
-        self.ct_gen.as_ref()?.read().ok()
+        self.ct_gen.read().ok()
     }
 
     /// After a purge removed `removed` conntrack entries: the table's
@@ -409,10 +410,7 @@ impl PinnedMaps {
     /// moves on, so the data path's flow caches answer from the table
     /// again ([`crate::dataplane::flows::generation`]).
     pub fn conntrack_changed(&mut self) {
-        let Some(gen) = self.ct_gen.as_mut() else {
-            return;
-        };
-        if let Err(error) = gen.advance() {
+        if let Err(error) = self.ct_gen.advance() {
             warn!(%error, "moving the connection-tracking generation on failed; flows removed or rewritten may be translated as before for up to a second more");
         }
     }
@@ -442,10 +440,7 @@ impl PinnedMaps {
             service_denied: typed!(names::SERVICE_DENIED, take(names::SERVICE_DENIED)?),
             held: None,
             frontend_filter: None,
-            ct_gen: Some(CtGeneration::new(typed!(
-                names::CT_GEN,
-                take(names::CT_GEN)?
-            ))),
+            ct_gen: CtGeneration::new(typed!(names::CT_GEN, take(names::CT_GEN)?)),
         }
         .with_filter(typed!(
             names::FRONTEND_FILTER,
